@@ -1,0 +1,1 @@
+"""Plans: load YAML with positions, validate against the schema, resolve into dataclasses."""

@@ -1,0 +1,190 @@
+"""The resolved plan: frozen dataclasses built once from validated input.
+
+Every size is already in base units here (bytes as ``int``, seconds, bytes/s, FLOP/s), every
+default is filled in and every shape expression is evaluated. Nothing after `resolve` reads
+the raw YAML tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Mode = Literal["train", "prefill", "decode"]
+Mlp = Literal["gelu", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+PositionKind = Literal["learned", "rope"]
+Attention = Literal["flash", "eager"]
+Optimizer = Literal["adam", "sgd", "none"]
+Schedule = Literal["1f1b", "gpipe", "interleaved"]
+Recompute = Literal["none", "selective", "full"]
+GroupKind = Literal["tp", "cp", "ep", "dp", "pp"]
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Experts:
+    """Mixture of experts (Switch / GShard style routing), every `every`-th layer."""
+
+    count: int
+    top_k: int
+    ffn: int  # per expert
+    shared_ffn: int = 0  # total width of the shared experts; 0 for none
+    shared_gate: bool = False
+    first_dense_layers: int = 0
+    every: int = 1
+    pattern: tuple[bool, ...] | None = None  # explicit per-layer MoE flags, overrides `every`
+    capacity_factor: float | None = None  # None: dropless
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    mlp: Mlp = "gelu"
+    norm: Norm = "layernorm"
+    bias: bool = False
+    tied_embeddings: bool = True
+    position: PositionKind = "rope"
+    max_positions: int = 0  # learned position table rows; 0 means batch.seq
+    attention: Attention = "flash"
+    dropout: bool = False
+    experts: Experts | None = None
+    name: str = ""  # preset or config the dimensions came from, for the header
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Training: seq/micro/global. Inference: sequences, prompt and generated tokens."""
+
+    seq: int  # tokens per sequence processed in one pass (prompt + generate for decode)
+    micro: int  # sequences per micro-batch per data-parallel rank
+    global_batch: int  # sequences per optimizer step (training) or concurrent (inference)
+    prompt: int = 0
+    generate: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    params: DType = "bf16"
+    grads: DType = "fp32"
+    master: DType | None = "fp32"
+    optimizer: Optimizer = "adam"
+    optimizer_state: DType = "fp32"  # dtype of Adam's moments / SGD's momentum
+    activations: DType = "bf16"
+    matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch
+    param_gather: DType = "bf16"  # dtype of ZeRO/FSDP parameter all-gathers
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    layers_per_stage: tuple[int, ...] | None = None  # uneven split; sums to model.layers
+
+
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallel degree; None means tp
+    sequence_parallel: bool = False
+    zero: int = 0
+    pipeline: Pipeline = field(default_factory=Pipeline)
+    order: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
+    cp_attention: Literal["ring", "allgather"] = "ring"
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    dp_grads: bool = False
+    param_gather: bool = False
+    tp: bool = False
+    pp: bool = False
+    ep: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    memory: int  # bytes of device memory
+    reserved: int = 0  # bytes lost to CUDA context, communicator buffers, allocator slack
+    flops: tuple[tuple[str, float], ...] = ()  # (dtype, dense peak FLOP/s)
+    memory_bandwidth: float = 0.0  # bytes/s
+    name: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        return dict(self.flops).get(dtype, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of the interconnect, innermost first."""
+
+    name: str
+    bandwidth: float  # bytes/s per GPU, one direction
+    latency: float  # seconds per message step
+    size: int | None = None  # GPUs per domain of this level; None for the outermost
+    shared_by: int = 1  # GPUs that share one link of this level (contention)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    gpus: int
+    levels: tuple[Level, ...]
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where a value sat in the input file, for error messages after resolution."""
+
+    line: int
+    col: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A hand-written layout transition, priced with the same engine as the built-in ones."""
+
+    name: str
+    phase: str
+    shape: tuple[int, ...]  # evaluated from the shape expressions
+    dtype: DType
+    group: GroupKind
+    src: str  # placement text: "shard(0)", "replicate", "partial"
+    dst: str
+    source_alive: bool = True
+    count: int = 1  # times per step
+    where: Mark | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str
+    file: str
+    mode: Mode
+    model: Model
+    batch: Batch
+    precision: Precision
+    parallel: Parallel
+    device: Device
+    topology: Topology
+    recompute: Recompute = "none"
+    overlap: Overlap = field(default_factory=Overlap)
+    transitions: tuple[Transition, ...] = ()
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step on each data-parallel rank: global / (micro x dp)."""
+        return self.batch.global_batch // (self.batch.micro * self.parallel.dp)

@@ -1,0 +1,173 @@
+"""Quantities with units at the edges: "80 GiB", "450 GB/s", "3 us", "989 TFLOP/s".
+
+Inside budget, bytes are ``int``, times are seconds (``float``), bandwidths are bytes per
+second and compute rates are FLOP per second. Decimal prefixes are powers of 1000 (GB = 1e9),
+binary prefixes powers of 1024 (GiB = 2**30), as in IEC 80000-13; the two are never mixed.
+Bare numbers are taken in the base unit (bytes, seconds, bytes/s, FLOP/s).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+__all__ = [
+    "UnitError",
+    "format_bytes",
+    "format_duration",
+    "format_flops",
+    "format_rate",
+    "parse_bandwidth",
+    "parse_bytes",
+    "parse_duration",
+    "parse_flops",
+]
+
+
+class UnitError(ValueError):
+    """A quantity that cannot be read; the message says what was expected."""
+
+
+_DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
+_NUMBER = r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+_QUANTITY = re.compile(_NUMBER + r"\s*(?P<unit>[^\s\d].*)?$")
+_LARGEST = 1e30  # anything above is a typo or an attack, not a real machine
+
+
+def _split(text: str | int | float, what: str) -> tuple[Fraction, str]:
+    if isinstance(text, bool):
+        raise UnitError(f"expected {what}, got a boolean")
+    if isinstance(text, int):
+        return Fraction(text), ""
+    if isinstance(text, float):
+        if not math.isfinite(text):
+            raise UnitError(f"expected {what}, got {text}")
+        return Fraction(text), ""
+    if not isinstance(text, str):
+        raise UnitError(f"expected {what}, got {type(text).__name__}")
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise UnitError(f"expected {what}, got {text!r}")
+    number = float(match["num"])
+    if not math.isfinite(number) or abs(number) > _LARGEST:
+        raise UnitError(f"{text!r} is too large to be {what}")
+    return Fraction(match["num"]), (match["unit"] or "").strip()
+
+
+def _prefix(unit: str, base: str, text: str, what: str) -> int:
+    """The multiplier of a prefixed unit such as "GiB" or "GB" (base "B")."""
+    if not unit.endswith(base):
+        raise UnitError(f"expected {what}, got {text!r}")
+    prefix = unit[: len(unit) - len(base)]
+    if prefix in _BINARY:
+        return _BINARY[prefix]
+    if prefix in _DECIMAL:
+        return _DECIMAL[prefix]
+    raise UnitError(f"unknown prefix {prefix!r} in {text!r} (use k, M, G, T or Ki, Mi, Gi, Ti)")
+
+
+def _nonnegative(value: Fraction, text: object, what: str) -> Fraction:
+    if value < 0:
+        raise UnitError(f"{text!r} is negative; expected {what}")
+    if value > _LARGEST:
+        raise UnitError(f"{text!r} is too large to be {what}")
+    return value
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Bytes as an integer: "80 GiB" → 85899345920, "80GB" → 80000000000, 4096 → 4096.
+
+    A fractional result is rounded up: memory is allocated in whole bytes.
+    """
+    what = "a size such as '80 GiB' or '80 GB'"
+    value, unit = _split(text, what)
+    if unit:
+        value *= _prefix(unit, "B", str(text), what)
+    return math.ceil(_nonnegative(value, text, what))
+
+
+def parse_bandwidth(text: str | int | float) -> float:
+    """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0."""
+    what = "a bandwidth such as '450 GB/s'"
+    value, unit = _split(text, what)
+    if unit:
+        if not unit.endswith("/s"):
+            raise UnitError(f"expected {what}, got {text!r}")
+        value *= _prefix(unit[:-2], "B", str(text), what)
+    return float(_nonnegative(value, text, what))
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds: "3 us" → 3e-06, "1.5 ms" → 0.0015, "12s" → 12.0."""
+    what = "a time such as '3 us', '2 ms' or '12 s'"
+    value, unit = _split(text, what)
+    if unit:
+        if unit not in _TIME:
+            raise UnitError(f"expected {what}, got {text!r}")
+        value *= Fraction(_TIME[unit])
+    return float(_nonnegative(value, text, what))
+
+
+def parse_flops(text: str | int | float) -> float:
+    """FLOP per second: "989 TFLOP/s" → 9.89e14; "312 TFLOPS" is read the same way."""
+    what = "a compute rate such as '989 TFLOP/s'"
+    value, unit = _split(text, what)
+    if unit:
+        for suffix in ("FLOP/s", "FLOPS", "FLOPs/s"):
+            if unit.endswith(suffix):
+                prefix = unit[: len(unit) - len(suffix)]
+                if prefix not in _DECIMAL:
+                    raise UnitError(f"unknown prefix {prefix!r} in {text!r}")
+                value *= _DECIMAL[prefix]
+                break
+        else:
+            raise UnitError(f"expected {what}, got {text!r}")
+    return float(_nonnegative(value, text, what))
+
+
+def format_bytes(n: float, binary: bool = True) -> str:
+    """A size for people: binary prefixes by default ("1.50 GiB"), decimal on request."""
+    step, prefixes = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (
+        1000,
+        ("B", "kB", "MB", "GB", "TB", "PB"),
+    )
+    value = float(n)
+    for prefix in prefixes:
+        if abs(value) < step or prefix == prefixes[-1]:
+            return f"{value:.0f} {prefix}" if prefix == "B" else f"{value:.2f} {prefix}"
+        value /= step
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """A time for people: "2.09 ms", "4.2 µs", "12.3 s"."""
+    magnitude = abs(seconds)
+    if magnitude == 0:
+        return "0 s"
+    if magnitude >= 1:
+        return f"{seconds:.3g} s" if magnitude < 100 else f"{seconds:.0f} s"
+    if magnitude >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    if magnitude >= 1e-6:
+        return f"{seconds * 1e6:.3g} µs"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _decimal(value: float, unit: str) -> str:
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}{unit}"
+    return f"{value:.4g} {unit}"
+
+
+def format_rate(bytes_per_second: float) -> str:
+    """A bandwidth for people, in decimal units as vendors quote them: "450 GB/s"."""
+    return _decimal(bytes_per_second, "B/s")
+
+
+def format_flops(flops: float) -> str:
+    """A compute rate for people: "989 TFLOP/s"."""
+    return _decimal(flops, "FLOP/s")
