@@ -1,0 +1,170 @@
+"""The command line: parse options, call the library, pick a renderer and an exit code.
+
+Exit codes: 0 ok, 1 a check failed (valid plan that does not fit or exceeds a limit),
+2 invalid input or usage. User errors are one line per problem on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from budget.errors import BudgetError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Memory and communication budgets for distributed transformer plans.",
+)
+
+OK, FAILED, INVALID = 0, 1, 2
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+FormatOption = Annotated[
+    Format, typer.Option("--format", "-f", help="Output format: table, json or markdown.")
+]
+
+
+def _stdout() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _fail(problems: BudgetError) -> typer.Exit:
+    for problem in problems.problems:
+        print(problem, file=sys.stderr)
+    return typer.Exit(code=INVALID)
+
+
+def _usage(message: str) -> typer.Exit:
+    print(f"budget: error: {message}", file=sys.stderr)
+    return typer.Exit(code=INVALID)
+
+
+@app.command("report", hidden=True)
+def report_command(
+    plan: Annotated[Path, typer.Argument(help="The plan to budget (YAML).")],
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Validate PLAN, calculate its budget and render it (the default command)."""
+    from budget.pipeline import budget_plan
+    from budget.render import render_report
+
+    try:
+        report = budget_plan(plan)
+    except BudgetError as error:
+        raise _fail(error) from None
+    render_report(_stdout(), report, fmt.value)
+
+
+@app.command("validate")
+def validate_command(
+    plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],
+) -> None:
+    """Check plans against the schema and the semantic rules only."""
+    from budget.plan.load import load_plan
+
+    problems = []
+    for path in plans:
+        try:
+            load_plan(path)
+        except BudgetError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise _fail(BudgetError(problems))
+    for path in plans:
+        print(f"{path}: ok")
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the plan JSON schema (Draft 2020-12)."""
+    from budget.plan.schema import schema_text
+
+    sys.stdout.write(schema_text())
+
+
+@app.command("collective")
+def collective_command(
+    op: Annotated[
+        str,
+        typer.Argument(
+            help="all-gather, reduce-scatter, all-reduce, all-to-all, broadcast or send-recv."
+        ),
+    ],
+    ranks: Annotated[int | None, typer.Option(help="Group size P.")] = None,
+    size: Annotated[str, typer.Option(help="Full logical tensor size S, e.g. 1GiB.")] = "",
+    bandwidth: Annotated[
+        str | None, typer.Option(help="Per-rank link bandwidth, e.g. 450GB/s.")
+    ] = None,
+    latency: Annotated[str | None, typer.Option(help="Latency per phase, e.g. 1us.")] = None,
+    level: Annotated[
+        list[str] | None,
+        typer.Option(help="SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level."),
+    ] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(help="ring, recursive, tree, pairwise, bruck, hierarchical or auto."),
+    ] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Price one collective: phases, bytes sent/received per rank, time."""
+    from budget.calculators import collective
+    from budget.render.calculators import render_collective
+
+    try:
+        result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm)
+    except ValueError as error:
+        raise _usage(str(error)) from None
+    render_collective(_stdout(), result, fmt.value)
+
+
+@app.command("roofline")
+def roofline_command(
+    intensity: Annotated[float, typer.Option(help="Arithmetic intensity, FLOP/byte.")],
+    bandwidth: Annotated[str, typer.Option(help="Memory bandwidth, e.g. 80GB/s.")],
+    peak: Annotated[str, typer.Option(help="Compute ceiling, e.g. 1000GFLOP/s.")],
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Attainable FLOP/s = min(peak, intensity x bandwidth), and which ceiling binds."""
+    from budget.calculators import roofline
+    from budget.render.calculators import render_roofline
+
+    try:
+        result = roofline(intensity, bandwidth, peak)
+    except ValueError as error:
+        raise _usage(str(error)) from None
+    render_roofline(_stdout(), result, fmt.value)
+
+
+_COMMANDS = {"report", "validate", "schema", "collective", "roofline", "check", "diff", "search",
+             "plot"}
+
+
+def route(args: list[str]) -> list[str]:
+    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`."""
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is not None and first not in _COMMANDS:
+        return ["report", *args]
+    return list(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `budget` console script and `python -m budget`."""
+    app(args=route(list(sys.argv[1:] if argv is None else argv)), prog_name="budget")
