@@ -1,0 +1,203 @@
+"""The report: plain data built from the calculators, and its JSON form (DESIGN.md contract).
+
+Bytes are integers, times seconds. Renderers read these dataclasses and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+
+@dataclass(frozen=True, slots=True)
+class Overlapping:
+    """One allocation alive at a peak."""
+
+    tensor: str
+    bytes: int  # total of all copies
+    category: str
+    count: int = 1
+    placement: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRow:
+    name: str
+    phase: str
+    op: str
+    group: str
+    ranks: int
+    dtype: str
+    bytes: int  # S: the full logical tensor
+    sent_bytes: int  # per rank, per call
+    recv_bytes: int  # per rank, per call
+    algorithm: str
+    steps: int  # latency-bearing phases per call
+    count: int  # calls per step on one rank
+    src: str
+    dst: str
+    link: str | None = None
+    alpha_s: float | None = None
+    bandwidth_Bps: float | None = None
+    time_s: float | None = None  # per call, total
+    exposed_s: float | None = None  # per call, not hidden behind compute
+    overlap_rule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    name: str
+    count: int  # instances per step on the stage shown
+    stage: int  # the stage whose collectives are listed (the busiest)
+    payload_bytes: int  # bytes sent per rank over the step in this phase
+    peak_bytes: int  # largest live bytes in this phase over all stages
+    peak_stage: int | None
+    peak_overlap: tuple[Overlapping, ...]
+    collectives: tuple[CollectiveRow, ...]
+    compute_s: float | None = None
+    comm_s: float | None = None
+    exposed_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageRow:
+    stage: int
+    layers: int
+    inflight: float
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    transient_bytes: int
+    kv_cache_bytes: int
+    reserved_bytes: int
+    peak_bytes: int
+    peak_phase: str
+    peak_instant: str
+    peak_overlap: tuple[Overlapping, ...]
+    capacity_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    name: str
+    file: str
+    mode: str
+    world_size: int
+    layout: dict[str, Any]
+    model: dict[str, Any]
+    device: dict[str, Any]
+    microbatches: int
+    capacity_bytes: int
+    stages: tuple[StageRow, ...]
+    phases: tuple[PhaseRow, ...]
+    step: dict[str, float | None]
+
+    @property
+    def worst(self) -> StageRow:
+        return max(self.stages, key=lambda s: (s.peak_bytes, -s.stage))
+
+    @property
+    def fits(self) -> bool:
+        return self.worst.fits
+
+
+def _overlap(items: tuple[Overlapping, ...]) -> list[dict[str, Any]]:
+    return [
+        {"tensor": o.tensor, "bytes": o.bytes, "category": o.category, "count": o.count}
+        for o in items
+    ]
+
+
+def _collective(c: CollectiveRow) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "op": c.op,
+        "group": c.group,
+        "ranks": c.ranks,
+        "dtype": c.dtype,
+        "bytes": c.bytes,
+        "sent_bytes": c.sent_bytes,
+        "recv_bytes": c.recv_bytes,
+        "algorithm": c.algorithm,
+        "steps": c.steps,
+        "link": c.link,
+        "alpha_s": c.alpha_s,
+        "bandwidth_Bps": c.bandwidth_Bps,
+        "time_s": c.time_s,
+        "exposed_s": c.exposed_s,
+        "count": c.count,
+        "from": c.src,
+        "to": c.dst,
+        "overlap_rule": c.overlap_rule,
+    }
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    """The JSON report (DESIGN.md "Report contract"); keys in a stable order."""
+    worst = report.worst
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "plan": {"name": report.name, "file": report.file},
+        "mode": report.mode,
+        "world_size": report.world_size,
+        "layout": report.layout,
+        "model": report.model,
+        "device": report.device,
+        "microbatches": report.microbatches,
+        "memory": {
+            "capacity_bytes": report.capacity_bytes,
+            "peak_bytes": worst.peak_bytes,
+            "fits": report.fits,
+            "worst_stage": worst.stage,
+            "headroom_bytes": worst.headroom_bytes,
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "layers": s.layers,
+                    "microbatches_in_flight": s.inflight,
+                    "params_bytes": s.params_bytes,
+                    "grads_bytes": s.grads_bytes,
+                    "optimizer_bytes": s.optimizer_bytes,
+                    "activations_bytes": s.activations_bytes,
+                    "transient_bytes": s.transient_bytes,
+                    "kv_cache_bytes": s.kv_cache_bytes,
+                    "reserved_bytes": s.reserved_bytes,
+                    "peak_bytes": s.peak_bytes,
+                    "headroom_bytes": s.headroom_bytes,
+                    "fits": s.fits,
+                    "peak_phase": s.peak_phase,
+                    "peak_instant": s.peak_instant,
+                    "peak_overlap": _overlap(s.peak_overlap),
+                }
+                for s in report.stages
+            ],
+        },
+        "phases": [
+            {
+                "name": p.name,
+                "count": p.count,
+                "stage": p.stage,
+                "payload_bytes": p.payload_bytes,
+                "compute_s": p.compute_s,
+                "comm_s": p.comm_s,
+                "exposed_s": p.exposed_s,
+                "peak_bytes": p.peak_bytes,
+                "peak_stage": p.peak_stage,
+                "peak_overlap": _overlap(p.peak_overlap),
+                "collectives": [_collective(c) for c in p.collectives],
+            }
+            for p in report.phases
+        ],
+        "step": report.step,
+    }

@@ -1,0 +1,1115 @@
+"""Derive one training step as phases: tensors with placements, lifetimes and transitions.
+
+This is the ONE representation the calculators read. The built-in transformer step and the
+plan's hand-written `transitions:` both become `Move`s (a layout transition on a group) and
+`Alloc`s (bytes alive at an instant), so both are priced and counted by the same code.
+
+Memory at an instant is the sum of what is alive then (DESIGN.md rule 2). For each pipeline
+stage the step is described by a few representative instants, one or more per phase, chosen
+where that phase's live set is largest: e.g. the last forward layer of the last micro-batch
+that a stage admits before its first backward, or the first backward layer, when every
+micro-batch in flight is still saved. Each instant lists every allocation alive at it, so a
+peak names what overlaps there.
+
+Sources for what is saved: Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (arXiv 2205.05198), section 4 and Table 2; Megatron-LM's transformer
+layer (tensor and sequence parallel linear layers, vocab-parallel embedding and
+cross-entropy). Micro-batches in flight: Narayanan et al. (arXiv 2104.04473) section 2.2 and
+Megatron-LM's `schedules.py` warm-up counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from budget.errors import BudgetError, Problem
+from budget.placement import (
+    PARTIAL,
+    REPLICATE,
+    IllegalTransition,
+    Op,
+    Placement,
+    collective_for,
+    shard,
+)
+from budget.plan.model import DTYPE_BYTES, GroupKind, Plan
+
+Category = Literal[
+    "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
+]
+CATEGORIES: tuple[Category, ...] = (
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "transient",
+    "kv_cache",
+    "reserved",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """Bytes alive at an instant: `count` copies of a `bytes`-sized tensor on one rank."""
+
+    name: str
+    category: Category
+    bytes: int
+    count: int = 1
+    placement: str = ""  # e.g. "shard(0) on tp", for the reader
+
+    @property
+    def total(self) -> int:
+        return self.bytes * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A layout transition on one group: the collective it implies and its payload.
+
+    `size_bytes` is S, the full logical tensor's bytes (DESIGN.md rule 3); `count` is how
+    many times it happens per instance of its phase.
+    """
+
+    name: str
+    op: Op
+    group: GroupKind
+    ranks: int
+    dtype: str
+    size_bytes: int
+    src: str
+    dst: str
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Instant:
+    """One moment inside a phase and everything alive at it on one rank."""
+
+    label: str
+    live: tuple[Alloc, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(a.total for a in self.live)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A kind of work a stage repeats `count` times per step, with what it moves."""
+
+    name: str
+    count: int
+    moves: tuple[Move, ...] = ()
+    instants: tuple[Instant, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StageStep:
+    stage: int
+    layers: int
+    inflight: float  # micro-batches whose saved activations are alive together, in layers/L_s
+    params: int  # parameters held by one rank of this stage before ZeRO sharding
+    resident: tuple[Alloc, ...]  # alive for the whole step: states and reserved memory
+    phases: tuple[Phase, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    microbatches: int
+    stages: tuple[StageStep, ...]
+    params_total: int
+    params_per_layer: int
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclass(frozen=True, slots=True)
+class LayerParams:
+    """Parameters of one transformer layer: the full count and what one tp rank holds."""
+
+    total: int
+    per_rank: int
+
+
+def layer_params(plan: Plan) -> LayerParams:
+    """Parameters of one dense transformer layer, and the share of one tensor-parallel rank.
+
+    Megatron-LM's tensor parallelism (Shoeybi et al., arXiv 1909.08053, section 3): QKV and
+    the first MLP projection are column-parallel (weights and biases split over tp), the
+    attention output and second MLP projection are row-parallel (weights split, biases
+    replicated), norms are replicated. GQA: K and V have kv_heads x head_dim columns each.
+    SwiGLU has three projections of width ffn (Shazeer, arXiv 2002.05202).
+    """
+    m, t = plan.model, plan.parallel.tp
+    h, q_width, kv_width = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
+    qkv = h * (q_width + 2 * kv_width)
+    proj = q_width * h
+    up = (2 if m.mlp == "swiglu" else 1) * h * m.ffn
+    down = m.ffn * h
+    norm = (2 if m.norm == "layernorm" else 1) * h
+    column_bias = (q_width + 2 * kv_width + (2 if m.mlp == "swiglu" else 1) * m.ffn) * m.bias
+    row_bias = 2 * h * m.bias
+    sharded = qkv + proj + up + down + column_bias
+    replicated = 2 * norm + row_bias
+    return LayerParams(total=sharded + replicated, per_rank=-(-sharded // t) + replicated)
+
+
+def stage_layers(plan: Plan) -> list[int]:
+    """Transformer layers on each pipeline stage (virtual chunks of a stage added up)."""
+    p = plan.parallel.pp
+    explicit = plan.parallel.pipeline.layers_per_stage
+    if explicit is not None:
+        return [sum(explicit[i::p]) for i in range(p)]
+    return [plan.model.layers // p] * p
+
+
+def stage_params(plan: Plan, stage: int, layers: int) -> tuple[int, int, list[tuple[str, int]]]:
+    """(total, per tp rank, itemised per-rank parts) of the parameters a stage holds.
+
+    The embedding sits on the first stage and the output layer on the last; with tied
+    embeddings and more than one stage the last stage keeps its own copy of the embedding
+    for the output layer, synchronised by an all-reduce (Megatron-LM's embedding group).
+    The word embedding and output layer are vocab-parallel over tp; learned position
+    embeddings and the final norm are replicated.
+    """
+    m, t, p = plan.model, plan.parallel.tp, plan.parallel.pp
+    layer = layer_params(plan)
+    parts = [("transformer layers", layers * layer.per_rank)]
+    total = layers * layer.total
+    word = m.vocab * m.hidden
+    if stage == 0:
+        parts.append(("word embedding", -(-word // t)))
+        total += word
+        if m.position == "learned":
+            positions = (m.max_positions or plan.batch.seq) * m.hidden
+            parts.append(("position embedding", positions))
+            total += positions
+    if stage == p - 1:
+        norm = (2 if m.norm == "layernorm" else 1) * m.hidden
+        parts.append(("final norm", norm))
+        total += norm
+        if not m.tied_embeddings or p > 1:
+            name = "output layer" if not m.tied_embeddings else "output layer (tied copy)"
+            parts.append((name, -(-word // t)))
+            total += word
+    return total, sum(b for _, b in parts), parts
+
+
+def params_total(plan: Plan) -> int:
+    """All distinct parameters of the model (a tied embedding counted once)."""
+    m = plan.model
+    total = m.layers * layer_params(plan).total + m.vocab * m.hidden
+    total += (2 if m.norm == "layernorm" else 1) * m.hidden
+    if not m.tied_embeddings:
+        total += m.vocab * m.hidden
+    if m.position == "learned":
+        total += (m.max_positions or plan.batch.seq) * m.hidden
+    return total
+
+
+def resident_states(plan: Plan, params_rank: int) -> tuple[Alloc, ...]:
+    """Model states one rank keeps for the whole step, by precision and ZeRO stage.
+
+    ZeRO (Rajbhandari et al., arXiv 1910.02054, section 5 and Table 1): with Ψ parameters,
+    16-bit parameters and gradients (2Ψ + 2Ψ) and K·Ψ bytes of optimizer state (K = 12 for
+    mixed-precision Adam: fp32 master copy, momentum and variance), stage 1 shards the K·Ψ
+    over Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters.
+    Shards are rounded up to whole elements on the most loaded rank.
+    """
+    prec, z, dp = plan.precision, plan.parallel.zero, plan.parallel.dp
+
+    def sharded(n: int, on: bool) -> int:
+        return -(-n // dp) if on else n
+
+    where = f"shard over dp={dp}"
+    allocs = [
+        Alloc(
+            f"parameters ({prec.params})",
+            "params",
+            sharded(params_rank, z >= 3) * DTYPE_BYTES[prec.params],
+            placement=where if z >= 3 else "replicate over dp",
+        )
+    ]
+    if plan.mode == "train":
+        allocs.append(
+            Alloc(
+                f"gradients ({prec.grads})",
+                "grads",
+                sharded(params_rank, z >= 2) * DTYPE_BYTES[prec.grads],
+                placement=where if z >= 2 else "replicate over dp",
+            )
+        )
+        opt_place = where if z >= 1 else "replicate over dp"
+        if prec.master is not None:
+            allocs.append(
+                Alloc(
+                    f"master weights ({prec.master})",
+                    "optimizer",
+                    sharded(params_rank, z >= 1) * DTYPE_BYTES[prec.master],
+                    placement=opt_place,
+                )
+            )
+        moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
+        if moments:
+            label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
+            allocs.append(
+                Alloc(
+                    f"{label} ({prec.optimizer_state})",
+                    "optimizer",
+                    sharded(params_rank, z >= 1) * DTYPE_BYTES[prec.optimizer_state] * moments,
+                    placement=opt_place,
+                )
+            )
+    if plan.device.reserved:
+        allocs.append(
+            Alloc("reserved (runtime, NCCL, allocator)", "reserved", plan.device.reserved)
+        )
+    return tuple(allocs)
+
+
+# --------------------------------------------------------------------------------------------
+# Activations
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """Sizes of one micro-batch on one rank, in elements and bytes per element."""
+
+    tokens: int  # b x s / cp: tokens of one micro-batch on one context-parallel rank
+    tokens_sp: int  # tokens in sequence-parallel regions (tokens / tp with SP)
+    act: int  # bytes per activation element
+    hidden: int
+    q_cols: int  # query heads x head_dim on one tp rank
+    kv_cols: int  # kv heads x head_dim on one tp rank
+    ffn_cols: int  # ffn width on one tp rank
+    heads: int  # query heads on one tp rank
+    seq_kv: int  # keys each local query attends to (the full sequence)
+    micro: int
+
+
+def shapes(plan: Plan) -> Shapes:
+    m, par, b = plan.model, plan.parallel, plan.batch
+    t = par.tp
+    tokens = b.micro * b.seq // par.cp
+    return Shapes(
+        tokens=tokens,
+        tokens_sp=-(-tokens // t) if par.sequence_parallel else tokens,
+        act=DTYPE_BYTES[plan.precision.activations],
+        hidden=m.hidden,
+        q_cols=m.heads * m.head_dim // t,
+        kv_cols=m.kv_heads * m.head_dim // t,
+        ffn_cols=-(-m.ffn // t),
+        heads=m.heads // t,
+        seq_kv=b.seq,
+        micro=b.micro,
+    )
+
+
+def _residual(plan: Plan) -> str:
+    return (
+        "shard(0) on tp"
+        if plan.parallel.sequence_parallel and plan.parallel.tp > 1
+        else ("replicate on tp")
+    )
+
+
+def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
+    """Tensors the attention block saves for backward, per layer and micro-batch.
+
+    Korthikanti et al. section 4.1: norm input 2sbh, QKV input 2sbh, Q and K 4sbh, V 2sbh,
+    softmax output 2as²b, its dropout mask as²b and output 2as²b, projection input 2sbh,
+    output dropout mask sbh. Generalised: Q/K/V widths follow GQA; flash attention stores no
+    s² scores but fp32 softmax statistics (Dao et al., arXiv 2205.14135, section 3.1);
+    selective recompute drops the s² tensors (Korthikanti section 5). With sequence
+    parallelism the tensors outside the tp region are sharded over tp (section 4.2.2).
+    """
+    a, res = s.act, _residual(plan)
+    head = "shard(heads) on tp"
+    out = [
+        Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc("attention QKV input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc("attention Q", "activations", a * s.tokens * s.q_cols, placement=head),
+        Alloc("attention K", "activations", a * s.tokens * s.kv_cols, placement=head),
+        Alloc("attention V", "activations", a * s.tokens * s.kv_cols, placement=head),
+    ]
+    out.extend(core_attention(plan, s))
+    out.append(
+        Alloc("attention projection input", "activations", a * s.tokens * s.q_cols, placement=head)
+    )
+    if plan.model.dropout:
+        out.append(
+            Alloc("attention dropout mask", "activations", s.tokens_sp * s.hidden, placement=res)
+        )
+    if plan.recompute == "selective":
+        scores = {
+            a.name for a in core_attention(plan, s) if "score" in a.name or "softmax" in a.name
+        }
+        out = [x for x in out if x.name not in scores or x.name.endswith("statistics")]
+    return out
+
+
+def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
+    """The s x s part of attention: eager stores scores, flash only row statistics."""
+    score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+    if plan.model.attention == "flash":
+        rows = s.heads * s.tokens
+        return [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
+    out = [Alloc("attention softmax output", "activations", s.act * score)]
+    if plan.model.dropout:
+        out.append(Alloc("attention softmax dropout mask", "activations", score))
+        out.append(Alloc("attention softmax dropout output", "activations", s.act * score))
+    return out
+
+
+def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
+    """Tensors the MLP block saves: Korthikanti section 4.1 (norm input 2sbh, first linear
+    input 2sbh, GeLU input 8sbh, GeLU output 8sbh, dropout mask sbh) with ffn = 4h; SwiGLU
+    saves the gate and up projections (2 x ffn) and their product (ffn)."""
+    a, res = s.act, _residual(plan)
+    col = "shard(ffn) on tp"
+    out = [
+        Alloc("MLP norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc("MLP fc1 input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+    ]
+    if plan.model.mlp == "swiglu":
+        out.append(
+            Alloc(
+                "MLP SwiGLU input (gate, up)",
+                "activations",
+                2 * a * s.tokens * s.ffn_cols,
+                placement=col,
+            )
+        )
+    else:
+        out.append(Alloc("MLP GeLU input", "activations", a * s.tokens * s.ffn_cols, placement=col))
+    out.append(Alloc("MLP fc2 input", "activations", a * s.tokens * s.ffn_cols, placement=col))
+    if plan.model.dropout:
+        out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
+    return out
+
+
+def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:
+    """(attention, MLP) tensors saved per layer and micro-batch under the recompute mode.
+
+    Full recompute keeps only each layer's input (Korthikanti Table 2: 2sbh; sharded over tp
+    with sequence parallelism) and rebuilds the rest in backward.
+    """
+    if plan.recompute == "full":
+        return [
+            Alloc(
+                "layer input (checkpoint)",
+                "activations",
+                s.act * s.tokens_sp * s.hidden,
+                placement=_residual(plan),
+            )
+        ], []
+    return attention_saved(plan, s), mlp_saved(plan, s)
+
+
+def inflight(plan: Plan, stage: int, microbatches: int) -> float:
+    """Micro-batches whose activations a stage holds at once, counted in whole-stage units.
+
+    1F1B (PipeDream-Flush): stage i runs p - i warm-up forwards before its first backward,
+    so it holds min(p - i, m) micro-batches. GPipe holds all m. Interleaved 1F1B with v
+    chunks: Megatron-LM warms up (p - i - 1)·2 + (v - 1)·p chunks and holds one more, each
+    chunk 1/v of the stage's layers; on stage 0 that is p·(1 + (p - 1)/(p·v)) stage units
+    (Korthikanti section 4.2.3).
+    """
+    p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
+    schedule = plan.parallel.pipeline.schedule
+    if schedule == "gpipe":
+        return float(microbatches)
+    if schedule == "interleaved":
+        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
+        return chunks / v
+    return float(min(p - stage, microbatches))
+
+
+# --------------------------------------------------------------------------------------------
+# Transitions
+
+
+def _tp_moves(plan: Plan, s: Shapes, block: str, backward: bool) -> list[Move]:
+    """Tensor-parallel transitions around one attention or MLP block.
+
+    Megatron-LM (Shoeybi et al. section 3, Korthikanti section 4.2.2): without sequence
+    parallelism the forward all-reduces the row-parallel output (g) and the backward
+    all-reduces the column-parallel input gradient (f). With it, the forward all-gathers the
+    sharded input (g) and reduce-scatters the output (ḡ); the backward all-gathers the output
+    gradient, reduce-scatters the input gradient and all-gathers the saved input shard again
+    for the weight gradient.
+    """
+    par = plan.parallel
+    if par.tp == 1:
+        return []
+    dtype = plan.precision.activations
+    full = s.act * s.tokens * s.hidden
+
+    def move(name: str, op: Op, src: Placement, dst: Placement) -> Move:
+        return Move(f"{block} {name}", op, "tp", par.tp, dtype, full, str(src), str(dst))
+
+    if not par.sequence_parallel:
+        if backward:
+            return [move("input gradient all-reduce", "all-reduce", PARTIAL, REPLICATE)]
+        return [move("output all-reduce", "all-reduce", PARTIAL, REPLICATE)]
+    if backward:
+        return [
+            move("output gradient all-gather", "all-gather", shard(0), REPLICATE),
+            move("input re-gather for weight gradient", "all-gather", shard(0), REPLICATE),
+            move("input gradient reduce-scatter", "reduce-scatter", PARTIAL, shard(0)),
+        ]
+    return [
+        move("input all-gather", "all-gather", shard(0), REPLICATE),
+        move("output reduce-scatter", "reduce-scatter", PARTIAL, shard(0)),
+    ]
+
+
+def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
+    """Context parallel attention: every rank needs K and V of the whole sequence.
+
+    Ring attention (Liu et al., arXiv 2310.01889) passes K/V chunks around the cp ring in
+    cp - 1 send/recv steps, which moves exactly the bytes of a ring all-gather of K and V;
+    Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V instead. Backward
+    re-circulates K/V and reduce-scatters dK/dV.
+    """
+    par = plan.parallel
+    if par.cp == 1:
+        return []
+    kv = s.act * s.micro * s.seq_kv * 2 * s.kv_cols
+    dtype = plan.precision.activations
+    moves = [
+        Move(
+            "attention K/V exchange", "all-gather", "cp", par.cp, dtype, kv, "shard(0)", "replicate"
+        )
+    ]
+    if backward:
+        moves.append(
+            Move(
+                "attention dK/dV reduce-scatter",
+                "reduce-scatter",
+                "cp",
+                par.cp,
+                dtype,
+                kv,
+                "partial",
+                "shard(0)",
+            )
+        )
+    return moves
+
+
+def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
+    """ZeRO-3 / FSDP: gather each layer's parameters before use, forward and backward;
+    reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3)."""
+    par = plan.parallel
+    if par.zero < 3 or par.dp == 1:
+        return []
+    n = layer_params(plan).per_rank
+    moves = [
+        Move(
+            "layer parameter all-gather",
+            "all-gather",
+            "dp",
+            par.dp,
+            plan.precision.param_gather,
+            n * DTYPE_BYTES[plan.precision.param_gather],
+            "shard(0)",
+            "replicate",
+        )
+    ]
+    if backward:
+        moves.append(
+            Move(
+                "layer gradient reduce-scatter",
+                "reduce-scatter",
+                "dp",
+                par.dp,
+                plan.precision.grads,
+                n * DTYPE_BYTES[plan.precision.grads],
+                "partial",
+                "shard(0)",
+            )
+        )
+    return moves
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+
+
+@dataclass
+class _StageBuilder:
+    plan: Plan
+    stage: int
+    layers: int
+    microbatches: int
+    shapes: Shapes
+    resident: tuple[Alloc, ...]
+    phases: list[Phase] = field(default_factory=list)
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.plan.parallel.pp - 1
+
+    def add(self, name: str, count: int, moves: list[Move], instants: list[Instant]) -> None:
+        self.phases.append(Phase(name, count, tuple(moves), tuple(instants)))
+
+
+def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
+    return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
+
+
+def _zero3_transients(plan: Plan) -> list[Alloc]:
+    if plan.parallel.zero < 3 or plan.parallel.dp == 1:
+        return []
+    n = layer_params(plan).per_rank * DTYPE_BYTES[plan.precision.param_gather]
+    return [Alloc("gathered layer parameters (current + prefetched)", "transient", n, count=2)]
+
+
+def derive(plan: Plan) -> Step:
+    """The training step of `plan`, stage by stage. Inference modes are not derived yet."""
+    if plan.mode != "train":
+        raise BudgetError(
+            [
+                Problem(
+                    plan.file, 0, 0, "$.mode", f"mode {plan.mode!r} is not supported yet; use train"
+                )
+            ]
+        )
+    m = plan.microbatches
+    s = shapes(plan)
+    stages = []
+    for stage, layers in enumerate(stage_layers(plan)):
+        _, per_rank, _ = stage_params(plan, stage, layers)
+        builder = _StageBuilder(plan, stage, layers, m, s, resident_states(plan, per_rank))
+        _forward(builder)
+        _backward(builder)
+        _reduce(builder, per_rank)
+        stages.append(
+            StageStep(
+                stage,
+                layers,
+                inflight(plan, stage, m),
+                per_rank,
+                builder.resident,
+                tuple(builder.phases),
+            )
+        )
+    step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
+    return _with_transitions(plan, step)
+
+
+def _saved(b: _StageBuilder, units: float) -> Alloc:
+    """Saved activations of `units` whole layers x micro-batches, as one allocation."""
+    attn, mlp = layer_saved(b.plan, b.shapes)
+    per_layer = sum(a.total for a in attn + mlp)
+    return Alloc(
+        "saved activations of earlier layers and micro-batches",
+        "activations",
+        per_layer,
+        count=max(0, round(units)),
+    )
+
+
+def _extra_saved(b: _StageBuilder) -> list[Alloc]:
+    """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
+    dropout mask on the first stage; the final norm and output-layer inputs on the last."""
+    s, plan = b.shapes, b.plan
+    inflight_mb = max(1, round(inflight(plan, b.stage, b.microbatches)))
+    out = []
+    if b.first and plan.model.dropout:
+        out.append(
+            Alloc(
+                "embedding dropout mask",
+                "activations",
+                s.tokens_sp * s.hidden,
+                count=inflight_mb,
+                placement=_residual(plan),
+            )
+        )
+    if b.last:
+        out.append(
+            Alloc(
+                "final norm input",
+                "activations",
+                s.act * s.tokens_sp * s.hidden,
+                count=inflight_mb,
+                placement=_residual(plan),
+            )
+        )
+        out.append(
+            Alloc(
+                "output layer input",
+                "activations",
+                s.act * s.tokens_sp * s.hidden,
+                count=inflight_mb,
+                placement=_residual(plan),
+            )
+        )
+    return out
+
+
+def _working(allocs: list[Alloc]) -> list[Alloc]:
+    """Tensors that full recompute computes in forward but does not keep."""
+    return [replace(a, name=f"{a.name} (working, not saved)", category="transient") for a in allocs]
+
+
+def _forward(b: _StageBuilder) -> None:
+    """Forward of the last layer of the last micro-batch a stage admits before its first
+    backward: every earlier layer and micro-batch in flight is saved."""
+    plan, s, m = b.plan, b.shapes, b.microbatches
+    par = plan.parallel
+    units = inflight(plan, b.stage, m) * b.layers
+    sp = par.sequence_parallel and par.tp > 1
+    z3 = _zero3_transients(plan)
+    base = [*b.resident, *_extra_saved(b), _saved(b, units - 1)]
+    full = plan.recompute == "full"
+    checkpoint = layer_saved(plan, s)[0] if full else []
+    attn, mlp = attention_saved(plan, s), mlp_saved(plan, s)
+    if full:
+        attn, mlp = _working(attn), _working(mlp)
+    elif plan.recompute == "selective" and plan.model.attention == "eager":
+        attn = attn + _working(core_attention(plan, s))
+
+    if b.first:
+        moves = []
+        if par.tp > 1:
+            op: Op = "reduce-scatter" if sp else "all-reduce"
+            moves.append(
+                Move(
+                    f"embedding output {op}",
+                    op,
+                    "tp",
+                    par.tp,
+                    plan.precision.activations,
+                    s.act * s.tokens * s.hidden,
+                    "partial",
+                    "shard(0)" if sp else "replicate",
+                )
+            )
+        b.add("forward.embedding", m, moves, [])
+
+    ag_attn = [_full(s, "attention input, all-gathered (sequence parallel)")] if sp else []
+    b.add(
+        "forward.attention",
+        b.layers * m,
+        _tp_moves(plan, s, "attention", False)
+        + _cp_moves(plan, s, False)
+        + _zero3_moves(plan, False),
+        [
+            Instant("QKV projection", tuple(base + checkpoint + attn[:2] + ag_attn + z3)),
+            Instant("after attention", tuple(base + checkpoint + attn + z3)),
+        ],
+    )
+    ag_mlp = [_full(s, "MLP input, all-gathered (sequence parallel)")] if sp else []
+    partial_out = (
+        [_full(s, "MLP output, sum-partial before reduction", "partial on tp")]
+        if par.tp > 1
+        else []
+    )
+    kept_attn = [] if full else attn
+    b.add(
+        "forward.mlp",
+        b.layers * m,
+        _tp_moves(plan, s, "MLP", False) + _zero3_moves(plan, False),
+        [
+            Instant("fc1", tuple(base + checkpoint + kept_attn + mlp[:2] + ag_mlp + z3)),
+            Instant(
+                "fc2 output reduction",
+                tuple(base + checkpoint + kept_attn + mlp + partial_out + z3),
+            ),
+        ],
+    )
+    if b.last:
+        _loss(b, units)
+    if par.pp > 1 and not b.last:
+        b.add(
+            "pipeline.forward",
+            m,
+            [
+                Move(
+                    "activation send to next stage",
+                    "send-recv",
+                    "pp",
+                    2,
+                    plan.precision.activations,
+                    s.act * s.tokens_sp * s.hidden,
+                    "stage i",
+                    "stage i+1",
+                )
+            ],
+            [],
+        )
+
+
+def _loss(b: _StageBuilder, units: float) -> None:
+    """Output layer and vocab-parallel cross-entropy on the last stage (Megatron-LM's
+    `vocab_parallel_cross_entropy`): logits sharded over vocab on tp, upcast to fp32, with
+    their fp32 gradient; three small all-reduces (max, sum of exponentials, target logit)."""
+    plan, s = b.plan, b.shapes
+    t = plan.parallel.tp
+    vocab_cols = -(-plan.model.vocab // t)
+    logits = s.tokens * vocab_cols
+    vocab_place = "shard(vocab) on tp"
+    live = [
+        *b.resident,
+        *_extra_saved(b),
+        _saved(b, units),
+        Alloc("logits", "transient", s.act * logits, placement=vocab_place),
+        Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab_place),
+        Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab_place),
+    ]
+    if plan.parallel.sequence_parallel and t > 1:
+        live.append(_full(s, "output layer input, all-gathered (sequence parallel)"))
+    moves = []
+    if t > 1:
+        moves.append(
+            Move(
+                "cross-entropy max/sum/target all-reduce",
+                "all-reduce",
+                "tp",
+                t,
+                "fp32",
+                4 * s.tokens,
+                "partial",
+                "replicate",
+                count=3,
+            )
+        )
+        if plan.parallel.sequence_parallel:
+            moves.extend(_tp_moves(plan, s, "output layer", False)[:1])
+        moves.extend(_tp_moves(plan, s, "output layer", True)[-1:])
+    b.add("loss", b.microbatches, moves, [Instant("cross-entropy", tuple(live))])
+
+
+def _backward(b: _StageBuilder) -> None:
+    """Backward of the first micro-batch's last layer, when every micro-batch in flight is
+    still saved: the stage's activation peak under 1F1B (Korthikanti section 4.2.3)."""
+    plan, s, m = b.plan, b.shapes, b.microbatches
+    par = plan.parallel
+    units = inflight(plan, b.stage, m) * b.layers
+    sp = par.sequence_parallel and par.tp > 1
+    all_saved = [*b.resident, *_extra_saved(b), _saved(b, units)]
+    z3 = _zero3_transients(plan)
+    if par.zero >= 2 and par.dp > 1:
+        z3 = [
+            *z3,
+            Alloc(
+                "layer gradient bucket before reduce-scatter",
+                "transient",
+                layer_params(plan).per_rank * DTYPE_BYTES[plan.precision.grads],
+            ),
+        ]
+    grad_out = Alloc(
+        "output gradient", "transient", s.act * s.tokens_sp * s.hidden, placement=_residual(plan)
+    )
+    attn_full, mlp_full = attention_saved(plan, s), mlp_saved(plan, s)
+    recomputed: list[Alloc] = []
+    if plan.recompute == "full":
+        recomputed = [
+            replace(a, name=f"{a.name} (recomputed)", category="transient")
+            for a in attn_full + mlp_full
+        ]
+    col = "shard(ffn) on tp"
+    ffn_grad = Alloc(
+        "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
+    )
+    gate = 2 if plan.model.mlp == "swiglu" else 1
+    act_grad = Alloc(
+        "activation-function input gradient",
+        "transient",
+        gate * s.act * s.tokens * s.ffn_cols,
+        placement=col,
+    )
+    gathered = []
+    if sp:
+        gathered = [
+            _full(s, "output gradient, all-gathered (sequence parallel)"),
+            _full(s, "fc1 input, re-gathered for weight gradient (sequence parallel)"),
+        ]
+    partial_in = (
+        [_full(s, "input gradient, sum-partial before reduction", "partial on tp")]
+        if par.tp > 1
+        else []
+    )
+    recompute_moves = (
+        _tp_moves(plan, s, "MLP (recomputed forward)", False) if plan.recompute == "full" else []
+    )
+    b.add(
+        "backward.mlp",
+        b.layers * m,
+        recompute_moves + _tp_moves(plan, s, "MLP", True) + _zero3_moves(plan, True),
+        [
+            Instant(
+                "fc2 and activation gradients",
+                tuple(all_saved + recomputed + [grad_out, ffn_grad, act_grad] + gathered[:1] + z3),
+            ),
+            Instant(
+                "fc1 weight and input gradients",
+                tuple(
+                    all_saved + recomputed + [grad_out, act_grad] + gathered[1:] + partial_in + z3
+                ),
+            ),
+        ],
+    )
+    score_grad: list[Alloc] = []
+    if plan.model.attention == "eager":
+        score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+        score_grad = [Alloc("attention scores gradient", "transient", s.act * score)]
+        if plan.recompute == "selective":
+            score_grad += [
+                replace(a, name=f"{a.name} (recomputed)", category="transient")
+                for a in core_attention(plan, s)
+            ]
+    qkv_grad = Alloc(
+        "Q/K/V gradients",
+        "transient",
+        s.act * s.tokens * (s.q_cols + 2 * s.kv_cols),
+        placement="shard(heads) on tp",
+    )
+    recompute_moves = (
+        _tp_moves(plan, s, "attention (recomputed forward)", False)
+        if plan.recompute == "full"
+        else []
+    )
+    b.add(
+        "backward.attention",
+        b.layers * m,
+        recompute_moves
+        + _tp_moves(plan, s, "attention", True)
+        + _cp_moves(plan, s, True)
+        + _zero3_moves(plan, True),
+        [
+            Instant(
+                "attention core gradients",
+                tuple(all_saved + recomputed + [grad_out, qkv_grad] + score_grad + z3),
+            )
+        ],
+    )
+    if b.first and par.tp > 1 and sp:
+        b.add(
+            "backward.embedding",
+            m,
+            [
+                Move(
+                    "embedding output gradient all-gather",
+                    "all-gather",
+                    "tp",
+                    par.tp,
+                    plan.precision.activations,
+                    s.act * s.tokens * s.hidden,
+                    "shard(0)",
+                    "replicate",
+                )
+            ],
+            [],
+        )
+    if par.pp > 1 and not b.first:
+        b.add(
+            "pipeline.backward",
+            m,
+            [
+                Move(
+                    "activation gradient send to previous stage",
+                    "send-recv",
+                    "pp",
+                    2,
+                    plan.precision.activations,
+                    s.act * s.tokens_sp * s.hidden,
+                    "stage i",
+                    "stage i-1",
+                )
+            ],
+            [],
+        )
+
+
+def _reduce(b: _StageBuilder, params_rank: int) -> None:
+    """Data-parallel gradient reduction and the optimizer step, per ZeRO stage.
+
+    ZeRO-0: all-reduce the gradients. ZeRO-1/2: reduce-scatter the gradients, step on the
+    shard, all-gather the updated parameters (Megatron-LM's distributed optimizer; ZeRO
+    section 7: the same volume as one all-reduce). ZeRO-3 reduces per layer in backward.
+    With context parallelism, gradients are reduced over dp x cp (Megatron-LM).
+    """
+    plan = b.plan
+    par, prec = plan.parallel, plan.precision
+    group_ranks = par.dp * par.cp
+    grads = params_rank * DTYPE_BYTES[prec.grads]
+    moves: list[Move] = []
+    if group_ranks > 1 and par.zero == 0:
+        moves.append(
+            Move(
+                "gradient all-reduce",
+                "all-reduce",
+                "dp",
+                group_ranks,
+                prec.grads,
+                grads,
+                "partial",
+                "replicate",
+            )
+        )
+    elif group_ranks > 1 and par.zero in (1, 2):
+        moves.append(
+            Move(
+                "gradient reduce-scatter",
+                "reduce-scatter",
+                "dp",
+                group_ranks,
+                prec.grads,
+                grads,
+                "partial",
+                "shard(0)",
+            )
+        )
+    rest = [*b.resident]
+    b.add("dp.grads", 1, moves, [Instant("gradient reduction", tuple(rest))])
+    m = plan.model
+    if m.tied_embeddings and par.pp > 1 and (b.first or b.last):
+        word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
+        b.add(
+            "embedding.grads",
+            1,
+            [
+                Move(
+                    "tied embedding gradient all-reduce (first ↔ last stage)",
+                    "all-reduce",
+                    "pp",
+                    2,
+                    prec.grads,
+                    word,
+                    "partial",
+                    "replicate",
+                )
+            ],
+            [],
+        )
+    opt_moves = []
+    if group_ranks > 1 and par.zero in (1, 2):
+        opt_moves.append(
+            Move(
+                "updated parameter all-gather",
+                "all-gather",
+                "dp",
+                group_ranks,
+                prec.param_gather,
+                params_rank * DTYPE_BYTES[prec.param_gather],
+                "shard(0)",
+                "replicate",
+            )
+        )
+    b.add("optimizer", 1, opt_moves, [Instant("optimizer step", tuple(rest))])
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written transitions
+
+
+def _with_transitions(plan: Plan, step: Step) -> Step:
+    """Add the plan's `transitions:` to the phases they name, on every stage.
+
+    Each becomes a Move priced like the built-in ones; with `source_alive` its full output
+    and its source shard are both alive during that phase (DESIGN.md rule 2).
+    """
+    if not plan.transitions:
+        return step
+    problems: list[Problem] = []
+    degrees = {
+        "tp": plan.parallel.tp,
+        "cp": plan.parallel.cp,
+        "dp": plan.parallel.dp,
+        "pp": plan.parallel.pp,
+        "ep": plan.parallel.ep,
+    }
+    stages = []
+    for st in step.stages:
+        phases = list(st.phases)
+        for tr in plan.transitions:
+            where = tr.where
+            line, col, path = (
+                (where.line, where.col, where.path) if where else (0, 0, "$.transitions")
+            )
+            try:
+                src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
+                op = collective_for(src, dst)
+            except (ValueError, IllegalTransition) as error:
+                if st.stage == 0:
+                    problems.append(Problem(plan.file, line, col, path, str(error)))
+                continue
+            names = [p.name for p in phases]
+            target = next(
+                (i for i, n in enumerate(names) if n == tr.phase or n.startswith(tr.phase + ".")),
+                None,
+            )
+            if target is None:
+                if st.stage == 0:
+                    problems.append(
+                        Problem(
+                            plan.file,
+                            line,
+                            col,
+                            path + ".phase",
+                            f"unknown phase {tr.phase!r}; use one of "
+                            + ", ".join(dict.fromkeys(names)),
+                        )
+                    )
+                continue
+            ranks = degrees[tr.group]
+            elements = 1
+            for d in tr.shape:
+                elements *= d
+            full = elements * DTYPE_BYTES[tr.dtype]
+            shard_bytes = -(-full // ranks)
+            phase = phases[target]
+            extra: list[Alloc] = []
+            if op is not None:
+                out_bytes = full if dst.kind in ("replicate", "partial") else shard_bytes
+                extra.append(
+                    Alloc(
+                        f"{tr.name} ({dst})",
+                        "transient",
+                        out_bytes,
+                        placement=f"{dst} on {tr.group}",
+                    )
+                )
+                if tr.source_alive:
+                    in_bytes = full if src.kind in ("replicate", "partial") else shard_bytes
+                    extra.append(
+                        Alloc(
+                            f"{tr.name} ({src}, source alive)",
+                            "transient",
+                            in_bytes,
+                            placement=f"{src} on {tr.group}",
+                        )
+                    )
+            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
+            moves = phase.moves
+            if op is not None:
+                moves = (
+                    *moves,
+                    Move(
+                        tr.name,
+                        op,
+                        tr.group,
+                        ranks,
+                        tr.dtype,
+                        full,
+                        str(src),
+                        str(dst),
+                        count=tr.count,
+                    ),
+                )
+            phases[target] = replace(phase, moves=moves, instants=instants)
+        stages.append(replace(st, phases=tuple(phases)))
+    if problems:
+        raise BudgetError(problems)
+    return replace(step, stages=tuple(stages))
