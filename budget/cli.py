@@ -153,8 +153,17 @@ def roofline_command(
     render_roofline(_stdout(), result, fmt.value)
 
 
-_COMMANDS = {"report", "validate", "schema", "collective", "roofline", "check", "diff", "search",
-             "plot"}
+_COMMANDS = {
+    "report",
+    "validate",
+    "schema",
+    "collective",
+    "roofline",
+    "check",
+    "diff",
+    "search",
+    "plot",
+}
 
 
 def route(args: list[str]) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from budget.step import CATEGORIES, Alloc, Category, Instant, Step, StageStep
+from budget.step import CATEGORIES, Alloc, Category, Instant, StageStep, Step
 
 
 @dataclass(frozen=True, slots=True)

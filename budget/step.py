@@ -454,17 +454,17 @@ def _tp_moves(plan: Plan, s: Shapes, block: str, backward: bool) -> list[Move]:
 
     if not par.sequence_parallel:
         if backward:
-            return [move("input gradient all-reduce", "all-reduce", PARTIAL, REPLICATE)]
-        return [move("output all-reduce", "all-reduce", PARTIAL, REPLICATE)]
+            return [move("input gradient", "all-reduce", PARTIAL, REPLICATE)]
+        return [move("output", "all-reduce", PARTIAL, REPLICATE)]
     if backward:
         return [
-            move("output gradient all-gather", "all-gather", shard(0), REPLICATE),
-            move("input re-gather for weight gradient", "all-gather", shard(0), REPLICATE),
-            move("input gradient reduce-scatter", "reduce-scatter", PARTIAL, shard(0)),
+            move("output gradient", "all-gather", shard(0), REPLICATE),
+            move("input again, for weight grad", "all-gather", shard(0), REPLICATE),
+            move("input gradient", "reduce-scatter", PARTIAL, shard(0)),
         ]
     return [
-        move("input all-gather", "all-gather", shard(0), REPLICATE),
-        move("output reduce-scatter", "reduce-scatter", PARTIAL, shard(0)),
+        move("input", "all-gather", shard(0), REPLICATE),
+        move("output", "reduce-scatter", PARTIAL, shard(0)),
     ]
 
 
@@ -483,13 +483,20 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     dtype = plan.precision.activations
     moves = [
         Move(
-            "attention K/V exchange", "all-gather", "cp", par.cp, dtype, kv, "shard(0)", "replicate"
+            "attention K/V (ring exchange)",
+            "all-gather",
+            "cp",
+            par.cp,
+            dtype,
+            kv,
+            "shard(0)",
+            "replicate",
         )
     ]
     if backward:
         moves.append(
             Move(
-                "attention dK/dV reduce-scatter",
+                "attention dK/dV",
                 "reduce-scatter",
                 "cp",
                 par.cp,
@@ -511,7 +518,7 @@ def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
     n = layer_params(plan).per_rank
     moves = [
         Move(
-            "layer parameter all-gather",
+            "layer parameters",
             "all-gather",
             "dp",
             par.dp,
@@ -524,7 +531,7 @@ def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
     if backward:
         moves.append(
             Move(
-                "layer gradient reduce-scatter",
+                "layer gradients",
                 "reduce-scatter",
                 "dp",
                 par.dp,
@@ -612,7 +619,7 @@ def _saved(b: _StageBuilder, units: float) -> Alloc:
     attn, mlp = layer_saved(b.plan, b.shapes)
     per_layer = sum(a.total for a in attn + mlp)
     return Alloc(
-        "saved activations of earlier layers and micro-batches",
+        "saved activations, earlier layers",
         "activations",
         per_layer,
         count=max(0, round(units)),
@@ -685,7 +692,7 @@ def _forward(b: _StageBuilder) -> None:
             op: Op = "reduce-scatter" if sp else "all-reduce"
             moves.append(
                 Move(
-                    f"embedding output {op}",
+                    "embedding output",
                     op,
                     "tp",
                     par.tp,
@@ -697,7 +704,7 @@ def _forward(b: _StageBuilder) -> None:
             )
         b.add("forward.embedding", m, moves, [])
 
-    ag_attn = [_full(s, "attention input, all-gathered (sequence parallel)")] if sp else []
+    ag_attn = [_full(s, "attention input (all-gathered)")] if sp else []
     b.add(
         "forward.attention",
         b.layers * m,
@@ -709,11 +716,9 @@ def _forward(b: _StageBuilder) -> None:
             Instant("after attention", tuple(base + checkpoint + attn + z3)),
         ],
     )
-    ag_mlp = [_full(s, "MLP input, all-gathered (sequence parallel)")] if sp else []
+    ag_mlp = [_full(s, "MLP input (all-gathered)")] if sp else []
     partial_out = (
-        [_full(s, "MLP output, sum-partial before reduction", "partial on tp")]
-        if par.tp > 1
-        else []
+        [_full(s, "MLP output (partial, before reduction)", "partial on tp")] if par.tp > 1 else []
     )
     kept_attn = [] if full else attn
     b.add(
@@ -736,14 +741,14 @@ def _forward(b: _StageBuilder) -> None:
             m,
             [
                 Move(
-                    "activation send to next stage",
+                    "activations → next stage",
                     "send-recv",
                     "pp",
                     2,
                     plan.precision.activations,
                     s.act * s.tokens_sp * s.hidden,
-                    "stage i",
-                    "stage i+1",
+                    "i",
+                    "i+1",
                 )
             ],
             [],
@@ -768,12 +773,12 @@ def _loss(b: _StageBuilder, units: float) -> None:
         Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab_place),
     ]
     if plan.parallel.sequence_parallel and t > 1:
-        live.append(_full(s, "output layer input, all-gathered (sequence parallel)"))
+        live.append(_full(s, "output layer input (all-gathered)"))
     moves = []
     if t > 1:
         moves.append(
             Move(
-                "cross-entropy max/sum/target all-reduce",
+                "cross-entropy statistics",
                 "all-reduce",
                 "tp",
                 t,
@@ -797,7 +802,8 @@ def _backward(b: _StageBuilder) -> None:
     par = plan.parallel
     units = inflight(plan, b.stage, m) * b.layers
     sp = par.sequence_parallel and par.tp > 1
-    all_saved = [*b.resident, *_extra_saved(b), _saved(b, units)]
+    current = [*layer_saved(plan, s)[0], *layer_saved(plan, s)[1]]
+    all_saved = [*b.resident, *_extra_saved(b), _saved(b, units - 1), *current]
     z3 = _zero3_transients(plan)
     if par.zero >= 2 and par.dp > 1:
         z3 = [
@@ -832,11 +838,11 @@ def _backward(b: _StageBuilder) -> None:
     gathered = []
     if sp:
         gathered = [
-            _full(s, "output gradient, all-gathered (sequence parallel)"),
-            _full(s, "fc1 input, re-gathered for weight gradient (sequence parallel)"),
+            _full(s, "output gradient (all-gathered)"),
+            _full(s, "fc1 input (re-gathered for weight grad)"),
         ]
     partial_in = (
-        [_full(s, "input gradient, sum-partial before reduction", "partial on tp")]
+        [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")]
         if par.tp > 1
         else []
     )
@@ -900,7 +906,7 @@ def _backward(b: _StageBuilder) -> None:
             m,
             [
                 Move(
-                    "embedding output gradient all-gather",
+                    "embedding output gradient",
                     "all-gather",
                     "tp",
                     par.tp,
@@ -918,14 +924,14 @@ def _backward(b: _StageBuilder) -> None:
             m,
             [
                 Move(
-                    "activation gradient send to previous stage",
+                    "gradients → previous stage",
                     "send-recv",
                     "pp",
                     2,
                     plan.precision.activations,
                     s.act * s.tokens_sp * s.hidden,
-                    "stage i",
-                    "stage i-1",
+                    "i",
+                    "i-1",
                 )
             ],
             [],
@@ -948,7 +954,7 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
     if group_ranks > 1 and par.zero == 0:
         moves.append(
             Move(
-                "gradient all-reduce",
+                "gradients",
                 "all-reduce",
                 "dp",
                 group_ranks,
@@ -961,7 +967,7 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
     elif group_ranks > 1 and par.zero in (1, 2):
         moves.append(
             Move(
-                "gradient reduce-scatter",
+                "gradients",
                 "reduce-scatter",
                 "dp",
                 group_ranks,
@@ -981,7 +987,7 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
             1,
             [
                 Move(
-                    "tied embedding gradient all-reduce (first ↔ last stage)",
+                    "tied embedding grads",
                     "all-reduce",
                     "pp",
                     2,
@@ -997,7 +1003,7 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
     if group_ranks > 1 and par.zero in (1, 2):
         opt_moves.append(
             Move(
-                "updated parameter all-gather",
+                "updated parameters",
                 "all-gather",
                 "dp",
                 group_ranks,

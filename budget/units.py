@@ -129,17 +129,27 @@ def parse_flops(text: str | int | float) -> float:
 
 
 def format_bytes(n: float, binary: bool = True) -> str:
-    """A size for people: binary prefixes by default ("1.50 GiB"), decimal on request."""
-    step, prefixes = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (
-        1000,
-        ("B", "kB", "MB", "GB", "TB", "PB"),
+    """A size for people, three significant digits: "1.50 GiB", "17.6 GiB", "126 MiB".
+
+    Binary prefixes by default; decimal ("GB") on request. Exact bytes belong in JSON.
+    """
+    step, prefixes = (
+        (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
+        if binary
+        else (
+            1000,
+            ("B", "kB", "MB", "GB", "TB", "PB"),
+        )
     )
     value = float(n)
     for prefix in prefixes:
         if abs(value) < step or prefix == prefixes[-1]:
-            return f"{value:.0f} {prefix}" if prefix == "B" else f"{value:.2f} {prefix}"
+            break
         value /= step
-    raise AssertionError("unreachable")
+    if prefix == "B":
+        return f"{value:.0f} B"
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{digits}f} {prefix}"
 
 
 def format_duration(seconds: float) -> str:

@@ -1,0 +1,92 @@
+"""Peaks are sums of what is alive together, and they name what overlaps."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budget.memory import memory
+from budget.step import derive
+from tests.builders import GIB, make_plan
+
+
+def _mem(plan):
+    return memory(derive(plan), plan.device.memory)
+
+
+def test_peak_is_the_sum_of_its_overlap():
+    mem = _mem(make_plan())
+    for stage in mem.stages:
+        assert stage.peak_bytes == sum(a.total for a in stage.peak_overlap)
+        assert stage.peak_bytes == sum(stage.by_category.values())
+
+
+def test_sequence_parallel_peak_names_the_gathered_buffer_and_its_shard():
+    """DESIGN.md rule 2 / issue 2 acceptance 5: an all-gather that materialises the full
+    tensor while the shard stays alive costs full + shard at that instant."""
+    plan = make_plan(tp=8, sp=True, recompute="selective")
+    worst = _mem(plan).worst
+    names = {a.name: a for a in worst.peak_overlap}
+    full = names["fc1 input (re-gathered for weight grad)"]
+    shard = names["MLP fc1 input"]
+    assert full.category == "transient"
+    assert shard.category == "activations"
+    assert full.total == 8 * shard.total  # tp = 8: the full tensor is 8 shards
+    assert "shard(0)" in shard.placement
+
+
+def test_worst_stage_is_the_first_under_1f1b():
+    mem = _mem(make_plan(recompute="none"))
+    assert mem.worst.stage == 0
+    peaks = [s.peak_bytes for s in mem.stages[:-1]]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_reserved_memory_is_part_of_every_peak():
+    plain, reserved = _mem(make_plan()), _mem(make_plan(reserved=3 * GIB))
+    for a, b in zip(plain.stages, reserved.stages, strict=True):
+        assert b.peak_bytes - a.peak_bytes == 3 * GIB
+
+
+def test_full_recompute_peak_includes_one_recomputed_layer():
+    mem = _mem(make_plan(recompute="full", sp=False))
+    names = [a.name for a in mem.worst.peak_overlap]
+    assert any(n.endswith("(recomputed)") for n in names)
+
+
+def test_a_plan_that_does_not_fit_says_so():
+    mem = _mem(make_plan(tp=1, pp=1, dp=1024, zero=0, sp=False, global_batch=1024))
+    assert not mem.fits
+    assert mem.peak_bytes > 80 * GIB
+
+
+def test_zero3_gathers_two_layers_of_parameters():
+    mem = _mem(make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536))
+    gathered = [a for a in mem.worst.peak_overlap if a.name.startswith("gathered layer")]
+    assert gathered and gathered[0].count == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    micro=st.sampled_from([1, 2, 3, 4]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    sp=st.booleans(),
+    zero=st.integers(0, 3),
+)
+def test_memory_is_monotone_in_micro_batch(micro, tp, recompute, sp, zero):
+    def peak(m):
+        plan = make_plan(
+            micro=m,
+            tp=tp,
+            dp=128 // tp,
+            pp=8,
+            sp=sp and tp > 1,
+            recompute=recompute,
+            zero=zero,
+            global_batch=128 // tp * m * 12,
+        )
+        return [s.peak_bytes for s in _mem(plan).stages]
+
+    smaller, larger = peak(micro), peak(micro + 1)
+    assert all(b >= a for a, b in zip(smaller, larger, strict=True))

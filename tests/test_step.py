@@ -1,0 +1,221 @@
+"""The step's parameters, model states and saved activations against published figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from budget.plan.model import Precision
+from budget.step import (
+    attention_saved,
+    derive,
+    inflight,
+    layer_params,
+    layer_saved,
+    mlp_saved,
+    params_total,
+    resident_states,
+    shapes,
+    stage_layers,
+    stage_params,
+)
+from tests.builders import GPT3, make_plan
+
+# ZeRO's setting (Rajbhandari et al., arXiv 1910.02054, section 5.1): fp16 parameters and
+# gradients, mixed-precision Adam keeping an fp32 master copy, momentum and variance: K = 12.
+ZERO_PRECISION = Precision(params="fp16", grads="fp16", master="fp32", optimizer="adam")
+
+
+def _states(plan, params):
+    return sum(a.total for a in resident_states(plan, params) if a.category != "reserved")
+
+
+@pytest.mark.parametrize(
+    ("zero", "expected_gb"),
+    [(0, 120.0), (1, 31.40625), (2, 16.640625), (3, 1.875)],
+)
+def test_zero_table1_for_7_5b_parameters_on_64_ranks(zero, expected_gb):
+    """ZeRO Table 1 / Figure 1: Ψ = 7.5B, Nd = 64, K = 12 (GB = 1e9 bytes)."""
+    plan = make_plan(tp=1, pp=1, dp=64, zero=zero, precision=ZERO_PRECISION)
+    assert _states(plan, 7_500_000_000) == expected_gb * 1e9
+
+
+@pytest.mark.parametrize("dp", [1, 2, 8, 64, 1024])
+def test_zero_table1_formulas_hold_at_any_dp(dp):
+    """16Ψ, 4Ψ + 12Ψ/Nd, 2Ψ + 14Ψ/Nd and 16Ψ/Nd for the model's own Ψ."""
+    psi = 1024 * 1024 * 3 * 5  # divisible by every dp above
+    expected = {
+        0: 16 * psi,
+        1: 4 * psi + 12 * psi // dp,
+        2: 2 * psi + 14 * psi // dp,
+        3: 16 * psi // dp,
+    }
+    for zero, value in expected.items():
+        plan = make_plan(tp=1, pp=1, dp=dp, zero=zero, precision=ZERO_PRECISION)
+        assert _states(plan, psi) == value
+
+
+def test_megatron_weight_and_optimizer_memory_gpt3_first_stage():
+    """Megatron-LM's theoretical memory (megatron/training/theoretical_memory_usage.py):
+    18 bytes per parameter, 6 + 12/DP with the distributed optimizer. GPT-3 175B at TP 8,
+    PP 8, DP 16, first stage, LayerNorm with bias, no linear biases, tied embeddings, no
+    position parameters: 50,348,611,584 B and 18,880,729,344 B (issue 2, acceptance 4)."""
+    for zero, expected in ((0, 50_348_611_584), (1, 18_880_729_344)):
+        plan = make_plan(zero=zero)
+        _, per_rank, _ = stage_params(plan, 0, stage_layers(plan)[0])
+        assert _states(plan, per_rank) == pytest.approx(expected, rel=1e-3)
+
+
+def test_gpt3_parameter_count():
+    """175B: 96 layers of 12h² + 13h (with biases) plus the embeddings; Brown et al. quote
+    175.0B. Without linear biases and positions it is 12·96·h² + 4·96·h + 2h + vh."""
+    h = 12288
+    expected = 12 * 96 * h * h + 96 * 4 * h + 2 * h + 51200 * h
+    assert params_total(make_plan()) == expected
+    with_bias = make_plan(bias=True, position="learned")
+    assert params_total(with_bias) == pytest.approx(175.0e9, rel=0.005)
+
+
+def test_tensor_parallel_shards_matrices_and_replicates_norms():
+    plan = make_plan(tp=8)
+    h = 12288
+    lp = layer_params(plan)
+    assert lp.total == 12 * h * h + 4 * h
+    assert lp.per_rank == 12 * h * h // 8 + 4 * h
+
+
+def test_gqa_and_swiglu_layer_parameters():
+    """Llama 3 70B: h 8192, 64 heads, 8 kv heads of 128, SwiGLU ffn 28672, RMSNorm."""
+    plan = make_plan(
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        ffn=28672,
+        mlp="swiglu",
+        norm="rmsnorm",
+        tp=1,
+        layers=80,
+        vocab=128256,
+        tied_embeddings=False,
+    )
+    h = 8192
+    attention = h * (64 * 128 + 2 * 8 * 128) + 64 * 128 * h
+    mlp = 3 * h * 28672
+    assert layer_params(plan).total == attention + mlp + 2 * h
+    # Meta reports 70.6B parameters for Llama 3 70B.
+    assert params_total(plan) == pytest.approx(70.55e9, rel=0.002)
+
+
+def test_tied_embedding_is_kept_on_the_last_stage_too():
+    plan = make_plan(tp=8, pp=8)
+    _, _, first = stage_params(plan, 0, 12)
+    _, _, last = stage_params(plan, 7, 12)
+    assert ("word embedding", 51200 * 12288 // 8) in first
+    assert ("output layer (tied copy)", 51200 * 12288 // 8) in last
+    single = make_plan(tp=8, pp=1, dp=128)
+    _, _, parts = stage_params(single, 0, 96)
+    assert all("output layer" not in name for name, _ in parts)
+
+
+# Korthikanti et al. (arXiv 2205.05198) Table 2: activation bytes per transformer layer,
+# 16-bit activations, eager attention with dropout (their assumptions), GPT-3 175B, t = 8.
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+SBH = S * B * H
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "recompute", "expected"),
+    [
+        (1, False, "none", SBH * 34 + 5 * A * S * S * B),
+        (T, False, "none", SBH * 10 + SBH * 24 // T + 5 * A * S * S * B // T),
+        (T, True, "none", SBH * 34 // T + 5 * A * S * S * B // T),
+        (T, False, "selective", SBH * 10 + SBH * 24 // T),
+        (T, True, "selective", SBH * 34 // T),
+        (T, False, "full", 2 * SBH),
+    ],
+    ids=["no-parallelism", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full"],
+)
+def test_korthikanti_table2_activations_per_layer(tp, sp, recompute, expected):
+    plan = make_plan(
+        tp=tp, sp=sp, recompute=recompute, attention="eager", dropout=True, dp=128 // tp
+    )
+    attn, mlp = layer_saved(plan, shapes(plan))
+    assert sum(a.total for a in attn + mlp) == expected
+
+
+def test_flash_attention_stores_row_statistics_not_scores():
+    """FlashAttention (Dao et al., arXiv 2205.14135) keeps the fp32 log-sum-exp per row."""
+    plan = make_plan(tp=8, attention="flash", dropout=True, recompute="none")
+    names = {a.name: a.total for a in attention_saved(plan, shapes(plan))}
+    assert names["attention softmax statistics (fp32)"] == 4 * (96 // 8) * 2048
+    assert not any("softmax output" in n for n in names)
+
+
+def test_gqa_shrinks_saved_k_and_v():
+    plan = make_plan(tp=8, kv_heads=8, recompute="none")
+    saved = {a.name: a.total for a in attention_saved(plan, shapes(plan))}
+    assert saved["attention K"] == saved["attention Q"] // 12
+
+
+def test_swiglu_saves_gate_up_and_product():
+    plan = make_plan(tp=8, mlp="swiglu", ffn=32768, recompute="none")
+    saved = {a.name: a.total for a in mlp_saved(plan, shapes(plan))}
+    assert saved["MLP SwiGLU input (gate, up)"] == 2 * 2 * 2048 * 32768 // 8
+    assert saved["MLP fc2 input"] == 2 * 2048 * 32768 // 8
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "stage", "expected"),
+    [
+        ("1f1b", 1, 0, 8),
+        ("1f1b", 1, 5, 3),
+        ("1f1b", 1, 7, 1),
+        ("gpipe", 1, 3, 96),
+        # Korthikanti section 4.2.3: p·(1 + (p − 1)/(p·v)) on the first stage.
+        ("interleaved", 2, 0, 8 * (1 + 7 / (8 * 2))),
+        ("interleaved", 4, 0, 8 * (1 + 7 / (8 * 4))),
+    ],
+)
+def test_microbatches_in_flight(schedule, v, stage, expected):
+    plan = make_plan(schedule=schedule, virtual_stages=v)
+    assert inflight(plan, stage, plan.microbatches) == pytest.approx(expected)
+
+
+def test_every_stage_has_forward_backward_and_reduction_phases():
+    step = derive(make_plan())
+    for stage in step.stages:
+        names = [p.name for p in stage.phases]
+        for required in (
+            "forward.attention",
+            "forward.mlp",
+            "backward.mlp",
+            "backward.attention",
+            "dp.grads",
+            "optimizer",
+        ):
+            assert required in names
+    assert "loss" in [p.name for p in step.stages[-1].phases]
+    assert "loss" not in [p.name for p in step.stages[0].phases]
+
+
+def test_zero0_all_reduces_and_zero1_reduce_scatters_then_gathers():
+    def dp_ops(zero):
+        stage = derive(make_plan(zero=zero)).stages[0]
+        return [(m.op, p.name) for p in stage.phases for m in p.moves if m.group == "dp"]
+
+    assert dp_ops(0) == [("all-reduce", "dp.grads")]
+    assert dp_ops(1) == [("reduce-scatter", "dp.grads"), ("all-gather", "optimizer")]
+    ops3 = dp_ops(3)
+    assert ("all-gather", "forward.attention") in ops3
+    assert ("reduce-scatter", "backward.mlp") in ops3
+    assert not [o for o in ops3 if o[1] == "dp.grads"]
+
+
+def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter():
+    def tp_ops(sp):
+        stage = derive(make_plan(sp=sp)).stages[1]
+        return sorted(m.op for p in stage.phases if p.name == "forward.mlp" for m in p.moves)
+
+    assert tp_ops(False) == ["all-reduce"]
+    assert tp_ops(True) == ["all-gather", "reduce-scatter"]
+    assert GPT3.hidden == 12288
