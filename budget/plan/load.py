@@ -1,0 +1,63 @@
+"""Load a plan file: read (bounded), decode, parse with marks, validate, resolve.
+
+This is the one entry point the CLI and the pipeline use. Every stage reports problems
+rather than raising; `load_plan` raises one `BudgetError` carrying all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from budget.errors import BudgetError, Problem
+from budget.plan.model import Plan
+from budget.plan.resolve import resolve
+from budget.plan.schema import validate_tree
+from budget.plan.yaml_load import decode, load_yaml
+
+__all__ = ["MAX_BYTES", "load_plan", "read_plan_bytes"]
+
+MAX_BYTES = 8 * 2**20  # plans are a few kilobytes; 8 MiB is generous and bounds the work
+
+
+def read_plan_bytes(path: Path) -> bytes:
+    """The file's bytes, refusing anything over `MAX_BYTES` before reading it."""
+    file = str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise _too_large(file, size)
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)  # devices and pipes report size 0
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise BudgetError([Problem(file, 0, 0, "$", f"cannot read the plan: {reason}")]) from None
+    if len(data) > MAX_BYTES:
+        raise _too_large(file, len(data))
+    return data
+
+
+def _too_large(file: str, size: int) -> BudgetError:
+    message = (
+        f"the file is {size:,} bytes; a plan is at most {MAX_BYTES:,} bytes (8 MiB), "
+        "so it was not read"
+    )
+    return BudgetError([Problem(file, 1, 1, "$", message)])
+
+
+def load_plan(path: Path) -> Plan:
+    """Read, validate and resolve the plan at `path`; `BudgetError` lists every problem.
+
+    Schema problems are reported together with load problems (duplicate keys); semantic
+    checks run only on a tree that passed the schema, so they never see wrong types.
+    """
+    file = str(path)
+    text, problem = decode(read_plan_bytes(path), file)
+    if text is None:
+        raise BudgetError([problem] if problem is not None else [])
+    loaded = load_yaml(text, file)
+    if loaded.tree is None:
+        raise BudgetError(list(loaded.problems))
+    problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file)]
+    if problems:
+        raise BudgetError(problems)
+    return resolve(loaded.tree, loaded.marks, file)

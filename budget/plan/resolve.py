@@ -1,0 +1,792 @@
+"""Resolve a schema-valid tree into a `Plan`: defaults, units, shapes, then semantic checks.
+
+The input has already passed the JSON Schema, so types and ranges are right; what is left
+are the rules that relate values to each other (degrees vs GPUs, divisibility, schedules,
+placements). Every rule that fails becomes one `Problem`, positioned at the node a person
+would change, with the numbers and a hint; all of them are collected before raising.
+
+Where a rule comes from a framework, the docstring of its check names it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from budget import units
+from budget.errors import BudgetError, Problem
+from budget.plan import expr
+from budget.plan.model import (
+    Batch,
+    Device,
+    DType,
+    Experts,
+    GroupKind,
+    Level,
+    Mark,
+    Model,
+    Overlap,
+    Parallel,
+    Pipeline,
+    Plan,
+    Precision,
+    Topology,
+    Transition,
+)
+from budget.plan.yaml_load import Marks
+
+__all__ = ["GROUPS", "SHAPE_NAMES", "llama_ffn", "parse_placement", "resolve"]
+
+GROUPS: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
+SHAPE_NAMES = (
+    "micro",
+    "seq",
+    "global",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "layers",
+    *GROUPS,
+)
+_PLACEMENT = re.compile(
+    r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]+)\s*\)|(?P<kind>replicate|partial))\s*$"
+)
+_TRAIN_KEYS = ("seq", "micro", "global")
+_INFERENCE_KEYS = ("sequences", "prompt", "generate")
+
+T = TypeVar("T")
+Tree = Mapping[str, Any]
+
+
+def llama_ffn(hidden: int, multiple_of: int = 256) -> int:
+    """SwiGLU MLP width by the Llama rule: 2/3 of 4 × hidden, rounded up to `multiple_of`.
+
+    Source: facebookresearch/llama, ``llama/model.py`` (``FeedForward.__init__``):
+    ``hidden_dim = int(2 * 4 * dim / 3)``, then rounded up to a multiple of ``multiple_of``
+    (256). Llama 2 7B: hidden 4096 → 11008.
+    """
+    width = 8 * hidden // 3
+    return multiple_of * -(-width // multiple_of)
+
+
+def parse_placement(text: str) -> tuple[str, int | None]:
+    """``"shard(1)"`` → ``("shard", 1)``; ``"replicate"`` → ``("replicate", None)``."""
+    match = _PLACEMENT.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a placement: shard(i), replicate or partial")
+    if match["dim"] is not None:
+        return "shard", int(match["dim"])
+    return match["kind"], None
+
+
+def _placement_text(kind: str, dim: int | None) -> str:
+    return f"shard({dim})" if kind == "shard" else kind
+
+
+def _divisors(n: int, limit: int = 8) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0][:limit]
+    more = ", ..." if len(found) == limit and found[-1] != n else ""
+    return ", ".join(str(d) for d in found) + more
+
+
+def _int(value: Any) -> int:
+    """Schema integers may arrive as integral floats (``1e3``)."""
+    return int(value)
+
+
+class _Resolver:
+    """Collects problems while building the plan's parts."""
+
+    def __init__(self, marks: Marks, file: str) -> None:
+        self.marks = marks
+        self.file = file
+        self.problems: list[Problem] = []
+
+    def error(self, path: str, message: str, *, key: bool = False) -> None:
+        line, col = self.marks.key(path) if key else self.marks.at(path)
+        self.problems.append(Problem(self.file, line, col, path, message))
+
+    def unit(self, parse: Callable[[Any], T], value: Any, path: str) -> T | None:
+        try:
+            return parse(value)
+        except units.UnitError as error:
+            self.error(path, str(error))
+            return None
+
+    # -- sections -------------------------------------------------------------------
+
+    def preset(self, tree: Tree, section: str) -> bool:
+        """Presets and Hugging Face configs come in a later issue; say so where they appear."""
+        found = False
+        if "preset" in tree:
+            self.error(
+                f"$.{section}.preset",
+                f"unknown {section} preset {tree['preset']!r}: no presets are available yet; "
+                f"write the {section}'s fields out instead",
+            )
+            found = True
+        if "hf_config" in tree:
+            self.error(
+                f"$.{section}.hf_config",
+                "reading Hugging Face configs is not available yet; write the model's "
+                "dimensions out instead",
+            )
+            found = True
+        return found
+
+    def model(self, tree: Tree) -> Model | None:
+        if self.preset(tree, "model"):
+            return None
+        hidden, heads = _int(tree["hidden"]), _int(tree["heads"])
+        kv_heads = _int(tree.get("kv_heads", heads))
+        if "head_dim" in tree:
+            head_dim = _int(tree["head_dim"])
+        elif hidden % heads:
+            self.error(
+                "$.model.heads",
+                f"model.hidden = {hidden} is not divisible by model.heads = {heads}, so the "
+                "head dimension is not a whole number; set model.head_dim",
+            )
+            head_dim = hidden // heads or 1
+        else:
+            head_dim = hidden // heads
+        if heads % kv_heads:
+            self.error(
+                "$.model.kv_heads",
+                f"model.heads = {heads} is not divisible by model.kv_heads = {kv_heads}: in "
+                "grouped-query attention each key/value head serves a whole number of query "
+                f"heads; choose kv_heads among {_divisors(heads)}",
+            )
+        mlp = tree.get("mlp", "gelu")
+        default_ffn = llama_ffn(hidden) if mlp == "swiglu" else 4 * hidden
+        ffn = _int(tree.get("ffn", default_ffn))
+        layers = _int(tree["layers"])
+        experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
+        return Model(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn=ffn,
+            vocab=_int(tree["vocab"]),
+            mlp=mlp,
+            norm=tree.get("norm", "layernorm"),
+            bias=bool(tree.get("bias", False)),
+            tied_embeddings=bool(tree.get("tied_embeddings", True)),
+            position=tree.get("position", "rope"),
+            max_positions=_int(tree.get("max_positions", 0)),
+            attention=tree.get("attention", "flash"),
+            dropout=bool(tree.get("dropout", False)),
+            experts=experts,
+        )
+
+    def experts(self, tree: Tree, ffn: int, layers: int) -> Experts:
+        count, top_k = _int(tree["count"]), _int(tree["top_k"])
+        if top_k > count:
+            self.error(
+                "$.model.experts.top_k",
+                f"top_k = {top_k} routes each token to more experts than there are "
+                f"(count = {count}); choose top_k ≤ {count}",
+            )
+        first_dense = _int(tree.get("first_dense_layers", 0))
+        if first_dense >= layers:
+            self.error(
+                "$.model.experts.first_dense_layers",
+                f"first_dense_layers = {first_dense} leaves no MoE layer in a model of "
+                f"{layers} layers; choose fewer than {layers}",
+            )
+        pattern = tree.get("pattern")
+        if pattern is not None and len(pattern) != layers:
+            self.error(
+                "$.model.experts.pattern",
+                f"pattern has {len(pattern)} entries but the model has {layers} layers; "
+                "give one true/false per layer",
+            )
+        capacity = tree.get("capacity_factor")
+        return Experts(
+            count=count,
+            top_k=top_k,
+            ffn=_int(tree.get("ffn", ffn)),
+            shared_ffn=_int(tree.get("shared_ffn", 0)),
+            shared_gate=bool(tree.get("shared_gate", False)),
+            first_dense_layers=first_dense,
+            every=_int(tree.get("every", 1)),
+            pattern=tuple(bool(b) for b in pattern) if pattern is not None else None,
+            capacity_factor=float(capacity) if capacity is not None else None,
+        )
+
+    def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
+        """Training: seq, micro, global. Inference: sequences, prompt, generate.
+
+        For inference, `Batch.seq` is prompt + generate (the longest context the step
+        sees), `global_batch` is the sequences served together and `micro` the sequences
+        on one data-parallel replica.
+        """
+        train = mode == "train"
+        wrong = _INFERENCE_KEYS if train else _TRAIN_KEYS
+        right = _TRAIN_KEYS if train else _INFERENCE_KEYS
+        for key in wrong:
+            if key in tree:
+                self.error(
+                    f"$.batch.{key}",
+                    f"batch.{key} does not apply to a {mode} plan, whose batch is "
+                    f"{', '.join(right)}",
+                    key=True,
+                )
+        if train:
+            return Batch(
+                seq=_int(tree["seq"]),
+                micro=_int(tree["micro"]),
+                global_batch=_int(tree["global"]),
+            )
+        sequences, prompt = _int(tree["sequences"]), _int(tree["prompt"])
+        generate = _int(tree.get("generate", 0))
+        if mode == "decode" and generate < 1:
+            self.error(
+                "$.batch.generate",
+                "a decode plan generates at least one token; set batch.generate ≥ 1 "
+                "(or use mode: prefill)",
+            )
+        if prompt + generate < 1:
+            self.error("$.batch.prompt", "batch.prompt + batch.generate must be at least 1")
+        if sequences % dp:
+            self.error(
+                "$.batch.sequences",
+                f"batch.sequences = {sequences} is not divisible by dp = {dp}: every "
+                "data-parallel replica serves the same number of sequences; the nearest "
+                f"valid values are {_nearest(sequences, dp)}",
+            )
+        return Batch(
+            seq=max(prompt + generate, 1),
+            micro=max(sequences // dp, 1),
+            global_batch=sequences,
+            prompt=prompt,
+            generate=generate,
+        )
+
+    def precision(self, tree: Tree) -> Precision:
+        master = tree.get("master", "fp32")
+        return Precision(
+            params=tree.get("params", "bf16"),
+            grads=tree.get("grads", "fp32"),
+            master=None if master in (None, "none") else master,
+            optimizer=tree.get("optimizer", "adam"),
+            optimizer_state=tree.get("optimizer_state", "fp32"),
+            activations=tree.get("activations", "bf16"),
+            matmul=tree.get("matmul", "bf16"),
+            param_gather=tree.get("param_gather", "bf16"),
+        )
+
+    def parallel(self, tree: Tree) -> Parallel:
+        pipeline = tree.get("pipeline", {})
+        split = pipeline.get("layers_per_stage")
+        order = tuple(tree.get("order", GROUPS))
+        if sorted(order) != sorted(GROUPS):
+            missing = [g for g in GROUPS if g not in order]
+            twice = sorted({g for g in order if order.count(g) > 1})
+            parts = []
+            if missing:
+                parts.append(f"{', '.join(missing)} missing")
+            if twice:
+                parts.append(f"{', '.join(twice)} repeated")
+            self.error(
+                "$.parallel.order",
+                f"parallel.order must name each of tp, cp, ep, dp, pp exactly once "
+                f"({'; '.join(parts)}); e.g. [tp, cp, ep, dp, pp]",
+            )
+        etp = tree.get("etp")
+        return Parallel(
+            tp=_int(tree.get("tp", 1)),
+            pp=_int(tree.get("pp", 1)),
+            dp=_int(tree.get("dp", 1)),
+            cp=_int(tree.get("cp", 1)),
+            ep=_int(tree.get("ep", 1)),
+            etp=_int(etp) if etp is not None else None,
+            sequence_parallel=bool(tree.get("sequence_parallel", False)),
+            zero=_int(tree.get("zero", 0)),
+            pipeline=Pipeline(
+                schedule=pipeline.get("schedule", "1f1b"),
+                virtual_stages=_int(pipeline.get("virtual_stages", 1)),
+                layers_per_stage=tuple(_int(n) for n in split) if split is not None else None,
+            ),
+            order=cast(tuple[GroupKind, ...], order),
+            cp_attention=tree.get("cp_attention", "ring"),
+        )
+
+    def device(self, tree: Tree) -> Device | None:
+        if self.preset(tree, "device"):
+            return None
+        memory = self.unit(units.parse_bytes, tree["memory"], "$.device.memory")
+        reserved = self.unit(units.parse_bytes, tree.get("reserved", 0), "$.device.reserved")
+        flops: list[tuple[str, float]] = []
+        for dtype, rate in tree.get("flops", {}).items():
+            parsed = self.unit(units.parse_flops, rate, f"$.device.flops.{dtype}")
+            if parsed is not None:
+                flops.append((dtype, parsed))
+        bandwidth = self.unit(
+            units.parse_bandwidth, tree.get("memory_bandwidth", 0), "$.device.memory_bandwidth"
+        )
+        if memory is None or reserved is None or bandwidth is None:
+            return None
+        if reserved >= memory > 0:
+            self.error(
+                "$.device.reserved",
+                f"device.reserved = {units.format_bytes(reserved)} leaves nothing of "
+                f"device.memory = {units.format_bytes(memory)}; reserve less than the memory",
+            )
+        return Device(
+            memory=memory, reserved=reserved, flops=tuple(flops), memory_bandwidth=bandwidth
+        )
+
+    def topology(self, tree: Tree) -> Topology | None:
+        if self.preset(tree, "topology"):
+            return None
+        if "nodes" in tree:
+            self.error(
+                "$.topology.nodes",
+                "topology.nodes counts the nodes of a topology preset; without a preset, "
+                "give topology.gpus",
+                key=True,
+            )
+        gpus = _int(tree["gpus"])
+        levels: list[Level] = []
+        for i, level in enumerate(tree["levels"]):
+            path = f"$.topology.levels[{i}]"
+            bandwidth = self.unit(units.parse_bandwidth, level["bandwidth"], f"{path}.bandwidth")
+            latency = self.unit(units.parse_duration, level["latency"], f"{path}.latency")
+            size = level.get("size")
+            levels.append(
+                Level(
+                    name=level["name"],
+                    bandwidth=bandwidth or 0.0,
+                    latency=latency or 0.0,
+                    size=_int(size) if size is not None else None,
+                    shared_by=_int(level.get("shared_by", 1)),
+                )
+            )
+        self.levels(levels, gpus)
+        return Topology(gpus=gpus, levels=tuple(levels))
+
+    def levels(self, levels: list[Level], gpus: int) -> None:
+        """Levels nest: sizes grow outward, each divides the next, only the last may be open."""
+        previous: Level | None = None
+        for i, level in enumerate(levels):
+            path = f"$.topology.levels[{i}]"
+            last = i == len(levels) - 1
+            if level.size is None:
+                if not last:
+                    self.error(
+                        path,
+                        f"level {level.name!r} has no size; only the outermost level may "
+                        "omit it (give the GPUs per domain of this level)",
+                    )
+                continue
+            if (
+                previous is not None
+                and previous.size is not None
+                and (level.size <= previous.size or level.size % previous.size)
+            ):
+                self.error(
+                    f"{path}.size",
+                    f"level {level.name!r} has size {level.size} after {previous.name!r} with "
+                    f"{previous.size}: each level holds whole domains of the one inside it, so "
+                    f"its size must be a larger multiple of {previous.size}",
+                )
+            elif last and level.size < gpus:
+                self.error(
+                    f"{path}.size",
+                    f"the outermost level {level.name!r} holds {level.size} GPUs but the "
+                    f"topology has {gpus}; drop its size or add an outer level",
+                )
+            elif level.size < gpus and gpus % level.size:
+                self.error(
+                    "$.topology.gpus",
+                    f"topology.gpus = {gpus} is not a multiple of {level.size}, the GPUs per "
+                    f"{level.name!r} domain: the job would fill one domain partially; the "
+                    f"nearest valid values are {_nearest(gpus, level.size)}",
+                )
+            previous = level
+
+    def transitions(self, items: list[Tree], names: Mapping[str, int]) -> tuple[Transition, ...]:
+        out = []
+        for i, item in enumerate(items):
+            path = f"$.transitions[{i}]"
+            shape = self.shape(item["tensor"]["shape"], f"{path}.tensor.shape", names)
+            group = cast(GroupKind, item["group"])
+            src = parse_placement(item["from"])
+            dst = parse_placement(item["to"])
+            ok = shape is not None
+            if shape is not None:
+                for placement, key in ((src, "from"), (dst, "to")):
+                    ok &= self.placement(placement, shape, group, names[group], f"{path}.{key}")
+            if src[0] == "shard" and dst[0] == "partial":
+                self.error(
+                    f"{path}.to",
+                    f"{_placement_text(*src)} → partial on {group} is not a layout "
+                    "transition: a shard cannot become a sum-partial without a reduction; "
+                    "did you mean replicate → partial?",
+                )
+                ok = False
+            if not ok or shape is None:
+                continue
+            line, col = self.marks.at(path)
+            out.append(
+                Transition(
+                    name=item["name"],
+                    phase=item["phase"],
+                    shape=shape,
+                    dtype=cast(DType, item["tensor"]["dtype"]),
+                    group=group,
+                    src=_placement_text(*src),
+                    dst=_placement_text(*dst),
+                    source_alive=bool(item.get("source_alive", True)),
+                    count=_int(item.get("count", 1)),
+                    where=Mark(line, col, path),
+                )
+            )
+        return tuple(out)
+
+    def shape(
+        self, dims: list[int | str], path: str, names: Mapping[str, int]
+    ) -> tuple[int, ...] | None:
+        shape: list[int] = []
+        for j, dim in enumerate(dims):
+            where = f"{path}[{j}]"
+            if isinstance(dim, int | float):
+                shape.append(_int(dim))
+                continue
+            try:
+                value = expr.evaluate(expr.parse(dim), names)
+            except expr.ExprError as error:
+                message = str(error)
+                if dim.strip() not in message:
+                    message += f" (in {dim!r})"
+                self.error(where, message)
+                continue
+            size = int(value)
+            if size < 1:
+                self.error(where, f"{dim!r} = {size}; a dimension must be at least 1")
+                continue
+            shape.append(size)
+        return tuple(shape) if len(shape) == len(dims) else None
+
+    def placement(
+        self,
+        placement: tuple[str, int | None],
+        shape: tuple[int, ...],
+        group: str,
+        degree: int,
+        path: str,
+    ) -> bool:
+        kind, dim = placement
+        if kind != "shard" or dim is None:
+            return True
+        if dim >= len(shape):
+            self.error(
+                path,
+                f"shard({dim}) names dimension {dim} but the tensor has {len(shape)} "
+                f"dimension{'s' if len(shape) > 1 else ''} (0 to {len(shape) - 1})",
+            )
+            return False
+        if shape[dim] % degree:
+            self.error(
+                path,
+                f"shard({dim}) splits dimension {dim} of size {shape[dim]} over {group} = "
+                f"{degree} ranks, which does not divide evenly",
+            )
+            return False
+        return True
+
+
+def _nearest(value: int, step: int) -> str:
+    low = value // step * step
+    high = low + step
+    return f"{low} and {high}" if low > 0 else str(high)
+
+
+class _Checks:
+    """Rules that relate sections to each other; each method adds problems, returns nothing."""
+
+    def __init__(self, r: _Resolver, mode: str, model: Model, batch: Batch, par: Parallel) -> None:
+        self.r = r
+        self.mode = mode
+        self.model = model
+        self.batch = batch
+        self.par = par
+
+    def run(self, topology: Topology | None) -> None:
+        if topology is not None:
+            self.world(topology)
+        self.heads()
+        self.stages()
+        if self.mode == "train":
+            self.global_batch()
+        self.schedule()
+        self.sequence_parallel()
+        self.context()
+        self.experts()
+        self.positions()
+
+    def world(self, topology: Topology) -> None:
+        """tp × cp × pp × dp is the world size; ep is carved out of dp × cp (DESIGN.md)."""
+        p = self.par
+        product = p.tp * p.cp * p.pp * p.dp
+        if product == topology.gpus:
+            return
+        others = p.tp * p.cp * p.pp
+        hint = (
+            f"change dp to {topology.gpus // others}"
+            if topology.gpus % others == 0
+            else f"choose degrees whose product is {topology.gpus:,}"
+        )
+        self.r.error(
+            "$.parallel",
+            f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
+            f"topology has {topology.gpus:,} GPUs; {hint} (or set topology.gpus to {product:,})",
+        )
+
+    def heads(self) -> None:
+        """Megatron-LM: num_attention_heads % tp == 0 and num_query_groups % tp == 0.
+
+        Source: Megatron-LM ``megatron/core/transformer/transformer_config.py``
+        (``TransformerConfig.__post_init__``).
+        """
+        m, tp = self.model, self.par.tp
+        if m.heads % tp:
+            self.r.error(
+                "$.parallel.tp",
+                f"model.heads = {m.heads} is not divisible by tp = {tp}: each tensor-parallel "
+                f"rank holds whole attention heads; choose tp among {_divisors(m.heads)}",
+            )
+        elif m.kv_heads % tp:
+            self.r.error(
+                "$.parallel.tp",
+                f"model.kv_heads = {m.kv_heads} is not divisible by tp = {tp}: each "
+                "tensor-parallel rank holds whole key/value heads; choose tp among "
+                f"{_divisors(m.kv_heads)}",
+            )
+
+    def stages(self) -> None:
+        """Megatron-LM: layers divide evenly over pp × virtual stages unless split explicitly."""
+        pipe, pp, layers = self.par.pipeline, self.par.pp, self.model.layers
+        v = pipe.virtual_stages
+        stages = pp * v
+        split = pipe.layers_per_stage
+        path = "$.parallel.pipeline.layers_per_stage"
+        if split is not None:
+            if len(split) != stages:
+                what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
+                self.r.error(
+                    path,
+                    f"layers_per_stage has {len(split)} entries but {what} stages need one each",
+                )
+            elif sum(split) != layers:
+                self.r.error(
+                    path,
+                    f"layers_per_stage sums to {sum(split)} layers but model.layers = {layers}",
+                )
+            return
+        if layers % stages:
+            what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
+            self.r.error(
+                "$.parallel.pp",
+                f"model.layers = {layers} is not divisible by {what}: every stage gets the same "
+                f"number of layers; choose among {_divisors(layers)} stages or list an uneven "
+                "split in parallel.pipeline.layers_per_stage",
+            )
+
+    def global_batch(self) -> None:
+        b, dp = self.batch, self.par.dp
+        step = b.micro * dp
+        if b.global_batch % step:
+            self.r.error(
+                "$.batch.global",
+                f"batch.global = {b.global_batch} is not divisible by micro × dp = {b.micro} × "
+                f"{dp} = {step}: every data-parallel rank runs the same number of "
+                f"micro-batches; the nearest valid values are {_nearest(b.global_batch, step)}",
+            )
+
+    def schedule(self) -> None:
+        """Virtual stages need the interleaved schedule, and it needs m % pp == 0.
+
+        Source: Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``,
+        ``forward_backward_pipelining_with_interleaving``: "number of microbatches is not
+        divisible by pipeline-model-parallel-size when using interleaved schedule".
+        """
+        pipe, pp = self.par.pipeline, self.par.pp
+        if pipe.virtual_stages > 1 and pipe.schedule != "interleaved":
+            self.r.error(
+                "$.parallel.pipeline.virtual_stages",
+                f"virtual_stages = {pipe.virtual_stages} needs schedule: interleaved "
+                f"({pipe.schedule} runs one model chunk per stage)",
+            )
+        if pipe.schedule != "interleaved":
+            return
+        if pp < 2:
+            self.r.error(
+                "$.parallel.pipeline.schedule",
+                "the interleaved schedule needs pp ≥ 2; with one stage use 1f1b",
+            )
+        elif pipe.virtual_stages < 2:
+            self.r.error(
+                "$.parallel.pipeline.schedule",
+                "the interleaved schedule needs parallel.pipeline.virtual_stages ≥ 2 model "
+                "chunks per stage",
+            )
+        elif self.mode == "train":
+            b, dp = self.batch, self.par.dp
+            if b.global_batch % (b.micro * dp):
+                return  # reported by the global batch check
+            m = b.global_batch // (b.micro * dp)
+            if m % pp:
+                self.r.error(
+                    "$.batch.global",
+                    f"the interleaved schedule needs the micro-batches per step, global / "
+                    f"(micro × dp) = {m}, to be a multiple of pp = {pp} (Megatron-LM); "
+                    f"make batch.global a multiple of {b.micro * dp * pp}",
+                )
+
+    def sequence_parallel(self) -> None:
+        if self.par.sequence_parallel and self.par.tp == 1:
+            self.r.error(
+                "$.parallel.sequence_parallel",
+                "sequence_parallel needs tp > 1: it shards norms and dropout along the "
+                "sequence over the tensor-parallel group, which has one rank here; set it "
+                "to false or raise tp",
+            )
+
+    def context(self) -> None:
+        """Ring attention splits each sequence into 2 × cp chunks for load balancing.
+
+        Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
+        the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
+        2·cp − 1 − r. The all-gather variant needs only cp | seq.
+        """
+        cp, seq = self.par.cp, self.batch.seq
+        if cp == 1:
+            return
+        chunks = 2 * cp if self.par.cp_attention == "ring" else cp
+        if seq % chunks:
+            why = (
+                f"2 × cp = {chunks}: ring attention splits each sequence into 2 × cp "
+                "load-balanced chunks"
+                if chunks != cp
+                else f"cp = {cp}: each context-parallel rank holds an equal slice"
+            )
+            self.r.error(
+                "$.parallel.cp",
+                f"batch.seq = {seq} is not divisible by {why}; make the sequence length a "
+                f"multiple of {chunks}",
+            )
+
+    def experts(self) -> None:
+        """Expert parallelism: ep | experts, and ep × etp ranks are carved from tp × cp × dp.
+
+        Source: Megatron-LM MoE "parallel folding" (``megatron/core/parallel_state.py``,
+        ``initialize_model_parallel``): the expert grid etp × ep × edp × pp spans the same
+        ranks as tp × cp × dp × pp.
+        """
+        p, experts = self.par, self.model.experts
+        if experts is None:
+            if p.ep > 1:
+                self.r.error(
+                    "$.parallel.ep",
+                    f"ep = {p.ep} needs model.experts: expert parallelism splits the experts of "
+                    "MoE layers, and this model has none; set ep to 1",
+                )
+            if p.etp is not None:
+                self.r.error(
+                    "$.parallel.etp",
+                    "etp is the tensor-parallel degree of expert layers, and this model has "
+                    "no experts; remove it",
+                    key=True,
+                )
+            return
+        if experts.count % p.ep:
+            self.r.error(
+                "$.parallel.ep",
+                f"model.experts.count = {experts.count} is not divisible by ep = {p.ep}: each "
+                f"expert-parallel rank holds whole experts; choose ep among "
+                f"{_divisors(experts.count)}",
+            )
+        etp = p.etp if p.etp is not None else p.tp
+        dense = p.tp * p.cp * p.dp
+        if dense % (p.ep * etp):
+            self.r.error(
+                "$.parallel.ep",
+                f"expert layers place ep × etp = {p.ep} × {etp} = {p.ep * etp} ranks per "
+                f"expert-data-parallel replica, which does not divide the tp × cp × dp = "
+                f"{p.tp} × {p.cp} × {p.dp} = {dense} ranks of a pipeline stage",
+            )
+
+    def positions(self) -> None:
+        m, seq = self.model, self.batch.seq
+        if m.position == "learned" and 0 < m.max_positions < seq:
+            self.r.error(
+                "$.model.max_positions",
+                f"batch.seq = {seq} is longer than the learned position table "
+                f"(model.max_positions = {m.max_positions}); raise max_positions to {seq}",
+            )
+
+
+def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
+    """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
+
+    Defaults: kv_heads = heads; head_dim = hidden / heads; ffn = 4 × hidden (gelu) or the
+    Llama rule (swiglu, `llama_ffn`); parallel degrees 1; order [tp, cp, ep, dp, pp].
+    Shape expressions in `transitions` may use the names in `SHAPE_NAMES`.
+    """
+    r = _Resolver(marks, file)
+    mode = tree.get("mode", "train")
+    model = r.model(tree["model"])
+    par = r.parallel(tree.get("parallel", {}))
+    batch = r.batch(tree["batch"], mode, par.dp)
+    precision = r.precision(tree.get("precision", {}))
+    device = r.device(tree["device"])
+    topology = r.topology(tree["topology"])
+    overlap = tree.get("overlap", {})
+    transitions: tuple[Transition, ...] = ()
+    if model is not None:
+        _Checks(r, mode, model, batch, par).run(topology)
+        names = _shape_names(model, batch, par)
+        transitions = r.transitions(tree.get("transitions", []), names)
+    if r.problems or model is None or device is None or topology is None:
+        raise BudgetError(r.problems)
+    return Plan(
+        name=tree.get("name", Path(file).stem),
+        file=file,
+        mode=mode,
+        model=model,
+        batch=batch,
+        precision=precision,
+        parallel=par,
+        device=device,
+        topology=topology,
+        recompute=tree.get("recompute", "none"),
+        overlap=Overlap(**{key: bool(value) for key, value in overlap.items()}),
+        transitions=transitions,
+    )
+
+
+def _shape_names(model: Model, batch: Batch, par: Parallel) -> dict[str, int]:
+    names: dict[str, int] = {
+        "micro": batch.micro,
+        "seq": batch.seq,
+        "global": batch.global_batch,
+        "hidden": model.hidden,
+        "heads": model.heads,
+        "kv_heads": model.kv_heads,
+        "head_dim": model.head_dim,
+        "ffn": model.ffn,
+        "vocab": model.vocab,
+        "layers": model.layers,
+    }
+    for group in GROUPS:
+        names[group] = int(getattr(par, group))
+    return names

@@ -1,0 +1,127 @@
+"""The plan JSON Schema (Draft 2020-12): the contract editors load, and the first check.
+
+The schema ships inside the package (``budget/schemas/plan.schema.json``); the repository's
+``schemas/plan.schema.json`` is a link to the same file. Every jsonschema error becomes a
+`Problem` positioned at the offending node, with a short message a person can act on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from budget.errors import Problem
+from budget.plan.yaml_load import Marks, child_path
+
+__all__ = ["schema", "schema_text", "validate_tree"]
+
+
+@cache
+def schema_text() -> str:
+    """The schema file's text, exactly as shipped (``budget schema`` prints it)."""
+    return files("budget").joinpath("schemas/plan.schema.json").read_text(encoding="utf-8")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The schema as a dictionary."""
+    loaded: dict[str, Any] = json.loads(schema_text())
+    return loaded
+
+
+@cache
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema())
+
+
+def validate_tree(tree: Any, marks: Marks, file: str) -> list[Problem]:
+    """Every way `tree` breaks the schema, one `Problem` each, positioned by `marks`."""
+    problems: list[Problem] = []
+    for error in _validator().iter_errors(tree):
+        problems.extend(_problems(error, marks, file))
+    return sorted(set(problems))
+
+
+def _path(parts: Iterable[str | int]) -> str:
+    path = "$"
+    for part in parts:
+        path = child_path(path, part)
+    return path
+
+
+def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
+    path = _path(error.absolute_path)
+    kind: str = error.validator
+    if kind == "additionalProperties":
+        return _unknown_keys(error, path, marks, file)
+    line, col = marks.at(path)
+    return [Problem(file, line, col, path, _message(error))]
+
+
+def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Problem]:
+    known = sorted(error.schema.get("properties", {}))
+    problems = []
+    for key in sorted(set(error.instance) - set(known)):
+        where = child_path(path, key)
+        line, col = marks.key(where)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        if close:
+            message = f"unknown key {key!r} (did you mean {close[0]!r}?)"
+        else:
+            message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
+        problems.append(Problem(file, line, col, where, message))
+    return problems
+
+
+def _show(value: Any) -> str:
+    """A value as the YAML author wrote it: true, null, 'text', 42."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_TYPE_NAMES = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _message(error: Any) -> str:
+    kind: str = error.validator
+    expected = error.schema.get("x-expected") if isinstance(error.schema, dict) else None
+    if kind in ("pattern", "type") and expected:
+        return f"{_show(error.instance)} is not {expected}"
+    if kind == "type":
+        wanted = error.validator_value
+        names = [wanted] if isinstance(wanted, str) else list(wanted)
+        return f"{_show(error.instance)} is not {' or '.join(_TYPE_NAMES[n] for n in names)}"
+    if kind == "enum":
+        options = [v for v in error.validator_value if v is not None]
+        shown = ", ".join(str(v) for v in options)
+        close = difflib.get_close_matches(str(error.instance), [str(v) for v in options], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{_show(error.instance)} is not one of {shown}{hint}"
+    if kind == "const":
+        return f"{_show(error.instance)} must be {error.validator_value!r}"
+    if kind == "maxLength":
+        return f"{_show(error.instance)} is longer than {error.validator_value} characters"
+    if kind == "minLength":
+        return "must not be empty"
+    if kind == "minItems":
+        return f"needs at least {error.validator_value} entries"
+    if kind == "maxItems":
+        return f"has more than {error.validator_value} entries"
+    message: str = error.message
+    return message

@@ -1,0 +1,378 @@
+"""Read a plan's YAML into plain data, remembering where every value sat in the file.
+
+The tree is built from PyYAML's *event stream* rather than its composer, for three reasons:
+
+- positions: every key and value gets a ``(line, col)`` mark (1-based) under its JSON path
+  (``$.parallel.tp``, ``$.topology.levels[0].size``), so later errors can point at it;
+- safety: the composer is recursive (10,000 nested ``[`` exhaust Python's stack) and expands
+  aliases (a "billion laughs" file grows exponentially). Here nesting depth is checked as
+  each collection opens, aliases are refused outright, and the node count is capped, so a
+  hostile file stops at the first offending event;
+- strictness: duplicate keys are errors, only the standard YAML scalar tags are accepted,
+  and numbers must be finite and fit in 64 bits.
+
+Scalars are resolved with the safe loader's own resolver and constructors (YAML 1.1, as
+PyYAML), plus YAML 1.2's exponent floats (``1e9``, ``1.5e9``), which PyYAML would otherwise
+leave as strings. The libyaml parser is used when PyYAML was built with it; its marks are
+the same as the pure-Python parser's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.nodes import ScalarNode
+
+from budget.errors import Problem
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "Loaded",
+    "Marks",
+    "child_path",
+    "decode",
+    "load_yaml",
+]
+
+MAX_DEPTH = 64  # a plan nests four levels deep; 64 leaves room and stops stack attacks
+MAX_NODES = 100_000  # a plan has a few hundred values
+MAX_INT = 2**63  # integers beyond int64 are typos or attacks, not plan dimensions
+
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+_STANDARD = "tag:yaml.org,2002:"
+_ALLOWED_TAGS = {_STANDARD + name for name in ("str", "int", "float", "bool", "null", "map", "seq")}
+_KEEP_AS_TEXT = {_STANDARD + name for name in ("timestamp", "binary", "merge", "value")}
+# YAML 1.2 core schema floats that PyYAML's YAML 1.1 resolver leaves as strings ("1e9").
+_FLOAT_12 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+Position = tuple[int, int]
+
+
+def child_path(parent: str, key: str | int) -> str:
+    """The JSON path of a child: ``$.model`` + ``"layers"`` → ``$.model.layers``."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _IDENTIFIER.match(key):
+        return f"{parent}.{key}"
+    escaped = key.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{parent}['{escaped}']"
+
+
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """Where each node of a loaded tree sat: JSON path → (line, col), both 1-based.
+
+    ``nodes`` holds, for a scalar, the position of the value and, for a mapping or a list,
+    the position of the key that introduces it (where a reader looks for it); ``keys`` holds
+    the position of each mapping key.
+    """
+
+    nodes: dict[str, Position] = field(default_factory=dict)
+    keys: dict[str, Position] = field(default_factory=dict)
+
+    def at(self, path: str) -> Position:
+        """The position of the node at `path`, or of its nearest known ancestor."""
+        return _lookup(self.nodes, path)
+
+    def key(self, path: str) -> Position:
+        """The position of the key of the node at `path` (for unknown or duplicate keys)."""
+        if path in self.keys:
+            return self.keys[path]
+        return _lookup(self.nodes, path)
+
+
+def _lookup(table: dict[str, Position], path: str) -> Position:
+    while path:
+        if path in table:
+            return table[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        if cut <= 0:
+            break
+        path = path[:cut]
+    return table.get("$", (1, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The result of reading a plan: the tree (None if unusable), its marks and problems."""
+
+    tree: Any
+    marks: Marks
+    problems: tuple[Problem, ...]
+
+
+def decode(data: bytes, file: str) -> tuple[str | None, Problem | None]:
+    """Decode UTF-8 strictly (a leading BOM is dropped); on failure, say where the bad byte is."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        start = error.start
+        line = data.count(b"\n", 0, start) + 1
+        line_start = data.rfind(b"\n", 0, start) + 1
+        col = len(data[line_start:start].decode("utf-8", errors="replace")) + 1
+        bad = data[start : start + 1].hex()
+        message = f"the file is not UTF-8: byte 0x{bad} at offset {start} cannot be decoded"
+        return None, Problem(file, line, col, "$", message)
+    return text.removeprefix("\ufeff"), None
+
+
+class _Stop(Exception):
+    """Raised inside the builder when the input must not be read any further."""
+
+
+@dataclass(slots=True)
+class _Frame:
+    container: dict[str, Any] | list[Any]
+    path: str
+    key: str | None = None  # mappings: the key waiting for its value
+    key_mark: Position = (1, 1)
+    first_seen: dict[str, int] = field(default_factory=dict)  # key → line of first use
+
+
+class _Builder:
+    """Turns PyYAML events into plain dicts/lists/scalars and a `Marks` table."""
+
+    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.marks = Marks()
+        self.problems: list[Problem] = []
+        self.stack: list[_Frame] = []
+        self.root: Any = None
+        self.nodes = 0
+        self.documents = 0
+
+    def problem(self, position: Position, path: str, message: str) -> None:
+        self.problems.append(Problem(self.file, position[0], position[1], path, message))
+
+    def stop(self, position: Position, path: str, message: str) -> _Stop:
+        self.problem(position, path, message)
+        return _Stop()
+
+    @property
+    def path(self) -> str:
+        return self.stack[-1].path if self.stack else "$"
+
+    def run(self) -> None:
+        loader = self.loader
+        while loader.check_event():
+            self.feed(loader.get_event())  # type: ignore[no-untyped-call]
+
+    def feed(self, event: yaml.Event) -> None:
+        mark = event.start_mark
+        where = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        if isinstance(event, yaml.DocumentStartEvent):
+            self.documents += 1
+            if self.documents > 1:
+                raise self.stop(where, "$", "a plan is one YAML document; found a second one")
+        elif isinstance(event, yaml.AliasEvent):
+            raise self.stop(
+                where,
+                self.value_path(),
+                f"YAML aliases (*{event.anchor}) are not allowed in a plan; write the value out",
+            )
+        elif isinstance(event, yaml.ScalarEvent):
+            self.count(where)
+            frame = self.stack[-1] if self.stack else None
+            if frame is not None and isinstance(frame.container, dict) and frame.key is None:
+                self.take_key(frame, event, where)
+            else:
+                path = self.value_path()
+                self.marks.nodes[path] = where
+                self.attach(self.scalar(event, where, path))
+        elif isinstance(event, yaml.CollectionStartEvent):
+            self.count(where)
+            path = self.value_path()
+            if len(self.stack) >= MAX_DEPTH:
+                raise self.stop(where, path, f"nesting deeper than {MAX_DEPTH} levels")
+            self.check_tag(event.tag, where, path, isinstance(event, yaml.MappingStartEvent))
+            self.marks.nodes[path] = self.introducer(where)
+            if isinstance(event, yaml.MappingStartEvent):
+                self.stack.append(_Frame({}, path))
+            else:
+                self.stack.append(_Frame([], path))
+        elif isinstance(event, yaml.CollectionEndEvent):
+            frame = self.stack.pop()
+            self.attach(frame.container)
+
+    def count(self, where: Position) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise self.stop(where, self.path, f"more than {MAX_NODES:,} values; a plan is small")
+
+    def introducer(self, where: Position) -> Position:
+        """A collection is best pointed at by the key that introduces it, if any."""
+        frame = self.stack[-1] if self.stack else None
+        if frame is not None and isinstance(frame.container, dict) and frame.key is not None:
+            return frame.key_mark
+        return where
+
+    def value_path(self) -> str:
+        """The path the next value will have."""
+        if not self.stack:
+            return "$"
+        frame = self.stack[-1]
+        if isinstance(frame.container, dict):
+            return child_path(frame.path, frame.key if frame.key is not None else "")
+        return child_path(frame.path, len(frame.container))
+
+    def take_key(self, frame: _Frame, event: yaml.ScalarEvent, where: Position) -> None:
+        path = child_path(frame.path, event.value)
+        if event.tag not in (None, "!", _STANDARD + "str"):
+            self.problem(where, path, f"a key cannot carry the tag {_short(event.tag)}")
+        if event.value in frame.first_seen:
+            line = frame.first_seen[event.value]
+            self.problem(
+                where, path, f"duplicate key {event.value!r} (first defined on line {line})"
+            )
+        else:
+            frame.first_seen[event.value] = where[0]
+            self.marks.keys[path] = where
+        frame.key = event.value
+        frame.key_mark = where
+
+    def attach(self, value: Any) -> None:
+        if not self.stack:
+            self.root = value
+            return
+        frame = self.stack[-1]
+        if isinstance(frame.container, list):
+            frame.container.append(value)
+            return
+        if frame.key is None:  # a mapping or a list used as a key
+            where = self.marks.nodes.get(self.value_path(), (1, 1))
+            raise self.stop(where, frame.path, "mapping keys must be plain names")
+        if frame.key not in frame.container:  # duplicates keep the first value
+            frame.container[frame.key] = value
+        frame.key = None
+
+    def check_tag(self, tag: str | None, where: Position, path: str, mapping: bool) -> None:
+        if tag in (None, "!"):
+            return
+        expected = _STANDARD + ("map" if mapping else "seq")
+        if tag != expected:
+            raise self.stop(where, path, _tag_message(tag))
+
+    def scalar(self, event: yaml.ScalarEvent, where: Position, path: str) -> Any:
+        tag = event.tag
+        implicit = tag in (None, "!")
+        if implicit:
+            tag = self.loader.resolve(  # type: ignore[no-untyped-call]
+                ScalarNode, event.value, event.implicit
+            )
+        elif tag not in _ALLOWED_TAGS:
+            raise self.stop(where, path, _tag_message(tag))
+        text = event.value
+        if implicit and tag in _KEEP_AS_TEXT:
+            return text
+        plain = implicit and event.style in ("", None)
+        if plain and tag == _STANDARD + "str" and _FLOAT_12.match(text):
+            tag = _STANDARD + "float"
+        node = ScalarNode(tag, text, None, None, event.style)
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except (ValueError, yaml.YAMLError):
+            message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
+            raise self.stop(where, path, message) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.stop(where, path, f"{text} is not a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+            raise self.stop(
+                where, path, f"{_shown(text)} is too large (integers must be below 2**63)"
+            )
+        return value
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def _short(tag: str | None) -> str:
+    if tag is None:
+        return "(none)"
+    return "!!" + tag[len(_STANDARD) :] if tag.startswith(_STANDARD) else tag
+
+
+def _tag_message(tag: str | None) -> str:
+    return (
+        f"the tag {_short(tag)} is not allowed in a plan; use plain YAML values "
+        "(strings, numbers, booleans, lists and mappings)"
+    )
+
+
+def load_yaml(text: str, file: str) -> Loaded:
+    """Parse one YAML document into plain data with marks; never raises on bad input.
+
+    Problems (syntax errors, duplicate keys, refused constructs) come back in `Loaded`;
+    when the tree cannot be trusted, ``Loaded.tree`` is None.
+    """
+    loader = _Loader(text)
+    builder = _Builder(loader, file)
+    try:
+        builder.run()
+    except _Stop:
+        return Loaded(None, builder.marks, tuple(builder.problems))
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        what = error.problem or error.context or "unreadable"
+        if "nesting depth" in what:  # libyaml's own limit (1,000), reached while scanning ahead
+            builder.problem(where, builder.path, f"nesting deeper than {MAX_DEPTH} levels")
+        else:
+            builder.problem(where, builder.path, f"invalid YAML: {what}")
+        return Loaded(None, builder.marks, tuple(builder.problems))
+    except yaml.YAMLError as error:  # ReaderError: characters YAML does not allow
+        builder.problem(_reader_position(error, text), "$", f"invalid YAML: {_reader_text(error)}")
+        return Loaded(None, builder.marks, tuple(builder.problems))
+    except RecursionError:  # defensive: the builder is iterative, but a parser might not be
+        builder.problem((1, 1), "$", f"nesting deeper than {MAX_DEPTH} levels")
+        return Loaded(None, builder.marks, tuple(builder.problems))
+    finally:
+        loader.dispose()
+    root = builder.root
+    if not isinstance(root, dict):
+        kind = "nothing" if root is None else f"a {_kind(root)}"
+        builder.problem(
+            builder.marks.at("$"),
+            "$",
+            f"a plan is a mapping of keys (name, model, batch, ...); this file holds {kind}",
+        )
+        return Loaded(None, builder.marks, tuple(builder.problems))
+    if "$" not in builder.marks.nodes:
+        builder.marks.nodes["$"] = (1, 1)
+    return Loaded(root, builder.marks, tuple(builder.problems))
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "string"
+
+
+def _reader_position(error: yaml.YAMLError, text: str) -> Position:
+    position = getattr(error, "position", None)
+    if not isinstance(position, int):
+        return (1, 1)
+    line = text.count("\n", 0, position) + 1
+    col = position - (text.rfind("\n", 0, position) + 1) + 1
+    return (line, col)
+
+
+def _reader_text(error: yaml.YAMLError) -> str:
+    character = getattr(error, "character", None)
+    if isinstance(character, str):
+        return f"the character {character!r} is not allowed"
+    if isinstance(character, int):
+        return f"the character {chr(character)!r} is not allowed"
+    return str(error).splitlines()[0] if str(error) else "unreadable characters"
