@@ -73,6 +73,30 @@ def report_command(
     render_report(_stdout(), report, fmt.value)
 
 
+@app.command("check")
+def check_command(
+    plans: Annotated[list[Path], typer.Argument(help="Plans that must fit (YAML).")],
+) -> None:
+    """CI gate: exit 0 when every plan fits, 1 when one does not, 2 when one is invalid."""
+    from budget.pipeline import budget_plan
+    from budget.render.table import verdict
+
+    problems, failed = [], False
+    console = _stdout()
+    for path in plans:
+        try:
+            report = budget_plan(path)
+        except BudgetError as error:
+            problems.extend(error.problems)
+            continue
+        failed |= not report.fits
+        console.print(f"{path}: {verdict(report)}")
+    if problems:
+        raise _fail(BudgetError(problems))
+    if failed:
+        raise typer.Exit(code=FAILED)
+
+
 @app.command("validate")
 def validate_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],

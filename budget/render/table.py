@@ -229,9 +229,13 @@ def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
         console.print(line, markup=False)
+    for table in (
+        stage_table(report, wide),
+        overlap_table(report.worst),
+        phase_table(report, wide),
+        collective_table(report.phases, wide),
+    ):
+        console.print()
+        console.print(table)
     console.print()
-    console.print(stage_table(report, wide))
-    console.print(overlap_table(report.worst))
-    console.print(phase_table(report, wide))
-    console.print(collective_table(report.phases, wide))
     console.print(verdict(report))
