@@ -1,0 +1,655 @@
+"""Collective algorithms priced on links: phases n, bytes per rank, T = n·α + Q/B_eff.
+
+Every algorithm is reduced to the latency-bandwidth ("Hockney") model used by Thakur,
+Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 19(1), 2005 (hereafter *Thakur 2005*): a step that moves m bytes between two ranks
+costs α + m·β with β = 1/B. For one algorithm on one link::
+
+    T = n·α + Q / B_eff
+
+n is the number of latency-bearing steps, Q the bytes serialised through the busiest rank's
+link on the critical path, and B_eff the per-GPU bandwidth of the link divided by how many
+GPUs share it (`Link.shared_by`). The reduction arithmetic (Thakur's γ term) is not modelled.
+
+Conventions (DESIGN.md rule 3):
+
+* S (``size_bytes``) is always the full logical tensor: the gathered output of an
+  all-gather, the input of a reduce-scatter / all-reduce, the root's buffer of a broadcast,
+  the message of a send/recv, and for an all-to-all the whole tensor being redistributed,
+  so each rank holds S/P and sends (P−1)/P² · S of it.
+* Bytes are integers. A tensor that does not split evenly is split into equal chunks of
+  ``ceil(S / (P·e))`` elements of e bytes (``element_bytes``) — the padded chunk every rank
+  must be able to hold; the busiest rank moves whole padded chunks. So the byte counts are
+  exact when S divides evenly and a tight upper bound (< one element per chunk) otherwise.
+* ``sent_bytes`` / ``recv_bytes`` are per rank, for the busiest rank (identical on every rank
+  for the symmetric algorithms). ``group_sent_bytes`` / ``group_recv_bytes`` sum one
+  instance over all its ranks: aggregate bytes, which are never divided by a link's
+  bandwidth.
+
+Sizes and rank counts may be Python ``int`` or numpy integer arrays (one element per
+configuration of a sweep); the arithmetic is branch-free on them so the same functions price
+one plan or a million. Only ``auto`` needs scalars, because it chooses one algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias, cast, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "Algorithm",
+    "CollectiveCost",
+    "Count",
+    "Link",
+    "Op",
+    "Seconds",
+    "Stage",
+    "Tier",
+    "algorithm_bytes",
+    "applicable_algorithms",
+    "bus_bandwidth_factor",
+    "collective_cost",
+    "default_algorithm",
+    "flat_stage",
+]
+
+Op = Literal["all-gather", "reduce-scatter", "all-reduce", "all-to-all", "broadcast", "send-recv"]
+Algorithm = Literal["ring", "recursive", "tree", "pairwise", "bruck", "direct", "hierarchical"]
+Count: TypeAlias = int | NDArray[Any]  # bytes or ranks: an int, or an int array over configurations
+Seconds: TypeAlias = float | NDArray[Any]
+
+OPS: Final[tuple[Op, ...]] = get_args(Op)
+
+# The flat (single-link) algorithms each op can use, default first.
+ALGORITHMS: Final[dict[Op, tuple[Algorithm, ...]]] = {
+    "all-gather": ("ring", "recursive", "bruck"),
+    "reduce-scatter": ("ring", "recursive"),
+    "all-reduce": ("ring", "recursive", "tree"),
+    "all-to-all": ("pairwise", "bruck"),
+    "broadcast": ("ring", "tree"),
+    "send-recv": ("direct",),
+}
+# Names accepted for an op that mean one of its algorithms (rule 3's "ring" row).
+_ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
+    ("all-to-all", "ring"): "pairwise",  # the ring-offset pairwise exchange: step k sends to i+k
+    ("send-recv", "ring"): "direct",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One kind of link, as seen by one GPU: bandwidth one direction, latency per step.
+
+    ``shared_by`` GPUs share one such link (e.g. 2 GPUs per NIC); each then gets
+    ``bandwidth / shared_by``. Bandwidth is per GPU already, so concurrent groups that each
+    use their own GPU's link do not divide it further.
+    """
+
+    name: str
+    bandwidth: float  # bytes/s per GPU, one direction
+    latency: float  # seconds per latency-bearing step (α)
+    shared_by: int = 1
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """B_eff = bandwidth / shared_by (the contention rule of DESIGN.md rule 5)."""
+        return self.bandwidth / self.shared_by
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """``ranks`` members (or sub-groups) of a group talking over ``link``; innermost first."""
+
+    ranks: Count
+    link: Link
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One flat algorithm on one link: the piece of a collective that T = n·α + Q/B prices.
+
+    ``instances`` is how many copies of this stage run concurrently inside the collective
+    (e.g. one intra-node reduce-scatter per node); it scales only the aggregate bytes.
+    """
+
+    op: Op
+    algorithm: Algorithm
+    ranks: Count
+    size_bytes: Count
+    steps: Count
+    sent_bytes: Count
+    recv_bytes: Count
+    payload_bytes: Count  # Q: bytes through the busiest rank's link on the critical path
+    group_sent_bytes: Count
+    group_recv_bytes: Count
+    link: Link
+    instances: Count = 1
+
+    @property
+    def latency_s(self) -> Seconds:
+        """The latency term n·α."""
+        return self.steps * self.link.latency
+
+    @property
+    def bandwidth_s(self) -> Seconds:
+        """The bandwidth term Q / B_eff."""
+        return self.payload_bytes / self.link.effective_bandwidth
+
+    @property
+    def time_s(self) -> Seconds:
+        """T = n·α + Q / B_eff (Thakur 2005, section 2; the seed's communication model)."""
+        return self.latency_s + self.bandwidth_s
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """A priced collective: its stages (one for a flat algorithm, one per level otherwise).
+
+    Per-rank quantities sum the stages (every rank takes part in each stage of the
+    hierarchical forms, so this is the busiest rank's total); ``aggregate_*_bytes`` sum over
+    every rank of the whole group. ``candidates`` lists (algorithm, time) when ``auto``
+    chose among them.
+    """
+
+    op: Op
+    algorithm: Algorithm
+    ranks: Count
+    size_bytes: Count
+    stages: tuple[Stage, ...]
+    candidates: tuple[tuple[Algorithm, float], ...] = ()
+
+    @property
+    def steps(self) -> Count:
+        return sum((s.steps for s in self.stages), start=0)
+
+    @property
+    def sent_bytes(self) -> Count:
+        return sum((s.sent_bytes for s in self.stages), start=0)
+
+    @property
+    def recv_bytes(self) -> Count:
+        return sum((s.recv_bytes for s in self.stages), start=0)
+
+    @property
+    def payload_bytes(self) -> Count:
+        return sum((s.payload_bytes for s in self.stages), start=0)
+
+    @property
+    def aggregate_sent_bytes(self) -> Count:
+        return sum((s.instances * s.group_sent_bytes for s in self.stages), start=0)
+
+    @property
+    def aggregate_recv_bytes(self) -> Count:
+        return sum((s.instances * s.group_recv_bytes for s in self.stages), start=0)
+
+    @property
+    def latency_s(self) -> Seconds:
+        return sum((s.latency_s for s in self.stages), start=0.0)
+
+    @property
+    def bandwidth_s(self) -> Seconds:
+        return sum((s.bandwidth_s for s in self.stages), start=0.0)
+
+    @property
+    def time_s(self) -> Seconds:
+        return sum((s.time_s for s in self.stages), start=0.0)
+
+    @property
+    def link(self) -> Link:
+        """The slowest link the collective uses (lowest B_eff, then highest α)."""
+        return _slowest(s.link for s in self.stages)
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """Names of the links used, innermost first, without repeats."""
+        return tuple(dict.fromkeys(s.link.name for s in self.stages))
+
+    @property
+    def algorithm_bandwidth(self) -> Seconds:
+        """algbw = size / time, size as nccl-tests counts it (`algorithm_bytes`)."""
+        return _ratio(algorithm_bytes(self.op, self.size_bytes, self.ranks), self.time_s)
+
+    @property
+    def bus_bandwidth(self) -> Seconds:
+        """busbw = algbw × `bus_bandwidth_factor` (nccl-tests doc/PERFORMANCE.md)."""
+        return self.algorithm_bandwidth * bus_bandwidth_factor(self.op, self.ranks)
+
+
+# ----------------------------------------------------------------------------- bandwidths
+
+
+def bus_bandwidth_factor(op: Op, ranks: Count) -> Seconds:
+    """nccl-tests' busbw / algbw: all-reduce 2(n−1)/n; all-gather, reduce-scatter and
+    all-to-all (n−1)/n; broadcast and send/recv 1 (NVIDIA/nccl-tests, doc/PERFORMANCE.md).
+
+    With these factors, busbw equals the per-rank bytes a ring moves divided by its time,
+    i.e. the link bandwidth when α = 0.
+    """
+    p = ranks
+    if op == "all-reduce":
+        return 2 * (p - 1) / p
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
+        return (p - 1) / p
+    if op in ("broadcast", "send-recv"):
+        return p * 0 + 1.0
+    raise ValueError(_unknown_op(op))
+
+
+def algorithm_bytes(op: Op, size_bytes: Count, ranks: Count) -> Seconds:
+    """The "size" nccl-tests divides by time for algbw: S for every op except all-to-all,
+    whose size is one rank's buffer, S/P (nccl-tests alltoall_perf counts per-rank buffers).
+    """
+    if op == "all-to-all":
+        return size_bytes / ranks
+    return size_bytes * 1.0
+
+
+# ----------------------------------------------------------------------------- algorithms
+
+
+def default_algorithm(op: Op, tiers: int = 1) -> Algorithm:
+    """The documented default: hierarchical across levels, else ring (pairwise all-to-all,
+    direct send/recv) as in DESIGN.md rule 3's table."""
+    _check_op(op)
+    if tiers > 1 and op != "send-recv":
+        return "hierarchical"
+    return ALGORITHMS[op][0]
+
+
+def applicable_algorithms(op: Op, tiers: int = 1) -> tuple[Algorithm, ...]:
+    """Algorithms `collective_cost` accepts for ``op`` (``auto`` picks among these)."""
+    _check_op(op)
+    flat = ALGORITHMS[op]
+    if tiers > 1 and op != "send-recv":
+        return ("hierarchical", *flat)
+    return flat
+
+
+def flat_stage(
+    op: Op,
+    algorithm: Algorithm,
+    ranks: Count,
+    size_bytes: Count,
+    link: Link,
+    *,
+    element_bytes: int = 1,
+    instances: Count = 1,
+) -> Stage:
+    """Price one flat algorithm of ``ranks`` ranks on one link. Formulas (P ranks, S bytes,
+    c = ceil(S/(P·e))·e the padded chunk, L = ⌈lg P⌉), from Thakur 2005 unless noted:
+
+    * all-gather ring: n = P−1, Q = (P−1)·c (sec. 3.1). Recursive doubling (P a power of
+      two): n = lg P, same bytes (sec. 3.1). Bruck (any P): n = L, same bytes (sec. 3.1;
+      Bruck et al. 1997).
+    * reduce-scatter ring: n = P−1, Q = (P−1)·c. Recursive halving (P a power of two):
+      n = lg P, same bytes (sec. 4.2).
+    * all-reduce ring: n = 2(P−1), Q = 2(P−1)·c (reduce-scatter + all-gather; Patarasuk &
+      Yuan 2009). Rabenseifner (recursive halving + doubling, sec. 4.4): n = 2 lg P,
+      Q = 2(P−1)·c; for P not a power of two MPICH first folds the r = P − p′ extra ranks
+      into partners (p′ = 2^⌊lg P⌋) and sends them the result at the end, MPICH's
+      "(2⌊lg p⌋+2)·α + (2(p−1)/p + 2)·n·β", here with p′ and c′ = ceil(S/(p′·e))·e:
+      n = 2⌊lg P⌋ + 2, Q = 2(p′−1)·c′ + 2S. Binomial tree (reduce then broadcast, sec. 4.1):
+      n = 2L, Q = 2L·S.
+    * all-to-all pairwise exchange: n = P−1, each step one block b = ceil(S/(P²·e))·e, so
+      Q = (P−1)·b (sec. 3.6, DESIGN.md rule 3). Bruck: n = L, step k sends the blocks whose
+      index has bit k set, Q = b·Σ_k #{j < P : bit k of j set} ≈ (S/P)/2·L (sec. 3.6).
+    * broadcast ring: a pipelined chain as NCCL runs it, n = P−1 (pipeline fill), Q = S — the
+      root's whole buffer leaves through one link, so busbw = algbw (nccl-tests
+      doc/PERFORMANCE.md, "Broadcast"). Binomial tree: n = L, Q = L·S (sec. 3.2, short
+      messages).
+    * send/recv direct: n = 1, Q = S; in a chain of P ranks each interior rank sends S and
+      receives S.
+    """
+    _check_op(op)
+    p, s, e = ranks, size_bytes, element_bytes
+    one = _indicator(p > 1)
+    if op in ("all-gather", "reduce-scatter"):
+        sent = (p - 1) * _chunk(s, p, e)
+        if algorithm == "ring":
+            steps = p - 1
+        elif algorithm == "recursive":
+            _require_power_of_two(op, p)
+            steps = floor_log2(p)
+        elif algorithm == "bruck" and op == "all-gather":
+            steps = ceil_log2(p)
+        else:
+            raise ValueError(_not_applicable(op, algorithm))
+        return _symmetric(op, algorithm, p, s, steps, sent, link, instances)
+    if op == "all-reduce":
+        if algorithm == "ring":
+            sent = 2 * (p - 1) * _chunk(s, p, e)
+            return _symmetric(op, algorithm, p, s, 2 * (p - 1), sent, link, instances)
+        if algorithm == "recursive":
+            lg = floor_log2(p)
+            p2 = 2**lg
+            extra = _indicator(p > p2)
+            core = 2 * (p2 - 1) * _chunk(s, p2, e)
+            per_rank = core + extra * s
+            group = p2 * core + 2 * (p - p2) * s
+            return Stage(
+                op,
+                algorithm,
+                p,
+                s,
+                2 * lg + 2 * extra,
+                per_rank,
+                per_rank,
+                core + 2 * extra * s,
+                group,
+                group,
+                link,
+                instances,
+            )
+        if algorithm == "tree":
+            lg = ceil_log2(p)
+            group = 2 * (p - 1) * s
+            return Stage(
+                op,
+                algorithm,
+                p,
+                s,
+                2 * lg,
+                lg * s,
+                lg * s,
+                2 * lg * s,
+                group,
+                group,
+                link,
+                instances,
+            )
+        raise ValueError(_not_applicable(op, algorithm))
+    if op == "all-to-all":
+        block = _chunk(s, p * p, e)
+        if algorithm == "pairwise":
+            return _symmetric(op, algorithm, p, s, p - 1, (p - 1) * block, link, instances)
+        if algorithm == "bruck":
+            blocks = _bruck_blocks(p)
+            return _symmetric(op, algorithm, p, s, ceil_log2(p), blocks * block, link, instances)
+        raise ValueError(_not_applicable(op, algorithm))
+    if op == "broadcast":
+        group = (p - 1) * s
+        if algorithm == "ring":
+            return Stage(
+                op,
+                algorithm,
+                p,
+                s,
+                p - 1,
+                one * s,
+                one * s,
+                one * s,
+                group,
+                group,
+                link,
+                instances,
+            )
+        if algorithm == "tree":
+            lg = ceil_log2(p)
+            return Stage(
+                op, algorithm, p, s, lg, lg * s, one * s, lg * s, group, group, link, instances
+            )
+        raise ValueError(_not_applicable(op, algorithm))
+    if algorithm == "direct":  # send-recv
+        group = (p - 1) * s
+        return Stage(
+            op, algorithm, p, s, one, one * s, one * s, one * s, group, group, link, instances
+        )
+    raise ValueError(_not_applicable(op, algorithm))
+
+
+def collective_cost(
+    op: Op,
+    tiers: Sequence[Tier],
+    size_bytes: Count,
+    algorithm: Algorithm | Literal["auto"] | None = None,
+    *,
+    element_bytes: int = 1,
+) -> CollectiveCost:
+    """Price ``op`` over a group laid out as ``tiers`` (innermost first; ranks multiply).
+
+    * One tier: the flat algorithm (default ring) on that tier's link.
+    * Several tiers, ``hierarchical`` (the default): the two-level decomposition, applied
+      recursively per level with ring inside each level — NCCL's and MPICH's SMP-aware
+      collectives (Thakur 2005, sec. 5; NCCL's tuning model). With G ranks per inner
+      domain and D = P/G domains:
+
+      - all-reduce: reduce-scatter inside (G, S) → all-reduce across the D domains on
+        S/G → all-gather inside (G, S);
+      - reduce-scatter: reduce-scatter inside (G, S) → reduce-scatter across on S/G;
+      - all-gather: all-gather across on S/G → all-gather inside (G, S);
+      - all-to-all: all-to-all inside on the blocks bound for each peer's local index,
+        then across between ranks of equal local index (same slow-link bytes as the flat
+        exchange, D−1 instead of P−1 slow steps);
+      - broadcast: across the domains from the root, then inside each domain.
+      send/recv has no hierarchical form: it is priced flat on the slowest link.
+    * Several tiers and a flat algorithm: that algorithm over all P ranks, every step priced
+      at the slowest link spanned (a flat ring is as slow as its slowest hop).
+    * ``auto``: every applicable algorithm, the fastest wins; ``candidates`` keeps them all.
+      Needs scalar sizes and ranks.
+    """
+    _check_op(op)
+    if not tiers:
+        raise ValueError("a collective needs at least one level")
+    _check_sizes(size_bytes, [t.ranks for t in tiers], element_bytes)
+    if algorithm == "auto":
+        return _auto(op, tiers, size_bytes, element_bytes)
+    algo = _resolve(op, algorithm, len(tiers))
+    ranks = _product([t.ranks for t in tiers])
+    if algo == "hierarchical":
+        if len(tiers) == 1:
+            algo = default_algorithm(op)
+        else:
+            stages = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)
+            return CollectiveCost(op, "hierarchical", ranks, size_bytes, tuple(stages))
+    link = _slowest(t.link for t in tiers)
+    stage = flat_stage(op, algo, ranks, size_bytes, link, element_bytes=element_bytes)
+    return CollectiveCost(op, algo, ranks, size_bytes, (stage,))
+
+
+def _hierarchical(
+    op: Op, tiers: tuple[Tier, ...], size: Count, e: int, instances: Count
+) -> list[Stage]:
+    inner, rest = tiers[0], tiers[1:]
+    g = inner.ranks
+    if not rest:
+        return [
+            flat_stage(
+                op, default_algorithm(op), g, size, inner.link, element_bytes=e, instances=instances
+            )
+        ]
+    d = _product([t.ranks for t in rest])
+    ring: Algorithm = "ring"
+
+    def inside(kind: Op, logical: Count, algorithm: Algorithm = ring) -> Stage:
+        return flat_stage(
+            kind, algorithm, g, logical, inner.link, element_bytes=e, instances=instances * d
+        )
+
+    def across(kind: Op, logical: Count) -> list[Stage]:
+        return _hierarchical(kind, rest, logical, e, instances * g)
+
+    shard = _chunk(size, g, e)  # what each rank holds after the inner reduce-scatter
+    if op == "all-reduce":
+        return [
+            inside("reduce-scatter", size),
+            *across("all-reduce", shard),
+            inside("all-gather", size),
+        ]
+    if op == "reduce-scatter":
+        return [inside("reduce-scatter", size), *across("reduce-scatter", shard)]
+    if op == "all-gather":
+        return [*across("all-gather", shard), inside("all-gather", size)]
+    if op == "all-to-all":
+        block = _chunk(size, (g * d) ** 2, e)
+        # inside: to local peer j go the d blocks bound for every rank of local index j
+        # across: to remote peer go the g blocks gathered for it from this domain
+        return [
+            inside("all-to-all", g * g * d * block, "pairwise"),
+            *across("all-to-all", d * d * g * block),
+        ]
+    if op == "broadcast":
+        return [*_hierarchical(op, rest, size, e, instances), inside("broadcast", size)]
+    raise ValueError(_not_applicable(op, "hierarchical"))
+
+
+def _auto(op: Op, tiers: Sequence[Tier], size: Count, e: int) -> CollectiveCost:
+    if isinstance(size, np.ndarray) or any(isinstance(t.ranks, np.ndarray) for t in tiers):
+        raise ValueError("'auto' chooses one algorithm per collective: give scalar sizes")
+    priced: list[CollectiveCost] = []
+    for algorithm in applicable_algorithms(op, len(tiers)):
+        try:
+            priced.append(collective_cost(op, tiers, size, algorithm, element_bytes=e))
+        except ValueError:
+            continue  # e.g. recursive halving on a group that is not a power of two
+    best = min(priced, key=lambda c: float(c.time_s))
+    candidates = tuple((c.algorithm, float(c.time_s)) for c in priced)
+    return CollectiveCost(op, best.algorithm, best.ranks, size, best.stages, candidates)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def ceil_log2(p: Count) -> Count:
+    """⌈lg p⌉ exactly, for an int or an int array: the number of k ≥ 0 with 2^k < p."""
+    if isinstance(p, np.ndarray):
+        out = np.zeros(np.shape(p), dtype=np.int64)
+        k = 0
+        while np.any(2**k < p):
+            out += 2**k < p
+            k += 1
+        return out
+    return max(int(p) - 1, 0).bit_length()
+
+
+def floor_log2(p: Count) -> Count:
+    """⌊lg p⌋ exactly for p ≥ 1: the number of k ≥ 1 with 2^k ≤ p."""
+    if isinstance(p, np.ndarray):
+        out = np.zeros(np.shape(p), dtype=np.int64)
+        k = 1
+        while np.any(2**k <= p):
+            out += 2**k <= p
+            k += 1
+        return out
+    return max(int(p), 1).bit_length() - 1
+
+
+def _chunk(size: Count, parts: Count, element_bytes: int) -> Count:
+    """ceil(S / (parts·e)) elements of e bytes, in bytes: the padded equal chunk."""
+    elements = -(-size // element_bytes)
+    return -(-elements // parts) * element_bytes
+
+
+def _bruck_blocks(p: Count) -> Count:
+    """Σ_k #{j < p : bit k of j set}: blocks one rank sends over Bruck's ⌈lg p⌉ steps."""
+    total: Count = p * 0
+    steps = ceil_log2(p)
+    for k in range(int(np.max(steps)) if isinstance(steps, np.ndarray) else steps):
+        low, high = 2**k, 2 ** (k + 1)
+        total = total + (p // high) * low + _maximum(p % high - low, 0)
+    return total
+
+
+def _symmetric(
+    op: Op,
+    algorithm: Algorithm,
+    p: Count,
+    s: Count,
+    steps: Count,
+    sent: Count,
+    link: Link,
+    instances: Count,
+) -> Stage:
+    """Every rank sends and receives the same bytes, and the critical path moves them all."""
+    return Stage(op, algorithm, p, s, steps, sent, sent, sent, p * sent, p * sent, link, instances)
+
+
+def _indicator(condition: bool | NDArray[Any]) -> Count:
+    if isinstance(condition, np.ndarray):
+        return condition.astype(np.int64)
+    return int(bool(condition))
+
+
+def _maximum(a: Count, b: int) -> Count:
+    if isinstance(a, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
+
+
+def _product(values: Sequence[Count]) -> Count:
+    out: Count = 1
+    for value in values:
+        out = out * value
+    return out
+
+
+def _ratio(num: Seconds, den: Seconds) -> Seconds:
+    """num / den, 0 where den is 0 (a free collective has no meaningful bandwidth)."""
+    if isinstance(num, np.ndarray) or isinstance(den, np.ndarray):
+        num_a, den_a = np.broadcast_arrays(np.asarray(num, float), np.asarray(den, float))
+        out: NDArray[Any] = np.divide(num_a, den_a, out=np.zeros(num_a.shape), where=den_a > 0)
+        return out
+    return float(num) / float(den) if den > 0 else 0.0
+
+
+def _slowest(links: Any) -> Link:
+    return cast(Link, min(links, key=lambda k: (k.effective_bandwidth, -k.latency)))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_op(op: str) -> None:
+    if op not in ALGORITHMS:
+        raise ValueError(_unknown_op(op))
+
+
+def _unknown_op(op: str) -> str:
+    return f"unknown collective {op!r}; expected one of {', '.join(OPS)}"
+
+
+def _resolve(op: Op, algorithm: str | None, tiers: int) -> Algorithm:
+    if algorithm is None:
+        return default_algorithm(op, tiers)
+    alias = _ALIASES.get((op, algorithm))
+    if alias is not None:
+        return alias
+    if algorithm == "hierarchical" and op != "send-recv":
+        return "hierarchical"
+    if algorithm in ALGORITHMS[op]:
+        return algorithm
+    raise ValueError(_not_applicable(op, algorithm))
+
+
+def _not_applicable(op: str, algorithm: str) -> str:
+    choices = (*ALGORITHMS.get(cast(Op, op), ()), "hierarchical", "auto")
+    if op == "send-recv":
+        choices = ("direct", "auto")
+    return f"{op} has no {algorithm!r} algorithm; choose one of {', '.join(choices)}"
+
+
+def _require_power_of_two(op: Op, p: Count) -> None:
+    bad = np.asarray(p)
+    bad = bad[(bad & (bad - 1)) != 0]
+    if bad.size:
+        name = "doubling" if op == "all-gather" else "halving"
+        other = "ring or bruck" if op == "all-gather" else "ring"
+        raise ValueError(
+            f"recursive {name} {op} needs a power-of-two group, and {int(bad.flat[0])} ranks "
+            f"is not; use {other}"
+        )
+
+
+def _check_sizes(size: Count, ranks: Sequence[Count], element_bytes: int) -> None:
+    if element_bytes < 1:
+        raise ValueError(f"element size must be at least 1 byte, got {element_bytes}")
+    if np.any(np.asarray(size) < 0):
+        raise ValueError(f"a collective's size must not be negative, got {np.min(size)}")
+    for r in ranks:
+        if np.any(np.asarray(r) < 1):
+            raise ValueError(f"a group needs at least 1 rank, got {np.min(r)}")
