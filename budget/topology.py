@@ -1,0 +1,302 @@
+"""Rank order → which links a parallel group spans → how its collectives are priced.
+
+Ranks are numbered like Megatron-LM's `RankGenerator`: ``parallel.order`` lists the group
+kinds fastest-varying first, so with ``order = [tp, cp, ep, dp, pp]`` rank
+``r = tp_i + tp·(cp_i + cp·(dp_i + dp·pp_i))`` (ep is not a dimension of the dense layout).
+Rank r runs on GPU r, and topology level i groups GPUs into domains of ``level.size``
+consecutive GPUs (innermost first; the outermost level is the whole machine).
+
+Expert layers re-split the dp × cp ranks of each (tp, pp) position into ep × edp (expert
+data parallel), as Megatron-core's expert rank generator does: the cp × dp positions are
+linearised in ``order`` (whichever of cp and dp comes first varies fastest) and an ep group
+is ``ep`` consecutive positions when ep comes before dp in ``order``, ``edp`` apart otherwise.
+The expert tensor-parallel degree is taken to be tp.
+
+How a group is priced (DESIGN.md rule 5):
+
+* all its ranks in one innermost domain → flat on that level's link;
+* spread over several domains with k > 1 ranks in each → two-level (or, on deeper
+  topologies, multi-level): the inner tier has the k ranks sharing a domain, the outer tier
+  the number of domains touched;
+* exactly one rank per domain → flat on the outer link.
+
+Contention: a level's bandwidth is per GPU, so concurrent groups that each drive their own
+GPU's link (e.g. 8 dp groups, one rank per node each, on a node with one NIC per GPU) do not
+slow each other; where ``Level.shared_by`` GPUs share one link, each gets bandwidth / shared_by.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, TypeAlias
+
+from budget.collectives import (
+    Algorithm,
+    CollectiveCost,
+    Count,
+    Link,
+    Op,
+    Tier,
+    collective_cost,
+)
+from budget.plan.model import DTYPE_BYTES, Level, Parallel, Topology
+
+__all__ = [
+    "GroupKind",
+    "GroupSpan",
+    "group_ranks",
+    "group_span",
+    "link_of",
+    "price",
+    "price_group",
+    "span_of_ranks",
+]
+
+Dimension = Literal["tp", "cp", "ep", "dp", "pp", "edp"]
+# One kind ("dp") or several varied together (("dp", "cp") for gradients under context
+# parallelism). "edp" is the expert data-parallel dimension of expert layers.
+GroupKind: TypeAlias = Dimension | tuple[Dimension, ...]
+
+_DENSE = ("tp", "cp", "dp", "pp")
+_EXPERT = ("tp", "ep", "edp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpan:
+    """The group of ``kind`` containing ``rank``, and the tiers it is priced on.
+
+    ``tiers`` are innermost first; a tier of one rank is dropped, so one tier means flat.
+    ``stride`` is the constant rank distance between members, None when irregular.
+    """
+
+    kind: GroupKind
+    rank: int
+    ranks: tuple[int, ...]
+    stride: int | None
+    tiers: tuple[Tier, ...]
+    domains: int = 1  # innermost-level domains the group touches
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """Names of the levels whose links the group uses, innermost first."""
+        return tuple(t.link.name for t in self.tiers)
+
+    @property
+    def two_level(self) -> bool:
+        return len(self.tiers) > 1
+
+    @property
+    def inner_size(self) -> int:
+        """Ranks of the group that share one innermost domain (1: one rank per domain)."""
+        return self.size // self.domains
+
+    @property
+    def outer_size(self) -> int:
+        """Innermost domains the group touches (1 when it sits inside one)."""
+        return self.domains
+
+
+def link_of(level: Level) -> Link:
+    """The `Link` a topology level offers one GPU."""
+    return Link(level.name, level.bandwidth, level.latency, level.shared_by)
+
+
+@lru_cache(maxsize=4096)
+def group_span(kind: GroupKind, parallel: Parallel, topology: Topology, rank: int = 0) -> GroupSpan:
+    """The group of ``kind`` that holds ``rank``, with the levels it spans."""
+    return span_of_ranks(group_ranks(kind, parallel, topology.gpus, rank), topology, kind, rank)
+
+
+def span_of_ranks(
+    ranks: Iterable[int], topology: Topology, kind: GroupKind = "dp", rank: int | None = None
+) -> GroupSpan:
+    """Tiers for an explicit set of ranks (GPU ids): see the module docstring.
+
+    Raises ValueError when the group is not spread evenly over the domains it touches
+    (the two-level algorithms need the same number of ranks in each).
+    """
+    members = tuple(sorted(set(ranks)))
+    if not members:
+        raise ValueError("a group needs at least one rank")
+    if members[0] < 0 or members[-1] >= topology.gpus:
+        raise ValueError(f"ranks {members[0]}..{members[-1]} do not fit {topology.gpus} GPUs")
+    levels = topology.levels
+    if not levels:
+        raise ValueError("the topology has no levels")
+    # touched[i]: how many level-i domains the group occupies; the outermost is one domain.
+    touched: list[int] = []
+    for i, level in enumerate(levels):
+        if i == len(levels) - 1 or level.size is None:
+            touched.append(1)
+            break
+        per_domain = Counter(r // level.size for r in members)
+        if len(set(per_domain.values())) > 1:
+            raise ValueError(
+                f"group {_show(members)} puts {sorted(set(per_domain.values()))} ranks in "
+                f"different {level.name} domains; a group must be spread evenly to be priced"
+            )
+        touched.append(len(per_domain))
+    counts = [
+        len(members) // touched[0],
+        *(touched[i - 1] // touched[i] for i in range(1, len(touched))),
+    ]
+    tiers = tuple(
+        Tier(count, link_of(level))
+        for count, level in zip(counts, levels, strict=False)
+        if count > 1
+    )
+    if not tiers:
+        tiers = (Tier(1, link_of(levels[0])),)
+    gaps = {b - a for a, b in itertools.pairwise(members)}
+    stride = gaps.pop() if len(gaps) == 1 else (1 if len(members) == 1 else None)
+    first = members[0] if rank is None else rank
+    return GroupSpan(kind, first, members, stride, tiers, touched[0])
+
+
+def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> tuple[int, ...]:
+    """Ranks of the ``kind`` group containing ``rank`` under ``parallel.order``, sorted."""
+    dims = (kind,) if isinstance(kind, str) else tuple(kind)
+    degrees = _degrees(parallel)
+    world = parallel.tp * parallel.cp * parallel.dp * parallel.pp
+    if world != gpus:
+        raise ValueError(
+            f"tp × cp × dp × pp = {parallel.tp} × {parallel.cp} × {parallel.dp} × "
+            f"{parallel.pp} = {world} but the topology has {gpus} GPUs"
+        )
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside 0..{world - 1}")
+    unknown = [d for d in dims if d not in (*_DENSE, "ep", "edp")]
+    if unknown:
+        raise ValueError(f"unknown group kind {unknown[0]!r}; expected tp, cp, ep, dp or pp")
+    order = _dense_order(parallel)
+    coords = _dense_coords(rank, order, degrees)
+    if all(d in _DENSE for d in dims):
+        ranges = [range(degrees[d]) if d in dims else (coords[d],) for d in order]
+        return tuple(
+            sorted(
+                _dense_rank(dict(zip(order, c, strict=True)), order, degrees)
+                for c in itertools.product(*ranges)
+            )
+        )
+    if not all(d in _EXPERT for d in dims):
+        raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
+    ep_idx, edp_idx = _expert_coords(coords, parallel)
+    fixed = {"tp": coords["tp"], "pp": coords["pp"], "ep": ep_idx, "edp": edp_idx}
+    ranges2 = {
+        d: range(degrees[d]) if d in dims else (fixed[d],) for d in ("tp", "pp", "ep", "edp")
+    }
+    out = []
+    for t, p, e, x in itertools.product(*ranges2.values()):
+        cp_i, dp_i = _from_expert(e, x, parallel)
+        out.append(_dense_rank({"tp": t, "cp": cp_i, "dp": dp_i, "pp": p}, order, degrees))
+    return tuple(sorted(out))
+
+
+def price_group(
+    op: Op,
+    size_bytes: Count,
+    span: GroupSpan,
+    algorithm: Algorithm | Literal["auto"] | None = None,
+    dtype: str | None = None,
+) -> CollectiveCost:
+    """Price ``op`` on a tensor of ``size_bytes`` (full logical size) over ``span``.
+
+    ``dtype`` sets the element size chunks are rounded to (bf16: 2 bytes). The default
+    algorithm is ring on one level and hierarchical across levels (`collective_cost`).
+    """
+    element = 1 if dtype is None else DTYPE_BYTES[dtype]
+    return collective_cost(op, span.tiers, size_bytes, algorithm, element_bytes=element)
+
+
+def price(
+    op: Op,
+    kind: GroupKind,
+    size_bytes: Count,
+    parallel: Parallel,
+    topology: Topology,
+    dtype: str | None = None,
+    algorithm: Algorithm | Literal["auto"] | None = None,
+) -> CollectiveCost:
+    """One call for the plan engine: the ``kind`` group holding rank 0, priced for ``op``."""
+    return price_group(op, size_bytes, group_span(kind, parallel, topology), algorithm, dtype)
+
+
+# ----------------------------------------------------------------------------- rank maths
+
+
+def _degrees(parallel: Parallel) -> dict[str, int]:
+    ep = parallel.ep
+    if ep < 1 or (parallel.cp * parallel.dp) % ep:
+        raise ValueError(f"ep = {ep} must divide cp × dp = {parallel.cp * parallel.dp}")
+    return {
+        "tp": parallel.tp,
+        "cp": parallel.cp,
+        "dp": parallel.dp,
+        "pp": parallel.pp,
+        "ep": ep,
+        "edp": parallel.cp * parallel.dp // ep,
+    }
+
+
+def _dense_order(parallel: Parallel) -> tuple[str, ...]:
+    order = tuple(k for k in parallel.order if k != "ep")
+    if sorted(order) != sorted(_DENSE):
+        raise ValueError(
+            f"parallel.order {list(parallel.order)} must list tp, cp, dp and pp once each"
+        )
+    return order
+
+
+def _dense_coords(rank: int, order: Sequence[str], degrees: dict[str, int]) -> dict[str, int]:
+    coords = {}
+    for d in order:
+        rank, coords[d] = divmod(rank, degrees[d])
+    return coords
+
+
+def _dense_rank(coords: dict[str, int], order: Sequence[str], degrees: dict[str, int]) -> int:
+    rank, scale = 0, 1
+    for d in order:
+        rank += coords[d] * scale
+        scale *= degrees[d]
+    return rank
+
+
+def _cp_first(parallel: Parallel) -> bool:
+    return parallel.order.index("cp") < parallel.order.index("dp")
+
+
+def _ep_first(parallel: Parallel) -> bool:
+    return "ep" not in parallel.order or parallel.order.index("ep") < parallel.order.index("dp")
+
+
+def _expert_coords(coords: dict[str, int], parallel: Parallel) -> tuple[int, int]:
+    """(ep index, edp index) of a rank from its cp and dp indices."""
+    cp, dp, ep = parallel.cp, parallel.dp, parallel.ep
+    j = (
+        coords["cp"] + cp * coords["dp"]
+        if _cp_first(parallel)
+        else coords["dp"] + dp * coords["cp"]
+    )
+    edp = cp * dp // ep
+    return (j % ep, j // ep) if _ep_first(parallel) else (j // edp, j % edp)
+
+
+def _from_expert(ep_idx: int, edp_idx: int, parallel: Parallel) -> tuple[int, int]:
+    """(cp index, dp index) from (ep index, edp index): the inverse of `_expert_coords`."""
+    cp, dp, ep = parallel.cp, parallel.dp, parallel.ep
+    edp = cp * dp // ep
+    j = ep_idx + ep * edp_idx if _ep_first(parallel) else edp_idx + edp * ep_idx
+    return (j % cp, j // cp) if _cp_first(parallel) else (j // dp, j % dp)
+
+
+def _show(ranks: Sequence[int]) -> str:
+    return f"[{', '.join(map(str, ranks[:6]))}{', …' if len(ranks) > 6 else ''}]"
