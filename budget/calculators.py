@@ -1,0 +1,210 @@
+"""The two calculators behind `budget collective` and `budget roofline`.
+
+They parse the command line's unit strings, call the same engine the plan report uses
+(`budget.collectives`, `budget.topology`, `budget.compute`) and return plain results whose
+``to_dict`` is the JSON contract of DESIGN.md. Bad input raises ValueError with a one-line
+message; the CLI prints it as ``budget: error: ...`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage
+from budget.compute import Roofline
+from budget.compute import roofline as compute_roofline
+from budget.plan.model import Level, Topology
+from budget.topology import price_group, span_of_ranks
+from budget.units import parse_bandwidth, parse_bytes, parse_duration, parse_flops
+
+__all__ = [
+    "CollectiveResult",
+    "RooflineResult",
+    "bus_factor_text",
+    "collective",
+    "parse_level",
+    "roofline",
+]
+
+_ALGORITHM_NAMES = (
+    "ring",
+    "recursive",
+    "tree",
+    "pairwise",
+    "bruck",
+    "direct",
+    "hierarchical",
+    "auto",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveResult:
+    """One priced collective, with scalar sizes (plain int / float throughout)."""
+
+    cost: CollectiveCost
+    levels: tuple[Level, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{op, algorithm, ranks, size_bytes, steps, sent_bytes, recv_bytes, latency_s,
+        bandwidth_Bps, time_s}` plus bus/algorithm bandwidth; ``levels`` (per-stage pieces)
+        for a multi-stage algorithm and ``candidates`` when ``auto`` chose.
+
+        latency_s and bandwidth_Bps are α and B_eff of the link the collective is priced at
+        (for a multi-level algorithm, the slowest link it uses; each stage gives its own).
+        """
+        cost = self.cost
+        out: dict[str, Any] = {
+            "op": cost.op,
+            "algorithm": cost.algorithm,
+            "ranks": int(cost.ranks),
+            "size_bytes": int(cost.size_bytes),
+            "steps": int(cost.steps),
+            "sent_bytes": int(cost.sent_bytes),
+            "recv_bytes": int(cost.recv_bytes),
+            "latency_s": float(cost.link.latency),
+            "bandwidth_Bps": float(cost.link.effective_bandwidth),
+            "time_s": float(cost.time_s),
+            "bus_bandwidth_Bps": float(cost.bus_bandwidth),
+            "algorithm_bandwidth_Bps": float(cost.algorithm_bandwidth),
+        }
+        if len(cost.stages) > 1:
+            out["levels"] = [_stage_dict(stage) for stage in cost.stages]
+        if cost.candidates:
+            out["candidates"] = [
+                {"algorithm": name, "time_s": time} for name, time in cost.candidates
+            ]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineResult:
+    roofline: Roofline
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{intensity, bandwidth_Bps, peak_flops, attainable_flops, ridge_intensity, bound}`."""
+        r = self.roofline
+        return {
+            "intensity": r.intensity,
+            "bandwidth_Bps": r.bandwidth_Bps,
+            "peak_flops": r.peak_flops,
+            "attainable_flops": r.attainable_flops,
+            "ridge_intensity": r.ridge_intensity,
+            "bound": r.bound,
+        }
+
+
+def collective(
+    op: str,
+    ranks: int | None,
+    size: str,
+    bandwidth: str | None,
+    latency: str | None,
+    levels: list[str],
+    algorithm: str | None,
+) -> CollectiveResult:
+    """Price one collective from command-line strings.
+
+    Either ``ranks`` with one ``bandwidth`` and ``latency``, or ``levels``
+    ("SIZE:BANDWIDTH:LATENCY[:NAME]", innermost first; SIZE counts the units of the level
+    below, so 8:450GB/s:1us then 4:50GB/s:5us is 4 nodes of 8 GPUs = 32 ranks, and
+    ``ranks``, if given, must equal the product). Across several levels the default
+    algorithm is hierarchical; a flat algorithm is priced at the slowest link spanned.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    if algorithm is not None and algorithm not in _ALGORITHM_NAMES:
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHM_NAMES)}"
+        )
+    if not size:
+        raise ValueError("--size is required, e.g. --size 1GiB")
+    size_bytes = parse_bytes(size)
+    if ranks is not None and ranks < 1:
+        raise ValueError(f"--ranks must be at least 1, got {ranks}")
+    if levels:
+        if bandwidth is not None or latency is not None:
+            raise ValueError("give either --bandwidth and --latency or --level, not both")
+        parsed = tuple(parse_level(text, i, len(levels)) for i, text in enumerate(levels))
+        counts = [count for count, _ in parsed]
+        world = math.prod(counts)
+        if ranks is not None and ranks != world:
+            shown = " × ".join(map(str, counts))
+            raise ValueError(f"--ranks {ranks} does not match the levels: {shown} = {world}")
+        domain, topo_levels = 1, []
+        for i, (count, level) in enumerate(parsed):
+            domain *= count
+            size_gpus = None if i == len(parsed) - 1 else domain
+            topo_levels.append(Level(level.name, level.bandwidth, level.latency, size_gpus))
+    else:
+        if ranks is None or bandwidth is None or latency is None:
+            raise ValueError("give --ranks, --bandwidth and --latency, or one --level per level")
+        world = ranks
+        link = Level("link", _bandwidth(bandwidth), parse_duration(latency))
+        topo_levels = [link]
+    topology = Topology(gpus=world, levels=tuple(topo_levels))
+    span = span_of_ranks(range(world), topology, "dp")
+    cost = price_group(op, size_bytes, span, cast(Algorithm | None, algorithm))
+    return CollectiveResult(cost, topology.levels)
+
+
+def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:
+    """ "8:450GB/s:1us" or "8:450GB/s:1us:nvlink" → (8, Level(...)). Unnamed levels are
+    called "level 1", "level 2", ... innermost first."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4):
+        raise ValueError(
+            f"--level {text!r}: expected SIZE:BANDWIDTH:LATENCY[:NAME], e.g. 8:450GB/s:1us"
+        )
+    try:
+        units = int(parts[0])
+    except ValueError:
+        raise ValueError(f"--level {text!r}: SIZE {parts[0]!r} is not a whole number") from None
+    if units < 1:
+        raise ValueError(f"--level {text!r}: SIZE must be at least 1")
+    name = parts[3].strip() if len(parts) == 4 and parts[3].strip() else f"level {index + 1}"
+    level = Level(name, _bandwidth(parts[1]), parse_duration(parts[2]))
+    return units, level
+
+
+def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResult:
+    """Attainable FLOP/s under a memory bandwidth and a compute ceiling given with units."""
+    try:
+        value = float(intensity)
+    except ValueError:
+        raise ValueError(f"--intensity must be a number of FLOP/byte, got {intensity!r}") from None
+    return RooflineResult(compute_roofline(value, parse_bandwidth(bandwidth), parse_flops(peak)))
+
+
+def bus_factor_text(op: Op) -> str:
+    """The nccl-tests bus-bandwidth factor of ``op`` as a formula, for renderers."""
+    if op == "all-reduce":
+        return "2(P−1)/P"
+    if op in ("all-gather", "reduce-scatter", "all-to-all"):
+        return "(P−1)/P"
+    return "1"
+
+
+def _bandwidth(text: str) -> float:
+    value = parse_bandwidth(text)
+    if value <= 0:
+        raise ValueError(f"bandwidth must be more than 0, got {text!r}")
+    return value
+
+
+def _stage_dict(stage: Stage) -> dict[str, Any]:
+    return {
+        "op": stage.op,
+        "algorithm": stage.algorithm,
+        "link": stage.link.name,
+        "ranks": int(stage.ranks),
+        "size_bytes": int(stage.size_bytes),
+        "steps": int(stage.steps),
+        "sent_bytes": int(stage.sent_bytes),
+        "recv_bytes": int(stage.recv_bytes),
+        "latency_s": float(stage.link.latency),
+        "bandwidth_Bps": float(stage.link.effective_bandwidth),
+        "time_s": float(stage.time_s),
+    }

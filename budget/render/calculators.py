@@ -1,0 +1,194 @@
+"""Render the calculators' results as a rich table, JSON or markdown on a given Console.
+
+Sizes show binary units and the exact byte count ("896 MiB (939,524,096 B)"); bandwidths
+and FLOP rates decimal units as vendors quote them (GB = 1e9 B); times µs, ms or s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.table import Table
+
+from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
+from budget.units import format_duration, format_flops, format_rate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from budget.collectives import Stage
+
+__all__ = ["render_collective", "render_roofline"]
+
+Rows = list[tuple[str, ...]]
+_UNITS_NOTE = (
+    "GB = 10^9 B, GiB = 2^30 B. Bandwidth is per GPU, one direction; sent and received "
+    "bytes are per rank; T = n·α + Q/B_eff."
+)
+
+
+def render_collective(console: Console, result: CollectiveResult, fmt: str) -> None:
+    """One collective: what moves, over which link, and which term of T dominates."""
+    if fmt == "json":
+        _json(console, result.to_dict())
+        return
+    cost = result.cost
+    title = f"{cost.op} · {cost.algorithm} · {int(cost.ranks)} ranks"
+    summary: Rows = [
+        ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
+        ("link", _links(result)),
+        ("steps n", f"{int(cost.steps):,}"),
+        ("sent per rank", _bytes(int(cost.sent_bytes))),
+        ("received per rank", _bytes(int(cost.recv_bytes))),
+        ("latency term n·α", _time(float(cost.latency_s))),
+        (
+            "bandwidth term Q/B",
+            f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))})",
+        ),
+        ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
+        ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
+        (
+            "bus bandwidth",
+            f"{format_rate(float(cost.bus_bandwidth))}  (algbw × {bus_factor_text(cost.op)}, "
+            "nccl-tests)",
+        ),
+    ]
+    sections: list[tuple[str, tuple[str, ...], Rows]] = [(title, ("quantity", "value"), summary)]
+    if len(cost.stages) > 1:
+        # received equals sent in every stage of the hierarchical forms; say so once
+        headers = ("stage", "link", "P", "n", "sent/rank", "n·α", "Q/B", "time")
+        stages = [_stage_row(s) for s in cost.stages]
+        sections.append(("stages (per rank: received = sent)", headers, stages))
+    if cost.candidates:
+        rows: Rows = [
+            (name, _time(time), "chosen" if name == cost.algorithm else "")
+            for name, time in cost.candidates
+        ]
+        sections.append(("auto: candidates", ("algorithm", "time", ""), rows))
+    _sections(console, sections, fmt)
+
+
+def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
+    """Attainable FLOP/s under the two ceilings and which one binds."""
+    if fmt == "json":
+        _json(console, result.to_dict())
+        return
+    r = result.roofline
+    memory_ceiling = r.intensity * r.bandwidth_Bps
+    relation = "<" if r.bound == "memory" else "≥"
+    rows: Rows = [
+        ("arithmetic intensity I", f"{r.intensity:g} FLOP/byte"),
+        ("memory bandwidth B", format_rate(r.bandwidth_Bps)),
+        ("compute ceiling F", format_flops(r.peak_flops)),
+        ("attainable min(F, I·B)", format_flops(r.attainable_flops)),
+        ("ridge F/B", f"{r.ridge_intensity:g} FLOP/byte"),
+        (
+            "bound",
+            f"{r.bound}-bound (I·B = {format_flops(memory_ceiling)} {relation} F)",
+        ),
+    ]
+    _sections(
+        console,
+        [("roofline (Williams, Waterman & Patterson 2009)", ("quantity", "value"), rows)],
+        fmt,
+    )
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _stage_row(stage: Stage) -> tuple[str, ...]:
+    name = stage.op if stage.algorithm == "ring" else f"{stage.op} ({stage.algorithm})"
+    return (
+        name,
+        stage.link.name,
+        str(int(stage.ranks)),
+        f"{int(stage.steps):,}",
+        _binary(int(stage.sent_bytes)),
+        _time(float(stage.latency_s)),
+        _time(float(stage.bandwidth_s)),
+        _time(float(stage.time_s)),
+    )
+
+
+def _links(result: CollectiveResult) -> str:
+    used = set(result.cost.links)
+    parts = [
+        f"{level.name}: B {format_rate(level.bandwidth / level.shared_by)}, "
+        f"α {format_duration(level.latency)}"
+        for level in result.levels
+        if level.name in used
+    ]
+    return "; ".join(parts)
+
+
+def _bound(latency_s: Any, bandwidth_s: Any) -> str:
+    return "latency-bound" if float(latency_s) > float(bandwidth_s) else "bandwidth-bound"
+
+
+def _binary(n: int) -> str:
+    """1073741824 → "1 GiB"; 939524096 → "896 MiB"; 1500 → "1.46 KiB"."""
+    value, unit = float(n), "B"
+    for prefix in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, prefix
+    if unit == "B":
+        return f"{n:,} B"
+    return f"{f'{value:.2f}'.rstrip('0').rstrip('.')} {unit}"
+
+
+def _bytes(n: int) -> str:
+    """Binary size and exact bytes: "896 MiB (939,524,096 B)"."""
+    human = _binary(n)
+    return human if abs(n) < 1024 else f"{human} ({n:,} B)"
+
+
+def _time(seconds: float) -> str:
+    """µs below 0.1 s, ms below 100 s, else s; three decimals: "2,094.831 µs"."""
+    if seconds < 0.1:
+        return f"{seconds * 1e6:,.3f} µs"
+    if seconds < 100:
+        return f"{seconds * 1e3:,.3f} ms"
+    return f"{seconds:,.3f} s"
+
+
+def _json(console: Console, data: dict[str, Any]) -> None:
+    console.out(json.dumps(data, indent=2, allow_nan=False), highlight=False)
+
+
+def _sections(
+    console: Console, sections: list[tuple[str, tuple[str, ...], Rows]], fmt: str
+) -> None:
+    if fmt == "markdown":
+        lines: list[str] = []
+        for title, headers, rows in sections:
+            lines += [f"### {title}", "", _md_row(headers), _md_row(("---",) * len(headers))]
+            lines += [_md_row(row) for row in rows]
+            lines.append("")
+        lines.append(_UNITS_NOTE)
+        console.out("\n".join(lines), highlight=False)
+        return
+    for title, headers, rows in sections:
+        show_header = any(headers)
+        table = Table(
+            title=title,
+            box=box.SIMPLE_HEAD,
+            show_header=show_header,
+            title_justify="left",
+            pad_edge=False,
+            padding=(0, 1) if len(headers) <= 3 else (0, 0),
+        )
+        for i, header in enumerate(headers):
+            numeric = show_header and i >= 2
+            table.add_column(header, justify="right" if numeric else "left", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table, markup=False, highlight=False)
+    console.print(_UNITS_NOTE, markup=False, highlight=False)
+
+
+def _md_row(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
