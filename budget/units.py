@@ -31,8 +31,18 @@ class UnitError(ValueError):
 
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
-_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
-_NUMBER = r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+# Exact fractions: Fraction(1e-6) would be the binary float's value, so "5 us" would not
+# come out as the float 5e-06.
+_TIME = {
+    "s": Fraction(1),
+    "ms": Fraction(1, 10**3),
+    "us": Fraction(1, 10**6),
+    "µs": Fraction(1, 10**6),
+    "μs": Fraction(1, 10**6),
+    "ns": Fraction(1, 10**9),
+}
+_NUMBER = r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?)"
+_LONGEST = 64  # characters; exact arithmetic on "1e-9999999" would take seconds
 _QUANTITY = re.compile(_NUMBER + r"\s*(?P<unit>[^\s\d].*)?$")
 _LARGEST = 1e30  # anything above is a typo or an attack, not a real machine
 
@@ -48,9 +58,13 @@ def _split(text: str | int | float, what: str) -> tuple[Fraction, str]:
         return Fraction(text), ""
     if not isinstance(text, str):
         raise UnitError(f"expected {what}, got {type(text).__name__}")
+    if len(text) > _LONGEST:
+        raise UnitError(f"expected {what}, got {len(text)} characters")
     match = _QUANTITY.match(text.strip())
     if match is None:
         raise UnitError(f"expected {what}, got {text!r}")
+    if match["exp"] is not None and abs(int(match["exp"])) > 300:
+        raise UnitError(f"{text!r} is out of range for {what}")
     number = float(match["num"])
     if not math.isfinite(number) or abs(number) > _LARGEST:
         raise UnitError(f"{text!r} is too large to be {what}")
@@ -107,7 +121,7 @@ def parse_duration(text: str | int | float) -> float:
     if unit:
         if unit not in _TIME:
             raise UnitError(f"expected {what}, got {text!r}")
-        value *= Fraction(_TIME[unit])
+        value *= _TIME[unit]
     return float(_nonnegative(value, text, what))
 
 
