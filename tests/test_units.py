@@ -1,0 +1,187 @@
+"""Units at the edges: GB = 1e9 and GiB = 2^30 kept apart (IEC 80000-13), times exact."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from budget.units import (
+    UnitError,
+    format_bytes,
+    format_duration,
+    format_flops,
+    format_rate,
+    parse_bandwidth,
+    parse_bytes,
+    parse_duration,
+    parse_flops,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80 GiB", 80 * 2**30),
+        ("80GiB", 80 * 2**30),
+        ("80 GB", 80 * 10**9),
+        ("80GB", 80 * 10**9),
+        (" 80 GiB ", 80 * 2**30),
+        ("1.5 KiB", 1536),
+        ("80 kB", 80_000),
+        ("80 KB", 80_000),
+        ("3 MiB", 3 * 2**20),
+        ("2 TB", 2 * 10**12),
+        ("1 PiB", 2**50),
+        ("4096", 4096),
+        ("4096 B", 4096),
+        (4096, 4096),
+        (".5 KiB", 512),
+        ("1e3 B", 1000),
+        ("0", 0),
+    ],
+)
+def test_parse_bytes(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+def test_parse_bytes_rounds_fractions_up() -> None:
+    """Memory is allocated in whole bytes."""
+    assert parse_bytes(1.5) == 2
+    assert parse_bytes("0.1 B") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("450 GB/s", 450e9),
+        ("450GB/s", 450e9),
+        ("25 GiB/s", 25 * 2**30),
+        ("3.35 TB/s", 3.35e12),
+        ("50 B/s", 50.0),
+        ("450", 450.0),
+        (1e9, 1e9),
+    ],
+)
+def test_parse_bandwidth(text: str | float, expected: float) -> None:
+    assert parse_bandwidth(text) == pytest.approx(expected, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("3 us", 3e-6),
+        ("3us", 3e-6),
+        ("5 µs", 5e-6),  # MICRO SIGN
+        ("5 μs", 5e-6),  # GREEK SMALL LETTER MU
+        ("3 ns", 3e-9),
+        ("1.5 ms", 1.5e-3),
+        ("12s", 12.0),
+        ("12", 12.0),
+        (0.5, 0.5),
+    ],
+)
+def test_parse_duration_is_exact(text: str | float, expected: float) -> None:
+    """Exact, not approximately: '5 us' must be the float 5e-06 (the seed's 4 × 5 µs)."""
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("989 TFLOP/s", 989e12),
+        ("312 TFLOPS", 312e12),
+        ("989 TFLOPs/s", 989e12),
+        ("1 PFLOP/s", 1e15),
+        ("1000 GFLOP/s", 1e12),
+        ("19.5 TFLOP/s", 19.5e12),
+        ("989", 989.0),
+    ],
+)
+def test_parse_flops(text: str, expected: float) -> None:
+    assert parse_flops(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["80 gb", "80 G", "80 GiBs", "GiB", "", "nan", "inf B", "80 kiB", "80 B/s", "-1", "1e31", "x"],
+)
+def test_bad_sizes_are_unit_errors(text: str) -> None:
+    with pytest.raises(UnitError):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("value", [True, None, float("inf"), float("nan"), [1]])
+def test_non_quantities_are_unit_errors(value: object) -> None:
+    with pytest.raises(UnitError):
+        parse_bytes(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (parse_bandwidth, "450 Gb/s"),  # bits are not bytes
+        (parse_bandwidth, "450 GB"),
+        (parse_duration, "3 min"),
+        (parse_duration, "-1 s"),
+        (parse_flops, "1 EFLOP/s"),
+        (parse_flops, "989 TiFLOP/s"),
+        (parse_flops, "989 tflop/s"),
+    ],
+)
+def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
+    with pytest.raises(UnitError):
+        parse(text)  # type: ignore[operator]
+
+
+def test_negative_message_says_negative() -> None:
+    with pytest.raises(UnitError, match="negative"):
+        parse_bytes("-3 GiB")
+
+
+@pytest.mark.parametrize("text", ["1e-9999999 GB", "1e-" + "0" * 5000 + "1", "9" * 10_000])
+def test_hostile_numbers_fail_fast(text: str) -> None:
+    start = time.perf_counter()
+    with pytest.raises(UnitError):
+        parse_bytes(text)
+    assert time.perf_counter() - start < 0.1
+
+
+@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["Ki", "Mi", "Gi", "Ti"]))
+def test_binary_prefixes_are_powers_of_1024(n: int, prefix: str) -> None:
+    scale = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[prefix]
+    assert parse_bytes(f"{n} {prefix}B") == n * scale
+
+
+@given(st.integers(min_value=0, max_value=10**12), st.sampled_from(["k", "M", "G", "T"]))
+def test_decimal_prefixes_are_powers_of_1000(n: int, prefix: str) -> None:
+    scale = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[prefix]
+    assert parse_bytes(f"{n} {prefix}B") == n * scale
+
+
+@given(st.text(max_size=40))
+def test_any_text_parses_or_raises_unit_error(text: str) -> None:
+    for parse in (parse_bytes, parse_bandwidth, parse_duration, parse_flops):
+        try:
+            value = parse(text)
+        except UnitError:
+            continue
+        assert value >= 0
+
+
+def test_format_bytes_names_its_prefix() -> None:
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1.5 * 2**30) == "1.50 GiB"
+    assert format_bytes(1.5e9, binary=False) == "1.50 GB"
+
+
+def test_format_rate_flops_and_duration() -> None:
+    assert format_rate(450e9) == "450 GB/s"
+    assert format_flops(989e12) == "989 TFLOP/s"
+    assert format_duration(0) == "0 s"
+    assert format_duration(2.02e-3) == "2.02 ms"
+    assert format_duration(3e-6) == "3 µs"
+    assert format_duration(12.3) == "12.3 s"

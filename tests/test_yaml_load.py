@@ -1,0 +1,239 @@
+"""YAML with marks: plain data, positions for every node, hostile input refused fast."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from budget.plan.yaml_load import MAX_DEPTH, Marks, child_path, decode, load_yaml
+
+
+def _not_a_12_float(text: str) -> bool:
+    """PyYAML writes '1e5' unquoted (a string in YAML 1.1); this loader reads it as 1.2 does."""
+    return re.fullmatch(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+", text) is None
+
+
+def messages(text: str) -> list[str]:
+    return [str(p) for p in load_yaml(text, "p.yaml").problems]
+
+
+def billion_laughs() -> str:
+    """The classic alias bomb: 9 levels of 9 references, 9**9 strings when expanded."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 10):
+        name, previous = chr(ord("a") + i), chr(ord("a") + i - 1)
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_plain_data_and_marks() -> None:
+    loaded = load_yaml(
+        "name: x\nparallel:\n  tp: 8\n  pipeline: {schedule: 1f1b}\n"
+        "levels:\n  - {name: nvlink, size: 8}\n  - name: ib\n",
+        "p.yaml",
+    )
+    assert loaded.problems == ()
+    assert loaded.tree == {
+        "name": "x",
+        "parallel": {"tp": 8, "pipeline": {"schedule": "1f1b"}},
+        "levels": [{"name": "nvlink", "size": 8}, {"name": "ib"}],
+    }
+    marks = loaded.marks
+    assert marks.at("$.name") == (1, 7)  # scalars: the value
+    assert marks.at("$.parallel") == (2, 1)  # collections: the key that introduces them
+    assert marks.at("$.parallel.tp") == (3, 7)
+    assert marks.key("$.parallel.tp") == (3, 3)
+    assert marks.at("$.parallel.pipeline.schedule") == (4, 24)
+    assert marks.at("$.levels[0].size") == (6, 26)
+    assert marks.at("$.levels[1].name") == (7, 11)
+
+
+def test_marks_fall_back_to_the_nearest_ancestor() -> None:
+    marks = Marks(nodes={"$": (1, 1), "$.parallel": (5, 1)})
+    assert marks.at("$.parallel.tp") == (5, 1)
+    assert marks.at("$.parallel.pipeline.layers_per_stage[3]") == (5, 1)
+    assert marks.at("$.device.memory") == (1, 1)
+
+
+def test_child_path_quotes_odd_keys() -> None:
+    assert child_path("$", "tp") == "$.tp"
+    assert child_path("$.levels", 0) == "$.levels[0]"
+    assert child_path("$", "a b") == "$['a b']"
+    assert child_path("$", "it's") == "$['it\\'s']"
+
+
+def test_keys_are_their_source_text() -> None:
+    """`1:` and `yes:` are names here, not an int and a boolean: JSON keys are strings."""
+    assert load_yaml("1: a\nyes: b\n", "p.yaml").tree == {"1": "a", "yes": "b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e9", 1e9),  # YAML 1.2 exponent floats, which PyYAML leaves as strings
+        ("1.5e9", 1.5e9),
+        ("1.0e+3", 1000.0),
+        ("0x10", 16),
+        ("1_000", 1000),
+        ("'1e9'", "1e9"),
+        ("true", True),
+        ("~", None),
+        ("2024-01-01", "2024-01-01"),  # timestamps stay text: plans hold no dates
+        ("80 GiB", "80 GiB"),
+    ],
+)
+def test_scalars(text: str, value: object) -> None:
+    assert load_yaml(f"a: {text}\n", "p.yaml").tree == {"a": value}
+
+
+def test_duplicate_keys_point_at_the_second() -> None:
+    assert messages("parallel:\n  tp: 8\n  pp: 2\n  tp: 4\n") == [
+        "p.yaml:4:3: error: $.parallel.tp: duplicate key 'tp' (first defined on line 2)"
+    ]
+
+
+def test_syntax_error_has_a_position() -> None:
+    assert messages("model:\n  layers: [1, 2\nbatch: 3\n") == [
+        "p.yaml:3:6: error: $.model.layers: invalid YAML: did not find expected ',' or ']'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "a: !!python/object/apply:os.system [ls]\n",
+            "p.yaml:1:4: error: $.a: the tag !!python/object/apply:os.system is not allowed in "
+            "a plan; use plain YAML values (strings, numbers, booleans, lists and mappings)",
+        ),
+        (
+            "a: !custom 3\n",
+            "p.yaml:1:4: error: $.a: the tag !custom is not allowed in a plan; use plain YAML "
+            "values (strings, numbers, booleans, lists and mappings)",
+        ),
+        ("a: 1.0e+400\n", "p.yaml:1:4: error: $.a: 1.0e+400 is not a finite number"),
+        ("a: 1e400\n", "p.yaml:1:4: error: $.a: 1e400 is not a finite number"),
+        ("a: -.inf\n", "p.yaml:1:4: error: $.a: -.inf is not a finite number"),
+        (
+            "a: 9223372036854775808\n",
+            "p.yaml:1:4: error: $.a: 9223372036854775808 is too large "
+            "(integers must be below 2**63)",
+        ),
+        (
+            "a: &x 1\nb: *x\n",
+            "p.yaml:2:4: error: $.b: YAML aliases (*x) are not allowed in a plan; "
+            "write the value out",
+        ),
+        (
+            "- 1\n",
+            "p.yaml:1:1: error: $: a plan is a mapping of keys (name, model, batch, ...); "
+            "this file holds a list",
+        ),
+        (
+            "",
+            "p.yaml:1:1: error: $: a plan is a mapping of keys (name, model, batch, ...); "
+            "this file holds nothing",
+        ),
+        (
+            "a: 1\n---\nb: 2\n",
+            "p.yaml:2:1: error: $: a plan is one YAML document; found a second one",
+        ),
+        ("? [a]\n: 1\n", "p.yaml:1:3: error: $: mapping keys must be plain names"),
+        ("a: \x00\n", "p.yaml:1:4: error: $: invalid YAML: the character '\\x00' is not allowed"),
+    ],
+)
+def test_refused(text: str, expected: str) -> None:
+    assert messages(text) == [expected]
+
+
+def test_a_huge_integer_literal_is_refused_quickly() -> None:
+    start = time.perf_counter()
+    problems = messages("a: " + "9" * 10_000 + "\n")
+    assert time.perf_counter() - start < 0.1
+    assert problems == [
+        "p.yaml:1:4: error: $.a: '999999999999999999999999999...' is not a valid int"
+    ]
+
+
+def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:
+    text = billion_laughs()
+    start = time.perf_counter()
+    problems = messages(text)
+    assert time.perf_counter() - start < 0.01
+    assert problems == [
+        "p.yaml:2:8: error: $.b[0]: YAML aliases (*a) are not allowed in a plan; "
+        "write the value out"
+    ]
+
+
+@pytest.mark.parametrize("opening", ["[", "{a: "])
+def test_ten_thousand_deep_flow_nesting_is_refused_fast(opening: str) -> None:
+    closing = "]" if opening == "[" else "}"
+    text = "a: " + opening * 10_000 + "1" + closing * 10_000 + "\n"
+    start = time.perf_counter()
+    problems = messages(text)
+    assert time.perf_counter() - start < 0.1
+    assert len(problems) == 1
+    assert problems[0].endswith(f"nesting deeper than {MAX_DEPTH} levels")
+
+
+def test_deep_block_nesting_is_refused_at_the_limit() -> None:
+    text = "".join("  " * i + f"k{i}:\n" for i in range(200))
+    problems = messages(text)
+    assert problems == [
+        f"p.yaml:65:129: error: $.{'.'.join(f'k{i}' for i in range(64))}: "
+        f"nesting deeper than {MAX_DEPTH} levels"
+    ]
+
+
+def test_nesting_just_under_the_limit_is_fine() -> None:
+    text = "a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "\n"
+    assert load_yaml(text, "p.yaml").problems == ()
+
+
+def test_decode_reports_the_bad_byte() -> None:
+    text, problem = decode(b"name: x\nmodel: caf\xc3\xa9 \xff\n", "p.yaml")
+    assert text is None
+    assert str(problem) == (
+        "p.yaml:2:13: error: $: the file is not UTF-8: byte 0xff at offset 21 cannot be decoded"
+    )
+
+
+def test_decode_drops_a_bom() -> None:
+    assert decode(b"\xef\xbb\xbfa: 1\n", "p.yaml") == ("a: 1\n", None)
+
+
+@given(st.text(max_size=200))
+def test_any_text_loads_or_reports(text: str) -> None:
+    loaded = load_yaml(text, "p.yaml")
+    assert loaded.tree is None or isinstance(loaded.tree, dict)
+    assert loaded.tree is not None or loaded.problems
+
+
+@given(
+    st.recursive(
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-(2**62), 2**62),
+            st.text(max_size=10).filter(_not_a_12_float),
+        ),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_round_trip_with_pyyaml_dump(value: object) -> None:
+    """What PyYAML's safe dumper writes reads back the same (YAML 1.2 floats aside)."""
+    import yaml
+
+    text = yaml.safe_dump({"root": value})
+    loaded = load_yaml(text, "p.yaml")
+    assert loaded.problems == ()
+    assert loaded.tree == {"root": value}
