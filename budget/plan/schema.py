@@ -70,13 +70,21 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
     for key in sorted(set(error.instance) - set(known)):
         where = child_path(path, key)
         line, col = marks.key(where)
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        close = _closest(key, known)
         if close:
-            message = f"unknown key {key!r} (did you mean {close[0]!r}?)"
+            message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
         problems.append(Problem(file, line, col, where, message))
     return problems
+
+
+def _closest(word: str, choices: list[str]) -> str | None:
+    """The likeliest intended key: a transposition ('modle' → 'model') beats a deletion."""
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    anagrams = [c for c in close if sorted(c) == sorted(word)]
+    best = anagrams or close
+    return best[0] if best else None
 
 
 def _show(value: Any) -> str:

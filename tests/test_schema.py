@@ -1,0 +1,203 @@
+"""The plan schema: one file for editors and the package, errors with positions and hints."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from budget.plan.schema import schema, schema_text, validate_tree
+from budget.plan.yaml_load import load_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = sorted((ROOT / "plans").glob("*.yaml"))
+
+
+def errors(text: str) -> list[str]:
+    loaded = load_yaml(text, "p.yaml")
+    assert loaded.problems == ()
+    return [str(p) for p in validate_tree(loaded.tree, loaded.marks, "p.yaml")]
+
+
+def test_the_schema_is_valid_draft_2020_12() -> None:
+    assert schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(schema())
+
+
+def test_the_repository_copy_is_the_packaged_copy() -> None:
+    """Editors read schemas/plan.schema.json; the installed package reads its own copy."""
+    repository = ROOT / "schemas" / "plan.schema.json"
+    packaged = files("budget").joinpath("schemas/plan.schema.json").read_bytes()
+    assert repository.read_bytes() == packaged
+    assert schema_text().encode("utf-8") == packaged
+
+
+def test_budget_schema_prints_the_file() -> None:
+    result = CliRunner().invoke(app, route(["schema"]))
+    assert result.exit_code == 0
+    assert result.stdout == (ROOT / "schemas" / "plan.schema.json").read_text(encoding="utf-8")
+    assert json.loads(result.stdout) == schema()
+
+
+def _walk(node: Any, path: str = "$") -> list[tuple[str, dict[str, Any]]]:
+    """Every property schema in the document, with a readable path."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        for name, sub in node.get("properties", {}).items():
+            found.append((f"{path}.{name}", sub))
+        for key, sub in node.items():
+            if key in ("allOf", "if", "then", "else", "not", "anyOf"):
+                continue  # conditions, not property definitions
+            if key in ("properties", "$defs") and isinstance(sub, dict):
+                for name, child in sub.items():
+                    found.extend(_walk(child, f"{path}.{name}"))
+            elif isinstance(sub, dict | list):
+                found.extend(_walk(sub, f"{path}/{key}"))
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            found.extend(_walk(sub, f"{path}[{i}]"))
+    return found
+
+
+def test_every_property_has_a_description_and_examples() -> None:
+    """Editors show them on hover and completion."""
+    properties = _walk(schema())
+    assert len(properties) > 80
+    for path, sub in properties:
+        assert sub.get("description"), path
+        assert sub.get("examples"), path
+
+
+def test_every_object_forbids_unknown_keys() -> None:
+    def objects(node: Any) -> list[dict[str, Any]]:
+        if isinstance(node, dict):
+            own = [node] if node.get("type") == "object" else []
+            return own + [o for sub in node.values() for o in objects(sub)]
+        if isinstance(node, list):
+            return [o for sub in node for o in objects(sub)]
+        return []
+
+    found = objects(schema())
+    assert len(found) >= 12
+    assert all(o.get("additionalProperties") is False for o in found)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])
+def test_shipped_plans_pass_the_schema_and_name_it(plan: Path) -> None:
+    text = plan.read_text(encoding="utf-8")
+    assert text.startswith("# yaml-language-server: $schema=../schemas/plan.schema.json\n")
+    assert errors(text) == []
+
+
+MINIMAL = """\
+model: {layers: 2, hidden: 64, heads: 4, vocab: 100}
+batch: {seq: 16, micro: 1, global: 1}
+device: {memory: 80 GiB}
+topology: {gpus: 1, levels: [{name: nvlink, bandwidth: 450 GB/s, latency: 3 us}]}
+"""
+
+
+def test_a_minimal_plan_passes() -> None:
+    assert errors(MINIMAL) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            ("layers: 2", "layers: 0"),
+            "p.yaml:1:17: error: $.model.layers: 0 is less than the minimum of 1",
+        ),
+        (
+            ("layers: 2, ", ""),
+            "p.yaml:1:1: error: $.model: 'layers' is a required property",
+        ),
+        (
+            ("heads: 4", "heds: 4"),
+            "p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)",
+        ),
+        (
+            ("layers: 2", "layers: two"),
+            "p.yaml:1:17: error: $.model.layers: 'two' is not an integer",
+        ),
+        (
+            ("layers: 2", "layers: 2.5"),
+            "p.yaml:1:17: error: $.model.layers: 2.5 is not an integer",
+        ),
+        (
+            ("layers: 2", "layers: true"),
+            "p.yaml:1:17: error: $.model.layers: true is not an integer",
+        ),
+        (
+            ("80 GiB", "80 GBs"),
+            "p.yaml:3:18: error: $.device.memory: '80 GBs' is not a size such as '80 GiB', '80GB' "
+            "or a number of bytes",
+        ),
+        (
+            ("450 GB/s", "-1 GB/s"),
+            "p.yaml:4:56: error: $.topology.levels[0].bandwidth: '-1 GB/s' is not a bandwidth "
+            "such as '450 GB/s' or a number of bytes per second",
+        ),
+        (
+            ("3 us", "3 min"),
+            "p.yaml:4:75: error: $.topology.levels[0].latency: '3 min' is not a time such as "
+            "'3 us', '2 ms' or a number of seconds",
+        ),
+        (
+            ("heads: 4", "heads: 4, mlp: gleu"),
+            "p.yaml:1:47: error: $.model.mlp: 'gleu' is not one of gelu, swiglu "
+            "(did you mean 'gelu'?)",
+        ),
+        (
+            ("model: {", "modle: {"),
+            "p.yaml:1:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
+        ),
+    ],
+)
+def test_schema_errors(edit: tuple[str, str], expected: str) -> None:
+    old, new = edit
+    assert old in MINIMAL
+    found = errors(MINIMAL.replace(old, new, 1))
+    assert expected in found
+
+
+def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
+    found = errors(MINIMAL + "parallel: {xyzzy: 1}\n")
+    assert found == [
+        "p.yaml:5:12: error: $.parallel.xyzzy: unknown key 'xyzzy' (expected one of: "
+        "cp, cp_attention, dp, ep, etp, order, pipeline, pp, sequence_parallel, tp, zero)"
+    ]
+
+
+def test_mode_decides_the_required_batch_keys() -> None:
+    found = errors(MINIMAL.replace("model:", "mode: decode\nmodel:"))
+    assert found == [
+        "p.yaml:3:1: error: $.batch: 'generate' is a required property",
+        "p.yaml:3:1: error: $.batch: 'prompt' is a required property",
+        "p.yaml:3:1: error: $.batch: 'sequences' is a required property",
+    ]
+
+
+def test_presets_relax_the_required_fields() -> None:
+    text = (
+        "model: {preset: llama3-70b}\nbatch: {seq: 16, micro: 1, global: 1}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 2}\n"
+    )
+    assert errors(text) == []
+
+
+def test_all_errors_are_reported_sorted() -> None:
+    text = MINIMAL.replace("layers: 2", "layers: 0").replace("80 GiB", "lots") + "zero: 1\n"
+    assert errors(text) == [
+        "p.yaml:1:17: error: $.model.layers: 0 is less than the minimum of 1",
+        "p.yaml:3:18: error: $.device.memory: 'lots' is not a size such as '80 GiB', '80GB' or "
+        "a number of bytes",
+        "p.yaml:5:1: error: $.zero: unknown key 'zero' (expected one of: batch, device, mode, "
+        "model, name, overlap, parallel, precision, recompute, topology, transitions)",
+    ]
