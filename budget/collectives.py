@@ -309,6 +309,7 @@ def flat_stage(
     _check_op(op)
     p, s, e = ranks, size_bytes, element_bytes
     one = _indicator(p > 1)
+    base = _Pricing(op, algorithm, p, s, link, instances)
     if op in ("all-gather", "reduce-scatter"):
         sent = (p - 1) * _chunk(s, p, e)
         if algorithm == "ring":
@@ -320,11 +321,11 @@ def flat_stage(
             steps = ceil_log2(p)
         else:
             raise ValueError(_not_applicable(op, algorithm))
-        return _symmetric(op, algorithm, p, s, steps, sent, link, instances)
+        return base.symmetric(steps, sent)
     if op == "all-reduce":
         if algorithm == "ring":
             sent = 2 * (p - 1) * _chunk(s, p, e)
-            return _symmetric(op, algorithm, p, s, 2 * (p - 1), sent, link, instances)
+            return base.symmetric(2 * (p - 1), sent)
         if algorithm == "recursive":
             lg = floor_log2(p)
             p2 = 2**lg
@@ -332,74 +333,41 @@ def flat_stage(
             core = 2 * (p2 - 1) * _chunk(s, p2, e)
             per_rank = core + extra * s
             group = p2 * core + 2 * (p - p2) * s
-            return Stage(
-                op,
-                algorithm,
-                p,
-                s,
-                2 * lg + 2 * extra,
-                per_rank,
-                per_rank,
-                core + 2 * extra * s,
-                group,
-                group,
-                link,
-                instances,
+            return base.priced(
+                steps=2 * lg + 2 * extra,
+                sent=per_rank,
+                recv=per_rank,
+                payload=core + 2 * extra * s,  # the partner receives S first, sends S last
+                group=group,
             )
         if algorithm == "tree":
             lg = ceil_log2(p)
             group = 2 * (p - 1) * s
-            return Stage(
-                op,
-                algorithm,
-                p,
-                s,
-                2 * lg,
-                lg * s,
-                lg * s,
-                2 * lg * s,
-                group,
-                group,
-                link,
-                instances,
+            return base.priced(
+                steps=2 * lg, sent=lg * s, recv=lg * s, payload=2 * lg * s, group=group
             )
         raise ValueError(_not_applicable(op, algorithm))
     if op == "all-to-all":
         block = _chunk(s, p * p, e)
         if algorithm == "pairwise":
-            return _symmetric(op, algorithm, p, s, p - 1, (p - 1) * block, link, instances)
+            return base.symmetric(p - 1, (p - 1) * block)
         if algorithm == "bruck":
             blocks = _bruck_blocks(p)
-            return _symmetric(op, algorithm, p, s, ceil_log2(p), blocks * block, link, instances)
+            return base.symmetric(ceil_log2(p), blocks * block)
         raise ValueError(_not_applicable(op, algorithm))
     if op == "broadcast":
         group = (p - 1) * s
         if algorithm == "ring":
-            return Stage(
-                op,
-                algorithm,
-                p,
-                s,
-                p - 1,
-                one * s,
-                one * s,
-                one * s,
-                group,
-                group,
-                link,
-                instances,
+            return base.priced(
+                steps=p - 1, sent=one * s, recv=one * s, payload=one * s, group=group
             )
         if algorithm == "tree":
             lg = ceil_log2(p)
-            return Stage(
-                op, algorithm, p, s, lg, lg * s, one * s, lg * s, group, group, link, instances
-            )
+            return base.priced(steps=lg, sent=lg * s, recv=one * s, payload=lg * s, group=group)
         raise ValueError(_not_applicable(op, algorithm))
     if algorithm == "direct":  # send-recv
         group = (p - 1) * s
-        return Stage(
-            op, algorithm, p, s, one, one * s, one * s, one * s, group, group, link, instances
-        )
+        return base.priced(steps=one, sent=one * s, recv=one * s, payload=one * s, group=group)
     raise ValueError(_not_applicable(op, algorithm))
 
 
@@ -555,18 +523,40 @@ def _bruck_blocks(p: Count) -> Count:
     return total
 
 
-def _symmetric(
-    op: Op,
-    algorithm: Algorithm,
-    p: Count,
-    s: Count,
-    steps: Count,
-    sent: Count,
-    link: Link,
-    instances: Count,
-) -> Stage:
-    """Every rank sends and receives the same bytes, and the critical path moves them all."""
-    return Stage(op, algorithm, p, s, steps, sent, sent, sent, p * sent, p * sent, link, instances)
+@dataclass(frozen=True, slots=True)
+class _Pricing:
+    """What every stage of one `flat_stage` call shares; builds the `Stage`."""
+
+    op: Op
+    algorithm: Algorithm
+    ranks: Count
+    size: Count
+    link: Link
+    instances: Count
+
+    def priced(
+        self, *, steps: Count, sent: Count, recv: Count, payload: Count, group: Count
+    ) -> Stage:
+        """A stage whose ranks differ: busiest sender, busiest receiver, critical path Q,
+        and ``group`` bytes sent (= received) summed over the ranks of one instance."""
+        return Stage(
+            op=self.op,
+            algorithm=self.algorithm,
+            ranks=self.ranks,
+            size_bytes=self.size,
+            steps=steps,
+            sent_bytes=sent,
+            recv_bytes=recv,
+            payload_bytes=payload,
+            group_sent_bytes=group,
+            group_recv_bytes=group,
+            link=self.link,
+            instances=self.instances,
+        )
+
+    def symmetric(self, steps: Count, sent: Count) -> Stage:
+        """Every rank sends and receives ``sent`` bytes, all of them on the critical path."""
+        return self.priced(steps=steps, sent=sent, recv=sent, payload=sent, group=self.ranks * sent)
 
 
 def _indicator(condition: bool | NDArray[Any]) -> Count:
