@@ -116,12 +116,15 @@ def _stage_row(stage: Stage) -> tuple[str, ...]:
 def _links(result: CollectiveResult) -> str:
     used = set(result.cost.links)
     parts = [
-        f"{level.name}: B {format_rate(level.bandwidth / level.shared_by)}, "
+        f"B {format_rate(level.bandwidth / level.shared_by)} per GPU, "
         f"α {format_duration(level.latency)}"
         for level in result.levels
         if level.name in used
     ]
-    return "; ".join(parts)
+    if len(result.levels) == 1:
+        return parts[0]
+    names = [level.name for level in result.levels if level.name in used]
+    return "; ".join(f"{name}: {part}" for name, part in zip(names, parts, strict=True))
 
 
 def _bound(latency_s: Any, bandwidth_s: Any) -> str:
