@@ -1,0 +1,371 @@
+"""`budget collective` and `budget roofline` through the CLI runner: numbers, JSON keys,
+renderers and user errors (exit 2, one line on stderr, no traceback)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+from typer.testing import CliRunner
+
+from budget.calculators import collective, roofline
+from budget.cli import app, route
+from budget.render.calculators import render_collective, render_roofline
+
+runner = CliRunner()
+
+COLLECTIVE_KEYS = {
+    "op",
+    "algorithm",
+    "ranks",
+    "size_bytes",
+    "steps",
+    "sent_bytes",
+    "recv_bytes",
+    "latency_s",
+    "bandwidth_Bps",
+    "time_s",
+    "bus_bandwidth_Bps",
+    "algorithm_bandwidth_Bps",
+}
+ROOFLINE_KEYS = {
+    "intensity",
+    "bandwidth_Bps",
+    "peak_flops",
+    "attainable_flops",
+    "ridge_intensity",
+    "bound",
+}
+ACCEPTANCE_1 = ["--ranks", "8", "--size", "1GiB", "--bandwidth", "450GB/s", "--latency", "1us"]
+FOUR_NODES = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us", "--size", "1GiB"]
+
+
+def _json(args: list[str]) -> dict[str, Any]:
+    result = runner.invoke(app, route([*args, "--format", "json"]))
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _error(args: list[str]) -> str:
+    result = runner.invoke(app, route(args))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_acceptance_1_ring_all_gather_and_all_reduce() -> None:
+    # DESIGN.md reference: 7 steps, 939,524,096 B each way per rank, 2094.831 µs.
+    data = _json(["collective", "all-gather", *ACCEPTANCE_1])
+    assert set(data) == COLLECTIVE_KEYS
+    assert (data["op"], data["algorithm"], data["ranks"]) == ("all-gather", "ring", 8)
+    assert data["size_bytes"] == 2**30
+    assert data["steps"] == 7
+    assert data["sent_bytes"] == data["recv_bytes"] == 939_524_096
+    assert data["time_s"] * 1e6 == pytest.approx(2094.831, abs=5e-4)
+    assert data["latency_s"] == 1e-6 and data["bandwidth_Bps"] == 450e9
+    assert data["bus_bandwidth_Bps"] == pytest.approx(939_524_096 / data["time_s"])
+    # all-reduce: 14 steps, 4189.663 µs
+    data = _json(["collective", "all-reduce", *ACCEPTANCE_1])
+    assert data["steps"] == 14
+    assert data["time_s"] * 1e6 == pytest.approx(4189.663, abs=5e-4)
+
+
+def test_acceptance_1_table_shows_exact_bytes_and_microseconds() -> None:
+    result = runner.invoke(app, route(["collective", "all-gather", *ACCEPTANCE_1]))
+    assert result.exit_code == 0
+    out = result.stdout
+    assert "896 MiB (939,524,096 B)" in out
+    assert "2,094.831 µs" in out
+    assert "bandwidth-bound" in out
+    assert "7.000 µs" in out  # n·α
+
+
+def test_acceptance_2_seed_example() -> None:
+    # 4 phases × 5 µs + 100 MB / 50 GB/s = 20 µs + 2 ms = 2.02 ms.
+    data = _json(
+        [
+            "collective",
+            "all-gather",
+            "--ranks",
+            "5",
+            "--size",
+            "125MB",
+            "--bandwidth",
+            "50GB/s",
+            "--latency",
+            "5us",
+        ]
+    )
+    assert data["steps"] == 4
+    assert data["sent_bytes"] == 100_000_000
+    assert data["time_s"] == pytest.approx(2.02e-3)
+
+
+def test_acceptance_3_hierarchical_against_flat_ring() -> None:
+    # RS inside 8 (2094.831 µs) + AR across 4 on S/8 (30 µs + 4026.532 µs) + AG inside
+    # (2094.831 µs) = 8246.194 µs; one flat ring on the 50 GB/s link: 62 · 5 µs
+    # + 2 · 31/32 · 2^30 B / 50 GB/s = 41,917.5 µs.
+    data = _json(["collective", "all-reduce", *FOUR_NODES])
+    assert set(data) == COLLECTIVE_KEYS | {"levels"}
+    assert data["algorithm"] == "hierarchical" and data["ranks"] == 32
+    assert data["time_s"] * 1e6 == pytest.approx(8246.194, abs=5e-4)
+    assert [(s["op"], s["ranks"], s["steps"]) for s in data["levels"]] == [
+        ("reduce-scatter", 8, 7),
+        ("all-reduce", 4, 6),
+        ("all-gather", 8, 7),
+    ]
+    assert data["levels"][1]["size_bytes"] == 2**30 // 8
+    flat = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "ring"])
+    assert flat["algorithm"] == "ring" and flat["steps"] == 62
+    assert flat["time_s"] * 1e6 == pytest.approx(41_917.5, abs=0.01)
+    assert flat["bandwidth_Bps"] == 50e9
+
+
+def test_ranks_must_match_the_levels_when_given() -> None:
+    assert _json(["collective", "all-reduce", *FOUR_NODES, "--ranks", "32"])["ranks"] == 32
+    message = _error(["collective", "all-reduce", *FOUR_NODES, "--ranks", "16"])
+    assert message == "budget: error: --ranks 16 does not match the levels: 8 × 4 = 32"
+
+
+def test_auto_says_what_it_chose_and_why() -> None:
+    data = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "auto"])
+    assert data["algorithm"] == "hierarchical"
+    times = {c["algorithm"]: c["time_s"] for c in data["candidates"]}
+    assert set(times) == {"hierarchical", "ring", "recursive", "tree"}
+    assert min(times, key=lambda name: times[name]) == "hierarchical"
+    table = runner.invoke(app, route(["collective", "all-reduce", *FOUR_NODES, "-f", "json"]))
+    assert "candidates" not in json.loads(table.stdout)
+
+
+def test_acceptance_4_roofline() -> None:
+    args = ["roofline", "--intensity", "4", "--bandwidth", "80GB/s", "--peak", "1000GFLOP/s"]
+    data = _json(args)
+    assert set(data) == ROOFLINE_KEYS
+    assert data["attainable_flops"] == pytest.approx(320e9)
+    assert data["bound"] == "memory"
+    assert data["ridge_intensity"] == pytest.approx(12.5)
+    table = runner.invoke(app, route(args)).stdout
+    assert "320 GFLOP/s" in table and "memory-bound" in table and "12.5 FLOP/byte" in table
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
+    console = Console(width=100, color_system=None, record=True)
+    render_collective(
+        console,
+        collective(
+            "all-reduce",
+            None,
+            "1GiB",
+            None,
+            None,
+            ["8:450GB/s:1us:nvlink", "4:50GB/s:5us:ib"],
+            "auto",
+        ),
+        fmt,
+    )
+    render_roofline(console, roofline(4, "80GB/s", "1000GFLOP/s"), fmt)
+    text = console.export_text()
+    assert "8,246.194 µs" in text and "reduce-scatter" in text and "chosen" in text
+    assert "nvlink: B 450 GB/s per GPU, α 1 µs; ib: B 50 GB/s per GPU, α 5 µs" in text
+    if fmt == "markdown":
+        assert "| time T | 8,246.194 µs  (bandwidth-bound) |" in text
+
+
+def test_latency_bound_is_named() -> None:
+    result = runner.invoke(
+        app,
+        route(
+            [
+                "collective",
+                "all-reduce",
+                "--ranks",
+                "64",
+                "--size",
+                "1KiB",
+                "--bandwidth",
+                "50GB/s",
+                "--latency",
+                "5us",
+            ]
+        ),
+    )
+    assert "latency-bound" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["collective", "gather", *ACCEPTANCE_1], "unknown collective 'gather'"),
+        (
+            ["collective", "all-gather", *ACCEPTANCE_1, "--algorithm", "tree"],
+            "all-gather has no 'tree' algorithm",
+        ),
+        (
+            ["collective", "all-gather", *ACCEPTANCE_1, "--algorithm", "magic"],
+            "unknown algorithm 'magic'",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--ranks",
+                "0",
+                "--size",
+                "1GiB",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+            ],
+            "--ranks must be at least 1, got 0",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--ranks",
+                "-3",
+                "--size",
+                "1GiB",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+            ],
+            "--ranks must be at least 1, got -3",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--ranks",
+                "8",
+                "--size",
+                "-1GiB",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+            ],
+            "is negative",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--ranks",
+                "8",
+                "--size",
+                "1GiB",
+                "--bandwidth",
+                "0GB/s",
+                "--latency",
+                "1us",
+            ],
+            "bandwidth must be more than 0",
+        ),
+        (
+            ["collective", "all-gather", "--ranks", "8", "--size", "1GiB", "--bandwidth", "1GB/s"],
+            "give --ranks, --bandwidth and --latency",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--ranks",
+                "8",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+            ],
+            "--size is required",
+        ),
+        (
+            ["collective", "all-gather", "--size", "1GiB", "--level", "8:450GB/s"],
+            "expected SIZE:BANDWIDTH:LATENCY",
+        ),
+        (
+            ["collective", "all-gather", "--size", "1GiB", "--level", "0:450GB/s:1us"],
+            "SIZE must be at least 1",
+        ),
+        (
+            [
+                "collective",
+                "all-gather",
+                "--size",
+                "1GiB",
+                "--level",
+                "8:450GB/s:1us",
+                "--bandwidth",
+                "1GB/s",
+            ],
+            "not both",
+        ),
+        (
+            [
+                "collective",
+                "reduce-scatter",
+                "--ranks",
+                "6",
+                "--size",
+                "1GiB",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+                "--algorithm",
+                "recursive",
+            ],
+            "power-of-two",
+        ),
+        (
+            ["roofline", "--intensity", "-4", "--bandwidth", "80GB/s", "--peak", "1TFLOP/s"],
+            "intensity must be a finite number",
+        ),
+        (
+            ["roofline", "--intensity", "4", "--bandwidth", "80 parsecs", "--peak", "1TFLOP/s"],
+            "expected a bandwidth",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    line = _error(args)
+    assert line.startswith("budget: error: ")
+    assert message in line
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    op=st.sampled_from(["all-gather", "all-reduce", "all-to-all", "broadcast", "send-recv", "x"]),
+    size=st.text(max_size=12),
+    bandwidth=st.text(max_size=12),
+    ranks=st.integers(-5, 100),
+)
+def test_no_input_makes_the_cli_raise_a_traceback(
+    op: str, size: str, bandwidth: str, ranks: int
+) -> None:
+    args = [
+        "collective",
+        op,
+        "--ranks",
+        str(ranks),
+        "--size",
+        size,
+        "--bandwidth",
+        bandwidth,
+        "--latency",
+        "1us",
+    ]
+    result = runner.invoke(app, route(args))
+    assert result.exit_code in (0, 2)
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -1,0 +1,435 @@
+"""Collective pricing: hand-computed references, a message-level replay of every flat
+algorithm, and invariants (hypothesis).
+
+References: DESIGN.md "Reference numbers"; issue 3 acceptance 1–3; the seed's engineering
+example; Thakur, Rabenseifner & Gropp (IJHPCA 2005); nccl-tests doc/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budget.collectives import (
+    ALGORITHMS,
+    OPS,
+    Algorithm,
+    Link,
+    Op,
+    Tier,
+    bus_bandwidth_factor,
+    ceil_log2,
+    collective_cost,
+    flat_stage,
+    floor_log2,
+)
+
+GIB = 2**30
+NVLINK = Link("nvlink", 450e9, 1e-6)
+IB = Link("ib", 50e9, 5e-6)
+
+
+def _one(op: Op, ranks: int, size: int, link: Link, algorithm: Algorithm | None = None):  # type: ignore[no-untyped-def]
+    return collective_cost(op, [Tier(ranks, link)], size, algorithm)
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def test_ring_all_gather_design_reference() -> None:
+    # DESIGN.md / issue 3 acceptance 1: P = 8, S = 1 GiB, α = 1 µs, B = 450 GB/s.
+    # n = P−1 = 7; Q = 7/8 · 2^30 = 939,524,096 B;
+    # T = 7 µs + 939,524,096 / 450e9 s = 7 µs + 2087.831 µs = 2094.831 µs.
+    cost = _one("all-gather", 8, GIB, NVLINK)
+    assert cost.algorithm == "ring"
+    assert cost.steps == 7
+    assert cost.sent_bytes == cost.recv_bytes == 939_524_096
+    assert cost.time_s * 1e6 == pytest.approx(2094.831, abs=5e-4)
+
+
+def test_ring_all_reduce_design_reference() -> None:
+    # n = 2(P−1) = 14; Q = 2 · 939,524,096 B; T = 14 µs + 4175.663 µs = 4189.663 µs.
+    cost = _one("all-reduce", 8, GIB, NVLINK)
+    assert cost.steps == 14
+    assert cost.sent_bytes == 2 * 939_524_096
+    assert cost.time_s * 1e6 == pytest.approx(4189.663, abs=5e-4)
+
+
+def test_seed_engineering_example() -> None:
+    # The seed: "four latency-bearing phases at 5 μs plus 100 MB at 50 GB/s gives about
+    # 2.02 ms" — a ring all-gather of 125 MB over 5 ranks: n = 4, Q = 4/5 · 125 MB = 100 MB,
+    # T = 4 · 5 µs + 1e8 / 5e10 s = 20 µs + 2000 µs = 2.02 ms.
+    cost = _one("all-gather", 5, 125_000_000, Link("ib", 50e9, 5e-6))
+    assert cost.steps == 4
+    assert cost.sent_bytes == 100_000_000
+    assert cost.time_s == pytest.approx(2.02e-3, rel=1e-12)
+
+
+def test_hierarchical_all_reduce_four_nodes_of_eight() -> None:
+    # Issue 3 acceptance 3: 1 GiB all-reduce over 4 nodes × 8 GPUs.
+    # reduce-scatter inside 8 on NVLink: 7 · 1 µs + 7/8 · 2^30 / 450e9 = 2094.831 µs
+    # all-reduce across 4 on S/8 = 134,217,728 B over IB (ring): 6 · 5 µs
+    #     + 2 · 3/4 · 134,217,728 / 50e9 = 30 µs + 4026.532 µs = 4056.532 µs
+    # all-gather inside 8 on NVLink: 2094.831 µs
+    # total 2 · 2094.831 + 4056.532 = 8246.194 µs
+    cost = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(4, IB)], GIB)
+    assert cost.algorithm == "hierarchical"
+    assert [(s.op, s.ranks, s.steps, s.link.name) for s in cost.stages] == [
+        ("reduce-scatter", 8, 7, "nvlink"),
+        ("all-reduce", 4, 6, "ib"),
+        ("all-gather", 8, 7, "nvlink"),
+    ]
+    assert cost.stages[1].size_bytes == GIB // 8
+    assert cost.stages[1].sent_bytes == 201_326_592
+    assert cost.stages[1].time_s * 1e6 == pytest.approx(4056.532, abs=5e-4)
+    assert cost.time_s * 1e6 == pytest.approx(8246.194, abs=5e-4)
+    assert cost.links == ("nvlink", "ib")
+    assert cost.link == IB
+
+
+def test_flat_ring_across_levels_is_priced_at_the_slow_link() -> None:
+    # One ring over 32 ranks with every step at IB: n = 2 · 31 = 62 steps · 5 µs = 310 µs,
+    # Q = 2 · 31/32 · 2^30 = 2,080,374,784 B / 50e9 = 41,607.496 µs → 41,917.496 µs.
+    cost = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(4, IB)], GIB, "ring")
+    assert cost.algorithm == "ring"
+    assert cost.steps == 62
+    assert cost.sent_bytes == 2_080_374_784
+    assert cost.time_s * 1e6 == pytest.approx(41_917.5, abs=0.01)
+    assert cost.links == ("ib",)
+
+
+def test_auto_picks_hierarchical_for_big_and_a_log_algorithm_for_tiny_messages() -> None:
+    tiers = [Tier(8, NVLINK), Tier(4, IB)]
+    big = collective_cost("all-reduce", tiers, GIB, "auto")
+    assert big.algorithm == "hierarchical"
+    assert {name for name, _ in big.candidates} == {"hierarchical", "ring", "recursive", "tree"}
+    assert big.time_s == min(t for _, t in big.candidates)
+    # 1 KiB: latency dominates. Two-level: 14 NVLink steps · 1 µs + 6 IB steps · 5 µs
+    # = 44 µs beats Rabenseifner's 2 lg 32 = 10 IB steps = 50 µs and the ring's 310 µs.
+    tiny = collective_cost("all-reduce", tiers, 1024, "auto")
+    assert tiny.algorithm == "hierarchical"
+    # On one IB level, Rabenseifner's 10 steps beat the ring's 62 (and the binomial tree's
+    # 10 steps, which move lg P · S instead of 2(P−1)/P · S through the root).
+    flat = collective_cost("all-reduce", [Tier(32, IB)], 1024, "auto")
+    assert (flat.algorithm, flat.steps) == ("recursive", 10)
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+@pytest.mark.parametrize(
+    ("op", "algorithm", "steps", "sent"),
+    [
+        # P = 8, S = 8 MiB, chunk c = 1 MiB; Thakur 2005 sections 3 and 4.
+        ("all-gather", "recursive", 3, 7),  # lg P steps, (P−1)·c
+        ("all-gather", "bruck", 3, 7),
+        ("reduce-scatter", "recursive", 3, 7),
+        ("all-reduce", "recursive", 6, 14),  # Rabenseifner: 2 lg P, 2(P−1)·c
+        ("all-reduce", "tree", 6, 24),  # binomial reduce + bcast: 2 lg P steps, lg P · S sent
+        ("broadcast", "tree", 3, 24),  # root sends lg P · S
+        ("broadcast", "ring", 7, 8),  # pipelined chain: P−1 fill steps, S through one link
+        ("all-to-all", "pairwise", 7, 7 / 8),  # (P−1) blocks of S/P²
+        ("all-to-all", "bruck", 3, 12 / 8),  # lg P steps of P/2 blocks
+        ("send-recv", "direct", 1, 8),
+    ],
+)
+def test_flat_formulas(op: Op, algorithm: Algorithm, steps: int, sent: float) -> None:
+    cost = _one(op, 8, 8 * 2**20, NVLINK, algorithm)
+    assert cost.steps == steps
+    assert cost.sent_bytes == int(sent * 2**20)
+
+
+def test_rabenseifner_on_six_ranks_uses_mpichs_extra_steps() -> None:
+    # P = 6: p′ = 4, r = 2 ranks fold into partners first and get the result at the end.
+    # MPICH allreduce.c: (2⌊lg p⌋ + 2)·α + (2(p′−1)/p′ + 2)·n·β, here with S = 4 MiB:
+    # n = 2·2 + 2 = 6; busiest rank sends 2·3·1 MiB + 4 MiB = 10 MiB; Q = 6 + 8 = 14 MiB.
+    cost = _one("all-reduce", 6, 4 * 2**20, NVLINK, "recursive")
+    assert cost.steps == 6
+    assert cost.sent_bytes == 10 * 2**20
+    assert cost.payload_bytes == 14 * 2**20
+
+
+@pytest.mark.parametrize("op", ["all-gather", "reduce-scatter"])
+def test_recursive_refuses_groups_that_are_not_a_power_of_two(op: Op) -> None:
+    with pytest.raises(ValueError, match="power-of-two group, and 6 ranks is not"):
+        _one(op, 6, GIB, NVLINK, "recursive")
+
+
+def test_uneven_split_rounds_each_chunk_up() -> None:
+    # S = 10 B over P = 4: chunks of ceil(10/4) = 3 B, so the ring moves 3 chunks = 9 B.
+    assert _one("all-gather", 4, 10, NVLINK).sent_bytes == 9
+    assert _one("all-reduce", 4, 10, NVLINK).sent_bytes == 18
+    # bf16 elements: 10 B = 5 elements → ceil(5/4) = 2 elements = 4 B per chunk → 12 B.
+    cost = collective_cost("all-gather", [Tier(4, NVLINK)], 10, element_bytes=2)
+    assert cost.sent_bytes == 12
+    # All-to-all: blocks of ceil(S / P²) = ceil(10/16) = 1 B, P−1 = 3 of them.
+    assert _one("all-to-all", 4, 10, NVLINK).sent_bytes == 3
+
+
+def test_one_rank_costs_nothing() -> None:
+    for op in OPS:
+        for algorithm in ALGORITHMS[op]:
+            cost = _one(op, 1, GIB, NVLINK, algorithm)
+            assert (cost.steps, cost.sent_bytes, cost.recv_bytes, cost.time_s) == (0, 0, 0, 0)
+
+
+def test_contention_divides_the_link() -> None:
+    shared = Link("nic", 50e9, 5e-6, shared_by=2)
+    alone = _one("all-gather", 4, GIB, IB)
+    contended = _one("all-gather", 4, GIB, shared)
+    assert contended.bandwidth_s == pytest.approx(2 * alone.bandwidth_s)
+    assert contended.latency_s == alone.latency_s
+
+
+@pytest.mark.parametrize(
+    ("op", "algorithm", "message"),
+    [
+        ("all-gather", "tree", "all-gather has no 'tree' algorithm"),
+        ("send-recv", "hierarchical", "send-recv has no 'hierarchical' algorithm"),
+        ("gather", None, "unknown collective 'gather'"),
+    ],
+)
+def test_bad_requests_say_what_is_allowed(op: str, algorithm: str | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        collective_cost(op, [Tier(4, NVLINK)], 1, algorithm)  # type: ignore[arg-type]
+
+
+def test_negative_sizes_and_empty_groups_are_refused() -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        _one("all-gather", 4, -1, NVLINK)
+    with pytest.raises(ValueError, match="at least 1 rank"):
+        _one("all-gather", 0, 1, NVLINK)
+
+
+# ----------------------------------------------------------------------------- bus bandwidth
+
+
+@pytest.mark.parametrize(
+    ("op", "factor"),
+    [
+        ("all-reduce", 2 * 7 / 8),
+        ("all-gather", 7 / 8),
+        ("reduce-scatter", 7 / 8),
+        ("all-to-all", 7 / 8),
+        ("broadcast", 1.0),
+    ],
+)
+def test_bus_bandwidth_factors_match_nccl_tests(op: Op, factor: float) -> None:
+    # nccl-tests doc/PERFORMANCE.md, "Summary".
+    assert bus_bandwidth_factor(op, 8) == pytest.approx(factor)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    op=st.sampled_from(["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"]),
+    p=st.integers(2, 64),
+    blocks=st.integers(1, 1000),
+)
+def test_ring_moves_bytes_at_exactly_the_bus_bandwidth(op: Op, p: int, blocks: int) -> None:
+    # With α = 0 and S divisible by P², the busiest rank's bytes / time is the link's
+    # bandwidth, and algbw × factor (nccl-tests' busbw) is that same number.
+    link = Link("x", 100e9, 0.0)
+    cost = _one(op, p, blocks * p * p, link)
+    assert cost.sent_bytes / cost.time_s == pytest.approx(link.bandwidth, rel=1e-12)
+    assert cost.bus_bandwidth == pytest.approx(link.bandwidth, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- message replay
+
+
+def _schedule(op: Op, algorithm: Algorithm, p: int, s: int) -> list[tuple[int, int, int, int]]:
+    """Every message (step, src, dst, bytes) of the algorithm, written from the papers'
+    descriptions independently of the closed forms in budget.collectives."""
+    c = -(-s // p)
+    b = -(-s // (p * p))
+    lg = max(p - 1, 0).bit_length()
+    out: list[tuple[int, int, int, int]] = []
+    if op in ("all-gather", "reduce-scatter") and algorithm == "ring":
+        out = [(k, i, (i + 1) % p, c) for k in range(p - 1) for i in range(p)]
+    elif op == "all-gather" and algorithm == "recursive":
+        out = [(k, i, i ^ (1 << k), (1 << k) * c) for k in range(lg) for i in range(p)]
+    elif op == "reduce-scatter" and algorithm == "recursive":
+        out = [(k, i, i ^ (p >> (k + 1)), (p >> (k + 1)) * c) for k in range(lg) for i in range(p)]
+    elif op == "all-gather" and algorithm == "bruck":
+        full = p.bit_length() - 1
+        out = [(k, i, (i - (1 << k)) % p, (1 << k) * c) for k in range(full) for i in range(p)]
+        if p != 1 << full:
+            out += [(full, i, (i - (1 << full)) % p, (p - (1 << full)) * c) for i in range(p)]
+    elif op == "all-reduce" and algorithm == "ring":
+        out = [(k, i, (i + 1) % p, c) for k in range(2 * (p - 1)) for i in range(p)]
+    elif op == "all-reduce" and algorithm == "recursive":
+        p2 = 1 << (p.bit_length() - 1)
+        r, k2, c2 = p - p2, p2.bit_length() - 1, -(-s // p2)
+
+        def real(n: int) -> int:
+            return 2 * n + 1 if n < r else n + r
+
+        pre = 1 if r else 0  # the folding step exists only when P is not a power of two
+        out = [(0, i, i + 1, s) for i in range(0, 2 * r, 2)]
+        for k in range(k2):  # recursive halving
+            half = p2 >> (k + 1)
+            out += [(pre + k, real(n), real(n ^ half), half * c2) for n in range(p2)]
+        for k in range(k2):  # recursive doubling
+            bit = 1 << k
+            out += [(pre + k2 + k, real(n), real(n ^ bit), bit * c2) for n in range(p2)]
+        out += [(pre + 2 * k2, i, i - 1, s) for i in range(1, 2 * r, 2)]
+    elif op in ("all-reduce", "broadcast") and algorithm == "tree":
+        if op == "all-reduce":  # binomial reduce to rank 0
+            for k in range(lg):
+                out += [(k, i, i - (1 << k), s) for i in range(p) if i % (2 << k) == 1 << k]
+        base = lg if op == "all-reduce" else 0
+        for step, k in enumerate(reversed(range(lg))):  # binomial broadcast from rank 0
+            out += [
+                (base + step, i, i + (1 << k), s) for i in range(0, p, 2 << k) if i + (1 << k) < p
+            ]
+    elif op == "broadcast" and algorithm == "ring":
+        out = [(i, i, i + 1, s) for i in range(p - 1)]
+    elif op == "all-to-all" and algorithm == "pairwise":
+        out = [(k, i, (i + k) % p, b) for k in range(1, p) for i in range(p)]
+    elif op == "all-to-all" and algorithm == "bruck":
+        for k in range(lg):
+            count = sum(1 for j in range(p) if j >> k & 1)
+            out += [(k, i, (i + (1 << k)) % p, count * b) for i in range(p)]
+    elif op == "send-recv":
+        out = [(0, i, i + 1, s) for i in range(p - 1)]
+    else:
+        raise AssertionError(f"no replay for {op} {algorithm}")
+    return [m for m in out if m[1] != m[2]]
+
+
+def _flat_cases() -> list[tuple[Op, Algorithm]]:
+    return [(op, algorithm) for op in OPS for algorithm in ALGORITHMS[op]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=st.sampled_from(_flat_cases()), p=st.integers(1, 40), s=st.integers(0, 10**7))
+def test_closed_forms_match_a_message_level_replay(
+    case: tuple[Op, Algorithm], p: int, s: int
+) -> None:
+    op, algorithm = case
+    if algorithm == "recursive" and op != "all-reduce" and p & (p - 1):
+        return  # refused (tested above)
+    messages = _schedule(op, algorithm, p, s)
+    sent: dict[int, int] = defaultdict(int)
+    recv: dict[int, int] = defaultdict(int)
+    for _, src, dst, nbytes in messages:
+        sent[src] += nbytes
+        recv[dst] += nbytes
+    stage = flat_stage(op, algorithm, p, s, NVLINK)
+    active_steps = {step for step, *_ in messages}
+    assert stage.steps == len(active_steps)
+    assert stage.sent_bytes == max(sent.values(), default=0)
+    assert stage.recv_bytes == max(recv.values(), default=0)
+    assert stage.group_sent_bytes == sum(sent.values())
+    assert stage.group_recv_bytes == sum(recv.values())
+
+
+# ----------------------------------------------------------------------------- invariants
+
+tiers_strategy = st.lists(
+    st.tuples(st.integers(1, 9), st.sampled_from([NVLINK, IB, Link("pod", 25e9, 20e-6)])),
+    min_size=1,
+    max_size=3,
+).map(lambda ts: [Tier(r, link) for r, link in ts])
+any_algorithm = st.sampled_from(
+    [None, "ring", "recursive", "tree", "pairwise", "bruck", "direct", "hierarchical"]
+)
+
+
+def _price(op: Op, tiers: list[Tier], size: int, algorithm: str | None):  # type: ignore[no-untyped-def]
+    try:
+        return collective_cost(op, tiers, size, algorithm)  # type: ignore[arg-type]
+    except ValueError:
+        return None  # not applicable to this op or group
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    op=st.sampled_from(OPS),
+    tiers=tiers_strategy,
+    size=st.integers(0, 10**9),
+    algorithm=any_algorithm,
+)
+def test_bytes_sent_over_the_group_equal_bytes_received(
+    op: Op, tiers: list[Tier], size: int, algorithm: str | None
+) -> None:
+    cost = _price(op, tiers, size, algorithm)
+    if cost is not None:
+        assert cost.aggregate_sent_bytes == cost.aggregate_recv_bytes
+        assert isinstance(cost.sent_bytes, int) and isinstance(cost.aggregate_sent_bytes, int)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    op=st.sampled_from(OPS),
+    tiers=tiers_strategy,
+    a=st.integers(0, 10**9),
+    b=st.integers(0, 10**9),
+    algorithm=any_algorithm,
+)
+def test_time_is_monotone_in_size(
+    op: Op, tiers: list[Tier], a: int, b: int, algorithm: str | None
+) -> None:
+    small, large = sorted((a, b))
+    lo, hi = _price(op, tiers, small, algorithm), _price(op, tiers, large, algorithm)
+    if lo is not None and hi is not None:
+        assert lo.time_s <= hi.time_s
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    op=st.sampled_from(OPS),
+    p=st.integers(1, 64),
+    size=st.integers(0, 10**9),
+    a=st.floats(0, 1e-3),
+    b=st.floats(0, 1e-3),
+    algorithm=any_algorithm,
+)
+def test_time_is_monotone_in_latency(
+    op: Op, p: int, size: int, a: float, b: float, algorithm: str | None
+) -> None:
+    small, large = sorted((a, b))
+    lo = _price(op, [Tier(p, Link("x", 1e10, small))], size, algorithm)
+    hi = _price(op, [Tier(p, Link("x", 1e10, large))], size, algorithm)
+    if lo is not None and hi is not None:
+        assert lo.time_s <= hi.time_s
+
+
+# ----------------------------------------------------------------------------- vectorised
+
+
+@pytest.mark.parametrize("case", _flat_cases())
+def test_arrays_of_sizes_and_ranks_give_the_scalar_answers(case: tuple[Op, Algorithm]) -> None:
+    op, algorithm = case
+    if algorithm == "recursive" and op != "all-reduce":
+        ranks = np.array([1, 2, 4, 8, 16, 32, 64], dtype=np.int64)  # powers of two only
+    else:
+        ranks = np.array([1, 3, 5, 6, 8, 12, 33], dtype=np.int64)
+    sizes = np.array([0, 7, 1000, 2**20, 3 * 10**6, GIB, 10**10], dtype=np.int64)
+    vector = flat_stage(op, algorithm, ranks, sizes, IB, element_bytes=2)
+    for i, (p, s) in enumerate(zip(ranks.tolist(), sizes.tolist(), strict=True)):
+        scalar = flat_stage(op, algorithm, p, s, IB, element_bytes=2)
+        assert vector.steps[i] == scalar.steps  # type: ignore[index]
+        assert vector.sent_bytes[i] == scalar.sent_bytes  # type: ignore[index]
+        assert vector.recv_bytes[i] == scalar.recv_bytes  # type: ignore[index]
+        assert vector.time_s[i] == pytest.approx(scalar.time_s)  # type: ignore[index]
+
+
+def test_hierarchical_pricing_takes_arrays_of_sizes() -> None:
+    sizes = np.array([2**20, GIB], dtype=np.int64)
+    cost = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(4, IB)], sizes)
+    assert cost.time_s[1] * 1e6 == pytest.approx(8246.194, abs=5e-4)  # type: ignore[index]
+    assert cost.bus_bandwidth.shape == (2,)  # type: ignore[union-attr]
+
+
+def test_exact_integer_logarithms() -> None:
+    values = [*range(1, 70), 2**40 - 1, 2**40, 2**40 + 1]
+    array = np.array(values, dtype=np.int64)
+    assert ceil_log2(array).tolist() == [ceil_log2(v) for v in values]  # type: ignore[union-attr]
+    assert floor_log2(array).tolist() == [floor_log2(v) for v in values]  # type: ignore[union-attr]
+    assert [ceil_log2(v) for v in (1, 2, 3, 4, 5)] == [0, 1, 2, 2, 3]
+    assert [floor_log2(v) for v in (1, 2, 3, 4, 5)] == [0, 1, 1, 2, 2]

@@ -1,0 +1,156 @@
+"""Rank order → groups → levels spanned → link used (DESIGN.md rule 5)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budget.plan.model import GroupKind, Level, Parallel, Topology
+from budget.topology import group_ranks, group_span, price, price_group, span_of_ranks
+
+NVLINK = Level("nvlink", 450e9, 3e-6, size=8)
+IB = Level("infiniband", 50e9, 10e-6)
+
+
+def _topology(gpus: int) -> Topology:
+    return Topology(gpus, (NVLINK, IB))
+
+
+def test_design_example_layout() -> None:
+    # DESIGN.md's plan: tp 8, pp 8, dp 16 on 1024 GPUs, order [tp, cp, ep, dp, pp].
+    parallel = Parallel(tp=8, pp=8, dp=16)
+    topology = _topology(1024)
+    tp = group_span("tp", parallel, topology)
+    assert tp.ranks == tuple(range(8)) and tp.stride == 1
+    assert tp.levels == ("nvlink",) and tp.inner_size == 8 and tp.outer_size == 1
+    dp = group_span("dp", parallel, topology)
+    assert dp.ranks == tuple(range(0, 128, 8)) and dp.stride == 8
+    # one rank per node: flat on the outer link
+    assert dp.levels == ("infiniband",) and dp.inner_size == 1 and dp.outer_size == 16
+    pp = group_span("pp", parallel, topology)
+    assert pp.stride == 128 and pp.levels == ("infiniband",)
+    assert group_span("tp", parallel, topology, rank=13).ranks == tuple(range(8, 16))
+
+
+def test_a_group_with_several_ranks_per_node_is_two_level() -> None:
+    parallel = Parallel(tp=2, cp=2, dp=64, pp=4)
+    dp = group_span("dp", parallel, _topology(1024))
+    assert dp.stride == 4 and dp.ranks[:3] == (0, 4, 8)
+    assert dp.levels == ("nvlink", "infiniband")
+    assert (dp.inner_size, dp.outer_size) == (2, 32)
+    cost = price_group("all-reduce", 2**30, dp)
+    assert cost.algorithm == "hierarchical"
+    assert [(s.op, s.ranks, s.link.name) for s in cost.stages] == [
+        ("reduce-scatter", 2, "nvlink"),
+        ("all-reduce", 32, "infiniband"),
+        ("all-gather", 2, "nvlink"),
+    ]
+
+
+def test_order_decides_which_group_is_contiguous() -> None:
+    parallel = Parallel(tp=4, dp=8, pp=2, order=("dp", "tp", "cp", "ep", "pp"))
+    assert group_ranks("dp", parallel, 64) == tuple(range(8))
+    assert group_ranks("tp", parallel, 64) == (0, 8, 16, 24)
+    assert group_span("tp", parallel, _topology(64)).levels == ("infiniband",)
+
+
+def test_expert_groups_are_carved_out_of_dp_times_cp() -> None:
+    # tp 2, cp 2, dp 8, ep 4 on 32 GPUs: dense rank = tp + 2·(cp + 2·dp). The cp × dp
+    # positions j = cp + 2·dp; ep takes 4 consecutive j (ep before dp in order), so the ep
+    # group of rank 0 is j = 0..3 → ranks 0, 2, 4, 6, and its expert-data-parallel group is
+    # j = 0, 4, 8, 12 → ranks 0, 8, 16, 24.
+    parallel = Parallel(tp=2, cp=2, dp=8, ep=4)
+    assert group_ranks("ep", parallel, 32) == (0, 2, 4, 6)
+    assert group_ranks("edp", parallel, 32) == (0, 8, 16, 24)
+    dense = set(group_ranks(("dp", "cp"), parallel, 32))
+    assert set(group_ranks("ep", parallel, 32)) <= dense
+    assert set(group_ranks("edp", parallel, 32)) <= dense
+    # ep after dp in the order: ep members are edp = 4 positions apart
+    late = Parallel(tp=2, cp=2, dp=8, ep=4, order=("tp", "cp", "dp", "ep", "pp"))
+    assert group_ranks("ep", late, 32) == (0, 8, 16, 24)
+
+
+def test_shared_links_divide_bandwidth() -> None:
+    shared = Topology(32, (NVLINK, Level("infiniband", 50e9, 10e-6, shared_by=2)))
+    parallel = Parallel(tp=8, dp=4)
+    alone = price("all-reduce", "dp", 2**30, parallel, _topology(32))
+    contended = price("all-reduce", "dp", 2**30, parallel, shared)
+    assert contended.bandwidth_s == pytest.approx(2 * alone.bandwidth_s)
+
+
+def test_dtype_sets_the_chunk_granularity() -> None:
+    span = group_span("tp", Parallel(tp=4), _topology(4))
+    # 10 B of bf16 = 5 elements over 4 ranks → chunks of 2 elements = 4 B, 3 sent → 12 B
+    assert price_group("all-gather", 10, span, dtype="bf16").sent_bytes == 12
+    assert price_group("all-gather", 10, span).sent_bytes == 9
+
+
+def test_bad_layouts_are_refused_with_the_numbers() -> None:
+    with pytest.raises(ValueError, match=r"= 16 but the topology has 32 GPUs"):
+        group_span("tp", Parallel(tp=8, dp=2), _topology(32))
+    with pytest.raises(ValueError, match="ep = 3 must divide cp × dp = 4"):
+        group_ranks("ep", Parallel(dp=4, ep=3), 4)
+    with pytest.raises(ValueError, match="spread evenly"):
+        span_of_ranks([0, 1, 2, 8], _topology(16))
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[Parallel, Topology]:
+    tp, cp, dp, pp = (draw(st.sampled_from([1, 2, 4, 8])) for _ in range(4))
+    kinds: list[GroupKind] = ["tp", "cp", "ep", "dp", "pp"]
+    order = draw(st.permutations(kinds))
+    ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if (cp * dp) % e == 0]))
+    parallel = Parallel(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, order=tuple(order))
+    gpus = tp * cp * dp * pp
+    node = draw(st.sampled_from([2, 4, 8]))
+    topology = Topology(gpus, (Level("nvlink", 450e9, 1e-6, size=node), IB))
+    return parallel, topology
+
+
+KINDS: list[GroupKind] = ["tp", "cp", "dp", "pp", "ep"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=layouts())
+def test_groups_of_each_kind_partition_the_world(layout: tuple[Parallel, Topology]) -> None:
+    parallel, topology = layout
+    for kind in KINDS:
+        seen: set[tuple[int, ...]] = set()
+        for rank in range(topology.gpus):
+            group = group_ranks(kind, parallel, topology.gpus, rank)
+            assert rank in group
+            seen.add(group)
+        degree = parallel.ep if kind == "ep" else getattr(parallel, kind)
+        assert all(len(g) == degree for g in seen)
+        assert sorted(itertools.chain.from_iterable(seen)) == list(range(topology.gpus))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layout=layouts(),
+    op=st.sampled_from(
+        ["all-gather", "reduce-scatter", "all-reduce", "all-to-all", "broadcast", "send-recv"]
+    ),
+)
+def test_a_group_inside_one_domain_never_touches_the_outer_link(
+    layout: tuple[Parallel, Topology], op: str
+) -> None:
+    parallel, topology = layout
+    node = topology.levels[0].size
+    assert node is not None
+    for kind in KINDS:
+        try:
+            span = group_span(kind, parallel, topology)
+        except ValueError:
+            continue  # a group spread unevenly over nodes (e.g. 3 ranks on one, 1 on another)
+        cost = price_group(op, 2**20, span, algorithm=None)  # type: ignore[arg-type]
+        used = {stage.link.name for stage in cost.stages}
+        if len({r // node for r in span.ranks}) == 1:
+            assert used == {"nvlink"}, (kind, span.ranks)
+        elif span.inner_size == 1:
+            assert used == {"infiniband"}, (kind, span.ranks)
+        else:
+            assert span.two_level and "infiniband" in used
