@@ -7,7 +7,7 @@ Exit codes: 0 ok, 1 a check failed (valid plan that does not fit or exceeds a li
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,7 +29,7 @@ app = typer.Typer(
 OK, FAILED, INVALID = 0, 1, 2
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     json = "json"
     markdown = "markdown"

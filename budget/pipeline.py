@@ -7,8 +7,8 @@ from pathlib import Path
 from budget.memory import Memory, StageMemory, memory
 from budget.plan.model import Plan
 from budget.report import CollectiveRow, Overlapping, PhaseRow, Report, StageRow
-from budget.step import Alloc, Move, Phase, Step, derive
-
+from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, step_time
+from budget.step import Alloc, Step, derive
 
 PHASE_ORDER = (
     "forward.embedding",
@@ -31,27 +31,6 @@ def budget_plan(path: Path) -> Report:
     from budget.plan.load import load_plan
 
     return build_report(load_plan(path))
-
-
-def ring_bytes(op: str, ranks: int, size: int) -> tuple[int, int, int]:
-    """(steps, sent, received) per rank for the default ring algorithm (DESIGN.md rule 3).
-
-    Ring all-gather / reduce-scatter: P - 1 steps of S/P; all-reduce: 2(P - 1) steps;
-    all-to-all (pairwise): P - 1 steps of S/P² each; send/recv: one step of S. Chunks are
-    rounded up to whole bytes. Source: Thakur, Rabenseifner & Gropp (2005), section 4.
-    """
-    p = ranks
-    chunk = -(-size // p)
-    if op in ("all-gather", "reduce-scatter"):
-        return p - 1, (p - 1) * chunk, (p - 1) * chunk
-    if op == "all-reduce":
-        return 2 * (p - 1), 2 * (p - 1) * chunk, 2 * (p - 1) * chunk
-    if op == "all-to-all":
-        piece = -(-size // (p * p))
-        return p - 1, (p - 1) * piece, (p - 1) * piece
-    if op == "broadcast":
-        return p - 1, chunk * (p - 1), chunk * (p - 1)
-    return 1, size, size
 
 
 def _overlapping(allocs: tuple[Alloc, ...]) -> tuple[Overlapping, ...]:
@@ -81,8 +60,9 @@ def _stage_row(mem: StageMemory, capacity: int) -> StageRow:
     )
 
 
-def _collective(move: Move, phase: Phase) -> CollectiveRow:
-    steps, sent, recv = ring_bytes(move.op, move.ranks, move.size_bytes)
+def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveRow:
+    move, cost = timed.move, timed.cost
+    link = cost.link
     return CollectiveRow(
         name=move.name,
         phase=phase.name,
@@ -91,56 +71,59 @@ def _collective(move: Move, phase: Phase) -> CollectiveRow:
         ranks=move.ranks,
         dtype=move.dtype,
         bytes=move.size_bytes,
-        sent_bytes=sent,
-        recv_bytes=recv,
-        algorithm="ring" if move.op != "send-recv" else "direct",
-        steps=steps,
+        sent_bytes=int(cost.sent_bytes),
+        recv_bytes=int(cost.recv_bytes),
+        algorithm=cost.algorithm,
+        steps=int(cost.steps),
         count=move.count * phase.count,
         src=move.src,
         dst=move.dst,
+        link=" + ".join(cost.links),
+        alpha_s=link.latency,
+        bandwidth_Bps=link.effective_bandwidth,
+        latency_term_s=float(cost.latency_s) if timing else None,
+        bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
+        time_s=timed.time_s if timing else None,
+        exposed_s=timed.exposed_s if timing else None,
+        overlap_rule=timed.rule,
+        overlaps_with=move.window or None,
     )
 
 
-def _payload(rows: tuple[CollectiveRow, ...]) -> int:
-    return sum(r.sent_bytes * r.count for r in rows)
-
-
-def _phase_rows(step: Step, mem: Memory) -> tuple[PhaseRow, ...]:
-    """One row per phase name, in step order; collectives from the busiest stage."""
-    names: list[str] = []
-    for stage in step.stages:
-        for phase in stage.phases:
-            if phase.name not in names:
-                names.append(phase.name)
+def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple[PhaseRow, ...]:
+    """One row per phase name, in step order, from the stage where it costs the most."""
+    names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
     names.sort(key=lambda n: PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER))
     rows = []
     for name in names:
         candidates = []
-        for stage in step.stages:
+        for stage in times.stages:
             for phase in stage.phases:
                 if phase.name == name:
-                    collectives = tuple(_collective(m, phase) for m in phase.moves)
-                    candidates.append(
-                        (_payload(collectives), phase.count, stage.stage, phase, collectives)
-                    )
-        payload, _, stage_index, phase, collectives = max(
-            candidates, key=lambda c: (c[0], c[1], -c[2])
-        )
-        peaks = [(s.phase_peaks[name], s.stage, s) for s in mem.stages if name in s.phase_peaks]
+                    collectives = tuple(_collective(t, phase, timing) for t in phase.moves)
+                    payload = sum(c.sent_bytes * c.count for c in collectives)
+                    busy = (phase.compute_s + phase.exposed_s) * phase.count
+                    candidates.append((payload, busy, -stage.stage, phase, collectives))
+        payload, _, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
+        peaks = [(s.phase_peaks[name], -s.stage) for s in mem.stages if name in s.phase_peaks]
         peak_bytes, peak_stage, overlap = 0, None, ()
         if peaks:
-            peak_bytes, peak_stage, stage_mem = max(peaks, key=lambda p: (p[0], -p[1]))
-            overlap = _phase_overlap(step, stage_mem.stage, name, peak_bytes)
+            peak_bytes, neg_peak = max(peaks)
+            peak_stage = -neg_peak
+            overlap = _phase_overlap(step, peak_stage, name, peak_bytes)
         rows.append(
             PhaseRow(
                 name=name,
                 count=phase.count,
-                stage=stage_index,
+                stage=-neg_stage,
                 payload_bytes=payload,
                 peak_bytes=peak_bytes,
                 peak_stage=peak_stage,
                 peak_overlap=overlap,
                 collectives=collectives,
+                compute_s=phase.compute_s * phase.count if timing else None,
+                comm_s=phase.comm_s * phase.count if timing else None,
+                exposed_s=phase.exposed_s * phase.count if timing else None,
             )
         )
     return tuple(rows)
@@ -155,10 +138,42 @@ def _phase_overlap(step: Step, stage: int, name: str, total: int) -> tuple[Overl
     return ()
 
 
+def _summary(
+    phases: tuple[PhaseRow, ...], times: StepTime, timing: bool
+) -> dict[str, float | None]:
+    """The step's figures; compute, communication and exposure are the sums of the rows."""
+    if not timing:
+        keys = (
+            "time_s",
+            "compute_s",
+            "comm_s",
+            "exposed_comm_s",
+            "exposed_share",
+            "bubble_s",
+            "tokens_per_s",
+            "mfu",
+        )
+        return dict.fromkeys(keys)
+    exposed = sum(p.exposed_s or 0.0 for p in phases)
+    return {
+        "time_s": times.time_s,
+        "compute_s": sum(p.compute_s or 0.0 for p in phases),
+        "comm_s": sum(p.comm_s or 0.0 for p in phases),
+        "exposed_comm_s": exposed,
+        "exposed_share": exposed / times.time_s,
+        "bubble_s": times.bubble_s,
+        "after_s": times.time_s - times.pipeline_s,
+        "tokens_per_s": times.tokens_per_s,
+        "mfu": times.mfu,
+    }
+
+
 def build_report(plan: Plan) -> Report:
     """Every number of the report for one resolved plan."""
     step = derive(plan)
     mem = memory(step, plan.device.memory)
+    timing = can_time(plan)
+    times = step_time(plan, step)
     par, m = plan.parallel, plan.model
     layout = {
         "tp": par.tp,
@@ -190,6 +205,7 @@ def build_report(plan: Plan) -> Report:
         "memory_bytes": plan.device.memory,
         "reserved_bytes": plan.device.reserved,
     }
+    phases = _phase_rows(step, mem, times, timing)
     return Report(
         name=plan.name,
         file=plan.file,
@@ -201,14 +217,16 @@ def build_report(plan: Plan) -> Report:
         microbatches=step.microbatches,
         capacity_bytes=plan.device.memory,
         stages=tuple(_stage_row(s, plan.device.memory) for s in mem.stages),
-        phases=_phase_rows(step, mem),
-        step={
-            "time_s": None,
-            "compute_s": None,
-            "comm_s": None,
-            "exposed_comm_s": None,
-            "bubble_s": None,
-            "tokens_per_s": None,
-            "mfu": None,
-        },
+        phases=phases,
+        step=_summary(phases, times, timing),
+        links=tuple(
+            {
+                "name": lv.name,
+                "size": lv.size,
+                "bandwidth_Bps": lv.bandwidth / lv.shared_by,
+                "latency_s": lv.latency,
+                "shared_by": lv.shared_by,
+            }
+            for lv in plan.topology.levels
+        ),
     )

@@ -38,12 +38,15 @@ class CollectiveRow:
     count: int  # calls per step on one rank
     src: str
     dst: str
-    link: str | None = None
-    alpha_s: float | None = None
-    bandwidth_Bps: float | None = None
+    link: str | None = None  # level names the group spans, innermost first
+    alpha_s: float | None = None  # latency per step of the slowest link
+    bandwidth_Bps: float | None = None  # B_eff of the slowest link, per GPU
+    latency_term_s: float | None = None  # n·α, per call
+    bandwidth_term_s: float | None = None  # Q/B_eff, per call
     time_s: float | None = None  # per call, total
     exposed_s: float | None = None  # per call, not hidden behind compute
     overlap_rule: str | None = None
+    overlaps_with: str | None = None  # the kernel or window the rule may hide it behind
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class Report:
     stages: tuple[StageRow, ...]
     phases: tuple[PhaseRow, ...]
     step: dict[str, float | None]
+    links: tuple[dict[str, Any], ...] = ()
 
     @property
     def worst(self) -> StageRow:
@@ -134,12 +138,15 @@ def _collective(c: CollectiveRow) -> dict[str, Any]:
         "link": c.link,
         "alpha_s": c.alpha_s,
         "bandwidth_Bps": c.bandwidth_Bps,
+        "latency_term_s": c.latency_term_s,
+        "bandwidth_term_s": c.bandwidth_term_s,
         "time_s": c.time_s,
         "exposed_s": c.exposed_s,
         "count": c.count,
         "from": c.src,
         "to": c.dst,
         "overlap_rule": c.overlap_rule,
+        "overlaps_with": c.overlaps_with,
     }
 
 
@@ -155,6 +162,7 @@ def to_dict(report: Report) -> dict[str, Any]:
         "model": report.model,
         "device": report.device,
         "microbatches": report.microbatches,
+        "topology": {"levels": list(report.links)},
         "memory": {
             "capacity_bytes": report.capacity_bytes,
             "peak_bytes": worst.peak_bytes,

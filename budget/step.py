@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from budget import flops
 from budget.errors import BudgetError, Problem
+from budget.flops import Work
 from budget.placement import (
     PARTIAL,
     REPLICATE,
@@ -81,6 +83,22 @@ class Move:
     src: str
     dst: str
     count: int = 1
+    # What the collective may hide behind (DESIGN.md rule 6), decided here where the
+    # dependencies are known and priced in `schedule`: the name of a kernel of the same phase
+    # (or "@phase", "@forward-microbatch", "@backward-microbatch"), the share of its time
+    # that is usable, the `overlap:` flag that allows it ("" = always allowed) and the rule.
+    window: str = ""
+    share: float = 1.0
+    flag: str = ""
+    rule: str = "exposed: nothing to overlap with"
+    floor: float = 0.0  # share of the collective that is exposed however long the window
+
+
+def hide(
+    move: Move, window: str, flag: str, rule: str, share: float = 1.0, floor: float = 0.0
+) -> Move:
+    """`move` with its overlap window (see `Move`)."""
+    return replace(move, window=window, flag=flag, rule=rule, share=share, floor=floor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +121,7 @@ class Phase:
     count: int
     moves: tuple[Move, ...] = ()
     instants: tuple[Instant, ...] = ()
+    works: tuple[Work, ...] = ()  # kernels run once per instance, per rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,15 +452,25 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
 # Transitions
 
 
-def _tp_moves(plan: Plan, s: Shapes, block: str, backward: bool) -> list[Move]:
+def _tp_moves(
+    plan: Plan, s: Shapes, block: str, backward: bool, column: str, row: str = ""
+) -> list[Move]:
     """Tensor-parallel transitions around one attention or MLP block.
 
     Megatron-LM (Shoeybi et al. section 3, Korthikanti section 4.2.2): without sequence
     parallelism the forward all-reduces the row-parallel output (g) and the backward
     all-reduces the column-parallel input gradient (f). With it, the forward all-gathers the
     sharded input (g) and reduce-scatters the output (ḡ); the backward all-gathers the output
-    gradient, reduce-scatters the input gradient and all-gathers the saved input shard again
+    gradient, reduces-scatters the input gradient and all-gathers the saved input shard again
     for the weight gradient.
+
+    Overlap (Megatron-LM defaults): forward collectives sit between GEMMs that need their
+    result, so they are exposed unless `overlap.tp` (comm-GEMM overlap, Wang et al., arXiv
+    2105.05720) splits them into chunks hidden behind the adjacent GEMM. In backward the
+    column-parallel layer's input-gradient reduction runs while its weight-gradient GEMM
+    computes, and the re-gather of its input while the input-gradient GEMM computes (half of
+    the layer's backward GEMM time each); the output-gradient gather is needed first and
+    stays exposed unless `overlap.tp`.
     """
     par = plan.parallel
     if par.tp == 1:
@@ -452,58 +481,108 @@ def _tp_moves(plan: Plan, s: Shapes, block: str, backward: bool) -> list[Move]:
     def move(name: str, op: Op, src: Placement, dst: Placement) -> Move:
         return Move(f"{block} {name}", op, "tp", par.tp, dtype, full, str(src), str(dst))
 
-    if not par.sequence_parallel:
-        if backward:
-            return [move("input gradient", "all-reduce", PARTIAL, REPLICATE)]
-        return [move("output", "all-reduce", PARTIAL, REPLICATE)]
+    def forward(m: Move, gemm: str) -> Move:
+        if not gemm:
+            return replace(m, rule="tp forward: exposed, no GEMM to overlap with")
+        return hide(m, gemm, "tp", "tp: exposed unless overlap.tp hides it behind its GEMM")
+
+    wgrad = f"{column} backward"
     if backward:
-        return [
-            move("output gradient", "all-gather", shard(0), REPLICATE),
-            move("input again, for weight grad", "all-gather", shard(0), REPLICATE),
-            move("input gradient", "reduce-scatter", PARTIAL, shard(0)),
+        reduce_op: Op = "reduce-scatter" if par.sequence_parallel else "all-reduce"
+        grad = move(
+            "input gradient", reduce_op, PARTIAL, shard(0) if par.sequence_parallel else REPLICATE
+        )
+        out = [
+            hide(
+                grad,
+                wgrad,
+                "",
+                "tp backward: overlaps the weight-gradient GEMM",
+                share=0.5,
+            )
         ]
-    return [
-        move("input", "all-gather", shard(0), REPLICATE),
-        move("output", "reduce-scatter", PARTIAL, shard(0)),
-    ]
+        if par.sequence_parallel:
+            again = move("input again, for weight grad", "all-gather", shard(0), REPLICATE)
+            out.insert(
+                0,
+                hide(
+                    again,
+                    wgrad,
+                    "",
+                    "tp backward: overlaps the input-gradient GEMM",
+                    share=0.5,
+                ),
+            )
+            if row:
+                out.insert(
+                    0,
+                    forward(
+                        move("output gradient", "all-gather", shard(0), REPLICATE),
+                        f"{row} backward",
+                    ),
+                )
+        return out
+    if not par.sequence_parallel:
+        return [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
+    moves = [forward(move("input", "all-gather", shard(0), REPLICATE), column)]
+    if row:
+        moves.append(forward(move("output", "reduce-scatter", PARTIAL, shard(0)), row))
+    return moves
 
 
 def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     """Context parallel attention: every rank needs K and V of the whole sequence.
 
     Ring attention (Liu et al., arXiv 2310.01889) passes K/V chunks around the cp ring in
-    cp - 1 send/recv steps, which moves exactly the bytes of a ring all-gather of K and V;
-    Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V instead. Backward
-    re-circulates K/V and reduce-scatters dK/dV.
+    cp - 1 send/recv steps, which moves exactly the bytes of a ring all-gather of K and V,
+    each step hidden behind attention on the chunk already received ((cp - 1)/cp of the
+    attention core). Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before
+    attention instead, which leaves the gather exposed. Backward re-circulates K/V and
+    reduce-scatters dK/dV the same way.
     """
     par = plan.parallel
     if par.cp == 1:
         return []
     kv = s.act * s.micro * s.seq_kv * 2 * s.kv_cols
     dtype = plan.precision.activations
-    moves = [
-        Move(
-            "attention K/V (ring exchange)",
-            "all-gather",
-            "cp",
-            par.cp,
-            dtype,
-            kv,
-            "shard(0)",
-            "replicate",
+    ring = par.cp_attention == "ring"
+    core = flops.attention_core(plan, s).name + (" backward" if backward else "")
+    share = (par.cp - 1) / par.cp
+
+    def placed(m: Move) -> Move:
+        if not ring:
+            return replace(m, rule="cp all-gather of K/V: exposed before attention")
+        return hide(
+            m, core, "", "cp ring: each step overlaps attention on the previous chunk", share
         )
-    ]
-    if backward:
-        moves.append(
+
+    moves = [
+        placed(
             Move(
-                "attention dK/dV",
-                "reduce-scatter",
+                "attention K/V" + (" (ring exchange)" if ring else ""),
+                "all-gather",
                 "cp",
                 par.cp,
                 dtype,
                 kv,
-                "partial",
                 "shard(0)",
+                "replicate",
+            )
+        )
+    ]
+    if backward:
+        moves.append(
+            placed(
+                Move(
+                    "attention dK/dV",
+                    "reduce-scatter",
+                    "cp",
+                    par.cp,
+                    dtype,
+                    kv,
+                    "partial",
+                    "shard(0)",
+                )
             )
         )
     return moves
@@ -511,34 +590,51 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
 
 def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
     """ZeRO-3 / FSDP: gather each layer's parameters before use, forward and backward;
-    reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3)."""
+    reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3). With
+    `overlap.param_gather` the next layer's gather is prefetched during this layer's compute;
+    with `overlap.dp_grads` the gradient reduce-scatter runs during the next layer's
+    backward (PyTorch FSDP's forward/backward prefetch, Zhao et al., arXiv 2304.11277)."""
     par = plan.parallel
     if par.zero < 3 or par.dp == 1:
         return []
     n = layer_params(plan).per_rank
+    gather = Move(
+        "layer parameters",
+        "all-gather",
+        "dp",
+        par.dp,
+        plan.precision.param_gather,
+        n * DTYPE_BYTES[plan.precision.param_gather],
+        "shard(0)",
+        "replicate",
+    )
     moves = [
-        Move(
-            "layer parameters",
-            "all-gather",
-            "dp",
-            par.dp,
-            plan.precision.param_gather,
-            n * DTYPE_BYTES[plan.precision.param_gather],
-            "shard(0)",
-            "replicate",
+        hide(
+            gather,
+            "@phase",
+            "param_gather",
+            "ZeRO-3 gather: exposed unless overlap.param_gather prefetches it behind "
+            "the previous layer",
         )
     ]
     if backward:
+        grads = Move(
+            "layer gradients",
+            "reduce-scatter",
+            "dp",
+            par.dp,
+            plan.precision.grads,
+            n * DTYPE_BYTES[plan.precision.grads],
+            "partial",
+            "shard(0)",
+        )
         moves.append(
-            Move(
-                "layer gradients",
-                "reduce-scatter",
-                "dp",
-                par.dp,
-                plan.precision.grads,
-                n * DTYPE_BYTES[plan.precision.grads],
-                "partial",
-                "shard(0)",
+            hide(
+                grads,
+                "@phase",
+                "dp_grads",
+                "ZeRO-3 gradient reduce-scatter: exposed unless overlap.dp_grads "
+                "runs it behind the next layer's backward",
             )
         )
     return moves
@@ -567,7 +663,26 @@ class _StageBuilder:
         return self.stage == self.plan.parallel.pp - 1
 
     def add(self, name: str, count: int, moves: list[Move], instants: list[Instant]) -> None:
+        if name.startswith("pipeline."):
+            moves = [_pipeline_overlap(self.plan, m) for m in moves]
         self.phases.append(Phase(name, count, tuple(moves), tuple(instants)))
+
+
+def _pipeline_overlap(plan: Plan, move: Move) -> Move:
+    """Send/recv between stages: 1F1B and GPipe wait for it; the interleaved schedule can
+    run it behind another chunk's compute when `overlap.pp` is on (Megatron-LM's
+    `--overlap-p2p-communication`, Narayanan et al. section 2.2.2)."""
+    if plan.parallel.pipeline.schedule != "interleaved":
+        return replace(move, rule="pp send/recv: exposed, the next stage waits for it")
+    window = "@forward-microbatch" if move.dst == "i+1" else "@backward-microbatch"
+    return hide(
+        move,
+        window,
+        "pp",
+        "pp send/recv: exposed unless overlap.pp hides it behind "
+        "another chunk (interleaved schedule)",
+        1 / plan.parallel.pipeline.virtual_stages,
+    )
 
 
 def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
@@ -611,7 +726,53 @@ def derive(plan: Plan) -> Step:
             )
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
-    return _with_transitions(plan, step)
+    return _with_transitions(plan, _with_work(plan, step))
+
+
+def phase_work(plan: Plan, name: str, params_rank: int) -> list[Work]:
+    """The kernels one instance of phase `name` runs on one rank (see `budget.flops`).
+
+    Backward phases include what recompute repeats: the whole layer's forward under full
+    recompute, the attention core under selective recompute (Korthikanti section 5).
+    """
+    s = shapes(plan)
+    attention, mlp = flops.attention_forward(plan, s), flops.mlp_forward(plan, s)
+    recompute = plan.recompute
+    if name == "forward.embedding":
+        return flops.embedding_work(plan, s)
+    if name == "forward.attention":
+        return attention
+    if name == "forward.mlp":
+        return mlp
+    if name == "loss":
+        return flops.loss_work(plan, s)
+    if name == "backward.mlp":
+        again = [w.scaled(1, f"{w.name} (recomputed)") for w in mlp] if recompute == "full" else []
+        return again + flops.backward_of(mlp)
+    if name == "backward.attention":
+        again = []
+        if recompute == "full":
+            again = [w.scaled(1, f"{w.name} (recomputed)") for w in attention]
+        elif recompute == "selective":
+            core = flops.attention_core(plan, s)
+            again = [core.scaled(1, f"{core.name} (recomputed)")]
+        return again + flops.backward_of(attention)
+    if name == "backward.embedding":
+        return flops.backward_of(flops.embedding_work(plan, s))
+    if name == "optimizer":
+        shard = -(-params_rank // plan.parallel.dp) if plan.parallel.zero >= 1 else params_rank
+        return flops.optimizer_work(plan, shard)
+    return []
+
+
+def _with_work(plan: Plan, step: Step) -> Step:
+    stages = []
+    for st in step.stages:
+        phases = tuple(
+            replace(p, works=tuple(phase_work(plan, p.name, st.params))) for p in st.phases
+        )
+        stages.append(replace(st, phases=phases))
+    return replace(step, stages=tuple(stages))
 
 
 def _saved(b: _StageBuilder, units: float) -> Alloc:
@@ -708,7 +869,7 @@ def _forward(b: _StageBuilder) -> None:
     b.add(
         "forward.attention",
         b.layers * m,
-        _tp_moves(plan, s, "attention", False)
+        _tp_moves(plan, s, "attention", False, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, False)
         + _zero3_moves(plan, False),
         [
@@ -724,7 +885,7 @@ def _forward(b: _StageBuilder) -> None:
     b.add(
         "forward.mlp",
         b.layers * m,
-        _tp_moves(plan, s, "MLP", False) + _zero3_moves(plan, False),
+        _tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2") + _zero3_moves(plan, False),
         [
             Instant("fc1", tuple(base + checkpoint + kept_attn + mlp[:2] + ag_mlp + z3)),
             Instant(
@@ -790,8 +951,8 @@ def _loss(b: _StageBuilder, units: float) -> None:
             )
         )
         if plan.parallel.sequence_parallel:
-            moves.extend(_tp_moves(plan, s, "output layer", False)[:1])
-        moves.extend(_tp_moves(plan, s, "output layer", True)[-1:])
+            moves.extend(_tp_moves(plan, s, "output layer", False, "output layer")[:1])
+        moves.extend(_tp_moves(plan, s, "output layer", True, "output layer"))
     b.add("loss", b.microbatches, moves, [Instant("cross-entropy", tuple(live))])
 
 
@@ -847,12 +1008,23 @@ def _backward(b: _StageBuilder) -> None:
         else []
     )
     recompute_moves = (
-        _tp_moves(plan, s, "MLP (recomputed forward)", False) if plan.recompute == "full" else []
+        _tp_moves(
+            plan,
+            s,
+            "MLP (recomputed forward)",
+            False,
+            "MLP fc1 (recomputed)",
+            "MLP fc2 (recomputed)",
+        )
+        if plan.recompute == "full"
+        else []
     )
     b.add(
         "backward.mlp",
         b.layers * m,
-        recompute_moves + _tp_moves(plan, s, "MLP", True) + _zero3_moves(plan, True),
+        recompute_moves
+        + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
+        + _zero3_moves(plan, True),
         [
             Instant(
                 "fc2 and activation gradients",
@@ -882,7 +1054,14 @@ def _backward(b: _StageBuilder) -> None:
         placement="shard(heads) on tp",
     )
     recompute_moves = (
-        _tp_moves(plan, s, "attention (recomputed forward)", False)
+        _tp_moves(
+            plan,
+            s,
+            "attention (recomputed forward)",
+            False,
+            "QKV projection (recomputed)",
+            "attention output projection (recomputed)",
+        )
         if plan.recompute == "full"
         else []
     )
@@ -890,7 +1069,7 @@ def _backward(b: _StageBuilder) -> None:
         "backward.attention",
         b.layers * m,
         recompute_moves
-        + _tp_moves(plan, s, "attention", True)
+        + _tp_moves(plan, s, "attention", True, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, True)
         + _zero3_moves(plan, True),
         [
@@ -945,75 +1124,62 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
     shard, all-gather the updated parameters (Megatron-LM's distributed optimizer; ZeRO
     section 7: the same volume as one all-reduce). ZeRO-3 reduces per layer in backward.
     With context parallelism, gradients are reduced over dp x cp (Megatron-LM).
+
+    Overlap (Megatron-LM `--overlap-grad-reduce` / `--overlap-param-gather`, off by default):
+    gradients are reduced bucket by bucket (one layer per bucket here) while the last
+    micro-batch's backward goes on, and the last bucket is exposed; the parameter gather of
+    the next step runs behind its first forward the same way.
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
-    group_ranks = par.dp * par.cp
+    ranks = par.dp * par.cp
+    buckets = max(1, b.layers)
+    share, floor = (buckets - 1) / buckets, 1 / buckets
     grads = params_rank * DTYPE_BYTES[prec.grads]
     moves: list[Move] = []
-    if group_ranks > 1 and par.zero == 0:
-        moves.append(
-            Move(
-                "gradients",
-                "all-reduce",
-                "dp",
-                group_ranks,
-                prec.grads,
-                grads,
-                "partial",
-                "replicate",
-            )
+    if ranks > 1 and par.zero < 3:
+        op: Op = "all-reduce" if par.zero == 0 else "reduce-scatter"
+        dst = "replicate" if par.zero == 0 else "shard(0)"
+        move = Move("gradients", op, "dp", ranks, prec.grads, grads, "partial", dst)
+        rule = (
+            "dp gradients: exposed unless overlap.dp_grads reduces them bucket by bucket "
+            "behind the last micro-batch's backward (last bucket exposed)"
         )
-    elif group_ranks > 1 and par.zero in (1, 2):
-        moves.append(
-            Move(
-                "gradients",
-                "reduce-scatter",
-                "dp",
-                group_ranks,
-                prec.grads,
-                grads,
-                "partial",
-                "shard(0)",
-            )
-        )
-    rest = [*b.resident]
-    b.add("dp.grads", 1, moves, [Instant("gradient reduction", tuple(rest))])
+        moves.append(hide(move, "@backward-microbatch", "dp_grads", rule, share, floor))
+    b.add("dp.grads", 1, moves, [Instant("gradient reduction", b.resident)])
     m = plan.model
     if m.tied_embeddings and par.pp > 1 and (b.first or b.last):
         word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
-        b.add(
-            "embedding.grads",
-            1,
-            [
-                Move(
-                    "tied embedding grads",
-                    "all-reduce",
-                    "pp",
-                    2,
-                    prec.grads,
-                    word,
-                    "partial",
-                    "replicate",
-                )
-            ],
-            [],
+        tied = Move(
+            "tied embedding grads",
+            "all-reduce",
+            "pp",
+            2,
+            prec.grads,
+            word,
+            "partial",
+            "replicate",
+            rule="tied embedding: exposed, after the last backward",
         )
+        b.add("embedding.grads", 1, [tied], [])
     opt_moves = []
-    if group_ranks > 1 and par.zero in (1, 2):
-        opt_moves.append(
-            Move(
-                "updated parameters",
-                "all-gather",
-                "dp",
-                group_ranks,
-                prec.param_gather,
-                params_rank * DTYPE_BYTES[prec.param_gather],
-                "shard(0)",
-                "replicate",
-            )
+    if ranks > 1 and par.zero in (1, 2):
+        gather = Move(
+            "updated parameters",
+            "all-gather",
+            "dp",
+            ranks,
+            prec.param_gather,
+            params_rank * DTYPE_BYTES[prec.param_gather],
+            "shard(0)",
+            "replicate",
         )
-    b.add("optimizer", 1, opt_moves, [Instant("optimizer step", tuple(rest))])
+        rule = (
+            "parameter gather: exposed unless overlap.param_gather runs it bucket by "
+            "bucket behind the next step's first forward (first bucket exposed)"
+        )
+        opt_moves.append(hide(gather, "@forward-microbatch", "param_gather", rule, share, floor))
+    b.add("optimizer", 1, opt_moves, [Instant("optimizer step", b.resident)])
 
 
 # --------------------------------------------------------------------------------------------

@@ -121,6 +121,12 @@ class Device:
     flops: tuple[tuple[str, float], ...] = ()  # (dtype, dense peak FLOP/s)
     memory_bandwidth: float = 0.0  # bytes/s
     name: str = ""
+    # Fractions of the peaks that kernels reach (roofline derating). Defaults: a large bf16
+    # GEMM reaches about 0.79 of H100's dense peak (780 of 989 TFLOP/s, torch.compile
+    # max-autotune, H. He's public "H100 peak matmul FLOPS" measurement); memory-bound
+    # kernels are assumed to reach 0.8 of HBM bandwidth until a device preset calibrates it.
+    matmul_efficiency: float = 0.8
+    memory_efficiency: float = 0.8
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)

@@ -11,12 +11,12 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from budget.units import format_bytes, format_duration
+from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from budget.report import Overlapping, PhaseRow, Report, StageRow
+    from budget.report import Overlapping, Report, StageRow
 
 WIDE = 110
 _RESIDENT = {"params", "grads", "optimizer", "reserved"}
@@ -60,7 +60,13 @@ def _bar(row: StageRow, width: int = 8) -> Text:
 
 
 def _table(title: str) -> Table:
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
 
 
 def _num(table: Table, header: str, **kw: object) -> None:
@@ -118,27 +124,42 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
 
 
 def phase_table(report: Report, wide: bool) -> Table:
-    table = _table("Phases of one step (per rank; peak over all stages)")
+    timed = report.step["time_s"] is not None
+    table = _table("Phases of one step (per rank, on the stage where each costs most)")
     table.add_column("phase", no_wrap=True)
     _num(table, "count")
-    _num(table, "sent/rank")
-    timed = any(p.comm_s is not None for p in report.phases)
     if timed:
+        _num(table, "compute")
         _num(table, "comm")
         _num(table, "exposed")
+    _num(table, "sent/rank")
     _num(table, "peak live")
     if wide:
         _num(table, "stage")
-    table.add_column("largest transients at that peak", ratio=1)
+        table.add_column("largest transients at that peak", ratio=1)
     for p in report.phases:
-        cells = [p.name, f"{p.count:,}", _b(p.payload_bytes) if p.payload_bytes else "–"]
+        cells = [p.name, f"{p.count:,}"]
         if timed:
-            cells += [_t(p.comm_s), _t(p.exposed_s)]
+            cells += [_t(p.compute_s), _t(p.comm_s), _t(p.exposed_s)]
+        cells.append(_b(p.payload_bytes) if p.payload_bytes else "–")
         cells.append("–" if p.peak_stage is None else _b(p.peak_bytes))
         if wide:
             cells.append("" if p.peak_stage is None else str(p.peak_stage))
-        cells.append(_brief(p.peak_overlap, 2 if wide else 1))
+            cells.append(_brief(p.peak_overlap, 1))
         table.add_row(*cells)
+    if timed:
+        step = report.step
+        table.add_section()
+        row = [
+            "total",
+            "",
+            _t(step["compute_s"]),
+            _t(step["comm_s"]),
+            _t(step["exposed_comm_s"]),
+            _b(sum(p.payload_bytes for p in report.phases)),
+            "",
+        ]
+        table.add_row(*row, *(["", ""] if wide else []), style="bold")
     return table
 
 
@@ -147,6 +168,14 @@ def _t(seconds: float | None) -> str:
 
 
 _SHORT = {"replicate": "R", "partial": "P"}
+_OPS = {
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-reduce": "AR",
+    "all-to-all": "A2A",
+    "broadcast": "BC",
+    "send-recv": "P2P",
+}
 
 
 def _placement(text: str) -> str:
@@ -154,39 +183,94 @@ def _placement(text: str) -> str:
     return _SHORT.get(text, text.replace("shard", "S"))
 
 
-def collective_table(phases: tuple[PhaseRow, ...], wide: bool) -> Table:
-    table = _table("Layout transitions (ring algorithm; bytes per rank per call)")
+def collective_table(report: Report, wide: bool) -> tuple[Table, list[str]]:
+    """The transitions of the step, and the overlap rules their last column points to."""
+    timed = report.step["time_s"] is not None
+    table = _table("Collectives (per rank, per call; received = sent)")
     table.add_column("transition", ratio=1)
-    table.add_column("collective", no_wrap=True)
+    table.add_column("collective" if wide else "op", no_wrap=True)
     _num(table, "group")
     if wide:
-        table.add_column("layout", no_wrap=True)
-        table.add_column("dtype", no_wrap=True)
-    _num(table, "tensor S")
-    _num(table, "sent/rank")
+        table.add_column("link", no_wrap=True)
+        _num(table, "tensor S")
+    _num(table, "sent")
     if wide:
         _num(table, "steps")
+    if timed:
+        _num(table, "time")
+        _num(table, "exposed")
     _num(table, "calls")
-    for p in phases:
+    _num(table, "rule")
+    rules: list[str] = []
+    for p in report.phases:
         if not p.collectives:
             continue
         table.add_row(f"[bold]{p.name}[/]")
         for c in p.collectives:
-            cells = [c.name, c.op, f"{c.group} {c.ranks}"]
+            rule = c.overlap_rule or ""
+            if rule not in rules:
+                rules.append(rule)
+            op = f"{c.op} {_placement(c.src)}→{_placement(c.dst)}" if wide else _OPS[c.op]
+            cells = [f" {c.name}", op, f"{c.group} {c.ranks}"]
             if wide:
-                cells += [f"{_placement(c.src)}→{_placement(c.dst)}", c.dtype]
-            cells += [_b(c.bytes), _b(c.sent_bytes)]
+                cells += [c.link or "", _b(c.bytes)]
+            cells.append(_b(c.sent_bytes))
             if wide:
                 cells.append(str(c.steps))
-            cells.append(f"{c.count:,}")
+            if timed:
+                cells += [_t(c.time_s), _t(c.exposed_s)]
+            cells += [f"{c.count:,}", f"[{rules.index(rule) + 1}]"]
             table.add_row(*cells)
-    table.caption = (
-        "S(d) = shard on dim d, R = replicate, P = sum-partial; received = sent per rank"
-        if wide
-        else "received = sent per rank"
-    )
-    table.caption_justify = "left"
+    legend = [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
+    if wide:
+        legend.insert(0, "S(d) = shard on dim d, R = replicate, P = sum-partial")
+    else:
+        legend.insert(
+            0, "AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"
+        )
+    return table, legend
+
+
+def link_table(report: Report) -> Table:
+    """Each level's per-GPU bandwidth and latency, and the groups priced on it."""
+    table = _table("Links (per GPU, one direction)")
+    table.add_column("level", no_wrap=True)
+    _num(table, "B_eff")
+    _num(table, "α per step")
+    table.add_column("collectives on it", ratio=1)
+    seen: dict[str, tuple[float | None, float | None, list[str]]] = {}
+    for p in report.phases:
+        for c in p.collectives:
+            for level in (c.link or "").split(" + "):
+                entry = seen.setdefault(level, (None, None, []))
+                if c.group not in entry[2]:
+                    entry[2].append(c.group)
+    for link in report.links:
+        groups = seen.get(link["name"], (None, None, []))[2]
+        table.add_row(
+            link["name"],
+            format_rate(link["bandwidth_Bps"]),
+            format_duration(link["latency_s"]),
+            ", ".join(groups) or "–",
+        )
     return table
+
+
+def summary(report: Report) -> list[str]:
+    step = report.step
+    if step["time_s"] is None:
+        return [
+            "Step time: not computed (the device section has no peak FLOP/s or memory bandwidth)."
+        ]
+    time_s = float(step["time_s"])
+    return [
+        f"Step: {_t(time_s)} = pipeline {_t(time_s - float(step['after_s'] or 0))} "
+        f"(bubble {_t(step['bubble_s'])}) + gradient reduction and optimizer "
+        f"{_t(step['after_s'])}",
+        f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
+        f"({float(step['exposed_share'] or 0):.1%} of the step); "
+        f"{float(step['tokens_per_s'] or 0):,.0f} tokens/s; MFU {float(step['mfu'] or 0):.1%}",
+    ]
 
 
 def verdict(report: Report) -> str:
@@ -233,9 +317,17 @@ def render_table(console: Console, report: Report) -> None:
         stage_table(report, wide),
         overlap_table(report.worst),
         phase_table(report, wide),
-        collective_table(report.phases, wide),
     ):
         console.print()
         console.print(table)
+    collectives, legend = collective_table(report, wide)
     console.print()
+    console.print(collectives)
+    for line in legend:
+        console.print(line, markup=False, highlight=False)
+    console.print()
+    console.print(link_table(report))
+    console.print()
+    for line in summary(report):
+        console.print(line, markup=False)
     console.print(verdict(report))

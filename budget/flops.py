@@ -1,0 +1,159 @@
+"""FLOPs and bytes touched by each op of a transformer step, per rank.
+
+A `Work` is one kernel (or a fused group) with the floating-point operations it performs and
+the device-memory bytes it reads and writes; `compute.op_time` turns it into seconds by the
+roofline. Counts follow the usual accounting:
+
+- A GEMM of (M x K) by (K x N) is 2·M·K·N FLOPs and touches M·K + K·N + M·N elements
+  (Narayanan et al., arXiv 2104.04473, section 5.1; Kaplan et al., arXiv 2001.08361,
+  section 2.1). Its backward is two GEMMs of the same size (input and weight gradients).
+- Attention scores and their product with V are 2·2·s_q·s_kv·head_dim FLOPs per head;
+  a causal mask lets FlashAttention skip half the tiles (Dao, arXiv 2307.08691, section
+  3.1), eager attention computes them all and masks. FlashAttention's backward does five
+  such matmuls against the forward's two, 2.5 times the forward (Dao et al., arXiv
+  2205.14135, section 3.2 and appendix B.4).
+- Norms, activation functions, dropout and residual additions are memory-bound: what counts
+  is the bytes they read and write.
+- Model FLOPs for utilisation (MFU) are 6·N per token plus 12·L·h·s for attention
+  (Chowdhery et al., PaLM, arXiv 2204.02311, appendix B), whatever is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from budget.plan.model import DTYPE_BYTES
+
+if TYPE_CHECKING:
+    from budget.plan.model import Plan
+    from budget.step import Shapes
+
+Kind = Literal["matmul", "attention", "elementwise"]
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    name: str
+    kind: Kind
+    flops: int
+    bytes: int  # read + written in device memory
+    count: int = 1
+
+    def scaled(self, factor: float, name: str | None = None) -> Work:
+        return Work(
+            name or self.name,
+            self.kind,
+            round(self.flops * factor),
+            round(self.bytes * factor),
+            self.count,
+        )
+
+
+def gemm(name: str, m: int, k: int, n: int, elem: int) -> Work:
+    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once."""
+    return Work(name, "matmul", 2 * m * k * n, elem * (m * k + k * n + m * n))
+
+
+def elementwise(name: str, nbytes: int) -> Work:
+    """A memory-bound kernel: a few FLOPs per element, priced by the bytes it moves."""
+    return Work(name, "elementwise", nbytes // 2, nbytes)
+
+
+def attention_core(plan: Plan, s: Shapes) -> Work:
+    """QKᵀ, softmax and the product with V for one micro-batch on one rank."""
+    hd = plan.model.head_dim
+    q_rows = s.tokens // s.micro
+    matmuls = 2 * 2 * s.micro * s.heads * q_rows * s.seq_kv * hd
+    if plan.model.attention == "flash":
+        flops = matmuls // 2  # causal: tiles above the diagonal are skipped
+        qkvo = s.act * (s.tokens * 2 * s.q_cols + s.micro * s.seq_kv * 2 * s.kv_cols)
+        return Work("attention core (flash)", "attention", flops, qkvo)
+    scores = s.micro * s.heads * q_rows * s.seq_kv
+    passes = 4 + (3 if plan.model.dropout else 0)  # write, softmax read+write, read for V
+    qkvo = s.act * (s.tokens * 2 * s.q_cols + s.micro * s.seq_kv * 2 * s.kv_cols)
+    return Work(
+        "attention core (eager)", "attention", matmuls + 5 * scores, qkvo + passes * s.act * scores
+    )
+
+
+def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
+    e = DTYPE_BYTES[plan.precision.matmul]
+    h = s.hidden
+    norm = s.act * s.tokens_sp * s.hidden
+    return [
+        elementwise("attention norm", 2 * norm),
+        gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e),
+        attention_core(plan, s),
+        gemm("attention output projection", s.tokens, s.q_cols, h, e),
+        elementwise(
+            "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
+        ),
+    ]
+
+
+def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
+    e = DTYPE_BYTES[plan.precision.matmul]
+    gate = 2 if plan.model.mlp == "swiglu" else 1
+    norm = s.act * s.tokens_sp * s.hidden
+    act_name = "SwiGLU" if gate == 2 else "GeLU"
+    return [
+        elementwise("MLP norm", 2 * norm),
+        gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
+        elementwise(act_name, s.act * s.tokens * s.ffn_cols * (gate + 1)),
+        gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
+        elementwise(
+            "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
+        ),
+    ]
+
+
+def backward_of(works: list[Work]) -> list[Work]:
+    """Input and weight gradients: GEMMs twice the forward, flash attention 2.5 times,
+    memory-bound kernels about twice (they read the saved input and the incoming gradient)."""
+    factor = {"matmul": 2.0, "attention": 2.5, "elementwise": 2.0}
+    return [w.scaled(factor[w.kind], f"{w.name} backward") for w in works]
+
+
+def loss_work(plan: Plan, s: Shapes) -> list[Work]:
+    """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward."""
+    e = DTYPE_BYTES[plan.precision.matmul]
+    vocab = -(-plan.model.vocab // plan.parallel.tp)
+    logits = gemm("output layer", s.tokens, s.hidden, vocab, e)
+    entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
+    return [
+        elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden),
+        logits,
+        entropy,
+        *backward_of([logits, entropy]),
+    ]
+
+
+def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
+    return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
+
+
+def optimizer_work(plan: Plan, params_shard: int) -> list[Work]:
+    """One fused Adam (or SGD) step over the parameters this rank updates: it reads the
+    gradient, reads and writes the master copy and the moments, and writes the parameter."""
+    prec = plan.precision
+    moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
+    if prec.optimizer == "none":
+        return []
+    per_param = DTYPE_BYTES[prec.grads] + DTYPE_BYTES[prec.params]
+    per_param += 2 * (DTYPE_BYTES[prec.master] if prec.master else 0)
+    per_param += 2 * moments * DTYPE_BYTES[prec.optimizer_state]
+    return [
+        Work(f"{prec.optimizer} step", "elementwise", 10 * params_shard, per_param * params_shard)
+    ]
+
+
+def model_flops_per_token(plan: Plan, params: int) -> int:
+    """6N + 12·L·h·s: training FLOPs per token without recomputation (PaLM appendix B),
+    with N the non-embedding parameters plus the output layer (which does a GEMM)."""
+    m = plan.model
+    n = params - (m.vocab * m.hidden if not m.tied_embeddings else 0)
+    if m.position == "learned":
+        n -= (m.max_positions or plan.batch.seq) * m.hidden
+    attention = 12 * m.layers * m.heads * m.head_dim * plan.batch.seq
+    return 6 * n + attention
