@@ -98,7 +98,8 @@ def test_duplicate_keys_point_at_the_second() -> None:
 
 def test_syntax_error_has_a_position() -> None:
     assert messages("model:\n  layers: [1, 2\nbatch: 3\n") == [
-        "p.yaml:3:6: error: $.model.layers: invalid YAML: did not find expected ',' or ']'"
+        "p.yaml:3:6: error: $.model.layers: invalid YAML: did not find expected ',' or ']' "
+        "(while parsing a flow sequence from line 2, column 11)"
     ]
 
 

@@ -466,7 +466,7 @@ class _Resolver:
             except expr.ExprError as error:
                 message = str(error)
                 if dim.strip() not in message:
-                    message += f" (in {dim!r})"
+                    message = f"in {dim!r}: {message}"
                 self.error(where, message)
                 continue
             size = int(value)

@@ -326,7 +326,7 @@ def load_yaml(text: str, file: str) -> Loaded:
         if "nesting depth" in what:  # libyaml's own limit (1,000), reached while scanning ahead
             builder.problem(where, builder.path, f"nesting deeper than {MAX_DEPTH} levels")
         else:
-            builder.problem(where, builder.path, f"invalid YAML: {what}")
+            builder.problem(where, builder.path, f"invalid YAML: {what}{_context(error)}")
         return Loaded(None, builder.marks, tuple(builder.problems))
     except yaml.YAMLError as error:  # ReaderError: characters YAML does not allow
         builder.problem(_reader_position(error, text), "$", f"invalid YAML: {_reader_text(error)}")
@@ -348,6 +348,14 @@ def load_yaml(text: str, file: str) -> Loaded:
     if "$" not in builder.marks.nodes:
         builder.marks.nodes["$"] = (1, 1)
     return Loaded(root, builder.marks, tuple(builder.problems))
+
+
+def _context(error: yaml.MarkedYAMLError) -> str:
+    """PyYAML's context, e.g. " (while parsing a flow mapping from line 21, column 7)"."""
+    mark = error.context_mark
+    if not error.context or not error.problem or mark is None:
+        return ""
+    return f" ({error.context} from line {mark.line + 1}, column {mark.column + 1})"
 
 
 def _kind(value: object) -> str:

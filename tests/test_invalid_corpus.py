@@ -1,0 +1,261 @@
+"""A corpus of invalid plans: each `tests/invalid/NAME.yaml` with its exact stderr in
+`NAME.expected`; `budget validate` must exit 2, print nothing on stdout, and never a traceback.
+
+Hostile inputs that would be unpleasant to keep in the repository (an alias bomb, 10,000
+levels of nesting, 100 MB, bytes that are not UTF-8) are written to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner, Result
+
+from budget.cli import app, route
+from budget.plan.load import MAX_BYTES
+from budget.plan.yaml_load import MAX_DEPTH
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CORPUS = sorted((HERE / "invalid").glob("*.yaml"))
+PLANS = sorted((ROOT / "plans").glob("*.yaml"))
+
+
+def validate(*files: str) -> Result:
+    return CliRunner().invoke(app, route(["validate", *files]))
+
+
+def test_the_corpus_is_complete() -> None:
+    assert len(CORPUS) >= 25
+    for plan in CORPUS:
+        assert plan.with_suffix(".expected").is_file(), plan.name
+
+
+@pytest.mark.parametrize("plan", CORPUS, ids=[p.stem for p in CORPUS])
+def test_invalid_plan(plan: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(plan.parent)
+    result = validate(plan.name)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr == plan.with_suffix(".expected").read_text(encoding="utf-8")
+
+
+def test_several_files_report_together_sorted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(HERE / "invalid")
+    names = ["schema-wrong-type.yaml", "alias.yaml"]
+    result = validate(*names)
+    assert result.exit_code == 2
+    expected = "".join(
+        (HERE / "invalid" / name).with_suffix(".expected").read_text(encoding="utf-8")
+        for name in sorted(names)
+    )
+    assert result.stderr == expected
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])
+def test_shipped_plans_validate(plan: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    name = str(plan.relative_to(ROOT))
+    result = validate(name)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{name}: ok\n"
+    assert result.stderr == ""
+
+
+def test_a_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    result = validate(str(missing))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"{missing}:0:0: error: $: cannot read the plan: No such file or directory\n"
+    )
+
+
+# -- hostile input, generated ----------------------------------------------------------
+
+
+def _timed(path: Path) -> tuple[Result, float]:
+    start = time.perf_counter()
+    result = validate(str(path))
+    return result, time.perf_counter() - start
+
+
+def test_billion_laughs_fails_fast(tmp_path: Path) -> None:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 10):
+        name, previous = chr(ord("a") + i), chr(ord("a") + i - 1)
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
+    path = tmp_path / "lol.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result, seconds = _timed(path)
+    assert seconds < 1.0
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"{path}:2:8: error: $.b[0]: YAML aliases (*a) are not allowed in a plan; "
+        "write the value out\n"
+    )
+
+
+def test_ten_thousand_deep_nesting_fails_fast(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("model: " + "[" * 10_000 + "]" * 10_000 + "\n", encoding="utf-8")
+    result, seconds = _timed(path)
+    assert seconds < 1.0
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"{path}:1:")
+    assert lines[0].endswith(f": error: $.model: nesting deeper than {MAX_DEPTH} levels")
+
+
+def test_a_100_mb_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("wb") as handle:  # sparse: the size is there, the blocks are not
+        handle.truncate(100 * 10**6)
+    result, seconds = _timed(path)
+    assert seconds < 1.0
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"{path}:1:1: error: $: the file is 100,000,000 bytes; a plan is at most "
+        f"{MAX_BYTES:,} bytes (8 MiB), so it was not read\n"
+    )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_an_endless_device_is_refused() -> None:
+    result, seconds = _timed(Path("/dev/zero"))
+    assert seconds < 2.0
+    assert result.exit_code == 2
+    assert "a plan is at most" in result.stderr
+
+
+def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"name: x\nmodel:\n  norm: caf\xe9\n")
+    result = validate(str(path))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"{path}:3:12: error: $: the file is not UTF-8: byte 0xe9 at offset 26 cannot be decoded\n"
+    )
+
+
+def test_a_directory(tmp_path: Path) -> None:
+    result = validate(str(tmp_path))
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"{tmp_path}:0:0: error: $: cannot read the plan: ")
+
+
+# -- no input makes the CLI print a traceback --------------------------------------------
+
+_GOOD = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+_line_edits = st.lists(
+    st.tuples(st.integers(0, 60), st.text(max_size=30)),
+    max_size=4,
+)
+
+
+def _mutate(edits: list[tuple[int, str]]) -> str:
+    lines = _GOOD.splitlines()
+    for index, text in edits:
+        i = index % len(lines)
+        key, _, _ = lines[i].partition(":")
+        lines[i] = f"{key}: {text}" if text else key
+    return "\n".join(lines) + "\n"
+
+
+def _check_no_traceback(tmp_path: Path, text: str | bytes) -> None:
+    path = tmp_path / "fuzz.yaml"
+    if isinstance(text, str):
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    else:
+        path.write_bytes(text)
+    result = validate(str(path))
+    assert result.exit_code in (0, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    if result.exit_code == 2:
+        assert result.stdout == ""
+        for line in result.stderr.splitlines():
+            assert line.startswith(f"{path}:"), line
+            assert ": error: $" in line, line
+
+
+_settings = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@_settings
+@given(st.text(max_size=300))
+def test_arbitrary_text_never_shows_a_traceback(tmp_path: Path, text: str) -> None:
+    _check_no_traceback(tmp_path, text)
+
+
+@_settings
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_show_a_traceback(tmp_path: Path, data: bytes) -> None:
+    _check_no_traceback(tmp_path, data)
+
+
+@_settings
+@given(_line_edits)
+def test_edited_plans_never_show_a_traceback(tmp_path: Path, edits: list[tuple[int, str]]) -> None:
+    """Arbitrary values in a real plan's slots: reach the schema and the semantic checks."""
+    _check_no_traceback(tmp_path, _mutate(edits))
+
+
+_yaml_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=12),
+        st.sampled_from(["80 GiB", "450 GB/s", "3 us", "shard(1)", "micro * seq / cp", "tp"]),
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["model", "batch", "parallel", "layers", "tp", "size", "levels", "shape", "x"]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
+    max_leaves=25,
+)
+
+
+@_settings
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "name",
+                "mode",
+                "model",
+                "batch",
+                "parallel",
+                "device",
+                "topology",
+                "transitions",
+                "precision",
+            ]
+        ),
+        _yaml_values,
+        max_size=9,
+    )
+)
+def test_arbitrary_yaml_trees_never_show_a_traceback(
+    tmp_path: Path, tree: dict[str, object]
+) -> None:
+    import yaml
+
+    _check_no_traceback(tmp_path, yaml.safe_dump(tree, allow_unicode=True))
