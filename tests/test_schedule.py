@@ -1,0 +1,115 @@
+"""Time: totals and exposed parts of every collective, overlap rules and the step time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
+from budget.plan.model import Device, Overlap
+from budget.schedule import step_time, work_time
+from budget.step import derive
+from tests.builders import make_plan
+
+PLANS = sorted(Path(__file__).parent.parent.glob("plans/*.yaml"))
+A100 = Device(
+    memory=80 * 2**30,
+    flops=(("bf16", 312e12), ("fp32", 19.5e12)),
+    memory_bandwidth=2039e9,
+)
+
+
+def _timed(**kw):
+    return replace(make_plan(**kw), device=A100)
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+def test_every_collective_has_total_at_least_exposed_at_least_zero(path):
+    report = build_report(load_plan(path))
+    assert report.step["time_s"] is not None
+    for phase in report.phases:
+        for c in phase.collectives:
+            assert c.time_s is not None and c.exposed_s is not None
+            assert c.time_s >= c.exposed_s >= 0, (phase.name, c.name)
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+def test_summary_sums_equal_the_sums_of_the_rows(path):
+    report = build_report(load_plan(path))
+    step = report.step
+    assert step["compute_s"] == pytest.approx(sum(p.compute_s for p in report.phases))
+    assert step["comm_s"] == pytest.approx(sum(p.comm_s for p in report.phases))
+    assert step["exposed_comm_s"] == pytest.approx(sum(p.exposed_s for p in report.phases))
+    for p in report.phases:
+        assert p.comm_s == pytest.approx(sum(c.time_s * c.count for c in p.collectives))
+        assert p.exposed_s == pytest.approx(sum(c.exposed_s * c.count for c in p.collectives))
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+def test_overlapping_dp_grads_lowers_exposed_time_not_total(path):
+    plan = load_plan(path)
+    if plan.parallel.dp * plan.parallel.cp == 1:
+        pytest.skip("no data-parallel reduction")
+    off = build_report(replace(plan, overlap=replace(plan.overlap, dp_grads=False)))
+    on = build_report(replace(plan, overlap=replace(plan.overlap, dp_grads=True)))
+    assert on.step["comm_s"] == pytest.approx(off.step["comm_s"])
+    assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
+    assert on.step["time_s"] < off.step["time_s"]
+
+
+def test_dp_overlap_leaves_the_last_bucket_exposed():
+    """Megatron-LM's --overlap-grad-reduce: buckets reduce behind the backward of the last
+    micro-batch; the last bucket (one layer's gradients here) cannot be hidden."""
+    plan = replace(_timed(zero=1), overlap=Overlap(dp_grads=True))
+    report = build_report(plan)
+    grads = next(p for p in report.phases if p.name == "dp.grads").collectives[0]
+    layers = report.stages[0].layers
+    assert grads.exposed_s >= grads.time_s / layers - 1e-12
+
+
+def test_tp_overlap_hides_forward_collectives_behind_gemms():
+    off = build_report(_timed())
+    on = build_report(replace(_timed(), overlap=Overlap(tp=True)))
+    fwd = {p.name: p for p in on.phases}["forward.mlp"]
+    assert all(c.exposed_s < c.time_s for c in fwd.collectives)
+    assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
+
+
+def test_gemm_time_is_flops_over_derated_peak():
+    """Roofline (Williams et al. 2009): a large GEMM is compute-bound, so its time is
+    2mkn / (peak x efficiency)."""
+    from budget.flops import gemm
+
+    work = gemm("test", 8192, 8192, 8192, 2)
+    plan = _timed()
+    expected = 2 * 8192**3 / (312e12 * plan.device.matmul_efficiency)
+    assert work_time(plan, work) == pytest.approx(expected)
+
+
+def test_pipeline_step_time_follows_the_1f1b_bubble():
+    """Narayanan et al. (arXiv 2104.04473) eq. 1: the bubble is (p - 1)/m of the ideal time
+    when every stage takes the same time per micro-batch; interleaving divides it by v."""
+    plan = _timed(tp=8, pp=4, dp=1, global_batch=32, sp=True)
+    times = step_time(plan, derive(plan))
+    slowest = max(s.microbatch_s for s in times.stages)
+    assert times.pipeline_s == pytest.approx(
+        32 * slowest + sum(s.microbatch_s for s in times.stages) - slowest
+    )
+    assert times.bubble_s == pytest.approx(3 * slowest, rel=0.05)
+    inter = _timed(tp=8, pp=4, dp=1, global_batch=32, schedule="interleaved", virtual_stages=2)
+    times2 = step_time(inter, derive(inter))
+    assert times2.bubble_s == pytest.approx(times.bubble_s / 2, rel=0.05)
+
+
+def test_mfu_counts_model_flops_only():
+    """PaLM (arXiv 2204.02311) appendix B: MFU = (6N + 12·L·h·s) x tokens / (time x peak)."""
+    plan = _timed()
+    report = build_report(plan)
+    n = report.model["params_total"]
+    tokens = 1536 * 2048
+    flops = (6 * n + 12 * 96 * 12288 * 2048) * tokens
+    expected = flops / (report.step["time_s"] * 1024 * 312e12)
+    assert report.step["mfu"] == pytest.approx(expected)
