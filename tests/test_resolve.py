@@ -1,0 +1,233 @@
+"""Resolution: defaults, units, shapes and the semantic rules, from YAML text to `Plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from budget.errors import BudgetError
+from budget.plan.load import load_plan
+from budget.plan.model import Experts, Level, Plan
+from budget.plan.resolve import SHAPE_NAMES, llama_ffn, parse_placement, resolve
+from budget.plan.schema import validate_tree
+from budget.plan.yaml_load import load_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 2**30
+
+BASE = """\
+model:
+  layers: 4
+  hidden: 1024
+  heads: 16
+  vocab: 32000
+batch: {seq: 2048, micro: 2, global: 32}
+parallel: {tp: 2, pp: 2, dp: 2}
+device:
+  memory: 80 GiB
+  reserved: 3 GiB
+  flops: {bf16: 989 TFLOP/s, fp32: 67 TFLOP/s}
+  memory_bandwidth: 3.35 TB/s
+topology:
+  gpus: 8
+  levels:
+    - {name: nvlink, size: 4, bandwidth: 450 GB/s, latency: 3 us}
+    - {name: infiniband, bandwidth: 50 GB/s, latency: 10 us}
+"""
+
+
+def plan_of(text: str, file: str = "p.yaml") -> Plan:
+    loaded = load_yaml(text, file)
+    assert loaded.problems == ()
+    assert validate_tree(loaded.tree, loaded.marks, file) == []
+    return resolve(loaded.tree, loaded.marks, file)
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(BudgetError) as caught:
+        plan_of(text)
+    return [str(p) for p in caught.value.problems]
+
+
+def test_defaults() -> None:
+    plan = plan_of(BASE)
+    assert plan.name == "p"  # the file's stem when the plan has no name
+    assert plan.mode == "train"
+    m = plan.model
+    assert (m.kv_heads, m.head_dim, m.ffn) == (16, 64, 4096)
+    assert (m.mlp, m.norm, m.position, m.attention) == ("gelu", "layernorm", "rope", "flash")
+    assert m.experts is None
+    p = plan.parallel
+    assert (p.cp, p.ep, p.etp, p.zero, p.sequence_parallel) == (1, 1, None, 0, False)
+    assert p.order == ("tp", "cp", "ep", "dp", "pp")
+    assert p.pipeline.schedule == "1f1b"
+    assert p.pipeline.virtual_stages == 1
+    assert plan.recompute == "none"
+    assert plan.precision.master == "fp32"
+    assert plan.microbatches == 32 // (2 * 2)
+    assert plan.transitions == ()
+
+
+def test_units_are_parsed() -> None:
+    plan = plan_of(BASE)
+    assert plan.device.memory == 80 * GIB
+    assert plan.device.reserved == 3 * GIB
+    assert plan.device.peak_flops("bf16") == 989e12
+    assert plan.device.peak_flops("fp32") == 67e12
+    assert plan.device.memory_bandwidth == 3.35e12
+    assert plan.topology.levels == (
+        Level(name="nvlink", bandwidth=450e9, latency=3e-6, size=4),
+        Level(name="infiniband", bandwidth=50e9, latency=10e-6, size=None),
+    )
+
+
+@pytest.mark.parametrize(("hidden", "ffn"), [(4096, 11008), (5120, 13824), (8192, 22016)])
+def test_llama_ffn_rule(hidden: int, ffn: int) -> None:
+    """Llama 1/2 model cards: 7B 11008, 13B 13824; int(8·8192/3) = 21845 → 22016."""
+    assert llama_ffn(hidden) == ffn
+
+
+def test_swiglu_default_ffn_is_the_llama_rule() -> None:
+    plan = plan_of(BASE.replace("vocab: 32000", "vocab: 32000\n  mlp: swiglu"))
+    assert plan.model.ffn == llama_ffn(1024) == 2816
+
+
+def test_gqa_and_explicit_head_dim() -> None:
+    plan = plan_of(BASE.replace("heads: 16", "heads: 16\n  kv_heads: 4\n  head_dim: 128"))
+    assert (plan.model.kv_heads, plan.model.head_dim) == (4, 128)
+
+
+def test_integral_floats_become_ints() -> None:
+    plan = plan_of(BASE.replace("vocab: 32000", "vocab: 3.2e4"))
+    assert plan.model.vocab == 32000
+    assert isinstance(plan.model.vocab, int)
+
+
+def test_experts() -> None:
+    plan = plan_of(
+        BASE.replace("vocab: 32000", "vocab: 32000\n  experts: {count: 8, top_k: 2}").replace(
+            "dp: 2}", "dp: 2, ep: 2}"
+        )
+    )
+    assert plan.model.experts == Experts(count=8, top_k=2, ffn=4096)
+    assert plan.parallel.ep == 2
+
+
+def test_inference_batch() -> None:
+    text = BASE.replace(
+        "batch: {seq: 2048, micro: 2, global: 32}",
+        "mode: decode\nbatch: {sequences: 16, prompt: 1000, generate: 24}",
+    )
+    plan = plan_of(text)
+    assert plan.mode == "decode"
+    b = plan.batch
+    assert (b.seq, b.prompt, b.generate) == (1024, 1000, 24)
+    assert (b.global_batch, b.micro) == (16, 8)  # micro: sequences per data-parallel replica
+
+
+def test_master_none() -> None:
+    plan = plan_of(BASE + "precision: {master: none, optimizer: sgd}\n")
+    assert plan.precision.master is None
+    assert plan.precision.optimizer == "sgd"
+
+
+def test_uneven_stages() -> None:
+    """Llama 3 405B puts 126 layers on 16 stages: uneven splits are listed explicitly."""
+    plan = plan_of(
+        BASE.replace("layers: 4", "layers: 5").replace(
+            "dp: 2}", "dp: 2, pipeline: {layers_per_stage: [2, 3]}}"
+        )
+    )
+    assert plan.parallel.pipeline.layers_per_stage == (2, 3)
+
+
+def test_transitions_evaluate_their_shapes() -> None:
+    text = BASE + (
+        "transitions:\n"
+        "  - name: logits-gather\n"
+        "    phase: forward\n"
+        "    tensor: {shape: [micro * seq / tp, vocab], dtype: fp32}\n"
+        "    group: tp\n"
+        "    from: shard( 1 )\n"
+        "    to: replicate\n"
+        "    count: 3\n"
+    )
+    (t,) = plan_of(text).transitions
+    assert t.shape == (2 * 2048 // 2, 32000)
+    assert (t.src, t.dst, t.group, t.dtype, t.count, t.source_alive) == (
+        "shard(1)",
+        "replicate",
+        "tp",
+        "fp32",
+        3,
+        True,
+    )
+    assert t.where is not None
+    assert (t.where.line, t.where.col, t.where.path) == (19, 5, "$.transitions[0]")
+
+
+def test_every_shape_name_is_available() -> None:
+    total = " + ".join(SHAPE_NAMES)
+    text = BASE + (
+        f"transitions:\n  - {{name: t, phase: forward, tensor: {{shape: [{total}], dtype: bf16}},"
+        " group: dp, from: replicate, to: partial}\n"
+    )
+    (t,) = plan_of(text).transitions
+    values = (2, 2048, 32, 1024, 16, 16, 64, 4096, 32000, 4, 2, 1, 1, 2, 2)
+    assert len(values) == len(SHAPE_NAMES)
+    assert t.shape == (sum(values),)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("shard(0)", ("shard", 0)), (" shard ( 12 ) ", ("shard", 12)), ("partial", ("partial", None))],
+)
+def test_parse_placement(text: str, expected: tuple[str, int | None]) -> None:
+    assert parse_placement(text) == expected
+
+
+def test_all_semantic_problems_at_once() -> None:
+    text = (
+        BASE.replace("layers: 4", "layers: 3")
+        .replace("global: 32", "global: 30")
+        .replace("tp: 2", "tp: 32")
+    )
+    assert problems_of(text) == [
+        "p.yaml:6:38: error: $.batch.global: batch.global = 30 is not divisible by micro × dp = "
+        "2 × 2 = 4: every data-parallel rank runs the same number of micro-batches; the nearest "
+        "valid values are 28 and 32",
+        "p.yaml:7:1: error: $.parallel: tp × cp × pp × dp = 32 × 1 × 2 × 2 = 128 but the "
+        "topology has 8 GPUs; choose degrees whose product is 8 (or set topology.gpus to 128)",
+        "p.yaml:7:16: error: $.parallel.tp: model.heads = 16 is not divisible by tp = 32: each "
+        "tensor-parallel rank holds whole attention heads; choose tp among 1, 2, 4, 8, 16",
+        "p.yaml:7:24: error: $.parallel.pp: model.layers = 3 is not divisible by pp = 2: every "
+        "stage gets the same number of layers; choose among 1, 3 stages or list an uneven split "
+        "in parallel.pipeline.layers_per_stage",
+    ]
+
+
+def test_load_plan_reads_shipped_plans() -> None:
+    gpt3 = load_plan(ROOT / "plans" / "gpt3-175b.yaml")
+    assert (gpt3.parallel.tp, gpt3.parallel.pp, gpt3.parallel.dp) == (8, 8, 16)
+    assert gpt3.microbatches == 1536 // 16
+    assert gpt3.model.ffn == 4 * 12288
+    llama = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    assert (llama.model.kv_heads, llama.model.head_dim, llama.model.ffn) == (8, 128, 28672)
+    assert llama.topology.gpus == 8 * 4 * 16
+    small = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    assert small.model.head_dim == 128
+    assert small.topology.levels[0].size == 8
+
+
+def test_load_plan_reports_schema_and_duplicate_problems_together(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE.replace("heads: 16", "heads: 16\n  heads: 0\n  depth: 3"), "utf-8")
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:5:3: error: $.model.heads: duplicate key 'heads' (first defined on line 4)",
+        f"{path}:6:3: error: $.model.depth: unknown key 'depth' (expected one of: attention, "
+        "bias, dropout, experts, ffn, head_dim, heads, hf_config, hidden, kv_heads, layers, "
+        "max_positions, mlp, norm, position, preset, tied_embeddings, vocab)",
+    ]
