@@ -20,6 +20,7 @@ Megatron-LM's `schedules.py` warm-up counts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -35,7 +36,7 @@ from budget.placement import (
     collective_for,
     shard,
 )
-from budget.plan.model import DTYPE_BYTES, GroupKind, Plan
+from budget.plan.model import DTYPE_BYTES, GroupKind, Plan, Transition
 
 Category = Literal[
     "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
@@ -1186,15 +1187,94 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
 # Hand-written transitions
 
 
+def _problem(plan: Plan, tr: Transition, message: str, key: str = "") -> Problem:
+    where = tr.where
+    line, col, path = (where.line, where.col, where.path) if where else (0, 0, "$.transitions")
+    return Problem(plan.file, line, col, path + key, message)
+
+
+def check_transitions(plan: Plan) -> list[tuple[Transition, Placement, Placement, Op | None]]:
+    """Parse the hand-written transitions and refuse the ones that would make a budget
+    cheaper by being wrong (DESIGN.md rule 7).
+
+    Transitions that share a name form one tensor's chain, in plan order: each must start
+    where the previous one left the tensor, and a sum-partial tensor must be reduced before
+    the chain ends, since whatever consumes it next takes it as complete. A gradient that
+    reaches the optimizer step still partial has skipped its data-parallel reduction.
+    """
+    problems: list[Problem] = []
+    parsed = []
+    last: dict[str, tuple[Transition, Placement]] = {}
+    for tr in plan.transitions:
+        try:
+            src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
+            op = collective_for(src, dst)
+        except (ValueError, IllegalTransition) as error:
+            problems.append(_problem(plan, tr, str(error)))
+            continue
+        before = last.get(tr.name)
+        if before is not None and before[1] != src:
+            problems.append(
+                _problem(
+                    plan,
+                    tr,
+                    f"{tr.name!r} starts from {src}, but the "
+                    f"transition before it left it {before[1]}",
+                    ".from",
+                )
+            )
+        if dst.kind == "partial" and tr.phase.startswith("optimizer"):
+            problems.append(
+                _problem(
+                    plan,
+                    tr,
+                    f"{tr.name!r} reaches the optimizer step "
+                    f"sum-partial on {tr.group}: the gradient reduction is "
+                    "missing; reduce it with partial → replicate (all-reduce) "
+                    "or partial → shard(0) (reduce-scatter)",
+                    ".to",
+                )
+            )
+        last[tr.name] = (tr, dst)
+        parsed.append((tr, src, dst, op))
+    for name, (tr, dst) in last.items():
+        if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
+            problems.append(
+                _problem(
+                    plan,
+                    tr,
+                    f"{name!r} is left sum-partial on {tr.group} "
+                    "and would be consumed as if complete: add its reduction "
+                    "(partial → replicate or partial → shard)",
+                    ".to",
+                )
+            )
+    if problems:
+        raise BudgetError(problems)
+    return parsed
+
+
+def _target(phases: list[Phase], name: str) -> int | None:
+    """The phase a transition names: exactly, or the first of that prefix that holds
+    tensors ("forward" → forward.attention)."""
+    for i, phase in enumerate(phases):
+        if phase.name == name:
+            return i
+    for i, phase in enumerate(phases):
+        if phase.name.startswith(name + ".") and phase.instants:
+            return i
+    return None
+
+
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage.
 
-    Each becomes a Move priced like the built-in ones; with `source_alive` its full output
-    and its source shard are both alive during that phase (DESIGN.md rule 2).
+    Each becomes a Move priced like the built-in ones; its output is alive during that
+    phase and, with `source_alive`, its source too (DESIGN.md rule 2).
     """
     if not plan.transitions:
         return step
-    problems: list[Problem] = []
+    parsed = check_transitions(plan)
     degrees = {
         "tp": plan.parallel.tp,
         "cp": plan.parallel.cp,
@@ -1202,68 +1282,45 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         "pp": plan.parallel.pp,
         "ep": plan.parallel.ep,
     }
+    problems: list[Problem] = []
     stages = []
     for st in step.stages:
         phases = list(st.phases)
-        for tr in plan.transitions:
-            where = tr.where
-            line, col, path = (
-                (where.line, where.col, where.path) if where else (0, 0, "$.transitions")
-            )
-            try:
-                src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
-                op = collective_for(src, dst)
-            except (ValueError, IllegalTransition) as error:
-                if st.stage == 0:
-                    problems.append(Problem(plan.file, line, col, path, str(error)))
-                continue
-            names = [p.name for p in phases]
-            target = next(
-                (i for i, n in enumerate(names) if n == tr.phase or n.startswith(tr.phase + ".")),
-                None,
-            )
+        for tr, src, dst, op in parsed:
+            target = _target(phases, tr.phase)
             if target is None:
                 if st.stage == 0:
+                    known = ", ".join(dict.fromkeys(p.name for p in phases))
                     problems.append(
-                        Problem(
-                            plan.file,
-                            line,
-                            col,
-                            path + ".phase",
-                            f"unknown phase {tr.phase!r}; use one of "
-                            + ", ".join(dict.fromkeys(names)),
+                        _problem(
+                            plan,
+                            tr,
+                            f"unknown phase {tr.phase!r}; use one of forward, backward, {known}",
+                            ".phase",
                         )
                     )
                 continue
             ranks = degrees[tr.group]
-            elements = 1
-            for d in tr.shape:
-                elements *= d
-            full = elements * DTYPE_BYTES[tr.dtype]
-            shard_bytes = -(-full // ranks)
-            phase = phases[target]
-            extra: list[Alloc] = []
-            if op is not None:
-                out_bytes = full if dst.kind in ("replicate", "partial") else shard_bytes
+            full = math.prod(tr.shape) * DTYPE_BYTES[tr.dtype]
+            local = {"shard": -(-full // ranks)}
+            extra = [
+                Alloc(
+                    f"{tr.name} ({dst})",
+                    "transient",
+                    local.get(dst.kind, full),
+                    placement=f"{dst} on {tr.group}",
+                )
+            ]
+            if tr.source_alive and op is not None:
                 extra.append(
                     Alloc(
-                        f"{tr.name} ({dst})",
+                        f"{tr.name} ({src}, source alive)",
                         "transient",
-                        out_bytes,
-                        placement=f"{dst} on {tr.group}",
+                        local.get(src.kind, full),
+                        placement=f"{src} on {tr.group}",
                     )
                 )
-                if tr.source_alive:
-                    in_bytes = full if src.kind in ("replicate", "partial") else shard_bytes
-                    extra.append(
-                        Alloc(
-                            f"{tr.name} ({src}, source alive)",
-                            "transient",
-                            in_bytes,
-                            placement=f"{src} on {tr.group}",
-                        )
-                    )
-            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
+            phase = phases[target]
             moves = phase.moves
             if op is not None:
                 moves = (
@@ -1278,8 +1335,10 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                         str(src),
                         str(dst),
                         count=tr.count,
+                        rule="hand-written transition: exposed",
                     ),
                 )
+            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
             phases[target] = replace(phase, moves=moves, instants=instants)
         stages.append(replace(st, phases=tuple(phases)))
     if problems:
