@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ def test_the_schema_is_valid_draft_2020_12() -> None:
 def test_the_repository_copy_is_the_packaged_copy() -> None:
     """Editors read schemas/plan.schema.json; the installed package reads its own copy."""
     repository = ROOT / "schemas" / "plan.schema.json"
+    assert os.readlink(repository) == "../budget/schemas/plan.schema.json"
     packaged = files("budget").joinpath("schemas/plan.schema.json").read_bytes()
     assert repository.read_bytes() == packaged
     assert schema_text().encode("utf-8") == packaged

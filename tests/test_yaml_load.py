@@ -238,3 +238,29 @@ def test_round_trip_with_pyyaml_dump(value: object) -> None:
     loaded = load_yaml(text, "p.yaml")
     assert loaded.problems == ()
     assert loaded.tree == {"root": value}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: \x00\n",
+        "a: &x 1\nb: *x\n",
+        "a: !!python/name:os.system x\n",
+        "a: 1e400\n",
+        "a: 1\na: 2\n",
+        "a: " + "[" * 10_000 + "]" * 10_000 + "\n",
+    ],
+)
+def test_the_pure_python_parser_refuses_the_same(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without libyaml, PyYAML's own parser is used; the refusals must not change."""
+    import yaml
+
+    import budget.plan.yaml_load as yaml_load
+
+    expected = [p.message for p in load_yaml(text, "p.yaml").problems]
+    monkeypatch.setattr(yaml_load, "_Loader", yaml.SafeLoader)
+    start = time.perf_counter()
+    assert [p.message for p in load_yaml(text, "p.yaml").problems] == expected
+    assert time.perf_counter() - start < 1.0

@@ -313,7 +313,12 @@ def load_yaml(text: str, file: str) -> Loaded:
     Problems (syntax errors, duplicate keys, refused constructs) come back in `Loaded`;
     when the tree cannot be trusted, ``Loaded.tree`` is None.
     """
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as error:  # the pure-Python reader checks characters up front
+        line, col = _reader_position(error, text)
+        message = f"invalid YAML: {_reader_text(error)}"
+        return Loaded(None, Marks(), (Problem(file, line, col, "$", message),))
     builder = _Builder(loader, file)
     try:
         builder.run()
