@@ -6,9 +6,16 @@ from pathlib import Path
 
 from budget.memory import Memory, StageMemory, memory
 from budget.plan.model import Plan
-from budget.report import CollectiveRow, Overlapping, PhaseRow, Report, StageRow
+from budget.report import (
+    CollectiveRow,
+    Overlapping,
+    PhaseRow,
+    Report,
+    StageRow,
+    TimelinePoint,
+)
 from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, step_time
-from budget.step import Alloc, Step, derive
+from budget.step import CATEGORIES, Alloc, StageStep, Step, derive
 
 PHASE_ORDER = (
     "forward.embedding",
@@ -39,7 +46,19 @@ def _overlapping(allocs: tuple[Alloc, ...]) -> tuple[Overlapping, ...]:
     )
 
 
-def _stage_row(mem: StageMemory, capacity: int) -> StageRow:
+def _timeline(stage: StageStep) -> tuple[TimelinePoint, ...]:
+    """The stage's live bytes at every instant the step describes, in step order."""
+    points = []
+    for phase in stage.phases:
+        for instant in phase.instants:
+            totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+            for alloc in instant.live:
+                totals[alloc.category] += alloc.total
+            points.append(TimelinePoint(phase.name, instant.label, totals, sum(totals.values())))
+    return tuple(points)
+
+
+def _stage_row(mem: StageMemory, capacity: int, stage: StageStep | None = None) -> StageRow:
     c = mem.by_category
     return StageRow(
         stage=mem.stage,
@@ -57,6 +76,7 @@ def _stage_row(mem: StageMemory, capacity: int) -> StageRow:
         peak_instant=mem.peak_instant,
         peak_overlap=_overlapping(mem.peak_overlap),
         capacity_bytes=capacity,
+        timeline=_timeline(stage) if stage is not None else (),
     )
 
 
@@ -216,7 +236,10 @@ def build_report(plan: Plan) -> Report:
         device=device,
         microbatches=step.microbatches,
         capacity_bytes=plan.device.memory,
-        stages=tuple(_stage_row(s, plan.device.memory) for s in mem.stages),
+        stages=tuple(
+            _stage_row(s, plan.device.memory, st)
+            for s, st in zip(mem.stages, step.stages, strict=True)
+        ),
         phases=phases,
         step=_summary(phases, times, timing),
         links=tuple(

@@ -23,6 +23,16 @@ class Overlapping:
 
 
 @dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """Live bytes on one rank of a stage at one instant of the step, by category."""
+
+    phase: str
+    instant: str
+    by_category: dict[str, int]  # every category, in the step's category order
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveRow:
     name: str
     phase: str
@@ -81,6 +91,7 @@ class StageRow:
     peak_instant: str
     peak_overlap: tuple[Overlapping, ...]
     capacity_bytes: int
+    timeline: tuple[TimelinePoint, ...] = ()  # every instant of the step, in step order
 
     @property
     def headroom_bytes(self) -> int:
@@ -187,6 +198,15 @@ def to_dict(report: Report) -> dict[str, Any]:
                     "peak_phase": s.peak_phase,
                     "peak_instant": s.peak_instant,
                     "peak_overlap": _overlap(s.peak_overlap),
+                    "timeline": [
+                        {
+                            "phase": t.phase,
+                            "instant": t.instant,
+                            "total_bytes": t.total_bytes,
+                            "by_category": t.by_category,
+                        }
+                        for t in s.timeline
+                    ],
                 }
                 for s in report.stages
             ],
