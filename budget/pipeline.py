@@ -126,7 +126,8 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
                     candidates.append((payload, busy, -stage.stage, phase, collectives))
         payload, _, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
         peaks = [(s.phase_peaks[name], -s.stage) for s in mem.stages if name in s.phase_peaks]
-        peak_bytes, peak_stage, overlap = 0, None, ()
+        peak_bytes, peak_stage = 0, None
+        overlap: tuple[Overlapping, ...] = ()
         if peaks:
             peak_bytes, neg_peak = max(peaks)
             peak_stage = -neg_peak
