@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Literal
 from budget.plan.model import DTYPE_BYTES
 
 if TYPE_CHECKING:
+    from budget.layers import Shapes
     from budget.plan.model import Plan
-    from budget.step import Shapes
 
 Kind = Literal["matmul", "attention", "elementwise"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from budget.step import CATEGORIES, Alloc, Category, Instant, StageStep, Step
+from budget.phases import CATEGORIES, Alloc, Category, Instant, StageStep, Step
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from budget.memory import Memory, StageMemory, memory
+from budget.phases import CATEGORIES, Alloc, StageStep, Step
 from budget.plan.model import Plan
 from budget.report import (
     CollectiveRow,
@@ -15,7 +16,7 @@ from budget.report import (
     TimelinePoint,
 )
 from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, step_time
-from budget.step import CATEGORIES, Alloc, StageStep, Step, derive
+from budget.step import derive
 
 PHASE_ORDER = (
     "forward.embedding",

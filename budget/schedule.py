@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from budget.collectives import CollectiveCost
 from budget.flops import Work, model_flops_per_token
+from budget.phases import Move, Phase, StageStep, Step
 from budget.plan.model import GroupKind, Plan
-from budget.step import Move, Phase, StageStep, Step
 from budget.topology import group_ranks, group_span, price_group, span_of_ranks
 
 MICROBATCH_PHASES = (

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from budget.plan.model import Precision
-from budget.step import (
+from budget.layers import (
     attention_saved,
-    derive,
-    inflight,
     layer_params,
     layer_saved,
     mlp_saved,
@@ -18,6 +15,8 @@ from budget.step import (
     stage_layers,
     stage_params,
 )
+from budget.plan.model import Precision
+from budget.step import derive, inflight
 from tests.builders import GPT3, make_plan
 
 # ZeRO's setting (Rajbhandari et al., arXiv 1910.02054, section 5.1): fp16 parameters and

@@ -1,0 +1,118 @@
+"""The vocabulary of a derived step: allocations, layout transitions, instants, phases.
+
+`step.derive` (training) and `inference.derive` (prefill, decode) describe a step in these
+terms; `memory`, `schedule` and `pipeline` only read them. Bytes are integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from budget.flops import Work
+from budget.placement import Op
+from budget.plan.model import GroupKind
+
+Category = Literal[
+    "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
+]
+CATEGORIES: tuple[Category, ...] = (
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "transient",
+    "kv_cache",
+    "reserved",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """Bytes alive at an instant: `count` copies of a `bytes`-sized tensor on one rank."""
+
+    name: str
+    category: Category
+    bytes: int
+    count: int = 1
+    placement: str = ""  # e.g. "shard(0) on tp", for the reader
+
+    @property
+    def total(self) -> int:
+        return self.bytes * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A layout transition on one group: the collective it implies and its payload.
+
+    `size_bytes` is S, the full logical tensor's bytes (DESIGN.md rule 3); `count` is how
+    many times it happens per instance of its phase.
+    """
+
+    name: str
+    op: Op
+    group: GroupKind
+    ranks: int
+    dtype: str
+    size_bytes: int
+    src: str
+    dst: str
+    count: int = 1
+    # What the collective may hide behind (DESIGN.md rule 6), decided here where the
+    # dependencies are known and priced in `schedule`: the name of a kernel of the same phase
+    # (or "@phase", "@forward-microbatch", "@backward-microbatch"), the share of its time
+    # that is usable, the `overlap:` flag that allows it ("" = always allowed) and the rule.
+    window: str = ""
+    share: float = 1.0
+    flag: str = ""
+    rule: str = "exposed: nothing to overlap with"
+    floor: float = 0.0  # share of the collective that is exposed however long the window
+
+
+def hide(
+    move: Move, window: str, flag: str, rule: str, share: float = 1.0, floor: float = 0.0
+) -> Move:
+    """`move` with its overlap window (see `Move`)."""
+    return replace(move, window=window, flag=flag, rule=rule, share=share, floor=floor)
+
+
+@dataclass(frozen=True, slots=True)
+class Instant:
+    """One moment inside a phase and everything alive at it on one rank."""
+
+    label: str
+    live: tuple[Alloc, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(a.total for a in self.live)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A kind of work a stage repeats `count` times per step, with what it moves."""
+
+    name: str
+    count: int
+    moves: tuple[Move, ...] = ()
+    instants: tuple[Instant, ...] = ()
+    works: tuple[Work, ...] = ()  # kernels run once per instance, per rank
+
+
+@dataclass(frozen=True, slots=True)
+class StageStep:
+    stage: int
+    layers: int
+    inflight: float  # micro-batches whose saved activations are alive together, in layers/L_s
+    params: int  # parameters held by one rank of this stage before ZeRO sharding
+    resident: tuple[Alloc, ...]  # alive for the whole step: states and reserved memory
+    phases: tuple[Phase, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    microbatches: int
+    stages: tuple[StageStep, ...]
+    params_total: int
+    params_per_layer: int
