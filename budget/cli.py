@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from budget.errors import BudgetError
+from budget.errors import BudgetError, Problem
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,15 +46,24 @@ def _stdout() -> Console:
     return Console(highlight=False, soft_wrap=False)
 
 
-def _fail(problems: BudgetError) -> typer.Exit:
-    for problem in problems.problems:
+def exit_code(*, valid: bool = True, passed: bool = True) -> int:
+    """The one place exit codes are decided: 2 invalid input, 1 a failed check, else 0."""
+    return INVALID if not valid else FAILED if not passed else OK
+
+
+def _problems(problems: list[Problem]) -> None:
+    for problem in problems:
         print(problem, file=sys.stderr)
-    return typer.Exit(code=INVALID)
+
+
+def _fail(problems: BudgetError) -> typer.Exit:
+    _problems(problems.problems)
+    return typer.Exit(code=exit_code(valid=False))
 
 
 def _usage(message: str) -> typer.Exit:
     print(f"budget: error: {message}", file=sys.stderr)
-    return typer.Exit(code=INVALID)
+    return typer.Exit(code=exit_code(valid=False))
 
 
 @app.command("report", hidden=True)
@@ -76,25 +85,46 @@ def report_command(
 @app.command("check")
 def check_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans that must fit (YAML).")],
+    headroom: Annotated[
+        str | None,
+        typer.Option(help="Free memory the worst stage must keep: 5% of capacity or 4GiB."),
+    ] = None,
+    max_exposed: Annotated[
+        str | None, typer.Option(help="Most of the step in exposed communication, e.g. 20%.")
+    ] = None,
+    max_step: Annotated[str | None, typer.Option(help="Longest step time, e.g. 12s.")] = None,
+    fmt: FormatOption = Format.table,
 ) -> None:
-    """CI gate: exit 0 when every plan fits, 1 when one does not, 2 when one is invalid."""
-    from budget.pipeline import budget_plan
-    from budget.render.table import verdict
+    """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
+    invalid (its problems go to stderr; the other plans are still checked)."""
+    from budget.check import check_plans, parse_limits
+    from budget.render.check import render_check
 
-    problems, failed = [], False
-    console = _stdout()
-    for path in plans:
-        try:
-            report = budget_plan(path)
-        except BudgetError as error:
-            problems.extend(error.problems)
-            continue
-        failed |= not report.fits
-        console.print(f"{path}: {verdict(report)}")
-    if problems:
-        raise _fail(BudgetError(problems))
-    if failed:
-        raise typer.Exit(code=FAILED)
+    try:
+        limits = parse_limits(headroom, max_exposed, max_step)
+    except ValueError as error:
+        raise _usage(str(error)) from None
+    result = check_plans(plans, limits)
+    _problems(result.problems)
+    render_check(_stdout(), result, fmt.value)
+    raise typer.Exit(code=exit_code(valid=not result.invalid, passed=result.passed))
+
+
+@app.command("diff")
+def diff_command(
+    a: Annotated[Path, typer.Argument(help="The plan before (YAML).")],
+    b: Annotated[Path, typer.Argument(help="The plan after (YAML).")],
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Compare two plans: changed keys, then memory, step time and phases with deltas."""
+    from budget.diff import diff_files
+    from budget.render.diff import render_diff
+
+    try:
+        report_a, report_b, diff = diff_files(a, b)
+    except BudgetError as error:
+        raise _fail(error) from None
+    render_diff(_stdout(), report_a, report_b, diff, fmt.value)
 
 
 @app.command("validate")

@@ -1,0 +1,370 @@
+"""The CI gate: does each plan fit its devices, and does it keep the limits a team sets?
+
+`check_plans` budgets every plan (an invalid one does not stop the others) and holds each
+report against `Limits`. Every failed limit becomes a `Reason` that names the stage, the
+numbers and what dominates; renderers show the reasons and the CLI picks the exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from budget.errors import BudgetError, Problem
+from budget.report import Overlapping, Report, StageRow
+from budget.units import UnitError, format_bytes, format_duration, parse_bytes, parse_duration
+
+__all__ = [
+    "CheckResult",
+    "Limits",
+    "Reason",
+    "Verdict",
+    "check_plans",
+    "check_report",
+    "check_to_dict",
+    "parse_limits",
+]
+
+GIB = 2**30
+LimitName = Literal["memory", "headroom", "max_exposed", "max_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a plan must keep besides fitting. None means the limit is not set."""
+
+    headroom_share: float | None = None  # free memory on the worst stage, share of capacity
+    headroom_bytes: int | None = None  # ... or in bytes
+    max_exposed_share: float | None = None  # exposed communication / step time
+    max_step_s: float | None = None
+
+    def required_headroom(self, capacity_bytes: int) -> int | None:
+        """Free bytes the worst stage must keep on a device of `capacity_bytes`."""
+        if self.headroom_bytes is not None:
+            return self.headroom_bytes
+        if self.headroom_share is not None:
+            return round(self.headroom_share * capacity_bytes)
+        return None
+
+    def describe(self) -> list[str]:
+        """The limits in words, for renderers: ["headroom ≥ 5% of capacity", ...]."""
+        out = ["every stage fits in device memory"]
+        if self.headroom_bytes is not None:
+            out.append(f"headroom ≥ {_gib(self.headroom_bytes)} on every stage")
+        elif self.headroom_share is not None:
+            out.append(f"headroom ≥ {_percent(self.headroom_share)} of capacity on every stage")
+        if self.max_exposed_share is not None:
+            out.append(f"exposed communication ≤ {self.max_exposed_share:.1%} of the step")
+        if self.max_step_s is not None:
+            out.append(f"step time ≤ {format_duration(self.max_step_s)}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "headroom_share": self.headroom_share,
+            "headroom_bytes": self.headroom_bytes,
+            "max_exposed_share": self.max_exposed_share,
+            "max_step_s": self.max_step_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One failed limit of one plan, with the numbers behind it."""
+
+    limit: LimitName
+    message: str  # a full sentence with the numbers, for people
+    stage: int | None
+    actual: float | None  # bytes, seconds or a share, as the limit counts
+    required: float | None
+    excess: float | None  # how far past the limit, in the same unit
+    contributors: tuple[Overlapping, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limit": self.limit,
+            "message": self.message,
+            "stage": self.stage,
+            "actual": self.actual,
+            "required": self.required,
+            "excess": self.excess,
+            "contributors": [
+                {"tensor": o.tensor, "category": o.category, "count": o.count, "bytes": o.bytes}
+                for o in self.contributors
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One plan's outcome: a report and its failed limits, or the problems that made it
+    invalid."""
+
+    file: str
+    report: Report | None
+    reasons: tuple[Reason, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return self.report is not None
+
+    @property
+    def passed(self) -> bool:
+        return self.valid and not self.reasons
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    limits: Limits
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+    @property
+    def invalid(self) -> bool:
+        return any(not v.valid for v in self.verdicts)
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [p for v in self.verdicts for p in v.problems]
+
+
+def _share(text: str, option: str) -> float:
+    """ "20%" → 0.2; a bare number is a fraction ("0.2")."""
+    body = text.strip()
+    percent = body.endswith("%")
+    try:
+        value = float(body.removesuffix("%").strip())
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected a percentage such as 20%") from None
+    value = value / 100 if percent else value
+    if not 0 <= value <= 1:
+        raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")
+    return value
+
+
+def parse_limits(
+    headroom: str | None = None, max_exposed: str | None = None, max_step: str | None = None
+) -> Limits:
+    """Limits from the command line: --headroom 5% or 4GiB, --max-exposed 20%, --max-step
+    12s. Raises ValueError with a one-line message on bad text."""
+    share = size = None
+    if headroom is not None:
+        if headroom.strip().endswith("%"):
+            share = _share(headroom, "--headroom")
+        else:
+            try:
+                size = parse_bytes(headroom)
+            except UnitError as error:
+                raise ValueError(
+                    f"--headroom {headroom!r}: expected 5% or a size: {error}"
+                ) from None
+    exposed = None if max_exposed is None else _share(max_exposed, "--max-exposed")
+    step = None
+    if max_step is not None:
+        try:
+            step = parse_duration(max_step)
+        except UnitError as error:
+            raise ValueError(f"--max-step {max_step!r}: {error}") from None
+        if step <= 0:
+            raise ValueError(f"--max-step {max_step!r}: must be more than 0 s")
+    return Limits(share, size, exposed, step)
+
+
+def _percent(share: float) -> str:
+    """0.05 → "5%"; 0.125 → "12.5%"."""
+    return f"{share * 100:.4g}%"
+
+
+def _gib(n: float) -> str:
+    """Always in GiB with the exact bytes: "5.20 GiB (5,583,457,280 B)"."""
+    return f"{n / GIB:,.2f} GiB ({int(n):,} B)"
+
+
+def _largest(items: tuple[Overlapping, ...], limit: int = 3) -> str:
+    return ", ".join(
+        f"{o.tensor}{f' ×{o.count:,}' if o.count > 1 else ''} {format_bytes(o.bytes)}"
+        for o in items[:limit]
+    )
+
+
+def _memory_reason(row: StageRow) -> Reason:
+    over = row.peak_bytes - row.capacity_bytes
+    return Reason(
+        limit="memory",
+        message=(
+            f"stage {row.stage} does not fit: it peaks at {_gib(row.peak_bytes)} in "
+            f"{row.peak_phase} ({row.peak_instant}), {_gib(over)} over the "
+            f"{format_bytes(row.capacity_bytes)} device; largest at that peak: "
+            f"{_largest(row.peak_overlap)}"
+        ),
+        stage=row.stage,
+        actual=row.peak_bytes,
+        required=row.capacity_bytes,
+        excess=over,
+        contributors=row.peak_overlap[:3],
+    )
+
+
+def _headroom_reason(row: StageRow, required: int, limits: Limits) -> Reason | None:
+    short = required - row.headroom_bytes
+    if short <= 0:
+        return None
+    asked = (
+        "" if limits.headroom_share is None else f" ({_percent(limits.headroom_share)} of capacity)"
+    )
+    return Reason(
+        limit="headroom",
+        message=(
+            f"stage {row.stage} leaves {_gib(row.headroom_bytes)} free at its peak in "
+            f"{row.peak_phase} ({row.peak_instant}), {_gib(short)} short of the required "
+            f"{format_bytes(required)}{asked}; largest at that peak: {_largest(row.peak_overlap)}"
+        ),
+        stage=row.stage,
+        actual=row.headroom_bytes,
+        required=required,
+        excess=short,
+        contributors=row.peak_overlap[:3],
+    )
+
+
+def _untimed(limit: LimitName, option: str) -> Reason:
+    return Reason(
+        limit=limit,
+        message=(
+            f"{option} cannot be checked: the step time was not computed (the device section "
+            "has no peak FLOP/s or memory bandwidth)"
+        ),
+        stage=None,
+        actual=None,
+        required=None,
+        excess=None,
+    )
+
+
+def _phases(report: Report, key: str, limit: int = 3) -> str:
+    values = []
+    for p in report.phases:
+        value = (
+            (p.exposed_s or 0.0)
+            if key == "exposed"
+            else (p.compute_s or 0.0) + (p.exposed_s or 0.0)
+        )
+        if value > 0:
+            values.append((value, p.name))
+    values.sort(key=lambda v: -v[0])
+    return ", ".join(f"{name} {format_duration(value)}" for value, name in values[:limit])
+
+
+def _exposed_reason(report: Report, share: float) -> Reason | None:
+    time_s, exposed_s = report.step["time_s"], report.step["exposed_comm_s"]
+    if time_s is None or exposed_s is None:
+        return _untimed("max_exposed", "--max-exposed")
+    actual = exposed_s / time_s if time_s else 0.0
+    if actual <= share:
+        return None
+    over = exposed_s - share * time_s
+    return Reason(
+        limit="max_exposed",
+        message=(
+            f"exposed communication takes {actual:.1%} of the step ({format_duration(exposed_s)} "
+            f"of {format_duration(time_s)}), over the {share:.1%} limit by "
+            f"{format_duration(over)}; most exposed phases: {_phases(report, 'exposed')}"
+        ),
+        stage=report.phases[0].stage if report.phases else None,
+        actual=actual,
+        required=share,
+        excess=actual - share,
+    )
+
+
+def _step_reason(report: Report, max_step: float) -> Reason | None:
+    time_s = report.step["time_s"]
+    if time_s is None:
+        return _untimed("max_step", "--max-step")
+    if time_s <= max_step:
+        return None
+    bubble = report.step.get("bubble_s") or 0.0
+    return Reason(
+        limit="max_step",
+        message=(
+            f"the step takes {format_duration(time_s)}, {format_duration(time_s - max_step)} "
+            f"over the {format_duration(max_step)} limit; largest phases (compute + exposed "
+            f"communication): {_phases(report, 'busy')}; pipeline bubble "
+            f"{format_duration(bubble)}"
+        ),
+        stage=None,
+        actual=time_s,
+        required=max_step,
+        excess=time_s - max_step,
+    )
+
+
+def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
+    """Every limit `report` breaks, memory first; an empty tuple when it passes."""
+    worst = report.worst
+    reasons: list[Reason | None] = []
+    if not worst.fits:
+        reasons.append(_memory_reason(worst))
+    else:
+        required = limits.required_headroom(worst.capacity_bytes)
+        if required is not None:
+            reasons.append(_headroom_reason(worst, required, limits))
+    if limits.max_exposed_share is not None:
+        reasons.append(_exposed_reason(report, limits.max_exposed_share))
+    if limits.max_step_s is not None:
+        reasons.append(_step_reason(report, limits.max_step_s))
+    return tuple(r for r in reasons if r is not None)
+
+
+def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
+    """Budget and check every plan; an invalid plan is recorded and the rest still run."""
+    from budget.pipeline import budget_plan
+
+    verdicts = []
+    for path in paths:
+        try:
+            report = budget_plan(path)
+        except BudgetError as error:
+            verdicts.append(Verdict(str(path), None, problems=tuple(error.problems)))
+            continue
+        verdicts.append(Verdict(str(path), report, check_report(report, limits)))
+    return CheckResult(limits, tuple(verdicts))
+
+
+def _plan_dict(verdict: Verdict) -> dict[str, Any]:
+    report = verdict.report
+    out: dict[str, Any] = {
+        "file": verdict.file,
+        "passed": verdict.passed,
+        "valid": verdict.valid,
+        "reasons": [r.to_dict() for r in verdict.reasons],
+        "problems": [str(p) for p in verdict.problems],
+    }
+    if report is not None:
+        worst = report.worst
+        out |= {
+            "name": report.name,
+            "fits": report.fits,
+            "worst_stage": worst.stage,
+            "peak_bytes": worst.peak_bytes,
+            "capacity_bytes": worst.capacity_bytes,
+            "headroom_bytes": worst.headroom_bytes,
+            "step_time_s": report.step["time_s"],
+            "exposed_share": report.step.get("exposed_share"),
+        }
+    return out
+
+
+def check_to_dict(result: CheckResult) -> dict[str, Any]:
+    """`{passed, plans[{file, passed, reasons[]}]}` (DESIGN.md) plus the limits and figures."""
+    return {
+        "passed": result.passed,
+        "limits": result.limits.to_dict(),
+        "plans": [_plan_dict(v) for v in result.verdicts],
+    }

@@ -1,0 +1,344 @@
+"""Two plans side by side: what changed in the plan, and what that does to the budget.
+
+The plan side flattens the resolved `Plan` dataclasses into dotted keys ("parallel.tp") and
+lists the keys whose values differ. The budget side pairs the two reports' figures (memory
+per stage, the step, each phase) as `Delta`s that know whether lower or higher is better.
+Stages are paired by index; phases by name. Everything here returns data; the renderers in
+`budget.render.diff` decide how it looks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from budget.errors import BudgetError, Problem
+from budget.plan.model import Plan
+from budget.report import PhaseRow, Report, StageRow, to_dict
+
+__all__ = [
+    "Change",
+    "Delta",
+    "PlanDiff",
+    "Row",
+    "diff_files",
+    "diff_plans",
+    "diff_to_dict",
+    "flatten",
+]
+
+Scalar = str | int | float | bool | None
+Value = Scalar | list[Scalar]
+Unit = Literal["bytes", "seconds", "share", "tokens/s"]
+Better = Literal["lower", "higher"]
+Verdict = Literal["better", "worse", "same", "n/a"]
+
+# keys that differ between two files of the same plan without changing it
+_IGNORED = {"file"}
+_IGNORED_LEAVES = {"where"}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One plan key whose resolved value differs; None on the side where it is absent."""
+
+    key: str
+    a: Value
+    b: Value
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One figure in both reports. None where a side does not have it (a missing stage or
+    phase, or a step time that was not computed)."""
+
+    metric: str
+    unit: Unit
+    better: Better
+    a: float | None
+    b: float | None
+
+    @property
+    def absolute(self) -> float | None:
+        if self.a is None or self.b is None:
+            return None
+        return self.b - self.a
+
+    @property
+    def relative(self) -> float | None:
+        """(b − a) / |a|; None when a is 0 or a side is missing."""
+        if self.a is None or self.b is None or self.a == 0:
+            return None
+        return (self.b - self.a) / abs(self.a)
+
+    @property
+    def changed(self) -> bool:
+        return self.a != self.b
+
+    @property
+    def verdict(self) -> Verdict:
+        change = self.absolute
+        if change is None:
+            return "n/a"
+        if change == 0:
+            return "same"
+        return "better" if (change < 0) == (self.better == "lower") else "worse"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "better": self.better,
+            "a": self.a,
+            "b": self.b,
+            "delta": self.absolute,
+            "relative": self.relative,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A stage (by index) or a phase (by name) and its figures in both plans."""
+
+    key: str
+    in_a: bool
+    in_b: bool
+    deltas: tuple[Delta, ...]
+
+    @property
+    def changed(self) -> bool:
+        return not (self.in_a and self.in_b) or any(d.changed for d in self.deltas)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDiff:
+    changes: tuple[Change, ...]
+    summary: tuple[Delta, ...]  # worst-stage memory and the step
+    stages: tuple[Row, ...]
+    phases: tuple[Row, ...]
+    stage_counts: tuple[int, int]
+    fits: tuple[bool, bool]
+
+    @property
+    def identical(self) -> bool:
+        """No plan key and no figure differs."""
+        return (
+            not self.changes
+            and not any(row.changed for row in (*self.stages, *self.phases))
+            and not any(d.changed for d in self.summary)
+        )
+
+    @property
+    def note(self) -> str | None:
+        """How stages were paired when the plans have different pipeline depths."""
+        na, nb = self.stage_counts
+        if na == nb:
+            return None
+        more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
+        only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
+        return (
+            f"A has {na} pipeline stages and B has {nb}: stages are aligned by index, "
+            f"so {only} exist only in {side}"
+        )
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
+    """A resolved plan (or any nest of dataclasses, dicts and tuples) as dotted keys.
+
+    Tuples of scalars stay one value (a list); tuples of (name, number) pairs become keys
+    under their names ("device.flops.bf16"); other tuples are indexed ("topology.levels.0").
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        out: dict[str, Value] = {}
+        for key, item in value.items():
+            if key in _IGNORED_LEAVES or (not prefix and key in _IGNORED):
+                continue
+            out |= flatten(item, f"{prefix}{key}.")
+        return out
+    if isinstance(value, tuple | list):
+        if all(_is_pair(item) for item in value) and value:
+            return {f"{prefix}{name}": number for name, number in value}
+        if all(_is_scalar(item) for item in value):
+            return {prefix.rstrip("."): list(value)}
+        out = {}
+        for i, item in enumerate(value):
+            out |= flatten(item, f"{prefix}{i}.")
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _is_pair(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], int | float)
+    )
+
+
+def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
+    """The keys whose resolved values differ, in A's key order, then keys only B has."""
+    fa, fb = flatten(a), flatten(b)
+    keys = list(dict.fromkeys([*fa, *fb]))
+    return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+def _states(s: StageRow) -> int:
+    return s.params_bytes + s.grads_bytes + s.optimizer_bytes
+
+
+_STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
+    ("states_bytes", "bytes", "lower", _states),
+    ("activations_bytes", "bytes", "lower", lambda s: s.activations_bytes),
+    ("transient_bytes", "bytes", "lower", lambda s: s.transient_bytes),
+    ("kv_cache_bytes", "bytes", "lower", lambda s: s.kv_cache_bytes),
+    ("peak_bytes", "bytes", "lower", lambda s: s.peak_bytes),
+    ("headroom_bytes", "bytes", "higher", lambda s: s.headroom_bytes),
+)
+_PHASE: tuple[tuple[str, Unit, Better, Callable[[PhaseRow], float | None]], ...] = (
+    ("payload_bytes", "bytes", "lower", lambda p: p.payload_bytes),
+    ("peak_bytes", "bytes", "lower", lambda p: p.peak_bytes if p.peak_stage is not None else None),
+    ("comm_s", "seconds", "lower", lambda p: p.comm_s),
+    ("exposed_s", "seconds", "lower", lambda p: p.exposed_s),
+)
+_STEP: tuple[tuple[str, Unit, Better], ...] = (
+    ("time_s", "seconds", "lower"),
+    ("compute_s", "seconds", "lower"),
+    ("comm_s", "seconds", "lower"),
+    ("exposed_comm_s", "seconds", "lower"),
+    ("exposed_share", "share", "lower"),
+    ("bubble_s", "seconds", "lower"),
+    ("tokens_per_s", "tokens/s", "higher"),
+    ("mfu", "share", "higher"),
+)
+
+
+def _stage_rows(a: Report, b: Report) -> tuple[Row, ...]:
+    rows = []
+    for i in range(max(len(a.stages), len(b.stages))):
+        sa = a.stages[i] if i < len(a.stages) else None
+        sb = b.stages[i] if i < len(b.stages) else None
+        deltas = tuple(
+            Delta(
+                name,
+                unit,
+                better,
+                None if sa is None else get(sa),
+                None if sb is None else get(sb),
+            )
+            for name, unit, better, get in _STAGE
+        )
+        rows.append(Row(str(i), sa is not None, sb is not None, deltas))
+    return tuple(rows)
+
+
+def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
+    pa = {p.name: p for p in a.phases}
+    pb = {p.name: p for p in b.phases}
+    names = list(pa)
+    for i, name in enumerate(pb):  # B's extra phases after their predecessor in B
+        if name not in names:
+            before = list(pb)[i - 1] if i else None
+            names.insert(names.index(before) + 1 if before in names else len(names), name)
+    rows = []
+    for name in names:
+        ra, rb = pa.get(name), pb.get(name)
+        deltas = tuple(
+            Delta(
+                metric,
+                unit,
+                better,
+                None if ra is None else get(ra),
+                None if rb is None else get(rb),
+            )
+            for metric, unit, better, get in _PHASE
+        )
+        rows.append(Row(name, ra is not None, rb is not None, deltas))
+    return tuple(rows)
+
+
+def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
+    wa, wb = a.worst, b.worst
+    out = [
+        Delta("peak_bytes", "bytes", "lower", wa.peak_bytes, wb.peak_bytes),
+        Delta("headroom_bytes", "bytes", "higher", wa.headroom_bytes, wb.headroom_bytes),
+    ]
+    out += [Delta(k, u, bt, a.step.get(k), b.step.get(k)) for k, u, bt in _STEP]
+    return tuple(out)
+
+
+def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> PlanDiff:
+    """Pair two reports' figures: worst stage and step, each stage by index, each phase by
+    name."""
+    return PlanDiff(
+        changes=changes,
+        summary=_summary(a, b),
+        stages=_stage_rows(a, b),
+        phases=_phase_rows(a, b),
+        stage_counts=(len(a.stages), len(b.stages)),
+        fits=(a.fits, b.fits),
+    )
+
+
+def diff_plans(a: Plan, b: Plan) -> tuple[Report, Report, PlanDiff]:
+    """Budget both resolved plans and compare them."""
+    from budget.pipeline import build_report
+
+    ra, rb = build_report(a), build_report(b)
+    return ra, rb, diff_reports(ra, rb, plan_changes(a, b))
+
+
+def diff_files(path_a: Path, path_b: Path) -> tuple[Report, Report, PlanDiff]:
+    """Load, budget and compare two plan files; a BudgetError carries both files' problems."""
+    from budget.plan.load import load_plan
+
+    plans: list[Plan] = []
+    problems: list[Problem] = []
+    for path in (path_a, path_b):
+        try:
+            plans.append(load_plan(path))
+        except BudgetError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise BudgetError(problems)
+    return diff_plans(plans[0], plans[1])
+
+
+def _rows(rows: tuple[Row, ...], key: str) -> list[dict[str, Any]]:
+    return [
+        {
+            key: int(row.key) if key == "stage" else row.key,
+            "in_a": row.in_a,
+            "in_b": row.in_b,
+            "changed": row.changed,
+            "metrics": {d.metric: d.to_dict() for d in row.deltas},
+        }
+        for row in rows
+    ]
+
+
+def diff_to_dict(a: Report, b: Report, diff: PlanDiff) -> dict[str, Any]:
+    """`{a, b, delta}` (DESIGN.md): the two full reports and what changed between them."""
+    return {
+        "a": to_dict(a),
+        "b": to_dict(b),
+        "delta": {
+            "identical": diff.identical,
+            "plan": [{"key": c.key, "a": c.a, "b": c.b} for c in diff.changes],
+            "fits": {"a": diff.fits[0], "b": diff.fits[1]},
+            "stage_counts": {"a": diff.stage_counts[0], "b": diff.stage_counts[1]},
+            "note": diff.note,
+            "summary": {d.metric: d.to_dict() for d in diff.summary},
+            "stages": _rows(diff.stages, "stage"),
+            "phases": _rows(diff.phases, "name"),
+        },
+    }

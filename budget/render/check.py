@@ -1,0 +1,118 @@
+"""`budget check` output: one line per plan and its failed limits, as a table, JSON or a
+markdown summary a CI job can post on a pull request. Invalid plans' problems go to stderr
+from the CLI; here they only appear in the JSON and markdown summaries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from budget.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from budget.check import CheckResult, Verdict
+
+__all__ = ["render_check"]
+
+
+def render_check(console: Console, result: CheckResult, fmt: str) -> None:
+    """Render the gate's outcome on `console` in `fmt` (table, json or markdown)."""
+    if fmt == "json":
+        from budget.check import check_to_dict
+        from budget.render import dump_json
+
+        console.file.write(dump_json(check_to_dict(result)))
+    elif fmt == "markdown":
+        console.file.write(check_markdown(result))
+    else:
+        _table(console, result)
+
+
+def _figures(verdict: Verdict) -> str:
+    report = verdict.report
+    if report is None:
+        return ""
+    worst = report.worst
+    free = worst.headroom_bytes
+    text = (
+        f"worst stage {worst.stage} peaks at {format_bytes(worst.peak_bytes)} of "
+        f"{format_bytes(worst.capacity_bytes)}, "
+        + (f"{format_bytes(free)} free" if free >= 0 else f"{format_bytes(-free)} over")
+    )
+    time_s, share = report.step["time_s"], report.step.get("exposed_share")
+    if time_s is not None:
+        text += f"; step {format_duration(time_s)}"
+    if share is not None:
+        text += f", {share:.1%} exposed communication"
+    return text
+
+
+def _tally(result: CheckResult) -> str:
+    total = len(result.verdicts)
+    passed = sum(v.passed for v in result.verdicts)
+    invalid = sum(not v.valid for v in result.verdicts)
+    failed = total - passed - invalid
+    parts = [f"{passed} of {total} plan{'s' if total != 1 else ''} passed"]
+    if failed:
+        parts.append(f"{failed} failed")
+    if invalid:
+        parts.append(f"{invalid} invalid")
+    return ", ".join(parts)
+
+
+def _table(console: Console, result: CheckResult) -> None:
+    from rich.padding import Padding
+    from rich.text import Text
+
+    for verdict in result.verdicts:
+        if not verdict.valid:
+            console.print(f"[bold red]INVALID[/] {verdict.file}: its errors are on stderr")
+            continue
+        mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
+        console.print(f"{mark} {verdict.file}", highlight=False)
+        console.print(Padding(Text(_figures(verdict), style="dim"), (0, 0, 0, 5)))
+        for reason in verdict.reasons:
+            line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
+            console.print(Padding(line, (0, 0, 0, 5)))
+    console.print(Text("checked: " + "; ".join(result.limits.describe()), style="dim"))
+    console.print(_tally(result), markup=False, highlight=False)
+
+
+def check_markdown(result: CheckResult) -> str:
+    """A summary for a pull request: a verdict line, one row per plan, then the reasons."""
+    icon = "✅" if result.passed else "❌"
+    lines = [f"## {icon} budget check: {_tally(result)}", ""]
+    lines += [
+        "| plan | result | worst stage | peak | capacity | headroom | step | exposed comm |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for v in result.verdicts:
+        report = v.report
+        if report is None:
+            lines.append(f"| `{v.file}` | ⚠️ invalid | | | | | | |")
+            continue
+        worst = report.worst
+        time_s, share = report.step["time_s"], report.step.get("exposed_share")
+        cells = [
+            f"`{v.file}`",
+            "✅ pass" if v.passed else "❌ fail",
+            str(worst.stage),
+            format_bytes(worst.peak_bytes),
+            format_bytes(worst.capacity_bytes),
+            format_bytes(worst.headroom_bytes),
+            "–" if time_s is None else format_duration(time_s),
+            "–" if share is None else f"{share:.1%}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Limits: " + "; ".join(result.limits.describe()) + ".", ""]
+    for v in result.verdicts:
+        if v.reasons:
+            lines += [f"### ❌ `{v.file}`", ""]
+            lines += [f"- **{r.limit}**: {r.message}" for r in v.reasons]
+            lines.append("")
+        if v.problems:
+            lines += [f"### ⚠️ `{v.file}` is invalid", "", "```"]
+            lines += [str(p) for p in v.problems]
+            lines += ["```", ""]
+    return "\n".join(lines)

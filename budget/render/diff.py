@@ -1,0 +1,285 @@
+"""`budget diff` output: the plan keys that changed, then the budget's figures side by side
+with absolute and relative deltas, green where B is better and red where it is worse."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from budget.units import format_bytes, format_duration, format_flops, format_rate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from budget.diff import Delta, PlanDiff, Row, Value
+    from budget.report import Report
+
+__all__ = ["diff_markdown", "render_diff"]
+
+_STYLE = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
+_MARK = {"better": "🟢 ", "worse": "🔴 ", "same": "", "n/a": ""}
+_LABELS = {
+    "states_bytes": "states",
+    "activations_bytes": "activations",
+    "transient_bytes": "transients",
+    "kv_cache_bytes": "KV cache",
+    "peak_bytes": "peak",
+    "headroom_bytes": "headroom",
+    "payload_bytes": "sent/rank",
+    "comm_s": "communication",
+    "exposed_s": "exposed",
+    "time_s": "step time",
+    "compute_s": "compute",
+    "exposed_comm_s": "exposed comm",
+    "exposed_share": "exposed share",
+    "bubble_s": "pipeline bubble",
+    "tokens_per_s": "tokens/s",
+    "mfu": "MFU",
+}
+_SUMMARY_LABELS = {"peak_bytes": "worst-stage peak", "headroom_bytes": "worst-stage headroom"}
+
+
+def render_diff(console: Console, a: Report, b: Report, diff: PlanDiff, fmt: str) -> None:
+    """Render the comparison of `a` and `b` on `console` in `fmt`."""
+    if fmt == "json":
+        from budget.diff import diff_to_dict
+        from budget.render import dump_json
+
+        console.file.write(dump_json(diff_to_dict(a, b, diff)))
+    elif fmt == "markdown":
+        console.file.write(diff_markdown(a, b, diff))
+    else:
+        _render_table(console, a, b, diff)
+
+
+# ------------------------------------------------------------------------------ values
+
+
+def _value(unit: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "seconds":
+        return format_duration(value)
+    if unit == "share":
+        return f"{value:.1%}"
+    return f"{value:,.0f}"
+
+
+def _change(delta: Delta) -> tuple[str, str]:
+    """(absolute, relative) for people: ("+1.20 GiB", "+4.1%"); shares move in points."""
+    change, rel = delta.absolute, delta.relative
+    if change is None:
+        return "–", "–"
+    if change == 0:
+        return "0", "0%"
+    sign = "+" if change > 0 else "−"
+    if delta.unit == "share":
+        text = f"{sign}{abs(change) * 100:.1f} pt"
+    else:
+        text = sign + _value(delta.unit, abs(change))
+    return text, "–" if rel is None else f"{'+' if rel > 0 else '−'}{abs(rel):.1%}"
+
+
+def plan_value(key: str, value: Value) -> str:
+    """A plan value as its author would write it: sizes, rates and times with units."""
+    if value is None:
+        return "–"
+    if isinstance(value, list):
+        return "[" + ", ".join(plan_value(key, v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        leaf = key.rsplit(".", 1)[-1]
+        if key.startswith("device.flops."):
+            return format_flops(value)
+        if leaf in ("memory", "reserved"):
+            return format_bytes(value)
+        if "bandwidth" in leaf:
+            return format_rate(value)
+        if leaf == "latency":
+            return format_duration(value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    return str(value)
+
+
+def _title(report: Report) -> str:
+    from budget.render.table import header
+
+    return f"{report.file}: {header(report)[0]}"
+
+
+def _label(metric: str, summary: bool = False) -> str:
+    if summary and metric in _SUMMARY_LABELS:
+        return _SUMMARY_LABELS[metric]
+    return _LABELS.get(metric, metric)
+
+
+def _shown(rows: tuple[Row, ...], metric: str) -> bool:
+    """KV cache rows only when a side has one; every other metric always."""
+    if metric != "kv_cache_bytes":
+        return True
+    return any(d.metric == metric and (d.a or d.b) for r in rows for d in r.deltas)
+
+
+def _side(row: Row) -> str:
+    return "" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)"
+
+
+def _fits(diff: PlanDiff) -> str:
+    a, b = diff.fits
+    if a == b:
+        return "both fit" if a else "neither fits"
+    return "A fits, B does not" if a else "A does not fit, B fits"
+
+
+# ------------------------------------------------------------------------------- table
+
+
+def _table(title: str, first: str, second: str | None) -> Table:
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column(first, no_wrap=True)
+    if second is not None:
+        table.add_column(second, no_wrap=True)
+    for name in ("A", "B", "Δ", "Δ%"):
+        table.add_column(name, justify="right", no_wrap=True)
+    return table
+
+
+def _cells(delta: Delta) -> list[Text]:
+    absolute, relative = _change(delta)
+    style = _STYLE[delta.verdict]
+    return [
+        Text(_value(delta.unit, delta.a)),
+        Text(_value(delta.unit, delta.b)),
+        Text(absolute, style=style),
+        Text(relative, style=style),
+    ]
+
+
+def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
+    table = _table(title, first, "")
+    for i, row in enumerate(rows):
+        if i:
+            table.add_section()
+        name = row.key + _side(row)
+        shown = [d for d in row.deltas if _shown(rows, d.metric)]
+        for j, delta in enumerate(shown):
+            table.add_row(Text(name if j == 0 else ""), Text(_label(delta.metric)), *_cells(delta))
+    return table
+
+
+def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> None:
+    console.print(Text("A  " + _title(a)))
+    console.print(Text("B  " + _title(b)))
+    if diff.identical:
+        console.print()
+        console.print("No differences: the plans resolve to the same configuration and budget.")
+        return
+    console.print()
+    if diff.changes:
+        table = Table(
+            title="Plan changes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+        )
+        table.add_column("key", no_wrap=True)
+        table.add_column("A", justify="right")
+        table.add_column("", no_wrap=True)
+        table.add_column("B", justify="left")
+        for c in diff.changes:
+            table.add_row(c.key, plan_value(c.key, c.a), "→", plan_value(c.key, c.b))
+        console.print(table)
+    else:
+        console.print("Plan changes: none (the budgets differ only through defaults or files).")
+    console.print()
+    summary = _table(f"Step and worst stage ({_fits(diff)})", "figure", None)
+    for delta in diff.summary:
+        summary.add_row(Text(_label(delta.metric, summary=True)), *_cells(delta))
+    console.print(summary)
+    if diff.note:
+        console.print()
+        console.print(Text(diff.note, style="yellow"))
+    for title, first, rows in (
+        ("Memory per rank of each pipeline stage, at its peak", "stage", diff.stages),
+        ("Phases (per rank, over one step)", "phase", diff.phases),
+    ):
+        console.print()
+        console.print(_row_table(title, first, rows))
+    console.print(
+        Text.assemble(
+            "Δ = B − A; ",
+            ("green", "green"),
+            " is better, ",
+            ("red", "red"),
+            " is worse (less memory and time, more headroom, tokens/s and MFU are better)",
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- markdown
+
+
+def _md(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def _md_cells(delta: Delta) -> list[str]:
+    absolute, relative = _change(delta)
+    mark = _MARK[delta.verdict]
+    return [_value(delta.unit, delta.a), _value(delta.unit, delta.b), mark + absolute, relative]
+
+
+def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
+    """The comparison as GitHub-flavoured markdown tables (🟢 better, 🔴 worse)."""
+    lines = [
+        f"## budget diff: {a.name} → {b.name}",
+        "",
+        f"- A: `{_title(a)}`",
+        f"- B: `{_title(b)}`",
+    ]
+    lines.append("")
+    if diff.identical:
+        lines += ["No differences: the plans resolve to the same configuration and budget.", ""]
+        return "\n".join(lines)
+    lines += ["### Plan changes", ""]
+    if diff.changes:
+        lines += [_md(["key", "A", "B"]), "| --- | ---: | --- |"]
+        lines += [
+            _md([f"`{c.key}`", plan_value(c.key, c.a), plan_value(c.key, c.b)])
+            for c in diff.changes
+        ]
+    else:
+        lines.append("None (the budgets differ only through defaults or files).")
+    lines += ["", f"### Step and worst stage ({_fits(diff)})", ""]
+    lines += [_md(["figure", "A", "B", "Δ", "Δ%"]), "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [_md([_label(d.metric, summary=True), *_md_cells(d)]) for d in diff.summary]
+    lines.append("")
+    if diff.note:
+        lines += [f"> {diff.note}.", ""]
+    for title, first, rows in (
+        ("Memory per rank of each pipeline stage, at its peak", "stage", diff.stages),
+        ("Phases (per rank, over one step)", "phase", diff.phases),
+    ):
+        lines += [f"### {title}", ""]
+        lines += [_md([first, "figure", "A", "B", "Δ", "Δ%"])]
+        lines.append("| --- | --- | ---: | ---: | ---: | ---: |")
+        for row in rows:
+            name = row.key + (
+                "" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)"
+            )
+            shown = [d for d in row.deltas if _shown(rows, d.metric)]
+            for j, delta in enumerate(shown):
+                label = f"`{name}`" if j == 0 and first == "phase" else name if j == 0 else ""
+                lines.append(_md([label, _label(delta.metric), *_md_cells(delta)]))
+        lines.append("")
+    lines.append("Δ = B − A; 🟢 better, 🔴 worse.")
+    return "\n".join(lines) + "\n"
