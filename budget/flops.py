@@ -66,7 +66,7 @@ def attention_core(plan: Plan, s: Shapes) -> Work:
     q_rows = s.tokens // s.micro
     matmuls = 2 * 2 * s.micro * s.heads * q_rows * s.seq_kv * hd
     if plan.model.attention == "flash":
-        flops = matmuls // 2  # causal: tiles above the diagonal are skipped
+        flops = matmuls // 2 if s.causal else matmuls  # causal: upper tiles are skipped
         qkvo = s.act * (s.tokens * 2 * s.q_cols + s.micro * s.seq_kv * 2 * s.kv_cols)
         return Work("attention core (flash)", "attention", flops, qkvo)
     scores = s.micro * s.heads * q_rows * s.seq_kv
@@ -106,6 +106,32 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
     ]
+
+
+def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
+    """Router GEMM, token permutation, the local experts' GEMMs on the rows they receive
+    (balanced routing: as many as the rank dispatches), unpermute and weighted combine, and
+    the shared experts as a dense MLP (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
+    e = DTYPE_BYTES[plan.precision.matmul]
+    gate = 2 if plan.model.mlp == "swiglu" else 1
+    norm = s.act * s.tokens_sp * s.hidden
+    rows = s.act * s.routed * s.hidden
+    works = [
+        elementwise("MoE norm", 2 * norm),
+        gemm("router", s.tokens_sp, s.hidden, s.experts, e),
+        elementwise("token permutation", 2 * rows),
+        gemm("expert fc1", s.routed, s.hidden, gate * s.expert_cols, e),
+        elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
+        gemm("expert fc2", s.routed, s.expert_cols, s.hidden, e),
+        elementwise("unpermute and combine", 3 * rows),
+    ]
+    if s.shared_cols:
+        works += [
+            gemm("shared expert fc1", s.tokens, s.hidden, gate * s.shared_cols, e),
+            gemm("shared expert fc2", s.tokens, s.shared_cols, s.hidden, e),
+        ]
+    works.append(elementwise("residual add and dropout", 3 * norm))
+    return works
 
 
 def backward_of(works: list[Work]) -> list[Work]:

@@ -9,54 +9,144 @@ All sizes are for one rank.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from budget.phases import Alloc
+from budget.phases import Alloc, Category
 from budget.plan.model import DTYPE_BYTES, Plan
 
 
 @dataclass(frozen=True, slots=True)
 class LayerParams:
-    """Parameters of one transformer layer: the full count and what one tp rank holds."""
+    """Parameters of one transformer layer: the full count and one rank's share, with the
+    expert weights (sharded over ep x etp, reduced over the expert data-parallel group)
+    kept apart from the rest (sharded over tp, reduced over dp x cp)."""
 
     total: int
-    per_rank: int
+    per_rank: int  # non-expert parameters on one rank
+    expert_total: int = 0
+    expert_per_rank: int = 0
 
 
-def layer_params(plan: Plan) -> LayerParams:
-    """Parameters of one dense transformer layer, and the share of one tensor-parallel rank.
+def _norms(plan: Plan) -> int:
+    return (2 if plan.model.norm == "layernorm" else 1) * plan.model.hidden
+
+
+def _mlp(plan: Plan, width: int, shards: int) -> tuple[int, int, int]:
+    """(total, per rank, replicated per rank) of a dense MLP of `width` split over `shards`:
+    fc1 column-parallel (x2 for SwiGLU's gate, Shazeer arXiv 2002.05202), fc2 row-parallel
+    with its bias replicated (Shoeybi et al. section 3)."""
+    m = plan.model
+    gate = 2 if m.mlp == "swiglu" else 1
+    sharded = (gate + 1) * m.hidden * width + gate * width * m.bias
+    replicated = m.hidden * m.bias
+    return sharded + replicated, -(-sharded // shards) + replicated, replicated
+
+
+def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
+    """Parameters of one transformer layer, and the share of one rank.
 
     Megatron-LM's tensor parallelism (Shoeybi et al., arXiv 1909.08053, section 3): QKV and
     the first MLP projection are column-parallel (weights and biases split over tp), the
     attention output and second MLP projection are row-parallel (weights split, biases
     replicated), norms are replicated. GQA: K and V have kv_heads x head_dim columns each.
-    SwiGLU has three projections of width ffn (Shazeer, arXiv 2002.05202).
+    An MoE layer (Fedus et al., arXiv 2101.03961; Megatron-Core MoE) replaces the MLP by a
+    replicated router (hidden x experts), `count` experts of width `experts.ffn` of which a
+    rank holds count/ep, each split over etp, and optional shared experts split over tp
+    with a replicated gate (DeepSeekMoE, arXiv 2401.06066; Qwen-MoE).
     """
     m, t = plan.model, plan.parallel.tp
+    h = m.hidden
+    total, per_rank = attention_params(plan)
+    total += _norms(plan)
+    per_rank += _norms(plan)
+    if not moe or m.experts is None:
+        mlp_total, mlp_rank, _ = _mlp(plan, m.ffn, t)
+        return LayerParams(total + mlp_total, per_rank + mlp_rank)
+    e, par = m.experts, plan.parallel
+    router = h * e.count
+    total += router
+    per_rank += router
+    if e.shared_ffn:
+        shared_total, shared_rank, _ = _mlp(plan, e.shared_ffn, t)
+        total += shared_total + h * e.shared_gate
+        per_rank += shared_rank + h * e.shared_gate
+    expert, _, _ = _mlp(plan, e.ffn, 1)
+    etp = par.etp or t
+    return LayerParams(
+        total=total,
+        per_rank=per_rank,
+        expert_total=e.count * expert,
+        expert_per_rank=(e.count // par.ep) * -(-expert // etp),
+    )
+
+
+def attention_params(plan: Plan) -> tuple[int, int]:
+    """(total, per rank) of the attention block with its norm: QKV and output projections
+    split over tp, the output bias and the norm replicated."""
+    m, t = plan.model, plan.parallel.tp
     h, q_width, kv_width = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
-    qkv = h * (q_width + 2 * kv_width)
-    proj = q_width * h
-    up = (2 if m.mlp == "swiglu" else 1) * h * m.ffn
-    down = m.ffn * h
-    norm = (2 if m.norm == "layernorm" else 1) * h
-    column_bias = (q_width + 2 * kv_width + (2 if m.mlp == "swiglu" else 1) * m.ffn) * m.bias
-    row_bias = 2 * h * m.bias
-    sharded = qkv + proj + up + down + column_bias
-    replicated = 2 * norm + row_bias
-    return LayerParams(total=sharded + replicated, per_rank=-(-sharded // t) + replicated)
+    sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
+    replicated = h * m.bias + _norms(plan)
+    return sharded + replicated, -(-sharded // t) + replicated
+
+
+def moe_layers(plan: Plan) -> list[bool]:
+    """Which layers are MoE: an explicit pattern, or every `every`-th layer after the first
+    `first_dense_layers` (Megatron-LM's moe_layer_freq; DeepSeek's first_k_dense_replace)."""
+    m = plan.model
+    if m.experts is None:
+        return [False] * m.layers
+    e = m.experts
+    if e.pattern is not None:
+        return list(e.pattern)
+    return [
+        i >= e.first_dense_layers and (i - e.first_dense_layers) % e.every == 0
+        for i in range(m.layers)
+    ]
+
+
+def stage_layer_ids(plan: Plan) -> list[list[int]]:
+    """Global indices of the layers each pipeline stage holds. With v virtual stages the
+    model is cut into p·v chunks and stage i holds chunks i, i + p, ... (Narayanan et al.,
+    arXiv 2104.04473, section 2.2.2)."""
+    p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
+    sizes = plan.parallel.pipeline.layers_per_stage
+    chunks = list(sizes) if sizes is not None else [plan.model.layers // (p * v)] * (p * v)
+    if sizes is not None and len(chunks) == p and v > 1:
+        chunks = [c // v for c in chunks for _ in range(v)]
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+    out: list[list[int]] = [[] for _ in range(p)]
+    for index, (start, size) in enumerate(zip(starts, chunks, strict=True)):
+        out[index % p].extend(range(start, start + size))
+    return out
 
 
 def stage_layers(plan: Plan) -> list[int]:
     """Transformer layers on each pipeline stage (virtual chunks of a stage added up)."""
-    p = plan.parallel.pp
-    explicit = plan.parallel.pipeline.layers_per_stage
-    if explicit is not None:
-        return [sum(explicit[i::p]) for i in range(p)]
-    return [plan.model.layers // p] * p
+    return [len(ids) for ids in stage_layer_ids(plan)]
 
 
-def stage_params(plan: Plan, stage: int, layers: int) -> tuple[int, int, list[tuple[str, int]]]:
-    """(total, per tp rank, itemised per-rank parts) of the parameters a stage holds.
+def stage_kinds(plan: Plan) -> list[tuple[int, int]]:
+    """(dense, MoE) layer counts per pipeline stage."""
+    flags = moe_layers(plan)
+    out = []
+    for ids in stage_layer_ids(plan):
+        moe = sum(flags[i] for i in ids)
+        out.append((len(ids) - moe, moe))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StageParams:
+    total: int  # all parameters of the stage
+    per_rank: int  # non-expert parameters on one rank
+    expert_per_rank: int  # expert parameters on one rank
+    parts: tuple[tuple[str, int], ...]  # itemised per-rank counts
+
+
+def stage_params(plan: Plan, stage: int) -> StageParams:
+    """The parameters one rank of a stage holds, itemised.
 
     The embedding sits on the first stage and the output layer on the last; with tied
     embeddings and more than one stage the last stage keeps its own copy of the embedding
@@ -65,9 +155,12 @@ def stage_params(plan: Plan, stage: int, layers: int) -> tuple[int, int, list[tu
     embeddings and the final norm are replicated.
     """
     m, t, p = plan.model, plan.parallel.tp, plan.parallel.pp
-    layer = layer_params(plan)
-    parts = [("transformer layers", layers * layer.per_rank)]
-    total = layers * layer.total
+    dense, moe = stage_kinds(plan)[stage]
+    d, x = layer_params(plan), layer_params(plan, moe=True)
+    parts = [("transformer layers", dense * d.per_rank + moe * x.per_rank)]
+    total = dense * d.total + moe * (x.total + x.expert_total)
+    if moe:
+        parts.append(("experts", moe * x.expert_per_rank))
     word = m.vocab * m.hidden
     if stage == 0:
         parts.append(("word embedding", -(-word // t)))
@@ -77,81 +170,88 @@ def stage_params(plan: Plan, stage: int, layers: int) -> tuple[int, int, list[tu
             parts.append(("position embedding", positions))
             total += positions
     if stage == p - 1:
-        norm = (2 if m.norm == "layernorm" else 1) * m.hidden
-        parts.append(("final norm", norm))
-        total += norm
+        parts.append(("final norm", _norms(plan)))
+        total += _norms(plan)
         if not m.tied_embeddings or p > 1:
             name = "output layer" if not m.tied_embeddings else "output layer (tied copy)"
             parts.append((name, -(-word // t)))
             total += word
-    return total, sum(b for _, b in parts), parts
+    experts = moe * x.expert_per_rank
+    return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts))
 
 
 def params_total(plan: Plan) -> int:
     """All distinct parameters of the model (a tied embedding counted once)."""
     m = plan.model
-    total = m.layers * layer_params(plan).total + m.vocab * m.hidden
-    total += (2 if m.norm == "layernorm" else 1) * m.hidden
-    if not m.tied_embeddings:
-        total += m.vocab * m.hidden
+    flags = moe_layers(plan)
+    moe = sum(flags)
+    x = layer_params(plan, moe=True)
+    total = (m.layers - moe) * layer_params(plan).total + moe * (x.total + x.expert_total)
+    total += m.vocab * m.hidden * (1 if m.tied_embeddings else 2) + _norms(plan)
     if m.position == "learned":
         total += (m.max_positions or plan.batch.seq) * m.hidden
     return total
 
 
-def resident_states(plan: Plan, params_rank: int) -> tuple[Alloc, ...]:
+def active_params(plan: Plan) -> int:
+    """Parameters one token uses: the top-k experts of each MoE layer instead of all."""
+    m = plan.model
+    if m.experts is None:
+        return params_total(plan)
+    x = layer_params(plan, moe=True)
+    unused = (m.experts.count - m.experts.top_k) * x.expert_total // m.experts.count
+    return params_total(plan) - sum(moe_layers(plan)) * unused
+
+
+def expert_data_parallel(plan: Plan) -> int:
+    """Ranks that hold the same expert shard: tp·cp·dp / (ep·etp) (Megatron-Core's expert
+    data-parallel group), over which expert gradients are reduced and optimizer states
+    sharded."""
+    par = plan.parallel
+    return max(1, par.tp * par.cp * par.dp // (par.ep * (par.etp or par.tp)))
+
+
+def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Alloc, ...]:
     """Model states one rank keeps for the whole step, by precision and ZeRO stage.
 
     ZeRO (Rajbhandari et al., arXiv 1910.02054, section 5 and Table 1): with Ψ parameters,
     16-bit parameters and gradients (2Ψ + 2Ψ) and K·Ψ bytes of optimizer state (K = 12 for
     mixed-precision Adam: fp32 master copy, momentum and variance), stage 1 shards the K·Ψ
     over Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters.
-    Shards are rounded up to whole elements on the most loaded rank.
+    Non-expert states shard over dp x cp, expert states over the expert data-parallel group
+    (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements.
     """
-    prec, z, dp = plan.precision, plan.parallel.zero, plan.parallel.dp
-
-    def sharded(n: int, on: bool) -> int:
-        return -(-n // dp) if on else n
-
-    where = f"shard over dp={dp}"
-    allocs = [
-        Alloc(
-            f"parameters ({prec.params})",
-            "params",
-            sharded(params_rank, z >= 3) * DTYPE_BYTES[prec.params],
-            placement=where if z >= 3 else "replicate over dp",
-        )
-    ]
-    if plan.mode == "train":
-        allocs.append(
-            Alloc(
-                f"gradients ({prec.grads})",
-                "grads",
-                sharded(params_rank, z >= 2) * DTYPE_BYTES[prec.grads],
-                placement=where if z >= 2 else "replicate over dp",
-            )
-        )
-        opt_place = where if z >= 1 else "replicate over dp"
-        if prec.master is not None:
-            allocs.append(
-                Alloc(
-                    f"master weights ({prec.master})",
-                    "optimizer",
-                    sharded(params_rank, z >= 1) * DTYPE_BYTES[prec.master],
-                    placement=opt_place,
+    prec, z = plan.precision, plan.parallel.zero
+    groups = [("", params, plan.parallel.dp * plan.parallel.cp)]
+    if expert_params:
+        groups.append(("expert ", expert_params, expert_data_parallel(plan)))
+    moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
+    label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
+    allocs = []
+    for prefix, n, ranks in groups:
+        rows: list[tuple[str, Category, int, int]] = [
+            (f"parameters ({prec.params})", "params", DTYPE_BYTES[prec.params], 3)
+        ]
+        if plan.mode == "train":
+            rows.append((f"gradients ({prec.grads})", "grads", DTYPE_BYTES[prec.grads], 2))
+            if prec.master is not None:
+                rows.append(
+                    (f"master weights ({prec.master})", "optimizer", DTYPE_BYTES[prec.master], 1)
                 )
-            )
-        moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
-        if moments:
-            label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
-            allocs.append(
-                Alloc(
-                    f"{label} ({prec.optimizer_state})",
-                    "optimizer",
-                    sharded(params_rank, z >= 1) * DTYPE_BYTES[prec.optimizer_state] * moments,
-                    placement=opt_place,
+            if moments:
+                rows.append(
+                    (
+                        f"{label} ({prec.optimizer_state})",
+                        "optimizer",
+                        moments * DTYPE_BYTES[prec.optimizer_state],
+                        1,
+                    )
                 )
-            )
+        for name, category, per_param, stage in rows:
+            on = z >= stage and ranks > 1
+            count = -(-n // ranks) if on else n
+            where = f"shard over {ranks} {prefix}data-parallel ranks" if on else "replicated"
+            allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
     if plan.device.reserved:
         allocs.append(
             Alloc("reserved (runtime, NCCL, allocator)", "reserved", plan.device.reserved)
@@ -177,12 +277,21 @@ class Shapes:
     heads: int  # query heads on one tp rank
     seq_kv: int  # keys each local query attends to (the full sequence)
     micro: int
+    causal: bool = True  # queries attend to the same sequence (not decode's cache)
+    routed: int = 0  # token-expert assignments one rank dispatches (tokens_sp·k·capacity)
+    experts: int = 0  # routed experts in the model
+    expert_cols: int = 0  # one expert's ffn width on one expert-tensor-parallel rank
+    shared_cols: int = 0  # shared experts' ffn width on one tp rank
 
 
-def shapes(plan: Plan) -> Shapes:
+def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) -> Shapes:
+    """One micro-batch on one rank. Training and prefill process whole sequences (queries
+    = keys = batch.seq, split over cp); decode passes one query per sequence (`query_len`
+    1) against `kv_len` cached keys."""
     m, par, b = plan.model, plan.parallel, plan.batch
     t = par.tp
-    tokens = b.micro * b.seq // par.cp
+    rows = b.seq if query_len is None else query_len
+    tokens = b.micro * max(1, rows // par.cp)
     return Shapes(
         tokens=tokens,
         tokens_sp=-(-tokens // t) if par.sequence_parallel else tokens,
@@ -192,9 +301,27 @@ def shapes(plan: Plan) -> Shapes:
         kv_cols=m.kv_heads * m.head_dim // t,
         ffn_cols=-(-m.ffn // t),
         heads=m.heads // t,
-        seq_kv=b.seq,
+        seq_kv=b.seq if kv_len is None else kv_len,
         micro=b.micro,
+        causal=query_len is None or query_len == kv_len,
+        **_expert_shapes(plan, -(-tokens // t) if par.sequence_parallel else tokens),
     )
+
+
+def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
+    """Token-expert assignments per rank: each of the rank's tokens goes to top_k experts;
+    with a capacity factor c each expert takes at most c·tokens·k/E of them (Fedus et al.,
+    arXiv 2101.03961, eq. 3), so a balanced dispatch moves tokens·k·c rows."""
+    e = plan.model.experts
+    if e is None:
+        return {}
+    factor = e.capacity_factor or 1.0
+    return {
+        "routed": math.ceil(tokens_sp * e.top_k * factor),
+        "experts": e.count,
+        "expert_cols": -(-e.ffn // (plan.parallel.etp or plan.parallel.tp)),
+        "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
+    }
 
 
 def residual_placement(plan: Plan) -> str:
@@ -277,6 +404,52 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     out.append(Alloc("MLP fc2 input", "activations", a * s.tokens * s.ffn_cols, placement=col))
     if plan.model.dropout:
         out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
+    return out
+
+
+def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
+    """Tensors an MoE block saves: the norm and router inputs, fp32 routing probabilities,
+    the dispatched token rows (expert fc1 input), each expert's fc1 output and fc2 input,
+    the expert outputs awaiting the weighted combine (Megatron-Core's MoE layer with the
+    all-to-all dispatcher), and the shared experts' tensors like a dense MLP."""
+    a, res = s.act, residual_placement(plan)
+    gate = 2 if plan.model.mlp == "swiglu" else 1
+    rows = "shard(tokens) on ep"
+    out = [
+        Alloc("MoE norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc("router input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc(
+            "router probabilities (fp32)", "activations", 4 * s.tokens_sp * s.experts, placement=res
+        ),
+        Alloc("dispatched tokens", "activations", a * s.routed * s.hidden, placement=rows),
+        Alloc(
+            "expert fc1 output", "activations", gate * a * s.routed * s.expert_cols, placement=rows
+        ),
+        Alloc("expert fc2 input", "activations", a * s.routed * s.expert_cols, placement=rows),
+        Alloc(
+            "expert outputs before combine", "activations", a * s.routed * s.hidden, placement=rows
+        ),
+    ]
+    if s.shared_cols:
+        col = "shard(ffn) on tp"
+        out.append(
+            Alloc(
+                "shared expert fc1 output",
+                "activations",
+                gate * a * s.tokens * s.shared_cols,
+                placement=col,
+            )
+        )
+        out.append(
+            Alloc(
+                "shared expert fc2 input",
+                "activations",
+                a * s.tokens * s.shared_cols,
+                placement=col,
+            )
+        )
+    if plan.model.dropout:
+        out.append(Alloc("MoE dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
     return out
 
 

@@ -13,6 +13,8 @@ from budget.flops import Work
 from budget.placement import Op
 from budget.plan.model import GroupKind
 
+MoveGroup = GroupKind | Literal["edp"]  # edp: expert data-parallel group
+
 Category = Literal[
     "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
 ]
@@ -52,7 +54,7 @@ class Move:
 
     name: str
     op: Op
-    group: GroupKind
+    group: MoveGroup
     ranks: int
     dtype: str
     size_bytes: int

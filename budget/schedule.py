@@ -25,22 +25,24 @@ from dataclasses import dataclass
 from budget.collectives import CollectiveCost
 from budget.flops import Work, model_flops_per_token
 from budget.phases import Move, Phase, StageStep, Step
-from budget.plan.model import GroupKind, Plan
+from budget.plan.model import Plan
 from budget.topology import group_ranks, group_span, price_group, span_of_ranks
 
 MICROBATCH_PHASES = (
     "forward.embedding",
     "forward.attention",
     "forward.mlp",
+    "forward.moe",
     "pipeline.forward",
     "loss",
+    "backward.moe",
     "backward.mlp",
     "backward.attention",
     "backward.embedding",
     "pipeline.backward",
 )
-FORWARD_PHASES = ("forward.embedding", "forward.attention", "forward.mlp", "loss")
-BACKWARD_PHASES = ("backward.mlp", "backward.attention", "backward.embedding")
+FORWARD_PHASES = ("forward.embedding", "forward.attention", "forward.mlp", "forward.moe", "loss")
+BACKWARD_PHASES = ("backward.moe", "backward.mlp", "backward.attention", "backward.embedding")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class StepTime:
     tokens_per_s: float
     mfu: float
     model_flops: float  # per step, all GPUs
+    ttft_s: float | None = None  # serving: prefill of the whole batch, time to first token
+    decode_token_s: float | None = None  # serving: one decode pass (one token per sequence)
 
 
 def work_time(plan: Plan, work: Work) -> float:
@@ -100,17 +104,27 @@ def can_time(plan: Plan) -> bool:
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:
-    """The collective of `move` on the ranks its group holds under `parallel.order`."""
+    """The collective of `move` on the ranks its group holds under `parallel.order`.
+
+    Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
+    first and last). Gradients under context parallelism are reduced over dp x cp. The
+    expert data-parallel group is taken from `topology` when expert tensor parallelism
+    equals tp; otherwise it is approximated by that many ranks of the tp x cp x dp block,
+    which spans the same levels.
+    """
     par, topo = plan.parallel, plan.topology
     if move.group == "pp":
         members = group_ranks("pp", par, topo.gpus)
         pair = (members[0], members[-1]) if "embedding" in move.name else members[:2]
         span = span_of_ranks(pair, topo, "pp")
+    elif move.group == "dp" and par.cp > 1 and move.ranks == par.dp * par.cp:
+        span = group_span(("dp", "cp"), par, topo)
     else:
-        kind: GroupKind | tuple[GroupKind, ...] = move.group
-        if move.group == "dp" and par.cp > 1 and move.ranks == par.dp * par.cp:
-            kind = ("dp", "cp")
-        span = group_span(kind, par, topo)
+        span = group_span(move.group, par, topo)
+        if span.size != move.ranks:
+            block = group_ranks(("tp", "cp", "dp"), par, topo.gpus)
+            stride = len(block) // move.ranks
+            span = span_of_ranks(block[::stride][: move.ranks], topo, move.group)
     return price_group(move.op, move.size_bytes, span, dtype=move.dtype)
 
 
@@ -157,8 +171,47 @@ def time_phase(plan: Plan, phase: Phase, windows: dict[str, float]) -> PhaseTime
     )
 
 
+def _busy(p: PhaseTime) -> float:
+    return (p.compute_s + p.exposed_s) * p.count
+
+
+def serving_time(plan: Plan, step: Step) -> StepTime:
+    """Prefill and decode latency: one batch passes the stages one after the other, so a
+    pass takes the sum of its stages; decode runs `generate` passes. Throughput counts the
+    tokens every data-parallel replica produces (prompt tokens for prefill, generated
+    tokens for decode); model FLOPs are 2·N_active per token plus attention against the
+    context (Kaplan et al., arXiv 2001.08361, Table 1)."""
+    from budget.layers import active_params
+
+    stages = []
+    for stage in step.stages:
+        windows = _windows(plan, stage, 1)
+        phases = tuple(time_phase(plan, p, windows) for p in stage.phases)
+        stages.append(StageTime(stage.stage, phases, sum(_busy(p) for p in phases), 0.0))
+    b, m = plan.batch, plan.model
+    ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
+    decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
+    per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
+    attention = 4 * m.layers * m.heads * m.head_dim
+    n = 2 * active_params(plan)
+    if per_token is None:
+        tokens, total = b.global_batch * b.prompt, ttft
+        work = tokens * (n + attention * b.prompt // 2)
+        rate = tokens / ttft
+    else:
+        tokens, total = b.global_batch * b.generate, ttft + decode
+        work = tokens * (n + attention * (b.prompt + b.generate // 2))
+        rate = b.global_batch / per_token
+    peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
+    busy = decode if per_token is not None else ttft
+    return StepTime(tuple(stages), total, total, 0.0, rate, work / (busy * peak), float(work),
+                    ttft_s=ttft, decode_token_s=per_token)
+
+
 def step_time(plan: Plan, step: Step) -> StepTime:
     """Price every phase of every stage and assemble the step (module docstring)."""
+    if plan.mode != "train":
+        return serving_time(plan, step)
     m = step.microbatches
     stages = []
     for stage in step.stages:

@@ -28,19 +28,24 @@ from budget.errors import BudgetError, Problem
 from budget.flops import Work
 from budget.layers import (
     Shapes,
+    StageParams,
+    attention_params,
     attention_saved,
     core_attention,
+    expert_data_parallel,
     layer_params,
     layer_saved,
     mlp_saved,
+    moe_layers,
+    moe_saved,
     params_total,
     resident_states,
     residual_placement,
     shapes,
-    stage_layers,
+    stage_layer_ids,
     stage_params,
 )
-from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, hide
+from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide
 from budget.placement import (
     PARTIAL,
     REPLICATE,
@@ -212,58 +217,6 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     return moves
 
 
-def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
-    """ZeRO-3 / FSDP: gather each layer's parameters before use, forward and backward;
-    reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3). With
-    `overlap.param_gather` the next layer's gather is prefetched during this layer's compute;
-    with `overlap.dp_grads` the gradient reduce-scatter runs during the next layer's
-    backward (PyTorch FSDP's forward/backward prefetch, Zhao et al., arXiv 2304.11277)."""
-    par = plan.parallel
-    if par.zero < 3 or par.dp == 1:
-        return []
-    n = layer_params(plan).per_rank
-    gather = Move(
-        "layer parameters",
-        "all-gather",
-        "dp",
-        par.dp,
-        plan.precision.param_gather,
-        n * DTYPE_BYTES[plan.precision.param_gather],
-        "shard(0)",
-        "replicate",
-    )
-    moves = [
-        hide(
-            gather,
-            "@phase",
-            "param_gather",
-            "ZeRO-3 gather: exposed unless overlap.param_gather prefetches it behind "
-            "the previous layer",
-        )
-    ]
-    if backward:
-        grads = Move(
-            "layer gradients",
-            "reduce-scatter",
-            "dp",
-            par.dp,
-            plan.precision.grads,
-            n * DTYPE_BYTES[plan.precision.grads],
-            "partial",
-            "shard(0)",
-        )
-        moves.append(
-            hide(
-                grads,
-                "@phase",
-                "dp_grads",
-                "ZeRO-3 gradient reduce-scatter: exposed unless overlap.dp_grads "
-                "runs it behind the next layer's backward",
-            )
-        )
-    return moves
-
-
 # --------------------------------------------------------------------------------------------
 # The step
 
@@ -272,10 +225,13 @@ def _zero3_moves(plan: Plan, backward: bool) -> list[Move]:
 class _StageBuilder:
     plan: Plan
     stage: int
-    layers: int
     microbatches: int
     shapes: Shapes
+    params: StageParams
     resident: tuple[Alloc, ...]
+    dense: int  # dense layers on this stage
+    moe: int  # MoE layers on this stage
+    last_is_moe: bool
     phases: list[Phase] = field(default_factory=list)
 
     @property
@@ -286,10 +242,23 @@ class _StageBuilder:
     def last(self) -> bool:
         return self.stage == self.plan.parallel.pp - 1
 
-    def add(self, name: str, count: int, moves: list[Move], instants: list[Instant]) -> None:
+    @property
+    def layers(self) -> int:
+        return self.dense + self.moe
+
+    def add(
+        self,
+        name: str,
+        count: int,
+        moves: list[Move],
+        instants: list[Instant],
+        works: list[Work] | None = None,
+    ) -> None:
+        if count <= 0:
+            return
         if name.startswith("pipeline."):
             moves = [_pipeline_overlap(self.plan, m) for m in moves]
-        self.phases.append(Phase(name, count, tuple(moves), tuple(instants)))
+        self.phases.append(Phase(name, count, tuple(moves), tuple(instants), tuple(works or ())))
 
 
 def _pipeline_overlap(plan: Plan, move: Move) -> Move:
@@ -303,8 +272,8 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
         move,
         window,
         "pp",
-        "pp send/recv: exposed unless overlap.pp hides it behind "
-        "another chunk (interleaved schedule)",
+        "pp send/recv: exposed unless overlap.pp hides it behind another chunk "
+        "(interleaved schedule)",
         1 / plan.parallel.pipeline.virtual_stages,
     )
 
@@ -313,101 +282,96 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
-def _zero3_transients(plan: Plan) -> list[Alloc]:
-    if plan.parallel.zero < 3 or plan.parallel.dp == 1:
-        return []
-    n = layer_params(plan).per_rank * DTYPE_BYTES[plan.precision.param_gather]
-    return [Alloc("gathered layer parameters (current + prefetched)", "transient", n, count=2)]
+def _working(allocs: list[Alloc], suffix: str = "working, not saved") -> list[Alloc]:
+    """Tensors computed but not kept (full recompute's forward, recompute in backward)."""
+    return [replace(a, name=f"{a.name} ({suffix})", category="transient") for a in allocs]
+
+
+def _total(allocs: list[Alloc]) -> int:
+    return sum(a.total for a in allocs)
 
 
 def derive(plan: Plan) -> Step:
-    """The training step of `plan`, stage by stage. Inference modes are not derived yet."""
+    """The step of `plan`, stage by stage: training here, prefill and decode in
+    `budget.inference`."""
     if plan.mode != "train":
-        raise BudgetError(
-            [
-                Problem(
-                    plan.file, 0, 0, "$.mode", f"mode {plan.mode!r} is not supported yet; use train"
-                )
-            ]
-        )
+        from budget.inference import derive_inference
+
+        return _with_transitions(plan, derive_inference(plan))
     m = plan.microbatches
     s = shapes(plan)
+    flags = moe_layers(plan)
     stages = []
-    for stage, layers in enumerate(stage_layers(plan)):
-        _, per_rank, _ = stage_params(plan, stage, layers)
-        builder = _StageBuilder(plan, stage, layers, m, s, resident_states(plan, per_rank))
-        _forward(builder)
-        _backward(builder)
-        _reduce(builder, per_rank)
+    for stage, ids in enumerate(stage_layer_ids(plan)):
+        params = stage_params(plan, stage)
+        moe = sum(flags[i] for i in ids)
+        b = _StageBuilder(
+            plan,
+            stage,
+            m,
+            s,
+            params,
+            resident_states(plan, params.per_rank, params.expert_per_rank),
+            dense=len(ids) - moe,
+            moe=moe,
+            last_is_moe=bool(ids) and flags[ids[-1]],
+        )
+        _forward(b)
+        _backward(b)
+        _reduce(b)
         stages.append(
             StageStep(
                 stage,
-                layers,
+                b.layers,
                 inflight(plan, stage, m),
-                per_rank,
-                builder.resident,
-                tuple(builder.phases),
+                params.per_rank + params.expert_per_rank,
+                b.resident,
+                tuple(b.phases),
             )
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
-    return _with_transitions(plan, _with_work(plan, step))
+    return _with_transitions(plan, step)
 
 
-def phase_work(plan: Plan, name: str, params_rank: int) -> list[Work]:
-    """The kernels one instance of phase `name` runs on one rank (see `budget.flops`).
-
-    Backward phases include what recompute repeats: the whole layer's forward under full
-    recompute, the attention core under selective recompute (Korthikanti section 5).
-    """
-    s = shapes(plan)
-    attention, mlp = flops.attention_forward(plan, s), flops.mlp_forward(plan, s)
-    recompute = plan.recompute
-    if name == "forward.embedding":
-        return flops.embedding_work(plan, s)
-    if name == "forward.attention":
-        return attention
-    if name == "forward.mlp":
-        return mlp
-    if name == "loss":
-        return flops.loss_work(plan, s)
-    if name == "backward.mlp":
-        again = [w.scaled(1, f"{w.name} (recomputed)") for w in mlp] if recompute == "full" else []
-        return again + flops.backward_of(mlp)
-    if name == "backward.attention":
-        again = []
-        if recompute == "full":
-            again = [w.scaled(1, f"{w.name} (recomputed)") for w in attention]
-        elif recompute == "selective":
-            core = flops.attention_core(plan, s)
-            again = [core.scaled(1, f"{core.name} (recomputed)")]
-        return again + flops.backward_of(attention)
-    if name == "backward.embedding":
-        return flops.backward_of(flops.embedding_work(plan, s))
-    if name == "optimizer":
-        shard = -(-params_rank // plan.parallel.dp) if plan.parallel.zero >= 1 else params_rank
-        return flops.optimizer_work(plan, shard)
-    return []
+def _blocks(plan: Plan, s: Shapes) -> dict[str, list[Alloc]]:
+    """What one layer's blocks save per micro-batch, before recompute is applied."""
+    return {
+        "attention": attention_saved(plan, s),
+        "mlp": mlp_saved(plan, s),
+        "moe": moe_saved(plan, s) if plan.model.experts else [],
+    }
 
 
-def _with_work(plan: Plan, step: Step) -> Step:
-    stages = []
-    for st in step.stages:
-        phases = tuple(
-            replace(p, works=tuple(phase_work(plan, p.name, st.params))) for p in st.phases
-        )
-        stages.append(replace(st, phases=phases))
-    return replace(step, stages=tuple(stages))
+def _saved_per_microbatch(b: _StageBuilder) -> int:
+    """Activation bytes one micro-batch leaves saved on this stage after its forward."""
+    plan, s = b.plan, b.shapes
+    if plan.recompute == "full":
+        return b.layers * _total(layer_saved(plan, s)[0])
+    blocks = _blocks(plan, s)
+    return (
+        b.layers * _total(blocks["attention"])
+        + b.dense * _total(blocks["mlp"])
+        + b.moe * _total(blocks["moe"])
+    )
 
 
-def _saved(b: _StageBuilder, units: float) -> Alloc:
-    """Saved activations of `units` whole layers x micro-batches, as one allocation."""
-    attn, mlp = layer_saved(b.plan, b.shapes)
-    per_layer = sum(a.total for a in attn + mlp)
+def _current_layer(b: _StageBuilder) -> list[Alloc]:
+    """The saved tensors of the stage's last layer, itemised (the one being worked on)."""
+    plan, s = b.plan, b.shapes
+    if plan.recompute == "full":
+        return layer_saved(plan, s)[0]
+    blocks = _blocks(plan, s)
+    return blocks["attention"] + blocks["moe" if b.last_is_moe else "mlp"]
+
+
+def _earlier(b: _StageBuilder) -> Alloc:
+    """Everything saved on this stage except the current layer: the micro-batches in
+    flight (`inflight`) times what one leaves saved, less the layer being worked on."""
+    units = inflight(b.plan, b.stage, b.microbatches)
+    passes = max(0, round(units * b.layers) - 1)
+    saved = round(units * _saved_per_microbatch(b)) - _total(_current_layer(b))
     return Alloc(
-        "saved activations, earlier layers",
-        "activations",
-        per_layer,
-        count=max(0, round(units)),
+        f"saved activations, {passes:,} earlier layer passes", "activations", max(0, saved)
     )
 
 
@@ -415,7 +379,8 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last."""
     s, plan = b.shapes, b.plan
-    inflight_mb = max(1, round(inflight(plan, b.stage, b.microbatches)))
+    count = max(1, round(inflight(plan, b.stage, b.microbatches)))
+    res = residual_placement(plan)
     out = []
     if b.first and plan.model.dropout:
         out.append(
@@ -423,35 +388,136 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
                 "embedding dropout mask",
                 "activations",
                 s.tokens_sp * s.hidden,
-                count=inflight_mb,
-                placement=residual_placement(plan),
+                count=count,
+                placement=res,
             )
         )
     if b.last:
-        out.append(
-            Alloc(
-                "final norm input",
-                "activations",
-                s.act * s.tokens_sp * s.hidden,
-                count=inflight_mb,
-                placement=residual_placement(plan),
-            )
-        )
-        out.append(
-            Alloc(
-                "output layer input",
-                "activations",
-                s.act * s.tokens_sp * s.hidden,
-                count=inflight_mb,
-                placement=residual_placement(plan),
-            )
-        )
+        size = s.act * s.tokens_sp * s.hidden
+        out.append(Alloc("final norm input", "activations", size, count=count, placement=res))
+        out.append(Alloc("output layer input", "activations", size, count=count, placement=res))
     return out
 
 
-def _working(allocs: list[Alloc]) -> list[Alloc]:
-    """Tensors that full recompute computes in forward but does not keep."""
-    return [replace(a, name=f"{a.name} (working, not saved)", category="transient") for a in allocs]
+def _cp_buffers(plan: Plan, s: Shapes) -> list[Alloc]:
+    """K/V of other context-parallel ranks while attention runs: two chunks in flight for
+    the ring (one computed on, one arriving), or the whole gathered sequence."""
+    if plan.parallel.cp == 1:
+        return []
+    if plan.parallel.cp_attention == "ring":
+        return [
+            Alloc(
+                "K/V ring buffers (2 chunks)",
+                "transient",
+                2 * s.act * s.tokens * 2 * s.kv_cols,
+                placement="shard(0) on cp",
+            )
+        ]
+    return [
+        Alloc(
+            "K/V all-gathered",
+            "transient",
+            s.act * s.micro * s.seq_kv * 2 * s.kv_cols,
+            placement="replicate on cp",
+        )
+    ]
+
+
+def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
+    """Expert parallelism: the router's token rows go to the ranks that hold their experts
+    and come back (GShard, Lepikhin et al., arXiv 2006.16668, section 3.2): an all-to-all on
+    the ep group for dispatch and one for combine, and their mirror images in backward.
+    Each rank holds tokens·k·capacity rows of `hidden`, so S, the whole redistributed
+    tensor, is ep times that. Exposed unless `overlap.ep` hides them behind another
+    micro-batch's compute (Megatron-Core's EP A2A overlap; DeepSeek-V3 DualPipe)."""
+    par = plan.parallel
+    if par.ep == 1 or plan.model.experts is None:
+        return []
+    size = s.act * s.routed * s.hidden * par.ep
+    dtype = plan.precision.activations
+    names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
+    rule = "ep all-to-all: exposed unless overlap.ep hides it behind other compute"
+    return [
+        hide(
+            Move(f"MoE {name}", "all-to-all", "ep", par.ep, dtype, size, "shard(1)", "shard(0)"),
+            "@phase",
+            "ep",
+            rule,
+        )
+        for name in names
+    ]
+
+
+def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
+    """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
+    reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
+    weights over the expert data-parallel group. With `overlap.param_gather` the next
+    block's gather is prefetched during this one's compute; with `overlap.dp_grads` the
+    reduce-scatter runs during the next block's backward (PyTorch FSDP's prefetch, Zhao et
+    al., arXiv 2304.11277)."""
+    par, prec = plan.parallel, plan.precision
+    if par.zero < 3:
+        return []
+    attention = attention_params(plan)[1]
+    layer = layer_params(plan, moe=block == "moe")
+    groups = [
+        ("dp", par.dp * par.cp, attention if block == "attention" else layer.per_rank - attention)
+    ]
+    if block == "moe":
+        groups.append(("edp", expert_data_parallel(plan), layer.expert_per_rank))
+    moves = []
+    for group, ranks, n in groups:
+        if ranks == 1 or n == 0:
+            continue
+        label = f"{block} {'expert ' if group == 'edp' else ''}"
+        gather = Move(
+            f"{label}parameters",
+            "all-gather",
+            group,
+            ranks,
+            prec.param_gather,
+            n * DTYPE_BYTES[prec.param_gather],
+            "shard(0)",
+            "replicate",
+        )
+        moves.append(
+            hide(
+                gather,
+                "@phase",
+                "param_gather",
+                "ZeRO-3 gather: exposed unless "
+                "overlap.param_gather prefetches it behind the previous block",
+            )
+        )
+        if backward:
+            grads = Move(
+                f"{label}gradients",
+                "reduce-scatter",
+                group,
+                ranks,
+                prec.grads,
+                n * DTYPE_BYTES[prec.grads],
+                "partial",
+                "shard(0)",
+            )
+            moves.append(
+                hide(
+                    grads,
+                    "@phase",
+                    "dp_grads",
+                    "ZeRO-3 gradient reduce-scatter: "
+                    "exposed unless overlap.dp_grads runs it behind the next block",
+                )
+            )
+    return moves
+
+
+def _zero3_transients(plan: Plan, block: str) -> list[Alloc]:
+    """Gathered parameters of the current and the prefetched block."""
+    if plan.parallel.zero < 3:
+        return []
+    n = sum(m.size_bytes for m in _zero3_moves(plan, block, False))
+    return [Alloc("gathered parameters (current + prefetched block)", "transient", n, count=2)]
 
 
 def _forward(b: _StageBuilder) -> None:
@@ -459,16 +525,13 @@ def _forward(b: _StageBuilder) -> None:
     backward: every earlier layer and micro-batch in flight is saved."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    units = inflight(plan, b.stage, m) * b.layers
     sp = par.sequence_parallel and par.tp > 1
-    z3 = _zero3_transients(plan)
-    base = [*b.resident, *_extra_saved(b), _saved(b, units - 1)]
     full = plan.recompute == "full"
+    base = [*b.resident, *_extra_saved(b), _earlier(b)]
     checkpoint = layer_saved(plan, s)[0] if full else []
-    attn, mlp = attention_saved(plan, s), mlp_saved(plan, s)
-    if full:
-        attn, mlp = _working(attn), _working(mlp)
-    elif plan.recompute == "selective" and plan.model.attention == "eager":
+    blocks = _blocks(plan, s)
+    attn = _working(blocks["attention"]) if full else blocks["attention"]
+    if plan.recompute == "selective" and plan.model.attention == "eager":
         attn = attn + _working(core_attention(plan, s))
 
     if b.first:
@@ -476,50 +539,101 @@ def _forward(b: _StageBuilder) -> None:
         if par.tp > 1:
             op: Op = "reduce-scatter" if sp else "all-reduce"
             moves.append(
-                Move(
-                    "embedding output",
-                    op,
-                    "tp",
-                    par.tp,
-                    plan.precision.activations,
-                    s.act * s.tokens * s.hidden,
-                    "partial",
-                    "shard(0)" if sp else "replicate",
+                replace(
+                    Move(
+                        "embedding output",
+                        op,
+                        "tp",
+                        par.tp,
+                        plan.precision.activations,
+                        s.act * s.tokens * s.hidden,
+                        "partial",
+                        "shard(0)" if sp else "replicate",
+                    ),
+                    rule="tp: exposed, the first layer needs it",
                 )
             )
-        b.add("forward.embedding", m, moves, [])
+        b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
-    ag_attn = [_full(s, "attention input (all-gathered)")] if sp else []
+    gathered = [_full(s, "attention input (all-gathered)")] if sp else []
+    z3 = _zero3_transients(plan, "attention")
     b.add(
         "forward.attention",
         b.layers * m,
         _tp_moves(plan, s, "attention", False, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, False)
-        + _zero3_moves(plan, False),
+        + _zero3_moves(plan, "attention", False),
         [
-            Instant("QKV projection", tuple(base + checkpoint + attn[:2] + ag_attn + z3)),
-            Instant("after attention", tuple(base + checkpoint + attn + z3)),
+            Instant("QKV projection", tuple(base + checkpoint + attn[:2] + gathered + z3)),
+            Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
         ],
+        flops.attention_forward(plan, s),
     )
-    ag_mlp = [_full(s, "MLP input (all-gathered)")] if sp else []
-    partial_out = (
-        [_full(s, "MLP output (partial, before reduction)", "partial on tp")] if par.tp > 1 else []
-    )
-    kept_attn = [] if full else attn
-    b.add(
-        "forward.mlp",
-        b.layers * m,
-        _tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2") + _zero3_moves(plan, False),
-        [
-            Instant("fc1", tuple(base + checkpoint + kept_attn + mlp[:2] + ag_mlp + z3)),
-            Instant(
-                "fc2 output reduction",
-                tuple(base + checkpoint + kept_attn + mlp + partial_out + z3),
-            ),
-        ],
-    )
+    kept = [] if full else attn
+    if b.dense:
+        mlp = _working(blocks["mlp"]) if full else blocks["mlp"]
+        partial = (
+            [_full(s, "MLP output (partial, before reduction)", "partial on tp")]
+            if par.tp > 1
+            else []
+        )
+        z3 = _zero3_transients(plan, "mlp")
+        b.add(
+            "forward.mlp",
+            b.dense * m,
+            _tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")
+            + _zero3_moves(plan, "mlp", False),
+            [
+                Instant(
+                    "fc1",
+                    tuple(
+                        base
+                        + checkpoint
+                        + kept
+                        + mlp[:2]
+                        + ([_full(s, "MLP input (all-gathered)")] if sp else [])
+                        + z3
+                    ),
+                ),
+                Instant(
+                    "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
+                ),
+            ],
+            flops.mlp_forward(plan, s),
+        )
+    if b.moe:
+        moe = _working(blocks["moe"]) if full else blocks["moe"]
+        rows = s.act * s.routed * s.hidden
+        buffers = [
+            Alloc(
+                "dispatch send and receive buffers",
+                "transient",
+                rows,
+                count=2,
+                placement="shard(tokens) on ep",
+            )
+        ]
+        shared = (
+            _tp_moves(plan, s, "shared expert", False, "shared expert fc1", "shared expert fc2")
+            if s.shared_cols
+            else []
+        )
+        b.add(
+            "forward.moe",
+            b.moe * m,
+            _ep_moves(plan, s, False) + shared + _zero3_moves(plan, "moe", False),
+            [
+                Instant(
+                    "expert computation",
+                    tuple(
+                        base + checkpoint + kept + moe + buffers + _zero3_transients(plan, "moe")
+                    ),
+                )
+            ],
+            flops.moe_forward(plan, s),
+        )
     if b.last:
-        _loss(b, units)
+        _loss(b)
     if par.pp > 1 and not b.last:
         b.add(
             "pipeline.forward",
@@ -540,22 +654,26 @@ def _forward(b: _StageBuilder) -> None:
         )
 
 
-def _loss(b: _StageBuilder, units: float) -> None:
+def _loss(b: _StageBuilder) -> None:
     """Output layer and vocab-parallel cross-entropy on the last stage (Megatron-LM's
     `vocab_parallel_cross_entropy`): logits sharded over vocab on tp, upcast to fp32, with
     their fp32 gradient; three small all-reduces (max, sum of exponentials, target logit)."""
     plan, s = b.plan, b.shapes
     t = plan.parallel.tp
-    vocab_cols = -(-plan.model.vocab // t)
-    logits = s.tokens * vocab_cols
-    vocab_place = "shard(vocab) on tp"
+    logits = s.tokens * -(-plan.model.vocab // t)
+    vocab = "shard(vocab) on tp"
+    everything = Alloc(
+        "saved activations of the micro-batches in flight",
+        "activations",
+        round(inflight(plan, b.stage, b.microbatches) * _saved_per_microbatch(b)),
+    )
     live = [
         *b.resident,
         *_extra_saved(b),
-        _saved(b, units),
-        Alloc("logits", "transient", s.act * logits, placement=vocab_place),
-        Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab_place),
-        Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab_place),
+        everything,
+        Alloc("logits", "transient", s.act * logits, placement=vocab),
+        Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
+        Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
     ]
     if plan.parallel.sequence_parallel and t > 1:
         live.append(_full(s, "output layer input (all-gathered)"))
@@ -572,115 +690,160 @@ def _loss(b: _StageBuilder, units: float) -> None:
                 "partial",
                 "replicate",
                 count=3,
+                rule="exposed: the loss needs it",
             )
         )
         if plan.parallel.sequence_parallel:
             moves.extend(_tp_moves(plan, s, "output layer", False, "output layer")[:1])
         moves.extend(_tp_moves(plan, s, "output layer", True, "output layer"))
-    b.add("loss", b.microbatches, moves, [Instant("cross-entropy", tuple(live))])
+    b.add(
+        "loss",
+        b.microbatches,
+        moves,
+        [Instant("cross-entropy", tuple(live))],
+        flops.loss_work(plan, s),
+    )
 
 
 def _backward(b: _StageBuilder) -> None:
     """Backward of the first micro-batch's last layer, when every micro-batch in flight is
-    still saved: the stage's activation peak under 1F1B (Korthikanti section 4.2.3)."""
+    still saved: the stage's activation peak under 1F1B (Korthikanti section 4.2.3).
+    Recompute repeats the whole layer's forward (full) or the attention core (selective)."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    units = inflight(plan, b.stage, m) * b.layers
     sp = par.sequence_parallel and par.tp > 1
-    current = [*layer_saved(plan, s)[0], *layer_saved(plan, s)[1]]
-    all_saved = [*b.resident, *_extra_saved(b), _saved(b, units - 1), *current]
-    z3 = _zero3_transients(plan)
-    if par.zero >= 2 and par.dp > 1:
-        z3 = [
-            *z3,
-            Alloc(
-                "layer gradient bucket before reduce-scatter",
-                "transient",
-                layer_params(plan).per_rank * DTYPE_BYTES[plan.precision.grads],
-            ),
-        ]
+    full = plan.recompute == "full"
+    saved = [*b.resident, *_extra_saved(b), _earlier(b), *_current_layer(b)]
+    blocks = _blocks(plan, s)
     grad_out = Alloc(
         "output gradient",
         "transient",
         s.act * s.tokens_sp * s.hidden,
         placement=residual_placement(plan),
     )
-    attn_full, mlp_full = attention_saved(plan, s), mlp_saved(plan, s)
-    recomputed: list[Alloc] = []
-    if plan.recompute == "full":
-        recomputed = [
-            replace(a, name=f"{a.name} (recomputed)", category="transient")
-            for a in attn_full + mlp_full
-        ]
     col = "shard(ffn) on tp"
-    ffn_grad = Alloc(
-        "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
-    )
     gate = 2 if plan.model.mlp == "swiglu" else 1
-    act_grad = Alloc(
-        "activation-function input gradient",
-        "transient",
-        gate * s.act * s.tokens * s.ffn_cols,
-        placement=col,
-    )
-    gathered = []
-    if sp:
-        gathered = [
-            _full(s, "output gradient (all-gathered)"),
-            _full(s, "fc1 input (re-gathered for weight grad)"),
-        ]
     partial_in = (
         [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")]
         if par.tp > 1
         else []
     )
-    recompute_moves = (
-        _tp_moves(
-            plan,
-            s,
-            "MLP (recomputed forward)",
-            False,
-            "MLP fc1 (recomputed)",
-            "MLP fc2 (recomputed)",
+
+    def bucket(block: str) -> list[Alloc]:
+        if par.zero != 2 or par.dp * par.cp == 1:
+            return _zero3_transients(plan, block)
+        n = layer_params(plan, moe=block == "moe").per_rank * DTYPE_BYTES[plan.precision.grads]
+        return [Alloc("gradient bucket before reduce-scatter", "transient", n)]
+
+    if b.moe:
+        recomputed = _working(blocks["moe"], "recomputed") if full else []
+        rows = s.act * s.routed * s.hidden
+        grads = [
+            Alloc("expert output gradients", "transient", rows, placement="shard(tokens) on ep"),
+            Alloc(
+                "expert activation gradient",
+                "transient",
+                gate * s.act * s.routed * s.expert_cols,
+                placement="shard(tokens) on ep",
+            ),
+            Alloc(
+                "dispatch send and receive buffers",
+                "transient",
+                rows,
+                count=2,
+                placement="shard(tokens) on ep",
+            ),
+        ]
+        work = flops.moe_forward(plan, s)
+        shared = (
+            _tp_moves(plan, s, "shared expert", True, "shared expert fc1", "shared expert fc2")
+            if s.shared_cols
+            else []
         )
-        if plan.recompute == "full"
-        else []
-    )
-    b.add(
-        "backward.mlp",
-        b.layers * m,
-        recompute_moves
-        + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
-        + _zero3_moves(plan, True),
-        [
-            Instant(
-                "fc2 and activation gradients",
-                tuple(all_saved + recomputed + [grad_out, ffn_grad, act_grad] + gathered[:1] + z3),
-            ),
-            Instant(
-                "fc1 weight and input gradients",
-                tuple(
-                    all_saved + recomputed + [grad_out, act_grad] + gathered[1:] + partial_in + z3
+        b.add(
+            "backward.moe",
+            b.moe * m,
+            _ep_moves(plan, s, True) + shared + _zero3_moves(plan, "moe", True),
+            [
+                Instant(
+                    "expert gradients",
+                    tuple(saved + recomputed + [grad_out, *grads] + bucket("moe")),
+                )
+            ],
+            ([w.scaled(1, f"{w.name} (recomputed)") for w in work] if full else [])
+            + flops.backward_of(work),
+        )
+    if b.dense:
+        recomputed = _working(blocks["mlp"], "recomputed") if full else []
+        ffn_grad = Alloc(
+            "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
+        )
+        act_grad = Alloc(
+            "activation-function input gradient",
+            "transient",
+            gate * s.act * s.tokens * s.ffn_cols,
+            placement=col,
+        )
+        out_gather = [_full(s, "output gradient (all-gathered)")] if sp else []
+        regather = [_full(s, "fc1 input (re-gathered for weight grad)")] if sp else []
+        again = (
+            _tp_moves(
+                plan,
+                s,
+                "MLP (recomputed forward)",
+                False,
+                "MLP fc1 (recomputed)",
+                "MLP fc2 (recomputed)",
+            )
+            if full
+            else []
+        )
+        work = flops.mlp_forward(plan, s)
+        b.add(
+            "backward.mlp",
+            b.dense * m,
+            again
+            + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
+            + _zero3_moves(plan, "mlp", True),
+            [
+                Instant(
+                    "fc2 and activation gradients",
+                    tuple(
+                        saved
+                        + recomputed
+                        + [grad_out, ffn_grad, act_grad]
+                        + out_gather
+                        + bucket("mlp")
+                    ),
                 ),
-            ),
-        ],
-    )
-    score_grad: list[Alloc] = []
+                Instant(
+                    "fc1 weight and input gradients",
+                    tuple(
+                        saved
+                        + recomputed
+                        + [grad_out, act_grad]
+                        + regather
+                        + partial_in
+                        + bucket("mlp")
+                    ),
+                ),
+            ],
+            ([w.scaled(1, f"{w.name} (recomputed)") for w in work] if full else [])
+            + flops.backward_of(work),
+        )
+    recomputed = _working(blocks["attention"], "recomputed") if full else []
     if plan.model.attention == "eager":
         score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
-        score_grad = [Alloc("attention scores gradient", "transient", s.act * score)]
+        recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
         if plan.recompute == "selective":
-            score_grad += [
-                replace(a, name=f"{a.name} (recomputed)", category="transient")
-                for a in core_attention(plan, s)
-            ]
+            recomputed += _working(core_attention(plan, s), "recomputed")
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
         s.act * s.tokens * (s.q_cols + 2 * s.kv_cols),
         placement="shard(heads) on tp",
     )
-    recompute_moves = (
+    again = (
         _tp_moves(
             plan,
             s,
@@ -689,41 +852,57 @@ def _backward(b: _StageBuilder) -> None:
             "QKV projection (recomputed)",
             "attention output projection (recomputed)",
         )
-        if plan.recompute == "full"
+        if full
         else []
     )
+    work = flops.attention_forward(plan, s)
+    if full:
+        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in work]
+    elif plan.recompute == "selective":
+        core = flops.attention_core(plan, s)
+        redo = [core.scaled(1, f"{core.name} (recomputed)")]
+    else:
+        redo = []
     b.add(
         "backward.attention",
         b.layers * m,
-        recompute_moves
+        again
         + _tp_moves(plan, s, "attention", True, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, True)
-        + _zero3_moves(plan, True),
+        + _zero3_moves(plan, "attention", True),
         [
             Instant(
                 "attention core gradients",
-                tuple(all_saved + recomputed + [grad_out, qkv_grad] + score_grad + z3),
+                tuple(
+                    saved
+                    + recomputed
+                    + [grad_out, qkv_grad]
+                    + _cp_buffers(plan, s)
+                    + bucket("attention")
+                ),
             )
         ],
+        redo + flops.backward_of(work),
     )
-    if b.first and par.tp > 1 and sp:
-        b.add(
-            "backward.embedding",
-            m,
-            [
-                Move(
-                    "embedding output gradient",
-                    "all-gather",
-                    "tp",
-                    par.tp,
-                    plan.precision.activations,
-                    s.act * s.tokens * s.hidden,
-                    "shard(0)",
-                    "replicate",
+    if b.first:
+        moves = []
+        if sp:
+            moves.append(
+                replace(
+                    Move(
+                        "embedding output gradient",
+                        "all-gather",
+                        "tp",
+                        par.tp,
+                        plan.precision.activations,
+                        s.act * s.tokens * s.hidden,
+                        "shard(0)",
+                        "replicate",
+                    ),
+                    rule="tp: exposed, the embedding gradient needs it",
                 )
-            ],
-            [],
-        )
+            )
+        b.add("backward.embedding", m, moves, [], flops.backward_of(flops.embedding_work(plan, s)))
     if par.pp > 1 and not b.first:
         b.add(
             "pipeline.backward",
@@ -744,13 +923,14 @@ def _backward(b: _StageBuilder) -> None:
         )
 
 
-def _reduce(b: _StageBuilder, params_rank: int) -> None:
+def _reduce(b: _StageBuilder) -> None:
     """Data-parallel gradient reduction and the optimizer step, per ZeRO stage.
 
     ZeRO-0: all-reduce the gradients. ZeRO-1/2: reduce-scatter the gradients, step on the
     shard, all-gather the updated parameters (Megatron-LM's distributed optimizer; ZeRO
-    section 7: the same volume as one all-reduce). ZeRO-3 reduces per layer in backward.
-    With context parallelism, gradients are reduced over dp x cp (Megatron-LM).
+    section 7: the same volume as one all-reduce). ZeRO-3 reduces per block in backward.
+    Non-expert gradients are reduced over dp x cp (Megatron-LM), expert gradients over the
+    expert data-parallel group.
 
     Overlap (Megatron-LM `--overlap-grad-reduce` / `--overlap-param-gather`, off by default):
     gradients are reduced bucket by bucket (one layer per bucket here) while the last
@@ -759,54 +939,95 @@ def _reduce(b: _StageBuilder, params_rank: int) -> None:
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
-    ranks = par.dp * par.cp
     buckets = max(1, b.layers)
     share, floor = (buckets - 1) / buckets, 1 / buckets
-    grads = params_rank * DTYPE_BYTES[prec.grads]
-    moves: list[Move] = []
-    if ranks > 1 and par.zero < 3:
+    groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.dp * par.cp, b.params.per_rank)]
+    if b.params.expert_per_rank:
+        groups.append(("expert ", "edp", expert_data_parallel(plan), b.params.expert_per_rank))
+    grads, gathers = [], []
+    for prefix, group, ranks, n in groups:
+        if ranks == 1 or par.zero == 3:
+            continue
         op: Op = "all-reduce" if par.zero == 0 else "reduce-scatter"
-        dst = "replicate" if par.zero == 0 else "shard(0)"
-        move = Move("gradients", op, "dp", ranks, prec.grads, grads, "partial", dst)
-        rule = (
-            "dp gradients: exposed unless overlap.dp_grads reduces them bucket by bucket "
-            "behind the last micro-batch's backward (last bucket exposed)"
+        move = Move(
+            f"{prefix}gradients",
+            op,
+            group,
+            ranks,
+            prec.grads,
+            n * DTYPE_BYTES[prec.grads],
+            "partial",
+            "replicate" if par.zero == 0 else "shard(0)",
         )
-        moves.append(hide(move, "@backward-microbatch", "dp_grads", rule, share, floor))
-    b.add("dp.grads", 1, moves, [Instant("gradient reduction", b.resident)])
+        grads.append(
+            hide(
+                move,
+                "@backward-microbatch",
+                "dp_grads",
+                "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
+                "bucket behind the last micro-batch's backward (last bucket exposed)",
+                share,
+                floor,
+            )
+        )
+        if par.zero in (1, 2):
+            gather = Move(
+                f"updated {prefix}parameters",
+                "all-gather",
+                group,
+                ranks,
+                prec.param_gather,
+                n * DTYPE_BYTES[prec.param_gather],
+                "shard(0)",
+                "replicate",
+            )
+            gathers.append(
+                hide(
+                    gather,
+                    "@forward-microbatch",
+                    "param_gather",
+                    "parameter gather: exposed unless overlap.param_gather runs it "
+                    "bucket by bucket behind the next step's first forward (first "
+                    "bucket exposed)",
+                    share,
+                    floor,
+                )
+            )
+    b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
     if m.tied_embeddings and par.pp > 1 and (b.first or b.last):
         word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
-        tied = Move(
-            "tied embedding grads",
-            "all-reduce",
-            "pp",
-            2,
-            prec.grads,
-            word,
-            "partial",
-            "replicate",
-            rule="tied embedding: exposed, after the last backward",
+        b.add(
+            "embedding.grads",
+            1,
+            [
+                Move(
+                    "tied embedding grads",
+                    "all-reduce",
+                    "pp",
+                    2,
+                    prec.grads,
+                    word,
+                    "partial",
+                    "replicate",
+                    rule="tied embedding: exposed, after the last backward",
+                )
+            ],
+            [],
         )
-        b.add("embedding.grads", 1, [tied], [])
-    opt_moves = []
-    if ranks > 1 and par.zero in (1, 2):
-        gather = Move(
-            "updated parameters",
-            "all-gather",
-            "dp",
-            ranks,
-            prec.param_gather,
-            params_rank * DTYPE_BYTES[prec.param_gather],
-            "shard(0)",
-            "replicate",
-        )
-        rule = (
-            "parameter gather: exposed unless overlap.param_gather runs it bucket by "
-            "bucket behind the next step's first forward (first bucket exposed)"
-        )
-        opt_moves.append(hide(gather, "@forward-microbatch", "param_gather", rule, share, floor))
-    b.add("optimizer", 1, opt_moves, [Instant("optimizer step", b.resident)])
+    z = par.zero >= 1
+    shard = (-(-b.params.per_rank // (par.dp * par.cp)) if z else b.params.per_rank) + (
+        -(-b.params.expert_per_rank // expert_data_parallel(plan))
+        if z
+        else b.params.expert_per_rank
+    )
+    b.add(
+        "optimizer",
+        1,
+        gathers,
+        [Instant("optimizer step", b.resident)],
+        flops.optimizer_work(plan, shard),
+    )
 
 
 # --------------------------------------------------------------------------------------------

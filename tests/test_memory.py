@@ -60,9 +60,9 @@ def test_a_plan_that_does_not_fit_says_so():
     assert mem.peak_bytes > 80 * GIB
 
 
-def test_zero3_gathers_two_layers_of_parameters():
+def test_zero3_gathers_two_blocks_of_parameters():
     mem = _mem(make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536))
-    gathered = [a for a in mem.worst.peak_overlap if a.name.startswith("gathered layer")]
+    gathered = [a for a in mem.worst.peak_overlap if a.name.startswith("gathered parameters")]
     assert gathered and gathered[0].count == 2
 
 

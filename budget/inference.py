@@ -1,0 +1,144 @@
+"""Derive a serving step: prefill of the prompts, then decode one token at a time.
+
+A serving rank keeps its weights, its share of the KV cache and nothing for backward: no
+gradients, no optimizer state, no saved activations, only the working set of the block it
+is computing. The KV cache is allocated for the whole context (prompt + generated tokens)
+up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds
+
+    layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
+    x sequences per data-parallel replica x bytes per element.
+
+Prefill processes every prompt token once (phases `prefill.*`); decode then runs the whole
+model once per generated token with one query per sequence against the cached keys
+(`decode.*`, counted `generate` times). Decode moves tiny tensors, so its tensor-parallel
+all-reduces are latency-bound: n·α dominates Q/B_eff (the seeds' "small messages can be
+latency-limited"). Time per token and time to first token are assembled in `schedule`.
+"""
+
+from __future__ import annotations
+
+from budget import flops
+from budget.flops import Work
+from budget.layers import (
+    Shapes,
+    layer_params,
+    moe_layers,
+    params_total,
+    resident_states,
+    shapes,
+    stage_layer_ids,
+    stage_params,
+)
+from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step
+from budget.plan.model import DTYPE_BYTES, Plan
+from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves
+
+
+def kv_cache_bytes(plan: Plan, layers: int) -> int:
+    """The KV cache one rank of a stage holds (module docstring)."""
+    m, par, b = plan.model, plan.parallel, plan.batch
+    context = b.prompt + b.generate
+    per_token = 2 * (m.kv_heads // par.tp) * m.head_dim * DTYPE_BYTES[plan.precision.activations]
+    return layers * per_token * -(-context // par.cp) * b.micro
+
+
+def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
+    """What one block holds while it computes, with nothing kept for backward."""
+    a = s.act
+    gate = 2 if plan.model.mlp == "swiglu" else 1
+    layer_in = Alloc("layer input", "transient", a * s.tokens * s.hidden)
+    if block == "attention":
+        out = [
+            layer_in,
+            Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + 2 * s.kv_cols)),
+            Alloc("attention output", "transient", a * s.tokens * s.q_cols),
+        ]
+        if plan.model.attention == "eager":
+            rows = s.tokens // s.micro
+            out.append(Alloc("attention scores", "transient",
+                             a * s.micro * s.heads * rows * s.seq_kv))
+        return out
+    if block == "moe":
+        rows = a * s.routed * s.hidden
+        return [
+            layer_in,
+            Alloc("dispatch send and receive buffers", "transient", rows, count=2),
+            Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
+        ]
+    return [layer_in, Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols)]
+
+
+def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
+    """Logits of the last position of each sequence (what sampling needs)."""
+    e = DTYPE_BYTES[plan.precision.matmul]
+    vocab = -(-plan.model.vocab // plan.parallel.tp)
+    logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
+    return logits, [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
+
+
+def _pass(
+    plan: Plan,
+    stage: int,
+    prefix: str,
+    s: Shapes,
+    count: int,
+    resident: tuple[Alloc, ...],
+    dense: int,
+    moe: int,
+) -> list[Phase]:
+    """One forward pass of a stage over micro-batch shapes `s`, repeated `count` times."""
+    par = plan.parallel
+    last = stage == par.pp - 1
+    phases = []
+    base = list(resident)
+    if stage == 0:
+        phases.append(Phase(f"{prefix}.embedding", count, (), (),
+                            tuple(flops.embedding_work(plan, s))))
+    attention = _tp_moves(plan, s, "attention", False, "QKV projection",
+                          "attention output projection")
+    if prefix == "prefill":
+        attention += _cp_moves(plan, s, False)
+    phases.append(Phase(f"{prefix}.attention", (dense + moe) * count, tuple(attention),
+                        (Instant("attention", tuple(base + _working_set(plan, s, "attention"))),),
+                        tuple(flops.attention_forward(plan, s))))
+    if dense:
+        phases.append(Phase(f"{prefix}.mlp", dense * count,
+                            tuple(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
+                            (Instant("MLP", tuple(base + _working_set(plan, s, "mlp"))),),
+                            tuple(flops.mlp_forward(plan, s))))
+    if moe:
+        phases.append(Phase(f"{prefix}.moe", moe * count, tuple(_ep_moves(plan, s, False)),
+                            (Instant("experts", tuple(base + _working_set(plan, s, "moe"))),),
+                            tuple(flops.moe_forward(plan, s))))
+    if last:
+        logits, work = _output(plan, s)
+        phases.append(Phase(f"{prefix}.output", count, (),
+                            (Instant("logits", tuple(base + logits)),), tuple(work)))
+    elif par.pp > 1:
+        send = Move("activations → next stage", "send-recv", "pp", 2,
+                    plan.precision.activations, s.act * s.tokens_sp * s.hidden, "i", "i+1")
+        phases.append(Phase(f"{prefix}.pipeline", count, (_pipeline_overlap(plan, send),)))
+    return phases
+
+
+def derive_inference(plan: Plan) -> Step:
+    """Prefill (both modes) and, for `mode: decode`, `generate` decode passes."""
+    b = plan.batch
+    flags = moe_layers(plan)
+    prefill = shapes(plan, b.prompt, b.prompt)
+    decode = shapes(plan, 1, b.prompt + b.generate)
+    stages = []
+    for stage, ids in enumerate(stage_layer_ids(plan)):
+        params = stage_params(plan, stage)
+        moe = sum(flags[i] for i in ids)
+        cache = Alloc("KV cache", "kv_cache", kv_cache_bytes(plan, len(ids)),
+                      placement="shard(kv heads) on tp, shard(sequence) on cp")
+        resident = (*resident_states(plan, params.per_rank, params.expert_per_rank), cache)
+        phases = _pass(plan, stage, "prefill", prefill, 1, resident, len(ids) - moe, moe)
+        if plan.mode == "decode":
+            phases += _pass(plan, stage, "decode", decode, b.generate, resident,
+                            len(ids) - moe, moe)
+        stages.append(StageStep(stage, len(ids), 1.0, params.per_rank + params.expert_per_rank,
+                                resident, tuple(phases)))
+    return Step(1, tuple(stages), params_total(plan), layer_params(plan).total)
+
