@@ -127,6 +127,25 @@ def diff_command(
     render_diff(_stdout(), report_a, report_b, diff, fmt.value)
 
 
+@app.command("plot")
+def plot_command(
+    plan: Annotated[Path, typer.Argument(help="The plan to draw (YAML).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="FILE.png or FILE.svg.")],
+) -> None:
+    """Picture: the worst stage's memory over the step, and exposed vs hidden communication
+    per phase (needs matplotlib: pip install 'budget[plot]')."""
+    from budget.pipeline import budget_plan
+    from budget.render.plot import PlotUnavailable, plot_report
+
+    try:
+        plot_report(budget_plan(plan), output)
+    except BudgetError as error:
+        raise _fail(error) from None
+    except (PlotUnavailable, ValueError, OSError) as error:
+        raise _usage(str(error)) from None
+    print(f"{plan}: wrote {output}")
+
+
 @app.command("validate")
 def validate_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from budget.report import Overlapping, Report, StageRow
 
 WIDE = 110
+NARROW_BAR = 80  # the narrow stage table is ~71 columns; a 5-cell fill bar fits from 80
 _RESIDENT = {"params", "grads", "optimizer", "reserved"}
 
 
@@ -73,7 +74,9 @@ def _num(table: Table, header: str, **kw: object) -> None:
     table.add_column(header, justify="right", no_wrap=True, **kw)  # type: ignore[arg-type]
 
 
-def stage_table(report: Report, wide: bool) -> Table:
+def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
+    """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow)."""
+    bar = (8 if wide else 0) if bar is None else bar
     table = _table("Memory per rank of each pipeline stage, at its peak")
     _num(table, "stage")
     if wide:
@@ -87,7 +90,7 @@ def stage_table(report: Report, wide: bool) -> Table:
             _num(table, name)
     _num(table, "peak", style="bold")
     _num(table, "headroom")
-    if wide:
+    if bar:
         table.add_column("fill", no_wrap=True)
     for row in report.stages:
         cells = [str(row.stage)]
@@ -103,7 +106,7 @@ def stage_table(report: Report, wide: bool) -> Table:
             cells.append(_b(row.transient_bytes + row.reserved_bytes))
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
         cells += [_b(row.peak_bytes), headroom]
-        table.add_row(*cells, *([_bar(row)] if wide else []))
+        table.add_row(*cells, *([_bar(row, bar)] if bar else []))
     reserved = _b(report.device["reserved_bytes"])
     table.caption = (
         f"peak includes {reserved} reserved per GPU"
@@ -314,7 +317,7 @@ def render_table(console: Console, report: Report) -> None:
     for line in header(report):
         console.print(line, markup=False)
     for table in (
-        stage_table(report, wide),
+        stage_table(report, wide, 8 if wide else 5 if console.width >= NARROW_BAR else 0),
         overlap_table(report.worst),
         phase_table(report, wide),
     ):

@@ -1,0 +1,264 @@
+"""`budget plot`: a picture of the worst stage's memory over one step and of each phase's
+communication, exposed versus hidden. matplotlib is an optional extra (``budget[plot]``);
+without it `plot_report` raises `PlotUnavailable` and the CLI prints a one-line hint.
+
+Top panel: the live bytes on one rank of the worst stage at every instant the step
+describes, stacked by category, with the device capacity as a line and the peak annotated
+with the largest allocations alive there. Bottom panel: per phase, communication time over
+the step split into the exposed part (the step waits for it) and the hidden part.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from budget.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from budget.report import Report
+
+__all__ = ["FORMATS", "PlotUnavailable", "plot_report"]
+
+FORMATS = ("png", "svg")
+GIB = 2**30
+
+# (category, legend label, colour): resident states at the bottom, then what comes and goes
+_CATEGORIES = (
+    ("reserved", "reserved (runtime, NCCL)", "#b8b8b8"),
+    ("params", "parameters", "#4e79a7"),
+    ("grads", "gradients", "#f28e2b"),
+    ("optimizer", "optimizer states", "#59a14f"),
+    ("kv_cache", "KV cache", "#9c755f"),
+    ("activations", "saved activations", "#b07aa1"),
+    ("transient", "transients", "#e15759"),
+)
+_EXPOSED, _HIDDEN = "#e15759", "#a0cbe8"
+
+
+class PlotUnavailable(Exception):
+    """matplotlib is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__("budget plot needs matplotlib: pip install 'budget[plot]'")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable() from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_report(report: Report, path: Path) -> None:
+    """Draw `report` into `path`; the format (png or svg) follows the file's suffix."""
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ValueError(f"-o {path}: the picture must be a .png or .svg file")
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
+    )
+    try:
+        _memory(top, report)
+        _communication(bottom, report)
+        fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_metadata(fmt))
+    finally:
+        plt.close(fig)
+
+
+def _metadata(fmt: str) -> dict[str, Any]:
+    """No dates in the file, so the same plan draws the same bytes."""
+    return {"Date": None} if fmt == "svg" else {"Software": None}
+
+
+def _memory(ax: Any, report: Report) -> None:
+    worst = report.worst
+    points = worst.timeline
+    capacity = worst.capacity_bytes / GIB
+    xs = list(range(len(points)))
+    bottoms = [0.0] * len(points)
+    for category, label, colour in _CATEGORIES:
+        heights = [p.by_category.get(category, 0) / GIB for p in points]
+        if not any(heights):
+            continue
+        ax.bar(xs, heights, 0.8, bottom=bottoms, color=colour, label=label, edgecolor="white")
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.axhline(capacity, color="#c0392b", linestyle="--", linewidth=1.5)
+    ax.text(
+        -0.45,
+        capacity,
+        f"capacity {format_bytes(worst.capacity_bytes)}",
+        va="center",
+        ha="left",
+        color="#c0392b",
+        fontsize=9,
+        bbox={"boxstyle": "square,pad=0.2", "facecolor": "white", "edgecolor": "none"},
+        zorder=5,
+    )
+    top = max(capacity, max(bottoms, default=0.0))
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.set_ylabel("live memory per rank (GiB)")
+    verdict = "fits" if worst.fits else "does NOT fit"
+    n = len(report.stages)
+    which = "the only stage" if n == 1 else f"the worst of {n}"
+    ax.set_title(
+        f"{report.name}: stage {worst.stage} ({which}) over one step "
+        f"— peak {format_bytes(worst.peak_bytes)} of {format_bytes(worst.capacity_bytes)}, "
+        f"{verdict}",
+        loc="left",
+        fontsize=11,
+        pad=30,
+    )
+    ax.set_xticks(xs)
+    ax.set_xticklabels([p.instant for p in points], rotation=30, ha="right", fontsize=8)
+    _phase_bands(ax, [p.phase for p in points])
+    ax.set_xlabel(
+        "instants of the step on this stage, in order (each phase drawn once, at its fullest "
+        "instance)",
+        fontsize=8,
+        color="#444444",
+    )
+    peak = max(xs, key=lambda i: (points[i].total_bytes, -i)) if points else -1
+    for x, total in zip(xs, bottoms, strict=True):
+        if x != peak:
+            ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=7, color="#333")
+    if points:
+        _headroom(ax, peak, points[peak].total_bytes / GIB, capacity)
+        _annotate_peak(ax, report, peak, points[peak].total_bytes / GIB)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(  # top of the legend = top of the stack
+        handles[::-1],
+        labels[::-1],
+        loc="upper left",
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _phase_bands(ax: Any, phases: list[str]) -> None:
+    """Alternating shaded spans, one per phase, named along the top edge of the panel."""
+    start, band = 0, 0
+    centres: list[float] = []
+    names: list[str] = []
+    for i in range(1, len(phases) + 1):
+        if i == len(phases) or phases[i] != phases[start]:
+            if band % 2 == 0:
+                ax.axvspan(start - 0.5, i - 0.5, color="#f0f0f0", zorder=0)
+            centres.append((start + i - 1) / 2)
+            names.append(phases[start].replace(".", "\n", 1))
+            band += 1
+            start = i
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(centres)
+    top.set_xticklabels(names, fontsize=8, color="#444444")
+    top.tick_params(length=0)
+
+
+def _headroom(ax: Any, x: int, peak: float, capacity: float) -> None:
+    """A double arrow from the peak to the capacity line: free memory, or the excess."""
+    fits = peak <= capacity
+    colour = "#2e7d32" if fits else "#c0392b"
+    ax.annotate(
+        "",
+        xy=(x + 0.45, capacity),
+        xytext=(x + 0.45, peak),
+        arrowprops={"arrowstyle": "<->", "color": colour, "linewidth": 1.2},
+    )
+    gap = abs(capacity - peak)
+    ax.text(
+        x + 0.5,
+        (capacity + peak) / 2,
+        f"{gap:.1f} GiB {'free' if fits else 'over'}",
+        color=colour,
+        fontsize=8,
+        va="center",
+        ha="left",
+        rotation=90,
+    )
+
+
+def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
+    """Mark the peak bar, and list what is alive there in the right margin."""
+    worst = report.worst
+    ax.annotate(
+        f"peak {y:.1f}",
+        xy=(x, y),
+        xytext=(0, 12),
+        textcoords="offset points",
+        ha="center",
+        fontsize=8,
+        fontweight="bold",
+        arrowprops={"arrowstyle": "->", "color": "#333333"},
+    )
+    lines = [f"alive at the peak ({worst.peak_instant}):"]
+    for o in worst.peak_overlap[:6]:
+        copies = f" ×{o.count:,}" if o.count > 1 else ""
+        lines.append(f"  {format_bytes(o.bytes):>9}  {o.tensor}{copies}")
+    rest = worst.peak_overlap[6:]
+    if rest:
+        lines.append(f"  {format_bytes(sum(o.bytes for o in rest)):>9}  {len(rest)} more")
+    lines.append(f"  {format_bytes(worst.peak_bytes):>9}  total")
+    ax.text(
+        1.01,
+        0.0,
+        "\n".join(lines),
+        transform=ax.transAxes,
+        ha="left",
+        va="bottom",
+        fontsize=7.5,
+        family="monospace",
+        bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#999999"},
+    )
+
+
+def _communication(ax: Any, report: Report) -> None:
+    phases = [p for p in report.phases if p.comm_s is not None]
+    if report.step["time_s"] is None or not any(p.comm_s for p in phases):
+        ax.text(0.5, 0.5, "communication time not computed", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    names = [p.name for p in phases]
+    exposed = [(p.exposed_s or 0.0) for p in phases]
+    hidden = [(p.comm_s or 0.0) - e for p, e in zip(phases, exposed, strict=True)]
+    scale, unit = (1.0, "s") if max(p.comm_s or 0.0 for p in phases) >= 1 else (1e3, "ms")
+    xs = list(range(len(phases)))
+    ax.bar(xs, [e * scale for e in exposed], 0.7, color=_EXPOSED, label="exposed (step waits)")
+    ax.bar(
+        xs,
+        [h * scale for h in hidden],
+        0.7,
+        bottom=[e * scale for e in exposed],
+        color=_HIDDEN,
+        label="hidden behind compute",
+    )
+    tallest = max((p.comm_s or 0.0) * scale for p in phases)
+    for x, p in zip(xs, phases, strict=True):
+        if p.comm_s:
+            label = format_duration(p.comm_s)
+            ax.text(x, p.comm_s * scale, label, ha="center", va="bottom", fontsize=7, color="#333")
+    ax.set_ylim(0, tallest * 1.15)
+    ax.set_xlim(-0.6, len(phases) - 0.4)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"communication per step ({unit})")
+    step = report.step
+    exposed_s, comm_s = float(step["exposed_comm_s"] or 0), float(step["comm_s"] or 0)
+    share, time_s = float(step["exposed_share"] or 0), float(step["time_s"] or 0)
+    ax.set_title(
+        f"communication per phase on one rank: {format_duration(exposed_s)} exposed of "
+        f"{format_duration(comm_s)} ({share:.1%} of the {format_duration(time_s)} step)",
+        loc="left",
+        fontsize=11,
+    )
+    ax.legend(loc="upper left", fontsize=8, frameon=False, bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
