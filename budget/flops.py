@@ -174,11 +174,15 @@ def optimizer_work(plan: Plan, params_shard: int) -> list[Work]:
     ]
 
 
-def model_flops_per_token(plan: Plan, params: int) -> int:
+def model_flops_per_token(plan: Plan) -> int:
     """6N + 12·L·h·s: training FLOPs per token without recomputation (PaLM appendix B),
-    with N the non-embedding parameters plus the output layer (which does a GEMM)."""
+    with N the parameters a token uses (the top-k experts of an MoE layer, not all of them;
+    Fedus et al., arXiv 2101.03961) less the embedding lookups, which do no GEMM, and
+    12·L·h·s the non-causal attention score and value products."""
+    from budget.layers import active_params
+
     m = plan.model
-    n = params - (m.vocab * m.hidden if not m.tied_embeddings else 0)
+    n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
     attention = 12 * m.layers * m.heads * m.head_dim * plan.batch.seq

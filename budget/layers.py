@@ -278,7 +278,8 @@ class Shapes:
     seq_kv: int  # keys each local query attends to (the full sequence)
     micro: int
     causal: bool = True  # queries attend to the same sequence (not decode's cache)
-    routed: int = 0  # token-expert assignments one rank dispatches (tokens_sp·k·capacity)
+    dispatched: int = 0  # token-expert rows one rank sends to the experts (tokens_sp·k·c)
+    routed: int = 0  # rows one rank's experts compute: dispatched x etp (gathered over etp)
     experts: int = 0  # routed experts in the model
     expert_cols: int = 0  # one expert's ffn width on one expert-tensor-parallel rank
     shared_cols: int = 0  # shared experts' ffn width on one tp rank
@@ -311,13 +312,18 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
 def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     """Token-expert assignments per rank: each of the rank's tokens goes to top_k experts;
     with a capacity factor c each expert takes at most c·tokens·k/E of them (Fedus et al.,
-    arXiv 2101.03961, eq. 3), so a balanced dispatch moves tokens·k·c rows."""
+    arXiv 2101.03961, eq. 3), so a balanced dispatch moves tokens·k·c rows. An expert split
+    over etp ranks needs every row on each of them: the rows are all-gathered over etp
+    after the all-to-all (Megatron-Core's alltoall token dispatcher)."""
     e = plan.model.experts
     if e is None:
         return {}
     factor = e.capacity_factor or 1.0
+    etp = plan.parallel.etp or plan.parallel.tp
+    dispatched = math.ceil(tokens_sp * e.top_k * factor)
     return {
-        "routed": math.ceil(tokens_sp * e.top_k * factor),
+        "dispatched": dispatched,
+        "routed": dispatched * etp,
         "experts": e.count,
         "expert_cols": -(-e.ffn // (plan.parallel.etp or plan.parallel.tp)),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),

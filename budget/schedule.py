@@ -92,6 +92,8 @@ def work_time(plan: Plan, work: Work) -> float:
     device = plan.device
     peak = device.peak_flops(plan.precision.matmul if work.kind != "elementwise" else "bf16")
     peak = peak or device.peak_flops("bf16")
+    if not peak or not device.memory_bandwidth:
+        return 0.0  # no roofline for this device: the report prints no times (`can_time`)
     compute = work.flops / (peak * device.matmul_efficiency)
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     return max(compute, memory) * work.count
@@ -197,15 +199,25 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft
         work = tokens * (n + attention * b.prompt // 2)
-        rate = tokens / ttft
+        rate = tokens / ttft if ttft else 0.0
     else:
         tokens, total = b.global_batch * b.generate, ttft + decode
         work = tokens * (n + attention * (b.prompt + b.generate // 2))
-        rate = b.global_batch / per_token
+        rate = b.global_batch / per_token if per_token else 0.0
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
     busy = decode if per_token is not None else ttft
-    return StepTime(tuple(stages), total, total, 0.0, rate, work / (busy * peak), float(work),
-                    ttft_s=ttft, decode_token_s=per_token)
+    mfu = work / (busy * peak) if busy and peak else 0.0
+    return StepTime(
+        tuple(stages),
+        total,
+        total,
+        0.0,
+        rate,
+        mfu,
+        float(work),
+        ttft_s=ttft,
+        decode_token_s=per_token,
+    )
 
 
 def step_time(plan: Plan, step: Step) -> StepTime:
@@ -230,14 +242,14 @@ def step_time(plan: Plan, step: Step) -> StepTime:
     pipeline = m * slowest + bubble
     total = pipeline + max(s.after_s for s in stages)
     tokens = plan.batch.global_batch * plan.batch.seq
-    model_flops = float(model_flops_per_token(plan, step.params_total) * tokens)
+    model_flops = float(model_flops_per_token(plan) * tokens)
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
     return StepTime(
         stages=tuple(stages),
         time_s=total,
         pipeline_s=pipeline,
         bubble_s=bubble,
-        tokens_per_s=tokens / total,
-        mfu=model_flops / (total * peak),
+        tokens_per_s=tokens / total if total else 0.0,
+        mfu=model_flops / (total * peak) if total and peak else 0.0,
         model_flops=model_flops,
     )

@@ -433,11 +433,11 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     par = plan.parallel
     if par.ep == 1 or plan.model.experts is None:
         return []
-    size = s.act * s.routed * s.hidden * par.ep
+    size = s.act * s.dispatched * s.hidden * par.ep
     dtype = plan.precision.activations
     names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
     rule = "ep all-to-all: exposed unless overlap.ep hides it behind other compute"
-    return [
+    moves = [
         hide(
             Move(f"MoE {name}", "all-to-all", "ep", par.ep, dtype, size, "shard(1)", "shard(0)"),
             "@phase",
@@ -446,6 +446,37 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         )
         for name in names
     ]
+    etp = par.etp or par.tp
+    if etp > 1:
+        rows = s.act * s.routed * s.hidden
+        gather = replace(
+            Move(
+                "expert rows across etp",
+                "all-gather",
+                "tp",
+                etp,
+                dtype,
+                rows,
+                "shard(0)",
+                "replicate",
+            ),
+            rule="etp: exposed, the experts need it",
+        )
+        scatter = replace(
+            Move(
+                "expert outputs across etp",
+                "reduce-scatter",
+                "tp",
+                etp,
+                dtype,
+                rows,
+                "partial",
+                "shard(0)",
+            ),
+            rule="etp: exposed before combine",
+        )
+        moves[1:1] = [gather, scatter]
+    return moves
 
 
 def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:

@@ -1,0 +1,157 @@
+"""Mixture of experts, context parallelism and serving, against hand calculations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from budget.inference import kv_cache_bytes
+from budget.layers import (
+    active_params,
+    expert_data_parallel,
+    layer_params,
+    layer_saved,
+    moe_layers,
+    shapes,
+    stage_params,
+)
+from budget.memory import memory
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
+from budget.plan.model import Experts, Model
+from budget.step import derive
+from tests.builders import make_plan
+
+PLANS = Path(__file__).parent.parent / "plans"
+
+# Megatron-LM's MoE example with shared experts (issue 5): Qwen1.5-MoE-A2.7B-like.
+QWEN_MOE = Model(
+    layers=24,
+    hidden=2048,
+    heads=16,
+    kv_heads=16,
+    head_dim=128,
+    ffn=5632,
+    vocab=152064,
+    mlp="swiglu",
+    norm="rmsnorm",
+    bias=False,
+    tied_embeddings=False,
+    position="rope",
+    experts=Experts(
+        count=60, top_k=4, ffn=1408, shared_ffn=5632, shared_gate=True, first_dense_layers=1
+    ),
+)
+
+
+def _qwen(**kw):
+    plan = make_plan(QWEN_MOE, tp=2, pp=2, dp=4, sp=True, zero=1, seq=4096, global_batch=64, **kw)
+    return replace(plan, parallel=replace(plan.parallel, ep=4, etp=1))
+
+
+def test_moe_layer_pattern_and_parameters():
+    plan = _qwen()
+    assert moe_layers(plan) == [False] + [True] * 23
+    h = 2048
+    moe = layer_params(plan, moe=True)
+    assert moe.expert_total == 60 * 3 * h * 1408
+    assert moe.expert_per_rank == 15 * 3 * h * 1408  # 60 experts / ep 4, etp 1
+    # router (h x 60) and the shared expert's gate (h) are replicated; the shared expert
+    # splits over tp 2 like a dense MLP; attention 4h² over tp; two RMSNorms.
+    assert moe.per_rank == 4 * h * h // 2 + 2 * h + 60 * h + 3 * h * 5632 // 2 + h
+
+
+def test_expert_states_shard_over_the_expert_data_parallel_group():
+    """Megatron-Core: expert data parallel = tp·cp·dp / (ep·etp) = 2·1·4 / (4·1) = 2."""
+    plan = _qwen()
+    assert expert_data_parallel(plan) == 2
+    first = stage_params(plan, 0)
+    assert first.expert_per_rank == 11 * 15 * 3 * 2048 * 1408  # layers 1..11 are MoE
+
+
+def test_megatron_moe_example_first_stage_weight_and_optimizer_bytes():
+    """Issue 5 quotes 22,096,392,192 B for Megatron-LM's example; placing every tensor as
+    Megatron-Core does (experts over ep, their states over the expert data-parallel group,
+    the shared expert over tp) gives 21,317,253,120 B: 465,418,240 non-expert parameters at
+    6 + 12/4 bytes and 1,427,374,080 expert parameters at 6 + 12/2 bytes. The 3.5 %
+    difference is left open in the issue note, so this test holds the hand calculation."""
+    from budget.layers import resident_states
+
+    plan = _qwen()
+    first = stage_params(plan, 0)
+    assert first.per_rank == 465_418_240
+    assert first.expert_per_rank == 1_427_374_080
+    states = resident_states(plan, first.per_rank, first.expert_per_rank)
+    total = sum(a.total for a in states if a.category != "reserved")
+    assert total == 465_418_240 * 9 + 1_427_374_080 * 12
+
+
+def test_dispatch_and_combine_follow_tokens_topk_hidden():
+    """Issue 5 acceptance 2: all-to-alls on ep of tokens x top_k x hidden per rank."""
+    plan = _qwen()
+    moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
+    a2a = [m for m in moe.moves if m.op == "all-to-all"]
+    assert [m.name for m in a2a] == ["MoE dispatch", "MoE combine"]
+    tokens_per_rank = 4096 // 2  # sequence parallel over tp 2
+    per_rank = 2 * tokens_per_rank * 4 * 2048  # bf16 x tokens x top-4 x hidden
+    for m in a2a:
+        assert m.group == "ep" and m.ranks == 4
+        assert m.size_bytes == per_rank * 4  # S: the whole tensor over the group
+
+
+def test_capacity_factor_scales_dispatch():
+    plan = _qwen()
+    capped = replace(
+        plan, model=replace(plan.model, experts=replace(plan.model.experts, capacity_factor=1.25))
+    )
+    assert shapes(capped).dispatched == round(shapes(plan).dispatched * 1.25)
+
+
+def test_dense_plan_has_no_all_to_all():
+    step = derive(make_plan())
+    assert not [m for s in step.stages for p in s.phases for m in p.moves if m.op == "all-to-all"]
+
+
+def test_mfu_counts_active_not_total_parameters():
+    plan = _qwen()
+    assert active_params(plan) < 0.5 * build_report(plan).model["params_total"]
+
+
+def test_context_parallel_divides_saved_activations():
+    """Issue 5 acceptance 3: cp 1 → 4 divides what each layer saves by 4 (every saved
+    tensor scales with the local tokens) and adds the K/V exchange on cp."""
+    one = make_plan(tp=8, pp=8, dp=16, cp=1, seq=8192)
+    four = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    per_layer = [sum(a.total for a in sum(layer_saved(p, shapes(p)), [])) for p in (one, four)]
+    assert per_layer[0] == 4 * per_layer[1]
+    mem1, mem4 = (memory(derive(p), p.device.memory) for p in (one, four))
+    assert mem1.stages[0].by_category["activations"] == pytest.approx(
+        4 * mem4.stages[0].by_category["activations"], rel=0.01
+    )
+    moves = [m for p in derive(four).stages[0].phases for m in p.moves if m.group == "cp"]
+    assert {m.name for m in moves} == {"attention K/V (ring exchange)", "attention dK/dV"}
+    assert not [m for p in derive(one).stages[0].phases for m in p.moves if m.group == "cp"]
+
+
+def test_decode_kv_cache_matches_the_formula():
+    """Issue 5 acceptance 4: layers per stage x kv_heads per tp rank x head_dim x 2 x tokens
+    x batch x bytes; no gradients or optimizer state; tp collectives latency-bound."""
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    expected = 80 * (8 // 8) * 128 * 2 * (2048 + 512) * 32 * 2
+    assert kv_cache_bytes(plan, 80) == expected
+    report = build_report(plan)
+    stage = report.stages[0]
+    assert stage.kv_cache_bytes == expected
+    assert stage.grads_bytes == 0 and stage.optimizer_bytes == 0
+    decode = [c for p in report.phases if p.name.startswith("decode.") for c in p.collectives]
+    assert decode and all(c.group == "tp" for c in decode)
+    for c in decode:
+        assert c.latency_term_s > c.bandwidth_term_s  # n·α > Q/B_eff
+    assert report.step["ttft_s"] > 0 and report.step["decode_token_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama3-70b-decode"])
+def test_new_plans_fit(name):
+    assert build_report(load_plan(PLANS / f"{name}.yaml")).fits
