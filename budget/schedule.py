@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from budget.collectives import CollectiveCost
+from budget.efficiency import gemm_efficiency
 from budget.flops import Work, model_flops_per_token
 from budget.phases import Move, Phase, StageStep, Step
 from budget.plan.model import Plan
@@ -94,7 +95,7 @@ def work_time(plan: Plan, work: Work) -> float:
     peak = peak or device.peak_flops("bf16")
     if not peak or not device.memory_bandwidth:
         return 0.0  # no roofline for this device: the report prints no times (`can_time`)
-    compute = work.flops / (peak * device.matmul_efficiency)
+    compute = work.flops / (peak * gemm_efficiency(device, work))
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     return max(compute, memory) * work.count
 

@@ -115,6 +115,20 @@ class Overlap:
 
 
 @dataclass(frozen=True, slots=True)
+class GemmCurve:
+    """Achieved fraction of the dense peak a GEMM reaches, by its size (`budget.efficiency`).
+
+    ``fraction(F) = peak_fraction · F / (F + half_flops)``: a large GEMM approaches
+    ``peak_fraction``; one of ``half_flops`` FLOPs reaches half of it. Calibrated once per
+    device from public microbenchmarks (`budget.catalog.devices`), never per plan.
+    """
+
+    peak_fraction: float
+    half_flops: float
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     memory: int  # bytes of device memory
     reserved: int = 0  # bytes lost to CUDA context, communicator buffers, allocator slack
@@ -127,6 +141,8 @@ class Device:
     # kernels are assumed to reach 0.8 of HBM bandwidth until a device preset calibrates it.
     matmul_efficiency: float = 0.8
     memory_efficiency: float = 0.8
+    # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.
+    gemm: GemmCurve | None = None
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)
