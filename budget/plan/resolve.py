@@ -10,14 +10,19 @@ Where a rule comes from a framework, the docstring of its check names it.
 
 from __future__ import annotations
 
+import copy
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from budget import units
+from budget.catalog import DEVICES, MODELS, TOPOLOGIES
 from budget.errors import BudgetError, Problem
 from budget.plan import expr
+from budget.plan.hf_config import HfConfigError, read_hf_config
 from budget.plan.model import (
     Batch,
     Device,
@@ -120,28 +125,53 @@ class _Resolver:
 
     # -- sections -------------------------------------------------------------------
 
-    def preset(self, tree: Tree, section: str) -> bool:
-        """Presets and Hugging Face configs come in a later issue; say so where they appear."""
-        found = False
-        if "preset" in tree:
-            self.error(
-                f"$.{section}.preset",
-                f"unknown {section} preset {tree['preset']!r}: no presets are available yet; "
-                f"write the {section}'s fields out instead",
-            )
-            found = True
-        if "hf_config" in tree:
-            self.error(
-                f"$.{section}.hf_config",
-                "reading Hugging Face configs is not available yet; write the model's "
-                "dimensions out instead",
-            )
-            found = True
-        return found
+    def unknown_preset(self, section: str, name: str, known: Iterable[str]) -> None:
+        names = sorted(known)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self.error(
+            f"$.{section}.preset",
+            f"unknown {section} preset {name!r}; {hint}known: {', '.join(names)}",
+        )
 
-    def model(self, tree: Tree) -> Model | None:
-        if self.preset(tree, "model"):
+    def model_tree(self, tree: Tree) -> tuple[Tree, str] | None:
+        """The `model:` section with its preset and Hugging Face config expanded.
+
+        Precedence: the plan's own keys, then `hf_config`, then `preset`; `experts` merges
+        key by key.
+        """
+        base: dict[str, Any] = {}
+        name = ""
+        if "preset" in tree:
+            preset = MODELS.get(tree["preset"])
+            if preset is None:
+                self.unknown_preset("model", tree["preset"], MODELS)
+                return None
+            base = copy.deepcopy(preset.tree)
+            name = preset.name
+        if "hf_config" in tree:
+            path = Path(self.file).parent / tree["hf_config"]
+            try:
+                hf = read_hf_config(path)
+            except HfConfigError as error:
+                self.error("$.model.hf_config", str(error))
+                return None
+            experts = {**base.get("experts", {}), **hf.tree.get("experts", {})}
+            base.update(hf.tree)
+            if experts:
+                base["experts"] = experts
+        if not base:
+            return tree, name
+        own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
+        if "experts" in own and "experts" in base:
+            own["experts"] = {**base["experts"], **own["experts"]}
+        return {**base, **own}, name
+
+    def model(self, section: Tree) -> Model | None:
+        expanded = self.model_tree(section)
+        if expanded is None:
             return None
+        tree, name = expanded
         hidden, heads = _int(tree["hidden"]), _int(tree["heads"])
         kv_heads = _int(tree.get("kv_heads", heads))
         if "head_dim" in tree:
@@ -184,6 +214,7 @@ class _Resolver:
             attention=tree.get("attention", "flash"),
             dropout=bool(tree.get("dropout", False)),
             experts=experts,
+            name=name,
         )
 
     def experts(self, tree: Tree, ffn: int, layers: int) -> Experts:
@@ -320,17 +351,33 @@ class _Resolver:
         )
 
     def device(self, tree: Tree) -> Device | None:
-        if self.preset(tree, "device"):
-            return None
-        memory = self.unit(units.parse_bytes, tree["memory"], "$.device.memory")
+        """A device written out, or a preset (`budget.catalog.devices`) plus overrides.
+
+        An explicit ``matmul_efficiency`` replaces the preset's calibrated GEMM curve by that
+        flat fraction; ``memory_efficiency`` replaces the bandwidth fraction.
+        """
+        preset = None
+        if "preset" in tree:
+            preset = DEVICES.get(tree["preset"])
+            if preset is None:
+                self.unknown_preset("device", tree["preset"], DEVICES)
+                return None
+        memory = (
+            self.unit(units.parse_bytes, tree["memory"], "$.device.memory")
+            if "memory" in tree or preset is None
+            else preset.memory
+        )
         reserved = self.unit(units.parse_bytes, tree.get("reserved", 0), "$.device.reserved")
-        flops: list[tuple[str, float]] = []
+        flops: dict[str, float] = dict(preset.flops) if preset is not None else {}
         for dtype, rate in tree.get("flops", {}).items():
             parsed = self.unit(units.parse_flops, rate, f"$.device.flops.{dtype}")
             if parsed is not None:
-                flops.append((dtype, parsed))
+                flops[dtype] = parsed
+        default_bandwidth = preset.memory_bandwidth if preset is not None else 0
         bandwidth = self.unit(
-            units.parse_bandwidth, tree.get("memory_bandwidth", 0), "$.device.memory_bandwidth"
+            units.parse_bandwidth,
+            tree.get("memory_bandwidth", default_bandwidth),
+            "$.device.memory_bandwidth",
         )
         if memory is None or reserved is None or bandwidth is None:
             return None
@@ -340,13 +387,20 @@ class _Resolver:
                 f"device.reserved = {units.format_bytes(reserved)} leaves nothing of "
                 f"device.memory = {units.format_bytes(memory)}; reserve less than the memory",
             )
-        return Device(
-            memory=memory, reserved=reserved, flops=tuple(flops), memory_bandwidth=bandwidth
+        device = Device(
+            memory=memory, reserved=reserved, flops=tuple(flops.items()), memory_bandwidth=bandwidth
         )
+        if preset is not None:
+            device = replace(device, name=preset.name, gemm=preset.gemm)
+        if "matmul_efficiency" in tree:
+            device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
+        if "memory_efficiency" in tree:
+            device = replace(device, memory_efficiency=float(tree["memory_efficiency"]))
+        return device
 
     def topology(self, tree: Tree) -> Topology | None:
-        if self.preset(tree, "topology"):
-            return None
+        if "preset" in tree:
+            return self.topology_preset(tree)
         if "nodes" in tree:
             self.error(
                 "$.topology.nodes",
@@ -355,6 +409,45 @@ class _Resolver:
                 key=True,
             )
         gpus = _int(tree["gpus"])
+        levels = self.written_levels(tree)
+        self.levels(levels, gpus)
+        return Topology(gpus=gpus, levels=tuple(levels))
+
+    def topology_preset(self, tree: Tree) -> Topology | None:
+        """`topology: {preset: NAME, nodes: N}`: gpus = N × GPUs per node, levels from the
+        preset (bandwidth = link rate × collective share, `budget.catalog.topologies`)."""
+        preset = TOPOLOGIES.get(tree["preset"])
+        if preset is None:
+            self.unknown_preset("topology", tree["preset"], TOPOLOGIES)
+            return None
+        per_node = preset.gpus_per_node
+        if "nodes" in tree:
+            gpus = _int(tree["nodes"]) * per_node
+            if "gpus" in tree and _int(tree["gpus"]) != gpus:
+                self.error(
+                    "$.topology.gpus",
+                    f"topology.gpus = {_int(tree['gpus']):,} but {_int(tree['nodes'])} nodes of "
+                    f"{preset.name} hold {gpus:,} GPUs; give one of the two",
+                )
+        elif "gpus" in tree:
+            gpus = _int(tree["gpus"])
+        else:
+            self.error(
+                "$.topology",
+                f"a topology preset needs topology.nodes (nodes of {per_node} GPUs) or "
+                "topology.gpus",
+            )
+            return None
+        if "levels" in tree:
+            levels = self.written_levels(tree)
+        else:
+            levels = [
+                Level(spec.name, spec.bandwidth, spec.latency, spec.size) for spec in preset.levels
+            ]
+        self.levels(levels, gpus)
+        return Topology(gpus=gpus, levels=tuple(levels), name=preset.name)
+
+    def written_levels(self, tree: Tree) -> list[Level]:
         levels: list[Level] = []
         for i, level in enumerate(tree["levels"]):
             path = f"$.topology.levels[{i}]"
@@ -370,8 +463,7 @@ class _Resolver:
                     shared_by=_int(level.get("shared_by", 1)),
                 )
             )
-        self.levels(levels, gpus)
-        return Topology(gpus=gpus, levels=tuple(levels))
+        return levels
 
     def levels(self, levels: list[Level], gpus: int) -> None:
         """Levels nest: sizes grow outward, each divides the next, only the last may be open."""

@@ -1,0 +1,169 @@
+"""Device presets: datasheet peaks and memory, and a calibrated GEMM efficiency curve.
+
+Peaks are dense (the datasheets print sparse figures twice as large, footnoted "with
+sparsity"); FLOP/s are decimal (1 TFLOP/s = 1e12). HBM sizes are as the datasheet prints
+them; bandwidths are decimal bytes per second.
+
+GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the largest fraction of the dense
+bf16 peak a public matmul microbenchmark reached on that device; ``half_flops`` is the GEMM
+size reaching half of it. Sources of the calibration, none of them a training run:
+
+- MAMF: S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum
+  Achievable Matmul FLOPS comparison table" (torch.matmul, BF16, shape sweep with
+  mamf-finder.py): A100 SXM 267.9 of 312 (85.9 %), H100 SXM 792.1 of 989 (80.1 %),
+  MI300X 781.9 of 1300 (60.1 %); the same book's Blackwell notes: H100/H200 SXM 794.5 of 989
+  (80.3 %), B200 SXM 1745.0 of 2250 (77.6 %).
+- The ramp: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as published
+  on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8 column has no
+  cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores): 1024³ reaches
+  110.4 TFLOP/s, half of the 2560³–4096³ plateau (mean 213.5 TFLOP/s). A GEMM of 2·1024³ =
+  2.1e9 FLOPs at half the plateau is a ramp of F_half / plateau ≈ 9.4 µs; other devices use
+  the same ramp time at their own ceiling (half_flops = peak_fraction · peak · 9.4 µs), an
+  assumption: no comparable sweep was found for them.
+
+Memory-bound kernels keep `Device.memory_efficiency` = 0.8 of HBM bandwidth (the codebase's
+default): no bandwidth microbenchmark was verified for this catalogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from budget.plan.model import GemmCurve
+
+__all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
+
+GiB = 2**30
+T = 1e12
+
+# Triton tutorial 03, cuBLAS fp16 on A100: 2·1024³ FLOPs reach half of the 213.5 TFLOP/s
+# plateau, so F_half = 2·1024³ · (213.5 / 110.4 − 1) and the ramp is F_half / 213.5e12.
+_TRITON_A100_PLATEAU = 213.5e12
+_TRITON_A100_HALF = 2 * 1024**3 * (_TRITON_A100_PLATEAU / 110.4e12 - 1)
+RAMP_S = _TRITON_A100_HALF / _TRITON_A100_PLATEAU
+
+_MAMF = "Bekman, ML Engineering, MAMF table"
+_TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
+
+
+def _curve(fraction: float, peak: float, source: str) -> GemmCurve:
+    return GemmCurve(fraction, fraction * peak * RAMP_S, source)
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePreset:
+    name: str
+    memory: int  # bytes
+    flops: tuple[tuple[str, float], ...]  # (dtype, dense peak FLOP/s)
+    memory_bandwidth: float  # bytes/s
+    gemm: GemmCurve
+    source: str
+
+
+# NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
+# BF16/FP16 312 TFLOPS, TF32 156, FP32 19.5 (dense); 40GB HBM2 1,555 GB/s; 80GB HBM2e
+# 2,039 GB/s (SXM). No FP8 tensor cores.
+_A100_FLOPS = (("bf16", 312 * T), ("fp16", 312 * T), ("tf32", 156 * T), ("fp32", 19.5 * T))
+# MAMF: A100 SXM 267.9 of 312 TFLOP/s.
+_A100_GEMM = _curve(267.9 / 312, 312 * T, f"{_MAMF}; ramp: {_TRITON}")
+
+# NVIDIA H100 Tensor Core GPU datasheet: SXM BF16/FP16 1,979 and FP8 3,958 TFLOPS with
+# sparsity (989 / 1,979 dense), TF32 989 sparse (494.5 dense), FP32 67; 80GB HBM3 3.35 TB/s.
+# PCIe: BF16 1,513 sparse (756 dense), FP8 3,026 sparse (1,513 dense), TF32 756 sparse
+# (378 dense), FP32 51; 80GB HBM2e 2 TB/s.
+_H100_SXM_FLOPS = (
+    ("bf16", 989 * T),
+    ("fp16", 989 * T),
+    ("fp8", 1979 * T),
+    ("tf32", 494.5 * T),
+    ("fp32", 67 * T),
+)
+_H100_PCIE_FLOPS = (
+    ("bf16", 756 * T),
+    ("fp16", 756 * T),
+    ("fp8", 1513 * T),
+    ("tf32", 378 * T),
+    ("fp32", 51 * T),
+)
+# MAMF: H100 SXM 792.1 of 989 (H. He's "H100 peak matmul FLOPS" gist agrees: ~780 of 989).
+_H100_GEMM = _curve(792.1 / 989, 989 * T, f"{_MAMF}; ramp: {_TRITON}")
+
+DEVICES: dict[str, DevicePreset] = {
+    "a100-40gb": DevicePreset(
+        "a100-40gb",
+        40 * GiB,
+        _A100_FLOPS,
+        1555e9,
+        _A100_GEMM,
+        "NVIDIA A100 datasheet (A100 40GB SXM: 40GB HBM2, 1,555 GB/s); GEMM curve of the "
+        "A100 SXM (same chip)",
+    ),
+    "a100-80gb": DevicePreset(
+        "a100-80gb",
+        80 * GiB,
+        _A100_FLOPS,
+        2039e9,
+        _A100_GEMM,
+        "NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s)",
+    ),
+    "h100-sxm": DevicePreset(
+        "h100-sxm",
+        80 * GiB,
+        _H100_SXM_FLOPS,
+        3.35e12,
+        _H100_GEMM,
+        "NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s)",
+    ),
+    "h100-pcie": DevicePreset(
+        "h100-pcie",
+        80 * GiB,
+        _H100_PCIE_FLOPS,
+        2.0e12,
+        # No MAMF measurement of the PCIe card: the SXM fraction of its own (lower) peak.
+        _curve(792.1 / 989, 756 * T, f"{_MAMF} (H100 SXM fraction); ramp: {_TRITON}"),
+        "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
+    ),
+    "h200": DevicePreset(
+        "h200",
+        141 * 10**9,
+        _H100_SXM_FLOPS,
+        4.8e12,
+        # Bekman's Blackwell notes: H100/H200 SXM 794.5 of 989.
+        _curve(794.5 / 989, 989 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
+        "141GB HBM3e, 4.8 TB/s)",
+    ),
+    "b200": DevicePreset(
+        "b200",
+        180 * 10**9,
+        (
+            ("bf16", 2250 * T),
+            ("fp16", 2250 * T),
+            ("fp8", 4500 * T),
+            ("tf32", 1125 * T),
+            ("fp32", 75 * T),
+        ),
+        8.0e12,
+        # Bekman's Blackwell notes: B200 SXM 1745.0 of 2250.
+        _curve(1745.0 / 2250, 2250 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
+        "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
+        "1,440 GB HBM3e; 64 TB/s)",
+    ),
+    "mi300x": DevicePreset(
+        "mi300x",
+        192 * GiB,
+        (
+            ("bf16", 1307.4 * T),
+            ("fp16", 1307.4 * T),
+            ("fp8", 2614.9 * T),
+            ("tf32", 653.7 * T),
+            ("fp32", 163.4 * T),
+        ),
+        5.3e12,
+        # MAMF: MI300X 781.9 of 1300 (ROCm 6.2).
+        _curve(781.9 / 1300, 1307.4 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
+        "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
+    ),
+}

@@ -1,0 +1,167 @@
+"""Model presets: dimensions in the plan language's own keys (`model:` in a plan).
+
+A preset is the tree a person would have written under `model:`; the plan's own keys next to
+`preset:` override it, and `budget.plan.resolve` builds the `Model` from the merge exactly as
+from a hand-written section. Where the budget's model cannot represent an architecture
+feature (DeepSeek's multi-head latent attention) the preset says how it approximates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MODELS", "ModelPreset"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPreset:
+    name: str
+    tree: dict[str, Any]
+    source: str
+
+
+_LLAMA3 = {
+    "mlp": "swiglu",
+    "norm": "rmsnorm",
+    "bias": False,
+    "tied_embeddings": False,
+    "position": "rope",
+    "attention": "flash",
+    "vocab": 128256,  # released tokenizer: 128,000 tokens + 256 special (config vocab_size)
+}
+_LLAMA3_SOURCE = (
+    'Llama Team, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 3 (layers, model '
+    "dimension, FFN dimension, attention and key/value heads); vocabulary, RMSNorm and "
+    "untied embeddings from the released config.json (meta-llama/Meta-Llama-3*)"
+)
+
+MODELS: dict[str, ModelPreset] = {
+    "gpt3-175b": ModelPreset(
+        "gpt3-175b",
+        {
+            "layers": 96,
+            "hidden": 12288,
+            "heads": 96,
+            "vocab": 51200,  # GPT-2's 50,257 BPE tokens padded as Megatron-LM pads them
+            "mlp": "gelu",
+            "norm": "layernorm",
+            "bias": True,
+            "tied_embeddings": True,
+            "position": "learned",
+            "max_positions": 2048,
+            "attention": "flash",
+        },
+        'Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165), Table '
+        "2.1: 96 layers, d_model 12288, 96 heads of 128, context 2048",
+    ),
+    "llama3-8b": ModelPreset(
+        "llama3-8b",
+        {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, **_LLAMA3},
+        _LLAMA3_SOURCE,
+    ),
+    "llama3-70b": ModelPreset(
+        "llama3-70b",
+        {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, **_LLAMA3},
+        _LLAMA3_SOURCE,
+    ),
+    "llama3-405b": ModelPreset(
+        "llama3-405b",
+        {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, **_LLAMA3},
+        _LLAMA3_SOURCE,
+    ),
+    "mixtral-8x7b": ModelPreset(
+        "mixtral-8x7b",
+        {
+            "layers": 32,
+            "hidden": 4096,
+            "heads": 32,
+            "kv_heads": 8,
+            "head_dim": 128,
+            "ffn": 14336,
+            "vocab": 32000,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "tied_embeddings": False,
+            "position": "rope",
+            "experts": {"count": 8, "top_k": 2, "ffn": 14336},
+        },
+        'Jiang et al., "Mixtral of Experts" (arXiv 2401.04088), Table 1: dim 4096, 32 layers, '
+        "head_dim 128, hidden_dim 14336, 32 heads, 8 kv heads, vocab 32000, 8 experts, top 2",
+    ),
+    "mixtral-8x22b": ModelPreset(
+        "mixtral-8x22b",
+        {
+            "layers": 56,
+            "hidden": 6144,
+            "heads": 48,
+            "kv_heads": 8,
+            "head_dim": 128,
+            "ffn": 16384,
+            "vocab": 32768,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "tied_embeddings": False,
+            "position": "rope",
+            "experts": {"count": 8, "top_k": 2, "ffn": 16384},
+        },
+        "Mistral AI model card and config.json of mistralai/Mixtral-8x22B-v0.1: hidden_size "
+        "6144, intermediate_size 16384, 56 layers, 48 heads, 8 kv heads, vocab 32768, "
+        "8 local experts, 2 per token",
+    ),
+    "deepseek-v3": ModelPreset(
+        "deepseek-v3",
+        {
+            "layers": 61,
+            "hidden": 7168,
+            "heads": 128,
+            # Multi-head latent attention is approximated as 128 full heads of the value
+            # dimension 128 (v_head_dim); MLA's low-rank KV compression is not modelled.
+            "kv_heads": 128,
+            "head_dim": 128,
+            "ffn": 18432,  # the 3 leading dense layers
+            "vocab": 129280,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "tied_embeddings": False,
+            "position": "rope",
+            "experts": {
+                "count": 256,
+                "top_k": 8,
+                "ffn": 2048,
+                "shared_ffn": 2048,  # 1 shared expert of width 2048
+                "first_dense_layers": 3,
+            },
+        },
+        'DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 4.2: 61 '
+        "layers, hidden 7168, 128 heads, first 3 layers dense, 1 shared + 256 routed experts "
+        "of width 2048, 8 routed per token; vocab 129,280 and dense FFN 18,432 from the "
+        "released config.json",
+    ),
+    "qwen-moe": ModelPreset(
+        "qwen-moe",
+        {
+            "layers": 24,
+            "hidden": 2048,
+            "heads": 16,
+            "kv_heads": 16,
+            "ffn": 5632,
+            "vocab": 151936,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "bias": False,
+            "tied_embeddings": False,
+            "position": "rope",
+            "experts": {
+                "count": 60,
+                "top_k": 4,
+                "ffn": 1408,
+                "shared_ffn": 5632,
+                "shared_gate": True,
+            },
+        },
+        'Qwen Team, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3 Activated '
+        'Parameters" (blog, 2024) and config.json of Qwen/Qwen1.5-MoE-A2.7B: 24 layers, '
+        "hidden 2048, 16 heads, 60 experts of 1408, top 4, a gated shared expert of 5632",
+    ),
+}

@@ -1,0 +1,234 @@
+"""Read a Hugging Face ``config.json`` into the plan language's `model:` keys.
+
+Every key of the file is either read (it changes the budget), known and ignored (it does
+not: tokenizer ids, RoPE base, dtype tags, router loss weights), or an error naming it, so
+that a config whose meaning the budget would silently drop is never accepted.
+
+Key meanings follow the ``transformers`` configuration classes: ``LlamaConfig``,
+``MixtralConfig`` (num_local_experts, num_experts_per_tok), ``Qwen2MoeConfig`` (num_experts,
+moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step,
+mlp_only_layers: layer i is sparse when i is not in mlp_only_layers and
+(i + 1) % decoder_sparse_step == 0) and DeepSeek-V3's ``configuration_deepseek.py``
+(n_routed_experts, n_shared_experts, first_k_dense_replace, moe_layer_freq: layer i is
+sparse when i ≥ first_k_dense_replace and i % moe_layer_freq == 0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["IGNORED", "READ", "HfConfigError", "HfModel", "read_hf_config", "translate"]
+
+READ = frozenset(
+    {
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "tie_word_embeddings",
+        "hidden_act",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "attention_bias",
+        "mlp_bias",
+        # Mixtral
+        "num_local_experts",
+        "num_experts_per_tok",
+        # Qwen-MoE
+        "num_experts",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        # DeepSeek
+        "n_routed_experts",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "v_head_dim",
+    }
+)
+
+# Keys that do not change memory, communication or time in this model.
+IGNORED = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "auto_map",
+        "model_type",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "initializer_range",
+        "use_cache",
+        "pretraining_tp",
+        "rope_theta",
+        "rope_scaling",
+        "attention_dropout",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "output_router_logits",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "norm_topk_prob",
+        "qkv_bias",
+        # DeepSeek routing and auxiliary settings
+        "aux_loss_alpha",
+        "ep_size",
+        "n_group",
+        "topk_group",
+        "topk_method",
+        "routed_scaling_factor",
+        "scoring_func",
+        "seq_aux",
+        "num_nextn_predict_layers",
+        "quantization_config",
+        # DeepSeek multi-head latent attention ranks: approximated by v_head_dim heads
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+    }
+)
+
+_ACTIVATIONS = {
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "gelu_fast": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+}
+
+
+class HfConfigError(Exception):
+    """A config.json that cannot be read or holds keys the budget does not understand."""
+
+
+@dataclass(frozen=True, slots=True)
+class HfModel:
+    tree: dict[str, Any]  # plan-language `model:` keys
+    ignored: tuple[str, ...] = field(default=())
+
+
+def read_hf_config(path: Path) -> HfModel:
+    """Load ``path`` and translate it; `HfConfigError` with a sentence on failure."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise HfConfigError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise HfConfigError(
+            f"{str(path)!r} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+        ) from None
+    if not isinstance(config, dict):
+        raise HfConfigError(f"{str(path)!r} holds {type(config).__name__}, not a JSON object")
+    return translate(config, str(path))
+
+
+def _int(config: Mapping[str, Any], key: str, where: str) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HfConfigError(f"{key} = {value!r} in {where} is not a non-negative integer")
+    return value
+
+
+def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
+    """A config.json dictionary → plan-language `model:` keys (module docstring)."""
+    unknown = sorted(set(config) - READ - IGNORED)
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        raise HfConfigError(
+            f"{where} has key{'s' if len(unknown) > 1 else ''} {names} that budget does not "
+            "understand; remove them or write the model's dimensions out instead"
+        )
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    missing = [k for k in required if k not in config]
+    if missing:
+        raise HfConfigError(f"{where} lacks {', '.join(missing)}")
+    tree: dict[str, Any] = {
+        "layers": _int(config, "num_hidden_layers", where),
+        "hidden": _int(config, "hidden_size", where),
+        "heads": _int(config, "num_attention_heads", where),
+        "vocab": _int(config, "vocab_size", where),
+        "position": "rope",
+        "attention": "flash",
+        # transformers.PretrainedConfig defaults tie_word_embeddings to true
+        "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "bias": bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
+    }
+    for key, name in (
+        ("num_key_value_heads", "kv_heads"),
+        ("intermediate_size", "ffn"),
+        ("head_dim", "head_dim"),
+    ):
+        if config.get(key) is not None:
+            tree[name] = _int(config, key, where)
+    if "head_dim" not in tree and config.get("v_head_dim") is not None:
+        tree["head_dim"] = _int(config, "v_head_dim", where)
+    act = config.get("hidden_act", "silu")
+    if act not in _ACTIVATIONS:
+        raise HfConfigError(
+            f"hidden_act = {act!r} in {where} is not one of {', '.join(sorted(_ACTIVATIONS))}"
+        )
+    tree["mlp"] = _ACTIVATIONS[act]
+    if "layer_norm_eps" in config or "layer_norm_epsilon" in config:
+        tree["norm"] = "layernorm"
+    else:
+        tree["norm"] = "rmsnorm"
+    experts = _experts(config, tree["layers"], where)
+    if experts is not None:
+        tree["experts"] = experts
+    ignored = tuple(sorted(set(config) & IGNORED))
+    return HfModel(tree, ignored)
+
+
+def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, Any] | None:
+    count_key = next(
+        (k for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k)),
+        None,
+    )
+    if count_key is None:
+        return None
+    experts: dict[str, Any] = {
+        "count": _int(config, count_key, where),
+        "top_k": _int(config, "num_experts_per_tok", where)
+        if "num_experts_per_tok" in config
+        else 2,
+    }
+    if config.get("moe_intermediate_size"):
+        experts["ffn"] = _int(config, "moe_intermediate_size", where)
+    if config.get("shared_expert_intermediate_size"):
+        experts["shared_ffn"] = _int(config, "shared_expert_intermediate_size", where)
+        experts["shared_gate"] = True  # Qwen2-MoE's shared_expert_gate
+    if config.get("n_shared_experts"):
+        width = experts.get("ffn", config.get("intermediate_size", 0))
+        experts["shared_ffn"] = _int(config, "n_shared_experts", where) * int(width)
+    first = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or 1)
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense_only = set(config.get("mlp_only_layers") or ())
+    if freq == 1 and step == 1 and not dense_only:
+        if first:
+            experts["first_dense_layers"] = first
+        return experts
+    experts["pattern"] = [
+        i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
+        for i in range(layers)
+    ]
+    return experts

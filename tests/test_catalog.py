@@ -1,0 +1,111 @@
+"""Presets: every number has a source, plans resolve from presets, overrides win."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from budget.catalog import DEVICES, MODELS, TOPOLOGIES
+from budget.efficiency import curve_fraction, gemm_efficiency
+from budget.errors import BudgetError
+from budget.flops import Work
+from budget.plan.model import Device
+from budget.plan.resolve import resolve
+from budget.plan.yaml_load import Marks
+
+
+def _tree(**sections: object) -> dict[str, object]:
+    tree: dict[str, object] = {
+        "model": {"preset": "llama3-8b"},
+        "batch": {"seq": 8192, "micro": 1, "global": 64},
+        "parallel": {"tp": 8},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    tree.update(sections)
+    return tree
+
+
+def _resolve(tree: dict[str, object]):
+    return resolve(tree, Marks(), "plan.yaml")
+
+
+def test_every_preset_names_its_source() -> None:
+    for device in DEVICES.values():
+        assert device.source and device.gemm.source
+    for topology in TOPOLOGIES.values():
+        assert topology.source and all(level.source for level in topology.levels)
+    for model in MODELS.values():
+        assert model.source
+
+
+def test_device_datasheet_peaks() -> None:
+    """NVIDIA H100 datasheet: 989 dense bf16 (1,979 with sparsity); A100: 312 and 2,039 GB/s."""
+    assert dict(DEVICES["h100-sxm"].flops)["bf16"] == 989e12
+    assert dict(DEVICES["h100-sxm"].flops)["fp8"] == 1979e12
+    assert dict(DEVICES["a100-80gb"].flops)["bf16"] == 312e12
+    assert DEVICES["a100-80gb"].memory_bandwidth == 2039e9
+    assert "fp8" not in dict(DEVICES["a100-80gb"].flops)
+
+
+def test_gemm_curve_saturates_at_the_measured_ceiling() -> None:
+    """MAMF H100 SXM: 792.1 of 989 TFLOP/s; half of it at half_flops."""
+    curve = DEVICES["h100-sxm"].gemm
+    assert curve.peak_fraction == pytest.approx(792.1 / 989)
+    assert curve_fraction(curve, curve.half_flops) == pytest.approx(curve.peak_fraction / 2)
+    assert curve_fraction(curve, 1e15) == pytest.approx(curve.peak_fraction, rel=1e-3)
+
+
+def test_flat_efficiency_without_a_curve() -> None:
+    work = Work("gemm", "matmul", 10**9, 10**6)
+    assert gemm_efficiency(Device(memory=1, matmul_efficiency=0.7), work) == 0.7
+
+
+def test_device_preset_with_overrides() -> None:
+    plan = _resolve(
+        _tree(device={"preset": "a100-80gb", "reserved": "3 GiB", "matmul_efficiency": 0.6})
+    )
+    assert plan.device.name == "a100-80gb"
+    assert plan.device.memory == 80 * 2**30
+    assert plan.device.reserved == 3 * 2**30
+    assert plan.device.gemm is None and plan.device.matmul_efficiency == 0.6
+
+
+def test_topology_preset_counts_nodes() -> None:
+    plan = _resolve(_tree(parallel={"tp": 8, "dp": 4}, topology={"preset": "dgx-a100", "nodes": 4}))
+    assert plan.topology.gpus == 32
+    nvlink, ib = plan.topology.levels
+    assert (nvlink.size, nvlink.bandwidth) == (8, pytest.approx(300e9 * 0.8))
+    assert ib.bandwidth == pytest.approx(25e9 * 0.8)
+
+
+def test_model_preset_overrides_win() -> None:
+    plan = _resolve(_tree(model={"preset": "llama3-8b", "layers": 16}))
+    assert plan.model.layers == 16 and plan.model.hidden == 4096
+    assert plan.model.name == "llama3-8b"
+
+
+@pytest.mark.parametrize("section", ["model", "device", "topology"])
+def test_unknown_preset_is_a_problem(section: str) -> None:
+    tree = _tree()
+    tree[section] = {"preset": "nope", "nodes": 1} if section == "topology" else {"preset": "nope"}
+    with pytest.raises(BudgetError) as raised:
+        _resolve(tree)
+    assert any(
+        p.path == f"$.{section}.preset" and "unknown" in p.message for p in raised.value.problems
+    )
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_preset_resolves(name: str) -> None:
+    tree = _tree(model={"preset": name}, batch={"seq": 2048, "micro": 1, "global": 64})
+    plan = _resolve(tree)
+    assert plan.model.name == name
+
+
+def test_every_plan_dir_plan_still_loads() -> None:
+    from budget.plan.load import load_plan
+
+    for path in sorted((Path(__file__).parent.parent / "plans").glob("*.yaml")):
+        load_plan(path)

@@ -1,0 +1,105 @@
+"""Hugging Face config.json import, on the released configs kept in tests/data/hf."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from budget.errors import BudgetError
+from budget.pipeline import build_report
+from budget.plan.hf_config import HfConfigError, read_hf_config, translate
+from budget.plan.load import load_plan
+from budget.report import to_dict
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
+
+
+def _read(name: str) -> dict[str, object]:
+    return read_hf_config(DATA / "hf" / name / "config.json").tree
+
+
+def test_llama3_70b() -> None:
+    tree = _read("llama3-70b")
+    assert tree == {
+        "layers": 80,
+        "hidden": 8192,
+        "heads": 64,
+        "kv_heads": 8,
+        "ffn": 28672,
+        "vocab": 128256,
+        "mlp": "swiglu",
+        "norm": "rmsnorm",
+        "bias": False,
+        "tied_embeddings": False,
+        "position": "rope",
+        "attention": "flash",
+    }
+
+
+def test_mixtral_experts() -> None:
+    assert _read("mixtral-8x7b")["experts"] == {"count": 8, "top_k": 2}
+
+
+def test_qwen_moe_experts() -> None:
+    assert _read("qwen1.5-moe-a2.7b")["experts"] == {
+        "count": 60,
+        "top_k": 4,
+        "ffn": 1408,
+        "shared_ffn": 5632,
+        "shared_gate": True,
+    }
+
+
+def test_deepseek_v3_experts() -> None:
+    tree = _read("deepseek-v3")
+    assert tree["experts"] == {
+        "count": 256,
+        "top_k": 8,
+        "ffn": 2048,
+        "shared_ffn": 2048,
+        "first_dense_layers": 3,
+    }
+    assert tree["head_dim"] == 128  # MLA approximated by v_head_dim
+
+
+def test_sparse_step_and_dense_only_layers_become_a_pattern() -> None:
+    config = json.loads((DATA / "hf" / "qwen1.5-moe-a2.7b" / "config.json").read_text())
+    config.update(num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[3])
+    assert translate(config).tree["experts"]["pattern"] == [False, True, False, False]
+
+
+def test_unknown_key_is_named() -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["mystery_width"] = 3
+    with pytest.raises(HfConfigError, match="'mystery_width'"):
+        translate(config)
+
+
+def test_hf_plan_gives_the_same_report_as_the_hand_written_plan() -> None:
+    """Acceptance 2 of issue 7: identical reports except the plan's file."""
+    hand = to_dict(build_report(load_plan(ROOT / "plans" / "llama3-70b.yaml")))
+    hf = to_dict(build_report(load_plan(DATA / "llama3-70b-hf.yaml")))
+    assert hand.pop("plan")["name"] == hf.pop("plan")["name"]
+    assert hand == hf
+
+
+def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["mystery_width"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = (
+        (DATA / "llama3-70b-hf.yaml")
+        .read_text()
+        .replace("hf/llama3-70b/config.json", "config.json")
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan)
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.model.hf_config"
+    assert (problem.line, problem.col) == (7, 14)
+    assert "'mystery_width'" in problem.message
