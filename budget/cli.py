@@ -226,6 +226,15 @@ def roofline_command(
     render_roofline(_stdout(), result, fmt.value)
 
 
+@app.command("validate-model")
+def validate_model_command(fmt: FormatOption = Format.table) -> None:
+    """Predicted against published training runs: error of each, mean and maximum."""
+    from budget.accuracy import validate_model
+    from budget.render.accuracy import render_accuracy
+
+    render_accuracy(_stdout(), validate_model(), fmt.value)
+
+
 _COMMANDS = {
     "report",
     "validate",
@@ -236,6 +245,7 @@ _COMMANDS = {
     "diff",
     "search",
     "plot",
+    "validate-model",
 }
 
 
