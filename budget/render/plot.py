@@ -60,15 +60,16 @@ def plot_report(report: Report, path: Path) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"-o {path}: the picture must be a .png or .svg file")
     plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
-    )
-    try:
-        _memory(top, report)
-        _communication(bottom, report)
-        fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_metadata(fmt))
-    finally:
-        plt.close(fig)
+    with plt.rc_context({"svg.hashsalt": "budget"}):  # stable ids: same plan, same bytes
+        fig, (top, bottom) = plt.subplots(
+            2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
+        )
+        try:
+            _memory(top, report)
+            _communication(bottom, report)
+            fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_metadata(fmt))
+        finally:
+            plt.close(fig)
 
 
 def _metadata(fmt: str) -> dict[str, Any]:

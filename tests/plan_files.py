@@ -1,0 +1,36 @@
+"""Plan files for CLI tests: the shipped plans, and variants written to a temporary folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = sorted((ROOT / "plans").glob("*.yaml"))
+GPT3 = ROOT / "plans" / "gpt3-175b.yaml"
+
+
+def variant(tmp_path: Path, name: str, *edits: tuple[str, str], base: Path = GPT3) -> Path:
+    """A copy of `base` with each (old, new) line fragment replaced exactly once."""
+    text = base.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def too_big(tmp_path: Path) -> Path:
+    """GPT-3 175B on 24 GiB devices: stage 0 peaks at 30.45 GiB, 6.45 GiB over."""
+    return variant(tmp_path, "too-big.yaml", ("memory: 80 GiB", "memory: 24 GiB"))
+
+
+def tp4(tmp_path: Path) -> Path:
+    """GPT-3 175B with TP 4 and DP 32 instead of TP 8 and DP 16 (same 1,024 GPUs)."""
+    return variant(tmp_path, "tp4.yaml", ("  tp: 8", "  tp: 4"), ("  dp: 16", "  dp: 32"))
+
+
+def invalid(tmp_path: Path) -> Path:
+    path = tmp_path / "invalid.yaml"
+    path.write_text("name: x\nmode: train\nmodle: 3\n", encoding="utf-8")
+    return path

@@ -1,0 +1,148 @@
+"""`budget check`: exit 0 / 1 / 2 over one or several plans, limits, and what the
+messages say about a failing plan (stage, excess in bytes and GiB, largest contributors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.check import Limits, check_report, parse_limits
+from budget.cli import app, route
+from budget.pipeline import budget_plan
+from tests.plan_files import GPT3, PLANS, invalid, too_big
+
+runner = CliRunner()
+
+
+def _check(*args: str | Path) -> tuple[int, str, str]:
+    result = runner.invoke(app, route(["check", *map(str, args)]))
+    assert "Traceback" not in result.output
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_every_shipped_plan_passes() -> None:
+    code, out, err = _check(*PLANS)
+    assert code == 0, out + err
+    assert out.count("PASS") == len(PLANS)
+    assert f"{len(PLANS)} of {len(PLANS)} plans passed" in out
+    assert err == ""
+
+
+def test_a_plan_that_does_not_fit_fails_with_stage_excess_and_contributors(
+    tmp_path: Path,
+) -> None:
+    path = too_big(tmp_path)
+    report = budget_plan(path)
+    over = report.worst.peak_bytes - report.worst.capacity_bytes
+    code, out, _ = _check(path)
+    assert code == 1
+    text = " ".join(out.split())  # undo the console's wrapping
+    assert "FAIL" in text
+    assert "stage 0 does not fit" in text
+    assert f"{over / 2**30:,.2f} GiB ({over:,} B) over" in text
+    assert "gradients (fp32) 10.5 GiB" in text  # the largest allocation at the peak
+    assert "0 of 1 plan passed, 1 failed" in text
+
+
+def test_several_plans_one_failing_exit_1(tmp_path: Path) -> None:
+    code, out, _ = _check(GPT3, too_big(tmp_path))
+    assert code == 1
+    assert out.count("PASS") == 1 and out.count("FAIL") == 1
+
+
+def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path) -> None:
+    bad = invalid(tmp_path)
+    code, out, err = _check(GPT3, too_big(tmp_path), bad)
+    assert code == 2
+    assert "PASS" in out and "FAIL" in out and "INVALID" in out
+    lines = err.splitlines()
+    assert f"{bad}:3:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)" in lines
+    assert all(line.startswith(f"{bad}:") and ": error: $" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "code", "limit"),
+    [
+        ("--headroom", "5%", 0, None),
+        ("--headroom", "4GiB", 0, None),
+        ("--headroom", "70%", 1, "headroom"),
+        ("--headroom", "60GiB", 1, "headroom"),
+        ("--max-exposed", "20%", 0, None),
+        ("--max-exposed", "10%", 1, "max_exposed"),
+        ("--max-step", "20s", 0, None),
+        ("--max-step", "12s", 1, "max_step"),
+    ],
+)
+def test_limits(option: str, value: str, code: int, limit: str | None) -> None:
+    """GPT-3 175B: 49.5 GiB free of 80 GiB, 11.5% exposed, a 16.7 s step."""
+    exit_code, out, _ = _check(GPT3, option, value, "--format", "json")
+    assert exit_code == code
+    data = json.loads(out)
+    reasons = data["plans"][0]["reasons"]
+    assert [r["limit"] for r in reasons] == ([] if limit is None else [limit])
+
+
+def test_headroom_reason_names_the_shortfall() -> None:
+    report = budget_plan(GPT3)
+    (reason,) = check_report(report, parse_limits(headroom="70%"))
+    required = round(0.7 * report.worst.capacity_bytes)
+    short = required - report.worst.headroom_bytes
+    assert reason.stage == 0
+    assert reason.excess == short
+    assert f"({short:,} B) short of the required 56.0 GiB (70% of capacity)" in reason.message
+    assert reason.contributors[0].tensor == "gradients (fp32)"
+
+
+def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
+    report = budget_plan(GPT3)
+    exposed, step = check_report(report, Limits(max_exposed_share=0.05, max_step_s=10.0))
+    assert "most exposed phases: dp.grads" in exposed.message
+    assert "over the 10 s limit" in step.message
+    assert "backward.mlp" in step.message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--headroom", "lots"], "--headroom 'lots'"),
+        (["--max-exposed", "120%"], "between 0% and 100%"),
+        (["--max-step", "soon"], "--max-step 'soon'"),
+        (["--max-step", "0s"], "more than 0 s"),
+    ],
+)
+def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:
+    code, out, err = _check(GPT3, *args)
+    assert code == 2
+    assert out == ""
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_json_follows_the_contract(tmp_path: Path) -> None:
+    code, out, _ = _check(GPT3, too_big(tmp_path), invalid(tmp_path), "--format", "json")
+    assert code == 2
+    data = json.loads(out)
+    assert data["passed"] is False
+    passing, failing, bad = data["plans"]
+    assert passing["passed"] is True and passing["reasons"] == []
+    assert failing["passed"] is False and failing["fits"] is False
+    (memory,) = failing["reasons"]
+    assert memory["limit"] == "memory" and memory["stage"] == 0
+    assert memory["excess"] == failing["peak_bytes"] - failing["capacity_bytes"]
+    assert isinstance(memory["excess"], int)
+    assert bad["valid"] is False and bad["problems"]
+
+
+def test_markdown_is_a_pull_request_summary(tmp_path: Path) -> None:
+    code, out, _ = _check(GPT3, too_big(tmp_path), "--format", "markdown")
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "## ❌ budget check: 1 of 2 plans passed, 1 failed"
+    assert (
+        "| plan | result | worst stage | peak | capacity | headroom | step | exposed comm |"
+        in lines
+    )
+    assert any(line.startswith(f"| `{GPT3}` | ✅ pass |") for line in lines)
+    assert any(line.startswith("- **memory**: stage 0 does not fit") for line in lines)

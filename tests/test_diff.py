@@ -1,0 +1,126 @@
+"""`budget diff`: plan keys that changed, budget deltas with better/worse, alignment of
+different pipeline depths, and the three formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from budget.diff import Delta, diff_files, flatten
+from budget.plan.load import load_plan
+from tests.plan_files import GPT3, PLANS, ROOT, invalid, tp4
+
+runner = CliRunner()
+LLAMA = ROOT / "plans" / "llama3-70b.yaml"
+
+
+def _diff(*args: str | Path, width: int = 100) -> tuple[int, str, str]:
+    result = runner.invoke(app, route(["diff", *map(str, args)]), env={"COLUMNS": str(width)})
+    assert "Traceback" not in result.output
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
+def test_a_plan_against_itself_shows_no_differences(plan: Path) -> None:
+    code, out, _ = _diff(plan, plan)
+    assert code == 0
+    assert "No differences" in out
+    assert "Δ" not in out
+    *_, diff = diff_files(plan, plan)
+    assert diff.identical and diff.changes == ()
+
+
+def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
+    code, out, _ = _diff(GPT3, tp4(tmp_path), width=100)
+    assert code == 0
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    assert "parallel.tp 8 → 4" in lines
+    assert "parallel.dp 16 → 32" in lines
+    assert "Memory per rank of each pipeline stage, at its peak" in lines
+    assert "0 states 17.7 GiB 33.4 GiB +15.6 GiB +88.0%" in lines
+    assert "forward.attention sent/rank 94.5 GiB 40.5 GiB −54.0 GiB −57.1%" in lines
+    assert "No differences" not in out
+
+
+def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
+    code, out, _ = _diff(GPT3, tp4(tmp_path), "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"a", "b", "delta"}
+    delta = data["delta"]
+    assert delta["identical"] is False
+    assert [c["key"] for c in delta["plan"]] == ["parallel.tp", "parallel.dp"]
+    assert len(delta["stages"]) == 8
+    states = delta["stages"][0]["metrics"]["states_bytes"]
+    a = data["a"]["memory"]["stages"][0]
+    assert states["a"] == a["params_bytes"] + a["grads_bytes"] + a["optimizer_bytes"]
+    assert states["delta"] == states["b"] - states["a"] and isinstance(states["delta"], int)
+    assert states["verdict"] == "worse"
+    exposed = {p["name"]: p["metrics"]["exposed_s"] for p in delta["phases"]}
+    assert exposed["forward.attention"]["verdict"] == "better"
+    assert delta["summary"]["mfu"]["better"] == "higher"
+
+
+def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
+    code, out, _ = _diff(GPT3, tp4(tmp_path), "--format", "markdown")
+    assert code == 0
+    lines = out.splitlines()
+    assert "| `parallel.tp` | 8 | 4 |" in lines
+    assert "| stage | figure | A | B | Δ | Δ% |" in lines
+    assert "| --- | --- | ---: | ---: | ---: | ---: |" in lines
+    assert "| 0 | states | 17.7 GiB | 33.4 GiB | 🔴 +15.6 GiB | +88.0% |" in lines
+    assert any(
+        line.startswith("| `forward.attention` | sent/rank |") and "🟢" in line for line in lines
+    )
+
+
+def test_different_stage_counts_align_by_index() -> None:
+    code, out, _ = _diff(GPT3, LLAMA, "--format", "markdown")
+    assert code == 0
+    assert "A has 8 pipeline stages and B has 4: stages are aligned by index" in out
+    assert "| 4 (A only) | states |" in out
+    data = json.loads(_diff(GPT3, LLAMA, "--format", "json")[1])
+    stage7 = data["delta"]["stages"][7]
+    assert stage7["in_a"] is True and stage7["in_b"] is False
+    assert stage7["metrics"]["peak_bytes"]["b"] is None
+
+
+def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
+    bad = invalid(tmp_path)
+    code, out, err = _diff(bad, bad)
+    assert code == 2 and out == ""
+    assert err.count(f"{bad}:3:1: error: $.modle") == 2
+
+
+def test_flatten_names_keys_by_path() -> None:
+    flat = flatten(load_plan(GPT3))
+    assert "file" not in flat
+    assert flat["parallel.tp"] == 8
+    assert flat["parallel.order"] == ["tp", "cp", "ep", "dp", "pp"]
+    assert flat["device.flops.bf16"] == pytest.approx(312e12)
+    assert flat["topology.levels.0.name"] == "nvlink"
+
+
+@pytest.mark.parametrize(
+    ("better", "a", "b", "verdict"),
+    [
+        ("lower", 10, 8, "better"),
+        ("lower", 10, 12, "worse"),
+        ("higher", 0.5, 0.6, "better"),
+        ("higher", 0.5, 0.4, "worse"),
+        ("lower", 3, 3, "same"),
+        ("lower", None, 3, "n/a"),
+    ],
+)
+def test_delta_verdicts(better: str, a: float | None, b: float | None, verdict: str) -> None:
+    delta = Delta("x", "bytes", better, a, b)  # type: ignore[arg-type]
+    assert delta.verdict == verdict
+
+
+def test_relative_delta_is_none_from_zero() -> None:
+    assert Delta("x", "bytes", "lower", 0, 5).relative is None
+    assert Delta("x", "bytes", "lower", 4, 5).relative == pytest.approx(0.25)

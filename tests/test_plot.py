@@ -1,0 +1,73 @@
+"""`budget plot`: real PNG and SVG files, usage errors, and a clear message without
+matplotlib."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from tests.plan_files import GPT3, too_big
+
+runner = CliRunner()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _plot(plan: Path, out: Path) -> tuple[int, str, str]:
+    result = runner.invoke(app, route(["plot", str(plan), "-o", str(out)]))
+    assert "Traceback" not in result.output
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("plan", ["fits", "too-big"])
+def test_png_is_a_real_image(tmp_path: Path, plan: str) -> None:
+    pytest.importorskip("matplotlib")
+    path = GPT3 if plan == "fits" else too_big(tmp_path)
+    out = tmp_path / "memory.png"
+    code, stdout, _ = _plot(path, out)
+    assert code == 0
+    assert stdout.strip() == f"{path}: wrote {out}"
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 1000 and height >= 700
+    assert len(data) > 50_000
+
+
+def test_svg_is_a_real_image(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "memory.svg"
+    code, _, _ = _plot(GPT3, out)
+    assert code == 0
+    root = ET.parse(out).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    text = out.read_text(encoding="utf-8")
+    assert "capacity 80.0 GiB" in text or "capacity" in text
+
+
+def test_the_same_plan_draws_the_same_svg(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    first, second = tmp_path / "a.svg", tmp_path / "b.svg"
+    assert _plot(GPT3, first)[0] == 0 and _plot(GPT3, second)[0] == 0
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_other_suffixes_are_usage_errors(tmp_path: Path) -> None:
+    code, out, err = _plot(GPT3, tmp_path / "memory.jpg")
+    assert code == 2 and out == ""
+    assert err.strip().endswith("the picture must be a .png or .svg file")
+
+
+def test_without_matplotlib_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises
+    code, out, err = _plot(GPT3, tmp_path / "memory.png")
+    assert code == 2 and out == ""
+    assert err == "budget: error: budget plot needs matplotlib: pip install 'budget[plot]'\n"

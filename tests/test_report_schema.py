@@ -1,0 +1,117 @@
+"""Every JSON output of every command validates against schemas/report.schema.json, and
+keeps the promises: no NaN, integers for bytes, stable key order."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from budget.report_schema import Kind, report_schema, validation_errors
+from tests.plan_files import GPT3, PLANS, ROOT, invalid, too_big, tp4
+
+runner = CliRunner()
+ACCEPTANCE_1 = ["--ranks", "8", "--size", "1GiB", "--bandwidth", "450GB/s", "--latency", "1us"]
+FOUR_NODES = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us", "--size", "1GiB"]
+
+
+def _no_nan(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _output(args: list[str], code: int = 0) -> tuple[str, Any]:
+    result = runner.invoke(app, route([*args, "--format", "json"]))
+    assert result.exit_code == code, result.output
+    return result.stdout, _no_nan(result.stdout)
+
+
+def _promises(data: Any, path: str = "$") -> None:
+    """Bytes are ints (never bool, never float); numbers are finite."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, dict) and value.get("unit") == "bytes":  # a diff's Delta
+                for side in ("a", "b", "delta"):
+                    assert value[side] is None or type(value[side]) is int, f"{path}.{key}"
+            elif key == "bytes" or key.endswith("_bytes"):
+                assert value is None or type(value) is int, f"{path}.{key} = {value!r}"
+            _promises(value, f"{path}.{key}")
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            _promises(item, f"{path}[{i}]")
+    elif isinstance(data, float):
+        assert math.isfinite(data), path
+
+
+def _valid(data: Any, kind: Kind) -> None:
+    assert validation_errors(data, kind) == []
+    assert validation_errors(data) == []  # the root schema accepts every output too
+    _promises(data)
+
+
+def test_the_schema_is_draft_2020_12_and_the_repository_copy_is_the_packaged_one() -> None:
+    Draft202012Validator.check_schema(report_schema())
+    link = ROOT / "schemas" / "report.schema.json"
+    assert link.is_symlink()
+    packaged = ROOT / "budget" / "schemas" / "report.schema.json"
+    assert link.resolve() == packaged.resolve()
+    assert json.loads(link.read_text(encoding="utf-8")) == report_schema()
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
+def test_every_plan_report_validates(plan: Path) -> None:
+    text, data = _output([str(plan)])
+    _valid(data, "report")
+    again, _ = _output([str(plan)])
+    assert text == again  # stable: same keys, same order, same numbers
+
+
+def test_check_output_validates(tmp_path: Path) -> None:
+    args = ["check", *map(str, PLANS), str(too_big(tmp_path)), str(invalid(tmp_path))]
+    _, data = _output([*args, "--headroom", "5%", "--max-exposed", "15%"], code=2)
+    _valid(data, "check")
+    _, passing = _output(["check", *map(str, PLANS)])
+    _valid(passing, "check")
+
+
+@pytest.mark.parametrize("pair", ["same", "tp4", "depths"])
+def test_diff_output_validates(tmp_path: Path, pair: str) -> None:
+    b = {"same": GPT3, "tp4": tp4(tmp_path), "depths": ROOT / "plans" / "llama3-70b.yaml"}[pair]
+    _, data = _output(["diff", str(GPT3), str(b)])
+    _valid(data, "diff")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["collective", "all-gather", *ACCEPTANCE_1],
+        ["collective", "all-reduce", *ACCEPTANCE_1],
+        ["collective", "send-recv", *ACCEPTANCE_1],
+        ["collective", "all-reduce", *FOUR_NODES],
+        ["collective", "all-reduce", *FOUR_NODES, "--algorithm", "auto"],
+    ],
+)
+def test_collective_output_validates(args: list[str]) -> None:
+    _, data = _output(args)
+    _valid(data, "collective")
+
+
+def test_roofline_output_validates() -> None:
+    _, data = _output(
+        ["roofline", "--intensity", "4", "--bandwidth", "80GB/s", "--peak", "1TFLOP/s"]
+    )
+    _valid(data, "roofline")
+
+
+def test_the_schema_rejects_a_float_for_bytes() -> None:
+    _, data = _output([str(GPT3)])
+    data["memory"]["stages"][0]["peak_bytes"] = 1.5
+    assert validation_errors(data, "report")

@@ -1,0 +1,39 @@
+"""The stage table's fill bar: 8 cells at 110+ columns, 5 at 80, and no line wider than
+the terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from budget.pipeline import budget_plan
+from budget.render.table import stage_table
+from tests.plan_files import PLANS
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
+@pytest.mark.parametrize(("width", "cells"), [(80, 5), (120, 8)])
+def test_fill_bar_per_stage(plan: Path, width: int, cells: int) -> None:
+    report = budget_plan(plan)
+    console = Console(width=width, color_system=None, record=True)
+    console.print(stage_table(report, width >= 110, cells))
+    lines = console.export_text().splitlines()
+    rows = [line for line in lines if line.strip()[:1].isdigit()]
+    assert len(rows) == len(report.stages)
+    for stage, line in zip(report.stages, rows, strict=True):
+        gauge = line.split()[-1]
+        assert len(gauge) == cells
+        full = min(cells, round(stage.peak_bytes / stage.capacity_bytes * cells))
+        assert gauge == "█" * full + "·" * (cells - full)
+    assert all(len(line.rstrip()) <= width for line in lines)
+
+
+def test_the_default_report_shows_the_bar_at_80_columns() -> None:
+    from budget.render.table import render_table
+
+    report = budget_plan(PLANS[0])
+    console = Console(width=80, color_system=None, record=True)
+    render_table(console, report)
+    assert " fill" in console.export_text()
