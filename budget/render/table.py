@@ -34,8 +34,10 @@ def _count(n: float) -> str:
 def header(report: Report) -> list[str]:
     lay, m = report.layout, report.model
     degrees = " × ".join(
-        f"{k} {lay[k]}" for k in ("tp", "cp", "ep", "pp", "dp") if lay[k] > 1 or k == "dp"
+        f"{k} {lay[k]}" for k in ("tp", "cp", "pp", "dp") if lay[k] > 1 or k == "dp"
     )
+    if lay["ep"] > 1:
+        degrees += f" (experts over ep {lay['ep']} within tp × cp × dp)"
     extras = [f"zero {lay['zero']}", f"{lay['schedule']} schedule"]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
@@ -221,10 +223,13 @@ def collective_table(report: Report, wide: bool) -> tuple[Table, list[str]]:
             if wide:
                 cells.append(str(c.steps))
             if timed:
-                cells += [_t(c.time_s), _t(c.exposed_s)]
+                bound = (c.latency_term_s or 0) > (c.bandwidth_term_s or 0)
+                cells += [_t(c.time_s) + ("*" if bound else " "), _t(c.exposed_s)]
             cells += [f"{c.count:,}", f"[{rules.index(rule) + 1}]"]
             table.add_row(*cells)
     legend = [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
+    if timed:
+        legend.insert(0, "* latency-bound: the n·α term exceeds Q/B_eff")
     if wide:
         legend.insert(0, "S(d) = shard on dim d, R = replicate, P = sum-partial")
     else:
@@ -266,6 +271,21 @@ def summary(report: Report) -> list[str]:
             "Step time: not computed (the device section has no peak FLOP/s or memory bandwidth)."
         ]
     time_s = float(step["time_s"])
+    exposed = (
+        f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
+        f"({float(step['exposed_share'] or 0):.1%} of the time)"
+    )
+    if step.get("ttft_s") is not None:
+        lines = [f"Prefill (time to first token): {_t(step['ttft_s'])}"]
+        if step.get("decode_token_s") is not None:
+            lines.append(
+                f"Decode: {_t(step['decode_token_s'])} per token; "
+                f"{float(step['tokens_per_s'] or 0):,.0f} generated tokens/s over all sequences"
+            )
+        else:
+            lines.append(f"{float(step['tokens_per_s'] or 0):,.0f} prompt tokens/s")
+        lines.append(f"{exposed}; MFU {float(step['mfu'] or 0):.1%}")
+        return lines
     return [
         f"Step: {_t(time_s)} = pipeline {_t(time_s - float(step['after_s'] or 0))} "
         f"(bubble {_t(step['bubble_s'])}) + gradient reduction and optimizer "
