@@ -491,7 +491,7 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
         return []
     attention = attention_params(plan)[1]
     layer = layer_params(plan, moe=block == "moe")
-    groups = [
+    groups: list[tuple[MoveGroup, int, int]] = [
         ("dp", par.dp * par.cp, attention if block == "attention" else layer.per_rank - attention)
     ]
     if block == "moe":
