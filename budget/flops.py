@@ -60,21 +60,34 @@ def elementwise(name: str, nbytes: int) -> Work:
     return Work(name, "elementwise", nbytes // 2, nbytes)
 
 
-def attention_core(plan: Plan, s: Shapes) -> Work:
-    """QKᵀ, softmax and the product with V for one micro-batch on one rank."""
+def attention_core(plan: Plan, s: Shapes) -> list[Work]:
+    """QKᵀ, softmax and the product with V for one micro-batch on one rank.
+
+    FlashAttention fuses them into one kernel that reads Q, K, V once and writes O
+    (Dao et al., arXiv 2205.14135, algorithm 1). Eager attention runs them as separate
+    kernels: a batched GEMM writing the s x s scores, a fused softmax (with dropout, which
+    also writes its mask and output) reading and writing them, and a batched GEMM reading
+    them back (Megatron-LM's FusedScaleMaskSoftmax between two `torch.baddbmm`/`bmm`).
+    """
     hd = plan.model.head_dim
     q_rows = s.tokens // s.micro
-    matmuls = 2 * 2 * s.micro * s.heads * q_rows * s.seq_kv * hd
+    matmul = 2 * s.micro * s.heads * q_rows * s.seq_kv * hd  # one of the two products
+    q, kv = s.act * s.tokens * s.q_cols, s.act * s.micro * s.seq_kv * s.kv_cols
     if plan.model.attention == "flash":
-        flops = matmuls // 2 if s.causal else matmuls  # causal: upper tiles are skipped
-        qkvo = s.act * (s.tokens * 2 * s.q_cols + s.micro * s.seq_kv * 2 * s.kv_cols)
-        return Work("attention core (flash)", "attention", flops, qkvo)
-    scores = s.micro * s.heads * q_rows * s.seq_kv
-    passes = 4 + (3 if plan.model.dropout else 0)  # write, softmax read+write, read for V
-    qkvo = s.act * (s.tokens * 2 * s.q_cols + s.micro * s.seq_kv * 2 * s.kv_cols)
-    return Work(
-        "attention core (eager)", "attention", matmuls + 5 * scores, qkvo + passes * s.act * scores
-    )
+        flops = 2 * matmul // 2 if s.causal else 2 * matmul  # causal: upper tiles skipped
+        return [Work("attention core (flash)", "attention", flops, 2 * q + 2 * kv)]
+    scores = s.act * s.micro * s.heads * q_rows * s.seq_kv
+    softmax = 2 * scores + (2 * scores + scores // s.act if plan.model.dropout else 0)
+    return [
+        Work("attention scores QKᵀ", "attention", matmul, q + kv + scores),
+        Work(
+            "softmax" + (" and dropout" if plan.model.dropout else ""),
+            "elementwise",
+            5 * scores // s.act,
+            softmax,
+        ),
+        Work("attention × V", "attention", matmul, scores + kv + q),
+    ]
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -84,7 +97,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     return [
         elementwise("attention norm", 2 * norm),
         gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e),
-        attention_core(plan, s),
+        *attention_core(plan, s),
         gemm("attention output projection", s.tokens, s.q_cols, h, e),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)

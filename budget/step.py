@@ -175,7 +175,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     kv = s.act * s.micro * s.seq_kv * 2 * s.kv_cols
     dtype = plan.precision.activations
     ring = par.cp_attention == "ring"
-    core = flops.attention_core(plan, s).name + (" backward" if backward else "")
+    core = flops.attention_core(plan, s)[-1].name + (" backward" if backward else "")
     share = (par.cp - 1) / par.cp
 
     def placed(m: Move) -> Move:
@@ -890,8 +890,7 @@ def _backward(b: _StageBuilder) -> None:
     if full:
         redo = [w.scaled(1, f"{w.name} (recomputed)") for w in work]
     elif plan.recompute == "selective":
-        core = flops.attention_core(plan, s)
-        redo = [core.scaled(1, f"{core.name} (recomputed)")]
+        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)]
     else:
         redo = []
     b.add(

@@ -12,7 +12,6 @@ from budget.layers import (
     params_total,
     resident_states,
     shapes,
-    stage_layers,
     stage_params,
 )
 from budget.plan.model import Precision
