@@ -124,7 +124,9 @@ def test_context_parallel_divides_saved_activations():
     tensor scales with the local tokens) and adds the K/V exchange on cp."""
     one = make_plan(tp=8, pp=8, dp=16, cp=1, seq=8192)
     four = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
-    per_layer = [sum(a.total for a in sum(layer_saved(p, shapes(p)), [])) for p in (one, four)]
+    per_layer = [
+        sum(a.total for block in layer_saved(p, shapes(p)) for a in block) for p in (one, four)
+    ]
     assert per_layer[0] == 4 * per_layer[1]
     mem1, mem4 = (memory(derive(p), p.device.memory) for p in (one, four))
     assert mem1.stages[0].by_category["activations"] == pytest.approx(
