@@ -1166,16 +1166,6 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         for tr, src, dst, op in parsed:
             target = _target(phases, tr.phase)
             if target is None:
-                if st.stage == 0:
-                    known = ", ".join(dict.fromkeys(p.name for p in phases))
-                    problems.append(
-                        _problem(
-                            plan,
-                            tr,
-                            f"unknown phase {tr.phase!r}; use one of forward, backward, {known}",
-                            ".phase",
-                        )
-                    )
                 continue
             ranks = degrees[tr.group]
             full = math.prod(tr.shape) * DTYPE_BYTES[tr.dtype]
@@ -1218,6 +1208,17 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
             phases[target] = replace(phase, moves=moves, instants=instants)
         stages.append(replace(st, phases=tuple(phases)))
+    known = list(dict.fromkeys(p.name for st in step.stages for p in st.phases))
+    for tr, *_ in parsed:
+        if all(_target(list(st.phases), tr.phase) is None for st in step.stages):
+            problems.append(
+                _problem(
+                    plan,
+                    tr,
+                    f"unknown phase {tr.phase!r}; use one of forward, backward, {', '.join(known)}",
+                    ".phase",
+                )
+            )
     if problems:
         raise BudgetError(problems)
     return replace(step, stages=tuple(stages))
