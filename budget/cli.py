@@ -72,6 +72,10 @@ def report_command(
     fmt: FormatOption = Format.table,
 ) -> None:
     """Validate PLAN, calculate its budget and render it (the default command)."""
+    _report(plan, fmt.value)
+
+
+def _report(plan: Path, fmt: str) -> None:
     from budget.pipeline import budget_plan
     from budget.render import render_report
 
@@ -79,7 +83,7 @@ def report_command(
         report = budget_plan(plan)
     except BudgetError as error:
         raise _fail(error) from None
-    render_report(_stdout(), report, fmt.value)
+    render_report(_stdout(), report, fmt)
 
 
 @app.command("check")
@@ -257,6 +261,33 @@ def route(args: list[str]) -> list[str]:
     return list(args)
 
 
+def _plain_report(args: list[str]) -> tuple[Path, str] | None:
+    """`budget PLAN.yaml [--format F]`, if that is all `args` says.
+
+    The command people run most skips building the typer app, which costs more than the
+    whole budget (issue 2: the report within twice a bare import of its libraries). Any
+    other form, including every mistake, goes through typer and gets its messages.
+    """
+    if len(args) < 2 or args[0] != "report" or args[1].startswith("-"):
+        return None
+    rest, fmt = args[2:], "table"
+    if len(rest) == 2 and rest[0] in ("--format", "-f"):
+        fmt = rest[1]
+    elif len(rest) == 1 and rest[0].startswith("--format="):
+        fmt = rest[0].removeprefix("--format=")
+    elif rest:
+        return None
+    return (Path(args[1]), fmt) if fmt in {f.value for f in Format} else None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `budget` console script and `python -m budget`."""
-    app(args=route(list(sys.argv[1:] if argv is None else argv)), prog_name="budget")
+    args = route(list(sys.argv[1:] if argv is None else argv))
+    plain = _plain_report(args)
+    if plain is None:
+        app(args=args, prog_name="budget")
+        return
+    try:
+        _report(*plain)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from budget import units
-from budget.catalog import DEVICES, MODELS, TOPOLOGIES
 from budget.errors import BudgetError, Problem
 from budget.plan import expr
-from budget.plan.hf_config import HfConfigError, read_hf_config
 from budget.plan.model import (
     Batch,
     Device,
@@ -143,6 +141,8 @@ class _Resolver:
         base: dict[str, Any] = {}
         name = ""
         if "preset" in tree:
+            from budget.catalog import MODELS  # the catalogue loads only when a plan names it
+
             preset = MODELS.get(tree["preset"])
             if preset is None:
                 self.unknown_preset("model", tree["preset"], MODELS)
@@ -150,6 +150,8 @@ class _Resolver:
             base = copy.deepcopy(preset.tree)
             name = preset.name
         if "hf_config" in tree:
+            from budget.plan.hf_config import HfConfigError, read_hf_config
+
             path = Path(self.file).parent / tree["hf_config"]
             try:
                 hf = read_hf_config(path)
@@ -358,6 +360,8 @@ class _Resolver:
         """
         preset = None
         if "preset" in tree:
+            from budget.catalog import DEVICES
+
             preset = DEVICES.get(tree["preset"])
             if preset is None:
                 self.unknown_preset("device", tree["preset"], DEVICES)
@@ -416,6 +420,8 @@ class _Resolver:
     def topology_preset(self, tree: Tree) -> Topology | None:
         """`topology: {preset: NAME, nodes: N}`: gpus = N × GPUs per node, levels from the
         preset (bandwidth = link rate × collective share, `budget.catalog.topologies`)."""
+        from budget.catalog import TOPOLOGIES
+
         preset = TOPOLOGIES.get(tree["preset"])
         if preset is None:
             self.unknown_preset("topology", tree["preset"], TOPOLOGIES)

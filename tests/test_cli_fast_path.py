@@ -1,0 +1,54 @@
+"""`budget PLAN.yaml` skips building the typer app; it must behave exactly like the app."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import _plain_report, app, route
+from tests.plan_files import GPT3, ROOT
+
+
+@pytest.mark.parametrize(
+    ("args", "plain"),
+    [
+        (["plan.yaml"], True),
+        (["plan.yaml", "--format", "json"], True),
+        (["plan.yaml", "-f", "markdown"], True),
+        (["plan.yaml", "--format=table"], True),
+        (["plan.yaml", "--format", "xml"], False),
+        (["plan.yaml", "--help"], False),
+        (["--help"], False),
+        (["check", "plan.yaml"], False),
+        (["plan.yaml", "other.yaml"], False),
+    ],
+)
+def test_only_the_plain_report_takes_the_short_way(args, plain):
+    assert (_plain_report(route(args)) is not None) is plain
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown"])
+def test_short_way_prints_what_the_app_prints(fmt):
+    app_out = CliRunner().invoke(app, route([str(GPT3), "--format", fmt])).stdout
+    process = subprocess.run(
+        [sys.executable, "-m", "budget", str(GPT3), "--format", fmt],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    assert process.stdout == app_out
+
+
+def test_short_way_reports_problems_like_the_app(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmode: train\nmodle: 3\n", encoding="utf-8")
+    runner = CliRunner().invoke(app, route([str(bad)]))
+    process = subprocess.run(
+        [sys.executable, "-m", "budget", str(bad)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert process.returncode == runner.exit_code == 2
+    assert process.stderr == runner.stderr and process.stdout == ""
