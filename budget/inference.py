@@ -55,8 +55,9 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         ]
         if plan.model.attention == "eager":
             rows = s.tokens // s.micro
-            out.append(Alloc("attention scores", "transient",
-                             a * s.micro * s.heads * rows * s.seq_kv))
+            out.append(
+                Alloc("attention scores", "transient", a * s.micro * s.heads * rows * s.seq_kv)
+            )
         return out
     if block == "moe":
         rows = a * s.routed * s.hidden
@@ -92,31 +93,65 @@ def _pass(
     phases = []
     base = list(resident)
     if stage == 0:
-        phases.append(Phase(f"{prefix}.embedding", count, (), (),
-                            tuple(flops.embedding_work(plan, s))))
-    attention = _tp_moves(plan, s, "attention", False, "QKV projection",
-                          "attention output projection")
+        phases.append(
+            Phase(f"{prefix}.embedding", count, (), (), tuple(flops.embedding_work(plan, s)))
+        )
+    attention = _tp_moves(
+        plan, s, "attention", False, "QKV projection", "attention output projection"
+    )
     if prefix == "prefill":
         attention += _cp_moves(plan, s, False)
-    phases.append(Phase(f"{prefix}.attention", (dense + moe) * count, tuple(attention),
-                        (Instant("attention", tuple(base + _working_set(plan, s, "attention"))),),
-                        tuple(flops.attention_forward(plan, s))))
+    phases.append(
+        Phase(
+            f"{prefix}.attention",
+            (dense + moe) * count,
+            tuple(attention),
+            (Instant("attention", tuple(base + _working_set(plan, s, "attention"))),),
+            tuple(flops.attention_forward(plan, s)),
+        )
+    )
     if dense:
-        phases.append(Phase(f"{prefix}.mlp", dense * count,
-                            tuple(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
-                            (Instant("MLP", tuple(base + _working_set(plan, s, "mlp"))),),
-                            tuple(flops.mlp_forward(plan, s))))
+        phases.append(
+            Phase(
+                f"{prefix}.mlp",
+                dense * count,
+                tuple(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
+                (Instant("MLP", tuple(base + _working_set(plan, s, "mlp"))),),
+                tuple(flops.mlp_forward(plan, s)),
+            )
+        )
     if moe:
-        phases.append(Phase(f"{prefix}.moe", moe * count, tuple(_ep_moves(plan, s, False)),
-                            (Instant("experts", tuple(base + _working_set(plan, s, "moe"))),),
-                            tuple(flops.moe_forward(plan, s))))
+        phases.append(
+            Phase(
+                f"{prefix}.moe",
+                moe * count,
+                tuple(_ep_moves(plan, s, False)),
+                (Instant("experts", tuple(base + _working_set(plan, s, "moe"))),),
+                tuple(flops.moe_forward(plan, s)),
+            )
+        )
     if last:
         logits, work = _output(plan, s)
-        phases.append(Phase(f"{prefix}.output", count, (),
-                            (Instant("logits", tuple(base + logits)),), tuple(work)))
+        phases.append(
+            Phase(
+                f"{prefix}.output",
+                count,
+                (),
+                (Instant("logits", tuple(base + logits)),),
+                tuple(work),
+            )
+        )
     elif par.pp > 1:
-        send = Move("activations → next stage", "send-recv", "pp", 2,
-                    plan.precision.activations, s.act * s.tokens_sp * s.hidden, "i", "i+1")
+        send = Move(
+            "activations → next stage",
+            "send-recv",
+            "pp",
+            2,
+            plan.precision.activations,
+            s.act * s.tokens_sp * s.hidden,
+            "i",
+            "i+1",
+        )
         phases.append(Phase(f"{prefix}.pipeline", count, (_pipeline_overlap(plan, send),)))
     return phases
 
@@ -131,14 +166,28 @@ def derive_inference(plan: Plan) -> Step:
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)
         moe = sum(flags[i] for i in ids)
-        cache = Alloc("KV cache", "kv_cache", kv_cache_bytes(plan, len(ids)),
-                      placement="shard(kv heads) on tp, shard(sequence) on cp")
+        where = ["shard(kv heads) on tp"] if plan.parallel.tp > 1 else []
+        where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []
+        cache = Alloc(
+            "KV cache",
+            "kv_cache",
+            kv_cache_bytes(plan, len(ids)),
+            placement=", ".join(where) or "local",
+        )
         resident = (*resident_states(plan, params.per_rank, params.expert_per_rank), cache)
         phases = _pass(plan, stage, "prefill", prefill, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":
-            phases += _pass(plan, stage, "decode", decode, b.generate, resident,
-                            len(ids) - moe, moe)
-        stages.append(StageStep(stage, len(ids), 1.0, params.per_rank + params.expert_per_rank,
-                                resident, tuple(phases)))
+            phases += _pass(
+                plan, stage, "decode", decode, b.generate, resident, len(ids) - moe, moe
+            )
+        stages.append(
+            StageStep(
+                stage,
+                len(ids),
+                1.0,
+                params.per_rank + params.expert_per_rank,
+                resident,
+                tuple(phases),
+            )
+        )
     return Step(1, tuple(stages), params_total(plan), layer_params(plan).total)
-

@@ -110,6 +110,21 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         exposed_s=timed.exposed_s if timing else None,
         overlap_rule=timed.rule,
         overlaps_with=move.window or None,
+        levels=tuple(
+            {
+                "link": stage.link.name,
+                "op": stage.op,
+                "algorithm": stage.algorithm,
+                "ranks": int(stage.ranks),
+                "steps": int(stage.steps),
+                "sent_bytes": int(stage.sent_bytes),
+                "recv_bytes": int(stage.recv_bytes),
+                "alpha_s": stage.link.latency,
+                "bandwidth_Bps": stage.link.effective_bandwidth,
+                "time_s": float(stage.time_s) if timing else None,
+            }
+            for stage in cost.stages
+        ),
     )
 
 
@@ -215,6 +230,12 @@ def build_report(plan: Plan) -> Report:
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,
         "recompute": plan.recompute,
+        "seq": plan.batch.seq,
+        "micro": plan.batch.micro,
+        "global": plan.batch.global_batch,
+        "sequences": plan.batch.global_batch,
+        "prompt": plan.batch.prompt,
+        "generate": plan.batch.generate,
         "order": list(par.order),
     }
     model = {

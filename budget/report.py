@@ -57,6 +57,7 @@ class CollectiveRow:
     exposed_s: float | None = None  # per call, not hidden behind compute
     overlap_rule: str | None = None
     overlaps_with: str | None = None  # the kernel or window the rule may hide it behind
+    levels: tuple[dict[str, Any], ...] = ()  # per link: the pieces of a two-level algorithm
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,7 @@ def _collective(c: CollectiveRow) -> dict[str, Any]:
         "to": c.dst,
         "overlap_rule": c.overlap_rule,
         "overlaps_with": c.overlaps_with,
+        "levels": list(c.levels),
     }
 
 
@@ -220,7 +222,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "compute_s": p.compute_s,
                 "comm_s": p.comm_s,
                 "exposed_s": p.exposed_s,
-                "peak_bytes": p.peak_bytes,
+                "peak_bytes": p.peak_bytes if p.peak_stage is not None else None,
                 "peak_stage": p.peak_stage,
                 "peak_overlap": _overlap(p.peak_overlap),
                 "collectives": [_collective(c) for c in p.collectives],

@@ -278,6 +278,14 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
     )
 
 
+def _sends(plan: Plan, end: bool) -> int:
+    """Sends per micro-batch from a stage to its neighbour: one per model chunk it holds,
+    less one at the end of the model (the last stage forward, the first backward). With v
+    virtual stages a micro-batch crosses p·v - 1 boundaries (Narayanan et al. section 2.2.2)."""
+    v = plan.parallel.pipeline.virtual_stages
+    return v - 1 if end else v
+
+
 def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
@@ -451,7 +459,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         rows = s.act * s.routed * s.hidden
         gather = replace(
             Move(
-                "expert rows across etp",
+                "expert input rows",
                 "all-gather",
                 "tp",
                 etp,
@@ -464,7 +472,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         )
         scatter = replace(
             Move(
-                "expert outputs across etp",
+                "expert output rows",
                 "reduce-scatter",
                 "tp",
                 etp,
@@ -665,10 +673,10 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.last:
         _loss(b)
-    if par.pp > 1 and not b.last:
+    if par.pp > 1:
         b.add(
             "pipeline.forward",
-            m,
+            m * _sends(plan, b.last),
             [
                 Move(
                     "activations → next stage",
@@ -933,10 +941,10 @@ def _backward(b: _StageBuilder) -> None:
                 )
             )
         b.add("backward.embedding", m, moves, [], flops.backward_of(flops.embedding_work(plan, s)))
-    if par.pp > 1 and not b.first:
+    if par.pp > 1:
         b.add(
             "pipeline.backward",
-            m,
+            m * _sends(plan, b.first),
             [
                 Move(
                     "gradients → previous stage",

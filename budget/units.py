@@ -167,17 +167,21 @@ def format_bytes(n: float, binary: bool = True) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """A time for people: "2.09 ms", "4.2 µs", "12.3 s"."""
+    """A time for people, three significant digits kept: "2.09 ms", "4.20 µs", "12.3 s";
+    whole numbers stay whole ("3 µs", "10 s")."""
     magnitude = abs(seconds)
     if magnitude == 0:
         return "0 s"
-    if magnitude >= 1:
-        return f"{seconds:.3g} s" if magnitude < 100 else f"{seconds:.0f} s"
-    if magnitude >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    if magnitude >= 1e-6:
-        return f"{seconds * 1e6:.3g} µs"
-    return f"{seconds * 1e9:.3g} ns"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if magnitude >= scale or unit == "ns":
+            value = seconds / scale
+            if abs(value) >= 999.5 and unit == "s":
+                return f"{value:,.0f} s"
+            if abs(value - round(value)) < 1e-9 * max(1.0, abs(value)):
+                return f"{value:.0f} {unit}"  # a round figure, such as a limit or a latency
+            digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0
+            return f"{value:.{digits}f} {unit}"
+    raise AssertionError("unreachable")
 
 
 def _decimal(value: float, unit: str) -> str:

@@ -1,10 +1,13 @@
-"""The report as GitHub-flavoured markdown, for pull requests and wikis."""
+"""The report as GitHub-flavoured markdown, for pull requests and wikis.
+
+The same figures as the terminal tables, with every column (a page has no width limit).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.units import format_bytes
+from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
     from budget.report import Report
@@ -19,11 +22,16 @@ def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]
     return [_row(head), "| " + " | ".join(align) + " |", *(_row(r) for r in rows), ""]
 
 
+def _t(seconds: float | None) -> str:
+    return "–" if seconds is None else format_duration(seconds)
+
+
 def render_markdown(report: Report) -> str:
-    from budget.render.table import header
+    from budget.render.table import _columns, header, summary
 
     b = format_bytes
     worst = report.worst
+    timed = report.step["time_s"] is not None
     lines = [f"## budget: {report.name}", ""]
     lines += [f"- {line}" for line in header(report)[1:]]
     lines.append(f"- world: {header(report)[0].split(' · ')[-1]}")
@@ -35,17 +43,16 @@ def render_markdown(report: Report) -> str:
         f"{b(worst.headroom_bytes)}."
     )
     lines.append("")
+    lines += [f"- {line}" for line in summary(report)]
+    lines.append("")
     lines.append("### Memory per rank of each pipeline stage, at its peak")
     lines.append("")
+    columns = _columns(report, wide=True)
     lines += _table(
         [
             "stage",
             "layers",
-            "params",
-            "grads",
-            "optimizer",
-            "activations",
-            "transient",
+            *(name for name, _ in columns),
             "reserved",
             "peak",
             "headroom",
@@ -55,11 +62,7 @@ def render_markdown(report: Report) -> str:
             [
                 str(s.stage),
                 str(s.layers),
-                b(s.params_bytes),
-                b(s.grads_bytes),
-                b(s.optimizer_bytes),
-                b(s.activations_bytes),
-                b(s.transient_bytes),
+                *(b(value(s)) for _, value in columns),
                 b(s.reserved_bytes),
                 b(s.peak_bytes),
                 b(s.headroom_bytes),
@@ -67,64 +70,112 @@ def render_markdown(report: Report) -> str:
             ]
             for s in report.stages
         ],
-        set(range(10)),
+        set(range(len(columns) + 5)),
     )
     lines.append(f"### Alive at the peak of stage {worst.stage}")
     lines.append("")
     lines += _table(
-        ["allocation", "kind", "copies", "bytes"],
-        [[o.tensor, o.category, f"{o.count:,}", b(o.bytes)] for o in worst.peak_overlap],
-        {2, 3},
+        ["allocation", "placement", "kind", "copies", "bytes"],
+        [
+            [o.tensor, o.placement, o.category, f"{o.count:,}", b(o.bytes)]
+            for o in worst.peak_overlap
+        ],
+        {3, 4},
     )
-    lines.append("### Phases (per rank; peak over all stages)")
+    lines.append("### Phases (per rank, on the stage where each costs most)")
     lines.append("")
     lines += _table(
-        ["phase", "count", "sent per rank", "peak live", "stage"],
+        [
+            "phase",
+            "count",
+            "compute",
+            "communication",
+            "exposed",
+            "sent per rank",
+            "peak live",
+            "stage",
+        ],
         [
             [
                 f"`{p.name}`",
                 f"{p.count:,}",
+                _t(p.compute_s),
+                _t(p.comm_s),
+                _t(p.exposed_s),
                 b(p.payload_bytes),
-                b(p.peak_bytes),
+                "–" if p.peak_stage is None else b(p.peak_bytes),
                 "" if p.peak_stage is None else str(p.peak_stage),
             ]
             for p in report.phases
         ],
-        {1, 2, 3, 4},
+        {1, 2, 3, 4, 5, 6, 7},
     )
-    lines.append("### Layout transitions (ring; bytes per rank per call)")
+    lines.append("### Collectives (bytes per rank per call; times per call)")
     lines.append("")
     lines += _table(
         [
             "phase",
             "transition",
             "collective",
+            "from → to",
             "group",
             "dtype",
-            "from → to",
+            "algorithm",
+            "link",
             "tensor S",
             "sent",
             "received",
             "steps",
+            "n·α",
+            "Q/B_eff",
+            "time",
+            "exposed",
             "calls",
+            "overlap rule",
         ],
         [
             [
                 f"`{p.name}`",
                 c.name,
                 c.op,
+                f"{c.src} → {c.dst}",
                 f"{c.group} {c.ranks}",
                 c.dtype,
-                f"{c.src} → {c.dst}",
+                c.algorithm,
+                c.link or "",
                 b(c.bytes),
                 b(c.sent_bytes),
                 b(c.recv_bytes),
                 str(c.steps),
+                _t(c.latency_term_s),
+                _t(c.bandwidth_term_s),
+                _t(c.time_s),
+                _t(c.exposed_s),
                 f"{c.count:,}",
+                c.overlap_rule or "",
             ]
             for p in report.phases
             for c in p.collectives
         ],
-        {6, 7, 8, 9, 10},
+        set(range(8, 17)),
     )
+    lines.append("### Links (per GPU, one direction)")
+    lines.append("")
+    lines += _table(
+        ["level", "GPUs per domain", "B_eff", "α per step"],
+        [
+            [
+                link["name"],
+                "" if link["size"] is None else str(link["size"]),
+                format_rate(link["bandwidth_Bps"]),
+                format_duration(link["latency_s"]),
+            ]
+            for link in report.links
+        ],
+        {1, 2, 3},
+    )
+    if not timed:
+        lines.append(
+            "Times are not computed: the device section has no peak FLOP/s or memory bandwidth."
+        )
     return "\n".join(lines)

@@ -5,6 +5,7 @@ Narrow terminals (under 110 columns) get fewer, wider columns rather than wrappe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -38,18 +39,26 @@ def header(report: Report) -> list[str]:
     )
     if lay["ep"] > 1:
         degrees += f" (experts over ep {lay['ep']} within tp × cp × dp)"
-    extras = [f"zero {lay['zero']}", f"{lay['schedule']} schedule"]
+    extras = [f"ZeRO stage {lay['zero']}", f"{lay['schedule']} schedule"]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
     if lay["sequence_parallel"]:
         extras.append("sequence parallel")
-    extras.append(f"{lay['recompute']} recompute")
+    extras.append(f"recompute: {lay['recompute']}")
+    batches = report.microbatches
+    work = f"{batches} micro-batch{'es' if batches != 1 else ''} per step"
+    if report.mode != "train":
+        extras = ["sequence parallel"] if lay["sequence_parallel"] else []
+        work = (
+            f"{lay['sequences']:,} sequences × ({lay['prompt']:,} prompt + "
+            f"{lay['generate']:,} generated tokens)"
+        )
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
         f"model: {m['params_total'] / 1e9:,.2f} B parameters ({m['layers']} layers, hidden "
         f"{m['hidden']}, {m['heads']} heads / {m['kv_heads']} kv, ffn {m['ffn']}, vocab "
         f"{m['vocab']:,})",
-        f"layout: {', '.join(extras)}; {report.microbatches} micro-batches per step",
+        f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B)",
     ]
@@ -76,6 +85,36 @@ def _num(table: Table, header: str, **kw: object) -> None:
     table.add_column(header, justify="right", no_wrap=True, **kw)  # type: ignore[arg-type]
 
 
+def _columns(report: Report, wide: bool) -> list[tuple[str, Callable[[StageRow], int]]]:
+    """The memory columns of the stage table. Categories no stage holds (gradients when
+    serving, a KV cache when training) are left out; narrow tables fold model states and
+    the runtime's memory into one column each."""
+
+    def held(key: str) -> bool:
+        return any(getattr(r, key) for r in report.stages)
+
+    def field(key: str) -> Callable[[StageRow], int]:
+        return lambda r: int(getattr(r, key))
+
+    if wide:
+        keys = ("params", "grads", "optimizer", "activations", "kv_cache", "transient")
+        return [
+            (k.replace("kv_cache", "KV cache"), field(f"{k}_bytes"))
+            for k in keys
+            if k in ("params", "transient") or held(f"{k}_bytes")
+        ]
+    columns: list[tuple[str, Callable[[StageRow], int]]] = [
+        ("states", lambda r: r.params_bytes + r.grads_bytes + r.optimizer_bytes)
+    ]
+    columns += [
+        (name, field(key))
+        for name, key in (("activations", "activations_bytes"), ("KV cache", "kv_cache_bytes"))
+        if held(key)
+    ]
+    columns.append(("other", lambda r: r.transient_bytes + r.reserved_bytes))
+    return columns
+
+
 def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
     """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow)."""
     bar = (8 if wide else 0) if bar is None else bar
@@ -83,35 +122,26 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
     _num(table, "stage")
     if wide:
         _num(table, "layers")
-    _num(table, "in flight")
-    if wide:
-        for name in ("params", "grads", "optimizer", "activations", "transient"):
-            _num(table, name)
-    else:
-        for name in ("states", "activations", "other"):
-            _num(table, name)
+    train = report.mode == "train"
+    if train:
+        _num(table, "in flight")
+    columns = _columns(report, wide)
+    for name, _ in columns:
+        _num(table, name)
     _num(table, "peak", style="bold")
     _num(table, "headroom")
     if bar:
         table.add_column("fill", no_wrap=True)
     for row in report.stages:
-        cells = [str(row.stage)]
-        if wide:
-            cells.append(str(row.layers))
-        cells.append(_count(row.inflight))
-        if wide:
-            cells += [_b(row.params_bytes), _b(row.grads_bytes), _b(row.optimizer_bytes)]
-            cells += [_b(row.activations_bytes), _b(row.transient_bytes)]
-        else:
-            states = row.params_bytes + row.grads_bytes + row.optimizer_bytes
-            cells += [_b(states), _b(row.activations_bytes)]
-            cells.append(_b(row.transient_bytes + row.reserved_bytes))
+        cells = [str(row.stage)] + ([str(row.layers)] if wide else [])
+        cells += [_count(row.inflight)] if train else []
+        cells += [_b(value(row)) for _, value in columns]
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
         cells += [_b(row.peak_bytes), headroom]
         table.add_row(*cells, *([_bar(row, bar)] if bar else []))
     reserved = _b(report.device["reserved_bytes"])
     table.caption = (
-        f"peak includes {reserved} reserved per GPU"
+        f"peak = the columns + {reserved} reserved per GPU"
         if wide
         else f"states = params + grads + optimizer; other = transient + {reserved} reserved"
     )
@@ -156,7 +186,7 @@ def phase_table(report: Report, wide: bool) -> Table:
         step = report.step
         table.add_section()
         row = [
-            "total",
+            "sum of rows",
             "",
             _t(step["compute_s"]),
             _t(step["comm_s"]),
@@ -188,18 +218,22 @@ def _placement(text: str) -> str:
     return _SHORT.get(text, text.replace("shard", "S"))
 
 
-def collective_table(report: Report, wide: bool) -> tuple[Table, list[str]]:
+FULL = 140  # from here the collective table also shows the tensor size S and the steps
+
+
+def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
     table = _table("Collectives (per rank, per call; received = sent)")
-    table.add_column("transition", ratio=1)
-    table.add_column("collective" if wide else "op", no_wrap=True)
+    table.add_column("transition", ratio=1, min_width=20)
+    table.add_column("op", no_wrap=True)
     _num(table, "group")
     if wide:
         table.add_column("link", no_wrap=True)
+    if full:
         _num(table, "tensor S")
     _num(table, "sent")
-    if wide:
+    if full:
         _num(table, "steps")
     if timed:
         _num(table, "time")
@@ -215,27 +249,29 @@ def collective_table(report: Report, wide: bool) -> tuple[Table, list[str]]:
             rule = c.overlap_rule or ""
             if rule not in rules:
                 rules.append(rule)
-            op = f"{c.op} {_placement(c.src)}→{_placement(c.dst)}" if wide else _OPS[c.op]
-            cells = [f" {c.name}", op, f"{c.group} {c.ranks}"]
+            op = _OPS[c.op]
+            if wide and c.op != "send-recv":
+                op += f" {_placement(c.src)}→{_placement(c.dst)}"
+            group = f"pp {c.src}→{c.dst}" if c.op == "send-recv" else f"{c.group} {c.ranks}"
+            cells = [f" {c.name}", op, group]
             if wide:
-                cells += [c.link or "", _b(c.bytes)]
+                cells.append(c.link or "")
+            if full:
+                cells.append(_b(c.bytes))
             cells.append(_b(c.sent_bytes))
-            if wide:
+            if full:
                 cells.append(str(c.steps))
             if timed:
                 bound = (c.latency_term_s or 0) > (c.bandwidth_term_s or 0)
                 cells += [_t(c.time_s) + ("*" if bound else " "), _t(c.exposed_s)]
             cells += [f"{c.count:,}", f"[{rules.index(rule) + 1}]"]
             table.add_row(*cells)
-    legend = [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
-    if timed:
-        legend.insert(0, "* latency-bound: the n·α term exceeds Q/B_eff")
+    legend = ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
     if wide:
-        legend.insert(0, "S(d) = shard on dim d, R = replicate, P = sum-partial")
-    else:
-        legend.insert(
-            0, "AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"
-        )
+        legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
+    if timed:
+        legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
+    legend += [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
     return table, legend
 
 
@@ -288,8 +324,9 @@ def summary(report: Report) -> list[str]:
         return lines
     return [
         f"Step: {_t(time_s)} = pipeline {_t(time_s - float(step['after_s'] or 0))} "
-        f"(bubble {_t(step['bubble_s'])}) + gradient reduction and optimizer "
-        f"{_t(step['after_s'])}",
+        f"(of which bubble {_t(step['bubble_s'])}) + gradient reduction and optimizer "
+        f"{_t(step['after_s'])}; the pipeline runs every micro-batch at the pace of the "
+        "slowest stage",
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
         f"({float(step['exposed_share'] or 0):.1%} of the step); "
         f"{float(step['tokens_per_s'] or 0):,.0f} tokens/s; MFU {float(step['mfu'] or 0):.1%}",
@@ -326,7 +363,7 @@ def overlap_table(row: StageRow) -> Table:
     table.add_column("copies", justify="right")
     table.add_column("bytes", justify="right")
     for o in row.peak_overlap:
-        name = f"{o.tensor} [dim]({o.placement})[/]" if o.placement else o.tensor
+        name = f"{o.tensor} [dim]· {o.placement}[/]" if o.placement else o.tensor
         table.add_row(name, o.category, f"{o.count:,}", _b(o.bytes))
     table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
     return table
@@ -343,7 +380,7 @@ def render_table(console: Console, report: Report) -> None:
     ):
         console.print()
         console.print(table)
-    collectives, legend = collective_table(report, wide)
+    collectives, legend = collective_table(report, wide, console.width >= FULL)
     console.print()
     console.print(collectives)
     for line in legend:
