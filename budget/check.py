@@ -134,6 +134,15 @@ class CheckResult:
         return [p for v in self.verdicts for p in v.problems]
 
 
+def _finer(actual: float, limit: float) -> str:
+    """`actual` as a percentage with as many decimals as it takes to differ from `limit`
+    (20.03% against a 20% limit, not 20.0% against 20.0%)."""
+    for digits in range(1, 6):
+        if round(actual * 100, digits) != round(limit * 100, digits):
+            return f"{actual * 100:.{digits}f}%"
+    return f"{actual * 100:.6f}%"
+
+
 def _share(text: str, option: str) -> float:
     """ "20%" → 0.2; a bare number is a fraction ("0.2")."""
     body = text.strip()
@@ -272,8 +281,9 @@ def _exposed_reason(report: Report, share: float) -> Reason | None:
     return Reason(
         limit="max_exposed",
         message=(
-            f"exposed communication takes {actual:.1%} of the step ({format_duration(exposed_s)} "
-            f"of {format_duration(time_s)}), over the {share:.1%} limit by "
+            f"exposed communication takes {_finer(actual, share)} of the step "
+            f"({format_duration(exposed_s)} of {format_duration(time_s)}), over the "
+            f"{_percent(share)} limit by "
             f"{format_duration(over)}; most exposed phases: {_phases(report, 'exposed')}"
         ),
         stage=report.phases[0].stage if report.phases else None,

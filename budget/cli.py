@@ -23,8 +23,28 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
-    help="Memory and communication budgets for distributed transformer plans.",
+    help="Memory and communication budgets for distributed transformer plans.\n\n"
+    "Run `budget PLAN.yaml` for a plan's full report (short for `budget report PLAN.yaml`).",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from budget import __version__
+
+        print(f"budget {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Memory and communication budgets for distributed transformer plans."""
+
 
 OK, FAILED, INVALID = 0, 1, 2
 

@@ -104,13 +104,22 @@ def parse_bytes(text: str | int | float) -> int:
 
 
 def parse_bandwidth(text: str | int | float) -> float:
-    """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0."""
-    what = "a bandwidth such as '450 GB/s'"
+    """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0.
+
+    Network links are quoted in bits: "200 Gb/s" or "200 Gbit/s" (a lower-case b) is read
+    as 25 GB/s, eight bits to the byte.
+    """
+    what = "a bandwidth such as '450 GB/s' or '200 Gb/s'"
     value, unit = _split(text, what)
     if unit:
         if not unit.endswith("/s"):
             raise UnitError(f"expected {what}, got {text!r}")
-        value *= _prefix(unit[:-2], "B", str(text), what)
+        rate = unit[:-2]
+        if rate.endswith("bit") or rate.endswith("b"):
+            bits = rate.removesuffix("it") if rate.endswith("bit") else rate
+            value *= Fraction(_prefix(bits, "b", str(text), what), 8)
+        else:
+            value *= _prefix(rate, "B", str(text), what)
     return float(_nonnegative(value, text, what))
 
 

@@ -144,7 +144,7 @@ def test_a_minimal_plan_passes() -> None:
         (
             ("450 GB/s", "-1 GB/s"),
             "p.yaml:4:56: error: $.topology.levels[0].bandwidth: '-1 GB/s' is not a bandwidth "
-            "such as '450 GB/s' or a number of bytes per second",
+            "such as '450 GB/s', '200 Gb/s' or a number of bytes per second",
         ),
         (
             ("3 us", "3 min"),

@@ -47,14 +47,17 @@ def test_gather_is_priced_and_its_buffers_counted(tmp_path):
 
 
 def test_a_partial_left_unreduced_is_refused(tmp_path):
-    plan = _plan(tmp_path, """transitions:
+    plan = _plan(
+        tmp_path,
+        """transitions:
   - name: scores
     phase: forward
     tensor: {shape: [micro * seq, hidden], dtype: bf16}
     group: tp
     from: replicate
     to: partial
-""")
+""",
+    )
     code, out, err = _run(str(plan))
     assert code == 2 and out == ""
     assert "'scores' is left sum-partial on tp and would be consumed as if complete" in err
@@ -63,14 +66,17 @@ def test_a_partial_left_unreduced_is_refused(tmp_path):
 
 
 def test_a_partial_gradient_into_the_optimizer_is_refused(tmp_path):
-    plan = _plan(tmp_path, """transitions:
+    plan = _plan(
+        tmp_path,
+        """transitions:
   - name: expert-grads
     phase: optimizer
     tensor: {shape: [hidden, ffn], dtype: fp32}
     group: dp
     from: replicate
     to: partial
-""")
+""",
+    )
     code, _, err = _run(str(plan))
     assert code == 2
     assert "'expert-grads' reaches the optimizer step sum-partial on dp" in err
@@ -78,7 +84,9 @@ def test_a_partial_gradient_into_the_optimizer_is_refused(tmp_path):
 
 
 def test_a_chain_must_start_where_the_last_transition_left_it(tmp_path):
-    plan = _plan(tmp_path, """transitions:
+    plan = _plan(
+        tmp_path,
+        """transitions:
   - name: x
     phase: forward
     tensor: {shape: [micro * seq, hidden], dtype: bf16}
@@ -91,14 +99,17 @@ def test_a_chain_must_start_where_the_last_transition_left_it(tmp_path):
     group: tp
     from: partial
     to: shard(0)
-""")
+""",
+    )
     code, _, err = _run(str(plan))
     assert code == 2
     assert "'x' starts from partial, but the transition before it left it replicate" in err
 
 
 def test_a_reduced_chain_is_accepted(tmp_path):
-    plan = _plan(tmp_path, """transitions:
+    plan = _plan(
+        tmp_path,
+        """transitions:
   - name: y
     phase: forward
     tensor: {shape: [micro * seq, hidden], dtype: bf16}
@@ -111,6 +122,7 @@ def test_a_reduced_chain_is_accepted(tmp_path):
     group: tp
     from: partial
     to: replicate
-""")
+""",
+    )
     code, _, err = _run(str(plan))
     assert code == 0, err

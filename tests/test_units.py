@@ -122,7 +122,7 @@ def test_non_quantities_are_unit_errors(value: object) -> None:
 @pytest.mark.parametrize(
     ("parse", "text"),
     [
-        (parse_bandwidth, "450 Gb/s"),  # bits are not bytes
+        (parse_bandwidth, "450 Gib/s bytes"),
         (parse_bandwidth, "450 GB"),
         (parse_duration, "3 min"),
         (parse_duration, "-1 s"),
@@ -185,3 +185,12 @@ def test_format_rate_flops_and_duration() -> None:
     assert format_duration(2.02e-3) == "2.02 ms"
     assert format_duration(3e-6) == "3 µs"
     assert format_duration(12.3) == "12.3 s"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("200 Gb/s", 25e9), ("400 Gbit/s", 50e9), ("100Gb/s", 12.5e9), ("8 Kib/s", 1024.0)],
+)
+def test_network_rates_in_bits_are_read_as_bytes(text: str, expected: float) -> None:
+    """Network links are quoted in bits per second (HDR InfiniBand: 200 Gb/s = 25 GB/s)."""
+    assert parse_bandwidth(text) == expected
