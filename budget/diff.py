@@ -185,9 +185,14 @@ def _is_pair(value: Any) -> bool:
     )
 
 
+# resolved field names that differ from the key a plan file spells
+_PLAN_KEYS = {"batch.global_batch": "batch.global"}
+
+
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
-    """The keys whose resolved values differ, in A's key order, then keys only B has."""
-    fa, fb = flatten(a), flatten(b)
+    """The keys whose resolved values differ, in A's key order, then keys only B has,
+    named as a plan file spells them."""
+    fa, fb = ({_PLAN_KEYS.get(k, k): v for k, v in flatten(p).items()} for p in (a, b))
     keys = list(dict.fromkeys([*fa, *fb]))
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
 

@@ -250,7 +250,13 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
         for name, category, per_param, stage in rows:
             on = z >= stage and ranks > 1
             count = -(-n // ranks) if on else n
-            where = f"shard over {ranks} {prefix}data-parallel ranks" if on else "replicated"
+            where = (
+                f"shard over {ranks} {prefix}data-parallel ranks"
+                if on
+                else "replicated over data-parallel ranks"
+                if ranks > 1
+                else ""
+            )
             allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
     if plan.device.reserved:
         allocs.append(
