@@ -167,3 +167,27 @@ def test_decode_kv_cache_matches_the_formula():
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama3-70b-decode"])
 def test_new_plans_fit(name):
     assert build_report(load_plan(PLANS / f"{name}.yaml")).fits
+
+
+def test_fp8_halves_the_bytes_gemm_inputs_and_parameter_gathers_touch():
+    """Issue 5: fp8 matmul inputs and fp8 parameter all-gathers (Micikevicius et al., "FP8
+    Formats for Deep Learning", arXiv 2209.05433; Transformer Engine) halve the bytes a GEMM
+    reads and a ZeRO gather moves, against bf16."""
+    from budget import flops
+    from budget.plan.model import Precision
+
+    bf16 = make_plan(zero=1)
+    fp8 = make_plan(zero=1, precision=Precision(matmul="fp8", param_gather="fp8"))
+    gemm = {
+        p: next(w for w in flops.mlp_forward(p, shapes(p)) if w.name == "MLP fc1")
+        for p in (bf16, fp8)
+    }
+    assert gemm[fp8].bytes * 2 == gemm[bf16].bytes
+    assert gemm[fp8].flops == gemm[bf16].flops
+
+    def gathered(plan):
+        stage = derive(plan).stages[0]
+        return next(m for p in stage.phases for m in p.moves if m.name == "updated parameters")
+
+    assert gathered(fp8).size_bytes * 2 == gathered(bf16).size_bytes
+    assert gathered(fp8).dtype == "fp8"
