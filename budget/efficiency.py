@@ -18,6 +18,8 @@ runs the model is validated against (`budget.accuracy`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from budget.flops import Work
 from budget.plan.model import Device, GemmCurve
 
@@ -26,6 +28,10 @@ __all__ = ["curve_fraction", "gemm_efficiency"]
 
 def curve_fraction(curve: GemmCurve, flops: float) -> float:
     """``peak_fraction · F / (F + half_flops)``; the ceiling for F ≤ 0 (nothing to ramp)."""
+    if isinstance(flops, np.ndarray):
+        return np.where(
+            flops > 0, curve.peak_fraction * flops / (flops + curve.half_flops), curve.peak_fraction
+        )
     if flops <= 0:
         return curve.peak_fraction
     return curve.peak_fraction * flops / (flops + curve.half_flops)

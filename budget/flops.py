@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from budget.plan.model import DTYPE_BYTES
+from budget.vector import vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -44,8 +45,8 @@ class Work:
         return Work(
             name or self.name,
             self.kind,
-            round(self.flops * factor),
-            round(self.bytes * factor),
+            vround(self.flops * factor),
+            vround(self.bytes * factor),
             self.count,
         )
 

@@ -9,11 +9,11 @@ All sizes are for one rank.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from budget.phases import Alloc, Category
 from budget.plan.model import DTYPE_BYTES, Plan
+from budget.vector import count_label, every, vceil, vmax
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +208,7 @@ def expert_data_parallel(plan: Plan) -> int:
     data-parallel group), over which expert gradients are reduced and optimizer states
     sharded."""
     par = plan.parallel
-    return max(1, par.tp * par.cp * par.dp // (par.ep * (par.etp or par.tp)))
+    return vmax(1, par.tp * par.cp * par.dp // (par.ep * (par.etp or par.tp)))
 
 
 def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Alloc, ...]:
@@ -248,13 +248,14 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
                     )
                 )
         for name, category, per_param, stage in rows:
-            on = z >= stage and ranks > 1
+            many = every(ranks > 1)
+            on = z >= stage and many
             count = -(-n // ranks) if on else n
             where = (
-                f"shard over {ranks} {prefix}data-parallel ranks"
+                f"shard over {count_label(ranks)} {prefix}data-parallel ranks"
                 if on
                 else "replicated over data-parallel ranks"
-                if ranks > 1
+                if many
                 else ""
             )
             allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
@@ -298,7 +299,7 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
     m, par, b = plan.model, plan.parallel, plan.batch
     t = par.tp
     rows = b.seq if query_len is None else query_len
-    tokens = b.micro * max(1, rows // par.cp)
+    tokens = b.micro * vmax(1, rows // par.cp)
     return Shapes(
         tokens=tokens,
         tokens_sp=-(-tokens // t) if par.sequence_parallel else tokens,
@@ -326,7 +327,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         return {}
     factor = e.capacity_factor or 1.0
     etp = plan.parallel.etp or plan.parallel.tp
-    dispatched = math.ceil(tokens_sp * e.top_k * factor)
+    dispatched = vceil(tokens_sp * e.top_k * factor)
     return {
         "dispatched": dispatched,
         "routed": dispatched * etp,
@@ -339,7 +340,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
 def residual_placement(plan: Plan) -> str:
     return (
         "shard(0) on tp"
-        if plan.parallel.sequence_parallel and plan.parallel.tp > 1
+        if plan.parallel.sequence_parallel and every(plan.parallel.tp > 1)
         else ("replicate on tp")
     )
 

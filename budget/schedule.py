@@ -20,6 +20,7 @@ steps its optimizer; the slowest of those ends the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from budget.collectives import CollectiveCost
@@ -28,6 +29,7 @@ from budget.flops import Work, model_flops_per_token
 from budget.phases import Move, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import group_ranks, group_span, price_group, span_of_ranks
+from budget.vector import largest, ratio, vfloat, vmax
 
 MICROBATCH_PHASES = (
     "forward.embedding",
@@ -97,7 +99,7 @@ def work_time(plan: Plan, work: Work) -> float:
         return 0.0  # no roofline for this device: the report prints no times (`can_time`)
     compute = work.flops / (peak * gemm_efficiency(device, work))
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
-    return max(compute, memory) * work.count
+    return vmax(compute, memory) * work.count
 
 
 def can_time(plan: Plan) -> bool:
@@ -149,18 +151,23 @@ def _windows(plan: Plan, stage: StageStep, microbatches: int) -> dict[str, float
     return {"@forward-microbatch": forward, "@backward-microbatch": backward}
 
 
-def time_phase(plan: Plan, phase: Phase, windows: dict[str, float]) -> PhaseTime:
+Pricer = Callable[[Plan, Move], CollectiveCost]
+
+
+def time_phase(
+    plan: Plan, phase: Phase, windows: dict[str, float], price: Pricer = price_move
+) -> PhaseTime:
     kernels = {w.name: work_time(plan, w) for w in phase.works}
     compute = sum(kernels.values())
     timed = []
     for move in phase.moves:
-        cost = price_move(plan, move)
-        total = float(cost.time_s)
+        cost = price(plan, move)
+        total = vfloat(cost.time_s)
         exposed, rule = total, move.rule
         allowed = bool(move.window) and _flag(plan, move.flag)
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
-            exposed = max(move.floor * total, total - move.share * window)
+            exposed = vmax(move.floor * total, total - move.share * window)
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
         timed.append(TimedMove(move, cost, total, exposed, rule))
@@ -221,15 +228,16 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     )
 
 
-def step_time(plan: Plan, step: Step) -> StepTime:
-    """Price every phase of every stage and assemble the step (module docstring)."""
+def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
+    """Price every phase of every stage and assemble the step (module docstring).
+    `price` prices one move; a sweep passes one that takes arrays of group layouts."""
     if plan.mode != "train":
         return serving_time(plan, step)
     m = step.microbatches
     stages = []
     for stage in step.stages:
         windows = _windows(plan, stage, m)
-        phases = tuple(time_phase(plan, p, windows) for p in stage.phases)
+        phases = tuple(time_phase(plan, p, windows, price) for p in stage.phases)
         per_mb = sum(
             (p.compute_s + p.exposed_s) * p.count / m for p in phases if p.name in MICROBATCH_PHASES
         )
@@ -238,10 +246,10 @@ def step_time(plan: Plan, step: Step) -> StepTime:
         )
         stages.append(StageTime(stage.stage, phases, per_mb, after))
     v = plan.parallel.pipeline.virtual_stages
-    slowest = max(s.microbatch_s for s in stages)
+    slowest = largest([s.microbatch_s for s in stages])
     bubble = (sum(s.microbatch_s for s in stages) - slowest) / v
     pipeline = m * slowest + bubble
-    total = pipeline + max(s.after_s for s in stages)
+    total = pipeline + largest([s.after_s for s in stages])
     tokens = plan.batch.global_batch * plan.batch.seq
     model_flops = float(model_flops_per_token(plan) * tokens)
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
@@ -250,7 +258,7 @@ def step_time(plan: Plan, step: Step) -> StepTime:
         time_s=total,
         pipeline_s=pipeline,
         bubble_s=bubble,
-        tokens_per_s=tokens / total if total else 0.0,
-        mfu=model_flops / (total * peak) if total and peak else 0.0,
+        tokens_per_s=ratio(tokens, total),
+        mfu=ratio(model_flops, total * peak),
         model_flops=model_flops,
     )

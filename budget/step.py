@@ -56,6 +56,7 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan, Transition
+from budget.vector import count_label, every, vfloat, vmax, vmin, vround
 
 
 def inflight(plan: Plan, stage: int, microbatches: int) -> float:
@@ -70,11 +71,11 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
     p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
     schedule = plan.parallel.pipeline.schedule
     if schedule == "gpipe":
-        return float(microbatches)
+        return vfloat(microbatches)
     if schedule == "interleaved":
-        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
+        chunks = vmin((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
         return chunks / v
-    return float(min(p - stage, microbatches))
+    return vfloat(vmin(p - stage, microbatches))
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def _tp_moves(
     stays exposed unless `overlap.tp`.
     """
     par = plan.parallel
-    if par.tp == 1:
+    if every(par.tp == 1):
         return []
     dtype = plan.precision.activations
     full = s.act * s.tokens * s.hidden
@@ -170,7 +171,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     reduce-scatters dK/dV the same way.
     """
     par = plan.parallel
-    if par.cp == 1:
+    if every(par.cp == 1):
         return []
     kv = s.act * s.micro * s.seq_kv * 2 * s.kv_cols
     dtype = plan.precision.activations
@@ -254,7 +255,7 @@ class _StageBuilder:
         instants: list[Instant],
         works: list[Work] | None = None,
     ) -> None:
-        if count <= 0:
+        if every(count <= 0):
             return
         if name.startswith("pipeline."):
             moves = [_pipeline_overlap(self.plan, m) for m in moves]
@@ -376,10 +377,12 @@ def _earlier(b: _StageBuilder) -> Alloc:
     """Everything saved on this stage except the current layer: the micro-batches in
     flight (`inflight`) times what one leaves saved, less the layer being worked on."""
     units = inflight(b.plan, b.stage, b.microbatches)
-    passes = max(0, round(units * b.layers) - 1)
-    saved = round(units * _saved_per_microbatch(b)) - _total(_current_layer(b))
+    passes = vmax(0, vround(units * b.layers) - 1)
+    saved = vround(units * _saved_per_microbatch(b)) - _total(_current_layer(b))
     return Alloc(
-        f"saved activations, {passes:,} earlier layer passes", "activations", max(0, saved)
+        f"saved activations, {count_label(passes)} earlier layer passes",
+        "activations",
+        vmax(0, saved),
     )
 
 
@@ -387,7 +390,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last."""
     s, plan = b.shapes, b.plan
-    count = max(1, round(inflight(plan, b.stage, b.microbatches)))
+    count = vmax(1, vround(inflight(plan, b.stage, b.microbatches)))
     res = residual_placement(plan)
     out = []
     if b.first and plan.model.dropout:
@@ -410,7 +413,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
 def _cp_buffers(plan: Plan, s: Shapes) -> list[Alloc]:
     """K/V of other context-parallel ranks while attention runs: two chunks in flight for
     the ring (one computed on, one arriving), or the whole gathered sequence."""
-    if plan.parallel.cp == 1:
+    if every(plan.parallel.cp == 1):
         return []
     if plan.parallel.cp_attention == "ring":
         return [
@@ -439,7 +442,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     tensor, is ep times that. Exposed unless `overlap.ep` hides them behind another
     micro-batch's compute (Megatron-Core's EP A2A overlap; DeepSeek-V3 DualPipe)."""
     par = plan.parallel
-    if par.ep == 1 or plan.model.experts is None:
+    if every(par.ep == 1) or plan.model.experts is None:
         return []
     size = s.act * s.dispatched * s.hidden * par.ep
     dtype = plan.precision.activations
@@ -455,7 +458,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         for name in names
     ]
     etp = par.etp or par.tp
-    if etp > 1:
+    if every(etp > 1):
         rows = s.act * s.routed * s.hidden
         gather = replace(
             Move(
@@ -506,7 +509,7 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
         groups.append(("edp", expert_data_parallel(plan), layer.expert_per_rank))
     moves = []
     for group, ranks, n in groups:
-        if ranks == 1 or n == 0:
+        if every(ranks == 1) or every(n == 0):
             continue
         label = f"{block} {'expert ' if group == 'edp' else ''}"
         gather = Move(
@@ -564,7 +567,7 @@ def _forward(b: _StageBuilder) -> None:
     backward: every earlier layer and micro-batch in flight is saved."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    sp = par.sequence_parallel and par.tp > 1
+    sp = par.sequence_parallel and every(par.tp > 1)
     full = plan.recompute == "full"
     base = [*b.resident, *_extra_saved(b), _earlier(b)]
     checkpoint = layer_saved(plan, s)[0] if full else []
@@ -575,7 +578,7 @@ def _forward(b: _StageBuilder) -> None:
 
     if b.first:
         moves = []
-        if par.tp > 1:
+        if every(par.tp > 1):
             op: Op = "reduce-scatter" if sp else "all-reduce"
             moves.append(
                 replace(
@@ -613,7 +616,7 @@ def _forward(b: _StageBuilder) -> None:
         mlp = _working(blocks["mlp"]) if full else blocks["mlp"]
         partial = (
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")]
-            if par.tp > 1
+            if every(par.tp > 1)
             else []
         )
         z3 = _zero3_transients(plan, "mlp")
@@ -704,7 +707,7 @@ def _loss(b: _StageBuilder) -> None:
     everything = Alloc(
         "saved activations of the micro-batches in flight",
         "activations",
-        round(inflight(plan, b.stage, b.microbatches) * _saved_per_microbatch(b)),
+        vround(inflight(plan, b.stage, b.microbatches) * _saved_per_microbatch(b)),
     )
     live = [
         *b.resident,
@@ -714,10 +717,10 @@ def _loss(b: _StageBuilder) -> None:
         Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
         Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
     ]
-    if plan.parallel.sequence_parallel and t > 1:
+    if plan.parallel.sequence_parallel and every(t > 1):
         live.append(_full(s, "output layer input (all-gathered)"))
     moves = []
-    if t > 1:
+    if every(t > 1):
         moves.append(
             Move(
                 "cross-entropy statistics",
@@ -750,7 +753,7 @@ def _backward(b: _StageBuilder) -> None:
     Recompute repeats the whole layer's forward (full) or the attention core (selective)."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    sp = par.sequence_parallel and par.tp > 1
+    sp = par.sequence_parallel and every(par.tp > 1)
     full = plan.recompute == "full"
     saved = [*b.resident, *_extra_saved(b), _earlier(b), *_current_layer(b)]
     blocks = _blocks(plan, s)
@@ -764,12 +767,12 @@ def _backward(b: _StageBuilder) -> None:
     gate = 2 if plan.model.mlp == "swiglu" else 1
     partial_in = (
         [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")]
-        if par.tp > 1
+        if every(par.tp > 1)
         else []
     )
 
     def bucket(block: str) -> list[Alloc]:
-        if par.zero != 2 or par.dp * par.cp == 1:
+        if par.zero != 2 or every(par.dp * par.cp == 1):
             return _zero3_transients(plan, block)
         n = layer_params(plan, moe=block == "moe").per_rank * DTYPE_BYTES[plan.precision.grads]
         return [Alloc("gradient bucket before reduce-scatter", "transient", n)]
@@ -984,7 +987,7 @@ def _reduce(b: _StageBuilder) -> None:
         groups.append(("expert ", "edp", expert_data_parallel(plan), b.params.expert_per_rank))
     grads, gathers = [], []
     for prefix, group, ranks, n in groups:
-        if ranks == 1 or par.zero == 3:
+        if every(ranks == 1) or par.zero == 3:
             continue
         op: Op = "all-reduce" if par.zero == 0 else "reduce-scatter"
         move = Move(

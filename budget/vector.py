@@ -1,0 +1,68 @@
+"""Arithmetic that works the same on one number and on an array of them.
+
+The engine computes one plan with Python numbers and a sweep of configurations with numpy
+arrays (one element per configuration, `budget.search`), through the same functions. Where
+a formula needs a minimum, a rounding or a test, it calls these instead of the builtins,
+which refuse arrays. Bytes stay integers: ``int`` for one plan, ``int64`` for a sweep.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+# At the type level the engine computes with int and float, as for one plan; at run time a
+# sweep passes numpy arrays through the same code, element by element.
+N = TypeVar("N", int, float)
+
+
+def _scalar(*values: Any) -> bool:
+    return not any(isinstance(v, np.ndarray) for v in values)
+
+
+def vmin(a: N, b: N) -> N:
+    return min(a, b) if _scalar(a, b) else cast(N, np.minimum(a, b))
+
+
+def vmax(a: N, b: N) -> N:
+    return max(a, b) if _scalar(a, b) else cast(N, np.maximum(a, b))
+
+
+def vround(x: float) -> int:
+    """Round half to even to an integer, as Python's round() and numpy's round() both do."""
+    return round(x) if _scalar(x) else cast(int, np.round(x).astype(np.int64))
+
+
+def vceil(x: float) -> int:
+    return int(np.ceil(x)) if _scalar(x) else cast(int, np.ceil(x).astype(np.int64))
+
+
+def vfloat(x: Any) -> float:
+    return float(x) if _scalar(x) else cast(float, np.asarray(x, dtype=np.float64))
+
+
+def largest(values: list[N]) -> N:
+    """The element-wise maximum of a non-empty list."""
+    return reduce(vmax, values)
+
+
+def every(condition: Any) -> bool:
+    """A condition that decides the structure of a step: the same for every configuration
+    a sweep evaluates together (`budget.search` groups them so)."""
+    return bool(np.all(condition))
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, and 0 where b is 0 (a step with no time has no rate)."""
+    if _scalar(a, b):
+        return a / b if b else 0.0
+    den = np.asarray(b, dtype=np.float64)
+    out = np.zeros(np.broadcast(a, den).shape)
+    return cast(float, np.divide(a, den, out=out, where=den != 0))
+
+
+def count_label(n: int) -> str:
+    """ "1,234" for one plan; nothing for a sweep (labels are read only in single reports)."""
+    return f"{n:,}" if _scalar(n) else "N"
