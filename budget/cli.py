@@ -170,6 +170,51 @@ def plot_command(
     print(f"{plan}: wrote {output}")
 
 
+@app.command("search")
+def search_command(
+    plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
+    gpus: Annotated[int | None, typer.Option(help="GPUs to lay out (default: the plan's).")] = None,
+    tp: Annotated[str | None, typer.Option(help="Tensor parallel sizes: 4,8 or 1..8.")] = None,
+    pp: Annotated[str | None, typer.Option(help="Pipeline depths.")] = None,
+    cp: Annotated[str | None, typer.Option(help="Context parallel sizes.")] = None,
+    ep: Annotated[str | None, typer.Option(help="Expert parallel sizes.")] = None,
+    zero: Annotated[str, typer.Option(help="ZeRO stages.")] = "0..3",
+    micro: Annotated[str | None, typer.Option(help="Micro-batch sizes.")] = None,
+    virtual_stages: Annotated[str, typer.Option(help="Virtual pipeline stages.")] = "1,2,4",
+    recompute: Annotated[str, typer.Option(help="none,selective,full")] = "none,selective,full",
+    sp: Annotated[str, typer.Option(help="Sequence parallelism: true,false")] = "false,true",
+    objective: Annotated[str, typer.Option(help="time, memory or tokens-per-s.")] = "time",
+    top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
+    write: Annotated[Path | None, typer.Option(help="Write the best layout as a plan.")] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit."""
+    from budget.search_cli import run_search
+
+    code = run_search(
+        plan,
+        gpus,
+        dict(
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            zero=zero,
+            micro=micro,
+            virtual_stages=virtual_stages,
+            recompute=recompute,
+            sp=sp,
+        ),
+        objective,
+        top,
+        write,
+        fmt.value,
+        _stdout(),
+    )
+    if code:
+        raise typer.Exit(code=code)
+
+
 @app.command("validate")
 def validate_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],

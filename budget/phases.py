@@ -7,7 +7,7 @@ terms; `memory`, `schedule` and `pipeline` only read them. Bytes are integers.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from budget.flops import Work
 from budget.placement import Op
@@ -110,6 +110,9 @@ class StageStep:
     params: int  # parameters held by one rank of this stage before ZeRO sharding
     resident: tuple[Alloc, ...]  # alive for the whole step: states and reserved memory
     phases: tuple[Phase, ...]
+    # Stages with the same key run the same kernels and moves (they differ only in what
+    # they hold), so their times are computed once; () means "do not share".
+    timing_key: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,16 @@ from typing import Any, Literal
 
 __all__ = ["KINDS", "Kind", "report_schema", "validation_errors"]
 
-Kind = Literal["report", "check", "diff", "collective", "roofline"]
-KINDS: tuple[Kind, ...] = ("report", "check", "diff", "collective", "roofline")
+Kind = Literal["report", "check", "diff", "collective", "roofline", "search", "validate_model"]
+KINDS: tuple[Kind, ...] = (
+    "report",
+    "check",
+    "diff",
+    "collective",
+    "roofline",
+    "search",
+    "validate_model",
+)
 
 
 @cache

@@ -21,14 +21,15 @@ steps its optimizer; the slowest of those ends the step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, model_flops_per_token
 from budget.phases import Move, Phase, StageStep, Step
 from budget.plan.model import Plan
-from budget.topology import group_ranks, group_span, price_group, span_of_ranks
+from budget.topology import GroupSpan, group_ranks, group_span, price_group, span_of_ranks
 from budget.vector import largest, ratio, vfloat, vmax
 
 MICROBATCH_PHASES = (
@@ -108,8 +109,8 @@ def can_time(plan: Plan) -> bool:
     return bool(device.peak_flops(plan.precision.matmul) and device.memory_bandwidth)
 
 
-def price_move(plan: Plan, move: Move) -> CollectiveCost:
-    """The collective of `move` on the ranks its group holds under `parallel.order`.
+def move_span(plan: Plan, move: Move) -> GroupSpan:
+    """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
     Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
     first and last). Gradients under context parallelism are reduced over dp x cp. The
@@ -121,16 +122,20 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
     if move.group == "pp":
         members = group_ranks("pp", par, topo.gpus)
         pair = (members[0], members[-1]) if "embedding" in move.name else members[:2]
-        span = span_of_ranks(pair, topo, "pp")
-    elif move.group == "dp" and par.cp > 1 and move.ranks == par.dp * par.cp:
-        span = group_span(("dp", "cp"), par, topo)
-    else:
-        span = group_span(move.group, par, topo)
-        if span.size != move.ranks:
-            block = group_ranks(("tp", "cp", "dp"), par, topo.gpus)
-            stride = len(block) // move.ranks
-            span = span_of_ranks(block[::stride][: move.ranks], topo, move.group)
-    return price_group(move.op, move.size_bytes, span, dtype=move.dtype)
+        return span_of_ranks(pair, topo, "pp")
+    if move.group == "dp" and par.cp > 1 and move.ranks == par.dp * par.cp:
+        return group_span(("dp", "cp"), par, topo)
+    span = group_span(move.group, par, topo)
+    if span.size != move.ranks:
+        block = group_ranks(("tp", "cp", "dp"), par, topo.gpus)
+        stride = len(block) // move.ranks
+        span = span_of_ranks(block[::stride][: move.ranks], topo, move.group)
+    return span
+
+
+def price_move(plan: Plan, move: Move) -> CollectiveCost:
+    """The collective of `move` priced on the levels its group spans (`move_span`)."""
+    return price_group(move.op, move.size_bytes, move_span(plan, move), dtype=move.dtype)
 
 
 def _flag(plan: Plan, flag: str) -> bool:
@@ -235,7 +240,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         return serving_time(plan, step)
     m = step.microbatches
     stages = []
+    shared: dict[tuple[Any, ...], StageTime] = {}
     for stage in step.stages:
+        same = shared.get(stage.timing_key) if stage.timing_key else None
+        if same is not None:
+            stages.append(replace(same, stage=stage.stage))
+            continue
         windows = _windows(plan, stage, m)
         phases = tuple(time_phase(plan, p, windows, price) for p in stage.phases)
         per_mb = sum(
@@ -245,6 +255,8 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             (p.compute_s + p.exposed_s) * p.count for p in phases if p.name not in MICROBATCH_PHASES
         )
         stages.append(StageTime(stage.stage, phases, per_mb, after))
+        if stage.timing_key:
+            shared[stage.timing_key] = stages[-1]
     v = plan.parallel.pipeline.virtual_stages
     slowest = largest([s.microbatch_s for s in stages])
     bubble = (sum(s.microbatch_s for s in stages) - slowest) / v

@@ -336,6 +336,7 @@ def derive(plan: Plan) -> Step:
                 params.per_rank + params.expert_per_rank,
                 b.resident,
                 tuple(b.phases),
+                timing_key=(b.first, b.last, b.dense, b.moe, b.last_is_moe),
             )
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)

@@ -1,0 +1,65 @@
+"""Write a plan file for a layout the search found: the original plan with its layout keys
+replaced, so presets, units and comments-worth of intent (hf_config paths, overrides) stay
+as the user wrote them and the new file budgets exactly as the search evaluated it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from budget.errors import BudgetError
+from budget.plan.load import read_plan_bytes
+from budget.plan.yaml_load import decode, load_yaml
+
+
+def _tree(path: Path) -> dict[str, Any]:
+    text, problem = decode(read_plan_bytes(path), str(path))
+    if text is None:
+        raise BudgetError([problem] if problem is not None else [])
+    loaded = load_yaml(text, str(path))
+    if loaded.tree is None or loaded.problems:
+        raise BudgetError(list(loaded.problems))
+    tree: dict[str, Any] = loaded.tree
+    return tree
+
+
+def layout_yaml(
+    source: Path, layout: dict[str, Any], gpus: int, node_size: int | None, schema_ref: str
+) -> str:
+    """The plan at `source` with `layout` (tp, pp, dp, cp, ep, zero, sequence_parallel,
+    recompute, micro, virtual_stages) and `gpus` written in. Hand-written transitions are
+    dropped: the search does not sweep them."""
+    tree = copy.deepcopy(_tree(source))
+    parallel = tree.setdefault("parallel", {})
+    for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
+        parallel[key] = layout[key]
+    v = layout["virtual_stages"]
+    pipeline = dict(parallel.get("pipeline") or {})
+    pipeline.pop("layers_per_stage", None)
+    if v > 1:
+        pipeline.update(schedule="interleaved", virtual_stages=v)
+    else:
+        pipeline["schedule"] = (
+            "1f1b"
+            if pipeline.get("schedule") == "interleaved"
+            else (pipeline.get("schedule", "1f1b"))
+        )
+        pipeline.pop("virtual_stages", None)
+    parallel["pipeline"] = pipeline
+    tree.setdefault("batch", {})["micro"] = layout["micro"]
+    tree["recompute"] = layout["recompute"]
+    topology = tree.setdefault("topology", {})
+    if "preset" in topology and "gpus" not in topology and node_size:
+        topology["nodes"] = gpus // node_size
+    else:
+        topology["gpus"] = gpus
+    tree.pop("transitions", None)
+    body = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=None)
+    header = (
+        f"# yaml-language-server: $schema={schema_ref}\n"
+        f"# Written by `budget search` from {source.name}: the layout it ranked first.\n"
+    )
+    return header + body

@@ -1,0 +1,495 @@
+"""Search: sweep the parallel layouts of a plan's model on a cluster, with the plan engine.
+
+Every configuration (tp, pp, virtual stages, dp, cp, ep, sequence parallelism, ZeRO stage,
+recompute, micro-batch) that divides evenly is evaluated by the SAME functions that budget
+one plan (`step.derive`, `memory`, `schedule.step_time`), so a configuration written out
+with `--write` and budgeted again gives the same numbers.
+
+Speed comes from evaluating configurations together: configurations that share a step's
+structure (pipeline depth and schedule, recompute, ZeRO stage, which transitions exist)
+produce the same phases, allocations and transitions, and differ only in sizes. Each such
+group runs through the engine once with numpy arrays in place of the numbers (DESIGN.md,
+"One engine for one plan and for a million"); groups larger than `CHUNK` are split so
+memory stays bounded on sweeps of millions of configurations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
+from budget.phases import Move, Step
+from budget.plan.model import Parallel, Pipeline, Plan, Recompute
+from budget.schedule import move_span, step_time
+from budget.step import derive
+from budget.topology import link_of
+
+CHUNK = 65_536  # configurations evaluated together at most (bounded memory)
+RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    zero: int
+    sequence_parallel: bool
+    recompute: Recompute
+    micro: int
+    virtual_stages: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "zero": self.zero,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute,
+            "micro": self.micro,
+            "virtual_stages": self.virtual_stages,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """The values each dimension may take; None means every value that divides."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    recompute: tuple[Recompute, ...] = RECOMPUTE
+    micro: tuple[int, ...] | None = None
+    virtual_stages: tuple[int, ...] = (1, 2, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    config: Config
+    peak_bytes: int
+    fits: bool
+    step_time_s: float
+    exposed_comm_s: float
+    mfu: float
+    tokens_per_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "peak_bytes": self.peak_bytes,
+            "fits": self.fits,
+            "step_time_s": self.step_time_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    gpus: int
+    evaluated: int
+    elapsed_s: float
+    rejected: dict[str, int]
+    results: tuple[Result, ...]  # every fitting configuration, best first
+    pareto: tuple[Result, ...]  # peak memory against step time, fastest first
+    objective: str
+    groups: int = 0
+
+    @property
+    def best(self) -> Result | None:
+        return self.results[0] if self.results else None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass
+class _Counts:
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Config]:
+    """Every configuration that divides evenly, counting the ones that do not by reason.
+
+    The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
+    heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
+    sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
+    parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp.
+    """
+    m, b = plan.model, plan.batch
+    experts = m.experts
+    for tp in space.tp or _divisors(gpus):
+        if gpus % tp:
+            counts.rejected["does not divide: tp into the GPUs"] += 1
+            continue
+        if m.heads % tp or m.kv_heads % tp:
+            counts.rejected["does not divide: heads or kv heads by tp"] += 1
+            continue
+        for pp in space.pp or _divisors(gpus // tp):
+            if (gpus // tp) % pp:
+                counts.rejected["does not divide: pp into the GPUs left"] += 1
+                continue
+            for cp in space.cp or _divisors(gpus // (tp * pp)):
+                rest = gpus // (tp * pp)
+                if rest % cp:
+                    counts.rejected["does not divide: cp into the GPUs left"] += 1
+                    continue
+                if cp > 1 and b.seq % (2 * cp):
+                    counts.rejected["does not divide: sequence by 2·cp"] += 1
+                    continue
+                dp = rest // cp
+                yield from _inner(plan, space, counts, tp, pp, cp, dp, experts is not None)
+
+
+def _inner(
+    plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, dp: int, moe: bool
+) -> Iterator[Config]:
+    m, b = plan.model, plan.batch
+    eps = space.ep or (
+        [e for e in _divisors(dp * cp) if m.experts and m.experts.count % e == 0] if moe else [1]
+    )
+    for ep, v, sp, zero, recompute in itertools.product(
+        eps, space.virtual_stages, space.sequence_parallel, space.zero, space.recompute
+    ):
+        if (ep > 1 and not moe) or (dp * cp) % ep or (moe and m.experts and m.experts.count % ep):
+            counts.rejected["does not divide: experts by ep, or ep into dp x cp"] += 1
+            continue
+        if m.layers % (pp * v):
+            counts.rejected["does not divide: layers by pp x virtual stages"] += 1
+            continue
+        if v > 1 and pp == 1:
+            counts.rejected["virtual stages need pp > 1"] += 1
+            continue
+        if sp and tp == 1:
+            counts.rejected["sequence parallelism needs tp > 1"] += 1
+            continue
+        for micro in space.micro or _divisors(
+            b.global_batch // dp if b.global_batch % dp == 0 else 1
+        ):
+            if b.global_batch % (micro * dp):
+                counts.rejected["does not divide: global batch by micro x dp"] += 1
+                continue
+            if v > 1 and (b.global_batch // (micro * dp)) % pp:
+                counts.rejected["does not divide: micro-batches by pp (interleaved)"] += 1
+                continue
+            yield Config(tp, pp, dp, cp, ep, zero, sp, recompute, micro, v)
+
+
+def apply(plan: Plan, c: Config, gpus: int) -> Plan:
+    """`plan` with configuration `c` (the model, batch, precision, device and topology kept)."""
+    schedule = "interleaved" if c.virtual_stages > 1 else plan.parallel.pipeline.schedule
+    if schedule == "interleaved" and c.virtual_stages == 1:
+        schedule = "1f1b"
+    parallel = replace(
+        plan.parallel,
+        tp=c.tp,
+        pp=c.pp,
+        dp=c.dp,
+        cp=c.cp,
+        ep=c.ep,
+        sequence_parallel=c.sequence_parallel,
+        zero=c.zero,
+        pipeline=Pipeline(schedule, c.virtual_stages, None),
+    )
+    return replace(
+        plan,
+        parallel=parallel,
+        batch=replace(plan.batch, micro=c.micro),
+        recompute=c.recompute,
+        topology=replace(plan.topology, gpus=gpus),
+        transitions=(),
+    )
+
+
+def structure(c: Config) -> tuple[Any, ...]:
+    """What decides the phases, allocations and transitions a configuration's step has;
+    configurations that agree on it are evaluated together."""
+    return (
+        c.pp,
+        c.virtual_stages,
+        c.recompute,
+        c.zero,
+        c.sequence_parallel and c.tp > 1,
+        c.tp > 1,
+        c.cp > 1,
+        c.dp * c.cp > 1,
+        c.ep > 1,
+    )
+
+
+def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
+    """One plan whose varying numbers are arrays over `configs` (all of one structure)."""
+    first = apply(plan, configs[0], gpus)
+
+    def column(name: str) -> Any:
+        return np.array([getattr(c, name) for c in configs], dtype=np.int64)
+
+    parallel = replace(
+        first.parallel, tp=column("tp"), dp=column("dp"), cp=column("cp"), ep=column("ep")
+    )
+    return replace(first, parallel=parallel, batch=replace(first.batch, micro=column("micro")))
+
+
+class _Pricer:
+    """Prices a move for every configuration of a group at once.
+
+    Each configuration's group of ranks is laid out on the topology by the same function a
+    single plan uses (`topology.group_span`, once per distinct set of degrees); the ranks
+    at each level become arrays. A level a group does not use holds one rank, which costs
+    no step and no byte, so every configuration can take the two-level form.
+    """
+
+    def __init__(self, plan: Plan, configs: Sequence[Config], gpus: int) -> None:
+        self.plan, self.gpus = plan, gpus
+        self.levels = plan.topology.levels
+        keys = [(c.tp, c.pp, c.dp, c.cp, c.ep) for c in configs]
+        self.unique = list(dict.fromkeys(keys))
+        index = {k: i for i, k in enumerate(self.unique)}
+        self.which = np.array([index[k] for k in keys], dtype=np.int64)
+        self.cache: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
+
+    def _tiers(self, move: Move) -> tuple[np.ndarray, ...]:
+        """Ranks per level of `move`'s group, one array element per configuration."""
+        key = (move.group, move.name, move.op)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        names = [level.name for level in self.levels]
+        per_level = np.ones((len(self.unique), len(self.levels)), dtype=np.int64)
+        ranks = np.broadcast_to(np.asarray(move.ranks), self.which.shape)
+        for row, (tp, pp, dp, cp, ep) in enumerate(self.unique):
+            config = replace(
+                self.plan, parallel=replace(self.plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
+            )
+            first = int(np.argmax(self.which == row))
+            scalar = replace(move, ranks=int(ranks[first]))
+            for tier in move_span(config, scalar).tiers:
+                per_level[row, names.index(tier.link.name)] = int(tier.ranks)
+        result = tuple(per_level[self.which, i] for i in range(len(self.levels)))
+        self.cache[key] = result
+        return result
+
+    def __call__(self, plan: Plan, move: Move) -> CollectiveCost:
+        ranks = self._tiers(move)
+        links = [link_of(level) for level in self.levels]
+        if move.op == "send-recv":
+            return _send_recv(move, ranks, links)
+        tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
+        element = _element(move.dtype)
+        if len(tiers) == 1:
+            return collective_cost(move.op, tiers, move.size_bytes, element_bytes=element)
+        return collective_cost(
+            move.op, tiers, move.size_bytes, "hierarchical", element_bytes=element
+        )
+
+
+def _element(dtype: str) -> int:
+    from budget.plan.model import DTYPE_BYTES
+
+    return DTYPE_BYTES[dtype]
+
+
+def _send_recv(move: Move, ranks: tuple[np.ndarray, ...], links: list[Any]) -> CollectiveCost:
+    """A send/recv crosses the innermost level both ranks share: one step of S there."""
+    size = np.asarray(move.size_bytes, dtype=np.int64) * np.ones_like(ranks[0])
+    stages = []
+    outer_used = np.zeros_like(ranks[0], dtype=bool)
+    for level in range(len(links) - 1, -1, -1):
+        use = (ranks[level] > 1) & ~outer_used
+        outer_used |= use
+        mask = use.astype(np.int64)
+        stages.append(
+            Stage(
+                "send-recv",
+                "direct",
+                2,
+                size,
+                mask,
+                size * mask,
+                size * mask,
+                size * mask,
+                size * mask,
+                size * mask,
+                links[level],
+            )
+        )
+    return CollectiveCost("send-recv", "direct", 2, size, tuple(reversed(stages)))
+
+
+def _peaks(step: Step) -> np.ndarray:
+    """The worst stage's peak: the largest sum of what is alive together (`memory`)."""
+    totals = [
+        np.asarray(instant.total)
+        for stage in step.stages
+        for phase in stage.phases
+        for instant in phase.instants
+    ]
+    peak: np.ndarray = np.maximum.reduce(np.broadcast_arrays(*totals))
+    return peak
+
+
+def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
+    """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
+    batch = _batched(plan, configs, gpus)
+    step = derive(batch)
+    peak = _peaks(step) * np.ones(len(configs), dtype=np.int64)
+    times = step_time(batch, step, _Pricer(plan, configs, gpus))
+    n = len(configs)
+    time_s = np.asarray(times.time_s) * np.ones(n)
+    exposed = np.asarray(_critical_exposed(times)) * np.ones(n)
+    mfu = np.asarray(times.mfu) * np.ones(n)
+    rate = np.asarray(times.tokens_per_s) * np.ones(n)
+    capacity = plan.device.memory
+    return [
+        Result(
+            c,
+            int(peak[i]),
+            bool(peak[i] <= capacity),
+            float(time_s[i]),
+            float(exposed[i]),
+            float(mfu[i]),
+            float(rate[i]),
+        )
+        for i, c in enumerate(configs)
+    ]
+
+
+def _critical_exposed(times: Any) -> Any:
+    """Exposed communication as the report sums it (`pipeline._phase_rows`): for each phase
+    the stage with the most bytes sent, then the most compute and exposed time, then the
+    lowest index; then the sum over phases."""
+    best: dict[str, tuple[Any, Any, Any]] = {}
+    for stage in times.stages:
+        for phase in stage.phases:
+            payload = sum(
+                (np.asarray(t.cost.sent_bytes) * t.move.count * phase.count for t in phase.moves),
+                start=np.int64(0),
+            )
+            busy = (np.asarray(phase.compute_s) + np.asarray(phase.exposed_s)) * phase.count
+            value = np.asarray(phase.exposed_s) * phase.count
+            if phase.name not in best:
+                best[phase.name] = (payload, busy, value)
+                continue
+            old_payload, old_busy, old_value = best[phase.name]
+            take = (payload > old_payload) | ((payload == old_payload) & (busy > old_busy))
+            best[phase.name] = (
+                np.where(take, payload, old_payload),
+                np.where(take, busy, old_busy),
+                np.where(take, value, old_value),
+            )
+    return sum((value for _, _, value in best.values()), start=0.0)
+
+
+OBJECTIVES: dict[str, Callable[[Result], Any]] = {
+    "time": lambda r: (r.step_time_s, r.peak_bytes),
+    "memory": lambda r: (r.peak_bytes, r.step_time_s),
+    "tokens-per-s": lambda r: (-r.tokens_per_s, r.peak_bytes),
+}
+
+
+def pareto(results: Sequence[Result]) -> tuple[Result, ...]:
+    """Configurations no other beats on both peak memory and step time, fastest first."""
+    front: list[Result] = []
+    for r in sorted(results, key=lambda r: (r.step_time_s, r.peak_bytes)):
+        if not front or r.peak_bytes < front[-1].peak_bytes:
+            front.append(r)
+    return tuple(front)
+
+
+def search(
+    plan: Plan,
+    gpus: int,
+    space: Space = Space(),
+    objective: str = "time",
+    progress: Callable[[int, int], None] | None = None,
+) -> Outcome:
+    """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit."""
+    start = time.perf_counter()
+    counts = _Counts()
+    groups: dict[tuple[Any, ...], list[Config]] = defaultdict(list)
+    for config in candidates(plan, gpus, space, counts):
+        groups[structure(config)].append(config)
+    work = [g[i : i + CHUNK] for g in groups.values() for i in range(0, len(g), CHUNK)]
+    fitting: list[Result] = []
+    evaluated = 0
+    for done, configs in enumerate(work, 1):
+        for result in evaluate(plan, configs, gpus):
+            evaluated += 1
+            if result.fits:
+                fitting.append(result)
+            else:
+                counts.rejected["does not fit in device memory"] += 1
+        if progress is not None:
+            progress(done, len(work))
+    fitting.sort(key=OBJECTIVES[objective])
+    return Outcome(
+        gpus=gpus,
+        evaluated=evaluated,
+        elapsed_s=time.perf_counter() - start,
+        rejected=dict(sorted(counts.rejected.items())),
+        results=tuple(fitting),
+        pareto=pareto(fitting),
+        objective=objective,
+        groups=len(work),
+    )
+
+
+def parse_values(text: str, option: str) -> tuple[int, ...]:
+    """ "4,8" → (4, 8); "1..8" → (1, ..., 8); "1..3,8" → (1, 2, 3, 8)."""
+    values: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("..")
+            values += list(range(int(low), int(high) + 1)) if high else [int(low)]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8")
+    return tuple(dict.fromkeys(values))
+
+
+def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
+    return {
+        "gpus": outcome.gpus,
+        "evaluated": outcome.evaluated,
+        "elapsed_s": outcome.elapsed_s,
+        "configs_per_s": outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else None,
+        "objective": outcome.objective,
+        "rejected": outcome.rejected,
+        "fitting": len(outcome.results),
+        "pareto": [r.to_dict() for r in outcome.pareto],
+        "results": [r.to_dict() for r in outcome.results[:top]],
+    }
+
+
+__all__ = [
+    "Config",
+    "Outcome",
+    "Parallel",
+    "Result",
+    "Space",
+    "apply",
+    "candidates",
+    "evaluate",
+    "pareto",
+    "parse_values",
+    "search",
+    "to_dict",
+]

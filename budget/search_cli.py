@@ -1,0 +1,125 @@
+"""`budget search`: options in, a sweep, a rendered answer and an exit code out."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from budget.errors import BudgetError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from budget.search import Space
+
+OBJECTIVES = ("time", "memory", "tokens-per-s")
+
+
+def space(options: dict[str, str | None]) -> Space:
+    """The sweep's dimensions from the command line's pins and ranges."""
+    from budget.search import RECOMPUTE, Space, parse_values
+
+    def ints(name: str) -> tuple[int, ...] | None:
+        text = options.get(name)
+        return None if text is None else parse_values(text, f"--{name.replace('_', '-')}")
+
+    recompute = tuple(r.strip() for r in (options["recompute"] or "").split(","))
+    if not recompute or any(r not in RECOMPUTE for r in recompute):
+        raise ValueError(f"--recompute {options['recompute']!r}: use none, selective, full")
+    flags = {"true": True, "false": False}
+    sp = tuple(flags.get(v.strip().lower()) for v in (options["sp"] or "").split(","))
+    if not sp or None in sp:
+        raise ValueError(f"--sp {options['sp']!r}: use true, false or true,false")
+    return Space(
+        tp=ints("tp"),
+        pp=ints("pp"),
+        cp=ints("cp"),
+        ep=ints("ep"),
+        zero=ints("zero") or (0, 1, 2, 3),
+        sequence_parallel=tuple(v for v in sp if v is not None),
+        recompute=recompute,  # type: ignore[arg-type]
+        micro=ints("micro"),
+        virtual_stages=ints("virtual_stages") or (1,),
+    )
+
+
+def run_search(
+    path: Path,
+    gpus: int | None,
+    options: dict[str, str | None],
+    objective: str,
+    top: int,
+    write: Path | None,
+    fmt: str,
+    console: Console,
+) -> int:
+    """0 when a layout fits (and was written if asked), 1 when none does, 2 on bad input."""
+    from budget.plan.load import load_plan
+    from budget.render import dump_json
+    from budget.render.search import render_search_markdown, render_search_table
+    from budget.search import search, to_dict
+
+    try:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
+        sweep = space(options)
+    except ValueError as error:
+        print(f"budget: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        plan = load_plan(path)
+    except BudgetError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    n = gpus or plan.topology.gpus
+    outcome = search(plan, n, sweep, objective, _progress(console, fmt))
+    if write is not None and outcome.best is not None:
+        _write(path, plan, outcome.best.config.to_dict(), n, write)
+    if fmt == "json":
+        console.file.write(dump_json(to_dict(outcome, top)))
+    elif fmt == "markdown":
+        console.file.write(render_search_markdown(outcome, top))
+    else:
+        render_search_table(console, outcome, top)
+        if write is not None and outcome.best is not None:
+            console.print(f"Wrote the best layout to {write}", markup=False)
+    return 0 if outcome.best is not None else 1
+
+
+def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: Path) -> None:
+    """Write the layout as a plan next to `target`, pointing editors at the same schema as
+    the source plan (its path made relative to the new file)."""
+    import os
+
+    from budget.plan.write import layout_yaml
+
+    schema = Path(__file__).parent / "schemas" / "plan.schema.json"
+    first = source.read_text(encoding="utf-8").partition("\n")[0]
+    marker = "$schema="
+    if marker in first:
+        reference = first.split(marker, 1)[1].strip()
+        if "://" not in reference:
+            schema = Path(os.path.normpath(source.parent.absolute() / reference))
+    relative = os.path.relpath(schema, target.absolute().parent)
+    node = plan.topology.levels[0].size
+    target.write_text(layout_yaml(source, layout, gpus, node, relative), encoding="utf-8")
+
+
+def _progress(console: Console, fmt: str) -> Any:
+    """A progress bar on the terminal for long table-format sweeps; nothing otherwise."""
+    if fmt != "table" or not sys.stderr.isatty():
+        return None
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = bar.add_task("budgeting layouts", total=None)
+    bar.start()
+
+    def advance(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+        if done == total:
+            bar.stop()
+
+    return advance

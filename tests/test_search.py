@@ -1,0 +1,177 @@
+"""The search evaluates layouts with the plan engine: a written layout budgets identically."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
+from budget.search import Space, apply, pareto, parse_values, search
+from tests.plan_files import GPT3, ROOT
+
+SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 3))
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return load_plan(GPT3)
+
+
+@pytest.fixture(scope="module")
+def outcome(gpt3):
+    return search(gpt3, 1024, SMALL)
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+def test_sampled_layouts_budget_exactly_as_searched(gpt3, outcome):
+    """Issue 6 acceptance 1: peak memory and step time of the search equal those of
+    `budget` on the same layout, to a relative 1e-9 (bytes exactly)."""
+    random.seed(6)
+    sample = random.sample(list(outcome.results), 12)
+    for result in sample:
+        report = build_report(apply(gpt3, result.config, 1024))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+        assert _relative(report.step["mfu"], result.mfu) < 1e-9
+
+
+def test_layouts_rejected_as_too_big_do_not_fit(gpt3):
+    """Issue 6 acceptance 3: no layout the search drops for memory fits in `budget`."""
+    from budget.search import _Counts, candidates, evaluate
+
+    configs = list(candidates(gpt3, 1024, SMALL, _Counts()))
+    random.seed(3)
+    results = evaluate(gpt3, [c for c in configs if c.pp == 8 and c.zero == 0][:40], 1024)
+    too_big = [r for r in results if not r.fits]
+    assert too_big
+    for result in too_big[:8]:
+        assert not build_report(apply(gpt3, result.config, 1024)).fits
+
+
+def test_the_best_gpt3_layout_fits_and_is_the_fastest(outcome):
+    best = outcome.best
+    assert best is not None and best.fits
+    assert best.step_time_s == min(r.step_time_s for r in outcome.results)
+    assert (
+        outcome.evaluated
+        == len(outcome.results) + outcome.rejected["does not fit in device memory"]
+    )
+
+
+def test_pareto_front_has_no_dominated_layout(outcome):
+    front = pareto(outcome.results)
+    for a in front:
+        for b in outcome.results:
+            assert not (b.peak_bytes < a.peak_bytes and b.step_time_s < a.step_time_s)
+
+
+def test_values_parse_as_lists_and_ranges():
+    assert parse_values("4,8", "--tp") == (4, 8)
+    assert parse_values("1..3,8", "--micro") == (1, 2, 3, 8)
+    with pytest.raises(ValueError, match="--tp 'x'"):
+        parse_values("x", "--tp")
+
+
+def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
+    out = tmp_path / "best.yaml"
+    args = [
+        str(GPT3.relative_to(ROOT)),
+        "--micro",
+        "1",
+        "--zero",
+        "1,2",
+        "--recompute",
+        "selective",
+        "--virtual-stages",
+        "1",
+        "--write",
+        str(out),
+        "--format",
+        "json",
+    ]
+    result = CliRunner().invoke(app, route(["search", *args]))
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("evaluated", "elapsed_s", "rejected", "pareto", "results"):
+        assert key in data
+    best = data["results"][0]
+    assert set(best["config"]) == {
+        "tp",
+        "pp",
+        "dp",
+        "cp",
+        "ep",
+        "zero",
+        "sequence_parallel",
+        "recompute",
+        "micro",
+        "virtual_stages",
+    }
+    report = build_report(load_plan(out))
+    assert report.worst.peak_bytes == best["peak_bytes"]
+    assert _relative(report.step["time_s"], best["step_time_s"]) < 1e-9
+
+
+def test_cli_refuses_bad_ranges():
+    result = CliRunner().invoke(app, route(["search", str(GPT3), "--tp", "four"]))
+    assert result.exit_code == 2
+    assert "budget: error: --tp 'four'" in result.stderr
+
+
+def test_search_json_validates_against_the_report_schema(tmp_path):
+    from budget.report_schema import validation_errors
+
+    result = CliRunner().invoke(
+        app,
+        route(
+            [
+                "search",
+                str(GPT3),
+                "--micro",
+                "1",
+                "--zero",
+                "1",
+                "--recompute",
+                "selective",
+                "--virtual-stages",
+                "1",
+                "--format",
+                "json",
+            ]
+        ),
+    )
+    assert result.exit_code == 0
+    assert validation_errors(json.loads(result.stdout), "search") == []
+
+
+def test_progress_is_not_written_when_output_is_not_a_terminal(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        route(
+            [
+                "search",
+                str(GPT3),
+                "--micro",
+                "1",
+                "--zero",
+                "1",
+                "--recompute",
+                "selective",
+                "--virtual-stages",
+                "1",
+            ]
+        ),
+    )
+    assert result.exit_code == 0
+    assert "Pareto front" in result.stdout and result.stderr == ""
+    assert Path(GPT3).exists()
