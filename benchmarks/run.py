@@ -5,6 +5,8 @@ Run with `make bench`. Nothing here asserts: timings belong in a report, not in 
 - Issue 2, acceptance 7: `budget plans/gpt3-175b.yaml` must take no more than twice a bare
   `python -c "import typer, rich, yaml, jsonschema, numpy"` (median of several runs each).
 - Engine cost per plan: load + derive + price + render-free report, per shipped plan.
+- Issue 6, acceptance 2: layouts evaluated per second by `budget search` for GPT-3 175B on
+  1,024 GPUs and Llama 3 405B on 16,384 GPUs (target: 100,000 per second on one core).
 """
 
 from __future__ import annotations
@@ -58,6 +60,27 @@ def engine() -> None:
         )
 
 
+def sweep() -> None:
+    from budget.plan.load import load_plan
+    from budget.search import Space, search
+
+    cases = [
+        ("gpt3-175b", 1024, Space(micro=(1, 2, 4, 8), virtual_stages=(1, 2))),
+        ("llama3-405b-128k", 16384, Space(micro=(1,), virtual_stages=(1, 2))),
+    ]
+    for name, gpus, space in cases:
+        plan = load_plan(ROOT / "plans" / f"{name}.yaml")
+        outcome = search(plan, gpus, space)
+        rate = outcome.evaluated / outcome.elapsed_s
+        verdict = "meets" if rate >= 100_000 else "MISSES"
+        print(
+            f"search: {name} on {gpus:,} GPUs: {outcome.evaluated:,} layouts in "
+            f"{outcome.elapsed_s:.1f} s = {rate:,.0f} per second in {outcome.groups} "
+            f"structure groups (target ≥ 100,000: {verdict})"
+        )
+
+
 if __name__ == "__main__":
     startup()
     engine()
+    sweep()

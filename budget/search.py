@@ -171,8 +171,8 @@ def _inner(
         if (ep > 1 and not moe) or (dp * cp) % ep or (moe and m.experts and m.experts.count % ep):
             counts.rejected["does not divide: experts by ep, or ep into dp x cp"] += 1
             continue
-        if m.layers % (pp * v):
-            counts.rejected["does not divide: layers by pp x virtual stages"] += 1
+        if m.layers < pp * v:
+            counts.rejected["fewer layers than pipeline chunks"] += 1
             continue
         if v > 1 and pp == 1:
             counts.rejected["virtual stages need pp > 1"] += 1
@@ -206,7 +206,9 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         ep=c.ep,
         sequence_parallel=c.sequence_parallel,
         zero=c.zero,
-        pipeline=Pipeline(schedule, c.virtual_stages, None),
+        pipeline=Pipeline(
+            schedule, c.virtual_stages, split(plan.model.layers, c.pp, c.virtual_stages)
+        ),
     )
     return replace(
         plan,
@@ -216,6 +218,18 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         topology=replace(plan.topology, gpus=gpus),
         transitions=(),
     )
+
+
+def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
+    """Layers per pipeline chunk: even when they divide (None), otherwise as even as
+    possible with the extra layers on the middle chunks, since the first and last stages
+    also hold the embedding and the loss (Llama 3, arXiv 2407.21783, section 3.3.2)."""
+    chunks = pp * v
+    if layers % chunks == 0:
+        return None
+    base, extra = divmod(layers, chunks)
+    middle = sorted(range(chunks), key=lambda i: (abs(2 * i - (chunks - 1)), i))[:extra]
+    return tuple(base + (i in middle) for i in range(chunks))
 
 
 def structure(c: Config) -> tuple[Any, ...]:

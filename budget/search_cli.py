@@ -76,7 +76,13 @@ def run_search(
     n = gpus or plan.topology.gpus
     outcome = search(plan, n, sweep, objective, _progress(console, fmt))
     if write is not None and outcome.best is not None:
-        _write(path, plan, outcome.best.config.to_dict(), n, write)
+        from budget.search import apply
+
+        layout = outcome.best.config.to_dict()
+        layout["layers_per_stage"] = apply(
+            plan, outcome.best.config, n
+        ).parallel.pipeline.layers_per_stage
+        _write(path, plan, layout, n, write)
     if fmt == "json":
         console.file.write(dump_json(to_dict(outcome, top)))
     elif fmt == "markdown":

@@ -39,6 +39,8 @@ def layout_yaml(
     v = layout["virtual_stages"]
     pipeline = dict(parallel.get("pipeline") or {})
     pipeline.pop("layers_per_stage", None)
+    if layout.get("layers_per_stage"):
+        pipeline["layers_per_stage"] = list(layout["layers_per_stage"])
     if v > 1:
         pipeline.update(schedule="interleaved", virtual_stages=v)
     else:
