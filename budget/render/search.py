@@ -14,27 +14,41 @@ if TYPE_CHECKING:
 
     from budget.search import Outcome, Result
 
+HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro"]
+PARETO_ROWS = 15
 
-def _layout(r: Result) -> list[str]:
+
+def _layout(r: Result) -> dict[str, str]:
     c = r.config
     v = f"×{c.virtual_stages}" if c.virtual_stages > 1 else ""
-    return [
-        str(c.tp),
-        f"{c.pp}{v}",
-        str(c.dp),
-        str(c.cp),
-        str(c.ep),
-        "sp" if c.sequence_parallel else "–",
-        str(c.zero),
-        c.recompute,
-        str(c.micro),
-    ]
+    return {
+        "tp": str(c.tp),
+        "pp": f"{c.pp}{v}",
+        "dp": str(c.dp),
+        "cp": str(c.cp),
+        "ep": str(c.ep),
+        "sp": "sp" if c.sequence_parallel else "–",
+        "zero": str(c.zero),
+        "recompute": c.recompute,
+        "micro": str(c.micro),
+    }
 
 
-_HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro"]
+def _figures(r: Result) -> dict[str, str]:
+    return {
+        "peak": format_bytes(r.peak_bytes),
+        "step": format_duration(r.step_time_s),
+        "exposed": format_duration(r.exposed_comm_s),
+        "MFU": f"{r.mfu:.1%}",
+    }
 
 
-def _table(title: str, rows: tuple[Result, ...]) -> Table:
+def _shown(rows: tuple[Result, ...]) -> list[str]:
+    """Layout columns worth showing: cp and ep only when some row uses them."""
+    return [h for h in HEAD if h not in ("cp", "ep") or any(_layout(r)[h] != "1" for r in rows)]
+
+
+def _table(title: str, rows: tuple[Result, ...], wide: bool) -> Table:
     table = Table(
         title=title,
         title_justify="left",
@@ -42,24 +56,29 @@ def _table(title: str, rows: tuple[Result, ...]) -> Table:
         pad_edge=False,
         collapse_padding=True,
     )
-    for name in _HEAD:
-        table.add_column(
-            name, justify="right" if name not in ("sp", "recompute") else "left", no_wrap=True
-        )
-    for name in ("peak", "step", "exposed", "MFU"):
+    heads = _shown(rows)
+    figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
+    for name in heads:
+        justify = "left" if name in ("sp", "recompute") else "right"
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for name in figures:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
-        table.add_row(
-            *_layout(r),
-            format_bytes(r.peak_bytes),
-            format_duration(r.step_time_s),
-            format_duration(r.exposed_comm_s),
-            f"{r.mfu:.1%}",
-        )
+        layout, values = _layout(r), _figures(r)
+        table.add_row(*(layout[h] for h in heads), *(values[f] for f in figures))
     return table
 
 
+def thin(front: tuple[Result, ...]) -> tuple[Result, ...]:
+    """At most PARETO_ROWS points of the front, evenly spaced, both ends kept."""
+    if len(front) <= PARETO_ROWS:
+        return front
+    picks = sorted({round(i * (len(front) - 1) / (PARETO_ROWS - 1)) for i in range(PARETO_ROWS)})
+    return tuple(front[i] for i in picks)
+
+
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
+    wide = console.width >= 100
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
     console.print(
         f"Evaluated {outcome.evaluated:,} layouts on {outcome.gpus:,} GPUs in "
@@ -68,12 +87,15 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         markup=False,
     )
     console.print()
-    console.print(
-        _table(
-            f"Best {min(top, len(outcome.results))} by {outcome.objective}", outcome.results[:top]
-        )
+    best = outcome.results[:top]
+    console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide))
+    front = thin(outcome.pareto)
+    shown = (
+        ""
+        if len(front) == len(outcome.pareto)
+        else (f" ({len(front)} of {len(outcome.pareto)} points)")
     )
-    console.print(_table("Pareto front: peak memory against step time", outcome.pareto))
+    console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
     table = Table(
         title="Not ranked",
         title_justify="left",
@@ -90,16 +112,10 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
 
 def render_search_markdown(outcome: Outcome, top: int) -> str:
     def rows(results: tuple[Result, ...]) -> list[str]:
-        head = [*_HEAD, "peak", "step", "exposed", "MFU"]
+        head = [*HEAD, "peak", "step", "exposed", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for r in results:
-            cells = [
-                *_layout(r),
-                format_bytes(r.peak_bytes),
-                format_duration(r.step_time_s),
-                format_duration(r.exposed_comm_s),
-                f"{r.mfu:.1%}",
-            ]
+            cells = [*_layout(r).values(), *_figures(r).values()]
             out.append("| " + " | ".join(cells) + " |")
         return [*out, ""]
 
