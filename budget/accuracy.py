@@ -103,7 +103,8 @@ def _llama_run(
 ) -> Run:
     """A Llama 3 405B run: TP 8, PP 16 with one layer fewer on the first and the last stage,
     all-gather context parallelism (section 3.3.2), bf16 with fp32 gradients and the
-    distributed optimizer, no recompute. Section 3.3.2 also says the pipeline is interleaved
+    distributed optimizer, no recompute, ranks in the order [TP, CP, PP, DP] (section
+    3.3.2, "network-aware parallelism configuration"). Section 3.3.2 also says the pipeline is interleaved
     but not with how many virtual stages; the plan uses plain 1F1B (see the README)."""
     tree: dict[str, Any] = {
         "name": name,
@@ -118,6 +119,7 @@ def _llama_run(
             "zero": 1,
             "cp_attention": "allgather",
             "pipeline": {"layers_per_stage": [7] + [8] * 14 + [7]},
+            "order": ["tp", "cp", "ep", "pp", "dp"],
         },
         "recompute": "none",
         "device": {"preset": "h100-sxm"},
