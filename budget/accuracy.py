@@ -104,8 +104,9 @@ def _llama_run(
     """A Llama 3 405B run: TP 8, PP 16 with one layer fewer on the first and the last stage,
     all-gather context parallelism (section 3.3.2), bf16 with fp32 gradients and the
     distributed optimizer, no recompute, ranks in the order [TP, CP, PP, DP] (section
-    3.3.2, "network-aware parallelism configuration"). Section 3.3.2 also says the pipeline is interleaved
-    but not with how many virtual stages; the plan uses plain 1F1B (see the README)."""
+    3.3.2, "network-aware parallelism configuration"). Section 3.3.2 also says the pipeline
+    is interleaved but not with how many virtual stages; the plan uses plain 1F1B (see the
+    README)."""
     tree: dict[str, Any] = {
         "name": name,
         "model": {"preset": "llama3-405b"},

@@ -29,9 +29,9 @@ from budget.layers import (
     stage_layer_ids,
     stage_params,
 )
-from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step
+from budget.phases import Alloc, Instant, Phase, StageStep, Step
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves
+from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves, pipeline_send
 
 
 def kv_cache_bytes(plan: Plan, layers: int) -> int:
@@ -142,16 +142,7 @@ def _pass(
             )
         )
     elif par.pp > 1:
-        send = Move(
-            "activations → next stage",
-            "send-recv",
-            "pp",
-            2,
-            plan.precision.activations,
-            s.act * s.tokens_sp * s.hidden,
-            "i",
-            "i+1",
-        )
+        send = pipeline_send(plan, s, forward=True)
         phases.append(Phase(f"{prefix}.pipeline", count, (_pipeline_overlap(plan, send),)))
     return phases
 

@@ -15,6 +15,25 @@ from budget.plan.model import GroupKind
 
 MoveGroup = GroupKind | Literal["edp"]  # edp: expert data-parallel group
 
+# The phases of a training step in the order they run; every phase before "dp.grads" repeats
+# per micro-batch, the rest run once per step after the last backward.
+PHASE_ORDER: tuple[str, ...] = (
+    "forward.embedding",
+    "forward.attention",
+    "forward.mlp",
+    "forward.moe",
+    "pipeline.forward",
+    "loss",
+    "backward.moe",
+    "backward.mlp",
+    "backward.attention",
+    "backward.embedding",
+    "pipeline.backward",
+    "dp.grads",
+    "embedding.grads",
+    "optimizer",
+)
+
 Category = Literal[
     "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
 ]

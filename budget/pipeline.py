@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from budget.memory import Memory, StageMemory, memory
-from budget.phases import CATEGORIES, Alloc, StageStep, Step
+from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import Plan
 from budget.report import (
     CollectiveRow,
@@ -17,23 +17,6 @@ from budget.report import (
 )
 from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, step_time
 from budget.step import derive
-
-PHASE_ORDER = (
-    "forward.embedding",
-    "forward.attention",
-    "forward.mlp",
-    "forward.moe",
-    "pipeline.forward",
-    "loss",
-    "backward.moe",
-    "backward.mlp",
-    "backward.attention",
-    "backward.embedding",
-    "pipeline.backward",
-    "dp.grads",
-    "embedding.grads",
-    "optimizer",
-)
 
 
 def budget_plan(path: Path) -> Report:

@@ -27,26 +27,14 @@ from typing import Any
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, model_flops_per_token
-from budget.phases import Move, Phase, StageStep, Step
+from budget.phases import PHASE_ORDER, Move, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import GroupSpan, group_ranks, group_span, price_group, span_of_ranks
 from budget.vector import largest, ratio, vfloat, vmax
 
-MICROBATCH_PHASES = (
-    "forward.embedding",
-    "forward.attention",
-    "forward.mlp",
-    "forward.moe",
-    "pipeline.forward",
-    "loss",
-    "backward.moe",
-    "backward.mlp",
-    "backward.attention",
-    "backward.embedding",
-    "pipeline.backward",
-)
-FORWARD_PHASES = ("forward.embedding", "forward.attention", "forward.mlp", "forward.moe", "loss")
-BACKWARD_PHASES = ("backward.moe", "backward.mlp", "backward.attention", "backward.embedding")
+MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
+FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "loss")
+BACKWARD_PHASES = tuple(p for p in MICROBATCH_PHASES if p.startswith("backward."))
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,6 +279,24 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
     )
 
 
+def pipeline_send(plan: Plan, s: Shapes, forward: bool) -> Move:
+    """A stage's output to the next stage in forward, its gradient back in backward: one
+    send/recv of tokens x hidden, sharded over tp with sequence parallelism (Megatron-LM's
+    scatter/gather optimisation, Narayanan et al., arXiv 2104.04473, section 4.1)."""
+    name = "activations → next stage" if forward else "gradients → previous stage"
+    size = s.act * s.tokens_sp * s.hidden
+    return Move(
+        name,
+        "send-recv",
+        "pp",
+        2,
+        plan.precision.activations,
+        size,
+        "i",
+        "i+1" if forward else "i-1",
+    )
+
+
 def _sends(plan: Plan, end: bool) -> int:
     """Sends per micro-batch from a stage to its neighbour: one per model chunk it holds,
     less one at the end of the model (the last stage forward, the first backward). With v
@@ -681,18 +699,7 @@ def _forward(b: _StageBuilder) -> None:
         b.add(
             "pipeline.forward",
             m * _sends(plan, b.last),
-            [
-                Move(
-                    "activations → next stage",
-                    "send-recv",
-                    "pp",
-                    2,
-                    plan.precision.activations,
-                    s.act * s.tokens_sp * s.hidden,
-                    "i",
-                    "i+1",
-                )
-            ],
+            [pipeline_send(plan, s, forward=True)],
             [],
         )
 
@@ -949,18 +956,7 @@ def _backward(b: _StageBuilder) -> None:
         b.add(
             "pipeline.backward",
             m * _sends(plan, b.first),
-            [
-                Move(
-                    "gradients → previous stage",
-                    "send-recv",
-                    "pp",
-                    2,
-                    plan.precision.activations,
-                    s.act * s.tokens_sp * s.hidden,
-                    "i",
-                    "i-1",
-                )
-            ],
+            [pipeline_send(plan, s, forward=False)],
             [],
         )
 
