@@ -191,3 +191,39 @@ def test_fp8_halves_the_bytes_gemm_inputs_and_parameter_gathers_touch():
 
     assert gathered(fp8).size_bytes * 2 == gathered(bf16).size_bytes
     assert gathered(fp8).dtype == "fp8"
+
+
+def test_new_plan_sections_load_from_yaml(tmp_path):
+    """Issue 5: expert tensor parallelism, fp8 precision options and all-gather context
+    parallelism written in a plan file load and budget."""
+    source = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    text = (
+        source.replace("  ep: 8\n", "  ep: 8\n  etp: 1\n")
+        .replace(
+            "  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8\n"
+        )
+        .replace("flops: {bf16: 989 TFLOP/s,", "flops: {fp8: 1979 TFLOP/s, bf16: 989 TFLOP/s,")
+    )
+    path = tmp_path / "mixtral-etp1-fp8.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.etp == 1
+    assert plan.precision.matmul == "fp8" and plan.precision.param_gather == "fp8"
+    report = build_report(plan)
+    assert report.fits and report.step["mfu"] > 0
+
+
+def test_an_unknown_number_format_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    source = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        source.replace("  activations: bf16\n", "  activations: bf16\n  matmul: fp7\n"),
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, route(["validate", str(path)]))
+    assert result.exit_code == 2
+    assert "$.precision.matmul" in result.stderr and "fp7" in result.stderr
