@@ -74,6 +74,14 @@ def run_search(
             print(problem, file=sys.stderr)
         return 2
     n = gpus or plan.topology.gpus
+    for level in plan.topology.levels:
+        if level.size and n % level.size and n > level.size:
+            print(
+                f"budget: error: --gpus {n}: the topology's {level.name} domains hold "
+                f"{level.size} GPUs each, so the count must be a multiple of {level.size}",
+                file=sys.stderr,
+            )
+            return 2
     outcome = search(plan, n, sweep, objective, _progress(console, fmt))
     if write is not None and outcome.best is not None:
         from budget.search import apply
