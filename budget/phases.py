@@ -132,6 +132,9 @@ class StageStep:
     # Stages with the same key run the same kernels and moves (they differ only in what
     # they hold), so their times are computed once; () means "do not share".
     timing_key: tuple[Any, ...] = ()
+    # How many stages this one stands for (a sweep derives one stage per timing key: the
+    # first, which holds the most micro-batches in flight and so peaks highest).
+    copies: int = 1
 
 
 @dataclass(frozen=True, slots=True)

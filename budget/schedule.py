@@ -247,7 +247,8 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             shared[stage.timing_key] = stages[-1]
     v = plan.parallel.pipeline.virtual_stages
     slowest = largest([s.microbatch_s for s in stages])
-    bubble = (sum(s.microbatch_s for s in stages) - slowest) / v
+    copies = [stage.copies for stage in step.stages]
+    bubble = (sum(s.microbatch_s * c for s, c in zip(stages, copies, strict=True)) - slowest) / v
     pipeline = m * slowest + bubble
     total = pipeline + largest([s.after_s for s in stages])
     tokens = plan.batch.global_batch * plan.batch.seq

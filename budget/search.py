@@ -362,7 +362,7 @@ def _peaks(step: Step) -> np.ndarray:
 def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
     """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
     batch = _batched(plan, configs, gpus)
-    step = derive(batch)
+    step = derive(batch, representatives=True)
     peak = _peaks(step) * np.ones(len(configs), dtype=np.int64)
     times = step_time(batch, step, _Pricer(plan, configs, gpus))
     n = len(configs)

@@ -318,9 +318,15 @@ def _total(allocs: list[Alloc]) -> int:
     return sum(a.total for a in allocs)
 
 
-def derive(plan: Plan) -> Step:
+def derive(plan: Plan, representatives: bool = False) -> Step:
     """The step of `plan`, stage by stage: training here, prefill and decode in
-    `budget.inference`."""
+    `budget.inference`.
+
+    With `representatives`, stages that run the same kernels and moves (the same timing
+    key) are derived once, as the first of them, which has the most micro-batches in
+    flight and therefore the highest peak; `copies` says how many it stands for. The step
+    time and the worst peak are unchanged; a sweep uses this to skip identical work.
+    """
     if plan.mode != "train":
         from budget.inference import derive_inference
 
@@ -328,8 +334,17 @@ def derive(plan: Plan) -> Step:
     m = plan.microbatches
     s = shapes(plan)
     flags = moe_layers(plan)
+    layer_ids = stage_layer_ids(plan)
+    p = len(layer_ids)
+    keys = []
+    for stage, ids in enumerate(layer_ids):
+        moe = sum(flags[i] for i in ids)
+        keys.append((stage == 0, stage == p - 1, len(ids) - moe, moe, bool(ids) and flags[ids[-1]]))
+    copies = {key: keys.count(key) for key in keys}
     stages = []
-    for stage, ids in enumerate(stage_layer_ids(plan)):
+    for stage, ids in enumerate(layer_ids):
+        if representatives and keys.index(keys[stage]) != stage:
+            continue
         params = stage_params(plan, stage)
         moe = sum(flags[i] for i in ids)
         b = _StageBuilder(
@@ -354,7 +369,8 @@ def derive(plan: Plan) -> Step:
                 params.per_rank + params.expert_per_rank,
                 b.resident,
                 tuple(b.phases),
-                timing_key=(b.first, b.last, b.dense, b.moe, b.last_is_moe),
+                timing_key=keys[stage],
+                copies=copies[keys[stage]] if representatives else 1,
             )
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
