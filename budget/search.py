@@ -273,29 +273,34 @@ class _Pricer:
     def __init__(self, plan: Plan, configs: Sequence[Config], gpus: int) -> None:
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
+        self.names = [level.name for level in self.levels]
         keys = [(c.tp, c.pp, c.dp, c.cp, c.ep) for c in configs]
         self.unique = list(dict.fromkeys(keys))
         index = {k: i for i, k in enumerate(self.unique)}
         self.which = np.array([index[k] for k in keys], dtype=np.int64)
+        self.first = [int(np.argmax(self.which == row)) for row in range(len(self.unique))]
+        self.plans = [
+            replace(plan, parallel=replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
+            for tp, pp, dp, cp, ep in self.unique
+        ]
         self.cache: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
 
     def _tiers(self, move: Move) -> tuple[np.ndarray, ...]:
-        """Ranks per level of `move`'s group, one array element per configuration."""
-        key = (move.group, move.name, move.op)
+        """Ranks per level of `move`'s group, one array element per configuration. The
+        layout depends only on the group kind (and, for send/recv, which pair) and the
+        group's size, so it is worked out once per distinct set of degrees."""
+        ranks = np.broadcast_to(np.asarray(move.ranks), self.which.shape)
+        pair = "embedding" in move.name if move.group == "pp" else False
+        sizes = tuple(int(ranks[i]) for i in self.first)
+        key = (move.group, pair, sizes)
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        names = [level.name for level in self.levels]
         per_level = np.ones((len(self.unique), len(self.levels)), dtype=np.int64)
-        ranks = np.broadcast_to(np.asarray(move.ranks), self.which.shape)
-        for row, (tp, pp, dp, cp, ep) in enumerate(self.unique):
-            config = replace(
-                self.plan, parallel=replace(self.plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
-            )
-            first = int(np.argmax(self.which == row))
-            scalar = replace(move, ranks=int(ranks[first]))
+        for row, config in enumerate(self.plans):
+            scalar = replace(move, ranks=sizes[row])
             for tier in move_span(config, scalar).tiers:
-                per_level[row, names.index(tier.link.name)] = int(tier.ranks)
+                per_level[row, self.names.index(tier.link.name)] = int(tier.ranks)
         result = tuple(per_level[self.which, i] for i in range(len(self.levels)))
         self.cache[key] = result
         return result
