@@ -130,17 +130,24 @@ def _flag(plan: Plan, flag: str) -> bool:
     return flag == "" or bool(getattr(plan.overlap, flag))
 
 
-def _windows(plan: Plan, stage: StageStep, microbatches: int) -> dict[str, float]:
-    """Compute seconds of each named kernel per phase, and of one micro-batch's forward
-    and backward on this stage (for the bucketed dp overlaps)."""
+def _kernels(plan: Plan, stage: StageStep) -> list[dict[str, float]]:
+    """Roofline seconds of every kernel of every phase of a stage, by name."""
+    return [{w.name: work_time(plan, w) for w in phase.works} for phase in stage.phases]
+
+
+def _windows(
+    stage: StageStep, kernels: list[dict[str, float]], microbatches: int
+) -> dict[str, float]:
+    """Compute seconds of one micro-batch's forward and backward on this stage (the
+    windows of the bucketed dp overlaps)."""
     forward = backward = 0.0
-    for phase in stage.phases:
+    for phase, seconds in zip(stage.phases, kernels, strict=True):
         per_mb = phase.count / microbatches
-        seconds = sum(work_time(plan, w) for w in phase.works)
+        total = sum(seconds.values())
         if phase.name in FORWARD_PHASES:
-            forward += seconds * per_mb
+            forward += total * per_mb
         elif phase.name in BACKWARD_PHASES:
-            backward += seconds * per_mb
+            backward += total * per_mb
     return {"@forward-microbatch": forward, "@backward-microbatch": backward}
 
 
@@ -148,9 +155,14 @@ Pricer = Callable[[Plan, Move], CollectiveCost]
 
 
 def time_phase(
-    plan: Plan, phase: Phase, windows: dict[str, float], price: Pricer = price_move
+    plan: Plan,
+    phase: Phase,
+    windows: dict[str, float],
+    price: Pricer = price_move,
+    kernels: dict[str, float] | None = None,
 ) -> PhaseTime:
-    kernels = {w.name: work_time(plan, w) for w in phase.works}
+    if kernels is None:
+        kernels = {w.name: work_time(plan, w) for w in phase.works}
     compute = sum(kernels.values())
     timed = []
     for move in phase.moves:
@@ -188,8 +200,12 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
 
     stages = []
     for stage in step.stages:
-        windows = _windows(plan, stage, 1)
-        phases = tuple(time_phase(plan, p, windows) for p in stage.phases)
+        kernels = _kernels(plan, stage)
+        windows = _windows(stage, kernels, 1)
+        phases = tuple(
+            time_phase(plan, p, windows, price_move, k)
+            for p, k in zip(stage.phases, kernels, strict=True)
+        )
         stages.append(StageTime(stage.stage, phases, sum(_busy(p) for p in phases), 0.0))
     b, m = plan.batch, plan.model
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
@@ -234,8 +250,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         if same is not None:
             stages.append(replace(same, stage=stage.stage))
             continue
-        windows = _windows(plan, stage, m)
-        phases = tuple(time_phase(plan, p, windows, price) for p in stage.phases)
+        kernels = _kernels(plan, stage)
+        windows = _windows(stage, kernels, m)
+        phases = tuple(
+            time_phase(plan, p, windows, price, k)
+            for p, k in zip(stage.phases, kernels, strict=True)
+        )
         per_mb = sum(
             (p.compute_s + p.exposed_s) * p.count / m for p in phases if p.name in MICROBATCH_PHASES
         )
