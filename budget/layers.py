@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from budget.phases import Alloc, Category
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.vector import count_label, every, vceil, vmax
+from budget.vector import count_label, every, vceil, vmax, vwhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,16 +248,19 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
                     )
                 )
         for name, category, per_param, stage in rows:
+            on = z >= stage
+            count = vwhere(on, -(-n // ranks), n)  # one rank: the shard is everything
             many = every(ranks > 1)
-            on = z >= stage and many
-            count = -(-n // ranks) if on else n
-            where = (
-                f"shard over {count_label(ranks)} {prefix}data-parallel ranks"
-                if on
-                else "replicated over data-parallel ranks"
-                if many
-                else ""
-            )
+            if isinstance(on, bool):
+                where = (
+                    f"shard over {count_label(ranks)} {prefix}data-parallel ranks"
+                    if on and many
+                    else "replicated over data-parallel ranks"
+                    if many
+                    else ""
+                )
+            else:
+                where = f"by ZeRO stage over {prefix}data-parallel ranks"
             allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
     if plan.device.reserved:
         allocs.append(

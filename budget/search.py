@@ -239,11 +239,8 @@ def structure(c: Config) -> tuple[Any, ...]:
         c.pp,
         c.virtual_stages,
         c.recompute,
-        c.zero,
         c.sequence_parallel and c.tp > 1,
         c.tp > 1,
-        c.cp > 1,
-        c.dp * c.cp > 1,
         c.ep > 1,
     )
 
@@ -256,7 +253,12 @@ def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
         return np.array([getattr(c, name) for c in configs], dtype=np.int64)
 
     parallel = replace(
-        first.parallel, tp=column("tp"), dp=column("dp"), cp=column("cp"), ep=column("ep")
+        first.parallel,
+        tp=column("tp"),
+        dp=column("dp"),
+        cp=column("cp"),
+        ep=column("ep"),
+        zero=column("zero"),
     )
     return replace(first, parallel=parallel, batch=replace(first.batch, micro=column("micro")))
 

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import numpy as np
 
 from budget import flops
 from budget.errors import BudgetError, Problem
@@ -56,7 +59,7 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan, Transition
-from budget.vector import count_label, every, vfloat, vmax, vmin, vround
+from budget.vector import count_label, every, holds, vfloat, vmax, vmin, vround, vwhere
 
 
 def inflight(plan: Plan, stage: int, microbatches: int) -> float:
@@ -262,6 +265,31 @@ class _StageBuilder:
         self.phases.append(Phase(name, count, tuple(moves), tuple(instants), tuple(works or ())))
 
 
+T = TypeVar("T", Alloc, Move, Work)
+
+
+def when(items: list[T], condition: Any) -> list[T]:
+    """`items` where `condition` holds. For one plan (a bool) they are kept or dropped; for
+    a sweep (an array over configurations) they are kept with their bytes or counts zeroed
+    where the condition fails, so one pass of the engine serves configurations that differ
+    in it and every one of them gets the numbers it would get alone."""
+    cond = holds(condition)
+    if isinstance(cond, bool):
+        return items if cond else []
+    if cond.all():
+        return items
+    if not cond.any():
+        return []
+    mask: Any = cond.astype(np.int64)  # an int per configuration, like the counts it scales
+    out: list[T] = []
+    for item in items:
+        if isinstance(item, Alloc):
+            out.append(replace(item, bytes=item.bytes * mask))
+        else:
+            out.append(replace(item, count=item.count * mask))
+    return out
+
+
 def _pipeline_overlap(plan: Plan, move: Move) -> Move:
     """Send/recv between stages: 1F1B and GPipe wait for it; the interleaved schedule can
     run it behind another chunk's compute when `overlap.pp` is on (Megatron-LM's
@@ -450,6 +478,10 @@ def _cp_buffers(plan: Plan, s: Shapes) -> list[Alloc]:
     the ring (one computed on, one arriving), or the whole gathered sequence."""
     if every(plan.parallel.cp == 1):
         return []
+    return when(_cp_held(plan, s), plan.parallel.cp > 1)
+
+
+def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
     if plan.parallel.cp_attention == "ring":
         return [
             Alloc(
@@ -525,6 +557,19 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     return moves
 
 
+def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:
+    """(group, ranks, parameters per rank) a block's ZeRO-3 gathers run over: the
+    non-expert weights over dp x cp, expert weights over the expert data-parallel group."""
+    par = plan.parallel
+    attention = attention_params(plan)[1]
+    layer = layer_params(plan, moe=block == "moe")
+    own = attention if block == "attention" else layer.per_rank - attention
+    groups: list[tuple[MoveGroup, int, int]] = [("dp", par.dp * par.cp, own)]
+    if block == "moe":
+        groups.append(("edp", expert_data_parallel(plan), layer.expert_per_rank))
+    return [(g, r, n) for g, r, n in groups if not every(r == 1) and not every(n == 0)]
+
+
 def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
@@ -532,20 +577,9 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
     block's gather is prefetched during this one's compute; with `overlap.dp_grads` the
     reduce-scatter runs during the next block's backward (PyTorch FSDP's prefetch, Zhao et
     al., arXiv 2304.11277)."""
-    par, prec = plan.parallel, plan.precision
-    if par.zero < 3:
-        return []
-    attention = attention_params(plan)[1]
-    layer = layer_params(plan, moe=block == "moe")
-    groups: list[tuple[MoveGroup, int, int]] = [
-        ("dp", par.dp * par.cp, attention if block == "attention" else layer.per_rank - attention)
-    ]
-    if block == "moe":
-        groups.append(("edp", expert_data_parallel(plan), layer.expert_per_rank))
+    prec = plan.precision
     moves = []
-    for group, ranks, n in groups:
-        if every(ranks == 1) or every(n == 0):
-            continue
+    for group, ranks, n in _zero3_groups(plan, block):
         label = f"{block} {'expert ' if group == 'edp' else ''}"
         gather = Move(
             f"{label}parameters",
@@ -586,15 +620,15 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
                     "exposed unless overlap.dp_grads runs it behind the next block",
                 )
             )
-    return moves
+    return when(moves, plan.parallel.zero == 3)
 
 
 def _zero3_transients(plan: Plan, block: str) -> list[Alloc]:
     """Gathered parameters of the current and the prefetched block."""
-    if plan.parallel.zero < 3:
-        return []
-    n = sum(m.size_bytes for m in _zero3_moves(plan, block, False))
-    return [Alloc("gathered parameters (current + prefetched block)", "transient", n, count=2)]
+    size = DTYPE_BYTES[plan.precision.param_gather]
+    n = sum(n * size * (ranks > 1) for _, ranks, n in _zero3_groups(plan, block))
+    gathered = Alloc("gathered parameters (current + prefetched block)", "transient", n, count=2)
+    return when([gathered], (plan.parallel.zero == 3) & (n > 0))
 
 
 def _forward(b: _StageBuilder) -> None:
@@ -796,10 +830,11 @@ def _backward(b: _StageBuilder) -> None:
     )
 
     def bucket(block: str) -> list[Alloc]:
-        if par.zero != 2 or every(par.dp * par.cp == 1):
-            return _zero3_transients(plan, block)
         n = layer_params(plan, moe=block == "moe").per_rank * DTYPE_BYTES[plan.precision.grads]
-        return [Alloc("gradient bucket before reduce-scatter", "transient", n)]
+        grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
+        return _zero3_transients(plan, block) + when(
+            [grads], (par.zero == 2) & (par.dp * par.cp > 1)
+        )
 
     if b.moe:
         recomputed = _working(blocks["moe"], "recomputed") if full else []
@@ -998,55 +1033,58 @@ def _reduce(b: _StageBuilder) -> None:
     groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.dp * par.cp, b.params.per_rank)]
     if b.params.expert_per_rank:
         groups.append(("expert ", "edp", expert_data_parallel(plan), b.params.expert_per_rank))
-    grads, gathers = [], []
+    grads: list[Move] = []
+    gathers: list[Move] = []
+    zero = par.zero
     for prefix, group, ranks, n in groups:
-        if every(ranks == 1) or par.zero == 3:
+        if every(ranks == 1):
             continue
-        op: Op = "all-reduce" if par.zero == 0 else "reduce-scatter"
-        move = Move(
-            f"{prefix}gradients",
-            op,
-            group,
-            ranks,
-            prec.grads,
-            n * DTYPE_BYTES[prec.grads],
-            "partial",
-            "replicate" if par.zero == 0 else "shard(0)",
-        )
-        grads.append(
-            hide(
-                move,
-                "@backward-microbatch",
-                "dp_grads",
-                "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
-                "bucket behind the last micro-batch's backward (last bucket exposed)",
-                share,
-                floor,
-            )
-        )
-        if par.zero in (1, 2):
-            gather = Move(
-                f"updated {prefix}parameters",
-                "all-gather",
+        reduce = [
+            Move(
+                f"{prefix}gradients",
+                "all-reduce",
                 group,
                 ranks,
-                prec.param_gather,
-                n * DTYPE_BYTES[prec.param_gather],
-                "shard(0)",
+                prec.grads,
+                n * DTYPE_BYTES[prec.grads],
+                "partial",
                 "replicate",
-            )
-            gathers.append(
-                hide(
-                    gather,
-                    "@forward-microbatch",
-                    "param_gather",
-                    "parameter gather: exposed unless overlap.param_gather runs it "
-                    "bucket by bucket behind the next step's first forward (first "
-                    "bucket exposed)",
-                    share,
-                    floor,
-                )
-            )
+            ),
+            Move(
+                f"{prefix}gradients",
+                "reduce-scatter",
+                group,
+                ranks,
+                prec.grads,
+                n * DTYPE_BYTES[prec.grads],
+                "partial",
+                "shard(0)",
+            ),
+        ]
+        rule = (
+            "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
+            "bucket behind the last micro-batch's backward (last bucket exposed)"
+        )
+        reduce = [hide(m, "@backward-microbatch", "dp_grads", rule, share, floor) for m in reduce]
+        grads += when(reduce[:1], zero == 0) + when(reduce[1:], (zero == 1) | (zero == 2))
+        gather = Move(
+            f"updated {prefix}parameters",
+            "all-gather",
+            group,
+            ranks,
+            prec.param_gather,
+            n * DTYPE_BYTES[prec.param_gather],
+            "shard(0)",
+            "replicate",
+        )
+        rule = (
+            "parameter gather: exposed unless overlap.param_gather runs it bucket by "
+            "bucket behind the next step's first forward (first bucket exposed)"
+        )
+        gathers += when(
+            [hide(gather, "@forward-microbatch", "param_gather", rule, share, floor)],
+            (zero == 1) | (zero == 2),
+        )
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
     if m.tied_embeddings and par.pp > 1 and (b.first or b.last):
@@ -1069,11 +1107,12 @@ def _reduce(b: _StageBuilder) -> None:
             ],
             [],
         )
-    z = par.zero >= 1
-    shard = (-(-b.params.per_rank // (par.dp * par.cp)) if z else b.params.per_rank) + (
-        -(-b.params.expert_per_rank // expert_data_parallel(plan))
-        if z
-        else b.params.expert_per_rank
+    sharded = par.zero >= 1
+    shard = vwhere(sharded, -(-b.params.per_rank // (par.dp * par.cp)), b.params.per_rank)
+    shard += vwhere(
+        sharded,
+        -(-b.params.expert_per_rank // expert_data_parallel(plan)),
+        b.params.expert_per_rank,
     )
     b.add(
         "optimizer",

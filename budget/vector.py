@@ -66,3 +66,16 @@ def ratio(a: float, b: float) -> float:
 def count_label(n: int) -> str:
     """ "1,234" for one plan; nothing for a sweep (labels are read only in single reports)."""
     return f"{n:,}" if _scalar(n) else "N"
+
+
+def vwhere(condition: Any, a: N, b: N) -> N:
+    """`a` where the condition holds, else `b`."""
+    if _scalar(condition, a, b):
+        return a if condition else b
+    return cast(N, np.where(condition, a, b))
+
+
+def holds(condition: Any) -> bool | np.ndarray:
+    """A condition that may differ between the configurations of a sweep: a bool for one
+    plan, a boolean array for a sweep (see `step.when`)."""
+    return bool(condition) if _scalar(condition) else np.asarray(condition, dtype=bool)
