@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from budget.phases import Alloc, Category
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.vector import count_label, every, vceil, vmax, vwhere
+from budget.vector import count_label, every, holds, vceil, vmax, vwhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +305,7 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
     tokens = b.micro * vmax(1, rows // par.cp)
     return Shapes(
         tokens=tokens,
-        tokens_sp=-(-tokens // t) if par.sequence_parallel else tokens,
+        tokens_sp=vwhere(par.sequence_parallel, -(-tokens // t), tokens),
         act=DTYPE_BYTES[plan.precision.activations],
         hidden=m.hidden,
         q_cols=m.heads * m.head_dim // t,
@@ -315,7 +315,7 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
         seq_kv=b.seq if kv_len is None else kv_len,
         micro=b.micro,
         causal=query_len is None or query_len == kv_len,
-        **_expert_shapes(plan, -(-tokens // t) if par.sequence_parallel else tokens),
+        **_expert_shapes(plan, vwhere(par.sequence_parallel, -(-tokens // t), tokens)),
     )
 
 
@@ -343,7 +343,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
 def residual_placement(plan: Plan) -> str:
     return (
         "shard(0) on tp"
-        if plan.parallel.sequence_parallel and every(plan.parallel.tp > 1)
+        if every(holds(plan.parallel.sequence_parallel) & (plan.parallel.tp > 1))
         else ("replicate on tp")
     )
 

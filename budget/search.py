@@ -235,22 +235,15 @@ def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
 def structure(c: Config) -> tuple[Any, ...]:
     """What decides the phases, allocations and transitions a configuration's step has;
     configurations that agree on it are evaluated together."""
-    return (
-        c.pp,
-        c.virtual_stages,
-        c.recompute,
-        c.sequence_parallel and c.tp > 1,
-        c.tp > 1,
-        c.ep > 1,
-    )
+    return (c.pp, c.virtual_stages, c.recompute, c.ep > 1)
 
 
 def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
     """One plan whose varying numbers are arrays over `configs` (all of one structure)."""
     first = apply(plan, configs[0], gpus)
 
-    def column(name: str) -> Any:
-        return np.array([getattr(c, name) for c in configs], dtype=np.int64)
+    def column(name: str, dtype: Any = np.int64) -> Any:
+        return np.array([getattr(c, name) for c in configs], dtype=dtype)
 
     parallel = replace(
         first.parallel,
@@ -259,6 +252,7 @@ def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
         cp=column("cp"),
         ep=column("ep"),
         zero=column("zero"),
+        sequence_parallel=column("sequence_parallel", bool),
     )
     return replace(first, parallel=parallel, batch=replace(first.batch, micro=column("micro")))
 

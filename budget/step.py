@@ -59,7 +59,7 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan, Transition
-from budget.vector import count_label, every, holds, vfloat, vmax, vmin, vround, vwhere
+from budget.vector import count_label, every, holds, lacks, vfloat, vmax, vmin, vround, vwhere
 
 
 def inflight(plan: Plan, stage: int, microbatches: int) -> float:
@@ -120,47 +120,29 @@ def _tp_moves(
         return hide(m, gemm, "tp", "tp: exposed unless overlap.tp hides it behind its GEMM")
 
     wgrad = f"{column} backward"
+    sp = holds(par.sequence_parallel)
     if backward:
-        reduce_op: Op = "reduce-scatter" if par.sequence_parallel else "all-reduce"
-        grad = move(
-            "input gradient", reduce_op, PARTIAL, shard(0) if par.sequence_parallel else REPLICATE
-        )
-        out = [
-            hide(
-                grad,
-                wgrad,
-                "",
-                "tp backward: overlaps the weight-gradient GEMM",
-                share=0.5,
-            )
-        ]
-        if par.sequence_parallel:
-            again = move("input again, for weight grad", "all-gather", shard(0), REPLICATE)
-            out.insert(
-                0,
-                hide(
-                    again,
-                    wgrad,
-                    "",
-                    "tp backward: overlaps the input-gradient GEMM",
-                    share=0.5,
-                ),
-            )
-            if row:
-                out.insert(
-                    0,
-                    forward(
-                        move("output gradient", "all-gather", shard(0), REPLICATE),
-                        f"{row} backward",
-                    ),
+        ar = move("input gradient", "all-reduce", PARTIAL, REPLICATE)
+        rs = move("input gradient", "reduce-scatter", PARTIAL, shard(0))
+        wg = "tp backward: overlaps the weight-gradient GEMM"
+        again = move("input again, for weight grad", "all-gather", shard(0), REPLICATE)
+        sp_moves = []
+        if row:
+            sp_moves.append(
+                forward(
+                    move("output gradient", "all-gather", shard(0), REPLICATE), f"{row} backward"
                 )
-        return out
-    if not par.sequence_parallel:
-        return [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
-    moves = [forward(move("input", "all-gather", shard(0), REPLICATE), column)]
+            )
+        sp_moves += [
+            hide(again, wgrad, "", "tp backward: overlaps the input-gradient GEMM", share=0.5),
+            hide(rs, wgrad, "", wg, share=0.5),
+        ]
+        return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
+    sp_moves = [forward(move("input", "all-gather", shard(0), REPLICATE), column)]
     if row:
-        moves.append(forward(move("output", "reduce-scatter", PARTIAL, shard(0)), row))
-    return moves
+        sp_moves.append(forward(move("output", "reduce-scatter", PARTIAL, shard(0)), row))
+    plain = [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
+    return when(sp_moves, sp) + when(plain, lacks(sp))
 
 
 def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
@@ -288,6 +270,12 @@ def when(items: list[T], condition: Any) -> list[T]:
         else:
             out.append(replace(item, count=item.count * mask))
     return out
+
+
+def _sp(plan: Plan) -> bool | np.ndarray:
+    """Where sequence parallelism is in effect: asked for, with more than one tp rank."""
+    par = plan.parallel
+    return holds(holds(par.sequence_parallel) & (par.tp > 1))
 
 
 def _pipeline_overlap(plan: Plan, move: Move) -> Move:
@@ -636,7 +624,7 @@ def _forward(b: _StageBuilder) -> None:
     backward: every earlier layer and micro-batch in flight is saved."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    sp = par.sequence_parallel and every(par.tp > 1)
+    sp = _sp(plan)
     full = plan.recompute == "full"
     base = [*b.resident, *_extra_saved(b), _earlier(b)]
     checkpoint = layer_saved(plan, s)[0] if full else []
@@ -646,27 +634,34 @@ def _forward(b: _StageBuilder) -> None:
         attn = attn + _working(core_attention(plan, s))
 
     if b.first:
-        moves = []
-        if every(par.tp > 1):
-            op: Op = "reduce-scatter" if sp else "all-reduce"
-            moves.append(
-                replace(
-                    Move(
-                        "embedding output",
-                        op,
-                        "tp",
-                        par.tp,
-                        plan.precision.activations,
-                        s.act * s.tokens * s.hidden,
-                        "partial",
-                        "shard(0)" if sp else "replicate",
-                    ),
-                    rule="tp: exposed, the first layer needs it",
-                )
-            )
+        size = s.act * s.tokens * s.hidden
+        rule = "tp: exposed, the first layer needs it"
+        scatter = Move(
+            "embedding output",
+            "reduce-scatter",
+            "tp",
+            par.tp,
+            plan.precision.activations,
+            size,
+            "partial",
+            "shard(0)",
+            rule=rule,
+        )
+        reduce = Move(
+            "embedding output",
+            "all-reduce",
+            "tp",
+            par.tp,
+            plan.precision.activations,
+            size,
+            "partial",
+            "replicate",
+            rule=rule,
+        )
+        moves = when([scatter], sp) + when([reduce], lacks(sp) & (par.tp > 1))
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
-    gathered = [_full(s, "attention input (all-gathered)")] if sp else []
+    gathered = when([_full(s, "attention input (all-gathered)")], sp)
     z3 = _zero3_transients(plan, "attention")
     b.add(
         "forward.attention",
@@ -683,10 +678,8 @@ def _forward(b: _StageBuilder) -> None:
     kept = [] if full else attn
     if b.dense:
         mlp = _working(blocks["mlp"]) if full else blocks["mlp"]
-        partial = (
-            [_full(s, "MLP output (partial, before reduction)", "partial on tp")]
-            if every(par.tp > 1)
-            else []
+        partial = when(
+            [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
         )
         z3 = _zero3_transients(plan, "mlp")
         b.add(
@@ -702,7 +695,7 @@ def _forward(b: _StageBuilder) -> None:
                         + checkpoint
                         + kept
                         + mlp[:2]
-                        + ([_full(s, "MLP input (all-gathered)")] if sp else [])
+                        + when([_full(s, "MLP input (all-gathered)")], sp)
                         + z3
                     ),
                 ),
@@ -775,27 +768,25 @@ def _loss(b: _StageBuilder) -> None:
         Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
         Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
     ]
-    if plan.parallel.sequence_parallel and every(t > 1):
-        live.append(_full(s, "output layer input (all-gathered)"))
+    sp = _sp(plan)
+    live += when([_full(s, "output layer input (all-gathered)")], sp)
     moves = []
-    if every(t > 1):
-        moves.append(
-            Move(
-                "cross-entropy statistics",
-                "all-reduce",
-                "tp",
-                t,
-                "fp32",
-                4 * s.tokens,
-                "partial",
-                "replicate",
-                count=3,
-                rule="exposed: the loss needs it",
-            )
+    if not every(t == 1):
+        stats = Move(
+            "cross-entropy statistics",
+            "all-reduce",
+            "tp",
+            t,
+            "fp32",
+            4 * s.tokens,
+            "partial",
+            "replicate",
+            count=3,
+            rule="exposed: the loss needs it",
         )
-        if plan.parallel.sequence_parallel:
-            moves.extend(_tp_moves(plan, s, "output layer", False, "output layer")[:1])
-        moves.extend(_tp_moves(plan, s, "output layer", True, "output layer"))
+        moves += when([stats], t > 1)
+        moves += when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], sp)
+        moves += _tp_moves(plan, s, "output layer", True, "output layer")
     b.add(
         "loss",
         b.microbatches,
@@ -811,7 +802,7 @@ def _backward(b: _StageBuilder) -> None:
     Recompute repeats the whole layer's forward (full) or the attention core (selective)."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
-    sp = par.sequence_parallel and every(par.tp > 1)
+    sp = _sp(plan)
     full = plan.recompute == "full"
     saved = [*b.resident, *_extra_saved(b), _earlier(b), *_current_layer(b)]
     blocks = _blocks(plan, s)
@@ -823,10 +814,8 @@ def _backward(b: _StageBuilder) -> None:
     )
     col = "shard(ffn) on tp"
     gate = 2 if plan.model.mlp == "swiglu" else 1
-    partial_in = (
-        [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")]
-        if every(par.tp > 1)
-        else []
+    partial_in = when(
+        [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")], par.tp > 1
     )
 
     def bucket(block: str) -> list[Alloc]:
@@ -885,8 +874,8 @@ def _backward(b: _StageBuilder) -> None:
             gate * s.act * s.tokens * s.ffn_cols,
             placement=col,
         )
-        out_gather = [_full(s, "output gradient (all-gathered)")] if sp else []
-        regather = [_full(s, "fc1 input (re-gathered for weight grad)")] if sp else []
+        out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
+        regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
         again = (
             _tp_moves(
                 plan,
@@ -985,23 +974,18 @@ def _backward(b: _StageBuilder) -> None:
         redo + flops.backward_of(work),
     )
     if b.first:
-        moves = []
-        if sp:
-            moves.append(
-                replace(
-                    Move(
-                        "embedding output gradient",
-                        "all-gather",
-                        "tp",
-                        par.tp,
-                        plan.precision.activations,
-                        s.act * s.tokens * s.hidden,
-                        "shard(0)",
-                        "replicate",
-                    ),
-                    rule="tp: exposed, the embedding gradient needs it",
-                )
-            )
+        gather = Move(
+            "embedding output gradient",
+            "all-gather",
+            "tp",
+            par.tp,
+            plan.precision.activations,
+            s.act * s.tokens * s.hidden,
+            "shard(0)",
+            "replicate",
+            rule="tp: exposed, the embedding gradient needs it",
+        )
+        moves = when([gather], sp)
         b.add("backward.embedding", m, moves, [], flops.backward_of(flops.embedding_work(plan, s)))
     if par.pp > 1:
         b.add(

@@ -79,3 +79,9 @@ def holds(condition: Any) -> bool | np.ndarray:
     """A condition that may differ between the configurations of a sweep: a bool for one
     plan, a boolean array for a sweep (see `step.when`)."""
     return bool(condition) if _scalar(condition) else np.asarray(condition, dtype=bool)
+
+
+def lacks(condition: Any) -> bool | np.ndarray:
+    """The negation of `holds(condition)`."""
+    cond = holds(condition)
+    return not cond if isinstance(cond, bool) else ~cond
