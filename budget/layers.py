@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from budget.phases import Alloc, Category
+from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.vector import count_label, every, holds, vceil, vmax, vwhere
+from budget.vector import count_label, every, holds, lacks, vceil, vmax, vwhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,12 +375,12 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         out.append(
             Alloc("attention dropout mask", "activations", s.tokens_sp * s.hidden, placement=res)
         )
-    if plan.recompute == "selective":
-        scores = {
-            a.name for a in core_attention(plan, s) if "score" in a.name or "softmax" in a.name
-        }
-        out = [x for x in out if x.name not in scores or x.name.endswith("statistics")]
-    return out
+    dropped = {a.name for a in core_attention(plan, s) if not a.name.endswith("statistics")}
+    keep = lacks(plan.recompute == "selective")
+    kept: list[Alloc] = []
+    for x in out:
+        kept += when([x], keep) if x.name in dropped else [x]
+    return kept
 
 
 def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
@@ -475,13 +475,15 @@ def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:
     Full recompute keeps only each layer's input (Korthikanti Table 2: 2sbh; sharded over tp
     with sequence parallelism) and rebuilds the rest in backward.
     """
-    if plan.recompute == "full":
-        return [
-            Alloc(
-                "layer input (checkpoint)",
-                "activations",
-                s.act * s.tokens_sp * s.hidden,
-                placement=residual_placement(plan),
-            )
-        ], []
-    return attention_saved(plan, s), mlp_saved(plan, s)
+    full = plan.recompute == "full"
+    checkpoint = Alloc(
+        "layer input (checkpoint)",
+        "activations",
+        s.act * s.tokens_sp * s.hidden,
+        placement=residual_placement(plan),
+    )
+    rest = lacks(full)
+    return (
+        when([checkpoint], full) + when(attention_saved(plan, s), rest),
+        when(mlp_saved(plan, s), rest),
+    )

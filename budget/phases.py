@@ -7,11 +7,14 @@ terms; `memory`, `schedule` and `pipeline` only read them. Bytes are integers.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+import numpy as np
 
 from budget.flops import Work
 from budget.placement import Op
 from budget.plan.model import GroupKind
+from budget.vector import holds
 
 MoveGroup = GroupKind | Literal["edp"]  # edp: expert data-parallel group
 
@@ -143,3 +146,28 @@ class Step:
     stages: tuple[StageStep, ...]
     params_total: int
     params_per_layer: int
+
+
+T = TypeVar("T", Alloc, Move, Work)
+
+
+def when(items: list[T], condition: Any) -> list[T]:
+    """`items` where `condition` holds. For one plan (a bool) they are kept or dropped; for
+    a sweep (an array over configurations) they are kept with their bytes or counts zeroed
+    where the condition fails, so one pass of the engine serves configurations that differ
+    in it and every one of them gets the numbers it would get alone."""
+    cond = holds(condition)
+    if isinstance(cond, bool):
+        return items if cond else []
+    if cond.all():
+        return items
+    if not cond.any():
+        return []
+    mask: Any = cond.astype(np.int64)  # an int per configuration, like the counts it scales
+    out: list[T] = []
+    for item in items:
+        if isinstance(item, Alloc):
+            out.append(replace(item, bytes=item.bytes * mask))
+        else:
+            out.append(replace(item, count=item.count * mask))
+    return out

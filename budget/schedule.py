@@ -132,7 +132,16 @@ def _flag(plan: Plan, flag: str) -> bool:
 
 def _kernels(plan: Plan, stage: StageStep) -> list[dict[str, float]]:
     """Roofline seconds of every kernel of every phase of a stage, by name."""
-    return [{w.name: work_time(plan, w) for w in phase.works} for phase in stage.phases]
+    return [_by_name(plan, phase) for phase in stage.phases]
+
+
+def _by_name(plan: Plan, phase: Phase) -> dict[str, float]:
+    """Seconds per kernel name; kernels of one name add up (a sweep carries each recompute
+    mode's kernels under the same names, all but one of them zeroed)."""
+    kernels: dict[str, float] = {}
+    for work in phase.works:
+        kernels[work.name] = kernels.get(work.name, 0.0) + work_time(plan, work)
+    return kernels
 
 
 def _windows(
@@ -162,7 +171,7 @@ def time_phase(
     kernels: dict[str, float] | None = None,
 ) -> PhaseTime:
     if kernels is None:
-        kernels = {w.name: work_time(plan, w) for w in phase.works}
+        kernels = _by_name(plan, phase)
     compute = sum(kernels.values())
     timed = []
     for move in phase.moves:

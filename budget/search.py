@@ -235,7 +235,7 @@ def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
 def structure(c: Config) -> tuple[Any, ...]:
     """What decides the phases, allocations and transitions a configuration's step has;
     configurations that agree on it are evaluated together."""
-    return (c.pp, c.virtual_stages, c.recompute, c.ep > 1)
+    return (c.pp, c.virtual_stages, c.ep > 1)
 
 
 def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
@@ -254,7 +254,12 @@ def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
         zero=column("zero"),
         sequence_parallel=column("sequence_parallel", bool),
     )
-    return replace(first, parallel=parallel, batch=replace(first.batch, micro=column("micro")))
+    return replace(
+        first,
+        parallel=parallel,
+        batch=replace(first.batch, micro=column("micro")),
+        recompute=column("recompute", object),
+    )
 
 
 class _Pricer:

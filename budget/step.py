@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from budget.layers import (
     stage_layer_ids,
     stage_params,
 )
-from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide
+from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
 from budget.placement import (
     PARTIAL,
     REPLICATE,
@@ -247,31 +247,6 @@ class _StageBuilder:
         self.phases.append(Phase(name, count, tuple(moves), tuple(instants), tuple(works or ())))
 
 
-T = TypeVar("T", Alloc, Move, Work)
-
-
-def when(items: list[T], condition: Any) -> list[T]:
-    """`items` where `condition` holds. For one plan (a bool) they are kept or dropped; for
-    a sweep (an array over configurations) they are kept with their bytes or counts zeroed
-    where the condition fails, so one pass of the engine serves configurations that differ
-    in it and every one of them gets the numbers it would get alone."""
-    cond = holds(condition)
-    if isinstance(cond, bool):
-        return items if cond else []
-    if cond.all():
-        return items
-    if not cond.any():
-        return []
-    mask: Any = cond.astype(np.int64)  # an int per configuration, like the counts it scales
-    out: list[T] = []
-    for item in items:
-        if isinstance(item, Alloc):
-            out.append(replace(item, bytes=item.bytes * mask))
-        else:
-            out.append(replace(item, count=item.count * mask))
-    return out
-
-
 def _sp(plan: Plan) -> bool | np.ndarray:
     """Where sequence parallelism is in effect: asked for, with more than one tp rank."""
     par = plan.parallel
@@ -328,6 +303,15 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
 def _working(allocs: list[Alloc], suffix: str = "working, not saved") -> list[Alloc]:
     """Tensors computed but not kept (full recompute's forward, recompute in backward)."""
     return [replace(a, name=f"{a.name} ({suffix})", category="transient") for a in allocs]
+
+
+def _either(saved: list[Alloc], full: Any) -> list[Alloc]:
+    """Each tensor as saved, or, where full recompute holds, as a working tensor that the
+    forward computes and frees (`_working`)."""
+    out: list[Alloc] = []
+    for alloc in saved:
+        out += when([alloc], lacks(full)) + when(_working([alloc]), full)
+    return out
 
 
 def _total(allocs: list[Alloc]) -> int:
@@ -405,23 +389,18 @@ def _blocks(plan: Plan, s: Shapes) -> dict[str, list[Alloc]]:
 def _saved_per_microbatch(b: _StageBuilder) -> int:
     """Activation bytes one micro-batch leaves saved on this stage after its forward."""
     plan, s = b.plan, b.shapes
-    if plan.recompute == "full":
-        return b.layers * _total(layer_saved(plan, s)[0])
-    blocks = _blocks(plan, s)
-    return (
-        b.layers * _total(blocks["attention"])
-        + b.dense * _total(blocks["mlp"])
-        + b.moe * _total(blocks["moe"])
-    )
+    attention, mlp = layer_saved(plan, s)
+    moe = when(_blocks(plan, s)["moe"], lacks(plan.recompute == "full"))
+    return b.layers * _total(attention) + b.dense * _total(mlp) + b.moe * _total(moe)
 
 
 def _current_layer(b: _StageBuilder) -> list[Alloc]:
     """The saved tensors of the stage's last layer, itemised (the one being worked on)."""
     plan, s = b.plan, b.shapes
-    if plan.recompute == "full":
-        return layer_saved(plan, s)[0]
-    blocks = _blocks(plan, s)
-    return blocks["attention"] + blocks["moe" if b.last_is_moe else "mlp"]
+    attention, mlp = layer_saved(plan, s)
+    if b.last_is_moe:
+        return attention + when(_blocks(plan, s)["moe"], lacks(plan.recompute == "full"))
+    return attention + mlp
 
 
 def _earlier(b: _StageBuilder) -> Alloc:
@@ -627,11 +606,12 @@ def _forward(b: _StageBuilder) -> None:
     sp = _sp(plan)
     full = plan.recompute == "full"
     base = [*b.resident, *_extra_saved(b), _earlier(b)]
-    checkpoint = layer_saved(plan, s)[0] if full else []
+    checkpoint = [x for x in layer_saved(plan, s)[0] if x.name == "layer input (checkpoint)"]
     blocks = _blocks(plan, s)
-    attn = _working(blocks["attention"]) if full else blocks["attention"]
-    if plan.recompute == "selective" and plan.model.attention == "eager":
-        attn = attn + _working(core_attention(plan, s))
+    core = _working(core_attention(plan, s)) if plan.model.attention == "eager" else []
+    attn_kept = blocks["attention"] + when(core, plan.recompute == "selective")
+    attn = _either(blocks["attention"], full) + when(core, plan.recompute == "selective")
+    first_two = _either(blocks["attention"][:2], full)
 
     if b.first:
         size = s.act * s.tokens * s.hidden
@@ -670,14 +650,14 @@ def _forward(b: _StageBuilder) -> None:
         + _cp_moves(plan, s, False)
         + _zero3_moves(plan, "attention", False),
         [
-            Instant("QKV projection", tuple(base + checkpoint + attn[:2] + gathered + z3)),
+            Instant("QKV projection", tuple(base + checkpoint + first_two + gathered + z3)),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
         ],
         flops.attention_forward(plan, s),
     )
-    kept = [] if full else attn
+    kept = when(attn_kept, lacks(full))
     if b.dense:
-        mlp = _working(blocks["mlp"]) if full else blocks["mlp"]
+        mlp = _either(blocks["mlp"], full)
         partial = when(
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
         )
@@ -694,7 +674,7 @@ def _forward(b: _StageBuilder) -> None:
                         base
                         + checkpoint
                         + kept
-                        + mlp[:2]
+                        + _either(blocks["mlp"][:2], full)
                         + when([_full(s, "MLP input (all-gathered)")], sp)
                         + z3
                     ),
@@ -706,7 +686,7 @@ def _forward(b: _StageBuilder) -> None:
             flops.mlp_forward(plan, s),
         )
     if b.moe:
-        moe = _working(blocks["moe"]) if full else blocks["moe"]
+        moe = _either(blocks["moe"], full)
         rows = s.act * s.routed * s.hidden
         buffers = [
             Alloc(
@@ -826,7 +806,7 @@ def _backward(b: _StageBuilder) -> None:
         )
 
     if b.moe:
-        recomputed = _working(blocks["moe"], "recomputed") if full else []
+        recomputed = when(_working(blocks["moe"], "recomputed"), full)
         rows = s.act * s.routed * s.hidden
         grads = [
             Alloc("expert output gradients", "transient", rows, placement="shard(tokens) on ep"),
@@ -860,11 +840,11 @@ def _backward(b: _StageBuilder) -> None:
                     tuple(saved + recomputed + [grad_out, *grads] + bucket("moe")),
                 )
             ],
-            ([w.scaled(1, f"{w.name} (recomputed)") for w in work] if full else [])
+            when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work),
         )
     if b.dense:
-        recomputed = _working(blocks["mlp"], "recomputed") if full else []
+        recomputed = when(_working(blocks["mlp"], "recomputed"), full)
         ffn_grad = Alloc(
             "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
         )
@@ -876,7 +856,7 @@ def _backward(b: _StageBuilder) -> None:
         )
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
         regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
-        again = (
+        again = when(
             _tp_moves(
                 plan,
                 s,
@@ -884,9 +864,8 @@ def _backward(b: _StageBuilder) -> None:
                 False,
                 "MLP fc1 (recomputed)",
                 "MLP fc2 (recomputed)",
-            )
-            if full
-            else []
+            ),
+            full,
         )
         work = flops.mlp_forward(plan, s)
         b.add(
@@ -918,22 +897,23 @@ def _backward(b: _StageBuilder) -> None:
                     ),
                 ),
             ],
-            ([w.scaled(1, f"{w.name} (recomputed)") for w in work] if full else [])
+            when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work),
         )
-    recomputed = _working(blocks["attention"], "recomputed") if full else []
+    recomputed = when(_working(blocks["attention"], "recomputed"), full)
     if plan.model.attention == "eager":
         score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
         recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
-        if plan.recompute == "selective":
-            recomputed += _working(core_attention(plan, s), "recomputed")
+        recomputed += when(
+            _working(core_attention(plan, s), "recomputed"), plan.recompute == "selective"
+        )
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
         s.act * s.tokens * (s.q_cols + 2 * s.kv_cols),
         placement="shard(heads) on tp",
     )
-    again = (
+    again = when(
         _tp_moves(
             plan,
             s,
@@ -941,17 +921,14 @@ def _backward(b: _StageBuilder) -> None:
             False,
             "QKV projection (recomputed)",
             "attention output projection (recomputed)",
-        )
-        if full
-        else []
+        ),
+        full,
     )
     work = flops.attention_forward(plan, s)
-    if full:
-        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in work]
-    elif plan.recompute == "selective":
-        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)]
-    else:
-        redo = []
+    redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full) + when(
+        [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)],
+        plan.recompute == "selective",
+    )
     b.add(
         "backward.attention",
         b.layers * m,
