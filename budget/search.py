@@ -365,30 +365,39 @@ def _peaks(step: Step) -> np.ndarray:
     return peak
 
 
-def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
-    """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
+def measure(plan: Plan, configs: Sequence[Config], gpus: int) -> dict[str, np.ndarray]:
+    """Peak memory, step time, exposed communication, MFU and tokens/s of `configs` (one
+    structure), as arrays, in one pass of the engine."""
     batch = _batched(plan, configs, gpus)
     step = derive(batch, representatives=True)
-    peak = _peaks(step) * np.ones(len(configs), dtype=np.int64)
-    times = step_time(batch, step, _Pricer(plan, configs, gpus))
     n = len(configs)
-    time_s = np.asarray(times.time_s) * np.ones(n)
-    exposed = np.asarray(_critical_exposed(times)) * np.ones(n)
-    mfu = np.asarray(times.mfu) * np.ones(n)
-    rate = np.asarray(times.tokens_per_s) * np.ones(n)
-    capacity = plan.device.memory
+    times = step_time(batch, step, _Pricer(plan, configs, gpus))
+    return {
+        "peak": _peaks(step) * np.ones(n, dtype=np.int64),
+        "time": np.asarray(times.time_s) * np.ones(n),
+        "exposed": np.asarray(_critical_exposed(times)) * np.ones(n),
+        "mfu": np.asarray(times.mfu) * np.ones(n),
+        "rate": np.asarray(times.tokens_per_s) * np.ones(n),
+    }
+
+
+def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int) -> list[Result]:
+    columns = (
+        m["peak"].tolist(),
+        m["time"].tolist(),
+        m["exposed"].tolist(),
+        m["mfu"].tolist(),
+        m["rate"].tolist(),
+    )
     return [
-        Result(
-            c,
-            int(peak[i]),
-            bool(peak[i] <= capacity),
-            float(time_s[i]),
-            float(exposed[i]),
-            float(mfu[i]),
-            float(rate[i]),
-        )
-        for i, c in enumerate(configs)
+        Result(c, peak, peak <= capacity, time_s, exposed, mfu, rate)
+        for c, peak, time_s, exposed, mfu, rate in zip(configs, *columns, strict=True)
     ]
+
+
+def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
+    """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
+    return _results(configs, measure(plan, configs, gpus), plan.device.memory)
 
 
 def _critical_exposed(times: Any) -> Any:
@@ -449,13 +458,16 @@ def search(
     work = [g[i : i + CHUNK] for g in groups.values() for i in range(0, len(g), CHUNK)]
     fitting: list[Result] = []
     evaluated = 0
+    capacity = plan.device.memory
     for done, configs in enumerate(work, 1):
-        for result in evaluate(plan, configs, gpus):
-            evaluated += 1
-            if result.fits:
-                fitting.append(result)
-            else:
-                counts.rejected["does not fit in device memory"] += 1
+        measured = measure(plan, configs, gpus)
+        fits = measured["peak"] <= capacity
+        evaluated += len(configs)
+        counts.rejected["does not fit in device memory"] += int((~fits).sum())
+        keep = np.flatnonzero(fits)
+        fitting += _results(
+            [configs[i] for i in keep], {k: v[keep] for k, v in measured.items()}, capacity
+        )
         if progress is not None:
             progress(done, len(work))
     fitting.sort(key=OBJECTIVES[objective])
