@@ -28,6 +28,7 @@ slow each other; where ``Level.shared_by`` GPUs share one link, each gets bandwi
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -133,10 +134,18 @@ def span_of_ranks(
         raise ValueError("the topology has no levels")
     # touched[i]: how many level-i domains the group occupies; the outermost is one domain.
     touched: list[int] = []
+    step = members[1] - members[0] if len(members) > 1 else 0
+    regular = step > 0 and members == tuple(range(members[0], members[-1] + 1, step))
     for i, level in enumerate(levels):
         if i == len(levels) - 1 or level.size is None:
             touched.append(1)
             break
+        domains = (
+            _progression_domains(members[0], step, len(members), level.size) if (regular) else None
+        )
+        if domains is not None:
+            touched.append(domains)
+            continue
         per_domain = Counter(r // level.size for r in members)
         if len(set(per_domain.values())) > 1:
             raise ValueError(
@@ -155,10 +164,26 @@ def span_of_ranks(
     )
     if not tiers:
         tiers = (Tier(1, link_of(levels[0])),)
-    gaps = {b - a for a, b in itertools.pairwise(members)}
-    stride = gaps.pop() if len(gaps) == 1 else (1 if len(members) == 1 else None)
+    if regular or len(members) == 1:
+        stride: int | None = step or 1
+    else:
+        gaps = {b - a for a, b in itertools.pairwise(members)}
+        stride = gaps.pop() if len(gaps) == 1 else None
     first = members[0] if rank is None else rank
     return GroupSpan(kind, first, members, stride, tiers, touched[0])
+
+
+def _progression_domains(first: int, step: int, n: int, size: int) -> int | None:
+    """Domains of `size` consecutive ranks that the ranks first, first + step, ... (n of them)
+    occupy, when each holds the same number of them; None when that needs a tally."""
+    if step >= size:
+        return n if step % size == 0 else None
+    if size % step or first % size >= step:
+        return None
+    span = n * step
+    if span <= size:
+        return 1 if first % size + (n - 1) * step < size else None
+    return span // size if span % size == 0 and first % size == first % step else None
 
 
 def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> tuple[int, ...]:
@@ -179,6 +204,16 @@ def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -
     order = _dense_order(parallel)
     coords = _dense_coords(rank, order, degrees)
     if all(d in _DENSE for d in dims):
+        positions = sorted(order.index(d) for d in set(dims))
+        if positions == list(range(positions[0], positions[-1] + 1)):
+            # Dimensions adjacent in the order vary together as one block: an arithmetic
+            # progression of ranks, listed without enumerating coordinates.
+            stride = math.prod(degrees[d] for d in order[: positions[0]])
+            size = math.prod(degrees[order[i]] for i in positions)
+            base = rank - sum(
+                coords[order[i]] * math.prod(degrees[d] for d in order[:i]) for i in positions
+            )
+            return tuple(range(base, base + size * stride, stride))
         ranges = [range(degrees[d]) if d in dims else (coords[d],) for d in order]
         return tuple(
             sorted(

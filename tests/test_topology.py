@@ -154,3 +154,66 @@ def test_a_group_inside_one_domain_never_touches_the_outer_link(
             assert used == {"infiniband"}, (kind, span.ranks)
         else:
             assert span.two_level and "infiniband" in used
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    degrees=st.tuples(*(st.sampled_from([1, 2, 4, 8, 16]) for _ in range(4))),
+    order=st.sampled_from(
+        [
+            ("tp", "cp", "ep", "dp", "pp"),
+            ("tp", "cp", "ep", "pp", "dp"),
+            ("cp", "tp", "ep", "dp", "pp"),
+            ("tp", "dp", "ep", "cp", "pp"),
+        ]
+    ),
+    kind=st.sampled_from(["tp", "cp", "dp", "pp", ("dp", "cp")]),
+    seed=st.integers(0, 10_000),
+)
+def test_arithmetic_layout_matches_the_rank_by_rank_tally(degrees, order, kind, seed):
+    """Groups of ranks in arithmetic progression are laid out without enumerating
+    coordinates or tallying domains; the result must equal the rank-by-rank method."""
+    import itertools as it
+    from collections import Counter
+
+    from budget import topology as T
+    from budget.plan.model import Level, Parallel, Topology
+
+    tp, cp, pp, dp = degrees
+    gpus = tp * cp * pp * dp
+    levels = (Level("nv", 4.5e11, 1e-6, 8), Level("ib", 5e10, 5e-6, 64), Level("dc", 1e10, 2e-5))
+    if gpus % 64 or gpus < 64:
+        levels = levels[::2]
+    parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, order=order)
+    rank = seed % gpus
+    members = T.group_ranks(kind, parallel, gpus, rank)
+    ordered = T._dense_order(parallel)
+    deg = T._degrees(parallel)
+    coords = T._dense_coords(rank, ordered, deg)
+    dims = (kind,) if isinstance(kind, str) else kind
+    ranges = [range(deg[d]) if d in dims else (coords[d],) for d in ordered]
+    expected = tuple(
+        sorted(
+            T._dense_rank(dict(zip(ordered, c, strict=True)), ordered, deg)
+            for c in it.product(*ranges)
+        )
+    )
+    assert members == expected
+    touched = []
+    for i, level in enumerate(levels):
+        if i == len(levels) - 1:
+            touched.append(1)
+            break
+        per = Counter(r // level.size for r in members)
+        if len(set(per.values())) > 1:
+            with pytest.raises(ValueError):
+                T.span_of_ranks(members, Topology(gpus, levels))
+            return
+        touched.append(len(per))
+    span = T.span_of_ranks(members, Topology(gpus, levels))
+    counts = [
+        len(members) // touched[0],
+        *(touched[i - 1] // touched[i] for i in range(1, len(touched))),
+    ]
+    assert span.domains == touched[0]
+    assert [t.ranks for t in span.tiers] == ([c for c in counts if c > 1] or [1])
