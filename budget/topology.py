@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, TypeAlias
 
+import numpy as np
+
 from budget.collectives import (
     Algorithm,
     CollectiveCost,
@@ -214,13 +216,14 @@ def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -
                 coords[order[i]] * math.prod(degrees[d] for d in order[:i]) for i in positions
             )
             return tuple(range(base, base + size * stride, stride))
-        ranges = [range(degrees[d]) if d in dims else (coords[d],) for d in order]
-        return tuple(
-            sorted(
-                _dense_rank(dict(zip(order, c, strict=True)), order, degrees)
-                for c in itertools.product(*ranges)
-            )
-        )
+        # Otherwise a lattice of progressions: the base rank plus every combination of
+        # each dimension's index times its stride.
+        strides = {d: math.prod(degrees[e] for e in order[: order.index(d)]) for d in order}
+        lattice = np.zeros(1, dtype=np.int64)
+        for d in set(dims):
+            lattice = np.add.outer(lattice, np.arange(degrees[d]) * strides[d]).ravel()
+        base = rank - sum(coords[d] * strides[d] for d in set(dims))
+        return tuple(np.sort(lattice + base).tolist())
     if not all(d in _EXPERT for d in dims):
         raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
     ep_idx, edp_idx = _expert_coords(coords, parallel)
