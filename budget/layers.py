@@ -112,6 +112,12 @@ def stage_layer_ids(plan: Plan) -> list[list[int]]:
     arXiv 2104.04473, section 2.2.2)."""
     p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
     sizes = plan.parallel.pipeline.layers_per_stage
+    if not isinstance(v, int):
+        # A sweep over virtual stages with an even split and no experts: every stage holds
+        # L/p layers of one kind whatever v is, which is all the step needs to know.
+        if sizes is not None or plan.model.experts is not None:
+            raise ValueError("a sweep over virtual stages needs an even split of dense layers")
+        v = 1
     chunks = list(sizes) if sizes is not None else [plan.model.layers // (p * v)] * (p * v)
     if sizes is not None and len(chunks) == p and v > 1:
         chunks = [c // v for c in chunks for _ in range(v)]

@@ -26,7 +26,7 @@ import numpy as np
 
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
 from budget.phases import Move, Step
-from budget.plan.model import Parallel, Pipeline, Plan, Recompute
+from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule
 from budget.schedule import move_span, step_time
 from budget.step import derive
 from budget.topology import link_of
@@ -194,9 +194,7 @@ def _inner(
 
 def apply(plan: Plan, c: Config, gpus: int) -> Plan:
     """`plan` with configuration `c` (the model, batch, precision, device and topology kept)."""
-    schedule = "interleaved" if c.virtual_stages > 1 else plan.parallel.pipeline.schedule
-    if schedule == "interleaved" and c.virtual_stages == 1:
-        schedule = "1f1b"
+    schedule = _schedule(plan, c)
     parallel = replace(
         plan.parallel,
         tp=c.tp,
@@ -220,6 +218,15 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
     )
 
 
+def _schedule(plan: Plan, c: Config) -> Schedule:
+    """Interleaved with virtual stages; otherwise the plan's schedule (1F1B for a plan
+    that interleaved)."""
+    if c.virtual_stages > 1:
+        return "interleaved"
+    own = plan.parallel.pipeline.schedule
+    return "1f1b" if own == "interleaved" else own
+
+
 def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
     """Layers per pipeline chunk: even when they divide (None), otherwise as even as
     possible with the extra layers on the middle chunks, since the first and last stages
@@ -232,10 +239,15 @@ def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
     return tuple(base + (i in middle) for i in range(chunks))
 
 
-def structure(c: Config) -> tuple[Any, ...]:
+def structure(plan: Plan, c: Config) -> tuple[Any, ...]:
     """What decides the phases, allocations and transitions a configuration's step has;
-    configurations that agree on it are evaluated together."""
-    return (c.pp, c.virtual_stages, c.ep > 1)
+    configurations that agree on it are evaluated together. Everything else (degrees,
+    ZeRO stage, recompute, sequence parallelism, micro-batch) is carried as arrays; so are
+    virtual stages when the layers split evenly into dense stages and pipeline sends are
+    not overlapped."""
+    even = plan.model.experts is None and split(plan.model.layers, c.pp, c.virtual_stages) is None
+    v = "any" if even and not plan.overlap.pp else c.virtual_stages
+    return (c.pp, v, c.ep > 1)
 
 
 def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
@@ -245,8 +257,13 @@ def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
     def column(name: str, dtype: Any = np.int64) -> Any:
         return np.array([getattr(c, name) for c in configs], dtype=dtype)
 
+    pipeline = first.parallel.pipeline
+    if len({c.virtual_stages for c in configs}) > 1:
+        schedules: Any = np.array([_schedule(plan, c) for c in configs], dtype=object)
+        pipeline = replace(pipeline, schedule=schedules, virtual_stages=column("virtual_stages"))
     parallel = replace(
         first.parallel,
+        pipeline=pipeline,
         tp=column("tp"),
         dp=column("dp"),
         cp=column("cp"),
@@ -454,7 +471,7 @@ def search(
     counts = _Counts()
     groups: dict[tuple[Any, ...], list[Config]] = defaultdict(list)
     for config in candidates(plan, gpus, space, counts):
-        groups[structure(config)].append(config)
+        groups[structure(plan, config)].append(config)
     work = [g[i : i + CHUNK] for g in groups.values() for i in range(0, len(g), CHUNK)]
     fitting: list[Result] = []
     evaluated = 0

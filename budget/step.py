@@ -73,12 +73,10 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
     """
     p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
     schedule = plan.parallel.pipeline.schedule
-    if schedule == "gpipe":
-        return vfloat(microbatches)
-    if schedule == "interleaved":
-        chunks = vmin((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
-        return chunks / v
-    return vfloat(vmin(p - stage, microbatches))
+    chunks = vmin((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
+    one_f_one_b = vfloat(vmin(p - stage, microbatches))
+    interleaved = vwhere(holds(schedule == "interleaved"), chunks / v, one_f_one_b)
+    return vwhere(holds(schedule == "gpipe"), vfloat(microbatches), interleaved)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +255,12 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
     """Send/recv between stages: 1F1B and GPipe wait for it; the interleaved schedule can
     run it behind another chunk's compute when `overlap.pp` is on (Megatron-LM's
     `--overlap-p2p-communication`, Narayanan et al. section 2.2.2)."""
-    if plan.parallel.pipeline.schedule != "interleaved":
+    interleaved = holds(plan.parallel.pipeline.schedule == "interleaved")
+    if not isinstance(interleaved, bool):
+        if plan.overlap.pp:
+            raise ValueError("a sweep with overlap.pp keeps its schedules apart")
+        interleaved = False  # without overlap.pp the send is exposed on every schedule
+    if not interleaved:
         return replace(move, rule="pp send/recv: exposed, the next stage waits for it")
     window = "@forward-microbatch" if move.dst == "i+1" else "@backward-microbatch"
     return hide(
