@@ -20,6 +20,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,7 @@ class Outcome:
         return self.results[0] if self.results else None
 
 
+@cache
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -227,6 +229,7 @@ def _schedule(plan: Plan, c: Config) -> Schedule:
     return "1f1b" if own == "interleaved" else own
 
 
+@cache
 def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
     """Layers per pipeline chunk: even when they divide (None), otherwise as even as
     possible with the extra layers on the middle chunks, since the first and last stages
