@@ -15,10 +15,9 @@ memory stays bounded on sweeps of millions of configurations.
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
@@ -62,6 +61,50 @@ class Config:
             "micro": self.micro,
             "virtual_stages": self.virtual_stages,
         }
+
+
+FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "zero",
+    "sequence_parallel",
+    "recompute",
+    "micro",
+    "virtual_stages",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Configurations as one array per field (a sweep never makes an object per layout
+    until it reports one)."""
+
+    values: dict[str, Any]  # one numpy array per field
+
+    def __len__(self) -> int:
+        return len(self.values["tp"])
+
+    def take(self, index: np.ndarray) -> Columns:
+        return Columns({k: v[index] for k, v in self.values.items()})
+
+    def configs(self) -> list[Config]:
+        lists = [self.values[f].tolist() for f in FIELDS]
+        return [Config(*row) for row in zip(*lists, strict=True)]
+
+    @classmethod
+    def of(cls, configs: Sequence[Config]) -> Columns:
+        def column(name: str) -> np.ndarray:
+            kind: Any = (
+                bool
+                if name == "sequence_parallel"
+                else (object if name == "recompute" else np.int64)
+            )
+            return np.array([getattr(c, name) for c in configs], dtype=kind)
+
+        return cls({name: column(name) for name in FIELDS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +170,17 @@ class _Counts:
     rejected: Counter[str] = field(default_factory=Counter)
 
 
-def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Config]:
-    """Every configuration that divides evenly, counting the ones that do not by reason.
+def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
+    """Every configuration that divides evenly, counting the layouts that do not by reason.
 
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp.
+    Degrees are enumerated one by one; the rest of the space is a grid of arrays.
     """
     m, b = plan.model, plan.batch
-    experts = m.experts
+    parts: list[Columns] = []
     for tp in space.tp or _divisors(gpus):
         if gpus % tp:
             counts.rejected["does not divide: tp into the GPUs"] += 1
@@ -156,42 +200,65 @@ def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator
                 if cp > 1 and b.seq % (2 * cp):
                     counts.rejected["does not divide: sequence by 2·cp"] += 1
                     continue
-                dp = rest // cp
-                yield from _inner(plan, space, counts, tp, pp, cp, dp, experts is not None)
+                parts.append(_grid(plan, space, counts, tp, pp, cp, rest // cp))
+    if not parts:
+        return Columns({name: np.zeros(0, dtype=np.int64) for name in FIELDS})
+    return Columns({k: np.concatenate([p.values[k] for p in parts]) for k in FIELDS})
 
 
-def _inner(
-    plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, dp: int, moe: bool
-) -> Iterator[Config]:
+def _grid(plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, dp: int) -> Columns:
     m, b = plan.model, plan.batch
+    experts = m.experts
     eps = space.ep or (
-        [e for e in _divisors(dp * cp) if m.experts and m.experts.count % e == 0] if moe else [1]
+        [e for e in _divisors(dp * cp) if experts.count % e == 0] if experts else [1]
     )
-    for ep, v, sp, zero, recompute in itertools.product(
-        eps, space.virtual_stages, space.sequence_parallel, space.zero, space.recompute
-    ):
-        if (ep > 1 and not moe) or (dp * cp) % ep or (moe and m.experts and m.experts.count % ep):
-            counts.rejected["does not divide: experts by ep, or ep into dp x cp"] += 1
-            continue
-        if m.layers < pp * v:
-            counts.rejected["fewer layers than pipeline chunks"] += 1
-            continue
-        if v > 1 and pp == 1:
-            counts.rejected["virtual stages need pp > 1"] += 1
-            continue
-        if sp and tp == 1:
-            counts.rejected["sequence parallelism needs tp > 1"] += 1
-            continue
-        for micro in space.micro or _divisors(
-            b.global_batch // dp if b.global_batch % dp == 0 else 1
-        ):
-            if b.global_batch % (micro * dp):
-                counts.rejected["does not divide: global batch by micro x dp"] += 1
-                continue
-            if v > 1 and (b.global_batch // (micro * dp)) % pp:
-                counts.rejected["does not divide: micro-batches by pp (interleaved)"] += 1
-                continue
-            yield Config(tp, pp, dp, cp, ep, zero, sp, recompute, micro, v)
+    micros = space.micro or _divisors(b.global_batch // dp if b.global_batch % dp == 0 else 1)
+    axes = [
+        np.asarray(eps),
+        np.asarray(space.virtual_stages),
+        np.asarray(space.sequence_parallel, dtype=bool),
+        np.asarray(space.zero),
+        np.arange(len(space.recompute)),
+        np.asarray(micros),
+    ]
+    ep, v, sp, zero, rc, micro = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
+    count = np.asarray(experts.count if experts else 1)
+    rules = [
+        (
+            "does not divide: experts by ep, or ep into dp x cp",
+            ((ep > 1) & (experts is None)) | ((dp * cp) % ep != 0) | (count % ep != 0),
+        ),
+        ("fewer layers than pipeline chunks", m.layers < pp * v),
+        ("virtual stages need pp > 1", (v > 1) & (pp == 1)),
+        ("sequence parallelism needs tp > 1", sp & (tp == 1)),
+        ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
+        (
+            "does not divide: micro-batches by pp (interleaved)",
+            (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
+        ),
+    ]
+    valid = np.ones(len(ep), dtype=bool)
+    for reason, fails in rules:
+        bad = valid & fails
+        if bad.any():
+            counts.rejected[reason] += int(bad.sum())
+        valid &= ~fails
+    n = int(valid.sum())
+    recompute = np.asarray(space.recompute, dtype=object)[rc[valid]]
+    return Columns(
+        {
+            "tp": np.full(n, tp, dtype=np.int64),
+            "pp": np.full(n, pp, dtype=np.int64),
+            "dp": np.full(n, dp, dtype=np.int64),
+            "cp": np.full(n, cp, dtype=np.int64),
+            "ep": ep[valid].astype(np.int64),
+            "zero": zero[valid].astype(np.int64),
+            "sequence_parallel": sp[valid],
+            "recompute": recompute,
+            "micro": micro[valid].astype(np.int64),
+            "virtual_stages": v[valid].astype(np.int64),
+        }
+    )
 
 
 def apply(plan: Plan, c: Config, gpus: int) -> Plan:
@@ -242,43 +309,55 @@ def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
     return tuple(base + (i in middle) for i in range(chunks))
 
 
-def structure(plan: Plan, c: Config) -> tuple[Any, ...]:
-    """What decides the phases, allocations and transitions a configuration's step has;
-    configurations that agree on it are evaluated together. Everything else (degrees,
-    ZeRO stage, recompute, sequence parallelism, micro-batch) is carried as arrays; so are
-    virtual stages when the layers split evenly into dense stages and pipeline sends are
-    not overlapped."""
-    even = plan.model.experts is None and split(plan.model.layers, c.pp, c.virtual_stages) is None
-    v = "any" if even and not plan.overlap.pp else c.virtual_stages
-    return (c.pp, v, c.ep > 1)
+def structure(plan: Plan, cols: Columns) -> np.ndarray:
+    """A key per configuration for what decides the phases, allocations and transitions
+    its step has; configurations with one key are evaluated together. Everything else
+    (degrees, ZeRO stage, recompute, sequence parallelism, micro-batch) is carried as
+    arrays; so are virtual stages when the layers split evenly into dense stages and
+    pipeline sends are not overlapped."""
+    pp, v = cols.values["pp"], cols.values["virtual_stages"]
+    pairs = {(int(a), int(b)) for a, b in zip(pp.tolist(), v.tolist(), strict=True)}
+    merge = {
+        pair: plan.model.experts is None
+        and not plan.overlap.pp
+        and split(plan.model.layers, *pair) is None
+        for pair in pairs
+    }
+    vkey = np.array(
+        [0 if merge[(a, b)] else b for a, b in zip(pp.tolist(), v.tolist(), strict=True)]
+    )
+    return np.stack([pp, vkey, (cols.values["ep"] > 1).astype(np.int64)], axis=1)
 
 
-def _batched(plan: Plan, configs: Sequence[Config], gpus: int) -> Plan:
-    """One plan whose varying numbers are arrays over `configs` (all of one structure)."""
-    first = apply(plan, configs[0], gpus)
-
-    def column(name: str, dtype: Any = np.int64) -> Any:
-        return np.array([getattr(c, name) for c in configs], dtype=dtype)
-
+def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
+    """One plan whose varying numbers are arrays over `cols` (all of one structure)."""
+    values = cols.values
+    first = apply(plan, cols.take(np.arange(1)).configs()[0], gpus)
     pipeline = first.parallel.pipeline
-    if len({c.virtual_stages for c in configs}) > 1:
-        schedules: Any = np.array([_schedule(plan, c) for c in configs], dtype=object)
-        pipeline = replace(pipeline, schedule=schedules, virtual_stages=column("virtual_stages"))
+    v = values["virtual_stages"]
+    if len(np.unique(v)) > 1:
+        own = (
+            "1f1b"
+            if plan.parallel.pipeline.schedule == "interleaved"
+            else (plan.parallel.pipeline.schedule)
+        )
+        schedules: Any = np.where(v > 1, "interleaved", own).astype(object)
+        pipeline = replace(pipeline, schedule=schedules, virtual_stages=v)
     parallel = replace(
         first.parallel,
         pipeline=pipeline,
-        tp=column("tp"),
-        dp=column("dp"),
-        cp=column("cp"),
-        ep=column("ep"),
-        zero=column("zero"),
-        sequence_parallel=column("sequence_parallel", bool),
+        tp=values["tp"],
+        dp=values["dp"],
+        cp=values["cp"],
+        ep=values["ep"],
+        zero=values["zero"],
+        sequence_parallel=values["sequence_parallel"],
     )
     return replace(
         first,
         parallel=parallel,
-        batch=replace(first.batch, micro=column("micro")),
-        recompute=column("recompute", object),
+        batch=replace(first.batch, micro=values["micro"]),
+        recompute=values["recompute"],
     )
 
 
@@ -291,15 +370,15 @@ class _Pricer:
     no step and no byte, so every configuration can take the two-level form.
     """
 
-    def __init__(self, plan: Plan, configs: Sequence[Config], gpus: int) -> None:
+    def __init__(self, plan: Plan, cols: Columns, gpus: int) -> None:
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
         self.names = [level.name for level in self.levels]
-        keys = [(c.tp, c.pp, c.dp, c.cp, c.ep) for c in configs]
-        self.unique = list(dict.fromkeys(keys))
-        index = {k: i for i, k in enumerate(self.unique)}
-        self.which = np.array([index[k] for k in keys], dtype=np.int64)
-        self.first = [int(np.argmax(self.which == row)) for row in range(len(self.unique))]
+        degrees = np.stack([cols.values[k] for k in ("tp", "pp", "dp", "cp", "ep")], axis=1)
+        unique, first, which = np.unique(degrees, axis=0, return_index=True, return_inverse=True)
+        self.unique = [tuple(int(x) for x in row) for row in unique]
+        self.which = which.reshape(-1)
+        self.first = first.tolist()
         self.plans = [
             replace(plan, parallel=replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
             for tp, pp, dp, cp, ep in self.unique
@@ -385,13 +464,13 @@ def _peaks(step: Step) -> np.ndarray:
     return peak
 
 
-def measure(plan: Plan, configs: Sequence[Config], gpus: int) -> dict[str, np.ndarray]:
-    """Peak memory, step time, exposed communication, MFU and tokens/s of `configs` (one
+def measure(plan: Plan, cols: Columns, gpus: int) -> dict[str, np.ndarray]:
+    """Peak memory, step time, exposed communication, MFU and tokens/s of `cols` (one
     structure), as arrays, in one pass of the engine."""
-    batch = _batched(plan, configs, gpus)
+    batch = _batched(plan, cols, gpus)
     step = derive(batch, representatives=True)
-    n = len(configs)
-    times = step_time(batch, step, _Pricer(plan, configs, gpus))
+    n = len(cols)
+    times = step_time(batch, step, _Pricer(plan, cols, gpus))
     return {
         "peak": _peaks(step) * np.ones(n, dtype=np.int64),
         "time": np.asarray(times.time_s) * np.ones(n),
@@ -417,7 +496,7 @@ def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int)
 
 def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
     """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
-    return _results(configs, measure(plan, configs, gpus), plan.device.memory)
+    return _results(configs, measure(plan, Columns.of(configs), gpus), plan.device.memory)
 
 
 def _critical_exposed(times: Any) -> Any:
@@ -462,6 +541,13 @@ def pareto(results: Sequence[Result]) -> tuple[Result, ...]:
     return tuple(front)
 
 
+_ORDER_KEYS = {
+    "time": ("time", "peak"),
+    "memory": ("peak", "time"),
+    "tokens-per-s": ("-rate", "peak"),
+}
+
+
 def search(
     plan: Plan,
     gpus: int,
@@ -472,35 +558,55 @@ def search(
     """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit."""
     start = time.perf_counter()
     counts = _Counts()
-    groups: dict[tuple[Any, ...], list[Config]] = defaultdict(list)
-    for config in candidates(plan, gpus, space, counts):
-        groups[structure(plan, config)].append(config)
-    work = [g[i : i + CHUNK] for g in groups.values() for i in range(0, len(g), CHUNK)]
-    fitting: list[Result] = []
-    evaluated = 0
+    cols = candidates(plan, gpus, space, counts)
+    keys = structure(plan, cols)
+    work: list[np.ndarray] = []
+    if len(cols):
+        _, which = np.unique(keys, axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        for group in range(int(which.max()) + 1):
+            index = np.flatnonzero(which == group)
+            work += [index[i : i + CHUNK] for i in range(0, len(index), CHUNK)]
     capacity = plan.device.memory
-    for done, configs in enumerate(work, 1):
-        measured = measure(plan, configs, gpus)
+    kept: list[tuple[Columns, dict[str, np.ndarray]]] = []
+    for done, index in enumerate(work, 1):
+        part = cols.take(index)
+        measured = measure(plan, part, gpus)
         fits = measured["peak"] <= capacity
-        evaluated += len(configs)
         counts.rejected["does not fit in device memory"] += int((~fits).sum())
         keep = np.flatnonzero(fits)
-        fitting += _results(
-            [configs[i] for i in keep], {k: v[keep] for k, v in measured.items()}, capacity
-        )
+        kept.append((part.take(keep), {k: v[keep] for k, v in measured.items()}))
         if progress is not None:
             progress(done, len(work))
-    fitting.sort(key=OBJECTIVES[objective])
+    fitting = _ranked(kept, objective, capacity)
     return Outcome(
         gpus=gpus,
-        evaluated=evaluated,
+        evaluated=len(cols),
         elapsed_s=time.perf_counter() - start,
         rejected=dict(sorted(counts.rejected.items())),
-        results=tuple(fitting),
+        results=fitting,
         pareto=pareto(fitting),
         objective=objective,
         groups=len(work),
     )
+
+
+def _ranked(
+    kept: list[tuple[Columns, dict[str, np.ndarray]]], objective: str, capacity: int
+) -> tuple[Result, ...]:
+    """The fitting layouts as results, best first by `objective` (ties by the second key)."""
+    if not kept:
+        return ()
+    cols = Columns({k: np.concatenate([c.values[k] for c, _ in kept]) for k in FIELDS})
+    measured = {k: np.concatenate([m[k] for _, m in kept]) for k in kept[0][1]}
+    first, second = _ORDER_KEYS[objective]
+
+    def key(name: str) -> np.ndarray:
+        return -measured[name[1:]] if name.startswith("-") else measured[name]
+
+    order = np.lexsort((key(second), key(first)))
+    ordered = cols.take(order)
+    return tuple(_results(ordered.configs(), {k: v[order] for k, v in measured.items()}, capacity))
 
 
 def parse_values(text: str, option: str) -> tuple[int, ...]:

@@ -49,7 +49,7 @@ def test_layouts_rejected_as_too_big_do_not_fit(gpt3):
     """Issue 6 acceptance 3: no layout the search drops for memory fits in `budget`."""
     from budget.search import _Counts, candidates, evaluate
 
-    configs = list(candidates(gpt3, 1024, SMALL, _Counts()))
+    configs = candidates(gpt3, 1024, SMALL, _Counts()).configs()
     random.seed(3)
     results = evaluate(gpt3, [c for c in configs if c.pp == 8 and c.zero == 0][:40], 1024)
     too_big = [r for r in results if not r.fits]
