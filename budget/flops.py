@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from budget.plan.model import DTYPE_BYTES
-from budget.vector import vround
+from budget.vector import every, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -139,7 +139,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         gemm("expert fc2", s.routed, s.expert_cols, s.hidden, e),
         elementwise("unpermute and combine", 3 * rows),
     ]
-    if s.shared_cols:
+    if every(s.shared_cols > 0):
         works += [
             gemm("shared expert fc1", s.tokens, s.hidden, gate * s.shared_cols, e),
             gemm("shared expert fc2", s.tokens, s.shared_cols, s.hidden, e),

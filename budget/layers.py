@@ -229,7 +229,7 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
     """
     prec, z = plan.precision, plan.parallel.zero
     groups = [("", params, plan.parallel.dp * plan.parallel.cp)]
-    if expert_params:
+    if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
         groups.append(("expert ", expert_params, expert_data_parallel(plan)))
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
@@ -452,7 +452,7 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             "expert outputs before combine", "activations", a * s.routed * s.hidden, placement=rows
         ),
     ]
-    if s.shared_cols:
+    if every(s.shared_cols > 0):
         col = "shard(ffn) on tp"
         out.append(
             Alloc(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
@@ -29,7 +29,7 @@ from budget.phases import Move, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule
 from budget.schedule import move_span, step_time
 from budget.step import derive
-from budget.topology import link_of
+from budget.topology import link_of, uneven_group
 
 CHUNK = 65_536  # configurations evaluated together at most (bounded memory)
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -87,7 +87,7 @@ class Columns:
     def __len__(self) -> int:
         return len(self.values["tp"])
 
-    def take(self, index: np.ndarray) -> Columns:
+    def take(self, index: np.ndarray | slice) -> Columns:
         return Columns({k: v[index] for k, v in self.values.items()})
 
     def configs(self) -> list[Config]:
@@ -150,7 +150,8 @@ class Outcome:
     evaluated: int
     elapsed_s: float
     rejected: dict[str, int]
-    results: tuple[Result, ...]  # every fitting configuration, best first
+    fitting: int  # how many layouts fit
+    results: tuple[Result, ...]  # the fitting layouts (all, or the best `keep`), best first
     pareto: tuple[Result, ...]  # peak memory against step time, fastest first
     objective: str
     groups: int = 0
@@ -171,16 +172,25 @@ class _Counts:
 
 
 def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
-    """Every configuration that divides evenly, counting the layouts that do not by reason.
+    """Every configuration that divides evenly, as one set of columns (`blocks`, joined)."""
+    parts = list(blocks(plan, gpus, space, counts))
+    if not parts:
+        return Columns({name: np.zeros(0, dtype=np.int64) for name in FIELDS})
+    return Columns({k: np.concatenate([p.values[k] for p in parts]) for k in FIELDS})
+
+
+def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Columns]:
+    """Every configuration that divides evenly, one block per (tp, pp, cp), counting the
+    layouts that do not by reason.
 
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp.
-    Degrees are enumerated one by one; the rest of the space is a grid of arrays.
+    Degrees are enumerated one by one; the rest of the space is a grid of arrays. Blocks
+    are yielded as they are made, so a sweep never holds all its configurations at once.
     """
     m, b = plan.model, plan.batch
-    parts: list[Columns] = []
     for tp in space.tp or _divisors(gpus):
         if gpus % tp:
             counts.rejected["does not divide: tp into the GPUs"] += 1
@@ -200,10 +210,32 @@ def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
                 if cp > 1 and b.seq % (2 * cp):
                     counts.rejected["does not divide: sequence by 2·cp"] += 1
                     continue
-                parts.append(_grid(plan, space, counts, tp, pp, cp, rest // cp))
-    if not parts:
-        return Columns({name: np.zeros(0, dtype=np.int64) for name in FIELDS})
-    return Columns({k: np.concatenate([p.values[k] for p in parts]) for k in FIELDS})
+                block = _spread(
+                    plan, gpus, counts, _grid(plan, space, counts, tp, pp, cp, rest // cp)
+                )
+                if len(block):
+                    yield block
+
+
+def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
+    """`block` without the layouts whose groups a single plan refuses: a group must hold
+    the same number of ranks in each domain it touches (`topology.uneven_group`)."""
+    if not len(block):
+        return block
+    topology = replace(plan.topology, gpus=gpus)
+    values = block.values
+    eps = values["ep"]
+    keep = np.ones(len(block), dtype=bool)
+    for ep in np.unique(eps).tolist():
+        tp, pp, dp, cp = (int(values[k][0]) for k in ("tp", "pp", "dp", "cp"))
+        parallel = replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
+        if uneven_group(parallel, topology) is not None:
+            keep &= eps != ep
+    dropped = len(block) - int(keep.sum())
+    if dropped:
+        counts.rejected["a group spreads unevenly over the topology's domains"] += dropped
+        return block.take(np.flatnonzero(keep))
+    return block
 
 
 def _grid(plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, dp: int) -> Columns:
@@ -371,6 +403,7 @@ class _Pricer:
     """
 
     def __init__(self, plan: Plan, cols: Columns, gpus: int) -> None:
+        plan = replace(plan, topology=replace(plan.topology, gpus=gpus))
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
         self.names = [level.name for level in self.levels]
@@ -554,59 +587,128 @@ def search(
     space: Space = Space(),
     objective: str = "time",
     progress: Callable[[int, int], None] | None = None,
+    keep: int | None = None,
 ) -> Outcome:
-    """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit."""
+    """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit.
+
+    Memory stays bounded however large the sweep: configurations are enumerated a block at
+    a time, gathered by structure and evaluated at most `CHUNK` together; with `keep`,
+    only the best `keep` fitting layouts and the Pareto front are held between chunks
+    (the report shows no more). `progress(done, total)` counts configurations.
+    """
     start = time.perf_counter()
+    total = sum(len(block) for block in blocks(plan, gpus, space, _Counts()))
     counts = _Counts()
-    cols = candidates(plan, gpus, space, counts)
-    keys = structure(plan, cols)
-    work: list[np.ndarray] = []
-    if len(cols):
-        _, which = np.unique(keys, axis=0, return_inverse=True)
-        which = which.reshape(-1)
-        for group in range(int(which.max()) + 1):
-            index = np.flatnonzero(which == group)
-            work += [index[i : i + CHUNK] for i in range(0, len(index), CHUNK)]
     capacity = plan.device.memory
-    kept: list[tuple[Columns, dict[str, np.ndarray]]] = []
-    for done, index in enumerate(work, 1):
-        part = cols.take(index)
+    kept = _Kept(objective, keep)
+    done = groups = 0
+
+    def run(part: Columns) -> None:
+        nonlocal done, groups
         measured = measure(plan, part, gpus)
-        fits = measured["peak"] <= capacity
-        counts.rejected["does not fit in device memory"] += int((~fits).sum())
-        keep = np.flatnonzero(fits)
-        kept.append((part.take(keep), {k: v[keep] for k, v in measured.items()}))
+        fits = np.flatnonzero(measured["peak"] <= capacity)
+        counts.rejected["does not fit in device memory"] += len(part) - len(fits)
+        kept.add(part.take(fits), {k: v[fits] for k, v in measured.items()})
+        done, groups = done + len(part), groups + 1
         if progress is not None:
-            progress(done, len(work))
-    fitting = _ranked(kept, objective, capacity)
+            progress(done, total)
+
+    pending: dict[tuple[int, ...], list[Columns]] = {}
+    for block in blocks(plan, gpus, space, counts):
+        unique, which = np.unique(structure(plan, block), axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        for group, key in enumerate(map(tuple, unique.tolist())):
+            queue = pending.setdefault(key, [])
+            queue.append(block.take(np.flatnonzero(which == group)))
+            if sum(len(part) for part in queue) >= CHUNK:
+                joined = _join(queue)
+                full = len(joined) - len(joined) % CHUNK
+                for i in range(0, full, CHUNK):
+                    run(joined.take(slice(i, i + CHUNK)))
+                queue[:] = [joined.take(slice(full, None))] if full < len(joined) else []
+    for key in sorted(pending):
+        if pending[key]:
+            run(_join(pending[key]))
+    results, front = kept.ranked(capacity)
     return Outcome(
         gpus=gpus,
-        evaluated=len(cols),
+        evaluated=total,
         elapsed_s=time.perf_counter() - start,
         rejected=dict(sorted(counts.rejected.items())),
-        results=fitting,
-        pareto=pareto(fitting),
+        fitting=kept.fitting,
+        results=results,
+        pareto=front,
         objective=objective,
-        groups=len(work),
+        groups=groups,
     )
 
 
-def _ranked(
-    kept: list[tuple[Columns, dict[str, np.ndarray]]], objective: str, capacity: int
-) -> tuple[Result, ...]:
-    """The fitting layouts as results, best first by `objective` (ties by the second key)."""
-    if not kept:
-        return ()
-    cols = Columns({k: np.concatenate([c.values[k] for c, _ in kept]) for k in FIELDS})
-    measured = {k: np.concatenate([m[k] for _, m in kept]) for k in kept[0][1]}
-    first, second = _ORDER_KEYS[objective]
+def _join(parts: Sequence[Columns]) -> Columns:
+    if len(parts) == 1:
+        return parts[0]
+    return Columns({k: np.concatenate([p.values[k] for p in parts]) for k in FIELDS})
 
-    def key(name: str) -> np.ndarray:
-        return -measured[name[1:]] if name.startswith("-") else measured[name]
 
-    order = np.lexsort((key(second), key(first)))
-    ordered = cols.take(order)
-    return tuple(_results(ordered.configs(), {k: v[order] for k, v in measured.items()}, capacity))
+class _Kept:
+    """The fitting layouts held between chunks: all of them, or with `keep` only the best
+    `keep` by the objective and those on the Pareto front. Both survive the pruning: the
+    best `keep` of a union are among the best `keep` of its parts, and a layout no other
+    beats is beaten by none in its part either."""
+
+    def __init__(self, objective: str, keep: int | None) -> None:
+        self.objective, self.keep = objective, keep
+        self.parts: list[tuple[Columns, dict[str, np.ndarray]]] = []
+        self.held = self.fitting = 0
+
+    def add(self, cols: Columns, measured: dict[str, np.ndarray]) -> None:
+        self.parts.append((cols, measured))
+        self.held += len(cols)
+        self.fitting += len(cols)
+        if self.keep is not None and self.held > max(4 * self.keep, CHUNK):
+            cols, measured = self._joined()
+            chosen = np.zeros(len(cols), dtype=bool)
+            chosen[self._order(measured)[: self.keep]] = True
+            chosen[_front(measured)] = True
+            index = np.flatnonzero(chosen)
+            self.parts = [(cols.take(index), {k: v[index] for k, v in measured.items()})]
+            self.held = len(index)
+
+    def _joined(self) -> tuple[Columns, dict[str, np.ndarray]]:
+        cols = _join([c for c, _ in self.parts])
+        names = self.parts[0][1]
+        return cols, {k: np.concatenate([m[k] for _, m in self.parts]) for k in names}
+
+    def _order(self, measured: dict[str, np.ndarray]) -> np.ndarray:
+        first, second = _ORDER_KEYS[self.objective]
+
+        def key(name: str) -> np.ndarray:
+            return -measured[name[1:]] if name.startswith("-") else measured[name]
+
+        return np.lexsort((key(second), key(first)))
+
+    def ranked(self, capacity: int) -> tuple[tuple[Result, ...], tuple[Result, ...]]:
+        """The best fitting layouts, best first (all, or the best `keep`), and the front."""
+        if not self.parts:
+            return (), ()
+        cols, measured = self._joined()
+
+        def results(index: np.ndarray) -> tuple[Result, ...]:
+            picked = {k: v[index] for k, v in measured.items()}
+            return tuple(_results(cols.take(index).configs(), picked, capacity))
+
+        return results(self._order(measured)[: self.keep]), results(_front(measured))
+
+
+def _front(measured: dict[str, np.ndarray]) -> np.ndarray:
+    """Indices of the layouts no other beats on both peak memory and step time, fastest
+    first (as `pareto`, on arrays)."""
+    peak, step = measured["peak"], measured["time"]
+    order = np.lexsort((peak, step))
+    ordered = peak[order]
+    best_before = np.minimum.accumulate(ordered)
+    before = np.concatenate(([np.iinfo(np.int64).max], best_before[:-1]))
+    front: np.ndarray = order[ordered < before]
+    return front
 
 
 def parse_values(text: str, option: str) -> tuple[int, ...]:
@@ -631,7 +733,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "configs_per_s": outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else None,
         "objective": outcome.objective,
         "rejected": outcome.rejected,
-        "fitting": len(outcome.results),
+        "fitting": outcome.fitting,
         "pareto": [r.to_dict() for r in outcome.pareto],
         "results": [r.to_dict() for r in outcome.results[:top]],
     }

@@ -82,7 +82,7 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
-    outcome = search(plan, n, sweep, objective, _progress(console, fmt))
+    outcome = search(plan, n, sweep, objective, _progress(console, fmt), keep=top)
     if write is not None and outcome.best is not None:
         from budget.search import apply
 

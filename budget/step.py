@@ -495,7 +495,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         for name in names
     ]
     etp = par.etp or par.tp
-    if every(etp > 1):
+    if not every(etp == 1):  # a layout with etp = 1 prices these on one rank: nothing
         rows = s.act * s.routed * s.hidden
         gather = replace(
             Move(
@@ -702,7 +702,7 @@ def _forward(b: _StageBuilder) -> None:
         ]
         shared = (
             _tp_moves(plan, s, "shared expert", False, "shared expert fc1", "shared expert fc2")
-            if s.shared_cols
+            if every(s.shared_cols > 0)
             else []
         )
         b.add(
@@ -830,7 +830,7 @@ def _backward(b: _StageBuilder) -> None:
         work = flops.moe_forward(plan, s)
         shared = (
             _tp_moves(plan, s, "shared expert", True, "shared expert fc1", "shared expert fc2")
-            if s.shared_cols
+            if every(s.shared_cols > 0)
             else []
         )
         b.add(
@@ -995,7 +995,7 @@ def _reduce(b: _StageBuilder) -> None:
     buckets = max(1, b.layers)
     share, floor = (buckets - 1) / buckets, 1 / buckets
     groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.dp * par.cp, b.params.per_rank)]
-    if b.params.expert_per_rank:
+    if not every(b.params.expert_per_rank == 0):
         groups.append(("expert ", "edp", expert_data_parallel(plan), b.params.expert_per_rank))
     grads: list[Move] = []
     gathers: list[Move] = []

@@ -57,6 +57,7 @@ __all__ = [
     "price",
     "price_group",
     "span_of_ranks",
+    "uneven_group",
 ]
 
 Dimension = Literal["tp", "cp", "ep", "dp", "pp", "edp"]
@@ -118,6 +119,26 @@ def group_span(kind: GroupKind, parallel: Parallel, topology: Topology, rank: in
     return span_of_ranks(group_ranks(kind, parallel, topology.gpus, rank), topology, kind, rank)
 
 
+class UnevenGroup(ValueError):
+    """A group holds different numbers of ranks in the domains of one level."""
+
+
+def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
+    """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, ep, the
+    expert data-parallel group and dp x cp) must hold the same number of ranks in each
+    domain it touches, which the two-level algorithms assume (`span_of_ranks`). Checked
+    on the groups holding rank 0. Other problems with the degrees or the order raise
+    ValueError (the plan loader reports them by their own checks)."""
+    kinds: tuple[GroupKind, ...] = ("tp", "cp", "dp", "pp", "ep", "edp", ("dp", "cp"))
+    for kind in kinds:
+        try:
+            group_span(kind, parallel, topology)
+        except UnevenGroup as error:
+            name = kind if isinstance(kind, str) else " x ".join(kind)
+            return f"the {name} group: {error}"
+    return None
+
+
 def span_of_ranks(
     ranks: Iterable[int], topology: Topology, kind: GroupKind = "dp", rank: int | None = None
 ) -> GroupSpan:
@@ -150,7 +171,7 @@ def span_of_ranks(
             continue
         per_domain = Counter(r // level.size for r in members)
         if len(set(per_domain.values())) > 1:
-            raise ValueError(
+            raise UnevenGroup(
                 f"group {_show(members)} puts {sorted(set(per_domain.values()))} ranks in "
                 f"different {level.name} domains; a group must be spread evenly to be priced"
             )

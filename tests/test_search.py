@@ -65,7 +65,27 @@ def test_the_best_gpt3_layout_fits_and_is_the_fastest(outcome):
     assert (
         outcome.evaluated
         == len(outcome.results) + outcome.rejected["does not fit in device memory"]
+        == outcome.fitting + outcome.rejected["does not fit in device memory"]
     )
+
+
+def test_keeping_only_the_best_changes_neither_the_best_nor_the_front(gpt3, outcome, monkeypatch):
+    """With `keep`, the search holds the best layouts and the Pareto front between chunks
+    (bounded memory); small chunks force the pruning to run many times."""
+    import budget.search
+
+    monkeypatch.setattr(budget.search, "CHUNK", 1000)
+    pruned = search(gpt3, 1024, SMALL, keep=7)
+    assert pruned.evaluated == outcome.evaluated and pruned.fitting == outcome.fitting
+    assert pruned.groups > outcome.groups
+    assert pruned.rejected == outcome.rejected
+
+    def numbers(results):
+        return [(r.peak_bytes, r.step_time_s) for r in results]
+
+    assert numbers(pruned.results) == numbers(outcome.results[:7])
+    assert numbers(pruned.pareto) == numbers(pareto(outcome.results))
+    assert numbers(outcome.pareto) == numbers(pareto(outcome.results))
 
 
 def test_pareto_front_has_no_dominated_layout(outcome):
@@ -175,3 +195,41 @@ def test_progress_is_not_written_when_output_is_not_a_terminal(tmp_path):
     assert result.exit_code == 0
     assert "Pareto front" in result.stdout and result.stderr == ""
     assert Path(GPT3).exists()
+
+
+def test_a_cluster_larger_than_the_plans_topology_is_searched_and_budgets_the_same(gpt3):
+    """`--gpus` other than the plan's own count lays groups out on the larger cluster."""
+    grown = search(gpt3, 2048, Space(micro=(1,), virtual_stages=(1,), zero=(1,)))
+    assert grown.fitting > 0
+    random.seed(11)
+    for result in random.sample(list(grown.results), 6):
+        report = build_report(apply(gpt3, result.config, 2048))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b"])
+def test_expert_layouts_budget_exactly_as_searched(name):
+    """MoE plans sweep ep as well (and etp, shared experts, a dense first layer); a sample
+    of what the search reports budgets identically."""
+    plan = load_plan(ROOT / "plans" / f"{name}.yaml")
+    outcome = search(plan, plan.topology.gpus, Space(micro=(1, 2), zero=(1,)))
+    assert outcome.fitting > 0
+    random.seed(5)
+    sample = random.sample(list(outcome.results), min(10, len(outcome.results)))
+    assert any(r.config.ep > 1 for r in outcome.results)
+    for result in sample:
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
+def test_layouts_whose_groups_straddle_nodes_unevenly_are_rejected_with_a_reason(gpt3):
+    """On 6,144 GPUs tp = 12 divides everything but puts 8 + 4 ranks on two 8-GPU nodes:
+    the plan loader refuses such a plan, so the search counts it under its own reason."""
+    space = Space(micro=(1,), zero=(1,), recompute=("selective",), virtual_stages=(1,))
+    outcome = search(gpt3, 6144, space)
+    assert outcome.rejected["a group spreads unevenly over the topology's domains"] > 0
+    assert outcome.fitting > 0
+    assert all(r.config.tp in (1, 2, 4, 8) or r.config.tp % 8 == 0 for r in outcome.results)

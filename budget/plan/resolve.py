@@ -636,6 +636,7 @@ class _Checks:
         p = self.par
         product = p.tp * p.cp * p.pp * p.dp
         if product == topology.gpus:
+            self.spread(topology)
             return
         others = p.tp * p.cp * p.pp
         hint = (
@@ -648,6 +649,22 @@ class _Checks:
             f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
             f"topology has {topology.gpus:,} GPUs; {hint} (or set topology.gpus to {product:,})",
         )
+
+    def spread(self, topology: Topology) -> None:
+        """Every group is spread evenly over the topology's levels (`uneven_group`)."""
+        from budget.topology import uneven_group
+
+        try:
+            why = uneven_group(self.par, topology)
+        except ValueError:
+            return  # degrees that do not divide are reported by their own checks
+        if why is not None:
+            sizes = ", ".join(f"{lv.name} {lv.size}" for lv in topology.levels if lv.size)
+            self.r.error(
+                "$.parallel",
+                f"{why}; choose degrees that divide the domain sizes ({sizes}) or are "
+                "multiples of them, or reorder parallel.order",
+            )
 
     def heads(self) -> None:
         """Megatron-LM: num_attention_heads % tp == 0 and num_query_groups % tp == 0.

@@ -83,7 +83,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     console.print(
         f"Evaluated {outcome.evaluated:,} layouts on {outcome.gpus:,} GPUs in "
         f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, {outcome.groups:,} groups); "
-        f"{len(outcome.results):,} fit.",
+        f"{outcome.fitting:,} fit.",
         markup=False,
     )
     console.print()
@@ -123,7 +123,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         f"## budget search: {outcome.gpus:,} GPUs",
         "",
         f"{outcome.evaluated:,} layouts evaluated in {outcome.elapsed_s:.2f} s; "
-        f"{len(outcome.results):,} fit.",
+        f"{outcome.fitting:,} fit.",
         "",
         f"### Best by {outcome.objective}",
         "",
