@@ -19,14 +19,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
 
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
 from budget.phases import Move, Step
-from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule
+from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import move_span, step_time
 from budget.step import derive
 from budget.topology import link_of, uneven_group
@@ -217,6 +217,13 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                     yield block
 
 
+@lru_cache(maxsize=4096)
+def _uneven(parallel: Parallel, topology: Topology) -> bool:
+    """`uneven_group` once per layout of degrees (a sweep meets each twice: counting,
+    then evaluating)."""
+    return uneven_group(parallel, topology) is not None
+
+
 def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     """`block` without the layouts whose groups a single plan refuses: a group must hold
     the same number of ranks in each domain it touches (`topology.uneven_group`)."""
@@ -229,7 +236,7 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     for ep in np.unique(eps).tolist():
         tp, pp, dp, cp = (int(values[k][0]) for k in ("tp", "pp", "dp", "cp"))
         parallel = replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
-        if uneven_group(parallel, topology) is not None:
+        if _uneven(parallel, topology):
             keep &= eps != ep
     dropped = len(block) - int(keep.sum())
     if dropped:

@@ -127,16 +127,44 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, ep, the
     expert data-parallel group and dp x cp) must hold the same number of ranks in each
     domain it touches, which the two-level algorithms assume (`span_of_ranks`). Checked
-    on the groups holding rank 0. Other problems with the degrees or the order raise
-    ValueError (the plan loader reports them by their own checks)."""
-    kinds: tuple[GroupKind, ...] = ("tp", "cp", "dp", "pp", "ep", "edp", ("dp", "cp"))
+    on the groups holding rank 0 and the last rank of the first domain of each level
+    (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11 straddle two). Other
+    problems with the degrees or the order raise ValueError (the plan loader reports
+    them by their own checks)."""
+    kinds: tuple[GroupKind, ...] = ()
+    if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
+        kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
+    if parallel.ep > 1:  # with ep = 1 the expert groups are the dense ones
+        kinds += ("ep", "edp")
+    ranks = sorted(
+        {0, *(lv.size - 1 for lv in topology.levels if lv.size and lv.size < topology.gpus)}
+    )
+    degrees = _degrees(parallel)
     for kind in kinds:
-        try:
-            group_span(kind, parallel, topology)
-        except UnevenGroup as error:
-            name = kind if isinstance(kind, str) else " x ".join(kind)
-            return f"the {name} group: {error}"
+        if isinstance(kind, str) and degrees[kind] == 1:
+            continue
+        for rank in ranks:
+            try:
+                group_span(kind, parallel, topology, rank)
+            except UnevenGroup as error:
+                name = kind if isinstance(kind, str) else " x ".join(kind)
+                return f"the {name} group: {error}"
     return None
+
+
+def _aligned(parallel: Parallel, size: int) -> bool:
+    """Whether domains of `size` ranks cut the dense layout at a digit: size = (product of
+    the degrees inside some dimension of `parallel.order`) x f with f dividing that
+    dimension's degree. Then a domain is a block of whole values of the inner digits and
+    f values of that one, so every dense group holds the same number of ranks in each
+    domain it touches, without enumerating a rank."""
+    degrees = _degrees(parallel)
+    inner = 1
+    for dim in _dense_order(parallel):
+        if size % inner == 0 and degrees[dim] % (size // inner) == 0:
+            return True
+        inner *= degrees[dim]
+    return size % inner == 0
 
 
 def span_of_ranks(

@@ -217,3 +217,40 @@ def test_arithmetic_layout_matches_the_rank_by_rank_tally(degrees, order, kind, 
     ]
     assert span.domains == touched[0]
     assert [t.ranks for t in span.tiers] == ([c for c in counts if c > 1] or [1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    degrees=st.tuples(*(st.sampled_from([1, 2, 3, 4, 6, 8, 12]) for _ in range(4))),
+    order=st.permutations(["tp", "cp", "dp", "pp"]),
+    size=st.sampled_from([2, 4, 6, 8, 16]),
+)
+def test_a_domain_cut_at_a_digit_leaves_every_group_even(degrees, order, size):
+    """`_aligned` (no rank enumerated) claims every dense group is even over domains of
+    `size`; the rank-by-rank tally of every group of every kind must agree. When it does
+    not claim so, `uneven_group` tallies, so the claim is the only thing to check."""
+    from collections import Counter
+
+    from budget import topology as T
+
+    tp, cp, pp, dp = degrees
+    gpus = tp * cp * pp * dp
+    parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, order=(*order, "ep"))
+    if gpus % size or not T._aligned(parallel, size):
+        return
+    for kind in ("tp", "cp", "dp", "pp", ("dp", "cp")):
+        for rank in range(gpus):
+            members = group_ranks(kind, parallel, gpus, rank)
+            per = Counter(r // size for r in members)
+            assert len(set(per.values())) == 1, (kind, rank, members)
+
+
+def test_uneven_groups_are_named_and_aligned_ones_pass() -> None:
+    from budget.topology import uneven_group
+
+    levels = (Level("nvlink", 4.5e11, 1e-6, 8), Level("ib", 5e10, 5e-6))
+    six = Parallel(tp=6, cp=1, pp=2, dp=4)
+    why = uneven_group(six, Topology(48, levels))
+    assert why is not None and why.startswith("the tp group") and "[2, 4]" in why
+    assert uneven_group(Parallel(tp=8, cp=1, pp=2, dp=3), Topology(48, levels)) is None
+    assert uneven_group(Parallel(tp=2, cp=1, pp=8, dp=3), Topology(48, levels)) is not None
