@@ -233,3 +233,24 @@ def test_layouts_whose_groups_straddle_nodes_unevenly_are_rejected_with_a_reason
     assert outcome.rejected["a group spreads unevenly over the topology's domains"] > 0
     assert outcome.fitting > 0
     assert all(r.config.tp in (1, 2, 4, 8) or r.config.tp % 8 == 0 for r in outcome.results)
+
+
+def test_memory_of_a_sweep_does_not_grow_with_its_size(gpt3, monkeypatch):
+    """Issue 6 acceptance 2, bounded memory: with small chunks, doubling the layouts of a
+    sweep (same structures, twice the micro-batch sizes) leaves the peak of traced
+    allocations where it was; what grows with the sweep is only time."""
+    import tracemalloc
+
+    import budget.search
+
+    monkeypatch.setattr(budget.search, "CHUNK", 128)
+    peaks, evaluated = [], []
+    for micro in ((1, 2, 4, 8), (1, 2, 3, 4, 6, 8, 12, 16)):
+        space = Space(micro=micro, virtual_stages=(1,), zero=(1,), recompute=("selective", "full"))
+        search(gpt3, 1024, space, keep=5)  # warm caches and imports outside the trace
+        tracemalloc.start()
+        evaluated.append(search(gpt3, 1024, space, keep=5).evaluated)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert evaluated[1] > 1.9 * evaluated[0]
+    assert peaks[1] < 1.15 * peaks[0], peaks
