@@ -8,9 +8,10 @@ with `--write` and budgeted again gives the same numbers.
 Speed comes from evaluating configurations together: configurations that share a step's
 structure (pipeline depth and schedule, recompute, ZeRO stage, which transitions exist)
 produce the same phases, allocations and transitions, and differ only in sizes. Each such
-group runs through the engine once with numpy arrays in place of the numbers (DESIGN.md,
-"One engine for one plan and for a million"); groups larger than `CHUNK` are split so
-memory stays bounded on sweeps of millions of configurations.
+group runs through the engine with numpy arrays in place of the numbers (DESIGN.md,
+"One engine for one plan and for a million"), at most `CHUNK` configurations per pass.
+Configurations are enumerated a block at a time and only the best and the Pareto front
+are held, so memory stays bounded on sweeps of millions of configurations.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class Outcome:
     results: tuple[Result, ...]  # the fitting layouts (all, or the best `keep`), best first
     pareto: tuple[Result, ...]  # peak memory against step time, fastest first
     objective: str
-    groups: int = 0
+    groups: int = 0  # passes of the engine (one per chunk of one structure)
 
     @property
     def best(self) -> Result | None:

@@ -73,6 +73,16 @@ def run_search(
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 2
+    if plan.mode != "train":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        line = next((i for i, text in enumerate(lines, 1) if text.startswith("mode:")), 1)
+        print(
+            f"{path}:{line}:1: error: $.mode: budget search sweeps training layouts (ZeRO, recompute, "
+            f"micro-batches); this plan is mode: {plan.mode}. Budget inference layouts one "
+            "plan at a time with `budget PLAN`",
+            file=sys.stderr,
+        )
+        return 2
     n = gpus or plan.topology.gpus
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:

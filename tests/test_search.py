@@ -254,3 +254,10 @@ def test_memory_of_a_sweep_does_not_grow_with_its_size(gpt3, monkeypatch):
         tracemalloc.stop()
     assert evaluated[1] > 1.9 * evaluated[0]
     assert peaks[1] < 1.15 * peaks[0], peaks
+
+
+def test_an_inference_plan_is_refused_with_a_located_error():
+    result = CliRunner().invoke(app, route(["search", "plans/llama3-70b-decode.yaml"]))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("plans/llama3-70b-decode.yaml:12:1: error: $.mode:")

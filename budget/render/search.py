@@ -82,7 +82,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
     console.print(
         f"Evaluated {outcome.evaluated:,} layouts on {outcome.gpus:,} GPUs in "
-        f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, {outcome.groups:,} groups); "
+        f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, {outcome.groups:,} engine passes); "
         f"{outcome.fitting:,} fit.",
         markup=False,
     )
