@@ -77,9 +77,9 @@ def run_search(
         lines = path.read_text(encoding="utf-8").splitlines()
         line = next((i for i, text in enumerate(lines, 1) if text.startswith("mode:")), 1)
         print(
-            f"{path}:{line}:1: error: $.mode: budget search sweeps training layouts (ZeRO, recompute, "
-            f"micro-batches); this plan is mode: {plan.mode}. Budget inference layouts one "
-            "plan at a time with `budget PLAN`",
+            f"{path}:{line}:1: error: $.mode: budget search sweeps training layouts "
+            f"(ZeRO, recompute, micro-batches); this plan is mode: {plan.mode}. Budget "
+            "inference layouts one plan at a time with `budget PLAN`",
             file=sys.stderr,
         )
         return 2
