@@ -1,5 +1,5 @@
 """`python -m budget` is the same as the `budget` console script."""
 
-from budget.cli import main
+from budget.entry import main
 
 main()

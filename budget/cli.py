@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from budget.entry import main, route
 from budget.errors import BudgetError, Problem
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def _options(
 
 
 OK, FAILED, INVALID = 0, 1, 2
+__all__ = ["app", "exit_code", "main", "route"]  # main and route live in `budget.entry`
 
 
 class Format(StrEnum):
@@ -302,57 +304,3 @@ def validate_model_command(fmt: FormatOption = Format.table) -> None:
     from budget.render.accuracy import render_accuracy
 
     render_accuracy(_stdout(), validate_model(), fmt.value)
-
-
-_COMMANDS = {
-    "report",
-    "validate",
-    "schema",
-    "collective",
-    "roofline",
-    "check",
-    "diff",
-    "search",
-    "plot",
-    "validate-model",
-}
-
-
-def route(args: list[str]) -> list[str]:
-    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`."""
-    first = next((a for a in args if not a.startswith("-")), None)
-    if first is not None and first not in _COMMANDS:
-        return ["report", *args]
-    return list(args)
-
-
-def _plain_report(args: list[str]) -> tuple[Path, str] | None:
-    """`budget PLAN.yaml [--format F]`, if that is all `args` says.
-
-    The command people run most skips building the typer app, which costs more than the
-    whole budget (issue 2: the report within twice a bare import of its libraries). Any
-    other form, including every mistake, goes through typer and gets its messages.
-    """
-    if len(args) < 2 or args[0] != "report" or args[1].startswith("-"):
-        return None
-    rest, fmt = args[2:], "table"
-    if len(rest) == 2 and rest[0] in ("--format", "-f"):
-        fmt = rest[1]
-    elif len(rest) == 1 and rest[0].startswith("--format="):
-        fmt = rest[0].removeprefix("--format=")
-    elif rest:
-        return None
-    return (Path(args[1]), fmt) if fmt in {f.value for f in Format} else None
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `budget` console script and `python -m budget`."""
-    args = route(list(sys.argv[1:] if argv is None else argv))
-    plain = _plain_report(args)
-    if plain is None:
-        app(args=args, prog_name="budget")
-        return
-    try:
-        _report(*plain)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)

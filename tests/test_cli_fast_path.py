@@ -8,7 +8,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from budget.cli import _plain_report, app, route
+from budget.cli import app
+from budget.entry import plain_report, route
 from tests.plan_files import GPT3, ROOT
 
 
@@ -27,7 +28,7 @@ from tests.plan_files import GPT3, ROOT
     ],
 )
 def test_only_the_plain_report_takes_the_short_way(args, plain):
-    assert (_plain_report(route(args)) is not None) is plain
+    assert (plain_report(route(args)) is not None) is plain
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])
@@ -52,3 +53,15 @@ def test_short_way_reports_problems_like_the_app(tmp_path):
     )
     assert process.returncode == runner.exit_code == 2
     assert process.stderr == runner.stderr and process.stdout == ""
+
+
+def test_short_way_does_not_import_typer():
+    code = (
+        "import sys; from budget.entry import main; "
+        f"main([{str(GPT3)!r}, '--format', 'json']); "
+        "print('typer' in sys.modules, file=sys.stderr)"
+    )
+    process = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert process.stderr.strip() == "False"

@@ -1,0 +1,73 @@
+"""The `budget` console script and `python -m budget`.
+
+The command people run most, `budget PLAN.yaml [--format F]`, is answered here without
+importing typer or building its app, which together cost about a tenth of the whole
+report (issue 2: the report within twice a bare import of its libraries). Every other
+form, including every mistake, goes to the typer app in `budget.cli` and its messages.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+COMMANDS = frozenset(
+    {
+        "report",
+        "validate",
+        "schema",
+        "collective",
+        "roofline",
+        "check",
+        "diff",
+        "search",
+        "plot",
+        "validate-model",
+    }
+)
+FORMATS = ("table", "json", "markdown")
+
+
+def route(args: list[str]) -> list[str]:
+    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`."""
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is not None and first not in COMMANDS:
+        return ["report", *args]
+    return list(args)
+
+
+def plain_report(args: list[str]) -> tuple[Path, str] | None:
+    """`budget report PLAN.yaml [--format F]`, if that is all `args` (routed) says."""
+    if len(args) < 2 or args[0] != "report" or args[1].startswith("-"):
+        return None
+    rest, fmt = args[2:], "table"
+    if len(rest) == 2 and rest[0] in ("--format", "-f"):
+        fmt = rest[1]
+    elif len(rest) == 1 and rest[0].startswith("--format="):
+        fmt = rest[0].removeprefix("--format=")
+    elif rest:
+        return None
+    return (Path(args[1]), fmt) if fmt in FORMATS else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = route(list(sys.argv[1:] if argv is None else argv))
+    plain = plain_report(args)
+    if plain is None:
+        from budget.cli import app
+
+        app(args=args, prog_name="budget")
+        return
+    from rich.console import Console
+
+    from budget.errors import BudgetError
+    from budget.pipeline import budget_plan
+    from budget.render import render_report
+
+    try:
+        report = budget_plan(plain[0])
+    except BudgetError as error:
+        for problem in error.problems:
+            print(problem, file=sys.stderr)
+        sys.exit(2)
+    render_report(Console(highlight=False, soft_wrap=False), report, plain[1])
