@@ -177,7 +177,7 @@ def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
     parts = list(blocks(plan, gpus, space, counts))
     if not parts:
         return Columns({name: np.zeros(0, dtype=np.int64) for name in FIELDS})
-    return Columns({k: np.concatenate([p.values[k] for p in parts]) for k in FIELDS})
+    return _join(parts)
 
 
 def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Columns]:
