@@ -261,3 +261,12 @@ def test_an_inference_plan_is_refused_with_a_located_error():
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.startswith("plans/llama3-70b-decode.yaml:12:1: error: $.mode:")
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_a_cluster_no_layout_divides_says_so_instead_of_empty_tables(fmt):
+    args = ["search", str(GPT3.relative_to(ROOT)), "--gpus", "1000", "--format", fmt]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 1
+    assert "No layout fits" in result.stdout and "Best" not in result.stdout
+    assert "does not divide: global batch by micro x dp" in result.stdout

@@ -77,6 +77,9 @@ def thin(front: tuple[Result, ...]) -> tuple[Result, ...]:
     return tuple(front[i] for i in picks)
 
 
+NONE_FITS = "No layout fits: every one was rejected, for the reasons below."
+
+
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     wide = console.width >= 100
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
@@ -87,15 +90,18 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         markup=False,
     )
     console.print()
-    best = outcome.results[:top]
-    console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide))
-    front = thin(outcome.pareto)
-    shown = (
-        ""
-        if len(front) == len(outcome.pareto)
-        else (f" ({len(front)} of {len(outcome.pareto)} points)")
-    )
-    console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
+    if outcome.results:
+        best = outcome.results[:top]
+        console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide))
+        front = thin(outcome.pareto)
+        shown = (
+            ""
+            if len(front) == len(outcome.pareto)
+            else (f" ({len(front)} of {len(outcome.pareto)} points)")
+        )
+        console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
+    else:
+        console.print(f"{NONE_FITS}\n", markup=False)
     table = Table(
         title="Not ranked",
         title_justify="left",
@@ -125,12 +131,13 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         f"{outcome.evaluated:,} layouts evaluated in {outcome.elapsed_s:.2f} s; "
         f"{outcome.fitting:,} fit.",
         "",
-        f"### Best by {outcome.objective}",
-        "",
     ]
-    lines += rows(outcome.results[:top])
-    lines += ["### Pareto front: peak memory against step time", ""]
-    lines += rows(outcome.pareto)
+    if outcome.results:
+        lines += [f"### Best by {outcome.objective}", "", *rows(outcome.results[:top])]
+        lines += ["### Pareto front: peak memory against step time", ""]
+        lines += rows(outcome.pareto)
+    else:
+        lines += [NONE_FITS, ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
     return "\n".join(lines) + "\n"
