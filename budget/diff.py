@@ -232,18 +232,23 @@ def _stage_rows(a: Report, b: Report) -> tuple[Row, ...]:
     for i in range(max(len(a.stages), len(b.stages))):
         sa = a.stages[i] if i < len(a.stages) else None
         sb = b.stages[i] if i < len(b.stages) else None
-        deltas = tuple(
-            Delta(
-                name,
-                unit,
-                better,
-                None if sa is None else get(sa),
-                None if sb is None else get(sb),
-            )
-            for name, unit, better, get in _STAGE
-        )
-        rows.append(Row(str(i), sa is not None, sb is not None, deltas))
+        rows.append(_row(str(i), sa, sb, _STAGE))
     return tuple(rows)
+
+
+def _row(key: str, ra: Any, rb: Any, metrics: Any) -> Row:
+    """One row of deltas for `key`, from A's and B's records (None where a side lacks it)."""
+    deltas = tuple(
+        Delta(
+            metric,
+            unit,
+            better,
+            None if ra is None else get(ra),
+            None if rb is None else get(rb),
+        )
+        for metric, unit, better, get in metrics
+    )
+    return Row(key, ra is not None, rb is not None, deltas)
 
 
 def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
@@ -254,21 +259,7 @@ def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
         if name not in names:
             before = list(pb)[i - 1] if i else None
             names.insert(names.index(before) + 1 if before in names else len(names), name)
-    rows = []
-    for name in names:
-        ra, rb = pa.get(name), pb.get(name)
-        deltas = tuple(
-            Delta(
-                metric,
-                unit,
-                better,
-                None if ra is None else get(ra),
-                None if rb is None else get(rb),
-            )
-            for metric, unit, better, get in _PHASE
-        )
-        rows.append(Row(name, ra is not None, rb is not None, deltas))
-    return tuple(rows)
+    return tuple(_row(name, pa.get(name), pb.get(name), _PHASE) for name in names)
 
 
 def _summary(a: Report, b: Report) -> tuple[Delta, ...]:

@@ -50,18 +50,7 @@ class Config:
     virtual_stages: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "tp": self.tp,
-            "pp": self.pp,
-            "dp": self.dp,
-            "cp": self.cp,
-            "ep": self.ep,
-            "zero": self.zero,
-            "sequence_parallel": self.sequence_parallel,
-            "recompute": self.recompute,
-            "micro": self.micro,
-            "virtual_stages": self.virtual_stages,
-        }
+        return {name: getattr(self, name) for name in FIELDS}
 
 
 FIELDS = (

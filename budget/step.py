@@ -471,6 +471,25 @@ def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
     ]
 
 
+def _dispatch_buffers(s: Shapes) -> Alloc:
+    """The all-to-all's send and receive buffers of the routed token rows."""
+    rows = s.act * s.routed * s.hidden
+    return Alloc(
+        "dispatch send and receive buffers",
+        "transient",
+        rows,
+        count=2,
+        placement="shard(tokens) on ep",
+    )
+
+
+def _shared_expert_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
+    """Shared experts are a dense MLP beside the routed ones: its tensor-parallel moves."""
+    if not every(s.shared_cols > 0):
+        return []
+    return _tp_moves(plan, s, "shared expert", backward, "shared expert fc1", "shared expert fc2")
+
+
 def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     """Expert parallelism: the router's token rows go to the ranks that hold their experts
     and come back (GShard, Lepikhin et al., arXiv 2006.16668, section 3.2): an all-to-all on
@@ -690,25 +709,13 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.moe:
         moe = _either(blocks["moe"], full)
-        rows = s.act * s.routed * s.hidden
-        buffers = [
-            Alloc(
-                "dispatch send and receive buffers",
-                "transient",
-                rows,
-                count=2,
-                placement="shard(tokens) on ep",
-            )
-        ]
-        shared = (
-            _tp_moves(plan, s, "shared expert", False, "shared expert fc1", "shared expert fc2")
-            if every(s.shared_cols > 0)
-            else []
-        )
+        buffers = [_dispatch_buffers(s)]
         b.add(
             "forward.moe",
             b.moe * m,
-            _ep_moves(plan, s, False) + shared + _zero3_moves(plan, "moe", False),
+            _ep_moves(plan, s, False)
+            + _shared_expert_moves(plan, s, False)
+            + _zero3_moves(plan, "moe", False),
             [
                 Instant(
                     "expert computation",
@@ -819,24 +826,15 @@ def _backward(b: _StageBuilder) -> None:
                 gate * s.act * s.routed * s.expert_cols,
                 placement="shard(tokens) on ep",
             ),
-            Alloc(
-                "dispatch send and receive buffers",
-                "transient",
-                rows,
-                count=2,
-                placement="shard(tokens) on ep",
-            ),
+            _dispatch_buffers(s),
         ]
         work = flops.moe_forward(plan, s)
-        shared = (
-            _tp_moves(plan, s, "shared expert", True, "shared expert fc1", "shared expert fc2")
-            if every(s.shared_cols > 0)
-            else []
-        )
         b.add(
             "backward.moe",
             b.moe * m,
-            _ep_moves(plan, s, True) + shared + _zero3_moves(plan, "moe", True),
+            _ep_moves(plan, s, True)
+            + _shared_expert_moves(plan, s, True)
+            + _zero3_moves(plan, "moe", True),
             [
                 Instant(
                     "expert gradients",

@@ -16,6 +16,7 @@ from budget.search import Space, apply, pareto, parse_values, search
 from tests.plan_files import GPT3, ROOT
 
 SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 3))
+NARROW = ["--micro", "1", "--zero", "1", "--recompute", "selective", "--virtual-stages", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -153,22 +154,7 @@ def test_search_json_validates_against_the_report_schema(tmp_path):
 
     result = CliRunner().invoke(
         app,
-        route(
-            [
-                "search",
-                str(GPT3),
-                "--micro",
-                "1",
-                "--zero",
-                "1",
-                "--recompute",
-                "selective",
-                "--virtual-stages",
-                "1",
-                "--format",
-                "json",
-            ]
-        ),
+        route(["search", str(GPT3), *NARROW, "--format", "json"]),
     )
     assert result.exit_code == 0
     assert validation_errors(json.loads(result.stdout), "search") == []
@@ -177,20 +163,7 @@ def test_search_json_validates_against_the_report_schema(tmp_path):
 def test_progress_is_not_written_when_output_is_not_a_terminal(tmp_path):
     result = CliRunner().invoke(
         app,
-        route(
-            [
-                "search",
-                str(GPT3),
-                "--micro",
-                "1",
-                "--zero",
-                "1",
-                "--recompute",
-                "selective",
-                "--virtual-stages",
-                "1",
-            ]
-        ),
+        route(["search", str(GPT3), *NARROW]),
     )
     assert result.exit_code == 0
     assert "Pareto front" in result.stdout and result.stderr == ""
