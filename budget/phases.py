@@ -164,10 +164,14 @@ def when(items: list[T], condition: Any) -> list[T]:
     if not cond.any():
         return []
     mask: Any = cond.astype(np.int64)  # an int per configuration, like the counts it scales
-    out: list[T] = []
-    for item in items:
+    out: list[Any] = []
+    for item in items:  # constructors, not `replace`: a sweep calls this thousands of times
         if isinstance(item, Alloc):
-            out.append(replace(item, bytes=item.bytes * mask))
+            out.append(
+                Alloc(item.name, item.category, item.bytes * mask, item.count, item.placement)
+            )
+        elif isinstance(item, Work):
+            out.append(Work(item.name, item.kind, item.flops, item.bytes, item.count * mask))
         else:
             out.append(replace(item, count=item.count * mask))
     return out
