@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.vector import count_label, every, holds, lacks, vceil, vmax, vwhere
+from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +133,51 @@ def stage_layers(plan: Plan) -> list[int]:
     return [len(ids) for ids in stage_layer_ids(plan)]
 
 
-def stage_kinds(plan: Plan) -> list[tuple[int, int]]:
-    """(dense, MoE) layer counts per pipeline stage."""
+@dataclass(frozen=True, slots=True)
+class StageClass:
+    """Pipeline stages that run the same kernels and moves: the same place in the pipeline
+    (first, last) and the same dense and MoE layer counts. `stage` is the first of them,
+    which holds the most micro-batches in flight (`step.inflight`) and so peaks highest;
+    `copies` counts them. A sweep carries the counts and indices as arrays over
+    configurations whose stages fall into the same classes (`budget.search`)."""
+
+    stage: int
+    first: bool
+    last: bool
+    dense: int
+    moe: int
+    last_is_moe: bool
+    copies: int = 1
+
+    @property
+    def key(self) -> tuple[bool, bool, int, int, bool]:
+        """What the kernels and moves of a stage depend on (equal keys, equal times)."""
+        return (self.first, self.last, self.dense, self.moe, self.last_is_moe)
+
+
+def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
+    """One class per distinct stage key in pipeline order (`merge`), or one per stage."""
     flags = moe_layers(plan)
-    out = []
-    for ids in stage_layer_ids(plan):
+    ids_per_stage = stage_layer_ids(plan)
+    p = len(ids_per_stage)
+    stages = []
+    for stage, ids in enumerate(ids_per_stage):
         moe = sum(flags[i] for i in ids)
-        out.append((len(ids) - moe, moe))
-    return out
+        last_is_moe = bool(ids) and flags[ids[-1]]
+        stages.append(
+            StageClass(stage, stage == 0, stage == p - 1, len(ids) - moe, moe, last_is_moe)
+        )
+    if not merge:
+        return stages
+    copies: dict[tuple[bool, bool, int, int, bool], int] = {}
+    for c in stages:
+        copies[c.key] = copies.get(c.key, 0) + 1
+    firsts = {c.key: c for c in reversed(stages)}
+    return [
+        StageClass(c.stage, c.first, c.last, c.dense, c.moe, c.last_is_moe, copies[c.key])
+        for c in stages
+        if firsts[c.key] is c
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +189,11 @@ class StageParams:
 
 
 def stage_params(plan: Plan, stage: int) -> StageParams:
+    """The parameters one rank of pipeline stage `stage` holds (`class_params`)."""
+    return class_params(plan, stage_classes(plan, merge=False)[stage])
+
+
+def class_params(plan: Plan, c: StageClass) -> StageParams:
     """The parameters one rank of a stage holds, itemised.
 
     The embedding sits on the first stage and the output layer on the last; with tied
@@ -160,25 +202,25 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     The word embedding and output layer are vocab-parallel over tp; learned position
     embeddings and the final norm are replicated.
     """
-    m, t, p = plan.model, plan.parallel.tp, plan.parallel.pp
-    dense, moe = stage_kinds(plan)[stage]
+    m, t = plan.model, plan.parallel.tp
+    dense, moe = c.dense, c.moe
     d, x = layer_params(plan), layer_params(plan, moe=True)
     parts = [("transformer layers", dense * d.per_rank + moe * x.per_rank)]
     total = dense * d.total + moe * (x.total + x.expert_total)
-    if moe:
+    if uniform(moe > 0, "MoE layers"):
         parts.append(("experts", moe * x.expert_per_rank))
     word = m.vocab * m.hidden
-    if stage == 0:
+    if c.first:
         parts.append(("word embedding", -(-word // t)))
         total += word
         if m.position == "learned":
             positions = (m.max_positions or plan.batch.seq) * m.hidden
             parts.append(("position embedding", positions))
             total += positions
-    if stage == p - 1:
+    if c.last:
         parts.append(("final norm", _norms(plan)))
         total += _norms(plan)
-        if not m.tied_embeddings or p > 1:
+        if not m.tied_embeddings or not c.first:  # one stage (first and last) shares it
             name = "output layer" if not m.tied_embeddings else "output layer (tied copy)"
             parts.append((name, -(-word // t)))
             total += word

@@ -21,6 +21,7 @@ Megatron-LM's `schedules.py` warm-up counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,22 +32,22 @@ from budget.errors import BudgetError, Problem
 from budget.flops import Work
 from budget.layers import (
     Shapes,
+    StageClass,
     StageParams,
     attention_params,
     attention_saved,
+    class_params,
     core_attention,
     expert_data_parallel,
     layer_params,
     layer_saved,
     mlp_saved,
-    moe_layers,
     moe_saved,
     params_total,
     resident_states,
     residual_placement,
     shapes,
-    stage_layer_ids,
-    stage_params,
+    stage_classes,
 )
 from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
 from budget.placement import (
@@ -59,7 +60,18 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan, Transition
-from budget.vector import count_label, every, holds, lacks, vfloat, vmax, vmin, vround, vwhere
+from budget.vector import (
+    count_label,
+    every,
+    holds,
+    lacks,
+    uniform,
+    vfloat,
+    vmax,
+    vmin,
+    vround,
+    vwhere,
+)
 
 
 def inflight(plan: Plan, stage: int, microbatches: int) -> float:
@@ -208,27 +220,55 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
 @dataclass
 class _StageBuilder:
     plan: Plan
-    stage: int
+    kind: StageClass
     microbatches: int
     shapes: Shapes
     params: StageParams
     resident: tuple[Alloc, ...]
-    dense: int  # dense layers on this stage
-    moe: int  # MoE layers on this stage
-    last_is_moe: bool
     phases: list[Phase] = field(default_factory=list)
 
     @property
+    def stage(self) -> int:
+        return self.kind.stage
+
+    @property
     def first(self) -> bool:
-        return self.stage == 0
+        return self.kind.first
 
     @property
     def last(self) -> bool:
-        return self.stage == self.plan.parallel.pp - 1
+        return self.kind.last
+
+    @property
+    def dense(self) -> int:
+        """Dense layers on this stage."""
+        return self.kind.dense
+
+    @property
+    def moe(self) -> int:
+        """MoE layers on this stage."""
+        return self.kind.moe
+
+    @property
+    def last_is_moe(self) -> bool:
+        return self.kind.last_is_moe
 
     @property
     def layers(self) -> int:
         return self.dense + self.moe
+
+    @property
+    def pipelined(self) -> bool:
+        """More than one pipeline stage (only then is a stage not both first and last)."""
+        return not (self.first and self.last)
+
+    @property
+    def has_dense(self) -> bool:
+        return uniform(self.dense > 0, "dense layers")
+
+    @property
+    def has_moe(self) -> bool:
+        return uniform(self.moe > 0, "MoE layers")
 
     def add(
         self,
@@ -321,14 +361,18 @@ def _total(allocs: list[Alloc]) -> int:
     return sum(a.total for a in allocs)
 
 
-def derive(plan: Plan, representatives: bool = False) -> Step:
+def derive(
+    plan: Plan, representatives: bool = False, classes: Sequence[StageClass] | None = None
+) -> Step:
     """The step of `plan`, stage by stage: training here, prefill and decode in
     `budget.inference`.
 
-    With `representatives`, stages that run the same kernels and moves (the same timing
-    key) are derived once, as the first of them, which has the most micro-batches in
-    flight and therefore the highest peak; `copies` says how many it stands for. The step
-    time and the worst peak are unchanged; a sweep uses this to skip identical work.
+    With `representatives`, stages that run the same kernels and moves (the same
+    `StageClass`) are derived once, as the first of them, which has the most micro-batches
+    in flight and therefore the highest peak; `copies` says how many it stands for. The
+    step time and the worst peak are unchanged; a sweep uses this to skip identical work,
+    and passes `classes` whose counts are arrays over its configurations (their pipeline
+    depths may differ when their stages fall into the same classes).
     """
     if plan.mode != "train":
         from budget.inference import derive_inference
@@ -336,44 +380,32 @@ def derive(plan: Plan, representatives: bool = False) -> Step:
         return _with_transitions(plan, derive_inference(plan))
     m = plan.microbatches
     s = shapes(plan)
-    flags = moe_layers(plan)
-    layer_ids = stage_layer_ids(plan)
-    p = len(layer_ids)
-    keys = []
-    for stage, ids in enumerate(layer_ids):
-        moe = sum(flags[i] for i in ids)
-        keys.append((stage == 0, stage == p - 1, len(ids) - moe, moe, bool(ids) and flags[ids[-1]]))
-    copies = {key: keys.count(key) for key in keys}
+    if classes is None:
+        classes = stage_classes(plan, merge=representatives)
     stages = []
-    for stage, ids in enumerate(layer_ids):
-        if representatives and keys.index(keys[stage]) != stage:
-            continue
-        params = stage_params(plan, stage)
-        moe = sum(flags[i] for i in ids)
+    for kind in classes:
+        params = class_params(plan, kind)
         b = _StageBuilder(
             plan,
-            stage,
+            kind,
             m,
             s,
             params,
             resident_states(plan, params.per_rank, params.expert_per_rank),
-            dense=len(ids) - moe,
-            moe=moe,
-            last_is_moe=bool(ids) and flags[ids[-1]],
         )
         _forward(b)
         _backward(b)
         _reduce(b)
         stages.append(
             StageStep(
-                stage,
+                kind.stage,
                 b.layers,
-                inflight(plan, stage, m),
+                inflight(plan, kind.stage, m),
                 params.per_rank + params.expert_per_rank,
                 b.resident,
                 tuple(b.phases),
-                timing_key=keys[stage],
-                copies=copies[keys[stage]] if representatives else 1,
+                timing_key=kind.key if isinstance(kind.dense, int) else (),
+                copies=kind.copies,
             )
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
@@ -678,7 +710,7 @@ def _forward(b: _StageBuilder) -> None:
         flops.attention_forward(plan, s),
     )
     kept = when(attn_kept, lacks(full))
-    if b.dense:
+    if b.has_dense:
         mlp = _either(blocks["mlp"], full)
         partial = when(
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
@@ -707,7 +739,7 @@ def _forward(b: _StageBuilder) -> None:
             ],
             flops.mlp_forward(plan, s),
         )
-    if b.moe:
+    if b.has_moe:
         moe = _either(blocks["moe"], full)
         buffers = [_dispatch_buffers(s)]
         b.add(
@@ -728,7 +760,7 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.last:
         _loss(b)
-    if par.pp > 1:
+    if b.pipelined:
         b.add(
             "pipeline.forward",
             m * _sends(plan, b.last),
@@ -815,7 +847,7 @@ def _backward(b: _StageBuilder) -> None:
             [grads], (par.zero == 2) & (par.dp * par.cp > 1)
         )
 
-    if b.moe:
+    if b.has_moe:
         recomputed = when(_working(blocks["moe"], "recomputed"), full)
         rows = s.act * s.routed * s.hidden
         grads = [
@@ -844,7 +876,7 @@ def _backward(b: _StageBuilder) -> None:
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work),
         )
-    if b.dense:
+    if b.has_dense:
         recomputed = when(_working(blocks["mlp"], "recomputed"), full)
         ffn_grad = Alloc(
             "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
@@ -965,7 +997,7 @@ def _backward(b: _StageBuilder) -> None:
         )
         moves = when([gather], sp)
         b.add("backward.embedding", m, moves, [], flops.backward_of(flops.embedding_work(plan, s)))
-    if par.pp > 1:
+    if b.pipelined:
         b.add(
             "pipeline.backward",
             m * _sends(plan, b.first),
@@ -990,7 +1022,7 @@ def _reduce(b: _StageBuilder) -> None:
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
-    buckets = max(1, b.layers)
+    buckets = vmax(1, b.layers)
     share, floor = (buckets - 1) / buckets, 1 / buckets
     groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.dp * par.cp, b.params.per_rank)]
     if not every(b.params.expert_per_rank == 0):
@@ -1049,7 +1081,7 @@ def _reduce(b: _StageBuilder) -> None:
         )
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
-    if m.tied_embeddings and par.pp > 1 and (b.first or b.last):
+    if m.tied_embeddings and b.pipelined and (b.first or b.last):
         word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
         b.add(
             "embedding.grads",

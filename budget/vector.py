@@ -54,6 +54,19 @@ def every(condition: Any) -> bool:
     return bool(np.all(condition))
 
 
+def uniform(condition: Any, what: str) -> bool:
+    """A condition that decides the structure of a step and must hold for all of a sweep's
+    configurations evaluated together or for none (`budget.search` groups them so); an
+    error if they differ, rather than a step right for some and wrong for others."""
+    if isinstance(condition, np.ndarray):
+        if condition.all():
+            return True
+        if condition.any():
+            raise ValueError(f"configurations evaluated together differ in their {what}")
+        return False
+    return bool(condition)
+
+
 def ratio(a: float, b: float) -> float:
     """a / b, and 0 where b is 0 (a step with no time has no rate)."""
     if _scalar(a, b):
