@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
+from budget.layers import StageClass, stage_classes
 from budget.phases import Move, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import move_span, step_time
@@ -170,14 +171,14 @@ def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
 
 
 def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Columns]:
-    """Every configuration that divides evenly, one block per (tp, pp, cp), counting the
+    """Every configuration that divides evenly, one block per (tp, pp), counting the
     layouts that do not by reason.
 
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp.
-    Degrees are enumerated one by one; the rest of the space is a grid of arrays. Blocks
+    tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
     m, b = plan.model, plan.batch
@@ -192,25 +193,26 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
             if (gpus // tp) % pp:
                 counts.rejected["does not divide: pp into the GPUs left"] += 1
                 continue
-            for cp in space.cp or _divisors(gpus // (tp * pp)):
-                rest = gpus // (tp * pp)
+            rest = gpus // (tp * pp)
+            cps = []
+            for cp in space.cp or _divisors(rest):
                 if rest % cp:
                     counts.rejected["does not divide: cp into the GPUs left"] += 1
-                    continue
-                if cp > 1 and b.seq % (2 * cp):
+                elif cp > 1 and b.seq % (2 * cp):
                     counts.rejected["does not divide: sequence by 2·cp"] += 1
-                    continue
-                block = _spread(
-                    plan, gpus, counts, _grid(plan, space, counts, tp, pp, cp, rest // cp)
-                )
+                else:
+                    cps.append(cp)
+            if cps:
+                grid = _grid(plan, space, counts, tp, pp, cps, rest)
+                block = _spread(plan, gpus, counts, grid)
                 if len(block):
                     yield block
 
 
 @lru_cache(maxsize=4096)
 def _uneven(parallel: Parallel, topology: Topology) -> bool:
-    """`uneven_group` once per layout of degrees (a sweep meets each twice: counting,
-    then evaluating)."""
+    """`uneven_group` once per layout of degrees (a sweep meets each twice with a progress
+    bar: counting, then evaluating)."""
     return uneven_group(parallel, topology) is not None
 
 
@@ -221,13 +223,14 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
         return block
     topology = replace(plan.topology, gpus=gpus)
     values = block.values
-    eps = values["ep"]
+    degrees = np.stack([values[k] for k in ("tp", "pp", "dp", "cp", "ep")], axis=1)
+    first, which = _distinct_rows(degrees)
     keep = np.ones(len(block), dtype=bool)
-    for ep in np.unique(eps).tolist():
-        tp, pp, dp, cp = (int(values[k][0]) for k in ("tp", "pp", "dp", "cp"))
+    for row, i in enumerate(first.tolist()):
+        tp, pp, dp, cp, ep = (int(x) for x in degrees[i])
         parallel = replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
         if _uneven(parallel, topology):
-            keep &= eps != ep
+            keep &= which != row
     dropped = len(block) - int(keep.sum())
     if dropped:
         counts.rejected["a group spreads unevenly over the topology's domains"] += dropped
@@ -235,14 +238,26 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     return block
 
 
-def _grid(plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, dp: int) -> Columns:
+def _grid(
+    plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cps: list[int], dp_cp: int
+) -> Columns:
+    """The grid of cp (of `cps`, with dp = `dp_cp` / cp), ep, virtual stages, sequence
+    parallelism, ZeRO stage, recompute and micro-batch for one (tp, pp), less the layouts
+    the rules reject (counted).
+    dp x cp is the same for every cp here, so the ep values are; the micro-batch sizes
+    that divide the batch of one replica are not, and each cp keeps only its own (as if
+    its grid were made alone: those left out are not candidates, not rejected ones)."""
     m, b = plan.model, plan.batch
     experts = m.experts
-    eps = space.ep or (
-        [e for e in _divisors(dp * cp) if experts.count % e == 0] if experts else [1]
-    )
-    micros = space.micro or _divisors(b.global_batch // dp if b.global_batch % dp == 0 else 1)
+    eps = space.ep or ([e for e in _divisors(dp_cp) if experts.count % e == 0] if experts else [1])
+    own_micros = {
+        cp: space.micro
+        or _divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
+        for cp in cps
+    }
+    micros = sorted(set().union(*own_micros.values()))
     axes = [
+        np.asarray(cps),
         np.asarray(eps),
         np.asarray(space.virtual_stages),
         np.asarray(space.sequence_parallel, dtype=bool),
@@ -250,7 +265,14 @@ def _grid(plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, 
         np.arange(len(space.recompute)),
         np.asarray(micros),
     ]
-    ep, v, sp, zero, rc, micro = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
+    cp, ep, v, sp, zero, rc, micro = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
+    if len(cps) > 1 and not space.micro:
+        own = np.zeros(len(cp), dtype=bool)
+        for value, allowed in own_micros.items():
+            own |= (cp == value) & np.isin(micro, allowed)
+        keep = np.flatnonzero(own)
+        cp, ep, v, sp, zero, rc, micro = (a[keep] for a in (cp, ep, v, sp, zero, rc, micro))
+    dp = dp_cp // cp
     count = np.asarray(experts.count if experts else 1)
     rules = [
         (
@@ -278,8 +300,8 @@ def _grid(plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cp: int, 
         {
             "tp": np.full(n, tp, dtype=np.int64),
             "pp": np.full(n, pp, dtype=np.int64),
-            "dp": np.full(n, dp, dtype=np.int64),
-            "cp": np.full(n, cp, dtype=np.int64),
+            "dp": dp[valid].astype(np.int64),
+            "cp": cp[valid].astype(np.int64),
             "ep": ep[valid].astype(np.int64),
             "zero": zero[valid].astype(np.int64),
             "sequence_parallel": sp[valid],
@@ -342,17 +364,73 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     """A key per configuration for what decides the phases, allocations and transitions
     its step has; configurations with one key are evaluated together. Everything else
     (degrees, ZeRO stage, recompute, sequence parallelism, micro-batch) is carried as
-    arrays; so are virtual stages when the layers split evenly into dense stages and
-    pipeline sends are not overlapped."""
+    arrays. So are the pipeline depth and virtual stages of a dense model whose stages fall
+    into the same classes (`layers.StageClass`: the first stage, the middle ones, the last,
+    in order) when pipeline sends are not overlapped: then only the layer counts, stage
+    indices and copies differ, as arrays too."""
     pp, v = cols.values["pp"], cols.values["virtual_stages"]
-    vkey = v.copy()
-    if plan.model.experts is None and not plan.overlap.pp:
-        pairs = np.stack([pp, v], axis=1)
-        for i in _distinct_rows(pairs)[0].tolist():
-            a, b = int(pp[i]), int(v[i])
-            if split(plan.model.layers, a, b) is None:
-                vkey[(pp == a) & (v == b)] = 0
-    return np.stack([pp, vkey, (cols.values["ep"] > 1).astype(np.int64)], axis=1)
+    shape = np.zeros(len(cols), dtype=np.int64)
+    first, which = _distinct_rows(np.stack([pp, v], axis=1))
+    for row, i in enumerate(first.tolist()):
+        shape[which == row] = _shape_id(plan, int(pp[i]), int(v[i]))
+    return np.stack([shape, (cols.values["ep"] > 1).astype(np.int64)], axis=1)
+
+
+_SHAPES: dict[tuple[Any, ...], int] = {}
+
+
+def _shape_id(plan: Plan, pp: int, v: int) -> int:
+    """A number for the sequence of stage classes of `plan` cut into `pp` stages of `v`
+    chunks: their places (first, last), and with experts or overlapped pipeline sends
+    the depth and chunks themselves."""
+    if plan.model.experts is not None or plan.overlap.pp:
+        key: tuple[Any, ...] = ("apart", pp, v)
+    else:
+        key = tuple((c.first, c.last) for c in _stage_classes(plan, pp, v))
+    return _SHAPES.setdefault(key, len(_SHAPES))
+
+
+@lru_cache(maxsize=1024)
+def _stage_classes(plan: Plan, pp: int, v: int) -> list[StageClass]:
+    """The stage classes of `plan` cut into `pp` stages of `v` chunks each, split as
+    `apply` splits them (once per sweep: every block meets them again)."""
+    schedule: Schedule = "interleaved" if v > 1 else "1f1b"
+    parallel = replace(
+        plan.parallel,
+        pp=pp,
+        pipeline=Pipeline(schedule, v, split(plan.model.layers, pp, v)),
+    )
+    return stage_classes(replace(plan, parallel=parallel))
+
+
+def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
+    """The stage classes of a group of configurations of one structure: counts, stage
+    indices and copies as arrays when their pipelines differ."""
+    pp, v = cols.values["pp"], cols.values["virtual_stages"]
+    first, which = _distinct_rows(np.stack([pp, v], axis=1))
+    per_pair = [_stage_classes(plan, int(pp[i]), int(v[i])) for i in first.tolist()]
+    if len(per_pair) == 1:
+        return per_pair[0]
+    places = {tuple((c.first, c.last, c.last_is_moe) for c in classes) for classes in per_pair}
+    if len(places) > 1:
+        raise ValueError("configurations evaluated together differ in their stage classes")
+
+    def column(k: int, name: str) -> Any:  # an int per configuration, typed as one int
+        values: Any = np.array([getattr(classes[k], name) for classes in per_pair])
+        return values[which]
+
+    return [
+        StageClass(
+            column(k, "stage"),
+            c.first,
+            c.last,
+            column(k, "dense"),
+            column(k, "moe"),
+            c.last_is_moe,
+            column(k, "copies"),
+        )
+        for k, c in enumerate(per_pair[0])
+    ]
 
 
 def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
@@ -372,6 +450,7 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
     parallel = replace(
         first.parallel,
         pipeline=pipeline,
+        pp=values["pp"],
         tp=values["tp"],
         dp=values["dp"],
         cp=values["cp"],
@@ -564,7 +643,7 @@ def measure(plan: Plan, cols: Columns, gpus: int) -> dict[str, np.ndarray]:
     """Peak memory, step time, exposed communication, MFU and tokens/s of `cols` (one
     structure), as arrays, in one pass of the engine."""
     batch = _batched(plan, cols, gpus)
-    step = derive(batch, representatives=True)
+    step = derive(batch, representatives=True, classes=_classes(plan, cols))
     n = len(cols)
     times = step_time(batch, step, _Pricer(plan, cols, gpus))
     return {

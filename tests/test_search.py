@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -243,3 +244,45 @@ def test_a_cluster_no_layout_divides_says_so_instead_of_empty_tables(fmt):
     assert result.exit_code == 1
     assert "No layout fits" in result.stdout and "Best" not in result.stdout
     assert "does not divide: global batch by micro x dp" in result.stdout
+
+
+def test_pipelines_of_different_depths_evaluated_together_budget_exactly():
+    """Llama 3 405B's 126 layers split unevenly over 4 to 64 stages, with 1, 2 or
+    4 virtual stages; the stages of most of them fall into three classes (first, middle,
+    last) and are evaluated in one pass with layer counts, stage indices and copies as
+    arrays. Each layout still budgets exactly as `budget` does alone."""
+    from budget.search import _Counts, candidates, evaluate, structure
+
+    plan = load_plan(ROOT / "plans" / "llama3-405b-128k.yaml")
+    gpus = plan.topology.gpus
+    space = Space(tp=(8,), cp=(1, 16), micro=(1,), zero=(1, 3), recompute=("selective", "full"))
+    cols = candidates(plan, gpus, space, _Counts())
+    keys = [tuple(k) for k in structure(plan, cols).tolist()]
+    configs = cols.configs()
+    three = next(k for k, c in zip(keys, configs, strict=True) if c.pp == 16)
+    group = [c for k, c in zip(keys, configs, strict=True) if k == three]
+    assert {c.pp for c in group} >= {4, 16, 32, 64}
+    assert {c.virtual_stages for c in group} >= {1, 2}
+    random.seed(8)
+    sample = random.sample(group, 12)
+    assert len({(c.pp, c.virtual_stages) for c in sample}) >= 4
+    for result in evaluate(plan, sample, gpus):
+        report = build_report(apply(plan, result.config, gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
+def test_layouts_of_different_structure_refuse_to_be_evaluated_together(gpt3):
+    """One pass serves one structure; a mixed group is an error, not a wrong number."""
+    from budget.search import Config, evaluate
+    from budget.vector import uniform
+
+    one = Config(8, 1, 128, 1, 1, 1, True, "selective", 1, 1)
+    four = Config(8, 4, 32, 1, 1, 1, True, "selective", 1, 1)
+    with pytest.raises(ValueError, match="stage classes"):
+        evaluate(gpt3, [one, four], 1024)
+    with pytest.raises(ValueError, match="differ in their dense layers"):
+        uniform(np.array([True, False]), "dense layers")
+    assert uniform(np.array([True, True]), "dense layers") is True
+    assert uniform(np.array([False]), "dense layers") is False
