@@ -79,14 +79,18 @@ class GroupSpan:
 
     kind: GroupKind
     rank: int
-    ranks: tuple[int, ...]
+    members: Sequence[int]  # sorted; a `range` when they are a progression (not listed)
     stride: int | None
     tiers: tuple[Tier, ...]
     domains: int = 1  # innermost-level domains the group touches
 
     @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(self.members)
+
+    @property
     def size(self) -> int:
-        return len(self.ranks)
+        return len(self.members)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -116,7 +120,8 @@ def link_of(level: Level) -> Link:
 @lru_cache(maxsize=4096)
 def group_span(kind: GroupKind, parallel: Parallel, topology: Topology, rank: int = 0) -> GroupSpan:
     """The group of ``kind`` that holds ``rank``, with the levels it spans."""
-    return span_of_ranks(group_ranks(kind, parallel, topology.gpus, rank), topology, kind, rank)
+    members = _members(kind, parallel, topology.gpus, rank)  # sorted and distinct
+    return _span_of_members(members, topology, kind, rank)
 
 
 class UnevenGroup(ValueError):
@@ -175,9 +180,22 @@ def span_of_ranks(
     Raises ValueError when the group is not spread evenly over the domains it touches
     (the two-level algorithms need the same number of ranks in each).
     """
-    members = tuple(sorted(set(ranks)))
+    members: Sequence[int] = (
+        ranks  # sorted and distinct already, and left unlisted
+        if isinstance(ranks, range) and ranks.step > 0
+        else tuple(sorted(set(ranks)))
+    )
     if not members:
         raise ValueError("a group needs at least one rank")
+    return _span_of_members(members, topology, kind, rank)
+
+
+@lru_cache(maxsize=4096)
+def _span_of_members(
+    members: Sequence[int], topology: Topology, kind: GroupKind, rank: int | None
+) -> GroupSpan:
+    """`span_of_ranks` of sorted, distinct ranks; once per group (a sweep meets the same
+    group under many layouts: the tp group of 8 ranks whatever dp is)."""
     if members[0] < 0 or members[-1] >= topology.gpus:
         raise ValueError(f"ranks {members[0]}..{members[-1]} do not fit {topology.gpus} GPUs")
     levels = topology.levels
@@ -186,7 +204,9 @@ def span_of_ranks(
     # touched[i]: how many level-i domains the group occupies; the outermost is one domain.
     touched: list[int] = []
     step = members[1] - members[0] if len(members) > 1 else 0
-    regular = step > 0 and members == tuple(range(members[0], members[-1] + 1, step))
+    regular = step > 0 and (
+        isinstance(members, range) or members == tuple(range(members[0], members[-1] + 1, step))
+    )
     for i, level in enumerate(levels):
         if i == len(levels) - 1 or level.size is None:
             touched.append(1)
@@ -197,10 +217,10 @@ def span_of_ranks(
         if domains is not None:
             touched.append(domains)
             continue
-        per_domain = Counter(r // level.size for r in members)
-        if len(set(per_domain.values())) > 1:
+        per_domain = _tally(members, level.size)
+        if len(set(per_domain)) > 1:
             raise UnevenGroup(
-                f"group {_show(members)} puts {sorted(set(per_domain.values()))} ranks in "
+                f"group {_show(members)} puts {sorted(set(per_domain))} ranks in "
                 f"different {level.name} domains; a group must be spread evenly to be priced"
             )
         touched.append(len(per_domain))
@@ -218,10 +238,25 @@ def span_of_ranks(
     if regular or len(members) == 1:
         stride: int | None = step or 1
     else:
-        gaps = {b - a for a, b in itertools.pairwise(members)}
+        gaps = set(np.diff(members).tolist())
         stride = gaps.pop() if len(gaps) == 1 else None
     first = members[0] if rank is None else rank
     return GroupSpan(kind, first, members, stride, tiers, touched[0])
+
+
+def _tally(members: Sequence[int], size: int) -> list[int]:
+    """How many of `members` (sorted) fall in each domain of `size` consecutive ranks that
+    holds any; with numpy for large groups (a dp x cp group of thousands of ranks)."""
+    if len(members) < 64:
+        return list(Counter(r // size for r in members).values())
+    if isinstance(members, range):
+        ranks = np.arange(members.start, members.stop, members.step)
+    else:
+        ranks = np.asarray(members)
+    domains = ranks // size  # sorted, so each domain's ranks are a run
+    edges = np.flatnonzero(np.diff(domains)) + 1
+    counts: list[int] = np.diff(edges, prepend=0, append=len(domains)).tolist()
+    return counts
 
 
 def _progression_domains(first: int, step: int, n: int, size: int) -> int | None:
@@ -239,6 +274,12 @@ def _progression_domains(first: int, step: int, n: int, size: int) -> int | None
 
 def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> tuple[int, ...]:
     """Ranks of the ``kind`` group containing ``rank`` under ``parallel.order``, sorted."""
+    return tuple(_members(kind, parallel, gpus, rank))
+
+
+def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> Sequence[int]:
+    """`group_ranks`, as a `range` when they are a progression (a dp group of thousands of
+    ranks is then described, not listed)."""
     dims = (kind,) if isinstance(kind, str) else tuple(kind)
     degrees = _degrees(parallel)
     world = parallel.tp * parallel.cp * parallel.dp * parallel.pp
@@ -264,7 +305,7 @@ def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -
             base = rank - sum(
                 coords[order[i]] * math.prod(degrees[d] for d in order[:i]) for i in positions
             )
-            return tuple(range(base, base + size * stride, stride))
+            return range(base, base + size * stride, stride)
         # Otherwise a lattice of progressions: the base rank plus every combination of
         # each dimension's index times its stride.
         strides = {d: math.prod(degrees[e] for e in order[: order.index(d)]) for d in order}
