@@ -31,7 +31,7 @@ from budget.phases import Move, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import move_span, step_time
 from budget.step import derive
-from budget.topology import link_of, uneven_group
+from budget.topology import level_ranks, link_of, uneven_group
 
 CHUNK = 16_384  # configurations evaluated together at most: ~350 MB for GPT-3, any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -505,6 +505,10 @@ class _Pricer:
             return cached
         per_level = np.ones((len(self.unique), len(self.levels)), dtype=np.int64)
         for row, config in enumerate(self.plans):
+            counts = _dense_levels(config, move.group, sizes[row])
+            if counts is not None:
+                per_level[row] = counts
+                continue
             scalar = replace(move, ranks=sizes[row])
             for tier in move_span(config, scalar).tiers:
                 per_level[row, self.names.index(tier.link.name)] = int(tier.ranks)
@@ -546,6 +550,20 @@ class _Pricer:
         return collective_cost(
             move.op, tiers, move.size_bytes, "hierarchical", element_bytes=element
         )
+
+
+def _dense_levels(config: Plan, group: str, ranks: int) -> tuple[int, ...] | None:
+    """Ranks per level of a tp, cp or dp group (dp x cp for gradients under context
+    parallelism), as `move_span` lays it out, in closed form (`topology.level_ranks`);
+    None for the other groups and layouts, which `move_span` lists."""
+    par = config.parallel
+    if group not in ("tp", "cp", "dp"):
+        return None
+    kind: Any = ("dp", "cp") if group == "dp" and par.cp > 1 and ranks == par.dp * par.cp else group
+    size = par.dp * par.cp if isinstance(kind, tuple) else getattr(par, group)
+    if size != ranks:
+        return None
+    return level_ranks(kind, par, config.topology)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ __all__ = [
     "GroupSpan",
     "group_ranks",
     "group_span",
+    "level_ranks",
     "link_of",
     "price",
     "price_group",
@@ -155,6 +156,50 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
                 name = kind if isinstance(kind, str) else " x ".join(kind)
                 return f"the {name} group: {error}"
     return None
+
+
+def level_ranks(kind: GroupKind, parallel: Parallel, topology: Topology) -> tuple[int, ...] | None:
+    """Ranks of a dense group (tp, cp, dp, pp or several together) at each level of the
+    topology, innermost first, as `group_span` tiers it (a level it does not use holds
+    1), without listing a rank; None unless every level's domains cut the dense layout at
+    a digit (`_aligned`), for which the count is closed-form: a domain then holds every
+    value of the digits inside the cut digit, f values of that one and one of each
+    outside, so the group has the same number g of ranks in each domain it touches and
+    touches P / g of them. A sweep prices thousands of layouts' groups this way."""
+    dims: set[str] = {kind} if isinstance(kind, str) else set(kind)
+    if not dims <= set(_DENSE):
+        return None
+    degrees = _degrees(parallel)
+    order = _dense_order(parallel)
+    size = math.prod(degrees[d] for d in dims)
+    levels = topology.levels
+    touched: list[int] = []
+    for i, level in enumerate(levels):
+        if i == len(levels) - 1 or level.size is None:
+            touched.append(1)
+            break
+        if topology.gpus % level.size:
+            return None
+        per_domain = _per_domain(dims, order, degrees, level.size)
+        if per_domain is None:
+            return None
+        touched.append(size // per_domain)
+    counts = [size // touched[0], *(touched[i - 1] // touched[i] for i in range(1, len(touched)))]
+    return tuple(counts) + (1,) * (len(levels) - len(counts))
+
+
+def _per_domain(
+    dims: set[str], order: Sequence[str], degrees: dict[str, int], size: int
+) -> int | None:
+    """Ranks of a `dims` group in one domain of `size` ranks, when the domains cut the
+    layout at a digit (`_aligned`); None otherwise."""
+    inner = held = 1
+    for dim in order:
+        if size % inner == 0 and degrees[dim] % (size // inner) == 0:
+            return held * (size // inner if dim in dims else 1)
+        held *= degrees[dim] if dim in dims else 1
+        inner *= degrees[dim]
+    return held if size % inner == 0 else None
 
 
 def _aligned(parallel: Parallel, size: int) -> bool:

@@ -254,3 +254,33 @@ def test_uneven_groups_are_named_and_aligned_ones_pass() -> None:
     assert why is not None and why.startswith("the tp group") and "[2, 4]" in why
     assert uneven_group(Parallel(tp=8, cp=1, pp=2, dp=3), Topology(48, levels)) is None
     assert uneven_group(Parallel(tp=2, cp=1, pp=8, dp=3), Topology(48, levels)) is not None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    degrees=st.tuples(*(st.sampled_from([1, 2, 3, 4, 6, 8, 12]) for _ in range(4))),
+    order=st.permutations(["tp", "cp", "dp", "pp"]),
+    sizes=st.sampled_from([(2,), (4,), (8,), (6,), (16,), (2, 8), (4, 16), (8, 32), (8, 64)]),
+)
+def test_level_ranks_match_the_tiers_of_the_listed_group(degrees, order, sizes):
+    """`level_ranks` (closed-form, no rank listed) gives, level by level, the ranks that
+    `group_span` finds by listing and tallying the group, for every dense kind; and it
+    declines (None) rather than guess when a level's domains do not cut at a digit."""
+    from budget import topology as T
+
+    tp, cp, pp, dp = degrees
+    gpus = tp * cp * pp * dp
+    parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, order=(*order, "ep"))
+    levels = tuple(Level(f"l{i}", 1e11 / (i + 1), 1e-6, size) for i, size in enumerate(sizes))
+    topology = Topology(gpus, (*levels, Level("top", 1e9, 1e-5)))
+    for kind in ("tp", "cp", "dp", "pp", ("dp", "cp")):
+        counts = T.level_ranks(kind, parallel, topology)
+        if counts is None:
+            assert any(gpus % s or not T._aligned(parallel, s) for s in sizes)
+            continue
+        span = group_span(kind, parallel, topology)
+        expected = [1] * len(topology.levels)
+        names = [level.name for level in topology.levels]
+        for tier in span.tiers:
+            expected[names.index(tier.link.name)] = tier.ranks
+        assert list(counts) == expected, (kind, counts, span.tiers)
