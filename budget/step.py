@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -225,11 +226,33 @@ class _StageBuilder:
     shapes: Shapes
     params: StageParams
     resident: tuple[Alloc, ...]
+    layer: _Layer
     phases: list[Phase] = field(default_factory=list)
 
     @property
     def stage(self) -> int:
         return self.kind.stage
+
+    @cached_property
+    def in_flight(self) -> float:
+        """Micro-batches in flight on this stage, in whole-stage units (`inflight`)."""
+        return inflight(self.plan, self.stage, self.microbatches)
+
+    @cached_property
+    def saved_per_microbatch(self) -> int:
+        return _saved_per_microbatch(self)
+
+    @cached_property
+    def extra_saved(self) -> list[Alloc]:
+        return _extra_saved(self)
+
+    @cached_property
+    def current_layer(self) -> list[Alloc]:
+        return _current_layer(self)
+
+    @cached_property
+    def earlier(self) -> Alloc:
+        return _earlier(self)
 
     @property
     def first(self) -> bool:
@@ -382,6 +405,7 @@ def derive(
     s = shapes(plan)
     if classes is None:
         classes = stage_classes(plan, merge=representatives)
+    layer = _Layer.of(plan, s)
     stages = []
     for kind in classes:
         params = class_params(plan, kind)
@@ -392,6 +416,7 @@ def derive(
             s,
             params,
             resident_states(plan, params.per_rank, params.expert_per_rank),
+            layer,
         )
         _forward(b)
         _backward(b)
@@ -400,7 +425,7 @@ def derive(
             StageStep(
                 kind.stage,
                 b.layers,
-                inflight(plan, kind.stage, m),
+                b.in_flight,
                 params.per_rank + params.expert_per_rank,
                 b.resident,
                 tuple(b.phases),
@@ -412,38 +437,49 @@ def derive(
     return _with_transitions(plan, step)
 
 
-def _blocks(plan: Plan, s: Shapes) -> dict[str, list[Alloc]]:
-    """What one layer's blocks save per micro-batch, before recompute is applied."""
-    return {
-        "attention": attention_saved(plan, s),
-        "mlp": mlp_saved(plan, s),
-        "moe": moe_saved(plan, s) if plan.model.experts else [],
-    }
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """What one transformer layer saves, the same on every stage: worked out once a step."""
+
+    blocks: dict[str, list[Alloc]]  # per block, before recompute is applied
+    attention: list[Alloc]  # `layers.layer_saved`: the attention block, recompute applied
+    mlp: list[Alloc]  # the MLP block, recompute applied
+    moe: list[Alloc]  # the MoE block, recompute applied
+    core: list[Alloc]  # the eager attention core's working tensors
+
+    @classmethod
+    def of(cls, plan: Plan, s: Shapes) -> _Layer:
+        blocks = {
+            "attention": attention_saved(plan, s),
+            "mlp": mlp_saved(plan, s),
+            "moe": moe_saved(plan, s) if plan.model.experts else [],
+        }
+        attention, mlp = layer_saved(plan, s)
+        moe = when(blocks["moe"], lacks(plan.recompute == "full"))
+        core = core_attention(plan, s) if plan.model.attention == "eager" else []
+        return cls(blocks, attention, mlp, moe, core)
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
     """Activation bytes one micro-batch leaves saved on this stage after its forward."""
-    plan, s = b.plan, b.shapes
-    attention, mlp = layer_saved(plan, s)
-    moe = when(_blocks(plan, s)["moe"], lacks(plan.recompute == "full"))
-    return b.layers * _total(attention) + b.dense * _total(mlp) + b.moe * _total(moe)
+    layer = b.layer
+    return (
+        b.layers * _total(layer.attention) + b.dense * _total(layer.mlp) + b.moe * _total(layer.moe)
+    )
 
 
 def _current_layer(b: _StageBuilder) -> list[Alloc]:
     """The saved tensors of the stage's last layer, itemised (the one being worked on)."""
-    plan, s = b.plan, b.shapes
-    attention, mlp = layer_saved(plan, s)
-    if b.last_is_moe:
-        return attention + when(_blocks(plan, s)["moe"], lacks(plan.recompute == "full"))
-    return attention + mlp
+    layer = b.layer
+    return layer.attention + (layer.moe if b.last_is_moe else layer.mlp)
 
 
 def _earlier(b: _StageBuilder) -> Alloc:
     """Everything saved on this stage except the current layer: the micro-batches in
     flight (`inflight`) times what one leaves saved, less the layer being worked on."""
-    units = inflight(b.plan, b.stage, b.microbatches)
+    units = b.in_flight
     passes = vmax(0, vround(units * b.layers) - 1)
-    saved = vround(units * _saved_per_microbatch(b)) - _total(_current_layer(b))
+    saved = vround(units * b.saved_per_microbatch) - _total(b.current_layer)
     return Alloc(
         f"saved activations, {count_label(passes)} earlier layer passes",
         "activations",
@@ -455,7 +491,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last."""
     s, plan = b.shapes, b.plan
-    count = vmax(1, vround(inflight(plan, b.stage, b.microbatches)))
+    count = vmax(1, vround(b.in_flight))
     res = residual_placement(plan)
     out = []
     if b.first and plan.model.dropout:
@@ -659,10 +695,10 @@ def _forward(b: _StageBuilder) -> None:
     par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
-    base = [*b.resident, *_extra_saved(b), _earlier(b)]
-    checkpoint = [x for x in layer_saved(plan, s)[0] if x.name == "layer input (checkpoint)"]
-    blocks = _blocks(plan, s)
-    core = _working(core_attention(plan, s)) if plan.model.attention == "eager" else []
+    base = [*b.resident, *b.extra_saved, b.earlier]
+    checkpoint = [x for x in b.layer.attention if x.name == "layer input (checkpoint)"]
+    blocks = b.layer.blocks
+    core = _working(b.layer.core)
     attn_kept = blocks["attention"] + when(core, plan.recompute == "selective")
     attn = _either(blocks["attention"], full) + when(core, plan.recompute == "selective")
     first_two = _either(blocks["attention"][:2], full)
@@ -780,11 +816,11 @@ def _loss(b: _StageBuilder) -> None:
     everything = Alloc(
         "saved activations of the micro-batches in flight",
         "activations",
-        vround(inflight(plan, b.stage, b.microbatches) * _saved_per_microbatch(b)),
+        vround(b.in_flight * b.saved_per_microbatch),
     )
     live = [
         *b.resident,
-        *_extra_saved(b),
+        *b.extra_saved,
         everything,
         Alloc("logits", "transient", s.act * logits, placement=vocab),
         Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
@@ -826,8 +862,8 @@ def _backward(b: _StageBuilder) -> None:
     par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
-    saved = [*b.resident, *_extra_saved(b), _earlier(b), *_current_layer(b)]
-    blocks = _blocks(plan, s)
+    saved = [*b.resident, *b.extra_saved, b.earlier, *b.current_layer]
+    blocks = b.layer.blocks
     grad_out = Alloc(
         "output gradient",
         "transient",
@@ -937,9 +973,7 @@ def _backward(b: _StageBuilder) -> None:
     if plan.model.attention == "eager":
         score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
         recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
-        recomputed += when(
-            _working(core_attention(plan, s), "recomputed"), plan.recompute == "selective"
-        )
+        recomputed += when(_working(b.layer.core, "recomputed"), plan.recompute == "selective")
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
