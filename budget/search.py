@@ -257,21 +257,20 @@ def _grid(
     }
     micros = sorted(set().union(*own_micros.values()))
     axes = [
-        np.asarray(cps),
+        np.arange(len(cps)),
         np.asarray(eps),
         np.asarray(space.virtual_stages),
         np.asarray(space.sequence_parallel, dtype=bool),
         np.asarray(space.zero),
         np.arange(len(space.recompute)),
-        np.asarray(micros),
+        np.arange(len(micros)),
     ]
-    cp, ep, v, sp, zero, rc, micro = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
+    ci, ep, v, sp, zero, rc, mi = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
     if len(cps) > 1 and not space.micro:
-        own = np.zeros(len(cp), dtype=bool)
-        for value, allowed in own_micros.items():
-            own |= (cp == value) & np.isin(micro, allowed)
-        keep = np.flatnonzero(own)
-        cp, ep, v, sp, zero, rc, micro = (a[keep] for a in (cp, ep, v, sp, zero, rc, micro))
+        own = np.array([[m in own_micros[c] for m in micros] for c in cps], dtype=bool)
+        keep = np.flatnonzero(own[ci, mi])
+        ci, ep, v, sp, zero, rc, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, mi))
+    cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]
     dp = dp_cp // cp
     count = np.asarray(experts.count if experts else 1)
     rules = [
