@@ -444,7 +444,8 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
             if plan.parallel.pipeline.schedule == "interleaved"
             else (plan.parallel.pipeline.schedule)
         )
-        schedules: Any = np.where(v > 1, "interleaved", own).astype(object)
+        # fixed-width strings: compared with == in C (object arrays compare in Python)
+        schedules: Any = np.where(v > 1, "interleaved", own)
         pipeline = replace(pipeline, schedule=schedules, virtual_stages=v)
     parallel = replace(
         first.parallel,
@@ -461,7 +462,7 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
         first,
         parallel=parallel,
         batch=replace(first.batch, micro=values["micro"]),
-        recompute=values["recompute"],
+        recompute=values["recompute"].astype(str),
     )
 
 
