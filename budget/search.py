@@ -363,10 +363,11 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     """A key per configuration for what decides the phases, allocations and transitions
     its step has; configurations with one key are evaluated together. Everything else
     (degrees, ZeRO stage, recompute, sequence parallelism, micro-batch) is carried as
-    arrays. So are the pipeline depth and virtual stages of a dense model whose stages fall
-    into the same classes (`layers.StageClass`: the first stage, the middle ones, the last,
-    in order) when pipeline sends are not overlapped: then only the layer counts, stage
-    indices and copies differ, as arrays too."""
+    arrays. So are the pipeline depth and virtual stages of layouts whose stages fall into
+    the same classes (`layers.StageClass`: the first stage, the middle ones, the last, in
+    order, each with dense layers, MoE layers or both) when pipeline sends are not
+    overlapped: then only the layer counts, stage indices and copies differ, as arrays
+    too."""
     pp, v = cols.values["pp"], cols.values["virtual_stages"]
     shape = np.zeros(len(cols), dtype=np.int64)
     first, which = _distinct_rows(np.stack([pp, v], axis=1))
@@ -380,13 +381,19 @@ _SHAPES: dict[tuple[Any, ...], int] = {}
 
 def _shape_id(plan: Plan, pp: int, v: int) -> int:
     """A number for the sequence of stage classes of `plan` cut into `pp` stages of `v`
-    chunks: their places (first, last), and with experts or overlapped pipeline sends
-    the depth and chunks themselves."""
-    if plan.model.experts is not None or plan.overlap.pp:
+    chunks: their places (`_place`), and with overlapped pipeline sends (whose exposure
+    depends on the schedule) the depth and chunks themselves."""
+    if plan.overlap.pp:
         key: tuple[Any, ...] = ("apart", pp, v)
     else:
-        key = tuple((c.first, c.last) for c in _stage_classes(plan, pp, v))
+        key = tuple(_place(c) for c in _stage_classes(plan, pp, v))
     return _SHAPES.setdefault(key, len(_SHAPES))
+
+
+def _place(c: StageClass) -> tuple[bool, bool, bool, bool, bool]:
+    """What of a stage class decides the structure of its step: first, last, whether it
+    holds dense and MoE layers, and whether its last layer is MoE (not the counts)."""
+    return (c.first, c.last, bool(c.dense > 0), bool(c.moe > 0), c.last_is_moe)
 
 
 @lru_cache(maxsize=1024)
@@ -410,7 +417,7 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
     per_pair = [_stage_classes(plan, int(pp[i]), int(v[i])) for i in first.tolist()]
     if len(per_pair) == 1:
         return per_pair[0]
-    places = {tuple((c.first, c.last, c.last_is_moe) for c in classes) for classes in per_pair}
+    places = {tuple(_place(c) for c in classes) for classes in per_pair}
     if len(places) > 1:
         raise ValueError("configurations evaluated together differ in their stage classes")
 

@@ -273,6 +273,31 @@ def test_pipelines_of_different_depths_evaluated_together_budget_exactly():
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
 
 
+def test_expert_pipelines_of_different_depths_evaluated_together_budget_exactly():
+    """Mixtral's 32 MoE layers over 4, 8, 16 and 32 stages (1 or 2 virtual stages, experts
+    over several ranks) fall into the same classes of MoE-only stages: they share a pass,
+    with their layer counts as arrays, and still budget exactly as alone."""
+    from budget.search import _Counts, candidates, evaluate, structure
+
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    gpus = plan.topology.gpus
+    space = Space(micro=(1,), zero=(1,), recompute=("selective", "full"), virtual_stages=(1, 2))
+    cols = candidates(plan, gpus, space, _Counts())
+    keys = [tuple(k) for k in structure(plan, cols).tolist()]
+    configs = cols.configs()
+    target = next(k for k, c in zip(keys, configs, strict=True) if c.pp == 4 and c.ep > 1)
+    group = [c for k, c in zip(keys, configs, strict=True) if k == target]
+    assert len({(c.pp, c.virtual_stages) for c in group}) >= 3
+    random.seed(9)
+    sample = random.sample(group, 10)
+    assert len({c.pp for c in sample}) >= 2
+    for result in evaluate(plan, sample, gpus):
+        report = build_report(apply(plan, result.config, gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
 def test_layouts_of_different_structure_refuse_to_be_evaluated_together(gpt3):
     """One pass serves one structure; a mixed group is an error, not a wrong number."""
     from budget.search import Config, evaluate
