@@ -155,6 +155,22 @@ def backward_of(works: list[Work]) -> list[Work]:
     return [w.scaled(factor[w.kind], f"{w.name} backward") for w in works]
 
 
+def grad_accumulation(plan: Plan, params: int) -> list[Work]:
+    """Adding one micro-batch's weight gradients into the main gradients: a read and a
+    write of the gradient buffer (``precision.grads``, fp32 under Megatron-LM's bf16
+    training) for every parameter the rank holds, once per micro-batch.
+
+    Megatron-LM keeps a ``main_grad`` buffer in the gradient dtype and accumulates each
+    micro-batch into it (``megatron/core/tensor_parallel/layers.py``,
+    ``LinearWithGradAccumulationAndAsyncCommunication``: ``wgrad_gemm_accum_fp32`` when
+    gradient-accumulation fusion is on, ``main_grad.add_(grad_weight)`` otherwise). Fused,
+    the read and write happen in the weight-gradient GEMM's epilogue, which a threadblock runs
+    after its main loop (CUTLASS, "Efficient GEMM in CUDA", section "Epilogue"), so the
+    traffic is priced as its own memory-bound pass, not hidden under the GEMM's FLOPs.
+    """
+    return [elementwise("main-grad accumulation", 2 * DTYPE_BYTES[plan.precision.grads] * params)]
+
+
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward."""
     e = DTYPE_BYTES[plan.precision.matmul]
