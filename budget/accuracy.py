@@ -29,8 +29,10 @@ Metric = Literal["step_s", "tflops_per_gpu"]
 _KORTHIKANTI = (
     'Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" '
     "(arXiv 2205.05198), Table 3 (configurations) and the end-to-end iteration times of "
-    "section 6; the Megatron-LM README reports the same runs as MFU 41.5 % (22B), 51.4 % "
-    "(175B), 56.0 % (530B), 56.3 % (1T)"
+    "section 6, full recompute (the baseline) and sequence parallel + selective recompute; "
+    "the Megatron-LM README reports the selective runs as MFU 41.5 % (22B), 51.4 % (175B), "
+    "56.0 % (530B), 56.3 % (1T). Micro-batch and interleaving as recorded by Calculon's "
+    "validation configs (calculon-ai/calculon, validation/*_seqsel.json, *_full.json)"
 )
 _LLAMA3 = (
     'Llama Team, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4 (405B, BF16, H100 80GB)'
@@ -73,14 +75,28 @@ class Accuracy:
 
 
 def _gpt_run(
-    name: str, layers: int, hidden: int, heads: int, pp: int, batch: int, measured: float
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    pp: int,
+    batch: int,
+    measured: float,
+    micro: int = 1,
+    virtual: int = 1,
+    full: bool = False,
 ) -> Run:
-    """A Korthikanti et al. run: GPT, TP 8, DP 1, micro-batch 1, sequence 2048, sequence
-    parallelism and selective recompute on DGX A100 80GB. The 2022 runs predate
-    FlashAttention in Megatron-LM: attention is eager, with dropout."""
+    """A Korthikanti et al. run: GPT, TP 8, DP 1, sequence 2048 on DGX A100 80GB, either
+    with sequence parallelism and selective recompute ("present work") or with tensor
+    parallelism alone and full recompute (the paper's baseline). The 2022 runs predate
+    FlashAttention in Megatron-LM: attention is eager, with dropout. Micro-batch size and
+    interleaving degree as Calculon's validation of the same runs records them
+    (calculon-ai/calculon, ``validation/{22B,175B,530B,1T}_{seqsel,full}.json``: micro-batch
+    4 for 22B and 1 otherwise; 3 virtual stages for 175B and 530B, none for 22B and 1T)."""
     gpus = 8 * pp
+    pipeline: dict[str, Any] = {"schedule": "interleaved", "virtual_stages": virtual}
     tree: dict[str, Any] = {
-        "name": name,
+        "name": name + (", full recompute" if full else ""),
         "model": {
             "preset": "gpt3-175b",
             "layers": layers,
@@ -89,13 +105,19 @@ def _gpt_run(
             "attention": "eager",
             "dropout": True,
         },
-        "batch": {"seq": 2048, "micro": 1, "global": batch},
-        "parallel": {"tp": 8, "pp": pp, "dp": 1, "sequence_parallel": True},
-        "recompute": "selective",
+        "batch": {"seq": 2048, "micro": micro, "global": batch},
+        "parallel": {
+            "tp": 8,
+            "pp": pp,
+            "dp": 1,
+            "sequence_parallel": not full,
+            **({"pipeline": pipeline} if virtual > 1 else {}),
+        },
+        "recompute": "full" if full else "selective",
         "device": {"preset": "a100-80gb"},
         "topology": {"preset": "dgx-a100", "nodes": gpus // 8},
     }
-    return Run(name, "A100 80GB", tree, "step_s", measured, _KORTHIKANTI)
+    return Run(str(tree["name"]), "A100 80GB", tree, "step_s", measured, _KORTHIKANTI)
 
 
 def _llama_run(
@@ -130,10 +152,14 @@ def _llama_run(
 
 
 RUNS: tuple[Run, ...] = (
-    _gpt_run("GPT 22B, 8 GPUs", 48, 6144, 64, 1, 4, 1.10),
-    _gpt_run("GPT-3 175B, 64 GPUs", 96, 12288, 96, 8, 64, 13.75),
-    _gpt_run("GPT 530B, 280 GPUs", 105, 20480, 128, 35, 280, 37.83),
+    _gpt_run("GPT 22B, 8 GPUs", 48, 6144, 64, 1, 4, 1.10, micro=4),
+    _gpt_run("GPT-3 175B, 64 GPUs", 96, 12288, 96, 8, 64, 13.75, virtual=3),
+    _gpt_run("GPT 530B, 280 GPUs", 105, 20480, 128, 35, 280, 37.83, virtual=3),
     _gpt_run("GPT 1T, 512 GPUs", 128, 25600, 160, 64, 512, 71.49),
+    _gpt_run("GPT 22B, 8 GPUs", 48, 6144, 64, 1, 4, 1.42, micro=4, full=True),
+    _gpt_run("GPT-3 175B, 64 GPUs", 96, 12288, 96, 8, 64, 18.13, virtual=3, full=True),
+    _gpt_run("GPT 530B, 280 GPUs", 105, 20480, 128, 35, 280, 49.05, virtual=3, full=True),
+    _gpt_run("GPT 1T, 512 GPUs", 128, 25600, 160, 64, 512, 94.42, full=True),
     _llama_run(
         "Llama 3 405B, 8,192 GPUs", 8192, 1, 64, 8192, 32, 430.0, "TP8 CP1 PP16 DP64, seq 8K"
     ),

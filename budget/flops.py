@@ -155,6 +155,22 @@ def backward_of(works: list[Work]) -> list[Work]:
     return [w.scaled(factor[w.kind], f"{w.name} backward") for w in works]
 
 
+def grad_accumulation(plan: Plan, params: int) -> list[Work]:
+    """Adding one micro-batch's weight gradients into the main gradients: a read and a
+    write of the gradient buffer (``precision.grads``, fp32 under Megatron-LM's bf16
+    training) for every parameter the rank holds, once per micro-batch.
+
+    Megatron-LM keeps a ``main_grad`` buffer in the gradient dtype and accumulates each
+    micro-batch into it (``megatron/core/tensor_parallel/layers.py``,
+    ``LinearWithGradAccumulationAndAsyncCommunication``: ``wgrad_gemm_accum_fp32`` when
+    gradient-accumulation fusion is on, ``main_grad.add_(grad_weight)`` otherwise). Fused,
+    the read and write happen in the weight-gradient GEMM's epilogue, which a threadblock runs
+    after its main loop (CUTLASS, "Efficient GEMM in CUDA", section "Epilogue"), so the
+    traffic is priced as its own memory-bound pass, not hidden under the GEMM's FLOPs.
+    """
+    return [elementwise("main-grad accumulation", 2 * DTYPE_BYTES[plan.precision.grads] * params)]
+
+
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward."""
     e = DTYPE_BYTES[plan.precision.matmul]
@@ -174,18 +190,32 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
 
 
 def optimizer_work(plan: Plan, params_shard: int) -> list[Work]:
-    """One fused Adam (or SGD) step over the parameters this rank updates: it reads the
-    gradient, reads and writes the master copy and the moments, and writes the parameter."""
+    """The optimizer step over the parameters this rank updates, as Megatron-LM's
+    mixed-precision optimizer runs it (``megatron/core/optimizer/optimizer.py``, ``step``):
+
+    - the gradient norm for clipping (``clip_grad_norm_fp32``): reads every main gradient;
+    - one fused Adam (or SGD) step (apex ``FusedAdam``, multi-tensor apply): reads the
+      gradient, reads and writes the master copy and the moments;
+    - the master copy cast back to the model parameters
+      (``_copy_main_params_to_model_params``): reads the master copy, writes the parameter;
+    - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
+
+    Without a master copy the step updates the parameters in place (read and write)."""
     prec = plan.precision
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     if prec.optimizer == "none":
         return []
-    per_param = DTYPE_BYTES[prec.grads] + DTYPE_BYTES[prec.params]
-    per_param += 2 * (DTYPE_BYTES[prec.master] if prec.master else 0)
-    per_param += 2 * moments * DTYPE_BYTES[prec.optimizer_state]
-    return [
-        Work(f"{prec.optimizer} step", "elementwise", 10 * params_shard, per_param * params_shard)
+    grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
+    master = DTYPE_BYTES[prec.master] if prec.master else 0
+    step = grad + 2 * (master or param) + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
+    works = [
+        elementwise("gradient norm", grad * params_shard),
+        Work(f"{prec.optimizer} step", "elementwise", 10 * params_shard, step * params_shard),
     ]
+    if master:
+        works.append(elementwise("master weights to parameters", (master + param) * params_shard))
+    works.append(elementwise("zero main gradients", grad * params_shard))
+    return works
 
 
 def model_flops_per_token(plan: Plan) -> int:

@@ -627,6 +627,25 @@ def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:
     return [(g, r, n) for g, r, n in groups if not every(r == 1) and not every(n == 0)]
 
 
+def _block_params(plan: Plan, block: str) -> int:
+    """Parameters of one block (attention, mlp or moe with its experts) a rank holds."""
+    attention = attention_params(plan)[1]
+    if block == "attention":
+        return attention
+    layer = layer_params(plan, moe=block == "moe")
+    return layer.per_rank - attention + (layer.expert_per_rank if block == "moe" else 0)
+
+
+def _vocab_params(plan: Plan) -> int:
+    """The rank's share of the (vocab-parallel) embedding or output-layer weight."""
+    return -(-plan.model.vocab // plan.parallel.tp) * plan.model.hidden
+
+
+def _accumulate(plan: Plan, block: str) -> list[Work]:
+    """The block's weight gradients added into the main gradients (`flops.grad_accumulation`)."""
+    return flops.grad_accumulation(plan, _block_params(plan, block))
+
+
 def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
@@ -850,7 +869,7 @@ def _loss(b: _StageBuilder) -> None:
         b.microbatches,
         moves,
         [Instant("cross-entropy", tuple(live))],
-        flops.loss_work(plan, s),
+        flops.loss_work(plan, s) + flops.grad_accumulation(plan, _vocab_params(plan)),
     )
 
 
@@ -910,7 +929,8 @@ def _backward(b: _StageBuilder) -> None:
                 )
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
-            + flops.backward_of(work),
+            + flops.backward_of(work)
+            + _accumulate(plan, "moe"),
         )
     if b.has_dense:
         recomputed = when(_working(blocks["mlp"], "recomputed"), full)
@@ -967,7 +987,8 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
-            + flops.backward_of(work),
+            + flops.backward_of(work)
+            + _accumulate(plan, "mlp"),
         )
     recomputed = when(_working(blocks["attention"], "recomputed"), full)
     if plan.model.attention == "eager":
@@ -1015,7 +1036,7 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             )
         ],
-        redo + flops.backward_of(work),
+        redo + flops.backward_of(work) + _accumulate(plan, "attention"),
     )
     if b.first:
         gather = Move(
@@ -1030,7 +1051,9 @@ def _backward(b: _StageBuilder) -> None:
             rule="tp: exposed, the embedding gradient needs it",
         )
         moves = when([gather], sp)
-        b.add("backward.embedding", m, moves, [], flops.backward_of(flops.embedding_work(plan, s)))
+        work = flops.backward_of(flops.embedding_work(plan, s))
+        work += flops.grad_accumulation(plan, _vocab_params(plan))
+        b.add("backward.embedding", m, moves, [], work)
     if b.pipelined:
         b.add(
             "pipeline.backward",

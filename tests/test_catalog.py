@@ -109,3 +109,11 @@ def test_every_plan_dir_plan_still_loads() -> None:
 
     for path in sorted((Path(__file__).parent.parent / "plans").glob("*.yaml")):
         load_plan(path)
+
+
+def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
+    """NCCL reaches ~370 GB/s of the 450 GB/s NVLink 4 line rate on a ring (S. Jeaugey,
+    NVIDIA/nccl-tests issue 212): the DGX H100 NVLink level prices at 370 GB/s."""
+    nvlink = TOPOLOGIES["dgx-h100"].levels[0]
+    assert nvlink.bandwidth == pytest.approx(370e9)
+    assert TOPOLOGIES["dgx-a100"].levels[0].bandwidth == pytest.approx(240e9)

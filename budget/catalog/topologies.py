@@ -8,8 +8,12 @@ Collective share: nccl-tests all_reduce_perf bus bandwidth at large sizes on 8 �
 over NVLink 3 is 230–250 GB/s of the 300 GB/s link ("NCCL-tests in practice", Alaya
 docs tech blog, reference table): 240 / 300 = 0.80. The same table gives 460–480 GB/s on
 8 × H100 SXM5, above the 450 GB/s link because NVLink SHARP reduces inside the switch,
-which a ring does not model; NVLink 4 and 5 therefore take the NVLink 3 share, 0.80. No
-verified busbw table for InfiniBand was found: IB levels take the same 0.80, an assumption.
+which a ring does not model. For NVLink 4 (H100, H200) an NCCL maintainer gives the ring
+figure directly: "with the protocol overhead (~20%) NCCL can get an effective NVLink
+bandwidth of 370GB/s, which you can observe as BusBw when running non-allreduce operations,
+or when running with NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024):
+370 / 450 = 0.82. NVLink 5 takes the NVLink 3 share, 0.80. No verified busbw table for
+InfiniBand was found: IB levels take the same 0.80, an assumption.
 
 Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand, the
 values this project's hand-written plans use; they are assumptions, not measurements, and
@@ -24,6 +28,7 @@ __all__ = ["COLLECTIVE_FRACTION", "TOPOLOGIES", "LinkSpec", "TopologyPreset"]
 
 GB = 1e9
 COLLECTIVE_FRACTION = 240 / 300  # nccl-tests busbw on DGX A100 NVLink 3 (module docstring)
+NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstring)
 NVLINK_LATENCY = 3e-6  # assumption (module docstring)
 IB_LATENCY = 10e-6  # assumption (module docstring)
 
@@ -53,8 +58,10 @@ class TopologyPreset:
     source: str
 
 
-def _nvlink(rate_gb: float, size: int, source: str) -> LinkSpec:
-    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, source=source)
+def _nvlink(
+    rate_gb: float, size: int, source: str, fraction: float = COLLECTIVE_FRACTION
+) -> LinkSpec:
+    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source)
 
 
 def _ib(gbit: float, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:
@@ -81,7 +88,12 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         8,
         (
             # NVLink 4: 900 GB/s bidirectional per GPU through 4 NVSwitches.
-            _nvlink(450, 8, f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU"),
+            _nvlink(
+                450,
+                8,
+                f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU",
+                NVLINK4_FRACTION,
+            ),
             # 8 ConnectX-7 400 Gb/s NDR InfiniBand ports (in 4 OSFP cages), one per GPU.
             _ib(400, f"{_DGX_H100}: 8 x ConnectX-7 400 Gb/s NDR InfiniBand"),
         ),
@@ -91,7 +103,9 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         "dgx-h200",
         8,
         (
-            _nvlink(450, 8, "NVIDIA DGX H200 datasheet: NVLink 4, 900 GB/s per GPU"),
+            _nvlink(
+                450, 8, "NVIDIA DGX H200 datasheet: NVLink 4, 900 GB/s per GPU", NVLINK4_FRACTION
+            ),
             _ib(400, "NVIDIA DGX H200 datasheet: 8 x ConnectX-7 400 Gb/s NDR InfiniBand"),
         ),
         "NVIDIA DGX H200 datasheet",
@@ -111,7 +125,12 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         "rail-fat-tree",
         8,
         (
-            _nvlink(450, 8, f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU"),
+            _nvlink(
+                450,
+                8,
+                f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU",
+                NVLINK4_FRACTION,
+            ),
             # Rail-optimised: GPU i of every node in a 32-node scalable unit shares leaf
             # switch i, one hop (NVIDIA DGX SuperPOD reference architecture, H100: 32-node
             # scalable units, 8 rails of NDR 400 Gb/s).

@@ -1,0 +1,52 @@
+"""Memory-bound work the step adds around the GEMMs, checked by hand.
+
+- Main-gradient accumulation: Megatron-LM adds every micro-batch's weight gradients into an
+  fp32 ``main_grad`` buffer (``LinearWithGradAccumulationAndAsyncCommunication``), a read
+  and a write of 4 bytes per parameter: 8 bytes per parameter per micro-batch.
+- The optimizer step as Megatron-LM's mixed-precision optimizer runs it
+  (``megatron/core/optimizer/optimizer.py``): gradient norm (read fp32 grad, 4 B), fused
+  Adam (read grad 4, master 4 and two moments 8, write master 4 and moments 8: 28 B),
+  master copy to the bf16 parameter (read 4, write 2: 6 B) and zeroing the gradient (4 B):
+  42 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from budget import flops
+from budget.plan.load import load_plan
+from budget.step import derive
+
+PLAN = Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml"
+
+
+def test_main_grad_accumulation_reads_and_writes_fp32() -> None:
+    plan = load_plan(PLAN)
+    (work,) = flops.grad_accumulation(plan, 1_000_000)
+    assert work.kind == "elementwise"
+    assert work.bytes == 8_000_000
+
+
+def test_optimizer_moves_42_bytes_per_parameter() -> None:
+    plan = load_plan(PLAN)
+    works = flops.optimizer_work(plan, 1_000_000)
+    assert sum(w.bytes for w in works) == 42_000_000
+    assert [w.name for w in works] == [
+        "gradient norm",
+        "adam step",
+        "master weights to parameters",
+        "zero main gradients",
+    ]
+
+
+def test_every_backward_block_accumulates_its_own_parameters() -> None:
+    """GPT-3 175B at TP 8 (hidden 12288, ffn 49152, biases): the MLP block a rank holds is
+    fc1 12288 x 6144 + bias 6144, fc2 6144 x 12288 + bias 12288 (replicated) and the MLP
+    norm's 2 x 12288: 151,038,976 parameters, so 1,208,311,808 bytes per micro-batch."""
+    plan = load_plan(PLAN)
+    stage = derive(plan).stages[0]
+    mlp = next(p for p in stage.phases if p.name == "backward.mlp")
+    (acc,) = [w for w in mlp.works if w.name == "main-grad accumulation"]
+    h, f = 12288, 49152 // plan.parallel.tp
+    assert acc.bytes == 8 * (h * f + f + f * h + h + 2 * h)
