@@ -376,6 +376,8 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     return np.stack([shape, (cols.values["ep"] > 1).astype(np.int64)], axis=1)
 
 
+# One number per distinct sequence of stage classes, for the life of the process (a sweep
+# meets a few dozen); numbers, not the tuples, go into the arrays of keys.
 _SHAPES: dict[tuple[Any, ...], int] = {}
 
 
