@@ -15,28 +15,36 @@ if TYPE_CHECKING:
 
 __all__ = ["accuracy_dict", "accuracy_markdown", "render_accuracy"]
 
-_UNIT = {"step_s": "s/step", "tflops_per_gpu": "TFLOP/s/GPU"}
+_UNIT = {
+    "step_s": "s/step",
+    "tflops_per_gpu": "TFLOP/s/GPU",
+    "tokens_per_s_per_gpu": "tokens/s/GPU",
+}
+_REFERENCE = "Reference, layout incomplete (not counted in the mean or maximum)"
+
+
+def _row_dict(r: Row) -> dict[str, Any]:
+    return {
+        "name": r.run.name,
+        "gpu": r.run.gpu,
+        "metric": r.run.metric,
+        "predicted": r.predicted,
+        "measured": r.run.measured,
+        "error": r.error,
+        "source": r.run.source,
+        "note": r.run.note,
+    }
 
 
 def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
     """``{runs[{name, gpu, metric, predicted, measured, error, source, note}], mean_abs_error,
-    max_abs_error}``; errors are signed fractions, the summary ones absolute."""
+    max_abs_error, reference[...]}``; errors are signed fractions, the summary ones absolute
+    and over ``runs`` only (``reference`` rows have an incomplete published layout)."""
     return {
-        "runs": [
-            {
-                "name": r.run.name,
-                "gpu": r.run.gpu,
-                "metric": r.run.metric,
-                "predicted": r.predicted,
-                "measured": r.run.measured,
-                "error": r.error,
-                "source": r.run.source,
-                "note": r.run.note,
-            }
-            for r in acc.rows
-        ],
+        "runs": [_row_dict(r) for r in acc.rows],
         "mean_abs_error": acc.mean_abs_error,
         "max_abs_error": acc.max_abs_error,
+        "reference": [_row_dict(r) for r in acc.reference],
     }
 
 
@@ -55,15 +63,32 @@ def _cells(r: Row) -> tuple[str, str, str, str, str, str]:
 _HEADERS = ("run", "GPU", "metric", "predicted", "measured", "error")
 
 
-def accuracy_markdown(acc: Accuracy) -> str:
+def _markdown_table(rows: tuple[Row, ...]) -> list[str]:
     lines = ["| " + " | ".join(_HEADERS) + " |", "|---|---|---|--:|--:|--:|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in acc.rows]
+    return lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+
+
+def accuracy_markdown(acc: Accuracy) -> str:
+    lines = _markdown_table(acc.rows)
     lines.append("")
     lines.append(
         f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
         f"over {len(acc.rows)} runs."
     )
+    if acc.reference:
+        lines += ["", f"{_REFERENCE}:", ""]
+        lines += _markdown_table(acc.reference)
+        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.reference]
     return "\n".join(lines)
+
+
+def _rich_table(title: str, rows: tuple[Row, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for i, header in enumerate(_HEADERS):
+        table.add_column(header, justify="right" if i >= 3 else "left")
+    for r in rows:
+        table.add_row(*_cells(r))
+    return table
 
 
 def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
@@ -73,13 +98,13 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if fmt == "markdown":
         console.out(accuracy_markdown(acc), highlight=False)
         return
-    table = Table(title="Predicted against published measurements", box=box.SIMPLE_HEAD)
-    for i, header in enumerate(_HEADERS):
-        table.add_column(header, justify="right" if i >= 3 else "left")
-    for r in acc.rows:
-        table.add_row(*_cells(r))
-    console.print(table)
+    console.print(_rich_table("Predicted against published measurements", acc.rows))
     console.print(
         f"mean absolute error {acc.mean_abs_error:.1%} · maximum {acc.max_abs_error:.1%} · "
         f"{len(acc.rows)} runs"
     )
+    if acc.reference:
+        console.print()
+        console.print(_rich_table(_REFERENCE, acc.reference))
+        for r in acc.reference:
+            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
