@@ -612,6 +612,8 @@ def _distinct_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes one mixed-radix integer per row."""
     key = np.zeros(len(matrix), dtype=np.int64)
     for column in matrix.T:
+        if len(column) and (column == column[0]).all():
+            continue  # one value: no code to add (cheaper to test than to sort)
         values, codes = np.unique(column, return_inverse=True)
         key = key * len(values) + codes.reshape(-1)
     _, first, which = np.unique(key, return_index=True, return_inverse=True)
