@@ -33,7 +33,7 @@ from budget.schedule import move_span, step_time
 from budget.step import derive
 from budget.topology import level_ranks, link_of, uneven_group
 
-CHUNK = 16_384  # configurations evaluated together at most: ~350 MB for GPT-3, any sweep size
+CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
 
@@ -267,7 +267,7 @@ def _grid(
     ]
     ci, ep, v, sp, zero, rc, mi = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
     if len(cps) > 1 and not space.micro:
-        own = np.array([[m in own_micros[c] for m in micros] for c in cps], dtype=bool)
+        own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
         keep = np.flatnonzero(own[ci, mi])
         ci, ep, v, sp, zero, rc, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, mi))
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]
