@@ -60,6 +60,15 @@ class Format(StrEnum):
 FormatOption = Annotated[
     Format, typer.Option("--format", "-f", help="Output format: table, json or markdown.")
 ]
+# The limits `budget check` gates on and `budget search` ranks within (`check.parse_limits`).
+HeadroomOption = Annotated[
+    str | None,
+    typer.Option(help="Free memory the worst stage must keep: 5% of capacity or 4GiB."),
+]
+MaxExposedOption = Annotated[
+    str | None, typer.Option(help="Most of the step in exposed communication, e.g. 20%.")
+]
+MaxStepOption = Annotated[str | None, typer.Option(help="Longest step time, e.g. 12s.")]
 
 
 def _stdout() -> Console:
@@ -111,14 +120,9 @@ def _report(plan: Path, fmt: str) -> None:
 @app.command("check")
 def check_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans that must fit (YAML).")],
-    headroom: Annotated[
-        str | None,
-        typer.Option(help="Free memory the worst stage must keep: 5% of capacity or 4GiB."),
-    ] = None,
-    max_exposed: Annotated[
-        str | None, typer.Option(help="Most of the step in exposed communication, e.g. 20%.")
-    ] = None,
-    max_step: Annotated[str | None, typer.Option(help="Longest step time, e.g. 12s.")] = None,
+    headroom: HeadroomOption = None,
+    max_exposed: MaxExposedOption = None,
+    max_step: MaxStepOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
@@ -188,9 +192,13 @@ def search_command(
     objective: Annotated[str, typer.Option(help="time, memory or tokens-per-s.")] = "time",
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
     write: Annotated[Path | None, typer.Option(help="Write the best layout as a plan.")] = None,
+    headroom: HeadroomOption = None,
+    max_exposed: MaxExposedOption = None,
+    max_step: MaxStepOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
-    """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit."""
+    """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit (and
+    keep the limits given, as `budget check` counts them)."""
     from budget.search_cli import run_search
 
     code = run_search(
@@ -206,6 +214,9 @@ def search_command(
             virtual_stages=virtual_stages,
             recompute=recompute,
             sp=sp,
+            headroom=headroom,
+            max_exposed=max_exposed,
+            max_step=max_step,
         ),
         objective,
         top,

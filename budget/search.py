@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from budget.check import Limits
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
 from budget.layers import StageClass, stage_classes
 from budget.phases import Move, Step
@@ -141,11 +142,13 @@ class Outcome:
     evaluated: int
     elapsed_s: float
     rejected: dict[str, int]
-    fitting: int  # how many layouts fit
-    results: tuple[Result, ...]  # the fitting layouts (all, or the best `keep`), best first
+    fitting: int  # how many layouts fit in device memory
+    results: tuple[Result, ...]  # the ranked layouts (all, or the best `keep`), best first
     pareto: tuple[Result, ...]  # peak memory against step time, fastest first
     objective: str
     groups: int = 0  # passes of the engine (one per chunk of one structure)
+    limits: Limits | None = None  # what a ranked layout must keep besides fitting
+    within_limits: int | None = None  # how many fitting layouts keep them (with limits)
 
     @property
     def best(self) -> Result | None:
@@ -759,12 +762,14 @@ def search(
     objective: str = "time",
     progress: Callable[[int, int], None] | None = None,
     keep: int | None = None,
+    limits: Limits | None = None,
 ) -> Outcome:
-    """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit.
+    """Sweep `space` for `plan`'s model on `gpus` GPUs; rank the layouts that fit (and,
+    with `limits`, keep them as `budget check` counts them: `_breaks`).
 
     Memory stays bounded however large the sweep: configurations are enumerated a block at
     a time, gathered by structure and evaluated at most `CHUNK` together; with `keep`,
-    only the best `keep` fitting layouts and the Pareto front are held between chunks
+    only the best `keep` ranked layouts and the Pareto front are held between chunks
     (the report shows no more). `progress(done, total)` counts configurations.
     """
     start = time.perf_counter()
@@ -773,14 +778,21 @@ def search(
     counts = _Counts()
     capacity = plan.device.memory
     kept = _Kept(objective, keep)
-    done = groups = 0
+    done = groups = fitting = 0
 
     def run(part: Columns) -> None:
-        nonlocal done, groups
+        nonlocal done, groups, fitting
         measured = measure(plan, part, gpus)
-        fits = np.flatnonzero(measured["peak"] <= capacity)
-        counts.rejected["does not fit in device memory"] += len(part) - len(fits)
-        kept.add(part.take(fits), {k: v[fits] for k, v in measured.items()})
+        ranked = measured["peak"] <= capacity
+        fitting += int(ranked.sum())
+        counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
+        for reason, breaks in _breaks(limits, capacity, measured):
+            over = ranked & breaks
+            if over.any():
+                counts.rejected[reason] += int(over.sum())
+            ranked &= ~breaks
+        index = np.flatnonzero(ranked)
+        kept.add(part.take(index), {k: v[index] for k, v in measured.items()})
         done, groups = done + len(part), groups + 1
         if progress is not None:
             progress(done, total)
@@ -807,12 +819,37 @@ def search(
         evaluated=done,
         elapsed_s=time.perf_counter() - start,
         rejected=dict(sorted(counts.rejected.items())),
-        fitting=kept.fitting,
+        fitting=fitting,
         results=results,
         pareto=front,
         objective=objective,
         groups=groups,
+        limits=limits,
+        within_limits=None if limits is None else kept.count,
     )
+
+
+def _breaks(
+    limits: Limits | None, capacity: int, measured: dict[str, np.ndarray]
+) -> list[tuple[str, np.ndarray]]:
+    """(reason, which layouts break it) for each limit set, in the order `budget check`
+    reports them: headroom (free bytes at the worst stage's peak), exposed communication
+    as a share of the step, step time. A layout that breaks several is counted under the
+    first."""
+    if limits is None:
+        return []
+    words = iter(limits.describe()[1:])  # the first is "every stage fits in device memory"
+    out = []
+    required = limits.required_headroom(capacity)
+    if required is not None:
+        out.append((next(words), capacity - measured["peak"] < required))
+    time_s, exposed = measured["time"], measured["exposed"]
+    if limits.max_exposed_share is not None:
+        share = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
+        out.append((next(words), share > limits.max_exposed_share))
+    if limits.max_step_s is not None:
+        out.append((next(words), time_s > limits.max_step_s))
+    return [(f"over a limit: {text}", breaks) for text, breaks in out]
 
 
 def _join(parts: Sequence[Columns]) -> Columns:
@@ -822,7 +859,7 @@ def _join(parts: Sequence[Columns]) -> Columns:
 
 
 class _Kept:
-    """The fitting layouts held between chunks: all of them, or with `keep` only the best
+    """The ranked layouts held between chunks: all of them, or with `keep` only the best
     `keep` by the objective and those on the Pareto front. Both survive the pruning: the
     best `keep` of a union are among the best `keep` of its parts, and a layout no other
     beats is beaten by none in its part either."""
@@ -830,12 +867,12 @@ class _Kept:
     def __init__(self, objective: str, keep: int | None) -> None:
         self.objective, self.keep = objective, keep
         self.parts: list[tuple[Columns, dict[str, np.ndarray]]] = []
-        self.held = self.fitting = 0
+        self.held = self.count = 0
 
     def add(self, cols: Columns, measured: dict[str, np.ndarray]) -> None:
         self.parts.append((cols, measured))
         self.held += len(cols)
-        self.fitting += len(cols)
+        self.count += len(cols)
         if self.keep is not None and self.held > max(4 * self.keep, CHUNK):
             cols, measured = self._joined()
             chosen = np.zeros(len(cols), dtype=bool)
@@ -906,6 +943,8 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "objective": outcome.objective,
         "rejected": outcome.rejected,
         "fitting": outcome.fitting,
+        "limits": None if outcome.limits is None else outcome.limits.to_dict(),
+        "within_limits": outcome.within_limits,
         "pareto": [r.to_dict() for r in outcome.pareto],
         "results": [r.to_dict() for r in outcome.results[:top]],
     }

@@ -54,7 +54,9 @@ def run_search(
     fmt: str,
     console: Console,
 ) -> int:
-    """0 when a layout fits (and was written if asked), 1 when none does, 2 on bad input."""
+    """0 when a layout fits and keeps the limits (and was written if asked), 1 when none
+    does, 2 on bad input."""
+    from budget.check import parse_limits
     from budget.plan.load import load_plan
     from budget.render import dump_json
     from budget.render.search import render_search_markdown, render_search_table
@@ -64,6 +66,8 @@ def run_search(
         if objective not in OBJECTIVES:
             raise ValueError(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
         sweep = space(options)
+        given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
+        limits = parse_limits(*given) if any(v is not None for v in given) else None
     except ValueError as error:
         print(f"budget: error: {error}", file=sys.stderr)
         return 2
@@ -92,7 +96,7 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
-    outcome = search(plan, n, sweep, objective, _progress(console, fmt), keep=top)
+    outcome = search(plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits)
     if write is not None and outcome.best is not None:
         from budget.search import apply
 

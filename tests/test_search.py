@@ -311,3 +311,69 @@ def test_layouts_of_different_structure_refuse_to_be_evaluated_together(gpt3):
         uniform(np.array([True, False]), "dense layers")
     assert uniform(np.array([True, True]), "dense layers") is True
     assert uniform(np.array([False]), "dense layers") is False
+
+
+def test_limits_rank_only_layouts_that_keep_them_and_count_the_rest_by_limit(gpt3):
+    """Issue 6: the rest are counted per reason, "over a limit" among them. With limits, the
+    ranked layouts are exactly the fitting ones that keep every limit (found here from an
+    unlimited sweep by hand), and each fitting layout left out is counted once, under the
+    first limit it breaks in `budget check`'s order."""
+    from budget.check import Limits
+
+    limits = Limits(headroom_share=0.1, max_exposed_share=0.08, max_step_s=22.0)
+    free = search(gpt3, 1024, SMALL)
+    held = search(gpt3, 1024, SMALL, limits=limits)
+    capacity = gpt3.device.memory
+
+    def keeps(r):
+        return (
+            capacity - r.peak_bytes >= round(0.1 * capacity)
+            and r.exposed_comm_s / r.step_time_s <= 0.08
+            and r.step_time_s <= 22.0
+        )
+
+    expected = {r.config for r in free.results if keeps(r)}
+    assert expected and {r.config for r in held.results} == expected
+    assert held.fitting == free.fitting and held.within_limits == len(expected)
+    over = {k: v for k, v in held.rejected.items() if k.startswith("over a limit")}
+    assert set(over) == {
+        "over a limit: headroom ≥ 10% of capacity on every stage",
+        "over a limit: exposed communication ≤ 8.0% of the step",
+        "over a limit: step time ≤ 22 s",
+    }
+    assert sum(over.values()) == held.fitting - held.within_limits
+    assert held.evaluated == held.fitting + held.rejected["does not fit in device memory"]
+
+
+def test_a_layout_searched_out_for_a_limit_fails_budget_check_and_a_ranked_one_passes(gpt3):
+    """The search applies a limit as `budget check` does on the written plan."""
+    from budget.check import Limits, check_report
+
+    limits = Limits(headroom_share=0.25)
+    held = search(gpt3, 1024, SMALL, limits=limits)
+    free = search(gpt3, 1024, SMALL)
+    ranked = {r.config for r in held.results}
+    dropped = [r for r in free.results if r.config not in ranked]
+    assert dropped and held.results
+    random.seed(4)
+    for result in random.sample(dropped, 4):
+        reasons = check_report(build_report(apply(gpt3, result.config, 1024)), limits)
+        assert [r.limit for r in reasons] == ["headroom"], result.config
+    for result in held.results[:3]:
+        assert check_report(build_report(apply(gpt3, result.config, 1024)), limits) == ()
+
+
+def test_cli_limits_reach_the_json_and_bad_limits_exit_2():
+    from budget.report_schema import validation_errors
+
+    args = ["search", str(GPT3), *NARROW, "--headroom", "20%", "--max-step", "30s"]
+    result = CliRunner().invoke(app, route([*args, "--format", "json"]))
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["limits"]["headroom_share"] == 0.2 and data["limits"]["max_step_s"] == 30.0
+    assert data["within_limits"] > 0
+    assert len(data["results"]) == min(10, data["within_limits"])
+    assert validation_errors(data, "search") == []
+    bad = CliRunner().invoke(app, route(["search", str(GPT3), "--max-exposed", "lots"]))
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("budget: error: --max-exposed 'lots'")

@@ -78,6 +78,20 @@ def thin(front: tuple[Result, ...]) -> tuple[Result, ...]:
 
 
 NONE_FITS = "No layout fits: every one was rejected, for the reasons below."
+NONE_KEEPS = "No layout fits and keeps the limits: every one was rejected, for the reasons below."
+
+
+def _counts(outcome: Outcome) -> str:
+    """ "65,239 fit" or, with limits, "65,239 fit; 1,204 of them keep the limits (...)"."""
+    text = f"{outcome.fitting:,} fit"
+    if outcome.limits is not None:
+        words = ", ".join(outcome.limits.describe()[1:])
+        text += f"; {outcome.within_limits or 0:,} of them keep the limits ({words})"
+    return text
+
+
+def _none(outcome: Outcome) -> str:
+    return NONE_FITS if outcome.limits is None else NONE_KEEPS
 
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
@@ -86,7 +100,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     console.print(
         f"Evaluated {outcome.evaluated:,} layouts on {outcome.gpus:,} GPUs in "
         f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, {outcome.groups:,} engine passes); "
-        f"{outcome.fitting:,} fit.",
+        f"{_counts(outcome)}.",
         markup=False,
     )
     console.print()
@@ -101,7 +115,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         )
         console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
     else:
-        console.print(f"{NONE_FITS}\n", markup=False)
+        console.print(f"{_none(outcome)}\n", markup=False)
     table = Table(
         title="Not ranked",
         title_justify="left",
@@ -129,7 +143,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         f"## budget search: {outcome.gpus:,} GPUs",
         "",
         f"{outcome.evaluated:,} layouts evaluated in {outcome.elapsed_s:.2f} s; "
-        f"{outcome.fitting:,} fit.",
+        f"{_counts(outcome)}.",
         "",
     ]
     if outcome.results:
@@ -137,7 +151,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += ["### Pareto front: peak memory against step time", ""]
         lines += rows(outcome.pareto)
     else:
-        lines += [NONE_FITS, ""]
+        lines += [_none(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
     return "\n".join(lines) + "\n"
