@@ -446,6 +446,9 @@ class _Layer:
     mlp: list[Alloc]  # the MLP block, recompute applied
     moe: list[Alloc]  # the MoE block, recompute applied
     core: list[Alloc]  # the eager attention core's working tensors
+    params: dict[str, int]  # per block: parameters a rank holds (`_block_params`)
+    zero3: dict[str, list[tuple[MoveGroup, int, int]]]  # per block: `_zero3_groups`
+    per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
 
     @classmethod
     def of(cls, plan: Plan, s: Shapes) -> _Layer:
@@ -457,7 +460,17 @@ class _Layer:
         attention, mlp = layer_saved(plan, s)
         moe = when(blocks["moe"], lacks(plan.recompute == "full"))
         core = core_attention(plan, s) if plan.model.attention == "eager" else []
-        return cls(blocks, attention, mlp, moe, core)
+        kinds = ("attention", "mlp", "moe") if plan.model.experts else ("attention", "mlp")
+        return cls(
+            blocks,
+            attention,
+            mlp,
+            moe,
+            core,
+            {k: _block_params(plan, k) for k in kinds},
+            {k: _zero3_groups(plan, k) for k in kinds},
+            {k: layer_params(plan, moe=k == "moe").per_rank for k in kinds},
+        )
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
@@ -641,12 +654,12 @@ def _vocab_params(plan: Plan) -> int:
     return -(-plan.model.vocab // plan.parallel.tp) * plan.model.hidden
 
 
-def _accumulate(plan: Plan, block: str) -> list[Work]:
+def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     """The block's weight gradients added into the main gradients (`flops.grad_accumulation`)."""
-    return flops.grad_accumulation(plan, _block_params(plan, block))
+    return flops.grad_accumulation(plan, layer.params[block])
 
 
-def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
+def _zero3_moves(plan: Plan, layer: _Layer, block: str, backward: bool) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
     weights over the expert data-parallel group. With `overlap.param_gather` the next
@@ -655,7 +668,7 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
     al., arXiv 2304.11277)."""
     prec = plan.precision
     moves = []
-    for group, ranks, n in _zero3_groups(plan, block):
+    for group, ranks, n in layer.zero3[block]:
         label = f"{block} {'expert ' if group == 'edp' else ''}"
         gather = Move(
             f"{label}parameters",
@@ -699,10 +712,10 @@ def _zero3_moves(plan: Plan, block: str, backward: bool) -> list[Move]:
     return when(moves, plan.parallel.zero == 3)
 
 
-def _zero3_transients(plan: Plan, block: str) -> list[Alloc]:
+def _zero3_transients(plan: Plan, layer: _Layer, block: str) -> list[Alloc]:
     """Gathered parameters of the current and the prefetched block."""
     size = DTYPE_BYTES[plan.precision.param_gather]
-    n = sum(n * size * (ranks > 1) for _, ranks, n in _zero3_groups(plan, block))
+    n = sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3[block])
     gathered = Alloc("gathered parameters (current + prefetched block)", "transient", n, count=2)
     return when([gathered], (plan.parallel.zero == 3) & (n > 0))
 
@@ -751,13 +764,13 @@ def _forward(b: _StageBuilder) -> None:
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
     gathered = when([_full(s, "attention input (all-gathered)")], sp)
-    z3 = _zero3_transients(plan, "attention")
+    z3 = _zero3_transients(plan, b.layer, "attention")
     b.add(
         "forward.attention",
         b.layers * m,
         _tp_moves(plan, s, "attention", False, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, False)
-        + _zero3_moves(plan, "attention", False),
+        + _zero3_moves(plan, b.layer, "attention", False),
         [
             Instant("QKV projection", tuple(base + checkpoint + first_two + gathered + z3)),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
@@ -770,12 +783,12 @@ def _forward(b: _StageBuilder) -> None:
         partial = when(
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
         )
-        z3 = _zero3_transients(plan, "mlp")
+        z3 = _zero3_transients(plan, b.layer, "mlp")
         b.add(
             "forward.mlp",
             b.dense * m,
             _tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")
-            + _zero3_moves(plan, "mlp", False),
+            + _zero3_moves(plan, b.layer, "mlp", False),
             [
                 Instant(
                     "fc1",
@@ -797,18 +810,17 @@ def _forward(b: _StageBuilder) -> None:
     if b.has_moe:
         moe = _either(blocks["moe"], full)
         buffers = [_dispatch_buffers(s)]
+        gathered_moe = _zero3_transients(plan, b.layer, "moe")
         b.add(
             "forward.moe",
             b.moe * m,
             _ep_moves(plan, s, False)
             + _shared_expert_moves(plan, s, False)
-            + _zero3_moves(plan, "moe", False),
+            + _zero3_moves(plan, b.layer, "moe", False),
             [
                 Instant(
                     "expert computation",
-                    tuple(
-                        base + checkpoint + kept + moe + buffers + _zero3_transients(plan, "moe")
-                    ),
+                    tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
                 )
             ],
             flops.moe_forward(plan, s),
@@ -896,9 +908,9 @@ def _backward(b: _StageBuilder) -> None:
     )
 
     def bucket(block: str) -> list[Alloc]:
-        n = layer_params(plan, moe=block == "moe").per_rank * DTYPE_BYTES[plan.precision.grads]
+        n = b.layer.per_rank[block] * DTYPE_BYTES[plan.precision.grads]
         grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
-        return _zero3_transients(plan, block) + when(
+        return _zero3_transients(plan, b.layer, block) + when(
             [grads], (par.zero == 2) & (par.dp * par.cp > 1)
         )
 
@@ -921,7 +933,7 @@ def _backward(b: _StageBuilder) -> None:
             b.moe * m,
             _ep_moves(plan, s, True)
             + _shared_expert_moves(plan, s, True)
-            + _zero3_moves(plan, "moe", True),
+            + _zero3_moves(plan, b.layer, "moe", True),
             [
                 Instant(
                     "expert gradients",
@@ -930,7 +942,7 @@ def _backward(b: _StageBuilder) -> None:
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work)
-            + _accumulate(plan, "moe"),
+            + _accumulate(plan, b.layer, "moe"),
         )
     if b.has_dense:
         recomputed = when(_working(blocks["mlp"], "recomputed"), full)
@@ -962,7 +974,7 @@ def _backward(b: _StageBuilder) -> None:
             b.dense * m,
             again
             + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
-            + _zero3_moves(plan, "mlp", True),
+            + _zero3_moves(plan, b.layer, "mlp", True),
             [
                 Instant(
                     "fc2 and activation gradients",
@@ -988,7 +1000,7 @@ def _backward(b: _StageBuilder) -> None:
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work)
-            + _accumulate(plan, "mlp"),
+            + _accumulate(plan, b.layer, "mlp"),
         )
     recomputed = when(_working(blocks["attention"], "recomputed"), full)
     if plan.model.attention == "eager":
@@ -1023,7 +1035,7 @@ def _backward(b: _StageBuilder) -> None:
         again
         + _tp_moves(plan, s, "attention", True, "QKV projection", "attention output projection")
         + _cp_moves(plan, s, True)
-        + _zero3_moves(plan, "attention", True),
+        + _zero3_moves(plan, b.layer, "attention", True),
         [
             Instant(
                 "attention core gradients",
@@ -1036,7 +1048,7 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             )
         ],
-        redo + flops.backward_of(work) + _accumulate(plan, "attention"),
+        redo + flops.backward_of(work) + _accumulate(plan, b.layer, "attention"),
     )
     if b.first:
         gather = Move(
