@@ -27,9 +27,16 @@ from typing import Any
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, model_flops_per_token
-from budget.phases import PHASE_ORDER, Move, Phase, StageStep, Step
+from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
-from budget.topology import GroupSpan, group_ranks, group_span, price_group, span_of_ranks
+from budget.topology import (
+    GroupKind,
+    GroupSpan,
+    group_ranks,
+    group_span,
+    price_group,
+    span_of_ranks,
+)
 from budget.vector import largest, ratio, vfloat, vmax
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
@@ -97,6 +104,15 @@ def can_time(plan: Plan) -> bool:
     return bool(device.peak_flops(plan.precision.matmul) and device.memory_bandwidth)
 
 
+def move_kind(plan: Plan, group: MoveGroup, ranks: int) -> GroupKind:
+    """The group a move of `ranks` ranks on `group` runs over: gradients under context
+    parallelism are reduced over dp x cp (`ranks` = dp·cp), every other move over its own."""
+    par = plan.parallel
+    if group == "dp" and par.cp > 1 and ranks == par.dp * par.cp:
+        return ("dp", "cp")
+    return group
+
+
 def move_span(plan: Plan, move: Move) -> GroupSpan:
     """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
@@ -111,9 +127,7 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
         members = group_ranks("pp", par, topo.gpus)
         pair = (members[0], members[-1]) if "embedding" in move.name else members[:2]
         return span_of_ranks(pair, topo, "pp")
-    if move.group == "dp" and par.cp > 1 and move.ranks == par.dp * par.cp:
-        return group_span(("dp", "cp"), par, topo)
-    span = group_span(move.group, par, topo)
+    span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
         block = group_ranks(("tp", "cp", "dp"), par, topo.gpus)
         stride = len(block) // move.ranks

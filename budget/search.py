@@ -28,11 +28,11 @@ import numpy as np
 from budget.check import Limits
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
 from budget.layers import StageClass, stage_classes
-from budget.phases import Move, Step
+from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
-from budget.schedule import move_span, step_time
+from budget.schedule import move_kind, move_span, step_time
 from budget.step import derive
-from budget.topology import level_ranks, link_of, uneven_group
+from budget.topology import group_size, level_ranks, link_of, uneven_group
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -343,8 +343,11 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
 def _schedule(plan: Plan, c: Config) -> Schedule:
     """Interleaved with virtual stages; otherwise the plan's schedule (1F1B for a plan
     that interleaved)."""
-    if c.virtual_stages > 1:
-        return "interleaved"
+    return "interleaved" if c.virtual_stages > 1 else _flat(plan)
+
+
+def _flat(plan: Plan) -> Schedule:
+    """The plan's schedule without virtual stages: its own, 1F1B for one that interleaved."""
     own = plan.parallel.pipeline.schedule
     return "1f1b" if own == "interleaved" else own
 
@@ -451,13 +454,8 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
     pipeline = first.parallel.pipeline
     v = values["virtual_stages"]
     if len(np.unique(v)) > 1:
-        own = (
-            "1f1b"
-            if plan.parallel.pipeline.schedule == "interleaved"
-            else (plan.parallel.pipeline.schedule)
-        )
         # fixed-width strings: compared with == in C (object arrays compare in Python)
-        schedules: Any = np.where(v > 1, "interleaved", own)
+        schedules: Any = np.where(v > 1, "interleaved", _flat(plan))
         pipeline = replace(pipeline, schedule=schedules, virtual_stages=v)
     parallel = replace(
         first.parallel,
@@ -564,18 +562,16 @@ class _Pricer:
         )
 
 
-def _dense_levels(config: Plan, group: str, ranks: int) -> tuple[int, ...] | None:
+def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
     """Ranks per level of a tp, cp or dp group (dp x cp for gradients under context
     parallelism), as `move_span` lays it out, in closed form (`topology.level_ranks`);
     None for the other groups and layouts, which `move_span` lists."""
-    par = config.parallel
     if group not in ("tp", "cp", "dp"):
         return None
-    kind: Any = ("dp", "cp") if group == "dp" and par.cp > 1 and ranks == par.dp * par.cp else group
-    size = par.dp * par.cp if isinstance(kind, tuple) else getattr(par, group)
-    if size != ranks:
-        return None
-    return level_ranks(kind, par, config.topology)
+    kind = move_kind(config, group, ranks)
+    if group_size(kind, config.parallel) != ranks:
+        return None  # a group of another size: `move_span` approximates it by listing
+    return level_ranks(kind, config.parallel, config.topology)
 
 
 @dataclass(frozen=True, slots=True)

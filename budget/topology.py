@@ -52,6 +52,7 @@ __all__ = [
     "GroupKind",
     "GroupSpan",
     "group_ranks",
+    "group_size",
     "group_span",
     "level_ranks",
     "link_of",
@@ -158,6 +159,12 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     return None
 
 
+def group_size(kind: GroupKind, parallel: Parallel) -> int:
+    """Ranks in a group of `kind`: the product of its dimensions' degrees."""
+    degrees = _degrees(parallel)
+    return math.prod(degrees[d] for d in ((kind,) if isinstance(kind, str) else kind))
+
+
 def level_ranks(kind: GroupKind, parallel: Parallel, topology: Topology) -> tuple[int, ...] | None:
     """Ranks of a dense group (tp, cp, dp, pp or several together) at each level of the
     topology, innermost first, as `group_span` tiers it (a level it does not use holds
@@ -171,7 +178,7 @@ def level_ranks(kind: GroupKind, parallel: Parallel, topology: Topology) -> tupl
         return None
     degrees = _degrees(parallel)
     order = _dense_order(parallel)
-    size = math.prod(degrees[d] for d in dims)
+    size = group_size(kind, parallel)
     levels = topology.levels
     touched: list[int] = []
     for i, level in enumerate(levels):
@@ -208,13 +215,7 @@ def _aligned(parallel: Parallel, size: int) -> bool:
     dimension's degree. Then a domain is a block of whole values of the inner digits and
     f values of that one, so every dense group holds the same number of ranks in each
     domain it touches, without enumerating a rank."""
-    degrees = _degrees(parallel)
-    inner = 1
-    for dim in _dense_order(parallel):
-        if size % inner == 0 and degrees[dim] % (size // inner) == 0:
-            return True
-        inner *= degrees[dim]
-    return size % inner == 0
+    return _per_domain(set(), _dense_order(parallel), _degrees(parallel), size) is not None
 
 
 def span_of_ranks(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from budget.render.table import titled_table
 from budget.units import format_bytes, format_duration, format_flops, format_rate
 
 if TYPE_CHECKING:
@@ -141,13 +141,7 @@ def _fits(diff: PlanDiff) -> str:
 
 
 def _table(title: str, first: str, second: str | None) -> Table:
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = titled_table(title)
     table.add_column(first, no_wrap=True)
     if second is not None:
         table.add_column(second, no_wrap=True)
@@ -188,9 +182,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         return
     console.print()
     if diff.changes:
-        table = Table(
-            title="Plan changes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
-        )
+        table = titled_table("Plan changes")
         table.add_column("key", no_wrap=True)
         table.add_column("A", justify="right")
         table.add_column("", no_wrap=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.table import Table
 
+from budget.render.table import titled_table
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -49,13 +49,7 @@ def _shown(rows: tuple[Result, ...]) -> list[str]:
 
 
 def _table(title: str, rows: tuple[Result, ...], wide: bool) -> Table:
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = titled_table(title)
     heads = _shown(rows)
     figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
     for name in heads:
@@ -116,13 +110,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
-    table = Table(
-        title="Not ranked",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = titled_table("Not ranked")
     table.add_column("reason")
     table.add_column("layouts", justify="right")
     for reason, count in outcome.rejected.items():

@@ -71,7 +71,9 @@ def _bar(row: StageRow, width: int = 8) -> Text:
     return Text("█" * cells + "·" * (width - cells), style=style)
 
 
-def _table(title: str) -> Table:
+def titled_table(title: str) -> Table:
+    """The house style of every table: title on the left, a rule under the head, no outer
+    padding."""
     return Table(
         title=title,
         title_justify="left",
@@ -118,7 +120,7 @@ def _columns(report: Report, wide: bool) -> list[tuple[str, Callable[[StageRow],
 def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
     """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow)."""
     bar = (8 if wide else 0) if bar is None else bar
-    table = _table("Memory per rank of each pipeline stage, at its peak")
+    table = titled_table("Memory per rank of each pipeline stage, at its peak")
     _num(table, "stage")
     if wide:
         _num(table, "layers")
@@ -160,7 +162,7 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
 
 def phase_table(report: Report, wide: bool) -> Table:
     timed = report.step["time_s"] is not None
-    table = _table("Phases of one step (per rank, on the stage where each costs most)")
+    table = titled_table("Phases of one step (per rank, on the stage where each costs most)")
     table.add_column("phase", no_wrap=True)
     _num(table, "count")
     if timed:
@@ -224,7 +226,7 @@ FULL = 140  # from here the collective table also shows the tensor size S and th
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
-    table = _table("Collectives (per rank, per call; received = sent)")
+    table = titled_table("Collectives (per rank, per call; received = sent)")
     table.add_column("transition", ratio=1, min_width=20)
     table.add_column("op", no_wrap=True)
     _num(table, "group")
@@ -277,7 +279,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
 
 def link_table(report: Report) -> Table:
     """Each level's per-GPU bandwidth and latency, and the groups priced on it."""
-    table = _table("Links (per GPU, one direction)")
+    table = titled_table("Links (per GPU, one direction)")
     table.add_column("level", no_wrap=True)
     _num(table, "B_eff")
     _num(table, "α per step")
