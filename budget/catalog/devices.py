@@ -4,15 +4,24 @@ Peaks are dense (the datasheets print sparse figures twice as large, footnoted "
 sparsity"); FLOP/s are decimal (1 TFLOP/s = 1e12). HBM sizes are as the datasheet prints
 them; bandwidths are decimal bytes per second.
 
-GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the largest fraction of the dense
-bf16 peak a public matmul microbenchmark reached on that device; ``half_flops`` is the GEMM
-size reaching half of it. Sources of the calibration, none of them a training run:
+GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the fraction of the dense bf16
+peak a public matmul microbenchmark sustains on that device; ``half_flops`` is the GEMM size
+reaching half of it. Sources of the calibration, none of them a training run:
 
-- MAMF: S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum
-  Achievable Matmul FLOPS comparison table" (torch.matmul, BF16, shape sweep with
-  mamf-finder.py): A100 SXM 267.9 of 312 (85.9 %), H100 SXM 792.1 of 989 (80.1 %),
-  MI300X 781.9 of 1300 (60.1 %); the same book's Blackwell notes: H100/H200 SXM 794.5 of 989
-  (80.3 %), B200 SXM 1745.0 of 2250 (77.6 %).
+- MSMF and MAMF: S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md,
+  "Maximum Achievable and Sustainable Matmul FLOPS comparison table" (BF16, torch.matmul on
+  random inputs, mamf-finder.py benchmark version 4, read at ml-engineering commit 0359db8).
+  MSMF ("maximum sustainable") is the throughput a shape holds over a 2 s window once the
+  chip sits at its power limit; MAMF ("maximum achievable") is a short burst at the boost
+  clock. The source says to use MSMF for training throughput, and a training step keeps
+  every GPU of a node at its power limit for seconds, so the ceiling is MSMF wherever it was
+  measured: H200 SXM 755 of 989 (76.3 %, measured with the node's other GPUs busy), B200 SXM
+  1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4 datasheet
+  peak). Where it was not, the device keeps its MAMF, a burst and so an upper bound: A100
+  SXM 271 of 312 (86.9 %). The H100 SXM takes the H200's MSMF: the same GH100 die at the
+  same 700 W limit and boost clock, with only the HBM stack different; the 300 W A100 PCIe's
+  MSMF (258) is not carried to the 400 W SXM, because the power limit is what sets the
+  sustained clock.
 - The ramp: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as published
   on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8 column has no
   cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores): 1024³ reaches
@@ -42,7 +51,7 @@ _TRITON_A100_PLATEAU = 213.5e12
 _TRITON_A100_HALF = 2 * 1024**3 * (_TRITON_A100_PLATEAU / 110.4e12 - 1)
 RAMP_S = _TRITON_A100_HALF / _TRITON_A100_PLATEAU
 
-_MAMF = "Bekman, ML Engineering, MAMF table"
+_MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 
 
@@ -64,8 +73,8 @@ class DevicePreset:
 # BF16/FP16 312 TFLOPS, TF32 156, FP32 19.5 (dense); 40GB HBM2 1,555 GB/s; 80GB HBM2e
 # 2,039 GB/s (SXM). No FP8 tensor cores.
 _A100_FLOPS = (("bf16", 312 * T), ("fp16", 312 * T), ("tf32", 156 * T), ("fp32", 19.5 * T))
-# MAMF: A100 SXM 267.9 of 312 TFLOP/s.
-_A100_GEMM = _curve(267.9 / 312, 312 * T, f"{_MAMF}; ramp: {_TRITON}")
+# A100 SXM: MAMF 271 of 312 TFLOP/s (torch 2.6, CUDA 12.6); no MSMF measured for the SXM.
+_A100_GEMM = _curve(271 / 312, 312 * T, f"{_MSMF}: A100 SXM MAMF; ramp: {_TRITON}")
 
 # NVIDIA H100 Tensor Core GPU datasheet: SXM BF16/FP16 1,979 and FP8 3,958 TFLOPS with
 # sparsity (989 / 1,979 dense), TF32 989 sparse (494.5 dense), FP32 67; 80GB HBM3 3.35 TB/s.
@@ -85,8 +94,11 @@ _H100_PCIE_FLOPS = (
     ("tf32", 378 * T),
     ("fp32", 51 * T),
 )
-# MAMF: H100 SXM 792.1 of 989 (H. He's "H100 peak matmul FLOPS" gist agrees: ~780 of 989).
-_H100_GEMM = _curve(792.1 / 989, 989 * T, f"{_MAMF}; ramp: {_TRITON}")
+# H200 SXM MSMF 755 of 989 TFLOP/s (torch 2.14, CUDA 13.0; 685-688 W at 1860-1918 MHz, the
+# node's other GPUs running matmuls): the same GH100 die and 700 W limit as the H100 SXM, whose
+# own row has only a burst (MAMF 795 of 989).
+_GH100_SUSTAINED = 755 / 989
+_H100_GEMM = _curve(_GH100_SUSTAINED, 989 * T, f"{_MSMF}: H200 SXM MSMF; ramp: {_TRITON}")
 
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
@@ -119,8 +131,8 @@ DEVICES: dict[str, DevicePreset] = {
         80 * GiB,
         _H100_PCIE_FLOPS,
         2.0e12,
-        # No MAMF measurement of the PCIe card: the SXM fraction of its own (lower) peak.
-        _curve(792.1 / 989, 756 * T, f"{_MAMF} (H100 SXM fraction); ramp: {_TRITON}"),
+        # No measurement of the PCIe card: the GH100's sustained fraction of its own (lower) peak.
+        _curve(_GH100_SUSTAINED, 756 * T, f"{_MSMF}: H200 SXM MSMF fraction; ramp: {_TRITON}"),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
     ),
     "h200": DevicePreset(
@@ -128,8 +140,7 @@ DEVICES: dict[str, DevicePreset] = {
         141 * 10**9,
         _H100_SXM_FLOPS,
         4.8e12,
-        # Bekman's Blackwell notes: H100/H200 SXM 794.5 of 989.
-        _curve(794.5 / 989, 989 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        _H100_GEMM,
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
         "141GB HBM3e, 4.8 TB/s)",
     ),
@@ -144,8 +155,8 @@ DEVICES: dict[str, DevicePreset] = {
             ("fp32", 75 * T),
         ),
         8.0e12,
-        # Bekman's Blackwell notes: B200 SXM 1745.0 of 2250.
-        _curve(1745.0 / 2250, 2250 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        # B200 SXM MSMF 1439 of 2250 (978-987 W at 1399-1443 MHz, the other GPUs busy).
+        _curve(1439 / 2250, 2250 * T, f"{_MSMF}: B200 SXM MSMF; ramp: {_TRITON}"),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
         "1,440 GB HBM3e; 64 TB/s)",
@@ -161,8 +172,8 @@ DEVICES: dict[str, DevicePreset] = {
             ("fp32", 163.4 * T),
         ),
         5.3e12,
-        # MAMF: MI300X 781.9 of 1300 (ROCm 6.2).
-        _curve(781.9 / 1300, 1307.4 * T, f"{_MAMF}; ramp: {_TRITON}"),
+        # MI300X MSMF 659 of 1300 (ROCm 10.0, 750 W at 1290 MHz; an earlier benchmark version).
+        _curve(659 / 1307.4, 1307.4 * T, f"{_MSMF}: MI300X MSMF; ramp: {_TRITON}"),
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
     ),
