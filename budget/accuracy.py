@@ -95,6 +95,11 @@ class Accuracy:
     def max_abs_error(self) -> float:
         return max(abs(r.error) for r in self.rows)
 
+    def by_gpu(self) -> tuple[Accuracy, ...]:
+        """One `Accuracy` per GPU generation of the scored runs, in the order they appear."""
+        gpus = dict.fromkeys(r.run.gpu for r in self.rows)
+        return tuple(Accuracy(tuple(r for r in self.rows if r.run.gpu == g)) for g in gpus)
+
 
 def _gpt_run(
     name: str,

@@ -19,6 +19,7 @@ from rich.console import Console
 from budget.accuracy import REFERENCE_RUNS, RUNS, plan_of, validate_model
 from budget.layers import params_total
 from budget.render.accuracy import accuracy_markdown, render_accuracy
+from budget.report_schema import validation_errors
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,14 @@ def test_renderers(accuracy) -> None:
     assert len(data["runs"]) == len(RUNS)
     assert len(data["reference"]) == len(REFERENCE_RUNS)
     assert data["max_abs_error"] == pytest.approx(accuracy.max_abs_error)
+    assert validation_errors(data, "validate_model") == []
+    by_gpu = {part["gpu"]: part for part in data["by_gpu"]}
+    assert sum(part["runs"] for part in by_gpu.values()) == len(RUNS)
+    for gpu, part in by_gpu.items():
+        errors = [abs(r["error"]) for r in data["runs"] if r["gpu"] == gpu]
+        assert part["runs"] == len(errors)
+        assert part["mean_abs_error"] == pytest.approx(sum(errors) / len(errors))
+        assert part["max_abs_error"] == max(errors)
     text = accuracy_markdown(accuracy)
     scored, _, reference = text.partition("Reference, layout incomplete")
     assert scored.count("\n| ") == len(RUNS)  # one line per run after the header
@@ -94,8 +103,8 @@ def test_renderers(accuracy) -> None:
     table = Console(width=120, color_system=None, record=True)
     render_accuracy(table, accuracy, "table")
     out = table.export_text()
-    assert "mean absolute error" in out
-    assert out.index("mean absolute error") < out.index("Reference, layout incomplete")
+    assert "Mean absolute error" in out and "By GPU: A100 80GB" in out
+    assert out.index("Mean absolute error") < out.index("Reference, layout incomplete")
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:

@@ -22,13 +22,25 @@ reaching half of it. Sources of the calibration, none of them a training run:
   same 700 W limit and boost clock, with only the HBM stack different; the 300 W A100 PCIe's
   MSMF (258) is not carried to the 400 W SXM, because the power limit is what sets the
   sustained clock.
-- The ramp: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as published
-  on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8 column has no
-  cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores): 1024³ reaches
-  110.4 TFLOP/s, half of the 2560³–4096³ plateau (mean 213.5 TFLOP/s). A GEMM of 2·1024³ =
-  2.1e9 FLOPs at half the plateau is a ramp of F_half / plateau ≈ 9.4 µs; other devices use
-  the same ramp time at their own ceiling (half_flops = peak_fraction · peak · 9.4 µs), an
-  assumption: no comparable sweep was found for them.
+- The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
+  published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
+  column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
+  1024³ reaches 110.4 TFLOP/s, half of the 2560³–4096³ plateau (mean 213.5 TFLOP/s). A GEMM
+  of 2·1024³ = 2.1e9 FLOPs at half the plateau is a ramp of F_half / plateau ≈ 9.4 µs.
+- The ramp, Hopper and Blackwell: OpenXLA's measured matmul table for its GPU cost model
+  (``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, vendored in tensorflow/tensorflow
+  at a305421, keys ``sm_90`` and ``sm_100``: XLA dot ops timed over b ∈ {1, 2, 4} and M, N, K
+  from 256 to 4096). The same rule as the A100's, with the 4096³ entry as the plateau:
+  bf16 1024³ reaches 252.8 of 780.2 TFLOP/s on sm_90 and 288.0 of 1416.9 on sm_100, so
+  F_half = 2·1024³ · (plateau / F_1024 − 1) and the ramp is F_half / plateau: 5.7 µs (H100,
+  H200) and 5.9 µs (B200). Only the bf16 shape dependence is taken from that table, not its
+  level: its fp8 entries on sm_90 exceed the datasheet's dense fp8 peak (4096³: 2,424 of
+  1,979 TFLOP/s), so its absolute figures are not a ceiling this catalogue trusts.
+- A device without a sweep (MI300X) keeps the A100's ramp time at its own ceiling, an
+  assumption.
+
+Every device sets ``half_flops = ceiling · peak · ramp``: the ramp time, not the size, carries
+over from the sweep to the sustained ceiling.
 
 Memory-bound kernels keep `Device.memory_efficiency` = 0.8 of HBM bandwidth (the codebase's
 default): no bandwidth microbenchmark was verified for this catalogue.
@@ -47,16 +59,25 @@ T = 1e12
 
 # Triton tutorial 03, cuBLAS fp16 on A100: 2·1024³ FLOPs reach half of the 213.5 TFLOP/s
 # plateau, so F_half = 2·1024³ · (213.5 / 110.4 − 1) and the ramp is F_half / 213.5e12.
-_TRITON_A100_PLATEAU = 213.5e12
-_TRITON_A100_HALF = 2 * 1024**3 * (_TRITON_A100_PLATEAU / 110.4e12 - 1)
-RAMP_S = _TRITON_A100_HALF / _TRITON_A100_PLATEAU
+_GEMM_1024 = 2 * 1024**3
+
+
+def _ramp(f_1024: float, plateau: float) -> float:
+    """Seconds of ramp of ``F / (F + F_half)`` through a sweep's 1024³ point and plateau."""
+    return _GEMM_1024 * (plateau / f_1024 - 1) / plateau
+
+
+RAMP_S = _ramp(110.4e12, 213.5e12)  # A100, Triton tutorial 03
+_SM90_RAMP_S = _ramp(252.8e12, 780.2e12)  # H100/H200, OpenXLA matmul table, sm_90 bf16
+_SM100_RAMP_S = _ramp(288.0e12, 1416.9e12)  # B200, OpenXLA matmul table, sm_100 bf16
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
+_XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
 
 
-def _curve(fraction: float, peak: float, source: str) -> GemmCurve:
-    return GemmCurve(fraction, fraction * peak * RAMP_S, source)
+def _curve(fraction: float, peak: float, source: str, ramp_s: float = RAMP_S) -> GemmCurve:
+    return GemmCurve(fraction, fraction * peak * ramp_s, source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +119,10 @@ _H100_PCIE_FLOPS = (
 # node's other GPUs running matmuls): the same GH100 die and 700 W limit as the H100 SXM, whose
 # own row has only a burst (MAMF 795 of 989).
 _GH100_SUSTAINED = 755 / 989
-_H100_GEMM = _curve(_GH100_SUSTAINED, 989 * T, f"{_MSMF}: H200 SXM MSMF; ramp: {_TRITON}")
+_SM90_RAMP = f"ramp: {_XLA.format('sm_90')}"
+_H100_GEMM = _curve(
+    _GH100_SUSTAINED, 989 * T, f"{_MSMF}: H200 SXM MSMF; {_SM90_RAMP}", _SM90_RAMP_S
+)
 
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
@@ -132,7 +156,12 @@ DEVICES: dict[str, DevicePreset] = {
         _H100_PCIE_FLOPS,
         2.0e12,
         # No measurement of the PCIe card: the GH100's sustained fraction of its own (lower) peak.
-        _curve(_GH100_SUSTAINED, 756 * T, f"{_MSMF}: H200 SXM MSMF fraction; ramp: {_TRITON}"),
+        _curve(
+            _GH100_SUSTAINED,
+            756 * T,
+            f"{_MSMF}: H200 SXM MSMF fraction; {_SM90_RAMP}",
+            _SM90_RAMP_S,
+        ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
     ),
     "h200": DevicePreset(
@@ -156,7 +185,12 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         8.0e12,
         # B200 SXM MSMF 1439 of 2250 (978-987 W at 1399-1443 MHz, the other GPUs busy).
-        _curve(1439 / 2250, 2250 * T, f"{_MSMF}: B200 SXM MSMF; ramp: {_TRITON}"),
+        _curve(
+            1439 / 2250,
+            2250 * T,
+            f"{_MSMF}: B200 SXM MSMF; ramp: {_XLA.format('sm_100')}",
+            _SM100_RAMP_S,
+        ),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
         "1,440 GB HBM3e; 64 TB/s)",
@@ -173,7 +207,7 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         5.3e12,
         # MI300X MSMF 659 of 1300 (ROCm 10.0, 750 W at 1290 MHz; an earlier benchmark version).
-        _curve(659 / 1307.4, 1307.4 * T, f"{_MSMF}: MI300X MSMF; ramp: {_TRITON}"),
+        _curve(659 / 1307.4, 1307.4 * T, f"{_MSMF}: MI300X MSMF; ramp: {_TRITON}, assumed"),
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
     ),

@@ -38,14 +38,37 @@ def _row_dict(r: Row) -> dict[str, Any]:
 
 def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
     """``{runs[{name, gpu, metric, predicted, measured, error, source, note}], mean_abs_error,
-    max_abs_error, reference[...]}``; errors are signed fractions, the summary ones absolute
-    and over ``runs`` only (``reference`` rows have an incomplete published layout)."""
+    max_abs_error, by_gpu[{gpu, runs, mean_abs_error, max_abs_error}], reference[...]}``;
+    errors are signed fractions, the summary ones absolute and over ``runs`` only
+    (``reference`` rows have an incomplete published layout)."""
     return {
         "runs": [_row_dict(r) for r in acc.rows],
         "mean_abs_error": acc.mean_abs_error,
         "max_abs_error": acc.max_abs_error,
+        "by_gpu": [
+            {
+                "gpu": part.rows[0].run.gpu,
+                "runs": len(part.rows),
+                "mean_abs_error": part.mean_abs_error,
+                "max_abs_error": part.max_abs_error,
+            }
+            for part in acc.by_gpu()
+        ],
         "reference": [_row_dict(r) for r in acc.reference],
     }
+
+
+def _summary(acc: Accuracy) -> str:
+    """Mean and maximum over all scored runs, then over each GPU generation's."""
+    parts = "; ".join(
+        f"{part.rows[0].run.gpu} {part.mean_abs_error:.1%} mean, {part.max_abs_error:.1%} "
+        f"maximum ({len(part.rows)} runs)"
+        for part in acc.by_gpu()
+    )
+    return (
+        f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
+        f"over {len(acc.rows)} runs. By GPU: {parts}."
+    )
 
 
 def _cells(r: Row) -> tuple[str, str, str, str, str, str]:
@@ -71,10 +94,7 @@ def _markdown_table(rows: tuple[Row, ...]) -> list[str]:
 def accuracy_markdown(acc: Accuracy) -> str:
     lines = _markdown_table(acc.rows)
     lines.append("")
-    lines.append(
-        f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
-        f"over {len(acc.rows)} runs."
-    )
+    lines.append(_summary(acc))
     if acc.reference:
         lines += ["", f"{_REFERENCE}:", ""]
         lines += _markdown_table(acc.reference)
@@ -99,10 +119,7 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
         console.out(accuracy_markdown(acc), highlight=False)
         return
     console.print(_rich_table("Predicted against published measurements", acc.rows))
-    console.print(
-        f"mean absolute error {acc.mean_abs_error:.1%} · maximum {acc.max_abs_error:.1%} · "
-        f"{len(acc.rows)} runs"
-    )
+    console.print(_summary(acc), highlight=False)
     if acc.reference:
         console.print()
         console.print(_rich_table(_REFERENCE, acc.reference))
