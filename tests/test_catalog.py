@@ -150,3 +150,15 @@ def test_hopper_ramp_follows_xla_sweep(shape: tuple[int, int, int], measured: fl
     ramp_s = curve.half_flops / (curve.peak_fraction * 989e12)
     predicted = 780.2e12 * flops / (flops + 780.2e12 * ramp_s)
     assert predicted / 1e12 == pytest.approx(measured, rel=0.15)
+
+
+def test_memory_bound_fraction_is_babelstream_on_the_preset() -> None:
+    """Azure's BabelStream runs: copy, mul, add, triad average 2.935 of 3.35 TB/s on H100
+    SXM and 1.655 of 2.039 on A100 SXM4 80GB; a plan's own memory_efficiency wins."""
+    assert DEVICES["h100-sxm"].memory_efficiency == pytest.approx(2.935 / 3.35)
+    assert DEVICES["a100-80gb"].memory_efficiency == pytest.approx(1.655 / 2.039)
+    assert DEVICES["b200"].memory_efficiency == 0.8  # no measurement found
+    plan = _resolve(_tree(device={"preset": "h100-sxm"}))
+    assert plan.device.memory_efficiency == pytest.approx(2.935 / 3.35)
+    plan = _resolve(_tree(device={"preset": "h100-sxm", "memory_efficiency": 0.7}))
+    assert plan.device.memory_efficiency == 0.7

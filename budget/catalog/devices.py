@@ -42,8 +42,17 @@ reaching half of it. Sources of the calibration, none of them a training run:
 Every device sets ``half_flops = ceiling · peak · ramp``: the ramp time, not the size, carries
 over from the sweep to the sustained ceiling.
 
-Memory-bound kernels keep `Device.memory_efficiency` = 0.8 of HBM bandwidth (the codebase's
-default): no bandwidth microbenchmark was verified for this catalogue.
+Memory-bound kernels (``memory_efficiency``) run at the fraction of the datasheet HBM
+bandwidth that BabelStream's four streaming kernels (copy, mul, add, triad; the dot
+reduction left out) reach on average, as Azure's AI-benchmarking-guide publishes them (one
+run of each on a cloud VM, about 268 MB per array; ``Azure_Results/ND_*_results.md``, "HBM
+Bandwidth"): A100 SXM4 80GB 1.61/1.61/1.70/1.70 of 2.039 TB/s (81.2 %, commit 3bb66ca);
+H100 SXM 2.90/2.90/2.97/2.97 of 3.35 (87.6 %, f350e7e); H200 4.01/4.00/4.15/4.15 of 4.8
+(84.9 %, 7f20e5f); MI300X 4.11/4.26/4.14/4.09 of 5.3 (78.3 %, samuel-bohman's copy of the
+guide, 3de0c29; a virtualised GPU). A100 40GB and H100 PCIe take the fraction of the same
+chip; no B200 measurement was found, so it keeps the codebase's 0.8. The fraction does not
+depend on the kernel's size: no public sweep of bandwidth against size was found that was
+solid enough to calibrate on (small copies run slower, and copies that fit in L2 faster).
 """
 
 from __future__ import annotations
@@ -71,6 +80,12 @@ RAMP_S = _ramp(110.4e12, 213.5e12)  # A100, Triton tutorial 03
 _SM90_RAMP_S = _ramp(252.8e12, 780.2e12)  # H100/H200, OpenXLA matmul table, sm_90 bf16
 _SM100_RAMP_S = _ramp(288.0e12, 1416.9e12)  # B200, OpenXLA matmul table, sm_100 bf16
 
+# BabelStream copy, mul, add, triad (TB/s), Azure AI-benchmarking-guide; mean / datasheet.
+_A100_STREAM = (1.61 + 1.61 + 1.70 + 1.70) / 4 / 2.039
+_H100_STREAM = (2.90 + 2.90 + 2.97 + 2.97) / 4 / 3.35
+_H200_STREAM = (4.01 + 4.00 + 4.15 + 4.15) / 4 / 4.8
+_MI300X_STREAM = (4.11 + 4.26 + 4.14 + 4.09) / 4 / 5.3
+
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 _XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
@@ -88,6 +103,7 @@ class DevicePreset:
     memory_bandwidth: float  # bytes/s
     gemm: GemmCurve
     source: str
+    memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -133,6 +149,7 @@ DEVICES: dict[str, DevicePreset] = {
         _A100_GEMM,
         "NVIDIA A100 datasheet (A100 40GB SXM: 40GB HBM2, 1,555 GB/s); GEMM curve of the "
         "A100 SXM (same chip)",
+        memory_efficiency=_A100_STREAM,
     ),
     "a100-80gb": DevicePreset(
         "a100-80gb",
@@ -141,6 +158,7 @@ DEVICES: dict[str, DevicePreset] = {
         2039e9,
         _A100_GEMM,
         "NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s)",
+        memory_efficiency=_A100_STREAM,
     ),
     "h100-sxm": DevicePreset(
         "h100-sxm",
@@ -149,6 +167,7 @@ DEVICES: dict[str, DevicePreset] = {
         3.35e12,
         _H100_GEMM,
         "NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s)",
+        memory_efficiency=_H100_STREAM,
     ),
     "h100-pcie": DevicePreset(
         "h100-pcie",
@@ -163,6 +182,7 @@ DEVICES: dict[str, DevicePreset] = {
             _SM90_RAMP_S,
         ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
+        memory_efficiency=_H100_STREAM,
     ),
     "h200": DevicePreset(
         "h200",
@@ -172,6 +192,7 @@ DEVICES: dict[str, DevicePreset] = {
         _H100_GEMM,
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
         "141GB HBM3e, 4.8 TB/s)",
+        memory_efficiency=_H200_STREAM,
     ),
     "b200": DevicePreset(
         "b200",
@@ -210,5 +231,6 @@ DEVICES: dict[str, DevicePreset] = {
         _curve(659 / 1307.4, 1307.4 * T, f"{_MSMF}: MI300X MSMF; ramp: {_TRITON}, assumed"),
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
+        memory_efficiency=_MI300X_STREAM,
     ),
 }

@@ -138,7 +138,8 @@ class Device:
     # Fractions of the peaks that kernels reach (roofline derating). Defaults: a large bf16
     # GEMM reaches about 0.79 of H100's dense peak (780 of 989 TFLOP/s, torch.compile
     # max-autotune, H. He's public "H100 peak matmul FLOPS" measurement); memory-bound
-    # kernels are assumed to reach 0.8 of HBM bandwidth until a device preset calibrates it.
+    # kernels are assumed to reach 0.8 of HBM bandwidth unless a device preset measures it
+    # (`budget.catalog.devices`: BabelStream, 0.78-0.88).
     matmul_efficiency: float = 0.8
     memory_efficiency: float = 0.8
     # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.

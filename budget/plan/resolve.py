@@ -395,7 +395,12 @@ class _Resolver:
             memory=memory, reserved=reserved, flops=tuple(flops.items()), memory_bandwidth=bandwidth
         )
         if preset is not None:
-            device = replace(device, name=preset.name, gemm=preset.gemm)
+            device = replace(
+                device,
+                name=preset.name,
+                gemm=preset.gemm,
+                memory_efficiency=preset.memory_efficiency,
+            )
         if "matmul_efficiency" in tree:
             device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
         if "memory_efficiency" in tree:
