@@ -4,31 +4,50 @@ Each level stores the link's rate per GPU in one direction, as the system datash
 it, and the share of that rate NCCL collectives reach (``fraction``); the `Level` a plan gets
 has bandwidth = rate × fraction, so T = n·α + Q / B_eff prices what collectives achieve.
 
-Collective share: nccl-tests all_reduce_perf bus bandwidth at large sizes on 8 × A100 SXM4
-over NVLink 3 is 230–250 GB/s of the 300 GB/s link ("NCCL-tests in practice", Alaya
-docs tech blog, reference table): 240 / 300 = 0.80. The same table gives 460–480 GB/s on
-8 × H100 SXM5, above the 450 GB/s link because NVLink SHARP reduces inside the switch,
-which a ring does not model. For NVLink 4 (H100, H200) an NCCL maintainer gives the ring
-figure directly: "with the protocol overhead (~20%) NCCL can get an effective NVLink
-bandwidth of 370GB/s, which you can observe as BusBw when running non-allreduce operations,
-or when running with NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024):
-370 / 450 = 0.82. NVLink 5 takes the NVLink 3 share, 0.80. No verified busbw table for
-InfiniBand was found: IB levels take the same 0.80, an assumption.
+Collective share. NVLink 3 (A100): Azure's published nccl-tests run on ND A100 v4 (8 x
+A100-SXM4-80GB, NCCL 2.18.5; Azure/AI-benchmarking-guide, ``Azure_Results/ND_A100_v4_results.md``
+at 3bb66ca, "NCCL Bandwidth") reaches an all_reduce bus bandwidth of 231.58 GB/s at 8 GB,
+231.58 / 300 = 0.772 of the link (a third-party summary, the Alaya docs tech blog, gives
+230-250). NVLink 4 (H100, H200): an NCCL maintainer gives the ring figure directly, "with the
+protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can
+observe as BusBw when running non-allreduce operations, or when running with
+NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024): 370 / 450 = 0.822. Azure's
+H100 and H200 runs reach 479-480 GB/s at 8 GB, above the link, because NVLink SHARP (NVLS)
+reduces inside the switch, which a ring does not model. NVLink 5 has no published figure
+found: it takes NVLink 4's share, the nearest generation. No verified busbw table for
+InfiniBand was found: IB levels take 0.80, an assumption.
 
-Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand, the
-values this project's hand-written plans use; they are assumptions, not measurements, and
-matter only for small messages.
+Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand. The
+NVLink value agrees with the smallest message of the same Azure runs: a 1 KB all_reduce at a
+bus bandwidth of 0.04 GB/s on 8 A100s takes 1.75 x 1 KB / 0.04 GB/s = 45 µs, which a ring's
+14 steps price at 3.2 µs each (8 H100s with NVLS: 26 µs, so 3 µs is conservative there). The
+InfiniBand value is an assumption.
+
+Not modelled: NCCL's bandwidth ramp with message size beyond the α term. In the same A100
+run the bus bandwidth is 166.6 GB/s at 67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its
+8 GB plateau), where T = n·α + Q / B_eff gives 94 % and 98 %: collectives of tens of
+megabytes, a tensor-parallel layer's activations, are priced up to about a quarter too fast.
+No single pair (α, B) fits both ends of the measured curve (NCCL switches protocol with
+size), so the constants above are the large-message plateau and the small-message latency.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["COLLECTIVE_FRACTION", "TOPOLOGIES", "LinkSpec", "TopologyPreset"]
+__all__ = [
+    "IB_FRACTION",
+    "NVLINK3_FRACTION",
+    "NVLINK4_FRACTION",
+    "TOPOLOGIES",
+    "LinkSpec",
+    "TopologyPreset",
+]
 
 GB = 1e9
-COLLECTIVE_FRACTION = 240 / 300  # nccl-tests busbw on DGX A100 NVLink 3 (module docstring)
+NVLINK3_FRACTION = 231.58 / 300  # nccl-tests all_reduce busbw, 8 x A100 (module docstring)
 NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstring)
+IB_FRACTION = 0.80  # assumption (module docstring)
 NVLINK_LATENCY = 3e-6  # assumption (module docstring)
 IB_LATENCY = 10e-6  # assumption (module docstring)
 
@@ -42,7 +61,7 @@ class LinkSpec:
     rate: float
     latency: float
     size: int | None
-    fraction: float = COLLECTIVE_FRACTION
+    fraction: float = IB_FRACTION
     source: str = ""
 
     @property
@@ -58,9 +77,7 @@ class TopologyPreset:
     source: str
 
 
-def _nvlink(
-    rate_gb: float, size: int, source: str, fraction: float = COLLECTIVE_FRACTION
-) -> LinkSpec:
+def _nvlink(rate_gb: float, size: int, source: str, fraction: float) -> LinkSpec:
     return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source)
 
 
@@ -77,7 +94,9 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         8,
         (
             # NVLink 3: 600 GB/s bidirectional per GPU through 6 NVSwitches.
-            _nvlink(300, 8, f"{_DGX_A100}: NVLink 3, 600 GB/s bidirectional per GPU"),
+            _nvlink(
+                300, 8, f"{_DGX_A100}: NVLink 3, 600 GB/s bidirectional per GPU", NVLINK3_FRACTION
+            ),
             # 8 single-port ConnectX-6 HDR 200 Gb/s InfiniBand adapters, one per GPU.
             _ib(200, f"{_DGX_A100}: 8 x ConnectX-6 200 Gb/s HDR InfiniBand"),
         ),
@@ -115,7 +134,12 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         72,
         (
             # NVLink 5: 1.8 TB/s bidirectional per GPU, 72 GPUs in one NVLink domain.
-            _nvlink(900, 72, "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU"),
+            _nvlink(
+                900,
+                72,
+                "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU",
+                NVLINK4_FRACTION,
+            ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
         ),
