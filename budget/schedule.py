@@ -8,7 +8,11 @@ it is on, or always for the overlaps Megatron-LM does by default:
 
     exposed = max(floor · T, T − share · W)
 
-with W the window's compute time. Compute is the roofline of each kernel
+with W the window's compute time. The hidden part is not free: compute runs slower while a
+collective runs beside it (its kernels take streaming multiprocessors and memory bandwidth),
+by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
+2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` to what the
+step waits for, counted with its exposed time. Compute is the roofline of each kernel
 (`max(FLOPs / (peak · e_matmul), bytes / (bandwidth · e_memory))`, Williams et al. 2009).
 
 Step time (Narayanan et al., arXiv 2104.04473, section 2.2): with m micro-batches, p stages
@@ -196,6 +200,10 @@ def time_phase(
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
             exposed = vmax(move.floor * total, total - move.share * window)
+            slowdown = plan.overlap.slowdown
+            exposed = exposed + slowdown * (total - exposed)
+            if slowdown:
+                rule = f"{rule}; compute beside it runs {slowdown:.1%} slower, counted as exposed"
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
         timed.append(TimedMove(move, cost, total, exposed, rule))

@@ -203,3 +203,21 @@ def test_all_errors_are_reported_sorted() -> None:
         "p.yaml:5:1: error: $.zero: unknown key 'zero' (expected one of: batch, device, mode, "
         "model, name, overlap, parallel, precision, recompute, topology, transitions)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "problem"),
+    [
+        ("0", None),
+        ("0.189", None),
+        ("1", "is greater than or equal to the maximum of 1"),
+        ("-0.1", "is less than the minimum of 0"),
+        ("yes", "true is not a number"),
+    ],
+)
+def test_overlap_slowdown_is_a_fraction_below_one(slowdown: str, problem: str | None) -> None:
+    found = errors(MINIMAL + f"overlap: {{tp: true, slowdown: {slowdown}}}\n")
+    if problem is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and "$.overlap.slowdown" in found[0] and problem in found[0]

@@ -22,6 +22,7 @@ from budget import units
 from budget.errors import BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
+    OVERLAP_SLOWDOWN,
     Batch,
     Device,
     DType,
@@ -891,7 +892,10 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
         device=device,
         topology=topology,
         recompute=tree.get("recompute", "none"),
-        overlap=Overlap(**{key: bool(value) for key, value in overlap.items()}),
+        overlap=Overlap(
+            **{key: bool(value) for key, value in overlap.items() if key != "slowdown"},
+            slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),
+        ),
         transitions=transitions,
     )
 
