@@ -91,6 +91,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
         time_s=timed.time_s if timing else None,
         exposed_s=timed.exposed_s if timing else None,
+        slowdown_s=float(timed.slowdown_s) if timing else None,
         overlap_rule=timed.rule,
         overlaps_with=move.window or None,
         levels=tuple(
@@ -146,6 +147,7 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
                 compute_s=phase.compute_s * phase.count if timing else None,
                 comm_s=phase.comm_s * phase.count if timing else None,
                 exposed_s=phase.exposed_s * phase.count if timing else None,
+                slowdown_s=phase.slowdown_s * phase.count if timing else None,
             )
         )
     return tuple(rows)
@@ -171,6 +173,7 @@ def _summary(
             "comm_s",
             "exposed_comm_s",
             "exposed_share",
+            "overlap_slowdown_s",
             "bubble_s",
             "after_s",
             "ttft_s",
@@ -186,6 +189,7 @@ def _summary(
         "comm_s": sum(p.comm_s or 0.0 for p in phases),
         "exposed_comm_s": exposed,
         "exposed_share": exposed / times.time_s,
+        "overlap_slowdown_s": sum(p.slowdown_s or 0.0 for p in phases),
         "bubble_s": times.bubble_s,
         "after_s": times.time_s - times.pipeline_s,
         "ttft_s": times.ttft_s,

@@ -55,6 +55,7 @@ class CollectiveRow:
     bandwidth_term_s: float | None = None  # Q/B_eff, per call
     time_s: float | None = None  # per call, total
     exposed_s: float | None = None  # per call, not hidden behind compute
+    slowdown_s: float | None = None  # per call, compute time added by running beside it
     overlap_rule: str | None = None
     overlaps_with: str | None = None  # the kernel or window the rule may hide it behind
     levels: tuple[dict[str, Any], ...] = ()  # per link: the pieces of a two-level algorithm
@@ -70,9 +71,10 @@ class PhaseRow:
     peak_stage: int | None
     peak_overlap: tuple[Overlapping, ...]
     collectives: tuple[CollectiveRow, ...]
-    compute_s: float | None = None
+    compute_s: float | None = None  # kernels plus slowdown_s
     comm_s: float | None = None
     exposed_s: float | None = None
+    slowdown_s: float | None = None  # compute added by overlapped collectives
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,7 @@ def _collective(c: CollectiveRow) -> dict[str, Any]:
         "bandwidth_term_s": c.bandwidth_term_s,
         "time_s": c.time_s,
         "exposed_s": c.exposed_s,
+        "slowdown_s": c.slowdown_s,
         "count": c.count,
         "from": c.src,
         "to": c.dst,
@@ -222,6 +225,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "compute_s": p.compute_s,
                 "comm_s": p.comm_s,
                 "exposed_s": p.exposed_s,
+                "slowdown_s": p.slowdown_s,
                 "peak_bytes": p.peak_bytes if p.peak_stage is not None else None,
                 "peak_stage": p.peak_stage,
                 "peak_overlap": _overlap(p.peak_overlap),

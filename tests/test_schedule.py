@@ -78,24 +78,42 @@ def test_tp_overlap_hides_forward_collectives_behind_gemms():
     assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
 
 
-def test_overlap_slowdown_charges_the_hidden_part():
+def test_overlap_slowdown_charges_the_hidden_part_to_compute():
     """Lee et al. (arXiv 2507.03114): compute beside a running collective is 18.9 % slower
-    on average. A collective of total T hidden down to e (ideal overlap, slowdown 0) costs
-    e + 0.189·(T − e) with the default; exposed moves that no overlap touched are unchanged."""
+    on average. A collective of total T hidden down to e adds 0.189·(T − e) of compute to
+    its phase; what the step waits for on the collective (e) does not change."""
     plan = replace(_timed(), overlap=Overlap(tp=True))
     ideal = build_report(replace(plan, overlap=Overlap(tp=True, slowdown=0.0)))
     real = build_report(plan)
     assert plan.overlap.slowdown == 0.189
-    hidden_somewhere = False
-    for p_ideal, p_real in zip(ideal.phases, real.phases, strict=True):
-        for c0, c1 in zip(p_ideal.collectives, p_real.collectives, strict=True):
-            assert c1.time_s == pytest.approx(c0.time_s)
-            assert c1.exposed_s == pytest.approx(c0.exposed_s + 0.189 * (c0.time_s - c0.exposed_s))
-            if c0.exposed_s < c0.time_s:
-                hidden_somewhere = True
-                assert "18.9% slower" in (c1.overlap_rule or "")
-    assert hidden_somewhere
+    fully_hidden = 0
+    for p0, p1 in zip(ideal.phases, real.phases, strict=True):
+        added = 0.0
+        for c0, c1 in zip(p0.collectives, p1.collectives, strict=True):
+            assert (c1.time_s, c1.exposed_s) == (c0.time_s, c0.exposed_s)
+            assert c0.slowdown_s == 0.0
+            assert c1.slowdown_s == pytest.approx(0.189 * (c0.time_s - c0.exposed_s))
+            if c0.exposed_s == 0.0:  # all of it hidden: 18.9 % of its time, by hand
+                fully_hidden += 1
+                assert c1.slowdown_s == pytest.approx(0.189 * c1.time_s)
+                assert "slows the compute beside it 18.9%" in (c1.overlap_rule or "")
+            added += c1.slowdown_s * c1.count
+        assert p1.slowdown_s == pytest.approx(added)
+        assert p1.compute_s == pytest.approx(p0.compute_s + added)
+        assert p1.exposed_s == pytest.approx(p0.exposed_s)
+    assert fully_hidden
+    assert real.step["exposed_comm_s"] == pytest.approx(ideal.step["exposed_comm_s"])
+    assert real.step["overlap_slowdown_s"] == pytest.approx(
+        real.step["compute_s"] - ideal.step["compute_s"]
+    )
     assert real.step["time_s"] > ideal.step["time_s"]
+
+
+def test_overlap_slowdown_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match=r"overlap\.slowdown"):
+        Overlap(slowdown=1.0)
+    with pytest.raises(ValueError, match=r"overlap\.slowdown"):
+        Overlap(slowdown=-0.1)
 
 
 def test_gemm_time_is_flops_over_derated_peak():

@@ -19,7 +19,9 @@ reaching half of it. Sources of the calibration, none of them a training run:
   1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4 datasheet
   peak). Where it was not, the device keeps its MAMF, a burst and so an upper bound: A100
   SXM 271 of 312 (86.9 %). The H100 SXM takes the H200's MSMF: the same GH100 die at the
-  same 700 W limit and boost clock, with only the HBM stack different; the 300 W A100 PCIe's
+  same 700 W limit and boost clock, with only the HBM stack different (an assumption: the
+  H100's own row has only a burst, MAMF 795 on torch 2.7, against the H200's 850 on torch
+  2.14, so the software differs too, and each MSMF is one node's run); the 300 W A100 PCIe's
   MSMF (258) is not carried to the 400 W SXM, because the power limit is what sets the
   sustained clock.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as

@@ -25,7 +25,7 @@ InfiniBand value is an assumption.
 
 Not modelled: NCCL's bandwidth ramp with message size beyond the α term. In the same A100
 run the bus bandwidth is 166.6 GB/s at 67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its
-8 GB plateau), where T = n·α + Q / B_eff gives 94 % and 98 %: collectives of tens of
+8 GB plateau), where T = n·α + Q / B_eff gives 92 % and 98 %: collectives of tens of
 megabytes, a tensor-parallel layer's activations, are priced up to about a quarter too fast.
 No single pair (α, B) fits both ends of the measured curve (NCCL switches protocol with
 size), so the constants above are the large-message plateau and the small-message latency.

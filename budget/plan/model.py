@@ -122,6 +122,10 @@ class Overlap:
     # Compute runs this much slower while a collective runs beside it (`budget.schedule`).
     slowdown: float = OVERLAP_SLOWDOWN
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.slowdown < 1.0:
+            raise ValueError(f"overlap.slowdown must be in [0, 1), got {self.slowdown}")
+
 
 @dataclass(frozen=True, slots=True)
 class GemmCurve:
@@ -144,11 +148,11 @@ class Device:
     flops: tuple[tuple[str, float], ...] = ()  # (dtype, dense peak FLOP/s)
     memory_bandwidth: float = 0.0  # bytes/s
     name: str = ""
-    # Fractions of the peaks that kernels reach (roofline derating). Defaults: a large bf16
-    # GEMM reaches about 0.79 of H100's dense peak (780 of 989 TFLOP/s, torch.compile
-    # max-autotune, H. He's public "H100 peak matmul FLOPS" measurement); memory-bound
-    # kernels are assumed to reach 0.8 of HBM bandwidth unless a device preset measures it
-    # (`budget.catalog.devices`: BabelStream, 0.78-0.88).
+    # Fractions of the peaks that kernels reach (roofline derating) on a device written out
+    # by hand: 0.8 for both, round figures near the burst GEMM ceilings (H. He's "H100 peak
+    # matmul FLOPS", 780 of 989 TFLOP/s) and the streaming bandwidths that device presets
+    # measure instead (`budget.catalog.devices`: sustained GEMM 0.64-0.87, BabelStream
+    # 0.78-0.88).
     matmul_efficiency: float = 0.8
     memory_efficiency: float = 0.8
     # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.

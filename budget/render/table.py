@@ -6,7 +6,7 @@ Narrow terminals (under 110 columns) get fewer, wider columns rather than wrappe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
@@ -311,7 +311,7 @@ def summary(report: Report) -> list[str]:
     time_s = float(step["time_s"])
     exposed = (
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
-        f"({float(step['exposed_share'] or 0):.1%} of the time)"
+        f"({float(step['exposed_share'] or 0):.1%} of the time){_slowed(step)}"
     )
     if step.get("ttft_s") is not None:
         lines = [f"Prefill (time to first token): {_t(step['ttft_s'])}"]
@@ -330,9 +330,15 @@ def summary(report: Report) -> list[str]:
         f"{_t(step['after_s'])}; the pipeline runs every micro-batch at the pace of the "
         "slowest stage",
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
-        f"({float(step['exposed_share'] or 0):.1%} of the step); "
+        f"({float(step['exposed_share'] or 0):.1%} of the step){_slowed(step)}; "
         f"{float(step['tokens_per_s'] or 0):,.0f} tokens/s; MFU {float(step['mfu'] or 0):.1%}",
     ]
+
+
+def _slowed(step: dict[str, Any]) -> str:
+    """The compute the hidden communication cost, when it cost any (`budget.schedule`)."""
+    slowed = float(step.get("overlap_slowdown_s") or 0.0)
+    return f"; hiding the rest slowed compute by {_t(slowed)}" if slowed > 0 else ""
 
 
 def verdict(report: Report) -> str:
