@@ -221,6 +221,7 @@ _STEP: tuple[tuple[str, Unit, Better], ...] = (
     ("comm_s", "seconds", "lower"),
     ("exposed_comm_s", "seconds", "lower"),
     ("exposed_share", "share", "lower"),
+    ("overlap_slowdown_s", "seconds", "lower"),
     ("bubble_s", "seconds", "lower"),
     ("tokens_per_s", "tokens/s", "higher"),
     ("mfu", "share", "higher"),

@@ -34,6 +34,7 @@ _LABELS = {
     "time_s": "step time",
     "compute_s": "compute",
     "exposed_comm_s": "exposed comm",
+    "overlap_slowdown_s": "overlap slowdown",
     "exposed_share": "exposed share",
     "bubble_s": "pipeline bubble",
     "tokens_per_s": "tokens/s",
