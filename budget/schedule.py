@@ -14,6 +14,8 @@ by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
 2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` of compute time
 to its phase. That time is the compute's, not the collective's: exposed communication stays
 the part of T the step waits for, and the charge is reported on its own (``slowdown_s``).
+Each collective is charged for its own hidden time, as each is hidden on its own: two
+sharing a window are taken to run one after the other beside it.
 Compute is the roofline of each kernel
 (`max(FLOPs / (peak · e_matmul), bytes / (bandwidth · e_memory))`, Williams et al. 2009).
 
