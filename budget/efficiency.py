@@ -37,17 +37,18 @@ def curve_fraction(curve: GemmCurve, flops: float) -> float:
     return curve.peak_fraction * flops / (flops + curve.half_flops)
 
 
-def gemm_efficiency(device: Device, work: Work) -> float:
-    """Fraction of the dense peak `work` reaches on `device`.
+def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
+    """Fraction of the `dtype` dense peak `work` reaches on `device`.
 
     A device without a calibrated curve (written out in the plan) keeps its flat
     ``matmul_efficiency``; so does a preset whose plan overrides ``matmul_efficiency``.
-    Matrix products (GEMMs and the attention core) follow the curve; memory-bound kernels
-    are priced by bandwidth, and their few FLOPs use the curve's ceiling.
+    Matrix products (GEMMs and the attention core) follow the curve of the format they are
+    read in (`GemmCurve.for_dtype`); memory-bound kernels are priced by bandwidth, and their
+    few FLOPs use the curve's ceiling.
     """
-    curve = device.gemm
-    if curve is None:
+    if device.gemm is None:
         return device.matmul_efficiency
+    curve = device.gemm.for_dtype(dtype)
     if work.kind == "elementwise":
         return curve.peak_fraction
     return curve_fraction(curve, work.flops)

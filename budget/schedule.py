@@ -101,11 +101,13 @@ class StepTime:
 def work_time(plan: Plan, work: Work) -> float:
     """Roofline seconds of one kernel on this device (Williams et al. 2009)."""
     device = plan.device
-    peak = device.peak_flops(plan.precision.matmul if work.kind != "elementwise" else "bf16")
-    peak = peak or device.peak_flops("bf16")
+    dtype = plan.precision.matmul if work.kind != "elementwise" else "bf16"
+    peak = device.peak_flops(dtype)
+    if not peak:
+        dtype, peak = "bf16", device.peak_flops("bf16")
     if not peak or not device.memory_bandwidth:
         return 0.0  # no roofline for this device: the report prints no times (`can_time`)
-    compute = work.flops / (peak * gemm_efficiency(device, work))
+    compute = work.flops / (peak * gemm_efficiency(device, work, dtype))
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     return vmax(compute, memory) * work.count
 

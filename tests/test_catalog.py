@@ -165,3 +165,24 @@ def test_memory_bound_fraction_is_babelstream_on_the_preset() -> None:
     assert plan.device.memory_efficiency == pytest.approx(2.935 / 3.35)
     plan = _resolve(_tree(device={"preset": "h100-sxm", "memory_efficiency": 0.7}))
     assert plan.device.memory_efficiency == 0.7
+
+
+def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
+    """Bekman's FP8 table: an H200 sustains 1354 of 1979 dense FP8 TFLOP/s (bf16: 755 of
+    989). A 16384³ GEMM read in fp8 on an H100 plan takes 2·16384³ / (1354e12 · F/(F + F½))
+    with the bf16 ramp time; in bf16 it takes the same FLOPs at 755e12."""
+    from budget.flops import gemm
+    from budget.schedule import work_time
+
+    flops = 2 * 16384**3
+    work = gemm("big", 16384, 16384, 16384, 1)
+    fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
+    bf16 = _resolve(_tree())
+    ramp_s = bf16.device.gemm.half_flops / 755e12
+    expected_fp8 = (flops + 1354e12 * ramp_s) / 1354e12
+    expected_bf16 = (flops + 755e12 * ramp_s) / 755e12
+    assert work_time(fp8, work) == pytest.approx(expected_fp8)
+    assert work_time(bf16, gemm("big", 16384, 16384, 16384, 2)) == pytest.approx(expected_bf16)
+    # An A100 has no FP8 tensor cores: fp8 GEMMs fall back to the bf16 peak and curve.
+    a100 = _resolve(_tree(device={"preset": "a100-80gb"}, precision={"matmul": "fp8"}))
+    assert a100.device.gemm.for_dtype("fp8") == a100.device.gemm

@@ -9,21 +9,24 @@ peak a public matmul microbenchmark sustains on that device; ``half_flops`` is t
 reaching half of it. Sources of the calibration, none of them a training run:
 
 - MSMF and MAMF: S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md,
-  "Maximum Achievable and Sustainable Matmul FLOPS comparison table" (BF16, torch.matmul on
-  random inputs, mamf-finder.py benchmark version 4, read at ml-engineering commit 0359db8).
-  MSMF ("maximum sustainable") is the throughput a shape holds over a 2 s window once the
-  chip sits at its power limit; MAMF ("maximum achievable") is a short burst at the boost
-  clock. The source says to use MSMF for training throughput, and a training step keeps
-  every GPU of a node at its power limit for seconds, so the ceiling is MSMF wherever it was
-  measured: H200 SXM 755 of 989 (76.3 %, measured with the node's other GPUs busy), B200 SXM
-  1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4 datasheet
-  peak). Where it was not, the device keeps its MAMF, a burst and so an upper bound: A100
-  SXM 271 of 312 (86.9 %). The H100 SXM takes the H200's MSMF: the same GH100 die at the
-  same 700 W limit and boost clock, with only the HBM stack different (an assumption: the
-  H100's own row has only a burst, MAMF 795 on torch 2.7, against the H200's 850 on torch
-  2.14, so the software differs too, and each MSMF is one node's run); the 300 W A100 PCIe's
-  MSMF (258) is not carried to the 400 W SXM, because the power limit is what sets the
-  sustained clock.
+  "Maximum Achievable and Sustainable Matmul FLOPS comparison table" (BF16 and FP8,
+  torch.matmul on random inputs, mamf-finder.py benchmark version 4, read at ml-engineering
+  commit 0359db8). MSMF ("maximum sustainable") is the throughput a shape holds over a 2 s
+  window once the chip sits at its power limit; MAMF ("maximum achievable") is a short burst
+  at the boost clock. The source says to use MSMF for training throughput, and a training
+  step keeps every GPU of a node at its power limit for seconds, so the ceiling is MSMF
+  wherever it was measured: H200 SXM 755 of 989 (76.3 %, measured with the node's other GPUs
+  busy), B200 SXM 1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4
+  datasheet peak). Where it was not, the device keeps its MAMF, a burst and so an upper
+  bound: A100 SXM 271 of 312 (86.9 %). The H100 SXM takes the H200's MSMF: the same GH100
+  die at the same 700 W limit and boost clock, with only the HBM stack different (an
+  assumption: the H100's own row has only a burst, MAMF 795 on torch 2.7, against the H200's
+  850 on torch 2.14, so the software differs too, and each MSMF is one node's run); the 300
+  W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because the power limit is what
+  sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the same table's
+  FP8 MSMF as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted FP8
+  sweep): H200 and H100 1354 of 1979 (68.4 %), B200 2788 of 4500 (62.0 %), MI300X 1187 of
+  2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds are not priced.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
@@ -93,8 +96,16 @@ _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 _XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
 
 
-def _curve(fraction: float, peak: float, source: str, ramp_s: float = RAMP_S) -> GemmCurve:
-    return GemmCurve(fraction, fraction * peak * ramp_s, source)
+def _curve(
+    fraction: float,
+    peak: float,
+    source: str,
+    ramp_s: float = RAMP_S,
+    fp8: tuple[float, float] | None = None,
+) -> GemmCurve:
+    """bf16 at `fraction` of `peak`; `fp8` = (sustained fraction, fp8 peak), same ramp time."""
+    by_dtype = () if fp8 is None else (("fp8", fp8[0], fp8[0] * fp8[1] * ramp_s),)
+    return GemmCurve(fraction, fraction * peak * ramp_s, source, by_dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +148,16 @@ _H100_PCIE_FLOPS = (
 # node's other GPUs running matmuls): the same GH100 die and 700 W limit as the H100 SXM, whose
 # own row has only a burst (MAMF 795 of 989).
 _GH100_SUSTAINED = 755 / 989
+# FP8 (float8_e4m3fn), same table: H200 SXM MSMF 1354 of 1979 (683-689 W at 1767-1848 MHz);
+# the H100 SXM's own row is a burst, MAMF 1403.
+_GH100_FP8_SUSTAINED = 1354 / 1979
 _SM90_RAMP = f"ramp: {_XLA.format('sm_90')}"
 _H100_GEMM = _curve(
-    _GH100_SUSTAINED, 989 * T, f"{_MSMF}: H200 SXM MSMF; {_SM90_RAMP}", _SM90_RAMP_S
+    _GH100_SUSTAINED,
+    989 * T,
+    f"{_MSMF}: H200 SXM MSMF, bf16 and fp8; {_SM90_RAMP}",
+    _SM90_RAMP_S,
+    fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
 )
 
 DEVICES: dict[str, DevicePreset] = {
@@ -180,8 +198,9 @@ DEVICES: dict[str, DevicePreset] = {
         _curve(
             _GH100_SUSTAINED,
             756 * T,
-            f"{_MSMF}: H200 SXM MSMF fraction; {_SM90_RAMP}",
+            f"{_MSMF}: H200 SXM MSMF fractions, bf16 and fp8; {_SM90_RAMP}",
             _SM90_RAMP_S,
+            fp8=(_GH100_FP8_SUSTAINED, 1513 * T),
         ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
         memory_efficiency=_H100_STREAM,
@@ -207,12 +226,14 @@ DEVICES: dict[str, DevicePreset] = {
             ("fp32", 75 * T),
         ),
         8.0e12,
-        # B200 SXM MSMF 1439 of 2250 (978-987 W at 1399-1443 MHz, the other GPUs busy).
+        # B200 SXM MSMF 1439 of 2250 (978-987 W at 1399-1443 MHz, the other GPUs busy);
+        # FP8 MSMF 2788 of 4500 (975-982 W at 1399-1447 MHz).
         _curve(
             1439 / 2250,
             2250 * T,
-            f"{_MSMF}: B200 SXM MSMF; ramp: {_XLA.format('sm_100')}",
+            f"{_MSMF}: B200 SXM MSMF, bf16 and fp8; ramp: {_XLA.format('sm_100')}",
             _SM100_RAMP_S,
+            fp8=(2788 / 4500, 4500 * T),
         ),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
@@ -229,8 +250,14 @@ DEVICES: dict[str, DevicePreset] = {
             ("fp32", 163.4 * T),
         ),
         5.3e12,
-        # MI300X MSMF 659 of 1300 (ROCm 10.0, 750 W at 1290 MHz; an earlier benchmark version).
-        _curve(659 / 1307.4, 1307.4 * T, f"{_MSMF}: MI300X MSMF; ramp: {_TRITON}, assumed"),
+        # MI300X MSMF 659 of 1300 (ROCm 10.0, 750 W at 1290 MHz; an earlier benchmark version);
+        # FP8 (float8_e4m3fnuz) MSMF 1187 (750 W at 1189 MHz).
+        _curve(
+            659 / 1307.4,
+            1307.4 * T,
+            f"{_MSMF}: MI300X MSMF, bf16 and fp8; ramp: {_TRITON}, assumed",
+            fp8=(1187 / 2614.9, 2614.9 * T),
+        ),
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
         memory_efficiency=_MI300X_STREAM,

@@ -139,6 +139,16 @@ class GemmCurve:
     peak_fraction: float
     half_flops: float
     source: str = ""
+    # Other number formats measured on their own: (dtype, peak_fraction, half_flops), each
+    # a fraction of that dtype's own dense peak.
+    by_dtype: tuple[tuple[str, float, float], ...] = ()
+
+    def for_dtype(self, dtype: str) -> GemmCurve:
+        """The curve GEMMs read in `dtype` follow: its own measurement if there is one."""
+        for name, fraction, half in self.by_dtype:
+            if name == dtype:
+                return GemmCurve(fraction, half, self.source)
+        return self
 
 
 @dataclass(frozen=True, slots=True)
