@@ -20,6 +20,11 @@ Which runs are scored (`RUNS`), fixed before any of them was predicted:
 pipeline is interleaved, but with how many virtual stages is not said). They are predicted
 and shown below the table but count in neither the mean nor the maximum.
 
+`DIAGNOSTIC_RUNS` were chosen after the scored runs were seen, so they are not scored
+either: the H100 rows' five MPT models, GPUs, sequence length and FSDP recipe in the same
+README's A100 80GB table. Against the scored A100 rows (Megatron-LM) they separate what the
+training stack costs from what the device does.
+
 Measured quantities are compared as the source reports them: an iteration time in seconds,
 model TFLOP/s per GPU (then the prediction is the report's MFU × the dense bf16 peak, so the
 error is the relative error of the throughput), or tokens per second per GPU (the report's
@@ -38,7 +43,16 @@ from budget.plan.resolve import resolve
 from budget.plan.schema import validate_tree
 from budget.plan.yaml_load import Marks
 
-__all__ = ["REFERENCE_RUNS", "RUNS", "Accuracy", "Row", "Run", "plan_of", "validate_model"]
+__all__ = [
+    "DIAGNOSTIC_RUNS",
+    "REFERENCE_RUNS",
+    "RUNS",
+    "Accuracy",
+    "Row",
+    "Run",
+    "plan_of",
+    "validate_model",
+]
 
 Metric = Literal["step_s", "tflops_per_gpu", "tokens_per_s_per_gpu"]
 
@@ -57,6 +71,9 @@ _LLAMA3_INCOMPLETE = "interleaved pipeline, number of virtual stages unpublished
 _LLM_FOUNDRY = (
     "mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 061f2c7), table "
     '"H100 80GB BF16", Throughput (T/s/GPU); model from scripts/train/yamls/pretrain/mpt-{}.yaml'
+)
+_LLM_FOUNDRY_A100 = _LLM_FOUNDRY.replace(
+    '"H100 80GB BF16"', '"A100 80GB with 1600 Gbps node-node interconnect (RoCE)"'
 )
 
 
@@ -86,6 +103,7 @@ class Row:
 class Accuracy:
     rows: tuple[Row, ...]  # scored
     reference: tuple[Row, ...] = ()  # layout incomplete: shown, not scored
+    diagnostic: tuple[Row, ...] = ()  # chosen after the scored runs were seen: not scored
 
     @property
     def mean_abs_error(self) -> float:
@@ -195,8 +213,10 @@ def _mpt_run(
     batch: int,
     measured: float,
     checkpointing: bool,
+    a100: bool = False,
 ) -> Run:
-    """An MPT run of llm-foundry's "H100 80GB BF16" table on one 8-GPU node, sequence 2048.
+    """An MPT run of llm-foundry's "H100 80GB BF16" table (or, with `a100`, its "A100 80GB"
+    table) on one 8-GPU node, sequence 2048.
 
     Model (``scripts/train/yamls/pretrain/mpt-<size>.yaml`` and the defaults of
     ``llmfoundry/models/mpt/configuration_mpt.py``): d_model, n_heads, n_layers from the
@@ -247,14 +267,16 @@ def _mpt_run(
         "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3},
         "recompute": "full" if checkpointing else "none",
         "overlap": {"dp_grads": True, "param_gather": True},
-        "device": {"preset": "h100-sxm"},
-        "topology": {"preset": "dgx-h100", "nodes": 1},
+        "device": {"preset": "a100-80gb" if a100 else "h100-sxm"},
+        "topology": {"preset": "dgx-a100" if a100 else "dgx-h100", "nodes": 1},
     }
     note = f"FSDP 8, micro {micro}, {batch // (8 * micro)} accumulation step(s)" + (
         ", activation checkpointing" if checkpointing else ""
     )
-    source = _LLM_FOUNDRY.format(size)
-    return Run(str(tree["name"]), "H100 80GB", tree, "tokens_per_s_per_gpu", measured, source, note)
+    gpu, table = ("A100 80GB", _LLM_FOUNDRY_A100) if a100 else ("H100 80GB", _LLM_FOUNDRY)
+    return Run(
+        str(tree["name"]), gpu, tree, "tokens_per_s_per_gpu", measured, table.format(size), note
+    )
 
 
 RUNS: tuple[Run, ...] = (
@@ -272,6 +294,18 @@ RUNS: tuple[Run, ...] = (
     _mpt_run("7b", 32, 4096, 32, 6, 48, 10643.0, checkpointing=False),
     _mpt_run("1b", 24, 2048, 16, 14, 112, 45455.0, checkpointing=False),
     _mpt_run("760m", 24, 1536, 12, 24, 384, 63147.0, checkpointing=False),
+)
+
+# Diagnostic, not scored: the same five models, GPUs and sequence length from the same
+# README's A100 80GB table (amp_bf16, DEFAULT, FULL_SHARD like the H100 rows), chosen after
+# the H100 rows were seen to separate the training stack from the device. Columns: size,
+# layers, d_model, heads, micro, global batch, measured T/s/GPU, activation checkpointing.
+DIAGNOSTIC_RUNS: tuple[Run, ...] = (
+    _mpt_run("30b", 48, 7168, 56, 3, 504, 916.0, checkpointing=True, a100=True),
+    _mpt_run("13b", 40, 5120, 40, 2, 48, 2262.0, checkpointing=False, a100=True),
+    _mpt_run("7b", 32, 4096, 32, 6, 96, 4641.0, checkpointing=False, a100=True),
+    _mpt_run("1b", 24, 2048, 16, 14, 448, 20513.0, checkpointing=False, a100=True),
+    _mpt_run("760m", 24, 1536, 12, 24, 384, 32434.0, checkpointing=False, a100=True),
 )
 
 REFERENCE_RUNS: tuple[Run, ...] = (
@@ -314,10 +348,13 @@ def predict(run: Run) -> float:
 
 
 def validate_model(
-    runs: tuple[Run, ...] = RUNS, reference: tuple[Run, ...] = REFERENCE_RUNS
+    runs: tuple[Run, ...] = RUNS,
+    reference: tuple[Run, ...] = REFERENCE_RUNS,
+    diagnostic: tuple[Run, ...] = DIAGNOSTIC_RUNS,
 ) -> Accuracy:
-    """Predicted against measured for every scored run and every reference run."""
+    """Predicted against measured for every scored, reference and diagnostic run."""
     return Accuracy(
         tuple(Row(run, predict(run)) for run in runs),
         tuple(Row(run, predict(run)) for run in reference),
+        tuple(Row(run, predict(run)) for run in diagnostic),
     )

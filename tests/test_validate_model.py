@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from budget.accuracy import REFERENCE_RUNS, RUNS, plan_of, validate_model
+from budget.accuracy import DIAGNOSTIC_RUNS, REFERENCE_RUNS, RUNS, plan_of, validate_model
 from budget.layers import params_total
 from budget.render.accuracy import accuracy_markdown, render_accuracy
 from budget.report_schema import validation_errors
@@ -70,6 +70,20 @@ def test_mpt_plans_resolve_to_the_published_models() -> None:
         assert "mosaicml/llm-foundry" in run.source and "mpt-" in run.source
 
 
+def test_diagnostic_rows_are_the_same_models_on_a100_and_not_scored(accuracy) -> None:
+    """The A100 80GB table of the same README lists the same NumParams for the same five
+    models; those rows were picked after the scored ones were seen, so they are shown only."""
+    assert [run.name for run in DIAGNOSTIC_RUNS] == list(_MPT_PARAMS)
+    for run in DIAGNOSTIC_RUNS:
+        plan = plan_of(run)
+        assert params_total(plan) == _MPT_PARAMS[run.name]
+        assert run.gpu == "A100 80GB" and plan.device.name == "a100-80gb"
+        assert "A100 80GB" in run.source
+    assert [r.run for r in accuracy.diagnostic] == list(DIAGNOSTIC_RUNS)
+    assert not [run for run in DIAGNOSTIC_RUNS if run in RUNS]
+    assert len(accuracy.rows) == len(RUNS)
+
+
 def test_llama_rows_are_reference_not_scored(accuracy) -> None:
     assert not [run for run in RUNS if run.name.startswith("Llama")]
     assert len(REFERENCE_RUNS) == 3
@@ -97,9 +111,12 @@ def test_renderers(accuracy) -> None:
         assert part["mean_abs_error"] == pytest.approx(sum(errors) / len(errors))
         assert part["max_abs_error"] == max(errors)
     text = accuracy_markdown(accuracy)
-    scored, _, reference = text.partition("Reference, layout incomplete")
+    scored, _, rest = text.partition("Reference, layout incomplete")
+    reference, _, diagnostic = rest.partition("Diagnostic, chosen after")
     assert scored.count("\n| ") == len(RUNS)  # one line per run after the header
     assert reference.count("\n| ") == len(REFERENCE_RUNS) + 1  # and the header
+    assert diagnostic.count("\n| ") == len(DIAGNOSTIC_RUNS) + 1
+    assert len(data["diagnostic"]) == len(DIAGNOSTIC_RUNS)
     table = Console(width=120, color_system=None, record=True)
     render_accuracy(table, accuracy, "table")
     out = table.export_text()

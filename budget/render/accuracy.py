@@ -21,6 +21,9 @@ _UNIT = {
     "tokens_per_s_per_gpu": "tokens/s/GPU",
 }
 _REFERENCE = "Reference, layout incomplete (not counted in the mean or maximum)"
+_DIAGNOSTIC = (
+    "Diagnostic, chosen after the table was seen (not counted): the H100 rows' recipe on A100"
+)
 
 
 def _row_dict(r: Row) -> dict[str, Any]:
@@ -38,9 +41,10 @@ def _row_dict(r: Row) -> dict[str, Any]:
 
 def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
     """``{runs[{name, gpu, metric, predicted, measured, error, source, note}], mean_abs_error,
-    max_abs_error, by_gpu[{gpu, runs, mean_abs_error, max_abs_error}], reference[...]}``;
-    errors are signed fractions, the summary ones absolute and over ``runs`` only
-    (``reference`` rows have an incomplete published layout)."""
+    max_abs_error, by_gpu[{gpu, runs, mean_abs_error, max_abs_error}], reference[...],
+    diagnostic[...]}``; errors are signed fractions, the summary ones absolute and over
+    ``runs`` only (``reference`` rows have an incomplete published layout, ``diagnostic``
+    rows were chosen after the scored ones were seen)."""
     return {
         "runs": [_row_dict(r) for r in acc.rows],
         "mean_abs_error": acc.mean_abs_error,
@@ -55,6 +59,7 @@ def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
             for part in acc.by_gpu()
         ],
         "reference": [_row_dict(r) for r in acc.reference],
+        "diagnostic": [_row_dict(r) for r in acc.diagnostic],
     }
 
 
@@ -99,6 +104,9 @@ def accuracy_markdown(acc: Accuracy) -> str:
         lines += ["", f"{_REFERENCE}:", ""]
         lines += _markdown_table(acc.reference)
         lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.reference]
+    if acc.diagnostic:
+        lines += ["", f"{_DIAGNOSTIC}:", ""]
+        lines += _markdown_table(acc.diagnostic)
     return "\n".join(lines)
 
 
@@ -125,3 +133,6 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
         console.print(_rich_table(_REFERENCE, acc.reference))
         for r in acc.reference:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)
+    if acc.diagnostic:
+        console.print()
+        console.print(_rich_table(_DIAGNOSTIC, acc.diagnostic))
