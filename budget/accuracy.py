@@ -237,7 +237,7 @@ def _mpt_run(
     optimizer's master copy (so no separate master), bf16 parameter all-gather and
     compute, fp32 gradient reduce-scatter; decoupled AdamW with fp32 moments."""
     tree: dict[str, Any] = {
-        "name": f"MPT {size.upper()}, 8 GPUs",
+        "name": f"MPT {size.upper()}, 8 {'A100s' if a100 else 'GPUs'}",
         "model": {
             "layers": layers,
             "hidden": hidden,

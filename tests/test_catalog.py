@@ -183,6 +183,12 @@ def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
     expected_bf16 = (flops + 755e12 * ramp_s) / 755e12
     assert work_time(fp8, work) == pytest.approx(expected_fp8)
     assert work_time(bf16, gemm("big", 16384, 16384, 16384, 2)) == pytest.approx(expected_bf16)
-    # An A100 has no FP8 tensor cores: fp8 GEMMs fall back to the bf16 peak and curve.
-    a100 = _resolve(_tree(device={"preset": "a100-80gb"}, precision={"matmul": "fp8"}))
-    assert a100.device.gemm.for_dtype("fp8") == a100.device.gemm
+    # The attention core stays in bf16 under an FP8 recipe (Transformer Engine).
+    core = Work("attention core (flash)", "attention", flops, 10**6)
+    assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
+    # An A100 has no FP8 tensor cores: the plan is refused, at precision.matmul.
+    with pytest.raises(BudgetError) as refused:
+        _resolve(_tree(device={"preset": "a100-80gb"}, precision={"matmul": "fp8"}))
+    (problem,) = refused.value.problems
+    assert problem.path == "$.precision.matmul"
+    assert "a100-80gb preset has no fp8 peak" in problem.message

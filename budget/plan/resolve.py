@@ -872,6 +872,14 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     batch = r.batch(tree["batch"], mode, par.dp)
     precision = r.precision(tree.get("precision", {}))
     device = r.device(tree["device"])
+    if device is not None and device.flops and not device.peak_flops(precision.matmul):
+        where = f"the {device.name} preset" if device.name else "device.flops"
+        r.error(
+            "$.precision.matmul",
+            f"precision.matmul = {precision.matmul}, but {where} has no {precision.matmul} "
+            f"peak to time its GEMMs with (it lists {', '.join(k for k, _ in device.flops)}); "
+            f"use one of those or add device.flops.{precision.matmul}",
+        )
     topology = r.topology(tree["topology"])
     overlap = tree.get("overlap", {})
     transitions: tuple[Transition, ...] = ()

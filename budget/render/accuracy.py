@@ -107,6 +107,7 @@ def accuracy_markdown(acc: Accuracy) -> str:
     if acc.diagnostic:
         lines += ["", f"{_DIAGNOSTIC}:", ""]
         lines += _markdown_table(acc.diagnostic)
+        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.diagnostic]
     return "\n".join(lines)
 
 
@@ -136,3 +137,5 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if acc.diagnostic:
         console.print()
         console.print(_rich_table(_DIAGNOSTIC, acc.diagnostic))
+        for r in acc.diagnostic:
+            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
