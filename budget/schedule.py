@@ -101,10 +101,12 @@ class StepTime:
 def work_time(plan: Plan, work: Work) -> float:
     """Roofline seconds of one kernel on this device (Williams et al. 2009)."""
     device = plan.device
-    # GEMMs run in precision.matmul; the attention core stays in bf16, as Transformer
-    # Engine's FP8 recipes keep it (FP8 applies to the Linear layers' GEMMs), and the few
-    # FLOPs of memory-bound kernels are timed at the bf16 rate.
-    dtype = plan.precision.matmul if work.kind == "matmul" else "bf16"
+    # GEMMs run in precision.matmul; the attention core runs in the activations' format, as
+    # Transformer Engine's FP8 recipes keep it (FP8 applies to the Linear layers' GEMMs);
+    # the few FLOPs of memory-bound kernels are timed at the bf16 rate.
+    dtype = {"matmul": plan.precision.matmul, "attention": plan.precision.activations}.get(
+        work.kind, "bf16"
+    )
     peak = device.peak_flops(dtype)
     if not peak:  # a Plan built without `resolve`, which refuses a format without a peak
         dtype, peak = "bf16", device.peak_flops("bf16")

@@ -192,3 +192,18 @@ def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
     (problem,) = refused.value.problems
     assert problem.path == "$.precision.matmul"
     assert "a100-80gb preset has no fp8 peak" in problem.message
+
+
+def test_attention_core_runs_in_the_activations_format() -> None:
+    """Under an FP8 recipe the attention core stays in the activations' bf16; a plan whose
+    activations are fp16 times it at the fp16 peak (the same 989 TFLOP/s on an H100)."""
+    from budget.schedule import work_time
+
+    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6)
+    bf16 = _resolve(_tree())
+    fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
+    assert fp8.precision.activations == "bf16"
+    assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
+    curve = bf16.device.gemm
+    expected = (core.flops + curve.half_flops) / (curve.peak_fraction * 989e12)
+    assert work_time(bf16, core) == pytest.approx(expected)
