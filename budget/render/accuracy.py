@@ -100,15 +100,17 @@ def accuracy_markdown(acc: Accuracy) -> str:
     lines = _markdown_table(acc.rows)
     lines.append("")
     lines.append(_summary(acc))
-    if acc.reference:
-        lines += ["", f"{_REFERENCE}:", ""]
-        lines += _markdown_table(acc.reference)
-        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.reference]
-    if acc.diagnostic:
-        lines += ["", f"{_DIAGNOSTIC}:", ""]
-        lines += _markdown_table(acc.diagnostic)
-        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.diagnostic]
+    for title, rows in _unscored(acc):
+        lines += ["", f"{title}:", ""]
+        lines += _markdown_table(rows)
+        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in rows]
     return "\n".join(lines)
+
+
+def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
+    """The lists shown below the scored table, each under its title, when not empty."""
+    sections = ((_REFERENCE, acc.reference), (_DIAGNOSTIC, acc.diagnostic))
+    return tuple((title, rows) for title, rows in sections if rows)
 
 
 def _rich_table(title: str, rows: tuple[Row, ...]) -> Table:
@@ -129,13 +131,8 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
         return
     console.print(_rich_table("Predicted against published measurements", acc.rows))
     console.print(_summary(acc), highlight=False)
-    if acc.reference:
+    for title, rows in _unscored(acc):
         console.print()
-        console.print(_rich_table(_REFERENCE, acc.reference))
-        for r in acc.reference:
-            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
-    if acc.diagnostic:
-        console.print()
-        console.print(_rich_table(_DIAGNOSTIC, acc.diagnostic))
-        for r in acc.diagnostic:
+        console.print(_rich_table(title, rows))
+        for r in rows:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)
