@@ -17,13 +17,18 @@ reaching half of it. Sources of the calibration, none of them a training run:
   step keeps every GPU of a node at its power limit for seconds, so the ceiling is MSMF
   wherever it was measured: H200 SXM 755 of 989 (76.3 %, measured with the node's other GPUs
   busy), B200 SXM 1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4
-  datasheet peak). Where it was not, the device keeps its MAMF, a burst and so an upper
-  bound: A100 SXM 271 of 312 (86.9 %). The H100 SXM takes the H200's MSMF: the same GH100
-  die at the same 700 W limit and boost clock, with only the HBM stack different (an
-  assumption: the H100's own row has only a burst, MAMF 795 on torch 2.7, against the H200's
-  850 on torch 2.14, so the software differs too, and each MSMF is one node's run); the 300
-  W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because the power limit is what
-  sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the same table's
+  datasheet peak). The A100 SXM has no MSMF there (only a burst, MAMF 271 of 312); it takes
+  Azure's cuBLASLt run instead (AI-benchmarking-guide, ``Azure_Results/ND_A100_v4_results.md``
+  at 3bb66ca, "GEMM CuBLASLt": random inputs after 10,000 warm-up iterations, so at the power
+  limit): 256.5 of 312 at 16384³, the largest of its shapes (82.2 %). The same procedure on
+  the H100 (``Azure Results/ND_H100_v5_results.md``, f350e7e, FP8) gives 1377.3 at 16384³ and
+  1351.4 at 6144 x 12288 x 12288, within 2 % of Bekman's FP8 MSMF of the H200 (1354) and
+  below the H100's FP8 burst (1403), so it reads as a sustained rate. The H100 SXM takes
+  the H200's MSMF: the same GH100 die at the same 700 W limit and boost clock, with only the
+  HBM stack different (an assumption: the H100's own row has only a burst, MAMF 795 on torch
+  2.7, against the H200's 850 on torch 2.14, so the software differs too, and each MSMF is
+  one node's run); the 300 W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because
+  the power limit is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the same table's
   FP8 MSMF as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted FP8
   sweep): H200 and H100 1354 of 1979 (68.4 %), B200 2788 of 4500 (62.0 %), MI300X 1187 of
   2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds are not priced.
@@ -123,8 +128,11 @@ class DevicePreset:
 # BF16/FP16 312 TFLOPS, TF32 156, FP32 19.5 (dense); 40GB HBM2 1,555 GB/s; 80GB HBM2e
 # 2,039 GB/s (SXM). No FP8 tensor cores.
 _A100_FLOPS = (("bf16", 312 * T), ("fp16", 312 * T), ("tf32", 156 * T), ("fp32", 19.5 * T))
-# A100 SXM: MAMF 271 of 312 TFLOP/s (torch 2.6, CUDA 12.6); no MSMF measured for the SXM.
-_A100_GEMM = _curve(271 / 312, 312 * T, f"{_MSMF}: A100 SXM MAMF; ramp: {_TRITON}")
+# A100 SXM: no MSMF in Bekman's table (MAMF 271 is a burst); Azure's cuBLASLt run on ND A100
+# v4 (fp16, random inputs, 10,000 warm-up iterations) sustains 256.5 of 312 TFLOP/s at 16384³.
+_A100_GEMM = _curve(
+    256.5 / 312, 312 * T, f"Azure AI-benchmarking-guide cuBLASLt, A100 SXM; ramp: {_TRITON}"
+)
 
 # NVIDIA H100 Tensor Core GPU datasheet: SXM BF16/FP16 1,979 and FP8 3,958 TFLOPS with
 # sparsity (989 / 1,979 dense), TF32 989 sparse (494.5 dense), FP32 67; 80GB HBM3 3.35 TB/s.
