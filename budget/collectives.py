@@ -40,6 +40,8 @@ from typing import Any, Final, Literal, TypeAlias, cast, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from budget.plan.model import BandwidthRamp
+
 __all__ = [
     "ALGORITHMS",
     "OPS",
@@ -95,11 +97,19 @@ class Link:
     bandwidth: float  # bytes/s per GPU, one direction
     latency: float  # seconds per latency-bearing step (α)
     shared_by: int = 1
+    ramp: BandwidthRamp | None = None  # measured share of B_eff by message size
 
     @property
     def effective_bandwidth(self) -> float:
         """B_eff = bandwidth / shared_by (the contention rule of DESIGN.md rule 5)."""
         return self.bandwidth / self.shared_by
+
+    def bandwidth_at(self, op: Op, size_bytes: Count) -> Seconds:
+        """B_eff reached by an ``op`` of ``size_bytes``: the plateau times the link's measured
+        share at that size (`BandwidthRamp`); the plateau on a link without a ramp."""
+        if self.ramp is None:
+            return self.effective_bandwidth
+        return cast(Seconds, self.effective_bandwidth * self.ramp.share(op, size_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +147,14 @@ class Stage:
         return self.steps * self.link.latency
 
     @property
+    def effective_bandwidth(self) -> Seconds:
+        """B_eff this stage reaches: the link's plateau, ramped by the stage's size S."""
+        return self.link.bandwidth_at(self.op, self.size_bytes)
+
+    @property
     def bandwidth_s(self) -> Seconds:
-        """The bandwidth term Q / B_eff."""
-        return self.payload_bytes / self.link.effective_bandwidth
+        """The bandwidth term Q / B_eff, B_eff at this stage's size (`Link.bandwidth_at`)."""
+        return self.payload_bytes / self.effective_bandwidth
 
     @property
     def time_s(self) -> Seconds:

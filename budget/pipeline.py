@@ -86,7 +86,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         dst=move.dst,
         link=" + ".join(cost.links),
         alpha_s=link.latency,
-        bandwidth_Bps=link.effective_bandwidth,
+        bandwidth_Bps=min(float(st.effective_bandwidth) for st in cost.stages if st.link == link),
         latency_term_s=float(cost.latency_s) if timing else None,
         bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
         time_s=timed.time_s if timing else None,
@@ -104,7 +104,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
                 "sent_bytes": int(stage.sent_bytes),
                 "recv_bytes": int(stage.recv_bytes),
                 "alpha_s": stage.link.latency,
-                "bandwidth_Bps": stage.link.effective_bandwidth,
+                "bandwidth_Bps": float(stage.effective_bandwidth),
                 "time_s": float(stage.time_s) if timing else None,
             }
             for stage in cost.stages
@@ -266,6 +266,7 @@ def build_report(plan: Plan) -> Report:
                 "bandwidth_Bps": lv.bandwidth / lv.shared_by,
                 "latency_s": lv.latency,
                 "shared_by": lv.shared_by,
+                "ramp": None if lv.ramp is None else lv.ramp.to_json(),
             }
             for lv in plan.topology.levels
         ),

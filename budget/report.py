@@ -8,7 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from budget.plan.model import BandwidthRamp
+
 SCHEMA_VERSION = "1.0"
+# Message sizes at which the Links table shows a ramped link's share of its bandwidth.
+RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)
+RAMP_HEADER = "share at 16 · 64 · 256 MiB"
+RAMP_NOTE = (
+    "B_eff is the plateau; a collective of that size reaches the share shown (the least of "
+    "all-reduce, all-gather and reduce-scatter; nccl-tests sweeps, see `ramp` in the JSON)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +133,15 @@ class Report:
     @property
     def worst(self) -> StageRow:
         return max(self.stages, key=lambda s: (s.peak_bytes, -s.stage))
+
+    def ramp_shares(self, link: dict[str, Any]) -> str:
+        """The least share of ``link``'s B_eff any ramped operation reaches at each of
+        `RAMP_SIZES` (e.g. "59 · 84 · 95 %"), "–" for a link without a ramp."""
+        if not link.get("ramp"):
+            return "–"
+        ramp = BandwidthRamp.from_json(link["ramp"])
+        least = [min(ramp.share(op, size) for op, _, _ in ramp.points) for size in RAMP_SIZES]
+        return " · ".join(f"{100 * v:.0f}" for v in least) + " %"
 
     @property
     def fits(self) -> bool:

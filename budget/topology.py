@@ -116,7 +116,7 @@ class GroupSpan:
 
 def link_of(level: Level) -> Link:
     """The `Link` a topology level offers one GPU."""
-    return Link(level.name, level.bandwidth, level.latency, level.shared_by)
+    return Link(level.name, level.bandwidth, level.latency, level.shared_by, level.ramp)
 
 
 @lru_cache(maxsize=4096)

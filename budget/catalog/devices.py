@@ -28,10 +28,10 @@ reaching half of it. Sources of the calibration, none of them a training run:
   HBM stack different (an assumption: the H100's own row has only a burst, MAMF 795 on torch
   2.7, against the H200's 850 on torch 2.14, so the software differs too, and each MSMF is
   one node's run); the 300 W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because
-  the power limit is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the same table's
-  FP8 MSMF as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted FP8
-  sweep): H200 and H100 1354 of 1979 (68.4 %), B200 2788 of 4500 (62.0 %), MI300X 1187 of
-  2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds are not priced.
+  the power limit is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``)
+  follow the same table's FP8 MSMF as a fraction of the dense FP8 peak, at the bf16 ramp time
+  (no trusted FP8 sweep): H200 and H100 1354 of 1979 (68.4 %), B200 2788 of 4500 (62.0 %),
+  MI300X 1187 of 2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds are not priced.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):

@@ -23,22 +23,28 @@ bus bandwidth of 0.04 GB/s on 8 A100s takes 1.75 x 1 KB / 0.04 GB/s = 45 µs, wh
 14 steps price at 3.2 µs each (8 H100s with NVLS: 26 µs, so 3 µs is conservative there). The
 InfiniBand value is an assumption.
 
-Not modelled: NCCL's bandwidth ramp with message size beyond the α term. In the same A100
-run the bus bandwidth is 166.6 GB/s at 67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its
-8 GB plateau), where T = n·α + Q / B_eff gives 92 % and 98 %: collectives of tens of
-megabytes, a tensor-parallel layer's activations, are priced up to about a quarter too fast.
-No single pair (α, B) fits both ends of the measured curve (NCCL switches protocol with
-size), so the constants above are the large-message plateau and the small-message latency.
+Bandwidth by message size. The shares above are the large-message plateau. No single pair
+(α, B) fits a whole nccl-tests curve: in the same A100 run the bus bandwidth is 166.6 GB/s at
+67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its 8 GB plateau), where α and the plateau
+alone give 92 % and 98 %. NVLink levels therefore carry a `BandwidthRamp` measured from
+published nccl-tests sweeps (`budget.catalog.nccl_tests`): NVLink 3 from two 8 x A100
+all-reduce runs, NVLink 4 from 8 x H100 ring all-reduce, all-gather and reduce-scatter runs;
+NVLink 5 takes NVLink 4's (no sweep found). InfiniBand levels have none (no complete
+multi-node sweep was found) and run at their plateau at every size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from budget.catalog.nccl_tests import nvlink_ramp
+from budget.plan.model import BandwidthRamp
+
 __all__ = [
     "IB_FRACTION",
     "NVLINK3_FRACTION",
     "NVLINK4_FRACTION",
+    "RAMPS",
     "TOPOLOGIES",
     "LinkSpec",
     "TopologyPreset",
@@ -63,6 +69,7 @@ class LinkSpec:
     size: int | None
     fraction: float = IB_FRACTION
     source: str = ""
+    ramp: BandwidthRamp | None = None  # measured share of the bandwidth by message size
 
     @property
     def bandwidth(self) -> float:
@@ -77,8 +84,18 @@ class TopologyPreset:
     source: str
 
 
+_NVLINK3_RAMP = nvlink_ramp(3, NVLINK_LATENCY)
+_NVLINK4_RAMP = nvlink_ramp(4, NVLINK_LATENCY)
+
+
+# The plan language's names for the measured ramps (``topology.levels[].ramp``).
+RAMPS: dict[str, BandwidthRamp] = {"nvlink3": _NVLINK3_RAMP, "nvlink4": _NVLINK4_RAMP}
+
+
 def _nvlink(rate_gb: float, size: int, source: str, fraction: float) -> LinkSpec:
-    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source)
+    """An NVLink level; its ramp is NVLink 3's at NVLink 3's share, NVLink 4's otherwise."""
+    ramp = _NVLINK3_RAMP if fraction == NVLINK3_FRACTION else _NVLINK4_RAMP
+    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source, ramp)
 
 
 def _ib(gbit: float, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:

@@ -8,7 +8,9 @@ the raw YAML tree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Mode = Literal["train", "prefill", "decode"]
@@ -173,6 +175,46 @@ class Device:
 
 
 @dataclass(frozen=True, slots=True)
+class BandwidthRamp:
+    """The share of a link's plateau bandwidth a collective of S bytes reaches, by operation.
+
+    ``points`` holds, per operation, sizes S (bytes, as nccl-tests counts them: the whole
+    buffer) and the measured share at each; between points the share is interpolated in
+    log S, below the first it holds the first value, above the last it is 1 (the plateau).
+    Operations without points run at the plateau. Built from published nccl-tests runs
+    (`budget.catalog.nccl_tests`).
+    """
+
+    points: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...]
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A report's ``ramp`` of a topology level."""
+        points = [
+            {"op": op, "sizes_bytes": [int(x) for x in sizes], "shares": list(shares)}
+            for op, sizes, shares in self.points
+        ]
+        return {"source": self.source, "points": points}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BandwidthRamp:
+        """The inverse of `to_json`."""
+        points = tuple(
+            (p["op"], tuple(p["sizes_bytes"]), tuple(p["shares"])) for p in data["points"]
+        )
+        return cls(points, data["source"])
+
+    def share(self, op: str, size: Any) -> Any:
+        """Share of the plateau at ``size`` bytes (a float, or an array for an array)."""
+        for name, sizes, shares in self.points:
+            if name == op:
+                x = np.log2(np.maximum(np.asarray(size, dtype=float), 1.0))
+                out = np.interp(x, np.log2(sizes), shares, right=1.0)
+                return out if isinstance(size, np.ndarray) else float(out)
+        return 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Level:
     """One level of the interconnect, innermost first."""
 
@@ -181,6 +223,7 @@ class Level:
     latency: float  # seconds per message step
     size: int | None = None  # GPUs per domain of this level; None for the outermost
     shared_by: int = 1  # GPUs that share one link of this level (contention)
+    ramp: BandwidthRamp | None = None  # None: every collective at the plateau bandwidth
 
 
 @dataclass(frozen=True, slots=True)

@@ -454,12 +454,15 @@ class _Resolver:
             levels = self.written_levels(tree)
         else:
             levels = [
-                Level(spec.name, spec.bandwidth, spec.latency, spec.size) for spec in preset.levels
+                Level(spec.name, spec.bandwidth, spec.latency, spec.size, ramp=spec.ramp)
+                for spec in preset.levels
             ]
         self.levels(levels, gpus)
         return Topology(gpus=gpus, levels=tuple(levels), name=preset.name)
 
     def written_levels(self, tree: Tree) -> list[Level]:
+        from budget.catalog.topologies import RAMPS
+
         levels: list[Level] = []
         for i, level in enumerate(tree["levels"]):
             path = f"$.topology.levels[{i}]"
@@ -473,6 +476,7 @@ class _Resolver:
                     latency=latency or 0.0,
                     size=_int(size) if size is not None else None,
                     shared_by=_int(level.get("shared_by", 1)),
+                    ramp=RAMPS.get(level.get("ramp", "none")),
                 )
             )
         return levels

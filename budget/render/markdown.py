@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from budget.report import RAMP_HEADER, RAMP_NOTE
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -161,19 +162,23 @@ def render_markdown(report: Report) -> str:
     )
     lines.append("### Links (per GPU, one direction)")
     lines.append("")
+    ramped = any(link.get("ramp") for link in report.links)
     lines += _table(
-        ["level", "GPUs per domain", "B_eff", "α per step"],
+        ["level", "GPUs per domain", "B_eff", "α per step", *([RAMP_HEADER] if ramped else [])],
         [
             [
                 link["name"],
                 "" if link["size"] is None else str(link["size"]),
                 format_rate(link["bandwidth_Bps"]),
                 format_duration(link["latency_s"]),
+                *([report.ramp_shares(link)] if ramped else []),
             ]
             for link in report.links
         ],
-        {1, 2, 3},
+        {1, 2, 3, 4},
     )
+    if ramped:
+        lines += [RAMP_NOTE + ".", ""]
     if not timed:
         lines.append(
             "Times are not computed: the device section has no peak FLOP/s or memory bandwidth."

@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from budget.report import RAMP_HEADER, RAMP_NOTE
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -283,6 +284,10 @@ def link_table(report: Report) -> Table:
     table.add_column("level", no_wrap=True)
     _num(table, "B_eff")
     _num(table, "α per step")
+    ramped = any(link.get("ramp") for link in report.links)
+    if ramped:
+        _num(table, RAMP_HEADER)
+        table.caption, table.caption_justify = RAMP_NOTE, "left"
     table.add_column("collectives on it", ratio=1)
     seen: dict[str, tuple[float | None, float | None, list[str]]] = {}
     for p in report.phases:
@@ -297,6 +302,7 @@ def link_table(report: Report) -> Table:
             link["name"],
             format_rate(link["bandwidth_Bps"]),
             format_duration(link["latency_s"]),
+            *([report.ramp_shares(link)] if ramped else []),
             ", ".join(groups) or "–",
         )
     return table

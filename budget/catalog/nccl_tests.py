@@ -1,0 +1,148 @@
+"""Measured NCCL bandwidth by message size: the `BandwidthRamp` of each NVLink generation.
+
+A collective does not reach its link's plateau bus bandwidth until its buffer is large:
+nccl-tests sweeps show an 8-GPU all-reduce on A100s moving 64 MiB at 72-85 % of the busbw
+it reaches at 8 GiB, and the latency term n·α explains only a few points of that (NCCL runs
+a mid-size buffer on fewer channels and pipeline chunks than a large one). The engine keeps
+T = n·α + Q/B_eff and scales B_eff by the share a measured curve implies at the collective's
+size S (as nccl-tests counts it: the whole buffer).
+
+Derivation, per published curve: a ring collective of S bytes on P ranks moves Q = f·S per
+rank, with f the nccl-tests bus-bandwidth factor (2(P−1)/P all-reduce, (P−1)/P all-gather
+and reduce-scatter) in n = 2(P−1) or P−1 steps. Setting the engine's time equal to the
+measured time t(S) gives
+
+    share(S) = (f·S / B_plateau) / (t(S) − n·α)
+
+with B_plateau the busbw at the largest size and α the engine's NVLink latency
+(`budget.catalog.topologies.NVLINK_LATENCY`). A point is kept only where n·α is at most half
+of t(S) (below that the subtraction is noise); shares are clipped to 1; where a curve gives
+only busbw, t(S) = f·S / busbw(S). Several runs of one generation and operation are averaged
+at each size. Below the smallest kept size the share holds (`BandwidthRamp`).
+
+Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a training run:
+
+- NVLink 3, 8 x A100 SXM, all-reduce: Azure/AI-benchmarking-guide
+  ``Azure_Results/ND_A100_v4_results.md`` at 3bb66ca (A100-SXM4-80GB, NCCL 2.18.5; in-place
+  busbw only) and oracle-japan/ocitutorials ``tutorials/_intermediates/spinup-gpu-cluster.md``
+  (an earlier version of the page; BM.GPU4.8, 8 x A100-SXM4-40GB, ``all_reduce_perf -g 8``).
+  The two disagree most at 64-128 MiB (shares 0.77 and 0.91 at 64 MiB). No all-gather or
+  reduce-scatter sweep of 8 A100s was found: those take the all-reduce shares, an
+  assumption (on the H100 below, all-gather and reduce-scatter reach 5-15 points less than
+  all-reduce between 8 and 64 MiB).
+- NVLink 4, 8 x H100 SXM, ring all-reduce, all-gather and reduce-scatter:
+  togethercomputer/together-nccl-tests ``benchmarks/H100/results/20260305_220043/`` at 6698e53,
+  ``{all_reduce,all_gather,reduce_scatter}_ring.out`` (NCCL 2.26.2, ``NCCL_ALGO=RING``,
+  ``NCCL_NVLS_ENABLE=0``; plateaus 368.1, 357.9 and 363.2 GB/s, against the 370 GB/s the
+  topology presets use). The all-reduce rows here are the ring's, not NVLink SHARP's, which
+  the engine does not model.
+
+All-to-all, broadcast and send/recv have no sweep here and run at the plateau.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from budget.plan.model import BandwidthRamp
+
+__all__ = ["NVLINK3_RAMP_SOURCE", "NVLINK4_RAMP_SOURCE", "curve_shares", "nvlink_ramp"]
+
+MiB = 2**20
+_SIZES = tuple(MiB * 2**i for i in range(14))  # 1 MiB .. 8 GiB
+
+# Azure ND A100 v4, all_reduce in-place busbw (GB/s), 1 MiB .. 8 GiB.
+_A100_AZURE_AR_BUSBW = (
+    36.22, 53.54, 71.43, 89.99, 109.22, 132.77, 166.63,
+    174.18, 213.87, 221.58, 228.10, 230.22, 230.48, 231.58,
+)  # fmt: skip
+# OCI BM.GPU4.8, all_reduce out-of-place time (µs), 1 MiB .. 8 GiB.
+_A100_OCI_AR_US = (
+    76.71, 112.4, 134.5, 185.8, 245.1, 398.2, 589.5,
+    1191.2, 2121.9, 4208.2, 8166.8, 16232, 32097, 63929,
+)  # fmt: skip
+# Together H100, NCCL_ALGO=RING, out-of-place time (µs), 1 MiB .. 8 GiB.
+_H100_AR_US = (
+    46.52, 42.06, 53.09, 80.49, 126.62, 213.96, 368.67,
+    702.55, 1351.28, 2641.67, 5218.59, 10329.0, 20495.8, 40838.9,
+)  # fmt: skip
+_H100_AG_US = (
+    41.67, 41.48, 41.34, 47.01, 70.80, 125.45, 210.89,
+    393.52, 732.87, 1399.34, 2726.97, 5363.19, 10579.3, 21001.0,
+)  # fmt: skip
+_H100_RS_US = (
+    40.60, 41.66, 41.70, 50.44, 71.97, 118.78, 206.45,
+    381.43, 718.20, 1393.15, 2711.56, 5353.24, 10450.3, 20695.6,
+)  # fmt: skip
+
+_RANKS = 8  # every curve is one 8-GPU node
+
+NVLINK3_RAMP_SOURCE = (
+    "nccl-tests all_reduce on 8 A100 SXM: Azure AI-benchmarking-guide ND A100 v4 (3bb66ca) "
+    "and OCI BM.GPU4.8 (oracle-japan/ocitutorials); all-gather and reduce-scatter assumed alike"
+)
+NVLINK4_RAMP_SOURCE = (
+    "nccl-tests ring all_reduce, all_gather, reduce_scatter on 8 H100 SXM "
+    "(togethercomputer/together-nccl-tests 6698e53, NCCL 2.26.2)"
+)
+
+
+def _factor_steps(op: str, ranks: int) -> tuple[float, int]:
+    """nccl-tests' busbw factor f and the ring's latency-bearing steps n."""
+    if op == "all-reduce":
+        return 2 * (ranks - 1) / ranks, 2 * (ranks - 1)
+    return (ranks - 1) / ranks, ranks - 1
+
+
+def curve_shares(
+    op: str, sizes: Sequence[int], times_s: Sequence[float], alpha: float, ranks: int = _RANKS
+) -> dict[int, float]:
+    """``share(S) = (f·S / B_plateau) / (t(S) − n·α)`` at every size where n·α ≤ t(S)/2,
+    clipped to 1; B_plateau is the busbw at the largest size (module docstring)."""
+    f, n = _factor_steps(op, ranks)
+    plateau = f * sizes[-1] / times_s[-1]
+    out: dict[int, float] = {}
+    for size, t in zip(sizes, times_s, strict=True):
+        if n * alpha <= t / 2:
+            out[size] = min(1.0, (f * size / plateau) / (t - n * alpha))
+    return out
+
+
+def _times_from_busbw(op: str, busbw_gbs: Sequence[float]) -> tuple[float, ...]:
+    f, _ = _factor_steps(op, _RANKS)
+    return tuple(f * s / (b * 1e9) for s, b in zip(_SIZES, busbw_gbs, strict=True))
+
+
+def _us(times: Sequence[float]) -> tuple[float, ...]:
+    return tuple(t * 1e-6 for t in times)
+
+
+def _mean_shares(curves: Sequence[dict[int, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Average curves at every size any of them kept, each read by interpolation in log S
+    and held below its first kept size (as `BandwidthRamp.share` reads it)."""
+    sizes = sorted(set().union(*curves))
+    grid = np.log2(sizes)
+    columns = [
+        np.interp(grid, np.log2(sorted(c)), [c[s] for s in sorted(c)], right=1.0) for c in curves
+    ]
+    return tuple(float(s) for s in sizes), tuple(float(v) for v in np.mean(columns, axis=0))
+
+
+def nvlink_ramp(generation: int, alpha: float) -> BandwidthRamp:
+    """The measured ramp of NVLink ``generation`` 3 (A100) or 4 (H100, H200; also taken for
+    NVLink 5, which has no sweep here)."""
+    if generation == 3:
+        azure = curve_shares(
+            "all-reduce", _SIZES, _times_from_busbw("all-reduce", _A100_AZURE_AR_BUSBW), alpha
+        )
+        oci = curve_shares("all-reduce", _SIZES, _us(_A100_OCI_AR_US), alpha)
+        sizes, shares = _mean_shares([azure, oci])
+        points = tuple((op, sizes, shares) for op in ("all-reduce", "all-gather", "reduce-scatter"))
+        return BandwidthRamp(points, NVLINK3_RAMP_SOURCE)
+    curves = {"all-reduce": _H100_AR_US, "all-gather": _H100_AG_US, "reduce-scatter": _H100_RS_US}
+    points = tuple(
+        (op, *_mean_shares([curve_shares(op, _SIZES, _us(us), alpha)])) for op, us in curves.items()
+    )
+    return BandwidthRamp(points, NVLINK4_RAMP_SOURCE)

@@ -1,0 +1,153 @@
+"""NCCL's bandwidth by message size (`BandwidthRamp`): the shares derived from published
+nccl-tests sweeps, worked out by hand here from the printed rows, and how collectives, the
+plan language and the report use them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from budget.catalog.nccl_tests import curve_shares
+from budget.catalog.topologies import NVLINK_LATENCY, RAMPS, TOPOLOGIES
+from budget.cli import app, route
+from budget.collectives import Link, Tier, collective_cost
+from budget.pipeline import budget_plan
+from tests.plan_files import variant
+
+MiB, GiB = 2**20, 2**30
+ALPHA = 3e-6  # the engine's NVLink α
+runner = CliRunner()
+
+
+def _share(f: float, n: int, size: int, t_s: float, plateau_Bps: float) -> float:
+    """(f·S / B_plateau) / (t − n·α), written out for the hand calculations below."""
+    return (f * size / plateau_Bps) / (t_s - n * ALPHA)
+
+
+def test_h100_ring_all_reduce_share_at_64_mib_from_the_together_run() -> None:
+    """Together's 8 x H100 ring all_reduce: 64 MiB in 368.67 µs, 8 GiB in 40838.9 µs
+    (busbw 368.09 GB/s). f = 2·7/8 = 1.75, n = 14: (1.75·64 MiB / 368.09 GB/s = 319.05 µs)
+    / (368.67 − 42 µs) = 0.977. The α term alone already explains most of this curve."""
+    plateau = 1.75 * 8 * GiB / 40838.9e-6
+    expected = _share(1.75, 14, 64 * MiB, 368.67e-6, plateau)
+    assert expected == pytest.approx(0.9767, abs=1e-4)
+    assert RAMPS["nvlink4"].share("all-reduce", 64 * MiB) == pytest.approx(expected)
+
+
+def test_h100_all_gather_share_at_64_mib() -> None:
+    """all_gather_ring.out: 64 MiB in 210.89 µs, 8 GiB in 21001.0 µs (357.90 GB/s); f = 7/8,
+    n = 7: (58,720,256 B / 357.90 GB/s = 164.07 µs) / (210.89 − 21 µs) = 0.864."""
+    plateau = 0.875 * 8 * GiB / 21001.0e-6
+    expected = _share(0.875, 7, 64 * MiB, 210.89e-6, plateau)
+    assert expected == pytest.approx(0.8640, abs=1e-4)
+    assert RAMPS["nvlink4"].share("all-gather", 64 * MiB) == pytest.approx(expected)
+
+
+def test_a100_share_at_64_mib_is_the_mean_of_the_azure_and_oci_runs() -> None:
+    """Azure ND A100 v4 prints only busbw: 166.63 GB/s at 64 MiB, 231.58 at 8 GiB, so
+    t = 1.75·64 MiB / 166.63 GB/s = 704.8 µs and the share is 507.1 / 662.8 = 0.765. OCI's
+    BM.GPU4.8 run: 589.5 µs at 64 MiB, 63929 µs at 8 GiB (235.14 GB/s): 499.4 / 547.5 =
+    0.912. The NVLink 3 ramp averages them: 0.839, and all-gather and reduce-scatter take the
+    same (no 8 x A100 sweep of them was found)."""
+    azure_t = 1.75 * 64 * MiB / 166.63e9
+    azure = _share(1.75, 14, 64 * MiB, azure_t, 231.58e9)
+    oci = _share(1.75, 14, 64 * MiB, 589.5e-6, 1.75 * 8 * GiB / 63929e-6)
+    assert azure == pytest.approx(0.7651, abs=1e-3)
+    assert oci == pytest.approx(0.9122, abs=1e-3)
+    ramp = RAMPS["nvlink3"]
+    for op in ("all-reduce", "all-gather", "reduce-scatter"):
+        assert ramp.share(op, 64 * MiB) == pytest.approx((azure + oci) / 2, rel=2e-3)
+
+
+def test_points_where_latency_dominates_are_dropped() -> None:
+    """A point is kept only where n·α is at most half the measured time: at 1 MiB the ring
+    all_reduce on 8 H100s takes 46.52 µs, of which 14 x 3 µs would be latency."""
+    sizes = [MiB, 64 * MiB, 8 * GiB]
+    kept = curve_shares("all-reduce", sizes, [46.52e-6, 368.67e-6, 40838.9e-6], ALPHA)
+    assert sorted(kept) == [64 * MiB, 8 * GiB]
+    assert kept[8 * GiB] == 1.0
+
+
+def test_share_holds_below_the_first_point_interpolates_in_log_size_and_is_1_above() -> None:
+    ramp = RAMPS["nvlink4"]
+    (op, sizes, shares) = next(p for p in ramp.points if p[0] == "all-gather")
+    assert ramp.share(op, 1024) == shares[0]
+    assert ramp.share(op, 16 * GiB) == 1.0
+    middle = 2 ** ((np.log2(sizes[3]) + np.log2(sizes[4])) / 2)  # halfway in log size
+    assert ramp.share(op, middle) == pytest.approx((shares[3] + shares[4]) / 2)
+    assert ramp.share("all-to-all", 64 * MiB) == 1.0  # no sweep: the plateau
+    array = ramp.share(op, np.array([1024, 64 * MiB, 16 * GiB]))
+    assert array.tolist() == pytest.approx([shares[0], ramp.share(op, 64 * MiB), 1.0])
+
+
+def test_a_collective_on_a_ramped_link_is_priced_at_the_share_of_its_size() -> None:
+    """T = n·α + Q / (B_eff · share(S)): an 8-rank all-gather of 64 MiB on NVLink 4 at
+    370 GB/s moves 7/8 · 64 MiB in 7 steps."""
+    plain = Link("nvlink", 370e9, ALPHA)
+    ramped = Link("nvlink", 370e9, ALPHA, ramp=RAMPS["nvlink4"])
+    share = RAMPS["nvlink4"].share("all-gather", 64 * MiB)
+    cost = collective_cost("all-gather", [Tier(8, ramped)], 64 * MiB)
+    assert cost.time_s == pytest.approx(7 * ALPHA + 7 / 8 * 64 * MiB / (370e9 * share))
+    flat = collective_cost("all-gather", [Tier(8, plain)], 64 * MiB)
+    assert flat.latency_s == cost.latency_s
+    assert flat.bandwidth_s == pytest.approx(cost.bandwidth_s * share)
+    many = collective_cost("all-gather", [Tier(8, ramped)], np.array([64 * MiB, 8 * GiB]))
+    assert many.time_s.tolist() == pytest.approx([cost.time_s, 7 * ALPHA + 7 / 8 * 8 * GiB / 370e9])
+
+
+def test_presets_ramp_nvlink_and_not_infiniband() -> None:
+    for preset in TOPOLOGIES.values():
+        for level in preset.levels:
+            if level.name == "nvlink":
+                assert level.ramp is RAMPS["nvlink3" if "a100" in preset.name else "nvlink4"]
+                assert level.latency == NVLINK_LATENCY
+            else:
+                assert level.ramp is None
+
+
+def test_a_written_level_names_its_ramp_and_the_report_shows_it(tmp_path: Path) -> None:
+    """`ramp: nvlink3` on a hand-written level prices its collectives like the preset's; the
+    report's collective rows give the B_eff reached at their size, the levels their ramp."""
+    base = variant(tmp_path, "plain.yaml")
+    ramped = variant(
+        tmp_path,
+        "ramped.yaml",
+        (
+            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}",
+            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us, ramp: nvlink3}",
+        ),
+    )
+    plain, report = budget_plan(base), budget_plan(ramped)
+    assert report.links[0]["ramp"]["source"] == RAMPS["nvlink3"].source
+    assert report.links[1]["ramp"] is None and plain.links[0]["ramp"] is None
+    rows = [c for p in report.phases for c in p.collectives if c.link == "nvlink"]
+    assert rows
+    for row in rows:
+        share = RAMPS["nvlink3"].share(row.op, row.bytes)
+        assert row.bandwidth_Bps == pytest.approx(report.links[0]["bandwidth_Bps"] * share)
+    assert report.step["time_s"] > plain.step["time_s"]
+    out = runner.invoke(app, route([str(ramped), "--format", "json"])).stdout
+    assert json.loads(out)["topology"]["levels"][0]["ramp"]["points"][0]["op"] == "all-reduce"
+    table = runner.invoke(app, route([str(ramped)]), env={"COLUMNS": "120"}).stdout
+    assert "share at 16 · 64 · 256 MiB" in table
+    shown = [round(100 * RAMPS["nvlink3"].share("all-reduce", s * MiB)) for s in (16, 64, 256)]
+    assert " · ".join(map(str, shown)) + " %" in table
+
+
+def test_an_unknown_ramp_is_refused_with_its_place(tmp_path: Path) -> None:
+    path = variant(
+        tmp_path,
+        "bad.yaml",
+        (
+            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}",
+            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us, ramp: nvlink9}",
+        ),
+    )
+    result = runner.invoke(app, route([str(path)]))
+    assert result.exit_code == 2
+    assert "$.topology.levels[0].ramp" in result.stderr
+    assert result.stdout == ""
