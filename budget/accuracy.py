@@ -16,6 +16,15 @@ Which runs are scored (`RUNS`), fixed before any of them was predicted:
   2048-token row for 3B or 70B. Every selected row can be written in the plan language
   (see `_mpt_run`), so none is dropped.
 
+- H100, Megatron stack (added later, after the two rules above had been scored, and fixed
+  before any of its runs was predicted): NVIDIA's DGX Cloud benchmarking recipes
+  (NVIDIA/dgxc-benchmarking at 8f5cbb37, collection 25.02), every BF16 pre-training table of
+  a dense model on NeMo (Llama 3.1 8B, 70B and 405B, Nemotron-4 15B and 340B, GPT-3 175B), at
+  the smallest and the largest GPU count at which the whole model runs (the 405B table's
+  reduced-layer proxies are not the model). Each table prints TP, PP, CP, VP, micro-batch
+  and global batch and the measured step time; the recipe's own scripts and configs give
+  the rest (see `_nemo_run`).
+
 `REFERENCE_RUNS` are measurements whose layout is not fully published (Llama 3 405B: the
 pipeline is interleaved, but with how many virtual stages is not said). They are predicted
 and shown below the table but count in neither the mean nor the maximum.
@@ -72,6 +81,14 @@ _LLM_FOUNDRY = (
     "mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 061f2c7), table "
     '"H100 80GB BF16", Throughput (T/s/GPU); model from scripts/train/yamls/pretrain/mpt-{}.yaml'
 )
+_DGXC = (
+    "NVIDIA/dgxc-benchmarking (commit 8f5cbb37, collection 25.02), {}: BF16 table, training step "
+    "time (seconds per step); recipe settings from the recipe's configure.sh and {}"
+)
+_LLAMA31_CONFIG = (
+    "NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama3_1_{}.yaml (the recipe "
+    "copies its own llama3.1_*.yaml, not published; layout as the README prints it)"
+)
 _LLM_FOUNDRY_A100 = _LLM_FOUNDRY.replace(
     '"H100 80GB BF16"', '"A100 80GB with 1600 Gbps node-node interconnect (RoCE)"'
 )
@@ -86,6 +103,7 @@ class Run:
     measured: float
     source: str
     note: str = ""
+    stack: str = ""  # the training software, as the summary groups runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +135,13 @@ class Accuracy:
         """One `Accuracy` per GPU generation of the scored runs, in the order they appear."""
         gpus = dict.fromkeys(r.run.gpu for r in self.rows)
         return tuple(Accuracy(tuple(r for r in self.rows if r.run.gpu == g)) for g in gpus)
+
+    def by_stack(self) -> tuple[Accuracy, ...]:
+        """One `Accuracy` per GPU generation and training stack, in the order they appear."""
+        keys = dict.fromkeys((r.run.gpu, r.run.stack) for r in self.rows)
+        return tuple(
+            Accuracy(tuple(r for r in self.rows if (r.run.gpu, r.run.stack) == k)) for k in keys
+        )
 
 
 def _gpt_run(
@@ -162,7 +187,9 @@ def _gpt_run(
         "device": {"preset": "a100-80gb"},
         "topology": {"preset": "dgx-a100", "nodes": gpus // 8},
     }
-    return Run(str(tree["name"]), "A100 80GB", tree, "step_s", measured, _KORTHIKANTI)
+    return Run(
+        str(tree["name"]), "A100 80GB", tree, "step_s", measured, _KORTHIKANTI, stack="Megatron-LM"
+    )
 
 
 def _llama_run(
@@ -201,6 +228,7 @@ def _llama_run(
         measured,
         _LLAMA3,
         f"{note}; {_LLAMA3_INCOMPLETE}",
+        "Meta",
     )
 
 
@@ -275,9 +303,144 @@ def _mpt_run(
     )
     gpu, table = ("A100 80GB", _LLM_FOUNDRY_A100) if a100 else ("H100 80GB", _LLM_FOUNDRY)
     return Run(
-        str(tree["name"]), gpu, tree, "tokens_per_s_per_gpu", measured, table.format(size), note
+        str(tree["name"]),
+        gpu,
+        tree,
+        "tokens_per_s_per_gpu",
+        measured,
+        table.format(size),
+        note,
+        "llm-foundry",
     )
 
+
+def _nemo_run(
+    name: str,
+    model: dict[str, Any],
+    gpus: int,
+    seq: int,
+    layout: tuple[int, int, int, int],
+    micro: int,
+    batch: int,
+    measured: float,
+    source: str,
+    recompute: str = "none",
+) -> Run:
+    """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
+    H100 nodes, BF16, ``layout`` = (TP, PP, CP, VP) as the README's table prints it.
+
+    What every one of these recipes sets (its ``configure.sh`` and training config): the
+    distributed optimizer (``distributed_fused_adam`` or ``mcore_distributed_optim``: ZeRO 1)
+    with gradient reduce-scatter and parameter all-gather overlapped with compute
+    (``overlap_grad_sync``, ``overlap_param_sync``); sequence parallelism wherever TP > 1,
+    with tensor-parallel communication overlapped through userbuffers
+    (``ub_tp_comm_overlap``); pipeline sends overlapped (``overlap_p2p_comm``) where PP > 1;
+    fused attention (cuDNN or FlashAttention through Transformer Engine); Megatron's ring
+    context parallelism; bf16 parameters with fp32 main gradients and master weights
+    (``megatron_amp_O2``). Ranks in Megatron's default order, TP fastest, then CP, DP, PP.
+    No activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
+    Megatron pads them, to a multiple of 128 × TP."""
+    tp, pp, cp, vp = layout
+    parallel: dict[str, Any] = {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "dp": gpus // (tp * pp * cp),
+        "sequence_parallel": tp > 1,
+        "zero": 1,
+        "cp_attention": "ring",
+        **({"pipeline": {"schedule": "interleaved", "virtual_stages": vp}} if vp > 1 else {}),
+    }
+    tree: dict[str, Any] = {
+        "name": f"{name}, {gpus:,} GPUs",
+        "model": model,
+        "batch": {"seq": seq, "micro": micro, "global": batch},
+        "parallel": parallel,
+        "recompute": recompute,
+        "overlap": {"dp_grads": True, "param_gather": True, "tp": tp > 1, "pp": pp > 1},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": gpus // 8},
+    }
+    note = f"TP{tp} PP{pp} CP{cp}" + (f" VP{vp}" if vp > 1 else "") + f", micro {micro}"
+    note += f", global batch {batch}" + ("" if recompute == "none" else f", {recompute} recompute")
+    return Run(str(tree["name"]), "H100 80GB", tree, "step_s", measured, source, note, "NeMo")
+
+
+def _nemo_table(
+    name: str,
+    smallest: tuple[int, int, float],
+    largest: tuple[int, int, float],
+    model: dict[str, Any],
+    seq: int,
+    layout: tuple[int, int, int, int],
+    micro: int,
+    source: str,
+    recompute: str = "none",
+) -> tuple[Run, ...]:
+    """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
+    its smallest and its largest whole-model GPU count, the rest shared (`_nemo_run`)."""
+    return tuple(
+        _nemo_run(name, model, gpus, seq, layout, micro, batch, step, source, recompute)
+        for gpus, batch, step in (smallest, largest)
+    )
+
+
+_NEMOTRON4 = {
+    "hidden": 6144,
+    "heads": 48,
+    "kv_heads": 8,
+    "vocab": 256000,  # nemotron_2_256k sentencepiece; a multiple of 128 × TP already
+    "mlp": "gelu",  # squared ReLU: two matrices, an elementwise activation
+    "norm": "layernorm",
+    "bias": False,
+    "tied_embeddings": False,
+    "position": "rope",
+    "attention": "flash",
+    "dropout": False,
+}
+_NEMOTRON4_340B = {**_NEMOTRON4, "hidden": 18432, "heads": 96, "layers": 96, "ffn": 73728}
+_NEMOTRON4_15B = {**_NEMOTRON4, "layers": 32, "ffn": 24576}
+_NEMOTRON_15B_SOURCE = _DGXC.format(
+    "nemotron/README_15b.md (NeMo 24.12)", "nemotron/nemotron4-15b-synth.yaml"
+)
+_NEMOTRON_340B_SOURCE = _DGXC.format(
+    "nemotron/README_340b.md (NeMo 24.09, CP 1 as the table prints)",
+    "nemotron/nemotron4-340b-synth.yaml (selective recompute)",
+)
+_LLAMA31_8B = _DGXC.format("llama3.1/README_8b.md (NeMo 24.12)", _LLAMA31_CONFIG.format("8b"))
+_LLAMA31_70B = _DGXC.format("llama3.1/README_70b.md (NeMo 24.12)", _LLAMA31_CONFIG.format("70b"))
+_LLAMA31_405B = _DGXC.format(
+    "llama3.1/README_405b.md (NeMo 24.12; GPT-2 BPE tokenizer as a proxy)",
+    _LLAMA31_CONFIG.format("405b"),
+)
+_GPT3_NEMO = _DGXC.format(
+    "nemo_megatron/README_175b.md (NeMo 24.12; VP 6 as its recipe config and the 25.04 "
+    "layout table give it, where the table header still says 12)",
+    "nemo_megatron/gpt3_175b_hydra.yaml (dropout 0.1)",
+)
+_LLAMA31_70B_MODEL = {"preset": "llama3-70b", "vocab": 128512}  # 128,256 padded for TP 4
+_LLAMA31_405B_MODEL = {"preset": "llama3-405b", "vocab": 51200}  # GPT-2's 50,257 for TP 8
+_GPT3_NEMO_MODEL = {"preset": "gpt3-175b", "vocab": 50688, "dropout": True}  # padded, TP 4
+
+# Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
+# batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source and
+# recompute.
+# fmt: off
+_NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
+    ("Llama 3.1 8B", (8, 128, 12.78), (128, 2048, 13.16),
+     {"preset": "llama3-8b"}, 8192, (1, 1, 2, 1), 1, _LLAMA31_8B, "none"),
+    ("Llama 3.1 70B", (64, 128, 14.61), (2048, 4096, 14.84),
+     _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none"),
+    ("Llama 3.1 405B", (576, 252, 17.50), (2304, 1008, 17.70),
+     _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none"),
+    ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
+     _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none"),
+    ("Nemotron-4 340B", (128, 32, 4.61), (2048, 512, 4.84),
+     _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective"),
+    ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
+     _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none"),
+)
+# fmt: on
 
 RUNS: tuple[Run, ...] = (
     _gpt_run("GPT 22B, 8 GPUs", 48, 6144, 64, 1, 4, 1.10, micro=4),
@@ -294,6 +457,7 @@ RUNS: tuple[Run, ...] = (
     _mpt_run("7b", 32, 4096, 32, 6, 48, 10643.0, checkpointing=False),
     _mpt_run("1b", 24, 2048, 16, 14, 112, 45455.0, checkpointing=False),
     _mpt_run("760m", 24, 1536, 12, 24, 384, 63147.0, checkpointing=False),
+    *(run for table in _NEMO_TABLES for run in _nemo_table(*table)),
 )
 
 # Diagnostic, not scored: the same five models, GPUs and sequence length from the same

@@ -59,7 +59,7 @@ class CollectiveRow:
     dst: str
     link: str | None = None  # level names the group spans, innermost first
     alpha_s: float | None = None  # latency per step of the slowest link
-    bandwidth_Bps: float | None = None  # B_eff of the slowest link, per GPU
+    bandwidth_Bps: float | None = None  # B_eff reached on the slowest link at this size, per GPU
     latency_term_s: float | None = None  # n·α, per call
     bandwidth_term_s: float | None = None  # Q/B_eff, per call
     time_s: float | None = None  # per call, total

@@ -1,11 +1,12 @@
 """The model against published runs (`budget.accuracy`, `budget validate-model`).
 
 Issue 7 asks for a mean absolute error of at most 5 % and no run worse than 10 %. The model
-does not meet it today (README, "Accuracy against published runs": the A100 selective-
-recompute rows are predicted 3-13 % fast, and the five single-node FSDP MPT runs on H100
-33-75 % fast), so that test is a strict expected failure: it turns into a failure the day
-the time model meets the bar, and the marker must then go. The Llama 3 405B rows are shown
-for reference only (their interleaving degree is unpublished) and are not scored.
+does not meet it today (README, "Accuracy against published runs": the A100 Megatron rows
+are within 9.1 %, but the NeMo runs on H100 are predicted 7-18 % fast and the five
+single-node FSDP MPT runs on H100 33-75 % fast), so that test is a strict expected failure:
+it turns into a failure the day the time model meets the bar, and the marker must then go.
+The Llama 3 405B rows are shown for reference only (their interleaving degree is
+unpublished) and are not scored.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def test_every_run_is_predicted(accuracy) -> None:
         assert abs(row.error) < 1.0, row.run.name
 
 
-@pytest.mark.xfail(strict=True, reason="A100 rows up to 13 % fast; MPT FSDP rows 33-75 % fast")
+@pytest.mark.xfail(strict=True, reason="H100 NeMo rows 7-18 % fast; MPT FSDP rows 33-75 % fast")
 def test_mean_within_5_percent_and_max_within_10(accuracy) -> None:
     assert accuracy.mean_abs_error <= 0.05
     assert accuracy.max_abs_error <= 0.10
@@ -85,8 +86,9 @@ def test_diagnostic_rows_are_the_same_models_on_a100_and_not_scored(accuracy) ->
     assert len(accuracy.rows) == len(RUNS)
 
 
-def test_llama_rows_are_reference_not_scored(accuracy) -> None:
-    assert not [run for run in RUNS if run.name.startswith("Llama")]
+def test_llama_3_paper_rows_are_reference_not_scored(accuracy) -> None:
+    assert not [run for run in REFERENCE_RUNS if run in RUNS]
+    assert not [run for run in RUNS if "Llama 3 Herd" in run.source]
     assert len(REFERENCE_RUNS) == 3
     assert all(run.name.startswith("Llama 3") for run in REFERENCE_RUNS)
     assert all("unpublished" in run.note for run in REFERENCE_RUNS)
@@ -94,6 +96,42 @@ def test_llama_rows_are_reference_not_scored(accuracy) -> None:
     errors = [abs(r.error) for r in accuracy.rows]
     assert accuracy.mean_abs_error == pytest.approx(sum(errors) / len(RUNS))
     assert accuracy.max_abs_error == max(errors)
+
+
+# (name, GPUs, TP, PP, CP, VP, micro, global batch, parameters the model card or report
+# gives): Llama 3.1 8B 8.03 B and 70B 70.6 B (meta-llama model cards), 405B 405 B with
+# the 128K-token vocabulary, so 405B with GPT-2's 51,200 is smaller by (128,256 − 51,200)
+# × 16,384 × 2 = 2.5 B; Nemotron-4 15B "3.2 billion embedding parameters and 12.5 billion
+# non-embedding parameters" (arXiv 2402.16819, section 2); Nemotron-4 340B 341 B (arXiv
+# 2406.11704, Table 1: 9.4 B embedding, 331.6 B non-embedding); GPT-3 175B.
+_NEMO = {
+    "Llama 3.1 8B": (8, 128, 1, 1, 2, 1, 1, (128, 2048), 8.03e9),
+    "Llama 3.1 70B": (64, 2048, 4, 4, 2, 5, 1, (128, 4096), 70.6e9),
+    "Llama 3.1 405B": (576, 2304, 8, 9, 2, 7, 1, (252, 1008), 405.9e9 - 2.52e9),
+    "Nemotron-4 15B": (16, 2048, 4, 1, 1, 1, 4, (64, 8192), 15.7e9),
+    "Nemotron-4 340B": (128, 2048, 8, 8, 1, 12, 1, (32, 512), 341.0e9),
+    "GPT-3 175B": (128, 2048, 4, 8, 1, 6, 1, (256, 4096), 175e9),
+}
+
+
+def test_nemo_plans_have_the_published_layout_and_model() -> None:
+    """Every DGX Cloud benchmark table gives two scored runs, its smallest and its largest
+    GPU count, with the layout the table prints and a model of the published size."""
+    nemo = [run for run in RUNS if "dgxc-benchmarking" in run.source]
+    assert len(nemo) == 2 * len(_NEMO)
+    for run in nemo:
+        model, _, count = run.name.partition(", ")
+        small, large, tp, pp, cp, vp, micro, batches, params = _NEMO[model]
+        plan = plan_of(run)
+        gpus = plan.topology.gpus
+        assert count == f"{gpus:,} GPUs" and gpus in (small, large)
+        assert (plan.parallel.tp, plan.parallel.pp, plan.parallel.cp) == (tp, pp, cp)
+        assert plan.parallel.pipeline.virtual_stages == vp
+        assert plan.batch.micro == micro
+        assert plan.batch.global_batch == batches[gpus == large]
+        assert plan.parallel.zero == 1 and plan.parallel.sequence_parallel == (tp > 1)
+        assert plan.device.name == "h100-sxm" and run.metric == "step_s"
+        assert params_total(plan) == pytest.approx(params, rel=0.01), run.name
 
 
 def test_renderers(accuracy) -> None:
@@ -104,6 +142,8 @@ def test_renderers(accuracy) -> None:
     assert len(data["reference"]) == len(REFERENCE_RUNS)
     assert data["max_abs_error"] == pytest.approx(accuracy.max_abs_error)
     assert validation_errors(data, "validate_model") == []
+    assert sum(part["runs"] for part in data["by_stack"]) == len(RUNS)
+    assert {part["stack"] for part in data["by_stack"]} == {run.stack for run in RUNS}
     by_gpu = {part["gpu"]: part for part in data["by_gpu"]}
     assert sum(part["runs"] for part in by_gpu.values()) == len(RUNS)
     for gpu, part in by_gpu.items():

@@ -30,6 +30,7 @@ def _row_dict(r: Row) -> dict[str, Any]:
     return {
         "name": r.run.name,
         "gpu": r.run.gpu,
+        "stack": r.run.stack,
         "metric": r.run.metric,
         "predicted": r.predicted,
         "measured": r.run.measured,
@@ -40,11 +41,12 @@ def _row_dict(r: Row) -> dict[str, Any]:
 
 
 def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
-    """``{runs[{name, gpu, metric, predicted, measured, error, source, note}], mean_abs_error,
-    max_abs_error, by_gpu[{gpu, runs, mean_abs_error, max_abs_error}], reference[...],
-    diagnostic[...]}``; errors are signed fractions, the summary ones absolute and over
-    ``runs`` only (``reference`` rows have an incomplete published layout, ``diagnostic``
-    rows were chosen after the scored ones were seen)."""
+    """``{runs[{name, gpu, stack, metric, predicted, measured, error, source, note}],
+    mean_abs_error, max_abs_error, by_gpu[{gpu, runs, mean_abs_error, max_abs_error}],
+    by_stack[{gpu, stack, runs, ...}], reference[...], diagnostic[...]}``; errors are signed
+    fractions, the summary ones absolute and over ``runs`` only (``reference`` rows have an
+    incomplete published layout, ``diagnostic`` rows were chosen after the scored ones were
+    seen)."""
     return {
         "runs": [_row_dict(r) for r in acc.rows],
         "mean_abs_error": acc.mean_abs_error,
@@ -58,21 +60,37 @@ def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
             }
             for part in acc.by_gpu()
         ],
+        "by_stack": [
+            {
+                "gpu": part.rows[0].run.gpu,
+                "stack": part.rows[0].run.stack,
+                "runs": len(part.rows),
+                "mean_abs_error": part.mean_abs_error,
+                "max_abs_error": part.max_abs_error,
+            }
+            for part in acc.by_stack()
+        ],
         "reference": [_row_dict(r) for r in acc.reference],
         "diagnostic": [_row_dict(r) for r in acc.diagnostic],
     }
 
 
 def _summary(acc: Accuracy) -> str:
-    """Mean and maximum over all scored runs, then over each GPU generation's."""
-    parts = "; ".join(
-        f"{part.rows[0].run.gpu} {part.mean_abs_error:.1%} mean, {part.max_abs_error:.1%} "
-        f"maximum ({len(part.rows)} runs)"
-        for part in acc.by_gpu()
-    )
+    """Mean and maximum over all scored runs, then over each GPU generation's, then over
+    each generation and training stack's."""
+
+    def parts(groups: tuple[Accuracy, ...], stack: bool) -> str:
+        return "; ".join(
+            f"{part.rows[0].run.gpu}{' ' + part.rows[0].run.stack if stack else ''} "
+            f"{part.mean_abs_error:.1%} mean, {part.max_abs_error:.1%} maximum "
+            f"({len(part.rows)} runs)"
+            for part in groups
+        )
+
     return (
         f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
-        f"over {len(acc.rows)} runs. By GPU: {parts}."
+        f"over {len(acc.rows)} runs. By GPU: {parts(acc.by_gpu(), False)}. By GPU and "
+        f"training stack: {parts(acc.by_stack(), True)}."
     )
 
 
