@@ -20,6 +20,16 @@ RAMP_NOTE = (
 )
 
 
+def ramp_shares(link: dict[str, Any]) -> str:
+    """The least share of a report level's B_eff any ramped operation reaches at each of
+    `RAMP_SIZES` (e.g. "59 · 84 · 95 %"), "–" for a level without a ramp."""
+    if not link.get("ramp"):
+        return "–"
+    ramp = BandwidthRamp.from_json(link["ramp"])
+    least = [min(ramp.share(op, size) for op, _, _ in ramp.points) for size in RAMP_SIZES]
+    return " · ".join(f"{100 * v:.0f}" for v in least) + " %"
+
+
 @dataclass(frozen=True, slots=True)
 class Overlapping:
     """One allocation alive at a peak."""
@@ -133,15 +143,6 @@ class Report:
     @property
     def worst(self) -> StageRow:
         return max(self.stages, key=lambda s: (s.peak_bytes, -s.stage))
-
-    def ramp_shares(self, link: dict[str, Any]) -> str:
-        """The least share of ``link``'s B_eff any ramped operation reaches at each of
-        `RAMP_SIZES` (e.g. "59 · 84 · 95 %"), "–" for a link without a ramp."""
-        if not link.get("ramp"):
-            return "–"
-        ramp = BandwidthRamp.from_json(link["ramp"])
-        least = [min(ramp.share(op, size) for op, _, _ in ramp.points) for size in RAMP_SIZES]
-        return " · ".join(f"{100 * v:.0f}" for v in least) + " %"
 
     @property
     def fits(self) -> bool:

@@ -136,6 +136,11 @@ def test_a_written_level_names_its_ramp_and_the_report_shows_it(tmp_path: Path) 
     assert "share at 16 · 64 · 256 MiB" in table
     shown = [round(100 * RAMPS["nvlink3"].share("all-reduce", s * MiB)) for s in (16, 64, 256)]
     assert " · ".join(map(str, shown)) + " %" in table
+    markdown = runner.invoke(app, route([str(ramped), "--format", "markdown"])).stdout
+    assert "| share at 16 · 64 · 256 MiB |" in markdown
+    assert "| " + " · ".join(map(str, shown)) + " % |" in markdown
+    plain_table = runner.invoke(app, route([str(base)]), env={"COLUMNS": "120"}).stdout
+    assert "share at" not in plain_table
 
 
 def test_an_unknown_ramp_is_refused_with_its_place(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.report import RAMP_HEADER, RAMP_NOTE
+from budget.report import RAMP_HEADER, RAMP_NOTE, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def render_markdown(report: Report) -> str:
                 "" if link["size"] is None else str(link["size"]),
                 format_rate(link["bandwidth_Bps"]),
                 format_duration(link["latency_s"]),
-                *([report.ramp_shares(link)] if ramped else []),
+                *([ramp_shares(link)] if ramped else []),
             ]
             for link in report.links
         ],

@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from budget.report import RAMP_HEADER, RAMP_NOTE
+from budget.report import RAMP_HEADER, RAMP_NOTE, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ def link_table(report: Report) -> Table:
             link["name"],
             format_rate(link["bandwidth_Bps"]),
             format_duration(link["latency_s"]),
-            *([report.ramp_shares(link)] if ramped else []),
+            *([ramp_shares(link)] if ramped else []),
             ", ".join(groups) or "–",
         )
     return table
