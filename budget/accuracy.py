@@ -251,8 +251,10 @@ def _mpt_run(
     yaml; expansion_ratio 4 (GELU MLP); vocab_size 50368; tie_word_embeddings true;
     no_bias false (biases on every linear layer and LayerNorm); learned_pos_emb true with
     max_seq_len 2048 rows, since the yamls set neither ``alibi`` nor ``rope``; dropout 0;
-    attn_impl triton (flash for 13B), both FlashAttention kernels. With these the plan's
-    parameter count equals the table's NumParams column exactly.
+    attn_impl triton (flash for 13B), FlashAttention kernels of 2023 (the Triton one and
+    flash-attn 1), timed as FlashAttention-2, the nearest kernel measured on both GPUs and
+    no slower than they were. With these the plan's parameter count equals the table's
+    NumParams column exactly.
 
     Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1),
     micro-batch and global batch as listed (grad accumulation = global / (micro × 8)),
@@ -278,7 +280,7 @@ def _mpt_run(
             "tied_embeddings": True,
             "position": "learned",
             "max_positions": 2048,
-            "attention": "flash",
+            "attention": "flash2",
             "dropout": False,
         },
         "batch": {"seq": 2048, "micro": micro, "global": batch},
@@ -324,7 +326,8 @@ def _nemo_run(
     batch: int,
     measured: float,
     source: str,
-    recompute: str = "none",
+    recompute: str,
+    kernel: str,
 ) -> Run:
     """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
     H100 nodes, BF16, ``layout`` = (TP, PP, CP, VP) as the README's table prints it.
@@ -335,7 +338,9 @@ def _nemo_run(
     (``overlap_grad_sync``, ``overlap_param_sync``); sequence parallelism wherever TP > 1,
     with tensor-parallel communication overlapped through userbuffers
     (``ub_tp_comm_overlap``); pipeline sends overlapped (``overlap_p2p_comm``) where PP > 1;
-    fused attention (cuDNN or FlashAttention through Transformer Engine); Megatron's ring
+    fused attention through Transformer Engine, ``kernel``: cuDNN's where the recipe leaves
+    it on (``NVTE_FUSED_ATTN=1``; Transformer Engine prefers it on Hopper when FlashAttention
+    is on too, NVIDIA/NeMo PR 9188), FlashAttention-2 where it turns it off; Megatron's ring
     context parallelism; bf16 parameters with fp32 main gradients and master weights
     (``megatron_amp_O2``). Ranks in Megatron's default order, TP fastest, then CP, DP, PP.
     No activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
@@ -353,7 +358,7 @@ def _nemo_run(
     }
     tree: dict[str, Any] = {
         "name": f"{name}, {gpus:,} GPUs",
-        "model": model,
+        "model": {**model, "attention": kernel},
         "batch": {"seq": seq, "micro": micro, "global": batch},
         "parallel": parallel,
         "recompute": recompute,
@@ -375,12 +380,13 @@ def _nemo_table(
     layout: tuple[int, int, int, int],
     micro: int,
     source: str,
-    recompute: str = "none",
+    recompute: str,
+    kernel: str,
 ) -> tuple[Run, ...]:
     """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
     its smallest and its largest whole-model GPU count, the rest shared (`_nemo_run`)."""
     return tuple(
-        _nemo_run(name, model, gpus, seq, layout, micro, batch, step, source, recompute)
+        _nemo_run(name, model, gpus, seq, layout, micro, batch, step, source, recompute, kernel)
         for gpus, batch, step in (smallest, largest)
     )
 
@@ -395,7 +401,6 @@ _NEMOTRON4 = {
     "bias": False,
     "tied_embeddings": False,
     "position": "rope",
-    "attention": "flash",
     "dropout": False,
 }
 _NEMOTRON4_340B = {**_NEMOTRON4, "hidden": 18432, "heads": 96, "layers": 96, "ffn": 73728}
@@ -423,22 +428,23 @@ _LLAMA31_405B_MODEL = {"preset": "llama3-405b", "vocab": 51200}  # GPT-2's 50,25
 _GPT3_NEMO_MODEL = {"preset": "gpt3-175b", "vocab": 50688, "dropout": True}  # padded, TP 4
 
 # Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
-# batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source and
-# recompute.
+# batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source,
+# recompute and attention kernel (the 340B recipe sets NVTE_FUSED_ATTN=0: FlashAttention-2).
 # fmt: off
 _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
     ("Llama 3.1 8B", (8, 128, 12.78), (128, 2048, 13.16),
-     {"preset": "llama3-8b"}, 8192, (1, 1, 2, 1), 1, _LLAMA31_8B, "none"),
+     {"preset": "llama3-8b"}, 8192, (1, 1, 2, 1), 1, _LLAMA31_8B, "none", "cudnn"),
     ("Llama 3.1 70B", (64, 128, 14.61), (2048, 4096, 14.84),
-     _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none"),
+     _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none", "cudnn"),
     ("Llama 3.1 405B", (576, 252, 17.50), (2304, 1008, 17.70),
-     _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none"),
+     _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none", "cudnn"),
     ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
-     _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none"),
+     _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn"),
     ("Nemotron-4 340B", (128, 32, 4.61), (2048, 512, 4.84),
-     _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective"),
+     _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective",
+     "flash2"),
     ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
-     _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none"),
+     _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn"),
 )
 # fmt: on
 

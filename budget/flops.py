@@ -74,7 +74,7 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     q_rows = s.tokens // s.micro
     matmul = 2 * s.micro * s.heads * q_rows * s.seq_kv * hd  # one of the two products
     q, kv = s.act * s.tokens * s.q_cols, s.act * s.micro * s.seq_kv * s.kv_cols
-    if plan.model.attention == "flash":
+    if plan.model.attention != "eager":
         flops = 2 * matmul // 2 if s.causal else 2 * matmul  # causal: upper tiles skipped
         return [Work("attention core (flash)", "attention", flops, 2 * q + 2 * kv)]
     scores = s.act * s.micro * s.heads * q_rows * s.seq_kv

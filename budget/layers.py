@@ -434,7 +434,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
 def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     """The s x s part of attention: eager stores scores, flash only row statistics."""
     score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
-    if plan.model.attention == "flash":
+    if plan.model.attention != "eager":
         rows = s.heads * s.tokens
         return [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
     out = [Alloc("attention softmax output", "activations", s.act * score)]

@@ -102,8 +102,10 @@ def work_time(plan: Plan, work: Work) -> float:
     """Roofline seconds of one kernel on this device (Williams et al. 2009)."""
     device = plan.device
     # GEMMs run in precision.matmul; the attention core runs in the activations' format, as
-    # Transformer Engine's FP8 recipes keep it (FP8 applies to the Linear layers' GEMMs);
-    # the few FLOPs of memory-bound kernels are timed at the bf16 rate.
+    # Transformer Engine's FP8 recipes keep it (FP8 applies to the Linear layers' GEMMs), at
+    # the measured rate of the fused kernel the plan names where the device has one (else,
+    # like eager attention's two products, on the GEMM curve); the few FLOPs of
+    # memory-bound kernels are timed at the bf16 rate.
     dtype = {"matmul": plan.precision.matmul, "attention": plan.precision.activations}.get(
         work.kind, "bf16"
     )
@@ -112,7 +114,10 @@ def work_time(plan: Plan, work: Work) -> float:
         dtype, peak = "bf16", device.peak_flops("bf16")
     if not peak or not device.memory_bandwidth:
         return 0.0  # no roofline for this device: the report prints no times (`can_time`)
-    compute = work.flops / (peak * gemm_efficiency(device, work, dtype))
+    fused = None
+    if work.kind == "attention" and plan.model.attention != "eager":
+        fused = device.attention_fraction(plan.model.attention)
+    compute = work.flops / (peak * (fused or gemm_efficiency(device, work, dtype)))
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     return vmax(compute, memory) * work.count
 

@@ -63,6 +63,32 @@ guide, 3de0c29; a virtualised GPU). A100 40GB and H100 PCIe take the fraction of
 chip; no B200 measurement was found, so it keeps the codebase's 0.8. The fraction does not
 depend on the kernel's size: no public sweep of bandwidth against size was found that was
 solid enough to calibrate on (small copies run slower, and copies that fit in L2 faster).
+
+Fused attention (``attention``) runs far below the GEMM ceiling: its softmax, masking and
+rescaling sit between two matrix products in one kernel. Each preset lists the kernels
+measured on it as the fraction of the dense bf16 peak that forward and backward reach
+together (FLOPs as FlashAttention's benchmark counts them: 4·s²·heads·head_dim per
+sequence, halved under a causal mask, backward 2.5 × forward), the first being what
+``model.attention: flash`` means on that device, the one a current stack runs there:
+
+- FlashAttention-2, Azure's AI-benchmarking-guide ("Flash Attention 2.0": the
+  flash-attention repository's benchmark, batch 2, sequence 8192, forward + backward): H100
+  SXM 327.9 TFLOP/s (causal, head dim 128, f350e7e; 33.2 %), H200 329.3 (7f20e5f; 33.3 %),
+  A100 SXM4 80GB 179.5 (3bb66ca; 57.5 %, head dim 64 and no mask as that version of the
+  script picked).
+- cuDNN and FlashAttention-3 on H100 SXM: Shah et al., "FlashAttention-3" (arXiv
+  2407.08608), bar labels of Figure 5 (forward, causal mask, head dim 128, sequence 8K: FA2
+  333, cuDNN 529, FA3 602 TFLOP/s) and Figure 6 (backward, head dim 128, without a causal mask
+  as published: 318, 518, 559), combined as 3.5 / (1/forward + 2.5/backward): cuDNN 521
+  (52.7 %), FA3 571 (57.7 %). The same figures' FA2 comes to 322, within 2 % of Azure's
+  independent FA2 measurement, which is why the bars are read as they are. The backward is
+  the unmasked one, so a causal backward may run a little slower; at 2K tokens the forward
+  bars are 9 % (cuDNN) and 13 % (FA3) lower than at 8K, which is not modelled.
+
+cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
+pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
+fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). B200 and MI300X
+have no measurement here: their fused attention stays on the GEMM curve, an upper bound.
 """
 
 from __future__ import annotations
@@ -96,6 +122,20 @@ _H100_STREAM = (2.90 + 2.90 + 2.97 + 2.97) / 4 / 3.35
 _H200_STREAM = (4.01 + 4.00 + 4.15 + 4.15) / 4 / 4.8
 _MI300X_STREAM = (4.11 + 4.26 + 4.14 + 4.09) / 4 / 5.3
 
+
+# Fused attention, forward + backward (module docstring): FlashAttention-2 from Azure's runs,
+# cuDNN and FlashAttention-3 from the FlashAttention-3 paper's Figures 5 and 6 (H100 SXM, 8K).
+def _fwd_bwd(forward: float, backward: float) -> float:
+    """TFLOP/s of forward + backward, backward 2.5 × the forward FLOPs."""
+    return 3.5 / (1 / forward + 2.5 / backward)
+
+
+_CUDNN_H100 = _fwd_bwd(529, 518) / 989
+_FA3_H100 = _fwd_bwd(602, 559) / 989
+_A100_ATTENTION = (("flash2", 179.5 / 312),)
+_H100_ATTENTION = (("cudnn", _CUDNN_H100), ("flash3", _FA3_H100), ("flash2", 327.9 / 989))
+_H200_ATTENTION = (("cudnn", _CUDNN_H100), ("flash3", _FA3_H100), ("flash2", 329.3 / 989))
+
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 _XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
@@ -122,6 +162,7 @@ class DevicePreset:
     gemm: GemmCurve
     source: str
     memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
+    attention: tuple[tuple[str, float], ...] = ()  # (fused kernel, fraction of peak), default first
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -178,6 +219,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA A100 datasheet (A100 40GB SXM: 40GB HBM2, 1,555 GB/s); GEMM curve of the "
         "A100 SXM (same chip)",
         memory_efficiency=_A100_STREAM,
+        attention=_A100_ATTENTION,
     ),
     "a100-80gb": DevicePreset(
         "a100-80gb",
@@ -187,6 +229,7 @@ DEVICES: dict[str, DevicePreset] = {
         _A100_GEMM,
         "NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s)",
         memory_efficiency=_A100_STREAM,
+        attention=_A100_ATTENTION,
     ),
     "h100-sxm": DevicePreset(
         "h100-sxm",
@@ -196,6 +239,7 @@ DEVICES: dict[str, DevicePreset] = {
         _H100_GEMM,
         "NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s)",
         memory_efficiency=_H100_STREAM,
+        attention=_H100_ATTENTION,
     ),
     "h100-pcie": DevicePreset(
         "h100-pcie",
@@ -212,6 +256,7 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
         memory_efficiency=_H100_STREAM,
+        attention=_H100_ATTENTION,
     ),
     "h200": DevicePreset(
         "h200",
@@ -222,6 +267,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
         "141GB HBM3e, 4.8 TB/s)",
         memory_efficiency=_H200_STREAM,
+        attention=_H200_ATTENTION,
     ),
     "b200": DevicePreset(
         "b200",

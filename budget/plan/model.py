@@ -17,7 +17,8 @@ Mode = Literal["train", "prefill", "decode"]
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope"]
-Attention = Literal["flash", "eager"]
+Attention = Literal["flash", "flash2", "flash3", "cudnn", "eager"]
+FUSED_KERNELS = ("flash2", "flash3", "cudnn")  # named fused-attention kernels
 Optimizer = Literal["adam", "sgd", "none"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
@@ -169,9 +170,24 @@ class Device:
     memory_efficiency: float = 0.8
     # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.
     gemm: GemmCurve | None = None
+    # Fused attention (forward and backward together), as a fraction of the dense peak of
+    # the format it runs in, per kernel measured on the device; the first is what
+    # ``model.attention: flash`` means there (`budget.catalog.devices`).
+    attention: tuple[tuple[str, float], ...] = ()
+    attention_efficiency: float | None = None  # written in the plan: every fused kernel
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)
+
+    def attention_fraction(self, kernel: str) -> float | None:
+        """The fraction of the peak fused attention ``kernel`` reaches here: the plan's
+        ``attention_efficiency`` if given, else the measured one (``flash``: the device's
+        default kernel), else None (no measurement: the GEMM curve prices it)."""
+        if self.attention_efficiency is not None:
+            return self.attention_efficiency
+        if kernel == "flash":
+            return self.attention[0][1] if self.attention else None
+        return dict(self.attention).get(kernel)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from budget import units
 from budget.errors import BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
+    FUSED_KERNELS,
     OVERLAP_SLOWDOWN,
     Batch,
     Device,
@@ -357,7 +358,8 @@ class _Resolver:
         """A device written out, or a preset (`budget.catalog.devices`) plus overrides.
 
         An explicit ``matmul_efficiency`` replaces the preset's calibrated GEMM curve by that
-        flat fraction; ``memory_efficiency`` replaces the bandwidth fraction.
+        flat fraction; ``memory_efficiency`` replaces the bandwidth fraction;
+        ``attention_efficiency`` the measured rate of whichever fused attention kernel runs.
         """
         preset = None
         if "preset" in tree:
@@ -401,11 +403,14 @@ class _Resolver:
                 name=preset.name,
                 gemm=preset.gemm,
                 memory_efficiency=preset.memory_efficiency,
+                attention=preset.attention,
             )
         if "matmul_efficiency" in tree:
             device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
         if "memory_efficiency" in tree:
             device = replace(device, memory_efficiency=float(tree["memory_efficiency"]))
+        if "attention_efficiency" in tree:
+            device = replace(device, attention_efficiency=float(tree["attention_efficiency"]))
         return device
 
     def topology(self, tree: Tree) -> Topology | None:
@@ -862,6 +867,24 @@ class _Checks:
             )
 
 
+def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
+    """A named fused-attention kernel needs a rate on this device: a preset that measured
+    others (FlashAttention-3 is Hopper-only, for one) would otherwise time it silently on
+    the GEMM curve. A device with no measurement at all, or an ``attention_efficiency``,
+    prices any kernel."""
+    if kernel not in FUSED_KERNELS or device.attention_fraction(kernel) is not None:
+        return
+    if not device.attention:
+        return
+    measured = ", ".join(name for name, _ in device.attention)
+    r.error(
+        "$.model.attention",
+        f"model.attention = {kernel}, but the {device.name} preset has no measured rate for "
+        f"it (it has {measured}); use one of those, flash for its default, or give "
+        "device.attention_efficiency",
+    )
+
+
 def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
 
@@ -884,6 +907,8 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
             f"peak to time its GEMMs with (it lists {', '.join(k for k, _ in device.flops)}); "
             f"use one of those or add device.flops.{precision.matmul}",
         )
+    if model is not None and device is not None:
+        _check_attention_kernel(r, model.attention, device)
     topology = r.topology(tree["topology"])
     overlap = tree.get("overlap", {})
     transitions: tuple[Transition, ...] = ()
