@@ -13,7 +13,9 @@ roofline. Counts follow the usual accounting:
   such matmuls against the forward's two, 2.5 times the forward (Dao et al., arXiv
   2205.14135, section 3.2 and appendix B.4).
 - Norms, activation functions, dropout and residual additions are memory-bound: what counts
-  is the bytes they read and write.
+  is the bytes they read and write. Rotary position embeddings rotate Q and K after the QKV
+  projection (Su et al., arXiv 2104.09864, section 3.4.2), one kernel that reads and writes
+  both (Megatron-LM's ``apply_rope_fusion``, Transformer Engine's fused RoPE).
 - Model FLOPs for utilisation (MFU) are 6·N per token plus 12·L·h·s for attention
   (Chowdhery et al., PaLM, arXiv 2204.02311, appendix B), whatever is recomputed.
 """
@@ -91,6 +93,16 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
+def rotary(plan: Plan, s: Shapes) -> list[Work]:
+    """Rotary embeddings: one read and one write of this rank's Q and K (none for a learned
+    position table, which is added once at the embedding)."""
+    if plan.model.position != "rope":
+        return []
+    return [
+        elementwise("rotary embedding of Q and K", 2 * s.act * s.tokens * (s.q_cols + s.kv_cols))
+    ]
+
+
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     e = DTYPE_BYTES[plan.precision.matmul]
     h = s.hidden
@@ -98,6 +110,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     return [
         elementwise("attention norm", 2 * norm),
         gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e),
+        *rotary(plan, s),
         *attention_core(plan, s),
         gemm("attention output projection", s.tokens, s.q_cols, h, e),
         elementwise(

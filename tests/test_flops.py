@@ -50,3 +50,19 @@ def test_every_backward_block_accumulates_its_own_parameters() -> None:
     (acc,) = [w for w in mlp.works if w.name == "main-grad accumulation"]
     h, f = 12288, 49152 // plan.parallel.tp
     assert acc.bytes == 8 * (h * f + f + f * h + h + 2 * h)
+
+
+def test_rotary_embeddings_read_and_write_q_and_k() -> None:
+    """Llama 3 70B at TP 8 (plans/llama3-70b.yaml: 64 heads of 128, 8 KV heads, sequence
+    8192, micro-batch 1): a rank holds 8 query heads (1024 columns) and one KV head (128), so
+    RoPE reads and writes 8192 x (1024 + 128) bf16 values: 2 x 2 x 8192 x 1152 bytes. GPT-3's
+    learned positions have no such pass."""
+    plan = load_plan(PLAN.parent / "llama3-70b.yaml")
+    assert (plan.parallel.tp, plan.batch.seq, plan.batch.micro) == (8, 8192, 1)
+    stage = derive(plan).stages[0]
+    forward = next(p for p in stage.phases if p.name == "forward.attention")
+    (rope,) = [w for w in forward.works if w.name == "rotary embedding of Q and K"]
+    tokens = 8192 // plan.parallel.cp
+    assert rope.kind == "elementwise" and rope.bytes == 2 * 2 * tokens * (1024 + 128)
+    gpt3 = derive(load_plan(PLAN)).stages[0]
+    assert not [w for p in gpt3.phases for w in p.works if "rotary" in w.name]
