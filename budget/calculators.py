@@ -9,7 +9,7 @@ message; the CLI prints it as ``budget: error: ...`` and exits 2.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage
@@ -53,7 +53,8 @@ class CollectiveResult:
         for a multi-stage algorithm and ``candidates`` when ``auto`` chose.
 
         latency_s and bandwidth_Bps are α and B_eff of the link the collective is priced at
-        (for a multi-level algorithm, the slowest link it uses; each stage gives its own).
+        (for a multi-level algorithm, the slowest link it uses; each stage gives its own),
+        B_eff as reached at this size on a link with a bandwidth ramp.
         """
         cost = self.cost
         out: dict[str, Any] = {
@@ -65,7 +66,9 @@ class CollectiveResult:
             "sent_bytes": int(cost.sent_bytes),
             "recv_bytes": int(cost.recv_bytes),
             "latency_s": float(cost.link.latency),
-            "bandwidth_Bps": float(cost.link.effective_bandwidth),
+            "bandwidth_Bps": min(
+                float(st.effective_bandwidth) for st in cost.stages if st.link == cost.link
+            ),
             "time_s": float(cost.time_s),
             "bus_bandwidth_Bps": float(cost.bus_bandwidth),
             "algorithm_bandwidth_Bps": float(cost.algorithm_bandwidth),
@@ -104,6 +107,7 @@ def collective(
     latency: str | None,
     levels: list[str],
     algorithm: str | None,
+    ramp: str | None = None,
 ) -> CollectiveResult:
     """Price one collective from command-line strings.
 
@@ -112,6 +116,8 @@ def collective(
     below, so 8:450GB/s:1us then 4:50GB/s:5us is 4 nodes of 8 GPUs = 32 ranks, and
     ``ranks``, if given, must equal the product). Across several levels the default
     algorithm is hierarchical; a flat algorithm is priced at the slowest link spanned.
+    ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
+    single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     """
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
@@ -144,6 +150,12 @@ def collective(
         world = ranks
         link = Level("link", _bandwidth(bandwidth), parse_duration(latency))
         topo_levels = [link]
+    if ramp is not None:
+        from budget.catalog.topologies import RAMPS
+
+        if ramp not in RAMPS:
+            raise ValueError(f"unknown ramp {ramp!r}; expected one of {', '.join(RAMPS)}")
+        topo_levels[0] = replace(topo_levels[0], ramp=RAMPS[ramp])
     topology = Topology(gpus=world, levels=tuple(topo_levels))
     span = span_of_ranks(range(world), topology, "dp")
     cost = price_group(op, size_bytes, span, cast(Algorithm | None, algorithm))
@@ -205,6 +217,6 @@ def _stage_dict(stage: Stage) -> dict[str, Any]:
         "sent_bytes": int(stage.sent_bytes),
         "recv_bytes": int(stage.recv_bytes),
         "latency_s": float(stage.link.latency),
-        "bandwidth_Bps": float(stage.link.effective_bandwidth),
+        "bandwidth_Bps": float(stage.effective_bandwidth),
         "time_s": float(stage.time_s),
     }

@@ -277,6 +277,13 @@ def collective_command(
         str | None,
         typer.Option(help="ring, recursive, tree, pairwise, bruck, hierarchical or auto."),
     ] = None,
+    ramp: Annotated[
+        str | None,
+        typer.Option(
+            help="Measured bandwidth ramp of the (innermost) link by message size: nvlink3 "
+            "or nvlink4, as the topology presets' NVLink levels carry."
+        ),
+    ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Price one collective: phases, bytes sent/received per rank, time."""
@@ -284,7 +291,7 @@ def collective_command(
     from budget.render.calculators import render_collective
 
     try:
-        result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm)
+        result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm, ramp)
     except ValueError as error:
         raise _usage(str(error)) from None
     render_collective(_stdout(), result, fmt.value)

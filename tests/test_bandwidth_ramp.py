@@ -156,3 +156,17 @@ def test_an_unknown_ramp_is_refused_with_its_place(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "$.topology.levels[0].ramp" in result.stderr
     assert result.stdout == ""
+
+
+def test_the_collective_calculator_takes_the_same_ramp() -> None:
+    """`budget collective --ramp nvlink4` prices the link as a plan's ramped level does."""
+    args = ["collective", "all-gather", "--ranks", "8", "--size", "64MiB"]
+    args += ["--bandwidth", "370GB/s", "--latency", "3us", "--ramp", "nvlink4", "-f", "json"]
+    out = json.loads(runner.invoke(app, route(args)).stdout)
+    share = RAMPS["nvlink4"].share("all-gather", 64 * MiB)
+    assert out["bandwidth_Bps"] == pytest.approx(370e9 * share)
+    assert out["time_s"] == pytest.approx(7 * ALPHA + 7 / 8 * 64 * MiB / (370e9 * share))
+    table = runner.invoke(app, route(args[:-2]), env={"COLUMNS": "80"}).stdout
+    assert f"{round(100 * share)} % of B at this size" in table
+    bad = runner.invoke(app, route([*args[:-3], "nvlink9"]))
+    assert bad.exit_code == 2 and "unknown ramp 'nvlink9'" in bad.stderr

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from budget.collectives import Stage
+    from budget.plan.model import Level
 
 __all__ = ["render_collective", "render_roofline"]
 
@@ -117,7 +118,7 @@ def _links(result: CollectiveResult) -> str:
     used = set(result.cost.links)
     parts = [
         f"B {format_rate(level.bandwidth / level.shared_by)} per GPU, "
-        f"α {format_duration(level.latency)}"
+        f"α {format_duration(level.latency)}" + _ramp_text(result, level)
         for level in result.levels
         if level.name in used
     ]
@@ -125,6 +126,18 @@ def _links(result: CollectiveResult) -> str:
         return parts[0]
     names = [level.name for level in result.levels if level.name in used]
     return "; ".join(f"{name}: {part}" for name, part in zip(names, parts, strict=True))
+
+
+def _ramp_text(result: CollectiveResult, level: Level) -> str:
+    """ ", reaching 86 % of B at this size (nvlink4 ramp)" for a ramped level."""
+    stages = [s for s in result.cost.stages if s.link.name == level.name and s.link.ramp]
+    if not stages:
+        return ""
+    shares = {
+        round(100 * float(s.effective_bandwidth) / s.link.effective_bandwidth) for s in stages
+    }
+    reached = " and ".join(f"{v} %" for v in sorted(shares))
+    return f", {reached} of B at this size (measured ramp)"
 
 
 def _bound(latency_s: Any, bandwidth_s: Any) -> str:
@@ -186,7 +199,9 @@ def _sections(
         )
         for i, header in enumerate(headers):
             numeric = show_header and i >= 2
-            table.add_column(header, justify="right" if numeric else "left", no_wrap=True)
+            # a two-column table's value wraps; its quantity and every number stay whole
+            wraps = len(headers) == 2 and i == 1
+            table.add_column(header, justify="right" if numeric else "left", no_wrap=not wraps)
         for row in rows:
             table.add_row(*row)
         console.print(table, markup=False, highlight=False)
