@@ -241,6 +241,13 @@ def build_report(plan: Plan) -> Report:
         "name": plan.device.name,
         "memory_bytes": plan.device.memory,
         "reserved_bytes": plan.device.reserved,
+        # the fused-attention kernel and the fraction of peak it is timed at (None: eager, or
+        # no measurement on this device, so the GEMM curve)
+        "attention": m.attention,
+        "attention_kernel": plan.device.attention_kernel(m.attention),
+        "attention_fraction": plan.device.attention_fraction(m.attention)
+        if m.attention != "eager"
+        else None,
     }
     phases = _phase_rows(step, mem, times, timing)
     return Report(

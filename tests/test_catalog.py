@@ -275,3 +275,16 @@ def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> N
     assert len(set(peaks.values())) == 1  # every fused kernel keeps only row statistics
     eager = _resolve(_tree(model={"preset": "llama3-8b", "attention": "eager"}))
     assert build_report(eager).worst.peak_bytes > peaks["flash"]
+
+
+def test_the_report_says_which_kernel_times_attention() -> None:
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    report = build_report(_resolve(_tree()))
+    assert report.device["attention_kernel"] == "cudnn"
+    assert report.device["attention_fraction"] == pytest.approx(521.1 / 989, rel=1e-4)
+    assert "attention: flash = cudnn at 52.7% of peak (measured)" in header(report)[-1]
+    b200 = build_report(_resolve(_tree(device={"preset": "b200"})))
+    assert b200.device["attention_fraction"] is None
+    assert "attention: flash on the GEMM curve (not measured on this device)" in header(b200)[-1]

@@ -179,6 +179,12 @@ class Device:
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)
 
+    def attention_kernel(self, kernel: str) -> str:
+        """The kernel ``kernel`` runs as here: ``flash`` is the device's default one."""
+        if kernel == "flash" and self.attention:
+            return self.attention[0][0]
+        return kernel
+
     def attention_fraction(self, kernel: str) -> float | None:
         """The fraction of the peak fused attention ``kernel`` reaches here: the plan's
         ``attention_efficiency`` if given, else the measured one (``flash``: the device's

@@ -61,8 +61,21 @@ def header(report: Report) -> list[str]:
         f"{m['vocab']:,})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
-        f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B)",
+        f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
+        f"{_attention_text(report.device)}",
     ]
+
+
+def _attention_text(device: dict[str, Any]) -> str:
+    """How the attention core is timed: the kernel and its measured share of the peak."""
+    kernel, fraction = device.get("attention"), device.get("attention_fraction")
+    runs = device.get("attention_kernel", kernel)
+    if kernel == "eager":
+        return "attention: eager (two GEMMs and a softmax)"
+    name = kernel if runs == kernel else f"{kernel} = {runs}"
+    if fraction is None:
+        return f"attention: {name} on the GEMM curve (not measured on this device)"
+    return f"attention: {name} at {fraction:.1%} of peak (measured)"
 
 
 def _bar(row: StageRow, width: int = 8) -> Text:
