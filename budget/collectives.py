@@ -34,7 +34,7 @@ one plan or a million. Only ``auto`` needs scalars, because it chooses one algor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias, cast, get_args
 
 import numpy as np
@@ -140,6 +140,10 @@ class Stage:
     group_recv_bytes: Count
     link: Link
     instances: Count = 1
+    # the collective whose measured bandwidth ramp this stage reads: its own op, or the
+    # collective it is one level of (NCCL runs a one-node all-reduce as one, not as a
+    # reduce-scatter and an all-gather; a decomposition with one rank outside must agree)
+    ramp_op: Op | None = None
 
     @property
     def latency_s(self) -> Seconds:
@@ -149,7 +153,7 @@ class Stage:
     @property
     def effective_bandwidth(self) -> Seconds:
         """B_eff this stage reaches: the link's plateau, ramped by the stage's size S."""
-        return self.link.bandwidth_at(self.op, self.size_bytes)
+        return self.link.bandwidth_at(self.ramp_op or self.op, self.size_bytes)
 
     @property
     def bandwidth_s(self) -> Seconds:
@@ -428,7 +432,8 @@ def collective_cost(
         if len(tiers) == 1:
             algo = default_algorithm(op)
         else:
-            stages = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)
+            pieces = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)
+            stages = [replace(stage, ramp_op=op) for stage in pieces]
             return CollectiveCost(op, "hierarchical", ranks, size_bytes, tuple(stages))
     link = _slowest(t.link for t in tiers)
     stage = flat_stage(op, algo, ranks, size_bytes, link, element_bytes=element_bytes)

@@ -377,3 +377,29 @@ def test_cli_limits_reach_the_json_and_bad_limits_exit_2():
     bad = CliRunner().invoke(app, route(["search", str(GPT3), "--max-exposed", "lots"]))
     assert bad.exit_code == 2 and bad.stdout == ""
     assert bad.stderr.startswith("budget: error: --max-exposed 'lots'")
+
+
+def test_preset_hardware_with_ramps_and_fused_attention_budgets_exactly_as_searched(tmp_path):
+    """On preset hardware NVLink collectives read a measured bandwidth ramp and attention a
+    measured kernel rate; a collective inside one node priced as a two-level one (an empty
+    outer level, as the search lays groups out) must still cost what the flat one costs."""
+    path = tmp_path / "h100.yaml"
+    path.write_text(
+        "name: llama3-70b on presets\n"
+        "model: {preset: llama3-70b}\n"
+        "batch: {seq: 8192, micro: 1, global: 512}\n"
+        "parallel: {tp: 8, pp: 4, dp: 16, sequence_parallel: true, zero: 1}\n"
+        "device: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 64}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(path)
+    assert plan.topology.levels[0].ramp is not None
+    outcome = search(plan, 512, Space(micro=(1,), zero=(1,), virtual_stages=(1,)))
+    assert outcome.fitting > 0
+    random.seed(7)
+    for result in random.sample(list(outcome.results), min(12, len(outcome.results))):
+        report = build_report(apply(plan, result.config, 512))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
