@@ -22,7 +22,7 @@ roofline. Counts follow the usual accounting:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from budget.plan.model import DTYPE_BYTES
@@ -42,6 +42,7 @@ class Work:
     flops: int
     bytes: int  # read + written in device memory
     count: int = 1
+    backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
         return Work(
@@ -98,9 +99,9 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
     position table, which is added once at the embedding)."""
     if plan.model.position != "rope":
         return []
-    return [
-        elementwise("rotary embedding of Q and K", 2 * s.act * s.tokens * (s.q_cols + s.kv_cols))
-    ]
+    qk = 2 * s.act * s.tokens * (s.q_cols + s.kv_cols)
+    # its backward rotates the incoming gradients back: the same bytes, nothing saved is read
+    return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -165,7 +166,10 @@ def backward_of(works: list[Work]) -> list[Work]:
     """Input and weight gradients: GEMMs twice the forward, flash attention 2.5 times,
     memory-bound kernels about twice (they read the saved input and the incoming gradient)."""
     factor = {"matmul": 2.0, "attention": 2.5, "elementwise": 2.0}
-    return [w.scaled(factor[w.kind], f"{w.name} backward") for w in works]
+    return [
+        w.scaled(factor[w.kind] if w.backward is None else w.backward, f"{w.name} backward")
+        for w in works
+    ]
 
 
 def grad_accumulation(plan: Plan, params: int) -> list[Work]:

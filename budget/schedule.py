@@ -117,7 +117,12 @@ def work_time(plan: Plan, work: Work) -> float:
     fused = None
     if work.kind == "attention" and plan.model.attention != "eager":
         fused = device.attention_fraction(plan.model.attention)
-    compute = work.flops / (peak * (fused or gemm_efficiency(device, work, dtype)))
+    if fused is not None:
+        # the kernels' rates were measured in bf16 and are fractions of the bf16 peak;
+        # fp8 or fp32 activations do not make the measured kernel faster or slower
+        compute = work.flops / ((device.peak_flops("bf16") or peak) * fused)
+    else:
+        compute = work.flops / (peak * gemm_efficiency(device, work, dtype))
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     return vmax(compute, memory) * work.count
 

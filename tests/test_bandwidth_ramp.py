@@ -24,40 +24,40 @@ runner = CliRunner()
 
 
 def _share(f: float, n: int, size: int, t_s: float, plateau_Bps: float) -> float:
-    """(f·S / B_plateau) / (t − n·α), written out for the hand calculations below."""
+    """(f·S / B) / (t − n·α), B the preset level's bandwidth, for the hand calculations."""
     return (f * size / plateau_Bps) / (t_s - n * ALPHA)
 
 
 def test_h100_ring_all_reduce_share_at_64_mib_from_the_together_run() -> None:
-    """Together's 8 x H100 ring all_reduce: 64 MiB in 368.67 µs, 8 GiB in 40838.9 µs
-    (busbw 368.09 GB/s). f = 2·7/8 = 1.75, n = 14: (1.75·64 MiB / 368.09 GB/s = 319.05 µs)
-    / (368.67 − 42 µs) = 0.977. The α term alone already explains most of this curve."""
-    plateau = 1.75 * 8 * GiB / 40838.9e-6
-    expected = _share(1.75, 14, 64 * MiB, 368.67e-6, plateau)
-    assert expected == pytest.approx(0.9767, abs=1e-4)
+    """Together's 8 x H100 ring all_reduce: 64 MiB in 368.67 µs. f = 2·7/8 = 1.75, n = 14,
+    B = 370 GB/s (the NVLink 4 presets): (1.75·64 MiB / 370 GB/s = 317.41 µs) / (368.67 − 42
+    µs) = 0.972. The α term alone already explains most of this curve."""
+    expected = _share(1.75, 14, 64 * MiB, 368.67e-6, 370e9)
+    assert expected == pytest.approx(0.9717, abs=1e-4)
     assert RAMPS["nvlink4"].share("all-reduce", 64 * MiB) == pytest.approx(expected)
 
 
 def test_h100_all_gather_share_at_64_mib() -> None:
-    """all_gather_ring.out: 64 MiB in 210.89 µs, 8 GiB in 21001.0 µs (357.90 GB/s); f = 7/8,
-    n = 7: (58,720,256 B / 357.90 GB/s = 164.07 µs) / (210.89 − 21 µs) = 0.864."""
-    plateau = 0.875 * 8 * GiB / 21001.0e-6
-    expected = _share(0.875, 7, 64 * MiB, 210.89e-6, plateau)
-    assert expected == pytest.approx(0.8640, abs=1e-4)
+    """all_gather_ring.out: 64 MiB in 210.89 µs; f = 7/8, n = 7, B = 370 GB/s:
+    (58,720,256 B / 370 GB/s = 158.70 µs) / (210.89 − 21 µs) = 0.836. At 8 GiB it reaches
+    357.90 GB/s, 0.967 of 370: the ramp keeps all-gather's lower plateau."""
+    expected = _share(0.875, 7, 64 * MiB, 210.89e-6, 370e9)
+    assert expected == pytest.approx(0.8358, abs=1e-4)
+    assert RAMPS["nvlink4"].share("all-gather", 8 * GiB) == pytest.approx(357.9 / 370, abs=2e-3)
     assert RAMPS["nvlink4"].share("all-gather", 64 * MiB) == pytest.approx(expected)
 
 
 def test_a100_share_at_64_mib_is_the_mean_of_the_azure_and_oci_runs() -> None:
-    """Azure ND A100 v4 prints only busbw: 166.63 GB/s at 64 MiB, 231.58 at 8 GiB, so
-    t = 1.75·64 MiB / 166.63 GB/s = 704.8 µs and the share is 507.1 / 662.8 = 0.765. OCI's
-    BM.GPU4.8 run: 589.5 µs at 64 MiB, 63929 µs at 8 GiB (235.14 GB/s): 499.4 / 547.5 =
-    0.912. The NVLink 3 ramp averages them: 0.839, and all-gather and reduce-scatter take the
-    same (no 8 x A100 sweep of them was found)."""
+    """Azure ND A100 v4 prints only busbw: 166.63 GB/s at 64 MiB, so t = 1.75·64 MiB /
+    166.63 GB/s = 704.8 µs and, against the presets' 231.58 GB/s, the share is 507.1 / 662.8
+    = 0.765. OCI's BM.GPU4.8 run: 589.5 µs at 64 MiB: 507.1 / 547.5 = 0.926. The NVLink 3
+    ramp averages them: 0.846, and all-gather and reduce-scatter take the same (no 8 x A100
+    sweep of them was found)."""
     azure_t = 1.75 * 64 * MiB / 166.63e9
     azure = _share(1.75, 14, 64 * MiB, azure_t, 231.58e9)
-    oci = _share(1.75, 14, 64 * MiB, 589.5e-6, 1.75 * 8 * GiB / 63929e-6)
+    oci = _share(1.75, 14, 64 * MiB, 589.5e-6, 231.58e9)
     assert azure == pytest.approx(0.7651, abs=1e-3)
-    assert oci == pytest.approx(0.9122, abs=1e-3)
+    assert oci == pytest.approx(0.9263, abs=1e-3)
     ramp = RAMPS["nvlink3"]
     for op in ("all-reduce", "all-gather", "reduce-scatter"):
         assert ramp.share(op, 64 * MiB) == pytest.approx((azure + oci) / 2, rel=2e-3)
@@ -67,21 +67,25 @@ def test_points_where_latency_dominates_are_dropped() -> None:
     """A point is kept only where n·α is at most half the measured time: at 1 MiB the ring
     all_reduce on 8 H100s takes 46.52 µs, of which 14 x 3 µs would be latency."""
     sizes = [MiB, 64 * MiB, 8 * GiB]
-    kept = curve_shares("all-reduce", sizes, [46.52e-6, 368.67e-6, 40838.9e-6], ALPHA)
+    kept = curve_shares("all-reduce", sizes, [46.52e-6, 368.67e-6, 40838.9e-6], ALPHA, 370e9)
     assert sorted(kept) == [64 * MiB, 8 * GiB]
-    assert kept[8 * GiB] == 1.0
+    # the run's own plateau, 368.09 of 370 GB/s, and a little more once n·α is taken out
+    assert kept[8 * GiB] == pytest.approx(_share(1.75, 14, 8 * GiB, 40838.9e-6, 370e9))
+    assert kept[8 * GiB] == pytest.approx(0.9959, abs=1e-4)
+    faster = curve_shares("all-reduce", sizes[1:], [1e-4, 1e-3], ALPHA, 370e9)
+    assert faster == {64 * MiB: 1.0, 8 * GiB: 1.0}  # faster than the link: clipped
 
 
-def test_share_holds_below_the_first_point_interpolates_in_log_size_and_is_1_above() -> None:
+def test_share_holds_outside_the_points_and_interpolates_in_log_size() -> None:
     ramp = RAMPS["nvlink4"]
     (op, sizes, shares) = next(p for p in ramp.points if p[0] == "all-gather")
     assert ramp.share(op, 1024) == shares[0]
-    assert ramp.share(op, 16 * GiB) == 1.0
+    assert ramp.share(op, 16 * GiB) == shares[-1]
     middle = 2 ** ((np.log2(sizes[3]) + np.log2(sizes[4])) / 2)  # halfway in log size
     assert ramp.share(op, middle) == pytest.approx((shares[3] + shares[4]) / 2)
     assert ramp.share("all-to-all", 64 * MiB) == 1.0  # no sweep: the plateau
     array = ramp.share(op, np.array([1024, 64 * MiB, 16 * GiB]))
-    assert array.tolist() == pytest.approx([shares[0], ramp.share(op, 64 * MiB), 1.0])
+    assert array.tolist() == pytest.approx([shares[0], ramp.share(op, 64 * MiB), shares[-1]])
 
 
 def test_a_collective_on_a_ramped_link_is_priced_at_the_share_of_its_size() -> None:
@@ -96,7 +100,9 @@ def test_a_collective_on_a_ramped_link_is_priced_at_the_share_of_its_size() -> N
     assert flat.latency_s == cost.latency_s
     assert flat.bandwidth_s == pytest.approx(cost.bandwidth_s * share)
     many = collective_cost("all-gather", [Tier(8, ramped)], np.array([64 * MiB, 8 * GiB]))
-    assert many.time_s.tolist() == pytest.approx([cost.time_s, 7 * ALPHA + 7 / 8 * 8 * GiB / 370e9])
+    at_8gib = RAMPS["nvlink4"].share("all-gather", 8 * GiB)
+    last = 7 * ALPHA + 7 / 8 * 8 * GiB / (370e9 * at_8gib)
+    assert many.time_s.tolist() == pytest.approx([cost.time_s, last])
 
 
 def test_presets_ramp_nvlink_and_not_infiniband() -> None:

@@ -64,5 +64,8 @@ def test_rotary_embeddings_read_and_write_q_and_k() -> None:
     (rope,) = [w for w in forward.works if w.name == "rotary embedding of Q and K"]
     tokens = 8192 // plan.parallel.cp
     assert rope.kind == "elementwise" and rope.bytes == 2 * 2 * tokens * (1024 + 128)
+    backward = next(p for p in stage.phases if p.name == "backward.attention")
+    (back,) = [w for w in backward.works if w.name == "rotary embedding of Q and K backward"]
+    assert back.bytes == rope.bytes  # gradients rotated back: the same traffic
     gpt3 = derive(load_plan(PLAN)).stages[0]
     assert not [w for p in gpt3.phases for w in p.works if "rotary" in w.name]

@@ -14,11 +14,15 @@ measured time t(S) gives
 
     share(S) = (f·S / B_plateau) / (t(S) − n·α)
 
-with B_plateau the busbw at the largest size and α the engine's NVLink latency
-(`budget.catalog.topologies.NVLINK_LATENCY`). A point is kept only where n·α is at most half
-of t(S) (below that the subtraction is noise); shares are clipped to 1; where a curve gives
-only busbw, t(S) = f·S / busbw(S). Several runs of one generation and operation are averaged
-at each size. Below the smallest kept size the share holds (`BandwidthRamp`).
+with B the level's bandwidth in the topology presets (NVLink 3: 231.58 GB/s, NVLink 4: 370
+GB/s; so an operation whose own plateau is lower, like all-gather's 357.9 GB/s on H100, keeps
+that difference at every size) and α the engine's NVLink latency
+(`budget.catalog.topologies.NVLINK_LATENCY`, 3 µs). A point is kept only where n·α is at most
+half of t(S) (below that the subtraction is noise); shares are clipped to 1; where a curve
+gives only busbw, t(S) = f·S / busbw(S). Several runs of one generation and operation are
+averaged at the sizes all of them kept. Below the smallest kept size and above the largest
+the share holds (`BandwidthRamp`). The shares are read at the same S for any group size and
+any written level's α, though they were derived from 8-rank groups at α = 3 µs.
 
 Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a training run:
 
@@ -26,10 +30,10 @@ Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a trainin
   ``Azure_Results/ND_A100_v4_results.md`` at 3bb66ca (A100-SXM4-80GB, NCCL 2.18.5; in-place
   busbw only) and oracle-japan/ocitutorials ``tutorials/_intermediates/spinup-gpu-cluster.md``
   (an earlier version of the page; BM.GPU4.8, 8 x A100-SXM4-40GB, ``all_reduce_perf -g 8``).
-  The two disagree most at 64-128 MiB (shares 0.77 and 0.91 at 64 MiB). No all-gather or
-  reduce-scatter sweep of 8 A100s was found: those take the all-reduce shares, an
-  assumption (on the H100 below, all-gather and reduce-scatter reach 5-15 points less than
-  all-reduce between 8 and 64 MiB).
+  The two disagree by 15 to 19 points from 4 to 64 MiB (0.52 and 0.34 at 4 MiB, 0.77 and 0.91
+  at 64 MiB). No all-gather or reduce-scatter sweep of 8 A100s was found: those take the
+  all-reduce shares, an assumption (on the H100 below, all-gather and reduce-scatter reach
+  10 to 26 points less than all-reduce between 8 and 64 MiB).
 - NVLink 4, 8 x H100 SXM, ring all-reduce, all-gather and reduce-scatter:
   togethercomputer/together-nccl-tests ``benchmarks/H100/results/20260305_220043/`` at 6698e53,
   ``{all_reduce,all_gather,reduce_scatter}_ring.out`` (NCCL 2.26.2, ``NCCL_ALGO=RING``,
@@ -97,12 +101,17 @@ def _factor_steps(op: str, ranks: int) -> tuple[float, int]:
 
 
 def curve_shares(
-    op: str, sizes: Sequence[int], times_s: Sequence[float], alpha: float, ranks: int = _RANKS
+    op: str,
+    sizes: Sequence[int],
+    times_s: Sequence[float],
+    alpha: float,
+    plateau: float,
+    ranks: int = _RANKS,
 ) -> dict[int, float]:
-    """``share(S) = (f·S / B_plateau) / (t(S) − n·α)`` at every size where n·α ≤ t(S)/2,
-    clipped to 1; B_plateau is the busbw at the largest size (module docstring)."""
+    """``share(S) = (f·S / B) / (t(S) − n·α)`` at every size where n·α ≤ t(S)/2, clipped to
+    1; B (``plateau``, bytes/s) is the level's bandwidth in the topology presets (module
+    docstring)."""
     f, n = _factor_steps(op, ranks)
-    plateau = f * sizes[-1] / times_s[-1]
     out: dict[int, float] = {}
     for size, t in zip(sizes, times_s, strict=True):
         if n * alpha <= t / 2:
@@ -120,29 +129,26 @@ def _us(times: Sequence[float]) -> tuple[float, ...]:
 
 
 def _mean_shares(curves: Sequence[dict[int, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Average curves at every size any of them kept, each read by interpolation in log S
-    and held below its first kept size (as `BandwidthRamp.share` reads it)."""
-    sizes = sorted(set().union(*curves))
-    grid = np.log2(sizes)
-    columns = [
-        np.interp(grid, np.log2(sorted(c)), [c[s] for s in sorted(c)], right=1.0) for c in curves
-    ]
-    return tuple(float(s) for s in sizes), tuple(float(v) for v in np.mean(columns, axis=0))
+    """Average curves at the sizes every one of them kept (no curve is extrapolated)."""
+    sizes = sorted(set.intersection(*(set(c) for c in curves)))
+    return tuple(float(s) for s in sizes), tuple(
+        float(np.mean([c[s] for c in curves])) for s in sizes
+    )
 
 
-def nvlink_ramp(generation: int, alpha: float) -> BandwidthRamp:
+def nvlink_ramp(generation: int, alpha: float, plateau: float) -> BandwidthRamp:
     """The measured ramp of NVLink ``generation`` 3 (A100) or 4 (H100, H200; also taken for
-    NVLink 5, which has no sweep here)."""
+    NVLink 5, which has no sweep here), as shares of ``plateau`` bytes/s."""
     if generation == 3:
-        azure = curve_shares(
-            "all-reduce", _SIZES, _times_from_busbw("all-reduce", _A100_AZURE_AR_BUSBW), alpha
-        )
-        oci = curve_shares("all-reduce", _SIZES, _us(_A100_OCI_AR_US), alpha)
+        azure_times = _times_from_busbw("all-reduce", _A100_AZURE_AR_BUSBW)
+        azure = curve_shares("all-reduce", _SIZES, azure_times, alpha, plateau)
+        oci = curve_shares("all-reduce", _SIZES, _us(_A100_OCI_AR_US), alpha, plateau)
         sizes, shares = _mean_shares([azure, oci])
         points = tuple((op, sizes, shares) for op in ("all-reduce", "all-gather", "reduce-scatter"))
         return BandwidthRamp(points, NVLINK3_RAMP_SOURCE)
     curves = {"all-reduce": _H100_AR_US, "all-gather": _H100_AG_US, "reduce-scatter": _H100_RS_US}
     points = tuple(
-        (op, *_mean_shares([curve_shares(op, _SIZES, _us(us), alpha)])) for op, us in curves.items()
+        (op, *_mean_shares([curve_shares(op, _SIZES, _us(us), alpha, plateau)]))
+        for op, us in curves.items()
     )
     return BandwidthRamp(points, NVLINK4_RAMP_SOURCE)

@@ -84,17 +84,17 @@ class TopologyPreset:
     source: str
 
 
-_NVLINK3_RAMP = nvlink_ramp(3, NVLINK_LATENCY)
-_NVLINK4_RAMP = nvlink_ramp(4, NVLINK_LATENCY)
+_NVLINK3_RAMP = nvlink_ramp(3, NVLINK_LATENCY, 300 * GB * NVLINK3_FRACTION)
+_NVLINK4_RAMP = nvlink_ramp(4, NVLINK_LATENCY, 450 * GB * NVLINK4_FRACTION)
 
 
 # The plan language's names for the measured ramps (``topology.levels[].ramp``).
 RAMPS: dict[str, BandwidthRamp] = {"nvlink3": _NVLINK3_RAMP, "nvlink4": _NVLINK4_RAMP}
 
 
-def _nvlink(rate_gb: float, size: int, source: str, fraction: float) -> LinkSpec:
-    """An NVLink level; its ramp is NVLink 3's at NVLink 3's share, NVLink 4's otherwise."""
-    ramp = _NVLINK3_RAMP if fraction == NVLINK3_FRACTION else _NVLINK4_RAMP
+def _nvlink(
+    rate_gb: float, size: int, source: str, fraction: float, ramp: BandwidthRamp
+) -> LinkSpec:
     return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source, ramp)
 
 
@@ -112,7 +112,11 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         (
             # NVLink 3: 600 GB/s bidirectional per GPU through 6 NVSwitches.
             _nvlink(
-                300, 8, f"{_DGX_A100}: NVLink 3, 600 GB/s bidirectional per GPU", NVLINK3_FRACTION
+                300,
+                8,
+                f"{_DGX_A100}: NVLink 3, 600 GB/s bidirectional per GPU",
+                NVLINK3_FRACTION,
+                _NVLINK3_RAMP,
             ),
             # 8 single-port ConnectX-6 HDR 200 Gb/s InfiniBand adapters, one per GPU.
             _ib(200, f"{_DGX_A100}: 8 x ConnectX-6 200 Gb/s HDR InfiniBand"),
@@ -129,6 +133,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 8,
                 f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU",
                 NVLINK4_FRACTION,
+                _NVLINK4_RAMP,
             ),
             # 8 ConnectX-7 400 Gb/s NDR InfiniBand ports (in 4 OSFP cages), one per GPU.
             _ib(400, f"{_DGX_H100}: 8 x ConnectX-7 400 Gb/s NDR InfiniBand"),
@@ -140,7 +145,11 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         8,
         (
             _nvlink(
-                450, 8, "NVIDIA DGX H200 datasheet: NVLink 4, 900 GB/s per GPU", NVLINK4_FRACTION
+                450,
+                8,
+                "NVIDIA DGX H200 datasheet: NVLink 4, 900 GB/s per GPU",
+                NVLINK4_FRACTION,
+                _NVLINK4_RAMP,
             ),
             _ib(400, "NVIDIA DGX H200 datasheet: 8 x ConnectX-7 400 Gb/s NDR InfiniBand"),
         ),
@@ -156,6 +165,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 72,
                 "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU",
                 NVLINK4_FRACTION,
+                _NVLINK4_RAMP,
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
@@ -171,6 +181,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 8,
                 f"{_DGX_H100}: NVLink 4, 900 GB/s bidirectional per GPU",
                 NVLINK4_FRACTION,
+                _NVLINK4_RAMP,
             ),
             # Rail-optimised: GPU i of every node in a 32-node scalable unit shares leaf
             # switch i, one hop (NVIDIA DGX SuperPOD reference architecture, H100: 32-node

@@ -7,6 +7,8 @@ the raw YAML tree.
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -196,15 +198,27 @@ class Device:
         return dict(self.attention).get(kernel)
 
 
+def _interp_log(size: float, sizes: tuple[float, ...], shares: tuple[float, ...]) -> float:
+    """`np.interp` in log2 of one size, without numpy's per-call cost (a plan prices each
+    collective one at a time)."""
+    if size <= sizes[0]:
+        return shares[0]
+    if size >= sizes[-1]:
+        return shares[-1]
+    i = bisect.bisect_right(sizes, size)
+    lo, hi = math.log2(sizes[i - 1]), math.log2(sizes[i])
+    t = (math.log2(size) - lo) / (hi - lo)
+    return shares[i - 1] + t * (shares[i] - shares[i - 1])
+
+
 @dataclass(frozen=True, slots=True)
 class BandwidthRamp:
     """The share of a link's plateau bandwidth a collective of S bytes reaches, by operation.
 
     ``points`` holds, per operation, sizes S (bytes, as nccl-tests counts them: the whole
     buffer) and the measured share at each; between points the share is interpolated in
-    log S, below the first it holds the first value, above the last it is 1 (the plateau).
-    Operations without points run at the plateau. Built from published nccl-tests runs
-    (`budget.catalog.nccl_tests`).
+    log S, outside them it holds the nearest. Operations without points run at the plateau.
+    Built from published nccl-tests runs (`budget.catalog.nccl_tests`).
     """
 
     points: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...]
@@ -229,10 +243,12 @@ class BandwidthRamp:
     def share(self, op: str, size: Any) -> Any:
         """Share of the plateau at ``size`` bytes (a float, or an array for an array)."""
         for name, sizes, shares in self.points:
-            if name == op:
-                x = np.log2(np.maximum(np.asarray(size, dtype=float), 1.0))
-                out = np.interp(x, np.log2(sizes), shares, right=1.0)
-                return out if isinstance(size, np.ndarray) else float(out)
+            if name != op:
+                continue
+            if isinstance(size, np.ndarray):
+                x = np.log2(np.maximum(size.astype(float), 1.0))
+                return np.interp(x, np.log2(sizes), shares)
+            return _interp_log(float(size), sizes, shares)
         return 1.0
 
 
