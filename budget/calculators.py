@@ -150,11 +150,12 @@ def collective(
         world = ranks
         link = Level("link", _bandwidth(bandwidth), parse_duration(latency))
         topo_levels = [link]
-    if ramp is not None:
+    if ramp is not None and ramp != "none":
         from budget.catalog.topologies import RAMPS
 
         if ramp not in RAMPS:
-            raise ValueError(f"unknown ramp {ramp!r}; expected one of {', '.join(RAMPS)}")
+            names = ", ".join(["none", *RAMPS])
+            raise ValueError(f"unknown ramp {ramp!r}; expected one of {names}")
         topo_levels[0] = replace(topo_levels[0], ramp=RAMPS[ramp])
     topology = Topology(gpus=world, levels=tuple(topo_levels))
     span = span_of_ranks(range(world), topology, "dp")

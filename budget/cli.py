@@ -281,7 +281,7 @@ def collective_command(
         str | None,
         typer.Option(
             help="Measured bandwidth ramp of the (innermost) link by message size: nvlink3 "
-            "or nvlink4, as the topology presets' NVLink levels carry."
+            "or nvlink4, as the topology presets' NVLink levels carry; none (the default)."
         ),
     ] = None,
     fmt: FormatOption = Format.table,

@@ -245,6 +245,8 @@ def build_report(plan: Plan) -> Report:
         # no measurement on this device, so the GEMM curve)
         "attention": m.attention,
         "attention_kernel": plan.device.attention_kernel(m.attention),
+        # where the fraction comes from: the device's measurement or the plan's own number
+        "attention_rate": "plan" if plan.device.attention_efficiency is not None else "measured",
         "attention_fraction": plan.device.attention_fraction(m.attention)
         if m.attention != "eager"
         else None,

@@ -277,6 +277,19 @@ def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> N
     assert build_report(eager).worst.peak_bytes > peaks["flash"]
 
 
+def test_fused_attention_rates_are_of_the_bf16_peak_whatever_the_activations() -> None:
+    """The kernels were measured in bf16: fp8 activations (whose peak is twice bf16's on an
+    H100) do not make the measured cuDNN kernel twice as fast."""
+    from budget.schedule import work_time
+
+    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6)
+    bf16 = _resolve(_tree())
+    fp8 = _resolve(_tree(precision={"matmul": "fp8", "activations": "fp8"}))
+    assert fp8.precision.activations == "fp8"
+    assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
+    assert work_time(bf16, core) == pytest.approx(core.flops / (989e12 * 521.1 / 989), rel=1e-3)
+
+
 def test_the_report_says_which_kernel_times_attention() -> None:
     from budget.pipeline import build_report
     from budget.render.table import header
@@ -288,3 +301,7 @@ def test_the_report_says_which_kernel_times_attention() -> None:
     b200 = build_report(_resolve(_tree(device={"preset": "b200"})))
     assert b200.device["attention_fraction"] is None
     assert "attention: flash on the GEMM curve (not measured on this device)" in header(b200)[-1]
+    given = build_report(
+        _resolve(_tree(device={"preset": "h100-sxm", "attention_efficiency": 0.3}))
+    )
+    assert "flash = cudnn at 30.0% of peak (device.attention_efficiency)" in header(given)[-1]

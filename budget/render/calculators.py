@@ -129,7 +129,7 @@ def _links(result: CollectiveResult) -> str:
 
 
 def _ramp_text(result: CollectiveResult, level: Level) -> str:
-    """ ", reaching 86 % of B at this size (nvlink4 ramp)" for a ramped level."""
+    """ ", 86 % of B at this size (measured ramp)" for a ramped level, "" otherwise."""
     stages = [s for s in result.cost.stages if s.link.name == level.name and s.link.ramp]
     if not stages:
         return ""

@@ -75,7 +75,8 @@ def _attention_text(device: dict[str, Any]) -> str:
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     if fraction is None:
         return f"attention: {name} on the GEMM curve (not measured on this device)"
-    return f"attention: {name} at {fraction:.1%} of peak (measured)"
+    given = "device.attention_efficiency" if device.get("attention_rate") == "plan" else "measured"
+    return f"attention: {name} at {fraction:.1%} of peak ({given})"
 
 
 def _bar(row: StageRow, width: int = 8) -> Text:
