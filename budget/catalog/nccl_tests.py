@@ -30,7 +30,7 @@ Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a trainin
   ``Azure_Results/ND_A100_v4_results.md`` at 3bb66ca (A100-SXM4-80GB, NCCL 2.18.5; in-place
   busbw only) and oracle-japan/ocitutorials ``tutorials/_intermediates/spinup-gpu-cluster.md``
   (an earlier version of the page; BM.GPU4.8, 8 x A100-SXM4-40GB, ``all_reduce_perf -g 8``).
-  The two disagree by 15 to 19 points from 4 to 64 MiB (0.52 and 0.34 at 4 MiB, 0.77 and 0.91
+  The two disagree by 7 to 18 points from 4 to 64 MiB (0.52 and 0.34 at 4 MiB, 0.77 and 0.93
   at 64 MiB). No all-gather or reduce-scatter sweep of 8 A100s was found: those take the
   all-reduce shares, an assumption (on the H100 below, all-gather and reduce-scatter reach
   10 to 26 points less than all-reduce between 8 and 64 MiB).
