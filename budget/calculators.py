@@ -66,9 +66,7 @@ class CollectiveResult:
             "sent_bytes": int(cost.sent_bytes),
             "recv_bytes": int(cost.recv_bytes),
             "latency_s": float(cost.link.latency),
-            "bandwidth_Bps": min(
-                float(st.effective_bandwidth) for st in cost.stages if st.link == cost.link
-            ),
+            "bandwidth_Bps": cost.reached_bandwidth,
             "time_s": float(cost.time_s),
             "bus_bandwidth_Bps": float(cost.bus_bandwidth),
             "algorithm_bandwidth_Bps": float(cost.algorithm_bandwidth),

@@ -225,6 +225,13 @@ class CollectiveCost:
         return _slowest(s.link for s in self.stages)
 
     @property
+    def reached_bandwidth(self) -> float:
+        """B_eff the collective reaches on its slowest link at its size (the least of that
+        link's stages; the plateau on a link without a ramp). Scalar sizes only."""
+        link = self.link
+        return min(float(s.effective_bandwidth) for s in self.stages if s.link == link)
+
+    @property
     def links(self) -> tuple[str, ...]:
         """Names of the links used, innermost first, without repeats."""
         return tuple(dict.fromkeys(s.link.name for s in self.stages))

@@ -86,7 +86,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         dst=move.dst,
         link=" + ".join(cost.links),
         alpha_s=link.latency,
-        bandwidth_Bps=min(float(st.effective_bandwidth) for st in cost.stages if st.link == link),
+        bandwidth_Bps=cost.reached_bandwidth,
         latency_term_s=float(cost.latency_s) if timing else None,
         bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
         time_s=timed.time_s if timing else None,

@@ -172,8 +172,8 @@ class Device:
     memory_efficiency: float = 0.8
     # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.
     gemm: GemmCurve | None = None
-    # Fused attention (forward and backward together), as a fraction of the dense peak of
-    # the format it runs in, per kernel measured on the device; the first is what
+    # Fused attention (forward and backward together), as a fraction of the dense bf16
+    # peak (the format it was measured in), per kernel measured on the device; the first is what
     # ``model.attention: flash`` means there (`budget.catalog.devices`).
     attention: tuple[tuple[str, float], ...] = ()
     attention_efficiency: float | None = None  # written in the plan: every fused kernel
