@@ -23,10 +23,10 @@ roofline. Counts follow the usual accounting:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from budget.plan.model import DTYPE_BYTES
-from budget.vector import every, vround
+from budget.vector import every, vmax, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -43,6 +43,7 @@ class Work:
     bytes: int  # read + written in device memory
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
+    keys: Any = 0  # fused attention: keys each query meets in one kernel call (its rate's length)
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
         return Work(
@@ -51,6 +52,7 @@ class Work:
             vround(self.flops * factor),
             vround(self.bytes * factor),
             self.count,
+            keys=self.keys,
         )
 
 
@@ -79,7 +81,8 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     q, kv = s.act * s.tokens * s.q_cols, s.act * s.micro * s.seq_kv * s.kv_cols
     if plan.model.attention != "eager":
         flops = 2 * matmul // 2 if s.causal else 2 * matmul  # causal: upper tiles skipped
-        return [Work("attention core (flash)", "attention", flops, 2 * q + 2 * kv)]
+        core = Work("attention core (flash)", "attention", flops, 2 * q + 2 * kv)
+        return [replace(core, keys=attention_keys(plan, s.seq_kv))]
     scores = s.act * s.micro * s.heads * q_rows * s.seq_kv
     softmax = 2 * scores + (2 * scores + scores // s.act if plan.model.dropout else 0)
     return [
@@ -92,6 +95,18 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
         ),
         Work("attention × V", "attention", matmul, scores + kv + q),
     ]
+
+
+def attention_keys(plan: Plan, seq_kv: Any) -> Any:
+    """Keys each query meets in one call of the fused attention kernel, the length its
+    measured rate depends on: the whole sequence, or under ring context parallelism one
+    step's block of it, seq / cp (each of the cp steps is its own kernel call on the keys the
+    ring has just delivered; Liu et al., "Ring Attention", arXiv 2310.01889, section 3).
+    All-gather context parallelism calls the kernel once on the gathered keys."""
+    par = plan.parallel
+    if par.cp_attention == "ring":
+        return vmax(1, seq_kv // par.cp)
+    return seq_kv
 
 
 def rotary(plan: Plan, s: Shapes) -> list[Work]:

@@ -171,7 +171,17 @@ def when(items: list[T], condition: Any) -> list[T]:
                 Alloc(item.name, item.category, item.bytes * mask, item.count, item.placement)
             )
         elif isinstance(item, Work):
-            out.append(Work(item.name, item.kind, item.flops, item.bytes, item.count * mask))
+            out.append(
+                Work(
+                    item.name,
+                    item.kind,
+                    item.flops,
+                    item.bytes,
+                    item.count * mask,
+                    item.backward,
+                    item.keys,
+                )
+            )
         else:
             out.append(replace(item, count=item.count * mask))
     return out

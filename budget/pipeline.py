@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from budget.flops import attention_keys
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import Plan
@@ -237,6 +238,8 @@ def build_report(plan: Plan) -> Report:
         "ffn": m.ffn,
         "vocab": m.vocab,
     }
+    # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
+    keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))
     device = {
         "name": plan.device.name,
         "memory_bytes": plan.device.memory,
@@ -247,7 +250,9 @@ def build_report(plan: Plan) -> Report:
         "attention_kernel": plan.device.attention_kernel(m.attention),
         # where the fraction comes from: the device's measurement or the plan's own number
         "attention_rate": "plan" if plan.device.attention_efficiency is not None else "measured",
-        "attention_fraction": plan.device.attention_fraction(m.attention)
+        # keys each query meets in one kernel call, the length the fraction is read at
+        "attention_keys": keys,
+        "attention_fraction": plan.device.attention_fraction(m.attention, keys)
         if m.attention != "eager"
         else None,
     }

@@ -114,9 +114,10 @@ def work_time(plan: Plan, work: Work) -> float:
         dtype, peak = "bf16", device.peak_flops("bf16")
     if not peak or not device.memory_bandwidth:
         return 0.0  # no roofline for this device: the report prints no times (`can_time`)
-    fused = None
+    fused = None  # a fraction, or an array of them in a sweep
+    compute: float
     if work.kind == "attention" and plan.model.attention != "eager":
-        fused = device.attention_fraction(plan.model.attention)
+        fused = device.attention_fraction(plan.model.attention, work.keys)
     if fused is not None:
         # the kernels' rates were measured in bf16 and are fractions of the bf16 peak;
         # fp8 or fp32 activations do not make the measured kernel faster or slower

@@ -199,7 +199,7 @@ def test_attention_core_runs_in_the_activations_format() -> None:
     activations are fp16 times it at the fp16 peak (the same 989 TFLOP/s on an H100)."""
     from budget.schedule import work_time
 
-    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6)
+    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6, keys=8192)
     bf16 = _resolve(_tree())
     fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
     assert fp8.precision.activations == "bf16"
@@ -216,12 +216,14 @@ def test_fused_attention_rates_are_the_published_measurements() -> None:
     327.9, H200 329.3, A100 179.5 TFLOP/s. cuDNN and FlashAttention-3 on H100 from the
     FlashAttention-3 paper (8K, head dim 128): forward 529 and 602, backward 518 and 559,
     combined as 3.5 / (1/fwd + 2.5/bwd) = 521.1 and 570.6 TFLOP/s."""
-    h100 = dict(DEVICES["h100-sxm"].attention)
-    assert h100["flash2"] * 989 == pytest.approx(327.9)
-    assert h100["cudnn"] * 989 == pytest.approx(521.1, abs=0.05)
-    assert h100["flash3"] * 989 == pytest.approx(570.6, abs=0.05)
-    assert dict(DEVICES["h200"].attention)["flash2"] * 989 == pytest.approx(329.3)
-    assert DEVICES["a100-80gb"].attention == (("flash2", pytest.approx(179.5 / 312)),)
+    h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
+    assert h100["flash2"].at(8192) * 989 == pytest.approx(327.9)
+    assert h100["cudnn"].at(8192) * 989 == pytest.approx(521.1, abs=0.05)
+    assert h100["flash3"].at(8192) * 989 == pytest.approx(570.6, abs=0.05)
+    h200 = {rate.kernel: rate for rate in DEVICES["h200"].attention}
+    assert h200["flash2"].at(8192) * 989 == pytest.approx(329.3)
+    (a100,) = DEVICES["a100-80gb"].attention
+    assert a100.kernel == "flash2" and a100.at(8192) == pytest.approx(179.5 / 312)
     # The paper's own FlashAttention-2 bars (333 forward, 318 backward) agree with Azure's
     # independent FA2 run within 2 %: the reason its cuDNN and FA3 bars are trusted.
     paper_fa2 = 3.5 / (1 / 333 + 2.5 / 318)
@@ -229,11 +231,60 @@ def test_fused_attention_rates_are_the_published_measurements() -> None:
     assert not DEVICES["b200"].attention and not DEVICES["mi300x"].attention
 
 
+def test_fused_attention_rates_follow_the_keys_per_call() -> None:
+    """The same figures at 2K: cuDNN forward 484, backward 465, so 3.5 / (1/484 + 2.5/465)
+    = 470.3 TFLOP/s, 9.7 % below its 521.1 at 8K. FlashAttention-2 keeps Azure's 327.9 at
+    8K and takes the paper's shape: 298 and 291 at 2K against 333 and 318 at 8K give
+    292.96 / 322.15 of it, 298.2. Between lengths the rate is interpolated in log keys;
+    outside 512 ... 16K it holds the nearest bar. The A100's one measured length holds at
+    every length."""
+    h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
+    assert h100["cudnn"].at(2048) * 989 == pytest.approx(470.3, abs=0.05)
+    assert h100["flash2"].at(2048) * 989 == pytest.approx(327.9 * 292.96 / 322.15, rel=1e-4)
+    halfway = (h100["cudnn"].at(2048) + h100["cudnn"].at(4096)) / 2
+    assert h100["cudnn"].at(2048 * 2**0.5) == pytest.approx(halfway)
+    assert h100["cudnn"].at(128) == h100["cudnn"].at(512) == pytest.approx(307.8 / 989, 1e-3)
+    assert h100["cudnn"].at(131072) == h100["cudnn"].at(16384)
+    (a100,) = DEVICES["a100-80gb"].attention
+    assert a100.at(1024) == a100.at(8192) == a100.at(65536)
+    # The array path (search) reads the same values as the scalar one (a plan).
+    import numpy as np
+
+    keys = np.array([100, 2048, 3000, 8192, 50000])
+    assert np.allclose(h100["flash3"].at(keys), [h100["flash3"].at(int(k)) for k in keys])
+
+
+def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> None:
+    """Ring attention calls the kernel once per ring step on seq / cp keys; all-gather
+    context parallelism once on the whole gathered sequence. The header says which."""
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    ring = build_report(_resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "ring"})))
+    gathered = build_report(
+        _resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "allgather"}))
+    )
+    h100 = _resolve(_tree()).device
+    assert ring.device["attention_keys"] == 4096
+    assert gathered.device["attention_keys"] == 8192
+    ring_rate = h100.attention_fraction("flash", 4096)
+    assert ring.device["attention_fraction"] == pytest.approx(ring_rate)
+    assert "at 4,096 keys per call (measured)" in header(ring)[-1]
+
+    # the kernel on fewer keys runs slower: the same attention FLOPs take longer in the ring
+    # plan's forward attention phase
+    def attention_s(report):
+        (row,) = [p for p in report.phases if p.name == "forward.attention"]
+        return row.compute_s
+
+    assert attention_s(ring) > attention_s(gathered)
+
+
 def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> None:
     h100 = _resolve(_tree()).device
-    assert h100.attention_fraction("flash") == h100.attention_fraction("cudnn")
+    assert h100.attention_fraction("flash", 8192) == h100.attention_fraction("cudnn", 8192)
     a100 = _resolve(_tree(device={"preset": "a100-80gb"})).device
-    assert a100.attention_fraction("flash") == pytest.approx(179.5 / 312)
+    assert a100.attention_fraction("flash", 8192) == pytest.approx(179.5 / 312)
     with pytest.raises(BudgetError) as refused:
         _resolve(
             _tree(
@@ -251,18 +302,18 @@ def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> N
             model={"preset": "llama3-8b", "attention": "flash3"},
         )
     )
-    assert forced.device.attention_fraction("flash3") == 0.5
+    assert forced.device.attention_fraction("flash3", 2048) == 0.5
     b200 = _resolve(
         _tree(device={"preset": "b200"}, model={"preset": "llama3-8b", "attention": "cudnn"})
     )
-    assert b200.device.attention_fraction("cudnn") is None  # priced on the GEMM curve
+    assert b200.device.attention_fraction("cudnn", 8192) is None  # priced on the GEMM curve
 
 
 def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> None:
     from budget.pipeline import build_report
     from budget.schedule import work_time
 
-    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6)
+    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6, keys=8192)
     times = {}
     peaks = {}
     for kernel in ("flash", "flash2", "flash3", "cudnn"):
@@ -282,7 +333,7 @@ def test_fused_attention_rates_are_of_the_bf16_peak_whatever_the_activations() -
     H100) do not make the measured cuDNN kernel twice as fast."""
     from budget.schedule import work_time
 
-    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6)
+    core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6, keys=8192)
     bf16 = _resolve(_tree())
     fp8 = _resolve(_tree(precision={"matmul": "fp8", "activations": "fp8"}))
     assert fp8.precision.activations == "fp8"
@@ -297,7 +348,11 @@ def test_the_report_says_which_kernel_times_attention() -> None:
     report = build_report(_resolve(_tree()))
     assert report.device["attention_kernel"] == "cudnn"
     assert report.device["attention_fraction"] == pytest.approx(521.1 / 989, rel=1e-4)
-    assert "attention: flash = cudnn at 52.7% of peak (measured)" in header(report)[-1]
+    assert report.device["attention_keys"] == 8192
+    assert (
+        "attention: flash = cudnn at 52.7% of peak at 8,192 keys per call (measured)"
+        in header(report)[-1]
+    )
     b200 = build_report(_resolve(_tree(device={"preset": "b200"})))
     assert b200.device["attention_fraction"] is None
     assert "attention: flash on the GEMM curve (not measured on this device)" in header(b200)[-1]
@@ -305,3 +360,20 @@ def test_the_report_says_which_kernel_times_attention() -> None:
         _resolve(_tree(device={"preset": "h100-sxm", "attention_efficiency": 0.3}))
     )
     assert "flash = cudnn at 30.0% of peak (device.attention_efficiency)" in header(given)[-1]
+
+
+def test_a_serving_plan_reports_the_rate_of_its_prefill_calls() -> None:
+    """Decode is memory-bound; the kernel's rate matters in the prefill, whose calls meet the
+    prompt's keys (2,048 here: cuDNN at 470.3 TFLOP/s, 47.6 % of 989)."""
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    serving = _tree(
+        mode="decode",
+        model={"preset": "llama3-70b"},
+        batch={"prompt": 2048, "generate": 512, "sequences": 32},
+    )
+    report = build_report(_resolve(serving))
+    assert report.device["attention_keys"] == 2048
+    assert report.device["attention_fraction"] * 989 == pytest.approx(470.3, abs=0.05)
+    assert "at 47.6% of peak at 2,048 keys per prefill call (measured)" in header(report)[-1]

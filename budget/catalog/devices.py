@@ -84,8 +84,17 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
   as published: 318, 518, 559), combined as 3.5 / (1/forward + 2.5/backward): cuDNN 521
   (52.7 %), FA3 571 (57.7 %). The same figures' FA2 comes to 322, within 2 % of Azure's
   independent FA2 measurement, which is why the bars are read as they are. The backward is
-  the unmasked one, so a causal backward may run a little slower; at 2K tokens the forward
-  bars are 9 % (cuDNN) and 13 % (FA3) lower than at 8K, which is not modelled.
+  the unmasked one, so a causal backward may run a little slower.
+
+The rate depends on how many keys each query meets in one kernel call (the sequence, or
+seq / cp per ring step: `budget.flops.attention_keys`): a short call spends more of its time
+in the prologue, the epilogue and the masked diagonal tiles. The same two figures give bars
+at 512, 1K, 2K, 4K, 8K and 16K tokens (16K tokens per batch, so batch × length is fixed),
+combined the same way at each length: cuDNN 308, 409, 470, 504, 521, 522 TFLOP/s; FA3 309,
+424, 507, 552, 571, 576; FA2 211, 265, 298, 318, 328, 331 on Azure's 8K level (the paper's
+FA2 bars give only the shape, 0.65 of the 8K rate at 512 and 1.03 at 16K). The rate is
+interpolated in log keys and held at the end bars outside 512 ... 16K. The A100's one
+measured length (8192) stands for every length: no A100 sweep by length was found.
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
@@ -97,7 +106,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from budget.plan.model import GemmCurve
+from budget.plan.model import AttentionRate, GemmCurve
 
 __all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
 
@@ -125,18 +134,38 @@ _H200_STREAM = (4.01 + 4.00 + 4.15 + 4.15) / 4 / 4.8
 _MI300X_STREAM = (4.11 + 4.26 + 4.14 + 4.09) / 4 / 5.3
 
 
-# Fused attention, forward + backward (module docstring): FlashAttention-2 from Azure's runs,
-# cuDNN and FlashAttention-3 from the FlashAttention-3 paper's Figures 5 and 6 (H100 SXM, 8K).
+# Fused attention, forward + backward (module docstring): the FlashAttention-3 paper's
+# Figures 5 and 6 (H100 SXM, head dim 128, TFLOP/s at 512 ... 16K tokens; forward causal,
+# backward as published) for cuDNN and FlashAttention-3 and for the length dependence of
+# FlashAttention-2, whose level is Azure's run at 8K.
+_FA3_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+_FA3_FIGURES = {  # kernel: (forward, backward) TFLOP/s at each of _FA3_LENGTHS
+    "cudnn": ((315, 410, 484, 518, 529, 539), (305, 408, 465, 499, 518, 516)),
+    "flash3": ((292, 423, 521, 579, 602, 616), (316, 424, 501, 542, 559, 561)),
+    "flash2": ((191, 260, 298, 319, 333, 335), (214, 260, 291, 310, 318, 322)),
+}
+
+
 def _fwd_bwd(forward: float, backward: float) -> float:
     """TFLOP/s of forward + backward, backward 2.5 × the forward FLOPs."""
     return 3.5 / (1 / forward + 2.5 / backward)
 
 
-_CUDNN_H100 = _fwd_bwd(529, 518) / 989
-_FA3_H100 = _fwd_bwd(602, 559) / 989
-_A100_ATTENTION = (("flash2", 179.5 / 312),)
-_H100_ATTENTION = (("cudnn", _CUDNN_H100), ("flash3", _FA3_H100), ("flash2", 327.9 / 989))
-_H200_ATTENTION = (("cudnn", _CUDNN_H100), ("flash3", _FA3_H100), ("flash2", 329.3 / 989))
+def _fa3_paper(kernel: str, peak: float, at_8k: float | None = None) -> AttentionRate:
+    """`kernel`'s forward + backward rate from the FlashAttention-3 paper's bars as a fraction
+    of `peak` TFLOP/s; with `at_8k`, only their shape, scaled to that rate at 8K."""
+    rates = [_fwd_bwd(f, b) for f, b in zip(*_FA3_FIGURES[kernel], strict=True)]
+    scale = 1.0 if at_8k is None else at_8k / rates[_FA3_LENGTHS.index(8192)]
+    return AttentionRate(kernel, _FA3_LENGTHS, tuple(r * scale / peak for r in rates))
+
+
+_A100_ATTENTION = (AttentionRate("flash2", (8192,), (179.5 / 312,)),)  # one length measured
+_H100_ATTENTION = (
+    _fa3_paper("cudnn", 989),
+    _fa3_paper("flash3", 989),
+    _fa3_paper("flash2", 989, at_8k=327.9),
+)
+_H200_ATTENTION = (*_H100_ATTENTION[:2], _fa3_paper("flash2", 989, at_8k=329.3))
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
@@ -164,7 +193,7 @@ class DevicePreset:
     gemm: GemmCurve
     source: str
     memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
-    attention: tuple[tuple[str, float], ...] = ()  # (fused kernel, fraction of peak), default first
+    attention: tuple[AttentionRate, ...] = ()  # measured fused kernels, the default first
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):

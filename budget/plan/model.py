@@ -172,10 +172,11 @@ class Device:
     memory_efficiency: float = 0.8
     # A size-dependent GEMM efficiency (device presets); None: the flat matmul_efficiency.
     gemm: GemmCurve | None = None
-    # Fused attention (forward and backward together), as a fraction of the dense bf16
-    # peak (the format it was measured in), per kernel measured on the device; the first is what
-    # ``model.attention: flash`` means there (`budget.catalog.devices`).
-    attention: tuple[tuple[str, float], ...] = ()
+    # Fused attention (forward and backward together) per kernel measured on the device, as
+    # a fraction of the dense bf16 peak (the format it was measured in) by the keys a kernel
+    # call meets; the first is what ``model.attention: flash`` means there
+    # (`budget.catalog.devices`).
+    attention: tuple[AttentionRate, ...] = ()
     attention_efficiency: float | None = None  # written in the plan: every fused kernel
 
     def peak_flops(self, dtype: str) -> float:
@@ -184,31 +185,57 @@ class Device:
     def attention_kernel(self, kernel: str) -> str:
         """The kernel ``kernel`` runs as here: ``flash`` is the device's default one."""
         if kernel == "flash" and self.attention:
-            return self.attention[0][0]
+            return self.attention[0].kernel
         return kernel
 
-    def attention_fraction(self, kernel: str) -> float | None:
-        """The fraction of the peak fused attention ``kernel`` reaches here: the plan's
-        ``attention_efficiency`` if given, else the measured one (``flash``: the device's
-        default kernel), else None (no measurement: the GEMM curve prices it)."""
+    def attention_rate(self, kernel: str) -> AttentionRate | None:
+        """The measured rate of ``kernel`` (``flash``: the device's default), if any."""
+        runs = self.attention_kernel(kernel)
+        return next((rate for rate in self.attention if rate.kernel == runs), None)
+
+    def attention_fraction(self, kernel: str, keys: Any) -> Any:
+        """The fraction of the peak fused attention ``kernel`` reaches here when each query
+        meets ``keys`` keys per kernel call (a number, or an array): the plan's
+        ``attention_efficiency`` if given, else the measured one, else None (no
+        measurement: the GEMM curve prices it)."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
-        if kernel == "flash":
-            return self.attention[0][1] if self.attention else None
-        return dict(self.attention).get(kernel)
+        rate = self.attention_rate(kernel)
+        return None if rate is None else rate.at(keys)
 
 
-def _interp_log(size: float, sizes: tuple[float, ...], shares: tuple[float, ...]) -> float:
-    """`np.interp` in log2 of one size, without numpy's per-call cost (a plan prices each
-    collective one at a time)."""
-    if size <= sizes[0]:
-        return shares[0]
-    if size >= sizes[-1]:
-        return shares[-1]
-    i = bisect.bisect_right(sizes, size)
-    lo, hi = math.log2(sizes[i - 1]), math.log2(sizes[i])
+def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
+    """`np.interp` in log2 of x (a number, or an array), holding the end values outside
+    ``xs``; a number takes a bisect path without numpy's per-call cost (a plan prices each
+    kernel and collective one at a time)."""
+    if isinstance(x, np.ndarray):
+        return np.interp(np.log2(np.maximum(x.astype(float), 1.0)), np.log2(xs), ys)
+    size = float(x)
+    if size <= xs[0]:
+        return ys[0]
+    if size >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, size)
+    lo, hi = math.log2(xs[i - 1]), math.log2(xs[i])
     t = (math.log2(size) - lo) / (hi - lo)
-    return shares[i - 1] + t * (shares[i] - shares[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRate:
+    """A fused attention kernel's forward + backward rate on one device: the fraction of
+    the dense bf16 peak it reaches when each query meets ``keys[i]`` keys in one kernel call
+    (the sequence, or one ring step's share of it under context parallelism), interpolated
+    in log keys and held outside the measured lengths. One point: the same at every
+    length (`budget.catalog.devices`)."""
+
+    kernel: str
+    keys: tuple[float, ...]
+    fractions: tuple[float, ...]
+
+    def at(self, keys: Any) -> Any:
+        """The fraction at ``keys`` keys per call (a number, or an array)."""
+        return interp_log(keys, self.keys, self.fractions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +272,7 @@ class BandwidthRamp:
         for name, sizes, shares in self.points:
             if name != op:
                 continue
-            if isinstance(size, np.ndarray):
-                x = np.log2(np.maximum(size.astype(float), 1.0))
-                return np.interp(x, np.log2(sizes), shares)
-            return _interp_log(float(size), sizes, shares)
+            return interp_log(size, sizes, shares)
         return 1.0
 
 

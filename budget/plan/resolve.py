@@ -872,11 +872,11 @@ def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
     others (FlashAttention-3 is Hopper-only, for one) would otherwise time it silently on
     the GEMM curve. A device with no measurement at all, or an ``attention_efficiency``,
     prices any kernel."""
-    if kernel not in FUSED_KERNELS or device.attention_fraction(kernel) is not None:
+    if kernel not in FUSED_KERNELS or device.attention_efficiency is not None:
         return
-    if not device.attention:
+    if not device.attention or device.attention_rate(kernel) is not None:
         return
-    measured = ", ".join(name for name, _ in device.attention)
+    measured = ", ".join(rate.kernel for rate in device.attention)
     r.error(
         "$.model.attention",
         f"model.attention = {kernel}, but the {device.name} preset has no measured rate for "

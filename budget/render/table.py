@@ -62,11 +62,11 @@ def header(report: Report) -> list[str]:
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
-        f"{_attention_text(report.device)}",
+        f"{_attention_text(report.device, report.mode)}",
     ]
 
 
-def _attention_text(device: dict[str, Any]) -> str:
+def _attention_text(device: dict[str, Any], mode: str) -> str:
     """How the attention core is timed: the kernel and its measured share of the peak."""
     kernel, fraction = device.get("attention"), device.get("attention_fraction")
     runs = device.get("attention_kernel", kernel)
@@ -75,8 +75,12 @@ def _attention_text(device: dict[str, Any]) -> str:
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     if fraction is None:
         return f"attention: {name} on the GEMM curve (not measured on this device)"
-    given = "device.attention_efficiency" if device.get("attention_rate") == "plan" else "measured"
-    return f"attention: {name} at {fraction:.1%} of peak ({given})"
+    if device.get("attention_rate") == "plan":
+        return f"attention: {name} at {fraction:.1%} of peak (device.attention_efficiency)"
+    keys = device.get("attention_keys")
+    call = "call" if mode == "train" else "prefill call"
+    at = f" at {keys:,} keys per {call}" if keys else ""
+    return f"attention: {name} at {fraction:.1%} of peak{at} (measured)"
 
 
 def _bar(row: StageRow, width: int = 8) -> Text:
