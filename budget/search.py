@@ -149,6 +149,7 @@ class Outcome:
     groups: int = 0  # passes of the engine (one per chunk of one structure)
     limits: Limits | None = None  # what a ranked layout must keep besides fitting
     within_limits: int | None = None  # how many fitting layouts keep them (with limits)
+    hardware: dict[str, Any] = field(default_factory=dict)  # what the layouts were priced on
 
     @property
     def best(self) -> Result | None:
@@ -822,7 +823,29 @@ def search(
         groups=groups,
         limits=limits,
         within_limits=None if limits is None else kept.count,
+        hardware=hardware(plan),
     )
+
+
+def hardware(plan: Plan) -> dict[str, Any]:
+    """What every layout of a search was priced on: the device and topology (preset names,
+    or None where the plan writes them out), the kernel attention is timed as and where its
+    rate comes from, and the levels whose collectives follow a measured bandwidth ramp."""
+    device, m = plan.device, plan.model
+    if m.attention == "eager":
+        rate = "eager"
+    elif device.attention_efficiency is not None:
+        rate = "plan"
+    else:
+        rate = "measured" if device.attention_rate(m.attention) else "gemm"
+    return {
+        "device": device.name or None,
+        "topology": plan.topology.name or None,
+        "attention": m.attention,
+        "attention_kernel": device.attention_kernel(m.attention),
+        "attention_rate": rate,
+        "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
+    }
 
 
 def _breaks(
@@ -941,6 +964,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "fitting": outcome.fitting,
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,
+        "hardware": outcome.hardware,
         "pareto": [r.to_dict() for r in outcome.pareto],
         "results": [r.to_dict() for r in outcome.results[:top]],
     }

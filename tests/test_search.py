@@ -407,3 +407,36 @@ def test_preset_hardware_with_ramps_and_fused_attention_budgets_exactly_as_searc
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
+def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3, outcome):
+    """A search on presets names them, the attention kernel and where its rate comes from,
+    and the levels whose collectives follow a ramp; one on a written-out device says so."""
+    from budget.render.search import hardware_text
+
+    assert outcome.hardware == {
+        "device": None,
+        "topology": None,
+        "attention": gpt3.model.attention,
+        "attention_kernel": gpt3.model.attention,
+        "attention_rate": "eager" if gpt3.model.attention == "eager" else "gemm",
+        "ramped_levels": [],
+    }
+    assert "every collective at its level's plateau B_eff" in hardware_text(outcome.hardware)
+    path = tmp_path / "h100.yaml"
+    path.write_text(
+        "name: llama3-8b on presets\n"
+        "model: {preset: llama3-8b}\n"
+        "batch: {seq: 8192, micro: 1, global: 64}\n"
+        "parallel: {tp: 8}\n"
+        "device: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, route(["search", str(path), *NARROW]))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert (
+        "Priced on h100-sxm in dgx-h100; attention flash = cudnn at its measured rate for "
+        "each call's keys; collectives on nvlink at the share of B_eff their size reaches"
+    ) in text

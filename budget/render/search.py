@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -88,6 +88,31 @@ def _none(outcome: Outcome) -> str:
     return NONE_FITS if outcome.limits is None else NONE_KEEPS
 
 
+def hardware_text(hardware: dict[str, Any]) -> str:
+    """One sentence on what the layouts were priced on (`budget.search.hardware`)."""
+    device, topology = hardware["device"], hardware["topology"]
+    if device is None and topology is None:
+        where = "the device and topology the plan writes out"
+    else:
+        where = f"{device or 'the device the plan writes out'} in "
+        where += topology or "the topology the plan writes out"
+    kernel, runs = hardware["attention"], hardware["attention_kernel"]
+    name = kernel if runs == kernel else f"{kernel} = {runs}"
+    attention = {
+        "eager": "attention eager (two GEMMs and a softmax)",
+        "measured": f"attention {name} at its measured rate for each call's keys",
+        "plan": f"attention {name} at device.attention_efficiency",
+        "gemm": f"attention {name} on the GEMM curve (not measured on this device)",
+    }[hardware["attention_rate"]]
+    levels = hardware["ramped_levels"]
+    bandwidth = (
+        f"collectives on {', '.join(levels)} at the share of B_eff their size reaches (nccl-tests)"
+        if levels
+        else "every collective at its level's plateau B_eff"
+    )
+    return f"Priced on {where}; {attention}; {bandwidth}."
+
+
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     wide = console.width >= 100
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
@@ -97,6 +122,8 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         f"{_counts(outcome)}.",
         markup=False,
     )
+    if outcome.hardware:
+        console.print(hardware_text(outcome.hardware), markup=False)
     console.print()
     if outcome.results:
         best = outcome.results[:top]
@@ -134,6 +161,8 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         f"{_counts(outcome)}.",
         "",
     ]
+    if outcome.hardware:
+        lines += [hardware_text(outcome.hardware), ""]
     if outcome.results:
         lines += [f"### Best by {outcome.objective}", "", *rows(outcome.results[:top])]
         lines += ["### Pareto front: peak memory against step time", ""]
