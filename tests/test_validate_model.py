@@ -41,7 +41,7 @@ def test_every_run_is_predicted(accuracy) -> None:
         assert abs(row.error) < 1.0, row.run.name
 
 
-@pytest.mark.xfail(strict=True, reason="H100 NeMo rows 5-15 % fast; MPT FSDP rows 29-59 % fast")
+@pytest.mark.xfail(strict=True, reason="H100 NeMo rows 5-15 % fast; MPT FSDP rows 29-56 % fast")
 def test_mean_within_5_percent_and_max_within_10(accuracy) -> None:
     assert accuracy.mean_abs_error <= 0.05
     assert accuracy.max_abs_error <= 0.10
@@ -163,6 +163,16 @@ def test_renderers(accuracy) -> None:
     out = table.export_text()
     assert "Mean absolute error" in out and "By GPU: A100 80GB" in out
     assert out.index("Mean absolute error") < out.index("Reference, layout incomplete")
+    # each run names its training stack: a column at 100 columns and in markdown; at 80 the
+    # groups are only set apart by a blank rule
+    assert "| GPT 22B, 8 GPUs | A100 80GB | Megatron-LM | s/step |" in text
+    assert " stack " in out.splitlines()[2] and "NeMo" in out
+    narrow = Console(width=80, color_system=None, record=True)
+    render_accuracy(narrow, accuracy, "table")
+    lines = narrow.export_text().splitlines()
+    assert " stack " not in lines[2] and all(len(line) <= 80 for line in lines)
+    first_mpt = next(i for i, line in enumerate(lines) if line.strip().startswith("MPT 30B"))
+    assert lines[first_mpt - 1].strip() == ""  # a section break before the next stack
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:

@@ -94,11 +94,12 @@ def _summary(acc: Accuracy) -> str:
     )
 
 
-def _cells(r: Row) -> tuple[str, str, str, str, str, str]:
+def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
     digits = 2 if r.run.metric == "step_s" else 0
     return (
         r.run.name,
         r.run.gpu,
+        *((r.run.stack,) if stack else ()),
         _UNIT[r.run.metric],
         f"{r.predicted:,.{digits}f}",
         f"{r.run.measured:,.{digits}f}",
@@ -106,11 +107,11 @@ def _cells(r: Row) -> tuple[str, str, str, str, str, str]:
     )
 
 
-_HEADERS = ("run", "GPU", "metric", "predicted", "measured", "error")
+_HEADERS = ("run", "GPU", "stack", "metric", "predicted", "measured", "error")
 
 
 def _markdown_table(rows: tuple[Row, ...]) -> list[str]:
-    lines = ["| " + " | ".join(_HEADERS) + " |", "|---|---|---|--:|--:|--:|"]
+    lines = ["| " + " | ".join(_HEADERS) + " |", "|---|---|---|---|--:|--:|--:|"]
     return lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows]
 
 
@@ -131,12 +132,18 @@ def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
     return tuple((title, rows) for title, rows in sections if rows)
 
 
-def _rich_table(title: str, rows: tuple[Row, ...]) -> Table:
+def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
+    """The rows, a rule between GPU and training-stack groups; the stack gets its own
+    column only at 100 columns or more (the run names would wrap further at 80)."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for i, header in enumerate(_HEADERS):
-        table.add_column(header, justify="right" if i >= 3 else "left")
-    for r in rows:
-        table.add_row(*_cells(r))
+    headers = [h for h in _HEADERS if wide or h != "stack"]
+    for header in headers:
+        table.add_column(header, justify="right" if header in _HEADERS[4:] else "left")
+    for i, r in enumerate(rows):
+        previous = rows[i - 1].run if i else r.run
+        if (previous.gpu, previous.stack) != (r.run.gpu, r.run.stack):
+            table.add_section()
+        table.add_row(*_cells(r, stack=wide))
     return table
 
 
@@ -147,10 +154,11 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if fmt == "markdown":
         console.out(accuracy_markdown(acc), highlight=False)
         return
-    console.print(_rich_table("Predicted against published measurements", acc.rows))
+    wide = console.width >= 100
+    console.print(_rich_table("Predicted against published measurements", acc.rows, wide))
     console.print(_summary(acc), highlight=False)
     for title, rows in _unscored(acc):
         console.print()
-        console.print(_rich_table(title, rows))
+        console.print(_rich_table(title, rows, wide))
         for r in rows:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)
