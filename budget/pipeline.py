@@ -255,6 +255,8 @@ def build_report(plan: Plan) -> Report:
         "attention_fraction": plan.device.attention_fraction(m.attention, keys)
         if m.attention != "eager"
         else None,
+        # what every kernel takes beyond its bytes at the streaming bandwidth
+        "kernel_startup_s": plan.device.kernel_startup,
     }
     phases = _phase_rows(step, mem, times, timing)
     return Report(

@@ -47,7 +47,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
-from budget.vector import largest, ratio, vfloat, vmax
+from budget.vector import largest, ratio, vfloat, vmax, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "loss")
@@ -124,7 +124,10 @@ def work_time(plan: Plan, work: Work) -> float:
         compute = work.flops / ((device.peak_flops("bf16") or peak) * fused)
     else:
         compute = work.flops / (peak * gemm_efficiency(device, work, dtype))
+    # a kernel takes its startup beyond its bytes (T = a + V / B, `budget.catalog.devices`)
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
+    if device.kernel_startup:
+        memory = memory + vwhere(work.bytes > 0, device.kernel_startup, 0.0)
     return vmax(compute, memory) * work.count
 
 

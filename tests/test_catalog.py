@@ -377,3 +377,67 @@ def test_a_serving_plan_reports_the_rate_of_its_prefill_calls() -> None:
     assert report.device["attention_keys"] == 2048
     assert report.device["attention_fraction"] * 989 == pytest.approx(470.3, abs=0.05)
     assert "at 47.6% of peak at 2,048 keys per prefill call (measured)" in header(report)[-1]
+
+
+# gpu-benches' gpu-small-kernels (te42kyfo/gpu-benches 11f5daa, *_graph.txt): elements d of a
+# streaming scale kernel (16 bytes moved each) and the GB/s of the fastest block size, at
+# sizes beyond twice the L2; the presets' startup is the least-squares a of T = a + V / b.
+_SMALL_KERNELS = {
+    "a100-80gb": {
+        5250033: 1641, 6613527: 1663, 8331138: 1679, 10494834: 1694, 13220466: 1706,
+        16653979: 1715, 20979216: 1722, 26427769: 1728, 33291376: 1734, 41937544: 1738,
+        52829226: 1741, 61620009: 1742,
+    },
+    "h200": {
+        6613527: 3089, 8331138: 3153, 10494834: 3200, 13220466: 3243, 16653979: 3276,
+        20979216: 3308, 26427769: 3326, 33291376: 3343, 41937544: 3358, 52829226: 3374,
+        66549609: 3378, 83833340: 3386, 105605863: 3391, 133032972: 3396, 167583229: 3400,
+        211106603: 3402, 265933520: 3405,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_SMALL_KERNELS))
+def test_kernel_startup_is_the_fit_of_the_published_small_kernel_sweep(name) -> None:
+    import numpy as np
+
+    points = _SMALL_KERNELS[name]
+    volume = np.array([16.0 * d for d in points])
+    seconds = volume / (np.array(list(points.values())) * 1e9)
+    (a, per_byte), *_ = np.linalg.lstsq(
+        np.vstack([np.ones_like(volume), volume]).T, seconds, rcond=None
+    )
+    assert np.max(np.abs((a + per_byte * volume) / seconds - 1)) < 0.002  # the model fits
+    assert DEVICES[name].kernel_startup == pytest.approx(a, rel=0.01)
+    assert DEVICES["h100-sxm"].kernel_startup == DEVICES["h200"].kernel_startup  # same die
+    assert DEVICES["a100-40gb"].kernel_startup == DEVICES["a100-80gb"].kernel_startup
+    assert DEVICES["b200"].kernel_startup == 0.0 and DEVICES["mi300x"].kernel_startup == 0.0
+
+
+def test_a_memory_bound_kernel_takes_its_startup_beyond_its_bytes() -> None:
+    """On an H100: 1 MB of norm traffic takes 3.23 µs + 1e6 / (3.35e12 · 0.876) = 3.57 µs,
+    0.34 µs of it moving bytes; a compute-bound GEMM is unchanged; an empty kernel is free.
+    A written device has no startup unless the plan gives one."""
+    from budget.flops import elementwise, gemm
+    from budget.schedule import work_time
+
+    h100 = _resolve(_tree())
+    stream = 3.35e12 * (2.90 + 2.90 + 2.97 + 2.97) / 4 / 3.35
+    norm = elementwise("attention norm", 10**6)
+    assert work_time(h100, norm) == pytest.approx(3.23e-6 + 1e6 / stream)
+    assert work_time(h100, elementwise("empty", 0)) == 0.0
+    big = gemm("MLP fc1", 8192, 8192, 28672, 2)
+    no_startup = _resolve(_tree(device={"preset": "h100-sxm", "kernel_startup": "0 us"}))
+    assert work_time(h100, big) == work_time(no_startup, big)
+    assert work_time(no_startup, norm) == pytest.approx(1e6 / stream)
+    written = {
+        "memory": "80 GiB",
+        "memory_bandwidth": "3.35 TB/s",
+        "flops": {"bf16": "989 TFLOP/s"},
+    }
+    assert _resolve(_tree(device=written)).device.kernel_startup == 0.0
+    given = _resolve(_tree(device={**written, "kernel_startup": "2 us"}))
+    assert given.device.kernel_startup == pytest.approx(2e-6)
+    with pytest.raises(BudgetError) as refused:
+        _resolve(_tree(device={**written, "kernel_startup": "soon"}))
+    assert refused.value.problems[0].path == "$.device.kernel_startup"

@@ -60,9 +60,22 @@ Bandwidth"): A100 SXM4 80GB 1.61/1.61/1.70/1.70 of 2.039 TB/s (81.2 %, commit 3b
 H100 SXM 2.90/2.90/2.97/2.97 of 3.35 (87.6 %, f350e7e); H200 4.01/4.00/4.15/4.15 of 4.8
 (84.9 %, 7f20e5f); MI300X 4.11/4.26/4.14/4.09 of 5.3 (78.3 %, samuel-bohman's copy of the
 guide, 3de0c29; a virtualised GPU). A100 40GB and H100 PCIe take the fraction of the same
-chip; no B200 measurement was found, so it keeps the codebase's 0.8. The fraction does not
-depend on the kernel's size: no public sweep of bandwidth against size was found that was
-solid enough to calibrate on (small copies run slower, and copies that fit in L2 faster).
+chip; no B200 measurement was found, so it keeps the codebase's 0.8. The fraction itself
+does not depend on the kernel's size; the fixed startup below is what makes small kernels
+slower (kernels whose data fits in L2 run faster, which is not modelled).
+
+A memory-bound kernel also takes a fixed startup (``kernel_startup``) beyond its bytes at
+that bandwidth: the launch gap, the first bytes' DRAM latency and the tail of its last
+wave, so that a kernel of V bytes takes a + V / b and small ones reach a small share of the
+bandwidth. te42kyfo/gpu-benches (``gpu-small-kernels``, commit 11f5daa) times 10,000
+back-to-back streaming kernels (``A[i] = B[i] * 0.25``, launched from a CUDA graph, so
+without the CPU's launch cost) at sizes from 64 KB to 4 GB; a least-squares fit of
+T = a + V / b to its points beyond twice the L2 (fastest block size, as the repository's
+own plot takes it) gives a = 3.31 µs on the A100 80GB (84 MB - 1 GB, b = 1,753 GB/s, every
+point within 0.1 %) and 3.23 µs on the H200 (106 MB - 4.3 GB, b = 3,414 GB/s, within 0.13 %).
+The A100 40GB takes the A100 80GB's and the H100 SXM and PCIe the H200's (the same die and
+launch path). B200 and MI300X have no such run here: their startup is 0, an optimistic bound
+that matters only for small kernels (decode, small micro-batches).
 
 Fused attention (``attention``) runs far below the GEMM ceiling: its softmax, masking and
 rescaling sit between two matrix products in one kernel. Each preset lists the kernels
@@ -133,6 +146,10 @@ _H100_STREAM = (2.90 + 2.90 + 2.97 + 2.97) / 4 / 3.35
 _H200_STREAM = (4.01 + 4.00 + 4.15 + 4.15) / 4 / 4.8
 _MI300X_STREAM = (4.11 + 4.26 + 4.14 + 4.09) / 4 / 5.3
 
+# Kernel startup a of T = a + V / b, gpu-benches' gpu-small-kernels (module docstring).
+_A100_STARTUP = 3.31e-6
+_GH100_STARTUP = 3.23e-6  # measured on the H200
+
 
 # Fused attention, forward + backward (module docstring): the FlashAttention-3 paper's
 # Figures 5 and 6 (H100 SXM, head dim 128, TFLOP/s at 512 ... 16K tokens; forward causal,
@@ -194,6 +211,7 @@ class DevicePreset:
     source: str
     memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
     attention: tuple[AttentionRate, ...] = ()  # measured fused kernels, the default first
+    kernel_startup: float = 0.0  # seconds a kernel takes beyond bytes / bandwidth (docstring)
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -251,6 +269,7 @@ DEVICES: dict[str, DevicePreset] = {
         "A100 SXM (same chip)",
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
+        kernel_startup=_A100_STARTUP,
     ),
     "a100-80gb": DevicePreset(
         "a100-80gb",
@@ -261,6 +280,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s)",
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
+        kernel_startup=_A100_STARTUP,
     ),
     "h100-sxm": DevicePreset(
         "h100-sxm",
@@ -271,6 +291,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s)",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
+        kernel_startup=_GH100_STARTUP,
     ),
     "h100-pcie": DevicePreset(
         "h100-pcie",
@@ -288,6 +309,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
+        kernel_startup=_GH100_STARTUP,
     ),
     "h200": DevicePreset(
         "h200",
@@ -299,6 +321,7 @@ DEVICES: dict[str, DevicePreset] = {
         "141GB HBM3e, 4.8 TB/s)",
         memory_efficiency=_H200_STREAM,
         attention=_H200_ATTENTION,
+        kernel_startup=_GH100_STARTUP,
     ),
     "b200": DevicePreset(
         "b200",

@@ -178,6 +178,9 @@ class Device:
     # (`budget.catalog.devices`).
     attention: tuple[AttentionRate, ...] = ()
     attention_efficiency: float | None = None  # written in the plan: every fused kernel
+    # Seconds a kernel takes beyond its bytes at the streaming bandwidth (launch gap, first
+    # bytes' latency, last wave's tail): T = startup + V / B (`budget.catalog.devices`).
+    kernel_startup: float = 0.0
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)

@@ -359,7 +359,8 @@ class _Resolver:
 
         An explicit ``matmul_efficiency`` replaces the preset's calibrated GEMM curve by that
         flat fraction; ``memory_efficiency`` replaces the bandwidth fraction;
-        ``attention_efficiency`` the measured rate of whichever fused attention kernel runs.
+        ``attention_efficiency`` the measured rate of whichever fused attention kernel runs;
+        ``kernel_startup`` the seconds every kernel takes beyond its bytes.
         """
         preset = None
         if "preset" in tree:
@@ -404,6 +405,7 @@ class _Resolver:
                 gemm=preset.gemm,
                 memory_efficiency=preset.memory_efficiency,
                 attention=preset.attention,
+                kernel_startup=preset.kernel_startup,
             )
         if "matmul_efficiency" in tree:
             device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
@@ -411,6 +413,12 @@ class _Resolver:
             device = replace(device, memory_efficiency=float(tree["memory_efficiency"]))
         if "attention_efficiency" in tree:
             device = replace(device, attention_efficiency=float(tree["attention_efficiency"]))
+        if "kernel_startup" in tree:
+            startup = self.unit(
+                units.parse_duration, tree["kernel_startup"], "$.device.kernel_startup"
+            )
+            if startup is not None:
+                device = replace(device, kernel_startup=startup)
         return device
 
     def topology(self, tree: Tree) -> Topology | None:
