@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from budget.plan.model import DTYPE_BYTES
-from budget.vector import every, vmax, vround
+from budget.vector import every, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -43,16 +43,15 @@ class Work:
     bytes: int  # read + written in device memory
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
-    keys: Any = 0  # fused attention: keys each query meets in one kernel call (its rate's length)
+    keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
-        return Work(
-            name or self.name,
-            self.kind,
-            vround(self.flops * factor),
-            vround(self.bytes * factor),
-            self.count,
-            keys=self.keys,
+        """The same kernel with `factor` times the FLOPs and bytes (every other field kept)."""
+        return replace(
+            self,
+            name=name or self.name,
+            flops=vround(self.flops * factor),
+            bytes=vround(self.bytes * factor),
         )
 
 
@@ -102,10 +101,17 @@ def attention_keys(plan: Plan, seq_kv: Any) -> Any:
     measured rate depends on: the whole sequence, or under ring context parallelism one
     step's block of it, seq / cp (each of the cp steps is its own kernel call on the keys the
     ring has just delivered; Liu et al., "Ring Attention", arXiv 2310.01889, section 3).
-    All-gather context parallelism calls the kernel once on the gathered keys."""
+    All-gather context parallelism calls the kernel once on the gathered keys.
+
+    An approximation of what Megatron-LM / Transformer Engine run: their load-balanced ring
+    (2·cp chunks) makes only the diagonal step causal; the other steps are unmasked and
+    half-sized (all local queries against seq/(2·cp) keys, or half of them against seq/cp),
+    and all-gather CP calls the kernel per chunk. Every call here is priced at the causal
+    rate for seq/cp (or seq) keys: slower than an unmasked call, faster than a half-sized
+    one, so the net error is small and of either sign."""
     par = plan.parallel
     if par.cp_attention == "ring":
-        return vmax(1, seq_kv // par.cp)
+        return seq_kv // par.cp
     return seq_kv
 
 

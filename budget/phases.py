@@ -178,8 +178,8 @@ def when(items: list[T], condition: Any) -> list[T]:
                     item.flops,
                     item.bytes,
                     item.count * mask,
-                    item.backward,
-                    item.keys,
+                    backward=item.backward,
+                    keys=item.keys,
                 )
             )
         else:

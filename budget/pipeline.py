@@ -240,6 +240,7 @@ def build_report(plan: Plan) -> Report:
     }
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))
+    source = plan.device.attention_source(m.attention)
     device = {
         "name": plan.device.name,
         "memory_bytes": plan.device.memory,
@@ -248,10 +249,11 @@ def build_report(plan: Plan) -> Report:
         # no measurement on this device, so the GEMM curve)
         "attention": m.attention,
         "attention_kernel": plan.device.attention_kernel(m.attention),
-        # where the fraction comes from: the device's measurement or the plan's own number
-        "attention_rate": "plan" if plan.device.attention_efficiency is not None else "measured",
-        # keys each query meets in one kernel call, the length the fraction is read at
-        "attention_keys": keys,
+        # where the rate comes from: measured (the preset's, read at attention_keys), plan
+        # (attention_efficiency), gemm (no measurement: the GEMM curve) or eager
+        "attention_rate": source,
+        # keys each query meets in one kernel call, the length a measured rate is read at
+        "attention_keys": keys if source == "measured" else None,
         "attention_fraction": plan.device.attention_fraction(m.attention, keys)
         if m.attention != "eager"
         else None,

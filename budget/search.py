@@ -832,18 +832,15 @@ def hardware(plan: Plan) -> dict[str, Any]:
     or None where the plan writes them out), the kernel attention is timed as and where its
     rate comes from, and the levels whose collectives follow a measured bandwidth ramp."""
     device, m = plan.device, plan.model
-    if m.attention == "eager":
-        rate = "eager"
-    elif device.attention_efficiency is not None:
-        rate = "plan"
-    else:
-        rate = "measured" if device.attention_rate(m.attention) else "gemm"
+    measured = device.attention_rate(m.attention)
     return {
         "device": device.name or None,
         "topology": plan.topology.name or None,
         "attention": m.attention,
         "attention_kernel": device.attention_kernel(m.attention),
-        "attention_rate": rate,
+        "attention_rate": device.attention_source(m.attention),
+        # the measured rate depends on the keys per call (more than one length measured)
+        "attention_by_keys": measured is not None and len(measured.keys) > 1,
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
     }
 

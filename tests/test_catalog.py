@@ -184,7 +184,7 @@ def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
     assert work_time(fp8, work) == pytest.approx(expected_fp8)
     assert work_time(bf16, gemm("big", 16384, 16384, 16384, 2)) == pytest.approx(expected_bf16)
     # The attention core stays in bf16 under an FP8 recipe (Transformer Engine).
-    core = Work("attention core (flash)", "attention", flops, 10**6)
+    core = Work("attention core (flash)", "attention", flops, 10**6, keys=8192)
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
     # An A100 has no FP8 tensor cores: the plan is refused, at precision.matmul.
     with pytest.raises(BudgetError) as refused:
@@ -441,3 +441,29 @@ def test_a_memory_bound_kernel_takes_its_startup_beyond_its_bytes() -> None:
     with pytest.raises(BudgetError) as refused:
         _resolve(_tree(device={**written, "kernel_startup": "soon"}))
     assert refused.value.problems[0].path == "$.device.kernel_startup"
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -> None:
+    """Forward, recomputed and backward attention cores all meet seq / cp keys per ring
+    step (8192 / 4 here); a Work rebuilt without them would be refused, not priced at the
+    shortest measured length."""
+    from budget.schedule import work_time
+    from budget.step import derive
+
+    plan = _resolve(_tree(parallel={"tp": 2, "cp": 4}, recompute=recompute))
+    cores = [
+        work
+        for stage in derive(plan).stages
+        for phase in stage.phases
+        for work in phase.works
+        if work.kind == "attention"
+    ]
+    names = {work.name for work in cores}
+    assert "attention core (flash)" in names and "attention core (flash) backward" in names
+    if recompute != "none":
+        assert any("(recomputed)" in name for name in names)
+    assert {work.keys for work in cores} == {2048}
+    lost = Work("attention core (flash)", "attention", 10**12, 10**6)
+    with pytest.raises(ValueError, match="no keys per call"):
+        work_time(plan, lost)

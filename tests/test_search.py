@@ -420,6 +420,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "attention": gpt3.model.attention,
         "attention_kernel": gpt3.model.attention,
         "attention_rate": "eager" if gpt3.model.attention == "eager" else "gemm",
+        "attention_by_keys": False,
         "ramped_levels": [],
     }
     assert "every collective at its level's plateau B_eff" in hardware_text(outcome.hardware)
@@ -440,3 +441,15 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "Priced on h100-sxm in dgx-h100; attention flash = cudnn at its measured rate for "
         "each call's keys; collectives on nvlink at the share of B_eff their size reaches"
     ) in text
+    # an A100's FlashAttention-2 was measured at one length: no claim about keys
+    a100 = load_plan(path)
+    from dataclasses import replace
+
+    from budget.catalog import DEVICES
+    from budget.search import hardware
+
+    one_length = replace(
+        a100, device=replace(a100.device, attention=DEVICES["a100-80gb"].attention)
+    )
+    said = hardware_text(hardware(one_length))
+    assert "attention flash = flash2 at its measured rate;" in said

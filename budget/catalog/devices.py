@@ -105,9 +105,12 @@ in the prologue, the epilogue and the masked diagonal tiles. The same two figure
 at 512, 1K, 2K, 4K, 8K and 16K tokens (16K tokens per batch, so batch × length is fixed),
 combined the same way at each length: cuDNN 308, 409, 470, 504, 521, 522 TFLOP/s; FA3 309,
 424, 507, 552, 571, 576; FA2 211, 265, 298, 318, 328, 331 on Azure's 8K level (the paper's
-FA2 bars give only the shape, 0.65 of the 8K rate at 512 and 1.03 at 16K). The rate is
+FA2 bars give only the shape, 0.64 of the 8K rate at 512 and 1.01 at 16K). The rate is
 interpolated in log keys and held at the end bars outside 512 ... 16K. The A100's one
-measured length (8192) stands for every length: no A100 sweep by length was found.
+measured length (8192) stands for every length: no A100 sweep by length was found. Every
+call is priced at the causal forward's bars, though under load-balanced ring attention only
+the diagonal step is causal and the others are unmasked but half-sized
+(`budget.flops.attention_keys`): errors of opposite sign, not separated here.
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's

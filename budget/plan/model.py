@@ -196,6 +196,16 @@ class Device:
         runs = self.attention_kernel(kernel)
         return next((rate for rate in self.attention if rate.kernel == runs), None)
 
+    def attention_source(self, kernel: str) -> str:
+        """Where the attention core's rate comes from: ``eager`` (two GEMMs and a softmax
+        on the GEMM curve), ``plan`` (``attention_efficiency``), ``measured`` (the preset's
+        rate for the kernel) or ``gemm`` (a fused kernel with no measurement here)."""
+        if kernel == "eager":
+            return "eager"
+        if self.attention_efficiency is not None:
+            return "plan"
+        return "measured" if self.attention_rate(kernel) is not None else "gemm"
+
     def attention_fraction(self, kernel: str, keys: Any) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
         meets ``keys`` keys per kernel call (a number, or an array): the plan's

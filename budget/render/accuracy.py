@@ -133,8 +133,8 @@ def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
 
 
 def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
-    """The rows, a rule between GPU and training-stack groups; the stack gets its own
-    column only at 100 columns or more (the run names would wrap further at 80)."""
+    """The rows, a break between GPU and training-stack groups; the stack gets its own
+    column only where the longest run name still fits beside it (112 columns)."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
     headers = [h for h in _HEADERS if wide or h != "stack"]
     for header in headers:
@@ -154,7 +154,7 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if fmt == "markdown":
         console.out(accuracy_markdown(acc), highlight=False)
         return
-    wide = console.width >= 100
+    wide = console.width >= 112
     console.print(_rich_table("Predicted against published measurements", acc.rows, wide))
     console.print(_summary(acc), highlight=False)
     for title, rows in _unscored(acc):

@@ -100,7 +100,8 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     attention = {
         "eager": "attention eager (two GEMMs and a softmax)",
-        "measured": f"attention {name} at its measured rate for each call's keys",
+        "measured": f"attention {name} at its measured rate"
+        + (" for each call's keys" if hardware.get("attention_by_keys") else ""),
         "plan": f"attention {name} at device.attention_efficiency",
         "gemm": f"attention {name} on the GEMM curve (not measured on this device)",
     }[hardware["attention_rate"]]
