@@ -42,8 +42,12 @@ tokens per second divided by the GPUs).
 
 from __future__ import annotations
 
+import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import yaml
 
 from budget.errors import BudgetError
 from budget.pipeline import build_report
@@ -59,7 +63,10 @@ __all__ = [
     "Accuracy",
     "Row",
     "Run",
+    "metric_of",
+    "plan_file_name",
     "plan_of",
+    "plan_text",
     "validate_model",
 ]
 
@@ -507,14 +514,46 @@ def plan_of(run: Run) -> Plan:
 
 
 def predict(run: Run) -> float:
-    plan = plan_of(run)
+    return metric_of(plan_of(run), run.metric)
+
+
+def metric_of(plan: Plan, metric: Metric) -> float:
+    """The prediction for a plan in the unit its source reports (module docstring)."""
     step = build_report(plan).step
-    if run.metric == "step_s":
+    if metric == "step_s":
         return float(step["time_s"] or 0.0)
-    if run.metric == "tokens_per_s_per_gpu":
+    if metric == "tokens_per_s_per_gpu":
         return float(step["tokens_per_s"] or 0.0) / plan.topology.gpus
     peak = plan.device.peak_flops(plan.precision.matmul)
     return float(step["mfu"] or 0.0) * peak / 1e12
+
+
+def plan_file_name(run: Run) -> str:
+    """``Llama 3.1 8B, 8 GPUs`` → ``llama-3.1-8b-8-gpus.yaml``."""
+    words = re.findall(r"[a-z0-9.]+", run.name.lower().replace(",", ""))
+    return "-".join(words) + ".yaml"
+
+
+def plan_text(run: Run, kind: str, schema_ref: str) -> str:
+    """The run as a plan file `budget` reads: its tree, under comments saying where the
+    measurement comes from, so one row of the table can be rerun and inspected alone."""
+    unit = {
+        "step_s": "seconds per step",
+        "tflops_per_gpu": "model TFLOP/s per GPU",
+        "tokens_per_s_per_gpu": "tokens per second per GPU",
+    }[run.metric]
+    lines = [
+        f"# yaml-language-server: $schema={schema_ref}",
+        f"# {run.name}: a {kind} run of `budget validate-model` ({run.gpu}, {run.stack}).",
+        f"# Measured: {run.measured:,g} {unit}.",
+        *textwrap.wrap(f"Source: {run.source}.", 90, initial_indent="# ", subsequent_indent="# "),
+    ]
+    if run.note:
+        lines += textwrap.wrap(
+            f"Layout: {run.note}.", 90, initial_indent="# ", subsequent_indent="# "
+        )
+    body = yaml.safe_dump(run.tree, sort_keys=False, allow_unicode=True, default_flow_style=None)
+    return "\n".join(lines) + "\n" + body
 
 
 def validate_model(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -316,9 +316,49 @@ def roofline_command(
 
 
 @app.command("validate-model")
-def validate_model_command(fmt: FormatOption = Format.table) -> None:
+def validate_model_command(
+    fmt: FormatOption = Format.table,
+    write_plans: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-plans",
+            help="Also write every run as a plan file into this directory, to rerun one row "
+            "with `budget FILE`.",
+        ),
+    ] = None,
+) -> None:
     """Predicted against published training runs: error of each, mean and maximum."""
     from budget.accuracy import validate_model
     from budget.render.accuracy import render_accuracy
 
-    render_accuracy(_stdout(), validate_model(), fmt.value)
+    accuracy = validate_model()
+    if write_plans is not None:
+        _write_run_plans(accuracy, write_plans)
+    render_accuracy(_stdout(), accuracy, fmt.value)
+
+
+def _write_run_plans(accuracy: Any, directory: Path) -> None:
+    """Each scored, reference and diagnostic run as ``DIRECTORY/<run>.yaml``, its schema
+    reference relative to the directory; a note on stderr says how many."""
+    import os
+
+    from budget.accuracy import plan_file_name, plan_text
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _usage(f"--write-plans {directory}: {error.strerror or error}") from None
+    schema = Path(__file__).parent / "schemas" / "plan.schema.json"
+    reference = os.path.relpath(schema, directory.absolute())
+    sections = (
+        ("scored", accuracy.rows),
+        ("reference", accuracy.reference),
+        ("diagnostic", accuracy.diagnostic),
+    )
+    written = 0
+    for kind, rows in sections:
+        for row in rows:
+            text = plan_text(row.run, kind, reference)
+            (directory / plan_file_name(row.run)).write_text(text, encoding="utf-8")
+            written += 1
+    print(f"budget: wrote {written} run plans to {directory}", file=sys.stderr)

@@ -179,3 +179,46 @@ def test_readme_shows_the_table_the_command_prints(accuracy) -> None:
     """The README's accuracy table is `budget validate-model --format markdown`, verbatim."""
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     assert accuracy_markdown(accuracy).strip() in readme
+
+
+def test_every_run_is_written_as_a_plan_that_budgets_to_its_row(tmp_path, accuracy) -> None:
+    """`--write-plans DIR` writes each scored, reference and diagnostic run as a plan file
+    whose `budget` report gives that row's prediction, so one row can be rerun alone."""
+    from typer.testing import CliRunner
+
+    from budget.accuracy import metric_of
+    from budget.cli import app, route
+    from budget.plan.load import load_plan
+
+    target = tmp_path / "runs"
+    result = CliRunner().invoke(
+        app, route(["validate-model", "--write-plans", str(target), "--format", "json"])
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["mean_abs_error"] == pytest.approx(accuracy.mean_abs_error)
+    rows = accuracy.rows + accuracy.reference + accuracy.diagnostic
+    files = sorted(target.glob("*.yaml"))
+    assert len(files) == len(rows) == len(RUNS) + len(REFERENCE_RUNS) + len(DIAGNOSTIC_RUNS)
+    from budget.accuracy import plan_file_name
+
+    for row in rows:
+        path = target / plan_file_name(row.run)
+        text = path.read_text(encoding="utf-8")
+        schema = text.partition("\n")[0].split("$schema=", 1)[1]
+        assert (target / schema).resolve().name == "plan.schema.json"
+        assert (target / schema).resolve().exists()
+        assert f"# Measured: {row.run.measured:,g}" in text
+        predicted = metric_of(load_plan(path), row.run.metric)
+        assert predicted == pytest.approx(row.predicted, rel=1e-12), row.run.name
+
+
+def test_write_plans_into_a_file_is_a_usage_error(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    blocker = tmp_path / "taken"
+    blocker.write_text("", encoding="utf-8")
+    result = CliRunner().invoke(app, route(["validate-model", "--write-plans", str(blocker)]))
+    assert result.exit_code == 2
+    assert "--write-plans" in result.output and "Traceback" not in result.output
