@@ -169,9 +169,16 @@ def _gpt_run(
     FlashAttention in Megatron-LM: attention is eager, with dropout. Micro-batch size and
     interleaving degree as Calculon's validation of the same runs records them
     (calculon-ai/calculon, ``validation/{22B,175B,530B,1T}_{seqsel,full}.json``: micro-batch
-    4 for 22B and 1 otherwise; 3 virtual stages for 175B and 530B, none for 22B and 1T)."""
+    4 for 22B and 1 otherwise; 3 virtual stages for 175B and 530B, none for 22B and 1T).
+    Stage-to-stage sends use Megatron-LM's scatter/gather optimisation, on by default in the
+    Megatron-LM of the paper (``scatter_gather_tensors_in_pipeline``, Narayanan et al.,
+    arXiv 2104.04473, section 4.1; Megatron-Core later dropped it): it only changes the
+    full-recompute runs, whose activations are replicated over tp without sequence
+    parallelism (added after the table was read; README)."""
     gpus = 8 * pp
-    pipeline: dict[str, Any] = {"schedule": "interleaved", "virtual_stages": virtual}
+    pipeline: dict[str, Any] = {"scatter_gather": True}
+    if virtual > 1:
+        pipeline.update(schedule="interleaved", virtual_stages=virtual)
     tree: dict[str, Any] = {
         "name": name + (", full recompute" if full else ""),
         "model": {
@@ -188,7 +195,7 @@ def _gpt_run(
             "pp": pp,
             "dp": 1,
             "sequence_parallel": not full,
-            **({"pipeline": pipeline} if virtual > 1 else {}),
+            "pipeline": pipeline,
         },
         "recompute": "full" if full else "selective",
         "device": {"preset": "a100-80gb"},

@@ -31,7 +31,7 @@ from budget.layers import (
 )
 from budget.phases import Alloc, Instant, Phase, StageStep, Step
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves, pipeline_send
+from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves, pipeline_moves
 
 
 def kv_cache_bytes(plan: Plan, layers: int) -> int:
@@ -142,8 +142,10 @@ def _pass(
             )
         )
     elif par.pp > 1:
-        send = pipeline_send(plan, s, forward=True)
-        phases.append(Phase(f"{prefix}.pipeline", count, (_pipeline_overlap(plan, send),)))
+        sends = pipeline_moves(plan, s, forward=True)
+        phases.append(
+            Phase(f"{prefix}.pipeline", count, tuple(_pipeline_overlap(plan, m) for m in sends))
+        )
     return phases
 
 

@@ -217,6 +217,8 @@ def build_report(plan: Plan) -> Report:
         "zero": par.zero,
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,
+        # stage sends split over tp and gathered on arrival (in effect only without SP)
+        "scatter_gather": par.pipeline.scatter_gather,
         "recompute": plan.recompute,
         "seq": plan.batch.seq,
         "micro": plan.batch.micro,

@@ -328,7 +328,10 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         sequence_parallel=c.sequence_parallel,
         zero=c.zero,
         pipeline=Pipeline(
-            schedule, c.virtual_stages, split(plan.model.layers, c.pp, c.virtual_stages)
+            schedule,
+            c.virtual_stages,
+            split(plan.model.layers, c.pp, c.virtual_stages),
+            plan.parallel.pipeline.scatter_gather,
         ),
     )
     return replace(
@@ -413,7 +416,9 @@ def _stage_classes(plan: Plan, pp: int, v: int) -> list[StageClass]:
     parallel = replace(
         plan.parallel,
         pp=pp,
-        pipeline=Pipeline(schedule, v, split(plan.model.layers, pp, v)),
+        pipeline=Pipeline(
+            schedule, v, split(plan.model.layers, pp, v), plan.parallel.pipeline.scatter_gather
+        ),
     )
     return stage_classes(replace(plan, parallel=parallel))
 

@@ -354,6 +354,41 @@ def pipeline_send(plan: Plan, s: Shapes, forward: bool) -> Move:
     )
 
 
+def pipeline_moves(plan: Plan, s: Shapes, forward: bool) -> list[Move]:
+    """The stage-boundary transfer as Megatron-LM runs it.
+
+    Without sequence parallelism a stage's output (and, going back, its input gradient) is
+    replicated over the stage's tp ranks. With ``pipeline.scatter_gather`` each of them sends
+    only its 1/tp share, over its own inter-node link, and the receiving ranks all-gather
+    the tensor over tp before the first layer uses it (Narayanan et al., arXiv 2104.04473,
+    section 4.1: the scatter/gather optimisation; Megatron-LM's
+    ``scatter_gather_tensors_in_pipeline``, on by default before Megatron-Core). With
+    sequence parallelism the tensor is already sharded and `pipeline_send` sends the shard."""
+    send = pipeline_send(plan, s, forward)
+    par = plan.parallel
+    if not par.pipeline.scatter_gather:
+        return [send]
+    split = holds(holds(par.tp > 1) & lacks(_sp(plan)))
+    if not isinstance(split, np.ndarray) and not split:
+        return [send]
+    full = s.act * s.tokens * s.hidden
+    what = "activations" if forward else "gradients"
+    gather = Move(
+        f"{what} gathered over tp on arrival",
+        "all-gather",
+        "tp",
+        par.tp,
+        plan.precision.activations,
+        full,
+        "shard(0)",
+        "replicate",
+    )
+    return [
+        replace(send, size_bytes=vwhere(split, full // par.tp, send.size_bytes)),
+        *when([gather], split),
+    ]
+
+
 def _sends(plan: Plan, end: bool) -> int:
     """Sends per micro-batch from a stage to its neighbour: one per model chunk it holds,
     less one at the end of the model (the last stage forward, the first backward). With v
@@ -831,7 +866,7 @@ def _forward(b: _StageBuilder) -> None:
         b.add(
             "pipeline.forward",
             m * _sends(plan, b.last),
-            [pipeline_send(plan, s, forward=True)],
+            pipeline_moves(plan, s, forward=True),
             [],
         )
 
@@ -1070,7 +1105,7 @@ def _backward(b: _StageBuilder) -> None:
         b.add(
             "pipeline.backward",
             m * _sends(plan, b.first),
-            [pipeline_send(plan, s, forward=False)],
+            pipeline_moves(plan, s, forward=False),
             [],
         )
 

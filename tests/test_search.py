@@ -453,3 +453,24 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
     )
     said = hardware_text(hardware(one_length))
     assert "attention flash = flash2 at its measured rate;" in said
+
+
+def test_scatter_gather_layouts_budget_exactly_as_searched(gpt3):
+    """With `pipeline.scatter_gather` the sweep prices the tp share and its gather only in
+    layouts without sequence parallelism, as a single plan of each does."""
+    from dataclasses import replace
+
+    pipeline = replace(gpt3.parallel.pipeline, scatter_gather=True)
+    plan = replace(gpt3, parallel=replace(gpt3.parallel, pipeline=pipeline))
+    outcome = search(plan, 1024, Space(micro=(1,), zero=(1,), virtual_stages=(1,)))
+    split = [r for r in outcome.results if r.config.tp > 1 and r.config.pp > 1]
+    split = [r for r in split if not r.config.sequence_parallel][:6]
+    assert split
+    for result in split + list(outcome.results[:4]):
+        report = build_report(apply(plan, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        whole = build_report(apply(gpt3, result.config, 1024)).step["time_s"]
+        if result in split:  # the flag is in effect in the sweep: a smaller send
+            assert result.step_time_s < whole
+        else:
+            assert _relative(whole, result.step_time_s) < 1e-9

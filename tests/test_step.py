@@ -217,3 +217,73 @@ def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter():
     assert tp_ops(False) == ["all-reduce"]
     assert tp_ops(True) == ["all-gather", "reduce-scatter"]
     assert GPT3.hidden == 12288
+
+
+def _pipelined(sp: bool, scatter_gather: bool):
+    from budget.plan.resolve import resolve
+    from budget.plan.yaml_load import Marks
+
+    tree = {
+        "model": {"preset": "gpt3-175b", "layers": 8},
+        "batch": {"seq": 2048, "micro": 1, "global": 8},
+        "parallel": {
+            "tp": 8,
+            "pp": 2,
+            "sequence_parallel": sp,
+            "pipeline": {"scatter_gather": scatter_gather},
+        },
+        "device": {
+            "memory": "80 GiB",
+            "memory_bandwidth": "2 TB/s",
+            "flops": {"bf16": "312 TFLOP/s"},
+        },
+        "topology": {
+            "gpus": 16,
+            "levels": [
+                {"name": "nvlink", "size": 8, "bandwidth": "300 GB/s", "latency": "3 us"},
+                {"name": "infiniband", "bandwidth": "25 GB/s", "latency": "10 us"},
+            ],
+        },
+    }
+    return resolve(tree, Marks(), "plan.yaml")
+
+
+def test_scatter_gather_sends_one_tp_share_and_gathers_it_over_nvlink() -> None:
+    """Narayanan et al. section 4.1 by hand, GPT-3 hidden 12288, sequence 2048, bf16: the
+    stage output is 2 · 2048 · 12288 = 50,331,648 B, replicated over tp 8 without sequence
+    parallelism. Sent whole over InfiniBand it takes 10 µs + 50,331,648 / 25e9 = 2.023 ms;
+    with scatter/gather each rank sends 6,291,456 B (0.262 ms) and the receivers all-gather
+    it over NVLink in 7 steps: 7 · 3 µs + 7/8 · 50,331,648 / 300e9 = 0.168 ms."""
+    from budget.layers import shapes
+    from budget.schedule import price_move
+    from budget.step import pipeline_moves
+
+    full = 2 * 2048 * 12288
+    whole = _pipelined(sp=False, scatter_gather=False)
+    (send,) = pipeline_moves(whole, shapes(whole), forward=True)
+    assert send.size_bytes == full
+    assert price_move(whole, send).time_s == pytest.approx(10e-6 + full / 25e9)
+    split = _pipelined(sp=False, scatter_gather=True)
+    for forward in (True, False):
+        shard, gather = pipeline_moves(split, shapes(split), forward=forward)
+        assert (shard.op, shard.size_bytes) == ("send-recv", full // 8)
+        assert price_move(split, shard).time_s == pytest.approx(10e-6 + full / 8 / 25e9)
+        assert (gather.op, gather.group, gather.size_bytes) == ("all-gather", "tp", full)
+        assert price_move(split, gather).time_s == pytest.approx(7 * 3e-6 + 7 / 8 * full / 300e9)
+    # with sequence parallelism the activations are already sharded: the flag changes nothing
+    for flag in (False, True):
+        sp = _pipelined(sp=True, scatter_gather=flag)
+        (sharded,) = pipeline_moves(sp, shapes(sp), forward=True)
+        assert sharded.size_bytes == full // 8
+
+
+def test_the_header_says_when_stage_sends_are_split_over_tp() -> None:
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    split = build_report(_pipelined(sp=False, scatter_gather=True))
+    assert split.layout["scatter_gather"] is True
+    assert "scatter/gather stage sends" in " ".join(header(split))
+    # with sequence parallelism the flag has nothing to split: the header does not claim it
+    sharded = build_report(_pipelined(sp=True, scatter_gather=True))
+    assert "scatter/gather" not in " ".join(header(sharded))

@@ -93,6 +93,9 @@ class Pipeline:
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     layers_per_stage: tuple[int, ...] | None = None  # uneven split; sums to model.layers
+    # Send 1/tp of a tp-replicated activation between stages and all-gather it over tp on
+    # arrival (Megatron-LM's scatter/gather optimisation, `budget.step.pipeline_moves`)
+    scatter_gather: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,6 +349,7 @@ class _Resolver:
                 schedule=pipeline.get("schedule", "1f1b"),
                 virtual_stages=_int(pipeline.get("virtual_stages", 1)),
                 layers_per_stage=tuple(_int(n) for n in split) if split is not None else None,
+                scatter_gather=bool(pipeline.get("scatter_gather", False)),
             ),
             order=cast(tuple[GroupKind, ...], order),
             cp_attention=tree.get("cp_attention", "ring"),

@@ -45,6 +45,8 @@ def header(report: Report) -> list[str]:
         extras.append(f"{lay['virtual_stages']} virtual stages")
     if lay["sequence_parallel"]:
         extras.append("sequence parallel")
+    elif lay.get("scatter_gather") and lay["tp"] > 1 and lay["pp"] > 1:
+        extras.append("scatter/gather stage sends")
     extras.append(f"recompute: {lay['recompute']}")
     batches = report.microbatches
     work = f"{batches} micro-batch{'es' if batches != 1 else ''} per step"
