@@ -338,8 +338,9 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
 
 def pipeline_send(plan: Plan, s: Shapes, forward: bool) -> Move:
     """A stage's output to the next stage in forward, its gradient back in backward: one
-    send/recv of tokens x hidden, sharded over tp with sequence parallelism (Megatron-LM's
-    scatter/gather optimisation, Narayanan et al., arXiv 2104.04473, section 4.1)."""
+    send/recv of tokens x hidden per rank, each rank's own sequence shard under sequence
+    parallelism and the whole tp-replicated tensor without it (`pipeline_moves` splits
+    that one with the scatter/gather optimisation)."""
     name = "activations → next stage" if forward else "gradients → previous stage"
     size = s.act * s.tokens_sp * s.hidden
     return Move(
