@@ -438,8 +438,8 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert (
-        "Priced on h100-sxm in dgx-h100; attention flash = cudnn at its measured rate for "
-        "each call's keys; collectives on nvlink at the share of B_eff their size reaches"
+        "Priced on h100-sxm in dgx-h100; attention: flash = cudnn at its rate for each call's "
+        "keys (measured); collectives on nvlink at the share of B_eff their size reaches"
     ) in text
     # an A100's FlashAttention-2 was measured at one length: no claim about keys
     a100 = load_plan(path)
@@ -452,7 +452,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         a100, device=replace(a100.device, attention=DEVICES["a100-80gb"].attention)
     )
     said = hardware_text(hardware(one_length))
-    assert "attention flash = flash2 at its measured rate;" in said
+    assert "attention: flash = flash2 at its rate (measured);" in said
 
 
 def test_scatter_gather_layouts_budget_exactly_as_searched(gpt3):

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from budget.render.table import titled_table
+from budget.render.table import attention_text, titled_table
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -96,15 +96,11 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     else:
         where = f"{device or 'the device the plan writes out'} in "
         where += topology or "the topology the plan writes out"
-    kernel, runs = hardware["attention"], hardware["attention_kernel"]
-    name = kernel if runs == kernel else f"{kernel} = {runs}"
-    attention = {
-        "eager": "attention eager (two GEMMs and a softmax)",
-        "measured": f"attention {name} at its measured rate"
-        + (" for each call's keys" if hardware.get("attention_by_keys") else ""),
-        "plan": f"attention {name} at device.attention_efficiency",
-        "gemm": f"attention {name} on the GEMM curve (not measured on this device)",
-    }[hardware["attention_rate"]]
+    source = hardware["attention_rate"]
+    rate = "the plan's rate" if source == "plan" else "its rate"
+    if hardware.get("attention_by_keys"):
+        rate += " for each call's keys"
+    attention = attention_text(hardware["attention"], hardware["attention_kernel"], source, rate)
     levels = hardware["ramped_levels"]
     bandwidth = (
         f"collectives on {', '.join(levels)} at the share of B_eff their size reaches (nccl-tests)"

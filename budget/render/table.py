@@ -69,20 +69,30 @@ def header(report: Report) -> list[str]:
 
 
 def _attention_text(device: dict[str, Any], mode: str) -> str:
-    """How the attention core is timed: the kernel and its measured share of the peak."""
-    kernel, fraction = device.get("attention"), device.get("attention_fraction")
-    runs = device.get("attention_kernel", kernel)
-    if kernel == "eager":
-        return "attention: eager (two GEMMs and a softmax)"
+    """How the attention core is timed: the kernel and its share of the peak."""
+    rate = ""
+    if device.get("attention_fraction") is not None:
+        keys = device.get("attention_keys")
+        call = "call" if mode == "train" else "prefill call"
+        rate = f"{device['attention_fraction']:.1%} of peak"
+        rate += f" at {keys:,} keys per {call}" if keys else ""
+    kernel = device["attention"]
+    return attention_text(
+        kernel, device.get("attention_kernel", kernel), device["attention_rate"], rate
+    )
+
+
+def attention_text(kernel: str, runs: str, source: str, rate: str) -> str:
+    """``attention: …`` as the report header and `budget search` say it: the kernel the plan
+    names (and what it runs as here), then ``rate`` and where it comes from (``source``:
+    eager, gemm, plan or measured, `Device.attention_source`)."""
     name = kernel if runs == kernel else f"{kernel} = {runs}"
-    if fraction is None:
-        return f"attention: {name} on the GEMM curve (not measured on this device)"
-    if device.get("attention_rate") == "plan":
-        return f"attention: {name} at {fraction:.1%} of peak (device.attention_efficiency)"
-    keys = device.get("attention_keys")
-    call = "call" if mode == "train" else "prefill call"
-    at = f" at {keys:,} keys per {call}" if keys else ""
-    return f"attention: {name} at {fraction:.1%} of peak{at} (measured)"
+    return {
+        "eager": "attention: eager (two GEMMs and a softmax)",
+        "gemm": f"attention: {name} on the GEMM curve (not measured on this device)",
+        "plan": f"attention: {name} at {rate} (device.attention_efficiency)",
+        "measured": f"attention: {name} at {rate} (measured)",
+    }[source]
 
 
 def _bar(row: StageRow, width: int = 8) -> Text:
