@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,8 @@ from budget.errors import BudgetError, Problem
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from budget.accuracy import Accuracy
 
 app = typer.Typer(
     add_completion=False,
@@ -337,7 +339,7 @@ def validate_model_command(
     render_accuracy(_stdout(), accuracy, fmt.value)
 
 
-def _write_run_plans(accuracy: Any, directory: Path) -> None:
+def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
     """Each scored, reference and diagnostic run as ``DIRECTORY/<run>.yaml``, its schema
     reference relative to the directory; a note on stderr says how many."""
     import os
