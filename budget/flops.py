@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from budget.plan.model import DTYPE_BYTES
-from budget.vector import every, vround
+from budget.vector import every, vmin, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -58,6 +58,18 @@ class Work:
 def gemm(name: str, m: int, k: int, n: int, elem: int) -> Work:
     """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once."""
     return Work(name, "matmul", 2 * m * k * n, elem * (m * k + k * n + m * n))
+
+
+def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int) -> Work:
+    """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
+    (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
+    `n`, but each expert that receives a row reads its own `k` x `n` weights. Balanced
+    routing gives every one of the `groups` local experts rows once there are at least as
+    many rows as experts, so min(groups, rows) weight matrices are read. Training barely
+    notices (the GEMMs are compute-bound); decoding a few tokens reads every local expert's
+    weights, which is its cost."""
+    touched = vmin(groups, rows)
+    return Work(name, "matmul", 2 * rows * k * n, elem * (rows * k + touched * k * n + rows * n))
 
 
 def elementwise(name: str, nbytes: int) -> Work:
@@ -169,9 +181,9 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         elementwise("MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, e),
         elementwise("token permutation", 2 * rows),
-        gemm("expert fc1", s.routed, s.hidden, gate * s.expert_cols, e),
+        grouped_gemm("expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e),
         elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
-        gemm("expert fc2", s.routed, s.expert_cols, s.hidden, e),
+        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e),
         elementwise("unpermute and combine", 3 * rows),
     ]
     if every(s.shared_cols > 0):

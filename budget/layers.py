@@ -10,10 +10,14 @@ All sizes are for one rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +341,10 @@ class Shapes:
     micro: int
     causal: bool = True  # queries attend to the same sequence (not decode's cache)
     dispatched: int = 0  # token-expert rows one rank sends to the experts (tokens_sp·k·c)
-    routed: int = 0  # rows one rank's experts compute: dispatched x etp (gathered over etp)
+    routed: int = 0  # rows one rank's experts compute: dispatched x etp, or dispatched when
+    # every tp rank holds the same tokens (no sequence parallelism: nothing to gather)
     experts: int = 0  # routed experts in the model
+    local_experts: int = 0  # routed experts one rank holds (experts / ep)
     expert_cols: int = 0  # one expert's ffn width on one expert-tensor-parallel rank
     shared_cols: int = 0  # shared experts' ffn width on one tp rank
 
@@ -372,20 +378,34 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     with a capacity factor c each expert takes at most c·tokens·k/E of them (Fedus et al.,
     arXiv 2101.03961, eq. 3), so a balanced dispatch moves tokens·k·c rows. An expert split
     over etp ranks needs every row on each of them: the rows are all-gathered over etp
-    after the all-to-all (Megatron-Core's alltoall token dispatcher)."""
+    after the all-to-all (Megatron-Core's alltoall token dispatcher).
+
+    Without sequence parallelism (serving; training refuses it, see `resolve`) every tp rank
+    already holds all of the micro-batch's tokens, so each computes their rows on its own
+    column shard of the experts (etp = tp) and nothing is gathered: the partial outputs are
+    all-reduced over tp after the block, as a dense MLP's are (vLLM's tensor-parallel
+    ``FusedMoE``)."""
     e = plan.model.experts
     if e is None:
         return {}
     factor = e.capacity_factor or 1.0
-    etp = plan.parallel.etp or plan.parallel.tp
+    par = plan.parallel
+    etp = par.etp or par.tp
     dispatched = vceil(tokens_sp * e.top_k * factor)
     return {
         "dispatched": dispatched,
-        "routed": dispatched * etp,
+        "routed": vwhere(tokens_replicated(plan), dispatched, dispatched * etp),
         "experts": e.count,
+        "local_experts": e.count // par.ep,
         "expert_cols": -(-e.ffn // (plan.parallel.etp or plan.parallel.tp)),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
     }
+
+
+def tokens_replicated(plan: Plan) -> bool | np.ndarray:
+    """Every tp rank holds the same tokens: tp > 1 without sequence parallelism."""
+    par = plan.parallel
+    return holds(holds(par.tp > 1) & lacks(par.sequence_parallel))
 
 
 def residual_placement(plan: Plan) -> str:

@@ -285,6 +285,7 @@ def _grid(
         ("fewer layers than pipeline chunks", m.layers < pp * v),
         ("virtual stages need pp > 1", (v > 1) & (pp == 1)),
         ("sequence parallelism needs tp > 1", sp & (tp == 1)),
+        ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         (
             "does not divide: micro-batches by pp (interleaved)",

@@ -49,6 +49,7 @@ from budget.layers import (
     residual_placement,
     shapes,
     stage_classes,
+    tokens_replicated,
 )
 from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
 from budget.placement import (
@@ -613,54 +614,72 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     the ep group for dispatch and one for combine, and their mirror images in backward.
     Each rank holds tokens·k·capacity rows of `hidden`, so S, the whole redistributed
     tensor, is ep times that. Exposed unless `overlap.ep` hides them behind another
-    micro-batch's compute (Megatron-Core's EP A2A overlap; DeepSeek-V3 DualPipe)."""
+    micro-batch's compute (Megatron-Core's EP A2A overlap; DeepSeek-V3 DualPipe).
+
+    An expert split over etp > 1 ranks needs every row on each: an all-gather over etp
+    after dispatch and a reduce-scatter before combine, with or without ep. When every tp
+    rank already holds all the tokens (no sequence parallelism, serving only) each computes
+    their rows on its column shard and one all-reduce over tp sums the block's output
+    (`layers.tokens_replicated`)."""
     par = plan.parallel
-    if every(par.ep == 1) or plan.model.experts is None:
+    if plan.model.experts is None:
         return []
     size = s.act * s.dispatched * s.hidden * par.ep
     dtype = plan.precision.activations
     names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
     rule = "ep all-to-all: exposed unless overlap.ep hides it behind other compute"
-    moves = [
-        hide(
-            Move(f"MoE {name}", "all-to-all", "ep", par.ep, dtype, size, "shard(1)", "shard(0)"),
-            "@phase",
-            "ep",
-            rule,
-        )
-        for name in names
-    ]
+    moves = when(
+        [
+            hide(
+                Move(
+                    f"MoE {name}", "all-to-all", "ep", par.ep, dtype, size, "shard(1)", "shard(0)"
+                ),
+                "@phase",
+                "ep",
+                rule,
+            )
+            for name in names
+        ],
+        par.ep > 1,
+    )
     etp = par.etp or par.tp
-    if not every(etp == 1):  # a layout with etp = 1 prices these on one rank: nothing
-        rows = s.act * s.routed * s.hidden
-        gather = replace(
-            Move(
-                "expert input rows",
-                "all-gather",
-                "tp",
-                etp,
-                dtype,
-                rows,
-                "shard(0)",
-                "replicate",
-            ),
-            rule="etp: exposed, the experts need it",
-        )
-        scatter = replace(
-            Move(
-                "expert output rows",
-                "reduce-scatter",
-                "tp",
-                etp,
-                dtype,
-                rows,
-                "partial",
-                "shard(0)",
-            ),
-            rule="etp: exposed before combine",
-        )
-        moves[1:1] = [gather, scatter]
-    return moves
+    replicated = tokens_replicated(plan)
+    rows = s.act * s.routed * s.hidden
+    gather = Move(
+        "expert input rows",
+        "all-gather",
+        "tp",
+        etp,
+        dtype,
+        rows,
+        "shard(0)",
+        "replicate",
+        rule="etp: exposed, the experts need it",
+    )
+    scatter = Move(
+        "expert output rows",
+        "reduce-scatter",
+        "tp",
+        etp,
+        dtype,
+        rows,
+        "partial",
+        "shard(0)",
+        rule="etp: exposed before combine",
+    )
+    reduce = Move(
+        "MoE output",
+        "all-reduce",
+        "tp",
+        par.tp,
+        dtype,
+        s.act * s.tokens * s.hidden,
+        "partial",
+        "replicate",
+        rule="tp: exposed, the next layer needs it",
+    )
+    split = when([gather, scatter], lacks(replicated) & (etp > 1))
+    return [*moves[:1], *split, *moves[1:], *when([reduce], replicated)]
 
 
 def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:

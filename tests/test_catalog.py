@@ -105,7 +105,12 @@ def test_unknown_preset_is_a_problem(section: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_preset_resolves(name: str) -> None:
-    tree = _tree(model={"preset": name}, batch={"seq": 2048, "micro": 1, "global": 64})
+    tree = _tree(
+        model={"preset": name},
+        batch={"seq": 2048, "micro": 1, "global": 64},
+        # MoE layers under tp need sequence parallelism, as Megatron-LM requires
+        parallel={"tp": 8, "sequence_parallel": True},
+    )
     plan = _resolve(tree)
     assert plan.model.name == name
 

@@ -227,3 +227,93 @@ def test_an_unknown_number_format_is_refused(tmp_path):
     result = CliRunner().invoke(app, route(["validate", str(path)]))
     assert result.exit_code == 2
     assert "$.precision.matmul" in result.stderr and "fp7" in result.stderr
+
+
+MIXTRAL_SERVING = """\
+name: mixtral-serving
+mode: decode
+model: {preset: mixtral-8x7b}
+batch: {sequences: 32, prompt: 2048, generate: 512}
+precision: {params: bf16, activations: bf16}
+parallel: {tp: 8}
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, nodes: 1}
+"""
+
+
+def test_expert_rows_are_gathered_over_etp_without_expert_parallelism():
+    """Training, ep 1, tp = etp 2 with sequence parallelism (Megatron-Core), the Qwen-like
+    model at sequence 4096: each rank holds 4096 / 2 = 2048 tokens and routes them top-4
+    (8192 rows); the experts split over etp 2 need the rows of both ranks, an all-gather
+    of 2 x 8192 rows of hidden 2048 in bf16 before the experts and a reduce-scatter after,
+    with no all-to-all. Before, ep 1 dropped the gather and the scatter while the experts
+    still computed the gathered rows."""
+    plan = _qwen()
+    plan = replace(plan, parallel=replace(plan.parallel, ep=1, etp=None))
+    s = shapes(plan)
+    assert (s.dispatched, s.routed) == (2048 * 4, 2 * 2048 * 4)
+    moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
+    ops = {m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in moe.moves}
+    rows = 2 * (2048 * 4) * 2 * 2048  # etp x (local tokens x top-4) x bf16 x hidden
+    assert ops["expert input rows"] == ("all-gather", "tp", 2, rows)
+    assert ops["expert output rows"] == ("reduce-scatter", "tp", 2, rows)
+    assert not [m for m in moe.moves if m.op == "all-to-all"]
+
+
+def test_training_moe_under_tp_without_sequence_parallelism_is_refused(tmp_path):
+    """Megatron-LM's argument check refuses MoE with tp > 1 unless sequence parallelism
+    is on: every tp rank would route the same tokens."""
+    from budget.errors import BudgetError
+
+    text = MIXTRAL_SERVING.replace("mode: decode", "mode: train").replace(
+        "batch: {sequences: 32, prompt: 2048, generate: 512}",
+        "batch: {seq: 4096, micro: 1, global: 64}",
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.parallel.sequence_parallel"
+    assert "MoE layers with tp = 8 need sequence_parallel: true" in problem.message
+    path.write_text(text.replace("{tp: 8}", "{tp: 8, sequence_parallel: true}"), "utf-8")
+    assert load_plan(path).parallel.sequence_parallel
+
+
+def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
+    """Mixtral 8x7B served on 8 H100s with tp 8 (vLLM's tensor-parallel fused MoE): every
+    rank holds all 32 sequences' tokens, so each computes their 32 x 2 routed rows (decode,
+    one token per sequence, top-2) on its eighth of every expert (14336 / 8 = 1792 columns),
+    with nothing gathered, and one all-reduce of the block's output (32 x 4096 bf16) over
+    tp. The grouped GEMMs read all 8 local experts' weight shards once there are at least 8
+    rows: fc1 4096 x (2 x 1792) and fc2 1792 x 4096 per expert, in bf16."""
+    from budget import flops
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(MIXTRAL_SERVING, encoding="utf-8")
+    plan = load_plan(path)
+    s = shapes(plan, query_len=1, kv_len=2048 + 512)
+    assert (s.tokens, s.dispatched, s.routed, s.expert_cols) == (32, 64, 64, 1792)
+    assert s.local_experts == 8
+    works = {w.name: w for w in flops.moe_forward(plan, s)}
+    fc1, fc2 = works["expert fc1"], works["expert fc2"]
+    assert fc1.flops == 2 * 64 * 4096 * 3584
+    assert fc1.bytes == 2 * (64 * 4096 + 8 * 4096 * 3584 + 64 * 3584)
+    assert fc2.bytes == 2 * (64 * 1792 + 8 * 1792 * 4096 + 64 * 4096)
+    report = build_report(plan)
+    moe = next(p for p in report.phases if p.name == "decode.moe")
+    (reduce,) = moe.collectives
+    assert (reduce.op, reduce.group, reduce.ranks) == ("all-reduce", "tp", 8)
+    assert reduce.bytes == 32 * 4096 * 2
+
+
+def test_grouped_gemm_reads_the_weights_of_the_experts_its_rows_reach():
+    """Two rows (one token, top-2) reach two of eight local experts: two weight matrices."""
+    from budget.flops import grouped_gemm
+
+    assert grouped_gemm("x", 2, 4096, 1792, 8, 2).bytes == 2 * (
+        2 * 4096 + 2 * 4096 * 1792 + 2 * 1792
+    )
+    assert grouped_gemm("x", 64, 4096, 1792, 8, 2).bytes == 2 * (
+        64 * 4096 + 8 * 4096 * 1792 + 64 * 1792
+    )

@@ -107,7 +107,7 @@ def test_integral_floats_become_ints() -> None:
 def test_experts() -> None:
     plan = plan_of(
         BASE.replace("vocab: 32000", "vocab: 32000\n  experts: {count: 8, top_k: 2}").replace(
-            "dp: 2}", "dp: 2, ep: 2}"
+            "dp: 2}", "dp: 2, ep: 2, sequence_parallel: true}"
         )
     )
     assert plan.model.experts == Experts(count=8, top_k=2, ffn=4096)

@@ -857,6 +857,8 @@ class _Checks:
                 f"{_divisors(experts.count)}",
             )
         etp = p.etp if p.etp is not None else p.tp
+        if p.tp > 1 and not p.sequence_parallel:
+            self.replicated_tokens(etp)
         dense = p.tp * p.cp * p.dp
         if dense % (p.ep * etp):
             self.r.error(
@@ -864,6 +866,30 @@ class _Checks:
                 f"expert layers place ep × etp = {p.ep} × {etp} = {p.ep * etp} ranks per "
                 f"expert-data-parallel replica, which does not divide the tp × cp × dp = "
                 f"{p.tp} × {p.cp} × {p.dp} = {dense} ranks of a pipeline stage",
+            )
+
+    def replicated_tokens(self, etp: int) -> None:
+        """MoE layers when every tp rank holds the same tokens (tp > 1, no sequence
+        parallelism). Training: refused, as Megatron-LM's argument check refuses MoE with
+        tensor parallelism unless sequence parallelism is on (``megatron/training/
+        arguments.py``, "MoE Spec check"); each tp rank would route the same tokens again.
+        Serving: priced as vLLM's tensor-parallel ``FusedMoE`` runs it, each rank computing
+        every token's rows on its column shard of the experts, so etp must equal tp."""
+        p = self.par
+        if self.mode == "train":
+            self.r.error(
+                "$.parallel.sequence_parallel",
+                f"MoE layers with tp = {p.tp} need sequence_parallel: true: without it every "
+                "tensor-parallel rank holds the same tokens and would route each of them "
+                f"{p.tp} times (Megatron-LM refuses this layout too); set sequence_parallel "
+                "to true or tp to 1",
+            )
+        elif etp != p.tp:
+            self.r.error(
+                "$.parallel.etp",
+                f"etp = {etp} with tp = {p.tp} and no sequence parallelism: every tp rank holds "
+                "the same tokens, and serving prices the experts split over those same ranks "
+                f"(etp = tp = {p.tp}); remove etp or turn on sequence_parallel",
             )
 
     def positions(self) -> None:
