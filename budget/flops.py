@@ -85,26 +85,41 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     kernels: a batched GEMM writing the s x s scores, a fused softmax (with dropout, which
     also writes its mask and output) reading and writing them, and a batched GEMM reading
     them back (Megatron-LM's FusedScaleMaskSoftmax between two `torch.baddbmm`/`bmm`).
+
+    QKᵀ runs over the query/key head dimension and the product with V over the value's;
+    they differ only under latent attention (192 and 128 in DeepSeek-V3). Decoding with
+    latent attention attends in the latent space instead (DeepSeek-V2, arXiv 2405.04434,
+    section 2.1.3: the key and value up-projections are absorbed into the query and the
+    output): every head's query meets the cached latent and rotary key (kv_rank + rope_dim)
+    and the output is a kv_rank vector per head, reading the latent cache once for all heads.
     """
-    hd = plan.model.head_dim
+    m = plan.model
     q_rows = s.tokens // s.micro
-    matmul = 2 * s.micro * s.heads * q_rows * s.seq_kv * hd  # one of the two products
-    q, kv = s.act * s.tokens * s.q_cols, s.act * s.micro * s.seq_kv * s.kv_cols
-    if plan.model.attention != "eager":
-        flops = 2 * matmul // 2 if s.causal else 2 * matmul  # causal: upper tiles skipped
-        core = Work("attention core (flash)", "attention", flops, 2 * q + 2 * kv)
+    pairs = s.micro * s.heads * q_rows * s.seq_kv  # query-key pairs on this rank
+    qk_dim, v_dim = m.qk_head_dim, m.head_dim
+    q, out = s.act * s.tokens * s.q_cols, s.act * s.tokens * s.out_cols
+    kv = 2 * s.act * s.micro * s.seq_kv * s.kv_cols  # K and V
+    if m.mla is not None and not s.causal:  # decoding against the latent cache
+        qk_dim, v_dim = s.kv_latent, m.mla.kv_rank
+        q, out = s.act * s.tokens * s.heads * qk_dim, s.act * s.tokens * s.heads * v_dim
+        kv = s.act * s.micro * s.seq_kv * s.kv_latent
+    qk_mm, pv_mm = 2 * pairs * qk_dim, 2 * pairs * v_dim
+    if m.attention != "eager":
+        flops = qk_mm + pv_mm
+        flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
+        core = Work("attention core (flash)", "attention", flops, q + kv + out)
         return [replace(core, keys=attention_keys(plan, s.seq_kv))]
-    scores = s.act * s.micro * s.heads * q_rows * s.seq_kv
-    softmax = 2 * scores + (2 * scores + scores // s.act if plan.model.dropout else 0)
+    scores = s.act * pairs
+    softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [
-        Work("attention scores QKᵀ", "attention", matmul, q + kv + scores),
+        Work("attention scores QKᵀ", "attention", qk_mm, q + kv // 2 + scores),
         Work(
-            "softmax" + (" and dropout" if plan.model.dropout else ""),
+            "softmax" + (" and dropout" if m.dropout else ""),
             "elementwise",
             5 * scores // s.act,
             softmax,
         ),
-        Work("attention × V", "attention", matmul, scores + kv + q),
+        Work("attention × V", "attention", pv_mm, scores + kv // 2 + out),
     ]
 
 
@@ -129,12 +144,43 @@ def attention_keys(plan: Plan, seq_kv: Any) -> Any:
 
 def rotary(plan: Plan, s: Shapes) -> list[Work]:
     """Rotary embeddings: one read and one write of this rank's Q and K (none for a learned
-    position table, which is added once at the embedding)."""
-    if plan.model.position != "rope":
+    position table, which is added once at the embedding). Latent attention rotates only
+    each query head's rope_dim part and the one shared rotary key."""
+    m = plan.model
+    if m.position != "rope":
         return []
-    qk = 2 * s.act * s.tokens * (s.q_cols + s.kv_cols)
+    if m.mla is not None:
+        qk = 2 * s.act * s.tokens * (s.heads + 1) * m.mla.rope_dim
+    else:
+        qk = 2 * s.act * s.tokens * (s.q_cols + s.kv_cols)
     # its backward rotates the incoming gradients back: the same bytes, nothing saved is read
     return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
+
+
+def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
+    """The GEMMs from the normed hidden state to Q, K and V.
+
+    Latent attention (DeepSeek-V2, arXiv 2405.04434, eqs. 9-19): one GEMM to the query
+    latent and the key/value latent with the shared rotary key (the two down-projections
+    read the same input and run fused, as SGLang's ``fused_qkv_a_proj_with_mqa``; without a
+    query latent the queries come out of it directly), an RMSNorm on each latent, and the
+    up-projections to this rank's heads: queries (q_rank x heads·(nope + rope)) and keys and
+    values (kv_rank x heads·(nope + head_dim)). The down-projection is replicated over tp
+    (Megatron-Core's ``MLASelfAttention``), so every tp rank computes it whole."""
+    e = DTYPE_BYTES[plan.precision.matmul]
+    h, mla = s.hidden, plan.model.mla
+    if mla is None:
+        return [gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e)]
+    q_direct = s.q_cols if not mla.q_rank else 0
+    works = [
+        gemm("QKV projection", s.tokens, h, s.q_latent + q_direct + s.kv_latent, e),
+        elementwise("latent norms", 2 * s.act * s.tokens * (s.q_latent + mla.kv_rank)),
+    ]
+    if mla.q_rank:
+        works.append(gemm("query up-projection", s.tokens, mla.q_rank, s.q_cols, e))
+    kv_cols = s.heads * (mla.nope_dim + plan.model.head_dim)
+    works.append(gemm("key/value up-projection", s.tokens, mla.kv_rank, kv_cols, e))
+    return works
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -143,10 +189,10 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     norm = s.act * s.tokens_sp * s.hidden
     return [
         elementwise("attention norm", 2 * norm),
-        gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e),
+        *qkv_projections(plan, s),
         *rotary(plan, s),
         *attention_core(plan, s),
-        gemm("attention output projection", s.tokens, s.q_cols, h, e),
+        gemm("attention output projection", s.tokens, s.out_cols, h, e),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
@@ -272,12 +318,13 @@ def model_flops_per_token(plan: Plan) -> int:
     """6N + 12·L·h·s: training FLOPs per token without recomputation (PaLM appendix B),
     with N the parameters a token uses (the top-k experts of an MoE layer, not all of them;
     Fedus et al., arXiv 2101.03961) less the embedding lookups, which do no GEMM, and
-    12·L·h·s the non-causal attention score and value products."""
+    12·L·h·s the non-causal attention score and value products (6·L·heads·(d_qk + d_v)·s
+    when the query/key and value head dimensions differ, as under latent attention)."""
     from budget.layers import active_params
 
     m = plan.model
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
-    attention = 12 * m.layers * m.heads * m.head_dim * plan.batch.seq
+    attention = 6 * m.layers * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
     return 6 * n + attention

@@ -8,6 +8,12 @@ up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds
     layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
     x sequences per data-parallel replica x bytes per element.
 
+Under latent attention the cache keeps, per token and layer, the key/value latent and the
+one shared rotary key, kv_rank + rope_dim elements (DeepSeek-V2, arXiv 2405.04434, section
+2.1.2: 4.5 head dimensions' worth for DeepSeek-V2), and every tp rank keeps all of it: the
+latent is not split by heads (vLLM's and SGLang's MLA backends; hence data-parallel
+attention for DeepSeek serving).
+
 Prefill processes every prompt token once (phases `prefill.*`); decode then runs the whole
 model once per generated token with one query per sequence against the cached keys
 (`decode.*`, counted `generate` times). Decode moves tiny tensors, so its tensor-parallel
@@ -38,7 +44,10 @@ def kv_cache_bytes(plan: Plan, layers: int) -> int:
     """The KV cache one rank of a stage holds (module docstring)."""
     m, par, b = plan.model, plan.parallel, plan.batch
     context = b.prompt + b.generate
-    per_token = 2 * (m.kv_heads // par.tp) * m.head_dim * DTYPE_BYTES[plan.precision.activations]
+    elements = 2 * (m.kv_heads // par.tp) * m.head_dim
+    if m.mla is not None:
+        elements = m.mla.kv_rank + m.mla.rope_dim
+    per_token = elements * DTYPE_BYTES[plan.precision.activations]
     return layers * per_token * -(-context // par.cp) * b.micro
 
 
@@ -51,7 +60,7 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         out = [
             layer_in,
             Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + 2 * s.kv_cols)),
-            Alloc("attention output", "transient", a * s.tokens * s.q_cols),
+            Alloc("attention output", "transient", a * s.tokens * s.out_cols),
         ]
         if plan.model.attention == "eager":
             rows = s.tokens // s.micro

@@ -87,9 +87,28 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
 
 def attention_params(plan: Plan) -> tuple[int, int]:
     """(total, per rank) of the attention block with its norm: QKV and output projections
-    split over tp, the output bias and the norm replicated."""
+    split over tp, the output bias and the norm replicated.
+
+    Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, eqs. 9-19) replaces QKV by
+    down-projections to the query latent (hidden x q_rank) and to the key/value latent plus
+    the shared rotary key (hidden x (kv_rank + rope_dim)), each with an RMSNorm, and
+    up-projections to every head's query (q_rank x heads·(nope + rope)) and key and value
+    (kv_rank x heads·(nope + head_dim)). The down-projections and their norms are
+    replicated over tp, the up-projections split by heads (Megatron-Core's
+    ``MLASelfAttention``)."""
     m, t = plan.model, plan.parallel.tp
-    h, q_width, kv_width = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
+    h = m.hidden
+    out_width = m.heads * m.head_dim
+    if m.mla is not None:
+        mla = m.mla
+        q_width = m.heads * m.qk_head_dim
+        q_in = mla.q_rank or h
+        down = h * (mla.q_rank + mla.kv_rank + mla.rope_dim) + mla.q_rank + mla.kv_rank
+        sharded = q_in * q_width + mla.kv_rank * m.heads * (mla.nope_dim + m.head_dim)
+        sharded += out_width * h
+        replicated = down + h * m.bias + _norms(plan)
+        return sharded + replicated, -(-sharded // t) + replicated
+    q_width, kv_width = out_width, m.kv_heads * m.head_dim
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
     replicated = h * m.bias + _norms(plan)
     return sharded + replicated, -(-sharded // t) + replicated
@@ -333,8 +352,9 @@ class Shapes:
     tokens_sp: int  # tokens in sequence-parallel regions (tokens / tp with SP)
     act: int  # bytes per activation element
     hidden: int
-    q_cols: int  # query heads x head_dim on one tp rank
-    kv_cols: int  # kv heads x head_dim on one tp rank
+    q_cols: int  # query heads x head_dim (the query/key head dimension) on one tp rank
+    kv_cols: int  # kv heads x head_dim on one tp rank (latent attention: the mean of K and V)
+    out_cols: int  # heads x the value head dimension on one tp rank (attention output)
     ffn_cols: int  # ffn width on one tp rank
     heads: int  # query heads on one tp rank
     seq_kv: int  # keys each local query attends to (the full sequence)
@@ -347,6 +367,8 @@ class Shapes:
     local_experts: int = 0  # routed experts one rank holds (experts / ep)
     expert_cols: int = 0  # one expert's ffn width on one expert-tensor-parallel rank
     shared_cols: int = 0  # shared experts' ffn width on one tp rank
+    q_latent: int = 0  # latent attention: query latent width (replicated over tp)
+    kv_latent: int = 0  # latent attention: key/value latent + shared rotary key width
 
 
 def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) -> Shapes:
@@ -362,15 +384,24 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
         tokens_sp=vwhere(par.sequence_parallel, -(-tokens // t), tokens),
         act=DTYPE_BYTES[plan.precision.activations],
         hidden=m.hidden,
-        q_cols=m.heads * m.head_dim // t,
-        kv_cols=m.kv_heads * m.head_dim // t,
+        q_cols=m.heads * m.qk_head_dim // t,
+        kv_cols=m.kv_heads * (m.qk_head_dim + m.head_dim) // 2 // t,
+        out_cols=m.heads * m.head_dim // t,
         ffn_cols=-(-m.ffn // t),
         heads=m.heads // t,
         seq_kv=b.seq if kv_len is None else kv_len,
         micro=b.micro,
         causal=query_len is None or query_len == kv_len,
         **_expert_shapes(plan, vwhere(par.sequence_parallel, -(-tokens // t), tokens)),
+        **_latent_shapes(plan),
     )
+
+
+def _latent_shapes(plan: Plan) -> dict[str, int]:
+    mla = plan.model.mla
+    if mla is None:
+        return {}
+    return {"q_latent": mla.q_rank, "kv_latent": mla.kv_rank + mla.rope_dim}
 
 
 def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
@@ -435,9 +466,22 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         Alloc("attention K", "activations", a * s.tokens * s.kv_cols, placement=head),
         Alloc("attention V", "activations", a * s.tokens * s.kv_cols, placement=head),
     ]
+    if plan.model.mla is not None:
+        # the latents feed the up-projections' backward; their RMSNorms keep the input too
+        latents = 2 * (s.q_latent + s.kv_latent)
+        out.append(
+            Alloc(
+                "attention latents (MLA)",
+                "activations",
+                a * s.tokens * latents,
+                placement="replicate on tp",
+            )
+        )
     out.extend(core_attention(plan, s))
     out.append(
-        Alloc("attention projection input", "activations", a * s.tokens * s.q_cols, placement=head)
+        Alloc(
+            "attention projection input", "activations", a * s.tokens * s.out_cols, placement=head
+        )
     )
     if plan.model.dropout:
         out.append(

@@ -237,6 +237,16 @@ def build_report(plan: Plan) -> Report:
         "hidden": m.hidden,
         "heads": m.heads,
         "kv_heads": m.kv_heads,
+        # multi-head latent attention ranks and head dimensions, or None
+        "mla": None
+        if m.mla is None
+        else {
+            "q_rank": m.mla.q_rank,
+            "kv_rank": m.mla.kv_rank,
+            "nope_dim": m.mla.nope_dim,
+            "rope_dim": m.mla.rope_dim,
+            "v_dim": m.head_dim,
+        },
         "ffn": m.ffn,
         "vocab": m.vocab,
     }

@@ -274,7 +274,7 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
     per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
-    attention = 4 * m.layers * m.heads * m.head_dim
+    attention = 2 * m.layers * m.heads * (m.qk_head_dim + m.head_dim)
     n = 2 * active_params(plan)
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft

@@ -62,7 +62,16 @@ def test_deepseek_v3_experts() -> None:
         "shared_ffn": 2048,
         "first_dense_layers": 3,
     }
-    assert tree["head_dim"] == 128  # MLA approximated by v_head_dim
+    assert tree["head_dim"] == 128  # v_head_dim
+    assert "kv_heads" not in tree
+    assert tree["mla"] == {"q_rank": 1536, "kv_rank": 512, "nope_dim": 128, "rope_dim": 64}
+
+
+def test_latent_attention_needs_its_head_dimensions() -> None:
+    config = json.loads((DATA / "hf" / "deepseek-v3" / "config.json").read_text())
+    del config["qk_rope_head_dim"]
+    with pytest.raises(HfConfigError, match="lacks qk_rope_head_dim"):
+        translate(config)
 
 
 def test_sparse_step_and_dense_only_layers_become_a_pattern() -> None:

@@ -2,8 +2,8 @@
 
 A preset is the tree a person would have written under `model:`; the plan's own keys next to
 `preset:` override it, and `budget.plan.resolve` builds the `Model` from the merge exactly as
-from a hand-written section. Where the budget's model cannot represent an architecture
-feature (DeepSeek's multi-head latent attention) the preset says how it approximates it.
+from a hand-written section. DeepSeek-V3's multi-head latent attention is written out in
+``mla:``; its multi-token prediction module is left out, as its parameter count is.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ MODELS: dict[str, ModelPreset] = {
             "layers": 61,
             "hidden": 7168,
             "heads": 128,
-            # Multi-head latent attention is approximated as 128 full heads of the value
-            # dimension 128 (v_head_dim); MLA's low-rank KV compression is not modelled.
-            "kv_heads": 128,
+            # Multi-head latent attention: query latent 1536, key/value latent 512, per-head
+            # query/key of 128 + 64 rotary dimensions, value head dimension 128
             "head_dim": 128,
+            "mla": {"q_rank": 1536, "kv_rank": 512, "nope_dim": 128, "rope_dim": 64},
             "ffn": 18432,  # the 3 leading dense layers
             "vocab": 129280,
             "mlp": "swiglu",
@@ -134,9 +134,11 @@ MODELS: dict[str, ModelPreset] = {
             },
         },
         'DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 4.2: 61 '
-        "layers, hidden 7168, 128 heads, first 3 layers dense, 1 shared + 256 routed experts "
-        "of width 2048, 8 routed per token; vocab 129,280 and dense FFN 18,432 from the "
-        "released config.json",
+        "layers, hidden 7168, 128 heads of 128 (query/key 128 + 64 rotary), KV compression "
+        "dimension 512, query compression 1536, first 3 layers dense, 1 shared + 256 routed "
+        "experts of width 2048, 8 routed per token; vocab 129,280 and dense FFN 18,432 from "
+        "the released config.json. The multi-token prediction module is not included "
+        "(671B main-model parameters, 37B activated per token)",
     ),
     "qwen-moe": ModelPreset(
         "qwen-moe",

@@ -10,7 +10,9 @@ moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step,
 mlp_only_layers: layer i is sparse when i is not in mlp_only_layers and
 (i + 1) % decoder_sparse_step == 0) and DeepSeek-V3's ``configuration_deepseek.py``
 (n_routed_experts, n_shared_experts, first_k_dense_replace, moe_layer_freq: layer i is
-sparse when i ≥ first_k_dense_replace and i % moe_layer_freq == 0).
+sparse when i ≥ first_k_dense_replace and i % moe_layer_freq == 0; q_lora_rank,
+kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim of its multi-head latent
+attention become ``model.mla``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ READ = frozenset(
         "n_shared_experts",
         "first_k_dense_replace",
         "moe_layer_freq",
+        # DeepSeek multi-head latent attention (model.mla)
         "v_head_dim",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
     }
 )
 
@@ -96,11 +103,6 @@ IGNORED = frozenset(
         "seq_aux",
         "num_nextn_predict_layers",
         "quantization_config",
-        # DeepSeek multi-head latent attention ranks: approximated by v_head_dim heads
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_nope_head_dim",
-        "qk_rope_head_dim",
     }
 )
 
@@ -179,8 +181,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     ):
         if config.get(key) is not None:
             tree[name] = _int(config, key, where)
-    if "head_dim" not in tree and config.get("v_head_dim") is not None:
-        tree["head_dim"] = _int(config, "v_head_dim", where)
+    if config.get("kv_lora_rank"):
+        _latent(config, tree, where)
     act = config.get("hidden_act", "silu")
     if act not in _ACTIVATIONS:
         raise HfConfigError(
@@ -196,6 +198,22 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         tree["experts"] = experts
     ignored = tuple(sorted(set(config) & IGNORED))
     return HfModel(tree, ignored)
+
+
+def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None:
+    """DeepSeek's multi-head latent attention (``configuration_deepseek.py``): head_dim is
+    the value head dimension, and every head has its own key and value."""
+    missing = [k for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if k not in config]
+    if missing:
+        raise HfConfigError(f"{where} sets kv_lora_rank but lacks {', '.join(missing)}")
+    tree["head_dim"] = _int(config, "v_head_dim", where)
+    tree.pop("kv_heads", None)  # num_key_value_heads equals the heads under MLA
+    tree["mla"] = {
+        "q_rank": _int(config, "q_lora_rank", where) if config.get("q_lora_rank") else 0,
+        "kv_rank": _int(config, "kv_lora_rank", where),
+        "nope_dim": _int(config, "qk_nope_head_dim", where),
+        "rope_dim": _int(config, "qk_rope_head_dim", where),
+    }
 
 
 def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, Any] | None:

@@ -45,6 +45,20 @@ class Experts:
 
 
 @dataclass(frozen=True, slots=True)
+class Mla:
+    """Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", arXiv 2405.04434, section
+    2.1, eqs. 9-19): a token's keys and values come from one latent of `kv_rank` (the KV
+    cache keeps that latent and one shared rotary key of `rope_dim`), its queries from a
+    latent of `q_rank` (0: projected directly). Each head's query and key have `nope_dim`
+    + `rope_dim` dimensions; its value has the model's head_dim."""
+
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    q_rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Model:
     layers: int
     hidden: int
@@ -63,6 +77,12 @@ class Model:
     dropout: bool = False
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
+    mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Dimension of one head's query and key (the value's is `head_dim`)."""
+        return self.head_dim if self.mla is None else self.mla.nope_dim + self.mla.rope_dim
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from budget.plan.model import (
     GroupKind,
     Level,
     Mark,
+    Mla,
     Model,
     Overlap,
     Parallel,
@@ -201,6 +202,7 @@ class _Resolver:
         ffn = _int(tree.get("ffn", default_ffn))
         layers = _int(tree["layers"])
         experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
+        mla = self.mla(tree, heads, kv_heads) if "mla" in tree else None
         return Model(
             layers=layers,
             hidden=hidden,
@@ -219,6 +221,30 @@ class _Resolver:
             dropout=bool(tree.get("dropout", False)),
             experts=experts,
             name=name,
+            mla=mla,
+        )
+
+    def mla(self, tree: Tree, heads: int, kv_heads: int) -> Mla:
+        """Multi-head latent attention: every head has its own key and value (up-projected
+        from the shared latent), and the value head dimension is not hidden / heads."""
+        if kv_heads != heads:
+            self.error(
+                "$.model.kv_heads",
+                f"model.kv_heads = {kv_heads} with model.mla: latent attention up-projects a "
+                f"key and a value for every one of the {heads} heads; remove kv_heads",
+            )
+        if "head_dim" not in tree:
+            self.error(
+                "$.model.mla",
+                "model.mla needs model.head_dim, the value head dimension (v_head_dim), "
+                "which latent attention does not tie to hidden / heads",
+            )
+        latent = tree["mla"]
+        return Mla(
+            kv_rank=_int(latent["kv_rank"]),
+            nope_dim=_int(latent["nope_dim"]),
+            rope_dim=_int(latent["rope_dim"]),
+            q_rank=_int(latent.get("q_rank", 0)),
         )
 
     def experts(self, tree: Tree, ffn: int, layers: int) -> Experts:

@@ -59,13 +59,24 @@ def header(report: Report) -> list[str]:
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
         f"model: {m['params_total'] / 1e9:,.2f} B parameters ({m['layers']} layers, hidden "
-        f"{m['hidden']}, {m['heads']} heads / {m['kv_heads']} kv, ffn {m['ffn']}, vocab "
-        f"{m['vocab']:,})",
+        f"{m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
         f"{_attention_text(report.device, report.mode)}",
     ]
+
+
+def _heads(model: dict[str, Any]) -> str:
+    """'64 heads / 8 kv', or the latent attention's ranks."""
+    mla = model.get("mla")
+    if not mla:
+        return f"{model['heads']} heads / {model['kv_heads']} kv"
+    query = f" and query latent {mla['q_rank']}" if mla["q_rank"] else ""
+    return (
+        f"{model['heads']} heads, MLA with kv latent {mla['kv_rank']} + {mla['rope_dim']} "
+        f"rotary{query}"
+    )
 
 
 def _attention_text(device: dict[str, Any], mode: str) -> str:
