@@ -472,3 +472,35 @@ def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -
     lost = Work("attention core (flash)", "attention", 10**12, 10**6)
     with pytest.raises(ValueError, match="no keys per call"):
         work_time(plan, lost)
+
+
+# Published parameter counts (total, activated per token): GPT-3 175B (Brown et al., arXiv
+# 2005.14165, Table 2.1); Llama 3 8B, 70B and 405B (arXiv 2407.21783, Table 3, and the model
+# cards' 8.03B and 70.6B); Mixtral 8x7B 47B / 13B (arXiv 2401.04088, section 2.1) and 8x22B
+# 141B / 39B (Mistral AI's release post); DeepSeek-V3 671B / 37B (arXiv 2412.19437,
+# abstract); Qwen1.5-MoE-A2.7B 14.3B / 2.7B (Qwen's release post).
+PUBLISHED = {
+    "gpt3-175b": (175e9, 175e9, 0.005),
+    "llama3-8b": (8.03e9, 8.03e9, 0.005),
+    "llama3-70b": (70.6e9, 70.6e9, 0.005),
+    "llama3-405b": (405e9, 405e9, 0.005),
+    "mixtral-8x7b": (46.7e9, 12.9e9, 0.01),
+    "mixtral-8x22b": (141e9, 39e9, 0.01),
+    "deepseek-v3": (671e9, 37e9, 0.015),
+    "qwen-moe": (14.3e9, 2.7e9, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_preset_has_its_published_size(name: str) -> None:
+    from budget.layers import active_params, params_total
+
+    total, active, tolerance = PUBLISHED[name]
+    tree = _tree(
+        model={"preset": name},
+        batch={"seq": 2048, "micro": 1, "global": 64},
+        parallel={"tp": 8, "sequence_parallel": True},
+    )
+    plan = _resolve(tree)
+    assert params_total(plan) == pytest.approx(total, rel=tolerance)
+    assert active_params(plan) == pytest.approx(active, rel=tolerance)
