@@ -199,6 +199,48 @@ def test_expert_layouts_budget_exactly_as_searched(name):
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
 
 
+# DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite config.json): latent attention without a
+# query latent, 64 routed experts of which 6 per token, 2 shared, the first layer dense.
+V2_LITE = """\
+name: deepseek-v2-lite
+model:
+  layers: 27
+  hidden: 2048
+  heads: 16
+  head_dim: 128
+  mla: {kv_rank: 512, nope_dim: 128, rope_dim: 64}
+  ffn: 10944
+  vocab: 102400
+  mlp: swiglu
+  norm: rmsnorm
+  tied_embeddings: false
+  experts: {count: 64, top_k: 6, ffn: 1408, shared_ffn: 2816, first_dense_layers: 1}
+batch: {seq: 4096, micro: 1, global: 64}
+parallel: {tp: 2, pp: 1, dp: 16, ep: 8, sequence_parallel: true, zero: 1}
+recompute: selective
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, nodes: 4}
+"""
+
+
+def test_latent_attention_layouts_budget_exactly_as_searched(tmp_path):
+    """Latent attention and MoE through the vectorised sweep: a sample of what the search
+    reports budgets identically, with and without tensor parallelism."""
+    path = tmp_path / "v2-lite.yaml"
+    path.write_text(V2_LITE, encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(micro=(1, 2), zero=(1,), tp=(1, 2), pp=(1, 3), virtual_stages=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert outcome.fitting > 0
+    random.seed(7)
+    sample = random.sample(list(outcome.results), min(10, len(outcome.results)))
+    assert {r.config.tp for r in sample} == {1, 2}
+    for result in sample:
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
 def test_layouts_whose_groups_straddle_nodes_unevenly_are_rejected_with_a_reason(gpt3):
     """On 6,144 GPUs tp = 12 divides everything but puts 8 + 4 ranks on two 8-GPU nodes:
     the plan loader refuses such a plan, so the search counts it under its own reason."""
