@@ -112,3 +112,17 @@ def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
     assert problem.path == "$.model.hf_config"
     assert (problem.line, problem.col) == (7, 14)
     assert "'mystery_width'" in problem.message
+
+
+def test_a_sliding_window_is_refused_not_dropped() -> None:
+    """Mistral 7B v0.1's config sets sliding_window 4096; budget prices full attention, so
+    the key is an error rather than silently ignored. Null (Mixtral) or switched off
+    (Qwen2's use_sliding_window false) reads."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["sliding_window"] = 4096
+    with pytest.raises(HfConfigError, match="sliding_window = 4096"):
+        translate(config)
+    config["use_sliding_window"] = False
+    assert translate(config).tree["layers"] == 80
+    config.update(sliding_window=None, use_sliding_window=True)
+    assert translate(config).tree["layers"] == 80

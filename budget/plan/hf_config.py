@@ -42,6 +42,8 @@ READ = frozenset(
         "layer_norm_epsilon",
         "attention_bias",
         "mlp_bias",
+        "sliding_window",  # refused unless null or switched off (`translate`)
+        "use_sliding_window",
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
@@ -84,8 +86,6 @@ IGNORED = frozenset(
         "rope_theta",
         "rope_scaling",
         "attention_dropout",
-        "sliding_window",
-        "use_sliding_window",
         "max_window_layers",
         "output_router_logits",
         "router_aux_loss_coef",
@@ -158,6 +158,13 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         raise HfConfigError(
             f"{where} has key{'s' if len(unknown) > 1 else ''} {names} that budget does not "
             "understand; remove them or write the model's dimensions out instead"
+        )
+    window = config.get("sliding_window")
+    if window and config.get("use_sliding_window", True):
+        raise HfConfigError(
+            f"{where} sets sliding_window = {window!r}: budget prices full causal attention "
+            "(every query meets every earlier key, and the KV cache keeps the whole context), "
+            "not a sliding window; set it to null to budget full attention"
         )
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in config]
