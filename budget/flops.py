@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from budget.plan.model import DTYPE_BYTES
-from budget.vector import every, vmin, vround
+from budget.vector import every, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -63,13 +63,15 @@ def gemm(name: str, m: int, k: int, n: int, elem: int) -> Work:
 def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
-    `n`, but each expert that receives a row reads its own `k` x `n` weights. Balanced
-    routing gives every one of the `groups` local experts rows once there are at least as
-    many rows as experts, so min(groups, rows) weight matrices are read. Training barely
-    notices (the GEMMs are compute-bound); decoding a few tokens reads every local expert's
-    weights, which is its cost."""
-    touched = vmin(groups, rows)
-    return Work(name, "matmul", 2 * rows * k * n, elem * (rows * k + touched * k * n + rows * n))
+    `n`, but each expert that receives a row reads its own `k` x `n` weights. With the rows
+    spread over the `groups` local experts independently and uniformly, the expected number
+    of experts that receive at least one is groups·(1 − (1 − 1/groups)^rows) (the occupancy
+    of `groups` bins by `rows` balls): every expert once rows are several times the
+    experts, fewer than the rows when there are few. Training barely notices (its GEMMs are
+    compute-bound); decoding a few tokens pays for those weight reads."""
+    touched = groups * (1 - (1 - 1 / groups) ** rows)
+    weights = vround(touched * k * n)
+    return Work(name, "matmul", 2 * rows * k * n, elem * (rows * k + weights + rows * n))
 
 
 def elementwise(name: str, nbytes: int) -> Work:
@@ -91,35 +93,39 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     latent attention attends in the latent space instead (DeepSeek-V2, arXiv 2405.04434,
     section 2.1.3: the key and value up-projections are absorbed into the query and the
     output): every head's query meets the cached latent and rotary key (kv_rank + rope_dim)
-    and the output is a kv_rank vector per head, reading the latent cache once for all heads.
+    and the output is a kv_rank vector per head. The fused kernel reads the latent cache
+    once for all heads (FlashMLA); eager attention reads it for the scores and its kv_rank
+    part again for the product.
     """
     m = plan.model
     q_rows = s.tokens // s.micro
     pairs = s.micro * s.heads * q_rows * s.seq_kv  # query-key pairs on this rank
     qk_dim, v_dim = m.qk_head_dim, m.head_dim
     q, out = s.act * s.tokens * s.q_cols, s.act * s.tokens * s.out_cols
-    kv = 2 * s.act * s.micro * s.seq_kv * s.kv_cols  # K and V
+    keys = s.act * s.micro * s.seq_kv  # bytes per column of K or V
+    k, v = keys * s.k_cols, keys * s.v_cols
     if m.mla is not None and not s.causal:  # decoding against the latent cache
         qk_dim, v_dim = s.kv_latent, m.mla.kv_rank
         q, out = s.act * s.tokens * s.heads * qk_dim, s.act * s.tokens * s.heads * v_dim
-        kv = s.act * s.micro * s.seq_kv * s.kv_latent
+        k, v = keys * s.kv_latent, keys * m.mla.kv_rank  # V is the latent K holds
     qk_mm, pv_mm = 2 * pairs * qk_dim, 2 * pairs * v_dim
     if m.attention != "eager":
         flops = qk_mm + pv_mm
         flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
-        core = Work("attention core (flash)", "attention", flops, q + kv + out)
+        fused_kv = k if m.mla is not None and not s.causal else k + v
+        core = Work("attention core (flash)", "attention", flops, q + fused_kv + out)
         return [replace(core, keys=attention_keys(plan, s.seq_kv))]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [
-        Work("attention scores QKᵀ", "attention", qk_mm, q + kv // 2 + scores),
+        Work("attention scores QKᵀ", "attention", qk_mm, q + k + scores),
         Work(
             "softmax" + (" and dropout" if m.dropout else ""),
             "elementwise",
             5 * scores // s.act,
             softmax,
         ),
-        Work("attention × V", "attention", pv_mm, scores + kv // 2 + out),
+        Work("attention × V", "attention", pv_mm, scores + v + out),
     ]
 
 
@@ -152,7 +158,7 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
     if m.mla is not None:
         qk = 2 * s.act * s.tokens * (s.heads + 1) * m.mla.rope_dim
     else:
-        qk = 2 * s.act * s.tokens * (s.q_cols + s.kv_cols)
+        qk = 2 * s.act * s.tokens * (s.q_cols + s.k_cols)
     # its backward rotates the incoming gradients back: the same bytes, nothing saved is read
     return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
 
@@ -162,21 +168,26 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
 
     Latent attention (DeepSeek-V2, arXiv 2405.04434, eqs. 9-19): one GEMM to the query
     latent and the key/value latent with the shared rotary key (the two down-projections
-    read the same input and run fused, as SGLang's ``fused_qkv_a_proj_with_mqa``; without a
-    query latent the queries come out of it directly), an RMSNorm on each latent, and the
-    up-projections to this rank's heads: queries (q_rank x heads·(nope + rope)) and keys and
-    values (kv_rank x heads·(nope + head_dim)). The down-projection is replicated over tp
-    (Megatron-Core's ``MLASelfAttention``), so every tp rank computes it whole."""
+    read the same input and run fused, as SGLang's ``fused_qkv_a_proj_with_mqa``), an
+    RMSNorm on each latent, and the up-projections to this rank's heads: queries (q_rank x
+    heads·(nope + rope), or straight from the hidden state without a query latent) and keys
+    and values (kv_rank x heads·(nope + head_dim)). The down-projection is replicated over
+    tp (Megatron-Core's ``MLASelfAttention`` with duplicated down-projections): every rank
+    projects the tokens it holds, its sequence shard under sequence parallelism, and the
+    latents are then gathered (`step._attention_inward`)."""
     e = DTYPE_BYTES[plan.precision.matmul]
     h, mla = s.hidden, plan.model.mla
     if mla is None:
-        return [gemm("QKV projection", s.tokens, h, s.q_cols + 2 * s.kv_cols, e)]
-    q_direct = s.q_cols if not mla.q_rank else 0
-    works = [
-        gemm("QKV projection", s.tokens, h, s.q_latent + q_direct + s.kv_latent, e),
-        elementwise("latent norms", 2 * s.act * s.tokens * (s.q_latent + mla.kv_rank)),
-    ]
-    if mla.q_rank:
+        return [gemm("QKV projection", s.tokens, h, s.q_cols + s.k_cols + s.v_cols, e)]
+    norms = elementwise("latent norms", 2 * s.act * s.tokens_sp * (s.q_latent + mla.kv_rank))
+    if not mla.q_rank:  # queries straight from the (gathered) hidden state
+        works = [
+            gemm("QKV projection", s.tokens, h, s.q_cols, e),
+            gemm("key/value down-projection", s.tokens_sp, h, s.kv_latent, e),
+            norms,
+        ]
+    else:
+        works = [gemm("QKV projection", s.tokens_sp, h, s.q_latent + s.kv_latent, e), norms]
         works.append(gemm("query up-projection", s.tokens, mla.q_rank, s.q_cols, e))
     kv_cols = s.heads * (mla.nope_dim + plan.model.head_dim)
     works.append(gemm("key/value up-projection", s.tokens, mla.kv_rank, kv_cols, e))

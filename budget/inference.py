@@ -37,7 +37,14 @@ from budget.layers import (
 )
 from budget.phases import Alloc, Instant, Phase, StageStep, Step
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.step import _cp_moves, _ep_moves, _pipeline_overlap, _tp_moves, pipeline_moves
+from budget.step import (
+    _cp_moves,
+    _ep_moves,
+    _pipeline_overlap,
+    _tp_moves,
+    attention_tp_moves,
+    pipeline_moves,
+)
 
 
 def kv_cache_bytes(plan: Plan, layers: int) -> int:
@@ -59,7 +66,7 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     if block == "attention":
         out = [
             layer_in,
-            Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + 2 * s.kv_cols)),
+            Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + s.k_cols + s.v_cols)),
             Alloc("attention output", "transient", a * s.tokens * s.out_cols),
         ]
         if plan.model.attention == "eager":
@@ -105,9 +112,7 @@ def _pass(
         phases.append(
             Phase(f"{prefix}.embedding", count, (), (), tuple(flops.embedding_work(plan, s)))
         )
-    attention = _tp_moves(
-        plan, s, "attention", False, "QKV projection", "attention output projection"
-    )
+    attention = attention_tp_moves(plan, s, False)
     if prefix == "prefill":
         attention += _cp_moves(plan, s, False)
     phases.append(
@@ -168,7 +173,8 @@ def derive_inference(plan: Plan) -> Step:
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)
         moe = sum(flags[i] for i in ids)
-        where = ["shard(kv heads) on tp"] if plan.parallel.tp > 1 else []
+        heads = "replicate" if plan.model.mla is not None else "shard(kv heads)"
+        where = [f"{heads} on tp"] if plan.parallel.tp > 1 else []
         where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []
         cache = Alloc(
             "KV cache",

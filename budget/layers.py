@@ -103,7 +103,7 @@ def attention_params(plan: Plan) -> tuple[int, int]:
         mla = m.mla
         q_width = m.heads * m.qk_head_dim
         q_in = mla.q_rank or h
-        down = h * (mla.q_rank + mla.kv_rank + mla.rope_dim) + mla.q_rank + mla.kv_rank
+        down = _latent_down(plan)
         sharded = q_in * q_width + mla.kv_rank * m.heads * (mla.nope_dim + m.head_dim)
         sharded += out_width * h
         replicated = down + h * m.bias + _norms(plan)
@@ -112,6 +112,31 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
     replicated = h * m.bias + _norms(plan)
     return sharded + replicated, -(-sharded // t) + replicated
+
+
+def _latent_down(plan: Plan) -> int:
+    """Latent attention's replicated down-projections and their RMSNorms."""
+    m = plan.model
+    if m.mla is None:
+        return 0
+    mla = m.mla
+    return m.hidden * (mla.q_rank + mla.kv_rank + mla.rope_dim) + mla.q_rank + mla.kv_rank
+
+
+def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
+    """Parameters of one layer that every tp rank holds whole but, under sequence
+    parallelism, applies to its own shard of the tokens, so their gradients are partial
+    over tp and all-reduced there after the backward (Megatron-LM's
+    ``finalize_model_grads``, which all-reduces the parameters marked
+    ``sequence_parallel``): the norms, the row-parallel biases, latent attention's
+    down-projections, and an MoE layer's router and shared-expert gate."""
+    m = plan.model
+    h = m.hidden
+    n = 2 * _norms(plan) + h * m.bias + _latent_down(plan)
+    if not moe or m.experts is None:
+        return n + h * m.bias
+    e = m.experts
+    return n + h * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
 
 
 def moe_layers(plan: Plan) -> list[bool]:
@@ -353,7 +378,8 @@ class Shapes:
     act: int  # bytes per activation element
     hidden: int
     q_cols: int  # query heads x head_dim (the query/key head dimension) on one tp rank
-    kv_cols: int  # kv heads x head_dim on one tp rank (latent attention: the mean of K and V)
+    k_cols: int  # kv heads x the query/key head dimension on one tp rank
+    v_cols: int  # kv heads x the value head dimension on one tp rank
     out_cols: int  # heads x the value head dimension on one tp rank (attention output)
     ffn_cols: int  # ffn width on one tp rank
     heads: int  # query heads on one tp rank
@@ -385,7 +411,8 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
         act=DTYPE_BYTES[plan.precision.activations],
         hidden=m.hidden,
         q_cols=m.heads * m.qk_head_dim // t,
-        kv_cols=m.kv_heads * (m.qk_head_dim + m.head_dim) // 2 // t,
+        k_cols=m.kv_heads * m.qk_head_dim // t,
+        v_cols=m.kv_heads * m.head_dim // t,
         out_cols=m.heads * m.head_dim // t,
         ffn_cols=-(-m.ffn // t),
         heads=m.heads // t,
@@ -463,18 +490,17 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("attention QKV input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("attention Q", "activations", a * s.tokens * s.q_cols, placement=head),
-        Alloc("attention K", "activations", a * s.tokens * s.kv_cols, placement=head),
-        Alloc("attention V", "activations", a * s.tokens * s.kv_cols, placement=head),
+        Alloc("attention K", "activations", a * s.tokens * s.k_cols, placement=head),
+        Alloc("attention V", "activations", a * s.tokens * s.v_cols, placement=head),
     ]
     if plan.model.mla is not None:
-        # the latents feed the up-projections' backward; their RMSNorms keep the input too
-        latents = 2 * (s.q_latent + s.kv_latent)
+        # the latents feed the up-projections' backward and their RMSNorms keep their input
+        # too (the rotary key is not normed); the sequence shard of them under SP, which the
+        # backward gathers again, as for the QKV input
+        latents = 2 * (s.q_latent + s.kv_latent) - plan.model.mla.rope_dim
         out.append(
             Alloc(
-                "attention latents (MLA)",
-                "activations",
-                a * s.tokens * latents,
-                placement="replicate on tp",
+                "attention latents (MLA)", "activations", a * s.tokens_sp * latents, placement=res
             )
         )
     out.extend(core_attention(plan, s))

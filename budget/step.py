@@ -47,6 +47,7 @@ from budget.layers import (
     params_total,
     resident_states,
     residual_placement,
+    sequence_parallel_params,
     shapes,
     stage_classes,
     tokens_replicated,
@@ -98,7 +99,13 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
 
 
 def _tp_moves(
-    plan: Plan, s: Shapes, block: str, backward: bool, column: str, row: str = ""
+    plan: Plan,
+    s: Shapes,
+    block: str,
+    backward: bool,
+    column: str,
+    row: str = "",
+    inward: tuple[str, Any] | None = None,
 ) -> list[Move]:
     """Tensor-parallel transitions around one attention or MLP block.
 
@@ -116,15 +123,22 @@ def _tp_moves(
     computes, and the re-gather of its input while the input-gradient GEMM computes (half of
     the layer's backward GEMM time each); the output-gradient gather is needed first and
     stays exposed unless `overlap.tp`.
+
+    `inward` (name, columns) replaces the hidden state on the column-parallel side when the
+    column-parallel layers read something else: latent attention's up-projections read the
+    latents (`_attention_inward`).
     """
     par = plan.parallel
     if every(par.tp == 1):
         return []
     dtype = plan.precision.activations
     full = s.act * s.tokens * s.hidden
+    into, into_size = "input", full
+    if inward is not None:
+        into, into_size = inward[0], s.act * s.tokens * inward[1]
 
-    def move(name: str, op: Op, src: Placement, dst: Placement) -> Move:
-        return Move(f"{block} {name}", op, "tp", par.tp, dtype, full, str(src), str(dst))
+    def move(name: str, op: Op, src: Placement, dst: Placement, size: Any = full) -> Move:
+        return Move(f"{block} {name}", op, "tp", par.tp, dtype, size, str(src), str(dst))
 
     def forward(m: Move, gemm: str) -> Move:
         if not gemm:
@@ -134,10 +148,10 @@ def _tp_moves(
     wgrad = f"{column} backward"
     sp = holds(par.sequence_parallel)
     if backward:
-        ar = move("input gradient", "all-reduce", PARTIAL, REPLICATE)
-        rs = move("input gradient", "reduce-scatter", PARTIAL, shard(0))
+        ar = move(f"{into} gradient", "all-reduce", PARTIAL, REPLICATE, into_size)
+        rs = move(f"{into} gradient", "reduce-scatter", PARTIAL, shard(0), into_size)
         wg = "tp backward: overlaps the weight-gradient GEMM"
-        again = move("input again, for weight grad", "all-gather", shard(0), REPLICATE)
+        again = move(f"{into} again, for weight grad", "all-gather", shard(0), REPLICATE, into_size)
         sp_moves = []
         if row:
             sp_moves.append(
@@ -150,11 +164,40 @@ def _tp_moves(
             hide(rs, wgrad, "", wg, share=0.5),
         ]
         return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
-    sp_moves = [forward(move("input", "all-gather", shard(0), REPLICATE), column)]
+    sp_moves = [forward(move(into, "all-gather", shard(0), REPLICATE, into_size), column)]
     if row:
         sp_moves.append(forward(move("output", "reduce-scatter", PARTIAL, shard(0)), row))
     plain = [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
     return when(sp_moves, sp) + when(plain, lacks(sp))
+
+
+def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any] | None:
+    """What latent attention's column-parallel layers read: the query and key/value latents
+    with the shared rotary key (the hidden state instead of the query latent when queries
+    are projected directly). The down-projections are replicated, so under sequence
+    parallelism each rank projects its own shard and the latents are gathered (Megatron-
+    Core's ``MLASelfAttention`` with duplicated down-projections); without it the
+    input-gradient all-reduce carries the latents' gradients."""
+    mla = plan.model.mla
+    if mla is None:
+        return None
+    return "latents", (s.q_latent if mla.q_rank else s.hidden) + s.kv_latent
+
+
+def attention_tp_moves(
+    plan: Plan, s: Shapes, backward: bool, recomputed: bool = False
+) -> list[Move]:
+    """`_tp_moves` of the attention block (its recomputed forward with `recomputed`)."""
+    suffix = " (recomputed)" if recomputed else ""
+    return _tp_moves(
+        plan,
+        s,
+        "attention (recomputed forward)" if recomputed else "attention",
+        backward,
+        f"QKV projection{suffix}",
+        f"attention output projection{suffix}",
+        _attention_inward(plan, s),
+    )
 
 
 def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
@@ -170,7 +213,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     par = plan.parallel
     if every(par.cp == 1):
         return []
-    kv = s.act * s.micro * s.seq_kv * 2 * s.kv_cols
+    kv = s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols)
     dtype = plan.precision.activations
     ring = par.cp_attention == "ring"
     core = flops.attention_core(plan, s)[-1].name + (" backward" if backward else "")
@@ -575,7 +618,7 @@ def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
             Alloc(
                 "K/V ring buffers (2 chunks)",
                 "transient",
-                2 * s.act * s.tokens * 2 * s.kv_cols,
+                2 * s.act * s.tokens * (s.k_cols + s.v_cols),
                 placement="shard(0) on cp",
             )
         ]
@@ -583,7 +626,7 @@ def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
         Alloc(
             "K/V all-gathered",
             "transient",
-            s.act * s.micro * s.seq_kv * 2 * s.kv_cols,
+            s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols),
             placement="replicate on cp",
         )
     ]
@@ -645,8 +688,14 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     etp = par.etp or par.tp
     replicated = tokens_replicated(plan)
     rows = s.act * s.routed * s.hidden
+    # backward: the output rows' gradient is gathered, the input rows' gradient scattered
+    gathered, scattered = (
+        ("expert output rows gradient", "expert input rows gradient")
+        if backward
+        else ("expert input rows", "expert output rows")
+    )
     gather = Move(
-        "expert input rows",
+        gathered,
         "all-gather",
         "tp",
         etp,
@@ -657,7 +706,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         rule="etp: exposed, the experts need it",
     )
     scatter = Move(
-        "expert output rows",
+        scattered,
         "reduce-scatter",
         "tp",
         etp,
@@ -823,7 +872,7 @@ def _forward(b: _StageBuilder) -> None:
     b.add(
         "forward.attention",
         b.layers * m,
-        _tp_moves(plan, s, "attention", False, "QKV projection", "attention output projection")
+        attention_tp_moves(plan, s, False)
         + _cp_moves(plan, s, False)
         + _zero3_moves(plan, b.layer, "attention", False),
         [
@@ -1065,20 +1114,10 @@ def _backward(b: _StageBuilder) -> None:
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
-        s.act * s.tokens * (s.q_cols + 2 * s.kv_cols),
+        s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols),
         placement="shard(heads) on tp",
     )
-    again = when(
-        _tp_moves(
-            plan,
-            s,
-            "attention (recomputed forward)",
-            False,
-            "QKV projection (recomputed)",
-            "attention output projection (recomputed)",
-        ),
-        full,
-    )
+    again = when(attention_tp_moves(plan, s, False, recomputed=True), full)
     work = flops.attention_forward(plan, s)
     redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full) + when(
         [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)],
@@ -1088,7 +1127,7 @@ def _backward(b: _StageBuilder) -> None:
         "backward.attention",
         b.layers * m,
         again
-        + _tp_moves(plan, s, "attention", True, "QKV projection", "attention output projection")
+        + attention_tp_moves(plan, s, True)
         + _cp_moves(plan, s, True)
         + _zero3_moves(plan, b.layer, "attention", True),
         [
@@ -1137,7 +1176,9 @@ def _reduce(b: _StageBuilder) -> None:
     shard, all-gather the updated parameters (Megatron-LM's distributed optimizer; ZeRO
     section 7: the same volume as one all-reduce). ZeRO-3 reduces per block in backward.
     Non-expert gradients are reduced over dp x cp (Megatron-LM), expert gradients over the
-    expert data-parallel group.
+    expert data-parallel group. Under sequence parallelism the parameters every tp rank
+    applies to its own token shard (`layers.sequence_parallel_params`) are all-reduced over
+    tp first.
 
     Overlap (Megatron-LM `--overlap-grad-reduce` / `--overlap-param-gather`, off by default):
     gradients are reduced bucket by bucket (one layer per bucket here) while the last
@@ -1203,6 +1244,21 @@ def _reduce(b: _StageBuilder) -> None:
             [hide(gather, "@forward-microbatch", "param_gather", rule, share, floor)],
             (zero == 1) | (zero == 2),
         )
+    replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
+        plan, moe=True
+    )
+    partial_over_tp = Move(
+        "sequence-parallel weight gradients",
+        "all-reduce",
+        "tp",
+        par.tp,
+        prec.grads,
+        replicated * DTYPE_BYTES[prec.grads],
+        "partial",
+        "replicate",
+        rule="sp: exposed, after the last backward (Megatron-LM's finalize_model_grads)",
+    )
+    grads += when([partial_over_tp], _sp(plan))
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
     if m.tied_embeddings and b.pipelined and (b.first or b.last):

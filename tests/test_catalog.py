@@ -504,3 +504,29 @@ def test_every_model_preset_has_its_published_size(name: str) -> None:
     plan = _resolve(tree)
     assert params_total(plan) == pytest.approx(total, rel=tolerance)
     assert active_params(plan) == pytest.approx(active, rel=tolerance)
+
+
+def test_experts_and_mla_override_a_preset_key_by_key() -> None:
+    """A plan may change one key of a preset's experts or latent attention; a section the
+    preset lacks must be written out whole."""
+    parallel = {"tp": 8, "sequence_parallel": True}
+    plan = _resolve(
+        _tree(
+            model={"preset": "mixtral-8x7b", "experts": {"capacity_factor": 1.25}},
+            parallel=parallel,
+        )
+    )
+    assert (plan.model.experts.count, plan.model.experts.capacity_factor) == (8, 1.25)
+    plan = _resolve(
+        _tree(model={"preset": "deepseek-v3", "mla": {"kv_rank": 256}}, parallel=parallel)
+    )
+    assert (plan.model.mla.kv_rank, plan.model.mla.nope_dim, plan.model.mla.q_rank) == (
+        256,
+        128,
+        1536,
+    )
+    with pytest.raises(BudgetError) as raised:
+        _resolve(_tree(model={"preset": "llama3-8b", "experts": {"capacity_factor": 1.25}}))
+    (problem,) = raised.value.problems
+    assert problem.path == "$.model.experts"
+    assert "lacks count and top_k" in problem.message

@@ -285,8 +285,9 @@ def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
     rank holds all 32 sequences' tokens, so each computes their 32 x 2 routed rows (decode,
     one token per sequence, top-2) on its eighth of every expert (14336 / 8 = 1792 columns),
     with nothing gathered, and one all-reduce of the block's output (32 x 4096 bf16) over
-    tp. The grouped GEMMs read all 8 local experts' weight shards once there are at least 8
-    rows: fc1 4096 x (2 x 1792) and fc2 1792 x 4096 per expert, in bf16."""
+    tp. The grouped GEMMs read the weight shards of the local experts the 64 rows reach,
+    8·(1 − (7/8)^64) = 7.9984 of the 8 in expectation: fc1 4096 x (2 x 1792) and fc2
+    1792 x 4096 per expert, in bf16."""
     from budget import flops
 
     path = tmp_path / "plan.yaml"
@@ -298,8 +299,10 @@ def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
     works = {w.name: w for w in flops.moe_forward(plan, s)}
     fc1, fc2 = works["expert fc1"], works["expert fc2"]
     assert fc1.flops == 2 * 64 * 4096 * 3584
-    assert fc1.bytes == 2 * (64 * 4096 + 8 * 4096 * 3584 + 64 * 3584)
-    assert fc2.bytes == 2 * (64 * 1792 + 8 * 1792 * 4096 + 64 * 4096)
+    reached = 8 * (1 - (7 / 8) ** 64)
+    assert round(reached, 4) == 7.9984
+    assert fc1.bytes == 2 * (64 * 4096 + round(reached * 4096 * 3584) + 64 * 3584)
+    assert fc2.bytes == 2 * (64 * 1792 + round(reached * 1792 * 4096) + 64 * 4096)
     report = build_report(plan)
     moe = next(p for p in report.phases if p.name == "decode.moe")
     (reduce,) = moe.collectives
@@ -308,12 +311,31 @@ def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
 
 
 def test_grouped_gemm_reads_the_weights_of_the_experts_its_rows_reach():
-    """Two rows (one token, top-2) reach two of eight local experts: two weight matrices."""
+    """Rows spread uniformly over 8 local experts reach 8·(1 − (7/8)^rows) of them: 1.875
+    for 2 rows (two rows land on one expert an eighth of the time), 5.25 for 8 rows, and
+    one for any rows when a rank holds a single expert."""
     from budget.flops import grouped_gemm
 
-    assert grouped_gemm("x", 2, 4096, 1792, 8, 2).bytes == 2 * (
-        2 * 4096 + 2 * 4096 * 1792 + 2 * 1792
-    )
-    assert grouped_gemm("x", 64, 4096, 1792, 8, 2).bytes == 2 * (
-        64 * 4096 + 8 * 4096 * 1792 + 64 * 1792
-    )
+    def weights(rows: int, groups: int) -> int:
+        gemm = grouped_gemm("x", rows, 4096, 1792, groups, 2)
+        return gemm.bytes // 2 - rows * 4096 - rows * 1792
+
+    assert weights(2, 8) == round(1.875 * 4096 * 1792)
+    assert weights(8, 8) == round(8 * (1 - (7 / 8) ** 8) * 4096 * 1792)
+    assert round(8 * (1 - (7 / 8) ** 8), 2) == 5.25
+    assert weights(5, 1) == 4096 * 1792
+    assert weights(0, 8) == 0
+
+
+def test_a_rank_groups_only_its_own_experts():
+    """60 experts over ep 4: a rank's grouped GEMM spans its 15 experts, and its 2048 x 4
+    routed rows (sequence 4096 split over tp 2, top-4; experts with etp 1 gather nothing)
+    reach 15·(1 − (14/15)^8192) of them, all 15."""
+    from budget import flops
+
+    plan = _qwen()
+    s = shapes(plan)
+    assert (s.local_experts, s.routed) == (15, 2048 * 4)
+    fc1 = next(w for w in flops.moe_forward(plan, s) if w.name == "expert fc1")
+    cols = 2 * 1408  # SwiGLU's gate and up projections
+    assert fc1.bytes == 2 * (s.routed * 2048 + 15 * 2048 * cols + s.routed * cols)

@@ -126,3 +126,9 @@ def test_a_sliding_window_is_refused_not_dropped() -> None:
     assert translate(config).tree["layers"] == 80
     config.update(sliding_window=None, use_sliding_window=True)
     assert translate(config).tree["layers"] == 80
+
+
+def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension() -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["v_head_dim"] = 96
+    assert translate(config).tree["head_dim"] == 96

@@ -36,6 +36,18 @@ def _plan(
     return load_plan(path)
 
 
+def _training(tmp_path: Path):
+    """DeepSeek-V3 training at sequence 4096 on 16 GPUs, tp 8 with sequence parallelism."""
+    text = SERVING.format(model="{preset: deepseek-v3}", tp=8, dp=2, ep=2)
+    text = text.replace("mode: decode\n", "").replace(
+        "batch: {sequences: 256, prompt: 4096, generate: 1024}",
+        "batch: {seq: 4096, micro: 1, global: 64}",
+    )
+    path = tmp_path / "train.yaml"
+    path.write_text(text.replace("ep: 2}", "ep: 2, sequence_parallel: true}"), "utf-8")
+    return load_plan(path)
+
+
 def test_deepseek_v3_attention_parameters_by_hand(tmp_path: Path) -> None:
     """One layer's attention: query down-projection 7168 x 1536 and its norm 1536, query
     up-projection 1536 x 128·(128 + 64), key/value down-projection 7168 x (512 + 64) and
@@ -137,4 +149,95 @@ def test_mla_needs_the_value_head_dimension(tmp_path: Path) -> None:
         _plan(tmp_path, model=model)
     messages = {p.path: p.message for p in raised.value.problems}
     assert "needs model.head_dim" in messages["$.model.mla"]
-    assert "remove kv_heads" in messages["$.model.kv_heads"]
+    assert "set kv_heads to 8" in messages["$.model.kv_heads"]
+
+
+def test_tensor_parallelism_splits_the_up_projections_not_the_down_projections(tmp_path):
+    """At tp 8 a rank holds an eighth of the head-split up-projections and the output
+    projection (1536 x 128·192 + 512 x 128·256 + 128·128 x 7168 = 171,966,464) and all of
+    the down-projections with their norms (7168 x (1536 + 512 + 64) + 1536 + 512 =
+    15,140,864) and the attention norm (7168)."""
+    plan = _plan(tmp_path, tp=8, dp=2, ep=2)
+    total, per_rank = attention_params(plan)
+    assert total == 187_114_496
+    assert per_rank == 171_966_464 // 8 + 15_140_864 + 7168 == 36_643_840
+
+
+def test_direct_queries_without_a_query_latent(tmp_path):
+    """DeepSeek-V2-Lite has no query latent (q_lora_rank null): queries come straight from
+    the hidden state, 2048 x 16·192. Its config gives 15.7B parameters (DeepSeek-V2, arXiv
+    2405.04434, section 3.1.2); per layer the attention is 2048 x 3072 + 2048 x 576 + 512 +
+    512 x 16·256 + 16·128 x 2048 + 2048 = 13,765,120, and at tp 2 a rank holds half of the
+    query, key/value up- and output projections and all of the rest, 7,473,664."""
+    from tests.test_search import V2_LITE
+
+    path = tmp_path / "lite.yaml"
+    path.write_text(V2_LITE, encoding="utf-8")
+    plan = load_plan(path)
+    assert attention_params(plan) == (13_765_120, 7_473_664)
+    assert params_total(plan) == pytest.approx(15.7e9, rel=1e-3)
+    s = shapes(plan)
+    names = {w.name: w for w in flops.qkv_projections(plan, s)}
+    # queries from the gathered hidden state; the key/value latent from the rank's shard
+    assert names["QKV projection"].flops == 2 * 4096 * 2048 * (16 * 192 // 2)
+    assert names["key/value down-projection"].flops == 2 * (4096 // 2) * 2048 * 576
+    assert "query up-projection" not in names
+
+
+def test_keys_and_values_keep_their_own_widths(tmp_path):
+    """Prefill and training store and move K of heads·(128 + 64) and V of heads·128, and
+    rotate only the 64 rotary dimensions of each query head and of the one shared key."""
+    from budget.layers import layer_saved
+
+    plan = _plan(tmp_path, tp=8, dp=2, ep=2)
+    s = shapes(plan, query_len=4096, kv_len=4096)
+    assert (s.q_cols, s.k_cols, s.v_cols, s.out_cols) == (16 * 192, 16 * 192, 16 * 128, 16 * 128)
+    (rotary,) = flops.rotary(plan, s)
+    assert rotary.bytes == 2 * 2 * s.tokens * (16 + 1) * 64
+    train = _training(tmp_path)  # sequence 4096, sequence parallel over tp 8
+    saved = {a.name: a.bytes for block in layer_saved(train, shapes(train)) for a in block}
+    assert saved["attention K"] == 2 * 4096 * 16 * 192
+    assert saved["attention V"] == 2 * 4096 * 16 * 128
+    # query and key/value latents before and after their norms, the rotary key once, on
+    # the rank's sequence shard
+    assert saved["attention latents (MLA)"] == 2 * (4096 // 8) * (2 * (1536 + 512) + 64)
+
+
+def test_eager_decode_reads_the_latent_twice(tmp_path):
+    """Without a fused kernel, the scores read the whole cached latent and rotary key (576)
+    and the product with the scores reads its 512-wide latent again."""
+    plan = _plan(tmp_path, model="{preset: deepseek-v3, attention: eager}")
+    s = shapes(plan, query_len=1, kv_len=5120)
+    scores_qk, _, times_v = flops.attention_core(plan, s)
+    scores = 2 * 16 * 128 * 5120
+    assert scores_qk.bytes == 2 * 16 * 128 * 576 + 2 * 16 * 5120 * 576 + scores
+    assert times_v.bytes == scores + 2 * 16 * 5120 * 512 + 2 * 16 * 128 * 512
+
+
+def test_the_kv_cache_is_labelled_replicated_over_tp(tmp_path):
+    report = build_report(_plan(tmp_path, tp=8, dp=2, ep=2))
+    cache = next(a for a in report.stages[0].peak_overlap if a.category == "kv_cache")
+    assert cache.placement == "replicate on tp"
+
+
+def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(tmp_path):
+    """Training at tp 8 with sequence parallelism: each rank projects its 4096 / 8 tokens
+    down, and the attention block gathers the latents, 4096 x (1536 + 512 + 64) bf16, where
+    a standard block gathers 4096 x 7168. After the backward the replicated down-
+    projections' and norms' gradients, partial over tp, are all-reduced there."""
+    from budget.layers import sequence_parallel_params
+    from budget.step import derive
+
+    plan = _training(tmp_path)
+    stage = derive(plan).stages[0]
+    forward = next(p for p in stage.phases if p.name == "forward.attention")
+    moves = {m.name: m for m in forward.moves}
+    assert moves["attention latents"].size_bytes == 2 * 4096 * (1536 + 512 + 64)
+    assert moves["attention latents"].op == "all-gather"
+    assert moves["attention output"].size_bytes == 2 * 4096 * 7168
+    grads = next(p for p in stage.phases if p.name == "dp.grads")
+    (partial,) = [m for m in grads.moves if m.name == "sequence-parallel weight gradients"]
+    dense = 2 * 7168 + 15_140_864  # two RMSNorms and the down-projections with their norms
+    assert sequence_parallel_params(plan) == dense
+    assert sequence_parallel_params(plan, moe=True) == dense + 7168 * 256
+    assert partial.size_bytes == 4 * (3 * dense + 58 * (dense + 7168 * 256))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -221,6 +222,22 @@ recompute: selective
 device: {preset: h100-sxm}
 topology: {preset: dgx-h100, nodes: 4}
 """
+
+
+def test_moe_under_tp_without_sequence_parallelism_is_rejected_with_its_reason():
+    """Megatron-LM refuses MoE with tp > 1 unless sequence parallelism is on, and so does
+    the plan loader: the sweep counts those layouts under that reason and ranks none."""
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    space = Space(tp=(1, 2), micro=(1,), zero=(1,), recompute=("selective",), virtual_stages=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    # the tp 2 layouts without sequence parallelism, and no tp 1 one
+    reason = "MoE under tp > 1 needs sequence parallelism"
+    tp2 = search(plan, plan.topology.gpus, replace(space, tp=(2,), sequence_parallel=(False,)))
+    assert tp2.fitting == 0
+    assert tp2.rejected[reason] > 0
+    assert outcome.rejected[reason] == tp2.rejected[reason]
+    assert all(r.config.sequence_parallel or r.config.tp == 1 for r in outcome.results)
+    assert any(r.config.tp == 2 for r in outcome.results)
 
 
 def test_latent_attention_layouts_budget_exactly_as_searched(tmp_path):

@@ -190,6 +190,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
             tree[name] = _int(config, key, where)
     if config.get("kv_lora_rank"):
         _latent(config, tree, where)
+    elif "head_dim" not in tree and config.get("v_head_dim") is not None:
+        tree["head_dim"] = _int(config, "v_head_dim", where)
     act = config.get("hidden_act", "silu")
     if act not in _ACTIVATIONS:
         raise HfConfigError(

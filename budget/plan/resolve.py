@@ -64,6 +64,9 @@ _PLACEMENT = re.compile(
 )
 _TRAIN_KEYS = ("seq", "micro", "global")
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
+# model sections a plan may override key by key over a preset or config, with the keys the
+# merged section must have (the schema asks for them only in a model written out whole)
+_MERGED = {"experts": ("count", "top_k"), "mla": ("kv_rank", "nope_dim", "rope_dim")}
 
 T = TypeVar("T")
 Tree = Mapping[str, Any]
@@ -138,8 +141,8 @@ class _Resolver:
     def model_tree(self, tree: Tree) -> tuple[Tree, str] | None:
         """The `model:` section with its preset and Hugging Face config expanded.
 
-        Precedence: the plan's own keys, then `hf_config`, then `preset`; `experts` merges
-        key by key.
+        Precedence: the plan's own keys, then `hf_config`, then `preset`; `experts` and
+        `mla` merge key by key.
         """
         base: dict[str, Any] = {}
         name = ""
@@ -161,15 +164,15 @@ class _Resolver:
             except HfConfigError as error:
                 self.error("$.model.hf_config", str(error))
                 return None
-            experts = {**base.get("experts", {}), **hf.tree.get("experts", {})}
+            merged = {k: {**base.get(k, {}), **hf.tree.get(k, {})} for k in _MERGED}
             base.update(hf.tree)
-            if experts:
-                base["experts"] = experts
+            base.update({k: v for k, v in merged.items() if v})
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
-        if "experts" in own and "experts" in base:
-            own["experts"] = {**base["experts"], **own["experts"]}
+        for key in _MERGED:
+            if key in own and key in base:
+                own[key] = {**base[key], **own[key]}
         return {**base, **own}, name
 
     def model(self, section: Tree) -> Model | None:
@@ -201,6 +204,15 @@ class _Resolver:
         default_ffn = llama_ffn(hidden) if mlp == "swiglu" else 4 * hidden
         ffn = _int(tree.get("ffn", default_ffn))
         layers = _int(tree["layers"])
+        for key, needed in _MERGED.items():
+            missing = [k for k in needed if key in tree and k not in tree[key]]
+            if missing:
+                self.error(
+                    f"$.model.{key}",
+                    f"model.{key} lacks {' and '.join(missing)}, and no preset or config "
+                    "gives them; write them out",
+                )
+                return None
         experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
         mla = self.mla(tree, heads, kv_heads) if "mla" in tree else None
         return Model(
@@ -231,7 +243,7 @@ class _Resolver:
             self.error(
                 "$.model.kv_heads",
                 f"model.kv_heads = {kv_heads} with model.mla: latent attention up-projects a "
-                f"key and a value for every one of the {heads} heads; remove kv_heads",
+                f"key and a value for every one of the {heads} heads; set kv_heads to {heads}",
             )
         if "head_dim" not in tree:
             self.error(
@@ -914,8 +926,9 @@ class _Checks:
             self.r.error(
                 "$.parallel.etp",
                 f"etp = {etp} with tp = {p.tp} and no sequence parallelism: every tp rank holds "
-                "the same tokens, and serving prices the experts split over those same ranks "
-                f"(etp = tp = {p.tp}); remove etp or turn on sequence_parallel",
+                "the same tokens, and budget serves MoE layers there as tensor-parallel experts "
+                f"(etp = tp = {p.tp}, vLLM's default); experts spread whole over the tp ranks "
+                "(etp 1 with ep inside tp) are not modelled; remove etp",
             )
 
     def positions(self) -> None:
