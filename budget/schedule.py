@@ -274,6 +274,9 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
     per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
+    # model FLOPs count attention as written, QKᵀ over the query/key and PV over the value
+    # head dimension, also where decoding with latent attention runs it absorbed (the
+    # priced kernels then do more FLOPs per key; MFU stays a property of the model)
     attention = 2 * m.layers * m.heads * (m.qk_head_dim + m.head_dim)
     n = 2 * active_params(plan)
     if per_token is None:

@@ -1020,6 +1020,7 @@ def _shape_names(model: Model, batch: Batch, par: Parallel) -> dict[str, int]:
         "heads": model.heads,
         "kv_heads": model.kv_heads,
         "head_dim": model.head_dim,
+        "qk_head_dim": model.qk_head_dim,
         "ffn": model.ffn,
         "vocab": model.vocab,
         "layers": model.layers,
