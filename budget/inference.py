@@ -35,12 +35,13 @@ from budget.layers import (
     stage_layer_ids,
     stage_params,
 )
-from budget.phases import Alloc, Instant, Phase, StageStep, Step
+from budget.phases import Alloc, Instant, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _cp_moves,
     _ep_moves,
     _pipeline_overlap,
+    _shared_expert_moves,
     _tp_moves,
     attention_tp_moves,
     pipeline_moves,
@@ -139,7 +140,12 @@ def _pass(
             Phase(
                 f"{prefix}.moe",
                 moe * count,
-                tuple(_ep_moves(plan, s, False)),
+                # shared experts: their own sequence-parallel gather and scatter; with the
+                # tokens replicated over tp the block's one all-reduce sums them with the rest
+                tuple(
+                    _ep_moves(plan, s, False)
+                    + when(_shared_expert_moves(plan, s, False), plan.parallel.sequence_parallel)
+                ),
                 (Instant("experts", tuple(base + _working_set(plan, s, "moe"))),),
                 tuple(flops.moe_forward(plan, s)),
             )

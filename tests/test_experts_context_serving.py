@@ -339,3 +339,24 @@ def test_a_rank_groups_only_its_own_experts():
     fc1 = next(w for w in flops.moe_forward(plan, s) if w.name == "expert fc1")
     cols = 2 * 1408  # SwiGLU's gate and up projections
     assert fc1.bytes == 2 * (s.routed * 2048 + 15 * 2048 * cols + s.routed * cols)
+
+
+def test_serving_with_sequence_parallelism_gathers_the_shared_experts_input(tmp_path):
+    """Served with sequence parallelism, the shared expert is a dense tensor-parallel MLP on
+    the gathered tokens: an all-gather of its input and a reduce-scatter of its output
+    over tp, 2 sequences x 1024 prompt tokens x 2048 in bf16 in prefill."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        MIXTRAL_SERVING.replace("{preset: mixtral-8x7b}", "{preset: qwen-moe}")
+        .replace(
+            "{sequences: 32, prompt: 2048, generate: 512}",
+            "{sequences: 8, prompt: 1024, generate: 64}",
+        )
+        .replace("{tp: 8}", "{tp: 2, dp: 4, ep: 4, etp: 1, sequence_parallel: true}"),
+        encoding="utf-8",
+    )
+    report = build_report(load_plan(path))
+    moe = next(p for p in report.phases if p.name == "prefill.moe")
+    ops = {c.name: (c.op, c.group, c.bytes) for c in moe.collectives}
+    assert ops["shared expert input"] == ("all-gather", "tp", 2 * 1024 * 2048 * 2)
+    assert ops["shared expert output"] == ("reduce-scatter", "tp", 2 * 1024 * 2048 * 2)
