@@ -139,6 +139,11 @@ def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
     return n + h * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
 
 
+def final_norm_params(plan: Plan) -> int:
+    """The norm after the last layer, replicated over tp like the layers' norms."""
+    return _norms(plan)
+
+
 def moe_layers(plan: Plan) -> list[bool]:
     """Which layers are MoE: an explicit pattern, or every `every`-th layer after the first
     `first_dense_layers` (Megatron-LM's moe_layer_freq; DeepSeek's first_k_dense_replace)."""

@@ -40,6 +40,7 @@ from budget.layers import (
     class_params,
     core_attention,
     expert_data_parallel,
+    final_norm_params,
     layer_params,
     layer_saved,
     mlp_saved,
@@ -187,14 +188,17 @@ def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any] | None:
 def attention_tp_moves(
     plan: Plan, s: Shapes, backward: bool, recomputed: bool = False
 ) -> list[Move]:
-    """`_tp_moves` of the attention block (its recomputed forward with `recomputed`)."""
+    """`_tp_moves` of the attention block (its recomputed forward with `recomputed`): the
+    column-parallel side overlaps the QKV projection, or latent attention's up-projections,
+    which read what is gathered (the down-projection makes it and cannot)."""
     suffix = " (recomputed)" if recomputed else ""
+    column = "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS
     return _tp_moves(
         plan,
         s,
         "attention (recomputed forward)" if recomputed else "attention",
         backward,
-        f"QKV projection{suffix}",
+        f"{column}{suffix}",
         f"attention output projection{suffix}",
         _attention_inward(plan, s),
     )
@@ -444,6 +448,20 @@ def _sends(plan: Plan, end: bool) -> int:
 
 def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
+
+
+def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
+    """What the attention block's sequence-parallel all-gather leaves on every rank: the
+    hidden state, or latent attention's latents (`_attention_inward`)."""
+    inward = _attention_inward(plan, s)
+    if inward is None:
+        return _full(s, "attention input (all-gathered)")
+    return Alloc(
+        "attention latents (all-gathered)",
+        "transient",
+        s.act * s.tokens * inward[1],
+        placement="replicate on tp",
+    )
 
 
 def _working(allocs: list[Alloc], suffix: str = "working, not saved") -> list[Alloc]:
@@ -867,7 +885,7 @@ def _forward(b: _StageBuilder) -> None:
         moves = when([scatter], sp) + when([reduce], lacks(sp) & (par.tp > 1))
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
-    gathered = when([_full(s, "attention input (all-gathered)")], sp)
+    gathered = when([_gathered_input(plan, s)], sp)
     z3 = _zero3_transients(plan, b.layer, "attention")
     b.add(
         "forward.attention",
@@ -1247,6 +1265,7 @@ def _reduce(b: _StageBuilder) -> None:
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
         plan, moe=True
     )
+    replicated += final_norm_params(plan) if b.last else 0  # the norm before the head
     partial_over_tp = Move(
         "sequence-parallel weight gradients",
         "all-reduce",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from budget.errors import BudgetError
+from budget.errors import BudgetError, Problem
 from budget.pipeline import build_report
 from budget.plan.hf_config import HfConfigError, read_hf_config, translate
 from budget.plan.load import load_plan
@@ -95,20 +95,27 @@ def test_hf_plan_gives_the_same_report_as_the_hand_written_plan() -> None:
     assert hand == hf
 
 
-def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
-    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
-    config["mystery_width"] = 3
+def _hf_problem(tmp_path: Path, config: dict[str, object], model: str = "") -> Problem:
+    """The one problem of the Llama 3 70B hf_config plan with `config` as its config.json
+    and `model` as extra lines under `model:`."""
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = (
         (DATA / "llama3-70b-hf.yaml")
         .read_text()
-        .replace("hf/llama3-70b/config.json", "config.json")
+        .replace("  hf_config: hf/llama3-70b/config.json", f"{model}  hf_config: config.json")
     )
     path = tmp_path / "plan.yaml"
     path.write_text(plan)
     with pytest.raises(BudgetError) as raised:
         load_plan(path)
     (problem,) = raised.value.problems
+    return problem
+
+
+def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["mystery_width"] = 3
+    problem = _hf_problem(tmp_path, config)
     assert problem.path == "$.model.hf_config"
     assert (problem.line, problem.col) == (7, 14)
     assert "'mystery_width'" in problem.message
@@ -132,3 +139,11 @@ def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension()
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     config["v_head_dim"] = 96
     assert translate(config).tree["head_dim"] == 96
+
+
+def test_a_preset_and_a_config_together_are_refused(tmp_path: Path) -> None:
+    """Each describes the whole model; what one omits the other would leak into it."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    problem = _hf_problem(tmp_path, config, "  preset: deepseek-v3\n")
+    assert problem.path == "$.model.hf_config"
+    assert "both describe the whole model" in problem.message

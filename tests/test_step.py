@@ -219,6 +219,24 @@ def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter():
     assert GPT3.hidden == 12288
 
 
+def test_sequence_parallel_norm_and_bias_gradients_are_all_reduced_over_tp():
+    """Megatron-LM's finalize_model_grads all-reduces over tp the gradients of what every tp
+    rank applies to its own token shard under sequence parallelism. GPT-3 (LayerNorm with
+    bias, biased linears), 12 layers on a middle stage: two LayerNorms of 2 x 12288 and the
+    two row-parallel output biases of 12288 per layer, 12 x 73,728 = 884,736 fp32
+    gradients, 3,538,944 B; the last stage adds the final LayerNorm's 24,576. Nothing
+    without sequence parallelism."""
+
+    def reduced(sp: bool, stage: int) -> list[int]:
+        phases = derive(make_plan(sp=sp, bias=True)).stages[stage].phases
+        grads = next(p for p in phases if p.name == "dp.grads")
+        return [m.size_bytes for m in grads.moves if m.group == "tp"]
+
+    assert reduced(True, 1) == [12 * (2 * 2 * 12288 + 2 * 12288) * 4] == [3_538_944]
+    assert reduced(True, 7) == [3_538_944 + 2 * 12288 * 4]
+    assert reduced(False, 1) == []
+
+
 def _pipelined(sp: bool, scatter_gather: bool):
     from budget.plan.resolve import resolve
     from budget.plan.yaml_load import Marks

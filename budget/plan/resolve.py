@@ -141,11 +141,20 @@ class _Resolver:
     def model_tree(self, tree: Tree) -> tuple[Tree, str] | None:
         """The `model:` section with its preset and Hugging Face config expanded.
 
-        Precedence: the plan's own keys, then `hf_config`, then `preset`; `experts` and
-        `mla` merge key by key.
+        The plan's own keys take precedence over the preset's or the config's; `experts` and
+        `mla` merge key by key. A preset and a config together are refused: each describes
+        a whole model, and what one omits (experts, latent attention) the other would leak
+        into it.
         """
         base: dict[str, Any] = {}
         name = ""
+        if "preset" in tree and "hf_config" in tree:
+            self.error(
+                "$.model.hf_config",
+                "model.preset and model.hf_config both describe the whole model; keep one "
+                "and write any change as the model's own keys",
+            )
+            return None
         if "preset" in tree:
             from budget.catalog import MODELS  # the catalogue loads only when a plan names it
 
@@ -164,9 +173,7 @@ class _Resolver:
             except HfConfigError as error:
                 self.error("$.model.hf_config", str(error))
                 return None
-            merged = {k: {**base.get(k, {}), **hf.tree.get(k, {})} for k in _MERGED}
-            base.update(hf.tree)
-            base.update({k: v for k, v in merged.items() if v})
+            base = dict(hf.tree)
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
