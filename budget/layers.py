@@ -115,12 +115,15 @@ def attention_params(plan: Plan) -> tuple[int, int]:
 
 
 def _latent_down(plan: Plan) -> int:
-    """Latent attention's replicated down-projections and their RMSNorms."""
+    """Latent attention's replicated down-projections (with biases when the model has them,
+    as DeepSeek's ``attention_bias`` gives the down- and output projections, not the
+    up-projections) and their RMSNorms."""
     m = plan.model
     if m.mla is None:
         return 0
     mla = m.mla
-    return m.hidden * (mla.q_rank + mla.kv_rank + mla.rope_dim) + mla.q_rank + mla.kv_rank
+    down = mla.q_rank + mla.kv_rank + mla.rope_dim
+    return (m.hidden + m.bias) * down + mla.q_rank + mla.kv_rank
 
 
 def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:

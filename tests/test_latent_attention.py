@@ -253,3 +253,25 @@ def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(tmp_path):
     assert sequence_parallel_params(plan, moe=True) == dense + 7168 * 256
     # 3 dense and 58 MoE layers and the final norm, on this one stage, in fp32
     assert partial.size_bytes == 4 * (3 * dense + 58 * (dense + 7168 * 256) + 7168)
+
+
+def test_context_parallelism_exchanges_keys_and_values_of_their_own_widths(tmp_path):
+    """Under context parallelism the ring moves this rank's K (heads/tp x (128 + 64)) and V
+    (heads/tp x 128) for the whole sequence: 2 B x 4096 x 16 x (192 + 128) at tp 8."""
+    plan = _training(tmp_path)
+    text = Path(plan.file).read_text().replace("dp: 2, ep: 2", "dp: 1, cp: 2, ep: 2")
+    Path(plan.file).write_text(text)
+    from budget.step import derive
+
+    stage = derive(load_plan(Path(plan.file))).stages[0]
+    forward = next(p for p in stage.phases if p.name == "forward.attention")
+    (ring,) = [m for m in forward.moves if m.group == "cp"]
+    assert ring.size_bytes == 2 * 4096 * 16 * (192 + 128)
+
+
+def test_attention_bias_sits_on_the_down_and_output_projections(tmp_path):
+    """DeepSeek's attention_bias gives q_a_proj, kv_a_proj_with_mqa and o_proj a bias, not
+    the up-projections: 1536 + 576 + 7168 more parameters per layer."""
+    plan = _plan(tmp_path, model="{preset: deepseek-v3, bias: true}")
+    total, _ = attention_params(plan)
+    assert total == 187_114_496 + 1536 + 576 + 7168
