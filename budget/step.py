@@ -894,7 +894,10 @@ def _forward(b: _StageBuilder) -> None:
         + _cp_moves(plan, s, False)
         + _zero3_moves(plan, b.layer, "attention", False),
         [
-            Instant("QKV projection", tuple(base + checkpoint + first_two + gathered + z3)),
+            Instant(
+                "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
+                tuple(base + checkpoint + first_two + gathered + z3),
+            ),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
         ],
         flops.attention_forward(plan, s),

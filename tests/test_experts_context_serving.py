@@ -358,3 +358,12 @@ def test_serving_with_sequence_parallelism_gathers_the_shared_experts_input(tmp_
     ops = {c.name: (c.op, c.group, c.bytes) for c in moe.collectives}
     assert ops["shared expert input"] == ("all-gather", "tp", 2 * 1024 * 2048 * 2)
     assert ops["shared expert output"] == ("reduce-scatter", "tp", 2 * 1024 * 2048 * 2)
+
+
+def test_sequence_parallel_moe_parameters_include_the_router_and_shared_gate():
+    """The Qwen-like MoE layer under sequence parallelism at tp 2: two RMSNorms (2 x 2048),
+    the router (2048 x 60) and the shared expert's sigmoid gate (2048) are applied on each
+    rank's token shard, 129,024 parameters whose gradients are all-reduced over tp."""
+    from budget.layers import sequence_parallel_params
+
+    assert sequence_parallel_params(_qwen(), moe=True) == 2 * 2048 + 2048 * 60 + 2048 == 129_024

@@ -275,3 +275,30 @@ def test_attention_bias_sits_on_the_down_and_output_projections(tmp_path):
     plan = _plan(tmp_path, model="{preset: deepseek-v3, bias: true}")
     total, _ = attention_params(plan)
     assert total == 187_114_496 + 1536 + 576 + 7168
+
+
+def test_without_sequence_parallelism_the_latents_gradient_is_all_reduced(tmp_path):
+    """At tp 8 without sequence parallelism (a dense model with DeepSeek-V3's attention, so
+    training allows it) the replicated down-projections run on all tokens and the
+    column-parallel up-projections' input gradient, the latents' gradient, is all-reduced:
+    2 B x 4096 x (1536 + 512 + 64), not the hidden state's 4096 x 7168."""
+    from budget.step import derive
+
+    model = (
+        "{layers: 4, hidden: 7168, heads: 128, head_dim: 128, ffn: 18432, vocab: 129280, "
+        "mlp: swiglu, norm: rmsnorm, mla: {q_rank: 1536, kv_rank: 512, nope_dim: 128, "
+        "rope_dim: 64}}"
+    )
+    text = SERVING.format(model=model, tp=8, dp=2, ep=1).replace("mode: decode\n", "")
+    text = text.replace(
+        "batch: {sequences: 256, prompt: 4096, generate: 1024}",
+        "batch: {seq: 4096, micro: 1, global: 64}",
+    )
+    path = tmp_path / "dense.yaml"
+    path.write_text(text.replace(", ep: 1", ""), encoding="utf-8")
+    stage = derive(load_plan(path)).stages[0]
+    backward = next(p for p in stage.phases if p.name == "backward.attention")
+    (reduce,) = [m for m in backward.moves if m.name == "attention latents gradient"]
+    assert reduce.op == "all-reduce"
+    assert reduce.size_bytes == 2 * 4096 * (1536 + 512 + 64)
+    assert not [m for m in backward.moves if "input" in m.name]

@@ -305,3 +305,40 @@ def test_the_header_says_when_stage_sends_are_split_over_tp() -> None:
     # with sequence parallelism the flag has nothing to split: the header does not claim it
     sharded = build_report(_pipelined(sp=True, scatter_gather=True))
     assert "scatter/gather" not in " ".join(header(sharded))
+
+
+def _plans_to_walk():
+    """Every shipped plan and every run of the accuracy table, as plans."""
+    from pathlib import Path
+
+    from budget.accuracy import DIAGNOSTIC_RUNS, REFERENCE_RUNS, RUNS, plan_of
+    from budget.plan.load import load_plan
+
+    plans = [load_plan(p) for p in sorted((Path(__file__).parent.parent / "plans").glob("*.yaml"))]
+    return plans + [plan_of(run) for run in (*RUNS, *REFERENCE_RUNS, *DIAGNOSTIC_RUNS)]
+
+
+def test_every_overlap_window_names_a_kernel_of_its_phase(tmp_path):
+    """A move hidden behind a kernel names it (`Move.window`); a name no kernel carries
+    would fall back to the whole phase's compute and hide too much. Walked: the shipped
+    plans, the accuracy table's runs, and latent attention with and without a query latent
+    under sequence parallelism and full recompute."""
+    from budget.plan.load import load_plan
+    from tests.test_search import V2_LITE
+
+    lite = tmp_path / "lite.yaml"
+    lite.write_text(V2_LITE.replace("recompute: selective", "recompute: full"), "utf-8")
+    v3 = tmp_path / "v3.yaml"
+    v3.write_text(
+        V2_LITE.replace("recompute: selective", "recompute: full").replace(
+            "mla: {kv_rank: 512", "mla: {q_rank: 1536, kv_rank: 512"
+        ),
+        "utf-8",
+    )
+    for plan in [*_plans_to_walk(), load_plan(lite), load_plan(v3)]:
+        for stage in derive(plan).stages:
+            for phase in stage.phases:
+                kernels = {w.name for w in phase.works}
+                for move in phase.moves:
+                    if move.window and not move.window.startswith("@"):
+                        assert move.window in kernels, (plan.name, phase.name, move.window)
