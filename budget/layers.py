@@ -447,10 +447,13 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     after the all-to-all (Megatron-Core's alltoall token dispatcher).
 
     Without sequence parallelism (serving; training refuses it, see `resolve`) every tp rank
-    already holds all of the micro-batch's tokens, so each computes their rows on its own
-    column shard of the experts (etp = tp) and nothing is gathered: the partial outputs are
-    all-reduced over tp after the block, as a dense MLP's are (vLLM's tensor-parallel
-    ``FusedMoE``)."""
+    already holds all of the micro-batch's tokens, so nothing is gathered and the partial
+    outputs are all-reduced over tp after the block, as a dense MLP's are. With the experts
+    split over the tp ranks (etp = tp, vLLM's tensor-parallel ``FusedMoE``) each rank
+    computes every row on its column shard; with them spread over the tp ranks (ep x etp =
+    tp, e.g. etp 1 and ep = tp: vLLM's and SGLang's expert parallelism inside the tp group)
+    each rank computes the rows of its own experts, 1/ep of them, and no all-to-all is
+    needed (`experts_inside_tp`)."""
     e = plan.model.experts
     if e is None:
         return {}
@@ -458,14 +461,23 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     par = plan.parallel
     etp = par.etp or par.tp
     dispatched = vceil(tokens_sp * e.top_k * factor)
+    own = -(-dispatched // vwhere(experts_inside_tp(plan), par.ep, 1))
     return {
         "dispatched": dispatched,
-        "routed": vwhere(tokens_replicated(plan), dispatched, dispatched * etp),
+        "routed": vwhere(tokens_replicated(plan), own, dispatched * etp),
         "experts": e.count,
         "local_experts": e.count // par.ep,
         "expert_cols": -(-e.ffn // (plan.parallel.etp or plan.parallel.tp)),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
     }
+
+
+def experts_inside_tp(plan: Plan) -> bool | np.ndarray:
+    """Every tp rank holds the same tokens and the expert grid (ep x etp, ep > 1) is the tp
+    group itself: each rank finds its own experts' rows among the tokens it already has."""
+    par = plan.parallel
+    etp = par.etp or par.tp
+    return holds(tokens_replicated(plan) & holds(par.ep > 1) & holds(par.ep * etp == par.tp))
 
 
 def tokens_replicated(plan: Plan) -> bool | np.ndarray:

@@ -40,6 +40,7 @@ from budget.layers import (
     class_params,
     core_attention,
     expert_data_parallel,
+    experts_inside_tp,
     final_norm_params,
     layer_params,
     layer_saved,
@@ -679,9 +680,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
 
     An expert split over etp > 1 ranks needs every row on each: an all-gather over etp
     after dispatch and a reduce-scatter before combine, with or without ep. When every tp
-    rank already holds all the tokens (no sequence parallelism, serving only) each computes
-    their rows on its column shard and one all-reduce over tp sums the block's output
-    (`layers.tokens_replicated`)."""
+    rank already holds all the tokens (no sequence parallelism, serving only) nothing is
+    gathered and one all-reduce over tp sums the block's output
+    (`layers.tokens_replicated`); nor is anything sent to experts inside the tp group
+    (`layers.experts_inside_tp`)."""
     par = plan.parallel
     if plan.model.experts is None:
         return []
@@ -701,7 +703,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
             )
             for name in names
         ],
-        par.ep > 1,
+        holds(par.ep > 1) & lacks(experts_inside_tp(plan)),
     )
     etp = par.etp or par.tp
     replicated = tokens_replicated(plan)

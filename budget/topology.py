@@ -141,7 +141,7 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
-    if parallel.ep > 1:  # with ep = 1 the expert groups are the dense ones
+    if parallel.ep > 1 and _experts_over_cp_dp(parallel):  # ep = 1: the dense groups
         kinds += ("ep", "edp")
     ranks = sorted(
         {0, *(lv.size - 1 for lv in topology.levels if lv.size and lv.size < topology.gpus)}
@@ -362,6 +362,11 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         return tuple(np.sort(lattice + base).tolist())
     if not all(d in _EXPERT for d in dims):
         raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
+    if not _experts_over_cp_dp(parallel):
+        raise ValueError(
+            f"ep = {parallel.ep} must divide cp × dp = {parallel.cp * parallel.dp} "
+            "for an expert group to be placed"
+        )
     ep_idx, edp_idx = _expert_coords(coords, parallel)
     fixed = {"tp": coords["tp"], "pp": coords["pp"], "ep": ep_idx, "edp": edp_idx}
     ranges2 = {
@@ -406,17 +411,24 @@ def price(
 # ----------------------------------------------------------------------------- rank maths
 
 
+def _experts_over_cp_dp(parallel: Parallel) -> bool:
+    """Expert-parallel ranks are laid over the cp x dp ranks, which ep must divide. (Serving
+    may put ep inside the tp group instead, `layers.experts_inside_tp`, and then prices no
+    collective over an ep or edp group.)"""
+    return parallel.ep >= 1 and (parallel.cp * parallel.dp) % parallel.ep == 0
+
+
 def _degrees(parallel: Parallel) -> dict[str, int]:
     ep = parallel.ep
-    if ep < 1 or (parallel.cp * parallel.dp) % ep:
-        raise ValueError(f"ep = {ep} must divide cp × dp = {parallel.cp * parallel.dp}")
+    if ep < 1:
+        raise ValueError(f"ep = {ep} must be at least 1")
     return {
         "tp": parallel.tp,
         "cp": parallel.cp,
         "dp": parallel.dp,
         "pp": parallel.pp,
         "ep": ep,
-        "edp": parallel.cp * parallel.dp // ep,
+        "edp": parallel.cp * parallel.dp // ep if _experts_over_cp_dp(parallel) else 0,
     }
 
 

@@ -367,3 +367,53 @@ def test_sequence_parallel_moe_parameters_include_the_router_and_shared_gate():
     from budget.layers import sequence_parallel_params
 
     assert sequence_parallel_params(_qwen(), moe=True) == 2 * 2048 + 2048 * 60 + 2048 == 129_024
+
+
+DEEPSEEK_TP8_EP8 = """\
+name: deepseek-v3-tp8-ep8
+mode: decode
+model: {preset: deepseek-v3}
+batch: {sequences: 64, prompt: 4096, generate: 1024}
+precision: {params: fp8, activations: bf16, matmul: fp8}
+parallel: {tp: 8, ep: 8, etp: 1}
+device: {preset: h200}
+topology: {preset: dgx-h200, nodes: 1}
+"""
+
+
+def test_serving_experts_spread_over_the_tp_group_send_nothing(tmp_path):
+    """SGLang's and vLLM's expert parallelism inside the tp group (tp 8, ep 8, etp 1): every
+    rank holds all 64 sequences' tokens and 256 / 8 = 32 whole experts, computes the rows
+    routed to them (64 tokens x top-8 / 8 ranks = 64 in decode) and one all-reduce over tp
+    sums the block's output (64 x 7168 bf16). No all-to-all: the tokens are already there."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(DEEPSEEK_TP8_EP8, encoding="utf-8")
+    plan = load_plan(path)
+    s = shapes(plan, query_len=1, kv_len=5120)
+    assert (s.local_experts, s.routed, s.expert_cols) == (32, 64 * 8 // 8, 2048)
+    report = build_report(plan)
+    moe = next(p for p in report.phases if p.name == "decode.moe")
+    assert [(c.op, c.group, c.bytes) for c in moe.collectives] == [
+        ("all-reduce", "tp", 64 * 7168 * 2)
+    ]
+
+
+def test_ep_outside_the_data_parallel_ranks_is_refused_in_training(tmp_path):
+    """Training lays expert-parallel ranks over cp x dp; ep 8 with dp 1 has nowhere to go.
+    This was a traceback from the rank arithmetic; it is now an error naming the choices."""
+    from budget.errors import BudgetError
+
+    text = (
+        DEEPSEEK_TP8_EP8.replace("mode: decode", "mode: train")
+        .replace(
+            "{sequences: 64, prompt: 4096, generate: 1024}", "{seq: 4096, micro: 1, global: 8}"
+        )
+        .replace("etp: 1}", "etp: 1, sequence_parallel: true}")
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.parallel.ep"
+    assert "ep = 8 does not divide cp × dp = 1 × 1" in problem.message

@@ -905,6 +905,13 @@ class _Checks:
         if p.tp > 1 and not p.sequence_parallel:
             self.replicated_tokens(etp)
         dense = p.tp * p.cp * p.dp
+        inside_tp = (
+            self.mode != "train"
+            and p.tp > 1
+            and not p.sequence_parallel
+            and p.ep > 1
+            and p.ep * etp == p.tp
+        )
         if dense % (p.ep * etp):
             self.r.error(
                 "$.parallel.ep",
@@ -912,14 +919,22 @@ class _Checks:
                 f"expert-data-parallel replica, which does not divide the tp × cp × dp = "
                 f"{p.tp} × {p.cp} × {p.dp} = {dense} ranks of a pipeline stage",
             )
+        elif (p.cp * p.dp) % p.ep and not inside_tp:
+            self.r.error(
+                "$.parallel.ep",
+                f"ep = {p.ep} does not divide cp × dp = {p.cp} × {p.dp}: budget lays the "
+                "expert-parallel ranks over the data- and context-parallel ones (inside the "
+                "tensor-parallel group only when serving without sequence parallelism, with "
+                f"ep × etp = tp); choose ep among {_divisors(p.cp * p.dp)}",
+            )
 
     def replicated_tokens(self, etp: int) -> None:
         """MoE layers when every tp rank holds the same tokens (tp > 1, no sequence
         parallelism). Training: refused, as Megatron-LM's argument check refuses MoE with
         tensor parallelism unless sequence parallelism is on (``megatron/training/
         arguments.py``, "MoE Spec check"); each tp rank would route the same tokens again.
-        Serving: priced as vLLM's tensor-parallel ``FusedMoE`` runs it, each rank computing
-        every token's rows on its column shard of the experts, so etp must equal tp."""
+        Serving: priced as vLLM and SGLang run it, either with the experts split over the tp
+        ranks (etp = tp) or spread over them (ep x etp = tp); see `layers._expert_shapes`."""
         p = self.par
         if self.mode == "train":
             self.r.error(
@@ -929,13 +944,13 @@ class _Checks:
                 f"{p.tp} times (Megatron-LM refuses this layout too); set sequence_parallel "
                 "to true or tp to 1",
             )
-        elif etp != p.tp:
+        elif etp != p.tp and p.ep * etp != p.tp:
             self.r.error(
                 "$.parallel.etp",
-                f"etp = {etp} with tp = {p.tp} and no sequence parallelism: every tp rank holds "
-                "the same tokens, and budget serves MoE layers there as tensor-parallel experts "
-                f"(etp = tp = {p.tp}, vLLM's default); experts spread whole over the tp ranks "
-                "(etp 1 with ep inside tp) are not modelled; remove etp",
+                f"etp = {etp} and ep = {p.ep} with tp = {p.tp} and no sequence parallelism: every "
+                "tp rank holds the same tokens, and budget serves MoE layers there with the "
+                f"experts split over the tp ranks (etp = tp = {p.tp}) or spread over them "
+                f"(ep x etp = tp = {p.tp}); choose one of those",
             )
 
     def positions(self) -> None:
