@@ -30,7 +30,7 @@ from budget.vector import every, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
-    from budget.plan.model import Plan
+    from budget.plan.model import Model, Plan
 
 Kind = Literal["matmul", "attention", "elementwise"]
 
@@ -344,5 +344,11 @@ def model_flops_per_token(plan: Plan) -> int:
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
-    attention = 6 * m.layers * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
-    return 6 * n + attention
+    return 6 * n + 3 * attention_pair_flops(m) * plan.batch.seq
+
+
+def attention_pair_flops(model: Model) -> int:
+    """Forward model FLOPs of one query meeting one key, over all layers: 2·L·heads·(d_qk +
+    d_v), the score and the value products as written (causal masks and latent attention's
+    absorbed decode do not change what MFU counts)."""
+    return 2 * model.layers * model.heads * (model.qk_head_dim + model.head_dim)

@@ -36,7 +36,7 @@ import numpy as np
 
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
-from budget.flops import Work, model_flops_per_token
+from budget.flops import Work, attention_pair_flops, model_flops_per_token
 from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
@@ -274,10 +274,7 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
     per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
-    # model FLOPs count attention as written, QKᵀ over the query/key and PV over the value
-    # head dimension, also where decoding with latent attention runs it absorbed (the
-    # priced kernels then do more FLOPs per key; MFU stays a property of the model)
-    attention = 2 * m.layers * m.heads * (m.qk_head_dim + m.head_dim)
+    attention = attention_pair_flops(m)  # as written, also where decode runs it absorbed
     n = 2 * active_params(plan)
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft

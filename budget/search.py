@@ -328,12 +328,7 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         ep=c.ep,
         sequence_parallel=c.sequence_parallel,
         zero=c.zero,
-        pipeline=Pipeline(
-            schedule,
-            c.virtual_stages,
-            split(plan.model.layers, c.pp, c.virtual_stages),
-            plan.parallel.pipeline.scatter_gather,
-        ),
+        pipeline=_pipeline(plan, schedule, c.pp, c.virtual_stages),
     )
     return replace(
         plan,
@@ -417,11 +412,21 @@ def _stage_classes(plan: Plan, pp: int, v: int) -> list[StageClass]:
     parallel = replace(
         plan.parallel,
         pp=pp,
-        pipeline=Pipeline(
-            schedule, v, split(plan.model.layers, pp, v), plan.parallel.pipeline.scatter_gather
-        ),
+        pipeline=_pipeline(plan, schedule, pp, v),
     )
     return stage_classes(replace(plan, parallel=parallel))
+
+
+def _pipeline(plan: Plan, schedule: Schedule, pp: int, v: int) -> Pipeline:
+    """The plan's pipeline settings with a sweep's schedule and an even split of its layers
+    into `pp` stages of `v` chunks (what else the plan says, such as scatter/gather stage
+    sends, is kept)."""
+    return replace(
+        plan.parallel.pipeline,
+        schedule=schedule,
+        virtual_stages=v,
+        layers_per_stage=split(plan.model.layers, pp, v),
+    )
 
 
 def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
