@@ -299,6 +299,29 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
+MTP_PROJECTION = "multi-token prediction projection"
+
+
+def mtp_work(plan: Plan, s: Shapes) -> list[Work]:
+    """One multi-token prediction module's own kernels for one micro-batch, forward and
+    backward (DeepSeek-V3, arXiv 2412.19437, section 2.2, eq. 21; Megatron-Core's
+    ``MultiTokenPredictionLayer``): the next tokens' embedding lookup, the two norms of the
+    hidden state and of that embedding, and the projection of their 2·hidden concatenation
+    to hidden, column-parallel over tp. Its transformer layer is priced as a layer of the
+    stage (`layers.stage_classes`), its output layer and cross-entropy as the main head's
+    (`loss_work`)."""
+    e = DTYPE_BYTES[plan.precision.matmul]
+    hidden = s.hidden
+    norms = elementwise("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
+    proj = gemm(MTP_PROJECTION, s.tokens, 2 * hidden, -(-hidden // plan.parallel.tp), e)
+    return [
+        *embedding_work(plan, s),
+        norms,
+        proj,
+        *backward_of([norms, proj]),
+    ]
+
+
 def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
 
@@ -344,7 +367,26 @@ def model_flops_per_token(plan: Plan) -> int:
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
-    return 6 * n + 3 * attention_pair_flops(m) * plan.batch.seq
+    return 6 * n + 3 * attention_pair_flops(m) * plan.batch.seq + _mtp_flops_per_token(plan)
+
+
+def _mtp_flops_per_token(plan: Plan) -> int:
+    """Training FLOPs per token of the multi-token prediction modules, counted as model
+    FLOPs the way NeMo Automodel's ``flops_utils`` counts them (per module: its layer, its
+    2·hidden → hidden projection and one more output layer pass, each 6 FLOPs per weight and
+    token), with the layer's top-k experts and its attention products as in the main model."""
+    from budget.layers import layer_params, moe_layers, mtp_layers, mtp_params
+
+    d = mtp_layers(plan)
+    if not d:
+        return 0
+    m = plan.model
+    moe = m.experts is not None and moe_layers(plan)[-1]
+    x = layer_params(plan, moe=moe)
+    experts = x.expert_total * m.experts.top_k // m.experts.count if moe and m.experts else 0
+    weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
+    pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
+    return d * (6 * weights + 3 * pairs)
 
 
 def attention_pair_flops(model: Model) -> int:

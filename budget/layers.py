@@ -162,6 +162,38 @@ def moe_layers(plan: Plan) -> list[bool]:
     ]
 
 
+def mtp_layers(plan: Plan) -> int:
+    """Multi-token prediction modules a step runs (DeepSeek-V3, arXiv 2412.19437, section
+    2.2): in training, on the last pipeline stage after the main model, as Megatron-Core
+    places them without a custom layout (``mtp_on_this_rank``); each holds one transformer
+    layer of the kind of the model's last layer (``get_gpt_mtp_block_spec`` takes the
+    decoder's last layer spec). Serving runs none: they are draft heads for speculative
+    decoding, which is not priced."""
+    return plan.model.mtp_layers if plan.mode == "train" else 0
+
+
+def mtp_params(plan: Plan) -> tuple[int, int]:
+    """(total, per rank) parameters of one multi-token prediction module besides its
+    transformer layer (Megatron-Core ``MultiTokenPredictionLayer``): the column-parallel
+    projection ``eh_proj`` from 2·hidden to hidden without bias, split over tp, and three
+    replicated norms (``enorm``, ``hnorm``, ``final_layernorm``). The embedding and the
+    output layer are shared with the main model."""
+    m = plan.model
+    proj = 2 * m.hidden * m.hidden
+    return proj + 3 * _norms(plan), -(-proj // plan.parallel.tp) + 3 * _norms(plan)
+
+
+def mtp_total(plan: Plan) -> int:
+    """All parameters of the model's multi-token prediction modules (the main model's
+    `params_total` leaves them out, as DeepSeek-V3's 671B does)."""
+    d = plan.model.mtp_layers
+    if not d:
+        return 0
+    last_moe = moe_layers(plan)[-1]
+    x = layer_params(plan, moe=last_moe)
+    return d * (x.total + x.expert_total + mtp_params(plan)[0])
+
+
 def stage_layer_ids(plan: Plan) -> list[list[int]]:
     """Global indices of the layers each pipeline stage holds. With v virtual stages the
     model is cut into p·v chunks and stage i holds chunks i, i + p, ... (Narayanan et al.,
@@ -216,13 +248,15 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     flags = moe_layers(plan)
     ids_per_stage = stage_layer_ids(plan)
     p = len(ids_per_stage)
+    mtp = mtp_layers(plan)
     stages = []
     for stage, ids in enumerate(ids_per_stage):
         moe = sum(flags[i] for i in ids)
+        dense = len(ids) - moe
+        if stage == p - 1:  # the multi-token prediction layers follow the last layer
+            moe, dense = (moe + mtp, dense) if flags[-1] else (moe, dense + mtp)
         last_is_moe = bool(ids) and flags[ids[-1]]
-        stages.append(
-            StageClass(stage, stage == 0, stage == p - 1, len(ids) - moe, moe, last_is_moe)
-        )
+        stages.append(StageClass(stage, stage == 0, stage == p - 1, dense, moe, last_is_moe))
     if not merge:
         return stages
     copies: dict[tuple[bool, bool, int, int, bool], int] = {}
@@ -280,6 +314,16 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
             name = "output layer" if not m.tied_embeddings else "output layer (tied copy)"
             parts.append((name, -(-word // t)))
             total += word
+        mtp = mtp_layers(plan)
+        if mtp:
+            whole, per_rank = mtp_params(plan)
+            parts.append(("multi-token prediction projections and norms", mtp * per_rank))
+            total += mtp * whole
+            if not c.first and not m.tied_embeddings:
+                # the modules look up the next tokens' embeddings on this stage: a copy of
+                # the first stage's, kept in step like a tied output layer
+                parts.append(("word embedding (copy for multi-token prediction)", -(-word // t)))
+                total += word
     experts = moe * x.expert_per_rank
     return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts))
 

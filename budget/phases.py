@@ -27,6 +27,7 @@ PHASE_ORDER: tuple[str, ...] = (
     "forward.moe",
     "pipeline.forward",
     "loss",
+    "mtp",
     "backward.moe",
     "backward.mlp",
     "backward.attention",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from budget.flops import attention_keys
+from budget.layers import mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import Plan
@@ -249,6 +250,10 @@ def build_report(plan: Plan) -> Report:
         },
         "ffn": m.ffn,
         "vocab": m.vocab,
+        # multi-token prediction modules priced (training only) and their parameters, which
+        # params_total leaves out
+        "mtp_layers": mtp_layers(plan),
+        "mtp_params": mtp_total(plan) if mtp_layers(plan) else 0,
     }
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))

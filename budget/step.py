@@ -46,6 +46,8 @@ from budget.layers import (
     layer_saved,
     mlp_saved,
     moe_saved,
+    mtp_layers,
+    mtp_params,
     params_total,
     resident_states,
     residual_placement,
@@ -620,6 +622,20 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
         size = s.act * s.tokens_sp * s.hidden
         out.append(Alloc("final norm input", "activations", size, count=count, placement=res))
         out.append(Alloc("output layer input", "activations", size, count=count, placement=res))
+        mtp = mtp_layers(plan)
+        if mtp:
+            # per module: the inputs of its two norms, of its 2·hidden projection, of its
+            # final norm and of the output layer (sequence-sharded under sequence
+            # parallelism, as the projection re-gathers its input for the weight gradient)
+            out.append(
+                Alloc(
+                    "multi-token prediction inputs (norms, projection, output layer)",
+                    "activations",
+                    mtp * 6 * size,
+                    count=count,
+                    placement=res,
+                )
+            )
     return out
 
 
@@ -963,53 +979,126 @@ def _forward(b: _StageBuilder) -> None:
         )
 
 
+def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
+    """The transitions of one output layer and vocab-parallel cross-entropy, forward and
+    backward: three small all-reduces of statistics (max, sum of exponentials, target logit)
+    and, under sequence parallelism, the gathers and scatters of the layer's input."""
+    t = plan.parallel.tp
+    if every(t == 1):
+        return []
+    stats = Move(
+        "cross-entropy statistics",
+        "all-reduce",
+        "tp",
+        t,
+        "fp32",
+        4 * s.tokens,
+        "partial",
+        "replicate",
+        count=3,
+        rule="exposed: the loss needs it",
+    )
+    moves = when([stats], t > 1)
+    moves += when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], _sp(plan))
+    return moves + _tp_moves(plan, s, "output layer", True, "output layer")
+
+
 def _loss(b: _StageBuilder) -> None:
     """Output layer and vocab-parallel cross-entropy on the last stage (Megatron-LM's
     `vocab_parallel_cross_entropy`): logits sharded over vocab on tp, upcast to fp32, with
-    their fp32 gradient; three small all-reduces (max, sum of exponentials, target logit)."""
+    their fp32 gradient; three small all-reduces (max, sum of exponentials, target logit).
+
+    With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
+    pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
+    ``process_mtp_loss``); each cross-entropy keeps its fp32 softmax for the backward
+    (``_VocabParallelCrossEntropy`` saves it), so the main head's peak holds theirs too."""
     plan, s = b.plan, b.shapes
-    t = plan.parallel.tp
-    logits = s.tokens * -(-plan.model.vocab // t)
+    logits = s.tokens * -(-plan.model.vocab // plan.parallel.tp)
     vocab = "shard(vocab) on tp"
     everything = Alloc(
         "saved activations of the micro-batches in flight",
         "activations",
         vround(b.in_flight * b.saved_per_microbatch),
     )
-    live = [
-        *b.resident,
-        *b.extra_saved,
-        everything,
-        Alloc("logits", "transient", s.act * logits, placement=vocab),
-        Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
-        Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
-    ]
-    sp = _sp(plan)
-    live += when([_full(s, "output layer input (all-gathered)")], sp)
-    moves = []
-    if not every(t == 1):
-        stats = Move(
-            "cross-entropy statistics",
-            "all-reduce",
-            "tp",
-            t,
-            "fp32",
-            4 * s.tokens,
-            "partial",
-            "replicate",
-            count=3,
-            rule="exposed: the loss needs it",
-        )
-        moves += when([stats], t > 1)
-        moves += when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], sp)
-        moves += _tp_moves(plan, s, "output layer", True, "output layer")
+
+    def head(earlier: int) -> list[Alloc]:
+        live = [
+            *b.resident,
+            *b.extra_saved,
+            everything,
+            Alloc("logits", "transient", s.act * logits, placement=vocab),
+            Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
+            Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
+        ]
+        if earlier:
+            live.append(
+                Alloc(
+                    "softmax (fp32) of the multi-token prediction heads, kept for backward",
+                    "transient",
+                    4 * logits,
+                    count=earlier,
+                    placement=vocab,
+                )
+            )
+        return live + when([_full(s, "output layer input (all-gathered)")], _sp(plan))
+
+    mtp = mtp_layers(plan)
     b.add(
         "loss",
         b.microbatches,
-        moves,
-        [Instant("cross-entropy", tuple(live))],
+        _head_moves(plan, s),
+        [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s) + flops.grad_accumulation(plan, _vocab_params(plan)),
     )
+    if mtp:
+        b.add(
+            "mtp",
+            b.microbatches * mtp,
+            _mtp_moves(plan, s) + _head_moves(plan, s),
+            [Instant("multi-token prediction cross-entropy", tuple(head(mtp - 1)))],
+            flops.mtp_work(plan, s)
+            + flops.loss_work(plan, s)
+            + flops.grad_accumulation(plan, _vocab_params(plan) + mtp_params(plan)[1]),
+        )
+
+
+def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
+    """Tensor-parallel transitions of one multi-token prediction module besides its layer
+    and output layer (Megatron-Core ``MultiTokenPredictionLayer._concat_embeddings``):
+
+    - the vocab-parallel embedding of the next tokens, reduced over tp (reduce-scattered
+      under sequence parallelism, whose backward all-gathers its gradient);
+    - the column-parallel projection ``eh_proj`` of the concatenated 2·hidden input
+      (gathered first under sequence parallelism; its input gradient reduced in backward,
+      as around any column-parallel layer, `_tp_moves`);
+    - its hidden-sharded output all-gathered over tp (``gather_from_tensor_model_parallel_
+      region``), then split along the sequence under sequence parallelism, whose backward
+      all-gathers the gradient along the sequence."""
+    par = plan.parallel
+    if every(par.tp == 1):
+        return []
+    sp = _sp(plan)
+    dtype = plan.precision.activations
+    size = s.act * s.tokens * s.hidden
+    name = "multi-token prediction"
+
+    def move(what: str, op: Op, src: Placement, dst: Placement, rule: str) -> Move:
+        return Move(f"{name} {what}", op, "tp", par.tp, dtype, size, str(src), str(dst), rule=rule)
+
+    needed = "tp: exposed, the next kernel needs it"
+    embedding = [
+        *when([move("embedding output", "reduce-scatter", PARTIAL, shard(0), needed)], sp),
+        *when([move("embedding output", "all-reduce", PARTIAL, REPLICATE, needed)], lacks(sp)),
+        *when([move("embedding output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
+    ]
+    proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden)
+    forward = _tp_moves(plan, s, proj, False, proj, inward=inward)
+    backward = _tp_moves(plan, s, proj, True, proj, inward=inward)
+    gather = [
+        move("projection output", "all-gather", shard(1), REPLICATE, needed),
+        *when([move("projection output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
+    ]
+    return when(embedding + when(forward[:1], sp) + gather + backward, par.tp > 1)
 
 
 def _backward(b: _StageBuilder) -> None:
@@ -1270,7 +1359,8 @@ def _reduce(b: _StageBuilder) -> None:
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
         plan, moe=True
     )
-    replicated += final_norm_params(plan) if b.last else 0  # the norm before the head
+    # the norm before the head, and the three norms of each multi-token prediction module
+    replicated += (1 + 3 * mtp_layers(plan)) * final_norm_params(plan) if b.last else 0
     partial_over_tp = Move(
         "sequence-parallel weight gradients",
         "all-reduce",
@@ -1285,14 +1375,18 @@ def _reduce(b: _StageBuilder) -> None:
     grads += when([partial_over_tp], _sp(plan))
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
-    if m.tied_embeddings and b.pipelined and (b.first or b.last):
+    # The first stage's embedding has a copy on the last stage when the output layer is
+    # tied to it or multi-token prediction looks the next tokens up there; Megatron-LM's
+    # embedding group all-reduces the two copies' gradients.
+    shared = m.tied_embeddings or mtp_layers(plan) > 0
+    if shared and b.pipelined and (b.first or b.last):
         word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
         b.add(
             "embedding.grads",
             1,
             [
                 Move(
-                    "tied embedding grads",
+                    "tied embedding grads" if m.tied_embeddings else "shared embedding grads",
                     "all-reduce",
                     "pp",
                     2,
@@ -1300,7 +1394,7 @@ def _reduce(b: _StageBuilder) -> None:
                     word,
                     "partial",
                     "replicate",
-                    rule="tied embedding: exposed, after the last backward",
+                    rule="shared embedding: exposed, after the last backward",
                 )
             ],
             [],

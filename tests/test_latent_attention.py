@@ -251,8 +251,10 @@ def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(tmp_path):
     dense = 2 * 7168 + 15_140_864  # two RMSNorms and the down-projections with their norms
     assert sequence_parallel_params(plan) == dense
     assert sequence_parallel_params(plan, moe=True) == dense + 7168 * 256
-    # 3 dense and 58 MoE layers and the final norm, on this one stage, in fp32
-    assert partial.size_bytes == 4 * (3 * dense + 58 * (dense + 7168 * 256) + 7168)
+    # 3 dense and 58 MoE layers, the multi-token prediction module's MoE layer and three
+    # norms, and the final norm, all on this one stage, in fp32
+    moe = dense + 7168 * 256
+    assert partial.size_bytes == 4 * (3 * dense + 58 * moe + moe + 3 * 7168 + 7168)
 
 
 def test_context_parallelism_exchanges_keys_and_values_of_their_own_widths(tmp_path):

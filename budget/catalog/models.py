@@ -132,13 +132,16 @@ MODELS: dict[str, ModelPreset] = {
                 "shared_ffn": 2048,  # 1 shared expert of width 2048
                 "first_dense_layers": 3,
             },
+            "mtp_layers": 1,
         },
         'DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437), section 4.2: 61 '
         "layers, hidden 7168, 128 heads of 128 (query/key 128 + 64 rotary), KV compression "
         "dimension 512, query compression 1536, first 3 layers dense, 1 shared + 256 routed "
         "experts of width 2048, 8 routed per token; vocab 129,280 and dense FFN 18,432 from "
-        "the released config.json. The multi-token prediction module is not included "
-        "(671B main-model parameters, 37B activated per token)",
+        "the released config.json. 671B main-model parameters, 37B activated per token; "
+        "section 4.2 sets the multi-token prediction depth to 1 (the config's "
+        "num_nextn_predict_layers); the model card counts that module apart, 14B of the "
+        "685B released, with its own copies of the embedding and output layer it shares",
     ),
     "qwen-moe": ModelPreset(
         "qwen-moe",

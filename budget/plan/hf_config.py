@@ -12,7 +12,8 @@ mlp_only_layers: layer i is sparse when i is not in mlp_only_layers and
 (n_routed_experts, n_shared_experts, first_k_dense_replace, moe_layer_freq: layer i is
 sparse when i ≥ first_k_dense_replace and i % moe_layer_freq == 0; q_lora_rank,
 kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim of its multi-head latent
-attention become ``model.mla``).
+attention become ``model.mla``, and num_nextn_predict_layers, its multi-token prediction
+modules, ``model.mtp_layers``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ READ = frozenset(
         "kv_lora_rank",
         "qk_nope_head_dim",
         "qk_rope_head_dim",
+        # DeepSeek-V3 multi-token prediction modules (model.mtp_layers)
+        "num_nextn_predict_layers",
     }
 )
 
@@ -101,7 +104,6 @@ IGNORED = frozenset(
         "routed_scaling_factor",
         "scoring_func",
         "seq_aux",
-        "num_nextn_predict_layers",
         "quantization_config",
     }
 )
@@ -205,6 +207,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     experts = _experts(config, tree["layers"], where)
     if experts is not None:
         tree["experts"] = experts
+    if config.get("num_nextn_predict_layers"):
+        tree["mtp_layers"] = _int(config, "num_nextn_predict_layers", where)
     ignored = tuple(sorted(set(config) & IGNORED))
     return HfModel(tree, ignored)
 

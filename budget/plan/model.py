@@ -78,6 +78,7 @@ class Model:
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's
+    mtp_layers: int = 0  # multi-token prediction modules, trained on the last stage
 
     @property
     def qk_head_dim(self) -> int:

@@ -241,6 +241,7 @@ class _Resolver:
             experts=experts,
             name=name,
             mla=mla,
+            mtp_layers=_int(tree.get("mtp_layers", 0)),
         )
 
     def mla(self, tree: Tree, heads: int, kv_heads: int) -> Mla:

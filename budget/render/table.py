@@ -58,13 +58,22 @@ def header(report: Report) -> list[str]:
         )
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
-        f"model: {m['params_total'] / 1e9:,.2f} B parameters ({m['layers']} layers, hidden "
-        f"{m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,})",
+        f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)} ({m['layers']} layers, "
+        f"hidden {m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
         f"{_attention_text(report.device, report.mode)}",
     ]
+
+
+def _mtp(model: dict[str, Any]) -> str:
+    """' + 11.70 B in 1 multi-token prediction module', or nothing."""
+    n = model.get("mtp_layers") or 0
+    if not n:
+        return ""
+    modules = "module" if n == 1 else "modules"
+    return f" + {model['mtp_params'] / 1e9:,.2f} B in {n} multi-token prediction {modules}"
 
 
 def _heads(model: dict[str, Any]) -> str:
