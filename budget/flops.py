@@ -60,18 +60,21 @@ def gemm(name: str, m: int, k: int, n: int, elem: int) -> Work:
     return Work(name, "matmul", 2 * m * k * n, elem * (m * k + k * n + m * n))
 
 
-def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int) -> Work:
+def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int, pick: float) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
-    `n`, but each expert that receives a row reads its own `k` x `n` weights. With the rows
-    spread over the `groups` local experts independently and uniformly, the expected number
-    of experts that receive at least one is groups·(1 − (1 − 1/groups)^rows) (the occupancy
-    of `groups` bins by `rows` balls): every expert once rows are several times the
-    experts, fewer than the rows when there are few. It treats rows as independent; a
-    token's k experts are distinct, which reaches a few more (5.47 rather than 5.25 of 8
-    for 4 tokens of Mixtral's top-2), and capacity padding counts as rows. Training barely
+    `n`, but each expert that receives a row reads its own `k` x `n` weights.
+
+    `pick` is the chance that one token's routing picks a given expert (top_k / experts,
+    uniform routing). The `rows` then come from rows / (groups · pick) tokens, each picking
+    distinct experts, so an expert is missed by one token with probability 1 − pick and by
+    all of them with (1 − pick)^tokens; the expected number of the `groups` local experts
+    reached is groups · (1 − (1 − pick)^tokens): every expert once the tokens are several
+    times experts / top_k, fewer when they are few (5.47 of Mixtral's 8 experts for 4
+    tokens of top-2: 8 · (1 − (6/8)^4)). Capacity padding counts as rows. Training barely
     notices (its GEMMs are compute-bound); decoding a few tokens pays for those reads."""
-    touched = groups * (1 - (1 - 1 / groups) ** rows)
+    tokens = rows / (groups * pick)
+    touched = groups * (1 - (1 - pick) ** tokens)
     weights = vround(touched * k * n)
     return Work(name, "matmul", 2 * rows * k * n, elem * (rows * k + weights + rows * n))
 
@@ -241,13 +244,17 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     gate = 2 if plan.model.mlp == "swiglu" else 1
     norm = s.act * s.tokens_sp * s.hidden
     rows = s.act * s.routed * s.hidden
+    ex = plan.model.experts
+    pick = ex.top_k / ex.count if ex is not None else 1.0
     works = [
         elementwise("MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, e),
         elementwise("token permutation", 2 * rows),
-        grouped_gemm("expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e),
+        grouped_gemm(
+            "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick
+        ),
         elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
-        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e),
+        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick),
         elementwise("unpermute and combine", 3 * rows),
     ]
     if every(s.shared_cols > 0):

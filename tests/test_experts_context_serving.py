@@ -310,19 +310,29 @@ def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
 
 
 def test_grouped_gemm_reads_the_weights_of_the_experts_its_rows_reach():
-    """Rows spread uniformly over 8 local experts, counted by inclusion-exclusion: 2 rows
-    reach 2 − 1/8 = 1.875 experts (they share one an eighth of the time), 3 rows
-    3 − 3/8 + 1/64 = 2.640625; a rank holding a single expert reads it for any rows."""
+    """Top-1 routing over 8 local experts, counted by inclusion-exclusion: 2 rows reach
+    2 − 1/8 = 1.875 experts (they share one an eighth of the time), 3 rows 3 − 3/8 + 1/64
+    = 2.640625; a rank holding a single expert reads it for any rows. Top-2 of 8 (Mixtral),
+    4 tokens: by enumeration over the 28 pairs a token may pick, an expert is outside 21 of
+    them, so it is missed by all four with (21/28)^4 and 8 · (1 − (3/4)^4) = 5.46875 are
+    reached, more than 8 independent rows would reach, 8 · (1 − (7/8)^8) = 5.25."""
+    from itertools import combinations
+
     from budget.flops import grouped_gemm
 
-    def weights(rows: int, groups: int) -> int:
-        gemm = grouped_gemm("x", rows, 4096, 1792, groups, 2)
+    def weights(rows: int, groups: int, pick: float) -> int:
+        gemm = grouped_gemm("x", rows, 4096, 1792, groups, 2, pick)
         return gemm.bytes // 2 - rows * 4096 - rows * 1792
 
-    assert weights(2, 8) == round(1.875 * 4096 * 1792)
-    assert weights(3, 8) == round(2.640625 * 4096 * 1792)
-    assert weights(5, 1) == 4096 * 1792
-    assert weights(0, 8) == 0
+    assert weights(2, 8, 1 / 8) == round(1.875 * 4096 * 1792)
+    assert weights(3, 8, 1 / 8) == round(2.640625 * 4096 * 1792)
+    assert weights(5, 1, 1.0) == 4096 * 1792
+    assert weights(0, 8, 1 / 8) == 0
+    pairs = list(combinations(range(8), 2))
+    missed = sum(0 not in p for p in pairs) / len(pairs)
+    assert missed == 21 / 28
+    assert weights(8, 8, 2 / 8) == round(8 * (1 - missed**4) * 4096 * 1792)
+    assert weights(8, 8, 2 / 8) == round(5.46875 * 4096 * 1792)
 
 
 def test_a_rank_groups_only_its_own_experts():
