@@ -309,9 +309,9 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 MTP_PROJECTION = "multi-token prediction projection"
 
 
-def mtp_work(plan: Plan, s: Shapes) -> list[Work]:
-    """One multi-token prediction module's own kernels for one micro-batch, forward and
-    backward (DeepSeek-V3, arXiv 2412.19437, section 2.2, eq. 21; Megatron-Core's
+def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
+    """One multi-token prediction module's own forward kernels for one micro-batch
+    (DeepSeek-V3, arXiv 2412.19437, section 2.2, eq. 21; Megatron-Core's
     ``MultiTokenPredictionLayer``): the next tokens' embedding lookup, the two norms of the
     hidden state and of that embedding, and the projection of their 2·hidden concatenation
     to hidden, column-parallel over tp. Its transformer layer is priced as a layer of the
@@ -321,12 +321,7 @@ def mtp_work(plan: Plan, s: Shapes) -> list[Work]:
     hidden = s.hidden
     norms = elementwise("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
     proj = gemm(MTP_PROJECTION, s.tokens, 2 * hidden, -(-hidden // plan.parallel.tp), e)
-    return [
-        *embedding_work(plan, s),
-        norms,
-        proj,
-        *backward_of([norms, proj]),
-    ]
+    return [*embedding_work(plan, s), norms, proj]
 
 
 def embedding_work(plan: Plan, s: Shapes) -> list[Work]:

@@ -50,7 +50,7 @@ from budget.topology import (
 from budget.vector import largest, ratio, vfloat, vmax, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
-FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "loss", "mtp")
+FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "mtp", "loss")
 BACKWARD_PHASES = tuple(p for p in MICROBATCH_PHASES if p.startswith("backward."))
 
 

@@ -631,7 +631,9 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
                 Alloc(
                     "multi-token prediction inputs (norms, projection, output layer)",
                     "activations",
-                    mtp * 6 * size,
+                    # full recompute keeps only the hidden state, the next tokens'
+                    # embedding and the output layer input (`_checkpointed_forward`)
+                    vwhere(holds(plan.recompute == "full"), mtp * 3 * size, mtp * 6 * size),
                     count=count,
                     placement=res,
                 )
@@ -1043,6 +1045,25 @@ def _loss(b: _StageBuilder) -> None:
         return live + when([_full(s, "output layer input (all-gathered)")], _sp(plan))
 
     mtp = mtp_layers(plan)
+    if mtp:
+        forward = flops.mtp_forward(plan, s)
+        # full recompute checkpoints the module from its norms to its final norm
+        # (Megatron-Core's `_checkpointed_forward`): the norms and projection run again
+        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in forward[1:]]
+        # the output layer, the embedding lookup and the projection with its norms each
+        # add a gradient into the main gradients
+        grads = 2 * _vocab_params(plan) + mtp_params(plan)[1]
+        b.add(
+            "mtp",
+            b.microbatches * mtp,
+            _mtp_moves(plan, s) + _head_moves(plan, s),
+            [Instant("multi-token prediction cross-entropy", tuple(head(mtp - 1)))],
+            forward
+            + when(redo, plan.recompute == "full")
+            + flops.backward_of(forward)
+            + flops.loss_work(plan, s)
+            + flops.grad_accumulation(plan, grads),
+        )
     b.add(
         "loss",
         b.microbatches,
@@ -1050,16 +1071,6 @@ def _loss(b: _StageBuilder) -> None:
         [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s) + flops.grad_accumulation(plan, _vocab_params(plan)),
     )
-    if mtp:
-        b.add(
-            "mtp",
-            b.microbatches * mtp,
-            _mtp_moves(plan, s) + _head_moves(plan, s),
-            [Instant("multi-token prediction cross-entropy", tuple(head(mtp - 1)))],
-            flops.mtp_work(plan, s)
-            + flops.loss_work(plan, s)
-            + flops.grad_accumulation(plan, _vocab_params(plan) + mtp_params(plan)[1]),
-        )
 
 
 def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
@@ -1092,13 +1103,19 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
         *when([move("embedding output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
     ]
     proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden)
-    forward = _tp_moves(plan, s, proj, False, proj, inward=inward)
+    again = f"{proj} (recomputed)"
+    forward = _tp_moves(plan, s, proj, False, proj, inward=inward)[:1]
+    redo = _tp_moves(plan, s, f"{proj} (recomputed forward)", False, again, inward=inward)[:1]
     backward = _tp_moves(plan, s, proj, True, proj, inward=inward)
+    output = move("projection output", "all-gather", shard(1), REPLICATE, needed)
     gather = [
-        move("projection output", "all-gather", shard(1), REPLICATE, needed),
+        output,
+        *when([replace(output, name=f"{output.name} (recomputed)")], plan.recompute == "full"),
         *when([move("projection output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
     ]
-    return when(embedding + when(forward[:1], sp) + gather + backward, par.tp > 1)
+    full = plan.recompute == "full"
+    inputs = when(forward, sp) + when(redo, sp & full)
+    return when(embedding + inputs + gather + backward, par.tp > 1)
 
 
 def _backward(b: _StageBuilder) -> None:

@@ -130,51 +130,122 @@ def test_the_last_stage_holds_the_module_and_a_copy_of_the_embedding(tmp_path: P
 
 
 def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) -> None:
-    """tp 8 with sequence parallelism, 4096 tokens: the projection is 2 x 4096 x 2·7168 x
-    7168/8 FLOPs forward; the embedding of the next tokens is reduce-scattered, the 2·hidden
-    input gathered, the hidden-sharded output gathered (2 B x 4096 x width each); the head
-    repeats the main one's output layer and cross-entropy."""
+    """V3, tp 8 with sequence parallelism and full recompute, 4096 tokens (512 per rank
+    along the sequence), 2-byte activations, hidden 7168, vocab 129280 / 8 = 16160 a rank:
+
+    - the next tokens' lookup writes and reads 2 x 2 x 4096 x 7168 B; the two norms 2 x 2
+      x 2 x 512 x 7168 B; the projection 2 x 4096 x 14336 x 896 FLOPs; full recompute runs
+      the norms and the projection again, and each has a backward;
+    - the output layer and cross-entropy repeat the main head's kernels;
+    - gradients added into fp32 main gradients: the output layer and the embedding, 2 x
+      16160 x 7168, and the projection and norms, 7168 x 14336 / 8 + 3 x 7168, read and
+      written: 8 B x 244,536,320;
+    - moves, each S = the full tensor: the lookup reduce-scattered and its gradient
+      gathered (2 x 4096 x 7168 B); the 2·hidden input gathered for the projection and for
+      its recomputation, again for its weight gradient, and its gradient reduce-scattered
+      (2 x 4096 x 14336 B); the hidden-sharded output gathered, again when recomputed, and
+      its gradient gathered along the sequence; the head's statistics and input moves."""
     plan = _plan(tmp_path)
     (stage,) = derive(plan).stages
     phases = {p.name: p for p in stage.phases}
     mtp = phases["mtp"]
     assert mtp.count == plan.microbatches == 1
-    works = {w.name: w for w in mtp.works}
-    assert works[flops.MTP_PROJECTION].flops == 2 * 4096 * 2 * H * (H // 8)
-    assert works[f"{flops.MTP_PROJECTION} backward"].flops == 2 * works[flops.MTP_PROJECTION].flops
-    assert works["output layer"].flops == phases["loss"].works[1].flops
-    moves = {m.name: m for m in mtp.moves}
+    proj, norms = flops.MTP_PROJECTION, "multi-token prediction norms"
+    lookup = 2 * 2 * 4096 * H
+    f = 2 * 4096 * 2 * H * (H // 8)
+    main = [(w.name, w.flops, w.bytes) for w in phases["loss"].works[:-1]]
+    works = [(w.name, w.flops, w.bytes) for w in mtp.works]
+    accumulate = 8 * (2 * 16160 * H + 2 * H * H // 8 + 3 * H)
+    assert [(n, b) for n, _, b in works[:3]] == [
+        ("embedding lookup", lookup),
+        (norms, 2 * 2 * 2 * 512 * H),
+        (proj, 2 * (4096 * 2 * H + 2 * H * 896 + 4096 * 896)),
+    ]
+    assert works[2][1] == f
+    assert [n for n, _, _ in works[3:8]] == [
+        f"{norms} (recomputed)",
+        f"{proj} (recomputed)",
+        "embedding lookup backward",
+        f"{norms} backward",
+        f"{proj} backward",
+    ]
+    assert works[7][1] == 2 * f and works[5][2] == 2 * lookup
+    assert works[8:-1] == main
+    assert works[-1][0] == "main-grad accumulation" and works[-1][2] == accumulate
     token = 2 * 4096
-    assert moves["multi-token prediction embedding output"].op == "reduce-scatter"
-    assert moves["multi-token prediction embedding output"].size_bytes == token * H
-    assert moves[f"{flops.MTP_PROJECTION} input"].size_bytes == token * 2 * H
-    assert moves["multi-token prediction projection output"].op == "all-gather"
-    assert moves["multi-token prediction projection output"].size_bytes == token * H
-    assert moves[f"{flops.MTP_PROJECTION} input gradient"].op == "reduce-scatter"
-    assert moves["cross-entropy statistics"].count == 3
-    # windows name kernels of this phase
-    kernels = set(works)
+    moves = {m.name: (m.op, m.size_bytes, m.count) for m in mtp.moves}
+    wide, narrow = token * 2 * H, token * H
+    assert moves == {
+        "multi-token prediction embedding output": ("reduce-scatter", narrow, 1),
+        "multi-token prediction embedding output gradient": ("all-gather", narrow, 1),
+        f"{proj} input": ("all-gather", wide, 1),
+        f"{proj} (recomputed forward) input": ("all-gather", wide, 1),
+        "multi-token prediction projection output": ("all-gather", narrow, 1),
+        "multi-token prediction projection output (recomputed)": ("all-gather", narrow, 1),
+        "multi-token prediction projection output gradient": ("all-gather", narrow, 1),
+        f"{proj} input again, for weight grad": ("all-gather", wide, 1),
+        f"{proj} input gradient": ("reduce-scatter", wide, 1),
+        "cross-entropy statistics": ("all-reduce", 4 * 4096, 3),
+        "output layer input": ("all-gather", narrow, 1),
+        "output layer input again, for weight grad": ("all-gather", narrow, 1),
+        "output layer input gradient": ("reduce-scatter", narrow, 1),
+    }
+    kernels = {w.name for w in mtp.works}
     assert all(m.window in kernels for m in mtp.moves if m.window)
-    # without sequence parallelism (a dense model: MoE under tp needs it) the embedding and
-    # the input gradient are all-reduced, and the input needs no gather
-    dense = tmp_path / "dense.yaml"
-    dense.write_text(
-        TRAIN.format(
-            model="{preset: llama3-8b, mtp_layers: 1}",
-            tp=8,
-            pp=1,
-            sp="false",
-            split="",
-            batch=2,
-            nodes=2,
-        ).replace(", ep: 2", ""),
-        encoding="utf-8",
+    # full recompute keeps 3 hidden-wide tensors a token (2 B x 512 tokens x 7168)
+    (saved,) = [a for a in mtp_live(stage) if a.name.startswith("multi-token")]
+    assert saved.bytes == 3 * 2 * 512 * H
+
+
+def test_two_modules_without_sequence_parallelism(tmp_path: Path) -> None:
+    """Llama 3 8B with two modules, tp 8 without sequence parallelism (a dense model: MoE
+    under tp needs it), no recompute: two module passes a micro-batch; the lookup and the
+    projection's input gradient are all-reduced, only the output is gathered; each module
+    keeps 6 hidden-wide tensors a token, 2 x 6 x 2 B x 4096 x 4096 in all."""
+    path = tmp_path / "dense.yaml"
+    text = TRAIN.format(
+        model="{preset: llama3-8b, mtp_layers: 2}",
+        tp=8,
+        pp=1,
+        sp="false",
+        split="",
+        batch=2,
+        nodes=2,
     )
-    (phase,) = [p for p in derive(load_plan(dense)).stages[0].phases if p.name == "mtp"]
-    plain = {m.name: m for m in phase.moves}
-    assert plain["multi-token prediction embedding output"].op == "all-reduce"
-    assert plain[f"{flops.MTP_PROJECTION} input gradient"].op == "all-reduce"
-    assert f"{flops.MTP_PROJECTION} input" not in plain
+    path.write_text(text.replace(", ep: 2", "").replace("full", "none"), encoding="utf-8")
+    plan = load_plan(path)
+    (stage,) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "mtp"]
+    assert phase.count == 2 * plan.microbatches
+    token = 2 * 4096
+    moves = {m.name: (m.op, m.size_bytes) for m in phase.moves}
+    assert moves == {
+        "multi-token prediction embedding output": ("all-reduce", token * 4096),
+        "multi-token prediction projection output": ("all-gather", token * 4096),
+        f"{flops.MTP_PROJECTION} input gradient": ("all-reduce", token * 2 * 4096),
+        "cross-entropy statistics": ("all-reduce", 4 * 4096),
+        "output layer input gradient": ("all-reduce", token * 4096),
+    }
+    assert not [w for w in phase.works if "recomputed" in w.name]
+    (saved,) = [a for a in mtp_live(stage) if a.name.startswith("multi-token")]
+    assert saved.bytes == 2 * 6 * 2 * 4096 * 4096
+    (kept,) = [a for a in phase.instants[0].live if a.name.startswith("softmax")]
+    assert kept.count == 1  # the second module's head holds the first's
+
+
+def test_tied_embeddings_and_learned_positions_on_the_last_stage(tmp_path: Path) -> None:
+    """pp 2: with a tied output layer the last stage's copy already is the word
+    embedding, so no second copy; learned positions need their own copy there (4096 x
+    4096 parameters, replicated over tp)."""
+    path = tmp_path / "tied.yaml"
+    model = "{preset: llama3-8b, mtp_layers: 1, tied_embeddings: true, position: learned}"
+    text = TRAIN.format(model=model, tp=8, pp=2, sp="true", split="", batch=8, nodes=4)
+    path.write_text(text.replace(", ep: 2", ""), encoding="utf-8")
+    plan = load_plan(path)
+    last = dict(class_params(plan, stage_classes(plan)[-1]).parts)
+    assert "word embedding (copy for multi-token prediction)" not in last
+    assert last["output layer (tied copy)"] == 128256 * 4096 // 8
+    assert last["position embedding (copy for multi-token prediction)"] == 4096 * 4096
 
 
 def test_the_main_head_peaks_with_the_module_softmax_kept(tmp_path: Path) -> None:
@@ -189,8 +260,9 @@ def test_the_main_head_peaks_with_the_module_softmax_kept(tmp_path: Path) -> Non
     assert not [a for a in phases["mtp"].instants[0].live if a.name.startswith("softmax")]
     plain = derive(_without_mtp(plan)).stages[0]
     assert "mtp" not in [p.name for p in plain.phases]
+    # the module's head runs first, as its softmax in the main head's peak says
     names = [p.name for p in stage.phases]
-    assert names.index("loss") + 1 == names.index("mtp")
+    assert names.index("mtp") + 1 == names.index("loss")
 
 
 def test_model_flops_count_the_module(tmp_path: Path) -> None:
@@ -218,3 +290,9 @@ def test_serving_runs_no_module(tmp_path: Path) -> None:
     plan = load_plan(path)
     assert plan.model.mtp_layers == 1 and mtp_layers(plan) == 0
     assert to_dict(build_report(plan)) == to_dict(build_report(_without_mtp(plan)))
+
+
+def mtp_live(stage):
+    """What is alive at the module's own cross-entropy."""
+    (phase,) = [p for p in stage.phases if p.name == "mtp"]
+    return phase.instants[0].live

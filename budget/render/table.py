@@ -68,7 +68,7 @@ def header(report: Report) -> list[str]:
 
 
 def _mtp(model: dict[str, Any]) -> str:
-    """' + 11.70 B in 1 multi-token prediction module', or nothing."""
+    """' + 11.61 B in 1 multi-token prediction module', or nothing."""
     n = model.get("mtp_layers") or 0
     if not n:
         return ""
