@@ -603,11 +603,20 @@ def _earlier(b: _StageBuilder) -> Alloc:
 
 def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
-    dropout mask on the first stage; the final norm and output-layer inputs on the last."""
+    dropout mask on the first stage; the final norm and output-layer inputs on the last;
+    under ZeRO-3 the gathered parameters outside the layers (`_zero3_root_moves`)."""
     s, plan = b.shapes, b.plan
     count = vmax(1, vround(b.in_flight))
     res = residual_placement(plan)
     out = []
+    par = plan.parallel
+    gathered = _root_params(b) * DTYPE_BYTES[plan.precision.param_gather]
+    held = Alloc(
+        "gathered embedding / output layer (ZeRO-3, held through the micro-batch)",
+        "transient",
+        gathered,
+    )
+    out += when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
     if b.first and plan.model.dropout:
         out.append(
             Alloc(
@@ -854,6 +863,60 @@ def _zero3_moves(plan: Plan, layer: _Layer, block: str, backward: bool) -> list[
     return when(moves, plan.parallel.zero == 3)
 
 
+def _root_params(b: _StageBuilder) -> Any:
+    """Parameters a rank of the stage holds outside its transformer layers: the embedding
+    on the first stage; the final norm, the output layer and the multi-token prediction
+    projections on the last (`layers.class_params`)."""
+    plan = b.plan
+    layers = b.dense * layer_params(plan).per_rank
+    if b.has_moe:
+        layers = layers + b.moe * layer_params(plan, moe=True).per_rank
+    return b.params.per_rank - layers
+
+
+def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
+    """ZeRO-3 / FSDP of the parameters outside the layers (`_root_params`), which PyTorch
+    FSDP wraps in the root unit around the per-layer units (Zhao et al., arXiv 2304.11277,
+    section 3.2): gathered once at the start of each micro-batch's forward and kept through
+    its backward (the root is not resharded after forward), their gradients
+    reduce-scattered when its backward ends. The stage's first kernel needs the gather and
+    the next micro-batch's the reduction, so both are exposed."""
+    plan = b.plan
+    par, prec = plan.parallel, plan.precision
+    n = _root_params(b)
+    ranks = par.dp * par.cp
+    name = (
+        "embedding and output layer"
+        if b.first and b.last
+        else ("embedding" if b.first else "output layer")
+    )
+    if backward:
+        move = Move(
+            f"{name} gradients (ZeRO-3)",
+            "reduce-scatter",
+            "dp",
+            ranks,
+            prec.grads,
+            n * DTYPE_BYTES[prec.grads],
+            "partial",
+            "shard(0)",
+            rule="ZeRO-3 gradient reduce-scatter: exposed, at the end of the backward",
+        )
+    else:
+        move = Move(
+            f"{name} parameters (ZeRO-3)",
+            "all-gather",
+            "dp",
+            ranks,
+            prec.param_gather,
+            n * DTYPE_BYTES[prec.param_gather],
+            "shard(0)",
+            "replicate",
+            rule="ZeRO-3 gather: exposed, the stage's first kernel needs it",
+        )
+    return when([move], (par.zero == 3) & (ranks > 1) & (n > 0))
+
+
 def _zero3_transients(plan: Plan, layer: _Layer, block: str) -> list[Alloc]:
     """Gathered parameters of the current and the prefetched block."""
     size = DTYPE_BYTES[plan.precision.param_gather]
@@ -903,6 +966,7 @@ def _forward(b: _StageBuilder) -> None:
             rule=rule,
         )
         moves = when([scatter], sp) + when([reduce], lacks(sp) & (par.tp > 1))
+        moves = _zero3_root_moves(b, backward=False) + moves
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
     gathered = when([_gathered_input(plan, s)], sp)
@@ -1064,10 +1128,11 @@ def _loss(b: _StageBuilder) -> None:
             + flops.loss_work(plan, s)
             + flops.grad_accumulation(plan, grads),
         )
+    root = [] if b.first else _zero3_root_moves(b, False) + _zero3_root_moves(b, True)
     b.add(
         "loss",
         b.microbatches,
-        _head_moves(plan, s),
+        root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s) + flops.grad_accumulation(plan, _vocab_params(plan)),
     )
@@ -1285,7 +1350,7 @@ def _backward(b: _StageBuilder) -> None:
             "replicate",
             rule="tp: exposed, the embedding gradient needs it",
         )
-        moves = when([gather], sp)
+        moves = when([gather], sp) + _zero3_root_moves(b, backward=True)
         work = flops.backward_of(flops.embedding_work(plan, s))
         work += flops.grad_accumulation(plan, _vocab_params(plan))
         b.add("backward.embedding", m, moves, [], work)

@@ -342,3 +342,49 @@ def test_every_overlap_window_names_a_kernel_of_its_phase(tmp_path):
                 for move in phase.moves:
                     if move.window and not move.window.startswith("@"):
                         assert move.window in kernels, (plan.name, phase.name, move.window)
+
+
+def test_zero3_gathers_and_reduces_the_parameters_outside_the_layers():
+    """Under ZeRO-3 the embedding, final norm and output layer (FSDP's root unit) are
+    gathered once a micro-batch, held through its backward, and their gradients
+    reduce-scattered at its end. GPT-3 at tp 8: the word embedding is 51200 / 8 x 12288 =
+    78,643,200 parameters a rank; the last stage holds the tied copy and the final
+    LayerNorm's 2 x 12288; bf16 gathers and fp32 gradients over dp 16."""
+    word, norm = 51200 // 8 * 12288, 2 * 12288
+    first, last = derive(make_plan(zero=3, tp=8, pp=2, dp=16)).stages
+
+    def moves(stage, phase):
+        (p,) = [p for p in stage.phases if p.name == phase]
+        return {m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in p.moves if "ZeRO" in m.name}
+
+    assert moves(first, "forward.embedding") == {
+        "embedding parameters (ZeRO-3)": ("all-gather", "dp", 16, 2 * word)
+    }
+    assert moves(first, "backward.embedding") == {
+        "embedding gradients (ZeRO-3)": ("reduce-scatter", "dp", 16, 4 * word)
+    }
+    assert moves(last, "loss") == {
+        "output layer parameters (ZeRO-3)": ("all-gather", "dp", 16, 2 * (word + norm)),
+        "output layer gradients (ZeRO-3)": ("reduce-scatter", "dp", 16, 4 * (word + norm)),
+    }
+    held = [
+        a
+        for p in first.phases
+        for i in p.instants
+        for a in i.live
+        if a.name.startswith("gathered embedding")
+    ]
+    assert held and all(a.bytes == 2 * word for a in held)
+    (one,) = derive(make_plan(zero=3, tp=8, pp=1, dp=16, global_batch=192)).stages
+    assert moves(one, "forward.embedding") == {
+        "embedding and output layer parameters (ZeRO-3)": (
+            "all-gather",
+            "dp",
+            16,
+            2 * (word + norm),
+        )
+    }
+    assert "loss" in [p.name for p in one.phases] and not moves(one, "loss")
+    # ZeRO-1 holds every parameter, so nothing of this is gathered
+    plain = derive(make_plan(zero=1, tp=8, pp=2, dp=16)).stages[0]
+    assert not moves(plain, "forward.embedding")
