@@ -320,15 +320,12 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
             parts.append(("multi-token prediction projections and norms", mtp * per_rank))
             total += mtp * whole
             # the modules look up the next tokens' embeddings on this stage: a copy of the
-            # first stage's (Megatron-Core builds the whole embedding there), kept in step
-            # like a tied output layer, which already is the word embedding
+            # first stage's, kept in step like a tied output layer, which already is the
+            # word embedding (learned positions, which would need one too, are refused
+            # with multi-token prediction, as Megatron-LM refuses them)
             if not c.first and not m.tied_embeddings:
                 parts.append(("word embedding (copy for multi-token prediction)", -(-word // t)))
                 total += word
-            if not c.first and m.position == "learned":
-                positions = (m.max_positions or plan.batch.seq) * m.hidden
-                parts.append(("position embedding (copy for multi-token prediction)", positions))
-                total += positions
     experts = moe * x.expert_per_rank
     return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts))
 

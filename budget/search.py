@@ -774,11 +774,14 @@ def _keep_heap() -> None:
     glibc's (M_TRIM_THRESHOLD -1, M_TOP_PAD -2, M_MMAP_THRESHOLD -3, malloc.h); elsewhere
     this does nothing."""
     import ctypes
+    import sys
 
+    if not sys.platform.startswith("linux"):
+        return
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, libc's among them
-    except (OSError, AttributeError):
-        return
+    except (OSError, AttributeError, TypeError):
+        return  # musl and other C libraries without it
     mallopt(-3, 4 * 2**20)  # allocations under 4 MiB come from the heap
     mallopt(-1, 256 * 2**20)  # keep up to 256 MiB free at its top
     mallopt(-2, 64 * 2**20)  # and grow it 64 MiB at a time

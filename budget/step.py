@@ -612,7 +612,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     par = plan.parallel
     gathered = _root_params(b) * DTYPE_BYTES[plan.precision.param_gather]
     held = Alloc(
-        "gathered embedding / output layer (ZeRO-3, held through the micro-batch)",
+        f"gathered {_root_name(b)} parameters (ZeRO-3, held through the micro-batch)",
         "transient",
         gathered,
     )
@@ -874,25 +874,32 @@ def _root_params(b: _StageBuilder) -> Any:
     return b.params.per_rank - layers
 
 
+def _root_name(b: _StageBuilder) -> str:
+    """What the stage holds outside its layers, for labels: the embedding, the head (final
+    norm, output layer and any multi-token prediction projections and embedding copy), or
+    both."""
+    return "embedding+head" if b.first and b.last else ("embedding" if b.first else "head")
+
+
 def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
-    """ZeRO-3 / FSDP of the parameters outside the layers (`_root_params`), which PyTorch
-    FSDP wraps in the root unit around the per-layer units (Zhao et al., arXiv 2304.11277,
-    section 3.2): gathered once at the start of each micro-batch's forward and kept through
-    its backward (the root is not resharded after forward), their gradients
-    reduce-scattered when its backward ends. The stage's first kernel needs the gather and
-    the next micro-batch's the reduction, so both are exposed."""
+    """ZeRO-3 of the parameters outside the layers (`_root_params`) as PyTorch FSDP runs
+    them: the root unit around the per-layer units (Zhao et al., arXiv 2304.11277, section
+    3.2), gathered once at the start of each micro-batch's forward and kept through its
+    backward (FSDP does not reshard the root after forward), its gradients reduce-scattered
+    when that unit's backward is done. On a stage with the embedding that is at the very
+    end of the backward, where FSDP waits for it (exposed); on a last-only stage the head's
+    gradients are ready after the loss and reduce behind the layers' backward (hidden under
+    `overlap.dp_grads`). The gather is exposed: the stage's first kernel needs it. DeepSpeed
+    ZeRO-3 differs (it fetches and prefetches on use, keeps small parameters such as norms
+    whole and overlaps its reductions), so for it both are pessimistic."""
     plan = b.plan
     par, prec = plan.parallel, plan.precision
     n = _root_params(b)
     ranks = par.dp * par.cp
-    name = (
-        "embedding and output layer"
-        if b.first and b.last
-        else ("embedding" if b.first else "output layer")
-    )
+    name = _root_name(b)
     if backward:
         move = Move(
-            f"{name} gradients (ZeRO-3)",
+            f"{name} gradients",
             "reduce-scatter",
             "dp",
             ranks,
@@ -900,11 +907,21 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
             n * DTYPE_BYTES[prec.grads],
             "partial",
             "shard(0)",
-            rule="ZeRO-3 gradient reduce-scatter: exposed, at the end of the backward",
+            rule="ZeRO-3, FSDP's root unit (the layers' outside): exposed, FSDP waits for "
+            "its gradients as the backward ends",
         )
+        if not b.first:
+            move = hide(
+                move,
+                "@backward-microbatch",
+                "dp_grads",
+                "ZeRO-3, FSDP's root unit (the layers' outside): reduced once the loss's "
+                "backward is done; exposed unless overlap.dp_grads runs it behind the "
+                "layers' backward",
+            )
     else:
         move = Move(
-            f"{name} parameters (ZeRO-3)",
+            f"{name} weights",
             "all-gather",
             "dp",
             ranks,
@@ -912,9 +929,21 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
             n * DTYPE_BYTES[prec.param_gather],
             "shard(0)",
             "replicate",
-            rule="ZeRO-3 gather: exposed, the stage's first kernel needs it",
+            rule="ZeRO-3, FSDP's root unit (the layers' outside): gathered as the "
+            "micro-batch starts on this stage, exposed: its first kernel needs it",
         )
     return when([move], (par.zero == 3) & (ranks > 1) & (n > 0))
+
+
+def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
+    """The head's unsharded gradient under ZeRO-3 (the output layer's, or the tied
+    embedding's), which exists from the loss's backward until the root unit's
+    reduce-scatter (`_zero3_root_moves`), in the compute dtype of the gathered weights."""
+    plan = b.plan
+    par = plan.parallel
+    size = _vocab_params(plan) * DTYPE_BYTES[plan.precision.param_gather]
+    grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
+    return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
 
 def _zero3_transients(plan: Plan, layer: _Layer, block: str) -> list[Alloc]:
@@ -1191,7 +1220,7 @@ def _backward(b: _StageBuilder) -> None:
     par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
-    saved = [*b.resident, *b.extra_saved, b.earlier, *b.current_layer]
+    saved = [*b.resident, *b.extra_saved, *_zero3_root_grads(b), b.earlier, *b.current_layer]
     blocks = b.layer.blocks
     grad_out = Alloc(
         "output gradient",
@@ -1463,6 +1492,8 @@ def _reduce(b: _StageBuilder) -> None:
     shared = m.tied_embeddings or mtp_layers(plan) > 0
     if shared and b.pipelined and (b.first or b.last):
         word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
+        # under ZeRO-3 each copy's gradient is already reduce-scattered: a shard each
+        word = vwhere(holds(par.zero == 3), -(-word // (par.dp * par.cp)), word)
         b.add(
             "embedding.grads",
             1,

@@ -7,7 +7,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from budget import flops
+from budget.errors import BudgetError
 from budget.layers import class_params, mtp_layers, mtp_total, stage_classes
 from budget.pipeline import build_report
 from budget.plan.hf_config import IGNORED, translate
@@ -233,19 +236,27 @@ def test_two_modules_without_sequence_parallelism(tmp_path: Path) -> None:
     assert kept.count == 1  # the second module's head holds the first's
 
 
-def test_tied_embeddings_and_learned_positions_on_the_last_stage(tmp_path: Path) -> None:
-    """pp 2: with a tied output layer the last stage's copy already is the word
-    embedding, so no second copy; learned positions need their own copy there (4096 x
-    4096 parameters, replicated over tp)."""
+def test_tied_embeddings_on_the_last_stage_and_learned_positions_refused(tmp_path: Path) -> None:
+    """pp 2: with a tied output layer the last stage's copy already is the word embedding,
+    so no second copy. Learned positions are refused with the modules, as Megatron-LM
+    refuses them (the modules embed tokens shifted by one position)."""
     path = tmp_path / "tied.yaml"
-    model = "{preset: llama3-8b, mtp_layers: 1, tied_embeddings: true, position: learned}"
+    model = "{preset: llama3-8b, mtp_layers: 1, tied_embeddings: true}"
     text = TRAIN.format(model=model, tp=8, pp=2, sp="true", split="", batch=8, nodes=4)
     path.write_text(text.replace(", ep: 2", ""), encoding="utf-8")
     plan = load_plan(path)
     last = dict(class_params(plan, stage_classes(plan)[-1]).parts)
     assert "word embedding (copy for multi-token prediction)" not in last
     assert last["output layer (tied copy)"] == 128256 * 4096 // 8
-    assert last["position embedding (copy for multi-token prediction)"] == 4096 * 4096
+    learned = tmp_path / "learned.yaml"
+    learned.write_text(
+        path.read_text().replace("tied_embeddings: true}", "position: learned}"), "utf-8"
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(learned)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.model.mtp_layers"
+    assert "learned" in problem.message
 
 
 def test_the_main_head_peaks_with_the_module_softmax_kept(tmp_path: Path) -> None:

@@ -352,39 +352,71 @@ def test_zero3_gathers_and_reduces_the_parameters_outside_the_layers():
     LayerNorm's 2 x 12288; bf16 gathers and fp32 gradients over dp 16."""
     word, norm = 51200 // 8 * 12288, 2 * 12288
     first, last = derive(make_plan(zero=3, tp=8, pp=2, dp=16)).stages
-
-    def moves(stage, phase):
-        (p,) = [p for p in stage.phases if p.name == phase]
-        return {m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in p.moves if "ZeRO" in m.name}
-
     assert moves(first, "forward.embedding") == {
-        "embedding parameters (ZeRO-3)": ("all-gather", "dp", 16, 2 * word)
+        "embedding weights": ("all-gather", "dp", 16, 2 * word)
     }
     assert moves(first, "backward.embedding") == {
-        "embedding gradients (ZeRO-3)": ("reduce-scatter", "dp", 16, 4 * word)
+        "embedding gradients": ("reduce-scatter", "dp", 16, 4 * word)
     }
     assert moves(last, "loss") == {
-        "output layer parameters (ZeRO-3)": ("all-gather", "dp", 16, 2 * (word + norm)),
-        "output layer gradients (ZeRO-3)": ("reduce-scatter", "dp", 16, 4 * (word + norm)),
+        "head weights": ("all-gather", "dp", 16, 2 * (word + norm)),
+        "head gradients": ("reduce-scatter", "dp", 16, 4 * (word + norm)),
     }
-    held = [
+    # the first stage's reduction ends its backward; the head's may hide behind it
+    (head,) = [m for p in last.phases for m in p.moves if m.name == "head gradients"]
+    assert (head.window, head.flag) == ("@backward-microbatch", "dp_grads")
+    held = [a for p in first.phases for i in p.instants for a in i.live if "held" in a.name]
+    assert held and all(a.bytes == 2 * word for a in held)
+    # the head's unsharded gradient (bf16, as computed) lives through the last backward
+    grads = [
         a
-        for p in first.phases
+        for p in last.phases
+        if p.name.startswith("backward")
         for i in p.instants
         for a in i.live
-        if a.name.startswith("gathered embedding")
+        if a.name.startswith("head gradients")
     ]
-    assert held and all(a.bytes == 2 * word for a in held)
+    assert grads and all(a.bytes == 2 * word for a in grads)
     (one,) = derive(make_plan(zero=3, tp=8, pp=1, dp=16, global_batch=192)).stages
     assert moves(one, "forward.embedding") == {
-        "embedding and output layer parameters (ZeRO-3)": (
-            "all-gather",
-            "dp",
-            16,
-            2 * (word + norm),
-        )
+        "embedding+head weights": ("all-gather", "dp", 16, 2 * (word + norm))
     }
     assert "loss" in [p.name for p in one.phases] and not moves(one, "loss")
-    # ZeRO-1 holds every parameter, so nothing of this is gathered
-    plain = derive(make_plan(zero=1, tp=8, pp=2, dp=16)).stages[0]
-    assert not moves(plain, "forward.embedding")
+    # the group is dp x cp; ZeRO-1 and ZeRO-2 hold every parameter, dp 1 has no group
+    (cp,) = derive(make_plan(zero=3, tp=8, pp=1, dp=8, cp=2, global_batch=192)).stages
+    assert moves(cp, "forward.embedding")["embedding+head weights"][2] == 16
+    for zero, dp in ((1, 16), (2, 16), (3, 1)):
+        plain = derive(make_plan(zero=zero, tp=8, pp=2, dp=dp, global_batch=192)).stages[0]
+        assert not moves(plain, "forward.embedding"), (zero, dp)
+
+
+def test_zero3_root_of_an_moe_model_leaves_out_its_layers(tmp_path):
+    """Mixtral 8x7B at tp 2, pp 4 under ZeRO-3: the first stage's root is its word
+    embedding, 32000 / 2 x 4096 = 65,536,000 parameters; the last stage's the output layer
+    and the final RMSNorm's 4096 (not the MoE layers: each has its own gathers); the middle
+    stages have none. Gathered in the plan's bf16, gradients reduced in fp32."""
+    from pathlib import Path
+
+    from budget.plan.load import load_plan
+
+    text = (Path(__file__).parents[1] / "plans" / "mixtral-8x7b.yaml").read_text("utf-8")
+    path = tmp_path / "mixtral.yaml"
+    path.write_text(text.replace("  zero: 1\n", "  zero: 3\n", 1), "utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.zero == 3 and plan.parallel.tp == 2
+    stages = derive(plan).stages
+    word = 32000 // 2 * 4096
+    assert moves(stages[0], "forward.embedding")["embedding weights"][3] == (2 * word)
+    head = moves(stages[-1], "loss")
+    assert head["head weights"][3] == 2 * (word + 4096)
+    assert head["head gradients"][3] == 4 * (word + 4096)
+    for middle in stages[1:-1]:
+        assert not [m for p in middle.phases for m in p.moves if "root unit" in m.rule]
+
+
+def moves(stage, phase):
+    """The FSDP-root moves of `phase` on `stage`: name -> (op, group, ranks, S bytes)."""
+    (p,) = [p for p in stage.phases if p.name == phase]
+    return {
+        m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in p.moves if "root unit" in m.rule
+    }

@@ -956,6 +956,14 @@ class _Checks:
 
     def positions(self) -> None:
         m, seq = self.model, self.batch.seq
+        if m.position == "learned" and m.mtp_layers:
+            self.r.error(
+                "$.model.mtp_layers",
+                f"model.mtp_layers = {m.mtp_layers} with learned position embeddings: "
+                "multi-token prediction shifts the tokens it embeds by one position per "
+                "module, which Megatron-LM supports with rotary or no position embeddings "
+                "only (it refuses learned_absolute); use position: rope or mtp_layers: 0",
+            )
         if m.position == "learned" and 0 < m.max_positions < seq:
             self.r.error(
                 "$.model.max_positions",
