@@ -234,6 +234,13 @@ def test_two_modules_without_sequence_parallelism(tmp_path: Path) -> None:
     assert saved.bytes == 2 * 6 * 2 * 4096 * 4096
     (kept,) = [a for a in phase.instants[0].live if a.name.startswith("softmax")]
     assert kept.count == 1  # the second module's head holds the first's
+    # full recompute re-gathers the projection's output; its input needs no gather
+    full = tmp_path / "full.yaml"
+    full.write_text(path.read_text().replace("recompute: none", "recompute: full"), "utf-8")
+    (again,) = [p for p in derive(load_plan(full)).stages[0].phases if p.name == "mtp"]
+    names = {m.name for m in again.moves}
+    assert "multi-token prediction projection output (recomputed)" in names
+    assert not [n for n in names if "recomputed forward" in n]
 
 
 def test_tied_embeddings_on_the_last_stage_and_learned_positions_refused(tmp_path: Path) -> None:

@@ -385,6 +385,10 @@ def test_zero3_gathers_and_reduces_the_parameters_outside_the_layers():
     # the group is dp x cp; ZeRO-1 and ZeRO-2 hold every parameter, dp 1 has no group
     (cp,) = derive(make_plan(zero=3, tp=8, pp=1, dp=8, cp=2, global_batch=192)).stages
     assert moves(cp, "forward.embedding")["embedding+head weights"][2] == 16
+    # gathered in the gather dtype, whatever the sharded parameters are kept in
+    fp32 = Precision(params="fp32", master=None, param_gather="bf16")
+    kept = derive(make_plan(zero=3, tp=8, pp=2, dp=16, precision=fp32)).stages[0]
+    assert moves(kept, "forward.embedding")["embedding weights"][3] == 2 * word
     for zero, dp in ((1, 16), (2, 16), (3, 1)):
         plain = derive(make_plan(zero=zero, tp=8, pp=2, dp=dp, global_batch=192)).stages[0]
         assert not moves(plain, "forward.embedding"), (zero, dp)
