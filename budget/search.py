@@ -769,8 +769,9 @@ def _keep_heap() -> None:
     numpy temporaries (arrays of one number per configuration, about 130 KB at 16,384
     configurations: right at malloc's default 128 KiB mmap and trim thresholds, so each
     one was mapped or the heap trimmed and its pages faulted back in). Measured on the
-    GPT-3 sweep of `make bench`: 821,000 minor page faults and 102,000 layouts/s with the
-    defaults, 54,000 and 166,000 with these, at the same peak RSS (223 MiB). `mallopt` is
+    GPT-3 sweep of `make bench` (one search in a fresh process): 250,000 minor page faults
+    and 98,000 layouts/s with the defaults, 53,000 and 132,000–145,000 with these, at the
+    same peak RSS (222 MiB). `mallopt` is
     glibc's (M_TRIM_THRESHOLD -1, M_TOP_PAD -2, M_MMAP_THRESHOLD -3, malloc.h); elsewhere
     this does nothing."""
     import ctypes
