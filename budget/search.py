@@ -27,7 +27,7 @@ import numpy as np
 
 from budget.check import Limits
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
-from budget.layers import StageClass, stage_classes
+from budget.layers import StageClass, mtp_layers, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import move_kind, move_span, step_time
@@ -353,16 +353,26 @@ def _flat(plan: Plan) -> Schedule:
 
 
 @cache
-def split(layers: int, pp: int, v: int) -> tuple[int, ...] | None:
+def split(layers: int, pp: int, v: int, tail: int = 0) -> tuple[int, ...] | None:
     """Layers per pipeline chunk: even when they divide (None), otherwise as even as
     possible with the extra layers on the middle chunks, since the first and last stages
-    also hold the embedding and the loss (Llama 3, arXiv 2407.21783, section 3.3.2)."""
+    also hold the embedding and the loss (Llama 3, arXiv 2407.21783, section 3.3.2).
+
+    `tail` layers run after the last chunk on its stage (multi-token prediction modules,
+    `layers.mtp_layers`): they are split as layers of the last chunk, which then holds
+    that many fewer of the model's (Megatron-LM's ``--decoder-last-pipeline-num-layers``
+    is how such a split is asked for), as long as it keeps one."""
     chunks = pp * v
-    if layers % chunks == 0:
+    total = layers + tail
+    if total % chunks == 0 and tail == 0:
         return None
-    base, extra = divmod(layers, chunks)
+    base, extra = divmod(total, chunks)
     middle = sorted(range(chunks), key=lambda i: (abs(2 * i - (chunks - 1)), i))[:extra]
-    return tuple(base + (i in middle) for i in range(chunks))
+    sizes = [base + (i in middle) for i in range(chunks)]
+    sizes[-1] -= tail
+    if sizes[-1] < 1:
+        return split(layers, pp, v)
+    return tuple(sizes)
 
 
 def structure(plan: Plan, cols: Columns) -> np.ndarray:
@@ -425,7 +435,7 @@ def _pipeline(plan: Plan, schedule: Schedule, pp: int, v: int) -> Pipeline:
         plan.parallel.pipeline,
         schedule=schedule,
         virtual_stages=v,
-        layers_per_stage=split(plan.model.layers, pp, v),
+        layers_per_stage=split(plan.model.layers, pp, v, mtp_layers(plan)),
     )
 
 

@@ -533,3 +533,35 @@ def test_scatter_gather_layouts_budget_exactly_as_searched(gpt3):
             assert result.step_time_s < whole
         else:
             assert _relative(whole, result.step_time_s) < 1e-9
+
+
+def test_multi_token_prediction_counts_as_a_layer_of_the_last_chunk(tmp_path):
+    """DeepSeek-V3's 61 layers and one multi-token prediction module over 16 stages: 62
+    over 16 is 3 with 14 left, which go to the middle stages; the last stage then keeps 3 - 1
+    of the model's layers, so it runs 3 with the module's. Without the module, 61 over 16
+    gives the last stage 3. Sweeps with it still budget exactly as `budget` does alone."""
+    from budget.search import split
+
+    assert split(61, 16, 1, 1) == (3, *[4] * 14, 2)
+    assert split(61, 16, 1) == (3, *[4] * 13, 3, 3)
+    assert split(32, 4, 1, 2) == (8, 9, 9, 6)
+    assert split(4, 4, 1, 1) is None  # the last stage keeps a layer of the model's
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text("utf-8")
+    path = tmp_path / "mtp.yaml"
+    path.write_text(text.replace("  experts:", "  mtp_layers: 1\n  experts:", 1), "utf-8")
+    plan = load_plan(path)
+    assert plan.model.mtp_layers == 1
+    space = Space(tp=(2,), ep=(8,), micro=(1,), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 128, space, keep=200)
+    deep = [r for r in outcome.results if r.config.pp > 1]
+    assert {r.config.pp for r in deep} >= {4, 8}
+    for result in deep[:6]:
+        written = apply(plan, result.config, 128)
+        sizes = written.parallel.pipeline.layers_per_stage
+        chunks = result.config.pp * result.config.virtual_stages
+        assert sizes == split(32, result.config.pp, result.config.virtual_stages, 1)
+        if 32 // chunks > 1:  # else the last chunk keeps its one layer: an even split
+            assert sizes is not None and sizes[-1] == 32 // chunks - 1
+        report = build_report(written)
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
