@@ -377,15 +377,14 @@ def _mtp_flops_per_token(plan: Plan) -> int:
     FLOPs the way NeMo Automodel's ``flops_utils`` counts them (per module: its layer, its
     2·hidden → hidden projection and one more output layer pass, each 6 FLOPs per weight and
     token), with the layer's top-k experts and its attention products as in the main model."""
-    from budget.layers import layer_params, moe_layers, mtp_layers, mtp_params
+    from budget.layers import mtp_layer_params, mtp_layers, mtp_params
 
     d = mtp_layers(plan)
     if not d:
         return 0
     m = plan.model
-    moe = m.experts is not None and moe_layers(plan)[-1]
-    x = layer_params(plan, moe=moe)
-    experts = x.expert_total * m.experts.top_k // m.experts.count if moe and m.experts else 0
+    x = mtp_layer_params(plan)
+    experts = x.expert_total * m.experts.top_k // m.experts.count if m.experts else 0
     weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
     pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
     return d * (6 * weights + 3 * pairs)

@@ -183,14 +183,19 @@ def mtp_params(plan: Plan) -> tuple[int, int]:
     return proj + 3 * _norms(plan), -(-proj // plan.parallel.tp) + 3 * _norms(plan)
 
 
+def mtp_layer_params(plan: Plan) -> LayerParams:
+    """The transformer layer of one multi-token prediction module: the kind of the model's
+    last layer (`mtp_layers`)."""
+    return layer_params(plan, moe=moe_layers(plan)[-1])
+
+
 def mtp_total(plan: Plan) -> int:
     """All parameters of the model's multi-token prediction modules (the main model's
     `params_total` leaves them out, as DeepSeek-V3's 671B does)."""
     d = plan.model.mtp_layers
     if not d:
         return 0
-    last_moe = moe_layers(plan)[-1]
-    x = layer_params(plan, moe=last_moe)
+    x = mtp_layer_params(plan)
     return d * (x.total + x.expert_total + mtp_params(plan)[0])
 
 

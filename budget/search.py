@@ -781,9 +781,8 @@ def _keep_heap() -> None:
     one was mapped or the heap trimmed and its pages faulted back in). Measured on the
     GPT-3 sweep of `make bench` (one search in a fresh process): 250,000 minor page faults
     and 98,000 layouts/s with the defaults, 53,000 and 132,000–145,000 with these, at the
-    same peak RSS (222 MiB). `mallopt` is
-    glibc's (M_TRIM_THRESHOLD -1, M_TOP_PAD -2, M_MMAP_THRESHOLD -3, malloc.h); elsewhere
-    this does nothing."""
+    same peak RSS (222 MiB). `mallopt` is glibc's (M_TRIM_THRESHOLD -1, M_TOP_PAD -2,
+    M_MMAP_THRESHOLD -3, malloc.h); elsewhere this does nothing."""
     import ctypes
     import sys
 

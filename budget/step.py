@@ -867,10 +867,10 @@ def _root_params(b: _StageBuilder) -> Any:
     """Parameters a rank of the stage holds outside its transformer layers: the embedding
     on the first stage; the final norm, the output layer and the multi-token prediction
     projections on the last (`layers.class_params`)."""
-    plan = b.plan
-    layers = b.dense * layer_params(plan).per_rank
+    whole = b.layer.per_rank  # a whole layer's non-expert parameters on one rank, by kind
+    layers = b.dense * whole["mlp"]
     if b.has_moe:
-        layers = layers + b.moe * layer_params(plan, moe=True).per_rank
+        layers = layers + b.moe * whole["moe"]
     return b.params.per_rank - layers
 
 

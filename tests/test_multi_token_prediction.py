@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +25,8 @@ TRAIN = """\
 name: deepseek-v3-mtp
 model: {model}
 batch: {{seq: 4096, micro: 1, global: {batch}}}
-parallel: {{tp: {tp}, pp: {pp}, dp: 2, ep: 2, sequence_parallel: {sp}{split}}}
-recompute: full
+parallel: {{tp: {tp}, pp: {pp}, dp: 2{ep}, sequence_parallel: {sp}{split}}}
+recompute: {recompute}
 device: {{preset: h100-sxm}}
 topology: {{preset: dgx-h100, nodes: {nodes}}}
 """
@@ -56,26 +57,33 @@ MODULE = (
 )
 
 
-def _plan(
-    tmp_path: Path,
+def _text(
     model: str = "{preset: deepseek-v3}",
     tp: int = 8,
     pp: int = 1,
     sp: bool = True,
-    name: str = "plan.yaml",
-):
-    split = ", pipeline: {layers_per_stage: [31, 30]}" if pp == 2 else ""
-    text = TRAIN.format(
+    recompute: str = "full",
+) -> str:
+    """A training plan on 2 x pp x tp H100s; DeepSeek-V3 (the default) with ep 2 and its 61
+    layers split 31 + 30 over two stages, a dense model without experts."""
+    moe = "deepseek-v3" in model
+    split = ", pipeline: {layers_per_stage: [31, 30]}" if pp == 2 and moe else ""
+    return TRAIN.format(
         model=model,
         tp=tp,
         pp=pp,
+        ep=", ep: 2" if moe else "",
         sp=str(sp).lower(),
         split=split,
+        recompute=recompute,
         batch=8 if pp == 2 else 2,
         nodes=2 * pp * tp // 8 or 1,
     )
+
+
+def _plan(tmp_path: Path, name: str = "plan.yaml", **plan: Any):
     path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
+    path.write_text(_text(**plan), encoding="utf-8")
     return load_plan(path)
 
 
@@ -205,18 +213,8 @@ def test_two_modules_without_sequence_parallelism(tmp_path: Path) -> None:
     under tp needs it), no recompute: two module passes a micro-batch; the lookup and the
     projection's input gradient are all-reduced, only the output is gathered; each module
     keeps 6 hidden-wide tensors a token, 2 x 6 x 2 B x 4096 x 4096 in all."""
-    path = tmp_path / "dense.yaml"
-    text = TRAIN.format(
-        model="{preset: llama3-8b, mtp_layers: 2}",
-        tp=8,
-        pp=1,
-        sp="false",
-        split="",
-        batch=2,
-        nodes=2,
-    )
-    path.write_text(text.replace(", ep: 2", "").replace("full", "none"), encoding="utf-8")
-    plan = load_plan(path)
+    dense = {"model": "{preset: llama3-8b, mtp_layers: 2}", "sp": False}
+    plan = _plan(tmp_path, "dense.yaml", recompute="none", **dense)
     (stage,) = derive(plan).stages
     (phase,) = [p for p in stage.phases if p.name == "mtp"]
     assert phase.count == 2 * plan.microbatches
@@ -235,9 +233,8 @@ def test_two_modules_without_sequence_parallelism(tmp_path: Path) -> None:
     (kept,) = [a for a in phase.instants[0].live if a.name.startswith("softmax")]
     assert kept.count == 1  # the second module's head holds the first's
     # full recompute re-gathers the projection's output; its input needs no gather
-    full = tmp_path / "full.yaml"
-    full.write_text(path.read_text().replace("recompute: none", "recompute: full"), "utf-8")
-    (again,) = [p for p in derive(load_plan(full)).stages[0].phases if p.name == "mtp"]
+    full = _plan(tmp_path, "full.yaml", recompute="full", **dense)
+    (again,) = [p for p in derive(full).stages[0].phases if p.name == "mtp"]
     names = {m.name for m in again.moves}
     assert "multi-token prediction projection output (recomputed)" in names
     assert not [n for n in names if "recomputed forward" in n]
@@ -247,20 +244,18 @@ def test_tied_embeddings_on_the_last_stage_and_learned_positions_refused(tmp_pat
     """pp 2: with a tied output layer the last stage's copy already is the word embedding,
     so no second copy. Learned positions are refused with the modules, as Megatron-LM
     refuses them (the modules embed tokens shifted by one position)."""
-    path = tmp_path / "tied.yaml"
     model = "{preset: llama3-8b, mtp_layers: 1, tied_embeddings: true}"
-    text = TRAIN.format(model=model, tp=8, pp=2, sp="true", split="", batch=8, nodes=4)
-    path.write_text(text.replace(", ep: 2", ""), encoding="utf-8")
-    plan = load_plan(path)
+    plan = _plan(tmp_path, "tied.yaml", model=model, pp=2)
     last = dict(class_params(plan, stage_classes(plan)[-1]).parts)
     assert "word embedding (copy for multi-token prediction)" not in last
     assert last["output layer (tied copy)"] == 128256 * 4096 // 8
-    learned = tmp_path / "learned.yaml"
-    learned.write_text(
-        path.read_text().replace("tied_embeddings: true}", "position: learned}"), "utf-8"
-    )
     with pytest.raises(BudgetError) as caught:
-        load_plan(learned)
+        _plan(
+            tmp_path,
+            "learned.yaml",
+            model=model.replace("tied_embeddings: true", "position: learned"),
+            pp=2,
+        )
     (problem,) = caught.value.problems
     assert problem.path == "$.model.mtp_layers"
     assert "learned" in problem.message
@@ -295,10 +290,7 @@ def test_model_flops_count_the_module(tmp_path: Path) -> None:
 def test_serving_runs_no_module(tmp_path: Path) -> None:
     """The module is a draft head for speculative decoding, which is not priced: a decode
     plan of the preset is the same with mtp_layers 0."""
-    text = TRAIN.format(
-        model="{preset: deepseek-v3}", tp=8, pp=1, sp="false", split="", batch=2, nodes=2
-    )
-    text = text.replace(
+    text = _text(sp=False).replace(
         "batch: {seq: 4096, micro: 1, global: 2}",
         "mode: decode\nbatch: {sequences: 64, prompt: 1024, generate: 256}",
     )
