@@ -530,3 +530,36 @@ def test_experts_and_mla_override_a_preset_key_by_key() -> None:
     (problem,) = raised.value.problems
     assert problem.path == "$.model.experts"
     assert "lacks count and top_k" in problem.message
+
+
+def test_h800_is_the_h100_sxm_with_its_own_nvlink() -> None:
+    """The H800 SXM is the H100 SXM with NVLink cut to 400 GB/s both ways (arXiv 2505.09343):
+    every device number is the H100 SXM's. DeepSeek-V3 reaches 160 GB/s of NVLink one way and
+    names IB's 50 GB/s (arXiv 2412.19437, section 3.2.2): 160 of the 200 GB/s line rate."""
+    h800, h100 = DEVICES["h800"], DEVICES["h100-sxm"]
+    assert (h800.flops, h800.memory, h800.memory_bandwidth) == (
+        h100.flops,
+        h100.memory,
+        h100.memory_bandwidth,
+    )
+    assert (h800.gemm, h800.attention, h800.memory_efficiency, h800.kernel_startup) == (
+        h100.gemm,
+        h100.attention,
+        h100.memory_efficiency,
+        h100.kernel_startup,
+    )
+    nvlink, ib = TOPOLOGIES["hgx-h800"].levels
+    assert (nvlink.rate, nvlink.bandwidth) == (200e9, pytest.approx(160e9))
+    assert ib.rate == 50e9 and ib.bandwidth == pytest.approx(40e9)
+    plan = _resolve(
+        _tree(
+            parallel={"tp": 8, "dp": 32},
+            device={"preset": "h800"},
+            topology={"preset": "hgx-h800", "nodes": 32},
+        )
+    )
+    assert plan.topology.gpus == 256 and plan.device.name == "h800"
+    assert [level.bandwidth for level in plan.topology.levels] == [
+        pytest.approx(160e9),
+        pytest.approx(40e9),
+    ]

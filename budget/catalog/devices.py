@@ -52,6 +52,11 @@ reaching half of it. Sources of the calibration, none of them a training run:
 Every device sets ``half_flops = ceiling · peak · ramp``: the ramp time, not the size, carries
 over from the sweep to the sustained ceiling.
 
+The H800 SXM (DeepSeek-V3's GPU) is the H100 SXM with its NVLink cut from 900 to 400 GB/s
+and its FP64 cut, "based on the Hopper architecture, similar to the H100 GPU" (Zhao et al.,
+"Insights into DeepSeek-V3", arXiv 2505.09343): it takes every number of the H100 SXM; its
+NVLink is the topology's (`budget.catalog.topologies`, ``hgx-h800``).
+
 Memory-bound kernels (``memory_efficiency``) run at the fraction of the datasheet HBM
 bandwidth that BabelStream's four streaming kernels (copy, mul, add, triad; the dot
 reduction left out) reach on average, as Azure's AI-benchmarking-guide publishes them (one
@@ -310,6 +315,20 @@ DEVICES: dict[str, DevicePreset] = {
             fp8=(_GH100_FP8_SUSTAINED, 1513 * T),
         ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
+        memory_efficiency=_H100_STREAM,
+        attention=_H100_ATTENTION,
+        kernel_startup=_GH100_STARTUP,
+    ),
+    "h800": DevicePreset(
+        "h800",
+        80 * GiB,
+        _H100_SXM_FLOPS,
+        3.35e12,
+        _H100_GEMM,
+        'Zhao et al. (DeepSeek-AI), "Insights into DeepSeek-V3" (arXiv 2505.09343): '
+        "the H800 SXM is the Hopper H100 SXM with NVLink cut from 900 to 400 GB/s "
+        "and FP64 cut (neither enters here); tensor-core peaks, 80GB HBM3 at 3.35 TB/s and the "
+        "GEMM, attention and streaming calibration of the H100 SXM (same die and memory)",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,

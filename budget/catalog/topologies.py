@@ -14,7 +14,11 @@ observe as BusBw when running non-allreduce operations, or when running with
 NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024): 370 / 450 = 0.822. Azure's
 H100 and H200 runs reach 479-480 GB/s at 8 GB, above the link, because NVLink SHARP (NVLS)
 reduces inside the switch, which a ring does not model. NVLink 5 has no published figure
-found: it takes NVLink 4's share, the nearest generation. No verified busbw table for
+found: it takes NVLink 4's share, the nearest generation. The H800's NVLink (400 GB/s
+bidirectional, 200 one way, against the H100's 900) has its users' own figure: "NVLink
+offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (DeepSeek-V3
+technical report, arXiv 2412.19437, section 3.2.2; IB's 50 GB/s is the 400 Gb/s line rate one
+way, so 160 GB/s is read as the one-way rate reached), 160 / 200 = 0.80. No verified busbw table for
 InfiniBand was found: IB levels take 0.80, an assumption.
 
 Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand. The
@@ -29,7 +33,9 @@ Bandwidth by message size. The shares above are the large-message plateau. No si
 alone give 92 % and 98 %. NVLink levels therefore carry a `BandwidthRamp` measured from
 published nccl-tests sweeps (`budget.catalog.nccl_tests`): NVLink 3 from two 8 x A100
 all-reduce runs, NVLink 4 from 8 x H100 ring all-reduce, all-gather and reduce-scatter runs;
-NVLink 5 takes NVLink 4's (no sweep found). InfiniBand levels have none (no complete
+NVLink 5 and the H800's NVLink take NVLink 4's (no sweep found; on the H800 the same
+shares at the same size are pessimistic, since a slower link spends less of a message's
+time in the fixed start-up). InfiniBand levels have none (no complete
 multi-node sweep was found) and run at their plateau at every size.
 """
 
@@ -41,6 +47,7 @@ from budget.catalog.nccl_tests import nvlink_ramp
 from budget.plan.model import BandwidthRamp
 
 __all__ = [
+    "H800_NVLINK_FRACTION",
     "IB_FRACTION",
     "NVLINK3_FRACTION",
     "NVLINK4_FRACTION",
@@ -53,6 +60,7 @@ __all__ = [
 GB = 1e9
 NVLINK3_FRACTION = 231.58 / 300  # nccl-tests all_reduce busbw, 8 x A100 (module docstring)
 NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstring)
+H800_NVLINK_FRACTION = 160 / 200  # DeepSeek-V3's achieved NVLink rate on H800 (docstring)
 IB_FRACTION = 0.80  # assumption (module docstring)
 NVLINK_LATENCY = 3e-6  # assumption (module docstring)
 IB_LATENCY = 10e-6  # assumption (module docstring)
@@ -103,6 +111,8 @@ def _ib(gbit: float, source: str, size: int | None = None, name: str = "infiniba
 
 
 _DGX_A100 = "NVIDIA DGX A100 datasheet"
+_H800 = 'Zhao et al. (DeepSeek-AI), "Insights into DeepSeek-V3" (arXiv 2505.09343), H800 node'
+_DSV3 = "DeepSeek-V3 technical report (arXiv 2412.19437)"
 _DGX_H100 = "NVIDIA DGX H100 datasheet"
 
 TOPOLOGIES: dict[str, TopologyPreset] = {
@@ -154,6 +164,24 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
             _ib(400, "NVIDIA DGX H200 datasheet: 8 x ConnectX-7 400 Gb/s NDR InfiniBand"),
         ),
         "NVIDIA DGX H200 datasheet",
+    ),
+    "hgx-h800": TopologyPreset(
+        "hgx-h800",
+        8,
+        (
+            # NVLink 4 with fewer links: 400 GB/s bidirectional per GPU (arXiv 2505.09343),
+            # of which DeepSeek-V3 reaches 160 GB/s one way (arXiv 2412.19437, section 3.2.2).
+            _nvlink(
+                200,
+                8,
+                f"{_H800}: NVLink 400 GB/s bidirectional per GPU; {_DSV3}: 160 GB/s achieved",
+                H800_NVLINK_FRACTION,
+                _NVLINK4_RAMP,
+            ),
+            # Eight 400 Gb/s ConnectX-7 InfiniBand NICs per node, one per GPU.
+            _ib(400, f"{_H800}: 8 x 400 Gb/s ConnectX-7 InfiniBand per node"),
+        ),
+        f"{_H800}; {_DSV3}",
     ),
     "gb200-nvl72": TopologyPreset(
         "gb200-nvl72",
