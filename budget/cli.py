@@ -317,6 +317,23 @@ def roofline_command(
     render_roofline(_stdout(), result, fmt.value)
 
 
+@app.command("presets")
+def presets_command(
+    kind: Annotated[
+        str | None,
+        typer.Argument(help="devices, topologies or models; all three when left out."),
+    ] = None,
+    fmt: FormatOption = Format.table,
+) -> None:
+    """The catalogue: every device, topology and model preset, its numbers and sources."""
+    from budget.presets import KINDS, catalogue
+    from budget.render.presets import render_presets
+
+    if kind is not None and kind not in KINDS:
+        raise _usage(f"unknown preset kind {kind!r}; choose one of {', '.join(KINDS)}")
+    render_presets(_stdout(), catalogue(kind), fmt.value)
+
+
 @app.command("validate-model")
 def validate_model_command(
     fmt: FormatOption = Format.table,

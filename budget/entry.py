@@ -23,6 +23,7 @@ COMMANDS = frozenset(
         "search",
         "plot",
         "validate-model",
+        "presets",
     }
 )
 FORMATS = ("table", "json", "markdown")

@@ -3,7 +3,8 @@
 A preset is the tree a person would have written under `model:`; the plan's own keys next to
 `preset:` override it, and `budget.plan.resolve` builds the `Model` from the merge exactly as
 from a hand-written section. DeepSeek-V3's multi-head latent attention is written out in
-``mla:``; its multi-token prediction module is left out, as its parameter count is.
+``mla:``; its multi-token prediction module is ``mtp_layers: 1``, whose parameters a report
+counts apart from the 671 B, as the model card does.
 """
 
 from __future__ import annotations

@@ -13,12 +13,16 @@ from budget.units import format_bytes, format_duration, format_rate
 if TYPE_CHECKING:
     from budget.report import Report
 
+__all__ = ["markdown_table", "render_markdown"]
+
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
-def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+def markdown_table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """A GitHub-flavoured table, the columns numbered in `right` aligned right, then a blank
+    line."""
     align = ["---:" if i in right else "---" for i in range(len(head))]
     return [_row(head), "| " + " | ".join(align) + " |", *(_row(r) for r in rows), ""]
 
@@ -49,7 +53,7 @@ def render_markdown(report: Report) -> str:
     lines.append("### Memory per rank of each pipeline stage, at its peak")
     lines.append("")
     columns = _columns(report, wide=True)
-    lines += _table(
+    lines += markdown_table(
         [
             "stage",
             "layers",
@@ -75,7 +79,7 @@ def render_markdown(report: Report) -> str:
     )
     lines.append(f"### Alive at the peak of stage {worst.stage}")
     lines.append("")
-    lines += _table(
+    lines += markdown_table(
         ["allocation", "placement", "kind", "copies", "bytes"],
         [
             [o.tensor, o.placement, o.category, f"{o.count:,}", b(o.bytes)]
@@ -85,7 +89,7 @@ def render_markdown(report: Report) -> str:
     )
     lines.append("### Phases (per rank, on the stage where each costs most)")
     lines.append("")
-    lines += _table(
+    lines += markdown_table(
         [
             "phase",
             "count",
@@ -113,7 +117,7 @@ def render_markdown(report: Report) -> str:
     )
     lines.append("### Collectives (bytes per rank per call; times per call)")
     lines.append("")
-    lines += _table(
+    lines += markdown_table(
         [
             "phase",
             "transition",
@@ -163,7 +167,7 @@ def render_markdown(report: Report) -> str:
     lines.append("### Links (per GPU, one direction)")
     lines.append("")
     ramped = any(link.get("ramp") for link in report.links)
-    lines += _table(
+    lines += markdown_table(
         ["level", "GPUs per domain", "B_eff", "α per step", *([RAMP_HEADER] if ramped else [])],
         [
             [

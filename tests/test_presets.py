@@ -1,0 +1,111 @@
+"""`budget presets`: the catalogue as users read it, its numbers checked against the
+published figures they come from, in every format and at terminal widths."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from budget.catalog import DEVICES, MODELS, TOPOLOGIES
+from budget.cli import app
+from budget.entry import COMMANDS, route
+from budget.presets import catalogue
+from budget.render.presets import render_presets
+
+runner = CliRunner()
+
+
+def test_every_cli_command_is_routed_as_a_command() -> None:
+    """`budget NAME` runs plan NAME unless NAME is a command: a command missing from
+    `entry.COMMANDS` would read as a plan file (`budget presets` did, before it was added)."""
+    names = {c.name for c in app.registered_commands if c.name}
+    assert names <= COMMANDS
+    assert route(["presets", "models"]) == ["presets", "models"]
+
+
+def test_catalogue_lists_every_preset_once() -> None:
+    data = catalogue()
+    assert [d["name"] for d in data["devices"]] == list(DEVICES)
+    assert [t["name"] for t in data["topologies"]] == list(TOPOLOGIES)
+    assert [m["name"] for m in data["models"]] == list(MODELS)
+    assert list(catalogue("models")) == ["models"]
+
+
+def test_model_parameters_are_the_published_counts() -> None:
+    """Exact parameter counts of the released checkpoints (Hugging Face model pages):
+    Meta-Llama-3-8B 8,030,261,248; Meta-Llama-3-70B 70,553,706,496; Mixtral-8x7B
+    46,702,792,704, of which 12.9 B active with 2 of 8 experts (Jiang et al., arXiv
+    2401.04088: "13B active parameters"); DeepSeek-V3 671 B with 37 B activated (arXiv
+    2412.19437, section 1) and 11,610,067,968 in its multi-token prediction module
+    (`test_multi_token_prediction`)."""
+    models = {m["name"]: m for m in catalogue("models")["models"]}
+    assert models["llama3-8b"]["params"] == 8_030_261_248
+    assert models["llama3-70b"]["params"] == 70_553_706_496
+    mixtral = models["mixtral-8x7b"]
+    assert mixtral["params"] == 46_702_792_704
+    # active: all but 6 of each layer's 8 experts; an expert is 3 · 4096 · 14336 weights
+    assert mixtral["active_params"] == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336
+    v3 = models["deepseek-v3"]
+    assert round(v3["params"] / 1e9) == 671 and round(v3["active_params"] / 1e9) == 38
+    assert v3["mtp_params"] == 11_610_067_968 and v3["mla"]
+    assert v3["experts"] == {"count": 256, "top_k": 8, "ffn": 2048, "shared_ffn": 2048}
+    assert models["llama3-8b"]["experts"] is None and models["llama3-8b"]["mtp_params"] == 0
+
+
+def test_device_and_topology_figures_are_the_catalogue_s() -> None:
+    """H100 SXM: 755 TFLOP/s sustained (H200 MSMF); cuDNN attention at 8K keys is the
+    FlashAttention-3 paper's forward 529 and backward 518 TFLOP/s combined as
+    3.5 / (1/529 + 2.5/518) = 521.1 of 989 (52.7 %). H800 NVLink: 160 of 200 GB/s."""
+    devices = {d["name"]: d for d in catalogue("devices")["devices"]}
+    h100 = devices["h100-sxm"]
+    assert h100["gemm"]["ceiling_flops"] == pytest.approx(755e12)
+    assert h100["attention"][0]["kernel"] == "cudnn"
+    assert h100["attention"][0]["fraction_at_8k"] == pytest.approx(521.09 / 989, abs=1e-4)
+    assert h100["memory_bytes"] == 80 * 2**30 and h100["flops"]["fp8"] == 1979e12
+    assert devices["b200"]["attention"] == []  # no measurement: the GEMM curve
+    topologies = {t["name"]: t for t in catalogue("topologies")["topologies"]}
+    nvlink, ib = topologies["hgx-h800"]["levels"]
+    assert (nvlink["rate_Bps"], nvlink["bandwidth_Bps"]) == (200e9, pytest.approx(160e9))
+    assert nvlink["ramp"] and not ib["ramp"] and ib["size"] is None
+
+
+def test_json_is_the_catalogue() -> None:
+    result = runner.invoke(app, ["presets", "--format", "json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == json.loads(json.dumps(catalogue()))
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_table_keeps_every_name_and_figure_whole(width: int) -> None:
+    """Names are typed into plans: none is cut at 80 or 120 columns, and no cell is
+    shortened with an ellipsis; every row's source is printed."""
+    console = Console(width=width, record=True, file=io.StringIO())
+    render_presets(console, catalogue(), "table")
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    for name in [*DEVICES, *TOPOLOGIES, *MODELS]:
+        assert f" {name} " in text
+    assert "hgx-h800 nvlink: " in text and "llama3-8b, llama3-70b, llama3-405b: " in text
+    assert "deepseek-v3 has 11.61 B more in multi-token prediction" in text
+
+
+def test_markdown_has_one_table_per_kind() -> None:
+    result = runner.invoke(app, ["presets", "-f", "markdown"])
+    assert result.exit_code == 0
+    text = result.stdout
+    assert text.count("### ") == 3 and "| hgx-h800 | nvlink | 8 | 200 | 80.0% | 160 |" in text
+    assert "| deepseek-v3 | 671.03 | 37.55 | 61 | 7168 | 128 MLA |" in text
+
+
+def test_unknown_kind_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["presets", "gpus"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert "unknown preset kind 'gpus'; choose one of devices, topologies, models" in (
+        result.stderr
+    )
