@@ -1491,7 +1491,7 @@ def _reduce(b: _StageBuilder) -> None:
     # embedding group all-reduces the two copies' gradients.
     shared = m.tied_embeddings or mtp_layers(plan) > 0
     if shared and b.pipelined and (b.first or b.last):
-        word = -(-m.vocab * m.hidden // par.tp) * DTYPE_BYTES[prec.grads]
+        word = _vocab_params(plan) * DTYPE_BYTES[prec.grads]
         # under ZeRO-3 each copy's gradient is already reduce-scattered: a shard each
         word = vwhere(holds(par.zero == 3), -(-word // (par.dp * par.cp)), word)
         b.add(

@@ -424,3 +424,20 @@ def moves(stage, phase):
     return {
         m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in p.moves if "root unit" in m.rule
     }
+
+
+def test_tied_embedding_grads_all_reduce_the_rank_s_vocab_rows():
+    """Megatron-LM splits the word embedding by whole vocabulary rows (VocabParallelEmbedding):
+    with GPT-2's unpadded 50,257 tokens over tp 8 a rank holds ceil(50,257 / 8) = 6,283 rows
+    of 12,288, and the embedding group all-reduces exactly those fp32 gradients: 6,283 x
+    12,288 x 4 = 308,834,304 B, not ceil(50,257 x 12,288 / 8) x 4 = 308,779,008 B."""
+    plan = make_plan(tp=8, pp=8, dp=16, vocab=50257)
+    phases = [p for s in derive(plan).stages for p in s.phases if p.name == "embedding.grads"]
+    assert len(phases) == 2  # the first stage's copy and the last stage's
+    for phase in phases:
+        (move,) = phase.moves
+        assert (move.name, move.op, move.size_bytes) == (
+            "tied embedding grads",
+            "all-reduce",
+            6_283 * 12_288 * 4,
+        )
