@@ -147,3 +147,24 @@ def test_a_preset_and_a_config_together_are_refused(tmp_path: Path) -> None:
     problem = _hf_problem(tmp_path, config, "  preset: deepseek-v3\n")
     assert problem.path == "$.model.hf_config"
     assert "both describe the whole model" in problem.message
+
+
+def test_the_schema_alone_refuses_a_preset_with_a_config() -> None:
+    """Editors check plans against the schema file only: it says the same as the loader,
+    at the config key."""
+    from budget.plan.schema import validate_tree
+    from budget.plan.yaml_load import Marks
+
+    tree = {"model": {"preset": "llama3-8b", "hf_config": "config.json"}}
+    problems = [
+        p for p in validate_tree(tree, Marks(), "plan.yaml") if p.path.startswith("$.model")
+    ]
+    assert [(p.path, p.message) for p in problems] == [
+        (
+            "$.model.hf_config",
+            "model.preset and model.hf_config both describe the whole model; keep one and "
+            "write any change as the model's own keys",
+        )
+    ]
+    one = {"model": {"preset": "llama3-8b"}}
+    assert not [p for p in validate_tree(one, Marks(), "plan.yaml") if p.path.startswith("$.model")]

@@ -60,6 +60,8 @@ def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
     kind: str = error.validator
     if kind == "additionalProperties":
         return _unknown_keys(error, path, marks, file)
+    if kind == "not" and isinstance(error.schema, dict) and "x-at" in error.schema:
+        path = child_path(path, error.schema["x-at"])  # the key a refused pairing names
     line, col = marks.at(path)
     return [Problem(file, line, col, path, _message(error))]
 
@@ -109,6 +111,8 @@ _TYPE_NAMES = {
 def _message(error: Any) -> str:
     kind: str = error.validator
     expected = error.schema.get("x-expected") if isinstance(error.schema, dict) else None
+    if kind == "not" and isinstance(error.schema, dict) and "x-message" in error.schema:
+        return str(error.schema["x-message"])
     if kind in ("pattern", "type") and expected:
         return f"{_show(error.instance)} is not {expected}"
     if kind == "type":
