@@ -164,6 +164,21 @@ def test_decode_kv_cache_matches_the_formula():
     assert report.step["ttft_s"] > 0 and report.step["decode_token_s"] > 0
 
 
+def test_decoding_with_context_parallelism_splits_the_prompt_not_the_context(tmp_path):
+    """Ring attention chunks the prompt in prefill (2 x cp | prompt); decoding appends one
+    token at a time to a cache sharded along the sequence, so prompt + generate need not
+    divide: Llama 3 70B decoding at tp 4 and cp 2, 2,048 prompt tokens + 1, holds
+    80 layers x 8 / 4 kv heads x 128 x 2 (K, V) x ceil(2,049 / 2) = 1,025 tokens x 32
+    sequences x 2 B on each rank."""
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    text = text.replace("generate: 512", "generate: 1").replace("tp: 8", "tp: 4\n  cp: 2")
+    path = tmp_path / "cp.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    assert (plan.parallel.cp, plan.batch.prompt, plan.batch.generate) == (2, 2048, 1)
+    assert kv_cache_bytes(plan, 80) == 80 * 2 * 128 * 2 * 1025 * 32 * 2
+
+
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama3-70b-decode"])
 def test_new_plans_fit(name):
     assert build_report(load_plan(PLANS / f"{name}.yaml")).fits

@@ -853,23 +853,27 @@ class _Checks:
 
         Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
         the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
-        2·cp − 1 − r. The all-gather variant needs only cp | seq.
+        2·cp − 1 − r. The all-gather variant needs only cp | seq. Serving splits the prompt
+        so in its prefill; decoding appends one token at a time to a cache sharded by
+        sequence (`budget.inference.kv_cache_bytes`), which needs no division.
         """
-        cp, seq = self.par.cp, self.batch.seq
+        cp = self.par.cp
         if cp == 1:
             return
+        train = self.mode == "train"
+        seq, name = (self.batch.seq, "batch.seq") if train else (self.batch.prompt, "batch.prompt")
         chunks = 2 * cp if self.par.cp_attention == "ring" else cp
         if seq % chunks:
             why = (
-                f"2 × cp = {chunks}: ring attention splits each sequence into 2 × cp "
-                "load-balanced chunks"
+                f"2 × cp = {chunks}: ring attention splits each "
+                f"{'sequence' if train else 'prompt'} into 2 × cp load-balanced chunks"
                 if chunks != cp
                 else f"cp = {cp}: each context-parallel rank holds an equal slice"
             )
             self.r.error(
                 "$.parallel.cp",
-                f"batch.seq = {seq} is not divisible by {why}; make the sequence length a "
-                f"multiple of {chunks}",
+                f"{name} = {seq} is not divisible by {why}; make it a multiple of {chunks} "
+                f"(nearest: {_nearest(seq, chunks)})",
             )
 
     def experts(self) -> None:
@@ -965,9 +969,10 @@ class _Checks:
                 "only (it refuses learned_absolute); use position: rope or mtp_layers: 0",
             )
         if m.position == "learned" and 0 < m.max_positions < seq:
+            name = "batch.seq" if self.mode == "train" else "batch.prompt + batch.generate"
             self.r.error(
                 "$.model.max_positions",
-                f"batch.seq = {seq} is longer than the learned position table "
+                f"{name} = {seq} is longer than the learned position table "
                 f"(model.max_positions = {m.max_positions}); raise max_positions to {seq}",
             )
 
