@@ -288,6 +288,12 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     return class_params(plan, stage_classes(plan, merge=False)[stage])
 
 
+def vocab_params(plan: Plan) -> int:
+    """The rank's share of the word embedding or output layer: Megatron-LM splits them by
+    whole vocabulary rows over tp (``VocabParallelEmbedding``), ceil(vocab / tp) x hidden."""
+    return -(-plan.model.vocab // plan.parallel.tp) * plan.model.hidden
+
+
 def class_params(plan: Plan, c: StageClass) -> StageParams:
     """The parameters one rank of a stage holds, itemised.
 
@@ -297,16 +303,16 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
     The word embedding and output layer are vocab-parallel over tp; learned position
     embeddings and the final norm are replicated.
     """
-    m, t = plan.model, plan.parallel.tp
+    m = plan.model
     dense, moe = c.dense, c.moe
     d, x = layer_params(plan), layer_params(plan, moe=True)
     parts = [("transformer layers", dense * d.per_rank + moe * x.per_rank)]
     total = dense * d.total + moe * (x.total + x.expert_total)
     if uniform(moe > 0, "MoE layers"):
         parts.append(("experts", moe * x.expert_per_rank))
-    word = m.vocab * m.hidden
+    word, word_rank = m.vocab * m.hidden, vocab_params(plan)
     if c.first:
-        parts.append(("word embedding", -(-word // t)))
+        parts.append(("word embedding", word_rank))
         total += word
         if m.position == "learned":
             positions = (m.max_positions or plan.batch.seq) * m.hidden
@@ -317,7 +323,7 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
         total += _norms(plan)
         if not m.tied_embeddings or not c.first:  # one stage (first and last) shares it
             name = "output layer" if not m.tied_embeddings else "output layer (tied copy)"
-            parts.append((name, -(-word // t)))
+            parts.append((name, word_rank))
             total += word
         mtp = mtp_layers(plan)
         if mtp:
@@ -329,7 +335,7 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
             # word embedding (learned positions, which would need one too, are refused
             # with multi-token prediction, as Megatron-LM refuses them)
             if not c.first and not m.tied_embeddings:
-                parts.append(("word embedding (copy for multi-token prediction)", -(-word // t)))
+                parts.append(("word embedding (copy for multi-token prediction)", word_rank))
                 total += word
     experts = moe * x.expert_per_rank
     return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts))

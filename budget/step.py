@@ -55,6 +55,7 @@ from budget.layers import (
     shapes,
     stage_classes,
     tokens_replicated,
+    vocab_params,
 )
 from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
 from budget.placement import (
@@ -800,11 +801,6 @@ def _block_params(plan: Plan, block: str) -> int:
     return layer.per_rank - attention + (layer.expert_per_rank if block == "moe" else 0)
 
 
-def _vocab_params(plan: Plan) -> int:
-    """The rank's share of the (vocab-parallel) embedding or output-layer weight."""
-    return -(-plan.model.vocab // plan.parallel.tp) * plan.model.hidden
-
-
 def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     """The block's weight gradients added into the main gradients (`flops.grad_accumulation`)."""
     return flops.grad_accumulation(plan, layer.params[block])
@@ -941,7 +937,7 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     reduce-scatter (`_zero3_root_moves`), in the compute dtype of the gathered weights."""
     plan = b.plan
     par = plan.parallel
-    size = _vocab_params(plan) * DTYPE_BYTES[plan.precision.param_gather]
+    size = vocab_params(plan) * DTYPE_BYTES[plan.precision.param_gather]
     grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
@@ -1145,7 +1141,7 @@ def _loss(b: _StageBuilder) -> None:
         redo = [w.scaled(1, f"{w.name} (recomputed)") for w in forward[1:]]
         # the output layer, the embedding lookup and the projection with its norms each
         # add a gradient into the main gradients
-        grads = 2 * _vocab_params(plan) + mtp_params(plan)[1]
+        grads = 2 * vocab_params(plan) + mtp_params(plan)[1]
         b.add(
             "mtp",
             b.microbatches * mtp,
@@ -1163,7 +1159,7 @@ def _loss(b: _StageBuilder) -> None:
         b.microbatches,
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
-        flops.loss_work(plan, s) + flops.grad_accumulation(plan, _vocab_params(plan)),
+        flops.loss_work(plan, s) + flops.grad_accumulation(plan, vocab_params(plan)),
     )
 
 
@@ -1381,7 +1377,7 @@ def _backward(b: _StageBuilder) -> None:
         )
         moves = when([gather], sp) + _zero3_root_moves(b, backward=True)
         work = flops.backward_of(flops.embedding_work(plan, s))
-        work += flops.grad_accumulation(plan, _vocab_params(plan))
+        work += flops.grad_accumulation(plan, vocab_params(plan))
         b.add("backward.embedding", m, moves, [], work)
     if b.pipelined:
         b.add(
@@ -1491,7 +1487,7 @@ def _reduce(b: _StageBuilder) -> None:
     # embedding group all-reduces the two copies' gradients.
     shared = m.tied_embeddings or mtp_layers(plan) > 0
     if shared and b.pipelined and (b.first or b.last):
-        word = _vocab_params(plan) * DTYPE_BYTES[prec.grads]
+        word = vocab_params(plan) * DTYPE_BYTES[prec.grads]
         # under ZeRO-3 each copy's gradient is already reduce-scattered: a shard each
         word = vwhere(holds(par.zero == 3), -(-word // (par.dp * par.cp)), word)
         b.add(

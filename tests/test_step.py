@@ -426,12 +426,17 @@ def moves(stage, phase):
     }
 
 
-def test_tied_embedding_grads_all_reduce_the_rank_s_vocab_rows():
+def test_the_embedding_is_split_by_whole_vocabulary_rows():
     """Megatron-LM splits the word embedding by whole vocabulary rows (VocabParallelEmbedding):
     with GPT-2's unpadded 50,257 tokens over tp 8 a rank holds ceil(50,257 / 8) = 6,283 rows
-    of 12,288, and the embedding group all-reduces exactly those fp32 gradients: 6,283 x
-    12,288 x 4 = 308,834,304 B, not ceil(50,257 x 12,288 / 8) x 4 = 308,779,008 B."""
+    of 12,288 = 77,205,504 weights (not ceil(50,257 x 12,288 / 8) = 77,194,752) on the first
+    stage and, tied, on the last; the embedding group all-reduces exactly those fp32
+    gradients, 77,205,504 x 4 = 308,822,016 B."""
     plan = make_plan(tp=8, pp=8, dp=16, vocab=50257)
+    rows = 6_283 * 12_288
+    assert rows == 77_205_504
+    assert dict(stage_params(plan, 0).parts)["word embedding"] == rows
+    assert dict(stage_params(plan, 7).parts)["output layer (tied copy)"] == rows
     phases = [p for s in derive(plan).stages for p in s.phases if p.name == "embedding.grads"]
     assert len(phases) == 2  # the first stage's copy and the last stage's
     for phase in phases:
@@ -439,5 +444,5 @@ def test_tied_embedding_grads_all_reduce_the_rank_s_vocab_rows():
         assert (move.name, move.op, move.size_bytes) == (
             "tied embedding grads",
             "all-reduce",
-            6_283 * 12_288 * 4,
+            308_822_016,
         )
