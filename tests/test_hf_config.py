@@ -150,21 +150,31 @@ def test_a_preset_and_a_config_together_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_schema_alone_refuses_a_preset_with_a_config() -> None:
-    """Editors check plans against the schema file only: it says the same as the loader,
-    at the config key."""
-    from budget.plan.schema import validate_tree
+    """Editors check plans against the schema file only, so it refuses the pair itself, at
+    the hf_config key (where yaml-language-server flags it, in its own words); budget's
+    schema check gives the loader's sentence, and the loader keeps the rule for trees that
+    skip the schema."""
+    from budget.plan.resolve import PRESET_AND_CONFIG, resolve
+    from budget.plan.schema import schema, validate_tree
     from budget.plan.yaml_load import Marks
 
+    (rule,) = schema()["properties"]["model"]["allOf"]
+    assert rule["then"]["properties"]["hf_config"]["x-message"] == PRESET_AND_CONFIG
     tree = {"model": {"preset": "llama3-8b", "hf_config": "config.json"}}
     problems = [
         p for p in validate_tree(tree, Marks(), "plan.yaml") if p.path.startswith("$.model")
     ]
-    assert [(p.path, p.message) for p in problems] == [
-        (
-            "$.model.hf_config",
-            "model.preset and model.hf_config both describe the whole model; keep one and "
-            "write any change as the model's own keys",
-        )
-    ]
-    one = {"model": {"preset": "llama3-8b"}}
-    assert not [p for p in validate_tree(one, Marks(), "plan.yaml") if p.path.startswith("$.model")]
+    assert [(p.path, p.message) for p in problems] == [("$.model.hf_config", PRESET_AND_CONFIG)]
+    for one in ({"preset": "llama3-8b"}, {"hf_config": "config.json"}):
+        found = validate_tree({"model": one}, Marks(), "plan.yaml")
+        assert not [p for p in found if p.path.startswith("$.model")]
+    whole = {
+        **tree,
+        "batch": {"seq": 2048, "micro": 1, "global": 8},
+        "parallel": {"dp": 8},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    with pytest.raises(BudgetError) as raised:
+        resolve(whole, Marks(), "plan.yaml")
+    assert PRESET_AND_CONFIG in {p.message for p in raised.value.problems}

@@ -64,6 +64,11 @@ _PLACEMENT = re.compile(
 )
 _TRAIN_KEYS = ("seq", "micro", "global")
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
+# The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
+PRESET_AND_CONFIG = (
+    "model.preset and model.hf_config both describe the whole model; keep one and write any "
+    "change as the model's own keys"
+)
 # model sections a plan may override key by key over a preset or config, with the keys the
 # merged section must have (the schema asks for them only in a model written out whole)
 _MERGED = {"experts": ("count", "top_k"), "mla": ("kv_rank", "nope_dim", "rope_dim")}
@@ -148,12 +153,8 @@ class _Resolver:
         """
         base: dict[str, Any] = {}
         name = ""
-        if "preset" in tree and "hf_config" in tree:
-            self.error(
-                "$.model.hf_config",
-                "model.preset and model.hf_config both describe the whole model; keep one "
-                "and write any change as the model's own keys",
-            )
+        if "preset" in tree and "hf_config" in tree:  # the schema says so first, in these words
+            self.error("$.model.hf_config", PRESET_AND_CONFIG)
             return None
         if "preset" in tree:
             from budget.catalog import MODELS  # the catalogue loads only when a plan names it

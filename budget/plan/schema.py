@@ -60,8 +60,6 @@ def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
     kind: str = error.validator
     if kind == "additionalProperties":
         return _unknown_keys(error, path, marks, file)
-    if kind == "not" and isinstance(error.schema, dict) and "x-at" in error.schema:
-        path = child_path(path, error.schema["x-at"])  # the key a refused pairing names
     line, col = marks.at(path)
     return [Problem(file, line, col, path, _message(error))]
 
