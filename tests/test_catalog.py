@@ -49,6 +49,25 @@ def test_device_datasheet_peaks() -> None:
     assert "fp8" not in dict(DEVICES["a100-80gb"].flops)
 
 
+def test_device_memory_is_the_driver_s_total() -> None:
+    """nvidia-smi memory.total (MiB) as public logs print it, rocminfo's pool for the MI300X:
+    the datasheet's "141GB" H200 holds 143,771 MiB = 140.4 GiB, not 141e9 B = 131.3 GiB, and
+    the "80GB" H100 81,559 MiB = 79.6 GiB, not 80 GiB."""
+    mib = {name: d.memory / 2**20 for name, d in DEVICES.items()}
+    assert mib == {
+        "a100-40gb": 40_960,
+        "a100-80gb": 81_920,
+        "h100-sxm": 81_559,
+        "h100-pcie": 81_559,
+        "h800": 81_559,
+        "h200": 143_771,
+        "b200": 183_359,
+        "mi300x": 201_310_208 / 1024,
+    }
+    plan = _resolve(_tree(device={"preset": "h200"}, topology={"preset": "dgx-h200", "nodes": 1}))
+    assert plan.device.memory == 150_754_820_096  # 143,771 x 2^20 B, 140.4 GiB
+
+
 def test_gemm_curve_saturates_at_the_measured_ceiling() -> None:
     """Sustained (MSMF) H200 SXM, the H100's die at its power limit: 755 of 989 TFLOP/s;
     half of it at half_flops; the B200's MSMF 1439 of 2250; the A100 SXM's sustained cuBLASLt

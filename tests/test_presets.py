@@ -65,7 +65,7 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     assert h100["gemm"]["ceiling_flops"] == pytest.approx(755e12)
     assert h100["attention"][0]["kernel"] == "cudnn"
     assert h100["attention"][0]["fraction_at_8k"] == pytest.approx(521.09 / 989, abs=1e-4)
-    assert h100["memory_bytes"] == 80 * 2**30 and h100["flops"]["fp8"] == 1979e12
+    assert h100["memory_bytes"] == 81_559 * 2**20 and h100["flops"]["fp8"] == 1979e12
     assert devices["b200"]["attention"] == []  # no measurement: the GEMM curve
     topologies = {t["name"]: t for t in catalogue("topologies")["topologies"]}
     nvlink, ib = topologies["hgx-h800"]["levels"]

@@ -1,8 +1,19 @@
 """Device presets: datasheet peaks and memory, and a calibrated GEMM efficiency curve.
 
 Peaks are dense (the datasheets print sparse figures twice as large, footnoted "with
-sparsity"); FLOP/s are decimal (1 TFLOP/s = 1e12). HBM sizes are as the datasheet prints
-them; bandwidths are decimal bytes per second.
+sparsity"); FLOP/s are decimal (1 TFLOP/s = 1e12); bandwidths are decimal bytes per second.
+
+Memory is the card's total as its driver reports it, not the datasheet's rounded "GB", which
+is neither 10^9 nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on the A100
+40GB and 81,920 MiB on the A100 80GB, 81,559 MiB on the H100 80GB (modal-labs/modal-client
+PR 2797, which lists nvidia-smi totals by GPU; NVIDIA/nccl issue 1264 on an HGX H100), the
+same 81,559 MiB on the H100 PCIe and the H800 (public nvidia-smi logs), 143,771 MiB on the
+H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827) and 183,359 MiB on the B200 "180GB"
+(NVIDIA/TensorRT-LLM issue 10278); rocminfo gives the MI300X "192 GB" a global pool of
+201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would
+lose 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain
+0.35 GiB it does not have. What CUDA itself keeps out of that total (its context, about
+0.5 GiB) is the plan's ``device.reserved``.
 
 GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the fraction of the dense bf16
 peak a public matmul microbenchmark sustains on that device; ``half_flops`` is the GEMM size
@@ -132,6 +143,7 @@ from budget.plan.model import AttentionRate, GemmCurve
 __all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
 
 GiB = 2**30
+MiB = 2**20
 T = 1e12
 
 # Triton tutorial 03, cuBLAS fp16 on A100: 2·1024³ FLOPs reach half of the 213.5 TFLOP/s
@@ -212,7 +224,7 @@ def _curve(
 @dataclass(frozen=True, slots=True)
 class DevicePreset:
     name: str
-    memory: int  # bytes
+    memory: int  # bytes, the driver's total (module docstring)
     flops: tuple[tuple[str, float], ...]  # (dtype, dense peak FLOP/s)
     memory_bandwidth: float  # bytes/s
     gemm: GemmCurve
@@ -220,6 +232,9 @@ class DevicePreset:
     memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
     attention: tuple[AttentionRate, ...] = ()  # measured fused kernels, the default first
     kernel_startup: float = 0.0  # seconds a kernel takes beyond bytes / bandwidth (docstring)
+    # Figures not measured on this device, but borrowed from another or assumed (docstring):
+    # any of "gemm", "stream", "attention", "start".
+    assumed: tuple[str, ...] = ()
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -269,7 +284,7 @@ _H100_GEMM = _curve(
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
         "a100-40gb",
-        40 * GiB,
+        40_960 * MiB,
         _A100_FLOPS,
         1555e9,
         _A100_GEMM,
@@ -278,10 +293,11 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
         kernel_startup=_A100_STARTUP,
+        assumed=("gemm", "stream", "attention", "start"),  # the A100 80GB's: same chip
     ),
     "a100-80gb": DevicePreset(
         "a100-80gb",
-        80 * GiB,
+        81_920 * MiB,
         _A100_FLOPS,
         2039e9,
         _A100_GEMM,
@@ -292,7 +308,7 @@ DEVICES: dict[str, DevicePreset] = {
     ),
     "h100-sxm": DevicePreset(
         "h100-sxm",
-        80 * GiB,
+        81_559 * MiB,
         _H100_SXM_FLOPS,
         3.35e12,
         _H100_GEMM,
@@ -300,10 +316,11 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        assumed=("gemm", "start"),  # the H200's: same die and power limit
     ),
     "h100-pcie": DevicePreset(
         "h100-pcie",
-        80 * GiB,
+        81_559 * MiB,
         _H100_PCIE_FLOPS,
         2.0e12,
         # No measurement of the PCIe card: the GH100's sustained fraction of its own (lower) peak.
@@ -318,10 +335,11 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        assumed=("gemm", "stream", "attention", "start"),  # the SXM's fractions
     ),
     "h800": DevicePreset(
         "h800",
-        80 * GiB,
+        81_559 * MiB,
         _H100_SXM_FLOPS,
         3.35e12,
         _H100_GEMM,
@@ -332,10 +350,11 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        assumed=("gemm", "stream", "attention", "start"),  # the H100 SXM's
     ),
     "h200": DevicePreset(
         "h200",
-        141 * 10**9,
+        143_771 * MiB,
         _H100_SXM_FLOPS,
         4.8e12,
         _H100_GEMM,
@@ -344,10 +363,11 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H200_STREAM,
         attention=_H200_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        assumed=("attention",),  # cuDNN and FlashAttention-3: the H100's
     ),
     "b200": DevicePreset(
         "b200",
-        180 * 10**9,
+        183_359 * MiB,
         (
             ("bf16", 2250 * T),
             ("fp16", 2250 * T),
@@ -371,7 +391,7 @@ DEVICES: dict[str, DevicePreset] = {
     ),
     "mi300x": DevicePreset(
         "mi300x",
-        192 * GiB,
+        201_310_208 * 1024,
         (
             ("bf16", 1307.4 * T),
             ("fp16", 1307.4 * T),
