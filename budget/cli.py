@@ -321,7 +321,10 @@ def roofline_command(
 def presets_command(
     kind: Annotated[
         str | None,
-        typer.Argument(help="devices, topologies or models; all three when left out."),
+        typer.Argument(
+            metavar="devices|topologies|models",
+            help="Which catalogue to list; all three when left out.",
+        ),
     ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:

@@ -25,8 +25,11 @@ ATTENTION_KEYS = 8192
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, by_dtype, source}, memory_efficiency, kernel_startup_s,
-    attention[{kernel, fraction_at_8k}], source}``; the first attention kernel is what
-    ``model.attention: flash`` runs, an empty list means attention stays on the GEMM curve."""
+    attention[{kernel, keys, fraction}], assumed, source}``; the first attention kernel is
+    what ``model.attention: flash`` runs (its share of the bf16 peak when each query meets
+    ``keys`` keys), an empty list means attention stays on the GEMM curve; ``assumed`` names
+    the figures borrowed from another device or assumed ("gemm", "stream", "attention",
+    "start")."""
     peak = dict(d.flops)["bf16"]
     return {
         "name": d.name,
@@ -43,17 +46,24 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
         "memory_efficiency": d.memory_efficiency,
         "kernel_startup_s": d.kernel_startup,
         "attention": [
-            {"kernel": rate.kernel, "fraction_at_8k": float(rate.at(ATTENTION_KEYS))}
+            {
+                "kernel": rate.kernel,
+                "keys": ATTENTION_KEYS,
+                "fraction": float(rate.at(ATTENTION_KEYS)),
+            }
             for rate in d.attention
         ],
+        "assumed": list(d.assumed),
         "source": d.source,
     }
 
 
 def topology_dict(t: TopologyPreset) -> dict[str, Any]:
     """``{name, gpus_per_node, levels[{name, size, rate_Bps, fraction, bandwidth_Bps,
-    latency_s, ramp, source}], source}``, levels innermost first; ``size`` is the GPUs per
-    domain (None for the outermost), ``ramp`` whether a measured bandwidth ramp applies."""
+    latency_s, ramp, assumed, source}], source}``, levels innermost first; ``size`` is the
+    GPUs per domain (None for the outermost), ``ramp`` whether a bandwidth ramp by message
+    size applies, ``assumed`` the figures assumed or borrowed ("share", "latency",
+    "ramp")."""
     return {
         "name": t.name,
         "gpus_per_node": t.gpus_per_node,
@@ -66,6 +76,7 @@ def topology_dict(t: TopologyPreset) -> dict[str, Any]:
                 "bandwidth_Bps": level.bandwidth,
                 "latency_s": level.latency,
                 "ramp": level.ramp is not None,
+                "assumed": list(level.assumed),
                 "source": level.source,
             }
             for level in t.levels
@@ -77,7 +88,9 @@ def topology_dict(t: TopologyPreset) -> dict[str, Any]:
 def model_dict(m: ModelPreset) -> dict[str, Any]:
     """``{name, params, active_params, mtp_params, layers, hidden, heads, kv_heads, ffn,
     vocab, mla, experts{count, top_k, ffn, shared_ffn} or None, source}``; ``params`` leaves
-    the multi-token prediction modules out (``mtp_params``), as the report's header does."""
+    the multi-token prediction modules out (``mtp_params``), as the report's header does;
+    ``active_params`` is what one token touches, both embeddings included (Mistral's count for
+    Mixtral; DeepSeek's "37B activated" leaves the input embedding out)."""
     from budget.layers import active_params, mtp_layers, mtp_total, params_total
 
     plan = _plan_of(m)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -38,19 +39,29 @@ def test_catalogue_lists_every_preset_once() -> None:
 def test_model_parameters_are_the_published_counts() -> None:
     """Exact parameter counts of the released checkpoints (Hugging Face model pages):
     Meta-Llama-3-8B 8,030,261,248; Meta-Llama-3-70B 70,553,706,496; Mixtral-8x7B
-    46,702,792,704, of which 12.9 B active with 2 of 8 experts (Jiang et al., arXiv
-    2401.04088: "13B active parameters"); DeepSeek-V3 671 B with 37 B activated (arXiv
-    2412.19437, section 1) and 11,610,067,968 in its multi-token prediction module
-    (`test_multi_token_prediction`)."""
+    46,702,792,704. Rounded ones: Llama 3.1 405B "405B" (405.9 here), Mixtral 8x22B "141B,
+    39B active", Qwen1.5-MoE-A2.7B "14.3B, 2.7B activated", DeepSeek-V3 "671B, 37B
+    activated" (arXiv 2412.19437, section 1) and 11,610,067,968 in its multi-token
+    prediction module (`test_multi_token_prediction`).
+
+    "Active" counts both embeddings, as Mistral counts Mixtral's 12.9 B (all but 6 of each
+    layer's 8 experts of 3 x 4096 x 14336 weights); DeepSeek's 37 B leaves out the input
+    embedding, 129,280 x 7,168, which a lookup reads one row of."""
     models = {m["name"]: m for m in catalogue("models")["models"]}
     assert models["llama3-8b"]["params"] == 8_030_261_248
     assert models["llama3-70b"]["params"] == 70_553_706_496
+    assert round(models["llama3-405b"]["params"] / 1e9, 1) == 405.9
     mixtral = models["mixtral-8x7b"]
     assert mixtral["params"] == 46_702_792_704
-    # active: all but 6 of each layer's 8 experts; an expert is 3 · 4096 · 14336 weights
     assert mixtral["active_params"] == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336
+    assert round(mixtral["active_params"] / 1e9, 1) == 12.9
+    big = models["mixtral-8x22b"]
+    assert (round(big["params"] / 1e9), round(big["active_params"] / 1e9)) == (141, 39)
+    qwen = models["qwen-moe"]
+    assert (round(qwen["params"] / 1e9, 1), round(qwen["active_params"] / 1e9, 1)) == (14.3, 2.7)
     v3 = models["deepseek-v3"]
-    assert round(v3["params"] / 1e9) == 671 and round(v3["active_params"] / 1e9) == 38
+    assert round(v3["params"] / 1e9) == 671
+    assert round((v3["active_params"] - 129_280 * 7_168) / 1e9) == 37
     assert v3["mtp_params"] == 11_610_067_968 and v3["mla"]
     assert v3["experts"] == {"count": 256, "top_k": 8, "ffn": 2048, "shared_ffn": 2048}
     assert models["llama3-8b"]["experts"] is None and models["llama3-8b"]["mtp_params"] == 0
@@ -63,14 +74,19 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     devices = {d["name"]: d for d in catalogue("devices")["devices"]}
     h100 = devices["h100-sxm"]
     assert h100["gemm"]["ceiling_flops"] == pytest.approx(755e12)
-    assert h100["attention"][0]["kernel"] == "cudnn"
-    assert h100["attention"][0]["fraction_at_8k"] == pytest.approx(521.09 / 989, abs=1e-4)
+    cudnn = h100["attention"][0]
+    assert (cudnn["kernel"], cudnn["keys"]) == ("cudnn", 8192)
+    assert cudnn["fraction"] == pytest.approx(521.09 / 989, abs=1e-4)
     assert h100["memory_bytes"] == 81_559 * 2**20 and h100["flops"]["fp8"] == 1979e12
+    assert h100["assumed"] == ["gemm", "start"]  # the H200's sustained ceiling and startup
+    assert devices["a100-80gb"]["assumed"] == []  # every figure measured on it
     assert devices["b200"]["attention"] == []  # no measurement: the GEMM curve
     topologies = {t["name"]: t for t in catalogue("topologies")["topologies"]}
     nvlink, ib = topologies["hgx-h800"]["levels"]
     assert (nvlink["rate_Bps"], nvlink["bandwidth_Bps"]) == (200e9, pytest.approx(160e9))
     assert nvlink["ramp"] and not ib["ramp"] and ib["size"] is None
+    assert (nvlink["assumed"], ib["assumed"]) == (["ramp"], ["share", "latency"])
+    assert topologies["dgx-h100"]["levels"][0]["assumed"] == []
 
 
 def test_json_is_the_catalogue() -> None:
@@ -79,26 +95,51 @@ def test_json_is_the_catalogue() -> None:
     assert json.loads(result.stdout) == json.loads(json.dumps(catalogue()))
 
 
-@pytest.mark.parametrize("width", [80, 120])
-def test_table_keeps_every_name_and_figure_whole(width: int) -> None:
-    """Names are typed into plans: none is cut at 80 or 120 columns, and no cell is
-    shortened with an ellipsis; every row's source is printed."""
+def _table_text(width: int) -> str:
     console = Console(width=width, record=True, file=io.StringIO())
     render_presets(console, catalogue(), "table")
-    text = console.export_text()
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [50, 60, 70, 79, 80, 120])
+def test_every_name_and_figure_stays_whole_at_any_width(width: int) -> None:
+    """Names are typed into plans and figures read as they are: at no width is a cell
+    shortened with an ellipsis, a name split, or a line longer than the terminal; below the
+    width a table needs, each row becomes a line of labelled figures."""
+    text = _table_text(width)
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
+    words = set(text.replace(",", " ").replace("\u00a0", " ").split())
     for name in [*DEVICES, *TOPOLOGIES, *MODELS]:
-        assert f" {name} " in text
-    assert "hgx-h800 nvlink: " in text and "llama3-8b, llama3-70b, llama3-405b: " in text
-    assert "deepseek-v3 has 11.61 B more in multi-token prediction" in text
+        assert name in words or f"{name}:" in words
+    for figure in ["128256", "129280", "1.555", "231.6", "µs†", "82.2%†", "256×2048", "52.7%†"]:
+        assert figure in words, figure
+    assert "hgx-h800 nvlink: " in text.replace("\n    ", " ")
+    assert "llama3-8b, llama3-70b, llama3-405b: " in text.replace("\n    ", " ")
+    assert "deepseek-v3 has 11.61 B more in multi-token" in " ".join(text.split())
+
+
+def test_narrow_terminals_get_rows_as_lines() -> None:
+    head = re.compile(r"^ device +GiB +bf16", re.MULTILINE)
+    assert head.search(_table_text(80)) and not head.search(_table_text(60))
+    assert "h100-sxm: GiB\u00a079.6, bf16\u00a0989" in _table_text(60)
+
+
+def test_assumed_figures_carry_a_dagger() -> None:
+    """A figure borrowed from another device or assumed is marked; a measured one is not."""
+    text = _table_text(120)
+    (h100,) = [line for line in text.splitlines() if line.startswith(" h100-sxm ")]
+    assert "76.3%†" in h100 and "87.6% " in h100 and "3.23 µs†" in h100
+    (a100,) = [line for line in text.splitlines() if line.startswith(" a100-80gb ")]
+    assert "†" not in a100
 
 
 def test_markdown_has_one_table_per_kind() -> None:
     result = runner.invoke(app, ["presets", "-f", "markdown"])
     assert result.exit_code == 0
     text = result.stdout
-    assert text.count("### ") == 3 and "| hgx-h800 | nvlink | 8 | 200 | 80.0% | 160 |" in text
+    assert text.count("### ") == 3
+    assert "| hgx-h800 | nvlink | 8 | 200 | 80.0% | 160.0 | 3 µs | measured† |" in text
     assert "| deepseek-v3 | 671.03 | 37.55 | 61 | 7168 | 128 MLA |" in text
 
 

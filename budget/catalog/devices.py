@@ -388,6 +388,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
         "1,440 GB HBM3e; 64 TB/s)",
+        assumed=("stream", "start"),  # 0.8 of the bandwidth and no startup: none measured
     ),
     "mi300x": DevicePreset(
         "mi300x",
@@ -411,5 +412,6 @@ DEVICES: dict[str, DevicePreset] = {
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
         memory_efficiency=_MI300X_STREAM,
+        assumed=("start",),  # none measured: 0
     ),
 }

@@ -18,8 +18,12 @@ found: it takes NVLink 4's share, the nearest generation. The H800's NVLink (400
 bidirectional, 200 one way, against the H100's 900) has its users' own figure: "NVLink
 offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (DeepSeek-V3
 technical report, arXiv 2412.19437, section 3.2.2; IB's 50 GB/s is the 400 Gb/s line rate one
-way, so 160 GB/s is read as the one-way rate reached), 160 / 200 = 0.80. No verified busbw table for
-InfiniBand was found: IB levels take 0.80, an assumption.
+way, so 160 GB/s is read as the one-way rate reached), 160 / 200 = 0.80. DeepSeek's
+"3.2 times" sets that reached rate against InfiniBand's line rate; here InfiniBand too is
+priced at its (assumed) reached share, 40 GB/s, so the preset's NVLink is 4 times its
+InfiniBand. The H800's 400 GB/s is 8 NVLink 4 links of 50 GB/s each (nvidia-smi topo prints
+NV8 between H800s, vllm-project/vllm issue 40755, against NV18 between H100s and H200s).
+No verified busbw table for InfiniBand was found: IB levels take 0.80, an assumption.
 
 Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand. The
 NVLink value agrees with the smallest message of the same Azure runs: a 1 KB all_reduce at a
@@ -78,6 +82,9 @@ class LinkSpec:
     fraction: float = IB_FRACTION
     source: str = ""
     ramp: BandwidthRamp | None = None  # measured share of the bandwidth by message size
+    # Figures not measured on this link but assumed or borrowed from another (module
+    # docstring): any of "share", "latency", "ramp".
+    assumed: tuple[str, ...] = ()
 
     @property
     def bandwidth(self) -> float:
@@ -101,13 +108,21 @@ RAMPS: dict[str, BandwidthRamp] = {"nvlink3": _NVLINK3_RAMP, "nvlink4": _NVLINK4
 
 
 def _nvlink(
-    rate_gb: float, size: int, source: str, fraction: float, ramp: BandwidthRamp
+    rate_gb: float,
+    size: int,
+    source: str,
+    fraction: float,
+    ramp: BandwidthRamp,
+    assumed: tuple[str, ...] = (),
 ) -> LinkSpec:
-    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source, ramp)
+    return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source, ramp, assumed)
 
 
 def _ib(gbit: float, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:
-    return LinkSpec(name, gbit / 8 * GB, IB_LATENCY, size, source=source)
+    """An InfiniBand level: its collective share and latency are assumptions (docstring)."""
+    return LinkSpec(
+        name, gbit / 8 * GB, IB_LATENCY, size, source=source, assumed=("share", "latency")
+    )
 
 
 _DGX_A100 = "NVIDIA DGX A100 datasheet"
@@ -177,6 +192,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 f"{_H800}: NVLink 400 GB/s bidirectional per GPU; {_DSV3}: 160 GB/s achieved",
                 H800_NVLINK_FRACTION,
                 _NVLINK4_RAMP,
+                assumed=("ramp",),  # the H100's sweep
             ),
             # Eight 400 Gb/s ConnectX-7 InfiniBand NICs per node, one per GPU.
             _ib(400, f"{_H800}: 8 x 400 Gb/s ConnectX-7 InfiniBand per node"),
@@ -194,6 +210,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU",
                 NVLINK4_FRACTION,
                 _NVLINK4_RAMP,
+                assumed=("share", "ramp"),  # NVLink 4's
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),

@@ -1,48 +1,46 @@
 """Render the catalogue (`budget presets`) as rich tables, JSON or markdown.
 
-One table per kind, one row per preset (per topology level), each row pointing at a
-numbered source printed under its table; JSON carries the exact numbers and the sources in
-full (`budget.presets`).
+One table per kind, one row per preset (per topology level); a figure that was assumed or
+borrowed from another device or link carries a dagger, and the sources follow each table,
+after the names of the rows they stand behind. A terminal too narrow for a table gets each
+row as a wrapped line of labelled figures instead, so no figure is ever cut. JSON carries
+the exact numbers and the sources in full (`budget.presets`).
 """
 
 from __future__ import annotations
 
+import io
 import textwrap
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rich.console import Console
 
 from budget.render import dump_json
 from budget.render.markdown import markdown_table
 from budget.render.table import titled_table
 from budget.units import format_duration
 
-if TYPE_CHECKING:
-    from rich.console import Console
-
 __all__ = ["presets_markdown", "render_presets"]
+
+ASSUMED = "†"
+NBSP = "\u00a0"
+_ASSUMED_NOTE = f"{ASSUMED} assumed, or borrowed from another device or link (see its source)."
 
 
 @dataclass(frozen=True, slots=True)
 class Section:
-    """One kind's table: its rows as text, the columns aligned right, what the columns
-    mean, and the sources behind the rows."""
+    """One kind's table: its rows as text, the columns aligned right, the one whose text may
+    wrap, what the columns mean, and the sources behind the rows."""
 
     title: str
     head: list[str]
     rows: list[list[str]]
     right: set[int]
+    wrap: set[int]
     note: str
     sources: list[str]
-
-
-# columns whose cells are text a narrow terminal may wrap (every other cell is kept whole)
-_WRAP = {"attention", "heads", "experts"}
-
-_TITLES = {
-    "devices": "Device presets (device: {preset: NAME})",
-    "topologies": "Topology presets (topology: {preset: NAME, nodes: N})",
-    "models": "Model presets (model: {preset: NAME})",
-}
 
 
 class _Sources:
@@ -59,36 +57,52 @@ class _Sources:
         return [f"{', '.join(names)}: {text}" for text, names in self.names.items()]
 
 
-def _g(value: float, digits: int = 4) -> str:
-    """A figure in its header's unit: '989', '1,979', '3.35', '1.555'."""
-    return f"{value:,.{digits}g}" if value < 1000 else f"{value:,.0f}"
+def _mark(text: str, assumed: bool) -> str:
+    return f"{text}{ASSUMED}" if assumed else text
 
 
 def _devices(devices: list[dict[str, Any]]) -> Section:
-    head = ["device", "GiB", "bf16", "fp8", "HBM", "GEMM", "stream", "attention"]
-    head += ["start"]
+    head = ["device", "GiB", "bf16", "fp8", "HBM", "GEMM", "stream", "attention", "start"]
     rows, sources = [], _Sources()
     for d in devices:
-        fp8 = d["flops"].get("fp8")
+        fp8, guess = d["flops"].get("fp8"), set(d["assumed"])
         attention = d["attention"][0] if d["attention"] else None
+        start = d["kernel_startup_s"]
         rows.append(
             [
                 d["name"],
-                _g(d["memory_bytes"] / 2**30),
-                _g(d["flops"]["bf16"] / 1e12),
-                "–" if fp8 is None else _g(fp8 / 1e12),
-                _g(d["memory_bandwidth_Bps"] / 1e12),
-                f"{d['gemm']['ceiling']:.1%}",
-                f"{d['memory_efficiency']:.1%}",
+                f"{d['memory_bytes'] / 2**30:.1f}",
+                f"{d['flops']['bf16'] / 1e12:,.0f}",
+                "–" if fp8 is None else f"{fp8 / 1e12:,.0f}",
+                f"{d['memory_bandwidth_Bps'] / 1e12:.3f}",
+                _mark(f"{d['gemm']['ceiling']:.1%}", "gemm" in guess),
+                _mark(f"{d['memory_efficiency']:.1%}", "stream" in guess),
                 "GEMM curve"
                 if attention is None
-                else f"{attention['kernel']} {attention['fraction_at_8k']:.1%}",
-                "–" if not d["kernel_startup_s"] else format_duration(d["kernel_startup_s"]),
+                else _mark(
+                    f"{attention['kernel']} {attention['fraction']:.1%}", "attention" in guess
+                ),
+                _mark(format_duration(start) if start else "0 s", "start" in guess),
             ]
         )
         sources.cite(d["name"], f"{d['source']}; GEMM: {d['gemm']['source']}")
-    right = {1, 2, 3, 4, 5, 6, 8}
-    return Section(_TITLES["devices"], head, rows, right, _NOTES["devices"], sources.texts)
+    note = (
+        "GiB: the card's memory as its driver reports it (2^30 B); bf16, fp8: dense datasheet "
+        "peaks, TFLOP/s; HBM: datasheet bandwidth, TB/s (10^12 B/s); GEMM: the share of the "
+        "bf16 peak a large GEMM sustains; stream: the share of HBM bandwidth a streaming "
+        "kernel reaches; attention: the kernel `model.attention: flash` runs and its share of "
+        "the bf16 peak at 8K keys (GEMM curve: none measured); start: the fixed time a kernel "
+        f"takes beyond its bytes. {_ASSUMED_NOTE}"
+    )
+    return Section(
+        "Device presets (device: {preset: NAME})",
+        head,
+        rows,
+        {1, 2, 3, 4, 5, 6, 8},
+        {7},
+        note,
+        sources.texts,
+    )
 
 
 def _topologies(topologies: list[dict[str, Any]]) -> Section:
@@ -96,21 +110,36 @@ def _topologies(topologies: list[dict[str, Any]]) -> Section:
     rows, sources = [], _Sources()
     for t in topologies:
         for j, level in enumerate(t["levels"]):
+            guess = set(level["assumed"])
             rows.append(
                 [
                     t["name"] if j == 0 else "",
                     level["name"],
                     "all" if level["size"] is None else str(level["size"]),
-                    _g(level["rate_Bps"] / 1e9),
-                    f"{level['fraction']:.1%}",
-                    _g(level["bandwidth_Bps"] / 1e9),
-                    format_duration(level["latency_s"]),
-                    "measured" if level["ramp"] else "–",
+                    f"{level['rate_Bps'] / 1e9:,.0f}",
+                    _mark(f"{level['fraction']:.1%}", "share" in guess),
+                    f"{level['bandwidth_Bps'] / 1e9:,.1f}",
+                    _mark(format_duration(level["latency_s"]), "latency" in guess),
+                    _mark("measured", "ramp" in guess) if level["ramp"] else "none",
                 ]
             )
             sources.cite(f"{t['name']} {level['name']}", level["source"])
-    right = {2, 3, 4, 5, 6}
-    return Section(_TITLES["topologies"], head, rows, right, _NOTES["topologies"], sources.texts)
+    note = (
+        "Per GPU, one direction. GPUs: per domain of the level (all: the outermost); GB/s: the "
+        "link's datasheet rate (10^9 B/s); share: what collectives reach of it; B_eff = rate x "
+        "share, the plateau a plan prices at; α: latency per message step; ramp: smaller "
+        "messages reach a smaller share, from nccl-tests sweeps (none: the plateau at every "
+        f"size). {_ASSUMED_NOTE}"
+    )
+    return Section(
+        "Topology presets (topology: {preset: NAME, nodes: N})",
+        head,
+        rows,
+        {2, 3, 4, 5, 6},
+        set(),
+        note,
+        sources.texts,
+    )
 
 
 def _experts(experts: dict[str, Any] | None) -> str:
@@ -121,11 +150,9 @@ def _experts(experts: dict[str, Any] | None) -> str:
 
 
 def _models(models: list[dict[str, Any]]) -> Section:
-    head = ["model", "params", "active", "layers", "hidden", "heads", "ffn", "vocab"]
-    head += ["experts"]
+    head = ["model", "params", "active", "layers", "hidden", "heads", "ffn", "vocab", "experts"]
     rows, sources = [], _Sources()
     for m in models:
-        heads = f"{m['heads']} MLA" if m["mla"] else f"{m['heads']}/{m['kv_heads']}"
         rows.append(
             [
                 m["name"],
@@ -133,7 +160,7 @@ def _models(models: list[dict[str, Any]]) -> Section:
                 f"{m['active_params'] / 1e9:,.2f}",
                 str(m["layers"]),
                 str(m["hidden"]),
-                heads,
+                f"{m['heads']} MLA" if m["mla"] else f"{m['heads']}/{m['kv_heads']}",
                 str(m["ffn"]),
                 str(m["vocab"]),
                 _experts(m["experts"]),
@@ -145,29 +172,32 @@ def _models(models: list[dict[str, Any]]) -> Section:
         for m in models
         if m["mtp_params"]
     )
-    right = {1, 2, 3, 4, 5, 6, 7}
-    return Section(_TITLES["models"], head, rows, right, _NOTES["models"] + mtp, sources.texts)
+    note = (
+        "params: billions of parameters, multi-token prediction modules apart, as the report "
+        "counts them; active: the billions one token touches, both embeddings included; heads: "
+        "query / key-value heads (MLA: latent attention); ffn: the dense layers' MLP width; "
+        f"experts: routed count × width, top-k, +shared width.{mtp}"
+    )
+    return Section(
+        "Model presets (model: {preset: NAME})",
+        head,
+        rows,
+        {1, 2, 3, 4, 6, 7},
+        {8},
+        note,
+        sources.texts,
+    )
 
 
-_BUILDERS = {"devices": _devices, "topologies": _topologies, "models": _models}
-_NOTES = {
-    "devices": "GiB = 2^30 bytes of memory; bf16 and fp8: dense datasheet peaks in TFLOP/s; "
-    "HBM: datasheet bandwidth in TB/s (10^12 B/s); GEMM: the share of the bf16 peak a large GEMM "
-    "sustains; stream: the share of HBM bandwidth a streaming kernel reaches; attention: what "
-    "`model.attention: flash` runs and its share of the bf16 peak at 8K keys; start: the "
-    "fixed time a kernel takes beyond its bytes.",
-    "topologies": "Per GPU, one direction. GB/s: the link's datasheet rate (10^9 B/s); share: "
-    "what collectives reach of it; B_eff = rate × share, the plateau a plan prices at; α: "
-    "latency per message step; ramp: smaller messages reach a measured, smaller share "
-    "(nccl-tests sweeps).",
-    "models": "params: billions of parameters, without multi-token prediction modules, as "
-    "the report counts them; active: the billions one token uses (its top-k experts); heads: "
-    "query / key-value heads; experts: routed count × width, top-k, +shared width.",
+_SECTIONS: dict[str, Callable[[list[dict[str, Any]]], Section]] = {
+    "devices": _devices,
+    "topologies": _topologies,
+    "models": _models,
 }
 
 
 def _sections(data: dict[str, list[dict[str, Any]]]) -> list[Section]:
-    return [_BUILDERS[kind](items) for kind, items in data.items()]
+    return [_SECTIONS[kind](items) for kind, items in data.items()]
 
 
 def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
@@ -181,6 +211,66 @@ def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def _wrapped(console: Console, text: str, indent: str = "") -> None:
+    """`text` wrapped to the console, never inside a word or a hyphenated name."""
+    width = max(40, console.width - 1)
+    filled = textwrap.fill(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    console.print(filled, highlight=False, markup=False)
+
+
+def _needed_width(section: Section) -> int:
+    """Columns a terminal needs for `section`'s table: drawn without its title on an
+    unbounded console, each wrapping cell cut to its longest word, the narrowest it can be
+    without cutting a word or a figure."""
+    narrowest = [
+        [max(c.split(), key=len) if i in section.wrap and c.strip() else c for i, c in enumerate(r)]
+        for r in section.rows
+    ]
+    probe = Console(width=100_000, file=io.StringIO(), color_system=None)
+    with probe.capture() as captured:
+        probe.print(_table(replace(section, title="", rows=narrowest)))
+    return max(len(line.rstrip()) for line in captured.get().splitlines())
+
+
+def _table(section: Section) -> Any:
+    table = titled_table(section.title)  # the width probe draws it untitled ("")
+    for i, name in enumerate(section.head):
+        texts = [name, *(row[i] for row in section.rows)]
+        wraps = i in section.wrap
+        # a text cell wraps between words, never inside one; any other cell stays whole
+        # (its width is its longest cell, so the table's measured minimum is what it needs)
+        pieces = [word for text in texts for word in text.split()] if wraps else texts
+        table.add_column(
+            name,
+            justify="right" if i in section.right else "left",
+            no_wrap=not wraps,
+            min_width=max(len(piece) for piece in pieces),
+        )
+    for row in section.rows:
+        table.add_row(*row)
+    return table
+
+
+def _rows_as_lines(console: Console, section: Section) -> None:
+    """The narrow form: one wrapped line per row, every figure after its column's name,
+    the two joined by no-break spaces so a line never parts a figure from its name or
+    unit."""
+    console.print(section.title, highlight=False, markup=False)
+    label = ""
+    for row in section.rows:
+        label = row[0] or label
+        pairs = zip(section.head[1:], row[1:], strict=True)
+        figures = ", ".join(f"{h} {c}".replace(" ", NBSP) for h, c in pairs)
+        _wrapped(console, f"{label}: {figures}", "  ")
+
+
 def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt: str) -> None:
     if fmt == "json":
         console.file.write(dump_json(data))
@@ -191,25 +281,12 @@ def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt:
     for n, section in enumerate(_sections(data)):
         if n:
             console.print()
-        table = titled_table(section.title)
-        wrap = {i for i, name in enumerate(section.head) if name in _WRAP}
-        for i, name in enumerate(section.head):
-            # names are typed into plans and figures read whole: only text cells wrap
-            table.add_column(
-                name,
-                justify="right" if i in section.right else "left",
-                no_wrap=i not in wrap,
-                overflow="fold",
-                # a text cell wraps between words, never inside one
-                min_width=max(len(word) for row in section.rows for word in row[i].split()),
-            )
-        for row in section.rows:
-            table.add_row(*row)
-        console.print(table)
-        console.print(section.note, highlight=False)
+        table = _table(section)
+        if _needed_width(section) > console.width:
+            _rows_as_lines(console, section)
+        else:
+            console.print(table)
+        _wrapped(console, section.note)
         console.print("Sources:", highlight=False)
         for source in section.sources:
-            text = textwrap.fill(
-                source, max(40, console.width - 1), initial_indent="  ", subsequent_indent="    "
-            )
-            console.print(text, highlight=False, markup=False)
+            _wrapped(console, source, "  ")
