@@ -20,10 +20,17 @@ offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (DeepSee
 technical report, arXiv 2412.19437, section 3.2.2; IB's 50 GB/s is the 400 Gb/s line rate one
 way, so 160 GB/s is read as the one-way rate reached), 160 / 200 = 0.80. DeepSeek's
 "3.2 times" sets that reached rate against InfiniBand's line rate; here InfiniBand too is
-priced at its (assumed) reached share, 40 GB/s, so the preset's NVLink is 4 times its
+priced at its reached share, 47 GB/s, so the preset's NVLink is 3.4 times its
 InfiniBand. The H800's 400 GB/s is 8 NVLink 4 links of 50 GB/s each (nvidia-smi topo prints
 NV8 between H800s, vllm-project/vllm issue 40755, against NV18 between H100s and H200s).
-No verified busbw table for InfiniBand was found: IB levels take 0.80, an assumption.
+InfiniBand: NCCL's maintainers give the bus bandwidth one NIC reaches inter-node. HDR
+200 Gb/s: "We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s for
+100G NICs)" (S. Jeaugey, NVIDIA/nccl-tests issue 119, 2022), and "On an Nvidia DGX-A100
+system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW" (D. Addison,
+NVIDIA/nccl issue 812, 2023), 24 of 25 GB/s = 0.96. NDR 400 Gb/s: "For NDR @ 400Gbps you
+should see 46-48GB/s per NIC" (NVIDIA/nccl-tests issue 290, 2025), 47 of 50 GB/s = 0.94.
+Each IB level takes its generation's share (until these were found the catalogue assumed
+0.80, with the accuracy table in view; README).
 
 Latency per message step α: 3 µs inside an NVLink domain and 10 µs across InfiniBand. The
 NVLink value agrees with the smallest message of the same Azure runs: a 1 KB all_reduce at a
@@ -52,7 +59,9 @@ from budget.plan.model import BandwidthRamp
 
 __all__ = [
     "H800_NVLINK_FRACTION",
+    "HDR_FRACTION",
     "IB_FRACTION",
+    "NDR_FRACTION",
     "NVLINK3_FRACTION",
     "NVLINK4_FRACTION",
     "RAMPS",
@@ -65,7 +74,9 @@ GB = 1e9
 NVLINK3_FRACTION = 231.58 / 300  # nccl-tests all_reduce busbw, 8 x A100 (module docstring)
 NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstring)
 H800_NVLINK_FRACTION = 160 / 200  # DeepSeek-V3's achieved NVLink rate on H800 (docstring)
-IB_FRACTION = 0.80  # assumption (module docstring)
+HDR_FRACTION = 24 / 25  # NCCL busbw per HDR 200 Gb/s NIC, maintainers (module docstring)
+NDR_FRACTION = 47 / 50  # NCCL busbw per NDR 400 Gb/s NIC, maintainers (module docstring)
+IB_FRACTION = {200: HDR_FRACTION, 400: NDR_FRACTION}  # by link rate, Gb/s
 NVLINK_LATENCY = 3e-6  # assumption (module docstring)
 IB_LATENCY = 10e-6  # assumption (module docstring)
 
@@ -79,7 +90,7 @@ class LinkSpec:
     rate: float
     latency: float
     size: int | None
-    fraction: float = IB_FRACTION
+    fraction: float = NDR_FRACTION
     source: str = ""
     ramp: BandwidthRamp | None = None  # measured share of the bandwidth by message size
     # Figures not measured on this link but assumed or borrowed from another (module
@@ -118,11 +129,11 @@ def _nvlink(
     return LinkSpec("nvlink", rate_gb * GB, NVLINK_LATENCY, size, fraction, source, ramp, assumed)
 
 
-def _ib(gbit: float, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:
-    """An InfiniBand level: its collective share and latency are assumptions (docstring)."""
-    return LinkSpec(
-        name, gbit / 8 * GB, IB_LATENCY, size, source=source, assumed=("share", "latency")
-    )
+def _ib(gbit: int, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:
+    """An InfiniBand level at its generation's collective share; its latency is an
+    assumption (module docstring)."""
+    share = IB_FRACTION[gbit]
+    return LinkSpec(name, gbit / 8 * GB, IB_LATENCY, size, share, source, assumed=("latency",))
 
 
 _DGX_A100 = "NVIDIA DGX A100 datasheet"
