@@ -16,7 +16,9 @@ attention for DeepSeek serving).
 
 Prefill processes every prompt token once (phases `prefill.*`); decode then runs the whole
 model once per generated token with one query per sequence against the cached keys
-(`decode.*`, counted `generate` times). Decode moves tiny tensors, so its tensor-parallel
+(`decode.*`, counted `generate` times); under context parallelism each rank attends the
+slice of the context its cache holds and the ranks combine their partial outputs
+(`_decode_combine`). Decode moves tiny tensors, so its tensor-parallel
 all-reduces are latency-bound: n·α dominates Q/B_eff (the seeds' "small messages can be
 latency-limited"). Time per token and time to first token are assembled in `schedule`.
 """
@@ -35,7 +37,7 @@ from budget.layers import (
     stage_layer_ids,
     stage_params,
 )
-from budget.phases import Alloc, Instant, Phase, StageStep, Step, when
+from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _cp_moves,
@@ -86,6 +88,28 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     return [layer_in, Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols)]
 
 
+def _decode_combine(plan: Plan, s: Shapes) -> Move:
+    """Decoding with the cache sharded along the sequence over cp: each rank attends its
+    shard and holds a partial output and the log-sum-exp of its scores per head, which the
+    ranks exchange and rescale into the whole (Flash-Decoding's split-KV reduction, Dao et
+    al. 2023, across GPUs as in Helix parallelism's KV parallelism, arXiv 2507.07120). Priced
+    as an all-gather of the fp32 partial outputs and log-sum-exps, exposed: the output
+    projection needs it."""
+    cp = plan.parallel.cp
+    part = 4 * s.tokens * (s.out_cols + s.heads)  # one rank's partial, fp32
+    return Move(
+        "split-KV attention combine",
+        "all-gather",
+        "cp",
+        cp,
+        "fp32",
+        cp * part,
+        "shard(0)",
+        "replicate",
+        rule="cp decode: exposed, the output projection needs the combined attention",
+    )
+
+
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
     """Logits of the last position of each sequence (what sampling needs)."""
     e = DTYPE_BYTES[plan.precision.matmul]
@@ -116,6 +140,8 @@ def _pass(
     attention = attention_tp_moves(plan, s, False)
     if prefix == "prefill":
         attention += _cp_moves(plan, s, False)
+    elif plan.parallel.cp > 1:
+        attention.append(_decode_combine(plan, s))
     phases.append(
         Phase(
             f"{prefix}.attention",
@@ -174,7 +200,8 @@ def derive_inference(plan: Plan) -> Step:
     b = plan.batch
     flags = moe_layers(plan)
     prefill = shapes(plan, b.prompt, b.prompt)
-    decode = shapes(plan, 1, b.prompt + b.generate)
+    # decode: each cp rank attends the slice of the context its cache holds (`_decode_combine`)
+    decode = shapes(plan, 1, -(-(b.prompt + b.generate) // plan.parallel.cp))
     stages = []
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)

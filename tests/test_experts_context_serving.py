@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from budget.inference import kv_cache_bytes
+from budget.inference import derive_inference, kv_cache_bytes
 from budget.layers import (
     active_params,
     expert_data_parallel,
@@ -177,6 +177,17 @@ def test_decoding_with_context_parallelism_splits_the_prompt_not_the_context(tmp
     plan = load_plan(path)
     assert (plan.parallel.cp, plan.batch.prompt, plan.batch.generate) == (2, 2048, 1)
     assert kv_cache_bytes(plan, 80) == 80 * 2 * 128 * 2 * 1025 * 32 * 2
+    # each rank attends its 1,025 cached tokens, not all 2,049: the fused kernel reads
+    # 32 x 1,025 x 2 kv heads x 128 x 2 (K, V) x 2 B, and writes/reads one query row
+    decode = [
+        p for s in derive_inference(plan).stages for p in s.phases if p.name == "decode.attention"
+    ]
+    (phase,) = decode
+    (core,) = [w for w in phase.works if w.kind == "attention"]
+    assert core.bytes == 2 * 32 * (16 * 128 + 1025 * 2 * 128 * 2 + 16 * 128)
+    # ... and the two ranks exchange fp32 partial outputs (16 heads x 128) and log-sum-exps
+    (combine,) = [m for m in phase.moves if m.group == "cp"]
+    assert (combine.op, combine.size_bytes) == ("all-gather", 2 * 4 * 32 * (16 * 128 + 16))
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama3-70b-decode"])
