@@ -12,8 +12,9 @@ H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827) and 183,359 MiB on the B200 "180G
 (NVIDIA/TensorRT-LLM issue 10278); rocminfo gives the MI300X "192 GB" a global pool of
 201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would
 lose 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain
-0.35 GiB it does not have. What CUDA itself keeps out of that total (its context, about
-0.5 GiB) is the plan's ``device.reserved``.
+0.35 GiB it does not have. What CUDA keeps out of that total (its context, about 0.5 GiB),
+NCCL's buffers and the allocator's slack are not reserved by a preset: a plan states them as
+``device.reserved``.
 
 GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the fraction of the dense bf16
 peak a public matmul microbenchmark sustains on that device; ``half_flops`` is the GEMM size
@@ -412,6 +413,6 @@ DEVICES: dict[str, DevicePreset] = {
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
         memory_efficiency=_MI300X_STREAM,
-        assumed=("start",),  # none measured: 0
+        assumed=("gemm", "start"),  # the A100's ramp time; no startup measured: 0
     ),
 }

@@ -28,7 +28,9 @@ InfiniBand: NCCL's maintainers give the bus bandwidth one NIC reaches inter-node
 100G NICs)" (S. Jeaugey, NVIDIA/nccl-tests issue 119, 2022), and "On an Nvidia DGX-A100
 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW" (D. Addison,
 NVIDIA/nccl issue 812, 2023), 24 of 25 GB/s = 0.96. NDR 400 Gb/s: "For NDR @ 400Gbps you
-should see 46-48GB/s per NIC" (NVIDIA/nccl-tests issue 290, 2025), 47 of 50 GB/s = 0.94.
+should see 46-48GB/s per NIC" (NVIDIA/nccl-tests issue 290, 2025), the middle of that range,
+47 of 50 GB/s = 0.94 (the same maintainer has also written "around 48GB/s" per CX7 NIC,
+nccl-tests issue 319: 0.96, one point of the range).
 Each IB level takes its generation's share (until these were found the catalogue assumed
 0.80, with the accuracy table in view; README).
 
@@ -60,7 +62,7 @@ from budget.plan.model import BandwidthRamp
 __all__ = [
     "H800_NVLINK_FRACTION",
     "HDR_FRACTION",
-    "IB_FRACTION",
+    "IB_FRACTIONS",
     "NDR_FRACTION",
     "NVLINK3_FRACTION",
     "NVLINK4_FRACTION",
@@ -76,8 +78,8 @@ NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstri
 H800_NVLINK_FRACTION = 160 / 200  # DeepSeek-V3's achieved NVLink rate on H800 (docstring)
 HDR_FRACTION = 24 / 25  # NCCL busbw per HDR 200 Gb/s NIC, maintainers (module docstring)
 NDR_FRACTION = 47 / 50  # NCCL busbw per NDR 400 Gb/s NIC, maintainers (module docstring)
-IB_FRACTION = {200: HDR_FRACTION, 400: NDR_FRACTION}  # by link rate, Gb/s
-NVLINK_LATENCY = 3e-6  # assumption (module docstring)
+IB_FRACTIONS = {200: HDR_FRACTION, 400: NDR_FRACTION}  # by link rate, Gb/s
+NVLINK_LATENCY = 3e-6  # checked against the smallest nccl-tests messages (module docstring)
 IB_LATENCY = 10e-6  # assumption (module docstring)
 
 
@@ -90,7 +92,7 @@ class LinkSpec:
     rate: float
     latency: float
     size: int | None
-    fraction: float = NDR_FRACTION
+    fraction: float  # the share of `rate` collectives reach (module docstring)
     source: str = ""
     ramp: BandwidthRamp | None = None  # measured share of the bandwidth by message size
     # Figures not measured on this link but assumed or borrowed from another (module
@@ -132,7 +134,7 @@ def _nvlink(
 def _ib(gbit: int, source: str, size: int | None = None, name: str = "infiniband") -> LinkSpec:
     """An InfiniBand level at its generation's collective share; its latency is an
     assumption (module docstring)."""
-    share = IB_FRACTION[gbit]
+    share = IB_FRACTIONS[gbit]
     return LinkSpec(name, gbit / 8 * GB, IB_LATENCY, size, share, source, assumed=("latency",))
 
 

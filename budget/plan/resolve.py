@@ -854,9 +854,9 @@ class _Checks:
 
         Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
         the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
-        2·cp − 1 − r. The all-gather variant needs only cp | seq. Serving splits the prompt
-        so in its prefill; decoding appends one token at a time to a cache sharded by
-        sequence (`budget.inference.kv_cache_bytes`), which needs no division.
+        2·cp − 1 − r. The all-gather variant needs only cp | seq. Serving splits only the
+        prompt, in prefill; decoding appends one token at a time to a cache sharded along the
+        sequence with ceiling division (`budget.inference`), which needs no divisor.
         """
         cp = self.par.cp
         if cp == 1:

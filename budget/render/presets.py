@@ -10,6 +10,7 @@ the exact numbers and the sources in full (`budget.presets`).
 from __future__ import annotations
 
 import io
+import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -211,18 +212,22 @@ def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+# A figure and the unit after it ("400 GB/s", "3.23 µs", "72 PFLOPS") stay on one line.
+_UNIT = re.compile(r"(\d) (?=(?:[kMGTP]i?B|[GT]b|[PT]FLOP|µs|ms|B/s|W\b|MHz|%))")
+
+
 def _wrapped(console: Console, text: str, indent: str = "") -> None:
-    """`text` wrapped to the console, never inside a word or a hyphenated name."""
-    width = max(40, console.width - 1)
+    """`text` wrapped to the console, never inside a word, a hyphenated name or between a
+    figure and its unit; printed as wrapped, so the console does not wrap it again."""
     filled = textwrap.fill(
-        text,
-        width,
+        _UNIT.sub("\\1" + NBSP, text),
+        max(20, console.width - 1),
         initial_indent=indent,
         subsequent_indent=indent + "  ",
         break_on_hyphens=False,
         break_long_words=False,
     )
-    console.print(filled, highlight=False, markup=False)
+    console.print(filled, highlight=False, markup=False, soft_wrap=True)
 
 
 def _needed_width(section: Section) -> int:
@@ -262,7 +267,7 @@ def _rows_as_lines(console: Console, section: Section) -> None:
     """The narrow form: one wrapped line per row, every figure after its column's name,
     the two joined by no-break spaces so a line never parts a figure from its name or
     unit."""
-    console.print(section.title, highlight=False, markup=False)
+    _wrapped(console, section.title)
     label = ""
     for row in section.rows:
         label = row[0] or label
@@ -281,11 +286,10 @@ def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt:
     for n, section in enumerate(_sections(data)):
         if n:
             console.print()
-        table = _table(section)
         if _needed_width(section) > console.width:
             _rows_as_lines(console, section)
         else:
-            console.print(table)
+            console.print(_table(section))
         _wrapped(console, section.note)
         console.print("Sources:", highlight=False)
         for source in section.sources:
