@@ -294,8 +294,10 @@ def grad_accumulation(plan: Plan, params: int) -> list[Work]:
 
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward."""
+    from budget.layers import vocab_rows
+
     e = DTYPE_BYTES[plan.precision.matmul]
-    vocab = -(-plan.model.vocab // plan.parallel.tp)
+    vocab = vocab_rows(plan)
     logits = gemm("output layer", s.tokens, s.hidden, vocab, e)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
     return [

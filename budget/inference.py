@@ -36,6 +36,7 @@ from budget.layers import (
     shapes,
     stage_layer_ids,
     stage_params,
+    vocab_rows,
 )
 from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
@@ -113,7 +114,7 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
     """Logits of the last position of each sequence (what sampling needs)."""
     e = DTYPE_BYTES[plan.precision.matmul]
-    vocab = -(-plan.model.vocab // plan.parallel.tp)
+    vocab = vocab_rows(plan)
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
     return logits, [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
 

@@ -288,10 +288,15 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
     return class_params(plan, stage_classes(plan, merge=False)[stage])
 
 
+def vocab_rows(plan: Plan) -> int:
+    """The vocabulary rows one tp rank holds of the word embedding or output layer: Megatron-LM
+    splits them by whole rows (``VocabParallelEmbedding``), ceil(vocab / tp)."""
+    return -(-plan.model.vocab // plan.parallel.tp)
+
+
 def vocab_params(plan: Plan) -> int:
-    """The rank's share of the word embedding or output layer: Megatron-LM splits them by
-    whole vocabulary rows over tp (``VocabParallelEmbedding``), ceil(vocab / tp) x hidden."""
-    return -(-plan.model.vocab // plan.parallel.tp) * plan.model.hidden
+    """The rank's share of the word embedding or output layer, ceil(vocab / tp) x hidden."""
+    return vocab_rows(plan) * plan.model.hidden
 
 
 def class_params(plan: Plan, c: StageClass) -> StageParams:

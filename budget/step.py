@@ -56,6 +56,7 @@ from budget.layers import (
     stage_classes,
     tokens_replicated,
     vocab_params,
+    vocab_rows,
 )
 from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
 from budget.placement import (
@@ -1104,7 +1105,7 @@ def _loss(b: _StageBuilder) -> None:
     ``process_mtp_loss``); each cross-entropy keeps its fp32 softmax for the backward
     (``_VocabParallelCrossEntropy`` saves it), so the main head's peak holds theirs too."""
     plan, s = b.plan, b.shapes
-    logits = s.tokens * -(-plan.model.vocab // plan.parallel.tp)
+    logits = s.tokens * vocab_rows(plan)
     vocab = "shard(vocab) on tp"
     everything = Alloc(
         "saved activations of the micro-batches in flight",
