@@ -89,8 +89,9 @@ def model_dict(m: ModelPreset) -> dict[str, Any]:
     """``{name, params, active_params, mtp_params, layers, hidden, heads, kv_heads, ffn,
     vocab, mla, experts{count, top_k, ffn, shared_ffn} or None, source}``; ``params`` leaves
     the multi-token prediction modules out (``mtp_params``), as the report's header does;
-    ``active_params`` is what one token touches, both embeddings included (Mistral's count for
-    Mixtral; DeepSeek's "37B activated" leaves the input embedding out)."""
+    ``active_params`` is what one token touches, both embeddings included (as Mistral counts
+    Mixtral's 12.9 B; DeepSeek's "37B activated" may leave the input embedding out, which
+    would make DeepSeek-V3's 37.55 B here 36.63 B)."""
     from budget.layers import active_params, mtp_layers, mtp_total, params_total
 
     plan = _plan_of(m)
