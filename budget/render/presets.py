@@ -32,8 +32,8 @@ _ASSUMED_NOTE = f"{ASSUMED} assumed, or borrowed from another device or link (se
 
 @dataclass(frozen=True, slots=True)
 class Section:
-    """One kind's table: its rows as text, the columns aligned right, the one whose text may
-    wrap, what the columns mean, and the sources behind the rows."""
+    """One kind's table: its rows as text, the columns aligned right and those whose text
+    may wrap, what the columns mean, and the sources behind the rows."""
 
     title: str
     head: list[str]
