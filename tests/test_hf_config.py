@@ -53,6 +53,40 @@ def test_qwen_moe_experts() -> None:
     }
 
 
+def test_qwen3_moe_has_heads_wider_than_the_model_and_the_published_counts() -> None:
+    """Qwen3-30B-A3B: 32 query heads of 128 over a 2048-wide model (head_dim is not hidden /
+    heads), 128 experts of 768 with 8 per token on every layer and no shared expert. Qwen's
+    model card: 30.5 B parameters, 3.3 B activated."""
+    tree = _read("qwen3-30b-a3b")
+    assert (tree["hidden"], tree["heads"], tree["kv_heads"], tree["head_dim"]) == (
+        2048,
+        32,
+        4,
+        128,
+    )
+    assert tree["experts"] == {"count": 128, "top_k": 8, "ffn": 768}
+    from budget.layers import active_params, params_total
+    from budget.plan.resolve import resolve
+    from budget.plan.yaml_load import Marks
+
+    config = DATA / "hf" / "qwen3-30b-a3b" / "config.json"
+    plan = resolve(
+        {
+            "model": {"hf_config": str(config)},
+            "batch": {"seq": 4096, "micro": 1, "global": 8},
+            "parallel": {"dp": 8},
+            "device": {"preset": "h100-sxm"},
+            "topology": {"preset": "dgx-h100", "nodes": 1},
+        },
+        Marks(),
+        "plan.yaml",
+    )
+    assert round(params_total(plan) / 1e9, 1) == 30.5
+    # the card's "3.3B activated": 3.35 B here, counting both embeddings (3.04 B without the
+    # input one)
+    assert 3.3e9 <= active_params(plan) < 3.4e9
+
+
 def test_deepseek_v3_experts() -> None:
     tree = _read("deepseek-v3")
     assert tree["experts"] == {
