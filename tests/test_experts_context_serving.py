@@ -26,6 +26,14 @@ from tests.builders import make_plan
 
 PLANS = Path(__file__).parent.parent / "plans"
 
+
+def _load_text(tmp_path: Path, text: str):
+    """`text` written as a plan file and loaded, as a user's edited copy of a shipped plan."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_plan(path)
+
+
 # Megatron-LM's MoE example with shared experts (issue 5): Qwen1.5-MoE-A2.7B-like.
 QWEN_MOE = Model(
     layers=24,
@@ -172,9 +180,7 @@ def test_decoding_with_context_parallelism_splits_the_prompt_not_the_context(tmp
     sequences x 2 B on each rank."""
     text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
     text = text.replace("generate: 512", "generate: 1").replace("tp: 8", "tp: 4\n  cp: 2")
-    path = tmp_path / "cp.yaml"
-    path.write_text(text, encoding="utf-8")
-    plan = load_plan(path)
+    plan = _load_text(tmp_path, text)
     assert (plan.parallel.cp, plan.batch.prompt, plan.batch.generate) == (2, 2048, 1)
     assert kv_cache_bytes(plan, 80) == 80 * 2 * 128 * 2 * 1025 * 32 * 2
     # each rank attends its 1,025 cached tokens, not all 2,049: the fused kernel reads
@@ -230,9 +236,7 @@ def test_new_plan_sections_load_from_yaml(tmp_path):
         )
         .replace("flops: {bf16: 989 TFLOP/s,", "flops: {fp8: 1979 TFLOP/s, bf16: 989 TFLOP/s,")
     )
-    path = tmp_path / "mixtral-etp1-fp8.yaml"
-    path.write_text(text, encoding="utf-8")
-    plan = load_plan(path)
+    plan = _load_text(tmp_path, text)
     assert plan.parallel.etp == 1
     assert plan.precision.matmul == "fp8" and plan.precision.param_gather == "fp8"
     report = build_report(plan)
@@ -446,10 +450,8 @@ def test_ep_outside_the_data_parallel_ranks_is_refused_in_training(tmp_path):
         )
         .replace("etp: 1}", "etp: 1, sequence_parallel: true}")
     )
-    path = tmp_path / "plan.yaml"
-    path.write_text(text, encoding="utf-8")
     with pytest.raises(BudgetError) as raised:
-        load_plan(path)
+        _load_text(tmp_path, text)
     (problem,) = raised.value.problems
     assert problem.path == "$.parallel.ep"
     assert "ep = 8 does not divide cp × dp = 1 × 1" in problem.message
