@@ -264,11 +264,19 @@ def _mpt_run(
     ``llmfoundry/models/mpt/configuration_mpt.py``): d_model, n_heads, n_layers from the
     yaml; expansion_ratio 4 (GELU MLP); vocab_size 50368; tie_word_embeddings true;
     no_bias false (biases on every linear layer and LayerNorm); learned_pos_emb true with
-    max_seq_len 2048 rows, since the yamls set neither ``alibi`` nor ``rope``; dropout 0;
-    attn_impl triton (flash for 13B), FlashAttention kernels of 2023 (the Triton one and
-    flash-attn 1), timed as FlashAttention-2, the nearest kernel measured on both GPUs and
-    no slower than they were. With these the plan's parameter count equals the table's
-    NumParams column exactly.
+    max_seq_len 2048 rows, since the yamls set neither ``alibi`` nor ``rope``; dropout 0.
+    With these the plan's parameter count equals the table's NumParams column exactly.
+
+    Attention: ``attn_impl: triton`` for every size, llm-foundry's FlashAttention in Triton
+    (``model.attention: triton``). The sweep's ``submit_benchmarks.py`` writes its
+    ``--attn_impl`` into every model's config, overriding the yaml (so the 13B's ``flash``
+    too), and every stored version of that period defaults it to ``triton``
+    (scripts/train/benchmarking/submit_benchmarks.py at 431051c and at a7c7567, the one PR
+    543 merged with these tables; ``sweep.sh`` never passes it). The H100 rows ran
+    ``mosaicml/pytorch:2.1.0_cu121-nightly20230827`` (the Image column of
+    scripts/train/benchmarking/h100new.md at beb8dee, whose rows are the table's). Until
+    this was read the rows were timed as FlashAttention-2, a bound no slower than the
+    kernel they ran.
 
     Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1),
     micro-batch and global batch as listed (grad accumulation = global / (micro × 8)),
@@ -294,7 +302,7 @@ def _mpt_run(
             "tied_embeddings": True,
             "position": "learned",
             "max_positions": 2048,
-            "attention": "flash2",
+            "attention": "triton",
             "dropout": False,
         },
         "batch": {"seq": 2048, "micro": micro, "global": batch},

@@ -266,11 +266,12 @@ def build_report(plan: Plan) -> Report:
         # no measurement on this device, so the GEMM curve)
         "attention": m.attention,
         "attention_kernel": plan.device.attention_kernel(m.attention),
-        # where the rate comes from: measured (the preset's, read at attention_keys), plan
-        # (attention_efficiency), gemm (no measurement: the GEMM curve) or eager
+        # where the rate comes from: measured (the preset's, read at attention_keys), derived
+        # (likewise, computed from another kernel's), plan (attention_efficiency), gemm (no
+        # measurement: the GEMM curve) or eager
         "attention_rate": source,
-        # keys each query meets in one kernel call, the length a measured rate is read at
-        "attention_keys": keys if source == "measured" else None,
+        # keys each query meets in one kernel call, the length a preset's rate is read at
+        "attention_keys": keys if source in ("measured", "derived") else None,
         "attention_fraction": plan.device.attention_fraction(m.attention, keys)
         if m.attention != "eager"
         else None,

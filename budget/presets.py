@@ -25,9 +25,10 @@ ATTENTION_KEYS = 8192
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, by_dtype, source}, memory_efficiency, kernel_startup_s,
-    attention[{kernel, keys, fraction}], assumed, source}``; the first attention kernel is
-    what ``model.attention: flash`` runs (its share of the bf16 peak when each query meets
-    ``keys`` keys), an empty list means attention stays on the GEMM curve; ``assumed`` names
+    attention[{kernel, keys, fraction, derived}], assumed, source}``; the first attention
+    kernel is what ``model.attention: flash`` runs (its share of the bf16 peak when each
+    query meets ``keys`` keys; ``derived``: computed from another kernel's measurement), an
+    empty list means attention stays on the GEMM curve; ``assumed`` names
     the figures borrowed from another device or assumed ("gemm", "stream", "attention",
     "start")."""
     peak = dict(d.flops)["bf16"]
@@ -50,6 +51,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
                 "kernel": rate.kernel,
                 "keys": ATTENTION_KEYS,
                 "fraction": float(rate.at(ATTENTION_KEYS)),
+                "derived": rate.derived,
             }
             for rate in d.attention
         ],

@@ -247,13 +247,29 @@ def test_fused_attention_rates_are_the_published_measurements() -> None:
     assert h100["flash3"].at(8192) * 989 == pytest.approx(570.6, abs=0.05)
     h200 = {rate.kernel: rate for rate in DEVICES["h200"].attention}
     assert h200["flash2"].at(8192) * 989 == pytest.approx(329.3)
-    (a100,) = DEVICES["a100-80gb"].attention
+    a100 = DEVICES["a100-80gb"].attention[0]
     assert a100.kernel == "flash2" and a100.at(8192) == pytest.approx(179.5 / 312)
     # The paper's own FlashAttention-2 bars (333 forward, 318 backward) agree with Azure's
     # independent FA2 run within 2 %: the reason its cuDNN and FA3 bars are trusted.
     paper_fa2 = 3.5 / (1 / 333 + 2.5 / 318)
     assert paper_fa2 == pytest.approx(327.9, rel=0.02)
     assert not DEVICES["b200"].attention and not DEVICES["mi300x"].attention
+
+
+def test_triton_attention_is_flashattention2_slowed_by_the_fa2_papers_ratios() -> None:
+    """FlashAttention in Triton: FlashAttention-2's forward at 1/1.4 and backward at 1/2 (FA2
+    paper, section 4.1). A100, forward and backward alike at FA2's 179.5: 3.5 / (1.4/179.5 +
+    2.5·2/179.5) = 179.5 · 3.5/6.4 = 98.16 TFLOP/s. H100 at 8K, FA2 bars 333 forward and 318
+    backward: 3.5 / (1.4/333 + 5/318) = 175.64, at Azure's FA2 level × 327.9 / 322.15 (the
+    bars combined) = 178.77; at 2K (298, 291): 159.96 · 1.0179 = 162.82. Never a default."""
+    a100 = {rate.kernel: rate for rate in DEVICES["a100-80gb"].attention}
+    assert a100["triton"].at(2048) * 312 == pytest.approx(98.16, abs=0.01)
+    h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
+    assert h100["triton"].at(8192) * 989 == pytest.approx(178.77, abs=0.01)
+    assert h100["triton"].at(2048) * 989 == pytest.approx(162.82, abs=0.01)
+    for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h800", "h200"):
+        kernels = [rate.kernel for rate in DEVICES[name].attention]
+        assert "triton" in kernels and kernels[0] != "triton"
 
 
 def test_fused_attention_rates_follow_the_keys_per_call() -> None:
@@ -270,7 +286,7 @@ def test_fused_attention_rates_follow_the_keys_per_call() -> None:
     assert h100["cudnn"].at(2048 * 2**0.5) == pytest.approx(halfway)
     assert h100["cudnn"].at(128) == h100["cudnn"].at(512) == pytest.approx(307.8 / 989, 1e-3)
     assert h100["cudnn"].at(131072) == h100["cudnn"].at(16384)
-    (a100,) = DEVICES["a100-80gb"].attention
+    a100 = DEVICES["a100-80gb"].attention[0]
     assert a100.at(1024) == a100.at(8192) == a100.at(65536)
     # The array path (search) reads the same values as the scalar one (a plan).
     import numpy as np
@@ -303,6 +319,20 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
         return row.compute_s
 
     assert attention_s(ring) > attention_s(gathered)
+
+
+def test_a_derived_attention_rate_says_so() -> None:
+    """The Triton kernel's rate is computed from FlashAttention-2's, not measured: the report
+    says ``derived`` (JSON and header) and still reads it at the keys each call meets."""
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    report = build_report(_resolve(_tree(model={"preset": "llama3-8b", "attention": "triton"})))
+    assert report.device["attention_rate"] == "derived"
+    assert report.device["attention_keys"] == 8192
+    assert "(derived from another kernel's measurement)" in header(report)[-1]
+    measured = build_report(_resolve(_tree(model={"preset": "llama3-8b", "attention": "flash2"})))
+    assert measured.device["attention_rate"] == "measured"
 
 
 def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> None:
@@ -341,12 +371,12 @@ def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> N
     core = Work("attention core (flash)", "attention", 2 * 8192**3, 10**6, keys=8192)
     times = {}
     peaks = {}
-    for kernel in ("flash", "flash2", "flash3", "cudnn"):
+    for kernel in ("flash", "flash2", "flash3", "cudnn", "triton"):
         plan = _resolve(_tree(model={"preset": "llama3-8b", "attention": kernel}))
         times[kernel] = work_time(plan, core)
         peaks[kernel] = build_report(plan).worst.peak_bytes
     assert times["flash2"] == pytest.approx(core.flops / 327.9e12)
-    assert times["flash"] == times["cudnn"] < times["flash2"]
+    assert times["flash"] == times["cudnn"] < times["flash2"] < times["triton"]
     assert times["flash3"] < times["cudnn"]
     assert len(set(peaks.values())) == 1  # every fused kernel keeps only row statistics
     eager = _resolve(_tree(model={"preset": "llama3-8b", "attention": "eager"}))

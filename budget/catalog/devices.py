@@ -133,6 +133,20 @@ cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_at
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
 fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). B200 and MI300X
 have no measurement here: their fused attention stays on the GEMM curve, an upper bound.
+
+FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn_impl:
+triton`` runs (its port of the Triton tutorial's fused attention), is never a default: a
+plan names it to price a stack of that time. No sweep of it was found on these devices, so it
+is FlashAttention-2's rate slowed by the ratios the FlashAttention-2 paper measured on an
+A100 80GB (Dao, arXiv 2307.08691, section 4.1: FlashAttention-2 is "around 1.3-1.5x faster
+than FlashAttention in Triton in the forward pass and around 2x faster in the backward
+pass"): the forward at 1/1.4 of FlashAttention-2's, the backward at 1/2, combined as above.
+On Hopper the forward and backward bars of FlashAttention-2 above are slowed that way at
+each length; the A100 has only the combined 179.5 TFLOP/s, taken as forward and backward
+alike (the H100's FA2 bars differ by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2
+TFLOP/s (31.5 %). Carrying the A100's ratios to Hopper is an assumption: the Triton kernel
+of 2023 used none of Hopper's new instructions, and neither did FlashAttention-2's first
+release, whose H100 rate is the one slowed here.
 """
 
 from __future__ import annotations
@@ -197,13 +211,42 @@ def _fa3_paper(kernel: str, peak: float, at_8k: float | None = None) -> Attentio
     return AttentionRate(kernel, _FA3_LENGTHS, tuple(r * scale / peak for r in rates))
 
 
-_A100_ATTENTION = (AttentionRate("flash2", (8192,), (179.5 / 312,)),)  # one length measured
+# FlashAttention-2 paper, section 4.1 (A100): FA2 is about 1.4x (1.3-1.5) as fast as
+# FlashAttention in Triton in the forward pass and 2x in the backward (module docstring).
+_TRITON_SLOWER = (1.4, 2.0)
+
+
+def _triton(fa2_forward: float, fa2_backward: float) -> float:
+    """FlashAttention in Triton, TFLOP/s of forward + backward, from FlashAttention-2's."""
+    slower_forward, slower_backward = _TRITON_SLOWER
+    return _fwd_bwd(fa2_forward / slower_forward, fa2_backward / slower_backward)
+
+
+def _triton_hopper(peak: float, fa2_at_8k: float) -> AttentionRate:
+    """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars slowed at each length, at
+    the level of the device's measured FA2 (`_fa3_paper`'s ``at_8k``)."""
+    forward, backward = _FA3_FIGURES["flash2"]
+    at_8k = _FA3_LENGTHS.index(8192)
+    scale = fa2_at_8k / _fwd_bwd(forward[at_8k], backward[at_8k])
+    rates = (_triton(f, b) * scale / peak for f, b in zip(forward, backward, strict=True))
+    return AttentionRate("triton", _FA3_LENGTHS, tuple(rates), derived=True)
+
+
+_A100_ATTENTION = (  # one length measured
+    AttentionRate("flash2", (8192,), (179.5 / 312,)),
+    AttentionRate("triton", (8192,), (_triton(179.5, 179.5) / 312,), derived=True),
+)
 _H100_ATTENTION = (
     _fa3_paper("cudnn", 989),
     _fa3_paper("flash3", 989),
     _fa3_paper("flash2", 989, at_8k=327.9),
+    _triton_hopper(989, 327.9),
 )
-_H200_ATTENTION = (*_H100_ATTENTION[:2], _fa3_paper("flash2", 989, at_8k=329.3))
+_H200_ATTENTION = (
+    *_H100_ATTENTION[:2],
+    _fa3_paper("flash2", 989, at_8k=329.3),
+    _triton_hopper(989, 329.3),
+)
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"

@@ -19,8 +19,8 @@ Mode = Literal["train", "prefill", "decode"]
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope"]
-Attention = Literal["flash", "flash2", "flash3", "cudnn", "eager"]
-FUSED_KERNELS = ("flash2", "flash3", "cudnn")  # named fused-attention kernels
+Attention = Literal["flash", "flash2", "flash3", "cudnn", "triton", "eager"]
+FUSED_KERNELS = ("flash2", "flash3", "cudnn", "triton")  # named fused-attention kernels
 Optimizer = Literal["adam", "sgd", "none"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
@@ -223,12 +223,16 @@ class Device:
     def attention_source(self, kernel: str) -> str:
         """Where the attention core's rate comes from: ``eager`` (two GEMMs and a softmax
         on the GEMM curve), ``plan`` (``attention_efficiency``), ``measured`` (the preset's
-        rate for the kernel) or ``gemm`` (a fused kernel with no measurement here)."""
+        rate for the kernel), ``derived`` (the preset's rate, computed from another kernel's)
+        or ``gemm`` (a fused kernel with no measurement here)."""
         if kernel == "eager":
             return "eager"
         if self.attention_efficiency is not None:
             return "plan"
-        return "measured" if self.attention_rate(kernel) is not None else "gemm"
+        rate = self.attention_rate(kernel)
+        if rate is None:
+            return "gemm"
+        return "derived" if rate.derived else "measured"
 
     def attention_fraction(self, kernel: str, keys: Any) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
@@ -264,11 +268,13 @@ class AttentionRate:
     the dense bf16 peak it reaches when each query meets ``keys[i]`` keys in one kernel call
     (the sequence, or one ring step's share of it under context parallelism), interpolated
     in log keys and held outside the measured lengths. One point: the same at every
-    length (`budget.catalog.devices`)."""
+    length (`budget.catalog.devices`). ``derived``: computed from another kernel's
+    measurement by published ratios, not measured itself."""
 
     kernel: str
     keys: tuple[float, ...]
     fractions: tuple[float, ...]
+    derived: bool = False
 
     def at(self, keys: Any) -> Any:
         """The fraction at ``keys`` keys per call (a number, or an array)."""

@@ -105,13 +105,14 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
 def attention_text(kernel: str, runs: str, source: str, rate: str) -> str:
     """``attention: …`` as the report header and `budget search` say it: the kernel the plan
     names (and what it runs as here), then ``rate`` and where it comes from (``source``:
-    eager, gemm, plan or measured, `Device.attention_source`)."""
+    eager, gemm, plan, measured or derived, `Device.attention_source`)."""
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     return {
         "eager": "attention: eager (two GEMMs and a softmax)",
         "gemm": f"attention: {name} on the GEMM curve (not measured on this device)",
         "plan": f"attention: {name} at {rate} (device.attention_efficiency)",
         "measured": f"attention: {name} at {rate} (measured)",
+        "derived": f"attention: {name} at {rate} (derived from another kernel's measurement)",
     }[source]
 
 
