@@ -153,6 +153,16 @@ def test_unknown_kind_is_a_usage_error() -> None:
     result = runner.invoke(app, ["presets", "gpus"])
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert "unknown preset kind 'gpus'; choose one of devices, topologies, models" in (
-        result.stderr
-    )
+    assert "'gpus' is not one of 'devices', 'topologies', 'models'" in result.stderr
+
+
+def test_help_names_the_kinds_the_catalogue_has() -> None:
+    """The argument's choices in --help are `budget.presets.KINDS`, which the CLI keeps a copy
+    of so that --help imports nothing."""
+    from budget.cli import PresetKind
+    from budget.presets import KINDS
+
+    assert tuple(kind.value for kind in PresetKind) == KINDS
+    result = runner.invoke(app, ["presets", "--help"], env={"COLUMNS": "100"})
+    assert "kind <devices|topologies|models>" in result.stdout
+    assert "<str>" not in result.stdout
