@@ -135,18 +135,20 @@ fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). B20
 have no measurement here: their fused attention stays on the GEMM curve, an upper bound.
 
 FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn_impl:
-triton`` runs (its port of the Triton tutorial's fused attention), is never a default: a
-plan names it to price a stack of that time. No sweep of it was found on these devices, so it
-is FlashAttention-2's rate slowed by the ratios the FlashAttention-2 paper measured on an
-A100 80GB (Dao, arXiv 2307.08691, section 4.1: FlashAttention-2 is "around 1.3-1.5x faster
-than FlashAttention in Triton in the forward pass and around 2x faster in the backward
-pass"): the forward at 1/1.4 of FlashAttention-2's, the backward at 1/2, combined as above.
-On Hopper the forward and backward bars of FlashAttention-2 above are slowed that way at
-each length; the A100 has only the combined 179.5 TFLOP/s, taken as forward and backward
-alike (the H100's FA2 bars differ by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2
-TFLOP/s (31.5 %). Carrying the A100's ratios to Hopper is an assumption: the Triton kernel
-of 2023 used none of Hopper's new instructions, and neither did FlashAttention-2's first
-release, whose H100 rate is the one slowed here.
+triton`` runs (flash-attn's ``flash_attn_triton.py``, which starts from Phil Tillet's Triton
+tutorial kernel and needs the pre-MLIR Triton), is never a default: a plan names it to price
+a stack of that time. No sweep of it was found on these devices, so it is FlashAttention-2's
+rate slowed by the ratios the FlashAttention-2 paper measured against FlashAttention in
+Triton on an A100 80GB, the closest published comparison (Dao, arXiv 2307.08691, section
+4.1: FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in Triton in the
+forward pass and around 2x faster in the backward pass"): the forward at 1/1.4 of
+FlashAttention-2's, the backward at 1/2, combined as above. On Hopper the forward and
+backward bars of FlashAttention-2 above are slowed that way at each length; the A100 has only
+the combined 179.5 TFLOP/s, taken as forward and backward alike (the H100's FA2 bars differ
+by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2 TFLOP/s (31.5 %). Carrying the
+A100's ratios to Hopper is an assumption: the Triton kernel of 2023 used none of Hopper's new
+instructions, and neither did FlashAttention-2's first release, whose H100 rate is the one
+slowed here.
 """
 
 from __future__ import annotations
