@@ -147,8 +147,8 @@ backward bars of FlashAttention-2 above are slowed that way at each length; the 
 the combined 179.5 TFLOP/s, taken as forward and backward alike (the H100's FA2 bars differ
 by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2 TFLOP/s (31.5 %). Carrying the
 A100's ratios to Hopper is an assumption: the Triton kernel of 2023 used none of Hopper's new
-instructions, and neither did FlashAttention-2's first release, whose H100 rate is the one
-slowed here.
+instructions, and neither does FlashAttention-2 (FlashAttention-3 is the one that does),
+whose H100 rate is the one slowed here.
 """
 
 from __future__ import annotations
