@@ -69,12 +69,17 @@ def test_device_memory_is_the_driver_s_total() -> None:
 
 
 def test_gemm_curve_saturates_at_the_measured_ceiling() -> None:
-    """Sustained (MSMF) H200 SXM, the H100's die at its power limit: 755 of 989 TFLOP/s;
-    half of it at half_flops; the B200's MSMF 1439 of 2250; the A100 SXM's sustained cuBLASLt
-    rate on Azure's ND A100 v4 (Bekman has only its burst, 271), 256.5 of 312."""
+    """Sustained rates at the power limit: the H100 SXM reaches gpu-fryer's 730 TFLOP/s at
+    2·8192³ = 1.0995e12 FLOPs, so with the sm_90 ramp r (5.74 µs) its ceiling is
+    730e12 · F / (F − 730e12 · r) = 732.8 TFLOP/s; the H200's MSMF is 755 of 989; half of
+    the ceiling at half_flops; the B200's MSMF 1439 of 2250; the A100 SXM's sustained
+    cuBLASLt rate on Azure's ND A100 v4 (Bekman has only its burst, 271), 256.5 of 312."""
     curve = DEVICES["h100-sxm"].gemm
-    assert curve.peak_fraction * 989e12 == pytest.approx(755e12)
-    assert DEVICES["h200"].gemm == curve
+    assert curve.half_flops / (curve.peak_fraction * 989e12) == pytest.approx(5.74e-6, abs=5e-9)
+    assert curve.peak_fraction * 989e12 == pytest.approx(732.8e12, rel=1e-4)
+    assert curve_fraction(curve, 2 * 8192**3) * 989e12 == pytest.approx(730e12)
+    assert DEVICES["h200"].gemm.peak_fraction * 989e12 == pytest.approx(755e12)
+    assert DEVICES["h800"].gemm == curve
     assert DEVICES["b200"].gemm.peak_fraction * 2250e12 == pytest.approx(1439e12)
     assert DEVICES["a100-80gb"].gemm.peak_fraction * 312e12 == pytest.approx(256.5e12)
     assert DEVICES["mi300x"].gemm.peak_fraction * 1307.4e12 == pytest.approx(659e12)
@@ -193,9 +198,9 @@ def test_memory_bound_fraction_is_babelstream_on_the_preset() -> None:
 
 
 def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
-    """Bekman's FP8 table: an H200 sustains 1354 of 1979 dense FP8 TFLOP/s (bf16: 755 of
-    989). A 16384³ GEMM read in fp8 on an H100 plan takes 2·16384³ / (1354e12 · F/(F + F½))
-    with the bf16 ramp time; in bf16 it takes the same FLOPs at 755e12."""
+    """Bekman's FP8 table: an H200 sustains 1354 of 1979 dense FP8 TFLOP/s, which the H100
+    takes. A 16384³ GEMM read in fp8 on an H100 plan takes 2·16384³ / (1354e12 · F/(F + F½))
+    with the bf16 ramp time; in bf16 it takes the same FLOPs at the bf16 ceiling (732.8e12)."""
     from budget.flops import gemm
     from budget.schedule import work_time
 
@@ -203,9 +208,10 @@ def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
     work = gemm("big", 16384, 16384, 16384, 1)
     fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
     bf16 = _resolve(_tree())
-    ramp_s = bf16.device.gemm.half_flops / 755e12
+    ceiling = bf16.device.gemm.peak_fraction * 989e12
+    ramp_s = bf16.device.gemm.half_flops / ceiling
     expected_fp8 = (flops + 1354e12 * ramp_s) / 1354e12
-    expected_bf16 = (flops + 755e12 * ramp_s) / 755e12
+    expected_bf16 = (flops + ceiling * ramp_s) / ceiling
     assert work_time(fp8, work) == pytest.approx(expected_fp8)
     assert work_time(bf16, gemm("big", 16384, 16384, 16384, 2)) == pytest.approx(expected_bf16)
     # The attention core stays in bf16 under an FP8 recipe (Transformer Engine).

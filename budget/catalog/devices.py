@@ -35,15 +35,22 @@ reaching half of it. Sources of the calibration, none of them a training run:
   limit): 256.5 of 312 at 16384³, the largest of its shapes (82.2 %). The same procedure on
   the H100 (``Azure Results/ND_H100_v5_results.md``, f350e7e, FP8) gives 1377.3 at 16384³ and
   1351.4 at 6144 x 12288 x 12288, within 2 % of Bekman's FP8 MSMF of the H200 (1354) and
-  below the H100's FP8 burst (1403), so it reads as a sustained rate. The H100 SXM takes
-  the H200's MSMF: the same GH100 die at the same 700 W limit and boost clock, with only the
-  HBM stack different (an assumption: the H100's own row has only a burst, MAMF 795 on torch
-  2.7, against the H200's 850 on torch 2.14, so the software differs too, and each MSMF is
-  one node's run); the 300 W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because
-  the power limit is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``)
-  follow the same table's FP8 MSMF as a fraction of the dense FP8 peak, at the bf16 ramp time
-  (no trusted FP8 sweep): H200 and H100 1354 of 1979 (68.4 %), B200 2788 of 4500 (62.0 %),
-  MI300X 1187 of 2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds are not priced.
+  below the H100's FP8 burst (1403), so it reads as a sustained rate. Bekman's H100 SXM row
+  has only a burst (MAMF 795). Its sustained bf16 rate comes from huggingface/gpu-fryer, a
+  stress test that runs cuBLASLt 8192³ matmuls on every GPU of a node for 60 s and averages
+  each GPU's completed FLOPs per second after the first 4 (``src/main.rs`` at 0487190; inputs
+  are random u32 values cast to bf16, so random mantissas as with randn): "~730" TFLOP/s
+  BF16 on "NVIDIA H100 80GB HBM3" (README at 2b6fb06). The H100's ceiling is set so that its
+  curve (ramp below) gives 730 at F = 2·8192³: 732.8 of 989 (74.1 %), 3 % under the H200's
+  MSMF on the same die, whose own figure the H200 keeps (until this was read, the H100 took
+  the H200's, an assumption). gpu-fryer's FP8 figure is not used: its u32 inputs saturate
+  float8 e4m3 (largest finite value 448), which the README itself warns draws less power.
+  The 300 W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because the power limit
+  is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the MSMF
+  table's FP8 figure as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted
+  FP8 sweep): H200 1354 of 1979 (68.4 %, also the H100's, within 2 % of Azure's sustained
+  H100 FP8 run above), B200 2788 of 4500 (62.0 %), MI300X 1187 of 2614.9 (45.4 %). The cast
+  and scaling kernels an FP8 recipe adds are not priced.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
@@ -279,7 +286,7 @@ class DevicePreset:
     attention: tuple[AttentionRate, ...] = ()  # measured fused kernels, the default first
     kernel_startup: float = 0.0  # seconds a kernel takes beyond bytes / bandwidth (docstring)
     # Figures not measured on this device, but borrowed from another or assumed (docstring):
-    # any of "gemm", "stream", "attention", "start".
+    # any of "gemm" ("gemm-fp8": its FP8 ceiling alone), "stream", "attention", "start".
     assumed: tuple[str, ...] = ()
 
 
@@ -312,15 +319,26 @@ _H100_PCIE_FLOPS = (
     ("fp32", 51 * T),
 )
 # H200 SXM MSMF 755 of 989 TFLOP/s (torch 2.14, CUDA 13.0; 685-688 W at 1860-1918 MHz, the
-# node's other GPUs running matmuls): the same GH100 die and 700 W limit as the H100 SXM, whose
-# own row has only a burst (MAMF 795 of 989).
-_GH100_SUSTAINED = 755 / 989
+# node's other GPUs running matmuls).
+_H200_SUSTAINED = 755 / 989
 # FP8 (float8_e4m3fn), same table: H200 SXM MSMF 1354 of 1979 (683-689 W at 1767-1848 MHz);
-# the H100 SXM's own row is a burst, MAMF 1403.
+# the H100 SXM's own row is a burst, MAMF 1403, so the H100 takes the H200's.
 _GH100_FP8_SUSTAINED = 1354 / 1979
 _SM90_RAMP = f"ramp: {_XLA.format('sm_90')}"
+_GPU_FRYER = "huggingface/gpu-fryer README (2b6fb06): ~730 TFLOP/s bf16 sustained at 8192³"
+# H100 SXM, gpu-fryer: 730 TFLOP/s sustained at F = 2·8192³. On the curve x·F / (F + x·ramp)
+# with ceiling x, that is x = 730e12 · F / (F − 730e12 · ramp) = 732.8 TFLOP/s.
+_GEMM_8192 = 2 * 8192**3
+_H100_SUSTAINED = 730e12 * _GEMM_8192 / (_GEMM_8192 - 730e12 * _SM90_RAMP_S) / (989 * T)
 _H100_GEMM = _curve(
-    _GH100_SUSTAINED,
+    _H100_SUSTAINED,
+    989 * T,
+    f"{_GPU_FRYER}; fp8: {_MSMF}, H200 SXM MSMF; {_SM90_RAMP}",
+    _SM90_RAMP_S,
+    fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
+)
+_H200_GEMM = _curve(
+    _H200_SUSTAINED,
     989 * T,
     f"{_MSMF}: H200 SXM MSMF, bf16 and fp8; {_SM90_RAMP}",
     _SM90_RAMP_S,
@@ -362,18 +380,18 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
-        assumed=("gemm", "start"),  # the H200's: same die and power limit
+        assumed=("gemm-fp8", "start"),  # the H200's: same die and power limit
     ),
     "h100-pcie": DevicePreset(
         "h100-pcie",
         81_559 * MiB,
         _H100_PCIE_FLOPS,
         2.0e12,
-        # No measurement of the PCIe card: the GH100's sustained fraction of its own (lower) peak.
+        # No measurement of the PCIe card: the SXM's sustained fractions of its own (lower) peak.
         _curve(
-            _GH100_SUSTAINED,
+            _H100_SUSTAINED,
             756 * T,
-            f"{_MSMF}: H200 SXM MSMF fractions, bf16 and fp8; {_SM90_RAMP}",
+            f"H100 SXM fractions ({_GPU_FRYER}; fp8: {_MSMF}, H200 SXM MSMF); {_SM90_RAMP}",
             _SM90_RAMP_S,
             fp8=(_GH100_FP8_SUSTAINED, 1513 * T),
         ),
@@ -403,7 +421,7 @@ DEVICES: dict[str, DevicePreset] = {
         143_771 * MiB,
         _H100_SXM_FLOPS,
         4.8e12,
-        _H100_GEMM,
+        _H200_GEMM,
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
         "141GB HBM3e, 4.8 TB/s)",
         memory_efficiency=_H200_STREAM,
