@@ -208,12 +208,13 @@ def test_fp8_gemms_follow_the_fp8_sustained_ceiling() -> None:
     work = gemm("big", 16384, 16384, 16384, 1)
     fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
     bf16 = _resolve(_tree())
-    ceiling = bf16.device.gemm.peak_fraction * 989e12
-    ramp_s = bf16.device.gemm.half_flops / ceiling
+    ceiling = 732.8e12  # gpu-fryer's 730 at 8192³ on the curve (test above)
+    ramp_s = 5.742e-6  # the sm_90 ramp
     expected_fp8 = (flops + 1354e12 * ramp_s) / 1354e12
     expected_bf16 = (flops + ceiling * ramp_s) / ceiling
-    assert work_time(fp8, work) == pytest.approx(expected_fp8)
-    assert work_time(bf16, gemm("big", 16384, 16384, 16384, 2)) == pytest.approx(expected_bf16)
+    assert work_time(fp8, work) == pytest.approx(expected_fp8, rel=1e-4)
+    big = gemm("big", 16384, 16384, 16384, 2)
+    assert work_time(bf16, big) == pytest.approx(expected_bf16, rel=1e-4)
     # The attention core stays in bf16 under an FP8 recipe (Transformer Engine).
     core = Work("attention core (flash)", "attention", flops, 10**6, keys=8192)
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
@@ -355,7 +356,8 @@ def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> N
     (problem,) = refused.value.problems
     assert problem.path == "$.model.attention"
     assert (
-        "a100-80gb preset has no measured rate" in problem.message and "flash2" in problem.message
+        "a100-80gb preset has no rate for it" in problem.message
+        and "(it has flash2, triton (derived))" in problem.message
     )
     forced = _resolve(
         _tree(

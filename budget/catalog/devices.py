@@ -37,20 +37,22 @@ reaching half of it. Sources of the calibration, none of them a training run:
   1351.4 at 6144 x 12288 x 12288, within 2 % of Bekman's FP8 MSMF of the H200 (1354) and
   below the H100's FP8 burst (1403), so it reads as a sustained rate. Bekman's H100 SXM row
   has only a burst (MAMF 795). Its sustained bf16 rate comes from huggingface/gpu-fryer, a
-  stress test that runs cuBLASLt 8192³ matmuls on every GPU of a node for 60 s and averages
-  each GPU's completed FLOPs per second after the first 4 (``src/main.rs`` at 0487190; inputs
-  are random u32 values cast to bf16, so random mantissas as with randn): "~730" TFLOP/s
-  BF16 on "NVIDIA H100 80GB HBM3" (README at 2b6fb06). The H100's ceiling is set so that its
-  curve (ramp below) gives 730 at F = 2·8192³: 732.8 of 989 (74.1 %), 3 % under the H200's
-  MSMF on the same die, whose own figure the H200 keeps (until this was read, the H100 took
-  the H200's, an assumption). gpu-fryer's FP8 figure is not used: its u32 inputs saturate
-  float8 e4m3 (largest finite value 448), which the README itself warns draws less power.
-  The 300 W A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because the power limit
-  is what sets the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the MSMF
-  table's FP8 figure as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted
-  FP8 sweep): H200 1354 of 1979 (68.4 %, also the H100's, within 2 % of Azure's sustained
-  H100 FP8 run above), B200 2788 of 4500 (62.0 %), MI300X 1187 of 2614.9 (45.4 %). The cast
-  and scaling kernels an FP8 recipe adds are not priced.
+  stress test that runs cuBLASLt 8192³ matmuls on every GPU of a node, 60 s by default, and
+  averages each GPU's completed FLOPs per second after the first 4 (``src/main.rs`` at
+  0487190; inputs are random u32 values cast to bf16, so random mantissas as with randn):
+  "~730" TFLOP/s BF16 on "NVIDIA H100 80GB HBM3" (README at 2b6fb06, "for reference"; how
+  long that run lasted is not said, so "sustained" is the tool's default, inferred). The
+  H100's ceiling is set so that its curve (ramp below) gives 730 at F = 2·8192³: 732.8 of
+  989 (74.1 %), 3 % under the H200's MSMF on the same die, whose own figure the H200 keeps
+  (until this was read, the H100 took the H200's, an assumption). gpu-fryer's FP8 figure is
+  not used: its u32 inputs saturate float8 e4m3 (largest finite value 448), which the README
+  itself warns draws less power. The 300 W A100 PCIe's MSMF (258) is not carried to the
+  400 W SXM, because the power limit is what sets the sustained clock. FP8 GEMMs
+  (``precision.matmul: fp8``) follow the MSMF table's FP8 figure as a fraction of the dense
+  FP8 peak, at the bf16 ramp time (no trusted FP8 sweep): H200 1354 of 1979 (68.4 %, also
+  the H100's, within 2 % of Azure's sustained H100 FP8 run above), B200 2788 of 4500
+  (62.0 %), MI300X 1187 of 2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds
+  are not priced.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
@@ -145,17 +147,21 @@ FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn
 triton`` runs (flash-attn's ``flash_attn_triton.py``, which starts from Phil Tillet's Triton
 tutorial kernel and needs the pre-MLIR Triton), is never a default: a plan names it to price
 a stack of that time. No sweep of it was found on these devices, so it is FlashAttention-2's
-rate slowed by the ratios the FlashAttention-2 paper measured against FlashAttention in
-Triton on an A100 80GB, the closest published comparison (Dao, arXiv 2307.08691, section
-4.1: FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in Triton in the
-forward pass and around 2x faster in the backward pass"): the forward at 1/1.4 of
-FlashAttention-2's, the backward at 1/2, combined as above. On Hopper the forward and
-backward bars of FlashAttention-2 above are slowed that way at each length; the A100 has only
-the combined 179.5 TFLOP/s, taken as forward and backward alike (the H100's FA2 bars differ
-by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2 TFLOP/s (31.5 %). Carrying the
-A100's ratios to Hopper is an assumption: the Triton kernel of 2023 used none of Hopper's new
-instructions, and neither does FlashAttention-2 (FlashAttention-3 is the one that does),
-whose H100 rate is the one slowed here.
+rate slowed by the ratios the FlashAttention-2 paper measured on an A100 80GB against its
+sibling, OpenAI Triton's own fused-attention op (``triton.ops.flash_attention``, which the
+paper's benchmark script times; Dao, arXiv 2307.08691, section 4.1: FlashAttention-2 is
+"around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x
+faster in the backward pass"): the forward at 1/1.4 of FlashAttention-2's, the backward at
+1/2, combined as above, 0.55 of FlashAttention-2's rate. The port's own header agrees from
+another side: its forward and backward together are "slightly slower" than FlashAttention's
+CUDA kernel, which the same paper puts at about half of FlashAttention-2. On Hopper the
+forward and backward bars of FlashAttention-2 above are slowed that way at each length; the
+A100 has only the combined 179.5 TFLOP/s, taken as forward and backward alike (the H100's
+FA2 bars differ by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2 TFLOP/s (31.5 %).
+Taking the sibling's ratios for the port is one assumption; carrying the A100's to Hopper
+another: the Triton kernel of 2023 used none of Hopper's new instructions, and neither does
+FlashAttention-2 (FlashAttention-3 is the one that does), whose H100 rate is the one slowed
+here.
 """
 
 from __future__ import annotations

@@ -987,11 +987,13 @@ def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
         return
     if not device.attention or device.attention_rate(kernel) is not None:
         return
-    measured = ", ".join(rate.kernel for rate in device.attention)
+    rates = ", ".join(
+        f"{rate.kernel} (derived)" if rate.derived else rate.kernel for rate in device.attention
+    )
     r.error(
         "$.model.attention",
-        f"model.attention = {kernel}, but the {device.name} preset has no measured rate for "
-        f"it (it has {measured}); use one of those, flash for its default, or give "
+        f"model.attention = {kernel}, but the {device.name} preset has no rate for it "
+        f"(it has {rates}); use one of those, flash for its default, or give "
         "device.attention_efficiency",
     )
 
