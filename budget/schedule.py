@@ -103,8 +103,8 @@ def work_time(plan: Plan, work: Work) -> float:
     device = plan.device
     # GEMMs run in precision.matmul; the attention core runs in the activations' format, as
     # Transformer Engine's FP8 recipes keep it (FP8 applies to the Linear layers' GEMMs), at
-    # the measured rate of the fused kernel the plan names where the device has one (else,
-    # like eager attention's two products, on the GEMM curve); the few FLOPs of
+    # the rate (measured or derived) of the fused kernel the plan names where the device has
+    # one (else, like eager attention's two products, on the GEMM curve); the few FLOPs of
     # memory-bound kernels are timed at the bf16 rate.
     dtype = {"matmul": plan.precision.matmul, "attention": plan.precision.activations}.get(
         work.kind, "bf16"

@@ -289,7 +289,7 @@ class DevicePreset:
     gemm: GemmCurve
     source: str
     memory_efficiency: float = 0.8  # fraction of memory_bandwidth a streaming kernel reaches
-    attention: tuple[AttentionRate, ...] = ()  # measured fused kernels, the default first
+    attention: tuple[AttentionRate, ...] = ()  # fused kernels' rates, the default first
     kernel_startup: float = 0.0  # seconds a kernel takes beyond bytes / bandwidth (docstring)
     # Figures not measured on this device, but borrowed from another or assumed (docstring):
     # any of "gemm" ("gemm-fp8": its FP8 ceiling alone), "stream", "attention", "start".

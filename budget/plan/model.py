@@ -216,7 +216,8 @@ class Device:
         return kernel
 
     def attention_rate(self, kernel: str) -> AttentionRate | None:
-        """The measured rate of ``kernel`` (``flash``: the device's default), if any."""
+        """The rate of ``kernel`` (``flash``: the device's default), measured or derived, if
+        the device has one."""
         runs = self.attention_kernel(kernel)
         return next((rate for rate in self.attention if rate.kernel == runs), None)
 
