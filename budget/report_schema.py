@@ -2,7 +2,8 @@
 
 Shipped inside the package (``budget/schemas/report.schema.json``); the repository's
 ``schemas/report.schema.json`` links to the same file. Each output has a definition under
-``$defs``: ``report`` (a plan), ``check``, ``diff``, ``collective`` and ``roofline``.
+``$defs``: ``report`` (a plan), ``check``, ``diff``, ``collective``, ``roofline``,
+``search``, ``validate_model`` and ``presets``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, Literal
 
 __all__ = ["KINDS", "Kind", "report_schema", "validation_errors"]
 
-Kind = Literal["report", "check", "diff", "collective", "roofline", "search", "validate_model"]
+Kind = Literal[
+    "report", "check", "diff", "collective", "roofline", "search", "validate_model", "presets"
+]
 KINDS: tuple[Kind, ...] = (
     "report",
     "check",
@@ -23,6 +26,7 @@ KINDS: tuple[Kind, ...] = (
     "roofline",
     "search",
     "validate_model",
+    "presets",
 )
 
 

@@ -111,6 +111,23 @@ def test_roofline_output_validates() -> None:
     _valid(data, "roofline")
 
 
+@pytest.mark.parametrize("kind", [None, "devices", "topologies", "models"])
+def test_presets_output_validates(kind: str | None) -> None:
+    _, data = _output(["presets"] if kind is None else ["presets", kind])
+    _valid(data, "presets")
+    assert list(data) == (["devices", "topologies", "models"] if kind is None else [kind])
+
+
+def test_the_presets_schema_names_every_assumed_tag_and_kernel() -> None:
+    """A tag or kernel the catalogue gains must be added to the schema, or this fails."""
+    _, data = _output(["presets", "devices"])
+    data["devices"][0]["assumed"].append("guess")
+    assert validation_errors(data, "presets")
+    data["devices"][0]["assumed"].pop()
+    data["devices"][0]["attention"][0]["kernel"] = "flash9"
+    assert validation_errors(data, "presets")
+
+
 def test_the_schema_rejects_a_float_for_bytes() -> None:
     _, data = _output([str(GPT3)])
     data["memory"]["stages"][0]["peak_bytes"] = 1.5
