@@ -28,9 +28,9 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
     attention[{kernel, keys, fraction, derived}], assumed, source}``; the first attention
     kernel is what ``model.attention: flash`` runs (its share of the bf16 peak when each
     query meets ``keys`` keys; ``derived``: computed from another kernel's measurement), an
-    empty list means attention stays on the GEMM curve; ``assumed`` names
-    the figures borrowed from another device or assumed ("gemm", "gemm-fp8" for the FP8
-    ceiling alone, "stream", "attention", "start")."""
+    empty list means attention stays on the GEMM curve; ``assumed`` names the figures
+    borrowed from another device or assumed ("gemm", "gemm-fp8" for the FP8 ceiling alone,
+    "stream", "attention", "start")."""
     peak = dict(d.flops)["bf16"]
     return {
         "name": d.name,
