@@ -92,7 +92,8 @@ def _devices(devices: list[dict[str, Any]]) -> Section:
         "peaks, TFLOP/s; HBM: datasheet bandwidth, TB/s (10^12 B/s); GEMM: the share of the "
         "bf16 peak a large GEMM sustains; stream: the share of HBM bandwidth a streaming "
         "kernel reaches; attention: the kernel `model.attention: flash` runs and its share of "
-        "the bf16 peak at 8K keys (GEMM curve: none measured); start: the fixed time a kernel "
+        "the bf16 peak at 8K keys (GEMM curve: none measured; the device's other kernels, among "
+        "them the derived triton, are in --format json); start: the fixed time a kernel "
         f"takes beyond its bytes. {_ASSUMED_NOTE}"
     )
     return Section(
