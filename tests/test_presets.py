@@ -87,7 +87,10 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     nvlink, ib = topologies["hgx-h800"]["levels"]
     assert (nvlink["rate_Bps"], nvlink["bandwidth_Bps"]) == (200e9, pytest.approx(160e9))
     assert nvlink["ramp"] and not ib["ramp"] and ib["size"] is None
-    assert (nvlink["assumed"], ib["assumed"]) == (["ramp"], ["latency"])
+    assert (nvlink["assumed"], ib["assumed"]) == (["ramp"], [])
+    # α per step, NCCL's tuning model (tuning.cc hwLat, Ring/Simple): NET 14 µs, NVLink 3.4
+    # µs, against the 3 µs the NVLink level takes from the smallest nccl-tests messages
+    assert (ib["latency_s"], nvlink["latency_s"]) == (pytest.approx(14e-6), pytest.approx(3e-6))
     assert ib["bandwidth_Bps"] == pytest.approx(47e9)  # NCCL's maintainers, per NDR NIC
     assert topologies["dgx-h100"]["levels"][0]["assumed"] == []
 
