@@ -43,7 +43,10 @@ def test_a_plan_that_does_not_fit_fails_with_stage_excess_and_contributors(
     assert "FAIL" in text
     assert "stage 0 does not fit" in text
     assert f"{over / 2**30:,.2f} GiB ({over:,} B) over" in text
-    assert "gradients (fp32) 10.5 GiB" in text  # the largest allocation at the peak
+    # the largest allocation at the peak: fp32 gradients of stage 0's 2,822,731,776
+    # parameters per rank (12 layers of GPT-3 at tp 8 with biases, vocab and positions;
+    # test_diff's `_stage0_params(8)`)
+    assert f"gradients (fp32) {4 * 2_822_731_776 / 2**30:.1f} GiB" in text
     assert "0 of 1 plan passed, 1 failed" in text
 
 
@@ -71,13 +74,15 @@ def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path
         ("--headroom", "70%", 1, "headroom"),
         ("--headroom", "60GiB", 1, "headroom"),
         ("--max-exposed", "20%", 0, None),
-        ("--max-exposed", "10%", 1, "max_exposed"),
-        ("--max-step", "20s", 0, None),
+        ("--max-exposed", "5%", 1, "max_exposed"),
+        ("--max-step", "25s", 0, None),
         ("--max-step", "12s", 1, "max_step"),
     ],
 )
 def test_limits(option: str, value: str, code: int, limit: str | None) -> None:
-    """GPT-3 175B: 49.5 GiB free of 80 GiB, 11.5% exposed, a 16.7 s step."""
+    """GPT-3 175B: 49.5 GiB free of 80 GiB, 10.5 % exposed, an 18.3 s step; each limit is
+    set well clear of the figure, so that the engine's figures can move without the test
+    changing its meaning."""
     exit_code, out, _ = _check(GPT3, option, value, "--format", "json")
     assert exit_code == code
     data = json.loads(out)

@@ -34,6 +34,37 @@ def test_a_plan_against_itself_shows_no_differences(plan: Path) -> None:
     assert diff.identical and diff.changes == ()
 
 
+# GPT-3 175B as plans/gpt3-175b.yaml writes it (linear biases, learned positions), by hand.
+H, VOCAB, SEQ = 12288, 51200, 2048
+
+
+def _stage0_params(tp: int) -> int:
+    """The first stage's 12 layers (weights and QKV / fc1 biases sharded over tp, the output
+    and fc2 biases and both LayerNorms replicated) plus the vocabulary shard and positions."""
+    layer = 12 * H * H // tp + 3 * H // tp + H + 4 * H // tp + H + 4 * H
+    return 12 * layer + VOCAB * H // tp + SEQ * H
+
+
+def _states(tp: int, dp: int) -> int:
+    """bf16 parameters, fp32 gradients and Adam's 12 bytes sharded over dp (ZeRO 1)."""
+    params = _stage0_params(tp)
+    return 6 * params + 12 * params // dp
+
+
+def _attention_sent(tp: int, dp: int) -> int:
+    """Sequence parallelism's all-gather and reduce-scatter of the s × h bf16 activations
+    around attention, (tp − 1)/tp of each sent per rank, in 12 layers, for each of the
+    1536 / dp micro-batches of one sequence."""
+    return 2 * (tp - 1) * (2 * SEQ * H) // tp * 12 * (1536 // dp)
+
+
+def _row(a: int, b: int) -> str:
+    gib = 2**30
+    sign = "+" if b > a else "−"
+    change = f"{sign}{abs(b - a) / gib:.1f} GiB {sign}{abs(b / a - 1):.1%}"
+    return f"{a / gib:.1f} GiB {b / gib:.1f} GiB {change}"
+
+
 def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     code, out, _ = _diff(GPT3, tp4(tmp_path), width=100)
     assert code == 0
@@ -41,8 +72,11 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     assert "parallel.tp 8 → 4" in lines
     assert "parallel.dp 16 → 32" in lines
     assert "Memory per rank of each pipeline stage, at its peak" in lines
-    assert "0 states 17.7 GiB 33.4 GiB +15.6 GiB +88.0%" in lines
-    assert "forward.attention sent/rank 94.5 GiB 40.5 GiB −54.0 GiB −57.1%" in lines
+    states = _row(_states(8, 16), _states(4, 32))
+    assert states == "17.7 GiB 33.4 GiB +15.6 GiB +88.0%"
+    assert f"0 states {states}" in lines
+    sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
+    assert f"forward.attention sent/rank {sent}" in lines
     assert "No differences" not in out
 
 
@@ -58,8 +92,12 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     states = delta["stages"][0]["metrics"]["states_bytes"]
     a = data["a"]["memory"]["stages"][0]
     assert states["a"] == a["params_bytes"] + a["grads_bytes"] + a["optimizer_bytes"]
+    assert (states["a"], states["b"]) == (_states(8, 16), _states(4, 32))
     assert states["delta"] == states["b"] - states["a"] and isinstance(states["delta"], int)
     assert states["verdict"] == "worse"
+    sent = {p["name"]: p["metrics"]["payload_bytes"] for p in delta["phases"]}
+    assert sent["forward.attention"]["a"] == _attention_sent(8, 16)
+    assert sent["forward.attention"]["b"] == _attention_sent(4, 32)
     exposed = {p["name"]: p["metrics"]["exposed_s"] for p in delta["phases"]}
     assert exposed["forward.attention"]["verdict"] == "better"
     assert delta["summary"]["mfu"]["better"] == "higher"
@@ -72,7 +110,11 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     assert "| `parallel.tp` | 8 | 4 |" in lines
     assert "| stage | figure | A | B | Δ | Δ% |" in lines
     assert "| --- | --- | ---: | ---: | ---: | ---: |" in lines
-    assert "| 0 | states | 17.7 GiB | 33.4 GiB | 🔴 +15.6 GiB | +88.0% |" in lines
+    a, b = _states(8, 16) / 2**30, _states(4, 32) / 2**30
+    assert (
+        f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
+        in lines
+    )
     assert any(
         line.startswith("| `forward.attention` | sent/rank |") and "🟢" in line for line in lines
     )

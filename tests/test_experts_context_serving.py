@@ -98,7 +98,10 @@ def test_megatron_moe_example_weight_and_optimizer_bytes():
         return sum(a.total for a in allocs if a.category != "reserved")
 
     first = stage_params(plan, 0)
-    assert first.per_rank == 465_418_240
+    h = 2048  # stage 0 at tp 2: the embedding shard, the dense layer, 11 MoE layers' non-experts
+    dense = 4 * h * h // 2 + 3 * h * 5632 // 2 + 2 * h
+    moe = 4 * h * h // 2 + 2 * h + 60 * h + 3 * h * 5632 // 2 + h  # router, shared expert, gate
+    assert first.per_rank == 152064 * h // 2 + dense + 11 * moe == 465_418_240
     assert first.expert_per_rank == 11 * 15 * 3 * 2048 * 1408
     assert states(0) == 465_418_240 * 9 + 1_427_374_080 * 12 == 21_317_253_120
     megatron = 22_096_392_192
@@ -133,8 +136,28 @@ def test_dense_plan_has_no_all_to_all():
 
 
 def test_mfu_counts_active_not_total_parameters():
+    """MFU's 6N counts the parameters a token uses: the 4 routed experts it picks of 60, not
+    all of them (Fedus et al.), less the input embedding, which does no GEMM (PaLM appendix
+    B's 6N + 12·L·h·s). Counted by hand for the Qwen-style model: untied embeddings, a
+    final RMSNorm, one dense layer, then 23 MoE layers with a router (60 columns), a shared
+    expert and its one-column gate."""
     plan = _qwen()
-    assert active_params(plan) < 0.5 * build_report(plan).model["params_total"]
+    device = replace(plan.device, flops=(("bf16", 989e12),), memory_bandwidth=3.35e12)
+    plan = replace(plan, device=device)
+    h, v, seq, layers = 2048, 152064, 4096, 24
+    attention = 4 * h * h + 2 * h  # Q, K, V, O (16 kv heads of 128 = h) and the two norms
+    dense = attention + 3 * h * 5632
+    used_experts = 4 * 3 * h * 1408
+    moe = attention + 60 * h + h + 3 * h * 5632 + used_experts
+    active = 2 * v * h + h + dense + 23 * moe
+    assert active_params(plan) == active
+    per_token = 6 * (active - v * h) + 12 * layers * h * seq
+    report = build_report(plan)
+    peak = 16 * 989e12  # tp 2 × pp 2 × dp 4 GPUs
+    tokens = 64 * seq
+    assert report.step["mfu"] == pytest.approx(per_token * tokens / (report.step["time_s"] * peak))
+    every_expert = per_token + 6 * 23 * 56 * 3 * h * 1408  # the 56 experts a token skips
+    assert report.step["mfu"] < 0.75 * every_expert * tokens / (report.step["time_s"] * peak)
 
 
 def test_context_parallel_divides_saved_activations():
