@@ -20,9 +20,18 @@ def space(options: dict[str, str | None]) -> Space:
     """The sweep's dimensions from the command line's pins and ranges."""
     from budget.search import RECOMPUTE, Space, parse_values
 
-    def ints(name: str) -> tuple[int, ...] | None:
+    def ints(name: str, low: int = 1, high: int | None = None) -> tuple[int, ...] | None:
+        """The option's values, each in [low, high] as the plan schema bounds the key."""
         text = options.get(name)
-        return None if text is None else parse_values(text, f"--{name.replace('_', '-')}")
+        if text is None:
+            return None
+        option = f"--{name.replace('_', '-')}"
+        values = parse_values(text, option)
+        bad = [v for v in values if v < low or (high is not None and v > high)]
+        if bad:
+            bounds = f"{low}..{high}" if high is not None else f"at least {low}"
+            raise ValueError(f"{option} {text!r}: {bad[0]} is out of range ({bounds})")
+        return values
 
     recompute = tuple(r.strip() for r in (options["recompute"] or "").split(","))
     if not recompute or any(r not in RECOMPUTE for r in recompute):
@@ -36,7 +45,7 @@ def space(options: dict[str, str | None]) -> Space:
         pp=ints("pp"),
         cp=ints("cp"),
         ep=ints("ep"),
-        zero=ints("zero") or (0, 1, 2, 3),
+        zero=ints("zero", 0, 3) or (0, 1, 2, 3),
         sequence_parallel=tuple(v for v in sp if v is not None),
         recompute=recompute,  # type: ignore[arg-type]
         micro=ints("micro"),
@@ -65,6 +74,10 @@ def run_search(
     try:
         if objective not in OBJECTIVES:
             raise ValueError(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
+        if gpus is not None and gpus < 1:
+            raise ValueError(f"--gpus {gpus}: lay out at least 1 GPU")
+        if top < 1:
+            raise ValueError(f"--top {top}: list at least 1 layout")
         sweep = space(options)
         given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
         limits = parse_limits(*given) if any(v is not None for v in given) else None

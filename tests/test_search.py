@@ -144,10 +144,39 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
     assert _relative(report.step["time_s"], best["step_time_s"]) < 1e-9
 
 
-def test_cli_refuses_bad_ranges():
-    result = CliRunner().invoke(app, route(["search", str(GPT3), "--tp", "four"]))
-    assert result.exit_code == 2
-    assert "budget: error: --tp 'four'" in result.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "four"], "--tp 'four': expected values such as 4,8 or 1..8"),
+        (["--zero", "0..4"], "--zero '0..4': 4 is out of range (0..3)"),
+        (["--micro", "0"], "--micro '0': 0 is out of range (at least 1)"),
+        (["--tp", "0"], "--tp '0': 0 is out of range (at least 1)"),
+        (["--pp", "0,2"], "--pp '0,2': 0 is out of range (at least 1)"),
+        (["--virtual-stages", "0"], "--virtual-stages '0': 0 is out of range (at least 1)"),
+        (["--gpus", "0"], "--gpus 0: lay out at least 1 GPU"),
+        (["--top", "0"], "--top 0: list at least 1 layout"),
+    ],
+)
+def test_cli_refuses_bad_ranges(args, message):
+    """Values the plan schema would refuse are usage errors, not a sweep of impossible
+    layouts (ZeRO 4, zero micro-batches) or a division by zero."""
+    result = CliRunner().invoke(app, route(["search", str(GPT3), *args]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"budget: error: {message}\n"
+
+
+def test_not_ranked_reconciles_with_the_count_evaluated():
+    """The rejections split into layouts never priced and priced ones; the priced ones and
+    the layouts that fit make up the count evaluated."""
+    result = CliRunner().invoke(app, route(["search", str(GPT3), "--format", "json"]))
+    data = json.loads(result.stdout)
+    skipped_reasons = {r for r in data["rejected"] if r != "does not fit in device memory"}
+    priced = data["rejected"]["does not fit in device memory"]
+    assert priced + data["fitting"] == data["evaluated"]
+    skipped = sum(data["rejected"][r] for r in skipped_reasons)
+    text = CliRunner().invoke(app, route(["search", str(GPT3), "--format", "markdown"])).stdout
+    note = f"{skipped:,} skipped before pricing (they do not divide or cannot be built); "
+    assert note + f"{priced:,} priced among the {data['evaluated']:,} evaluated" in text
 
 
 def test_search_json_validates_against_the_report_schema(tmp_path):

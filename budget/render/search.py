@@ -84,6 +84,19 @@ def _counts(outcome: Outcome) -> str:
     return text
 
 
+def _skipped_note(outcome: Outcome) -> str:
+    """How the rejections split between layouts never priced (they do not divide, or cannot
+    be built) and priced ones (over memory or a limit), so that the table's total and the
+    count evaluated reconcile."""
+    kept = outcome.fitting if outcome.limits is None else outcome.within_limits or 0
+    priced = outcome.evaluated - kept
+    skipped = sum(outcome.rejected.values()) - priced
+    return (
+        f"{skipped:,} skipped before pricing (they do not divide or cannot be built); "
+        f"{priced:,} priced among the {outcome.evaluated:,} evaluated and rejected"
+    )
+
+
 def _none(outcome: Outcome) -> str:
     return NONE_FITS if outcome.limits is None else NONE_KEEPS
 
@@ -139,6 +152,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     table.add_column("layouts", justify="right")
     for reason, count in outcome.rejected.items():
         table.add_row(reason, f"{count:,}")
+    table.caption, table.caption_justify = _skipped_note(outcome), "left"
     console.print(table)
 
 
@@ -168,4 +182,5 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [_none(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
+    lines += ["", _skipped_note(outcome) + "."]
     return "\n".join(lines) + "\n"
