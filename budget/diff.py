@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
-from budget.plan.model import Plan
+from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.report import PhaseRow, Report, StageRow, to_dict
 
 __all__ = [
@@ -151,6 +151,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
     Tuples of scalars stay one value (a list); tuples of (name, number) pairs become keys
     under their names ("device.flops.bf16"); other tuples are indexed ("topology.levels.0").
     """
+    if prefix == "device.attention." and value == ():
+        return {"device.attention": "none measured (fused attention on the GEMM curve)"}
+    calibration = _calibration(value)
+    if calibration is not None:
+        return {prefix.rstrip("."): calibration}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -170,6 +175,23 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
             out |= flatten(item, f"{prefix}{i}.")
         return out
     return {prefix.rstrip("."): value}
+
+
+def _calibration(value: Any) -> str | None:
+    """A device's or link's measured calibration (GEMM curve, attention rates, bandwidth
+    ramp) as one line, so that a preset against a written device reads as "the curve
+    changed" rather than dozens of sample points; None for anything else."""
+    if isinstance(value, GemmCurve):
+        own = "".join(f"; {d} {f:.1%}" for d, f, _ in value.by_dtype)
+        return f"{value.peak_fraction:.1%} of peak, half of it at {value.half_flops:.3g} FLOPs{own}"
+    if isinstance(value, BandwidthRamp):
+        return "measured by size: " + ", ".join(op for op, _, _ in value.points)
+    if isinstance(value, tuple) and value and all(isinstance(v, AttentionRate) for v in value):
+        return "; ".join(
+            f"{r.kernel} {max(r.fractions):.1%}" + (" (derived)" if r.derived else "")
+            for r in value
+        )
+    return None
 
 
 def _is_scalar(value: Any) -> bool:

@@ -166,3 +166,47 @@ def test_delta_verdicts(better: str, a: float | None, b: float | None, verdict: 
 def test_relative_delta_is_none_from_zero() -> None:
     assert Delta("x", "bytes", "lower", 0, 5).relative is None
     assert Delta("x", "bytes", "lower", 4, 5).relative == pytest.approx(0.25)
+
+
+def test_values_with_brackets_and_lists_print_as_written(tmp_path: Path) -> None:
+    """The table prints plan values as text: a rank order ([tp, cp, ep, pp, dp]) and a name
+    with brackets were swallowed as console markup; integers in a list keep no separators
+    ([8192], not [8,192])."""
+    b = tmp_path / "b.yaml"
+    text = LLAMA.read_text(encoding="utf-8").replace("name: llama3-70b", "name: llama3 [tp8] run")
+    b.write_text(text, encoding="utf-8")
+    code, out, _ = _diff(LLAMA, ROOT / "plans" / "llama3-405b-128k.yaml", width=140)
+    assert code == 0
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    assert "parallel.order [tp, cp, ep, dp, pp] → [tp, cp, ep, pp, dp]" in lines
+    assert any(
+        line.startswith("parallel.pipeline.layers_per_stage – → [7, 8, 8,") for line in lines
+    )
+    code, out, _ = _diff(LLAMA, b, width=140)
+    assert code == 0
+    assert "name llama3-70b → llama3 [tp8] run" in [" ".join(x.split()) for x in out.splitlines()]
+
+
+def test_a_preset_against_a_written_device_shows_one_line_per_calibration(
+    tmp_path: Path,
+) -> None:
+    """A measured GEMM curve, attention rates and bandwidth ramp are one row each, not
+    dozens of sample points."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    start, end = text.index("device:"), text.index("\n", text.index("latency: 3 us"))
+    presets = "device: {preset: a100-80gb, reserved: 3 GiB}\ntopology: {preset: dgx-a100, nodes: 1}"
+    b = tmp_path / "presets.yaml"
+    b.write_text(text[:start] + presets + text[end:], encoding="utf-8")
+    code, out, _ = _diff(ROOT / "plans" / "gpt-1.3b.yaml", b, width=160)
+    assert code == 0
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    # Azure's 256.5 of 312 TFLOP/s; half of it at the A100 ramp (2·1024³ · (213.5 / 110.4 − 1)
+    # / 213.5e12 s) times 256.5 TFLOP/s
+    half = 2 * 1024**3 * (213.5 / 110.4 - 1) / 213.5e12 * 256.5e12
+    assert f"device.gemm – → {256.5 / 312:.1%} of peak, half of it at {half:.3g} FLOPs" in lines
+    assert (
+        "topology.levels.0.ramp – → measured by size: all-reduce, all-gather, reduce-scatter"
+        in lines
+    )
+    assert "device.kernel_startup 0 s → 3.31 µs" in lines
+    assert not [line for line in lines if ".points." in line or "attention.0" in line]

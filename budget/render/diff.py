@@ -90,8 +90,9 @@ def plan_value(key: str, value: Value) -> str:
     """A plan value as its author would write it: sizes, rates and times with units."""
     if value is None:
         return "–"
-    if isinstance(value, list):
-        return "[" + ", ".join(plan_value(key, v) for v in value) + "]"
+    if isinstance(value, list):  # plain integers inside a list: [8192], not [8,192]
+        items = (str(v) if type(v) is int else plan_value(key, v) for v in value)
+        return "[" + ", ".join(items) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -102,7 +103,7 @@ def plan_value(key: str, value: Value) -> str:
             return format_bytes(value)
         if "bandwidth" in leaf:
             return format_rate(value)
-        if leaf == "latency":
+        if leaf in ("latency", "kernel_startup"):
             return format_duration(value)
         return f"{value:,}" if isinstance(value, int) else f"{value:g}"
     return str(value)
@@ -189,7 +190,9 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         table.add_column("", no_wrap=True)
         table.add_column("B", justify="left")
         for c in diff.changes:
-            table.add_row(c.key, plan_value(c.key, c.a), "→", plan_value(c.key, c.b))
+            table.add_row(  # as text, not markup: [tp, cp, dp] and names with brackets
+                Text(c.key), Text(plan_value(c.key, c.a)), "→", Text(plan_value(c.key, c.b))
+            )
         console.print(table)
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
