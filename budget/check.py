@@ -168,6 +168,15 @@ def parse_limits(
             share = _share(headroom, "--headroom")
         else:
             try:
+                bare = float(headroom)
+            except ValueError:
+                bare = None
+            if bare:  # "--headroom 5" would require 5 bytes: a gate that checks nothing
+                raise ValueError(
+                    f"--headroom {headroom!r}: write {headroom.strip()}% or a size with its "
+                    f"unit, such as {headroom.strip()} GiB (a bare number would be bytes)"
+                )
+            try:
                 size = parse_bytes(headroom)
             except UnitError as error:
                 raise ValueError(

@@ -132,6 +132,18 @@ class _Resolver:
             self.error(path, str(error))
             return None
 
+    def bare_size(self, value: Any, path: str) -> bool:
+        """A size written without a unit is bytes; one under 1 MiB (``memory: 80``) is a
+        unit left out, not a device, so it is refused rather than budgeted."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 2**20:
+            return False
+        self.error(
+            path,
+            f"{value:g} B: a size without a unit is bytes; write the unit, such as "
+            f"'{value:g} GiB' or '{value:g} GB'",
+        )
+        return True
+
     # -- sections -------------------------------------------------------------------
 
     def unknown_preset(self, section: str, name: str, known: Iterable[str]) -> None:
@@ -424,6 +436,9 @@ class _Resolver:
             else preset.memory
         )
         reserved = self.unit(units.parse_bytes, tree.get("reserved", 0), "$.device.reserved")
+        for key in ("memory", "reserved"):
+            if self.bare_size(tree.get(key), f"$.device.{key}"):
+                return None
         flops: dict[str, float] = dict(preset.flops) if preset is not None else {}
         for dtype, rate in tree.get("flops", {}).items():
             parsed = self.unit(units.parse_flops, rate, f"$.device.flops.{dtype}")
