@@ -730,10 +730,17 @@ class _Checks:
             if topology.gpus % others == 0
             else f"choose degrees whose product is {topology.gpus:,}"
         )
+        resize = f"topology.gpus to {product:,}"
+        if topology.name:  # a preset: its size is written in nodes
+            from budget.catalog import TOPOLOGIES
+
+            per_node = TOPOLOGIES[topology.name].gpus_per_node
+            if product % per_node == 0:
+                resize = f"topology.nodes to {product // per_node:,}"
         self.r.error(
             "$.parallel",
             f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
-            f"topology has {topology.gpus:,} GPUs; {hint} (or set topology.gpus to {product:,})",
+            f"topology has {topology.gpus:,} GPUs; {hint} (or set {resize})",
         )
 
     def spread(self, topology: Topology) -> None:
