@@ -426,6 +426,33 @@ def test_the_report_says_which_kernel_times_attention() -> None:
     assert "flash = cudnn at 30.0% of peak (device.attention_efficiency)" in header(given)[-1]
 
 
+def test_the_header_says_when_a_rate_is_held_or_the_device_is_written_out() -> None:
+    """The A100 has one measured length (8,192 keys): at 2,048 the header says the rate is
+    carried from there, not measured. A device written out by hand has no measurement at
+    all, and the header says how to give one."""
+    from budget.pipeline import build_report
+    from budget.render.table import header
+
+    a100 = build_report(
+        _resolve(
+            _tree(device={"preset": "a100-80gb"}, batch={"seq": 2048, "micro": 1, "global": 64})
+        )
+    )
+    assert a100.device["attention_held_at"] == 8192
+    assert "at 2,048 keys per call (measured at 8,192 keys and held there)" in " ".join(
+        header(a100)
+    )
+    h100 = build_report(_resolve(_tree()))
+    assert h100.device["attention_held_at"] is None  # 8,192 keys: between 512 and 16K
+    written = {
+        "memory": "80 GiB",
+        "flops": {"bf16": "989 TFLOP/s"},
+        "memory_bandwidth": "3.35 TB/s",
+    }
+    plain = build_report(_resolve(_tree(device=written)))
+    assert "flash like a GEMM at the written device's matmul efficiency" in " ".join(header(plain))
+
+
 def test_a_serving_plan_reports_the_rate_of_its_prefill_calls() -> None:
     """Decode is memory-bound; the kernel's rate matters in the prefill, whose calls meet the
     prompt's keys (2,048 here: cuDNN at 470.3 TFLOP/s, 47.6 % of 989)."""

@@ -113,7 +113,9 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     rate = "the plan's rate" if source == "plan" else "its rate"
     if hardware.get("attention_by_keys"):
         rate += " for each call's keys"
-    attention = attention_text(hardware["attention"], hardware["attention_kernel"], source, rate)
+    attention = attention_text(
+        hardware["attention"], hardware["attention_kernel"], source, rate, written=device is None
+    )
     levels = hardware["ramped_levels"]
     bandwidth = (
         f"collectives on {', '.join(levels)} at the share of B_eff their size reaches (nccl-tests)"

@@ -98,21 +98,42 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         rate += f" at {keys:,} keys per {call}" if keys else ""
     kernel = device["attention"]
     return attention_text(
-        kernel, device.get("attention_kernel", kernel), device["attention_rate"], rate
+        kernel,
+        device.get("attention_kernel", kernel),
+        device["attention_rate"],
+        rate,
+        written=not device.get("name"),
+        held_at=device.get("attention_held_at"),
     )
 
 
-def attention_text(kernel: str, runs: str, source: str, rate: str) -> str:
+def attention_text(
+    kernel: str,
+    runs: str,
+    source: str,
+    rate: str,
+    written: bool = False,
+    held_at: int | None = None,
+) -> str:
     """``attention: …`` as the report header and `budget search` say it: the kernel the plan
     names (and what it runs as here), then ``rate`` and where it comes from (``source``:
-    eager, gemm, plan, measured or derived, `Device.attention_source`)."""
+    eager, gemm, plan, measured or derived, `Device.attention_source`). ``written``: the
+    plan writes its device out, so nothing about it was measured; ``held_at``: the
+    measured length the rate is carried from."""
     name = kernel if runs == kernel else f"{kernel} = {runs}"
+    held = f" at {held_at:,} keys and held there" if held_at else ""
+    gemm = (
+        "like a GEMM at the written device's matmul efficiency (no rate given: set "
+        "device.attention_efficiency, or name a device preset for measured rates)"
+        if written
+        else "on the GEMM curve (not measured on this device)"
+    )
     return {
         "eager": "attention: eager (two GEMMs and a softmax)",
-        "gemm": f"attention: {name} on the GEMM curve (not measured on this device)",
+        "gemm": f"attention: {name} {gemm}",
         "plan": f"attention: {name} at {rate} (device.attention_efficiency)",
-        "measured": f"attention: {name} at {rate} (measured)",
-        "derived": f"attention: {name} at {rate} (derived from another kernel's measurement)",
+        "measured": f"attention: {name} at {rate} (measured{held})",
+        "derived": f"attention: {name} at {rate} (derived from another kernel's measurement{held})",
     }[source]
 
 
