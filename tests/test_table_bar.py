@@ -37,3 +37,34 @@ def test_the_default_report_shows_the_bar_at_80_columns() -> None:
     console = Console(width=80, color_system=None, record=True)
     render_table(console, report)
     assert " fill" in console.export_text()
+
+
+def test_phases_show_what_they_add_and_a_miss_names_what_fills_the_memory(
+    tmp_path: Path,
+) -> None:
+    """The phases table shows what each phase adds at its peak, not the activations earlier
+    layers carried into it; a plan that does not fit names its largest allocations besides
+    the model states whatever their kind, so an activation-bound miss names the saved
+    activations rather than a buffer a thousandth their size."""
+    from budget.render.table import phase_table, verdict
+
+    plan = next(p for p in PLANS if p.name == "mixtral-8x7b.yaml")
+    report = budget_plan(plan)
+    console = Console(width=140, color_system=None, record=True)
+    console.print(phase_table(report, True))
+    text = console.export_text()
+    assert "largest it adds at that peak" in text
+    assert "earlier layer" not in text
+    small = tmp_path / "small.yaml"
+    small.write_text(
+        plan.read_text(encoding="utf-8").replace("memory: 80 GiB", "memory: 24 GiB"),
+        encoding="utf-8",
+    )
+    over = budget_plan(small)
+    saved = max(
+        (o for o in over.worst.peak_overlap if o.tensor.startswith("saved activations")),
+        key=lambda o: o.bytes,
+    )
+    line = verdict(over)
+    assert "Largest besides model states: saved activations" in line
+    assert saved.bytes > max(o.bytes for o in over.worst.peak_overlap if o.category == "transient")

@@ -224,13 +224,29 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
     return table
 
 
-def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
-    """What a phase adds at its peak: its largest transients, else its largest activations."""
-    transient = [o for o in items if o.category == "transient"]
-    shown = (transient or [o for o in items if o.category not in _RESIDENT])[:limit]
+def _largest(items: tuple[Overlapping, ...], limit: int) -> str:
+    """The largest allocations at a peak besides the model states, whatever their kind."""
+    shown = sorted((o for o in items if o.category not in _RESIDENT), key=lambda o: -o.bytes)
+    return _listed(shown[:limit])
+
+
+def _listed(items: list[Overlapping]) -> str:
     return "; ".join(
-        f"{o.tensor}{f' ×{o.count}' if o.count > 1 else ''} {_b(o.bytes)}" for o in shown
+        f"{o.tensor}{f' ×{o.count}' if o.count > 1 else ''} {_b(o.bytes)}" for o in items
     )
+
+
+def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
+    """What a phase adds at its peak: its largest transients, else the largest activations
+    it saves (not the activations earlier layers and micro-batches carried into it, which
+    the step's `saved activations …` rows hold)."""
+    transient = [o for o in items if o.category == "transient"]
+    added = [
+        o
+        for o in items
+        if o.category not in _RESIDENT and not o.tensor.startswith("saved activations")
+    ]
+    return _listed((transient or added)[:limit])
 
 
 def phase_table(report: Report, wide: bool) -> Table:
@@ -246,7 +262,7 @@ def phase_table(report: Report, wide: bool) -> Table:
     _num(table, "peak live")
     if wide:
         _num(table, "stage")
-        table.add_column("largest transients at that peak", ratio=1)
+        table.add_column("largest it adds at that peak", ratio=1)
     for p in report.phases:
         cells = [p.name, f"{p.count:,}"]
         if timed:
@@ -428,7 +444,7 @@ def verdict(report: Report) -> str:
             f"of {_b(worst.capacity_bytes)} {where}, leaving {_b(worst.headroom_bytes)}."
         )
     over = -worst.headroom_bytes
-    top = _brief(worst.peak_overlap, 3)
+    top = _largest(worst.peak_overlap, 3)
     return (
         f"[red]Does not fit.[/] Stage {worst.stage} peaks at {_b(worst.peak_bytes)} {where}: "
         f"{_b(over)} ({over:,} B) over {_b(worst.capacity_bytes)}. Largest besides model "
