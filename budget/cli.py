@@ -68,9 +68,16 @@ HeadroomOption = Annotated[
     typer.Option(help="Free memory the worst stage must keep: 5% of capacity or 4GiB."),
 ]
 MaxExposedOption = Annotated[
-    str | None, typer.Option(help="Most of the step in exposed communication, e.g. 20%.")
+    str | None,
+    typer.Option(
+        help="Most of the step in exposed communication, e.g. 20% (a serving plan: of the "
+        "whole run, prefill and decode)."
+    ),
 ]
-MaxStepOption = Annotated[str | None, typer.Option(help="Longest step time, e.g. 12s.")]
+MaxStepOption = Annotated[
+    str | None,
+    typer.Option(help="Longest step time, e.g. 12s (a serving plan: the whole run)."),
+]
 
 
 def _stdout() -> Console:

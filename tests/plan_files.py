@@ -20,9 +20,26 @@ def variant(tmp_path: Path, name: str, *edits: tuple[str, str], base: Path = GPT
     return path
 
 
+# GPT-3's DGX A100 cluster written out level by level instead of by its preset name
+PRESET_TOPOLOGY = "topology: {preset: dgx-a100, nodes: 128}"
+NVLINK = "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}"
+WRITTEN_TOPOLOGY = f"""topology:
+  gpus: 1024
+  levels:
+    - {NVLINK}
+    - {{name: infiniband, bandwidth: 25 GB/s, latency: 10 us}}"""
+
+
+def written_topology(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    """GPT-3 175B with its topology written out (link rates, no ramp), then `edits`."""
+    return variant(tmp_path, name, (PRESET_TOPOLOGY, WRITTEN_TOPOLOGY), *edits)
+
+
 def too_big(tmp_path: Path) -> Path:
     """GPT-3 175B on 24 GiB devices: stage 0 peaks at 30.45 GiB, 6.45 GiB over."""
-    return variant(tmp_path, "too-big.yaml", ("memory: 80 GiB", "memory: 24 GiB"))
+    return variant(
+        tmp_path, "too-big.yaml", ("reserved: 3 GiB}", "reserved: 3 GiB, memory: 24 GiB}")
+    )
 
 
 def tp4(tmp_path: Path) -> Path:

@@ -16,7 +16,7 @@ from budget.catalog.topologies import RAMPS, TOPOLOGIES
 from budget.cli import app, route
 from budget.collectives import Link, Tier, collective_cost
 from budget.pipeline import budget_plan
-from tests.plan_files import variant
+from tests.plan_files import NVLINK, written_topology
 
 MiB, GiB = 2**20, 2**30
 ALPHA = 3e-6  # the engine's NVLink α
@@ -118,14 +118,9 @@ def test_presets_ramp_nvlink_and_not_infiniband() -> None:
 def test_a_written_level_names_its_ramp_and_the_report_shows_it(tmp_path: Path) -> None:
     """`ramp: nvlink3` on a hand-written level prices its collectives like the preset's; the
     report's collective rows give the B_eff reached at their size, the levels their ramp."""
-    base = variant(tmp_path, "plain.yaml")
-    ramped = variant(
-        tmp_path,
-        "ramped.yaml",
-        (
-            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}",
-            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us, ramp: nvlink3}",
-        ),
+    base = written_topology(tmp_path, "plain.yaml")
+    ramped = written_topology(
+        tmp_path, "ramped.yaml", (NVLINK, NVLINK.replace("3 us}", "3 us, ramp: nvlink3}"))
     )
     plain, report = budget_plan(base), budget_plan(ramped)
     assert report.links[0]["ramp"]["source"] == RAMPS["nvlink3"].source
@@ -150,13 +145,8 @@ def test_a_written_level_names_its_ramp_and_the_report_shows_it(tmp_path: Path) 
 
 
 def test_an_unknown_ramp_is_refused_with_its_place(tmp_path: Path) -> None:
-    path = variant(
-        tmp_path,
-        "bad.yaml",
-        (
-            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}",
-            "{name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us, ramp: nvlink9}",
-        ),
+    path = written_topology(
+        tmp_path, "bad.yaml", (NVLINK, NVLINK.replace("3 us}", "3 us, ramp: nvlink9}"))
     )
     result = runner.invoke(app, route([str(path)]))
     assert result.exit_code == 2

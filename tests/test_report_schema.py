@@ -41,8 +41,9 @@ def _promises(data: Any, path: str = "$") -> None:
             if isinstance(value, dict) and value.get("unit") == "bytes":  # a diff's Delta
                 for side in ("a", "b", "delta"):
                     assert value[side] is None or type(value[side]) is int, f"{path}.{key}"
-            elif key == "bytes" or key.endswith("_bytes"):
-                assert value is None or type(value) is int, f"{path}.{key} = {value!r}"
+            elif key == "bytes" or key.endswith("_bytes"):  # a size, or a list of sizes
+                sizes = value if isinstance(value, list) else [value]
+                assert all(v is None or type(v) is int for v in sizes), f"{path}.{key} = {value!r}"
             _promises(value, f"{path}.{key}")
     elif isinstance(data, list):
         for i, item in enumerate(data):

@@ -320,7 +320,9 @@ def test_an_inference_plan_is_refused_with_a_located_error():
     result = CliRunner().invoke(app, route(["search", "plans/llama3-70b-decode.yaml"]))
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr.startswith("plans/llama3-70b-decode.yaml:12:1: error: $.mode:")
+    lines = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8").splitlines()
+    line = lines.index("mode: decode") + 1
+    assert result.stderr.startswith(f"plans/llama3-70b-decode.yaml:{line}:1: error: $.mode:")
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown"])
@@ -498,18 +500,36 @@ def test_preset_hardware_with_ramps_and_fused_attention_budgets_exactly_as_searc
 def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3, outcome):
     """A search on presets names them, the attention kernel and where its rate comes from,
     and the levels whose collectives follow a ramp; one on a written-out device says so."""
-    from budget.render.search import hardware_text
+    from dataclasses import replace
 
-    assert outcome.hardware == {
-        "device": None,
-        "topology": None,
-        "attention": gpt3.model.attention,
-        "attention_kernel": gpt3.model.attention,
-        "attention_rate": "eager" if gpt3.model.attention == "eager" else "gemm",
-        "attention_by_keys": False,
-        "ramped_levels": [],
+    from budget.catalog import DEVICES
+    from budget.plan.model import Device
+    from budget.render.search import hardware_text
+    from budget.search import hardware
+
+    assert outcome.hardware == {  # GPT-3 on the A100 and DGX A100 presets
+        "device": "a100-80gb",
+        "topology": "dgx-a100",
+        "attention": "flash",
+        "attention_kernel": "flash2",
+        "attention_rate": "measured",
+        "attention_by_keys": False,  # one length measured on the A100
+        "ramped_levels": ["nvlink"],
     }
-    assert "every collective at its level's plateau B_eff" in hardware_text(outcome.hardware)
+    written = replace(
+        gpt3,
+        device=Device(memory=80 * 2**30, flops=(("bf16", 312e12),), memory_bandwidth=2.039e12),
+        topology=replace(
+            gpt3.topology,
+            name="",
+            levels=tuple(replace(level, ramp=None) for level in gpt3.topology.levels),
+        ),
+    )
+    plain = hardware(written)
+    assert (plain["device"], plain["topology"], plain["attention_rate"]) == (None, None, "gemm")
+    text = hardware_text(plain)
+    assert "Priced on the device and topology the plan writes out" in text
+    assert "every collective at its level's plateau B_eff" in text
     path = tmp_path / "h100.yaml"
     path.write_text(
         "name: llama3-8b on presets\n"
@@ -529,11 +549,6 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
     ) in text
     # an A100's FlashAttention-2 was measured at one length: no claim about keys
     a100 = load_plan(path)
-    from dataclasses import replace
-
-    from budget.catalog import DEVICES
-    from budget.search import hardware
-
     one_length = replace(
         a100, device=replace(a100.device, attention=DEVICES["a100-80gb"].attention)
     )

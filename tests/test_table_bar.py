@@ -57,7 +57,9 @@ def test_phases_show_what_they_add_and_a_miss_names_what_fills_the_memory(
     assert "earlier layer" not in text
     small = tmp_path / "small.yaml"
     small.write_text(
-        plan.read_text(encoding="utf-8").replace("memory: 80 GiB", "memory: 24 GiB"),
+        plan.read_text(encoding="utf-8").replace(
+            "reserved: 4 GiB}", "reserved: 4 GiB, memory: 24 GiB}"
+        ),
         encoding="utf-8",
     )
     over = budget_plan(small)
