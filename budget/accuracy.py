@@ -55,6 +55,7 @@ from budget.plan.model import Plan
 from budget.plan.resolve import resolve
 from budget.plan.schema import validate_tree
 from budget.plan.yaml_load import Marks
+from budget.report import Report
 
 __all__ = [
     "DIAGNOSTIC_RUNS",
@@ -117,6 +118,14 @@ class Run:
 class Row:
     run: Run
     predicted: float
+    # the engine's worst-stage peak and the device memory: a run that ran but whose plan
+    # the memory model puts over its memory is a miss of that model, said beside the table
+    peak_bytes: int = 0
+    capacity_bytes: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
 
     @property
     def error(self) -> float:
@@ -528,13 +537,17 @@ def plan_of(run: Run) -> Plan:
     return resolve(run.tree, marks, file)
 
 
-def predict(run: Run) -> float:
-    return metric_of(plan_of(run), run.metric)
+def predict(run: Run) -> Row:
+    """The run budgeted: its metric as the source reports it, and the worst stage's peak."""
+    plan = plan_of(run)
+    report = build_report(plan)
+    worst = report.worst
+    return Row(run, metric_of(plan, run.metric, report), worst.peak_bytes, worst.capacity_bytes)
 
 
-def metric_of(plan: Plan, metric: Metric) -> float:
+def metric_of(plan: Plan, metric: Metric, report: Report | None = None) -> float:
     """The prediction for a plan in the unit its source reports (module docstring)."""
-    step = build_report(plan).step
+    step = (report or build_report(plan)).step
     if metric == "step_s":
         return float(step["time_s"] or 0.0)
     if metric == "tokens_per_s_per_gpu":
@@ -578,7 +591,7 @@ def validate_model(
 ) -> Accuracy:
     """Predicted against measured for every scored, reference and diagnostic run."""
     return Accuracy(
-        tuple(Row(run, predict(run)) for run in runs),
-        tuple(Row(run, predict(run)) for run in reference),
-        tuple(Row(run, predict(run)) for run in diagnostic),
+        tuple(predict(run) for run in runs),
+        tuple(predict(run) for run in reference),
+        tuple(predict(run) for run in diagnostic),
     )

@@ -221,3 +221,19 @@ def test_write_plans_into_a_file_is_a_usage_error(tmp_path) -> None:
     result = CliRunner().invoke(app, route(["validate-model", "--write-plans", str(blocker)]))
     assert result.exit_code == 2
     assert "--write-plans" in result.output and "Traceback" not in result.output
+
+
+def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
+    """Every run ran; one whose plan the engine puts over the device's memory is a miss of
+    the memory model, named in the summary with its worst stage and in the JSON."""
+    from budget.render.accuracy import accuracy_dict, accuracy_markdown
+
+    over = [r for r in (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic) if not r.fits]
+    text = accuracy_markdown(accuracy)
+    rows = {r["name"]: r for r in accuracy_dict(accuracy)["runs"]}
+    for r in over:
+        assert r.peak_bytes > r.capacity_bytes
+        assert f"{r.run.name} (worst stage {r.peak_bytes / 2**30:.1f} GiB" in text
+        if r in accuracy.rows:
+            assert rows[r.run.name]["fits"] is False
+    assert all(rows[r.run.name]["fits"] for r in accuracy.rows if r.fits)

@@ -37,6 +37,9 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "error": r.error,
         "source": r.run.source,
         "note": r.run.note,
+        "peak_bytes": r.peak_bytes,
+        "capacity_bytes": r.capacity_bytes,
+        "fits": r.fits,
     }
 
 
@@ -90,8 +93,21 @@ def _summary(acc: Accuracy) -> str:
     return (
         f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
         f"over {len(acc.rows)} runs. By GPU: {parts(acc.by_gpu(), False)}. By GPU and "
-        f"training stack: {parts(acc.by_stack(), True)}."
+        f"training stack: {parts(acc.by_stack(), True)}.{_misses(acc)}"
     )
+
+
+def _misses(acc: Accuracy) -> str:
+    """The runs that ran though the engine's memory model puts them over their memory."""
+    over = [r for r in (*acc.rows, *acc.reference, *acc.diagnostic) if not r.fits]
+    if not over:
+        return ""
+    gib = 2**30
+    runs = "; ".join(
+        f"{r.run.name} (worst stage {r.peak_bytes / gib:.1f} GiB of {r.capacity_bytes / gib:.1f})"
+        for r in over
+    )
+    return f" The memory model puts runs that ran over their memory: {runs}."
 
 
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
