@@ -10,7 +10,7 @@ All sizes are for one rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, Plan
@@ -387,8 +387,8 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
     (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements.
     """
-    prec, z = plan.precision, plan.parallel.zero
-    groups = [("", params, plan.parallel.dp * plan.parallel.cp)]
+    prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
+    groups = [("", params, plan.parallel.dp * cp)]
     if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
         groups.append(("expert ", expert_params, expert_data_parallel(plan)))
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
@@ -418,10 +418,13 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
             count = vwhere(on, -(-n // ranks), n)  # one rank: the shard is everything
             many = every(ranks > 1)
             if isinstance(on, bool):
+                # the non-expert group is dp × cp: say so when context parallelism is on
+                spans = "data- and context-parallel" if not prefix and _above_one(cp) else ""
+                kind = spans or "data-parallel"
                 where = (
-                    f"shard over {count_label(ranks)} {prefix}data-parallel ranks"
+                    f"shard over {count_label(ranks)} {prefix}{kind} ranks"
                     if on and many
-                    else "replicated over data-parallel ranks"
+                    else f"replicated over {kind} ranks"
                     if many
                     else ""
                 )
@@ -707,3 +710,8 @@ def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:
         when([checkpoint], full) + when(attention_saved(plan, s), rest),
         when(mlp_saved(plan, s), rest),
     )
+
+
+def _above_one(degree: Any) -> bool:
+    """A degree above 1, for the labels of one plan (a sweep's array of degrees: False)."""
+    return isinstance(degree, int) and degree > 1

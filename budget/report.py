@@ -254,3 +254,10 @@ def to_dict(report: Report) -> dict[str, Any]:
         ],
         "step": report.step,
     }
+
+
+def group_name(group: str, layout: dict[str, Any]) -> str:
+    """A collective's group as the reader knows it: the data-parallel group spans the
+    context-parallel ranks too (gradients are reduced and optimizer states sharded over
+    dp × cp), so with cp > 1 it is written dp×cp, not dp beside a count larger than dp."""
+    return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group

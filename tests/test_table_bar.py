@@ -70,3 +70,23 @@ def test_phases_show_what_they_add_and_a_miss_names_what_fills_the_memory(
     line = verdict(over)
     assert "Largest besides model states: saved activations" in line
     assert saved.bytes > max(o.bytes for o in over.worst.peak_overlap if o.category == "transient")
+
+
+def test_the_data_parallel_group_says_it_spans_context_parallel_ranks() -> None:
+    """With cp 16 and dp 8 the gradients are reduced over 128 ranks: the group reads dp×cp
+    (not "dp 128" under a header saying dp 8) and the states say what they shard over;
+    the expert group's abbreviation is defined where it appears."""
+    from budget.render.table import render_table
+
+    def text(name: str) -> str:
+        console = Console(width=140, color_system=None, record=True)
+        render_table(console, budget_plan(next(p for p in PLANS if p.name == name)))
+        return " ".join(console.export_text().split())
+
+    long = text("llama3-405b-128k.yaml")
+    assert "dp×cp 128" in long and " dp 128" not in long
+    assert "shard over 128 data- and context-parallel ranks" in long
+    assert "dp×cp = the data-parallel group, which spans the context-parallel ranks" in long
+    moe = text("deepseek-moe-16b.yaml")
+    assert "edp 2" in moe and "edp = expert data-parallel group" in moe
+    assert "dp×cp" not in moe and "shard over 16 data-parallel ranks" in moe

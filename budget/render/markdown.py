@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.report import RAMP_HEADER, RAMP_NOTE, ramp_shares
+from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def render_markdown(report: Report) -> str:
                 c.name,
                 c.op,
                 f"{c.src} → {c.dst}",
-                f"{c.group} {c.ranks}",
+                f"{group_name(c.group, report.layout)} {c.ranks}",
                 c.dtype,
                 c.algorithm,
                 c.link or "",

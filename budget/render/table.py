@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from budget.report import RAMP_HEADER, RAMP_NOTE, ramp_shares
+from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -343,7 +343,11 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
-            group = f"pp {c.src}→{c.dst}" if c.op == "send-recv" else f"{c.group} {c.ranks}"
+            group = (
+                f"pp {c.src}→{c.dst}"
+                if c.op == "send-recv"
+                else f"{group_name(c.group, report.layout)} {c.ranks}"
+            )
             cells = [f" {c.name}", op, group]
             if wide:
                 cells.append(c.link or "")
@@ -360,6 +364,11 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     legend = ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
+    groups = {c.group for p in report.phases for c in p.collectives}
+    if "edp" in groups:
+        legend.append("edp = expert data-parallel group: ranks holding the same experts")
+    if "dp" in groups and report.layout.get("cp", 1) > 1:
+        legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
     legend += [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
@@ -382,8 +391,9 @@ def link_table(report: Report) -> Table:
         for c in p.collectives:
             for level in (c.link or "").split(" + "):
                 entry = seen.setdefault(level, (None, None, []))
-                if c.group not in entry[2]:
-                    entry[2].append(c.group)
+                name = group_name(c.group, report.layout)
+                if name not in entry[2]:
+                    entry[2].append(name)
     for link in report.links:
         groups = seen.get(link["name"], (None, None, []))[2]
         table.add_row(
