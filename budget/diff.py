@@ -234,6 +234,7 @@ _STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
 _PHASE: tuple[tuple[str, Unit, Better, Callable[[PhaseRow], float | None]], ...] = (
     ("payload_bytes", "bytes", "lower", lambda p: p.payload_bytes),
     ("peak_bytes", "bytes", "lower", lambda p: p.peak_bytes if p.peak_stage is not None else None),
+    ("compute_s", "seconds", "lower", lambda p: p.compute_s),
     ("comm_s", "seconds", "lower", lambda p: p.comm_s),
     ("exposed_s", "seconds", "lower", lambda p: p.exposed_s),
 )

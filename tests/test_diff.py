@@ -98,6 +98,9 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     sent = {p["name"]: p["metrics"]["payload_bytes"] for p in delta["phases"]}
     assert sent["forward.attention"]["a"] == _attention_sent(8, 16)
     assert sent["forward.attention"]["b"] == _attention_sent(4, 32)
+    compute = {p["name"]: p["metrics"]["compute_s"] for p in delta["phases"]}
+    for phase in data["a"]["phases"]:  # each phase's compute, as each report gives it
+        assert compute[phase["name"]]["a"] == phase["compute_s"]
     exposed = {p["name"]: p["metrics"]["exposed_s"] for p in delta["phases"]}
     assert exposed["forward.attention"]["verdict"] == "better"
     assert delta["summary"]["mfu"]["better"] == "higher"
