@@ -65,6 +65,8 @@ class CollectiveResult:
             "steps": int(cost.steps),
             "sent_bytes": int(cost.sent_bytes),
             "recv_bytes": int(cost.recv_bytes),
+            # Q of T = n·α + Q/B: the bytes on the critical path, the busiest rank's
+            "payload_bytes": int(cost.payload_bytes),
             "latency_s": float(cost.link.latency),
             "bandwidth_Bps": cost.reached_bandwidth,
             "time_s": float(cost.time_s),

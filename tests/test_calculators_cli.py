@@ -369,3 +369,17 @@ def test_no_input_makes_the_cli_raise_a_traceback(
     result = runner.invoke(app, route(args))
     assert result.exit_code in (0, 2)
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_folded_recursive_all_reduce_says_why_q_exceeds_what_a_rank_sends() -> None:
+    """Rabenseifner on 7 ranks folds 3 into partners (p′ = 4): a typical rank sends
+    2(p′−1)/p′·S + S = 2.5 GiB of 1 GiB, while a partner, on the critical path, also takes S
+    first and sends S last: Q = 1.5 S + 2 S = 3.5 GiB. The table says why Q is larger."""
+    gib = 2**30
+    args = ["collective", "all-reduce", "--ranks", "7", "--size", "1GiB"]
+    args += ["--bandwidth", "450GB/s", "--latency", "3us", "--algorithm", "recursive"]
+    data = _json(args)
+    assert data["sent_bytes"] == 2 * 3 * gib // 4 + gib
+    assert data["payload_bytes"] == 2 * 3 * gib // 4 + 2 * gib
+    result = runner.invoke(app, route(args), env={"COLUMNS": "200"})
+    assert "the busiest rank's bytes on the critical path" in " ".join(result.stdout.split())

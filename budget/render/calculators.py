@@ -46,7 +46,13 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("latency term n·α", _time(float(cost.latency_s))),
         (
             "bandwidth term Q/B",
-            f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))})",
+            f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))}"
+            + (
+                ", the busiest rank's bytes on the critical path, more than a typical rank "
+                "sends)"
+                if int(cost.payload_bytes) > max(int(cost.sent_bytes), int(cost.recv_bytes))
+                else ")"
+            ),
         ),
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
         ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
