@@ -26,6 +26,7 @@ COLLECTIVE_KEYS = {
     "steps",
     "sent_bytes",
     "recv_bytes",
+    "payload_bytes",
     "latency_s",
     "bandwidth_Bps",
     "time_s",

@@ -48,8 +48,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
             "bandwidth term Q/B",
             f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))}"
             + (
-                ", the busiest rank's bytes on the critical path, more than a typical rank "
-                "sends)"
+                ", the busiest rank's bytes on the critical path, more than a typical rank sends)"
                 if int(cost.payload_bytes) > max(int(cost.sent_bytes), int(cost.recv_bytes))
                 else ")"
             ),
