@@ -155,6 +155,7 @@ def test_acceptance_4_roofline() -> None:
     assert data["ridge_intensity"] == pytest.approx(12.5)
     table = runner.invoke(app, route(args)).stdout
     assert "320 GFLOP/s" in table and "memory-bound" in table and "12.5 FLOP/byte" in table
+    assert "sent and received" not in table  # the collectives' footnote is not a roofline's
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown"])

@@ -28,6 +28,7 @@ _UNITS_NOTE = (
     "GB = 10^9 B, GiB = 2^30 B. Bandwidth is per GPU, one direction; sent and received "
     "bytes are per rank; T = n·α + Q/B_eff."
 )
+_ROOFLINE_NOTE = "GB = 10^9 B; FLOP/s and B/s decimal; intensity in FLOPs per byte moved."
 
 
 def render_collective(console: Console, result: CollectiveResult, fmt: str) -> None:
@@ -99,6 +100,7 @@ def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
         console,
         [("roofline (Williams, Waterman & Patterson 2009)", ("quantity", "value"), rows)],
         fmt,
+        _ROOFLINE_NOTE,
     )
 
 
@@ -181,7 +183,10 @@ def _json(console: Console, data: dict[str, Any]) -> None:
 
 
 def _sections(
-    console: Console, sections: list[tuple[str, tuple[str, ...], Rows]], fmt: str
+    console: Console,
+    sections: list[tuple[str, tuple[str, ...], Rows]],
+    fmt: str,
+    note: str = _UNITS_NOTE,
 ) -> None:
     if fmt == "markdown":
         lines: list[str] = []
@@ -189,7 +194,7 @@ def _sections(
             lines += [f"### {title}", "", _md_row(headers), _md_row(("---",) * len(headers))]
             lines += [_md_row(row) for row in rows]
             lines.append("")
-        lines.append(_UNITS_NOTE)
+        lines.append(note)
         console.out("\n".join(lines), highlight=False)
         return
     for title, headers, rows in sections:
@@ -210,7 +215,7 @@ def _sections(
         for row in rows:
             table.add_row(*row)
         console.print(table, markup=False, highlight=False)
-    console.print(_UNITS_NOTE, markup=False, highlight=False)
+    console.print(note, markup=False, highlight=False)
 
 
 def _md_row(cells: tuple[str, ...]) -> str:
