@@ -90,3 +90,14 @@ def test_the_data_parallel_group_says_it_spans_context_parallel_ranks() -> None:
     moe = text("deepseek-moe-16b.yaml")
     assert "edp 2" in moe and "edp = expert data-parallel group" in moe
     assert "dp×cp" not in moe and "shard over 16 data-parallel ranks" in moe
+
+
+def test_a_plan_without_a_pipeline_does_not_describe_one() -> None:
+    """pp 1: no schedule, no bubble, no 'pace of the slowest stage'."""
+    from budget.render.table import header, summary
+
+    report = budget_plan(next(p for p in PLANS if p.name == "gpt-1.3b.yaml"))
+    assert "no pipeline" in " ".join(header(report))
+    step = summary(report)[0]
+    assert step.startswith("Step: ") and " = micro-batches " in step
+    assert "bubble" not in step and "slowest stage" not in step

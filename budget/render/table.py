@@ -40,7 +40,8 @@ def header(report: Report) -> list[str]:
     )
     if lay["ep"] > 1:
         degrees += f" (experts over ep {lay['ep']} within tp × cp × dp)"
-    extras = [f"ZeRO stage {lay['zero']}", f"{lay['schedule']} schedule"]
+    schedule = f"{lay['schedule']} schedule" if lay["pp"] > 1 else "no pipeline"
+    extras = [f"ZeRO stage {lay['zero']}", schedule]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
     if lay["sequence_parallel"]:
@@ -428,11 +429,16 @@ def summary(report: Report) -> list[str]:
             lines.append(f"{float(step['tokens_per_s'] or 0):,.0f} prompt tokens/s")
         lines.append(f"{exposed}; MFU {float(step['mfu'] or 0):.1%}")
         return lines
+    body = _t(time_s - float(step["after_s"] or 0))
+    tail = f" + gradient reduction and optimizer {_t(step['after_s'])}"
+    first = (
+        f"Step: {_t(time_s)} = pipeline {body} (of which bubble {_t(step['bubble_s'])}){tail}; "
+        "the pipeline runs every micro-batch at the pace of the slowest stage"
+        if report.layout["pp"] > 1
+        else f"Step: {_t(time_s)} = micro-batches {body}{tail}"
+    )
     return [
-        f"Step: {_t(time_s)} = pipeline {_t(time_s - float(step['after_s'] or 0))} "
-        f"(of which bubble {_t(step['bubble_s'])}) + gradient reduction and optimizer "
-        f"{_t(step['after_s'])}; the pipeline runs every micro-batch at the pace of the "
-        "slowest stage",
+        first,
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
         f"({float(step['exposed_share'] or 0):.1%} of the step){_slowed(step)}; "
         f"{float(step['tokens_per_s'] or 0):,.0f} tokens/s; MFU {float(step['mfu'] or 0):.1%}",
