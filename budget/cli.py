@@ -106,7 +106,7 @@ def _usage(message: str) -> typer.Exit:
     return typer.Exit(code=exit_code(valid=False))
 
 
-@app.command("report", hidden=True)
+@app.command("report")
 def report_command(
     plan: Annotated[Path, typer.Argument(help="The plan to budget (YAML).")],
     fmt: FormatOption = Format.table,
