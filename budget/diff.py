@@ -121,6 +121,7 @@ class PlanDiff:
     phases: tuple[Row, ...]
     stage_counts: tuple[int, int]
     fits: tuple[bool, bool]
+    modes: tuple[str, str] = ("train", "train")
 
     @property
     def identical(self) -> bool:
@@ -133,16 +134,25 @@ class PlanDiff:
 
     @property
     def note(self) -> str | None:
-        """How stages were paired when the plans have different pipeline depths."""
+        """What to keep in mind reading the deltas: plans of different modes, whose step,
+        tokens/s and MFU measure different things, and how stages were paired when the
+        plans have different pipeline depths."""
+        notes = []
+        ma, mb = self.modes
+        if ma != mb:
+            notes.append(
+                f"A is a {ma} plan and B a {mb} plan: their step, tokens/s and MFU measure "
+                "different things, so those deltas are not like for like"
+            )
         na, nb = self.stage_counts
-        if na == nb:
-            return None
-        more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
-        only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
-        return (
-            f"A has {na} pipeline stages and B has {nb}: stages are aligned by index, "
-            f"so {only} exist only in {side}"
-        )
+        if na != nb:
+            more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
+            only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
+            notes.append(
+                f"A has {na} pipeline stages and B has {nb}: stages are aligned by index, "
+                f"so {only} exist only in {side}"
+            )
+        return "; ".join(notes) or None
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
@@ -306,6 +316,7 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
         phases=_phase_rows(a, b),
         stage_counts=(len(a.stages), len(b.stages)),
         fits=(a.fits, b.fits),
+        modes=(a.mode, b.mode),
     )
 
 

@@ -223,3 +223,12 @@ topology:
     )
     assert "device.kernel_startup 0 s → 3.31 µs" in lines
     assert not [line for line in lines if ".points." in line or "attention.0" in line]
+
+
+def test_plans_of_different_modes_are_flagged() -> None:
+    """A training plan against a serving plan: the step, tokens/s and MFU differ in kind."""
+    code, out, _ = _diff(LLAMA, ROOT / "plans" / "llama3-70b-decode.yaml", width=200)
+    assert code == 0
+    assert "A is a train plan and B a decode plan" in " ".join(out.split())
+    *_, same = diff_files(LLAMA, LLAMA)
+    assert same.note is None
