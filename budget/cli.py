@@ -180,8 +180,11 @@ def plot_command(
         plot_report(budget_plan(plan), output)
     except BudgetError as error:
         raise _fail(error) from None
-    except (PlotUnavailable, ValueError, OSError) as error:
+    except (PlotUnavailable, ValueError) as error:
         raise _usage(str(error)) from None
+    except OSError as error:  # the picture could not be written where asked
+        reason = error.strerror or str(error)
+        raise _usage(f"cannot write {output}: {reason.lower()}") from None
     print(f"{plan}: wrote {output}")
 
 

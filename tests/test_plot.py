@@ -71,3 +71,11 @@ def test_without_matplotlib_one_line_and_exit_2(
     code, out, err = _plot(GPT3, tmp_path / "memory.png")
     assert code == 2 and out == ""
     assert err == "budget: error: budget plot needs matplotlib: pip install 'budget[plot]'\n"
+
+
+def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "missing" / "memory.png"
+    code, stdout, err = _plot(GPT3, out)
+    assert (code, stdout) == (2, "")
+    assert err.strip() == f"budget: error: cannot write {out}: no such file or directory"
