@@ -162,10 +162,10 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
     under their names ("device.flops.bf16"); other tuples are indexed ("topology.levels.0").
     """
     if prefix == "device.attention." and value == ():
-        return {"device.attention": "none measured (fused attention on the GEMM curve)"}
+        return {"device.attention": "none measured"}
     calibration = _calibration(value)
     if calibration is not None:
-        return {prefix.rstrip("."): calibration}
+        return {prefix.rstrip("."): Calibration(calibration, value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -187,18 +187,41 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
     return {prefix.rstrip("."): value}
 
 
+class Calibration(str):
+    """A calibration shown as one line but compared whole: two ramps or curves that read
+    alike and differ in a sample point are still a change."""
+
+    whole: Any
+
+    def __new__(cls, text: str, whole: Any) -> Calibration:
+        made = super().__new__(cls, text)
+        made.whole = whole
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Calibration):
+            return bool(self.whole == other.whole)
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+
 def _calibration(value: Any) -> str | None:
     """A device's or link's measured calibration (GEMM curve, attention rates, bandwidth
     ramp) as one line, so that a preset against a written device reads as "the curve
-    changed" rather than dozens of sample points; None for anything else."""
+    changed" rather than dozens of sample points; None for anything else. Attention rates
+    read at 8,192 keys, as `budget presets` shows them."""
     if isinstance(value, GemmCurve):
         own = "".join(f"; {d} {f:.1%}" for d, f, _ in value.by_dtype)
         return f"{value.peak_fraction:.1%} of peak, half of it at {value.half_flops:.3g} FLOPs{own}"
     if isinstance(value, BandwidthRamp):
-        return "measured by size: " + ", ".join(op for op, _, _ in value.points)
+        return f"by message size: {value.source}"
     if isinstance(value, tuple) and value and all(isinstance(v, AttentionRate) for v in value):
         return "; ".join(
-            f"{r.kernel} {max(r.fractions):.1%}" + (" (derived)" if r.derived else "")
+            f"{r.kernel} {float(r.at(8192)):.1%}" + (" (derived)" if r.derived else "")
             for r in value
         )
     return None

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from budget.cli import app, route
+from budget.catalog.topologies import RAMPS
 from budget.diff import Delta, diff_files, flatten
 from budget.plan.load import load_plan
 from tests.plan_files import GPT3, PLANS, ROOT, invalid, tp4
@@ -217,10 +218,8 @@ topology:
     # / 213.5e12 s) times 256.5 TFLOP/s
     half = 2 * 1024**3 * (213.5 / 110.4 - 1) / 213.5e12 * 256.5e12
     assert f"device.gemm – → {256.5 / 312:.1%} of peak, half of it at {half:.3g} FLOPs" in lines
-    assert (
-        "topology.levels.0.ramp – → measured by size: all-reduce, all-gather, reduce-scatter"
-        in lines
-    )
+    ramp = f"topology.levels.0.ramp – → by message size: {RAMPS['nvlink3'].source}"
+    assert ramp in " ".join(lines)
     assert "device.kernel_startup 0 s → 3.31 µs" in lines
     assert not [line for line in lines if ".points." in line or "attention.0" in line]
 
@@ -232,3 +231,19 @@ def test_plans_of_different_modes_are_flagged() -> None:
     assert "A is a train plan and B a decode plan" in " ".join(out.split())
     *_, same = diff_files(LLAMA, LLAMA)
     assert same.note is None
+
+
+def test_a_ramp_changed_for_another_is_a_plan_change(tmp_path: Path) -> None:
+    """Calibrations are shown as one line but compared whole: NVLink 4's ramp swapped for
+    NVLink 3's is a change, though both are nccl-tests sweeps."""
+    plan = ROOT / "plans" / "llama3-405b-128k.yaml"
+    b = tmp_path / "nvlink3.yaml"
+    b.write_text(
+        plan.read_text(encoding="utf-8").replace("ramp: nvlink4}", "ramp: nvlink3}"),
+        encoding="utf-8",
+    )
+    *_, diff = diff_files(plan, b)
+    assert [c.key for c in diff.changes] == ["topology.levels.0.ramp"]
+    (change,) = diff.changes
+    assert change.a == f"by message size: {RAMPS['nvlink4'].source}"
+    assert change.b == f"by message size: {RAMPS['nvlink3'].source}"
