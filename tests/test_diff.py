@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from budget.cli import app, route
 from budget.catalog.topologies import RAMPS
+from budget.cli import app, route
 from budget.diff import Delta, diff_files, flatten
 from budget.plan.load import load_plan
 from tests.plan_files import GPT3, PLANS, ROOT, invalid, tp4
