@@ -171,10 +171,10 @@ def parse_limits(
                 bare = float(headroom)
             except ValueError:
                 bare = None
-            if bare:  # "--headroom 5" would require 5 bytes: a gate that checks nothing
+            if bare and bare < 2**20:  # "--headroom 5": 5 bytes, a gate that checks nothing
                 raise ValueError(
                     f"--headroom {headroom!r}: write {headroom.strip()}% or a size with its "
-                    f"unit, such as {headroom.strip()} GiB (a bare number would be bytes)"
+                    f"unit, such as {headroom.strip()} GiB (a bare number is bytes)"
                 )
             try:
                 size = parse_bytes(headroom)
@@ -314,8 +314,8 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
         message=(
             f"the step takes {format_duration(time_s)}, {format_duration(time_s - max_step)} "
             f"over the {format_duration(max_step)} limit; largest phases (compute + exposed "
-            f"communication): {_phases(report, 'busy')}; pipeline bubble "
-            f"{format_duration(bubble)}"
+            f"communication): {_phases(report, 'busy')}"
+            + (f"; pipeline bubble {format_duration(bubble)}" if report.layout["pp"] > 1 else "")
         ),
         stage=None,
         actual=time_s,

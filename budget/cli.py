@@ -78,6 +78,14 @@ MaxStepOption = Annotated[
     str | None,
     typer.Option(help="Longest step time, e.g. 12s (a serving plan: the whole run)."),
 ]
+# budget search sweeps training layouts only: its limits say nothing of serving runs
+SearchExposedOption = Annotated[
+    str | None,
+    typer.Option("--max-exposed", help="Most of the step in exposed communication, e.g. 20%."),
+]
+SearchStepOption = Annotated[
+    str | None, typer.Option("--max-step", help="Longest step time, e.g. 12s.")
+]
 
 
 def _stdout() -> Console:
@@ -205,8 +213,8 @@ def search_command(
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
     write: Annotated[Path | None, typer.Option(help="Write the best layout as a plan.")] = None,
     headroom: HeadroomOption = None,
-    max_exposed: MaxExposedOption = None,
-    max_step: MaxStepOption = None,
+    max_exposed: SearchExposedOption = None,
+    max_step: SearchStepOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit (and

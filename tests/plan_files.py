@@ -30,6 +30,28 @@ WRITTEN_TOPOLOGY = f"""topology:
     - {{name: infiniband, bandwidth: 25 GB/s, latency: 10 us}}"""
 
 
+# gpt-1.3b's A100 and one-node topology written out key by key instead of by preset names
+GPT13_PRESETS = (
+    "device: {preset: a100-80gb, reserved: 3 GiB}\ntopology: {preset: dgx-a100, nodes: 1}"
+)
+GPT13_WRITTEN = """device:
+  memory: 80 GiB
+  reserved: 3 GiB
+  flops: {bf16: 312 TFLOP/s, fp32: 19.5 TFLOP/s}
+  memory_bandwidth: 2039 GB/s
+topology:
+  gpus: 8
+  levels:
+    - {name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}"""
+
+
+def gpt13_written() -> str:
+    """plans/gpt-1.3b.yaml with its device and topology written out (`GPT13_WRITTEN`)."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    assert text.count(GPT13_PRESETS) == 1
+    return text.replace(GPT13_PRESETS, GPT13_WRITTEN)
+
+
 def written_topology(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
     """GPT-3 175B with its topology written out (link rates, no ramp), then `edits`."""
     return variant(tmp_path, name, (PRESET_TOPOLOGY, WRITTEN_TOPOLOGY), *edits)

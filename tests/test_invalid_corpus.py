@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 from budget.cli import app, route
 from budget.plan.load import MAX_BYTES
 from budget.plan.yaml_load import MAX_DEPTH
+from tests.plan_files import gpt13_written
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -153,7 +154,7 @@ def test_a_directory(tmp_path: Path) -> None:
 
 # -- no input makes the CLI print a traceback --------------------------------------------
 
-_GOOD = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+_GOOD = gpt13_written()  # every device and topology key a slot to corrupt
 _line_edits = st.lists(
     st.tuples(st.integers(0, 60), st.text(max_size=30)),
     max_size=4,

@@ -48,7 +48,7 @@ def test_svg_is_a_real_image(tmp_path: Path) -> None:
     root = ET.parse(out).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     text = out.read_text(encoding="utf-8")
-    assert "capacity 80.0 GiB" in text  # the plan's device.memory: 80 GiB
+    assert "capacity 80.0 GiB" in text  # the a100-80gb preset: 81,920 MiB as nvidia-smi shows
 
 
 def test_the_same_plan_draws_the_same_svg(tmp_path: Path) -> None:

@@ -237,3 +237,12 @@ def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
         if r in accuracy.rows:
             assert rows[r.run.name]["fits"] is False
     assert all(rows[r.run.name]["fits"] for r in accuracy.rows if r.fits)
+    # the same words for a run made to miss, whatever the table holds today
+    from dataclasses import replace
+
+    from budget.accuracy import Accuracy
+
+    first = accuracy.rows[0]
+    missed = replace(first, peak_bytes=90 * 2**30, capacity_bytes=80 * 2**30)
+    text = accuracy_markdown(Accuracy((missed, *accuracy.rows[1:])))
+    assert f"over their memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text

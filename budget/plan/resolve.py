@@ -139,8 +139,8 @@ class _Resolver:
             return False
         self.error(
             path,
-            f"{value:g} B: a size without a unit is bytes; write the unit, such as "
-            f"'{value:g} GiB' or '{value:g} GB'",
+            f"{value:g} B: a size without a unit is bytes; write its unit, such as "
+            f"'{value:g} GiB', '{value:g} GB' or '{value:g} MiB'",
         )
         return True
 
