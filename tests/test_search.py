@@ -175,8 +175,9 @@ def test_not_ranked_reconciles_with_the_count_evaluated():
     assert priced + data["fitting"] == data["evaluated"]
     skipped = sum(data["rejected"][r] for r in skipped_reasons)
     text = CliRunner().invoke(app, route(["search", str(GPT3), "--format", "markdown"])).stdout
-    note = f"{skipped:,} skipped before pricing (they do not divide or cannot be built); "
-    assert note + f"{priced:,} priced among the {data['evaluated']:,} evaluated" in text
+    note = f"{data['evaluated']:,} evaluated ({data['fitting']:,} ranked, {priced:,} rejected "
+    note += f"after pricing); {skipped:,} more skipped before pricing"
+    assert note in text
 
 
 def test_search_json_validates_against_the_report_schema(tmp_path):

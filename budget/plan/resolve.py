@@ -735,8 +735,11 @@ class _Checks:
             from budget.catalog import TOPOLOGIES
 
             per_node = TOPOLOGIES[topology.name].gpus_per_node
-            if product % per_node == 0:
-                resize = f"topology.nodes to {product // per_node:,}"
+            resize = (
+                f"topology.nodes to {product // per_node:,}"
+                if product % per_node == 0
+                else f"topology.gpus: {product:,} in place of topology.nodes"
+            )
         self.r.error(
             "$.parallel",
             f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "

@@ -88,7 +88,7 @@ def _change(delta: Delta) -> tuple[str, str]:
 
 def plan_value(key: str, value: Value) -> str:
     """A plan value as its author would write it: sizes, rates and times with units."""
-    if value is None:
+    if value is None or value == "":
         return "–"
     if isinstance(value, list):  # plain integers inside a list: [8192], not [8,192]
         items = (str(v) if type(v) is int else plan_value(key, v) for v in value)

@@ -92,8 +92,9 @@ def _skipped_note(outcome: Outcome) -> str:
     priced = outcome.evaluated - kept
     skipped = sum(outcome.rejected.values()) - priced
     return (
-        f"{skipped:,} skipped before pricing (they do not divide or cannot be built); "
-        f"{priced:,} priced among the {outcome.evaluated:,} evaluated and rejected"
+        f"{outcome.evaluated:,} evaluated ({kept:,} ranked, {priced:,} rejected after "
+        f"pricing); {skipped:,} more skipped before pricing (they do not divide or cannot "
+        "be built)"
     )
 
 
