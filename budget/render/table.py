@@ -287,7 +287,23 @@ def phase_table(report: Report, wide: bool) -> Table:
             "",
         ]
         table.add_row(*row, *(["", ""] if wide else []), style="bold")
+    if not wide and len(report.stages) > 1:
+        table.caption, table.caption_justify = _peak_stages(report), "left"
     return table
+
+
+def _peak_stages(report: Report) -> str:
+    """The stage column a narrow terminal leaves out, as a sentence: the stage most phases
+    peak on, then the phases that peak elsewhere."""
+    stages = [(p.name, p.peak_stage) for p in report.phases if p.peak_stage is not None]
+    if not stages:
+        return ""
+    counts: dict[int, int] = {}
+    for _, stage in stages:
+        counts[stage] = counts.get(stage, 0) + 1
+    usual = max(counts, key=lambda stage: counts[stage])
+    others = ", ".join(f"{name} on {stage}" for name, stage in stages if stage != usual)
+    return f"peak live is on stage {usual}" + (f", except {others}" if others else "")
 
 
 def _t(seconds: float | None) -> str:
