@@ -10,7 +10,7 @@ from rich.console import Console
 
 from budget.pipeline import budget_plan
 from budget.render.table import stage_table
-from tests.plan_files import PLANS
+from tests.plan_files import GPT3, PLANS
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
@@ -115,3 +115,19 @@ def test_a_narrow_phases_table_still_says_which_stage_each_peak_is_on() -> None:
     assert elsewhere  # the loss and the step's end peak on the last stage
     named = ", ".join(f"{p.name} on {p.peak_stage}" for p in elsewhere)
     assert f"peak live is on stage 0, except {named}" in text
+
+
+def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:
+    """At 80 columns the layers column is left out; an uneven split is said in the caption,
+    an even one needs no words."""
+    uneven = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
+    even = budget_plan(GPT3)
+
+    def caption(report) -> str:
+        console = Console(width=80, color_system=None, record=True)
+        console.print(stage_table(report, False))
+        return " ".join(console.export_text().split())
+
+    split = ", ".join(str(row.layers) for row in uneven.stages)
+    assert split.startswith("7, 8") and f"layers per stage: {split}" in caption(uneven)
+    assert "layers per stage" not in caption(even)

@@ -221,6 +221,9 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
         if wide
         else f"states = params + grads + optimizer; other = transient + {reserved} reserved"
     )
+    layers = [row.layers for row in report.stages]
+    if not wide and len(set(layers)) > 1:  # the layers column is left out: say the split
+        table.caption += f"; layers per stage: {', '.join(map(str, layers))}"
     table.caption_justify = "left"
     return table
 
