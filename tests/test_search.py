@@ -608,3 +608,15 @@ def test_multi_token_prediction_counts_as_a_layer_of_the_last_chunk(tmp_path):
         report = build_report(written)
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+def test_a_narrow_search_limited_on_exposure_shows_it():
+    """At 80 columns the exposed column is dropped, unless the search is limited on it;
+    then it takes MFU's place, and no cell is cut."""
+    args = ["search", str(GPT3), *NARROW, "--max-exposed", "30%"]
+    limited = CliRunner().invoke(app, route(args), env={"COLUMNS": "80"}).stdout
+    plain = CliRunner().invoke(app, route(args[:-2]), env={"COLUMNS": "80"}).stdout
+    head = next(line for line in limited.splitlines() if line.lstrip().startswith("tp"))
+    assert head.split()[-3:] == ["peak", "step", "exposed"]
+    assert " exposed" not in next(x for x in plain.splitlines() if x.lstrip().startswith("tp"))
+    assert "…" not in limited and all(len(line) <= 80 for line in limited.splitlines())

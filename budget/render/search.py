@@ -48,10 +48,14 @@ def _shown(rows: tuple[Result, ...]) -> list[str]:
     return [h for h in HEAD if h not in ("cp", "ep") or any(_layout(r)[h] != "1" for r in rows)]
 
 
-def _table(title: str, rows: tuple[Result, ...], wide: bool) -> Table:
+def _table(title: str, rows: tuple[Result, ...], wide: bool, exposed: bool = False) -> Table:
+    """The layouts and their figures; a narrow terminal drops the exposed column unless
+    the search is limited on it (``exposed``)."""
     table = titled_table(title)
     heads = _shown(rows)
     figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
+    if exposed and not wide:  # the figure the search is limited on takes MFU's place
+        figures = ["peak", "step", "exposed"]
     for name in heads:
         justify = "left" if name in ("sp", "recompute") else "right"
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -140,14 +144,16 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     console.print()
     if outcome.results:
         best = outcome.results[:top]
-        console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide))
+        limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
+        console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide, limited))
         front = thin(outcome.pareto)
         shown = (
             ""
             if len(front) == len(outcome.pareto)
             else (f" ({len(front)} of {len(outcome.pareto)} points)")
         )
-        console.print(_table(f"Pareto front: peak memory against step time{shown}", front, wide))
+        title = f"Pareto front: peak memory against step time{shown}"
+        console.print(_table(title, front, wide, limited))
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     table = titled_table("Not ranked")
