@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
 from budget.report import Overlapping, Report, StageRow
-from budget.units import UnitError, format_bytes, format_duration, parse_bytes, parse_duration
+from budget.units import (
+    UnitError,
+    format_bytes,
+    format_duration,
+    parse_bytes,
+    parse_duration,
+    unit_left_out,
+)
 
 __all__ = [
     "CheckResult",
@@ -167,11 +174,7 @@ def parse_limits(
         if headroom.strip().endswith("%"):
             share = _share(headroom, "--headroom")
         else:
-            try:
-                bare = float(headroom)
-            except ValueError:
-                bare = None
-            if bare and bare < 2**20:  # "--headroom 5": 5 bytes, a gate that checks nothing
+            if unit_left_out(headroom):  # "--headroom 5": 5 bytes, a gate that checks nothing
                 raise ValueError(
                     f"--headroom {headroom!r}: write {headroom.strip()}% or a size with its "
                     f"unit, such as {headroom.strip()} GiB (a bare number is bytes)"

@@ -51,6 +51,10 @@ CATEGORIES: tuple[Category, ...] = (
     "reserved",
 )
 
+# How the activations earlier layers and micro-batches leave saved are named at a peak: what
+# a phase carries in, as against what it adds (`budget.render.table` tells them apart).
+CARRIED_ACTIVATIONS = "saved activations"
+
 
 @dataclass(frozen=True, slots=True)
 class Alloc:

@@ -8,7 +8,7 @@ from budget.flops import attention_keys
 from budget.layers import mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
-from budget.plan.model import AttentionRate, Plan
+from budget.plan.model import Plan
 from budget.report import (
     CollectiveRow,
     Overlapping,
@@ -277,8 +277,8 @@ def build_report(plan: Plan) -> Report:
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
-        "attention_held_at": _held_at(plan.device.attention_rate(m.attention), keys)
-        if source in ("measured", "derived")
+        "attention_held_at": rate.held_at(keys)
+        if source in ("measured", "derived") and (rate := plan.device.attention_rate(m.attention))
         else None,
         # what every kernel takes beyond its bytes at the streaming bandwidth
         "kernel_startup_s": plan.device.kernel_startup,
@@ -312,14 +312,3 @@ def build_report(plan: Plan) -> Report:
             for lv in plan.topology.levels
         ),
     )
-
-
-def _held_at(rate: AttentionRate | None, keys: int) -> int | None:
-    """The nearest measured length when ``keys`` lies outside the lengths a rate was
-    measured at (so the rate is held there, not measured at ``keys``)."""
-    if rate is None:
-        return None
-    low, high = min(rate.keys), max(rate.keys)
-    if low <= keys <= high:
-        return None
-    return int(low if keys < low else high)

@@ -58,7 +58,18 @@ from budget.layers import (
     vocab_params,
     vocab_rows,
 )
-from budget.phases import Alloc, Instant, Move, MoveGroup, Phase, StageStep, Step, hide, when
+from budget.phases import (
+    CARRIED_ACTIVATIONS,
+    Alloc,
+    Instant,
+    Move,
+    MoveGroup,
+    Phase,
+    StageStep,
+    Step,
+    hide,
+    when,
+)
 from budget.placement import (
     PARTIAL,
     REPLICATE,
@@ -597,7 +608,7 @@ def _earlier(b: _StageBuilder) -> Alloc:
     passes = vmax(0, vround(units * b.layers) - 1)
     saved = vround(units * b.saved_per_microbatch) - _total(b.current_layer)
     return Alloc(
-        f"saved activations, {count_label(passes)} earlier layer passes",
+        f"{CARRIED_ACTIVATIONS}, {count_label(passes)} earlier layer passes",
         "activations",
         vmax(0, saved),
     )
@@ -1108,7 +1119,7 @@ def _loss(b: _StageBuilder) -> None:
     logits = s.tokens * vocab_rows(plan)
     vocab = "shard(vocab) on tp"
     everything = Alloc(
-        "saved activations of the micro-batches in flight",
+        f"{CARRIED_ACTIVATIONS} of the micro-batches in flight",
         "activations",
         vround(b.in_flight * b.saved_per_microbatch),
     )

@@ -103,6 +103,21 @@ def parse_bytes(text: str | int | float) -> int:
     return math.ceil(_nonnegative(value, text, what))
 
 
+UNIT_LEFT_OUT = 2**20  # a bare size under 1 MiB is a unit left out, not a real size
+
+
+def unit_left_out(value: object) -> float | None:
+    """The number when ``value`` is a bare number (no unit: bytes) that is positive and under
+    1 MiB, which no device memory or headroom means: ``80`` for 80 GiB. None otherwise."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number < UNIT_LEFT_OUT else None
+
+
 def parse_bandwidth(text: str | int | float) -> float:
     """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0.
 

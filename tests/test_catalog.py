@@ -650,3 +650,12 @@ def test_h800_is_the_h100_sxm_with_its_own_nvlink() -> None:
         pytest.approx(160e9),
         pytest.approx(47e9),
     ]
+
+
+def test_an_attention_rate_says_where_it_is_held() -> None:
+    """One length measured (A100, 8,192 keys) holds everywhere else; a sweep of 512 ... 16K
+    (H100) holds only outside it."""
+    a100 = DEVICES["a100-80gb"].attention[0]
+    assert (a100.held_at(2048), a100.held_at(8192), a100.held_at(65536)) == (8192, None, 8192)
+    cudnn = DEVICES["h100-sxm"].attention[0]
+    assert (cudnn.held_at(256), cudnn.held_at(4096), cudnn.held_at(131072)) == (512, None, 16384)

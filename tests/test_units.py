@@ -194,3 +194,11 @@ def test_format_rate_flops_and_duration() -> None:
 def test_network_rates_in_bits_are_read_as_bytes(text: str, expected: float) -> None:
     """Network links are quoted in bits per second (HDR InfiniBand: 200 Gb/s = 25 GB/s)."""
     assert parse_bandwidth(text) == expected
+
+
+def test_a_bare_size_under_a_mebibyte_is_a_unit_left_out() -> None:
+    from budget.units import unit_left_out
+
+    assert unit_left_out(80) == 80 and unit_left_out("5") == 5.0
+    assert unit_left_out(2**20) is None and unit_left_out(85_899_345_920) is None  # bytes meant
+    assert unit_left_out(0) is None and unit_left_out("5%") is None and unit_left_out(True) is None

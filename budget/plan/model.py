@@ -281,6 +281,14 @@ class AttentionRate:
         """The fraction at ``keys`` keys per call (a number, or an array)."""
         return interp_log(keys, self.keys, self.fractions)
 
+    def held_at(self, keys: int) -> int | None:
+        """The measured length whose rate `at` holds for ``keys`` when they lie outside the
+        lengths measured; None when ``keys`` is within them."""
+        low, high = min(self.keys), max(self.keys)
+        if low <= keys <= high:
+            return None
+        return int(low if keys < low else high)
+
 
 @dataclass(frozen=True, slots=True)
 class BandwidthRamp:

@@ -135,7 +135,7 @@ class _Resolver:
     def bare_size(self, value: Any, path: str) -> bool:
         """A size written without a unit is bytes; one under 1 MiB (``memory: 80``) is a
         unit left out, not a device, so it is refused rather than budgeted."""
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 2**20:
+        if isinstance(value, str) or units.unit_left_out(value) is None:
             return False
         self.error(
             path,

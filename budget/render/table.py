@@ -5,6 +5,7 @@ Narrow terminals (under 110 columns) get fewer, wider columns rather than wrappe
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from budget.phases import CARRIED_ACTIVATIONS
 from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
@@ -248,7 +250,7 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     added = [
         o
         for o in items
-        if o.category not in _RESIDENT and not o.tensor.startswith("saved activations")
+        if o.category not in _RESIDENT and not o.tensor.startswith(CARRIED_ACTIVATIONS)
     ]
     return _listed((transient or added)[:limit])
 
@@ -301,10 +303,7 @@ def _peak_stages(report: Report) -> str:
     stages = [(p.name, p.peak_stage) for p in report.phases if p.peak_stage is not None]
     if not stages:
         return ""
-    counts: dict[int, int] = {}
-    for _, stage in stages:
-        counts[stage] = counts.get(stage, 0) + 1
-    usual = max(counts, key=lambda stage: counts[stage])
+    usual = Counter(stage for _, stage in stages).most_common(1)[0][0]
     others = ", ".join(f"{name} on {stage}" for name, stage in stages if stage != usual)
     return f"peak live is on stage {usual}" + (f", except {others}" if others else "")
 
