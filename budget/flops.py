@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from budget.plan.model import DTYPE_BYTES
+from budget.plan.model import DTYPE_BYTES, MLP_NAMES
 from budget.vector import every, vround
 
 if TYPE_CHECKING:
@@ -222,9 +222,9 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     e = DTYPE_BYTES[plan.precision.matmul]
-    gate = 2 if plan.model.mlp == "swiglu" else 1
+    gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
-    act_name = "SwiGLU" if gate == 2 else "GeLU"
+    act_name = MLP_NAMES[plan.model.mlp]
     return [
         elementwise("MLP norm", 2 * norm),
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
@@ -241,7 +241,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     (balanced routing: as many as the rank dispatches), unpermute and weighted combine, and
     the shared experts as a dense MLP (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
     e = DTYPE_BYTES[plan.precision.matmul]
-    gate = 2 if plan.model.mlp == "swiglu" else 1
+    gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
     rows = s.act * s.routed * s.hidden
     ex = plan.model.experts

@@ -65,7 +65,7 @@ def kv_cache_bytes(plan: Plan, layers: int) -> int:
 def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     """What one block holds while it computes, with nothing kept for backward."""
     a = s.act
-    gate = 2 if plan.model.mlp == "swiglu" else 1
+    gate = plan.model.gate
     layer_in = Alloc("layer input", "transient", a * s.tokens * s.hidden)
     if block == "attention":
         out = [

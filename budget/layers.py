@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from budget.phases import Alloc, Category, when
-from budget.plan.model import DTYPE_BYTES, Plan
+from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
 from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
 
 if TYPE_CHECKING:
@@ -38,10 +38,10 @@ def _norms(plan: Plan) -> int:
 
 def _mlp(plan: Plan, width: int, shards: int) -> tuple[int, int, int]:
     """(total, per rank, replicated per rank) of a dense MLP of `width` split over `shards`:
-    fc1 column-parallel (x2 for SwiGLU's gate, Shazeer arXiv 2002.05202), fc2 row-parallel
-    with its bias replicated (Shoeybi et al. section 3)."""
+    fc1 column-parallel (x2 for a gated MLP's gate, SwiGLU or GeGLU: Shazeer arXiv
+    2002.05202), fc2 row-parallel with its bias replicated (Shoeybi et al. section 3)."""
     m = plan.model
-    gate = 2 if m.mlp == "swiglu" else 1
+    gate = m.gate
     sharded = (gate + 1) * m.hidden * width + gate * width * m.bias
     replicated = m.hidden * m.bias
     return sharded + replicated, -(-sharded // shards) + replicated, replicated
@@ -621,18 +621,18 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
 
 def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors the MLP block saves: Korthikanti section 4.1 (norm input 2sbh, first linear
-    input 2sbh, GeLU input 8sbh, GeLU output 8sbh, dropout mask sbh) with ffn = 4h; SwiGLU
-    saves the gate and up projections (2 x ffn) and their product (ffn)."""
+    input 2sbh, GeLU input 8sbh, GeLU output 8sbh, dropout mask sbh) with ffn = 4h; a gated
+    MLP (SwiGLU, GeGLU) saves the gate and up projections (2 x ffn) and their product (ffn)."""
     a, res = s.act, residual_placement(plan)
     col = "shard(ffn) on tp"
     out = [
         Alloc("MLP norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("MLP fc1 input", "activations", a * s.tokens_sp * s.hidden, placement=res),
     ]
-    if plan.model.mlp == "swiglu":
+    if plan.model.gate == 2:
         out.append(
             Alloc(
-                "MLP SwiGLU input (gate, up)",
+                f"MLP {MLP_NAMES[plan.model.mlp]} input (gate, up)",
                 "activations",
                 2 * a * s.tokens * s.ffn_cols,
                 placement=col,
@@ -652,7 +652,7 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     the expert outputs awaiting the weighted combine (Megatron-Core's MoE layer with the
     all-to-all dispatcher), and the shared experts' tensors like a dense MLP."""
     a, res = s.act, residual_placement(plan)
-    gate = 2 if plan.model.mlp == "swiglu" else 1
+    gate = plan.model.gate
     rows = "shard(tokens) on ep"
     out = [
         Alloc("MoE norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),

@@ -1237,7 +1237,7 @@ def _backward(b: _StageBuilder) -> None:
         placement=residual_placement(plan),
     )
     col = "shard(ffn) on tp"
-    gate = 2 if plan.model.mlp == "swiglu" else 1
+    gate = plan.model.gate
     partial_in = when(
         [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")], par.tp > 1
     )

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from budget.errors import BudgetError, Problem
+from budget.layers import active_params, mlp_saved, params_total, shapes
 from budget.pipeline import build_report
 from budget.plan.hf_config import HfConfigError, read_hf_config, translate
 from budget.plan.load import load_plan
+from budget.plan.model import Plan
+from budget.plan.resolve import resolve
+from budget.plan.yaml_load import Marks
 from budget.report import to_dict
 
 DATA = Path(__file__).parent / "data"
@@ -19,6 +24,24 @@ ROOT = Path(__file__).parent.parent
 
 def _read(name: str) -> dict[str, object]:
     return read_hf_config(DATA / "hf" / name / "config.json").tree
+
+
+def _plan(name: str) -> Plan:
+    """A one-node training plan whose model is tests/data/hf/`name`/config.json."""
+    config = DATA / "hf" / name / "config.json"
+    tree = {
+        "model": {"hf_config": str(config)},
+        "batch": {"seq": 4096, "micro": 1, "global": 8},
+        "parallel": {"dp": 8},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    return resolve(tree, Marks(), "plan.yaml")
+
+
+def _embedding(plan: Plan) -> int:
+    m = plan.model
+    return m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
 
 
 def test_llama3_70b() -> None:
@@ -65,22 +88,7 @@ def test_qwen3_moe_has_heads_wider_than_the_model_and_the_published_counts() -> 
         128,
     )
     assert tree["experts"] == {"count": 128, "top_k": 8, "ffn": 768}
-    from budget.layers import active_params, params_total
-    from budget.plan.resolve import resolve
-    from budget.plan.yaml_load import Marks
-
-    config = DATA / "hf" / "qwen3-30b-a3b" / "config.json"
-    plan = resolve(
-        {
-            "model": {"hf_config": str(config)},
-            "batch": {"seq": 4096, "micro": 1, "global": 8},
-            "parallel": {"dp": 8},
-            "device": {"preset": "h100-sxm"},
-            "topology": {"preset": "dgx-h100", "nodes": 1},
-        },
-        Marks(),
-        "plan.yaml",
-    )
+    plan = _plan("qwen3-30b-a3b")
     assert round(params_total(plan) / 1e9, 1) == 30.5
     # the card's "3.3B activated": 3.35 B here, counting both embeddings (3.04 B without the
     # input one)
@@ -212,3 +220,78 @@ def test_the_schema_alone_refuses_a_preset_with_a_config() -> None:
     with pytest.raises(BudgetError) as raised:
         resolve(whole, Marks(), "plan.yaml")
     assert PRESET_AND_CONFIG in {p.message for p in raised.value.problems}
+
+
+def test_gemma_gelu_is_a_gated_mlp_with_the_papers_parameter_count() -> None:
+    """Gemma's config says ``hidden_act: gelu`` and ``GemmaMLP`` gates it (gate, up and down
+    projections). Gemma Team, arXiv 2403.08295, Table 2: Gemma 2B has 1,981,884,416
+    non-embedding parameters. By hand, per layer: q and o 2048 x (8 x 256) each, k and v
+    2048 x 256 each (one kv head) = 9,437,184; the MLP 3 x 2048 x 16384 = 100,663,296; two
+    RMSNorm scales 4,096; 18 layers = 1,981,882,368, plus the final norm's 2,048. A two-matrix
+    GeLU MLP would give 1.38 B."""
+    tree = _read("gemma-2b")
+    assert (tree["mlp"], tree["kv_heads"], tree["head_dim"]) == ("geglu", 1, 256)
+    assert tree["tied_embeddings"] is True  # no key: transformers' default, as Gemma ties
+    plan = _plan("gemma-2b")
+    assert params_total(plan) - _embedding(plan) == 1_981_884_416
+
+
+def test_hidden_activation_is_read_before_hidden_act() -> None:
+    """GemmaConfig's ``hidden_activation`` supersedes the legacy ``hidden_act``."""
+    config = json.loads((DATA / "hf" / "gemma-2b" / "config.json").read_text())
+    config.update(hidden_act="silu", hidden_activation="gelu_pytorch_tanh")
+    assert translate(config).tree["mlp"] == "geglu"
+    config["hidden_activation"] = None
+    assert translate(config).tree["mlp"] == "swiglu"
+
+
+def test_a_geglu_model_costs_what_the_same_swiglu_model_costs() -> None:
+    """The gate's activation is one elementwise pass either way; only its name differs."""
+    gemma = _plan("gemma-2b")
+    swiglu = dataclasses.replace(gemma, model=dataclasses.replace(gemma.model, mlp="swiglu"))
+    a, b = to_dict(build_report(gemma)), to_dict(build_report(swiglu))
+    assert a["step"] == b["step"]
+    assert a["memory"]["peak_bytes"] == b["memory"]["peak_bytes"]
+    saved = {a.name for a in mlp_saved(gemma, shapes(gemma))}
+    assert "MLP GeGLU input (gate, up)" in saved
+
+
+def test_qwen25_reads_with_its_mrope_switch() -> None:
+    """Qwen2.5's configs carry ``use_mrope: false`` (multimodal rotary sections: the same
+    rotation cost) and a ``sliding_window`` switched off by ``use_sliding_window: false``.
+    Qwen2.5-0.5B has 494,032,768 parameters; by hand, embedding 151,936 x 896 = 136,134,656
+    (tied); per layer q and o 896 x 896, k and v 896 x 128 = 1,835,008, MLP 3 x 896 x 4864 =
+    13,074,432, norms 1,792, so 24 layers = 357,869,568; final norm 896. That is 494,005,120:
+    the 27,648 q, k and v biases Qwen2Attention adds without a config key (24 x (896 + 2 x
+    128)) are the difference, as the reader's docstring says."""
+    plan = _plan("qwen2.5-0.5b")
+    assert params_total(plan) == 494_032_768 - 24 * (896 + 2 * 128)
+
+
+def test_a_config_saved_by_transformers_5_reads() -> None:
+    """transformers 5 writes ``dtype``, ``rope_parameters`` and one ``layer_types`` entry
+    per layer. Qwen2.5-1.5B by hand: per layer q and o 1536 x 1536, k and v 1536 x 256 =
+    5,505,024, MLP 3 x 1536 x 8960 = 41,287,680, norms 3,072; 28 layers and the final norm
+    = 1,310,283,264 non-embedding (the model card's "1.31B")."""
+    plan = _plan("qwen2.5-1.5b-transformers5")
+    assert params_total(plan) - _embedding(plan) == 1_310_283_264
+
+
+def test_layer_types_other_than_full_attention_are_refused() -> None:
+    config = json.loads((DATA / "hf" / "qwen2.5-1.5b-transformers5" / "config.json").read_text())
+    config["layer_types"][3] = "sliding_attention"
+    with pytest.raises(HfConfigError, match="1 of 28 layers of kind sliding_attention"):
+        translate(config)
+    config["layer_types"] = "full_attention"
+    with pytest.raises(HfConfigError, match="not a list of layer kinds"):
+        translate(config)
+
+
+def test_one_unknown_key_is_named_in_the_singular() -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["mystery_width"] = 3
+    with pytest.raises(HfConfigError, match=r"has key 'mystery_width' .*; remove it or"):
+        translate(config)
+    config["mystery_depth"] = 4
+    with pytest.raises(HfConfigError, match=r"has keys 'mystery_depth', 'mystery_width' .*them"):
+        translate(config)

@@ -153,7 +153,7 @@ def test_a_minimal_plan_passes() -> None:
         ),
         (
             ("heads: 4", "heads: 4, mlp: gleu"),
-            "p.yaml:1:47: error: $.model.mlp: 'gleu' is not one of gelu, swiglu "
+            "p.yaml:1:47: error: $.model.mlp: 'gleu' is not one of gelu, swiglu, geglu "
             "(did you mean 'gelu'?)",
         ),
         (

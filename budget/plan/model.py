@@ -16,7 +16,9 @@ import numpy as np
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Mode = Literal["train", "prefill", "decode"]
-Mlp = Literal["gelu", "swiglu"]
+Mlp = Literal["gelu", "swiglu", "geglu"]
+GATED_MLPS = ("swiglu", "geglu")  # fc1 is two matrices, the gate and the up projection
+MLP_NAMES = {"gelu": "GeLU", "swiglu": "SwiGLU", "geglu": "GeGLU"}  # as tables print them
 Norm = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope"]
 Attention = Literal["flash", "flash2", "flash3", "cudnn", "triton", "eager"]
@@ -79,6 +81,12 @@ class Model:
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's
     mtp_layers: int = 0  # multi-token prediction modules, trained on the last stage
+
+    @property
+    def gate(self) -> int:
+        """Matrices in fc1: 2 for a gated MLP (SwiGLU, GeGLU: Shazeer, arXiv 2002.05202,
+        gate and up projections of the same width), 1 for a plain GeLU MLP."""
+        return 2 if self.mlp in GATED_MLPS else 1
 
     @property
     def qk_head_dim(self) -> int:

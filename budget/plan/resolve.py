@@ -23,6 +23,7 @@ from budget.errors import BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
     FUSED_KERNELS,
+    GATED_MLPS,
     OVERLAP_SLOWDOWN,
     Batch,
     Device,
@@ -221,7 +222,7 @@ class _Resolver:
                 f"heads; choose kv_heads among {_divisors(heads)}",
             )
         mlp = tree.get("mlp", "gelu")
-        default_ffn = llama_ffn(hidden) if mlp == "swiglu" else 4 * hidden
+        default_ffn = llama_ffn(hidden) if mlp in GATED_MLPS else 4 * hidden
         ffn = _int(tree.get("ffn", default_ffn))
         layers = _int(tree["layers"])
         for key, needed in _MERGED.items():
