@@ -163,18 +163,49 @@ def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
     assert "'mystery_width'" in problem.message
 
 
-def test_a_sliding_window_is_refused_not_dropped() -> None:
-    """Mistral 7B v0.1's config sets sliding_window 4096; budget prices full attention, so
-    the key is an error rather than silently ignored. Null (Mixtral) or switched off
-    (Qwen2's use_sliding_window false) reads."""
+def test_a_sliding_window_reads_with_its_length() -> None:
+    """Mistral 7B v0.1's config sets sliding_window 4096: the reader keeps the window for
+    the resolver to hold against the sequence. Null (Mixtral) or switched off (Qwen2's
+    use_sliding_window false) is no window."""
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     config["sliding_window"] = 4096
-    with pytest.raises(HfConfigError, match="sliding_window = 4096"):
-        translate(config)
+    assert translate(config).window == 4096
     config["use_sliding_window"] = False
-    assert translate(config).tree["layers"] == 80
+    assert translate(config).window is None
     config.update(sliding_window=None, use_sliding_window=True)
-    assert translate(config).tree["layers"] == 80
+    assert translate(config).window is None
+    config["sliding_window"] = -1
+    with pytest.raises(HfConfigError, match="not a positive number of tokens"):
+        translate(config)
+
+
+@pytest.mark.parametrize(("seq", "refused"), [(8192, True), (4096, False)])
+def test_a_sequence_longer_than_the_window_is_refused(
+    tmp_path: Path, seq: int, refused: bool
+) -> None:
+    """Up to its length a sliding window attends to every earlier key, as full attention
+    does, so the plan reads; one token more and the prices would be wrong, so it is refused
+    at the hf_config key."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["sliding_window"] = 4096
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = (
+        (DATA / "llama3-70b-hf.yaml")
+        .read_text()
+        .replace("hf_config: hf/llama3-70b/config.json", "hf_config: config.json")
+        .replace("seq: 8192", f"seq: {seq}")
+    )
+    (tmp_path / "plan.yaml").write_text(plan)
+    if not refused:
+        assert load_plan(tmp_path / "plan.yaml").batch.seq == 4096
+        return
+    with pytest.raises(BudgetError) as raised:
+        load_plan(tmp_path / "plan.yaml")
+    (problem,) = raised.value.problems
+    assert (problem.path, problem.line, problem.col) == ("$.model.hf_config", 7, 14)
+    assert "sliding window of 4,096 tokens, and a sequence here is 8,192 tokens" in (
+        problem.message
+    )
 
 
 def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension() -> None:
@@ -277,11 +308,16 @@ def test_a_config_saved_by_transformers_5_reads() -> None:
     assert params_total(plan) - _embedding(plan) == 1_310_283_264
 
 
-def test_layer_types_other_than_full_attention_are_refused() -> None:
+def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
     config = json.loads((DATA / "hf" / "qwen2.5-1.5b-transformers5" / "config.json").read_text())
-    config["layer_types"][3] = "sliding_attention"
-    with pytest.raises(HfConfigError, match="1 of 28 layers of kind sliding_attention"):
+    config["layer_types"][3] = "linear_attention"
+    with pytest.raises(HfConfigError, match="1 of 28 layers of kind linear_attention"):
         translate(config)
+    config["layer_types"][3] = "sliding_attention"
+    with pytest.raises(HfConfigError, match="sliding_window = None is not a positive"):
+        translate(config)
+    config["sliding_window"] = 4096
+    assert translate(config).window == 4096
     config["layer_types"] = "full_attention"
     with pytest.raises(HfConfigError, match="not a list of layer kinds"):
         translate(config)

@@ -21,9 +21,13 @@ experts of Mixtral, Qwen-MoE and DeepSeek), whatever its activation: ``silu`` is
 the GELU variants are GeGLU (Gemma), never a two-matrix GeLU MLP. ``GemmaConfig`` reads
 ``hidden_activation`` before the legacy ``hidden_act``, and so does this reader.
 
-Attention must be full causal attention on every layer: a ``sliding_window`` that is in use
-(``use_sliding_window`` absent or true) or a ``layer_types`` entry other than
-``full_attention`` (transformers ≥ 4.5x writes one per layer) is refused with its reason.
+Attention is priced as full causal attention on every layer. A sliding window is in use
+when ``layer_types`` (transformers ≥ 4.5x writes one entry per layer) lists a
+``sliding_attention`` layer, or, without ``layer_types``, when ``sliding_window`` is set and
+``use_sliding_window`` is absent or true (Qwen2's switch). Such a config reads with its
+window (`HfModel.window`), and the plan resolver refuses it only when a sequence is longer
+than the window: up to the window, a sliding window attends to every earlier key, exactly as
+full attention does. Any other layer kind (linear, chunked attention) is refused here.
 
 Not counted: Qwen2's q, k and v biases, which ``Qwen2Attention`` builds without a config
 key (0.006 % of Qwen2.5-0.5B's 494.03 M parameters: 27,648 of them).
@@ -57,9 +61,9 @@ READ = frozenset(
         "layer_norm_epsilon",
         "attention_bias",
         "mlp_bias",
-        "sliding_window",  # refused unless null or switched off (`translate`)
+        "sliding_window",  # `HfModel.window`, held against the plan's sequence length
         "use_sliding_window",
-        "layer_types",  # refused unless every layer is full_attention
+        "layer_types",  # full_attention, or sliding_attention within `HfModel.window`
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
@@ -143,6 +147,7 @@ class HfConfigError(Exception):
 class HfModel:
     tree: dict[str, Any]  # plan-language `model:` keys
     ignored: tuple[str, ...] = field(default=())
+    window: int | None = None  # sliding window of some layers, in tokens; None: none slides
 
 
 def read_hf_config(path: Path) -> HfModel:
@@ -171,7 +176,7 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
 
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
-    _full_attention(config, where)
+    window = _window(config, where)
     unknown = sorted(set(config) - READ - IGNORED)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
@@ -222,39 +227,34 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     if config.get("num_nextn_predict_layers"):
         tree["mtp_layers"] = _int(config, "num_nextn_predict_layers", where)
     ignored = tuple(sorted(set(config) & IGNORED))
-    return HfModel(tree, ignored)
+    return HfModel(tree, ignored, window)
 
 
-_FULL = (
-    "budget prices full causal attention on every layer (every query meets every earlier key, "
-    "and the KV cache keeps the whole context)"
-)
-
-
-def _full_attention(config: Mapping[str, Any], where: str) -> None:
-    """Refuse a config whose attention is not full causal attention on every layer.
-
-    ``layer_types``, where present, says it layer by layer; otherwise a ``sliding_window``
-    is in use unless it is null or ``use_sliding_window`` is false (Qwen2's switch)."""
+def _window(config: Mapping[str, Any], where: str) -> int | None:
+    """The sliding window some layers use (module docstring), or None when none slides."""
     kinds = config.get("layer_types")
     if kinds is not None:
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise HfConfigError(f"layer_types in {where} is not a list of layer kinds")
-        other = sorted({k for k in kinds if k != "full_attention"})
+        other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
         if other:
-            count = sum(k != "full_attention" for k in kinds)
+            count = sum(k in other for k in kinds)
             raise HfConfigError(
-                f"{where} has {count} of {len(kinds)} layers of kind "
-                f"{', '.join(other)} in layer_types: {_FULL}; write the model's dimensions "
-                "out to budget it as full attention"
+                f"{where} has {count} of {len(kinds)} layers of kind {', '.join(other)} in "
+                "layer_types: budget prices softmax attention over the whole context (full, "
+                "or a sliding window no shorter than the sequence), not these"
             )
-        return
+        if "sliding_attention" not in kinds:
+            return None
+    elif not config.get("sliding_window") or not config.get("use_sliding_window", True):
+        return None
     window = config.get("sliding_window")
-    if window and config.get("use_sliding_window", True):
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
-            f"{where} sets sliding_window = {window!r}: {_FULL}, not a sliding window; "
-            "set it to null to budget full attention"
+            f"{where} has sliding layers but sliding_window = {window!r} is not a positive "
+            "number of tokens"
         )
+    return window
 
 
 def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None:

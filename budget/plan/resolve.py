@@ -121,6 +121,7 @@ class _Resolver:
         self.marks = marks
         self.file = file
         self.problems: list[Problem] = []
+        self.window: int | None = None  # a Hugging Face config's sliding window (`model_tree`)
 
     def error(self, path: str, message: str, *, key: bool = False) -> None:
         line, col = self.marks.key(path) if key else self.marks.at(path)
@@ -188,6 +189,7 @@ class _Resolver:
                 self.error("$.model.hf_config", str(error))
                 return None
             base = dict(hf.tree)
+            self.window = hf.window
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
@@ -1036,6 +1038,15 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     model = r.model(tree["model"])
     par = r.parallel(tree.get("parallel", {}))
     batch = r.batch(tree["batch"], mode, par.dp)
+    if r.window is not None and batch.seq > r.window:
+        r.error(
+            "$.model.hf_config",
+            f"{tree['model']['hf_config']} gives layers a sliding window of {r.window:,} "
+            f"tokens, and a sequence here is {batch.seq:,} tokens: budget prices full causal "
+            "attention (every query meets every earlier key, and the KV cache keeps the whole "
+            f"context), which the window matches only up to {r.window:,} tokens; shorten the "
+            "sequence or write the model's dimensions out to budget full attention",
+        )
     precision = r.precision(tree.get("precision", {}))
     device = r.device(tree["device"])
     if device is not None and device.flops and not device.peak_flops(precision.matmul):
