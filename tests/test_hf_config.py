@@ -331,3 +331,56 @@ def test_one_unknown_key_is_named_in_the_singular() -> None:
     config["mystery_depth"] = 4
     with pytest.raises(HfConfigError, match=r"has keys 'mystery_depth', 'mystery_width' .*them"):
         translate(config)
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [
+        # transformers 5.24.0 builds each on the meta device and counts these parameters;
+        # the model cards say 3.8B and 8B
+        ("phi-4-mini-instruct", 3_836_021_760),
+        ("granite-3.3-8b-instruct", 8_170_864_640),
+        # 9,241,705,984 in transformers, less Gemma 2's second pair of norms per layer,
+        # which the reader's docstring says it leaves out: 2 x 42 layers x 3584
+        ("gemma-2-9b", 9_241_705_984 - 2 * 42 * 3584),
+    ],
+)
+def test_phi_granite_and_gemma2_keys_read_to_the_transformers_count(name: str, count: int) -> None:
+    """Phi-3's dropout probabilities and pre-extension context, Granite's four scalar
+    multipliers, Gemma 2's soft-capping, query scale, cache kind and sliding_window_size: each
+    changes no parameter, byte or FLOP budget prices, so each file now reads, to the count."""
+    assert params_total(_plan(name)) == count
+
+
+def test_a_non_zero_dropout_probability_turns_dropout_on() -> None:
+    config = json.loads((DATA / "hf" / "phi-4-mini-instruct" / "config.json").read_text())
+    assert "dropout" not in translate(config).tree  # every probability is 0.0
+    config["resid_pdrop"] = 0.1
+    assert translate(config).tree["dropout"] is True
+    config["resid_pdrop"] = 2
+    with pytest.raises(HfConfigError, match=r"resid_pdrop = 2 .* is not a probability"):
+        translate(config)
+
+
+def test_a_copied_key_must_agree_with_its_original() -> None:
+    """Gemma 2 writes its window twice (sliding_window_size), gpt-oss its top-k twice
+    (experts_per_token): the copy reads when alone and must agree when both are there."""
+    config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
+    assert config["sliding_window_size"] == config["sliding_window"] == 4096
+    del config["sliding_window"]
+    assert translate(config).window == 4096
+    config["sliding_window"] = 2048
+    with pytest.raises(HfConfigError, match="sliding_window = 2048 and its copy"):
+        translate(config)
+    mixtral = json.loads((DATA / "hf" / "mixtral-8x7b" / "config.json").read_text())
+    del mixtral["num_experts_per_tok"]
+    mixtral["experts_per_token"] = 2
+    assert translate(mixtral).tree["experts"]["top_k"] == 2
+
+
+def test_an_output_layer_bias_is_refused() -> None:
+    config = json.loads((DATA / "hf" / "phi-4-mini-instruct" / "config.json").read_text())
+    assert config["lm_head_bias"] is False
+    config["lm_head_bias"] = True
+    with pytest.raises(HfConfigError, match="lm_head_bias"):
+        translate(config)

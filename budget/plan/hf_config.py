@@ -29,8 +29,27 @@ window (`HfModel.window`), and the plan resolver refuses it only when a sequence
 than the window: up to the window, a sliding window attends to every earlier key, exactly as
 full attention does. Any other layer kind (linear, chunked attention) is refused here.
 
-Not counted: Qwen2's q, k and v biases, which ``Qwen2Attention`` builds without a config
-key (0.006 % of Qwen2.5-0.5B's 494.03 M parameters: 27,648 of them).
+Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
+probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
+``original_max_position_embeddings``), ``GraniteConfig`` (four scalar multipliers),
+InternLM2 (``bias``: biases on its linear layers), ``Gemma2Config`` and
+``Gemma3TextConfig`` (logit soft-capping, the query scale, the local RoPE base, the cache
+kind, and ``sliding_window_size``, Gemma 2's copy of ``sliding_window``), ``Glm4MoeConfig``
+(``partial_rotary_factor``, ``use_qk_norm``) and ``GptOssConfig`` (``swiglu_limit``, a
+clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok). A
+non-zero dropout probability of any kind turns ``model.dropout`` on.
+
+Parameters, all under 0.01 % of a model, that have no config key or whose key is ignored,
+and so are not counted: Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768);
+the per-head q and k norms of Qwen3, OLMo 2 and GLM (``use_qk_norm``); Gemma 2 and 3's
+second pair of norms per layer (after attention and after the MLP). Their elementwise
+passes, soft-capping's tanh and a partial rotation's smaller one are not priced either.
+``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
+only) counts biases on every linear layer, 0.04 % too many for GLM-4.5-Air.
+
+A key a released file always writes but a hand-written one may leave out takes the
+``PretrainedConfig`` default: ``tie_word_embeddings`` true (``save_pretrained`` omits it
+only when it equals that default) and no sliding window.
 """
 
 from __future__ import annotations
@@ -63,10 +82,19 @@ READ = frozenset(
         "mlp_bias",
         "sliding_window",  # `HfModel.window`, held against the plan's sequence length
         "use_sliding_window",
+        "sliding_window_size",  # Gemma 2: a copy of sliding_window
         "layer_types",  # full_attention, or sliding_attention within `HfModel.window`
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
+        "experts_per_token",  # gpt-oss: a copy of num_experts_per_tok
+        # dropout probabilities: any non-zero one is model.dropout
+        "attention_dropout",
+        "hidden_dropout",
+        "embd_pdrop",
+        "resid_pdrop",
+        "bias",  # InternLM2: biases on its linear layers
+        "lm_head_bias",  # Phi-4-mini; refused when true (no output-layer bias is priced)
         # Qwen-MoE
         "num_experts",
         "moe_intermediate_size",
@@ -109,7 +137,25 @@ IGNORED = frozenset(
         "rope_scaling",
         "rope_parameters",  # transformers 5: rope_theta and rope_scaling together
         "use_mrope",  # Qwen2.5: multimodal rotary sections, the same rotation cost
-        "attention_dropout",
+        "rope_local_base_freq",  # Gemma 3: the RoPE base of its sliding layers
+        "partial_rotary_factor",  # rotates part of each head: fewer elements, same shapes
+        "original_max_position_embeddings",  # Phi-3: the context before RoPE scaling
+        "interpolate_factor",  # Phi-4-mini: left from Microsoft's code, unused by transformers
+        "full_attn_mod",  # Phi-4-mini: likewise
+        "initial_context_length",  # gpt-oss: its context before YaRN scaling
+        # scalars on activations or logits: no parameters, bytes or FLOPs to speak of
+        "attention_multiplier",  # Granite
+        "embedding_multiplier",  # Granite
+        "residual_multiplier",  # Granite
+        "logits_scaling",  # Granite
+        "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
+        "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
+        "final_logit_softcapping",  # Gemma 2 and 3: tanh on the logits
+        "swiglu_limit",  # gpt-oss: a clamp on the gate
+        "use_qk_norm",  # GLM: per-head q and k norms (module docstring)
+        "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
+        "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
+        "attn_implementation",  # InternLM2: a kernel choice
         "max_window_layers",
         "output_router_logits",
         "router_aux_loss_coef",
@@ -176,6 +222,8 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
 
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
+    config = _one_copy(config, "sliding_window_size", "sliding_window", where)
+    config = _one_copy(config, "experts_per_token", "num_experts_per_tok", where)
     window = _window(config, where)
     unknown = sorted(set(config) - READ - IGNORED)
     if unknown:
@@ -198,8 +246,14 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         "attention": "flash",
         # transformers.PretrainedConfig defaults tie_word_embeddings to true
         "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
-        "bias": bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
+        "bias": any(bool(config.get(k)) for k in ("attention_bias", "mlp_bias", "bias")),
     }
+    if config.get("lm_head_bias"):
+        raise HfConfigError(
+            f"{where} sets lm_head_bias: budget has no bias on the output layer to count"
+        )
+    if any(_probability(config, k, where) for k in _DROPOUTS):
+        tree["dropout"] = True
     for key, name in (
         ("num_key_value_heads", "kv_heads"),
         ("intermediate_size", "ffn"),
@@ -228,6 +282,29 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         tree["mtp_layers"] = _int(config, "num_nextn_predict_layers", where)
     ignored = tuple(sorted(set(config) & IGNORED))
     return HfModel(tree, ignored, window)
+
+
+_DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
+
+
+def _probability(config: Mapping[str, Any], key: str, where: str) -> float:
+    value = config.get(key) or 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise HfConfigError(f"{key} = {value!r} in {where} is not a probability")
+    return float(value)
+
+
+def _one_copy(config: Mapping[str, Any], copy: str, key: str, where: str) -> Mapping[str, Any]:
+    """`config` with `copy`, a second key for `key`'s value, folded into `key`."""
+    if copy not in config:
+        return config
+    if key in config and config[key] != config[copy]:
+        raise HfConfigError(
+            f"{where} sets {key} = {config[key]!r} and its copy {copy} = {config[copy]!r}"
+        )
+    out = {k: v for k, v in config.items() if k != copy}
+    out[key] = config[copy]
+    return out
 
 
 def _window(config: Mapping[str, Any], where: str) -> int | None:
