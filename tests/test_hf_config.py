@@ -384,3 +384,57 @@ def test_an_output_layer_bias_is_refused() -> None:
     config["lm_head_bias"] = True
     with pytest.raises(HfConfigError, match="lm_head_bias"):
         translate(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests its values too deeply"),
+        ('{"hidden_size": 8192, "hidden_size": 4096}', "has key 'hidden_size' twice"),
+        ('{"hidden_size": 1' + "0" * 5000 + "}", "too large (integers must be below 2**63)"),
+        ('{"hidden_size": 8192, "rms_norm_eps": NaN}', "has NaN, not a finite number"),
+        ("[1, 2]", "holds list, not a JSON object"),
+        ('{"hidden_size": 8192', "is not JSON: Expecting"),
+    ],
+)
+def test_a_hostile_config_is_refused_with_a_sentence(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """The plan file's own care (bounded, one value per key, integers below 2**63, finite
+    numbers) holds for the config.json it points at, and nothing reaches a traceback."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    assert message in str(raised.value)
+
+
+def test_a_config_too_large_or_not_utf8_is_not_read(tmp_path: Path) -> None:
+    from budget.plan.hf_config import MAX_BYTES
+
+    path = tmp_path / "config.json"
+    path.write_bytes(b" " * (MAX_BYTES + 1))
+    with pytest.raises(HfConfigError, match="so it was not read"):
+        read_hf_config(path)
+    path.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(HfConfigError, match=r"not UTF-8 text \(byte 13\)"):
+        read_hf_config(path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("num_hidden_layers", 10**9, "model.layers: 1000000000 is greater than the maximum"),
+        ("vocab_size", 0, "model.vocab: 0 is less than the minimum of 1"),
+    ],
+)
+def test_a_config_meets_the_bounds_a_written_model_does(
+    tmp_path: Path, key: str, value: int, message: str
+) -> None:
+    """A billion layers would build per-layer tables for minutes; the schema's bounds
+    apply to what a config says as to what a plan says."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config[key] = value
+    problem = _hf_problem(tmp_path, config)
+    assert problem.path == "$.model.hf_config"
+    assert message in problem.message

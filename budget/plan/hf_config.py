@@ -55,6 +55,7 @@ only when it equals that default) and no sliding window.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,21 +197,62 @@ class HfModel:
     window: int | None = None  # sliding window of some layers, in tokens; None: none slides
 
 
+MAX_BYTES = 2**20  # released config.json files are a few kilobytes; this bounds the work
+
+
 def read_hf_config(path: Path) -> HfModel:
-    """Load ``path`` and translate it; `HfConfigError` with a sentence on failure."""
+    """Load ``path`` and translate it; `HfConfigError` with a sentence on failure.
+
+    Read with the plan file's care: at most `MAX_BYTES`, UTF-8 only, a key twice in one
+    object refused (``json`` would keep the last silently) and so is nesting deeper than
+    the parser's recursion allows."""
+    shown = repr(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
     except OSError as error:
-        raise HfConfigError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+        raise HfConfigError(f"cannot read {shown}: {error.strerror or error}") from None
+    if len(data) > MAX_BYTES:
+        raise HfConfigError(f"{shown} is over {MAX_BYTES:,} bytes, so it was not read")
     try:
-        config = json.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise HfConfigError(f"{shown} is not UTF-8 text (byte {error.start:,})") from None
+    try:
+        config = json.loads(
+            text, object_pairs_hook=_unique_keys, parse_int=_int63, parse_constant=_finite
+        )
     except json.JSONDecodeError as error:
         raise HfConfigError(
-            f"{str(path)!r} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+            f"{shown} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
         ) from None
+    except RecursionError:
+        raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
+    except HfConfigError as error:  # from the hooks below
+        raise HfConfigError(f"{shown} has {error}") from None
     if not isinstance(config, dict):
-        raise HfConfigError(f"{str(path)!r} holds {type(config).__name__}, not a JSON object")
+        raise HfConfigError(f"{shown} holds {type(config).__name__}, not a JSON object")
     return translate(config, str(path))
+
+
+def _int63(text: str) -> int:
+    """An integer as the plan's YAML loader takes one: below 2**63 in magnitude."""
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= 2**63:
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        raise HfConfigError(f"{shown}, too large (integers must be below 2**63)")
+    return value
+
+
+def _finite(text: str) -> float:
+    raise HfConfigError(f"{text}, not a finite number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        raise HfConfigError(f"key {', '.join(map(repr, twice))} twice in one object")
+    return out
 
 
 def _int(config: Mapping[str, Any], key: str, where: str) -> int:

@@ -190,6 +190,16 @@ class _Resolver:
                 return None
             base = dict(hf.tree)
             self.window = hf.window
+            from budget.plan.schema import model_problems
+
+            broken = model_problems(base)
+            for where, message in broken:
+                self.error(
+                    "$.model.hf_config",
+                    f"{tree['hf_config']} gives {where.removeprefix('$.')}: {message}",
+                )
+            if broken:
+                return None
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}

@@ -17,7 +17,7 @@ from typing import Any
 from budget.errors import Problem
 from budget.plan.yaml_load import Marks, child_path
 
-__all__ = ["schema", "schema_text", "validate_tree"]
+__all__ = ["model_problems", "schema", "schema_text", "validate_tree"]
 
 
 @cache
@@ -46,6 +46,16 @@ def validate_tree(tree: Any, marks: Marks, file: str) -> list[Problem]:
     for error in _validator().iter_errors(tree):
         problems.extend(_problems(error, marks, file))
     return sorted(set(problems))
+
+
+def model_problems(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, message) for every way a `model:` section built elsewhere (from a Hugging Face
+    config) breaks the schema, so that its values meet the bounds a written one does."""
+    found = []
+    for error in _validator().iter_errors({"model": model}):
+        if list(error.absolute_path)[:1] == ["model"]:
+            found.append((_path(error.absolute_path), _message(error)))
+    return sorted(set(found))
 
 
 def _path(parts: Iterable[str | int]) -> str:
