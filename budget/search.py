@@ -16,6 +16,7 @@ are held, so memory stays bounded on sweeps of millions of configurations.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -158,7 +159,9 @@ class Outcome:
 
 @cache
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every divisor of `n`, ascending, by trial division up to √n."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from budget.search import Space
 
 OBJECTIVES = ("time", "memory", "tokens-per-s")
+MAX_GPUS = 2**24  # 16,777,216: the largest clusters hold a few hundred thousand
 
 
 def space(options: dict[str, str | None]) -> Space:
@@ -101,6 +102,14 @@ def run_search(
         )
         return 2
     n = gpus or plan.topology.gpus
+    if n > MAX_GPUS:
+        where = f"--gpus {n:,}" if gpus else f"{path}: the topology's {n:,} GPUs"
+        print(
+            f"budget: error: {where}: budget search lays out at most {MAX_GPUS:,} GPUs "
+            "(the largest clusters hold a few hundred thousand)",
+            file=sys.stderr,
+        )
+        return 2
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:
             print(

@@ -155,6 +155,11 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
         (["--virtual-stages", "0"], "--virtual-stages '0': 0 is out of range (at least 1)"),
         (["--gpus", "0"], "--gpus 0: lay out at least 1 GPU"),
         (["--top", "0"], "--top 0: list at least 1 layout"),
+        (
+            ["--gpus", str(2**62)],
+            "--gpus 4,611,686,018,427,387,904: budget search lays out at most 16,777,216 GPUs "
+            "(the largest clusters hold a few hundred thousand)",
+        ),
     ],
 )
 def test_cli_refuses_bad_ranges(args, message):
@@ -620,3 +625,17 @@ def test_a_narrow_search_limited_on_exposure_shows_it():
     assert head.split()[-3:] == ["peak", "step", "exposed"]
     assert " exposed" not in next(x for x in plain.splitlines() if x.lstrip().startswith("tp"))
     assert "…" not in limited and all(len(line) <= 80 for line in limited.splitlines())
+
+
+@pytest.mark.parametrize("n", [1, 12, 16, 97, 2**24, 2**23 * 3 * 7])
+def test_divisors_are_every_divisor_in_order(n):
+    """By trial division up to √n (2**62 GPUs had walked all n before being refused)."""
+    from budget.search import _divisors
+
+    naive = [d for d in range(1, n + 1) if n % d == 0] if n < 10**5 else None
+    found = _divisors(n)
+    assert found == sorted(set(found)) and all(n % d == 0 for d in found)
+    if naive is not None:
+        assert found == naive
+    else:  # 2**24 has 25 divisors; 2**23·3·7 has 24·2·2
+        assert len(found) == {2**24: 25, 2**23 * 3 * 7: 96}[n]
