@@ -203,9 +203,7 @@ def test_a_sequence_longer_than_the_window_is_refused(
         load_plan(tmp_path / "plan.yaml")
     (problem,) = raised.value.problems
     assert (problem.path, problem.line, problem.col) == ("$.model.hf_config", 7, 14)
-    assert "sliding window of 4,096 tokens, and a sequence here is 8,192 tokens" in (
-        problem.message
-    )
+    assert "sliding window of 4,096 tokens, and batch.seq = 8,192 tokens here" in problem.message
 
 
 def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension() -> None:
@@ -336,19 +334,42 @@ def test_one_unknown_key_is_named_in_the_singular() -> None:
 @pytest.mark.parametrize(
     ("name", "count"),
     [
-        # transformers 5.24.0 builds each on the meta device and counts these parameters;
-        # the model cards say 3.8B and 8B
-        ("phi-4-mini-instruct", 3_836_021_760),
-        ("granite-3.3-8b-instruct", 8_170_864_640),
-        # 9,241,705,984 in transformers, less Gemma 2's second pair of norms per layer,
-        # which the reader's docstring says it leaves out: 2 x 42 layers x 3584
-        ("gemma-2-9b", 9_241_705_984 - 2 * 42 * 3584),
+        # 32 layers x 100,669,440 (q 3072 x 3072, k and v 3072 x 1024, o 3072 x 3072, MLP
+        # 3 x 3072 x 8192, two norms) + final norm 3,072 + tied embedding 200,064 x 3072
+        ("phi-4-mini-instruct", 32 * 100_669_440 + 3_072 + 200_064 * 3072),
+        # 40 x 199,237,632 (q and o 4096 x 4096, k and v 4096 x 1024, MLP 3 x 4096 x 12800,
+        # two norms) + final norm 4,096 + tied embedding 49,159 x 4096
+        ("granite-3.3-8b-instruct", 40 * 199_237_632 + 4_096 + 49_159 * 4096),
+        # 42 x 198,195,200 (q and o 3584 x 4096, k and v 3584 x 2048, MLP 3 x 3584 x 14336,
+        # four norms) + final norm + tied embedding 256,000 x 3584 = 9,241,705,984, less the
+        # second pair of norms the reader's docstring says it leaves out: 2 x 42 x 3584
+        ("gemma-2-9b", 42 * 198_195_200 + 3_584 + 256_000 * 3584 - 2 * 42 * 3584),
+        # OLMo 2 7B: 32 x (4 x 4096 x 4096 + 3 x 4096 x 11008 + 2 x 4096) + 4,096 + untied
+        # 2 x 100,352 x 4096; its q and k norms (2 x 32 x 4096) left out, as the docstring says
+        (
+            "olmo-2-7b-instruct",
+            32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096 + 2 * 100_352 * 4096,
+        ),
+        # Mistral 7B v0.3: 32 x (2 x 4096 x 4096 + 2 x 4096 x 1024 + 3 x 4096 x 14336 +
+        # 2 x 4096) + 4,096 + untied 2 x 32,768 x 4096 (sliding_window null)
+        (
+            "mistral-7b-v0.3",
+            32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+            + 4096
+            + 2 * 32_768 * 4096,
+        ),
+        # Kimi K2 reads as DeepSeek-V3 does (its own test counts that architecture by hand);
+        # 1,026,408,209,408 is what transformers 5.24 counts building the file on the meta
+        # device, and the model card's "1T total"
+        ("kimi-k2-instruct", 1_026_408_209_408),
     ],
 )
-def test_phi_granite_and_gemma2_keys_read_to_the_transformers_count(name: str, count: int) -> None:
+def test_other_families_read_to_the_transformers_count(name: str, count: int) -> None:
     """Phi-3's dropout probabilities and pre-extension context, Granite's four scalar
-    multipliers, Gemma 2's soft-capping, query scale, cache kind and sliding_window_size: each
-    changes no parameter, byte or FLOP budget prices, so each file now reads, to the count."""
+    multipliers, Gemma 2's soft-capping, query scale, cache kind and sliding_window_size,
+    OLMo 2's and Kimi K2's Llama and DeepSeek keys: each changes no parameter, byte or FLOP
+    budget prices, so each file reads, to the count (the three hand counts above agree
+    with transformers 5.24 on the meta device)."""
     assert params_total(_plan(name)) == count
 
 
@@ -370,12 +391,15 @@ def test_a_copied_key_must_agree_with_its_original() -> None:
     del config["sliding_window"]
     assert translate(config).window == 4096
     config["sliding_window"] = 2048
-    with pytest.raises(HfConfigError, match="sliding_window = 2048 and its copy"):
+    with pytest.raises(HfConfigError, match=r"sliding_window = 2048 but its copy .*; make"):
         translate(config)
     mixtral = json.loads((DATA / "hf" / "mixtral-8x7b" / "config.json").read_text())
     del mixtral["num_experts_per_tok"]
-    mixtral["experts_per_token"] = 2
-    assert translate(mixtral).tree["experts"]["top_k"] == 2
+    mixtral["experts_per_token"] = 4  # gpt-oss's; Mixtral's 2 is also the default
+    assert translate(mixtral).tree["experts"]["top_k"] == 4
+    mixtral["experts_per_token"] = [4]  # a bad value is named by the key that holds it
+    with pytest.raises(HfConfigError, match=r"experts_per_token = \[4\]"):
+        translate(mixtral)
 
 
 def test_an_output_layer_bias_is_refused() -> None:
@@ -438,3 +462,122 @@ def test_a_config_meets_the_bounds_a_written_model_does(
     problem = _hf_problem(tmp_path, config)
     assert problem.path == "$.model.hf_config"
     assert message in problem.message
+
+
+@pytest.mark.parametrize("plan_file", ["mixtral-8x7b.yaml", "llama3-70b-decode.yaml"])
+def test_geglu_costs_what_swiglu_costs_in_experts_and_serving(plan_file: str) -> None:
+    """The experts' gates (MoE) and a decode step's MLP read `Model.gate` like the dense
+    training path."""
+    plan = load_plan(ROOT / "plans" / plan_file)
+    assert plan.model.mlp == "swiglu"
+    geglu = dataclasses.replace(plan, model=dataclasses.replace(plan.model, mlp="geglu"))
+    a, b = to_dict(build_report(plan)), to_dict(build_report(geglu))
+    assert a["step"] == b["step"]
+    assert a["memory"]["peak_bytes"] == b["memory"]["peak_bytes"]
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"])
+def test_every_gelu_name_is_a_gated_gelu(act: str) -> None:
+    config = json.loads((DATA / "hf" / "gemma-2b" / "config.json").read_text())
+    config["hidden_act"] = act
+    assert translate(config).tree["mlp"] == "geglu"
+
+
+def test_a_gated_gelu_takes_the_llama_width_by_default() -> None:
+    from budget.plan.resolve import llama_ffn
+
+    tree = {
+        "model": {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 32000, "mlp": "geglu"},
+        "batch": {"seq": 2048, "micro": 1, "global": 8},
+        "parallel": {"dp": 8},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    assert resolve(tree, Marks(), "plan.yaml").model.ffn == llama_ffn(4096) == 11008
+
+
+@pytest.mark.parametrize("value", [["gelu"], 3, "relu"])
+def test_an_activation_budget_does_not_price_is_named_by_its_key(value: object) -> None:
+    config = json.loads((DATA / "hf" / "gemma-2b" / "config.json").read_text())
+    config["hidden_activation"] = value
+    with pytest.raises(HfConfigError, match=r"^hidden_activation = .* is not one of"):
+        translate(config)
+
+
+@pytest.mark.parametrize(
+    "key", ["attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"]
+)
+def test_each_dropout_probability_turns_dropout_on(key: str) -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    assert "dropout" not in translate(config).tree
+    config[key] = 0.1
+    assert translate(config).tree["dropout"] is True
+
+
+def test_internlm2s_bias_switch_counts_biases() -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    assert translate(config).tree["bias"] is False
+    config["bias"] = True
+    assert translate(config).tree["bias"] is True
+
+
+def _qwen(**keys: object) -> dict[str, object]:
+    config = json.loads((DATA / "hf" / "qwen2.5-0.5b" / "config.json").read_text())
+    del config["use_sliding_window"]
+    config.update(sliding_window=4096, **keys)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("keys", "window"),
+    [
+        ({}, None),  # Qwen2Config: use_sliding_window defaults to false
+        ({"use_sliding_window": True}, 4096),  # from layer max_window_layers = 24 ...
+        ({"use_sliding_window": True, "max_window_layers": 12}, 4096),
+        ({"use_sliding_window": True, "max_window_layers": 24}, None),  # ... of 24: none
+        ({"model_type": "mistral"}, 4096),  # elsewhere a window set is a window used
+    ],
+)
+def test_qwens_window_slides_as_qwen2config_builds_it(keys: dict[str, object], window: object):
+    config = _qwen(**keys)
+    if keys.get("use_sliding_window") and "max_window_layers" not in keys:
+        config["max_window_layers"] = 0
+    assert translate(config).window == window
+
+
+def test_a_window_switch_must_be_true_or_false() -> None:
+    with pytest.raises(HfConfigError, match=r"use_sliding_window = 'false' .* not true or false"):
+        translate(_qwen(use_sliding_window="false"))
+
+
+@pytest.mark.parametrize(
+    ("kinds", "message"),
+    [
+        (["full_attention"] * 3, "lists 3 kinds for num_hidden_layers = 28; give one kind"),
+        (["chunked_attention"] * 28, "28 of 28 layers of kind chunked_attention"),
+    ],
+)
+def test_layer_types_must_cover_every_layer_with_a_kind_budget_prices(
+    kinds: list[str], message: str
+) -> None:
+    config = json.loads((DATA / "hf" / "qwen2.5-1.5b-transformers5" / "config.json").read_text())
+    config["layer_types"] = kinds
+    with pytest.raises(HfConfigError, match=message):
+        translate(config)
+
+
+def test_a_serving_context_longer_than_the_window_is_refused_by_its_keys(tmp_path: Path) -> None:
+    """For prefill and decode the sequence is the prompt and the generated tokens."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config["sliding_window"] = 4096
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text()
+    start, end = plan.index("model:\n"), plan.index("batch:\n")
+    plan = plan[:start] + "model: {hf_config: config.json}\n" + plan[end:]
+    (tmp_path / "plan.yaml").write_text(plan.replace("generate: 512", "generate: 2049"))
+    with pytest.raises(BudgetError) as raised:
+        load_plan(tmp_path / "plan.yaml")
+    (problem,) = raised.value.problems
+    assert "batch.prompt + batch.generate = 4,097 tokens here" in problem.message
+    (tmp_path / "plan.yaml").write_text(plan.replace("generate: 512", "generate: 2048"))
+    assert load_plan(tmp_path / "plan.yaml").batch.seq == 4096

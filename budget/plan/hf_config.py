@@ -18,34 +18,47 @@ modules, ``model.mtp_layers``).
 Every architecture whose config has these keys builds a gated MLP, gate and up projections
 then a down projection (``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``, ``GemmaMLP`` and the
 experts of Mixtral, Qwen-MoE and DeepSeek), whatever its activation: ``silu`` is SwiGLU and
-the GELU variants are GeGLU (Gemma), never a two-matrix GeLU MLP. ``GemmaConfig`` reads
-``hidden_activation`` before the legacy ``hidden_act``, and so does this reader.
+the GELU variants are GeGLU (Gemma), never a two-matrix GeLU MLP. The activation is
+``hidden_activation`` where a file sets it (Gemma 2 and 3 read only that key), else
+``hidden_act``; for Gemma 1 either is a GELU, which is all the price depends on.
 
 Attention is priced as full causal attention on every layer. A sliding window is in use
-when ``layer_types`` (transformers ≥ 4.5x writes one entry per layer) lists a
-``sliding_attention`` layer, or, without ``layer_types``, when ``sliding_window`` is set and
-``use_sliding_window`` is absent or true (Qwen2's switch). Such a config reads with its
-window (`HfModel.window`), and the plan resolver refuses it only when a sequence is longer
-than the window: up to the window, a sliding window attends to every earlier key, exactly as
-full attention does. Any other layer kind (linear, chunked attention) is refused here.
+when ``layer_types`` (configs that carry it give one kind per layer) lists a
+``sliding_attention`` layer, or, without ``layer_types``, when ``sliding_window`` is set,
+except in Qwen's configurations (``qwen2``, ``qwen2_moe``, ``qwen3``, ``qwen3_moe``), which
+slide only with ``use_sliding_window`` true and then only from layer ``max_window_layers``
+on, as ``Qwen2Config`` builds its layer kinds. Such a config reads with its window
+(`HfModel.window`), and the plan resolver refuses it only when a sequence is longer than
+the window: up to the window, a sliding window attends to every earlier key, exactly as full
+attention does (transformers masks key j from query i when j ≤ i − window). Any other layer
+kind (linear, chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
 ``original_max_position_embeddings``), ``GraniteConfig`` (four scalar multipliers),
-InternLM2 (``bias``: biases on its linear layers), ``Gemma2Config`` and
-``Gemma3TextConfig`` (logit soft-capping, the query scale, the local RoPE base, the cache
-kind, and ``sliding_window_size``, Gemma 2's copy of ``sliding_window``), ``Glm4MoeConfig``
+InternLM2 (``bias``; ``attn_implementation``, a kernel choice: the plan's attention is the
+fused kernel whatever it says), ``Gemma2Config`` and ``Gemma3TextConfig`` (logit
+soft-capping, the query scale, the local RoPE base, the cache kind, and
+``sliding_window_size``, Gemma 2's copy of ``sliding_window``), ``Glm4MoeConfig``
 (``partial_rotary_factor``, ``use_qk_norm``) and ``GptOssConfig`` (``swiglu_limit``, a
-clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok). A
-non-zero dropout probability of any kind turns ``model.dropout`` on.
+clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok).
 
-Parameters, all under 0.01 % of a model, that have no config key or whose key is ignored,
-and so are not counted: Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768);
-the per-head q and k norms of Qwen3, OLMo 2 and GLM (``use_qk_norm``); Gemma 2 and 3's
-second pair of norms per layer (after attention and after the MLP). Their elementwise
-passes, soft-capping's tanh and a partial rotation's smaller one are not priced either.
-``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
-only) counts biases on every linear layer, 0.04 % too many for GLM-4.5-Air.
+What that reading leaves out or over-counts, each small but named here:
+
+- Parameters with no config key, or whose key is ignored, all under 0.01 % of a model:
+  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768); the q and k norms of
+  Qwen3, OLMo 2 and GLM (``use_qk_norm``); Gemma 2 and 3's second pair of norms per layer
+  (after attention and after the MLP).
+- Saved activations of those extra layers: a q norm's input is q-sized, wider than the
+  model in GLM-4.5 (96 heads of 128 against 5120); Gemma 2's ``final_logit_softcapping``
+  keeps a logits-sized tensor for its tanh's backward (1.95 GiB in bf16 for Gemma 2 9B at
+  4,096 tokens of one sequence). Their elementwise passes are not priced either.
+- ``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
+  only) or InternLM2's ``bias`` counts biases on every linear layer: 0.04 % too many
+  parameters for GLM-4.5-Air.
+- ``dropout`` is one switch too: any non-zero dropout probability (attention, hidden,
+  residual or embedding) budgets every dropout mask the plan language knows, where a model
+  may drop out in fewer places.
 
 A key a released file always writes but a hand-written one may leave out takes the
 ``PretrainedConfig`` default: ``tie_word_embeddings`` true (``save_pretrained`` omits it
@@ -264,9 +277,7 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
 
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
-    config = _one_copy(config, "sliding_window_size", "sliding_window", where)
-    config = _one_copy(config, "experts_per_token", "num_experts_per_tok", where)
-    window = _window(config, where)
+    window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
     unknown = sorted(set(config) - READ - IGNORED)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
@@ -292,7 +303,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     }
     if config.get("lm_head_bias"):
         raise HfConfigError(
-            f"{where} sets lm_head_bias: budget has no bias on the output layer to count"
+            f"{where} sets lm_head_bias: budget counts no bias on the output layer; write the "
+            "model's dimensions out to budget the model without it"
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
@@ -307,10 +319,12 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         _latent(config, tree, where)
     elif "head_dim" not in tree and config.get("v_head_dim") is not None:
         tree["head_dim"] = _int(config, "v_head_dim", where)
-    act = config.get("hidden_activation") or config.get("hidden_act", "silu")
-    if act not in _ACTIVATIONS:
+    act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
+    act = config.get(act_key, "silu")
+    if not isinstance(act, str) or act not in _ACTIVATIONS:
         raise HfConfigError(
-            f"hidden_act = {act!r} in {where} is not one of {', '.join(sorted(_ACTIVATIONS))}"
+            f"{act_key} = {act!r} in {where} is not one of {', '.join(sorted(_ACTIVATIONS))}, "
+            "the gated MLPs budget prices; write the model's dimensions out for another"
         )
     tree["mlp"] = _ACTIVATIONS[act]
     if "layer_norm_eps" in config or "layer_norm_epsilon" in config:
@@ -332,46 +346,69 @@ _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
 def _probability(config: Mapping[str, Any], key: str, where: str) -> float:
     value = config.get(key) or 0.0
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise HfConfigError(f"{key} = {value!r} in {where} is not a probability")
+        raise HfConfigError(f"{key} = {value!r} in {where} is not a probability from 0 to 1")
     return float(value)
 
 
-def _one_copy(config: Mapping[str, Any], copy: str, key: str, where: str) -> Mapping[str, Any]:
-    """`config` with `copy`, a second key for `key`'s value, folded into `key`."""
+def _source(config: Mapping[str, Any], key: str, copy: str, where: str) -> str:
+    """The key to read `key`'s value from: `key`, or `copy` (a second key some files write
+    for the same value) when `key` is absent; the two must agree when both are there."""
     if copy not in config:
-        return config
+        return key
     if key in config and config[key] != config[copy]:
         raise HfConfigError(
-            f"{where} sets {key} = {config[key]!r} and its copy {copy} = {config[copy]!r}"
+            f"{where} sets {key} = {config[key]!r} but its copy {copy} = {config[copy]!r}; "
+            "make them agree"
         )
-    out = {k: v for k, v in config.items() if k != copy}
-    out[key] = config[copy]
-    return out
+    return copy if key not in config else key
 
 
-def _window(config: Mapping[str, Any], where: str) -> int | None:
-    """The sliding window some layers use (module docstring), or None when none slides."""
+_QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
+
+
+def _window(config: Mapping[str, Any], key: str, where: str) -> int | None:
+    """The sliding window some layers use (module docstring), or None when none slides;
+    `key` is where the file keeps the window's length."""
     kinds = config.get("layer_types")
     if kinds is not None:
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            raise HfConfigError(f"layer_types in {where} is not a list of layer kinds")
+            raise HfConfigError(
+                f"layer_types in {where} is not a list of layer kinds; give one string per "
+                "layer, such as 'full_attention'"
+            )
+        layers = config.get("num_hidden_layers")
+        if len(kinds) != layers:
+            raise HfConfigError(
+                f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
+                f"{layers!r}; give one kind per layer"
+            )
         other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
         if other:
             count = sum(k in other for k in kinds)
             raise HfConfigError(
                 f"{where} has {count} of {len(kinds)} layers of kind {', '.join(other)} in "
                 "layer_types: budget prices softmax attention over the whole context (full, "
-                "or a sliding window no shorter than the sequence), not these"
+                "or a sliding window no shorter than the sequence); write the model's "
+                "dimensions out to budget every layer as full attention"
             )
         if "sliding_attention" not in kinds:
             return None
-    elif not config.get("sliding_window") or not config.get("use_sliding_window", True):
+    elif not config.get(key):
         return None
-    window = config.get("sliding_window")
+    elif config.get("model_type") in _QWEN:
+        switch = config.get("use_sliding_window", False)
+        if not isinstance(switch, bool):
+            raise HfConfigError(f"use_sliding_window = {switch!r} in {where} is not true or false")
+        first = config.get("max_window_layers", 0)
+        if not switch or (isinstance(first, int) and first >= config.get("num_hidden_layers", 0)):
+            return None
+    elif config.get("use_sliding_window", True) is False:
+        return None
+    window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
-            f"{where} has sliding layers but sliding_window = {window!r} is not a positive "
-            "number of tokens"
+            f"{where} has sliding layers but {key} = {window!r} is not a positive number of "
+            "tokens; set the window's length, or null for no window"
         )
     return window
 
@@ -399,11 +436,10 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
     )
     if count_key is None:
         return None
+    top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
     experts: dict[str, Any] = {
         "count": _int(config, count_key, where),
-        "top_k": _int(config, "num_experts_per_tok", where)
-        if "num_experts_per_tok" in config
-        else 2,
+        "top_k": _int(config, top_k, where) if top_k in config else 2,
     }
     if config.get("moe_intermediate_size"):
         experts["ffn"] = _int(config, "moe_intermediate_size", where)

@@ -122,6 +122,7 @@ class _Resolver:
         self.file = file
         self.problems: list[Problem] = []
         self.window: int | None = None  # a Hugging Face config's sliding window (`model_tree`)
+        self.config_file = ""  # that config's path, as its other errors name it
 
     def error(self, path: str, message: str, *, key: bool = False) -> None:
         line, col = self.marks.key(path) if key else self.marks.at(path)
@@ -189,14 +190,14 @@ class _Resolver:
                 self.error("$.model.hf_config", str(error))
                 return None
             base = dict(hf.tree)
-            self.window = hf.window
+            self.window, self.config_file = hf.window, repr(str(path))
             from budget.plan.schema import model_problems
 
             broken = model_problems(base)
             for where, message in broken:
                 self.error(
                     "$.model.hf_config",
-                    f"{tree['hf_config']} gives {where.removeprefix('$.')}: {message}",
+                    f"{self.config_file} gives {where.removeprefix('$.')}: {message}",
                 )
             if broken:
                 return None
@@ -1049,13 +1050,14 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     par = r.parallel(tree.get("parallel", {}))
     batch = r.batch(tree["batch"], mode, par.dp)
     if r.window is not None and batch.seq > r.window:
+        length = "batch.seq" if mode == "train" else "batch.prompt + batch.generate"
         r.error(
             "$.model.hf_config",
-            f"{tree['model']['hf_config']} gives layers a sliding window of {r.window:,} "
-            f"tokens, and a sequence here is {batch.seq:,} tokens: budget prices full causal "
-            "attention (every query meets every earlier key, and the KV cache keeps the whole "
-            f"context), which the window matches only up to {r.window:,} tokens; shorten the "
-            "sequence or write the model's dimensions out to budget full attention",
+            f"{r.config_file} gives layers a sliding window of {r.window:,} tokens, and "
+            f"{length} = {batch.seq:,} tokens here: budget prices full causal attention "
+            "(every query meets every earlier key, and the KV cache keeps the whole context), "
+            f"which the window matches only up to {r.window:,} tokens; shorten the sequence or "
+            "write the model's dimensions out to budget full attention",
         )
     precision = r.precision(tree.get("precision", {}))
     device = r.device(tree["device"])
