@@ -293,18 +293,21 @@ def grad_accumulation(plan: Plan, params: int) -> list[Work]:
 
 
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
-    """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward."""
+    """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward; with
+    ``model.logit_softcap``, Gemma 2's cap · tanh(logits / cap) between them, one fused pass
+    that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2)."""
     from budget.layers import vocab_rows
 
     e = DTYPE_BYTES[plan.precision.matmul]
     vocab = vocab_rows(plan)
     logits = gemm("output layer", s.tokens, s.hidden, vocab, e)
+    capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
+    forward = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
     return [
         elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden),
-        logits,
-        entropy,
-        *backward_of([logits, entropy]),
+        *forward,
+        *backward_of(forward),
     ]
 
 

@@ -1130,6 +1130,17 @@ def _loss(b: _StageBuilder) -> None:
             *b.extra_saved,
             everything,
             Alloc("logits", "transient", s.act * logits, placement=vocab),
+            *when(
+                [
+                    Alloc(
+                        "soft-capped logits, kept for the tanh backward",
+                        "transient",
+                        s.act * logits,
+                        placement=vocab,
+                    )
+                ],
+                plan.model.logit_softcap,
+            ),
             Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
             Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
         ]

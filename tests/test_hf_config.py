@@ -581,3 +581,23 @@ def test_a_serving_context_longer_than_the_window_is_refused_by_its_keys(tmp_pat
     assert "batch.prompt + batch.generate = 4,097 tokens here" in problem.message
     (tmp_path / "plan.yaml").write_text(plan.replace("generate: 512", "generate: 2048"))
     assert load_plan(tmp_path / "plan.yaml").batch.seq == 4096
+
+
+def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> None:
+    """cap · tanh(logits / cap): the tanh keeps its bf16 output for backward, so the loss
+    instant holds one more logits-sized tensor, 2 B x 4,096 tokens x 256,000 = 2,097,152,000
+    B (1.95 GiB) for Gemma 2 9B here, and one fused pass reads and writes the logits."""
+    from budget.flops import loss_work
+
+    capped = _plan("gemma-2-9b")
+    assert capped.model.logit_softcap is True  # final_logit_softcapping: 30.0
+    plain = dataclasses.replace(
+        capped, model=dataclasses.replace(capped.model, logit_softcap=False)
+    )
+    a, b = to_dict(build_report(capped)), to_dict(build_report(plain))
+    assert a["memory"]["stages"][0]["peak_phase"] == "loss"
+    assert a["memory"]["peak_bytes"] - b["memory"]["peak_bytes"] == 2 * 4096 * 256_000
+    passes = {w.name: w.bytes for w in loss_work(capped, shapes(capped))}
+    assert passes["logit soft-capping"] == 2 * 2 * 4096 * 256_000
+    assert "logit soft-capping" not in {w.name for w in loss_work(plain, shapes(plain))}
+    assert a["step"]["time_s"] > b["step"]["time_s"]

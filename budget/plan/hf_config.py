@@ -37,8 +37,9 @@ Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dro
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
 ``original_max_position_embeddings``), ``GraniteConfig`` (four scalar multipliers),
 InternLM2 (``bias``; ``attn_implementation``, a kernel choice: the plan's attention is the
-fused kernel whatever it says), ``Gemma2Config`` and ``Gemma3TextConfig`` (logit
-soft-capping, the query scale, the local RoPE base, the cache kind, and
+fused kernel whatever it says), ``Gemma2Config`` and ``Gemma3TextConfig`` (the logits'
+soft-capping, ``model.logit_softcap``; the attention scores' soft-capping, done inside the
+fused kernel; the query scale, the local RoPE base, the cache kind, and
 ``sliding_window_size``, Gemma 2's copy of ``sliding_window``), ``Glm4MoeConfig``
 (``partial_rotary_factor``, ``use_qk_norm``) and ``GptOssConfig`` (``swiglu_limit``, a
 clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok).
@@ -50,9 +51,8 @@ What that reading leaves out or over-counts, each small but named here:
   Qwen3, OLMo 2 and GLM (``use_qk_norm``); Gemma 2 and 3's second pair of norms per layer
   (after attention and after the MLP).
 - Saved activations of those extra layers: a q norm's input is q-sized, wider than the
-  model in GLM-4.5 (96 heads of 128 against 5120); Gemma 2's ``final_logit_softcapping``
-  keeps a logits-sized tensor for its tanh's backward (1.95 GiB in bf16 for Gemma 2 9B at
-  4,096 tokens of one sequence). Their elementwise passes are not priced either.
+  model in GLM-4.5 (96 heads of 128 against 5120). Their elementwise passes are not priced
+  either. (Gemma 2's ``final_logit_softcapping`` is: it sets ``model.logit_softcap``.)
 - ``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
   only) or InternLM2's ``bias`` counts biases on every linear layer: 0.04 % too many
   parameters for GLM-4.5-Air.
@@ -109,6 +109,7 @@ READ = frozenset(
         "resid_pdrop",
         "bias",  # InternLM2: biases on its linear layers
         "lm_head_bias",  # Phi-4-mini; refused when true (no output-layer bias is priced)
+        "final_logit_softcapping",  # Gemma 2 and 3: model.logit_softcap when set
         # Qwen-MoE
         "num_experts",
         "moe_intermediate_size",
@@ -164,7 +165,6 @@ IGNORED = frozenset(
         "logits_scaling",  # Granite
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
-        "final_logit_softcapping",  # Gemma 2 and 3: tanh on the logits
         "swiglu_limit",  # gpt-oss: a clamp on the gate
         "use_qk_norm",  # GLM: per-head q and k norms (module docstring)
         "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
@@ -308,6 +308,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
+    if config.get("final_logit_softcapping"):
+        tree["logit_softcap"] = True
     for key, name in (
         ("num_key_value_heads", "kv_heads"),
         ("intermediate_size", "ffn"),

@@ -77,6 +77,7 @@ class Model:
     max_positions: int = 0  # learned position table rows; 0 means batch.seq
     attention: Attention = "flash"
     dropout: bool = False
+    logit_softcap: bool = False  # cap · tanh(logits / cap) before the loss (Gemma 2)
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's

@@ -265,6 +265,7 @@ class _Resolver:
             max_positions=_int(tree.get("max_positions", 0)),
             attention=tree.get("attention", "flash"),
             dropout=bool(tree.get("dropout", False)),
+            logit_softcap=bool(tree.get("logit_softcap", False)),
             experts=experts,
             name=name,
             mla=mla,
