@@ -359,6 +359,7 @@ def _nemo_run(
     source: str,
     recompute: str,
     kernel: str,
+    precision: dict[str, str],
 ) -> Run:
     """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
     H100 nodes, BF16, ``layout`` = (TP, PP, CP, VP) as the README's table prints it.
@@ -372,8 +373,9 @@ def _nemo_run(
     fused attention through Transformer Engine, ``kernel``: cuDNN's where the recipe leaves
     it on (``NVTE_FUSED_ATTN=1``; Transformer Engine prefers it on Hopper when FlashAttention
     is on too, NVIDIA/NeMo PR 9188), FlashAttention-2 where it turns it off; Megatron's ring
-    context parallelism; bf16 parameters with fp32 main gradients and master weights
-    (``megatron_amp_O2``). Ranks in Megatron's default order, TP fastest, then CP, DP, PP.
+    context parallelism; bf16 parameters (``megatron_amp_O2``) with the gradient, master and
+    Adam-state formats ``precision`` gives, as the recipe's optimizer keeps them (`_ADAM`).
+    Ranks in Megatron's default order, TP fastest, then CP, DP, PP.
     No activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
     Megatron pads them, to a multiple of 128 × TP."""
     tp, pp, cp, vp = layout
@@ -392,6 +394,7 @@ def _nemo_run(
         "model": {**model, "attention": kernel},
         "batch": {"seq": seq, "micro": micro, "global": batch},
         "parallel": parallel,
+        "precision": {"params": "bf16", **precision},
         "recompute": recompute,
         "overlap": {"dp_grads": True, "param_gather": True, "tp": tp > 1, "pp": pp > 1},
         "device": {"preset": "h100-sxm"},
@@ -413,11 +416,14 @@ def _nemo_table(
     source: str,
     recompute: str,
     kernel: str,
+    precision: dict[str, str],
 ) -> tuple[Run, ...]:
     """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
     its smallest and its largest whole-model GPU count, the rest shared (`_nemo_run`)."""
     return tuple(
-        _nemo_run(name, model, gpus, seq, layout, micro, batch, step, source, recompute, kernel)
+        _nemo_run(
+            name, model, gpus, seq, layout, micro, batch, step, source, recompute, kernel, precision
+        )
         for gpus, batch, step in (smallest, largest)
     )
 
@@ -458,24 +464,52 @@ _LLAMA31_70B_MODEL = {"preset": "llama3-70b", "vocab": 128512}  # 128,256 padded
 _LLAMA31_405B_MODEL = {"preset": "llama3-405b", "vocab": 51200}  # GPT-2's 50,257 for TP 8
 _GPT3_NEMO_MODEL = {"preset": "gpt3-175b", "vocab": 50688, "dropout": True}  # padded, TP 4
 
+# How each recipe's optimizer keeps its states, beside bf16 parameters. NeMo's
+# `MegatronBaseModel.setup_optimization` (NeMo 24.x) builds Apex's DistributedFusedAdam
+# (``distributed_fused_adam``) with its state in ``optim.dtype`` (fp32 unless the config
+# says otherwise) and its contiguous gradient buffer in ``optim.grad_sync_dtype`` (the state
+# dtype unless set); with fp32 state and bf16 parameters it sets ``store_param_remainders``,
+# keeping the fp32 master as the bf16 parameter plus a 16-bit remainder, 2 B per parameter,
+# priced here as a bf16 master, unless the config sets ``fp8_params`` (then a whole fp32
+# master, ``store_params``); with bf16 state it stores no master (NVIDIA/NeMo,
+# nemo/collections/nlp/models/language_modeling/megatron_base_model.py; Apex,
+# apex/contrib/optimizers/distributed_fused_adam.py, its arguments' docstring).
+# Megatron-Core's optimizer (``mcore_distributed_optim``) reduces in fp32
+# (``grad_reduce_in_fp32`` unless ``grad_sync_dtype`` says otherwise) and keeps fp32 masters.
+_ADAM: dict[str, dict[str, str]] = {
+    "mcore": {"grads": "fp32", "master": "fp32", "optimizer_state": "fp32"},
+    "apex": {"grads": "fp32", "master": "bf16", "optimizer_state": "fp32"},
+    "apex, bf16 grads, fp8_params": {"grads": "bf16", "master": "fp32", "optimizer_state": "fp32"},
+    "apex, bf16": {"grads": "bf16", "master": "none", "optimizer_state": "bf16"},
+}
+
 # Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
 # batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source,
-# recompute and attention kernel (the 340B recipe sets NVTE_FUSED_ATTN=0: FlashAttention-2).
+# recompute, attention kernel (the 340B recipe sets NVTE_FUSED_ATTN=0: FlashAttention-2) and
+# optimizer formats (`_ADAM`: the Llama 3.1 configs name distributed_fused_adam with no
+# dtype; GPT-3's adds grad_sync_dtype bf16 and keeps fp8_params true, which its configure.sh
+# leaves as it is for the BF16 run; the 340B's sets grad_sync_dtype and dtype bf16; the
+# 15B's names mcore_distributed_optim).
 # fmt: off
 _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
     ("Llama 3.1 8B", (8, 128, 12.78), (128, 2048, 13.16),
-     {"preset": "llama3-8b"}, 8192, (1, 1, 2, 1), 1, _LLAMA31_8B, "none", "cudnn"),
+     {"preset": "llama3-8b"}, 8192, (1, 1, 2, 1), 1, _LLAMA31_8B, "none", "cudnn",
+     _ADAM["apex"]),
     ("Llama 3.1 70B", (64, 128, 14.61), (2048, 4096, 14.84),
-     _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none", "cudnn"),
+     _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none", "cudnn",
+     _ADAM["apex"]),
     ("Llama 3.1 405B", (576, 252, 17.50), (2304, 1008, 17.70),
-     _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none", "cudnn"),
+     _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none", "cudnn",
+     _ADAM["apex"]),
     ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
-     _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn"),
+     _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn",
+     _ADAM["mcore"]),
     ("Nemotron-4 340B", (128, 32, 4.61), (2048, 512, 4.84),
      _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective",
-     "flash2"),
+     "flash2", _ADAM["apex, bf16"]),
     ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
-     _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn"),
+     _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn",
+     _ADAM["apex, bf16 grads, fp8_params"]),
 )
 # fmt: on
 
