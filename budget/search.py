@@ -985,14 +985,26 @@ def _front(measured: dict[str, np.ndarray]) -> np.ndarray:
     return front
 
 
+MAX_VALUES = 1024  # values one option may list or span
+
+
 def parse_values(text: str, option: str) -> tuple[int, ...]:
     """ "4,8" → (4, 8); "1..8" → (1, ..., 8); "1..3,8" → (1, 2, 3, 8)."""
     values: list[int] = []
     try:
         for part in text.split(","):
             low, _, high = part.strip().partition("..")
-            values += list(range(int(low), int(high) + 1)) if high else [int(low)]
-    except ValueError:
+            span = range(int(low), int(high) + 1) if high else range(int(low), int(low) + 1)
+            if len(values) + len(span) > MAX_VALUES:
+                raise ValueError(
+                    f"{option} {text!r}: at most {MAX_VALUES:,} values; a wider range would "
+                    "take longer to sweep than to think about"
+                )
+            values += span
+    except ValueError as error:
+        if "at most" in str(error):
+            raise
+
         raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8") from None
     if not values or min(values) < 0:
         raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8")

@@ -43,7 +43,7 @@ def space(options: dict[str, str | None]) -> Space:
         raise ValueError(f"--sp {options['sp']!r}: use true, false or true,false")
     return Space(
         tp=ints("tp"),
-        pp=ints("pp"),
+        pp=ints("pp", 1, 1024),
         cp=ints("cp"),
         ep=ints("ep"),
         zero=ints("zero", 0, 3) or (0, 1, 2, 3),
@@ -118,7 +118,17 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
-    outcome = search(plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits)
+    try:
+        outcome = search(
+            plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits
+        )
+    except (OverflowError, ValueError, FloatingPointError):
+        print(
+            f"budget: error: {path}: the plan's sizes overflow the search's 64-bit arithmetic; "
+            "budget the plan alone with `budget PLAN`, which counts in Python integers",
+            file=sys.stderr,
+        )
+        return 2
     if write is not None and outcome.best is not None:
         from budget.search import apply
 

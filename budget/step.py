@@ -1154,6 +1154,17 @@ def _loss(b: _StageBuilder) -> None:
                     placement=vocab,
                 )
             )
+            if plan.model.logit_softcap:
+                live.append(
+                    Alloc(
+                        "soft-capped logits of the multi-token prediction heads, kept for the "
+                        "tanh backward",
+                        "transient",
+                        s.act * logits,
+                        count=earlier,
+                        placement=vocab,
+                    )
+                )
         return live + when([_full(s, "output layer input (all-gathered)")], _sp(plan))
 
     mtp = mtp_layers(plan)

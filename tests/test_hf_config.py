@@ -601,3 +601,22 @@ def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> Non
     assert passes["logit soft-capping"] == 2 * 2 * 4096 * 256_000
     assert "logit soft-capping" not in {w.name for w in loss_work(plain, shapes(plain))}
     assert a["step"]["time_s"] > b["step"]["time_s"]
+
+
+def test_a_non_finite_float_or_a_special_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 1e400}')
+    with pytest.raises(HfConfigError, match="1e400, not a finite number"):
+        read_hf_config(path)
+    with pytest.raises(HfConfigError, match="is not a regular file"):
+        read_hf_config(tmp_path)  # a directory; a FIFO would block the read forever
+
+
+@pytest.mark.parametrize("cap", ["yes", -30, [1], True])
+def test_a_soft_cap_must_be_a_positive_number(cap: object) -> None:
+    config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
+    config["final_logit_softcapping"] = cap
+    with pytest.raises(HfConfigError, match="is not a positive number"):
+        translate(config)
+    config["final_logit_softcapping"] = None
+    assert "logit_softcap" not in translate(config).tree

@@ -151,7 +151,7 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
         (["--zero", "0..4"], "--zero '0..4': 4 is out of range (0..3)"),
         (["--micro", "0"], "--micro '0': 0 is out of range (at least 1)"),
         (["--tp", "0"], "--tp '0': 0 is out of range (at least 1)"),
-        (["--pp", "0,2"], "--pp '0,2': 0 is out of range (at least 1)"),
+        (["--pp", "0,2"], "--pp '0,2': 0 is out of range (1..1024)"),
         (["--virtual-stages", "0"], "--virtual-stages '0': 0 is out of range (at least 1)"),
         (["--gpus", "0"], "--gpus 0: lay out at least 1 GPU"),
         (["--top", "0"], "--top 0: list at least 1 layout"),
@@ -639,3 +639,17 @@ def test_divisors_are_every_divisor_in_order(n):
         assert found == naive
     else:  # 2**24 has 25 divisors; 2**23·3·7 has 24·2·2
         assert len(found) == {2**24: 25, 2**23 * 3 * 7: 96}[n]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "1..1000000000000"], "at most 1,024 values"),
+        (["--pp", "2048"], "--pp '2048': 2048 is out of range (1..1024)"),
+    ],
+)
+def test_cli_refuses_ranges_too_wide_to_sweep(args, message):
+    """A trillion-value range was built as a list before anything looked at it."""
+    result = CliRunner().invoke(app, route(["search", str(GPT3), *args]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert message in result.stderr

@@ -246,3 +246,26 @@ def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
     missed = replace(first, peak_bytes=90 * 2**30, capacity_bytes=80 * 2**30)
     text = accuracy_markdown(Accuracy((missed, *accuracy.rows[1:])))
     assert f"over their memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text
+
+
+@pytest.mark.parametrize(
+    ("prefix", "grads", "master", "state"),
+    [
+        # Llama 3.1 launcher configs: distributed_fused_adam, no dtype -> fp32 state, fp32
+        # gradients, and the fp32 master as a 16-bit remainder (2 B, priced as bf16)
+        ("Llama 3.1", "fp32", "bf16", "fp32"),
+        # nemotron4-15b-synth.yaml: mcore_distributed_optim -> fp32 throughout
+        ("Nemotron-4 15B", "fp32", "fp32", "fp32"),
+        # nemotron4-340b-synth.yaml: grad_sync_dtype bf16, dtype bf16 -> no master
+        ("Nemotron-4 340B", "bf16", None, "bf16"),
+        # gpt3_175b_hydra.yaml: grad_sync_dtype bf16, fp8_params true -> fp32 master
+        ("GPT-3 175B, 1", "bf16", "fp32", "fp32"),
+        ("GPT-3 175B, 2", "bf16", "fp32", "fp32"),
+    ],
+)
+def test_nemo_plans_keep_the_formats_their_recipe_configures(prefix, grads, master, state):
+    runs = [r for r in RUNS if r.stack == "NeMo" and r.name.startswith(prefix)]
+    assert runs
+    for run in runs:
+        p = plan_of(run).precision
+        assert (p.grads, p.master, p.optimizer_state) == (grads, master, state), run.name

@@ -68,6 +68,7 @@ only when it equals that default) and no sliding window.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -220,6 +221,8 @@ def read_hf_config(path: Path) -> HfModel:
     object refused (``json`` would keep the last silently) and so is nesting deeper than
     the parser's recursion allows."""
     shown = repr(str(path))
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise HfConfigError(f"{shown} is not a regular file")
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_BYTES + 1)
@@ -233,7 +236,11 @@ def read_hf_config(path: Path) -> HfModel:
         raise HfConfigError(f"{shown} is not UTF-8 text (byte {error.start:,})") from None
     try:
         config = json.loads(
-            text, object_pairs_hook=_unique_keys, parse_int=_int63, parse_constant=_finite
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_int=_int63,
+            parse_float=_float,
+            parse_constant=_finite,
         )
     except json.JSONDecodeError as error:
         raise HfConfigError(
@@ -253,6 +260,12 @@ def _int63(text: str) -> int:
     if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= 2**63:
         shown = text if len(text) <= 24 else text[:21] + "..."
         raise HfConfigError(f"{shown}, too large (integers must be below 2**63)")
+    return value
+
+
+def _float(text: str) -> float:
+    if not math.isfinite(value := float(text)):
+        raise HfConfigError(f"{text}, not a finite number")
     return value
 
 
@@ -308,7 +321,13 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
-    if config.get("final_logit_softcapping"):
+    cap = config.get("final_logit_softcapping")
+    if cap is not None:
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0:
+            raise HfConfigError(
+                f"final_logit_softcapping = {cap!r} in {where} is not a positive number; set "
+                "the cap, or null for none"
+            )
         tree["logit_softcap"] = True
     for key, name in (
         ("num_key_value_heads", "kv_heads"),
