@@ -94,8 +94,9 @@ _DGXC = (
     "time (seconds per step); recipe settings from the recipe's configure.sh and {}"
 )
 _LLAMA31_CONFIG = (
-    "NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama3_1_{}.yaml (the recipe "
-    "copies its own llama3.1_*.yaml, not published; layout as the README prints it)"
+    "NeMo-Framework-Launcher (commit 1ab2c78) "
+    "launcher_scripts/conf/training/llama/llama3_1_{}.yaml (the recipe copies its own "
+    "llama3.1_*.yaml, not published; layout as the README prints it)"
 )
 _LLM_FOUNDRY_A100 = _LLM_FOUNDRY.replace(
     '"H100 80GB BF16"', '"A100 80GB with 1600 Gbps node-node interconnect (RoCE)"'
