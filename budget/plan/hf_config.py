@@ -73,7 +73,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from budget.plan.yaml_load import MAX_INT
 
 __all__ = ["IGNORED", "READ", "HfConfigError", "HfModel", "read_hf_config", "translate"]
 
@@ -99,6 +101,7 @@ READ = frozenset(
         "use_sliding_window",
         "sliding_window_size",  # Gemma 2: a copy of sliding_window
         "layer_types",  # full_attention, or sliding_attention within `HfModel.window`
+        "max_window_layers",  # Qwen: the first layer that slides (`_window`)
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
@@ -167,11 +170,10 @@ IGNORED = frozenset(
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
-        "use_qk_norm",  # GLM: per-head q and k norms (module docstring)
+        "use_qk_norm",  # GLM: q and k norms, not counted (module docstring)
         "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
-        "max_window_layers",
         "output_router_logits",
         "router_aux_loss_coef",
         "router_jitter_noise",
@@ -256,8 +258,9 @@ def read_hf_config(path: Path) -> HfModel:
 
 
 def _int63(text: str) -> int:
-    """An integer as the plan's YAML loader takes one: below 2**63 in magnitude."""
-    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= 2**63:
+    """An integer as the plan's YAML loader takes one: below `MAX_INT` in magnitude (the
+    length test first, so that a 5,000-digit number is never converted)."""
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= MAX_INT:
         shown = text if len(text) <= 24 else text[:21] + "..."
         raise HfConfigError(f"{shown}, too large (integers must be below 2**63)")
     return value
@@ -265,11 +268,12 @@ def _int63(text: str) -> int:
 
 def _float(text: str) -> float:
     if not math.isfinite(value := float(text)):
-        raise HfConfigError(f"{text}, not a finite number")
+        _finite(text)
     return value
 
 
-def _finite(text: str) -> float:
+def _finite(text: str) -> NoReturn:
+    """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing floats."""
     raise HfConfigError(f"{text}, not a finite number")
 
 
