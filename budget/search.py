@@ -158,7 +158,7 @@ class Outcome:
 
 
 @cache
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """Every divisor of `n`, ascending, by trial division up to √n."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
@@ -189,20 +189,20 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
     m, b = plan.model, plan.batch
-    for tp in space.tp or _divisors(gpus):
+    for tp in space.tp or divisors(gpus):
         if gpus % tp:
             counts.rejected["does not divide: tp into the GPUs"] += 1
             continue
         if m.heads % tp or m.kv_heads % tp:
             counts.rejected["does not divide: heads or kv heads by tp"] += 1
             continue
-        for pp in space.pp or _divisors(gpus // tp):
+        for pp in space.pp or divisors(gpus // tp):
             if (gpus // tp) % pp:
                 counts.rejected["does not divide: pp into the GPUs left"] += 1
                 continue
             rest = gpus // (tp * pp)
             cps = []
-            for cp in space.cp or _divisors(rest):
+            for cp in space.cp or divisors(rest):
                 if rest % cp:
                     counts.rejected["does not divide: cp into the GPUs left"] += 1
                 elif cp > 1 and b.seq % (2 * cp):
@@ -256,10 +256,10 @@ def _grid(
     its grid were made alone: those left out are not candidates, not rejected ones)."""
     m, b = plan.model, plan.batch
     experts = m.experts
-    eps = space.ep or ([e for e in _divisors(dp_cp) if experts.count % e == 0] if experts else [1])
+    eps = space.ep or ([e for e in divisors(dp_cp) if experts.count % e == 0] if experts else [1])
     own_micros = {
         cp: space.micro
-        or _divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
+        or divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
         for cp in cps
     }
     micros = sorted(set().union(*own_micros.values()))
@@ -828,7 +828,10 @@ def search(
 
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
-        measured = measure(plan, part, gpus)
+        # a float past int64 (or inf) cast to a size raises here instead of warning and
+        # wrapping; integer products that wrap silently are kept out by `magnitude`
+        with np.errstate(over="raise", invalid="raise"):
+            measured = measure(plan, part, gpus)
         ranked = measured["peak"] <= capacity
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
@@ -874,6 +877,66 @@ def search(
         within_limits=None if limits is None else kept.count,
         hardware=hardware(plan),
     )
+
+
+SAFE = 2**59  # the largest size `_magnitude` lets through: 16x below int64's 2^63
+
+
+def _corner_sizes(plan: Plan, micro: int) -> tuple[int, int]:
+    """(the largest FLOPs or bytes one kernel of a micro-batch forms, a bound on one rank's
+    memory) for micro-batches of `micro` sequences on one rank holding every layer whole
+    (tp, cp and ep 1), counted in Python integers.
+
+    Every layout of a sweep divides these sizes (tensor, context and expert parallelism
+    split a kernel; pipelining splits the layers), so they bound what the vectorised engine
+    forms in int64. The memory bound is every layer's forward bytes (what its kernels read
+    and write, which includes everything a layer saves) plus 20 bytes per parameter (bf16
+    or fp32 weights, fp32 gradients, master copy and two Adam moments), the most any
+    precision keeps; in-flight micro-batches are the layers of other stages, so the bound
+    holds under pipelining too."""
+    from budget import flops
+    from budget.layers import params_total, shapes
+
+    par = replace(plan.parallel, tp=1, cp=1, ep=1, sequence_parallel=False)
+    corner = replace(plan, parallel=par, batch=replace(plan.batch, micro=micro))
+    s = shapes(corner)
+    layer = flops.attention_forward(corner, s) + flops.mlp_forward(corner, s)
+    if corner.model.experts is not None:
+        layer += flops.moe_forward(corner, s)
+    works = layer + flops.loss_work(corner, s) + flops.embedding_work(corner, s)
+    largest = max(max(w.flops, w.bytes) * w.count for w in works)
+    memory = sum(w.bytes * w.count for w in layer) * plan.model.layers + 20 * params_total(plan)
+    return int(largest), int(memory)
+
+
+def magnitude(plan: Plan, micros: Sequence[int]) -> str | None:
+    """Why the search cannot size `plan` in 64-bit integers, or None when it can.
+
+    The engine evaluates thousands of layouts at once in int64 numpy arrays, whose products
+    wrap around silently past 2^63 (a float past it raises, see `search`). Before it runs,
+    the largest sizes any layout can form (`_corner_sizes`, at the largest micro-batch the
+    sweep may take) are counted exactly and must stay below `SAFE`, 16 times below 2^63: the
+    room a backward pass (2.5 x its forward), a recomputation and the engine's sums need."""
+
+    def fits(micro: int) -> bool:
+        return max(_corner_sizes(plan, micro)) < SAFE
+
+    if fits(max(micros)):
+        return None
+    largest, memory = _corner_sizes(plan, max(micros))
+    what = (
+        f"one kernel of {largest:.2e} FLOPs or bytes"
+        if largest >= memory
+        else f"{memory:.2e} bytes of memory on one rank"
+    )
+    head = f"micro-batches of {max(micros):,} sequences of {plan.batch.seq:,} tokens form {what}"
+    safe = [m for m in divisors(plan.batch.global_batch) if m < max(micros) and fits(m)]
+    if not safe:
+        return (
+            f"{head}, and even one sequence is past the search's 64-bit arithmetic; budget "
+            "the plan alone with `budget PLAN`, which counts in Python integers"
+        )
+    return f"{head}, past the search's 64-bit arithmetic; sweep --micro 1..{safe[-1]} at most"
 
 
 def hardware(plan: Plan) -> dict[str, Any]:

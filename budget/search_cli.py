@@ -70,7 +70,7 @@ def run_search(
     from budget.plan.load import load_plan
     from budget.render import dump_json
     from budget.render.search import render_search_markdown, render_search_table
-    from budget.search import search, to_dict
+    from budget.search import divisors, magnitude, search, to_dict
 
     try:
         if objective not in OBJECTIVES:
@@ -92,23 +92,27 @@ def run_search(
             print(problem, file=sys.stderr)
         return 2
     if plan.mode != "train":
-        lines = path.read_text(encoding="utf-8").splitlines()
-        line = next((i for i, text in enumerate(lines, 1) if text.startswith("mode:")), 1)
         print(
-            f"{path}:{line}:1: error: $.mode: budget search sweeps training layouts "
-            f"(ZeRO, recompute, micro-batches); this plan is mode: {plan.mode}. Budget "
-            "inference layouts one plan at a time with `budget PLAN`",
+            _located(
+                path,
+                "$.mode",
+                "budget search sweeps training layouts (ZeRO, recompute, micro-batches); this "
+                f"plan is mode: {plan.mode}. Budget inference layouts one plan at a time with "
+                "`budget PLAN`",
+            ),
             file=sys.stderr,
         )
         return 2
     n = gpus or plan.topology.gpus
     if n > MAX_GPUS:
-        where = f"--gpus {n:,}" if gpus else f"{path}: the topology's {n:,} GPUs"
-        print(
-            f"budget: error: {where}: budget search lays out at most {MAX_GPUS:,} GPUs "
-            "(the largest clusters hold a few hundred thousand)",
-            file=sys.stderr,
+        limit = (
+            f"budget search lays out at most {MAX_GPUS:,} GPUs (the largest clusters hold a "
+            "few hundred thousand)"
         )
+        if gpus:
+            print(f"budget: error: --gpus {n:,}: {limit}", file=sys.stderr)
+        else:
+            print(_located(path, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
         return 2
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:
@@ -118,11 +122,15 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
+    too_large = magnitude(plan, sweep.micro or divisors(plan.batch.global_batch))
+    if too_large:
+        print(f"budget: error: {path}: {too_large}", file=sys.stderr)
+        return 2
     try:
         outcome = search(
             plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits
         )
-    except (OverflowError, ValueError, FloatingPointError):
+    except (OverflowError, FloatingPointError):  # a float past int64: `search`
         print(
             f"budget: error: {path}: the plan's sizes overflow the search's 64-bit arithmetic; "
             "budget the plan alone with `budget PLAN`, which counts in Python integers",
@@ -146,6 +154,16 @@ def run_search(
         if write is not None and outcome.best is not None:
             console.print(f"Wrote the best layout to {write}", markup=False)
     return 0 if outcome.best is not None else 1
+
+
+def _located(path: Path, where: str, message: str) -> str:
+    """`message` as a problem of the plan at `path`, at the line and column of `where`
+    (a JSON path; its nearest ancestor the file has), as the plan's own errors read."""
+    from budget.errors import Problem
+    from budget.plan.yaml_load import load_yaml
+
+    line, col = load_yaml(path.read_text(encoding="utf-8"), str(path)).marks.at(where)
+    return str(Problem(str(path), line, col, where, message))
 
 
 def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: Path) -> None:

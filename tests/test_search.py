@@ -327,8 +327,8 @@ def test_an_inference_plan_is_refused_with_a_located_error():
     assert result.exit_code == 2
     assert result.stdout == ""
     lines = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8").splitlines()
-    line = lines.index("mode: decode") + 1
-    assert result.stderr.startswith(f"plans/llama3-70b-decode.yaml:{line}:1: error: $.mode:")
+    line = lines.index("mode: decode") + 1  # the value, after "mode: "
+    assert result.stderr.startswith(f"plans/llama3-70b-decode.yaml:{line}:7: error: $.mode:")
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown"])
@@ -630,10 +630,10 @@ def test_a_narrow_search_limited_on_exposure_shows_it():
 @pytest.mark.parametrize("n", [1, 12, 16, 97, 2**24, 2**23 * 3 * 7])
 def test_divisors_are_every_divisor_in_order(n):
     """By trial division up to √n (2**62 GPUs had walked all n before being refused)."""
-    from budget.search import _divisors
+    from budget.search import divisors
 
     naive = [d for d in range(1, n + 1) if n % d == 0] if n < 10**5 else None
-    found = _divisors(n)
+    found = divisors(n)
     assert found == sorted(set(found)) and all(n % d == 0 for d in found)
     if naive is not None:
         assert found == naive
@@ -653,3 +653,65 @@ def test_cli_refuses_ranges_too_wide_to_sweep(args, message):
     result = CliRunner().invoke(app, route(["search", str(GPT3), *args]))
     assert (result.exit_code, result.stdout) == (2, "")
     assert message in result.stderr
+
+
+def _gpt13b_with_vocab(tmp_path, vocab):
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "wide.yaml"
+    path.write_text(text.replace("vocab: 50304", f"vocab: {vocab}"), encoding="utf-8")
+    return path
+
+
+def test_sizes_past_64_bits_are_refused_before_the_engine_wraps_them(tmp_path):
+    """GPT 1.3B with a 2^30-token vocabulary (hidden 2048, seq 2048, global 512): the output
+    layer's backward is 2 · 2·(micro · 2048)·2048·2^30 FLOPs = micro · 2^54, which reaches
+    `SAFE` (2^59) at micro 32 and stays below it at 16. Before the check, a vocabulary of
+    2^42 wrapped around int64 without a word and the sweep ranked what it computed."""
+    from budget.search import SAFE
+
+    assert SAFE == 2**59
+    path = _gpt13b_with_vocab(tmp_path, 2**30)
+    result = CliRunner().invoke(app, route(["search", str(path)]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"budget: error: {path}: micro-batches of 512 sequences of 2,048 tokens form one "
+        "kernel of 9.22e+18 FLOPs or bytes, past the search's 64-bit arithmetic; sweep "
+        "--micro 1..16 at most\n"
+    )
+    narrowed = CliRunner().invoke(app, route(["search", str(path), "--micro", "1..16"]))
+    assert narrowed.exit_code == 1  # swept: no layout of a 2^30 vocabulary fits
+    assert "Evaluated" in narrowed.stdout
+
+
+def test_a_plan_past_64_bits_at_one_sequence_is_sent_to_the_plain_budget(tmp_path):
+    """2^42 tokens of vocabulary: one sequence's output layer alone is 2 · 2·2048·2048·2^42
+    = 2^65 FLOPs in backward."""
+    path = _gpt13b_with_vocab(tmp_path, 2**42)
+    result = CliRunner().invoke(app, route(["search", str(path), "--micro", "4"]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert "and even one sequence is past the search's 64-bit arithmetic; budget the plan " in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "plans").glob("*.yaml")))
+def test_every_shipped_training_plan_sizes_within_64_bits_at_any_micro_batch(name):
+    from budget.search import divisors, magnitude
+
+    plan = load_plan(ROOT / "plans" / name)
+    assert magnitude(plan, divisors(plan.batch.global_batch)) is None
+
+
+def test_a_plan_whose_own_cluster_is_too_large_is_refused_at_its_topology(tmp_path):
+    """The GPU count came from the plan, not from --gpus: the error points at the line."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    text = text.replace("nodes: 1}", "nodes: 4194304}").replace("  dp: 8\n", "  dp: 33554432\n")
+    path = tmp_path / "huge.yaml"
+    path.write_text(text.replace("global: 512", "global: 134217728"), encoding="utf-8")
+    line = text.splitlines().index("topology: {preset: dgx-a100, nodes: 4194304}") + 1
+    result = CliRunner().invoke(app, route(["search", str(path)]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"{path}:{line}:1: error: $.topology: 33,554,432 GPUs; budget search lays out at "
+        "most 16,777,216 GPUs (the largest clusters hold a few hundred thousand)\n"
+    )
