@@ -168,6 +168,16 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
     return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
 
 
+def qk_norms(plan: Plan, s: Shapes) -> list[Work]:
+    """Q/K norms (``model.qk_norm``): one pass that reads and writes this rank's Q and K
+    (Qwen3 and OLMo 2 norm them after the projection and before RoPE; Megatron-Core's
+    ``qk_layernorm``); its backward reads the saved input and the incoming gradient and
+    writes the input gradient, about twice the bytes, like the block's other norms."""
+    if plan.model.qk_norm == "none":
+        return []
+    return [elementwise("Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]
+
+
 UP_PROJECTIONS = "attention up-projections"  # latent attention's GEMMs after the gather
 
 
@@ -211,6 +221,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     return [
         elementwise("attention norm", 2 * norm),
         *qkv_projections(plan, s),
+        *qk_norms(plan, s),
         *rotary(plan, s),
         *attention_core(plan, s),
         gemm("attention output projection", s.tokens, s.out_cols, h, e),

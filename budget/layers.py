@@ -89,6 +89,13 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     """(total, per rank) of the attention block with its norm: QKV and output projections
     split over tp, the output bias and the norm replicated.
 
+    Q/K norms (``model.qk_norm``): per head, one head_dim-wide norm for the queries and one
+    for the keys, shared by every head and so held whole by every tp rank (Qwen3's
+    ``Qwen3Attention``: ``q_norm = Qwen3RMSNorm(head_dim)``; Megatron-Core's
+    ``qk_layernorm`` builds them at the head size); full width, one norm over the whole query
+    projection and one over the keys, heads·head_dim and kv_heads·head_dim wide (OLMo 2's
+    ``Olmo2Attention``), whose weights a tp rank holds for its own heads.
+
     Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, eqs. 9-19) replaces QKV by
     down-projections to the query latent (hidden x q_rank) and to the key/value latent plus
     the shared rotary key (hidden x (kv_rank + rope_dim)), each with an RMSNorm, and
@@ -111,6 +118,11 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     q_width, kv_width = out_width, m.kv_heads * m.head_dim
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
     replicated = h * m.bias + _norms(plan)
+    per_norm = 2 if m.norm == "layernorm" else 1  # scale (and bias) per normed element
+    if m.qk_norm == "per_head":  # one head_dim norm for the queries, one for the keys
+        replicated += per_norm * 2 * m.head_dim
+    elif m.qk_norm == "full_width":  # split with the heads they norm
+        sharded += per_norm * (q_width + kv_width)
     return sharded + replicated, -(-sharded // t) + replicated
 
 
@@ -564,7 +576,10 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
 
     Korthikanti et al. section 4.1: norm input 2sbh, QKV input 2sbh, Q and K 4sbh, V 2sbh,
     softmax output 2as²b, its dropout mask as²b and output 2as²b, projection input 2sbh,
-    output dropout mask sbh. Generalised: Q/K/V widths follow GQA; flash attention stores no
+    output dropout mask sbh. Generalised: Q/K/V widths follow GQA; Q/K norms keep their
+    input, the projected Q and K (RMSNorm's and LayerNorm's backward read it, as Transformer
+    Engine's and Apex's kernels save it; their per-row statistics are not counted); flash
+    attention stores no
     s² scores but fp32 softmax statistics (Dao et al., arXiv 2205.14135, section 3.1);
     selective recompute drops the s² tensors (Korthikanti section 5). With sequence
     parallelism the tensors outside the tp region are sharded over tp (section 4.2.2).
@@ -578,6 +593,9 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         Alloc("attention K", "activations", a * s.tokens * s.k_cols, placement=head),
         Alloc("attention V", "activations", a * s.tokens * s.v_cols, placement=head),
     ]
+    if plan.model.qk_norm != "none":  # the norms keep their input, Q and K before them
+        qk = a * s.tokens * (s.q_cols + s.k_cols)
+        out.append(Alloc("attention Q/K norm input", "activations", qk, placement=head))
     if plan.model.mla is not None:
         # the latents feed the up-projections' backward and their RMSNorms keep their input
         # too (the rotary key is not normed); the sequence shard of them under SP, which the

@@ -69,3 +69,34 @@ def test_rotary_embeddings_read_and_write_q_and_k() -> None:
     assert back.bytes == rope.bytes  # gradients rotated back: the same traffic
     gpt3 = derive(load_plan(PLAN)).stages[0]
     assert not [w for p in gpt3.phases for w in p.works if "rotary" in w.name]
+
+
+def test_qk_norms_keep_q_and_k_and_add_a_pass() -> None:
+    """Llama 3 70B at TP 8 (8 query heads and one KV head of 128 per rank, 8192 tokens)
+    with ``model.qk_norm``: the norms keep their input, 8192 x (1024 + 128) bf16 values per
+    layer and micro-batch (18,874,368 bytes), and read and write it once forward (twice
+    that backward). Per head, each layer gains two head_dim-wide RMSNorms, 256 parameters
+    every rank holds; full width, 64 x 128 + 8 x 128 = 9,216, of which a rank holds its
+    heads' 1,152."""
+    from dataclasses import replace
+
+    from budget.layers import attention_saved, layer_params, shapes
+
+    base = load_plan(PLAN.parent / "llama3-70b.yaml")
+    assert (base.parallel.tp, base.parallel.cp, base.batch.micro) == (8, 1, 1)
+    kept = 2 * 8192 * (1024 + 128)
+    for kind, total, rank in (("per_head", 256, 256), ("full_width", 9_216, 1_152)):
+        plan = replace(base, model=replace(base.model, qk_norm=kind))
+        s = shapes(plan)
+        saved = {a.name: a.bytes for a in attention_saved(plan, s)}
+        assert saved.pop("attention Q/K norm input") == kept
+        assert saved == {a.name: a.bytes for a in attention_saved(base, shapes(base))}
+        with_norms, without = layer_params(plan), layer_params(base)
+        assert with_norms.total - without.total == total
+        assert with_norms.per_rank - without.per_rank == rank
+        works = flops.attention_forward(plan, s)
+        (norm,) = [w for w in works if w.name == "Q/K norms"]
+        assert norm.bytes == 2 * kept
+        assert [w.name for w in works][2:4] == ["Q/K norms", "rotary embedding of Q and K"]
+        (back,) = [w for w in flops.backward_of(works) if w.name == "Q/K norms backward"]
+        assert back.bytes == 4 * kept

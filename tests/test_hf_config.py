@@ -344,11 +344,21 @@ def test_one_unknown_key_is_named_in_the_singular() -> None:
         # four norms) + final norm + tied embedding 256,000 x 3584 = 9,241,705,984, less the
         # second pair of norms the reader's docstring says it leaves out: 2 x 42 x 3584
         ("gemma-2-9b", 42 * 198_195_200 + 3_584 + 256_000 * 3584 - 2 * 42 * 3584),
-        # OLMo 2 7B: 32 x (4 x 4096 x 4096 + 3 x 4096 x 11008 + 2 x 4096) + 4,096 + untied
-        # 2 x 100,352 x 4096; its q and k norms (2 x 32 x 4096) left out, as the docstring says
+        # OLMo 2 7B: 32 x (4 x 4096 x 4096 + 3 x 4096 x 11008 + 2 x 4096 + q and k norms
+        # 2 x 4096, full width: 32 heads and 32 kv heads of 128) + 4,096 + untied
+        # 2 x 100,352 x 4096
         (
             "olmo-2-7b-instruct",
-            32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096 + 2 * 100_352 * 4096,
+            32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 4 * 4096) + 4096 + 2 * 100_352 * 4096,
+        ),
+        # Qwen3 8B: 36 x (q and o 4096 x 4096, k and v 4096 x 1024, MLP 3 x 4096 x 12288,
+        # two norms, per-head q and k norms 2 x 128) + final norm 4,096 + untied
+        # 2 x 151,936 x 4096
+        (
+            "qwen3-8b",
+            36 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128)
+            + 4096
+            + 2 * 151_936 * 4096,
         ),
         # Mistral 7B v0.3: 32 x (2 x 4096 x 4096 + 2 x 4096 x 1024 + 3 x 4096 x 14336 +
         # 2 x 4096) + 4,096 + untied 2 x 32,768 x 4096 (sliding_window null)
@@ -368,8 +378,8 @@ def test_other_families_read_to_the_transformers_count(name: str, count: int) ->
     """Phi-3's dropout probabilities and pre-extension context, Granite's four scalar
     multipliers, Gemma 2's soft-capping, query scale, cache kind and sliding_window_size,
     OLMo 2's and Kimi K2's Llama and DeepSeek keys: each changes no parameter, byte or FLOP
-    budget prices, so each file reads, to the count (the three hand counts above agree
-    with transformers 5.24 on the meta device)."""
+    budget prices, so each file reads, to the count (the hand counts above agree with
+    transformers 5.24 on the meta device, Gemma 2's less the norms it names)."""
     assert params_total(_plan(name)) == count
 
 

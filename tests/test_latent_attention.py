@@ -304,3 +304,13 @@ def test_without_sequence_parallelism_the_latents_gradient_is_all_reduced(tmp_pa
     assert reduce.op == "all-reduce"
     assert reduce.size_bytes == 2 * 4096 * (1536 + 512 + 64)
     assert not [m for m in backward.moves if "input" in m.name]
+
+
+def test_qk_norms_are_refused_beside_latent_attention(tmp_path: Path) -> None:
+    """Latent attention norms its latents (counted with model.mla); a head norm on top
+    would be a model the plan language does not describe."""
+    with pytest.raises(BudgetError) as raised:
+        _plan(tmp_path, model="{preset: deepseek-v3, qk_norm: per_head}")
+    (problem,) = raised.value.problems
+    assert (problem.path, problem.line) == ("$.model.qk_norm", 3)
+    assert problem.message.startswith("model.qk_norm = per_head with model.mla: latent")

@@ -44,15 +44,21 @@ fused kernel; the query scale, the local RoPE base, the cache kind, and
 (``partial_rotary_factor``, ``use_qk_norm``) and ``GptOssConfig`` (``swiglu_limit``, a
 clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok).
 
+Q and K norms have no key in most files: the model class builds them. ``model.qk_norm`` is
+``per_head`` for ``qwen3``, ``qwen3_moe`` and ``gemma3_text`` (``Qwen3Attention`` and
+``Gemma3Attention``: ``q_norm`` and ``k_norm`` of ``head_dim``) and wherever
+``use_qk_norm`` is true (``Glm4MoeAttention``), and ``full_width`` for ``olmo2`` and
+``olmo3`` (``Olmo2Attention``: ``q_norm`` of heads·head_dim, ``k_norm`` of
+kv_heads·head_dim). Their parameters, their saved input (Q and K before the norm, wider
+than the model in GLM-4.5: 96 heads of 128 against 5120) and their pass are budgeted.
+
 What that reading leaves out or over-counts, each small but named here:
 
 - Parameters with no config key, or whose key is ignored, all under 0.01 % of a model:
-  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768); the q and k norms of
-  Qwen3, OLMo 2 and GLM (``use_qk_norm``); Gemma 2 and 3's second pair of norms per layer
-  (after attention and after the MLP).
-- Saved activations of those extra layers: a q norm's input is q-sized, wider than the
-  model in GLM-4.5 (96 heads of 128 against 5120). Their elementwise passes are not priced
-  either. (Gemma 2's ``final_logit_softcapping`` is: it sets ``model.logit_softcap``.)
+  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768); Gemma 2 and 3's
+  second pair of norms per layer (after attention and after the MLP), and the saved input
+  and elementwise pass of each. (Gemma 2's ``final_logit_softcapping`` is priced: it sets
+  ``model.logit_softcap``.)
 - ``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
   only) or InternLM2's ``bias`` counts biases on every linear layer: 0.04 % too many
   parameters for GLM-4.5-Air.
@@ -170,7 +176,7 @@ IGNORED = frozenset(
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
-        "use_qk_norm",  # GLM: q and k norms, not counted (module docstring)
+        "use_qk_norm",  # GLM: per-head q and k norms, model.qk_norm
         "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
@@ -325,6 +331,11 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
+    qk_norm = _QK_NORMS.get(str(config.get("model_type")), "none")
+    if config.get("use_qk_norm"):
+        qk_norm = "per_head"
+    if qk_norm != "none":
+        tree["qk_norm"] = qk_norm
     cap = config.get("final_logit_softcapping")
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0:
@@ -388,6 +399,14 @@ def _source(config: Mapping[str, Any], key: str, copy: str, where: str) -> str:
     return copy if key not in config else key
 
 
+# Q/K norms no key announces, by the model class a model_type builds (module docstring)
+_QK_NORMS = {
+    "qwen3": "per_head",
+    "qwen3_moe": "per_head",
+    "gemma3_text": "per_head",
+    "olmo2": "full_width",
+    "olmo3": "full_width",
+}
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 
 

@@ -20,6 +20,7 @@ Mlp = Literal["gelu", "swiglu", "geglu"]
 GATED_MLPS = ("swiglu", "geglu")  # fc1 is two matrices, the gate and the up projection
 MLP_NAMES = {"gelu": "GeLU", "swiglu": "SwiGLU", "geglu": "GeGLU"}  # as tables print them
 Norm = Literal["layernorm", "rmsnorm"]
+QkNorm = Literal["none", "per_head", "full_width"]
 PositionKind = Literal["learned", "rope"]
 Attention = Literal["flash", "flash2", "flash3", "cudnn", "triton", "eager"]
 FUSED_KERNELS = ("flash2", "flash3", "cudnn", "triton")  # named fused-attention kernels
@@ -78,6 +79,7 @@ class Model:
     attention: Attention = "flash"
     dropout: bool = False
     logit_softcap: bool = False  # cap · tanh(logits / cap) before the loss (Gemma 2)
+    qk_norm: QkNorm = "none"  # a norm on the queries and keys before RoPE (`layers`)
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's

@@ -249,6 +249,13 @@ class _Resolver:
                 return None
         experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
         mla = self.mla(tree, heads, kv_heads) if "mla" in tree else None
+        if mla is not None and tree.get("qk_norm", "none") != "none":
+            self.error(
+                "$.model.qk_norm",
+                f"model.qk_norm = {tree['qk_norm']} with model.mla: latent attention norms "
+                "its query and key/value latents (counted with model.mla), not the heads; "
+                "set qk_norm to none",
+            )
         return Model(
             layers=layers,
             hidden=hidden,
@@ -266,6 +273,7 @@ class _Resolver:
             attention=tree.get("attention", "flash"),
             dropout=bool(tree.get("dropout", False)),
             logit_softcap=bool(tree.get("logit_softcap", False)),
+            qk_norm=tree.get("qk_norm", "none"),
             experts=experts,
             name=name,
             mla=mla,
