@@ -225,10 +225,20 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
         *rotary(plan, s),
         *attention_core(plan, s),
         gemm("attention output projection", s.tokens, s.out_cols, h, e),
+        *post_norm(plan, s, "attention"),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
     ]
+
+
+def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
+    """``model.sandwich_norm``: the norm after a block reads and writes its output, one
+    more pass of the block's norm size (Gemma 2's ``post_attention_layernorm`` and
+    ``post_feedforward_layernorm``)."""
+    if not plan.model.sandwich_norm:
+        return []
+    return [elementwise(f"{block} post-norm", 2 * s.act * s.tokens_sp * s.hidden)]
 
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -241,6 +251,7 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
         elementwise(act_name, s.act * s.tokens * s.ffn_cols * (gate + 1)),
         gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
+        *post_norm(plan, s, "MLP"),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
@@ -273,6 +284,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
             gemm("shared expert fc1", s.tokens, s.hidden, gate * s.shared_cols, e),
             gemm("shared expert fc2", s.tokens, s.shared_cols, s.hidden, e),
         ]
+    works += post_norm(plan, s, "MoE")
     works.append(elementwise("residual add and dropout", 3 * norm))
     return works
 

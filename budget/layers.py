@@ -36,6 +36,14 @@ def _norms(plan: Plan) -> int:
     return (2 if plan.model.norm == "layernorm" else 1) * plan.model.hidden
 
 
+def _block_norms(plan: Plan) -> int:
+    """The norms of one attention or MLP block: the one before it, and with
+    ``model.sandwich_norm`` one after it too (Gemma 2 and 3: ``post_attention_layernorm``
+    and ``post_feedforward_layernorm`` beside the pre-norms; Gemma Team, arXiv 2408.00118,
+    section 2)."""
+    return _norms(plan) * (2 if plan.model.sandwich_norm else 1)
+
+
 def _mlp(plan: Plan, width: int, shards: int) -> tuple[int, int, int]:
     """(total, per rank, replicated per rank) of a dense MLP of `width` split over `shards`:
     fc1 column-parallel (x2 for a gated MLP's gate, SwiGLU or GeGLU: Shazeer arXiv
@@ -62,8 +70,8 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
     m, t = plan.model, plan.parallel.tp
     h = m.hidden
     total, per_rank = attention_params(plan)
-    total += _norms(plan)
-    per_rank += _norms(plan)
+    total += _block_norms(plan)
+    per_rank += _block_norms(plan)
     if not moe or m.experts is None:
         mlp_total, mlp_rank, _ = _mlp(plan, m.ffn, t)
         return LayerParams(total + mlp_total, per_rank + mlp_rank)
@@ -113,11 +121,11 @@ def attention_params(plan: Plan) -> tuple[int, int]:
         down = _latent_down(plan)
         sharded = q_in * q_width + mla.kv_rank * m.heads * (mla.nope_dim + m.head_dim)
         sharded += out_width * h
-        replicated = down + h * m.bias + _norms(plan)
+        replicated = down + h * m.bias + _block_norms(plan)
         return sharded + replicated, -(-sharded // t) + replicated
     q_width, kv_width = out_width, m.kv_heads * m.head_dim
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
-    replicated = h * m.bias + _norms(plan)
+    replicated = h * m.bias + _block_norms(plan)
     per_norm = 2 if m.norm == "layernorm" else 1  # scale (and bias) per normed element
     if m.qk_norm == "per_head":  # one head_dim norm for the queries, one for the keys
         replicated += per_norm * 2 * m.head_dim
@@ -147,7 +155,7 @@ def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
     down-projections, and an MoE layer's router and shared-expert gate."""
     m = plan.model
     h = m.hidden
-    n = 2 * _norms(plan) + h * m.bias + _latent_down(plan)
+    n = 2 * _block_norms(plan) + h * m.bias + _latent_down(plan)
     if not moe or m.experts is None:
         return n + h * m.bias
     e = m.experts
@@ -612,6 +620,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             "attention projection input", "activations", a * s.tokens * s.out_cols, placement=head
         )
     )
+    out += _post_norm_input(plan, s, "attention")
     if plan.model.dropout:
         out.append(
             Alloc("attention dropout mask", "activations", s.tokens_sp * s.hidden, placement=res)
@@ -659,6 +668,7 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     else:
         out.append(Alloc("MLP GeLU input", "activations", a * s.tokens * s.ffn_cols, placement=col))
     out.append(Alloc("MLP fc2 input", "activations", a * s.tokens * s.ffn_cols, placement=col))
+    out += _post_norm_input(plan, s, "MLP")
     if plan.model.dropout:
         out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
     return out
@@ -705,9 +715,21 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
                 placement=col,
             )
         )
+    out += _post_norm_input(plan, s, "MoE")
     if plan.model.dropout:
         out.append(Alloc("MoE dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
     return out
+
+
+def _post_norm_input(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
+    """With ``model.sandwich_norm`` the norm after a block keeps its input, the block's
+    output (after the row-parallel reduction, so the sequence shard under SP)."""
+    if not plan.model.sandwich_norm:
+        return []
+    size = s.act * s.tokens_sp * s.hidden
+    return [
+        Alloc(f"{block} post-norm input", "activations", size, placement=residual_placement(plan))
+    ]
 
 
 def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:

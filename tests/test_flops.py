@@ -100,3 +100,38 @@ def test_qk_norms_keep_q_and_k_and_add_a_pass() -> None:
         assert [w.name for w in works][2:4] == ["Q/K norms", "rotary embedding of Q and K"]
         (back,) = [w for w in flops.backward_of(works) if w.name == "Q/K norms backward"]
         assert back.bytes == 4 * kept
+
+
+def test_sandwich_norms_keep_each_blocks_output_and_add_a_pass() -> None:
+    """Llama 3 70B at TP 8 with sequence parallelism (hidden 8192, 8192 tokens, so 1024 per
+    rank in the norms' region) and ``model.sandwich_norm``: each block's post-norm keeps its
+    input, 2 x 1024 x 8192 bytes, and reads and writes it once; each layer gains two 8192-wide
+    RMSNorms, replicated over tp, whose gradients are partial over tp like the pre-norms'."""
+    from dataclasses import replace
+
+    from budget.layers import (
+        attention_saved,
+        layer_params,
+        mlp_saved,
+        sequence_parallel_params,
+        shapes,
+    )
+
+    base = load_plan(PLAN.parent / "llama3-70b.yaml")
+    assert base.parallel.sequence_parallel and base.parallel.tp == 8
+    plan = replace(base, model=replace(base.model, sandwich_norm=True))
+    s = shapes(plan)
+    output = 2 * (8192 // 8) * 8192
+    for saved, block in ((attention_saved, "attention"), (mlp_saved, "MLP")):
+        allocs = {a.name: a.bytes for a in saved(plan, s)}
+        assert allocs.pop(f"{block} post-norm input") == output
+        assert allocs == {a.name: a.bytes for a in saved(base, shapes(base))}
+    assert layer_params(plan).total - layer_params(base).total == 2 * 8192
+    assert layer_params(plan).per_rank - layer_params(base).per_rank == 2 * 8192
+    assert sequence_parallel_params(plan) - sequence_parallel_params(base) == 2 * 8192
+    works = flops.attention_forward(plan, s) + flops.mlp_forward(plan, s)
+    posts = [w for w in works if w.name.endswith("post-norm")]
+    assert [(w.name, w.bytes) for w in posts] == [
+        ("attention post-norm", 2 * output),
+        ("MLP post-norm", 2 * output),
+    ]

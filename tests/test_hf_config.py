@@ -26,12 +26,12 @@ def _read(name: str) -> dict[str, object]:
     return read_hf_config(DATA / "hf" / name / "config.json").tree
 
 
-def _plan(name: str) -> Plan:
+def _plan(name: str, seq: int = 4096) -> Plan:
     """A one-node training plan whose model is tests/data/hf/`name`/config.json."""
     config = DATA / "hf" / name / "config.json"
     tree = {
         "model": {"hf_config": str(config)},
-        "batch": {"seq": 4096, "micro": 1, "global": 8},
+        "batch": {"seq": seq, "micro": 1, "global": 8},
         "parallel": {"dp": 8},
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": 1},
@@ -341,9 +341,8 @@ def test_one_unknown_key_is_named_in_the_singular() -> None:
         # two norms) + final norm 4,096 + tied embedding 49,159 x 4096
         ("granite-3.3-8b-instruct", 40 * 199_237_632 + 4_096 + 49_159 * 4096),
         # 42 x 198,195,200 (q and o 3584 x 4096, k and v 3584 x 2048, MLP 3 x 3584 x 14336,
-        # four norms) + final norm + tied embedding 256,000 x 3584 = 9,241,705,984, less the
-        # second pair of norms the reader's docstring says it leaves out: 2 x 42 x 3584
-        ("gemma-2-9b", 42 * 198_195_200 + 3_584 + 256_000 * 3584 - 2 * 42 * 3584),
+        # four norms: sandwich_norm) + final norm + tied embedding 256,000 x 3584
+        ("gemma-2-9b", 42 * 198_195_200 + 3_584 + 256_000 * 3584),
         # OLMo 2 7B: 32 x (4 x 4096 x 4096 + 3 x 4096 x 11008 + 2 x 4096 + q and k norms
         # 2 x 4096, full width: 32 heads and 32 kv heads of 128) + 4,096 + untied
         # 2 x 100,352 x 4096
@@ -379,8 +378,18 @@ def test_other_families_read_to_the_transformers_count(name: str, count: int) ->
     multipliers, Gemma 2's soft-capping, query scale, cache kind and sliding_window_size,
     OLMo 2's and Kimi K2's Llama and DeepSeek keys: each changes no parameter, byte or FLOP
     budget prices, so each file reads, to the count (the hand counts above agree with
-    transformers 5.24 on the meta device, Gemma 2's less the norms it names)."""
+    transformers 5.24 on the meta device)."""
     assert params_total(_plan(name)) == count
+
+
+def test_gemma_3_reads_its_sandwich_and_head_norms_to_the_transformers_count() -> None:
+    """Gemma 3 1B: 26 x (q 1152 x 4·256 and o, k and v 1152 x 256, MLP 3 x 1152 x 6912,
+    four norms 4 x 1152, per-head q and k norms 2 x 256) + final norm + tied embedding
+    262,144 x 1152 = 999,885,952, transformers 5.24's count; at its 512-token window."""
+    tree = _read("gemma-3-1b")
+    assert (tree["sandwich_norm"], tree["qk_norm"], tree["mlp"]) == (True, "per_head", "geglu")
+    count = 26 * (2 * 1152 * 1024 + 2 * 1152 * 256 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256)
+    assert params_total(_plan("gemma-3-1b", seq=512)) == count + 1152 + 262_144 * 1152
 
 
 def test_a_non_zero_dropout_probability_turns_dropout_on() -> None:

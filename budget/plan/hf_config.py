@@ -51,14 +51,14 @@ Q and K norms have no key in most files: the model class builds them. ``model.qk
 ``olmo3`` (``Olmo2Attention``: ``q_norm`` of heads·head_dim, ``k_norm`` of
 kv_heads·head_dim). Their parameters, their saved input (Q and K before the norm, wider
 than the model in GLM-4.5: 96 heads of 128 against 5120) and their pass are budgeted.
+Gemma 2 and 3 (``gemma2``, ``gemma3_text``) norm each block's output as well as its input
+(``Gemma2DecoderLayer``: ``post_attention_layernorm`` and ``post_feedforward_layernorm``):
+``model.sandwich_norm``.
 
 What that reading leaves out or over-counts, each small but named here:
 
 - Parameters with no config key, or whose key is ignored, all under 0.01 % of a model:
-  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768); Gemma 2 and 3's
-  second pair of norms per layer (after attention and after the MLP), and the saved input
-  and elementwise pass of each. (Gemma 2's ``final_logit_softcapping`` is priced: it sets
-  ``model.logit_softcap``.)
+  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768).
 - ``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
   only) or InternLM2's ``bias`` counts biases on every linear layer: 0.04 % too many
   parameters for GLM-4.5-Air.
@@ -331,6 +331,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
+    if config.get("model_type") in _SANDWICH:
+        tree["sandwich_norm"] = True
     qk_norm = _QK_NORMS.get(str(config.get("model_type")), "none")
     if config.get("use_qk_norm"):
         qk_norm = "per_head"
@@ -407,6 +409,7 @@ _QK_NORMS = {
     "olmo2": "full_width",
     "olmo3": "full_width",
 }
+_SANDWICH = ("gemma2", "gemma3_text")  # a norm after each block too (module docstring)
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 
 

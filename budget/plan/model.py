@@ -80,6 +80,7 @@ class Model:
     dropout: bool = False
     logit_softcap: bool = False  # cap · tanh(logits / cap) before the loss (Gemma 2)
     qk_norm: QkNorm = "none"  # a norm on the queries and keys before RoPE (`layers`)
+    sandwich_norm: bool = False  # a norm after each block too, not only before (Gemma 2)
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's

@@ -274,6 +274,7 @@ class _Resolver:
             dropout=bool(tree.get("dropout", False)),
             logit_softcap=bool(tree.get("logit_softcap", False)),
             qk_norm=tree.get("qk_norm", "none"),
+            sandwich_norm=bool(tree.get("sandwich_norm", False)),
             experts=experts,
             name=name,
             mla=mla,
