@@ -97,6 +97,10 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     """(total, per rank) of the attention block with its norm: QKV and output projections
     split over tp, the output bias and the norm replicated.
 
+    ``model.qkv_bias`` gives the Q, K and V projections biases (split with their columns)
+    without ``model.bias``'s on the output projection and the MLP (Qwen2's ``Qwen2Attention``:
+    q_proj, k_proj and v_proj with bias=True, o_proj without).
+
     Q/K norms (``model.qk_norm``): per head, one head_dim-wide norm for the queries and one
     for the keys, shared by every head and so held whole by every tp rank (Qwen3's
     ``Qwen3Attention``: ``q_norm = Qwen3RMSNorm(head_dim)``; Megatron-Core's
@@ -124,7 +128,8 @@ def attention_params(plan: Plan) -> tuple[int, int]:
         replicated = down + h * m.bias + _block_norms(plan)
         return sharded + replicated, -(-sharded // t) + replicated
     q_width, kv_width = out_width, m.kv_heads * m.head_dim
-    sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * m.bias
+    qkv_bias = m.bias or m.qkv_bias
+    sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * qkv_bias
     replicated = h * m.bias + _block_norms(plan)
     per_norm = 2 if m.norm == "layernorm" else 1  # scale (and bias) per normed element
     if m.qk_norm == "per_head":  # one head_dim norm for the queries, one for the keys

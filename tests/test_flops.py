@@ -135,3 +135,20 @@ def test_sandwich_norms_keep_each_blocks_output_and_add_a_pass() -> None:
         ("attention post-norm", 2 * output),
         ("MLP post-norm", 2 * output),
     ]
+
+
+def test_qkv_biases_split_with_their_columns() -> None:
+    """Llama 3 70B with ``model.qkv_bias``: q 8192 + k and v 2 x 1024 biases per layer,
+    10,240, of which a TP-8 rank holds its columns' 1,280; with ``model.bias`` as well they
+    are not counted twice."""
+    from dataclasses import replace
+
+    from budget.layers import layer_params
+
+    base = load_plan(PLAN.parent / "llama3-70b.yaml")
+    plan = replace(base, model=replace(base.model, qkv_bias=True))
+    assert layer_params(plan).total - layer_params(base).total == 10_240
+    assert layer_params(plan).per_rank - layer_params(base).per_rank == 1_280
+    both = replace(base, model=replace(base.model, qkv_bias=True, bias=True))
+    only_bias = replace(base, model=replace(base.model, bias=True))
+    assert layer_params(both) == layer_params(only_bias)

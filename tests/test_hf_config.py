@@ -290,20 +290,23 @@ def test_qwen25_reads_with_its_mrope_switch() -> None:
     rotation cost) and a ``sliding_window`` switched off by ``use_sliding_window: false``.
     Qwen2.5-0.5B has 494,032,768 parameters; by hand, embedding 151,936 x 896 = 136,134,656
     (tied); per layer q and o 896 x 896, k and v 896 x 128 = 1,835,008, MLP 3 x 896 x 4864 =
-    13,074,432, norms 1,792, so 24 layers = 357,869,568; final norm 896. That is 494,005,120:
-    the 27,648 q, k and v biases Qwen2Attention adds without a config key (24 x (896 + 2 x
-    128)) are the difference, as the reader's docstring says."""
+    13,074,432, norms 1,792, q, k and v biases 896 + 2 x 128 = 1,152 (Qwen2Attention adds
+    them without a config key: model.qkv_bias), so 24 layers = 357,897,216; final norm
+    896."""
     plan = _plan("qwen2.5-0.5b")
-    assert params_total(plan) == 494_032_768 - 24 * (896 + 2 * 128)
+    assert (plan.model.qkv_bias, plan.model.bias) == (True, False)
+    assert params_total(plan) == 151_936 * 896 + 24 * (1_835_008 + 13_074_432 + 1_792 + 1_152) + 896
+    assert params_total(plan) == 494_032_768
 
 
 def test_a_config_saved_by_transformers_5_reads() -> None:
     """transformers 5 writes ``dtype``, ``rope_parameters`` and one ``layer_types`` entry
     per layer. Qwen2.5-1.5B by hand: per layer q and o 1536 x 1536, k and v 1536 x 256 =
-    5,505,024, MLP 3 x 1536 x 8960 = 41,287,680, norms 3,072; 28 layers and the final norm
-    = 1,310,283,264 non-embedding (the model card's "1.31B")."""
+    5,505,024, MLP 3 x 1536 x 8960 = 41,287,680, norms 3,072, q, k and v biases 1536 + 2 x
+    256 = 2,048; 28 layers and the final norm = 1,310,340,608 non-embedding (the model
+    card's "1.31B")."""
     plan = _plan("qwen2.5-1.5b-transformers5")
-    assert params_total(plan) - _embedding(plan) == 1_310_283_264
+    assert params_total(plan) - _embedding(plan) == 1_310_340_608
 
 
 def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
@@ -390,6 +393,20 @@ def test_gemma_3_reads_its_sandwich_and_head_norms_to_the_transformers_count() -
     assert (tree["sandwich_norm"], tree["qk_norm"], tree["mlp"]) == (True, "per_head", "geglu")
     count = 26 * (2 * 1152 * 1024 + 2 * 1152 * 256 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256)
     assert params_total(_plan("gemma-3-1b", seq=512)) == count + 1152 + 262_144 * 1152
+
+
+def test_glm_attention_bias_is_on_q_k_and_v_only() -> None:
+    """GLM-4.5-Air's ``attention_bias`` gives q, k and v biases (``Glm4MoeAttention``), not
+    the output projection's or the experts': read as qkv_bias, the file comes to
+    transformers 5.24's 106,852,245,504 (96 heads and 8 KV heads of 128 over 4096, one dense
+    layer then 45 of 128 experts of 1408 and a shared one; its MTP layer is counted apart).
+    With ``use_qk_norm`` its layers gain per-head q and k norms, 2 x 128 each."""
+    plan = _plan("glm-4.5-air")
+    assert (plan.model.qkv_bias, plan.model.bias, plan.model.qk_norm) == (True, False, "none")
+    assert params_total(plan) == 106_852_245_504
+    config = json.loads((DATA / "hf" / "glm-4.5-air" / "config.json").read_text())
+    config["use_qk_norm"] = True
+    assert translate(config).tree["qk_norm"] == "per_head"
 
 
 def test_a_non_zero_dropout_probability_turns_dropout_on() -> None:

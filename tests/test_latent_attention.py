@@ -314,3 +314,11 @@ def test_qk_norms_are_refused_beside_latent_attention(tmp_path: Path) -> None:
     (problem,) = raised.value.problems
     assert (problem.path, problem.line) == ("$.model.qk_norm", 3)
     assert problem.message.startswith("model.qk_norm = per_head with model.mla: latent")
+
+
+def test_qkv_biases_are_refused_beside_latent_attention(tmp_path: Path) -> None:
+    with pytest.raises(BudgetError) as raised:
+        _plan(tmp_path, model="{preset: deepseek-v3, qkv_bias: true}")
+    (problem,) = raised.value.problems
+    assert (problem.path, problem.line) == ("$.model.qkv_bias", 3)
+    assert "latent attention has no Q, K and V projections" in problem.message

@@ -55,13 +55,21 @@ Gemma 2 and 3 (``gemma2``, ``gemma3_text``) norm each block's output as well as 
 (``Gemma2DecoderLayer``: ``post_attention_layernorm`` and ``post_feedforward_layernorm``):
 ``model.sandwich_norm``.
 
-What that reading leaves out or over-counts, each small but named here:
+Qwen2 and Qwen2-MoE (``qwen2``, ``qwen2_moe``) always give q, k and v biases
+(``Qwen2Attention``), as GLM-4.5's ``attention_bias`` does (``Glm4MoeAttention``): both read
+as ``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer.
 
-- Parameters with no config key, or whose key is ignored, all under 0.01 % of a model:
-  Qwen2's q, k and v biases (27,648 of Qwen2.5-0.5B's 494,032,768).
-- ``bias`` is one switch in the plan language, so ``attention_bias`` alone (GLM: q, k and v
-  only) or InternLM2's ``bias`` counts biases on every linear layer: 0.04 % too many
-  parameters for GLM-4.5-Air.
+What that reading leaves out or over-counts, small but named here:
+
+- gpt-oss's attention sinks (one learned logit per head) and router biases: 6,912 of
+  gpt-oss-120b's 116,829,156,672 parameters. The other released files read for this
+  (Llama 2 and 3, Mistral, Mixtral, Qwen 2.5 and 3, Gemma 2 and 3, GLM-4.5 and 4.7, Phi-3
+  and 4, Granite, OLMo 2, DeepSeek-V2-Lite and V3, Kimi K2; 25 files, compared with
+  transformers 5.24's count on the meta device) come to transformers' count exactly; those
+  kept under ``tests/data/hf`` are tested to it.
+- ``bias`` is one switch in the plan language for every linear layer, so Llama's
+  ``attention_bias`` alone (q, k, v and o: ``LlamaAttention``) or InternLM2's ``bias``
+  (``wqkv`` and ``wo``) counts the MLP's biases too, hidden + gate·ffn per layer.
 - ``dropout`` is one switch too: any non-zero dropout probability (attention, hidden,
   residual or embedding) budgets every dropout mask the plan language knows, where a model
   may drop out in fewer places.
@@ -324,6 +332,11 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
         "bias": any(bool(config.get(k)) for k in ("attention_bias", "mlp_bias", "bias")),
     }
+    if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
+        tree["qkv_bias"] = True
+    elif config.get("model_type") == "glm4_moe" and not config.get("mlp_bias"):
+        # Glm4MoeAttention puts attention_bias on q, k and v only
+        tree["qkv_bias"], tree["bias"] = tree["bias"], False
     if config.get("lm_head_bias"):
         raise HfConfigError(
             f"{where} sets lm_head_bias: budget counts no bias on the output layer; write the "
@@ -409,6 +422,7 @@ _QK_NORMS = {
     "olmo2": "full_width",
     "olmo3": "full_width",
 }
+_QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 _SANDWICH = ("gemma2", "gemma3_text")  # a norm after each block too (module docstring)
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 

@@ -73,6 +73,7 @@ class Model:
     mlp: Mlp = "gelu"
     norm: Norm = "layernorm"
     bias: bool = False
+    qkv_bias: bool = False  # biases on the Q, K and V projections only (Qwen2)
     tied_embeddings: bool = True
     position: PositionKind = "rope"
     max_positions: int = 0  # learned position table rows; 0 means batch.seq

@@ -249,6 +249,13 @@ class _Resolver:
                 return None
         experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
         mla = self.mla(tree, heads, kv_heads) if "mla" in tree else None
+        if mla is not None and tree.get("qkv_bias"):
+            self.error(
+                "$.model.qkv_bias",
+                "model.qkv_bias with model.mla: latent attention has no Q, K and V "
+                "projections from the hidden state (model.bias gives its down- and output "
+                "projections biases); remove qkv_bias",
+            )
         if mla is not None and tree.get("qk_norm", "none") != "none":
             self.error(
                 "$.model.qk_norm",
@@ -267,6 +274,7 @@ class _Resolver:
             mlp=mlp,
             norm=tree.get("norm", "layernorm"),
             bias=bool(tree.get("bias", False)),
+            qkv_bias=bool(tree.get("qkv_bias", False)),
             tied_embeddings=bool(tree.get("tied_embeddings", True)),
             position=tree.get("position", "rope"),
             max_positions=_int(tree.get("max_positions", 0)),
