@@ -115,6 +115,9 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
 # Transitions
 
 
+RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`_tp_moves`)
+
+
 def _tp_moves(
     plan: Plan,
     s: Shapes,
@@ -135,7 +138,17 @@ def _tp_moves(
 
     Overlap (Megatron-LM defaults): forward collectives sit between GEMMs that need their
     result, so they are exposed unless `overlap.tp` (comm-GEMM overlap, Wang et al., arXiv
-    2105.05720) splits them into chunks hidden behind the adjacent GEMM. In backward the
+    2105.05720) splits them into chunks hidden behind the adjacent GEMM. Transformer Engine,
+    which runs Megatron-LM's ``--tp-comm-overlap``, overlaps the column-parallel input's
+    all-gather by ring exchange (each step's GEMM runs on the chunk already held while the
+    next arrives: nothing left exposed) and the row-parallel output's reduce-scatter by
+    pipelining: the GEMM in `RS_SPLITS` chunks, each chunk's reduce-scatter behind the next
+    chunk's GEMM, so the last chunk's, 1/`RS_SPLITS` of it, waits with nothing to hide
+    behind (``initialize_ub`` in transformer_engine/pytorch/module/base.py: methods
+    ``ring_exchange`` for qkv_fprop and fc1_fprop, ``pipeline`` with ``num_splits`` 4 for
+    proj_fprop and fc2_fprop; NeMo's H100 recipes keep both, ``PipelineOverlapCfg`` with
+    ``num_splits=4`` in nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py). In
+    backward the
     column-parallel layer's input-gradient reduction runs while its weight-gradient GEMM
     computes, and the re-gather of its input while the input-gradient GEMM computes (half of
     the layer's backward GEMM time each); the output-gradient gather is needed first and
@@ -157,9 +170,15 @@ def _tp_moves(
     def move(name: str, op: Op, src: Placement, dst: Placement, size: Any = full) -> Move:
         return Move(f"{block} {name}", op, "tp", par.tp, dtype, size, str(src), str(dst))
 
-    def forward(m: Move, gemm: str) -> Move:
+    def forward(m: Move, gemm: str, tail: int = 0) -> Move:
         if not gemm:
             return replace(m, rule="tp forward: exposed, no GEMM to overlap with")
+        if tail:  # pipelined: the last chunk's share stays exposed
+            rule = (
+                f"tp: exposed unless overlap.tp hides it behind its GEMM, run in {tail} "
+                f"chunks (the last chunk's 1/{tail} exposed)"
+            )
+            return hide(m, gemm, "tp", rule, floor=1 / tail)
         return hide(m, gemm, "tp", "tp: exposed unless overlap.tp hides it behind its GEMM")
 
     wgrad = f"{column} backward"
@@ -183,7 +202,8 @@ def _tp_moves(
         return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
     sp_moves = [forward(move(into, "all-gather", shard(0), REPLICATE, into_size), column)]
     if row:
-        sp_moves.append(forward(move("output", "reduce-scatter", PARTIAL, shard(0)), row))
+        rs = move("output", "reduce-scatter", PARTIAL, shard(0))
+        sp_moves.append(forward(rs, row, RS_SPLITS))
     plain = [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
     return when(sp_moves, sp) + when(plain, lacks(sp))
 

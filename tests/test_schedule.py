@@ -78,6 +78,22 @@ def test_tp_overlap_hides_forward_collectives_behind_gemms():
     assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
 
 
+def test_tp_overlap_leaves_the_last_chunk_of_a_pipelined_reduce_scatter_exposed():
+    """Transformer Engine pipelines the row-parallel GEMM and its reduce-scatter in 4 chunks
+    (``num_splits`` 4 for proj_fprop and fc2_fprop; NeMo's H100 recipes keep it): each
+    chunk's reduce-scatter hides behind the next chunk's GEMM, the last one behind nothing.
+    The all-gathers before the column-parallel GEMMs run by ring exchange, fully hidden when
+    the GEMM is longer. GPT-3's MLP at TP 8 (hidden 12288, 2048 tokens): the fc2 GEMM is far
+    longer than the reduce-scatter, so exactly a quarter of it is left."""
+    report = build_report(replace(_timed(), overlap=Overlap(tp=True)))
+    fwd = {c.name: c for c in {p.name: p for p in report.phases}["forward.mlp"].collectives}
+    gather, scatter = fwd["MLP input"], fwd["MLP output"]
+    assert (gather.op, scatter.op) == ("all-gather", "reduce-scatter")
+    assert gather.exposed_s == 0.0
+    assert scatter.exposed_s == pytest.approx(scatter.time_s / 4)
+    assert "run in 4 chunks (the last chunk's 1/4 exposed)" in scatter.overlap_rule
+
+
 def test_overlap_slowdown_charges_the_hidden_part_to_compute():
     """Lee et al. (arXiv 2507.03114): compute beside a running collective is 18.9 % slower
     on average. A collective of total T hidden down to e adds 0.189·(T − e) of compute to
