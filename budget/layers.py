@@ -76,7 +76,7 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
         mlp_total, mlp_rank, _ = _mlp(plan, m.ffn, t)
         return LayerParams(total + mlp_total, per_rank + mlp_rank)
     e, par = m.experts, plan.parallel
-    router = h * e.count
+    router = (h + m.bias) * e.count  # with model.bias, the router's bias too (gpt-oss)
     total += router
     per_rank += router
     if e.shared_ffn:
@@ -164,7 +164,7 @@ def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
     if not moe or m.experts is None:
         return n + h * m.bias
     e = m.experts
-    return n + h * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
+    return n + (h + m.bias) * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
 
 
 def final_norm_params(plan: Plan) -> int:

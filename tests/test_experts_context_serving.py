@@ -71,6 +71,18 @@ def test_moe_layer_pattern_and_parameters():
     assert moe.per_rank == 4 * h * h // 2 + 2 * h + 60 * h + 3 * h * 5632 // 2 + h
 
 
+def test_biases_reach_the_router_and_every_expert():
+    """With model.bias every linear layer has one (gpt-oss's attention, router and experts):
+    per MoE layer of this Qwen-style model, q, k, v and o biases 4 x 2048 (o's replicated),
+    the router's 60, each expert's fc1 2 x 1408 and fc2 2048, and the shared expert's fc1
+    2 x 5632 and fc2 2048."""
+    h = 2048
+    plain = layer_params(_qwen(), moe=True)
+    biased = layer_params(_qwen(bias=True), moe=True)
+    assert biased.total - plain.total == 4 * h + 60 + (2 * 5632 + h)
+    assert biased.expert_total - plain.expert_total == 60 * (2 * 1408 + h)
+
+
 def test_expert_states_shard_over_the_expert_data_parallel_group():
     """Megatron-Core: expert data parallel = tp·cp·dp / (ep·etp) = 2·1·4 / (4·1) = 2."""
     plan = _qwen()

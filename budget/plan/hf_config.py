@@ -61,7 +61,7 @@ as ``model.qkv_bias``, not as ``bias``, which would put biases on every linear l
 
 What that reading leaves out or over-counts, small but named here:
 
-- gpt-oss's attention sinks (one learned logit per head) and router biases: 6,912 of
+- gpt-oss's attention sinks (one learned logit per head and layer): 2,304 of
   gpt-oss-120b's 116,829,156,672 parameters. The other released files read for this
   (Llama 2 and 3, Mistral, Mixtral, Qwen 2.5 and 3, Gemma 2 and 3, GLM-4.5 and 4.7, Phi-3
   and 4, Granite, OLMo 2, DeepSeek-V2-Lite and V3, Kimi K2; 25 files, compared with
