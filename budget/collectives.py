@@ -662,11 +662,15 @@ def _require_power_of_two(op: Op, p: Count) -> None:
         )
 
 
+class SizeError(ValueError):
+    """A collective of negative size: in a sweep, an int64 product that wrapped around."""
+
+
 def _check_sizes(size: Count, ranks: Sequence[Count], element_bytes: int) -> None:
     if element_bytes < 1:
         raise ValueError(f"element size must be at least 1 byte, got {element_bytes}")
     if np.any(np.asarray(size) < 0):
-        raise ValueError(f"a collective's size must not be negative, got {np.min(size)}")
+        raise SizeError(f"a collective's size must not be negative, got {np.min(size)}")
     for r in ranks:
         if np.any(np.asarray(r) < 1):
             raise ValueError(f"a group needs at least 1 rank, got {np.min(r)}")

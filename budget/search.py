@@ -189,6 +189,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
     m, b = plan.model, plan.batch
+    safe_micro = largest_safe_micro(plan, sweep_micros(plan, space), largest_ep(plan, gpus, space))
     for tp in space.tp or divisors(gpus):
         if gpus % tp:
             counts.rejected["does not divide: tp into the GPUs"] += 1
@@ -210,7 +211,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 else:
                     cps.append(cp)
             if cps:
-                grid = _grid(plan, space, counts, tp, pp, cps, rest)
+                grid = _grid(plan, space, counts, tp, pp, cps, rest, safe_micro)
                 block = _spread(plan, gpus, counts, grid)
                 if len(block):
                     yield block
@@ -246,7 +247,14 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
 
 
 def _grid(
-    plan: Plan, space: Space, counts: _Counts, tp: int, pp: int, cps: list[int], dp_cp: int
+    plan: Plan,
+    space: Space,
+    counts: _Counts,
+    tp: int,
+    pp: int,
+    cps: list[int],
+    dp_cp: int,
+    safe_micro: int,
 ) -> Columns:
     """The grid of cp (of `cps`, with dp = `dp_cp` / cp), ep, virtual stages, sequence
     parallelism, ZeRO stage, recompute and micro-batch for one (tp, pp), less the layouts
@@ -290,6 +298,7 @@ def _grid(
         ("sequence parallelism needs tp > 1", sp & (tp == 1)),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
+        ("micro-batch too large for the search's 64-bit sizes", micro > safe_micro),
         (
             "does not divide: micro-batches by pp (interleaved)",
             (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
@@ -734,9 +743,12 @@ def _critical_exposed(times: Any) -> Any:
     best: dict[str, tuple[Any, Any, Any]] = {}
     for stage in times.stages:
         for phase in stage.phases:
-            payload = sum(
-                (np.asarray(t.cost.sent_bytes) * t.move.count * phase.count for t in phase.moves),
-                start=np.int64(0),
+            payload = sum(  # in float64: bytes x calls x micro-batches may pass int64
+                (
+                    np.asarray(t.cost.sent_bytes, dtype=np.float64) * t.move.count * phase.count
+                    for t in phase.moves
+                ),
+                start=np.float64(0),
             )
             busy = (np.asarray(phase.compute_s) + np.asarray(phase.exposed_s)) * phase.count
             value = np.asarray(phase.exposed_s) * phase.count
@@ -829,7 +841,7 @@ def search(
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
         # a float past int64 (or inf) cast to a size raises here instead of warning and
-        # wrapping; integer products that wrap silently are kept out by `magnitude`
+        # wrapping; integer products that would wrap are kept out by `largest_safe_micro`
         with np.errstate(over="raise", invalid="raise"):
             measured = measure(plan, part, gpus)
         ranked = measured["peak"] <= capacity
@@ -879,21 +891,23 @@ def search(
     )
 
 
-SAFE = 2**59  # the largest size `_magnitude` lets through: 16x below int64's 2^63
+SAFE = 2**59  # sizes `largest_safe_micro` keeps below: 16 times below int64's 2^63
 
 
-def _corner_sizes(plan: Plan, micro: int) -> tuple[int, int]:
-    """(the largest FLOPs or bytes one kernel of a micro-batch forms, a bound on one rank's
-    memory) for micro-batches of `micro` sequences on one rank holding every layer whole
-    (tp, cp and ep 1), counted in Python integers.
+def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
+    """(the largest FLOPs or bytes one kernel or collective of a micro-batch forms, a bound
+    on one rank's memory) for micro-batches of `micro` sequences on one rank holding every
+    layer whole (tp and cp 1), counted in Python integers.
 
-    Every layout of a sweep divides these sizes (tensor, context and expert parallelism
-    split a kernel; pipelining splits the layers), so they bound what the vectorised engine
-    forms in int64. The memory bound is every layer's forward bytes (what its kernels read
-    and write, which includes everything a layer saves) plus 20 bytes per parameter (bf16
-    or fp32 weights, fp32 gradients, master copy and two Adam moments), the most any
-    precision keeps; in-flight micro-batches are the layers of other stages, so the bound
-    holds under pipelining too."""
+    Tensor and context parallelism split a kernel and pipelining splits the layers, so a
+    layout of the sweep forms no larger kernel than these. The experts' all-to-all is the
+    exception: its whole tensor is ep times one rank's rows (`step._ep_moves`), so it is
+    sized at `ep`, the largest expert-parallel degree the sweep may take. The memory bound
+    is every layer's forward bytes (what its kernels read and write, which includes
+    everything a layer saves), times the micro-batches in flight (at most 2 stages' worth of
+    layers under 1F1B and interleaving; every micro-batch of a replica under GPipe), plus 20
+    bytes per parameter (bf16 or fp32 weights, fp32 gradients, master copy and two Adam
+    moments), the most any precision keeps."""
     from budget import flops
     from budget.layers import params_total, shapes
 
@@ -901,42 +915,73 @@ def _corner_sizes(plan: Plan, micro: int) -> tuple[int, int]:
     corner = replace(plan, parallel=par, batch=replace(plan.batch, micro=micro))
     s = shapes(corner)
     layer = flops.attention_forward(corner, s) + flops.mlp_forward(corner, s)
+    largest = 0
     if corner.model.experts is not None:
         layer += flops.moe_forward(corner, s)
+        largest = s.act * s.dispatched * s.hidden * ep
     works = layer + flops.loss_work(corner, s) + flops.embedding_work(corner, s)
-    largest = max(max(w.flops, w.bytes) * w.count for w in works)
-    memory = sum(w.bytes * w.count for w in layer) * plan.model.layers + 20 * params_total(plan)
+    largest = max(largest, *(max(w.flops, w.bytes) * w.count for w in works))
+    gpipe = plan.parallel.pipeline.schedule == "gpipe"
+    in_flight = max(1, plan.batch.global_batch // micro) if gpipe else 2
+    per_layer = sum(w.bytes * w.count for w in layer)
+    memory = per_layer * plan.model.layers * in_flight + 20 * params_total(plan)
     return int(largest), int(memory)
 
 
-def magnitude(plan: Plan, micros: Sequence[int]) -> str | None:
-    """Why the search cannot size `plan` in 64-bit integers, or None when it can.
+def largest_safe_micro(plan: Plan, micros: Sequence[int], ep: int) -> int:
+    """The largest of `micros` whose sizes (`_corner_sizes`) stay below `SAFE`, or 0.
 
     The engine evaluates thousands of layouts at once in int64 numpy arrays, whose products
-    wrap around silently past 2^63 (a float past it raises, see `search`). Before it runs,
-    the largest sizes any layout can form (`_corner_sizes`, at the largest micro-batch the
-    sweep may take) are counted exactly and must stay below `SAFE`, 16 times below 2^63: the
-    room a backward pass (2.5 x its forward), a recomputation and the engine's sums need."""
+    wrap around silently past 2^63 (a float past it raises, see `search`). The sizes grow
+    with the micro-batch, so the sweep takes the micro-batches up to this one and rejects
+    the larger ones, counted (`blocks`); the margin below 2^63 is the room a backward pass
+    (2.5 times its forward), a recomputation and the engine's sums need."""
+    ordered = sorted(set(micros))
+    lo, hi = 0, len(ordered)  # ordered[:lo] are safe, ordered[hi:] are not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if max(_corner_sizes(plan, ordered[mid], ep)) < SAFE:
+            lo = mid + 1
+        else:
+            hi = mid
+    return ordered[lo - 1] if lo else 0
 
-    def fits(micro: int) -> bool:
-        return max(_corner_sizes(plan, micro)) < SAFE
 
-    if fits(max(micros)):
+def sweep_micros(plan: Plan, space: Space) -> tuple[int, ...]:
+    """Every micro-batch size the sweep may take: the listed ones, or the global batch's
+    divisors (`_grid` keeps those that divide one replica's share)."""
+    return space.micro or tuple(divisors(plan.batch.global_batch))
+
+
+def largest_ep(plan: Plan, gpus: int, space: Space) -> int:
+    """The largest expert-parallel degree the sweep may take (1 without experts)."""
+    experts = plan.model.experts
+    if experts is None:
+        return 1
+    return max(space.ep) if space.ep else min(experts.count, gpus)
+
+
+def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
+    """Why the search cannot size `plan` at all in 64-bit integers (even its smallest
+    micro-batch is past `SAFE`), or None. Larger micro-batches past it are rejected one by
+    one in the sweep instead."""
+    micros = sweep_micros(plan, space)
+    ep = largest_ep(plan, gpus, space)
+    if largest_safe_micro(plan, micros, ep):
         return None
-    largest, memory = _corner_sizes(plan, max(micros))
+    largest, memory = _corner_sizes(plan, min(micros), ep)
     what = (
-        f"one kernel of {largest:.2e} FLOPs or bytes"
+        f"one kernel or collective of {largest:.2e} FLOPs or bytes"
         if largest >= memory
         else f"{memory:.2e} bytes of memory on one rank"
     )
-    head = f"micro-batches of {max(micros):,} sequences of {plan.batch.seq:,} tokens form {what}"
-    safe = [m for m in divisors(plan.batch.global_batch) if m < max(micros) and fits(m)]
-    if not safe:
-        return (
-            f"{head}, and even one sequence is past the search's 64-bit arithmetic; budget "
-            "the plan alone with `budget PLAN`, which counts in Python integers"
-        )
-    return f"{head}, past the search's 64-bit arithmetic; sweep --micro 1..{safe[-1]} at most"
+    sequences = f"{min(micros):,} sequence{'' if min(micros) == 1 else 's'}"
+    return (
+        f"micro-batches of {sequences} of {plan.batch.seq:,} tokens form {what}, "
+        f"past the {SAFE:.2e} (2^59) the search's 64-bit arithmetic keeps below (int64 ends "
+        "at 9.22e+18; backward passes and sums need the margin); budget the plan alone with "
+        "`budget PLAN`, which counts in Python integers"
+    )
 
 
 def hardware(plan: Plan) -> dict[str, Any]:

@@ -67,10 +67,11 @@ def run_search(
     """0 when a layout fits and keeps the limits (and was written if asked), 1 when none
     does, 2 on bad input."""
     from budget.check import parse_limits
+    from budget.collectives import SizeError
     from budget.plan.load import load_plan
     from budget.render import dump_json
     from budget.render.search import render_search_markdown, render_search_table
-    from budget.search import divisors, magnitude, search, to_dict
+    from budget.search import magnitude, search, to_dict
 
     try:
         if objective not in OBJECTIVES:
@@ -122,7 +123,7 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
-    too_large = magnitude(plan, sweep.micro or divisors(plan.batch.global_batch))
+    too_large = magnitude(plan, n, sweep)
     if too_large:
         print(f"budget: error: {path}: {too_large}", file=sys.stderr)
         return 2
@@ -130,7 +131,7 @@ def run_search(
         outcome = search(
             plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits
         )
-    except (OverflowError, FloatingPointError):  # a float past int64: `search`
+    except (OverflowError, FloatingPointError, SizeError):  # past int64 after all
         print(
             f"budget: error: {path}: the plan's sizes overflow the search's 64-bit arithmetic; "
             "budget the plan alone with `budget PLAN`, which counts in Python integers",

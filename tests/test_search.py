@@ -662,44 +662,95 @@ def _gpt13b_with_vocab(tmp_path, vocab):
     return path
 
 
-def test_sizes_past_64_bits_are_refused_before_the_engine_wraps_them(tmp_path):
+def test_micro_batches_past_64_bits_are_rejected_before_the_engine_wraps_them(tmp_path):
     """GPT 1.3B with a 2^30-token vocabulary (hidden 2048, seq 2048, global 512): the output
     layer's backward is 2 · 2·(micro · 2048)·2048·2^30 FLOPs = micro · 2^54, which reaches
-    `SAFE` (2^59) at micro 32 and stays below it at 16. Before the check, a vocabulary of
-    2^42 wrapped around int64 without a word and the sweep ranked what it computed."""
-    from budget.search import SAFE
+    `SAFE` (2^59) at micro 32 and stays below it at 16. The sweep takes micro-batches up to
+    16 and counts the larger ones as rejected; those it takes budget exactly as `budget`
+    does. Before the bound, a vocabulary of 2^42 wrapped around int64 without a word and
+    the sweep ranked what it computed."""
+    from budget.search import SAFE, _Counts, candidates, divisors, evaluate, largest_safe_micro
 
     assert SAFE == 2**59
     path = _gpt13b_with_vocab(tmp_path, 2**30)
-    result = CliRunner().invoke(app, route(["search", str(path)]))
-    assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (
-        f"budget: error: {path}: micro-batches of 512 sequences of 2,048 tokens form one "
-        "kernel of 9.22e+18 FLOPs or bytes, past the search's 64-bit arithmetic; sweep "
-        "--micro 1..16 at most\n"
+    plan = load_plan(path)
+    assert largest_safe_micro(plan, divisors(512), ep=1) == 16
+    result = CliRunner().invoke(app, route(["search", str(path), "--format", "json"]))
+    assert result.exit_code == 1  # swept: no layout of a 2^30 vocabulary fits
+    rejected = json.loads(result.stdout)["rejected"]
+    assert rejected["micro-batch too large for the search's 64-bit sizes"] > 0
+    space = Space(
+        tp=(1,),
+        pp=(1,),
+        cp=(1,),
+        micro=(16,),
+        zero=(0,),
+        sequence_parallel=(False,),
+        recompute=("none",),
+        virtual_stages=(1,),
     )
-    narrowed = CliRunner().invoke(app, route(["search", str(path), "--micro", "1..16"]))
-    assert narrowed.exit_code == 1  # swept: no layout of a 2^30 vocabulary fits
-    assert "Evaluated" in narrowed.stdout
+    configs = candidates(plan, 8, space, _Counts()).configs()
+    assert configs
+    for searched in evaluate(plan, configs, 8):
+        report = build_report(apply(plan, searched.config, 8))
+        assert report.worst.peak_bytes == searched.peak_bytes, searched.config
+        assert _relative(report.step["time_s"], searched.step_time_s) < 1e-9
+
+
+def test_an_expert_all_to_all_past_64_bits_is_bounded_at_the_largest_ep(tmp_path):
+    """The all-to-all's tensor is ep times one rank's rows, so it grows with ep where every
+    kernel shrinks: 256 experts, top-256, 2^26 sequences of 1024 tokens of hidden 1024 in
+    bf16 dispatch 2 · 2^36 · 256 · 1024 · 256 = 2^63 bytes at ep 256. Sized at ep 1 it looked
+    safe and the sweep died on a negative collective size."""
+    from budget.search import _corner_sizes, largest_safe_micro
+
+    text = """name: moe-adversarial
+model: {layers: 2, hidden: 1024, heads: 8, kv_heads: 1, ffn: 1, vocab: 1024, mlp: gelu,
+        norm: rmsnorm, position: rope, experts: {count: 256, top_k: 256, ffn: 1}}
+batch: {seq: 1024, micro: 1, global: 17179869184}
+parallel: {tp: 1, pp: 1, dp: 256, ep: 256, zero: 1}
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, nodes: 32}
+"""
+    path = tmp_path / "moe.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    assert _corner_sizes(plan, 2**26, ep=1)[0] < 2**59
+    assert _corner_sizes(plan, 2**26, ep=256)[0] == 2**63
+    assert largest_safe_micro(plan, (2**26,), ep=256) == 0
+    args = ["search", str(path), "--micro", str(2**26), "--ep", "256", "--tp", "1", "--pp", "1"]
+    result = CliRunner().invoke(app, route(args))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.startswith(
+        f"budget: error: {path}: micro-batches of 67,108,864 sequences of 1,024 tokens form "
+        "one kernel or collective of 9.22e+18 FLOPs or bytes, past the 5.76e+17 (2^59)"
+    )
 
 
 def test_a_plan_past_64_bits_at_one_sequence_is_sent_to_the_plain_budget(tmp_path):
-    """2^42 tokens of vocabulary: one sequence's output layer alone is 2 · 2·2048·2048·2^42
-    = 2^65 FLOPs in backward."""
-    path = _gpt13b_with_vocab(tmp_path, 2**42)
-    result = CliRunner().invoke(app, route(["search", str(path), "--micro", "4"]))
+    """2^38 tokens of vocabulary: one sequence's output layer alone is 2 · 2·2048·2048·2^38
+    = 2^62 FLOPs in backward, past 2^59 at the smallest micro-batch there is."""
+    path = _gpt13b_with_vocab(tmp_path, 2**38)
+    result = CliRunner().invoke(app, route(["search", str(path)]))
     assert (result.exit_code, result.stdout) == (2, "")
-    assert "and even one sequence is past the search's 64-bit arithmetic; budget the plan " in (
-        result.stderr
+    assert result.stderr == (
+        f"budget: error: {path}: micro-batches of 1 sequence of 2,048 tokens form one kernel "
+        "or collective of 4.61e+18 FLOPs or bytes, past the 5.76e+17 (2^59) the search's "
+        "64-bit arithmetic keeps below (int64 ends at 9.22e+18; backward passes and sums "
+        "need the margin); budget the plan alone with `budget PLAN`, which counts in Python "
+        "integers\n"
     )
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "plans").glob("*.yaml")))
-def test_every_shipped_training_plan_sizes_within_64_bits_at_any_micro_batch(name):
-    from budget.search import divisors, magnitude
+def test_every_shipped_plan_sizes_within_64_bits_at_any_micro_batch(name):
+    """Decode plans included: `budget search` refuses them for their mode, not their size."""
+    from budget.search import divisors, largest_ep, largest_safe_micro
 
     plan = load_plan(ROOT / "plans" / name)
-    assert magnitude(plan, divisors(plan.batch.global_batch)) is None
+    micros = divisors(plan.batch.global_batch)
+    ep = largest_ep(plan, plan.topology.gpus, Space())
+    assert largest_safe_micro(plan, micros, ep) == max(micros)
 
 
 def test_a_plan_whose_own_cluster_is_too_large_is_refused_at_its_topology(tmp_path):
