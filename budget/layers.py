@@ -106,7 +106,7 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     ``Qwen3Attention``: ``q_norm = Qwen3RMSNorm(head_dim)``; Megatron-Core's
     ``qk_layernorm`` builds them at the head size); full width, one norm over the whole query
     projection and one over the keys, heads·head_dim and kv_heads·head_dim wide (OLMo 2's
-    ``Olmo2Attention``), whose weights a tp rank holds for its own heads.
+    ``Olmo2Attention``), which needs every head on the rank (`resolve` refuses it at tp > 1).
 
     Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, eqs. 9-19) replaces QKV by
     down-projections to the query latent (hidden x q_rank) and to the key/value latent plus
@@ -134,7 +134,7 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     per_norm = 2 if m.norm == "layernorm" else 1  # scale (and bias) per normed element
     if m.qk_norm == "per_head":  # one head_dim norm for the queries, one for the keys
         replicated += per_norm * 2 * m.head_dim
-    elif m.qk_norm == "full_width":  # split with the heads they norm
+    elif m.qk_norm == "full_width":  # at tp 1 (`resolve`): every head's on the rank
         sharded += per_norm * (q_width + kv_width)
     return sharded + replicated, -(-sharded // t) + replicated
 
@@ -165,6 +165,18 @@ def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
         return n + h * m.bias
     e = m.experts
     return n + (h + m.bias) * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
+
+
+def qk_norm_params(plan: Plan) -> int:
+    """Per-head Q/K norm weights of one layer: every tp rank holds them whole but applies
+    them to its own heads only, so their gradients are partial over tp whether or not
+    sequence parallelism is on (Megatron-LM's ``_allreduce_layernorm_grads`` all-reduces
+    ``q_layernorm`` and ``k_layernorm`` when tp > 1 and either ``sequence_parallel`` or
+    ``qk_layernorm`` is set)."""
+    m = plan.model
+    if m.qk_norm != "per_head":
+        return 0
+    return (2 if m.norm == "layernorm" else 1) * 2 * m.head_dim
 
 
 def final_norm_params(plan: Plan) -> int:

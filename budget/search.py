@@ -197,6 +197,9 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
         if m.heads % tp or m.kv_heads % tp:
             counts.rejected["does not divide: heads or kv heads by tp"] += 1
             continue
+        if m.qk_norm == "full_width" and tp > 1:
+            counts.rejected["full-width Q/K norms need tp 1"] += 1
+            continue
         for pp in space.pp or divisors(gpus // tp):
             if (gpus // tp) % pp:
                 counts.rejected["does not divide: pp into the GPUs left"] += 1

@@ -49,6 +49,7 @@ from budget.layers import (
     mtp_layers,
     mtp_params,
     params_total,
+    qk_norm_params,
     resident_states,
     residual_placement,
     sequence_parallel_params,
@@ -1522,18 +1523,24 @@ def _reduce(b: _StageBuilder) -> None:
     )
     # the norm before the head, and the three norms of each multi-token prediction module
     replicated += (1 + 3 * mtp_layers(plan)) * final_norm_params(plan) if b.last else 0
+    # per-head Q/K norms are partial over tp with or without sequence parallelism
+    qk = (b.dense + b.moe) * qk_norm_params(plan)
+    sp = _sp(plan)
     partial_over_tp = Move(
-        "sequence-parallel weight gradients",
+        "weight gradients partial over tp",
         "all-reduce",
         "tp",
         par.tp,
         prec.grads,
-        replicated * DTYPE_BYTES[prec.grads],
+        vwhere(sp, replicated + qk, qk) * DTYPE_BYTES[prec.grads],
         "partial",
         "replicate",
-        rule="sp: exposed, after the last backward (Megatron-LM's finalize_model_grads)",
+        rule=(
+            "tp: exposed, after the last backward (Megatron-LM's finalize_model_grads: "
+            "sequence-parallel weights, per-head Q/K norms)"
+        ),
     )
-    grads += when([partial_over_tp], _sp(plan))
+    grads += when([partial_over_tp], sp | ((qk > 0) & (par.tp > 1)))
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
     # The first stage's embedding has a copy on the last stage when the output layer is

@@ -72,20 +72,24 @@ def test_rotary_embeddings_read_and_write_q_and_k() -> None:
 
 
 def test_qk_norms_keep_q_and_k_and_add_a_pass() -> None:
-    """Llama 3 70B at TP 8 (8 query heads and one KV head of 128 per rank, 8192 tokens)
-    with ``model.qk_norm``: the norms keep their input, 8192 x (1024 + 128) bf16 values per
-    layer and micro-batch (18,874,368 bytes), and read and write it once forward (twice
-    that backward). Per head, each layer gains two head_dim-wide RMSNorms, 256 parameters
-    every rank holds; full width, 64 x 128 + 8 x 128 = 9,216, of which a rank holds its
-    heads' 1,152."""
+    """Llama 3 70B (64 heads and 8 KV heads of 128, 8192 tokens) with ``model.qk_norm``:
+    the norms keep their input, Q and K before them, and read and write it once forward
+    (twice that backward). Per head at TP 8 (8 query heads and one KV head per rank):
+    8192 x (1024 + 128) bf16 values per layer and micro-batch, and two head_dim-wide
+    RMSNorms, 256 parameters every rank holds. Full width (only at TP 1, where a rank holds
+    every head): 8192 x (8192 + 1024) values and 64 x 128 + 8 x 128 = 9,216 parameters."""
     from dataclasses import replace
 
     from budget.layers import attention_saved, layer_params, shapes
 
-    base = load_plan(PLAN.parent / "llama3-70b.yaml")
-    assert (base.parallel.tp, base.parallel.cp, base.batch.micro) == (8, 1, 1)
-    kept = 2 * 8192 * (1024 + 128)
-    for kind, total, rank in (("per_head", 256, 256), ("full_width", 9_216, 1_152)):
+    tp8 = load_plan(PLAN.parent / "llama3-70b.yaml")
+    assert (tp8.parallel.tp, tp8.parallel.cp, tp8.batch.micro) == (8, 1, 1)
+    tp1 = replace(tp8, parallel=replace(tp8.parallel, tp=1, sequence_parallel=False))
+    cases = (
+        (tp8, "per_head", 2 * 8192 * (1024 + 128), 256, 256),
+        (tp1, "full_width", 2 * 8192 * (8192 + 1024), 9_216, 9_216),
+    )
+    for base, kind, kept, total, rank in cases:
         plan = replace(base, model=replace(base.model, qk_norm=kind))
         s = shapes(plan)
         saved = {a.name: a.bytes for a in attention_saved(plan, s)}
@@ -152,3 +156,23 @@ def test_qkv_biases_split_with_their_columns() -> None:
     both = replace(base, model=replace(base.model, qkv_bias=True, bias=True))
     only_bias = replace(base, model=replace(base.model, bias=True))
     assert layer_params(both) == layer_params(only_bias)
+
+
+def test_per_head_qk_norm_gradients_are_all_reduced_over_tp_even_without_sp() -> None:
+    """Megatron-LM all-reduces q_layernorm and k_layernorm gradients over tp whenever tp > 1,
+    sequence parallelism or not: each rank applied the shared weights to its own heads only.
+    GPT-3 at TP 8, PP 8 (12 layers on the first stage), LayerNorm (scale and bias): 2 norms x
+    2 x 128 = 512 parameters per layer, fp32 gradients, so 12 x 512 x 4 = 24,576 bytes
+    without SP, added to the sequence-parallel weights with it."""
+    from tests.builders import make_plan
+
+    def partial(plan):  # the first stage's all-reduce of weight gradients partial over tp
+        grads = next(p for p in derive(plan).stages[0].phases if p.name == "dp.grads")
+        found = [m for m in grads.moves if m.name == "weight gradients partial over tp"]
+        return found[0].size_bytes if found else None
+
+    assert partial(make_plan(sp=False)) is None
+    assert partial(make_plan(sp=False, qk_norm="per_head")) == 12 * 512 * 4
+    with_sp = partial(make_plan(sp=True))
+    assert partial(make_plan(sp=True, qk_norm="per_head")) == with_sp + 12 * 512 * 4
+    assert partial(make_plan(sp=False, qk_norm="per_head", tp=1, dp=128)) is None

@@ -656,3 +656,22 @@ def test_a_soft_cap_must_be_a_positive_number(cap: object) -> None:
         translate(config)
     config["final_logit_softcapping"] = None
     assert "logit_softcap" not in translate(config).tree
+
+
+def test_full_width_qk_norms_are_refused_under_tensor_parallelism(tmp_path) -> None:
+    """OLMo 2 norms the whole query projection: a tp rank lacks the other heads' share of
+    it, and the gathers that would fetch them are not priced."""
+    from budget.errors import BudgetError
+
+    tree = {
+        "model": {"hf_config": str(DATA / "hf" / "olmo-2-7b-instruct" / "config.json")},
+        "batch": {"seq": 4096, "micro": 1, "global": 8},
+        "parallel": {"tp": 8, "sequence_parallel": True},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    with pytest.raises(BudgetError) as raised:
+        resolve(tree, Marks(), "plan.yaml")
+    (problem,) = raised.value.problems
+    assert problem.path == "$.parallel.tp"
+    assert problem.message.startswith("model.qk_norm = full_width with tp = 8: a norm over")

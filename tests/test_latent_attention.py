@@ -247,7 +247,7 @@ def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(tmp_path):
     assert gathered and all(a.bytes == latents for a in gathered)
     assert moves["attention output"].size_bytes == 2 * 4096 * 7168
     grads = next(p for p in stage.phases if p.name == "dp.grads")
-    (partial,) = [m for m in grads.moves if m.name == "sequence-parallel weight gradients"]
+    (partial,) = [m for m in grads.moves if m.name == "weight gradients partial over tp"]
     dense = 2 * 7168 + 15_140_864  # two RMSNorms and the down-projections with their norms
     assert sequence_parallel_params(plan) == dense
     assert sequence_parallel_params(plan, moe=True) == dense + 7168 * 256

@@ -766,3 +766,44 @@ def test_a_plan_whose_own_cluster_is_too_large_is_refused_at_its_topology(tmp_pa
         f"{path}:{line}:1: error: $.topology: 33,554,432 GPUs; budget search lays out at "
         "most 16,777,216 GPUs (the largest clusters hold a few hundred thousand)\n"
     )
+
+
+def test_full_width_qk_norms_are_searched_at_tp_1_only(tmp_path):
+    config = ROOT / "tests" / "data" / "hf" / "olmo-2-7b-instruct" / "config.json"
+    path = tmp_path / "olmo.yaml"
+    path.write_text(
+        f"name: olmo\nmodel: {{hf_config: {config}}}\nbatch: {{seq: 4096, micro: 1, global: 64}}\n"
+        "parallel: {dp: 8}\ndevice: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, route(["search", str(path), "--format", "json"]))
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["rejected"]["full-width Q/K norms need tp 1"] == 3  # tp 2, 4 and 8
+    assert {r["config"]["tp"] for r in out["results"]} == {1}
+
+
+def test_layouts_of_a_model_with_norms_and_biases_budget_exactly_as_searched(tmp_path):
+    """Per-head Q/K norms, sandwich norms and q, k and v biases reach the vectorised engine
+    as they reach `budget`: parameters, saved inputs, passes, and the all-reduce of the
+    Q/K norms' gradients over tp with and without sequence parallelism."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    keys = "  dropout: false\n  qk_norm: per_head\n  sandwich_norm: true\n  qkv_bias: true\n"
+    path = tmp_path / "normed.yaml"
+    path.write_text(text.replace("  dropout: false\n", keys, 1), encoding="utf-8")
+    plan = load_plan(path)
+    assert (plan.model.qk_norm, plan.model.sandwich_norm, plan.model.qkv_bias) == (
+        "per_head",
+        True,
+        True,
+    )
+    outcome = search(plan, 512, Space(micro=(1,), virtual_stages=(1,), zero=(1, 3)))
+    random.seed(12)
+    sample = random.sample(list(outcome.results), 12)
+    assert any(r.config.tp > 1 and not r.config.sequence_parallel for r in sample)
+    assert any(r.config.sequence_parallel for r in sample)
+    for result in sample:
+        report = build_report(apply(plan, result.config, 512))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9

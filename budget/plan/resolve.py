@@ -816,6 +816,14 @@ class _Checks:
                 "tensor-parallel rank holds whole key/value heads; choose tp among "
                 f"{_divisors(m.kv_heads)}",
             )
+        if m.qk_norm == "full_width" and tp > 1:
+            self.r.error(
+                "$.parallel.tp",
+                f"model.qk_norm = full_width with tp = {tp}: a norm over the whole query "
+                "projection needs every head, and a tensor-parallel rank holds 1/tp of them "
+                "(vLLM and SGLang all-gather Q and K over tp for it, which budget does not "
+                "price); use tp 1",
+            )
 
     def stages(self) -> None:
         """Megatron-LM: layers divide evenly over pp × virtual stages unless split explicitly."""
