@@ -659,3 +659,16 @@ def test_an_attention_rate_says_where_it_is_held() -> None:
     assert (a100.held_at(2048), a100.held_at(8192), a100.held_at(65536)) == (8192, None, 8192)
     cudnn = DEVICES["h100-sxm"].attention[0]
     assert (cudnn.held_at(256), cudnn.held_at(4096), cudnn.held_at(131072)) == (512, None, 16384)
+
+
+def test_the_qwen_moe_preset_is_its_config_json() -> None:
+    """The preset and Qwen1.5-MoE-A2.7B's released config.json give the same model: the
+    Hub's 14,315,784,192 parameters, q, k and v biases (24 x 3 x 2048) included."""
+    from budget.layers import params_total
+
+    data = Path(__file__).parent / "data" / "hf" / "qwen1.5-moe-a2.7b" / "config.json"
+    batch = {"seq": 2048, "micro": 1, "global": 64}
+    parallel = {"tp": 2, "dp": 4, "sequence_parallel": True}
+    preset = _resolve(_tree(model={"preset": "qwen-moe"}, batch=batch, parallel=parallel))
+    config = _resolve(_tree(model={"hf_config": str(data)}, batch=batch, parallel=parallel))
+    assert params_total(preset) == params_total(config) == 14_315_784_192

@@ -90,6 +90,12 @@ def test_qwen3_moe_has_heads_wider_than_the_model_and_the_published_counts() -> 
     assert tree["experts"] == {"count": 128, "top_k": 8, "ffn": 768}
     plan = _plan("qwen3-30b-a3b")
     assert round(params_total(plan) / 1e9, 1) == 30.5
+    # exactly: 48 x (q and o 2048 x 4096, k and v 2048 x 512, per-head q and k norms 2 x 128,
+    # two norms, router 2048 x 128, 128 experts of 3 x 2048 x 768) + final norm + untied
+    # embeddings 2 x 151,936 x 2048
+    per_layer = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128 + 2 * 2048 + 2048 * 128
+    per_layer += 128 * 3 * 2048 * 768
+    assert params_total(plan) == 48 * per_layer + 2048 + 2 * 151_936 * 2048 == 30_532_122_624
     # the card's "3.3B activated": 3.35 B here, counting both embeddings (3.04 B without the
     # input one)
     assert 3.3e9 <= active_params(plan) < 3.4e9
@@ -398,12 +404,18 @@ def test_gemma_3_reads_its_sandwich_and_head_norms_to_the_transformers_count() -
 def test_glm_attention_bias_is_on_q_k_and_v_only() -> None:
     """GLM-4.5-Air's ``attention_bias`` gives q, k and v biases (``Glm4MoeAttention``), not
     the output projection's or the experts': read as qkv_bias, the file comes to
-    transformers 5.24's 106,852,245,504 (96 heads and 8 KV heads of 128 over 4096, one dense
-    layer then 45 of 128 experts of 1408 and a shared one; its MTP layer is counted apart).
-    With ``use_qk_norm`` its layers gain per-head q and k norms, 2 x 128 each."""
+    transformers 5.24's 106,852,245,504. By hand, 96 heads and 8 KV heads of 128 over 4096:
+    attention q and o 4096 x 12288, k and v 4096 x 1024, q, k and v biases 12288 + 2 x 1024,
+    two norms 2 x 4096, on 46 layers; one dense MLP 3 x 4096 x 10944; 45 MoE layers of a
+    4096 x 128 router, 128 experts and one shared expert of 3 x 4096 x 1408; the final norm
+    and untied embeddings 2 x 151,552 x 4096 (its MTP layer is counted apart). With
+    ``use_qk_norm`` its layers gain per-head q and k norms, 2 x 128 each."""
     plan = _plan("glm-4.5-air")
     assert (plan.model.qkv_bias, plan.model.bias, plan.model.qk_norm) == (True, False, "none")
-    assert params_total(plan) == 106_852_245_504
+    attention = 2 * 4096 * 12288 + 2 * 4096 * 1024 + 12288 + 2 * 1024 + 2 * 4096
+    moe = 4096 * 128 + 129 * 3 * 4096 * 1408
+    count = 46 * attention + 3 * 4096 * 10944 + 45 * moe + 4096 + 2 * 151_552 * 4096
+    assert params_total(plan) == count == 106_852_245_504
     config = json.loads((DATA / "hf" / "glm-4.5-air" / "config.json").read_text())
     config["use_qk_norm"] = True
     assert translate(config).tree["qk_norm"] == "per_head"
@@ -675,3 +687,35 @@ def test_full_width_qk_norms_are_refused_under_tensor_parallelism(tmp_path) -> N
     (problem,) = raised.value.problems
     assert problem.path == "$.parallel.tp"
     assert problem.message.startswith("model.qk_norm = full_width with tp = 8: a norm over")
+
+
+@pytest.mark.parametrize("model_type", ["glm", "glm4"])
+def test_glm_and_glm4_read_qkv_biases_and_glm4_its_post_norms(model_type: str) -> None:
+    """GlmAttention and Glm4Attention put attention_bias on q, k and v only (o_proj and the
+    MLP have none); Glm4DecoderLayer norms each block's output as well
+    (post_self_attn_layernorm, post_mlp_layernorm); GlmDecoderLayer does not."""
+    config = {
+        "model_type": model_type,
+        "hidden_size": 4096,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "intermediate_size": 13696,
+        "vocab_size": 151552,
+        "attention_bias": True,
+        "rms_norm_eps": 1e-5,
+    }
+    tree = translate(config).tree
+    assert (tree["bias"], tree["qkv_bias"]) == (False, True)
+    assert tree.get("sandwich_norm", False) is (model_type == "glm4")
+
+
+def test_a_config_qkv_bias_switch_reads_and_switches_are_checked() -> None:
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    assert "qkv_bias" not in translate(config).tree
+    assert translate({**config, "qkv_bias": True}).tree["qkv_bias"] is True
+    assert "qkv_bias" not in translate({**config, "qkv_bias": False}).tree
+    for key in ("qkv_bias", "use_qk_norm"):
+        with pytest.raises(HfConfigError, match=rf"{key} = 'false' in .* is not true or false"):
+            translate({**config, key: "false"})

@@ -156,6 +156,7 @@ MODELS: dict[str, ModelPreset] = {
             "mlp": "swiglu",
             "norm": "rmsnorm",
             "bias": False,
+            "qkv_bias": True,
             "tied_embeddings": False,
             "position": "rope",
             "experts": {
@@ -168,6 +169,7 @@ MODELS: dict[str, ModelPreset] = {
         },
         'Qwen Team, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3 Activated '
         'Parameters" (blog, 2024) and config.json of Qwen/Qwen1.5-MoE-A2.7B: 24 layers, '
-        "hidden 2048, 16 heads, 60 experts of 1408, top 4, a gated shared expert of 5632",
+        "hidden 2048, 16 heads, 60 experts of 1408, top 4, a gated shared expert of 5632; "
+        "q, k and v biases (Qwen2MoeAttention)",
     ),
 }

@@ -56,8 +56,11 @@ Gemma 2 and 3 (``gemma2``, ``gemma3_text``) norm each block's output as well as 
 ``model.sandwich_norm``.
 
 Qwen2 and Qwen2-MoE (``qwen2``, ``qwen2_moe``) always give q, k and v biases
-(``Qwen2Attention``), as GLM-4.5's ``attention_bias`` does (``Glm4MoeAttention``): both read
-as ``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer.
+(``Qwen2Attention``), as GLM's ``attention_bias`` does (``GlmAttention``, ``Glm4Attention``,
+``Glm4MoeAttention``), as does a config's own ``qkv_bias`` switch: each reads as
+``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer. GLM-4-0414
+(``glm4``) norms each block's output too (``Glm4DecoderLayer``: ``post_self_attn_layernorm``
+and ``post_mlp_layernorm``), as Gemma 2 and 3 do.
 
 What that reading leaves out or over-counts, small but named here:
 
@@ -128,6 +131,8 @@ READ = frozenset(
         "bias",  # InternLM2: biases on its linear layers
         "lm_head_bias",  # Phi-4-mini; refused when true (no output-layer bias is priced)
         "final_logit_softcapping",  # Gemma 2 and 3: model.logit_softcap when set
+        "use_qk_norm",  # GLM: per-head q and k norms, model.qk_norm
+        "qkv_bias",  # q, k and v biases alone: model.qkv_bias
         # Qwen-MoE
         "num_experts",
         "moe_intermediate_size",
@@ -184,7 +189,6 @@ IGNORED = frozenset(
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
-        "use_qk_norm",  # GLM: per-head q and k norms, model.qk_norm
         "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
@@ -192,7 +196,6 @@ IGNORED = frozenset(
         "router_aux_loss_coef",
         "router_jitter_noise",
         "norm_topk_prob",
-        "qkv_bias",
         # DeepSeek routing and auxiliary settings
         "aux_loss_alpha",
         "ep_size",
@@ -306,6 +309,14 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _switch(config: Mapping[str, Any], key: str, where: str) -> bool:
+    """A true-or-false key (absent: false); any other value is an error naming it."""
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise HfConfigError(f"{key} = {value!r} in {where} is not true or false")
+    return value
+
+
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
     window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
@@ -334,9 +345,11 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     }
     if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
         tree["qkv_bias"] = True
-    elif config.get("model_type") == "glm4_moe" and not config.get("mlp_bias"):
-        # Glm4MoeAttention puts attention_bias on q, k and v only
+    elif config.get("model_type") in _GLM and not config.get("mlp_bias"):
+        # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
         tree["qkv_bias"], tree["bias"] = tree["bias"], False
+    if _switch(config, "qkv_bias", where):  # a config's own q, k and v biases switch
+        tree["qkv_bias"] = True
     if config.get("lm_head_bias"):
         raise HfConfigError(
             f"{where} sets lm_head_bias: budget counts no bias on the output layer; write the "
@@ -347,7 +360,7 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     if config.get("model_type") in _SANDWICH:
         tree["sandwich_norm"] = True
     qk_norm = _QK_NORMS.get(str(config.get("model_type")), "none")
-    if config.get("use_qk_norm"):
+    if _switch(config, "use_qk_norm", where):
         qk_norm = "per_head"
     if qk_norm != "none":
         tree["qk_norm"] = qk_norm
@@ -423,7 +436,8 @@ _QK_NORMS = {
     "olmo3": "full_width",
 }
 _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
-_SANDWICH = ("gemma2", "gemma3_text")  # a norm after each block too (module docstring)
+_SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (docstring)
+_GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 
 
