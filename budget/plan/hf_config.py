@@ -98,6 +98,9 @@ __all__ = ["IGNORED", "READ", "HfConfigError", "HfModel", "read_hf_config", "tra
 
 READ = frozenset(
     {
+        # the model class: the layers it builds with no key of their own (module docstring:
+        # q, k and v biases, q and k norms, post-block norms; Qwen's sliding-window rule)
+        "model_type",
         "hidden_size",
         "intermediate_size",
         "num_hidden_layers",
@@ -161,7 +164,6 @@ IGNORED = frozenset(
         "_name_or_path",
         "architectures",
         "auto_map",
-        "model_type",
         "torch_dtype",
         "dtype",
         "transformers_version",
