@@ -97,13 +97,24 @@ class Move:
     flag: str = ""
     rule: str = "exposed: nothing to overlap with"
     floor: float = 0.0  # share of the collective that is exposed however long the window
+    # overlapped by pipelining: this many collectives of 1/chunks of the size, each with its
+    # own n·α, the last one exposed (`schedule.time_phase`)
+    chunks: int = 1
 
 
 def hide(
-    move: Move, window: str, flag: str, rule: str, share: float = 1.0, floor: float = 0.0
+    move: Move,
+    window: str,
+    flag: str,
+    rule: str,
+    share: float = 1.0,
+    floor: float = 0.0,
+    chunks: int = 1,
 ) -> Move:
     """`move` with its overlap window (see `Move`)."""
-    return replace(move, window=window, flag=flag, rule=rule, share=share, floor=floor)
+    return replace(
+        move, window=window, flag=flag, rule=rule, share=share, floor=floor, chunks=chunks
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,7 +230,13 @@ def time_phase(
         allowed = bool(move.window) and _flag(plan, move.flag)
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
-            exposed = vmax(move.floor * total, total - move.share * window)
+            if move.chunks > 1:  # pipelined: each chunk pays its own n·α; the last is exposed
+                latency, bandwidth = vfloat(cost.latency_s), vfloat(cost.bandwidth_s)
+                total = move.chunks * latency + bandwidth
+                last = latency + bandwidth / move.chunks
+                exposed = vmax(last, total - move.share * window)
+            else:
+                exposed = vmax(move.floor * total, total - move.share * window)
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"

@@ -140,16 +140,19 @@ def _tp_moves(
     Overlap (Megatron-LM defaults): forward collectives sit between GEMMs that need their
     result, so they are exposed unless `overlap.tp` (comm-GEMM overlap, Wang et al., arXiv
     2105.05720) splits them into chunks hidden behind the adjacent GEMM. Transformer Engine,
-    which runs Megatron-LM's ``--tp-comm-overlap``, overlaps the column-parallel input's
-    all-gather by ring exchange (each step's GEMM runs on the chunk already held while the
-    next arrives: nothing left exposed) and the row-parallel output's reduce-scatter by
-    pipelining: the GEMM in `RS_SPLITS` chunks, each chunk's reduce-scatter behind the next
-    chunk's GEMM, so the last chunk's, 1/`RS_SPLITS` of it, waits with nothing to hide
-    behind (``initialize_ub`` in transformer_engine/pytorch/module/base.py: methods
-    ``ring_exchange`` for qkv_fprop and fc1_fprop, ``pipeline`` with ``num_splits`` 4 for
-    proj_fprop and fc2_fprop; NeMo's H100 recipes keep both, ``PipelineOverlapCfg`` with
-    ``num_splits=4`` in nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py). In
-    backward the
+    which runs Megatron-LM's ``--tp-comm-overlap`` (only with sequence parallelism, which
+    Megatron-LM asserts: without it the forward all-reduce stays exposed), overlaps the
+    column-parallel input's all-gather by ring exchange (each step's GEMM runs on the chunk
+    already held while the next arrives: exposed only where the GEMM is shorter) and the
+    row-parallel output's reduce-scatter by pipelining: the GEMM in `RS_SPLITS` chunks, each
+    chunk's reduce-scatter, a collective of its own with its own n·α, behind the next
+    chunk's GEMM, so the first GEMM chunk hides nothing and the last reduce-scatter waits
+    with nothing beside it: exposed max(α + B/`RS_SPLITS`, `RS_SPLITS`·α + B − 3/4 of the
+    GEMM), for a reduce-scatter of latency term α and bandwidth term B (``initialize_ub``
+    in transformer_engine/pytorch/module/base.py: methods ``ring_exchange`` for qkv_fprop
+    and fc1_fprop, ``pipeline`` with ``num_splits`` 4 for proj_fprop and fc2_fprop; NeMo's
+    H100 recipes keep both, ``PipelineOverlapCfg`` with ``num_splits=4`` in
+    nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py). In backward the
     column-parallel layer's input-gradient reduction runs while its weight-gradient GEMM
     computes, and the re-gather of its input while the input-gradient GEMM computes (half of
     the layer's backward GEMM time each); the output-gradient gather is needed first and
@@ -171,15 +174,15 @@ def _tp_moves(
     def move(name: str, op: Op, src: Placement, dst: Placement, size: Any = full) -> Move:
         return Move(f"{block} {name}", op, "tp", par.tp, dtype, size, str(src), str(dst))
 
-    def forward(m: Move, gemm: str, tail: int = 0) -> Move:
+    def forward(m: Move, gemm: str, chunks: int = 0) -> Move:
         if not gemm:
             return replace(m, rule="tp forward: exposed, no GEMM to overlap with")
-        if tail:  # pipelined: the last chunk's share stays exposed
+        if chunks:  # pipelined: GEMM chunk i+1 hides chunk i's collective; the last waits
             rule = (
-                f"tp: exposed unless overlap.tp hides it behind its GEMM, run in {tail} "
-                f"chunks (the last chunk's 1/{tail} exposed)"
+                f"tp: exposed unless overlap.tp pipelines it with its GEMM in {chunks} chunks, "
+                "each its own collective (the last one exposed)"
             )
-            return hide(m, gemm, "tp", rule, floor=1 / tail)
+            return hide(m, gemm, "tp", rule, share=(chunks - 1) / chunks, chunks=chunks)
         return hide(m, gemm, "tp", "tp: exposed unless overlap.tp hides it behind its GEMM")
 
     wgrad = f"{column} backward"
@@ -205,7 +208,10 @@ def _tp_moves(
     if row:
         rs = move("output", "reduce-scatter", PARTIAL, shard(0))
         sp_moves.append(forward(rs, row, RS_SPLITS))
-    plain = [forward(move("output", "all-reduce", PARTIAL, REPLICATE), row)]
+    # Megatron-LM overlaps tensor-parallel communication with GEMMs only under sequence
+    # parallelism (--tp-comm-overlap asserts it): without, the all-reduce is exposed
+    no_overlap = "tp forward: exposed (overlap.tp needs sequence parallelism)"
+    plain = [replace(move("output", "all-reduce", PARTIAL, REPLICATE), rule=no_overlap)]
     return when(sp_moves, sp) + when(plain, lacks(sp))
 
 

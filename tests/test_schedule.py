@@ -78,20 +78,54 @@ def test_tp_overlap_hides_forward_collectives_behind_gemms():
     assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
 
 
-def test_tp_overlap_leaves_the_last_chunk_of_a_pipelined_reduce_scatter_exposed():
+def _row_gemm_and_scatter(plan, phase: str, gemm: str, scatter: str):
+    """(the row-parallel GEMM's seconds, that phase's reduce-scatter row) of `plan`."""
+    report = build_report(plan)
+    rows = {c.name: c for c in {p.name: p for p in report.phases}[phase].collectives}
+    step = derive(plan)
+    works = next(p for p in step.stages[0].phases if p.name == phase).works
+    seconds = sum(work_time(plan, w) for w in works if w.name == gemm)
+    return seconds, rows[scatter]
+
+
+@pytest.mark.parametrize(
+    ("hidden", "tp"),
+    [(12288, 8), (2048, 8)],  # GPT-3's fc2 far longer than its scatter; a 2048-wide model's not
+)
+def test_tp_overlap_pipelines_the_row_parallel_reduce_scatter_in_4_chunks(hidden, tp):
     """Transformer Engine pipelines the row-parallel GEMM and its reduce-scatter in 4 chunks
     (``num_splits`` 4 for proj_fprop and fc2_fprop; NeMo's H100 recipes keep it): each
-    chunk's reduce-scatter hides behind the next chunk's GEMM, the last one behind nothing.
-    The all-gathers before the column-parallel GEMMs run by ring exchange, fully hidden when
-    the GEMM is longer. GPT-3's MLP at TP 8 (hidden 12288, 2048 tokens): the fc2 GEMM is far
-    longer than the reduce-scatter, so exactly a quarter of it is left."""
-    report = build_report(replace(_timed(), overlap=Overlap(tp=True)))
-    fwd = {c.name: c for c in {p.name: p for p in report.phases}["forward.mlp"].collectives}
-    gather, scatter = fwd["MLP input"], fwd["MLP output"]
-    assert (gather.op, scatter.op) == ("all-gather", "reduce-scatter")
-    assert gather.exposed_s == 0.0
-    assert scatter.exposed_s == pytest.approx(scatter.time_s / 4)
-    assert "run in 4 chunks (the last chunk's 1/4 exposed)" in scatter.overlap_rule
+    chunk is a reduce-scatter of its own, n·α included, behind the next GEMM chunk; the first
+    GEMM chunk has nothing to hide and the last chunk's scatter nothing beside it. With α
+    and B the unchunked latency and bandwidth terms and G the GEMM: 4α + B in all, and
+    exposed max(α + B/4, 4α + B − 3G/4)."""
+    plan = replace(
+        _timed(hidden=hidden, heads=hidden // 128, ffn=4 * hidden), overlap=Overlap(tp=True)
+    )
+    gemm, scatter = _row_gemm_and_scatter(plan, "forward.mlp", "MLP fc2", "MLP output")
+    alpha, bandwidth = scatter.latency_term_s, scatter.bandwidth_term_s
+    assert scatter.op == "reduce-scatter"
+    assert scatter.time_s == pytest.approx(4 * alpha + bandwidth)
+    expected = max(alpha + bandwidth / 4, 4 * alpha + bandwidth - 0.75 * gemm)
+    assert scatter.exposed_s == pytest.approx(expected)
+    assert "in 4 chunks, each its own collective (the last one exposed)" in scatter.overlap_rule
+    report = build_report(plan)
+    gather = {c.name: c for c in {p.name: p for p in report.phases}["forward.mlp"].collectives}
+    assert gather["MLP input"].op == "all-gather"  # ring exchange: no chunk left over
+    if hidden == 12288:  # the scatter is far shorter than its GEMM: only its last chunk waits
+        assert expected == alpha + bandwidth / 4
+        assert gather["MLP input"].exposed_s == 0.0
+    else:  # four n·α and a GEMM too short to cover three chunks
+        assert expected == 4 * alpha + bandwidth - 0.75 * gemm > alpha + bandwidth / 4
+
+
+def test_tp_overlap_without_sequence_parallelism_leaves_the_all_reduce_exposed():
+    """Megatron-LM allows --tp-comm-overlap only with sequence parallelism."""
+    report = build_report(replace(_timed(sp=False), overlap=Overlap(tp=True)))
+    rows = {c.name: c for c in {p.name: p for p in report.phases}["forward.mlp"].collectives}
+    reduce = rows["MLP output"]
+    assert reduce.op == "all-reduce" and reduce.exposed_s == reduce.time_s
+    assert reduce.overlap_rule == "tp forward: exposed (overlap.tp needs sequence parallelism)"
 
 
 def test_overlap_slowdown_charges_the_hidden_part_to_compute():

@@ -786,11 +786,14 @@ def test_full_width_qk_norms_are_searched_at_tp_1_only(tmp_path):
 def test_layouts_of_a_model_with_norms_and_biases_budget_exactly_as_searched(tmp_path):
     """Per-head Q/K norms, sandwich norms and q, k and v biases reach the vectorised engine
     as they reach `budget`: parameters, saved inputs, passes, and the all-reduce of the
-    Q/K norms' gradients over tp with and without sequence parallelism."""
+    Q/K norms' gradients over tp with and without sequence parallelism; and so does
+    `overlap.tp`'s pipelined reduce-scatter (four n·α, the last chunk exposed) and its
+    exposed all-reduce without sequence parallelism."""
     text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
     keys = "  dropout: false\n  qk_norm: per_head\n  sandwich_norm: true\n  qkv_bias: true\n"
     path = tmp_path / "normed.yaml"
-    path.write_text(text.replace("  dropout: false\n", keys, 1), encoding="utf-8")
+    text = text.replace("  dropout: false\n", keys, 1) + "overlap: {tp: true}\n"
+    path.write_text(text, encoding="utf-8")
     plan = load_plan(path)
     assert (plan.model.qk_norm, plan.model.sandwich_norm, plan.model.qkv_bias) == (
         "per_head",
