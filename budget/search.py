@@ -184,12 +184,17 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
-    parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp.
+    parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
+    full-width Q/K norms need tp 1. Micro-batches whose sizes would pass the engine's int64
+    margin are rejected too (`unsafe_micros`).
     tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
     m, b = plan.model, plan.batch
-    safe_micro = largest_safe_micro(plan, sweep_micros(plan, space), largest_ep(plan, gpus, space))
+    unsafe = np.asarray(
+        unsafe_micros(plan, sweep_micros(plan, space), largest_ep(plan, gpus, space)),
+        dtype=np.int64,
+    )
     for tp in space.tp or divisors(gpus):
         if gpus % tp:
             counts.rejected["does not divide: tp into the GPUs"] += 1
@@ -214,7 +219,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 else:
                     cps.append(cp)
             if cps:
-                grid = _grid(plan, space, counts, tp, pp, cps, rest, safe_micro)
+                grid = _grid(plan, space, counts, tp, pp, cps, rest, unsafe)
                 block = _spread(plan, gpus, counts, grid)
                 if len(block):
                     yield block
@@ -257,7 +262,7 @@ def _grid(
     pp: int,
     cps: list[int],
     dp_cp: int,
-    safe_micro: int,
+    unsafe: np.ndarray,
 ) -> Columns:
     """The grid of cp (of `cps`, with dp = `dp_cp` / cp), ep, virtual stages, sequence
     parallelism, ZeRO stage, recompute and micro-batch for one (tp, pp), less the layouts
@@ -301,7 +306,7 @@ def _grid(
         ("sequence parallelism needs tp > 1", sp & (tp == 1)),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
-        ("micro-batch too large for the search's 64-bit sizes", micro > safe_micro),
+        ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
         (
             "does not divide: micro-batches by pp (interleaved)",
             (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
@@ -844,7 +849,7 @@ def search(
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
         # a float past int64 (or inf) cast to a size raises here instead of warning and
-        # wrapping; integer products that would wrap are kept out by `largest_safe_micro`
+        # wrapping; integer products that would wrap are kept out by `unsafe_micros`
         with np.errstate(over="raise", invalid="raise"):
             measured = measure(plan, part, gpus)
         ranked = measured["peak"] <= capacity
@@ -894,7 +899,7 @@ def search(
     )
 
 
-SAFE = 2**59  # sizes `largest_safe_micro` keeps below: 16 times below int64's 2^63
+SAFE = 2**59  # sizes `unsafe_micros` keeps the sweep below: 16 times below int64's 2^63
 
 
 def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
@@ -931,23 +936,16 @@ def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
     return int(largest), int(memory)
 
 
-def largest_safe_micro(plan: Plan, micros: Sequence[int], ep: int) -> int:
-    """The largest of `micros` whose sizes (`_corner_sizes`) stay below `SAFE`, or 0.
+def unsafe_micros(plan: Plan, micros: Sequence[int], ep: int) -> tuple[int, ...]:
+    """Those of `micros` whose sizes (`_corner_sizes`) reach `SAFE`, ascending.
 
     The engine evaluates thousands of layouts at once in int64 numpy arrays, whose products
-    wrap around silently past 2^63 (a float past it raises, see `search`). The sizes grow
-    with the micro-batch, so the sweep takes the micro-batches up to this one and rejects
-    the larger ones, counted (`blocks`); the margin below 2^63 is the room a backward pass
-    (2.5 times its forward), a recomputation and the engine's sums need."""
-    ordered = sorted(set(micros))
-    lo, hi = 0, len(ordered)  # ordered[:lo] are safe, ordered[hi:] are not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if max(_corner_sizes(plan, ordered[mid], ep)) < SAFE:
-            lo = mid + 1
-        else:
-            hi = mid
-    return ordered[lo - 1] if lo else 0
+    wrap around silently past 2^63 (a float past it raises, see `search`). The sweep
+    rejects these micro-batches, counted (`_grid`); the margin below 2^63 is the room a
+    backward pass (2.5 times its forward), a recomputation and the engine's sums need. Each
+    is tested on its own: under GPipe the memory bound falls as the micro-batch grows (fewer
+    of them in flight) while the kernels grow, so the sizes are not monotone in it."""
+    return tuple(m for m in sorted(set(micros)) if max(_corner_sizes(plan, m, ep)) >= SAFE)
 
 
 def sweep_micros(plan: Plan, space: Space) -> tuple[int, ...]:
@@ -970,7 +968,7 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
     one in the sweep instead."""
     micros = sweep_micros(plan, space)
     ep = largest_ep(plan, gpus, space)
-    if largest_safe_micro(plan, micros, ep):
+    if len(unsafe_micros(plan, micros, ep)) < len(set(micros)):
         return None
     largest, memory = _corner_sizes(plan, min(micros), ep)
     what = (
@@ -979,11 +977,14 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
         else f"{memory:.2e} bytes of memory on one rank"
     )
     sequences = f"{min(micros):,} sequence{'' if min(micros) == 1 else 's'}"
+    every = divisors(plan.batch.global_batch)
+    safe = [m for m in every if m < min(micros) and m not in unsafe_micros(plan, every, ep)]
     return (
         f"micro-batches of {sequences} of {plan.batch.seq:,} tokens form {what}, "
         f"past the {SAFE:.2e} (2^59) the search's 64-bit arithmetic keeps below (int64 ends "
-        "at 9.22e+18; backward passes and sums need the margin); budget the plan alone with "
-        "`budget PLAN`, which counts in Python integers"
+        "at 9.22e+18; backward passes and sums need the margin); "
+        + (f"micro-batches of up to {safe[-1]:,} sequences are within it, or " if safe else "")
+        + "budget the plan alone with `budget PLAN`, which counts in Python integers"
     )
 
 

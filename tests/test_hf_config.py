@@ -594,7 +594,7 @@ def test_qwens_window_slides_as_qwen2config_builds_it(keys: dict[str, object], w
 
 
 def test_a_window_switch_must_be_true_or_false() -> None:
-    with pytest.raises(HfConfigError, match=r"use_sliding_window = 'false' .* not true or false"):
+    with pytest.raises(HfConfigError, match=r'use_sliding_window = "false" .* not true or false'):
         translate(_qwen(use_sliding_window="false"))
 
 
@@ -716,6 +716,9 @@ def test_a_config_qkv_bias_switch_reads_and_switches_are_checked() -> None:
     assert "qkv_bias" not in translate(config).tree
     assert translate({**config, "qkv_bias": True}).tree["qkv_bias"] is True
     assert "qkv_bias" not in translate({**config, "qkv_bias": False}).tree
-    for key in ("qkv_bias", "use_qk_norm"):
-        with pytest.raises(HfConfigError, match=rf"{key} = 'false' in .* is not true or false"):
+    keys = ("qkv_bias", "use_qk_norm", "attention_bias", "mlp_bias", "tie_word_embeddings")
+    for key in (*keys, "lm_head_bias", "bias"):
+        with pytest.raises(HfConfigError, match=rf'{key} = "false" in .* is not true or false'):
             translate({**config, key: "false"})
+        translate({**config, key: None})  # JSON null: the key's default
+    assert translate({**config, "tie_word_embeddings": None}).tree["tied_embeddings"] is True

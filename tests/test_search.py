@@ -669,16 +669,16 @@ def test_micro_batches_past_64_bits_are_rejected_before_the_engine_wraps_them(tm
     16 and counts the larger ones as rejected; those it takes budget exactly as `budget`
     does. Before the bound, a vocabulary of 2^42 wrapped around int64 without a word and
     the sweep ranked what it computed."""
-    from budget.search import SAFE, _Counts, candidates, divisors, evaluate, largest_safe_micro
+    from budget.search import SAFE, _Counts, candidates, divisors, evaluate, unsafe_micros
 
     assert SAFE == 2**59
     path = _gpt13b_with_vocab(tmp_path, 2**30)
     plan = load_plan(path)
-    assert largest_safe_micro(plan, divisors(512), ep=1) == 16
+    assert unsafe_micros(plan, divisors(512), ep=1) == (32, 64, 128, 256, 512)
     result = CliRunner().invoke(app, route(["search", str(path), "--format", "json"]))
     assert result.exit_code == 1  # swept: no layout of a 2^30 vocabulary fits
     rejected = json.loads(result.stdout)["rejected"]
-    assert rejected["micro-batch too large for the search's 64-bit sizes"] > 0
+    assert rejected["micro-batch past the search's 64-bit margin (sizes of 2^59)"] > 0
     space = Space(
         tp=(1,),
         pp=(1,),
@@ -702,7 +702,7 @@ def test_an_expert_all_to_all_past_64_bits_is_bounded_at_the_largest_ep(tmp_path
     kernel shrinks: 256 experts, top-256, 2^26 sequences of 1024 tokens of hidden 1024 in
     bf16 dispatch 2 · 2^36 · 256 · 1024 · 256 = 2^63 bytes at ep 256. Sized at ep 1 it looked
     safe and the sweep died on a negative collective size."""
-    from budget.search import _corner_sizes, largest_safe_micro
+    from budget.search import _corner_sizes, unsafe_micros
 
     text = """name: moe-adversarial
 model: {layers: 2, hidden: 1024, heads: 8, kv_heads: 1, ffn: 1, vocab: 1024, mlp: gelu,
@@ -717,7 +717,7 @@ topology: {preset: dgx-h100, nodes: 32}
     plan = load_plan(path)
     assert _corner_sizes(plan, 2**26, ep=1)[0] < 2**59
     assert _corner_sizes(plan, 2**26, ep=256)[0] == 2**63
-    assert largest_safe_micro(plan, (2**26,), ep=256) == 0
+    assert unsafe_micros(plan, (2**26,), ep=256) == (2**26,)
     args = ["search", str(path), "--micro", str(2**26), "--ep", "256", "--tp", "1", "--pp", "1"]
     result = CliRunner().invoke(app, route(args))
     assert (result.exit_code, result.stdout) == (2, "")
@@ -745,12 +745,12 @@ def test_a_plan_past_64_bits_at_one_sequence_is_sent_to_the_plain_budget(tmp_pat
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "plans").glob("*.yaml")))
 def test_every_shipped_plan_sizes_within_64_bits_at_any_micro_batch(name):
     """Decode plans included: `budget search` refuses them for their mode, not their size."""
-    from budget.search import divisors, largest_ep, largest_safe_micro
+    from budget.search import divisors, largest_ep, unsafe_micros
 
     plan = load_plan(ROOT / "plans" / name)
     micros = divisors(plan.batch.global_batch)
     ep = largest_ep(plan, plan.topology.gpus, Space())
-    assert largest_safe_micro(plan, micros, ep) == max(micros)
+    assert unsafe_micros(plan, micros, ep) == ()
 
 
 def test_a_plan_whose_own_cluster_is_too_large_is_refused_at_its_topology(tmp_path):

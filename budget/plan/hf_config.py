@@ -311,11 +311,14 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
-def _switch(config: Mapping[str, Any], key: str, where: str) -> bool:
-    """A true-or-false key (absent: false); any other value is an error naming it."""
-    value = config.get(key, False)
+def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    """A true-or-false key (absent or null: `default`); any other value, a string "false"
+    among them, is an error naming it as JSON writes it."""
+    value = config.get(key)
+    if value is None:
+        return default
     if not isinstance(value, bool):
-        raise HfConfigError(f"{key} = {value!r} in {where} is not true or false")
+        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not true or false")
     return value
 
 
@@ -342,17 +345,17 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         "position": "rope",
         "attention": "flash",
         # transformers.PretrainedConfig defaults tie_word_embeddings to true
-        "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
-        "bias": any(bool(config.get(k)) for k in ("attention_bias", "mlp_bias", "bias")),
+        "tied_embeddings": _switch(config, "tie_word_embeddings", where, default=True),
+        "bias": any(_switch(config, k, where) for k in ("attention_bias", "mlp_bias", "bias")),
     }
     if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
         tree["qkv_bias"] = True
-    elif config.get("model_type") in _GLM and not config.get("mlp_bias"):
+    elif config.get("model_type") in _GLM and not _switch(config, "mlp_bias", where):
         # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
         tree["qkv_bias"], tree["bias"] = tree["bias"], False
     if _switch(config, "qkv_bias", where):  # a config's own q, k and v biases switch
         tree["qkv_bias"] = True
-    if config.get("lm_head_bias"):
+    if _switch(config, "lm_head_bias", where):
         raise HfConfigError(
             f"{where} sets lm_head_bias: budget counts no bias on the output layer; write the "
             "model's dimensions out to budget the model without it"
@@ -473,9 +476,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> int | None:
     elif not config.get(key):
         return None
     elif config.get("model_type") in _QWEN:
-        switch = config.get("use_sliding_window", False)
-        if not isinstance(switch, bool):
-            raise HfConfigError(f"use_sliding_window = {switch!r} in {where} is not true or false")
+        switch = _switch(config, "use_sliding_window", where)
         first = config.get("max_window_layers", 0)
         if not switch or (isinstance(first, int) and first >= config.get("num_hidden_layers", 0)):
             return None
