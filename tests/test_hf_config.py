@@ -722,3 +722,13 @@ def test_a_config_qkv_bias_switch_reads_and_switches_are_checked() -> None:
             translate({**config, key: "false"})
         translate({**config, key: None})  # JSON null: the key's default
     assert translate({**config, "tie_word_embeddings": None}).tree["tied_embeddings"] is True
+
+
+def test_an_unknown_model_type_is_refused_not_read_as_llama() -> None:
+    """Its class may build norms or biases no key announces (as Qwen2's biases and OLMo 2's
+    norms are), which a Llama reading would silently leave out."""
+    config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
+    with pytest.raises(HfConfigError, match=r'model_type = "qwen3_x" in .* is not a family'):
+        translate({**config, "model_type": "qwen3_x"})
+    del config["model_type"]
+    assert "qk_norm" not in translate(config).tree  # by hand: read as Llama

@@ -77,6 +77,10 @@ What that reading leaves out or over-counts, small but named here:
   residual or embedding) budgets every dropout mask the plan language knows, where a model
   may drop out in fewer places.
 
+``model_type`` names the model class, and so the layers it builds with no key of their
+own: a file whose ``model_type`` is not one of `FAMILIES` (the classes above) is refused
+rather than read as Llama; one without ``model_type`` (written by hand) is read as Llama.
+
 A key a released file always writes but a hand-written one may leave out takes the
 ``PretrainedConfig`` default: ``tie_word_embeddings`` true (``save_pretrained`` omits it
 only when it equals that default) and no sliding window.
@@ -94,7 +98,15 @@ from typing import Any, NoReturn
 
 from budget.plan.yaml_load import MAX_INT
 
-__all__ = ["IGNORED", "READ", "HfConfigError", "HfModel", "read_hf_config", "translate"]
+__all__ = [
+    "FAMILIES",
+    "IGNORED",
+    "READ",
+    "HfConfigError",
+    "HfModel",
+    "read_hf_config",
+    "translate",
+]
 
 READ = frozenset(
     {
@@ -333,6 +345,14 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
             f"{where} has key{'' if one else 's'} {names} that budget does not understand; "
             f"remove {'it' if one else 'them'} or write the model's dimensions out instead"
         )
+    family = config.get("model_type")
+    if family is not None and family not in FAMILIES:
+        raise HfConfigError(
+            f"model_type = {json.dumps(family)} in {where} is not a family budget reads "
+            f"({', '.join(sorted(FAMILIES))}): its model class may build layers no key "
+            "announces (norms, biases), which budget would leave out; write the model's "
+            "dimensions out instead"
+        )
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in config]
     if missing:
@@ -440,6 +460,34 @@ _QK_NORMS = {
     "olmo2": "full_width",
     "olmo3": "full_width",
 }
+# the model classes whose layers the reader knows, each from its transformers modelling
+# file (and its tests' config.json): anything else may build what no key says
+FAMILIES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "granite",
+        "olmo2",
+        "olmo3",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "glm",
+        "glm4",
+        "glm4_moe",
+        "gpt_oss",
+        "internlm2",
+    }
+)
 _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 _SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (docstring)
 _GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
