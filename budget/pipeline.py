@@ -71,6 +71,8 @@ def _stage_row(mem: StageMemory, capacity: int, stage: StageStep | None = None) 
 def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveRow:
     move, cost = timed.move, timed.cost
     link = cost.link
+    # pipelined in chunks (`schedule.time_phase`): each chunk pays the collective's n·α
+    chunks = move.chunks if timing and float(timed.time_s) != float(cost.time_s) else 1
     return CollectiveRow(
         name=move.name,
         phase=phase.name,
@@ -82,14 +84,14 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         sent_bytes=int(cost.sent_bytes),
         recv_bytes=int(cost.recv_bytes),
         algorithm=cost.algorithm,
-        steps=int(cost.steps),
+        steps=int(cost.steps) * chunks,
         count=move.count * phase.count,
         src=move.src,
         dst=move.dst,
         link=" + ".join(cost.links),
         alpha_s=link.latency,
         bandwidth_Bps=cost.reached_bandwidth,
-        latency_term_s=float(cost.latency_s) if timing else None,
+        latency_term_s=float(cost.latency_s) * chunks if timing else None,
         bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
         time_s=timed.time_s if timing else None,
         exposed_s=timed.exposed_s if timing else None,

@@ -103,9 +103,10 @@ def test_tp_overlap_pipelines_the_row_parallel_reduce_scatter_in_4_chunks(hidden
         _timed(hidden=hidden, heads=hidden // 128, ffn=4 * hidden), overlap=Overlap(tp=True)
     )
     gemm, scatter = _row_gemm_and_scatter(plan, "forward.mlp", "MLP fc2", "MLP output")
-    alpha, bandwidth = scatter.latency_term_s, scatter.bandwidth_term_s
+    alpha, bandwidth = scatter.latency_term_s / 4, scatter.bandwidth_term_s  # 4 chunks' n·α
     assert scatter.op == "reduce-scatter"
     assert scatter.time_s == pytest.approx(4 * alpha + bandwidth)
+    assert scatter.steps == 4 * (8 - 1)  # four ring reduce-scatters over 8 ranks
     expected = max(alpha + bandwidth / 4, 4 * alpha + bandwidth - 0.75 * gemm)
     assert scatter.exposed_s == pytest.approx(expected)
     assert "in 4 chunks, each its own collective (the last one exposed)" in scatter.overlap_rule
