@@ -71,8 +71,7 @@ def _stage_row(mem: StageMemory, capacity: int, stage: StageStep | None = None) 
 def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveRow:
     move, cost = timed.move, timed.cost
     link = cost.link
-    # pipelined in chunks (`schedule.time_phase`): each chunk pays the collective's n·α
-    chunks = move.chunks if timing and float(timed.time_s) != float(cost.time_s) else 1
+    chunks = timed.chunks  # pipelined (`schedule.time_phase`): `cost` is one chunk's
     return CollectiveRow(
         name=move.name,
         phase=phase.name,
@@ -81,8 +80,8 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         ranks=move.ranks,
         dtype=move.dtype,
         bytes=move.size_bytes,
-        sent_bytes=int(cost.sent_bytes),
-        recv_bytes=int(cost.recv_bytes),
+        sent_bytes=int(cost.sent_bytes) * chunks,
+        recv_bytes=int(cost.recv_bytes) * chunks,
         algorithm=cost.algorithm,
         steps=int(cost.steps) * chunks,
         count=move.count * phase.count,
@@ -92,12 +91,13 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         alpha_s=link.latency,
         bandwidth_Bps=cost.reached_bandwidth,
         latency_term_s=float(cost.latency_s) * chunks if timing else None,
-        bandwidth_term_s=float(cost.bandwidth_s) if timing else None,
+        bandwidth_term_s=float(cost.bandwidth_s) * chunks if timing else None,
         time_s=timed.time_s if timing else None,
         exposed_s=timed.exposed_s if timing else None,
         slowdown_s=float(timed.slowdown_s) if timing else None,
         overlap_rule=timed.rule,
         overlaps_with=move.window or None,
+        chunks=chunks,
         levels=tuple(
             {
                 "link": stage.link.name,

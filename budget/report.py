@@ -70,13 +70,16 @@ class CollectiveRow:
     link: str | None = None  # level names the group spans, innermost first
     alpha_s: float | None = None  # latency per step of the slowest link
     bandwidth_Bps: float | None = None  # B_eff reached on the slowest link at this size, per GPU
-    latency_term_s: float | None = None  # n·α, per call
+    latency_term_s: float | None = None  # n·α, per call (every chunk's, when chunked)
     bandwidth_term_s: float | None = None  # Q/B_eff, per call
     time_s: float | None = None  # per call, total
     exposed_s: float | None = None  # per call, not hidden behind compute
     slowdown_s: float | None = None  # per call, compute time added by running beside it
     overlap_rule: str | None = None
     overlaps_with: str | None = None  # the kernel or window the rule may hide it behind
+    # pipelined as this many collectives of 1/chunks of the size (the terms, steps and bytes
+    # above sum them; `levels` are one chunk's)
+    chunks: int = 1
     levels: tuple[dict[str, Any], ...] = ()  # per link: the pieces of a two-level algorithm
 
 
@@ -181,6 +184,7 @@ def _collective(c: CollectiveRow) -> dict[str, Any]:
         "to": c.dst,
         "overlap_rule": c.overlap_rule,
         "overlaps_with": c.overlaps_with,
+        "chunks": c.chunks,
         "levels": list(c.levels),
     }
 

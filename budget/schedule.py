@@ -8,8 +8,12 @@ it is on, or always for the overlaps Megatron-LM does by default:
 
     exposed = max(floor · T, T − share · W)
 
-with W the window's compute time. The hidden part is not free: compute runs slower while a
-collective runs beside it (its kernels take streaming multiprocessors and memory bandwidth),
+with W the window's compute time. A collective pipelined with its GEMM in c chunks
+(`Move.chunks`, `overlap.tp`'s reduce-scatter) runs as c collectives of 1/c of the size,
+each T_c = n·α + (Q/c)/B_eff at that size: T = c · T_c and exposed = max(T_c, T − share · W),
+the last chunk waiting with nothing beside it. The hidden part is not free: compute runs
+slower while a collective runs beside it (its kernels take streaming multiprocessors and
+memory bandwidth),
 by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
 2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` of compute time
 to its phase. That time is the compute's, not the collective's: exposed communication stays
@@ -62,6 +66,7 @@ class TimedMove:
     exposed_s: float  # one call, what the step waits for
     rule: str  # which overlap rule applied
     slowdown_s: float = 0.0  # one call: compute time added by running beside it
+    chunks: int = 1  # run as this many collectives of 1/chunks of the size; `cost` is one
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,15 +231,16 @@ def time_phase(
     for move in phase.moves:
         cost = price(plan, move)
         total = vfloat(cost.time_s)
-        exposed, rule, slowed = total, move.rule, 0.0
+        exposed, rule, slowed, chunks = total, move.rule, 0.0, 1
         allowed = bool(move.window) and _flag(plan, move.flag)
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
-            if move.chunks > 1:  # pipelined: each chunk pays its own n·α; the last is exposed
-                latency, bandwidth = vfloat(cost.latency_s), vfloat(cost.bandwidth_s)
-                total = move.chunks * latency + bandwidth
-                last = latency + bandwidth / move.chunks
-                exposed = vmax(last, total - move.share * window)
+            if move.chunks > 1:  # pipelined: chunks priced at their own size, n·α and ramp
+                chunks = move.chunks
+                cost = price(plan, replace(move, size_bytes=move.size_bytes // chunks))
+                one = vfloat(cost.time_s)
+                total = chunks * one
+                exposed = vmax(one, total - move.share * window)  # the last chunk waits
             else:
                 exposed = vmax(move.floor * total, total - move.share * window)
             slowed = plan.overlap.slowdown * (total - exposed)
@@ -242,7 +248,7 @@ def time_phase(
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
-        timed.append(TimedMove(move, cost, total, exposed, rule, slowed))
+        timed.append(TimedMove(move, cost, total, exposed, rule, slowed, chunks))
     slowdown = sum(t.slowdown_s * t.move.count for t in timed)
     return PhaseTime(
         name=phase.name,

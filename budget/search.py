@@ -753,7 +753,8 @@ def _critical_exposed(times: Any) -> Any:
         for phase in stage.phases:
             payload = sum(  # in float64: bytes x calls x micro-batches may pass int64
                 (
-                    np.asarray(t.cost.sent_bytes, dtype=np.float64) * t.move.count * phase.count
+                    np.asarray(t.cost.sent_bytes, dtype=np.float64)
+                    * (t.chunks * t.move.count * phase.count)
                     for t in phase.moves
                 ),
                 start=np.float64(0),
@@ -977,13 +978,14 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
         else f"{memory:.2e} bytes of memory on one rank"
     )
     sequences = f"{min(micros):,} sequence{'' if min(micros) == 1 else 's'}"
-    every = divisors(plan.batch.global_batch)
-    safe = [m for m in every if m < min(micros) and m not in unsafe_micros(plan, every, ep)]
+    every = [m for m in divisors(plan.batch.global_batch) if m < min(micros)]
+    unsafe = set(unsafe_micros(plan, every, ep))
+    safe = [m for m in every if m not in unsafe]
     return (
         f"micro-batches of {sequences} of {plan.batch.seq:,} tokens form {what}, "
         f"past the {SAFE:.2e} (2^59) the search's 64-bit arithmetic keeps below (int64 ends "
         "at 9.22e+18; backward passes and sums need the margin); "
-        + (f"micro-batches of up to {safe[-1]:,} sequences are within it, or " if safe else "")
+        + (f"micro-batches of {safe[-1]:,} sequences are within it, or " if safe else "")
         + "budget the plan alone with `budget PLAN`, which counts in Python integers"
     )
 

@@ -732,3 +732,9 @@ def test_an_unknown_model_type_is_refused_not_read_as_llama() -> None:
         translate({**config, "model_type": "qwen3_x"})
     del config["model_type"]
     assert "qk_norm" not in translate(config).tree  # by hand: read as Llama
+
+
+def test_a_model_type_that_is_not_a_string_is_refused_too() -> None:
+    config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
+    with pytest.raises(HfConfigError, match=r'model_type = \["qwen3"\] in .* is not a family'):
+        translate({**config, "model_type": ["qwen3"]})

@@ -107,6 +107,7 @@ def test_tp_overlap_pipelines_the_row_parallel_reduce_scatter_in_4_chunks(hidden
     assert scatter.op == "reduce-scatter"
     assert scatter.time_s == pytest.approx(4 * alpha + bandwidth)
     assert scatter.steps == 4 * (8 - 1)  # four ring reduce-scatters over 8 ranks
+    assert scatter.chunks == 4
     expected = max(alpha + bandwidth / 4, 4 * alpha + bandwidth - 0.75 * gemm)
     assert scatter.exposed_s == pytest.approx(expected)
     assert "in 4 chunks, each its own collective (the last one exposed)" in scatter.overlap_rule
@@ -203,3 +204,20 @@ def test_mfu_counts_model_flops_only():
     flops = (6 * n + 12 * 96 * 12288 * 2048) * tokens
     expected = flops / (report.step["time_s"] * 1024 * 312e12)
     assert report.step["mfu"] == pytest.approx(expected)
+
+
+def test_pipelined_chunks_reach_the_bandwidth_of_their_own_size():
+    """On a link with a measured ramp (NVLink 3 from nccl-tests sweeps) a quarter-size
+    reduce-scatter reaches less of the plateau, so four chunks' bandwidth terms sum to more
+    than the whole collective's."""
+    plan = load_plan(Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml")
+    rows = {}
+    for on in (False, True):
+        report = build_report(replace(plan, overlap=replace(plan.overlap, tp=on)))
+        mlp = {p.name: p for p in report.phases}["forward.mlp"].collectives
+        rows[on] = {c.name: c for c in mlp}["MLP output"]
+    whole, chunked = rows[False], rows[True]
+    assert (whole.chunks, chunked.chunks) == (1, 4)
+    assert chunked.sent_bytes == pytest.approx(whole.sent_bytes, rel=1e-6)
+    assert chunked.bandwidth_term_s > whole.bandwidth_term_s
+    assert chunked.latency_term_s == pytest.approx(4 * whole.latency_term_s)

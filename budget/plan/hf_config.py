@@ -346,7 +346,7 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
             f"remove {'it' if one else 'them'} or write the model's dimensions out instead"
         )
     family = config.get("model_type")
-    if family is not None and family not in FAMILIES:
+    if family is not None and (not isinstance(family, str) or family not in FAMILIES):
         raise HfConfigError(
             f"model_type = {json.dumps(family)} in {where} is not a family budget reads "
             f"({', '.join(sorted(FAMILIES))}): its model class may build layers no key "
