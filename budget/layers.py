@@ -32,8 +32,13 @@ class LayerParams:
     expert_per_rank: int = 0
 
 
+def _norm_weights(plan: Plan) -> int:
+    """Weights per normed element: LayerNorm's scale and bias, RMSNorm's scale."""
+    return 2 if plan.model.norm == "layernorm" else 1
+
+
 def _norms(plan: Plan) -> int:
-    return (2 if plan.model.norm == "layernorm" else 1) * plan.model.hidden
+    return _norm_weights(plan) * plan.model.hidden
 
 
 def _block_norms(plan: Plan) -> int:
@@ -131,11 +136,9 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     qkv_bias = m.bias or m.qkv_bias
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * qkv_bias
     replicated = h * m.bias + _block_norms(plan)
-    per_norm = 2 if m.norm == "layernorm" else 1  # scale (and bias) per normed element
-    if m.qk_norm == "per_head":  # one head_dim norm for the queries, one for the keys
-        replicated += per_norm * 2 * m.head_dim
-    elif m.qk_norm == "full_width":  # at tp 1 (`resolve`): every head's on the rank
-        sharded += per_norm * (q_width + kv_width)
+    replicated += qk_norm_params(plan)  # per head: held whole by every tp rank
+    if m.qk_norm == "full_width":  # at tp 1 (`resolve`): every head's on the rank
+        sharded += _norm_weights(plan) * (q_width + kv_width)
     return sharded + replicated, -(-sharded // t) + replicated
 
 
@@ -176,7 +179,7 @@ def qk_norm_params(plan: Plan) -> int:
     m = plan.model
     if m.qk_norm != "per_head":
         return 0
-    return (2 if m.norm == "layernorm" else 1) * 2 * m.head_dim
+    return _norm_weights(plan) * 2 * m.head_dim
 
 
 def final_norm_params(plan: Plan) -> int:
