@@ -55,8 +55,8 @@ def _mlp(plan: Plan, width: int, shards: int) -> tuple[int, int, int]:
     2002.05202), fc2 row-parallel with its bias replicated (Shoeybi et al. section 3)."""
     m = plan.model
     gate = m.gate
-    sharded = (gate + 1) * m.hidden * width + gate * width * m.bias
-    replicated = m.hidden * m.bias
+    sharded = (gate + 1) * m.hidden * width + gate * width * m.mlp_biased
+    replicated = m.hidden * m.mlp_biased
     return sharded + replicated, -(-sharded // shards) + replicated, replicated
 
 
@@ -81,7 +81,7 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
         mlp_total, mlp_rank, _ = _mlp(plan, m.ffn, t)
         return LayerParams(total + mlp_total, per_rank + mlp_rank)
     e, par = m.experts, plan.parallel
-    router = (h + m.bias) * e.count  # with model.bias, the router's bias too (gpt-oss)
+    router = (h + m.mlp_biased) * e.count  # with MLP biases, the router's too (gpt-oss)
     total += router
     per_rank += router
     if e.shared_ffn:
@@ -164,10 +164,11 @@ def sequence_parallel_params(plan: Plan, moe: bool = False) -> int:
     m = plan.model
     h = m.hidden
     n = 2 * _block_norms(plan) + h * m.bias + _latent_down(plan)
+    mlp_bias = m.mlp_biased
     if not moe or m.experts is None:
-        return n + h * m.bias
+        return n + h * mlp_bias
     e = m.experts
-    return n + (h + m.bias) * e.count + h * e.shared_gate + h * m.bias * (e.shared_ffn > 0)
+    return n + (h + mlp_bias) * e.count + h * e.shared_gate + h * mlp_bias * (e.shared_ffn > 0)
 
 
 def qk_norm_params(plan: Plan) -> int:

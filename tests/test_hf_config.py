@@ -562,11 +562,70 @@ def test_each_dropout_probability_turns_dropout_on(key: str) -> None:
     assert translate(config).tree["dropout"] is True
 
 
-def test_internlm2s_bias_switch_counts_biases() -> None:
+def _count(config: dict[str, object]) -> int:
+    """Parameters of `config` in a one-node training plan (as `_plan`, from a dictionary)."""
+    tree = {
+        "model": translate(config).tree,
+        "batch": {"seq": 4096, "micro": 1, "global": 8},
+        "parallel": {"dp": 8},
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    return params_total(resolve(tree, Marks(), "plan.yaml"))
+
+
+LLAMA3_70B = 70_553_706_496  # transformers' count of tests/data/hf/llama3-70b
+
+
+@pytest.mark.parametrize(
+    ("keys", "biases"),
+    [
+        # LlamaAttention's attention_bias: q 8192, k and v 1024 each, o 8192 per layer, x 80
+        ({"attention_bias": True}, 80 * (8192 + 2 * 1024 + 8192)),
+        # LlamaMLP's mlp_bias: gate and up 28672 each, down 8192 per layer, x 80
+        ({"mlp_bias": True}, 80 * (2 * 28672 + 8192)),
+        ({"attention_bias": True, "mlp_bias": True}, 80 * (18432 + 65536)),
+        # InternLM2's bias: wqkv and wo (its MLP w1, w2, w3 have none)
+        ({"model_type": "internlm2", "bias": True}, 80 * 18432),
+    ],
+)
+def test_attention_and_mlp_biases_are_separate_switches(
+    keys: dict[str, object], biases: int
+) -> None:
+    """Llama's two switches, and InternLM2's attention-only one, count the biases their
+    model classes build and no others, on Llama 3 70B's dimensions."""
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
-    assert translate(config).tree["bias"] is False
-    config["bias"] = True
-    assert translate(config).tree["bias"] is True
+    assert _count(config) == LLAMA3_70B
+    assert _count({**config, **keys}) == LLAMA3_70B + biases
+
+
+def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_says() -> None:
+    """GptOssExperts and GptOssTopKRouter build biases with no key saying so: 32 experts of
+    gate-up 2 x 2880 and down 2880 and a router of 32, per layer; attention_bias adds q 4096,
+    k and v 512 each and o 2880 (gpt-oss-20b's dimensions, 24 layers). With its released
+    attention_bias, the file comes to the 20.91 B total of OpenAI's gpt-oss model card
+    (Table 1), less the 24 x 64 attention sinks budget does not count."""
+    config = {
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 201088,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+    }
+    assert translate(config).tree["mlp_bias"] is True
+    assert "mlp_bias" not in translate({**config, "attention_bias": True}).tree
+    attention = 24 * (4096 + 2 * 512 + 2880)
+    assert _count({**config, "attention_bias": True}) == _count(config) + attention
+    without = _count({**config, "mlp_bias": False})
+    assert _count(config) == without + 24 * (32 * (2 * 2880 + 2880) + 32)
+    assert round((_count({**config, "attention_bias": True}) + 24 * 64) / 1e9, 2) == 20.91
 
 
 def _qwen(**keys: object) -> dict[str, object]:

@@ -58,7 +58,11 @@ Gemma 2 and 3 (``gemma2``, ``gemma3_text``) norm each block's output as well as 
 Qwen2 and Qwen2-MoE (``qwen2``, ``qwen2_moe``) always give q, k and v biases
 (``Qwen2Attention``), as GLM's ``attention_bias`` does (``GlmAttention``, ``Glm4Attention``,
 ``Glm4MoeAttention``), as does a config's own ``qkv_bias`` switch: each reads as
-``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer. GLM-4-0414
+``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer. The
+attention's biases and the MLP's are separate switches: ``attention_bias`` (InternLM2's
+``bias``: ``wqkv`` and ``wo``) reads as ``model.bias``, and the MLP keeps none
+(``model.mlp_bias: false``) unless ``mlp_bias`` says so (``LlamaMLP``, ``GraniteMLP``) or
+the family always has them (gpt-oss: ``GptOssExperts`` and ``GptOssTopKRouter``). GLM-4-0414
 (``glm4``) norms each block's output too (``Glm4DecoderLayer``: ``post_self_attn_layernorm``
 and ``post_mlp_layernorm``), as Gemma 2 and 3 do.
 
@@ -70,9 +74,6 @@ What that reading leaves out or over-counts, small but named here:
   and 4, Granite, OLMo 2, DeepSeek-V2-Lite and V3, Kimi K2; 25 files, compared with
   transformers 5.24's count on the meta device) come to transformers' count exactly; those
   kept under ``tests/data/hf`` are tested to it.
-- ``bias`` is one switch in the plan language for every linear layer, so Llama's
-  ``attention_bias`` alone (q, k, v and o: ``LlamaAttention``) or InternLM2's ``bias``
-  (``wqkv`` and ``wo``) counts the MLP's biases too, hidden + gate·ffn per layer.
 - ``dropout`` is one switch too: any non-zero dropout probability (attention, hidden,
   residual or embedding) budgets every dropout mask the plan language knows, where a model
   may drop out in fewer places.
@@ -143,7 +144,7 @@ READ = frozenset(
         "hidden_dropout",
         "embd_pdrop",
         "resid_pdrop",
-        "bias",  # InternLM2: biases on its linear layers
+        "bias",  # InternLM2: biases on its attention's projections (wqkv, wo)
         "lm_head_bias",  # Phi-4-mini; refused when true (no output-layer bias is priced)
         "final_logit_softcapping",  # Gemma 2 and 3: model.logit_softcap when set
         "use_qk_norm",  # GLM: per-head q and k norms, model.qk_norm
@@ -366,13 +367,17 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         "attention": "flash",
         # transformers.PretrainedConfig defaults tie_word_embeddings to true
         "tied_embeddings": _switch(config, "tie_word_embeddings", where, default=True),
-        "bias": any(_switch(config, k, where) for k in ("attention_bias", "mlp_bias", "bias")),
+        # the attention's biases (InternLM2 calls them bias); the MLP's are mlp_bias's
+        "bias": _switch(config, "attention_bias", where) or _switch(config, "bias", where),
     }
+    mlp_bias = _switch(config, "mlp_bias", where, default=family in _MLP_BIAS)
     if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
         tree["qkv_bias"] = True
-    elif config.get("model_type") in _GLM and not _switch(config, "mlp_bias", where):
+    elif config.get("model_type") in _GLM:
         # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
         tree["qkv_bias"], tree["bias"] = tree["bias"], False
+    if mlp_bias != tree["bias"]:
+        tree["mlp_bias"] = mlp_bias
     if _switch(config, "qkv_bias", where):  # a config's own q, k and v biases switch
         tree["qkv_bias"] = True
     if _switch(config, "lm_head_bias", where):
@@ -491,6 +496,7 @@ FAMILIES = frozenset(
 _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 _SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (docstring)
 _GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
+_MLP_BIAS = ("gpt_oss",)  # GptOssExperts and GptOssTopKRouter: biases with no key saying so
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 
 

@@ -74,6 +74,7 @@ class Model:
     norm: Norm = "layernorm"
     bias: bool = False
     qkv_bias: bool = False  # biases on the Q, K and V projections only (Qwen2)
+    mlp_bias: bool | None = None  # the MLP's and router's biases; None: as `bias` says
     tied_embeddings: bool = True
     position: PositionKind = "rope"
     max_positions: int = 0  # learned position table rows; 0 means batch.seq
@@ -92,6 +93,15 @@ class Model:
         """Matrices in fc1: 2 for a gated MLP (SwiGLU, GeGLU: Shazeer, arXiv 2002.05202,
         gate and up projections of the same width), 1 for a plain GeLU MLP."""
         return 2 if self.mlp in GATED_MLPS else 1
+
+    @property
+    def mlp_biased(self) -> bool:
+        """Whether the MLP's projections (an MoE layer's experts, shared experts and
+        router too) have biases: ``model.mlp_bias``, or ``model.bias`` when it is not set.
+        Llama's ``attention_bias`` and ``mlp_bias`` are separate switches
+        (``LlamaAttention``, ``LlamaMLP``), as are InternLM2's attention ``bias`` and its
+        bias-free MLP."""
+        return self.bias if self.mlp_bias is None else self.mlp_bias
 
     @property
     def qk_head_dim(self) -> int:

@@ -275,6 +275,7 @@ class _Resolver:
             norm=tree.get("norm", "layernorm"),
             bias=bool(tree.get("bias", False)),
             qkv_bias=bool(tree.get("qkv_bias", False)),
+            mlp_bias=tree.get("mlp_bias"),
             tied_embeddings=bool(tree.get("tied_embeddings", True)),
             position=tree.get("position", "rope"),
             max_positions=_int(tree.get("max_positions", 0)),
