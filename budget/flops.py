@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
-from budget.vector import every, vround
+from budget.vector import every, vmin, vround, vwhere
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -119,7 +119,10 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
         flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
         fused_kv = k if m.mla is not None and not s.causal else k + v
         core = Work("attention core (flash)", "attention", flops, q + fused_kv + out)
-        return [replace(core, keys=attention_keys(plan, s.seq_kv))]
+        core = replace(core, keys=attention_keys(plan, s.seq_kv))
+        if not m.window or every(s.seq_kv <= m.window):
+            return [core]
+        return _sliding(plan, s, core, q + out, fused_kv)
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [
@@ -132,6 +135,43 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
         ),
         Work("attention × V", "attention", pv_mm, scores + v + out),
     ]
+
+
+def _sliding(plan: Plan, s: Shapes, core: Work, q_out: Any, kv: Any) -> list[Work]:
+    """The fused kernel of `core` split between the layers that attend to the whole context
+    and those whose attention slides (``model.sliding_window``), in the share of the model's
+    layers that slide: one layer's kernel is the average of the two.
+
+    On a sliding layer a query meets only the last W keys, itself included, and the fused
+    kernel skips the tiles outside that band as it skips those above the diagonal
+    (FlashAttention-2's ``window_size``; Dao, arXiv 2307.08691). Over a causal sequence of
+    S > W queries that is S·W − W²/2 query-key pairs, against S²/2 without the window (both
+    counted as the area under min(x, W), as the causal half is); decoding, a query meets
+    min(context, W) cached keys, and only those are read. Its measured rate is the kernel's
+    at W keys per call. Context parallelism is refused beside a window shorter than the
+    sequence (`resolve`), so the keys here are the whole sequence's.
+
+    The share is the model's, not the stage's: a pipeline stage whose layers slide more or
+    less often than the model's do is priced at the model's mix (exact when the pattern
+    repeats within every stage, as Gemma's and gpt-oss's do at even splits). Eager attention
+    computes every score and masks, so its cost does not change (`attention_core`)."""
+    w, share = plan.model.window, plan.model.sliding_share
+    seq = s.seq_kv
+    if s.causal:  # pairs relative to the causal half, S²/2
+        ratio = vwhere(seq > w, (2 * seq * w - w * w) / (seq * seq), 1.0)
+        kv_ratio = 1.0  # every key is read by some query
+    else:  # decoding against min(context, W) cached keys
+        ratio = kv_ratio = vwhere(seq > w, w / seq, 1.0)
+    local = Work(
+        "attention core (flash, sliding window)",
+        "attention",
+        vround(core.flops * ratio),
+        vround(q_out + kv * kv_ratio),
+        keys=vmin(seq, w),
+    )
+    if share == 1:
+        return [local]
+    return [core.scaled(1 - share), local.scaled(share)]
 
 
 def attention_keys(plan: Plan, seq_kv: Any) -> Any:
@@ -397,7 +437,8 @@ def model_flops_per_token(plan: Plan) -> int:
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
-    return 6 * n + 3 * attention_pair_flops(m) * plan.batch.seq + _mtp_flops_per_token(plan)
+    s = plan.batch.seq
+    return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
 
 
 def _mtp_flops_per_token(plan: Plan) -> int:
@@ -416,6 +457,31 @@ def _mtp_flops_per_token(plan: Plan) -> int:
     weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
     pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
     return d * (6 * weights + 3 * pairs)
+
+
+def attention_query_flops(model: Model, first: float, last: float) -> float:
+    """Forward model FLOPs of the attention products of one query over all layers, the
+    query meeting `first` keys, `last` keys, or on average as many as its position between
+    them does (`attention_pair_flops` per key): a layer whose attention slides
+    (``model.sliding_window``) counts at most W keys per query, since that is what it
+    computes as written. Training counts every query against the whole sequence (PaLM:
+    `first` = `last` = s); a causal prefill averages 0 to s keys, decoding the context's
+    length over the tokens generated."""
+    per_layer = attention_pair_flops(model) / model.layers
+    local = sum(model.sliding)
+    mean = (first + last) / 2
+    windowed = _mean_below(first, last, model.window) if local else 0.0
+    return per_layer * ((model.layers - local) * mean + local * windowed)
+
+
+def _mean_below(first: float, last: float, cap: float) -> float:
+    """The mean of min(x, cap) for x from `first` to `last` (first ≤ last)."""
+    if last <= cap:
+        return (first + last) / 2
+    if first >= cap:
+        return cap
+    area = (cap * cap - first * first) / 2 + cap * (last - cap)
+    return area / (last - first)
 
 
 def attention_pair_flops(model: Model) -> int:

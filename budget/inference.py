@@ -3,7 +3,8 @@
 A serving rank keeps its weights, its share of the KV cache and nothing for backward: no
 gradients, no optimizer state, no saved activations, only the working set of the block it
 is computing. The KV cache is allocated for the whole context (prompt + generated tokens)
-up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds
+up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds (a layer whose
+attention slides keeps only its window's tokens, `kv_cache_bytes`)
 
     layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
     x sequences per data-parallel replica x bytes per element.
@@ -51,15 +52,19 @@ from budget.step import (
 )
 
 
-def kv_cache_bytes(plan: Plan, layers: int) -> int:
-    """The KV cache one rank of a stage holds (module docstring)."""
+def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
+    """The KV cache one rank of a stage holds (module docstring): `layers` layers, of which
+    `sliding` slide (``model.sliding_window``) and keep only the last W tokens, the ones
+    their next query can meet (the rolling cache of Mistral 7B, arXiv 2310.06825, section
+    2; vLLM and transformers keep a sliding layer's cache at the window)."""
     m, par, b = plan.model, plan.parallel, plan.batch
-    context = b.prompt + b.generate
+    context = -(-(b.prompt + b.generate) // par.cp)
     elements = 2 * (m.kv_heads // par.tp) * m.head_dim
     if m.mla is not None:
         elements = m.mla.kv_rank + m.mla.rope_dim
     per_token = elements * DTYPE_BYTES[plan.precision.activations]
-    return layers * per_token * -(-context // par.cp) * b.micro
+    tokens = (layers - sliding) * context + sliding * min(context, m.window)
+    return per_token * tokens * b.micro
 
 
 def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
@@ -213,7 +218,7 @@ def derive_inference(plan: Plan) -> Step:
         cache = Alloc(
             "KV cache",
             "kv_cache",
-            kv_cache_bytes(plan, len(ids)),
+            kv_cache_bytes(plan, len(ids), sum(plan.model.sliding[i] for i in ids)),
             placement=", ".join(where) or "local",
         )
         resident = (*resident_states(plan, params.per_rank, params.expert_per_rank), cache)

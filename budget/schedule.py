@@ -40,7 +40,7 @@ import numpy as np
 
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
-from budget.flops import Work, attention_pair_flops, model_flops_per_token
+from budget.flops import Work, attention_query_flops, model_flops_per_token
 from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
@@ -286,15 +286,15 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
     per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
-    attention = attention_pair_flops(m)  # as written, also where decode runs it absorbed
     n = 2 * active_params(plan)
+    # the attention products as written, also where decode runs them absorbed
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft
-        work = tokens * (n + attention * b.prompt // 2)
+        work = tokens * (n + attention_query_flops(m, 0, b.prompt))
         rate = tokens / ttft if ttft else 0.0
     else:
         tokens, total = b.global_batch * b.generate, ttft + decode
-        work = tokens * (n + attention * (b.prompt + b.generate // 2))
+        work = tokens * (n + attention_query_flops(m, b.prompt, b.prompt + b.generate))
         rate = b.global_batch / per_token if per_token else 0.0
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
     busy = decode if per_token is not None else ttft

@@ -185,7 +185,8 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
-    full-width Q/K norms need tp 1. Micro-batches whose sizes would pass the engine's int64
+    full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
+    Micro-batches whose sizes would pass the engine's int64
     margin are rejected too (`unsafe_micros`).
     tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
     are yielded as they are made, so a sweep never holds all its configurations at once.
@@ -216,6 +217,8 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                     counts.rejected["does not divide: cp into the GPUs left"] += 1
                 elif cp > 1 and b.seq % (2 * cp):
                     counts.rejected["does not divide: sequence by 2·cp"] += 1
+                elif cp > 1 and 0 < m.window < b.seq:
+                    counts.rejected["a sliding window needs cp 1"] += 1
                 else:
                     cps.append(cp)
             if cps:

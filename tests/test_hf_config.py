@@ -169,47 +169,79 @@ def test_unknown_key_error_points_at_the_hf_config_node(tmp_path: Path) -> None:
     assert "'mystery_width'" in problem.message
 
 
+def _window(config: dict[str, object]) -> object:
+    return translate(config).tree.get("sliding_window")
+
+
 def test_a_sliding_window_reads_with_its_length() -> None:
-    """Mistral 7B v0.1's config sets sliding_window 4096: the reader keeps the window for
-    the resolver to hold against the sequence. Null (Mixtral) or switched off (Qwen2's
-    use_sliding_window false) is no window."""
-    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    """Mistral 7B v0.1's config sets sliding_window 4096 and every layer slides. Null
+    (Mixtral) or switched off (use_sliding_window false) is no window; a family whose
+    attention never slides (Llama) is refused rather than read with one."""
+    config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text())
     config["sliding_window"] = 4096
-    assert translate(config).window == 4096
+    assert _window(config) == {"size": 4096}
     config["use_sliding_window"] = False
-    assert translate(config).window is None
+    assert _window(config) is None
     config.update(sliding_window=None, use_sliding_window=True)
-    assert translate(config).window is None
+    assert _window(config) is None
     config["sliding_window"] = -1
     with pytest.raises(HfConfigError, match="not a positive number of tokens"):
         translate(config)
+    llama = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    with pytest.raises(HfConfigError, match='"llama" builds no sliding-window attention'):
+        translate({**llama, "sliding_window": 4096})
 
 
-@pytest.mark.parametrize(("seq", "refused"), [(8192, True), (4096, False)])
-def test_a_sequence_longer_than_the_window_is_refused(
-    tmp_path: Path, seq: int, refused: bool
+@pytest.mark.parametrize(
+    ("model_type", "layers", "full"),
+    [
+        ("gemma2", 42, {1, 3, 5, 39, 41}),  # Gemma2Config: (i + 1) % 2, the odd layers full
+        ("gpt_oss", 24, {1, 3, 23}),  # GptOssConfig, likewise
+        ("gemma3_text", 26, {5, 11, 17, 23}),  # Gemma3TextConfig: every 6th layer full
+    ],
+)
+def test_layer_kinds_without_layer_types_are_the_config_class_defaults(
+    model_type: str, layers: int, full: set[int]
 ) -> None:
-    """Up to its length a sliding window attends to every earlier key, as full attention
-    does, so the plan reads; one token more and the prices would be wrong, so it is refused
-    at the hf_config key."""
-    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
+    config.update(model_type=model_type, num_hidden_layers=layers)
+    window = _window(config)
+    assert isinstance(window, dict) and window["size"] == 4096
+    flags = window["layers"]
+    assert len(flags) == layers and full <= {i for i, f in enumerate(flags) if not f}
+    assert sum(not f for f in flags) == (
+        layers // 6 if model_type == "gemma3_text" else layers // 2
+    )
+    config["sliding_window_pattern"] = 2
+    if model_type == "gemma3_text":
+        assert _window(config) == window | {"layers": [i % 2 == 0 for i in range(layers)]}
+
+
+def test_a_long_sequence_reads_with_its_window_and_cp_is_refused_beside_it(
+    tmp_path: Path,
+) -> None:
+    """A window shorter than the sequence is priced, not refused; context parallelism
+    beside it is, at parallel.cp, since budget prices ring and gathered attention over the
+    whole context. A window no shorter than the sequence changes nothing, cp included."""
+    config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text())
     config["sliding_window"] = 4096
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = (
         (DATA / "llama3-70b-hf.yaml")
         .read_text()
         .replace("hf_config: hf/llama3-70b/config.json", "hf_config: config.json")
-        .replace("seq: 8192", f"seq: {seq}")
     )
     (tmp_path / "plan.yaml").write_text(plan)
-    if not refused:
-        assert load_plan(tmp_path / "plan.yaml").batch.seq == 4096
-        return
+    assert load_plan(tmp_path / "plan.yaml").model.window == 4096
+    (tmp_path / "plan.yaml").write_text(plan.replace("dp: 16", "cp: 2\n  dp: 8"))
     with pytest.raises(BudgetError) as raised:
         load_plan(tmp_path / "plan.yaml")
     (problem,) = raised.value.problems
-    assert (problem.path, problem.line, problem.col) == ("$.model.hf_config", 7, 14)
-    assert "sliding window of 4,096 tokens, and batch.seq = 8,192 tokens here" in problem.message
+    assert problem.path == "$.parallel.cp"
+    assert "sliding window of 4,096 tokens shorter than batch.seq = 8,192" in problem.message
+    cp = plan.replace("dp: 16", "cp: 2\n  dp: 8").replace("seq: 8192", "seq: 4096")
+    (tmp_path / "plan.yaml").write_text(cp)
+    assert load_plan(tmp_path / "plan.yaml").parallel.cp == 2
 
 
 def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension() -> None:
@@ -324,7 +356,8 @@ def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
     with pytest.raises(HfConfigError, match="sliding_window = None is not a positive"):
         translate(config)
     config["sliding_window"] = 4096
-    assert translate(config).window == 4096
+    window = _window(config)
+    assert window == {"size": 4096, "layers": [i == 3 for i in range(28)]}
     config["layer_types"] = "full_attention"
     with pytest.raises(HfConfigError, match="not a list of layer kinds"):
         translate(config)
@@ -437,7 +470,7 @@ def test_a_copied_key_must_agree_with_its_original() -> None:
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
     assert config["sliding_window_size"] == config["sliding_window"] == 4096
     del config["sliding_window"]
-    assert translate(config).window == 4096
+    assert _window(config) == {"size": 4096, "layers": [i % 2 == 0 for i in range(42)]}
     config["sliding_window"] = 2048
     with pytest.raises(HfConfigError, match=r"sliding_window = 2048 but its copy .*; make"):
         translate(config)
@@ -639,17 +672,20 @@ def _qwen(**keys: object) -> dict[str, object]:
     ("keys", "window"),
     [
         ({}, None),  # Qwen2Config: use_sliding_window defaults to false
-        ({"use_sliding_window": True}, 4096),  # from layer max_window_layers = 24 ...
-        ({"use_sliding_window": True, "max_window_layers": 12}, 4096),
+        ({"use_sliding_window": True}, {"size": 4096}),  # from layer max_window_layers = 0
+        (
+            {"use_sliding_window": True, "max_window_layers": 12},
+            {"size": 4096, "layers": [False] * 12 + [True] * 12},
+        ),
         ({"use_sliding_window": True, "max_window_layers": 24}, None),  # ... of 24: none
-        ({"model_type": "mistral"}, 4096),  # elsewhere a window set is a window used
+        ({"model_type": "mistral"}, {"size": 4096}),  # elsewhere a window set is one used
     ],
 )
 def test_qwens_window_slides_as_qwen2config_builds_it(keys: dict[str, object], window: object):
     config = _qwen(**keys)
     if keys.get("use_sliding_window") and "max_window_layers" not in keys:
         config["max_window_layers"] = 0
-    assert translate(config).window == window
+    assert _window(config) == window
 
 
 def test_a_window_switch_must_be_true_or_false() -> None:
@@ -671,23 +707,6 @@ def test_layer_types_must_cover_every_layer_with_a_kind_budget_prices(
     config["layer_types"] = kinds
     with pytest.raises(HfConfigError, match=message):
         translate(config)
-
-
-def test_a_serving_context_longer_than_the_window_is_refused_by_its_keys(tmp_path: Path) -> None:
-    """For prefill and decode the sequence is the prompt and the generated tokens."""
-    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
-    config["sliding_window"] = 4096
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    plan = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text()
-    start, end = plan.index("model:\n"), plan.index("batch:\n")
-    plan = plan[:start] + "model: {hf_config: config.json}\n" + plan[end:]
-    (tmp_path / "plan.yaml").write_text(plan.replace("generate: 512", "generate: 2049"))
-    with pytest.raises(BudgetError) as raised:
-        load_plan(tmp_path / "plan.yaml")
-    (problem,) = raised.value.problems
-    assert "batch.prompt + batch.generate = 4,097 tokens here" in problem.message
-    (tmp_path / "plan.yaml").write_text(plan.replace("generate: 512", "generate: 2048"))
-    assert load_plan(tmp_path / "plan.yaml").batch.seq == 4096
 
 
 def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> None:

@@ -810,3 +810,24 @@ def test_layouts_of_a_model_with_norms_and_biases_budget_exactly_as_searched(tmp
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
+def test_layouts_of_a_sliding_window_model_budget_exactly_as_searched(tmp_path):
+    """A sliding window on every other layer reaches the vectorised engine as it reaches
+    `budget` (the fused kernel split between full and sliding layers, each at its own keys
+    per call), and every layout with cp > 1 is rejected by the window's rule."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    flags = ", ".join(["true", "false"] * 40)
+    keys = f"  dropout: false\n  sliding_window: {{size: 2048, layers: [{flags}]}}\n"
+    path = tmp_path / "windowed.yaml"
+    path.write_text(text.replace("  dropout: false\n", keys, 1), encoding="utf-8")
+    plan = load_plan(path)
+    assert (plan.model.window, plan.model.sliding_share) == (2048, 0.5)
+    outcome = search(plan, 512, Space(micro=(1,), virtual_stages=(1,), zero=(1,)))
+    assert outcome.rejected["a sliding window needs cp 1"] > 0
+    assert all(r.config.cp == 1 for r in outcome.results)
+    random.seed(7)
+    for result in random.sample(list(outcome.results), 8):
+        report = build_report(apply(plan, result.config, 512))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config

@@ -22,16 +22,18 @@ the GELU variants are GeGLU (Gemma), never a two-matrix GeLU MLP. The activation
 ``hidden_activation`` where a file sets it (Gemma 2 and 3 read only that key), else
 ``hidden_act``; for Gemma 1 either is a GELU, which is all the price depends on.
 
-Attention is priced as full causal attention on every layer. A sliding window is in use
-when ``layer_types`` (configs that carry it give one kind per layer) lists a
-``sliding_attention`` layer, or, without ``layer_types``, when ``sliding_window`` is set,
-except in Qwen's configurations (``qwen2``, ``qwen2_moe``, ``qwen3``, ``qwen3_moe``), which
-slide only with ``use_sliding_window`` true and then only from layer ``max_window_layers``
-on, as ``Qwen2Config`` builds its layer kinds. Such a config reads with its window
-(`HfModel.window`), and the plan resolver refuses it only when a sequence is longer than
-the window: up to the window, a sliding window attends to every earlier key, exactly as full
-attention does (transformers masks key j from query i when j ≤ i − window). Any other layer
-kind (linear, chunked attention) is refused here.
+A sliding window (``model.sliding_window``: its ``size`` and, unless every layer slides,
+its ``layers``) is read from ``layer_types`` where a config carries it (one kind per layer,
+``sliding_attention`` or ``full_attention``), and otherwise from ``sliding_window`` with the
+layer kinds the config class builds: Qwen's configurations (``qwen2``, ``qwen2_moe``,
+``qwen3``, ``qwen3_moe``) slide only with ``use_sliding_window`` true and then only from
+layer ``max_window_layers`` on (``Qwen2Config``); Gemma 2 and gpt-oss alternate, the first
+layer sliding (``Gemma2Config``, ``GptOssConfig``); Gemma 3 keeps every
+``sliding_window_pattern``-th layer (6 by default) full (``Gemma3TextConfig``); Mistral,
+Mixtral and Phi-3 slide on every layer. A family whose attention never slides in
+transformers (Llama among them) is refused when it sets ``sliding_window``, since nothing
+in the model would use it. Any other layer kind (linear, chunked attention) is refused
+here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
@@ -130,11 +132,12 @@ READ = frozenset(
         "layer_norm_epsilon",
         "attention_bias",
         "mlp_bias",
-        "sliding_window",  # `HfModel.window`, held against the plan's sequence length
+        "sliding_window",  # model.sliding_window.size (`_window`)
         "use_sliding_window",
         "sliding_window_size",  # Gemma 2: a copy of sliding_window
-        "layer_types",  # full_attention, or sliding_attention within `HfModel.window`
+        "layer_types",  # full_attention, or sliding_attention: model.sliding_window.layers
         "max_window_layers",  # Qwen: the first layer that slides (`_window`)
+        "sliding_window_pattern",  # Gemma 3 without layer_types: every n-th layer is full
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
@@ -204,7 +207,6 @@ IGNORED = frozenset(
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
-        "sliding_window_pattern",  # Gemma 3: which layers slide; the window is held anyway
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
         "output_router_logits",
@@ -242,7 +244,6 @@ class HfConfigError(Exception):
 class HfModel:
     tree: dict[str, Any]  # plan-language `model:` keys
     ignored: tuple[str, ...] = field(default=())
-    window: int | None = None  # sliding window of some layers, in tokens; None: none slides
 
 
 MAX_BYTES = 2**20  # released config.json files are a few kilobytes; this bounds the work
@@ -337,7 +338,6 @@ def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = Fal
 
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
-    window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
     unknown = sorted(set(config) - READ - IGNORED)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
@@ -358,6 +358,7 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     missing = [k for k in required if k not in config]
     if missing:
         raise HfConfigError(f"{where} lacks {', '.join(missing)}")
+    window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
     tree: dict[str, Any] = {
         "layers": _int(config, "num_hidden_layers", where),
         "hidden": _int(config, "hidden_size", where),
@@ -430,8 +431,10 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         tree["experts"] = experts
     if config.get("num_nextn_predict_layers"):
         tree["mtp_layers"] = _int(config, "num_nextn_predict_layers", where)
+    if window is not None:
+        tree["sliding_window"] = window
     ignored = tuple(sorted(set(config) & IGNORED))
-    return HfModel(tree, ignored, window)
+    return HfModel(tree, ignored)
 
 
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
@@ -498,19 +501,26 @@ _SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (do
 _GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
 _MLP_BIAS = ("gpt_oss",)  # GptOssExperts and GptOssTopKRouter: biases with no key saying so
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
+# families whose attention can slide (transformers' Mistral, Mixtral, Qwen 2 and 3, Gemma 2
+# and 3, Phi-3, gpt-oss and OLMo 3 attention classes pass the config's window to the kernel)
+_SLIDES = ("mistral", "mixtral", *_QWEN, "gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
+# without layer_types: every period-th layer attends to the whole context (Gemma2Config,
+# GptOssConfig: (i + 1) % 2; Gemma3TextConfig: (i + 1) % sliding_window_pattern, 6)
+_PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6}
 
 
-def _window(config: Mapping[str, Any], key: str, where: str) -> int | None:
-    """The sliding window some layers use (module docstring), or None when none slides;
-    `key` is where the file keeps the window's length."""
+def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    """``model.sliding_window`` (module docstring): the window's length and which layers
+    slide, or None when none does; `key` is where the file keeps the window's length."""
+    layers = config.get("num_hidden_layers")
     kinds = config.get("layer_types")
+    family = config.get("model_type")
     if kinds is not None:
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise HfConfigError(
                 f"layer_types in {where} is not a list of layer kinds; give one string per "
                 "layer, such as 'full_attention'"
             )
-        layers = config.get("num_hidden_layers")
         if len(kinds) != layers:
             raise HfConfigError(
                 f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
@@ -521,28 +531,55 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> int | None:
             count = sum(k in other for k in kinds)
             raise HfConfigError(
                 f"{where} has {count} of {len(kinds)} layers of kind {', '.join(other)} in "
-                "layer_types: budget prices softmax attention over the whole context (full, "
-                "or a sliding window no shorter than the sequence); write the model's "
-                "dimensions out to budget every layer as full attention"
+                "layer_types: budget prices softmax attention, over the whole context or a "
+                "sliding window; write the model's dimensions out to budget every layer as "
+                "full attention"
             )
         if "sliding_attention" not in kinds:
             return None
+        flags = [k == "sliding_attention" for k in kinds]
     elif not config.get(key):
         return None
-    elif config.get("model_type") in _QWEN:
-        switch = _switch(config, "use_sliding_window", where)
+    elif family is not None and family not in _SLIDES:
+        raise HfConfigError(
+            f"{where} sets {key} = {json.dumps(config.get(key))}, but model_type "
+            f"{json.dumps(family)} builds no sliding-window attention in transformers; remove "
+            "it (or set it to null)"
+        )
+    elif family in _QWEN:
+        if not _switch(config, "use_sliding_window", where):
+            return None
         first = config.get("max_window_layers", 0)
-        if not switch or (isinstance(first, int) and first >= config.get("num_hidden_layers", 0)):
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise HfConfigError(
+                f"max_window_layers = {first!r} in {where} is not a non-negative integer"
+            )
+        flags = [i >= first for i in range(int(layers or 0))]
+        if not any(flags):
             return None
     elif config.get("use_sliding_window", True) is False:
         return None
+    else:
+        # the layer kinds the config class builds without layer_types: Gemma 2 and gpt-oss
+        # alternate, sliding first; Gemma 3 keeps every sliding_window_pattern-th layer
+        # full (6 by default); the other families slide on every layer
+        period = _PERIODS.get(str(family), 0)
+        if family == "gemma3_text":
+            period = config.get("sliding_window_pattern", period)
+            if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+                raise HfConfigError(
+                    f"sliding_window_pattern = {period!r} in {where} is not a positive integer"
+                )
+        flags = [not period or (i + 1) % period != 0 for i in range(int(layers or 0))]
     window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
             f"{where} has sliding layers but {key} = {window!r} is not a positive number of "
             "tokens; set the window's length, or null for no window"
         )
-    return window
+    if all(flags):
+        return {"size": window}
+    return {"size": window, "layers": flags}
 
 
 def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None:

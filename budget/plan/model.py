@@ -87,6 +87,8 @@ class Model:
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's
     mtp_layers: int = 0  # multi-token prediction modules, trained on the last stage
+    window: int = 0  # sliding-window attention: keys a query meets on a sliding layer; 0: none
+    window_layers: tuple[bool, ...] | None = None  # which layers slide; None: all of them
 
     @property
     def gate(self) -> int:
@@ -102,6 +104,20 @@ class Model:
         (``LlamaAttention``, ``LlamaMLP``), as are InternLM2's attention ``bias`` and its
         bias-free MLP."""
         return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def sliding(self) -> tuple[bool, ...]:
+        """Per layer, whether its attention is a sliding window of `window` keys (Beltagy
+        et al., "Longformer", arXiv 2004.05150, section 3.1; Mistral 7B, arXiv 2310.06825,
+        section 2): every layer when `window_layers` is not given, none without a window."""
+        if not self.window:
+            return (False,) * self.layers
+        return self.window_layers or (True,) * self.layers
+
+    @property
+    def sliding_share(self) -> float:
+        """The fraction of the layers whose attention slides."""
+        return sum(self.sliding) / self.layers if self.window else 0.0
 
     @property
     def qk_head_dim(self) -> int:

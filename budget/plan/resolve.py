@@ -72,7 +72,11 @@ PRESET_AND_CONFIG = (
 )
 # model sections a plan may override key by key over a preset or config, with the keys the
 # merged section must have (the schema asks for them only in a model written out whole)
-_MERGED = {"experts": ("count", "top_k"), "mla": ("kv_rank", "nope_dim", "rope_dim")}
+_MERGED = {
+    "experts": ("count", "top_k"),
+    "mla": ("kv_rank", "nope_dim", "rope_dim"),
+    "sliding_window": ("size",),
+}
 
 T = TypeVar("T")
 Tree = Mapping[str, Any]
@@ -121,8 +125,7 @@ class _Resolver:
         self.marks = marks
         self.file = file
         self.problems: list[Problem] = []
-        self.window: int | None = None  # a Hugging Face config's sliding window (`model_tree`)
-        self.config_file = ""  # that config's path, as its other errors name it
+        self.config_file = ""  # a Hugging Face config's path, as its errors name it
 
     def error(self, path: str, message: str, *, key: bool = False) -> None:
         line, col = self.marks.key(path) if key else self.marks.at(path)
@@ -190,7 +193,7 @@ class _Resolver:
                 self.error("$.model.hf_config", str(error))
                 return None
             base = dict(hf.tree)
-            self.window, self.config_file = hf.window, repr(str(path))
+            self.config_file = repr(str(path))
             from budget.plan.schema import model_problems
 
             broken = model_problems(base)
@@ -256,6 +259,7 @@ class _Resolver:
                 "projections from the hidden state (model.bias gives its down- and output "
                 "projections biases); remove qkv_bias",
             )
+        window, window_layers = self.sliding_window(tree.get("sliding_window"), layers)
         if mla is not None and tree.get("qk_norm", "none") != "none":
             self.error(
                 "$.model.qk_norm",
@@ -288,7 +292,25 @@ class _Resolver:
             name=name,
             mla=mla,
             mtp_layers=_int(tree.get("mtp_layers", 0)),
+            window=window,
+            window_layers=window_layers,
         )
+
+    def sliding_window(self, tree: Tree | None, layers: int) -> tuple[int, tuple[bool, ...] | None]:
+        """`model.sliding_window`: the window's length and which layers slide (all of them
+        when `layers` is not given)."""
+        if tree is None:
+            return 0, None
+        flags = tree.get("layers")
+        if flags is None:
+            return _int(tree["size"]), None
+        if len(flags) != layers:
+            self.error(
+                "$.model.sliding_window.layers",
+                f"layers has {len(flags)} entries but the model has {layers} layers; give "
+                "one true (slides) or false (full attention) per layer",
+            )
+        return _int(tree["size"]), tuple(bool(b) for b in flags)
 
     def mla(self, tree: Tree, heads: int, kv_heads: int) -> Mla:
         """Multi-head latent attention: every head has its own key and value (up-projected
@@ -1076,15 +1098,14 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     model = r.model(tree["model"])
     par = r.parallel(tree.get("parallel", {}))
     batch = r.batch(tree["batch"], mode, par.dp)
-    if r.window is not None and batch.seq > r.window:
+    if model is not None and 0 < model.window < batch.seq and par.cp > 1:
         length = "batch.seq" if mode == "train" else "batch.prompt + batch.generate"
         r.error(
-            "$.model.hf_config",
-            f"{r.config_file} gives layers a sliding window of {r.window:,} tokens, and "
-            f"{length} = {batch.seq:,} tokens here: budget prices full causal attention "
-            "(every query meets every earlier key, and the KV cache keeps the whole context), "
-            f"which the window matches only up to {r.window:,} tokens; shorten the sequence or "
-            "write the model's dimensions out to budget full attention",
+            "$.parallel.cp",
+            f"parallel.cp = {par.cp} with a sliding window of {model.window:,} tokens shorter "
+            f"than {length} = {batch.seq:,}: budget prices context-parallel attention over "
+            "the whole context (ring steps, or a gathered K/V and a sharded cache), not over "
+            "a window; set cp to 1",
         )
     precision = r.precision(tree.get("precision", {}))
     device = r.device(tree["device"])

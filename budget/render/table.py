@@ -62,7 +62,8 @@ def header(report: Report) -> list[str]:
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
         f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)} ({m['layers']} layers, "
-        f"hidden {m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,})",
+        f"hidden {m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,}"
+        f"{_window(m)})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
@@ -77,6 +78,17 @@ def _mtp(model: dict[str, Any]) -> str:
         return ""
     modules = "module" if n == 1 else "modules"
     return f" + {model['mtp_params'] / 1e9:,.2f} B in {n} multi-token prediction {modules}"
+
+
+def _window(model: dict[str, Any]) -> str:
+    """'; sliding window 4,096 on 21 of 42 layers', or nothing."""
+    window = model.get("sliding_window")
+    if not window:
+        return ""
+    layers = f"{window['layers']} of {model['layers']} layers"
+    if window["layers"] == model["layers"]:
+        layers = "every layer"
+    return f"; sliding window {window['size']:,} on {layers}"
 
 
 def _heads(model: dict[str, Any]) -> str:
