@@ -284,6 +284,11 @@ def build_report(plan: Plan) -> Report:
         "attention_held_at": rate.held_at(keys)
         if source in ("measured", "derived") and (rate := plan.device.attention_rate(m.attention))
         else None,
+        # the sliding layers' calls (model.sliding_window shorter than the calls' keys): the
+        # fraction of peak at the window's length, or None
+        "attention_window_fraction": plan.device.attention_fraction(m.attention, m.window)
+        if m.attention != "eager" and 0 < m.window < keys
+        else None,
         # what every kernel takes beyond its bytes at the streaming bandwidth
         "kernel_startup_s": plan.device.kernel_startup,
     }

@@ -13,6 +13,7 @@ from budget.layers import shapes
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
+from budget.render.table import header
 from tests.plan_files import ROOT
 
 ALTERNATING = ", ".join(["true", "false"] * 40)  # 80 layers: even ones slide
@@ -53,6 +54,13 @@ def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) 
     assert windowed.step["time_s"] < plain.step["time_s"]
     assert windowed.model["sliding_window"] == {"size": 2048, "layers": 80}
     assert plain.model["sliding_window"] is None
+    plan = _plan(tmp_path, "llama3-70b", "{size: 2048}")
+    rate = plan.device.attention_fraction("flash", 2048)
+    assert windowed.device["attention_window_fraction"] == rate
+    assert plain.device["attention_window_fraction"] is None
+    model_line, device_line = header(windowed)[1], header(windowed)[3]
+    assert model_line.endswith("vocab 128,256; sliding window 2,048 on every layer)")
+    assert f"at 8,192 keys per call, sliding layers at {rate:.1%} (measured)" in device_line
 
 
 def test_sliding_layers_cache_only_their_window(tmp_path: Path) -> None:

@@ -111,6 +111,8 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         call = "call" if mode == "train" else "prefill call"
         rate = f"{device['attention_fraction']:.1%} of peak"
         rate += f" at {keys:,} keys per {call}" if keys else ""
+        if device.get("attention_window_fraction") is not None:
+            rate += f", sliding layers at {device['attention_window_fraction']:.1%}"
     kernel = device["attention"]
     return attention_text(
         kernel,
