@@ -241,7 +241,11 @@ def _is_pair(value: Any) -> bool:
 
 
 # resolved field names that differ from the key a plan file spells
-_PLAN_KEYS = {"batch.global_batch": "batch.global"}
+_PLAN_KEYS = {
+    "batch.global_batch": "batch.global",
+    "model.window": "model.sliding_window.size",
+    "model.window_layers": "model.sliding_window.layers",
+}
 
 
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:

@@ -44,6 +44,7 @@ class Work:
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
+    launches: Any = 1.0  # kernel launches it stands for: a share of one for an average layer's
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept)."""
@@ -101,7 +102,18 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     and the output is a kv_rank vector per head. The fused kernel reads the latent cache
     once for all heads (FlashMLA); eager attention reads it for the scores and its kv_rank
     part again for the product.
+    A sliding window (``model.sliding_window``) changes the works of a stage whose layers
+    slide (`_sliding`).
     """
+    full = _core(plan, s)
+    m = plan.model
+    if not m.window or every(s.seq_kv <= m.window) or (m.attention == "eager" and s.causal):
+        return full
+    return _sliding(plan, s, full)
+
+
+def _core(plan: Plan, s: Shapes) -> list[Work]:
+    """`attention_core` on a layer that attends to every key `s` holds."""
     m = plan.model
     q_rows = s.tokens // s.micro
     pairs = s.micro * s.heads * q_rows * s.seq_kv  # query-key pairs on this rank
@@ -119,10 +131,7 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
         flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
         fused_kv = k if m.mla is not None and not s.causal else k + v
         core = Work("attention core (flash)", "attention", flops, q + fused_kv + out)
-        core = replace(core, keys=attention_keys(plan, s.seq_kv))
-        if not m.window or every(s.seq_kv <= m.window):
-            return [core]
-        return _sliding(plan, s, core, q + out, fused_kv)
+        return [replace(core, keys=attention_keys(plan, s.seq_kv))]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [
@@ -137,41 +146,44 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
-def _sliding(plan: Plan, s: Shapes, core: Work, q_out: Any, kv: Any) -> list[Work]:
-    """The fused kernel of `core` split between the layers that attend to the whole context
-    and those whose attention slides (``model.sliding_window``), in the share of the model's
-    layers that slide: one layer's kernel is the average of the two.
+def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
+    """The attention works `full` split between the layers that attend to the whole context
+    and those whose attention slides (``model.sliding_window``), in the share of the stage's
+    layers that slide (`Shapes.sliding`): one layer's kernels are the average of the two
+    kinds, and each part stands for its share of one kernel launch, so a layer still pays
+    one startup per kernel.
 
-    On a sliding layer a query meets only the last W keys, itself included, and the fused
+    On a sliding layer a query meets only the last W keys, itself included. The fused
     kernel skips the tiles outside that band as it skips those above the diagonal
-    (FlashAttention-2's ``window_size``; Dao, arXiv 2307.08691). Over a causal sequence of
+    (FlashAttention-2's ``window_size``; Dao, arXiv 2307.08691): over a causal sequence of
     S > W queries that is S·W − W²/2 query-key pairs, against S²/2 without the window (both
-    counted as the area under min(x, W), as the causal half is); decoding, a query meets
-    min(context, W) cached keys, and only those are read. Its measured rate is the kernel's
-    at W keys per call. Context parallelism is refused beside a window shorter than the
-    sequence (`resolve`), so the keys here are the whole sequence's.
-
-    The share is the model's, not the stage's: a pipeline stage whose layers slide more or
-    less often than the model's do is priced at the model's mix (exact when the pattern
-    repeats within every stage, as Gemma's and gpt-oss's do at even splits). Eager attention
-    computes every score and masks, so its cost does not change (`attention_core`)."""
-    w, share = plan.model.window, plan.model.sliding_share
+    counted as the area under min(x, W), as the causal half is), timed at the kernel's
+    measured rate for W keys per call. Eager attention computes every score of the sequence
+    and masks, so training and prefill cost the same (`attention_core` returns `full`).
+    Decoding, a query meets the min(context, W) keys the layer's cache keeps, and only
+    those are read, by either kernel. Context parallelism is refused beside a window
+    shorter than the sequence (`resolve`), so the keys here are the whole sequence's."""
+    w, share = plan.model.window, s.sliding
     seq = s.seq_kv
-    if s.causal:  # pairs relative to the causal half, S²/2
+    if s.causal:  # the fused kernel over a band: pairs relative to the causal half, S²/2
+        (core,) = full
         ratio = vwhere(seq > w, (2 * seq * w - w * w) / (seq * seq), 1.0)
-        kv_ratio = 1.0  # every key is read by some query
-    else:  # decoding against min(context, W) cached keys
-        ratio = kv_ratio = vwhere(seq > w, w / seq, 1.0)
-    local = Work(
-        "attention core (flash, sliding window)",
-        "attention",
-        vround(core.flops * ratio),
-        vround(q_out + kv * kv_ratio),
-        keys=vmin(seq, w),
-    )
-    if share == 1:
-        return [local]
-    return [core.scaled(1 - share), local.scaled(share)]
+        band = replace(core, flops=vround(core.flops * ratio), keys=vmin(seq, w))
+        local = [band]
+    else:  # decoding against the min(context, W) keys the cache keeps
+        local = _core(plan, replace(s, seq_kv=vmin(seq, w)))
+    if isinstance(share, int | float) and share in (0, 1):  # one kind of layer on this stage
+        return full if share == 0 else [_windowed(w) for w in local]
+    return [replace(w.scaled(1 - share), launches=1 - share) for w in full] + [
+        replace(_windowed(w).scaled(share), launches=share) for w in local
+    ]
+
+
+def _windowed(work: Work) -> Work:
+    """`work` named as a sliding layer's: "attention core (flash, sliding window)"."""
+    if work.name.endswith(")"):
+        return replace(work, name=f"{work.name[:-1]}, sliding window)")
+    return replace(work, name=f"{work.name} (sliding window)")
 
 
 def attention_keys(plan: Plan, seq_kv: Any) -> Any:

@@ -46,6 +46,7 @@ from budget.step import (
     _ep_moves,
     _pipeline_overlap,
     _shared_expert_moves,
+    _stage_shapes,
     _tp_moves,
     attention_tp_moves,
     pipeline_moves,
@@ -212,21 +213,22 @@ def derive_inference(plan: Plan) -> Step:
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)
         moe = sum(flags[i] for i in ids)
+        sliding = sum(plan.model.sliding[i] for i in ids)
         heads = "replicate" if plan.model.mla is not None else "shard(kv heads)"
         where = [f"{heads} on tp"] if plan.parallel.tp > 1 else []
         where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []
         cache = Alloc(
             "KV cache",
             "kv_cache",
-            kv_cache_bytes(plan, len(ids), sum(plan.model.sliding[i] for i in ids)),
+            kv_cache_bytes(plan, len(ids), sliding),
             placement=", ".join(where) or "local",
         )
         resident = (*resident_states(plan, params.per_rank, params.expert_per_rank), cache)
-        phases = _pass(plan, stage, "prefill", prefill, 1, resident, len(ids) - moe, moe)
+        first = _stage_shapes(plan, prefill, sliding, len(ids))
+        phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":
-            phases += _pass(
-                plan, stage, "decode", decode, b.generate, resident, len(ids) - moe, moe
-            )
+            each = _stage_shapes(plan, decode, sliding, len(ids))
+            phases += _pass(plan, stage, "decode", each, b.generate, resident, len(ids) - moe, moe)
         stages.append(
             StageStep(
                 stage,

@@ -9,7 +9,7 @@ All sizes are for one rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from budget.phases import Alloc, Category, when
@@ -282,11 +282,12 @@ class StageClass:
     moe: int
     last_is_moe: bool
     copies: int = 1
+    sliding: int = 0  # layers whose attention slides (`Model.sliding`)
 
     @property
-    def key(self) -> tuple[bool, bool, int, int, bool]:
+    def key(self) -> tuple[bool, bool, int, int, bool, int]:
         """What the kernels and moves of a stage depend on (equal keys, equal times)."""
-        return (self.first, self.last, self.dense, self.moe, self.last_is_moe)
+        return (self.first, self.last, self.dense, self.moe, self.last_is_moe, self.sliding)
 
 
 def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
@@ -295,25 +296,24 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     ids_per_stage = stage_layer_ids(plan)
     p = len(ids_per_stage)
     mtp = mtp_layers(plan)
+    slides = plan.model.sliding
     stages = []
     for stage, ids in enumerate(ids_per_stage):
         moe = sum(flags[i] for i in ids)
+        sliding = sum(slides[i] for i in ids)  # a multi-token prediction layer attends fully
         dense = len(ids) - moe
         if stage == p - 1:  # the multi-token prediction layers follow the last layer
             moe, dense = (moe + mtp, dense) if flags[-1] else (moe, dense + mtp)
         last_is_moe = bool(ids) and flags[ids[-1]]
-        stages.append(StageClass(stage, stage == 0, stage == p - 1, dense, moe, last_is_moe))
+        first, last = stage == 0, stage == p - 1
+        stages.append(StageClass(stage, first, last, dense, moe, last_is_moe, sliding=sliding))
     if not merge:
         return stages
-    copies: dict[tuple[bool, bool, int, int, bool], int] = {}
+    copies: dict[tuple[bool, bool, int, int, bool, int], int] = {}
     for c in stages:
         copies[c.key] = copies.get(c.key, 0) + 1
     firsts = {c.key: c for c in reversed(stages)}
-    return [
-        StageClass(c.stage, c.first, c.last, c.dense, c.moe, c.last_is_moe, copies[c.key])
-        for c in stages
-        if firsts[c.key] is c
-    ]
+    return [replace(c, copies=copies[c.key]) for c in stages if firsts[c.key] is c]
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +499,7 @@ class Shapes:
     heads: int  # query heads on one tp rank
     seq_kv: int  # keys each local query attends to (the full sequence)
     micro: int
+    sliding: Any = 0.0  # share of the layers whose attention slides (the stage's, in `step`)
     causal: bool = True  # queries attend to the same sequence (not decode's cache)
     dispatched: int = 0  # token-expert rows one rank sends to the experts (tokens_sp·k·c)
     routed: int = 0  # rows one rank's experts compute: dispatched x etp, or dispatched when
@@ -532,6 +533,7 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
         heads=m.heads // t,
         seq_kv=b.seq if kv_len is None else kv_len,
         micro=b.micro,
+        sliding=m.sliding_share,
         causal=query_len is None or query_len == kv_len,
         **_expert_shapes(plan, vwhere(par.sequence_parallel, -(-tokens // t), tokens)),
         **_latent_shapes(plan),

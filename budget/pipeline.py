@@ -289,6 +289,13 @@ def build_report(plan: Plan) -> Report:
         "attention_window_fraction": plan.device.attention_fraction(m.attention, m.window)
         if m.attention != "eager" and 0 < m.window < keys
         else None,
+        # the measured length that rate is held at when the window is shorter than any
+        # length measured (gpt-oss's 128 keys against the H100's shortest, 512), or None
+        "attention_window_held_at": rate.held_at(m.window)
+        if source in ("measured", "derived")
+        and 0 < m.window < keys
+        and (rate := plan.device.attention_rate(m.attention))
+        else None,
         # what every kernel takes beyond its bytes at the streaming bandwidth
         "kernel_startup_s": plan.device.kernel_startup,
     }

@@ -134,7 +134,7 @@ def work_time(plan: Plan, work: Work) -> float:
     # a kernel takes its startup beyond its bytes (T = a + V / B, `budget.catalog.devices`)
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     if device.kernel_startup:
-        memory = memory + vwhere(work.bytes > 0, device.kernel_startup, 0.0)
+        memory = memory + vwhere(work.bytes > 0, device.kernel_startup * work.launches, 0.0)
     return vmax(compute, memory) * work.count
 
 

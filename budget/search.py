@@ -487,6 +487,7 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
             column(k, "moe"),
             c.last_is_moe,
             column(k, "copies"),
+            column(k, "sliding"),
         )
         for k, c in enumerate(per_pair[0])
     ]

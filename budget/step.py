@@ -554,7 +554,7 @@ def derive(
             plan,
             kind,
             m,
-            s,
+            _stage_shapes(plan, s, kind.sliding, kind.dense + kind.moe),
             params,
             resident_states(plan, params.per_rank, params.expert_per_rank),
             layer,
@@ -576,6 +576,15 @@ def derive(
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
     return _with_transitions(plan, step)
+
+
+def _stage_shapes(plan: Plan, s: Shapes, sliding: Any, layers: Any) -> Shapes:
+    """`s` with the share of a stage's layers whose attention slides (`flops._sliding`), so
+    that a stage of full-attention layers is priced as one, however the model's others
+    slide (Qwen's first layers attend fully, the rest slide)."""
+    if not plan.model.window:
+        return s
+    return replace(s, sliding=sliding / vmax(layers, 1))
 
 
 @dataclass(frozen=True, slots=True)

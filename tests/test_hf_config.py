@@ -195,9 +195,10 @@ def test_a_sliding_window_reads_with_its_length() -> None:
 @pytest.mark.parametrize(
     ("model_type", "layers", "full"),
     [
-        ("gemma2", 42, {1, 3, 5, 39, 41}),  # Gemma2Config: (i + 1) % 2, the odd layers full
-        ("gpt_oss", 24, {1, 3, 23}),  # GptOssConfig, likewise
+        ("gemma2", 42, set(range(1, 42, 2))),  # Gemma2Config: (i + 1) % 2, odd layers full
+        ("gpt_oss", 24, set(range(1, 24, 2))),  # GptOssConfig, likewise
         ("gemma3_text", 26, {5, 11, 17, 23}),  # Gemma3TextConfig: every 6th layer full
+        ("olmo3", 16, {3, 7, 11, 15}),  # Olmo3Config: every 4th layer full
     ],
 )
 def test_layer_kinds_without_layer_types_are_the_config_class_defaults(
@@ -208,10 +209,7 @@ def test_layer_kinds_without_layer_types_are_the_config_class_defaults(
     window = _window(config)
     assert isinstance(window, dict) and window["size"] == 4096
     flags = window["layers"]
-    assert len(flags) == layers and full <= {i for i, f in enumerate(flags) if not f}
-    assert sum(not f for f in flags) == (
-        layers // 6 if model_type == "gemma3_text" else layers // 2
-    )
+    assert len(flags) == layers and full == {i for i, f in enumerate(flags) if not f}
     config["sliding_window_pattern"] = 2
     if model_type == "gemma3_text":
         assert _window(config) == window | {"layers": [i % 2 == 0 for i in range(layers)]}
@@ -686,6 +684,21 @@ def test_qwens_window_slides_as_qwen2config_builds_it(keys: dict[str, object], w
     if keys.get("use_sliding_window") and "max_window_layers" not in keys:
         config["max_window_layers"] = 0
     assert _window(config) == window
+
+
+def test_qwen_defaults_and_moe_windows_without_layer_types() -> None:
+    """Qwen2Config and Qwen3Config slide from layer 28 when max_window_layers is absent; their
+    MoE configurations must list layer_types to slide at all. OLMo 3 slides at 4,096 when
+    its file gives no window (Olmo3Config's default)."""
+    config = _qwen(use_sliding_window=True, num_hidden_layers=32)
+    del config["max_window_layers"]
+    assert _window(config) == {"size": 4096, "layers": [i >= 28 for i in range(32)]}
+    with pytest.raises(HfConfigError, match=r'"qwen3_moe" slide then .* give layer_types'):
+        translate({**config, "model_type": "qwen3_moe"})
+    olmo = json.loads((DATA / "hf" / "olmo-2-7b-instruct" / "config.json").read_text())
+    window = _window({**olmo, "model_type": "olmo3"})
+    assert window == {"size": 4096, "layers": [(i + 1) % 4 != 0 for i in range(32)]}
+    assert _window({**olmo, "model_type": "olmo3", "sliding_window": None}) is None
 
 
 def test_a_window_switch_must_be_true_or_false() -> None:

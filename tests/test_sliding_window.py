@@ -3,17 +3,21 @@ cache a serving rank keeps, and the model FLOPs MFU counts, each against a hand 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from budget import flops
+from budget.diff import plan_changes
 from budget.inference import kv_cache_bytes
 from budget.layers import shapes
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.render.table import header
+from budget.schedule import step_time
+from budget.step import derive
 from tests.plan_files import ROOT
 
 ALTERNATING = ", ".join(["true", "false"] * 40)  # 80 layers: even ones slide
@@ -95,3 +99,81 @@ def test_mean_keys_below_a_window() -> None:
     assert flops._mean_below(0, 1000, 4096) == 500
     assert flops._mean_below(5000, 6000, 4096) == 4096
     assert flops._mean_below(0, 8192, 4096) == (4096**2 / 2 + 4096 * 4096) / 8192 == 3072
+
+
+def _attention_s(plan: Plan, stage: int) -> float:
+    """Compute seconds of one forward attention block on `stage`."""
+    timed = step_time(plan, derive(plan)).stages[stage]
+    return next(p.compute_s for p in timed.phases if p.name == "forward.attention")
+
+
+def test_each_stage_is_priced_at_its_own_layers_kinds(tmp_path: Path) -> None:
+    """Qwen's layout: the first 40 of 80 layers attend fully, the last 40 slide. With 4
+    pipeline stages of 20 layers, stages 0 and 1 run full attention exactly as the plan
+    without a window does, and stages 2 and 3 run the window on every layer; alternating
+    layers put half of each stage on the window instead."""
+    flags = ", ".join(["false"] * 40 + ["true"] * 40)
+    plain = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    first_full = _plan(tmp_path, "llama3-70b", f"{{size: 1024, layers: [{flags}]}}")
+    alternating = _plan(tmp_path, "llama3-70b", f"{{size: 1024, layers: [{ALTERNATING}]}}")
+    everywhere = _plan(tmp_path, "llama3-70b", "{size: 1024}")
+    assert plain.parallel.pp == 4
+    for stage in (0, 1):
+        assert _attention_s(first_full, stage) == pytest.approx(_attention_s(plain, stage))
+    for stage in (2, 3):
+        assert _attention_s(first_full, stage) == pytest.approx(_attention_s(everywhere, stage))
+    mixed = _attention_s(alternating, 1)
+    assert _attention_s(everywhere, 1) < mixed < _attention_s(plain, 1)
+
+
+def test_a_window_never_slows_decoding(tmp_path: Path) -> None:
+    """A layer runs one attention kernel, full or sliding, so splitting the average layer's
+    kernel between the two kinds charges one kernel startup, not two: a window one token
+    short of the context saves a little decode time rather than costing a startup."""
+    plain = build_report(load_plan(ROOT / "plans" / "llama3-70b-decode.yaml"))
+    window = f"{{size: 2559, layers: [{ALTERNATING}]}}"
+    barely = build_report(_plan(tmp_path, "llama3-70b-decode", window))
+    assert barely.step["decode_token_s"] <= plain.step["decode_token_s"]
+
+
+def test_eager_attention_pays_for_every_score_but_decodes_against_the_window(
+    tmp_path: Path,
+) -> None:
+    """Eager attention masks the scores outside the window but computes them, so training
+    costs what it costs without one; decoding, the cache holds only the window's keys, so
+    its two products and softmax meet 1,024 of the context's 2,560 on a sliding layer."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "eager.yaml"
+    path.write_text(text.replace("attention: flash", "attention: eager"), encoding="utf-8")
+    plain = load_plan(path)
+    path.write_text(
+        text.replace("attention: flash", "attention: eager\n  sliding_window: {size: 1024}"),
+        encoding="utf-8",
+    )
+    windowed = load_plan(path)
+    assert flops.attention_core(windowed, shapes(windowed)) == flops.attention_core(
+        plain, shapes(plain)
+    )
+    decode = _plan(tmp_path, "llama3-70b-decode", "{size: 1024}")
+    decode = replace(decode, model=replace(decode.model, attention="eager"))
+    whole = replace(decode, model=replace(decode.model, window=0))
+    windowed_works = flops.attention_core(decode, shapes(decode, 1, 2560))
+    whole_works = flops.attention_core(whole, shapes(whole, 1, 2560))
+    assert [w.name for w in windowed_works] == [
+        "attention scores QKᵀ (sliding window)",
+        "softmax (sliding window)",
+        "attention × V (sliding window)",
+    ]
+    for w, f in zip(windowed_works, whole_works, strict=True):
+        assert w.flops * 2560 == pytest.approx(f.flops * 1024, rel=1e-9)
+
+
+def test_diff_names_the_window_as_a_plan_spells_it_and_no_sliding_layer_is_no_window(
+    tmp_path: Path,
+) -> None:
+    plain = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    windowed = _plan(tmp_path, "llama3-70b", "{size: 2048}")
+    changes = {c.key: (c.a, c.b) for c in plan_changes(plain, windowed)}
+    assert changes == {"model.sliding_window.size": (0, 2048)}
+    none = _plan(tmp_path, "llama3-70b", f"{{size: 2048, layers: [{', '.join(['false'] * 80)}]}}")
+    assert (none.model.window, any(none.model.sliding)) == (0, False)

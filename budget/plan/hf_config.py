@@ -27,10 +27,12 @@ its ``layers``) is read from ``layer_types`` where a config carries it (one kind
 ``sliding_attention`` or ``full_attention``), and otherwise from ``sliding_window`` with the
 layer kinds the config class builds: Qwen's configurations (``qwen2``, ``qwen2_moe``,
 ``qwen3``, ``qwen3_moe``) slide only with ``use_sliding_window`` true and then only from
-layer ``max_window_layers`` on (``Qwen2Config``); Gemma 2 and gpt-oss alternate, the first
-layer sliding (``Gemma2Config``, ``GptOssConfig``); Gemma 3 keeps every
-``sliding_window_pattern``-th layer (6 by default) full (``Gemma3TextConfig``); Mistral,
-Mixtral and Phi-3 slide on every layer. A family whose attention never slides in
+layer ``max_window_layers`` on (28 by default: ``Qwen2Config``, ``Qwen3Config``; their MoE
+configurations must give ``layer_types`` to slide); Gemma 2 and gpt-oss alternate, the
+first layer sliding (``Gemma2Config``, ``GptOssConfig``); Gemma 3 keeps every
+``sliding_window_pattern``-th layer (6 by default) full (``Gemma3TextConfig``), OLMo 3
+every fourth (``Olmo3Config``, whose window is 4,096 unless the file says otherwise);
+Mistral, Mixtral and Phi-3 slide on every layer. A family whose attention never slides in
 transformers (Llama among them) is refused when it sets ``sliding_window``, since nothing
 in the model would use it. Any other layer kind (linear, chunked attention) is refused
 here.
@@ -505,8 +507,9 @@ _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_slid
 # and 3, Phi-3, gpt-oss and OLMo 3 attention classes pass the config's window to the kernel)
 _SLIDES = ("mistral", "mixtral", *_QWEN, "gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
 # without layer_types: every period-th layer attends to the whole context (Gemma2Config,
-# GptOssConfig: (i + 1) % 2; Gemma3TextConfig: (i + 1) % sliding_window_pattern, 6)
-_PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6}
+# GptOssConfig: (i + 1) % 2; Gemma3TextConfig: (i + 1) % sliding_window_pattern, 6;
+# Olmo3Config: (i + 1) % 4, with a window of 4,096 when the file gives none)
+_PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6, "olmo3": 4}
 
 
 def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
@@ -515,6 +518,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
     layers = config.get("num_hidden_layers")
     kinds = config.get("layer_types")
     family = config.get("model_type")
+    if family == "olmo3" and key not in config:  # Olmo3Config: sliding_window = 4096
+        config = {**config, key: 4096}
     if kinds is not None:
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise HfConfigError(
@@ -549,7 +554,13 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
     elif family in _QWEN:
         if not _switch(config, "use_sliding_window", where):
             return None
-        first = config.get("max_window_layers", 0)
+        if family in ("qwen2_moe", "qwen3_moe"):
+            raise HfConfigError(
+                f"{where} turns use_sliding_window on without layer_types: which layers of "
+                f"model_type {json.dumps(family)} slide then is not one rule across "
+                "transformers releases; give layer_types (one kind per layer)"
+            )
+        first = config.get("max_window_layers", 28)  # Qwen2Config's and Qwen3Config's default
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
             raise HfConfigError(
                 f"max_window_layers = {first!r} in {where} is not a non-negative integer"

@@ -279,7 +279,7 @@ class _Resolver:
             norm=tree.get("norm", "layernorm"),
             bias=bool(tree.get("bias", False)),
             qkv_bias=bool(tree.get("qkv_bias", False)),
-            mlp_bias=tree.get("mlp_bias"),
+            mlp_bias=bool(tree.get("mlp_bias", tree.get("bias", False))),
             tied_embeddings=bool(tree.get("tied_embeddings", True)),
             position=tree.get("position", "rope"),
             max_positions=_int(tree.get("max_positions", 0)),
@@ -310,6 +310,8 @@ class _Resolver:
                 f"layers has {len(flags)} entries but the model has {layers} layers; give "
                 "one true (slides) or false (full attention) per layer",
             )
+        if not any(flags):  # no layer slides: the window is nobody's
+            return 0, None
         return _int(tree["size"]), tuple(bool(b) for b in flags)
 
     def mla(self, tree: Tree, heads: int, kv_heads: int) -> Mla:

@@ -113,6 +113,8 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         rate += f" at {keys:,} keys per {call}" if keys else ""
         if device.get("attention_window_fraction") is not None:
             rate += f", sliding layers at {device['attention_window_fraction']:.1%}"
+            held = device.get("attention_window_held_at")
+            rate += f" (the rate at {held:,} keys, held there)" if held else ""
     kernel = device["attention"]
     return attention_text(
         kernel,
