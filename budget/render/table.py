@@ -111,12 +111,8 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         call = "call" if mode == "train" else "prefill call"
         rate = f"{device['attention_fraction']:.1%} of peak"
         rate += f" at {keys:,} keys per {call}" if keys else ""
-        if device.get("attention_window_fraction") is not None:
-            rate += f", sliding layers at {device['attention_window_fraction']:.1%}"
-            held = device.get("attention_window_held_at")
-            rate += f" (the rate at {held:,} keys, held there)" if held else ""
     kernel = device["attention"]
-    return attention_text(
+    text = attention_text(
         kernel,
         device.get("attention_kernel", kernel),
         device["attention_rate"],
@@ -124,6 +120,11 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         written=not device.get("name"),
         held_at=device.get("attention_held_at"),
     )
+    if device.get("attention_window_fraction") is None:
+        return text
+    window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
+    held = device.get("attention_window_held_at")
+    return text + window + (f" (the rate at {held:,} keys, held there)" if held else "")
 
 
 def attention_text(
