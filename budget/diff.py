@@ -252,8 +252,34 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     """The keys whose resolved values differ, in A's key order, then keys only B has,
     named as a plan file spells them."""
     fa, fb = ({_PLAN_KEYS.get(k, k): v for k, v in flatten(p).items()} for p in (a, b))
+    for flat, plan in ((fa, a), (fb, b)):  # no window, not size 0; its layers, spelled out
+        window = plan.model.window
+        flat["model.sliding_window.size"] = window or None
+        flat["model.sliding_window.layers"] = _sliding_layers(plan) if window else None
     keys = list(dict.fromkeys([*fa, *fb]))
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+def _sliding_layers(plan: Plan) -> str:
+    """Which layers slide, losslessly and short: "every layer", or "40 of 80: 0–78 by 2"
+    (runs of evenly spaced layer indices)."""
+    flags = plan.model.sliding
+    ids = [i for i, f in enumerate(flags) if f]
+    if len(ids) == len(flags):
+        return "every layer"
+    runs: list[str] = []
+    i = 0
+    while i < len(ids):
+        step = ids[i + 1] - ids[i] if i + 1 < len(ids) else 1
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] - ids[j] == step:
+            j += 1
+        if j == i:
+            runs.append(str(ids[i]))
+        else:
+            runs.append(f"{ids[i]}–{ids[j]}" + (f" by {step}" if step > 1 else ""))
+        i = j + 1
+    return f"{len(ids)} of {len(flags)}: {', '.join(runs)}"
 
 
 def _states(s: StageRow) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 
 from budget.flops import Work
 from budget.plan.model import Device, GemmCurve
+from budget.vector import vmax
 
 __all__ = ["curve_fraction", "gemm_efficiency"]
 
@@ -51,4 +52,6 @@ def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
     curve = device.gemm.for_dtype(dtype)
     if work.kind == "elementwise":
         return curve.peak_fraction
-    return curve_fraction(curve, work.flops)
+    # a Work standing for a share of one kernel (`Work.launches`, the average layer of a
+    # stage whose layers differ) ramps as the whole kernel does; a zero share has no FLOPs
+    return curve_fraction(curve, work.flops / vmax(work.launches, 1e-9))

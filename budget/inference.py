@@ -51,6 +51,7 @@ from budget.step import (
     attention_tp_moves,
     pipeline_moves,
 )
+from budget.vector import every, vmin
 
 
 def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
@@ -80,10 +81,10 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
             Alloc("attention output", "transient", a * s.tokens * s.out_cols),
         ]
         if plan.model.attention == "eager":
-            rows = s.tokens // s.micro
-            out.append(
-                Alloc("attention scores", "transient", a * s.micro * s.heads * rows * s.seq_kv)
-            )
+            rows, keys = s.tokens // s.micro, s.seq_kv
+            if not s.causal and every(s.sliding == 1):  # decoding, every layer here slides
+                keys = vmin(keys, plan.model.window)  # against the cache's last W tokens
+            out.append(Alloc("attention scores", "transient", a * s.micro * s.heads * rows * keys))
         return out
     if block == "moe":
         rows = a * s.routed * s.hidden

@@ -289,6 +289,9 @@ def build_report(plan: Plan) -> Report:
         "attention_window_fraction": plan.device.attention_fraction(m.attention, m.window)
         if m.attention != "eager" and 0 < m.window < keys
         else None,
+        "attention_window_keys": m.window
+        if m.attention != "eager" and 0 < m.window < keys
+        else None,
         # the measured length that rate is held at when the window is shorter than any
         # length measured (gpt-oss's 128 keys against the H100's shortest, 512), or None
         "attention_window_held_at": rate.held_at(m.window)

@@ -218,7 +218,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 elif cp > 1 and b.seq % (2 * cp):
                     counts.rejected["does not divide: sequence by 2·cp"] += 1
                 elif cp > 1 and 0 < m.window < b.seq:
-                    counts.rejected["a sliding window needs cp 1"] += 1
+                    counts.rejected["a window shorter than the sequence needs cp 1"] += 1
                 else:
                     cps.append(cp)
             if cps:

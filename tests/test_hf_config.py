@@ -56,6 +56,7 @@ def test_llama3_70b() -> None:
         "mlp": "swiglu",
         "norm": "rmsnorm",
         "bias": False,
+        "mlp_bias": False,
         "tied_embeddings": False,
         "position": "rope",
         "attention": "flash",
@@ -351,6 +352,8 @@ def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
     with pytest.raises(HfConfigError, match="1 of 28 layers of kind linear_attention"):
         translate(config)
     config["layer_types"][3] = "sliding_attention"
+    assert _window(config) is None  # Qwen2Config: no window without use_sliding_window
+    config["use_sliding_window"] = True
     with pytest.raises(HfConfigError, match="sliding_window = None is not a positive"):
         translate(config)
     config["sliding_window"] = 4096
@@ -651,7 +654,7 @@ def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_sa
         "attention_bias": False,
     }
     assert translate(config).tree["mlp_bias"] is True
-    assert "mlp_bias" not in translate({**config, "attention_bias": True}).tree
+    assert translate({**config, "attention_bias": True}).tree["mlp_bias"] is True
     attention = 24 * (4096 + 2 * 512 + 2880)
     assert _count({**config, "attention_bias": True}) == _count(config) + attention
     without = _count({**config, "mlp_bias": False})
@@ -829,3 +832,27 @@ def test_a_model_type_that_is_not_a_string_is_refused_too() -> None:
     config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
     with pytest.raises(HfConfigError, match=r'model_type = \["qwen3"\] in .* is not a family'):
         translate({**config, "model_type": ["qwen3"]})
+
+
+def test_a_bad_layer_count_beside_a_window_is_refused_before_layers_are_listed() -> None:
+    """The window's layer kinds are listed only once num_hidden_layers is a sound integer,
+    and not at all past the plan schema's 4,096 layers (the schema refuses those): a count
+    of 10^10 answers at once instead of building ten billion flags."""
+    config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
+    with pytest.raises(HfConfigError, match="num_hidden_layers = 'abc' .* non-negative integer"):
+        translate({**config, "num_hidden_layers": "abc"})
+    tree = translate({**config, "num_hidden_layers": 10**10}).tree
+    assert tree["sliding_window"] == {"size": 4096}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "window"),
+    [("mistral", 4096), ("gemma2", 4096), ("gpt_oss", 128), ("mixtral", None), ("phi3", None)],
+)
+def test_a_file_without_a_window_key_slides_at_its_config_class_default(
+    model_type: str, window: int | None
+) -> None:
+    config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text())
+    del config["sliding_window"]
+    read = _window({**config, "model_type": model_type})
+    assert (read["size"] if isinstance(read, dict) else read) == window

@@ -831,7 +831,7 @@ def test_layouts_of_a_sliding_window_model_budget_exactly_as_searched(tmp_path, 
     plan = load_plan(path)
     assert (plan.model.window, plan.model.sliding_share) == (2048, 0.5)
     outcome = search(plan, 512, Space(micro=(1,), virtual_stages=(1,), zero=(1,)))
-    assert outcome.rejected["a sliding window needs cp 1"] > 0
+    assert outcome.rejected["a window shorter than the sequence needs cp 1"] > 0
     assert all(r.config.cp == 1 for r in outcome.results)
     random.seed(7)
     sample = random.sample(list(outcome.results), 10)

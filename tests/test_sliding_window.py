@@ -10,7 +10,7 @@ import pytest
 
 from budget import flops
 from budget.diff import plan_changes
-from budget.inference import kv_cache_bytes
+from budget.inference import _working_set, kv_cache_bytes
 from budget.layers import shapes
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
@@ -64,7 +64,8 @@ def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) 
     assert plain.device["attention_window_fraction"] is None
     model_line, device_line = header(windowed)[1], header(windowed)[3]
     assert model_line.endswith("vocab 128,256; sliding window 2,048 on every layer)")
-    assert device_line.endswith(f"at 8,192 keys per call (measured); sliding layers at {rate:.1%}")
+    tail = f"at 8,192 keys per call (measured); sliding layers at {rate:.1%} at 2,048 keys"
+    assert device_line.endswith(tail)
 
 
 def test_sliding_layers_cache_only_their_window(tmp_path: Path) -> None:
@@ -166,6 +167,13 @@ def test_eager_attention_pays_for_every_score_but_decodes_against_the_window(
     ]
     for w, f in zip(windowed_works, whole_works, strict=True):
         assert w.flops * 2560 == pytest.approx(f.flops * 1024, rel=1e-9)
+    # its scores, 2 B x 32 sequences x 8 heads x 1 query x 1,024 keys, not 2,560
+    (scores,) = [
+        a
+        for a in _working_set(decode, shapes(decode, 1, 2560), "attention")
+        if a.name == "attention scores"
+    ]
+    assert scores.bytes == 2 * 32 * 8 * 1024
 
 
 def test_diff_names_the_window_as_a_plan_spells_it_and_no_sliding_layer_is_no_window(
@@ -174,6 +182,42 @@ def test_diff_names_the_window_as_a_plan_spells_it_and_no_sliding_layer_is_no_wi
     plain = load_plan(ROOT / "plans" / "llama3-70b.yaml")
     windowed = _plan(tmp_path, "llama3-70b", "{size: 2048}")
     changes = {c.key: (c.a, c.b) for c in plan_changes(plain, windowed)}
-    assert changes == {"model.sliding_window.size": (0, 2048)}
+    assert changes == {
+        "model.sliding_window.size": (None, 2048),
+        "model.sliding_window.layers": (None, "every layer"),
+    }
+    alternating = _plan(tmp_path, "llama3-70b", f"{{size: 2048, layers: [{ALTERNATING}]}}")
+    (change,) = [c for c in plan_changes(windowed, alternating) if c.key.endswith("layers")]
+    assert change.b == "40 of 80: 0–78 by 2"
+    gemma3 = ", ".join((["true"] * 5 + ["false"]) * 13 + ["true", "true"])
+    gemma = _plan(tmp_path, "llama3-70b", f"{{size: 2048, layers: [{gemma3}]}}")
+    (change,) = [c for c in plan_changes(windowed, gemma) if c.key.endswith("layers")]
+    assert change.b.startswith("67 of 80: 0–4, 6–10, 12–16,") and change.b.endswith("78–79")
+    listed = _plan(tmp_path, "llama3-70b", f"{{size: 2048, layers: [{', '.join(['true'] * 80)}]}}")
+    assert plan_changes(windowed, listed) == ()
     none = _plan(tmp_path, "llama3-70b", f"{{size: 2048, layers: [{', '.join(['false'] * 80)}]}}")
     assert (none.model.window, any(none.model.sliding)) == (0, False)
+
+
+def test_a_split_kernel_ramps_as_one_kernel_on_a_device_without_attention_rates(
+    tmp_path: Path,
+) -> None:
+    """On the B200 (no measured attention rate: the GEMM curve times the kernel) a window
+    of 1,023 keys over 1,024 leaves the work all but unchanged, so alternating layers cost
+    what full layers do: each half of the average layer's kernel ramps as the whole kernel,
+    not as a kernel of half its FLOPs."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    text = text.replace("seq: 8192", "seq: 1024").replace("h100-sxm", "b200")
+    path = tmp_path / "b200.yaml"
+    path.write_text(text, encoding="utf-8")
+    plain = load_plan(path)
+    assert plain.device.attention_source("flash") == "gemm"
+    path.write_text(
+        text.replace(
+            "  attention: flash\n",
+            f"  attention: flash\n  sliding_window: {{size: 1023, layers: [{ALTERNATING}]}}\n",
+        ),
+        encoding="utf-8",
+    )
+    windowed = load_plan(path)
+    assert _attention_s(windowed, 1) == pytest.approx(_attention_s(plain, 1), rel=2e-3)

@@ -32,7 +32,10 @@ configurations must give ``layer_types`` to slide); Gemma 2 and gpt-oss alternat
 first layer sliding (``Gemma2Config``, ``GptOssConfig``); Gemma 3 keeps every
 ``sliding_window_pattern``-th layer (6 by default) full (``Gemma3TextConfig``), OLMo 3
 every fourth (``Olmo3Config``, whose window is 4,096 unless the file says otherwise);
-Mistral, Mixtral and Phi-3 slide on every layer. A family whose attention never slides in
+Mistral, Mixtral and Phi-3 slide on every layer. A file without ``sliding_window`` slides
+at its config class's default, as transformers builds it (4,096 for Mistral, Qwen 2 and 3,
+Gemma 2 and 3 and OLMo 3; 128 for gpt-oss; none for Mixtral and Phi-3), and Qwen's slide
+only with ``use_sliding_window``, whatever ``layer_types`` says. A family whose attention never slides in
 transformers (Llama among them) is refused when it sets ``sliding_window``, since nothing
 in the model would use it. Any other layer kind (linear, chunked attention) is refused
 here.
@@ -360,9 +363,10 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     missing = [k for k in required if k not in config]
     if missing:
         raise HfConfigError(f"{where} lacks {', '.join(missing)}")
+    layers = _int(config, "num_hidden_layers", where)  # before `_window` lists its layers
     window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
     tree: dict[str, Any] = {
-        "layers": _int(config, "num_hidden_layers", where),
+        "layers": layers,
         "hidden": _int(config, "hidden_size", where),
         "heads": _int(config, "num_attention_heads", where),
         "vocab": _int(config, "vocab_size", where),
@@ -379,8 +383,7 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     elif config.get("model_type") in _GLM:
         # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
         tree["qkv_bias"], tree["bias"] = tree["bias"], False
-    if mlp_bias != tree["bias"]:
-        tree["mlp_bias"] = mlp_bias
+    tree["mlp_bias"] = mlp_bias  # always: an override of `bias` must not move the MLP's
     if _switch(config, "qkv_bias", where):  # a config's own q, k and v biases switch
         tree["qkv_bias"] = True
     if _switch(config, "lm_head_bias", where):
@@ -510,16 +513,32 @@ _SLIDES = ("mistral", "mixtral", *_QWEN, "gemma2", "gemma3_text", "phi3", "gpt_o
 # GptOssConfig: (i + 1) % 2; Gemma3TextConfig: (i + 1) % sliding_window_pattern, 6;
 # Olmo3Config: (i + 1) % 4, with a window of 4,096 when the file gives none)
 _PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3_text": 6, "olmo3": 4}
+# the window a config class slides at when its file has no sliding_window key (MistralConfig,
+# Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig, Olmo3Config: 4,096;
+# GptOssConfig: 128); Mixtral and Phi-3 default to none
+_DEFAULT_WINDOWS = {
+    "mistral": 4096,
+    "qwen2": 4096,
+    "qwen3": 4096,
+    "gemma2": 4096,
+    "gemma3_text": 4096,
+    "olmo3": 4096,
+    "gpt_oss": 128,
+}
+_MAX_LAYERS = 4096  # plan.schema.json's maximum for model.layers
 
 
 def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
     """``model.sliding_window`` (module docstring): the window's length and which layers
     slide, or None when none does; `key` is where the file keeps the window's length."""
-    layers = config.get("num_hidden_layers")
+    layers = config["num_hidden_layers"]  # a non-negative integer (`translate`)
+    # the plan schema refuses more layers than that; list none for such a file
+    count = layers if layers <= _MAX_LAYERS else 0
     kinds = config.get("layer_types")
     family = config.get("model_type")
-    if family == "olmo3" and key not in config:  # Olmo3Config: sliding_window = 4096
-        config = {**config, key: 4096}
+    if key not in config and family in _DEFAULT_WINDOWS:  # the config class's own default
+        config = {**config, key: _DEFAULT_WINDOWS[str(family)]}
+    qwen_off = family in _QWEN and not _switch(config, "use_sliding_window", where)
     if kinds is not None:
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise HfConfigError(
@@ -540,8 +559,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 "sliding window; write the model's dimensions out to budget every layer as "
                 "full attention"
             )
-        if "sliding_attention" not in kinds:
-            return None
+        if "sliding_attention" not in kinds or qwen_off:  # Qwen3Config: no window unless
+            return None  # use_sliding_window, whatever layer_types says
         flags = [k == "sliding_attention" for k in kinds]
     elif not config.get(key):
         return None
@@ -552,7 +571,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
             "it (or set it to null)"
         )
     elif family in _QWEN:
-        if not _switch(config, "use_sliding_window", where):
+        if qwen_off:
             return None
         if family in ("qwen2_moe", "qwen3_moe"):
             raise HfConfigError(
@@ -565,7 +584,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
             raise HfConfigError(
                 f"max_window_layers = {first!r} in {where} is not a non-negative integer"
             )
-        flags = [i >= first for i in range(int(layers or 0))]
+        flags = [i >= first for i in range(count)]
         if not any(flags):
             return None
     elif config.get("use_sliding_window", True) is False:
@@ -581,7 +600,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 raise HfConfigError(
                     f"sliding_window_pattern = {period!r} in {where} is not a positive integer"
                 )
-        flags = [not period or (i + 1) % period != 0 for i in range(int(layers or 0))]
+        flags = [not period or (i + 1) % period != 0 for i in range(count)]
     window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(

@@ -247,7 +247,8 @@ class _Resolver:
                 self.error(
                     f"$.model.{key}",
                     f"model.{key} lacks {' and '.join(missing)}, and no preset or config "
-                    "gives them; write them out",
+                    f"gives {'it' if len(missing) == 1 else 'them'}; write "
+                    f"{'it' if len(missing) == 1 else 'them'} out",
                 )
                 return None
         experts = self.experts(tree["experts"], ffn, layers) if "experts" in tree else None
@@ -305,10 +306,12 @@ class _Resolver:
         if flags is None:
             return _int(tree["size"]), None
         if len(flags) != layers:
+            where = f" (one per layer of {self.config_file})" if self.config_file else ""
             self.error(
                 "$.model.sliding_window.layers",
-                f"layers has {len(flags)} entries but the model has {layers} layers; give "
-                "one true (slides) or false (full attention) per layer",
+                f"layers has {len(flags)} entries{where} but the model has {layers} layers; "
+                "give model.sliding_window.layers with one true (slides) or false (full "
+                "attention) per layer",
             )
         if not any(flags):  # no layer slides: the window is nobody's
             return 0, None

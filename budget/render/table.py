@@ -123,6 +123,7 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
+    window += f" at {device['attention_window_keys']:,} keys"
     held = device.get("attention_window_held_at")
     return text + window + (f" (the rate at {held:,} keys, held there)" if held else "")
 
