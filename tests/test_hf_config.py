@@ -839,7 +839,7 @@ def test_a_bad_layer_count_beside_a_window_is_refused_before_layers_are_listed()
     and not at all past the plan schema's 4,096 layers (the schema refuses those): a count
     of 10^10 answers at once instead of building ten billion flags."""
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
-    with pytest.raises(HfConfigError, match="num_hidden_layers = 'abc' .* non-negative integer"):
+    with pytest.raises(HfConfigError, match=r"num_hidden_layers = 'abc' .* non-negative integer"):
         translate({**config, "num_hidden_layers": "abc"})
     tree = translate({**config, "num_hidden_layers": 10**10}).tree
     assert tree["sliding_window"] == {"size": 4096}

@@ -31,14 +31,13 @@ layer ``max_window_layers`` on (28 by default: ``Qwen2Config``, ``Qwen3Config``;
 configurations must give ``layer_types`` to slide); Gemma 2 and gpt-oss alternate, the
 first layer sliding (``Gemma2Config``, ``GptOssConfig``); Gemma 3 keeps every
 ``sliding_window_pattern``-th layer (6 by default) full (``Gemma3TextConfig``), OLMo 3
-every fourth (``Olmo3Config``, whose window is 4,096 unless the file says otherwise);
-Mistral, Mixtral and Phi-3 slide on every layer. A file without ``sliding_window`` slides
-at its config class's default, as transformers builds it (4,096 for Mistral, Qwen 2 and 3,
-Gemma 2 and 3 and OLMo 3; 128 for gpt-oss; none for Mixtral and Phi-3), and Qwen's slide
-only with ``use_sliding_window``, whatever ``layer_types`` says. A family whose attention never slides in
-transformers (Llama among them) is refused when it sets ``sliding_window``, since nothing
-in the model would use it. Any other layer kind (linear, chunked attention) is refused
-here.
+every fourth (``Olmo3Config``); Mistral, Mixtral and Phi-3 slide on every layer. A file
+without ``sliding_window`` slides at its config class's default, as transformers builds
+it (4,096 for Mistral, Qwen 2 and 3, Gemma 2 and 3 and OLMo 3; 128 for gpt-oss; none for
+Mixtral and Phi-3), and Qwen's slide only with ``use_sliding_window``, whatever
+``layer_types`` says. A family whose attention never slides in transformers (Llama among
+them) is refused when it sets ``sliding_window``, since nothing in the model would use
+it. Any other layer kind (linear, chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
