@@ -257,7 +257,9 @@ def build_report(plan: Plan) -> Report:
         "mtp_layers": mtp_layers(plan),
         "mtp_params": mtp_total(plan) if mtp_layers(plan) else 0,
         # sliding-window attention: its length and how many layers slide, or None
-        "sliding_window": {"size": m.window, "layers": sum(m.sliding)} if m.window else None,
+        "sliding_window": {"size": m.window, "sliding_layers": sum(m.sliding)}
+        if m.window
+        else None,
     }
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))

@@ -56,7 +56,7 @@ def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) 
     windowed = build_report(_plan(tmp_path, "llama3-70b", "{size: 2048}"))
     assert windowed.worst.peak_bytes == plain.worst.peak_bytes
     assert windowed.step["time_s"] < plain.step["time_s"]
-    assert windowed.model["sliding_window"] == {"size": 2048, "layers": 80}
+    assert windowed.model["sliding_window"] == {"size": 2048, "sliding_layers": 80}
     assert plain.model["sliding_window"] is None
     plan = _plan(tmp_path, "llama3-70b", "{size: 2048}")
     rate = plan.device.attention_fraction("flash", 2048)

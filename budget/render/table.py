@@ -85,8 +85,8 @@ def _window(model: dict[str, Any]) -> str:
     window = model.get("sliding_window")
     if not window:
         return ""
-    layers = f"{window['layers']} of {model['layers']} layers"
-    if window["layers"] == model["layers"]:
+    layers = f"{window['sliding_layers']} of {model['layers']} layers"
+    if window["sliding_layers"] == model["layers"]:
         layers = "every layer"
     return f"; sliding window {window['size']:,} on {layers}"
 
