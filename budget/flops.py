@@ -44,7 +44,7 @@ class Work:
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
-    launches: Any = 1.0  # kernel launches it stands for: a share of one for an average layer's
+    launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept)."""
@@ -102,6 +102,7 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     and the output is a kv_rank vector per head. The fused kernel reads the latent cache
     once for all heads (FlashMLA); eager attention reads it for the scores and its kv_rank
     part again for the product.
+
     A sliding window (``model.sliding_window``) changes the works of a stage whose layers
     slide (`_sliding`).
     """
