@@ -16,6 +16,7 @@ from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.render.table import header
+from budget.report import to_dict
 from budget.schedule import step_time
 from budget.step import derive
 from tests.plan_files import ROOT
@@ -221,3 +222,20 @@ def test_a_split_kernel_ramps_as_one_kernel_on_a_device_without_attention_rates(
     )
     windowed = load_plan(path)
     assert _attention_s(windowed, 1) == pytest.approx(_attention_s(plain, 1), rel=2e-3)
+
+
+def test_the_shipped_gemma_plan_is_what_its_released_config_reads_as(tmp_path: Path) -> None:
+    """plans/gemma2-9b.yaml writes out the model tests/data/hf/gemma-2-9b/config.json reads
+    as (window and layer kinds, sandwich norms, soft-capped logits, GeGLU): the same
+    report, and the released file's 9,241,705,984 parameters (transformers' count)."""
+    text = (ROOT / "plans" / "gemma2-9b.yaml").read_text(encoding="utf-8")
+    start, end = text.index("model:\n"), text.index("batch:\n")
+    config = ROOT / "tests" / "data" / "hf" / "gemma-2-9b" / "config.json"
+    path = tmp_path / "gemma-hf.yaml"
+    path.write_text(text[:start] + f"model: {{hf_config: {config}}}\n" + text[end:], "utf-8")
+    hand = to_dict(build_report(load_plan(ROOT / "plans" / "gemma2-9b.yaml")))
+    hf = to_dict(build_report(load_plan(path)))
+    assert hand.pop("plan")["name"] == hf.pop("plan")["name"]
+    hand["model"].pop("name"), hf["model"].pop("name")
+    assert hand == hf
+    assert hand["model"]["params_total"] == 9_241_705_984
