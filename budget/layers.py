@@ -106,6 +106,9 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     without ``model.bias``'s on the output projection and the MLP (Qwen2's ``Qwen2Attention``:
     q_proj, k_proj and v_proj with bias=True, o_proj without).
 
+    Attention sinks (``model.attention_sinks``, gpt-oss's ``GptOssAttention.sinks``): one
+    learned logit per head that joins the softmax's denominator, held with its head.
+
     Q/K norms (``model.qk_norm``): per head, one head_dim-wide norm for the queries and one
     for the keys, shared by every head and so held whole by every tp rank (Qwen3's
     ``Qwen3Attention``: ``q_norm = Qwen3RMSNorm(head_dim)``; Megatron-Core's
@@ -135,6 +138,7 @@ def attention_params(plan: Plan) -> tuple[int, int]:
     q_width, kv_width = out_width, m.kv_heads * m.head_dim
     qkv_bias = m.bias or m.qkv_bias
     sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * qkv_bias
+    sharded += m.heads * m.attention_sinks  # one logit per head, with its head on the tp rank
     replicated = h * m.bias + _block_norms(plan)
     replicated += qk_norm_params(plan)  # per head: held whole by every tp rank
     if m.qk_norm == "full_width":  # at tp 1 (`resolve`): every head's on the rank

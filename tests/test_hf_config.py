@@ -637,8 +637,9 @@ def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_sa
     """GptOssExperts and GptOssTopKRouter build biases with no key saying so: 32 experts of
     gate-up 2 x 2880 and down 2880 and a router of 32, per layer; attention_bias adds q 4096,
     k and v 512 each and o 2880 (gpt-oss-20b's dimensions, 24 layers). With its released
-    attention_bias, the file comes to the 20.91 B total of OpenAI's gpt-oss model card
-    (Table 1), less the 24 x 64 attention sinks budget does not count."""
+    attention_bias and its 24 x 64 attention sinks, the file comes to the 20.91 B total of
+    OpenAI's gpt-oss model card (Table 1); on gpt-oss-120b's dimensions (36 layers, 128
+    experts) to transformers' count of the released file, 116,829,156,672."""
     config = {
         "model_type": "gpt_oss",
         "hidden_size": 2880,
@@ -659,7 +660,10 @@ def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_sa
     assert _count({**config, "attention_bias": True}) == _count(config) + attention
     without = _count({**config, "mlp_bias": False})
     assert _count(config) == without + 24 * (32 * (2 * 2880 + 2880) + 32)
-    assert round((_count({**config, "attention_bias": True}) + 24 * 64) / 1e9, 2) == 20.91
+    assert translate(config).tree["attention_sinks"] is True
+    assert round(_count({**config, "attention_bias": True}) / 1e9, 2) == 20.91
+    big = {**config, "attention_bias": True, "num_hidden_layers": 36, "num_local_experts": 128}
+    assert _count(big) == 116_829_156_672
 
 
 def _qwen(**keys: object) -> dict[str, object]:

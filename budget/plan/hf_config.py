@@ -72,15 +72,17 @@ the family always has them (gpt-oss: ``GptOssExperts`` and ``GptOssTopKRouter``)
 (``glm4``) norms each block's output too (``Glm4DecoderLayer``: ``post_self_attn_layernorm``
 and ``post_mlp_layernorm``), as Gemma 2 and 3 do.
 
-What that reading leaves out or over-counts, small but named here:
+gpt-oss (``gpt_oss``) gives every head a learned sink logit (``GptOssAttention.sinks``):
+``model.attention_sinks``, which brings gpt-oss-120b's dimensions to transformers'
+116,829,156,672 parameters. The released files read for this (Llama 2 and 3, Mistral,
+Mixtral, Qwen 2.5 and 3, Gemma 2 and 3, GLM-4.5 and 4.7, Phi-3 and 4, Granite, OLMo 2,
+DeepSeek-V2-Lite and V3, Kimi K2 and gpt-oss; 25 files, compared with transformers 5.24's
+count on the meta device) come to transformers' count exactly; those kept under
+``tests/data/hf`` are tested to it.
 
-- gpt-oss's attention sinks (one learned logit per head and layer): 2,304 of
-  gpt-oss-120b's 116,829,156,672 parameters. The other released files read for this
-  (Llama 2 and 3, Mistral, Mixtral, Qwen 2.5 and 3, Gemma 2 and 3, GLM-4.5 and 4.7, Phi-3
-  and 4, Granite, OLMo 2, DeepSeek-V2-Lite and V3, Kimi K2; 25 files, compared with
-  transformers 5.24's count on the meta device) come to transformers' count exactly; those
-  kept under ``tests/data/hf`` are tested to it.
-- ``dropout`` is one switch too: any non-zero dropout probability (attention, hidden,
+What that reading over-counts, small but named here:
+
+- ``dropout`` is one switch: any non-zero dropout probability (attention, hidden,
   residual or embedding) budgets every dropout mask the plan language knows, where a model
   may drop out in fewer places.
 
@@ -394,6 +396,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         tree["dropout"] = True
     if config.get("model_type") in _SANDWICH:
         tree["sandwich_norm"] = True
+    if config.get("model_type") == "gpt_oss":  # GptOssAttention: a sink logit per head
+        tree["attention_sinks"] = True
     qk_norm = _QK_NORMS.get(str(config.get("model_type")), "none")
     if _switch(config, "use_qk_norm", where):
         qk_norm = "per_head"

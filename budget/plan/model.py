@@ -83,6 +83,7 @@ class Model:
     logit_softcap: bool = False  # cap · tanh(logits / cap) before the loss (Gemma 2)
     qk_norm: QkNorm = "none"  # a norm on the queries and keys before RoPE (`layers`)
     sandwich_norm: bool = False  # a norm after each block too, not only before (Gemma 2)
+    attention_sinks: bool = False  # a learned softmax logit per head and layer (gpt-oss)
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's

@@ -289,6 +289,7 @@ class _Resolver:
             logit_softcap=bool(tree.get("logit_softcap", False)),
             qk_norm=tree.get("qk_norm", "none"),
             sandwich_norm=bool(tree.get("sandwich_norm", False)),
+            attention_sinks=bool(tree.get("attention_sinks", False)),
             experts=experts,
             name=name,
             mla=mla,
