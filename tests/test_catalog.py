@@ -564,7 +564,9 @@ def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -
 # 2005.14165, Table 2.1); Llama 3 8B, 70B and 405B (arXiv 2407.21783, Table 3, and the model
 # cards' 8.03B and 70.6B); Mixtral 8x7B 47B / 13B (arXiv 2401.04088, section 2.1) and 8x22B
 # 141B / 39B (Mistral AI's release post); DeepSeek-V3 671B / 37B (arXiv 2412.19437,
-# abstract); Qwen1.5-MoE-A2.7B 14.3B / 2.7B (Qwen's release post).
+# abstract); Qwen1.5-MoE-A2.7B 14.3B / 2.7B (Qwen's release post); gpt-oss-120b 116.83B /
+# 5.13B (arXiv 2508.10925, Table 1), whose active count leaves out the input embedding
+# table (201,088 x 2880 = 579,133,440): with it, 5.71B.
 PUBLISHED = {
     "gpt3-175b": (175e9, 175e9, 0.005),
     "llama3-8b": (8.03e9, 8.03e9, 0.005),
@@ -574,6 +576,7 @@ PUBLISHED = {
     "mixtral-8x22b": (141e9, 39e9, 0.01),
     "deepseek-v3": (671e9, 37e9, 0.015),
     "qwen-moe": (14.3e9, 2.7e9, 0.01),
+    "gpt-oss-120b": (116.83e9, 5.13e9 + 579_133_440, 0.001),
 }
 
 

@@ -144,6 +144,35 @@ MODELS: dict[str, ModelPreset] = {
         "num_nextn_predict_layers); the model card counts that module apart, 14B of the "
         "685B released, with its own copies of the embedding and output layer it shares",
     ),
+    "gpt-oss-120b": ModelPreset(
+        "gpt-oss-120b",
+        {
+            "layers": 36,
+            "hidden": 2880,
+            "heads": 64,
+            "kv_heads": 8,
+            "head_dim": 64,
+            "ffn": 2880,
+            "vocab": 201088,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "bias": True,
+            "mlp_bias": True,
+            "attention_sinks": True,
+            "tied_embeddings": False,
+            "position": "rope",
+            "attention": "flash",
+            "experts": {"count": 128, "top_k": 4, "ffn": 2880},
+            "sliding_window": {"size": 128, "layers": [i % 2 == 0 for i in range(36)]},
+        },
+        'OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (arXiv 2508.10925), section 2: 36 '
+        "layers, residual width 2880, 128 experts of which 4 per token, 64 query heads of 64 "
+        "and 8 key/value heads, layers alternating between a 128-token band and full "
+        "attention, a learned sink per head; vocabulary 201,088, untied embeddings, "
+        "attention biases and the experts' and router's biases from the released "
+        "config.json (openai/gpt-oss-120b) and GptOssExperts; 116,829,156,672 parameters, "
+        "as transformers counts the released file",
+    ),
     "qwen-moe": ModelPreset(
         "qwen-moe",
         {
