@@ -206,7 +206,7 @@ def _pass(
 def derive_inference(plan: Plan) -> Step:
     """Prefill (both modes) and, for `mode: decode`, `generate` decode passes."""
     b = plan.batch
-    flags = moe_layers(plan)
+    flags, slides = moe_layers(plan), plan.model.sliding
     prefill = shapes(plan, b.prompt, b.prompt)
     # decode: each cp rank attends the slice of the context its cache holds (`_decode_combine`)
     decode = shapes(plan, 1, -(-(b.prompt + b.generate) // plan.parallel.cp))
@@ -214,7 +214,7 @@ def derive_inference(plan: Plan) -> Step:
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)
         moe = sum(flags[i] for i in ids)
-        sliding = sum(plan.model.sliding[i] for i in ids)
+        sliding = sum(slides[i] for i in ids)
         heads = "replicate" if plan.model.mla is not None else "shard(kv heads)"
         where = [f"{heads} on tp"] if plan.parallel.tp > 1 else []
         where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []

@@ -264,6 +264,11 @@ def build_report(plan: Plan) -> Report:
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))
     source = plan.device.attention_source(m.attention)
+    measured = source in ("measured", "derived")
+    # sliding layers' calls on fewer keys than the others': their own rate (None: no window
+    # shorter than the calls, or eager attention)
+    windowed = m.attention != "eager" and 0 < m.window < keys
+    rate = plan.device.attention_rate(m.attention) if measured else None
     device = {
         "name": plan.device.name,
         "memory_bytes": plan.device.memory,
@@ -277,30 +282,21 @@ def build_report(plan: Plan) -> Report:
         # measurement: the GEMM curve) or eager
         "attention_rate": source,
         # keys each query meets in one kernel call, the length a preset's rate is read at
-        "attention_keys": keys if source in ("measured", "derived") else None,
+        "attention_keys": keys if measured else None,
         "attention_fraction": plan.device.attention_fraction(m.attention, keys)
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
-        "attention_held_at": rate.held_at(keys)
-        if source in ("measured", "derived") and (rate := plan.device.attention_rate(m.attention))
-        else None,
-        # the sliding layers' calls (model.sliding_window shorter than the calls' keys): the
-        # fraction of peak at the window's length, or None
+        "attention_held_at": rate.held_at(keys) if rate else None,
+        # the sliding layers' keys per call and fraction of peak, and the measured length
+        # that rate is held at when the window is shorter than any measured (gpt-oss's 128
+        # keys against the H100's shortest, 512); None without such layers
+        "attention_window_keys": m.window if windowed else None,
         "attention_window_fraction": plan.device.attention_fraction(m.attention, m.window)
-        if m.attention != "eager" and 0 < m.window < keys
+        if windowed
         else None,
-        "attention_window_keys": m.window
-        if m.attention != "eager" and 0 < m.window < keys
-        else None,
-        # the measured length that rate is held at when the window is shorter than any
-        # length measured (gpt-oss's 128 keys against the H100's shortest, 512), or None
-        "attention_window_held_at": rate.held_at(m.window)
-        if source in ("measured", "derived")
-        and 0 < m.window < keys
-        and (rate := plan.device.attention_rate(m.attention))
-        else None,
+        "attention_window_held_at": rate.held_at(m.window) if windowed and rate else None,
         # what every kernel takes beyond its bytes at the streaming bandwidth
         "kernel_startup_s": plan.device.kernel_startup,
     }

@@ -229,20 +229,18 @@ def time_phase(
     compute = sum(kernels.values())
     timed = []
     for move in phase.moves:
-        cost = price(plan, move)
-        total = vfloat(cost.time_s)
-        exposed, rule, slowed, chunks = total, move.rule, 0.0, 1
         allowed = bool(move.window) and _flag(plan, move.flag)
+        # pipelined (overlap on): chunks priced at their own size, n·α and ramp
+        chunks = move.chunks if allowed else 1
+        one = replace(move, size_bytes=move.size_bytes // chunks) if chunks > 1 else move
+        cost = price(plan, one)
+        total = chunks * vfloat(cost.time_s)
+        exposed, rule, slowed = total, move.rule, 0.0
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
-            if move.chunks > 1:  # pipelined: chunks priced at their own size, n·α and ramp
-                chunks = move.chunks
-                cost = price(plan, replace(move, size_bytes=move.size_bytes // chunks))
-                one = vfloat(cost.time_s)
-                total = chunks * one
-                exposed = vmax(one, total - move.share * window)  # the last chunk waits
-            else:
-                exposed = vmax(move.floor * total, total - move.share * window)
+            # the last chunk waits with nothing beside it; unchunked, `floor` stays exposed
+            least = vfloat(cost.time_s) if chunks > 1 else move.floor * total
+            exposed = vmax(least, total - move.share * window)
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from budget import flops
 from budget.check import Limits
 from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
-from budget.layers import StageClass, mtp_layers, stage_classes
+from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import move_kind, move_span, step_time
@@ -186,8 +187,8 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
     full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
-    Micro-batches whose sizes would pass the engine's int64
-    margin are rejected too (`unsafe_micros`).
+    Micro-batches whose sizes would pass the engine's int64 margin are rejected too
+    (`unsafe_micros`).
     tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
@@ -921,9 +922,6 @@ def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
     layers under 1F1B and interleaving; every micro-batch of a replica under GPipe), plus 20
     bytes per parameter (bf16 or fp32 weights, fp32 gradients, master copy and two Adam
     moments), the most any precision keeps."""
-    from budget import flops
-    from budget.layers import params_total, shapes
-
     par = replace(plan.parallel, tp=1, cp=1, ep=1, sequence_parallel=False)
     corner = replace(plan, parallel=par, batch=replace(plan.batch, micro=micro))
     s = shapes(corner)

@@ -260,7 +260,6 @@ class _Resolver:
                 "projections from the hidden state (model.bias gives its down- and output "
                 "projections biases); remove qkv_bias",
             )
-        window, window_layers = self.sliding_window(tree.get("sliding_window"), layers)
         if mla is not None and tree.get("qk_norm", "none") != "none":
             self.error(
                 "$.model.qk_norm",
@@ -268,6 +267,7 @@ class _Resolver:
                 "its query and key/value latents (counted with model.mla), not the heads; "
                 "set qk_norm to none",
             )
+        window, window_layers = self.sliding_window(tree.get("sliding_window"), layers)
         return Model(
             layers=layers,
             hidden=hidden,
