@@ -832,6 +832,26 @@ def test_an_unknown_model_type_is_refused_not_read_as_llama() -> None:
     assert "qk_norm" not in translate(config).tree  # by hand: read as Llama
 
 
+def test_a_multimodal_file_is_refused_with_where_its_language_model_is() -> None:
+    """Gemma 3 4B's file nests the language model under text_config (keys as released, the
+    vision tower's cut short): reading that alone would drop the vision tower's cost."""
+    config = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+        "mm_tokens_per_image": 256,
+    }
+    with pytest.raises(HfConfigError) as raised:
+        translate(config, "gemma-3-4b-it/config.json")
+    message = str(raised.value)
+    assert message.startswith(
+        'gemma-3-4b-it/config.json configures a model of several parts (model_type "gemma3"): '
+        "the language model's keys are under text_config beside vision_config"
+    )
+    assert "mm_tokens_per_image" not in message  # not a list of unknown keys
+
+
 def test_a_model_type_that_is_not_a_string_is_refused_too() -> None:
     config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
     with pytest.raises(HfConfigError, match=r'model_type = \["qwen3"\] in .* is not a family'):

@@ -342,8 +342,27 @@ def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = Fal
     return value
 
 
+def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
+    """A multimodal model's file (Gemma 3 from 4B up, Llama 4, Mistral 3, Qwen2.5-VL) nests
+    its language model's keys under ``text_config`` beside its encoders' (``vision_config``,
+    ``audio_config``). Read alone, the language model would leave the encoders' parameters,
+    activations and compute out of the budget, so the file is refused with what to do."""
+    if not isinstance(config.get("text_config"), Mapping):
+        return
+    others = sorted(k for k in config if k.endswith("_config") and k != "text_config")
+    beside = f" beside {', '.join(others)}" if others else ""
+    raise HfConfigError(
+        f"{where} configures a model of several parts (model_type "
+        f"{json.dumps(config.get('model_type'))}): the language model's keys are under "
+        f"text_config{beside}, and budget prices a language model alone; give hf_config the "
+        "language model's own config.json, or write its dimensions out (text_config lists "
+        "only those that differ from its model_type's defaults)"
+    )
+
+
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
+    _refuse_wrapper(config, where)
     unknown = sorted(set(config) - READ - IGNORED)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
