@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from budget.cli import app, route
 from budget.report_schema import Kind, report_schema, validation_errors
-from tests.plan_files import GPT3, PLANS, ROOT, invalid, too_big, tp4
+from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, too_big, tp4, variant
 
 runner = CliRunner()
 ACCEPTANCE_1 = ["--ranks", "8", "--size", "1GiB", "--bandwidth", "450GB/s", "--latency", "1us"]
@@ -71,8 +71,96 @@ def test_the_schema_is_draft_2020_12_and_the_repository_copy_is_the_packaged_one
 def test_every_plan_report_validates(plan: Path) -> None:
     text, data = _output([str(plan)])
     _valid(data, "report")
+    _described(data)
     again, _ = _output([str(plan)])
     assert text == again  # stable: same keys, same order, same numbers
+
+
+DECODE = ROOT / "plans" / "llama3-70b-decode.yaml"
+H100 = "device: {preset: h100-sxm, reserved: 4 GiB}"
+V3 = """model: {preset: deepseek-v3}
+batch: {seq: 4096, micro: 1, global: 4096}
+parallel: {tp: 1, pp: 1, ep: 64, dp: 2048, zero: 1}
+precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, activations: bf16}
+device: {preset: h800}
+topology: {preset: hgx-h800, nodes: 256}
+"""
+
+
+@pytest.mark.parametrize(
+    "case", ["prefill-b200", "attention-efficiency", "written-device", "latent-attention"]
+)
+def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -> None:
+    """The model, device, layout and topology sections in the forms the shipped plans do not
+    take: a fused kernel with no measurement (the GEMM curve), a rate the plan gives, a
+    device and topology written out (no preset name, no ramp), latent attention and
+    multi-token prediction."""
+    if case == "prefill-b200":
+        plan = variant(
+            tmp_path,
+            "p.yaml",
+            (H100, "device: {preset: b200}"),
+            ("mode: decode", "mode: prefill"),
+            base=DECODE,
+        )
+    elif case == "attention-efficiency":
+        plan = variant(
+            tmp_path,
+            "p.yaml",
+            (H100, "device: {preset: h100-sxm, attention_efficiency: 0.4}"),
+            base=DECODE,
+        )
+    elif case == "written-device":
+        plan = tmp_path / "p.yaml"
+        plan.write_text(gpt13_written(), encoding="utf-8")
+    else:
+        plan = tmp_path / "p.yaml"
+        plan.write_text(V3, encoding="utf-8")
+    _, data = _output([str(plan)])
+    _valid(data, "report")
+    device, model = data["device"], data["model"]
+    expected = {
+        "prefill-b200": ("b200", "gemm"),
+        "attention-efficiency": ("h100-sxm", "plan"),
+        "written-device": ("", "gemm"),
+        "latent-attention": ("h800", "measured"),
+    }[case]
+    assert (device["name"], device["attention_rate"]) == expected
+    assert (model["mla"] is not None) == (case == "latent-attention")
+    assert (model["mtp_layers"] == 1) == (case == "latent-attention")
+    _described(data)
+
+
+def _described(data: dict[str, Any]) -> None:
+    """Every key of the described sections has its entry in the schema: a key the code adds
+    without one fails here rather than reaching users undocumented."""
+    properties = report_schema()["$defs"]["report"]["properties"]
+    for section in ("layout", "model", "device"):
+        assert set(data[section]) <= set(properties[section]["properties"]), section
+    level = properties["topology"]["properties"]["levels"]["items"]["properties"]
+    assert all(set(lv) <= set(level) for lv in data["topology"]["levels"])
+
+
+def test_the_schema_holds_the_report_sections_to_their_types() -> None:
+    """Each section the schema describes refuses a value of the wrong kind."""
+    _, data = _output([str(GPT3)])
+    for section, key, wrong in [
+        ("layout", "tp", "8"),
+        ("layout", "schedule", "zigzag"),
+        ("model", "sliding_window", {"size": 4096}),
+        ("model", "hidden", None),
+        ("device", "attention_rate", "guessed"),
+        ("device", "attention_fraction", 1.5),
+        ("device", "memory_bytes", 8.0e10 + 0.5),
+    ]:
+        bad = json.loads(json.dumps(data))
+        bad[section][key] = wrong
+        assert validation_errors(bad, "report"), (section, key, wrong)
+    bad = json.loads(json.dumps(data))
+    bad["topology"]["levels"][0]["latency_s"] = "3us"
+    assert validation_errors(bad, "report")
+    bad["topology"]["levels"] = []
+    assert validation_errors(bad, "report")
 
 
 def test_check_output_validates(tmp_path: Path) -> None:
