@@ -168,8 +168,9 @@ def _located(path: Path, where: str, message: str) -> str:
 
 
 def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: Path) -> None:
-    """Write the layout as a plan next to `target`, pointing editors at the same schema as
-    the source plan (its path made relative to the new file)."""
+    """Write the layout as a plan at `target`, pointing editors at the same schema as the
+    source plan and reading the same ``hf_config`` (both paths made relative to the new
+    file)."""
     import os
 
     from budget.plan.write import layout_yaml
@@ -183,7 +184,8 @@ def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: P
             schema = Path(os.path.normpath(source.parent.absolute() / reference))
     relative = os.path.relpath(schema, target.absolute().parent)
     node = plan.topology.levels[0].size
-    target.write_text(layout_yaml(source, layout, gpus, node, relative), encoding="utf-8")
+    text = layout_yaml(source, layout, gpus, node, relative, target.absolute().parent)
+    target.write_text(text, encoding="utf-8")
 
 
 def _progress(console: Console, fmt: str) -> Any:

@@ -144,6 +144,24 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
     assert _relative(report.step["time_s"], best["step_time_s"]) < 1e-9
 
 
+def test_a_written_plan_reads_the_same_hf_config_from_another_folder(tmp_path):
+    """The plan's hf_config is relative to its own folder; written elsewhere, the path is
+    rewritten so that the new plan reads the same file (it used to point nowhere)."""
+    source = ROOT / "tests" / "data" / "llama3-70b-hf.yaml"
+    out = tmp_path / "deeper" / "best.yaml"
+    out.parent.mkdir()
+    args = ["search", str(source), *NARROW, "--tp", "8", "--pp", "4", "--write", str(out)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    written = out.read_text(encoding="utf-8")
+    config = (source.parent / "hf" / "llama3-70b" / "config.json").resolve()
+    (line,) = [x for x in written.splitlines() if "hf_config" in x]
+    relative = line.split("hf_config: ", 1)[1].rstrip("}")
+    assert not relative.startswith("/")
+    assert (out.parent / relative).resolve() == config
+    assert build_report(load_plan(out)).model["params_total"] == 70_553_706_496
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -5,6 +5,7 @@ as the user wrote them and the new file budgets exactly as the search evaluated 
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,23 @@ def _tree(path: Path) -> dict[str, Any]:
 
 
 def layout_yaml(
-    source: Path, layout: dict[str, Any], gpus: int, node_size: int | None, schema_ref: str
+    source: Path,
+    layout: dict[str, Any],
+    gpus: int,
+    node_size: int | None,
+    schema_ref: str,
+    folder: Path | None = None,
 ) -> str:
     """The plan at `source` with `layout` (tp, pp, dp, cp, ep, zero, sequence_parallel,
-    recompute, micro, virtual_stages) and `gpus` written in. Hand-written transitions are
-    dropped: the search does not sweep them."""
+    recompute, micro, virtual_stages) and `gpus` written in, to be saved in `folder` (the
+    source's own by default): a relative ``model.hf_config``, which a plan reads from its
+    own folder, is rewritten relative to that one. Hand-written transitions are dropped:
+    the search does not sweep them."""
     tree = copy.deepcopy(_tree(source))
+    model = tree.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
+        config = source.parent.absolute() / model["hf_config"]
+        model["hf_config"] = Path(os.path.relpath(config, folder.absolute())).as_posix()
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]
