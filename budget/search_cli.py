@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,8 @@ def run_search(
             raise ValueError(f"--gpus {gpus}: lay out at least 1 GPU")
         if top < 1:
             raise ValueError(f"--top {top}: list at least 1 layout")
+        if write is not None:
+            _writable(write)
         sweep = space(options)
         given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
         limits = parse_limits(*given) if any(v is not None for v in given) else None
@@ -145,7 +148,11 @@ def run_search(
         layout["layers_per_stage"] = apply(
             plan, outcome.best.config, n
         ).parallel.pipeline.layers_per_stage
-        _write(path, plan, layout, n, write)
+        try:
+            _write(path, plan, layout, n, write)
+        except OSError as error:  # checked up front; the folder may change during the sweep
+            print(f"budget: error: --write {write}: {error.strerror or error}", file=sys.stderr)
+            return 2
     if fmt == "json":
         console.file.write(dump_json(to_dict(outcome, top)))
     elif fmt == "markdown":
@@ -167,12 +174,22 @@ def _located(path: Path, where: str, message: str) -> str:
     return str(Problem(str(path), line, col, where, message))
 
 
+def _writable(target: Path) -> None:
+    """Refuse a ``--write`` path that cannot take a file before the sweep runs, so that a
+    typo costs no search and leaves nothing half-printed."""
+    folder = target.absolute().parent
+    if target.is_dir():
+        raise ValueError(f"--write {target}: is a folder; name the plan file to write")
+    if not folder.is_dir():
+        raise ValueError(f"--write {target}: there is no folder {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--write {target}: the folder {folder} is not writable")
+
+
 def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
     file)."""
-    import os
-
     from budget.plan.write import layout_yaml
 
     schema = Path(__file__).parent / "schemas" / "plan.schema.json"

@@ -162,6 +162,19 @@ def test_a_written_plan_reads_the_same_hf_config_from_another_folder(tmp_path):
     assert build_report(load_plan(out)).model["params_total"] == 70_553_706_496
 
 
+@pytest.mark.parametrize("target", ["missing/best.yaml", "folder"])
+def test_a_write_target_that_cannot_take_a_file_is_refused_before_the_sweep(tmp_path, target):
+    """A missing folder, or a folder named as the file, used to end the sweep in a
+    traceback with the table already printed; now: one error line, exit 2, no stdout."""
+    (tmp_path / "folder").mkdir()
+    args = ["search", str(GPT3), *NARROW, "--write", str(tmp_path / target)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"budget: error: --write {tmp_path / target}: ")
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
