@@ -852,6 +852,41 @@ def test_a_multimodal_file_is_refused_with_where_its_language_model_is() -> None
     assert "mm_tokens_per_image" not in message  # not a list of unknown keys
 
 
+@pytest.mark.parametrize(
+    ("name", "key", "value", "message"),
+    [
+        (
+            "deepseek-v3",
+            "first_k_dense_replace",
+            "x",
+            'first_k_dense_replace = "x" .* not a non-negative integer',
+        ),
+        (
+            "deepseek-v3",
+            "first_k_dense_replace",
+            2.7,
+            "first_k_dense_replace = 2.7 .* not a non-negative",
+        ),
+        ("deepseek-v3", "moe_layer_freq", [2], r"moe_layer_freq = \[2\] .* not a positive integer"),
+        ("deepseek-v3", "moe_layer_freq", -1, "moe_layer_freq = -1 .* not a positive integer"),
+        ("deepseek-v3", "moe_layer_freq", 0, "moe_layer_freq = 0 .* not a positive integer"),
+        ("qwen1.5-moe-a2.7b", "decoder_sparse_step", 2.5, "decoder_sparse_step = 2.5 .* positive"),
+        ("qwen1.5-moe-a2.7b", "mlp_only_layers", 5, "mlp_only_layers = 5 .* not a list of layer"),
+        ("qwen1.5-moe-a2.7b", "mlp_only_layers", "abc", 'mlp_only_layers = "abc" .* not a list'),
+        ("qwen1.5-moe-a2.7b", "mlp_only_layers", [1, -2], r"mlp_only_layers = \[1, -2\] .* list"),
+    ],
+)
+def test_a_malformed_expert_layout_key_is_named_not_truncated_or_a_traceback(
+    name: str, key: str, value: object, message: str
+) -> None:
+    """These keys used to pass through int() or set(): "x" and [2] raised a traceback, 2.5
+    was truncated to 2, -1 acted as 1 and "abc" as no dense layers."""
+    config = json.loads((DATA / "hf" / name / "config.json").read_text())
+    with pytest.raises(HfConfigError, match=message):
+        translate({**config, key: value})
+    assert translate({**config, key: None}).tree  # JSON null: the config class's default
+
+
 def test_a_model_type_that_is_not_a_string_is_refused_too() -> None:
     config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
     with pytest.raises(HfConfigError, match=r'model_type = \["qwen3"\] in .* is not a family'):

@@ -331,6 +331,32 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _optional(config: Mapping[str, Any], key: str, where: str, default: int, least: int = 0) -> int:
+    """An integer key of at least `least`, `default` when absent or null (as the config
+    classes default them); anything else, 2.5 or "2" among them, is an error naming it."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive integer" if least == 1 else "a non-negative integer"
+        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not {kind}")
+    return value
+
+
+def _layer_list(config: Mapping[str, Any], key: str, where: str) -> set[int]:
+    """A list of layer indices (Qwen-MoE's ``mlp_only_layers``), empty when absent or null."""
+    value = config.get(key)
+    if value is None:
+        return set()
+    if not isinstance(value, list) or any(
+        isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value
+    ):
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise HfConfigError(f"{key} = {shown} in {where} is not a list of layer indices")
+    return set(value)
+
+
 def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
     """A true-or-false key (absent or null: `default`); any other value, a string "false"
     among them, is an error naming it as JSON writes it."""
@@ -668,12 +694,12 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         experts["shared_ffn"] = _int(config, "shared_expert_intermediate_size", where)
         experts["shared_gate"] = True  # Qwen2-MoE's shared_expert_gate
     if config.get("n_shared_experts"):
-        width = experts.get("ffn", config.get("intermediate_size", 0))
-        experts["shared_ffn"] = _int(config, "n_shared_experts", where) * int(width)
-    first = int(config.get("first_k_dense_replace") or 0)
-    freq = int(config.get("moe_layer_freq") or 1)
-    step = int(config.get("decoder_sparse_step") or 1)
-    dense_only = set(config.get("mlp_only_layers") or ())
+        width = experts.get("ffn") or _optional(config, "intermediate_size", where, 0)
+        experts["shared_ffn"] = _int(config, "n_shared_experts", where) * width
+    first = _optional(config, "first_k_dense_replace", where, 0)
+    freq = _optional(config, "moe_layer_freq", where, 1, least=1)
+    step = _optional(config, "decoder_sparse_step", where, 1, least=1)
+    dense_only = _layer_list(config, "mlp_only_layers", where)
     if freq == 1 and step == 1 and not dense_only:
         if first:
             experts["first_dense_layers"] = first
