@@ -16,7 +16,7 @@ from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage
 from budget.compute import Roofline
 from budget.compute import roofline as compute_roofline
 from budget.plan.model import Level, Topology
-from budget.topology import price_group, span_of_ranks
+from budget.topology import MAX_GPUS, price_group, span_of_ranks
 from budget.units import parse_bandwidth, parse_bytes, parse_duration, parse_flops
 
 __all__ = [
@@ -128,14 +128,17 @@ def collective(
     if not size:
         raise ValueError("--size is required, e.g. --size 1GiB")
     size_bytes = parse_bytes(size)
-    if ranks is not None and ranks < 1:
-        raise ValueError(f"--ranks must be at least 1, got {ranks}")
+    if ranks is not None and not 1 <= ranks <= MAX_GPUS:
+        raise ValueError(f"--ranks must be from 1 to {MAX_GPUS:,}, got {ranks:,}")
     if levels:
         if bandwidth is not None or latency is not None:
             raise ValueError("give either --bandwidth and --latency or --level, not both")
         parsed = tuple(parse_level(text, i, len(levels)) for i, text in enumerate(levels))
         counts = [count for count, _ in parsed]
         world = math.prod(counts)
+        if world > MAX_GPUS:
+            shown = " × ".join(map(str, counts))
+            raise ValueError(f"the levels hold {shown} = {world:,} ranks; at most {MAX_GPUS:,}")
         if ranks is not None and ranks != world:
             shown = " × ".join(map(str, counts))
             raise ValueError(f"--ranks {ranks} does not match the levels: {shown} = {world}")

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from budget.search import Space
 
 OBJECTIVES = ("time", "memory", "tokens-per-s")
-MAX_GPUS = 2**24  # 16,777,216: the largest clusters hold a few hundred thousand
 
 
 def space(options: dict[str, str | None]) -> Space:
@@ -73,6 +72,7 @@ def run_search(
     from budget.render import dump_json
     from budget.render.search import render_search_markdown, render_search_table
     from budget.search import magnitude, search, to_dict
+    from budget.topology import MAX_GPUS
 
     try:
         if objective not in OBJECTIVES:

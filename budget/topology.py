@@ -48,7 +48,10 @@ from budget.collectives import (
 )
 from budget.plan.model import DTYPE_BYTES, Level, Parallel, Topology
 
+MAX_GPUS = 2**24  # 16,777,216: the largest clusters hold a few hundred thousand
+
 __all__ = [
+    "MAX_GPUS",
     "GroupKind",
     "GroupSpan",
     "group_ranks",

@@ -228,7 +228,7 @@ def test_latency_bound_is_named() -> None:
                 "--latency",
                 "1us",
             ],
-            "--ranks must be at least 1, got 0",
+            "--ranks must be from 1 to 16,777,216, got 0",
         ),
         (
             [
@@ -243,7 +243,36 @@ def test_latency_bound_is_named() -> None:
                 "--latency",
                 "1us",
             ],
-            "--ranks must be at least 1, got -3",
+            "--ranks must be from 1 to 16,777,216, got -3",
+        ),
+        (
+            [
+                "collective",
+                "all-reduce",
+                "--ranks",
+                "99999999999999999999",
+                "--size",
+                "1GiB",
+                "--bandwidth",
+                "1GB/s",
+                "--latency",
+                "1us",
+            ],
+            # an OverflowError traceback from the rank list until this was checked
+            "--ranks must be from 1 to 16,777,216, got 99,999,999,999,999,999,999",
+        ),
+        (
+            [
+                "collective",
+                "all-reduce",
+                "--level",
+                "99999999999:450GB/s:1us",
+                "--level",
+                "4:50GB/s:5us",
+                "--size",
+                "1GiB",
+            ],
+            "the levels hold 99999999999 × 4 = 399,999,999,996 ranks; at most 16,777,216",
         ),
         (
             [
