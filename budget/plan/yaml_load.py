@@ -106,6 +106,9 @@ class Loaded:
     tree: Any
     marks: Marks
     problems: tuple[Problem, ...]
+    # paths whose value was refused and stands as None in the tree (a number too large or
+    # not finite), so that the schema's complaint about that None is not said twice
+    refused: frozenset[str] = frozenset()
 
 
 def decode(data: bytes, file: str) -> tuple[str | None, Problem | None]:
@@ -148,6 +151,7 @@ class _Builder:
         self.root: Any = None
         self.nodes = 0
         self.documents = 0
+        self.refused: set[str] = set()
 
     def problem(self, position: Position, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, position[0], position[1], path, message))
@@ -281,13 +285,19 @@ class _Builder:
         except (ValueError, yaml.YAMLError):
             message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
             raise self.stop(where, path, message) from None
+        # a number past these bounds is one problem of the file, not the end of reading it:
+        # it stands as None, and the file's other problems are still found
         if isinstance(value, float) and not math.isfinite(value):
-            raise self.stop(where, path, f"{text} is not a finite number")
+            return self.refuse(where, path, f"{text} is not a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
-            raise self.stop(
+            return self.refuse(
                 where, path, f"{_shown(text)} is too large (integers must be below 2**63)"
             )
         return value
+
+    def refuse(self, where: Position, path: str, message: str) -> None:
+        self.problem(where, path, message)
+        self.refused.add(path)
 
 
 def _shown(text: str) -> str:
@@ -352,7 +362,7 @@ def load_yaml(text: str, file: str) -> Loaded:
         return Loaded(None, builder.marks, tuple(builder.problems))
     if "$" not in builder.marks.nodes:
         builder.marks.nodes["$"] = (1, 1)
-    return Loaded(root, builder.marks, tuple(builder.problems))
+    return Loaded(root, builder.marks, tuple(builder.problems), frozenset(builder.refused))
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:
