@@ -13,7 +13,7 @@ from budget.catalog.topologies import RAMPS
 from budget.cli import app, route
 from budget.diff import Delta, diff_files, flatten
 from budget.plan.load import load_plan
-from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, tp4
+from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, tp4, variant
 
 runner = CliRunner()
 LLAMA = ROOT / "plans" / "llama3-70b.yaml"
@@ -235,3 +235,21 @@ def test_a_ramp_changed_for_another_is_a_plan_change(tmp_path: Path) -> None:
     (change,) = diff.changes
     assert change.a == f"by message size: {RAMPS['nvlink4'].source}"
     assert change.b == f"by message size: {RAMPS['nvlink3'].source}"
+
+
+def test_at_80_columns_long_phase_names_wrap_and_no_number_is_cut(tmp_path: Path) -> None:
+    """A name such as "pipeline.forward (B only)" widened the first column until the
+    numbers were cut to "16.7 G…" and "−100.…"; the name now wraps instead."""
+    gemma = ROOT / "plans" / "gemma2-9b.yaml"
+    b = variant(
+        tmp_path,
+        "pp2.yaml",
+        ("  tp: 4\n", "  tp: 4\n  pp: 2\n"),
+        ("  dp: 16", "  dp: 8"),
+        base=gemma,
+    )
+    code, out, _ = _diff(gemma, b, width=80)
+    assert code == 0
+    assert "pipeline.forward (B" in out
+    assert "…" not in out
+    assert all(len(line) <= 80 for line in out.splitlines())

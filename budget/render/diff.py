@@ -144,7 +144,9 @@ def _fits(diff: PlanDiff) -> str:
 
 def _table(title: str, first: str, second: str | None) -> Table:
     table = titled_table(title)
-    table.add_column(first, no_wrap=True)
+    # the name wraps (dots and spaces break "pipeline.forward (B only)") so that on a
+    # narrow terminal the numbers keep their width instead of being cut short
+    table.add_column(first, overflow="fold")
     if second is not None:
         table.add_column(second, no_wrap=True)
     for name in ("A", "B", "Δ", "Δ%"):
