@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -832,18 +833,22 @@ class _Checks:
         (``TransformerConfig.__post_init__``).
         """
         m, tp = self.model, self.par.tp
+        # a tp offered must divide both counts, or the next run fails on the other one
+        both = _divisors(math.gcd(m.heads, m.kv_heads))
         if m.heads % tp:
+            grouped = m.kv_heads != m.heads and m.kv_heads % tp  # GQA: both counts fail
+            kv = f" and model.kv_heads = {m.kv_heads} are" if grouped else " is"
+            whole = "query and key/value heads" if grouped else "attention heads"
             self.r.error(
                 "$.parallel.tp",
-                f"model.heads = {m.heads} is not divisible by tp = {tp}: each tensor-parallel "
-                f"rank holds whole attention heads; choose tp among {_divisors(m.heads)}",
+                f"model.heads = {m.heads}{kv} not divisible by tp = {tp}: each tensor-parallel "
+                f"rank holds whole {whole}; choose tp among {both}",
             )
         elif m.kv_heads % tp:
             self.r.error(
                 "$.parallel.tp",
                 f"model.kv_heads = {m.kv_heads} is not divisible by tp = {tp}: each "
-                "tensor-parallel rank holds whole key/value heads; choose tp among "
-                f"{_divisors(m.kv_heads)}",
+                f"tensor-parallel rank holds whole key/value heads; choose tp among {both}",
             )
         if m.qk_norm == "full_width" and tp > 1:
             self.r.error(
