@@ -73,7 +73,7 @@ def test_a_missing_file(tmp_path: Path) -> None:
     result = validate(str(missing))
     assert result.exit_code == 2
     assert result.stderr == (
-        f"{missing}:0:0: error: $: cannot read the plan: No such file or directory\n"
+        f"{missing}:1:1: error: $: cannot read the plan: No such file or directory\n"
     )
 
 
@@ -149,7 +149,7 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 def test_a_directory(tmp_path: Path) -> None:
     result = validate(str(tmp_path))
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"{tmp_path}:0:0: error: $: cannot read the plan: ")
+    assert result.stderr.startswith(f"{tmp_path}:1:1: error: $: cannot read the plan: ")
 
 
 # -- no input makes the CLI print a traceback --------------------------------------------

@@ -30,7 +30,8 @@ def read_plan_bytes(path: Path) -> bytes:
             data = handle.read(MAX_BYTES + 1)  # devices and pipes report size 0
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise BudgetError([Problem(file, 0, 0, "$", f"cannot read the plan: {reason}")]) from None
+        # line 1, column 1 as for the other whole-file problems: editors read 0:0 as no place
+        raise BudgetError([Problem(file, 1, 1, "$", f"cannot read the plan: {reason}")]) from None
     if len(data) > MAX_BYTES:
         raise _too_large(file, len(data))
     return data
