@@ -675,3 +675,22 @@ def test_the_qwen_moe_preset_is_its_config_json() -> None:
     preset = _resolve(_tree(model={"preset": "qwen-moe"}, batch=batch, parallel=parallel))
     config = _resolve(_tree(model={"hf_config": str(data)}, batch=batch, parallel=parallel))
     assert params_total(preset) == params_total(config) == 14_315_784_192
+
+
+def test_a_problem_with_a_key_the_preset_gave_is_placed_at_the_preset() -> None:
+    """heads written as 30 against the preset's 8 kv_heads: the plan writes no kv_heads, so
+    the problem is placed at model.preset and says the preset gave it; a key the plan
+    writes keeps its own place."""
+    with pytest.raises(BudgetError) as refused:
+        _resolve(_tree(model={"preset": "llama3-8b", "heads": 30, "head_dim": 128}))
+    problem, _tp = refused.value.problems  # and heads against tp 8
+    assert problem.path == "$.model.preset"
+    assert problem.message.startswith(
+        "preset llama3-8b gives model.kv_heads: model.heads = 30 is not divisible by "
+        "model.kv_heads = 8"
+    )
+    with pytest.raises(BudgetError) as written:
+        _resolve(_tree(model={"preset": "llama3-8b", "kv_heads": 6}))
+    problem, _tp = written.value.problems
+    assert problem.path == "$.model.kv_heads"
+    assert problem.message.startswith("model.heads = 32 is not divisible by model.kv_heads = 6")

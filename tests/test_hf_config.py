@@ -887,6 +887,16 @@ def test_a_malformed_expert_layout_key_is_named_not_truncated_or_a_traceback(
     assert translate({**config, key: None}).tree  # JSON null: the config class's default
 
 
+def test_a_problem_with_a_key_the_config_gave_is_placed_at_hf_config(tmp_path: Path) -> None:
+    """Mixtral's config with 9 experts per token of 8: the plan writes no experts, so the
+    problem is at the hf_config node (line 7, column 14), naming the file, not at model:."""
+    config = json.loads((DATA / "hf" / "mixtral-8x7b" / "config.json").read_text())
+    problem = _hf_problem(tmp_path, {**config, "num_experts_per_tok": 9})
+    assert problem.path == "$.model.hf_config"
+    assert (problem.line, problem.col) == (7, 14)
+    assert "config.json' gives model.experts.top_k: top_k = 9 routes each token" in problem.message
+
+
 def test_a_model_type_that_is_not_a_string_is_refused_too() -> None:
     config = json.loads((DATA / "hf" / "qwen3-8b" / "config.json").read_text())
     with pytest.raises(HfConfigError, match=r'model_type = \["qwen3"\] in .* is not a family'):

@@ -127,10 +127,26 @@ class _Resolver:
         self.file = file
         self.problems: list[Problem] = []
         self.config_file = ""  # a Hugging Face config's path, as its errors name it
+        # where the model's unwritten keys come from: ($.model.hf_config or $.model.preset,
+        # how a message names it), or None for a model written out; and the plan's own keys
+        self.model_source: tuple[str, str] | None = None
+        self.model_written: Tree = {}
 
     def error(self, path: str, message: str, *, key: bool = False) -> None:
+        """A problem at `path`; one about a model key the plan does not write (it came from
+        a preset or a config file) is placed at the key that brought it in, and says so."""
+        if self.model_source and path.startswith("$.model.") and not self.written(path):
+            origin, name = self.model_source
+            message = f"{name} gives {path.removeprefix('$.')}: {message}"
+            path = origin
         line, col = self.marks.key(path) if key else self.marks.at(path)
         self.problems.append(Problem(self.file, line, col, path, message))
+
+    def written(self, path: str) -> bool:
+        """Whether the plan's own ``model`` section writes the key `path` names, or the
+        key above it (``$.model.experts.top_k``: ``experts``)."""
+        key = re.split(r"[.\[]", path.removeprefix("$.model."), maxsplit=1)[0]
+        return key in self.model_written
 
     def unit(self, parse: Callable[[Any], T], value: Any, path: str) -> T | None:
         try:
@@ -184,6 +200,7 @@ class _Resolver:
                 return None
             base = copy.deepcopy(preset.tree)
             name = preset.name
+            self.model_source = ("$.model.preset", f"preset {name}")
         if "hf_config" in tree:
             from budget.plan.hf_config import HfConfigError, read_hf_config
 
@@ -195,6 +212,7 @@ class _Resolver:
                 return None
             base = dict(hf.tree)
             self.config_file = repr(str(path))
+            self.model_source = ("$.model.hf_config", self.config_file)
             from budget.plan.schema import model_problems
 
             broken = model_problems(base)
@@ -208,6 +226,7 @@ class _Resolver:
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
+        self.model_written = own
         for key in _MERGED:
             if key in own and key in base:
                 own[key] = {**base[key], **own[key]}
