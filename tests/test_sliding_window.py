@@ -10,6 +10,7 @@ import pytest
 
 from budget import flops
 from budget.diff import plan_changes
+from budget.errors import BudgetError
 from budget.inference import _working_set, kv_cache_bytes
 from budget.layers import shapes
 from budget.pipeline import build_report
@@ -239,3 +240,31 @@ def test_the_shipped_gemma_plan_is_what_its_released_config_reads_as(tmp_path: P
     hand["model"].pop("name"), hf["model"].pop("name")
     assert hand == hf
     assert hand["model"]["params_total"] == 9_241_705_984
+
+
+def test_sliding_window_null_turns_a_configs_window_off(tmp_path: Path) -> None:
+    """Gemma 2 9B from its config with `sliding_window: null`: every layer attends to the
+    whole context, as the same dimensions with the window's layers all false do; and a
+    layer count that no longer matches the config's list says how to turn it off."""
+    plan = (ROOT / "plans" / "gemma2-9b.yaml").read_text(encoding="utf-8")
+    config = ROOT / "tests" / "data" / "hf" / "gemma-2-9b" / "config.json"
+    model = plan[plan.index("\nmodel:\n") + 1 : plan.index("\nbatch:\n") + 1]
+    written = plan.replace(model, f"model:\n  hf_config: {config}\n")
+    off = tmp_path / "off.yaml"
+    off.write_text(written.replace("model:\n", "model:\n  sliding_window: null\n", 1))
+    report = to_dict(build_report(load_plan(off)))
+    assert report["model"]["sliding_window"] is None
+    assert report["device"]["attention_window_keys"] is None
+    on = tmp_path / "on.yaml"
+    on.write_text(written)
+    assert to_dict(build_report(load_plan(on)))["model"]["sliding_window"] == {
+        "size": 4096,
+        "sliding_layers": 21,
+    }
+    fewer = tmp_path / "fewer.yaml"
+    fewer.write_text(written.replace("model:\n", "model:\n  layers: 40\n", 1))
+    with pytest.raises(BudgetError) as refused:
+        load_plan(fewer)
+    (problem,) = refused.value.problems
+    assert problem.path == "$.model.hf_config"
+    assert problem.message.endswith("per layer, or sliding_window: null for none")

@@ -227,8 +227,8 @@ class _Resolver:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
         self.model_written = own
-        for key in _MERGED:
-            if key in own and key in base:
+        for key in _MERGED:  # null (a window turned off) replaces rather than merges
+            if isinstance(own.get(key), dict) and isinstance(base.get(key), dict):
                 own[key] = {**base[key], **own[key]}
         return {**base, **own}, name
 
@@ -262,7 +262,7 @@ class _Resolver:
         ffn = _int(tree.get("ffn", default_ffn))
         layers = _int(tree["layers"])
         for key, needed in _MERGED.items():
-            missing = [k for k in needed if key in tree and k not in tree[key]]
+            missing = [k for k in needed if isinstance(tree.get(key), dict) and k not in tree[key]]
             if missing:
                 self.error(
                     f"$.model.{key}",
@@ -332,7 +332,7 @@ class _Resolver:
                 "$.model.sliding_window.layers",
                 f"layers has {len(flags)} entries{where} but the model has {layers} layers; "
                 "give model.sliding_window.layers with one true (slides) or false (full "
-                "attention) per layer",
+                "attention) per layer, or sliding_window: null for none",
             )
         if not any(flags):  # no layer slides: the window is nobody's
             return 0, None
