@@ -527,6 +527,15 @@ def test_a_config_too_large_or_not_utf8_is_not_read(tmp_path: Path) -> None:
         read_hf_config(path)
 
 
+def test_a_byte_order_mark_is_read_past_as_in_a_plan(tmp_path: Path) -> None:
+    """Python's json refuses a leading BOM in its own words ("decode using utf-8-sig"); a
+    plan file may start with one, so a config may too."""
+    original = DATA / "hf" / "llama3-70b" / "config.json"
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + original.read_bytes())
+    assert read_hf_config(path).tree == read_hf_config(original).tree
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [

@@ -272,7 +272,7 @@ def read_hf_config(path: Path) -> HfModel:
     if len(data) > MAX_BYTES:
         raise HfConfigError(f"{shown} is over {MAX_BYTES:,} bytes, so it was not read")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark, as plans
     except UnicodeDecodeError as error:
         raise HfConfigError(f"{shown} is not UTF-8 text (byte {error.start:,})") from None
     try:
