@@ -677,18 +677,28 @@ def test_the_qwen_moe_preset_is_its_config_json() -> None:
     assert params_total(preset) == params_total(config) == 14_315_784_192
 
 
-def test_a_problem_with_a_key_the_preset_gave_is_placed_at_the_preset() -> None:
-    """heads written as 30 against the preset's 8 kv_heads: the plan writes no kv_heads, so
-    the problem is placed at model.preset and says the preset gave it; a key the plan
-    writes keeps its own place."""
+def test_a_problem_with_a_key_the_preset_gave_is_placed_where_the_author_looks() -> None:
+    """A check between two model keys is placed at the one the plan writes (heads written
+    as 30 against the preset's 8 kv_heads: at heads); one about a key only the preset
+    gives is placed at model.preset and says the preset gave it."""
+    with pytest.raises(BudgetError) as preset:
+        _resolve(_tree(model={"preset": "deepseek-v3", "layers": 2}, parallel={"dp": 8}))
+    (problem,) = preset.value.problems
+    assert problem.path == "$.model.preset"
+    assert problem.message.startswith(
+        "preset deepseek-v3 gives model.experts.first_dense_layers: first_dense_layers = 3 "
+        "leaves no MoE layer in a model of 2 layers"
+    )
     with pytest.raises(BudgetError) as refused:
         _resolve(_tree(model={"preset": "llama3-8b", "heads": 30, "head_dim": 128}))
     problem, _tp = refused.value.problems  # and heads against tp 8
-    assert problem.path == "$.model.preset"
-    assert problem.message.startswith(
-        "preset llama3-8b gives model.kv_heads: model.heads = 30 is not divisible by "
-        "model.kv_heads = 8"
-    )
+    assert problem.path == "$.model.heads"  # the key the plan writes
+    assert problem.message.startswith("model.heads = 30 is not divisible by model.kv_heads = 8")
+    with pytest.raises(BudgetError) as gave:  # a written hidden the preset's heads do not divide
+        _resolve(_tree(model={"preset": "gpt3-175b", "hidden": 12290}))
+    problem, *_ = gave.value.problems
+    assert problem.path == "$.model.hidden"
+    assert problem.message.startswith("model.hidden = 12290 is not divisible by model.heads = 96")
     with pytest.raises(BudgetError) as written:
         _resolve(_tree(model={"preset": "llama3-8b", "kv_heads": 6}))
     problem, _tp = written.value.problems

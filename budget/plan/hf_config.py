@@ -375,7 +375,11 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
     activations and compute out of the budget, so the file is refused with what to do."""
     if not isinstance(config.get("text_config"), Mapping):
         return
-    others = sorted(k for k in config if k.endswith("_config") and k != "text_config")
+    others = sorted(
+        k
+        for k in config
+        if k.endswith("_config") and k not in ("text_config", "quantization_config")
+    )
     beside = f" beside {', '.join(others)}" if others else ""
     raise HfConfigError(
         f"{where} configures a model of several parts (model_type "

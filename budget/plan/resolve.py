@@ -135,12 +135,22 @@ class _Resolver:
     def error(self, path: str, message: str, *, key: bool = False) -> None:
         """A problem at `path`; one about a model key the plan does not write (it came from
         a preset or a config file) is placed at the key that brought it in, and says so."""
-        if self.model_source and path.startswith("$.model.") and not self.written(path):
+        if (
+            self.model_source
+            and path.startswith("$.model.")
+            and path not in ("$.model.hf_config", "$.model.preset")  # already the source
+            and not self.written(path)
+        ):
             origin, name = self.model_source
             message = f"{name} gives {path.removeprefix('$.')}: {message}"
             path = origin
         line, col = self.marks.key(path) if key else self.marks.at(path)
         self.problems.append(Problem(self.file, line, col, path, message))
+
+    def culprit(self, *paths: str) -> str:
+        """Of the model keys a check relates, the first the plan writes (where its author
+        looks), else the first: ``heads`` written over a preset's ``kv_heads``."""
+        return next((p for p in paths if self.written(p)), paths[0])
 
     def written(self, path: str) -> bool:
         """Whether the plan's own ``model`` section writes the key `path` names, or the
@@ -243,7 +253,7 @@ class _Resolver:
             head_dim = _int(tree["head_dim"])
         elif hidden % heads:
             self.error(
-                "$.model.heads",
+                self.culprit("$.model.heads", "$.model.hidden"),
                 f"model.hidden = {hidden} is not divisible by model.heads = {heads}, so the "
                 "head dimension is not a whole number; set model.head_dim",
             )
@@ -252,7 +262,7 @@ class _Resolver:
             head_dim = hidden // heads
         if heads % kv_heads:
             self.error(
-                "$.model.kv_heads",
+                self.culprit("$.model.kv_heads", "$.model.heads"),
                 f"model.heads = {heads} is not divisible by model.kv_heads = {kv_heads}: in "
                 "grouped-query attention each key/value head serves a whole number of query "
                 f"heads; choose kv_heads among {_divisors(heads)}",
@@ -327,7 +337,9 @@ class _Resolver:
         if flags is None:
             return _int(tree["size"]), None
         if len(flags) != layers:
-            where = f" (one per layer of {self.config_file})" if self.config_file else ""
+            # the config's list, unless the message already names the config (`error`)
+            ours = self.config_file and self.written("$.model.sliding_window")
+            where = f" (one per layer of {self.config_file})" if ours else ""
             self.error(
                 "$.model.sliding_window.layers",
                 f"layers has {len(flags)} entries{where} but the model has {layers} layers; "
