@@ -162,6 +162,35 @@ def test_a_written_plan_reads_the_same_hf_config_from_another_folder(tmp_path):
     assert build_report(load_plan(out)).model["params_total"] == 70_553_706_496
 
 
+@pytest.mark.parametrize("case", ["source-through-link", "target-through-link", "absolute"])
+def test_a_written_hf_config_path_survives_links_and_absolute_paths(tmp_path, case):
+    """A plan reached through a symlinked folder, or written into one: "link/.." is where
+    the link points, so the path is computed on resolved folders. An absolute hf_config is
+    kept as written."""
+    real, deep = tmp_path / "real", tmp_path / "deep" / "a" / "b"
+    (real / "plans").mkdir(parents=True)
+    (real / "hf").mkdir()
+    deep.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    config = real / "hf" / "config.json"
+    config.write_bytes((ROOT / "tests" / "data" / "hf" / "llama3-70b" / "config.json").read_bytes())
+    written = str(config) if case == "absolute" else "../hf/config.json"
+    text = (ROOT / "tests" / "data" / "llama3-70b-hf.yaml").read_text(encoding="utf-8")
+    (real / "plans" / "plan.yaml").write_text(text.replace("hf/llama3-70b/config.json", written))
+    (tmp_path / "plans-link").symlink_to(real / "plans")
+    (tmp_path / "out-link").symlink_to(deep)
+    source = (
+        tmp_path / ("plans-link" if case == "source-through-link" else "real/plans") / "plan.yaml"
+    )
+    out = tmp_path / ("out-link" if case == "target-through-link" else "out") / "best.yaml"
+    args = ["search", str(source), *NARROW, "--tp", "8", "--pp", "4", "--write", str(out)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    assert build_report(load_plan(out)).model["params_total"] == 70_553_706_496
+    if case == "absolute":
+        assert f"hf_config: {config}" in out.read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("target", ["missing/best.yaml", "folder"])
 def test_a_write_target_that_cannot_take_a_file_is_refused_before_the_sweep(tmp_path, target):
     """A missing folder, or a folder named as the file, used to end the sweep in a

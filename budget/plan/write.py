@@ -27,6 +27,17 @@ def _tree(path: Path) -> dict[str, Any]:
     return tree
 
 
+def _rebased(written: str, origin: Path, folder: Path) -> str:
+    """A path `written` relative to `origin`, made relative to `folder` (an absolute one
+    as it is). Through symlinks as the file system resolves them: "link/.." is where the
+    link points, not the folder holding the link; absolute if no relative path reaches."""
+    if Path(written).is_absolute():
+        return written
+    target = (origin / written).resolve()
+    relative = Path(os.path.relpath(target, folder.resolve()))
+    return (relative if (folder / relative).resolve() == target else target).as_posix()
+
+
 def layout_yaml(
     source: Path,
     layout: dict[str, Any],
@@ -38,13 +49,12 @@ def layout_yaml(
     """The plan at `source` with `layout` (tp, pp, dp, cp, ep, zero, sequence_parallel,
     recompute, micro, virtual_stages) and `gpus` written in, to be saved in `folder` (the
     source's own by default): a relative ``model.hf_config``, which a plan reads from its
-    own folder, is rewritten relative to that one. Hand-written transitions are dropped:
-    the search does not sweep them."""
+    own folder, is rewritten relative to that one (an absolute one is kept). Hand-written
+    transitions are dropped: the search does not sweep them."""
     tree = copy.deepcopy(_tree(source))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
-        config = source.parent.absolute() / model["hf_config"]
-        model["hf_config"] = Path(os.path.relpath(config, folder.absolute())).as_posix()
+        model["hf_config"] = _rebased(model["hf_config"], source.parent, folder)
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]
