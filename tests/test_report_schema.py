@@ -88,7 +88,14 @@ topology: {preset: hgx-h800, nodes: 256}
 
 
 @pytest.mark.parametrize(
-    "case", ["prefill-b200", "attention-efficiency", "written-device", "latent-attention"]
+    "case",
+    [
+        "prefill-b200",
+        "attention-efficiency",
+        "written-device",
+        "latent-attention",
+        "prompt-zero",
+    ],
 )
 def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -> None:
     """The model, device, layout and topology sections in the forms the shipped plans do not
@@ -110,6 +117,14 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
             (H100, "device: {preset: h100-sxm, attention_efficiency: 0.4}"),
             base=DECODE,
         )
+    elif case == "prompt-zero":  # decoding from an empty prompt: 0 keys per prefill call
+        plan = variant(
+            tmp_path,
+            "p.yaml",
+            ("prompt: 2048", "prompt: 0"),
+            (H100, "device: {preset: h100-sxm, memory: 0 GiB}"),
+            base=DECODE,
+        )
     elif case == "written-device":
         plan = tmp_path / "p.yaml"
         plan.write_text(gpt13_written(), encoding="utf-8")
@@ -124,6 +139,7 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
         "attention-efficiency": ("h100-sxm", "plan"),
         "written-device": ("", "gemm"),
         "latent-attention": ("h800", "measured"),
+        "prompt-zero": ("h100-sxm", "measured"),
     }[case]
     assert (device["name"], device["attention_rate"]) == expected
     assert (model["mla"] is not None) == (case == "latent-attention")
