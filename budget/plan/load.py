@@ -45,11 +45,6 @@ def _too_large(file: str, size: int) -> BudgetError:
     return BudgetError([Problem(file, 1, 1, "$", message)])
 
 
-def _refused(path: str, refused: frozenset[str]) -> bool:
-    """Whether `path` is, or lies under, a value the loader refused (and already named)."""
-    return any(path == r or path.startswith((r + ".", r + "[")) for r in refused)
-
-
 def load_plan(path: Path) -> Plan:
     """Read, validate and resolve the plan at `path`; `BudgetError` lists every problem.
 
@@ -63,8 +58,7 @@ def load_plan(path: Path) -> Plan:
     loaded = load_yaml(text, file)
     if loaded.tree is None:
         raise BudgetError(list(loaded.problems))
-    schema = validate_tree(loaded.tree, loaded.marks, file)
-    problems = [*loaded.problems, *(p for p in schema if not _refused(p.path, loaded.refused))]
+    problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file, loaded.refused)]
     if problems:
         raise BudgetError(problems)
     return resolve(loaded.tree, loaded.marks, file)

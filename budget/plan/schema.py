@@ -40,10 +40,19 @@ def _validator() -> Any:
     return Draft202012Validator(schema())
 
 
-def validate_tree(tree: Any, marks: Marks, file: str) -> list[Problem]:
-    """Every way `tree` breaks the schema, one `Problem` each, positioned by `marks`."""
+def validate_tree(
+    tree: Any, marks: Marks, file: str, refused: frozenset[str] = frozenset()
+) -> list[Problem]:
+    """Every way `tree` breaks the schema, one `Problem` each, positioned by `marks`.
+
+    `refused` are the paths where the loader refused a value and left None in its place
+    (already a problem of their own): the schema's complaint about that None is not
+    repeated, but any other problem at the same path (an unknown key) still is."""
     problems: list[Problem] = []
     for error in _validator().iter_errors(tree):
+        placeholder = error.instance is None and error.validator != "additionalProperties"
+        if placeholder and _path(error.absolute_path) in refused:
+            continue
         problems.extend(_problems(error, marks, file))
     return sorted(set(problems))
 

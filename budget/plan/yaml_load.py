@@ -189,7 +189,7 @@ class _Builder:
                 self.take_key(frame, event, where)
             else:
                 path = self.value_path()
-                self.marks.nodes[path] = where
+                self.marks.nodes.setdefault(path, where)  # a duplicate key keeps the first place
                 self.attach(self.scalar(event, where, path))
         elif isinstance(event, yaml.CollectionStartEvent):
             self.count(where)
@@ -197,7 +197,7 @@ class _Builder:
             if len(self.stack) >= MAX_DEPTH:
                 raise self.stop(where, path, f"nesting deeper than {MAX_DEPTH} levels")
             self.check_tag(event.tag, where, path, isinstance(event, yaml.MappingStartEvent))
-            self.marks.nodes[path] = self.introducer(where)
+            self.marks.nodes.setdefault(path, self.introducer(where))
             if isinstance(event, yaml.MappingStartEvent):
                 self.stack.append(_Frame({}, path))
             else:
