@@ -1463,7 +1463,12 @@ def _reduce(b: _StageBuilder) -> None:
 
     ZeRO-0: all-reduce the gradients. ZeRO-1/2: reduce-scatter the gradients, step on the
     shard, all-gather the updated parameters (Megatron-LM's distributed optimizer; ZeRO
-    section 7: the same volume as one all-reduce). ZeRO-3 reduces per block in backward.
+    section 7: the same volume as one all-reduce). ZeRO-1 reduces once per step, from the
+    full gradient buffer the micro-batches accumulate in; ZeRO-2 keeps only its shard, so
+    it reduce-scatters after every micro-batch's backward ("gradient reduction is required
+    after every backward because of gradient partitioning": DeepSpeed issue 2252, and
+    ``stage_1_and_2.py``, which communicates off the accumulation boundary too). ZeRO-3
+    reduces per block in backward.
     Non-expert gradients are reduced over dp x cp (Megatron-LM), expert gradients over the
     expert data-parallel group. Under sequence parallelism the parameters every tp rank
     applies to its own token shard (`layers.sequence_parallel_params`) are all-reduced over
@@ -1514,7 +1519,23 @@ def _reduce(b: _StageBuilder) -> None:
             "bucket behind the last micro-batch's backward (last bucket exposed)"
         )
         reduce = [hide(m, "@backward-microbatch", "dp_grads", rule, share, floor) for m in reduce]
-        grads += when(reduce[:1], zero == 0) + when(reduce[1:], (zero == 1) | (zero == 2))
+        # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every
+        # micro-batch's backward, each behind its own backward (module docstring)
+        every_backward = hide(
+            replace(reduce[1], count=b.microbatches),
+            "@backward-microbatch",
+            "dp_grads",
+            "ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only the "
+            "shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
+            "behind it (last bucket exposed)",
+            share,
+            floor,
+        )
+        grads += (
+            when(reduce[:1], zero == 0)
+            + when(reduce[1:], zero == 1)
+            + when([every_backward], zero == 2)
+        )
         gather = Move(
             f"updated {prefix}parameters",
             "all-gather",

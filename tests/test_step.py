@@ -222,6 +222,31 @@ def test_zero0_all_reduces_and_zero1_reduce_scatters_then_gathers():
     assert not [o for o in ops3 if o[1] == "dp.grads"]
 
 
+def test_zero2_reduce_scatters_after_every_micro_batch_and_zero1_once():
+    """ZeRO-2 keeps only its shard of the gradients, so it cannot accumulate a full copy
+    over the micro-batches: one reduce-scatter per micro-batch's backward (DeepSpeed issue
+    2252), where ZeRO-1 reduces its accumulated buffer once. Same size each time: the
+    rank's gradients, so ZeRO-2's step moves m times ZeRO-1's bytes."""
+    from budget.schedule import step_time
+
+    def grads(zero: int, micro: int) -> tuple[object, int, float]:
+        plan = make_plan(zero=zero, micro=micro)
+        stage = derive(plan).stages[0]
+        (phase,) = [p for p in stage.phases if p.name == "dp.grads"]
+        (move,) = [m for m in phase.moves if m.group == "dp"]
+        timed = step_time(plan, derive(plan)).stages[0]
+        (priced,) = [p for p in timed.phases if p.name == "dp.grads"]
+        (t,) = [t for t in priced.moves if t.move.group == "dp"]
+        return move.count, move.size_bytes, t.time_s * t.move.count
+
+    m = make_plan(micro=1).microbatches
+    assert m > 1
+    one, two = grads(1, 1), grads(2, 1)
+    assert one[0] == 1 and two[0] == m
+    assert one[1] == two[1]  # the same bytes per call
+    assert two[2] == pytest.approx(m * one[2])
+
+
 def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter():
     def tp_ops(sp):
         stage = derive(make_plan(sp=sp)).stages[1]
