@@ -117,7 +117,13 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
 
 
 def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple[PhaseRow, ...]:
-    """One row per phase name, in step order, from the stage where it costs the most."""
+    """One row per phase name, in step order, from the stage where it costs the most.
+
+    In training the stages work side by side, so a row is its costliest stage's. A serving
+    pass crosses the stages one after another (`schedule.serving_time`), so there a row's
+    times are the sum over the stages; its payload and collectives stay the costliest
+    stage's, per rank."""
+    serving = times.ttft_s is not None
     names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
     names.sort(key=lambda n: PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER))
     rows = []
@@ -131,6 +137,11 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
                     busy = (phase.compute_s + phase.exposed_s) * phase.count
                     candidates.append((payload, busy, -stage.stage, phase, collectives))
         payload, _, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
+        same = [c[3] for c in candidates] if serving else [phase]
+
+        def total(field: str, same: list[PhaseTime] = same) -> float | None:
+            return sum(getattr(p, field) * p.count for p in same) if timing else None
+
         peaks = [(s.phase_peaks[name], -s.stage) for s in mem.stages if name in s.phase_peaks]
         peak_bytes, peak_stage = 0, None
         overlap: tuple[Overlapping, ...] = ()
@@ -141,17 +152,17 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
         rows.append(
             PhaseRow(
                 name=name,
-                count=phase.count,
+                count=sum(p.count for p in same),  # serving: over the stages
                 stage=-neg_stage,
                 payload_bytes=payload,
                 peak_bytes=peak_bytes,
                 peak_stage=peak_stage,
                 peak_overlap=overlap,
                 collectives=collectives,
-                compute_s=phase.compute_s * phase.count if timing else None,
-                comm_s=phase.comm_s * phase.count if timing else None,
-                exposed_s=phase.exposed_s * phase.count if timing else None,
-                slowdown_s=phase.slowdown_s * phase.count if timing else None,
+                compute_s=total("compute_s"),
+                comm_s=total("comm_s"),
+                exposed_s=total("exposed_s"),
+                slowdown_s=total("slowdown_s"),
             )
         )
     return tuple(rows)

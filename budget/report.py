@@ -265,3 +265,12 @@ def group_name(group: str, layout: dict[str, Any]) -> str:
     context-parallel ranks too (gradients are reduced and optimizer states sharded over
     dp × cp), so with cp > 1 it is written dp×cp, not dp beside a count larger than dp."""
     return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
+
+
+def phase_scope(report: Report) -> str:
+    """What a phase row stands for: in training the stage where it costs most (the stages
+    work side by side); a serving pass crosses the stages one after another, so there its
+    times are summed over them (`pipeline._phase_rows`)."""
+    if report.mode == "train" or report.layout.get("pp", 1) == 1:
+        return "per rank, on the stage where each costs most"
+    return "per rank; times summed over the stages a pass crosses, payloads of the costliest"

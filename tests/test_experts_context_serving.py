@@ -21,8 +21,10 @@ from budget.memory import memory
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Experts, Model
+from budget.report import to_dict
 from budget.step import derive
 from tests.builders import make_plan
+from tests.plan_files import ROOT, variant
 
 PLANS = Path(__file__).parent.parent / "plans"
 
@@ -491,3 +493,22 @@ def test_ep_outside_the_data_parallel_ranks_is_refused_in_training(tmp_path):
     (problem,) = raised.value.problems
     assert problem.path == "$.parallel.ep"
     assert "ep = 8 does not divide cp × dp = 1 × 1" in problem.message
+
+
+def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path) -> None:
+    """Llama 3 70B decode on tp 8 × pp 4: a pass crosses the four stages in turn, so the
+    step's compute plus exposed communication is the whole serving time (it was one
+    stage's: 2.98 s of 11.72 s, and an exposed share of 9.9 % where pp 1 has 38.7 %), and
+    each phase row counts every stage's layers."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    plan = variant(
+        tmp_path, "pp4.yaml", ("  pp: 1", "  pp: 4"), ("nodes: 1}", "nodes: 4}"), base=decode
+    )
+    report = to_dict(build_report(load_plan(plan)))
+    step = report["step"]
+    assert step["compute_s"] + step["exposed_comm_s"] == pytest.approx(step["time_s"], rel=1e-12)
+    rows = {p["name"]: p for p in report["phases"]}
+    assert rows["decode.attention"]["count"] == 80 * 512  # every layer, every token
+    assert sum(p["exposed_s"] for p in report["phases"]) == pytest.approx(step["exposed_comm_s"])
+    one = to_dict(build_report(load_plan(decode)))["step"]
+    assert one["compute_s"] + one["exposed_comm_s"] == pytest.approx(one["time_s"], rel=1e-12)

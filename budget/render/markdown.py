@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, ramp_shares
+from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def render_markdown(report: Report) -> str:
         ],
         {3, 4},
     )
-    lines.append("### Phases (per rank, on the stage where each costs most)")
+    lines.append(f"### Phases ({phase_scope(report)})")
     lines.append("")
     lines += markdown_table(
         [

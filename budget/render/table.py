@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from budget.phases import CARRIED_ACTIVATIONS
-from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, ramp_shares
+from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_shares
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
 
 def phase_table(report: Report, wide: bool) -> Table:
     timed = report.step["time_s"] is not None
-    table = titled_table("Phases of one step (per rank, on the stage where each costs most)")
+    table = titled_table(f"Phases of one step ({phase_scope(report)})")
     table.add_column("phase", no_wrap=True)
     _num(table, "count")
     if timed:
