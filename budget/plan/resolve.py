@@ -65,6 +65,14 @@ _PLACEMENT = re.compile(
     r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]+)\s*\)|(?P<kind>replicate|partial))\s*$"
 )
 _TRAIN_KEYS = ("seq", "micro", "global")
+# what only a training step has: ZeRO's shards, recomputation, the gradient and optimizer
+# formats and the data-parallel overlaps of the gradient reduction and parameter gather
+_TRAINING_ONLY: dict[str, tuple[str, ...]] = {
+    "": ("recompute",),
+    "parallel": ("zero",),
+    "precision": ("grads", "master", "optimizer", "optimizer_state", "param_gather"),
+    "overlap": ("dp_grads", "param_gather"),
+}
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
 PRESET_AND_CONFIG = (
@@ -408,6 +416,24 @@ class _Resolver:
             capacity_factor=float(capacity) if capacity is not None else None,
         )
 
+    def training_only(self, tree: Tree, mode: str) -> None:
+        """A serving plan holds no gradients, optimizer or saved activations: keys that
+        budget them would be read and ignored, so they are refused as batch.seq is, unless
+        they say what serving does anyway (recompute: none, zero: 0, an overlap off)."""
+        for section, keys in _TRAINING_ONLY.items():
+            written = tree.get(section, {}) if section else tree
+            for key in keys:
+                value = written.get(key) if isinstance(written, Mapping) else None
+                if value is None or value is False or value == "none" or value == 0:
+                    continue
+                path = f"$.{section}.{key}" if section else f"$.{key}"
+                self.error(
+                    path,
+                    f"{path[2:]} does not apply to a {mode} plan, which keeps no gradients, "
+                    "optimizer states or activations for a backward pass; remove it",
+                    key=True,
+                )
+
     def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
         """Training: seq, micro, global. Inference: sequences, prompt, generate.
 
@@ -434,6 +460,11 @@ class _Resolver:
             )
         sequences, prompt = _int(tree["sequences"]), _int(tree["prompt"])
         generate = _int(tree.get("generate", 0))
+        if mode == "prefill" and prompt < 1:
+            self.error(
+                "$.batch.prompt",
+                "a prefill plan reads at least one prompt token; set batch.prompt ≥ 1",
+            )
         if mode == "decode" and generate < 1:
             self.error(
                 "$.batch.generate",
@@ -535,7 +566,13 @@ class _Resolver:
         flops: dict[str, float] = dict(preset.flops) if preset is not None else {}
         for dtype, rate in tree.get("flops", {}).items():
             parsed = self.unit(units.parse_flops, rate, f"$.device.flops.{dtype}")
-            if parsed is not None:
+            if parsed == 0:  # a peak of nothing would time every kernel at forever
+                self.error(
+                    f"$.device.flops.{dtype}",
+                    f"device.flops.{dtype} is 0; give the peak, such as '989 TFLOP/s', or "
+                    "leave the format out",
+                )
+            elif parsed is not None:
                 flops[dtype] = parsed
         default_bandwidth = preset.memory_bandwidth if preset is not None else 0
         bandwidth = self.unit(
@@ -1149,6 +1186,8 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
             "the whole context (ring steps, or a gathered K/V and a sharded cache), not over "
             "a window; set cp to 1",
         )
+    if mode != "train":
+        r.training_only(tree, mode)
     precision = r.precision(tree.get("precision", {}))
     device = r.device(tree["device"])
     if device is not None and device.flops and not device.peak_flops(precision.matmul):
