@@ -156,3 +156,19 @@ def test_markdown_is_a_pull_request_summary(tmp_path: Path) -> None:
     )
     assert any(line.startswith(f"| `{GPT3}` | ✅ pass |") for line in lines)
     assert any(line.startswith("- **memory**: stage 0 does not fit") for line in lines)
+
+
+def test_markdown_survives_file_and_plan_names_that_are_markup(tmp_path: Path) -> None:
+    """A file name with a pipe split its table row into one cell too many; a plan name is
+    whatever its author typed, and a CI summary renders it: escaped, it stays text."""
+    odd = tmp_path / "a|b`c.yaml"
+    text = GPT3.read_text(encoding="utf-8").replace("name: gpt3-175b", "name: <b>x</b>_y", 1)
+    odd.write_text(text, encoding="utf-8")
+    code, out, _ = _check(odd, "--format", "markdown")
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if "pass" in line and line.startswith("|")]
+    cells = [c for c in row.replace("\\|", "").split("|")[1:-1]]
+    assert len(cells) == 8  # plan, result, worst stage, peak, capacity, headroom, step, exposed
+    assert "``" in row  # the backtick in the name lengthens the code span's fence
+    result = runner.invoke(app, route([str(odd), "--format", "markdown"]))
+    assert result.stdout.splitlines()[0] == "## budget: \\<b\\>x\\</b\\>\\_y"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from budget.render.markdown import code, fence
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -90,12 +91,12 @@ def check_markdown(result: CheckResult) -> str:
     for v in result.verdicts:
         report = v.report
         if report is None:
-            lines.append(f"| `{v.file}` | ⚠️ invalid | | | | | | |")
+            lines.append(f"| {code(v.file, cell=True)} | ⚠️ invalid | | | | | | |")
             continue
         worst = report.worst
         time_s, share = report.step["time_s"], report.step.get("exposed_share")
         cells = [
-            f"`{v.file}`",
+            code(v.file, cell=True),
             "✅ pass" if v.passed else "❌ fail",
             str(worst.stage),
             format_bytes(worst.peak_bytes),
@@ -108,11 +109,10 @@ def check_markdown(result: CheckResult) -> str:
     lines += ["", "Limits: " + "; ".join(result.limits.describe()) + ".", ""]
     for v in result.verdicts:
         if v.reasons:
-            lines += [f"### ❌ `{v.file}`", ""]
+            lines += [f"### ❌ {code(v.file)}", ""]
             lines += [f"- **{r.limit}**: {r.message}" for r in v.reasons]
             lines.append("")
         if v.problems:
-            lines += [f"### ⚠️ `{v.file}` is invalid", "", "```"]
-            lines += [str(p) for p in v.problems]
-            lines += ["```", ""]
+            lines += [f"### ⚠️ {code(v.file)} is invalid", ""]
+            lines += [*fence([str(p) for p in v.problems]), ""]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from budget.render.markdown import code, plain
 from budget.render.table import titled_table
 from budget.units import format_bytes, format_duration, format_flops, format_rate
 
@@ -239,10 +240,10 @@ def _md_cells(delta: Delta) -> list[str]:
 def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     """The comparison as GitHub-flavoured markdown tables (🟢 better, 🔴 worse)."""
     lines = [
-        f"## budget diff: {a.name} → {b.name}",
+        f"## budget diff: {plain(a.name)} → {plain(b.name)}",
         "",
-        f"- A: `{_title(a)}`",
-        f"- B: `{_title(b)}`",
+        f"- A: {code(_title(a))}",
+        f"- B: {code(_title(b))}",
     ]
     lines.append("")
     if diff.identical:

@@ -5,6 +5,7 @@ The same figures as the terminal tables, with every column (a page has no width 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_shares
@@ -13,7 +14,32 @@ from budget.units import format_bytes, format_duration, format_rate
 if TYPE_CHECKING:
     from budget.report import Report
 
-__all__ = ["markdown_table", "render_markdown"]
+__all__ = ["code", "fence", "markdown_table", "plain", "render_markdown"]
+
+
+def code(text: str, cell: bool = False) -> str:
+    """`text` as inline code whatever it holds (CommonMark: a run of backticks longer than
+    any inside it, padded where it starts or ends with one); in a table cell its pipes are
+    escaped, which GitHub's tables require even inside code."""
+    text = " ".join(text.splitlines())
+    if cell:
+        text = text.replace("|", "\\|")
+    ticks = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def plain(text: str) -> str:
+    """`text` in a heading or a sentence, its markdown and HTML punctuation escaped (a plan
+    name is whatever its author typed, and a CI summary renders it)."""
+    return re.sub(r"([\\`*_{}\[\]<>()#+!|~])", r"\\\1", " ".join(text.splitlines()))
+
+
+def fence(lines: list[str]) -> list[str]:
+    """`lines` in a code block whose fence is longer than any backtick run inside."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return [ticks, *lines, ticks]
 
 
 def _row(cells: list[str]) -> str:
@@ -37,7 +63,7 @@ def render_markdown(report: Report) -> str:
     b = format_bytes
     worst = report.worst
     timed = report.step["time_s"] is not None
-    lines = [f"## budget: {report.name}", ""]
+    lines = [f"## budget: {plain(report.name)}", ""]
     lines += [f"- {line}" for line in header(report)[1:]]
     lines.append(f"- world: {header(report)[0].split(' · ')[-1]}")
     lines.append("")
