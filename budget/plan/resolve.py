@@ -582,7 +582,11 @@ class _Resolver:
         )
         if memory is None or reserved is None or bandwidth is None:
             return None
-        if reserved >= memory > 0:
+        if memory == 0:
+            self.error(
+                "$.device.memory", "device.memory is 0; give the card's memory, such as '80 GiB'"
+            )
+        elif reserved >= memory:
             self.error(
                 "$.device.reserved",
                 f"device.reserved = {units.format_bytes(reserved)} leaves nothing of "
