@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from budget.pipeline import budget_plan
-from budget.render.table import stage_table
-from tests.plan_files import GPT3, PLANS
+from budget.render.table import collective_table, stage_table
+from tests.plan_files import GPT3, PLANS, ROOT
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
@@ -131,3 +131,17 @@ def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:
     split = ", ".join(str(row.layers) for row in uneven.stages)
     assert split.startswith("7, 8") and f"layers per stage: {split}" in caption(uneven)
     assert "layers per stage" not in caption(even)
+
+
+def test_a_wrapped_transition_name_hangs_under_its_first_line() -> None:
+    """At 80 columns "cross-entropy statistics" wraps; its second line used to start where
+    a phase heading starts, so it read as a new group. Rows sit one space in from their
+    phase, and the lines a name wraps to three."""
+    console = Console(width=80, record=True, force_terminal=False)
+    table, _ = collective_table(budget_plan(ROOT / "plans" / "llama3-70b.yaml"), wide=False)
+    console.print(table)
+    lines = console.export_text().splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(" loss ")))
+    assert lines[start + 1].startswith("  cross-entropy ")
+    assert lines[start + 2].strip() == "statistics"
+    assert lines[start + 2].startswith("    statistics")

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -18,8 +20,6 @@ from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from budget.report import Overlapping, Report, StageRow
 
 WIDE = 110
@@ -349,6 +349,23 @@ def _placement(text: str) -> str:
 FULL = 140  # from here the collective table also shows the tensor size S and the steps
 
 
+class Hanging:
+    """A cell's text indented under its heading row, with a deeper hanging indent on the
+    lines it wraps to, so that a wrapped name does not read as the next row."""
+
+    def __init__(self, text: str, first: int = 1, rest: int = 3) -> None:
+        self.text, self.first, self.rest = text, first, rest
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = Text(self.text).wrap(console, max(1, options.max_width - self.rest))
+        for i, line in enumerate(lines):
+            yield Text(" " * (self.first if i == 0 else self.rest)) + line
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        words = self.text.split() or [""]
+        return Measurement(self.rest + max(map(len, words)), self.first + len(self.text))
+
+
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
@@ -385,7 +402,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
                 if c.op == "send-recv"
                 else f"{group_name(c.group, report.layout)} {c.ranks}"
             )
-            cells = [f" {c.name}", op, group]
+            cells: list[Any] = [Hanging(c.name), op, group]
             if wide:
                 cells.append(c.link or "")
             if full:
