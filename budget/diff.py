@@ -248,10 +248,36 @@ _PLAN_KEYS = {
 }
 
 
+# what a serving plan does not read (`plan.resolve` refuses it written in one)
+_TRAINING_ONLY = (
+    "batch.seq",
+    "batch.micro",
+    "recompute",
+    "parallel.zero",
+    "precision.grads",
+    "precision.master",
+    "precision.optimizer",
+    "precision.optimizer_state",
+    "precision.param_gather",
+    "overlap.dp_grads",
+    "overlap.param_gather",
+)
+
+
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     """The keys whose resolved values differ, in A's key order, then keys only B has,
     named as a plan file spells them."""
     fa, fb = ({_PLAN_KEYS.get(k, k): v for k, v in flatten(p).items()} for p in (a, b))
+    for flat, plan in ((fa, a), (fb, b)):
+        # only the keys the plan's mode reads, as its file spells them: a serving plan's
+        # batch is sequences, prompt and generate; it has no ZeRO, recompute or optimizer
+        if plan.mode == "train":
+            for key in ("batch.prompt", "batch.generate"):
+                flat.pop(key, None)
+        else:
+            flat["batch.sequences"] = flat.pop("batch.global", None)
+            for key in _TRAINING_ONLY:
+                flat.pop(key, None)
     for flat, plan in ((fa, a), (fb, b)):  # no window, not size 0; its layers, spelled out
         window = plan.model.window
         flat["model.sliding_window.size"] = window or None

@@ -219,6 +219,15 @@ def test_plans_of_different_modes_are_flagged() -> None:
     assert "A is a train plan and B a decode plan" in " ".join(out.split())
     *_, same = diff_files(LLAMA, LLAMA)
     assert same.note is None
+    # each side shows only what its mode reads, spelled as its file spells it: the decode
+    # plan has sequences, no seq or micro-batch, no ZeRO; the training plan has no prompt
+    *_, modes = diff_files(LLAMA, ROOT / "plans" / "llama3-70b-decode.yaml")
+    changes = {c.key: (c.a, c.b) for c in modes.changes}
+    assert changes["batch.seq"] == (8192, None)
+    assert changes["batch.sequences"] == (None, 32)
+    assert changes["batch.prompt"] == (None, 2048)
+    assert changes["parallel.zero"] == (1, None)
+    assert "batch.global" in changes and changes["batch.global"][1] is None
 
 
 def test_a_ramp_changed_for_another_is_a_plan_change(tmp_path: Path) -> None:
