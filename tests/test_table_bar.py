@@ -145,3 +145,16 @@ def test_a_wrapped_transition_name_hangs_under_its_first_line() -> None:
     assert lines[start + 1].startswith("  cross-entropy ")
     assert lines[start + 2].strip() == "statistics"
     assert lines[start + 2].startswith("    statistics")
+
+
+def test_a_transition_name_that_fits_is_not_wrapped() -> None:
+    """The hanging indent must not cost a name its own width: at 200 columns every name
+    of the GPT 1.3B plan is on one line (the first cut wrapped "updated parameters")."""
+    console = Console(width=200, record=True, force_terminal=False)
+    table, _ = collective_table(budget_plan(PLANS[2]), wide=True)
+    console.print(table)
+    text = console.export_text()
+    assert "  updated parameters " in text
+    rows = [line for line in text.splitlines()[3:] if line.strip()]
+    assert all(line.startswith((" ", "─")) for line in rows)
+    assert not [line for line in rows if line.startswith("    ")]  # no continuation line

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.cells import cell_len
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -357,13 +358,18 @@ class Hanging:
         self.text, self.first, self.rest = text, first, rest
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        lines = Text(self.text).wrap(console, max(1, options.max_width - self.rest))
-        for i, line in enumerate(lines):
-            yield Text(" " * (self.first if i == 0 else self.rest)) + line
+        width = options.max_width
+        head, *tail = Text(self.text).wrap(console, max(1, width - self.first))
+        yield Text(" " * self.first) + head
+        if tail:  # the rest rewrapped at the deeper indent
+            rest = " ".join(line.plain for line in tail)
+            for line in Text(rest).wrap(console, max(1, width - self.rest)):
+                yield Text(" " * self.rest) + line
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         words = self.text.split() or [""]
-        return Measurement(self.rest + max(map(len, words)), self.first + len(self.text))
+        longest = max(map(cell_len, words))
+        return Measurement(self.rest + longest, self.first + cell_len(self.text))
 
 
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
