@@ -158,3 +158,42 @@ def test_a_transition_name_that_fits_is_not_wrapped() -> None:
     rows = [line for line in text.splitlines()[3:] if line.strip()]
     assert all(line.startswith((" ", "─")) for line in rows)
     assert not [line for line in rows if line.startswith("    ")]  # no continuation line
+
+
+def test_names_a_plan_writes_are_text_not_markup(tmp_path: Path) -> None:
+    """A transition named "gather[/b]" and a level named "nv[/b]" crashed the tables with
+    rich's MarkupError; in markdown the same names are escaped, so "<b>" stays text."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from budget.render.markdown import render_markdown
+    from budget.render.table import render_table
+
+    text = GPT3.read_text(encoding="utf-8")
+    text = text.replace("reserved: 3 GiB}", "reserved: 3 GiB, memory: 20 GiB}")
+    text = text.replace(
+        "topology: {preset: dgx-a100, nodes: 128}",
+        "topology:\n  gpus: 1024\n  levels:\n"
+        '    - {name: "nv[/b]<b>", size: 8, bandwidth: 300 GB/s, latency: 3 us}\n'
+        "    - {name: ib, bandwidth: 25 GB/s, latency: 10 us}",
+    )
+    text += (
+        "transitions:\n"
+        '  - name: "gather[/b] <i>x</i>"\n'
+        "    phase: loss\n"
+        "    tensor: {shape: [micro * seq * 64, vocab], dtype: fp32}\n"
+        "    group: tp\n"
+        "    from: shard(1)\n"
+        "    to: replicate\n"
+        "    source_alive: true\n"
+    )
+    plan = tmp_path / "markup.yaml"
+    plan.write_text(text, encoding="utf-8")
+    report = build_report(load_plan(plan))
+    console = Console(width=160, record=True, force_terminal=False)
+    render_table(console, report)
+    shown = console.export_text()
+    assert "gather[/b] <i>x</i>" in shown and "nv[/b]<b>" in shown
+    markdown = render_markdown(report)
+    assert "gather\\[/b\\] \\<i\\>x\\</i\\>" in markdown
+    assert "| nv\\[/b\\]\\<b\\> |" in markdown
+    assert "<i>" not in markdown

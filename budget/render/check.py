@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.render.markdown import code, fence
+from budget.render.markdown import code, fence, plain
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -63,15 +63,16 @@ def _tally(result: CheckResult) -> str:
 
 
 def _table(console: Console, result: CheckResult) -> None:
+    from rich.markup import escape
     from rich.padding import Padding
     from rich.text import Text
 
     for verdict in result.verdicts:
         if not verdict.valid:
-            console.print(f"[bold red]INVALID[/] {verdict.file}: its errors are on stderr")
+            console.print(f"[bold red]INVALID[/] {escape(verdict.file)}: its errors are on stderr")
             continue
         mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
-        console.print(f"{mark} {verdict.file}", highlight=False)
+        console.print(f"{mark} {escape(verdict.file)}", highlight=False)
         console.print(Padding(Text(_figures(verdict), style="dim"), (0, 0, 0, 5)))
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
@@ -110,7 +111,7 @@ def check_markdown(result: CheckResult) -> str:
     for v in result.verdicts:
         if v.reasons:
             lines += [f"### ❌ {code(v.file)}", ""]
-            lines += [f"- **{r.limit}**: {r.message}" for r in v.reasons]
+            lines += [f"- **{r.limit}**: {plain(r.message)}" for r in v.reasons]
             lines.append("")
         if v.problems:
             lines += [f"### ⚠️ {code(v.file)} is invalid", ""]

@@ -253,7 +253,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     if diff.changes:
         lines += [_md(["key", "A", "B"]), "| --- | ---: | --- |"]
         lines += [
-            _md([f"`{c.key}`", plan_value(c.key, c.a), plan_value(c.key, c.b)])
+            _md([f"`{c.key}`", plain(plan_value(c.key, c.a)), plain(plan_value(c.key, c.b))])
             for c in diff.changes
         ]
     else:

@@ -32,7 +32,7 @@ def code(text: str, cell: bool = False) -> str:
 def plain(text: str) -> str:
     """`text` in a heading or a sentence, its markdown and HTML punctuation escaped (a plan
     name is whatever its author typed, and a CI summary renders it)."""
-    return re.sub(r"([\\`*_{}\[\]<>()#+!|~])", r"\\\1", " ".join(text.splitlines()))
+    return re.sub(r"([\\`*_\[\]<>|~&])", r"\\\1", " ".join(text.splitlines()))
 
 
 def fence(lines: list[str]) -> list[str]:
@@ -64,14 +64,14 @@ def render_markdown(report: Report) -> str:
     worst = report.worst
     timed = report.step["time_s"] is not None
     lines = [f"## budget: {plain(report.name)}", ""]
-    lines += [f"- {line}" for line in header(report)[1:]]
+    lines += [f"- {plain(line)}" for line in header(report)[1:]]
     lines.append(f"- world: {header(report)[0].split(' · ')[-1]}")
     lines.append("")
     status = "fits" if worst.fits else "**does not fit**"
     lines.append(
         f"**Verdict:** {status}: worst stage {worst.stage} peaks at {b(worst.peak_bytes)} of "
-        f"{b(worst.capacity_bytes)} in `{worst.peak_phase}` ({worst.peak_instant}); headroom "
-        f"{b(worst.headroom_bytes)}."
+        f"{b(worst.capacity_bytes)} in `{worst.peak_phase}` ({plain(worst.peak_instant)}); "
+        f"headroom {b(worst.headroom_bytes)}."
     )
     lines.append("")
     lines += [f"- {line}" for line in summary(report)]
@@ -108,7 +108,7 @@ def render_markdown(report: Report) -> str:
     lines += markdown_table(
         ["allocation", "placement", "kind", "copies", "bytes"],
         [
-            [o.tensor, o.placement, o.category, f"{o.count:,}", b(o.bytes)]
+            [plain(o.tensor), o.placement, o.category, f"{o.count:,}", b(o.bytes)]
             for o in worst.peak_overlap
         ],
         {3, 4},
@@ -167,13 +167,13 @@ def render_markdown(report: Report) -> str:
         [
             [
                 f"`{p.name}`",
-                c.name,
+                plain(c.name),
                 c.op,
                 f"{c.src} → {c.dst}",
                 f"{group_name(c.group, report.layout)} {c.ranks}",
                 c.dtype,
                 c.algorithm,
-                c.link or "",
+                plain(c.link or ""),
                 b(c.bytes),
                 b(c.sent_bytes),
                 b(c.recv_bytes),
@@ -197,7 +197,7 @@ def render_markdown(report: Report) -> str:
         ["level", "GPUs per domain", "B_eff", "α per step", *([RAMP_HEADER] if ramped else [])],
         [
             [
-                link["name"],
+                plain(link["name"]),
                 "" if link["size"] is None else str(link["size"]),
                 format_rate(link["bandwidth_Bps"]),
                 format_duration(link["latency_s"]),

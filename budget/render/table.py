@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -289,14 +290,14 @@ def phase_table(report: Report, wide: bool) -> Table:
         _num(table, "stage")
         table.add_column("largest it adds at that peak", ratio=1)
     for p in report.phases:
-        cells = [p.name, f"{p.count:,}"]
+        cells: list[Any] = [p.name, f"{p.count:,}"]
         if timed:
             cells += [_t(p.compute_s), _t(p.comm_s), _t(p.exposed_s)]
         cells.append(_b(p.payload_bytes) if p.payload_bytes else "–")
         cells.append("–" if p.peak_stage is None else _b(p.peak_bytes))
         if wide:
             cells.append("" if p.peak_stage is None else str(p.peak_stage))
-            cells.append(_brief(p.peak_overlap, 1))
+            cells.append(Text(_brief(p.peak_overlap, 1)))
         table.add_row(*cells)
     if timed:
         step = report.step
@@ -410,7 +411,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             )
             cells: list[Any] = [Hanging(c.name), op, group]
             if wide:
-                cells.append(c.link or "")
+                cells.append(Text(c.link or ""))
             if full:
                 cells.append(_b(c.bytes))
             cells.append(_b(c.sent_bytes))
@@ -457,7 +458,7 @@ def link_table(report: Report) -> Table:
     for link in report.links:
         groups = seen.get(link["name"], (None, None, []))[2]
         table.add_row(
-            link["name"],
+            Text(link["name"]),
             format_rate(link["bandwidth_Bps"]),
             format_duration(link["latency_s"]),
             *([ramp_shares(link)] if ramped else []),
@@ -512,14 +513,15 @@ def _slowed(step: dict[str, Any]) -> str:
 
 def verdict(report: Report) -> str:
     worst = report.worst
-    where = f"in {worst.peak_phase} ({worst.peak_instant})"
+    # names a plan writes (transitions) are text, not markup: "gather[/b]" must not parse
+    where = escape(f"in {worst.peak_phase} ({worst.peak_instant})")
     if worst.fits:
         return (
             f"[green]Fits.[/] The worst stage ({worst.stage}) peaks at {_b(worst.peak_bytes)} "
             f"of {_b(worst.capacity_bytes)} {where}, leaving {_b(worst.headroom_bytes)}."
         )
     over = -worst.headroom_bytes
-    top = _largest(worst.peak_overlap, 3)
+    top = escape(_largest(worst.peak_overlap, 3))
     return (
         f"[red]Does not fit.[/] Stage {worst.stage} peaks at {_b(worst.peak_bytes)} {where}: "
         f"{_b(over)} ({over:,} B) over {_b(worst.capacity_bytes)}. Largest besides model "
@@ -540,7 +542,9 @@ def overlap_table(row: StageRow) -> Table:
     table.add_column("copies", justify="right")
     table.add_column("bytes", justify="right")
     for o in row.peak_overlap:
-        name = f"{o.tensor} [dim]· {o.placement}[/]" if o.placement else o.tensor
+        name = Text(o.tensor)
+        if o.placement:
+            name.append(f" · {o.placement}", style="dim")
         table.add_row(name, o.category, f"{o.count:,}", _b(o.bytes))
     table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
     return table
