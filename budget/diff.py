@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
+from budget.plan.resolve import TRAINING_ONLY
 from budget.report import PhaseRow, Report, StageRow, to_dict
 
 __all__ = [
@@ -249,19 +250,7 @@ _PLAN_KEYS = {
 
 
 # what a serving plan does not read (`plan.resolve` refuses it written in one)
-_TRAINING_ONLY = (
-    "batch.seq",
-    "batch.micro",
-    "recompute",
-    "parallel.zero",
-    "precision.grads",
-    "precision.master",
-    "precision.optimizer",
-    "precision.optimizer_state",
-    "precision.param_gather",
-    "overlap.dp_grads",
-    "overlap.param_gather",
-)
+_TRAINING_ONLY = ("batch.seq", "batch.micro", *TRAINING_ONLY)
 
 
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:

@@ -45,7 +45,7 @@ from budget.plan.model import (
 )
 from budget.plan.yaml_load import Marks
 
-__all__ = ["GROUPS", "SHAPE_NAMES", "llama_ffn", "parse_placement", "resolve"]
+__all__ = ["GROUPS", "SHAPE_NAMES", "TRAINING_ONLY", "llama_ffn", "parse_placement", "resolve"]
 
 GROUPS: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
 SHAPE_NAMES = (
@@ -65,13 +65,22 @@ _PLACEMENT = re.compile(
     r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]+)\s*\)|(?P<kind>replicate|partial))\s*$"
 )
 _TRAIN_KEYS = ("seq", "micro", "global")
-# what only a training step has: ZeRO's shards, recomputation, the gradient and optimizer
-# formats and the data-parallel overlaps of the gradient reduction and parameter gather
-_TRAINING_ONLY: dict[str, tuple[str, ...]] = {
-    "": ("recompute",),
-    "parallel": ("zero",),
-    "precision": ("grads", "master", "optimizer", "optimizer_state", "param_gather"),
-    "overlap": ("dp_grads", "param_gather"),
+# what only a training step has (ZeRO's shards, recomputation, the gradient and optimizer
+# formats, a pipeline schedule and the overlaps of the gradient reduction, parameter gather
+# and stage sends), with the values that say what serving does anyway
+TRAINING_ONLY: dict[str, tuple[object, ...]] = {
+    "recompute": ("none",),
+    "parallel.zero": (0,),
+    "parallel.pipeline.schedule": ("1f1b",),
+    "parallel.pipeline.virtual_stages": (1,),
+    "precision.grads": (),
+    "precision.master": ("none",),
+    "precision.optimizer": ("none",),
+    "precision.optimizer_state": (),
+    "precision.param_gather": (),
+    "overlap.dp_grads": (False,),
+    "overlap.param_gather": (False,),
+    "overlap.pp": (False,),
 }
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
@@ -417,22 +426,22 @@ class _Resolver:
         )
 
     def training_only(self, tree: Tree, mode: str) -> None:
-        """A serving plan holds no gradients, optimizer or saved activations: keys that
-        budget them would be read and ignored, so they are refused as batch.seq is, unless
-        they say what serving does anyway (recompute: none, zero: 0, an overlap off)."""
-        for section, keys in _TRAINING_ONLY.items():
-            written = tree.get(section, {}) if section else tree
-            for key in keys:
-                value = written.get(key) if isinstance(written, Mapping) else None
-                if value is None or value is False or value == "none" or value == 0:
-                    continue
-                path = f"$.{section}.{key}" if section else f"$.{key}"
-                self.error(
-                    path,
-                    f"{path[2:]} does not apply to a {mode} plan, which keeps no gradients, "
-                    "optimizer states or activations for a backward pass; remove it",
-                    key=True,
-                )
+        """A serving plan holds no gradients, optimizer or saved activations and runs no
+        pipeline schedule: keys for those would be read and ignored, so they are refused as
+        batch.seq is, unless they say what serving does anyway (`TRAINING_ONLY`)."""
+        for path, harmless in TRAINING_ONLY.items():
+            value: Any = tree
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, Mapping) else None
+            if value is None or value in harmless:
+                continue
+            self.error(
+                f"$.{path}",
+                f"{path} does not apply to a {mode} plan, which keeps no gradients, optimizer "
+                "states or activations for a backward pass and runs no pipeline schedule; "
+                "remove it",
+                key=True,
+            )
 
     def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
         """Training: seq, micro, global. Inference: sequences, prompt, generate.
