@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from budget.flops import attention_keys
@@ -121,8 +123,8 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
 
     In training the stages work side by side, so a row is its costliest stage's. A serving
     pass crosses the stages one after another (`schedule.serving_time`), so there a row's
-    times are the sum over the stages; its payload and collectives stay the costliest
-    stage's, per rank."""
+    times and its collectives' calls are summed over the stages (each stage's ranks making
+    their own), and its payload and per-call figures stay the costliest stage's."""
     serving = times.ttft_s is not None
     names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
     names.sort(key=lambda n: PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER))
@@ -138,6 +140,14 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
                     candidates.append((payload, busy, -stage.stage, phase, collectives))
         payload, _, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
         same = [c[3] for c in candidates] if serving else [phase]
+        if serving and len(candidates) > 1:
+            calls = Counter[tuple[str, str, str]]()
+            for *_, others in candidates:
+                for c in others:
+                    calls[(c.name, c.op, c.group)] += c.count
+            collectives = tuple(
+                replace(c, count=calls[(c.name, c.op, c.group)]) for c in collectives
+            )
 
         def total(field: str, same: list[PhaseTime] = same) -> float | None:
             return sum(getattr(p, field) * p.count for p in same) if timing else None

@@ -510,5 +510,8 @@ def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path)
     rows = {p["name"]: p for p in report["phases"]}
     assert rows["decode.attention"]["count"] == 80 * 512  # every layer, every token
     assert sum(p["exposed_s"] for p in report["phases"]) == pytest.approx(step["exposed_comm_s"])
+    for row in report["phases"]:  # its collectives' calls cover the same stages as its times
+        calls = sum(c["time_s"] * c["count"] for c in row["collectives"])
+        assert calls == pytest.approx(row["comm_s"], rel=1e-12, abs=1e-15)
     one = to_dict(build_report(load_plan(decode)))["step"]
     assert one["compute_s"] + one["exposed_comm_s"] == pytest.approx(one["time_s"], rel=1e-12)

@@ -16,7 +16,7 @@ from budget.plan.load import load_plan
 from budget.search import Space, apply, pareto, parse_values, search
 from tests.plan_files import GPT3, ROOT
 
-SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 3))
+SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 2, 3))
 NARROW = ["--micro", "1", "--zero", "1", "--recompute", "selective", "--virtual-stages", "1"]
 
 
