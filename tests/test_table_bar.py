@@ -197,3 +197,16 @@ def test_names_a_plan_writes_are_text_not_markup(tmp_path: Path) -> None:
     assert "gather\\[/b\\] \\<i\\>x\\</i\\>" in markdown
     assert "| nv\\[/b\\]\\<b\\> |" in markdown
     assert "<i>" not in markdown
+
+
+def test_a_wrapped_allocation_name_hangs_under_its_row() -> None:
+    """At 80 columns "saved activations of the micro-batches in flight" wraps; its second
+    line is indented two spaces so that it does not read as an allocation of its own."""
+    from budget.render.table import overlap_table
+
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(overlap_table(budget_plan(ROOT / "plans" / "gemma2-9b.yaml").worst))
+    lines = console.export_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if "saved activations" in line)
+    assert lines[first].startswith(" saved activations")
+    assert lines[first + 1].startswith("   ") and lines[first + 1].strip() == "flight"

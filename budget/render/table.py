@@ -355,22 +355,24 @@ class Hanging:
     """A cell's text indented under its heading row, with a deeper hanging indent on the
     lines it wraps to, so that a wrapped name does not read as the next row."""
 
-    def __init__(self, text: str, first: int = 1, rest: int = 3) -> None:
-        self.text, self.first, self.rest = text, first, rest
+    def __init__(self, text: str | Text, first: int = 1, rest: int = 3) -> None:
+        self.text = Text(text) if isinstance(text, str) else text
+        self.first, self.rest = first, rest
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        head, *tail = Text(self.text).wrap(console, max(1, width - self.first))
+        head, *tail = self.text.wrap(console, max(1, width - self.first))
         yield Text(" " * self.first) + head
-        if tail:  # the rest rewrapped at the deeper indent
-            rest = " ".join(line.plain for line in tail)
-            for line in Text(rest).wrap(console, max(1, width - self.rest)):
+        if tail:  # the rest, styles kept, rewrapped at the deeper indent
+            rest = self.text[len(head.plain) :]
+            rest = rest[len(rest.plain) - len(rest.plain.lstrip()) :]
+            for line in rest.wrap(console, max(1, width - self.rest)):
                 yield Text(" " * self.rest) + line
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        words = self.text.split() or [""]
+        words = self.text.plain.split() or [""]
         longest = max(map(cell_len, words))
-        return Measurement(self.rest + longest, self.first + cell_len(self.text))
+        return Measurement(self.rest + longest, self.first + self.text.cell_len)
 
 
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
@@ -545,7 +547,7 @@ def overlap_table(row: StageRow) -> Table:
         name = Text(o.tensor)
         if o.placement:
             name.append(f" · {o.placement}", style="dim")
-        table.add_row(name, o.category, f"{o.count:,}", _b(o.bytes))
+        table.add_row(Hanging(name, 0, 2), o.category, f"{o.count:,}", _b(o.bytes))
     table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
     return table
 
