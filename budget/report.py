@@ -64,7 +64,7 @@ class CollectiveRow:
     recv_bytes: int  # per rank, per call
     algorithm: str
     steps: int  # latency-bearing phases per call
-    count: int  # calls per step on one rank
+    count: int  # calls per step on one rank (serving with pp > 1: on each stage's, summed)
     src: str
     dst: str
     link: str | None = None  # level names the group spans, innermost first
@@ -265,6 +265,14 @@ def group_name(group: str, layout: dict[str, Any]) -> str:
     context-parallel ranks too (gradients are reduced and optimizer states sharded over
     dp × cp), so with cp > 1 it is written dp×cp, not dp beside a count larger than dp."""
     return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
+
+
+def calls_scope(report: Report) -> str:
+    """What a collective's calls count (`pipeline._phase_rows`): one rank's in a step, or in
+    serving with a pipeline, every stage's ranks' along the pass."""
+    if report.mode == "train" or report.layout.get("pp", 1) == 1:
+        return ""
+    return "; calls summed over the stages a pass crosses"
 
 
 def phase_scope(report: Report) -> str:

@@ -8,7 +8,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_shares
+from budget.report import (
+    RAMP_HEADER,
+    RAMP_NOTE,
+    calls_scope,
+    group_name,
+    phase_scope,
+    ramp_shares,
+)
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -141,7 +148,7 @@ def render_markdown(report: Report) -> str:
         ],
         {1, 2, 3, 4, 5, 6, 7},
     )
-    lines.append("### Collectives (bytes per rank per call; times per call)")
+    lines.append(f"### Collectives (bytes per rank per call; times per call{calls_scope(report)})")
     lines.append("")
     lines += markdown_table(
         [

@@ -18,7 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from budget.phases import CARRIED_ACTIVATIONS
-from budget.report import RAMP_HEADER, RAMP_NOTE, group_name, phase_scope, ramp_shares
+from budget.report import (
+    RAMP_HEADER,
+    RAMP_NOTE,
+    calls_scope,
+    group_name,
+    phase_scope,
+    ramp_shares,
+)
 from budget.units import format_bytes, format_duration, format_rate
 
 if TYPE_CHECKING:
@@ -378,7 +385,7 @@ class Hanging:
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
-    table = titled_table("Collectives (per rank, per call; received = sent)")
+    table = titled_table(f"Collectives (per rank, per call; received = sent{calls_scope(report)})")
     table.add_column("transition", ratio=1, min_width=20)
     table.add_column("op", no_wrap=True)
     _num(table, "group")
