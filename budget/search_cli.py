@@ -149,7 +149,7 @@ def run_search(
             plan, outcome.best.config, n
         ).parallel.pipeline.layers_per_stage
         try:
-            _write(path, plan, layout, n, write)
+            _write(path, layout, n, write)
         except OSError as error:  # checked up front; the folder may change during the sweep
             print(f"budget: error: --write {write}: {error.strerror or error}", file=sys.stderr)
             return 2
@@ -186,7 +186,7 @@ def _writable(target: Path) -> None:
         raise ValueError(f"--write {target}: the folder {folder} is not writable")
 
 
-def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: Path) -> None:
+def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
     file)."""
@@ -200,8 +200,7 @@ def _write(source: Path, plan: Any, layout: dict[str, Any], gpus: int, target: P
         if "://" not in reference:
             schema = Path(os.path.normpath(source.parent.absolute() / reference))
     relative = os.path.relpath(schema, target.absolute().parent)
-    node = plan.topology.levels[0].size
-    text = layout_yaml(source, layout, gpus, node, relative, target.absolute().parent)
+    text = layout_yaml(source, layout, gpus, relative, target.absolute().parent)
     target.write_text(text, encoding="utf-8")
 
 

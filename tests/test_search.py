@@ -191,6 +191,30 @@ def test_a_written_hf_config_path_survives_links_and_absolute_paths(tmp_path, ca
         assert f"hf_config: {config}" in out.read_text(encoding="utf-8")
 
 
+def test_a_written_plan_counts_its_gpus_in_the_presets_own_nodes(tmp_path):
+    """4 GPUs of a DGX are not whole nodes: written as gpus: 4, not nodes: 0; a preset whose
+    levels the plan overrides (nvlink domains of 4) still counts nodes of its 8 GPUs."""
+    out = tmp_path / "four.yaml"
+    args = ["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--gpus", "4", "--write", str(out)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    assert "topology: {preset: dgx-a100, gpus: 4}" in out.read_text(encoding="utf-8")
+    assert load_plan(out).topology.gpus == 4
+    text = (ROOT / "plans" / "gpt3-175b.yaml").read_text(encoding="utf-8")
+    domains = text.replace(
+        "topology: {preset: dgx-a100, nodes: 128}",
+        "topology:\n  preset: dgx-a100\n  nodes: 128\n  levels:\n"
+        "    - {name: nvlink, size: 4, bandwidth: 300 GB/s, latency: 3 us}\n"
+        "    - {name: infiniband, bandwidth: 25 GB/s, latency: 10 us}",
+    )
+    source, written = tmp_path / "domains.yaml", tmp_path / "domains-best.yaml"
+    source.write_text(domains, encoding="utf-8")
+    args = ["search", str(source), *NARROW, "--gpus", "512", "--write", str(written)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    assert load_plan(written).topology.gpus == 512  # 64 nodes of 8, not 128 of 4
+
+
 @pytest.mark.parametrize("target", ["missing/best.yaml", "folder"])
 def test_a_write_target_that_cannot_take_a_file_is_refused_before_the_sweep(tmp_path, target):
     """A missing folder, or a folder named as the file, used to end the sweep in a

@@ -27,6 +27,14 @@ def _tree(path: Path) -> dict[str, Any]:
     return tree
 
 
+def _gpus_per_node(preset: Any) -> int:
+    """GPUs per node of the topology preset named `preset`; 0 when there is none."""
+    from budget.catalog import TOPOLOGIES
+
+    known = TOPOLOGIES.get(preset) if isinstance(preset, str) else None
+    return known.gpus_per_node if known is not None else 0
+
+
 def _rebased(written: str, origin: Path, folder: Path) -> str:
     """A path `written` relative to `origin`, made relative to `folder` (an absolute one
     as it is). Through symlinks as the file system resolves them: "link/.." is where the
@@ -42,7 +50,6 @@ def layout_yaml(
     source: Path,
     layout: dict[str, Any],
     gpus: int,
-    node_size: int | None,
     schema_ref: str,
     folder: Path | None = None,
 ) -> str:
@@ -76,9 +83,14 @@ def layout_yaml(
     tree.setdefault("batch", {})["micro"] = layout["micro"]
     tree["recompute"] = layout["recompute"]
     topology = tree.setdefault("topology", {})
-    if "preset" in topology and "gpus" not in topology and node_size:
-        topology["nodes"] = gpus // node_size
+    # a preset counts nodes of its own servers' size, whatever levels the plan overrides;
+    # a count that is not whole nodes (4 GPUs of a DGX) is written in GPUs
+    per_node = _gpus_per_node(topology.get("preset"))
+    if per_node and gpus % per_node == 0:
+        topology.pop("gpus", None)
+        topology["nodes"] = gpus // per_node
     else:
+        topology.pop("nodes", None)
         topology["gpus"] = gpus
     tree.pop("transitions", None)
     body = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=None)
