@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -65,3 +66,19 @@ def test_short_way_does_not_import_typer():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert process.stderr.strip() == "False"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="POSIX signal")
+def test_a_reader_that_stops_early_ends_budget_by_sigpipe() -> None:
+    """`budget PLAN | head -1` under `set -o pipefail` exited 1, which `check` uses for a
+    plan that fails; now the process ends by SIGPIPE, as Unix filters do (shell status 141).
+    The 405B report's JSON (184 KB) outgrows the pipe's buffer, so the write does fail."""
+    plan = ROOT / "plans" / "llama3-405b-128k.yaml"
+    command = [sys.executable, "-m", "budget", str(plan), "-f", "json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()
+        proc.wait(timeout=60)
+        assert proc.stderr.read() == b""
+    assert proc.returncode == -signal.SIGPIPE
