@@ -158,6 +158,8 @@ def _share(text: str, option: str) -> float:
         value = float(body.removesuffix("%").strip())
     except ValueError:
         raise ValueError(f"{option} {text!r}: expected a percentage such as 20%") from None
+    if not percent and value == 1:  # 1 % or all of it: a bare 1 reads both ways
+        raise ValueError(f"{option} {text!r}: write 1% or 100%")
     value = value / 100 if percent else value
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")

@@ -34,11 +34,14 @@ def space(options: dict[str, str | None]) -> Space:
             raise ValueError(f"{option} {text!r}: {bad[0]} is out of range ({bounds})")
         return values
 
-    recompute = tuple(r.strip() for r in (options["recompute"] or "").split(","))
+    # a value named twice is swept once (it listed every layout twice)
+    recompute = tuple(dict.fromkeys(r.strip() for r in (options["recompute"] or "").split(",")))
     if not recompute or any(r not in RECOMPUTE for r in recompute):
         raise ValueError(f"--recompute {options['recompute']!r}: use none, selective, full")
     flags = {"true": True, "false": False}
-    sp = tuple(flags.get(v.strip().lower()) for v in (options["sp"] or "").split(","))
+    sp = tuple(
+        dict.fromkeys(flags.get(v.strip().lower()) for v in (options["sp"] or "").split(","))
+    )
     if not sp or None in sp:
         raise ValueError(f"--sp {options['sp']!r}: use true, false or true,false")
     return Space(

@@ -119,6 +119,7 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--headroom", "lots"], "--headroom 'lots'"),
         (["--headroom", "5"], "--headroom '5': write 5% or a size with its unit, such as 5 GiB"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
+        (["--max-exposed", "1"], "--max-exposed '1': write 1% or 100%"),  # it meant 100 %
         (["--max-step", "soon"], "--max-step 'soon'"),
         (["--max-step", "0s"], "more than 0 s"),
     ],

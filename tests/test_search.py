@@ -924,3 +924,13 @@ def test_layouts_of_a_sliding_window_model_budget_exactly_as_searched(tmp_path, 
         report = build_report(apply(plan, result.config, 512))
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+def test_a_value_named_twice_is_swept_once():
+    """--sp true,true and --recompute full,full listed every layout twice."""
+    from budget.search_cli import space
+
+    options: dict[str, str | None] = {"sp": "true,true", "recompute": "full,full,none"}
+    swept = space(options)
+    assert swept.sequence_parallel == (True,)
+    assert swept.recompute == ("full", "none")
