@@ -308,6 +308,14 @@ def _grid(
         ("fewer layers than pipeline chunks", m.layers < pp * v),
         ("virtual stages need pp > 1", (v > 1) & (pp == 1)),
         ("sequence parallelism needs tp > 1", sp & (tp == 1)),
+        (
+            "does not divide: sequence by cp x tp (sequence parallelism)",
+            sp & (tp > 1) & (b.seq % (cp * tp) != 0),
+        ),
+        (
+            "does not divide: ep x etp into tp x cp x dp",
+            (tp * cp * dp) % (ep * (plan.parallel.etp or tp)) != 0,
+        ),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

@@ -934,3 +934,20 @@ def test_a_value_named_twice_is_swept_once():
     swept = space(options)
     assert swept.sequence_parallel == (True,)
     assert swept.recompute == ("full", "none")
+
+
+def test_the_search_ranks_no_layout_the_plan_would_refuse_for_etp_or_its_sequence(tmp_path):
+    """Mixtral with etp 2 written in the plan: the search ranked tp 1 × ep 8 layouts, whose
+    ep × etp = 16 ranks do not fit in tp × cp × dp = 8, and wrote plans budget refused. Now
+    those are dropped, and a sequence that tp × cp does not divide is dropped under
+    sequence parallelism; every layout written from the top of the ranking loads."""
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    plan = tmp_path / "etp.yaml"
+    plan.write_text(text.replace("  ep: 8\n", "  ep: 8\n  etp: 2\n", 1), encoding="utf-8")
+    outcome = search(load_plan(plan), 64, Space(tp=(1, 2), micro=(1,), zero=(1,)), keep=5)
+    assert outcome.rejected["does not divide: ep x etp into tp x cp x dp"] > 0
+    for result in outcome.results[:5]:
+        written = apply(load_plan(plan), result.config, 64)
+        assert (written.parallel.tp * written.parallel.cp * written.parallel.dp) % (
+            written.parallel.ep * 2
+        ) == 0

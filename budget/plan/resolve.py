@@ -1021,12 +1021,27 @@ class _Checks:
                 )
 
     def sequence_parallel(self) -> None:
-        if self.par.sequence_parallel and self.par.tp == 1:
+        """Sequence parallelism scatters each rank's [seq / cp, micro, hidden] activations
+        along the sequence over tp, which must divide it: Megatron-LM's
+        ``scatter_to_sequence_parallel_region`` splits the first dimension with
+        ``_split_along_first_dim``, which asserts it is divisible by the tensor-parallel
+        size (``megatron/core/tensor_parallel/mappings.py``)."""
+        p = self.par
+        if p.sequence_parallel and p.tp == 1:
             self.r.error(
                 "$.parallel.sequence_parallel",
                 "sequence_parallel needs tp > 1: it shards norms and dropout along the "
                 "sequence over the tensor-parallel group, which has one rank here; set it "
                 "to false or raise tp",
+            )
+        elif p.sequence_parallel and self.mode == "train" and self.batch.seq % (p.cp * p.tp):
+            step = p.cp * p.tp
+            self.r.error(
+                "$.parallel.sequence_parallel",
+                f"batch.seq = {self.batch.seq:,} does not split evenly over cp × tp = {p.cp} × "
+                f"{p.tp}: sequence parallelism shards each context-parallel rank's tokens "
+                f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
+                f"{_nearest(self.batch.seq, step)}) or set sequence_parallel to false",
             )
 
     def context(self) -> None:
