@@ -1003,7 +1003,8 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
 def hardware(plan: Plan) -> dict[str, Any]:
     """What every layout of a search was priced on: the device and topology (preset names,
     or None where the plan writes them out), the kernel attention is timed as and where its
-    rate comes from, and the levels whose collectives follow a measured bandwidth ramp."""
+    rate comes from, the levels whose collectives follow a measured bandwidth ramp, and how
+    many hand-written transitions the sweep leaves out."""
     device, m = plan.device, plan.model
     measured = device.attention_rate(m.attention)
     return {
@@ -1015,6 +1016,8 @@ def hardware(plan: Plan) -> dict[str, Any]:
         # the measured rate depends on the keys per call (more than one length measured)
         "attention_by_keys": measured is not None and len(measured.keys) > 1,
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
+        # hand-written transitions are not swept, so no layout's figures include them
+        "transitions_left_out": len(plan.transitions),
     }
 
 

@@ -605,6 +605,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "attention_rate": "measured",
         "attention_by_keys": False,  # one length measured on the A100
         "ramped_levels": ["nvlink"],
+        "transitions_left_out": 0,
     }
     written = replace(
         gpt3,
@@ -951,3 +952,29 @@ def test_the_search_ranks_no_layout_the_plan_would_refuse_for_etp_or_its_sequenc
         assert (written.parallel.tp * written.parallel.cp * written.parallel.dp) % (
             written.parallel.ep * 2
         ) == 0
+
+
+def test_the_search_says_it_leaves_hand_written_transitions_out(tmp_path):
+    """A transition is not swept (each layout is priced without it, and --write drops it);
+    the output said nothing of it."""
+    text = (ROOT / "tests" / "data" / "llama3-70b-hf.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "hf/llama3-70b/config.json", str(ROOT / "tests/data/hf/llama3-70b/config.json")
+    )
+    text += (
+        "transitions:\n"
+        "  - name: logits gather\n"
+        "    phase: loss\n"
+        "    tensor: {shape: [micro * seq, vocab], dtype: fp32}\n"
+        "    group: tp\n"
+        "    from: shard(1)\n"
+        "    to: replicate\n"
+    )
+    plan = tmp_path / "tr.yaml"
+    plan.write_text(text, encoding="utf-8")
+    args = ["search", str(plan), *NARROW, "--tp", "8", "--pp", "4"]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    assert "The plan's 1 hand-written transition is left out" in " ".join(result.stdout.split())
+    result = CliRunner().invoke(app, route([*args, "-f", "json"]))
+    assert json.loads(result.stdout)["hardware"]["transitions_left_out"] == 1

@@ -127,7 +127,14 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         if levels
         else "every collective at its level's plateau B_eff"
     )
-    return f"Priced on {where}; {attention}; {bandwidth}."
+    left = hardware.get("transitions_left_out", 0)
+    dropped = (
+        f" The plan's {left} hand-written transition{'s' if left > 1 else ''} "
+        f"{'are' if left > 1 else 'is'} left out of every layout (and of --write)."
+        if left
+        else ""
+    )
+    return f"Priced on {where}; {attention}; {bandwidth}.{dropped}"
 
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
