@@ -8,6 +8,7 @@ form, including every mistake, goes to the typer app in `budget.cli` and its mes
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -55,9 +56,11 @@ def plain_report(args: list[str]) -> tuple[Path, str] | None:
 def main(argv: list[str] | None = None) -> None:
     # a reader that stops early (`budget check ... | head -1`) ends the process as any
     # Unix filter ends, by SIGPIPE (shell status 141), not with status 1, which `check`
-    # uses to say a plan fails
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # uses to say a plan fails; only as the program itself (a caller passing `argv` keeps
+    # its own handling), and only where the platform and the thread allow it
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = route(list(sys.argv[1:] if argv is None else argv))
     plain = plain_report(args)
     if plain is None:
