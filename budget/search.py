@@ -212,12 +212,13 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 counts.rejected["does not divide: pp into the GPUs left"] += 1
                 continue
             rest = gpus // (tp * pp)
+            chunks = 2 if plan.parallel.cp_attention == "ring" else 1  # load-balanced halves
             cps = []
             for cp in space.cp or divisors(rest):
                 if rest % cp:
                     counts.rejected["does not divide: cp into the GPUs left"] += 1
-                elif cp > 1 and b.seq % (2 * cp):
-                    counts.rejected["does not divide: sequence by 2·cp"] += 1
+                elif cp > 1 and b.seq % (chunks * cp):  # resolve's `context` rule
+                    counts.rejected[f"does not divide: sequence by {'2·' * (chunks > 1)}cp"] += 1
                 elif cp > 1 and 0 < m.window < b.seq:
                     counts.rejected["a window shorter than the sequence needs cp 1"] += 1
                 else:

@@ -978,3 +978,19 @@ def test_the_search_says_it_leaves_hand_written_transitions_out(tmp_path):
     assert "The plan's 1 hand-written transition is left out" in " ".join(result.stdout.split())
     result = CliRunner().invoke(app, route([*args, "-f", "json"]))
     assert json.loads(result.stdout)["hardware"]["transitions_left_out"] == 1
+
+
+@pytest.mark.parametrize(("attention", "kept"), [("ring", False), ("allgather", True)])
+def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path, attention, kept):
+    """2,044 tokens split over cp 4 (511 each) but not into ring attention's 2 × cp = 8
+    chunks: resolve accepts the all-gather variant, so the search must rank it; it asked
+    for 2·cp whatever cp_attention said."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    text = text.replace("  seq: 2048", "  seq: 2044").replace(
+        "  dp: 8", f"  dp: 8\n  cp_attention: {attention}"
+    )
+    plan = tmp_path / "cp.yaml"
+    plan.write_text(text, encoding="utf-8")
+    outcome = search(load_plan(plan), 8, Space(tp=(1,), pp=(1,), cp=(4,), micro=(1,), zero=(1,)))
+    assert bool(outcome.results) == kept
+    assert ("does not divide: sequence by 2·cp" in outcome.rejected) != kept
