@@ -233,3 +233,29 @@ def test_load_plan_reports_schema_and_duplicate_problems_together(tmp_path: Path
         "position, preset, qk_norm, qkv_bias, sandwich_norm, sliding_window, tied_embeddings, "
         "vocab)",
     ]
+
+
+@pytest.mark.parametrize("seq", [4098, 4100])
+def test_the_lengths_offered_for_cp_and_sequence_parallelism_satisfy_both(
+    tmp_path: Path, seq: int
+) -> None:
+    """tp 3 and ring cp 2 with sequence parallelism: the sequence must split into 4 ring
+    chunks and over 2 × 3 ranks, so a multiple of 12. Each rule used to offer its own
+    multiple (4, then 6), whose nearest values failed the other rule."""
+    plan = tmp_path / "odd.yaml"
+    plan.write_text(
+        f"""model: {{layers: 4, hidden: 1536, heads: 24, vocab: 32000}}
+batch: {{seq: {seq}, micro: 1, global: 8}}
+parallel: {{tp: 3, cp: 2, dp: 2, sequence_parallel: true}}
+device: {{preset: h100-sxm}}
+topology: {{gpus: 12, levels: [{{name: nvlink, size: 12, bandwidth: 450 GB/s, latency: 3 us}}]}}
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(BudgetError) as refused:
+        load_plan(plan)
+    (problem,) = refused.value.problems
+    assert "make batch.seq a multiple of 12" in problem.message or (
+        "make it a multiple of 12" in problem.message
+    )
+    assert "(nearest: 4092 and 4104)" in problem.message

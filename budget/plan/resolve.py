@@ -1035,10 +1035,12 @@ class _Checks:
                 "to false or raise tp",
             )
         elif p.sequence_parallel and self.mode == "train" and self.batch.seq % (p.cp * p.tp):
-            step = p.cp * p.tp
+            # a length that also splits into ring attention's 2 × cp chunks (`context`)
+            chunks = 2 * p.cp if p.cp > 1 and p.cp_attention == "ring" else p.cp
+            step = math.lcm(chunks, p.cp * p.tp)
             self.r.error(
                 "$.parallel.sequence_parallel",
-                f"batch.seq = {self.batch.seq:,} does not split evenly over cp × tp = {p.cp} × "
+                f"batch.seq = {self.batch.seq} does not split evenly over cp × tp = {p.cp} × "
                 f"{p.tp}: sequence parallelism shards each context-parallel rank's tokens "
                 f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
                 f"{_nearest(self.batch.seq, step)}) or set sequence_parallel to false",
@@ -1059,6 +1061,9 @@ class _Checks:
         train = self.mode == "train"
         seq, name = (self.batch.seq, "batch.seq") if train else (self.batch.prompt, "batch.prompt")
         chunks = 2 * cp if self.par.cp_attention == "ring" else cp
+        # the lengths offered also split over tp under sequence parallelism (`sequence_parallel`)
+        sp = train and self.par.sequence_parallel and self.par.tp > 1
+        step = math.lcm(chunks, cp * self.par.tp) if sp else chunks
         if seq % chunks:
             why = (
                 f"2 × cp = {chunks}: ring attention splits each "
@@ -1068,8 +1073,8 @@ class _Checks:
             )
             self.r.error(
                 "$.parallel.cp",
-                f"{name} = {seq} is not divisible by {why}; make it a multiple of {chunks} "
-                f"(nearest: {_nearest(seq, chunks)})",
+                f"{name} = {seq} is not divisible by {why}; make it a multiple of {step} "
+                f"(nearest: {_nearest(seq, step)})",
             )
 
     def experts(self) -> None:
