@@ -902,7 +902,7 @@ def search(
         gpus=gpus,
         evaluated=done,
         elapsed_s=time.perf_counter() - start,
-        rejected=dict(sorted(counts.rejected.items())),
+        rejected=dict(sorted((k, n) for k, n in counts.rejected.items() if n)),  # no 0 rows
         fitting=fitting,
         results=results,
         pareto=front,

@@ -994,3 +994,16 @@ def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path,
     outcome = search(load_plan(plan), 8, Space(tp=(1,), pp=(1,), cp=(4,), micro=(1,), zero=(1,)))
     assert bool(outcome.results) == kept
     assert ("does not divide: sequence by 2·cp" in outcome.rejected) != kept
+
+
+def test_no_reason_is_listed_with_no_layout(tmp_path):
+    """A reason whose count stayed 0 (nothing spread unevenly, everything fitted) was listed
+    in "Not ranked" with 0 beside it."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    tiny = tmp_path / "tiny.yaml"  # 2 layers of 512: every layout fits in 80 GiB
+    tiny.write_text(
+        text.replace("  layers: 24", "  layers: 2").replace("  hidden: 2048", "  hidden: 512")
+    )
+    outcome = search(load_plan(tiny), 8, Space(micro=(1,)))
+    assert outcome.fitting == outcome.evaluated
+    assert outcome.rejected and all(n > 0 for n in outcome.rejected.values())
