@@ -1520,7 +1520,7 @@ def _reduce(b: _StageBuilder) -> None:
         )
         reduce = [hide(m, "@backward-microbatch", "dp_grads", rule, share, floor) for m in reduce]
         # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every
-        # micro-batch's backward, each behind its own backward (module docstring)
+        # micro-batch's backward, each behind its own backward (see the docstring)
         every_backward = hide(
             replace(reduce[1], count=b.microbatches),
             "@backward-microbatch",
