@@ -267,7 +267,7 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
             flat["batch.sequences"] = flat.pop("batch.global", None)
             for key in _TRAINING_ONLY:
                 flat.pop(key, None)
-    for flat, plan in ((fa, a), (fb, b)):  # no window, not size 0; its layers, spelled out
+        # no window, not size 0; its layers, spelled out
         window = plan.model.window
         flat["model.sliding_window.size"] = window or None
         flat["model.sliding_window.layers"] = _sliding_layers(plan) if window else None

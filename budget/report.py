@@ -267,18 +267,21 @@ def group_name(group: str, layout: dict[str, Any]) -> str:
     return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
 
 
+def _summed_over_stages(report: Report) -> bool:
+    """Whether a row sums its stages (`pipeline._phase_rows`): a serving pass crosses the
+    stages one after another; in training they work side by side."""
+    return report.mode != "train" and report.layout.get("pp", 1) > 1
+
+
 def calls_scope(report: Report) -> str:
-    """What a collective's calls count (`pipeline._phase_rows`): one rank's in a step, or in
-    serving with a pipeline, every stage's ranks' along the pass."""
-    if report.mode == "train" or report.layout.get("pp", 1) == 1:
-        return ""
-    return "; calls summed over the stages a pass crosses"
+    """What a collective's calls count: one rank's in a step, or in serving with a
+    pipeline, every stage's ranks' along the pass."""
+    return "; calls summed over the stages a pass crosses" if _summed_over_stages(report) else ""
 
 
 def phase_scope(report: Report) -> str:
-    """What a phase row stands for: in training the stage where it costs most (the stages
-    work side by side); a serving pass crosses the stages one after another, so there its
-    times are summed over them (`pipeline._phase_rows`)."""
-    if report.mode == "train" or report.layout.get("pp", 1) == 1:
-        return "per rank, on the stage where each costs most"
-    return "per rank; times summed over the stages a pass crosses, payloads of the costliest"
+    """What a phase row stands for: the stage where it costs most, or in serving with a
+    pipeline the sum over the stages a pass crosses."""
+    if _summed_over_stages(report):
+        return "per rank; times summed over the stages a pass crosses, payloads of the costliest"
+    return "per rank, on the stage where each costs most"

@@ -192,19 +192,16 @@ def _writable(target: Path) -> None:
 def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
-    file)."""
-    from budget.plan.write import layout_yaml
+    file, `plan.write.rebased`)."""
+    from budget.plan.write import layout_yaml, rebased
 
-    schema = Path(__file__).parent / "schemas" / "plan.schema.json"
+    folder = target.absolute().parent
+    reference = os.path.relpath(Path(__file__).parent / "schemas" / "plan.schema.json", folder)
     first = source.read_text(encoding="utf-8").partition("\n")[0]
     marker = "$schema="
-    if marker in first:
-        reference = first.split(marker, 1)[1].strip()
-        if "://" not in reference:
-            schema = Path(os.path.normpath(source.parent.absolute() / reference))
-    relative = os.path.relpath(schema, target.absolute().parent)
-    text = layout_yaml(source, layout, gpus, relative, target.absolute().parent)
-    target.write_text(text, encoding="utf-8")
+    if marker in first and "://" not in first:
+        reference = rebased(first.split(marker, 1)[1].strip(), source.parent, folder)
+    target.write_text(layout_yaml(source, layout, gpus, reference, folder), encoding="utf-8")
 
 
 def _progress(console: Console, fmt: str) -> Any:

@@ -1521,15 +1521,12 @@ def _reduce(b: _StageBuilder) -> None:
         reduce = [hide(m, "@backward-microbatch", "dp_grads", rule, share, floor) for m in reduce]
         # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every
         # micro-batch's backward, each behind its own backward (see the docstring)
-        every_backward = hide(
-            replace(reduce[1], count=b.microbatches),
-            "@backward-microbatch",
-            "dp_grads",
-            "ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only the "
-            "shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
+        every_backward = replace(
+            reduce[1],  # the same window, overlap flag, share and floor, once per micro-batch
+            count=b.microbatches,
+            rule="ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only "
+            "the shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
             "behind it (last bucket exposed)",
-            share,
-            floor,
         )
         grads += (
             when(reduce[:1], zero == 0)

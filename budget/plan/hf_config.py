@@ -631,11 +631,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 f"model_type {json.dumps(family)} slide then is not one rule across "
                 "transformers releases; give layer_types (one kind per layer)"
             )
-        first = config.get("max_window_layers", 28)  # Qwen2Config's and Qwen3Config's default
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-            raise HfConfigError(
-                f"max_window_layers = {first!r} in {where} is not a non-negative integer"
-            )
+        first = _optional(config, "max_window_layers", where, 28)  # Qwen2/3Config's default
         flags = [i >= first for i in range(count)]
         if not any(flags):
             return None
@@ -647,11 +643,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         # full (6 by default); the other families slide on every layer
         period = _PERIODS.get(str(family), 0)
         if family == "gemma3_text":
-            period = config.get("sliding_window_pattern", period)
-            if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-                raise HfConfigError(
-                    f"sliding_window_pattern = {period!r} in {where} is not a positive integer"
-                )
+            period = _optional(config, "sliding_window_pattern", where, period, least=1)
         flags = [not period or (i + 1) % period != 0 for i in range(count)]
     window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

@@ -1035,9 +1035,7 @@ class _Checks:
                 "to false or raise tp",
             )
         elif p.sequence_parallel and self.mode == "train" and self.batch.seq % (p.cp * p.tp):
-            # a length that also splits into ring attention's 2 × cp chunks (`context`)
-            chunks = 2 * p.cp if p.cp > 1 and p.cp_attention == "ring" else p.cp
-            step = math.lcm(chunks, p.cp * p.tp)
+            step = self.seq_multiple()
             self.r.error(
                 "$.parallel.sequence_parallel",
                 f"batch.seq = {self.batch.seq} does not split evenly over cp × tp = {p.cp} × "
@@ -1045,6 +1043,20 @@ class _Checks:
                 f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
                 f"{_nearest(self.batch.seq, step)}) or set sequence_parallel to false",
             )
+
+    def cp_chunks(self) -> int:
+        """The pieces context parallelism cuts a sequence into: 2 × cp load-balanced chunks
+        under ring attention, cp slices for the all-gather variant (`context`)."""
+        p = self.par
+        return 2 * p.cp if p.cp > 1 and p.cp_attention == "ring" else p.cp
+
+    def seq_multiple(self) -> int:
+        """What a training sequence must be a multiple of, so that the lengths one rule
+        offers do not fail the other: the cp chunks, and cp × tp under sequence
+        parallelism (`sequence_parallel`)."""
+        p = self.par
+        sp = p.sequence_parallel and p.tp > 1
+        return math.lcm(self.cp_chunks(), p.cp * p.tp) if sp else self.cp_chunks()
 
     def context(self) -> None:
         """Ring attention splits each sequence into 2 × cp chunks for load balancing.
@@ -1060,10 +1072,7 @@ class _Checks:
             return
         train = self.mode == "train"
         seq, name = (self.batch.seq, "batch.seq") if train else (self.batch.prompt, "batch.prompt")
-        chunks = 2 * cp if self.par.cp_attention == "ring" else cp
-        # the lengths offered also split over tp under sequence parallelism (`sequence_parallel`)
-        sp = train and self.par.sequence_parallel and self.par.tp > 1
-        step = math.lcm(chunks, cp * self.par.tp) if sp else chunks
+        chunks, step = self.cp_chunks(), self.seq_multiple() if train else self.cp_chunks()
         if seq % chunks:
             why = (
                 f"2 × cp = {chunks}: ring attention splits each "

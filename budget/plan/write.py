@@ -35,7 +35,7 @@ def _gpus_per_node(preset: Any) -> int:
     return known.gpus_per_node if known is not None else 0
 
 
-def _rebased(written: str, origin: Path, folder: Path) -> str:
+def rebased(written: str, origin: Path, folder: Path) -> str:
     """A path `written` relative to `origin`, made relative to `folder` (an absolute one
     as it is). Through symlinks as the file system resolves them: "link/.." is where the
     link points, not the folder holding the link; absolute if no relative path reaches."""
@@ -61,7 +61,7 @@ def layout_yaml(
     tree = copy.deepcopy(_tree(source))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
-        model["hf_config"] = _rebased(model["hf_config"], source.parent, folder)
+        model["hf_config"] = rebased(model["hf_config"], source.parent, folder)
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]
