@@ -16,7 +16,7 @@ from budget.placement import Op
 from budget.plan.model import GroupKind
 from budget.vector import holds
 
-MoveGroup = GroupKind | Literal["edp"]  # edp: expert data-parallel group
+MoveGroup = GroupKind | Literal["etp", "edp"]  # expert tensor- and data-parallel groups
 
 # The phases of a training step in the order they run; every phase before "dp.grads" repeats
 # per micro-batch, the rest run once per step after the last backward.

@@ -157,10 +157,9 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
     Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
-    first and last). Gradients under context parallelism are reduced over dp x cp. The
-    expert data-parallel group is taken from `topology` when expert tensor parallelism
-    equals tp; otherwise it is approximated by that many ranks of the tp x cp x dp block,
-    which spans the same levels.
+    first and last). Gradients under context parallelism are reduced over dp x cp. Expert
+    layers' groups (etp, ep, edp) are the expert grid's (`topology`, Megatron-Core's
+    parallel folding).
     """
     par, topo = plan.parallel, plan.topology
     if move.group == "pp":
@@ -169,9 +168,7 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
         return span_of_ranks(pair, topo, "pp")
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
-        block = group_ranks(("tp", "cp", "dp"), par, topo.gpus)
-        stride = len(block) // move.ranks
-        span = span_of_ranks(block[::stride][: move.ranks], topo, move.group)
+        raise AssertionError(f"{move.name}: {move.ranks} ranks on a {span.size}-rank group")
     return span
 
 

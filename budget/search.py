@@ -303,8 +303,8 @@ def _grid(
     count = np.asarray(experts.count if experts else 1)
     rules = [
         (
-            "does not divide: experts by ep, or ep into dp x cp",
-            ((ep > 1) & (experts is None)) | ((dp * cp) % ep != 0) | (count % ep != 0),
+            "does not divide: experts by ep",
+            ((ep > 1) & (experts is None)) | (count % ep != 0),
         ),
         ("fewer layers than pipeline chunks", m.layers < pp * v),
         ("virtual stages need pp > 1", (v > 1) & (pp == 1)),

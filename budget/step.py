@@ -793,7 +793,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     gather = Move(
         gathered,
         "all-gather",
-        "tp",
+        "etp",
         etp,
         dtype,
         rows,
@@ -804,7 +804,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     scatter = Move(
         scattered,
         "reduce-scatter",
-        "tp",
+        "etp",
         etp,
         dtype,
         rows,

@@ -6,11 +6,16 @@ kinds fastest-varying first, so with ``order = [tp, cp, ep, dp, pp]`` rank
 Rank r runs on GPU r, and topology level i groups GPUs into domains of ``level.size``
 consecutive GPUs (innermost first; the outermost level is the whole machine).
 
-Expert layers re-split the dp × cp ranks of each (tp, pp) position into ep × edp (expert
-data parallel), as Megatron-core's expert rank generator does: the cp × dp positions are
-linearised in ``order`` (whichever of cp and dp comes first varies fastest) and an ep group
-is ``ep`` consecutive positions when ep comes before dp in ``order``, ``edp`` apart otherwise.
-The expert tensor-parallel degree is taken to be tp.
+Expert layers re-split the tp × cp × dp ranks of each pipeline stage into etp × ep × edp
+(expert tensor, expert and expert data parallel), as Megatron-Core's "parallel folding" does
+(``parallel_state.initialize_model_parallel`` builds the expert `RankGenerator` with tp =
+etp, cp = 1 and dp = edp over the same order, and asserts its pp groups are the dense ones).
+The stage's ranks are linearised as ``b = tp_i + tp·j``, j the cp × dp position in ``order``
+(whichever of cp and dp comes first varies fastest), so with tp first in the order, as in
+every Megatron order, b is the rank within the stage. Then ``b = etp_i + etp·k``: an etp
+group is ``etp`` consecutive b, and k splits into ep × edp with ep varying fastest when ep
+comes before dp in ``order`` (an ep group is then etp apart), edp fastest otherwise. With
+etp = tp (the default) the expert tp group is the dense one and ep lies within cp × dp.
 
 How a group is priced (DESIGN.md rule 5):
 
@@ -54,6 +59,7 @@ __all__ = [
     "MAX_GPUS",
     "GroupKind",
     "GroupSpan",
+    "expert_grid",
     "group_ranks",
     "group_size",
     "group_span",
@@ -65,13 +71,14 @@ __all__ = [
     "uneven_group",
 ]
 
-Dimension = Literal["tp", "cp", "ep", "dp", "pp", "edp"]
+Dimension = Literal["tp", "cp", "ep", "dp", "pp", "etp", "edp"]
 # One kind ("dp") or several varied together (("dp", "cp") for gradients under context
-# parallelism). "edp" is the expert data-parallel dimension of expert layers.
+# parallelism). "etp" and "edp" are the expert tensor- and data-parallel dimensions of
+# expert layers.
 GroupKind: TypeAlias = Dimension | tuple[Dimension, ...]
 
 _DENSE = ("tp", "cp", "dp", "pp")
-_EXPERT = ("tp", "ep", "edp", "pp")
+_EXPERT = ("etp", "ep", "edp", "pp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +151,8 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
-    if parallel.ep > 1 and _experts_over_cp_dp(parallel):  # ep = 1: the dense groups
-        kinds += ("ep", "edp")
+    if expert_grid(parallel):  # without experts split apart, the dense groups
+        kinds += ("etp", "ep", "edp")
     ranks = sorted(
         {0, *(lv.size - 1 for lv in topology.levels if lv.size and lv.size < topology.gpus)}
     )
@@ -339,9 +346,11 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         )
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside 0..{world - 1}")
-    unknown = [d for d in dims if d not in (*_DENSE, "ep", "edp")]
+    unknown = [d for d in dims if d not in (*_DENSE, *_EXPERT)]
     if unknown:
-        raise ValueError(f"unknown group kind {unknown[0]!r}; expected tp, cp, ep, dp or pp")
+        raise ValueError(
+            f"unknown group kind {unknown[0]!r}; expected tp, cp, dp, pp, etp, ep or edp"
+        )
     order = _dense_order(parallel)
     coords = _dense_coords(rank, order, degrees)
     if all(d in _DENSE for d in dims):
@@ -365,20 +374,17 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         return tuple(np.sort(lattice + base).tolist())
     if not all(d in _EXPERT for d in dims):
         raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
-    if not _experts_over_cp_dp(parallel):
+    if not degrees["edp"]:
         raise ValueError(
-            f"ep = {parallel.ep} must divide cp × dp = {parallel.cp * parallel.dp} "
-            "for an expert group to be placed"
+            f"ep × etp = {parallel.ep} × {degrees['etp']} must divide tp × cp × dp = "
+            f"{parallel.tp * parallel.cp * parallel.dp} for an expert group to be placed"
         )
-    ep_idx, edp_idx = _expert_coords(coords, parallel)
-    fixed = {"tp": coords["tp"], "pp": coords["pp"], "ep": ep_idx, "edp": edp_idx}
-    ranges2 = {
-        d: range(degrees[d]) if d in dims else (fixed[d],) for d in ("tp", "pp", "ep", "edp")
-    }
+    fixed = {"pp": coords["pp"], **_expert_coords(coords, parallel, degrees)}
+    ranges = {d: range(degrees[d]) if d in dims else (fixed[d],) for d in _EXPERT}
     out = []
-    for t, p, e, x in itertools.product(*ranges2.values()):
-        cp_i, dp_i = _from_expert(e, x, parallel)
-        out.append(_dense_rank({"tp": t, "cp": cp_i, "dp": dp_i, "pp": p}, order, degrees))
+    for e_tp, ep_i, edp_i, pp_i in itertools.product(*ranges.values()):
+        dense = _from_expert({"etp": e_tp, "ep": ep_i, "edp": edp_i}, parallel, degrees)
+        out.append(_dense_rank({**dense, "pp": pp_i}, order, degrees))
     return tuple(sorted(out))
 
 
@@ -414,24 +420,29 @@ def price(
 # ----------------------------------------------------------------------------- rank maths
 
 
-def _experts_over_cp_dp(parallel: Parallel) -> bool:
-    """Expert-parallel ranks are laid over the cp x dp ranks, which ep must divide. (Serving
-    may put ep inside the tp group instead, `layers.experts_inside_tp`, and then prices no
-    collective over an ep or edp group.)"""
-    return parallel.ep >= 1 and (parallel.cp * parallel.dp) % parallel.ep == 0
+def expert_grid(parallel: Parallel) -> bool:
+    """Whether expert layers split the stage's ranks apart from the dense groups (ep > 1 or
+    etp ≠ tp) into a grid that fits them: ep × etp divides tp × cp × dp. (Serving may put
+    ep inside the tp group, `layers.experts_inside_tp`, and then prices no collective over
+    an ep or edp group.)"""
+    etp = parallel.etp or parallel.tp
+    return (parallel.ep > 1 or etp != parallel.tp) and _degrees(parallel)["edp"] > 0
 
 
 def _degrees(parallel: Parallel) -> dict[str, int]:
     ep = parallel.ep
     if ep < 1:
         raise ValueError(f"ep = {ep} must be at least 1")
+    etp = parallel.etp or parallel.tp
+    stage = parallel.tp * parallel.cp * parallel.dp
     return {
         "tp": parallel.tp,
         "cp": parallel.cp,
         "dp": parallel.dp,
         "pp": parallel.pp,
         "ep": ep,
-        "edp": parallel.cp * parallel.dp // ep if _experts_over_cp_dp(parallel) else 0,
+        "etp": etp,
+        "edp": stage // (ep * etp) if etp >= 1 and stage % (ep * etp) == 0 else 0,
     }
 
 
@@ -467,24 +478,36 @@ def _ep_first(parallel: Parallel) -> bool:
     return "ep" not in parallel.order or parallel.order.index("ep") < parallel.order.index("dp")
 
 
-def _expert_coords(coords: dict[str, int], parallel: Parallel) -> tuple[int, int]:
-    """(ep index, edp index) of a rank from its cp and dp indices."""
-    cp, dp, ep = parallel.cp, parallel.dp, parallel.ep
-    j = (
-        coords["cp"] + cp * coords["dp"]
-        if _cp_first(parallel)
-        else coords["dp"] + dp * coords["cp"]
+def _expert_coords(
+    coords: dict[str, int], parallel: Parallel, degrees: dict[str, int]
+) -> dict[str, int]:
+    """A rank's etp, ep and edp indices from its tp, cp and dp ones (module docstring)."""
+    cp, dp = parallel.cp, parallel.dp
+    if _cp_first(parallel):
+        j = coords["cp"] + cp * coords["dp"]
+    else:
+        j = coords["dp"] + dp * coords["cp"]
+    k, e_tp = divmod(coords["tp"] + parallel.tp * j, degrees["etp"])
+    ep, edp = degrees["ep"], degrees["edp"]
+    ep_i, edp_i = (k % ep, k // ep) if _ep_first(parallel) else (k // edp, k % edp)
+    return {"etp": e_tp, "ep": ep_i, "edp": edp_i}
+
+
+def _from_expert(
+    expert: dict[str, int], parallel: Parallel, degrees: dict[str, int]
+) -> dict[str, int]:
+    """A rank's tp, cp and dp indices from its etp, ep and edp ones: the inverse of
+    `_expert_coords`."""
+    ep, edp = degrees["ep"], degrees["edp"]
+    k = (
+        expert["ep"] + ep * expert["edp"]
+        if _ep_first(parallel)
+        else expert["edp"] + edp * expert["ep"]
     )
-    edp = cp * dp // ep
-    return (j % ep, j // ep) if _ep_first(parallel) else (j // edp, j % edp)
-
-
-def _from_expert(ep_idx: int, edp_idx: int, parallel: Parallel) -> tuple[int, int]:
-    """(cp index, dp index) from (ep index, edp index): the inverse of `_expert_coords`."""
-    cp, dp, ep = parallel.cp, parallel.dp, parallel.ep
-    edp = cp * dp // ep
-    j = ep_idx + ep * edp_idx if _ep_first(parallel) else edp_idx + edp * ep_idx
-    return (j % cp, j // cp) if _cp_first(parallel) else (j // dp, j % dp)
+    j, tp_i = divmod(expert["etp"] + degrees["etp"] * k, parallel.tp)
+    cp, dp = parallel.cp, parallel.dp
+    cp_i, dp_i = (j % cp, j // cp) if _cp_first(parallel) else (j // dp, j % dp)
+    return {"tp": tp_i, "cp": cp_i, "dp": dp_i}
 
 
 def _show(ranks: Sequence[int]) -> str:

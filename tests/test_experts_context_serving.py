@@ -323,8 +323,8 @@ def test_expert_rows_are_gathered_over_etp_without_expert_parallelism():
     moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
     ops = {m.name: (m.op, m.group, m.ranks, m.size_bytes) for m in moe.moves}
     rows = 2 * (2048 * 4) * 2 * 2048  # etp x (local tokens x top-4) x bf16 x hidden
-    assert ops["expert input rows"] == ("all-gather", "tp", 2, rows)
-    assert ops["expert output rows"] == ("reduce-scatter", "tp", 2, rows)
+    assert ops["expert input rows"] == ("all-gather", "etp", 2, rows)
+    assert ops["expert output rows"] == ("reduce-scatter", "etp", 2, rows)
     assert not [m for m in moe.moves if m.op == "all-to-all"]
 
 
@@ -476,23 +476,43 @@ def test_serving_experts_spread_over_the_tp_group_send_nothing(tmp_path):
     ]
 
 
-def test_ep_outside_the_data_parallel_ranks_is_refused_in_training(tmp_path):
-    """Training lays expert-parallel ranks over cp x dp; ep 8 with dp 1 has nowhere to go.
-    This was a traceback from the rank arithmetic; it is now an error naming the choices."""
-    from budget.errors import BudgetError
-
+def test_training_folds_ep_over_the_tensor_parallel_ranks(tmp_path):
+    """Training at tp 8, etp 1, ep 8, dp 1 (Megatron-Core's parallel folding: ep × etp = 8
+    divides tp × cp × dp = 8, though ep does not divide dp): the ep group is the node's 8
+    ranks, so the dispatch all-to-all runs on NVLink. Each rank holds 4096 / 8 = 512 tokens
+    (sequence parallelism) and sends them top-8: S = 8 ranks × 512 × 8 rows × 7168 × bf16.
+    Before, budget laid ep over cp × dp only and refused this layout."""
     text = (
         DEEPSEEK_TP8_EP8.replace("mode: decode", "mode: train")
         .replace(
             "{sequences: 64, prompt: 4096, generate: 1024}", "{seq: 4096, micro: 1, global: 8}"
         )
         .replace("etp: 1}", "etp: 1, sequence_parallel: true}")
+        .replace("{params: fp8, activations: bf16, matmul: fp8}", "{params: bf16}")
+    )
+    report = build_report(_load_text(tmp_path, text))
+    moe = next(p for p in report.phases if p.name == "forward.moe")
+    dispatch = next(c for c in moe.collectives if c.name == "MoE dispatch")
+    assert (dispatch.group, dispatch.ranks) == ("ep", 8)
+    assert [level["link"] for level in dispatch.levels] == ["nvlink"]
+    assert dispatch.bytes == 8 * 512 * 8 * 7168 * 2
+    assert not [c for c in moe.collectives if c.group == "etp"]  # etp 1 gathers nothing
+
+
+def test_an_expert_grid_that_does_not_fit_the_stage_is_refused(tmp_path):
+    """ep × etp must divide tp × cp × dp (Megatron-Core asserts the same); the error offers
+    the ep values that fit: divisors of gcd(256 experts, 8 / etp 2 = 4)."""
+    from budget.errors import BudgetError
+
+    text = DEEPSEEK_TP8_EP8.replace("etp: 1}", "etp: 2, ep: 8, sequence_parallel: true}").replace(
+        "{tp: 8, ep: 8,", "{tp: 8,"
     )
     with pytest.raises(BudgetError) as raised:
         _load_text(tmp_path, text)
     (problem,) = raised.value.problems
     assert problem.path == "$.parallel.ep"
-    assert "ep = 8 does not divide cp × dp = 1 × 1" in problem.message
+    assert "ep × etp = 8 × 2 = 16" in problem.message
+    assert problem.message.endswith("choose ep among 1, 2, 4")
 
 
 def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path) -> None:

@@ -73,6 +73,25 @@ def test_expert_groups_are_carved_out_of_dp_times_cp() -> None:
     assert group_ranks("ep", late, 32) == (0, 8, 16, 24)
 
 
+def test_expert_tensor_parallel_groups_fold_as_megatron_does() -> None:
+    # Megatron-Core builds the expert grid with RankGenerator(tp=etp, ep, dp=edp, pp, cp=1)
+    # over the order tp-cp-ep-dp-pp: rank = etp_i + etp·(ep_i + ep·edp_i) within a stage.
+    # tp 4, dp 8, ep 4, etp 2 on 32 GPUs: edp = 32 / (4·2) = 4; the etp group of rank 0 is
+    # {0, 1}, its ep group {0, 2, 4, 6} (etp apart) and its edp group {0, 8, 16, 24}
+    # (etp·ep apart): all three inside the first 8-GPU node but the last.
+    folded = Parallel(tp=4, dp=8, ep=4, etp=2)
+    assert group_ranks("etp", folded, 32) == (0, 1)
+    assert group_ranks("ep", folded, 32) == (0, 2, 4, 6)
+    assert group_ranks("edp", folded, 32) == (0, 8, 16, 24)
+    assert group_ranks("ep", folded, 32, rank=13) == (9, 11, 13, 15)
+    # etp 1, ep 8 over tp 4 × dp 8: ep = 8 consecutive ranks, although 8 does not divide dp
+    wide = Parallel(tp=4, dp=2, ep=8, etp=1)
+    assert group_ranks("ep", wide, 8) == tuple(range(8))
+    assert group_ranks("edp", wide, 8) == (0,)
+    # etp = tp: the expert tp group is the dense tp group
+    assert group_ranks("etp", Parallel(tp=4, dp=8, ep=4), 32) == (0, 1, 2, 3)
+
+
 def test_shared_links_divide_bandwidth() -> None:
     shared = Topology(32, (NVLINK, Level("infiniband", 50e9, 10e-6, shared_by=2)))
     parallel = Parallel(tp=8, dp=4)
@@ -91,7 +110,7 @@ def test_dtype_sets_the_chunk_granularity() -> None:
 def test_bad_layouts_are_refused_with_the_numbers() -> None:
     with pytest.raises(ValueError, match=r"= 16 but the topology has 32 GPUs"):
         group_span("tp", Parallel(tp=8, dp=2), _topology(32))
-    with pytest.raises(ValueError, match="ep = 3 must divide cp × dp = 4"):
+    with pytest.raises(ValueError, match=r"ep × etp = 3 × 1 must divide tp × cp × dp = 4"):
         group_ranks("ep", Parallel(dp=4, ep=3), 4)
     with pytest.raises(ValueError, match="spread evenly"):
         span_of_ranks([0, 1, 2, 8], _topology(16))
@@ -102,15 +121,17 @@ def layouts(draw: st.DrawFn) -> tuple[Parallel, Topology]:
     tp, cp, dp, pp = (draw(st.sampled_from([1, 2, 4, 8])) for _ in range(4))
     kinds: list[GroupKind] = ["tp", "cp", "ep", "dp", "pp"]
     order = draw(st.permutations(kinds))
-    ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if (cp * dp) % e == 0]))
-    parallel = Parallel(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, order=tuple(order))
+    stage = tp * cp * dp
+    ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if stage % e == 0]))
+    etp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if stage % (ep * t) == 0]))
+    parallel = Parallel(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp, order=tuple(order))
     gpus = tp * cp * dp * pp
     node = draw(st.sampled_from([2, 4, 8]))
     topology = Topology(gpus, (Level("nvlink", 450e9, 1e-6, size=node), IB))
     return parallel, topology
 
 
-KINDS: list[GroupKind] = ["tp", "cp", "dp", "pp", "ep"]
+KINDS: list[GroupKind] = ["tp", "cp", "dp", "pp", "ep", "etp", "edp"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -123,7 +144,12 @@ def test_groups_of_each_kind_partition_the_world(layout: tuple[Parallel, Topolog
             group = group_ranks(kind, parallel, topology.gpus, rank)
             assert rank in group
             seen.add(group)
-        degree = parallel.ep if kind == "ep" else getattr(parallel, kind)
+        etp = parallel.etp or parallel.tp
+        degree = {
+            "ep": parallel.ep,
+            "etp": etp,
+            "edp": parallel.tp * parallel.cp * parallel.dp // (parallel.ep * etp),
+        }.get(str(kind)) or getattr(parallel, str(kind))
         assert all(len(g) == degree for g in seen)
         assert sorted(itertools.chain.from_iterable(seen)) == list(range(topology.gpus))
 

@@ -1120,27 +1120,17 @@ class _Checks:
         if p.tp > 1 and not p.sequence_parallel:
             self.replicated_tokens(etp)
         dense = p.tp * p.cp * p.dp
-        inside_tp = (
-            self.mode != "train"
-            and p.tp > 1
-            and not p.sequence_parallel
-            and p.ep > 1
-            and p.ep * etp == p.tp
-        )
         if dense % (p.ep * etp):
             self.r.error(
                 "$.parallel.ep",
                 f"expert layers place ep × etp = {p.ep} × {etp} = {p.ep * etp} ranks per "
                 f"expert-data-parallel replica, which does not divide the tp × cp × dp = "
-                f"{p.tp} × {p.cp} × {p.dp} = {dense} ranks of a pipeline stage",
-            )
-        elif (p.cp * p.dp) % p.ep and not inside_tp:
-            self.r.error(
-                "$.parallel.ep",
-                f"ep = {p.ep} does not divide cp × dp = {p.cp} × {p.dp}: budget lays the "
-                "expert-parallel ranks over the data- and context-parallel ones (inside the "
-                "tensor-parallel group only when serving without sequence parallelism, with "
-                f"ep × etp = tp); choose ep among {_divisors(p.cp * p.dp)}",
+                f"{p.tp} × {p.cp} × {p.dp} = {dense} ranks of a pipeline stage; "
+                + (
+                    f"choose ep among {_divisors(math.gcd(experts.count, dense // etp))}"
+                    if dense % etp == 0
+                    else f"choose etp among {_divisors(dense)}"
+                ),
             )
 
     def replicated_tokens(self, etp: int) -> None:

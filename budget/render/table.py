@@ -435,6 +435,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
     groups = {c.group for p in report.phases for c in p.collectives}
+    if "etp" in groups:
+        legend.append("etp = expert tensor-parallel group: ranks splitting each expert's matrices")
     if "edp" in groups:
         legend.append("edp = expert data-parallel group: ranks holding the same experts")
     if "dp" in groups and report.layout.get("cp", 1) > 1:
