@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from budget.collectives import Algorithm
 from budget.flops import Work
 from budget.placement import Op
 from budget.plan.model import GroupKind
@@ -100,6 +101,9 @@ class Move:
     # overlapped by pipelining: this many collectives of 1/chunks of the size, each with its
     # own n·α, the last one exposed (`schedule.time_phase`)
     chunks: int = 1
+    # a flat algorithm over every rank, each step at the slowest link spanned, where the
+    # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
+    algorithm: Algorithm | None = None
 
 
 def hide(

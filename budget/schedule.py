@@ -174,7 +174,8 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:
     """The collective of `move` priced on the levels its group spans (`move_span`)."""
-    return price_group(move.op, move.size_bytes, move_span(plan, move), dtype=move.dtype)
+    span = move_span(plan, move)
+    return price_group(move.op, move.size_bytes, span, move.algorithm, dtype=move.dtype)
 
 
 def _flag(plan: Plan, flag: str) -> bool:

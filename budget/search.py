@@ -28,7 +28,15 @@ import numpy as np
 
 from budget import flops
 from budget.check import Limits
-from budget.collectives import CollectiveCost, Stage, Tier, collective_cost
+from budget.collectives import (
+    Algorithm,
+    CollectiveCost,
+    Link,
+    Stage,
+    Tier,
+    collective_cost,
+    flat_stage,
+)
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
@@ -590,6 +598,7 @@ class _Pricer:
         pair = "embedding" in move.name if move.group == "pp" else False
         fingerprint = (
             move.op,
+            move.algorithm,
             move.group,
             pair,
             move.dtype,
@@ -609,8 +618,10 @@ class _Pricer:
         links = [link_of(level) for level in self.levels]
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
-        tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
         element = _element(move.dtype)
+        if move.algorithm is not None and len(links) > 1:
+            return _flat_over_levels(move, move.algorithm, ranks, links, element)
+        tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
         if len(tiers) == 1:
             return collective_cost(move.op, tiers, move.size_bytes, element_bytes=element)
         return collective_cost(
@@ -682,6 +693,39 @@ def _element(dtype: str) -> int:
     from budget.plan.model import DTYPE_BYTES
 
     return DTYPE_BYTES[dtype]
+
+
+def _flat_over_levels(
+    move: Move, algorithm: Algorithm, ranks: tuple[np.ndarray, ...], links: list[Link], element: int
+) -> CollectiveCost:
+    """A flat algorithm over all of a group's ranks, every step at the slowest link it
+    spans (`collectives.collective_cost` on several tiers), which differs between
+    configurations: one stage per level, counted where that level is the slowest spanned."""
+    total = np.prod(np.stack(ranks), axis=0)
+    slowest = np.zeros_like(ranks[0])  # a group of one rank: the innermost level, no step
+    by_speed = sorted(
+        range(len(links)), key=lambda i: (links[i].effective_bandwidth, -links[i].latency)
+    )
+    for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
+        slowest = np.where(ranks[level] > 1, level, slowest)
+    stages = []
+    for level, link in enumerate(links):
+        mask = (slowest == level).astype(np.int64)
+        if not mask.any():
+            continue
+        stage = flat_stage(move.op, algorithm, total, move.size_bytes, link, element_bytes=element)
+        stages.append(
+            replace(
+                stage,
+                steps=stage.steps * mask,
+                sent_bytes=stage.sent_bytes * mask,
+                recv_bytes=stage.recv_bytes * mask,
+                payload_bytes=stage.payload_bytes * mask,
+                group_sent_bytes=stage.group_sent_bytes * mask,
+                group_recv_bytes=stage.group_recv_bytes * mask,
+            )
+        )
+    return CollectiveCost(move.op, algorithm, total, move.size_bytes, tuple(stages))
 
 
 def _send_recv(move: Move, ranks: tuple[np.ndarray, ...], links: list[Any]) -> CollectiveCost:

@@ -253,9 +253,13 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     Ring attention (Liu et al., arXiv 2310.01889) passes K/V chunks around the cp ring in
     cp - 1 send/recv steps, which moves exactly the bytes of a ring all-gather of K and V,
     each step hidden behind attention on the chunk already received ((cp - 1)/cp of the
-    attention core). Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before
-    attention instead, which leaves the gather exposed. Backward re-circulates K/V and
-    reduce-scatters dK/dV the same way.
+    attention core). The ring is flat whatever links it spans (Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P`` sends each chunk to the next cp rank), so with cp ranks in
+    several nodes every one of the cp - 1 steps waits for its slowest hop: a flat ring at
+    the slowest link spanned, not NCCL's two-level all-gather. Backward re-circulates K/V
+    and passes dK/dV around the same ring. Llama 3 (arXiv 2407.21783, section 3.3.2)
+    all-gathers K/V before attention instead, which leaves the gather exposed (NCCL's
+    all-gather, two-level across nodes).
     """
     par = plan.parallel
     if every(par.cp == 1):
@@ -284,6 +288,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
                 kv,
                 "shard(0)",
                 "replicate",
+                algorithm="ring" if ring else None,
             )
         )
     ]
@@ -299,6 +304,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
                     kv,
                     "partial",
                     "shard(0)",
+                    algorithm="ring" if ring else None,
                 )
             )
         )

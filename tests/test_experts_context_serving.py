@@ -535,3 +535,31 @@ def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path)
         assert calls == pytest.approx(row["comm_s"], rel=1e-12, abs=1e-15)
     one = to_dict(build_report(load_plan(decode)))["step"]
     assert one["compute_s"] + one["exposed_comm_s"] == pytest.approx(one["time_s"], rel=1e-12)
+
+
+def test_a_cp_ring_across_nodes_is_paced_by_its_slowest_hop(tmp_path):
+    """tp 4 × cp 4 on two DGX H100 nodes: the cp group {0, 4, 8, 12} holds two ranks per
+    node, so of the ring's four hops two cross InfiniBand. Ring attention sends each K/V
+    chunk to the next cp rank (Transformer Engine's P2P ring), so each of the cp − 1 = 3
+    steps waits for an InfiniBand hop: T = 3·(α_IB + c / B_IB), c = S / 4 with S = K and V
+    of the whole sequence per tp rank, 2 × 32768 tokens × (8 kv heads / tp 4) × 128 × bf16
+    = 32 MiB. Before, it was priced as NCCL's two-level all-gather: 2 steps, 255 µs."""
+    from budget.topology import link_of
+
+    text = (
+        "name: cp-ring\nmodel: {preset: llama3-8b}\nbatch: {seq: 32768, micro: 1, global: 8}\n"
+        "parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, "
+        "cp_attention: ring}\nrecompute: selective\ndevice: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 2}\n"
+    )
+    plan = _load_text(tmp_path, text)
+    report = build_report(plan)
+    attention = next(p for p in report.phases if p.name == "forward.attention")
+    (ring,) = [c for c in attention.collectives if c.group == "cp"]
+    size = 2 * 32768 * 2 * 128 * 2
+    assert ring.bytes == size == 32 * 2**20
+    assert (ring.algorithm, ring.steps, ring.sent_bytes) == ("ring", 3, 3 * size // 4)
+    infiniband = link_of(plan.topology.levels[1])
+    step = infiniband.latency + (size // 4) / infiniband.bandwidth_at("all-gather", size)
+    assert ring.time_s == pytest.approx(3 * step, rel=1e-12)
+    assert [level["link"] for level in ring.levels] == ["infiniband"]

@@ -1007,3 +1007,56 @@ def test_no_reason_is_listed_with_no_layout(tmp_path):
     outcome = search(load_plan(tiny), 8, Space(micro=(1,)))
     assert outcome.fitting == outcome.evaluated
     assert outcome.rejected and all(n > 0 for n in outcome.rejected.values())
+
+
+RING_ACROSS_NODES = """\
+name: cp-ring
+model: {preset: llama3-8b}
+batch: {seq: 32768, micro: 1, global: 8}
+parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, cp_attention: ring}
+recompute: selective
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, nodes: 2}
+"""
+
+EXPERTS_FOLDED = """\
+name: moe-etp
+model:
+  layers: 8
+  hidden: 4096
+  heads: 32
+  kv_heads: 8
+  ffn: 14336
+  vocab: 32000
+  experts: {count: 16, top_k: 2, ffn: 8192, capacity_factor: 1.25}
+batch: {seq: 4096, micro: 1, global: 64}
+parallel: {tp: 4, dp: 8, ep: 4, etp: 2, sequence_parallel: true, zero: 1}
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, nodes: 4}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "space"),
+    [
+        # cp rings inside a node, one rank per node and two per node (a flat ring paced by
+        # InfiniBand, `step._cp_moves`), priced per configuration by `_flat_over_levels`
+        (RING_ACROSS_NODES, 16, Space(tp=(1, 2, 4), cp=(2, 4, 8), zero=(1,), micro=(1,))),
+        # etp 2 beside tp 1, 2 and 4: the expert grid's etp, ep and edp groups
+        (EXPERTS_FOLDED, 32, Space(tp=(1, 2, 4), ep=(2, 4, 8), zero=(1,), micro=(1,))),
+    ],
+    ids=["cp-ring-across-nodes", "experts-folded"],
+)
+def test_groups_priced_apart_from_the_dense_layout_search_as_they_budget(
+    tmp_path, text, gpus, space
+):
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    outcome = search(plan, gpus, space)
+    assert len(outcome.results) >= 8
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
