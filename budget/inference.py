@@ -49,6 +49,7 @@ from budget.step import (
     _stage_shapes,
     _tp_moves,
     attention_tp_moves,
+    dispatch_buffers,
     pipeline_moves,
 )
 from budget.vector import every, vmin
@@ -87,10 +88,9 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
             out.append(Alloc("attention scores", "transient", a * s.micro * s.heads * rows * keys))
         return out
     if block == "moe":
-        rows = a * s.routed * s.hidden
         return [
             layer_in,
-            Alloc("dispatch send and receive buffers", "transient", rows, count=2),
+            dispatch_buffers(plan, s),
             Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
         ]
     return [layer_in, Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols)]

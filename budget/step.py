@@ -733,9 +733,13 @@ def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
     ]
 
 
-def _dispatch_buffers(s: Shapes) -> Alloc:
-    """The all-to-all's send and receive buffers of the routed token rows."""
-    rows = s.act * s.routed * s.hidden
+def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
+    """The all-to-all's send and receive buffers: the token rows one rank dispatches
+    (tokens·k·capacity), as Megatron-Core's ``MoEAlltoAllTokenDispatcher`` permutes and
+    exchanges them, before the etp all-gather (whose rows the experts' own activations
+    count). When every tp rank holds the same tokens nothing is exchanged or gathered and
+    the buffers hold the rows the rank's experts take."""
+    rows = s.act * vwhere(tokens_replicated(plan), s.routed, s.dispatched) * s.hidden
     return Alloc(
         "dispatch send and receive buffers",
         "transient",
@@ -1097,7 +1101,7 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.has_moe:
         moe = _either(blocks["moe"], full)
-        buffers = [_dispatch_buffers(s)]
+        buffers = [dispatch_buffers(plan, s)]
         gathered_moe = _zero3_transients(plan, b.layer, "moe")
         b.add(
             "forward.moe",
@@ -1324,7 +1328,7 @@ def _backward(b: _StageBuilder) -> None:
                 gate * s.act * s.routed * s.expert_cols,
                 placement="shard(tokens) on ep",
             ),
-            _dispatch_buffers(s),
+            dispatch_buffers(plan, s),
         ]
         work = flops.moe_forward(plan, s)
         b.add(

@@ -563,3 +563,21 @@ def test_a_cp_ring_across_nodes_is_paced_by_its_slowest_hop(tmp_path):
     step = infiniband.latency + (size // 4) / infiniband.bandwidth_at("all-gather", size)
     assert ring.time_s == pytest.approx(3 * step, rel=1e-12)
     assert [level["link"] for level in ring.levels] == ["infiniband"]
+
+
+def test_dispatch_buffers_hold_the_rows_a_rank_sends_not_the_gathered_ones():
+    """Mixtral 8x7B as shipped (tp = etp 2 with sequence parallelism, sequence 4096): a rank
+    holds 4096 / 2 = 2048 tokens and sends them top-2, 4096 rows of 4096 × bf16 = 32 MiB,
+    which the all-to-all's send and receive buffers each hold (Megatron-Core's alltoall
+    dispatcher). The etp all-gather then doubles the rows the experts compute (8192), which
+    their own activations count; the buffers were sized from those, 64 MiB each."""
+    from budget.step import dispatch_buffers
+
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    s = shapes(plan)
+    assert (s.dispatched, s.routed) == (2048 * 2, 2 * 2048 * 2)
+    buffers = dispatch_buffers(plan, s)
+    assert (buffers.bytes, buffers.count) == (4096 * 4096 * 2, 2)
+    moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
+    held = {a.name: a.bytes for i in moe.instants for a in i.live}
+    assert held["dispatch send and receive buffers"] == 32 * 2**20
