@@ -125,6 +125,11 @@ def _placement_text(kind: str, dim: int | None) -> str:
     return f"shard({dim})" if kind == "shard" else kind
 
 
+def _rate(value: float, unit: str) -> str:
+    """A rate under the 1-per-second floor plans must meet, as the error names it."""
+    return f"0 {unit}" if value == 0 else f"{value:.3g} {unit}, under 1 {unit}"
+
+
 def _divisors(n: int, limit: int = 8) -> str:
     found = [d for d in range(1, n + 1) if n % d == 0][:limit]
     more = ", ..." if len(found) == limit and found[-1] != n else ""
@@ -575,11 +580,11 @@ class _Resolver:
         flops: dict[str, float] = dict(preset.flops) if preset is not None else {}
         for dtype, rate in tree.get("flops", {}).items():
             parsed = self.unit(units.parse_flops, rate, f"$.device.flops.{dtype}")
-            if parsed == 0:  # a peak of nothing would time every kernel at forever
+            if parsed is not None and parsed < 1:  # would time every kernel at (nearly) forever
                 self.error(
                     f"$.device.flops.{dtype}",
-                    f"device.flops.{dtype} is 0; give the peak, such as '989 TFLOP/s', or "
-                    "leave the format out",
+                    f"device.flops.{dtype} is {_rate(parsed, 'FLOP/s')}; give the peak, such as "
+                    "'989 TFLOP/s', or leave the format out",
                 )
             elif parsed is not None:
                 flops[dtype] = parsed
@@ -591,6 +596,12 @@ class _Resolver:
         )
         if memory is None or reserved is None or bandwidth is None:
             return None
+        if 0 < bandwidth < 1:
+            self.error(
+                "$.device.memory_bandwidth",
+                f"device.memory_bandwidth is {_rate(bandwidth, 'B/s')}; give the card's, such "
+                "as '3.35 TB/s'",
+            )
         if memory == 0:
             self.error(
                 "$.device.memory", "device.memory is 0; give the card's memory, such as '80 GiB'"
@@ -686,6 +697,12 @@ class _Resolver:
         for i, level in enumerate(tree["levels"]):
             path = f"$.topology.levels[{i}]"
             bandwidth = self.unit(units.parse_bandwidth, level["bandwidth"], f"{path}.bandwidth")
+            if bandwidth is not None and bandwidth < 1:  # every collective would take forever
+                self.error(
+                    f"{path}.bandwidth",
+                    f"{level['name']}'s bandwidth is {_rate(bandwidth, 'B/s')}; give the link's "
+                    "per-GPU bandwidth, such as '450 GB/s' or '400 Gb/s'",
+                )
             latency = self.unit(units.parse_duration, level["latency"], f"{path}.latency")
             size = level.get("size")
             levels.append(
