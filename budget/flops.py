@@ -454,6 +454,19 @@ def model_flops_per_token(plan: Plan) -> int:
     return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
 
 
+def serving_params(plan: Plan) -> int:
+    """Parameters a served token multiplies in GEMMs outside the output layer: the active
+    ones (top-k experts) less the embedding lookups and the output layer (the same matrix
+    when tied), which serving computes for the positions it samples only."""
+    from budget.layers import active_params
+
+    m = plan.model
+    n = active_params(plan) - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+    if m.position == "learned":
+        n -= (m.max_positions or plan.batch.seq) * m.hidden
+    return n
+
+
 def _mtp_flops_per_token(plan: Plan) -> int:
     """Training FLOPs per token of the multi-token prediction modules, counted as model
     FLOPs the way NeMo Automodel's ``flops_utils`` counts them (per module: its layer, its

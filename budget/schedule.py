@@ -40,7 +40,7 @@ import numpy as np
 
 from budget.collectives import CollectiveCost
 from budget.efficiency import gemm_efficiency
-from budget.flops import Work, attention_query_flops, model_flops_per_token
+from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
 from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
@@ -265,10 +265,11 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     """Prefill and decode latency: one batch passes the stages one after the other, so a
     pass takes the sum of its stages; decode runs `generate` passes. Throughput counts the
     tokens every data-parallel replica produces (prompt tokens for prefill, generated
-    tokens for decode); model FLOPs are 2·N_active per token plus attention against the
-    context (Kaplan et al., arXiv 2001.08361, Table 1)."""
-    from budget.layers import active_params
-
+    tokens for decode); model FLOPs are 2·N per token plus attention against the context
+    (Kaplan et al., arXiv 2001.08361, Table 1, whose N leaves out the embeddings), N the
+    active non-embedding parameters, and 2·vocab·hidden for the output layer where logits
+    are computed: once per sequence in a prefill (the last position, what sampling needs,
+    as `inference` prices it), for every generated token in decode."""
     stages = []
     for stage in step.stages:
         kernels = _kernels(plan, stage)
@@ -282,15 +283,16 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
     per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
-    n = 2 * active_params(plan)
+    n, logits = 2 * serving_params(plan), 2 * m.vocab * m.hidden
     # the attention products as written, also where decode runs them absorbed
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft
-        work = tokens * (n + attention_query_flops(m, 0, b.prompt))
+        work = tokens * (n + attention_query_flops(m, 0, b.prompt)) + b.global_batch * logits
         rate = tokens / ttft if ttft else 0.0
     else:
         tokens, total = b.global_batch * b.generate, ttft + decode
-        work = tokens * (n + attention_query_flops(m, b.prompt, b.prompt + b.generate))
+        attention = attention_query_flops(m, b.prompt, b.prompt + b.generate)
+        work = tokens * (n + logits + attention)
         rate = b.global_batch / per_token if per_token else 0.0
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
     busy = decode if per_token is not None else ttft

@@ -581,3 +581,30 @@ def test_dispatch_buffers_hold_the_rows_a_rank_sends_not_the_gathered_ones():
     moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
     held = {a.name: a.bytes for i in moe.instants for a in i.live}
     assert held["dispatch send and receive buffers"] == 32 * 2**20
+
+
+def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
+    """A one-layer model with a 256,000-token vocabulary, prefilled 8 × 2,048 tokens on one
+    H100: the embedding lookup does no GEMM and the output layer runs on the last position
+    of each sequence only (what `inference` prices), so model FLOPs are
+    16,384 × (2·N' + attention) + 8 × 2·vocab·hidden, N' the layer and the final norm.
+    Before, 2·N per token counted both 256,000 × 4,096 matrices for every prompt token and
+    MFU came to 665 %."""
+    from budget.flops import attention_query_flops
+
+    text = (
+        "mode: prefill\nmodel: {layers: 1, hidden: 4096, heads: 32, ffn: 14336, vocab: 256000, "
+        "mlp: swiglu, norm: rmsnorm, tied_embeddings: false}\n"
+        "batch: {sequences: 8, prompt: 2048, generate: 0}\n"
+        "parallel: {tp: 1, pp: 1, dp: 1}\ndevice: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, gpus: 1}\n"
+    )
+    plan = _load_text(tmp_path, text)
+    step = build_report(plan).step
+    layer = 4 * 4096**2 + 3 * 4096 * 14336 + 2 * 4096  # q, k, v, o; gate, up, down; 2 norms
+    n = layer + 4096  # and the final norm
+    attention = attention_query_flops(plan.model, 0, 2048)
+    work = 8 * 2048 * (2 * n + attention) + 8 * 2 * 256000 * 4096
+    peak = plan.device.peak_flops("bf16")
+    assert step["mfu"] * step["time_s"] * peak == pytest.approx(work, rel=1e-12)
+    assert 0 < step["mfu"] < 1

@@ -498,7 +498,9 @@ def summary(report: Report) -> list[str]:
             )
         else:
             lines.append(f"{float(step['tokens_per_s'] or 0):,.0f} prompt tokens/s")
-        lines.append(f"{exposed}; MFU {float(step['mfu'] or 0):.1%}")
+        # decode MFU is over the decode steps alone, the exposure over the whole run
+        scope = "decode MFU" if step.get("decode_token_s") is not None else "MFU"
+        lines.append(f"{exposed}; {scope} {float(step['mfu'] or 0):.1%}")
         return lines
     body = _t(time_s - float(step["after_s"] or 0))
     tail = f" + gradient reduction and optimizer {_t(step['after_s'])}"
