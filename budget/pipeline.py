@@ -19,7 +19,7 @@ from budget.report import (
     StageRow,
     TimelinePoint,
 )
-from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, step_time
+from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, paced_by, step_time
 from budget.step import derive
 
 
@@ -190,7 +190,10 @@ def _phase_overlap(step: Step, stage: int, name: str, total: int) -> tuple[Overl
 def _summary(
     phases: tuple[PhaseRow, ...], times: StepTime, timing: bool
 ) -> dict[str, float | None]:
-    """The step's figures; compute, communication and exposure are the sums of the rows."""
+    """The step's figures. Serving: compute, communication and exposure are the sums of the
+    rows (each over the stages a pass crosses). Training: those of the phases the step
+    waits for (`schedule.paced_by`), so compute + exposed + bubble is the step; the rows,
+    each at its costliest stage, may come from different stages and add up to more."""
     if not timing:
         keys = (
             "time_s",
@@ -205,22 +208,36 @@ def _summary(
             "decode_token_s",
             "tokens_per_s",
             "mfu",
+            "pacing_stage",
         )
         return dict.fromkeys(keys)
-    exposed = sum(p.exposed_s or 0.0 for p in phases)
+    pacing: int | None = None
+    if times.ttft_s is None:
+        pacing, waited = paced_by(times)
+
+        def total(field: str) -> float:
+            return float(sum(getattr(p, field) * p.count for p in waited))
+
+    else:
+
+        def total(field: str) -> float:
+            return float(sum(getattr(p, field) or 0.0 for p in phases))
+
+    exposed = total("exposed_s")
     return {
         "time_s": times.time_s,
-        "compute_s": sum(p.compute_s or 0.0 for p in phases),
-        "comm_s": sum(p.comm_s or 0.0 for p in phases),
+        "compute_s": total("compute_s"),
+        "comm_s": total("comm_s"),
         "exposed_comm_s": exposed,
         "exposed_share": exposed / times.time_s,
-        "overlap_slowdown_s": sum(p.slowdown_s or 0.0 for p in phases),
+        "overlap_slowdown_s": total("slowdown_s"),
         "bubble_s": times.bubble_s,
         "after_s": times.time_s - times.pipeline_s,
         "ttft_s": times.ttft_s,
         "decode_token_s": times.decode_token_s,
         "tokens_per_s": times.tokens_per_s,
         "mfu": times.mfu,
+        "pacing_stage": pacing,
     }
 
 

@@ -40,7 +40,7 @@ from budget.collectives import (
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
-from budget.schedule import move_kind, move_span, step_time
+from budget.schedule import MICROBATCH_PHASES, move_kind, move_span, step_time
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
 
@@ -803,33 +803,31 @@ def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
 
 
 def _critical_exposed(times: Any) -> Any:
-    """Exposed communication as the report sums it (`pipeline._phase_rows`): for each phase
-    the stage with the most bytes sent, then the most compute and exposed time, then the
-    lowest index; then the sum over phases."""
-    best: dict[str, tuple[Any, Any, Any]] = {}
-    for stage in times.stages:
-        for phase in stage.phases:
-            payload = sum(  # in float64: bytes x calls x micro-batches may pass int64
-                (
-                    np.asarray(t.cost.sent_bytes, dtype=np.float64)
-                    * (t.chunks * t.move.count * phase.count)
-                    for t in phase.moves
-                ),
-                start=np.float64(0),
-            )
-            busy = (np.asarray(phase.compute_s) + np.asarray(phase.exposed_s)) * phase.count
-            value = np.asarray(phase.exposed_s) * phase.count
-            if phase.name not in best:
-                best[phase.name] = (payload, busy, value)
-                continue
-            old_payload, old_busy, old_value = best[phase.name]
-            take = (payload > old_payload) | ((payload == old_payload) & (busy > old_busy))
-            best[phase.name] = (
-                np.where(take, payload, old_payload),
-                np.where(take, busy, old_busy),
-                np.where(take, value, old_value),
-            )
-    return sum((value for _, _, value in best.values()), start=0.0)
+    """Exposed communication as the report counts it (`schedule.paced_by`): the micro-batch
+    phases of the stage with the most time per micro-batch (the first of equals), then the
+    gradient reduction and optimizer of the stage whose take longest, per configuration."""
+
+    def exposed(stage: Any, microbatch: bool) -> Any:
+        return sum(
+            (
+                np.asarray(p.exposed_s) * p.count
+                for p in stage.phases
+                if (p.name in MICROBATCH_PHASES) == microbatch
+            ),
+            start=np.float64(0),
+        )
+
+    first = times.stages[0]
+    pace, pacing = np.asarray(first.microbatch_s), exposed(first, True)
+    last, after = np.asarray(first.after_s), exposed(first, False)
+    for stage in times.stages[1:]:
+        slower = np.asarray(stage.microbatch_s) > pace
+        pace = np.where(slower, stage.microbatch_s, pace)
+        pacing = np.where(slower, exposed(stage, True), pacing)
+        longer = np.asarray(stage.after_s) > last
+        last = np.where(longer, stage.after_s, last)
+        after = np.where(longer, exposed(stage, False), after)
+    return pacing + after
 
 
 OBJECTIVES: dict[str, Callable[[Result], Any]] = {

@@ -309,13 +309,17 @@ def phase_table(report: Report, wide: bool) -> Table:
     if timed:
         step = report.step
         table.add_section()
+        # training with stages: the rows come from their costliest stages; the step's
+        # totals are the pacing stage's (`pipeline._summary`), bytes there not summed
+        pacing = step.get("pacing_stage")
+        mixed = pacing is not None and len(report.stages) > 1
         row = [
-            "sum of rows",
+            f"step, paced by stage {pacing}" if mixed else "sum of rows",
             "",
             _t(step["compute_s"]),
             _t(step["comm_s"]),
             _t(step["exposed_comm_s"]),
-            _b(sum(p.payload_bytes for p in report.phases)),
+            "" if mixed else _b(sum(p.payload_bytes for p in report.phases)),
             "",
         ]
         table.add_row(*row, *(["", ""] if wide else []), style="bold")
