@@ -55,6 +55,18 @@ class Limits:
             return round(self.headroom_share * capacity_bytes)
         return None
 
+    def shown_step(self, time_s: float) -> str:
+        """A step time as the check shows it: as many digits as tell it from the limit."""
+        if self.max_step_s is None:
+            return format_duration(time_s)
+        return _distinct(time_s, self.max_step_s)
+
+    def shown_exposed(self, share: float) -> str:
+        """An exposed share as the check shows it: as many digits as tell it from the limit."""
+        if self.max_exposed_share is None:
+            return f"{share:.1%}"
+        return _finer(share, self.max_exposed_share)
+
     def describe(self) -> list[str]:
         """The limits in words, for renderers: ["headroom ≥ 5% of capacity", ...]."""
         out = ["every stage fits in device memory"]
@@ -63,9 +75,9 @@ class Limits:
         elif self.headroom_share is not None:
             out.append(f"headroom ≥ {_percent(self.headroom_share)} of capacity on every stage")
         if self.max_exposed_share is not None:
-            out.append(f"exposed communication ≤ {self.max_exposed_share:.1%} of the step")
+            out.append(f"exposed communication ≤ {_percent(self.max_exposed_share)} of the step")
         if self.max_step_s is not None:
-            out.append(f"step time ≤ {format_duration(self.max_step_s)}")
+            out.append(f"step time ≤ {_exact(self.max_step_s)}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +151,34 @@ class CheckResult:
     @property
     def problems(self) -> list[Problem]:
         return [p for v in self.verdicts for p in v.problems]
+
+
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    """The scale and unit `format_duration` writes a time in."""
+    return next((s, u) for s, u in _TIME_UNITS if abs(seconds) >= s or u == "ns")
+
+
+def _exact(seconds: float) -> str:
+    """A limit as the user gave it, up to six significant digits: "5.336 s", "12 s"."""
+    scale, unit = _unit(seconds)
+    return f"{seconds / scale:.6g} {unit}"
+
+
+def _distinct(seconds: float, limit: float) -> str:
+    """`seconds` as `format_duration` writes it, with the decimals it takes to differ from
+    `limit` (5.3366 s against a 5.336 s limit, not 5.34 s against 5.34 s)."""
+    text = format_duration(seconds)
+    if seconds == limit or text != format_duration(limit):
+        return text
+    scale, unit = _unit(seconds)
+    for digits in range(1, 10):
+        shown = f"{seconds / scale:.{digits}f}"
+        if shown != f"{limit / scale:.{digits}f}":
+            return f"{shown} {unit}"
+    return text
 
 
 def _finer(actual: float, limit: float) -> str:
@@ -317,8 +357,8 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
     return Reason(
         limit="max_step",
         message=(
-            f"the step takes {format_duration(time_s)}, {format_duration(time_s - max_step)} "
-            f"over the {format_duration(max_step)} limit; largest phases (compute + exposed "
+            f"the step takes {_distinct(time_s, max_step)}, {format_duration(time_s - max_step)} "
+            f"over the {_exact(max_step)} limit; largest phases (compute + exposed "
             f"communication): {_phases(report, 'busy')}"
             + (f"; pipeline bubble {format_duration(bubble)}" if report.layout["pp"] > 1 else "")
         ),

@@ -173,3 +173,25 @@ def test_markdown_survives_file_and_plan_names_that_are_markup(tmp_path: Path) -
     assert "``" in row  # the backtick in the name lengthens the code span's fence
     result = runner.invoke(app, route([str(odd), "--format", "markdown"]))
     assert result.stdout.splitlines()[0] == "## budget: \\<b\\>x\\</b\\>\\_y"
+
+
+def test_limits_are_echoed_as_given_and_the_figures_told_apart_from_them():
+    """A step of 5.3366 s against a 5.336 s limit read "5.34 s, over the 5.34 s limit",
+    and an exposed share of 0.561 % against 0.56 % read "0.6 %" beside "≤ 0.6 %": a plan
+    shown failing a limit it appeared to meet."""
+    limits = Limits(max_exposed_share=0.0056, max_step_s=5.336)
+    assert limits.describe()[1:] == [
+        "exposed communication ≤ 0.56% of the step",
+        "step time ≤ 5.336 s",
+    ]
+    assert limits.shown_step(5.33655) == "5.337 s"
+    assert limits.shown_step(5.3361) == "5.3361 s"
+    assert limits.shown_step(7.0) == "7 s"  # reads apart from the limit as it is
+    assert limits.shown_exposed(0.005610) == "0.561%"
+    assert Limits().shown_exposed(0.005610) == "0.6%"
+    report = budget_plan(GPT3)
+    (reason,) = check_report(report, Limits(max_step_s=report.step["time_s"] - 1e-4))
+    assert "s over the " in reason.message
+    shown = reason.message.split("the step takes ")[1].split(",")[0]
+    limit = reason.message.split("over the ")[1].split(" limit")[0]
+    assert shown != limit

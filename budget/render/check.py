@@ -12,7 +12,7 @@ from budget.units import format_bytes, format_duration
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from budget.check import CheckResult, Verdict
+    from budget.check import CheckResult, Limits, Verdict
 
 __all__ = ["render_check"]
 
@@ -30,7 +30,7 @@ def render_check(console: Console, result: CheckResult, fmt: str) -> None:
         _table(console, result)
 
 
-def _figures(verdict: Verdict) -> str:
+def _figures(verdict: Verdict, limits: Limits) -> str:
     report = verdict.report
     if report is None:
         return ""
@@ -43,9 +43,9 @@ def _figures(verdict: Verdict) -> str:
     )
     time_s, share = report.step["time_s"], report.step.get("exposed_share")
     if time_s is not None:
-        text += f"; step {format_duration(time_s)}"
+        text += f"; step {limits.shown_step(time_s)}"
     if share is not None:
-        text += f", {share:.1%} exposed communication"
+        text += f", {limits.shown_exposed(share)} exposed communication"
     return text
 
 
@@ -73,7 +73,7 @@ def _table(console: Console, result: CheckResult) -> None:
             continue
         mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
         console.print(f"{mark} {escape(verdict.file)}", highlight=False)
-        console.print(Padding(Text(_figures(verdict), style="dim"), (0, 0, 0, 5)))
+        console.print(Padding(Text(_figures(verdict, result.limits), style="dim"), (0, 0, 0, 5)))
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
             console.print(Padding(line, (0, 0, 0, 5)))
@@ -103,8 +103,8 @@ def check_markdown(result: CheckResult) -> str:
             format_bytes(worst.peak_bytes),
             format_bytes(worst.capacity_bytes),
             format_bytes(worst.headroom_bytes),
-            "–" if time_s is None else format_duration(time_s),
-            "–" if share is None else f"{share:.1%}",
+            "–" if time_s is None else result.limits.shown_step(time_s),
+            "–" if share is None else result.limits.shown_exposed(share),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Limits: " + "; ".join(result.limits.describe()) + ".", ""]
