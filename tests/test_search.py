@@ -516,7 +516,7 @@ def test_limits_rank_only_layouts_that_keep_them_and_count_the_rest_by_limit(gpt
     over = {k: v for k, v in held.rejected.items() if k.startswith("over a limit")}
     assert set(over) == {
         "over a limit: headroom ≥ 10% of capacity on every stage",
-        "over a limit: exposed communication ≤ 8.0% of the step",
+        "over a limit: exposed communication ≤ 8% of the step",
         "over a limit: step time ≤ 22 s",
     }
     assert sum(over.values()) == held.fitting - held.within_limits

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from budget.render.markdown import code, fence, plain
-from budget.units import format_bytes, format_duration
+from budget.units import format_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
