@@ -233,3 +233,19 @@ def test_pipelined_chunks_reach_the_bandwidth_of_their_own_size():
     assert chunked.sent_bytes == pytest.approx(whole.sent_bytes, rel=1e-6)
     assert chunked.bandwidth_term_s > whole.bandwidth_term_s
     assert chunked.latency_term_s == pytest.approx(4 * whole.latency_term_s)
+
+
+def test_overlap_pp_under_1f1b_says_it_needs_the_interleaved_schedule():
+    """Megatron-LM turns --overlap-p2p-communication off without virtual stages, and
+    Megatron-Core's 1F1B schedule raises on it: the sends stay exposed, and the rule says
+    why rather than nothing (it read as if the flag were off)."""
+    from tests.plan_files import ROOT
+
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    assert plan.parallel.pipeline.schedule == "1f1b" and plan.parallel.pp > 1
+    on = build_report(replace(plan, overlap=replace(plan.overlap, pp=True)))
+    off = build_report(plan)
+    sends = [c for p in on.phases for c in p.collectives if c.op == "send-recv"]
+    assert sends and all(c.exposed_s == c.time_s for c in sends)
+    assert all("overlap.pp needs the interleaved schedule" in (c.overlap_rule or "") for c in sends)
+    assert on.step["time_s"] == off.step["time_s"]
