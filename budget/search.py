@@ -326,6 +326,10 @@ def _grid(
             (tp * cp * dp) % (ep * (plan.parallel.etp or tp)) != 0,
         ),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
+        (
+            "same as ZeRO 0: one data-parallel rank shards nothing",
+            (zero > 0) & (dp * cp == 1) & (0 in space.zero),
+        ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
         (

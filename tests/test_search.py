@@ -1060,3 +1060,22 @@ def test_groups_priced_apart_from_the_dense_layout_search_as_they_budget(
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+
+
+def test_zero_stages_with_one_data_parallel_rank_are_ranked_once(gpt3):
+    """On 7 GPUs (dp 1) ZeRO 1, 2 and 3 shard over one rank: the same layout as ZeRO 0,
+    which the search ranked three or four times with identical figures."""
+    outcome = search(gpt3, 8, Space(tp=(1,), zero=(0, 1, 2, 3), micro=(1,)))
+    assert outcome.rejected["same as ZeRO 0: one data-parallel rank shards nothing"] > 0
+    assert all(r.config.zero == 0 for r in outcome.results if r.config.dp * r.config.cp == 1)
+    alone = search(gpt3, 8, Space(tp=(1,), zero=(2,), micro=(1,)))  # nothing to be the same as
+    assert "same as ZeRO 0: one data-parallel rank shards nothing" not in alone.rejected
+
+
+def test_ranking_by_tokens_per_second_shows_tokens_per_second(tmp_path):
+    result = CliRunner().invoke(
+        app, route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--objective", "tokens-per-s"])
+    )
+    assert result.exit_code == 0, result.output
+    best = result.output.split("Best ")[1].split("Pareto")[0]
+    assert "tokens/s" in best

@@ -39,6 +39,7 @@ def _figures(r: Result) -> dict[str, str]:
         "peak": format_bytes(r.peak_bytes),
         "step": format_duration(r.step_time_s),
         "exposed": format_duration(r.exposed_comm_s),
+        "tokens/s": f"{r.tokens_per_s:,.0f}",
         "MFU": f"{r.mfu:.1%}",
     }
 
@@ -48,14 +49,20 @@ def _shown(rows: tuple[Result, ...]) -> list[str]:
     return [h for h in HEAD if h not in ("cp", "ep") or any(_layout(r)[h] != "1" for r in rows)]
 
 
-def _table(title: str, rows: tuple[Result, ...], wide: bool, exposed: bool = False) -> Table:
+def _table(
+    title: str, rows: tuple[Result, ...], wide: bool, exposed: bool = False, tokens: bool = False
+) -> Table:
     """The layouts and their figures; a narrow terminal drops the exposed column unless
-    the search is limited on it (``exposed``)."""
+    the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
+    that figure is shown, in MFU's place on a narrow terminal."""
     table = titled_table(title)
     heads = _shown(rows)
     figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
     if exposed and not wide:  # the figure the search is limited on takes MFU's place
         figures = ["peak", "step", "exposed"]
+    if tokens:
+        figures = [f for f in figures if wide or f != "MFU"]
+        figures.insert(2, "tokens/s")
     for name in heads:
         justify = "left" if name in ("sp", "recompute") else "right"
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -152,7 +159,9 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     if outcome.results:
         best = outcome.results[:top]
         limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
-        console.print(_table(f"Best {len(best)} by {outcome.objective}", best, wide, limited))
+        tokens = outcome.objective == "tokens-per-s"
+        title = f"Best {len(best)} by {outcome.objective}"
+        console.print(_table(title, best, wide, limited, tokens))
         front = thin(outcome.pareto)
         shown = (
             ""
@@ -174,7 +183,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
 
 def render_search_markdown(outcome: Outcome, top: int) -> str:
     def rows(results: tuple[Result, ...]) -> list[str]:
-        head = [*HEAD, "peak", "step", "exposed", "MFU"]
+        head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for r in results:
             cells = [*_layout(r).values(), *_figures(r).values()]
