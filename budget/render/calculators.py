@@ -46,7 +46,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("received per rank", _bytes(int(cost.recv_bytes))),
         ("latency term n·α", _time(float(cost.latency_s))),
         (
-            "bandwidth term Q/B",
+            "bandwidth term Q/B_eff",
             f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))}"
             + (
                 ", the busiest rank's bytes on the critical path, more than a typical rank sends)"

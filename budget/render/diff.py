@@ -251,7 +251,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         return "\n".join(lines)
     lines += ["### Plan changes", ""]
     if diff.changes:
-        lines += [_md(["key", "A", "B"]), "| --- | ---: | --- |"]
+        lines += [_md(["key", "A", "B"]), "| --- | --- | --- |"]
         lines += [
             _md([f"`{c.key}`", plain(plan_value(c.key, c.a)), plain(plan_value(c.key, c.b))])
             for c in diff.changes
