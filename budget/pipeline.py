@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from budget.flops import attention_keys
-from budget.layers import mtp_layers, mtp_total
+from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import Plan
@@ -290,6 +290,17 @@ def build_report(plan: Plan) -> Report:
         },
         "ffn": m.ffn,
         "vocab": m.vocab,
+        # routed experts: how many, how many a token takes and their widths, or None
+        "experts": None
+        if m.experts is None
+        else {
+            "count": m.experts.count,
+            "top_k": m.experts.top_k,
+            "ffn": m.experts.ffn,
+            "shared_ffn": m.experts.shared_ffn,
+            "moe_layers": sum(moe_layers(plan)),
+        },
+        "params_active": active_params(plan),
         # multi-token prediction modules priced (training only) and their parameters, which
         # params_total leaves out
         "mtp_layers": mtp_layers(plan),

@@ -608,3 +608,28 @@ def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
     peak = plan.device.peak_flops("bf16")
     assert step["mfu"] * step["time_s"] * peak == pytest.approx(work, rel=1e-12)
     assert 0 < step["mfu"] < 1
+
+
+def test_the_header_and_json_name_the_experts_and_the_active_parameters():
+    """Mixtral 8x7B: 32 MoE layers of 8 experts of 3 × 4096 × 14336 weights, top 2, so a
+    token skips 6 of 8 experts in each layer: 46.70 B − 32 × 6 × 3 × 4096 × 14336 = 12.88 B
+    active (Jiang et al., arXiv 2401.04088: "13B active parameters")."""
+    from rich.console import Console
+
+    from budget.render.table import render_table
+
+    report = build_report(load_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    model = to_dict(report)["model"]
+    assert model["experts"] == {
+        "count": 8,
+        "top_k": 2,
+        "ffn": 14336,
+        "shared_ffn": 0,
+        "moe_layers": 32,
+    }
+    assert model["params_active"] == model["params_total"] - 32 * 6 * 3 * 4096 * 14336
+    console = Console(width=200, record=True)
+    render_table(console, report)
+    head = console.export_text().splitlines()[1]
+    assert "46.70 B parameters, 12.88 B active per token" in head
+    assert "32 MoE layers of 8 experts of ffn 14336 (top 2)" in head

@@ -70,14 +70,36 @@ def header(report: Report) -> list[str]:
         )
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
-        f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)} ({m['layers']} layers, "
-        f"hidden {m['hidden']}, {_heads(m)}, ffn {m['ffn']}, vocab {m['vocab']:,}"
-        f"{_window(m)})",
+        f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)}{_active(m)} "
+        f"({m['layers']} layers, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
+        f"vocab {m['vocab']:,}{_window(m)})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
         f"{_attention_text(report.device, report.mode)}",
     ]
+
+
+def _active(model: dict[str, Any]) -> str:
+    """', 12.88 B active per token' for an MoE model, or nothing."""
+    if model.get("experts") is None:
+        return ""
+    return f", {model['params_active'] / 1e9:,.2f} B active per token"
+
+
+def _ffn(model: dict[str, Any]) -> str:
+    """'ffn 28672'; for an MoE model 'ffn 10944 in 1 dense layer, 27 MoE layers of 64
+    experts of ffn 1408 (top 6, shared ffn 2816)', the dense width only where a layer has it."""
+    e = model.get("experts")
+    if e is None:
+        return f"ffn {model['ffn']}"
+    dense = model["layers"] - e["moe_layers"]
+    shared = f", shared ffn {e['shared_ffn']}" if e["shared_ffn"] else ""
+    return (
+        (f"ffn {model['ffn']} in {dense} dense layer{'s' if dense != 1 else ''}, " if dense else "")
+        + f"{e['moe_layers']} MoE layers of {e['count']} experts of ffn {e['ffn']} "
+        + f"(top {e['top_k']}{shared})"
+    )
 
 
 def _mtp(model: dict[str, Any]) -> str:
