@@ -162,32 +162,47 @@ def _unit(seconds: float) -> tuple[float, str]:
 
 
 def _exact(seconds: float) -> str:
-    """A limit as the user gave it, up to six significant digits: "5.336 s", "12 s"."""
+    """A limit as the user gave it (to 12 significant digits): "5.336 s", "12 s"."""
     scale, unit = _unit(seconds)
-    return f"{seconds / scale:.6g} {unit}"
+    return f"{seconds / scale:.12g} {unit}"
+
+
+def _beside(value: float, limit: float, start: int) -> int:
+    """Decimals from `start` at which `value` reads on its own side of `limit`: rounded,
+    it neither equals the limit nor crosses it (5.004 against 5 is not "5.00")."""
+    for digits in range(start, 13):
+        shown = round(value, digits)
+        if value == limit or (shown != limit and (shown > limit) == (value > limit)):
+            return digits
+    return 12
 
 
 def _distinct(seconds: float, limit: float) -> str:
-    """`seconds` as `format_duration` writes it, with the decimals it takes to differ from
-    `limit` (5.3366 s against a 5.336 s limit, not 5.34 s against 5.34 s)."""
-    text = format_duration(seconds)
-    if seconds == limit or text != format_duration(limit):
-        return text
-    scale, unit = _unit(seconds)
-    for digits in range(1, 10):
-        shown = f"{seconds / scale:.{digits}f}"
-        if shown != f"{limit / scale:.{digits}f}":
-            return f"{shown} {unit}"
-    return text
+    """`seconds` in the limit's unit, with `format_duration`'s digits or as many more as it
+    takes to read on its side of `limit` (5.3366 s against a 5.336 s limit, not 5.34 s;
+    999.6 ms against 1 s reads 0.9996 s)."""
+    if seconds == limit:
+        return _exact(limit)
+    scale, unit = _unit(limit)
+    value = seconds / scale
+    start = max(2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0, _decimals(limit))
+    shown_limit = float(_exact(limit).split()[0])  # the limit as the user reads it
+    return f"{value:.{_beside(value, shown_limit, start)}f} {unit}"
+
+
+def _decimals(limit: float, percent: bool = False) -> int:
+    """Decimals the limit is shown with (`_exact`, `_percent`): a figure gets at least as
+    many (0.561% beside 0.56%, 5.337 s beside 5.336 s)."""
+    number = (_percent(limit) if percent else _exact(limit)).split()[0].rstrip("%")
+    return len(number.partition(".")[2])
 
 
 def _finer(actual: float, limit: float) -> str:
-    """`actual` as a percentage with as many decimals as it takes to differ from `limit`
-    (20.03% against a 20% limit, not 20.0% against 20.0%)."""
-    for digits in range(1, 6):
-        if round(actual * 100, digits) != round(limit * 100, digits):
-            return f"{actual * 100:.{digits}f}%"
-    return f"{actual * 100:.6f}%"
+    """`actual` as a percentage with as many decimals as it takes to read on its side of
+    `limit` (20.03% against a 20% limit, not 20.0% against 20.0%)."""
+    start = max(1, _decimals(limit, percent=True))
+    shown_limit = float(_percent(limit).rstrip("%"))
+    return f"{actual * 100:.{_beside(actual * 100, shown_limit, start)}f}%"
 
 
 def _share(text: str, option: str) -> float:
@@ -240,8 +255,8 @@ def parse_limits(
 
 
 def _percent(share: float) -> str:
-    """0.05 → "5%"; 0.125 → "12.5%"."""
-    return f"{share * 100:.4g}%"
+    """A limit as the user gave it: 0.05 → "5%"; 0.125 → "12.5%"; 0.00560512 → "0.560512%"."""
+    return f"{share * 100:.12g}%"
 
 
 def _gib(n: float) -> str:

@@ -213,10 +213,11 @@ def _summary(
         return dict.fromkeys(keys)
     pacing: int | None = None
     if times.ttft_s is None:
-        pacing, waited = paced_by(times)
+        pacing, microbatch, after = paced_by(times)
 
-        def total(field: str) -> float:
-            return float(sum(getattr(p, field) * p.count for p in waited))
+        def total(field: str) -> float:  # in the order the search sums (`_critical_exposed`)
+            parts = (sum(getattr(p, field) * p.count for p in ps) for ps in (microbatch, after))
+            return float(sum(parts))
 
     else:
 
@@ -254,6 +255,7 @@ def build_report(plan: Plan) -> Report:
         "dp": par.dp,
         "cp": par.cp,
         "ep": par.ep,
+        "etp": (par.etp or par.tp) if m.experts is not None else None,
         "sequence_parallel": par.sequence_parallel,
         "zero": par.zero,
         "schedule": par.pipeline.schedule,

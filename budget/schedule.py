@@ -103,17 +103,18 @@ class StepTime:
     decode_token_s: float | None = None  # serving: one decode pass (one token per sequence)
 
 
-def paced_by(times: StepTime) -> tuple[int, list[PhaseTime]]:
+def paced_by(times: StepTime) -> tuple[int, list[PhaseTime], list[PhaseTime]]:
     """The stage that paces a training pipeline and the phases the step waits for: that
     stage's micro-batch phases (the most forward, backward and exposed time per micro-batch;
     the first of equals), then the gradient reduction and optimizer of the stage whose take
     longest. Their compute plus exposed time is the step less the bubble (`step_time`)."""
     pacing = max(times.stages, key=lambda s: (s.microbatch_s, -s.stage))
     last = max(times.stages, key=lambda s: (s.after_s, -s.stage))
-    return pacing.stage, [
-        *(p for p in pacing.phases if p.name in MICROBATCH_PHASES),
-        *(p for p in last.phases if p.name not in MICROBATCH_PHASES),
-    ]
+    return (
+        pacing.stage,
+        [p for p in pacing.phases if p.name in MICROBATCH_PHASES],
+        [p for p in last.phases if p.name not in MICROBATCH_PHASES],
+    )
 
 
 def work_time(plan: Plan, work: Work) -> float:

@@ -192,7 +192,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
 
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
-    sequence by 2·cp (ring attention), experts by ep and ep by dp x cp; sequence
+    sequence by 2·cp (ring attention), experts by ep and ep x etp by tp x dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
     full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
     Micro-batches whose sizes would pass the engine's int64 margin are rejected too
@@ -280,12 +280,16 @@ def _grid(
     """The grid of cp (of `cps`, with dp = `dp_cp` / cp), ep, virtual stages, sequence
     parallelism, ZeRO stage, recompute and micro-batch for one (tp, pp), less the layouts
     the rules reject (counted).
-    dp x cp is the same for every cp here, so the ep values are; the micro-batch sizes
+    dp x cp is the same for every cp here, so the ep values are (those ep x etp fits in
+    tp x dp x cp, Megatron-Core's parallel folding); the micro-batch sizes
     that divide the batch of one replica are not, and each cp keeps only its own (as if
     its grid were made alone: those left out are not candidates, not rejected ones)."""
     m, b = plan.model, plan.batch
     experts = m.experts
-    eps = space.ep or ([e for e in divisors(dp_cp) if experts.count % e == 0] if experts else [1])
+    etp = plan.parallel.etp or tp
+    stage = tp * dp_cp
+    fold = stage // etp if stage % etp == 0 else 1
+    eps = space.ep or ([e for e in divisors(fold) if experts.count % e == 0] if experts else [1])
     own_micros = {
         cp: space.micro
         or divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
@@ -328,7 +332,11 @@ def _grid(
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         (
             "same as ZeRO 0: one data-parallel rank shards nothing",
-            (zero > 0) & (dp * cp == 1) & (0 in space.zero),
+            # and no expert states sharded over an expert data-parallel group > 1
+            (zero > 0)
+            & (dp * cp == 1)
+            & (0 in space.zero)
+            & ((experts is None) | (tp == ep * etp)),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
@@ -641,7 +649,7 @@ def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...]
         return None
     kind = move_kind(config, group, ranks)
     if group_size(kind, config.parallel) != ranks:
-        return None  # a group of another size: `move_span` approximates it by listing
+        return None  # not its group's size: `move_span` refuses such a move
     return level_ranks(kind, config.parallel, config.topology)
 
 

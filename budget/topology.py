@@ -141,11 +141,12 @@ class UnevenGroup(ValueError):
 
 
 def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
-    """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, ep, the
-    expert data-parallel group and dp x cp) must hold the same number of ranks in each
-    domain it touches, which the two-level algorithms assume (`span_of_ranks`). Checked
-    on the groups holding rank 0 and the last rank of the first domain of each level
-    (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11 straddle two). Other
+    """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, dp x cp,
+    and the expert grid's etp, ep and expert data-parallel groups) must hold the same
+    number of ranks in each domain it touches, which the two-level algorithms assume
+    (`span_of_ranks`). Checked on the groups holding rank 0 and the last rank of the first
+    domain of each level (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11
+    straddle two). Other
     problems with the degrees or the order raise ValueError (the plan loader reports
     them by their own checks)."""
     kinds: tuple[GroupKind, ...] = ()

@@ -184,10 +184,20 @@ def test_limits_are_echoed_as_given_and_the_figures_told_apart_from_them():
         "exposed communication ≤ 0.56% of the step",
         "step time ≤ 5.336 s",
     ]
-    assert limits.shown_step(5.33655) == "5.337 s"
+    # a figure reads on its own side of the limit, in the limit's unit
+    assert limits.shown_step(5.33655) == "5.337 s"  # with the limit's decimals at least
     assert limits.shown_step(5.3361) == "5.3361 s"
-    assert limits.shown_step(7.0) == "7 s"  # reads apart from the limit as it is
+    assert Limits(max_step_s=5.0).shown_step(5.004) == "5.004 s"  # not "5.00 s"
+    assert Limits(max_step_s=5.0).shown_step(4.9996) == "4.9996 s"
+    assert Limits(max_step_s=1.0).shown_step(0.9996) == "0.9996 s"  # not "1000 ms"
+    assert Limits(max_step_s=1.2345676).describe()[1] == "step time ≤ 1.2345676 s"
     assert limits.shown_exposed(0.005610) == "0.561%"
+    assert limits.shown_exposed(0.005599) == "0.5599%"  # passes: reads under 0.56 %
+    assert (
+        Limits(max_exposed_share=0.00560512)
+        .describe()[1]
+        .startswith("exposed communication ≤ 0.560512%")
+    )
     assert Limits().shown_exposed(0.005610) == "0.6%"
     report = budget_plan(GPT3)
     (reason,) = check_report(report, Limits(max_step_s=report.step["time_s"] - 1e-4))

@@ -945,7 +945,8 @@ def test_the_search_ranks_no_layout_the_plan_would_refuse_for_etp_or_its_sequenc
     text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
     plan = tmp_path / "etp.yaml"
     plan.write_text(text.replace("  ep: 8\n", "  ep: 8\n  etp: 2\n", 1), encoding="utf-8")
-    outcome = search(load_plan(plan), 64, Space(tp=(1, 2), micro=(1,), zero=(1,)), keep=5)
+    space = Space(tp=(1, 2), ep=(1, 2, 4, 8), micro=(1,), zero=(1,))  # ep as given, not folded
+    outcome = search(load_plan(plan), 64, space, keep=5)
     assert outcome.rejected["does not divide: ep x etp into tp x cp x dp"] > 0
     for result in outcome.results[:5]:
         written = apply(load_plan(plan), result.config, 64)
@@ -1063,7 +1064,7 @@ def test_groups_priced_apart_from_the_dense_layout_search_as_they_budget(
 
 
 def test_zero_stages_with_one_data_parallel_rank_are_ranked_once(gpt3):
-    """On 7 GPUs (dp 1) ZeRO 1, 2 and 3 shard over one rank: the same layout as ZeRO 0,
+    """On 8 GPUs at pp 8 (dp 1) ZeRO 1, 2 and 3 shard over one rank: the same layout as ZeRO 0,
     which the search ranked three or four times with identical figures."""
     outcome = search(gpt3, 8, Space(tp=(1,), zero=(0, 1, 2, 3), micro=(1,)))
     assert outcome.rejected["same as ZeRO 0: one data-parallel rank shards nothing"] > 0
@@ -1079,3 +1080,35 @@ def test_ranking_by_tokens_per_second_shows_tokens_per_second(tmp_path):
     assert result.exit_code == 0, result.output
     best = result.output.split("Best ")[1].split("Pareto")[0]
     assert "tokens/s" in best
+
+
+def _deepseek_folded(tmp_path, **parallel: object):
+    """DeepSeekMoE 16B on one node at tp 8, dp 1, etp 1: the experts fold over the tp ranks."""
+    text = (ROOT / "plans" / "deepseek-moe-16b.yaml").read_text(encoding="utf-8")
+    start = text.index("parallel:")
+    end = text.index("recompute:")
+    fields = {"tp": 8, "dp": 1, "etp": 1, "sequence_parallel": "true", **parallel}
+    body = "parallel:\n" + "".join(f"  {k}: {v}\n" for k, v in fields.items())
+    text = text[:start] + body + text[end:]
+    text = text.replace("nodes: 2", "nodes: 1")
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_plan(path)
+
+
+def test_the_default_ep_values_fold_over_tp(tmp_path):
+    """With tp 8, dp 1 and etp 1, ep × etp may take the 8 tensor-parallel ranks (ep 2, 4,
+    8): the default sweep offers them, where it offered only the divisors of dp × cp (ep 1,
+    and "No layout fits" for a plan that fits at ep 8)."""
+    plan = _deepseek_folded(tmp_path, ep=8, zero=1)
+    outcome = search(plan, 8, Space(tp=(8,), pp=(1,), zero=(1,), micro=(1,)))
+    assert {r.config.ep for r in outcome.results} >= {2, 4, 8}
+
+
+def test_zero_over_one_data_parallel_rank_still_shards_expert_states(tmp_path):
+    """tp 8, dp 1, ep 2, etp 1: the expert states shard over edp = 8 / 2 = 4 ranks, so ZeRO 1
+    is not ZeRO 0 (72 GiB against 135 GiB) and is ranked."""
+    plan = _deepseek_folded(tmp_path, ep=2, zero=0)
+    outcome = search(plan, 8, Space(tp=(8,), pp=(1,), ep=(2,), zero=(0, 1), micro=(1,)))
+    assert "same as ZeRO 0: one data-parallel rank shards nothing" not in outcome.rejected
+    assert 1 in {r.config.zero for r in outcome.results}

@@ -878,7 +878,8 @@ class _Checks:
         self.positions()
 
     def world(self, topology: Topology) -> None:
-        """tp × cp × pp × dp is the world size; ep is carved out of dp × cp (DESIGN.md)."""
+        """tp × cp × pp × dp is the world size (DESIGN.md); expert layers fold etp × ep × edp
+        over each stage's tp × cp × dp ranks (`experts`)."""
         p = self.par
         product = p.tp * p.cp * p.pp * p.dp
         if product == topology.gpus:

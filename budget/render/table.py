@@ -49,8 +49,10 @@ def header(report: Report) -> list[str]:
     degrees = " × ".join(
         f"{k} {lay[k]}" for k in ("tp", "cp", "pp", "dp") if lay[k] > 1 or k == "dp"
     )
-    if lay["ep"] > 1:
-        degrees += f" (experts over ep {lay['ep']} within tp × cp × dp)"
+    etp = lay.get("etp")
+    if lay["ep"] > 1 or (etp is not None and etp != lay["tp"]):
+        split = f"ep {lay['ep']} × etp {etp}" if etp != lay["tp"] else f"ep {lay['ep']}"
+        degrees += f" (experts over {split} within tp × cp × dp)"
     schedule = f"{lay['schedule']} schedule" if lay["pp"] > 1 else "no pipeline"
     extras = [f"ZeRO stage {lay['zero']}", schedule]
     if lay["virtual_stages"] > 1:
@@ -97,7 +99,8 @@ def _ffn(model: dict[str, Any]) -> str:
     shared = f", shared ffn {e['shared_ffn']}" if e["shared_ffn"] else ""
     return (
         (f"ffn {model['ffn']} in {dense} dense layer{'s' if dense != 1 else ''}, " if dense else "")
-        + f"{e['moe_layers']} MoE layers of {e['count']} experts of ffn {e['ffn']} "
+        + f"{e['moe_layers']} MoE layer{'s' if e['moe_layers'] != 1 else ''} of "
+        + f"{e['count']} experts of ffn {e['ffn']} "
         + f"(top {e['top_k']}{shared})"
     )
 
