@@ -23,7 +23,7 @@ roofline. Counts follow the usual accounting:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
 from budget.vector import every, vmin, vround, vwhere
@@ -56,12 +56,43 @@ class Work:
         )
 
 
-def gemm(name: str, m: int, k: int, n: int, elem: int) -> Work:
-    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once."""
-    return Work(name, "matmul", 2 * m * k * n, elem * (m * k + k * n + m * n))
+class Operands(NamedTuple):
+    """Bytes per element of a weight GEMM's operands: the activations and the output in
+    ``precision.matmul``, the weights in the format the model keeps its working copy in.
+    Memory-bound GEMMs (decode) read the weights as they are kept: fp8 weights under a bf16
+    GEMM are read as fp8 (weight-only quantization dequantizes in the kernel), bf16 weights
+    under an fp8 GEMM as bf16 (Transformer Engine casts them, reading every byte)."""
+
+    activations: int
+    weights: int
 
 
-def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int, pick: float) -> Work:
+def operands(plan: Plan) -> Operands:
+    """`Operands` of the plan's weight GEMMs. The working weights are ``precision.params``,
+    or in training the narrower ``precision.param_gather`` when the model computes on
+    gathered copies in it: FSDP's bf16 copies of fp32 shards (PyTorch FSDP
+    ``MixedPrecision.param_dtype``), Megatron-LM's ``--fp8-param-gather`` fp8 weights."""
+    prec = plan.precision
+    weights = DTYPE_BYTES[prec.params]
+    if plan.mode == "train":
+        weights = min(weights, DTYPE_BYTES[prec.param_gather])
+    return Operands(DTYPE_BYTES[prec.matmul], weights)
+
+
+def _split(elem: int | Operands) -> tuple[int, int]:
+    return (elem.activations, elem.weights) if isinstance(elem, Operands) else (elem, elem)
+
+
+def gemm(name: str, m: int, k: int, n: int, elem: int | Operands) -> Work:
+    """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once (the
+    k x n weights in their own format when `elem` says, `Operands`)."""
+    a, w = _split(elem)
+    return Work(name, "matmul", 2 * m * k * n, a * (m * k + m * n) + w * k * n)
+
+
+def grouped_gemm(
+    name: str, rows: int, k: int, n: int, groups: int, elem: int | Operands, pick: float
+) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
     `n`, but each expert that receives a row reads its own `k` x `n` weights.
@@ -77,7 +108,8 @@ def grouped_gemm(name: str, rows: int, k: int, n: int, groups: int, elem: int, p
     tokens = rows / (groups * pick)
     touched = groups * (1 - (1 - pick) ** tokens)
     weights = vround(touched * k * n)
-    return Work(name, "matmul", 2 * rows * k * n, elem * (rows * k + weights + rows * n))
+    a, w = _split(elem)
+    return Work(name, "matmul", 2 * rows * k * n, a * (rows * k + rows * n) + w * weights)
 
 
 def elementwise(name: str, nbytes: int) -> Work:
@@ -248,7 +280,7 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
     latents are then gathered (`step._attention_inward`). The GEMMs that read what was
     gathered share the name `UP_PROJECTIONS`, so that together they are the window the
     gather and, in backward, the gradient reduction overlap."""
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     h, mla = s.hidden, plan.model.mla
     if mla is None:
         return [gemm("QKV projection", s.tokens, h, s.q_cols + s.k_cols + s.v_cols, e)]
@@ -268,7 +300,7 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     h = s.hidden
     norm = s.act * s.tokens_sp * s.hidden
     return [
@@ -295,7 +327,7 @@ def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
 
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
     act_name = MLP_NAMES[plan.model.mlp]
@@ -315,7 +347,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     """Router GEMM, token permutation, the local experts' GEMMs on the rows they receive
     (balanced routing: as many as the rank dispatches), unpermute and weighted combine, and
     the shared experts as a dense MLP (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
     rows = s.act * s.routed * s.hidden
@@ -374,7 +406,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2)."""
     from budget.layers import vocab_rows
 
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     vocab = vocab_rows(plan)
     logits = gemm("output layer", s.tokens, s.hidden, vocab, e)
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
@@ -398,7 +430,7 @@ def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
     to hidden, column-parallel over tp. Its transformer layer is priced as a layer of the
     stage (`layers.stage_classes`), its output layer and cross-entropy as the main head's
     (`loss_work`)."""
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = operands(plan)
     hidden = s.hidden
     norms = elementwise("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
     proj = gemm(MTP_PROJECTION, s.tokens, 2 * hidden, -(-hidden // plan.parallel.tp), e)

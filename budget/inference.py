@@ -120,7 +120,7 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
 
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
     """Logits of the last position of each sequence (what sampling needs)."""
-    e = DTYPE_BYTES[plan.precision.matmul]
+    e = flops.operands(plan)
     vocab = vocab_rows(plan)
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
     return logits, [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
