@@ -937,3 +937,42 @@ def test_a_file_without_a_window_key_slides_at_its_config_class_default(
     del config["sliding_window"]
     read = _window({**config, "model_type": model_type})
     assert (read["size"] if isinstance(read, dict) else read) == window
+
+
+def test_an_fp8_checkpoint_is_served_in_fp8_unless_the_plan_says_otherwise(tmp_path) -> None:
+    """DeepSeek-V3's config.json says its weights are fp8 (quantization_config: quant_method
+    fp8, e4m3 in 128 × 128 blocks): serving it keeps them in fp8 (671 B parameters, about
+    78 GiB a rank at tp 8), where budget read the file as bf16 and found it did not fit.
+    A plan that writes precision.params keeps its own; training keeps bf16."""
+    config = (DATA / "hf" / "deepseek-v3" / "config.json").resolve()
+
+    def plan(mode: str, extra: str = "") -> Plan:
+        batch = (
+            "{seq: 4096, micro: 1, global: 8}"
+            if mode == "train"
+            else "{sequences: 8, prompt: 1024, generate: 128}"
+        )
+        text = (
+            f"mode: {mode}\nmodel: {{hf_config: {config}}}\nbatch: {batch}\n{extra}"
+            "parallel: {tp: 8, ep: 8, etp: 1, sequence_parallel: true}\n"
+            "device: {preset: h200}\ntopology: {preset: dgx-h200, nodes: 1}\n"
+        )
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(text, encoding="utf-8")
+        return load_plan(path)
+
+    assert translate(json.loads(config.read_text(encoding="utf-8"))).weights == "fp8"
+    assert plan("decode").precision.params == "fp8"
+    assert plan("decode", "precision: {params: bf16}\n").precision.params == "bf16"
+    assert plan("train").precision.params == "bf16"
+    with pytest.raises(HfConfigError, match=r'quant_method = "awq" in c\.json stores weights'):
+        translate(
+            {
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 1,
+                "vocab_size": 8,
+                "quantization_config": {"quant_method": "awq"},
+            },
+            "c.json",
+        )

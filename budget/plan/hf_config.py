@@ -144,6 +144,9 @@ READ = frozenset(
         "layer_types",  # full_attention, or sliding_attention: model.sliding_window.layers
         "max_window_layers",  # Qwen: the first layer that slides (`_window`)
         "sliding_window_pattern",  # Gemma 3 without layer_types: every n-th layer is full
+        # the checkpoint's weight format: fp8 (DeepSeek-V3, Kimi K2) is the serving default
+        # of precision.params (`HfModel.weights`); other methods are refused
+        "quantization_config",
         # Mixtral
         "num_local_experts",
         "num_experts_per_tok",
@@ -228,7 +231,6 @@ IGNORED = frozenset(
         "routed_scaling_factor",
         "scoring_func",
         "seq_aux",
-        "quantization_config",
     }
 )
 
@@ -250,6 +252,7 @@ class HfConfigError(Exception):
 class HfModel:
     tree: dict[str, Any]  # plan-language `model:` keys
     ignored: tuple[str, ...] = field(default=())
+    weights: str | None = None  # the released weights' format when quantized ("fp8")
 
 
 MAX_BYTES = 2**20  # released config.json files are a few kilobytes; this bounds the work
@@ -491,7 +494,25 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     if window is not None:
         tree["sliding_window"] = window
     ignored = tuple(sorted(set(config) & IGNORED))
-    return HfModel(tree, ignored)
+    return HfModel(tree, ignored, _quantized(config, where))
+
+
+def _quantized(config: Mapping[str, Any], where: str) -> str | None:
+    """The weights' format a ``quantization_config`` announces: ``quant_method: fp8``
+    (DeepSeek-V3's and Kimi K2's block-scaled e4m3 weights) is fp8; budget prices no other
+    method's format (int4 and its scales), so those are refused rather than budgeted as
+    bf16."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if method == "fp8":
+        return "fp8"
+    raise HfConfigError(
+        f"quantization_config.quant_method = {json.dumps(method)} in {where} stores weights in "
+        "a format budget does not price (it knows fp8); use the unquantized model's "
+        "config.json and write precision.params"
+    )
 
 
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")

@@ -149,6 +149,7 @@ class _Resolver:
         self.file = file
         self.problems: list[Problem] = []
         self.config_file = ""  # a Hugging Face config's path, as its errors name it
+        self.config_weights: str | None = None  # its weights' format when quantized
         # where the model's unwritten keys come from: ($.model.hf_config or $.model.preset,
         # how a message names it), or None for a model written out; and the plan's own keys
         self.model_source: tuple[str, str] | None = None
@@ -243,6 +244,7 @@ class _Resolver:
                 self.error("$.model.hf_config", str(error))
                 return None
             base = dict(hf.tree)
+            self.config_weights = hf.weights
             self.config_file = repr(str(path))
             self.model_source = ("$.model.hf_config", self.config_file)
             from budget.plan.schema import model_problems
@@ -502,10 +504,14 @@ class _Resolver:
             generate=generate,
         )
 
-    def precision(self, tree: Tree) -> Precision:
+    def precision(self, tree: Tree, serving: bool) -> Precision:
+        """The formats; serving a checkpoint released quantized (an hf_config whose
+        quantization_config says fp8) keeps its weights in that format unless the plan
+        writes precision.params (training keeps bf16 working weights)."""
         master = tree.get("master", "fp32")
+        stored = self.config_weights if serving and self.config_weights else "bf16"
         return Precision(
-            params=tree.get("params", "bf16"),
+            params=tree.get("params", stored),
             grads=tree.get("grads", "fp32"),
             master=None if master in (None, "none") else master,
             optimizer=tree.get("optimizer", "adam"),
@@ -1238,7 +1244,7 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
         )
     if mode != "train":
         r.training_only(tree, mode)
-    precision = r.precision(tree.get("precision", {}))
+    precision = r.precision(tree.get("precision", {}), mode != "train")
     device = r.device(tree["device"])
     if device is not None and device.flops and not device.peak_flops(precision.matmul):
         where = f"the {device.name} preset" if device.name else "device.flops"
