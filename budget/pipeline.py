@@ -127,7 +127,17 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
     their own), and its payload and per-call figures stay the costliest stage's."""
     serving = times.ttft_s is not None
     names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
-    names.sort(key=lambda n: PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER))
+    # training phases in step order; serving ones prefill first, each in pass order (the
+    # last stage's output after the first stage's layers)
+    serving_order = ("prefill.", "decode.")
+    names.sort(
+        key=lambda n: (
+            PHASE_ORDER.index(n)
+            if n in PHASE_ORDER
+            else len(PHASE_ORDER)
+            + next((i for i, p in enumerate(serving_order) if n.startswith(p)), len(serving_order))
+        )
+    )
     rows = []
     for name in names:
         candidates = []

@@ -654,3 +654,14 @@ def test_decode_reads_the_weights_in_the_format_they_are_kept(tmp_path, params, 
     weights = 8.03e9 * (2 if params == "bf16" else 1)  # bytes read per token, at least
     assert token > weights / plan.device.memory_bandwidth
     assert token == pytest.approx(same, rel=0.02)  # the GEMM's format barely matters
+
+
+def test_serving_phases_keep_the_pass_order_across_stages(tmp_path):
+    """Llama 3 70B decode on tp 2 × pp 4: the last stage's prefill.output came after every
+    decode row (each stage's phases listed in turn); prefill rows come first, in pass order."""
+    text = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    text = text.replace("tp: 8", "tp: 2", 1).replace("pp: 1", "pp: 4", 1)
+    names = [p.name for p in build_report(_load_text(tmp_path, text)).phases]
+    prefill = [n for n in names if n.startswith("prefill.")]
+    assert names[: len(prefill)] == prefill and prefill[-1] == "prefill.output"
+    assert names[-1] == "decode.output"
