@@ -371,6 +371,11 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
         Delta("headroom_bytes", "bytes", "higher", wa.headroom_bytes, wb.headroom_bytes),
     ]
     out += [Delta(k, u, bt, a.step.get(k), b.step.get(k)) for k, u, bt in _STEP]
+    out += [  # serving's own figures, where either side serves
+        Delta(k, "seconds", "lower", a.step.get(k), b.step.get(k))
+        for k in ("ttft_s", "decode_token_s")
+        if a.step.get(k) is not None or b.step.get(k) is not None
+    ]
     return tuple(out)
 
 

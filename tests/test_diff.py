@@ -262,3 +262,21 @@ def test_at_80_columns_long_phase_names_wrap_and_no_number_is_cut(tmp_path: Path
     assert "pipeline.forward (B" in out
     assert "…" not in out
     assert all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_serving_plans_compare_time_to_first_token_and_time_per_token(tmp_path):
+    """The two figures a serving plan is judged by were missing from the diff (only the
+    whole run's time, tokens/s and MFU)."""
+    from budget.diff import diff_plans
+
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    text = decode.read_text(encoding="utf-8").replace("sequences: 32", "sequences: 8", 1)
+    other = tmp_path / "fewer.yaml"
+    other.write_text(text, encoding="utf-8")
+    a, b, diff = diff_plans(load_plan(decode), load_plan(other))
+    summary = {d.metric: (d.a, d.b) for d in diff.summary}
+    assert summary["ttft_s"] == (a.step["ttft_s"], b.step["ttft_s"])
+    assert summary["decode_token_s"] == (a.step["decode_token_s"], b.step["decode_token_s"])
+    assert summary["ttft_s"][1] < summary["ttft_s"][0]
+    training = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    assert "ttft_s" not in {d.metric for d in diff_plans(training, training)[2].summary}

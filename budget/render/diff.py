@@ -40,6 +40,8 @@ _LABELS = {
     "bubble_s": "pipeline bubble",
     "tokens_per_s": "tokens/s",
     "mfu": "MFU",
+    "ttft_s": "time to first token",
+    "decode_token_s": "decode, per token",
 }
 _SUMMARY_LABELS = {"peak_bytes": "worst-stage peak", "headroom_bytes": "worst-stage headroom"}
 
