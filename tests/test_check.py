@@ -172,7 +172,7 @@ def test_markdown_survives_file_and_plan_names_that_are_markup(tmp_path: Path) -
     assert len(cells) == 8  # plan, result, worst stage, peak, capacity, headroom, step, exposed
     assert "``" in row  # the backtick in the name lengthens the code span's fence
     result = runner.invoke(app, route([str(odd), "--format", "markdown"]))
-    assert result.stdout.splitlines()[0] == "## budget: \\<b\\>x\\</b\\>\\_y"
+    assert result.stdout.splitlines()[0] == "## budget: \\<b\\>x\\</b\\>\\_y · train"
 
 
 def test_limits_are_echoed_as_given_and_the_figures_told_apart_from_them():

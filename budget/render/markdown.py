@@ -70,7 +70,7 @@ def render_markdown(report: Report) -> str:
     b = format_bytes
     worst = report.worst
     timed = report.step["time_s"] is not None
-    lines = [f"## budget: {plain(report.name)}", ""]
+    lines = [f"## budget: {plain(report.name)} · {report.mode}", ""]
     lines += [f"- {plain(line)}" for line in header(report)[1:]]
     lines.append(f"- world: {header(report)[0].split(' · ')[-1]}")
     lines.append("")
