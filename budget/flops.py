@@ -476,27 +476,28 @@ def model_flops_per_token(plan: Plan) -> int:
     Fedus et al., arXiv 2101.03961) less the embedding lookups, which do no GEMM, and
     12·L·h·s the non-causal attention score and value products (6·L·heads·(d_qk + d_v)·s
     when the query/key and value head dimensions differ, as under latent attention)."""
+    m, s = plan.model, plan.batch.seq
+    n = _gemm_params(plan)
+    return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
+
+
+def _gemm_params(plan: Plan) -> int:
+    """The active parameters less the embedding lookups (the input embedding, learned
+    positions), which do no GEMM: the output layer stays (tied, the one matrix)."""
     from budget.layers import active_params
 
     m = plan.model
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
-    s = plan.batch.seq
-    return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
+    return n
 
 
 def serving_params(plan: Plan) -> int:
     """Parameters a served token multiplies in GEMMs outside the output layer: the active
     ones (top-k experts) less the embedding lookups and the output layer (the same matrix
     when tied), which serving computes for the positions it samples only."""
-    from budget.layers import active_params
-
-    m = plan.model
-    n = active_params(plan) - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
-    if m.position == "learned":
-        n -= (m.max_positions or plan.batch.seq) * m.hidden
-    return n
+    return _gemm_params(plan) - plan.model.vocab * plan.model.hidden
 
 
 def _mtp_flops_per_token(plan: Plan) -> int:
