@@ -150,7 +150,8 @@ class PlanDiff:
             more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
             only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
             notes.append(
-                f"A has {na} pipeline stages and B has {nb}: stages are aligned by index, "
+                f"A has {na} pipeline stage{'s' if na != 1 else ''} and B has {nb}: stages are "
+                "aligned by index, "
                 f"so {only} exist only in {side}"
             )
         return "; ".join(notes) or None

@@ -71,7 +71,8 @@ def header(report: Report) -> list[str]:
             f"{lay['generate']:,} generated tokens)"
         )
     return [
-        f"{report.name} · {report.mode} · {report.world_size:,} GPUs = {degrees}",
+        f"{report.name} · {report.mode} · {report.world_size:,} "
+        f"GPU{'s' if report.world_size != 1 else ''} = {degrees}",
         f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)}{_active(m)} "
         f"({m['layers']} layers, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
         f"vocab {m['vocab']:,}{_window(m)})",
