@@ -146,9 +146,8 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     number of ranks in each domain it touches, which the two-level algorithms assume
     (`span_of_ranks`). Checked on the groups holding rank 0 and the last rank of the first
     domain of each level (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11
-    straddle two). Other
-    problems with the degrees or the order raise ValueError (the plan loader reports
-    them by their own checks)."""
+    straddle two). Other problems with the degrees or the order raise ValueError (the plan
+    loader reports them by their own checks)."""
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
