@@ -16,6 +16,7 @@ from budget.errors import BudgetError, Problem
 from budget.report import Overlapping, Report, StageRow
 from budget.units import (
     UnitError,
+    duration_unit,
     format_bytes,
     format_duration,
     parse_bytes,
@@ -153,17 +154,9 @@ class CheckResult:
         return [p for v in self.verdicts for p in v.problems]
 
 
-_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
-
-
-def _unit(seconds: float) -> tuple[float, str]:
-    """The scale and unit `format_duration` writes a time in."""
-    return next((s, u) for s, u in _TIME_UNITS if abs(seconds) >= s or u == "ns")
-
-
 def _exact(seconds: float) -> str:
     """A limit as the user gave it (to 12 significant digits): "5.336 s", "12 s"."""
-    scale, unit = _unit(seconds)
+    scale, unit = duration_unit(seconds)
     return f"{seconds / scale:.12g} {unit}"
 
 
@@ -183,7 +176,7 @@ def _distinct(seconds: float, limit: float) -> str:
     999.6 ms against 1 s reads 0.9996 s)."""
     if seconds == limit:
         return _exact(limit)
-    scale, unit = _unit(limit)
+    scale, unit = duration_unit(limit)
     value = seconds / scale
     start = max(2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0, _decimals(limit))
     shown_limit = float(_exact(limit).split()[0])  # the limit as the user reads it

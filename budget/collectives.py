@@ -59,6 +59,7 @@ __all__ = [
     "collective_cost",
     "default_algorithm",
     "flat_stage",
+    "slowness",
 ]
 
 Op = Literal["all-gather", "reduce-scatter", "all-reduce", "all-to-all", "broadcast", "send-recv"]
@@ -614,8 +615,13 @@ def _ratio(num: Seconds, den: Seconds) -> Seconds:
     return float(num) / float(den) if den > 0 else 0.0
 
 
+def slowness(link: Link) -> tuple[float, float]:
+    """Orders links slowest first: the lowest B_eff, then the highest α."""
+    return (link.effective_bandwidth, -link.latency)
+
+
 def _slowest(links: Any) -> Link:
-    return cast(Link, min(links, key=lambda k: (k.effective_bandwidth, -k.latency)))
+    return cast(Link, min(links, key=slowness))
 
 
 # ----------------------------------------------------------------------------- validation

@@ -89,7 +89,7 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
         total += shared_total + h * e.shared_gate
         per_rank += shared_rank + h * e.shared_gate
     expert, _, _ = _mlp(plan, e.ffn, 1)
-    etp = par.etp or t
+    etp = par.expert_tp
     return LayerParams(
         total=total,
         per_rank=per_rank,
@@ -419,7 +419,7 @@ def expert_data_parallel(plan: Plan) -> int:
     data-parallel group), over which expert gradients are reduced and optimizer states
     sharded."""
     par = plan.parallel
-    return vmax(1, par.tp * par.cp * par.dp // (par.ep * (par.etp or par.tp)))
+    return vmax(1, par.tp * par.cp * par.dp // (par.ep * par.expert_tp))
 
 
 def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Alloc, ...]:
@@ -571,7 +571,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         return {}
     factor = e.capacity_factor or 1.0
     par = plan.parallel
-    etp = par.etp or par.tp
+    etp = par.expert_tp
     dispatched = vceil(tokens_sp * e.top_k * factor)
     own = -(-dispatched // vwhere(experts_inside_tp(plan), par.ep, 1))
     return {
@@ -579,7 +579,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         "routed": vwhere(tokens_replicated(plan), own, dispatched * etp),
         "experts": e.count,
         "local_experts": e.count // par.ep,
-        "expert_cols": -(-e.ffn // (plan.parallel.etp or plan.parallel.tp)),
+        "expert_cols": -(-e.ffn // plan.parallel.expert_tp),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
     }
 
@@ -588,7 +588,7 @@ def experts_inside_tp(plan: Plan) -> bool | np.ndarray:
     """Every tp rank holds the same tokens and the expert grid (ep x etp, ep > 1) is the tp
     group itself: each rank finds its own experts' rows among the tokens it already has."""
     par = plan.parallel
-    etp = par.etp or par.tp
+    etp = par.expert_tp
     return holds(tokens_replicated(plan) & holds(par.ep > 1) & holds(par.ep * etp == par.tp))
 
 

@@ -128,14 +128,10 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
     serving = times.ttft_s is not None
     names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
     # training phases in step order; serving ones prefill first, each in pass order (the
-    # last stage's output after the first stage's layers)
-    serving_order = ("prefill.", "decode.")
+    # sort is stable: the last stage's output stays after the first stage's layers)
     names.sort(
         key=lambda n: (
-            PHASE_ORDER.index(n)
-            if n in PHASE_ORDER
-            else len(PHASE_ORDER)
-            + next((i for i, p in enumerate(serving_order) if n.startswith(p)), len(serving_order))
+            (0, PHASE_ORDER.index(n)) if n in PHASE_ORDER else (1, not n.startswith("prefill."))
         )
     )
     rows = []
@@ -265,7 +261,7 @@ def build_report(plan: Plan) -> Report:
         "dp": par.dp,
         "cp": par.cp,
         "ep": par.ep,
-        "etp": (par.etp or par.tp) if m.experts is not None else None,
+        "etp": par.expert_tp if m.experts is not None else None,
         "sequence_parallel": par.sequence_parallel,
         "zero": par.zero,
         "schedule": par.pipeline.schedule,

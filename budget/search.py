@@ -36,6 +36,7 @@ from budget.collectives import (
     Tier,
     collective_cost,
     flat_stage,
+    slowness,
 )
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
@@ -286,7 +287,7 @@ def _grid(
     its grid were made alone: those left out are not candidates, not rejected ones)."""
     m, b = plan.model, plan.batch
     experts = m.experts
-    etp = plan.parallel.etp or tp
+    etp = plan.parallel.etp or tp  # tp is this block's, not the plan's
     stage = tp * dp_cp
     fold = stage // etp if stage % etp == 0 else 1
     eps = space.ep or ([e for e in divisors(fold) if experts.count % e == 0] if experts else [1])
@@ -327,7 +328,7 @@ def _grid(
         ),
         (
             "does not divide: ep x etp into tp x cp x dp",
-            (tp * cp * dp) % (ep * (plan.parallel.etp or tp)) != 0,
+            (tp * cp * dp) % (ep * etp) != 0,
         ),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         (
@@ -715,9 +716,7 @@ def _flat_over_levels(
     configurations: one stage per level, counted where that level is the slowest spanned."""
     total = np.prod(np.stack(ranks), axis=0)
     slowest = np.zeros_like(ranks[0])  # a group of one rank: the innermost level, no step
-    by_speed = sorted(
-        range(len(links)), key=lambda i: (links[i].effective_bandwidth, -links[i].latency)
-    )
+    by_speed = sorted(range(len(links)), key=lambda i: slowness(links[i]))
     for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
         slowest = np.where(ranks[level] > 1, level, slowest)
     stages = []

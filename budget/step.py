@@ -794,7 +794,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         ],
         holds(par.ep > 1) & lacks(experts_inside_tp(plan)),
     )
-    etp = par.etp or par.tp
+    etp = par.expert_tp
     replicated = tokens_replicated(plan)
     rows = s.act * s.routed * s.hidden
     # backward: the output rows' gradient is gathered, the input rows' gradient scattered

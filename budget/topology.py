@@ -425,7 +425,7 @@ def expert_grid(parallel: Parallel) -> bool:
     etp ≠ tp) into a grid that fits them: ep × etp divides tp × cp × dp. (Serving may put
     ep inside the tp group, `layers.experts_inside_tp`, and then prices no collective over
     an ep or edp group.)"""
-    etp = parallel.etp or parallel.tp
+    etp = parallel.expert_tp
     return (parallel.ep > 1 or etp != parallel.tp) and _degrees(parallel)["edp"] > 0
 
 
@@ -433,7 +433,7 @@ def _degrees(parallel: Parallel) -> dict[str, int]:
     ep = parallel.ep
     if ep < 1:
         raise ValueError(f"ep = {ep} must be at least 1")
-    etp = parallel.etp or parallel.tp
+    etp = parallel.expert_tp
     stage = parallel.tp * parallel.cp * parallel.dp
     return {
         "tp": parallel.tp,

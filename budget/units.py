@@ -14,6 +14,7 @@ from fractions import Fraction
 
 __all__ = [
     "UnitError",
+    "duration_unit",
     "format_bytes",
     "format_duration",
     "format_flops",
@@ -193,19 +194,22 @@ def format_bytes(n: float, binary: bool = True) -> str:
 def format_duration(seconds: float) -> str:
     """A time for people, three significant digits kept: "2.09 ms", "4.20 µs", "12.3 s";
     whole numbers stay whole ("3 µs", "10 s")."""
-    magnitude = abs(seconds)
-    if magnitude == 0:
+    if seconds == 0:
         return "0 s"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-        if magnitude >= scale or unit == "ns":
-            value = seconds / scale
-            if abs(value) >= 999.5 and unit == "s":
-                return f"{value:,.0f} s"
-            if abs(value - round(value)) < 1e-9 * max(1.0, abs(value)):
-                return f"{value:.0f} {unit}"  # a round figure, such as a limit or a latency
-            digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0
-            return f"{value:.{digits}f} {unit}"
-    raise AssertionError("unreachable")
+    scale, unit = duration_unit(seconds)
+    value = seconds / scale
+    if abs(value) >= 999.5 and unit == "s":
+        return f"{value:,.0f} s"
+    if abs(value - round(value)) < 1e-9 * max(1.0, abs(value)):
+        return f"{value:.0f} {unit}"  # a round figure, such as a limit or a latency
+    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0
+    return f"{value:.{digits}f} {unit}"
+
+
+def duration_unit(seconds: float) -> tuple[float, str]:
+    """The scale and unit a time is written in: s, ms, µs or ns, the largest it reaches."""
+    scales = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+    return next((s, u) for s, u in scales if abs(seconds) >= s or u == "ns")
 
 
 def _decimal(value: float, unit: str) -> str:

@@ -45,6 +45,11 @@ ACCEPTANCE_1 = ["--ranks", "8", "--size", "1GiB", "--bandwidth", "450GB/s", "--l
 FOUR_NODES = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us", "--size", "1GiB"]
 
 
+def _ranks(ranks: str) -> list[str]:
+    """A 1 GiB collective on a 1 GB/s, 1 µs link over `ranks` ranks, as typed."""
+    return ["--ranks", ranks, "--size", "1GiB", "--bandwidth", "1GB/s", "--latency", "1us"]
+
+
 def _json(args: list[str]) -> dict[str, Any]:
     result = runner.invoke(app, route([*args, "--format", "json"]))
     assert result.exit_code == 0, result.output
@@ -216,48 +221,15 @@ def test_latency_bound_is_named() -> None:
             "unknown algorithm 'magic'",
         ),
         (
-            [
-                "collective",
-                "all-gather",
-                "--ranks",
-                "0",
-                "--size",
-                "1GiB",
-                "--bandwidth",
-                "1GB/s",
-                "--latency",
-                "1us",
-            ],
+            ["collective", "all-gather", *_ranks("0")],
             "--ranks must be from 1 to 16,777,216, got 0",
         ),
         (
-            [
-                "collective",
-                "all-gather",
-                "--ranks",
-                "-3",
-                "--size",
-                "1GiB",
-                "--bandwidth",
-                "1GB/s",
-                "--latency",
-                "1us",
-            ],
+            ["collective", "all-gather", *_ranks("-3")],
             "--ranks must be from 1 to 16,777,216, got -3",
         ),
         (
-            [
-                "collective",
-                "all-reduce",
-                "--ranks",
-                "99999999999999999999",
-                "--size",
-                "1GiB",
-                "--bandwidth",
-                "1GB/s",
-                "--latency",
-                "1us",
-            ],
+            ["collective", "all-reduce", *_ranks("99999999999999999999")],
             # an OverflowError traceback from the rank list until this was checked
             "--ranks must be from 1 to 16,777,216, got 99,999,999,999,999,999,999",
         ),

@@ -173,6 +173,11 @@ class Parallel:
     order: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
     cp_attention: Literal["ring", "allgather"] = "ring"
 
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree: etp, else tp."""
+        return self.etp or self.tp
+
 
 # Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
 # Deep Learning" (arXiv 2507.03114), abstract: overlapping computation and communication

@@ -1140,7 +1140,7 @@ class _Checks:
                 f"expert-parallel rank holds whole experts; choose ep among "
                 f"{_divisors(experts.count)}",
             )
-        etp = p.etp if p.etp is not None else p.tp
+        etp = p.expert_tp
         if p.tp > 1 and not p.sequence_parallel:
             self.replicated_tokens(etp)
         dense = p.tp * p.cp * p.dp
