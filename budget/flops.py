@@ -140,7 +140,9 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     """
     full = _core(plan, s)
     m = plan.model
-    if not m.window or every(s.seq_kv <= m.window) or (m.attention == "eager" and s.causal):
+    if not m.window or (m.attention == "eager" and s.causal):
+        return full
+    if every(s.seq_kv <= m.window) and not (s.window_kv and s.window_kv != s.seq_kv):
         return full
     return _sliding(plan, s, full)
 
@@ -204,7 +206,7 @@ def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
         band = replace(core, flops=vround(core.flops * ratio), keys=vmin(seq, w))
         local = [band]
     else:  # decoding against the min(context, W) keys the cache keeps
-        local = _core(plan, replace(s, seq_kv=vmin(seq, w)))
+        local = _core(plan, replace(s, seq_kv=s.window_kv or vmin(seq, w)))
     if isinstance(share, int | float) and share in (0, 1):  # one kind of layer on this stage
         return full if share == 0 else [_windowed(w) for w in local]
     return [replace(w.scaled(1 - share), launches=1 - share) for w in full] + [

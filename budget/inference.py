@@ -17,7 +17,10 @@ attention for DeepSeek serving).
 
 Prefill processes every prompt token once (phases `prefill.*`); decode then runs the whole
 model once per generated token with one query per sequence against the cached keys
-(`decode.*`, counted `generate` times); under context parallelism each rank attends the
+(`decode.*`, counted `generate` times). Pass k attends to prompt + k keys, so the passes'
+attention is priced once at their mean context (`decode_keys`): its reads and FLOPs grow
+linearly with the context, so G passes at the mean cost what the G passes cost; the memory
+is held at the last pass, the longest. Under context parallelism each rank attends the
 slice of the context its cache holds and the ranks combine their partial outputs
 (`_decode_combine`). Decode moves tiny tensors, so its tensor-parallel
 all-reduces are latency-bound: n·α dominates Q/B_eff (the seeds' "small messages can be
@@ -25,6 +28,9 @@ latency-limited"). Time per token and time to first token are assembled in `sche
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 from budget import flops
 from budget.flops import Work
@@ -135,8 +141,10 @@ def _pass(
     resident: tuple[Alloc, ...],
     dense: int,
     moe: int,
+    timed: Shapes | None = None,
 ) -> list[Phase]:
-    """One forward pass of a stage over micro-batch shapes `s`, repeated `count` times."""
+    """One forward pass of a stage over micro-batch shapes `s`, repeated `count` times;
+    the attention's works over `timed` where they differ (decode's mean context)."""
     par = plan.parallel
     last = stage == par.pp - 1
     phases = []
@@ -156,7 +164,7 @@ def _pass(
             (dense + moe) * count,
             tuple(attention),
             (Instant("attention", tuple(base + _working_set(plan, s, "attention"))),),
-            tuple(flops.attention_forward(plan, s)),
+            tuple(flops.attention_forward(plan, timed or s)),
         )
     )
     if dense:
@@ -203,13 +211,33 @@ def _pass(
     return phases
 
 
+def decode_keys(plan: Plan) -> tuple[int, int]:
+    """Keys one decode pass's query meets on one rank, averaged over the `generate` passes
+    (pass k attends to prompt + k keys; kipply, "Transformer Inference Arithmetic", and
+    vLLM's paged attention read each sequence's current length): the mean context
+    P + (G + 1)/2, split over cp (the rank holding the larger share), and for a layer with a
+    window W the mean of min(context, W) over the passes. Both rounded up to whole keys."""
+    b, w, cp = plan.batch, plan.model.window, plan.parallel.cp
+    passes = max(1, b.generate)
+    first, last = b.prompt + 1, b.prompt + passes
+    full = -(-(first + last) // (2 * cp))
+    if not w:
+        return full, 0
+    below = max(0, min(last, w) - first + 1)  # passes whose whole context fits the window
+    fitting = below * (first + first + below - 1) / 2
+    return full, math.ceil((fitting + (passes - below) * w) / passes)
+
+
 def derive_inference(plan: Plan) -> Step:
     """Prefill (both modes) and, for `mode: decode`, `generate` decode passes."""
     b = plan.batch
     flags, slides = moe_layers(plan), plan.model.sliding
     prefill = shapes(plan, b.prompt, b.prompt)
-    # decode: each cp rank attends the slice of the context its cache holds (`_decode_combine`)
+    # decode: each cp rank attends the slice of the context its cache holds (`_decode_combine`);
+    # held in memory at the last pass, priced at the passes' mean context (`decode_keys`)
     decode = shapes(plan, 1, -(-(b.prompt + b.generate) // plan.parallel.cp))
+    full, window = decode_keys(plan)
+    timed = replace(shapes(plan, 1, full), window_kv=window)
     stages = []
     for stage, ids in enumerate(stage_layer_ids(plan)):
         params = stage_params(plan, stage)
@@ -229,7 +257,10 @@ def derive_inference(plan: Plan) -> Step:
         phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":
             each = _stage_shapes(plan, decode, sliding, len(ids))
-            phases += _pass(plan, stage, "decode", each, b.generate, resident, len(ids) - moe, moe)
+            mean = _stage_shapes(plan, timed, sliding, len(ids))
+            phases += _pass(
+                plan, stage, "decode", each, b.generate, resident, len(ids) - moe, moe, mean
+            )
         stages.append(
             StageStep(
                 stage,

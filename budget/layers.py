@@ -514,6 +514,7 @@ class Shapes:
     shared_cols: int = 0  # shared experts' ffn width on one tp rank
     q_latent: int = 0  # latent attention: query latent width (replicated over tp)
     kv_latent: int = 0  # latent attention: key/value latent + shared rotary key width
+    window_kv: int = 0  # decode: keys a sliding layer meets, the passes' mean (0: min(seq_kv, W))
 
 
 def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) -> Shapes:

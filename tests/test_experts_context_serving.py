@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from budget.inference import derive_inference, kv_cache_bytes
+from budget.inference import decode_keys, derive_inference, kv_cache_bytes
 from budget.layers import (
     active_params,
     expert_data_parallel,
@@ -20,7 +20,7 @@ from budget.layers import (
 from budget.memory import memory
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
-from budget.plan.model import Experts, Model
+from budget.plan.model import Batch, Experts, Model
 from budget.report import to_dict
 from budget.step import derive
 from tests.builders import make_plan
@@ -665,3 +665,46 @@ def test_serving_phases_keep_the_pass_order_across_stages(tmp_path):
     prefill = [n for n in names if n.startswith("prefill.")]
     assert names[: len(prefill)] == prefill and prefill[-1] == "prefill.output"
     assert names[-1] == "decode.output"
+
+
+def test_decode_passes_are_priced_at_their_mean_context(tmp_path):
+    """Pass k of G attends to prompt + k cached keys, so G passes cost G passes at the mean
+    context P + (G + 1)/2 (kipply's "Transformer Inference Arithmetic"; vLLM reads each
+    sequence's current length). Prompt 100 and 201 generated tokens average 201 keys, the
+    context of a single pass after a 200-token prompt, so the attention of one pass costs the
+    same in both; the cache is still held for all 301 tokens. Before, every pass was priced
+    at the last one's context: prompt 128 and 8,192 generated tokens cost as much per token
+    as 8,319 prompt tokens and one generated (18.3 ms, where the mean gives 12.4 ms)."""
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+
+    def attention(prompt: int, generate: int):
+        edited = text.replace("prompt: 2048", f"prompt: {prompt}")
+        plan = _load_text(tmp_path, edited.replace("generate: 512", f"generate: {generate}"))
+        (stage,) = derive_inference(plan).stages
+        (phase,) = [p for p in stage.phases if p.name == "decode.attention"]
+        (core,) = [w for w in phase.works if w.kind == "attention"]
+        return plan, core
+
+    long, core = attention(100, 201)
+    _, single = attention(200, 1)
+    assert decode_keys(long) == (201, 0)
+    # K and V of 201 keys x 1 kv head per tp rank x 128 x 2 B x 32 sequences, plus the query
+    # and output rows (8 heads x 128 x 2 B each)
+    assert core.bytes == single.bytes == 32 * (201 * 2 * 128 * 2 + 2 * 8 * 128 * 2)
+    assert kv_cache_bytes(long, 80) == 80 * 128 * 2 * 301 * 32 * 2
+    # the mean is rounded up to a whole key: contexts 129 ... 8,320 average 4,224.5
+    _, core = attention(128, 8192)
+    assert core.bytes == 32 * (4225 * 2 * 128 * 2 + 2 * 8 * 128 * 2)
+
+
+def test_a_sliding_layer_decodes_at_the_mean_of_its_window_capped_context():
+    """Window 4,096, prompt 2,048 and 4,096 generated tokens: contexts 2,049 ... 6,144, of
+    which the first 2,048 passes see all of theirs (mean 3,072.5) and the last 2,048 see
+    4,096 keys, so a sliding layer's pass meets 3,584.25 keys on average (rounded up to
+    3,585), not min(mean context 4,097, 4,096)."""
+    plan = make_plan(replace(QWEN_MOE, experts=None, window=4096), tp=1, pp=1, dp=1)
+    serving = replace(plan, mode="decode", batch=Batch(6144, 8, 8, prompt=2048, generate=4096))
+    assert decode_keys(serving) == (4097, 3585)
+    # every context within the window: the layer meets all of them, as a full layer does
+    shorter = replace(serving, batch=replace(serving.batch, generate=1000))
+    assert decode_keys(shorter) == (2549, 2549)
