@@ -1157,8 +1157,14 @@ def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
 
 def _loss(b: _StageBuilder) -> None:
     """Output layer and vocab-parallel cross-entropy on the last stage (Megatron-LM's
-    `vocab_parallel_cross_entropy`): logits sharded over vocab on tp, upcast to fp32, with
-    their fp32 gradient; three small all-reduces (max, sum of exponentials, target logit).
+    `vocab_parallel_cross_entropy`): logits sharded over vocab on tp, upcast to fp32; three
+    small all-reduces (max, sum of exponentials, target logit). The fp32 copy is turned into
+    the softmax in place and saved; the backward writes the logits' gradient into that same
+    buffer (``grad_input = softmax``, then in-place updates) and casts it to the logits'
+    format, so the peak holds the logits plus one fp32 buffer in the forward and one fp32
+    buffer plus the cast gradient in the backward, the same bytes: 6·s·b·v/t with bf16
+    logits (Korthikanti et al., arXiv 2205.05198, section 4.3, count 4sbv/t for the fp32
+    logits).
 
     With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
     pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
@@ -1190,8 +1196,12 @@ def _loss(b: _StageBuilder) -> None:
                 ],
                 plan.model.logit_softcap,
             ),
-            Alloc("logits (fp32)", "transient", 4 * logits, placement=vocab),
-            Alloc("logits gradient (fp32)", "transient", 4 * logits, placement=vocab),
+            Alloc(
+                "logits (fp32), the softmax and then its gradient",
+                "transient",
+                4 * logits,
+                placement=vocab,
+            ),
         ]
         if earlier:
             live.append(

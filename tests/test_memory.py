@@ -6,8 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget.memory import memory
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
 from budget.step import derive
 from tests.builders import GIB, make_plan
+from tests.plan_files import ROOT
 
 
 def _mem(plan):
@@ -90,3 +93,18 @@ def test_memory_is_monotone_in_micro_batch(micro, tp, recompute, sp, zero):
 
     smaller, larger = peak(micro), peak(micro + 1)
     assert all(b >= a for a, b in zip(smaller, larger, strict=True))
+
+
+def test_the_loss_peak_holds_the_logits_and_one_fp32_buffer():
+    """Megatron's vocab-parallel cross-entropy turns its fp32 copy of the logits into the
+    softmax in place and writes the gradient into that buffer, so gpt-1.3b's loss peak (its
+    worst instant) holds the bf16 logits and one fp32 buffer: 2 + 4 B x 8,192 tokens x
+    50,304 / 1 = 824,180,736 + 1,648,361,472 B. It counted a separate fp32 gradient too,
+    1,648,361,472 B more (a peak of 30,175,369,216 B; the hand total is 28,527,007,744)."""
+    report = build_report(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"))
+    (stage,) = report.stages
+    assert (stage.peak_phase, stage.peak_instant) == ("loss", "cross-entropy")
+    logits = {o.tensor: o.bytes for o in stage.peak_overlap if o.tensor.startswith("logits")}
+    tokens = 4 * 2048  # micro-batch 4 of 2,048 tokens
+    assert sorted(logits.values()) == [2 * tokens * 50304, 4 * tokens * 50304]
+    assert stage.peak_bytes == 28_527_007_744
