@@ -254,11 +254,14 @@ def validate_command(
 ) -> None:
     """Check plans against the schema and the semantic rules only."""
     from budget.plan.load import load_plan
+    from budget.step import derive
 
     problems = []
     for path in plans:
         try:
-            load_plan(path)
+            # deriving the step runs the rules that need the phases too: hand-written
+            # transitions name a phase that exists and leave no tensor sum-partial
+            derive(load_plan(path))
         except BudgetError as error:
             problems.extend(error.problems)
     if problems:

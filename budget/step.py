@@ -1647,7 +1647,7 @@ def _reduce(b: _StageBuilder) -> None:
 
 def _problem(plan: Plan, tr: Transition, message: str, key: str = "") -> Problem:
     where = tr.where
-    line, col, path = (where.line, where.col, where.path) if where else (0, 0, "$.transitions")
+    line, col, path = (*where.of(key), where.path) if where else (0, 0, "$.transitions")
     return Problem(plan.file, line, col, path + key, message)
 
 

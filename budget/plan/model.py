@@ -399,6 +399,11 @@ class Mark:
     line: int
     col: int
     path: str
+    keys: tuple[tuple[str, int, int], ...] = ()  # (".phase", line, col) of its own keys
+
+    def of(self, key: str) -> tuple[int, int]:
+        """Where the item's `key` (".phase", ".to") sat, or the item itself."""
+        return next(((line, col) for k, line, col in self.keys if k == key), (self.line, self.col))
 
 
 @dataclass(frozen=True, slots=True)

@@ -797,7 +797,15 @@ class _Resolver:
                     dst=_placement_text(*dst),
                     source_alive=bool(item.get("source_alive", True)),
                     count=_int(item.get("count", 1)),
-                    where=Mark(line, col, path),
+                    where=Mark(
+                        line,
+                        col,
+                        path,
+                        tuple(
+                            (f".{key}", *self.marks.at(f"{path}.{key}"))
+                            for key in ("phase", "from", "to", "group")
+                        ),
+                    ),
                 )
             )
         return tuple(out)
