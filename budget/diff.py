@@ -61,6 +61,7 @@ class Delta:
     better: Better
     a: float | None
     b: float | None
+    comparable: bool = True  # False: the two sides measure different things (modes differ)
 
     @property
     def absolute(self) -> float | None:
@@ -82,7 +83,7 @@ class Delta:
     @property
     def verdict(self) -> Verdict:
         change = self.absolute
-        if change is None:
+        if change is None or not self.comparable:
             return "n/a"
         if change == 0:
             return "same"
@@ -371,7 +372,10 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
         Delta("peak_bytes", "bytes", "lower", wa.peak_bytes, wb.peak_bytes),
         Delta("headroom_bytes", "bytes", "higher", wa.headroom_bytes, wb.headroom_bytes),
     ]
-    out += [Delta(k, u, bt, a.step.get(k), b.step.get(k)) for k, u, bt in _STEP]
+    # a training step and a serving pass (or prefill and decode) are different things: the
+    # figures are shown, but neither side is better (`PlanDiff.note`)
+    like = a.mode == b.mode
+    out += [Delta(k, u, bt, a.step.get(k), b.step.get(k), like) for k, u, bt in _STEP]
     out += [  # serving's own figures, where either side serves
         Delta(k, "seconds", "lower", a.step.get(k), b.step.get(k))
         for k in ("ttft_s", "decode_token_s")

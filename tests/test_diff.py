@@ -228,6 +228,13 @@ def test_plans_of_different_modes_are_flagged() -> None:
     assert changes["batch.prompt"] == (None, 2048)
     assert changes["parallel.zero"] == (1, None)
     assert "batch.global" in changes and changes["batch.global"][1] is None
+    # ... and neither side of a step figure is graded better or worse, as the note says;
+    # memory is memory in either mode
+    verdicts = {d.metric: d.verdict for d in modes.summary}
+    assert verdicts["peak_bytes"] == "better"
+    for name in ("time_s", "tokens_per_s", "mfu", "exposed_share"):
+        assert verdicts[name] == "n/a", name
+    assert {d.metric: d.verdict for d in same.summary}["time_s"] == "same"
 
 
 def test_a_ramp_changed_for_another_is_a_plan_change(tmp_path: Path) -> None:
