@@ -199,15 +199,20 @@ def _finer(actual: float, limit: float) -> str:
 
 
 def _share(text: str, option: str) -> float:
-    """ "20%" → 0.2; a bare number is a fraction ("0.2")."""
+    """ "20%" → 0.2. A bare number is refused (0 aside): "0.2" reads as 20 % or as 0.2 %, a
+    gate 100 times apart, and "1" as 1 % or all of it."""
     body = text.strip()
     percent = body.endswith("%")
     try:
         value = float(body.removesuffix("%").strip())
     except ValueError:
         raise ValueError(f"{option} {text!r}: expected a percentage such as 20%") from None
-    if not percent and value == 1:  # 1 % or all of it: a bare 1 reads both ways
-        raise ValueError(f"{option} {text!r}: write 1% or 100%")
+    if not percent and value != 0:
+        fraction = "all of it" if value == 1 else f"{value * 100:g}%"
+        raise ValueError(
+            f"{option} {text!r}: write a percentage, {value:g}% or {fraction} "
+            "(a bare number reads both ways)"
+        )
     value = value / 100 if percent else value
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")
@@ -252,9 +257,19 @@ def _percent(share: float) -> str:
     return f"{share * 100:.12g}%"
 
 
-def _gib(n: float) -> str:
-    """Always in GiB with the exact bytes: "5.20 GiB (5,583,457,280 B)"."""
-    return f"{n / GIB:,.2f} GiB ({int(n):,} B)"
+def _gib(n: float, beside: float | None = None) -> str:
+    """Always in GiB with the exact bytes: "5.20 GiB (5,583,457,280 B)"; beside a limit,
+    with as many decimals as it takes to read on its side of the limit as `_gib` shows it
+    (51.897 GiB short of 51.90 GiB, not 51.90 beside 51.90)."""
+    digits = 2
+    if beside is not None:
+        digits = _beside(n / GIB, round(beside / GIB, 2), 2)
+    return f"{n / GIB:,.{digits}f} GiB ({int(n):,} B)"
+
+
+def _amount(n: float) -> str:
+    """A difference in its own unit with the exact bytes: "3.07 MiB (3,223,962 B)"."""
+    return f"{format_bytes(n)} ({int(n):,} B)"
 
 
 def _largest(items: tuple[Overlapping, ...], limit: int = 3) -> str:
@@ -269,9 +284,10 @@ def _memory_reason(row: StageRow) -> Reason:
     return Reason(
         limit="memory",
         message=(
-            f"stage {row.stage} does not fit: it peaks at {_gib(row.peak_bytes)} in "
-            f"{row.peak_phase} ({row.peak_instant}), {_gib(over)} over the "
-            f"{format_bytes(row.capacity_bytes)} device; largest at that peak: "
+            f"stage {row.stage} does not fit: it peaks at "
+            f"{_gib(row.peak_bytes, row.capacity_bytes)} in {row.peak_phase} "
+            f"({row.peak_instant}), {_amount(over)} over the {_gib(row.capacity_bytes)} "
+            "device; largest at that peak: "
             f"{_largest(row.peak_overlap)}"
         ),
         stage=row.stage,
@@ -292,9 +308,10 @@ def _headroom_reason(row: StageRow, required: int, limits: Limits) -> Reason | N
     return Reason(
         limit="headroom",
         message=(
-            f"stage {row.stage} leaves {_gib(row.headroom_bytes)} free at its peak in "
-            f"{row.peak_phase} ({row.peak_instant}), {_gib(short)} short of the required "
-            f"{format_bytes(required)}{asked}; largest at that peak: {_largest(row.peak_overlap)}"
+            f"stage {row.stage} leaves {_gib(row.headroom_bytes, required)} free at its peak "
+            f"in {row.peak_phase} ({row.peak_instant}), {_amount(short)} short of the "
+            f"required {_gib(required)}{asked}; largest at that peak: "
+            f"{_largest(row.peak_overlap)}"
         ),
         stage=row.stage,
         actual=row.headroom_bytes,

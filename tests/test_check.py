@@ -98,7 +98,23 @@ def test_headroom_reason_names_the_shortfall() -> None:
     short = required - report.worst.headroom_bytes
     assert reason.stage == 0
     assert reason.excess == short
-    assert f"({short:,} B) short of the required 56.0 GiB (70% of capacity)" in reason.message
+    assert f"({short:,} B) short of the required 56.00 GiB ({required:,} B) (70% of capacity)" in (
+        reason.message
+    )
+
+
+def test_a_figure_just_beside_its_limit_reads_on_its_own_side() -> None:
+    """A headroom 3 MB short of the limit read "51.90 GiB ... 0.00 GiB (3,223,962 B) short
+    of the required 51.9 GiB" (review): the free bytes now take the decimals that part them
+    from the limit as shown, and the shortfall its own unit."""
+    report = budget_plan(GPT3)
+    free = report.worst.headroom_bytes
+    limit = free + 3_223_962
+    (reason,) = check_report(report, parse_limits(headroom=f"{limit}B"))
+    shown = f"{free / 2**30:.2f}"
+    assert shown == f"{limit / 2**30:.2f}"  # two decimals cannot tell them apart
+    assert f"leaves {free / 2**30:.3f} GiB ({free:,} B) free" in reason.message
+    assert "3.07 MiB (3,223,962 B) short of the required" in reason.message
     assert reason.contributors[0].tensor == "gradients (fp32)"
 
 
@@ -119,7 +135,9 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--headroom", "lots"], "--headroom 'lots'"),
         (["--headroom", "5"], "--headroom '5': write 5% or a size with its unit, such as 5 GiB"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
-        (["--max-exposed", "1"], "--max-exposed '1': write 1% or 100%"),  # it meant 100 %
+        (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),
+        # 0.2 was taken as 20 %, silently, where a user may have meant 0.2 %
+        (["--max-exposed", "0.2"], "--max-exposed '0.2': write a percentage, 0.2% or 20%"),
         (["--max-step", "soon"], "--max-step 'soon'"),
         (["--max-step", "0s"], "more than 0 s"),
     ],
