@@ -390,6 +390,11 @@ class _StageBuilder:
     def has_moe(self) -> bool:
         return uniform(self.moe > 0, "MoE layers")
 
+    @property
+    def ffn_blocks(self) -> list[str]:
+        """The feed-forward blocks the stage's layers have: "mlp", "moe" or both."""
+        return ["mlp"] * self.has_dense + ["moe"] * self.has_moe
+
     def add(
         self,
         name: str,
@@ -1003,12 +1008,36 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
 
-def _zero3_transients(plan: Plan, layer: _Layer, block: str) -> list[Alloc]:
-    """Gathered parameters of the current and the prefetched block."""
+def _zero3_transients(
+    plan: Plan, layer: _Layer, block: str, after: Sequence[str], backward: bool = False
+) -> list[Alloc]:
+    """ZeRO-3: the gathered parameters of the block computing and, with
+    `overlap.param_gather`, of the block whose gather is prefetched behind it (`_zero3_moves`;
+    PyTorch FSDP's forward and backward prefetch, Zhao et al., arXiv 2304.11277, section
+    3.3): the next one, `after` (the larger where the stage has dense and MoE layers):
+    the layer's MLP behind its attention, the next layer's attention behind an MLP, and in
+    the backward the reverse. In the backward the block's gradients are whole until their
+    reduce-scatter (DeepSpeed's ZeRO-3 estimate reserves the largest layer's gathered
+    parameters and gradients, ``estimate_zero3_model_states_mem_needs``)."""
     size = DTYPE_BYTES[plan.precision.param_gather]
-    n = sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3[block])
-    gathered = Alloc("gathered parameters (current + prefetched block)", "transient", n, count=2)
-    return when([gathered], (plan.parallel.zero == 3) & (n > 0))
+
+    def gathered(name: str, size: int = size) -> Any:
+        return sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3[name])
+
+    n = gathered(block)
+    current = Alloc("gathered parameters (this block)", "transient", n)
+    grads = gathered(block, DTYPE_BYTES[plan.precision.grads])
+    whole = Alloc("gradients before reduce-scatter", "transient", grads)
+    ahead = 0
+    for name in after:
+        ahead = vmax(ahead, gathered(name))
+    prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
+    allocs = [
+        current,
+        *when([prefetched], plan.overlap.param_gather and bool(after)),
+        *when([whole], backward),
+    ]
+    return when(allocs, (plan.parallel.zero == 3) & (n > 0))
 
 
 def _forward(b: _StageBuilder) -> None:
@@ -1056,7 +1085,7 @@ def _forward(b: _StageBuilder) -> None:
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
     gathered = when([_gathered_input(plan, s)], sp)
-    z3 = _zero3_transients(plan, b.layer, "attention")
+    z3 = _zero3_transients(plan, b.layer, "attention", b.ffn_blocks)
     b.add(
         "forward.attention",
         b.layers * m,
@@ -1078,7 +1107,7 @@ def _forward(b: _StageBuilder) -> None:
         partial = when(
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
         )
-        z3 = _zero3_transients(plan, b.layer, "mlp")
+        z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
             "forward.mlp",
             b.dense * m,
@@ -1105,7 +1134,7 @@ def _forward(b: _StageBuilder) -> None:
     if b.has_moe:
         moe = _either(blocks["moe"], full)
         buffers = [dispatch_buffers(plan, s)]
-        gathered_moe = _zero3_transients(plan, b.layer, "moe")
+        gathered_moe = _zero3_transients(plan, b.layer, "moe", ["attention"])
         b.add(
             "forward.moe",
             b.moe * m,
@@ -1323,10 +1352,12 @@ def _backward(b: _StageBuilder) -> None:
         [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")], par.tp > 1
     )
 
-    def bucket(block: str) -> list[Alloc]:
+    def bucket(block: str, after: Sequence[str]) -> list[Alloc]:
+        """ZeRO-2's gradient bucket before its reduce-scatter (a layer's), or ZeRO-3's
+        gathered block with its gradients (`_zero3_transients`)."""
         n = b.layer.per_rank[block] * DTYPE_BYTES[plan.precision.grads]
         grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
-        return _zero3_transients(plan, b.layer, block) + when(
+        return _zero3_transients(plan, b.layer, block, after, backward=True) + when(
             [grads], (par.zero == 2) & (par.dp * par.cp > 1)
         )
 
@@ -1353,7 +1384,7 @@ def _backward(b: _StageBuilder) -> None:
             [
                 Instant(
                     "expert gradients",
-                    tuple(saved + recomputed + [grad_out, *grads] + bucket("moe")),
+                    tuple(saved + recomputed + [grad_out, *grads] + bucket("moe", ["attention"])),
                 )
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
@@ -1399,7 +1430,7 @@ def _backward(b: _StageBuilder) -> None:
                         + recomputed
                         + [grad_out, ffn_grad, act_grad]
                         + out_gather
-                        + bucket("mlp")
+                        + bucket("mlp", ["attention"])
                     ),
                 ),
                 Instant(
@@ -1410,7 +1441,7 @@ def _backward(b: _StageBuilder) -> None:
                         + [grad_out, act_grad]
                         + regather
                         + partial_in
-                        + bucket("mlp")
+                        + bucket("mlp", ["attention"])
                     ),
                 ),
             ],
@@ -1450,7 +1481,7 @@ def _backward(b: _StageBuilder) -> None:
                     + recomputed
                     + [grad_out, qkv_grad]
                     + _cp_buffers(plan, s)
-                    + bucket("attention")
+                    + bucket("attention", b.ffn_blocks)
                 ),
             )
         ],

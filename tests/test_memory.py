@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,10 +65,37 @@ def test_a_plan_that_does_not_fit_says_so():
     assert mem.peak_bytes > 80 * GIB
 
 
-def test_zero3_gathers_two_blocks_of_parameters():
-    mem = _mem(make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536))
-    gathered = [a for a in mem.worst.peak_overlap if a.name.startswith("gathered parameters")]
-    assert gathered and gathered[0].count == 2
+def test_zero3_holds_the_block_its_gradients_and_the_prefetched_next_block():
+    """GPT-3 at tp 8 under ZeRO-3, in the MLP's backward: the MLP block gathered (8h²/8
+    weights + 2h LayerNorm = 151,019,520 parameters, 2 B each), its gradients whole until
+    their reduce-scatter (fp32: 604,078,080 B, as ZeRO-2's bucket; DeepSpeed's ZeRO-3
+    estimate reserves the largest layer's gradients), and, with overlap.param_gather, the
+    attention block prefetched behind it (4h²/8 + 2h = 75,522,048 parameters), not a second
+    copy of the MLP block, which was counted with or without the prefetch (review)."""
+    h = 12288
+    mlp, attention = 8 * h * h // 8 + 2 * h, 4 * h * h // 8 + 2 * h
+
+    def held(plan) -> dict[str, int]:
+        (stage,) = derive(plan).stages
+        (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
+        instant = phase.instants[-1]  # fc1 weight and input gradients
+        return {
+            a.name: a.bytes
+            for a in instant.live
+            if "gradients before" in a.name or a.name.startswith("gathered parameters (")
+        }
+
+    plan = make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536)
+    assert held(plan) == {
+        "gathered parameters (this block)": 2 * mlp,
+        "gradients before reduce-scatter": 4 * mlp,
+    }
+    prefetching = replace(plan, overlap=replace(plan.overlap, param_gather=True))
+    assert held(prefetching) == {
+        "gathered parameters (this block)": 2 * mlp,
+        "gathered parameters (prefetched attention)": 2 * attention,
+        "gradients before reduce-scatter": 4 * mlp,
+    }
 
 
 @settings(max_examples=40, deadline=None)
