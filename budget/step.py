@@ -1333,7 +1333,10 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
 def _backward(b: _StageBuilder) -> None:
     """Backward of the first micro-batch's last layer, when every micro-batch in flight is
     still saved: the stage's activation peak under 1F1B (Korthikanti section 4.2.3).
-    Recompute repeats the whole layer's forward (full) or the attention core (selective)."""
+    Recompute repeats the whole layer's forward (full) or the attention core (selective).
+    Under full recompute the layer's forward runs again before its backward (Megatron-LM's
+    ``CheckpointFunction.backward``), so while the MLP's gradients are computed the
+    attention's recomputed tensors wait for theirs."""
     plan, s, m = b.plan, b.shapes, b.microbatches
     par = plan.parallel
     sp = _sp(plan)
@@ -1362,7 +1365,7 @@ def _backward(b: _StageBuilder) -> None:
         )
 
     if b.has_moe:
-        recomputed = when(_working(blocks["moe"], "recomputed"), full)
+        recomputed = when(_working(blocks["attention"] + blocks["moe"], "recomputed"), full)
         rows = s.act * s.routed * s.hidden
         grads = [
             Alloc("expert output gradients", "transient", rows, placement="shard(tokens) on ep"),
@@ -1392,7 +1395,7 @@ def _backward(b: _StageBuilder) -> None:
             + _accumulate(plan, b.layer, "moe"),
         )
     if b.has_dense:
-        recomputed = when(_working(blocks["mlp"], "recomputed"), full)
+        recomputed = when(_working(blocks["attention"] + blocks["mlp"], "recomputed"), full)
         ffn_grad = Alloc(
             "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
         )
