@@ -56,6 +56,7 @@ from budget.step import (
     _tp_moves,
     attention_tp_moves,
     dispatch_buffers,
+    embedding_moves,
     pipeline_moves,
 )
 from budget.vector import every, vmin
@@ -150,8 +151,9 @@ def _pass(
     phases = []
     base = list(resident)
     if stage == 0:
+        moves = tuple(embedding_moves(plan, s))
         phases.append(
-            Phase(f"{prefix}.embedding", count, (), (), tuple(flops.embedding_work(plan, s)))
+            Phase(f"{prefix}.embedding", count, moves, (), tuple(flops.embedding_work(plan, s)))
         )
     attention = attention_tp_moves(plan, s, False)
     if prefix == "prefill":

@@ -410,6 +410,35 @@ class _StageBuilder:
         self.phases.append(Phase(name, count, tuple(moves), tuple(instants), tuple(works or ())))
 
 
+def embedding_moves(plan: Plan, s: Shapes) -> list[Move]:
+    """The vocab-parallel embedding's output: each tp rank looks up the tokens its vocab
+    rows hold and zeros the rest, so the output is sum-partial over tp and reduced before
+    the first layer (Megatron-LM's ``VocabParallelEmbedding``; vLLM's ends in the same
+    all-reduce): reduce-scattered into sequence-parallel shards, or all-reduced."""
+    par = plan.parallel
+    size = s.act * s.tokens * s.hidden
+    rule = "tp: exposed, the first layer needs it"
+    moves = []
+    kinds: tuple[tuple[Op, str, Any], ...] = (
+        ("reduce-scatter", "shard(0)", _sp(plan)),
+        ("all-reduce", "replicate", lacks(_sp(plan)) & (par.tp > 1)),
+    )
+    for op, dst, where in kinds:
+        move = Move(
+            "embedding output",
+            op,
+            "tp",
+            par.tp,
+            plan.precision.activations,
+            size,
+            "partial",
+            dst,
+            rule=rule,
+        )
+        moves += when([move], where)
+    return moves
+
+
 def _sp(plan: Plan) -> bool | np.ndarray:
     """Where sequence parallelism is in effect: asked for, with more than one tp rank."""
     par = plan.parallel
@@ -1056,32 +1085,7 @@ def _forward(b: _StageBuilder) -> None:
     first_two = _either(blocks["attention"][:2], full)
 
     if b.first:
-        size = s.act * s.tokens * s.hidden
-        rule = "tp: exposed, the first layer needs it"
-        scatter = Move(
-            "embedding output",
-            "reduce-scatter",
-            "tp",
-            par.tp,
-            plan.precision.activations,
-            size,
-            "partial",
-            "shard(0)",
-            rule=rule,
-        )
-        reduce = Move(
-            "embedding output",
-            "all-reduce",
-            "tp",
-            par.tp,
-            plan.precision.activations,
-            size,
-            "partial",
-            "replicate",
-            rule=rule,
-        )
-        moves = when([scatter], sp) + when([reduce], lacks(sp) & (par.tp > 1))
-        moves = _zero3_root_moves(b, backward=False) + moves
+        moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)
         b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
 
     gathered = when([_gathered_input(plan, s)], sp)

@@ -708,3 +708,20 @@ def test_a_sliding_layer_decodes_at_the_mean_of_its_window_capped_context():
     # every context within the window: the layer meets all of them, as a full layer does
     shorter = replace(serving, batch=replace(serving.batch, generate=1000))
     assert decode_keys(shorter) == (2549, 2549)
+
+
+def test_serving_reduces_the_vocab_parallel_embedding_over_tp():
+    """Each tp rank looks up only the tokens its vocabulary rows hold, so the embedding's
+    output is sum-partial until an all-reduce (vLLM's VocabParallelEmbedding ends in one):
+    Llama 3 70B at tp 8 all-reduces 32 x 2,048 x 8,192 x 2 B = 1 GiB after the prefill's
+    lookup and 32 x 8,192 x 2 B = 512 KiB per decoded token. It was consumed as complete."""
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    (stage,) = derive_inference(plan).stages
+    moves = {p.name: p.moves for p in stage.phases if p.name.endswith(".embedding")}
+    for name, size in (
+        ("prefill.embedding", 32 * 2048 * 8192 * 2),
+        ("decode.embedding", 32 * 8192 * 2),
+    ):
+        (move,) = moves[name]
+        assert (move.op, move.group, move.ranks, move.size_bytes) == ("all-reduce", "tp", 8, size)
+        assert (move.src, move.dst) == ("partial", "replicate")
