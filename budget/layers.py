@@ -617,7 +617,9 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     Engine's and Apex's kernels save it; their per-row statistics are not counted); flash
     attention stores no
     s² scores but fp32 softmax statistics (Dao et al., arXiv 2205.14135, section 3.1);
-    selective recompute drops the s² tensors (Korthikanti section 5). With sequence
+    selective recompute drops the core attention's saved tensors, the s² ones
+    (Korthikanti section 5) or flash's statistics, since Megatron-LM checkpoints the whole
+    core attention and runs it again in the backward. With sequence
     parallelism the tensors outside the tp region are sharded over tp (section 4.2.2).
     """
     a, res = s.act, residual_placement(plan)
@@ -653,7 +655,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         out.append(
             Alloc("attention dropout mask", "activations", s.tokens_sp * s.hidden, placement=res)
         )
-    dropped = {a.name for a in core_attention(plan, s) if not a.name.endswith("statistics")}
+    dropped = {a.name for a in core_attention(plan, s)}
     keep = lacks(plan.recompute == "selective")
     kept: list[Alloc] = []
     for x in out:
