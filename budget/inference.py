@@ -78,7 +78,8 @@ def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
 
 
 def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
-    """What one block holds while it computes, with nothing kept for backward."""
+    """What one block holds while it computes, with nothing kept for backward: in the MLP,
+    at its activation function, the first projection's output beside the activation's."""
     a = s.act
     gate = plan.model.gate
     layer_in = Alloc("layer input", "transient", a * s.tokens * s.hidden)
@@ -99,8 +100,13 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
             layer_in,
             dispatch_buffers(plan, s),
             Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
+            Alloc("expert activation output", "transient", a * s.routed * s.expert_cols),
         ]
-    return [layer_in, Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols)]
+    return [
+        layer_in,
+        Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols),
+        Alloc("MLP activation output", "transient", a * s.tokens * s.ffn_cols),
+    ]
 
 
 def _decode_combine(plan: Plan, s: Shapes) -> Move:

@@ -725,3 +725,16 @@ def test_serving_reduces_the_vocab_parallel_embedding_over_tp():
         (move,) = moves[name]
         assert (move.op, move.group, move.ranks, move.size_bytes) == ("all-reduce", "tp", 8, size)
         assert (move.src, move.dst) == ("partial", "replicate")
+
+
+def test_the_prefill_mlp_holds_its_activation_output_beside_fc1s():
+    """While SwiGLU runs, fc1's output (gate and up, 2 x 28,672 / 8 columns) and the
+    activation's (28,672 / 8) are alive together: Llama 3 70B's prefill at tp 8, 32 x 2,048
+    tokens, holds 65,536 x 3,584 x 2 B = 448 MiB for the latter, which it left out (review)."""
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    (stage,) = derive_inference(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "prefill.mlp"]
+    (instant,) = phase.instants
+    live = {a.name: a.bytes for a in instant.live}
+    assert live["MLP fc1 output"] == 2 * 65536 * 3584 * 2
+    assert live["MLP activation output"] == 65536 * 3584 * 2 == 448 * 2**20
