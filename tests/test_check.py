@@ -55,6 +55,19 @@ def test_several_plans_one_failing_exit_1(tmp_path: Path) -> None:
     code, out, _ = _check(GPT3, too_big(tmp_path))
     assert code == 1
     assert out.count("PASS") == 1 and out.count("FAIL") == 1
+    assert "\nlimits: every stage fits in device memory\n" in out  # what was checked, not a claim
+
+
+def test_a_verdict_keeps_its_path_on_its_line_in_a_log(tmp_path: Path) -> None:
+    """Off a terminal the table is 80 columns wide; a long path was broken mid-word onto
+    the next lines, which `grep '^FAIL'` in a CI log then misses (review)."""
+    deep = tmp_path / ("a_very_long_directory_name_for_ci_artifacts_" * 2) / "plans"
+    deep.mkdir(parents=True)
+    plan = deep / "gpt-1.3b-with-a-long-name.yaml"
+    plan.write_text((PLANS[0].parent / "gpt-1.3b.yaml").read_text(encoding="utf-8"))
+    code, out, _ = _check(plan)
+    assert code == 0
+    assert f"PASS {plan}\n" in out
 
 
 def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path) -> None:

@@ -69,15 +69,19 @@ def _table(console: Console, result: CheckResult) -> None:
 
     for verdict in result.verdicts:
         if not verdict.valid:
-            console.print(f"[bold red]INVALID[/] {escape(verdict.file)}: its errors are on stderr")
+            # the verdict and the path on one line, unwrapped, for `grep '^FAIL'` in CI logs
+            console.print(
+                f"[bold red]INVALID[/] {escape(verdict.file)}: its errors are on stderr",
+                soft_wrap=True,
+            )
             continue
         mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
-        console.print(f"{mark} {escape(verdict.file)}", highlight=False)
+        console.print(f"{mark} {escape(verdict.file)}", highlight=False, soft_wrap=True)
         console.print(Padding(Text(_figures(verdict, result.limits), style="dim"), (0, 0, 0, 5)))
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
             console.print(Padding(line, (0, 0, 0, 5)))
-    console.print(Text("checked: " + "; ".join(result.limits.describe()), style="dim"))
+    console.print(Text("limits: " + "; ".join(result.limits.describe()), style="dim"))
     console.print(_tally(result), markup=False, highlight=False)
 
 
