@@ -70,6 +70,15 @@ def test_phases_show_what_they_add_and_a_miss_names_what_fills_the_memory(
     line = verdict(over)
     assert "Largest besides model states: saved activations" in line
     assert saved.bytes > max(o.bytes for o in over.worst.peak_overlap if o.category == "transient")
+    # the memory a plan reserves is not a model state: where it is the largest, it is named
+    # (it was left out of the list, which then led with a smaller transient; review)
+    hoarding = tmp_path / "hoarding.yaml"
+    hoarding.write_text(
+        small.read_text(encoding="utf-8").replace("reserved: 4 GiB", "reserved: 20 GiB"),
+        encoding="utf-8",
+    )
+    line = verdict(budget_plan(hoarding))
+    assert "Largest besides model states: reserved (runtime, NCCL, allocator) 20.0 GiB" in line
 
 
 def test_the_data_parallel_group_says_it_spans_context_parallel_ranks() -> None:

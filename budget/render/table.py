@@ -284,8 +284,10 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
 
 
 def _largest(items: tuple[Overlapping, ...], limit: int) -> str:
-    """The largest allocations at a peak besides the model states, whatever their kind."""
-    shown = sorted((o for o in items if o.category not in _RESIDENT), key=lambda o: -o.bytes)
+    """The largest allocations at a peak besides the model states, whatever their kind: the
+    memory a plan reserves is listed too (it is not a model state, and can be the largest)."""
+    states = _RESIDENT - {"reserved"}
+    shown = sorted((o for o in items if o.category not in states), key=lambda o: -o.bytes)
     return _listed(shown[:limit])
 
 
