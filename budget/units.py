@@ -23,6 +23,7 @@ __all__ = [
     "parse_bytes",
     "parse_duration",
     "parse_flops",
+    "plural",
 ]
 
 
@@ -165,6 +166,11 @@ def parse_flops(text: str | int | float) -> float:
         else:
             raise UnitError(f"expected {what}, got {text!r}")
     return float(_nonnegative(value, text, what))
+
+
+def plural(n: int, word: str, many: str = "") -> str:
+    """A count and its noun, singular for one: "1 layer", "80 layers", "1 micro-batch"."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def format_bytes(n: float, binary: bool = True) -> str:

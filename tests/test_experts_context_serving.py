@@ -631,7 +631,7 @@ def test_the_header_and_json_name_the_experts_and_the_active_parameters():
     console = Console(width=200, record=True)
     render_table(console, report)
     head = console.export_text().splitlines()[1]
-    assert "46.70 B parameters, 12.88 B active per token" in head
+    assert "46.70 billion parameters, 12.88 billion active per token" in head
     assert "32 MoE layers of 8 experts of ffn 14336 (top 2)" in head
 
 

@@ -202,3 +202,14 @@ def test_a_bare_size_under_a_mebibyte_is_a_unit_left_out() -> None:
     assert unit_left_out(80) == 80 and unit_left_out("5") == 5.0
     assert unit_left_out(2**20) is None and unit_left_out(85_899_345_920) is None  # bytes meant
     assert unit_left_out(0) is None and unit_left_out("5%") is None and unit_left_out(True) is None
+
+
+def test_a_count_of_one_takes_the_singular() -> None:
+    """'1 layers', '1 ranks', '1 sequences' and '1 nodes ... hold' read wrong (review)."""
+    from budget.units import plural
+
+    assert plural(1, "layer") == "1 layer"
+    assert plural(80, "layer") == "80 layers"
+    assert plural(0, "rank") == "0 ranks"
+    assert plural(16_384, "GPU") == "16,384 GPUs"
+    assert plural(2, "micro-batch", "micro-batches") == "2 micro-batches"

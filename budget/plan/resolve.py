@@ -674,8 +674,10 @@ class _Resolver:
             if "gpus" in tree and _int(tree["gpus"]) != gpus:
                 self.error(
                     "$.topology.gpus",
-                    f"topology.gpus = {_int(tree['gpus']):,} but {_int(tree['nodes'])} nodes of "
-                    f"{preset.name} hold {gpus:,} GPUs; give one of the two",
+                    f"topology.gpus = {_int(tree['gpus']):,} but "
+                    f"{units.plural(_int(tree['nodes']), 'node')} of {preset.name} "
+                    f"{'holds' if _int(tree['nodes']) == 1 else 'hold'} "
+                    f"{units.plural(gpus, 'GPU')}; give one of the two",
                 )
         elif "gpus" in tree:
             gpus = _int(tree["gpus"])

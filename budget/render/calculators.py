@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
-from budget.units import format_duration, format_flops, format_rate
+from budget.units import format_duration, format_flops, format_rate, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,7 +37,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         _json(console, result.to_dict())
         return
     cost = result.cost
-    title = f"{cost.op} · {cost.algorithm} · {int(cost.ranks)} ranks"
+    title = f"{cost.op} · {cost.algorithm} · {plural(int(cost.ranks), 'rank')}"
     summary: Rows = [
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
         ("link", _links(result)),
@@ -148,6 +148,8 @@ def _ramp_text(result: CollectiveResult, level: Level) -> str:
 
 
 def _bound(latency_s: Any, bandwidth_s: Any) -> str:
+    if float(latency_s) == float(bandwidth_s) == 0:
+        return "nothing moves"  # one rank: no step, no byte
     return "latency-bound" if float(latency_s) > float(bandwidth_s) else "bandwidth-bound"
 
 

@@ -26,7 +26,7 @@ from budget.report import (
     phase_scope,
     ramp_shares,
 )
-from budget.units import format_bytes, format_duration, format_rate
+from budget.units import format_bytes, format_duration, format_rate, plural
 
 if TYPE_CHECKING:
     from budget.report import Overlapping, Report, StageRow
@@ -67,14 +67,14 @@ def header(report: Report) -> list[str]:
     if report.mode != "train":
         extras = ["sequence parallel"] if lay["sequence_parallel"] else []
         work = (
-            f"{lay['sequences']:,} sequences × ({lay['prompt']:,} prompt + "
+            f"{plural(lay['sequences'], 'sequence')} × ({lay['prompt']:,} prompt + "
             f"{lay['generate']:,} generated tokens)"
         )
     return [
         f"{report.name} · {report.mode} · {report.world_size:,} "
         f"GPU{'s' if report.world_size != 1 else ''} = {degrees}",
-        f"model: {m['params_total'] / 1e9:,.2f} B parameters{_mtp(m)}{_active(m)} "
-        f"({m['layers']} layers, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
+        f"model: {m['params_total'] / 1e9:,.2f} billion parameters{_mtp(m)}{_active(m)} "
+        f"({plural(m['layers'], 'layer')}, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
         f"vocab {m['vocab']:,}{_window(m)})",
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
@@ -84,10 +84,10 @@ def header(report: Report) -> list[str]:
 
 
 def _active(model: dict[str, Any]) -> str:
-    """', 12.88 B active per token' for an MoE model, or nothing."""
+    """', 12.88 billion active per token' for an MoE model, or nothing."""
     if model.get("experts") is None:
         return ""
-    return f", {model['params_active'] / 1e9:,.2f} B active per token"
+    return f", {model['params_active'] / 1e9:,.2f} billion active per token"
 
 
 def _ffn(model: dict[str, Any]) -> str:
@@ -107,12 +107,12 @@ def _ffn(model: dict[str, Any]) -> str:
 
 
 def _mtp(model: dict[str, Any]) -> str:
-    """' + 11.61 B in 1 multi-token prediction module', or nothing."""
+    """' + 11.61 billion in 1 multi-token prediction module', or nothing."""
     n = model.get("mtp_layers") or 0
     if not n:
         return ""
     modules = "module" if n == 1 else "modules"
-    return f" + {model['mtp_params'] / 1e9:,.2f} B in {n} multi-token prediction {modules}"
+    return f" + {model['mtp_params'] / 1e9:,.2f} billion in {n} multi-token prediction {modules}"
 
 
 def _window(model: dict[str, Any]) -> str:
