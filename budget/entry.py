@@ -39,6 +39,20 @@ def route(args: list[str]) -> list[str]:
     return list(args)
 
 
+def mistyped(args: list[str]) -> str | None:
+    """A first word that is no file but nearly a command ("chek"): what to say instead of
+    "chek:1:1: error: $: cannot read the plan"."""
+    import difflib
+
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is None or first in COMMANDS or Path(first).exists():
+        return None
+    close = difflib.get_close_matches(first, sorted(COMMANDS), n=1, cutoff=0.7)
+    if not close:
+        return None
+    return f"budget: error: {first!r} is neither a command nor a file; did you mean {close[0]!r}?"
+
+
 def plain_report(args: list[str]) -> tuple[Path, str] | None:
     """`budget report PLAN.yaml [--format F]`, if that is all `args` (routed) says."""
     if len(args) < 2 or args[0] != "report" or args[1].startswith("-"):
@@ -61,7 +75,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and hasattr(signal, "SIGPIPE"):
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    args = route(list(sys.argv[1:] if argv is None else argv))
+    given = list(sys.argv[1:] if argv is None else argv)
+    wrong = mistyped(given)
+    if wrong is not None:
+        print(wrong, file=sys.stderr)
+        sys.exit(2)
+    args = route(given)
     plain = plain_report(args)
     if plain is None:
         from budget.cli import app

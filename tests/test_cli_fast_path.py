@@ -82,3 +82,28 @@ def test_a_reader_that_stops_early_ends_budget_by_sigpipe() -> None:
         proc.wait(timeout=60)
         assert proc.stderr.read() == b""
     assert proc.returncode == -signal.SIGPIPE
+
+
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [(["chek", "plan.yaml"], "check"), (["dif", "a", "b"], "diff"), (["valdate"], "validate")],
+)
+def test_a_mistyped_command_is_named_as_one(args, suggestion, tmp_path, monkeypatch, capsys):
+    """`budget chek` said "chek:1:1: error: $: cannot read the plan" (review)."""
+    from budget.entry import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"'{args[0]}' is neither a command nor a file; did you mean '{suggestion}'?" in err
+
+
+def test_a_file_named_like_a_command_is_still_a_plan(tmp_path, monkeypatch):
+    from budget.entry import mistyped
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chek").write_text("name: x\n")
+    assert mistyped(["chek"]) is None
+    assert mistyped(["plans/unknown.yaml"]) is None  # a missing plan, not a command
