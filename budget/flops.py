@@ -154,7 +154,9 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
     pairs = s.micro * s.heads * q_rows * s.seq_kv  # query-key pairs on this rank
     qk_dim, v_dim = m.qk_head_dim, m.head_dim
     q, out = s.act * s.tokens * s.q_cols, s.act * s.tokens * s.out_cols
-    keys = s.act * s.micro * s.seq_kv  # bytes per column of K or V
+    # bytes per column of K or V: decoding reads them from the cache, in its format
+    cached = DTYPE_BYTES[plan.precision.cache] if not s.causal else s.act
+    keys = cached * s.micro * s.seq_kv
     k, v = keys * s.k_cols, keys * s.v_cols
     if m.mla is not None and not s.causal:  # decoding against the latent cache
         qk_dim, v_dim = s.kv_latent, m.mla.kv_rank

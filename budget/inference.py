@@ -7,7 +7,12 @@ up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds (a laye
 attention slides keeps only its window's tokens, `kv_cache_bytes`)
 
     layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
-    x sequences per data-parallel replica x bytes per element.
+    x sequences per data-parallel replica x bytes per element,
+
+the element in ``precision.kv_cache``, or the activations' format when the plan names none.
+An fp8 cache (vLLM's ``--kv-cache-dtype fp8``, TensorRT-LLM's FP8 KV cache) halves the cache
+and decode's reads of it, and nothing else: activations and the tensor-parallel
+all-reduces stay in ``precision.activations``.
 
 Under latent attention the cache keeps, per token and layer, the key/value latent and the
 one shared rotary key, kv_rank + rope_dim elements (DeepSeek-V2, arXiv 2405.04434, section
@@ -72,7 +77,7 @@ def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
     elements = 2 * (m.kv_heads // par.tp) * m.head_dim
     if m.mla is not None:
         elements = m.mla.kv_rank + m.mla.rope_dim
-    per_token = elements * DTYPE_BYTES[plan.precision.activations]
+    per_token = elements * DTYPE_BYTES[plan.precision.cache]
     tokens = (layers - sliding) * context + sliding * min(context, m.window)
     return per_token * tokens * b.micro
 

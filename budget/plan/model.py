@@ -147,6 +147,12 @@ class Precision:
     activations: DType = "bf16"
     matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch
     param_gather: DType = "bf16"  # dtype of ZeRO/FSDP parameter all-gathers
+    kv_cache: DType | None = None  # serving: the KV cache's format; None: the activations'
+
+    @property
+    def cache(self) -> DType:
+        """The format the serving KV cache is kept and read in."""
+        return self.kv_cache or self.activations
 
 
 @dataclass(frozen=True, slots=True)

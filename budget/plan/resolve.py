@@ -432,6 +432,17 @@ class _Resolver:
             capacity_factor=float(capacity) if capacity is not None else None,
         )
 
+    def serving_only(self, tree: Tree) -> None:
+        """precision.kv_cache formats the serving KV cache, which a training step has not."""
+        precision = tree.get("precision")
+        if isinstance(precision, Mapping) and "kv_cache" in precision:
+            self.error(
+                "$.precision.kv_cache",
+                "precision.kv_cache is the format of a serving plan's KV cache; a train plan "
+                "keeps none (its saved K and V are activations: precision.activations)",
+                key=True,
+            )
+
     def training_only(self, tree: Tree, mode: str) -> None:
         """A serving plan holds no gradients, optimizer or saved activations and runs no
         pipeline schedule: keys for those would be read and ignored, so they are refused as
@@ -519,6 +530,8 @@ class _Resolver:
             activations=tree.get("activations", "bf16"),
             matmul=tree.get("matmul", "bf16"),
             param_gather=tree.get("param_gather", "bf16"),
+            # serving: the activations' format unless the plan names the cache's
+            kv_cache=tree.get("kv_cache", tree.get("activations", "bf16")) if serving else None,
         )
 
     def parallel(self, tree: Tree) -> Parallel:
@@ -1254,6 +1267,8 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
         )
     if mode != "train":
         r.training_only(tree, mode)
+    else:
+        r.serving_only(tree)
     precision = r.precision(tree.get("precision", {}), mode != "train")
     device = r.device(tree["device"])
     if device is not None and device.flops and not device.peak_flops(precision.matmul):
