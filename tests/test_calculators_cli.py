@@ -163,6 +163,16 @@ def test_acceptance_4_roofline() -> None:
     assert "sent and received" not in table  # the collectives' footnote is not a roofline's
 
 
+def test_a_memory_bound_rate_just_under_the_ceiling_reads_under_it() -> None:
+    """I·B = 12.4999 x 80 GB/s = 999.992 GFLOP/s under a 1 TFLOP/s ceiling read "1000
+    GFLOP/s", memory-bound and "< F" beside F = "1 TFLOP/s" (review)."""
+    args = ["roofline", "--intensity", "12.4999", "--bandwidth", "80GB/s", "--peak", "1TFLOP/s"]
+    table = runner.invoke(app, route(args)).stdout
+    assert "attainable min(F, I·B)   0.99999 TFLOP/s" in table
+    assert "memory-bound (I·B = 0.99999 TFLOP/s < F)" in table
+    assert "1000 GFLOP/s" not in table
+
+
 @pytest.mark.parametrize("fmt", ["table", "markdown"])
 def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
     console = Console(width=100, color_system=None, record=True)

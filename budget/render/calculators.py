@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
-from budget.units import format_duration, format_flops, format_rate, plural
+from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -89,11 +89,11 @@ def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
         ("arithmetic intensity I", f"{r.intensity:g} FLOP/byte"),
         ("memory bandwidth B", format_rate(r.bandwidth_Bps)),
         ("compute ceiling F", format_flops(r.peak_flops)),
-        ("attainable min(F, I·B)", format_flops(r.attainable_flops)),
+        ("attainable min(F, I·B)", _flops_beside(r.attainable_flops, r.peak_flops)),
         ("ridge F/B", f"{r.ridge_intensity:g} FLOP/byte"),
         (
             "bound",
-            f"{r.bound}-bound (I·B = {format_flops(memory_ceiling)} {relation} F)",
+            f"{r.bound}-bound (I·B = {_flops_beside(memory_ceiling, r.peak_flops)} {relation} F)",
         ),
     ]
     _sections(
@@ -105,6 +105,21 @@ def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
 
 
 # ----------------------------------------------------------------------------- pieces
+
+
+def _flops_beside(value: float, ceiling: float) -> str:
+    """`format_flops(value)`, unless it reads as the same rate as `ceiling` though the two
+    differ: then in the ceiling's unit with the digits that part them (999.99 GFLOP/s under
+    a 1 TFLOP/s ceiling read "1000 GFLOP/s"; it is "0.99999 TFLOP/s")."""
+    plain, limit = format_flops(value), format_flops(ceiling)
+    if value == ceiling or parse_flops(plain) != parse_flops(limit):
+        return plain
+    number, unit = limit.split()
+    scale = ceiling / float(number)
+    for digits in range(5, 16):
+        if f"{value / scale:.{digits}g}" != f"{ceiling / scale:.{digits}g}":
+            return f"{value / scale:.{digits}g} {unit}"
+    return f"{value / scale!r} {unit}"
 
 
 def _stage_row(stage: Stage) -> tuple[str, ...]:
