@@ -287,3 +287,15 @@ def test_serving_plans_compare_time_to_first_token_and_time_per_token(tmp_path):
     assert summary["ttft_s"][1] < summary["ttft_s"][0]
     training = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
     assert "ttft_s" not in {d.metric for d in diff_plans(training, training)[2].summary}
+
+
+def test_a_negative_figure_takes_the_minus_sign_the_deltas_take() -> None:
+    """A plan that does not fit has a negative headroom: '-187 GiB' (hyphen) sat beside a
+    Δ of '−239 GiB' (U+2212) in one row (review)."""
+    from budget.diff import Delta
+    from budget.render.diff import _change, _value
+
+    assert _value("bytes", -187 * 2**30) == "−187 GiB"
+    assert _change(Delta("headroom_bytes", "bytes", "higher", 52 * 2**30, -187 * 2**30))[0] == (
+        "−239 GiB"
+    )

@@ -65,6 +65,8 @@ def render_diff(console: Console, a: Report, b: Report, diff: PlanDiff, fmt: str
 def _value(unit: str, value: float | None) -> str:
     if value is None:
         return "–"
+    if value < 0:  # a negative headroom: the minus sign the Δ column writes
+        return "−" + _value(unit, -value)
     if unit == "bytes":
         return format_bytes(value)
     if unit == "seconds":
