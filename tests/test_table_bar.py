@@ -124,6 +124,9 @@ def test_a_narrow_phases_table_still_says_which_stage_each_peak_is_on() -> None:
     assert elsewhere  # the loss and the step's end peak on the last stage
     named = ", ".join(f"{p.name} on {p.peak_stage}" for p in elsewhere)
     assert f"peak live is on stage 0, except {named}" in text
+    # and a phase without a peak of its own says why its cell is "–" (review)
+    assert [p for p in report.phases if p.peak_stage is None]
+    assert "– in peak live: the phase (an embedding lookup, a stage send) holds no more" in text
 
 
 def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:

@@ -351,8 +351,14 @@ def phase_table(report: Report, wide: bool) -> Table:
             "",
         ]
         table.add_row(*row, *(["", ""] if wide else []), style="bold")
-    if not wide and len(report.stages) > 1:
-        table.caption, table.caption_justify = _peak_stages(report), "left"
+    notes = [_peak_stages(report)] if not wide and len(report.stages) > 1 else []
+    if any(p.peak_stage is None for p in report.phases):
+        notes.append(
+            "– in peak live: the phase (an embedding lookup, a stage send) holds no more "
+            "than the phase after it, so it has no peak of its own"
+        )
+    if notes:
+        table.caption, table.caption_justify = "\n".join(n for n in notes if n), "left"
     return table
 
 
