@@ -60,7 +60,10 @@ class Format(StrEnum):
 
 
 FormatOption = Annotated[
-    Format, typer.Option("--format", "-f", help="Output format: table, json or markdown.")
+    Format,
+    typer.Option(
+        "--format", "-f", case_sensitive=False, help="Output format: table, json or markdown."
+    ),
 ]
 # The limits `budget check` gates on and `budget search` ranks within (`check.parse_limits`).
 HeadroomOption = Annotated[
@@ -298,7 +301,11 @@ def collective_command(
     ] = None,
     algorithm: Annotated[
         str | None,
-        typer.Option(help="ring, recursive, tree, pairwise, bruck, hierarchical or auto."),
+        typer.Option(
+            help="ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the "
+            "cheapest the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
+            "hierarchical over two or more --level."
+        ),
     ] = None,
     ramp: Annotated[
         str | None,

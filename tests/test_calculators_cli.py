@@ -396,3 +396,37 @@ def test_a_folded_recursive_all_reduce_says_why_q_exceeds_what_a_rank_sends() ->
     assert data["payload_bytes"] == 2 * 3 * gib // 4 + 2 * gib
     result = runner.invoke(app, route(args), env={"COLUMNS": "200"})
     assert "the busiest rank's bytes on the critical path" in " ".join(result.stdout.split())
+
+
+def test_a_size_error_names_its_option_and_bytes_are_whole() -> None:
+    """'--size 1.5' was priced as 2 B without a word, and '-1GiB' said only that it is
+    negative (review)."""
+    link = ["--ranks", "8", "--bandwidth", "100GB/s", "--latency", "1us"]
+    for size, message in (
+        ("1.5", "--size '1.5': bytes are whole; give a whole number or a unit"),
+        ("-1GiB", "--size '-1GiB': '-1GiB' is negative"),
+    ):
+        result = runner.invoke(app, route(["collective", "all-reduce", "--size", size, *link]))
+        assert result.exit_code == 2 and message in result.stderr
+    ok = runner.invoke(app, route(["collective", "all-reduce", "--size", "1.5KiB", *link]))
+    assert ok.exit_code == 0 and "1.5 KiB (1,536 B)" in ok.stdout
+
+
+def test_the_format_is_read_in_any_case() -> None:
+    result = runner.invoke(
+        app,
+        route(
+            [
+                "roofline",
+                "--intensity",
+                "4",
+                "--bandwidth",
+                "80GB/s",
+                "--peak",
+                "1TFLOP/s",
+                "-f",
+                "JSON",
+            ]
+        ),
+    )
+    assert result.exit_code == 0 and json.loads(result.stdout)["bound"] == "memory"
