@@ -693,12 +693,28 @@ def _earlier(b: _StageBuilder) -> Alloc:
     )
 
 
+def outside_counts(plan: Plan, in_flight: Any, microbatches: int) -> tuple[Any, Any]:
+    """Micro-batches whose tensors outside the layers are alive at once: the embedding's on
+    the first stage, the head's on the last. 1F1B and GPipe: those in flight (`inflight`).
+    Interleaved (v > 1 chunks): the embedding sits in stage 0's first chunk, whose first
+    backward comes after the other chunks' backwards of p micro-batches, (v - 1)·p of them,
+    by when 2(v - 1)p + 2p - 1 forwards have run, holding 2p micro-batches' first chunk:
+    min(m, 2p) (Megatron-LM's interleaved warm-up, `inflight`); the head sits in the last
+    stage's last chunk, whose every forward is followed by its backward: one."""
+    par = plan.parallel
+    count = vmax(1, vround(in_flight))
+    interleaved = holds(par.pipeline.schedule == "interleaved") & (par.pipeline.virtual_stages > 1)
+    first = vwhere(interleaved, vmin(microbatches, 2 * par.pp), count)
+    return first, vwhere(interleaved, 1, count)
+
+
 def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
-    dropout mask on the first stage; the final norm and output-layer inputs on the last;
-    under ZeRO-3 the gathered parameters outside the layers (`_zero3_root_moves`)."""
+    dropout mask on the first stage; the final norm and output-layer inputs on the last,
+    each for the micro-batches `outside_counts` finds alive; under ZeRO-3 the gathered
+    parameters outside the layers (`_zero3_root_moves`)."""
     s, plan = b.shapes, b.plan
-    count = vmax(1, vround(b.in_flight))
+    embedded, headed = outside_counts(plan, b.in_flight, b.microbatches)
     res = residual_placement(plan)
     out = []
     par = plan.parallel
@@ -715,14 +731,14 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
                 "embedding dropout mask",
                 "activations",
                 s.tokens_sp * s.hidden,
-                count=count,
+                count=embedded,
                 placement=res,
             )
         )
     if b.last:
         size = s.act * s.tokens_sp * s.hidden
-        out.append(Alloc("final norm input", "activations", size, count=count, placement=res))
-        out.append(Alloc("output layer input", "activations", size, count=count, placement=res))
+        out.append(Alloc("final norm input", "activations", size, count=headed, placement=res))
+        out.append(Alloc("output layer input", "activations", size, count=headed, placement=res))
         mtp = mtp_layers(plan)
         if mtp:
             # per module: the inputs of its two norms, of its 2·hidden projection, of its
@@ -735,7 +751,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
                     # full recompute keeps only the hidden state, the next tokens'
                     # embedding and the output layer input (`_checkpointed_forward`)
                     vwhere(holds(plan.recompute == "full"), mtp * 3 * size, mtp * 6 * size),
-                    count=count,
+                    count=headed,
                     placement=res,
                 )
             )
