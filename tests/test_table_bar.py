@@ -222,3 +222,28 @@ def test_a_wrapped_allocation_name_hangs_under_its_row() -> None:
     first = next(i for i, line in enumerate(lines) if "saved activations" in line)
     assert lines[first].startswith(" saved activations")
     assert lines[first + 1].startswith("   ") and lines[first + 1].strip() == "flight"
+
+
+def test_the_alive_table_says_its_bytes_count_every_copy() -> None:
+    """'embedding dropout mask · copies 8 · 24.0 MiB' is 8 x 3 MiB; read as one copy's size
+    it is 8 times too big (review)."""
+    from budget.render.table import overlap_table
+
+    report = budget_plan(next(p for p in PLANS if p.name == "mixtral-8x7b.yaml"))
+    console = Console(width=80, color_system=None, record=True)
+    console.print(overlap_table(report.worst))
+    text = console.export_text()
+    assert any(o.count > 1 for o in report.worst.peak_overlap)
+    assert "bytes: all the copies together" in text
+
+
+def test_a_fractional_in_flight_count_is_explained() -> None:
+    """Interleaving holds 4.60 stages' worth of micro-batches on stage 0 (review: the
+    column printed 11.50 ... 4.50 with no word on what a fraction of a micro-batch is)."""
+    from budget.pipeline import build_report
+    from tests.builders import make_plan
+
+    plan = make_plan(pp=4, schedule="interleaved", virtual_stages=4, global_batch=1024)
+    console = Console(width=80, color_system=None, record=True)
+    console.print(stage_table(build_report(plan), False))
+    assert "in flight: micro-batches' activations held, in whole stages" in console.export_text()

@@ -113,7 +113,7 @@ def render_markdown(report: Report) -> str:
     lines.append(f"### Alive at the peak of stage {worst.stage}")
     lines.append("")
     lines += markdown_table(
-        ["allocation", "placement", "kind", "copies", "bytes"],
+        ["allocation", "placement", "kind", "copies", "bytes, all copies"],
         [
             [plain(o.tensor), o.placement, o.category, f"{o.count:,}", b(o.bytes)]
             for o in worst.peak_overlap

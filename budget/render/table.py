@@ -279,6 +279,11 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
     layers = [row.layers for row in report.stages]
     if not wide and len(set(layers)) > 1:  # the layers column is left out: say the split
         table.caption += f"; layers per stage: {', '.join(map(str, layers))}"
+    if train and any(row.inflight != int(row.inflight) for row in report.stages):
+        table.caption += (
+            "\nin flight: micro-batches' activations held, in whole stages (interleaving "
+            "holds some micro-batches for only some of the stage's chunks)"
+        )
     table.caption_justify = "left"
     return table
 
@@ -598,6 +603,8 @@ def overlap_table(row: StageRow) -> Table:
             name.append(f" · {o.placement}", style="dim")
         table.add_row(Hanging(name, 0, 2), o.category, f"{o.count:,}", _b(o.bytes))
     table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
+    if any(o.count > 1 for o in row.peak_overlap):
+        table.caption, table.caption_justify = "bytes: all the copies together", "left"
     return table
 
 
