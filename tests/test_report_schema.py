@@ -94,7 +94,7 @@ topology: {preset: hgx-h800, nodes: 256}
         "attention-efficiency",
         "written-device",
         "latent-attention",
-        "prompt-zero",
+        "prompt-one",
     ],
 )
 def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -> None:
@@ -117,11 +117,11 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
             (H100, "device: {preset: h100-sxm, attention_efficiency: 0.4}"),
             base=DECODE,
         )
-    elif case == "prompt-zero":  # decoding from an empty prompt: 0 keys per prefill call
+    elif case == "prompt-one":  # decoding from a start token: 1 key per prefill call
         plan = variant(
             tmp_path,
             "p.yaml",
-            ("prompt: 2048", "prompt: 0"),
+            ("prompt: 2048", "prompt: 1"),
             (H100, "device: {preset: h100-sxm}"),
             base=DECODE,
         )
@@ -139,7 +139,7 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
         "attention-efficiency": ("h100-sxm", "plan"),
         "written-device": ("", "gemm"),
         "latent-attention": ("h800", "measured"),
-        "prompt-zero": ("h100-sxm", "measured"),
+        "prompt-one": ("h100-sxm", "measured"),
     }[case]
     assert (device["name"], device["attention_rate"]) == expected
     assert (model["mla"] is not None) == (case == "latent-attention")

@@ -487,10 +487,11 @@ class _Resolver:
             )
         sequences, prompt = _int(tree["sequences"]), _int(tree["prompt"])
         generate = _int(tree.get("generate", 0))
-        if mode == "prefill" and prompt < 1:
+        if prompt < 1:  # decoding starts from a prompt too, if only a start token
             self.error(
                 "$.batch.prompt",
-                "a prefill plan reads at least one prompt token; set batch.prompt ≥ 1",
+                f"a {mode} plan reads at least one prompt token (a start-of-sequence token, "
+                "if nothing else); set batch.prompt ≥ 1",
             )
         if mode == "decode" and generate < 1:
             self.error(
