@@ -399,10 +399,20 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
 
 
 def diff_plans(a: Plan, b: Plan) -> tuple[Report, Report, PlanDiff]:
-    """Budget both resolved plans and compare them."""
+    """Budget both resolved plans and compare them; a BudgetError carries both plans'
+    problems (a transition rule broken in each is reported for each)."""
     from budget.pipeline import build_report
 
-    ra, rb = build_report(a), build_report(b)
+    reports: list[Report] = []
+    problems: list[Problem] = []
+    for plan in (a, b):
+        try:
+            reports.append(build_report(plan))
+        except BudgetError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise BudgetError(problems)
+    ra, rb = reports
     return ra, rb, diff_reports(ra, rb, plan_changes(a, b))
 
 

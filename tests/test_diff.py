@@ -299,3 +299,14 @@ def test_a_negative_figure_takes_the_minus_sign_the_deltas_take() -> None:
     assert _change(Delta("headroom_bytes", "bytes", "higher", 52 * 2**30, -187 * 2**30))[0] == (
         "−239 GiB"
     )
+
+
+def test_both_plans_broken_past_loading_are_both_reported(tmp_path: Path) -> None:
+    """Two plans whose transitions break a rule each: both problems at once (only A's was
+    shown, B's after fixing A; review)."""
+    invalid = ROOT / "tests" / "invalid"
+    code, out, err = _diff(
+        invalid / "transition-unknown-phase.yaml", invalid / "transition-left-partial.yaml"
+    )
+    assert code == 2 and out == ""
+    assert "unknown phase 'nowhere'" in err and "is left sum-partial on dp" in err
