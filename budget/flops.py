@@ -79,6 +79,21 @@ def operands(plan: Plan) -> Operands:
     return Operands(DTYPE_BYTES[prec.matmul], weights)
 
 
+VOCAB_WEIGHT_BYTES = 2  # the least the embedding and output layer are kept in: bf16
+
+
+def vocab_operands(plan: Plan) -> Operands:
+    """`operands` of the output layer: its weights, as the embedding's, stay in a 16-bit
+    format where the blocks' go to fp8. Transformer Engine's fp8 weights
+    (``fp8_model_init``, Megatron-LM's ``--fp8-param-gather``) are its own modules' and
+    Megatron-LM's output layer and embedding are not TE modules; fp8 checkpoints keep them
+    in bf16 (llm-compressor's FP8 recipes ``ignore=["lm_head"]``; ModelOpt's
+    ``hf_quant_config.json`` excludes ``lm_head``; DeepSeek-V3's fp8 release quantizes only
+    the blocks' linear layers)."""
+    e = operands(plan)
+    return Operands(e.activations, max(e.weights, VOCAB_WEIGHT_BYTES))
+
+
 def _split(elem: int | Operands) -> tuple[int, int]:
     return (elem.activations, elem.weights) if isinstance(elem, Operands) else (elem, elem)
 
@@ -410,9 +425,8 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2)."""
     from budget.layers import vocab_rows
 
-    e = operands(plan)
     vocab = vocab_rows(plan)
-    logits = gemm("output layer", s.tokens, s.hidden, vocab, e)
+    logits = gemm("output layer", s.tokens, s.hidden, vocab, vocab_operands(plan))
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
     forward = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]

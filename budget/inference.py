@@ -138,7 +138,7 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
 
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
     """Logits of the last position of each sequence (what sampling needs)."""
-    e = flops.operands(plan)
+    e = flops.vocab_operands(plan)
     vocab = vocab_rows(plan)
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
     return logits, [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
@@ -265,7 +265,10 @@ def derive_inference(plan: Plan) -> Step:
             kv_cache_bytes(plan, len(ids), sliding),
             placement=", ".join(where) or "local",
         )
-        resident = (*resident_states(plan, params.per_rank, params.expert_per_rank), cache)
+        states = resident_states(
+            plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank
+        )
+        resident = (*states, cache)
         first = _stage_shapes(plan, prefill, sliding, len(ids))
         phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from budget.flops import VOCAB_WEIGHT_BYTES
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
 from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
@@ -327,6 +328,12 @@ class StageParams:
     expert_per_rank: int  # expert parameters on one rank
     parts: tuple[tuple[str, int], ...]  # itemised per-rank counts
 
+    @property
+    def vocab_per_rank(self) -> Any:
+        """Of `per_rank`, the embeddings' and output layer's: kept in a 16-bit format
+        where the blocks' weights are fp8 (`flops.vocab_operands`)."""
+        return sum(n for name, n in self.parts if "embedding" in name or "output layer" in name)
+
 
 def stage_params(plan: Plan, stage: int) -> StageParams:
     """The parameters one rank of pipeline stage `stage` holds (`class_params`)."""
@@ -422,7 +429,9 @@ def expert_data_parallel(plan: Plan) -> int:
     return vmax(1, par.tp * par.cp * par.dp // (par.ep * par.expert_tp))
 
 
-def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Alloc, ...]:
+def resident_states(
+    plan: Plan, params: int, expert_params: int = 0, vocab: int = 0
+) -> tuple[Alloc, ...]:
     """Model states one rank keeps for the whole step, by precision and ZeRO stage.
 
     ZeRO (Rajbhandari et al., arXiv 1910.02054, section 5 and Table 1): with Ψ parameters,
@@ -430,18 +439,24 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
     mixed-precision Adam: fp32 master copy, momentum and variance), stage 1 shards the K·Ψ
     over Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters.
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
-    (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements.
+    (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements. Of
+    `params`, the `vocab` embedding and output-layer parameters stay 16-bit under fp8
+    weights (`flops.vocab_operands`): their own row.
     """
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
-    groups = [("", params, plan.parallel.dp * cp)]
+    narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES and not every(vocab == 0)
+    groups = [("", params - vocab if narrow else params, plan.parallel.dp * cp)]
+    if narrow:
+        groups.append(("embedding and output layer ", vocab, plan.parallel.dp * cp))
     if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
         groups.append(("expert ", expert_params, expert_data_parallel(plan)))
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
     allocs = []
     for prefix, n, ranks in groups:
+        stored = "bf16" if prefix.startswith("embedding") else prec.params
         rows: list[tuple[str, Category, int, int]] = [
-            (f"parameters ({prec.params})", "params", DTYPE_BYTES[prec.params], 3)
+            (f"parameters ({stored})", "params", DTYPE_BYTES[stored], 3)
         ]
         if plan.mode == "train":
             rows.append((f"gradients ({prec.grads})", "grads", DTYPE_BYTES[prec.grads], 2))
@@ -462,19 +477,20 @@ def resident_states(plan: Plan, params: int, expert_params: int = 0) -> tuple[Al
             on = z >= stage
             count = vwhere(on, -(-n // ranks), n)  # one rank: the shard is everything
             many = every(ranks > 1)
+            expert = "expert " if prefix == "expert " else ""
             if isinstance(on, bool):
                 # the non-expert group is dp × cp: say so when context parallelism is on
-                spans = "data- and context-parallel" if not prefix and _above_one(cp) else ""
+                spans = "data- and context-parallel" if not expert and _above_one(cp) else ""
                 kind = spans or "data-parallel"
                 where = (
-                    f"shard over {count_label(ranks)} {prefix}{kind} ranks"
+                    f"shard over {count_label(ranks)} {expert}{kind} ranks"
                     if on and many
                     else f"replicated over {kind} ranks"
                     if many
                     else ""
                 )
             else:
-                where = f"by ZeRO stage over {prefix}data-parallel ranks"
+                where = f"by ZeRO stage over {expert}data-parallel ranks"
             allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
     if plan.device.reserved:
         allocs.append(

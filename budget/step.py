@@ -599,7 +599,7 @@ def derive(
             m,
             _stage_shapes(plan, s, kind.sliding, kind.dense + kind.moe),
             params,
-            resident_states(plan, params.per_rank, params.expert_per_rank),
+            resident_states(plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank),
             layer,
         )
         _forward(b)

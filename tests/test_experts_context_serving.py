@@ -773,3 +773,34 @@ def test_a_training_plan_has_no_kv_cache_format(tmp_path):
     assert "precision:\n" in text
     with pytest.raises(BudgetError, match=r"precision\.kv_cache is the format of a serving plan"):
         _load_text(tmp_path, text.replace("precision:\n", "precision:\n  kv_cache: fp8\n", 1))
+
+
+def test_fp8_weights_leave_the_embedding_and_output_layer_in_bf16(tmp_path):
+    """fp8 checkpoints and Transformer Engine's fp8 weights quantize the blocks' linear
+    layers, not the embedding or the output layer (llm-compressor ignores lm_head; ModelOpt
+    excludes lm_head; TE's fp8 weights are its own modules'). A Llama 3 8B shape on one GPU
+    with params fp8: its 2 x 128,256 x 4,096 = 1.05 B vocabulary parameters take 2 B each,
+    so 8.03 B parameters weigh 9.08 GB, not 8.03 GB, and decoding reads the output layer's
+    1.05 GB at 2 B (review)."""
+    from budget.layers import params_total
+
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        ("layers: 80", "layers: 32"),
+        ("hidden: 8192", "hidden: 4096"),
+        ("heads: 64", "heads: 32"),
+        ("ffn: 28672", "ffn: 14336"),
+        ("tp: 8", "tp: 1"),
+        ("nodes: 1}", "gpus: 1}"),
+        ("params: bf16", "params: fp8"),
+    ):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    plan = _load_text(tmp_path, text)
+    vocab = 2 * 128256 * 4096
+    report = build_report(plan)
+    assert report.stages[0].params_bytes == params_total(plan) + vocab  # 1 B + 1 more on vocab
+    (stage,) = derive_inference(plan).stages
+    (output,) = [p for p in stage.phases if p.name == "decode.output"]
+    (gemm,) = output.works
+    assert gemm.bytes == 2 * 4096 * 128256 + 2 * 32 * (4096 + 128256)  # weights, rows in and out
