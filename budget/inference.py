@@ -136,12 +136,28 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
     )
 
 
-def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work]]:
-    """Logits of the last position of each sequence (what sampling needs)."""
+def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]:
+    """Logits of the last position of each sequence (what sampling needs). Each tp rank
+    computes its vocabulary rows' logits, which are gathered for the sampler (vLLM's
+    ``LogitsProcessor._gather_logits``, in the model's format, to one rank): priced as an
+    all-gather, whose bytes into each rank are the gather's into its root, exposed, since
+    sampling waits for it."""
     e = flops.vocab_operands(plan)
-    vocab = vocab_rows(plan)
+    vocab, tp = vocab_rows(plan), plan.parallel.tp
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
-    return logits, [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
+    gather = Move(
+        "logits for sampling",
+        "all-gather",
+        "tp",
+        tp,
+        plan.precision.activations,
+        s.act * s.micro * vocab * tp,
+        "shard(1)",
+        "replicate",
+        rule="tp: exposed, sampling needs every logit",
+    )
+    work = [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
+    return logits, work, when([gather], tp > 1)
 
 
 def _pass(
@@ -206,12 +222,12 @@ def _pass(
             )
         )
     if last:
-        logits, work = _output(plan, s)
+        logits, work, gather = _output(plan, s)
         phases.append(
             Phase(
                 f"{prefix}.output",
                 count,
-                (),
+                tuple(gather),
                 (Instant("logits", tuple(base + logits)),),
                 tuple(work),
             )
