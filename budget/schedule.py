@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from budget.collectives import CollectiveCost
+from budget.collectives import Algorithm, CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
 from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
@@ -187,9 +187,12 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:
-    """The collective of `move` priced on the levels its group spans (`move_span`)."""
+    """The collective of `move` priced on the levels its group spans (`move_span`), with
+    the algorithm the move needs (ring attention's flat ring) or else the one the plan
+    names for its op (`Plan.algorithm`), or else the default."""
     span = move_span(plan, move)
-    return price_group(move.op, move.size_bytes, span, move.algorithm, dtype=move.dtype)
+    algorithm = cast(Algorithm | None, move.algorithm or plan.algorithm(move.op))
+    return price_group(move.op, move.size_bytes, span, algorithm, dtype=move.dtype)
 
 
 def _flag(plan: Plan, flag: str) -> bool:

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -622,21 +622,26 @@ class _Pricer:
         for ranks, size, cost in seen:
             if np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes):
                 return cost
-        cost = _Known.of(self._price(move))
+        named = cast(Algorithm | None, move.algorithm or plan.algorithm(move.op))
+        cost = _Known.of(self._price(move, named))
         seen.append((move.ranks, move.size_bytes, cost))
         return cost
 
-    def _price(self, move: Move) -> CollectiveCost:
+    def _price(self, move: Move, algorithm: Algorithm | None) -> CollectiveCost:
+        """As `schedule.price_move`: `algorithm` is the move's own or the plan's
+        (`Plan.algorithm`), None for the default."""
         ranks = self._tiers(move)
         links = [link_of(level) for level in self.levels]
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
         element = _element(move.dtype)
-        if move.algorithm is not None and len(links) > 1:
-            return _flat_over_levels(move, move.algorithm, ranks, links, element)
+        if algorithm is not None and len(links) > 1:
+            return _flat_over_levels(move, algorithm, ranks, links, element)
         tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
         if len(tiers) == 1:
-            return collective_cost(move.op, tiers, move.size_bytes, element_bytes=element)
+            return collective_cost(
+                move.op, tiers, move.size_bytes, algorithm, element_bytes=element
+            )
         return collective_cost(
             move.op, tiers, move.size_bytes, "hierarchical", element_bytes=element
         )

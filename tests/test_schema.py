@@ -200,8 +200,9 @@ def test_all_errors_are_reported_sorted() -> None:
         "p.yaml:1:17: error: $.model.layers: 0 is less than the minimum of 1",
         "p.yaml:3:18: error: $.device.memory: 'lots' is not a size such as '80 GiB', '80GB' or "
         "a number of bytes",
-        "p.yaml:5:1: error: $.zero: unknown key 'zero' (expected one of: batch, device, mode, "
-        "model, name, overlap, parallel, precision, recompute, topology, transitions)",
+        "p.yaml:5:1: error: $.zero: unknown key 'zero' (expected one of: batch, collectives, "
+        "device, mode, model, name, overlap, parallel, precision, recompute, topology, "
+        "transitions)",
     ]
 
 

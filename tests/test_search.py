@@ -1112,3 +1112,21 @@ def test_zero_over_one_data_parallel_rank_still_shards_expert_states(tmp_path):
     outcome = search(plan, 8, Space(tp=(8,), pp=(1,), ep=(2,), zero=(0, 1), micro=(1,)))
     assert "same as ZeRO 0: one data-parallel rank shards nothing" not in outcome.rejected
     assert 1 in {r.config.zero for r in outcome.results}
+
+
+def test_a_plan_that_names_its_algorithms_is_searched_with_them(gpt3):
+    """`collectives:` (DESIGN rule 3: the plan names the algorithm): all-reduce by binomial
+    tree and all-gather by Bruck, across levels flat at the slowest link. The search prices
+    every layout with them, as `budget` does, and they change the step."""
+    named = replace(gpt3, collectives=(("all-gather", "bruck"), ("all-reduce", "tree")))
+    space = Space(micro=(1,), virtual_stages=(1,), zero=(1,))
+    outcome = search(named, 1024, space)
+    random.seed(7)
+    sample = random.sample(list(outcome.results), 6)
+    for result in sample:
+        report = build_report(apply(named, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        rows = [c for p in report.phases for c in p.collectives if c.op == "all-reduce"]
+        assert rows and {c.algorithm for c in rows} == {"tree"}
+    plain = build_report(apply(gpt3, sample[0].config, 1024))
+    assert plain.step["time_s"] != build_report(apply(named, sample[0].config, 1024)).step["time_s"]

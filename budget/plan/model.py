@@ -442,6 +442,13 @@ class Plan:
     recompute: Recompute = "none"
     overlap: Overlap = field(default_factory=Overlap)
     transitions: tuple[Transition, ...] = ()
+    # `collectives:`: the algorithm a plan names for an op, where it names one (DESIGN rule
+    # 3); the others take the default, ring on one level and hierarchical across levels
+    collectives: tuple[tuple[str, str], ...] = ()
+
+    def algorithm(self, op: str) -> str | None:
+        """The algorithm the plan names for `op`, or None for the default."""
+        return next((name for o, name in self.collectives if o == op), None)
 
     @property
     def microbatches(self) -> int:

@@ -1307,6 +1307,12 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
             slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),
         ),
         transitions=transitions,
+        # hierarchical is what a group across levels takes anyway, and ring on one level
+        collectives=tuple(
+            (op, name)
+            for op, name in sorted(tree.get("collectives", {}).items())
+            if name != "hierarchical"
+        ),
     )
 
 

@@ -456,6 +456,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
+            if c.algorithm in _NAMED:  # not the default: one the plan names
+                op += f" {_NAMED[c.algorithm]}"
             group = (
                 f"pp {c.src}→{c.dst}"
                 if c.op == "send-recv"
@@ -486,8 +488,23 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
         legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
+    named = sorted({c.algorithm for p in report.phases for c in p.collectives} & set(_NAMED))
+    if named:
+        legend.append(
+            ", ".join(f"{_NAMED[a]} = {_NAMED_LONG[a]}" for a in named)
+            + ", as the plan's collectives: names it; the others take the default"
+        )
     legend += [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
     return table, legend
+
+
+# algorithms a plan may name (`collectives:`) over the defaults, as the op column marks them
+_NAMED = {"recursive": "rec", "tree": "tree", "bruck": "bruck"}
+_NAMED_LONG = {
+    "recursive": "recursive halving-doubling",
+    "tree": "binomial tree",
+    "bruck": "Bruck's algorithm",
+}
 
 
 def link_table(report: Report) -> Table:
