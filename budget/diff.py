@@ -166,6 +166,8 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
     """
     if prefix == "device.attention." and value == ():
         return {"device.attention": "none measured"}
+    if prefix == "collectives.":  # (op, algorithm) pairs: one key per op a plan names
+        return {f"collectives.{op}": name for op, name in value}
     calibration = _calibration(value)
     if calibration is not None:
         return {prefix.rstrip("."): Calibration(calibration, value)}

@@ -310,3 +310,18 @@ def test_both_plans_broken_past_loading_are_both_reported(tmp_path: Path) -> Non
     )
     assert code == 2 and out == ""
     assert "unknown phase 'nowhere'" in err and "is left sum-partial on dp" in err
+
+
+def test_a_named_collective_algorithm_is_one_plan_change(tmp_path: Path) -> None:
+    """`collectives: {all-reduce: recursive}` reads as one change of that op's algorithm
+    (it read 'collectives [] → –' and 'collectives.0 – → [all-reduce, recursive]')."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    named = tmp_path / "named.yaml"
+    named.write_text(
+        decode.read_text(encoding="utf-8") + "collectives: {all-reduce: recursive}\n",
+        encoding="utf-8",
+    )
+    *_, diff = diff_files(decode, named)
+    assert [(c.key, c.a, c.b) for c in diff.changes] == [
+        ("collectives.all-reduce", None, "recursive")
+    ]
