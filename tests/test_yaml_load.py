@@ -165,9 +165,12 @@ def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:
     start = time.perf_counter()
     problems = messages(text)
     assert time.perf_counter() - start < 0.01
+    # never expanded: the first alias is the problem, the other 80 counted beside it, and
+    # the rest of the file is still read (it was the end of reading, so a plan's other
+    # problems came one run later; review)
     assert problems == [
         "p.yaml:2:8: error: $.b[0]: YAML aliases (*a) are not allowed in a plan; "
-        "write the value out"
+        "write the value out (80 more in the file)"
     ]
 
 
@@ -264,3 +267,19 @@ def test_the_pure_python_parser_refuses_the_same(
     start = time.perf_counter()
     assert [p.message for p in load_yaml(text, "p.yaml").problems] == expected
     assert time.perf_counter() - start < 1.0
+
+
+def test_an_alias_or_a_tag_does_not_hide_the_problems_after_it() -> None:
+    """Every problem of the file at once: an alias hid the forbidden tag after it, and a tag
+    the unknown key after it, each found one run later (review)."""
+    assert messages("name: &x a\nfoo: *x\nmode: !!python/object:os.system train\n") == [
+        "p.yaml:2:6: error: $.foo: YAML aliases (*x) are not allowed in a plan; write the "
+        "value out",
+        "p.yaml:3:7: error: $.mode: the tag !!python/object:os.system is not allowed in a plan; "
+        "use plain YAML values (strings, numbers, booleans, lists and mappings)",
+    ]
+    assert messages("a: !!python/tuple [1, 2]\nb: {c: 1, c: 2}\n") == [
+        "p.yaml:1:4: error: $.a: the tag !!python/tuple is not allowed in a plan; use plain "
+        "YAML values (strings, numbers, booleans, lists and mappings)",
+        "p.yaml:2:11: error: $.b.c: duplicate key 'c' (first defined on line 2)",
+    ]

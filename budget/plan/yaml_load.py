@@ -6,8 +6,10 @@ The tree is built from PyYAML's *event stream* rather than its composer, for thr
   (``$.parallel.tp``, ``$.topology.levels[0].size``), so later errors can point at it;
 - safety: the composer is recursive (10,000 nested ``[`` exhaust Python's stack) and expands
   aliases (a "billion laughs" file grows exponentially). Here nesting depth is checked as
-  each collection opens, aliases are refused outright, and the node count is capped, so a
-  hostile file stops at the first offending event;
+  each collection opens and the node count is capped, so a hostile file stops at the first
+  event past either; aliases are never expanded (each stands as nothing: the first is
+  reported with the count of the rest) and a value under a tag a plan may not use is never
+  constructed, so both are problems of the file and reading goes on to find the others;
 - strictness: duplicate keys are errors, only the standard YAML scalar tags are accepted,
   and numbers must be finite and fit in 64 bits.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -137,6 +139,7 @@ class _Frame:
     key: str | None = None  # mappings: the key waiting for its value
     key_mark: Position = (1, 1)
     first_seen: dict[str, int] = field(default_factory=dict)  # key → line of first use
+    refused: bool = False  # a collection under a tag a plan may not use: read, then dropped
 
 
 class _Builder:
@@ -152,6 +155,8 @@ class _Builder:
         self.nodes = 0
         self.documents = 0
         self.refused: set[str] = set()
+        self.aliases = 0  # aliases met: the first is reported, the count of the rest with it
+        self.first_alias = -1  # its index in `problems`
 
     def problem(self, position: Position, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, position[0], position[1], path, message))
@@ -166,8 +171,16 @@ class _Builder:
 
     def run(self) -> None:
         loader = self.loader
-        while loader.check_event():
-            self.feed(loader.get_event())  # type: ignore[no-untyped-call]
+        try:
+            while loader.check_event():
+                self.feed(loader.get_event())  # type: ignore[no-untyped-call]
+        finally:
+            if self.aliases > 1:  # one message for them all: a bomb has thousands
+                first = self.problems[self.first_alias]
+                more = self.aliases - 1
+                self.problems[self.first_alias] = replace(
+                    first, message=f"{first.message} ({more:,} more in the file)"
+                )
 
     def feed(self, event: yaml.Event) -> None:
         mark = event.start_mark
@@ -177,11 +190,17 @@ class _Builder:
             if self.documents > 1:
                 raise self.stop(where, "$", "a plan is one YAML document; found a second one")
         elif isinstance(event, yaml.AliasEvent):
-            raise self.stop(
-                where,
-                self.value_path(),
-                f"YAML aliases (*{event.anchor}) are not allowed in a plan; write the value out",
-            )
+            # never expanded, so one problem of the file and not the end of reading it
+            self.count(where)
+            path = self.value_path()
+            self.marks.nodes.setdefault(path, where)
+            self.aliases += 1
+            if self.aliases == 1:
+                self.first_alias = len(self.problems)
+                message = f"YAML aliases (*{event.anchor}) are not allowed in a plan; "
+                self.problem(where, path, message + "write the value out")
+            self.refused.add(path)
+            self.attach(None)
         elif isinstance(event, yaml.ScalarEvent):
             self.count(where)
             frame = self.stack[-1] if self.stack else None
@@ -196,15 +215,17 @@ class _Builder:
             path = self.value_path()
             if len(self.stack) >= MAX_DEPTH:
                 raise self.stop(where, path, f"nesting deeper than {MAX_DEPTH} levels")
-            self.check_tag(event.tag, where, path, isinstance(event, yaml.MappingStartEvent))
+            refused = self.refuses_tag(
+                event.tag, where, path, isinstance(event, yaml.MappingStartEvent)
+            )
             self.marks.nodes.setdefault(path, self.introducer(where))
-            if isinstance(event, yaml.MappingStartEvent):
-                self.stack.append(_Frame({}, path))
-            else:
-                self.stack.append(_Frame([], path))
+            container: dict[str, Any] | list[Any] = (
+                {} if isinstance(event, yaml.MappingStartEvent) else []
+            )
+            self.stack.append(_Frame(container, path, refused=refused))
         elif isinstance(event, yaml.CollectionEndEvent):
             frame = self.stack.pop()
-            self.attach(frame.container)
+            self.attach(None if frame.refused else frame.container)
 
     def count(self, where: Position) -> None:
         self.nodes += 1
@@ -257,12 +278,13 @@ class _Builder:
             frame.container[frame.key] = value
         frame.key = None
 
-    def check_tag(self, tag: str | None, where: Position, path: str, mapping: bool) -> None:
-        if tag in (None, "!"):
-            return
-        expected = _STANDARD + ("map" if mapping else "seq")
-        if tag != expected:
-            raise self.stop(where, path, _tag_message(tag))
+    def refuses_tag(self, tag: str | None, where: Position, path: str, mapping: bool) -> bool:
+        """Whether a collection's tag is one a plan may not use: a problem, and the
+        collection is read (for the problems after it) and then stands as nothing."""
+        if tag in (None, "!") or tag == _STANDARD + ("map" if mapping else "seq"):
+            return False
+        self.refuse(where, path, _tag_message(tag))
+        return True
 
     def scalar(self, event: yaml.ScalarEvent, where: Position, path: str) -> Any:
         tag = event.tag
@@ -271,8 +293,8 @@ class _Builder:
             tag = self.loader.resolve(  # type: ignore[no-untyped-call]
                 ScalarNode, event.value, event.implicit
             )
-        elif tag not in _ALLOWED_TAGS:
-            raise self.stop(where, path, _tag_message(tag))
+        elif tag not in _ALLOWED_TAGS:  # nothing is constructed: one problem, reading goes on
+            return self.refuse(where, path, _tag_message(tag))
         text = event.value
         if implicit and tag in _KEEP_AS_TEXT:
             return text
