@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from budget.entry import main, route
-from budget.errors import BudgetError, Problem
+from budget.errors import BudgetError, Problem, every_one
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -259,16 +259,12 @@ def validate_command(
     from budget.plan.load import load_plan
     from budget.step import derive
 
-    problems = []
-    for path in plans:
-        try:
-            # deriving the step runs the rules that need the phases too: hand-written
-            # transitions name a phase that exists and leave no tensor sum-partial
-            derive(load_plan(path))
-        except BudgetError as error:
-            problems.extend(error.problems)
-    if problems:
-        raise _fail(BudgetError(problems))
+    try:
+        # deriving the step runs the rules that need the phases too: hand-written
+        # transitions name a phase that exists and leave no tensor sum-partial
+        every_one(lambda path: derive(load_plan(path)), plans)
+    except BudgetError as error:
+        raise _fail(error) from None
     for path in plans:
         print(f"{path}: ok")
 

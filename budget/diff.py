@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from budget.errors import BudgetError, Problem
+from budget.errors import every_one
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.plan.resolve import TRAINING_ONLY
 from budget.report import PhaseRow, Report, StageRow, to_dict
@@ -405,16 +405,7 @@ def diff_plans(a: Plan, b: Plan) -> tuple[Report, Report, PlanDiff]:
     problems (a transition rule broken in each is reported for each)."""
     from budget.pipeline import build_report
 
-    reports: list[Report] = []
-    problems: list[Problem] = []
-    for plan in (a, b):
-        try:
-            reports.append(build_report(plan))
-        except BudgetError as error:
-            problems.extend(error.problems)
-    if problems:
-        raise BudgetError(problems)
-    ra, rb = reports
+    ra, rb = every_one(build_report, (a, b))
     return ra, rb, diff_reports(ra, rb, plan_changes(a, b))
 
 
@@ -422,16 +413,8 @@ def diff_files(path_a: Path, path_b: Path) -> tuple[Report, Report, PlanDiff]:
     """Load, budget and compare two plan files; a BudgetError carries both files' problems."""
     from budget.plan.load import load_plan
 
-    plans: list[Plan] = []
-    problems: list[Problem] = []
-    for path in (path_a, path_b):
-        try:
-            plans.append(load_plan(path))
-        except BudgetError as error:
-            problems.extend(error.problems)
-    if problems:
-        raise BudgetError(problems)
-    return diff_plans(plans[0], plans[1])
+    a, b = every_one(load_plan, (path_a, path_b))
+    return diff_plans(a, b)
 
 
 def _rows(rows: tuple[Row, ...], key: str) -> list[dict[str, Any]]:

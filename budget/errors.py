@@ -6,7 +6,12 @@ The CLI turns a `BudgetError` into lines of the form
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -29,3 +34,18 @@ class BudgetError(Exception):
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = sorted(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def every_one(function: Callable[[In], Out], items: Iterable[In]) -> list[Out]:
+    """`function` of each item, or a BudgetError with every item's problems together (two
+    plans' problems in one run, not the second's after the first is fixed)."""
+    results: list[Out] = []
+    problems: list[Problem] = []
+    for item in items:
+        try:
+            results.append(function(item))
+        except BudgetError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise BudgetError(problems)
+    return results
