@@ -250,7 +250,7 @@ def decode_keys(plan: Plan) -> tuple[int, int]:
     passes = max(1, b.generate)
     first, last = b.prompt + 1, b.prompt + passes
     full = -(-(first + last) // (2 * cp))
-    if not w:
+    if not w or cp > 1:  # cp beside a window the context outgrows is refused (`resolve`)
         return full, 0
     below = max(0, min(last, w) - first + 1)  # passes whose whole context fits the window
     fitting = below * (first + first + below - 1) / 2

@@ -851,3 +851,20 @@ def test_a_plan_names_the_all_reduce_algorithm(tmp_path):
     console.print(table)
     assert "AR rec" in console.export_text()
     assert any(line.startswith("rec = recursive halving-doubling") for line in legend)
+
+
+def test_a_window_no_pass_reaches_changes_nothing_under_context_parallelism():
+    """With cp 2 each rank holds half the context; a window longer than the whole context
+    (cp beside a shorter one is refused) must price as no window (it priced the sliding
+    layers at the whole context's mean, about twice the rank's keys; review)."""
+    base = make_plan(replace(QWEN_MOE, experts=None), tp=1, pp=1, dp=1, cp=2)
+    serving = replace(base, mode="decode", batch=Batch(2560, 8, 8, prompt=2048, generate=512))
+    windowed = replace(serving, model=replace(serving.model, window=100_000))
+    assert decode_keys(windowed) == decode_keys(serving) == (-(-(2049 + 2560) // 4), 0)
+
+    def core(plan):
+        (stage,) = derive_inference(plan).stages
+        (phase,) = [p for p in stage.phases if p.name == "decode.attention"]
+        return [(w.flops, w.bytes) for w in phase.works if w.kind == "attention"]
+
+    assert core(windowed) == core(serving)
