@@ -257,19 +257,32 @@ def _percent(share: float) -> str:
     return f"{share * 100:.12g}%"
 
 
-def _gib(n: float, beside: float | None = None) -> str:
-    """Always in GiB with the exact bytes: "5.20 GiB (5,583,457,280 B)"; beside a limit,
-    with as many decimals as it takes to read on its side of the limit as `_gib` shows it
-    (51.897 GiB short of 51.90 GiB, not 51.90 beside 51.90)."""
-    digits = 2
-    if beside is not None:
-        digits = _beside(n / GIB, round(beside / GIB, 2), 2)
+def _gib(n: float, digits: int = 2) -> str:
+    """Always in GiB with the exact bytes: "5.20 GiB (5,583,457,280 B)"."""
     return f"{n / GIB:,.{digits}f} GiB ({int(n):,} B)"
 
 
+def _gib_pair(value: float, limit: float) -> tuple[str, str]:
+    """`value` and its `limit` in GiB with the exact bytes, both with the fewest decimals
+    (two at least) at which they read apart and on their own sides: 51.897 GiB free short
+    of a required 51.900, not 51.90 beside 51.90, nor 53.781 beside a limit shown as 53.78
+    that is really 53.7813."""
+    a, b = value / GIB, limit / GIB
+    digits = next(
+        (
+            d
+            for d in range(2, 13)
+            if round(a, d) != round(b, d) and (round(a, d) > round(b, d)) == (a > b)
+        ),
+        12,
+    )
+    return _gib(value, digits), _gib(limit, digits)
+
+
 def _amount(n: float) -> str:
-    """A difference in its own unit with the exact bytes: "3.07 MiB (3,223,962 B)"."""
-    return f"{format_bytes(n)} ({int(n):,} B)"
+    """A difference in its own unit with the exact bytes: "3.07 MiB (3,223,962 B)", or
+    just "512 B"."""
+    return format_bytes(n) if n < 1024 else f"{format_bytes(n)} ({int(n):,} B)"
 
 
 def _largest(items: tuple[Overlapping, ...], limit: int = 3) -> str:
@@ -281,12 +294,12 @@ def _largest(items: tuple[Overlapping, ...], limit: int = 3) -> str:
 
 def _memory_reason(row: StageRow) -> Reason:
     over = row.peak_bytes - row.capacity_bytes
+    peak, capacity = _gib_pair(row.peak_bytes, row.capacity_bytes)
     return Reason(
         limit="memory",
         message=(
-            f"stage {row.stage} does not fit: it peaks at "
-            f"{_gib(row.peak_bytes, row.capacity_bytes)} in {row.peak_phase} "
-            f"({row.peak_instant}), {_amount(over)} over the {_gib(row.capacity_bytes)} "
+            f"stage {row.stage} does not fit: it peaks at {peak} in {row.peak_phase} "
+            f"({row.peak_instant}), {_amount(over)} over the {capacity} "
             "device; largest at that peak: "
             f"{_largest(row.peak_overlap)}"
         ),
@@ -302,15 +315,16 @@ def _headroom_reason(row: StageRow, required: int, limits: Limits) -> Reason | N
     short = required - row.headroom_bytes
     if short <= 0:
         return None
+    free, needed = _gib_pair(row.headroom_bytes, required)
     asked = (
         "" if limits.headroom_share is None else f" ({_percent(limits.headroom_share)} of capacity)"
     )
     return Reason(
         limit="headroom",
         message=(
-            f"stage {row.stage} leaves {_gib(row.headroom_bytes, required)} free at its peak "
+            f"stage {row.stage} leaves {free} free at its peak "
             f"in {row.peak_phase} ({row.peak_instant}), {_amount(short)} short of the "
-            f"required {_gib(required)}{asked}; largest at that peak: "
+            f"required {needed}{asked}; largest at that peak: "
             f"{_largest(row.peak_overlap)}"
         ),
         stage=row.stage,

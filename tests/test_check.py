@@ -114,6 +114,7 @@ def test_headroom_reason_names_the_shortfall() -> None:
     assert f"({short:,} B) short of the required 56.00 GiB ({required:,} B) (70% of capacity)" in (
         reason.message
     )
+    assert reason.contributors[0].tensor == "gradients (fp32)"
 
 
 def test_a_figure_just_beside_its_limit_reads_on_its_own_side() -> None:
@@ -128,7 +129,21 @@ def test_a_figure_just_beside_its_limit_reads_on_its_own_side() -> None:
     assert shown == f"{limit / 2**30:.2f}"  # two decimals cannot tell them apart
     assert f"leaves {free / 2**30:.3f} GiB ({free:,} B) free" in reason.message
     assert "3.07 MiB (3,223,962 B) short of the required" in reason.message
-    assert reason.contributors[0].tensor == "gradients (fp32)"
+
+
+def test_a_figure_and_its_limit_are_shown_with_the_same_decimals() -> None:
+    """57,746,636,800 B free against 57,750,000,000 B required read "53.781 GiB ... short of
+    the required 53.78 GiB": the limit rounded down past the figure (review). Both now take
+    the decimals that part them: 53.7807... and 53.7839... GiB at three."""
+    from budget.check import _amount, _gib_pair
+
+    assert _gib_pair(57_746_636_800, 57_750_000_000) == (
+        "53.781 GiB (57,746,636,800 B)",
+        "53.784 GiB (57,750,000,000 B)",
+    )
+    peak, device = _gib_pair(85_520_909_984, 85_520_809_984)  # 100 kB over 79.6 GiB
+    assert (peak, device) == ("79.648 GiB (85,520,909,984 B)", "79.647 GiB (85,520,809,984 B)")
+    assert _amount(1) == "1 B" and _amount(3_223_962) == "3.07 MiB (3,223,962 B)"
 
 
 def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
