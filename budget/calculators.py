@@ -99,15 +99,6 @@ class RooflineResult:
         }
 
 
-def _bare(text: str) -> bool:
-    """A number without a unit."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def collective(
     op: str,
     ranks: int | None,
@@ -137,11 +128,9 @@ def collective(
     if not size:
         raise ValueError("--size is required, e.g. --size 1GiB")
     try:
-        size_bytes = parse_bytes(size)
+        size_bytes = parse_bytes(size, whole=True)
     except ValueError as error:
         raise ValueError(f"--size {size!r}: {error}") from None
-    if _bare(size) and not float(size).is_integer():  # "1.5": one and a half bytes
-        raise ValueError(f"--size {size!r}: bytes are whole; give a whole number or a unit")
     if ranks is not None and not 1 <= ranks <= MAX_GPUS:
         raise ValueError(f"--ranks must be from 1 to {MAX_GPUS:,}, got {ranks:,}")
     if levels:

@@ -93,16 +93,20 @@ def _nonnegative(value: Fraction, text: object, what: str) -> Fraction:
     return value
 
 
-def parse_bytes(text: str | int | float) -> int:
+def parse_bytes(text: str | int | float, whole: bool = False) -> int:
     """Bytes as an integer: "80 GiB" → 85899345920, "80GB" → 80000000000, 4096 → 4096.
 
-    A fractional result is rounded up: memory is allocated in whole bytes.
+    A fractional result is rounded up: memory is allocated in whole bytes. With `whole`
+    it is refused instead (a tensor of 1.5 B).
     """
     what = "a size such as '80 GiB' or '80 GB'"
     value, unit = _split(text, what)
     if unit:
         value *= _prefix(unit, "B", str(text), what)
-    return math.ceil(_nonnegative(value, text, what))
+    value = _nonnegative(value, text, what)
+    if whole and value.denominator != 1:
+        raise UnitError(f"{text!r} is {float(value):g} bytes; bytes are whole")
+    return math.ceil(value)
 
 
 UNIT_LEFT_OUT = 2**20  # a bare size under 1 MiB is a unit left out, not a real size

@@ -403,7 +403,8 @@ def test_a_size_error_names_its_option_and_bytes_are_whole() -> None:
     negative (review)."""
     link = ["--ranks", "8", "--bandwidth", "100GB/s", "--latency", "1us"]
     for size, message in (
-        ("1.5", "--size '1.5': bytes are whole; give a whole number or a unit"),
+        ("1.5", "--size '1.5': '1.5' is 1.5 bytes; bytes are whole"),
+        ("1.5B", "--size '1.5B': '1.5B' is 1.5 bytes; bytes are whole"),
         ("-1GiB", "--size '-1GiB': '-1GiB' is negative"),
     ):
         result = runner.invoke(app, route(["collective", "all-reduce", "--size", size, *link]))
