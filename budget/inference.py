@@ -156,6 +156,8 @@ def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]
         "replicate",
         rule="tp: exposed, sampling needs every logit",
     )
+    # the gathered logits beside this rank's rows (DESIGN rule 2: full + shard)
+    logits += when([Alloc("logits gathered for sampling", "transient", gather.size_bytes)], tp > 1)
     work = [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
     return logits, work, when([gather], tp > 1)
 

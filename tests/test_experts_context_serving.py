@@ -818,6 +818,9 @@ def test_the_sampler_gathers_the_logits_over_tp():
         (gather,) = phase.moves
         assert (gather.op, gather.group, gather.ranks) == ("all-gather", "tp", 8)
         assert gather.size_bytes == 32 * 16032 * 8 * 2 == 8_208_384
+        (instant,) = phase.instants  # the gathered logits are held beside the rank's rows
+        live = {a.name: a.bytes for a in instant.live}
+        assert live["logits gathered for sampling"] == 8_208_384
 
 
 def test_a_plan_names_the_all_reduce_algorithm(tmp_path):
