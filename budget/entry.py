@@ -41,11 +41,12 @@ def route(args: list[str]) -> list[str]:
 
 def mistyped(args: list[str]) -> str | None:
     """A first word that is no file but nearly a command ("chek"): what to say instead of
-    "chek:1:1: error: $: cannot read the plan"."""
+    "chek:1:1: error: $: cannot read the plan". Only the first argument: a later word may be
+    an option's value (`-f dif`)."""
     import difflib
 
-    first = next((a for a in args if not a.startswith("-")), None)
-    if first is None or first in COMMANDS or Path(first).exists():
+    first = args[0] if args else "-"
+    if first.startswith("-") or first in COMMANDS or Path(first).exists():
         return None
     close = difflib.get_close_matches(first, sorted(COMMANDS), n=1, cutoff=0.7)
     if not close:

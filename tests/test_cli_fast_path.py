@@ -107,3 +107,4 @@ def test_a_file_named_like_a_command_is_still_a_plan(tmp_path, monkeypatch):
     (tmp_path / "chek").write_text("name: x\n")
     assert mistyped(["chek"]) is None
     assert mistyped(["plans/unknown.yaml"]) is None  # a missing plan, not a command
+    assert mistyped(["-f", "dif", "plan.yaml"]) is None  # an option's value (review)
