@@ -85,7 +85,7 @@ def run_search(
         if top < 1:
             raise ValueError(f"--top {top}: list at least 1 layout")
         if write is not None:
-            _writable(write)
+            _writable(write, path)
         sweep = space(options)
         given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
         limits = parse_limits(*given) if any(v is not None for v in given) else None
@@ -177,10 +177,15 @@ def _located(path: Path, where: str, message: str) -> str:
     return str(Problem(str(path), line, col, where, message))
 
 
-def _writable(target: Path) -> None:
+def _writable(target: Path, source: Path) -> None:
     """Refuse a ``--write`` path that cannot take a file before the sweep runs, so that a
-    typo costs no search and leaves nothing half-printed."""
+    typo costs no search and leaves nothing half-printed; and the plan being searched,
+    whose comments (its sources) the written plan does not keep."""
     folder = target.absolute().parent
+    if target.exists() and source.exists() and target.resolve() == source.resolve():
+        raise ValueError(
+            f"--write {target}: is the plan being searched; write the layout to another file"
+        )
     if target.is_dir():
         raise ValueError(f"--write {target}: is a folder; name the plan file to write")
     if not folder.is_dir():

@@ -228,6 +228,19 @@ def test_a_write_target_that_cannot_take_a_file_is_refused_before_the_sweep(tmp_
     assert "Traceback" not in result.stderr
 
 
+def test_the_searched_plan_is_not_written_over(tmp_path):
+    """`--write mine.yaml` on `mine.yaml` replaced the plan, and its comments citing its
+    sources, with the written layout (review)."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(GPT3.read_text(encoding="utf-8"), encoding="utf-8")
+    before = mine.read_bytes()
+    args = ["search", str(mine), *NARROW, "--write", str(tmp_path / "." / "mine.yaml")]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "is the plan being searched; write the layout to another file" in result.stderr
+    assert mine.read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
