@@ -191,6 +191,10 @@ def test_a_sliding_window_reads_with_its_length() -> None:
     llama = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     with pytest.raises(HfConfigError, match='"llama" builds no sliding-window attention'):
         translate({**llama, "sliding_window": 4096})
+    # nor experts: LlamaForCausalLM ignores num_local_experts and counts 70.55 B, where the
+    # keys read as experts made a 465 B MoE (review)
+    with pytest.raises(HfConfigError, match='"llama" builds no mixture of experts'):
+        translate({**llama, "num_local_experts": 8, "num_experts_per_tok": 2})
 
 
 @pytest.mark.parametrize(

@@ -487,6 +487,12 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     else:
         tree["norm"] = "rmsnorm"
     experts = _experts(config, tree["layers"], where)
+    if experts is not None and family is not None and family not in _MOE:
+        raise HfConfigError(
+            f"{where} has expert keys, but model_type {json.dumps(family)} builds no mixture "
+            "of experts in transformers (its class ignores them, and so would the model); "
+            "remove them"
+        )
     if experts is not None:
         tree["experts"] = experts
     if config.get("num_nextn_predict_layers"):
@@ -575,6 +581,12 @@ FAMILIES = frozenset(
     }
 )
 _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
+# families whose transformers class builds experts from the config's expert keys; the others
+# ignore such keys (LlamaForCausalLM with num_local_experts is still dense)
+_MOE = frozenset(
+    {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"}
+    | {"gpt_oss"}
+)
 _SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (docstring)
 _GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
 _MLP_BIAS = ("gpt_oss",)  # GptOssExperts and GptOssTopKRouter: biases with no key saying so
