@@ -161,6 +161,8 @@ def test_renderers(accuracy) -> None:
     render_accuracy(table, accuracy, "table")
     out = table.export_text()
     assert "Mean absolute error" in out and "By GPU: A100 80GB" in out
+    # one error column, two senses of fast: the table says which sign is which (review)
+    assert "negative in s/step and positive in tokens/s or TFLOP/s" in " ".join(out.split())
     assert out.index("Mean absolute error") < out.index("Reference, layout incomplete")
     # each run names its training stack: a column at 100 columns and in markdown; at 80 the
     # groups are only set apart by a blank rule

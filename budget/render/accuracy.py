@@ -91,6 +91,8 @@ def _summary(acc: Accuracy) -> str:
         )
 
     return (
+        "Error = predicted / measured − 1, so a prediction faster than the run is negative "
+        "in s/step and positive in tokens/s or TFLOP/s. "
         f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
         f"over {len(acc.rows)} runs. By GPU: {parts(acc.by_gpu(), False)}. By GPU and "
         f"training stack: {parts(acc.by_stack(), True)}.{_misses(acc)}"
