@@ -502,7 +502,11 @@ def test_kernel_startup_is_the_fit_of_the_published_small_kernel_sweep(name) -> 
     assert DEVICES[name].kernel_startup == pytest.approx(a, rel=0.01)
     assert DEVICES["h100-sxm"].kernel_startup == DEVICES["h200"].kernel_startup  # same die
     assert DEVICES["a100-40gb"].kernel_startup == DEVICES["a100-80gb"].kernel_startup
-    assert DEVICES["b200"].kernel_startup == 0.0 and DEVICES["mi300x"].kernel_startup == 0.0
+    # no sweep of either: the H200's, marked assumed (a startup of 0 made their decode
+    # 15-17 % faster against the H100 than their bytes; review)
+    for name in ("b200", "mi300x"):
+        assert DEVICES[name].kernel_startup == DEVICES["h200"].kernel_startup
+        assert "start" in DEVICES[name].assumed
 
 
 def test_a_memory_bound_kernel_takes_its_startup_beyond_its_bytes() -> None:
