@@ -1077,6 +1077,8 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
         # hand-written transitions are not swept, so no layout's figures include them
         "transitions_left_out": len(plan.transitions),
+        # the algorithms the plan names for its collectives (`collectives:`), by op
+        "collectives": dict(plan.collectives),
     }
 
 

@@ -619,7 +619,11 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "attention_by_keys": False,  # one length measured on the A100
         "ramped_levels": ["nvlink"],
         "transitions_left_out": 0,
+        "collectives": {},
     }
+    named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
+    assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
+    assert hardware_text(hardware(named)).endswith("; all-reduce by recursive.")
     written = replace(
         gpt3,
         device=Device(memory=80 * 2**30, flops=(("bf16", 312e12),), memory_bandwidth=2.039e12),

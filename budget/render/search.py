@@ -134,6 +134,9 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         if levels
         else "every collective at its level's plateau B_eff"
     )
+    named = hardware.get("collectives") or {}
+    if named:
+        bandwidth += "; " + ", ".join(f"{op} by {name}" for op, name in sorted(named.items()))
     left = hardware.get("transitions_left_out", 0)
     dropped = (
         f" The plan's {left} hand-written transition{'s' if left > 1 else ''} "
