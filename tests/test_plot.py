@@ -79,3 +79,18 @@ def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
     code, stdout, err = _plot(GPT3, out)
     assert (code, stdout) == (2, "")
     assert err.strip() == f"budget: error: cannot write {out}: no such file or directory"
+
+
+def test_the_title_reads_the_peak_as_its_marker_does(tmp_path: Path) -> None:
+    """The title said "peak 140 GiB of 79.6 GiB" above a marker "peak 139.9" (review): both
+    now read GiB to the tenth."""
+    pytest.importorskip("matplotlib")
+    from budget.pipeline import budget_plan
+
+    out = tmp_path / "p.svg"
+    code, _, err = _plot(GPT3, out)
+    assert code == 0, err
+    report = budget_plan(GPT3)
+    peak = f"{report.worst.peak_bytes / 2**30:.1f}"
+    text = out.read_text(encoding="utf-8")
+    assert f"peak {peak} GiB of 80.0 GiB" in text and f"peak {peak}" in text

@@ -110,7 +110,8 @@ def _memory(ax: Any, report: Report) -> None:
     which = "the only stage" if n == 1 else f"the worst of {n}"
     ax.set_title(
         f"{report.name}: stage {worst.stage} ({which}) over one step "
-        f"— peak {format_bytes(worst.peak_bytes)} of {format_bytes(worst.capacity_bytes)}, "
+        # in GiB to the tenth, as the axis and the peak's marker read it
+        f"— peak {worst.peak_bytes / 2**30:.1f} GiB of {worst.capacity_bytes / 2**30:.1f} GiB, "
         f"{verdict}",
         loc="left",
         fontsize=11,
