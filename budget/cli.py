@@ -391,6 +391,8 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
 
     from budget.accuracy import plan_file_name, plan_text
 
+    if directory.exists() and not directory.is_dir():
+        raise _usage(f"--write-plans {directory}: is a file; name a folder to write the plans in")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -223,6 +223,7 @@ def test_write_plans_into_a_file_is_a_usage_error(tmp_path) -> None:
     result = CliRunner().invoke(app, route(["validate-model", "--write-plans", str(blocker)]))
     assert result.exit_code == 2
     assert "--write-plans" in result.output and "Traceback" not in result.output
+    assert "is a file; name a folder to write the plans in" in result.output  # not "File exists"
 
 
 def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
