@@ -727,6 +727,9 @@ def test_a_narrow_search_limited_on_exposure_shows_it():
     assert head.split()[-3:] == ["peak", "step", "exposed"]
     assert " exposed" not in next(x for x in plain.splitlines() if x.lstrip().startswith("tp"))
     assert "…" not in limited and all(len(line) <= 80 for line in limited.splitlines())
+    # each table says which figure it left out (review: exposed vanished without a word)
+    assert "exposed left out at this width (see -f json)" in plain
+    assert "MFU left out at this width (see -f json)" in limited
 
 
 @pytest.mark.parametrize("n", [1, 12, 16, 97, 2**24, 2**23 * 3 * 7])

@@ -71,6 +71,10 @@ def _table(
     for r in rows:
         layout, values = _layout(r), _figures(r)
         table.add_row(*(layout[h] for h in heads), *(values[f] for f in figures))
+    hidden = [f for f in ("exposed", "MFU") if f not in figures]
+    if hidden and not wide:
+        table.caption = f"{' and '.join(hidden)} left out at this width (see -f json)"
+        table.caption_justify = "left"
     return table
 
 
