@@ -1150,3 +1150,19 @@ def test_a_plan_that_names_its_algorithms_is_searched_with_them(gpt3):
         assert rows and {c.algorithm for c in rows} == {"tree"}
     plain = build_report(apply(gpt3, sample[0].config, 1024))
     assert plain.step["time_s"] != build_report(apply(named, sample[0].config, 1024)).step["time_s"]
+
+
+def test_peaks_that_differ_read_apart_across_the_tables() -> None:
+    """28,514,424,832 and 28,527,007,744 B both read "26.6 GiB", so a Pareto point looked
+    dominated by a best-by-time row of the same memory and shorter step (review): where
+    three figures show two different peaks alike, every peak takes the GiB decimals that
+    part them."""
+    from budget.render.search import peak_digits
+
+    class R:  # only the peak matters here
+        def __init__(self, peak: int) -> None:
+            self.peak_bytes = peak
+
+    assert peak_digits((R(28_514_424_832), R(28_527_007_744))) == 2  # 26.56 and 26.57
+    assert peak_digits((R(28_514_424_832), R(2 * 28_527_007_744))) is None
+    assert peak_digits((R(2**30), R(2**30 + 1))) == 6  # apart at no width: as far as it goes

@@ -34,9 +34,26 @@ def _layout(r: Result) -> dict[str, str]:
     }
 
 
-def _figures(r: Result) -> dict[str, str]:
+def peak_digits(rows: tuple[Result, ...]) -> int | None:
+    """Decimals of GiB at which the peaks of `rows` that differ read apart, where
+    `format_bytes`' three figures show two different peaks alike (26.6 GiB for 28,514,424,832
+    and 28,527,007,744 B, which made a Pareto point read as dominated); None when they
+    already read apart."""
+    peaks = sorted({r.peak_bytes for r in rows})
+    shown = [format_bytes(p) for p in peaks]
+    if len(set(shown)) == len(shown):
+        return None
+    return next(
+        (d for d in range(2, 7) if len({f"{p / 2**30:.{d}f}" for p in peaks}) == len(peaks)), 6
+    )
+
+
+def _figures(r: Result, digits: int | None = None) -> dict[str, str]:
+    peak = (
+        format_bytes(r.peak_bytes) if digits is None else f"{r.peak_bytes / 2**30:.{digits}f} GiB"
+    )
     return {
-        "peak": format_bytes(r.peak_bytes),
+        "peak": peak,
         "step": format_duration(r.step_time_s),
         "exposed": format_duration(r.exposed_comm_s),
         "tokens/s": f"{r.tokens_per_s:,.0f}",
@@ -50,7 +67,12 @@ def _shown(rows: tuple[Result, ...]) -> list[str]:
 
 
 def _table(
-    title: str, rows: tuple[Result, ...], wide: bool, exposed: bool = False, tokens: bool = False
+    title: str,
+    rows: tuple[Result, ...],
+    wide: bool,
+    exposed: bool = False,
+    tokens: bool = False,
+    digits: int | None = None,
 ) -> Table:
     """The layouts and their figures; a narrow terminal drops the exposed column unless
     the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
@@ -69,7 +91,7 @@ def _table(
     for name in figures:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
-        layout, values = _layout(r), _figures(r)
+        layout, values = _layout(r), _figures(r, digits)
         table.add_row(*(layout[h] for h in heads), *(values[f] for f in figures))
     hidden = [f for f in ("exposed", "MFU") if f not in figures]
     if hidden and not wide:
@@ -168,15 +190,16 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
         tokens = outcome.objective == "tokens-per-s"
         title = f"Best {len(best)} by {outcome.objective}"
-        console.print(_table(title, best, wide, limited, tokens))
         front = thin(outcome.pareto)
+        digits = peak_digits((*best, *front))  # the two tables read against each other
+        console.print(_table(title, best, wide, limited, tokens, digits))
         shown = (
             ""
             if len(front) == len(outcome.pareto)
             else (f" ({len(front)} of {len(outcome.pareto)} points)")
         )
         title = f"Pareto front: peak memory against step time{shown}"
-        console.print(_table(title, front, wide, limited))
+        console.print(_table(title, front, wide, limited, digits=digits))
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     table = titled_table("Not ranked")
