@@ -93,7 +93,7 @@ def run_search(
         print(f"budget: error: {error}", file=sys.stderr)
         return 2
     try:
-        plan = load_plan(path)
+        plan = load_plan(path, seed=True)  # its layout is what the search replaces
     except BudgetError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)

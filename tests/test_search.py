@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from budget.cli import app, route
+from budget.errors import BudgetError
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.search import Space, apply, pareto, parse_values, search
@@ -1166,3 +1167,27 @@ def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     assert peak_digits((R(28_514_424_832), R(28_527_007_744))) == 2  # 26.56 and 26.57
     assert peak_digits((R(28_514_424_832), R(2 * 28_527_007_744))) is None
     assert peak_digits((R(2**30), R(2**30 + 1))) == 6  # apart at no width: as far as it goes
+
+
+def test_a_draft_whose_layout_does_not_fit_its_world_is_searched(tmp_path):
+    """The search replaces the plan's layout, so a draft whose degrees do not yet fit (tp 8
+    x pp 3 x dp 16 = 384 of 512 GPUs, 80 layers over 3 stages, a global batch of 500 over
+    16 ranks) is its starting point, not an error (review: it exited 2 with those three
+    problems); the layout it writes budgets as searched."""
+    draft = tmp_path / "draft.yaml"
+    draft.write_text(
+        "name: l70-draft\nmode: train\nmodel: {preset: llama3-70b}\n"
+        "batch: {seq: 8192, micro: 1, global: 500}\nparallel: {tp: 8, pp: 3, dp: 16}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 64}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(BudgetError):
+        load_plan(draft)  # as a plan to budget, it is refused
+    best = tmp_path / "best.yaml"
+    args = ["search", str(draft), "--gpus", "512", "--tp", "8", "--top", "1", "--write", str(best)]
+    args += ["-f", "json"]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    top = json.loads(result.stdout)["results"][0]
+    report = build_report(load_plan(best))
+    assert _relative(report.step["time_s"], top["step_time_s"]) < 1e-9

@@ -45,8 +45,9 @@ def _too_large(file: str, size: int) -> BudgetError:
     return BudgetError([Problem(file, 1, 1, "$", message)])
 
 
-def load_plan(path: Path) -> Plan:
+def load_plan(path: Path, seed: bool = False) -> Plan:
     """Read, validate and resolve the plan at `path`; `BudgetError` lists every problem.
+    `seed`: a search's starting point, whose layout is not checked (`resolve`).
 
     Schema problems are reported together with load problems (duplicate keys); semantic
     checks run only on a tree that passed the schema, so they never see wrong types.
@@ -61,4 +62,4 @@ def load_plan(path: Path) -> Plan:
     problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file, loaded.refused)]
     if problems:
         raise BudgetError(problems)
-    return resolve(loaded.tree, loaded.marks, file)
+    return resolve(loaded.tree, loaded.marks, file, seed)

@@ -1245,8 +1245,12 @@ def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
     )
 
 
-def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
+def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
+
+    `seed`: the plan is a search's starting point, whose layout the search replaces, so the
+    rules relating the layout to the model, batch and world (`_Checks`) are not applied: a
+    draft whose degrees do not yet fit is what the search is for.
 
     Defaults: kv_heads = heads; head_dim = hidden / heads; ffn = 4 × hidden (gelu) or the
     Llama rule (swiglu, `llama_ffn`); parallel degrees 1; order [tp, cp, ep, dp, pp].
@@ -1286,7 +1290,8 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str) -> Plan:
     overlap = tree.get("overlap", {})
     transitions: tuple[Transition, ...] = ()
     if model is not None:
-        _Checks(r, mode, model, batch, par).run(topology)
+        if not seed:
+            _Checks(r, mode, model, batch, par).run(topology)
         names = _shape_names(model, batch, par)
         transitions = r.transitions(tree.get("transitions", []), names)
     if r.problems or model is None or device is None or topology is None:
