@@ -980,3 +980,26 @@ def test_an_fp8_checkpoint_is_served_in_fp8_unless_the_plan_says_otherwise(tmp_p
             },
             "c.json",
         )
+
+
+def test_unknown_keys_do_not_hide_the_next_problem(tmp_path: Path) -> None:
+    """Unknown keys and a negative layer count: both in one run, each its own error line at
+    $.model.hf_config (only the unknown keys were reported; review)."""
+    llama = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**llama, "foo": 1, "bar": 2, "num_hidden_layers": -3}))
+    with pytest.raises(HfConfigError) as caught:
+        read_hf_config(config)
+    first, second = caught.value.messages
+    assert "keys 'bar', 'foo' that budget does not understand" in first
+    assert "num_hidden_layers" in second
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "name: x\nmodel: {hf_config: config.json}\nbatch: {seq: 8192, micro: 1, global: 8}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+        "parallel: {tp: 8}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(BudgetError) as problems:
+        load_plan(plan)
+    assert [p.path for p in problems.value.problems] == ["$.model.hf_config"] * 2

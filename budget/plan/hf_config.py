@@ -245,7 +245,12 @@ _ACTIVATIONS = {
 
 
 class HfConfigError(Exception):
-    """A config.json that cannot be read or holds keys the budget does not understand."""
+    """A config.json that cannot be read or holds keys the budget does not understand; one
+    sentence per problem (`messages`)."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,13 +402,25 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
     _refuse_wrapper(config, where)
     unknown = sorted(set(config) - READ - IGNORED)
-    if unknown:
+    problems = []
+    if unknown:  # a problem, and the keys it reads are read on for theirs
         names = ", ".join(repr(k) for k in unknown)
         one = len(unknown) == 1
-        raise HfConfigError(
+        problems.append(
             f"{where} has key{'' if one else 's'} {names} that budget does not understand; "
             f"remove {'it' if one else 'them'} or write the model's dimensions out instead"
         )
+    try:
+        model = _translate(config, where)
+    except HfConfigError as error:
+        raise HfConfigError(*problems, *error.messages) from None
+    if problems:
+        raise HfConfigError(*problems)
+    return model
+
+
+def _translate(config: Mapping[str, Any], where: str) -> HfModel:
+    """`translate` past the unknown keys: the first problem it meets ends it."""
     family = config.get("model_type")
     if family is not None and (not isinstance(family, str) or family not in FAMILIES):
         raise HfConfigError(

@@ -241,7 +241,8 @@ class _Resolver:
             try:
                 hf = read_hf_config(path)
             except HfConfigError as error:
-                self.error("$.model.hf_config", str(error))
+                for message in error.messages:
+                    self.error("$.model.hf_config", message)
                 return None
             base = dict(hf.tree)
             self.config_weights = hf.weights
