@@ -10,7 +10,7 @@ from pathlib import Path
 
 from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
-from budget.plan.resolve import resolve
+from budget.plan.resolve import preset_problems, resolve
 from budget.plan.schema import validate_tree
 from budget.plan.yaml_load import decode, load_yaml
 
@@ -60,6 +60,8 @@ def load_plan(path: Path, seed: bool = False) -> Plan:
     if loaded.tree is None:
         raise BudgetError(list(loaded.problems))
     problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file, loaded.refused)]
-    if problems:
-        raise BudgetError(problems)
+    if problems:  # resolve will not run: name its unknown presets now, not in the next run
+        seen = {p.path for p in problems}
+        more = preset_problems(loaded.tree, loaded.marks, file)
+        raise BudgetError(problems + [p for p in more if p.path not in seen])
     return resolve(loaded.tree, loaded.marks, file, seed)

@@ -1246,6 +1246,20 @@ def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
     )
 
 
+def preset_problems(tree: Mapping[str, Any], marks: Marks, file: str) -> list[Problem]:
+    """Unknown preset names alone, for a tree the schema refused (so `resolve` does not
+    run): reported with the schema's problems rather than in the next run."""
+    from budget.catalog import DEVICES, MODELS, TOPOLOGIES
+
+    r = _Resolver(marks, file)
+    for section, known in (("model", MODELS), ("device", DEVICES), ("topology", TOPOLOGIES)):
+        part = tree.get(section)
+        name = part.get("preset") if isinstance(part, Mapping) else None
+        if isinstance(name, str) and name not in known:
+            r.unknown_preset(section, name, known)
+    return r.problems
+
+
 def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
 
