@@ -204,8 +204,11 @@ class _Resolver:
 
     def unknown_preset(self, section: str, name: str, known: Iterable[str]) -> None:
         names = sorted(known)
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        # a name the preset's starts with ("h100": h100-sxm, h100-pcie) before a near spelling
+        close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(
+            name, names, n=1
+        )
+        hint = f"did you mean {' or '.join(repr(n) for n in close)}? " if close else ""
         self.error(
             f"$.{section}.preset",
             f"unknown {section} preset {name!r}; {hint}known: {', '.join(names)}",
