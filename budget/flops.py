@@ -459,7 +459,7 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
 
 
-def optimizer_work(plan: Plan, params_shard: int) -> list[Work]:
+def optimizer_work(plan: Plan, params_shard: int, vocab_shard: Any = 0) -> list[Work]:
     """The optimizer step over the parameters this rank updates, as Megatron-LM's
     mixed-precision optimizer runs it (``megatron/core/optimizer/optimizer.py``, ``step``):
 
@@ -470,20 +470,26 @@ def optimizer_work(plan: Plan, params_shard: int) -> list[Work]:
       (``_copy_main_params_to_model_params``): reads the master copy, writes the parameter;
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
 
-    Without a master copy the step updates the parameters in place (read and write)."""
+    Without a master copy the step updates the parameters in place (read and write). Of
+    the shard, `vocab_shard` embedding and output-layer parameters are kept 16-bit under
+    fp8 weights (`vocab_operands`)."""
     prec = plan.precision
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     if prec.optimizer == "none":
         return []
     grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
+    params = param * params_shard + (max(param, VOCAB_WEIGHT_BYTES) - param) * vocab_shard
     master = DTYPE_BYTES[prec.master] if prec.master else 0
-    step = grad + 2 * (master or param) + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
+    states = grad + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
+    kept = 2 * master * params_shard if master else 2 * params  # read and written
     works = [
         elementwise("gradient norm", grad * params_shard),
-        Work(f"{prec.optimizer} step", "elementwise", 10 * params_shard, step * params_shard),
+        Work(
+            f"{prec.optimizer} step", "elementwise", 10 * params_shard, states * params_shard + kept
+        ),
     ]
     if master:
-        works.append(elementwise("master weights to parameters", (master + param) * params_shard))
+        works.append(elementwise("master weights to parameters", master * params_shard + params))
     works.append(elementwise("zero main gradients", grad * params_shard))
     return works
 

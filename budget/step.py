@@ -1691,7 +1691,13 @@ def _reduce(b: _StageBuilder) -> None:
         1,
         gathers,
         [Instant("optimizer step", b.resident)],
-        flops.optimizer_work(plan, shard),
+        flops.optimizer_work(
+            plan,
+            shard,
+            vwhere(
+                sharded, -(-b.params.vocab_per_rank // (par.dp * par.cp)), b.params.vocab_per_rank
+            ),
+        ),
     )
 
 

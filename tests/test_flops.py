@@ -176,3 +176,27 @@ def test_per_head_qk_norm_gradients_are_all_reduced_over_tp_even_without_sp() ->
     with_sp = partial(make_plan(sp=True))
     assert partial(make_plan(sp=True, qk_norm="per_head")) == with_sp + 12 * 512 * 4
     assert partial(make_plan(sp=False, qk_norm="per_head", tp=1, dp=128)) is None
+
+
+def test_the_optimizer_writes_fp8_weights_but_16_bit_vocabulary_rows():
+    """Under fp8 weights the embedding and output layer stay bf16 (`vocab_operands`), so the
+    master copy cast back writes the blocks' shard at 1 B and the vocabulary rows at 2 B:
+    against bf16 weights it saves one byte per parameter of the shard outside them only."""
+    from budget.layers import stage_params
+    from budget.plan.model import Precision
+    from budget.step import derive
+    from tests.builders import make_plan
+
+    def cast_bytes(params: str) -> tuple[int, int, int]:
+        plan = make_plan(tp=8, pp=2, dp=4, zero=1, precision=Precision(params=params))
+        (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "optimizer"]
+        (work,) = [w for w in phase.works if w.name == "master weights to parameters"]
+        owned = stage_params(plan, 0)
+        shard, vocab = -(-owned.per_rank // 4), -(-owned.vocab_per_rank // 4)
+        return work.bytes, shard, vocab
+
+    bf16, shard, vocab = cast_bytes("bf16")
+    fp8, _, _ = cast_bytes("fp8")
+    assert vocab > 0
+    assert bf16 == (4 + 2) * shard
+    assert fp8 == 4 * shard + 1 * (shard - vocab) + 2 * vocab
