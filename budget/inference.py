@@ -22,7 +22,8 @@ attention for DeepSeek serving).
 
 Prefill processes every prompt token once (phases `prefill.*`); decode then runs the whole
 model once per generated token with one query per sequence against the cached keys
-(`decode.*`, counted `generate` times). Pass k attends to prompt + k keys, so the passes'
+(`decode.*`, counted generate - 1 times: the prefill yields the first token,
+`decode_passes`). Pass k attends to prompt + k keys, so the passes'
 attention is priced once at their mean context (`decode_keys`): its reads and FLOPs grow
 linearly with the context, so G passes at the mean cost what the G passes cost; the memory
 is held at the last pass, the longest. Under context parallelism each rank attends the
@@ -242,14 +243,22 @@ def _pass(
     return phases
 
 
+def decode_passes(plan: Plan) -> int:
+    """Decode passes for `generate` tokens: the prefill's last position yields the first
+    token, so G - 1 passes yield the rest (vLLM's and TensorRT-LLM's time per output token
+    counts them so: the first token is the time to first token)."""
+    return plan.batch.generate - 1
+
+
 def decode_keys(plan: Plan) -> tuple[int, int]:
-    """Keys one decode pass's query meets on one rank, averaged over the `generate` passes
-    (pass k attends to prompt + k keys; kipply, "Transformer Inference Arithmetic", and
-    vLLM's paged attention read each sequence's current length): the mean context
-    P + (G + 1)/2, split over cp (the rank holding the larger share), and for a layer with a
-    window W the mean of min(context, W) over the passes. Both rounded up to whole keys."""
+    """Keys one decode pass's query meets on one rank, averaged over the passes (pass k
+    feeds generated token k and attends to prompt + k keys; kipply, "Transformer Inference
+    Arithmetic", and vLLM's paged attention read each sequence's current length): for G - 1
+    passes the mean context P + G/2, split over cp (the rank holding the larger share), and
+    for a layer with a window W the mean of min(context, W) over the passes. Both rounded
+    up to whole keys."""
     b, w, cp = plan.batch, plan.model.window, plan.parallel.cp
-    passes = max(1, b.generate)
+    passes = max(1, decode_passes(plan))
     first, last = b.prompt + 1, b.prompt + passes
     full = -(-(first + last) // (2 * cp))
     if not w or cp > 1:  # cp beside a window the context outgrows is refused (`resolve`)
@@ -292,8 +301,9 @@ def derive_inference(plan: Plan) -> Step:
         if plan.mode == "decode":
             each = _stage_shapes(plan, decode, sliding, len(ids))
             mean = _stage_shapes(plan, timed, sliding, len(ids))
+            passes = decode_passes(plan)
             phases += _pass(
-                plan, stage, "decode", each, b.generate, resident, len(ids) - moe, moe, mean
+                plan, stage, "decode", each, passes, resident, len(ids) - moe, moe, mean
             )
         stages.append(
             StageStep(

@@ -280,13 +280,14 @@ def _busy(p: PhaseTime) -> float:
 
 def serving_time(plan: Plan, step: Step) -> StepTime:
     """Prefill and decode latency: one batch passes the stages one after the other, so a
-    pass takes the sum of its stages; decode runs `generate` passes. Throughput counts the
+    pass takes the sum of its stages; decode runs generate - 1 passes. Throughput counts the
     tokens every data-parallel replica produces (prompt tokens for prefill, generated
     tokens for decode); model FLOPs are 2·N per token plus attention against the context
     (Kaplan et al., arXiv 2001.08361, Table 1, whose N leaves out the embeddings), N the
     active non-embedding parameters, and 2·vocab·hidden for the output layer where logits
     are computed: once per sequence in a prefill (the last position, what sampling needs,
-    as `inference` prices it), for every generated token in decode."""
+    as `inference` prices it), for every decoded token. Decode runs G - 1 passes for G
+    generated tokens, the first coming from the prefill, and its time per token is theirs."""
     stages = []
     for stage in step.stages:
         kernels = _kernels(plan, stage)
@@ -299,7 +300,8 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     b, m = plan.batch, plan.model
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
-    per_token = decode / b.generate if plan.mode == "decode" and b.generate else None
+    passes = b.generate - 1  # the prefill yields the first token (`inference.decode_passes`)
+    per_token = decode / passes if plan.mode == "decode" and passes > 0 else None
     n, logits = 2 * serving_params(plan), 2 * m.vocab * m.hidden
     # the attention products as written, also where decode runs them absorbed
     if per_token is None:
@@ -307,8 +309,9 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
         work = tokens * (n + attention_query_flops(m, 0, b.prompt)) + b.global_batch * logits
         rate = tokens / ttft if ttft else 0.0
     else:
-        tokens, total = b.global_batch * b.generate, ttft + decode
-        attention = attention_query_flops(m, b.prompt, b.prompt + b.generate)
+        # the decoded tokens: pass k meets prompt + k keys, k = 1 ... G - 1
+        tokens, total = b.global_batch * passes, ttft + decode
+        attention = attention_query_flops(m, b.prompt + 1, b.prompt + passes)
         work = tokens * (n + logits + attention)
         rate = b.global_batch / per_token if per_token else 0.0
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus

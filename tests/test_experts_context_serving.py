@@ -216,9 +216,9 @@ def test_decoding_with_context_parallelism_splits_the_prompt_not_the_context(tmp
     80 layers x 8 / 4 kv heads x 128 x 2 (K, V) x ceil(2,049 / 2) = 1,025 tokens x 32
     sequences x 2 B on each rank."""
     text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
-    text = text.replace("generate: 512", "generate: 1").replace("tp: 8", "tp: 4\n  cp: 2")
+    text = text.replace("generate: 512", "generate: 2").replace("tp: 8", "tp: 4\n  cp: 2")
     plan = _load_text(tmp_path, text)
-    assert (plan.parallel.cp, plan.batch.prompt, plan.batch.generate) == (2, 2048, 1)
+    assert (plan.parallel.cp, plan.batch.prompt, plan.batch.generate) == (2, 2048, 2)
     assert kv_cache_bytes(plan, 80) == 80 * 2 * 128 * 2 * 1025 * 32 * 2
     # each rank attends its 1,025 cached tokens, not all 2,049: the fused kernel reads
     # 32 x 1,025 x 2 kv heads x 128 x 2 (K, V) x 2 B, and writes/reads one query row
@@ -528,7 +528,7 @@ def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path)
     step = report["step"]
     assert step["compute_s"] + step["exposed_comm_s"] == pytest.approx(step["time_s"], rel=1e-12)
     rows = {p["name"]: p for p in report["phases"]}
-    assert rows["decode.attention"]["count"] == 80 * 512  # every layer, every token
+    assert rows["decode.attention"]["count"] == 80 * 511  # every layer, every decoded token
     assert sum(p["exposed_s"] for p in report["phases"]) == pytest.approx(step["exposed_comm_s"])
     for row in report["phases"]:  # its collectives' calls cover the same stages as its times
         calls = sum(c["time_s"] * c["count"] for c in row["collectives"])
@@ -668,13 +668,14 @@ def test_serving_phases_keep_the_pass_order_across_stages(tmp_path):
 
 
 def test_decode_passes_are_priced_at_their_mean_context(tmp_path):
-    """Pass k of G attends to prompt + k cached keys, so G passes cost G passes at the mean
-    context P + (G + 1)/2 (kipply's "Transformer Inference Arithmetic"; vLLM reads each
-    sequence's current length). Prompt 100 and 201 generated tokens average 201 keys, the
-    context of a single pass after a 200-token prompt, so the attention of one pass costs the
-    same in both; the cache is still held for all 301 tokens. Before, every pass was priced
-    at the last one's context: prompt 128 and 8,192 generated tokens cost as much per token
-    as 8,319 prompt tokens and one generated (18.3 ms, where the mean gives 12.4 ms)."""
+    """Pass k of the G - 1 decode passes (the prefill yields the first token) attends to
+    prompt + k cached keys, so they cost G - 1 passes at the mean context P + G/2 (kipply's
+    "Transformer Inference Arithmetic"; vLLM reads each sequence's current length). Prompt
+    100 and 201 generated tokens: 200 passes over 101 ... 300 keys, 200.5 on average, rounded
+    up to 201, the context of the one pass after a 200-token prompt generating 2, so a pass
+    costs the same in both; the cache is still held for all 301 tokens. Before, every pass was
+    priced at the last one's context: prompt 128 and 8,192 generated tokens cost as much per
+    token as 8,319 prompt tokens and one generated (18.3 ms, where the mean gives 12.4 ms)."""
     text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
 
     def attention(prompt: int, generate: int):
@@ -686,28 +687,28 @@ def test_decode_passes_are_priced_at_their_mean_context(tmp_path):
         return plan, core
 
     long, core = attention(100, 201)
-    _, single = attention(200, 1)
+    _, single = attention(200, 2)
     assert decode_keys(long) == (201, 0)
     # K and V of 201 keys x 1 kv head per tp rank x 128 x 2 B x 32 sequences, plus the query
     # and output rows (8 heads x 128 x 2 B each)
     assert core.bytes == single.bytes == 32 * (201 * 2 * 128 * 2 + 2 * 8 * 128 * 2)
     assert kv_cache_bytes(long, 80) == 80 * 128 * 2 * 301 * 32 * 2
-    # the mean is rounded up to a whole key: contexts 129 ... 8,320 average 4,224.5
+    # contexts 129 ... 8,319 average 4,224 keys
     _, core = attention(128, 8192)
-    assert core.bytes == 32 * (4225 * 2 * 128 * 2 + 2 * 8 * 128 * 2)
+    assert core.bytes == 32 * (4224 * 2 * 128 * 2 + 2 * 8 * 128 * 2)
 
 
 def test_a_sliding_layer_decodes_at_the_mean_of_its_window_capped_context():
-    """Window 4,096, prompt 2,048 and 4,096 generated tokens: contexts 2,049 ... 6,144, of
-    which the first 2,048 passes see all of theirs (mean 3,072.5) and the last 2,048 see
-    4,096 keys, so a sliding layer's pass meets 3,584.25 keys on average (rounded up to
-    3,585), not min(mean context 4,097, 4,096)."""
+    """Window 4,096, prompt 2,048 and 4,096 generated tokens: 4,095 passes over contexts
+    2,049 ... 6,143, of which the first 2,048 see all of theirs (mean 3,072.5) and the last
+    2,047 see 4,096 keys, so a sliding layer's pass meets 14,676,992 / 4,095 = 3,584.1 keys
+    on average (rounded up to 3,585), not min(mean context 4,096, 4,096)."""
     plan = make_plan(replace(QWEN_MOE, experts=None, window=4096), tp=1, pp=1, dp=1)
     serving = replace(plan, mode="decode", batch=Batch(6144, 8, 8, prompt=2048, generate=4096))
-    assert decode_keys(serving) == (4097, 3585)
+    assert decode_keys(serving) == (4096, 3585)
     # every context within the window: the layer meets all of them, as a full layer does
     shorter = replace(serving, batch=replace(serving.batch, generate=1000))
-    assert decode_keys(shorter) == (2549, 2549)
+    assert decode_keys(shorter) == (2548, 2548)
 
 
 def test_serving_reduces_the_vocab_parallel_embedding_over_tp():
@@ -863,7 +864,7 @@ def test_a_window_no_pass_reaches_changes_nothing_under_context_parallelism():
     base = make_plan(replace(QWEN_MOE, experts=None), tp=1, pp=1, dp=1, cp=2)
     serving = replace(base, mode="decode", batch=Batch(2560, 8, 8, prompt=2048, generate=512))
     windowed = replace(serving, model=replace(serving.model, window=100_000))
-    assert decode_keys(windowed) == decode_keys(serving) == (-(-(2049 + 2560) // 4), 0)
+    assert decode_keys(windowed) == decode_keys(serving) == (-(-(2049 + 2559) // 4), 0)
 
     def core(plan):
         (stage,) = derive_inference(plan).stages
@@ -871,3 +872,19 @@ def test_a_window_no_pass_reaches_changes_nothing_under_context_parallelism():
         return [(w.flops, w.bytes) for w in phase.works if w.kind == "attention"]
 
     assert core(windowed) == core(serving)
+
+
+def test_the_prefill_yields_the_first_token_and_decode_the_rest():
+    """G generated tokens take the prefill (whose last position gives the first) and G - 1
+    decode passes; time per output token is the decode passes' over G - 1, as vLLM and
+    TensorRT-LLM count it (it ran G passes, one too many, and divided by G)."""
+    from budget.inference import decode_passes
+
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    assert decode_passes(plan) == 511
+    report = to_dict(build_report(plan))
+    decode = sum(
+        p["compute_s"] + p["exposed_s"] for p in report["phases"] if p["name"].startswith("decode.")
+    )
+    assert report["step"]["decode_token_s"] == pytest.approx(decode / 511, rel=1e-12)
+    assert report["step"]["time_s"] == pytest.approx(report["step"]["ttft_s"] + decode, rel=1e-12)

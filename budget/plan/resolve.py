@@ -497,11 +497,11 @@ class _Resolver:
                 f"a {mode} plan reads at least one prompt token (a start-of-sequence token, "
                 "if nothing else); set batch.prompt ≥ 1",
             )
-        if mode == "decode" and generate < 1:
+        if mode == "decode" and generate < 2:
             self.error(
                 "$.batch.generate",
-                "a decode plan generates at least one token; set batch.generate ≥ 1 "
-                "(or use mode: prefill)",
+                "a decode plan generates at least two tokens: the prefill yields the first and "
+                "decoding the rest; set batch.generate ≥ 2 (or use mode: prefill for one)",
             )
         if prompt + generate < 1:
             self.error("$.batch.prompt", "batch.prompt + batch.generate must be at least 1")
