@@ -41,6 +41,7 @@ import numpy as np
 from budget.collectives import Algorithm, CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
+from budget.inference import decode_passes
 from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
@@ -191,8 +192,13 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
     the algorithm the move needs (ring attention's flat ring) or else the one the plan
     names for its op (`Plan.algorithm`), or else the default."""
     span = move_span(plan, move)
-    algorithm = cast(Algorithm | None, move.algorithm or plan.algorithm(move.op))
-    return price_group(move.op, move.size_bytes, span, algorithm, dtype=move.dtype)
+    return price_group(move.op, move.size_bytes, span, algorithm_of(plan, move), dtype=move.dtype)
+
+
+def algorithm_of(plan: Plan, move: Move) -> Algorithm | None:
+    """The algorithm `move` is priced with: its own (ring attention's flat ring), else the
+    one the plan names for its op (`Plan.algorithm`), else None for the default."""
+    return cast(Algorithm | None, move.algorithm or plan.algorithm(move.op))
 
 
 def _flag(plan: Plan, flag: str) -> bool:
@@ -300,7 +306,7 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     b, m = plan.batch, plan.model
     ttft = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("prefill."))
     decode = sum(_busy(p) for s in stages for p in s.phases if p.name.startswith("decode."))
-    passes = b.generate - 1  # the prefill yields the first token (`inference.decode_passes`)
+    passes = decode_passes(plan)
     per_token = decode / passes if plan.mode == "decode" and passes > 0 else None
     n, logits = 2 * serving_params(plan), 2 * m.vocab * m.hidden
     # the attention products as written, also where decode runs them absorbed

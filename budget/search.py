@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from budget.collectives import (
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
-from budget.schedule import MICROBATCH_PHASES, move_kind, move_span, step_time
+from budget.schedule import MICROBATCH_PHASES, algorithm_of, move_kind, move_span, step_time
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
 
@@ -622,8 +622,7 @@ class _Pricer:
         for ranks, size, cost in seen:
             if np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes):
                 return cost
-        named = cast(Algorithm | None, move.algorithm or plan.algorithm(move.op))
-        cost = _Known.of(self._price(move, named))
+        cost = _Known.of(self._price(move, algorithm_of(plan, move)))
         seen.append((move.ranks, move.size_bytes, cost))
         return cost
 

@@ -1679,25 +1679,22 @@ def _reduce(b: _StageBuilder) -> None:
             ],
             [],
         )
-    sharded = par.zero >= 1
-    shard = vwhere(sharded, -(-b.params.per_rank // (par.dp * par.cp)), b.params.per_rank)
-    shard += vwhere(
-        sharded,
-        -(-b.params.expert_per_rank // expert_data_parallel(plan)),
-        b.params.expert_per_rank,
-    )
+
+    def updated(n: Any, ranks: Any) -> Any:
+        """The share of `n` parameters this rank's optimizer updates: a 1/ranks shard
+        under ZeRO, else all of them."""
+        return vwhere(par.zero >= 1, -(-n // ranks), n)
+
+    p = b.params
+    shard = updated(p.per_rank, par.dp * par.cp)
+    shard += updated(p.expert_per_rank, expert_data_parallel(plan))
+    vocab = updated(p.vocab_per_rank, par.dp * par.cp)
     b.add(
         "optimizer",
         1,
         gathers,
         [Instant("optimizer step", b.resident)],
-        flops.optimizer_work(
-            plan,
-            shard,
-            vwhere(
-                sharded, -(-b.params.vocab_per_rank // (par.dp * par.cp)), b.params.vocab_per_rank
-            ),
-        ),
+        flops.optimizer_work(plan, shard, vocab),
     )
 
 
