@@ -1169,6 +1169,14 @@ def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     assert peak_digits((R(2**30), R(2**30 + 1))) == 6  # apart at no width: as far as it goes
 
 
+def test_the_markdown_search_parts_its_peaks_as_the_table_does(tmp_path) -> None:
+    """gpt-1.3b's best-by-time list and Pareto front hold 28,514,424,832 and 28,527,007,744
+    B; the markdown printed both as 26.6 GiB after the table had been mended."""
+    args = ["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "-f", "markdown"]
+    out = CliRunner().invoke(app, route(args)).stdout
+    assert "| 26.556 GiB |" in out and "| 26.568 GiB |" in out  # among all 48 points
+
+
 def test_a_draft_whose_layout_does_not_fit_its_world_is_searched(tmp_path):
     """The search replaces the plan's layout, so a draft whose degrees do not yet fit (tp 8
     x pp 3 x dp 16 = 384 of 512 GPUs, 80 layers over 3 stages, a global batch of 500 over

@@ -212,11 +212,14 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
 
 
 def render_search_markdown(outcome: Outcome, top: int) -> str:
+    best = outcome.results[:top]
+    digits = peak_digits((*best, *outcome.pareto))  # as the table: peaks that differ read apart
+
     def rows(results: tuple[Result, ...]) -> list[str]:
         head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for r in results:
-            cells = [*_layout(r).values(), *_figures(r).values()]
+            cells = [*_layout(r).values(), *_figures(r, digits).values()]
             out.append("| " + " | ".join(cells) + " |")
         return [*out, ""]
 
@@ -230,7 +233,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
     if outcome.hardware:
         lines += [hardware_text(outcome.hardware), ""]
     if outcome.results:
-        lines += [f"### Best by {outcome.objective}", "", *rows(outcome.results[:top])]
+        lines += [f"### Best by {outcome.objective}", "", *rows(best)]
         lines += ["### Pareto front: peak memory against step time", ""]
         lines += rows(outcome.pareto)
     else:
