@@ -19,6 +19,7 @@ from budget.errors import every_one
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.plan.resolve import TRAINING_ONLY
 from budget.report import PhaseRow, Report, StageRow, to_dict
+from budget.units import plural
 
 __all__ = [
     "Change",
@@ -151,7 +152,7 @@ class PlanDiff:
             more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
             only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
             notes.append(
-                f"A has {na} pipeline stage{'s' if na != 1 else ''} and B has {nb}: stages are "
+                f"A has {plural(na, 'pipeline stage')} and B has {nb}: stages are "
                 "aligned by index, "
                 f"so {only} exist only in {side}"
             )

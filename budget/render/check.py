@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from budget.render.markdown import code, fence, plain
-from budget.units import format_bytes
+from budget.units import format_bytes, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,7 +54,7 @@ def _tally(result: CheckResult) -> str:
     passed = sum(v.passed for v in result.verdicts)
     invalid = sum(not v.valid for v in result.verdicts)
     failed = total - passed - invalid
-    parts = [f"{passed} of {total} plan{'s' if total != 1 else ''} passed"]
+    parts = [f"{passed} of {plural(total, 'plan')} passed"]
     if failed:
         parts.append(f"{failed} failed")
     if invalid:

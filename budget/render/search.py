@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from budget.render.table import attention_text, titled_table
-from budget.units import format_bytes, format_duration
+from budget.units import format_bytes, format_duration, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -165,7 +165,7 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         bandwidth += "; " + ", ".join(f"{op} by {name}" for op, name in sorted(named.items()))
     left = hardware.get("transitions_left_out", 0)
     dropped = (
-        f" The plan's {left} hand-written transition{'s' if left > 1 else ''} "
+        f" The plan's {plural(left, 'hand-written transition')} "
         f"{'are' if left > 1 else 'is'} left out of every layout (and of --write)."
         if left
         else ""

@@ -63,7 +63,7 @@ def header(report: Report) -> list[str]:
         extras.append("scatter/gather stage sends")
     extras.append(f"recompute: {lay['recompute']}")
     batches = report.microbatches
-    work = f"{batches} micro-batch{'es' if batches != 1 else ''} per step"
+    work = f"{plural(batches, 'micro-batch', 'micro-batches')} per step"
     if report.mode != "train":
         extras = ["sequence parallel"] if lay["sequence_parallel"] else []
         work = (
@@ -71,8 +71,7 @@ def header(report: Report) -> list[str]:
             f"{lay['generate']:,} generated tokens)"
         )
     return [
-        f"{report.name} · {report.mode} · {report.world_size:,} "
-        f"GPU{'s' if report.world_size != 1 else ''} = {degrees}",
+        f"{report.name} · {report.mode} · {plural(report.world_size, 'GPU')} = {degrees}",
         f"model: {m['params_total'] / 1e9:,.2f} billion parameters{_mtp(m)}{_active(m)} "
         f"({plural(m['layers'], 'layer')}, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
         f"vocab {m['vocab']:,}{_window(m)})",
@@ -99,8 +98,8 @@ def _ffn(model: dict[str, Any]) -> str:
     dense = model["layers"] - e["moe_layers"]
     shared = f", shared ffn {e['shared_ffn']}" if e["shared_ffn"] else ""
     return (
-        (f"ffn {model['ffn']} in {dense} dense layer{'s' if dense != 1 else ''}, " if dense else "")
-        + f"{e['moe_layers']} MoE layer{'s' if e['moe_layers'] != 1 else ''} of "
+        (f"ffn {model['ffn']} in {plural(dense, 'dense layer')}, " if dense else "")
+        + f"{plural(e['moe_layers'], 'MoE layer')} of "
         + f"{e['count']} experts of ffn {e['ffn']} "
         + f"(top {e['top_k']}{shared})"
     )
