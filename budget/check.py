@@ -16,6 +16,7 @@ from budget.errors import BudgetError, Problem
 from budget.report import Overlapping, Report, StageRow
 from budget.units import (
     UnitError,
+    decimals_apart,
     duration_unit,
     format_bytes,
     format_duration,
@@ -267,15 +268,7 @@ def _gib_pair(value: float, limit: float) -> tuple[str, str]:
     (two at least) at which they read apart and on their own sides: 51.897 GiB free short
     of a required 51.900, not 51.90 beside 51.90, nor 53.781 beside a limit shown as 53.78
     that is really 53.7813."""
-    a, b = value / GIB, limit / GIB
-    digits = next(
-        (
-            d
-            for d in range(2, 13)
-            if round(a, d) != round(b, d) and (round(a, d) > round(b, d)) == (a > b)
-        ),
-        12,
-    )
+    digits = decimals_apart((value / GIB, limit / GIB))
     return _gib(value, digits), _gib(limit, digits)
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 
 __all__ = [
     "UnitError",
+    "decimals_apart",
     "duration_unit",
     "format_bytes",
     "format_duration",
@@ -170,6 +172,16 @@ def parse_flops(text: str | int | float) -> float:
         else:
             raise UnitError(f"expected {what}, got {text!r}")
     return float(_nonnegative(value, text, what))
+
+
+def decimals_apart(values: Iterable[float], start: int = 2, most: int = 12) -> int:
+    """The fewest decimals from `start` at which every two different `values` print apart
+    (rounding keeps their order, so they also print on their own sides), or `most`."""
+    distinct = set(values)
+    return next(
+        (d for d in range(start, most) if len({round(v, d) for v in distinct}) == len(distinct)),
+        most,
+    )
 
 
 def plural(n: int, word: str, many: str = "") -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from budget.render.table import attention_text, titled_table
-from budget.units import format_bytes, format_duration, plural
+from budget.units import decimals_apart, format_bytes, format_duration, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,13 +39,10 @@ def peak_digits(rows: tuple[Result, ...]) -> int | None:
     `format_bytes`' three figures show two different peaks alike (26.6 GiB for 28,514,424,832
     and 28,527,007,744 B, which made a Pareto point read as dominated); None when they
     already read apart."""
-    peaks = sorted({r.peak_bytes for r in rows})
-    shown = [format_bytes(p) for p in peaks]
-    if len(set(shown)) == len(shown):
+    peaks = {r.peak_bytes for r in rows}
+    if len({format_bytes(p) for p in peaks}) == len(peaks):
         return None
-    return next(
-        (d for d in range(2, 7) if len({f"{p / 2**30:.{d}f}" for p in peaks}) == len(peaks)), 6
-    )
+    return decimals_apart((p / 2**30 for p in peaks), most=6)
 
 
 def _figures(r: Result, digits: int | None = None) -> dict[str, str]:
