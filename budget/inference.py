@@ -9,6 +9,9 @@ attention slides keeps only its window's tokens, `kv_cache_bytes`)
     layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
     x sequences per data-parallel replica x bytes per element,
 
+with one key/value head per rank when tp exceeds kv_heads: each is replicated on
+tp / kv_heads ranks (`layers.kv_heads_per_rank`),
+
 the element in ``precision.kv_cache``, or the activations' format when the plan names none.
 An fp8 cache (vLLM's ``--kv-cache-dtype fp8``, TensorRT-LLM's FP8 KV cache) halves the cache
 and decode's reads of it, and nothing else: activations and the tensor-parallel
@@ -42,6 +45,7 @@ from budget import flops
 from budget.flops import Work
 from budget.layers import (
     Shapes,
+    kv_heads_per_rank,
     layer_params,
     moe_layers,
     params_total,
@@ -75,7 +79,7 @@ def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
     2; vLLM and transformers keep a sliding layer's cache at the window)."""
     m, par, b = plan.model, plan.parallel, plan.batch
     context = -(-(b.prompt + b.generate) // par.cp)
-    elements = 2 * (m.kv_heads // par.tp) * m.head_dim
+    elements = 2 * int(kv_heads_per_rank(plan)) * m.head_dim  # serving: one tp
     if m.mla is not None:
         elements = m.mla.kv_rank + m.mla.rope_dim
     per_token = elements * DTYPE_BYTES[plan.precision.cache]
@@ -285,6 +289,8 @@ def derive_inference(plan: Plan) -> Step:
         sliding = sum(slides[i] for i in ids)
         heads = "replicate" if plan.model.mla is not None else "shard(kv heads)"
         where = [f"{heads} on tp"] if plan.parallel.tp > 1 else []
+        if plan.model.mla is None and plan.model.kv_heads < plan.parallel.tp:
+            where[0] += f", each head on {plan.parallel.tp // plan.model.kv_heads} ranks"
         where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []
         cache = Alloc(
             "KV cache",

@@ -138,13 +138,26 @@ def attention_params(plan: Plan) -> tuple[int, int]:
         return sharded + replicated, -(-sharded // t) + replicated
     q_width, kv_width = out_width, m.kv_heads * m.head_dim
     qkv_bias = m.bias or m.qkv_bias
-    sharded = h * (q_width + 2 * kv_width) + q_width * h + (q_width + 2 * kv_width) * qkv_bias
+    sharded = h * q_width + q_width * h + q_width * qkv_bias
     sharded += m.heads * m.attention_sinks  # one logit per head, with its head on the tp rank
+    kv = 2 * (h + qkv_bias) * kv_width  # the K and V projections
+    kv_rank = 2 * (h + qkv_bias) * kv_heads_per_rank(plan) * m.head_dim
     replicated = h * m.bias + _block_norms(plan)
     replicated += qk_norm_params(plan)  # per head: held whole by every tp rank
     if m.qk_norm == "full_width":  # at tp 1 (`resolve`): every head's on the rank
         sharded += _norm_weights(plan) * (q_width + kv_width)
-    return sharded + replicated, -(-sharded // t) + replicated
+    return sharded + kv + replicated, -(-sharded // t) + kv_rank + replicated
+
+
+def kv_heads_per_rank(plan: Plan) -> Any:
+    """Key/value heads one tensor-parallel rank holds: kv_heads / tp, or one when tp is a
+    multiple of kv_heads larger than it. A serving engine then holds each key/value head on
+    tp / kv_heads ranks, with its projection weights and its KV cache (vLLM's
+    ``QKVParallelLinear``: ``num_kv_heads = 1``, ``num_kv_head_replicas = tp_size /
+    total_num_kv_heads``; ``ModelConfig.get_num_kv_heads``: ``max(1, total // tp)``).
+    Megatron-LM trains only with whole groups per rank (``num_query_groups % tp == 0``), so a
+    train plan never reaches the second case (`resolve`)."""
+    return vmax(plan.model.kv_heads // plan.parallel.tp, 1)
 
 
 def _latent_down(plan: Plan) -> int:
@@ -547,8 +560,8 @@ def shapes(plan: Plan, query_len: int | None = None, kv_len: int | None = None) 
         act=DTYPE_BYTES[plan.precision.activations],
         hidden=m.hidden,
         q_cols=m.heads * m.qk_head_dim // t,
-        k_cols=m.kv_heads * m.qk_head_dim // t,
-        v_cols=m.kv_heads * m.head_dim // t,
+        k_cols=kv_heads_per_rank(plan) * m.qk_head_dim,
+        v_cols=kv_heads_per_rank(plan) * m.head_dim,
         out_cols=m.heads * m.head_dim // t,
         ffn_cols=-(-m.ffn // t),
         heads=m.heads // t,

@@ -888,3 +888,63 @@ def test_the_prefill_yields_the_first_token_and_decode_the_rest():
     )
     assert report["step"]["decode_token_s"] == pytest.approx(decode / 511, rel=1e-12)
     assert report["step"]["time_s"] == pytest.approx(report["step"]["ttft_s"] + decode, rel=1e-12)
+
+
+def test_serving_replicates_key_value_heads_when_tp_exceeds_them(tmp_path):
+    """vLLM's QKVParallelLinear at tp > kv_heads: one key/value head per rank, each on
+    tp / kv_heads ranks. Llama 3 70B decoding at tp 16 (8 kv heads) over two DGX H100s:
+
+    - per rank, per layer: Q and O 2 x 8,192² / 16 = 8,388,608, K and V at one head
+      2 x 8,192 x 128 = 2,097,152 (not 1/16 of 8 heads' 2 x 8,192 x 1,024, which is half a
+      head), the MLP 3 x 8,192 x 28,672 / 16 = 44,040,192, two norms 16,384: 54,542,336;
+      x 80 layers = 4,363,386,880, + the embedding and output rows 2 x 8,016 x 8,192 =
+      131,334,144, + the final norm 8,192 = 4,494,729,216 parameters;
+    - the KV cache keeps one head a rank, as at tp 8: 80 x 128 x 2 x 2,560 x 32 x 2 B;
+    - the QKV GEMM writes 4 query heads and one K and one V head: 6 x 128 columns."""
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    plan = _load_text(tmp_path, text.replace("tp: 8", "tp: 16").replace("nodes: 1", "nodes: 2"))
+    assert stage_params(plan, 0).per_rank == 4_494_729_216
+    assert layer_params(plan).total == layer_params(load_plan(PLANS / f"{plan.name}.yaml")).total
+    assert kv_cache_bytes(plan, 80) == 80 * 128 * 2 * 2560 * 32 * 2
+    s = shapes(plan)
+    assert (s.q_cols, s.k_cols, s.v_cols) == (4 * 128, 128, 128)
+    (stage,) = derive_inference(plan).stages
+    (qkv,) = [
+        w
+        for p in stage.phases
+        if p.name == "prefill.attention"
+        for w in p.works
+        if w.name == "QKV projection"
+    ]
+    assert qkv.flops == 2 * 32 * 2048 * 8192 * (4 + 1 + 1) * 128
+    (cache,) = [a for a in stage.resident if a.name == "KV cache"]
+    assert cache.bytes == kv_cache_bytes(plan, 80)
+    assert cache.placement == "shard(kv heads) on tp, each head on 2 ranks"
+
+
+@pytest.mark.parametrize(
+    ("mode", "tp", "message"),
+    [
+        # training keeps Megatron-LM's whole groups per rank
+        ("train", 16, r"model\.kv_heads = 8 is not divisible by tp = 16: .* 1, 2, 4, 8$"),
+        # serving takes a multiple of kv_heads, not a tp that splits a head unevenly
+        ("decode", 32, None),
+        ("decode", 12, r"heads = 64 and model\.kv_heads = 8 are not divisible by tp = 12"),
+    ],
+)
+def test_only_serving_shares_a_key_value_head_among_ranks(tmp_path, mode, tp, message):
+    from budget.errors import BudgetError
+
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    text = text.replace("tp: 8", f"tp: {tp}").replace("nodes: 1", f"gpus: {tp}")
+    if mode == "train":
+        text = text.replace("mode: decode", "mode: train").replace(
+            "  sequences: 32\n  prompt: 2048\n  generate: 512",
+            "  seq: 2048\n  micro: 1\n  global: 8",
+        )
+    if message is None:
+        assert _load_text(tmp_path, text).parallel.tp == tp
+        return
+    with pytest.raises(BudgetError, match=message) as caught:
+        _load_text(tmp_path, text)
+    assert "choose tp among" in str(caught.value)

@@ -130,8 +130,9 @@ def _rate(value: float, unit: str) -> str:
     return f"0 {unit}" if value == 0 else f"{value:.3g} {unit}, under 1 {unit}"
 
 
-def _divisors(n: int, limit: int = 8) -> str:
-    found = [d for d in range(1, n + 1) if n % d == 0][:limit]
+def _divisors(n: int, limit: int = 8, keep: Callable[[int], bool] = bool) -> str:
+    """The first `limit` divisors of `n` that `keep` accepts, for an error's suggestion."""
+    found = [d for d in range(1, n + 1) if n % d == 0 and keep(d)][:limit]
     more = ", ..." if len(found) == limit and found[-1] != n else ""
     return ", ".join(str(d) for d in found) + more
 
@@ -961,15 +962,22 @@ class _Checks:
 
     def heads(self) -> None:
         """Megatron-LM: num_attention_heads % tp == 0 and num_query_groups % tp == 0.
+        Serving also takes a tp that is a multiple of kv_heads, each key/value head then
+        replicated on tp / kv_heads ranks (vLLM's ``QKVParallelLinear``:
+        ``divide(tp_size, total_num_kv_heads)``; `layers.kv_heads_per_rank`).
 
         Source: Megatron-LM ``megatron/core/transformer/transformer_config.py``
         (``TransformerConfig.__post_init__``).
         """
-        m, tp = self.model, self.par.tp
-        # a tp offered must divide both counts, or the next run fails on the other one
-        both = _divisors(math.gcd(m.heads, m.kv_heads))
+        m, tp, serving = self.model, self.par.tp, self.mode != "train"
+
+        def fits(t: int) -> bool:  # the key/value heads split whole, or replicated in serving
+            return m.kv_heads % t == 0 or (serving and t % m.kv_heads == 0)
+
+        # a tp offered must suit both counts, or the next run fails on the other one
+        both = _divisors(m.heads, keep=fits)
         if m.heads % tp:
-            grouped = m.kv_heads != m.heads and m.kv_heads % tp  # GQA: both counts fail
+            grouped = m.kv_heads != m.heads and not fits(tp)  # GQA: both counts fail
             kv = f" and model.kv_heads = {m.kv_heads} are" if grouped else " is"
             whole = "query and key/value heads" if grouped else "attention heads"
             self.r.error(
@@ -977,11 +985,17 @@ class _Checks:
                 f"model.heads = {m.heads}{kv} not divisible by tp = {tp}: each tensor-parallel "
                 f"rank holds whole {whole}; choose tp among {both}",
             )
-        elif m.kv_heads % tp:
+        elif not fits(tp):
+            counts = f"model.kv_heads = {m.kv_heads}" + (
+                f" and tp = {tp} do not divide one another"
+                if serving
+                else f" is not divisible by tp = {tp}"
+            )
+            shared = ", or one it shares with tp / kv_heads ranks" if serving else ""
             self.r.error(
                 "$.parallel.tp",
-                f"model.kv_heads = {m.kv_heads} is not divisible by tp = {tp}: each "
-                f"tensor-parallel rank holds whole key/value heads; choose tp among {both}",
+                f"{counts}: each tensor-parallel rank holds whole key/value heads{shared}; "
+                f"choose tp among {both}",
             )
         if m.qk_norm == "full_width" and tp > 1:
             self.r.error(
