@@ -7,13 +7,14 @@ numbers and what dominates; renderers show the reasons and the CLI picks the exi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
-from budget.report import Overlapping, Report, StageRow
+from budget.report import Overlapping, PhaseRow, Report, StageRow
 from budget.units import (
     UnitError,
     decimals_apart,
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 GIB = 2**30
-LimitName = Literal["memory", "headroom", "max_exposed", "max_step"]
+LimitName = Literal["memory", "headroom", "max_exposed", "max_step", "max_ttft", "max_tpot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ class Limits:
     headroom_bytes: int | None = None  # ... or in bytes
     max_exposed_share: float | None = None  # exposed communication / step time
     max_step_s: float | None = None
+    max_ttft_s: float | None = None  # serving: time to first token (the prefill)
+    max_tpot_s: float | None = None  # serving: time per output token (a decode pass)
 
     def required_headroom(self, capacity_bytes: int) -> int | None:
         """Free bytes the worst stage must keep on a device of `capacity_bytes`."""
@@ -59,9 +62,13 @@ class Limits:
 
     def shown_step(self, time_s: float) -> str:
         """A step time as the check shows it: as many digits as tell it from the limit."""
-        if self.max_step_s is None:
-            return format_duration(time_s)
-        return _distinct(time_s, self.max_step_s)
+        return _shown(time_s, self.max_step_s)
+
+    def shown_ttft(self, time_s: float) -> str:
+        return _shown(time_s, self.max_ttft_s)
+
+    def shown_tpot(self, time_s: float) -> str:
+        return _shown(time_s, self.max_tpot_s)
 
     def shown_exposed(self, share: float) -> str:
         """An exposed share as the check shows it: as many digits as tell it from the limit."""
@@ -80,6 +87,10 @@ class Limits:
             out.append(f"exposed communication ≤ {_percent(self.max_exposed_share)} of the step")
         if self.max_step_s is not None:
             out.append(f"step time ≤ {_exact(self.max_step_s)}")
+        if self.max_ttft_s is not None:
+            out.append(f"time to first token ≤ {_exact(self.max_ttft_s)}")
+        if self.max_tpot_s is not None:
+            out.append(f"time per output token ≤ {_exact(self.max_tpot_s)}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +99,8 @@ class Limits:
             "headroom_bytes": self.headroom_bytes,
             "max_exposed_share": self.max_exposed_share,
             "max_step_s": self.max_step_s,
+            "max_ttft_s": self.max_ttft_s,
+            "max_tpot_s": self.max_tpot_s,
         }
 
 
@@ -127,6 +140,7 @@ class Verdict:
     report: Report | None
     reasons: tuple[Reason, ...] = ()
     problems: tuple[Problem, ...] = ()
+    notes: tuple[str, ...] = ()  # limits that do not apply to the plan (a train plan's TTFT)
 
     @property
     def valid(self) -> bool:
@@ -171,15 +185,22 @@ def _beside(value: float, limit: float, start: int) -> int:
     return 12
 
 
+def _shown(seconds: float, limit: float | None) -> str:
+    return format_duration(seconds) if limit is None else _distinct(seconds, limit)
+
+
 def _distinct(seconds: float, limit: float) -> str:
     """`seconds` in the limit's unit, with `format_duration`'s digits or as many more as it
     takes to read on its side of `limit` (5.3366 s against a 5.336 s limit, not 5.34 s;
-    999.6 ms against 1 s reads 0.9996 s)."""
+    999.6 ms against 1 s reads 0.9996 s), and three significant figures at least (17.3 ms
+    against 1 s reads 0.0173 s, not 0.02 s)."""
     if seconds == limit:
         return _exact(limit)
     scale, unit = duration_unit(limit)
     value = seconds / scale
     start = max(2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0, _decimals(limit))
+    if 0 < abs(value) < 1:
+        start = max(start, 2 - math.floor(math.log10(abs(value))))
     shown_limit = float(_exact(limit).split()[0])  # the limit as the user reads it
     return f"{value:.{_beside(value, shown_limit, start)}f} {unit}"
 
@@ -220,11 +241,29 @@ def _share(text: str, option: str) -> float:
     return value
 
 
+def _duration(text: str | None, option: str) -> float | None:
+    """ "12s" → 12.0 for a time limit; more than 0 s."""
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except UnitError as error:
+        raise ValueError(f"{option} {text!r}: {error}") from None
+    if seconds <= 0:
+        raise ValueError(f"{option} {text!r}: must be more than 0 s")
+    return seconds
+
+
 def parse_limits(
-    headroom: str | None = None, max_exposed: str | None = None, max_step: str | None = None
+    headroom: str | None = None,
+    max_exposed: str | None = None,
+    max_step: str | None = None,
+    max_ttft: str | None = None,
+    max_tpot: str | None = None,
 ) -> Limits:
     """Limits from the command line: --headroom 5% or 4GiB, --max-exposed 20%, --max-step
-    12s. Raises ValueError with a one-line message on bad text."""
+    12s, and a serving plan's --max-ttft 2s and --max-tpot 20ms. Raises ValueError with a
+    one-line message on bad text."""
     share = size = None
     if headroom is not None:
         if headroom.strip().endswith("%"):
@@ -242,15 +281,14 @@ def parse_limits(
                     f"--headroom {headroom!r}: expected 5% or a size: {error}"
                 ) from None
     exposed = None if max_exposed is None else _share(max_exposed, "--max-exposed")
-    step = None
-    if max_step is not None:
-        try:
-            step = parse_duration(max_step)
-        except UnitError as error:
-            raise ValueError(f"--max-step {max_step!r}: {error}") from None
-        if step <= 0:
-            raise ValueError(f"--max-step {max_step!r}: must be more than 0 s")
-    return Limits(share, size, exposed, step)
+    return Limits(
+        share,
+        size,
+        exposed,
+        _duration(max_step, "--max-step"),
+        _duration(max_ttft, "--max-ttft"),
+        _duration(max_tpot, "--max-tpot"),
+    )
 
 
 def _percent(share: float) -> str:
@@ -342,16 +380,20 @@ def _untimed(limit: LimitName, option: str) -> Reason:
     )
 
 
-def _phases(report: Report, key: str, limit: int = 3) -> str:
+def _phases(
+    report: Report, key: str, limit: int = 3, only: list[PhaseRow] | None = None, per: int = 1
+) -> str:
+    """The `limit` phases (of `only`, if given) with the most exposed or busy time, each
+    divided by `per` (a decode phase's passes)."""
     values = []
-    for p in report.phases:
+    for p in report.phases if only is None else only:
         value = (
             (p.exposed_s or 0.0)
             if key == "exposed"
             else (p.compute_s or 0.0) + (p.exposed_s or 0.0)
         )
         if value > 0:
-            values.append((value, p.name))
+            values.append((value / per, p.name))
     values.sort(key=lambda v: -v[0])
     return ", ".join(f"{name} {format_duration(value)}" for value, name in values[:limit])
 
@@ -401,6 +443,59 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
     )
 
 
+# Serving latency limits: the report's figure, the option, the figure in words, and the
+# plans that have it (vLLM's and TensorRT-LLM's TTFT and TPOT, `inference.decode_passes`)
+_LATENCY: dict[LimitName, tuple[str, str, str, str]] = {
+    "max_ttft": ("ttft_s", "--max-ttft", "the time to first token", "prefill"),
+    "max_tpot": ("decode_token_s", "--max-tpot", "the time per output token", "decode pass"),
+}
+
+
+def _latency_limit(limits: Limits, name: LimitName) -> float | None:
+    return limits.max_ttft_s if name == "max_ttft" else limits.max_tpot_s
+
+
+def latency_notes(report: Report, limits: Limits) -> tuple[str, ...]:
+    """The serving latency limits set that `report` has no figure for (a train plan has no
+    first token, a prefill plan no decode pass): said, not failed, so one `budget check`
+    can gate a directory of training and serving plans."""
+    return tuple(
+        f"{option} does not apply to a {report.mode} plan, which runs no {phase}"
+        for name, (key, option, _, phase) in _LATENCY.items()
+        if _latency_limit(limits, name) is not None
+        and report.step["time_s"] is not None
+        and report.step.get(key) is None
+    )
+
+
+def _latency_reason(report: Report, name: LimitName, limit: float) -> Reason | None:
+    """`name`'s figure over `limit`, with the phases that take the most of it: the prefill's
+    for the first token, the decode pass's for an output token."""
+    key, option, what, _ = _LATENCY[name]
+    if report.step["time_s"] is None:
+        return _untimed(name, option)
+    actual = report.step.get(key)
+    if actual is None or actual <= limit:
+        return None
+    prefix = "prefill." if name == "max_ttft" else "decode."
+    busy = [p for p in report.phases if p.name.startswith(prefix)]
+    # a decode phase's row sums its generate - 1 passes (`inference.decode_passes`)
+    passes = 1 if name == "max_ttft" else report.layout["generate"] - 1
+    per = "" if passes == 1 else " per output token"
+    return Reason(
+        limit=name,
+        message=(
+            f"{what} is {_distinct(actual, limit)}, {format_duration(actual - limit)} over "
+            f"the {_exact(limit)} limit; largest phases{per} (compute + exposed "
+            f"communication): {_phases(report, 'busy', only=busy, per=passes)}"
+        ),
+        stage=None,
+        actual=actual,
+        required=limit,
+        excess=actual - limit,
+    )
+
+
 def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
     """Every limit `report` breaks, memory first; an empty tuple when it passes."""
     worst = report.worst
@@ -415,6 +510,10 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
         reasons.append(_exposed_reason(report, limits.max_exposed_share))
     if limits.max_step_s is not None:
         reasons.append(_step_reason(report, limits.max_step_s))
+    for name in _LATENCY:
+        limit = _latency_limit(limits, name)
+        if limit is not None:
+            reasons.append(_latency_reason(report, name, limit))
     return tuple(r for r in reasons if r is not None)
 
 
@@ -429,7 +528,8 @@ def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
         except BudgetError as error:
             verdicts.append(Verdict(str(path), None, problems=tuple(error.problems)))
             continue
-        verdicts.append(Verdict(str(path), report, check_report(report, limits)))
+        reasons, notes = check_report(report, limits), latency_notes(report, limits)
+        verdicts.append(Verdict(str(path), report, reasons, notes=notes))
     return CheckResult(limits, tuple(verdicts))
 
 
@@ -441,6 +541,7 @@ def _plan_dict(verdict: Verdict) -> dict[str, Any]:
         "valid": verdict.valid,
         "reasons": [r.to_dict() for r in verdict.reasons],
         "problems": [str(p) for p in verdict.problems],
+        "notes": list(verdict.notes),
     }
     if report is not None:
         worst = report.worst
@@ -453,6 +554,8 @@ def _plan_dict(verdict: Verdict) -> dict[str, Any]:
             "headroom_bytes": worst.headroom_bytes,
             "step_time_s": report.step["time_s"],
             "exposed_share": report.step.get("exposed_share"),
+            "ttft_s": report.step.get("ttft_s"),
+            "tpot_s": report.step.get("decode_token_s"),
         }
     return out
 

@@ -81,6 +81,14 @@ MaxStepOption = Annotated[
     str | None,
     typer.Option(help="Longest step time, e.g. 12s (a serving plan: the whole run)."),
 ]
+MaxTtftOption = Annotated[
+    str | None,
+    typer.Option(help="Longest time to first token of a serving plan, e.g. 2s (the prefill)."),
+]
+MaxTpotOption = Annotated[
+    str | None,
+    typer.Option(help="Longest time per output token of a decode plan, e.g. 20ms."),
+]
 # budget search sweeps training layouts only: its limits say nothing of serving runs
 SearchExposedOption = Annotated[
     str | None,
@@ -143,6 +151,8 @@ def check_command(
     headroom: HeadroomOption = None,
     max_exposed: MaxExposedOption = None,
     max_step: MaxStepOption = None,
+    max_ttft: MaxTtftOption = None,
+    max_tpot: MaxTpotOption = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
@@ -151,7 +161,7 @@ def check_command(
     from budget.render.check import render_check
 
     try:
-        limits = parse_limits(headroom, max_exposed, max_step)
+        limits = parse_limits(headroom, max_exposed, max_step, max_ttft, max_tpot)
     except ValueError as error:
         raise _usage(str(error)) from None
     result = check_plans(plans, limits)

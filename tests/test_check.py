@@ -168,6 +168,8 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--max-exposed", "0.2"], "--max-exposed '0.2': write a percentage, 0.2% or 20%"),
         (["--max-step", "soon"], "--max-step 'soon'"),
         (["--max-step", "0s"], "more than 0 s"),
+        (["--max-ttft", "fast"], "--max-ttft 'fast'"),
+        (["--max-tpot", "0ms"], "--max-tpot '0ms': must be more than 0 s"),
     ],
 )
 def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:
@@ -251,3 +253,56 @@ def test_limits_are_echoed_as_given_and_the_figures_told_apart_from_them():
     shown = reason.message.split("the step takes ")[1].split(",")[0]
     limit = reason.message.split("over the ")[1].split(" limit")[0]
     assert shown != limit
+
+
+DECODE = PLANS[0].parent / "llama3-70b-decode.yaml"
+
+
+def test_serving_latency_limits_gate_a_decode_plan() -> None:
+    """--max-ttft and --max-tpot gate a serving plan's time to first token and time per
+    output token (the report's ttft_s and decode_token_s); a reason names the phases that
+    take the most of it, a decode phase's row divided by its 511 passes (512 generated
+    tokens, the prefill's first among them), so the three it names add up to about the
+    figure. Limits 10 % under the figures fail, 10 % over pass."""
+    report = budget_plan(DECODE)
+    ttft, tpot = report.step["ttft_s"], report.step["decode_token_s"]
+    assert ttft is not None and tpot is not None
+    assert check_report(report, Limits(max_ttft_s=1.1 * ttft, max_tpot_s=1.1 * tpot)) == ()
+    first, per_token = check_report(report, Limits(max_ttft_s=0.9 * ttft, max_tpot_s=0.9 * tpot))
+    assert (first.limit, first.actual, first.excess) == ("max_ttft", ttft, ttft - 0.9 * ttft)
+    assert (per_token.limit, per_token.actual) == ("max_tpot", tpot)
+    decode = sorted(
+        (p for p in report.phases if p.name.startswith("decode.")),
+        key=lambda p: -(p.compute_s + p.exposed_s),
+    )
+    busy = [(p.compute_s + p.exposed_s) / 511 for p in decode]
+    assert sum(busy) == pytest.approx(tpot, rel=0.01)  # the passes are the decode's time
+    named = ", ".join(f"{p.name} {format_duration(b)}" for p, b in zip(decode, busy, strict=False))
+    assert "largest phases per output token (compute + exposed communication): " in (
+        per_token.message
+    )
+    assert named.split(", ")[0] in per_token.message
+    assert "prefill.mlp" in first.message and "decode." not in first.message
+
+
+def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: Path) -> None:
+    """One `budget check --max-ttft` over training and serving plans: the train plan
+    passes, says the limit does not apply, and the exit code is the serving plan's."""
+    code, out, _ = _check(GPT3, DECODE, "--max-ttft", "60s", "--max-tpot", "1s")
+    assert code == 0, out
+    text = " ".join(out.split())
+    assert "--max-ttft does not apply to a train plan, which runs no prefill" in text
+    assert "--max-tpot does not apply to a train plan, which runs no decode pass" in text
+    assert "first token 2.76 s, 0.0173 s per output token" in text  # in the limits' units
+    assert "limits: every stage fits in device memory; time to first token ≤ 60 s; " in text
+    code, out, _ = _check(GPT3, DECODE, "--max-tpot", "1ms", "--format", "json")
+    assert code == 1
+    train, serve = json.loads(out)["plans"]
+    assert train["passed"] and train["notes"] and train["ttft_s"] is None
+    assert [r["limit"] for r in serve["reasons"]] == ["max_tpot"] and serve["notes"] == []
+    assert serve["tpot_s"] == budget_plan(DECODE).step["decode_token_s"]
+    code, out, _ = _check(GPT3, DECODE, "--format", "markdown")
+    header = next(line for line in out.splitlines() if line.startswith("| plan"))
+    assert header.endswith("| step | exposed comm | TTFT | TPOT |")
+    _, out, _ = _check(GPT3, "--format", "markdown")
+    assert "TTFT" not in out  # training plans alone keep the narrower table

@@ -46,7 +46,16 @@ def _figures(verdict: Verdict, limits: Limits) -> str:
         text += f"; step {limits.shown_step(time_s)}"
     if share is not None:
         text += f", {limits.shown_exposed(share)} exposed communication"
+    ttft, tpot = report.step.get("ttft_s"), report.step.get("decode_token_s")
+    if ttft is not None:
+        text += f"; first token {limits.shown_ttft(ttft)}"
+    if tpot is not None:
+        text += f", {limits.shown_tpot(tpot)} per output token"
     return text
+
+
+def _serving(verdict: Verdict) -> bool:
+    return verdict.report is not None and verdict.report.step.get("ttft_s") is not None
 
 
 def _tally(result: CheckResult) -> str:
@@ -81,6 +90,8 @@ def _table(console: Console, result: CheckResult) -> None:
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
             console.print(Padding(line, (0, 0, 0, 5)))
+        for note in verdict.notes:
+            console.print(Padding(Text(f"– {note}", style="dim"), (0, 0, 0, 5)))
     console.print(Text("limits: " + "; ".join(result.limits.describe()), style="dim"))
     console.print(_tally(result), markup=False, highlight=False)
 
@@ -89,14 +100,20 @@ def check_markdown(result: CheckResult) -> str:
     """A summary for a pull request: a verdict line, one row per plan, then the reasons."""
     icon = "✅" if result.passed else "❌"
     lines = [f"## {icon} budget check: {_tally(result)}", ""]
+    # serving latencies get columns when a plan serves (a training plan's read "–")
+    serving = any(_serving(v) for v in result.verdicts)
+    extra = " TTFT | TPOT |" if serving else ""
     lines += [
-        "| plan | result | worst stage | peak | capacity | headroom | step | exposed comm |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| plan | result | worst stage | peak | capacity | headroom | step | exposed comm |"
+        + extra,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (2 * serving),
     ]
     for v in result.verdicts:
         report = v.report
         if report is None:
-            lines.append(f"| {code(v.file, cell=True)} | ⚠️ invalid | | | | | | |")
+            lines.append(
+                f"| {code(v.file, cell=True)} | ⚠️ invalid | | | | | | |" + " |" * (2 * serving)
+            )
             continue
         worst = report.worst
         time_s, share = report.step["time_s"], report.step.get("exposed_share")
@@ -110,12 +127,20 @@ def check_markdown(result: CheckResult) -> str:
             "–" if time_s is None else result.limits.shown_step(time_s),
             "–" if share is None else result.limits.shown_exposed(share),
         ]
+        if serving:
+            ttft, tpot = report.step.get("ttft_s"), report.step.get("decode_token_s")
+            cells.append("–" if ttft is None else result.limits.shown_ttft(ttft))
+            cells.append("–" if tpot is None else result.limits.shown_tpot(tpot))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Limits: " + "; ".join(result.limits.describe()) + ".", ""]
     for v in result.verdicts:
         if v.reasons:
             lines += [f"### ❌ {code(v.file)}", ""]
             lines += [f"- **{r.limit}**: {plain(r.message)}" for r in v.reasons]
+            lines.append("")
+        if v.notes:
+            lines += [f"Not checked for {code(v.file)}:", ""]
+            lines += [f"- {plain(note)}" for note in v.notes]
             lines.append("")
         if v.problems:
             lines += [f"### ⚠️ {code(v.file)} is invalid", ""]
