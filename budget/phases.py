@@ -101,6 +101,10 @@ class Move:
     # overlapped by pipelining: this many collectives of 1/chunks of the size, each with its
     # own n·α, the last one exposed (`schedule.time_phase`)
     chunks: int = 1
+    # the part of the window it hides behind, where moves split one kernel between them (the
+    # re-gather behind a backward GEMM's input-gradient half, the reduction behind its
+    # weight-gradient half); moves in the same part run one after the other beside it
+    part: str = ""
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
     algorithm: Algorithm | None = None

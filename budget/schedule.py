@@ -18,8 +18,8 @@ by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
 2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` of compute time
 to its phase. That time is the compute's, not the collective's: exposed communication stays
 the part of T the step waits for, and the charge is reported on its own (``slowdown_s``).
-Each collective is charged for its own hidden time, as each is hidden on its own: two
-sharing a window are taken to run one after the other beside it.
+Each collective is charged for its own hidden time. Two sharing a window run one after the
+other beside it, so the second hides only behind what the first left of share · W.
 Compute is the roofline of each kernel
 (`max(FLOPs / (peak · e_matmul), bytes / (bandwidth · e_memory))`, Williams et al. 2009).
 
@@ -52,7 +52,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
-from budget.vector import largest, ratio, vfloat, vmax, vwhere
+from budget.vector import largest, ratio, vfloat, vmax, vmin, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "mtp", "loss")
@@ -249,6 +249,7 @@ def time_phase(
         kernels = _by_name(plan, phase)
     compute = sum(kernels.values())
     timed = []
+    used: dict[tuple[str, str], Any] = {}  # (window, part) -> what the moves before hid
     for move in phase.moves:
         allowed = bool(move.window) and _flag(plan, move.flag)
         # pipelined (overlap on): chunks priced at their own size, n·α and ramp
@@ -261,7 +262,14 @@ def time_phase(
             window = kernels.get(move.window, windows.get(move.window, compute))
             # the last chunk waits with nothing beside it; unchunked, `floor` stays exposed
             least = vfloat(cost.time_s) if chunks > 1 else move.floor * total
-            exposed = vmax(least, total - move.share * window)
+            # moves sharing a window run one after the other beside it: each hides only
+            # behind what the ones before left (ring attention's K/V and dK/dV, EP dispatch
+            # and combine); a move of several calls hides each behind its own instance, and
+            # one a sweep's configuration lacks (its count zeroed by `when`) hides nothing
+            part = (move.window, move.part)
+            spent = used.get(part, 0.0)
+            exposed = vmax(least, total - vmax(move.share * window - spent, 0.0))
+            used[part] = spent + (total - exposed) * vmin(move.count, 1)
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"

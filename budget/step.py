@@ -199,10 +199,8 @@ def _tp_moves(
                     move("output gradient", "all-gather", shard(0), REPLICATE), f"{row} backward"
                 )
             )
-        sp_moves += [
-            hide(again, wgrad, "", "tp backward: overlaps the input-gradient GEMM", share=0.5),
-            hide(rs, wgrad, "", wg, share=0.5),
-        ]
+        regather = hide(again, wgrad, "", "tp backward: overlaps the input-gradient GEMM", 0.5)
+        sp_moves += [replace(regather, part="input gradient"), hide(rs, wgrad, "", wg, share=0.5)]
         return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
     sp_moves = [forward(move(into, "all-gather", shard(0), REPLICATE, into_size), column)]
     if row:

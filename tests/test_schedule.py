@@ -249,3 +249,33 @@ def test_overlap_pp_under_1f1b_says_it_needs_the_interleaved_schedule():
     assert sends and all(c.exposed_s == c.time_s for c in sends)
     assert all("overlap.pp needs the interleaved schedule" in (c.overlap_rule or "") for c in sends)
     assert on.step["time_s"] == off.step["time_s"]
+
+
+def test_moves_sharing_a_window_hide_one_after_the_other(tmp_path):
+    """Ring attention's backward sends K/V and dK/dV around the ring together (Transformer
+    Engine's ``AttnFuncWithCPAndKVP2P.backward``), both beside the attention backward on
+    the chunk held: of that window's (cp - 1)/cp share W, the K/V exchange hides
+    min(T₁, W) and the dK/dV exchange only what is left (each was given all of W: review).
+    Llama 3 70B at tp 8 and cp 4, so that the cp ring crosses InfiniBand and outlasts W.
+    Sequence parallelism's re-gather and reduce-scatter split the QKV backward GEMM between
+    them instead (its input- and weight-gradient halves), each hiding behind its own half."""
+    from budget.schedule import _by_name, price_move, time_phase
+
+    text = (Path(__file__).parent.parent / "plans" / "llama3-70b.yaml").read_text("utf-8")
+    path = tmp_path / "cp4.yaml"
+    path.write_text(text.replace("  dp: 16\n", "  dp: 4\n  cp: 4\n"), encoding="utf-8")
+    plan = load_plan(path)
+    (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    kernels = _by_name(plan, phase)
+    timed = {t.move.name: t for t in time_phase(plan, phase, {}, price_move, kernels).moves}
+    kv, dkv = timed["attention K/V (ring exchange)"], timed["attention dK/dV"]
+    window = 3 / 4 * kernels[kv.move.window]
+    assert kv.exposed_s == pytest.approx(max(0.0, kv.time_s - window))
+    left = window - (kv.time_s - kv.exposed_s)
+    assert dkv.exposed_s == pytest.approx(max(0.0, dkv.time_s - left))
+    assert dkv.exposed_s > max(0.0, dkv.time_s - window)  # the case the rule changes
+    regather = timed["attention input again, for weight grad"]
+    reduce = timed["attention input gradient"]
+    half = kernels[regather.move.window] / 2
+    for t in (regather, reduce):
+        assert t.exposed_s == pytest.approx(max(0.0, t.time_s - half))
