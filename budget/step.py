@@ -1348,6 +1348,21 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
     return when(embedding + inputs + gather + backward, par.tp > 1)
 
 
+def _again(moves: list[Move]) -> list[Move]:
+    """`moves` of a forward that runs again before its backward (recompute; Megatron-LM's
+    ``CheckpointFunction.backward`` re-runs the checkpointed forward, its collectives
+    included): named so, and hidden behind the recomputed kernels (`_backward`'s
+    ``(recomputed)`` copies) where they hid behind a kernel."""
+    return [
+        replace(
+            m,
+            name=f"{m.name} (recomputed forward)",
+            window=m.window if m.window[:1] in ("", "@") else f"{m.window} (recomputed)",
+        )
+        for m in moves
+    ]
+
+
 def _backward(b: _StageBuilder) -> None:
     """Backward of the first micro-batch's last layer, when every micro-batch in flight is
     still saved: the stage's activation peak under 1F1B (Korthikanti section 4.2.3).
@@ -1396,10 +1411,13 @@ def _backward(b: _StageBuilder) -> None:
             dispatch_buffers(plan, s),
         ]
         work = flops.moe_forward(plan, s)
+        # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
+        forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)
         b.add(
             "backward.moe",
             b.moe * m,
-            _ep_moves(plan, s, True)
+            when(_again(forward), full)
+            + _ep_moves(plan, s, True)
             + _shared_expert_moves(plan, s, True)
             + _zero3_moves(plan, b.layer, "moe", True),
             [
@@ -1482,6 +1500,10 @@ def _backward(b: _StageBuilder) -> None:
         placement="shard(heads) on tp",
     )
     again = when(attention_tp_moves(plan, s, False, recomputed=True), full)
+    # the attention core runs again under either recompute, and under context parallelism
+    # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
+    # core that Megatron-LM's selective recompute checkpoints)
+    again += when(_again(_cp_moves(plan, s, False)), plan.recompute != "none")
     work = flops.attention_forward(plan, s)
     redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full) + when(
         [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)],
