@@ -105,6 +105,9 @@ class Move:
     # re-gather behind a backward GEMM's input-gradient half, the reduction behind its
     # weight-gradient half); moves in the same part run one after the other beside it
     part: str = ""
+    # launched in this many equal parts, one as each model chunk of an interleaved stage
+    # finishes its last micro-batch (`schedule.time_phase`): the dp reduction and gather
+    rounds: Any = 1
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
     algorithm: Algorithm | None = None

@@ -268,7 +268,16 @@ def time_phase(
             # one a sweep's configuration lacks (its count zeroed by `when`) hides nothing
             part = (move.window, move.part)
             spent = used.get(part, 0.0)
-            exposed = vmax(least, total - vmax(move.share * window - spent, 0.0))
+            room = vmax(move.share * window - spent, 0.0)
+            # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
+            # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
+            # param_sync_func): the last chunk's part hides behind its own 1/v of the
+            # micro-batch's window, the earlier parts behind the p steps of each later chunk
+            # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before
+            v, p = move.rounds, plan.parallel.pp
+            last = vmax(least, (total - room) / v)
+            earlier = vmax(total * (v - 1) / v - room * (v - 1) * p / v, 0.0)
+            exposed = last + earlier
             used[part] = spent + (total - exposed) * vmin(move.count, 1)
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):

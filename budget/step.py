@@ -1574,7 +1574,12 @@ def _reduce(b: _StageBuilder) -> None:
     Overlap (Megatron-LM `--overlap-grad-reduce` / `--overlap-param-gather`, off by default):
     gradients are reduced bucket by bucket (one layer per bucket here) while the last
     micro-batch's backward goes on, and the last bucket is exposed; the parameter gather of
-    the next step runs behind its first forward the same way.
+    the next step runs behind its first forward the same way. An interleaved stage of v
+    model chunks launches each chunk's reduction as that chunk finishes its last
+    micro-batch (``backward_step_helper_postprocess`` calls ``grad_sync_func[chunk]``;
+    the gather likewise per chunk, ``forward_step_helper_preprocess``), so only the last
+    chunk's 1/v waits at the end (`Move.rounds`, priced in `schedule.time_phase`). The
+    embedding's gradients, which stage 0's first chunk holds, are counted as an even share.
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
@@ -1586,6 +1591,8 @@ def _reduce(b: _StageBuilder) -> None:
     grads: list[Move] = []
     gathers: list[Move] = []
     zero = par.zero
+    v = par.pipeline.virtual_stages  # an interleaved stage reduces chunk by chunk
+    chunked = "; interleaved: per model chunk, the last one's exposed" if every(v > 1) else ""
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -1615,12 +1622,18 @@ def _reduce(b: _StageBuilder) -> None:
             "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
             "bucket behind the last micro-batch's backward (last bucket exposed)"
         )
-        reduce = [hide(m, "@backward-microbatch", "dp_grads", rule, share, floor) for m in reduce]
+        reduce = [
+            replace(
+                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, floor), rounds=v
+            )
+            for m in reduce
+        ]
         # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters after every
         # micro-batch's backward, each behind its own backward (see the docstring)
         every_backward = replace(
             reduce[1],  # the same window, overlap flag, share and floor, once per micro-batch
             count=b.microbatches,
+            rounds=1,
             rule="ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only "
             "the shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
             "behind it (last bucket exposed)",
@@ -1644,8 +1657,9 @@ def _reduce(b: _StageBuilder) -> None:
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "
             "bucket behind the next step's first forward (first bucket exposed)"
         )
+        hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, share, floor)
         gathers += when(
-            [hide(gather, "@forward-microbatch", "param_gather", rule, share, floor)],
+            [replace(hidden, rounds=v)],
             (zero == 1) | (zero == 2),
         )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(

@@ -279,3 +279,38 @@ def test_moves_sharing_a_window_hide_one_after_the_other(tmp_path):
     half = kernels[regather.move.window] / 2
     for t in (regather, reduce):
         assert t.exposed_s == pytest.approx(max(0.0, t.time_s - half))
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_an_interleaved_stage_reduces_its_gradients_chunk_by_chunk(v):
+    """Megatron-LM launches an interleaved stage's gradient reduction per model chunk, as the
+    chunk finishes its last micro-batch (``backward_step_helper_postprocess`` calls
+    ``grad_sync_func[chunk]``): chunk v - 1's part runs behind the p backward steps of each
+    later chunk, and only the last chunk's 1/v waits, less what its own backward (1/v of a
+    micro-batch's) hides. GPT-3 at tp 8, pp 8, dp 16 with overlap.dp_grads: the reduction T
+    outlasts one micro-batch's backward window W (share (L - 1)/L), so at v = 1 it waits
+    T - share·W; interleaved, (T - share·W)/v, and the earlier chunks' (v - 1)/v·T fit in
+    (v - 1)·p/v of the window (review: the reduction waited as if in one piece)."""
+    from budget.schedule import _kernels, _windows, price_move, time_phase
+
+    def reduction(virtual: int):
+        plan = replace(
+            _timed(schedule="interleaved" if virtual > 1 else "1f1b", virtual_stages=virtual),
+            overlap=Overlap(dp_grads=True, slowdown=0.0),
+        )
+        stage = derive(plan).stages[0]
+        kernels = _kernels(plan, stage)
+        windows = _windows(stage, kernels, derive(plan).microbatches)
+        (i,) = [i for i, p in enumerate(stage.phases) if p.name == "dp.grads"]
+        moves = time_phase(plan, stage.phases[i], windows, price_move, kernels[i]).moves
+        (t,) = [t for t in moves if t.move.name == "gradients"]  # the sp-partial ones apart
+        layers = stage.layers
+        return t, (layers - 1) / layers * windows["@backward-microbatch"], t.time_s / layers
+
+    one, room, _ = reduction(1)
+    assert one.exposed_s == pytest.approx(one.time_s - room) and one.exposed_s > 0
+    chunked, room, last_bucket = reduction(v)
+    assert chunked.time_s == pytest.approx(one.time_s)  # the same bytes, in v launches
+    assert (v - 1) / v * chunked.time_s <= room * (v - 1) * 8 / v  # the earlier parts hide
+    assert chunked.exposed_s == pytest.approx(max(last_bucket, (chunked.time_s - room) / v))
+    assert "interleaved: per model chunk" in chunked.rule
