@@ -584,7 +584,12 @@ def _latent_shapes(plan: Plan) -> dict[str, int]:
 def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     """Token-expert assignments per rank: each of the rank's tokens goes to top_k experts;
     with a capacity factor c each expert takes at most c·tokens·k/E of them (Fedus et al.,
-    arXiv 2101.03961, eq. 3), so a balanced dispatch moves tokens·k·c rows. An expert split
+    arXiv 2101.03961, eq. 3). Routing is taken as balanced, so a factor of 1 or more drops
+    nothing and a rank dispatches tokens·k rows, and a factor c < 1 drops down to c·tokens·k
+    (Megatron-Core's default, ``--moe-expert-capacity-factor`` alone). Padded to capacity
+    (``experts.pad_to_capacity``: Megatron-Core's ``--moe-pad-expert-input-to-capacity``,
+    GShard's and Switch's fixed expert batches) every expert computes, and the all-to-all
+    moves, its whole capacity: tokens·k·c rows. An expert split
     over etp ranks needs every row on each of them: the rows are all-gathered over etp
     after the all-to-all (Megatron-Core's alltoall token dispatcher).
 
@@ -600,6 +605,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     if e is None:
         return {}
     factor = e.capacity_factor or 1.0
+    factor = factor if e.pad_to_capacity else min(factor, 1.0)
     par = plan.parallel
     etp = par.expert_tp
     dispatched = vceil(tokens_sp * e.top_k * factor)

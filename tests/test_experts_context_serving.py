@@ -136,12 +136,37 @@ def test_dispatch_and_combine_follow_tokens_topk_hidden():
         assert m.size_bytes == per_rank * 4  # S: the whole tensor over the group
 
 
-def test_capacity_factor_scales_dispatch():
+@pytest.mark.parametrize(
+    ("factor", "pad", "rows"),
+    [
+        (1.25, False, 1.0),  # balanced routing fills no expert past its even share
+        (0.5, False, 0.5),  # a capacity under the even share drops the rest
+        (1.25, True, 1.25),  # padded: every expert computes its whole capacity
+    ],
+)
+def test_a_capacity_factor_pads_or_drops_the_dispatched_rows(factor, pad, rows):
+    """Megatron-Core: --moe-expert-capacity-factor caps each expert at c·tokens·k/E and
+    drops the overflow; only --moe-pad-expert-input-to-capacity fills every expert to it
+    (review: c = 1.25 was taken as padded, Mixtral's all-to-all 35 MiB for 28 MiB and its
+    step 17 % longer). Qwen-MoE at tp 2 with sequence parallelism: 2,048 tokens a rank x
+    top 4 = 8,192 rows dispatched dropless."""
     plan = _qwen()
-    capped = replace(
-        plan, model=replace(plan.model, experts=replace(plan.model.experts, capacity_factor=1.25))
-    )
-    assert shapes(capped).dispatched == round(shapes(plan).dispatched * 1.25)
+    experts = replace(plan.model.experts, capacity_factor=factor, pad_to_capacity=pad)
+    capped = replace(plan, model=replace(plan.model, experts=experts))
+    assert shapes(plan).dispatched == 4096 // 2 * 4
+    assert shapes(capped).dispatched == round(shapes(plan).dispatched * rows)
+
+
+def test_padding_needs_a_capacity(tmp_path):
+    from budget.errors import BudgetError
+
+    text = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    flow = "experts: {count: 8, top_k: 2, ffn: 14336"
+    assert flow in text
+    with pytest.raises(BudgetError, match=r"experts\.pad_to_capacity: pad_to_capacity pads"):
+        _load_text(tmp_path, text.replace(flow, flow + ", pad_to_capacity: true"))
+    padded = text.replace(flow, flow + ", capacity_factor: 1.25, pad_to_capacity: true")
+    assert _load_text(tmp_path, padded).model.experts.pad_to_capacity
 
 
 def test_dense_plan_has_no_all_to_all():

@@ -45,6 +45,7 @@ class Experts:
     every: int = 1
     pattern: tuple[bool, ...] | None = None  # explicit per-layer MoE flags, overrides `every`
     capacity_factor: float | None = None  # None: dropless
+    pad_to_capacity: bool = False  # every expert computes its whole capacity (GShard, Switch)
 
 
 @dataclass(frozen=True, slots=True)

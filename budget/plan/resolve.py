@@ -425,6 +425,14 @@ class _Resolver:
                 "give one true/false per layer",
             )
         capacity = tree.get("capacity_factor")
+        pad = bool(tree.get("pad_to_capacity", False))
+        if pad and capacity is None:
+            self.error(
+                "$.model.experts.pad_to_capacity",
+                "pad_to_capacity pads each expert's rows to its capacity, and a dropless "
+                "router has none; set experts.capacity_factor (Megatron-LM's "
+                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor)",
+            )
         return Experts(
             count=count,
             top_k=top_k,
@@ -435,6 +443,7 @@ class _Resolver:
             every=_int(tree.get("every", 1)),
             pattern=tuple(bool(b) for b in pattern) if pattern is not None else None,
             capacity_factor=float(capacity) if capacity is not None else None,
+            pad_to_capacity=pad,
         )
 
     def serving_only(self, tree: Tree) -> None:
