@@ -742,8 +742,11 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
 def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors an MoE block saves: the norm and router inputs, fp32 routing probabilities,
     the dispatched token rows (expert fc1 input), each expert's fc1 output and fc2 input,
-    the expert outputs awaiting the weighted combine (Megatron-Core's MoE layer with the
-    all-to-all dispatcher), and the shared experts' tensors like a dense MLP."""
+    and the shared experts' tensors like a dense MLP. Megatron-Core's grouped experts weight
+    each row by its routing probability inside the activation (``TEGroupedMLP``:
+    ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``, which saves the row's
+    fp32 probability beside its input), so the combine only un-permutes and sums, and keeps
+    nothing for backward (it kept the expert outputs when it weighted them itself)."""
     a, res = s.act, residual_placement(plan)
     gate = plan.model.gate
     rows = "shard(tokens) on ep"
@@ -758,9 +761,7 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             "expert fc1 output", "activations", gate * a * s.routed * s.expert_cols, placement=rows
         ),
         Alloc("expert fc2 input", "activations", a * s.routed * s.expert_cols, placement=rows),
-        Alloc(
-            "expert outputs before combine", "activations", a * s.routed * s.hidden, placement=rows
-        ),
+        Alloc("expert row probabilities (fp32)", "activations", 4 * s.routed, placement=rows),
     ]
     if every(s.shared_cols > 0):
         col = "shard(ffn) on tp"

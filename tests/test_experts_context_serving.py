@@ -1010,3 +1010,30 @@ def test_recompute_runs_the_forward_collectives_again_behind_the_recomputed_kern
     (kv,) = [m for m in backward.moves if m.name.endswith("(ring exchange) (recomputed forward)")]
     assert kv.window == "attention core (flash) (recomputed)"
     assert kv.window in {w.name for w in backward.works}
+
+
+def test_an_moe_block_saves_its_rows_not_the_expert_outputs():
+    """Qwen-MoE at tp 2 with sequence parallelism, ep 4, etp 1, micro 1 at 4,096 tokens:
+    2,048 tokens a rank x top 4 = 8,192 rows dispatched, and as many computed (etp 1).
+    Saved, bf16: norm and router inputs 2 x 2,048 x 2,048 x 2 B; fp32 router
+    probabilities 2,048 x 60 x 4; the dispatched rows 8,192 x 2,048 x 2; the SwiGLU fc1
+    output 2 x 8,192 x 1,408 x 2 and fc2 input 8,192 x 1,408 x 2; the rows' fp32
+    probabilities 8,192 x 4 (Megatron-Core weights rows in the activation,
+    ``weighted_bias_swiglu_impl``); the shared experts' fc1 output 2 x 4,096 x 2,816 x 2
+    and fc2 input 4,096 x 2,816 x 2 (shared width 5,632 over tp 2). The expert outputs are
+    not kept: the combine only un-permutes and sums (review: 64 MiB a layer on Mixtral)."""
+    from budget.layers import moe_saved
+
+    plan = _qwen()
+    saved = {a.name: a.bytes for a in moe_saved(plan, shapes(plan))}
+    assert saved == {
+        "MoE norm input": 2048 * 2048 * 2,
+        "router input": 2048 * 2048 * 2,
+        "router probabilities (fp32)": 2048 * 60 * 4,
+        "dispatched tokens": 8192 * 2048 * 2,
+        "expert fc1 output": 2 * 8192 * 1408 * 2,
+        "expert fc2 input": 8192 * 1408 * 2,
+        "expert row probabilities (fp32)": 8192 * 4,
+        "shared expert fc1 output": 2 * 4096 * 2816 * 2,
+        "shared expert fc2 input": 4096 * 2816 * 2,
+    }
