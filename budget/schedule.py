@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any, cast
 
 import numpy as np
@@ -172,15 +173,22 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
     Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
-    first and last). Gradients under context parallelism are reduced over dp x cp. Expert
-    layers' groups (etp, ep, edp) are the expert grid's (`topology`, Megatron-Core's
-    parallel folding).
+    first and last), priced on the outermost link any neighbouring pair crosses: the stages
+    run in step, so the one whose send crosses nodes paces the rest (a sweep prices it so
+    too, on the outermost level the pp group spans, `search._send_recv`). Gradients under
+    context parallelism are reduced over dp x cp. Expert layers' groups (etp, ep, edp) are
+    the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
     par, topo = plan.parallel, plan.topology
     if move.group == "pp":
         members = group_ranks("pp", par, topo.gpus)
-        pair = (members[0], members[-1]) if "embedding" in move.name else members[:2]
-        return span_of_ranks(pair, topo, "pp")
+        if "embedding" in move.name:
+            return span_of_ranks((members[0], members[-1]), topo, "pp")
+        names = [level.name for level in topo.levels]
+        pairs = [span_of_ranks(pair, topo, "pp") for pair in pairwise(members)]
+        if not pairs:  # one stage: nothing is sent, its group is itself
+            return span_of_ranks(members, topo, "pp")
+        return max(pairs, key=lambda span: names.index(span.tiers[-1].link.name))
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
         raise AssertionError(f"{move.name}: {move.ranks} ranks on a {span.size}-rank group")

@@ -314,3 +314,26 @@ def test_an_interleaved_stage_reduces_its_gradients_chunk_by_chunk(v):
     assert (v - 1) / v * chunked.time_s <= room * (v - 1) * 8 / v  # the earlier parts hide
     assert chunked.exposed_s == pytest.approx(max(last_bucket, (chunked.time_s - room) / v))
     assert "interleaved: per model chunk" in chunked.rule
+
+
+def test_stage_sends_are_priced_on_the_link_the_slowest_pair_crosses(tmp_path):
+    """GPT-3 at tp 4, pp 4 with pp inside dp (order tp, pp, ...) on DGX A100s: the pp group
+    is ranks 0, 4, 8, 12, so stages 0-1 and 2-3 talk over NVLink and stages 1-2 across
+    nodes. The sends were priced on the first pair's NVLink (57 µs for 12 MiB; review); the
+    pair on InfiniBand paces the pipeline: 14 µs + 12 MiB at the HDR plateau."""
+    from budget.schedule import move_span
+
+    text = (Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml").read_text("utf-8")
+    text = text.replace("  tp: 8\n  pp: 8\n  dp: 16\n", "  tp: 4\n  pp: 4\n  dp: 64\n")
+    text = text.replace("order: [tp, cp, ep, dp, pp]", "order: [tp, pp, cp, ep, dp]")
+    path = tmp_path / "pp-inside.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    sends = [m for p in derive(plan).stages[0].phases for m in p.moves if m.op == "send-recv"]
+    assert sends
+    for send in sends:
+        (tier,) = move_span(plan, send).tiers
+        assert (tier.ranks, tier.link.name) == (2, "infiniband")
+    report = build_report(plan)
+    (row,) = [c for p in report.phases if p.name == "pipeline.forward" for c in p.collectives]
+    assert row.link == "infiniband"
