@@ -756,32 +756,30 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     return out
 
 
-def _cp_buffers(plan: Plan, s: Shapes) -> list[Alloc]:
+def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
     """K/V of other context-parallel ranks while attention runs: two chunks in flight for
-    the ring (one computed on, one arriving), or the whole gathered sequence."""
+    the ring (one computed on, one arriving), or the whole gathered sequence; in backward
+    their gradients beside them, two dK/dV chunks on the ring (Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P.backward`` passes K/V and dK/dV together) or the whole
+    sequence's dK/dV before its reduce-scatter (``AttnFuncWithCPAndKVAllGather``)."""
     if every(plan.parallel.cp == 1):
         return []
-    return when(_cp_held(plan, s), plan.parallel.cp > 1)
+    return when(_cp_held(plan, s, backward), plan.parallel.cp > 1)
 
 
-def _cp_held(plan: Plan, s: Shapes) -> list[Alloc]:
-    if plan.parallel.cp_attention == "ring":
-        return [
-            Alloc(
-                "K/V ring buffers (2 chunks)",
-                "transient",
-                2 * s.act * s.tokens * (s.k_cols + s.v_cols),
-                placement="shard(0) on cp",
-            )
-        ]
-    return [
-        Alloc(
-            "K/V all-gathered",
-            "transient",
-            s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols),
-            placement="replicate on cp",
-        )
-    ]
+def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
+    ring = plan.parallel.cp_attention == "ring"
+    if ring:
+        chunk = 2 * s.act * s.tokens * (s.k_cols + s.v_cols)
+        name, placement = "K/V ring buffers (2 chunks)", "shard(0) on cp"
+    else:
+        chunk = s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols)
+        name, placement = "K/V all-gathered", "replicate on cp"
+    held = [Alloc(name, "transient", chunk, placement=placement)]
+    if backward:
+        grads = "dK/dV ring buffers (2 chunks)" if ring else "dK/dV before reduce-scatter"
+        held.append(Alloc(grads, "transient", chunk, placement=placement))
+    return held
 
 
 def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
@@ -1523,7 +1521,7 @@ def _backward(b: _StageBuilder) -> None:
                     saved
                     + recomputed
                     + [grad_out, qkv_grad]
-                    + _cp_buffers(plan, s)
+                    + _cp_buffers(plan, s, backward=True)
                     + bucket("attention", b.ffn_blocks)
                 ),
             )

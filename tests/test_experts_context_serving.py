@@ -1037,3 +1037,29 @@ def test_an_moe_block_saves_its_rows_not_the_expert_outputs():
         "shared expert fc1 output": 2 * 4096 * 2816 * 2,
         "shared expert fc2 input": 4096 * 2816 * 2,
     }
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
+    """Context parallel backward: beside the K/V it attends to, the gradients it sends on
+    (ring: two dK/dV chunks with the two K/V chunks, Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P.backward``) or reduce-scatters (all-gather: the whole
+    sequence's dK/dV). GPT-3 at tp 8, cp 4, sequence 8,192: a rank's 2,048 tokens x 12
+    heads x 128 x 2 (K, V) x 2 B = 12 MiB a chunk; the ring holds two (24 MiB) of each,
+    the all-gather the whole 8,192 tokens (48 MiB) of each."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    plan = replace(
+        plan, parallel=replace(plan.parallel, cp_attention="ring" if ring else "all-gather")
+    )
+    (backward,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    size = 2 * 2048 * 12 * 128 * 2 * 2 if ring else 8192 * 12 * 128 * 2 * 2
+    names = (
+        ("K/V ring buffers (2 chunks)", "dK/dV ring buffers (2 chunks)")
+        if ring
+        else (
+            "K/V all-gathered",
+            "dK/dV before reduce-scatter",
+        )
+    )
+    held = {a.name: a.bytes for i in backward.instants for a in i.live if a.name in names}
+    assert held == dict.fromkeys(names, size)
