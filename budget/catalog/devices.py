@@ -117,7 +117,7 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
   SXM 327.9 TFLOP/s (head dim 128, f350e7e; 33.2 %), H200 329.3 (7f20e5f; 33.3 %), A100 SXM4
   80GB 179.5 (3bb66ca; 57.5 %, head dim 64). The guide's script has picked the unmasked and
   the causal case in different versions, and the results files do not say which ran; the
-  FlashAttention-3 paper's FA2 bars below give 322 (causal forward) and 334 (unmasked) at this
+  FlashAttention-3 paper's FA2 bars below give 322 (causal forward) and 331 (unmasked) at this
   size, both within 2 % of the H100 figure, so it stands for either within that.
 - cuDNN and FlashAttention-3 on H100 SXM: Shah et al., "FlashAttention-3" (arXiv
   2407.08608), bar labels of Figure 5 (forward, causal mask, head dim 128, sequence 8K: FA2

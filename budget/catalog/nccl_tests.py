@@ -33,7 +33,8 @@ Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a trainin
   The two disagree by 7 to 18 points from 4 to 64 MiB (0.52 and 0.34 at 4 MiB, 0.77 and 0.93
   at 64 MiB). No all-gather or reduce-scatter sweep of 8 A100s was found: those take the
   all-reduce shares, an assumption (on the H100 below, all-gather and reduce-scatter reach
-  10 to 26 points less than all-reduce between 8 and 64 MiB).
+  11 to 16 points less than all-reduce from 16 to 64 MiB, where all three curves have
+  points).
 - NVLink 4, 8 x H100 SXM, ring all-reduce, all-gather and reduce-scatter:
   togethercomputer/together-nccl-tests ``benchmarks/H100/results/20260305_220043/`` at 6698e53,
   ``{all_reduce,all_gather,reduce_scatter}_ring.out`` (NCCL 2.26.2, ``NCCL_ALGO=RING``,
