@@ -26,6 +26,12 @@ def _read(name: str) -> dict[str, object]:
     return read_hf_config(DATA / "hf" / name / "config.json").tree
 
 
+def _raw(name: str) -> dict[str, object]:
+    """tests/data/hf/`name`/config.json as the file has it."""
+    raw: dict[str, object] = json.loads((DATA / "hf" / name / "config.json").read_text())
+    return raw
+
+
 def _plan(name: str, seq: int = 4096) -> Plan:
     """A one-node training plan whose model is tests/data/hf/`name`/config.json."""
     config = DATA / "hf" / name / "config.json"
@@ -371,7 +377,9 @@ def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
 def test_one_unknown_key_is_named_in_the_singular() -> None:
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     config["mystery_width"] = 3
-    with pytest.raises(HfConfigError, match=r"has key 'mystery_width' .*; remove it or"):
+    with pytest.raises(
+        HfConfigError, match=r"has key 'mystery_width' .*\(a tag, a kernel setting\), remove it, or"
+    ):
         translate(config)
     config["mystery_depth"] = 4
     with pytest.raises(HfConfigError, match=r"has keys 'mystery_depth', 'mystery_width' .*them"):
@@ -1003,3 +1011,66 @@ def test_unknown_keys_do_not_hide_the_next_problem(tmp_path: Path) -> None:
     with pytest.raises(BudgetError) as problems:
         load_plan(plan)
     assert [p.path for p in problems.value.problems] == ["$.model.hf_config"] * 2
+
+
+def test_files_re_saved_by_transformers_5_read_as_the_released_ones() -> None:
+    """A fine-tune's save_pretrained under transformers 5 writes keys the released file did
+    not: Gemma's use_bidirectional_attention (false) and Gemma 3's _sliding_window_pattern,
+    DeepSeek's qk_head_dim (nope + rope) and rope_interleave, gpt-oss's swiglu_alpha. Each
+    re-saved file reads as its original (they were refused; review)."""
+    for name, extra in (
+        ("gemma-2b", {"use_bidirectional_attention": False}),
+        ("gemma-2-9b", {"use_bidirectional_attention": False}),
+        ("gemma-3-1b", {"use_bidirectional_attention": False, "_sliding_window_pattern": 6}),
+        ("deepseek-v3", {"qk_head_dim": 192, "rope_interleave": True}),
+    ):
+        config = _raw(name)
+        assert translate({**config, **extra}).tree == translate(config).tree, name
+    gemma3 = _raw("gemma-3-1b")
+    del gemma3["sliding_window_pattern"]  # the copy alone then sets which layers slide
+    every_third = translate({**gemma3, "_sliding_window_pattern": 3}).tree["sliding_window"]
+    assert every_third["layers"][:6] == [True, True, False, True, True, False]
+    with pytest.raises(HfConfigError, match=r"qk_head_dim = 128, but qk_nope_head_dim \+ "):
+        translate({**_raw("deepseek-v3"), "qk_head_dim": 128})
+    with pytest.raises(HfConfigError, match=r"use_bidirectional_attention: an encoder"):
+        translate({**_raw("gemma-3-1b"), "use_bidirectional_attention": True})
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        # Meta's Llama 3.1 405B FP8 (transformers' FbgemmFp8Config)
+        {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0},
+        # llm-compressor's float-quantized format
+        {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}},
+        },
+    ],
+)
+def test_other_fp8_formats_read_as_fp8(quant: dict[str, object]) -> None:
+    llama = _raw("llama3-70b")
+    assert translate({**llama, "quantization_config": quant}).weights == "fp8"
+
+
+def test_four_bit_weights_are_refused_with_a_way_forward() -> None:
+    """gpt-oss ships only its mxfp4 file, so "use the unquantized config.json" could not be
+    followed (review): the message says to delete the block to budget the weights in bf16."""
+    groups = {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}
+    for quant in (
+        {"quant_method": "mxfp4"},
+        {"quant_method": "compressed-tensors", "config_groups": groups},
+    ):
+        with pytest.raises(HfConfigError, match=r"delete quantization_config to budget the"):
+            translate({**_raw("llama3-70b"), "quantization_config": quant})
+
+
+def test_a_refused_family_is_not_told_to_remove_its_keys() -> None:
+    """Phi-3.5-MoE's input_jitter_noise beside model_type phimoe: removing the key cannot
+    help, so only the family is named (review)."""
+    config = {**_raw("llama3-70b"), "model_type": "phimoe", "input_jitter_noise": 0.01}
+    with pytest.raises(HfConfigError) as caught:
+        translate(config)
+    assert caught.value.messages[0].startswith('model_type = "phimoe"')
+    assert "input_jitter_noise" not in str(caught.value)

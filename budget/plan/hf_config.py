@@ -76,7 +76,8 @@ gpt-oss (``gpt_oss``) gives every head a learned sink logit (``GptOssAttention.s
 ``model.attention_sinks``, which brings gpt-oss-120b's dimensions to transformers'
 116,829,156,672 parameters. The released files read for this (Llama 2 and 3, Mistral,
 Mixtral, Qwen 2.5 and 3, Gemma 2 and 3, GLM-4.5 and 4.7, Phi-3 and 4, Granite, OLMo 2,
-DeepSeek-V2-Lite and V3, Kimi K2 and gpt-oss; 25 files, compared with transformers 5.24's
+DeepSeek-V2-Lite and V3, Kimi K2 and gpt-oss, whose mxfp4 quantization_config was deleted
+to read it; 25 files, compared with transformers 5.24's
 count on the meta device) come to transformers' count exactly; those kept under
 ``tests/data/hf`` are tested to it.
 
@@ -144,6 +145,9 @@ READ = frozenset(
         "layer_types",  # full_attention, or sliding_attention: model.sliding_window.layers
         "max_window_layers",  # Qwen: the first layer that slides (`_window`)
         "sliding_window_pattern",  # Gemma 3 without layer_types: every n-th layer is full
+        "_sliding_window_pattern",  # transformers 5's copy of it, in re-saved Gemma 3 files
+        # Gemma: false in every decoder; true is an encoder (EmbeddingGemma), refused
+        "use_bidirectional_attention",
         # the checkpoint's weight format: fp8 (DeepSeek-V3, Kimi K2) is the serving default
         # of precision.params (`HfModel.weights`); other methods are refused
         "quantization_config",
@@ -178,6 +182,7 @@ READ = frozenset(
         "kv_lora_rank",
         "qk_nope_head_dim",
         "qk_rope_head_dim",
+        "qk_head_dim",  # transformers 5's nope + rope, in re-saved files: checked
         # DeepSeek-V3 multi-token prediction modules (model.mtp_layers)
         "num_nextn_predict_layers",
     }
@@ -216,6 +221,14 @@ IGNORED = frozenset(
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
         "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
+        "swiglu_alpha",  # gpt-oss: the gate's sigmoid scale, which transformers 5 writes
+        "rope_interleave",  # DeepSeek: which rotary layout, the same rotation cost
+        "rope_interleaved",  # nanotron's files (SmolLM2): likewise
+        "is_llama_config",  # nanotron's files: a tag
+        "unsloth_fixed",  # unsloth's mirrors: tags of its tokenizer and template fixes
+        "unsloth_version",
+        # Qwen2.5-1M: vLLM's kernel for long prompts; weights, cache and shapes unchanged
+        "dual_chunk_attention_config",
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
         "output_router_logits",
@@ -403,12 +416,15 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     _refuse_wrapper(config, where)
     unknown = sorted(set(config) - READ - IGNORED)
     problems = []
-    if unknown:  # a problem, and the keys it reads are read on for theirs
+    family = config.get("model_type")
+    known = family is None or (isinstance(family, str) and family in FAMILIES)
+    if unknown and known:  # a problem, and the keys it reads are read on for theirs
         names = ", ".join(repr(k) for k in unknown)
         one = len(unknown) == 1
         problems.append(
             f"{where} has key{'' if one else 's'} {names} that budget does not understand; "
-            f"remove {'it' if one else 'them'} or write the model's dimensions out instead"
+            f"if {'it builds' if one else 'they build'} nothing (a tag, a kernel setting), "
+            f"remove {'it' if one else 'them'}, or else write the model's dimensions out"
         )
     try:
         model = _translate(config, where)
@@ -460,6 +476,11 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         raise HfConfigError(
             f"{where} sets lm_head_bias: budget counts no bias on the output layer; write the "
             "model's dimensions out to budget the model without it"
+        )
+    if _switch(config, "use_bidirectional_attention", where):
+        raise HfConfigError(
+            f"{where} sets use_bidirectional_attention: an encoder (EmbeddingGemma) attends "
+            "both ways and generates nothing; budget prices decoders, whose attention is causal"
         )
     if any(_probability(config, k, where) for k in _DROPOUTS):
         tree["dropout"] = True
@@ -521,20 +542,39 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
 
 
 def _quantized(config: Mapping[str, Any], where: str) -> str | None:
-    """The weights' format a ``quantization_config`` announces: ``quant_method: fp8``
-    (DeepSeek-V3's and Kimi K2's block-scaled e4m3 weights) is fp8; budget prices no other
-    method's format (int4 and its scales), so those are refused rather than budgeted as
-    bf16."""
+    """The weights' format a ``quantization_config`` announces, fp8 for the methods that
+    store 8-bit floating-point weights: ``fp8`` (DeepSeek-V3's and Kimi K2's block-scaled
+    e4m3), ``fbgemm_fp8`` (transformers' ``FbgemmFp8Config``, Meta's Llama 3.1 405B FP8) and
+    ``compressed-tensors`` whose every group's weights are 8-bit floats (llm-compressor's
+    ``float-quantized`` format: ``config_groups.*.weights``, ``num_bits: 8``, ``type:
+    float``). budget prices no other format (int4, mxfp4 and their scales), so those are
+    refused rather than budgeted as bf16."""
     quant = config.get("quantization_config")
     if quant is None:
         return None
     method = quant.get("quant_method") if isinstance(quant, Mapping) else None
-    if method == "fp8":
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    if method == "compressed-tensors" and _float8_groups(quant):
         return "fp8"
     raise HfConfigError(
         f"quantization_config.quant_method = {json.dumps(method)} in {where} stores weights in "
-        "a format budget does not price (it knows fp8); use the unquantized model's "
-        "config.json and write precision.params"
+        "a format budget does not price (it prices bf16 and fp8 weights); delete "
+        "quantization_config to budget the weights in precision.params' format (bf16 unless "
+        "the plan names another)"
+    )
+
+
+def _float8_groups(quant: Mapping[str, Any]) -> bool:
+    """Whether every quantization group of a compressed-tensors config stores its weights
+    as 8-bit floats."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return False
+    weights = [g.get("weights") if isinstance(g, Mapping) else None for g in groups.values()]
+    return all(
+        isinstance(w, Mapping) and w.get("num_bits") == 8 and w.get("type") == "float"
+        for w in weights
     )
 
 
@@ -693,7 +733,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         # full (6 by default); the other families slide on every layer
         period = _PERIODS.get(str(family), 0)
         if family == "gemma3_text":
-            period = _optional(config, "sliding_window_pattern", where, period, least=1)
+            pattern = _source(config, "sliding_window_pattern", "_sliding_window_pattern", where)
+            period = _optional(config, pattern, where, period, least=1)
         flags = [not period or (i + 1) % period != 0 for i in range(count)]
     window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -714,6 +755,12 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
         raise HfConfigError(f"{where} sets kv_lora_rank but lacks {', '.join(missing)}")
     tree["head_dim"] = _int(config, "v_head_dim", where)
     tree.pop("kv_heads", None)  # num_key_value_heads equals the heads under MLA
+    nope, rope = _int(config, "qk_nope_head_dim", where), _int(config, "qk_rope_head_dim", where)
+    if config.get("qk_head_dim") is not None and _int(config, "qk_head_dim", where) != nope + rope:
+        raise HfConfigError(
+            f"{where} sets qk_head_dim = {config['qk_head_dim']!r}, but qk_nope_head_dim + "
+            f"qk_rope_head_dim = {nope + rope}; make them agree"
+        )
     tree["mla"] = {
         "q_rank": _int(config, "q_lora_rank", where) if config.get("q_lora_rank") else 0,
         "kv_rank": _int(config, "kv_lora_rank", where),
