@@ -32,6 +32,7 @@ steps its optimizer; the slowest of those ends the step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -258,6 +259,7 @@ def time_phase(
     compute = sum(kernels.values())
     timed = []
     used: dict[tuple[str, str], Any] = {}  # (window, part) -> what the moves before hid
+    parts = Counter((m.window, m.part) for m in phase.moves if m.window)
     for move in phase.moves:
         allowed = bool(move.window) and _flag(plan, move.flag)
         # pipelined (overlap on): chunks priced at their own size, n·α and ramp
@@ -275,18 +277,22 @@ def time_phase(
             # and combine); a move of several calls hides each behind its own instance, and
             # one a sweep's configuration lacks (its count zeroed by `when`) hides nothing
             part = (move.window, move.part)
-            spent = used.get(part, 0.0)
-            room = vmax(move.share * window - spent, 0.0)
+            spent = used.get(part)
+            room = move.share * window if spent is None else vmax(move.share * window - spent, 0.0)
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
             # param_sync_func): the last chunk's part hides behind its own 1/v of the
             # micro-batch's window, the earlier parts behind the p steps of each later chunk
             # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before
             v, p = move.rounds, plan.parallel.pp
-            last = vmax(least, (total - room) / v)
-            earlier = vmax(total * (v - 1) / v - room * (v - 1) * p / v, 0.0)
-            exposed = last + earlier
-            used[part] = spent + (total - exposed) * vmin(move.count, 1)
+            if isinstance(v, int) and v == 1:
+                exposed = vmax(least, total - room)
+            else:
+                last = vmax(least, (total - room) / v)
+                exposed = last + vmax(total * (v - 1) / v - room * (v - 1) * p / v, 0.0)
+            if parts[part] > 1:  # a move after this one hides in what it leaves
+                hidden = (total - exposed) * vmin(move.count, 1)
+                used[part] = hidden if spent is None else spent + hidden
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
