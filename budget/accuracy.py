@@ -447,7 +447,8 @@ _NEMOTRON_15B_SOURCE = _DGXC.format(
     "nemotron/README_15b.md (NeMo 24.12)", "nemotron/nemotron4-15b-synth.yaml"
 )
 _NEMOTRON_340B_SOURCE = _DGXC.format(
-    "nemotron/README_340b.md (NeMo 24.09, CP 1 as the table prints)",
+    "nemotron/README_340b.md (NeMo 24.09; CP 1, which the table's GA 16 at global batch 32 "
+    "on 128 GPUs implies, where this commit's configure.sh would set CP 2 for BF16)",
     "nemotron/nemotron4-340b-synth.yaml (selective recompute)",
 )
 _LLAMA31_8B = _DGXC.format("llama3.1/README_8b.md (NeMo 24.12)", _LLAMA31_CONFIG.format("8b"))
@@ -462,7 +463,10 @@ _GPT3_NEMO = _DGXC.format(
     "nemo_megatron/gpt3_175b_hydra.yaml (dropout 0.1)",
 )
 _LLAMA31_70B_MODEL = {"preset": "llama3-70b", "vocab": 128512}  # 128,256 padded for TP 4
-_LLAMA31_405B_MODEL = {"preset": "llama3-405b", "vocab": 51200}  # GPT-2's 50,257 for TP 8
+# GPT-2's 50,257 padded for TP 8; 16 query groups where the released 405B has 8 key/value
+# heads: the recipe's num_query_groups (NeMo-Framework-Launcher llama3_1_405b.yaml at
+# 125df21 and 072ecc4) and the README's attention FLOPs, 12·126·16384²·(1 + 16/128 + ...)
+_LLAMA31_405B_MODEL = {"preset": "llama3-405b", "vocab": 51200, "kv_heads": 16}
 _GPT3_NEMO_MODEL = {"preset": "gpt3-175b", "vocab": 50688, "dropout": True}  # padded, TP 4
 
 # How each recipe's optimizer keeps its states, beside bf16 parameters. NeMo's
