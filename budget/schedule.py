@@ -258,7 +258,8 @@ def time_phase(
         kernels = _by_name(plan, phase)
     compute = sum(kernels.values())
     timed = []
-    used: dict[tuple[str, str], Any] = {}  # (window, part) -> what the moves before hid
+    # (window, part) -> what the moves before hid in its last-chunk and earlier-chunk pools
+    used: dict[tuple[str, str], tuple[Any, Any]] = {}
     parts = Counter((m.window, m.part) for m in phase.moves if m.window)
     for move in phase.moves:
         allowed = bool(move.window) and _flag(plan, move.flag)
@@ -278,21 +279,28 @@ def time_phase(
             # one a sweep's configuration lacks (its count zeroed by `when`) hides nothing
             part = (move.window, move.part)
             spent = used.get(part)
-            room = move.share * window if spent is None else vmax(move.share * window - spent, 0.0)
+            room = move.share * window
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
             # param_sync_func): the last chunk's part hides behind its own 1/v of the
             # micro-batch's window, the earlier parts behind the p steps of each later chunk
-            # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before
+            # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before.
+            # Each part draws on its own pool of the window, less what moves before drew.
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
-                exposed = vmax(least, total - room)
+                last_room, earlier_room = room, 0.0
             else:
-                last = vmax(least, (total - room) / v)
-                exposed = last + vmax(total * (v - 1) / v - room * (v - 1) * p / v, 0.0)
+                last_room, earlier_room = room / v, room * (v - 1) * p / v
+            if spent is not None:
+                last_room = vmax(last_room - spent[0], 0.0)
+                earlier_room = vmax(earlier_room - spent[1], 0.0)
+            last = vmax(least, total / v - last_room)
+            earlier = vmax(total * (v - 1) / v - earlier_room, 0.0)
+            exposed = last + earlier
             if parts[part] > 1:  # a move after this one hides in what it leaves
-                hidden = (total - exposed) * vmin(move.count, 1)
-                used[part] = hidden if spent is None else spent + hidden
+                mask = vmin(move.count, 1)
+                hid = ((total / v - last) * mask, (total * (v - 1) / v - earlier) * mask)
+                used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"

@@ -776,9 +776,11 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
         chunk = s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols)
         name, placement = "K/V all-gathered", "replicate on cp"
     held = [Alloc(name, "transient", chunk, placement=placement)]
-    if backward:
+    if backward:  # on the ring, each chunk's gradient; gathered, every rank's partial sum
         grads = "dK/dV ring buffers (2 chunks)" if ring else "dK/dV before reduce-scatter"
-        held.append(Alloc(grads, "transient", chunk, placement=placement))
+        held.append(
+            Alloc(grads, "transient", chunk, placement=placement if ring else "partial on cp")
+        )
     return held
 
 

@@ -306,3 +306,31 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     assert header.endswith("| step | exposed comm | TTFT | TPOT |")
     _, out, _ = _check(GPT3, "--format", "markdown")
     assert "TTFT" not in out  # training plans alone keep the narrower table
+
+
+def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> None:
+    """A plan whose device has no FLOP/s is not timed: a train plan's --max-ttft does not
+    apply whether or not it is timed (it failed as "cannot be checked"; review), while a
+    prefill plan's does, and fails as unchecked."""
+    body = (
+        "model: {preset: llama3-8b}\nparallel: {tp: 8, pp: 1, dp: 1}\n"
+        "device: {memory: 80 GiB}\n"
+        "topology: {gpus: 8, levels: [{name: nvlink, size: 8, bandwidth: 450 GB/s, "
+        "latency: 3 us}]}\n"
+    )
+    train = tmp_path / "train.yaml"
+    train.write_text("mode: train\nbatch: {seq: 4096, micro: 1, global: 64}\n" + body)
+    prefill = tmp_path / "prefill.yaml"
+    prefill.write_text("mode: prefill\nbatch: {sequences: 8, prompt: 1024, generate: 1}\n" + body)
+    code, out, _ = _check(train, "--max-ttft", "1s", "--max-tpot", "10ms", "--format", "json")
+    assert code == 0
+    (plan,) = json.loads(out)["plans"]
+    assert plan["passed"] and plan["step_time_s"] is None and len(plan["notes"]) == 2
+    code, out, _ = _check(prefill, "--max-ttft", "1s", "--max-tpot", "10ms", "--format", "json")
+    assert code == 1
+    (plan,) = json.loads(out)["plans"]
+    assert [r["limit"] for r in plan["reasons"]] == ["max_ttft"]
+    assert "cannot be checked" in plan["reasons"][0]["message"]
+    assert plan["notes"] == [
+        "--max-tpot does not apply to a prefill plan, which runs no decode pass"
+    ]

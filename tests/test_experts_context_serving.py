@@ -1049,7 +1049,7 @@ def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
     the all-gather the whole 8,192 tokens (48 MiB) of each."""
     plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
     plan = replace(
-        plan, parallel=replace(plan.parallel, cp_attention="ring" if ring else "all-gather")
+        plan, parallel=replace(plan.parallel, cp_attention="ring" if ring else "allgather")
     )
     (backward,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
     size = 2 * 2048 * 12 * 128 * 2 * 2 if ring else 8192 * 12 * 128 * 2 * 2

@@ -512,6 +512,13 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         _latent(config, tree, where)
     elif "head_dim" not in tree and config.get("v_head_dim") is not None:
         tree["head_dim"] = _int(config, "v_head_dim", where)
+    if not config.get("kv_lora_rank") and config.get("qk_head_dim") is not None:
+        head = tree.get("head_dim", tree["hidden"] // max(tree["heads"], 1))
+        if _int(config, "qk_head_dim", where) != head:
+            raise HfConfigError(
+                f"{where} sets qk_head_dim = {config['qk_head_dim']!r}, but its heads are "
+                f"{head} wide; make them agree"
+            )
     act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
     act = config.get(act_key, "silu")
     if not isinstance(act, str) or act not in _ACTIVATIONS:
@@ -547,15 +554,27 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
     e4m3), ``fbgemm_fp8`` (transformers' ``FbgemmFp8Config``, Meta's Llama 3.1 405B FP8) and
     ``compressed-tensors`` whose every group's weights are 8-bit floats (llm-compressor's
     ``float-quantized`` format: ``config_groups.*.weights``, ``num_bits: 8``, ``type:
-    float``). budget prices no other format (int4, mxfp4 and their scales), so those are
-    refused rather than budgeted as bf16."""
+    float``), unless it keeps some of the blocks' layers in bf16 (`_kept_out`), which one
+    weight format cannot price. budget prices no other format (int4, mxfp4 and their
+    scales), so those are refused rather than budgeted as bf16."""
     quant = config.get("quantization_config")
     if quant is None:
         return None
     method = quant.get("quant_method") if isinstance(quant, Mapping) else None
-    if method in ("fp8", "fbgemm_fp8"):
-        return "fp8"
-    if method == "compressed-tensors" and _float8_groups(quant):
+    if method in ("fp8", "fbgemm_fp8") or (
+        method == "compressed-tensors" and _float8_groups(quant)
+    ):
+        kept = _kept_out(quant)
+        if kept:
+            one = len(kept) == 1
+            raise HfConfigError(
+                f"quantization_config in {where} keeps {len(kept)} module"
+                f"{'' if one else 's'} of the blocks out of fp8 ({kept[0]}"
+                f"{'' if one else ', ...'}), and budget prices every block's linear layers "
+                "in one format; delete quantization_config to budget them in bf16, or write "
+                "precision.params: fp8 to budget them all in fp8 (fewer bytes than the "
+                "checkpoint holds)"
+            )
         return "fp8"
     raise HfConfigError(
         f"quantization_config.quant_method = {json.dumps(method)} in {where} stores weights in "
@@ -563,6 +582,22 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
         "quantization_config to budget the weights in precision.params' format (bf16 unless "
         "the plan names another)"
     )
+
+
+# Modules an fp8 checkpoint may leave in bf16 that the budget keeps so anyway or that weigh
+# nothing: the embedding and output layer (`flops.VOCAB_WEIGHT_BYTES`) and MoE routers
+_KEPT_ANYWAY = ("lm_head", "embed_tokens", "gate", "router")
+
+
+def _kept_out(quant: Mapping[str, Any]) -> list[str]:
+    """The modules an fp8 ``quantization_config`` leaves unquantized (``modules_to_not_convert``
+    of transformers' fp8 configs, ``ignore`` of compressed-tensors'; a name or a ``re:``
+    pattern) beyond those the budget keeps in bf16 anyway (`_KEPT_ANYWAY`)."""
+    lists = [quant.get(key) for key in ("modules_to_not_convert", "ignore")]
+    names = [str(n) for names in lists if isinstance(names, list) for n in names]
+    return [
+        n for n in names if n.removeprefix("re:").rstrip("$").split(".")[-1] not in _KEPT_ANYWAY
+    ]
 
 
 def _float8_groups(quant: Mapping[str, Any]) -> bool:
