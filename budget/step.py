@@ -226,21 +226,18 @@ def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any] | None:
     return "latents", (s.q_latent if mla.q_rank else s.hidden) + s.kv_latent
 
 
-def attention_tp_moves(
-    plan: Plan, s: Shapes, backward: bool, recomputed: bool = False
-) -> list[Move]:
-    """`_tp_moves` of the attention block (its recomputed forward with `recomputed`): the
-    column-parallel side overlaps the QKV projection, or latent attention's up-projections,
-    which read what is gathered (the down-projection makes it and cannot)."""
-    suffix = " (recomputed)" if recomputed else ""
+def attention_tp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
+    """`_tp_moves` of the attention block: the column-parallel side overlaps the QKV
+    projection, or latent attention's up-projections, which read what is gathered (the
+    down-projection makes it and cannot)."""
     column = "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS
     return _tp_moves(
         plan,
         s,
-        "attention (recomputed forward)" if recomputed else "attention",
+        "attention",
         backward,
-        f"{column}{suffix}",
-        f"attention output projection{suffix}",
+        column,
+        "attention output projection",
         _attention_inward(plan, s),
     )
 
@@ -1444,14 +1441,7 @@ def _backward(b: _StageBuilder) -> None:
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
         regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
-            _tp_moves(
-                plan,
-                s,
-                "MLP (recomputed forward)",
-                False,
-                "MLP fc1 (recomputed)",
-                "MLP fc2 (recomputed)",
-            ),
+            _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
         )
         work = flops.mlp_forward(plan, s)
@@ -1499,7 +1489,7 @@ def _backward(b: _StageBuilder) -> None:
         s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols),
         placement="shard(heads) on tp",
     )
-    again = when(attention_tp_moves(plan, s, False, recomputed=True), full)
+    again = when(_again(attention_tp_moves(plan, s, False)), full)
     # the attention core runs again under either recompute, and under context parallelism
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
     # core that Megatron-LM's selective recompute checkpoints)
