@@ -105,9 +105,11 @@ class Move:
     # re-gather behind a backward GEMM's input-gradient half, the reduction behind its
     # weight-gradient half); moves in the same part run one after the other beside it
     part: str = ""
-    # launched in this many equal parts, one as each model chunk of an interleaved stage
-    # finishes its last micro-batch (`schedule.time_phase`): the dp reduction and gather
+    # launched in this many parts, one as each model chunk of an interleaved stage finishes
+    # its last micro-batch (`schedule.time_phase`): the dp reduction and gather; `last_part`
+    # is the share of the bytes in the part launched last, model chunk 0's (None: 1/rounds)
     rounds: Any = 1
+    last_part: Any = None
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
     algorithm: Algorithm | None = None

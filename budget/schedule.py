@@ -288,18 +288,19 @@ def time_phase(
             # Each part draws on its own pool of the window, less what moves before drew.
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
-                last_room, earlier_room = room, 0.0
+                last_room, earlier_room, f = room, 0.0, 1.0
             else:
                 last_room, earlier_room = room / v, room * (v - 1) * p / v
+                f = 1 / v if move.last_part is None else move.last_part
             if spent is not None:
                 last_room = vmax(last_room - spent[0], 0.0)
                 earlier_room = vmax(earlier_room - spent[1], 0.0)
-            last = vmax(least, total / v - last_room)
-            earlier = vmax(total * (v - 1) / v - earlier_room, 0.0)
+            last = vmax(least, total * f - last_room)
+            earlier = vmax(total * (1 - f) - earlier_room, 0.0)
             exposed = last + earlier
             if parts[part] > 1:  # a move after this one hides in what it leaves
                 mask = vmin(move.count, 1)
-                hid = ((total / v - last) * mask, (total * (v - 1) / v - earlier) * mask)
+                hid = ((total * f - last) * mask, (total * (1 - f) - earlier) * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):

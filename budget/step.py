@@ -1583,6 +1583,11 @@ def _reduce(b: _StageBuilder) -> None:
     zero = par.zero
     v = par.pipeline.virtual_stages  # an interleaved stage reduces chunk by chunk
     chunked = "; interleaved: per model chunk, the last one's exposed" if every(v > 1) else ""
+    # model chunk 0, reduced last and gathered first, holds the embedding on the first stage
+    # (the last stage's head is in its last chunk, reduced early)
+    root = _root_params(b)
+    n_dense = b.params.per_rank
+    first_chunk = vwhere(v > 1, ((n_dense - root) / v + root * b.first) / vmax(n_dense, 1), 1.0)
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -1612,9 +1617,12 @@ def _reduce(b: _StageBuilder) -> None:
             "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
             "bucket behind the last micro-batch's backward (last bucket exposed)"
         )
+        last_part = first_chunk if group == "dp" else None  # experts: even chunks
         reduce = [
             replace(
-                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, floor), rounds=v
+                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, floor),
+                rounds=v,
+                last_part=last_part,
             )
             for m in reduce
         ]
@@ -1624,6 +1632,7 @@ def _reduce(b: _StageBuilder) -> None:
             reduce[1],  # the same window, overlap flag, share and floor, once per micro-batch
             count=b.microbatches,
             rounds=1,
+            last_part=None,
             rule="ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only "
             "the shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
             "behind it (last bucket exposed)",
@@ -1649,7 +1658,7 @@ def _reduce(b: _StageBuilder) -> None:
         )
         hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, share, floor)
         gathers += when(
-            [replace(hidden, rounds=v)],
+            [replace(hidden, rounds=v, last_part=last_part)],
             (zero == 1) | (zero == 2),
         )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
