@@ -1568,8 +1568,9 @@ def _reduce(b: _StageBuilder) -> None:
     model chunks launches each chunk's reduction as that chunk finishes its last
     micro-batch (``backward_step_helper_postprocess`` calls ``grad_sync_func[chunk]``;
     the gather likewise per chunk, ``forward_step_helper_preprocess``), so only the last
-    chunk's 1/v waits at the end (`Move.rounds`, priced in `schedule.time_phase`). The
-    embedding's gradients, which stage 0's first chunk holds, are counted as an even share.
+    chunk's part waits at the end (`Move.rounds`, priced in `schedule.time_phase`): model
+    chunk 0's, 1/v of the stage's layers and, on the first stage, the embedding
+    (`Move.last_part`); the last stage's head is in its last chunk, reduced early.
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
