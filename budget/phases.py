@@ -107,7 +107,8 @@ class Move:
     part: str = ""
     # launched in this many parts, one as each model chunk of an interleaved stage finishes
     # its last micro-batch (`schedule.time_phase`): the dp reduction and gather; `last_part`
-    # is the share of the bytes in the part launched last, model chunk 0's (None: 1/rounds)
+    # is the share of the bytes in the part that waits, model chunk 0's, reduced last and
+    # gathered first (None: 1/rounds)
     rounds: Any = 1
     last_part: Any = None
     # a flat algorithm over every rank, each step at the slowest link spanned, where the

@@ -258,7 +258,7 @@ def time_phase(
         kernels = _by_name(plan, phase)
     compute = sum(kernels.values())
     timed = []
-    # (window, part) -> what the moves before hid in its last-chunk and earlier-chunk pools
+    # (window, part) -> what the moves before hid in its last chunk's step and in all of it
     used: dict[tuple[str, str], tuple[Any, Any]] = {}
     parts = Counter((m.window, m.part) for m in phase.moves if m.window)
     for move in phase.moves:
@@ -285,22 +285,24 @@ def time_phase(
             # param_sync_func): the last chunk's part hides behind its own 1/v of the
             # micro-batch's window, the earlier parts behind the p steps of each later chunk
             # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before.
-            # Each part draws on its own pool of the window, less what moves before drew.
+            # Both bounds draw on pools of the window, less what moves before drew.
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
-                last_room, earlier_room, f = room, 0.0, 1.0
-            else:
-                last_room, earlier_room = room / v, room * (v - 1) * p / v
+                last_room, whole_room, f = room, room, 1.0
+            else:  # each later chunk's p steps, 1/v of W each, chunk 0's last among them
+                last_room, whole_room = room / v, room * (v - 1) * p / v
                 f = 1 / v if move.last_part is None else move.last_part
             if spent is not None:
                 last_room = vmax(last_room - spent[0], 0.0)
-                earlier_room = vmax(earlier_room - spent[1], 0.0)
+                whole_room = vmax(whole_room - spent[1], 0.0)
+            # the parts run one after the other on one communicator: all of them within the
+            # steps after chunk v - 1's last, chunk 0's within its own last step
             last = vmax(least, total * f - last_room)
-            earlier = vmax(total * (1 - f) - earlier_room, 0.0)
-            exposed = last + earlier
+            exposed = vmax(last, total - whole_room)
             if parts[part] > 1:  # a move after this one hides in what it leaves
                 mask = vmin(move.count, 1)
-                hid = ((total * f - last) * mask, (total * (1 - f) - earlier) * mask)
+                hidden = total - exposed
+                hid = (vmin(total * f - last, hidden) * mask, hidden * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
             slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):

@@ -1045,7 +1045,9 @@ def test_files_re_saved_by_transformers_5_read_as_the_released_ones() -> None:
         {
             "quant_method": "compressed-tensors",
             "format": "float-quantized",
-            "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}},
+            "config_groups": {
+                "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}
+            },
         },
     ],
 )
@@ -1087,8 +1089,10 @@ def test_an_fp8_checkpoint_that_keeps_block_layers_in_bf16_is_refused() -> None:
     assert translate({**llama, "quantization_config": kept}).weights == "fp8"
     ignore = {
         "quant_method": "compressed-tensors",
-        "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}},
-        "ignore": ["lm_head", "re:.*mlp.gate$"],
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}
+        },
+        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"],
     }
     assert translate({**llama, "quantization_config": ignore}).weights == "fp8"
     attention = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "lm_head"]
@@ -1104,3 +1108,16 @@ def test_a_head_width_key_must_agree_with_the_heads() -> None:
     assert translate({**llama, "qk_head_dim": 128}).tree == translate(llama).tree
     with pytest.raises(HfConfigError, match=r"qk_head_dim = 999, but its heads are 128 wide"):
         translate({**llama, "qk_head_dim": 999})
+
+
+def test_a_compressed_tensors_group_that_targets_some_layers_is_refused() -> None:
+    """A group that quantizes only the MLP projections leaves the attention in bf16 without
+    listing it in ignore; read as fp8 throughout, it was priced all fp8 (review)."""
+    mlp = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "group_0": {"targets": ["re:.*mlp.*proj$"], "weights": {"num_bits": 8, "type": "float"}}
+        },
+    }
+    with pytest.raises(HfConfigError, match=r"delete quantization_config to budget the"):
+        translate({**_raw("llama3-70b"), "quantization_config": mlp})

@@ -381,9 +381,12 @@ def test_reductions_sharing_an_interleaved_window_wait_the_same_in_either_order(
 
 def test_earlier_chunks_wait_where_the_later_chunks_steps_are_too_short():
     """GPT-3 at tp 8 and pp 2, two model chunks: a stage's 11 B parameters reduce in about
-    a second over 64 data-parallel ranks, longer than the p = 2 later steps (1/v of a
-    micro-batch's backward each) the earlier chunk's part hides behind, so it waits
-    (v - 1)/v·T - (v - 1)·p/v·share·W beside the last chunk's (T - share·W)/v."""
+    a second over 64 data-parallel ranks. The chunks' parts run one after the other on one
+    communicator, all within the p = 2 steps of the later chunk (1/v of a micro-batch's
+    backward each) and chunk 0's within its own last step, so the stage waits
+    max(f·T - share·W/v, T - (v - 1)·p/v·share·W): here the second, T - share·W, a step
+    more than chunk 0's own part alone would leave (review: chunk 0's last step was counted
+    in both)."""
     from budget.schedule import _kernels, _windows, price_move, time_phase
 
     plan = replace(
@@ -398,6 +401,6 @@ def test_earlier_chunks_wait_where_the_later_chunks_steps_are_too_short():
     moves = time_phase(plan, stage.phases[i], windows, price_move, kernels[i]).moves
     (t,) = [t for t in moves if t.move.name == "gradients"]
     room = (stage.layers - 1) / stage.layers * windows["@backward-microbatch"]
-    earlier = t.time_s / 2 - room * 2 / 2
-    assert earlier > 0
-    assert t.exposed_s == pytest.approx((t.time_s - room) / 2 + earlier)
+    whole = t.time_s - room * (2 - 1) * 2 / 2
+    assert whole > t.time_s * t.move.last_part - room / 2 > 0
+    assert t.exposed_s == pytest.approx(whole)

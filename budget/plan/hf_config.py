@@ -586,7 +586,7 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
 
 # Modules an fp8 checkpoint may leave in bf16 that the budget keeps so anyway or that weigh
 # nothing: the embedding and output layer (`flops.VOCAB_WEIGHT_BYTES`) and MoE routers
-_KEPT_ANYWAY = ("lm_head", "embed_tokens", "gate", "router")
+_KEPT_ANYWAY = ("lm_head", "embed_tokens", "gate", "shared_expert_gate", "router")
 
 
 def _kept_out(quant: Mapping[str, Any]) -> list[str]:
@@ -601,16 +601,23 @@ def _kept_out(quant: Mapping[str, Any]) -> list[str]:
 
 
 def _float8_groups(quant: Mapping[str, Any]) -> bool:
-    """Whether every quantization group of a compressed-tensors config stores its weights
-    as 8-bit floats."""
+    """Whether the quantization groups of a compressed-tensors config store every linear
+    layer's weights as 8-bit floats (``targets: [Linear]``; a group that targets some layers
+    by pattern leaves the rest in bf16, which one weight format cannot price)."""
     groups = quant.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         return False
-    weights = [g.get("weights") if isinstance(g, Mapping) else None for g in groups.values()]
-    return all(
-        isinstance(w, Mapping) and w.get("num_bits") == 8 and w.get("type") == "float"
-        for w in weights
-    )
+
+    def float8(group: Any) -> bool:  # every linear layer, its weights in 8-bit floats
+        w = group.get("weights") if isinstance(group, Mapping) else None
+        return (
+            group.get("targets") == ["Linear"]
+            and isinstance(w, Mapping)
+            and w.get("num_bits") == 8
+            and w.get("type") == "float"
+        )
+
+    return all(float8(g) for g in groups.values())
 
 
 _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
