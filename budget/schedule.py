@@ -289,8 +289,9 @@ def time_phase(
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
                 last_room, whole_room, f = room, room, 1.0
-            else:  # each later chunk's p steps, 1/v of W each, chunk 0's last among them
-                last_room, whole_room = room / v, room * (v - 1) * p / v
+            else:  # each later chunk's p steps, 1/v of W each, chunk 0's last among them;
+                # a sweep's v = 1 configurations keep the one window
+                last_room, whole_room = room / v, vwhere(v > 1, room * (v - 1) * p / v, room)
                 f = 1 / v if move.last_part is None else move.last_part
             if spent is not None:
                 last_room = vmax(last_room - spent[0], 0.0)

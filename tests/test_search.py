@@ -1199,3 +1199,21 @@ def test_a_draft_whose_layout_does_not_fit_its_world_is_searched(tmp_path):
     top = json.loads(result.stdout)["results"][0]
     report = build_report(load_plan(best))
     assert _relative(report.step["time_s"], top["step_time_s"]) < 1e-9
+
+
+def test_sampled_layouts_with_dp_overlap_budget_as_searched(gpt3, tmp_path):
+    """The per-chunk dp overlap (`Move.rounds`) over a sweep that mixes v = 1 with
+    interleaved layouts in one array: a v = 1 layout must keep its one window (it was
+    given none, and waited the whole reduction: 15 of 60 sampled layouts; review)."""
+    text = GPT3.read_text(encoding="utf-8") + "overlap: {dp_grads: true, param_gather: true}\n"
+    path = tmp_path / "overlapped.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(1,), sequence_parallel=(True,))
+    results = search(plan, 1024, space).results
+    flat = [r for r in results if r.config.virtual_stages == 1]
+    assert flat and len(flat) < len(results)
+    random.seed(7)
+    for result in random.sample(flat, 6) + random.sample(results, 6):
+        report = build_report(apply(plan, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
