@@ -262,6 +262,11 @@ def stage_layer_ids(plan: Plan) -> list[list[int]]:
     """Global indices of the layers each pipeline stage holds. With v virtual stages the
     model is cut into p·v chunks and stage i holds chunks i, i + p, ... (Narayanan et al.,
     arXiv 2104.04473, section 2.2.2)."""
+    return [[i for chunk in chunks for i in chunk] for chunks in stage_chunk_ids(plan)]
+
+
+def stage_chunk_ids(plan: Plan) -> list[list[list[int]]]:
+    """`stage_layer_ids` by model chunk: stage i's chunks i, i + p, ... in order."""
     p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
     sizes = plan.parallel.pipeline.layers_per_stage
     if not isinstance(v, int):
@@ -274,9 +279,9 @@ def stage_layer_ids(plan: Plan) -> list[list[int]]:
     if sizes is not None and len(chunks) == p and v > 1:
         chunks = [c // v for c in chunks for _ in range(v)]
     starts = [sum(chunks[:i]) for i in range(len(chunks))]
-    out: list[list[int]] = [[] for _ in range(p)]
+    out: list[list[list[int]]] = [[] for _ in range(p)]
     for index, (start, size) in enumerate(zip(starts, chunks, strict=True)):
-        out[index % p].extend(range(start, start + size))
+        out[index % p].append(list(range(start, start + size)))
     return out
 
 
@@ -301,17 +306,31 @@ class StageClass:
     last_is_moe: bool
     copies: int = 1
     sliding: int = 0  # layers whose attention slides (`Model.sliding`)
+    # model chunk 0's dense and MoE layers (the whole stage's without interleaving): the
+    # chunk an interleaved stage reduces last (`step._reduce`)
+    head_dense: int = 0
+    head_moe: int = 0
 
     @property
-    def key(self) -> tuple[bool, bool, int, int, bool, int]:
+    def key(self) -> tuple[bool, bool, int, int, bool, int, int, int]:
         """What the kernels and moves of a stage depend on (equal keys, equal times)."""
-        return (self.first, self.last, self.dense, self.moe, self.last_is_moe, self.sliding)
+        return (
+            self.first,
+            self.last,
+            self.dense,
+            self.moe,
+            self.last_is_moe,
+            self.sliding,
+            self.head_dense,
+            self.head_moe,
+        )
 
 
 def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     """One class per distinct stage key in pipeline order (`merge`), or one per stage."""
     flags = moe_layers(plan)
-    ids_per_stage = stage_layer_ids(plan)
+    chunks_per_stage = stage_chunk_ids(plan)
+    ids_per_stage = [[i for chunk in chunks for i in chunk] for chunks in chunks_per_stage]
     p = len(ids_per_stage)
     mtp = mtp_layers(plan)
     slides = plan.model.sliding
@@ -324,10 +343,24 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
             moe, dense = (moe + mtp, dense) if flags[-1] else (moe, dense + mtp)
         last_is_moe = bool(ids) and flags[ids[-1]]
         first, last = stage == 0, stage == p - 1
-        stages.append(StageClass(stage, first, last, dense, moe, last_is_moe, sliding=sliding))
+        head = chunks_per_stage[stage][0] if chunks_per_stage[stage] else []
+        head_moe = sum(flags[i] for i in head)
+        stages.append(
+            StageClass(
+                stage,
+                first,
+                last,
+                dense,
+                moe,
+                last_is_moe,
+                sliding=sliding,
+                head_dense=len(head) - head_moe,
+                head_moe=head_moe,
+            )
+        )
     if not merge:
         return stages
-    copies: dict[tuple[bool, bool, int, int, bool, int], int] = {}
+    copies: dict[tuple[bool, bool, int, int, bool, int, int, int], int] = {}
     for c in stages:
         copies[c.key] = copies.get(c.key, 0) + 1
     firsts = {c.key: c for c in reversed(stages)}

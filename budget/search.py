@@ -519,6 +519,8 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
             c.last_is_moe,
             column(k, "copies"),
             column(k, "sliding"),
+            column(k, "head_dense"),
+            column(k, "head_moe"),
         )
         for k, c in enumerate(per_pair[0])
     ]

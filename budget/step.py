@@ -1584,11 +1584,13 @@ def _reduce(b: _StageBuilder) -> None:
     zero = par.zero
     v = par.pipeline.virtual_stages  # an interleaved stage reduces chunk by chunk
     chunked = "; interleaved: per model chunk, the last one's exposed" if every(v > 1) else ""
-    # model chunk 0, reduced last and gathered first, holds the embedding on the first stage
-    # (the last stage's head is in its last chunk, reduced early)
-    root = _root_params(b)
+    # model chunk 0, reduced last and gathered first: its layers, and on the first stage the
+    # embedding (the last stage's head is in its last chunk, reduced early)
+    whole, k = b.layer.per_rank, b.kind
+    head = k.head_dense * whole["mlp"] + (k.head_moe * whole["moe"] if b.has_moe else 0)
     n_dense = b.params.per_rank
-    first_chunk = vwhere(v > 1, ((n_dense - root) / v + root * b.first) / vmax(n_dense, 1), 1.0)
+    first_chunk = vwhere(v > 1, (head + _root_params(b) * b.first) / vmax(n_dense, 1), 1.0)
+    head_experts = vwhere(v > 1, k.head_moe / vmax(b.moe, 1), 1.0)
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -1618,7 +1620,7 @@ def _reduce(b: _StageBuilder) -> None:
             "dp gradients: exposed unless overlap.dp_grads reduces them bucket by "
             "bucket behind the last micro-batch's backward (last bucket exposed)"
         )
-        last_part = first_chunk if group == "dp" else None  # experts: even chunks
+        last_part = first_chunk if group == "dp" else head_experts
         reduce = [
             replace(
                 hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, floor),

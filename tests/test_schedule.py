@@ -404,3 +404,26 @@ def test_earlier_chunks_wait_where_the_later_chunks_steps_are_too_short():
     whole = t.time_s - room * (2 - 1) * 2 / 2
     assert whole > t.time_s * t.move.last_part - room / 2 > 0
     assert t.exposed_s == pytest.approx(whole)
+
+
+def test_chunk_0_carries_its_own_layers_when_the_split_is_uneven():
+    """Model chunk 0 of an interleaved stage need not hold 1/v of the stage's layers (a
+    search's uneven split, layers_per_stage): its share of the reduction counts its own
+    layers and, on stage 0, the embedding (review: 0.293 where the split gives 0.214).
+    GPT-3 at pp 8 and v 2 with stage 0's chunks of 10 and 2 layers."""
+    from budget.layers import stage_params
+
+    sizes = (10, 6, 6, 6, 6, 6, 6, 6, 2, 6, 6, 6, 6, 6, 6, 6)
+    base = _timed(schedule="interleaved", virtual_stages=2)
+    pipeline = replace(base.parallel.pipeline, layers_per_stage=sizes)
+    plan = replace(
+        base,
+        parallel=replace(base.parallel, pipeline=pipeline),
+        overlap=Overlap(dp_grads=True),
+    )
+    (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "dp.grads"]
+    (move,) = [m for m in phase.moves if m.name == "gradients"]
+    params = stage_params(plan, 0)
+    root = sum(n for name, n in params.parts if "embedding" in name)
+    per_layer = (params.per_rank - root) / 12
+    assert move.last_part == pytest.approx((10 * per_layer + root) / params.per_rank)
