@@ -276,8 +276,8 @@ def stage_chunk_ids(plan: Plan) -> list[list[list[int]]]:
             raise ValueError("a sweep over virtual stages needs an even split of dense layers")
         v = 1
     chunks = list(sizes) if sizes is not None else [plan.model.layers // (p * v)] * (p * v)
-    if sizes is not None and len(chunks) == p and v > 1:
-        chunks = [c // v for c in chunks for _ in range(v)]
+    if sizes is not None and len(chunks) == p and v > 1:  # stage i's layers in v chunks
+        chunks = [chunks[i % p] // v for i in range(p * v)]
     starts = [sum(chunks[:i]) for i in range(len(chunks))]
     out: list[list[list[int]]] = [[] for _ in range(p)]
     for index, (start, size) in enumerate(zip(starts, chunks, strict=True)):
@@ -293,7 +293,8 @@ def stage_layers(plan: Plan) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class StageClass:
     """Pipeline stages that run the same kernels and moves: the same place in the pipeline
-    (first, last) and the same dense and MoE layer counts. `stage` is the first of them,
+    (first, last), the same dense and MoE layer counts and, where an interleaved stage's dp
+    reduction overlaps, the same counts in its first model chunk. `stage` is the first of them,
     which holds the most micro-batches in flight (`step.inflight`) and so peaks highest;
     `copies` counts them. A sweep carries the counts and indices as arrays over
     configurations whose stages fall into the same classes (`budget.search`)."""
@@ -306,8 +307,9 @@ class StageClass:
     last_is_moe: bool
     copies: int = 1
     sliding: int = 0  # layers whose attention slides (`Model.sliding`)
-    # model chunk 0's dense and MoE layers (the whole stage's without interleaving): the
-    # chunk an interleaved stage reduces last (`step._reduce`)
+    # model chunk 0's dense and MoE layers, the chunk an interleaved stage reduces last
+    # (`step._reduce`); 0 where no overlap of the dp reduction or gather reads them, so that
+    # stages that differ only in them still share one class
     head_dense: int = 0
     head_moe: int = 0
 
@@ -330,6 +332,9 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     """One class per distinct stage key in pipeline order (`merge`), or one per stage."""
     flags = moe_layers(plan)
     chunks_per_stage = stage_chunk_ids(plan)
+    v = plan.parallel.pipeline.virtual_stages
+    overlap = plan.overlap.dp_grads or plan.overlap.param_gather
+    chunked = isinstance(v, int) and v > 1 and overlap  # `step._reduce` reads chunk 0
     ids_per_stage = [[i for chunk in chunks for i in chunk] for chunks in chunks_per_stage]
     p = len(ids_per_stage)
     mtp = mtp_layers(plan)
@@ -343,7 +348,7 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
             moe, dense = (moe + mtp, dense) if flags[-1] else (moe, dense + mtp)
         last_is_moe = bool(ids) and flags[ids[-1]]
         first, last = stage == 0, stage == p - 1
-        head = chunks_per_stage[stage][0] if chunks_per_stage[stage] else []
+        head = chunks_per_stage[stage][0] if chunks_per_stage[stage] and chunked else []
         head_moe = sum(flags[i] for i in head)
         stages.append(
             StageClass(

@@ -436,8 +436,8 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     arrays. So are the pipeline depth and virtual stages of layouts whose stages fall into
     the same classes (`layers.StageClass`: the first stage, the middle ones, the last, in
     order, each with dense layers, MoE layers or both) when pipeline sends are not
-    overlapped: then only the layer counts, stage indices and copies differ, as arrays
-    too."""
+    overlapped: then only the layer counts (and first model chunks' counts), stage indices
+    and copies differ, as arrays too."""
     pp, v = cols.values["pp"], cols.values["virtual_stages"]
     shape = np.zeros(len(cols), dtype=np.int64)
     first, which = _distinct_rows(np.stack([pp, v], axis=1))

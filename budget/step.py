@@ -1569,8 +1569,9 @@ def _reduce(b: _StageBuilder) -> None:
     micro-batch (``backward_step_helper_postprocess`` calls ``grad_sync_func[chunk]``;
     the gather likewise per chunk, ``forward_step_helper_preprocess``), so only the last
     chunk's part waits at the end (`Move.rounds`, priced in `schedule.time_phase`): model
-    chunk 0's, 1/v of the stage's layers and, on the first stage, the embedding
-    (`Move.last_part`); the last stage's head is in its last chunk, reduced early.
+    chunk 0's, the layers the split gives it (`StageClass.head_dense`, `head_moe`; for the
+    expert groups its share of the stage's MoE layers) and, on the first stage, the
+    embedding (`Move.last_part`); the last stage's head is in its last chunk, reduced early.
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
