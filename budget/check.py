@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
+from budget.inference import passes_for
 from budget.report import Overlapping, PhaseRow, Report, StageRow
 from budget.units import (
     UnitError,
@@ -491,8 +492,8 @@ def _latency_reason(report: Report, name: LimitName, limit: float) -> Reason | N
         return None
     prefix = "prefill." if name == "max_ttft" else "decode."
     busy = [p for p in report.phases if p.name.startswith(prefix)]
-    # a decode phase's row sums its generate - 1 passes (`inference.decode_passes`)
-    passes = 1 if name == "max_ttft" else report.layout["generate"] - 1
+    # a decode phase's row sums its passes
+    passes = 1 if name == "max_ttft" else passes_for(report.layout["generate"])
     per = "" if passes == 1 else " per output token"
     return Reason(
         limit=name,

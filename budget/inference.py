@@ -248,10 +248,15 @@ def _pass(
 
 
 def decode_passes(plan: Plan) -> int:
-    """Decode passes for `generate` tokens: the prefill's last position yields the first
+    """Decode passes for `generate` tokens (`passes_for`)."""
+    return passes_for(plan.batch.generate)
+
+
+def passes_for(generate: int) -> int:
+    """Decode passes for G generated tokens: the prefill's last position yields the first
     token, so G - 1 passes yield the rest (vLLM's and TensorRT-LLM's time per output token
     counts them so: the first token is the time to first token)."""
-    return plan.batch.generate - 1
+    return generate - 1
 
 
 def decode_keys(plan: Plan) -> tuple[int, int]:
