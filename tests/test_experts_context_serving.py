@@ -295,15 +295,16 @@ def test_fp8_halves_the_bytes_gemm_inputs_and_parameter_gathers_touch():
 def test_new_plan_sections_load_from_yaml(tmp_path):
     """Issue 5: expert tensor parallelism, fp8 precision options and all-gather context
     parallelism written in a plan file load and budget."""
-    text = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
-    for old, new in (
-        ("  ep: 8\n", "  ep: 8\n  etp: 1\n"),
-        ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8\n"),
-        ("reserved: 4 GiB}", "reserved: 4 GiB, flops: {fp8: 1800 TFLOP/s}}"),
-    ):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    plan = _load_text(tmp_path, text)
+    plan = load_plan(
+        variant(
+            tmp_path,
+            "plan.yaml",
+            ("  ep: 8\n", "  ep: 8\n  etp: 1\n"),
+            ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8\n"),
+            ("reserved: 4 GiB}", "reserved: 4 GiB, flops: {fp8: 1800 TFLOP/s}}"),
+            base=PLANS / "mixtral-8x7b.yaml",
+        )
+    )
     assert plan.device.peak_flops("fp8") == 1800e12  # the plan's figure over the preset's
     assert plan.parallel.etp == 1
     assert plan.precision.matmul == "fp8" and plan.precision.param_gather == "fp8"
@@ -815,19 +816,20 @@ def test_fp8_weights_leave_the_embedding_and_output_layer_in_bf16(tmp_path):
     1.05 GB at 2 B (review)."""
     from budget.layers import params_total
 
-    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
-    for old, new in (
-        ("layers: 80", "layers: 32"),
-        ("hidden: 8192", "hidden: 4096"),
-        ("heads: 64", "heads: 32"),
-        ("ffn: 28672", "ffn: 14336"),
-        ("tp: 8", "tp: 1"),
-        ("nodes: 1}", "gpus: 1}"),
-        ("params: bf16", "params: fp8"),
-    ):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    plan = _load_text(tmp_path, text)
+    plan = load_plan(
+        variant(
+            tmp_path,
+            "plan.yaml",
+            ("layers: 80", "layers: 32"),
+            ("hidden: 8192", "hidden: 4096"),
+            ("heads: 64", "heads: 32"),
+            ("ffn: 28672", "ffn: 14336"),
+            ("tp: 8", "tp: 1"),
+            ("nodes: 1}", "gpus: 1}"),
+            ("params: bf16", "params: fp8"),
+            base=PLANS / "llama3-70b-decode.yaml",
+        )
+    )
     vocab = 2 * 128256 * 4096
     report = build_report(plan)
     assert report.stages[0].params_bytes == params_total(plan) + vocab  # 1 B + 1 more on vocab
