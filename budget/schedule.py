@@ -282,10 +282,10 @@ def time_phase(
             room = move.share * window
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
-            # param_sync_func): the last chunk's part hides behind its own 1/v of the
-            # micro-batch's window, the earlier parts behind the p steps of each later chunk
-            # (1/v of a micro-batch each) that run after them; at v = 1 one part, as before.
-            # Both bounds draw on pools of the window, less what moves before drew.
+            # param_sync_func), one after the other on one communicator: all of them within
+            # the later chunks' p steps each (1/v of the window a step, chunk 0's last among
+            # them), chunk 0's part (the share f) within its own last step; at v = 1 one
+            # part and one window. Both bounds draw on pools less what moves before drew.
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
                 last_room, whole_room, f = room, room, 1.0
@@ -296,8 +296,6 @@ def time_phase(
             if spent is not None:
                 last_room = vmax(last_room - spent[0], 0.0)
                 whole_room = vmax(whole_room - spent[1], 0.0)
-            # the parts run one after the other on one communicator: all of them within the
-            # steps after chunk v - 1's last, chunk 0's within its own last step
             last = vmax(least, total * f - last_room)
             exposed = vmax(last, total - whole_room)
             if parts[part] > 1:  # a move after this one hides in what it leaves

@@ -1330,9 +1330,8 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
         *when([move("embedding output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
     ]
     proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden)
-    again = f"{proj} (recomputed)"
     forward = _tp_moves(plan, s, proj, False, proj, inward=inward)[:1]
-    redo = _tp_moves(plan, s, f"{proj} (recomputed forward)", False, again, inward=inward)[:1]
+    redo = _again(forward)
     backward = _tp_moves(plan, s, proj, True, proj, inward=inward)
     output = move("projection output", "all-gather", shard(1), REPLICATE, needed)
     gather = [

@@ -190,7 +190,7 @@ def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) 
         "multi-token prediction embedding output": ("reduce-scatter", narrow, 1),
         "multi-token prediction embedding output gradient": ("all-gather", narrow, 1),
         f"{proj} input": ("all-gather", wide, 1),
-        f"{proj} (recomputed forward) input": ("all-gather", wide, 1),
+        f"{proj} input (recomputed forward)": ("all-gather", wide, 1),
         "multi-token prediction projection output": ("all-gather", narrow, 1),
         "multi-token prediction projection output (recomputed)": ("all-gather", narrow, 1),
         "multi-token prediction projection output gradient": ("all-gather", narrow, 1),
