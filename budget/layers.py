@@ -295,8 +295,9 @@ class StageClass:
     """Pipeline stages that run the same kernels and moves: the same place in the pipeline
     (first, last), the same dense and MoE layer counts and, where an interleaved stage's dp
     reduction overlaps, the same counts in its first model chunk. `stage` is the first of them,
-    which holds the most micro-batches in flight (`step.inflight`) and so peaks highest;
-    `copies` counts them. A sweep carries the counts and indices as arrays over
+    which holds the most micro-batches in flight (`step.inflight`) and so peaks highest
+    (where chunks differ, the class holds the most layer passes of any of its stages,
+    `flight_layers`); `copies` counts them. A sweep carries the counts and indices as arrays over
     configurations whose stages fall into the same classes (`budget.search`)."""
 
     stage: int
@@ -312,6 +313,14 @@ class StageClass:
     # stages that differ only in them still share one class
     head_dense: int = 0
     head_moe: int = 0
+    # dense and MoE layer passes an interleaved stage holds saved at most (`flight_layers`)
+    # where its model chunks differ, at m = p micro-batches (``_short``) and at m ≥ 2p; 0 where
+    # they are alike and the micro-batches in flight times its layers say the same
+    # (`step.inflight`). Not in the key: merged stages take the most of each (`stage_classes`)
+    flight_dense: int = 0
+    flight_moe: int = 0
+    flight_dense_short: int = 0
+    flight_moe_short: int = 0
 
     @property
     def key(self) -> tuple[bool, bool, int, int, bool, int, int, int]:
@@ -328,6 +337,64 @@ class StageClass:
         )
 
 
+def interleaved_warmup(p: int, v: int, stage: int) -> int:
+    """Model-chunk forwards stage `stage` of an interleaved pipeline runs before its first
+    backward, counting the one it runs then: Megatron-LM's ``(p - stage - 1)·2 + (v - 1)·p``
+    warm-up forwards and one more (``forward_backward_pipelining_with_interleaving``;
+    Narayanan et al., arXiv 2104.04473, section 2.2.2). The k-th runs model chunk
+    ``(k // p) % v``: p micro-batches through one chunk, then the next."""
+    return (p - stage - 1) * 2 + (v - 1) * p + 1
+
+
+def flight_layers(
+    chunks: list[tuple[int, int]], p: int, stage: int, microbatches: int
+) -> tuple[int, int]:
+    """Most dense and most MoE layer passes whose activations stage `stage` of an
+    interleaved pipeline holds at once, its model chunks holding `chunks` (dense, MoE)
+    layers, replaying Megatron-LM's order: `interleaved_warmup` forwards, then one forward
+    and one backward in turn, forwards running chunk ``(k // p) % v`` and backwards chunk
+    ``v - 1 - (k // p) % v``. With chunks alike the most is the warm-up's forwards over v
+    times the stage's layers (`step.inflight`). Where they differ (a split of p·v chunks, or
+    MoE layers from some layer on) it is not: a forward of a large chunk can follow a backward
+    of a small one after the warm-up (GPT-3, p 8, v 2, stage 0 in chunks of 10 and 2 layers:
+    166 passes when the first backward starts, 174 a period later). The order repeats every
+    p·v steps once it is steady, so m = 2p micro-batches give the most of any m ≥ 2p;
+    interleaving needs m a multiple of p, which leaves m = p to replay apart. Dense and MoE
+    are each at their most, so where a stage's chunks mix them in different proportions the
+    two may peak at different steps and their sum is an upper bound."""
+    v = len(chunks)
+    total = microbatches * v
+    warmup = min(interleaved_warmup(p, v, stage) - 1, total)
+    dense = moe = most_dense = most_moe = forward = backward = 0
+    while backward < total:
+        if forward < total and (forward < warmup or forward - warmup <= backward):
+            d, e = chunks[(forward // p) % v]
+            dense, moe = dense + d, moe + e
+            most_dense, most_moe = max(most_dense, dense), max(most_moe, moe)
+            forward += 1
+        else:
+            d, e = chunks[v - 1 - (backward // p) % v]
+            dense, moe = dense - d, moe - e
+            backward += 1
+    return most_dense, most_moe
+
+
+def _chunk_kinds(
+    chunks_per_stage: list[list[list[int]]], flags: list[bool], mtp: int
+) -> list[list[tuple[int, int]]]:
+    """Each stage's model chunks as (dense, MoE) layer counts, the multi-token prediction
+    layers counted in the last stage's last chunk, after which they run."""
+    kinds = []
+    for chunks in chunks_per_stage:
+        kinds.append(
+            [(len(c) - sum(flags[i] for i in c), sum(flags[i] for i in c)) for c in chunks]
+        )
+    if kinds and kinds[-1]:
+        d, e = kinds[-1][-1]
+        kinds[-1][-1] = (d, e + mtp) if flags[-1] else (d + mtp, e)
+    return kinds
+
+
 def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     """One class per distinct stage key in pipeline order (`merge`), or one per stage."""
     flags = moe_layers(plan)
@@ -339,6 +406,10 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     p = len(ids_per_stage)
     mtp = mtp_layers(plan)
     slides = plan.model.sliding
+    kinds = _chunk_kinds(chunks_per_stage, flags, mtp)
+    # every stage replayed once any stage's chunks differ: a merged class takes the most of
+    # its stages, and a stage of alike chunks beside one of unlike ones must count in it
+    replay = any(len(set(chunks)) > 1 for chunks in kinds)
     stages = []
     for stage, ids in enumerate(ids_per_stage):
         moe = sum(flags[i] for i in ids)
@@ -350,6 +421,8 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
         first, last = stage == 0, stage == p - 1
         head = chunks_per_stage[stage][0] if chunks_per_stage[stage] and chunked else []
         head_moe = sum(flags[i] for i in head)
+        flight = flight_layers(kinds[stage], p, stage, 2 * p) if replay else (0, 0)
+        short = flight_layers(kinds[stage], p, stage, p) if replay else (0, 0)
         stages.append(
             StageClass(
                 stage,
@@ -361,15 +434,33 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
                 sliding=sliding,
                 head_dense=len(head) - head_moe,
                 head_moe=head_moe,
+                flight_dense=flight[0],
+                flight_moe=flight[1],
+                flight_dense_short=short[0],
+                flight_moe_short=short[1],
             )
         )
     if not merge:
         return stages
-    copies: dict[tuple[bool, bool, int, int, bool, int, int, int], int] = {}
+    members: dict[tuple[bool, bool, int, int, bool, int, int, int], list[StageClass]] = {}
     for c in stages:
-        copies[c.key] = copies.get(c.key, 0) + 1
-    firsts = {c.key: c for c in reversed(stages)}
-    return [replace(c, copies=copies[c.key]) for c in stages if firsts[c.key] is c]
+        members.setdefault(c.key, []).append(c)
+
+    def most(c: StageClass, name: str) -> int:
+        return int(max(getattr(other, name) for other in members[c.key]))
+
+    return [
+        replace(
+            c,
+            copies=len(members[c.key]),
+            flight_dense=most(c, "flight_dense"),
+            flight_moe=most(c, "flight_moe"),
+            flight_dense_short=most(c, "flight_dense_short"),
+            flight_moe_short=most(c, "flight_moe_short"),
+        )
+        for c in stages
+        if members[c.key][0] is c
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -521,6 +521,10 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
             column(k, "sliding"),
             column(k, "head_dense"),
             column(k, "head_moe"),
+            column(k, "flight_dense"),
+            column(k, "flight_moe"),
+            column(k, "flight_dense_short"),
+            column(k, "flight_moe_short"),
         )
         for k, c in enumerate(per_pair[0])
     ]

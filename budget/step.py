@@ -42,6 +42,7 @@ from budget.layers import (
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
+    interleaved_warmup,
     layer_params,
     layer_saved,
     mlp_saved,
@@ -102,11 +103,12 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
     so it holds min(p - i, m) micro-batches. GPipe holds all m. Interleaved 1F1B with v
     chunks: Megatron-LM warms up (p - i - 1)·2 + (v - 1)·p chunks and holds one more, each
     chunk 1/v of the stage's layers; on stage 0 that is p·(1 + (p - 1)/(p·v)) stage units
-    (Korthikanti section 4.2.3).
+    (Korthikanti section 4.2.3). Where a stage's chunks differ, `layers.flight_layers`
+    replays the order instead (`_StageBuilder.in_flight`).
     """
     p, v = plan.parallel.pp, plan.parallel.pipeline.virtual_stages
     schedule = plan.parallel.pipeline.schedule
-    chunks = vmin((p - stage - 1) * 2 + (v - 1) * p + 1, microbatches * v)
+    chunks = vmin(interleaved_warmup(p, v, stage), microbatches * v)
     one_f_one_b = vfloat(vmin(p - stage, microbatches))
     interleaved = vwhere(holds(schedule == "interleaved"), chunks / v, one_f_one_b)
     return vwhere(holds(schedule == "gpipe"), vfloat(microbatches), interleaved)
@@ -327,12 +329,43 @@ class _StageBuilder:
 
     @cached_property
     def in_flight(self) -> float:
-        """Micro-batches in flight on this stage, in whole-stage units (`inflight`)."""
-        return inflight(self.plan, self.stage, self.microbatches)
+        """Micro-batches in flight on this stage, in whole-stage units (`inflight`); where
+        its model chunks differ, the layer passes held over the stage's layers."""
+        units = inflight(self.plan, self.stage, self.microbatches)
+        dense, moe = self.flight_passes
+        return vwhere(self.chunks_differ, (dense + moe) / vmax(self.layers, 1), units)
+
+    @property
+    def chunks_differ(self) -> Any:
+        """Some stage's model chunks hold different layers (`StageClass.flight_dense`)."""
+        return (self.kind.flight_dense + self.kind.flight_moe) > 0
+
+    @cached_property
+    def flight_passes(self) -> tuple[int, int]:
+        """Dense and MoE layer passes held saved at most where chunks differ, replayed at
+        m = p or at m ≥ 2p (`layers.flight_layers`; interleaving needs m a multiple of p)."""
+        k = self.kind
+        short = self.microbatches < 2 * self.plan.parallel.pp
+        return vwhere(short, k.flight_dense_short, k.flight_dense), vwhere(
+            short, k.flight_moe_short, k.flight_moe
+        )
 
     @cached_property
     def saved_per_microbatch(self) -> int:
         return _saved_per_microbatch(self)
+
+    @cached_property
+    def saved_in_flight(self) -> int:
+        """Activation bytes the micro-batches in flight leave saved on this stage."""
+        layer = self.layer
+        dense, moe = self.flight_passes
+        by_chunk = vround(
+            (dense + moe) * _total(layer.attention)
+            + dense * _total(layer.mlp)
+            + moe * _total(layer.moe)
+        )
+        by_stage = vround(self.in_flight * self.saved_per_microbatch)
+        return vwhere(self.chunks_differ, by_chunk, by_stage)
 
     @cached_property
     def extra_saved(self) -> list[Alloc]:
@@ -678,9 +711,8 @@ def _current_layer(b: _StageBuilder) -> list[Alloc]:
 def _earlier(b: _StageBuilder) -> Alloc:
     """Everything saved on this stage except the current layer: the micro-batches in
     flight (`inflight`) times what one leaves saved, less the layer being worked on."""
-    units = b.in_flight
-    passes = vmax(0, vround(units * b.layers) - 1)
-    saved = vround(units * b.saved_per_microbatch) - _total(b.current_layer)
+    passes = vmax(0, vround(b.in_flight * b.layers) - 1)
+    saved = b.saved_in_flight - _total(b.current_layer)
     return Alloc(
         f"{CARRIED_ACTIVATIONS}, {count_label(passes)} earlier layer passes",
         "activations",
@@ -1220,7 +1252,7 @@ def _loss(b: _StageBuilder) -> None:
     everything = Alloc(
         f"{CARRIED_ACTIVATIONS} of the micro-batches in flight",
         "activations",
-        vround(b.in_flight * b.saved_per_microbatch),
+        b.saved_in_flight,
     )
 
     def head(earlier: int) -> list[Alloc]:

@@ -217,3 +217,74 @@ def test_interleaving_keeps_the_embedding_of_2p_micro_batches_and_the_head_of_on
         if a.name == "output layer input"
     ]
     assert heads and {a.count for a in heads} == {1}
+
+
+def _most_held(p: int, v: int, m: int, rank: int, chunks: list[int]) -> int:
+    """Most layer passes saved at once on `rank` whose model chunks hold `chunks` layers,
+    replaying Megatron-LM's interleaved order micro-batch by micro-batch (as `_alive` does)
+    and summing the layers of every (micro-batch, chunk) whose forward has run and whose
+    backward has not."""
+    total = m * v
+    warmup = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    alive: set[tuple[int, int]] = set()
+    most = forward = backward = 0
+
+    def micro(k: int) -> int:
+        return (k // (p * v)) * p + k % p
+
+    while backward < total:
+        if forward < total and (forward < warmup or forward - warmup <= backward):
+            alive.add((micro(forward), (forward // p) % v))
+            forward += 1
+            most = max(most, sum(chunks[c] for _, c in alive))
+        else:
+            alive.remove((micro(backward), v - 1 - (backward // p) % v))
+            backward += 1
+    return most
+
+
+def _passes(stage) -> int:
+    """Layer passes a stage's peak holds: the earlier ones its label counts and the current."""
+    (carried,) = [a for a in stage.peak_overlap if "earlier layer passes" in a.tensor]
+    return int(carried.tensor.split(", ")[1].split()[0]) + 1, carried.bytes
+
+
+def test_interleaved_stages_of_unlike_chunks_hold_what_the_order_holds(tmp_path):
+    """A split of p·v chunks can give a stage chunks of different sizes; its in-flight
+    activations are then not the warm-up's chunk count over v times its layers. GPT-3 at
+    pp 8, v 2 with stage 0 in chunks of 10 and 2 layers (its others 6 and 6): the even rule
+    said 138 layer passes where the order holds 174 (10 · 15 + 2 · 8 as its first backward
+    starts, and 8 more a period later, when a 10-layer forward follows a 2-layer backward).
+    Every stage is checked against a replay, at m = 96 and at m = p = 8; the bytes are the
+    passes times 34·s·b·h / t (Korthikanti et al. eq. 5 with sequence parallelism and
+    selective recompute: 34 · 2048 · 12288 / 8 = 106,954,752)."""
+    from tests.plan_files import variant
+
+    held: dict[tuple[int, int, int], int] = {}
+    for first, name in ((10, "wide-first.yaml"), (2, "narrow-first.yaml")):
+        sizes = [first] + [6] * 7 + [12 - first] + [6] * 7
+        for global_batch in (1536, 128):  # m = 96 and m = 8 = p
+            path = variant(
+                tmp_path,
+                name,
+                (
+                    "pipeline: {schedule: 1f1b}",
+                    f"pipeline: {{schedule: interleaved, "
+                    f"virtual_stages: 2, layers_per_stage: {sizes}}}",
+                ),
+                ("global: 1536", f"global: {global_batch}"),
+            )
+            report = build_report(load_plan(path))
+            m = global_batch // 16
+            for stage in report.stages:
+                chunks = [sizes[stage.stage], sizes[stage.stage + 8]]
+                if not any("earlier layer passes" in a.tensor for a in stage.peak_overlap):
+                    continue  # a later stage, whose gradients outweigh its activations
+                passes, carried = _passes(stage)
+                held[first, m, stage.stage] = passes
+                assert passes == _most_held(8, 2, m, stage.stage, chunks), (first, m, stage)
+                # the current layer's tensors are itemised apart from the carried ones
+                assert carried == (passes - 1) * 106_954_752
+    assert len(held) >= 8
+    # by hand: 15 forwards of the 10-layer chunk and 8 of the 2-layer one, then 8 more
+    assert held[10, 96, 0] == 10 * 15 + 2 * 8 + 8 == 174

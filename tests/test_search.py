@@ -15,7 +15,7 @@ from budget.errors import BudgetError
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.search import Space, apply, pareto, parse_values, search
-from tests.plan_files import GPT3, ROOT
+from tests.plan_files import GPT3, ROOT, variant
 
 SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 2, 3))
 NARROW = ["--micro", "1", "--zero", "1", "--recompute", "selective", "--virtual-stages", "1"]
@@ -1216,4 +1216,31 @@ def test_sampled_layouts_with_dp_overlap_budget_as_searched(gpt3, tmp_path):
     random.seed(7)
     for result in random.sample(flat, 6) + random.sample(results, 6):
         report = build_report(apply(plan, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+def test_interleaved_layouts_of_unlike_chunks_budget_exactly_as_searched(tmp_path):
+    """An uneven split of p·v chunks gives some stages chunks of different sizes, whose
+    in-flight activations are replayed (`layers.flight_layers`) at m = p and at m ≥ 2p; a
+    merged class takes the most of its stages. Layouts with such stages, at both, evaluated
+    beside even ones, budget as `budget` does alone."""
+    from budget.layers import stage_classes
+
+    path = variant(tmp_path, "small-batch.yaml", ("global: 1536", "global: 256"))
+    plan = load_plan(path)
+    space = Space(micro=(1, 2, 4), virtual_stages=(1, 2, 5), zero=(1,), sequence_parallel=(True,))
+    results = search(plan, 1024, space).results
+    unlike = {False: [], True: []}  # by m = p
+    for result in results:
+        layout = apply(plan, result.config, 1024)
+        if any(c.flight_dense for c in stage_classes(layout, merge=False)):
+            m = 256 // (result.config.dp * result.config.micro)
+            unlike[m == result.config.pp].append((result, layout))
+    assert unlike[True] and unlike[False]
+    random.seed(9)
+    for result, layout in random.sample(unlike[True], min(6, len(unlike[True]))) + random.sample(
+        unlike[False], min(6, len(unlike[False]))
+    ):
+        report = build_report(layout)
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
