@@ -670,6 +670,7 @@ class _Layer:
     params: dict[str, int]  # per block: parameters a rank holds (`_block_params`)
     zero3: dict[str, list[tuple[MoveGroup, int, int]]]  # per block: `_zero3_groups`
     per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
+    experts: int  # an MoE layer's expert parameters per rank
 
     @classmethod
     def of(cls, plan: Plan, s: Shapes) -> _Layer:
@@ -691,6 +692,7 @@ class _Layer:
             {k: _block_params(plan, k) for k in kinds},
             {k: _zero3_groups(plan, k) for k in kinds},
             {k: layer_params(plan, moe=k == "moe").per_rank for k in kinds},
+            layer_params(plan, moe=True).expert_per_rank,
         )
 
 
@@ -1417,12 +1419,17 @@ def _backward(b: _StageBuilder) -> None:
     )
 
     def bucket(block: str, after: Sequence[str]) -> list[Alloc]:
-        """ZeRO-2's gradient bucket before its reduce-scatter (a layer's), or ZeRO-3's
+        """ZeRO-2's gradient bucket before its reduce-scatter, the whole layer's gradients
+        (an MoE layer's for its MoE block, and for the attention of a stage whose last layer
+        is MoE; its experts' where the expert data-parallel group shards them), or ZeRO-3's
         gathered block with its gradients (`_zero3_transients`)."""
-        n = b.layer.per_rank[block] * DTYPE_BYTES[plan.precision.grads]
+        moe = block == "moe" or (block == "attention" and b.last_is_moe)
+        layer = b.layer.per_rank["moe" if moe else "mlp"] * (par.dp * par.cp > 1)
+        experts = b.layer.experts * (expert_data_parallel(plan) > 1) if moe else 0
+        n = (layer + experts) * DTYPE_BYTES[plan.precision.grads]
         grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
         return _zero3_transients(plan, b.layer, block, after, backward=True) + when(
-            [grads], (par.zero == 2) & (par.dp * par.cp > 1)
+            [grads], (par.zero == 2) & (n > 0)
         )
 
     if b.has_moe:
@@ -1727,8 +1734,8 @@ def _reduce(b: _StageBuilder) -> None:
     shared = m.tied_embeddings or mtp_layers(plan) > 0
     if shared and b.pipelined and (b.first or b.last):
         word = vocab_params(plan) * DTYPE_BYTES[prec.grads]
-        # under ZeRO-3 each copy's gradient is already reduce-scattered: a shard each
-        word = vwhere(holds(par.zero == 3), -(-word // (par.dp * par.cp)), word)
+        # under ZeRO-2 and 3 each copy's gradient is already reduce-scattered: a shard each
+        word = vwhere(holds(par.zero >= 2), -(-word // (par.dp * par.cp)), word)
         b.add(
             "embedding.grads",
             1,

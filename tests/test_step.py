@@ -483,3 +483,89 @@ def test_the_embedding_is_split_by_whole_vocabulary_rows():
             "all-reduce",
             308_822_016,
         )
+
+
+def _json_report(path):
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from budget.report import to_dict
+
+    return to_dict(build_report(load_plan(path)))
+
+
+def test_fp32_parameters_are_their_own_master_and_are_gathered_in_fp32(tmp_path):
+    """Megatron-LM's distributed optimizer table (docs distrib_optimizer.md): "fp32 param,
+    fp32 grads" take 4 + 4 + 8/d bytes a parameter with Adam, no separate master copy; the
+    updated parameters are all-gathered in their own format. gpt-1.3b at dp 8, ZeRO-1:
+    Ψ = 1,315,819,520, so Adam's moments are 8Ψ/8 = 1,315,819,520 bytes and the gather moves
+    7/8 · 4Ψ = 4,605,368,320 bytes a rank. Writing master: fp32 beside them is refused."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    fp32 = ("params: bf16", "params: fp32")
+    path = variant(tmp_path, "fp32.yaml", fp32, ("  master: fp32\n", ""), base=base)
+    report = _json_report(path)
+    stage = report["memory"]["stages"][0]
+    psi = 1_315_819_520
+    assert stage["params_bytes"] == stage["grads_bytes"] == 4 * psi
+    assert stage["optimizer_bytes"] == 8 * psi // 8
+    (gather,) = [
+        c for p in report["phases"] for c in p["collectives"] if c["name"] == "updated parameters"
+    ]
+    assert (gather["dtype"], gather["bytes"], gather["sent_bytes"]) == (
+        "fp32",
+        4 * psi,
+        4_605_368_320,
+    )
+    with pytest.raises(BudgetError, match="own master copy"):
+        load_plan(variant(tmp_path, "both.yaml", fp32, base=base))
+
+
+def _peak_bucket(path) -> int:
+    (bucket,) = [
+        a
+        for a in _json_report(path)["memory"]["stages"][0]["peak_overlap"]
+        if a["tensor"] == "gradient bucket before reduce-scatter"
+    ]
+    return bucket["bytes"]
+
+
+def test_zero2_bucket_of_an_moe_layer_is_that_layers_gradients(tmp_path):
+    """ZeRO-2's bucket holds one layer's gradients before their reduce-scatter. Mixtral's
+    layers are all MoE: 21,012,480 non-expert parameters a rank (attention, norms, router),
+    its experts not in it, as ep 8 over tp 8 leaves one expert data-parallel rank; fp32:
+    84,049,920 bytes (it was a dense layer's, 436,240,384, an MLP Mixtral does not have).
+    DeepSeekMoE 16B at ep 8 keeps two expert data-parallel ranks, so its bucket also holds
+    the layer's experts: 4 · (34,213,888 + 69,206,016) = 413,679,616 bytes."""
+    from tests.plan_files import ROOT, variant
+
+    plans = ROOT / "plans"
+    zero2 = ("zero: 1", "zero: 2")
+    mixtral = variant(tmp_path, "m.yaml", zero2, base=plans / "mixtral-8x7b.yaml")
+    assert _peak_bucket(mixtral) == 4 * 21_012_480
+    deepseek = variant(
+        tmp_path,
+        "d.yaml",
+        zero2,
+        ("vocab: 102400", "vocab: 32000"),
+        base=plans / "deepseek-moe-16b.yaml",
+    )
+    assert _peak_bucket(deepseek) == 4 * (34_213_888 + 69_206_016)
+
+
+def test_zero2_tied_embedding_grads_are_all_reduced_as_the_shard_each_copy_keeps(tmp_path):
+    """Under ZeRO-2 each stage keeps only its 1/dp shard of the embedding gradient, so the
+    first and last stages all-reduce that shard (as under ZeRO-3): GPT-3's 51,200 × 12,288
+    / tp 8 fp32 gradient is 314,572,800 bytes, over dp 16 19,660,800."""
+    from tests.plan_files import GPT3, variant
+
+    report = _json_report(variant(tmp_path, "z2.yaml", ("zero: 1", "zero: 2"), base=GPT3))
+    sizes = {
+        c["bytes"]
+        for p in report["phases"]
+        for c in p["collectives"]
+        if c["name"] == "tied embedding grads"
+    }
+    assert sizes == {314_572_800 // 16}

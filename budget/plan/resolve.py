@@ -533,18 +533,31 @@ class _Resolver:
     def precision(self, tree: Tree, serving: bool) -> Precision:
         """The formats; serving a checkpoint released quantized (an hf_config whose
         quantization_config says fp8) keeps its weights in that format unless the plan
-        writes precision.params (training keeps bf16 working weights)."""
-        master = tree.get("master", "fp32")
+        writes precision.params (training keeps bf16 working weights). fp32 parameters are
+        their own master copy (Megatron-LM's distributed optimizer: "fp32 param, fp32
+        grads", 16 bytes a parameter with Adam, no separate master), so the master copy
+        defaults to none for them and to fp32 otherwise. Parameters are gathered in their
+        own format unless the plan names another (FSDP's mixed precision gathers fp32
+        parameters in bf16: ``param_gather: bf16``)."""
         stored = self.config_weights if serving and self.config_weights else "bf16"
+        params = tree.get("params", stored)
+        master = tree.get("master", "none" if params == "fp32" else "fp32")
+        if params == "fp32" and master == "fp32":
+            self.error(
+                "$.precision.master",
+                "master: fp32 beside params: fp32 is a second fp32 copy of every parameter, "
+                "which no optimizer keeps; fp32 parameters are their own master copy: write "
+                "master: none or leave it out",
+            )
         return Precision(
-            params=tree.get("params", stored),
+            params=params,
             grads=tree.get("grads", "fp32"),
             master=None if master in (None, "none") else master,
             optimizer=tree.get("optimizer", "adam"),
             optimizer_state=tree.get("optimizer_state", "fp32"),
             activations=tree.get("activations", "bf16"),
             matmul=tree.get("matmul", "bf16"),
-            param_gather=tree.get("param_gather", "bf16"),
+            param_gather=tree.get("param_gather", params),
             # serving: the activations' format unless the plan names the cache's
             kv_cache=tree.get("kv_cache", tree.get("activations", "bf16")) if serving else None,
         )
