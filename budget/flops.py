@@ -183,7 +183,10 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
         fused_kv = k if m.mla is not None and not s.causal else k + v
         core = Work("attention core (flash)", "attention", flops, q + fused_kv + out)
-        return [replace(core, keys=attention_keys(plan, s.seq_kv))]
+        # a decode pass meets its rank's share of the cache in one call: `s.seq_kv` is
+        # already that share (`inference.decode_keys`), split once over cp, not again
+        keys = attention_keys(plan, s.seq_kv) if s.causal else s.seq_kv
+        return [replace(core, keys=keys)]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [

@@ -60,8 +60,10 @@ from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _cp_moves,
     _ep_moves,
+    _full,
     _pipeline_overlap,
     _shared_expert_moves,
+    _sp,
     _stage_shapes,
     _tp_moves,
     attention_tp_moves,
@@ -142,11 +144,14 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
 
 
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]:
-    """Logits of the last position of each sequence (what sampling needs). Each tp rank
-    computes its vocabulary rows' logits, which are gathered for the sampler (vLLM's
-    ``LogitsProcessor._gather_logits``, in the model's format, to one rank): priced as an
-    all-gather, whose bytes into each rank are the gather's into its root, exposed, since
-    sampling waits for it."""
+    """The final norm over every token of the pass (vLLM's models end ``self.norm(hidden,
+    residual)`` before ``compute_logits`` picks positions), then the logits of the last
+    position of each sequence (what sampling needs). Under sequence parallelism each tp
+    rank holds 1/tp of the tokens until the norm's output is all-gathered for the output
+    layer, as in training (`step._tp_moves`). Each tp rank computes its vocabulary rows'
+    logits, which are gathered for the sampler (vLLM's ``LogitsProcessor._gather_logits``,
+    in the model's format, to one rank): priced as an all-gather, whose bytes into each rank
+    are the gather's into its root, exposed, since sampling waits for it."""
     e = flops.vocab_operands(plan)
     vocab, tp = vocab_rows(plan), plan.parallel.tp
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
@@ -163,8 +168,13 @@ def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]
     )
     # the gathered logits beside this rank's rows (DESIGN rule 2: full + shard)
     logits += when([Alloc("logits gathered for sampling", "transient", gather.size_bytes)], tp > 1)
-    work = [flops.gemm("output layer", s.micro, s.hidden, vocab, e)]
-    return logits, work, when([gather], tp > 1)
+    work = [
+        flops.elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden),
+        flops.gemm("output layer", s.micro, s.hidden, vocab, e),
+    ]
+    regather = when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], _sp(plan))
+    logits += when([_full(s, "output layer input (all-gathered)")], _sp(plan))
+    return logits, work, regather + when([gather], tp > 1)
 
 
 def _pass(

@@ -258,6 +258,9 @@ def test_decoding_with_context_parallelism_splits_the_prompt_not_the_context(tmp
     (phase,) = decode
     (core,) = [w for w in phase.works if w.kind == "attention"]
     assert core.bytes == 2 * 32 * (16 * 128 + 1025 * 2 * 128 * 2 + 16 * 128)
+    # ... in one kernel call on its 1,025 keys, whose rate is that length's (it was halved
+    # again, as if the ring of the prefill split the rank's share once more)
+    assert core.keys == 1025
     # ... and the two ranks exchange fp32 partial outputs (16 heads x 128) and log-sum-exps
     (combine,) = [m for m in phase.moves if m.group == "cp"]
     assert (combine.op, combine.size_bytes) == ("all-gather", 2 * 4 * 32 * (16 * 128 + 16))
@@ -835,8 +838,34 @@ def test_fp8_weights_leave_the_embedding_and_output_layer_in_bf16(tmp_path):
     assert report.stages[0].params_bytes == params_total(plan) + vocab  # 1 B + 1 more on vocab
     (stage,) = derive_inference(plan).stages
     (output,) = [p for p in stage.phases if p.name == "decode.output"]
-    (gemm,) = output.works
+    (gemm,) = [w for w in output.works if w.name == "output layer"]
     assert gemm.bytes == 2 * 4096 * 128256 + 2 * 32 * (4096 + 128256)  # weights, rows in and out
+
+
+def test_serving_under_sequence_parallelism_gathers_the_output_layer_input(tmp_path):
+    """Under sequence parallelism a tp rank holds 1/tp of the tokens until the final
+    norm's output is all-gathered for the output layer, as in training: Llama 3 70B at tp 8,
+    32 sequences, 32 x 2,048 x 8,192 x 2 B = 1 GiB in prefill (held gathered beside the
+    logits) and 32 x 8,192 x 2 B = 512 KiB a decode pass; both passes run the final norm
+    over their tokens (vLLM's models end with ``self.norm`` before ``compute_logits``)."""
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    plan = _load_text(tmp_path, text.replace("dp: 1", "dp: 1\n  sequence_parallel: true"))
+    (stage,) = derive_inference(plan).stages
+    for name, tokens in (("prefill.output", 32 * 2048), ("decode.output", 32)):
+        (phase,) = [p for p in stage.phases if p.name == name]
+        (gather,) = [m for m in phase.moves if m.name == "output layer input"]
+        assert (gather.op, gather.group, gather.size_bytes) == (
+            "all-gather",
+            "tp",
+            tokens * 8192 * 2,
+        )
+        (instant,) = phase.instants
+        held = {a.name: a.bytes for a in instant.live}
+        assert held["output layer input (all-gathered)"] == tokens * 8192 * 2
+        (norm,) = [w for w in phase.works if w.name == "final norm"]
+        assert norm.bytes == 2 * 2 * tokens // 8 * 8192  # read and write the rank's tokens
+    plain = derive_inference(load_plan(PLANS / "llama3-70b-decode.yaml")).stages[0]
+    assert not [m for p in plain.phases for m in p.moves if m.name == "output layer input"]
 
 
 def test_the_sampler_gathers_the_logits_over_tp():
