@@ -13,8 +13,11 @@ from budget.plan.yaml_load import MAX_DEPTH, Marks, child_path, decode, load_yam
 
 
 def _not_a_12_float(text: str) -> bool:
-    """PyYAML writes '1e5' unquoted (a string in YAML 1.1); this loader reads it as 1.2 does."""
-    return re.fullmatch(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+", text) is None
+    """PyYAML writes '1e5' unquoted (a string in YAML 1.1); this loader reads it as 1.2 does.
+    It writes '08' unquoted too (not octal, so text in YAML 1.1), which this loader refuses
+    as a number with a leading zero."""
+    exponent = re.fullmatch(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+", text)
+    return exponent is None and re.fullmatch(r"[-+]?0[0-9_]+", text) is None
 
 
 def messages(text: str) -> list[str]:
@@ -77,8 +80,9 @@ def test_keys_are_their_source_text() -> None:
         ("1e9", 1e9),  # YAML 1.2 exponent floats, which PyYAML leaves as strings
         ("1.5e9", 1.5e9),
         ("1.0e+3", 1000.0),
-        ("0x10", 16),
         ("1_000", 1000),
+        ("'012'", "012"),  # quoted: text
+        ("00.5", 0.5),  # floats have no octal form
         ("'1e9'", "1e9"),
         ("true", True),
         ("~", None),
@@ -117,6 +121,26 @@ def test_syntax_error_has_a_position() -> None:
             "values (strings, numbers, booleans, lists and mappings)",
         ),
         ("a: 1.0e+400\n", "p.yaml:1:4: error: $.a: 1.0e+400 is not a finite number"),
+        (
+            "a: 012\n",  # YAML 1.1 octal: layers: 012 was read as 10 layers
+            "p.yaml:1:4: error: $.a: 012 is read by YAML 1.1 as the octal number 10; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: 0x10\n",
+            "p.yaml:1:4: error: $.a: 0x10 is read by YAML 1.1 as the hexadecimal number 16; "
+            "write numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: 1:30\n",
+            "p.yaml:1:4: error: $.a: 1:30 is read by YAML 1.1 as the base-60 number 90; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: 02048\n",  # not octal, so YAML 1.1 text: it was refused as 'not an integer'
+            "p.yaml:1:4: error: $.a: 02048 has a leading zero, which YAML 1.1 reads as neither "
+            "a decimal nor an octal number; write 2048 (or quote it, if it is text)",
+        ),
         ("a: 1e400\n", "p.yaml:1:4: error: $.a: 1e400 is not a finite number"),
         ("a: -.inf\n", "p.yaml:1:4: error: $.a: -.inf is not a finite number"),
         (

@@ -11,7 +11,9 @@ The tree is built from PyYAML's *event stream* rather than its composer, for thr
   reported with the count of the rest) and a value under a tag a plan may not use is never
   constructed, so both are problems of the file and reading goes on to find the others;
 - strictness: duplicate keys are errors, only the standard YAML scalar tags are accepted,
-  and numbers must be finite and fit in 64 bits.
+  numbers must be finite and fit in 64 bits, and written in decimal: YAML 1.1's octal
+  (``012`` is 10), hexadecimal, binary and base-60 (``1:30`` is 90) forms are refused, as
+  are digits with a leading zero it leaves as text (``02048``).
 
 Scalars are resolved with the safe loader's own resolver and constructors (YAML 1.1, as
 PyYAML), plus YAML 1.2's exponent floats (``1e9``, ``1.5e9``), which PyYAML would otherwise
@@ -53,6 +55,17 @@ _KEEP_AS_TEXT = {_STANDARD + name for name in ("timestamp", "binary", "merge", "
 # YAML 1.2 core schema floats that PyYAML's YAML 1.1 resolver leaves as strings ("1e9").
 _FLOAT_12 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+# YAML 1.1 reads 012 as octal 10, 0x10 as 16, 0b10 as 2 and 1:30 as 90 (base 60); a plan's
+# numbers are decimal, so these are refused, as are digits with a leading zero that are
+# not octal (02048), which YAML 1.1 leaves as text
+_DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
+_NOT_DECIMAL = (
+    (re.compile(r"^[-+]?0x"), "hexadecimal"),
+    (re.compile(r"^[-+]?0b"), "binary"),
+    (re.compile(r":"), "base-60"),
+    (re.compile(r"^[-+]?0[0-9_]"), "octal"),
+)
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 
 Position = tuple[int, int]
 
@@ -307,6 +320,23 @@ class _Builder:
         except (ValueError, yaml.YAMLError):
             message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
             raise self.stop(where, path, message) from None
+        int_form = tag == _STANDARD + "int" and not _DECIMAL_INT.match(text)
+        if implicit and (int_form or (tag == _STANDARD + "float" and ":" in text)):
+            kind = next(k for pattern, k in _NOT_DECIMAL if pattern.search(text))
+            return self.refuse(
+                where,
+                path,
+                f"{_shown(text)} is read by YAML 1.1 as the {kind} number {value}; write "
+                "numbers in decimal (or quote it, if it is text)",
+            )
+        if plain and tag == _STANDARD + "str" and _LEADING_ZERO.match(text):
+            return self.refuse(
+                where,
+                path,
+                f"{_shown(text)} has a leading zero, which YAML 1.1 reads as neither a "
+                f"decimal nor an octal number; write {text.lstrip('+-0') or '0'} (or quote "
+                "it, if it is text)",
+            )
         # a number past these bounds is one problem of the file, not the end of reading it:
         # it stands as None, and the file's other problems are still found
         if isinstance(value, float) and not math.isfinite(value):
