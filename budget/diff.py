@@ -272,6 +272,11 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
             flat["batch.sequences"] = flat.pop("batch.global", None)
             for key in _TRAINING_ONLY:
                 flat.pop(key, None)
+        # the learned position table's rows, 0 standing for batch.seq; none for other
+        # positions (a table the model does not have)
+        m = plan.model
+        learned = m.position == "learned"
+        flat["model.max_positions"] = (m.max_positions or plan.batch.seq) if learned else None
         # no window, not size 0; its layers, spelled out
         window = plan.model.window
         flat["model.sliding_window.size"] = window or None

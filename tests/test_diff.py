@@ -325,3 +325,20 @@ def test_a_named_collective_algorithm_is_one_plan_change(tmp_path: Path) -> None
     assert [(c.key, c.a, c.b) for c in diff.changes] == [
         ("collectives.all-reduce", None, "recursive")
     ]
+
+
+def test_a_position_table_left_to_its_default_is_the_rows_it_resolves_to(tmp_path: Path) -> None:
+    """model.max_positions left out means batch.seq rows: gpt-1.3b's written 2,048 against
+    the same plan without it is no change (it read "2,048 → 0"); against a rope model the
+    table is gone, shown as no value."""
+    bare = variant(
+        tmp_path,
+        "bare.yaml",
+        ("  max_positions: 2048\n", ""),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    *_, same = diff_files(ROOT / "plans" / "gpt-1.3b.yaml", bare)
+    assert [c.key for c in same.changes] == []
+    *_, rope = diff_files(ROOT / "plans" / "gpt-1.3b.yaml", ROOT / "plans" / "llama3-70b.yaml")
+    (rows,) = [c for c in rope.changes if c.key == "model.max_positions"]
+    assert (rows.a, rows.b) == (2048, None)
