@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import numpy as np
+
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
 from budget.vector import every, vmin, vround, vwhere
 
@@ -105,8 +107,46 @@ def gemm(name: str, m: int, k: int, n: int, elem: int | Operands) -> Work:
     return Work(name, "matmul", 2 * m * k * n, a * (m * k + m * n) + w * k * n)
 
 
+def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
+    """Expected number of its `groups` local experts reached on the busiest of `ranks`
+    ranks, each expert reached with chance `reach` on its own: the expected maximum of
+    `ranks` binomial(groups, reach) counts, Σ_{x < groups} 1 − F(x)^ranks with F their
+    distribution function (the ranks' counts taken as independent; they are slightly
+    anticorrelated, one token's picks being distinct experts). One rank: groups · reach.
+    Mixtral at ep 8 (one expert a rank) decoding 4 tokens of top-2: each expert is reached
+    with chance 1 − (6/8)^4 = 0.684, and some rank of the 8 with 1 − 0.316^8 = 0.9999.
+    Computed with numpy for one plan as for a sweep (equal bits either way); only where a
+    rank can miss an expert and there is more than one rank."""
+    g, q, r = np.broadcast_arrays(
+        np.asarray(groups, dtype=np.float64),
+        np.asarray(reach, dtype=np.float64),
+        np.asarray(ranks, dtype=np.float64),
+    )
+    out = np.array(g * q)
+    busy = (r > 1) & (q > 0) & (q < 1) & (g > 0)
+    if busy.any():
+        gg, qq, rr = g[busy], q[busy], r[busy]
+        top = int(gg.max())
+        x = np.arange(top + 1, dtype=np.float64)[:, None]
+        i = x[1:]
+        # log C(g, x) as running sums of log((g - i + 1) / i); rows past g are masked below
+        steps = np.log(np.maximum(gg - i + 1, 1.0)) - np.log(i)
+        log_choose = np.vstack([np.zeros((1, gg.size)), np.cumsum(steps, axis=0)])
+        pmf = np.exp(log_choose + x * np.log(qq) + (gg - x) * np.log1p(-qq))
+        cdf = np.minimum(np.cumsum(np.where(x <= gg, pmf, 0.0), axis=0), 1.0)
+        out[busy] = np.sum(np.where(x < gg, 1 - cdf**rr, 0.0), axis=0)
+    return out if isinstance(groups, np.ndarray) or isinstance(reach, np.ndarray) else float(out)
+
+
 def grouped_gemm(
-    name: str, rows: int, k: int, n: int, groups: int, elem: int | Operands, pick: float
+    name: str,
+    rows: int,
+    k: int,
+    n: int,
+    groups: int,
+    elem: int | Operands,
+    pick: float,
+    ranks: int = 1,
 ) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
@@ -119,9 +159,13 @@ def grouped_gemm(
     reached is groups · (1 − (1 − pick)^tokens): every expert once the tokens are several
     times experts / top_k, fewer when they are few (5.47 of Mixtral's 8 experts for 4
     tokens of top-2: 8 · (1 − (6/8)^4)). Capacity padding counts as rows. Training barely
-    notices (its GEMMs are compute-bound); decoding a few tokens pays for those reads."""
+    notices (its GEMMs are compute-bound); decoding a few tokens pays for those reads.
+
+    Where `ranks` ranks hold `groups` experts each (expert parallelism), the layer waits for
+    the rank that reaches the most (`most_reached`): the mean holds on none of them. The
+    rows (FLOPs) stay the mean, balanced routing."""
     tokens = rows / (groups * pick)
-    touched = groups * (1 - (1 - pick) ** tokens)
+    touched = most_reached(groups, 1 - (1 - pick) ** tokens, ranks)
     weights = vround(touched * k * n)
     a, w = _split(elem)
     return Work(name, "matmul", 2 * rows * k * n, a * (rows * k + rows * n) + w * weights)
@@ -375,15 +419,16 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     rows = s.act * s.routed * s.hidden
     ex = plan.model.experts
     pick = ex.top_k / ex.count if ex is not None else 1.0
+    ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
     works = [
         elementwise("MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, e),
         elementwise("token permutation", 2 * rows),
         grouped_gemm(
-            "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick
+            "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick, ep
         ),
         elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
-        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick),
+        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep),
         elementwise("unpermute and combine", 3 * rows),
     ]
     if every(s.shared_cols > 0):
