@@ -90,14 +90,18 @@ def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
 
 
 def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
-    """What one block holds while it computes, with nothing kept for backward: in the MLP,
-    at its activation function, the first projection's output beside the activation's."""
+    """What one block holds while it computes, with nothing kept for backward: the block's
+    normed input beside the residual stream it is added back to (vLLM's decoder layers carry
+    both, ``hidden_states, residual = self.input_layernorm(hidden_states, residual)``; the
+    residual sequence-sharded under sequence parallelism); in the MLP, at its activation
+    function, the first projection's output beside the activation's."""
     a = s.act
     gate = plan.model.gate
-    layer_in = Alloc("layer input", "transient", a * s.tokens * s.hidden)
+    residual = Alloc("residual stream", "transient", a * s.tokens_sp * s.hidden)
+    layer_in = [Alloc("layer input", "transient", a * s.tokens * s.hidden), residual]
     if block == "attention":
         out = [
-            layer_in,
+            *layer_in,
             Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + s.k_cols + s.v_cols)),
             Alloc("attention output", "transient", a * s.tokens * s.out_cols),
         ]
@@ -109,13 +113,13 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         return out
     if block == "moe":
         return [
-            layer_in,
+            *layer_in,
             dispatch_buffers(plan, s),
             Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
             Alloc("expert activation output", "transient", a * s.routed * s.expert_cols),
         ]
     return [
-        layer_in,
+        *layer_in,
         Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols),
         Alloc("MLP activation output", "transient", a * s.tokens * s.ffn_cols),
     ]

@@ -818,6 +818,26 @@ def test_the_prefill_mlp_holds_its_activation_output_beside_fc1s():
     assert live["MLP activation output"] == 65536 * 3584 * 2 == 448 * 2**20
 
 
+def test_a_serving_block_holds_the_residual_stream_beside_its_normed_input(tmp_path):
+    """vLLM's decoder layers carry the residual beside the normed input each block reads
+    (``hidden_states, residual = self.input_layernorm(hidden_states, residual)``): Llama 3
+    70B's prefill at tp 8 holds 65,536 x 8,192 x 2 B = 1 GiB of each, and the stage peaks at
+    26.9 GiB where it read 25.9. Under sequence parallelism the residual is 1/8 of it."""
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    (stage,) = derive_inference(plan).stages
+    for name in ("prefill.attention", "prefill.mlp"):
+        (phase,) = [p for p in stage.phases if p.name == name]
+        (instant,) = phase.instants
+        live = {a.name: a.bytes for a in instant.live}
+        assert live["layer input"] == live["residual stream"] == 65536 * 8192 * 2 == 2**30
+    text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    sp = _load_text(tmp_path, text.replace("dp: 1", "dp: 1\n  sequence_parallel: true"))
+    (stage,) = derive_inference(sp).stages
+    (phase,) = [p for p in stage.phases if p.name == "prefill.mlp"]
+    live = {a.name: a.bytes for a in phase.instants[0].live}
+    assert live["residual stream"] == 2**30 // 8
+
+
 def test_an_fp8_kv_cache_halves_the_cache_and_its_reads_not_the_all_reduces(tmp_path):
     """precision.kv_cache: fp8 (vLLM's --kv-cache-dtype fp8) keeps the cache in 1 byte per
     element: Llama 3 70B at tp 8 holds 80 x 1 kv head x 128 x 2 x 2,560 x 32 x 1 B, and decode
