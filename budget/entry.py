@@ -13,7 +13,10 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COMMANDS = frozenset(
     {
@@ -31,6 +34,7 @@ COMMANDS = frozenset(
     }
 )
 FORMATS = ("table", "json", "markdown")
+NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
 def route(args: list[str]) -> list[str]:
@@ -104,8 +108,6 @@ def _run(given: list[str]) -> None:
 
         app(args=args, prog_name="budget")
         return
-    from rich.console import Console
-
     from budget.errors import BudgetError
     from budget.pipeline import budget_plan
     from budget.render import render_report
@@ -116,7 +118,19 @@ def _run(given: list[str]) -> None:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         sys.exit(2)
-    render_report(Console(highlight=False, soft_wrap=False), report, plain[1])
+    render_report(stdout_console(), report, plain[1])
+
+
+def stdout_console() -> Console:
+    """The console every command renders its output on. A width under 40 columns fits no
+    table (COLUMNS=0 printed nothing at all, COLUMNS=1 a character a line): 80 instead, as
+    when no width is known."""
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=False)
+    if console.width < NARROWEST:
+        console.width = FALLBACK_WIDTH
+    return console
 
 
 def _cannot_write(error: OSError) -> NoReturn:

@@ -181,3 +181,31 @@ def test_a_failed_write_is_reported_in_process_too(args, monkeypatch, capsys) ->
     assert (
         capsys.readouterr().err == "budget: error: cannot write output: no space left on device\n"
     )
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "39"])
+def test_a_width_under_40_columns_is_read_as_80(columns, monkeypatch, capsys) -> None:
+    """COLUMNS=0 printed nothing and exited 0; COLUMNS=1 one character a line (user audit).
+    Both ways a command runs: the short way and the app, here `check` on a plan that fails."""
+    from budget.entry import main
+
+    fails = ["check", str(GPT3), "--max-step", "12s"]
+    wide = CliRunner().invoke(app, route(fails), env={"COLUMNS": "80"})
+    narrow = CliRunner().invoke(app, route(fails), env={"COLUMNS": columns})
+    assert narrow.exit_code == wide.exit_code == 1
+    assert "FAIL" in narrow.stdout and narrow.stdout == wide.stdout
+    monkeypatch.setenv("COLUMNS", "80")
+    main([str(GPT3)])
+    expected = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", columns)
+    main([str(GPT3)])
+    assert capsys.readouterr().out == expected
+    assert max(map(len, expected.splitlines())) <= 80 < len(expected)
+
+
+def test_a_width_of_40_columns_or_more_is_kept(monkeypatch) -> None:
+    from budget.entry import stdout_console
+
+    for columns in (40, 100):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        assert stdout_console().width == columns
