@@ -9,6 +9,7 @@ message; the CLI prints it as ``budget: error: ...`` and exits 2.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from budget.compute import Roofline
 from budget.compute import roofline as compute_roofline
 from budget.plan.model import Level, Topology
 from budget.topology import MAX_GPUS, price_group, span_of_ranks
-from budget.units import parse_bandwidth, parse_bytes, parse_duration, parse_flops
+from budget.units import UnitError, parse_bandwidth, parse_bytes, parse_duration, parse_flops
 
 __all__ = [
     "CollectiveResult",
@@ -154,7 +155,11 @@ def collective(
         if ranks is None or bandwidth is None or latency is None:
             raise ValueError("give --ranks, --bandwidth and --latency, or one --level per level")
         world = ranks
-        link = Level("link", _bandwidth(bandwidth), parse_duration(latency))
+        link = Level(
+            "link",
+            _bandwidth(bandwidth, f"--bandwidth {bandwidth!r}"),
+            _quantity(parse_duration, latency, f"--latency {latency!r}"),
+        )
         topo_levels = [link]
     if ramp is not None and ramp != "none":
         from budget.catalog.topologies import RAMPS
@@ -184,7 +189,8 @@ def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:
     if units < 1:
         raise ValueError(f"--level {text!r}: SIZE must be at least 1")
     name = parts[3].strip() if len(parts) == 4 and parts[3].strip() else f"level {index + 1}"
-    level = Level(name, _bandwidth(parts[1]), parse_duration(parts[2]))
+    where = f"--level {text!r}"
+    level = Level(name, _bandwidth(parts[1], where), _quantity(parse_duration, parts[2], where))
     return units, level
 
 
@@ -194,7 +200,13 @@ def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResul
         value = float(intensity)
     except ValueError:
         raise ValueError(f"--intensity must be a number of FLOP/byte, got {intensity!r}") from None
-    return RooflineResult(compute_roofline(value, parse_bandwidth(bandwidth), parse_flops(peak)))
+    return RooflineResult(
+        compute_roofline(
+            value,
+            _quantity(parse_bandwidth, bandwidth, f"--bandwidth {bandwidth!r}"),
+            _quantity(parse_flops, peak, f"--peak {peak!r}"),
+        )
+    )
 
 
 def bus_factor_text(op: Op) -> str:
@@ -206,8 +218,17 @@ def bus_factor_text(op: Op) -> str:
     return "1"
 
 
-def _bandwidth(text: str) -> float:
-    value = parse_bandwidth(text)
+def _quantity(parse: Callable[[str], float], text: str, where: str) -> float:
+    """`parse(text)`, its error saying `where` the text was given: "--latency '3': 3 has no
+    unit; ..."."""
+    try:
+        return parse(text)
+    except UnitError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def _bandwidth(text: str, where: str) -> float:
+    value = _quantity(parse_bandwidth, text, where)
     if value <= 0:
         raise ValueError(f"bandwidth must be more than 0, got {text!r}")
     return value

@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from budget.entry import main, route
+from budget.entry import main, route, stdout_console
 from budget.errors import BudgetError, Problem, every_one
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from budget.accuracy import Accuracy
 
 app = typer.Typer(
@@ -99,12 +97,6 @@ SearchStepOption = Annotated[
 ]
 
 
-def _stdout() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=False)
-
-
 def exit_code(*, valid: bool = True, passed: bool = True) -> int:
     """The one place exit codes are decided: 2 invalid input, 1 a failed check, else 0."""
     return INVALID if not valid else FAILED if not passed else OK
@@ -142,7 +134,7 @@ def _report(plan: Path, fmt: str) -> None:
         report = budget_plan(plan)
     except BudgetError as error:
         raise _fail(error) from None
-    render_report(_stdout(), report, fmt)
+    render_report(stdout_console(), report, fmt)
 
 
 @app.command("check")
@@ -166,7 +158,7 @@ def check_command(
         raise _usage(str(error)) from None
     result = check_plans(plans, limits)
     _problems(result.problems)
-    render_check(_stdout(), result, fmt.value)
+    render_check(stdout_console(), result, fmt.value)
     raise typer.Exit(code=exit_code(valid=not result.invalid, passed=result.passed))
 
 
@@ -184,7 +176,7 @@ def diff_command(
         report_a, report_b, diff = diff_files(a, b)
     except BudgetError as error:
         raise _fail(error) from None
-    render_diff(_stdout(), report_a, report_b, diff, fmt.value)
+    render_diff(stdout_console(), report_a, report_b, diff, fmt.value)
 
 
 @app.command("plot")
@@ -255,7 +247,7 @@ def search_command(
         top,
         write,
         fmt.value,
-        _stdout(),
+        stdout_console(),
     )
     if code:
         raise typer.Exit(code=code)
@@ -330,7 +322,7 @@ def collective_command(
         result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm, ramp)
     except ValueError as error:
         raise _usage(str(error)) from None
-    render_collective(_stdout(), result, fmt.value)
+    render_collective(stdout_console(), result, fmt.value)
 
 
 @app.command("roofline")
@@ -348,7 +340,7 @@ def roofline_command(
         result = roofline(intensity, bandwidth, peak)
     except ValueError as error:
         raise _usage(str(error)) from None
-    render_roofline(_stdout(), result, fmt.value)
+    render_roofline(stdout_console(), result, fmt.value)
 
 
 class PresetKind(StrEnum):  # `budget.presets.KINDS`, kept here so --help imports nothing
@@ -369,7 +361,7 @@ def presets_command(
     from budget.presets import catalogue
     from budget.render.presets import render_presets
 
-    render_presets(_stdout(), catalogue(None if kind is None else kind.value), fmt.value)
+    render_presets(stdout_console(), catalogue(None if kind is None else kind.value), fmt.value)
 
 
 @app.command("validate-model")
@@ -391,7 +383,7 @@ def validate_model_command(
     accuracy = validate_model()
     if write_plans is not None:
         _write_run_plans(accuracy, write_plans)
-    render_accuracy(_stdout(), accuracy, fmt.value)
+    render_accuracy(stdout_console(), accuracy, fmt.value)
 
 
 def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:

@@ -9,9 +9,14 @@ form, including every mistake, goes to the typer app in `budget.cli` and its mes
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COMMANDS = frozenset(
     {
@@ -29,6 +34,7 @@ COMMANDS = frozenset(
     }
 )
 FORMATS = ("table", "json", "markdown")
+NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
 def route(args: list[str]) -> list[str]:
@@ -76,7 +82,21 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and hasattr(signal, "SIGPIPE"):
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    given = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            _run(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            if sys.stdout is not None:  # None when closed (`>&-`): rich then writes nowhere
+                sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # a reader that stopped early: SIGPIPE's or rich's own handler's to end
+    except OSError as error:
+        if error.filename is not None:  # a named file's, not the output's
+            raise
+        _cannot_write(error)
+
+
+def _run(given: list[str]) -> None:
     wrong = mistyped(given)
     if wrong is not None:
         print(wrong, file=sys.stderr)
@@ -88,8 +108,6 @@ def main(argv: list[str] | None = None) -> None:
 
         app(args=args, prog_name="budget")
         return
-    from rich.console import Console
-
     from budget.errors import BudgetError
     from budget.pipeline import budget_plan
     from budget.render import render_report
@@ -100,4 +118,29 @@ def main(argv: list[str] | None = None) -> None:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         sys.exit(2)
-    render_report(Console(highlight=False, soft_wrap=False), report, plain[1])
+    render_report(stdout_console(), report, plain[1])
+
+
+def stdout_console() -> Console:
+    """The console every command renders its output on. A width under 40 columns fits no
+    table (COLUMNS=0 printed nothing at all, COLUMNS=1 a character a line): 80 instead, as
+    when no width is known."""
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=False)
+    if console.width < NARROWEST:
+        console.width = FALLBACK_WIDTH
+    return console
+
+
+def _cannot_write(error: OSError) -> NoReturn:
+    """Output that could not be written (`> /dev/full`, a full disk): one line and exit 2,
+    as for bad input; not a traceback and status 1, which `budget check` gives a plan that
+    fails."""
+    reason = (error.strerror or str(error)).lower()
+    print(f"budget: error: cannot write output: {reason}", file=sys.stderr)
+    # what could not be written is still buffered, and Python's flush at exit would fail on
+    # it again, loudly: the descriptor takes it to /dev/null instead (a test's stdout has none)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(2)

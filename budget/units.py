@@ -3,7 +3,9 @@
 Inside budget, bytes are ``int``, times are seconds (``float``), bandwidths are bytes per
 second and compute rates are FLOP per second. Decimal prefixes are powers of 1000 (GB = 1e9),
 binary prefixes powers of 1024 (GiB = 2**30), as in IEC 80000-13; the two are never mixed.
-Bare numbers are taken in the base unit (bytes, seconds, bytes/s, FLOP/s).
+A bare number is a size in bytes; a bandwidth, a time or a compute rate must name its unit
+(``bandwidth: 450`` means 450 GB/s to its author, not 450 B/s), 0 aside, the same in every
+unit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "format_duration",
     "format_flops",
     "format_rate",
+    "missing_unit",
     "parse_bandwidth",
     "parse_bytes",
     "parse_duration",
@@ -126,14 +129,50 @@ def unit_left_out(value: object) -> float | None:
     return number if 0 < number < UNIT_LEFT_OUT else None
 
 
+# the units a bare number of each quantity is likeliest meant in, for the error's suggestion
+_LIKELY_UNITS = {
+    "bandwidth": ("GB/s", "Gb/s"),
+    "time": ("us", "ms", "s"),
+    "compute rate": ("TFLOP/s",),
+}
+
+
+def missing_unit(value: object, quantity: str) -> str | None:
+    """What to say of a `quantity` ("bandwidth", "time", "compute rate") written as a bare
+    number other than 0, which no unit is assumed for: ``450`` → "450 has no unit; write a
+    bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'". None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        number = str(value)
+    elif isinstance(value, float) and math.isfinite(value):
+        number = f"{value:.15g}"
+    elif isinstance(value, str) and len(value) <= _LONGEST and re.fullmatch(_NUMBER, value.strip()):
+        number = value.strip()
+    else:
+        return None
+    if float(number) == 0:
+        return None
+    shown = [f"'{number} {unit}'" for unit in _LIKELY_UNITS[quantity]]
+    such = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+    return f"{number} has no unit; write a {quantity} with its unit, such as {such}"
+
+
+def _unit_given(value: Fraction, unit: str, text: object, quantity: str) -> None:
+    if not unit and value != 0:
+        raise UnitError(missing_unit(text, quantity) or f"write a {quantity} with its unit")
+
+
 def parse_bandwidth(text: str | int | float) -> float:
-    """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0.
+    """Bytes per second: "450 GB/s" → 4.5e11, "25 GiB/s" → 26843545600.0; a bare number
+    other than 0 is refused (`missing_unit`).
 
     Network links are quoted in bits: "200 Gb/s" or "200 Gbit/s" (a lower-case b) is read
     as 25 GB/s, eight bits to the byte.
     """
     what = "a bandwidth such as '450 GB/s' or '200 Gb/s'"
     value, unit = _split(text, what)
+    _unit_given(value, unit, text, "bandwidth")
     if unit:
         if not unit.endswith("/s"):
             raise UnitError(f"expected {what}, got {text!r}")
@@ -147,9 +186,11 @@ def parse_bandwidth(text: str | int | float) -> float:
 
 
 def parse_duration(text: str | int | float) -> float:
-    """Seconds: "3 us" → 3e-06, "1.5 ms" → 0.0015, "12s" → 12.0."""
+    """Seconds: "3 us" → 3e-06, "1.5 ms" → 0.0015, "12s" → 12.0; a bare number other than
+    0 is refused (`missing_unit`)."""
     what = "a time such as '3 us', '2 ms' or '12 s'"
     value, unit = _split(text, what)
+    _unit_given(value, unit, text, "time")
     if unit:
         if unit not in _TIME:
             raise UnitError(f"expected {what}, got {text!r}")
@@ -158,9 +199,11 @@ def parse_duration(text: str | int | float) -> float:
 
 
 def parse_flops(text: str | int | float) -> float:
-    """FLOP per second: "989 TFLOP/s" → 9.89e14; "312 TFLOPS" is read the same way."""
+    """FLOP per second: "989 TFLOP/s" → 9.89e14; "312 TFLOPS" is read the same way; a bare
+    number other than 0 is refused (`missing_unit`)."""
     what = "a compute rate such as '989 TFLOP/s'"
     value, unit = _split(text, what)
+    _unit_given(value, unit, text, "compute rate")
     if unit:
         for suffix in ("FLOP/s", "FLOPS", "FLOPs/s"):
             if unit.endswith(suffix):

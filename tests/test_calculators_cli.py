@@ -50,6 +50,11 @@ def _ranks(ranks: str) -> list[str]:
     return ["--ranks", ranks, "--size", "1GiB", "--bandwidth", "1GB/s", "--latency", "1us"]
 
 
+def _link(bandwidth: str, latency: str) -> list[str]:
+    """A 1 GiB collective over 8 ranks on one link, its bandwidth and latency as typed."""
+    return ["--ranks", "8", "--size", "1GiB", "--bandwidth", bandwidth, "--latency", latency]
+
+
 def _json(args: list[str]) -> dict[str, Any]:
     result = runner.invoke(app, route([*args, "--format", "json"]))
     assert result.exit_code == 0, result.output
@@ -195,6 +200,11 @@ def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
     assert "nvlink: B 450 GB/s per GPU, α 1 µs; ib: B 50 GB/s per GPU, α 5 µs" in text
     if fmt == "markdown":
         assert "| time T | 8,246.194 µs  (bandwidth-bound) |" in text
+
+
+def test_a_zero_latency_needs_no_unit() -> None:
+    """0 is 0 in every unit: a bare --latency 0 prices the bandwidth term alone."""
+    assert _json(["collective", "all-gather", *_link("450GB/s", "0")])["latency_s"] == 0.0
 
 
 def test_latency_bound_is_named() -> None:
@@ -347,7 +357,37 @@ def test_latency_bound_is_named() -> None:
         ),
         (
             ["roofline", "--intensity", "4", "--bandwidth", "80 parsecs", "--peak", "1TFLOP/s"],
-            "expected a bandwidth",
+            "--bandwidth '80 parsecs': expected a bandwidth",
+        ),
+        # bare numbers were read as B/s, seconds and FLOP/s: 450 B/s and 3 s a phase priced a
+        # 1 GiB all-reduce at 48 days, without a word (user audit)
+        (
+            ["collective", "all-reduce", *_link("450", "3us")],
+            "--bandwidth '450': 450 has no unit; write a bandwidth with its unit, such as "
+            "'450 GB/s' or '450 Gb/s'",
+        ),
+        (
+            ["collective", "all-reduce", *_link("450GB/s", "3")],
+            "--latency '3': 3 has no unit; write a time with its unit, such as '3 us', '3 ms' "
+            "or '3 s'",
+        ),
+        (
+            ["collective", "all-reduce", "--size", "1GiB", "--level", "8:450:1us"],
+            "--level '8:450:1us': 450 has no unit; write a bandwidth with its unit",
+        ),
+        (
+            ["collective", "all-reduce", "--size", "1GiB", "--level", "8:450GB/s:1"],
+            "--level '8:450GB/s:1': 1 has no unit; write a time with its unit",
+        ),
+        (
+            ["roofline", "--intensity", "4", "--bandwidth", "3350", "--peak", "989TFLOP/s"],
+            "--bandwidth '3350': 3350 has no unit; write a bandwidth with its unit, such as "
+            "'3350 GB/s' or '3350 Gb/s'",
+        ),
+        (
+            ["roofline", "--intensity", "4", "--bandwidth", "3350GB/s", "--peak", "989"],
+            "--peak '989': 989 has no unit; write a compute rate with its unit, such as "
+            "'989 TFLOP/s'",
         ),
     ],
 )

@@ -170,6 +170,15 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--max-step", "0s"], "more than 0 s"),
         (["--max-ttft", "fast"], "--max-ttft 'fast'"),
         (["--max-tpot", "0ms"], "--max-tpot '0ms': must be more than 0 s"),
+        # bare seconds passed where --headroom 5 was refused (user audit): say the unit
+        (
+            ["--max-step", "12"],
+            "--max-step '12': 12 has no unit; write a time with its unit, such as '12 us', "
+            "'12 ms' or '12 s'",
+        ),
+        (["--max-ttft", "2"], "--max-ttft '2': 2 has no unit; write a time with its unit"),
+        (["--max-tpot", "0.02"], "--max-tpot '0.02': 0.02 has no unit; write a time"),
+        (["--max-step", "0"], "--max-step '0': must be more than 0 s"),
     ],
 )
 def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -108,3 +112,100 @@ def test_a_file_named_like_a_command_is_still_a_plan(tmp_path, monkeypatch):
     assert mistyped(["chek"]) is None
     assert mistyped(["plans/unknown.yaml"]) is None  # a missing plan, not a command
     assert mistyped(["-f", "dif", "plan.yaml"]) is None  # an option's value (review)
+
+
+FULL = Path("/dev/full")  # every write fails: ENOSPC
+# one invocation of every command, each writing to stdout when it succeeds ({plans}: plans/)
+WRITERS = {
+    "report": "{plans}/gpt3-175b.yaml",  # the short way
+    "check": "check {plans}/gpt3-175b.yaml",  # status 1 would say the plan fails
+    "diff": "diff {plans}/gpt-1.3b.yaml {plans}/gpt3-175b.yaml",
+    "validate": "validate {plans}/gpt3-175b.yaml",
+    "schema": "schema",
+    "collective": "collective all-gather --ranks 8 --size 1GiB --bandwidth 450GB/s --latency 1us",
+    "roofline": "roofline --intensity 4 --bandwidth 80GB/s --peak 1TFLOP/s",
+    "search": "search {plans}/gpt-1.3b.yaml --tp 1,2 --pp 1 --zero 1 --micro 1 --recompute none "
+    "--sp false --virtual-stages 1",
+    "plot": "plot {plans}/gpt-1.3b.yaml --output {tmp}/gpt-1.3b.svg",
+    "validate-model": "validate-model",
+    "presets": "presets devices",
+}
+
+
+def test_every_command_is_tried_on_a_full_disk() -> None:
+    from budget.entry import COMMANDS
+
+    assert set(WRITERS) == COMMANDS
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "args",
+    [*WRITERS.values(), "--version", "check --help"],
+    ids=[*WRITERS, "version", "help"],
+)
+def test_output_that_cannot_be_written_is_one_line_and_exit_2(args: str, tmp_path: Path) -> None:
+    """`budget PLAN > /dev/full` ended in an OSError traceback and status 1, which `check`
+    gives a plan that fails (user audit). Python's own buffering is kept (no
+    PYTHONUNBUFFERED): what could not be written must not fail again at exit (status 120)."""
+    if args.startswith("plot"):
+        pytest.importorskip("matplotlib")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    words = [word.format(plans=ROOT / "plans", tmp=tmp_path) for word in args.split()]
+    command = [sys.executable, "-m", "budget", *words]
+    with FULL.open("w") as full:
+        process = subprocess.run(
+            command, stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+        )
+    assert process.stderr == "budget: error: cannot write output: no space left on device\n"
+    assert process.returncode == 2
+
+
+class _Full(io.StringIO):
+    """A standard output on a full disk."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("args", [[str(GPT3)], ["check", str(GPT3)]], ids=["short", "app"])
+def test_a_failed_write_is_reported_in_process_too(args, monkeypatch, capsys) -> None:
+    """The same without /dev/full, both ways a command runs (`plain_report` or the app)."""
+    from budget.entry import main
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdout", _Full())
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    assert (
+        capsys.readouterr().err == "budget: error: cannot write output: no space left on device\n"
+    )
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "39"])
+def test_a_width_under_40_columns_is_read_as_80(columns, monkeypatch, capsys) -> None:
+    """COLUMNS=0 printed nothing and exited 0; COLUMNS=1 one character a line (user audit).
+    Both ways a command runs: the short way and the app, here `check` on a plan that fails."""
+    from budget.entry import main
+
+    fails = ["check", str(GPT3), "--max-step", "12s"]
+    wide = CliRunner().invoke(app, route(fails), env={"COLUMNS": "80"})
+    narrow = CliRunner().invoke(app, route(fails), env={"COLUMNS": columns})
+    assert narrow.exit_code == wide.exit_code == 1
+    assert "FAIL" in narrow.stdout and narrow.stdout == wide.stdout
+    monkeypatch.setenv("COLUMNS", "80")
+    main([str(GPT3)])
+    expected = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", columns)
+    main([str(GPT3)])
+    assert capsys.readouterr().out == expected
+    assert max(map(len, expected.splitlines())) <= 80 < len(expected)
+
+
+def test_a_width_of_40_columns_or_more_is_kept(monkeypatch) -> None:
+    from budget.entry import stdout_console
+
+    for columns in (40, 100):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        assert stdout_console().width == columns

@@ -109,6 +109,13 @@ def test_a_minimal_plan_passes() -> None:
     assert errors(MINIMAL) == []
 
 
+def test_a_zero_rate_or_time_needs_no_unit() -> None:
+    """0 reads the same in every unit: a link without latency, a device without startup."""
+    assert errors(MINIMAL.replace("3 us", "0", 1)) == []
+    assert errors(MINIMAL.replace("3 us", "'0'", 1)) == []
+    assert errors(MINIMAL.replace("80 GiB}", "80 GiB, kernel_startup: 0.0}", 1)) == []
+
+
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
@@ -144,12 +151,37 @@ def test_a_minimal_plan_passes() -> None:
         (
             ("450 GB/s", "-1 GB/s"),
             "p.yaml:4:56: error: $.topology.levels[0].bandwidth: '-1 GB/s' is not a bandwidth "
-            "such as '450 GB/s', '200 Gb/s' or a number of bytes per second",
+            "such as '450 GB/s' or '200 Gb/s'",
         ),
         (
             ("3 us", "3 min"),
             "p.yaml:4:75: error: $.topology.levels[0].latency: '3 min' is not a time such as "
-            "'3 us', '2 ms' or a number of seconds",
+            "'3 us', '2 ms' or '12 s'",
+        ),
+        (
+            ("450 GB/s", "450"),
+            "p.yaml:4:56: error: $.topology.levels[0].bandwidth: 450 has no unit; write a "
+            "bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'",
+        ),
+        (
+            ("450 GB/s", "'450'"),
+            "p.yaml:4:56: error: $.topology.levels[0].bandwidth: 450 has no unit; write a "
+            "bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'",
+        ),
+        (
+            ("3 us", "3"),
+            "p.yaml:4:75: error: $.topology.levels[0].latency: 3 has no unit; write a time "
+            "with its unit, such as '3 us', '3 ms' or '3 s'",
+        ),
+        (
+            ("3 us", "true"),
+            "p.yaml:4:75: error: $.topology.levels[0].latency: true is not a time such as "
+            "'3 us', '2 ms' or '12 s'",
+        ),
+        (
+            ("memory: 80 GiB", "memory: 80 GiB, flops: {bf16: 989}"),
+            "p.yaml:3:40: error: $.device.flops.bf16: 989 has no unit; write a compute rate "
+            "with its unit, such as '989 TFLOP/s'",
         ),
         (
             ("heads: 4", "heads: 4, mlp: gleu"),

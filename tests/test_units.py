@@ -61,8 +61,8 @@ def test_parse_bytes_rounds_fractions_up() -> None:
         ("25 GiB/s", 25 * 2**30),
         ("3.35 TB/s", 3.35e12),
         ("50 B/s", 50.0),
-        ("450", 450.0),
-        (1e9, 1e9),
+        ("0", 0.0),
+        (0, 0.0),
     ],
 )
 def test_parse_bandwidth(text: str | float, expected: float) -> None:
@@ -79,8 +79,8 @@ def test_parse_bandwidth(text: str | float, expected: float) -> None:
         ("3 ns", 3e-9),
         ("1.5 ms", 1.5e-3),
         ("12s", 12.0),
-        ("12", 12.0),
-        (0.5, 0.5),
+        ("0", 0.0),
+        (0.0, 0.0),
     ],
 )
 def test_parse_duration_is_exact(text: str | float, expected: float) -> None:
@@ -97,7 +97,7 @@ def test_parse_duration_is_exact(text: str | float, expected: float) -> None:
         ("1 PFLOP/s", 1e15),
         ("1000 GFLOP/s", 1e12),
         ("19.5 TFLOP/s", 19.5e12),
-        ("989", 989.0),
+        ("0", 0.0),
     ],
 )
 def test_parse_flops(text: str, expected: float) -> None:
@@ -134,6 +134,58 @@ def test_non_quantities_are_unit_errors(value: object) -> None:
 def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
     with pytest.raises(UnitError):
         parse(text)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "message"),
+    [
+        (
+            parse_bandwidth,
+            450,
+            "450 has no unit; write a bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'",
+        ),
+        (
+            parse_bandwidth,
+            "3350",
+            "3350 has no unit; write a bandwidth with its unit, such as '3350 GB/s' or '3350 Gb/s'",
+        ),
+        (parse_bandwidth, 4.5e11, "450000000000 has no unit;"),
+        (
+            parse_duration,
+            3,
+            "3 has no unit; write a time with its unit, such as '3 us', '3 ms' or '3 s'",
+        ),
+        (
+            parse_duration,
+            " 12 ",
+            "12 has no unit; write a time with its unit, such as '12 us', '12 ms' or '12 s'",
+        ),
+        (parse_duration, 5e-06, "5e-06 has no unit;"),
+        (
+            parse_flops,
+            989,
+            "989 has no unit; write a compute rate with its unit, such as '989 TFLOP/s'",
+        ),
+        (parse_flops, "1e15", "1e15 has no unit;"),
+    ],
+)
+def test_a_bare_rate_or_time_is_refused_not_read_in_the_base_unit(
+    parse: object, value: object, message: str
+) -> None:
+    """'bandwidth: 450' was 450 B/s and 'latency: 3' three seconds, silently (user audit):
+    the author meant a unit the number does not say. 0 is 0 in every unit, so it stays."""
+    with pytest.raises(UnitError) as refused:
+        parse(value)  # type: ignore[operator]
+    assert str(refused.value).startswith(message)
+
+
+def test_missing_unit_names_only_bare_numbers() -> None:
+    from budget.units import missing_unit
+
+    assert missing_unit(450, "bandwidth") is not None
+    assert missing_unit("450", "bandwidth") is not None
+    for value in (0, 0.0, "0", " 0.0 ", "450 GB/s", "fast", True, None, [450], float("nan")):
+        assert missing_unit(value, "bandwidth") is None, value
 
 
 def test_negative_message_says_negative() -> None:

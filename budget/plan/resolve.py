@@ -635,12 +635,11 @@ class _Resolver:
                 )
             elif parsed is not None:
                 flops[dtype] = parsed
-        default_bandwidth = preset.memory_bandwidth if preset is not None else 0
-        bandwidth = self.unit(
-            units.parse_bandwidth,
-            tree.get("memory_bandwidth", default_bandwidth),
-            "$.device.memory_bandwidth",
-        )
+        bandwidth: float | None = preset.memory_bandwidth if preset is not None else 0.0
+        if "memory_bandwidth" in tree:
+            bandwidth = self.unit(
+                units.parse_bandwidth, tree["memory_bandwidth"], "$.device.memory_bandwidth"
+            )
         if memory is None or reserved is None or bandwidth is None:
             return None
         if 0 < bandwidth < 1:

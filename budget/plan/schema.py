@@ -16,6 +16,7 @@ from typing import Any
 
 from budget.errors import Problem
 from budget.plan.yaml_load import Marks, child_path
+from budget.units import missing_unit
 
 __all__ = ["model_problems", "schema", "schema_text", "validate_tree"]
 
@@ -130,7 +131,10 @@ def _message(error: Any) -> str:
     expected = error.schema.get("x-expected") if isinstance(error.schema, dict) else None
     if kind == "not" and isinstance(error.schema, dict) and "x-message" in error.schema:
         return str(error.schema["x-message"])
-    if kind in ("pattern", "type") and expected:
+    quantity = error.schema.get("x-quantity") if isinstance(error.schema, dict) else None
+    if quantity and (bare := missing_unit(error.instance, quantity)):
+        return bare  # "bandwidth: 450": which unit, the author knows; budget does not guess
+    if kind in ("pattern", "type", "anyOf") and expected:
         return f"{_show(error.instance)} is not {expected}"
     if kind == "type":
         wanted = error.validator_value
