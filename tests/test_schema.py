@@ -246,6 +246,9 @@ def test_all_errors_are_reported_sorted() -> None:
         ("1", "is greater than or equal to the maximum of 1"),
         ("-0.1", "is less than the minimum of 0"),
         ("yes", "true is not a number"),
+        # a percentage where the fraction is asked for: the message names the fraction
+        ("18.9", "is greater than or equal to the maximum of 1; a fraction: 18.9 % is 0.189"),
+        ("18.9%", "'18.9%' is not a number; write a percentage as its fraction, 0.189"),
     ],
 )
 def test_overlap_slowdown_is_a_fraction_below_one(slowdown: str, problem: str | None) -> None:
@@ -254,3 +257,11 @@ def test_overlap_slowdown_is_a_fraction_below_one(slowdown: str, problem: str | 
         assert found == []
     else:
         assert len(found) == 1 and "$.overlap.slowdown" in found[0] and problem in found[0]
+
+
+@pytest.mark.parametrize(("written", "read"), [("no", "true or false"), ("1.3", "a number")])
+def test_a_name_yaml_read_as_another_type_says_so(written: str, read: str) -> None:
+    """`name: no` is YAML 1.1's false and `name: 1.3` a number: the error says YAML read
+    them so and that quoting keeps them text (it said only "false is not a name")."""
+    (found,) = errors(f"name: {written}\n" + MINIMAL)
+    assert f"YAML reads the unquoted value as {read}: quote it to keep it text" in found

@@ -126,20 +126,43 @@ _TYPE_NAMES = {
 }
 
 
+def _read_as(value: Any, wanted: Any) -> str:
+    """Why a value is of the wrong type when YAML, not the author, decided it: an unquoted
+    no, off or 1.3 where text is expected, or 18.9% where a fraction is."""
+    names = [wanted] if isinstance(wanted, str) else list(wanted or ())
+    if "string" in names and isinstance(value, bool | int | float):
+        kind = "true or false" if isinstance(value, bool) else "a number"
+        return f"; YAML reads the unquoted value as {kind}: quote it to keep it text"
+    if "number" in names and isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            fraction = float(value.strip()[:-1]) / 100
+        except ValueError:
+            return ""
+        return f"; write a percentage as its fraction, {fraction:g}"
+    return ""
+
+
 def _message(error: Any) -> str:
     kind: str = error.validator
-    expected = error.schema.get("x-expected") if isinstance(error.schema, dict) else None
-    if kind == "not" and isinstance(error.schema, dict) and "x-message" in error.schema:
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    expected = schema.get("x-expected")
+    if kind == "not" and "x-message" in schema:
         return str(error.schema["x-message"])
-    quantity = error.schema.get("x-quantity") if isinstance(error.schema, dict) else None
+    quantity = schema.get("x-quantity")
     if quantity and (bare := missing_unit(error.instance, quantity)):
         return bare  # "bandwidth: 450": which unit, the author knows; budget does not guess
     if kind in ("pattern", "type", "anyOf") and expected:
-        return f"{_show(error.instance)} is not {expected}"
+        why = _read_as(error.instance, schema.get("type"))
+        return f"{_show(error.instance)} is not {expected}{why}"
     if kind == "type":
         wanted = error.validator_value
         names = [wanted] if isinstance(wanted, str) else list(wanted)
-        return f"{_show(error.instance)} is not {' or '.join(_TYPE_NAMES[n] for n in names)}"
+        shown = " or ".join(_TYPE_NAMES[n] for n in names)
+        return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
+    fraction_over = kind in ("maximum", "exclusiveMaximum") and error.validator_value == 1
+    if fraction_over and 1 < error.instance <= 100:  # a percentage where a fraction is asked
+        fraction = error.instance / 100
+        return f"{error.message}; a fraction: {error.instance:g} % is {fraction:g}"
     if kind == "enum":
         options = [v for v in error.validator_value if v is not None]
         shown = ", ".join(str(v) for v in options)
