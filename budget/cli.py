@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from budget.entry import main, route, stdout_console
-from budget.errors import BudgetError, Problem, every_one
+from budget.errors import BudgetError, Problem
 
 if TYPE_CHECKING:
     from budget.accuracy import Accuracy
@@ -257,18 +257,23 @@ def search_command(
 def validate_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],
 ) -> None:
-    """Check plans against the schema and the semantic rules only."""
+    """Check plans against the schema and the semantic rules only: each valid plan's
+    name and ok on stdout, every problem of the others on stderr (exit 2 if there is one)."""
     from budget.plan.load import load_plan
     from budget.step import derive
 
-    try:
-        # deriving the step runs the rules that need the phases too: hand-written
-        # transitions name a phase that exists and leave no tensor sum-partial
-        every_one(lambda path: derive(load_plan(path)), plans)
-    except BudgetError as error:
-        raise _fail(error) from None
+    problems = []
     for path in plans:
+        try:
+            # deriving the step runs the rules that need the phases too: hand-written
+            # transitions name a phase that exists and leave no tensor sum-partial
+            derive(load_plan(path))
+        except BudgetError as error:
+            problems.extend(error.problems)
+            continue
         print(f"{path}: ok")
+    if problems:
+        raise _fail(BudgetError(problems))
 
 
 @app.command("schema")

@@ -58,6 +58,19 @@ def test_several_files_report_together_sorted(monkeypatch: pytest.MonkeyPatch) -
     assert result.stderr == expected
 
 
+def test_valid_plans_beside_an_invalid_one_are_still_named_ok(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validating a folder of plans with one bad file says which of the others passed (it
+    printed nothing but the bad file's problems); the exit code still says one failed."""
+    monkeypatch.chdir(ROOT)
+    bad = HERE / "invalid" / "alias.yaml"
+    result = validate("plans/gpt-1.3b.yaml", str(bad), "plans/gpt3-175b.yaml")
+    assert result.exit_code == 2
+    assert result.stdout == "plans/gpt-1.3b.yaml: ok\nplans/gpt3-175b.yaml: ok\n"
+    assert "alias.yaml" in result.stderr and "gpt" not in result.stderr
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])
 def test_shipped_plans_validate(plan: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
