@@ -273,7 +273,7 @@ def parse_limits(
             if unit_left_out(headroom):  # "--headroom 5": 5 bytes, a gate that checks nothing
                 raise ValueError(
                     f"--headroom {headroom!r}: write {headroom.strip()}% or a size with its "
-                    f"unit, such as {headroom.strip()} GiB (a bare number is bytes)"
+                    f"unit, such as {headroom.strip()}GiB (a bare number is bytes)"
                 )
             try:
                 size = parse_bytes(headroom)

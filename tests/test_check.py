@@ -161,7 +161,7 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
     ("args", "message"),
     [
         (["--headroom", "lots"], "--headroom 'lots'"),
-        (["--headroom", "5"], "--headroom '5': write 5% or a size with its unit, such as 5 GiB"),
+        (["--headroom", "5"], "--headroom '5': write 5% or a size with its unit, such as 5GiB"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
         (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),
         # 0.2 was taken as 20 %, silently, where a user may have meant 0.2 %

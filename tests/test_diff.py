@@ -342,3 +342,13 @@ def test_a_position_table_left_to_its_default_is_the_rows_it_resolves_to(tmp_pat
     *_, rope = diff_files(ROOT / "plans" / "gpt-1.3b.yaml", ROOT / "plans" / "llama3-70b.yaml")
     (rows,) = [c for c in rope.changes if c.key == "model.max_positions"]
     assert (rows.a, rows.b) == (2048, None)
+
+
+def test_a_share_that_moves_under_a_twentieth_of_a_point_keeps_a_digit() -> None:
+    """A share up 0.003 points read "+0.0 pt" beside a worse mark; it keeps one
+    significant digit below 0.05 points, and a tenth of a point above."""
+    from budget.render.diff import _change
+
+    tiny = Delta("exposed share", "share", "lower", 0.006, 0.00603)
+    assert _change(tiny)[0] == "+0.003 pt" and tiny.verdict == "worse"
+    assert _change(Delta("exposed share", "share", "lower", 0.006, 0.008))[0] == "+0.2 pt"

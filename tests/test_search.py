@@ -1244,3 +1244,18 @@ def test_interleaved_layouts_of_unlike_chunks_budget_exactly_as_searched(tmp_pat
         report = build_report(layout)
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+def test_the_search_summary_counts_in_the_singular_and_parts_its_tables(tmp_path):
+    """'on 1 GPUs' and '1 engine passes' read as they should, and a table whose caption
+    says what the width left out is followed by a blank line before the next title."""
+    result = CliRunner().invoke(
+        app,
+        route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--gpus", "1"]),
+        env={"COLUMNS": "80"},
+    )
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    assert " on 1 GPU in " in result.stdout and "1 engine pass)" in result.stdout
+    caption = lines.index("exposed left out at this width (see -f json)")
+    assert lines[caption + 1] == "" and lines[caption + 2].startswith("Pareto front")
+    assert "1 engine passes" not in result.stdout

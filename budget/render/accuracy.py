@@ -165,15 +165,20 @@ def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
     return table
 
 
+_TITLE = "Predicted against published measurements"
+
+
 def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if fmt == "json":
         console.out(json.dumps(accuracy_dict(acc), indent=2, allow_nan=False), highlight=False)
         return
-    if fmt == "markdown":
-        console.out(accuracy_markdown(acc), highlight=False)
+    if fmt == "markdown":  # a heading as every markdown output has; the README has its own
+        console.out(
+            f"## budget validate-model\n\n{_TITLE}:\n\n{accuracy_markdown(acc)}", highlight=False
+        )
         return
     wide = console.width >= 112
-    console.print(_rich_table("Predicted against published measurements", acc.rows, wide))
+    console.print(_rich_table(_TITLE, acc.rows, wide))
     console.print(_summary(acc), highlight=False)
     for title, rows in _unscored(acc):
         console.print()

@@ -85,7 +85,8 @@ def _change(delta: Delta) -> tuple[str, str]:
         return "0", "0%"
     sign = "+" if change > 0 else "−"
     if delta.unit == "share":
-        text = f"{sign}{abs(change) * 100:.1f} pt"
+        points = abs(change) * 100  # a change under 0.05 pt keeps a digit: "+0.0 pt" in red
+        text = f"{sign}{points:.1f} pt" if points >= 0.05 else f"{sign}{points:.1g} pt"
     else:
         text = sign + _value(delta.unit, abs(change))
     return text, "–" if rel is None else f"{'+' if rel > 0 else '−'}{abs(rel):.1%}"

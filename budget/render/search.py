@@ -174,8 +174,9 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     wide = console.width >= 100
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
     console.print(
-        f"Evaluated {outcome.evaluated:,} layouts on {outcome.gpus:,} GPUs in "
-        f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, {outcome.groups:,} engine passes); "
+        f"Evaluated {outcome.evaluated:,} layouts on {plural(outcome.gpus, 'GPU')} in "
+        f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, "
+        f"{plural(outcome.groups, 'engine pass', 'engine passes')}); "
         f"{_counts(outcome)}.",
         markup=False,
     )
@@ -189,14 +190,20 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
         digits = peak_digits((*best, *front))  # the two tables read against each other
-        console.print(_table(title, best, wide, limited, tokens, digits))
+        ranked = _table(title, best, wide, limited, tokens, digits)
+        console.print(ranked)
+        if ranked.caption:  # the caption ends the table: a line before the next title
+            console.print()
         shown = (
             ""
             if len(front) == len(outcome.pareto)
             else (f" ({len(front)} of {len(outcome.pareto)} points)")
         )
         title = f"Pareto front: peak memory against step time{shown}"
-        console.print(_table(title, front, wide, limited, digits=digits))
+        pareto = _table(title, front, wide, limited, digits=digits)
+        console.print(pareto)
+        if pareto.caption:
+            console.print()
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     table = titled_table("Not ranked")
