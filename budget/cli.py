@@ -66,34 +66,49 @@ FormatOption = Annotated[
 # The limits `budget check` gates on and `budget search` ranks within (`check.parse_limits`).
 HeadroomOption = Annotated[
     str | None,
-    typer.Option(help="Free memory the worst stage must keep: 5% of capacity or 4GiB."),
+    typer.Option(
+        metavar="<size|percent>",
+        help="Free memory the worst stage must keep: 5% of capacity or 4GiB.",
+    ),
 ]
 MaxExposedOption = Annotated[
     str | None,
     typer.Option(
+        metavar="<percent>",
         help="Most of the step in exposed communication, e.g. 20% (a serving plan: of the "
-        "whole run, prefill and decode)."
+        "whole run, prefill and decode).",
     ),
 ]
 MaxStepOption = Annotated[
     str | None,
-    typer.Option(help="Longest step time, e.g. 12s (a serving plan: the whole run)."),
+    typer.Option(
+        metavar="<time>", help="Longest step time, e.g. 12s (a serving plan: the whole run)."
+    ),
 ]
 MaxTtftOption = Annotated[
     str | None,
-    typer.Option(help="Longest time to first token of a serving plan, e.g. 2s (the prefill)."),
+    typer.Option(
+        metavar="<time>",
+        help="Longest time to first token of a serving plan, e.g. 2s (the prefill).",
+    ),
 ]
 MaxTpotOption = Annotated[
     str | None,
-    typer.Option(help="Longest time per output token of a decode plan, e.g. 20ms."),
+    typer.Option(
+        metavar="<time>", help="Longest time per output token of a decode plan, e.g. 20ms."
+    ),
 ]
 # budget search sweeps training layouts only: its limits say nothing of serving runs
 SearchExposedOption = Annotated[
     str | None,
-    typer.Option("--max-exposed", help="Most of the step in exposed communication, e.g. 20%."),
+    typer.Option(
+        "--max-exposed",
+        metavar="<percent>",
+        help="Most of the step in exposed communication, e.g. 20%.",
+    ),
 ]
 SearchStepOption = Annotated[
-    str | None, typer.Option("--max-step", help="Longest step time, e.g. 12s.")
+    str | None, typer.Option("--max-step", metavar="<time>", help="Longest step time, e.g. 12s.")
 ]
 
 
@@ -182,7 +197,9 @@ def diff_command(
 @app.command("plot")
 def plot_command(
     plan: Annotated[Path, typer.Argument(help="The plan to draw (YAML).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="FILE.png or FILE.svg.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="<file>", help="FILE.png or FILE.svg.")
+    ],
 ) -> None:
     """Picture: the worst stage's memory over the step, and exposed vs hidden communication
     per phase (needs matplotlib: pip install 'budget[plot]')."""
@@ -205,18 +222,32 @@ def plot_command(
 def search_command(
     plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
     gpus: Annotated[int | None, typer.Option(help="GPUs to lay out (default: the plan's).")] = None,
-    tp: Annotated[str | None, typer.Option(help="Tensor parallel sizes: 4,8 or 1..8.")] = None,
-    pp: Annotated[str | None, typer.Option(help="Pipeline depths.")] = None,
-    cp: Annotated[str | None, typer.Option(help="Context parallel sizes.")] = None,
-    ep: Annotated[str | None, typer.Option(help="Expert parallel sizes.")] = None,
-    zero: Annotated[str, typer.Option(help="ZeRO stages.")] = "0..3",
-    micro: Annotated[str | None, typer.Option(help="Micro-batch sizes.")] = None,
-    virtual_stages: Annotated[str, typer.Option(help="Virtual pipeline stages.")] = "1,2,4",
-    recompute: Annotated[str, typer.Option(help="none,selective,full")] = "none,selective,full",
-    sp: Annotated[str, typer.Option(help="Sequence parallelism: true,false")] = "false,true",
-    objective: Annotated[str, typer.Option(help="time, memory or tokens-per-s.")] = "time",
+    tp: Annotated[
+        str | None, typer.Option(metavar="<list>", help="Tensor parallel sizes: 4,8 or 1..8.")
+    ] = None,
+    pp: Annotated[str | None, typer.Option(metavar="<list>", help="Pipeline depths.")] = None,
+    cp: Annotated[
+        str | None, typer.Option(metavar="<list>", help="Context parallel sizes.")
+    ] = None,
+    ep: Annotated[str | None, typer.Option(metavar="<list>", help="Expert parallel sizes.")] = None,
+    zero: Annotated[str, typer.Option(metavar="<list>", help="ZeRO stages.")] = "0..3",
+    micro: Annotated[str | None, typer.Option(metavar="<list>", help="Micro-batch sizes.")] = None,
+    virtual_stages: Annotated[
+        str, typer.Option(metavar="<list>", help="Virtual pipeline stages.")
+    ] = "1,2,4",
+    recompute: Annotated[
+        str, typer.Option(metavar="<list>", help="Recompute: none,selective,full.")
+    ] = "none,selective,full",
+    sp: Annotated[
+        str, typer.Option(metavar="<list>", help="Sequence parallelism: true,false.")
+    ] = "false,true",
+    objective: Annotated[
+        str, typer.Option(metavar="<time|memory|tokens-per-s>", help="What to rank by.")
+    ] = "time",
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
-    write: Annotated[Path | None, typer.Option(help="Write the best layout as a plan.")] = None,
+    write: Annotated[
+        Path | None, typer.Option(metavar="<file>", help="Write the best layout as a plan.")
+    ] = None,
     headroom: HeadroomOption = None,
     max_exposed: SearchExposedOption = None,
     max_step: SearchStepOption = None,
@@ -293,28 +324,37 @@ def collective_command(
         ),
     ],
     ranks: Annotated[int | None, typer.Option(help="Group size P.")] = None,
-    size: Annotated[str, typer.Option(help="Full logical tensor size S, e.g. 1GiB.")] = "",
+    size: Annotated[
+        str, typer.Option(metavar="<size>", help="Full logical tensor size S, e.g. 1GiB.")
+    ] = "",
     bandwidth: Annotated[
-        str | None, typer.Option(help="Per-rank link bandwidth, e.g. 450GB/s.")
+        str | None, typer.Option(metavar="<rate>", help="Per-rank link bandwidth, e.g. 450GB/s.")
     ] = None,
-    latency: Annotated[str | None, typer.Option(help="Latency per phase, e.g. 1us.")] = None,
+    latency: Annotated[
+        str | None, typer.Option(metavar="<time>", help="Latency per phase, e.g. 1us.")
+    ] = None,
     level: Annotated[
         list[str] | None,
-        typer.Option(help="SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level."),
+        typer.Option(
+            metavar="<size:rate:time>",
+            help="SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level.",
+        ),
     ] = None,
     algorithm: Annotated[
         str | None,
         typer.Option(
+            metavar="<name>",
             help="ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the "
             "cheapest the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
-            "hierarchical over two or more --level."
+            "hierarchical over two or more --level.",
         ),
     ] = None,
     ramp: Annotated[
         str | None,
         typer.Option(
+            metavar="<name>",
             help="Measured bandwidth ramp of the (innermost) link by message size: nvlink3 "
-            "or nvlink4, as the topology presets' NVLink levels carry; none (the default)."
+            "or nvlink4, as the topology presets' NVLink levels carry; none (the default).",
         ),
     ] = None,
     fmt: FormatOption = Format.table,
@@ -333,8 +373,12 @@ def collective_command(
 @app.command("roofline")
 def roofline_command(
     intensity: Annotated[float, typer.Option(help="Arithmetic intensity, FLOP/byte.")],
-    bandwidth: Annotated[str, typer.Option(help="Memory bandwidth, e.g. 80GB/s.")],
-    peak: Annotated[str, typer.Option(help="Compute ceiling, e.g. 1000GFLOP/s.")],
+    bandwidth: Annotated[
+        str, typer.Option(metavar="<rate>", help="Memory bandwidth, e.g. 80GB/s.")
+    ],
+    peak: Annotated[
+        str, typer.Option(metavar="<flop/s>", help="Compute ceiling, e.g. 1000GFLOP/s.")
+    ],
     fmt: FormatOption = Format.table,
 ) -> None:
     """Attainable FLOP/s = min(peak, intensity x bandwidth), and which ceiling binds."""
