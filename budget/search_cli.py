@@ -129,6 +129,19 @@ def run_search(
                 file=sys.stderr,
             )
             return 2
+    for name in ("tp", "pp", "cp", "ep"):  # every value of a degree the GPUs cannot hold
+        values = getattr(sweep, name)
+        if options.get(name) is not None and values and all(n % v for v in values):
+            divisors = [d for d in range(1, n + 1) if n % d == 0]  # n ≤ MAX_GPUS, checked
+            listed = (
+                f" (it divides by {', '.join(map(str, divisors))})" if len(divisors) <= 24 else ""
+            )
+            print(
+                f"budget: error: --{name} {options[name]}: no value divides the {n:,} GPUs, "
+                f"so no layout can be built{listed}",
+                file=sys.stderr,
+            )
+            return 2
     too_large = magnitude(plan, n, sweep)
     if too_large:
         print(f"budget: error: {path}: {too_large}", file=sys.stderr)

@@ -1259,3 +1259,19 @@ def test_the_search_summary_counts_in_the_singular_and_parts_its_tables(tmp_path
     caption = lines.index("exposed left out at this width (see -f json)")
     assert lines[caption + 1] == "" and lines[caption + 2].startswith("Pareto front")
     assert "1 engine passes" not in result.stdout
+
+
+def test_a_degree_none_of_whose_values_divides_the_gpus_is_bad_input():
+    """--tp 3 on 8 GPUs can build no layout: a usage error (exit 2) naming the divisors,
+    not 'No layout fits' (exit 1), which a plan too big for its GPUs gives."""
+    result = CliRunner().invoke(
+        app, route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--tp", "3,5"])
+    )
+    assert result.exit_code == 2 and result.stdout == ""
+    assert (
+        "--tp 3,5: no value divides the 8 GPUs" in result.stderr and "1, 2, 4, 8" in result.stderr
+    )
+    kept = CliRunner().invoke(
+        app, route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--tp", "3,4"])
+    )
+    assert kept.exit_code == 0
