@@ -569,3 +569,16 @@ def test_zero2_tied_embedding_grads_are_all_reduced_as_the_shard_each_copy_keeps
         if c["name"] == "tied embedding grads"
     }
     assert sizes == {314_572_800 // 16}
+
+
+def test_a_training_plan_without_an_optimizer_is_refused(tmp_path):
+    """optimizer: none is the serving format; a training plan with it kept master weights
+    (658 MB on gpt-1.3b at ZeRO-1) and gathered updated parameters no optimizer wrote."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    path = variant(tmp_path, "none.yaml", ("optimizer: adam", "optimizer: none"), base=base)
+    with pytest.raises(BudgetError, match=r"optimizer: none is for serving plans"):
+        load_plan(path)

@@ -542,6 +542,12 @@ class _Resolver:
         stored = self.config_weights if serving and self.config_weights else "bf16"
         params = tree.get("params", stored)
         master = tree.get("master", "none" if params == "fp32" else "fp32")
+        if not serving and tree.get("optimizer") == "none":
+            self.error(
+                "$.precision.optimizer",
+                "optimizer: none is for serving plans; a training step updates its weights "
+                "(adam or sgd), and its master copy and parameter gather go with them",
+            )
         if params == "fp32" and master == "fp32":
             self.error(
                 "$.precision.master",
