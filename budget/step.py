@@ -1092,7 +1092,11 @@ def _zero3_transients(
     the layer's MLP behind its attention, the next layer's attention behind an MLP, and in
     the backward the reverse. In the backward the block's gradients are whole until their
     reduce-scatter (DeepSpeed's ZeRO-3 estimate reserves the largest layer's gathered
-    parameters and gradients, ``estimate_zero3_model_states_mem_needs``)."""
+    parameters and gradients, ``estimate_zero3_model_states_mem_needs``); with
+    `overlap.dp_grads` the block computed just before still holds its whole gradients while
+    their reduce-scatter runs behind this one (`_zero3_moves`): behind the attention, its
+    layer's MLP or MoE block, `after` (behind the stage's last MLP it is the head, whose
+    gradients `_zero3_root_grads` holds already)."""
     size = DTYPE_BYTES[plan.precision.param_gather]
 
     def gathered(name: str, size: int = size) -> Any:
@@ -1106,10 +1110,19 @@ def _zero3_transients(
     for name in after:
         ahead = vmax(ahead, gathered(name))
     prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
+    behind = 0
+    for name in after:
+        behind = vmax(behind, gathered(name, DTYPE_BYTES[plan.precision.grads]))
+    reducing = Alloc(
+        f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
+        "transient",
+        behind,
+    )
     allocs = [
         current,
         *when([prefetched], plan.overlap.param_gather and bool(after)),
         *when([whole], backward),
+        *when([reducing], backward and block == "attention" and plan.overlap.dp_grads),
     ]
     return when(allocs, (plan.parallel.zero == 3) & (n > 0))
 

@@ -98,6 +98,33 @@ def test_zero3_holds_the_block_its_gradients_and_the_prefetched_next_block():
     }
 
 
+def test_zero3_overlapped_reduction_keeps_the_previous_blocks_gradients_alive():
+    """With overlap.dp_grads the MLP's reduce-scatter runs behind its layer's attention
+    backward (FSDP's backward overlap), so the MLP's whole gradients are still held there:
+    GPT-3 at tp 8, 151,019,520 fp32 parameters = 604,078,080 B beside the attention's own
+    4 · 75,522,048 (it was freed as soon as the attention started: an audit). Behind the
+    stage's last MLP runs the head's reduction, whose gradients are held already."""
+    h = 12288
+    mlp, attention = 8 * h * h // 8 + 2 * h, 4 * h * h // 8 + 2 * h
+    plan = make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536)
+    overlapped = replace(plan, overlap=replace(plan.overlap, dp_grads=True))
+
+    def grads(plan, phase: str) -> dict[str, int]:
+        (stage,) = derive(plan).stages
+        (found,) = [p for p in stage.phases if p.name == phase]
+        wanted = ("gradients before reduce-scatter", "reduce-scattering")
+        return {
+            a.name: a.bytes for a in found.instants[-1].live if any(w in a.name for w in wanted)
+        }
+
+    assert grads(overlapped, "backward.attention") == {
+        "gradients before reduce-scatter": 4 * attention,
+        "gradients of the previous mlp block (reduce-scattering)": 4 * mlp,
+    }
+    assert grads(plan, "backward.attention") == {"gradients before reduce-scatter": 4 * attention}
+    assert grads(overlapped, "backward.mlp") == {"gradients before reduce-scatter": 4 * mlp}
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     micro=st.sampled_from([1, 2, 3, 4]),
