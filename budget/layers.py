@@ -840,6 +840,16 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     return out
 
 
+FC2_INPUT = "MLP fc2 input"
+
+
+def activation_input(plan: Plan) -> str:
+    """The name of the tensor the MLP's activation function saves (its input)."""
+    if plan.model.gate == 2:
+        return f"MLP {MLP_NAMES[plan.model.mlp]} input (gate, up)"
+    return "MLP GeLU input"
+
+
 def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors the MLP block saves: Korthikanti section 4.1 (norm input 2sbh, first linear
     input 2sbh, GeLU input 8sbh, GeLU output 8sbh, dropout mask sbh) with ffn = 4h; a gated
@@ -850,18 +860,13 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         Alloc("MLP norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("MLP fc1 input", "activations", a * s.tokens_sp * s.hidden, placement=res),
     ]
-    if plan.model.gate == 2:
-        out.append(
-            Alloc(
-                f"MLP {MLP_NAMES[plan.model.mlp]} input (gate, up)",
-                "activations",
-                2 * a * s.tokens * s.ffn_cols,
-                placement=col,
-            )
+    gate = plan.model.gate  # gated MLPs save the gate and up projections
+    out.append(
+        Alloc(
+            activation_input(plan), "activations", gate * a * s.tokens * s.ffn_cols, placement=col
         )
-    else:
-        out.append(Alloc("MLP GeLU input", "activations", a * s.tokens * s.ffn_cols, placement=col))
-    out.append(Alloc("MLP fc2 input", "activations", a * s.tokens * s.ffn_cols, placement=col))
+    )
+    out.append(Alloc(FC2_INPUT, "activations", a * s.tokens * s.ffn_cols, placement=col))
     out += _post_norm_input(plan, s, "MLP")
     if plan.model.dropout:
         out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))

@@ -32,9 +32,11 @@ from budget import flops
 from budget.errors import BudgetError, Problem
 from budget.flops import Work
 from budget.layers import (
+    FC2_INPUT,
     Shapes,
     StageClass,
     StageParams,
+    activation_input,
     attention_params,
     attention_saved,
     class_params,
@@ -590,6 +592,12 @@ def _either(saved: list[Alloc], full: Any) -> list[Alloc]:
     for alloc in saved:
         out += when([alloc], lacks(full)) + when(_working([alloc]), full)
     return out
+
+
+def _spent(allocs: list[Alloc], names: list[str]) -> list[Alloc]:
+    """`allocs` without the saved tensors `names` (or their recomputed copies), which a
+    backward has consumed and freed."""
+    return [a for a in allocs if a.name.removesuffix(" (recomputed)") not in names]
 
 
 def _total(allocs: list[Alloc]) -> int:
@@ -1168,7 +1176,7 @@ def _forward(b: _StageBuilder) -> None:
         mlp = _either(blocks["mlp"], full)
         partial = when(
             [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
-        )
+        ) + when([_full(s, "MLP output")], par.tp == 1)  # before the residual add
         z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
             "forward.mlp",
@@ -1429,7 +1437,7 @@ def _backward(b: _StageBuilder) -> None:
     gate = plan.model.gate
     partial_in = when(
         [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")], par.tp > 1
-    )
+    ) + when([_full(s, "fc1 input gradient")], par.tp == 1)
 
     def bucket(block: str, after: Sequence[str]) -> list[Alloc]:
         """ZeRO-2's gradient bucket before its reduce-scatter, the whole layer's gradients
@@ -1490,6 +1498,9 @@ def _backward(b: _StageBuilder) -> None:
             placement=col,
         )
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
+        # PyTorch frees a node's saved tensors once its backward has run: fc2's input after
+        # fc2's backward, the activation's input after the activation's
+        fc2_in, act_in = [FC2_INPUT], [activation_input(plan)]
         regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
@@ -1504,24 +1515,34 @@ def _backward(b: _StageBuilder) -> None:
             + _zero3_moves(plan, b.layer, "mlp", True),
             [
                 Instant(
-                    "fc2 and activation gradients",
+                    "fc2 gradients",
                     tuple(
                         saved
                         + recomputed
-                        + [grad_out, ffn_grad, act_grad]
+                        + [grad_out, ffn_grad]
                         + out_gather
                         + bucket("mlp", ["attention"])
                     ),
                 ),
                 Instant(
+                    "activation gradients",
+                    (
+                        *_spent(saved + recomputed, fc2_in),
+                        grad_out,
+                        ffn_grad,
+                        act_grad,
+                        *bucket("mlp", ["attention"]),
+                    ),
+                ),
+                Instant(
                     "fc1 weight and input gradients",
-                    tuple(
-                        saved
-                        + recomputed
-                        + [grad_out, act_grad]
-                        + regather
-                        + partial_in
-                        + bucket("mlp", ["attention"])
+                    (
+                        *_spent(saved + recomputed, fc2_in + act_in),
+                        grad_out,
+                        act_grad,
+                        *regather,
+                        *partial_in,
+                        *bucket("mlp", ["attention"]),
                     ),
                 ),
             ],

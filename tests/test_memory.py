@@ -30,8 +30,10 @@ def test_sequence_parallel_peak_names_the_gathered_buffer_and_its_shard():
     """DESIGN.md rule 2 / issue 2 acceptance 5: an all-gather that materialises the full
     tensor while the shard stays alive costs full + shard at that instant."""
     plan = make_plan(tp=8, sp=True, recompute="selective")
-    worst = _mem(plan).worst
-    names = {a.name: a for a in worst.peak_overlap}
+    (stage, *_) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
+    (instant,) = [i for i in phase.instants if i.label == "fc1 weight and input gradients"]
+    names = {a.name: a for a in instant.live}
     full = names["fc1 input (re-gathered for weight grad)"]
     shard = names["MLP fc1 input"]
     assert full.category == "transient"
@@ -315,3 +317,51 @@ def test_interleaved_stages_of_unlike_chunks_hold_what_the_order_holds(tmp_path)
     assert len(held) >= 8
     # by hand: 15 forwards of the 10-layer chunk and 8 of the 2-layer one, then 8 more
     assert held[10, 96, 0] == 10 * 15 + 2 * 8 + 8 == 174
+
+
+def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
+    """PyTorch frees a node's saved tensors after its backward: fc2's input after fc2's
+    backward, the activation's input after the activation's, so the fc1 backward holds
+    neither (it held both: an audit). GPT-3 as shipped (tp 8, sp, selective), stage 0: the
+    fc2 backward holds the output gradient, its all-gathered copy and fc2's input gradient,
+    6,291,456 + 50,331,648 + 25,165,824 = 81,788,928 B of transients; the fc1 backward
+    the re-gathered fc1 input and its partial gradient (2 x 50,331,648) with the output and
+    activation gradients, beside neither freed 25,165,824 B tensor; the peak is
+    32,649,275,904 B (it read 32,699,607,552). At tp 1 the fc1 input gradient is a whole
+    tensor, not a partial one, and is still held (gpt-1.3b: 4 x 2048 x 2048 x 2 B)."""
+    from tests.plan_files import GPT3
+
+    report = build_report(load_plan(GPT3))
+    assert report.worst.peak_bytes == 32_649_275_904
+    (stage, *_) = derive(load_plan(GPT3)).stages
+    (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
+    live = {i.label: {a.name: a.total for a in i.live} for i in phase.instants}
+    assert list(live) == ["fc2 gradients", "activation gradients", "fc1 weight and input gradients"]
+    transients = {
+        label: sum(b for n, b in held.items() if n in _TRANSIENTS) for label, held in live.items()
+    }
+    assert transients["fc2 gradients"] == 6_291_456 + 50_331_648 + 25_165_824
+    assert "MLP fc2 input" in live["fc2 gradients"]
+    assert "MLP fc2 input" not in live["activation gradients"]
+    assert "MLP GeLU input" in live["activation gradients"]
+    fc1 = live["fc1 weight and input gradients"]
+    assert "MLP fc2 input" not in fc1 and "MLP GeLU input" not in fc1
+    assert (
+        fc1["fc1 input (re-gathered for weight grad)"]
+        == fc1["fc1 input gradient (partial, before reduction)"]
+        == 50_331_648
+    )
+    single = derive(load_plan(ROOT / "plans" / "gpt-1.3b.yaml")).stages[0]
+    (phase,) = [p for p in single.phases if p.name == "backward.mlp"]
+    fc1 = {a.name: a.total for a in phase.instants[-1].live}
+    assert fc1["fc1 input gradient"] == 4 * 2048 * 2048 * 2
+
+
+_TRANSIENTS = (
+    "output gradient",
+    "output gradient (all-gathered)",
+    "fc2 input gradient",
+    "activation-function input gradient",
+    "fc1 input (re-gathered for weight grad)",
+    "fc1 input gradient (partial, before reduction)",
+)
