@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from budget.plan.model import BandwidthRamp
+from budget.vector import largest
 
 __all__ = [
     "ALGORITHMS",
@@ -194,6 +195,11 @@ class CollectiveCost:
 
     @property
     def recv_bytes(self) -> Count:
+        """The busiest rank's received bytes, its stages' together; a hierarchical
+        broadcast's ranks each receive the tensor once, in the across stage (the domains'
+        leaders) or the inside one (the rest), not in both (it read 2S: an audit)."""
+        if self.op == "broadcast":
+            return cast(Count, largest([cast(int, s.recv_bytes) for s in self.stages]))
         return sum((s.recv_bytes for s in self.stages), start=0)
 
     @property

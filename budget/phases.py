@@ -21,6 +21,8 @@ MoveGroup = GroupKind | Literal["etp", "edp"]  # expert tensor- and data-paralle
 
 # The phases of a training step in the order they run; every phase before "dp.grads" repeats
 # per micro-batch, the rest run once per step after the last backward.
+HAND_WRITTEN = "hand-written transition"  # the rule of a plan's own `transitions:` moves
+
 PHASE_ORDER: tuple[str, ...] = (
     "forward.embedding",
     "forward.attention",

@@ -44,7 +44,7 @@ from budget.collectives import Algorithm, CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
 from budget.inference import decode_passes
-from budget.phases import PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
+from budget.phases import HAND_WRITTEN, PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
     GroupKind,
@@ -57,6 +57,14 @@ from budget.topology import (
 from budget.vector import largest, ratio, vfloat, vmax, vmin, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
+
+
+def per_microbatch(name: str) -> bool:
+    """A phase that runs within each micro-batch: a built-in one, or a hand-written
+    transition on a whole pass ("forward: NAME", `step._with_transitions`)."""
+    return name in MICROBATCH_PHASES or name.split(": ")[0] in ("forward", "backward")
+
+
 FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "mtp", "loss")
 BACKWARD_PHASES = tuple(p for p in MICROBATCH_PHASES if p.startswith("backward."))
 
@@ -115,8 +123,8 @@ def paced_by(times: StepTime) -> tuple[int, list[PhaseTime], list[PhaseTime]]:
     last = max(times.stages, key=lambda s: (s.after_s, -s.stage))
     return (
         pacing.stage,
-        [p for p in pacing.phases if p.name in MICROBATCH_PHASES],
-        [p for p in last.phases if p.name not in MICROBATCH_PHASES],
+        [p for p in pacing.phases if per_microbatch(p.name)],
+        [p for p in last.phases if not per_microbatch(p.name)],
     )
 
 
@@ -181,7 +189,9 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
     par, topo = plan.parallel, plan.topology
-    if move.group == "pp":
+    # the stage sends and the embedding copies' all-reduce; a hand-written transition on
+    # pp runs over the whole group (it was priced as one neighbouring pair: an audit)
+    if move.group == "pp" and not move.rule.startswith(HAND_WRITTEN):
         members = group_ranks("pp", par, topo.gpus)
         if "embedding" in move.name:
             return span_of_ranks((members[0], members[-1]), topo, "pp")
@@ -397,10 +407,10 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             for p, k in zip(stage.phases, kernels, strict=True)
         )
         per_mb = sum(
-            (p.compute_s + p.exposed_s) * p.count / m for p in phases if p.name in MICROBATCH_PHASES
+            (p.compute_s + p.exposed_s) * p.count / m for p in phases if per_microbatch(p.name)
         )
         after = sum(
-            (p.compute_s + p.exposed_s) * p.count for p in phases if p.name not in MICROBATCH_PHASES
+            (p.compute_s + p.exposed_s) * p.count for p in phases if not per_microbatch(p.name)
         )
         stages.append(StageTime(stage.stage, phases, per_mb, after))
         if stage.timing_key:

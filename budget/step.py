@@ -64,6 +64,7 @@ from budget.layers import (
 )
 from budget.phases import (
     CARRIED_ACTIVATIONS,
+    HAND_WRITTEN,
     Alloc,
     Instant,
     Move,
@@ -1893,8 +1894,12 @@ def _target(phases: list[Phase], name: str) -> int | None:
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage.
 
-    Each becomes a Move priced like the built-in ones; its output is alive during that
-    phase and, with `source_alive`, its source too (DESIGN.md rule 2).
+    Each becomes a Move priced like the built-in ones, `count` times per instance of the
+    phase it names: in that phase where it names one (per layer in forward.attention, per
+    micro-batch in loss), and in a phase of its own, `count` times per micro-batch, where
+    it names a whole pass ("forward", "backward": it ran once per layer of the first
+    phase of that pass, an audit). Its output is alive during that pass's first phase and,
+    with `source_alive`, its source too (DESIGN.md rule 2).
     """
     if not plan.transitions:
         return step
@@ -1910,6 +1915,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     stages = []
     for st in step.stages:
         phases = list(st.phases)
+        passes: list[Phase] = []
         for tr, src, dst, op in parsed:
             target = _target(phases, tr.phase)
             if target is None:
@@ -1935,26 +1941,30 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     )
                 )
             phase = phases[target]
-            moves = phase.moves
-            if op is not None:
-                moves = (
-                    *moves,
-                    Move(
-                        tr.name,
-                        op,
-                        tr.group,
-                        ranks,
-                        tr.dtype,
-                        full,
-                        str(src),
-                        str(dst),
-                        count=tr.count,
-                        rule="hand-written transition: exposed",
-                    ),
-                )
             instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
-            phases[target] = replace(phase, moves=moves, instants=instants)
-        stages.append(replace(st, phases=tuple(phases)))
+            phases[target] = replace(phase, instants=instants)
+            if op is None:
+                continue
+            move = Move(
+                tr.name,
+                op,
+                tr.group,
+                ranks,
+                tr.dtype,
+                full,
+                str(src),
+                str(dst),
+                rule=f"{HAND_WRITTEN}: exposed",
+            )
+            if phase.name == tr.phase:
+                phases[target] = replace(
+                    phases[target], moves=(*phase.moves, replace(move, count=tr.count))
+                )
+            else:  # a whole pass: once per micro-batch, in a phase of its own
+                passes.append(
+                    Phase(f"{tr.phase}: {tr.name}", tr.count * step.microbatches, (move,))
+                )
+        stages.append(replace(st, phases=(*phases, *passes)))
     known = list(dict.fromkeys(p.name for st in step.stages for p in st.phases))
     for tr, *_ in parsed:
         if all(_target(list(st.phases), tr.phase) is None for st in step.stages):

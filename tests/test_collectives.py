@@ -433,3 +433,14 @@ def test_exact_integer_logarithms() -> None:
     assert floor_log2(array).tolist() == [floor_log2(v) for v in values]  # type: ignore[union-attr]
     assert [ceil_log2(v) for v in (1, 2, 3, 4, 5)] == [0, 1, 2, 2, 3]
     assert [floor_log2(v) for v in (1, 2, 3, 4, 5)] == [0, 1, 1, 2, 2]
+
+
+def test_a_hierarchical_broadcast_delivers_the_tensor_once_to_each_rank():
+    """Across the domains' leaders, then inside each domain: every rank receives S once,
+    a leader in the first stage and the others in the second (it read 2S received: an
+    audit); a leader forwards it in both, so the busiest rank sends 2S."""
+    from budget.collectives import Link, Tier, collective_cost
+
+    nvlink, ib = Link("nvlink", 450e9, 3e-6), Link("ib", 50e9, 14e-6)
+    cost = collective_cost("broadcast", (Tier(8, nvlink), Tier(4, ib)), 2**30, "hierarchical")
+    assert (cost.recv_bytes, cost.sent_bytes) == (2**30, 2 * 2**30)

@@ -126,3 +126,46 @@ def test_a_reduced_chain_is_accepted(tmp_path):
     )
     code, _, err = _run(str(plan))
     assert code == 0, err
+
+
+def test_a_transition_on_a_whole_pass_runs_once_per_micro_batch(tmp_path):
+    """DESIGN.md's logits-gather names the forward pass: it ran once per layer of its first
+    phase (forward.attention, 12 layers x 96 micro-batches = 1,152 times, +2.05 s on GPT-3;
+    an audit). It now runs count times per micro-batch, in a phase of its own on the
+    pipeline's critical path: 96 gathers of 1.66 ms. Named by its exact phase (loss) it
+    runs count times per instance of that phase, as the built-in moves do."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+
+    whole = LOGITS.replace("phase: loss", "phase: forward")
+    report = build_report(load_plan(_plan(tmp_path, whole)))
+    (phase,) = [p for p in report.phases if p.name == "forward: logits-gather"]
+    (gather,) = phase.collectives
+    assert (phase.count, gather.count) == (96, 96)
+    attention = next(p for p in report.phases if p.name == "forward.attention")
+    assert not [c for c in attention.collectives if c.name == "logits-gather"]
+    plain = budget_plan(GPT3).step["time_s"]
+    assert 96 * gather.time_s < report.step["time_s"] - plain < 1.1 * 96 * gather.time_s
+    twice = build_report(load_plan(_plan(tmp_path, LOGITS + "    count: 2\n")))
+    loss = next(p for p in twice.phases if p.name == "loss")
+    (gather,) = [c for c in loss.collectives if c.name == "logits-gather"]
+    assert (loss.count, gather.count) == (96, 2 * 96)  # calls a step
+
+
+def test_a_transition_on_the_pipeline_group_runs_over_every_stage(tmp_path):
+    """A hand-written all-reduce over pp 4 (Mixtral on DGX H100s) is a 4-rank ring,
+    n = 6 and 2 x 3/4 x 64 MiB sent a rank: 6 x 14 µs + 100,663,296 B / 47 GB/s = 2.226 ms
+    over InfiniBand. It was priced as the stage sends are, on one neighbouring pair (2
+    ranks, 64 MiB)."""
+    from tests.plan_files import ROOT
+
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8") + (
+        "transitions:\n  - {name: ppx, phase: optimizer, tensor: {shape: [8192, 4096], "
+        "dtype: bf16}, group: pp, from: partial, to: replicate}\n"
+    )
+    path = tmp_path / "pp.yaml"
+    path.write_text(text, encoding="utf-8")
+    report = budget_plan(path)
+    (move,) = [c for p in report.phases for c in p.collectives if c.name == "ppx"]
+    assert (move.ranks, move.steps, move.sent_bytes) == (4, 6, 100_663_296)
+    assert abs(move.time_s - (6 * 14e-6 + 100_663_296 / 47e9)) < 1e-9
