@@ -483,8 +483,12 @@ def stage_params(plan: Plan, stage: int) -> StageParams:
 
 
 def vocab_rows(plan: Plan) -> int:
-    """The vocabulary rows one tp rank holds of the word embedding or output layer: Megatron-LM
-    splits them by whole rows (``VocabParallelEmbedding``), ceil(vocab / tp)."""
+    """The vocabulary rows one tp rank holds of the word embedding or output layer, split by
+    whole rows (Megatron-LM's ``VocabParallelEmbedding``): ceil(vocab / tp) of the plan's
+    vocab. Megatron-LM first pads the vocabulary to a multiple of 128 · tp
+    (``--make-vocab-size-divisible-by``; 128,256 → 129,024 at tp 8) and vLLM to a multiple of
+    64; which padding a run used is the stack's, so a plan writes the padded size where it
+    matters (the validation plans do, `budget.accuracy`)."""
     return -(-plan.model.vocab // plan.parallel.tp)
 
 
