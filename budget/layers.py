@@ -818,7 +818,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             "attention projection input", "activations", a * s.tokens * s.out_cols, placement=head
         )
     )
-    out += _post_norm_input(plan, s, "attention")
+    out += post_norm_input(plan, s, "attention")
     if plan.model.dropout:
         out.append(
             Alloc("attention dropout mask", "activations", s.tokens_sp * s.hidden, placement=res)
@@ -871,7 +871,7 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         )
     )
     out.append(Alloc(FC2_INPUT, "activations", a * s.tokens * s.ffn_cols, placement=col))
-    out += _post_norm_input(plan, s, "MLP")
+    out += post_norm_input(plan, s, "MLP")
     if plan.model.dropout:
         out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
     return out
@@ -919,13 +919,13 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
                 placement=col,
             )
         )
-    out += _post_norm_input(plan, s, "MoE")
+    out += post_norm_input(plan, s, "MoE")
     if plan.model.dropout:
         out.append(Alloc("MoE dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
     return out
 
 
-def _post_norm_input(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
+def post_norm_input(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     """With ``model.sandwich_norm`` the norm after a block keeps its input, the block's
     output (after the row-parallel reduction, so the sequence shard under SP)."""
     if not plan.model.sandwich_norm:

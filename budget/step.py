@@ -52,6 +52,7 @@ from budget.layers import (
     mtp_layers,
     mtp_params,
     params_total,
+    post_norm_input,
     qk_norm_params,
     resident_states,
     residual_placement,
@@ -593,6 +594,15 @@ def _either(saved: list[Alloc], full: Any) -> list[Alloc]:
     for alloc in saved:
         out += when([alloc], lacks(full)) + when(_working([alloc]), full)
     return out
+
+
+def _attention_spent(plan: Plan, s: Shapes) -> list[str]:
+    """The attention block's saved tensors its backward has used by the QKV projection's:
+    the output projection's input, the core's (Q, K, V and its statistics or scores), the
+    Q/K norms' input and a sandwich norm's."""
+    names = ["attention Q", "attention K", "attention V", "attention Q/K norm input"]
+    names += ["attention projection input", "attention dropout mask"]
+    return names + [a.name for a in core_attention(plan, s) + post_norm_input(plan, s, "attention")]
 
 
 def _spent(allocs: list[Alloc], names: list[str]) -> list[Alloc]:
@@ -1589,7 +1599,29 @@ def _backward(b: _StageBuilder) -> None:
                     + _cp_buffers(plan, s, backward=True)
                     + bucket("attention", b.ffn_blocks)
                 ),
-            )
+            ),
+            # the QKV projection's backward, as fc1's: the core's and the output
+            # projection's saved tensors spent, its input gathered again under sequence
+            # parallelism beside its input gradient, partial on tp before the reduction
+            Instant(
+                "QKV weight and input gradients",
+                (
+                    *_spent(saved + recomputed, _attention_spent(plan, s)),
+                    grad_out,
+                    qkv_grad,
+                    *when([_full(s, "QKV input (re-gathered for weight grad)")], sp),
+                    *when(
+                        [
+                            _full(
+                                s, "QKV input gradient (partial, before reduction)", "partial on tp"
+                            )
+                        ],
+                        par.tp > 1,
+                    ),
+                    *when([_full(s, "QKV input gradient")], par.tp == 1),
+                    *bucket("attention", b.ffn_blocks),
+                ),
+            ),
         ],
         redo + flops.backward_of(work) + _accumulate(plan, b.layer, "attention"),
     )
