@@ -47,6 +47,10 @@ class Work:
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
+    # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
+    # and MoE router are not Transformer Engine modules, so an FP8 recipe leaves them in the
+    # activations' format (`vocab_operands`)
+    dtype: str | None = None
 
     def scaled(self, factor: float, name: str | None = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept)."""
@@ -100,11 +104,11 @@ def _split(elem: int | Operands) -> tuple[int, int]:
     return (elem.activations, elem.weights) if isinstance(elem, Operands) else (elem, elem)
 
 
-def gemm(name: str, m: int, k: int, n: int, elem: int | Operands) -> Work:
+def gemm(name: str, m: int, k: int, n: int, elem: int | Operands, dtype: str | None = None) -> Work:
     """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once (the
-    k x n weights in their own format when `elem` says, `Operands`)."""
+    k x n weights in their own format when `elem` says, `Operands`); `dtype`: `Work.dtype`."""
     a, w = _split(elem)
-    return Work(name, "matmul", 2 * m * k * n, a * (m * k + m * n) + w * k * n)
+    return Work(name, "matmul", 2 * m * k * n, a * (m * k + m * n) + w * k * n, dtype=dtype)
 
 
 def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
@@ -234,14 +238,14 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     return [
-        Work("attention scores QKᵀ", "attention", qk_mm, q + k + scores),
+        Work("attention scores QKᵀ", "attention", qk_mm, q + k + scores, backward=EAGER_BACKWARD),
         Work(
             "softmax" + (" and dropout" if m.dropout else ""),
             "elementwise",
             5 * scores // s.act,
             softmax,
         ),
-        Work("attention × V", "attention", pv_mm, scores + v + out),
+        Work("attention × V", "attention", pv_mm, scores + v + out, backward=EAGER_BACKWARD),
     ]
 
 
@@ -422,7 +426,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
     works = [
         elementwise("MoE norm", 2 * norm),
-        gemm("router", s.tokens_sp, s.hidden, s.experts, e),
+        gemm("router", s.tokens_sp, s.hidden, s.experts, e, plan.precision.activations),
         elementwise("token permutation", 2 * rows),
         grouped_gemm(
             "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick, ep
@@ -441,14 +445,24 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     return works
 
 
+EAGER_BACKWARD = 2.0  # eager attention's two products: two batched GEMMs each in backward
+
+
 def backward_of(works: list[Work]) -> list[Work]:
-    """Input and weight gradients: GEMMs twice the forward, flash attention 2.5 times,
-    memory-bound kernels about twice (they read the saved input and the incoming gradient)."""
+    """Input and weight gradients: GEMMs twice the forward, as two kernels of the forward's
+    size (each ramps and starts on its own: one kernel of twice the size reached the
+    efficiency curve further up and paid one start-up, an audit), flash attention 2.5 times
+    in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2),
+    eager attention's products twice as two kernels each (`EAGER_BACKWARD`), memory-bound
+    kernels about twice (they read the saved input and the incoming gradient)."""
     factor = {"matmul": 2.0, "attention": 2.5, "elementwise": 2.0}
-    return [
-        w.scaled(factor[w.kind] if w.backward is None else w.backward, f"{w.name} backward")
-        for w in works
-    ]
+    out = []
+    for w in works:
+        back = w.scaled(factor[w.kind] if w.backward is None else w.backward, f"{w.name} backward")
+        if w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD):
+            back = replace(back, launches=w.launches * 2)
+        out.append(back)
+    return out
 
 
 def grad_accumulation(plan: Plan, params: int) -> list[Work]:
@@ -474,7 +488,9 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     from budget.layers import vocab_rows
 
     vocab = vocab_rows(plan)
-    logits = gemm("output layer", s.tokens, s.hidden, vocab, vocab_operands(plan))
+    logits = gemm(
+        "output layer", s.tokens, s.hidden, vocab, vocab_operands(plan), plan.precision.activations
+    )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
     forward = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
@@ -507,7 +523,9 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
 
 
-def optimizer_work(plan: Plan, params_shard: int, vocab_shard: Any = 0) -> list[Work]:
+def optimizer_work(
+    plan: Plan, params_shard: int, vocab_shard: Any = 0, grads_held: Any = None
+) -> list[Work]:
     """The optimizer step over the parameters this rank updates, as Megatron-LM's
     mixed-precision optimizer runs it (``megatron/core/optimizer/optimizer.py``, ``step``):
 
@@ -520,7 +538,9 @@ def optimizer_work(plan: Plan, params_shard: int, vocab_shard: Any = 0) -> list[
 
     Without a master copy the step updates the parameters in place (read and write). Of
     the shard, `vocab_shard` embedding and output-layer parameters are kept 16-bit under
-    fp8 weights (`vocab_operands`)."""
+    fp8 weights (`vocab_operands`). The gradients zeroed are the buffer the rank holds,
+    `grads_held` (every parameter's under ZeRO-0/1, Megatron-LM's ``zero_grad_buffer``;
+    the shard's by default)."""
     prec = plan.precision
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     if prec.optimizer == "none":
@@ -538,7 +558,8 @@ def optimizer_work(plan: Plan, params_shard: int, vocab_shard: Any = 0) -> list[
     ]
     if master:
         works.append(elementwise("master weights to parameters", master * params_shard + params))
-    works.append(elementwise("zero main gradients", grad * params_shard))
+    held = params_shard if grads_held is None else grads_held
+    works.append(elementwise("zero main gradients", grad * held))
     return works
 
 

@@ -212,6 +212,8 @@ def when(items: list[T], condition: Any) -> list[T]:
                     item.count * mask,
                     backward=item.backward,
                     keys=item.keys,
+                    launches=item.launches,
+                    dtype=item.dtype,
                 )
             )
         else:

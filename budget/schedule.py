@@ -136,9 +136,10 @@ def work_time(plan: Plan, work: Work) -> float:
     # the rate (measured or derived) of the fused kernel the plan names where the device has
     # one (else, like eager attention's two products, on the GEMM curve); the few FLOPs of
     # memory-bound kernels are timed at the bf16 rate.
-    dtype = {"matmul": plan.precision.matmul, "attention": plan.precision.activations}.get(
-        work.kind, "bf16"
-    )
+    dtype = work.dtype or {
+        "matmul": plan.precision.matmul,
+        "attention": plan.precision.activations,
+    }.get(work.kind, "bf16")
     peak = device.peak_flops(dtype)
     if not peak:  # a Plan built without `resolve`, which refuses a format without a peak
         dtype, peak = "bf16", device.peak_flops("bf16")

@@ -1831,12 +1831,14 @@ def _reduce(b: _StageBuilder) -> None:
     shard = updated(p.per_rank, par.dp * par.cp)
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
     vocab = updated(p.vocab_per_rank, par.dp * par.cp)
+    # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above
+    held = vwhere(par.zero >= 2, shard, p.per_rank + p.expert_per_rank)
     b.add(
         "optimizer",
         1,
         gathers,
         [Instant("optimizer step", b.resident)],
-        flops.optimizer_work(plan, shard, vocab),
+        flops.optimizer_work(plan, shard, vocab, held),
     )
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from budget import flops
 from budget.plan.load import load_plan
 from budget.step import derive
@@ -200,3 +202,86 @@ def test_the_optimizer_writes_fp8_weights_but_16_bit_vocabulary_rows():
     assert vocab > 0
     assert bf16 == (4 + 2) * shard
     assert fp8 == 4 * shard + 1 * (shard - vocab) + 2 * vocab
+
+
+def _phase_works(plan, name):
+    from budget.step import derive
+
+    for stage in derive(plan).stages:
+        for phase in stage.phases:
+            if phase.name == name:
+                return phase.works
+    raise AssertionError(name)
+
+
+def test_a_gemm_backward_is_two_kernels_of_the_forward_size():
+    """dgrad and wgrad are two GEMMs of the forward's FLOPs: each ramps on the efficiency
+    curve and starts on its own, so the backward takes twice the forward kernel's time
+    (it was one kernel of twice the size, rated higher on the curve: an audit)."""
+    from budget.plan.load import load_plan
+    from budget.schedule import work_time
+    from tests.plan_files import GPT3
+
+    plan = load_plan(GPT3)
+    (fc1,) = [w for w in _phase_works(plan, "forward.mlp") if w.name == "MLP fc1"]
+    (back,) = [w for w in _phase_works(plan, "backward.mlp") if w.name == "MLP fc1 backward"]
+    assert (back.flops, back.launches) == (2 * fc1.flops, 2.0)
+    assert work_time(plan, back) == pytest.approx(2 * work_time(plan, fc1), rel=1e-12)
+
+
+def test_eager_attention_backward_is_twice_its_forward_flash_two_and_a_half():
+    """Eager attention saves its scores, so its backward is four batched GEMMs, twice the
+    two products' FLOPs; FlashAttention's computes QKᵀ again, 2.5 times (Dao, arXiv
+    2307.08691, section 3.1.2). GPT-3 eager: QKᵀ backward 2 x 1.2885e10 FLOPs a rank."""
+    from dataclasses import replace
+
+    from budget.plan.load import load_plan
+    from tests.plan_files import GPT3
+
+    plan = load_plan(GPT3)
+    eager = replace(plan, model=replace(plan.model, attention="eager"))
+    forward = {w.name: w for w in _phase_works(eager, "forward.attention")}
+    backward = {w.name: w for w in _phase_works(eager, "backward.attention")}
+    qk = forward["attention scores QKᵀ"]
+    assert backward["attention scores QKᵀ backward"].flops == 2 * qk.flops
+    flash = {w.name: w for w in _phase_works(plan, "backward.attention")}
+    core = {w.name: w for w in _phase_works(plan, "forward.attention")}["attention core (flash)"]
+    assert flash["attention core (flash) backward"].flops == round(2.5 * core.flops)
+
+
+def test_fp8_leaves_the_output_layer_and_router_gemms_in_bf16(tmp_path):
+    """Megatron-LM's output layer and MoE router are not Transformer Engine modules: an FP8
+    recipe runs them in bf16, at the bf16 peak and curve (they ran at fp8's: Llama 3 70B's
+    output layer took 1.59 ms a micro-batch where bf16 takes 2.94: an audit)."""
+    from budget.plan.load import load_plan
+    from budget.schedule import work_time
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    fp8 = load_plan(
+        variant(
+            tmp_path,
+            "fp8.yaml",
+            ("  activations: bf16", "  activations: bf16\n  matmul: fp8"),
+            base=base,
+        )
+    )
+    bf16 = load_plan(base)
+    (out8,) = [w for w in _phase_works(fp8, "loss") if w.name == "output layer"]
+    (out16,) = [w for w in _phase_works(bf16, "loss") if w.name == "output layer"]
+    assert out8.dtype == "bf16" and out8.flops == out16.flops
+    # at bf16's rate: the same time but for the fp8 activations' bytes it reads
+    assert work_time(fp8, out8) == pytest.approx(work_time(bf16, out16), rel=0.02)
+    (fc1,) = [w for w in _phase_works(fp8, "forward.mlp") if w.name == "MLP fc1"]
+    assert fc1.dtype is None  # a Transformer Engine module: precision.matmul, fp8
+
+
+def test_the_optimizer_zeroes_the_gradient_buffer_the_rank_holds():
+    """Under ZeRO-1 the rank keeps every parameter's fp32 gradient and zero_grad_buffer
+    clears all of it, not the optimizer's shard: gpt-1.3b at dp 8, 4 x 1,315,819,520 B."""
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT
+
+    plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    (zero,) = [w for w in _phase_works(plan, "optimizer") if w.name == "zero main gradients"]
+    assert zero.bytes == 4 * 1_315_819_520
