@@ -121,6 +121,11 @@ def test_syntax_error_has_a_position() -> None:
             "values (strings, numbers, booleans, lists and mappings)",
         ),
         ("a: 1.0e+400\n", "p.yaml:1:4: error: $.a: 1.0e+400 is not a finite number"),
+        (  # the tag alone: not also "this file holds nothing" (a user audit)
+            "!!python/object/apply:os.system [ls]\n",
+            "p.yaml:1:1: error: $: the tag !!python/object/apply:os.system is not allowed in a "
+            "plan; use plain YAML values (strings, numbers, booleans, lists and mappings)",
+        ),
         (
             "a: 012\n",  # YAML 1.1 octal: layers: 012 was read as 10 layers
             "p.yaml:1:4: error: $.a: 012 is read by YAML 1.1 as the octal number 10; write "

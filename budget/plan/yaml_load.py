@@ -404,6 +404,8 @@ def load_yaml(text: str, file: str) -> Loaded:
     finally:
         loader.dispose()
     root = builder.root
+    if root is None and "$" in builder.refused:  # the whole file was refused (a tag): said
+        return Loaded(None, builder.marks, tuple(builder.problems))
     if not isinstance(root, dict):
         kind = "nothing" if root is None else f"a {_kind(root)}"
         builder.problem(
