@@ -111,6 +111,8 @@ def plan_value(key: str, value: Value) -> str:
             return format_rate(value)
         if leaf in ("latency", "kernel_startup"):
             return format_duration(value)
+        if leaf.endswith("efficiency") and isinstance(value, float):
+            return f"{value:.1%}"  # a fraction of a peak, as `budget presets` shows it
         return f"{value:,}" if isinstance(value, int) else f"{value:g}"
     return str(value)
 
