@@ -243,16 +243,26 @@ def _windows(
     stage: StageStep, kernels: list[dict[str, float]], microbatches: int
 ) -> dict[str, float]:
     """Compute seconds of one micro-batch's forward and backward on this stage (the
-    windows of the bucketed dp overlaps)."""
+    windows of the bucketed dp overlaps). The loss and multi-token prediction phases run
+    their forward and their backward kernels: only the forward ones are forward (the
+    parameters gathered behind the forward are all in use before the output layer's
+    backward, an audit); their backward ones come before any layer's gradients, so they
+    are no part of the window the gradient reduction hides behind either."""
     forward = backward = 0.0
     for phase, seconds in zip(stage.phases, kernels, strict=True):
         per_mb = phase.count / microbatches
-        total = sum(seconds.values())
         if phase.name in FORWARD_PHASES:
-            forward += total * per_mb
+            ahead = (t for name, t in seconds.items() if not _backward_kernel(name))
+            forward += sum(ahead) * per_mb
         elif phase.name in BACKWARD_PHASES:
-            backward += total * per_mb
+            backward += sum(seconds.values()) * per_mb
     return {"@forward-microbatch": forward, "@backward-microbatch": backward}
+
+
+def _backward_kernel(name: str) -> bool:
+    """A kernel of a phase's backward (`flops.backward_of` names them so; the main-gradient
+    accumulation follows the weight gradients)."""
+    return name.endswith(" backward") or name == "main-grad accumulation"
 
 
 Pricer = Callable[[Plan, Move], CollectiveCost]

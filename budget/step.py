@@ -180,7 +180,9 @@ def _tp_moves(
     def move(name: str, op: Op, src: Placement, dst: Placement, size: Any = full) -> Move:
         return Move(f"{block} {name}", op, "tp", par.tp, dtype, size, str(src), str(dst))
 
-    def forward(m: Move, gemm: str, chunks: int = 0) -> Move:
+    ring = (par.tp - 1) / par.tp
+
+    def forward(m: Move, gemm: str, chunks: int = 0, portion: float = 1.0) -> Move:
         if not gemm:
             return replace(m, rule="tp forward: exposed, no GEMM to overlap with")
         if chunks:  # pipelined: GEMM chunk i+1 hides chunk i's collective; the last waits
@@ -189,7 +191,10 @@ def _tp_moves(
                 "each its own collective (the last one exposed)"
             )
             return hide(m, gemm, "tp", rule, share=(chunks - 1) / chunks, chunks=chunks)
-        return hide(m, gemm, "tp", "tp: exposed unless overlap.tp hides it behind its GEMM")
+        # ring exchange: tp - 1 transfers beside tp GEMM chunks, the last chunk's GEMM with
+        # nothing left to receive (it was given the whole GEMM: an audit)
+        rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
+        return hide(m, gemm, "tp", rule, share=ring * portion)
 
     wgrad = f"{column} backward"
     sp = holds(par.sequence_parallel)
@@ -199,11 +204,11 @@ def _tp_moves(
         wg = "tp backward: overlaps the weight-gradient GEMM"
         again = move(f"{into} again, for weight grad", "all-gather", shard(0), REPLICATE, into_size)
         sp_moves = []
-        if row:
+        if row:  # Transformer Engine's ub_overlap_ag_dgrad: beside the dgrad GEMM only, as
+            # the wgrad GEMM reads what it gathers
+            gathered = move("output gradient", "all-gather", shard(0), REPLICATE)
             sp_moves.append(
-                forward(
-                    move("output gradient", "all-gather", shard(0), REPLICATE), f"{row} backward"
-                )
+                replace(forward(gathered, f"{row} backward", portion=0.5), part="input gradient")
             )
         regather = hide(again, wgrad, "", "tp backward: overlaps the input-gradient GEMM", 0.5)
         sp_moves += [replace(regather, part="input gradient"), hide(rs, wgrad, "", wg, share=0.5)]
@@ -965,7 +970,9 @@ def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     return flops.grad_accumulation(plan, layer.params[block])
 
 
-def _zero3_moves(plan: Plan, layer: _Layer, block: str, backward: bool) -> list[Move]:
+def _zero3_moves(
+    plan: Plan, layer: _Layer, block: str, backward: bool, last_of: Any = 0
+) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
     weights over the expert data-parallel group. With `overlap.param_gather` the next
@@ -1006,6 +1013,10 @@ def _zero3_moves(plan: Plan, layer: _Layer, block: str, backward: bool) -> list[
                 "partial",
                 "shard(0)",
             )
+            # the stage's first block (of `last_of` such blocks) is the backward's last:
+            # its reduce-scatter has no block behind it, and FSDP waits for it as the
+            # micro-batch's backward ends (DESIGN rule 6: the last bucket is exposed)
+            floor = vwhere(last_of > 0, 1 / vmax(last_of, 1), 0.0)
             moves.append(
                 hide(
                     grads,
@@ -1013,6 +1024,7 @@ def _zero3_moves(plan: Plan, layer: _Layer, block: str, backward: bool) -> list[
                     "dp_grads",
                     "ZeRO-3 gradient reduce-scatter: "
                     "exposed unless overlap.dp_grads runs it behind the next block",
+                    floor=floor,
                 )
             )
     return when(moves, plan.parallel.zero == 3)
@@ -1588,7 +1600,7 @@ def _backward(b: _StageBuilder) -> None:
         again
         + attention_tp_moves(plan, s, True)
         + _cp_moves(plan, s, True)
-        + _zero3_moves(plan, b.layer, "attention", True),
+        + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
         [
             Instant(
                 "attention core gradients",

@@ -427,3 +427,79 @@ def test_chunk_0_carries_its_own_layers_when_the_split_is_uneven():
     root = sum(n for name, n in params.parts if "embedding" in name)
     per_layer = (params.per_rank - root) / 12
     assert move.last_part == pytest.approx((10 * per_layer + root) / params.per_rank)
+
+
+def test_tp_ring_exchange_hides_behind_all_but_the_last_gemm_chunk(tmp_path):
+    """Transformer Engine's ring exchange runs tp - 1 transfers beside tp GEMM chunks, the
+    last chunk with nothing to receive: (tp - 1)/tp of the column-parallel GEMM hides the
+    input's all-gather (it was the whole GEMM). The output gradient's all-gather overlaps
+    the dgrad GEMM only (ub_overlap_ag_dgrad), as the wgrad GEMM reads what it gathers: half
+    of the row-parallel layer's backward, by ring. An audit of the overlap rules."""
+    from budget.plan.load import load_plan
+    from budget.step import derive
+    from tests.plan_files import ROOT
+
+    path = tmp_path / "tp.yaml"
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    path.write_text(text + "overlap: {tp: true}\n", encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.overlap.tp and plan.parallel.tp == 8
+    moves = {(p.name, m.name): m for p in derive(plan).stages[0].phases for m in p.moves}
+    gather = moves["forward.attention", "attention input"]
+    assert (gather.window, gather.share) == ("QKV projection", 7 / 8)
+    grad = moves["backward.attention", "attention output gradient"]
+    assert (grad.window, grad.share, grad.part) == (
+        "attention output projection backward",
+        7 / 16,
+        "input gradient",
+    )
+
+
+def test_zero3_last_block_reduce_scatter_of_a_micro_batch_is_exposed(tmp_path):
+    """Under ZeRO-3 with overlap.dp_grads each block's gradients reduce behind the next
+    block's backward, but the stage's first attention block is the backward's last: nothing
+    follows it, and FSDP waits for it. One of the stage's L attention reduce-scatters a
+    micro-batch is exposed: a floor of 1/L on each (DESIGN rule 6, last bucket exposed)."""
+    from budget.plan.load import load_plan
+    from budget.step import derive
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    path = variant(tmp_path, "z3.yaml", ("zero: 1", "zero: 3"), base=base)
+    path.write_text(
+        path.read_text(encoding="utf-8") + "overlap: {dp_grads: true}\n", encoding="utf-8"
+    )
+    (stage,) = derive(load_plan(path)).stages
+    (phase,) = [p for p in stage.phases if p.name == "backward.attention"]
+    (grads,) = [m for m in phase.moves if m.name == "attention gradients"]
+    assert grads.floor == 1 / 24
+    (mlp,) = [p for p in stage.phases if p.name == "backward.mlp"]
+    assert [m.floor for m in mlp.moves if m.name == "mlp gradients"] == [0.0]
+
+
+def test_the_forward_window_leaves_out_the_loss_phases_backward_kernels():
+    """The loss phase runs the output layer's forward and backward: only its forward
+    kernels are part of the forward a parameter gather hides behind (the gathered
+    parameters are all in use before the output layer's backward; an audit)."""
+    from budget.plan.load import load_plan
+    from budget.schedule import _kernels, _windows
+    from budget.step import derive
+    from tests.plan_files import ROOT
+
+    plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    step = derive(plan)
+    (stage,) = step.stages
+    kernels = _kernels(plan, stage)
+    windows = _windows(stage, kernels, step.microbatches)
+    forward = 0.0
+    for phase, seconds in zip(stage.phases, kernels, strict=True):
+        if phase.name.startswith("forward.") or phase.name == "loss":
+            kept = [
+                t
+                for n, t in seconds.items()
+                if not n.endswith(" backward") and n != "main-grad accumulation"
+            ]
+            forward += sum(kept) * phase.count / step.microbatches
+    loss = next(s for p, s in zip(stage.phases, kernels, strict=True) if p.name == "loss")
+    assert any(n.endswith(" backward") for n in loss)
+    assert windows["@forward-microbatch"] == pytest.approx(forward, rel=1e-12)
