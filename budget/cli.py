@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -218,29 +218,24 @@ def plot_command(
     print(f"{plan}: wrote {output}")
 
 
+def _listed(help: str) -> Any:
+    """A search option taking values as a list or a range (`search.parse_values`)."""
+    return typer.Option(metavar="<list>", help=help)
+
+
 @app.command("search")
 def search_command(
     plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
     gpus: Annotated[int | None, typer.Option(help="GPUs to lay out (default: the plan's).")] = None,
-    tp: Annotated[
-        str | None, typer.Option(metavar="<list>", help="Tensor parallel sizes: 4,8 or 1..8.")
-    ] = None,
-    pp: Annotated[str | None, typer.Option(metavar="<list>", help="Pipeline depths.")] = None,
-    cp: Annotated[
-        str | None, typer.Option(metavar="<list>", help="Context parallel sizes.")
-    ] = None,
-    ep: Annotated[str | None, typer.Option(metavar="<list>", help="Expert parallel sizes.")] = None,
-    zero: Annotated[str, typer.Option(metavar="<list>", help="ZeRO stages.")] = "0..3",
-    micro: Annotated[str | None, typer.Option(metavar="<list>", help="Micro-batch sizes.")] = None,
-    virtual_stages: Annotated[
-        str, typer.Option(metavar="<list>", help="Virtual pipeline stages.")
-    ] = "1,2,4",
-    recompute: Annotated[
-        str, typer.Option(metavar="<list>", help="Recompute: none,selective,full.")
-    ] = "none,selective,full",
-    sp: Annotated[
-        str, typer.Option(metavar="<list>", help="Sequence parallelism: true,false.")
-    ] = "false,true",
+    tp: Annotated[str | None, _listed("Tensor parallel sizes: 4,8 or 1..8.")] = None,
+    pp: Annotated[str | None, _listed("Pipeline depths.")] = None,
+    cp: Annotated[str | None, _listed("Context parallel sizes.")] = None,
+    ep: Annotated[str | None, _listed("Expert parallel sizes.")] = None,
+    zero: Annotated[str, _listed("ZeRO stages.")] = "0..3",
+    micro: Annotated[str | None, _listed("Micro-batch sizes.")] = None,
+    virtual_stages: Annotated[str, _listed("Virtual pipeline stages.")] = "1,2,4",
+    recompute: Annotated[str, _listed("Recompute: none,selective,full.")] = "none,selective,full",
+    sp: Annotated[str, _listed("Sequence parallelism: true,false.")] = "false,true",
     objective: Annotated[
         str, typer.Option(metavar="<time|memory|tokens-per-s>", help="What to rank by.")
     ] = "time",
