@@ -100,6 +100,13 @@ def vocab_operands(plan: Plan) -> Operands:
     return Operands(e.activations, max(e.weights, VOCAB_WEIGHT_BYTES))
 
 
+def outside_fp8(plan: Plan) -> str | None:
+    """The format a GEMM outside Transformer Engine's modules (Megatron-LM's output layer,
+    the MoE router) runs in: the activations' under an FP8 recipe, which applies to TE's
+    modules only; else None, `precision.matmul` like every GEMM (`Work.dtype`)."""
+    return plan.precision.activations if plan.precision.matmul == "fp8" else None
+
+
 def _split(elem: int | Operands) -> tuple[int, int]:
     return (elem.activations, elem.weights) if isinstance(elem, Operands) else (elem, elem)
 
@@ -426,7 +433,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
     works = [
         elementwise("MoE norm", 2 * norm),
-        gemm("router", s.tokens_sp, s.hidden, s.experts, e, plan.precision.activations),
+        gemm("router", s.tokens_sp, s.hidden, s.experts, e, outside_fp8(plan)),
         elementwise("token permutation", 2 * rows),
         grouped_gemm(
             "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick, ep
@@ -489,7 +496,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 
     vocab = vocab_rows(plan)
     logits = gemm(
-        "output layer", s.tokens, s.hidden, vocab, vocab_operands(plan), plan.precision.activations
+        "output layer", s.tokens, s.hidden, vocab, vocab_operands(plan), outside_fp8(plan)
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)

@@ -123,6 +123,8 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
 
 
 RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`_tp_moves`)
+# a transition naming one of these runs once per micro-batch (serving: per pass)
+WHOLE_PASSES = ("forward", "backward", "prefill", "decode")
 
 
 def _tp_moves(
@@ -606,7 +608,7 @@ def _attention_spent(plan: Plan, s: Shapes) -> list[str]:
     the output projection's input, the core's (Q, K, V and its statistics or scores), the
     Q/K norms' input and a sandwich norm's."""
     names = ["attention Q", "attention K", "attention V", "attention Q/K norm input"]
-    names += ["attention projection input", "attention dropout mask"]
+    names += ["attention projection input", "attention dropout mask", "attention scores gradient"]
     return names + [a.name for a in core_attention(plan, s) + post_norm_input(plan, s, "attention")]
 
 
@@ -1578,6 +1580,9 @@ def _backward(b: _StageBuilder) -> None:
         score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
         recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
         recomputed += when(_working(b.layer.core, "recomputed"), plan.recompute == "selective")
+    # the layer's MLP or MoE block has run its backward: its saved tensors are freed (the
+    # rule of the MLP's instants; they were held through the attention's: a review)
+    ffn_spent = [a.name for a in b.layer.mlp + b.layer.moe]
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
@@ -1604,12 +1609,12 @@ def _backward(b: _StageBuilder) -> None:
         [
             Instant(
                 "attention core gradients",
-                tuple(
-                    saved
-                    + recomputed
-                    + [grad_out, qkv_grad]
-                    + _cp_buffers(plan, s, backward=True)
-                    + bucket("attention", b.ffn_blocks)
+                (
+                    *_spent(saved + recomputed, ffn_spent),
+                    grad_out,
+                    qkv_grad,
+                    *_cp_buffers(plan, s, backward=True),
+                    *bucket("attention", b.ffn_blocks),
                 ),
             ),
             # the QKV projection's backward, as fc1's: the core's and the output
@@ -1618,7 +1623,7 @@ def _backward(b: _StageBuilder) -> None:
             Instant(
                 "QKV weight and input gradients",
                 (
-                    *_spent(saved + recomputed, _attention_spent(plan, s)),
+                    *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
                     *when([_full(s, "QKV input (re-gathered for weight grad)")], sp),
@@ -1959,6 +1964,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     }
     problems: list[Problem] = []
     stages = []
+    # a training pass runs once per micro-batch; serving runs one prefill and its decode
+    # passes as instances of its phases (`inference.decode_passes`)
+    decodes = next((p.count for p in step.stages[0].phases if p.name == "decode.embedding"), 1)
+    m = step.microbatches
+    pass_runs = {"forward": m, "backward": m, "prefill": 1, "decode": decodes}
     for st in step.stages:
         phases = list(st.phases)
         passes: list[Phase] = []
@@ -2002,13 +2012,12 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 str(dst),
                 rule=f"{HAND_WRITTEN}: exposed",
             )
-            if phase.name == tr.phase:
+            if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in a phase of its own
+                runs = tr.count * pass_runs[tr.phase]
+                passes.append(Phase(f"{tr.phase}: {tr.name}", runs, (move,)))
+            else:  # a phase, named whole or by a prefix of its name (dp → dp.grads)
                 phases[target] = replace(
                     phases[target], moves=(*phase.moves, replace(move, count=tr.count))
-                )
-            else:  # a whole pass: once per micro-batch, in a phase of its own
-                passes.append(
-                    Phase(f"{tr.phase}: {tr.name}", tr.count * step.microbatches, (move,))
                 )
         stages.append(replace(st, phases=(*phases, *passes)))
     known = list(dict.fromkeys(p.name for st in step.stages for p in st.phases))

@@ -285,3 +285,18 @@ def test_the_optimizer_zeroes_the_gradient_buffer_the_rank_holds():
     plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
     (zero,) = [w for w in _phase_works(plan, "optimizer") if w.name == "zero main gradients"]
     assert zero.bytes == 4 * 1_315_819_520
+
+
+def test_without_fp8_the_output_layer_runs_in_the_plans_matmul_format(tmp_path):
+    """Only an FP8 recipe leaves the output layer outside its format; a tf32 plan's output
+    layer runs at tf32 like its other GEMMs (it ran at fp32's 19.5 TFLOP/s: a review)."""
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    path = variant(
+        tmp_path, "tf32.yaml", ("activations: bf16", "activations: fp32\n  matmul: tf32"), base=base
+    )
+    plan = load_plan(path)
+    (out,) = [w for w in _phase_works(plan, "loss") if w.name == "output layer"]
+    assert out.dtype is None

@@ -535,8 +535,9 @@ def _peak_bucket(path) -> int:
 def test_zero2_bucket_of_an_moe_layer_is_that_layers_gradients(tmp_path):
     """ZeRO-2's bucket holds one layer's gradients before their reduce-scatter. Mixtral's
     layers are all MoE: 21,012,480 non-expert parameters a rank (attention, norms, router),
-    its experts not in it, as ep 8 over tp 8 leaves one expert data-parallel rank; fp32:
-    84,049,920 bytes (it was a dense layer's, 436,240,384, an MLP Mixtral does not have).
+    its experts not in it, as ep 8 x etp 2 over tp 2 x dp 8 leaves one expert
+    data-parallel rank; fp32: 84,049,920 bytes (it was a dense layer's, 436,240,384, an
+    MLP Mixtral does not have).
     DeepSeekMoE 16B at ep 8 keeps two expert data-parallel ranks, so its bucket also holds
     the layer's experts: 4 · (34,213,888 + 69,206,016) = 413,679,616 bytes."""
     from tests.plan_files import ROOT, variant

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from budget.cli import app, route
@@ -169,3 +170,35 @@ def test_a_transition_on_the_pipeline_group_runs_over_every_stage(tmp_path):
     (move,) = [c for p in report.phases for c in p.collectives if c.name == "ppx"]
     assert (move.ranks, move.steps, move.sent_bytes) == (4, 6, 100_663_296)
     assert abs(move.time_s - (6 * 14e-6 + 100_663_296 / 47e9)) < 1e-9
+
+
+def test_a_prefix_names_its_phase_and_a_serving_pass_counts_in_its_latency(tmp_path):
+    """`phase: dp` names dp.grads by its prefix and runs there once a step (it became a
+    per-micro-batch phase of its own, +1.53 s on GPT-3: a review); a decode transition
+    runs once per decode pass and is part of the time per output token."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT
+
+    extra = (
+        "transitions:\n  - {name: x, phase: dp, tensor: {shape: [4096, 8192], dtype: fp32}, "
+        "group: dp, from: partial, to: replicate}\n"
+    )
+    report = build_report(load_plan(_plan(tmp_path, extra)))
+    (dp,) = [p for p in report.phases if p.name == "dp.grads"]
+    (move,) = [c for c in dp.collectives if c.name == "x"]
+    assert move.count == 1
+    plain = budget_plan(GPT3).step["time_s"]
+    assert report.step["time_s"] - plain == pytest.approx(move.time_s, rel=1e-6)
+    decode = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8") + (
+        "transitions:\n  - {name: y, phase: decode, tensor: {shape: [32, 8192], dtype: bf16}, "
+        "group: tp, from: partial, to: replicate}\n"
+    )
+    path = tmp_path / "decode.yaml"
+    path.write_text(decode, encoding="utf-8")
+    served = build_report(load_plan(path))
+    (phase,) = [p for p in served.phases if p.name == "decode: y"]
+    (move,) = phase.collectives
+    assert phase.count == 511  # one per decode pass: 512 generated tokens, the first from prefill
+    base = budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml").step["decode_token_s"]
+    assert served.step["decode_token_s"] - base == pytest.approx(move.time_s, rel=1e-6)
