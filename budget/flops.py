@@ -52,13 +52,15 @@ class Work:
     # activations' format (`vocab_operands`)
     dtype: str | None = None
 
-    def scaled(self, factor: float, name: str | None = None) -> Work:
-        """The same kernel with `factor` times the FLOPs and bytes (every other field kept)."""
+    def scaled(self, factor: float, name: str | None = None, launches: Any = None) -> Work:
+        """The same kernel with `factor` times the FLOPs and bytes (every other field kept,
+        or `launches` where given)."""
         return replace(
             self,
             name=name or self.name,
             flops=vround(self.flops * factor),
             bytes=vround(self.bytes * factor),
+            launches=self.launches if launches is None else launches,
         )
 
 
@@ -465,10 +467,9 @@ def backward_of(works: list[Work]) -> list[Work]:
     factor = {"matmul": 2.0, "attention": 2.5, "elementwise": 2.0}
     out = []
     for w in works:
-        back = w.scaled(factor[w.kind] if w.backward is None else w.backward, f"{w.name} backward")
-        if w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD):
-            back = replace(back, launches=w.launches * 2)
-        out.append(back)
+        two = w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD)
+        each = factor[w.kind] if w.backward is None else w.backward
+        out.append(w.scaled(each, f"{w.name} backward", w.launches * 2 if two else None))
     return out
 
 
