@@ -19,7 +19,15 @@ from budget.report import (
     StageRow,
     TimelinePoint,
 )
-from budget.schedule import PhaseTime, StepTime, TimedMove, can_time, paced_by, step_time
+from budget.schedule import (
+    PhaseTime,
+    StepTime,
+    TimedMove,
+    can_time,
+    paced_by,
+    pass_of,
+    step_time,
+)
 from budget.step import derive
 
 
@@ -131,7 +139,7 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
     # sort is stable: the last stage's output stays after the first stage's layers)
     names.sort(
         key=lambda n: (
-            (0, PHASE_ORDER.index(n)) if n in PHASE_ORDER else (1, not n.startswith("prefill."))
+            (0, PHASE_ORDER.index(n)) if n in PHASE_ORDER else (1, pass_of(n) != "prefill")
         )
     )
     rows = []

@@ -342,7 +342,7 @@ def time_phase(
     )
 
 
-def _pass_of(name: str) -> str:
+def pass_of(name: str) -> str:
     """The pass a phase belongs to: "decode" of decode.attention and of a hand-written
     transition's "decode: NAME" (`step._with_transitions`)."""
     return name.split(":")[0].split(".")[0]
@@ -372,8 +372,8 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
         )
         stages.append(StageTime(stage.stage, phases, sum(_busy(p) for p in phases), 0.0))
     b, m = plan.batch, plan.model
-    ttft = sum(_busy(p) for s in stages for p in s.phases if _pass_of(p.name) == "prefill")
-    decode = sum(_busy(p) for s in stages for p in s.phases if _pass_of(p.name) == "decode")
+    ttft = sum(_busy(p) for s in stages for p in s.phases if pass_of(p.name) == "prefill")
+    decode = sum(_busy(p) for s in stages for p in s.phases if pass_of(p.name) == "decode")
     passes = decode_passes(plan)
     per_token = decode / passes if plan.mode == "decode" and passes > 0 else None
     n, logits = 2 * serving_params(plan), 2 * m.vocab * m.hidden
