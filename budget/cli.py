@@ -63,52 +63,44 @@ FormatOption = Annotated[
         "--format", "-f", case_sensitive=False, help="Output format: table, json or markdown."
     ),
 ]
+
+
+def _option(metavar: str, help: str, *names: str) -> Any:
+    """A typer option that says what it takes (`metavar`: <time>, <size|percent>) where
+    typer would print the Python type, <str>."""
+    return typer.Option(*names, metavar=metavar, help=help)
+
+
 # The limits `budget check` gates on and `budget search` ranks within (`check.parse_limits`).
 HeadroomOption = Annotated[
     str | None,
-    typer.Option(
-        metavar="<size|percent>",
-        help="Free memory the worst stage must keep: 5% of capacity or 4GiB.",
-    ),
+    _option("<size|percent>", "Free memory the worst stage must keep: 5% of capacity or 4GiB."),
 ]
 MaxExposedOption = Annotated[
     str | None,
-    typer.Option(
-        metavar="<percent>",
-        help="Most of the step in exposed communication, e.g. 20% (a serving plan: of the "
-        "whole run, prefill and decode).",
+    _option(
+        "<percent>",
+        "Most of the step in exposed communication, e.g. 20% (a serving plan: of the whole run, "
+        "prefill and decode).",
     ),
 ]
 MaxStepOption = Annotated[
-    str | None,
-    typer.Option(
-        metavar="<time>", help="Longest step time, e.g. 12s (a serving plan: the whole run)."
-    ),
+    str | None, _option("<time>", "Longest step time, e.g. 12s (a serving plan: the whole run).")
 ]
 MaxTtftOption = Annotated[
     str | None,
-    typer.Option(
-        metavar="<time>",
-        help="Longest time to first token of a serving plan, e.g. 2s (the prefill).",
-    ),
+    _option("<time>", "Longest time to first token of a serving plan, e.g. 2s (the prefill)."),
 ]
 MaxTpotOption = Annotated[
-    str | None,
-    typer.Option(
-        metavar="<time>", help="Longest time per output token of a decode plan, e.g. 20ms."
-    ),
+    str | None, _option("<time>", "Longest time per output token of a decode plan, e.g. 20ms.")
 ]
 # budget search sweeps training layouts only: its limits say nothing of serving runs
 SearchExposedOption = Annotated[
     str | None,
-    typer.Option(
-        "--max-exposed",
-        metavar="<percent>",
-        help="Most of the step in exposed communication, e.g. 20%.",
-    ),
+    _option("<percent>", "Most of the step in exposed communication, e.g. 20%.", "--max-exposed"),
 ]
 SearchStepOption = Annotated[
-    str | None, typer.Option("--max-step", metavar="<time>", help="Longest step time, e.g. 12s.")
+    str | None, _option("<time>", "Longest step time, e.g. 12s.", "--max-step")
 ]
 
 
@@ -197,9 +189,7 @@ def diff_command(
 @app.command("plot")
 def plot_command(
     plan: Annotated[Path, typer.Argument(help="The plan to draw (YAML).")],
-    output: Annotated[
-        Path, typer.Option("--output", "-o", metavar="<file>", help="FILE.png or FILE.svg.")
-    ],
+    output: Annotated[Path, _option("<file>", "FILE.png or FILE.svg.", "--output", "-o")],
 ) -> None:
     """Picture: the worst stage's memory over the step, and exposed vs hidden communication
     per phase (needs matplotlib: pip install 'budget[plot]')."""
@@ -218,31 +208,24 @@ def plot_command(
     print(f"{plan}: wrote {output}")
 
 
-def _listed(help: str) -> Any:
-    """A search option taking values as a list or a range (`search.parse_values`)."""
-    return typer.Option(metavar="<list>", help=help)
-
-
 @app.command("search")
 def search_command(
     plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
     gpus: Annotated[int | None, typer.Option(help="GPUs to lay out (default: the plan's).")] = None,
-    tp: Annotated[str | None, _listed("Tensor parallel sizes: 4,8 or 1..8.")] = None,
-    pp: Annotated[str | None, _listed("Pipeline depths.")] = None,
-    cp: Annotated[str | None, _listed("Context parallel sizes.")] = None,
-    ep: Annotated[str | None, _listed("Expert parallel sizes.")] = None,
-    zero: Annotated[str, _listed("ZeRO stages.")] = "0..3",
-    micro: Annotated[str | None, _listed("Micro-batch sizes.")] = None,
-    virtual_stages: Annotated[str, _listed("Virtual pipeline stages.")] = "1,2,4",
-    recompute: Annotated[str, _listed("Recompute: none,selective,full.")] = "none,selective,full",
-    sp: Annotated[str, _listed("Sequence parallelism: true,false.")] = "false,true",
-    objective: Annotated[
-        str, typer.Option(metavar="<time|memory|tokens-per-s>", help="What to rank by.")
-    ] = "time",
+    tp: Annotated[str | None, _option("<list>", "Tensor parallel sizes: 4,8 or 1..8.")] = None,
+    pp: Annotated[str | None, _option("<list>", "Pipeline depths.")] = None,
+    cp: Annotated[str | None, _option("<list>", "Context parallel sizes.")] = None,
+    ep: Annotated[str | None, _option("<list>", "Expert parallel sizes.")] = None,
+    zero: Annotated[str, _option("<list>", "ZeRO stages.")] = "0..3",
+    micro: Annotated[str | None, _option("<list>", "Micro-batch sizes.")] = None,
+    virtual_stages: Annotated[str, _option("<list>", "Virtual pipeline stages.")] = "1,2,4",
+    recompute: Annotated[
+        str, _option("<list>", "Recompute: none,selective,full.")
+    ] = "none,selective,full",
+    sp: Annotated[str, _option("<list>", "Sequence parallelism: true,false.")] = "false,true",
+    objective: Annotated[str, _option("<time|memory|tokens-per-s>", "What to rank by.")] = "time",
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
-    write: Annotated[
-        Path | None, typer.Option(metavar="<file>", help="Write the best layout as a plan.")
-    ] = None,
+    write: Annotated[Path | None, _option("<file>", "Write the best layout as a plan.")] = None,
     headroom: HeadroomOption = None,
     max_exposed: SearchExposedOption = None,
     max_step: SearchStepOption = None,
@@ -319,37 +302,30 @@ def collective_command(
         ),
     ],
     ranks: Annotated[int | None, typer.Option(help="Group size P.")] = None,
-    size: Annotated[
-        str, typer.Option(metavar="<size>", help="Full logical tensor size S, e.g. 1GiB.")
-    ] = "",
+    size: Annotated[str, _option("<size>", "Full logical tensor size S, e.g. 1GiB.")] = "",
     bandwidth: Annotated[
-        str | None, typer.Option(metavar="<rate>", help="Per-rank link bandwidth, e.g. 450GB/s.")
+        str | None, _option("<rate>", "Per-rank link bandwidth, e.g. 450GB/s.")
     ] = None,
-    latency: Annotated[
-        str | None, typer.Option(metavar="<time>", help="Latency per phase, e.g. 1us.")
-    ] = None,
+    latency: Annotated[str | None, _option("<time>", "Latency per phase, e.g. 1us.")] = None,
     level: Annotated[
         list[str] | None,
-        typer.Option(
-            metavar="<size:rate:time>",
-            help="SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level.",
-        ),
+        _option("<size:rate:time>", "SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level."),
     ] = None,
     algorithm: Annotated[
         str | None,
-        typer.Option(
-            metavar="<name>",
-            help="ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the "
-            "cheapest the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
+        _option(
+            "<name>",
+            "ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the cheapest "
+            "the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
             "hierarchical over two or more --level.",
         ),
     ] = None,
     ramp: Annotated[
         str | None,
-        typer.Option(
-            metavar="<name>",
-            help="Measured bandwidth ramp of the (innermost) link by message size: nvlink3 "
-            "or nvlink4, as the topology presets' NVLink levels carry; none (the default).",
+        _option(
+            "<name>",
+            "Measured bandwidth ramp of the (innermost) link by message size: nvlink3 or "
+            "nvlink4, as the topology presets' NVLink levels carry; none (the default).",
         ),
     ] = None,
     fmt: FormatOption = Format.table,
@@ -368,12 +344,8 @@ def collective_command(
 @app.command("roofline")
 def roofline_command(
     intensity: Annotated[float, typer.Option(help="Arithmetic intensity, FLOP/byte.")],
-    bandwidth: Annotated[
-        str, typer.Option(metavar="<rate>", help="Memory bandwidth, e.g. 80GB/s.")
-    ],
-    peak: Annotated[
-        str, typer.Option(metavar="<flop/s>", help="Compute ceiling, e.g. 1000GFLOP/s.")
-    ],
+    bandwidth: Annotated[str, _option("<rate>", "Memory bandwidth, e.g. 80GB/s.")],
+    peak: Annotated[str, _option("<flop/s>", "Compute ceiling, e.g. 1000GFLOP/s.")],
     fmt: FormatOption = Format.table,
 ) -> None:
     """Attainable FLOP/s = min(peak, intensity x bandwidth), and which ceiling binds."""
