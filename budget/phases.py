@@ -19,10 +19,10 @@ from budget.vector import holds
 
 MoveGroup = GroupKind | Literal["etp", "edp"]  # expert tensor- and data-parallel groups
 
-# The phases of a training step in the order they run; every phase before "dp.grads" repeats
-# per micro-batch, the rest run once per step after the last backward.
 HAND_WRITTEN = "hand-written transition"  # the rule of a plan's own `transitions:` moves
 
+# The phases of a training step in the order they run; every phase before "dp.grads" repeats
+# per micro-batch, the rest run once per step after the last backward.
 PHASE_ORDER: tuple[str, ...] = (
     "forward.embedding",
     "forward.attention",

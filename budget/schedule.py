@@ -62,7 +62,13 @@ MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 def per_microbatch(name: str) -> bool:
     """A phase that runs within each micro-batch: a built-in one, or a hand-written
     transition on a whole pass ("forward: NAME", `step._with_transitions`)."""
-    return name in MICROBATCH_PHASES or name.split(": ")[0] in ("forward", "backward")
+    return name in MICROBATCH_PHASES or pass_of(name) in ("forward", "backward")
+
+
+def pass_of(name: str) -> str:
+    """The pass a phase belongs to: "decode" of decode.attention and of a hand-written
+    transition's "decode: NAME" (`step._with_transitions`)."""
+    return name.split(":")[0].split(".")[0]
 
 
 FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "mtp", "loss")
@@ -340,12 +346,6 @@ def time_phase(
         moves=tuple(timed),
         slowdown_s=slowdown,
     )
-
-
-def pass_of(name: str) -> str:
-    """The pass a phase belongs to: "decode" of decode.attention and of a hand-written
-    transition's "decode: NAME" (`step._with_transitions`)."""
-    return name.split(":")[0].split(".")[0]
 
 
 def _busy(p: PhaseTime) -> float:

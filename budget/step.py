@@ -368,13 +368,7 @@ class _StageBuilder:
     @cached_property
     def saved_in_flight(self) -> int:
         """Activation bytes the micro-batches in flight leave saved on this stage."""
-        layer = self.layer
-        dense, moe = self.flight_passes
-        by_chunk = vround(
-            (dense + moe) * _total(layer.attention)
-            + dense * _total(layer.mlp)
-            + moe * _total(layer.moe)
-        )
+        by_chunk = vround(_saved_by(self.layer, *self.flight_passes))
         by_stage = vround(self.in_flight * self.saved_per_microbatch)
         return vwhere(self.chunks_differ, by_chunk, by_stage)
 
@@ -724,10 +718,13 @@ class _Layer:
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
     """Activation bytes one micro-batch leaves saved on this stage after its forward."""
-    layer = b.layer
-    return (
-        b.layers * _total(layer.attention) + b.dense * _total(layer.mlp) + b.moe * _total(layer.moe)
-    )
+    return _saved_by(b.layer, b.dense, b.moe)
+
+
+def _saved_by(layer: _Layer, dense: int, moe: int) -> int:
+    """Activation bytes `dense` dense and `moe` MoE layer passes leave saved."""
+    attention = (dense + moe) * _total(layer.attention)
+    return attention + dense * _total(layer.mlp) + moe * _total(layer.moe)
 
 
 def _current_layer(b: _StageBuilder) -> list[Alloc]:
@@ -1139,13 +1136,11 @@ def _zero3_transients(
     current = Alloc("gathered parameters (this block)", "transient", n)
     grads = gathered(block, DTYPE_BYTES[plan.precision.grads])
     whole = Alloc("gradients before reduce-scatter", "transient", grads)
-    ahead = 0
-    for name in after:
+    ahead = behind = 0
+    for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
-    prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
-    behind = 0
-    for name in after:
         behind = vmax(behind, gathered(name, DTYPE_BYTES[plan.precision.grads]))
+    prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
     reducing = Alloc(
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
         "transient",
@@ -1526,6 +1521,7 @@ def _backward(b: _StageBuilder) -> None:
         # PyTorch frees a node's saved tensors once its backward has run: fc2's input after
         # fc2's backward, the activation's input after the activation's
         fc2_in, act_in = [FC2_INPUT], [activation_input(plan)]
+        mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
         regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
@@ -1541,13 +1537,7 @@ def _backward(b: _StageBuilder) -> None:
             [
                 Instant(
                     "fc2 gradients",
-                    tuple(
-                        saved
-                        + recomputed
-                        + [grad_out, ffn_grad]
-                        + out_gather
-                        + bucket("mlp", ["attention"])
-                    ),
+                    tuple(saved + recomputed + [grad_out, ffn_grad] + out_gather + mlp_bucket),
                 ),
                 Instant(
                     "activation gradients",
@@ -1556,7 +1546,7 @@ def _backward(b: _StageBuilder) -> None:
                         grad_out,
                         ffn_grad,
                         act_grad,
-                        *bucket("mlp", ["attention"]),
+                        *mlp_bucket,
                     ),
                 ),
                 Instant(
@@ -1567,7 +1557,7 @@ def _backward(b: _StageBuilder) -> None:
                         act_grad,
                         *regather,
                         *partial_in,
-                        *bucket("mlp", ["attention"]),
+                        *mlp_bucket,
                     ),
                 ),
             ],
@@ -1583,6 +1573,7 @@ def _backward(b: _StageBuilder) -> None:
     # the layer's MLP or MoE block has run its backward: its saved tensors are freed (the
     # rule of the MLP's instants; they were held through the attention's: a review)
     ffn_spent = [a.name for a in b.layer.mlp + b.layer.moe]
+    attention_bucket = bucket("attention", b.ffn_blocks)
     qkv_grad = Alloc(
         "Q/K/V gradients",
         "transient",
@@ -1614,7 +1605,7 @@ def _backward(b: _StageBuilder) -> None:
                     grad_out,
                     qkv_grad,
                     *_cp_buffers(plan, s, backward=True),
-                    *bucket("attention", b.ffn_blocks),
+                    *attention_bucket,
                 ),
             ),
             # the QKV projection's backward, as fc1's: the core's and the output
@@ -1636,7 +1627,7 @@ def _backward(b: _StageBuilder) -> None:
                         par.tp > 1,
                     ),
                     *when([_full(s, "QKV input gradient")], par.tp == 1),
-                    *bucket("attention", b.ffn_blocks),
+                    *attention_bucket,
                 ),
             ),
         ],
