@@ -569,6 +569,13 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
+def _before_reduction(s: Shapes, name: str, tp: Any) -> list[Alloc]:
+    """A row-parallel output or a column-parallel input gradient: partial on tp before its
+    reduction, or, at tp 1, the whole tensor, held all the same."""
+    partial = _full(s, f"{name} (partial, before reduction)", "partial on tp")
+    return when([partial], tp > 1) + when([_full(s, name)], tp == 1)
+
+
 def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
     """What the attention block's sequence-parallel all-gather leaves on every rank: the
     hidden state, or latent attention's latents (`_attention_inward`)."""
@@ -1194,9 +1201,7 @@ def _forward(b: _StageBuilder) -> None:
     kept = when(attn_kept, lacks(full))
     if b.has_dense:
         mlp = _either(blocks["mlp"], full)
-        partial = when(
-            [_full(s, "MLP output (partial, before reduction)", "partial on tp")], par.tp > 1
-        ) + when([_full(s, "MLP output")], par.tp == 1)  # before the residual add
+        partial = _before_reduction(s, "MLP output", par.tp)  # before the residual add
         z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
             "forward.mlp",
@@ -1455,9 +1460,7 @@ def _backward(b: _StageBuilder) -> None:
     )
     col = "shard(ffn) on tp"
     gate = plan.model.gate
-    partial_in = when(
-        [_full(s, "fc1 input gradient (partial, before reduction)", "partial on tp")], par.tp > 1
-    ) + when([_full(s, "fc1 input gradient")], par.tp == 1)
+    partial_in = _before_reduction(s, "fc1 input gradient", par.tp)
 
     def bucket(block: str, after: Sequence[str]) -> list[Alloc]:
         """ZeRO-2's gradient bucket before its reduce-scatter, the whole layer's gradients
@@ -1618,15 +1621,7 @@ def _backward(b: _StageBuilder) -> None:
                     grad_out,
                     qkv_grad,
                     *when([_full(s, "QKV input (re-gathered for weight grad)")], sp),
-                    *when(
-                        [
-                            _full(
-                                s, "QKV input gradient (partial, before reduction)", "partial on tp"
-                            )
-                        ],
-                        par.tp > 1,
-                    ),
-                    *when([_full(s, "QKV input gradient")], par.tp == 1),
+                    *_before_reduction(s, "QKV input gradient", par.tp),
                     *attention_bucket,
                 ),
             ),
@@ -1936,12 +1931,13 @@ def _target(phases: list[Phase], name: str) -> int | None:
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage.
 
-    Each becomes a Move priced like the built-in ones, `count` times per instance of the
-    phase it names: in that phase where it names one (per layer in forward.attention, per
-    micro-batch in loss), and in a phase of its own, `count` times per micro-batch, where
-    it names a whole pass ("forward", "backward": it ran once per layer of the first
-    phase of that pass, an audit). Its output is alive during that pass's first phase and,
-    with `source_alive`, its source too (DESIGN.md rule 2).
+    Each becomes a Move priced like the built-in ones: where it names a whole pass
+    (`WHOLE_PASSES`: forward, backward; serving's prefill, decode), `count` times per
+    micro-batch or pass, in a phase of its own (it ran once per layer of the pass's first
+    phase: an audit); else `count` times per instance of the phase it names, whole or by
+    a prefix (per layer in forward.attention, per micro-batch in loss, once in dp.grads).
+    Its output is alive during the phase it names, or the pass's first, and with
+    `source_alive` its source too (DESIGN.md rule 2).
     """
     if not plan.transitions:
         return step
