@@ -412,15 +412,12 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
     replay = any(len(set(chunks)) > 1 for chunks in kinds)
     stages = []
     for stage, ids in enumerate(ids_per_stage):
-        moe = sum(flags[i] for i in ids)
+        # its chunks' layers, the multi-token prediction layers with the last (`_chunk_kinds`)
+        dense, moe = (sum(counts) for counts in zip(*kinds[stage], strict=True))
         sliding = sum(slides[i] for i in ids)  # a multi-token prediction layer attends fully
-        dense = len(ids) - moe
-        if stage == p - 1:  # the multi-token prediction layers follow the last layer
-            moe, dense = (moe + mtp, dense) if flags[-1] else (moe, dense + mtp)
         last_is_moe = bool(ids) and flags[ids[-1]]
         first, last = stage == 0, stage == p - 1
-        head = chunks_per_stage[stage][0] if chunks_per_stage[stage] and chunked else []
-        head_moe = sum(flags[i] for i in head)
+        head_dense, head_moe = kinds[stage][0] if chunked else (0, 0)
         flight = flight_layers(kinds[stage], p, stage, 2 * p) if replay else (0, 0)
         short = flight_layers(kinds[stage], p, stage, p) if replay else (0, 0)
         stages.append(
@@ -432,7 +429,7 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
                 moe,
                 last_is_moe,
                 sliding=sliding,
-                head_dense=len(head) - head_moe,
+                head_dense=head_dense,
                 head_moe=head_moe,
                 flight_dense=flight[0],
                 flight_moe=flight[1],

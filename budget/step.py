@@ -1951,9 +1951,10 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     }
     problems: list[Problem] = []
     stages = []
-    # a training pass runs once per micro-batch; serving runs one prefill and its decode
-    # passes as instances of its phases (`inference.decode_passes`)
-    decodes = next((p.count for p in step.stages[0].phases if p.name == "decode.embedding"), 1)
+    from budget.inference import decode_passes  # inference builds on this module
+
+    # a training pass runs once per micro-batch; serving runs one prefill, then its passes
+    decodes = decode_passes(plan) if plan.mode == "decode" else 1
     m = step.microbatches
     pass_runs = {"forward": m, "backward": m, "prefill": 1, "decode": decodes}
     for st in step.stages:
