@@ -19,7 +19,7 @@ from budget.errors import every_one
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.plan.resolve import TRAINING_ONLY
 from budget.report import PhaseRow, Report, StageRow, to_dict
-from budget.units import plural
+from budget.units import format_flop_count, plural
 
 __all__ = [
     "Change",
@@ -222,13 +222,8 @@ def _calibration(value: Any) -> str | None:
     read at 8,192 keys, as `budget presets` shows them."""
     if isinstance(value, GemmCurve):
         own = "".join(f"; {d} {f:.1%}" for d, f, _ in value.by_dtype)
-        half = value.half_flops
-        scale, prefix = next(
-            (s, p) for s, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1, "")) if half >= s or s == 1
-        )
-        return (
-            f"{value.peak_fraction:.1%} of peak, half of it at {half / scale:.3g} {prefix}FLOP{own}"
-        )
+        half = format_flop_count(value.half_flops)
+        return f"{value.peak_fraction:.1%} of peak, half of it at {half}{own}"
     if isinstance(value, BandwidthRamp):
         return f"by message size: {value.source}"
     if isinstance(value, tuple) and value and all(isinstance(v, AttentionRate) for v in value):

@@ -21,6 +21,7 @@ __all__ = [
     "duration_unit",
     "format_bytes",
     "format_duration",
+    "format_flop_count",
     "format_flops",
     "format_rate",
     "missing_unit",
@@ -292,3 +293,8 @@ def format_rate(bytes_per_second: float) -> str:
 def format_flops(flops: float) -> str:
     """A compute rate for people: "989 TFLOP/s"."""
     return _decimal(flops, "FLOP/s")
+
+
+def format_flop_count(flops: float) -> str:
+    """An amount of work for people: "2.411 GFLOP"."""
+    return _decimal(flops, "FLOP")

@@ -206,7 +206,7 @@ def test_a_preset_against_a_written_device_shows_one_line_per_calibration(
     # / 213.5e12 s) times 256.5 TFLOP/s
     half = 2 * 1024**3 * (213.5 / 110.4 - 1) / 213.5e12 * 256.5e12
     assert (
-        f"device.gemm – → {256.5 / 312:.1%} of peak, half of it at {half / 1e9:.3g} GFLOP" in lines
+        f"device.gemm – → {256.5 / 312:.1%} of peak, half of it at {half / 1e9:.4g} GFLOP" in lines
     )
     ramp = f"topology.levels.0.ramp – → by message size: {RAMPS['nvlink3'].source}"
     assert ramp in " ".join(lines)
