@@ -683,8 +683,16 @@ _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 # families whose transformers class builds experts from the config's expert keys; the others
 # ignore such keys (LlamaForCausalLM with num_local_experts is still dense)
 _MOE = frozenset(
-    {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"}
-    | {"gpt_oss"}
+    {
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "glm4_moe",
+        "gpt_oss",
+    }
 )
 _SANDWICH = ("gemma2", "gemma3_text", "glm4")  # a norm after each block too (docstring)
 _GLM = ("glm", "glm4", "glm4_moe")  # attention_bias on q, k and v only
