@@ -16,6 +16,7 @@ from typing import Any, Literal
 from budget.errors import BudgetError, Problem
 from budget.inference import passes_for
 from budget.report import Overlapping, PhaseRow, Report, StageRow
+from budget.schedule import pass_of
 from budget.units import (
     UnitError,
     decimals_apart,
@@ -490,8 +491,9 @@ def _latency_reason(report: Report, name: LimitName, limit: float) -> Reason | N
     actual = report.step.get(key)
     if actual is None or actual <= limit:
         return None
-    prefix = "prefill." if name == "max_ttft" else "decode."
-    busy = [p for p in report.phases if p.name.startswith(prefix)]
+    # the pass's own phases and the transitions written on it ("decode: NAME")
+    wanted = "prefill" if name == "max_ttft" else "decode"
+    busy = [p for p in report.phases if pass_of(p.name) == wanted]
     # a decode phase's row sums its passes
     passes = 1 if name == "max_ttft" else passes_for(report.layout["generate"])
     per = "" if passes == 1 else " per output token"

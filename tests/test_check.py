@@ -344,3 +344,23 @@ def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> N
     assert plan["notes"] == [
         "--max-tpot does not apply to a prefill plan, which runs no decode pass"
     ]
+
+
+def test_a_latency_reason_names_a_hand_written_transition_of_the_pass(tmp_path: Path) -> None:
+    """A transition written on the decode pass runs once a pass, in TPOT, in a phase of its
+    own ("decode: NAME"); when it is the largest part of the token's time, --max-tpot's
+    reason names it first (it had been left out of the phases the reason lists)."""
+    plan = tmp_path / "decode.yaml"
+    plan.write_text(
+        DECODE.read_text(encoding="utf-8")
+        + "transitions:\n  - {name: y, phase: decode, tensor: {shape: [512, 8192, 1024], "
+        "dtype: bf16}, group: tp, from: partial, to: replicate}\n",
+        encoding="utf-8",
+    )
+    report = budget_plan(plan)
+    (moved,) = [p for p in report.phases if p.name == "decode: y"]
+    tpot = report.step["decode_token_s"]
+    assert tpot is not None and moved.exposed_s / moved.count > tpot / 2
+    (reason,) = check_report(report, Limits(max_tpot_s=tpot / 2))
+    largest = reason.message.split("communication): ")[1]
+    assert largest.startswith("decode: y ")
