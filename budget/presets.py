@@ -89,8 +89,9 @@ def topology_dict(t: TopologyPreset) -> dict[str, Any]:
 
 def model_dict(m: ModelPreset) -> dict[str, Any]:
     """``{name, params, active_params, mtp_params, layers, hidden, heads, kv_heads, ffn,
-    vocab, mla, experts{count, top_k, ffn, shared_ffn} or None, source}``; ``params`` leaves
-    the multi-token prediction modules out (``mtp_params``), as the report's header does;
+    vocab, mla, experts{count, top_k, ffn, shared_ffn} or None, weights, source}``;
+    ``params`` leaves the multi-token prediction modules out (``mtp_params``), as the
+    report's header does; ``weights`` is the released checkpoint's format if quantized;
     ``active_params`` is what one token touches, both embeddings included (as Mistral counts
     Mixtral's 12.9 B; DeepSeek's "37B activated" may leave the input embedding out, which
     would make DeepSeek-V3's 37.55 B here 36.63 B)."""
@@ -119,6 +120,7 @@ def model_dict(m: ModelPreset) -> dict[str, Any]:
             "ffn": experts.ffn,
             "shared_ffn": experts.shared_ffn,
         },
+        "weights": m.weights,
         "source": m.source,
     }
 

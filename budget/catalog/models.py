@@ -20,6 +20,10 @@ class ModelPreset:
     name: str
     tree: dict[str, Any]
     source: str
+    # the released checkpoint's weight format where it is quantized: what a serving plan
+    # keeps them in unless it writes precision.params, as an hf_config of the same release
+    # does (`budget.plan.resolve`); None for a bf16 release
+    weights: str | None = None
 
 
 _LLAMA3 = {
@@ -142,7 +146,10 @@ MODELS: dict[str, ModelPreset] = {
         "the released config.json. 671B main-model parameters, 37B activated per token; "
         "section 4.2 sets the multi-token prediction depth to 1 (the config's "
         "num_nextn_predict_layers); the model card counts that module apart, 14B of the "
-        "685B released, with its own copies of the embedding and output layer it shares",
+        "685B released, with its own copies of the embedding and output layer it shares; "
+        "weights released in fp8 (config.json quantization_config: quant_method fp8, e4m3 "
+        "in 128 × 128 blocks; report section 3.3)",
+        weights="fp8",
     ),
     "gpt-oss-120b": ModelPreset(
         "gpt-oss-120b",

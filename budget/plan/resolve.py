@@ -150,7 +150,9 @@ class _Resolver:
         self.file = file
         self.problems: list[Problem] = []
         self.config_file = ""  # a Hugging Face config's path, as its errors name it
-        self.config_weights: str | None = None  # its weights' format when quantized
+        self.config_weights: str | None = (
+            None  # the release's weight format when quantized (hf_config or preset)
+        )
         # where the model's unwritten keys come from: ($.model.hf_config or $.model.preset,
         # how a message names it), or None for a model written out; and the plan's own keys
         self.model_source: tuple[str, str] | None = None
@@ -237,6 +239,7 @@ class _Resolver:
                 return None
             base = copy.deepcopy(preset.tree)
             name = preset.name
+            self.config_weights = preset.weights
             self.model_source = ("$.model.preset", f"preset {name}")
         if "hf_config" in tree:
             from budget.plan.hf_config import HfConfigError, read_hf_config
@@ -532,8 +535,9 @@ class _Resolver:
 
     def precision(self, tree: Tree, serving: bool) -> Precision:
         """The formats; serving a checkpoint released quantized (an hf_config whose
-        quantization_config says fp8) keeps its weights in that format unless the plan
-        writes precision.params (training keeps bf16 working weights). fp32 parameters are
+        quantization_config says fp8, or the preset of such a release) keeps its weights in
+        that format unless the plan writes precision.params (training keeps bf16 working
+        weights). fp32 parameters are
         their own master copy (Megatron-LM's distributed optimizer: "fp32 param, fp32
         grads", 16 bytes a parameter with Adam, no separate master), so the master copy
         defaults to none for them and to fp32 otherwise. Parameters are gathered in their

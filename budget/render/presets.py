@@ -174,11 +174,17 @@ def _models(models: list[dict[str, Any]]) -> Section:
         for m in models
         if m["mtp_params"]
     )
+    quantized = "".join(
+        f" {m['name']} is served in its released {m['weights']} weights unless a plan writes "
+        "precision.params."
+        for m in models
+        if m["weights"]
+    )
     note = (
         "params: billions of parameters, multi-token prediction modules apart, as the report "
         "counts them; active: the billions one token touches, both embeddings included; heads: "
         "query / key-value heads (MLA: latent attention); ffn: the dense layers' MLP width; "
-        f"experts: routed count × width, top-k, +shared width.{mtp}"
+        f"experts: routed count × width, top-k, +shared width.{mtp}{quantized}"
     )
     return Section(
         "Model presets (model: {preset: NAME})",
