@@ -408,6 +408,7 @@ def _exposed_reason(report: Report, share: float) -> Reason | None:
     if actual <= share:
         return None
     over = exposed_s - share * time_s
+    pacing = report.step.get("pacing_stage")
     return Reason(
         limit="max_exposed",
         message=(
@@ -416,7 +417,7 @@ def _exposed_reason(report: Report, share: float) -> Reason | None:
             f"{_percent(share)} limit by "
             f"{format_duration(over)}; most exposed phases: {_phases(report, 'exposed')}"
         ),
-        stage=report.phases[0].stage if report.phases else None,
+        stage=None if pacing is None else int(pacing),  # the share is the pacing stage's
         actual=actual,
         required=share,
         excess=actual - share,
@@ -436,7 +437,12 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
             f"the step takes {_distinct(time_s, max_step)}, {format_duration(time_s - max_step)} "
             f"over the {_exact(max_step)} limit; largest phases (compute + exposed "
             f"communication): {_phases(report, 'busy')}"
-            + (f"; pipeline bubble {format_duration(bubble)}" if report.layout["pp"] > 1 else "")
+            # a serving plan's batch crosses its stages one after the other: no bubble
+            + (
+                f"; pipeline bubble {format_duration(bubble)}"
+                if report.layout["pp"] > 1 and report.mode == "train"
+                else ""
+            )
         ),
         stage=None,
         actual=time_s,

@@ -13,7 +13,7 @@ from budget.check import Limits, check_report, parse_limits
 from budget.cli import app, route
 from budget.pipeline import budget_plan
 from budget.units import format_duration
-from tests.plan_files import GPT3, PLANS, invalid, too_big
+from tests.plan_files import GPT3, PLANS, invalid, too_big, variant
 
 runner = CliRunner()
 
@@ -156,6 +156,9 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
     assert "over the 10 s limit" in step.message
     slowest = max(report.phases, key=lambda p: p.compute_s + p.exposed_s)
     assert slowest.name in step.message
+    # the share is the step's, on the stage that paces it (it named the stage where the
+    # first phase cost most: stage 0 of GPT-3, paced by stage 7; review)
+    assert exposed.stage == report.step["pacing_stage"] == 7 and step.stage is None
 
 
 @pytest.mark.parametrize(
@@ -364,3 +367,16 @@ def test_a_latency_reason_names_a_hand_written_transition_of_the_pass(tmp_path: 
     (reason,) = check_report(report, Limits(max_tpot_s=tpot / 2))
     largest = reason.message.split("communication): ")[1]
     assert largest.startswith("decode: y ")
+
+
+def test_a_step_reason_names_the_bubble_of_a_training_pipeline_only(tmp_path: Path) -> None:
+    """A training plan's step reason gives its pipeline bubble; a serving plan on two stages
+    has none to give (its batch crosses them one after the other), and said "0 s"."""
+    (train,) = check_report(budget_plan(GPT3), Limits(max_step_s=1.0))
+    bubble = budget_plan(GPT3).step["bubble_s"]
+    assert f"; pipeline bubble {format_duration(bubble)}" in train.message
+    served = variant(tmp_path, "served", ("  tp: 8\n  pp: 1", "  tp: 4\n  pp: 2"), base=DECODE)
+    report = budget_plan(served)
+    assert report.layout["pp"] == 2
+    (reason,) = check_report(report, Limits(max_step_s=1e-3))
+    assert "bubble" not in reason.message and "decode.mlp" in reason.message
