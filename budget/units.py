@@ -253,7 +253,12 @@ def format_bytes(n: float, binary: bool = True) -> str:
         value /= step
     if prefix == "B":
         return f"{value:.0f} B"
-    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    # three significant digits of the value as it rounds: 9.996 GiB is "10.0 GiB", and
+    # 1,023.8 MiB, which would round to "1024 MiB", is "1.00 GiB"
+    if round(abs(value)) >= step and prefix != prefixes[-1]:
+        value, prefix = value / step, prefixes[prefixes.index(prefix) + 1]
+    size = abs(value)
+    digits = 2 if round(size, 2) < 10 else 1 if round(size, 1) < 100 else 0
     return f"{value:.{digits}f} {prefix}"
 
 

@@ -265,3 +265,15 @@ def test_a_count_of_one_takes_the_singular() -> None:
     assert plural(0, "rank") == "0 ranks"
     assert plural(16_384, "GPU") == "16,384 GPUs"
     assert plural(2, "micro-batch", "micro-batches") == "2 micro-batches"
+
+
+def test_a_size_that_rounds_up_to_the_next_prefix_takes_it() -> None:
+    """Three significant digits of the value as printed: 1,073,520,640 B is 1,023.8 MiB,
+    which read "1024 MiB" beside the report's "1.00 GiB" figures (review); 9.996 GiB read
+    "10.00 GiB", four digits."""
+    assert format_bytes(1_073_520_640) == "1.00 GiB"
+    assert format_bytes(1023 * 2**20) == "1023 MiB"
+    assert format_bytes(9.996 * 2**30) == "10.0 GiB"
+    assert format_bytes(99.96 * 2**30) == "100 GiB"
+    assert format_bytes(999_600, binary=False) == "1.00 MB"
+    assert format_bytes(999_400, binary=False) == "999 kB"
