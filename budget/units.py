@@ -268,6 +268,8 @@ def format_duration(seconds: float) -> str:
     if seconds == 0:
         return "0 s"
     scale, unit = duration_unit(seconds)
+    if abs(seconds / scale) >= 999.5 and unit != "s":  # 999.6 ms is written 1.00 s
+        scale, unit = duration_unit(seconds / abs(seconds) * scale * 1e3)
     value = seconds / scale
     if abs(value) >= 999.5 and unit == "s":
         return f"{value:,.0f} s"

@@ -277,3 +277,11 @@ def test_a_size_that_rounds_up_to_the_next_prefix_takes_it() -> None:
     assert format_bytes(99.96 * 2**30) == "100 GiB"
     assert format_bytes(999_600, binary=False) == "1.00 MB"
     assert format_bytes(999_400, binary=False) == "999 kB"
+
+
+def test_a_time_that_rounds_up_to_the_next_unit_takes_it() -> None:
+    """0.9996 s read "1000 ms"; as with sizes, a figure that rounds to a thousand of its
+    unit is written in the next one."""
+    assert format_duration(0.9996) == "1.00 s" and format_duration(-0.9996) == "-1.00 s"
+    assert format_duration(0.9994) == "999 ms"
+    assert format_duration(999.7e-9) == "1.00 µs" and format_duration(0.0009996) == "1.00 ms"
