@@ -259,3 +259,30 @@ topology: {{gpus: 12, levels: [{{name: nvlink, size: 12, bandwidth: 450 GB/s, la
         "make it a multiple of 12" in problem.message
     )
     assert "(nearest: 4092 and 4104)" in problem.message
+
+
+def test_sizes_past_any_real_model_are_refused_where_they_are_written() -> None:
+    """hidden: 2^62 passed the 64-bit literal check and budgeted a 4.6e40-byte peak (exit 0);
+    a transition's shape of 99999999999³ × vocab elements one of 2.3e38 bytes. The schema
+    bounds each model size (hidden 2^20, ffn and expert widths 2^24, vocab 2^40) and a
+    shape its element count (2^48), each error at the key (review)."""
+    huge = BASE.replace("hidden: 1024", "hidden: 4611686018427387904")
+    loaded = load_yaml(huge, "p.yaml")
+    (problem,) = validate_tree(loaded.tree, loaded.marks, "p.yaml")
+    assert str(problem) == (
+        "p.yaml:3:11: error: $.model.hidden: 4611686018427387904 is greater than the maximum "
+        "of 1048576"
+    )
+    shape = "[99999999999 * 99999999999 * 99999999999, vocab]"
+    text = BASE + (
+        f"transitions:\n  - {{name: t, phase: forward, tensor: {{shape: {shape}, dtype: bf16}},"
+        " group: dp, from: replicate, to: partial}\n"
+    )
+    (problem,) = problems_of(text)
+    assert problem.startswith("p.yaml:19:")
+    assert "$.transitions[0].tensor.shape: " in problem and "more than the 2^48" in problem
+    edge = BASE + (  # 2^48 elements exactly is still a tensor
+        "transitions:\n  - {name: t, phase: forward, tensor: {shape: [65536, 65536, 65536], "
+        "dtype: bf16}, group: dp, from: replicate, to: partial}\n"
+    )
+    assert plan_of(edge).transitions[0].shape == (65536,) * 3

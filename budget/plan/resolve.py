@@ -61,6 +61,8 @@ SHAPE_NAMES = (
     "layers",
     *GROUPS,
 )
+MAX_ELEMENTS = 2**48  # one transition's tensor: 256 Ti elements, beyond any real tensor
+
 _PLACEMENT = re.compile(
     r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]+)\s*\)|(?P<kind>replicate|partial))\s*$"
 )
@@ -884,7 +886,16 @@ class _Resolver:
                 self.error(where, f"{dim!r} = {size}; a dimension must be at least 1")
                 continue
             shape.append(size)
-        return tuple(shape) if len(shape) == len(dims) else None
+        if len(shape) != len(dims):
+            return None
+        if math.prod(shape) > MAX_ELEMENTS:
+            self.error(
+                path,
+                f"{math.prod(shape):,} elements, more than the 2^48 any one tensor of a "
+                "plan may hold (a petabyte and beyond: a budget of it means nothing)",
+            )
+            return None
+        return tuple(shape)
 
     def placement(
         self,
