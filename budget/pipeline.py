@@ -127,7 +127,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
 
 
 def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple[PhaseRow, ...]:
-    """One row per phase name, in step order, from the stage where it costs the most.
+    """One row per phase name, in step order, from the stage where it takes longest.
 
     In training the stages work side by side, so a row is its costliest stage's. A serving
     pass crosses the stages one after another (`schedule.serving_time`), so there a row's
@@ -151,8 +151,11 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
                     collectives = tuple(_collective(t, phase, timing) for t in phase.moves)
                     payload = sum(c.sent_bytes * c.count for c in collectives)
                     busy = (phase.compute_s + phase.exposed_s) * phase.count
-                    candidates.append((payload, busy, -stage.stage, phase, collectives))
-        payload, _, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
+                    candidates.append((busy, payload, -stage.stage, phase, collectives))
+        # the stage where the phase takes longest (then sends most): the rows then add up
+        # to at least the step's compute and exposed time, which takes the pacing stage's
+        # micro-batch phases and the slowest stage's reduction and optimizer
+        _, payload, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
         same = [c[3] for c in candidates] if serving else [phase]
         if serving and len(candidates) > 1:
             calls = Counter[tuple[str, str, str]]()
