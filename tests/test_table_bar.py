@@ -247,3 +247,31 @@ def test_a_fractional_in_flight_count_is_explained() -> None:
     console = Console(width=80, color_system=None, record=True)
     console.print(stage_table(build_report(plan), False))
     assert "in flight: micro-batches' activations held, in whole stages" in console.export_text()
+
+
+def _rendered(table) -> str:
+    console = Console(width=80, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> None:
+    """Each collective states its format and algorithm in the terminal too (only the JSON
+    and markdown did; review): the legend names the usual payload format and the default
+    algorithms, an op in another format names it, and one over two links says 2L, which at
+    80 columns is the only sign of it, the link column being left out there."""
+    gpt3 = budget_plan(GPT3)
+    table, legend = collective_table(gpt3, wide=False)
+    assert legend[1] == (
+        "payloads in bf16 unless the op names another; algorithms ring (AG, RS, AR), direct (P2P)"
+    )
+    assert "links and placements: at 110 columns or more, and in -f markdown" in legend
+    text = _rendered(table)
+    assert "RS fp32" in text and "AR fp32" in text and "AG fp32" not in text
+    mixtral = budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    table, legend = collective_table(mixtral, wide=False)
+    assert legend[1].endswith(
+        "pairwise (A2A), direct (P2P); 2L = over two links in two levels, one collective on each"
+    )
+    dispatch = [line for line in _rendered(table).splitlines() if "MoE dispatch " in line]
+    assert dispatch and all("A2A 2L" in line for line in dispatch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich import box
 from rich.cells import cell_len
@@ -17,6 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS
 from budget.report import (
     RAMP_HEADER,
@@ -29,7 +30,7 @@ from budget.report import (
 from budget.units import format_bytes, format_duration, format_rate, plural
 
 if TYPE_CHECKING:
-    from budget.report import Overlapping, Report, StageRow
+    from budget.report import CollectiveRow, Overlapping, Report, StageRow
 
 WIDE = 110
 NARROW_BAR = 80  # the narrow stage table is ~71 columns; a 5-cell fill bar fits from 80
@@ -444,6 +445,9 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     _num(table, "calls")
     _num(table, "rule")
     rules: list[str] = []
+    every = [c for p in report.phases for c in p.collectives]
+    # the format most payloads travel in goes in the legend; an op in another names its own
+    usual = Counter(c.dtype for c in every).most_common(1)[0][0] if every else ""
     for p in report.phases:
         if not p.collectives:
             continue
@@ -453,6 +457,10 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             if rule not in rules:
                 rules.append(rule)
             op = _OPS[c.op]
+            if c.dtype != usual:
+                op += f" {c.dtype}"
+            if c.algorithm == "hierarchical":
+                op += " 2L"
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
             if c.algorithm in _NAMED:  # not the default: one the plan names
@@ -476,8 +484,12 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             cells += [f"{c.count:,}", f"[{rules.index(rule) + 1}]"]
             table.add_row(*cells)
     legend = ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
+    if every:
+        legend.append(_algorithms(every, usual))
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
+    else:
+        legend.append("links and placements: at 110 columns or more, and in -f markdown")
     groups = {c.group for p in report.phases for c in p.collectives}
     if "etp" in groups:
         legend.append("etp = expert tensor-parallel group: ranks splitting each expert's matrices")
@@ -495,6 +507,22 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
         )
     legend += [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
     return table, legend
+
+
+def _algorithms(every: list[CollectiveRow], usual: str) -> str:
+    """The payload format and the algorithms of the unmarked ops (`budget.collectives`)."""
+    present = {c.op for c in every if c.algorithm not in _NAMED}
+    default = {op: default_algorithm(cast(Op, op)) for op in _OPS if op in present}
+    flat = [
+        f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
+        for name in dict.fromkeys(default.values())
+    ]
+    two = (
+        "; 2L = over two links in two levels, one collective on each"
+        if any(c.algorithm == "hierarchical" for c in every)
+        else ""
+    )
+    return f"payloads in {usual} unless the op names another; algorithms {', '.join(flat)}{two}"
 
 
 # algorithms a plan may name (`collectives:`) over the defaults, as the op column marks them
