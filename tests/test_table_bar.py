@@ -275,3 +275,13 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
     )
     dispatch = [line for line in _rendered(table).splitlines() if "MoE dispatch " in line]
     assert dispatch and all("A2A 2L" in line for line in dispatch)
+
+
+def test_a_serving_plans_phase_table_says_its_rows_are_the_whole_batch() -> None:
+    """A decode plan's rows are its prefill and every decode pass (their sum is the batch's
+    11.6 s), which the title called "one step" (review)."""
+    from budget.render.table import phase_table
+
+    assert str(phase_table(budget_plan(GPT3), wide=False).title).startswith("Phases of one step (")
+    served = phase_table(budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml"), wide=False)
+    assert str(served.title).startswith("Phases of the batch: its prefill and 511 decode passes (")
