@@ -829,11 +829,23 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
 
 
 def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
-    """The s x s part of attention: eager stores scores, flash only row statistics."""
+    """The s x s part of attention: eager stores scores, flash only row statistics.
+    All-gathered context parallelism saves its two half-sequence outputs apart from the
+    output it returns (Transformer Engine's ``AttnFuncWithCPAndKVAllGather.forward`` saves
+    ``*out_per_step`` for its backward; the projection saves the returned one)."""
     score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
     if plan.model.attention != "eager":
         rows = s.heads * s.tokens
-        return [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
+        saved = [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
+        if plan.parallel.cp_attention == "allgather":
+            halves = Alloc(
+                "attention output halves (all-gather cp)",
+                "activations",
+                s.act * s.tokens * s.out_cols,
+                placement="shard(heads) on tp",
+            )
+            saved += when([halves], plan.parallel.cp > 1)
+        return saved
     out = [Alloc("attention softmax output", "activations", s.act * score)]
     if plan.model.dropout:
         out.append(Alloc("attention softmax dropout mask", "activations", score))

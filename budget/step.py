@@ -818,11 +818,15 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
 
 
 def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
-    """K/V of other context-parallel ranks while attention runs: two chunks in flight for
-    the ring (one computed on, one arriving), or the whole gathered sequence; in backward
-    their gradients beside them, two dK/dV chunks on the ring (Transformer Engine's
-    ``AttnFuncWithCPAndKVP2P.backward`` passes K/V and dK/dV together) or the whole
-    sequence's dK/dV before its reduce-scatter (``AttnFuncWithCPAndKVAllGather``)."""
+    """K/V of other context-parallel ranks while attention runs. On the ring, Transformer
+    Engine's ``AttnFuncWithCPAndKVP2P.forward`` keeps every chunk it receives (a list of
+    cp buffers, the first a copy of its own K/V) and each step's partial output and fp32
+    softmax statistics until the correction after the last step, all alive at the end of
+    the forward: cp of each, every step's output whole on the rank that sees the most keys
+    under the causal split (the last); its backward holds two K/V chunks and two dK/dV
+    chunks in flight (one computed on, one arriving). All-gathered, the whole sequence's
+    K/V, and in backward its dK/dV before the reduce-scatter
+    (``AttnFuncWithCPAndKVAllGather``)."""
     if every(plan.parallel.cp == 1):
         return []
     return when(_cp_held(plan, s, backward), plan.parallel.cp > 1)
@@ -830,6 +834,28 @@ def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
 
 def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
     ring = plan.parallel.cp_attention == "ring"
+    if ring and not backward:
+        cp, place = plan.parallel.cp, "shard(0) on cp"
+        return [
+            Alloc(
+                "K/V ring buffers (one per cp rank)",
+                "transient",
+                cp * s.act * s.tokens * (s.k_cols + s.v_cols),
+                placement=place,
+            ),
+            Alloc(
+                "ring step outputs (one per cp rank)",
+                "transient",
+                cp * s.act * s.tokens * s.out_cols,
+                placement="shard(heads) on tp",
+            ),
+            Alloc(
+                "ring step softmax statistics (fp32)",
+                "transient",
+                cp * 4 * s.tokens * s.heads,
+                placement="shard(heads) on tp",
+            ),
+        ]
     if ring:
         chunk = 2 * s.act * s.tokens * (s.k_cols + s.v_cols)
         name, placement = "K/V ring buffers (2 chunks)", "shard(0) on cp"

@@ -10,6 +10,7 @@ import pytest
 from budget.inference import decode_keys, derive_inference, kv_cache_bytes
 from budget.layers import (
     active_params,
+    attention_saved,
     expert_data_parallel,
     layer_params,
     layer_saved,
@@ -1157,3 +1158,36 @@ def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
     )
     held = {a.name: a.bytes for i in backward.instants for a in i.live if a.name in names}
     assert held == dict.fromkeys(names, size)
+
+
+def test_the_ring_forward_holds_every_chunk_and_step_output_until_its_correction() -> None:
+    """Transformer Engine's ring forward (``AttnFuncWithCPAndKVP2P.forward``) fills a list
+    of cp K/V buffers and keeps each step's output and fp32 statistics until the correction
+    after the last step (it was priced as two K/V chunks in flight; review). GPT-3 at tp 8,
+    cp 4, sequence 8,192: a rank's 2,048 tokens; K/V 2,048 x 12 heads x 128 x 2 x 2 B =
+    12 MiB a chunk, an output 2,048 x 1,536 x 2 B = 6 MiB, statistics 2,048 x 12 x 4 B."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    (forward,) = [p for p in derive(plan).stages[0].phases if p.name == "forward.attention"]
+    (after,) = [i for i in forward.instants if i.label == "after attention"]
+    held = {a.name: a.total for a in after.live if a.category == "transient"}
+    assert held == {
+        "K/V ring buffers (one per cp rank)": 4 * 2048 * 12 * 128 * 2 * 2,
+        "ring step outputs (one per cp rank)": 4 * 2048 * 1536 * 2,
+        "ring step softmax statistics (fp32)": 4 * 2048 * 12 * 4,
+    }
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_all_gathered_context_parallelism_saves_its_output_halves(recompute) -> None:
+    """``AttnFuncWithCPAndKVAllGather.forward`` saves its two half-sequence outputs for the
+    backward apart from the output it returns, which the projection saves: one more
+    output's bytes a layer (2,048 tokens x 1,536 x 2 B = 6 MiB at tp 8, cp 4), dropped
+    with the core attention under selective recompute (review)."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192, recompute=recompute)
+    gathered = replace(plan, parallel=replace(plan.parallel, cp_attention="allgather"))
+    ring = {a.name: a.total for a in attention_saved(plan, shapes(plan))}
+    saved = {a.name: a.total for a in attention_saved(gathered, shapes(gathered))}
+    extra = {k: v for k, v in saved.items() if k not in ring}
+    assert extra == (
+        {"attention output halves (all-gather cp)": 2048 * 1536 * 2} if recompute == "none" else {}
+    )
