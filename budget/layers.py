@@ -379,6 +379,17 @@ def flight_layers(
     return most_dense, most_moe
 
 
+def chunks_differ(plan: Plan) -> bool:
+    """Whether the plan's model chunks differ by two layers or more (multi-token prediction
+    layers counted with the last chunk, as `search.split` counts them): a hand-written
+    split, never one the search lays out (its chunks differ by one at most)."""
+    if plan.parallel.pp == 1:
+        return False
+    kinds = _chunk_kinds(stage_chunk_ids(plan), moe_layers(plan), mtp_layers(plan))
+    sizes = [d + e for chunks in kinds for d, e in chunks]
+    return max(sizes) - min(sizes) >= 2
+
+
 def _chunk_kinds(
     chunks_per_stage: list[list[list[int]]], flags: list[bool], mtp: int
 ) -> list[list[tuple[int, int]]]:

@@ -26,8 +26,11 @@ Compute is the roofline of each kernel
 Step time (Narayanan et al., arXiv 2104.04473, section 2.2): with m micro-batches, p stages
 taking t_i per micro-batch (forward + backward + exposed communication) and v virtual
 stages, the pipeline takes m·max(t) + (Σt − max(t))/v: for equal stages (m + (p − 1)/v)·t,
-the bubble being (p − 1)/v of a micro-batch per stage. Then each stage reduces gradients and
-steps its optimizer; the slowest of those ends the step.
+the bubble being (p − 1)/v of a micro-batch per stage. A split whose model chunks differ by
+two layers or more (written by hand; the search's differ by one at most, where the form is
+within 1 %) is replayed in Megatron-LM's order instead (`pipeline_replay`): a large chunk
+paces the stages waiting on it, and a slow first stage is not waited on by the bubble.
+Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from budget.collectives import Algorithm, CollectiveCost
 from budget.efficiency import gemm_efficiency
 from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
 from budget.inference import decode_passes
+from budget.layers import chunks_differ, interleaved_warmup, moe_layers, stage_chunk_ids
 from budget.phases import HAND_WRITTEN, PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
 from budget.plan.model import Plan
 from budget.topology import (
@@ -437,6 +441,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     copies = [stage.copies for stage in step.stages]
     bubble = (sum(s.microbatch_s * c for s, c in zip(stages, copies, strict=True)) - slowest) / v
     pipeline = m * slowest + bubble
+    if isinstance(pipeline, float) and len(stages) == plan.parallel.pp and chunks_differ(plan):
+        # a split whose model chunks differ by two layers or more: Megatron-LM's order,
+        # replayed (the closed form over stage totals is within 1 % of it on the search's
+        # splits, whose chunks differ by one at most, and misses by a fifth on some others)
+        pipeline = pipeline_replay(*_chunk_times(plan, stages, m), m)
+        bubble = pipeline - m * slowest
     total = pipeline + largest([s.after_s for s in stages])
     tokens = plan.batch.global_batch * plan.batch.seq
     model_flops = float(model_flops_per_token(plan) * tokens)
@@ -450,3 +460,109 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         mfu=ratio(model_flops, total * peak),
         model_flops=model_flops,
     )
+
+
+def pipeline_replay(forward: list[list[float]], backward: list[list[float]], m: int) -> float:
+    """The pipeline's makespan, replaying Megatron-LM's order op by op, where stage s runs
+    model chunk c of a micro-batch forward in ``forward[s][c]`` seconds and backward in
+    ``backward[s][c]`` (exposed communication included). Each stage runs its warm-up
+    forwards (p − s − 1 with one chunk, `layers.interleaved_warmup`'s with v), then one
+    forward and one backward in turn, then the remaining backwards
+    (``forward_backward_pipelining_without_interleaving`` and ``_with_interleaving``);
+    the k-th forward runs chunk (k // p) % v and the k-th backward chunk
+    v − 1 − (k // p) % v, of micro-batch (k // pv)·p + k % p. A forward waits for the
+    previous stage's forward of the same chunk (stage 0 for the last stage's previous
+    chunk), a backward for the next stage's backward (the last stage for stage 0's next
+    chunk; the last chunk on the last stage for its own forward). For stages and chunks
+    alike this is the closed form m·t + (p − 1)·t/v (Narayanan et al., arXiv 2104.04473,
+    section 2.2); where a stage's chunks differ it is what the closed form over stage
+    totals misses: a large chunk paces every stage that waits on it."""
+    p, v = len(forward), len(forward[0])
+    total = m * v
+
+    def chunk_mb(k: int, back: bool) -> tuple[int, int]:
+        c = (k // p) % v
+        return (v - 1 - c if back else c), (k // (p * v)) * p + k % p
+
+    orders: list[list[tuple[bool, int, int]]] = []
+    for s in range(p):
+        warm = min(p - s - 1 if v == 1 else interleaved_warmup(p, v, s) - 1, total)
+        ops = [(False, *chunk_mb(k, False)) for k in range(warm)]
+        for k in range(total - warm):
+            ops += [(False, *chunk_mb(warm + k, False)), (True, *chunk_mb(k, True))]
+        ops += [(True, *chunk_mb(k, True)) for k in range(total - warm, total)]
+        orders.append(ops)
+    ends: dict[tuple[bool, int, int, int], float] = {}
+    free, at = [0.0] * p, [0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        moved = False
+        for s in range(p):
+            ops = orders[s]
+            while at[s] < len(ops):
+                back, c, mb = ops[at[s]]
+                if not back:
+                    need = (False, s - 1, c, mb) if s else (False, p - 1, c - 1, mb) if c else None
+                elif s == p - 1 and c == v - 1:
+                    need = (False, s, c, mb)
+                else:
+                    need = (True, s + 1, c, mb) if s < p - 1 else (True, 0, c + 1, mb)
+                if need is not None and need not in ends:
+                    break
+                start = max(free[s], ends[need] if need is not None else 0.0)
+                free[s] = start + (backward if back else forward)[s][c]
+                ends[(back, s, c, mb)] = free[s]
+                at[s] += 1
+                remaining -= 1
+                moved = True
+        if not moved:  # the order above never waits on itself; kept as a guard
+            raise RuntimeError("pipeline replay made no progress")
+    return max(free)
+
+
+_LAYER_PHASES = {
+    "forward": ("forward.attention", "forward.mlp", "forward.moe"),
+    "backward": ("backward.attention", "backward.mlp", "backward.moe"),
+}
+
+
+def _pass_within(name: str) -> str:
+    """The pass of a micro-batch a phase runs in: forward (the loss and multi-token
+    prediction with it) or backward, a stage send with its pass."""
+    if name in ("loss", "mtp"):
+        return "forward"
+    return name.split(".")[1] if name.startswith("pipeline.") else pass_of(name)
+
+
+def _chunk_times(
+    plan: Plan, stages: list[StageTime], m: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Each stage's forward and backward time of one micro-batch through each of its model
+    chunks: its layer phases by the chunk's dense and MoE layers, the embedding in its first
+    chunk, the loss and multi-token prediction in its last, the rest (stage sends,
+    hand-written transitions) spread evenly; they add up to the stage's `microbatch_s`."""
+    flags = moe_layers(plan)
+    out: dict[str, list[list[float]]] = {"forward": [], "backward": []}
+    for stage, chunks in zip(stages, stage_chunk_ids(plan), strict=True):
+        for which, (attention, mlp, moe) in _LAYER_PHASES.items():
+            phases = [
+                p for p in stage.phases if per_microbatch(p.name) and _pass_within(p.name) == which
+            ]
+            one = {p.name: p.compute_s + p.exposed_s for p in phases}  # one layer's
+            a, d_mlp, e_moe = (one.get(name, 0.0) for name in (attention, mlp, moe))
+            times = []
+            for chunk in chunks:
+                e = sum(flags[i] for i in chunk)
+                times.append((len(chunk) - e) * (a + d_mlp) + e * (a + e_moe))
+            for p in phases:
+                if p.name in (attention, mlp, moe):
+                    continue
+                per_mb = (p.compute_s + p.exposed_s) * p.count / m
+                if p.name.endswith(".embedding"):
+                    times[0] += per_mb
+                elif p.name in ("loss", "mtp"):
+                    times[-1] += per_mb
+                else:
+                    times = [t + per_mb / len(times) for t in times]
+            out[which].append(times)
+    return out["forward"], out["backward"]

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from budget.accuracy import RUNS, plan_file_name, plan_of
+from budget.layers import chunks_differ
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Device, Overlap
-from budget.schedule import step_time, work_time
+from budget.schedule import _chunk_times, pipeline_replay, step_time, work_time
 from budget.step import derive
 from tests.builders import make_plan
+from tests.plan_files import variant
 
 PLANS = sorted(Path(__file__).parent.parent.glob("plans/*.yaml"))
 A100 = Device(
@@ -520,3 +522,47 @@ def test_the_phase_rows_add_up_to_at_least_the_step(plan) -> None:
     for column, figure in (("compute_s", "compute_s"), ("exposed_s", "exposed_comm_s")):
         rows = sum(getattr(p, column) for p in report.phases)
         assert rows >= report.step[figure] * (1 - 1e-12), column
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(2, 1, 2), (4, 1, 8), (8, 1, 3), (3, 1, 1), (8, 2, 16), (4, 3, 8)]
+)
+def test_the_replay_of_alike_stages_is_the_closed_form(p, v, m) -> None:
+    """Stages and chunks alike (forward 1, backward 2 a chunk, so t = 3v a stage): Megatron's
+    order takes m·t + (p − 1)·t/v, Narayanan et al.'s closed form."""
+    t = 3.0 * v
+    replay = pipeline_replay([[1.0] * v] * p, [[2.0] * v] * p, m)
+    assert replay == pytest.approx(m * t + (p - 1) * t / v, rel=1e-12)
+
+
+def test_the_replay_of_a_slow_first_stage_by_hand() -> None:
+    """Two stages, two micro-batches, stage 0 twice as slow (forward 2, backward 4) as
+    stage 1 (1, 2). By hand: stage 0 runs F0 [0, 2] and F1 [2, 4]; stage 1 F0 [2, 3], B0
+    [3, 5], F1 [5, 6], B1 [6, 8]; stage 0's B0 waits for 5 and runs [5, 9], B1 [9, 13]. The
+    closed form m·max(t) + Σt − max(t) = 2·6 + 3 = 15 overcounts by 2."""
+    assert pipeline_replay([[2.0], [1.0]], [[4.0], [2.0]], 2) == 13.0
+
+
+def test_a_split_of_unlike_chunks_runs_at_megatrons_order(tmp_path) -> None:
+    """GPT-3 at p 8, v 2 (the shipped plan interleaved): stage 0 in chunks of 10 and 2
+    layers, every other chunk 6 (12 layers a stage everywhere). Every stage holds the same
+    work, so the closed form over stage totals gave the even split's time to the digit;
+    replayed, the 10-layer chunk paces every stage that waits on it (an audit's replay of
+    the same order with per-layer times put the pipeline 22 % longer). The chunk times add
+    up to each stage's micro-batch time, and a split the search would lay out keeps the
+    closed form."""
+    interleaved = "pipeline: {schedule: interleaved, virtual_stages: 2"
+    even_path = variant(tmp_path, "even", ("pipeline: {schedule: 1f1b", interleaved))
+    even = build_report(load_plan(even_path))
+    split = "[10, 6, 6, 6, 6, 6, 6, 6, 2, 6, 6, 6, 6, 6, 6, 6]"
+    unlike_split = f"{interleaved}, layers_per_stage: {split}"
+    path = variant(tmp_path, "unlike", ("pipeline: {schedule: 1f1b", unlike_split))
+    plan = load_plan(path)
+    assert chunks_differ(plan) and not chunks_differ(load_plan(even_path))
+    unlike = build_report(plan)
+    assert unlike.step["time_s"] > 1.15 * even.step["time_s"]
+    times = step_time(plan, derive(plan))
+    forward, backward = _chunk_times(plan, list(times.stages), derive(plan).microbatches)
+    for stage, f, b in zip(times.stages, forward, backward, strict=True):
+        assert sum(f) + sum(b) == pytest.approx(stage.microbatch_s, rel=1e-12)
+    assert forward[0][0] > forward[1][0] > forward[0][1]
