@@ -116,6 +116,10 @@ class Move:
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
     algorithm: Algorithm | None = None
+    # runs after every micro-batch's backward though its phase comes after the pipeline
+    # (ZeRO-2's reduce-scatter): what of it is exposed lengthens each micro-batch of its
+    # stage, so the pipeline's fill and drain wait for it too (`schedule.step_time`)
+    each_microbatch: bool = False
 
 
 def hide(

@@ -109,6 +109,8 @@ class StageTime:
     phases: tuple[PhaseTime, ...]
     microbatch_s: float  # forward + backward + exposed communication of one micro-batch
     after_s: float  # gradient reduction and optimizer step after the last backward
+    # of after_s, what a reduction after every backward exposes a micro-batch (ZeRO-2)
+    each_microbatch_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,13 +435,23 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         after = sum(
             (p.compute_s + p.exposed_s) * p.count for p in phases if not per_microbatch(p.name)
         )
-        stages.append(StageTime(stage.stage, phases, per_mb, after))
+        each = sum(
+            t.exposed_s * t.move.count * p.count / m
+            for p in phases
+            if not per_microbatch(p.name)
+            for t in p.moves
+            if t.move.each_microbatch
+        )
+        stages.append(StageTime(stage.stage, phases, per_mb, after, each))
         if stage.timing_key:
             shared[stage.timing_key] = stages[-1]
     v = plan.parallel.pipeline.virtual_stages
     slowest = largest([s.microbatch_s for s in stages])
     copies = [stage.copies for stage in step.stages]
-    bubble = (sum(s.microbatch_s * c for s, c in zip(stages, copies, strict=True)) - slowest) / v
+    # a reduction after every backward (ZeRO-2) is counted once a micro-batch in after_s,
+    # and the pipeline's fill and drain wait for it on each stage they cross
+    waits = [s.microbatch_s + s.each_microbatch_s for s in stages]
+    bubble = (sum(w * c for w, c in zip(waits, copies, strict=True)) - largest(waits)) / v
     pipeline = m * slowest + bubble
     if isinstance(pipeline, float) and len(stages) == plan.parallel.pp and chunks_differ(plan):
         # a split whose model chunks differ by two layers or more: Megatron-LM's order,

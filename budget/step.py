@@ -1771,6 +1771,7 @@ def _reduce(b: _StageBuilder) -> None:
             count=b.microbatches,
             rounds=1,
             last_part=None,
+            each_microbatch=True,
             rule="ZeRO-2 gradients: reduce-scattered after every micro-batch's backward (only "
             "the shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
             "behind it (last bucket exposed)",

@@ -15,7 +15,7 @@ from budget.plan.model import Device, Overlap
 from budget.schedule import _chunk_times, pipeline_replay, step_time, work_time
 from budget.step import derive
 from tests.builders import make_plan
-from tests.plan_files import variant
+from tests.plan_files import ROOT, variant
 
 PLANS = sorted(Path(__file__).parent.parent.glob("plans/*.yaml"))
 A100 = Device(
@@ -566,3 +566,25 @@ def test_a_split_of_unlike_chunks_runs_at_megatrons_order(tmp_path) -> None:
     for stage, f, b in zip(times.stages, forward, backward, strict=True):
         assert sum(f) + sum(b) == pytest.approx(stage.microbatch_s, rel=1e-12)
     assert forward[0][0] > forward[1][0] > forward[0][1]
+
+
+def test_a_reduction_after_every_backward_waits_in_the_pipelines_fill_and_drain() -> None:
+    """ZeRO-2 reduce-scatters after every micro-batch's backward (`step._reduce`); exposed,
+    it lengthens each micro-batch on its stage, so the fill and drain of the pipeline wait
+    for it on each stage they cross, not only once a micro-batch at the end (review: the
+    shipped 128K plan, p 16 and 16 micro-batches, was 4 s short). Its stages expose one
+    reduce-scatter a micro-batch each, so the bubble grows by (p − 1) of them, give or take
+    their differences between stages."""
+    plan = load_plan(ROOT / "plans" / "llama3-405b-128k.yaml")
+    assert plan.parallel.zero == 2 and not plan.overlap.dp_grads
+    times = step_time(plan, derive(plan))
+    report = build_report(plan)
+    (dp,) = [p for p in report.phases if p.name == "dp.grads"]
+    (rs,) = [c for c in dp.collectives if c.count == derive(plan).microbatches]
+    waits = [s.each_microbatch_s for s in times.stages]
+    assert max(waits) == pytest.approx(rs.exposed_s, rel=1e-12)  # the row is the costliest
+    p, totals = plan.parallel.pp, [s.microbatch_s for s in times.stages]
+    closed = sum(totals) - max(totals)  # the bubble without the waits (v = 1)
+    grown = times.bubble_s - closed
+    assert (p - 1) * min(waits) <= grown <= (p - 1) * max(waits)
+    assert grown > 3.5  # 15 waits of about 0.27 s
