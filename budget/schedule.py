@@ -30,6 +30,8 @@ the bubble being (p − 1)/v of a micro-batch per stage. A split whose model chu
 two layers or more (written by hand; the search's differ by one at most, where the form is
 within 1 %) is replayed in Megatron-LM's order instead (`pipeline_replay`): a large chunk
 paces the stages waiting on it, and a slow first stage is not waited on by the bubble.
+A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
+in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
 Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
 """
 
