@@ -26,10 +26,12 @@ Compute is the roofline of each kernel
 Step time (Narayanan et al., arXiv 2104.04473, section 2.2): with m micro-batches, p stages
 taking t_i per micro-batch (forward + backward + exposed communication) and v virtual
 stages, the pipeline takes m·max(t) + (Σt − max(t))/v: for equal stages (m + (p − 1)/v)·t,
-the bubble being (p − 1)/v of a micro-batch per stage. A split whose model chunks differ by
-two layers or more (written by hand; the search's differ by one at most, where the form is
-within 1 %) is replayed in Megatron-LM's order instead (`pipeline_replay`): a large chunk
-paces the stages waiting on it, and a slow first stage is not waited on by the bubble.
+the bubble being (p − 1)/v of a micro-batch per stage. A 1F1B or interleaved split whose
+model chunks differ by two layers or more (written by hand) is replayed in Megatron-LM's
+order instead (`pipeline_replay`): a large chunk paces the stages waiting on it, and a slow
+first stage is not waited on by the bubble. The search's splits, whose chunks differ by one
+layer at most, keep the closed form, so that a sweep and a report agree; where their chunks
+are one and two layers it misses the replay by up to 8 % (Gemma 2 9B at p 8, v 4).
 A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
 in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
 Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
@@ -453,15 +455,22 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     # a reduction after every backward (ZeRO-2) is counted once a micro-batch in after_s,
     # and the pipeline's fill and drain wait for it on each stage they cross
     waits = [s.microbatch_s + s.each_microbatch_s for s in stages]
+    afters = [s.after_s for s in stages]
     bubble = (sum(w * c for w, c in zip(waits, copies, strict=True)) - largest(waits)) / v
     pipeline = m * slowest + bubble
-    if isinstance(pipeline, float) and len(stages) == plan.parallel.pp and chunks_differ(plan):
-        # a split whose model chunks differ by two layers or more: Megatron-LM's order,
-        # replayed (the closed form over stage totals is within 1 % of it on the search's
-        # splits, whose chunks differ by one at most, and misses by a fifth on some others)
-        pipeline = pipeline_replay(*_chunk_times(plan, stages, m), m)
+    one_plan = isinstance(pipeline, float) and len(stages) == plan.parallel.pp  # not a sweep
+    if one_plan and plan.parallel.pipeline.schedule != "gpipe" and chunks_differ(plan):
+        # a hand-written split whose model chunks differ by two layers or more: Megatron-LM's
+        # order, replayed, each stage's reduction after every backward (ZeRO-2) in its
+        # micro-batches' backward, where the fill and drain wait for it, and so out of what
+        # the reduction after the pipeline adds
+        forward, backward = _chunk_times(plan, stages, m)
+        for chunks, s in zip(backward, stages, strict=True):
+            chunks[0] += s.each_microbatch_s  # chunk 0's backward ends a micro-batch
+        rest = largest([s.after_s - m * s.each_microbatch_s for s in stages])
+        pipeline = pipeline_replay(forward, backward, m) + rest - largest(afters)
         bubble = pipeline - m * slowest
-    total = pipeline + largest([s.after_s for s in stages])
+    total = pipeline + largest(afters)
     tokens = plan.batch.global_batch * plan.batch.seq
     model_flops = float(model_flops_per_token(plan) * tokens)
     peak = plan.device.peak_flops(plan.precision.matmul) * plan.topology.gpus
@@ -553,8 +562,9 @@ def _chunk_times(
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Each stage's forward and backward time of one micro-batch through each of its model
     chunks: its layer phases by the chunk's dense and MoE layers, the embedding in its first
-    chunk, the loss and multi-token prediction in its last, the rest (stage sends,
-    hand-written transitions) spread evenly; they add up to the stage's `microbatch_s`."""
+    chunk, the loss and multi-token prediction in its last chunk's forward (their backward
+    with them: the phases do not split it), the rest (stage sends, hand-written transitions)
+    spread evenly; they add up to the stage's `microbatch_s`."""
     flags = moe_layers(plan)
     out: dict[str, list[list[float]]] = {"forward": [], "backward": []}
     for stage, chunks in zip(stages, stage_chunk_ids(plan), strict=True):

@@ -3,6 +3,7 @@ the terminal."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,7 @@ def test_a_wrapped_transition_name_hangs_under_its_first_line() -> None:
     lines = console.export_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith(" loss ")))
     assert lines[start + 1].startswith("  cross-entropy ")
-    assert lines[start + 2].strip() == "statistics"
+    assert lines[start + 2].split() == ["statistics", "fp32"]  # the op's format wraps too
     assert lines[start + 2].startswith("    statistics")
 
 
@@ -266,15 +267,40 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
         "payloads in bf16 unless the op names another; algorithms ring (AG, RS, AR), direct (P2P)"
     )
     assert "links and placements: at 110 columns or more, and in -f markdown" in legend
-    text = _rendered(table)
-    assert "RS fp32" in text and "AR fp32" in text and "AG fp32" not in text
+    lines = _rendered(table).splitlines()
+    (grads,) = [i for i, line in enumerate(lines) if re.match(r"  gradients +RS ", line)]
+    assert lines[grads + 1].split() == ["fp32"]
+    wide, _ = collective_table(gpt3, wide=True)
+    console = Console(width=120, record=True)
+    console.print(wide)
+    text = console.export_text()
+    assert "RS fp32 P→S(0)" in text and "AR fp32 P→R" in text and "AG fp32" not in text
     mixtral = budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
     table, legend = collective_table(mixtral, wide=False)
     assert legend[1].endswith(
-        "pairwise (A2A), direct (P2P); 2L = over two links in two levels, one collective on each"
+        "pairwise (A2A), direct (P2P); 2L = in two levels, one collective on each link"
     )
-    dispatch = [line for line in _rendered(table).splitlines() if "MoE dispatch " in line]
-    assert dispatch and all("A2A 2L" in line for line in dispatch)
+    lines = _rendered(table).splitlines()
+    dispatch = [i for i, line in enumerate(lines) if "MoE dispatch " in line]
+    # the op wraps at 80 columns: A2A on the row, 2L below it
+    assert dispatch and all(" A2A " in lines[i] and "2L" in lines[i + 1].split() for i in dispatch)
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("width", [80, 100, 110, 120])
+def test_every_collective_row_keeps_its_rule_whole(path, width) -> None:
+    """The rule column is a row's only link to its overlap rule: at any width from 80 it
+    is whole on every row (the format and 2L marks had pushed it past 80 columns, cut to
+    "[" on five shipped plans; review)."""
+    table, _ = collective_table(budget_plan(path), wide=width >= 110)
+    console = Console(width=width, record=True)
+    console.print(table)
+    rows = [
+        line
+        for line in console.export_text().splitlines()
+        if line.startswith("  ") and line[2:3].isalpha()
+    ]
+    assert rows and all(re.search(r"\[\d+\] *$", line) for line in rows)
 
 
 def test_a_serving_plans_phase_table_says_its_rows_are_the_whole_batch() -> None:

@@ -440,8 +440,10 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
     table = titled_table(f"Collectives (per rank, per call; received = sent{calls_scope(report)})")
-    table.add_column("transition", ratio=1, min_width=20)
-    table.add_column("op", no_wrap=True)
+    # narrow, the transition wraps sooner and the op (format, 2L) may take two lines, so
+    # that the rule column stays whole at 80 columns
+    table.add_column("transition", ratio=1, min_width=20 if wide else 18)
+    table.add_column("op", no_wrap=wide, max_width=None if wide else 4)
     _num(table, "group")
     if wide:
         table.add_column("link", no_wrap=True)
@@ -470,7 +472,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if c.dtype != usual:
                 op += f" {c.dtype}"
-            if c.algorithm == "hierarchical":
+            if c.algorithm == "hierarchical" and not wide:  # wide, the link column names both
                 op += " 2L"
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
@@ -496,7 +498,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             table.add_row(*cells)
     legend = ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
     if every:
-        legend.append(_algorithms(every, usual))
+        legend.append(_algorithms(every, usual, wide))
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
     else:
@@ -520,7 +522,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     return table, legend
 
 
-def _algorithms(every: list[CollectiveRow], usual: str) -> str:
+def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     """The payload format and the algorithms of the unmarked ops (`budget.collectives`)."""
     present = {c.op for c in every if c.algorithm not in _NAMED}
     default = {op: default_algorithm(cast(Op, op)) for op in _OPS if op in present}
@@ -528,8 +530,9 @@ def _algorithms(every: list[CollectiveRow], usual: str) -> str:
         f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
         for name in dict.fromkeys(default.values())
     ]
+    named = "two links in the link column" if wide else "2L"
     two = (
-        "; 2L = over two links in two levels, one collective on each"
+        f"; {named} = in two levels, one collective on each link"
         if any(c.algorithm == "hierarchical" for c in every)
         else ""
     )
@@ -604,7 +607,7 @@ def summary(report: Report) -> list[str]:
     tail = f" + gradient reduction and optimizer {_t(step['after_s'])}"
     first = (
         f"Step: {_t(time_s)} = pipeline {body} (of which bubble {_t(step['bubble_s'])}){tail}; "
-        "the pipeline runs every micro-batch at the pace of the slowest stage"
+        "the bubble is what the pipeline takes beyond its slowest stage's micro-batches"
         if report.layout["pp"] > 1
         else f"Step: {_t(time_s)} = micro-batches {body}{tail}"
     )
