@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from budget.plan.model import BandwidthRamp
+from budget.units import plural
 
 SCHEMA_VERSION = "1.0"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
@@ -277,6 +278,18 @@ def calls_scope(report: Report) -> str:
     """What a collective's calls count: one rank's in a step, or in serving with a
     pipeline, every stage's ranks' along the pass."""
     return "; calls summed over the stages a pass crosses" if _summed_over_stages(report) else ""
+
+
+def run_scope(report: Report) -> str:
+    """What the phase rows add up to: a training step, or a serving plan's whole batch."""
+    from budget.inference import passes_for
+
+    if report.mode == "train":
+        return "one step"
+    if report.mode == "prefill":
+        return "the prefill"
+    passes = passes_for(report.layout["generate"])
+    return f"the batch: its prefill and {plural(passes, 'decode pass', 'decode passes')}"
 
 
 def phase_scope(report: Report) -> str:

@@ -354,3 +354,16 @@ def test_a_share_that_moves_under_a_twentieth_of_a_point_keeps_a_digit() -> None
     tiny = Delta("exposed share", "share", "lower", 0.006, 0.00603)
     assert _change(tiny)[0] == "+0.003 pt" and tiny.verdict == "worse"
     assert _change(Delta("exposed share", "share", "lower", 0.006, 0.008))[0] == "+0.2 pt"
+
+
+def test_the_phase_rows_say_what_they_cover(tmp_path: Path) -> None:
+    """Two decode plans' phase rows are each plan's whole batch, which the title called
+    "one step"; a training plan beside a serving one covers a run of each (review)."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    tp4_decode = variant(tmp_path, "tp4", ("  tp: 8\n  pp: 1", "  tp: 4\n  pp: 2"), base=decode)
+    _, out, _ = _diff(decode, tp4_decode, width=120)
+    assert "Phases (per rank, over the batch: its prefill and 511 decode passes)" in out
+    _, out, _ = _diff(GPT3, decode, width=120)
+    assert "Phases (per rank, over a run of each plan)" in out
+    _, out, _ = _diff(GPT3, tp4(tmp_path), width=120)
+    assert "Phases (per rank, over one step)" in out

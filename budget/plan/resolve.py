@@ -152,9 +152,8 @@ class _Resolver:
         self.file = file
         self.problems: list[Problem] = []
         self.config_file = ""  # a Hugging Face config's path, as its errors name it
-        self.config_weights: str | None = (
-            None  # the release's weight format when quantized (hf_config or preset)
-        )
+        # the released weights' format where quantized (an hf_config's, or a preset's)
+        self.config_weights: str | None = None
         # where the model's unwritten keys come from: ($.model.hf_config or $.model.preset,
         # how a message names it), or None for a model written out; and the plan's own keys
         self.model_source: tuple[str, str] | None = None

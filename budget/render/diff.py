@@ -10,6 +10,7 @@ from rich.text import Text
 
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
+from budget.report import run_scope
 from budget.units import format_bytes, format_duration, format_flops, format_rate
 
 if TYPE_CHECKING:
@@ -117,6 +118,12 @@ def plan_value(key: str, value: Value) -> str:
     return str(value)
 
 
+def _phases_title(a: Report, b: Report) -> str:
+    """The phase rows' scope: one step, or a serving plan's prefill or batch."""
+    scope = run_scope(a) if run_scope(a) == run_scope(b) else "a run of each plan"
+    return f"Phases (per rank, over {scope})"
+
+
 def _title(report: Report) -> str:
     from budget.render.table import header
 
@@ -216,7 +223,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         console.print(Text(diff.note, style="yellow"))
     for title, first, rows in (
         ("Memory per rank of each pipeline stage, at its peak", "stage", diff.stages),
-        ("Phases (per rank, over one step)", "phase", diff.phases),
+        (_phases_title(a, b), "phase", diff.phases),
     ):
         console.print()
         console.print(_row_table(title, first, rows))
@@ -273,7 +280,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines += [f"> {diff.note}.", ""]
     for title, first, rows in (
         ("Memory per rank of each pipeline stage, at its peak", "stage", diff.stages),
-        ("Phases (per rank, over one step)", "phase", diff.phases),
+        (_phases_title(a, b), "phase", diff.phases),
     ):
         lines += [f"### {title}", ""]
         lines += [_md([first, "figure", "A", "B", "Δ", "Δ%"])]

@@ -18,7 +18,6 @@ from rich.table import Table
 from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
-from budget.inference import passes_for
 from budget.phases import CARRIED_ACTIVATIONS
 from budget.report import (
     RAMP_HEADER,
@@ -27,6 +26,7 @@ from budget.report import (
     group_name,
     phase_scope,
     ramp_shares,
+    run_scope,
 )
 from budget.units import format_bytes, format_duration, format_rate, plural
 
@@ -316,19 +316,9 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     return _listed((transient or added)[:limit])
 
 
-def _run(report: Report) -> str:
-    """What the phase rows add up to: a training step, or a serving plan's whole batch."""
-    if report.mode == "train":
-        return "one step"
-    if report.mode == "prefill":
-        return "the prefill"
-    passes = passes_for(report.layout["generate"])
-    return f"the batch: its prefill and {plural(passes, 'decode pass', 'decode passes')}"
-
-
 def phase_table(report: Report, wide: bool) -> Table:
     timed = report.step["time_s"] is not None
-    table = titled_table(f"Phases of {_run(report)} ({phase_scope(report)})")
+    table = titled_table(f"Phases of {run_scope(report)} ({phase_scope(report)})")
     table.add_column("phase", no_wrap=True)
     _num(table, "count")
     if timed:
