@@ -193,7 +193,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
 
     The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
     heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
-    sequence by 2·cp (ring attention), experts by ep and ep x etp by tp x dp x cp; sequence
+    sequence by 2·cp (either cp_attention), experts by ep and ep x etp by tp x dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
     full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
     Micro-batches whose sizes would pass the engine's int64 margin are rejected too
@@ -221,13 +221,12 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 counts.rejected["does not divide: pp into the GPUs left"] += 1
                 continue
             rest = gpus // (tp * pp)
-            chunks = 2 if plan.parallel.cp_attention == "ring" else 1  # load-balanced halves
             cps = []
             for cp in space.cp or divisors(rest):
                 if rest % cp:
                     counts.rejected["does not divide: cp into the GPUs left"] += 1
-                elif cp > 1 and b.seq % (chunks * cp):  # resolve's `context` rule
-                    counts.rejected[f"does not divide: sequence by {'2·' * (chunks > 1)}cp"] += 1
+                elif cp > 1 and b.seq % (2 * cp):  # resolve's `context` rule
+                    counts.rejected["does not divide: sequence by 2·cp"] += 1
                 elif cp > 1 and 0 < m.window < b.seq:
                     counts.rejected["a window shorter than the sequence needs cp 1"] += 1
                 else:

@@ -1002,11 +1002,11 @@ def test_the_search_says_it_leaves_hand_written_transitions_out(tmp_path):
     assert json.loads(result.stdout)["hardware"]["transitions_left_out"] == 1
 
 
-@pytest.mark.parametrize(("attention", "kept"), [("ring", False), ("allgather", True)])
-def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path, attention, kept):
-    """2,044 tokens split over cp 4 (511 each) but not into ring attention's 2 × cp = 8
-    chunks: resolve accepts the all-gather variant, so the search must rank it; it asked
-    for 2·cp whatever cp_attention said."""
+@pytest.mark.parametrize("attention", ["ring", "allgather"])
+def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path, attention):
+    """2,044 tokens split over cp 4 (511 each) but not into 2 × cp = 8 chunks: refused by
+    resolve for both variants (Transformer Engine's all-gather attention halves each rank's
+    share too), so the search must not rank it either, and says why."""
     text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
     text = text.replace("  seq: 2048", "  seq: 2044").replace(
         "  dp: 8", f"  dp: 8\n  cp_attention: {attention}"
@@ -1014,8 +1014,11 @@ def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path,
     plan = tmp_path / "cp.yaml"
     plan.write_text(text, encoding="utf-8")
     outcome = search(load_plan(plan), 8, Space(tp=(1,), pp=(1,), cp=(4,), micro=(1,), zero=(1,)))
-    assert bool(outcome.results) == kept
-    assert ("does not divide: sequence by 2·cp" in outcome.rejected) != kept
+    assert not outcome.results
+    assert "does not divide: sequence by 2·cp" in outcome.rejected
+    plan.write_text(text.replace("  dp: 8", "  dp: 2\n  cp: 4"), encoding="utf-8")
+    with pytest.raises(BudgetError, match=r"not divisible by 2 × cp = 8"):
+        load_plan(plan)
 
 
 def test_no_reason_is_listed_with_no_layout(tmp_path):

@@ -1153,9 +1153,8 @@ class _Checks:
 
     def cp_chunks(self) -> int:
         """The pieces context parallelism cuts a sequence into: 2 × cp load-balanced chunks
-        under ring attention, cp slices for the all-gather variant (`context`)."""
-        p = self.par
-        return 2 * p.cp if p.cp > 1 and p.cp_attention == "ring" else p.cp
+        under either attention variant (`context`), or 1 without it."""
+        return 2 * self.par.cp if self.par.cp > 1 else 1
 
     def seq_multiple(self) -> int:
         """What a training sequence must be a multiple of, so that the lengths one rule
@@ -1166,11 +1165,15 @@ class _Checks:
         return math.lcm(self.cp_chunks(), p.cp * p.tp) if sp else self.cp_chunks()
 
     def context(self) -> None:
-        """Ring attention splits each sequence into 2 × cp chunks for load balancing.
+        """Context parallelism splits each sequence into 2 × cp chunks for load balancing.
 
         Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
         the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
-        2·cp − 1 − r. The all-gather variant needs only cp | seq. Serving splits only the
+        2·cp − 1 − r, whichever attention variant runs. Transformer Engine's all-gather
+        variant relies on it too: ``AttnFuncWithCPAndKVAllGather.forward`` views each rank's
+        share as two halves ("Sequence length per GPU needs to be divisible by 2") and the
+        gathered keys as ``cp_size * 2`` chunks (``transformer_engine/pytorch/attention/
+        dot_product_attention/context_parallel.py``). Serving splits only the
         prompt, in prefill; decoding appends one token at a time to a cache sharded along the
         sequence with ceiling division (`budget.inference`), which needs no divisor.
         """
@@ -1181,16 +1184,12 @@ class _Checks:
         seq, name = (self.batch.seq, "batch.seq") if train else (self.batch.prompt, "batch.prompt")
         chunks, step = self.cp_chunks(), self.seq_multiple() if train else self.cp_chunks()
         if seq % chunks:
-            why = (
-                f"2 × cp = {chunks}: ring attention splits each "
-                f"{'sequence' if train else 'prompt'} into 2 × cp load-balanced chunks"
-                if chunks != cp
-                else f"cp = {cp}: each context-parallel rank holds an equal slice"
-            )
             self.r.error(
                 "$.parallel.cp",
-                f"{name} = {seq} is not divisible by {why}; make it a multiple of {step} "
-                f"(nearest: {_nearest(seq, step)})",
+                f"{name} = {seq} is not divisible by 2 × cp = {chunks}: context parallelism "
+                f"splits each {'sequence' if train else 'prompt'} into 2 × cp load-balanced "
+                f"chunks, two per rank; make it a multiple of {step} (nearest: "
+                f"{_nearest(seq, step)})",
             )
 
     def experts(self) -> None:
