@@ -8,7 +8,7 @@ numbers and what dominates; renderers show the reasons and the CLI picks the exi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -117,6 +117,8 @@ class Reason:
     required: float | None
     excess: float | None  # how far past the limit, in the same unit
     contributors: tuple[Overlapping, ...] = ()
+    # other stages past the same memory limit, (stage, excess bytes), largest excess first
+    other_stages: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class Reason:
                 {"tensor": o.tensor, "category": o.category, "count": o.count, "bytes": o.bytes}
                 for o in self.contributors
             ],
+            "other_stages": [{"stage": s, "excess": e} for s, e in self.other_stages],
         }
 
 
@@ -325,9 +328,31 @@ def _largest(items: tuple[Overlapping, ...], limit: int = 3) -> str:
     )
 
 
-def _memory_reason(row: StageRow) -> Reason:
+def _others(
+    report: Report, row: StageRow, excess: Callable[[StageRow], int]
+) -> tuple[tuple[int, int], ...]:
+    """Stages other than `row` with a positive `excess`, (stage, excess), largest first."""
+    over = ((s.stage, excess(s)) for s in report.stages if s.stage != row.stage)
+    return tuple(sorted(((s, e) for s, e in over if e > 0), key=lambda p: (-p[1], p[0])))
+
+
+def _also(others: tuple[tuple[int, int], ...], past: str, says: tuple[str, str]) -> str:
+    """ "; stages 3 (1.20 GiB over), 1 (512 MiB over) and 2 more do not fit either": the
+    first four other stages with their excess `past` the limit, then what `says` of one
+    stage or of several; "" without others."""
+    if not others:
+        return ""
+    shown = 4
+    listed = ", ".join(f"{s} ({format_bytes(e)} {past})" for s, e in others[:shown])
+    more = f" and {len(others) - shown} more" if len(others) > shown else ""
+    noun, verb = ("stage", says[0]) if len(others) == 1 else ("stages", says[1])
+    return f"; {noun} {listed}{more} {verb}"
+
+
+def _memory_reason(report: Report, row: StageRow) -> Reason:
     over = row.peak_bytes - row.capacity_bytes
     peak, capacity = _gib_pair(row.peak_bytes, row.capacity_bytes)
+    others = _others(report, row, lambda s: s.peak_bytes - s.capacity_bytes)
     return Reason(
         limit="memory",
         message=(
@@ -335,19 +360,22 @@ def _memory_reason(row: StageRow) -> Reason:
             f"({row.peak_instant}), {_amount(over)} over the {capacity} "
             "device; largest at that peak: "
             f"{_largest(row.peak_overlap)}"
+            f"{_also(others, 'over', ('does not fit either', 'do not fit either'))}"
         ),
         stage=row.stage,
         actual=row.peak_bytes,
         required=row.capacity_bytes,
         excess=over,
         contributors=row.peak_overlap[:3],
+        other_stages=others,
     )
 
 
-def _headroom_reason(row: StageRow, required: int, limits: Limits) -> Reason | None:
+def _headroom_reason(report: Report, row: StageRow, required: int, limits: Limits) -> Reason | None:
     short = required - row.headroom_bytes
     if short <= 0:
         return None
+    others = _others(report, row, lambda s: required - s.headroom_bytes)
     free, needed = _gib_pair(row.headroom_bytes, required)
     asked = (
         "" if limits.headroom_share is None else f" ({_percent(limits.headroom_share)} of capacity)"
@@ -359,12 +387,14 @@ def _headroom_reason(row: StageRow, required: int, limits: Limits) -> Reason | N
             f"in {row.peak_phase} ({row.peak_instant}), {_amount(short)} short of the "
             f"required {needed}{asked}; largest at that peak: "
             f"{_largest(row.peak_overlap)}"
+            f"{_also(others, 'short', ('is short of it too', 'are short of it too'))}"
         ),
         stage=row.stage,
         actual=row.headroom_bytes,
         required=required,
         excess=short,
         contributors=row.peak_overlap[:3],
+        other_stages=others,
     )
 
 
@@ -522,11 +552,11 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
     worst = report.worst
     reasons: list[Reason | None] = []
     if not worst.fits:
-        reasons.append(_memory_reason(worst))
+        reasons.append(_memory_reason(report, worst))
     else:
         required = limits.required_headroom(worst.capacity_bytes)
         if required is not None:
-            reasons.append(_headroom_reason(worst, required, limits))
+            reasons.append(_headroom_reason(report, worst, required, limits))
     if limits.max_exposed_share is not None:
         reasons.append(_exposed_reason(report, limits.max_exposed_share))
     if limits.max_step_s is not None:

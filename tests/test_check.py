@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from budget.check import Limits, check_report, parse_limits
 from budget.cli import app, route
 from budget.pipeline import budget_plan
-from budget.units import format_duration
+from budget.units import format_bytes, format_duration
 from tests.plan_files import GPT3, PLANS, invalid, too_big, variant
 
 runner = CliRunner()
@@ -49,6 +49,30 @@ def test_a_plan_that_does_not_fit_fails_with_stage_excess_and_contributors(
     # test_diff's `_stage0_params(8)`)
     assert f"gradients (fp32) {4 * 2_822_731_776 / 2**30:.1f} GiB" in text
     assert "0 of 1 plan passed, 1 failed" in text
+    # stages 1-4 are over too (each holds one warm-up micro-batch fewer than the one before
+    # it); stages 5-7 fit, and the worst is not listed twice
+    over = {s.stage: s.peak_bytes - s.capacity_bytes for s in report.stages if not s.fits}
+    assert sorted(over) == [0, 1, 2, 3, 4]
+    listed = ", ".join(f"{s} ({format_bytes(over[s])} over)" for s in (1, 2, 3, 4))
+    assert f"; stages {listed} do not fit either" in text
+    data = json.loads(_check(path, "--format", "json")[1])
+    others = data["plans"][0]["reasons"][0]["other_stages"]
+    assert others == [{"stage": s, "excess": over[s]} for s in (1, 2, 3, 4)]
+
+
+def test_a_plan_short_of_headroom_names_every_stage_short_of_it(tmp_path: Path) -> None:
+    """GPT-3 on 32 GiB devices fits (stage 0 peaks at 30.4 GiB), but asking for 4 GiB free
+    leaves stages 0 and 1 short (stage 1 peaks at 28.5 GiB); the reason names both, the
+    worst first."""
+    path = variant(tmp_path, "tight.yaml", ("reserved: 3 GiB}", "reserved: 3 GiB, memory: 32 GiB}"))
+    report = budget_plan(path)
+    short = {s.stage: 4 * 2**30 - s.headroom_bytes for s in report.stages}
+    assert [s for s in sorted(short) if short[s] > 0] == [0, 1]
+    code, out, _ = _check(path, "--headroom", "4GiB")
+    text = " ".join(out.split())
+    assert code == 1
+    assert "stage 0 leaves" in text
+    assert f"; stage 1 ({format_bytes(short[1])} short) is short of it too" in text
 
 
 def test_several_plans_one_failing_exit_1(tmp_path: Path) -> None:

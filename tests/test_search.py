@@ -402,7 +402,11 @@ def test_layouts_whose_groups_straddle_nodes_unevenly_are_rejected_with_a_reason
 def test_memory_of_a_sweep_does_not_grow_with_its_size(gpt3, monkeypatch):
     """Issue 6 acceptance 2, bounded memory: with small chunks, doubling the layouts of a
     sweep (same structures, twice the micro-batch sizes) leaves the peak of traced
-    allocations where it was; what grows with the sweep is only time."""
+    allocations where it was; what grows with the sweep is only time. Each size is traced
+    twice after a collection and the lower peak kept: inside the whole suite, cyclic garbage
+    left by earlier tests was once collected mid-trace in one run and not the other (2.29
+    against 2.79 MB), which is the collector's timing, not the sweep's size."""
+    import gc
     import tracemalloc
 
     import budget.search
@@ -412,11 +416,15 @@ def test_memory_of_a_sweep_does_not_grow_with_its_size(gpt3, monkeypatch):
     for micro in ((1, 2, 4, 8), (1, 2, 3, 4, 6, 8, 12, 16)):
         space = Space(micro=micro, virtual_stages=(1,), zero=(1,), recompute=("selective", "full"))
         search(gpt3, 1024, space, keep=5)  # warm caches and imports outside the trace
-        tracemalloc.start()
-        evaluated.append(search(gpt3, 1024, space, keep=5).evaluated)
-        peaks.append(tracemalloc.get_traced_memory()[1])
-        tracemalloc.stop()
-    assert evaluated[1] > 1.9 * evaluated[0]
+        traced = []
+        for _ in range(2):
+            gc.collect()
+            tracemalloc.start()
+            evaluated.append(search(gpt3, 1024, space, keep=5).evaluated)
+            traced.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+        peaks.append(min(traced))
+    assert evaluated[2] > 1.9 * evaluated[0]
     assert peaks[1] < 1.15 * peaks[0], peaks
 
 
