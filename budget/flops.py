@@ -51,6 +51,9 @@ class Work:
     # and MoE router are not Transformer Engine modules, so an FP8 recipe leaves them in the
     # activations' format (`vocab_operands`)
     dtype: str | None = None
+    # share of the device's streaming multiprocessors it runs on (below 1 where a collective
+    # beside it holds the rest: `schedule.overlapped_gemms`); its FLOPs take 1/share longer
+    sm_share: Any = 1.0
 
     def scaled(self, factor: float, name: str | None = None, launches: Any = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept,

@@ -120,6 +120,12 @@ class Move:
     # (ZeRO-2's reduce-scatter): what of it is exposed lengthens each micro-batch of its
     # stage, so the pipeline's fill and drain wait for it too (`schedule.step_time`)
     each_microbatch: bool = False
+    # Transformer Engine's comm-GEMM overlap changes the GEMM it hides behind, where the
+    # overlap is on (`schedule.overlapped_gemms`): the GEMM runs as `gemm_splits` kernels
+    # (its ``num_splits``), and with `gemm_sms` > 0 on the device's SMs less these for its
+    # whole length (``set_sm_margin``), the collective's kernels holding them
+    gemm_splits: Any = 1
+    gemm_sms: int = 0
 
 
 def hide(

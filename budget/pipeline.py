@@ -367,6 +367,9 @@ def build_report(plan: Plan) -> Report:
         "attention_window_held_at": rate.held_at(m.window) if windowed and rate else None,
         # what every kernel takes beyond its bytes at the streaming bandwidth
         "kernel_startup_s": plan.device.kernel_startup,
+        # streaming multiprocessors, which overlap.tp's pipelined reduce-scatter narrows its
+        # GEMM by; 0: not given
+        "sms": plan.device.sms,
     }
     phases = _phase_rows(step, mem, times, timing)
     return Report(

@@ -24,7 +24,7 @@ ATTENTION_KEYS = 8192
 
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
-    ceiling_flops, half_flops, by_dtype, source}, memory_efficiency, kernel_startup_s,
+    ceiling_flops, half_flops, by_dtype, source}, memory_efficiency, kernel_startup_s, sms,
     attention[{kernel, keys, fraction, derived}], assumed, source}``; the first attention
     kernel is what ``model.attention: flash`` runs (its share of the bf16 peak when each
     query meets ``keys`` keys; ``derived``: computed from another kernel's measurement), an
@@ -46,6 +46,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
         },
         "memory_efficiency": d.memory_efficiency,
         "kernel_startup_s": d.kernel_startup,
+        "sms": d.sms,
         "attention": [
             {
                 "kernel": rate.kernel,

@@ -18,6 +18,11 @@ by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
 2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` of compute time
 to its phase. That time is the compute's, not the collective's: exposed communication stays
 the part of T the step waits for, and the charge is reported on its own (``slowdown_s``).
+Transformer Engine's comm-GEMM overlap (`overlap.tp`) also reshapes the GEMM it hides
+behind (`overlapped_gemms`): the GEMM runs as ``num_splits`` kernels, each ramping as a
+smaller GEMM, and beside its pipelined reduce-scatter on the device's SMs less the
+``num_sm`` the collective holds for the GEMM's whole length (``set_sm_margin``); that margin
+is the compute's slowdown there, in place of ``overlap.slowdown``.
 Each collective is charged for its own hidden time. Two sharing a window run one after the
 other beside it, so the second hides only behind what the first left of share · W.
 Compute is the roofline of each kernel
@@ -42,6 +47,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import pairwise
 from typing import Any, cast
 
@@ -62,7 +68,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
-from budget.vector import largest, ratio, vfloat, vmax, vmin, vwhere
+from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 
@@ -173,6 +179,7 @@ def work_time(plan: Plan, work: Work) -> float:
         compute = work.flops / ((device.peak_flops("bf16") or peak) * fused)
     else:
         compute = work.flops / (peak * gemm_efficiency(device, work, dtype))
+    compute = compute / work.sm_share
     # a kernel takes its startup beyond its bytes (T = a + V / B, `budget.catalog.devices`)
     memory = work.bytes / (device.memory_bandwidth * device.memory_efficiency)
     if device.kernel_startup:
@@ -250,9 +257,54 @@ def _by_name(plan: Plan, phase: Phase) -> dict[str, float]:
     """Seconds per kernel name; kernels of one name add up (a sweep carries each recompute
     mode's kernels under the same names, all but one of them zeroed)."""
     kernels: dict[str, float] = {}
+    reshaped = overlapped_gemms(plan, phase)
     for work in phase.works:
+        if work.name in reshaped:
+            work = reshaped[work.name](work)
         kernels[work.name] = kernels.get(work.name, 0.0) + work_time(plan, work)
     return kernels
+
+
+def overlapped_gemms(plan: Plan, phase: Phase) -> dict[str, Callable[[Work], Work]]:
+    """The GEMMs of `phase` that Transformer Engine's comm-GEMM overlap reshapes, by name:
+    each kernel as it runs beside its collective (`Move.gemm_splits`, `Move.gemm_sms`).
+
+    Transformer Engine (``transformer_engine/pytorch/module/base.py``, ``initialize_ub``,
+    its default configuration per method) runs a ``ring_exchange`` overlap's GEMM in
+    ``num_splits`` = tp chunks, one per step of the ring, and a ``pipeline`` overlap's in
+    ``num_splits`` = 4, with ``num_sm`` = 16 SMs given to the reduce-scatter and
+    ``set_sm_margin`` on, so the GEMM is launched on the rest
+    (``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp``: ``_math_sms =
+    set_sm_margin ? sm_count - num_comm_sm : sm_count``). A GEMM of F FLOPs in c launches
+    ramps as c GEMMs of F/c (`budget.efficiency`, ``Work.launches``); on s of S SMs its FLOPs
+    take S/s as long, its tiles spread over fewer SMs in more waves. A weight-gradient
+    kernel ("... backward") holds the input-gradient GEMM and the weight-gradient GEMM, two
+    launches; only the first is split (Transformer Engine overlaps the output-gradient
+    all-gather with the input-gradient GEMM). A sweep's configuration without the move
+    (count 0, or one rank) keeps its GEMM whole.
+    """
+    sms = plan.device.sms
+    reshaped: dict[str, Callable[[Work], Work]] = {}
+    for move in phase.moves:
+        if not move.window or move.window.startswith("@") or not _flag(plan, move.flag):
+            continue
+        margin = move.gemm_sms if sms > move.gemm_sms else 0
+        if margin == 0 and every(move.gemm_splits == 1):
+            continue
+        on = (move.ranks > 1) & (move.count > 0)
+        splits = vwhere(on, move.gemm_splits, 1)
+        share = vwhere(on, (sms - margin) / sms, 1.0) if margin else 1.0
+
+        def reshape(
+            work: Work, splits: Any = splits, share: Any = share, before: Any = None
+        ) -> Work:
+            work = work if before is None else before(work)
+            half = work.launches / 2 if work.name.endswith(" backward") else 0.0
+            launches = (work.launches - half) * splits + half
+            return replace(work, launches=launches, sm_share=work.sm_share * share)
+
+        reshaped[move.window] = partial(reshape, before=reshaped.get(move.window))
+    return reshaped
 
 
 def _windows(
@@ -340,7 +392,11 @@ def time_phase(
                 hidden = total - exposed
                 hid = (vmin(total * f - last, hidden) * mask, hidden * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
-            slowed = plan.overlap.slowdown * (total - exposed)
+            sms = plan.device.sms
+            if move.gemm_sms and sms > move.gemm_sms:  # its GEMM runs narrowed instead
+                rule = f"{rule}; its GEMM runs on {sms - move.gemm_sms} of {sms} SMs"
+            else:
+                slowed = plan.overlap.slowdown * (total - exposed)
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
         if move.flag:

@@ -192,11 +192,13 @@ def _tp_moves(
                 f"tp: exposed unless overlap.tp pipelines it with its GEMM in {chunks} chunks, "
                 "each its own collective (the last one exposed)"
             )
+            m = replace(m, gemm_splits=chunks, gemm_sms=plan.overlap.tp_comm_sms)
             return hide(m, gemm, "tp", rule, share=(chunks - 1) / chunks, chunks=chunks)
         # ring exchange: tp - 1 transfers beside tp GEMM chunks, the last chunk's GEMM with
-        # nothing left to receive (it was given the whole GEMM: an audit)
+        # nothing left to receive (it was given the whole GEMM: an audit); the transfers run
+        # on copy engines (``use_ce``), holding no SMs off the GEMM
         rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
-        return hide(m, gemm, "tp", rule, share=ring * portion)
+        return hide(replace(m, gemm_splits=par.tp), gemm, "tp", rule, share=ring * portion)
 
     wgrad = f"{column} backward"
     sp = holds(par.sequence_parallel)

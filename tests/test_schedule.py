@@ -12,7 +12,7 @@ from budget.layers import chunks_differ
 from budget.pipeline import budget_plan, build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Device, Overlap
-from budget.schedule import _chunk_times, pipeline_replay, step_time, work_time
+from budget.schedule import _by_name, _chunk_times, pipeline_replay, step_time, work_time
 from budget.step import derive
 from tests.builders import make_plan
 from tests.plan_files import ROOT, variant
@@ -461,6 +461,54 @@ def test_tp_ring_exchange_hides_behind_all_but_the_last_gemm_chunk(tmp_path):
         7 / 16,
         "input gradient",
     )
+
+
+def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
+    """Transformer Engine's comm-GEMM overlap (``initialize_ub`` defaults): the ring
+    exchange runs its GEMM in tp chunks; the pipelined reduce-scatter's GEMM in 4 chunks on
+    the device's SMs less the 16 the collective holds (``set_sm_margin``), which stands in
+    for overlap.slowdown there. Llama 3 70B at tp 8 on H100 SXM (132 SMs), by hand from
+    each kernel's FLOPs: fc2 forward of F FLOPs takes F / (989e12 · c(F/4)) · 132/116, with
+    c(x) = ceiling · x / (x + half_flops) the device's curve; the QKV projection F /
+    (989e12 · c(F/8)); the attention output projection's backward (dgrad + wgrad, two
+    launches) ramps as 8 + 1 launches. Without overlap.tp every GEMM stays whole."""
+    from budget.efficiency import curve_fraction
+
+    base = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "tp.yaml"
+    path.write_text(base + "overlap: {tp: true}\n", encoding="utf-8")
+    plan = load_plan(path)
+    whole = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    assert plan.device.sms == 132 and plan.overlap.tp_comm_sms == 16
+    curve = plan.device.gemm
+    assert curve is not None
+
+    def seconds(flops: float, launches: float, sms: float = 132) -> float:
+        per = flops / launches
+        return flops / (989e12 * curve_fraction(curve, per)) * 132 / sms
+
+    phases = {p.name: p for p in derive(plan).stages[0].phases}
+    (fc2,) = [w for w in phases["forward.mlp"].works if w.name == "MLP fc2"]
+    (qkv,) = [w for w in phases["forward.attention"].works if w.name == "QKV projection"]
+    (proj,) = [
+        w
+        for w in phases["backward.attention"].works
+        if w.name == "attention output projection backward"
+    ]
+    assert proj.launches == 2
+    kernels = {p.name: _by_name(plan, p) for p in derive(plan).stages[0].phases}
+    assert kernels["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2.flops, 4, 116))
+    assert kernels["forward.attention"]["QKV projection"] == pytest.approx(seconds(qkv.flops, 8))
+    assert kernels["backward.attention"]["attention output projection backward"] == (
+        pytest.approx(proj.flops / (989e12 * curve_fraction(curve, proj.flops / 9)))
+    )
+    plain = {p.name: _by_name(whole, p) for p in derive(whole).stages[0].phases}
+    assert plain["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2.flops, 1))
+    # the pipelined reduce-scatter's hidden time no longer adds overlap.slowdown
+    rows = {c.name: c for p in build_report(plan).phases for c in p.collectives}
+    assert "its GEMM runs on 116 of 132 SMs" in rows["MLP output"].overlap_rule
+    assert "slows the compute" not in rows["MLP output"].overlap_rule
+    assert "slows the compute" in rows["MLP input"].overlap_rule
 
 
 def test_zero3_last_block_reduce_scatter_of_a_micro_batch_is_exposed(tmp_path):

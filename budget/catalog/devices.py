@@ -296,6 +296,7 @@ class DevicePreset:
     # Figures not measured on this device, but borrowed from another or assumed (docstring):
     # any of "gemm" ("gemm-fp8": its FP8 ceiling alone), "stream", "attention", "start".
     assumed: tuple[str, ...] = ()
+    sms: int = 0  # streaming multiprocessors (AMD: compute units) enabled (below)
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -353,6 +354,15 @@ _H200_GEMM = _curve(
     fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
 )
 
+# Streaming multiprocessors enabled on each product (`DevicePreset.sms`: what a kernel can be
+# launched on, and what Transformer Engine's comm-GEMM overlap takes its ``num_sm`` from,
+# `budget.schedule`).
+# A100: 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "The A100 GPU ... 108
+# SMs"); H100 SXM5 132 and H100 PCIe 114 (NVIDIA H100 Tensor Core GPU Architecture
+# whitepaper, table "NVIDIA H100 ... compared to NVIDIA A100"); the H800 and H200 are the
+# H100 SXM's GH100 configuration (132); B200: 74 of each die's 80 SMs enabled, 148 (Chips and
+# Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025); MI300X: 304 compute
+# units (AMD CDNA 3 architecture whitepaper).
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
         "a100-40gb",
@@ -365,6 +375,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
         kernel_startup=_A100_STARTUP,
+        sms=108,
         assumed=("gemm", "stream", "attention", "start"),  # the A100 80GB's: same chip
     ),
     "a100-80gb": DevicePreset(
@@ -377,6 +388,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
         kernel_startup=_A100_STARTUP,
+        sms=108,
     ),
     "h100-sxm": DevicePreset(
         "h100-sxm",
@@ -388,6 +400,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        sms=132,
         assumed=("gemm-fp8", "start"),  # the H200's: same die and power limit
     ),
     "h100-pcie": DevicePreset(
@@ -407,6 +420,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        sms=114,
         assumed=("gemm", "stream", "attention", "start"),  # the SXM's fractions
     ),
     "h800": DevicePreset(
@@ -422,6 +436,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        sms=132,
         assumed=("gemm", "stream", "attention", "start"),  # the H100 SXM's
     ),
     "h200": DevicePreset(
@@ -435,6 +450,7 @@ DEVICES: dict[str, DevicePreset] = {
         memory_efficiency=_H200_STREAM,
         attention=_H200_ATTENTION,
         kernel_startup=_GH100_STARTUP,
+        sms=132,
         assumed=("attention",),  # cuDNN and FlashAttention-3: the H100's
     ),
     "b200": DevicePreset(
@@ -461,6 +477,7 @@ DEVICES: dict[str, DevicePreset] = {
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
         "1,440 GB HBM3e; 64 TB/s)",
         kernel_startup=_GH100_STARTUP,
+        sms=148,
         assumed=("stream", "start"),  # 0.8 of the bandwidth, the H200's startup: none measured
     ),
     "mi300x": DevicePreset(
@@ -486,6 +503,7 @@ DEVICES: dict[str, DevicePreset] = {
         "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
         memory_efficiency=_MI300X_STREAM,
         kernel_startup=_GH100_STARTUP,
+        sms=304,
         assumed=("gemm", "start"),  # the A100's ramp time, the H200's startup: none measured
     ),
 }

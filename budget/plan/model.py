@@ -191,6 +191,9 @@ class Parallel:
 # slows the computation by 18.9 % on average (40.0 % at most) against the same computation
 # alone, over GPT and LLaMA training on 4 x A100, H100, MI250 and MI210.
 OVERLAP_SLOWDOWN = 0.189
+# Transformer Engine's ``initialize_ub`` default ``num_sm`` for its ``pipeline`` overlap
+# method (``transformer_engine/pytorch/module/base.py``), with ``set_sm_margin`` on.
+TP_COMM_SMS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,10 @@ class Overlap:
     ep: bool = False
     # Compute runs this much slower while a collective runs beside it (`budget.schedule`).
     slowdown: float = OVERLAP_SLOWDOWN
+    # SMs the pipelined reduce-scatter of `tp` overlap holds off its GEMM for the GEMM's
+    # whole length: Transformer Engine's ``initialize_ub`` default for its ``pipeline``
+    # method (``num_sm`` 16, ``set_sm_margin`` on; `step._tp_moves`).
+    tp_comm_sms: int = TP_COMM_SMS
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.slowdown < 1.0:
@@ -257,6 +264,9 @@ class Device:
     # Seconds a kernel takes beyond its bytes at the streaming bandwidth (launch gap, first
     # bytes' latency, last wave's tail): T = startup + V / B (`budget.catalog.devices`).
     kernel_startup: float = 0.0
+    # Streaming multiprocessors (AMD: compute units) a kernel can run on; 0: not given, and a
+    # collective that holds some of them off a GEMM (`Overlap.tp_comm_sms`) costs nothing.
+    sms: int = 0
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)

@@ -26,6 +26,7 @@ from budget.plan.model import (
     FUSED_KERNELS,
     GATED_MLPS,
     OVERLAP_SLOWDOWN,
+    TP_COMM_SMS,
     Batch,
     Device,
     DType,
@@ -680,7 +681,10 @@ class _Resolver:
                 memory_efficiency=preset.memory_efficiency,
                 attention=preset.attention,
                 kernel_startup=preset.kernel_startup,
+                sms=preset.sms,
             )
+        if "sms" in tree:
+            device = replace(device, sms=int(tree["sms"]))
         if "matmul_efficiency" in tree:
             device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
         if "memory_efficiency" in tree:
@@ -1360,6 +1364,14 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         _check_attention_kernel(r, model.attention, device)
     topology = r.topology(tree["topology"])
     overlap = tree.get("overlap", {})
+    held = overlap.get("tp_comm_sms", TP_COMM_SMS)
+    if device is not None and overlap.get("tp") and 0 < device.sms <= held:
+        r.error(
+            "$.overlap.tp_comm_sms",
+            f"overlap.tp_comm_sms = {held} leaves none of the device's {device.sms} streaming "
+            f"multiprocessors to the GEMM its reduce-scatter overlaps; give fewer than "
+            f"{device.sms}",
+        )
     transitions: tuple[Transition, ...] = ()
     if model is not None:
         if not seed:
@@ -1380,8 +1392,9 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         topology=topology,
         recompute=tree.get("recompute", "none"),
         overlap=Overlap(
-            **{key: bool(value) for key, value in overlap.items() if key != "slowdown"},
+            **{k: bool(v) for k, v in overlap.items() if k not in ("slowdown", "tp_comm_sms")},
             slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),
+            tp_comm_sms=int(overlap.get("tp_comm_sms", TP_COMM_SMS)),
         ),
         transitions=transitions,
         # hierarchical is what a group across levels takes anyway, and ring on one level

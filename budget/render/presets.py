@@ -94,7 +94,8 @@ def _devices(devices: list[dict[str, Any]]) -> Section:
         "kernel reaches; attention: the kernel `model.attention: flash` runs and its share of "
         "the bf16 peak at 8K keys (GEMM curve: none measured; the device's other kernels, among "
         "them the derived triton, are in --format json); start: the fixed time a kernel "
-        f"takes beyond its bytes. {_ASSUMED_NOTE}"
+        "takes beyond its bytes; streaming multiprocessors (`sms`) are in --format json. "
+        f"{_ASSUMED_NOTE}"
     )
     return Section(
         "Device presets (device: {preset: NAME})",
