@@ -286,3 +286,22 @@ def test_sizes_past_any_real_model_are_refused_where_they_are_written() -> None:
         "dtype: bf16}, group: dp, from: replicate, to: partial}\n"
     )
     assert plan_of(edge).transitions[0].shape == (65536,) * 3
+
+
+def test_sms_come_from_the_preset_or_the_plan_and_must_leave_some_to_the_gemm() -> None:
+    """An H100 SXM preset has 132 SMs, a device written out none (its GEMMs stay whole)
+    unless it gives ``sms``; a margin of all of them leaves the overlapped GEMM nothing."""
+    preset = BASE.replace(
+        "  memory: 80 GiB\n  reserved: 3 GiB\n  flops: {bf16: 989 TFLOP/s, fp32: 67 TFLOP/s}\n"
+        "  memory_bandwidth: 3.35 TB/s\n",
+        "  preset: h100-sxm\n",
+    )
+    assert plan_of(preset).device.sms == 132
+    assert plan_of(BASE).device.sms == 0
+    written = BASE.replace("  reserved: 3 GiB\n", "  reserved: 3 GiB\n  sms: 100\n")
+    assert plan_of(written).device.sms == 100
+    overlap = "overlap: {tp: true, tp_comm_sms: 132}\n"
+    (problem,) = problems_of(preset + overlap)
+    assert "$.overlap.tp_comm_sms" in problem
+    assert "leaves none of the device's 132 streaming multiprocessors" in problem
+    assert plan_of(preset + "overlap: {tp: true, tp_comm_sms: 24}\n").overlap.tp_comm_sms == 24
