@@ -1616,6 +1616,14 @@ def _backward(b: _StageBuilder) -> None:
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
     # core that Megatron-LM's selective recompute checkpoints)
     again += when(_again(_cp_moves(plan, s, False)), plan.recompute != "none")
+    # under recompute with context parallelism the core's forward runs again first, holding
+    # what its forward held (the ring's K/V chunks, step outputs and statistics, or the
+    # gathered K/V) beside the output gradient, before any of the core's gradients exist
+    rerun = []
+    if not every(par.cp == 1) and not every(plan.recompute == "none"):
+        held = when(_cp_buffers(plan, s), plan.recompute != "none")
+        live = (*_spent(saved + recomputed, ffn_spent), grad_out, *held, *attention_bucket)
+        rerun.append(Instant("attention core (recomputed)", live))
     work = flops.attention_forward(plan, s)
     redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full) + when(
         [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)],
@@ -1629,6 +1637,7 @@ def _backward(b: _StageBuilder) -> None:
         + _cp_moves(plan, s, True)
         + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
         [
+            *rerun,
             Instant(
                 "attention core gradients",
                 (
