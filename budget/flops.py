@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
-from budget.vector import every, vmin, vround, vwhere
+from budget.vector import every, ratio, vfloat, vmax, vmin, vround, vwhere
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -213,7 +213,7 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     A sliding window (``model.sliding_window``) changes the works of a stage whose layers
     slide (`_sliding`).
     """
-    full = _core(plan, s)
+    full = _core(plan, s) + ring_merges(plan, s)
     m = plan.model
     if not m.window or (m.attention == "eager" and s.causal):
         return full
@@ -292,6 +292,41 @@ def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
     return [replace(w.scaled(1 - share), launches=1 - share) for w in full] + [
         replace(_windowed(w).scaled(share), launches=share) for w in local
     ]
+
+
+def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
+    """The memory passes ring context parallelism adds around its attention kernels in
+    training, on the rank that does the most of them (one layer waits for it).
+
+    Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (``transformer_engine/pytorch/
+    attention/dot_product_attention/context_parallel.py``), rank r of cp holding sequence
+    chunks r and 2·cp − 1 − r, on its local Q (Q bytes), output (O) and K and V (KV):
+    forward, K and V are concatenated into the first send buffer (read and written, 2·KV),
+    and after the ring loop each step's output is merged into the result on the main stream
+    (``flash_attn_fwd_out_correction``: read the step's output and the result, write the
+    result, 3·O; the first step's only scaled, 2·O; a step on the second half of the
+    queries, those after step r, half as much): 2 + 3r + 1.5(cp − 1 − r) outputs, at most
+    3·cp − 1 (rank cp − 1). Backward, each step's dQ is copied or added into dQ (half of it
+    on the steps before the diagonal one, k = cp − 1 − r) and its dK/dV concatenated
+    (``combine_tensors``, 2 passes) and added to the dK/dV arriving from the ring (3):
+    (0.5 + 1.5·cp + 1.5r)·Q + (5·cp − 2.5r)·KV, linear in r, so the busiest rank is r = 0
+    or r = cp − 1. The softmax statistics' corrections (fp32, one value per query and head)
+    run on a side stream beside the next step and are left out. All-gather context
+    parallelism merges no outputs."""
+    par = plan.parallel
+    if plan.mode != "train" or par.cp_attention != "ring" or every(par.cp == 1):
+        return []
+    cp = par.cp
+    q = s.act * s.tokens * s.q_cols
+    out = s.act * s.tokens * s.out_cols
+    kv = s.act * s.tokens * (s.k_cols + s.v_cols)
+    forward = (3 * cp - 1) * out + 2 * kv
+    first = (0.5 + 1.5 * cp) * q + 5 * cp * kv  # rank 0
+    last = (3 * cp - 1) * q + (2.5 * cp + 2.5) * kv  # rank cp - 1
+    forward = vwhere(cp > 1, forward, 0)
+    merge = elementwise("context-parallel ring merges", vround(forward))
+    backward = ratio(vmax(first, last), forward)
+    return [replace(merge, backward=backward, launches=vfloat(cp))]
 
 
 def _windowed(work: Work) -> Work:

@@ -1224,3 +1224,42 @@ def test_a_recomputed_ring_forward_holds_its_chunks_in_the_backward(recompute) -
     assert not names & {"Q/K/V gradients", "dK/dV ring buffers (2 chunks)"}
     after = next(i for i in backward.instants if i.label == "attention core gradients")
     assert instant.total > after.total
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_ring_attention_merges_its_steps_on_the_busiest_rank(ring) -> None:
+    """Transformer Engine's ring merges each step's output into the result after the loop
+    and accumulates dQ and dK/dV step by step (`flops.ring_merges`). GPT-3 at tp 8, cp 4,
+    sequence 8,192, by hand: a rank's 2,048 tokens, Q = O = 2,048 x 1,536 x 2 B =
+    6,291,456 B, K+V = 12,582,912 B. Forward (3·4 − 1)·O + 2·KV = 94,371,840 B; backward
+    the larger of rank 0's (0.5 + 6)·Q + 20·KV = 292,552,704 and rank 3's 11·Q + 12.5·KV =
+    226,492,416. The all-gather variant merges nothing. The K/V exchange still hides behind
+    the attention kernel, not behind the merges listed after it."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    plan = replace(
+        plan, parallel=replace(plan.parallel, cp_attention="ring" if ring else "allgather")
+    )
+    phases = {p.name: p for p in derive(plan).stages[0].phases}
+    merges = {
+        w.name: w.bytes
+        for name in ("forward.attention", "backward.attention")
+        for w in phases[name].works
+        if w.name.startswith("context-parallel ring merges")
+    }
+    if not ring:
+        assert merges == {}
+        return
+    assert merges == {
+        "context-parallel ring merges": 94_371_840,
+        # selective recompute runs the core, merges included, again in the backward
+        "context-parallel ring merges (recomputed)": 94_371_840,
+        "context-parallel ring merges backward": 292_552_704,
+    }
+    (exchange,) = [m for m in phases["forward.attention"].moves if m.group == "cp"]
+    assert exchange.window == "attention core (flash)"
+
+
+def test_no_ring_merges_without_context_parallelism() -> None:
+    plan = make_plan(tp=8, pp=8, dp=16, seq=8192)
+    names = {w.name for p in derive(plan).stages[0].phases for w in p.works}
+    assert not any("ring merges" in n for n in names)
