@@ -397,6 +397,8 @@ def time_phase(
                 rule = f"{rule}; its GEMM runs on {sms - move.gemm_sms} of {sms} SMs"
             else:
                 slowed = plan.overlap.slowdown * (total - exposed)
+                if isinstance(move.gemm_splits, int) and move.gemm_splits > 1:
+                    rule = f"{rule} in {move.gemm_splits} GEMM chunks"
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
         if move.flag:
