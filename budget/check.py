@@ -132,7 +132,7 @@ class Reason:
                 {"tensor": o.tensor, "category": o.category, "count": o.count, "bytes": o.bytes}
                 for o in self.contributors
             ],
-            "other_stages": [{"stage": s, "excess": e} for s, e in self.other_stages],
+            "other_stages": [{"stage": s, "excess_bytes": e} for s, e in self.other_stages],
         }
 
 

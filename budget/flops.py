@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
-from budget.vector import every, ratio, vfloat, vmax, vmin, vround, vwhere
+from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vround, vwhere
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -295,38 +295,62 @@ def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
 
 
 def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
-    """The memory passes ring context parallelism adds around its attention kernels in
-    training, on the rank that does the most of them (one layer waits for it).
+    """The memory passes ring context parallelism adds around its attention kernels (in
+    training and prefill), on the rank that does the most of them: the next ring exchange
+    waits for it.
 
     Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (``transformer_engine/pytorch/
     attention/dot_product_attention/context_parallel.py``), rank r of cp holding sequence
-    chunks r and 2·cp − 1 − r, on its local Q (Q bytes), output (O) and K and V (KV):
-    forward, K and V are concatenated into the first send buffer (read and written, 2·KV),
-    and after the ring loop each step's output is merged into the result on the main stream
-    (``flash_attn_fwd_out_correction``: read the step's output and the result, write the
-    result, 3·O; the first step's only scaled, 2·O; a step on the second half of the
-    queries, those after step r, half as much): 2 + 3r + 1.5(cp − 1 − r) outputs, at most
-    3·cp − 1 (rank cp − 1). Backward, each step's dQ is copied or added into dQ (half of it
-    on the steps before the diagonal one, k = cp − 1 − r) and its dK/dV concatenated
-    (``combine_tensors``, 2 passes) and added to the dK/dV arriving from the ring (3):
-    (0.5 + 1.5·cp + 1.5r)·Q + (5·cp − 2.5r)·KV, linear in r, so the busiest rank is r = 0
-    or r = cp − 1. The softmax statistics' corrections (fp32, one value per query and head)
-    run on a side stream beside the next step and are left out. All-gather context
-    parallelism merges no outputs."""
+    chunks r and 2·cp − 1 − r, on its local Q, output O (and output gradient, the same
+    size) and K and V (KV), in bytes; a copy reads and writes a tensor (2 passes), an
+    in-place add reads two and writes one (3):
+
+    - forward (`_ring_forward_passes`): K and V concatenated into the first send buffer
+      (2·KV); after the ring loop, each step's output merged into the result on the main
+      stream (``flash_attn_fwd_out_correction``: the first step's scaled, 2·O; steps 1..r
+      add a whole output, 3·O; later steps, on the second half of the queries, half of one):
+      (0.5 + 1.5·cp + 1.5r)·O. Under the fused (cuDNN) kernel each step's half input is made
+      contiguous first: half of K/V on steps 1..r, half of Q after them.
+    - backward (`_ring_backward_passes`): the received buffer refilled with K/V (2·KV);
+      each step's dQ copied or added into dQ, half of it before the diagonal step
+      (0.5 + 1.5·cp + 1.5r)·Q, and its dK/dV into the dK/dV that travels the ring (a copy
+      on the first step, adds after, half-sized on the steps against the first half of the
+      keys: ``combine_tensors`` is a view, no pass); under the fused kernel the half inputs
+      made contiguous again (K/V, or Q, O and dO).
+
+    The softmax statistics' corrections (fp32, one value per query and head) run on a side
+    stream beside the next step and are left out. All-gather context parallelism merges no
+    outputs; decoding attends to a sharded cache without a ring."""
     par = plan.parallel
-    if plan.mode != "train" or par.cp_attention != "ring" or every(par.cp == 1):
+    if not s.causal or par.cp_attention != "ring" or every(par.cp == 1):
         return []
     cp = par.cp
+    fused = plan.device.attention_kernel(plan.model.attention) == "cudnn"
     q = s.act * s.tokens * s.q_cols
     out = s.act * s.tokens * s.out_cols
     kv = s.act * s.tokens * (s.k_cols + s.v_cols)
-    forward = (3 * cp - 1) * out + 2 * kv
-    first = (0.5 + 1.5 * cp) * q + 5 * cp * kv  # rank 0
-    last = (3 * cp - 1) * q + (2.5 * cp + 2.5) * kv  # rank cp - 1
-    forward = vwhere(cp > 1, forward, 0)
+    # each is linear in r between r = 1 and cp - 2, so one of these ranks does the most
+    ranks = (0, vmin(1, cp - 1), vmax(cp - 2, 0), cp - 1)
+    forward = largest([_ring_forward_passes(cp, r, q, out, kv, fused) for r in ranks])
+    backward = largest([_ring_backward_passes(cp, r, q, out, kv, fused) for r in ranks])
+    forward = vwhere(cp > 1, forward, 0.0)
     merge = elementwise("context-parallel ring merges", vround(forward))
-    backward = ratio(vmax(first, last), forward)
-    return [replace(merge, backward=backward, launches=vfloat(cp))]
+    return [replace(merge, backward=ratio(backward, forward), launches=vfloat(cp))]
+
+
+def _ring_forward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
+    """Bytes rank r of a ring of cp moves in memory passes around a forward (`ring_merges`)."""
+    passes = 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * out
+    return passes + (r * kv + (cp - 1 - r) * q if fused else 0)
+
+
+def _ring_backward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
+    """Bytes rank r of a ring of cp moves in memory passes around a backward (`ring_merges`):
+    dK/dV sums (in K/V units) 3·cp − 1.5 on rank 0, 1.5·cp + 1 on rank cp − 1 and
+    3·cp − 1 − 1.5r between."""
+    dkv = vwhere(r == 0, 3 * cp - 1.5, vwhere(r == cp - 1, 1.5 * cp + 1, 3 * cp - 1 - 1.5 * r))
+    passes = 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * q + dkv * kv
+    return passes + (r * kv + (cp - 1 - r) * (q + 2 * out) if fused else 0)
 
 
 def _windowed(work: Work) -> Work:

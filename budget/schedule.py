@@ -270,18 +270,22 @@ def overlapped_gemms(plan: Plan, phase: Phase) -> dict[str, Callable[[Work], Wor
     each kernel as it runs beside its collective (`Move.gemm_splits`, `Move.gemm_sms`).
 
     Transformer Engine (``transformer_engine/pytorch/module/base.py``, ``initialize_ub``,
-    its default configuration per method) runs a ``ring_exchange`` overlap's GEMM in
+    its 2.x default configuration per method) runs a ``ring_exchange`` overlap's GEMM in
     ``num_splits`` = tp chunks, one per step of the ring, and a ``pipeline`` overlap's in
     ``num_splits`` = 4, with ``num_sm`` = 16 SMs given to the reduce-scatter and
     ``set_sm_margin`` on, so the GEMM is launched on the rest
     (``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp``: ``_math_sms =
-    set_sm_margin ? sm_count - num_comm_sm : sm_count``). A GEMM of F FLOPs in c launches
-    ramps as c GEMMs of F/c (`budget.efficiency`, ``Work.launches``); on s of S SMs its FLOPs
-    take S/s as long, its tiles spread over fewer SMs in more waves. A weight-gradient
-    kernel ("... backward") holds the input-gradient GEMM and the weight-gradient GEMM, two
-    launches; only the first is split (Transformer Engine overlaps the output-gradient
-    all-gather with the input-gradient GEMM). A sweep's configuration without the move
-    (count 0, or one rank) keeps its GEMM whole.
+    set_sm_margin ? sm_count - num_comm_sm : sm_count``). NeMo's H100 recipes
+    (``tp_overlap_configs/userbuffers.py``) keep the pipelined reduce-scatter's margin (8 to
+    24 SMs by model; ``overlap.tp_comm_sms`` sets it) and run the backward's ``bulk``
+    overlaps without one, as here, where they keep ``overlap.slowdown``; TE 2.x's own
+    default would narrow those too, and TE 1.x's ``add_ub`` set no margin at all. A GEMM of
+    F FLOPs in c launches ramps as c GEMMs of F/c (`budget.efficiency`, ``Work.launches``); on s
+    of S SMs its FLOPs take S/s as long, its tiles spread over fewer SMs in more waves. A
+    weight-gradient kernel ("... backward") holds the input-gradient GEMM and the weight-
+    gradient GEMM, two launches; only the first is split (Transformer Engine overlaps the
+    output-gradient all-gather with the input-gradient GEMM). A sweep's configuration without
+    the move (count 0, or one rank) keeps its GEMM whole.
     """
     sms = plan.device.sms
     reshaped: dict[str, Callable[[Work], Work]] = {}
@@ -397,7 +401,8 @@ def time_phase(
                 rule = f"{rule}; its GEMM runs on {sms - move.gemm_sms} of {sms} SMs"
             else:
                 slowed = plan.overlap.slowdown * (total - exposed)
-                if isinstance(move.gemm_splits, int) and move.gemm_splits > 1:
+                # a ring exchange (a pipelined one names its chunks already)
+                if isinstance(move.gemm_splits, int) and move.gemm_splits > 1 and chunks == 1:
                     rule = f"{rule} in {move.gemm_splits} GEMM chunks"
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"

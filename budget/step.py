@@ -123,6 +123,12 @@ def inflight(plan: Plan, stage: int, microbatches: int) -> float:
 
 
 RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`_tp_moves`)
+# The GEMMs Transformer Engine's userbuffers overlap runs beside their collective, reshaping
+# them (`schedule.overlapped_gemms`): Megatron-LM's TE linears with the buffer names qkv,
+# proj, fc1 and fc2; ``TELinear`` turns tp_comm_overlap off for any other name (latent
+# attention's up-projections, the MTP projection), and the output layer is core
+# ``ColumnParallelLinear``, with no userbuffers. Other overlapped GEMMs keep their shape.
+USERBUFFER_GEMMS = ("QKV projection", "attention output projection", "MLP fc1", "MLP fc2")
 # a transition naming one of these runs once per micro-batch (serving: per pass)
 WHOLE_PASSES = ("forward", "backward", "prefill", "decode")
 
@@ -192,13 +198,16 @@ def _tp_moves(
                 f"tp: exposed unless overlap.tp pipelines it with its GEMM in {chunks} chunks, "
                 "each its own collective (the last one exposed)"
             )
-            m = replace(m, gemm_splits=chunks, gemm_sms=plan.overlap.tp_comm_sms)
+            if gemm in USERBUFFER_GEMMS:
+                m = replace(m, gemm_splits=chunks, gemm_sms=plan.overlap.tp_comm_sms)
             return hide(m, gemm, "tp", rule, share=(chunks - 1) / chunks, chunks=chunks)
         # ring exchange: tp - 1 transfers beside tp GEMM chunks, the last chunk's GEMM with
         # nothing left to receive (it was given the whole GEMM: an audit); the transfers run
         # on copy engines (``use_ce``), holding no SMs off the GEMM
         rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
-        return hide(replace(m, gemm_splits=par.tp), gemm, "tp", rule, share=ring * portion)
+        if gemm.removesuffix(" backward") in USERBUFFER_GEMMS:
+            m = replace(m, gemm_splits=par.tp)
+        return hide(m, gemm, "tp", rule, share=ring * portion)
 
     wgrad = f"{column} backward"
     sp = holds(par.sequence_parallel)

@@ -57,7 +57,7 @@ def test_a_plan_that_does_not_fit_fails_with_stage_excess_and_contributors(
     assert f"; stages {listed} do not fit either" in text
     data = json.loads(_check(path, "--format", "json")[1])
     others = data["plans"][0]["reasons"][0]["other_stages"]
-    assert others == [{"stage": s, "excess": over[s]} for s in (1, 2, 3, 4)]
+    assert others == [{"stage": s, "excess_bytes": over[s]} for s in (1, 2, 3, 4)]
 
 
 def test_a_plan_short_of_headroom_names_every_stage_short_of_it(tmp_path: Path) -> None:

@@ -185,6 +185,10 @@ def test_check_output_validates(tmp_path: Path) -> None:
     _valid(data, "check")
     _, passing = _output(["check", *map(str, PLANS)])
     _valid(passing, "check")
+    # the latency limits' reasons, which the schema's limit names had left out
+    _, latency = _output(["check", *map(str, PLANS), "--max-ttft", "1ms", "--max-tpot", "1us"], 1)
+    assert {"max_ttft", "max_tpot"} <= {r["limit"] for p in latency["plans"] for r in p["reasons"]}
+    _valid(latency, "check")
 
 
 @pytest.mark.parametrize("pair", ["same", "tp4", "depths"])

@@ -206,8 +206,9 @@ class Overlap:
     # Compute runs this much slower while a collective runs beside it (`budget.schedule`).
     slowdown: float = OVERLAP_SLOWDOWN
     # SMs the pipelined reduce-scatter of `tp` overlap holds off its GEMM for the GEMM's
-    # whole length: Transformer Engine's ``initialize_ub`` default for its ``pipeline``
-    # method (``num_sm`` 16, ``set_sm_margin`` on; `step._tp_moves`).
+    # whole length: Transformer Engine 2.x's ``initialize_ub`` default for its ``pipeline``
+    # method (``num_sm`` 16, ``set_sm_margin`` on; NeMo's H100 recipes set 8 to 24;
+    # `schedule.overlapped_gemms`).
     tp_comm_sms: int = TP_COMM_SMS
 
     def __post_init__(self) -> None:
