@@ -279,11 +279,11 @@ def overlapped_gemms(plan: Plan, phase: Phase) -> dict[str, Callable[[Work], Wor
     (``tp_overlap_configs/userbuffers.py``) keep the pipelined reduce-scatter's margin (8 to
     24 SMs by model; ``overlap.tp_comm_sms`` sets it) and run the backward's ``bulk``
     overlaps without one, as here, where they keep ``overlap.slowdown``; TE 2.x's own
-    default would narrow those too, and TE 1.x's ``add_ub`` set no margin at all. A GEMM of
-    F FLOPs in c launches ramps as c GEMMs of F/c (`budget.efficiency`, ``Work.launches``); on s
+    default would narrow those too, and TE 1.x's ``add_ub`` set no margin at all. A GEMM of F
+    FLOPs in c launches ramps as c GEMMs of F/c (`budget.efficiency`, ``Work.launches``); on s
     of S SMs its FLOPs take S/s as long, its tiles spread over fewer SMs in more waves. A
-    weight-gradient kernel ("... backward") holds the input-gradient GEMM and the weight-
-    gradient GEMM, two launches; only the first is split (Transformer Engine overlaps the
+    weight-gradient kernel ("... backward") holds the input-gradient GEMM and the
+    weight-gradient GEMM, two launches; only the first is split (Transformer Engine overlaps the
     output-gradient all-gather with the input-gradient GEMM). A sweep's configuration without
     the move (count 0, or one rank) keeps its GEMM whole.
     """
