@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES
-from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vround, vwhere
+from budget.vector import every, ratio, vfloat, vmax, vmin, vround, vwhere
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -222,6 +222,17 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     return _sliding(plan, s, full)
 
 
+FUSED_CORE = "attention core (flash)"  # the fused kernel's name; eager attention's last one:
+EAGER_LAST = "attention × V"
+
+
+def core_kernel(plan: Plan) -> str:
+    """The attention kernel a context-parallel ring step overlaps (`step._cp_moves`): the
+    fused core, or eager attention's last product (a window shorter than the sequence, which
+    renames them, takes cp 1)."""
+    return EAGER_LAST if plan.model.attention == "eager" else FUSED_CORE
+
+
 def _core(plan: Plan, s: Shapes) -> list[Work]:
     """`attention_core` on a layer that attends to every key `s` holds."""
     m = plan.model
@@ -242,7 +253,7 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         flops = qk_mm + pv_mm
         flops = flops // 2 if s.causal else flops  # causal: upper tiles skipped
         fused_kv = k if m.mla is not None and not s.causal else k + v
-        core = Work("attention core (flash)", "attention", flops, q + fused_kv + out)
+        core = Work(FUSED_CORE, "attention", flops, q + fused_kv + out)
         # a decode pass meets its rank's share of the cache in one call: `s.seq_kv` is
         # already that share (`inference.decode_keys`), split once over cp, not again
         keys = attention_keys(plan, s.seq_kv) if s.causal else s.seq_kv
@@ -257,7 +268,7 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
             5 * scores // s.act,
             softmax,
         ),
-        Work("attention × V", "attention", pv_mm, scores + v + out, backward=EAGER_BACKWARD),
+        Work(EAGER_LAST, "attention", pv_mm, scores + v + out, backward=EAGER_BACKWARD),
     ]
 
 
@@ -329,13 +340,20 @@ def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
     q = s.act * s.tokens * s.q_cols
     out = s.act * s.tokens * s.out_cols
     kv = s.act * s.tokens * (s.k_cols + s.v_cols)
-    # each is linear in r between r = 1 and cp - 2, so one of these ranks does the most
-    ranks = (0, vmin(1, cp - 1), vmax(cp - 2, 0), cp - 1)
-    forward = largest([_ring_forward_passes(cp, r, q, out, kv, fused) for r in ranks])
-    backward = largest([_ring_backward_passes(cp, r, q, out, kv, fused) for r in ranks])
+    # forward, linear in r: rank 0 or rank cp - 1 does the most
+    forward = vmax(
+        _ring_forward_passes(cp, 0, q, out, kv, fused),
+        _ring_forward_passes(cp, cp - 1, q, out, kv, fused),
+    )
     forward = vwhere(cp > 1, forward, 0.0)
     merge = elementwise("context-parallel ring merges", vround(forward))
-    return [replace(merge, backward=ratio(backward, forward), launches=vfloat(cp))]
+    return [
+        replace(
+            merge,
+            backward=ratio(_ring_backward_most(cp, q, out, kv, fused), forward),
+            launches=vfloat(cp),
+        )
+    ]
 
 
 def _ring_forward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
@@ -344,13 +362,20 @@ def _ring_forward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool
     return passes + (r * kv + (cp - 1 - r) * q if fused else 0)
 
 
-def _ring_backward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
-    """Bytes rank r of a ring of cp moves in memory passes around a backward (`ring_merges`):
-    dK/dV sums (in K/V units) 3·cp − 1.5 on rank 0, 1.5·cp + 1 on rank cp − 1 and
-    3·cp − 1 − 1.5r between."""
-    dkv = vwhere(r == 0, 3 * cp - 1.5, vwhere(r == cp - 1, 1.5 * cp + 1, 3 * cp - 1 - 1.5 * r))
-    passes = 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * q + dkv * kv
-    return passes + (r * kv + (cp - 1 - r) * (q + 2 * out) if fused else 0)
+def _ring_backward_most(cp: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
+    """Bytes the busiest rank of a ring of cp moves in memory passes around a backward
+    (`ring_merges`). Rank r's: 2·KV (the refill) + (0.5 + 1.5·cp + 1.5r)·Q (dQ) + d(r)·KV
+    (dK/dV: 3·cp − 1.5 on rank 0, 1.5·cp + 1 on rank cp − 1, 3·cp − 1 − 1.5r between), and
+    under the fused kernel r·KV + (cp − 1 − r)·(Q + 2·O) of contiguous copies: linear in r
+    between ranks 1 and cp − 2, so the most is on one of ranks 0, 1, cp − 2 and cp − 1."""
+    extra = q + 2 * out if fused else 0 * q  # a contiguous half of Q, O and dO a step
+    kv_copy = kv if fused else 0 * kv  # a contiguous half of K/V a step
+    first = (0.5 + 1.5 * cp) * q + (3 * cp - 1.5) * kv + (cp - 1) * extra
+    last = (3 * cp - 1) * q + (1.5 * cp + 1) * kv + (cp - 1) * kv_copy
+    second = (2 + 1.5 * cp) * q + (3 * cp - 2.5) * kv + kv_copy + (cp - 2) * extra
+    before_last = (3 * cp - 2.5) * q + (1.5 * cp + 2) * kv + (cp - 2) * kv_copy + extra
+    inner = vwhere(cp >= 3, vmax(second, before_last), 0.0)  # ranks 1 and cp - 2, if between
+    return 2 * kv + vmax(vmax(first, last), inner)
 
 
 def _windowed(work: Work) -> Work:

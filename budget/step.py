@@ -286,9 +286,7 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     kv = s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols)
     dtype = plan.precision.activations
     ring = par.cp_attention == "ring"
-    # the attention kernel a step overlaps: the fused core, or eager attention's last product
-    kernels = [w for w in flops.attention_core(plan, s) if w.kind == "attention"]
-    core = kernels[-1].name + (" backward" if backward else "")
+    core = flops.core_kernel(plan) + (" backward" if backward else "")
     share = (par.cp - 1) / par.cp
 
     def placed(m: Move) -> Move:

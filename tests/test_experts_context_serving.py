@@ -1278,3 +1278,20 @@ def test_no_ring_merges_without_context_parallelism() -> None:
     plan = make_plan(tp=8, pp=8, dp=16, seq=8192)
     names = {w.name for p in derive(plan).stages[0].phases for w in p.works}
     assert not any("ring merges" in n for n in names)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("cp", [2, 3, 4, 5, 8, 16])
+def test_the_busiest_ring_rank_is_found_among_four(cp, fused) -> None:
+    """`flops._ring_backward_most` takes the largest of ranks 0, 1, cp − 2 and cp − 1;
+    against every rank's count, for sizes where each term can lead (MHA, GQA, wide O)."""
+    from budget.flops import _ring_backward_most
+
+    def rank(r: int, q: int, out: int, kv: int) -> float:
+        dkv = 3 * cp - 1.5 if r == 0 else 1.5 * cp + 1 if r == cp - 1 else 3 * cp - 1 - 1.5 * r
+        copies = r * kv + (cp - 1 - r) * (q + 2 * out) if fused else 0
+        return 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * q + dkv * kv + copies
+
+    for q, out, kv in ((100, 100, 200), (800, 800, 200), (100, 900, 50), (10, 10, 1000)):
+        every_rank = max(rank(r, q, out, kv) for r in range(cp))
+        assert _ring_backward_most(cp, q, out, kv, fused) == pytest.approx(every_rank)
