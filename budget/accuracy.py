@@ -361,6 +361,7 @@ def _nemo_run(
     recompute: str,
     kernel: str,
     precision: dict[str, str],
+    comm_sms: dict[str, int] | None = None,
 ) -> Run:
     """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
     H100 nodes, BF16, ``layout`` = (TP, PP, CP, VP) as the README's table prints it.
@@ -376,7 +377,9 @@ def _nemo_run(
     is on too, NVIDIA/NeMo PR 9188), FlashAttention-2 where it turns it off; Megatron's ring
     context parallelism; bf16 parameters (``megatron_amp_O2``) with the gradient, master and
     Adam-state formats ``precision`` gives, as the recipe's optimizer keeps them (`_ADAM`).
-    Ranks in Megatron's default order, TP fastest, then CP, DP, PP.
+    Ranks in Megatron's default order, TP fastest, then CP, DP, PP. ``comm_sms``: the SMs
+    the recipe's userbuffers configuration gives the pipelined reduce-scatters
+    (``proj_fprop``, ``fc2_fprop``; `overlap.tp_comm_sms`), where it names one.
     No activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
     Megatron pads them, to a multiple of 128 × TP."""
     tp, pp, cp, vp = layout
@@ -397,7 +400,13 @@ def _nemo_run(
         "parallel": parallel,
         "precision": {"params": "bf16", **precision},
         "recompute": recompute,
-        "overlap": {"dp_grads": True, "param_gather": True, "tp": tp > 1, "pp": pp > 1},
+        "overlap": {
+            "dp_grads": True,
+            "param_gather": True,
+            "tp": tp > 1,
+            "pp": pp > 1,
+            **({"tp_comm_sms": comm_sms} if comm_sms and tp > 1 else {}),
+        },
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": gpus // 8},
     }
@@ -418,12 +427,25 @@ def _nemo_table(
     recompute: str,
     kernel: str,
     precision: dict[str, str],
+    comm_sms: dict[str, int] | None = None,
 ) -> tuple[Run, ...]:
     """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
     its smallest and its largest whole-model GPU count, the rest shared (`_nemo_run`)."""
     return tuple(
         _nemo_run(
-            name, model, gpus, seq, layout, micro, batch, step, source, recompute, kernel, precision
+            name,
+            model,
+            gpus,
+            seq,
+            layout,
+            micro,
+            batch,
+            step,
+            source,
+            recompute,
+            kernel,
+            precision,
+            comm_sms,
         )
         for gpus, batch, step in (smallest, largest)
     )
@@ -488,13 +510,27 @@ _ADAM: dict[str, dict[str, str]] = {
     "apex, bf16": {"grads": "bf16", "master": "none", "optimizer_state": "bf16"},
 }
 
+# The SMs each recipe's userbuffers configuration gives its pipelined reduce-scatters, beside
+# the attention projection (proj_fprop) and fc2 (fc2_fprop), both with set_sm_margin:
+# dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml (ub_tp_comm_overlap_cfg: 24 and 20);
+# NeMo-Framework-Launcher conf/training/tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml
+# (24 and 16), which llama3_1_70b.yaml at 1ab2c78 names, and
+# ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml (24 and 8), which llama3_1_405b.yaml
+# at 072ecc4 names. The Nemotron-4 recipes name none, so they take budget's default.
+_UB_SMS: dict[str, dict[str, int]] = {
+    "gpt3 175b": {"attention": 24, "mlp": 20},
+    "llama3.1 70b": {"attention": 24, "mlp": 16},
+    "llama3.1 405b": {"attention": 24, "mlp": 8},
+}
+
 # Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
 # batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source,
 # recompute, attention kernel (the 340B recipe sets NVTE_FUSED_ATTN=0: FlashAttention-2) and
 # optimizer formats (`_ADAM`: the Llama 3.1 configs name distributed_fused_adam with no
 # dtype; GPT-3's adds grad_sync_dtype bf16 and keeps fp8_params true, which its configure.sh
 # leaves as it is for the BF16 run; the 340B's sets grad_sync_dtype and dtype bf16; the
-# 15B's names mcore_distributed_optim).
+# 15B's names mcore_distributed_optim), and the SMs of the pipelined reduce-scatters where
+# the recipe's userbuffers configuration names them (`_UB_SMS`).
 # fmt: off
 _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
     ("Llama 3.1 8B", (8, 128, 12.78), (128, 2048, 13.16),
@@ -502,10 +538,10 @@ _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
      _ADAM["apex"]),
     ("Llama 3.1 70B", (64, 128, 14.61), (2048, 4096, 14.84),
      _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none", "cudnn",
-     _ADAM["apex"]),
+     _ADAM["apex"], _UB_SMS["llama3.1 70b"]),
     ("Llama 3.1 405B", (576, 252, 17.50), (2304, 1008, 17.70),
      _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none", "cudnn",
-     _ADAM["apex"]),
+     _ADAM["apex"], _UB_SMS["llama3.1 405b"]),
     ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
      _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn",
      _ADAM["mcore"]),
@@ -514,7 +550,7 @@ _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
      "flash2", _ADAM["apex, bf16"]),
     ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
      _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn",
-     _ADAM["apex, bf16 grads, fp8_params"]),
+     _ADAM["apex, bf16 grads, fp8_params"], _UB_SMS["gpt3 175b"]),
 )
 # fmt: on
 

@@ -199,7 +199,7 @@ def _tp_moves(
                 "each its own collective (the last one exposed)"
             )
             if gemm in USERBUFFER_GEMMS:
-                m = replace(m, gemm_splits=chunks, gemm_sms=plan.overlap.tp_comm_sms)
+                m = replace(m, gemm_splits=chunks, gemm_sms=plan.overlap.tp_comm_sms.of(block))
             return hide(m, gemm, "tp", rule, share=(chunks - 1) / chunks, chunks=chunks)
         # ring exchange: tp - 1 transfers beside tp GEMM chunks, the last chunk's GEMM with
         # nothing left to receive (it was given the whole GEMM: an audit); the transfers run

@@ -304,4 +304,17 @@ def test_sms_come_from_the_preset_or_the_plan_and_must_leave_some_to_the_gemm() 
     (problem,) = problems_of(preset + overlap)
     assert "$.overlap.tp_comm_sms" in problem
     assert "leaves none of the device's 132 streaming multiprocessors" in problem
-    assert plan_of(preset + "overlap: {tp: true, tp_comm_sms: 24}\n").overlap.tp_comm_sms == 24
+    held = plan_of(preset + "overlap: {tp: true, tp_comm_sms: 24}\n").overlap.tp_comm_sms
+    assert (held.attention, held.mlp) == (24, 24)
+    # a recipe's two counts (NeMo's Llama 3.1 405B: 24 beside the projection, 8 beside fc2)
+    text = preset + "overlap: {tp: true, tp_comm_sms: {attention: 24, mlp: 8}}\n"
+    held = plan_of(text).overlap.tp_comm_sms
+    assert (held.attention, held.mlp, held.of("attention"), held.of("MLP")) == (24, 8, 24, 8)
+    assert (plan_of(preset).overlap.tp_comm_sms.attention) == 16  # the default
+    problems = problems_of(
+        preset + "overlap: {tp: true, tp_comm_sms: {attention: 140, mlp: 200}}\n"
+    )
+    assert [p.split(": ")[2] for p in problems] == [
+        "$.overlap.tp_comm_sms.attention",
+        "$.overlap.tp_comm_sms.mlp",
+    ]

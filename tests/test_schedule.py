@@ -479,7 +479,7 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     path.write_text(base + "overlap: {tp: true}\n", encoding="utf-8")
     plan = load_plan(path)
     whole = load_plan(ROOT / "plans" / "llama3-70b.yaml")
-    assert plan.device.sms == 132 and plan.overlap.tp_comm_sms == 16
+    assert plan.device.sms == 132 and plan.overlap.tp_comm_sms.mlp == 16
     curve = plan.device.gemm
     assert curve is not None
 

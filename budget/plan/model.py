@@ -197,6 +197,23 @@ TP_COMM_SMS = 16
 
 
 @dataclass(frozen=True, slots=True)
+class CommSms:
+    """SMs the pipelined reduce-scatter of `tp` overlap holds off its GEMM for the GEMM's
+    whole length (Transformer Engine's ``num_sm`` with ``set_sm_margin``), beside the
+    attention output projection (``proj_fprop``) and beside MLP fc2 (``fc2_fprop``):
+    Transformer Engine 2.x's ``initialize_ub`` default for the ``pipeline`` method, 16,
+    unless the plan gives them (NeMo's H100 recipes set 8 to 24;
+    `schedule.overlapped_gemms`)."""
+
+    attention: int = TP_COMM_SMS
+    mlp: int = TP_COMM_SMS
+
+    def of(self, block: str) -> int:
+        """The SMs held beside the row-parallel GEMM of ``block`` ("attention" or an MLP)."""
+        return self.attention if block == "attention" else self.mlp
+
+
+@dataclass(frozen=True, slots=True)
 class Overlap:
     dp_grads: bool = False
     param_gather: bool = False
@@ -205,11 +222,7 @@ class Overlap:
     ep: bool = False
     # Compute runs this much slower while a collective runs beside it (`budget.schedule`).
     slowdown: float = OVERLAP_SLOWDOWN
-    # SMs the pipelined reduce-scatter of `tp` overlap holds off its GEMM for the GEMM's
-    # whole length: Transformer Engine 2.x's ``initialize_ub`` default for its ``pipeline``
-    # method (``num_sm`` 16, ``set_sm_margin`` on; NeMo's H100 recipes set 8 to 24;
-    # `schedule.overlapped_gemms`).
-    tp_comm_sms: int = TP_COMM_SMS
+    tp_comm_sms: CommSms = CommSms()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.slowdown < 1.0:

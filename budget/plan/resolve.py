@@ -28,6 +28,7 @@ from budget.plan.model import (
     OVERLAP_SLOWDOWN,
     TP_COMM_SMS,
     Batch,
+    CommSms,
     Device,
     DType,
     Experts,
@@ -1321,6 +1322,13 @@ def preset_problems(tree: Mapping[str, Any], marks: Marks, file: str) -> list[Pr
     return r.problems
 
 
+def _comm_sms(value: Any) -> CommSms:
+    """``overlap.tp_comm_sms``: one count for both GEMMs, or ``{attention, mlp}``."""
+    if isinstance(value, Mapping):
+        return CommSms(int(value.get("attention", TP_COMM_SMS)), int(value.get("mlp", TP_COMM_SMS)))
+    return CommSms(int(value), int(value))
+
+
 def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
 
@@ -1364,14 +1372,21 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         _check_attention_kernel(r, model.attention, device)
     topology = r.topology(tree["topology"])
     overlap = tree.get("overlap", {})
-    held = overlap.get("tp_comm_sms", TP_COMM_SMS)
-    if device is not None and overlap.get("tp") and 0 < device.sms <= held:
-        r.error(
-            "$.overlap.tp_comm_sms",
-            f"overlap.tp_comm_sms = {held} leaves none of the device's {device.sms} streaming "
-            f"multiprocessors to the GEMM its reduce-scatter overlaps; give fewer than "
-            f"{device.sms}",
-        )
+    comm_sms = _comm_sms(overlap.get("tp_comm_sms", TP_COMM_SMS))
+    each = isinstance(overlap.get("tp_comm_sms"), Mapping)
+    counts = (
+        ((".attention", comm_sms.attention), (".mlp", comm_sms.mlp))
+        if each
+        else (("", comm_sms.attention),)
+    )
+    for where, held in counts:
+        if device is not None and overlap.get("tp") and 0 < device.sms <= held:
+            r.error(
+                f"$.overlap.tp_comm_sms{where}",
+                f"overlap.tp_comm_sms{where} = {held} leaves none of the device's "
+                f"{device.sms} streaming multiprocessors to the GEMM its reduce-scatter "
+                f"overlaps; give fewer than {device.sms}",
+            )
     transitions: tuple[Transition, ...] = ()
     if model is not None:
         if not seed:
@@ -1394,7 +1409,7 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         overlap=Overlap(
             **{k: bool(v) for k, v in overlap.items() if k not in ("slowdown", "tp_comm_sms")},
             slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),
-            tp_comm_sms=int(overlap.get("tp_comm_sms", TP_COMM_SMS)),
+            tp_comm_sms=comm_sms,
         ),
         transitions=transitions,
         # hierarchical is what a group across levels takes anyway, and ring on one level
