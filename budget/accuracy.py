@@ -516,11 +516,16 @@ _ADAM: dict[str, dict[str, str]] = {
 # NeMo-Framework-Launcher conf/training/tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen8192.yaml
 # (24 and 16), which llama3_1_70b.yaml at 1ab2c78 names, and
 # ub_cfg_h100_bf16_h16384_tp8_cp2_mbs1_seqlen8192.yaml (24 and 8), which llama3_1_405b.yaml
-# at 072ecc4 names. The Nemotron-4 recipes name none, so they take budget's default.
+# at 072ecc4 names. The Nemotron-4 recipes name none (nemotron4-*-synth.yaml and configure.sh
+# set ub_tp_comm_overlap alone), so Transformer Engine's own default applies, and the NeMo
+# 24.09 and 24.12 containers they name carry Transformer Engine 1.x, whose ``initialize_ub``
+# sets no margin (``add_ub(..., set_sm_margin: int = 0)``, default config "set_sm_margin":
+# False): 0.
 _UB_SMS: dict[str, dict[str, int]] = {
     "gpt3 175b": {"attention": 24, "mlp": 20},
     "llama3.1 70b": {"attention": 24, "mlp": 16},
     "llama3.1 405b": {"attention": 24, "mlp": 8},
+    "nemotron-4": {"attention": 0, "mlp": 0},
 }
 
 # Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
@@ -544,10 +549,10 @@ _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
      _ADAM["apex"], _UB_SMS["llama3.1 405b"]),
     ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
      _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn",
-     _ADAM["mcore"]),
+     _ADAM["mcore"], _UB_SMS["nemotron-4"]),
     ("Nemotron-4 340B", (128, 32, 4.61), (2048, 512, 4.84),
      _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective",
-     "flash2", _ADAM["apex, bf16"]),
+     "flash2", _ADAM["apex, bf16"], _UB_SMS["nemotron-4"]),
     ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
      _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn",
      _ADAM["apex, bf16 grads, fp8_params"], _UB_SMS["gpt3 175b"]),

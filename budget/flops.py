@@ -322,7 +322,7 @@ def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
       add a whole output, 3·O; later steps, on the second half of the queries, half of one):
       (0.5 + 1.5·cp + 1.5r)·O. Under the fused (cuDNN) kernel each step's half input is made
       contiguous first: half of K/V on steps 1..r, half of Q after them.
-    - backward (`_ring_backward_passes`): the received buffer refilled with K/V (2·KV);
+    - backward (`_ring_backward_most`): the received buffer refilled with K/V (2·KV);
       each step's dQ copied or added into dQ, half of it before the diagonal step
       (0.5 + 1.5·cp + 1.5r)·Q, and its dK/dV into the dK/dV that travels the ring (a copy
       on the first step, adds after, half-sized on the steps against the first half of the

@@ -259,6 +259,32 @@ def test_overlap_slowdown_is_a_fraction_below_one(slowdown: str, problem: str | 
         assert len(found) == 1 and "$.overlap.slowdown" in found[0] and problem in found[0]
 
 
+@pytest.mark.parametrize(
+    ("written", "problems"),
+    [
+        ("24", []),
+        ("{attention: 24, mlp: 8}", []),
+        ("-3", ["$.overlap.tp_comm_sms: -3 is less than the minimum of 0"]),
+        ('"16"', ["$.overlap.tp_comm_sms: '16' is not an integer or a mapping"]),
+        (
+            '{attention: "24", mlp: -1}',
+            [
+                "$.overlap.tp_comm_sms.attention: '24' is not an integer",
+                "$.overlap.tp_comm_sms.mlp: -1 is less than the minimum of 0",
+            ],
+        ),
+        ("{attention: 24, proj: 4}", ["$.overlap.tp_comm_sms.proj: unknown key 'proj'"]),
+    ],
+)
+def test_tp_comm_sms_is_one_count_or_one_per_gemm(written: str, problems: list[str]) -> None:
+    """Each bad count is reported at its own key, all of them (a oneOf had reported any
+    problem as one line at the parent: review)."""
+    found = errors(MINIMAL + f"overlap: {{tp: true, tp_comm_sms: {written}}}\n")
+    assert len(found) == len(problems)
+    for line, problem in zip(found, problems, strict=True):
+        assert problem in line
+
+
 @pytest.mark.parametrize(("written", "read"), [("no", "true or false"), ("1.3", "a number")])
 def test_a_name_yaml_read_as_another_type_says_so(written: str, read: str) -> None:
     """`name: no` is YAML 1.1's false and `name: 1.3` a number: the error says YAML read
