@@ -292,7 +292,7 @@ def overlapped_gemms(plan: Plan, phase: Phase) -> dict[str, Callable[[Work], Wor
     for move in phase.moves:
         if not move.window or move.window.startswith("@") or not _flag(plan, move.flag):
             continue
-        margin = move.gemm_sms if sms > move.gemm_sms else 0
+        margin = sm_margin(plan, move)
         if margin == 0 and every(move.gemm_splits == 1):
             continue
         on = (move.ranks > 1) & (move.count > 0)
@@ -309,6 +309,12 @@ def overlapped_gemms(plan: Plan, phase: Phase) -> dict[str, Callable[[Work], Wor
 
         reshaped[move.window] = partial(reshape, before=reshaped.get(move.window))
     return reshaped
+
+
+def sm_margin(plan: Plan, move: Move) -> int:
+    """SMs `move` holds off the GEMM it overlaps (`Move.gemm_sms`), where the device says how
+    many it has and leaves some to the GEMM; 0 otherwise (``overlap.slowdown`` applies)."""
+    return move.gemm_sms if plan.device.sms > move.gemm_sms else 0
 
 
 def _windows(
@@ -396,9 +402,9 @@ def time_phase(
                 hidden = total - exposed
                 hid = (vmin(total * f - last, hidden) * mask, hidden * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
-            sms = plan.device.sms
-            if move.gemm_sms and sms > move.gemm_sms:  # its GEMM runs narrowed instead
-                rule = f"{rule}; its GEMM runs on {sms - move.gemm_sms} of {sms} SMs"
+            margin, sms = sm_margin(plan, move), plan.device.sms
+            if margin:  # its GEMM runs narrowed instead
+                rule = f"{rule}; its GEMM runs on {sms - margin} of {sms} SMs"
             else:
                 slowed = plan.overlap.slowdown * (total - exposed)
                 # a ring exchange (a pipelined one names its chunks already)

@@ -191,8 +191,9 @@ class Parallel:
 # slows the computation by 18.9 % on average (40.0 % at most) against the same computation
 # alone, over GPT and LLaMA training on 4 x A100, H100, MI250 and MI210.
 OVERLAP_SLOWDOWN = 0.189
-# Transformer Engine's ``initialize_ub`` default ``num_sm`` for its ``pipeline`` overlap
-# method (``transformer_engine/pytorch/module/base.py``), with ``set_sm_margin`` on.
+# Transformer Engine 2.x's ``initialize_ub`` default ``num_sm`` for its ``pipeline`` overlap
+# method (``transformer_engine/pytorch/module/base.py``), with ``set_sm_margin`` on (1.x
+# left the margin off).
 TP_COMM_SMS = 16
 
 
@@ -279,7 +280,8 @@ class Device:
     # bytes' latency, last wave's tail): T = startup + V / B (`budget.catalog.devices`).
     kernel_startup: float = 0.0
     # Streaming multiprocessors (AMD: compute units) a kernel can run on; 0: not given, and a
-    # collective that holds some of them off a GEMM (`Overlap.tp_comm_sms`) costs nothing.
+    # GEMM beside a collective that would hold some (`Overlap.tp_comm_sms`) is not narrowed,
+    # ``overlap.slowdown`` pricing the overlap instead (`schedule.sm_margin`).
     sms: int = 0
 
     def peak_flops(self, dtype: str) -> float:
