@@ -294,10 +294,17 @@ def _mpt_run(
     and reduce-scatters each unit's gradients during the backward (Zhao et al., "PyTorch
     FSDP", arXiv 2304.11277, section 3.3), so overlap.param_gather and overlap.dp_grads.
 
-    Precision: amp_bf16 with FSDP mixed_precision DEFAULT, as Composer defines it since
+    Precision: amp_bf16 with FSDP mixed_precision DEFAULT as Composer documents it since
     mosaicml/composer PR 2047 (March 2023): fp32 sharded parameters, which are the
-    optimizer's master copy (so no separate master), bf16 parameter all-gather and
-    compute, fp32 gradient reduce-scatter; decoupled AdamW with fp32 moments."""
+    optimizer's master copy (so no separate master), bf16 parameter all-gather and compute,
+    fp32 gradient reduce-scatter; decoupled AdamW with fp32 moments. Composer's code
+    departed from that for a while: 0.15.1 to 0.16.3 (``get_mixed_precision``, read from
+    their wheels, built 2023-07-07 to 2023-09-26) leave DEFAULT's ``reduce_dtype`` unset,
+    which PyTorch 2.1 reads as ``param_dtype`` (bf16), and PR 2628 (merged 2023-10-10, in
+    0.16.4) set fp32 again. The tables do not name the Composer that ran (their image is of
+    2023-08-27 and PR 543 merged them after 2023-10-18), so the documented DEFAULT stays, as
+    before FSDP's gradient passes were priced; ``precision.grad_reduce: bf16`` is the other
+    reading (README, "Where the model is weakest")."""
     tree: dict[str, Any] = {
         "name": f"MPT {size.upper()}, 8 {'A100s' if a100 else 'GPUs'}",
         "model": {

@@ -576,6 +576,54 @@ def grad_accumulation(plan: Plan, params: int) -> list[Work]:
     return [elementwise("main-grad accumulation", 2 * DTYPE_BYTES[plan.precision.grads] * params)]
 
 
+def fsdp_mixed(plan: Plan) -> Any:
+    """PyTorch FSDP's mixed precision: ZeRO-3 with the sharded parameters kept in another
+    format than the one they are gathered and computed in (fp32 shards, bf16 compute). An
+    array over a sweep's configurations (``parallel.zero`` may differ between them)."""
+    prec = plan.precision
+    return (plan.parallel.zero == 3) & (prec.params != prec.param_gather)
+
+
+def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any) -> list[Work]:
+    """What PyTorch FSDP does to a unit's gradients after its backward, every micro-batch,
+    under mixed precision (read at torch 2.1.0, ``torch/distributed/fsdp``), for `params`
+    parameters of the unit sharded over `ranks` ranks; it has no main-gradient buffer that
+    the weight-gradient GEMMs accumulate into (`grad_accumulation`):
+
+    - The module's parameters are views of the unit's flat parameter (``torch.split`` then
+      ``view``, ``flat_param.py``), so autograd's split backward concatenates their
+      gradients into one new flat gradient in the compute format: a read and a write of
+      ``param_gather`` bytes per parameter.
+    - ``_post_backward_hook`` casts it to the reduce format (``flat_param.grad.to(
+      handle._reduce_dtype)``) where that differs: a read in the compute format and a write
+      in ``precision.reduce``.
+    - ``_reduce_grad`` divides the whole gradient in place by the pre-divide factor before
+      the reduce-scatter (``_div_if_needed``; the factor is above 1 on 2 ranks or more) and
+      the shard by the post-divide factor after it (above 1 on more than 2 ranks).
+    - The shard is cast to the parameters' format where the reduce format differs
+      (``_cast_grad_to_param_dtype``) and added into the shard kept from the earlier
+      micro-batches (``_saved_grad_shard += sharded_grad``): a read of both and a write,
+      priced on every micro-batch (the first only keeps it, one shard pass per step less).
+
+    The casts, divides and accumulation run on FSDP's post-backward stream, beside the next
+    unit's backward; they are priced as the stage's own kernels, as they take the same
+    memory bandwidth and SMs."""
+    prec = plan.precision
+    gather, reduce, kept = (DTYPE_BYTES[d] for d in (prec.param_gather, prec.reduce, prec.params))
+    shard = -(-params // vmax(ranks, 1))
+    sharded = ranks > 1
+    upcast = prec.reduce != prec.param_gather
+    whole = (2 * gather + (gather + reduce) * upcast + vwhere(sharded, 2 * reduce, 0)) * params
+    downcast = prec.reduce != prec.params
+    part = vwhere(ranks > 2, 2 * reduce, 0) + (reduce + kept) * downcast + 3 * kept
+    flat = elementwise("gradient flattening, cast and pre-divide (FSDP)", vround(whole))
+    kept_shard = elementwise("sharded gradient post-divide and accumulation (FSDP)", part * shard)
+    return [
+        replace(flat, launches=1 + upcast + vwhere(sharded, 1, 0)),
+        replace(kept_shard, launches=vwhere(ranks > 2, 1, 0) + downcast + 1),
+    ]
+
+
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward; with
     ``model.logit_softcap``, Gemma 2's cap · tanh(logits / cap) between them, one fused pass

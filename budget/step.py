@@ -1009,8 +1009,36 @@ def _block_params(plan: Plan, block: str) -> int:
 
 
 def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
-    """The block's weight gradients added into the main gradients (`flops.grad_accumulation`)."""
-    return flops.grad_accumulation(plan, layer.params[block])
+    """What the block's weight gradients go through after their GEMMs (`_gradient_passes`)."""
+    return _gradient_passes(plan, layer.params[block])
+
+
+def _gradient_passes(plan: Plan, params: Any) -> list[Work]:
+    """Every micro-batch's weight gradients of `params` parameters after their GEMMs:
+    PyTorch FSDP's flattening, casts and divides under its mixed precision
+    (`flops.fsdp_gradient_passes`), else the addition into the main gradients
+    (`flops.grad_accumulation`)."""
+    par = plan.parallel
+    fsdp = flops.fsdp_mixed(plan)
+    return when(flops.fsdp_gradient_passes(plan, params, par.dp * par.cp), fsdp) + when(
+        flops.grad_accumulation(plan, params), lacks(fsdp)
+    )
+
+
+def _embedding_gradients(b: _StageBuilder) -> list[Work]:
+    """The embedding's weight gradients after its backward (`_gradient_passes`). Under
+    FSDP's mixed precision, on a stage whose output layer is tied to the embedding, the
+    one shared parameter is one slice of the root unit's flat parameter, flattened, cast
+    and divided once (priced with the output layer's, in the loss); autograd sums the two
+    uses' gradients before that: a read of both and a write in the compute format."""
+    plan = b.plan
+    n = vocab_params(plan)
+    fsdp = flops.fsdp_mixed(plan)
+    tied = b.last & plan.model.tied_embeddings
+    summed = flops.elementwise(
+        "tied embedding gradients summed (FSDP)", 3 * DTYPE_BYTES[plan.precision.param_gather] * n
+    )
+    return when(_gradient_passes(plan, n), lacks(fsdp & tied)) + when([summed], fsdp & tied)
 
 
 def _zero3_moves(
@@ -1051,8 +1079,8 @@ def _zero3_moves(
                 "reduce-scatter",
                 group,
                 ranks,
-                prec.grads,
-                n * DTYPE_BYTES[prec.grads],
+                prec.reduce,
+                n * DTYPE_BYTES[prec.reduce],
                 "partial",
                 "shard(0)",
             )
@@ -1113,8 +1141,8 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
             "reduce-scatter",
             "dp",
             ranks,
-            prec.grads,
-            n * DTYPE_BYTES[prec.grads],
+            prec.reduce,
+            n * DTYPE_BYTES[prec.reduce],
             "partial",
             "shard(0)",
             rule="ZeRO-3, FSDP's root unit (the layers' outside): exposed, FSDP waits for "
@@ -1148,12 +1176,29 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
 def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     """The head's unsharded gradient under ZeRO-3 (the output layer's, or the tied
     embedding's), which exists from the loss's backward until the root unit's
-    reduce-scatter (`_zero3_root_moves`), in the compute dtype of the gathered weights."""
+    reduce-scatter (`_zero3_root_moves`), in the compute dtype of the gathered weights
+    (with FSDP's cast to the reduce format beside it: `_unsharded_gradient_bytes`)."""
     plan = b.plan
     par = plan.parallel
-    size = vocab_params(plan) * DTYPE_BYTES[plan.precision.param_gather]
+    gathered = DTYPE_BYTES[plan.precision.param_gather]
+    size = vocab_params(plan) * vwhere(
+        flops.fsdp_mixed(plan), _unsharded_gradient_bytes(plan), gathered
+    )
     grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
+
+
+def _unsharded_gradient_bytes(plan: Plan) -> Any:
+    """Bytes per parameter of a ZeRO-3 block's whole gradients before their reduce-scatter:
+    in ``precision.grads``, or under FSDP's mixed precision the flat gradient autograd
+    computed in the gathered format and, where the reduce format differs, its cast beside
+    it until the reduce-scatter is done (`flops.fsdp_gradient_passes`: FSDP keeps the
+    computed gradient alive on its post-backward stream, ``_no_dispatch_record_stream``)."""
+    prec = plan.precision
+    fsdp = DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * (
+        prec.reduce != prec.param_gather
+    )
+    return vwhere(flops.fsdp_mixed(plan), fsdp, DTYPE_BYTES[prec.grads])
 
 
 def _zero3_transients(
@@ -1178,12 +1223,12 @@ def _zero3_transients(
 
     n = gathered(block)
     current = Alloc("gathered parameters (this block)", "transient", n)
-    grads = gathered(block, DTYPE_BYTES[plan.precision.grads])
-    whole = Alloc("gradients before reduce-scatter", "transient", grads)
+    grad = _unsharded_gradient_bytes(plan)
+    whole = Alloc("gradients before reduce-scatter", "transient", gathered(block, grad))
     ahead = behind = 0
     for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
-        behind = vmax(behind, gathered(name, DTYPE_BYTES[plan.precision.grads]))
+        behind = vmax(behind, gathered(name, grad))
     prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
     reducing = Alloc(
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
@@ -1405,7 +1450,7 @@ def _loss(b: _StageBuilder) -> None:
             + when(redo, plan.recompute == "full")
             + flops.backward_of(forward)
             + flops.loss_work(plan, s)
-            + flops.grad_accumulation(plan, grads),
+            + _gradient_passes(plan, grads),
         )
     root = [] if b.first else _zero3_root_moves(b, False) + _zero3_root_moves(b, True)
     b.add(
@@ -1413,7 +1458,7 @@ def _loss(b: _StageBuilder) -> None:
         b.microbatches,
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
-        flops.loss_work(plan, s) + flops.grad_accumulation(plan, vocab_params(plan)),
+        flops.loss_work(plan, s) + _gradient_passes(plan, vocab_params(plan)),
     )
 
 
@@ -1688,7 +1733,7 @@ def _backward(b: _StageBuilder) -> None:
         )
         moves = when([gather], sp) + _zero3_root_moves(b, backward=True)
         work = flops.backward_of(flops.embedding_work(plan, s))
-        work += flops.grad_accumulation(plan, vocab_params(plan))
+        work += _embedding_gradients(b)
         b.add("backward.embedding", m, moves, [], work)
     if b.pipelined:
         b.add(
@@ -1755,8 +1800,8 @@ def _reduce(b: _StageBuilder) -> None:
                 "all-reduce",
                 group,
                 ranks,
-                prec.grads,
-                n * DTYPE_BYTES[prec.grads],
+                prec.reduce,
+                n * DTYPE_BYTES[prec.reduce],
                 "partial",
                 "replicate",
             ),
@@ -1765,8 +1810,8 @@ def _reduce(b: _StageBuilder) -> None:
                 "reduce-scatter",
                 group,
                 ranks,
-                prec.grads,
-                n * DTYPE_BYTES[prec.grads],
+                prec.reduce,
+                n * DTYPE_BYTES[prec.reduce],
                 "partial",
                 "shard(0)",
             ),
@@ -1881,8 +1926,11 @@ def _reduce(b: _StageBuilder) -> None:
     shard = updated(p.per_rank, par.dp * par.cp)
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
     vocab = updated(p.vocab_per_rank, par.dp * par.cp)
-    # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above
+    # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
+    # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,
+    # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`)
     held = vwhere(par.zero >= 2, shard, p.per_rank + p.expert_per_rank)
+    held = vwhere(flops.fsdp_mixed(plan), 0, held)
     b.add(
         "optimizer",
         1,

@@ -148,12 +148,21 @@ class Precision:
     activations: DType = "bf16"
     matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch
     param_gather: DType = "bf16"  # dtype of ZeRO/FSDP parameter all-gathers
+    # dtype of the data-parallel gradient reduction; None: the gradients' own
+    grad_reduce: DType | None = None
     kv_cache: DType | None = None  # serving: the KV cache's format; None: the activations'
 
     @property
     def cache(self) -> DType:
         """The format the serving KV cache is kept and read in."""
         return self.kv_cache or self.activations
+
+    @property
+    def reduce(self) -> DType:
+        """The format gradients cross the data-parallel group in: ``grad_reduce`` where the
+        plan names one (PyTorch FSDP's ``MixedPrecision.reduce_dtype``, DeepSpeed's
+        ``communication_data_type``), else the gradients' own."""
+        return self.grad_reduce or self.grads
 
 
 @dataclass(frozen=True, slots=True)

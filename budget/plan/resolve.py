@@ -82,6 +82,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "precision.optimizer": ("none",),
     "precision.optimizer_state": (),
     "precision.param_gather": (),
+    "precision.grad_reduce": (),
     "overlap.dp_grads": (False,),
     "overlap.param_gather": (False,),
     "overlap.pp": (False,),
@@ -571,6 +572,7 @@ class _Resolver:
             activations=tree.get("activations", "bf16"),
             matmul=tree.get("matmul", "bf16"),
             param_gather=tree.get("param_gather", params),
+            grad_reduce=tree.get("grad_reduce"),
             # serving: the activations' format unless the plan names the cache's
             kv_cache=tree.get("kv_cache", tree.get("activations", "bf16")) if serving else None,
         )
