@@ -584,6 +584,16 @@ def fsdp_mixed(plan: Plan) -> Any:
     return (plan.parallel.zero == 3) & (prec.params != prec.param_gather)
 
 
+def fsdp_shard_cast(plan: Plan, shard: Any) -> list[Work]:
+    """FSDP's cast of a unit's parameter shard to the compute format before each
+    all-gather of it under mixed precision (``FlatParamHandle._use_low_precision_shard``:
+    ``_mp_shard.copy_(_local_shard)``, torch 2.1.0 ``flat_param.py``): a read of `shard`
+    parameters in ``precision.params`` and a write in ``precision.param_gather``."""
+    prec = plan.precision
+    size = DTYPE_BYTES[prec.params] + DTYPE_BYTES[prec.param_gather]
+    return [elementwise("parameter shard cast before its gather (FSDP)", size * shard)]
+
+
 def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any) -> list[Work]:
     """What PyTorch FSDP does to a unit's gradients after its backward, every micro-batch,
     under mixed precision (read at torch 2.1.0, ``torch/distributed/fsdp``), for `params`

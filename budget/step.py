@@ -1009,8 +1009,26 @@ def _block_params(plan: Plan, block: str) -> int:
 
 
 def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
-    """What the block's weight gradients go through after their GEMMs (`_gradient_passes`)."""
-    return _gradient_passes(plan, layer.params[block])
+    """What the block's weight gradients go through after their GEMMs (`_gradient_passes`),
+    and under FSDP the cast of its shard before the backward gathers it again
+    (`_gather_casts`)."""
+    return _gather_casts(plan, layer, block) + _gradient_passes(plan, layer.params[block])
+
+
+def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
+    """Under FSDP's mixed precision, the block's parameter shards cast to the compute format
+    before each all-gather of them (`flops.fsdp_shard_cast`), on each group that shards them
+    (the experts' on the expert data-parallel group)."""
+    shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in layer.zero3[block])
+    return when(flops.fsdp_shard_cast(plan, shard), flops.fsdp_mixed(plan))
+
+
+def _root_gather_cast(b: _StageBuilder) -> list[Work]:
+    """`_gather_casts` of the root unit (`_root_params`), gathered once per micro-batch."""
+    par = b.plan.parallel
+    ranks = par.dp * par.cp
+    shard = -(-_root_params(b) // ranks) * (ranks > 1)
+    return when(flops.fsdp_shard_cast(b.plan, shard), flops.fsdp_mixed(b.plan))
 
 
 def _gradient_passes(plan: Plan, params: Any) -> list[Work]:
@@ -1261,7 +1279,8 @@ def _forward(b: _StageBuilder) -> None:
 
     if b.first:
         moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)
-        b.add("forward.embedding", m, moves, [], flops.embedding_work(plan, s))
+        work = flops.embedding_work(plan, s) + _root_gather_cast(b)
+        b.add("forward.embedding", m, moves, [], work)
 
     gathered = when([_gathered_input(plan, s)], sp)
     z3 = _zero3_transients(plan, b.layer, "attention", b.ffn_blocks)
@@ -1278,7 +1297,7 @@ def _forward(b: _StageBuilder) -> None:
             ),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
         ],
-        flops.attention_forward(plan, s),
+        flops.attention_forward(plan, s) + _gather_casts(plan, b.layer, "attention"),
     )
     kept = when(attn_kept, lacks(full))
     if b.has_dense:
@@ -1306,7 +1325,7 @@ def _forward(b: _StageBuilder) -> None:
                     "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
                 ),
             ],
-            flops.mlp_forward(plan, s),
+            flops.mlp_forward(plan, s) + _gather_casts(plan, b.layer, "mlp"),
         )
     if b.has_moe:
         moe = _either(blocks["moe"], full)
@@ -1324,7 +1343,7 @@ def _forward(b: _StageBuilder) -> None:
                     tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
                 )
             ],
-            flops.moe_forward(plan, s),
+            flops.moe_forward(plan, s) + _gather_casts(plan, b.layer, "moe"),
         )
     if b.last:
         _loss(b)
@@ -1458,7 +1477,9 @@ def _loss(b: _StageBuilder) -> None:
         b.microbatches,
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
-        flops.loss_work(plan, s) + _gradient_passes(plan, vocab_params(plan)),
+        flops.loss_work(plan, s)
+        + _gradient_passes(plan, vocab_params(plan))
+        + ([] if b.first else _root_gather_cast(b)),
     )
 
 

@@ -150,3 +150,19 @@ def test_bad_grad_reduce_is_refused_at_its_key(tmp_path: Path) -> None:
     with pytest.raises(BudgetError) as err:
         load_plan(path)
     assert [p.path for p in err.value.problems] == ["$.precision.grad_reduce"]
+
+
+def test_each_gather_casts_its_shard_first(tmp_path: Path) -> None:
+    """Before each all-gather FSDP casts the unit's fp32 shard to bf16 (read 4 B, write 2
+    B of each of the 1/8 of the parameters): in the MLP's forward and again before the
+    backward's re-gather; the root unit (embedding and tied output layer, 50368 x 5120,
+    the learned position table, 2048 x 5120, and the final norm's 2 x 5120) once per
+    micro-batch, as FSDP keeps it gathered."""
+    plan = _plan(tmp_path)
+    name = "parameter shard cast before its gather (FSDP)"
+    for phase in ("forward.mlp", "backward.mlp"):
+        works = {w.name: w.bytes for w in _phase(plan, phase).works}
+        assert works[name] == 6 * -(-MLP // 8)
+    embedding = {w.name: w.bytes for w in _phase(plan, "forward.embedding").works}
+    assert embedding[name] == 6 * -(-(50368 * 5120 + 2048 * 5120 + 2 * 5120) // 8)
+    assert name not in {w.name for w in _phase(plan, "backward.embedding").works}
