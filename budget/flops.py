@@ -576,12 +576,21 @@ def grad_accumulation(plan: Plan, params: int) -> list[Work]:
     return [elementwise("main-grad accumulation", 2 * DTYPE_BYTES[plan.precision.grads] * params)]
 
 
+FSDP_FLAT = "gradient flattening, cast and pre-divide (FSDP)"
+FSDP_SHARD = "sharded gradient post-divide and accumulation (FSDP)"
+FSDP_SUMMED = "gradients of shared parameters summed (FSDP)"
+# the kernels that follow a phase's weight gradients (`schedule._backward_kernel`)
+GRADIENT_PASSES = ("main-grad accumulation", FSDP_FLAT, FSDP_SHARD, FSDP_SUMMED)
+
+
 def fsdp_mixed(plan: Plan) -> Any:
     """PyTorch FSDP's mixed precision: ZeRO-3 with the sharded parameters kept in another
-    format than the one they are gathered and computed in (fp32 shards, bf16 compute). An
-    array over a sweep's configurations (``parallel.zero`` may differ between them)."""
+    format than the one they are gathered and computed in (fp32 shards, bf16 compute) and
+    no separate master copy (the shards are the optimizer's; Megatron-LM's and DeepSpeed's
+    ZeRO keep bf16 parameters beside an fp32 master). An array over a sweep's
+    configurations (``parallel.zero`` may differ between them)."""
     prec = plan.precision
-    return (plan.parallel.zero == 3) & (prec.params != prec.param_gather)
+    return (plan.parallel.zero == 3) & (prec.params != prec.param_gather) & (prec.master is None)
 
 
 def fsdp_shard_cast(plan: Plan, shard: Any) -> list[Work]:
@@ -594,7 +603,7 @@ def fsdp_shard_cast(plan: Plan, shard: Any) -> list[Work]:
     return [elementwise("parameter shard cast before its gather (FSDP)", size * shard)]
 
 
-def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any) -> list[Work]:
+def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any, microbatches: Any) -> list[Work]:
     """What PyTorch FSDP does to a unit's gradients after its backward, every micro-batch,
     under mixed precision (read at torch 2.1.0, ``torch/distributed/fsdp``), for `params`
     parameters of the unit sharded over `ranks` ranks; it has no main-gradient buffer that
@@ -613,7 +622,7 @@ def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any) -> list[Work]:
     - The shard is cast to the parameters' format where the reduce format differs
       (``_cast_grad_to_param_dtype``) and added into the shard kept from the earlier
       micro-batches (``_saved_grad_shard += sharded_grad``): a read of both and a write,
-      priced on every micro-batch (the first only keeps it, one shard pass per step less).
+      on all but the first of a step's `microbatches` (priced as that share of each).
 
     The casts, divides and accumulation run on FSDP's post-backward stream, beside the next
     unit's backward; they are priced as the stage's own kernels, as they take the same
@@ -625,13 +634,21 @@ def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any) -> list[Work]:
     upcast = prec.reduce != prec.param_gather
     whole = (2 * gather + (gather + reduce) * upcast + vwhere(sharded, 2 * reduce, 0)) * params
     downcast = prec.reduce != prec.params
-    part = vwhere(ranks > 2, 2 * reduce, 0) + (reduce + kept) * downcast + 3 * kept
-    flat = elementwise("gradient flattening, cast and pre-divide (FSDP)", vround(whole))
-    kept_shard = elementwise("sharded gradient post-divide and accumulation (FSDP)", part * shard)
+    added = 1 - 1 / vmax(microbatches, 1)  # the first micro-batch's shard is only kept
+    part = vwhere(ranks > 2, 2 * reduce, 0) + (reduce + kept) * downcast + 3 * kept * added
+    flat = elementwise(FSDP_FLAT, vround(whole))
+    kept_shard = elementwise(FSDP_SHARD, vround(part * shard))
     return [
         replace(flat, launches=1 + upcast + vwhere(sharded, 1, 0)),
-        replace(kept_shard, launches=vwhere(ranks > 2, 1, 0) + downcast + 1),
+        replace(kept_shard, launches=vwhere(ranks > 2, 1, 0) + downcast + added),
     ]
+
+
+def fsdp_summed(plan: Plan, params: Any) -> list[Work]:
+    """Autograd's sum of two gradients of one parameter before FSDP flattens it (a tied
+    embedding's two uses, a shared output layer's): a read of both and a write in the
+    compute format (``precision.param_gather``)."""
+    return [elementwise(FSDP_SUMMED, 3 * DTYPE_BYTES[plan.precision.param_gather] * params)]
 
 
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:

@@ -55,7 +55,13 @@ import numpy as np
 
 from budget.collectives import Algorithm, CollectiveCost
 from budget.efficiency import gemm_efficiency
-from budget.flops import Work, attention_query_flops, model_flops_per_token, serving_params
+from budget.flops import (
+    GRADIENT_PASSES,
+    Work,
+    attention_query_flops,
+    model_flops_per_token,
+    serving_params,
+)
 from budget.inference import decode_passes
 from budget.layers import chunks_differ, interleaved_warmup, moe_layers, stage_chunk_ids
 from budget.phases import HAND_WRITTEN, PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
@@ -339,8 +345,8 @@ def _windows(
 
 def _backward_kernel(name: str) -> bool:
     """A kernel of a phase's backward (`flops.backward_of` names them so; the main-gradient
-    accumulation follows the weight gradients)."""
-    return name.endswith(" backward") or name == "main-grad accumulation"
+    accumulation or FSDP's gradient passes follow the weight gradients)."""
+    return name.endswith(" backward") or name in GRADIENT_PASSES
 
 
 Pricer = Callable[[Plan, Move], CollectiveCost]

@@ -1008,11 +1008,20 @@ def _block_params(plan: Plan, block: str) -> int:
     return layer.per_rank - attention + (layer.expert_per_rank if block == "moe" else 0)
 
 
-def _accumulate(plan: Plan, layer: _Layer, block: str) -> list[Work]:
-    """What the block's weight gradients go through after their GEMMs (`_gradient_passes`),
-    and under FSDP the cast of its shard before the backward gathers it again
+def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
+    """What the block's weight gradients go through after their GEMMs (`_gradient_passes`,
+    under FSDP on each group that shards them: the experts' on the expert data-parallel
+    group), and under FSDP the cast of its shard before the backward gathers it again
     (`_gather_casts`)."""
-    return _gather_casts(plan, layer, block) + _gradient_passes(plan, layer.params[block])
+    layer, par = b.layer, b.plan.parallel
+    n = layer.params[block]
+    groups = [(par.dp * par.cp, n)]
+    if block == "moe":
+        groups = [
+            (par.dp * par.cp, n - layer.experts),
+            (expert_data_parallel(b.plan), layer.experts),
+        ]
+    return _gather_casts(b.plan, layer, block) + _gradient_passes(b, n, groups)
 
 
 def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
@@ -1031,32 +1040,43 @@ def _root_gather_cast(b: _StageBuilder) -> list[Work]:
     return when(flops.fsdp_shard_cast(b.plan, shard), flops.fsdp_mixed(b.plan))
 
 
-def _gradient_passes(plan: Plan, params: Any) -> list[Work]:
+def _gradient_passes(
+    b: _StageBuilder, params: Any, groups: Sequence[tuple[Any, Any]] | None = None
+) -> list[Work]:
     """Every micro-batch's weight gradients of `params` parameters after their GEMMs:
     PyTorch FSDP's flattening, casts and divides under its mixed precision
-    (`flops.fsdp_gradient_passes`), else the addition into the main gradients
+    (`flops.fsdp_gradient_passes`, for each (ranks, parameters) of `groups` that shards
+    them, by default all of them over dp x cp), else the addition into the main gradients
     (`flops.grad_accumulation`)."""
+    plan = b.plan
     par = plan.parallel
     fsdp = flops.fsdp_mixed(plan)
-    return when(flops.fsdp_gradient_passes(plan, params, par.dp * par.cp), fsdp) + when(
-        flops.grad_accumulation(plan, params), lacks(fsdp)
+    passes = [
+        work
+        for ranks, n in groups or [(par.dp * par.cp, params)]
+        for work in flops.fsdp_gradient_passes(plan, n, ranks, b.microbatches)
+    ]
+    return when(passes, fsdp) + when(flops.grad_accumulation(plan, params), lacks(fsdp))
+
+
+def _shared_gradients(b: _StageBuilder, params: Any, shared: Any) -> list[Work]:
+    """`_gradient_passes` of parameters that, where `shared` holds, are another use of a
+    parameter the stage prices already (a tied embedding beside its output layer, the
+    output layer and embedding that multi-token prediction reuses): under FSDP's mixed
+    precision that parameter is one slice of the root unit's flat parameter, flattened,
+    cast and divided once, and autograd only sums the two uses' gradients before that
+    (`flops.fsdp_summed`); without FSDP each use adds into the main gradients."""
+    fsdp = flops.fsdp_mixed(b.plan)
+    once = fsdp & holds(shared)
+    return when(_gradient_passes(b, params), lacks(once)) + when(
+        flops.fsdp_summed(b.plan, params), once
     )
 
 
 def _embedding_gradients(b: _StageBuilder) -> list[Work]:
-    """The embedding's weight gradients after its backward (`_gradient_passes`). Under
-    FSDP's mixed precision, on a stage whose output layer is tied to the embedding, the
-    one shared parameter is one slice of the root unit's flat parameter, flattened, cast
-    and divided once (priced with the output layer's, in the loss); autograd sums the two
-    uses' gradients before that: a read of both and a write in the compute format."""
-    plan = b.plan
-    n = vocab_params(plan)
-    fsdp = flops.fsdp_mixed(plan)
-    tied = b.last & plan.model.tied_embeddings
-    summed = flops.elementwise(
-        "tied embedding gradients summed (FSDP)", 3 * DTYPE_BYTES[plan.precision.param_gather] * n
-    )
-    return when(_gradient_passes(plan, n), lacks(fsdp & tied)) + when([summed], fsdp & tied)
+    """The embedding's weight gradients after its backward: on a stage whose output layer
+    is tied to the embedding, the second use of one parameter (`_shared_gradients`)."""
+    return _shared_gradients(b, vocab_params(b.plan), b.last & b.plan.model.tied_embeddings)
 
 
 def _zero3_moves(
@@ -1199,22 +1219,24 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     plan = b.plan
     par = plan.parallel
     gathered = DTYPE_BYTES[plan.precision.param_gather]
-    size = vocab_params(plan) * vwhere(
-        flops.fsdp_mixed(plan), _unsharded_gradient_bytes(plan), gathered
-    )
+    # a stage with the embedding finishes the root unit's backward only at its very end:
+    # FSDP casts the head's gradient for the reduction after every layer's backward
+    cast = _unsharded_gradient_bytes(plan, cast=not b.first)
+    size = vocab_params(plan) * vwhere(flops.fsdp_mixed(plan), cast, gathered)
     grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
 
-def _unsharded_gradient_bytes(plan: Plan) -> Any:
+def _unsharded_gradient_bytes(plan: Plan, cast: bool) -> Any:
     """Bytes per parameter of a ZeRO-3 block's whole gradients before their reduce-scatter:
-    in ``precision.grads``, or under FSDP's mixed precision the flat gradient autograd
-    computed in the gathered format and, where the reduce format differs, its cast beside
-    it until the reduce-scatter is done (`flops.fsdp_gradient_passes`: FSDP keeps the
-    computed gradient alive on its post-backward stream, ``_no_dispatch_record_stream``)."""
+    in ``precision.grads``, or under FSDP's mixed precision the gradients autograd computes
+    in the gathered format and, once the block's backward is done (`cast`) and where the
+    reduce format differs, their flat cast beside them until the reduce-scatter is done
+    (`flops.fsdp_gradient_passes`: FSDP keeps the computed gradient alive on its
+    post-backward stream, ``_no_dispatch_record_stream``)."""
     prec = plan.precision
     fsdp = DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * (
-        prec.reduce != prec.param_gather
+        cast and prec.reduce != prec.param_gather
     )
     return vwhere(flops.fsdp_mixed(plan), fsdp, DTYPE_BYTES[prec.grads])
 
@@ -1241,12 +1263,12 @@ def _zero3_transients(
 
     n = gathered(block)
     current = Alloc("gathered parameters (this block)", "transient", n)
-    grad = _unsharded_gradient_bytes(plan)
+    grad = _unsharded_gradient_bytes(plan, cast=False)
     whole = Alloc("gradients before reduce-scatter", "transient", gathered(block, grad))
     ahead = behind = 0
     for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
-        behind = vmax(behind, gathered(name, grad))
+        behind = vmax(behind, gathered(name, _unsharded_gradient_bytes(plan, cast=True)))
     prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
     reducing = Alloc(
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
@@ -1458,8 +1480,15 @@ def _loss(b: _StageBuilder) -> None:
         # (Megatron-Core's `_checkpointed_forward`): the norms and projection run again
         redo = [w.scaled(1, f"{w.name} (recomputed)") for w in forward[1:]]
         # the output layer, the embedding lookup and the projection with its norms each
-        # add a gradient into the main gradients
-        grads = 2 * vocab_params(plan) + mtp_params(plan)[1]
+        # add a gradient into the main gradients; under FSDP the first two are another use
+        # of the main head's and the embedding's parameters, summed into their gradients
+        shared, own = 2 * vocab_params(plan), mtp_params(plan)[1]
+        fsdp = flops.fsdp_mixed(plan)
+        par = plan.parallel
+        passes = flops.fsdp_summed(plan, shared) + flops.fsdp_gradient_passes(
+            plan, own, par.dp * par.cp, b.microbatches
+        )
+        grads = when(passes, fsdp) + when(flops.grad_accumulation(plan, shared + own), lacks(fsdp))
         b.add(
             "mtp",
             b.microbatches * mtp,
@@ -1469,7 +1498,7 @@ def _loss(b: _StageBuilder) -> None:
             + when(redo, plan.recompute == "full")
             + flops.backward_of(forward)
             + flops.loss_work(plan, s)
-            + _gradient_passes(plan, grads),
+            + grads,
         )
     root = [] if b.first else _zero3_root_moves(b, False) + _zero3_root_moves(b, True)
     b.add(
@@ -1478,7 +1507,7 @@ def _loss(b: _StageBuilder) -> None:
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s)
-        + _gradient_passes(plan, vocab_params(plan))
+        + _gradient_passes(b, vocab_params(plan))
         + ([] if b.first else _root_gather_cast(b)),
     )
 
@@ -1610,7 +1639,7 @@ def _backward(b: _StageBuilder) -> None:
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work)
-            + _accumulate(plan, b.layer, "moe"),
+            + _accumulate(b, "moe"),
         )
     if b.has_dense:
         recomputed = when(_working(blocks["attention"] + blocks["mlp"], "recomputed"), full)
@@ -1669,7 +1698,7 @@ def _backward(b: _StageBuilder) -> None:
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work)
-            + _accumulate(plan, b.layer, "mlp"),
+            + _accumulate(b, "mlp"),
         )
     recomputed = when(_working(blocks["attention"], "recomputed"), full)
     if plan.model.attention == "eager":
@@ -1738,7 +1767,7 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             ),
         ],
-        redo + flops.backward_of(work) + _accumulate(plan, b.layer, "attention"),
+        redo + flops.backward_of(work) + _accumulate(b, "attention"),
     )
     if b.first:
         gather = Move(

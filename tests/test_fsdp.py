@@ -12,6 +12,7 @@ fc1 5120 x 20480 + bias 20480, fc2 20480 x 5120 + bias 5120 and the norm's 2 x 5
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,92 +22,147 @@ import yaml
 from budget import flops
 from budget.accuracy import RUNS
 from budget.errors import BudgetError
+from budget.layers import layer_params
 from budget.phases import Phase
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.report import to_dict
-from budget.step import derive
+from budget.search import Space, apply, search
+from budget.step import _block_params, derive
 
 MLP = 5120 * 20480 + 20480 + 20480 * 5120 + 5120 + 2 * 5120
 
 
-def _tree(**precision: str) -> dict[str, Any]:
+VOCAB = 50368 * 5120  # the tied embedding and output layer
+FLAT, SHARD, SUMMED = flops.FSDP_FLAT, flops.FSDP_SHARD, flops.FSDP_SUMMED
+CAST = "parameter shard cast before its gather (FSDP)"
+
+
+def _tree(parallel: dict[str, Any] | None = None, **precision: str) -> dict[str, Any]:
     (run,) = [r for r in RUNS if r.name == "MPT 13B, 8 GPUs"]
     tree = copy.deepcopy(run.tree)
     tree.pop("name")
     tree["precision"].update(precision)
+    tree["parallel"].update(parallel or {})
     return tree
 
 
-def _plan(tmp_path: Path, **precision: str) -> Plan:
+def _plan(tmp_path: Path, parallel: dict[str, Any] | None = None, **precision: str) -> Plan:
     path = tmp_path / "mpt13b.yaml"
-    path.write_text(yaml.safe_dump(_tree(**precision)), encoding="utf-8")
+    path.write_text(yaml.safe_dump(_tree(parallel, **precision)), encoding="utf-8")
     return load_plan(path)
 
 
-def _phase(plan: Plan, name: str) -> Phase:
-    return next(p for p in derive(plan).stages[0].phases if p.name == name)
+def _phase(plan: Plan, name: str, stage: int = 0) -> Phase:
+    return next(p for p in derive(plan).stages[stage].phases if p.name == name)
 
 
-def test_mlp_block_count_is_the_module_docstrings() -> None:
-    assert MLP == 209_751_040
+def _bytes(plan: Plan, phase: str, stage: int = 0) -> dict[str, int]:
+    """Bytes of each kernel of a phase, the kernels of one name added up."""
+    out: dict[str, int] = {}
+    for w in _phase(plan, phase, stage).works:
+        out[w.name] = out.get(w.name, 0) + int(w.bytes)
+    return out
+
+
+def test_mlp_block_is_the_module_docstrings_count(tmp_path: Path) -> None:
+    assert _block_params(_plan(tmp_path), "mlp") == MLP == 209_751_040
 
 
 def test_fp32_reduce_passes_by_hand(tmp_path: Path) -> None:
     """fp32 shards, bf16 compute, fp32 reduce over 8 ranks, per parameter of the unit:
     split backward's concatenation reads and writes bf16 (4 B), the cast to fp32 reads 2
     and writes 4 (6 B), the in-place pre-divide by 4 reads and writes fp32 (8 B): 18 B,
-    three kernels. On the 1/8 shard: the post-divide by 2 (8 B) and the addition into the
-    kept fp32 shard (read both, write one: 12 B), no cast: 20 B of a shard, two kernels."""
+    three kernels. On the 1/8 shard: the post-divide by 2 (8 B), no cast, and on all but
+    the first of 4 micro-batches the addition into the kept fp32 shard (read both, write
+    one: 12 B): 8 + 12 x 3/4 = 17 B of a shard, 1.75 kernels a micro-batch."""
     plan = _plan(tmp_path)
-    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8)
+    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8, 4)
     assert (whole.bytes, whole.launches) == (18_000_000, 3)
-    assert (shard.bytes, shard.launches) == (20 * 125_000, 2)
+    assert (shard.bytes, shard.launches) == (17 * 125_000, 1.75)
 
 
 def test_bf16_reduce_passes_by_hand(tmp_path: Path) -> None:
     """``grad_reduce: bf16`` (Composer 0.15.1 to 0.16.3's DEFAULT): no cast before the
     reduce-scatter, the pre-divide on bf16 (4 B): 8 B, two kernels; on the shard the
-    post-divide (4 B), the cast to the fp32 parameters (2 + 4 B) and the addition (12 B):
-    22 B of a shard, three kernels. On 2 ranks the post-divide factor is 1: no pass."""
+    post-divide (4 B), the cast to the fp32 parameters (2 + 4 B) and, on the second of 2
+    micro-batches, the addition (12 B): 10 + 6 = 16 B of a shard, 2.5 kernels."""
     plan = _plan(tmp_path, grad_reduce="bf16")
-    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8)
+    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8, 2)
     assert (whole.bytes, whole.launches) == (8_000_000, 2)
-    assert (shard.bytes, shard.launches) == (22 * 125_000, 3)
-    _, pair = flops.fsdp_gradient_passes(plan, 1_000_000, 2)
-    assert (pair.bytes, pair.launches) == (18 * 500_000, 2)
+    assert (shard.bytes, shard.launches) == (16 * 125_000, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "whole", "shard"),
+    [
+        # one rank: no pre-divide (factor 1), no post-divide; the shard is every parameter
+        (1, 4 + 6, 12 * 1_000_000),
+        # two ranks: pre-divide by 2 (8 B), post-divide factor 1: only the addition
+        (2, 18, 12 * 500_000),
+        # three ranks: pre-divide by 2, post-divide by 1.5 on a shard of 333,334
+        (3, 18, (8 + 12) * 333_334),
+    ],
+)
+def test_divide_factors_follow_torchs_rule(
+    tmp_path: Path, ranks: int, whole: int, shard: int
+) -> None:
+    """torch's ``_get_gradient_predivide_factor``: factor 1, doubled while world_size %
+    factor == 0 and world_size / factor > factor; the post-divide is world_size / factor.
+    Two micro-batches: the addition runs on one of two (12 B x 1/2 of the shard twice)."""
+    plan = _plan(tmp_path)
+    flat, kept = flops.fsdp_gradient_passes(plan, 1_000_000, ranks, 2)
+    assert flat.bytes == whole * 1_000_000
+    added = 12 * -(-1_000_000 // ranks)
+    assert kept.bytes == shard - added // 2
 
 
 def test_backward_block_takes_fsdp_passes_not_a_main_gradient(tmp_path: Path) -> None:
+    """MPT 13B on 8 H100s runs one micro-batch a step: no shard addition."""
     plan = _plan(tmp_path)
-    works = {w.name: w for w in _phase(plan, "backward.mlp").works}
+    works = _bytes(plan, "backward.mlp")
     assert "main-grad accumulation" not in works
-    assert works["gradient flattening, cast and pre-divide (FSDP)"].bytes == 18 * MLP
-    assert works["sharded gradient post-divide and accumulation (FSDP)"].bytes == 20 * (
-        -(-MLP // 8)
-    )
+    assert works[FLAT] == 18 * MLP
+    assert works[SHARD] == 8 * -(-MLP // 8)
 
 
 def test_optimizer_zeroes_no_gradients_under_fsdp(tmp_path: Path) -> None:
     """FSDP's optimizer drops its gradients (``zero_grad(set_to_none=True)``)."""
-    works = {w.name: w.bytes for w in _phase(_plan(tmp_path), "optimizer").works}
-    assert works["zero main gradients"] == 0
+    assert _bytes(_plan(tmp_path), "optimizer")["zero main gradients"] == 0
 
 
 def test_tied_embedding_gradients_are_summed_not_passed_twice(tmp_path: Path) -> None:
     """One stage holds the embedding and the tied output layer: the shared parameter's
-    flat-gradient passes are the loss's (50368 x 5120 parameters); the embedding's backward
-    adds its gradient to the output layer's, reading both and writing one in bf16."""
+    flat-gradient passes are the loss's; the embedding's backward adds its gradient to the
+    output layer's, reading both and writing one in bf16."""
     plan = _plan(tmp_path)
-    vocab = 50368 * 5120
-    loss = {w.name: w.bytes for w in _phase(plan, "loss").works}
-    assert loss["gradient flattening, cast and pre-divide (FSDP)"] == 18 * vocab
-    embedding = {w.name: w.bytes for w in _phase(plan, "backward.embedding").works}
-    assert embedding == {
-        "embedding lookup backward": embedding["embedding lookup backward"],
-        "tied embedding gradients summed (FSDP)": 3 * 2 * vocab,
-    }
+    assert _bytes(plan, "loss")[FLAT] == 18 * VOCAB
+    embedding = _bytes(plan, "backward.embedding")
+    assert embedding[SUMMED] == 3 * 2 * VOCAB and FLAT not in embedding
+
+
+def test_pipelined_stages_each_pass_their_own_copy(tmp_path: Path) -> None:
+    """Over two stages (dp 4) the embedding (first) and the output layer (last) are two
+    parameters, each its stage's root unit: each takes the whole passes (pre-divide by 2 on
+    4 ranks: 18 B) and none is summed."""
+    plan = _plan(tmp_path, {"pp": 2, "dp": 4})
+    first = _bytes(plan, "backward.embedding", 0)
+    assert first[FLAT] == 18 * VOCAB and SUMMED not in first
+    assert _bytes(plan, "loss", 1)[FLAT] == 18 * VOCAB
+
+
+def test_root_gradients_held_as_computed_then_cast(tmp_path: Path) -> None:
+    """The head's whole gradient until the root unit's reduce-scatter: in bf16 (2 B) on a
+    stage that also holds the embedding, whose root backward ends the step's backward; on
+    a last stage alone FSDP casts it to fp32 right after the loss and holds both (6 B)
+    while the layers' backward runs."""
+    name = "head gradients (ZeRO-3, unsharded until reduced)"
+    for parallel, stage, per_param in (({}, 0, 2), ({"pp": 2, "dp": 4}, 1, 6)):
+        plan = _plan(tmp_path, parallel)
+        phase = _phase(plan, "backward.mlp", stage)
+        sizes = {a.name: a.total for i in phase.instants for a in i.live}
+        assert sizes[name] == per_param * VOCAB
 
 
 @pytest.mark.parametrize(("reduce", "size"), [(None, 4), ("bf16", 2)])
@@ -122,16 +178,50 @@ def test_reduce_scatter_crosses_in_grad_reduce(
     assert (rs["dtype"], rs["bytes"]) == (reduce or "fp32", size * MLP)
 
 
-@pytest.mark.parametrize(("reduce", "per_param"), [(None, 2 + 4), ("bf16", 2)])
-def test_whole_gradients_are_the_computed_and_the_cast(
-    tmp_path: Path, reduce: str | None, per_param: int
+def test_zero1_gradients_cross_in_grad_reduce() -> None:
+    """Outside FSDP too: GPT-3's ZeRO-1 gradient reduction over dp sends bf16 under
+    ``grad_reduce: bf16``, half the bytes of its fp32 gradients."""
+    plan = load_plan(Path(__file__).parents[1] / "plans" / "gpt3-175b.yaml")
+    bf16 = replace(plan, precision=replace(plan.precision, grad_reduce="bf16"))
+
+    def dp_grads(p: Plan) -> tuple[str, int]:
+        phase = next(x for x in derive(p).stages[0].phases if x.name == "dp.grads")
+        (move,) = [m for m in phase.moves if m.group == "dp"]
+        return move.dtype, int(move.size_bytes)
+
+    (dtype, size), (low, half) = dp_grads(plan), dp_grads(bf16)
+    assert (dtype, low) == ("fp32", "bf16") and half * 2 == size
+
+
+@pytest.mark.parametrize(("reduce", "computed", "cast"), [(None, 2, 2 + 4), ("bf16", 2, 2)])
+def test_whole_gradients_are_the_computed_then_the_cast(
+    tmp_path: Path, reduce: str | None, computed: int, cast: int
 ) -> None:
-    """Before the reduce-scatter FSDP holds autograd's bf16 flat gradient and, with an fp32
-    reduce, its fp32 cast beside it (2 + 4 B a parameter)."""
+    """During a block's backward autograd holds its gradients in bf16 (2 B a parameter);
+    the previous block's, flattened and, with an fp32 reduce, cast beside them (2 + 4 B),
+    are reduce-scattering behind it (``overlap.dp_grads``)."""
     plan = _plan(tmp_path, **({"grad_reduce": reduce} if reduce else {}))
-    phase = _phase(plan, "backward.mlp")
+    phase = _phase(plan, "backward.attention")
     sizes = {a.name: a.total for i in phase.instants for a in i.live}
-    assert sizes["gradients before reduce-scatter"] == per_param * MLP
+    attention = _block_params(plan, "attention")
+    assert sizes["gradients before reduce-scatter"] == computed * attention
+    previous = "gradients of the previous mlp block (reduce-scattering)"
+    assert sizes[previous] == cast * MLP
+
+
+def test_experts_pass_over_their_own_group(tmp_path: Path) -> None:
+    """An MoE block's expert gradients are sharded over the expert data-parallel group,
+    the rest over dp: with 8 experts on ep 8 of dp 8 each expert is whole on its rank
+    (one rank: no divides, 4 + 6 B), the router and norm over 8 ranks (18 B)."""
+    tree = _tree()
+    tree["model"]["experts"] = {"count": 8, "top_k": 2}
+    tree["parallel"]["ep"] = 8
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    plan = load_plan(path)
+    layer = layer_params(plan, moe=True)
+    own = layer.per_rank - _block_params(plan, "attention")
+    assert _bytes(plan, "backward.moe")[FLAT] == 18 * own + 10 * layer.expert_per_rank
 
 
 def test_a_megatron_plan_keeps_its_main_gradient() -> None:
@@ -144,14 +234,6 @@ def test_a_megatron_plan_keeps_its_main_gradient() -> None:
     assert not any("FSDP" in n for n in names)
 
 
-def test_bad_grad_reduce_is_refused_at_its_key(tmp_path: Path) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(_tree(grad_reduce="fp64")), encoding="utf-8")
-    with pytest.raises(BudgetError) as err:
-        load_plan(path)
-    assert [p.path for p in err.value.problems] == ["$.precision.grad_reduce"]
-
-
 def test_each_gather_casts_its_shard_first(tmp_path: Path) -> None:
     """Before each all-gather FSDP casts the unit's fp32 shard to bf16 (read 4 B, write 2
     B of each of the 1/8 of the parameters): in the MLP's forward and again before the
@@ -159,10 +241,33 @@ def test_each_gather_casts_its_shard_first(tmp_path: Path) -> None:
     the learned position table, 2048 x 5120, and the final norm's 2 x 5120) once per
     micro-batch, as FSDP keeps it gathered."""
     plan = _plan(tmp_path)
-    name = "parameter shard cast before its gather (FSDP)"
     for phase in ("forward.mlp", "backward.mlp"):
-        works = {w.name: w.bytes for w in _phase(plan, phase).works}
-        assert works[name] == 6 * -(-MLP // 8)
-    embedding = {w.name: w.bytes for w in _phase(plan, "forward.embedding").works}
-    assert embedding[name] == 6 * -(-(50368 * 5120 + 2048 * 5120 + 2 * 5120) // 8)
-    assert name not in {w.name for w in _phase(plan, "backward.embedding").works}
+        assert _bytes(plan, phase)[CAST] == 6 * -(-MLP // 8)
+    root = 50368 * 5120 + 2048 * 5120 + 2 * 5120
+    assert _bytes(plan, "forward.embedding")[CAST] == 6 * -(-root // 8)
+    assert CAST not in _bytes(plan, "backward.embedding")
+
+
+def test_sweep_budgets_fsdp_as_the_report_does(tmp_path: Path) -> None:
+    """A sweep evaluates layouts with and without ZeRO 3 (so FSDP's passes and the main
+    gradient) in one pass; each budgets as its own report does."""
+    path = tmp_path / "seed.yaml"
+    path.write_text(yaml.safe_dump(_tree()), encoding="utf-8")
+    plan = load_plan(path, seed=True)
+    found = search(plan, 16, Space(micro=(1, 2)), keep=1000).results
+    sample = [r for r in found if r.config.zero == 3][:6] + [
+        r for r in found if r.config.zero != 3
+    ][:6]
+    assert {r.config.zero for r in sample} >= {3, 1}
+    for result in sample:
+        report = build_report(apply(plan, result.config, 16))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert abs(report.step["time_s"] / result.step_time_s - 1) < 1e-9, result.config
+
+
+def test_bad_grad_reduce_is_refused_at_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_tree(grad_reduce="fp64")), encoding="utf-8")
+    with pytest.raises(BudgetError) as err:
+        load_plan(path)
+    assert [p.path for p in err.value.problems] == ["$.precision.grad_reduce"]
