@@ -588,9 +588,12 @@ def fsdp_mixed(plan: Plan) -> Any:
     format than the one they are gathered and computed in (fp32 shards, bf16 compute) and
     no separate master copy (the shards are the optimizer's; Megatron-LM's and DeepSpeed's
     ZeRO keep bf16 parameters beside an fp32 master). An array over a sweep's
-    configurations (``parallel.zero`` may differ between them)."""
+    configurations (``parallel.zero`` may differ between them), or False where the formats
+    rule it out for all of them (so callers skip building FSDP's kernels)."""
     prec = plan.precision
-    return (plan.parallel.zero == 3) & (prec.params != prec.param_gather) & (prec.master is None)
+    if prec.params == prec.param_gather or prec.master is not None:
+        return False
+    return plan.parallel.zero == 3
 
 
 def fsdp_shard_cast(plan: Plan, shard: Any) -> list[Work]:

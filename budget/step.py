@@ -1028,16 +1028,22 @@ def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     """Under FSDP's mixed precision, the block's parameter shards cast to the compute format
     before each all-gather of them (`flops.fsdp_shard_cast`), on each group that shards them
     (the experts' on the expert data-parallel group)."""
+    fsdp = flops.fsdp_mixed(plan)
+    if fsdp is False:
+        return []
     shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in layer.zero3[block])
-    return when(flops.fsdp_shard_cast(plan, shard), flops.fsdp_mixed(plan))
+    return when(flops.fsdp_shard_cast(plan, shard), fsdp)
 
 
 def _root_gather_cast(b: _StageBuilder) -> list[Work]:
     """`_gather_casts` of the root unit (`_root_params`), gathered once per micro-batch."""
+    fsdp = flops.fsdp_mixed(b.plan)
+    if fsdp is False:
+        return []
     par = b.plan.parallel
     ranks = par.dp * par.cp
     shard = -(-_root_params(b) // ranks) * (ranks > 1)
-    return when(flops.fsdp_shard_cast(b.plan, shard), flops.fsdp_mixed(b.plan))
+    return when(flops.fsdp_shard_cast(b.plan, shard), fsdp)
 
 
 def _gradient_passes(
@@ -1051,6 +1057,8 @@ def _gradient_passes(
     plan = b.plan
     par = plan.parallel
     fsdp = flops.fsdp_mixed(plan)
+    if fsdp is False:
+        return flops.grad_accumulation(plan, params)
     passes = [
         work
         for ranks, n in groups or [(par.dp * par.cp, params)]
@@ -1067,6 +1075,8 @@ def _shared_gradients(b: _StageBuilder, params: Any, shared: Any) -> list[Work]:
     cast and divided once, and autograd only sums the two uses' gradients before that
     (`flops.fsdp_summed`); without FSDP each use adds into the main gradients."""
     fsdp = flops.fsdp_mixed(b.plan)
+    if fsdp is False:
+        return _gradient_passes(b, params)
     once = fsdp & holds(shared)
     return when(_gradient_passes(b, params), lacks(once)) + when(
         flops.fsdp_summed(b.plan, params), once
