@@ -81,6 +81,8 @@ def test_keys_are_their_source_text() -> None:
         ("1.5e9", 1.5e9),
         ("1.0e+3", 1000.0),
         ("1_000", 1000),
+        ("16_384", 16384),  # digits grouped by thousands
+        ("-1_000_000", -1000000),
         ("'012'", "012"),  # quoted: text
         ("00.5", 0.5),  # floats have no octal form
         ("'1e9'", "1e9"),
@@ -140,6 +142,16 @@ def test_syntax_error_has_a_position() -> None:
             "a: 1:30\n",
             "p.yaml:1:4: error: $.a: 1:30 is read by YAML 1.1 as the base-60 number 90; write "
             "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: 2_4\n",  # a typo YAML 1.1 would have read as 24
+            "p.yaml:1:4: error: $.a: 2_4 is read by YAML 1.1 as 24, every underscore "
+            "dropped; write 24",
+        ),
+        (
+            "a: 1_0000\n",
+            "p.yaml:1:4: error: $.a: 1_0000 is read by YAML 1.1 as 10000, every underscore "
+            "dropped; write 10000, or group the digits by thousands (10_000)",
         ),
         (
             "a: 02048\n",  # not octal, so YAML 1.1 text: it was refused as 'not an integer'

@@ -59,6 +59,8 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 # numbers are decimal, so these are refused, as are digits with a leading zero that are
 # not octal (02048), which YAML 1.1 leaves as text
 _DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
+# digits grouped by thousands (16_384); YAML 1.1 drops every underscore, so 2_4 reads 24
+_GROUPED_INT = re.compile(r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+$")
 _NOT_DECIMAL = (
     (re.compile(r"^[-+]?0x"), "hexadecimal"),
     (re.compile(r"^[-+]?0b"), "binary"),
@@ -328,6 +330,14 @@ class _Builder:
                 path,
                 f"{_shown(text)} is read by YAML 1.1 as the {kind} number {value}; write "
                 "numbers in decimal (or quote it, if it is text)",
+            )
+        if implicit and tag == _STANDARD + "int" and "_" in text and not _GROUPED_INT.match(text):
+            grouped = f", or group the digits by thousands ({value:_})" if abs(value) > 999 else ""
+            return self.refuse(
+                where,
+                path,
+                f"{_shown(text)} is read by YAML 1.1 as {value}, every underscore dropped; "
+                f"write {value}{grouped}",
             )
         if plain and tag == _STANDARD + "str" and _LEADING_ZERO.match(text):
             return self.refuse(
