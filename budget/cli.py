@@ -57,10 +57,23 @@ class Format(StrEnum):
     markdown = "markdown"
 
 
+def _format(value: str) -> Format:
+    """The output format named, in any case; typer's own enum check would prefix its
+    refusal with its validator's "Value error,"."""
+    try:
+        return Format(value.lower())
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not one of table, json or markdown") from None
+
+
 FormatOption = Annotated[
-    Format,
+    str,
     typer.Option(
-        "--format", "-f", case_sensitive=False, help="Output format: table, json or markdown."
+        "--format",
+        "-f",
+        callback=_format,
+        metavar="<table|json|markdown>",
+        help="Output format: table, json or markdown.",
     ),
 ]
 
@@ -130,7 +143,7 @@ def report_command(
     fmt: FormatOption = Format.table,
 ) -> None:
     """Validate PLAN, calculate its budget and render it (the default command)."""
-    _report(plan, fmt.value)
+    _report(plan, str(fmt))
 
 
 def _report(plan: Path, fmt: str) -> None:
@@ -165,7 +178,7 @@ def check_command(
         raise _usage(str(error)) from None
     result = check_plans(plans, limits)
     _problems(result.problems)
-    render_check(stdout_console(), result, fmt.value)
+    render_check(stdout_console(), result, str(fmt))
     raise typer.Exit(code=exit_code(valid=not result.invalid, passed=result.passed))
 
 
@@ -183,7 +196,7 @@ def diff_command(
         report_a, report_b, diff = diff_files(a, b)
     except BudgetError as error:
         raise _fail(error) from None
-    render_diff(stdout_console(), report_a, report_b, diff, fmt.value)
+    render_diff(stdout_console(), report_a, report_b, diff, str(fmt))
 
 
 @app.command("plot")
@@ -255,7 +268,7 @@ def search_command(
         objective,
         top,
         write,
-        fmt.value,
+        str(fmt),
         stdout_console(),
     )
     if code:
@@ -338,7 +351,7 @@ def collective_command(
         result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm, ramp)
     except ValueError as error:
         raise _usage(str(error)) from None
-    render_collective(stdout_console(), result, fmt.value)
+    render_collective(stdout_console(), result, str(fmt))
 
 
 @app.command("roofline")
@@ -356,7 +369,7 @@ def roofline_command(
         result = roofline(intensity, bandwidth, peak)
     except ValueError as error:
         raise _usage(str(error)) from None
-    render_roofline(stdout_console(), result, fmt.value)
+    render_roofline(stdout_console(), result, str(fmt))
 
 
 class PresetKind(StrEnum):  # `budget.presets.KINDS`, kept here so --help imports nothing
@@ -377,7 +390,7 @@ def presets_command(
     from budget.presets import catalogue
     from budget.render.presets import render_presets
 
-    render_presets(stdout_console(), catalogue(None if kind is None else kind.value), fmt.value)
+    render_presets(stdout_console(), catalogue(None if kind is None else kind.value), str(fmt))
 
 
 @app.command("validate-model")
@@ -399,7 +412,7 @@ def validate_model_command(
     accuracy = validate_model()
     if write_plans is not None:
         _write_run_plans(accuracy, write_plans)
-    render_accuracy(stdout_console(), accuracy, fmt.value)
+    render_accuracy(stdout_console(), accuracy, str(fmt))
 
 
 def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:

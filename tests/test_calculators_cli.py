@@ -4,6 +4,7 @@ renderers and user errors (exit 2, one line on stderr, no traceback)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -471,3 +472,13 @@ def test_the_format_is_read_in_any_case() -> None:
         ),
     )
     assert result.exit_code == 0 and json.loads(result.stdout)["bound"] == "memory"
+
+
+def test_an_unknown_format_is_refused_in_our_words() -> None:
+    """Typer's own enum check said "Value error, 'xml' is not one of ..." (its validator's
+    prefix); the refusal names the three formats and nothing else, exit 2."""
+    plan = str(Path(__file__).parents[1] / "plans" / "gpt-1.3b.yaml")
+    result = runner.invoke(app, route([plan, "--format", "xml"]))
+    assert result.exit_code == 2
+    assert "'xml' is not one of table, json or markdown" in result.stderr
+    assert "Value error" not in result.stderr and not result.stdout
