@@ -1067,26 +1067,18 @@ def _gradient_passes(
     return when(passes, fsdp) + when(flops.grad_accumulation(plan, params), lacks(fsdp))
 
 
-def _shared_gradients(b: _StageBuilder, params: Any, shared: Any) -> list[Work]:
-    """`_gradient_passes` of parameters that, where `shared` holds, are another use of a
-    parameter the stage prices already (a tied embedding beside its output layer, the
-    output layer and embedding that multi-token prediction reuses): under FSDP's mixed
-    precision that parameter is one slice of the root unit's flat parameter, flattened,
-    cast and divided once, and autograd only sums the two uses' gradients before that
+def _embedding_gradients(b: _StageBuilder) -> list[Work]:
+    """The embedding's weight gradients after its backward (`_gradient_passes`). On a stage
+    whose output layer is tied to it, under FSDP's mixed precision, the one parameter is
+    one slice of the root unit's flat parameter, flattened, cast and divided once (priced
+    in the loss), and autograd only sums the two uses' gradients before that
     (`flops.fsdp_summed`); without FSDP each use adds into the main gradients."""
+    n = vocab_params(b.plan)
     fsdp = flops.fsdp_mixed(b.plan)
     if fsdp is False:
-        return _gradient_passes(b, params)
-    once = fsdp & holds(shared)
-    return when(_gradient_passes(b, params), lacks(once)) + when(
-        flops.fsdp_summed(b.plan, params), once
-    )
-
-
-def _embedding_gradients(b: _StageBuilder) -> list[Work]:
-    """The embedding's weight gradients after its backward: on a stage whose output layer
-    is tied to the embedding, the second use of one parameter (`_shared_gradients`)."""
-    return _shared_gradients(b, vocab_params(b.plan), b.last & b.plan.model.tied_embeddings)
+        return _gradient_passes(b, n)
+    once = fsdp & holds(b.last & b.plan.model.tied_embeddings)
+    return when(_gradient_passes(b, n), lacks(once)) + when(flops.fsdp_summed(b.plan, n), once)
 
 
 def _zero3_moves(
