@@ -288,7 +288,8 @@ def _mpt_run(
     this was read the rows were timed as FlashAttention-2, a bound no slower than the
     kernel they ran.
 
-    Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1),
+    Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1;
+    Composer 0.16 wraps the model in PyTorch's FullyShardedDataParallel, ``fsdp: 1``),
     micro-batch and global batch as listed (grad accumulation = global / (micro × 8)),
     activation checkpointing → full recompute. FSDP prefetches the next unit's all-gather
     and reduce-scatters each unit's gradients during the backward (Zhao et al., "PyTorch
@@ -333,7 +334,7 @@ def _mpt_run(
             "matmul": "bf16",
             "param_gather": "bf16",
         },
-        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3, "fsdp": 1},
         "recompute": "full" if checkpointing else "none",
         "overlap": {"dp_grads": True, "param_gather": True},
         "device": {"preset": "a100-80gb" if a100 else "h100-sxm"},

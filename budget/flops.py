@@ -577,10 +577,13 @@ def grad_accumulation(plan: Plan, params: int) -> list[Work]:
 
 
 FSDP_FLAT = "gradient flattening, cast and pre-divide (FSDP)"
-FSDP_SHARD = "sharded gradient post-divide and accumulation (FSDP)"
+FSDP2_COPY = "gradients cast into the reduce-scatter buffer (FSDP2)"
+FSDP_SHARD = "sharded gradient divide, cast and accumulation (FSDP)"
 FSDP_SUMMED = "gradients of shared parameters summed (FSDP)"
+FSDP_CAST = "parameter shard cast before its gather (FSDP)"
+FSDP2_COPY_OUT = "gathered parameters copied out (FSDP2)"
 # the kernels that follow a phase's weight gradients (`schedule._backward_kernel`)
-GRADIENT_PASSES = ("main-grad accumulation", FSDP_FLAT, FSDP_SHARD, FSDP_SUMMED)
+GRADIENT_PASSES = ("main-grad accumulation", FSDP_FLAT, FSDP2_COPY, FSDP_SHARD, FSDP_SUMMED)
 
 
 def fsdp_mixed(plan: Plan) -> Any:
@@ -596,21 +599,34 @@ def fsdp_mixed(plan: Plan) -> Any:
     return plan.parallel.zero == 3
 
 
-def fsdp_shard_cast(plan: Plan, shard: Any) -> list[Work]:
-    """FSDP's cast of a unit's parameter shard to the compute format before each
-    all-gather of it under mixed precision (``FlatParamHandle._use_low_precision_shard``:
-    ``_mp_shard.copy_(_local_shard)``, torch 2.1.0 ``flat_param.py``): a read of `shard`
-    parameters in ``precision.params`` and a write in ``precision.param_gather``."""
+def fsdp_gather_copies(plan: Plan, shard: Any, gathered: Any) -> list[Work]:
+    """What FSDP's mixed precision does around each all-gather of a unit's parameters,
+    `shard` of them this rank's and `gathered` in all, by ``parallel.fsdp``:
+
+    - FSDP1 casts the shard to the compute format (``FlatParamHandle.
+      _use_low_precision_shard``: ``_mp_shard.copy_(_local_shard)``, torch 2.1.0
+      ``flat_param.py``) and gathers straight into the flat parameter: a read in
+      ``precision.params`` and a write in ``precision.param_gather`` of the shard.
+    - FSDP2 casts the shard the same way and copies it into the all-gather buffer (two
+      ``_foreach_copy_`` passes, ``foreach_all_gather``), then copies the gathered
+      parameters out of that buffer into each parameter's own tensor
+      (``split_with_sizes_copy``, ``foreach_all_gather_copy_out``): a read and a write of
+      every gathered parameter in the compute format (torch 2.5.1, the same through
+      2.7.1, ``fsdp/_fully_shard/_fsdp_collectives.py``)."""
     prec = plan.precision
-    size = DTYPE_BYTES[prec.params] + DTYPE_BYTES[prec.param_gather]
-    return [elementwise("parameter shard cast before its gather (FSDP)", size * shard)]
+    kept, compute = DTYPE_BYTES[prec.params], DTYPE_BYTES[prec.param_gather]
+    if plan.parallel.fsdp == 1:
+        return [elementwise(FSDP_CAST, (kept + compute) * shard)]
+    copy_in = replace(elementwise(FSDP_CAST, (kept + 3 * compute) * shard), launches=2)
+    return [copy_in, elementwise(FSDP2_COPY_OUT, 2 * compute * gathered)]
 
 
 def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any, microbatches: Any) -> list[Work]:
     """What PyTorch FSDP does to a unit's gradients after its backward, every micro-batch,
-    under mixed precision (read at torch 2.1.0, ``torch/distributed/fsdp``), for `params`
-    parameters of the unit sharded over `ranks` ranks; it has no main-gradient buffer that
-    the weight-gradient GEMMs accumulate into (`grad_accumulation`):
+    under mixed precision, for `params` parameters of the unit sharded over `ranks` ranks;
+    it has no main-gradient buffer that the weight-gradient GEMMs accumulate into
+    (`grad_accumulation`). FSDP1 (``parallel.fsdp: 1``, read at torch 2.1.0,
+    ``torch/distributed/fsdp``):
 
     - The module's parameters are views of the unit's flat parameter (``torch.split`` then
       ``view``, ``flat_param.py``), so autograd's split backward concatenates their
@@ -627,24 +643,36 @@ def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any, microbatches: Any)
       micro-batches (``_saved_grad_shard += sharded_grad``): a read of both and a write,
       on all but the first of a step's `microbatches` (priced as that share of each).
 
-    The casts, divides and accumulation run on FSDP's post-backward stream, beside the next
-    unit's backward; they are priced as the stage's own kernels, as they take the same
+    FSDP2 (``parallel.fsdp: 2``, read at torch 2.5.1, the same through 2.7.1,
+    ``foreach_reduce``) has no flat parameter: one ``chunk_cat`` copies the parameters'
+    gradients into the reduce-scatter buffer in the reduce format (a read in the compute
+    format, a write in ``precision.reduce``), NCCL averages fp32 and bf16 gradients itself
+    (``ReduceOp.AVG``: no divide kernels; fp16 keeps FSDP1's two divides), and the shard is
+    cast and added as under FSDP1 (``sharded_param.grad._local_tensor += ...``).
+
+    The casts, divides and accumulation run on FSDP's reduce-scatter stream, beside the
+    next unit's backward; they are priced as the stage's own kernels, as they take the same
     memory bandwidth and SMs."""
     prec = plan.precision
     gather, reduce, kept = (DTYPE_BYTES[d] for d in (prec.param_gather, prec.reduce, prec.params))
     shard = -(-params // vmax(ranks, 1))
     sharded = ranks > 1
     upcast = prec.reduce != prec.param_gather
-    whole = (2 * gather + (gather + reduce) * upcast + vwhere(sharded, 2 * reduce, 0)) * params
     downcast = prec.reduce != prec.params
     added = 1 - 1 / vmax(microbatches, 1)  # the first micro-batch's shard is only kept
-    part = vwhere(ranks > 2, 2 * reduce, 0) + (reduce + kept) * downcast + 3 * kept * added
-    flat = elementwise(FSDP_FLAT, vround(whole))
+    v1 = plan.parallel.fsdp == 1
+    divides = v1 or prec.reduce not in ("fp32", "bf16")
+    post = vwhere(ranks > 2, 1, 0) * divides  # the post-divide factor is 1 on 2 ranks
+    pre = vwhere(sharded, 1, 0) * divides
+    if v1:
+        whole = (2 * gather + (gather + reduce) * upcast + 2 * reduce * pre) * params
+        flat = replace(elementwise(FSDP_FLAT, vround(whole)), launches=1 + upcast + pre)
+    else:
+        whole = ((gather + reduce) + 2 * reduce * pre) * params
+        flat = replace(elementwise(FSDP2_COPY, vround(whole)), launches=1 + pre)
+    part = 2 * reduce * post + (reduce + kept) * downcast + 3 * kept * added
     kept_shard = elementwise(FSDP_SHARD, vround(part * shard))
-    return [
-        replace(flat, launches=1 + upcast + vwhere(sharded, 1, 0)),
-        replace(kept_shard, launches=vwhere(ranks > 2, 1, 0) + downcast + added),
-    ]
+    return [flat, replace(kept_shard, launches=post + downcast + added)]
 
 
 def fsdp_summed(plan: Plan, params: Any) -> list[Work]:

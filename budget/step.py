@@ -1025,14 +1025,15 @@ def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
 
 
 def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
-    """Under FSDP's mixed precision, the block's parameter shards cast to the compute format
-    before each all-gather of them (`flops.fsdp_shard_cast`), on each group that shards them
-    (the experts' on the expert data-parallel group)."""
+    """Under FSDP's mixed precision, the copies around each all-gather of the block's
+    parameters (`flops.fsdp_gather_copies`), on each group that shards them (the experts'
+    on the expert data-parallel group)."""
     fsdp = flops.fsdp_mixed(plan)
     if fsdp is False:
         return []
     shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in layer.zero3[block])
-    return when(flops.fsdp_shard_cast(plan, shard), fsdp)
+    gathered = sum(n * (ranks > 1) for _, ranks, n in layer.zero3[block])
+    return when(flops.fsdp_gather_copies(plan, shard, gathered), fsdp)
 
 
 def _root_gather_cast(b: _StageBuilder) -> list[Work]:
@@ -1042,8 +1043,8 @@ def _root_gather_cast(b: _StageBuilder) -> list[Work]:
         return []
     par = b.plan.parallel
     ranks = par.dp * par.cp
-    shard = -(-_root_params(b) // ranks) * (ranks > 1)
-    return when(flops.fsdp_shard_cast(b.plan, shard), fsdp)
+    n = _root_params(b) * (ranks > 1)
+    return when(flops.fsdp_gather_copies(b.plan, -(-n // ranks), n), fsdp)
 
 
 def _gradient_passes(

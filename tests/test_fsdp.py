@@ -271,3 +271,45 @@ def test_bad_grad_reduce_is_refused_at_its_key(tmp_path: Path) -> None:
     with pytest.raises(BudgetError) as err:
         load_plan(path)
     assert [p.path for p in err.value.problems] == ["$.precision.grad_reduce"]
+
+
+def test_fsdp2_gradient_passes_by_hand(tmp_path: Path) -> None:
+    """FSDP2 (``fully_shard``, torch 2.5.1): one ``chunk_cat`` copies the bf16 gradients
+    into the fp32 reduce-scatter buffer (read 2, write 4: 6 B, one kernel) and NCCL averages
+    (no divides); on the shard no cast (fp32 = fp32) and, on the second of 2 micro-batches,
+    the addition (12 B x 1/2 = 6 B of a shard, half a kernel a micro-batch)."""
+    plan = _plan(tmp_path, {"fsdp": 2})
+    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8, 2)
+    assert (whole.name, whole.bytes, whole.launches) == (flops.FSDP2_COPY, 6_000_000, 1)
+    assert (shard.bytes, shard.launches) == (6 * 125_000, 0.5)
+
+
+def test_fsdp2_divides_fp16_gradients_itself(tmp_path: Path) -> None:
+    """An fp16 reduce is not averaged by NCCL: FSDP2 divides before (2 x 2 B) and after the
+    reduce-scatter, as FSDP1 does. Whole: 4 (copy, 2 + 2) + 4 = 8 B; shard over 8: the
+    post-divide (4 B), the cast to fp32 (2 + 4 B), no addition on one micro-batch."""
+    plan = _plan(tmp_path, {"fsdp": 2}, grad_reduce="fp16")
+    whole, shard = flops.fsdp_gradient_passes(plan, 1_000_000, 8, 1)
+    assert (whole.bytes, whole.launches) == (8_000_000, 2)
+    assert (shard.bytes, shard.launches) == (10 * 125_000, 2)
+
+
+def test_fsdp2_copies_gathered_parameters_out(tmp_path: Path) -> None:
+    """FSDP2 casts the fp32 shard (4 + 2 B) and copies it into the all-gather buffer (2 + 2
+    B), two kernels, then copies every gathered bf16 parameter out of the buffer (2 + 2 B
+    of the whole block), in the forward and again before the backward's re-gather."""
+    plan = _plan(tmp_path, {"fsdp": 2})
+    for phase in ("forward.mlp", "backward.mlp"):
+        works = _bytes(plan, phase)
+        assert works[CAST] == 10 * -(-MLP // 8)
+        assert works[flops.FSDP2_COPY_OUT] == 4 * MLP
+
+
+def test_fsdp2_is_the_default(tmp_path: Path) -> None:
+    tree = _tree()
+    del tree["parallel"]["fsdp"]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.fsdp == 2
+    assert flops.FSDP2_COPY in _bytes(plan, "backward.mlp")

@@ -188,6 +188,9 @@ class Parallel:
     pipeline: Pipeline = field(default_factory=Pipeline)
     order: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
     cp_attention: Literal["ring", "allgather"] = "ring"
+    # PyTorch FSDP's generation where its mixed precision applies (`flops.fsdp_mixed`):
+    # 1 FullyShardedDataParallel's flat parameters, 2 fully_shard's per-parameter DTensors
+    fsdp: Literal[1, 2] = 2
 
     @property
     def expert_tp(self) -> int:

@@ -75,6 +75,7 @@ _TRAIN_KEYS = ("seq", "micro", "global")
 TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "recompute": ("none",),
     "parallel.zero": (0,),
+    "parallel.fsdp": (),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
     "precision.grads": (),
@@ -612,6 +613,7 @@ class _Resolver:
             ),
             order=cast(tuple[GroupKind, ...], order),
             cp_attention=tree.get("cp_attention", "ring"),
+            fsdp=tree.get("fsdp", 2),
         )
 
     def device(self, tree: Tree) -> Device | None:
