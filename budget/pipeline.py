@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from budget.flops import attention_keys
+from budget.flops import attention_keys, fsdp_mixed
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
@@ -275,6 +275,7 @@ def build_report(plan: Plan) -> Report:
         "etp": par.expert_tp if m.experts is not None else None,
         "sequence_parallel": par.sequence_parallel,
         "zero": par.zero,
+        "fsdp": par.fsdp if fsdp_mixed(plan) else None,
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,
         # stage sends split over tp and gathered on arrival (in effect only without SP)

@@ -56,7 +56,9 @@ def header(report: Report) -> list[str]:
         split = f"ep {lay['ep']} × etp {etp}" if etp != lay["tp"] else f"ep {lay['ep']}"
         degrees += f" (experts over {split} within tp × cp × dp)"
     schedule = f"{lay['schedule']} schedule" if lay["pp"] > 1 else "no pipeline"
-    extras = [f"ZeRO stage {lay['zero']}", schedule]
+    fsdp = lay.get("fsdp")
+    zero = f"ZeRO stage {lay['zero']}" + (f" (PyTorch FSDP{fsdp})" if fsdp else "")
+    extras = [zero, schedule]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
     if lay["sequence_parallel"]:
