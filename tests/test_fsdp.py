@@ -313,3 +313,14 @@ def test_fsdp2_is_the_default(tmp_path: Path) -> None:
     plan = load_plan(path)
     assert plan.parallel.fsdp == 2
     assert flops.FSDP2_COPY in _bytes(plan, "backward.mlp")
+
+
+def test_the_report_names_the_fsdp_it_priced(tmp_path: Path) -> None:
+    from budget.render.table import header
+
+    report = build_report(_plan(tmp_path))
+    assert to_dict(report)["layout"]["fsdp"] == 1
+    assert any("ZeRO stage 3 (PyTorch FSDP1)" in line for line in header(report))
+    megatron = build_report(load_plan(Path(__file__).parents[1] / "plans" / "gpt3-175b.yaml"))
+    assert to_dict(megatron)["layout"]["fsdp"] is None
+    assert not any("FSDP" in line for line in header(megatron))
