@@ -650,9 +650,10 @@ def fsdp_gradient_passes(plan: Plan, params: Any, ranks: Any, microbatches: Any)
     (``ReduceOp.AVG``: no divide kernels; fp16 keeps FSDP1's two divides), and the shard is
     cast and added as under FSDP1 (``sharded_param.grad._local_tensor += ...``).
 
-    The casts, divides and accumulation run on FSDP's reduce-scatter stream, beside the
-    next unit's backward; they are priced as the stage's own kernels, as they take the same
-    memory bandwidth and SMs."""
+    FSDP1's casts, divides and accumulation run on its post-backward stream, FSDP2's
+    accumulation on its reduce-scatter stream (its ``chunk_cat`` on the compute stream),
+    beside the next unit's backward; all are priced as the stage's own kernels, as they
+    take the same memory bandwidth and SMs."""
     prec = plan.precision
     gather, reduce, kept = (DTYPE_BYTES[d] for d in (prec.param_gather, prec.reduce, prec.params))
     shard = -(-params // vmax(ranks, 1))
