@@ -1011,8 +1011,8 @@ def _block_params(plan: Plan, block: str) -> int:
 def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
     """What the block's weight gradients go through after their GEMMs (`_gradient_passes`,
     under FSDP on each group that shards them: the experts' on the expert data-parallel
-    group), and under FSDP the cast of its shard before the backward gathers it again
-    (`_gather_casts`)."""
+    group), and under FSDP the copies around the backward's gather of it again
+    (`_gather_copies`)."""
     layer, par = b.layer, b.plan.parallel
     n = layer.params[block]
     groups = [(par.dp * par.cp, n)]
@@ -1021,10 +1021,10 @@ def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
             (par.dp * par.cp, n - layer.experts),
             (expert_data_parallel(b.plan), layer.experts),
         ]
-    return _gather_casts(b.plan, layer, block) + _gradient_passes(b, n, groups)
+    return _gather_copies(b.plan, layer, block) + _gradient_passes(b, n, groups)
 
 
-def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
+def _gather_copies(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     """Under FSDP's mixed precision, the copies around each all-gather of the block's
     parameters (`flops.fsdp_gather_copies`), on each group that shards them (the experts'
     on the expert data-parallel group)."""
@@ -1036,8 +1036,8 @@ def _gather_casts(plan: Plan, layer: _Layer, block: str) -> list[Work]:
     return when(flops.fsdp_gather_copies(plan, shard, gathered), fsdp)
 
 
-def _root_gather_cast(b: _StageBuilder) -> list[Work]:
-    """`_gather_casts` of the root unit (`_root_params`), gathered once per micro-batch."""
+def _root_gather_copies(b: _StageBuilder) -> list[Work]:
+    """`_gather_copies` of the root unit (`_root_params`), gathered once per micro-batch."""
     fsdp = flops.fsdp_mixed(b.plan)
     if fsdp is False:
         return []
@@ -1221,27 +1221,27 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     (with FSDP's cast to the reduce format beside it: `_unsharded_gradient_bytes`)."""
     plan = b.plan
     par = plan.parallel
+    # FSDP casts the head's gradient once the root unit's backward is done: right after
+    # the loss on a last stage alone, only at the backward's end beside the embedding
     gathered = DTYPE_BYTES[plan.precision.param_gather]
-    # a stage with the embedding finishes the root unit's backward only at its very end:
-    # FSDP casts the head's gradient for the reduction after every layer's backward
-    cast = _unsharded_gradient_bytes(plan, cast=not b.first)
-    size = vocab_params(plan) * vwhere(flops.fsdp_mixed(plan), cast, gathered)
+    size = vocab_params(plan) * _unsharded_gradient_bytes(plan, not b.first, gathered)
     grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
 
-def _unsharded_gradient_bytes(plan: Plan, cast: bool) -> Any:
+def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = None) -> Any:
     """Bytes per parameter of a ZeRO-3 block's whole gradients before their reduce-scatter:
-    in ``precision.grads``, or under FSDP's mixed precision the gradients autograd computes
-    in the gathered format and, once the block's backward is done (`cast`) and where the
-    reduce format differs, their flat cast beside them until the reduce-scatter is done
+    in ``precision.grads`` (or `otherwise`), or under FSDP's mixed precision the gradients
+    autograd computes in the gathered format and, once the block's backward is done
+    (`cast`) and where the reduce format differs, their cast beside them until the
+    reduce-scatter is done
     (`flops.fsdp_gradient_passes`: FSDP keeps the computed gradient alive on its
     post-backward stream, ``_no_dispatch_record_stream``)."""
     prec = plan.precision
     fsdp = DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * (
         cast and prec.reduce != prec.param_gather
     )
-    return vwhere(flops.fsdp_mixed(plan), fsdp, DTYPE_BYTES[prec.grads])
+    return vwhere(flops.fsdp_mixed(plan), fsdp, otherwise or DTYPE_BYTES[prec.grads])
 
 
 def _zero3_transients(
@@ -1266,12 +1266,12 @@ def _zero3_transients(
 
     n = gathered(block)
     current = Alloc("gathered parameters (this block)", "transient", n)
-    grad = _unsharded_gradient_bytes(plan, cast=False)
+    grad = _unsharded_gradient_bytes(plan, False)
     whole = Alloc("gradients before reduce-scatter", "transient", gathered(block, grad))
     ahead = behind = 0
     for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
-        behind = vmax(behind, gathered(name, _unsharded_gradient_bytes(plan, cast=True)))
+        behind = vmax(behind, gathered(name, _unsharded_gradient_bytes(plan, True)))
     prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
     reducing = Alloc(
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
@@ -1304,7 +1304,7 @@ def _forward(b: _StageBuilder) -> None:
 
     if b.first:
         moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)
-        work = flops.embedding_work(plan, s) + _root_gather_cast(b)
+        work = flops.embedding_work(plan, s) + _root_gather_copies(b)
         b.add("forward.embedding", m, moves, [], work)
 
     gathered = when([_gathered_input(plan, s)], sp)
@@ -1322,7 +1322,7 @@ def _forward(b: _StageBuilder) -> None:
             ),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
         ],
-        flops.attention_forward(plan, s) + _gather_casts(plan, b.layer, "attention"),
+        flops.attention_forward(plan, s) + _gather_copies(plan, b.layer, "attention"),
     )
     kept = when(attn_kept, lacks(full))
     if b.has_dense:
@@ -1350,7 +1350,7 @@ def _forward(b: _StageBuilder) -> None:
                     "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
                 ),
             ],
-            flops.mlp_forward(plan, s) + _gather_casts(plan, b.layer, "mlp"),
+            flops.mlp_forward(plan, s) + _gather_copies(plan, b.layer, "mlp"),
         )
     if b.has_moe:
         moe = _either(blocks["moe"], full)
@@ -1368,7 +1368,7 @@ def _forward(b: _StageBuilder) -> None:
                     tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
                 )
             ],
-            flops.moe_forward(plan, s) + _gather_casts(plan, b.layer, "moe"),
+            flops.moe_forward(plan, s) + _gather_copies(plan, b.layer, "moe"),
         )
     if b.last:
         _loss(b)
@@ -1511,7 +1511,7 @@ def _loss(b: _StageBuilder) -> None:
         [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s)
         + _gradient_passes(b, vocab_params(plan))
-        + ([] if b.first else _root_gather_cast(b)),
+        + ([] if b.first else _root_gather_copies(b)),
     )
 
 
