@@ -11,7 +11,13 @@ import pytest
 from budget.errors import BudgetError, Problem
 from budget.layers import active_params, mlp_saved, params_total, shapes
 from budget.pipeline import build_report
-from budget.plan.hf_config import HfConfigError, read_hf_config, translate
+from budget.plan.hf_config import (
+    CLASS_DEFAULTS,
+    FAMILIES,
+    HfConfigError,
+    read_hf_config,
+    translate,
+)
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.plan.resolve import resolve
@@ -123,8 +129,12 @@ def test_deepseek_v3_experts() -> None:
 
 
 def test_latent_attention_needs_its_head_dimensions() -> None:
+    """DeepseekV3Config gives a file without qk_rope_head_dim 64; written by hand (no
+    model_type, so no class), the file must give it."""
     config = json.loads((DATA / "hf" / "deepseek-v3" / "config.json").read_text())
     del config["qk_rope_head_dim"]
+    assert translate(config).tree["mla"]["rope_dim"] == 64
+    del config["model_type"]
     with pytest.raises(HfConfigError, match="lacks qk_rope_head_dim"):
         translate(config)
 
@@ -903,12 +913,14 @@ def test_a_malformed_expert_layout_key_is_named_not_truncated_or_a_traceback(
     name: str, key: str, value: object, message: str
 ) -> None:
     """These keys used to pass through int() or set(): "x" and [2] raised a traceback, 2.5
-    was truncated to 2, -1 acted as 1 and "abc" as no dense layers."""
+    was truncated to 2, -1 acted as 1 and "abc" as no dense layers. A null reads as the key
+    left out of a file written by hand (a class's default fills only a key left out)."""
     config = json.loads((DATA / "hf" / name / "config.json").read_text())
     with pytest.raises(HfConfigError, match=message):
         translate({**config, key: value})
-    absent = {k: v for k, v in config.items() if k != key}
-    assert translate({**config, key: None}).tree == translate(absent).tree  # null: the default
+    by_hand = {k: v for k, v in config.items() if k != "model_type"}
+    absent = {k: v for k, v in by_hand.items() if k != key}
+    assert translate({**by_hand, key: None}).tree == translate(absent).tree
 
 
 def test_a_problem_with_a_key_the_config_gave_is_placed_at_hf_config(tmp_path: Path) -> None:
@@ -1148,3 +1160,85 @@ def test_a_preset_serves_in_the_format_its_config_does(tmp_path: Path) -> None:
     differ = [key for key in preset if preset[key] != from_config[key]]
     assert differ == ["plan", "model"]  # the file, and the model's name
     assert {**preset["model"], "name": "s"} == from_config["model"]
+
+
+# google/gemma-3-12b-it's text_config as its config.json nests it: transformers writes only
+# the keys that differ from Gemma3TextConfig's defaults (quoted in a public test of a Gemma 3
+# reader, "omits vocab_size, head_dim"; search id 66438928834), here given to hf_config alone
+GEMMA_3_12B_TEXT = {
+    "hidden_size": 3840,
+    "intermediate_size": 15360,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "sliding_window": 1024,
+}
+
+
+def test_a_text_config_copied_out_reads_with_its_class_defaults(tmp_path: Path) -> None:
+    """Gemma 3 12B's language model: head_dim 256, vocab 262,208 and tied embeddings are
+    Gemma3TextConfig's defaults (read as Llama's conventions, head_dim would be 3840 / 16 =
+    240 and the count 11.62 B). By hand: 48 x (q and o 2 x 3840 x 16·256, k and v
+    2 x 3840 x 8·256, MLP 3 x 3840 x 15360, four norms 4 x 3840, per-head q and k norms
+    2 x 256) + final norm 3840 + tied embedding 262,208 x 3840 = 11,766,034,176."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA_3_12B_TEXT))
+    tree = read_hf_config(path).tree
+    assert (tree["head_dim"], tree["vocab"], tree["kv_heads"]) == (256, 262_208, 8)
+    assert (tree["tied_embeddings"], tree["mlp"]) == (True, "geglu")
+    layer = 2 * 3840 * 4096 + 2 * 3840 * 2048 + 3 * 3840 * 15360 + 4 * 3840 + 2 * 256
+    assert layer == 224_148_992
+    plan = resolve(
+        {
+            "model": {"hf_config": str(path)},
+            "batch": {"seq": 4096, "micro": 1, "global": 8},
+            "parallel": {"dp": 8},
+            "device": {"preset": "h100-sxm"},
+            "topology": {"preset": "dgx-h100", "nodes": 1},
+        },
+        Marks(),
+        "plan.yaml",
+    )
+    assert params_total(plan) == 48 * layer + 3840 + 262_208 * 3840 == 11_766_034_176
+
+
+def test_every_family_has_its_class_defaults() -> None:
+    assert set(CLASS_DEFAULTS) == FAMILIES
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (DATA / "hf").iterdir() if (p / "config.json").exists())
+)
+def test_a_released_file_without_the_keys_equal_to_its_class_defaults_reads_the_same(
+    name: str,
+) -> None:
+    """What ``save_pretrained`` leaves out of a nested text_config: every key whose value is
+    its class's default. Dropping them from each released file changes nothing."""
+    config = _raw(name)
+    defaults = CLASS_DEFAULTS[str(config["model_type"])]
+    trimmed = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+    assert len(trimmed) < len(config)  # each file has at least one key at its default
+    assert translate(trimmed).tree == translate(config).tree
+
+
+def test_a_class_default_is_not_added_beside_the_key_a_file_names_it_by() -> None:
+    """transformers 5 reads Mixtral's ``num_experts`` as ``num_local_experts``: a file giving
+    4 experts by that name has 4, not MixtralConfig's default 8 added beside them."""
+    config = _raw("mixtral-8x7b")
+    del config["num_local_experts"]
+    assert translate({**config, "num_experts": 4}).tree["experts"]["count"] == 4
+    assert translate(config).tree["experts"]["count"] == 8  # left out: the class's 8
+
+
+def test_a_hand_written_file_keeps_the_plan_language_defaults() -> None:
+    """Without model_type there is no class: vocab_size is required, embeddings are tied
+    (PretrainedConfig), kv heads are the heads and head_dim hidden / heads."""
+    config = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8}
+    with pytest.raises(HfConfigError, match="lacks vocab_size"):
+        translate(config)
+    tree = translate({**config, "vocab_size": 1000}).tree
+    assert tree["tied_embeddings"] is True
+    assert "kv_heads" not in tree and "head_dim" not in tree
+    llama = translate({**config, "model_type": "llama"}).tree  # LlamaConfig's defaults
+    assert (llama["tied_embeddings"], llama["vocab"], llama["ffn"]) == (False, 32000, 11008)

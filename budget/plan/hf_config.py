@@ -91,9 +91,18 @@ What that reading over-counts, small but named here:
 own: a file whose ``model_type`` is not one of `FAMILIES` (the classes above) is refused
 rather than read as Llama; one without ``model_type`` (written by hand) is read as Llama.
 
-A key a released file always writes but a hand-written one may leave out takes the
-``PretrainedConfig`` default: ``tie_word_embeddings`` true (``save_pretrained`` omits it
-only when it equals that default) and no sliding window.
+A key the file leaves out takes the default of the class its ``model_type`` names
+(`CLASS_DEFAULTS`), as transformers would build the model: ``save_pretrained`` writes a
+composite model's ``text_config`` without the keys equal to its class's defaults, so
+Gemma 3 12B's lists neither ``head_dim`` (256) nor ``vocab_size`` (262,208), and a language
+model's config copied out of it (as the refusal of such files advises) is read right.
+Those defaults differ from Llama's conventions in ways that move the budget: 15 of the 22
+classes default ``num_key_value_heads`` to a number rather than to the heads, Qwen 3, Gemma,
+GLM and gpt-oss fix ``head_dim``, Gemma's MLP is a GeLU and its embeddings tied, every
+other class's are not. hidden_size, num_hidden_layers and num_attention_heads stay
+required: they say which model it is. A file without ``model_type`` (written by hand) must
+give vocab_size too, and otherwise takes the ``PretrainedConfig`` default,
+``tie_word_embeddings`` true, no sliding window, and the plan language's defaults.
 """
 
 from __future__ import annotations
@@ -109,6 +118,7 @@ from typing import Any, NoReturn
 from budget.plan.yaml_load import MAX_INT
 
 __all__ = [
+    "CLASS_DEFAULTS",
     "FAMILIES",
     "IGNORED",
     "READ",
@@ -406,8 +416,8 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
         f"{where} configures a model of several parts (model_type "
         f"{json.dumps(config.get('model_type'))}): the language model's keys are under "
         f"text_config{beside}, and budget prices a language model alone; give hf_config the "
-        "language model's own config.json, or write its dimensions out (text_config lists "
-        "only those that differ from its model_type's defaults)"
+        "language model's own config.json, or text_config alone saved as a file (the keys it "
+        "leaves out take its model_type's defaults)"
     )
 
 
@@ -445,6 +455,7 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
             "announces (norms, biases), which budget would leave out; write the model's "
             "dimensions out instead"
         )
+    config = _with_class_defaults(config, family)
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in config]
     if missing:
@@ -679,6 +690,170 @@ FAMILIES = frozenset(
         "internlm2",
     }
 )
+# What each class's __init__ gives a key the file leaves out, where that is a value rather
+# than a rule the reader already applies (kv heads = heads, head_dim = hidden / heads, a
+# config's sliding window: `_DEFAULT_WINDOWS`). Read in transformers 5.24.0's
+# ``models/<family>/configuration_<family>.py`` (each class built with no arguments, the
+# same in 4.57.6); kimi_k2 and internlm2 are remote code: DeepSeek-V3's
+# ``configuration_deepseek.py``, whose class Kimi K2's file declares, and InternLM's
+# ``configuration_internlm2.py`` (its copy in InternLM/xtuner at 98c193e).
+_LLAMA_LIKE = {"hidden_act": "silu", "tie_word_embeddings": False}
+_GEMMA = {"head_dim": 256, "tie_word_embeddings": True, "attention_bias": False}
+_DEEPSEEK = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+_DEEPSEEK_V3 = {
+    **_LLAMA_LIKE,
+    **_DEEPSEEK,
+    "vocab_size": 129280,
+    "intermediate_size": 18432,
+    "num_key_value_heads": 128,
+    "attention_bias": False,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+}
+_GLM_DENSE = {
+    **_LLAMA_LIKE,
+    "vocab_size": 151552,
+    "intermediate_size": 13696,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "attention_bias": True,
+}
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {**_LLAMA_LIKE, "vocab_size": 32000, "intermediate_size": 11008},
+    "mistral": {
+        **_LLAMA_LIKE,
+        "vocab_size": 32000,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+    },
+    "mixtral": {
+        **_LLAMA_LIKE,
+        "vocab_size": 32000,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "qwen2": {
+        **_LLAMA_LIKE,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+    },
+    "qwen2_moe": {
+        **_LLAMA_LIKE,
+        "vocab_size": 151936,
+        "intermediate_size": 5632,
+        "num_key_value_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+    },
+    "qwen3": {
+        **_LLAMA_LIKE,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+    },
+    "qwen3_moe": {
+        **_LLAMA_LIKE,
+        "vocab_size": 151936,
+        "intermediate_size": 6144,
+        "num_key_value_heads": 4,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+    },
+    "gemma": {
+        **_GEMMA,
+        "vocab_size": 256000,
+        "intermediate_size": 24576,
+        "num_key_value_heads": 16,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+    "gemma2": {
+        **_GEMMA,
+        "vocab_size": 256000,
+        "intermediate_size": 9216,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "gemma3_text": {
+        **_GEMMA,
+        "vocab_size": 262208,
+        "intermediate_size": 9216,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "phi3": {**_LLAMA_LIKE, "vocab_size": 32064, "intermediate_size": 8192},
+    "granite": {**_LLAMA_LIKE, "vocab_size": 32000, "intermediate_size": 11008},
+    "olmo2": {**_LLAMA_LIKE, "vocab_size": 50304, "intermediate_size": 11008},
+    "olmo3": {**_LLAMA_LIKE, "vocab_size": 50304, "intermediate_size": 11008},
+    "deepseek_v2": {
+        **_LLAMA_LIKE,
+        **_DEEPSEEK,
+        "vocab_size": 102400,
+        "intermediate_size": 11008,
+        "n_routed_experts": 64,
+        "moe_intermediate_size": 1407,
+        "n_shared_experts": 2,
+    },
+    "deepseek_v3": _DEEPSEEK_V3,
+    "kimi_k2": _DEEPSEEK_V3,
+    "glm": _GLM_DENSE,
+    "glm4": _GLM_DENSE,
+    "glm4_moe": {
+        **_LLAMA_LIKE,
+        "vocab_size": 151552,
+        "intermediate_size": 10944,
+        "num_key_value_heads": 8,
+        "n_routed_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 1408,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+    },
+    "gpt_oss": {
+        **_LLAMA_LIKE,
+        "vocab_size": 201088,
+        "intermediate_size": 2880,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "attention_bias": True,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+    },
+    "internlm2": {**_LLAMA_LIKE, "vocab_size": 103168, "intermediate_size": 11008, "bias": True},
+}
+# keys that name one quantity: a default of one is not added beside another the file sets
+_ALIASES = (
+    frozenset({"num_local_experts", "num_experts", "n_routed_experts"}),
+    frozenset({"num_experts_per_tok", "experts_per_token"}),
+)
+
+
+def _with_class_defaults(config: Mapping[str, Any], family: str | None) -> Mapping[str, Any]:
+    """`config` with its class's default for each key it leaves out (`CLASS_DEFAULTS`)."""
+    defaults = CLASS_DEFAULTS.get(family or "", {})
+    given = set(config)
+    for group in _ALIASES:
+        if given & group:
+            given |= group
+    added = {k: v for k, v in defaults.items() if k not in given}
+    return {**config, **added} if added else config
+
+
 _QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 # families whose transformers class builds experts from the config's expert keys; the others
 # ignore such keys (LlamaForCausalLM with num_local_experts is still dense)
