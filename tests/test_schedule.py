@@ -620,14 +620,20 @@ def test_a_split_of_unlike_chunks_runs_at_megatrons_order(tmp_path) -> None:
     assert forward[0][0] > forward[1][0] > forward[0][1]
 
 
-def test_a_reduction_after_every_backward_waits_in_the_pipelines_fill_and_drain() -> None:
+EXPOSED_128K = ("overlap: {dp_grads: true,", "overlap: {dp_grads: false,")
+
+
+def test_a_reduction_after_every_backward_waits_in_the_pipelines_fill_and_drain(
+    tmp_path: Path,
+) -> None:
     """ZeRO-2 reduce-scatters after every micro-batch's backward (`step._reduce`); exposed,
     it lengthens each micro-batch on its stage, so the fill and drain of the pipeline wait
     for it on each stage they cross, not only once a micro-batch at the end (review: the
-    shipped 128K plan, p 16 and 16 micro-batches, was 4 s short). Its stages expose one
-    reduce-scatter a micro-batch each, so the bubble grows by (p − 1) of them, give or take
-    their differences between stages."""
-    plan = load_plan(ROOT / "plans" / "llama3-405b-128k.yaml")
+    shipped 128K plan with its reductions exposed, p 16 and 16 micro-batches, was 4 s
+    short). Its stages expose one reduce-scatter a micro-batch each, so the bubble grows by
+    (p − 1) of them, give or take their differences between stages."""
+    base = ROOT / "plans" / "llama3-405b-128k.yaml"
+    plan = load_plan(variant(tmp_path, "exposed", EXPOSED_128K, base=base))
     assert plan.parallel.zero == 2 and not plan.overlap.dp_grads
     times = step_time(plan, derive(plan))
     report = build_report(plan)
@@ -643,18 +649,19 @@ def test_a_reduction_after_every_backward_waits_in_the_pipelines_fill_and_drain(
 
 
 def test_a_replayed_split_keeps_the_zero2_wait_and_gpipe_keeps_the_closed_form(tmp_path):
-    """The 128K plan (ZeRO-2, p 16) with one layer moved from its first stage to its last
-    ([6, 8 × 15]) is replayed; its reduce-scatter after every backward still waits in the
-    fill and drain (without it the step fell from 27.7 to 24.3 s; review), so moving a layer
-    keeps the step within a few percent. A GPipe split keeps the closed form (the replay is
-    of 1F1B's order): m·max(t) + Σt − max(t) from its own stage times."""
-    shipped = budget_plan(ROOT / "plans" / "llama3-405b-128k.yaml").step
+    """The 128K plan (ZeRO-2, p 16, its reductions exposed) with one layer moved from its
+    first stage to its last ([6, 8 × 15]) is replayed; its reduce-scatter after every
+    backward still waits in the fill and drain (without it the step fell from 27.7 to 24.3 s;
+    review), so moving a layer keeps the step within a few percent. A GPipe split keeps the
+    closed form (the replay is of 1F1B's order): m·max(t) + Σt − max(t) from its own stage times."""
+    base = variant(tmp_path, "exposed", EXPOSED_128K, base=ROOT / "plans" / "llama3-405b-128k.yaml")
+    shipped = budget_plan(base).step
     moved_split = "[6, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]"
     path = variant(
         tmp_path,
         "moved",
         ("[7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]", moved_split),
-        base=ROOT / "plans" / "llama3-405b-128k.yaml",
+        base=base,
     )
     assert chunks_differ(load_plan(path))
     moved = budget_plan(path).step
