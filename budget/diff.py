@@ -104,12 +104,15 @@ class Delta:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """A stage (by index) or a phase (by name) and its figures in both plans."""
+    """A stage or a phase (by name) and its figures in both plans. A stage row pairs stage
+    `stages[0]` of A with `stages[1]` of B (None where a side lacks it): by index when the
+    plans have as many stages, else by role, ``first`` and ``last`` (`_stage_rows`)."""
 
     key: str
     in_a: bool
     in_b: bool
     deltas: tuple[Delta, ...]
+    stages: tuple[int | None, int | None] = (None, None)
 
     @property
     def changed(self) -> bool:
@@ -149,12 +152,11 @@ class PlanDiff:
             )
         na, nb = self.stage_counts
         if na != nb:
-            more, fewer, side = (na, nb, "A") if na > nb else (nb, na, "B")
-            only = f"stage {fewer}" if more - fewer == 1 else f"stages {fewer}–{more - 1}"
             notes.append(
-                f"A has {plural(na, 'pipeline stage')} and B has {nb}: stages are "
-                "aligned by index, "
-                f"so {only} exist only in {side}"
+                f"A has {plural(na, 'pipeline stage')} and B has {nb}, so their stages hold "
+                "different layers: the first stage of each (the embedding, the most "
+                "micro-batches in flight) and the last (the loss) are compared, and the worst "
+                "stage of each is in the step table"
             )
         return "; ".join(notes) or None
 
@@ -341,15 +343,26 @@ _STEP: tuple[tuple[str, Unit, Better], ...] = (
 
 
 def _stage_rows(a: Report, b: Report) -> tuple[Row, ...]:
-    rows = []
-    for i in range(max(len(a.stages), len(b.stages))):
-        sa = a.stages[i] if i < len(a.stages) else None
-        sb = b.stages[i] if i < len(b.stages) else None
-        rows.append(_row(str(i), sa, sb, _STAGE))
-    return tuple(rows)
+    """Stage i of A beside stage i of B when the plans have as many stages. Otherwise
+    their stages hold different layers and a pairing by index compares unlike things (A's
+    stage 1 of 8 against B's stage 1 of 16 holds twice its layers): the first stages, which
+    hold the embedding and the most micro-batches in flight, and the last, which hold the
+    loss, are paired instead."""
+    na, nb = len(a.stages), len(b.stages)
+    if na == nb:
+        pairs = [(str(i), i, i) for i in range(na)]
+    else:
+        pairs = [("first", 0, 0), ("last", na - 1, nb - 1)]
+    return tuple(_row(key, a.stages[i], b.stages[j], _STAGE, stages=(i, j)) for key, i, j in pairs)
 
 
-def _row(key: str, ra: Any, rb: Any, metrics: Any) -> Row:
+def _row(
+    key: str,
+    ra: Any,
+    rb: Any,
+    metrics: Any,
+    stages: tuple[int | None, int | None] = (None, None),
+) -> Row:
     """One row of deltas for `key`, from A's and B's records (None where a side lacks it)."""
     deltas = tuple(
         Delta(
@@ -361,7 +374,7 @@ def _row(key: str, ra: Any, rb: Any, metrics: Any) -> Row:
         )
         for metric, unit, better, get in metrics
     )
-    return Row(key, ra is not None, rb is not None, deltas)
+    return Row(key, ra is not None, rb is not None, deltas, stages)
 
 
 def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
@@ -425,16 +438,25 @@ def diff_files(path_a: Path, path_b: Path) -> tuple[Report, Report, PlanDiff]:
 
 
 def _rows(rows: tuple[Row, ...], key: str) -> list[dict[str, Any]]:
-    return [
-        {
-            key: int(row.key) if key == "stage" else row.key,
-            "in_a": row.in_a,
-            "in_b": row.in_b,
-            "changed": row.changed,
-            "metrics": {d.metric: d.to_dict() for d in row.deltas},
-        }
-        for row in rows
-    ]
+    """Phase rows by name; stage rows by index (``stage``: an integer) or, when the plans
+    have different numbers of stages, by role (``"first"``, ``"last"``), each with the
+    stage of A and of B it pairs (``a_stage``, ``b_stage``)."""
+    out = []
+    for row in rows:
+        record: dict[str, Any] = {key: row.key}
+        if key == "stage":
+            record[key] = int(row.key) if row.key.isdigit() else row.key
+            record["a_stage"], record["b_stage"] = row.stages
+        out.append(
+            {
+                **record,
+                "in_a": row.in_a,
+                "in_b": row.in_b,
+                "changed": row.changed,
+                "metrics": {d.metric: d.to_dict() for d in row.deltas},
+            }
+        )
+    return out
 
 
 def diff_to_dict(a: Report, b: Report, diff: PlanDiff) -> dict[str, Any]:

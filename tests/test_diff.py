@@ -60,10 +60,11 @@ def _attention_sent(tp: int, dp: int) -> int:
 
 
 def _row(a: int, b: int) -> str:
+    """A bytes row as the uncoloured table prints it: more is worse (✗)."""
     gib = 2**30
     sign = "+" if b > a else "−"
     change = f"{sign}{abs(b - a) / gib:.1f} GiB {sign}{abs(b / a - 1):.1%}"
-    return f"{a / gib:.1f} GiB {b / gib:.1f} GiB {change}"
+    return f"{a / gib:.1f} GiB {b / gib:.1f} GiB {change} {'✗' if b > a else '✓'}"
 
 
 def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     assert "parallel.dp 16 → 32" in lines
     assert "Memory per rank of each pipeline stage, at its peak" in lines
     states = _row(_states(8, 16), _states(4, 32))
-    assert states == "17.7 GiB 33.4 GiB +15.6 GiB +88.0%"
+    assert states == "17.7 GiB 33.4 GiB +15.6 GiB +88.0% ✗"
     assert f"0 states {states}" in lines
     sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
     assert f"forward.attention sent/rank {sent}" in lines
@@ -124,15 +125,34 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     )
 
 
-def test_different_stage_counts_align_by_index() -> None:
+def test_different_stage_counts_pair_the_first_and_the_last_stages() -> None:
+    """GPT-3 on 8 stages against Llama 3 70B on 4: stage 1 of one holds other layers than
+    stage 1 of the other, so only the first stages and the last are paired."""
     code, out, _ = _diff(GPT3, LLAMA, "--format", "markdown")
     assert code == 0
-    assert "A has 8 pipeline stages and B has 4: stages are aligned by index" in out
-    assert "| 4 (A only) | states |" in out
+    assert "A has 8 pipeline stages and B has 4, so their stages hold different layers" in out
+    assert "| first (0) | states |" in out and "| last (A 7, B 3) | states |" in out
+    assert "(A only)" not in out.split("### Phases")[0]
     data = json.loads(_diff(GPT3, LLAMA, "--format", "json")[1])
-    stage7 = data["delta"]["stages"][7]
-    assert stage7["in_a"] is True and stage7["in_b"] is False
-    assert stage7["metrics"]["peak_bytes"]["b"] is None
+    first, last = data["delta"]["stages"]
+    assert (first["stage"], first["a_stage"], first["b_stage"]) == ("first", 0, 0)
+    assert (last["stage"], last["a_stage"], last["b_stage"]) == ("last", 7, 3)
+    peak = last["metrics"]["peak_bytes"]
+    assert (peak["a"], peak["b"]) == (
+        data["a"]["memory"]["stages"][7]["peak_bytes"],
+        data["b"]["memory"]["stages"][3]["peak_bytes"],
+    )
+    same = json.loads(_diff(GPT3, GPT3, "--format", "json")[1])["delta"]["stages"]
+    assert [(s["stage"], s["a_stage"], s["b_stage"]) for s in same] == [(i, i, i) for i in range(8)]
+
+
+def test_without_colour_the_table_marks_better_and_worse() -> None:
+    """Piped into a CI log the colours are gone, so each delta carries ✓ or ✗."""
+    code, out, _ = _diff(GPT3, LLAMA)
+    assert code == 0 and "\x1b[" not in out
+    assert "Δ = B − A; ✓ is better, ✗ is worse" in out
+    step = next(line for line in out.splitlines() if line.strip().startswith("step time"))
+    assert step.rstrip().endswith(("✓", "✗"))
 
 
 def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:

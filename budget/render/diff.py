@@ -1,5 +1,6 @@
 """`budget diff` output: the plan keys that changed, then the budget's figures side by side
-with absolute and relative deltas, green where B is better and red where it is worse."""
+with absolute and relative deltas, green where B is better and red where it is worse (✓ and
+✗ beside them where the output has no colour: a pipe, a CI log, NO_COLOR)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ __all__ = ["diff_markdown", "render_diff"]
 
 _STYLE = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
 _MARK = {"better": "🟢 ", "worse": "🔴 ", "same": "", "n/a": ""}
+_PLAIN_MARK = {"better": " ✓", "worse": " ✗", "same": "  ", "n/a": "  "}  # without colour
 _LABELS = {
     "states_bytes": "states",
     "activations_bytes": "activations",
@@ -143,8 +145,13 @@ def _shown(rows: tuple[Row, ...], metric: str) -> bool:
     return any(d.metric == metric and (d.a or d.b) for r in rows for d in r.deltas)
 
 
-def _side(row: Row) -> str:
-    return "" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)"
+def _name(row: Row) -> str:
+    """A row's first cell: the phase or stage, the side it exists on alone, and for stages
+    paired by role the stage of each plan: ``last (A 7, B 15)``."""
+    if row.key in ("first", "last"):
+        a, b = row.stages
+        return f"{row.key} ({a})" if a == b else f"{row.key} (A {a}, B {b})"
+    return row.key + ("" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)")
 
 
 def _fits(diff: PlanDiff) -> str:
@@ -169,26 +176,35 @@ def _table(title: str, first: str, second: str | None) -> Table:
     return table
 
 
-def _cells(delta: Delta) -> list[Text]:
+def _cells(delta: Delta, marked: bool) -> list[Text]:
+    """A, B, Δ and Δ% in the verdict's colour; `marked`: a ✓ or ✗ after Δ% as well, for
+    output without colour."""
     absolute, relative = _change(delta)
     style = _STYLE[delta.verdict]
+    mark = _PLAIN_MARK[delta.verdict] if marked else ""
     return [
         Text(_value(delta.unit, delta.a)),
         Text(_value(delta.unit, delta.b)),
         Text(absolute, style=style),
-        Text(relative, style=style),
+        Text(relative + mark, style=style),
     ]
 
 
-def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
+def _uncoloured(console: Console) -> bool:
+    """No colour reaches the reader: not a terminal, NO_COLOR, or ``--no-color``."""
+    return console.color_system is None or console.no_color
+
+
+def _row_table(title: str, first: str, rows: tuple[Row, ...], marked: bool) -> Table:
     table = _table(title, first, "")
     for i, row in enumerate(rows):
         if i:
             table.add_section()
-        name = row.key + _side(row)
+        name = _name(row)
         shown = [d for d in row.deltas if _shown(rows, d.metric)]
         for j, delta in enumerate(shown):
-            table.add_row(Text(name if j == 0 else ""), Text(_label(delta.metric)), *_cells(delta))
+            label = Text(_label(delta.metric))
+            table.add_row(Text(name if j == 0 else ""), label, *_cells(delta, marked))
     return table
 
 
@@ -214,9 +230,10 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
     console.print()
+    marked = _uncoloured(console)
     summary = _table(f"Step and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
-        summary.add_row(Text(_label(delta.metric, summary=True)), *_cells(delta))
+        summary.add_row(Text(_label(delta.metric, summary=True)), *_cells(delta, marked))
     console.print(summary)
     if diff.note:
         console.print()
@@ -226,13 +243,14 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         (_phases_title(a, b), "phase", diff.phases),
     ):
         console.print()
-        console.print(_row_table(title, first, rows))
+        console.print(_row_table(title, first, rows, marked))
+    better, worse = ("✓", "✗") if marked else (("green", "green"), ("red", "red"))
     console.print(
         Text.assemble(
             "Δ = B − A; ",
-            ("green", "green"),
+            better,
             " is better, ",
-            ("red", "red"),
+            worse,
             " is worse (less memory and time, more headroom, tokens/s and MFU are better)",
         )
     )
@@ -286,9 +304,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines += [_md([first, "figure", "A", "B", "Δ", "Δ%"])]
         lines.append("| --- | --- | ---: | ---: | ---: | ---: |")
         for row in rows:
-            name = row.key + (
-                "" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)"
-            )
+            name = _name(row)
             shown = [d for d in row.deltas if _shown(rows, d.metric)]
             for j, delta in enumerate(shown):
                 label = f"`{name}`" if j == 0 and first == "phase" else name if j == 0 else ""
