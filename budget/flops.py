@@ -22,6 +22,7 @@ roofline. Counts follow the usual accounting:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -132,7 +133,11 @@ def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
     Mixtral at ep 8 (one expert a rank) decoding 4 tokens of top-2: each expert is reached
     with chance 1 − (6/8)^4 = 0.684, and some rank of the 8 with 1 − 0.316^8 = 0.9999.
     Computed with numpy for one plan as for a sweep (equal bits either way); only where a
-    rank can miss an expert and there is more than one rank."""
+    rank can miss an expert and there is more than one rank. The sum runs over x one step at
+    a time, so memory stays one vector of the layouts whatever the experts per rank (a
+    table of x by layouts took 10.7 GB at 65,536 experts), and the binomial terms past
+    `groups`, which are not terms at all, are never exponentiated (their exponent grew
+    without bound and overflowed from about 192 experts)."""
     g, q, r = np.broadcast_arrays(
         np.asarray(groups, dtype=np.float64),
         np.asarray(reach, dtype=np.float64),
@@ -142,15 +147,18 @@ def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
     busy = (r > 1) & (q > 0) & (q < 1) & (g > 0)
     if busy.any():
         gg, qq, rr = g[busy], q[busy], r[busy]
-        top = int(gg.max())
-        x = np.arange(top + 1, dtype=np.float64)[:, None]
-        i = x[1:]
-        # log C(g, x) as running sums of log((g - i + 1) / i); rows past g are masked below
-        steps = np.log(np.maximum(gg - i + 1, 1.0)) - np.log(i)
-        log_choose = np.vstack([np.zeros((1, gg.size)), np.cumsum(steps, axis=0)])
-        pmf = np.exp(log_choose + x * np.log(qq) + (gg - x) * np.log1p(-qq))
-        cdf = np.minimum(np.cumsum(np.where(x <= gg, pmf, 0.0), axis=0), 1.0)
-        out[busy] = np.sum(np.where(x < gg, 1 - cdf**rr, 0.0), axis=0)
+        log_q, log_miss = np.log(qq), np.log1p(-qq)
+        log_choose = np.zeros_like(gg)  # log C(g, x), a running sum of log((g - x + 1) / x)
+        cdf = np.zeros_like(gg)
+        total = np.zeros_like(gg)
+        for x in range(int(gg.max())):  # the terms x < g; F(x) needs pmf(0 ... x)
+            if x:
+                log_choose += np.log(np.maximum(gg - x + 1, 1.0)) - math.log(x)
+            term = x < gg
+            exponent = np.where(term, log_choose + x * log_q + (gg - x) * log_miss, -np.inf)
+            cdf += np.exp(exponent)
+            total += np.where(term, 1 - np.minimum(cdf, 1.0) ** rr, 0.0)
+        out[busy] = total
     return out if isinstance(groups, np.ndarray) or isinstance(reach, np.ndarray) else float(out)
 
 

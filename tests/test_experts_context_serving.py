@@ -449,6 +449,8 @@ def test_an_expert_parallel_layer_waits_for_the_rank_that_reads_the_most_experts
     the busiest rank."""
     import math
 
+    import numpy as np
+
     from budget.flops import most_reached
 
     def exact(g: int, q: float, r: int) -> float:
@@ -465,6 +467,18 @@ def test_an_expert_parallel_layer_waits_for_the_rank_that_reads_the_most_experts
     ):
         assert abs(most_reached(g, q, r) - exact(g, q, r)) < 1e-12, (g, q, r)
     assert most_reached(8, 0.3, 1) == 8 * 0.3  # one rank: the mean
+    # hundreds of local experts: the terms past g once overflowed exp (hostile audit)
+    for g, q, r in ((192, 0.6, 8), (300, 0.9, 2), (512, 0.03, 64)):
+        assert abs(most_reached(g, q, r) - exact(g, q, r)) < 1e-9 * g, (g, q, r)
+    groups, reach, ranks = (
+        np.array([8.0, 192, 512]),
+        np.array([0.3, 0.6, 0.03]),
+        np.array([2.0, 8, 64]),
+    )
+    swept = most_reached(groups, reach, ranks)  # a sweep's vectors give each plan's bits
+    assert list(swept) == [
+        most_reached(*map(float, t)) for t in zip(groups, reach, ranks, strict=True)
+    ]
     assert round(most_reached(8, 1 - (1 - 8 / 256) ** 32, 32), 2) == 7.58
     text = (
         "name: mixtral-ep\nmode: decode\nmodel: {preset: mixtral-8x7b}\n"

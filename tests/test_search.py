@@ -1286,3 +1286,23 @@ def test_a_degree_none_of_whose_values_divides_the_gpus_is_bad_input():
         app, route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--tp", "3,4"])
     )
     assert kept.exit_code == 0
+
+
+def test_a_plan_with_hundreds_of_experts_is_searched_not_refused_as_an_overflow(tmp_path):
+    """The shipped DeepSeek-style plan at 192 routed experts: the expected busiest rank's
+    experts (`flops.most_reached`) once exponentiated binomial terms past the experts a
+    rank holds, which overflowed, and the sweep refused the plan as too big for 64-bit
+    arithmetic. Its sampled layouts budget exactly as searched."""
+    path = variant(
+        tmp_path,
+        "moe192.yaml",
+        ("count: 64, top_k", "count: 192, top_k"),
+        base=ROOT / "plans" / "deepseek-moe-16b.yaml",
+    )
+    plan = load_plan(path, seed=True)
+    outcome = search(plan, plan.topology.gpus, Space(micro=(1,), zero=(1,)), keep=50)
+    assert outcome.results
+    for r in outcome.results[:: max(1, len(outcome.results) // 8)]:
+        report = build_report(apply(plan, r.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == r.peak_bytes
+        assert report.step["time_s"] == pytest.approx(r.step_time_s, rel=1e-9)
