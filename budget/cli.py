@@ -421,8 +421,9 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
     import os
 
     from budget.accuracy import plan_file_name, plan_text
+    from budget.files import exists, write_all
 
-    if directory.exists() and not directory.is_dir():
+    if exists(directory) and not directory.is_dir():
         raise _usage(f"--write-plans {directory}: is a file; name a folder to write the plans in")
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -435,10 +436,16 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
         ("reference", accuracy.reference),
         ("diagnostic", accuracy.diagnostic),
     )
-    written = 0
-    for kind, rows in sections:
-        for row in rows:
-            text = plan_text(row.run, kind, reference)
-            (directory / plan_file_name(row.run)).write_text(text, encoding="utf-8")
-            written += 1
-    print(f"budget: wrote {written} run plans to {directory}", file=sys.stderr)
+    files = [
+        (directory / plan_file_name(row.run), plan_text(row.run, kind, reference))
+        for kind, rows in sections
+        for row in rows
+    ]
+    try:  # all of them or none
+        write_all(files)
+    except OSError as error:
+        reason = (error.strerror or str(error)).lower()
+        raise _usage(
+            f"--write-plans {directory}: cannot write {error.filename}: {reason}"
+        ) from None
+    print(f"budget: wrote {len(files)} run plans to {directory}", file=sys.stderr)

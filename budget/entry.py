@@ -52,7 +52,9 @@ def mistyped(args: list[str]) -> str | None:
     import difflib
 
     first = args[0] if args else "-"
-    if first.startswith("-") or first in COMMANDS or Path(first).exists():
+    from budget.files import exists
+
+    if first.startswith("-") or first in COMMANDS or exists(Path(first)):
         return None
     close = difflib.get_close_matches(first, sorted(COMMANDS), n=1, cutoff=0.7)
     if not close:

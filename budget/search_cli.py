@@ -194,17 +194,21 @@ def _writable(target: Path, source: Path) -> None:
     """Refuse a ``--write`` path that cannot take a file before the sweep runs, so that a
     typo costs no search and leaves nothing half-printed; and the plan being searched,
     whose comments (its sources) the written plan does not keep."""
+    from budget.files import exists
+
     folder = target.absolute().parent
-    if target.exists() and source.exists() and target.resolve() == source.resolve():
+    if exists(target) and exists(source) and target.resolve() == source.resolve():
         raise ValueError(
             f"--write {target}: is the plan being searched; write the layout to another file"
         )
-    if target.is_dir():
+    if exists(target) and target.is_dir():
         raise ValueError(f"--write {target}: is a folder; name the plan file to write")
     if not folder.is_dir():
         raise ValueError(f"--write {target}: there is no folder {folder}")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"--write {target}: the folder {folder} is not writable")
+    if len(target.name.encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+        raise ValueError(f"--write {target}: the file name is longer than the folder allows")
 
 
 def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> None:
@@ -219,7 +223,9 @@ def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> Non
     marker = "$schema="
     if marker in first and "://" not in first:
         reference = rebased(first.split(marker, 1)[1].strip(), source.parent, folder)
-    target.write_text(layout_yaml(source, layout, gpus, reference, folder), encoding="utf-8")
+    from budget.files import write_atomically
+
+    write_atomically(target, layout_yaml(source, layout, gpus, reference, folder))
 
 
 def _progress(console: Console, fmt: str) -> Any:

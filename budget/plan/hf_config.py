@@ -115,6 +115,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from budget.files import exists
 from budget.plan.yaml_load import MAX_INT
 
 __all__ = [
@@ -293,13 +294,15 @@ def read_hf_config(path: Path) -> HfModel:
     object refused (``json`` would keep the last silently) and so is nesting deeper than
     the parser's recursion allows."""
     shown = repr(str(path))
-    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+    if exists(path) and not path.is_file():  # a FIFO or a device would block or never end
         raise HfConfigError(f"{shown} is not a regular file")
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_BYTES + 1)
     except OSError as error:
         raise HfConfigError(f"cannot read {shown}: {error.strerror or error}") from None
+    except ValueError:  # a NUL byte, which no file name holds
+        raise HfConfigError(f"{shown} is not a file name: it holds a NUL byte") from None
     if len(data) > MAX_BYTES:
         raise HfConfigError(f"{shown} is over {MAX_BYTES:,} bytes, so it was not read")
     try:

@@ -6,6 +6,7 @@ rather than raising; `load_plan` raises one `BudgetError` carrying all of them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from budget.errors import BudgetError, Problem
@@ -26,7 +27,12 @@ def read_plan_bytes(path: Path) -> bytes:
         size = path.stat().st_size
         if size > MAX_BYTES:
             raise _too_large(file, size)
-        with path.open("rb") as handle:
+        # opened without waiting: a named pipe no one writes to would block open() forever;
+        # once open, a read of it ends at once (no writer is end of file), and a pipe a
+        # writer holds (`budget <(...)`) reads as usual
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(descriptor, True)
+        with os.fdopen(descriptor, "rb") as handle:
             data = handle.read(MAX_BYTES + 1)  # devices and pipes report size 0
     except OSError as error:
         reason = error.strerror or type(error).__name__

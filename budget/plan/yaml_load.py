@@ -35,7 +35,9 @@ from budget.errors import Problem
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_KEY",
     "MAX_NODES",
+    "MAX_PATH",
     "Loaded",
     "Marks",
     "child_path",
@@ -46,6 +48,11 @@ __all__ = [
 MAX_DEPTH = 64  # a plan nests four levels deep; 64 leaves room and stops stack attacks
 MAX_NODES = 100_000  # a plan has a few hundred values
 MAX_INT = 2**63  # integers beyond int64 are typos or attacks, not plan dimensions
+# Every value keeps its JSON path (`Marks`), so key length times depth times values is
+# memory: a 113 KB file of 62 nested 1,000-character keys over 5,000 values took 633 MB.
+# A plan's keys are names of under 20 characters and its deepest path under 60.
+MAX_KEY = 128
+MAX_PATH = 512
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -264,7 +271,14 @@ class _Builder:
         return child_path(frame.path, len(frame.container))
 
     def take_key(self, frame: _Frame, event: yaml.ScalarEvent, where: Position) -> None:
+        if len(event.value) > MAX_KEY:
+            shown = child_path(frame.path, _shown(event.value))
+            size = f"{len(event.value):,}"
+            raise self.stop(where, shown, f"a key of {size} characters; a plan's keys are names")
         path = child_path(frame.path, event.value)
+        if len(path) > MAX_PATH:
+            message = f"a path of over {MAX_PATH} characters; a plan nests a few short names"
+            raise self.stop(where, frame.path[:60] + "...", message)
         if event.tag not in (None, "!", _STANDARD + "str"):
             self.problem(where, path, f"a key cannot carry the tag {_short(event.tag)}")
         if event.value in frame.first_seen:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from budget.files import write_atomically
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -67,7 +68,12 @@ def plot_report(report: Report, path: Path) -> None:
         try:
             _memory(top, report)
             _communication(bottom, report)
-            fig.savefig(path, format=fmt, dpi=120, bbox_inches="tight", metadata=_metadata(fmt))
+            write_atomically(  # the picture whole, or the old file as it was
+                path,
+                lambda staged: fig.savefig(
+                    staged, format=fmt, dpi=120, bbox_inches="tight", metadata=_metadata(fmt)
+                ),
+            )
         finally:
             plt.close(fig)
 

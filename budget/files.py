@@ -1,0 +1,91 @@
+"""Files budget writes beside its output (``search --write``, ``plot -o``,
+``validate-model --write-plans``): whole or not at all.
+
+A write that fails half-way (a full disk, a file-size limit, a folder where the file
+should go) must leave no cut-off plan or picture behind, and must not destroy the file it
+was replacing: each file is written to a temporary name in its own folder and renamed over
+the target only once complete (a rename within one file system replaces the target whole).
+A set of files (`write_all`) is written to temporary names first and renamed only when
+every one was written, so a failure leaves none of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+__all__ = ["exists", "write_all", "write_atomically"]
+
+
+def exists(path: Path) -> bool:
+    """`Path.exists`, but False for a path the system cannot even look up (a name over its
+    length limit, a NUL byte) instead of an exception: such a path names no file."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _mode(path: Path) -> int:
+    """The permissions `path` keeps if it exists, else those a new file gets (the umask's)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _staged(path: Path, write: Callable[[Path], None]) -> Path:
+    """`write` run on a new temporary file beside `path`; its name (deleted on failure)."""
+    import tempfile  # here: `exists` is on every command's way in, and this is not
+
+    handle, name = tempfile.mkstemp(prefix=f".{path.name[:40]}.", dir=path.absolute().parent)
+    os.close(handle)
+    staged = Path(name)
+    try:
+        write(staged)
+        staged.chmod(_mode(path))
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def _text(data: str) -> Callable[[Path], None]:
+    def write(staged: Path) -> None:
+        staged.write_text(data, encoding="utf-8")
+
+    return write
+
+
+def write_atomically(path: Path, data: str | Callable[[Path], None]) -> None:
+    """Write `data` (text, or a function writing a file at the path it is given) to `path`
+    whole: `OSError` if it could not be, and then `path` is as it was."""
+    write_all([(path, data)])
+
+
+def write_all(files: Iterable[tuple[Path, str | Callable[[Path], None]]]) -> None:
+    """Write every (path, data) of `files` as `write_atomically` does, none of them unless
+    all could be staged; `OSError` names the file that failed."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            try:
+                staged.append((_staged(path, _text(data) if isinstance(data, str) else data), path))
+            except OSError as error:
+                error.filename = str(path)
+                raise
+        for _, path in staged:  # a rename cannot replace a folder: fail before the first
+            if path.is_dir():
+                raise IsADirectoryError(21, "Is a directory", str(path))
+        for temporary, path in staged:
+            try:
+                os.replace(temporary, path)
+            except OSError as error:
+                error.filename = str(path)
+                raise
+    finally:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)

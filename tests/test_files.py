@@ -1,0 +1,120 @@
+"""What budget writes is whole or absent, and paths the system cannot look up are errors in
+budget's words (hostile audit: tracebacks, a cut-off plan over the old one, 23 plan files
+left behind by a failed --write-plans, a named pipe that hung the reader)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import app
+from budget.files import exists, write_all, write_atomically
+from tests.plan_files import GPT3, ROOT
+
+runner = CliRunner()
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_stray_one(tmp_path: Path) -> None:
+    target = tmp_path / "best.yaml"
+    target.write_text("old\n", encoding="utf-8")
+    target.chmod(0o640)
+
+    def half(staged: Path) -> None:
+        staged.write_text("cut o", encoding="utf-8")
+        raise OSError(27, "File too large")
+
+    with pytest.raises(OSError, match="File too large"):
+        write_atomically(target, half)
+    assert target.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
+    write_atomically(target, "new\n")
+    assert target.read_text(encoding="utf-8") == "new\n"
+    assert target.stat().st_mode & 0o777 == 0o640  # the file it replaced keeps its mode
+
+
+def test_a_set_of_files_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    (tmp_path / "b.yaml").mkdir()  # a folder where the second file should go
+    files = [(tmp_path / name, f"{name}\n") for name in ("a.yaml", "b.yaml", "c.yaml")]
+    with pytest.raises(IsADirectoryError) as caught:
+        write_all(files)
+    assert caught.value.filename == str(tmp_path / "b.yaml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.yaml"]
+    (tmp_path / "b.yaml").rmdir()
+    write_all(files)
+    assert [(p.read_text(encoding="utf-8")) for p, _ in files] == [
+        "a.yaml\n",
+        "b.yaml\n",
+        "c.yaml\n",
+    ]
+
+
+def test_a_path_the_system_cannot_look_up_names_no_file() -> None:
+    assert not exists(Path("a" * 300 + ".yaml"))  # over NAME_MAX: ENAMETOOLONG
+    assert not exists(Path("plan\0.yaml"))  # a NUL byte: ValueError
+    assert exists(GPT3)
+
+
+def test_write_plans_into_a_folder_that_cannot_take_one_writes_none(tmp_path: Path) -> None:
+    (tmp_path / "gpt-3-175b-128-gpus.yaml").mkdir()
+    result = runner.invoke(app, ["validate-model", "--write-plans", str(tmp_path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.startswith(f"budget: error: --write-plans {tmp_path}: cannot write ")
+    assert "gpt-3-175b-128-gpus.yaml: is a directory" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["gpt-3-175b-128-gpus.yaml"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["a" * 300 + ".yaml"],
+        ["search", str(GPT3), "--write", "a" * 300 + ".yaml"],
+        ["validate-model", "--write-plans", "a" * 300],
+    ],
+    ids=["plan", "search --write", "validate-model --write-plans"],
+)
+def test_a_file_name_longer_than_the_system_allows_is_an_error(args: list[str]) -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "budget", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert process.returncode == 2 and "Traceback" not in process.stderr
+    assert process.stderr.count("error") == 1
+    assert not any(p.name.startswith("aaaa") for p in ROOT.iterdir())
+
+
+def test_a_config_path_with_a_nul_byte_is_a_problem_at_its_key(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    text = GPT3.read_text(encoding="utf-8")
+    start = text.index("model:")
+    end = text.index("\nbatch:")
+    plan.write_text(
+        text[:start] + 'model: {hf_config: "x.json\\0y"}' + text[end:], encoding="utf-8"
+    )
+    result = runner.invoke(app, ["validate", str(plan)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr == (
+        f"{plan}:17:20: error: $.model.hf_config: '{tmp_path}/x.json\\x00y' is not a file "
+        "name: it holds a NUL byte\n"
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_no_one_writes_to_is_read_as_empty_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "plan.yaml"
+    os.mkfifo(fifo)
+    process = subprocess.run(
+        [sys.executable, "-m", "budget", str(fifo)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # the reader once blocked in open() for ever
+    )
+    assert process.returncode == 2
+    assert (
+        process.stderr == f"{fifo}:1:1: error: $: a plan is a mapping of keys (name, model, "
+        "batch, ...); this file holds nothing\n"
+    )
