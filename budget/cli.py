@@ -123,8 +123,10 @@ def exit_code(*, valid: bool = True, passed: bool = True) -> int:
 
 
 def _problems(problems: list[Problem]) -> None:
-    for problem in problems:
-        print(problem, file=sys.stderr)
+    from budget.errors import problem_lines
+
+    for line in problem_lines(problems):
+        print(line, file=sys.stderr)
 
 
 def _fail(problems: BudgetError) -> typer.Exit:

@@ -110,15 +110,15 @@ def _run(given: list[str]) -> None:
 
         app(args=args, prog_name="budget")
         return
-    from budget.errors import BudgetError
+    from budget.errors import BudgetError, problem_lines
     from budget.pipeline import budget_plan
     from budget.render import render_report
 
     try:
         report = budget_plan(plain[0])
     except BudgetError as error:
-        for problem in error.problems:
-            print(problem, file=sys.stderr)
+        for line in problem_lines(error.problems):
+            print(line, file=sys.stderr)
         sys.exit(2)
     render_report(stdout_console(), report, plain[1])
 

@@ -13,6 +13,18 @@ from typing import TypeVar
 In = TypeVar("In")
 Out = TypeVar("Out")
 
+# A message quotes the input, and a hostile file's values can be megabytes (a 5,000,000-digit
+# number was echoed whole); and a file can hold 100,000 faulty values. Past these, a reader
+# learns nothing more.
+MAX_MESSAGE = 400  # characters of a message (or a path) shown
+MAX_SHOWN = 200  # problems printed; a last line counts the rest
+
+
+def _clipped(text: str) -> str:
+    if len(text) <= MAX_MESSAGE:
+        return text
+    return f"{text[: MAX_MESSAGE - 40]}... ({len(text) - MAX_MESSAGE + 40:,} characters more)"
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class Problem:
@@ -25,7 +37,18 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: error: {self.path}: {self.message}"
+        where = f"{self.file}:{self.line}:{self.col}"
+        return f"{where}: error: {_clipped(self.path)}: {_clipped(self.message)}"
+
+
+def problem_lines(problems: Iterable[Problem]) -> list[str]:
+    """The lines stderr shows for `problems`: each one, up to `MAX_SHOWN`, then a count."""
+    problems = list(problems)
+    lines = [str(p) for p in problems[:MAX_SHOWN]]
+    if len(problems) > MAX_SHOWN:
+        more = len(problems) - MAX_SHOWN
+        lines.append(f"budget: error: {more:,} more problems (the first {MAX_SHOWN} are above)")
+    return lines
 
 
 class BudgetError(Exception):

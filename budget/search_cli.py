@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budget.errors import BudgetError
+from budget.errors import BudgetError, problem_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,8 +95,8 @@ def run_search(
     try:
         plan = load_plan(path, seed=True)  # its layout is what the search replaces
     except BudgetError as error:
-        for problem in error.problems:
-            print(problem, file=sys.stderr)
+        for line in problem_lines(error.problems):
+            print(line, file=sys.stderr)
         return 2
     if plan.mode != "train":
         print(

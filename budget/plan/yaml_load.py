@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 MAX_DEPTH = 64  # a plan nests four levels deep; 64 leaves room and stops stack attacks
-MAX_NODES = 100_000  # a plan has a few hundred values
+MAX_NODES = 20_000  # a plan has a few hundred values; per-layer lists hold up to 4,096 each
 MAX_INT = 2**63  # integers beyond int64 are typos or attacks, not plan dimensions
 # Every value keeps its JSON path (`Marks`), so key length times depth times values is
 # memory: a 113 KB file of 62 nested 1,000-character keys over 5,000 values took 633 MB.
@@ -147,7 +147,27 @@ def decode(data: bytes, file: str) -> tuple[str | None, Problem | None]:
         bad = data[start : start + 1].hex()
         message = f"the file is not UTF-8: byte 0x{bad} at offset {start} cannot be decoded"
         return None, Problem(file, line, col, "$", message)
-    return text.removeprefix("\ufeff"), None
+    text = text.removeprefix("\ufeff")
+    hidden = _HIDDEN_BREAK.search(text)
+    if hidden:
+        before = _LINE_BREAK.split(text[: hidden.start()])
+        name = _HIDDEN_BREAKS[hidden.group()]
+        message = (
+            f"the file holds {name}, which YAML reads as a line break and editors do not "
+            "show, so every line after it would be misnumbered; delete it"
+        )
+        return None, Problem(file, len(before), len(before[-1]) + 1, "$", message)
+    return text, None
+
+
+# Line breaks to YAML 1.1 but not to editors, grep or git (PyYAML's reader counts them)
+_HIDDEN_BREAKS = {
+    "\x85": "U+0085 (next line)",
+    "\u2028": "U+2028 (line separator)",
+    "\u2029": "U+2029 (paragraph separator)",
+}
+_HIDDEN_BREAK = re.compile("[\x85\u2028\u2029]")
+_LINE_BREAK = re.compile("\r\n|\r|\n")
 
 
 class _Stop(Exception):
@@ -334,7 +354,12 @@ class _Builder:
         try:
             value = self.loader.construct_object(node, deep=True)
         except (ValueError, yaml.YAMLError):
-            message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
+            digits = sum(c.isdigit() for c in text)
+            if tag == _STANDARD + "int" and digits > 18 and _DECIMAL_INT.match(text):
+                # Python refuses to read integers of over 4,300 digits: too large, not malformed
+                message = f"an integer of {digits:,} digits; plan numbers are below 2^63"
+            else:
+                message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
             raise self.stop(where, path, message) from None
         int_form = tag == _STANDARD + "int" and not _DECIMAL_INT.match(text)
         if implicit and (int_form or (tag == _STANDARD + "float" and ":" in text)):

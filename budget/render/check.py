@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from budget.errors import problem_lines
 from budget.render.markdown import code, fence, plain
 from budget.units import format_bytes, plural
 
@@ -144,5 +145,5 @@ def check_markdown(result: CheckResult) -> str:
             lines.append("")
         if v.problems:
             lines += [f"### ⚠️ {code(v.file)} is invalid", ""]
-            lines += [*fence([str(p) for p in v.problems]), ""]
+            lines += [*fence(problem_lines(v.problems)), ""]
     return "\n".join(lines)
