@@ -571,16 +571,17 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
 def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
     """Budget and check every plan; an invalid plan is recorded and the rest still run."""
     from budget.pipeline import budget_plan
+    from budget.plan.load import plan_name
 
     verdicts = []
     for path in paths:
         try:
             report = budget_plan(path)
         except BudgetError as error:
-            verdicts.append(Verdict(str(path), None, problems=tuple(error.problems)))
+            verdicts.append(Verdict(plan_name(path), None, problems=tuple(error.problems)))
             continue
         reasons, notes = check_report(report, limits), latency_notes(report, limits)
-        verdicts.append(Verdict(str(path), report, reasons, notes=notes))
+        verdicts.append(Verdict(plan_name(path), report, reasons, notes=notes))
     return CheckResult(limits, tuple(verdicts))
 
 

@@ -34,12 +34,13 @@ COMMANDS = frozenset(
     }
 )
 FORMATS = ("table", "json", "markdown")
+STDIN = "-"  # a plan argument that reads the plan from standard input
 NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
 def route(args: list[str]) -> list[str]:
     """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`."""
-    first = next((a for a in args if not a.startswith("-")), None)
+    first = next((a for a in args if not a.startswith("-") or a == STDIN), None)
     if first is not None and first not in COMMANDS:
         return ["report", *args]
     return list(args)
@@ -64,7 +65,7 @@ def mistyped(args: list[str]) -> str | None:
 
 def plain_report(args: list[str]) -> tuple[Path, str] | None:
     """`budget report PLAN.yaml [--format F]`, if that is all `args` (routed) says."""
-    if len(args) < 2 or args[0] != "report" or args[1].startswith("-"):
+    if len(args) < 2 or args[0] != "report" or (args[1].startswith("-") and args[1] != STDIN):
         return None
     rest, fmt = args[2:], "table"
     if len(rest) == 2 and rest[0] in ("--format", "-f"):

@@ -197,6 +197,11 @@ def _writable(target: Path, source: Path) -> None:
     from budget.files import exists
 
     folder = target.absolute().parent
+    if str(source) == "-":  # the written plan is the searched one rewritten, and stdin is gone
+        raise ValueError(
+            f"--write {target}: the plan came from standard input, which is read once; give "
+            "its file to write a layout from it"
+        )
     if exists(target) and exists(source) and target.resolve() == source.resolve():
         raise ValueError(
             f"--write {target}: is the plan being searched; write the layout to another file"

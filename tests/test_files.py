@@ -16,6 +16,8 @@ from budget.cli import app
 from budget.errors import BudgetError
 from budget.files import exists, write_all, write_atomically
 from budget.plan.load import load_plan
+from budget.plan.schema import validate_tree
+from budget.plan.yaml_load import Marks
 from tests.plan_files import GPT3, ROOT
 
 runner = CliRunner()
@@ -148,3 +150,30 @@ def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: 
     found = caught.value.problems  # 500 unknown keys and the required ones missing
     assert len(found) > 500 and lines[:-1] == [str(p) for p in found[:200]]
     assert lines[-1] == f"budget: error: {len(found) - 200} more problems (the first 200 are above)"
+
+
+def test_a_plan_is_read_from_standard_input_as_dash() -> None:
+    """`budget -` read nothing and said "No such command '-'" (UX audit)."""
+    text = GPT3.read_text(encoding="utf-8")
+
+    def run(*args: str, stdin: str = text) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "budget", *args]
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT)
+
+    from_file = run(str(GPT3), "-f", "json").stdout
+    piped = run("-", "-f", "json")
+    assert piped.returncode == 0
+    assert piped.stdout == from_file.replace(f'"file": "{GPT3}"', '"file": "<stdin>"')
+    assert run("check", "-").stdout.startswith("PASS <stdin>")
+    bad = run("-", stdin="name: x\nmodle: 3\n")
+    assert bad.returncode == 2 and "<stdin>:2:1: error: $.modle: unknown key 'modle'" in bad.stderr
+    search = run("search", "-", "--write", "never.yaml")
+    assert search.returncode == 2 and "standard input, which is read once" in search.stderr
+    assert not (ROOT / "never.yaml").exists()
+
+
+def test_a_preset_named_bare_says_how_to_name_it() -> None:
+    tree = {"model": "llama3-8b", "device": "h100-sxm"}
+    found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
+    assert found["$.model"] == "'llama3-8b' is not a mapping; name a preset as {preset: llama3-8b}"
+    assert found["$.device"] == "'h100-sxm' is not a mapping; name a preset as {preset: h100-sxm}"

@@ -11,7 +11,7 @@ from budget.plan.load import load_plan
 from budget.plan.model import Experts, Level, Plan
 from budget.plan.resolve import SHAPE_NAMES, llama_ffn, parse_placement, resolve
 from budget.plan.schema import validate_tree
-from budget.plan.yaml_load import load_yaml
+from budget.plan.yaml_load import Marks, load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -202,7 +202,7 @@ def test_all_semantic_problems_at_once() -> None:
         "p.yaml:7:16: error: $.parallel.tp: model.heads = 16 is not divisible by tp = 32: each "
         "tensor-parallel rank holds whole attention heads; choose tp among 1, 2, 4, 8, 16",
         "p.yaml:7:24: error: $.parallel.pp: model.layers = 3 is not divisible by pp = 2: every "
-        "stage gets the same number of layers; choose among 1, 3 stages or list an uneven split "
+        "stage gets the same number of layers; choose among 1, 3 stages, or list an uneven split "
         "in parallel.pipeline.layers_per_stage",
     ]
 
@@ -318,3 +318,38 @@ def test_sms_come_from_the_preset_or_the_plan_and_must_leave_some_to_the_gemm() 
         "$.overlap.tp_comm_sms.attention",
         "$.overlap.tp_comm_sms.mlp",
     ]
+
+
+def test_an_interleaved_split_suggests_degrees_that_work_with_its_virtual_stages() -> None:
+    """24 layers on pp 4 × 5 virtual stages: the message listed the stage counts dividing 24,
+    pp 4 among them, which fails with 5 virtual stages all the same (UX audit)."""
+
+    def message(pp: int, v: int) -> str:
+        tree = {
+            "model": {"preset": "llama3-8b", "layers": 24},
+            "batch": {"seq": 4096, "micro": 1, "global": 8 * pp * 4},
+            "parallel": {
+                "pp": pp,
+                "dp": 8 // pp if pp <= 8 else 1,
+                "pipeline": {"schedule": "interleaved", "virtual_stages": v},
+            },
+            "device": {"preset": "h100-sxm"},
+            "topology": {
+                "gpus": max(pp, 8),
+                "levels": [
+                    {"name": "nvlink", "size": 8, "bandwidth": "370 GB/s", "latency": "3 us"}
+                ],
+            },
+        }
+        with pytest.raises(BudgetError) as caught:
+            resolve(tree, Marks(), "p.yaml")
+        (found,) = [p.message for p in caught.value.problems if p.path == "$.parallel.pp"]
+        return found.split("; ", 1)[1]
+
+    split = "or list an uneven split in parallel.pipeline.layers_per_stage"
+    assert message(4, 5) == f"choose virtual_stages among 2, 3, 6 with pp = 4, {split}"
+    assert (
+        message(8, 2) == f"choose pp among 2, 3, 4, 6, 12 with 2 virtual stages or "
+        f"virtual_stages among 3 with pp = 8, {split}"
+    )
+    assert message(7, 5) == f"choose other degrees, {split}"

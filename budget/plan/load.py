@@ -7,6 +7,7 @@ rather than raising; `load_plan` raises one `BudgetError` carrying all of them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from budget.errors import BudgetError, Problem
@@ -20,9 +21,23 @@ __all__ = ["MAX_BYTES", "load_plan", "read_plan_bytes"]
 MAX_BYTES = 8 * 2**20  # plans are a few kilobytes; 8 MiB is generous and bounds the work
 
 
+STDIN_NAME = "<stdin>"  # what problems call a plan read from standard input (`-`)
+
+
+def plan_name(path: Path) -> str:
+    """The file name problems give: the path, or `STDIN_NAME` for ``-``."""
+    return STDIN_NAME if str(path) == "-" else str(path)
+
+
 def read_plan_bytes(path: Path) -> bytes:
-    """The file's bytes, refusing anything over `MAX_BYTES` before reading it."""
-    file = str(path)
+    """The file's bytes, refusing anything over `MAX_BYTES` before reading it; ``-`` is
+    standard input (whose hf_config paths are then relative to the working folder)."""
+    file = plan_name(path)
+    if file == STDIN_NAME:
+        data = sys.stdin.buffer.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise _too_large(file, len(data))
+        return data
     try:
         size = path.stat().st_size
         if size > MAX_BYTES:
@@ -58,7 +73,7 @@ def load_plan(path: Path, seed: bool = False) -> Plan:
     Schema problems are reported together with load problems (duplicate keys); semantic
     checks run only on a tree that passed the schema, so they never see wrong types.
     """
-    file = str(path)
+    file = plan_name(path)
     text, problem = decode(read_plan_bytes(path), file)
     if text is None:
         raise BudgetError([problem] if problem is not None else [])

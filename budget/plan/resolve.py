@@ -1078,11 +1078,19 @@ class _Checks:
             return
         if layers % stages:
             what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
+            if v == 1:
+                choose = f"choose among {_divisors(layers)} stages"
+            else:  # the pp that work with these virtual stages, the virtual stages with this pp
+                by_pp = _divisors(layers // v, keep=lambda p: p > 1) if layers % v == 0 else ""
+                by_v = _divisors(layers // pp, keep=lambda w: w > 1) if layers % pp == 0 else ""
+                hints = [f"pp among {by_pp} with {v} virtual stages"] if by_pp else []
+                hints += [f"virtual_stages among {by_v} with pp = {pp}"] if by_v else []
+                choose = f"choose {' or '.join(hints)}" if hints else "choose other degrees"
             self.r.error(
                 "$.parallel.pp",
                 f"model.layers = {layers} is not divisible by {what}: every stage gets the same "
-                f"number of layers; choose among {_divisors(layers)} stages or list an uneven "
-                "split in parallel.pipeline.layers_per_stage",
+                f"number of layers; {choose}, or list an uneven split in "
+                "parallel.pipeline.layers_per_stage",
             )
 
     def global_batch(self) -> None:

@@ -156,6 +156,10 @@ def _message(error: Any) -> str:
         return f"{_show(error.instance)} is not {expected}{why}"
     if kind == "type":
         wanted = error.validator_value
+        preset = "preset" in schema.get("properties", {}) and isinstance(error.instance, str)
+        if preset and wanted == "object":  # `model: llama3-8b`: a preset's name, bare
+            name = error.instance
+            return f"{_show(name)} is not a mapping; name a preset as {{preset: {name}}}"
         names = [wanted] if isinstance(wanted, str) else list(wanted)
         shown = " or ".join(_TYPE_NAMES[n] for n in names)
         return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
