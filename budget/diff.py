@@ -275,6 +275,8 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
             flat["batch.sequences"] = flat.pop("batch.global", None)
             for key in _TRAINING_ONLY:
                 flat.pop(key, None)
+        if plan.parallel.zero != 3:  # which PyTorch FSDP prices only ZeRO 3's shards
+            flat.pop("parallel.fsdp", None)
         # the learned position table's rows, 0 standing for batch.seq; none for other
         # positions (a table the model does not have)
         m = plan.model

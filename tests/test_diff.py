@@ -387,3 +387,14 @@ def test_the_phase_rows_say_what_they_cover(tmp_path: Path) -> None:
     assert "Phases (per rank, over a run of each plan)" in out
     _, out, _ = _diff(GPT3, tp4(tmp_path), width=120)
     assert "Phases (per rank, over one step)" in out
+
+
+def test_the_fsdp_version_is_a_change_only_where_a_plan_shards_with_zero_3() -> None:
+    """`parallel.fsdp` defaults to 2 in every training plan, but prices only ZeRO 3: listed
+    as a change from a Megatron plan to a serving one, it was noise (UX audit)."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    keys = [c.key for c in diff_files(LLAMA, decode)[2].changes]
+    assert "parallel.fsdp" not in keys and "parallel.zero" in keys
+    fsdp = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    changes = {c.key: (c.a, c.b) for c in diff_files(fsdp, LLAMA)[2].changes}
+    assert changes["parallel.fsdp"] == (2, None)

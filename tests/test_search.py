@@ -14,7 +14,8 @@ from budget.cli import app, route
 from budget.errors import BudgetError
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
-from budget.search import Space, apply, pareto, parse_values, search
+from budget.render.search import PARETO_ROWS, thin
+from budget.search import Config, Result, Space, apply, pareto, parse_values, search
 from tests.plan_files import GPT3, ROOT, variant
 
 SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 2, 3))
@@ -629,6 +630,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "ramped_levels": ["nvlink"],
         "transitions_left_out": 0,
         "collectives": {},
+        "capacity_bytes": 80 * 2**30,  # the A100 80GB's 81,920 MiB, nothing reserved
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
     assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
@@ -1306,3 +1308,30 @@ def test_a_plan_with_hundreds_of_experts_is_searched_not_refused_as_an_overflow(
         report = build_report(apply(plan, r.config, plan.topology.gpus))
         assert report.worst.peak_bytes == r.peak_bytes
         assert report.step["time_s"] == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def _point(peak_gib: float, step_s: float) -> Result:
+    config = Config(1, 1, 8, 1, 1, 1, False, "none", 1, 1)
+    return Result(config, round(peak_gib * 2**30), True, step_s, 0.0, 0.5, 1.0)
+
+
+def test_a_long_front_shows_the_faster_of_two_near_ties():
+    """Of two front points 0.01 GiB apart, the faster shows: evenly spaced thinning alone
+    kept 26.56 GiB at 5.50 s and dropped 26.57 GiB at 5.35 s (UX audit)."""
+    front = [_point(70.0 - 2 * i, 5.0 + 0.1 * i) for i in range(20)]  # 20 distinct points
+    front.insert(5, _point(front[4].peak_bytes / 2**30 - 0.01, front[4].step_time_s + 0.01))
+    shown = thin(tuple(front))
+    assert front[4] in shown and front[5] not in shown  # the near-tie after it is dropped
+    assert shown[0] == front[0] and shown[-1] == front[-1] and len(shown) == PARETO_ROWS
+    assert thin(tuple(front[:PARETO_ROWS])) == tuple(front[:PARETO_ROWS])  # short: all of it
+
+
+def test_a_best_layout_with_little_memory_free_says_so(tmp_path):
+    """gemma2-9b's fastest layout peaks at 78.8 of 79.6 GiB, and `budget check --headroom
+    5%` then fails the plan search wrote: the table says so, unless a headroom was asked."""
+    plan = ROOT / "plans" / "gemma2-9b.yaml"
+    runner = CliRunner()
+    out = runner.invoke(app, route(["search", str(plan), "--top", "1"])).stdout
+    assert "The best layout leaves 824 MiB (1.0%) of the device free at its peak" in out
+    asked = runner.invoke(app, route(["search", str(plan), "--top", "1", "--headroom", "5%"]))
+    assert "of the device free" not in asked.stdout

@@ -97,12 +97,40 @@ def _table(
     return table
 
 
+TIE = 0.01  # front points within 1 % of the last one kept save too little memory to show
+
+
 def thin(front: tuple[Result, ...]) -> tuple[Result, ...]:
-    """At most PARETO_ROWS points of the front, evenly spaced, both ends kept."""
+    """At most PARETO_ROWS points of the front (fastest first), both ends kept. A point
+    that saves less than `TIE` of the memory of the last point kept is a near-tie that only
+    costs time, and is shown only if the front is short; of the rest, evenly spaced points
+    (evenly spaced alone once kept the slower of two points 0.01 GiB apart; UX audit)."""
     if len(front) <= PARETO_ROWS:
         return front
-    picks = sorted({round(i * (len(front) - 1) / (PARETO_ROWS - 1)) for i in range(PARETO_ROWS)})
-    return tuple(front[i] for i in picks)
+    kept = [front[0]]
+    for r in front[1:]:
+        if r.peak_bytes < kept[-1].peak_bytes * (1 - TIE) or r is front[-1]:
+            kept.append(r)
+    if len(kept) <= PARETO_ROWS:
+        return tuple(kept)
+    picks = sorted({round(i * (len(kept) - 1) / (PARETO_ROWS - 1)) for i in range(PARETO_ROWS)})
+    return tuple(kept[i] for i in picks)
+
+
+def _slack_note(outcome: Outcome) -> str | None:
+    """A word where the best layout leaves under 5 % of the device free at its peak and no
+    headroom was asked for: it ranks first, yet fails `budget check --headroom 5%`."""
+    best, capacity = outcome.best, outcome.hardware.get("capacity_bytes")
+    asked = outcome.limits is not None and outcome.limits.required_headroom(capacity or 0)
+    if best is None or not capacity or asked:
+        return None
+    free = capacity - best.peak_bytes
+    if free >= 0.05 * capacity:
+        return None
+    return (
+        f"The best layout leaves {format_bytes(free)} ({free / capacity:.1%}) of the device "
+        "free at its peak; --headroom 5% ranks only layouts that keep more."
+    )
 
 
 NONE_FITS = "No layout fits: every one was rejected, for the reasons below."
@@ -192,7 +220,10 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         digits = peak_digits((*best, *front))  # the two tables read against each other
         ranked = _table(title, best, wide, limited, tokens, digits)
         console.print(ranked)
-        if ranked.caption:  # the caption ends the table: a line before the next title
+        slack = _slack_note(outcome)
+        if slack:
+            console.print(slack, style="yellow", markup=False)
+        if ranked.caption or slack:  # the caption ends the table: a line before the next title
             console.print()
         shown = (
             ""
@@ -238,6 +269,8 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [hardware_text(outcome.hardware), ""]
     if outcome.results:
         lines += [f"### Best by {outcome.objective}", "", *rows(best)]
+        slack = _slack_note(outcome)
+        lines += [f"> {slack}", ""] if slack else []
         lines += ["### Pareto front: peak memory against step time", ""]
         lines += rows(outcome.pareto)
     else:
