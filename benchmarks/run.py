@@ -64,6 +64,34 @@ def engine() -> None:
         )
 
 
+DEEP = """\
+name: deep-decode
+mode: decode
+model: {preset: llama3-70b, layers: 4096}
+batch: {sequences: 32, prompt: 2048, generate: 512}
+precision: {params: bf16, activations: bf16}
+parallel: {tp: 8, pp: 1024, dp: 1}
+device: {preset: h100-sxm, reserved: 4 GiB}
+topology: {preset: dgx-h100, nodes: 1024}
+"""
+
+
+def deep_pipeline() -> None:
+    """A report's cost at an extreme pipeline depth, 1,024 stages of 4 layers (decode, the
+    path whose per-stage work was quadratic in the stages: 12.3 s before, an audit)."""
+    import tempfile
+
+    from budget.pipeline import budget_plan
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "deep.yaml"
+        path.write_text(DEEP, encoding="utf-8")
+        start = time.perf_counter()
+        budget_plan(path)
+        elapsed = time.perf_counter() - start
+    print(f"engine: decode at pp 1,024 x 4,096 layers {elapsed:.2f} s per report (no target)")
+
+
 SWEEP = """
 import json, resource, sys
 from pathlib import Path
@@ -113,4 +141,5 @@ def sweep() -> None:
 if __name__ == "__main__":
     startup()
     engine()
+    deep_pipeline()
     sweep()

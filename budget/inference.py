@@ -45,14 +45,15 @@ from budget import flops
 from budget.flops import Work
 from budget.layers import (
     Shapes,
+    class_params,
     kv_heads_per_rank,
     layer_params,
     moe_layers,
     params_total,
     resident_states,
     shapes,
+    stage_classes,
     stage_layer_ids,
-    stage_params,
     vocab_rows,
 )
 from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
@@ -302,8 +303,9 @@ def derive_inference(plan: Plan) -> Step:
     full, window = decode_keys(plan)
     timed = replace(shapes(plan, 1, full), window_kv=window)
     stages = []
+    classes = stage_classes(plan, merge=False)  # once: per stage, it was quadratic in pp
     for stage, ids in enumerate(stage_layer_ids(plan)):
-        params = stage_params(plan, stage)
+        params = class_params(plan, classes[stage])
         moe = sum(flags[i] for i in ids)
         sliding = sum(slides[i] for i in ids)
         heads = "replicate" if plan.model.mla is not None else "shard(kv heads)"

@@ -486,7 +486,8 @@ class StageParams:
 
 
 def stage_params(plan: Plan, stage: int) -> StageParams:
-    """The parameters one rank of pipeline stage `stage` holds (`class_params`)."""
+    """The parameters one rank of pipeline stage `stage` holds (`class_params`); for every
+    stage, call `class_params` on one `stage_classes` instead (each call builds them all)."""
     return class_params(plan, stage_classes(plan, merge=False)[stage])
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import lru_cache, partial
 from itertools import pairwise
 from typing import Any, cast
 
@@ -65,7 +65,7 @@ from budget.flops import (
 from budget.inference import decode_passes
 from budget.layers import chunks_differ, interleaved_warmup, moe_layers, stage_chunk_ids
 from budget.phases import HAND_WRITTEN, PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
-from budget.plan.model import Plan
+from budget.plan.model import Parallel, Plan, Topology
 from budget.topology import (
     GroupKind,
     GroupSpan,
@@ -222,18 +222,26 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     # the stage sends and the embedding copies' all-reduce; a hand-written transition on
     # pp runs over the whole group (it was priced as one neighbouring pair: an audit)
     if move.group == "pp" and not move.rule.startswith(HAND_WRITTEN):
-        members = group_ranks("pp", par, topo.gpus)
-        if "embedding" in move.name:
-            return span_of_ranks((members[0], members[-1]), topo, "pp")
-        names = [level.name for level in topo.levels]
-        pairs = [span_of_ranks(pair, topo, "pp") for pair in pairwise(members)]
-        if not pairs:  # one stage: nothing is sent, its group is itself
-            return span_of_ranks(members, topo, "pp")
-        return max(pairs, key=lambda span: names.index(span.tiers[-1].link.name))
+        return _pp_span(par, topo, "embedding" in move.name)
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
         raise AssertionError(f"{move.name}: {move.ranks} ranks on a {span.size}-rank group")
     return span
+
+
+@lru_cache(maxsize=64)
+def _pp_span(par: Parallel, topo: Topology, ends: bool) -> GroupSpan:
+    """`move_span` of a stage's send (the outermost link any neighbouring pair crosses) or,
+    with `ends`, of the embedding copies' all-reduce between the first and last stage; once
+    per layout, not per move (at pp 1,024 the pairs were walked for each of 6,146 moves)."""
+    members = group_ranks("pp", par, topo.gpus)
+    if ends:
+        return span_of_ranks((members[0], members[-1]), topo, "pp")
+    names = [level.name for level in topo.levels]
+    pairs = [span_of_ranks(pair, topo, "pp") for pair in pairwise(members)]
+    if not pairs:  # one stage: nothing is sent, its group is itself
+        return span_of_ranks(members, topo, "pp")
+    return max(pairs, key=lambda span: names.index(span.tiers[-1].link.name))
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:
