@@ -209,6 +209,7 @@ def plot_command(
     """Picture: the worst stage's memory over the step, and exposed vs hidden communication
     per phase (needs matplotlib: pip install 'budget[plot]')."""
     from budget.pipeline import budget_plan
+    from budget.plan.load import plan_name
     from budget.render.plot import PlotUnavailable, plot_report
 
     try:
@@ -220,7 +221,7 @@ def plot_command(
     except OSError as error:  # the picture could not be written where asked
         reason = error.strerror or str(error)
         raise _usage(f"cannot write {output}: {reason.lower()}") from None
-    print(f"{plan}: wrote {output}")
+    print(f"{plan_name(plan)}: wrote {output}")
 
 
 @app.command("search")
@@ -283,7 +284,7 @@ def validate_command(
 ) -> None:
     """Check plans against the schema and the semantic rules only: each valid plan's
     name and ok on stdout, every problem of the others on stderr (exit 2 if there is one)."""
-    from budget.plan.load import load_plan
+    from budget.plan.load import load_plan, plan_name
     from budget.step import derive
 
     problems = []
@@ -295,7 +296,7 @@ def validate_command(
         except BudgetError as error:
             problems.extend(error.problems)
             continue
-        print(f"{path}: ok")
+        print(f"{plan_name(path)}: ok")
     if problems:
         raise _fail(BudgetError(problems))
 

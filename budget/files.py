@@ -6,7 +6,10 @@ should go) must leave no cut-off plan or picture behind, and must not destroy th
 was replacing: each file is written to a temporary name in its own folder and renamed over
 the target only once complete (a rename within one file system replaces the target whole).
 A set of files (`write_all`) is written to temporary names first and renamed only when
-every one was written, so a failure leaves none of them.
+every one was written, so a failure leaves none of them. As a plain write would, a
+symbolic link is written through (the file it names is replaced, the link stays) and a
+file without write permission is refused; other hard links to a replaced file keep its
+old contents.
 """
 
 from __future__ import annotations
@@ -69,23 +72,26 @@ def write_atomically(path: Path, data: str | Callable[[Path], None]) -> None:
 def write_all(files: Iterable[tuple[Path, str | Callable[[Path], None]]]) -> None:
     """Write every (path, data) of `files` as `write_atomically` does, none of them unless
     all could be staged; `OSError` names the file that failed."""
-    staged: list[tuple[Path, Path]] = []
+    staged: list[tuple[Path, Path, Path]] = []  # (temporary, the file written, as named)
     try:
         for path, data in files:
+            real = Path(os.path.realpath(path))  # through a symbolic link, as open() writes
             try:
-                staged.append((_staged(path, _text(data) if isinstance(data, str) else data), path))
+                if real.is_dir():  # a rename cannot replace a folder: fail before the first
+                    raise IsADirectoryError(21, "Is a directory")
+                if real.exists() and not os.access(real, os.W_OK):  # a rename would not ask
+                    raise PermissionError(13, "Permission denied")
+                write = _text(data) if isinstance(data, str) else data
+                staged.append((_staged(real, write), real, path))
             except OSError as error:
                 error.filename = str(path)
                 raise
-        for _, path in staged:  # a rename cannot replace a folder: fail before the first
-            if path.is_dir():
-                raise IsADirectoryError(21, "Is a directory", str(path))
-        for temporary, path in staged:
+        for temporary, real, path in staged:
             try:
-                os.replace(temporary, path)
+                os.replace(temporary, real)
             except OSError as error:
                 error.filename = str(path)
                 raise
     finally:
-        for temporary, _ in staged:
+        for temporary, _, _ in staged:
             temporary.unlink(missing_ok=True)

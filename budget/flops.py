@@ -158,6 +158,8 @@ def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
             exponent = np.where(term, log_choose + x * log_q + (gg - x) * log_miss, -np.inf)
             cdf += np.exp(exponent)
             total += np.where(term, 1 - np.minimum(cdf, 1.0) ** rr, 0.0)
+            if (cdf >= 1.0).all():  # every later term is 1 - 1^r = 0: the sum is done
+                break
         out[busy] = total
     return out if isinstance(groups, np.ndarray) or isinstance(reach, np.ndarray) else float(out)
 

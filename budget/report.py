@@ -11,7 +11,10 @@ from typing import Any
 from budget.plan.model import BandwidthRamp
 from budget.units import plural
 
-SCHEMA_VERSION = "1.0"
+# 1.1: `budget diff` pairs the stages of plans of different depths by role (a row's
+# ``stage`` is then "first" or "last", with ``a_stage`` and ``b_stage``); search's
+# ``hardware.capacity_bytes``; the report's ``layout.fsdp``
+SCHEMA_VERSION = "1.1"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)
 RAMP_HEADER = "share at 16 · 64 · 256 MiB"

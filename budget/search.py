@@ -1081,7 +1081,8 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
         # hand-written transitions are not swept, so no layout's figures include them
         "transitions_left_out": len(plan.transitions),
-        # what a layout's peak is held to (device memory less what the plan reserves)
+        # what a layout's peak is held to: the device's memory (what the plan reserves is
+        # counted in each peak)
         "capacity_bytes": plan.device.memory,
         # the algorithms the plan names for its collectives (`collectives:`), by op
         "collectives": dict(plan.collectives),

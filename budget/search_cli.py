@@ -71,7 +71,7 @@ def run_search(
     does, 2 on bad input."""
     from budget.check import parse_limits
     from budget.collectives import SizeError
-    from budget.plan.load import load_plan
+    from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
     from budget.render import dump_json
     from budget.render.search import render_search_markdown, render_search_table
     from budget.search import magnitude, search, to_dict
@@ -92,8 +92,10 @@ def run_search(
     except ValueError as error:
         print(f"budget: error: {error}", file=sys.stderr)
         return 2
+    file = plan_name(path)
     try:
-        plan = load_plan(path, seed=True)  # its layout is what the search replaces
+        data = read_plan_bytes(path)  # once: `-` and pipes cannot be read again
+        plan = load_plan_data(data, file, seed=True)  # its layout is what the search replaces
     except BudgetError as error:
         for line in problem_lines(error.problems):
             print(line, file=sys.stderr)
@@ -101,7 +103,8 @@ def run_search(
     if plan.mode != "train":
         print(
             _located(
-                path,
+                data,
+                file,
                 "$.mode",
                 "budget search sweeps training layouts (ZeRO, recompute, micro-batches); this "
                 f"plan is mode: {plan.mode}. Budget inference layouts one plan at a time with "
@@ -119,7 +122,7 @@ def run_search(
         if gpus:
             print(f"budget: error: --gpus {n:,}: {limit}", file=sys.stderr)
         else:
-            print(_located(path, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
+            print(_located(data, file, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
         return 2
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:
@@ -144,7 +147,7 @@ def run_search(
             return 2
     too_large = magnitude(plan, n, sweep)
     if too_large:
-        print(f"budget: error: {path}: {too_large}", file=sys.stderr)
+        print(f"budget: error: {file}: {too_large}", file=sys.stderr)
         return 2
     try:
         outcome = search(
@@ -152,7 +155,7 @@ def run_search(
         )
     except (OverflowError, FloatingPointError, SizeError):  # past int64 after all
         print(
-            f"budget: error: {path}: the plan's sizes overflow the search's 64-bit arithmetic; "
+            f"budget: error: {file}: the plan's sizes overflow the search's 64-bit arithmetic; "
             "budget the plan alone with `budget PLAN`, which counts in Python integers",
             file=sys.stderr,
         )
@@ -180,14 +183,16 @@ def run_search(
     return 0 if outcome.best is not None else 1
 
 
-def _located(path: Path, where: str, message: str) -> str:
-    """`message` as a problem of the plan at `path`, at the line and column of `where`
-    (a JSON path; its nearest ancestor the file has), as the plan's own errors read."""
+def _located(data: bytes, file: str, where: str, message: str) -> str:
+    """`message` as a problem of the plan `file` whose bytes are `data` (it loaded, so
+    they decode), at the line and column of `where` (a JSON path; its nearest ancestor the
+    file has), as the plan's own errors read."""
     from budget.errors import Problem
-    from budget.plan.yaml_load import load_yaml
+    from budget.plan.yaml_load import decode, load_yaml
 
-    line, col = load_yaml(path.read_text(encoding="utf-8"), str(path)).marks.at(where)
-    return str(Problem(str(path), line, col, where, message))
+    text = decode(data, file)[0] or ""
+    line, col = load_yaml(text, file).marks.at(where)
+    return str(Problem(file, line, col, where, message))
 
 
 def _writable(target: Path, source: Path) -> None:
@@ -212,7 +217,8 @@ def _writable(target: Path, source: Path) -> None:
         raise ValueError(f"--write {target}: there is no folder {folder}")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"--write {target}: the folder {folder} is not writable")
-    if len(target.name.encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+    longest = os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255  # POSIX
+    if len(target.name.encode()) > longest:
         raise ValueError(f"--write {target}: the file name is longer than the folder allows")
 
 

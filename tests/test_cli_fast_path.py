@@ -209,3 +209,61 @@ def test_a_width_of_40_columns_or_more_is_kept(monkeypatch) -> None:
     for columns in (40, 100):
         monkeypatch.setenv("COLUMNS", str(columns))
         assert stdout_console().width == columns
+
+
+def test_a_plan_is_read_from_standard_input_as_dash() -> None:
+    """`budget -` read nothing and said "No such command '-'" (UX audit)."""
+    text = GPT3.read_text(encoding="utf-8")
+
+    def run(*args: str, stdin: str = text) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "budget", *args]
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT)
+
+    from_file = run(str(GPT3), "-f", "json").stdout
+    piped = run("-", "-f", "json")
+    assert piped.returncode == 0
+    assert piped.stdout == from_file.replace(f'"file": "{GPT3}"', '"file": "<stdin>"')
+    assert run("check", "-").stdout.startswith("PASS <stdin>")
+    bad = run("-", stdin="name: x\nmodle: 3\n")
+    assert bad.returncode == 2 and "<stdin>:2:1: error: $.modle: unknown key 'modle'" in bad.stderr
+    search = run("search", "-", "--write", "never.yaml")
+    assert search.returncode == 2 and "standard input, which is read once" in search.stderr
+    assert not (ROOT / "never.yaml").exists()
+
+
+def test_standard_input_read_once_closed_or_searched_says_so() -> None:
+    """`check - -` read stdin twice (the second plan "held nothing"), a closed stdin was a
+    traceback, and `search -` read the plan from disk again to place a problem (review)."""
+    text = GPT3.read_text(encoding="utf-8")
+    twice = subprocess.run(
+        [sys.executable, "-m", "budget", "check", "-", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert twice.returncode == 2
+    assert (
+        "<stdin>:1:1: error: $: standard input holds one plan, and it was read for an "
+        "earlier `-`" in twice.stderr
+    )
+    closed = subprocess.run(  # `<&-`: the process starts with no standard input at all
+        ["sh", "-c", f"'{sys.executable}' -m budget - <&-"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert closed.returncode == 2
+    assert (
+        closed.stderr == "<stdin>:1:1: error: $: cannot read the plan: standard input is closed\n"
+    )
+    decode = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    searched = subprocess.run(
+        [sys.executable, "-m", "budget", "search", "-"],
+        input=decode,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert searched.returncode == 2 and "Traceback" not in searched.stderr
+    assert searched.stderr.startswith("<stdin>:13:7: error: $.mode: budget search sweeps")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from budget.cli import app, route
 from budget.plan.schema import schema, schema_text, validate_tree
-from budget.plan.yaml_load import load_yaml
+from budget.plan.yaml_load import Marks, load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
@@ -291,3 +291,10 @@ def test_a_name_yaml_read_as_another_type_says_so(written: str, read: str) -> No
     them so and that quoting keeps them text (it said only "false is not a name")."""
     (found,) = errors(f"name: {written}\n" + MINIMAL)
     assert f"YAML reads the unquoted value as {read}: quote it to keep it text" in found
+
+
+def test_a_preset_named_bare_says_how_to_name_it() -> None:
+    tree = {"model": "llama3-8b", "device": "h100-sxm"}
+    found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
+    assert found["$.model"] == "'llama3-8b' is not a mapping; name a preset as {preset: llama3-8b}"
+    assert found["$.device"] == "'h100-sxm' is not a mapping; name a preset as {preset: h100-sxm}"

@@ -207,6 +207,11 @@ def test_a_huge_integer_literal_is_refused_quickly() -> None:
     assert problems == [
         "p.yaml:1:4: error: $.a: an integer of 10,000 digits; plan numbers are below 2^63"
     ]  # Python reads no int of over 4,300 digits: it was "'999...' is not a valid int"
+    hexadecimal = messages("a: 0x" + "f" * 5000 + "\n")  # printed in decimal: a traceback
+    assert hexadecimal == [
+        "p.yaml:1:4: error: $.a: 0xfffffffffffffffffffffffff... is read by YAML 1.1 as a "
+        "hexadecimal number of 20,000 bits; plan numbers are decimal and below 2^63"
+    ]
 
 
 def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:

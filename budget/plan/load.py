@@ -34,10 +34,7 @@ def read_plan_bytes(path: Path) -> bytes:
     standard input (whose hf_config paths are then relative to the working folder)."""
     file = plan_name(path)
     if file == STDIN_NAME:
-        data = sys.stdin.buffer.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise _too_large(file, len(data))
-        return data
+        return _read_stdin()
     try:
         size = path.stat().st_size
         if size > MAX_BYTES:
@@ -45,8 +42,12 @@ def read_plan_bytes(path: Path) -> bytes:
         # opened without waiting: a named pipe no one writes to would block open() forever;
         # once open, a read of it ends at once (no writer is end of file), and a pipe a
         # writer holds (`budget <(...)`) reads as usual
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        os.set_blocking(descriptor, True)
+        # (POSIX; Windows has no named pipes in the file system, nor O_NONBLOCK, and needs
+        # O_BINARY for bytes as they are)
+        waitless = getattr(os, "O_NONBLOCK", 0)
+        descriptor = os.open(path, os.O_RDONLY | waitless | getattr(os, "O_BINARY", 0))
+        if waitless:
+            os.set_blocking(descriptor, True)
         with os.fdopen(descriptor, "rb") as handle:
             data = handle.read(MAX_BYTES + 1)  # devices and pipes report size 0
     except OSError as error:
@@ -55,6 +56,29 @@ def read_plan_bytes(path: Path) -> bytes:
         raise BudgetError([Problem(file, 1, 1, "$", f"cannot read the plan: {reason}")]) from None
     if len(data) > MAX_BYTES:
         raise _too_large(file, len(data))
+    return data
+
+
+_stdin_taken = False  # standard input holds one plan: a second `-` would read nothing
+
+
+def _read_stdin() -> bytes:
+    global _stdin_taken
+    stdin = sys.stdin
+
+    def problem(message: str) -> BudgetError:
+        return BudgetError([Problem(STDIN_NAME, 1, 1, "$", message)])
+
+    if stdin is None:
+        raise problem("cannot read the plan: standard input is closed")
+    if _stdin_taken:
+        raise problem("standard input holds one plan, and it was read for an earlier `-`")
+    _stdin_taken = True
+    if stdin.isatty():
+        print("budget: reading a plan from standard input; end it with Ctrl-D", file=sys.stderr)
+    data = stdin.buffer.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise problem(f"a plan is at most {MAX_BYTES:,} bytes (8 MiB), and more came; not read")
     return data
 
 
@@ -73,8 +97,14 @@ def load_plan(path: Path, seed: bool = False) -> Plan:
     Schema problems are reported together with load problems (duplicate keys); semantic
     checks run only on a tree that passed the schema, so they never see wrong types.
     """
-    file = plan_name(path)
-    text, problem = decode(read_plan_bytes(path), file)
+    return load_plan_data(read_plan_bytes(path), plan_name(path), seed)
+
+
+def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
+    """`load_plan` of a plan's bytes already read (`read_plan_bytes`), named `file` in
+    problems: a caller that needs the text again (a position for its own message) reads
+    standard input or a pipe once."""
+    text, problem = decode(data, file)
     if text is None:
         raise BudgetError([problem] if problem is not None else [])
     loaded = load_yaml(text, file)

@@ -364,11 +364,18 @@ class _Builder:
         int_form = tag == _STANDARD + "int" and not _DECIMAL_INT.match(text)
         if implicit and (int_form or (tag == _STANDARD + "float" and ":" in text)):
             kind = next(k for pattern, k in _NOT_DECIMAL if pattern.search(text))
+            # past 2^63 the value is refused anyway; Python cannot even print one of 4,300
+            # digits (a hexadecimal literal of 5,000 digits was a traceback)
+            big = isinstance(value, int) and abs(value) >= MAX_INT
+            number = f"a {kind} number of {value.bit_length():,} bits" if big else value
             return self.refuse(
                 where,
                 path,
-                f"{_shown(text)} is read by YAML 1.1 as the {kind} number {value}; write "
-                "numbers in decimal (or quote it, if it is text)",
+                f"{_shown(text)} is read by YAML 1.1 as the {kind} number {number}; write "
+                "numbers in decimal (or quote it, if it is text)"
+                if not big
+                else f"{_shown(text)} is read by YAML 1.1 as {number}; plan numbers are "
+                "decimal and below 2^63",
             )
         if implicit and tag == _STANDARD + "int" and "_" in text and not _GROUPED_INT.match(text):
             grouped = f", or group the digits by thousands ({value:_})" if abs(value) > 999 else ""
