@@ -433,7 +433,7 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
     except OSError as error:
         raise _usage(f"--write-plans {directory}: {error.strerror or error}") from None
     schema = Path(__file__).parent / "schemas" / "plan.schema.json"
-    reference = os.path.relpath(schema, directory.absolute())
+    reference = os.path.relpath(schema, os.path.realpath(directory))  # through a link
     sections = (
         ("scored", accuracy.rows),
         ("reference", accuracy.reference),

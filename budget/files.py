@@ -7,18 +7,21 @@ was replacing: each file is written to a temporary name in its own folder and re
 the target only once complete (a rename within one file system replaces the target whole).
 A set of files (`write_all`) is written to temporary names first and renamed only when
 every one was written, so a failure leaves none of them. As a plain write would, a
-symbolic link is written through (the file it names is replaced, the link stays) and a
-file without write permission is refused; other hard links to a replaced file keep its
-old contents.
+symbolic link is written through (the file it names is replaced, the link stays; a loop of
+links is an error), a file without write permission is refused, and a target that is not
+a regular file (``/dev/stdout``, a pipe, a device) is written into as it stands; other
+hard links to a replaced file keep its old contents. `target` says where a path's file
+lands, and `unwritable` whether it can, before the work that produces it runs.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["exists", "write_all", "write_atomically"]
+__all__ = ["exists", "target", "unwritable", "write_all", "write_atomically"]
 
 
 def exists(path: Path) -> bool:
@@ -28,6 +31,53 @@ def exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):
         return False
+
+
+def target(path: Path) -> Path:
+    """The file a write to `path` lands in: `path` through its symbolic links (a dangling
+    link names the file it would create). `OSError` for a loop of links."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass  # a new file, or a dangling link: realpath names the file it would create
+    except OSError as error:  # ELOOP and the like: open() would fail the same way
+        error.filename = str(path)
+        raise
+    return Path(os.path.realpath(path))
+
+
+def _special(path: Path) -> bool:
+    """`path` exists and is neither a regular file nor a folder (a device, a pipe):
+    written into as it stands, since a rename would replace it with a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a write to `path` would fail, checked before the work that produces it (a
+    sweep, a drawing), in the words a problem line uses; None if it would not."""
+    try:
+        if _special(path):
+            return None if os.access(path, os.W_OK) else "permission denied"
+        real = target(path)
+    except OSError as error:
+        return (error.strerror or str(error)).lower()
+    folder = real.parent
+    if real.is_dir():
+        return "is a folder; name the file to write"
+    if not folder.is_dir():
+        return f"there is no folder {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"the folder {folder} is not writable"
+    if real.exists() and not os.access(real, os.W_OK):
+        return "permission denied"
+    longest = os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255  # POSIX
+    if len(real.name.encode()) > longest:
+        return "the file name is longer than the folder allows"
+    return None
 
 
 def _mode(path: Path) -> int:
@@ -73,16 +123,26 @@ def write_all(files: Iterable[tuple[Path, str | Callable[[Path], None]]]) -> Non
     """Write every (path, data) of `files` as `write_atomically` does, none of them unless
     all could be staged; `OSError` names the file that failed."""
     staged: list[tuple[Path, Path, Path]] = []  # (temporary, the file written, as named)
+    direct: list[tuple[Path, Callable[[Path], None]]] = []  # devices and pipes, as they are
     try:
         for path, data in files:
-            real = Path(os.path.realpath(path))  # through a symbolic link, as open() writes
+            write = _text(data) if isinstance(data, str) else data
             try:
+                if _special(path):
+                    direct.append((path, write))
+                    continue
+                real = target(path)  # through a symbolic link, as open() writes
                 if real.is_dir():  # a rename cannot replace a folder: fail before the first
                     raise IsADirectoryError(21, "Is a directory")
                 if real.exists() and not os.access(real, os.W_OK):  # a rename would not ask
                     raise PermissionError(13, "Permission denied")
-                write = _text(data) if isinstance(data, str) else data
                 staged.append((_staged(real, write), real, path))
+            except OSError as error:
+                error.filename = str(path)
+                raise
+        for path, write in direct:
+            try:
+                write(path)
             except OSError as error:
                 error.filename = str(path)
                 raise

@@ -170,7 +170,8 @@ def run_search(
         try:
             _write(path, layout, n, write)
         except OSError as error:  # checked up front; the folder may change during the sweep
-            print(f"budget: error: --write {write}: {error.strerror or error}", file=sys.stderr)
+            reason = (error.strerror or str(error)).lower()
+            print(f"budget: error: --write {write}: {reason}", file=sys.stderr)
             return 2
     if fmt == "json":
         console.file.write(dump_json(to_dict(outcome, top)))
@@ -199,9 +200,8 @@ def _writable(target: Path, source: Path) -> None:
     """Refuse a ``--write`` path that cannot take a file before the sweep runs, so that a
     typo costs no search and leaves nothing half-printed; and the plan being searched,
     whose comments (its sources) the written plan does not keep."""
-    from budget.files import exists
+    from budget.files import exists, unwritable
 
-    folder = target.absolute().parent
     if str(source) == "-":  # the written plan is the searched one rewritten, and stdin is gone
         raise ValueError(
             f"--write {target}: the plan came from standard input, which is read once; give "
@@ -211,29 +211,26 @@ def _writable(target: Path, source: Path) -> None:
         raise ValueError(
             f"--write {target}: is the plan being searched; write the layout to another file"
         )
-    if exists(target) and target.is_dir():
-        raise ValueError(f"--write {target}: is a folder; name the plan file to write")
-    if not folder.is_dir():
-        raise ValueError(f"--write {target}: there is no folder {folder}")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--write {target}: the folder {folder} is not writable")
-    longest = os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255  # POSIX
-    if len(target.name.encode()) > longest:
-        raise ValueError(f"--write {target}: the file name is longer than the folder allows")
+    why = unwritable(target)  # the file it lands in: through links, as the write goes
+    if why:
+        raise ValueError(f"--write {target}: {why}")
 
 
 def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
     file, `plan.write.rebased`)."""
+    from budget.files import target as landing
     from budget.plan.write import layout_yaml, rebased
 
-    folder = target.absolute().parent
+    # paths in the plan are relative to the folder its file lands in (through a link)
+    folder = landing(target).parent
     reference = os.path.relpath(Path(__file__).parent / "schemas" / "plan.schema.json", folder)
     first = source.read_text(encoding="utf-8").partition("\n")[0]
     marker = "$schema="
     if marker in first and "://" not in first:
-        reference = rebased(first.split(marker, 1)[1].strip(), source.parent, folder)
+        origin = Path(os.path.realpath(source)).parent
+        reference = rebased(first.split(marker, 1)[1].strip(), origin, folder)
     from budget.files import write_atomically
 
     write_atomically(target, layout_yaml(source, layout, gpus, reference, folder))

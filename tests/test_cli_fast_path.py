@@ -267,3 +267,14 @@ def test_standard_input_read_once_closed_or_searched_says_so() -> None:
     )
     assert searched.returncode == 2 and "Traceback" not in searched.stderr
     assert searched.stderr.startswith("<stdin>:13:7: error: $.mode: budget search sweeps")
+
+
+def test_each_new_standard_input_is_read_once() -> None:
+    """A process reads its stdin for one `-`; a test runner that gives each call its own
+    stdin reads each (a flag kept for the whole process refused the second; review)."""
+    text = GPT3.read_text(encoding="utf-8")
+    runner = CliRunner()
+    first = runner.invoke(app, route(["validate", "-"]), input=text)
+    second = runner.invoke(app, route(["validate", "-"]), input=text)
+    assert (first.exit_code, second.exit_code) == (0, 0)
+    assert first.stdout == second.stdout == "<stdin>: ok\n"

@@ -14,7 +14,10 @@ from typer.testing import CliRunner
 
 from budget.cli import app
 from budget.files import exists, write_all, write_atomically
+from budget.plan.load import load_plan
 from tests.plan_files import GPT3, ROOT
+
+DATA = ROOT / "tests" / "data"
 
 runner = CliRunner()
 
@@ -121,18 +124,64 @@ def test_a_named_pipe_no_one_writes_to_is_read_as_empty_not_waited_on(tmp_path: 
 
 
 def test_a_write_goes_through_a_symbolic_link_and_stops_at_a_read_only_file(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As open() writes: the file a link names is replaced and the link stays (a rename
-    over the link replaced the link itself; review)."""
+    over the link replaced the link itself; review); a loop of links is an error; a file
+    without write permission is refused (`os.access` stands in for a non-root user)."""
     real = tmp_path / "best.yaml"
     real.write_text("old\n", encoding="utf-8")
     link = tmp_path / "current.yaml"
     link.symlink_to(real.name)
     write_atomically(link, "new\n")
     assert link.is_symlink() and real.read_text(encoding="utf-8") == "new\n"
-    if os.geteuid() != 0:  # root may write anything
-        real.chmod(0o444)
-        with pytest.raises(PermissionError):
-            write_atomically(real, "newer\n")
-        assert real.read_text(encoding="utf-8") == "new\n"
+    (tmp_path / "l1").symlink_to("l2")
+    (tmp_path / "l2").symlink_to("l1")
+    with pytest.raises(OSError, match="symbolic links"):
+        write_atomically(tmp_path / "l1", "x\n")
+    assert (tmp_path / "l1").is_symlink()
+    monkeypatch.setattr("budget.files.os.access", lambda path, mode: False)
+    with pytest.raises(PermissionError):
+        write_atomically(real, "newer\n")
+    assert real.read_text(encoding="utf-8") == "new\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_or_a_device_is_written_into_not_replaced(tmp_path: Path) -> None:
+    """`--write /dev/stdout` or a pipe: a rename would put a regular file in its place (as
+    root, over /dev/null itself); the data goes into it as it stands."""
+    fifo = tmp_path / "out.yaml"
+    os.mkfifo(fifo)
+    with subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True) as reader:
+        write_atomically(fifo, "plan\n")
+        assert reader.communicate(timeout=30)[0] == "plan\n"
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml"]
+
+
+def test_a_plan_written_through_a_link_reads_its_config_by_either_name(tmp_path: Path) -> None:
+    """The plan lands in the file the link names, its hf_config relative to that file's
+    folder, and a plan reads a relative hf_config from its file's own folder, through a
+    link too: both names of the written plan budget the same model (review: one failed)."""
+    source = tmp_path / "src"
+    source.mkdir()
+    config = DATA / "hf" / "llama3-70b" / "config.json"
+    (source / "config.json").write_bytes(config.read_bytes())
+    text = (DATA / "llama3-70b-hf.yaml").read_text(encoding="utf-8")
+    (source / "p.yaml").write_text(text.replace("hf/llama3-70b/config.json", "config.json"))
+    deep = tmp_path / "out" / "deep"
+    deep.mkdir(parents=True)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(deep / "g.yaml")
+    args = ["search", str(source / "p.yaml"), "--tp", "8", "--pp", "4", "--micro", "1"]
+    result = runner.invoke(app, [*args, "--zero", "1", "--top", "1", "--write", str(link)])
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and (deep / "g.yaml").is_file()
+    counts = {load_plan(p).model.layers for p in (link, deep / "g.yaml")}
+    assert counts == {80}
+    dangling = tmp_path / "d.yaml"
+    dangling.symlink_to(tmp_path / "nofolder" / "new.yaml")
+    refused = runner.invoke(app, [*args, "--write", str(dangling)])
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        f"budget: error: --write {dangling}: there is no folder {tmp_path / 'nofolder'}\n"
+    )

@@ -212,6 +212,10 @@ def test_a_huge_integer_literal_is_refused_quickly() -> None:
         "p.yaml:1:4: error: $.a: 0xfffffffffffffffffffffffff... is read by YAML 1.1 as a "
         "hexadecimal number of 20,000 bits; plan numbers are decimal and below 2^63"
     ]
+    octal = messages("a: 0" + "7" * 5000 + "\n")
+    assert octal[0].endswith(
+        "as an octal number of 15,000 bits; plan numbers are decimal and below 2^63"
+    )
 
 
 def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:

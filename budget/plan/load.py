@@ -16,7 +16,7 @@ from budget.plan.resolve import preset_problems, resolve
 from budget.plan.schema import validate_tree
 from budget.plan.yaml_load import decode, load_yaml
 
-__all__ = ["MAX_BYTES", "load_plan", "read_plan_bytes"]
+__all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
 MAX_BYTES = 8 * 2**20  # plans are a few kilobytes; 8 MiB is generous and bounds the work
 
@@ -59,7 +59,9 @@ def read_plan_bytes(path: Path) -> bytes:
     return data
 
 
-_stdin_taken = False  # standard input holds one plan: a second `-` would read nothing
+# standard input holds one plan: a second `-` would read nothing. The stream read is kept
+# (not a flag), so a caller that gives the process a new stdin (a test runner) reads again.
+_stdin_taken: object = None
 
 
 def _read_stdin() -> bytes:
@@ -71,9 +73,9 @@ def _read_stdin() -> bytes:
 
     if stdin is None:
         raise problem("cannot read the plan: standard input is closed")
-    if _stdin_taken:
+    if _stdin_taken is stdin:
         raise problem("standard input holds one plan, and it was read for an earlier `-`")
-    _stdin_taken = True
+    _stdin_taken = stdin
     if stdin.isatty():
         print("budget: reading a plan from standard input; end it with Ctrl-D", file=sys.stderr)
     data = stdin.buffer.read(MAX_BYTES + 1)

@@ -61,7 +61,8 @@ def layout_yaml(
     tree = copy.deepcopy(_tree(source))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
-        model["hf_config"] = rebased(model["hf_config"], source.parent, folder)
+        origin = Path(os.path.realpath(source)).parent  # where the plan reads it from
+        model["hf_config"] = rebased(model["hf_config"], origin, folder)
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]

@@ -367,7 +367,8 @@ class _Builder:
             # past 2^63 the value is refused anyway; Python cannot even print one of 4,300
             # digits (a hexadecimal literal of 5,000 digits was a traceback)
             big = isinstance(value, int) and abs(value) >= MAX_INT
-            number = f"a {kind} number of {value.bit_length():,} bits" if big else value
+            article = "an" if kind[0] in "aeiou" else "a"
+            number = f"{article} {kind} number of {value.bit_length():,} bits" if big else value
             return self.refuse(
                 where,
                 path,
