@@ -147,18 +147,18 @@ def run_search(
             return 2
     too_large = magnitude(plan, n, sweep)
     if too_large:
-        print(f"budget: error: {file}: {too_large}", file=sys.stderr)
+        print(_located(data, file, "$.batch.micro", too_large), file=sys.stderr)
         return 2
     try:
         outcome = search(
             plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits
         )
     except (OverflowError, FloatingPointError, SizeError):  # past int64 after all
-        print(
-            f"budget: error: {file}: the plan's sizes overflow the search's 64-bit arithmetic; "
-            "budget the plan alone with `budget PLAN`, which counts in Python integers",
-            file=sys.stderr,
+        overflow = (
+            "the plan's sizes overflow the search's 64-bit arithmetic; budget the plan alone "
+            "with `budget PLAN`, which counts in Python integers"
         )
+        print(_located(data, file, "$.batch", overflow), file=sys.stderr)
         return 2
     if write is not None and outcome.best is not None:
         from budget.search import apply

@@ -14,6 +14,7 @@ from budget.cli import app, route
 from budget.errors import BudgetError
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
+from budget.plan.yaml_load import load_yaml
 from budget.render.search import PARETO_ROWS, thin
 from budget.search import Config, Result, Space, apply, pareto, parse_values, search
 from tests.plan_files import GPT3, ROOT, variant
@@ -837,9 +838,10 @@ topology: {preset: dgx-h100, nodes: 32}
     args = ["search", str(path), "--micro", str(2**26), "--ep", "256", "--tp", "1", "--pp", "1"]
     result = CliRunner().invoke(app, route(args))
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr.startswith(
-        f"budget: error: {path}: micro-batches of 67,108,864 sequences of 1,024 tokens form "
-        "one kernel or collective of 9.22e+18 FLOPs or bytes, past the 5.76e+17 (2^59)"
+    assert result.stderr.startswith(  # at the micro-batch, as the plan's own problems read
+        f"{path}:4:27: error: $.batch.micro: micro-batches of 67,108,864 sequences of 1,024 "
+        "tokens form one kernel or collective of 9.22e+18 FLOPs or bytes, past the 5.76e+17 "
+        "(2^59)"
     )
 
 
@@ -849,12 +851,13 @@ def test_a_plan_past_64_bits_at_one_sequence_is_sent_to_the_plain_budget(tmp_pat
     path = _gpt13b_with_vocab(tmp_path, 2**38)
     result = CliRunner().invoke(app, route(["search", str(path)]))
     assert (result.exit_code, result.stdout) == (2, "")
+    (line, col) = load_yaml(path.read_text(encoding="utf-8"), str(path)).marks.at("$.batch.micro")
     assert result.stderr == (
-        f"budget: error: {path}: micro-batches of 1 sequence of 2,048 tokens form one kernel "
-        "or collective of 4.61e+18 FLOPs or bytes, past the 5.76e+17 (2^59) the search's "
-        "64-bit arithmetic keeps below (int64 ends at 9.22e+18; backward passes and sums "
-        "need the margin); budget the plan alone with `budget PLAN`, which counts in Python "
-        "integers\n"
+        f"{path}:{line}:{col}: error: $.batch.micro: micro-batches of 1 sequence of 2,048 "
+        "tokens form one kernel or collective of 4.61e+18 FLOPs or bytes, past the 5.76e+17 "
+        "(2^59) the search's 64-bit arithmetic keeps below (int64 ends at 9.22e+18; backward "
+        "passes and sums need the margin); budget the plan alone with `budget PLAN`, which "
+        "counts in Python integers\n"
     )
 
 
