@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["exists", "target", "unwritable", "write_all", "write_atomically"]
+__all__ = ["exists", "plan_folder", "target", "unwritable", "write_all", "write_atomically"]
 
 
 def exists(path: Path) -> bool:
@@ -31,6 +31,13 @@ def exists(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):
         return False
+
+
+def plan_folder(path: Path | str) -> Path:
+    """The folder a plan at `path` reads its relative paths (``hf_config``, ``$schema``)
+    from: its file's own, through a symbolic link to the file the folder of the file it
+    names, so that a plan reads the same by either name (`<stdin>`: the working folder)."""
+    return Path(os.path.realpath(path)).parent
 
 
 def target(path: Path) -> Path:

@@ -220,6 +220,7 @@ def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> Non
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
     file, `plan.write.rebased`)."""
+    from budget.files import plan_folder
     from budget.files import target as landing
     from budget.plan.write import layout_yaml, rebased
 
@@ -229,8 +230,7 @@ def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> Non
     first = source.read_text(encoding="utf-8").partition("\n")[0]
     marker = "$schema="
     if marker in first and "://" not in first:
-        origin = Path(os.path.realpath(source)).parent
-        reference = rebased(first.split(marker, 1)[1].strip(), origin, folder)
+        reference = rebased(first.split(marker, 1)[1].strip(), plan_folder(source), folder)
     from budget.files import write_atomically
 
     write_atomically(target, layout_yaml(source, layout, gpus, reference, folder))

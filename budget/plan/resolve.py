@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -248,11 +247,10 @@ class _Resolver:
             self.config_weights = preset.weights
             self.model_source = ("$.model.preset", f"preset {name}")
         if "hf_config" in tree:
+            from budget.files import plan_folder
             from budget.plan.hf_config import HfConfigError, read_hf_config
 
-            # from the folder the plan's file is in: through a symbolic link to the file, the
-            # folder of the file it names (as `search --write` writes it; `<stdin>`: here)
-            path = Path(os.path.realpath(self.file)).parent / tree["hf_config"]
+            path = plan_folder(self.file) / tree["hf_config"]
             try:
                 hf = read_hf_config(path)
             except HfConfigError as error:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from budget.errors import BudgetError
+from budget.files import plan_folder
 from budget.plan.load import read_plan_bytes
 from budget.plan.yaml_load import decode, load_yaml
 
@@ -61,8 +62,7 @@ def layout_yaml(
     tree = copy.deepcopy(_tree(source))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
-        origin = Path(os.path.realpath(source)).parent  # where the plan reads it from
-        model["hf_config"] = rebased(model["hf_config"], origin, folder)
+        model["hf_config"] = rebased(model["hf_config"], plan_folder(source), folder)
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]
