@@ -98,7 +98,7 @@ Gemma 3 12B's lists neither ``head_dim`` (256) nor ``vocab_size`` (262,208), and
 model's config copied out of it (as the refusal of such files advises) is read right.
 Those defaults differ from Llama's conventions in ways that move the budget: 15 of the 22
 classes default ``num_key_value_heads`` to a number rather than to the heads, Qwen 3, Gemma,
-GLM and gpt-oss fix ``head_dim``, Gemma's MLP is a GeLU and its embeddings tied, every
+GLM and gpt-oss fix ``head_dim``, Gemma's MLP gates with a GeLU and its embeddings are tied, every
 other class's are not. hidden_size, num_hidden_layers and num_attention_heads stay
 required: they say which model it is. A file without ``model_type`` (written by hand) must
 give vocab_size too, and otherwise takes the ``PretrainedConfig`` default,

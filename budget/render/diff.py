@@ -191,7 +191,7 @@ def _cells(delta: Delta, marked: bool) -> list[Text]:
 
 
 def _uncoloured(console: Console) -> bool:
-    """No colour reaches the reader: not a terminal, NO_COLOR, or ``--no-color``."""
+    """No colour reaches the reader: output that is not a terminal, or NO_COLOR set."""
     return console.color_system is None or console.no_color
 
 
