@@ -850,8 +850,8 @@ def test_a_config_qkv_bias_switch_reads_and_switches_are_checked() -> None:
     for key in (*keys, "lm_head_bias", "bias"):
         with pytest.raises(HfConfigError, match=rf'{key} = "false" in .* is not true or false'):
             translate({**config, key: "false"})
-        translate({**config, key: None})  # JSON null: the key's default
-    assert translate({**config, "tie_word_embeddings": None}).tree["tied_embeddings"] is True
+        translate({**config, key: None})  # JSON null: false (`test_a_null_switch_...`)
+    assert translate({**config, "tie_word_embeddings": None}).tree["tied_embeddings"] is False
 
 
 def test_an_unknown_model_type_is_refused_not_read_as_llama() -> None:
@@ -1242,3 +1242,34 @@ def test_a_hand_written_file_keeps_the_plan_language_defaults() -> None:
     assert "kv_heads" not in tree and "head_dim" not in tree
     llama = translate({**config, "model_type": "llama"}).tree  # LlamaConfig's defaults
     assert (llama["tied_embeddings"], llama["vocab"], llama["ffn"]) == (False, 32000, 11008)
+
+
+def test_a_null_switch_reads_false_as_the_modelling_code_does() -> None:
+    """``tie_word_embeddings: null`` sets the attribute to None, and ``if
+    config.tie_word_embeddings:`` leaves the output layer untied; absent, the class's default
+    (Llama's: untied; Gemma's: tied)."""
+    gemma = _raw("gemma-2b")
+    assert translate(gemma).tree["tied_embeddings"] is True
+    gemma["tie_word_embeddings"] = None
+    assert translate(gemma).tree["tied_embeddings"] is False
+    del gemma["tie_word_embeddings"]
+    assert translate(gemma).tree["tied_embeddings"] is True  # GemmaConfig's default
+    llama = _raw("llama3-70b")
+    llama["attention_bias"] = None
+    assert translate(llama).tree["bias"] is False
+
+
+def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
+    """DeepseekV2Config defaults num_experts_per_tok to None: no number to route by. Mixtral's
+    class default is 2, read when the file leaves it out."""
+    deepseek = {**_raw("deepseek-v3"), "model_type": "deepseek_v2"}
+    del deepseek["num_experts_per_tok"]
+    with pytest.raises(HfConfigError, match='model_type "deepseek_v2" has no default'):
+        translate(deepseek)
+    mixtral = _raw("mixtral-8x7b")
+    del mixtral["num_experts_per_tok"]
+    assert translate(mixtral).tree["experts"]["top_k"] == 2
+    hand = {k: v for k, v in _raw("mixtral-8x7b").items() if k != "model_type"}
+    del hand["num_experts_per_tok"]
+    with pytest.raises(HfConfigError, match="a file without model_type has no default"):
+        translate(hand)

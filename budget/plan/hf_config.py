@@ -392,11 +392,15 @@ def _layer_list(config: Mapping[str, Any], key: str, where: str) -> set[int]:
 
 
 def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
-    """A true-or-false key (absent or null: `default`); any other value, a string "false"
-    among them, is an error naming it as JSON writes it."""
-    value = config.get(key)
-    if value is None:
+    """A true-or-false key: absent, `default` (the config class's); null, false, as the
+    modelling code reads it (``if config.tie_word_embeddings:``, ``nn.Linear(bias=None)``
+    builds no bias); any other value, a string "false" among them, is an error naming it as
+    JSON writes it."""
+    if key not in config:
         return default
+    value = config[key]
+    if value is None:
+        return False
     if not isinstance(value, bool):
         raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not true or false")
     return value
@@ -1005,9 +1009,17 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
     if count_key is None:
         return None
     top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
+    if top_k not in config:
+        # DeepseekV2Config defaults it to None, which its router cannot route with
+        kind = config.get("model_type")
+        owner = f"model_type {json.dumps(kind)}" if kind else "a file without model_type"
+        raise HfConfigError(
+            f"{where} sets {count_key} but not num_experts_per_tok, and {owner} has no "
+            "default for it: give the number of experts each token is routed to"
+        )
     experts: dict[str, Any] = {
         "count": _int(config, count_key, where),
-        "top_k": _int(config, top_k, where) if top_k in config else 2,
+        "top_k": _int(config, top_k, where),
     }
     if config.get("moe_intermediate_size"):
         experts["ffn"] = _int(config, "moe_intermediate_size", where)
