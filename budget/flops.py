@@ -551,6 +551,45 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     return works
 
 
+def bias_gradients(plan: Plan, s: Shapes, block: str) -> list[Work]:
+    """One reduction over the tokens for each biased linear layer of `block` ("attention" or
+    "mlp") in its backward: the bias gradient is the sum of the output gradient over every
+    token, a pass that reads the whole output gradient and writes one row.
+
+    No stack fuses it into the layer's GEMMs. PyTorch computes it as the gradient of a
+    broadcast add, ``sum_to_size`` over the token dimensions (``nn.Linear``'s ``addmm``
+    backward, and the autograd engine's reduction of a custom function's gradient to the
+    shape of an input it broadcast); Megatron-LM's linear layers call
+    ``grad_output.sum(dim=0)`` (``LinearWithGradAccumulationAndAsyncCommunication``), and
+    the biases it adds outside the GEMM (``skip_bias_add``: the attention output
+    projection's and fc2's in the fused bias-dropout-add, fc1's in the fused bias-GeLU) are
+    reduced by autograd. Transformer Engine's bf16 linear layers fold a bias they own into
+    the weight-gradient GEMM (cuBLASLt's BGRADB epilogue); that is Megatron-Core's QKV bias
+    alone, priced here all the same.
+
+    The output gradient: Q, K and V's columns on this rank; the output projection's and
+    fc2's ``hidden`` on the tokens the rank holds after their reduction (its sequence shard
+    under sequence parallelism, every token otherwise: each tp rank sums the same
+    replicated gradient); fc1's ``gate``·ffn columns; latent attention's down-projection
+    (``attention_bias``), the latents on the rank's tokens. Routed experts' biases
+    (gpt-oss) are not counted."""
+    m = plan.model
+    parts: list[tuple[str, Any, Any]] = []
+    if block == "attention" and m.mla is None:
+        if m.bias or m.qkv_bias:
+            parts.append(("QKV bias gradient", s.tokens, s.q_cols + s.k_cols + s.v_cols))
+    elif block == "attention" and m.bias:
+        parts.append(
+            ("latent down-projection bias gradient", s.tokens_sp, s.q_latent + s.kv_latent)
+        )
+    if block == "attention" and m.bias:
+        parts.append(("attention output bias gradient", s.tokens_sp, s.hidden))
+    if block == "mlp" and m.mlp_biased:
+        parts.append(("MLP fc1 bias gradient", s.tokens, m.gate * s.ffn_cols))
+        parts.append(("MLP fc2 bias gradient", s.tokens_sp, s.hidden))
+    return [elementwise(name, s.act * (rows + 1) * cols) for name, rows, cols in parts]
+
+
 EAGER_BACKWARD = 2.0  # eager attention's two products: two batched GEMMs each in backward
 
 

@@ -1701,6 +1701,7 @@ def _backward(b: _StageBuilder) -> None:
             ],
             when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
             + flops.backward_of(work)
+            + flops.bias_gradients(plan, s, "mlp")
             + _accumulate(b, "mlp"),
         )
     recomputed = when(_working(blocks["attention"], "recomputed"), full)
@@ -1770,7 +1771,10 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             ),
         ],
-        redo + flops.backward_of(work) + _accumulate(b, "attention"),
+        redo
+        + flops.backward_of(work)
+        + flops.bias_gradients(plan, s, "attention")
+        + _accumulate(b, "attention"),
     )
     if b.first:
         gather = Move(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from budget import flops
+from budget.layers import shapes
 from budget.plan.load import load_plan
 from budget.step import derive
 
@@ -300,3 +301,44 @@ def test_without_fp8_the_output_layer_runs_in_the_plans_matmul_format(tmp_path):
     plan = load_plan(path)
     (out,) = [w for w in _phase_works(plan, "loss") if w.name == "output layer"]
     assert out.dtype is None
+
+
+def _named(works: list[flops.Work], suffix: str) -> dict[str, int]:
+    return {w.name: w.bytes for w in works if w.name.endswith(suffix)}
+
+
+def test_each_biased_linear_reduces_its_output_gradient_over_the_tokens() -> None:
+    """gpt3-175b.yaml (tp 8 with sequence parallelism, micro 1 × 2048 tokens, bf16): each
+    bias gradient reads its output gradient once and writes one row of it.
+
+    - QKV: 2048 tokens × 3·12288/8 = 4608 columns on the rank: 2 B × 2049 × 4608;
+    - attention output and fc2: hidden 12288 on the rank's 2048/8 = 256 tokens after the
+      reduce-scatter: 2 B × 257 × 12288;
+    - fc1: 4·12288/8 = 6144 columns on 2048 tokens: 2 B × 2049 × 6144."""
+    plan = load_plan(PLAN)
+    backward = {p.name: p for p in derive(plan).stages[0].phases}
+    attention = _named(list(backward["backward.attention"].works), "bias gradient")
+    assert attention == {
+        "QKV bias gradient": 2 * 2049 * 4608,
+        "attention output bias gradient": 2 * 257 * 12288,
+    }
+    mlp = _named(list(backward["backward.mlp"].works), "bias gradient")
+    assert mlp == {
+        "MLP fc1 bias gradient": 2 * 2049 * 6144,
+        "MLP fc2 bias gradient": 2 * 257 * 12288,
+    }
+
+
+def test_bias_free_layers_and_qkv_only_biases() -> None:
+    """Llama-style layers have no bias gradients; Qwen2's ``qkv_bias`` gives the QKV one
+    alone."""
+    from tests.builders import make_plan
+
+    plain = make_plan(bias=False)
+    s = shapes(plain)
+    assert flops.bias_gradients(plain, s, "attention") == []
+    assert flops.bias_gradients(plain, s, "mlp") == []
+    qwen = make_plan(bias=False, qkv_bias=True)
+    (qkv,) = flops.bias_gradients(qwen, shapes(qwen), "attention")
+    assert qkv.name == "QKV bias gradient"
+    assert flops.bias_gradients(qwen, shapes(qwen), "mlp") == []
