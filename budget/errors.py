@@ -20,7 +20,14 @@ MAX_MESSAGE = 400  # characters of a message (or a path) shown
 MAX_SHOWN = 200  # problems printed; a last line counts the rest
 
 
+# What ends a line for a reader of stderr (Python's str.splitlines, which a CI log parser may
+# use, splits at all of them): a message quoting the input shows them escaped, so that every
+# line stays one problem that begins with its file.
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def _clipped(text: str) -> str:
+    text = text.translate(_LINE_BREAKS)
     if len(text) <= MAX_MESSAGE:
         return text
     return f"{text[: MAX_MESSAGE - 40]}... ({len(text) - MAX_MESSAGE + 40:,} characters more)"

@@ -26,6 +26,25 @@ def test_a_problem_quotes_a_hostile_value_clipped() -> None:
     assert str(Problem("p.yaml", 1, 1, "$", "short")) == "p.yaml:1:1: error: $: short"
 
 
+def test_a_quoted_line_break_stays_on_its_problem_s_line(tmp_path: Path) -> None:
+    """``model: "\\x1E"`` (a record separator, a line boundary to str.splitlines) was quoted
+    raw in the preset hint, so stderr had a line that did not begin with the file (found by
+    the fuzz test in test_invalid_corpus). Every line break a reader may split on is shown
+    escaped, and the hint is offered only for a printable name."""
+    from budget.errors import Problem
+
+    breaks = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+    line = str(Problem("p.yaml", 1, 1, "$.a" + breaks, "x" + breaks))
+    assert line.splitlines() == [line]
+    assert line.endswith(r"x\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('model: "\\x1E"\n', encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(plan)])
+    assert result.exit_code == 2
+    assert all(line.startswith(f"{plan}:") for line in result.stderr.splitlines())
+    assert f"{plan}:1:8: error: $.model: '\\x1e' is not a mapping\n" in result.stderr
+
+
 def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: Path) -> None:
     """Every problem is found; stderr shows the first 200 by position and counts the rest
     (30,000 faulty transitions printed 210,000 lines)."""

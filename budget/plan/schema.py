@@ -159,7 +159,9 @@ def _message(error: Any) -> str:
         preset = "preset" in schema.get("properties", {}) and isinstance(error.instance, str)
         if preset and wanted == "object":  # `model: llama3-8b`: a preset's name, bare
             name = error.instance
-            return f"{_show(name)} is not a mapping; name a preset as {{preset: {name}}}"
+            if name.isprintable() and name.strip() and len(name) <= 40:
+                return f"{_show(name)} is not a mapping; name a preset as {{preset: {name}}}"
+            return f"{_show(name)} is not a mapping"
         names = [wanted] if isinstance(wanted, str) else list(wanted)
         shown = " or ".join(_TYPE_NAMES[n] for n in names)
         return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
