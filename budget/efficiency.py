@@ -14,17 +14,27 @@ equivalent to a GEMM taking F / (peak_fraction · peak) plus a fixed ramp of
 half_flops / (peak_fraction · peak) seconds. Both constants come from public
 microbenchmarks, once per device (`budget.catalog.devices`), never from a plan or from the
 runs the model is validated against (`budget.accuracy`).
+
+Beside its size, a GEMM's inner dimension K sets its rate (`inner_factor`): each output
+tile runs K / BK steps of its main loop and then a fixed prologue and epilogue (loading the
+pipeline, writing the tile: CUTLASS, "Efficient GEMM in CUDA"), so at the same FLOPs a
+shallower K spends a larger share of its time outside the loop. Its loop then runs at
+K / (K + K₀) of the rate at the calibration shapes' K (`INNER_REF`), never faster, while its
+ramp stays the ramp: T = F / (ceiling · peak · g) + ramp. K₀ comes from a sweep over K where
+one was measured (`GemmCurve.inner_half`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from budget.flops import Work
-from budget.plan.model import Device, GemmCurve
-from budget.vector import vmax
+from budget.plan.model import INNER_REF, Device, GemmCurve
+from budget.vector import vmax, vmin
 
-__all__ = ["curve_fraction", "gemm_efficiency"]
+__all__ = ["curve_fraction", "gemm_efficiency", "inner_factor"]
 
 
 def curve_fraction(curve: GemmCurve, flops: float) -> float:
@@ -54,4 +64,24 @@ def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
         return curve.peak_fraction
     # a Work standing for a share of one kernel (`Work.launches`, the average layer of a
     # stage whose layers differ) ramps as the whole kernel does; a zero share has no FLOPs
-    return curve_fraction(curve, work.flops / vmax(work.launches, 1e-9))
+    # a shallow inner dimension slows the loop over K, not the ramp: the GEMM's time is
+    # F / (ceiling · g) + ramp, which is g times the curve at F / g
+    g = inner_factor(curve, work.inner)
+    fraction: float = g * curve_fraction(curve, work.flops / vmax(work.launches, 1e-9) / g)
+    return fraction
+
+
+def inner_factor(curve: GemmCurve, inner: tuple[Any, ...]) -> Any:
+    """The rate of GEMMs of inner dimensions `inner` (kernels of equal FLOPs) against one of
+    the calibration's, (K / (K + K₀)) / (`INNER_REF` / (`INNER_REF` + K₀)) each, at most 1;
+    several kernels take the sum of their times, so the factor is the harmonic mean. 1 where
+    the curve has no K₀ or the work no GEMM dimensions."""
+    k0 = curve.inner_half
+    if not k0 or not inner:
+        return 1.0
+    ref = INNER_REF / (INNER_REF + k0)
+    slowdown: Any = 0.0  # seconds per second at the calibration's K, summed over kernels
+    for k in inner:
+        # a GEMM with no inner dimension does no work: its factor is moot, kept finite
+        slowdown = slowdown + 1 / vmin(1.0, vmax(k / (k + k0) / ref, 1e-9))
+    return len(inner) / slowdown

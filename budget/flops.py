@@ -55,6 +55,11 @@ class Work:
     # share of the device's streaming multiprocessors it runs on (below 1 where a collective
     # beside it holds the rest: `schedule.overlapped_gemms`); its FLOPs take 1/share longer
     sm_share: Any = 1.0
+    # a GEMM's (m, k, n), and the inner dimension of each of the equal kernels it stands
+    # for: (k,) forward, (n, m) for its backward's input- and weight-gradient GEMMs
+    # (`backward_of`); `efficiency.inner_factor` prices them
+    dims: tuple[Any, Any, Any] | None = None
+    inner: tuple[Any, ...] = ()
 
     def scaled(self, factor: float, name: str | None = None, launches: Any = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept,
@@ -121,7 +126,15 @@ def gemm(name: str, m: int, k: int, n: int, elem: int | Operands, dtype: str | N
     """(m x k) @ (k x n): 2mkn FLOPs; reads both operands and writes the result once (the
     k x n weights in their own format when `elem` says, `Operands`); `dtype`: `Work.dtype`."""
     a, w = _split(elem)
-    return Work(name, "matmul", 2 * m * k * n, a * (m * k + m * n) + w * k * n, dtype=dtype)
+    return Work(
+        name,
+        "matmul",
+        2 * m * k * n,
+        a * (m * k + m * n) + w * k * n,
+        dtype=dtype,
+        dims=(m, k, n),
+        inner=(k,),
+    )
 
 
 def most_reached(groups: Any, reach: Any, ranks: Any) -> Any:
@@ -194,7 +207,10 @@ def grouped_gemm(
     touched = most_reached(groups, 1 - (1 - pick) ** tokens, ranks)
     weights = vround(touched * k * n)
     a, w = _split(elem)
-    return Work(name, "matmul", 2 * rows * k * n, a * (rows * k + rows * n) + w * weights)
+    # each expert's GEMM: its share of the rows (its weight gradient's inner dimension)
+    dims = (rows / groups, k, n)
+    flops, moved = 2 * rows * k * n, a * (rows * k + rows * n) + w * weights
+    return Work(name, "matmul", flops, moved, dims=dims, inner=(k,))
 
 
 def elementwise(name: str, nbytes: int) -> Work:
@@ -596,7 +612,8 @@ EAGER_BACKWARD = 2.0  # eager attention's two products: two batched GEMMs each i
 def backward_of(works: list[Work]) -> list[Work]:
     """Input and weight gradients: GEMMs twice the forward, as two kernels of the forward's
     size (each ramps and starts on its own: one kernel of twice the size reached the
-    efficiency curve further up and paid one start-up, an audit), flash attention 2.5 times
+    efficiency curve further up and paid one start-up, an audit) whose inner dimensions are
+    the forward's n (input gradient) and m (weight gradient), flash attention 2.5 times
     in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2),
     eager attention's products twice as two kernels each (`EAGER_BACKWARD`), memory-bound
     kernels about twice (they read the saved input and the incoming gradient)."""
@@ -605,7 +622,11 @@ def backward_of(works: list[Work]) -> list[Work]:
     for w in works:
         two = w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD)
         each = factor[w.kind] if w.backward is None else w.backward
-        out.append(w.scaled(each, f"{w.name} backward", w.launches * 2 if two else None))
+        back = w.scaled(each, f"{w.name} backward", w.launches * 2 if two else None)
+        if w.dims is not None:  # dX = dY·Wᵀ runs over n, dW = Xᵀ·dY over m
+            m, _, n = w.dims
+            back = replace(back, inner=(n, m))
+        out.append(back)
     return out
 
 

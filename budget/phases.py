@@ -224,6 +224,8 @@ def when(items: list[T], condition: Any) -> list[T]:
                     keys=item.keys,
                     launches=item.launches,
                     dtype=item.dtype,
+                    dims=item.dims,
+                    inner=item.inner,
                 )
             )
         else:

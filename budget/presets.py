@@ -24,13 +24,14 @@ ATTENTION_KEYS = 8192
 
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
-    ceiling_flops, half_flops, by_dtype, source}, memory_efficiency, kernel_startup_s, sms,
-    attention[{kernel, keys, fraction, derived}], assumed, source}``; the first attention
-    kernel is what ``model.attention: flash`` runs (its share of the bf16 peak when each
-    query meets ``keys`` keys; ``derived``: computed from another kernel's measurement), an
-    empty list means attention stays on the GEMM curve; ``assumed`` names the figures
-    borrowed from another device or assumed ("gemm", "gemm-fp8" for the FP8 ceiling alone,
-    "stream", "attention", "start")."""
+    ceiling_flops, half_flops, inner_half, by_dtype, source}, memory_efficiency,
+    kernel_startup_s, sms, attention[{kernel, keys, fraction, derived}], assumed, source}``;
+    ``inner_half`` is K₀ of a GEMM's inner-dimension factor (`budget.efficiency`); the
+    first attention kernel is what ``model.attention: flash`` runs (its share of the bf16
+    peak when each query meets ``keys`` keys; ``derived``: computed from another kernel's
+    measurement), an empty list means attention stays on the GEMM curve; ``assumed`` names
+    the figures borrowed from another device or assumed ("gemm", "gemm-fp8" for the FP8
+    ceiling alone, "stream", "attention", "start")."""
     peak = dict(d.flops)["bf16"]
     return {
         "name": d.name,
@@ -41,6 +42,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
             "ceiling": d.gemm.peak_fraction,
             "ceiling_flops": d.gemm.peak_fraction * peak,
             "half_flops": d.gemm.half_flops,
+            "inner_half": d.gemm.inner_half,
             "by_dtype": {dtype: fraction for dtype, fraction, _ in d.gemm.by_dtype},
             "source": d.gemm.source,
         },

@@ -342,3 +342,34 @@ def test_bias_free_layers_and_qkv_only_biases() -> None:
     (qkv,) = flops.bias_gradients(qwen, shapes(qwen), "attention")
     assert qkv.name == "QKV bias gradient"
     assert flops.bias_gradients(qwen, shapes(qwen), "mlp") == []
+
+
+def test_a_gemm_s_backward_runs_over_the_forward_s_outer_dimensions() -> None:
+    """dX = dY·Wᵀ has the forward's n as its inner dimension, dW = Xᵀ·dY its m: MPT 760M's
+    QKV projection (24 × 2048 tokens, 1536 → 4608) runs forward over 1536, backward over
+    4608 and 49152; a grouped expert GEMM's weight gradient over its expert's rows."""
+    fwd = flops.gemm("QKV projection", 49152, 1536, 4608, 2)
+    assert fwd.inner == (1536,)
+    (back,) = flops.backward_of([fwd])
+    assert back.inner == (4608, 49152) and back.flops == 2 * fwd.flops
+    (again,) = flops.backward_of([fwd.scaled(1, "QKV projection (recomputed)")])
+    assert again.inner == back.inner
+    expert = flops.grouped_gemm("expert fc1", 4096, 1024, 2048, 8, 2, 0.25)
+    (expert_back,) = flops.backward_of([expert])
+    assert expert.inner == (1024,) and expert_back.inner == (2048, 512)
+
+
+def test_on_an_h100_a_shallow_gemm_takes_longer_than_a_deep_one_of_the_same_flops() -> None:
+    """Same 2·8192·8192·1536 FLOPs: over K = 1536 the loop runs at (1536 / 1661) / (8192 /
+    8317) = 0.93884 of the rate over K = 8192 (K₀ = 125), and the ramp is the same, so
+    T = F / (733.17e12 · g) + 6.52 µs."""
+    from budget.schedule import work_time
+
+    plan = load_plan(Path(__file__).parent.parent / "plans" / "llama3-70b.yaml")
+    f = 2 * 8192 * 8192 * 1536
+    shallow = flops.gemm("shallow", 8192, 1536, 8192, 2)
+    deep = flops.gemm("deep", 8192, 8192, 1536, 2)
+    assert shallow.flops == deep.flops == f
+    g = (1536 / 1661) / (8192 / 8317)
+    assert work_time(plan, deep) == pytest.approx(f / 733.17e12 + 6.52e-6, rel=1e-5)
+    assert work_time(plan, shallow) == pytest.approx(f / (733.17e12 * g) + 6.52e-6, rel=1e-5)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from budget.accuracy import RUNS, plan_file_name, plan_of
+from budget.flops import Work
 from budget.layers import chunks_differ
 from budget.pipeline import budget_plan, build_report
 from budget.plan.load import load_plan
@@ -471,8 +472,10 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     each kernel's FLOPs: fc2 forward of F FLOPs takes F / (989e12 · c(F/4)) · 132/116, with
     c(x) = ceiling · x / (x + half_flops) the device's curve; the QKV projection F /
     (989e12 · c(F/8)); the attention output projection's backward (dgrad + wgrad, two
-    launches) ramps as 8 + 1 launches. Without overlap.tp every GEMM stays whole."""
-    from budget.efficiency import curve_fraction
+    launches) ramps as 8 + 1 launches. Without overlap.tp every GEMM stays whole. Each is
+    also slowed by its inner dimension (`inner_factor`): splitting a GEMM along its rows
+    leaves that alone."""
+    from budget.efficiency import curve_fraction, inner_factor
 
     base = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
     path = tmp_path / "tp.yaml"
@@ -483,9 +486,10 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     curve = plan.device.gemm
     assert curve is not None
 
-    def seconds(flops: float, launches: float, sms: float = 132) -> float:
-        per = flops / launches
-        return flops / (989e12 * curve_fraction(curve, per)) * 132 / sms
+    def seconds(work: Work, launches: float, sms: float = 132) -> float:
+        depth = inner_factor(curve, work.inner)  # F / (x·g) + ramp: g·c(F/g)
+        rate = 989e12 * depth * curve_fraction(curve, work.flops / launches / depth)
+        return work.flops / rate * 132 / sms
 
     phases = {p.name: p for p in derive(plan).stages[0].phases}
     (fc2,) = [w for w in phases["forward.mlp"].works if w.name == "MLP fc2"]
@@ -497,13 +501,13 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     ]
     assert proj.launches == 2
     kernels = {p.name: _by_name(plan, p) for p in derive(plan).stages[0].phases}
-    assert kernels["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2.flops, 4, 116))
-    assert kernels["forward.attention"]["QKV projection"] == pytest.approx(seconds(qkv.flops, 8))
+    assert kernels["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2, 4, 116))
+    assert kernels["forward.attention"]["QKV projection"] == pytest.approx(seconds(qkv, 8))
     assert kernels["backward.attention"]["attention output projection backward"] == (
-        pytest.approx(proj.flops / (989e12 * curve_fraction(curve, proj.flops / 9)))
+        pytest.approx(seconds(proj, 9))
     )
     plain = {p.name: _by_name(whole, p) for p in derive(whole).stages[0].phases}
-    assert plain["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2.flops, 1))
+    assert plain["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2, 1))
     # the output layer is Megatron-LM's own ColumnParallelLinear, with no userbuffers: its
     # all-gather hides behind it, but it stays one GEMM (review)
     last = {p.name: _by_name(plan, p) for p in derive(plan).stages[-1].phases}
@@ -541,8 +545,9 @@ def test_the_forward_window_leaves_out_the_loss_phases_backward_kernels(tmp_path
     kernels are part of the forward a parameter gather hides behind (the gathered
     parameters are all in use before the output layer's backward; an audit). Gemma 2 9B at
     sequence 1024: the updated-parameter gather (T 49.611 ms) hides behind 41/42 of a
-    forward of 12.798 ms less the loss phase's 2.822 ms of backward kernels, as the
-    auditor computed by hand: 49.611 - 41/42 x 9.976 = 39.873 ms exposed (37.117 before)."""
+    forward of 13.156 ms less the loss phase's 2.890 ms of backward kernels, as the
+    auditor computed by hand (then 12.798 and 2.822 ms, before GEMMs were slowed by their
+    inner dimension): 49.611 - 41/42 x 10.266 = 39.589 ms exposed (37.117 before)."""
     from tests.plan_files import ROOT, variant
 
     path = variant(
@@ -551,7 +556,7 @@ def test_the_forward_window_leaves_out_the_loss_phases_backward_kernels(tmp_path
     report = build_report(load_plan(path))
     (gather,) = [c for p in report.phases for c in p.collectives if c.name == "updated parameters"]
     assert gather.time_s == pytest.approx(49.611e-3, abs=1e-6)
-    assert gather.exposed_s == pytest.approx(49.611e-3 - 41 / 42 * (12.798e-3 - 2.822e-3), abs=5e-6)
+    assert gather.exposed_s == pytest.approx(49.611e-3 - 41 / 42 * (13.156e-3 - 2.890e-3), abs=5e-6)
 
 
 _TRAINING_RUNS = [run for run in RUNS if plan_of(run).mode == "train"]

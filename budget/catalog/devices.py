@@ -42,7 +42,7 @@ reaching half of it. Sources of the calibration, none of them a training run:
   0487190; inputs are random u32 values cast to bf16, so random mantissas as with randn):
   "~730" TFLOP/s BF16 on "NVIDIA H100 80GB HBM3" (README at 2b6fb06, "for reference"; how
   long that run lasted is not said, so "sustained" is the tool's default, inferred). The
-  H100's ceiling is set so that its curve (ramp below) gives 730 at F = 2·8192³: 732.8 of
+  H100's ceiling is set so that its curve (ramp below) gives 730 at F = 2·8192³: 733.2 of
   989 (74.1 %), 3 % under the H200's MSMF on the same die, whose own figure the H200 keeps
   (until this was read, the H100 took the H200's, an assumption). gpu-fryer's FP8 figure is
   not used: its u32 inputs saturate float8 e4m3 (largest finite value 448), which the README
@@ -61,12 +61,19 @@ reaching half of it. Sources of the calibration, none of them a training run:
 - The ramp, Hopper and Blackwell: OpenXLA's measured matmul table for its GPU cost model
   (``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, vendored in tensorflow/tensorflow
   at a305421, keys ``sm_90`` and ``sm_100``: XLA dot ops timed over b ∈ {1, 2, 4} and M, N, K
-  from 256 to 4096). The same rule as the A100's, with the 4096³ entry as the plateau:
-  bf16 1024³ reaches 252.8 of 780.2 TFLOP/s on sm_90 and 288.0 of 1416.9 on sm_100, so
-  F_half = 2·1024³ · (plateau / F_1024 − 1) and the ramp is F_half / plateau: 5.7 µs (H100,
-  H200) and 5.9 µs (B200). Only the bf16 shape dependence is taken from that table, not its
-  level: its fp8 entries on sm_90 exceed the datasheet's dense fp8 peak (4096³: 2,424 of
-  1,979 TFLOP/s), so its absolute figures are not a ceiling this catalogue trusts.
+  from 256 to 4096). Its entries show a GEMM's inner dimension K setting its rate beside its
+  size: at the same 34 GFLOP, 4096·4096·1024 runs at 685 TFLOP/s and 2048·4096·4096 at 752
+  on sm_90. So the ramp and the K₀ of the inner-dimension factor (`budget.efficiency`) are
+  fitted together, least squares of T = F / (x · K / (K + K₀)) + ramp in relative error over
+  the 15 bf16 entries with at least 4096·2048 outputs, where the tiles fill the SMs twice or
+  more: sm_90 K₀ = 125 and 6.52 µs (H100, H200), rms error 2.0 %; sm_100 K₀ = 289 and
+  4.90 µs (B200), 0.9 %. Until then the ramp came from two entries as the A100's does
+  (1024³ against 4096³: 5.7 and 5.9 µs) and the curve had no K, which missed these entries
+  by 13 % rms (29 % at worst, a 256-deep GEMM). Only the bf16 shape dependence is taken from that
+  table, not its level x: its fp8 entries on sm_90 exceed the datasheet's dense fp8 peak
+  (4096³: 2,424 of 1,979 TFLOP/s), so its absolute figures are not a ceiling this catalogue
+  trusts; the fp8 curves take the bf16 ramp and K₀. The A100's sweep is square, so its curve
+  has no K₀ (nor has the MI300X's, which borrows the A100's ramp).
 - A device without a sweep (MI300X) keeps the A100's ramp time at its own ceiling, an
   assumption.
 
@@ -189,8 +196,15 @@ def _ramp(f_1024: float, plateau: float) -> float:
 
 
 RAMP_S = _ramp(110.4e12, 213.5e12)  # A100, Triton tutorial 03
-_SM90_RAMP_S = _ramp(252.8e12, 780.2e12)  # H100/H200, OpenXLA matmul table, sm_90 bf16
-_SM100_RAMP_S = _ramp(288.0e12, 1416.9e12)  # B200, OpenXLA matmul table, sm_100 bf16
+# Hopper and Blackwell: the ramp and K₀ of the inner-dimension factor K / (K + K₀)
+# (`budget.efficiency.inner_factor`), the least-squares fit of a GEMM's time F / (x·g(K)) +
+# ramp to the 15 bf16 entries of OpenXLA's matmul table with at least 4096·2048 outputs
+# (b = 1, K from 256 to 4096: two waves of tiles or more, where the other dimensions no
+# longer leave SMs idle); x, the sweep's own level, is not kept (module docstring).
+# sm_90: K₀ = 125, ramp 6.52 µs, rms error 2.0 % (at most 3.5 %), where by size alone with
+# the two-entry ramp these entries missed by 13 %; sm_100: K₀ = 289, ramp 4.90 µs, 0.9 %.
+_SM90_RAMP_S, _SM90_INNER = 6.52e-6, 125.0
+_SM100_RAMP_S, _SM100_INNER = 4.90e-6, 289.0
 
 # BabelStream copy, mul, add, triad (TB/s), Azure AI-benchmarking-guide; mean / datasheet.
 _A100_STREAM = (1.61 + 1.61 + 1.70 + 1.70) / 4 / 2.039
@@ -276,10 +290,12 @@ def _curve(
     source: str,
     ramp_s: float = RAMP_S,
     fp8: tuple[float, float] | None = None,
+    inner_half: float = 0.0,
 ) -> GemmCurve:
-    """bf16 at `fraction` of `peak`; `fp8` = (sustained fraction, fp8 peak), same ramp time."""
+    """bf16 at `fraction` of `peak`; `fp8` = (sustained fraction, fp8 peak), same ramp time
+    and inner-dimension factor (`inner_half`, K₀)."""
     by_dtype = () if fp8 is None else (("fp8", fp8[0], fp8[0] * fp8[1] * ramp_s),)
-    return GemmCurve(fraction, fraction * peak * ramp_s, source, by_dtype)
+    return GemmCurve(fraction, fraction * peak * ramp_s, source, by_dtype, inner_half)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +352,7 @@ _GH100_FP8_SUSTAINED = 1354 / 1979
 _SM90_RAMP = f"ramp: {_XLA.format('sm_90')}"
 _GPU_FRYER = "huggingface/gpu-fryer README (2b6fb06): ~730 TFLOP/s bf16 sustained at 8192³"
 # H100 SXM, gpu-fryer: 730 TFLOP/s sustained at F = 2·8192³. On the curve x·F / (F + x·ramp)
-# with ceiling x, that is x = 730e12 · F / (F − 730e12 · ramp) = 732.8 TFLOP/s.
+# with ceiling x, that is x = 730e12 · F / (F − 730e12 · ramp) = 733.2 TFLOP/s.
 _GEMM_8192 = 2 * 8192**3
 _H100_SUSTAINED = 730e12 * _GEMM_8192 / (_GEMM_8192 - 730e12 * _SM90_RAMP_S) / (989 * T)
 _H100_GEMM = _curve(
@@ -345,6 +361,7 @@ _H100_GEMM = _curve(
     f"{_GPU_FRYER}; fp8: {_MSMF}, H200 SXM MSMF; {_SM90_RAMP}",
     _SM90_RAMP_S,
     fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
+    inner_half=_SM90_INNER,
 )
 _H200_GEMM = _curve(
     _H200_SUSTAINED,
@@ -352,6 +369,7 @@ _H200_GEMM = _curve(
     f"{_MSMF}: H200 SXM MSMF, bf16 and fp8; {_SM90_RAMP}",
     _SM90_RAMP_S,
     fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
+    inner_half=_SM90_INNER,
 )
 
 # Streaming multiprocessors enabled on each product (`DevicePreset.sms`: what a kernel can be
@@ -415,6 +433,7 @@ DEVICES: dict[str, DevicePreset] = {
             f"H100 SXM fractions ({_GPU_FRYER}; fp8: {_MSMF}, H200 SXM MSMF); {_SM90_RAMP}",
             _SM90_RAMP_S,
             fp8=(_GH100_FP8_SUSTAINED, 1513 * T),
+            inner_half=_SM90_INNER,
         ),
         "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
         memory_efficiency=_H100_STREAM,
@@ -472,6 +491,7 @@ DEVICES: dict[str, DevicePreset] = {
             f"{_MSMF}: B200 SXM MSMF, bf16 and fp8; ramp: {_XLA.format('sm_100')}",
             _SM100_RAMP_S,
             fp8=(2788 / 4500, 4500 * T),
+            inner_half=_SM100_INNER,
         ),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "

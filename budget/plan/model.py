@@ -242,6 +242,12 @@ class Overlap:
             raise ValueError(f"overlap.slowdown must be in [0, 1), got {self.slowdown}")
 
 
+# The inner dimension of the GEMMs a device's ceiling was measured on (`GemmCurve`):
+# gpu-fryer's 8192³ for the H100; the MSMF figures of the H200 and B200, the best of a sweep
+# of large shapes whose K is not given, are taken as such.
+INNER_REF = 8192
+
+
 @dataclass(frozen=True, slots=True)
 class GemmCurve:
     """Achieved fraction of the dense peak a GEMM reaches, by its size (`budget.efficiency`).
@@ -249,6 +255,9 @@ class GemmCurve:
     ``fraction(F) = peak_fraction · F / (F + half_flops)``: a large GEMM approaches
     ``peak_fraction``; one of ``half_flops`` FLOPs reaches half of it. Calibrated once per
     device from public microbenchmarks (`budget.catalog.devices`), never per plan.
+    ``inner_half``: the inner dimension K₀ of the factor K / (K + K₀) by which a GEMM's
+    inner dimension K slows it beside its size (`budget.efficiency.inner_factor`); 0 where
+    no sweep over K was measured.
     """
 
     peak_fraction: float
@@ -257,12 +266,14 @@ class GemmCurve:
     # Other number formats measured on their own: (dtype, peak_fraction, half_flops), each
     # a fraction of that dtype's own dense peak.
     by_dtype: tuple[tuple[str, float, float], ...] = ()
+    inner_half: float = 0.0
 
     def for_dtype(self, dtype: str) -> GemmCurve:
-        """The curve GEMMs read in `dtype` follow: its own measurement if there is one."""
+        """The curve GEMMs read in `dtype` follow: its own measurement if there is one (at
+        the same inner-dimension factor: only the bf16 sweeps measured one)."""
         for name, fraction, half in self.by_dtype:
             if name == dtype:
-                return GemmCurve(fraction, half, self.source)
+                return GemmCurve(fraction, half, self.source, inner_half=self.inner_half)
         return self
 
 
