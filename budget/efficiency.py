@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from budget.flops import Work
-from budget.plan.model import INNER_REF, Device, GemmCurve
+from budget.plan.model import INNER_MIN, INNER_REF, Device, GemmCurve
 from budget.vector import vmax, vmin
 
 __all__ = ["curve_fraction", "gemm_efficiency", "inner_factor"]
@@ -73,15 +73,17 @@ def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
 
 def inner_factor(curve: GemmCurve, inner: tuple[Any, ...]) -> Any:
     """The rate of GEMMs of inner dimensions `inner` (kernels of equal FLOPs) against one of
-    the calibration's, (K / (K + K₀)) / (`INNER_REF` / (`INNER_REF` + K₀)) each, at most 1;
-    several kernels take the sum of their times, so the factor is the harmonic mean. 1 where
-    the curve has no K₀ or the work no GEMM dimensions."""
+    the calibration's, (K / (K + K₀)) / (`INNER_REF` / (`INNER_REF` + K₀)) each, at most 1
+    and at least the factor at `INNER_MIN` (the sweeps measured no shallower GEMM: a MoE
+    expert's weight gradient over a few rows is not extrapolated); several kernels take the
+    sum of their times, so the factor is the harmonic mean. 1 where the curve has no K₀ or
+    the work no GEMM dimensions."""
     k0 = curve.inner_half
     if not k0 or not inner:
         return 1.0
     ref = INNER_REF / (INNER_REF + k0)
     slowdown: Any = 0.0  # seconds per second at the calibration's K, summed over kernels
     for k in inner:
-        # a GEMM with no inner dimension does no work: its factor is moot, kept finite
-        slowdown = slowdown + 1 / vmin(1.0, vmax(k / (k + k0) / ref, 1e-9))
+        depth = vmax(k, INNER_MIN)
+        slowdown = slowdown + 1 / vmin(1.0, depth / (depth + k0) / ref)
     return len(inner) / slowdown

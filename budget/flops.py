@@ -572,7 +572,7 @@ def bias_gradients(plan: Plan, s: Shapes, block: str) -> list[Work]:
     "mlp") in its backward: the bias gradient is the sum of the output gradient over every
     token, a pass that reads the whole output gradient and writes one row.
 
-    No stack fuses it into the layer's GEMMs. PyTorch computes it as the gradient of a
+    The stacks of the validation runs run it on its own. PyTorch computes it as the gradient of a
     broadcast add, ``sum_to_size`` over the token dimensions (``nn.Linear``'s ``addmm``
     backward, and the autograd engine's reduction of a custom function's gradient to the
     shape of an input it broadcast); Megatron-LM's linear layers call
@@ -581,7 +581,7 @@ def bias_gradients(plan: Plan, s: Shapes, block: str) -> list[Work]:
     projection's and fc2's in the fused bias-dropout-add, fc1's in the fused bias-GeLU) are
     reduced by autograd. Transformer Engine's bf16 linear layers fold a bias they own into
     the weight-gradient GEMM (cuBLASLt's BGRADB epilogue); that is Megatron-Core's QKV bias
-    alone, priced here all the same.
+    alone, priced here all the same (one pass over-counted).
 
     The output gradient: Q, K and V's columns on this rank; the output projection's and
     fc2's ``hidden`` on the tokens the rank holds after their reduction (its sequence shard

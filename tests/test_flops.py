@@ -373,3 +373,19 @@ def test_on_an_h100_a_shallow_gemm_takes_longer_than_a_deep_one_of_the_same_flop
     g = (1536 / 1661) / (8192 / 8317)
     assert work_time(plan, deep) == pytest.approx(f / 733.17e12 + 6.52e-6, rel=1e-5)
     assert work_time(plan, shallow) == pytest.approx(f / (733.17e12 * g) + 6.52e-6, rel=1e-5)
+
+
+def test_an_inner_dimension_shallower_than_the_sweeps_is_priced_at_their_shallowest() -> None:
+    """OpenXLA's table goes down to K = 256; an expert's weight gradient over 64 rows is
+    priced as one over 256, (256 / 381) / (8192 / 8317) = 0.6822 of the rate (K₀ = 125), not
+    extrapolated to (64 / 189) / (8192 / 8317) = 0.3438; past 8192, no faster."""
+    from budget.catalog import DEVICES
+    from budget.efficiency import inner_factor
+
+    curve = DEVICES["h100-sxm"].gemm
+    assert inner_factor(curve, (64,)) == pytest.approx((256 / 381) / (8192 / 8317))
+    assert inner_factor(curve, (256,)) == inner_factor(curve, (64,))
+    assert inner_factor(curve, (16384,)) == 1.0
+    both = 2 / (1 / inner_factor(curve, (1024,)) + 1)  # a backward's two GEMMs: harmonic mean
+    assert inner_factor(curve, (1024, 16384)) == pytest.approx(both)
+    assert inner_factor(DEVICES["a100-80gb"].gemm, (256,)) == 1.0  # no sweep over K

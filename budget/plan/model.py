@@ -244,8 +244,10 @@ class Overlap:
 
 # The inner dimension of the GEMMs a device's ceiling was measured on (`GemmCurve`):
 # gpu-fryer's 8192³ for the H100; the MSMF figures of the H200 and B200, the best of a sweep
-# of large shapes whose K is not given, are taken as such.
+# of large shapes whose K is not given, are taken as such. A shallower K than the sweeps'
+# shallowest (OpenXLA's table: 256) is priced at it, not extrapolated.
 INNER_REF = 8192
+INNER_MIN = 256
 
 
 @dataclass(frozen=True, slots=True)
