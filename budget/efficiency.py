@@ -15,13 +15,13 @@ half_flops / (peak_fraction · peak) seconds. Both constants come from public
 microbenchmarks, once per device (`budget.catalog.devices`), never from a plan or from the
 runs the model is validated against (`budget.accuracy`).
 
-Beside its size, a GEMM's inner dimension K sets its rate (`inner_factor`): each output
-tile runs K / BK steps of its main loop and then a fixed prologue and epilogue (loading the
+Beside its size, a GEMM's inner dimension K sets its rate (`inner_factor`): each output tile
+runs K / BK steps of its main loop and then a fixed prologue and epilogue (loading the
 pipeline, writing the tile: CUTLASS, "Efficient GEMM in CUDA"), so at the same FLOPs a
 shallower K spends a larger share of its time outside the loop. Its loop then runs at
-K / (K + K₀) of the rate at the calibration shapes' K (`INNER_REF`), never faster, while its
-ramp stays the ramp: T = F / (ceiling · peak · g) + ramp. K₀ comes from a sweep over K where
-one was measured (`GemmCurve.inner_half`).
+g = (K / (K + K₀)) / (`INNER_REF` / (`INNER_REF` + K₀)) of the rate at the calibration
+shapes' K, never faster, while its ramp stays the ramp: T = F / (ceiling · peak · g) +
+ramp. K₀ comes from a sweep over K where one was measured (`GemmCurve.inner_half`).
 """
 
 from __future__ import annotations

@@ -26,8 +26,13 @@ MAX_SHOWN = 200  # problems printed; a last line counts the rest
 _LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
+def one_line(text: str) -> str:
+    """`text` with the characters a reader splits lines at shown escaped (`_LINE_BREAKS`)."""
+    return text.translate(_LINE_BREAKS)
+
+
 def _clipped(text: str) -> str:
-    text = text.translate(_LINE_BREAKS)
+    text = one_line(text)
     if len(text) <= MAX_MESSAGE:
         return text
     return f"{text[: MAX_MESSAGE - 40]}... ({len(text) - MAX_MESSAGE + 40:,} characters more)"
@@ -44,7 +49,7 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.col}"
+        where = f"{one_line(self.file)}:{self.line}:{self.col}"
         return f"{where}: error: {_clipped(self.path)}: {_clipped(self.message)}"
 
 

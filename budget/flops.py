@@ -286,6 +286,8 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         return [replace(core, keys=keys)]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
+    # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
+    # so, and they stay memory-bound on the s x s scores they write and read
     return [
         Work("attention scores QKᵀ", "attention", qk_mm, q + k + scores, backward=EAGER_BACKWARD),
         Work(

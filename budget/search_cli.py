@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budget.errors import BudgetError, problem_lines
+from budget.errors import BudgetError, one_line, problem_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -90,7 +90,7 @@ def run_search(
         given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
         limits = parse_limits(*given) if any(v is not None for v in given) else None
     except ValueError as error:
-        print(f"budget: error: {error}", file=sys.stderr)
+        print(f"budget: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     file = plan_name(path)
     try:

@@ -37,6 +37,8 @@ def test_a_quoted_line_break_stays_on_its_problem_s_line(tmp_path: Path) -> None
     line = str(Problem("p.yaml", 1, 1, "$.a" + breaks, "x" + breaks))
     assert line.splitlines() == [line]
     assert line.endswith(r"x\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+    named = str(Problem("a\nb.yaml", 2, 3, "$", "m"))  # a file name too (review)
+    assert named == r"a\nb.yaml:2:3: error: $: m"
     plan = tmp_path / "plan.yaml"
     plan.write_text('model: "\\x1E"\n', encoding="utf-8")
     result = runner.invoke(app, ["validate", str(plan)])

@@ -666,8 +666,9 @@ def test_attention_and_mlp_biases_are_separate_switches(
 
 
 def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_says() -> None:
-    """GptOssExperts and GptOssTopKRouter build biases with no key saying so: 32 experts of
-    gate-up 2 x 2880 and down 2880 and a router of 32, per layer; attention_bias adds q 4096,
+    """GptOssExperts and GptOssTopKRouter build biases with no key saying so (nor one that
+    could turn them off): 32 experts of gate-up 2 x 2880 and down 2880 and a router of 32,
+    per layer, within the totals below; attention_bias adds q 4096,
     k and v 512 each and o 2880 (gpt-oss-20b's dimensions, 24 layers). With its released
     attention_bias and its 24 x 64 attention sinks, the file comes to the 20.91 B total of
     OpenAI's gpt-oss model card (Table 1); on gpt-oss-120b's dimensions (36 layers, 128
@@ -690,8 +691,9 @@ def test_gpt_oss_experts_and_router_keep_their_biases_whatever_attention_bias_sa
     assert translate({**config, "attention_bias": True}).tree["mlp_bias"] is True
     attention = 24 * (4096 + 2 * 512 + 2880)
     assert _count({**config, "attention_bias": True}) == _count(config) + attention
-    without = _count({**config, "mlp_bias": False})
-    assert _count(config) == without + 24 * (32 * (2 * 2880 + 2880) + 32)
+    # GptOssConfig has no mlp_bias: a file's false or null leaves the biases (review)
+    assert _count({**config, "mlp_bias": False}) == _count({**config, "mlp_bias": None})
+    assert _count({**config, "mlp_bias": None}) == _count(config)
     assert translate(config).tree["attention_sinks"] is True
     assert round(_count({**config, "attention_bias": True}) / 1e9, 2) == 20.91
     big = {**config, "attention_bias": True, "num_hidden_layers": 36, "num_local_experts": 128}
@@ -944,7 +946,7 @@ def test_a_bad_layer_count_beside_a_window_is_refused_before_layers_are_listed()
     and not at all past the plan schema's 4,096 layers (the schema refuses those): a count
     of 10^10 answers at once instead of building ten billion flags."""
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
-    with pytest.raises(HfConfigError, match=r"num_hidden_layers = 'abc' .* non-negative integer"):
+    with pytest.raises(HfConfigError, match=r'num_hidden_layers = "abc" .* non-negative integer'):
         translate({**config, "num_hidden_layers": "abc"})
     tree = translate({**config, "num_hidden_layers": 10**10}).tree
     assert tree["sliding_window"] == {"size": 4096}
@@ -1254,9 +1256,10 @@ def test_a_null_switch_reads_false_as_the_modelling_code_does() -> None:
     assert translate(gemma).tree["tied_embeddings"] is False
     del gemma["tie_word_embeddings"]
     assert translate(gemma).tree["tied_embeddings"] is True  # GemmaConfig's default
-    llama = _raw("llama3-70b")
-    llama["attention_bias"] = None
-    assert translate(llama).tree["bias"] is False
+    glm = {**_raw("llama3-70b"), "model_type": "glm"}  # GlmConfig: attention_bias true
+    glm.pop("attention_bias", None)
+    assert translate(glm).tree["qkv_bias"] is True
+    assert translate({**glm, "attention_bias": None}).tree["qkv_bias"] is False
 
 
 def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
@@ -1266,6 +1269,15 @@ def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
     del deepseek["num_experts_per_tok"]
     with pytest.raises(HfConfigError, match='model_type "deepseek_v2" has no default'):
         translate(deepseek)
+    # save_pretrained writes the class's None as null: the same refusal
+    with pytest.raises(HfConfigError, match=r"no num_experts_per_tok \(absent or null\)"):
+        translate({**deepseek, "num_experts_per_tok": None})
+    # a family with no experts at all is told to drop the keys, not to add a top-k (review)
+    stray = {**_raw("llama3-70b"), "num_local_experts": 8}
+    with pytest.raises(HfConfigError, match='model_type "llama" builds no mixture of experts'):
+        translate(stray)
+    with pytest.raises(HfConfigError, match=r"num_experts_per_tok = 2\.5 in .* non-negative"):
+        translate({**_raw("mixtral-8x7b"), "num_experts_per_tok": 2.5})
     mixtral = _raw("mixtral-8x7b")
     del mixtral["num_experts_per_tok"]
     assert translate(mixtral).tree["experts"]["top_k"] == 2

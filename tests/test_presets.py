@@ -16,6 +16,7 @@ from budget.cli import app
 from budget.entry import COMMANDS, route
 from budget.presets import catalogue
 from budget.render.presets import render_presets
+from budget.report import SCHEMA_VERSION
 
 runner = CliRunner()
 
@@ -98,7 +99,8 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
 def test_json_is_the_catalogue() -> None:
     result = runner.invoke(app, ["presets", "--format", "json"])
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == json.loads(json.dumps(catalogue()))
+    versioned = {"schema_version": SCHEMA_VERSION, **catalogue()}
+    assert json.loads(result.stdout) == json.loads(json.dumps(versioned))
 
 
 def _table_text(width: int) -> str:

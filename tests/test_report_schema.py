@@ -224,7 +224,8 @@ def test_roofline_output_validates() -> None:
 def test_presets_output_validates(kind: str | None) -> None:
     _, data = _output(["presets"] if kind is None else ["presets", kind])
     _valid(data, "presets")
-    assert list(data) == (["devices", "topologies", "models"] if kind is None else [kind])
+    kinds = ["devices", "topologies", "models"] if kind is None else [kind]
+    assert list(data) == ["schema_version", *kinds]
 
 
 def test_the_presets_schema_names_every_assumed_tag_and_kernel() -> None:

@@ -316,6 +316,28 @@ def test_a_cluster_larger_than_the_plans_topology_is_searched_and_budgets_the_sa
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
 
 
+def test_biased_layers_on_an_h100_budget_exactly_as_searched(tmp_path):
+    """A dense model with biases on an H100: every layout's bias gradients and GEMMs slowed
+    by their inner dimension (K₀ 125; the sweep's tp shrinks fc2's and the projection's)
+    price as `budget` prices them (the other sweeps are A100 plans, or bias-free)."""
+    path = variant(
+        tmp_path,
+        "h100.yaml",
+        ("preset: a100-80gb", "preset: h100-sxm"),
+        ("preset: dgx-a100", "preset: dgx-h100"),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    plan = load_plan(path)
+    assert plan.model.bias and plan.device.gemm.inner_half == 125
+    outcome = search(plan, plan.topology.gpus, Space(micro=(1, 4), zero=(1,)))
+    assert outcome.fitting > 0 and any(r.config.tp > 1 for r in outcome.results)
+    random.seed(7)
+    for result in random.sample(list(outcome.results), min(10, len(outcome.results))):
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b"])
 def test_expert_layouts_budget_exactly_as_searched(name):
     """MoE plans sweep ep as well (and etp, shared experts, a dense first layer); a sample

@@ -1,24 +1,21 @@
-"""Device presets: datasheet peaks and memory, and a calibrated GEMM efficiency curve.
-
-Peaks are dense (the datasheets print sparse figures twice as large, footnoted "with
-sparsity"); FLOP/s are decimal (1 TFLOP/s = 1e12); bandwidths are decimal bytes per second.
-
-Memory is the card's total as its driver reports it, not the datasheet's rounded "GB", which
-is neither 10^9 nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on the A100
+"""Device presets: datasheet peaks and memory, and a calibrated GEMM efficiency curve. Peaks
+are dense (the datasheets print sparse figures twice as large, footnoted "with sparsity");
+FLOP/s are decimal (1 TFLOP/s = 1e12); bandwidths are decimal bytes per second. Memory is
+the card's total as its driver reports it, not the datasheet's rounded "GB", which is
+neither 10^9 nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on the A100
 40GB and 81,920 MiB on the A100 80GB, 81,559 MiB on the H100 80GB (modal-labs/modal-client
 PR 2797, which lists nvidia-smi totals by GPU; NVIDIA/nccl issue 1264 on an HGX H100), the
 same 81,559 MiB on the H100 PCIe and the H800 (public nvidia-smi logs), 143,771 MiB on the
 H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827) and 183,359 MiB on the B200 "180GB"
 (NVIDIA/TensorRT-LLM issue 10278); rocminfo gives the MI300X "192 GB" a global pool of
-201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would
-lose 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain
-0.35 GiB it does not have. What CUDA keeps out of that total (its context, about 0.5 GiB),
-NCCL's buffers and the allocator's slack are not reserved by a preset: a plan states them as
-``device.reserved``.
-
-GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the fraction of the dense bf16
-peak a public matmul microbenchmark sustains on that device; ``half_flops`` is the GEMM size
-reaching half of it. Sources of the calibration, none of them a training run:
+201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would lose
+9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain 0.35 GiB
+it does not have. What CUDA keeps out of that total (its context, about 0.5 GiB), NCCL's
+buffers and the allocator's slack are not reserved by a preset: a plan states them as
+``device.reserved``. GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the
+fraction of the dense bf16 peak a public matmul microbenchmark sustains on that device;
+``half_flops`` is the GEMM size reaching half of it (at the calibration's inner dimension,
+`budget.efficiency`). Sources of the calibration, none of them a training run:
 
 - MSMF and MAMF: S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md,
   "Maximum Achievable and Sustainable Matmul FLOPS comparison table" (BF16 and FP8,
@@ -65,11 +62,14 @@ reaching half of it. Sources of the calibration, none of them a training run:
   size: at the same 34 GFLOP, 4096·4096·1024 runs at 685 TFLOP/s and 2048·4096·4096 at 752
   on sm_90. So the ramp and the K₀ of the inner-dimension factor (`budget.efficiency`) are
   fitted together, least squares of T = F / (x · K / (K + K₀)) + ramp in relative error over
-  the 15 bf16 entries with at least 4096·2048 outputs, where the tiles fill the SMs twice or
-  more: sm_90 K₀ = 125 and 6.52 µs (H100, H200), rms error 2.0 %; sm_100 K₀ = 289 and
-  4.90 µs (B200), 0.9 %. Until then the ramp came from two entries as the A100's does
-  (1024³ against 4096³: 5.7 and 5.9 µs) and the curve had no K, which missed these entries
-  by 13 % rms (29 % at worst, a 256-deep GEMM). Only the bf16 shape dependence is taken from that
+  the 15 bf16 entries with at least 4096·2048 outputs (256 tiles of 128×256 or more: nearly
+  two waves on 132 SMs): sm_90 K₀ = 125 and 6.52 µs (H100, H200), 2.0 % rms in sample and
+  2.4 % left out one at a time (4.7 % for a size-only curve fitted so); sm_100 K₀ = 289 and
+  4.90 µs (B200), 0.9 % in sample. Until then the ramp came from two entries as the A100's
+  does (1024³ against 4096³: 5.7 and 5.9 µs) and the curve had no K, which missed these
+  entries by 13 % rms (29 % at worst, a 256-deep GEMM); on the table's other 110 entries the
+  new curve misses by 13.6 % rms against the old one's 15.6 %, though the smallest shapes,
+  which the old ramp was drawn from, got worse. Only the bf16 shape dependence is taken from that
   table, not its level x: its fp8 entries on sm_90 exceed the datasheet's dense fp8 peak
   (4096³: 2,424 of 1,979 TFLOP/s), so its absolute figures are not a ceiling this catalogue
   trusts; the fp8 curves take the bf16 ramp and K₀. The A100's sweep is square, so its curve

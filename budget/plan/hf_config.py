@@ -361,7 +361,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _int(config: Mapping[str, Any], key: str, where: str) -> int:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise HfConfigError(f"{key} = {value!r} in {where} is not a non-negative integer")
+        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not a non-negative integer")
     return value
 
 
@@ -481,7 +481,8 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         # the attention's biases (InternLM2 calls them bias); the MLP's are mlp_bias's
         "bias": _switch(config, "attention_bias", where) or _switch(config, "bias", where),
     }
-    mlp_bias = _switch(config, "mlp_bias", where, default=family in _MLP_BIAS)
+    # gpt-oss's experts and router always have biases: its classes never read mlp_bias
+    mlp_bias = family in _MLP_BIAS or _switch(config, "mlp_bias", where)
     if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
         tree["qkv_bias"] = True
     elif config.get("model_type") in _GLM:
@@ -549,13 +550,7 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         tree["norm"] = "layernorm"
     else:
         tree["norm"] = "rmsnorm"
-    experts = _experts(config, tree["layers"], where)
-    if experts is not None and family is not None and family not in _MOE:
-        raise HfConfigError(
-            f"{where} has expert keys, but model_type {json.dumps(family)} builds no mixture "
-            "of experts in transformers (its class ignores them, and so would the model); "
-            "remove them"
-        )
+    experts = _experts(config, tree["layers"], where)  # refused where the family has none
     if experts is not None:
         tree["experts"] = experts
     if config.get("num_nextn_predict_layers"):
@@ -1008,14 +1003,22 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
     )
     if count_key is None:
         return None
-    top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
-    if top_k not in config:
-        # DeepseekV2Config defaults it to None, which its router cannot route with
-        kind = config.get("model_type")
-        owner = f"model_type {json.dumps(kind)}" if kind else "a file without model_type"
+    family = config.get("model_type")
+    if family is not None and family not in _MOE:
         raise HfConfigError(
-            f"{where} sets {count_key} but not num_experts_per_tok, and {owner} has no "
-            "default for it: give the number of experts each token is routed to"
+            f"{where} has expert keys, but model_type {json.dumps(family)} builds no mixture "
+            "of experts in transformers (its class ignores them, and so would the model); "
+            "remove them"
+        )
+    top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
+    if config.get(top_k) is None:
+        # DeepseekV2Config defaults it to None (save_pretrained writes null), which its
+        # router cannot route with
+        owner = f"model_type {json.dumps(family)}" if family else "a file without model_type"
+        raise HfConfigError(
+            f"{where} sets {count_key} but no num_experts_per_tok (absent or null), and "
+            f"{owner} has no default for it: give the number of experts each token is "
+            "routed to"
         )
     experts: dict[str, Any] = {
         "count": _int(config, count_key, where),
