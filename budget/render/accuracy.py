@@ -113,11 +113,12 @@ def _misses(acc: Accuracy) -> str:
 
 
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
+    """A row's cells; without `stack`, neither the GPU nor the stack (a group's heading row
+    names them, `_rich_table`)."""
     digits = 2 if r.run.metric == "step_s" else 0
     return (
         r.run.name,
-        r.run.gpu,
-        *((r.run.stack,) if stack else ()),
+        *((r.run.gpu, r.run.stack) if stack else ()),
         _UNIT[r.run.metric],
         f"{r.predicted:,.{digits}f}",
         f"{r.run.measured:,.{digits}f}",
@@ -151,16 +152,21 @@ def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
 
 
 def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
-    """The rows, a break between GPU and training-stack groups; the stack gets its own
-    column only where the longest run name still fits beside it (112 columns)."""
+    """The rows, a break between GPU and training-stack groups. The GPU and the stack get
+    columns of their own only where the longest run name still fits beside them (112
+    columns); narrower, each group opens with a heading row that names them, so that a run's
+    name keeps its line."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    headers = [h for h in _HEADERS if wide or h != "stack"]
+    headers = [h for h in _HEADERS if wide or h not in ("GPU", "stack")]
     for header in headers:
         table.add_column(header, justify="right" if header in _HEADERS[4:] else "left")
     for i, r in enumerate(rows):
-        previous = rows[i - 1].run if i else r.run
-        if (previous.gpu, previous.stack) != (r.run.gpu, r.run.stack):
+        previous = rows[i - 1].run if i else None
+        group = (r.run.gpu, r.run.stack)
+        if previous is not None and (previous.gpu, previous.stack) != group:
             table.add_section()
+        if not wide and (previous is None or (previous.gpu, previous.stack) != group):
+            table.add_row(f"{r.run.gpu} · {r.run.stack}", *[""] * 4, style="bold")
         table.add_row(*_cells(r, stack=wide))
     return table
 
