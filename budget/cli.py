@@ -451,4 +451,4 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
         raise _usage(
             f"--write-plans {directory}: cannot write {error.filename}: {reason}"
         ) from None
-    print(f"budget: wrote {len(files)} run plans to {directory}", file=sys.stderr)
+    print(f"budget: wrote {len(files)} run plans to {one_line(str(directory))}", file=sys.stderr)

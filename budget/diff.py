@@ -225,8 +225,9 @@ def _calibration(value: Any) -> str | None:
     if isinstance(value, GemmCurve):
         own = "".join(f"; {d} {f:.1%}" for d, f, _ in value.by_dtype)
         half = format_flop_count(value.half_flops)
-        # a no-break space: K₀ and its value wrap together
-        depth = f", inner-dimension K₀\u00a0{value.inner_half:g}" if value.inner_half else ""
+        # K₀ (`efficiency.inner_factor`): a GEMM's loop over K runs at half rate at K = K₀
+        k0 = value.inner_half
+        depth = f", its loop at half rate at K = {k0:g}" if k0 else ""
         return f"{value.peak_fraction:.1%} of peak, half of it at {half}{depth}{own}"
     if isinstance(value, BandwidthRamp):
         return f"by message size: {value.source}"

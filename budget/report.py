@@ -14,7 +14,8 @@ from budget.units import plural
 # 1.1: `budget diff` pairs the stages of plans of different depths by role (a row's
 # ``stage`` is then "first" or "last", with ``a_stage`` and ``b_stage``); search's
 # ``hardware.capacity_bytes``; the report's ``layout.fsdp``
-# 1.2: `budget presets` gives each device's ``gemm.inner_half`` (K₀)
+# 1.2: `budget presets` gives each device's ``gemm.inner_half`` (K₀), and its JSON carries
+# ``schema_version``
 SCHEMA_VERSION = "1.2"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)

@@ -171,7 +171,7 @@ def run_search(
             _write(path, layout, n, write)
         except OSError as error:  # checked up front; the folder may change during the sweep
             reason = (error.strerror or str(error)).lower()
-            print(f"budget: error: --write {write}: {reason}", file=sys.stderr)
+            print(f"budget: error: {one_line(f'--write {write}: {reason}')}", file=sys.stderr)
             return 2
     if fmt == "json":
         console.file.write(dump_json(to_dict(outcome, top)))

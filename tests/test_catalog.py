@@ -161,8 +161,8 @@ def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
 
 # OpenXLA's measured matmul table (tensorflow/tensorflow a305421,
 # third_party/xla/xla/backends/gpu/cost_model/matmul_interpolator_data.h), key "sm_90",
-# b = 1, bf16 x bf16 -> bf16: (m, n, k) -> TFLOP/s. The ramp is calibrated on 1024³ and
-# 4096³ only; these other shapes check the curve's form.
+# b = 1, bf16 x bf16 -> bf16: (m, n, k) -> TFLOP/s: shapes across three orders of magnitude
+# of FLOPs, two of them among the entries the ramp and K₀ are fitted to (`_WELL_OCCUPIED`).
 _SM90_BF16 = {
     (256, 256, 256): 6.72,
     (1024, 2048, 1024): 384.0,

@@ -404,3 +404,18 @@ def test_a_step_reason_names_the_bubble_of_a_training_pipeline_only(tmp_path: Pa
     assert report.layout["pp"] == 2
     (reason,) = check_report(report, Limits(max_step_s=1e-3))
     assert "bubble" not in reason.message and "decode.mlp" in reason.message
+
+
+def test_a_file_name_with_a_line_break_keeps_its_verdict_on_one_line(tmp_path: Path) -> None:
+    """`grep '^PASS'` in a CI log finds the whole path: a line break in a plan's name is
+    shown escaped on the PASS and INVALID lines (review)."""
+    odd = tmp_path / "g\nh.yaml"
+    odd.write_text(GPT3.read_text(encoding="utf-8"), encoding="utf-8")
+    bad = tmp_path / "i\nj.yaml"
+    bad.write_text("name: x\n", encoding="utf-8")
+    code, out, err = _check(odd, bad)
+    assert code == 2
+    lines = out.splitlines()
+    assert f"PASS {tmp_path}/g\\nh.yaml" in lines
+    assert f"INVALID {tmp_path}/i\\nj.yaml: its errors are on stderr" in lines
+    assert all(line.startswith(f"{tmp_path}/i\\nj.yaml:") for line in err.splitlines())

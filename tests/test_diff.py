@@ -398,3 +398,15 @@ def test_the_fsdp_version_is_a_change_only_where_a_plan_shards_with_zero_3() -> 
     fsdp = ROOT / "plans" / "llama3-8b-fsdp.yaml"
     changes = {c.key: (c.a, c.b) for c in diff_files(fsdp, LLAMA)[2].changes}
     assert changes["parallel.fsdp"] == (2, None)
+
+
+def test_an_h100_against_an_a100_names_the_inner_dimension_factor(tmp_path: Path) -> None:
+    """The H100's curve has K₀ = 125 (its GEMM loop at half rate at K = 125); the A100's has
+    none, so only the H100 side says it, in words a reader can take without the docs."""
+    a100 = variant(tmp_path, "a100.yaml", ("preset: h100-sxm", "preset: a100-80gb"), base=LLAMA)
+    code, out, _ = _diff(LLAMA, a100, width=200)
+    assert code == 0
+    (row,) = [" ".join(line.split()) for line in out.splitlines() if "device.gemm" in line]
+    h100, a100_side = row.split(" → ")
+    assert "its loop at half rate at K = 125" in h100
+    assert "half rate" not in a100_side

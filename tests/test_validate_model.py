@@ -233,6 +233,12 @@ def test_write_plans_into_a_file_is_a_usage_error(tmp_path) -> None:
     assert result.exit_code == 2
     assert "--write-plans" in result.output and "Traceback" not in result.output
     assert "is a file; name a folder to write the plans in" in result.output  # not "File exists"
+    # a name with a line break stays on the error's one line (review)
+    odd = tmp_path / "a\nb"
+    odd.write_text("", encoding="utf-8")
+    result = CliRunner().invoke(app, route(["validate-model", "--write-plans", str(odd)]))
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"budget: error: --write-plans {tmp_path}/a\\nb")
 
 
 def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:

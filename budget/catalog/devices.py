@@ -56,24 +56,25 @@ fraction of the dense bf16 peak a public matmul microbenchmark sustains on that 
   1024³ reaches 110.4 TFLOP/s, half of the 2560³–4096³ plateau (mean 213.5 TFLOP/s). A GEMM
   of 2·1024³ = 2.1e9 FLOPs at half the plateau is a ramp of F_half / plateau ≈ 9.4 µs.
 - The ramp, Hopper and Blackwell: OpenXLA's measured matmul table for its GPU cost model
-  (``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, vendored in tensorflow/tensorflow
-  at a305421, keys ``sm_90`` and ``sm_100``: XLA dot ops timed over b ∈ {1, 2, 4} and M, N, K
-  from 256 to 4096). Its entries show a GEMM's inner dimension K setting its rate beside its
-  size: at the same 34 GFLOP, 4096·4096·1024 runs at 685 TFLOP/s and 2048·4096·4096 at 752
-  on sm_90. So the ramp and the K₀ of the inner-dimension factor (`budget.efficiency`) are
-  fitted together, least squares of T = F / (x · K / (K + K₀)) + ramp in relative error over
-  the 15 bf16 entries with at least 4096·2048 outputs (256 tiles of 128×256 or more: nearly
-  two waves on 132 SMs): sm_90 K₀ = 125 and 6.52 µs (H100, H200), 2.0 % rms in sample and
-  2.4 % left out one at a time (4.7 % for a size-only curve fitted so); sm_100 K₀ = 289 and
-  4.90 µs (B200), 0.9 % in sample. Until then the ramp came from two entries as the A100's
-  does (1024³ against 4096³: 5.7 and 5.9 µs) and the curve had no K, which missed these
-  entries by 13 % rms (29 % at worst, a 256-deep GEMM); on the table's other 110 entries the
-  new curve misses by 13.6 % rms against the old one's 15.6 %, though the smallest shapes,
-  which the old ramp was drawn from, got worse. Only the bf16 shape dependence is taken from that
-  table, not its level x: its fp8 entries on sm_90 exceed the datasheet's dense fp8 peak
-  (4096³: 2,424 of 1,979 TFLOP/s), so its absolute figures are not a ceiling this catalogue
-  trusts; the fp8 curves take the bf16 ramp and K₀. The A100's sweep is square, so its curve
-  has no K₀ (nor has the MI300X's, which borrows the A100's ramp).
+  (``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, vendored in
+  tensorflow/tensorflow at a305421, keys ``sm_90`` and ``sm_100``: XLA dot ops timed over b
+  ∈ {1, 2, 4} and M, N, K from 256 to 4096). Its entries show a GEMM's inner dimension K
+  setting its rate beside its size: at the same 34 GFLOP, 4096·4096·1024 runs at 685 TFLOP/s
+  and 2048·4096·4096 at 752 on sm_90. So the ramp and the K₀ of the inner-dimension factor
+  (`budget.efficiency`) are fitted together, least squares of T = F / (x · K / (K + K₀)) +
+  ramp in relative error over the 15 bf16 entries with at least 4096·2048 outputs (256 tiles
+  of 128×256 or more: nearly two waves on 132 SMs): sm_90 K₀ = 125 and 6.52 µs (H100, H200),
+  2.0 % rms in sample and 2.4 % left out one at a time (4.7 % for a size-only curve fitted
+  so); sm_100 K₀ = 289 and 4.90 µs (B200), 0.9 % in sample and 1.6 % left out. Until then
+  the ramp came from two entries as the A100's does (1024³ against 4096³: 5.7 and 5.9 µs)
+  and the curve had no K, which missed these entries by 13 % rms (29 % at worst, a 256-deep
+  GEMM); on the table's other 110 entries the new curve misses by 13.6 % rms against the old
+  one's 15.6 %, though the smallest shapes, which the old ramp was drawn from, got worse.
+  Only the bf16 shape dependence is taken from that table, not its level x: its fp8 entries
+  on sm_90 exceed the datasheet's dense fp8 peak (4096³: 2,424 of 1,979 TFLOP/s), so its
+  absolute figures are not a ceiling this catalogue trusts; the fp8 curves take the bf16
+  ramp and K₀. The A100's sweep is square, so its curve has no K₀ (nor has the MI300X's,
+  which borrows the A100's ramp).
 - A device without a sweep (MI300X) keeps the A100's ramp time at its own ceiling, an
   assumption.
 

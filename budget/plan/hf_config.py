@@ -516,8 +516,8 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     if cap is not None:
         if isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0:
             raise HfConfigError(
-                f"final_logit_softcapping = {cap!r} in {where} is not a positive number; set "
-                "the cap, or null for none"
+                f"final_logit_softcapping = {json.dumps(cap)} in {where} is not a positive "
+                "number; set the cap, or null for none"
             )
         tree["logit_softcap"] = True
     for key, name in (
@@ -535,15 +535,16 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         head = tree.get("head_dim", tree["hidden"] // max(tree["heads"], 1))
         if _int(config, "qk_head_dim", where) != head:
             raise HfConfigError(
-                f"{where} sets qk_head_dim = {config['qk_head_dim']!r}, but its heads are "
-                f"{head} wide; make them agree"
+                f"{where} sets qk_head_dim = {json.dumps(config['qk_head_dim'])}, but its heads "
+                f"are {head} wide; make them agree"
             )
     act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
     act = config.get(act_key, "silu")
     if not isinstance(act, str) or act not in _ACTIVATIONS:
         raise HfConfigError(
-            f"{act_key} = {act!r} in {where} is not one of {', '.join(sorted(_ACTIVATIONS))}, "
-            "the gated MLPs budget prices; write the model's dimensions out for another"
+            f"{act_key} = {json.dumps(act)} in {where} is not one of "
+            f"{', '.join(sorted(_ACTIVATIONS))}, the gated MLPs budget prices; write the "
+            "model's dimensions out for another"
         )
     tree["mlp"] = _ACTIVATIONS[act]
     if "layer_norm_eps" in config or "layer_norm_epsilon" in config:
@@ -639,7 +640,9 @@ _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
 def _probability(config: Mapping[str, Any], key: str, where: str) -> float:
     value = config.get(key) or 0.0
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise HfConfigError(f"{key} = {value!r} in {where} is not a probability from 0 to 1")
+        raise HfConfigError(
+            f"{key} = {json.dumps(value)} in {where} is not a probability from 0 to 1"
+        )
     return float(value)
 
 
@@ -650,8 +653,8 @@ def _source(config: Mapping[str, Any], key: str, copy: str, where: str) -> str:
         return key
     if key in config and config[key] != config[copy]:
         raise HfConfigError(
-            f"{where} sets {key} = {config[key]!r} but its copy {copy} = {config[copy]!r}; "
-            "make them agree"
+            f"{where} sets {key} = {json.dumps(config[key])} but its copy {copy} = "
+            f"{json.dumps(config[copy])}; make them agree"
         )
     return copy if key not in config else key
 
@@ -917,7 +920,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         if len(kinds) != layers:
             raise HfConfigError(
                 f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
-                f"{layers!r}; give one kind per layer"
+                f"{json.dumps(layers)}; give one kind per layer"
             )
         other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
         if other:
@@ -966,8 +969,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
     window = config.get(key)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
-            f"{where} has sliding layers but {key} = {window!r} is not a positive number of "
-            "tokens; set the window's length, or null for no window"
+            f"{where} has sliding layers but {key} = {json.dumps(window)} is not a positive "
+            "number of tokens; set the window's length, or null for no window"
         )
     if all(flags):
         return {"size": window}
@@ -985,8 +988,8 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
     nope, rope = _int(config, "qk_nope_head_dim", where), _int(config, "qk_rope_head_dim", where)
     if config.get("qk_head_dim") is not None and _int(config, "qk_head_dim", where) != nope + rope:
         raise HfConfigError(
-            f"{where} sets qk_head_dim = {config['qk_head_dim']!r}, but qk_nope_head_dim + "
-            f"qk_rope_head_dim = {nope + rope}; make them agree"
+            f"{where} sets qk_head_dim = {json.dumps(config['qk_head_dim'])}, but "
+            f"qk_nope_head_dim + qk_rope_head_dim = {nope + rope}; make them agree"
         )
     tree["mla"] = {
         "q_rank": _int(config, "q_lora_rank", where) if config.get("q_lora_rank") else 0,
@@ -1011,14 +1014,18 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
             "remove them"
         )
     top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
-    if config.get(top_k) is None:
-        # DeepseekV2Config defaults it to None (save_pretrained writes null), which its
-        # router cannot route with
+    if top_k in config and config[top_k] is None:
+        # what save_pretrained writes for DeepseekV2Config's default, None: its router, as
+        # any class's, cannot route with it
+        raise HfConfigError(
+            f"{top_k} = null in {where}, beside {count_key}: give the number of experts "
+            "each token is routed to"
+        )
+    if top_k not in config:
         owner = f"model_type {json.dumps(family)}" if family else "a file without model_type"
         raise HfConfigError(
-            f"{where} sets {count_key} but no num_experts_per_tok (absent or null), and "
-            f"{owner} has no default for it: give the number of experts each token is "
-            "routed to"
+            f"{where} sets {count_key} but not num_experts_per_tok, and {owner} has no "
+            "default for it: give the number of experts each token is routed to"
         )
     experts: dict[str, Any] = {
         "count": _int(config, count_key, where),

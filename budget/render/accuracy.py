@@ -166,7 +166,8 @@ def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
         if previous is not None and (previous.gpu, previous.stack) != group:
             table.add_section()
         if not wide and (previous is None or (previous.gpu, previous.stack) != group):
-            table.add_row(f"{r.run.gpu} · {r.run.stack}", *[""] * 4, style="bold")
+            heading = f"{r.run.gpu} · {r.run.stack}"
+            table.add_row(heading, *[""] * (len(headers) - 1), style="bold")
         table.add_row(*_cells(r, stack=wide))
     return table
 

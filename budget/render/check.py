@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from budget.errors import problem_lines
+from budget.errors import one_line, problem_lines
 from budget.render.markdown import code, fence, plain
 from budget.units import format_bytes, plural
 
@@ -81,12 +81,12 @@ def _table(console: Console, result: CheckResult) -> None:
         if not verdict.valid:
             # the verdict and the path on one line, unwrapped, for `grep '^FAIL'` in CI logs
             console.print(
-                f"[bold red]INVALID[/] {escape(verdict.file)}: its errors are on stderr",
+                f"[bold red]INVALID[/] {escape(one_line(verdict.file))}: its errors are on stderr",
                 soft_wrap=True,
             )
             continue
         mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
-        console.print(f"{mark} {escape(verdict.file)}", highlight=False, soft_wrap=True)
+        console.print(f"{mark} {escape(one_line(verdict.file))}", highlight=False, soft_wrap=True)
         console.print(Padding(Text(_figures(verdict, result.limits), style="dim"), (0, 0, 0, 5)))
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)

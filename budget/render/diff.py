@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from budget.errors import one_line
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
 from budget.report import run_scope
@@ -129,7 +130,7 @@ def _phases_title(a: Report, b: Report) -> str:
 def _title(report: Report) -> str:
     from budget.render.table import header
 
-    return f"{report.file}: {header(report)[0]}"
+    return f"{one_line(report.file)}: {header(report)[0]}"
 
 
 def _label(metric: str, summary: bool = False) -> str:

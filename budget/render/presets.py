@@ -288,7 +288,7 @@ def _rows_as_lines(console: Console, section: Section) -> None:
 
 
 def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt: str) -> None:
-    if fmt == "json":  # versioned as every JSON output is (`report.SCHEMA_VERSION`)
+    if fmt == "json":  # versioned as the report's JSON is (`report.SCHEMA_VERSION`)
         console.file.write(dump_json({"schema_version": SCHEMA_VERSION, **data}))
         return
     if fmt == "markdown":
