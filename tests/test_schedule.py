@@ -503,6 +503,10 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     # inner dimensions by hand: fc2 over ffn / tp = 28672 / 8, QKV over hidden 8192, the
     # projection's backward over hidden (input gradient) and 8192 tokens (weight gradient)
     assert (fc2.inner, qkv.inner, proj.inner) == ((3584,), (8192,), (8192, 8192))
+    # fc1's backward tells the two apart: its input gradient over the gate and up columns
+    # (2 x 3584), its weight gradient over the 8192 tokens
+    (fc1_back,) = [w for w in phases["backward.mlp"].works if w.name == "MLP fc1 backward"]
+    assert fc1_back.inner == (7168, 8192)
     kernels = {p.name: _by_name(plan, p) for p in derive(plan).stages[0].phases}
     assert kernels["forward.mlp"]["MLP fc2"] == pytest.approx(seconds(fc2, 4, 116))
     assert kernels["forward.attention"]["QKV projection"] == pytest.approx(seconds(qkv, 8))
