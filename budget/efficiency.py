@@ -62,10 +62,10 @@ def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
     curve = device.gemm.for_dtype(dtype)
     if work.kind == "elementwise":
         return curve.peak_fraction
-    # a Work standing for a share of one kernel (`Work.launches`, the average layer of a
-    # stage whose layers differ) ramps as the whole kernel does; a zero share has no FLOPs
-    # a shallow inner dimension slows the loop over K, not the ramp: the GEMM's time is
-    # F / (ceiling · g) + ramp, which is g times the curve at F / g
+    # A Work standing for a share of one kernel (`Work.launches`, the average layer of a
+    # stage whose layers differ) ramps as the whole kernel does; a zero share has no FLOPs.
+    # A shallow inner dimension slows the loop over K, not the ramp: the GEMM's time is
+    # F / (ceiling · g) + ramp, which is g times the curve at F / g.
     g = inner_factor(curve, work.inner)
     fraction: float = g * curve_fraction(curve, work.flops / vmax(work.launches, 1e-9) / g)
     return fraction
