@@ -166,23 +166,26 @@ def test_renderers(accuracy) -> None:
     # one error column, two senses of fast: the table says which sign is which (review)
     assert "negative in s/step and positive in tokens/s or TFLOP/s" in " ".join(out.split())
     assert out.index("Mean absolute error") < out.index("Reference, layout incomplete")
-    # each run names its GPU and training stack: columns at 112 and in markdown; narrower,
-    # a heading row opens each group (at 80 the groups were set apart by a blank rule alone,
-    # and a run's name took two lines beside the GPU column)
+    # each run names its GPU, training stack and metric: columns at 112 and in markdown;
+    # narrower, a heading row opens each group (at 80 the groups were set apart by a blank
+    # rule alone, and a run's name took two lines beside the GPU column, then the four of
+    # full recompute beside the metric column)
     assert "| GPT 22B, 8 GPUs | A100 80GB | Megatron-LM | s/step |" in text
     assert " stack " in out.splitlines()[2] and "NeMo" in out
     narrow = Console(width=80, color_system=None, record=True)
     render_accuracy(narrow, accuracy, "table")
     lines = narrow.export_text().splitlines()
-    assert " GPU " not in lines[2] and " stack " not in lines[2]
+    assert all(f" {h} " not in lines[2] for h in ("GPU", "stack", "metric"))
     assert all(len(line) <= 80 for line in lines)
     first_mpt = next(i for i, line in enumerate(lines) if line.strip().startswith("MPT 30B"))
-    assert lines[first_mpt - 1].strip() == "H100 80GB · llm-foundry"
+    assert lines[first_mpt - 1].strip() == "H100 80GB · llm-foundry · tokens/s/GPU"
     assert lines[first_mpt - 2].strip() == ""  # a section break before the next stack
-    # the longest name but those of full recompute keeps its line beside the figures
-    (row,) = [r for r in accuracy.rows if r.run.name == "Llama 3.1 405B, 2,304 GPUs"]
-    figures = [f"{row.predicted:,.2f}", f"{row.run.measured:,.2f}", f"{row.error:+.1%}"]
-    assert [*row.run.name.split(), "s/step", *figures] in [line.split() for line in lines]
+    # every name keeps its line beside its figures, the longest (full recompute) too
+    cells = [line.split() for line in lines]
+    for row in (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic):
+        digits = 2 if row.run.metric == "step_s" else 0
+        figures = [f"{x:,.{digits}f}" for x in (row.predicted, row.run.measured)]
+        assert [*row.run.name.split(), *figures, f"{row.error:+.1%}"] in cells, row.run.name
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:

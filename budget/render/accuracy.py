@@ -113,13 +113,12 @@ def _misses(acc: Accuracy) -> str:
 
 
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
-    """A row's cells; without `stack`, neither the GPU nor the stack (a group's heading row
-    names them, `_rich_table`)."""
+    """A row's cells; without `stack`, neither the GPU, the stack nor the metric (a group's
+    heading row names them, `_rich_table`)."""
     digits = 2 if r.run.metric == "step_s" else 0
     return (
         r.run.name,
-        *((r.run.gpu, r.run.stack) if stack else ()),
-        _UNIT[r.run.metric],
+        *((r.run.gpu, r.run.stack, _UNIT[r.run.metric]) if stack else ()),
         f"{r.predicted:,.{digits}f}",
         f"{r.run.measured:,.{digits}f}",
         f"{r.error:+.1%}",
@@ -152,22 +151,25 @@ def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
 
 
 def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
-    """The rows, a break between GPU and training-stack groups. The GPU and the stack get
-    columns of their own only where the longest run name still fits beside them (112
-    columns); narrower, each group opens with a heading row that names them, so that a run's
-    name keeps its line."""
+    """The rows, a break between GPU and training-stack groups. The GPU, the stack and the
+    metric get columns of their own only where the longest run name still fits beside them
+    (112 columns); narrower, each group (a metric of its own, where a GPU and stack had two)
+    opens with a heading row that names them, so that a run's name keeps its line."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    headers = [h for h in _HEADERS if wide or h not in ("GPU", "stack")]
+    headers = [h for h in _HEADERS if wide or h not in ("GPU", "stack", "metric")]
     for header in headers:
         table.add_column(header, justify="right" if header in _HEADERS[4:] else "left")
+
+    def group(i: int) -> tuple[str, ...]:
+        run = rows[i].run
+        return (run.gpu, run.stack) if wide else (run.gpu, run.stack, _UNIT[run.metric])
+
     for i, r in enumerate(rows):
-        previous = rows[i - 1].run if i else None
-        group = (r.run.gpu, r.run.stack)
-        if previous is not None and (previous.gpu, previous.stack) != group:
+        opens = i == 0 or group(i - 1) != group(i)
+        if opens and i:
             table.add_section()
-        if not wide and (previous is None or (previous.gpu, previous.stack) != group):
-            heading = f"{r.run.gpu} · {r.run.stack}"
-            table.add_row(heading, *[""] * (len(headers) - 1), style="bold")
+        if opens and not wide:
+            table.add_row(" · ".join(group(i)), *[""] * (len(headers) - 1), style="bold")
         table.add_row(*_cells(r, stack=wide))
     return table
 
