@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from budget.entry import main, route, stdout_console
-from budget.errors import BudgetError, Problem, one_line
+from budget.errors import BudgetError, Problem, one_line, usage_line
 
 if TYPE_CHECKING:
     from budget.accuracy import Accuracy
@@ -135,7 +135,7 @@ def _fail(problems: BudgetError) -> typer.Exit:
 
 
 def _usage(message: str) -> typer.Exit:
-    print(f"budget: error: {one_line(message)}", file=sys.stderr)
+    print(usage_line(message), file=sys.stderr)
     return typer.Exit(code=exit_code(valid=False))
 
 

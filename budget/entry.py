@@ -141,7 +141,9 @@ def _cannot_write(error: OSError) -> NoReturn:
     as for bad input; not a traceback and status 1, which `budget check` gives a plan that
     fails."""
     reason = (error.strerror or str(error)).lower()
-    print(f"budget: error: cannot write output: {reason}", file=sys.stderr)
+    from budget.errors import usage_line
+
+    print(usage_line(f"cannot write output: {reason}"), file=sys.stderr)
     # what could not be written is still buffered, and Python's flush at exit would fail on
     # it again, loudly: the descriptor takes it to /dev/null instead (a test's stdout has none)
     with contextlib.suppress(OSError, ValueError):

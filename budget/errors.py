@@ -31,6 +31,12 @@ def one_line(text: str) -> str:
     return text.translate(_LINE_BREAKS)
 
 
+def usage_line(message: str) -> str:
+    """A fault of the command line rather than of a file (an option, an output that cannot
+    be written): one line, as a file's problems are."""
+    return f"budget: error: {one_line(message)}"
+
+
 def _clipped(text: str) -> str:
     text = one_line(text)
     if len(text) <= MAX_MESSAGE:

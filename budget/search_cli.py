@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budget.errors import BudgetError, one_line, problem_lines
+from budget.errors import BudgetError, problem_lines, usage_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -90,7 +90,7 @@ def run_search(
         given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
         limits = parse_limits(*given) if any(v is not None for v in given) else None
     except ValueError as error:
-        print(f"budget: error: {one_line(str(error))}", file=sys.stderr)
+        print(usage_line(str(error)), file=sys.stderr)
         return 2
     file = plan_name(path)
     try:
@@ -120,17 +120,17 @@ def run_search(
             "few hundred thousand)"
         )
         if gpus:
-            print(f"budget: error: --gpus {n:,}: {limit}", file=sys.stderr)
+            print(usage_line(f"--gpus {n:,}: {limit}"), file=sys.stderr)
         else:
             print(_located(data, file, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
         return 2
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:
-            print(
-                f"budget: error: --gpus {n}: the topology's {level.name} domains hold "
-                f"{level.size} GPUs each, so the count must be a multiple of {level.size}",
-                file=sys.stderr,
+            message = (
+                f"--gpus {n}: the topology's {level.name} domains hold {level.size} GPUs "
+                f"each, so the count must be a multiple of {level.size}"
             )
+            print(usage_line(message), file=sys.stderr)
             return 2
     for name in ("tp", "pp", "cp", "ep"):  # every value of a degree the GPUs cannot hold
         values = getattr(sweep, name)
@@ -139,11 +139,11 @@ def run_search(
             listed = (
                 f" (it divides by {', '.join(map(str, divisors))})" if len(divisors) <= 24 else ""
             )
-            print(
-                f"budget: error: --{name} {options[name]}: no value divides the {n:,} GPUs, "
-                f"so no layout can be built{listed}",
-                file=sys.stderr,
+            message = (
+                f"--{name} {options[name]}: no value divides the {n:,} GPUs, "
+                f"so no layout can be built{listed}"
             )
+            print(usage_line(message), file=sys.stderr)
             return 2
     too_large = magnitude(plan, n, sweep)
     if too_large:
@@ -171,7 +171,7 @@ def run_search(
             _write(path, layout, n, write)
         except OSError as error:  # checked up front; the folder may change during the sweep
             reason = (error.strerror or str(error)).lower()
-            print(f"budget: error: {one_line(f'--write {write}: {reason}')}", file=sys.stderr)
+            print(usage_line(f"--write {write}: {reason}"), file=sys.stderr)
             return 2
     if fmt == "json":
         console.file.write(dump_json(to_dict(outcome, top)))
