@@ -458,14 +458,23 @@ def embedding_moves(plan: Plan, s: Shapes) -> list[Move]:
     """The vocab-parallel embedding's output: each tp rank looks up the tokens its vocab
     rows hold and zeros the rest, so the output is sum-partial over tp and reduced before
     the first layer (Megatron-LM's ``VocabParallelEmbedding``; vLLM's ends in the same
-    all-reduce): reduce-scattered into sequence-parallel shards, or all-reduced."""
+    all-reduce): reduce-scattered into sequence-parallel shards, or all-reduced.
+    Megatron-Core reduce-scatters only where no learned position table is added
+    (``LanguageModelEmbedding.reduce_scatter_embeddings``: not ``add_position_embedding``,
+    and sequence parallel): with one, as the legacy ``language_model.Embedding`` did, the
+    output is all-reduced, the positions added, and each rank keeps its sequence shard
+    (``scatter_to_sequence_parallel_region``: a split, with no communication)."""
     par = plan.parallel
     size = s.act * s.tokens * s.hidden
     rule = "tp: exposed, the first layer needs it"
+    learned = plan.model.position == "learned"
+    if learned and not every(lacks(_sp(plan))):
+        rule += "; where sequence parallel, each rank then keeps its shard (learned positions)"
     moves = []
+    scatter = _sp(plan) & (not learned)
     kinds: tuple[tuple[Op, str, Any], ...] = (
-        ("reduce-scatter", "shard(0)", _sp(plan)),
-        ("all-reduce", "replicate", lacks(_sp(plan)) & (par.tp > 1)),
+        ("reduce-scatter", "shard(0)", scatter),
+        ("all-reduce", "replicate", lacks(scatter) & (par.tp > 1)),
     )
     for op, dst, where in kinds:
         move = Move(
