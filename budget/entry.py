@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and hasattr(signal, "SIGPIPE"):
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if argv is None:
+        _encodable_streams()
     try:
         try:
             _run(list(sys.argv[1:] if argv is None else argv))
@@ -97,6 +99,24 @@ def main(argv: list[str] | None = None) -> None:
         if error.filename is not None:  # a named file's, not the output's
             raise
         _cannot_write(error)
+
+
+# what the tables and messages print beyond ASCII: rules, the middle dot, ×, →, ✗, …
+_PRINTED = "─·×→✗…≤µ"
+
+
+def _encodable_streams() -> None:
+    """Output to a stream whose encoding lacks what the tables print (``LANG=C`` in a CI
+    runner, ``PYTHONIOENCODING=ascii``) shows ``?`` for each such character: it did end in
+    an encoding traceback and status 1, which `check` uses to say a plan fails."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            _PRINTED.encode(stream.encoding or "utf-8")
+        except (UnicodeEncodeError, LookupError):
+            with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
+                stream.reconfigure(errors="replace")  # type: ignore[union-attr]
+        except AttributeError:  # replaced by something without an encoding, or closed
+            continue
 
 
 def _run(given: list[str]) -> None:

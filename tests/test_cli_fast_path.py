@@ -278,3 +278,24 @@ def test_each_new_standard_input_is_read_once() -> None:
     second = runner.invoke(app, route(["validate", "-"]), input=text)
     assert (first.exit_code, second.exit_code) == (0, 0)
     assert first.stdout == second.stdout == "<stdin>: ok\n"
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize(
+    ("words", "status"),
+    [(["{plans}/gpt-1.3b.yaml"], 0), (["check", "{plans}/gpt-1.3b.yaml", "--headroom", "90%"], 1)],
+    ids=["report", "check"],
+)
+def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words, status):
+    """``PYTHONIOENCODING=ascii`` (or a CI runner's ``LANG=C``): the tables' rules, the
+    middle dot, ``×`` and ``✗`` ended in a UnicodeEncodeError traceback and status 1, which
+    `check` gives a plan that fails (user audit). Each such character prints as ``?``, and
+    the status is the command's own: a report 0, a failing check 1."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "80"}
+    command = [sys.executable, "-m", "budget", *(w.format(plans=ROOT / "plans") for w in words)]
+    process = subprocess.run(command, capture_output=True, cwd=ROOT, env=env)
+    assert process.returncode == status
+    assert process.stderr == b""
+    text = process.stdout.decode(encoding)
+    shown = "?" if encoding == "ascii" else "·"  # latin-1 has the middle dot, not ─ or ✗
+    assert f"gpt-1.3b {shown} train" in text if status == 0 else "FAIL " in text

@@ -266,7 +266,7 @@ def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
     first = accuracy.rows[0]
     missed = replace(first, peak_bytes=90 * 2**30, capacity_bytes=80 * 2**30)
     text = accuracy_markdown(Accuracy((missed, *accuracy.rows[1:])))
-    assert f"over their memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text
+    assert f"over their GPUs' memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text
 
 
 @pytest.mark.parametrize(

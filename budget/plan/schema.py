@@ -91,7 +91,9 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         where = child_path(path, key)
         line, col = marks.key(where)
         close = _closest(key, known)
-        if close:
+        if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
+            message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
+        elif close:
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"

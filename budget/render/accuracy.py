@@ -109,7 +109,7 @@ def _misses(acc: Accuracy) -> str:
         f"{r.run.name} (worst stage {r.peak_bytes / gib:.1f} GiB of {r.capacity_bytes / gib:.1f})"
         for r in over
     )
-    return f" The memory model puts runs that ran over their memory: {runs}."
+    return f" These runs ran, where the memory model puts them over their GPUs' memory: {runs}."
 
 
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
