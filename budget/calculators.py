@@ -71,6 +71,10 @@ class CollectiveResult:
             "latency_s": float(cost.link.latency),
             "bandwidth_Bps": cost.reached_bandwidth,
             "time_s": float(cost.time_s),
+            # T's two terms, over the levels where there are levels (each level's α and B
+            # are its own, so steps · latency_s is not the latency term there)
+            "latency_term_s": float(cost.latency_s),
+            "bandwidth_term_s": float(cost.bandwidth_s),
             "bus_bandwidth_Bps": float(cost.bus_bandwidth),
             "algorithm_bandwidth_Bps": float(cost.algorithm_bandwidth),
         }
@@ -171,6 +175,12 @@ def collective(
     topology = Topology(gpus=world, levels=tuple(topo_levels))
     span = span_of_ranks(range(world), topology, "dp")
     cost = price_group(op, size_bytes, span, cast(Algorithm | None, algorithm))
+    if algorithm == "hierarchical" and cost.algorithm != "hierarchical":
+        # a plan's group within one level falls back quietly; asked for here, it is said
+        raise ValueError(
+            f"--algorithm hierarchical needs ranks on two or more levels (--level, each "
+            f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
+        )
     return CollectiveResult(cost, topology.levels)
 
 

@@ -28,6 +28,8 @@ COLLECTIVE_KEYS = {
     "sent_bytes",
     "recv_bytes",
     "payload_bytes",
+    "latency_term_s",
+    "bandwidth_term_s",
     "latency_s",
     "bandwidth_Bps",
     "time_s",
@@ -135,10 +137,27 @@ def test_acceptance_3_hierarchical_against_flat_ring() -> None:
         ("all-gather", 8, 7),
     ]
     assert data["levels"][1]["size_bytes"] == 2**30 // 8
+    # T's terms sum the levels' (7 + 30 + 7 = 44 us of latency), which steps x latency_s
+    # (20 x 5 us, the slowest link's) is not (review: the JSON did not give them)
+    assert data["latency_term_s"] * 1e6 == pytest.approx(44.0)
+    assert data["latency_term_s"] + data["bandwidth_term_s"] == pytest.approx(data["time_s"])
+    assert data["latency_term_s"] != pytest.approx(data["steps"] * data["latency_s"])
     flat = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "ring"])
     assert flat["algorithm"] == "ring" and flat["steps"] == 62
     assert flat["time_s"] * 1e6 == pytest.approx(41_917.5, abs=0.01)
     assert flat["bandwidth_Bps"] == 50e9
+    assert flat["latency_term_s"] == pytest.approx(62 * 5e-6)
+
+
+def test_hierarchical_asked_for_over_one_link_is_refused() -> None:
+    """A plan's group inside one level falls back to the flat default quietly; asked for
+    on the command line over one link, it printed 'ring' with no word (review)."""
+    one_link = ["--ranks", "8", "--size", "1GiB", "--bandwidth", "450GB/s", "--latency", "1us"]
+    message = _error(["collective", "all-gather", *one_link, "--algorithm", "hierarchical"])
+    assert message.startswith("budget: error: --algorithm hierarchical needs ranks on two or")
+    assert "it would be ring" in message
+    idle = ["--level", "8:450GB/s:1us", "--level", "1:50GB/s:5us", "--algorithm", "hierarchical"]
+    assert "two or more levels" in _error(["collective", "all-gather", "--size", "1GiB", *idle])
 
 
 def test_ranks_must_match_the_levels_when_given() -> None:

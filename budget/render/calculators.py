@@ -38,21 +38,24 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         return
     cost = result.cost
     title = f"{cost.op} · {cost.algorithm} · {plural(int(cost.ranks), 'rank')}"
+    # over several levels each term sums the stages below, each at its own link's figures
+    staged = "summed over the stages below, each at its level's" if len(cost.stages) > 1 else ""
     summary: Rows = [
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
         ("link", _links(result)),
         ("steps n", f"{int(cost.steps):,}"),
         ("sent per rank", _bytes(int(cost.sent_bytes))),
         ("received per rank", _bytes(int(cost.recv_bytes))),
-        ("latency term n·α", _time(float(cost.latency_s))),
+        ("latency term n·α", _time(float(cost.latency_s)) + (f"  ({staged} α)" if staged else "")),
         (
             "bandwidth term Q/B_eff",
             f"{_time(float(cost.bandwidth_s))}  (Q = {_bytes(int(cost.payload_bytes))}"
             + (
-                ", the busiest rank's bytes on the critical path, more than a typical rank sends)"
+                ", the busiest rank's bytes on the critical path, more than a typical rank sends"
                 if int(cost.payload_bytes) > max(int(cost.sent_bytes), int(cost.recv_bytes))
-                else ")"
-            ),
+                else ""
+            )
+            + (f"; {staged} B_eff)" if staged else ")"),
         ),
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
         ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
