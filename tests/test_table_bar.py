@@ -130,6 +130,26 @@ def test_a_narrow_phases_table_still_says_which_stage_each_peak_is_on() -> None:
     assert "– in peak live: the phase (an embedding lookup, a stage send) holds no more" in text
 
 
+def test_a_wide_phases_table_says_its_stage_column_is_the_peaks() -> None:
+    """The title's stage is where each phase costs most; the column beside peak live is
+    the stage of that peak. Headed "stage", it read as the first (review: Llama 3 405B's
+    dp.grads costs 4.15 s on stage 15 and peaks on stage 1)."""
+    from budget.render.markdown import render_markdown
+    from budget.render.table import phase_table
+
+    report = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
+    (grads,) = [p for p in report.phases if p.name == "dp.grads"]
+    assert (grads.stage, grads.peak_stage) == (15, 1)
+    console = Console(width=120, color_system=None, record=True)
+    console.print(phase_table(report, True))
+    header = [line.split() for line in console.export_text().splitlines()[2:4]]
+    assert header[0] == ["peak"] and header[1][-7:] == [
+        "stage",
+        *["largest", "it", "adds", "at", "that", "peak"],
+    ]
+    assert "| peak live | peak stage |" in render_markdown(report)
+
+
 def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:
     """At 80 columns the layers column is left out; an uneven split is said in the caption,
     an even one needs no words."""

@@ -131,7 +131,7 @@ def render_markdown(report: Report) -> str:
             "exposed",
             "sent per rank",
             "peak live",
-            "stage",
+            "peak stage",
         ],
         [
             [

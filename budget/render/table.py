@@ -330,7 +330,7 @@ def phase_table(report: Report, wide: bool) -> Table:
     _num(table, "sent/rank")
     _num(table, "peak live")
     if wide:
-        _num(table, "stage")
+        _num(table, "peak\nstage")
         table.add_column("largest it adds at that peak", ratio=1)
     for p in report.phases:
         cells: list[Any] = [p.name, f"{p.count:,}"]
