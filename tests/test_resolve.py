@@ -353,3 +353,50 @@ def test_an_interleaved_split_suggests_degrees_that_work_with_its_virtual_stages
         f"virtual_stages among 3 with pp = 8, {split}"
     )
     assert message(7, 5) == f"choose other degrees, {split}"
+
+
+def _all_problems(text: str) -> list[str]:
+    from budget.plan.load import load_plan_data
+
+    with pytest.raises(BudgetError) as caught:
+        load_plan_data(text.encode(), "p.yaml")
+    return [f"{p.path}: {p.message}" for p in caught.value.problems]
+
+
+def test_a_broken_section_holds_back_only_the_rules_that_read_it() -> None:
+    """`layers: x` broke the schema and every semantic check waited for the next run
+    (review: a file's problems came in rounds). The layout against the GPUs and the global
+    batch read no model and are checked beside it; heads over tp reads the model and waits."""
+    text = BASE.replace("layers: 4", "layers: x").replace("global: 32", "global: 30")
+    text = text.replace("{tp: 2, pp: 2, dp: 2}", "{tp: 3, pp: 2, dp: 2}")
+    found = _all_problems(text)
+    assert found[0] == "$.model.layers: 'x' is not an integer"
+    assert [p.split(":")[0] for p in found[1:]] == ["$.batch.global", "$.parallel"]
+    assert "= 12 but the topology has 8 GPUs" in found[2]
+    # with the model whole, its own rules come back (heads 16 over tp 3)
+    whole = _all_problems(text.replace("layers: x", "layers: 4"))
+    assert any(p.startswith("$.parallel.tp: model.heads = 16") for p in whole)
+
+
+@pytest.mark.parametrize(
+    ("change", "only"),
+    [
+        (("model:\n", "mode: serve\nmodel:\n"), "$.mode"),  # every section reads the mode
+        (("batch: {seq: 2048, micro: 2, global: 32}\n", ""), "$"),  # a section missing
+    ],
+)
+def test_a_plan_wide_problem_holds_back_every_semantic_rule(change, only) -> None:
+    text = BASE.replace("{tp: 2, pp: 2, dp: 2}", "{tp: 3, pp: 2, dp: 2}").replace(*change)
+    assert [p.split(":")[0] for p in _all_problems(text)] == [only]
+
+
+def test_a_section_an_alias_stood_for_is_not_read() -> None:
+    """Past the first, aliases are counted, not listed, so the sections they stood for are
+    known from the loader's refused values (a fuzz found `topology: *a` read as None)."""
+    head, _, _ = BASE.partition("topology:")
+    text = "x: &a {gpus: 8}\ny: *a\n" + head + "topology: *a\n"
+    found = _all_problems(text)
+    assert "$.y: YAML aliases (*a) are not allowed in a plan; write the value out (1 more" in (
+        "".join(found)
+    )
+    assert not [p for p in found if p.startswith("$.topology")]

@@ -7,14 +7,17 @@ rather than raising; `load_plan` raises one `BudgetError` carrying all of them.
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve
 from budget.plan.schema import validate_tree
-from budget.plan.yaml_load import decode, load_yaml
+from budget.plan.yaml_load import Marks, decode, load_yaml
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
@@ -96,8 +99,9 @@ def load_plan(path: Path, seed: bool = False) -> Plan:
     """Read, validate and resolve the plan at `path`; `BudgetError` lists every problem.
     `seed`: a search's starting point, whose layout is not checked (`resolve`).
 
-    Schema problems are reported together with load problems (duplicate keys); semantic
-    checks run only on a tree that passed the schema, so they never see wrong types.
+    Schema problems are reported together with load problems (duplicate keys) and the
+    semantic problems of the sections that passed the schema (`semantic_problems`), so
+    that a file's problems come in one run; semantic checks never see wrong types.
     """
     return load_plan_data(read_plan_bytes(path), plan_name(path), seed)
 
@@ -113,8 +117,37 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
     if loaded.tree is None:
         raise BudgetError(list(loaded.problems))
     problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file, loaded.refused)]
-    if problems:  # resolve will not run: name its unknown presets now, not in the next run
+    if problems:  # the broken sections are not resolved: name their unknown presets too
         seen = {p.path for p in problems}
         more = preset_problems(loaded.tree, loaded.marks, file)
-        raise BudgetError(problems + [p for p in more if p.path not in seen])
+        paths = [p.path for p in problems] + sorted(loaded.refused)
+        more += semantic_problems(loaded.tree, loaded.marks, file, paths, seed)
+        raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
     return resolve(loaded.tree, loaded.marks, file, seed)
+
+
+# a plan's top-level key in a problem's path: $.model.layers, $.model['<<'], $.topology[...]
+_SECTION = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_-]*)")
+
+
+def semantic_problems(
+    tree: Any, marks: Marks, file: str, broken: list[str], seed: bool
+) -> list[Problem]:
+    """The semantic problems of the sections no path in `broken` is in (the load's and the
+    schema's problems, and the values the loader refused: an alias past the first is not a
+    problem of its own), with the rules relating them (`resolve`'s ``skip``): a plan with
+    a wrong type in the model and a bad layout learns both at once. None where a problem
+    is the plan's own (``$``: a section missing) or its mode's, which every section reads."""
+    sections = set()
+    for path in broken:
+        match = _SECTION.match(path)
+        if match is None or match.group(1) == "mode":
+            return []
+        sections.add(match.group(1))
+    if not isinstance(tree, Mapping):
+        return []
+    try:
+        resolve(tree, marks, file, seed, skip=frozenset(sections))
+    except BudgetError as error:
+        return error.problems
+    return []

@@ -940,28 +940,21 @@ def _nearest(value: int, step: int) -> str:
     return f"{low} and {high}" if low > 0 else str(high)
 
 
-class _Checks:
-    """Rules that relate sections to each other; each method adds problems, returns nothing."""
+class _LayoutChecks:
+    """Rules that relate the layout to the batch and the world, which need no model (so they
+    run where the model broke the schema: `resolve`'s ``skip``); each method adds problems."""
 
-    def __init__(self, r: _Resolver, mode: str, model: Model, batch: Batch, par: Parallel) -> None:
+    def __init__(self, r: _Resolver, mode: str, batch: Batch, par: Parallel) -> None:
         self.r = r
         self.mode = mode
-        self.model = model
         self.batch = batch
         self.par = par
 
     def run(self, topology: Topology | None) -> None:
         if topology is not None:
             self.world(topology)
-        self.heads()
-        self.stages()
         if self.mode == "train":
             self.global_batch()
-        self.schedule()
-        self.sequence_parallel()
-        self.context()
-        self.experts()
-        self.positions()
 
     def world(self, topology: Topology) -> None:
         """tp × cp × pp × dp is the world size (DESIGN.md); expert layers fold etp × ep × edp
@@ -1010,6 +1003,35 @@ class _Checks:
                 f"{why}; choose degrees that divide the domain sizes ({sizes}) or are "
                 "multiples of them, or reorder parallel.order",
             )
+
+    def global_batch(self) -> None:
+        b, dp = self.batch, self.par.dp
+        step = b.micro * dp
+        if b.global_batch % step:
+            self.r.error(
+                "$.batch.global",
+                f"batch.global = {b.global_batch} is not divisible by micro × dp = {b.micro} × "
+                f"{dp} = {step}: every data-parallel rank runs the same number of "
+                f"micro-batches; the nearest valid values are {_nearest(b.global_batch, step)}",
+            )
+
+
+class _Checks(_LayoutChecks):
+    """Rules that relate sections to each other; each method adds problems, returns nothing."""
+
+    def __init__(self, r: _Resolver, mode: str, model: Model, batch: Batch, par: Parallel) -> None:
+        super().__init__(r, mode, batch, par)
+        self.model = model
+
+    def run(self, topology: Topology | None) -> None:
+        super().run(topology)
+        self.heads()
+        self.stages()
+        self.schedule()
+        self.sequence_parallel()
+        self.context()
+        self.experts()
+        self.positions()
 
     def heads(self) -> None:
         """Megatron-LM: num_attention_heads % tp == 0 and num_query_groups % tp == 0.
@@ -1092,17 +1114,6 @@ class _Checks:
                 f"model.layers = {layers} is not divisible by {what}: every stage gets the same "
                 f"number of layers; {choose}, or list an uneven split in "
                 "parallel.pipeline.layers_per_stage",
-            )
-
-    def global_batch(self) -> None:
-        b, dp = self.batch, self.par.dp
-        step = b.micro * dp
-        if b.global_batch % step:
-            self.r.error(
-                "$.batch.global",
-                f"batch.global = {b.global_batch} is not divisible by micro × dp = {b.micro} × "
-                f"{dp} = {step}: every data-parallel rank runs the same number of "
-                f"micro-batches; the nearest valid values are {_nearest(b.global_batch, step)}",
             )
 
     def schedule(self) -> None:
@@ -1342,12 +1353,23 @@ def _comm_sms(value: Any) -> CommSms:
     return CommSms(int(value), int(value))
 
 
-def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False) -> Plan:
+def resolve(
+    tree: Mapping[str, Any],
+    marks: Marks,
+    file: str,
+    seed: bool = False,
+    skip: frozenset[str] = frozenset(),
+) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
 
     `seed`: the plan is a search's starting point, whose layout the search replaces, so the
     rules relating the layout to the model, batch and world (`_Checks`) are not applied: a
     draft whose degrees do not yet fit is what the search is for.
+
+    `skip`: top-level sections that broke the schema (`load.semantic_problems`). The others
+    are read and checked, with each rule that relates them, so that a file's problems come
+    in one run; a rule that needs a skipped section waits for it. It always ends in
+    `BudgetError`, its problems those of the sections read.
 
     Defaults: kv_heads = heads; head_dim = hidden / heads; ffn = 4 × hidden (gelu) or the
     Llama rule (swiglu, `llama_ffn`); parallel degrees 1; order [tp, cp, ep, dp, pp].
@@ -1355,10 +1377,16 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
     """
     r = _Resolver(marks, file)
     mode = tree.get("mode", "train")
-    model = r.model(tree["model"])
-    par = r.parallel(tree.get("parallel", {}))
-    batch = r.batch(tree["batch"], mode, par.dp)
-    if model is not None and 0 < model.window < batch.seq and par.cp > 1:
+    model = None if "model" in skip else r.model(tree["model"])
+    par = None if "parallel" in skip else r.parallel(tree.get("parallel", {}))
+    batch = None if par is None or "batch" in skip else r.batch(tree["batch"], mode, par.dp)
+    if (
+        model is not None
+        and batch is not None
+        and par is not None
+        and 0 < model.window < batch.seq
+        and par.cp > 1
+    ):
         length = "batch.seq" if mode == "train" else "batch.prompt + batch.generate"
         r.error(
             "$.parallel.cp",
@@ -1371,9 +1399,19 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         r.training_only(tree, mode)
     else:
         r.serving_only(tree)
-    precision = r.precision(tree.get("precision", {}), mode != "train")
-    device = r.device(tree["device"])
-    if device is not None and device.flops and not device.peak_flops(precision.matmul):
+    # an hf_config's quantized weights set the serving default (`precision`)
+    precision = (
+        None
+        if skip & {"precision", "model"}
+        else r.precision(tree.get("precision", {}), mode != "train")
+    )
+    device = None if "device" in skip else r.device(tree["device"])
+    if (
+        device is not None
+        and precision is not None
+        and device.flops
+        and not device.peak_flops(precision.matmul)
+    ):
         where = f"the {device.name} preset" if device.name else "device.flops"
         r.error(
             "$.precision.matmul",
@@ -1383,8 +1421,8 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
         )
     if model is not None and device is not None:
         _check_attention_kernel(r, model.attention, device)
-    topology = r.topology(tree["topology"])
-    overlap = tree.get("overlap", {})
+    topology = None if "topology" in skip else r.topology(tree["topology"])
+    overlap = {} if "overlap" in skip else tree.get("overlap", {})
     comm_sms = _comm_sms(overlap.get("tp_comm_sms", TP_COMM_SMS))
     each = isinstance(overlap.get("tp_comm_sms"), Mapping)
     counts = (
@@ -1401,12 +1439,27 @@ def resolve(tree: Mapping[str, Any], marks: Marks, file: str, seed: bool = False
                 f"overlaps; give fewer than {device.sms}",
             )
     transitions: tuple[Transition, ...] = ()
-    if model is not None:
+    if batch is not None and par is not None:
         if not seed:
-            _Checks(r, mode, model, batch, par).run(topology)
-        names = _shape_names(model, batch, par)
-        transitions = r.transitions(tree.get("transitions", []), names)
-    if r.problems or model is None or device is None or topology is None:
+            checks = (
+                _LayoutChecks(r, mode, batch, par)
+                if model is None
+                else _Checks(r, mode, model, batch, par)
+            )
+            checks.run(topology)
+        if model is not None and "transitions" not in skip:
+            names = _shape_names(model, batch, par)
+            transitions = r.transitions(tree.get("transitions", []), names)
+    if (
+        skip
+        or r.problems
+        or model is None
+        or par is None
+        or batch is None
+        or precision is None
+        or device is None
+        or topology is None
+    ):
         raise BudgetError(r.problems)
     return Plan(
         name=tree.get("name", Path(file).stem),
