@@ -304,9 +304,14 @@ def validate_command(
 @app.command("schema")
 def schema_command() -> None:
     """Print the plan JSON schema (Draft 2020-12)."""
-    from budget.plan.schema import schema_text
+    import json
 
-    sys.stdout.write(schema_text())
+    from budget.plan.schema import schema_text
+    from budget.render import dump_json, utf
+
+    text = schema_text()
+    # as it is kept, unless the stream would turn its µ into ? (`dump_json`)
+    sys.stdout.write(text if utf(sys.stdout) else dump_json(json.loads(text), sys.stdout))
 
 
 @app.command("collective")

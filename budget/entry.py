@@ -60,7 +60,9 @@ def mistyped(args: list[str]) -> str | None:
     close = difflib.get_close_matches(first, sorted(COMMANDS), n=1, cutoff=0.7)
     if not close:
         return None
-    return f"budget: error: {first!r} is neither a command nor a file; did you mean {close[0]!r}?"
+    from budget.errors import usage_line
+
+    return usage_line(f"{first!r} is neither a command nor a file; did you mean {close[0]!r}?")
 
 
 def plain_report(args: list[str]) -> tuple[Path, str] | None:
@@ -106,9 +108,11 @@ _PRINTED = "─·×→✗…≤µ"
 
 
 def _encodable_streams() -> None:
-    """Output to a stream whose encoding lacks what the tables print (``LANG=C`` in a CI
-    runner, ``PYTHONIOENCODING=ascii``) shows ``?`` for each such character: it did end in
-    an encoding traceback and status 1, which `check` uses to say a plan fails."""
+    """Output to a stream whose encoding lacks what the tables print
+    (``PYTHONIOENCODING=ascii``, or latin-1; Python itself reads a C locale as UTF-8) shows
+    ``?`` for each such character, where it ended in an encoding traceback and status 1,
+    which `check` uses to say a plan fails. JSON escapes them instead (`render.dump_json`),
+    so that its values stay what they are."""
     for stream in (sys.stdout, sys.stderr):
         try:
             _PRINTED.encode(stream.encoding or "utf-8")

@@ -174,7 +174,7 @@ def run_search(
             print(usage_line(f"--write {write}: {reason}"), file=sys.stderr)
             return 2
     if fmt == "json":
-        console.file.write(dump_json(to_dict(outcome, top)))
+        console.file.write(dump_json(to_dict(outcome, top), console.file))
     elif fmt == "markdown":
         console.file.write(render_search_markdown(outcome, top))
     else:

@@ -467,11 +467,10 @@ def embedding_moves(plan: Plan, s: Shapes) -> list[Move]:
     par = plan.parallel
     size = s.act * s.tokens * s.hidden
     rule = "tp: exposed, the first layer needs it"
-    learned = plan.model.position == "learned"
-    if learned and not every(lacks(_sp(plan))):
+    if plan.model.position == "learned" and not every(lacks(_sp(plan))):
         rule += "; where sequence parallel, each rank then keeps its shard (learned positions)"
     moves = []
-    scatter = _sp(plan) & (not learned)
+    scatter = _sp(plan) & (plan.model.position != "learned")
     kinds: tuple[tuple[Op, str, Any], ...] = (
         ("reduce-scatter", "shard(0)", scatter),
         ("all-reduce", "replicate", lacks(scatter) & (par.tp > 1)),
@@ -1529,7 +1528,9 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
     and output layer (Megatron-Core ``MultiTokenPredictionLayer._concat_embeddings``):
 
     - the vocab-parallel embedding of the next tokens, reduced over tp (reduce-scattered
-      under sequence parallelism, whose backward all-gathers its gradient);
+      under sequence parallelism, whose backward all-gathers its gradient; a plan with
+      learned positions has no modules, as in Megatron-LM, so the main embedding's
+      all-reduce for them, `embedding_moves`, does not arise);
     - the column-parallel projection ``eh_proj`` of the concatenated 2·hidden input
       (gathered first under sequence parallelism; its input gradient reduced in backward,
       as around any column-parallel layer, `_tp_moves`);

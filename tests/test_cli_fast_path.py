@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import signal
 import subprocess
@@ -287,10 +288,10 @@ def test_each_new_standard_input_is_read_once() -> None:
     ids=["report", "check"],
 )
 def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words, status):
-    """``PYTHONIOENCODING=ascii`` (or a CI runner's ``LANG=C``): the tables' rules, the
-    middle dot, ``×`` and ``✗`` ended in a UnicodeEncodeError traceback and status 1, which
-    `check` gives a plan that fails (user audit). Each such character prints as ``?``, and
-    the status is the command's own: a report 0, a failing check 1."""
+    """``PYTHONIOENCODING=ascii`` (or latin-1): the middle dot, ``×`` and ``✗`` ended in a
+    UnicodeEncodeError traceback and status 1, which `check` gives a plan that fails (user
+    audit). Each such character prints as ``?``, and the status is the command's own: a
+    report 0, a failing check 1."""
     env = {**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "80"}
     command = [sys.executable, "-m", "budget", *(w.format(plans=ROOT / "plans") for w in words)]
     process = subprocess.run(command, capture_output=True, cwd=ROOT, env=env)
@@ -299,3 +300,21 @@ def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words
     text = process.stdout.decode(encoding)
     shown = "?" if encoding == "ascii" else "·"  # latin-1 has the middle dot, not ─ or ✗
     assert f"gpt-1.3b {shown} train" in text if status == 0 else "FAIL " in text
+
+
+@pytest.mark.parametrize("words", [["schema"], ["{plans}/gpt3-175b.yaml", "-f", "json"]])
+def test_json_to_a_stream_without_utf8_escapes_what_it_cannot_show(words):
+    """The replacement ``?`` turned the schema's ``µs`` pattern into one that does not
+    compile and a report's ``×`` into ``?`` (review): JSON escapes them (``\\u00b5``), so
+    it parses to what a UTF-8 stream gets."""
+    command = [sys.executable, "-m", "budget", *(w.format(plans=ROOT / "plans") for w in words)]
+    runs = [
+        subprocess.run(
+            command, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONIOENCODING": e}
+        )
+        for e in ("ascii", "utf-8")
+    ]
+    assert [r.returncode for r in runs] == [0, 0]
+    ascii_out, utf8_out = (r.stdout for r in runs)
+    assert ascii_out.isascii() and not utf8_out.isascii()
+    assert json.loads(ascii_out) == json.loads(utf8_out)

@@ -400,3 +400,26 @@ def test_a_section_an_alias_stood_for_is_not_read() -> None:
         "".join(found)
     )
     assert not [p for p in found if p.startswith("$.topology")]
+
+
+@pytest.mark.parametrize("key", ["paralel", "Parallel", "precison", "mdoe"])
+def test_a_key_that_is_no_section_holds_back_every_semantic_rule(key) -> None:
+    """A misspelt optional section left the real one to its defaults, and those were
+    checked (review: `paralel: {tp: 2, pp: 2, dp: 2}` read as 1 x 1 x 1 x 1 on 8 GPUs)."""
+    text = BASE.replace("parallel: {tp: 2, pp: 2, dp: 2}\n", f"{key}: {{tp: 2}}\n")
+    found = _all_problems(text)
+    assert [p.split(":")[0] for p in found] == [f"$.{key}"]
+
+
+def test_a_broken_batch_holds_back_only_the_rules_that_read_the_batch() -> None:
+    """Degrees against the GPUs and heads over tp read no batch (review: they waited)."""
+    text = BASE.replace("global: 32", "global: x").replace("{tp: 2,", "{tp: 3,")
+    found = [p.split(":")[0] for p in _all_problems(text)]
+    assert found == ["$.batch.global", "$.parallel", "$.parallel.tp"]
+
+
+def test_a_broken_parallel_section_leaves_the_batch_its_own_rules() -> None:
+    """The batch's own rules need no dp: a train plan's `prompt` is still refused."""
+    text = BASE.replace("global: 32}", "global: 32, prompt: 8}").replace("dp: 2}", "dp: x}")
+    found = [p.split(":")[0] for p in _all_problems(text)]
+    assert found == ["$.batch.prompt", "$.parallel.dp"]

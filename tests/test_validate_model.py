@@ -266,7 +266,10 @@ def test_a_run_the_memory_model_puts_over_its_memory_is_named(accuracy) -> None:
     first = accuracy.rows[0]
     missed = replace(first, peak_bytes=90 * 2**30, capacity_bytes=80 * 2**30)
     text = accuracy_markdown(Accuracy((missed, *accuracy.rows[1:])))
-    assert f"over their GPUs' memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text
+    assert f"puts it over its GPUs' memory: {first.run.name} (worst stage 90.0 GiB of 80.0)" in text
+    assert "This run ran, where" in text
+    two = accuracy_markdown(Accuracy((missed, missed, *accuracy.rows[1:])))
+    assert "These runs ran, where the memory model puts them over their GPUs' memory:" in two
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Any
 from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve
-from budget.plan.schema import validate_tree
+from budget.plan.schema import schema, validate_tree
 from budget.plan.yaml_load import Marks, decode, load_yaml
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
@@ -137,11 +137,14 @@ def semantic_problems(
     schema's problems, and the values the loader refused: an alias past the first is not a
     problem of its own), with the rules relating them (`resolve`'s ``skip``): a plan with
     a wrong type in the model and a bad layout learns both at once. None where a problem
-    is the plan's own (``$``: a section missing) or its mode's, which every section reads."""
+    is the plan's own: a section missing (``$``), the mode, which every section reads, or
+    a key that is no section (``paralel:``, ``Parallel:``), which may be one misspelt whose
+    defaults would be checked in its place."""
+    known = set(schema()["properties"]) - {"mode"}
     sections = set()
     for path in broken:
         match = _SECTION.match(path)
-        if match is None or match.group(1) == "mode":
+        if match is None or match.group(1) not in known:
             return []
         sections.add(match.group(1))
     if not isinstance(tree, Mapping):

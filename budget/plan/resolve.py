@@ -941,20 +941,22 @@ def _nearest(value: int, step: int) -> str:
 
 
 class _LayoutChecks:
-    """Rules that relate the layout to the batch and the world, which need no model (so they
-    run where the model broke the schema: `resolve`'s ``skip``); each method adds problems."""
+    """Rules that relate sections to each other, each method adding problems. These relate
+    the layout to the world and the batch and read no model; `_ModelChecks` and `_Checks`
+    add the rest, so that where a section broke the schema (`resolve`'s ``skip``) the rules
+    that do not read it still run."""
 
-    def __init__(self, r: _Resolver, mode: str, batch: Batch, par: Parallel) -> None:
+    def __init__(self, r: _Resolver, mode: str, par: Parallel, batch: Batch | None) -> None:
         self.r = r
         self.mode = mode
-        self.batch = batch
         self.par = par
+        self.whole_batch = batch
 
     def run(self, topology: Topology | None) -> None:
         if topology is not None:
             self.world(topology)
-        if self.mode == "train":
-            self.global_batch()
+        if self.mode == "train" and self.whole_batch is not None:
+            self.global_batch(self.whole_batch)
 
     def world(self, topology: Topology) -> None:
         """tp × cp × pp × dp is the world size (DESIGN.md); expert layers fold etp × ep × edp
@@ -1004,8 +1006,8 @@ class _LayoutChecks:
                 "multiples of them, or reorder parallel.order",
             )
 
-    def global_batch(self) -> None:
-        b, dp = self.batch, self.par.dp
+    def global_batch(self, b: Batch) -> None:
+        dp = self.par.dp
         step = b.micro * dp
         if b.global_batch % step:
             self.r.error(
@@ -1016,22 +1018,20 @@ class _LayoutChecks:
             )
 
 
-class _Checks(_LayoutChecks):
-    """Rules that relate sections to each other; each method adds problems, returns nothing."""
+class _ModelChecks(_LayoutChecks):
+    """The rules of the model against the layout that read no batch: heads over tp, layers
+    over pp."""
 
-    def __init__(self, r: _Resolver, mode: str, model: Model, batch: Batch, par: Parallel) -> None:
-        super().__init__(r, mode, batch, par)
+    def __init__(
+        self, r: _Resolver, mode: str, par: Parallel, batch: Batch | None, model: Model
+    ) -> None:
+        super().__init__(r, mode, par, batch)
         self.model = model
 
     def run(self, topology: Topology | None) -> None:
         super().run(topology)
         self.heads()
         self.stages()
-        self.schedule()
-        self.sequence_parallel()
-        self.context()
-        self.experts()
-        self.positions()
 
     def heads(self) -> None:
         """Megatron-LM: num_attention_heads % tp == 0 and num_query_groups % tp == 0.
@@ -1115,6 +1115,22 @@ class _Checks(_LayoutChecks):
                 f"number of layers; {choose}, or list an uneven split in "
                 "parallel.pipeline.layers_per_stage",
             )
+
+
+class _Checks(_ModelChecks):
+    """Every rule: those of the model, the batch and the layout together besides."""
+
+    def __init__(self, r: _Resolver, mode: str, model: Model, batch: Batch, par: Parallel) -> None:
+        super().__init__(r, mode, par, batch, model)
+        self.batch = batch
+
+    def run(self, topology: Topology | None) -> None:
+        super().run(topology)
+        self.schedule()
+        self.sequence_parallel()
+        self.context()
+        self.experts()
+        self.positions()
 
     def schedule(self) -> None:
         """Virtual stages need the interleaved schedule, and it needs m % pp == 0.
@@ -1379,7 +1395,10 @@ def resolve(
     mode = tree.get("mode", "train")
     model = None if "model" in skip else r.model(tree["model"])
     par = None if "parallel" in skip else r.parallel(tree.get("parallel", {}))
-    batch = None if par is None or "batch" in skip else r.batch(tree["batch"], mode, par.dp)
+    # with the parallel section broken, the batch's own rules read dp 1, which divides any
+    # count: its rule over dp waits for the section
+    dp = 1 if par is None else par.dp
+    batch = None if "batch" in skip else r.batch(tree["batch"], mode, dp)
     if (
         model is not None
         and batch is not None
@@ -1439,17 +1458,18 @@ def resolve(
                 f"overlaps; give fewer than {device.sms}",
             )
     transitions: tuple[Transition, ...] = ()
-    if batch is not None and par is not None:
-        if not seed:
-            checks = (
-                _LayoutChecks(r, mode, batch, par)
-                if model is None
-                else _Checks(r, mode, model, batch, par)
-            )
-            checks.run(topology)
-        if model is not None and "transitions" not in skip:
-            names = _shape_names(model, batch, par)
-            transitions = r.transitions(tree.get("transitions", []), names)
+    if par is not None and not seed:  # each rule whose sections all resolved
+        checks = (
+            _LayoutChecks(r, mode, par, batch)
+            if model is None
+            else _ModelChecks(r, mode, par, batch, model)
+            if batch is None
+            else _Checks(r, mode, model, batch, par)
+        )
+        checks.run(topology)
+    if model is not None and batch is not None and par is not None and "transitions" not in skip:
+        names = _shape_names(model, batch, par)
+        transitions = r.transitions(tree.get("transitions", []), names)
     if (
         skip
         or r.problems

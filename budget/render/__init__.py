@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,20 @@ if TYPE_CHECKING:
     from budget.report import Report
 
 
-def dump_json(data: Any) -> str:
-    """JSON as the reports promise it: stable key order, no NaN, two-space indent."""
-    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+def dump_json(data: Any, stream: Any = None) -> str:
+    """JSON as the reports promise it: stable key order, no NaN, two-space indent. For a
+    `stream` that is not UTF (``PYTHONIOENCODING=ascii``), what is not ASCII is escaped
+    (``\\u00b5``): the same JSON, where the stream's ``?`` for it would change a value."""
+    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=not utf(stream)) + "\n"
+
+
+def utf(stream: Any) -> bool:
+    """Whether `stream` (None: a string) takes every character: its encoding is a UTF."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
 
 
 def render_report(console: Console, report: Report, fmt: str) -> None:
@@ -21,7 +33,7 @@ def render_report(console: Console, report: Report, fmt: str) -> None:
     if fmt == "json":
         from budget.report import to_dict
 
-        console.file.write(dump_json(to_dict(report)))
+        console.file.write(dump_json(to_dict(report), console.file))
     elif fmt == "markdown":
         from budget.render.markdown import render_markdown
 

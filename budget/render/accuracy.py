@@ -109,7 +109,9 @@ def _misses(acc: Accuracy) -> str:
         f"{r.run.name} (worst stage {r.peak_bytes / gib:.1f} GiB of {r.capacity_bytes / gib:.1f})"
         for r in over
     )
-    return f" These runs ran, where the memory model puts them over their GPUs' memory: {runs}."
+    said = "These runs ran" if len(over) > 1 else "This run ran"
+    them = "them over their" if len(over) > 1 else "it over its"
+    return f" {said}, where the memory model puts {them} GPUs' memory: {runs}."
 
 
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:

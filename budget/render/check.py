@@ -24,7 +24,7 @@ def render_check(console: Console, result: CheckResult, fmt: str) -> None:
         from budget.check import check_to_dict
         from budget.render import dump_json
 
-        console.file.write(dump_json(check_to_dict(result)))
+        console.file.write(dump_json(check_to_dict(result), console.file))
     elif fmt == "markdown":
         console.file.write(check_markdown(result))
     else:

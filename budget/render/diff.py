@@ -56,7 +56,7 @@ def render_diff(console: Console, a: Report, b: Report, diff: PlanDiff, fmt: str
         from budget.diff import diff_to_dict
         from budget.render import dump_json
 
-        console.file.write(dump_json(diff_to_dict(a, b, diff)))
+        console.file.write(dump_json(diff_to_dict(a, b, diff), console.file))
     elif fmt == "markdown":
         console.file.write(diff_markdown(a, b, diff))
     else:

@@ -289,7 +289,7 @@ def _rows_as_lines(console: Console, section: Section) -> None:
 
 def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt: str) -> None:
     if fmt == "json":  # versioned as the report's JSON is (`report.SCHEMA_VERSION`)
-        console.file.write(dump_json({"schema_version": SCHEMA_VERSION, **data}))
+        console.file.write(dump_json({"schema_version": SCHEMA_VERSION, **data}, console.file))
         return
     if fmt == "markdown":
         console.file.write(presets_markdown(data))
