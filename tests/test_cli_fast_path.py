@@ -6,6 +6,7 @@ import errno
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -300,6 +301,8 @@ def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words
     text = process.stdout.decode(encoding)
     shown = "?" if encoding == "ascii" else "·"  # latin-1 has the middle dot, not ─ or ✗
     assert f"gpt-1.3b {shown} train" in text if status == 0 else "FAIL " in text
+    if status == 0:  # the fill bar in ASCII, where it was ????? (review)
+        assert re.search(r"\|#+\.+\|", text), text
 
 
 @pytest.mark.parametrize("words", [["schema"], ["{plans}/gpt3-175b.yaml", "-f", "json"]])

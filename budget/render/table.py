@@ -196,11 +196,16 @@ def attention_text(
     }[source]
 
 
-def _bar(row: StageRow, width: int = 8) -> Text:
+# the fill bar's full and empty cells; a console that is not UTF-8 takes the ASCII pair, where
+# it would show ? for both
+BAR_MARKS, ASCII_BAR_MARKS = "█·", "#."
+
+
+def _bar(row: StageRow, width: int = 8, marks: str = BAR_MARKS) -> Text:
     fill = row.peak_bytes / row.capacity_bytes if row.capacity_bytes else 1.0
     cells = min(width, round(fill * width))
     style = "green" if fill <= 0.9 else "yellow" if fill <= 1.0 else "red"
-    return Text("█" * cells + "·" * (width - cells), style=style)
+    return Text(marks[0] * cells + marks[1] * (width - cells), style=style)
 
 
 def titled_table(title: str) -> Table:
@@ -249,7 +254,9 @@ def _columns(report: Report, wide: bool) -> list[tuple[str, Callable[[StageRow],
     return columns
 
 
-def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
+def stage_table(
+    report: Report, wide: bool, bar: int | None = None, marks: str = BAR_MARKS
+) -> Table:
     """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow)."""
     bar = (8 if wide else 0) if bar is None else bar
     table = titled_table("Memory per rank of each pipeline stage, at its peak")
@@ -272,7 +279,7 @@ def stage_table(report: Report, wide: bool, bar: int | None = None) -> Table:
         cells += [_b(value(row)) for _, value in columns]
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
         cells += [_b(row.peak_bytes), headroom]
-        table.add_row(*cells, *([_bar(row, bar)] if bar else []))
+        table.add_row(*cells, *([_bar(row, bar, marks)] if bar else []))
     reserved = _b(report.device["reserved_bytes"])
     table.caption = (
         f"peak = the columns + {reserved} reserved per GPU"
@@ -662,8 +669,10 @@ def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
         console.print(line, markup=False)
+    bar = 8 if wide else 5 if console.width >= NARROW_BAR else 0
+    marks = BAR_MARKS if console.encoding.startswith("utf") else ASCII_BAR_MARKS
     for table in (
-        stage_table(report, wide, 8 if wide else 5 if console.width >= NARROW_BAR else 0),
+        stage_table(report, wide, bar, marks),
         overlap_table(report.worst),
         phase_table(report, wide),
     ):
