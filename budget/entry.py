@@ -103,24 +103,18 @@ def main(argv: list[str] | None = None) -> None:
         _cannot_write(error)
 
 
-# what the tables and messages print beyond ASCII: rules, the middle dot, ×, →, ✗, …
-_PRINTED = "─·×→✗…≤µ"
-
-
 def _encodable_streams() -> None:
     """Output to a stream whose encoding lacks what the tables print
     (``PYTHONIOENCODING=ascii``, or latin-1; Python itself reads a C locale as UTF-8) shows
     ``?`` for each such character, where it ended in an encoding traceback and status 1,
     which `check` uses to say a plan fails. JSON escapes them instead (`render.dump_json`),
     so that its values stay what they are."""
+    from budget.render import utf  # imported by every command that renders anyway
+
     for stream in (sys.stdout, sys.stderr):
-        try:
-            _PRINTED.encode(stream.encoding or "utf-8")
-        except (UnicodeEncodeError, LookupError):
+        if stream is not None and not utf(stream):
             with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
                 stream.reconfigure(errors="replace")  # type: ignore[union-attr]
-        except AttributeError:  # replaced by something without an encoding, or closed
-            continue
 
 
 def _run(given: list[str]) -> None:

@@ -467,10 +467,11 @@ def embedding_moves(plan: Plan, s: Shapes) -> list[Move]:
     par = plan.parallel
     size = s.act * s.tokens * s.hidden
     rule = "tp: exposed, the first layer needs it"
-    if plan.model.position == "learned" and not every(lacks(_sp(plan))):
+    learned = plan.model.position == "learned"
+    if learned and not every(lacks(_sp(plan))):
         rule += "; where sequence parallel, each rank then keeps its shard (learned positions)"
     moves = []
-    scatter = _sp(plan) & (plan.model.position != "learned")
+    scatter = _sp(plan) & (not learned)
     kinds: tuple[tuple[Op, str, Any], ...] = (
         ("reduce-scatter", "shard(0)", scatter),
         ("all-reduce", "replicate", lacks(scatter) & (par.tp > 1)),

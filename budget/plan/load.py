@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +146,6 @@ def semantic_problems(
         if match is None or match.group(1) not in known:
             return []
         sections.add(match.group(1))
-    if not isinstance(tree, Mapping):
-        return []
     try:
         resolve(tree, marks, file, seed, skip=frozenset(sections))
     except BudgetError as error:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS
+from budget.render import utf
 from budget.report import (
     RAMP_HEADER,
     RAMP_NOTE,
@@ -670,7 +671,7 @@ def render_table(console: Console, report: Report) -> None:
     for line in header(report):
         console.print(line, markup=False)
     bar = 8 if wide else 5 if console.width >= NARROW_BAR else 0
-    marks = BAR_MARKS if console.encoding.startswith("utf") else ASCII_BAR_MARKS
+    marks = BAR_MARKS if utf(console.file) else ASCII_BAR_MARKS
     for table in (
         stage_table(report, wide, bar, marks),
         overlap_table(report.worst),
