@@ -372,63 +372,78 @@ def test_attention_core_runs_in_the_activations_format() -> None:
     fp8 = _resolve(_tree(precision={"matmul": "fp8"}))
     assert fp8.precision.activations == "bf16"
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
-    # `flash` on an H100 is cuDNN's fused attention: 529 TFLOP/s forward and 518 backward
-    # (FlashAttention-3 paper, Figures 5 and 6, 8K), 3.5 / (1/529 + 2.5/518) = 521.1 together.
-    cudnn = 3.5 / (1 / 529 + 2.5 / 518) * 1e12
-    assert cudnn == pytest.approx(521.1e12, rel=1e-4)
-    assert work_time(bf16, core) == pytest.approx(core.flops / cudnn)
+    # `flash` on an H100 is cuDNN's fused attention: 529 TFLOP/s forward (causal) and 518
+    # backward (unmasked; FlashAttention-3 paper, Figures 5 and 6, 8K), the backward made
+    # causal at 0.9111 (test below): 3.5 / (1/529 + 2.5/471.94) = 486.9 together.
+    cudnn = 3.5 / (1 / 529 + 2.5 / (518 * 0.91108)) * 1e12
+    assert cudnn == pytest.approx(486.9e12, rel=1e-4)
+    assert work_time(bf16, core) == pytest.approx(core.flops / cudnn, rel=1e-4)
+
+
+def test_causal_calls_run_at_the_cudnn_sweeps_causal_to_unmasked_ratios() -> None:
+    """NVIDIA/cudnn-frontend's H200 sweep (cuDNN 9.19.1, head dim 128): a causal call does
+    half the FLOPs of an unmasked one, so its rate over the unmasked rate is t_u / (2·t_c).
+    At 8K, forward 3.182 / (2 · 1.708) = 0.9315 and backward 9.262 / (2 · 5.083) = 0.9111; at
+    2K 0.681 / (2 · 0.464) = 0.7338 backward. Held at 2K below it and at 16K above."""
+    from budget.catalog.devices import _causal
+
+    assert _causal(8192) == pytest.approx((0.93150, 0.91108), abs=5e-5)
+    assert _causal(2048)[1] == pytest.approx(0.73384, abs=5e-5)
+    assert _causal(512) == _causal(2048) and _causal(131072) == _causal(16384)
 
 
 def test_fused_attention_rates_are_the_published_measurements() -> None:
-    """FlashAttention-2 forward + backward from Azure's runs (batch 2, sequence 8192): H100
-    327.9, H200 329.3, A100 179.5 TFLOP/s. cuDNN and FlashAttention-3 on H100 from the
-    FlashAttention-3 paper (8K, head dim 128): forward 529 and 602, backward 518 and 559,
-    combined as 3.5 / (1/fwd + 2.5/bwd) = 521.1 and 570.6 TFLOP/s."""
+    """cuDNN and FlashAttention-3 on H100 from the FlashAttention-3 paper (8K, head dim 128):
+    causal forward 529 and 602, unmasked backward 518 and 559, made causal at 0.91108 (test
+    above), combined as 3.5 / (1/fwd + 2.5/bwd): 486.9 and 532.7 TFLOP/s. FlashAttention-2
+    from Azure's unmasked runs (batch 2, sequence 8192): H100 327.9, H200 329.3, A100 179.5.
+    The paper's FA2 bars at 8K put unmasked (forward 333 / 0.93150 = 357.49, backward 318)
+    give 3.5 / (1/357.49 + 2.5/318) = 328.36, within 0.2 % of Azure's H100 run; made causal
+    (318 · 0.91108 = 289.72) they give 3.5 / (1/333 + 2.5/289.72) = 300.89, and at Azure's
+    level 300.89 · 327.9 / 328.36 = 300.47. The A100's one figure made causal at 8K: forward
+    179.5 · 0.93150 = 167.20, backward 179.5 · 0.91108 = 163.54, together 164.57."""
     h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
-    assert h100["flash2"].at(8192) * 989 == pytest.approx(327.9)
-    assert h100["cudnn"].at(8192) * 989 == pytest.approx(521.1, abs=0.05)
-    assert h100["flash3"].at(8192) * 989 == pytest.approx(570.6, abs=0.05)
+    assert h100["cudnn"].at(8192) * 989 == pytest.approx(486.94, abs=0.02)
+    assert h100["flash3"].at(8192) * 989 == pytest.approx(532.73, abs=0.02)
+    assert h100["flash2"].at(8192) * 989 == pytest.approx(300.47, abs=0.02)
     h200 = {rate.kernel: rate for rate in DEVICES["h200"].attention}
-    assert h200["flash2"].at(8192) * 989 == pytest.approx(329.3)
+    assert h200["flash2"].at(8192) * 989 == pytest.approx(300.89 * 329.3 / 328.36, abs=0.02)
     a100 = DEVICES["a100-80gb"].attention[0]
-    assert a100.kernel == "flash2" and a100.at(8192) == pytest.approx(179.5 / 312)
-    # The paper's own FlashAttention-2 bars (333 forward, 318 backward) agree with Azure's
-    # independent FA2 run within 2 %: the reason its cuDNN and FA3 bars are trusted.
-    paper_fa2 = 3.5 / (1 / 333 + 2.5 / 318)
-    assert paper_fa2 == pytest.approx(327.9, rel=0.02)
+    assert a100.kernel == "flash2" and a100.at(8192) * 312 == pytest.approx(164.57, abs=0.02)
     assert not DEVICES["b200"].attention and not DEVICES["mi300x"].attention
 
 
 def test_triton_attention_is_flashattention2_slowed_by_the_fa2_papers_ratios() -> None:
-    """FlashAttention in Triton: FlashAttention-2's forward at 1/1.4 and backward at 1/2 (FA2
-    paper, section 4.1). A100, forward and backward alike at FA2's 179.5: 3.5 / (1.4/179.5 +
-    2.5·2/179.5) = 179.5 · 3.5/6.4 = 98.16 TFLOP/s. H100 at 8K, FA2 bars 333 forward and 318
-    backward: 3.5 / (1.4/333 + 5/318) = 175.64, at Azure's FA2 level × 327.9 / 322.15 (the
-    bars combined) = 178.77; at 2K (298, 291): 159.96 · 1.0179 = 162.82. Never a default."""
+    """FlashAttention in Triton: FlashAttention-2's causal forward at 1/1.4 and backward at
+    1/2 (FA2 paper, section 4.1). A100, at FA2's causal 167.20 and 163.54 (test above): 3.5
+    / (1.4/167.20 + 2.5·2/163.54) = 89.87 TFLOP/s. H100 at 8K, FA2 bars 333 forward and
+    289.72 backward: 3.5 / (1.4/333 + 5/289.72) = 163.08, at Azure's FA2 level × 327.9 /
+    328.36 = 162.85; at 2K (298, and 291 · 0.73384 = 213.55): 124.50 · 0.99859 = 124.32.
+    Never a default."""
     a100 = {rate.kernel: rate for rate in DEVICES["a100-80gb"].attention}
-    assert a100["triton"].at(2048) * 312 == pytest.approx(98.16, abs=0.01)
+    assert a100["triton"].at(2048) * 312 == pytest.approx(89.87, abs=0.01)
     h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
-    assert h100["triton"].at(8192) * 989 == pytest.approx(178.77, abs=0.01)
-    assert h100["triton"].at(2048) * 989 == pytest.approx(162.82, abs=0.01)
+    assert h100["triton"].at(8192) * 989 == pytest.approx(162.85, abs=0.02)
+    assert h100["triton"].at(2048) * 989 == pytest.approx(124.32, abs=0.02)
     for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h800", "h200"):
         kernels = [rate.kernel for rate in DEVICES[name].attention]
         assert "triton" in kernels and kernels[0] != "triton"
 
 
 def test_fused_attention_rates_follow_the_keys_per_call() -> None:
-    """The same figures at 2K: cuDNN forward 484, backward 465, so 3.5 / (1/484 + 2.5/465)
-    = 470.3 TFLOP/s, 9.7 % below its 521.1 at 8K. FlashAttention-2 keeps Azure's 327.9 at
-    8K and takes the paper's shape: 298 and 291 at 2K against 333 and 318 at 8K give
-    292.96 / 322.15 of it, 298.2. Between lengths the rate is interpolated in log keys;
-    outside 512 ... 16K it holds the nearest bar. The A100's one measured length holds at
-    every length."""
+    """The same figures at 2K: cuDNN forward 484, backward 465 · 0.73384 = 341.24 (causal,
+    test above), so 3.5 / (1/484 + 2.5/341.24) = 372.65 TFLOP/s, 23 % below its 486.9 at 8K.
+    FlashAttention-2 takes the paper's shape at Azure's level: 298 and 291 · 0.73384 =
+    213.55 at 2K give 232.36, × 0.99859 = 232.03. Between lengths the rate is interpolated in
+    log keys; outside 512 ... 16K it holds the nearest bar (at 512 with 2K's causal ratio).
+    The A100's one measured length holds at every length."""
     h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
-    assert h100["cudnn"].at(2048) * 989 == pytest.approx(470.3, abs=0.05)
-    assert h100["flash2"].at(2048) * 989 == pytest.approx(327.9 * 292.96 / 322.15, rel=1e-4)
+    assert h100["cudnn"].at(2048) * 989 == pytest.approx(372.65, abs=0.02)
+    assert h100["flash2"].at(2048) * 989 == pytest.approx(232.03, abs=0.02)
     halfway = (h100["cudnn"].at(2048) + h100["cudnn"].at(4096)) / 2
     assert h100["cudnn"].at(2048 * 2**0.5) == pytest.approx(halfway)
-    at_512 = 3.5 / (1 / 315 + 2.5 / 305)  # the paper's cuDNN bars at 512 tokens: 307.8
-    assert h100["cudnn"].at(128) == h100["cudnn"].at(512) == pytest.approx(at_512 / 989, 1e-3)
+    at_512 = 3.5 / (1 / 315 + 2.5 / (305 * 0.73384))  # cuDNN's bars at 512 tokens: 244.0
+    assert h100["cudnn"].at(128) == h100["cudnn"].at(512) == pytest.approx(at_512 / 989, 1e-4)
     assert h100["cudnn"].at(131072) == h100["cudnn"].at(16384)
     a100 = DEVICES["a100-80gb"].attention[0]
     assert a100.at(1024) == a100.at(8192) == a100.at(65536)
@@ -483,7 +498,7 @@ def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> N
     h100 = _resolve(_tree()).device
     assert h100.attention_fraction("flash", 8192) == h100.attention_fraction("cudnn", 8192)
     a100 = _resolve(_tree(device={"preset": "a100-80gb"})).device
-    assert a100.attention_fraction("flash", 8192) == pytest.approx(179.5 / 312)
+    assert a100.attention_fraction("flash", 8192) * 312 == pytest.approx(164.57, abs=0.02)
     with pytest.raises(BudgetError) as refused:
         _resolve(
             _tree(
@@ -520,7 +535,7 @@ def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> N
         plan = _resolve(_tree(model={"preset": "llama3-8b", "attention": kernel}))
         times[kernel] = work_time(plan, core)
         peaks[kernel] = build_report(plan).worst.peak_bytes
-    assert times["flash2"] == pytest.approx(core.flops / 327.9e12)
+    assert times["flash2"] == pytest.approx(core.flops / 300.47e12, rel=1e-4)
     assert times["flash"] == times["cudnn"] < times["flash2"] < times["triton"]
     assert times["flash3"] < times["cudnn"]
     assert len(set(peaks.values())) == 1  # every fused kernel keeps only row statistics
@@ -538,7 +553,7 @@ def test_fused_attention_rates_are_of_the_bf16_peak_whatever_the_activations() -
     fp8 = _resolve(_tree(precision={"matmul": "fp8", "activations": "fp8"}))
     assert fp8.precision.activations == "fp8"
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
-    assert work_time(bf16, core) == pytest.approx(core.flops / (989e12 * 521.1 / 989), rel=1e-3)
+    assert work_time(bf16, core) == pytest.approx(core.flops / 486.94e12, rel=1e-4)
 
 
 def test_the_report_says_which_kernel_times_attention() -> None:
@@ -547,10 +562,10 @@ def test_the_report_says_which_kernel_times_attention() -> None:
 
     report = build_report(_resolve(_tree()))
     assert report.device["attention_kernel"] == "cudnn"
-    assert report.device["attention_fraction"] == pytest.approx(521.1 / 989, rel=1e-4)
+    assert report.device["attention_fraction"] == pytest.approx(486.94 / 989, rel=1e-4)
     assert report.device["attention_keys"] == 8192
     assert (
-        "attention: flash = cudnn at 52.7% of peak at 8,192 keys per call (measured)"
+        "attention: flash = cudnn at 49.2% of peak at 8,192 keys per call (measured)"
         in header(report)[-1]
     )
     b200 = build_report(_resolve(_tree(device={"preset": "b200"})))
@@ -591,7 +606,7 @@ def test_the_header_says_when_a_rate_is_held_or_the_device_is_written_out() -> N
 
 def test_a_serving_plan_reports_the_rate_of_its_prefill_calls() -> None:
     """Decode is memory-bound; the kernel's rate matters in the prefill, whose calls meet the
-    prompt's keys (2,048 here: cuDNN at 470.3 TFLOP/s, 47.6 % of 989)."""
+    prompt's keys (2,048 here: cuDNN at 372.65 TFLOP/s, 37.7 % of 989, a causal call)."""
     from budget.pipeline import build_report
     from budget.render.table import header
 
@@ -602,8 +617,8 @@ def test_a_serving_plan_reports_the_rate_of_its_prefill_calls() -> None:
     )
     report = build_report(_resolve(serving))
     assert report.device["attention_keys"] == 2048
-    assert report.device["attention_fraction"] * 989 == pytest.approx(470.3, abs=0.05)
-    assert "at 47.6% of peak at 2,048 keys per prefill call (measured)" in header(report)[-1]
+    assert report.device["attention_fraction"] * 989 == pytest.approx(372.65, abs=0.02)
+    assert "at 37.7% of peak at 2,048 keys per prefill call (measured)" in header(report)[-1]
 
 
 # gpu-benches' gpu-small-kernels (te42kyfo/gpu-benches 11f5daa, *_graph.txt): elements d of a

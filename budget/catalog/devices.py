@@ -123,25 +123,40 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
 - FlashAttention-2, Azure's AI-benchmarking-guide ("Flash Attention 2.0": the
   flash-attention repository's benchmark, batch 2, sequence 8192, forward + backward): H100
   SXM 327.9 TFLOP/s (head dim 128, f350e7e; 33.2 %), H200 329.3 (7f20e5f; 33.3 %), A100 SXM4
-  80GB 179.5 (3bb66ca; 57.5 %, head dim 64). The guide's script has picked the unmasked and
-  the causal case in different versions, and the results files do not say which ran; the
-  FlashAttention-3 paper's FA2 bars below give 322 (causal forward) and 331 (unmasked) at this
-  size, both within 2 % of the H100 figure, so it stands for either within that.
+  80GB 179.5 (3bb66ca; 57.5 %, head dim 64). All three are unmasked: the guide's scripts of
+  that time keep the benchmark's ``causal=False`` case (``FlashAttention.py`` at 09ea18d
+  greps ``causal=False, headdim=128``, the head dim the H100 and H200 files state; the
+  earlier ``Benchmarks/FlashAttention.py`` takes the first match, ``causal=False``, head dim
+  64); only a later version, whose results print a causal column, takes the causal case.
 - cuDNN and FlashAttention-3 on H100 SXM: Shah et al., "FlashAttention-3" (arXiv
   2407.08608), bar labels of Figure 5 (forward, causal mask, head dim 128, sequence 8K: FA2
   333, cuDNN 529, FA3 602 TFLOP/s) and Figure 6 (backward, head dim 128, without a causal mask
-  as published: 318, 518, 559), combined as 3.5 / (1/forward + 2.5/backward): cuDNN 521
-  (52.7 %), FA3 571 (57.7 %). The same figures' FA2 comes to 322, within 2 % of Azure's
-  independent FA2 measurement, which is why the bars are read as they are. The backward is
-  the unmasked one, so a causal backward may run a little slower.
+  as published: 318, 518, 559).
+- Causal against unmasked calls: NVIDIA/cudnn-frontend's SDPA training benchmark on an H200
+  (the H100's die; cuDNN 9.19.1, bf16, 64 query and 8 KV heads of 128, batch 1;
+  ``benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/``, df73764) times forward
+  and backward with the causal mask and without it at 2K to 32K tokens. A causal call does
+  half the FLOPs, so its rate over the unmasked one is t_unmasked / (2 · t_causal): backward
+  0.73, 0.85, 0.91 and 0.95 at 2K, 4K, 8K and 16K, forward 0.76 to 0.96. Every training call
+  is causal, so each Hopper kernel's unmasked backward bars above are slowed by the backward
+  ratio at their length (held at 2K's below 2K, where there is no sweep); that cuDNN's ratio
+  carries to FlashAttention-2 and -3, which skip and mask the same tiles, is an assumption.
+  Combined as 3.5 / (1/forward + 2.5/backward), at 8K: cuDNN 487 TFLOP/s (49.2 %), FA3 533
+  (53.9 %). FlashAttention-2 takes the bars' shape at Azure's level: the bars put unmasked
+  (the causal forward over the forward ratio, 333 / 0.932, with the published backward)
+  give 328.4 at 8K, within 0.2 % of Azure's unmasked 327.9, which is why the bars are read
+  as they are; causal, 300.5 at 8K on the H100. The A100's one figure becomes a causal call
+  at 8K by the 8K ratios, forward and backward alike at 179.5: 164.6 (52.7 %). No A100
+  sweep was found, so carrying Hopper's ratios to Ampere is an assumption too. A decode
+  pass's call (one query row, no mask) keeps the causal rate: decode is memory-bound there.
 
 The rate depends on how many keys each query meets in one kernel call (the sequence, or
 seq / cp per ring step: `budget.flops.attention_keys`): a short call spends more of its time
 in the prologue, the epilogue and the masked diagonal tiles. The same two figures give bars
 at 512, 1K, 2K, 4K, 8K and 16K tokens (16K tokens per batch, so batch × length is fixed),
-combined the same way at each length: cuDNN 308, 409, 470, 504, 521, 522 TFLOP/s; FA3 309,
-424, 507, 552, 571, 576; FA2 211, 265, 298, 318, 328, 331 on Azure's 8K level (the paper's
-FA2 bars give only the shape, 0.64 of the 8K rate at 512 and 1.01 at 16K). The rate is
+made causal and combined the same way at each length: cuDNN 244, 324, 373, 446, 487, 502
+TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 165, 206, 232, 276, 300, 312 on Azure's level
+(the paper's FA2 bars give only the shape). The rate is
 interpolated in log keys and held at the end bars outside 512 ... 16K. The A100's one
 measured length (8192) stands for every length: no A100 sweep by length was found. Every
 call is priced at the causal forward's bars, though under load-balanced ring attention only
@@ -165,9 +180,10 @@ faster in the backward pass"): the forward at 1/1.4 of FlashAttention-2's, the b
 1/2, combined as above, 0.55 of FlashAttention-2's rate. The port's own header agrees from
 another side: its forward and backward together are "slightly slower" than FlashAttention's
 CUDA kernel, which the same paper puts at about half of FlashAttention-2. On Hopper the
-forward and backward bars of FlashAttention-2 above are slowed that way at each length; the
-A100 has only the combined 179.5 TFLOP/s, taken as forward and backward alike (the H100's
-FA2 bars differ by 5 % at 8K), so 179.5 · 3.5 / (1.4 + 2.5 · 2) = 98.2 TFLOP/s (31.5 %).
+forward and causal backward bars of FlashAttention-2 above are slowed that way at each
+length; the A100 has only the combined 179.5 TFLOP/s, taken as forward and backward alike
+(the H100's FA2 bars differ by 5 % at 8K) and made causal as above (167.2 forward, 163.5
+backward), so 3.5 / (1.4/167.2 + 2.5 · 2/163.5) = 89.9 TFLOP/s (28.8 %).
 Taking the sibling's ratios for the port is one assumption; carrying the A100's to Hopper
 another: the Triton kernel of 2023 used none of Hopper's new instructions, and neither does
 FlashAttention-2 (FlashAttention-3 is the one that does), whose H100 rate is the one slowed
@@ -235,12 +251,48 @@ def _fwd_bwd(forward: float, backward: float) -> float:
     return 3.5 / (1 / forward + 2.5 / backward)
 
 
-def _fa3_paper(kernel: str, peak: float, at_8k: float | None = None) -> AttentionRate:
-    """`kernel`'s forward + backward rate from the FlashAttention-3 paper's bars as a fraction
-    of `peak` TFLOP/s; with `at_8k`, only their shape, scaled to that rate at 8K."""
-    rates = [_fwd_bwd(f, b) for f, b in zip(*_FA3_FIGURES[kernel], strict=True)]
-    scale = 1.0 if at_8k is None else at_8k / rates[_FA3_LENGTHS.index(8192)]
-    return AttentionRate(kernel, _FA3_LENGTHS, tuple(r * scale / peak for r in rates))
+# Causal against unmasked calls on the Hopper die (module docstring): NVIDIA/cudnn-frontend's
+# SDPA training benchmark on an H200, cuDNN 9.19.1, bf16, batch 1, 64 query and 8 KV heads of
+# 128 (benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
+# llama3.1_20260227_034703.csv at df73764): median milliseconds of (forward, backward) under
+# the causal ("top_left") mask and without a mask, at each length.
+_CUDNN_SWEEP_MS = {
+    2048: ((0.142, 0.464), (0.217, 0.681)),
+    4096: ((0.465, 1.450), (0.819, 2.453)),
+    8192: ((1.708, 5.083), (3.182, 9.262)),
+    16384: ((6.531, 19.002), (12.524, 35.947)),
+}
+
+
+def _causal(length: int) -> tuple[float, float]:
+    """A causal call's (forward, backward) rate over an unmasked call's at `length` keys: half
+    the FLOPs in the causal time against all of them in the unmasked one, t_u / (2·t_c);
+    held at the nearest length swept outside 2K ... 16K."""
+    causal, unmasked = _CUDNN_SWEEP_MS[min(max(length, 2048), 16384)]
+    return unmasked[0] / (2 * causal[0]), unmasked[1] / (2 * causal[1])
+
+
+def _bars(kernel: str) -> list[tuple[float, float]]:
+    """`kernel`'s (forward, backward) TFLOP/s of a causal call at each of `_FA3_LENGTHS`: the
+    FlashAttention-3 paper's causal forward bars and its unmasked backward bars slowed by
+    `_causal`'s backward ratio."""
+    forward, backward = _FA3_FIGURES[kernel]
+    return [(f, b * _causal(n)[1]) for f, b, n in zip(forward, backward, _FA3_LENGTHS, strict=True)]
+
+
+def _fa2_level(unmasked_8k: float) -> float:
+    """The factor from the FlashAttention-3 paper's FlashAttention-2 bars to a device's own
+    unmasked FA2 measurement at 8K (Azure's): the paper's unmasked rate there is its causal
+    forward bar over `_causal`'s forward ratio, with its (unmasked) backward bar."""
+    forward, backward = (bars[_FA3_LENGTHS.index(8192)] for bars in _FA3_FIGURES["flash2"])
+    return unmasked_8k / _fwd_bwd(forward / _causal(8192)[0], backward)
+
+
+def _fa3_paper(kernel: str, peak: float, scale: float = 1.0) -> AttentionRate:
+    """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
+    times `scale` (`_fa2_level`)."""
+    rates = (_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel))
+    return AttentionRate(kernel, _FA3_LENGTHS, tuple(rates))
 
 
 # FlashAttention-2 paper, section 4.1 (A100): FA2 is about 1.4x (1.3-1.5) as fast as
@@ -254,30 +306,30 @@ def _triton(fa2_forward: float, fa2_backward: float) -> float:
     return _fwd_bwd(fa2_forward / slower_forward, fa2_backward / slower_backward)
 
 
-def _triton_hopper(peak: float, fa2_at_8k: float) -> AttentionRate:
-    """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars slowed at each length, at
-    the level of the device's measured FA2 (`_fa3_paper`'s ``at_8k``)."""
-    forward, backward = _FA3_FIGURES["flash2"]
-    at_8k = _FA3_LENGTHS.index(8192)
-    scale = fa2_at_8k / _fwd_bwd(forward[at_8k], backward[at_8k])
-    rates = (_triton(f, b) * scale / peak for f, b in zip(forward, backward, strict=True))
+def _triton_hopper(peak: float, scale: float) -> AttentionRate:
+    """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars (`_bars`) slowed at each
+    length, at the level of the device's measured FA2 (`_fa2_level`)."""
+    rates = (_triton(f, b) * scale / peak for f, b in _bars("flash2"))
     return AttentionRate("triton", _FA3_LENGTHS, tuple(rates), derived=True)
 
 
+# The A100's one FA2 measurement is unmasked; a causal call at 8K takes the forward and
+# backward ratios of `_causal` there (the A100 has no sweep of its own, module docstring).
+_A100_FA2 = 179.5 * _causal(8192)[0], 179.5 * _causal(8192)[1]
 _A100_ATTENTION = (  # one length measured
-    AttentionRate("flash2", (8192,), (179.5 / 312,)),
-    AttentionRate("triton", (8192,), (_triton(179.5, 179.5) / 312,), derived=True),
+    AttentionRate("flash2", (8192,), (_fwd_bwd(*_A100_FA2) / 312,)),
+    AttentionRate("triton", (8192,), (_triton(*_A100_FA2) / 312,), derived=True),
 )
 _H100_ATTENTION = (
     _fa3_paper("cudnn", 989),
     _fa3_paper("flash3", 989),
-    _fa3_paper("flash2", 989, at_8k=327.9),
-    _triton_hopper(989, 327.9),
+    _fa3_paper("flash2", 989, _fa2_level(327.9)),
+    _triton_hopper(989, _fa2_level(327.9)),
 )
 _H200_ATTENTION = (
     *_H100_ATTENTION[:2],
-    _fa3_paper("flash2", 989, at_8k=329.3),
-    _triton_hopper(989, 329.3),
+    _fa3_paper("flash2", 989, _fa2_level(329.3)),
+    _triton_hopper(989, _fa2_level(329.3)),
 )
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
