@@ -25,7 +25,8 @@ ATTENTION_KEYS = 8192
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, inner_half, by_dtype, source}, memory_efficiency,
-    kernel_startup_s, sms, attention[{kernel, keys, fraction, derived}], assumed, source}``;
+    kernel_startup_s, sms, attention[{kernel, keys, fraction, derived, source}], assumed,
+    source}``;
     ``inner_half`` is K₀ of a GEMM's inner-dimension factor (`budget.efficiency`); the
     first attention kernel is what ``model.attention: flash`` runs (its share of the bf16
     peak when each query meets ``keys`` keys; ``derived``: computed from another kernel's
@@ -55,6 +56,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
                 "keys": ATTENTION_KEYS,
                 "fraction": float(rate.at(ATTENTION_KEYS)),
                 "derived": rate.derived,
+                "source": rate.source,
             }
             for rate in d.attention
         ],

@@ -16,7 +16,10 @@ from budget.units import plural
 # ``hardware.capacity_bytes``; the report's ``layout.fsdp``
 # 1.2: `budget presets` gives each device's ``gemm.inner_half`` (K₀), and its JSON carries
 # ``schema_version``
-SCHEMA_VERSION = "1.3"
+# 1.3: `budget collective` gives ``latency_term_s`` and ``bandwidth_term_s``
+# 1.4: `budget presets` gives each fused-attention rate's ``source``, and the rates are of a
+# causal call
+SCHEMA_VERSION = "1.4"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)
 RAMP_HEADER = "share at 16 · 64 · 256 MiB"

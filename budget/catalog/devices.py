@@ -288,11 +288,20 @@ def _fa2_level(unmasked_8k: float) -> float:
     return unmasked_8k / _fwd_bwd(forward / _causal(8192)[0], backward)
 
 
-def _fa3_paper(kernel: str, peak: float, scale: float = 1.0) -> AttentionRate:
+_FA3_PAPER = "FlashAttention-3 paper (arXiv 2407.08608), Figures 5 and 6"
+_CAUSAL = "causal: NVIDIA/cudnn-frontend SDPA sweep, H200 (df73764)"
+
+
+def _azure_fa2(gpu: str, commit: str) -> str:
+    return f"Azure AI-benchmarking-guide FlashAttention-2, {gpu} ({commit}, unmasked)"
+
+
+def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, level: str = "") -> AttentionRate:
     """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
-    times `scale` (`_fa2_level`)."""
+    times `scale` (`_fa2_level`, from the measurement `level` names)."""
     rates = (_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel))
-    return AttentionRate(kernel, _FA3_LENGTHS, tuple(rates))
+    source = f"{level}; shape: {_FA3_PAPER}" if level else _FA3_PAPER
+    return AttentionRate(kernel, _FA3_LENGTHS, tuple(rates), source=f"{source}; {_CAUSAL}")
 
 
 # FlashAttention-2 paper, section 4.1 (A100): FA2 is about 1.4x (1.3-1.5) as fast as
@@ -306,29 +315,37 @@ def _triton(fa2_forward: float, fa2_backward: float) -> float:
     return _fwd_bwd(fa2_forward / slower_forward, fa2_backward / slower_backward)
 
 
+_TRITON_SOURCE = "FlashAttention-2's rate slowed by the FlashAttention-2 paper's ratios (4.1)"
+
+
 def _triton_hopper(peak: float, scale: float) -> AttentionRate:
     """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars (`_bars`) slowed at each
     length, at the level of the device's measured FA2 (`_fa2_level`)."""
     rates = (_triton(f, b) * scale / peak for f, b in _bars("flash2"))
-    return AttentionRate("triton", _FA3_LENGTHS, tuple(rates), derived=True)
+    return AttentionRate("triton", _FA3_LENGTHS, tuple(rates), True, _TRITON_SOURCE)
 
 
 # The A100's one FA2 measurement is unmasked; a causal call at 8K takes the forward and
 # backward ratios of `_causal` there (the A100 has no sweep of its own, module docstring).
 _A100_FA2 = 179.5 * _causal(8192)[0], 179.5 * _causal(8192)[1]
 _A100_ATTENTION = (  # one length measured
-    AttentionRate("flash2", (8192,), (_fwd_bwd(*_A100_FA2) / 312,)),
-    AttentionRate("triton", (8192,), (_triton(*_A100_FA2) / 312,), derived=True),
+    AttentionRate(
+        "flash2",
+        (8192,),
+        (_fwd_bwd(*_A100_FA2) / 312,),
+        source=f"{_azure_fa2('A100', '3bb66ca')}; {_CAUSAL}, at 8K",
+    ),
+    AttentionRate("triton", (8192,), (_triton(*_A100_FA2) / 312,), True, _TRITON_SOURCE),
 )
 _H100_ATTENTION = (
     _fa3_paper("cudnn", 989),
     _fa3_paper("flash3", 989),
-    _fa3_paper("flash2", 989, _fa2_level(327.9)),
+    _fa3_paper("flash2", 989, _fa2_level(327.9), _azure_fa2("H100", "f350e7e")),
     _triton_hopper(989, _fa2_level(327.9)),
 )
 _H200_ATTENTION = (
     *_H100_ATTENTION[:2],
-    _fa3_paper("flash2", 989, _fa2_level(329.3)),
+    _fa3_paper("flash2", 989, _fa2_level(329.3), _azure_fa2("H200", "7f20e5f")),
     _triton_hopper(989, _fa2_level(329.3)),
 )
 

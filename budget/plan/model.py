@@ -373,12 +373,14 @@ class AttentionRate:
     (the sequence, or one ring step's share of it under context parallelism), interpolated
     in log keys and held outside the measured lengths. One point: the same at every
     length (`budget.catalog.devices`). ``derived``: computed from another kernel's
-    measurement by published ratios, not measured itself."""
+    measurement by published ratios, not measured itself; ``source``: where the rate is from.
+    """
 
     kernel: str
     keys: tuple[float, ...]
     fractions: tuple[float, ...]
     derived: bool = False
+    source: str = ""
 
     def at(self, keys: Any) -> Any:
         """The fraction at ``keys`` keys per call (a number, or an array)."""

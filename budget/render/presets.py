@@ -87,17 +87,20 @@ def _devices(devices: list[dict[str, Any]]) -> Section:
                 _mark(format_duration(start) if start else "0 s", "start" in guess),
             ]
         )
-        sources.cite(d["name"], f"{d['source']}; GEMM: {d['gemm']['source']}")
+        cited = f"{d['source']}; GEMM: {d['gemm']['source']}"
+        if attention is not None:
+            cited += f"; attention ({attention['kernel']}): {attention['source']}"
+        sources.cite(d["name"], cited)
     note = (
         "GiB: the card's memory as its driver reports it (2^30 B); bf16, fp8: dense "
         "datasheet peaks, TFLOP/s; HBM: datasheet bandwidth, TB/s (10^12 B/s); GEMM: the "
         "share of the bf16 peak a large GEMM sustains (on Hopper and Blackwell, less for "
         "an inner dimension under 8192: `inner_half` in --format json); stream: the share "
         "of HBM bandwidth a streaming kernel reaches; attention: the kernel "
-        "`model.attention: flash` runs and its share of the bf16 peak at 8K keys (GEMM "
-        "curve: none measured; the device's other kernels, among them the derived triton, "
-        "are in --format json); start: the fixed time a kernel takes beyond its bytes; "
-        "streaming multiprocessors (`sms`) are in --format json. "
+        "`model.attention: flash` runs and its share of the bf16 peak in a causal call at 8K "
+        "keys (GEMM curve: none measured; the device's other kernels, among them the derived "
+        "triton, are in --format json); start: the fixed time a kernel takes beyond its "
+        "bytes; streaming multiprocessors (`sms`) are in --format json. "
         f"{_ASSUMED_NOTE}"
     )
     return Section(
