@@ -85,6 +85,12 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     # every figure measured on it, or (its triton rate) derived from what was
     assert devices["a100-80gb"]["assumed"] == []
     assert devices["b200"]["attention"] == []  # no measurement: the GEMM curve
+    # every rate names its benchmark; every measured one, the sweep that makes it causal
+    for device in devices.values():
+        for rate in device["attention"]:
+            assert rate["source"], (device["name"], rate["kernel"])
+            assert rate["derived"] or "cudnn-frontend" in rate["source"]
+    assert "Azure" in {r["kernel"]: r for r in h100["attention"]}["flash2"]["source"]
     topologies = {t["name"]: t for t in catalogue("topologies")["topologies"]}
     nvlink, ib = topologies["hgx-h800"]["levels"]
     assert (nvlink["rate_Bps"], nvlink["bandwidth_Bps"]) == (200e9, pytest.approx(160e9))
