@@ -47,6 +47,7 @@ class Work:
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
+    causal: Any = 1.0  # fused attention: share of its FLOPs under the causal mask (`causal_share`)
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
     # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
     # and MoE router are not Transformer Engine modules, so an FP8 recipe leaves them in the
@@ -283,7 +284,7 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         # a decode pass meets its rank's share of the cache in one call: `s.seq_kv` is
         # already that share (`inference.decode_keys`), split once over cp, not again
         keys = attention_keys(plan, s.seq_kv) if s.causal else s.seq_kv
-        return [replace(core, keys=keys)]
+        return [replace(core, keys=keys, causal=causal_share(plan) if s.causal else 0.0)]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
@@ -423,13 +424,29 @@ def attention_keys(plan: Plan, seq_kv: Any) -> Any:
     An approximation of what Megatron-LM / Transformer Engine run: their load-balanced ring
     (2·cp chunks) makes only the diagonal step causal; the other steps are unmasked and
     half-sized (all local queries against seq/(2·cp) keys, or half of them against seq/cp),
-    and all-gather CP calls the kernel per chunk. Every call here is priced at the causal
-    rate for seq/cp (or seq) keys: slower than an unmasked call, faster than a half-sized
-    one, so the net error is small and of either sign."""
+    and all-gather CP calls the kernel per chunk, on up to seq keys. Which share of the
+    calls' work is masked is `causal_share`; every call here is read at seq/cp (or seq)
+    keys, where half the ring's unmasked steps meet seq/(2·cp): a little fast for those."""
     par = plan.parallel
     if par.cp_attention == "ring":
         return seq_kv // par.cp
     return seq_kv
+
+
+def causal_share(plan: Plan) -> Any:
+    """The share of a causal sequence's fused-attention FLOPs that its kernel calls run under
+    the causal mask, the rest in unmasked tiles (`AttentionRate.at` times each share at its
+    own rate). 1 without context parallelism. Megatron-LM's load-balanced split gives each
+    of the cp ranks two of 2·cp chunks of c tokens (Transformer Engine, context_parallel.py):
+    the ring's cp steps do 2c² query-key pairs each, the diagonal step causal and the others
+    unmasked, so 1/cp; all-gather calls each chunk j against the j + 1 chunks up to its end,
+    c²/2 pairs under the mask of c²·(j + 1/2), so cp·c² of the 2cp·c²·cp in all: 1 / (2·cp).
+    A decoding call (one new token against the cache) has no mask: `_core` gives it 0."""
+    par = plan.parallel
+    if every(par.cp == 1):
+        return 1.0
+    cp = vfloat(par.cp)
+    return vwhere(par.cp == 1, 1.0, 1 / cp if par.cp_attention == "ring" else 1 / (2 * cp))
 
 
 def rotary(plan: Plan, s: Shapes) -> list[Work]:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from budget.flops import attention_keys, fsdp_mixed
+from budget.flops import attention_keys, causal_share, fsdp_mixed
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
@@ -352,7 +352,7 @@ def build_report(plan: Plan) -> Report:
         "attention_rate": source,
         # keys each query meets in one kernel call, the length a preset's rate is read at
         "attention_keys": keys if measured else None,
-        "attention_fraction": plan.device.attention_fraction(m.attention, keys)
+        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal_share(plan))
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the

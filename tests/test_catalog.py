@@ -452,23 +452,37 @@ def test_fused_attention_rates_follow_the_keys_per_call() -> None:
 
     keys = np.array([100, 2048, 3000, 8192, 50000])
     assert np.allclose(h100["flash3"].at(keys), [h100["flash3"].at(int(k)) for k in keys])
+    shares = np.array([1.0, 0.5, 0.25, 1 / 16, 0.0])
+    assert np.allclose(
+        h100["cudnn"].at(keys, shares),
+        [h100["cudnn"].at(int(k), float(c)) for k, c in zip(keys, shares, strict=True)],
+    )
+    # a call without a mask (decoding) runs at the unmasked rate: at 8K 531.33 TFLOP/s
+    assert h100["cudnn"].at(8192, 0.0) * 989 == pytest.approx(531.33, abs=0.02)
 
 
 def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> None:
     """Ring attention calls the kernel once per ring step on seq / cp keys; all-gather
-    context parallelism once on the whole gathered sequence. The header says which."""
+    context parallelism once on the whole gathered sequence. The header says which.
+    Under Megatron's load-balanced split only the ring's diagonal step is causal (1/cp of
+    the FLOPs) and all-gather masks c²/2 of each chunk's pairs (1/(2·cp)); the rest run
+    unmasked. cuDNN at 4K: causal 3.5 / (1/518 + 2.5/(499 · 0.84586)) = 445.66, unmasked
+    3.5 / (1/(518 / 0.88065) + 2.5/499) = 521.60, so the cp-2 ring's calls run at
+    2 / (1/445.66 + 1/521.60) = 480.65 TFLOP/s; at 8K (486.94 and 531.33, test above) the
+    all-gather's at 1 / (0.25/486.94 + 0.75/531.33) = 519.49."""
+    from budget.flops import causal_share
     from budget.pipeline import build_report
     from budget.render.table import header
 
-    ring = build_report(_resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "ring"})))
-    gathered = build_report(
-        _resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "allgather"}))
-    )
-    h100 = _resolve(_tree()).device
+    ring_plan = _resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "ring"}))
+    gathered_plan = _resolve(_tree(parallel={"tp": 4, "cp": 2, "cp_attention": "allgather"}))
+    assert causal_share(ring_plan) == 0.5 and causal_share(gathered_plan) == 0.25
+    assert causal_share(_resolve(_tree())) == 1.0
+    ring, gathered = build_report(ring_plan), build_report(gathered_plan)
     assert ring.device["attention_keys"] == 4096
     assert gathered.device["attention_keys"] == 8192
-    ring_rate = h100.attention_fraction("flash", 4096)
-    assert ring.device["attention_fraction"] == pytest.approx(ring_rate)
+    assert ring.device["attention_fraction"] * 989 == pytest.approx(480.65, abs=0.02)
+    assert gathered.device["attention_fraction"] * 989 == pytest.approx(519.49, abs=0.02)
     assert "at 4,096 keys per call (measured)" in header(ring)[-1]
 
     # the kernel on fewer keys runs slower: the same attention FLOPs take longer in the ring

@@ -147,8 +147,10 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
   give 328.4 at 8K, within 0.2 % of Azure's unmasked 327.9, which is why the bars are read
   as they are; causal, 300.5 at 8K on the H100. The A100's one figure becomes a causal call
   at 8K by the 8K ratios, forward and backward alike at 179.5: 164.6 (52.7 %). No A100
-  sweep was found, so carrying Hopper's ratios to Ampere is an assumption too. A decode
-  pass's call (one query row, no mask) keeps the causal rate: decode is memory-bound there.
+  sweep was found, so carrying Hopper's ratios to Ampere is an assumption too. Each rate
+  also keeps the unmasked call's (the bars put unmasked; the A100's figure as measured):
+  context-parallel calls are partly unmasked and a decoding call wholly
+  (`budget.flops.causal_share`), and each share of their FLOPs is timed at its own rate.
 
 The rate depends on how many keys each query meets in one kernel call (the sequence, or
 seq / cp per ring step: `budget.flops.attention_keys`): a short call spends more of its time
@@ -156,12 +158,10 @@ in the prologue, the epilogue and the masked diagonal tiles. The same two figure
 at 512, 1K, 2K, 4K, 8K and 16K tokens (16K tokens per batch, so batch × length is fixed),
 made causal and combined the same way at each length: cuDNN 244, 324, 373, 446, 487, 502
 TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 165, 206, 232, 276, 300, 312 on Azure's level
-(the paper's FA2 bars give only the shape). The rate is
-interpolated in log keys and held at the end bars outside 512 ... 16K. The A100's one
-measured length (8192) stands for every length: no A100 sweep by length was found. Every
-call is priced at the causal forward's bars, though under load-balanced ring attention only
-the diagonal step is causal and the others are unmasked but half-sized
-(`budget.flops.attention_keys`): errors of opposite sign, not separated here.
+(the paper's FA2 bars give only the shape). The rate is interpolated in log keys and held
+at the end bars outside 512 ... 16K. The A100's one measured length (8192) stands for every
+length: no A100 sweep by length was found. A context-parallel call is read at one length
+(`budget.flops.attention_keys`), though the ring's unmasked steps meet half or all of it.
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
@@ -182,8 +182,9 @@ another side: its forward and backward together are "slightly slower" than Flash
 CUDA kernel, which the same paper puts at about half of FlashAttention-2. On Hopper the
 forward and causal backward bars of FlashAttention-2 above are slowed that way at each
 length; the A100 has only the combined 179.5 TFLOP/s, taken as forward and backward alike
-(the H100's FA2 bars differ by 5 % at 8K) and made causal as above (167.2 forward, 163.5
-backward), so 3.5 / (1.4/167.2 + 2.5 · 2/163.5) = 89.9 TFLOP/s (28.8 %).
+(the H100's unmasked FA2 bars differ by 11 % at 8K, 357 against 318), made causal as above
+(167.2 forward, 163.5 backward), so 3.5 / (1.4/167.2 + 2.5 · 2/163.5) = 89.9 TFLOP/s
+(28.8 %); unmasked, 98.2 (31.5 %).
 Taking the sibling's ratios for the port is one assumption; carrying the A100's to Hopper
 another: the Triton kernel of 2023 used none of Hopper's new instructions, and neither does
 FlashAttention-2 (FlashAttention-3 is the one that does), whose H100 rate is the one slowed
@@ -272,20 +273,23 @@ def _causal(length: int) -> tuple[float, float]:
     return unmasked[0] / (2 * causal[0]), unmasked[1] / (2 * causal[1])
 
 
-def _bars(kernel: str) -> list[tuple[float, float]]:
-    """`kernel`'s (forward, backward) TFLOP/s of a causal call at each of `_FA3_LENGTHS`: the
-    FlashAttention-3 paper's causal forward bars and its unmasked backward bars slowed by
-    `_causal`'s backward ratio."""
+def _bars(kernel: str, causal: bool = True) -> list[tuple[float, float]]:
+    """`kernel`'s (forward, backward) TFLOP/s at each of `_FA3_LENGTHS`, of a causal call:
+    the FlashAttention-3 paper's causal forward bars and its unmasked backward bars slowed by
+    `_causal`'s backward ratio; of an unmasked call: the forward bars over its forward ratio
+    and the backward bars as published."""
     forward, backward = _FA3_FIGURES[kernel]
-    return [(f, b * _causal(n)[1]) for f, b, n in zip(forward, backward, _FA3_LENGTHS, strict=True)]
+    ratios = [_causal(n) for n in _FA3_LENGTHS]
+    if causal:
+        return [(f, b * r[1]) for f, b, r in zip(forward, backward, ratios, strict=True)]
+    return [(f / r[0], b) for f, b, r in zip(forward, backward, ratios, strict=True)]
 
 
 def _fa2_level(unmasked_8k: float) -> float:
     """The factor from the FlashAttention-3 paper's FlashAttention-2 bars to a device's own
     unmasked FA2 measurement at 8K (Azure's): the paper's unmasked rate there is its causal
     forward bar over `_causal`'s forward ratio, with its (unmasked) backward bar."""
-    forward, backward = (bars[_FA3_LENGTHS.index(8192)] for bars in _FA3_FIGURES["flash2"])
-    return unmasked_8k / _fwd_bwd(forward / _causal(8192)[0], backward)
+    return unmasked_8k / _fwd_bwd(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
 
 
 _FA3_PAPER = "FlashAttention-3 paper (arXiv 2407.08608), Figures 5 and 6"
@@ -299,9 +303,14 @@ def _azure_fa2(gpu: str, commit: str) -> str:
 def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, level: str = "") -> AttentionRate:
     """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
     times `scale` (`_fa2_level`, from the measurement `level` names)."""
-    rates = (_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel))
+    rates, unmasked = (
+        tuple(_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel, causal))
+        for causal in (True, False)
+    )
     source = f"{level}; shape: {_FA3_PAPER}" if level else _FA3_PAPER
-    return AttentionRate(kernel, _FA3_LENGTHS, tuple(rates), source=f"{source}; {_CAUSAL}")
+    return AttentionRate(
+        kernel, _FA3_LENGTHS, rates, source=f"{source}; {_CAUSAL}", unmasked=unmasked
+    )
 
 
 # FlashAttention-2 paper, section 4.1 (A100): FA2 is about 1.4x (1.3-1.5) as fast as
@@ -315,14 +324,20 @@ def _triton(fa2_forward: float, fa2_backward: float) -> float:
     return _fwd_bwd(fa2_forward / slower_forward, fa2_backward / slower_backward)
 
 
-_TRITON_SOURCE = "FlashAttention-2's rate slowed by the FlashAttention-2 paper's ratios (4.1)"
+_TRITON_SOURCE = (
+    "the device's FlashAttention-2 rate above (its benchmark and causal sweep), slowed by the "
+    "FlashAttention-2 paper's ratios (section 4.1)"
+)
 
 
 def _triton_hopper(peak: float, scale: float) -> AttentionRate:
     """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars (`_bars`) slowed at each
     length, at the level of the device's measured FA2 (`_fa2_level`)."""
-    rates = (_triton(f, b) * scale / peak for f, b in _bars("flash2"))
-    return AttentionRate("triton", _FA3_LENGTHS, tuple(rates), True, _TRITON_SOURCE)
+    rates, unmasked = (
+        tuple(_triton(f, b) * scale / peak for f, b in _bars("flash2", causal))
+        for causal in (True, False)
+    )
+    return AttentionRate("triton", _FA3_LENGTHS, rates, True, _TRITON_SOURCE, unmasked)
 
 
 # The A100's one FA2 measurement is unmasked; a causal call at 8K takes the forward and
@@ -334,8 +349,16 @@ _A100_ATTENTION = (  # one length measured
         (8192,),
         (_fwd_bwd(*_A100_FA2) / 312,),
         source=f"{_azure_fa2('A100', '3bb66ca')}; {_CAUSAL}, at 8K",
+        unmasked=(179.5 / 312,),
     ),
-    AttentionRate("triton", (8192,), (_triton(*_A100_FA2) / 312,), True, _TRITON_SOURCE),
+    AttentionRate(
+        "triton",
+        (8192,),
+        (_triton(*_A100_FA2) / 312,),
+        True,
+        _TRITON_SOURCE,
+        (_triton(179.5, 179.5) / 312,),
+    ),
 )
 _H100_ATTENTION = (
     _fa3_paper("cudnn", 989),

@@ -338,15 +338,16 @@ class Device:
             return "gemm"
         return "derived" if rate.derived else "measured"
 
-    def attention_fraction(self, kernel: str, keys: Any) -> Any:
+    def attention_fraction(self, kernel: str, keys: Any, causal: Any = 1.0) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
-        meets ``keys`` keys per kernel call (a number, or an array): the plan's
+        meets ``keys`` keys per kernel call (a number, or an array), ``causal`` of the
+        calls' FLOPs under the causal mask (`AttentionRate.at`): the plan's
         ``attention_efficiency`` if given, else the measured one, else None (no
         measurement: the GEMM curve prices it)."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         rate = self.attention_rate(kernel)
-        return None if rate is None else rate.at(keys)
+        return None if rate is None else rate.at(keys, causal)
 
 
 def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
@@ -372,19 +373,28 @@ class AttentionRate:
     the dense bf16 peak it reaches when each query meets ``keys[i]`` keys in one kernel call
     (the sequence, or one ring step's share of it under context parallelism), interpolated
     in log keys and held outside the measured lengths. One point: the same at every
-    length (`budget.catalog.devices`). ``derived``: computed from another kernel's
-    measurement by published ratios, not measured itself; ``source``: where the rate is from.
-    """
+    length (`budget.catalog.devices`). ``fractions`` are a causal call's; ``unmasked``, at
+    the same lengths, a call without a mask (empty: the causal ones). ``derived``: computed
+    from another kernel's measurement by published ratios, not measured itself; ``source``:
+    where the rate is from."""
 
     kernel: str
     keys: tuple[float, ...]
     fractions: tuple[float, ...]
     derived: bool = False
     source: str = ""
+    unmasked: tuple[float, ...] = ()
 
-    def at(self, keys: Any) -> Any:
-        """The fraction at ``keys`` keys per call (a number, or an array)."""
-        return interp_log(keys, self.keys, self.fractions)
+    def at(self, keys: Any, causal: Any = 1.0) -> Any:
+        """The fraction at ``keys`` keys per call (a number, or an array) for calls with
+        ``causal`` of their FLOPs under the causal mask and the rest in unmasked tiles
+        (`budget.flops.causal_share`): each share takes its own time, 1 / (c / r_causal +
+        (1 − c) / r_unmasked)."""
+        rate = interp_log(keys, self.keys, self.fractions)
+        if not self.unmasked or (not isinstance(causal, np.ndarray) and causal == 1):
+            return rate
+        unmasked = interp_log(keys, self.keys, self.unmasked)
+        return 1 / (causal / rate + (1 - causal) / unmasked)
 
     def held_at(self, keys: int) -> int | None:
         """The measured length whose rate `at` holds for ``keys`` when they lie outside the
