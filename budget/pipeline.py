@@ -352,6 +352,9 @@ def build_report(plan: Plan) -> Report:
         "attention_rate": source,
         # keys each query meets in one kernel call, the length a preset's rate is read at
         "attention_keys": keys if measured else None,
+        # share of those calls' work under the causal mask, the rest unmasked (context
+        # parallelism: `budget.flops.causal_share`); null where no measurement is read
+        "attention_causal": float(causal_share(plan)) if measured else None,
         "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal_share(plan))
         if m.attention != "eager"
         else None,

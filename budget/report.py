@@ -18,7 +18,7 @@ from budget.units import plural
 # ``schema_version``
 # 1.3: `budget collective` gives ``latency_term_s`` and ``bandwidth_term_s``
 # 1.4: `budget presets` gives each fused-attention rate's ``source``, and the rates are of a
-# causal call
+# causal call; the report's ``device.attention_causal``
 SCHEMA_VERSION = "1.4"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)

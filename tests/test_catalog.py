@@ -483,7 +483,13 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
     assert gathered.device["attention_keys"] == 8192
     assert ring.device["attention_fraction"] * 989 == pytest.approx(480.65, abs=0.02)
     assert gathered.device["attention_fraction"] * 989 == pytest.approx(519.49, abs=0.02)
-    assert "at 4,096 keys per call (measured)" in header(ring)[-1]
+    assert ring.device["attention_causal"] == 0.5
+    assert gathered.device["attention_causal"] == 0.25
+    text = " ".join(header(ring))
+    assert "at 4,096 keys per call, 50% of their work under the causal mask (measured)" in text
+    plain = build_report(_resolve(_tree()))
+    assert plain.device["attention_causal"] == 1.0
+    assert "causal mask" not in " ".join(header(plain))
 
     # the kernel on fewer keys runs slower: the same attention FLOPs take longer in the ring
     # plan's forward attention phase

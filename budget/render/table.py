@@ -150,6 +150,9 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         call = "call" if mode == "train" else "prefill call"
         rate = f"{device['attention_fraction']:.1%} of peak"
         rate += f" at {keys:,} keys per {call}" if keys else ""
+        causal = device.get("attention_causal")
+        if causal is not None and causal < 1:
+            rate += f", {causal:.0%} of their work under the causal mask"
     kernel = device["attention"]
     text = attention_text(
         kernel,
