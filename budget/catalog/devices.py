@@ -129,9 +129,9 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
   earlier ``Benchmarks/FlashAttention.py`` takes the first match, ``causal=False``, head dim
   64); only a later version, whose results print a causal column, takes the causal case.
 - cuDNN and FlashAttention-3 on H100 SXM: Shah et al., "FlashAttention-3" (arXiv
-  2407.08608), bar labels of Figure 5 (forward, causal mask, head dim 128, sequence 8K: FA2
-  333, cuDNN 529, FA3 602 TFLOP/s) and Figure 6 (backward, head dim 128, without a causal mask
-  as published: 318, 518, 559).
+  2407.08608), bar labels of Figure 5 (forward, head dim 128, sequence 8K: FA2 333, cuDNN
+  529, FA3 602 TFLOP/s with the causal mask, 370, 600, 646 without it) and Figure 6
+  (backward, head dim 128, without a causal mask as published: 318, 518, 559).
 - Causal against unmasked calls: NVIDIA/cudnn-frontend's SDPA training benchmark on an H200
   (the H100's die; cuDNN 9.19.1, bf16, 64 query and 8 KV heads of 128, batch 1;
   ``benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/``, df73764) times forward
@@ -142,13 +142,14 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
   ratio at their length (held at 2K's below 2K, where there is no sweep); that cuDNN's ratio
   carries to FlashAttention-2 and -3, which skip and mask the same tiles, is an assumption.
   Combined as 3.5 / (1/forward + 2.5/backward), at 8K: cuDNN 487 TFLOP/s (49.2 %), FA3 533
-  (53.9 %). FlashAttention-2 takes the bars' shape at Azure's level: the bars put unmasked
-  (the causal forward over the forward ratio, 333 / 0.932, with the published backward)
-  give 328.4 at 8K, within 0.2 % of Azure's unmasked 327.9, which is why the bars are read
-  as they are; causal, 300.5 at 8K on the H100. The A100's one figure becomes a causal call
+  (53.9 %). FlashAttention-2 takes the bars' shape at Azure's level: its unmasked bars at
+  8K (370 forward, 318 backward) give 331.3, within 1 % of Azure's unmasked 327.9, which is
+  why the bars are read as they are; causal, 297.8 at 8K on the H100. (The sweep's forward
+  ratio at 8K, 0.93, is near the paper's own causal-to-unmasked forward bars: 0.90 for FA2,
+  0.88 for cuDNN 9.1, 0.93 for FA3.) The A100's one figure becomes a causal call
   at 8K by the 8K ratios, forward and backward alike at 179.5: 164.6 (52.7 %). No A100
   sweep was found, so carrying Hopper's ratios to Ampere is an assumption too. Each rate
-  also keeps the unmasked call's (the bars put unmasked; the A100's figure as measured):
+  also keeps the unmasked call's (the unmasked bars; the A100's figure as measured):
   context-parallel calls are partly unmasked and a decoding call wholly
   (`budget.flops.causal_share`), and each share of their FLOPs is timed at its own rate.
 
@@ -157,7 +158,7 @@ seq / cp per ring step: `budget.flops.attention_keys`): a short call spends more
 in the prologue, the epilogue and the masked diagonal tiles. The same two figures give bars
 at 512, 1K, 2K, 4K, 8K and 16K tokens (16K tokens per batch, so batch × length is fixed),
 made causal and combined the same way at each length: cuDNN 244, 324, 373, 446, 487, 502
-TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 165, 206, 232, 276, 300, 312 on Azure's level
+TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 164, 204, 230, 273, 298, 309 on Azure's level
 (the paper's FA2 bars give only the shape). The rate is interpolated in log keys and held
 at the end bars outside 512 ... 16K. The A100's one measured length (8192) stands for every
 length: no A100 sweep by length was found. A context-parallel call is read at one length
@@ -182,7 +183,7 @@ another side: its forward and backward together are "slightly slower" than Flash
 CUDA kernel, which the same paper puts at about half of FlashAttention-2. On Hopper the
 forward and causal backward bars of FlashAttention-2 above are slowed that way at each
 length; the A100 has only the combined 179.5 TFLOP/s, taken as forward and backward alike
-(the H100's unmasked FA2 bars differ by 11 % at 8K, 357 against 318), made causal as above
+(the H100's unmasked FA2 bars differ by 16 % at 8K, 370 against 318), made causal as above
 (167.2 forward, 163.5 backward), so 3.5 / (1.4/167.2 + 2.5 · 2/163.5) = 89.9 TFLOP/s
 (28.8 %); unmasked, 98.2 (31.5 %).
 Taking the sibling's ratios for the port is one assumption; carrying the A100's to Hopper
@@ -236,14 +237,26 @@ _GH100_STARTUP = 3.23e-6  # measured on the H200
 
 
 # Fused attention, forward + backward (module docstring): the FlashAttention-3 paper's
-# Figures 5 and 6 (H100 SXM, head dim 128, TFLOP/s at 512 ... 16K tokens; forward causal,
-# backward as published) for cuDNN and FlashAttention-3 and for the length dependence of
-# FlashAttention-2, whose level is Azure's run at 8K.
+# Figures 5 and 6 (H100 SXM, head dim 128, TFLOP/s at 512 ... 16K tokens: forward with and
+# without the causal mask, backward without it, as published) for cuDNN and FlashAttention-3
+# and for the length dependence of FlashAttention-2, whose level is Azure's run at 8K.
 _FA3_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
-_FA3_FIGURES = {  # kernel: (forward, backward) TFLOP/s at each of _FA3_LENGTHS
-    "cudnn": ((315, 410, 484, 518, 529, 539), (305, 408, 465, 499, 518, 516)),
-    "flash3": ((292, 423, 521, 579, 602, 616), (316, 424, 501, 542, 559, 561)),
-    "flash2": ((191, 260, 298, 319, 333, 335), (214, 260, 291, 310, 318, 322)),
+_FA3_FIGURES = {  # kernel: (causal forward, unmasked forward, unmasked backward) TFLOP/s
+    "cudnn": (
+        (315, 410, 484, 518, 529, 539),
+        (497, 574, 617, 609, 600, 595),
+        (305, 408, 465, 499, 518, 516),
+    ),
+    "flash3": (
+        (292, 423, 521, 579, 602, 616),
+        (467, 565, 625, 638, 646, 648),
+        (316, 424, 501, 542, 559, 561),
+    ),
+    "flash2": (
+        (191, 260, 298, 319, 333, 335),
+        (309, 350, 362, 368, 370, 370),
+        (214, 260, 291, 310, 318, 322),
+    ),
 }
 
 
@@ -276,19 +289,17 @@ def _causal(length: int) -> tuple[float, float]:
 def _bars(kernel: str, causal: bool = True) -> list[tuple[float, float]]:
     """`kernel`'s (forward, backward) TFLOP/s at each of `_FA3_LENGTHS`, of a causal call:
     the FlashAttention-3 paper's causal forward bars and its unmasked backward bars slowed by
-    `_causal`'s backward ratio; of an unmasked call: the forward bars over its forward ratio
-    and the backward bars as published."""
-    forward, backward = _FA3_FIGURES[kernel]
-    ratios = [_causal(n) for n in _FA3_LENGTHS]
-    if causal:
-        return [(f, b * r[1]) for f, b, r in zip(forward, backward, ratios, strict=True)]
-    return [(f / r[0], b) for f, b, r in zip(forward, backward, ratios, strict=True)]
+    `_causal`'s backward ratio; of an unmasked call: its unmasked bars, as published."""
+    causal_forward, forward, backward = _FA3_FIGURES[kernel]
+    if not causal:
+        return list(zip(forward, backward, strict=True))
+    slowed = (b * _causal(n)[1] for b, n in zip(backward, _FA3_LENGTHS, strict=True))
+    return list(zip(causal_forward, slowed, strict=True))
 
 
 def _fa2_level(unmasked_8k: float) -> float:
     """The factor from the FlashAttention-3 paper's FlashAttention-2 bars to a device's own
-    unmasked FA2 measurement at 8K (Azure's): the paper's unmasked rate there is its causal
-    forward bar over `_causal`'s forward ratio, with its (unmasked) backward bar."""
+    unmasked FA2 measurement at 8K (Azure's), against the bars' unmasked rate there."""
     return unmasked_8k / _fwd_bwd(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
 
 

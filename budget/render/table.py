@@ -5,6 +5,7 @@ Narrow terminals (under 110 columns) get fewer, wider columns rather than wrappe
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -150,9 +151,6 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         call = "call" if mode == "train" else "prefill call"
         rate = f"{device['attention_fraction']:.1%} of peak"
         rate += f" at {keys:,} keys per {call}" if keys else ""
-        causal = device.get("attention_causal")
-        if causal is not None and causal < 1:
-            rate += f", {causal:.0%} of their work under the causal mask"
     kernel = device["attention"]
     text = attention_text(
         kernel,
@@ -162,6 +160,11 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         written=not device.get("name"),
         held_at=device.get("attention_held_at"),
     )
+    causal = device.get("attention_causal")
+    if causal is not None and 0 < causal < 1:  # context parallelism (`flops.causal_share`)
+        parts = round(1 / causal)
+        share = f"1/{parts:,}" if math.isclose(parts * causal, 1) else f"{causal:.1%}"
+        text += f"; {share} of the calls' work under the causal mask, the rest unmasked"
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
