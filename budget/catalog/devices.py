@@ -131,7 +131,9 @@ sequence, halved under a causal mask, backward 2.5 × forward), the first being 
 - cuDNN and FlashAttention-3 on H100 SXM: Shah et al., "FlashAttention-3" (arXiv
   2407.08608), bar labels of Figure 5 (forward, head dim 128, sequence 8K: FA2 333, cuDNN
   529, FA3 602 TFLOP/s with the causal mask, 370, 600, 646 without it) and Figure 6
-  (backward, head dim 128, without a causal mask as published: 318, 518, 559).
+  (backward, head dim 128, without a causal mask as published: 318, 518, 559); run with
+  cuDNN 9.1.1 and FlashAttention 2.5.8 at a clock fixed at 1,830 MHz (appendix C.1), below
+  the 1,860-1,918 MHz the H200 holds at its power limit in matmuls (Bekman, below).
 - Causal against unmasked calls: NVIDIA/cudnn-frontend's SDPA training benchmark on an H200
   (the H100's die; cuDNN 9.19.1, bf16, 64 query and 8 KV heads of 128, batch 1;
   ``benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/``, df73764) times forward
