@@ -174,8 +174,9 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         where += topology or "the topology the plan writes out"
     source = hardware["attention_rate"]
     rate = "the plan's rate" if source == "plan" else "its rate"
-    if hardware.get("attention_by_keys"):
-        rate += " for each call's keys"
+    if source in ("measured", "derived"):  # and for each layout's causal share (cp)
+        keys = "keys per call and " if hardware.get("attention_by_keys") else ""
+        rate += f" for each layout's {keys}causal share"
     attention = attention_text(
         hardware["attention"], hardware["attention_kernel"], source, rate, written=device is None
     )
