@@ -332,6 +332,7 @@ def build_report(plan: Plan) -> Report:
     }
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))
+    causal = float(causal_share(plan))
     source = plan.device.attention_source(m.attention)
     measured = source in ("measured", "derived")
     # sliding layers' calls on fewer keys than the others': their own rate (None: no window
@@ -354,8 +355,8 @@ def build_report(plan: Plan) -> Report:
         "attention_keys": keys if measured else None,
         # share of those calls' work under the causal mask, the rest unmasked (context
         # parallelism: `budget.flops.causal_share`); null where no measurement is read
-        "attention_causal": float(causal_share(plan)) if measured else None,
-        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal_share(plan))
+        "attention_causal": causal if measured else None,
+        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal)
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
