@@ -410,7 +410,23 @@ def test_fused_attention_rates_are_the_published_measurements() -> None:
     assert h200["flash2"].at(8192) * 989 == pytest.approx(300.89 * 329.3 / 331.30, abs=0.02)
     a100 = DEVICES["a100-80gb"].attention[0]
     assert a100.kernel == "flash2" and a100.at(8192) * 312 == pytest.approx(164.57, abs=0.02)
-    assert not DEVICES["b200"].attention and not DEVICES["mi300x"].attention
+    assert not DEVICES["mi300x"].attention
+
+
+def test_b200_attention_is_its_cudnn_frontend_sweep() -> None:
+    """The B200's causal rates are cudnn-frontend's B200 run (cuDNN 9.10.2, FlashAttention
+    2.7.4): cuDNN at 8K forward 1,171.278 and backward 942.509 TFLOP/s, 3.5 / (1/1171.278 +
+    2.5/942.509) = 998.2 of 2,250 (44.4 %); FlashAttention-2 399.925 and 318.004, 337.8.
+    Unmasked, over the GB200 run's ratios at 8K (1.286 / (2 · 0.688) = 0.93459 forward,
+    3.901 / (2 · 2.097) = 0.93014 backward): 3.5 / (0.93459/1171.278 + 2.5 · 0.93014/942.509)
+    = 1071.9. Below 2K the 2K rate holds: 3.5 / (1/478.921 + 2.5/371.486) = 396.9."""
+    rates = {rate.kernel: rate for rate in DEVICES["b200"].attention}
+    assert list(rates) == ["cudnn", "flash2"]  # `flash` runs cuDNN
+    assert rates["cudnn"].at(8192) * 2250 == pytest.approx(998.2, abs=0.05)
+    assert rates["flash2"].at(8192) * 2250 == pytest.approx(337.8, abs=0.05)
+    assert rates["cudnn"].at(8192, 0.0) * 2250 == pytest.approx(1071.9, abs=0.05)
+    assert rates["cudnn"].at(512) * 2250 == pytest.approx(396.9, abs=0.05)
+    assert "cudnn-frontend" in rates["cudnn"].source
 
 
 def test_triton_attention_is_flashattention2_slowed_by_the_fa2_papers_ratios() -> None:
@@ -542,10 +558,10 @@ def test_flash_is_the_device_default_kernel_and_named_kernels_need_a_rate() -> N
         )
     )
     assert forced.device.attention_fraction("flash3", 2048) == 0.5
-    b200 = _resolve(
-        _tree(device={"preset": "b200"}, model={"preset": "llama3-8b", "attention": "cudnn"})
+    mi300x = _resolve(
+        _tree(device={"preset": "mi300x"}, model={"preset": "llama3-8b", "attention": "cudnn"})
     )
-    assert b200.device.attention_fraction("cudnn", 8192) is None  # priced on the GEMM curve
+    assert mi300x.device.attention_fraction("cudnn", 8192) is None  # priced on the GEMM curve
 
 
 def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> None:
@@ -592,9 +608,11 @@ def test_the_report_says_which_kernel_times_attention() -> None:
         "attention: flash = cudnn at 49.2% of peak at 8,192 keys per call (measured)"
         in header(report)[-1]
     )
-    b200 = build_report(_resolve(_tree(device={"preset": "b200"})))
-    assert b200.device["attention_fraction"] is None
-    assert "attention: flash on the GEMM curve (not measured on this device)" in header(b200)[-1]
+    mi300x = build_report(_resolve(_tree(device={"preset": "mi300x"})))
+    assert mi300x.device["attention_fraction"] is None
+    assert "attention: flash on the GEMM curve (not measured on this device)" in " ".join(
+        header(mi300x)
+    )
     given = build_report(
         _resolve(_tree(device={"preset": "h100-sxm", "attention_efficiency": 0.3}))
     )

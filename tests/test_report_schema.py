@@ -90,7 +90,7 @@ topology: {preset: hgx-h800, nodes: 256}
 @pytest.mark.parametrize(
     "case",
     [
-        "prefill-b200",
+        "prefill-mi300x",
         "attention-efficiency",
         "written-device",
         "latent-attention",
@@ -102,11 +102,11 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
     take: a fused kernel with no measurement (the GEMM curve), a rate the plan gives, a
     device and topology written out (no preset name, no ramp), latent attention and
     multi-token prediction."""
-    if case == "prefill-b200":
+    if case == "prefill-mi300x":
         plan = variant(
             tmp_path,
             "p.yaml",
-            (H100, "device: {preset: b200}"),
+            (H100, "device: {preset: mi300x}"),
             ("mode: decode", "mode: prefill"),
             base=DECODE,
         )
@@ -135,7 +135,7 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
     _valid(data, "report")
     device, model = data["device"], data["model"]
     expected = {
-        "prefill-b200": ("b200", "gemm"),
+        "prefill-mi300x": ("mi300x", "gemm"),
         "attention-efficiency": ("h100-sxm", "plan"),
         "written-device": ("", "gemm"),
         "latent-attention": ("h800", "measured"),

@@ -204,13 +204,13 @@ def test_diff_names_the_window_as_a_plan_spells_it_and_no_sliding_layer_is_no_wi
 def test_a_split_kernel_ramps_as_one_kernel_on_a_device_without_attention_rates(
     tmp_path: Path,
 ) -> None:
-    """On the B200 (no measured attention rate: the GEMM curve times the kernel) a window
+    """On the MI300X (no measured attention rate: the GEMM curve times the kernel) a window
     of 1,023 keys over 1,024 leaves the work all but unchanged, so alternating layers cost
     what full layers do: each half of the average layer's kernel ramps as the whole kernel,
     not as a kernel of half its FLOPs."""
     text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
-    text = text.replace("seq: 8192", "seq: 1024").replace("h100-sxm", "b200")
-    path = tmp_path / "b200.yaml"
+    text = text.replace("seq: 8192", "seq: 1024").replace("h100-sxm", "mi300x")
+    path = tmp_path / "mi300x.yaml"
     path.write_text(text, encoding="utf-8")
     plain = load_plan(path)
     assert plain.device.attention_source("flash") == "gemm"

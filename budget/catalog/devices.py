@@ -168,8 +168,18 @@ length: no A100 sweep by length was found. A context-parallel call is read at on
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
-fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). B200 and MI300X
-have no measurement here: their fused attention stays on the GEMM curve, an upper bound.
+fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). The B200's
+cuDNN (first) and FlashAttention-2 come from NVIDIA/cudnn-frontend's SDPA benchmark on a B200
+(cuDNN 9.10.2, FlashAttention 2.7.4; batch 1, 128 query and 8 KV heads of 128, causal, 2K to
+128K tokens): cuDNN 998 TFLOP/s at 8K (44.4 %) and 1,183 at 32K, FlashAttention-2 338 at 8K
+(15.0 %). Its 512- and 1,024-token rows are left out: a call of one sequence there is
+launch-bound (0.10 ms for 2 GFLOP at 512), which a training call of several sequences is
+not, so shorter calls hold the 2K rate. They ran at the free clock, where the B200's GEMMs
+are held at a power-limited 1,399-1,443 MHz (Bekman's MSMF, below), so they are an upper
+bound, though a far tighter one than the GEMM curve attention stayed on before. An unmasked
+call takes each part over the causal-to-unmasked ratio of the same benchmark's GB200 run
+(cuDNN 9.19.1; 0.93 forward and backward at 8K). The MI300X has no measurement here: its
+fused attention stays on the GEMM curve, an upper bound.
 
 FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn_impl:
 triton`` runs (flash-attn's ``flash_attn_triton.py``, which starts from Phil Tillet's Triton
@@ -272,7 +282,9 @@ def _fwd_bwd(forward: float, backward: float) -> float:
 # 128 (benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
 # llama3.1_20260227_034703.csv at df73764): median milliseconds of (forward, backward) under
 # the causal ("top_left") mask and without a mask, at each length.
-_CUDNN_SWEEP_MS = {
+# length: ((causal forward, backward), (unmasked forward, backward)), milliseconds
+_Sweep = dict[int, tuple[tuple[float, float], tuple[float, float]]]
+_CUDNN_SWEEP_MS: _Sweep = {
     2048: ((0.142, 0.464), (0.217, 0.681)),
     4096: ((0.465, 1.450), (0.819, 2.453)),
     8192: ((1.708, 5.083), (3.182, 9.262)),
@@ -280,11 +292,22 @@ _CUDNN_SWEEP_MS = {
 }
 
 
-def _causal(length: int) -> tuple[float, float]:
+# The same benchmark on a GB200 (Blackwell, cuDNN 9.19.1; gb200_919_only_cudnn/
+# llama3.1_20260226_174648.csv at df73764), for Blackwell's kernels.
+_BLACKWELL_SWEEP_MS: _Sweep = {
+    2048: ((0.066, 0.206), (0.110, 0.315)),
+    4096: ((0.206, 0.607), (0.345, 1.068)),
+    8192: ((0.688, 2.097), (1.286, 3.901)),
+    16384: ((2.606, 7.845), (4.972, 15.111)),
+    32768: ((10.226, 29.863), (19.759, 58.606)),
+}
+
+
+def _causal(length: int, sweep: _Sweep = _CUDNN_SWEEP_MS) -> tuple[float, float]:
     """A causal call's (forward, backward) rate over an unmasked call's at `length` keys: half
     the FLOPs in the causal time against all of them in the unmasked one, t_u / (2·t_c);
-    held at the nearest length swept outside 2K ... 16K."""
-    causal, unmasked = _CUDNN_SWEEP_MS[min(max(length, 2048), 16384)]
+    held at the nearest length swept outside the sweep's."""
+    causal, unmasked = sweep[min(max(length, min(sweep)), max(sweep))]
     return unmasked[0] / (2 * causal[0]), unmasked[1] / (2 * causal[1])
 
 
@@ -384,6 +407,49 @@ _H200_ATTENTION = (
     _fa3_paper("flash2", 989, _fa2_level(329.3), _azure_fa2("H200", "7f20e5f")),
     _triton_hopper(989, _fa2_level(329.3)),
 )
+
+# B200: NVIDIA/cudnn-frontend's SDPA benchmark on a B200 at its free clock (cuDNN 9.10.2,
+# FlashAttention 2.7.4; benchmark/sdpa_benchmark_training/artifacts/
+# sdpa_bf16_benchmark_results_NVIDIA_B200.csv at bb37575): batch 1, 128 query and 8 KV heads
+# of 128, causal; (forward, backward) TFLOP/s from 2K to 128K tokens (module docstring).
+_B200_LENGTHS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
+_B200_SWEEP = {  # kernel: ((forward, backward) at each of _B200_LENGTHS)
+    "cudnn": (
+        (478.921, 371.486),
+        (855.678, 701.265),
+        (1171.278, 942.509),
+        (1332.415, 1074.776),
+        (1419.000, 1108.688),
+        (1382.330, 1073.059),
+        (1355.418, 1047.843),
+    ),
+    "flash2": (
+        (254.381, 198.845),
+        (342.990, 273.484),
+        (399.925, 318.004),
+        (425.128, 336.635),
+        (435.762, 345.634),
+        (441.285, 348.981),
+        (443.738, 348.253),
+    ),
+}
+_B200_SOURCE = (
+    "NVIDIA/cudnn-frontend SDPA benchmark, B200 (bb37575, causal, free clock); "
+    "unmasked: its GB200 sweep (df73764)"
+)
+
+
+def _b200(kernel: str) -> AttentionRate:
+    """`kernel`'s causal forward + backward rate on the B200 from its sweep, as a fraction of
+    the 2,250 TFLOP/s peak; unmasked, each part over the GB200 sweep's ratio at its length."""
+    bars = list(zip(_B200_LENGTHS, _B200_SWEEP[kernel], strict=True))
+    rates = tuple(_fwd_bwd(f, b) / 2250 for _, (f, b) in bars)
+    ratios = [_causal(n, _BLACKWELL_SWEEP_MS) for n, _ in bars]
+    unmasked = tuple(
+        _fwd_bwd(f / r[0], b / r[1]) / 2250 for (_, (f, b)), r in zip(bars, ratios, strict=True)
+    )
+    return AttentionRate(kernel, _B200_LENGTHS, rates, source=_B200_SOURCE, unmasked=unmasked)
+
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
@@ -602,6 +668,7 @@ DEVICES: dict[str, DevicePreset] = {
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
         "1,440 GB HBM3e; 64 TB/s)",
+        attention=(_b200("cudnn"), _b200("flash2")),
         kernel_startup=_GH100_STARTUP,
         sms=148,
         assumed=("stream", "start"),  # 0.8 of the bandwidth, the H200's startup: none measured
