@@ -414,7 +414,7 @@ def test_fused_attention_rates_are_the_published_measurements() -> None:
 
 
 def test_b200_attention_is_its_cudnn_frontend_sweep() -> None:
-    """The B200's causal rates are cudnn-frontend's B200 run (cuDNN 9.10.2, FlashAttention
+    """The B200's causal rates are cudnn-frontend's B200 run (cuDNN 9.13, FlashAttention
     2.7.4): cuDNN at 8K forward 1,171.278 and backward 942.509 TFLOP/s, 3.5 / (1/1171.278 +
     2.5/942.509) = 998.2 of 2,250 (44.4 %); FlashAttention-2 399.925 and 318.004, 337.8.
     Unmasked, over the GB200 run's ratios at 8K (1.286 / (2 · 0.688) = 0.93459 forward,

@@ -170,16 +170,18 @@ cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_at
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
 fractions of its own peak and H200 the H100's cuDNN and FA3 ones (same die). The B200's
 cuDNN (first) and FlashAttention-2 come from NVIDIA/cudnn-frontend's SDPA benchmark on a B200
-(cuDNN 9.10.2, FlashAttention 2.7.4; batch 1, 128 query and 8 KV heads of 128, causal, 2K to
-128K tokens): cuDNN 998 TFLOP/s at 8K (44.4 %) and 1,183 at 32K, FlashAttention-2 338 at 8K
-(15.0 %). Its 512- and 1,024-token rows are left out: a call of one sequence there is
-launch-bound (0.10 ms for 2 GFLOP at 512), which a training call of several sequences is
-not, so shorter calls hold the 2K rate. They ran at the free clock, where the B200's GEMMs
-are held at a power-limited 1,399-1,443 MHz (Bekman's MSMF, below), so they are an upper
-bound, though a far tighter one than the GEMM curve attention stayed on before. An unmasked
-call takes each part over the causal-to-unmasked ratio of the same benchmark's GB200 run
-(cuDNN 9.19.1; 0.93 forward and backward at 8K). The MI300X has no measurement here: its
-fused attention stays on the GEMM curve, an upper bound.
+(cuDNN 9.13, PyTorch 2.9, CUDA 13.0, FlashAttention 2.7.4, as its run log prints; batch 1,
+128 query and 8 KV heads of 128, causal, 2K to 128K tokens): cuDNN 998 TFLOP/s at 8K (44.4 %)
+and 1,183 at 32K, FlashAttention-2 338 at 8K (15.0 %). Its 512- and 1,024-token rows are left
+out: a call of one sequence there is launch-bound (0.10 ms for 8.6 GFLOP at 512), which a
+training call of several sequences is not, so shorter calls hold the 2K rate. They are no
+bound either way: they ran at the free clock, where the B200's GEMMs are held at a
+power-limited 1,399-1,443 MHz (Bekman's MSMF, below), but the same benchmark's GB200 run on
+cuDNN 9.19.1 reaches 1,382 at 8K (on a GB200, whose peak is 11 % higher). An unmasked call
+takes each part over the causal-to-unmasked ratio of that GB200 run (0.93 forward and
+backward at 8K); that cuDNN's ratio carries to FlashAttention-2 is an assumption, as on
+Hopper. The MI300X has no measurement here: its fused attention stays on the GEMM curve, an
+upper bound.
 
 FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn_impl:
 triton`` runs (flash-attn's ``flash_attn_triton.py``, which starts from Phil Tillet's Triton
@@ -336,14 +338,14 @@ def _azure_fa2(gpu: str, commit: str) -> str:
     return f"Azure AI-benchmarking-guide FlashAttention-2, {gpu} ({commit}, unmasked)"
 
 
-def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, level: str = "") -> AttentionRate:
+def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, cited: str = "") -> AttentionRate:
     """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
-    times `scale` (`_fa2_level`, from the measurement `level` names)."""
+    times `scale` (`_fa2_level`, from the measurement `cited` names)."""
     rates, unmasked = (
         tuple(_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel, causal))
         for causal in (True, False)
     )
-    source = f"{level}; shape: {_FA3_PAPER}" if level else _FA3_PAPER
+    source = f"{cited}; shape: {_FA3_PAPER}" if cited else _FA3_PAPER
     return AttentionRate(
         kernel, _FA3_LENGTHS, rates, source=f"{source}; {_CAUSAL}", unmasked=unmasked
     )
@@ -408,7 +410,7 @@ _H200_ATTENTION = (
     _triton_hopper(989, _fa2_level(329.3)),
 )
 
-# B200: NVIDIA/cudnn-frontend's SDPA benchmark on a B200 at its free clock (cuDNN 9.10.2,
+# B200: NVIDIA/cudnn-frontend's SDPA benchmark on a B200 at its free clock (cuDNN 9.13,
 # FlashAttention 2.7.4; benchmark/sdpa_benchmark_training/artifacts/
 # sdpa_bf16_benchmark_results_NVIDIA_B200.csv at bb37575): batch 1, 128 query and 8 KV heads
 # of 128, causal; (forward, backward) TFLOP/s from 2K to 128K tokens (module docstring).
