@@ -26,13 +26,12 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, inner_half, by_dtype, source}, memory_efficiency,
     kernel_startup_s, sms, attention[{kernel, keys, fraction, derived, source}], assumed,
-    source}``;
-    ``inner_half`` is K₀ of a GEMM's inner-dimension factor (`budget.efficiency`); the
-    first attention kernel is what ``model.attention: flash`` runs (its share of the bf16
-    peak when each query meets ``keys`` keys; ``derived``: computed from another kernel's
-    measurement), an empty list means attention stays on the GEMM curve; ``assumed`` names
-    the figures borrowed from another device or assumed ("gemm", "gemm-fp8" for the FP8
-    ceiling alone, "stream", "attention", "start")."""
+    source}``; ``inner_half`` is K₀ of a GEMM's inner-dimension factor
+    (`budget.efficiency`); the first attention kernel is what ``model.attention: flash``
+    runs (its share of the bf16 peak when each query meets ``keys`` keys; ``derived``:
+    computed from another kernel's measurement), an empty list means attention stays on the
+    GEMM curve; ``assumed`` names the figures borrowed from another device or assumed
+    ("gemm", "gemm-fp8" for the FP8 ceiling alone, "stream", "attention", "start")."""
     peak = dict(d.flops)["bf16"]
     return {
         "name": d.name,

@@ -208,6 +208,7 @@ here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from budget.plan.model import AttentionRate, GemmCurve
@@ -330,6 +331,18 @@ def _fa2_level(unmasked_8k: float) -> float:
     return unmasked_8k / _fwd_bwd(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
 
 
+def _fractions(
+    combine: Callable[[float, float], float], kernel: str, scale: float, peak: float
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`combine` (forward, backward) of `kernel`'s bars (`_bars`) as fractions of `peak`
+    TFLOP/s at `scale`: a causal call's at each length, then an unmasked call's."""
+    causal, unmasked = (
+        tuple(combine(f, b) * scale / peak for f, b in _bars(kernel, mask))
+        for mask in (True, False)
+    )
+    return causal, unmasked
+
+
 _FA3_PAPER = "FlashAttention-3 paper (arXiv 2407.08608), Figures 5 and 6"
 _CAUSAL = "causal: NVIDIA/cudnn-frontend SDPA sweep, H200 (df73764)"
 
@@ -341,10 +354,7 @@ def _azure_fa2(gpu: str, commit: str) -> str:
 def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, cited: str = "") -> AttentionRate:
     """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
     times `scale` (`_fa2_level`, from the measurement `cited` names)."""
-    rates, unmasked = (
-        tuple(_fwd_bwd(f, b) * scale / peak for f, b in _bars(kernel, causal))
-        for causal in (True, False)
-    )
+    rates, unmasked = _fractions(_fwd_bwd, kernel, scale, peak)
     source = f"{cited}; shape: {_FA3_PAPER}" if cited else _FA3_PAPER
     return AttentionRate(
         kernel, _FA3_LENGTHS, rates, source=f"{source}; {_CAUSAL}", unmasked=unmasked
@@ -371,10 +381,7 @@ _TRITON_SOURCE = (
 def _triton_hopper(peak: float, scale: float) -> AttentionRate:
     """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars (`_bars`) slowed at each
     length, at the level of the device's measured FA2 (`_fa2_level`)."""
-    rates, unmasked = (
-        tuple(_triton(f, b) * scale / peak for f, b in _bars("flash2", causal))
-        for causal in (True, False)
-    )
+    rates, unmasked = _fractions(_triton, "flash2", scale, peak)
     return AttentionRate("triton", _FA3_LENGTHS, rates, True, _TRITON_SOURCE, unmasked)
 
 
