@@ -47,6 +47,8 @@ class Work:
     count: int = 1
     backward: float | None = None  # its backward over the forward; None: by kind (`backward_of`)
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
+    # fused attention: the keys its unmasked calls loop over (`unmasked_keys`); None: keys
+    unmasked_keys: Any = None
     causal: Any = 1.0  # fused attention: share of its FLOPs under the causal mask (`causal_share`)
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
     # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
@@ -283,8 +285,10 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         core = Work(FUSED_CORE, "attention", flops, q + fused_kv + out)
         # a decode pass meets its rank's share of the cache in one call: `s.seq_kv` is
         # already that share (`inference.decode_keys`), split once over cp, not again
-        keys = attention_keys(plan, s.seq_kv) if s.causal else s.seq_kv
-        return [replace(core, keys=keys, causal=causal_share(plan) if s.causal else 0.0)]
+        if not s.causal:
+            return [replace(core, keys=s.seq_kv, causal=0.0)]
+        keys, unmasked = attention_keys(plan, s.seq_kv), unmasked_keys(plan, s.seq_kv)
+        return [replace(core, keys=keys, unmasked_keys=unmasked, causal=causal_share(plan))]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
@@ -323,7 +327,8 @@ def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
     if s.causal:  # the fused kernel over a band: pairs relative to the causal half, S²/2
         (core,) = full
         ratio = vwhere(seq > w, (2 * seq * w - w * w) / (seq * seq), 1.0)
-        band = replace(core, flops=vround(core.flops * ratio), keys=vmin(seq, w))
+        keys = vmin(seq, w)
+        band = replace(core, flops=vround(core.flops * ratio), keys=keys, unmasked_keys=keys)
         local = [band]
     else:  # decoding against the min(context, W) keys the cache keeps
         local = _core(plan, replace(s, seq_kv=s.window_kv or vmin(seq, w)))
@@ -421,15 +426,37 @@ def attention_keys(plan: Plan, seq_kv: Any) -> Any:
     ring has just delivered; Liu et al., "Ring Attention", arXiv 2310.01889, section 3).
     All-gather context parallelism calls the kernel once on the gathered keys.
 
-    An approximation of what Megatron-LM / Transformer Engine run: their load-balanced ring
-    (2·cp chunks) makes only the diagonal step causal; the other steps are unmasked and
-    half-sized (all local queries against seq/(2·cp) keys, or half of them against seq/cp),
-    and all-gather CP calls the kernel per chunk, on up to seq keys. Which share of the
-    calls' work is masked is `causal_share`; every call here is read at seq/cp (or seq)
-    keys, where half the ring's unmasked steps meet seq/(2·cp): a little fast for those."""
+    These are the keys of the causal calls: the ring's diagonal step, on its rank's two
+    chunks (seq/cp keys). Megatron-LM / Transformer Engine's load-balanced ring makes only
+    that step causal; its other steps are unmasked and run on fewer keys or queries
+    (`unmasked_keys`). Which share of the calls' work is masked is `causal_share`.
+    All-gather CP calls the kernel per chunk, on up to seq keys; every call is read at seq
+    keys here, a little fast for the earlier chunks."""
     par = plan.parallel
     if par.cp_attention == "ring":
         return seq_kv // par.cp
+    return seq_kv
+
+
+def unmasked_keys(plan: Plan, seq_kv: Any) -> Any:
+    """The length each unmasked call of the fused kernel runs at under ring context
+    parallelism: seq / (2·cp), the one the slowest rank of each pass meets at every
+    unmasked step, and the ring waits for it. Otherwise the keys of `attention_keys`.
+
+    Transformer Engine's load-balanced ring (``context_parallel.py``) gives rank r chunks r
+    and 2·cp − 1 − r of c = seq / (2·cp) tokens. At ring step i the keys come from rank
+    r − i: for i ≤ r only their first chunk is unmasked, so all 2c local queries meet c keys;
+    for i > r only the second local chunk attends, so c queries meet 2c keys. The forward
+    kernel loops each block of queries over the keys, and the backward each block of keys
+    over the queries (Dao, "FlashAttention-2", arXiv 2307.08691, section 3.2: it
+    parallelises the backward over the key sequence), so a call's per-block work is c long
+    in the forward for i ≤ r and in the backward for i > r. Rank cp − 1 has i ≤ r at every
+    step, and rank 0 i > r: each pass has a rank whose every unmasked step is c long, and
+    since the ring exchanges at every step and every layer, that rank sets the pace. The
+    measured rates are read at the call's length for both passes, so both read c here."""
+    par = plan.parallel
+    if par.cp_attention == "ring":
+        return vwhere(par.cp == 1, seq_kv, seq_kv // (2 * par.cp))
     return seq_kv
 
 

@@ -222,6 +222,7 @@ def when(items: list[T], condition: Any) -> list[T]:
                     item.count * mask,
                     backward=item.backward,
                     keys=item.keys,
+                    unmasked_keys=item.unmasked_keys,
                     causal=item.causal,
                     launches=item.launches,
                     dtype=item.dtype,

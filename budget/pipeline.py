@@ -6,11 +6,11 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from budget.flops import attention_keys, causal_share, fsdp_mixed
+from budget.flops import attention_keys, causal_share, fsdp_mixed, unmasked_keys
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
-from budget.plan.model import Plan
+from budget.plan.model import AttentionRate, Plan
 from budget.report import (
     CollectiveRow,
     Overlapping,
@@ -259,6 +259,15 @@ def _summary(
     }
 
 
+def _held_at(rate: AttentionRate | None, keys: int, unmasked: int) -> int | None:
+    """The measured length `rate` is held at for the causal calls' ``keys``, or else for
+    the unmasked calls' (`AttentionRate.held_at`); None when both lie within it."""
+    if rate is None:
+        return None
+    held = rate.held_at(keys)
+    return rate.held_at(unmasked) if held is None else held
+
+
 def build_report(plan: Plan) -> Report:
     """Every number of the report for one resolved plan."""
     step = derive(plan)
@@ -331,7 +340,8 @@ def build_report(plan: Plan) -> Report:
         else None,
     }
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
-    keys = int(attention_keys(plan, plan.batch.seq if plan.mode == "train" else plan.batch.prompt))
+    seq = plan.batch.seq if plan.mode == "train" else plan.batch.prompt
+    keys, unmasked = int(attention_keys(plan, seq)), int(unmasked_keys(plan, seq))
     causal = float(causal_share(plan))
     source = plan.device.attention_source(m.attention)
     measured = source in ("measured", "derived")
@@ -356,12 +366,15 @@ def build_report(plan: Plan) -> Report:
         # share of those calls' work under the causal mask, the rest unmasked (context
         # parallelism: `budget.flops.causal_share`); null where no measurement is read
         "attention_causal": causal if measured else None,
-        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal)
+        # keys each unmasked call loops over (a ring's, `budget.flops.unmasked_keys`); null
+        # without an unmasked share or where no measurement is read
+        "attention_unmasked_keys": unmasked if measured and causal < 1 else None,
+        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal, unmasked)
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
-        "attention_held_at": rate.held_at(keys) if rate else None,
+        "attention_held_at": _held_at(rate, keys, unmasked if causal < 1 else keys),
         # the sliding layers' keys per call and fraction of peak, and the measured length
         # that rate is held at when the window is shorter than any measured (gpt-oss's 128
         # keys against the H100's shortest, 512); None without such layers

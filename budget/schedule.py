@@ -178,7 +178,9 @@ def work_time(plan: Plan, work: Work) -> float:
     if work.kind == "attention" and plan.model.attention != "eager":
         if work.keys is None:  # a rebuilt Work lost them: refuse rather than misprice
             raise ValueError(f"fused attention kernel {work.name!r} has no keys per call")
-        fused = device.attention_fraction(plan.model.attention, work.keys, work.causal)
+        fused = device.attention_fraction(
+            plan.model.attention, work.keys, work.causal, work.unmasked_keys
+        )
     if fused is not None:
         # the kernels' rates were measured in bf16 and are fractions of the bf16 peak;
         # fp8 or fp32 activations do not make the measured kernel faster or slower

@@ -482,12 +482,13 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
     context parallelism once on the whole gathered sequence. The header says which.
     Under Megatron's load-balanced split only the ring's diagonal step is causal (1/cp of
     the FLOPs) and all-gather masks c²/2 of each chunk's pairs (1/(2·cp)); the rest run
-    unmasked. cuDNN at 4K: causal 3.5 / (1/518 + 2.5/(499 · 0.84586)) = 445.66, unmasked
-    (the paper's unmasked bars) 3.5 / (1/609 + 2.5/499) = 526.15, so the cp-2 ring's calls
-    run at 2 / (1/445.66 + 1/526.15) = 482.57 TFLOP/s; at 8K (486.94, and unmasked 3.5 /
-    (1/600 + 2.5/518) = 539.05) the all-gather's at 1 / (0.25/486.94 + 0.75/539.05) =
-    525.00."""
-    from budget.flops import causal_share
+    unmasked, the ring's on c = seq/(2·cp) = 2,048 keys (its slowest rank's length at every
+    unmasked step, `budget.flops.unmasked_keys`). cuDNN causal at 4K: 3.5 / (1/518 +
+    2.5/(499 · 0.84586)) = 445.66; unmasked at 2K (the paper's unmasked bars) 3.5 / (1/617
+    + 2.5/465) = 500.22, so the cp-2 ring's calls run at 2 / (1/445.66 + 1/500.22) = 471.36
+    TFLOP/s; at 8K (486.94, and unmasked 3.5 / (1/600 + 2.5/518) = 539.05) the all-gather's
+    at 1 / (0.25/486.94 + 0.75/539.05) = 525.00."""
+    from budget.flops import causal_share, unmasked_keys
     from budget.pipeline import build_report
     from budget.render.table import header
 
@@ -498,17 +499,24 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
     ring, gathered = build_report(ring_plan), build_report(gathered_plan)
     assert ring.device["attention_keys"] == 4096
     assert gathered.device["attention_keys"] == 8192
-    assert ring.device["attention_fraction"] * 989 == pytest.approx(482.57, abs=0.02)
+    assert unmasked_keys(ring_plan, 8192) == 2048
+    assert unmasked_keys(gathered_plan, 8192) == 8192
+    assert unmasked_keys(_resolve(_tree()), 8192) == 8192
+    assert ring.device["attention_unmasked_keys"] == 2048
+    assert gathered.device["attention_unmasked_keys"] == 8192
+    assert ring.device["attention_fraction"] * 989 == pytest.approx(471.36, abs=0.02)
     assert gathered.device["attention_fraction"] * 989 == pytest.approx(525.00, abs=0.02)
     assert ring.device["attention_causal"] == 0.5
     assert gathered.device["attention_causal"] == 0.25
     text = " ".join(header(ring))
     assert (
         "at 4,096 keys per call (measured); 1/2 of the calls' work under the causal mask, "
-        "the rest unmasked" in text
+        "the rest unmasked at 2,048 keys" in text
     )
+    assert "the rest unmasked;" in " ".join(header(gathered)) + ";"
     plain = build_report(_resolve(_tree()))
     assert plain.device["attention_causal"] == 1.0
+    assert plain.device["attention_unmasked_keys"] is None
     assert "causal mask" not in " ".join(header(plain))
 
     # the kernel on fewer keys runs slower: the same attention FLOPs take longer in the ring

@@ -163,8 +163,9 @@ made causal and combined the same way at each length: cuDNN 244, 324, 373, 446, 
 TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 164, 204, 230, 273, 298, 309 on Azure's level
 (the paper's FA2 bars give only the shape). The rate is interpolated in log keys and held
 at the end bars outside 512 ... 16K. The A100's one measured length (8192) stands for every
-length: no A100 sweep by length was found. A context-parallel call is read at one length
-(`budget.flops.attention_keys`), though the ring's unmasked steps meet half or all of it.
+length: no A100 sweep by length was found. A ring's causal calls are read at seq / cp keys
+(`budget.flops.attention_keys`) and its unmasked ones at seq / (2·cp), the length its
+slowest rank meets at every unmasked step (`budget.flops.unmasked_keys`).
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's

@@ -338,16 +338,19 @@ class Device:
             return "gemm"
         return "derived" if rate.derived else "measured"
 
-    def attention_fraction(self, kernel: str, keys: Any, causal: Any = 1.0) -> Any:
+    def attention_fraction(
+        self, kernel: str, keys: Any, causal: Any = 1.0, unmasked_keys: Any = None
+    ) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
         meets ``keys`` keys per kernel call (a number, or an array), ``causal`` of the
-        calls' FLOPs under the causal mask (`AttentionRate.at`): the plan's
+        calls' FLOPs under the causal mask and the rest in calls on ``unmasked_keys``
+        (default ``keys``; `AttentionRate.at`): the plan's
         ``attention_efficiency`` if given, else the measured one, else None (no
         measurement: the GEMM curve prices it)."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         rate = self.attention_rate(kernel)
-        return None if rate is None else rate.at(keys, causal)
+        return None if rate is None else rate.at(keys, causal, unmasked_keys)
 
 
 def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
@@ -385,15 +388,17 @@ class AttentionRate:
     source: str = ""
     unmasked: tuple[float, ...] = ()
 
-    def at(self, keys: Any, causal: Any = 1.0) -> Any:
+    def at(self, keys: Any, causal: Any = 1.0, unmasked_keys: Any = None) -> Any:
         """The fraction at ``keys`` keys per call (a number, or an array) for calls with
-        ``causal`` of their FLOPs under the causal mask and the rest in unmasked tiles
-        (`budget.flops.causal_share`): each share takes its own time, 1 / (c / r_causal +
+        ``causal`` of their FLOPs under the causal mask and the rest in unmasked calls on
+        ``unmasked_keys`` keys (default ``keys``; `budget.flops.causal_share`,
+        `budget.flops.unmasked_keys`): each share takes its own time, 1 / (c / r_causal +
         (1 − c) / r_unmasked)."""
         rate = interp_log(keys, self.keys, self.fractions)
         if not self.unmasked or (not isinstance(causal, np.ndarray) and causal == 1):
             return rate
-        unmasked = interp_log(keys, self.keys, self.unmasked)
+        length = keys if unmasked_keys is None else unmasked_keys
+        unmasked = interp_log(length, self.keys, self.unmasked)
         return 1 / (causal / rate + (1 - causal) / unmasked)
 
     def held_at(self, keys: int) -> int | None:

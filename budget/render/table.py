@@ -165,6 +165,9 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         parts = round(1 / causal)
         share = f"1/{parts:,}" if math.isclose(parts * causal, 1) else f"{causal:.1%}"
         text += f"; {share} of the calls' work under the causal mask, the rest unmasked"
+        unmasked = device.get("attention_unmasked_keys")
+        if unmasked and unmasked != device.get("attention_keys"):
+            text += f" at {unmasked:,} keys"
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
