@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
-from budget.plan.model import DTYPE_BYTES, MLP_NAMES
+from budget.plan.model import DTYPE_BYTES, FUSED_BACKWARD, MLP_NAMES, AttentionPass
 from budget.vector import every, ratio, vfloat, vmax, vmin, vround, vwhere
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ class Work:
     keys: Any = None  # fused attention: keys each query meets in one call (`attention_keys`)
     # fused attention: the keys its unmasked calls loop over (`unmasked_keys`); None: keys
     unmasked_keys: Any = None
+    # fused attention: the kernel's pass, each timed at its own measured rate (`backward_of`)
+    attention_pass: AttentionPass = "forward"
     causal: Any = 1.0  # fused attention: share of its FLOPs under the causal mask (`causal_share`)
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
     # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
@@ -660,10 +662,11 @@ def backward_of(works: list[Work]) -> list[Work]:
     size (each ramps and starts on its own: one kernel of twice the size reached the
     efficiency curve further up and paid one start-up, an audit) whose inner dimensions are
     the forward's n (input gradient) and m (weight gradient), flash attention 2.5 times
-    in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2),
+    in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2) and
+    timed at the kernel's measured backward rate (`AttentionRate.at`),
     eager attention's products twice as two kernels each (`EAGER_BACKWARD`), memory-bound
     kernels about twice (they read the saved input and the incoming gradient)."""
-    factor = {"matmul": 2.0, "attention": 2.5, "elementwise": 2.0}
+    factor = {"matmul": 2.0, "attention": FUSED_BACKWARD, "elementwise": 2.0}
     out = []
     for w in works:
         two = w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD)
@@ -672,6 +675,8 @@ def backward_of(works: list[Work]) -> list[Work]:
         if w.dims is not None:  # dX = dY·Wᵀ runs over n, dW = Xᵀ·dY over m
             m, _, n = w.dims
             back = replace(back, inner=(n, m))
+        if w.kind == "attention":  # a fused kernel's backward runs at its backward's rate
+            back = replace(back, attention_pass="backward")
         out.append(back)
     return out
 

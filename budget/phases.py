@@ -223,6 +223,7 @@ def when(items: list[T], condition: Any) -> list[T]:
                     backward=item.backward,
                     keys=item.keys,
                     unmasked_keys=item.unmasked_keys,
+                    attention_pass=item.attention_pass,
                     causal=item.causal,
                     launches=item.launches,
                     dtype=item.dtype,

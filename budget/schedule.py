@@ -179,7 +179,7 @@ def work_time(plan: Plan, work: Work) -> float:
         if work.keys is None:  # a rebuilt Work lost them: refuse rather than misprice
             raise ValueError(f"fused attention kernel {work.name!r} has no keys per call")
         fused = device.attention_fraction(
-            plan.model.attention, work.keys, work.causal, work.unmasked_keys
+            plan.model.attention, work.keys, work.causal, work.unmasked_keys, work.attention_pass
         )
     if fused is not None:
         # the kernels' rates were measured in bf16 and are fractions of the bf16 peak;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from budget.catalog import DEVICES, MODELS, TOPOLOGIES
 from budget.efficiency import curve_fraction, gemm_efficiency, inner_factor
 from budget.errors import BudgetError
-from budget.flops import Work
+from budget.flops import Work, backward_of
 from budget.plan.model import Device
 from budget.plan.resolve import resolve
 from budget.plan.yaml_load import Marks
@@ -374,10 +375,16 @@ def test_attention_core_runs_in_the_activations_format() -> None:
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
     # `flash` on an H100 is cuDNN's fused attention: 529 TFLOP/s forward (causal) and 518
     # backward (unmasked; FlashAttention-3 paper, Figures 5 and 6, 8K), the backward made
-    # causal at 0.9111 (test below): 3.5 / (1/529 + 2.5/471.94) = 486.9 together.
-    cudnn = 3.5 / (1 / 529 + 2.5 / (518 * 0.91108)) * 1e12
-    assert cudnn == pytest.approx(486.9e12, rel=1e-4)
-    assert work_time(bf16, core) == pytest.approx(core.flops / cudnn, rel=1e-4)
+    # causal at 0.9111 (test below): 471.94, and 3.5 / (1/529 + 2.5/471.94) = 486.9 together.
+    # Each pass runs at its own rate: the forward kernel at 529, its backward (2.5 times the
+    # FLOPs) at 471.94, so the two take the FLOPs of both at 486.9.
+    (backward,) = backward_of([core])
+    assert work_time(bf16, core) == pytest.approx(core.flops / 529e12, rel=1e-4)
+    assert work_time(bf16, backward) == pytest.approx(
+        2.5 * core.flops / (518 * 0.91108 * 1e12), rel=1e-4
+    )
+    both = work_time(bf16, core) + work_time(bf16, backward)
+    assert both == pytest.approx(3.5 * core.flops / 486.9e12, rel=1e-4)
 
 
 def test_causal_calls_run_at_the_cudnn_sweeps_causal_to_unmasked_ratios() -> None:
@@ -456,8 +463,9 @@ def test_fused_attention_rates_follow_the_keys_per_call() -> None:
     h100 = {rate.kernel: rate for rate in DEVICES["h100-sxm"].attention}
     assert h100["cudnn"].at(2048) * 989 == pytest.approx(372.65, abs=0.02)
     assert h100["flash2"].at(2048) * 989 == pytest.approx(229.97, abs=0.02)
-    halfway = (h100["cudnn"].at(2048) + h100["cudnn"].at(4096)) / 2
-    assert h100["cudnn"].at(2048 * 2**0.5) == pytest.approx(halfway)
+    for part in ("forward", "backward"):
+        rate = partial(h100["cudnn"].at, part=part)
+        assert rate(2048 * 2**0.5) == pytest.approx((rate(2048) + rate(4096)) / 2)
     at_512 = 3.5 / (1 / 315 + 2.5 / (305 * 0.73384))  # cuDNN's bars at 512 tokens: 244.0
     assert h100["cudnn"].at(128) == h100["cudnn"].at(512) == pytest.approx(at_512 / 989, 1e-4)
     assert h100["cudnn"].at(131072) == h100["cudnn"].at(16384)
@@ -581,9 +589,10 @@ def test_fused_kernels_time_attention_at_their_rate_and_keep_flash_memory() -> N
     peaks = {}
     for kernel in ("flash", "flash2", "flash3", "cudnn", "triton"):
         plan = _resolve(_tree(model={"preset": "llama3-8b", "attention": kernel}))
-        times[kernel] = work_time(plan, core)
+        times[kernel] = sum(work_time(plan, w) for w in (core, *backward_of([core])))
         peaks[kernel] = build_report(plan).worst.peak_bytes
-    assert times["flash2"] == pytest.approx(core.flops / 297.80e12, rel=1e-4)
+    # forward and backward: 3.5 times the forward's FLOPs at FlashAttention-2's 297.80
+    assert times["flash2"] == pytest.approx(3.5 * core.flops / 297.80e12, rel=1e-4)
     assert times["flash"] == times["cudnn"] < times["flash2"] < times["triton"]
     assert times["flash3"] < times["cudnn"]
     assert len(set(peaks.values())) == 1  # every fused kernel keeps only row statistics
@@ -601,7 +610,7 @@ def test_fused_attention_rates_are_of_the_bf16_peak_whatever_the_activations() -
     fp8 = _resolve(_tree(precision={"matmul": "fp8", "activations": "fp8"}))
     assert fp8.precision.activations == "fp8"
     assert work_time(fp8, core) == pytest.approx(work_time(bf16, core))
-    assert work_time(bf16, core) == pytest.approx(core.flops / 486.94e12, rel=1e-4)
+    assert work_time(bf16, core) == pytest.approx(core.flops / 529e12, rel=1e-4)
 
 
 def test_the_report_says_which_kernel_times_attention() -> None:

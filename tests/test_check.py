@@ -330,7 +330,7 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     text = " ".join(out.split())
     assert "--max-ttft does not apply to a train plan, which runs no prefill" in text
     assert "--max-tpot does not apply to a train plan, which runs no decode pass" in text
-    assert "first token 2.79 s, 0.0173 s per output token" in text  # in the limits' units
+    assert "first token 2.78 s, 0.0173 s per output token" in text  # in the limits' units
     assert "limits: every stage fits in device memory; time to first token ≤ 60 s; " in text
     code, out, _ = _check(GPT3, DECODE, "--max-tpot", "1ms", "--format", "json")
     assert code == 1

@@ -115,10 +115,11 @@ tp 8: 11.1 ms a token on B200 at 0, 13.4 ms at 3.23 µs).
 
 Fused attention (``attention``) runs far below the GEMM ceiling: its softmax, masking and
 rescaling sit between two matrix products in one kernel. Each preset lists the kernels
-measured on it as the fraction of the dense bf16 peak that forward and backward reach
-together (FLOPs as FlashAttention's benchmark counts them: 4·s²·heads·head_dim per
-sequence, halved under a causal mask, backward 2.5 × forward), the first being what
-``model.attention: flash`` means on that device, the one a current stack runs there:
+measured on it as the fractions of the dense bf16 peak its forward and its backward
+reach, each pass timed at its own (FLOPs as FlashAttention's benchmark counts them:
+4·s²·heads·head_dim per sequence, halved under a causal mask, backward 2.5 × forward); the
+figures below quote the two together, 3.5 / (1/forward + 2.5/backward). The first kernel is
+what ``model.attention: flash`` means on that device, the one a current stack runs there:
 
 - FlashAttention-2, Azure's AI-benchmarking-guide ("Flash Attention 2.0": the
   flash-attention repository's benchmark, batch 2, sequence 8192, forward + backward): H100
@@ -212,7 +213,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from budget.plan.model import AttentionRate, GemmCurve
+from budget.plan.model import FUSED_BACKWARD, AttentionRate, GemmCurve
 
 __all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
 
@@ -278,7 +279,31 @@ _FA3_FIGURES = {  # kernel: (causal forward, unmasked forward, unmasked backward
 
 def _fwd_bwd(forward: float, backward: float) -> float:
     """TFLOP/s of forward + backward, backward 2.5 × the forward FLOPs."""
-    return 3.5 / (1 / forward + 2.5 / backward)
+    return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
+
+
+Pairs = list[tuple[float, float]]  # (forward, backward) TFLOP/s at each length
+
+
+def _rate(
+    kernel: str,
+    keys: tuple[float, ...],
+    causal: Pairs,
+    unmasked: Pairs,
+    peak: float,
+    source: str,
+    derived: bool = False,
+) -> AttentionRate:
+    """An `AttentionRate` of `kernel` from its (forward, backward) TFLOP/s at each of `keys`,
+    of a causal call and of an unmasked one, as fractions of `peak`."""
+    forward, backward, unmasked_forward, unmasked_backward = (
+        tuple(pair[part] / peak for pair in pairs)
+        for pairs in (causal, unmasked)
+        for part in (0, 1)
+    )
+    return AttentionRate(
+        kernel, keys, forward, backward, derived, source, unmasked_forward, unmasked_backward
+    )
 
 
 # Causal against unmasked calls on the Hopper die (module docstring): NVIDIA/cudnn-frontend's
@@ -332,16 +357,19 @@ def _fa2_level(unmasked_8k: float) -> float:
     return unmasked_8k / _fwd_bwd(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
 
 
-def _fractions(
-    combine: Callable[[float, float], float], kernel: str, scale: float, peak: float
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`combine` (forward, backward) of `kernel`'s bars (`_bars`) as fractions of `peak`
-    TFLOP/s at `scale`: a causal call's at each length, then an unmasked call's."""
+def _scaled(
+    kernel: str, scale: float, each: Callable[[float, float], tuple[float, float]]
+) -> tuple[Pairs, Pairs]:
+    """`kernel`'s bars (`_bars`) at `scale`, each (forward, backward) pair passed through
+    `each`: a causal call's at each length, then an unmasked call's."""
     causal, unmasked = (
-        tuple(combine(f, b) * scale / peak for f, b in _bars(kernel, mask))
-        for mask in (True, False)
+        [each(f * scale, b * scale) for f, b in _bars(kernel, mask)] for mask in (True, False)
     )
     return causal, unmasked
+
+
+def _as_measured(forward: float, backward: float) -> tuple[float, float]:
+    return forward, backward
 
 
 _FA3_PAPER = "FlashAttention-3 paper (arXiv 2407.08608), Figures 5 and 6"
@@ -353,13 +381,11 @@ def _azure_fa2(gpu: str, commit: str) -> str:
 
 
 def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, cited: str = "") -> AttentionRate:
-    """`kernel`'s causal forward + backward rate (`_bars`) as a fraction of `peak` TFLOP/s,
-    times `scale` (`_fa2_level`, from the measurement `cited` names)."""
-    rates, unmasked = _fractions(_fwd_bwd, kernel, scale, peak)
+    """`kernel`'s forward and backward rates (`_bars`) as fractions of `peak` TFLOP/s, times
+    `scale` (`_fa2_level`, from the measurement `cited` names)."""
+    causal, unmasked = _scaled(kernel, scale, _as_measured)
     source = f"{cited}; shape: {_FA3_PAPER}" if cited else _FA3_PAPER
-    return AttentionRate(
-        kernel, _FA3_LENGTHS, rates, source=f"{source}; {_CAUSAL}", unmasked=unmasked
-    )
+    return _rate(kernel, _FA3_LENGTHS, causal, unmasked, peak, f"{source}; {_CAUSAL}")
 
 
 # FlashAttention-2 paper, section 4.1 (A100): FA2 is about 1.4x (1.3-1.5) as fast as
@@ -367,10 +393,10 @@ def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, cited: str = "") ->
 _TRITON_SLOWER = (1.4, 2.0)
 
 
-def _triton(fa2_forward: float, fa2_backward: float) -> float:
-    """FlashAttention in Triton, TFLOP/s of forward + backward, from FlashAttention-2's."""
+def _triton(fa2_forward: float, fa2_backward: float) -> tuple[float, float]:
+    """FlashAttention in Triton, TFLOP/s of its forward and backward, from FlashAttention-2's."""
     slower_forward, slower_backward = _TRITON_SLOWER
-    return _fwd_bwd(fa2_forward / slower_forward, fa2_backward / slower_backward)
+    return fa2_forward / slower_forward, fa2_backward / slower_backward
 
 
 _TRITON_SOURCE = (
@@ -382,28 +408,30 @@ _TRITON_SOURCE = (
 def _triton_hopper(peak: float, scale: float) -> AttentionRate:
     """``triton`` on Hopper: the FlashAttention-3 paper's FA2 bars (`_bars`) slowed at each
     length, at the level of the device's measured FA2 (`_fa2_level`)."""
-    rates, unmasked = _fractions(_triton, "flash2", scale, peak)
-    return AttentionRate("triton", _FA3_LENGTHS, rates, True, _TRITON_SOURCE, unmasked)
+    causal, unmasked = _scaled("flash2", scale, _triton)
+    return _rate("triton", _FA3_LENGTHS, causal, unmasked, peak, _TRITON_SOURCE, derived=True)
 
 
 # The A100's one FA2 measurement is unmasked; a causal call at 8K takes the forward and
 # backward ratios of `_causal` there (the A100 has no sweep of its own, module docstring).
 _A100_FA2 = 179.5 * _causal(8192)[0], 179.5 * _causal(8192)[1]
 _A100_ATTENTION = (  # one length measured
-    AttentionRate(
+    _rate(
         "flash2",
         (8192,),
-        (_fwd_bwd(*_A100_FA2) / 312,),
-        source=f"{_azure_fa2('A100', '3bb66ca')}; {_CAUSAL}, at 8K",
-        unmasked=(179.5 / 312,),
+        [_A100_FA2],
+        [(179.5, 179.5)],
+        312,
+        f"{_azure_fa2('A100', '3bb66ca')}; {_CAUSAL}, at 8K",
     ),
-    AttentionRate(
+    _rate(
         "triton",
         (8192,),
-        (_triton(*_A100_FA2) / 312,),
-        True,
+        [_triton(*_A100_FA2)],
+        [_triton(179.5, 179.5)],
+        312,
         _TRITON_SOURCE,
-        (_triton(179.5, 179.5) / 312,),
+        derived=True,
     ),
 )
 _H100_ATTENTION = (
@@ -450,15 +478,12 @@ _B200_SOURCE = (
 
 
 def _b200(kernel: str) -> AttentionRate:
-    """`kernel`'s causal forward + backward rate on the B200 from its sweep, as a fraction of
-    the 2,250 TFLOP/s peak; unmasked, each part over the GB200 sweep's ratio at its length."""
-    bars = list(zip(_B200_LENGTHS, _B200_SWEEP[kernel], strict=True))
-    rates = tuple(_fwd_bwd(f, b) / 2250 for _, (f, b) in bars)
-    ratios = [_causal(n, _BLACKWELL_SWEEP_MS) for n, _ in bars]
-    unmasked = tuple(
-        _fwd_bwd(f / r[0], b / r[1]) / 2250 for (_, (f, b)), r in zip(bars, ratios, strict=True)
-    )
-    return AttentionRate(kernel, _B200_LENGTHS, rates, source=_B200_SOURCE, unmasked=unmasked)
+    """`kernel`'s causal forward and backward rates on the B200 from its sweep, as fractions
+    of the 2,250 TFLOP/s peak; unmasked, each over the GB200 sweep's ratio at its length."""
+    causal = list(_B200_SWEEP[kernel])
+    ratios = [_causal(n, _BLACKWELL_SWEEP_MS) for n in _B200_LENGTHS]
+    unmasked = [(f / r[0], b / r[1]) for (f, b), r in zip(causal, ratios, strict=True)]
+    return _rate(kernel, _B200_LENGTHS, causal, unmasked, 2250, _B200_SOURCE)
 
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"

@@ -28,6 +28,10 @@ Optimizer = Literal["adam", "sgd", "none"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 GroupKind = Literal["tp", "cp", "ep", "dp", "pp"]
+AttentionPass = Literal["forward", "backward"]
+# a fused attention kernel's backward does 2.5 times its forward's FLOPs: it computes QKᵀ
+# again (Dao, arXiv 2307.08691, section 3.1.2; the FLOPs FlashAttention's benchmark counts)
+FUSED_BACKWARD = 2.5
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -339,18 +343,24 @@ class Device:
         return "derived" if rate.derived else "measured"
 
     def attention_fraction(
-        self, kernel: str, keys: Any, causal: Any = 1.0, unmasked_keys: Any = None
+        self,
+        kernel: str,
+        keys: Any,
+        causal: Any = 1.0,
+        unmasked_keys: Any = None,
+        part: AttentionPass | None = None,
     ) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
         meets ``keys`` keys per kernel call (a number, or an array), ``causal`` of the
         calls' FLOPs under the causal mask and the rest in calls on ``unmasked_keys``
-        (default ``keys``; `AttentionRate.at`): the plan's
+        (default ``keys``), in its forward or backward ``part`` or both together (None;
+        `AttentionRate.at`): the plan's
         ``attention_efficiency`` if given, else the measured one, else None (no
         measurement: the GEMM curve prices it)."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         rate = self.attention_rate(kernel)
-        return None if rate is None else rate.at(keys, causal, unmasked_keys)
+        return None if rate is None else rate.at(keys, causal, unmasked_keys, part)
 
 
 def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
@@ -372,34 +382,53 @@ def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class AttentionRate:
-    """A fused attention kernel's forward + backward rate on one device: the fraction of
-    the dense bf16 peak it reaches when each query meets ``keys[i]`` keys in one kernel call
-    (the sequence, or one ring step's share of it under context parallelism), interpolated
-    in log keys and held outside the measured lengths. One point: the same at every
-    length (`budget.catalog.devices`). ``fractions`` are a causal call's; ``unmasked``, at
-    the same lengths, a call without a mask (empty: the causal ones). ``derived``: computed
-    from another kernel's measurement by published ratios, not measured itself; ``source``:
-    where the rate is from."""
+    """A fused attention kernel's rates on one device, its forward and its backward apart:
+    the fraction of the dense bf16 peak each reaches when each query meets ``keys[i]`` keys
+    in one kernel call (the sequence, or one ring step's share of it under context
+    parallelism), interpolated in log keys and held outside the measured lengths. One
+    point: the same at every length (`budget.catalog.devices`). ``forward`` and
+    ``backward`` are a causal call's; ``unmasked_forward`` and ``unmasked_backward``, at the
+    same lengths, a call without a mask (empty: the causal ones). ``derived``: computed from
+    another kernel's measurement by published ratios, not measured itself; ``source``: where
+    the rate is from."""
 
     kernel: str
     keys: tuple[float, ...]
-    fractions: tuple[float, ...]
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
     derived: bool = False
     source: str = ""
-    unmasked: tuple[float, ...] = ()
+    unmasked_forward: tuple[float, ...] = ()
+    unmasked_backward: tuple[float, ...] = ()
 
-    def at(self, keys: Any, causal: Any = 1.0, unmasked_keys: Any = None) -> Any:
-        """The fraction at ``keys`` keys per call (a number, or an array) for calls with
-        ``causal`` of their FLOPs under the causal mask and the rest in unmasked calls on
-        ``unmasked_keys`` keys (default ``keys``; `budget.flops.causal_share`,
-        `budget.flops.unmasked_keys`): each share takes its own time, 1 / (c / r_causal +
-        (1 − c) / r_unmasked)."""
-        rate = interp_log(keys, self.keys, self.fractions)
-        if not self.unmasked or (not isinstance(causal, np.ndarray) and causal == 1):
+    def at(
+        self,
+        keys: Any,
+        causal: Any = 1.0,
+        unmasked_keys: Any = None,
+        part: AttentionPass | None = None,
+    ) -> Any:
+        """The fraction of ``part`` (forward or backward) at ``keys`` keys per call (a
+        number, or an array) for calls with ``causal`` of their FLOPs under the causal mask
+        and the rest in unmasked calls on ``unmasked_keys`` keys (default ``keys``;
+        `budget.flops.causal_share`, `budget.flops.unmasked_keys`): each share takes its own
+        time, 1 / (c / r_causal + (1 − c) / r_unmasked). Without a ``part``, forward and
+        backward together, the backward doing `FUSED_BACKWARD` times the forward's FLOPs:
+        (1 + 2.5) / (1 / r_forward + 2.5 / r_backward)."""
+        if part is None:
+            forward = self.at(keys, causal, unmasked_keys, "forward")
+            backward = self.at(keys, causal, unmasked_keys, "backward")
+            return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
+        masked, unmasked = (
+            (self.forward, self.unmasked_forward)
+            if part == "forward"
+            else (self.backward, self.unmasked_backward)
+        )
+        rate = interp_log(keys, self.keys, masked)
+        if not unmasked or (not isinstance(causal, np.ndarray) and causal == 1):
             return rate
         length = keys if unmasked_keys is None else unmasked_keys
-        unmasked = interp_log(length, self.keys, self.unmasked)
-        return 1 / (causal / rate + (1 - causal) / unmasked)
+        return 1 / (causal / rate + (1 - causal) / interp_log(length, self.keys, unmasked))
 
     def held_at(self, keys: int) -> int | None:
         """The measured length whose rate `at` holds for ``keys`` when they lie outside the
