@@ -751,8 +751,10 @@ def test_a_memory_bound_kernel_takes_its_startup_beyond_its_bytes() -> None:
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -> None:
     """Forward, recomputed and backward attention cores all meet seq / cp keys per ring
-    step (8192 / 4 here); a Work rebuilt without them would be refused, not priced at the
-    shortest measured length."""
+    step (8192 / 4 here) in their causal calls and seq / (2·cp) in their unmasked ones; the
+    forward and its recomputed copies run at the forward's rate, the backward at its own. A
+    Work rebuilt without keys would be refused, not priced at the shortest measured
+    length."""
     from budget.schedule import work_time
     from budget.step import derive
 
@@ -769,6 +771,10 @@ def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -
     if recompute != "none":
         assert any("(recomputed)" in name for name in names)
     assert {work.keys for work in cores} == {2048}
+    assert {work.unmasked_keys for work in cores} == {1024}
+    passes = {work.name: work.attention_pass for work in cores}
+    assert {passes[name] for name in names if name.endswith(" backward")} == {"backward"}
+    assert {passes[name] for name in names if not name.endswith(" backward")} == {"forward"}
     lost = Work("attention core (flash)", "attention", 10**12, 10**6)
     with pytest.raises(ValueError, match="no keys per call"):
         work_time(plan, lost)
