@@ -51,6 +51,8 @@ class Work:
     unmasked_keys: Any = None
     # fused attention: the kernel's pass, each timed at its own measured rate (`backward_of`)
     attention_pass: AttentionPass = "forward"
+    # fused attention: the keys its backward's calls loop over (`backward_keys`); None: its own
+    backward_keys: Any = None
     causal: Any = 1.0  # fused attention: share of its FLOPs under the causal mask (`causal_share`)
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
     # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
@@ -290,7 +292,16 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         if not s.causal:
             return [replace(core, keys=s.seq_kv, causal=0.0)]
         keys, unmasked = attention_keys(plan, s.seq_kv), unmasked_keys(plan, s.seq_kv)
-        return [replace(core, keys=keys, unmasked_keys=unmasked, causal=causal_share(plan))]
+        backward = backward_keys(plan, s.seq_kv)
+        return [
+            replace(
+                core,
+                keys=keys,
+                unmasked_keys=unmasked,
+                backward_keys=backward,
+                causal=causal_share(plan),
+            )
+        ]
     scores = s.act * pairs
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
@@ -432,8 +443,9 @@ def attention_keys(plan: Plan, seq_kv: Any) -> Any:
     chunks (seq/cp keys). Megatron-LM / Transformer Engine's load-balanced ring makes only
     that step causal; its other steps are unmasked and run on fewer keys or queries
     (`unmasked_keys`). Which share of the calls' work is masked is `causal_share`.
-    All-gather CP calls the kernel per chunk, on up to seq keys; every call is read at seq
-    keys here, a little fast for the earlier chunks."""
+    All-gather CP calls the kernel per chunk, on up to seq keys; every forward call is read
+    at seq keys here, a little fast for the earlier chunks, and its backward at the chunk's
+    length (`backward_keys`)."""
     par = plan.parallel
     if par.cp_attention == "ring":
         return seq_kv // par.cp
@@ -460,6 +472,23 @@ def unmasked_keys(plan: Plan, seq_kv: Any) -> Any:
     if par.cp_attention == "ring":
         return vwhere(par.cp == 1, seq_kv, seq_kv // (2 * par.cp))
     return seq_kv
+
+
+def backward_keys(plan: Plan, seq_kv: Any) -> Any:
+    """The length the backward's calls loop over where it is not its forward's: under
+    all-gather context parallelism, c = seq / (2·cp), for the causal and the unmasked share
+    alike; None otherwise.
+
+    Transformer Engine's all-gather attention (``context_parallel.py``) calls the kernel for
+    each of a rank's two chunks of c queries against the gathered keys up to that chunk's
+    end. The forward loops each block of those c queries over up to seq keys; the backward
+    loops each block of keys over the chunk's c queries (Dao, "FlashAttention-2", arXiv
+    2307.08691, section 3.2), so each of its blocks does c's work, as in a call of length c.
+    A ring's backward meets the forward's lengths (`unmasked_keys`)."""
+    par = plan.parallel
+    if par.cp_attention == "ring" or every(par.cp == 1):
+        return None
+    return vwhere(par.cp == 1, seq_kv, seq_kv // (2 * par.cp))
 
 
 def causal_share(plan: Plan) -> Any:
@@ -676,7 +705,10 @@ def backward_of(works: list[Work]) -> list[Work]:
             m, _, n = w.dims
             back = replace(back, inner=(n, m))
         if w.kind == "attention":  # a fused kernel's backward runs at its backward's rate
-            back = replace(back, attention_pass="backward")
+            back = replace(back, attention_pass="backward", backward_keys=None)
+            if w.backward_keys is not None:  # on the lengths its calls loop over
+                keys = w.backward_keys
+                back = replace(back, keys=keys, unmasked_keys=keys)
         out.append(back)
     return out
 

@@ -224,6 +224,7 @@ def when(items: list[T], condition: Any) -> list[T]:
                     keys=item.keys,
                     unmasked_keys=item.unmasked_keys,
                     attention_pass=item.attention_pass,
+                    backward_keys=item.backward_keys,
                     causal=item.causal,
                     launches=item.launches,
                     dtype=item.dtype,

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from budget.flops import attention_keys, causal_share, fsdp_mixed, unmasked_keys
+from budget.flops import attention_keys, backward_keys, causal_share, fsdp_mixed, unmasked_keys
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
@@ -342,6 +342,7 @@ def build_report(plan: Plan) -> Report:
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     seq = plan.batch.seq if plan.mode == "train" else plan.batch.prompt
     keys, unmasked = int(attention_keys(plan, seq)), int(unmasked_keys(plan, seq))
+    backward = backward_keys(plan, seq) if plan.mode == "train" else None
     causal = float(causal_share(plan))
     source = plan.device.attention_source(m.attention)
     measured = source in ("measured", "derived")
@@ -369,7 +370,12 @@ def build_report(plan: Plan) -> Report:
         # keys each unmasked call loops over (a ring's, `budget.flops.unmasked_keys`); null
         # without an unmasked share or where no measurement is read
         "attention_unmasked_keys": unmasked if measured and causal < 1 else None,
-        "attention_fraction": plan.device.attention_fraction(m.attention, keys, causal, unmasked)
+        # keys the backward's calls loop over where not the forward's (all-gather context
+        # parallelism's chunk, `budget.flops.backward_keys`); null otherwise
+        "attention_backward_keys": int(backward) if measured and backward is not None else None,
+        "attention_fraction": plan.device.attention_fraction(
+            m.attention, keys, causal, unmasked, backward_keys=backward
+        )
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the

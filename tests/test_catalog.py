@@ -494,9 +494,11 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
     unmasked step, `budget.flops.unmasked_keys`). cuDNN causal at 4K: 3.5 / (1/518 +
     2.5/(499 · 0.84586)) = 445.66; unmasked at 2K (the paper's unmasked bars) 3.5 / (1/617
     + 2.5/465) = 500.22, so the cp-2 ring's calls run at 2 / (1/445.66 + 1/500.22) = 471.36
-    TFLOP/s; at 8K (486.94, and unmasked 3.5 / (1/600 + 2.5/518) = 539.05) the all-gather's
-    at 1 / (0.25/486.94 + 0.75/539.05) = 525.00."""
-    from budget.flops import causal_share, unmasked_keys
+    TFLOP/s. The all-gather's forward calls meet 8K keys, a quarter causal: 1 / (0.25/529 +
+    0.75/600) = 580.52; its backward loops each key block over one chunk's 2,048 queries
+    (`budget.flops.backward_keys`), read at 2K: 1 / (0.25/341.24 + 0.75/465) = 426.34, so
+    together 3.5 / (1/580.52 + 2.5/426.34) = 461.35."""
+    from budget.flops import backward_keys, causal_share, unmasked_keys
     from budget.pipeline import build_report
     from budget.render.table import header
 
@@ -510,10 +512,15 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
     assert unmasked_keys(ring_plan, 8192) == 2048
     assert unmasked_keys(gathered_plan, 8192) == 8192
     assert unmasked_keys(_resolve(_tree()), 8192) == 8192
+    assert backward_keys(gathered_plan, 8192) == 2048
+    assert backward_keys(ring_plan, 8192) is None
+    assert backward_keys(_resolve(_tree()), 8192) is None
     assert ring.device["attention_unmasked_keys"] == 2048
     assert gathered.device["attention_unmasked_keys"] == 8192
     assert ring.device["attention_fraction"] * 989 == pytest.approx(471.36, abs=0.02)
-    assert gathered.device["attention_fraction"] * 989 == pytest.approx(525.00, abs=0.02)
+    assert gathered.device["attention_fraction"] * 989 == pytest.approx(461.35, abs=0.02)
+    assert gathered.device["attention_backward_keys"] == 2048
+    assert ring.device["attention_backward_keys"] is None
     assert ring.device["attention_causal"] == 0.5
     assert gathered.device["attention_causal"] == 0.25
     text = " ".join(header(ring))
@@ -521,7 +528,7 @@ def test_ring_context_parallelism_calls_the_kernel_on_one_block_of_keys() -> Non
         "at 4,096 keys per call (measured); 1/2 of the calls' work under the causal mask, "
         "the rest unmasked at 2,048 keys" in text
     )
-    assert "the rest unmasked;" in " ".join(header(gathered)) + ";"
+    assert "the rest unmasked; its backward at 2,048 keys a call" in " ".join(header(gathered))
     plain = build_report(_resolve(_tree()))
     assert plain.device["attention_causal"] == 1.0
     assert plain.device["attention_unmasked_keys"] is None
@@ -778,6 +785,27 @@ def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -
     lost = Work("attention core (flash)", "attention", 10**12, 10**6)
     with pytest.raises(ValueError, match="no keys per call"):
         work_time(plan, lost)
+
+
+def test_an_all_gather_backward_runs_on_one_chunk_of_queries() -> None:
+    """All-gather context parallelism: the forward calls meet the gathered 8192 keys, the
+    backward calls (and only they) loop over one chunk, 8192 / (2·4) = 1024, for the causal
+    and the unmasked share alike; recomputed forwards keep the forward's length."""
+    from budget.step import derive
+
+    plan = _resolve(
+        _tree(parallel={"tp": 2, "cp": 4, "cp_attention": "allgather"}, recompute="full")
+    )
+    cores = [
+        work
+        for stage in derive(plan).stages
+        for phase in stage.phases
+        for work in phase.works
+        if work.kind == "attention"
+    ]
+    lengths = {(w.attention_pass, w.keys, w.unmasked_keys) for w in cores}
+    assert lengths == {("forward", 8192, 8192), ("backward", 1024, 1024)}
+    assert any(w.name.endswith("(recomputed)") for w in cores)
 
 
 # Published parameter counts (total, activated per token): GPT-3 175B (Brown et al., arXiv

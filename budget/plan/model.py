@@ -349,18 +349,19 @@ class Device:
         causal: Any = 1.0,
         unmasked_keys: Any = None,
         part: AttentionPass | None = None,
+        backward_keys: Any = None,
     ) -> Any:
         """The fraction of the peak fused attention ``kernel`` reaches here when each query
         meets ``keys`` keys per kernel call (a number, or an array), ``causal`` of the
         calls' FLOPs under the causal mask and the rest in calls on ``unmasked_keys``
-        (default ``keys``), in its forward or backward ``part`` or both together (None;
-        `AttentionRate.at`): the plan's
+        (default ``keys``), in its forward or backward ``part`` or both together (None,
+        the backward on ``backward_keys`` where given; `AttentionRate.at`): the plan's
         ``attention_efficiency`` if given, else the measured one, else None (no
         measurement: the GEMM curve prices it)."""
         if self.attention_efficiency is not None:
             return self.attention_efficiency
         rate = self.attention_rate(kernel)
-        return None if rate is None else rate.at(keys, causal, unmasked_keys, part)
+        return None if rate is None else rate.at(keys, causal, unmasked_keys, part, backward_keys)
 
 
 def interp_log(x: Any, xs: tuple[float, ...], ys: tuple[float, ...]) -> Any:
@@ -407,6 +408,7 @@ class AttentionRate:
         causal: Any = 1.0,
         unmasked_keys: Any = None,
         part: AttentionPass | None = None,
+        backward_keys: Any = None,
     ) -> Any:
         """The fraction of ``part`` (forward or backward) at ``keys`` keys per call (a
         number, or an array) for calls with ``causal`` of their FLOPs under the causal mask
@@ -414,9 +416,12 @@ class AttentionRate:
         `budget.flops.causal_share`, `budget.flops.unmasked_keys`): each share takes its own
         time, 1 / (c / r_causal + (1 − c) / r_unmasked). Without a ``part``, forward and
         backward together, the backward doing `FUSED_BACKWARD` times the forward's FLOPs:
-        (1 + 2.5) / (1 / r_forward + 2.5 / r_backward)."""
+        (1 + 2.5) / (1 / r_forward + 2.5 / r_backward), the backward's calls on
+        ``backward_keys`` keys where given (`budget.flops.backward_keys`)."""
         if part is None:
             forward = self.at(keys, causal, unmasked_keys, "forward")
+            if backward_keys is not None:
+                keys = unmasked_keys = backward_keys
             backward = self.at(keys, causal, unmasked_keys, "backward")
             return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
         masked, unmasked = (

@@ -168,6 +168,9 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         unmasked = device.get("attention_unmasked_keys")
         if unmasked and unmasked != device.get("attention_keys"):
             text += f" at {unmasked:,} keys"
+    backward = device.get("attention_backward_keys")
+    if backward:
+        text += f"; its backward at {backward:,} keys a call"
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
