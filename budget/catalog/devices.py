@@ -166,7 +166,9 @@ TFLOP/s; FA3 246, 337, 401, 487, 533, 553; FA2 164, 204, 230, 273, 298, 309 on A
 at the end bars outside 512 ... 16K. The A100's one measured length (8192) stands for every
 length: no A100 sweep by length was found. A ring's causal calls are read at seq / cp keys
 (`budget.flops.attention_keys`) and its unmasked ones at seq / (2·cp), the length its
-slowest rank meets at every unmasked step (`budget.flops.unmasked_keys`).
+slowest rank meets at every unmasked step (`budget.flops.unmasked_keys`); an all-gather's
+forward at the gathered seq keys and its backward at seq / (2·cp), the chunk of queries each
+of its key blocks loops over (`budget.flops.backward_keys`).
 
 cuDNN is first on Hopper (Transformer Engine and PyTorch's scaled_dot_product_attention
 pick it there); FlashAttention-2 on the A100 (FA3 needs Hopper). H100 PCIe takes the SXM's
