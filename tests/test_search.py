@@ -686,8 +686,9 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert (
-        "Priced on h100-sxm in dgx-h100; attention: flash = cudnn at its rate for each "
-        "layout's keys per call and causal share (measured); collectives on nvlink at the "
+        "Priced on h100-sxm in dgx-h100; attention: flash = cudnn at its forward and backward "
+        "rates for each layout's keys per call and causal share (measured); collectives on "
+        "nvlink at the "
         "share of B_eff their size reaches"
     ) in text
     # an A100's FlashAttention-2 was measured at one length: no claim about keys, only the
@@ -697,9 +698,10 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         a100, device=replace(a100.device, attention=DEVICES["a100-80gb"].attention)
     )
     said = hardware_text(hardware(one_length))
-    assert "attention: flash = flash2 at its rate for each layout's causal share (measured);" in (
-        said
-    )
+    assert (
+        "attention: flash = flash2 at its forward and backward rates for each layout's causal "
+        "share (measured);"
+    ) in said
 
 
 def test_scatter_gather_layouts_budget_exactly_as_searched(gpt3):

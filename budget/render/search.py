@@ -174,9 +174,9 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         where += topology or "the topology the plan writes out"
     source = hardware["attention_rate"]
     rate = "the plan's rate" if source == "plan" else "its rate"
-    if source in ("measured", "derived"):  # and for each layout's causal share (cp)
+    if source in ("measured", "derived"):  # each pass's, and each layout's causal share (cp)
         keys = "keys per call and " if hardware.get("attention_by_keys") else ""
-        rate += f" for each layout's {keys}causal share"
+        rate = f"its forward and backward rates for each layout's {keys}causal share"
     attention = attention_text(
         hardware["attention"], hardware["attention_kernel"], source, rate, written=device is None
     )
