@@ -341,7 +341,13 @@ def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
         (core,) = full
         ratio = vwhere(seq > w, (2 * seq * w - w * w) / (seq * seq), 1.0)
         keys = vmin(seq, w)
-        band = replace(core, flops=vround(core.flops * ratio), keys=keys, unmasked_keys=keys)
+        band = replace(
+            core,
+            flops=vround(core.flops * ratio),
+            keys=keys,
+            unmasked_keys=keys,
+            backward_keys=None,
+        )
         local = [band]
     else:  # decoding against the min(context, W) keys the cache keeps
         local = _core(plan, replace(s, seq_kv=s.window_kv or vmin(seq, w)))
@@ -468,10 +474,16 @@ def unmasked_keys(plan: Plan, seq_kv: Any) -> Any:
     step, and rank 0 i > r: each pass has a rank whose every unmasked step is c long, and
     since the ring exchanges at every step and every layer, that rank sets the pace. The
     measured rates are read at the call's length for both passes, so both read c here."""
-    par = plan.parallel
-    if par.cp_attention == "ring":
-        return vwhere(par.cp == 1, seq_kv, seq_kv // (2 * par.cp))
+    if plan.parallel.cp_attention == "ring":
+        return _chunk(plan, seq_kv)
     return seq_kv
+
+
+def _chunk(plan: Plan, seq_kv: Any) -> Any:
+    """c = seq / (2·cp), one of the 2·cp chunks of Megatron-LM's load-balanced split (the
+    whole sequence at cp 1)."""
+    cp = plan.parallel.cp
+    return vwhere(cp == 1, seq_kv, seq_kv // (2 * cp))
 
 
 def backward_keys(plan: Plan, seq_kv: Any) -> Any:
@@ -488,7 +500,7 @@ def backward_keys(plan: Plan, seq_kv: Any) -> Any:
     par = plan.parallel
     if par.cp_attention == "ring" or every(par.cp == 1):
         return None
-    return vwhere(par.cp == 1, seq_kv, seq_kv // (2 * par.cp))
+    return _chunk(plan, seq_kv)
 
 
 def causal_share(plan: Plan) -> Any:

@@ -228,6 +228,7 @@ def when(items: list[T], condition: Any) -> list[T]:
                     causal=item.causal,
                     launches=item.launches,
                     dtype=item.dtype,
+                    sm_share=item.sm_share,
                     dims=item.dims,
                     inner=item.inner,
                 )

@@ -10,7 +10,7 @@ from budget.flops import attention_keys, backward_keys, causal_share, fsdp_mixed
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
-from budget.plan.model import AttentionRate, Plan
+from budget.plan.model import AttentionPass, AttentionRate, Plan
 from budget.report import (
     CollectiveRow,
     Overlapping,
@@ -259,13 +259,14 @@ def _summary(
     }
 
 
-def _held_at(rate: AttentionRate | None, keys: int, unmasked: int) -> int | None:
-    """The measured length `rate` is held at for the causal calls' ``keys``, or else for
-    the unmasked calls' (`AttentionRate.held_at`); None when both lie within it."""
+def _held_at(rate: AttentionRate | None, *lengths: int | None) -> int | None:
+    """The measured length `rate` is held at for the first of the calls' ``lengths`` (the
+    causal calls' keys, the unmasked ones', the backward's) that lies outside the lengths
+    measured (`AttentionRate.held_at`); None when every one lies within them."""
     if rate is None:
         return None
-    held = rate.held_at(keys)
-    return rate.held_at(unmasked) if held is None else held
+    held = (rate.held_at(n) for n in lengths if n is not None)
+    return next((n for n in held if n is not None), None)
 
 
 def build_report(plan: Plan) -> Report:
@@ -343,6 +344,8 @@ def build_report(plan: Plan) -> Report:
     seq = plan.batch.seq if plan.mode == "train" else plan.batch.prompt
     keys, unmasked = int(attention_keys(plan, seq)), int(unmasked_keys(plan, seq))
     backward = backward_keys(plan, seq) if plan.mode == "train" else None
+    # a serving plan's calls that matter are its prefill's, forward only
+    part: AttentionPass | None = None if plan.mode == "train" else "forward"
     causal = float(causal_share(plan))
     source = plan.device.attention_source(m.attention)
     measured = source in ("measured", "derived")
@@ -373,19 +376,27 @@ def build_report(plan: Plan) -> Report:
         # keys the backward's calls loop over where not the forward's (all-gather context
         # parallelism's chunk, `budget.flops.backward_keys`); null otherwise
         "attention_backward_keys": int(backward) if measured and backward is not None else None,
+        # one call's forward and backward together (a serving plan: its prefill's forward)
         "attention_fraction": plan.device.attention_fraction(
-            m.attention, keys, causal, unmasked, backward_keys=backward
+            m.attention, keys, causal, unmasked, part, backward
         )
         if m.attention != "eager"
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
-        "attention_held_at": _held_at(rate, keys, unmasked if causal < 1 else keys),
+        "attention_held_at": _held_at(
+            rate,
+            keys,
+            unmasked if causal < 1 else None,
+            None if backward is None else int(backward),
+        ),
         # the sliding layers' keys per call and fraction of peak, and the measured length
         # that rate is held at when the window is shorter than any measured (gpt-oss's 128
         # keys against the H100's shortest, 512); None without such layers
         "attention_window_keys": m.window if windowed else None,
-        "attention_window_fraction": plan.device.attention_fraction(m.attention, m.window)
+        "attention_window_fraction": plan.device.attention_fraction(
+            m.attention, m.window, part=part
+        )
         if windowed
         else None,
         "attention_window_held_at": rate.held_at(m.window) if windowed and rate else None,

@@ -612,3 +612,40 @@ def test_a_training_plan_without_an_optimizer_is_refused(tmp_path):
     path = variant(tmp_path, "none.yaml", ("optimizer: adam", "optimizer: none"), base=base)
     with pytest.raises(BudgetError, match=r"optimizer: none is for serving plans"):
         load_plan(path)
+
+
+def test_a_sweeps_masked_work_keeps_every_field_but_its_count() -> None:
+    """`phases.when` rebuilds each Work with its constructor (not `replace`, for speed): it
+    must copy every field, or a sweep would price a kernel differently from the same layout
+    alone. Every field is set off its default here, and only ``count`` may change."""
+    from dataclasses import fields, replace
+
+    import numpy as np
+
+    from budget.flops import Work
+    from budget.phases import when
+
+    work = Work(
+        "attention core (flash) backward",
+        "attention",
+        10**12,
+        10**6,
+        count=3,
+        backward=2.5,
+        keys=4096,
+        unmasked_keys=2048,
+        attention_pass="backward",
+        backward_keys=1024,
+        causal=0.5,
+        launches=2.0,
+        dtype="bf16",
+        sm_share=0.875,
+        dims=(1, 2, 3),
+        inner=(7,),
+    )
+    defaults = Work("x", "matmul", 0, 0)
+    unset = [f.name for f in fields(Work) if getattr(work, f.name) == getattr(defaults, f.name)]
+    assert not unset  # every field given a value of its own
+    (masked,) = when([work], np.array([True, False]))
+    assert list(masked.count) == [3, 0]
+    assert replace(masked, count=work.count) == work

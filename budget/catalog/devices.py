@@ -215,7 +215,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from budget.plan.model import FUSED_BACKWARD, AttentionRate, GemmCurve
+from budget.plan.model import AttentionRate, GemmCurve, fused_rate
 
 __all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
 
@@ -277,11 +277,6 @@ _FA3_FIGURES = {  # kernel: (causal forward, unmasked forward, unmasked backward
         (214, 260, 291, 310, 318, 322),
     ),
 }
-
-
-def _fwd_bwd(forward: float, backward: float) -> float:
-    """TFLOP/s of forward + backward, backward 2.5 × the forward FLOPs."""
-    return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
 
 
 Pairs = list[tuple[float, float]]  # (forward, backward) TFLOP/s at each length
@@ -356,22 +351,21 @@ def _bars(kernel: str, causal: bool = True) -> list[tuple[float, float]]:
 def _fa2_level(unmasked_8k: float) -> float:
     """The factor from the FlashAttention-3 paper's FlashAttention-2 bars to a device's own
     unmasked FA2 measurement at 8K (Azure's), against the bars' unmasked rate there."""
-    return unmasked_8k / _fwd_bwd(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
+    bars: float = fused_rate(*_bars("flash2", causal=False)[_FA3_LENGTHS.index(8192)])
+    return unmasked_8k / bars
 
 
 def _scaled(
-    kernel: str, scale: float, each: Callable[[float, float], tuple[float, float]]
+    kernel: str, scale: float, each: Callable[[float, float], tuple[float, float]] | None = None
 ) -> tuple[Pairs, Pairs]:
     """`kernel`'s bars (`_bars`) at `scale`, each (forward, backward) pair passed through
-    `each`: a causal call's at each length, then an unmasked call's."""
+    `each` where given: a causal call's at each length, then an unmasked call's."""
     causal, unmasked = (
-        [each(f * scale, b * scale) for f, b in _bars(kernel, mask)] for mask in (True, False)
+        [(f * scale, b * scale) for f, b in _bars(kernel, mask)] for mask in (True, False)
     )
-    return causal, unmasked
-
-
-def _as_measured(forward: float, backward: float) -> tuple[float, float]:
-    return forward, backward
+    if each is None:
+        return causal, unmasked
+    return [each(*pair) for pair in causal], [each(*pair) for pair in unmasked]
 
 
 _FA3_PAPER = "FlashAttention-3 paper (arXiv 2407.08608), Figures 5 and 6"
@@ -385,7 +379,7 @@ def _azure_fa2(gpu: str, commit: str) -> str:
 def _fa3_paper(kernel: str, peak: float, scale: float = 1.0, cited: str = "") -> AttentionRate:
     """`kernel`'s forward and backward rates (`_bars`) as fractions of `peak` TFLOP/s, times
     `scale` (`_fa2_level`, from the measurement `cited` names)."""
-    causal, unmasked = _scaled(kernel, scale, _as_measured)
+    causal, unmasked = _scaled(kernel, scale)
     source = f"{cited}; shape: {_FA3_PAPER}" if cited else _FA3_PAPER
     return _rate(kernel, _FA3_LENGTHS, causal, unmasked, peak, f"{source}; {_CAUSAL}")
 

@@ -33,6 +33,14 @@ AttentionPass = Literal["forward", "backward"]
 # again (Dao, arXiv 2307.08691, section 3.1.2; the FLOPs FlashAttention's benchmark counts)
 FUSED_BACKWARD = 2.5
 
+
+def fused_rate(forward: Any, backward: Any) -> Any:
+    """The rate of a fused attention kernel's forward and backward together, from each
+    pass's (TFLOP/s or fractions of a peak; numbers or arrays): the backward does
+    `FUSED_BACKWARD` times the forward's FLOPs, (1 + 2.5) / (1 / forward + 2.5 / backward)."""
+    return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
+
+
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -422,8 +430,7 @@ class AttentionRate:
             forward = self.at(keys, causal, unmasked_keys, "forward")
             if backward_keys is not None:
                 keys = unmasked_keys = backward_keys
-            backward = self.at(keys, causal, unmasked_keys, "backward")
-            return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
+            return fused_rate(forward, self.at(keys, causal, unmasked_keys, "backward"))
         masked, unmasked = (
             (self.forward, self.unmasked_forward)
             if part == "forward"

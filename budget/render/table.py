@@ -150,7 +150,10 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         keys = device.get("attention_keys")
         call = "call" if mode == "train" else "prefill call"
         rate = f"{device['attention_fraction']:.1%} of peak"
-        rate += f" at {keys:,} keys per {call}" if keys else ""
+        # where the backward meets other lengths (`flops.backward_keys`), the keys are the
+        # forward's, and the backward's are said after the causal share
+        forward = ", its forward" if device.get("attention_backward_keys") else ""
+        rate += f"{forward} at {keys:,} keys per {call}" if keys else ""
     kernel = device["attention"]
     text = attention_text(
         kernel,
