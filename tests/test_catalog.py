@@ -758,6 +758,19 @@ def test_a_memory_bound_kernel_takes_its_startup_beyond_its_bytes() -> None:
     assert refused.value.problems[0].path == "$.device.kernel_startup"
 
 
+def _attention_cores(plan) -> list[Work]:
+    """Every attention kernel of every phase of `plan`'s step."""
+    from budget.step import derive
+
+    return [
+        work
+        for stage in derive(plan).stages
+        for phase in stage.phases
+        for work in phase.works
+        if work.kind == "attention"
+    ]
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -> None:
     """Forward, recomputed and backward attention cores all meet seq / cp keys per ring
@@ -766,16 +779,9 @@ def test_every_attention_kernel_of_a_step_carries_its_keys_per_call(recompute) -
     Work rebuilt without keys would be refused, not priced at the shortest measured
     length."""
     from budget.schedule import work_time
-    from budget.step import derive
 
     plan = _resolve(_tree(parallel={"tp": 2, "cp": 4}, recompute=recompute))
-    cores = [
-        work
-        for stage in derive(plan).stages
-        for phase in stage.phases
-        for work in phase.works
-        if work.kind == "attention"
-    ]
+    cores = _attention_cores(plan)
     names = {work.name for work in cores}
     assert "attention core (flash)" in names and "attention core (flash) backward" in names
     if recompute != "none":
@@ -794,18 +800,10 @@ def test_an_all_gather_backward_runs_on_one_chunk_of_queries() -> None:
     """All-gather context parallelism: the forward calls meet the gathered 8192 keys, the
     backward calls (and only they) loop over one chunk, 8192 / (2·4) = 1024, for the causal
     and the unmasked share alike; recomputed forwards keep the forward's length."""
-    from budget.step import derive
-
     plan = _resolve(
         _tree(parallel={"tp": 2, "cp": 4, "cp_attention": "allgather"}, recompute="full")
     )
-    cores = [
-        work
-        for stage in derive(plan).stages
-        for phase in stage.phases
-        for work in phase.works
-        if work.kind == "attention"
-    ]
+    cores = _attention_cores(plan)
     lengths = {(w.attention_pass, w.keys, w.unmasked_keys) for w in cores}
     assert lengths == {("forward", 8192, 8192), ("backward", 1024, 1024)}
     assert any(w.name.endswith("(recomputed)") for w in cores)
