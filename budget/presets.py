@@ -54,6 +54,8 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
                 "kernel": rate.kernel,
                 "keys": ATTENTION_KEYS,
                 "fraction": float(rate.at(ATTENTION_KEYS)),
+                "forward": float(rate.at(ATTENTION_KEYS, part="forward")),
+                "backward": float(rate.at(ATTENTION_KEYS, part="backward")),
                 "derived": rate.derived,
                 "source": rate.source,
             }

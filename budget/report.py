@@ -20,7 +20,8 @@ from budget.units import plural
 # 1.4: `budget presets` gives each fused-attention rate's ``source``, and the rates are of a
 # causal call; the report's ``device.attention_causal``
 # 1.5: the report's ``device.attention_unmasked_keys`` and ``attention_backward_keys``: a
-# ring's unmasked calls and an all-gather's backward are read at seq / (2·cp) keys
+# ring's unmasked calls and an all-gather's backward are read at seq / (2·cp) keys;
+# `budget presets` gives each attention rate's ``forward`` and ``backward``
 SCHEMA_VERSION = "1.5"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)

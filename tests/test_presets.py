@@ -73,13 +73,16 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     """H100 SXM: 733.17 TFLOP/s sustained (gpu-fryer's 730 at 8192³); cuDNN attention at 8K
     keys is the FlashAttention-3 paper's causal forward 529 and unmasked backward 518 TFLOP/s,
     the backward made causal at 0.91108 (cuDNN's H200 sweep, test_catalog), combined as
-    3.5 / (1/529 + 2.5/471.94) = 486.9 of 989 (49.2 %). H800 NVLink: 160 of 200 GB/s."""
+    3.5 / (1/529 + 2.5/471.94) = 486.9 of 989 (49.2 %), each pass given apart, the rate it
+    is timed at. H800 NVLink: 160 of 200 GB/s."""
     devices = {d["name"]: d for d in catalogue("devices")["devices"]}
     h100 = devices["h100-sxm"]
     assert h100["gemm"]["ceiling_flops"] == pytest.approx(733.17e12, rel=1e-4)
     cudnn = h100["attention"][0]
     assert (cudnn["kernel"], cudnn["keys"]) == ("cudnn", 8192)
     assert cudnn["fraction"] == pytest.approx(486.94 / 989, abs=1e-4)
+    assert cudnn["forward"] == pytest.approx(529 / 989, abs=1e-6)
+    assert cudnn["backward"] == pytest.approx(518 * 0.91108 / 989, abs=1e-5)
     assert h100["memory_bytes"] == 81_559 * 2**20 and h100["flops"]["fp8"] == 1979e12
     assert h100["assumed"] == ["gemm-fp8", "start"]  # the H200's FP8 ceiling and startup
     # every figure measured on it, or (its triton rate) derived from what was
