@@ -343,7 +343,8 @@ def build_report(plan: Plan) -> Report:
     # serving: the prefill's calls, where the kernel's rate matters (decode is memory-bound)
     seq = plan.batch.seq if plan.mode == "train" else plan.batch.prompt
     keys, unmasked = int(attention_keys(plan, seq)), int(unmasked_keys(plan, seq))
-    backward = backward_keys(plan, seq) if plan.mode == "train" else None
+    gathered = backward_keys(plan, seq) if plan.mode == "train" else None
+    backward = None if gathered is None else int(gathered)
     # a serving plan's calls that matter are its prefill's, forward only
     part: AttentionPass | None = None if plan.mode == "train" else "forward"
     causal = float(causal_share(plan))
@@ -375,7 +376,7 @@ def build_report(plan: Plan) -> Report:
         "attention_unmasked_keys": unmasked if measured and causal < 1 else None,
         # keys the backward's calls loop over where not the forward's (all-gather context
         # parallelism's chunk, `budget.flops.backward_keys`); null otherwise
-        "attention_backward_keys": int(backward) if measured and backward is not None else None,
+        "attention_backward_keys": backward if measured else None,
         # one call's forward and backward together (a serving plan: its prefill's forward)
         "attention_fraction": plan.device.attention_fraction(
             m.attention, keys, causal, unmasked, part, backward
@@ -384,12 +385,7 @@ def build_report(plan: Plan) -> Report:
         else None,
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
-        "attention_held_at": _held_at(
-            rate,
-            keys,
-            unmasked if causal < 1 else None,
-            None if backward is None else int(backward),
-        ),
+        "attention_held_at": _held_at(rate, keys, unmasked if causal < 1 else None, backward),
         # the sliding layers' keys per call and fraction of peak, and the measured length
         # that rate is held at when the window is shorter than any measured (gpt-oss's 128
         # keys against the H100's shortest, 512); None without such layers
