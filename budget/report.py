@@ -9,20 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from budget.plan.model import BandwidthRamp
+from budget.report_schema import SCHEMA_VERSION
 from budget.units import plural
 
-# 1.1: `budget diff` pairs the stages of plans of different depths by role (a row's
-# ``stage`` is then "first" or "last", with ``a_stage`` and ``b_stage``); search's
-# ``hardware.capacity_bytes``; the report's ``layout.fsdp``
-# 1.2: `budget presets` gives each device's ``gemm.inner_half`` (K₀), and its JSON carries
-# ``schema_version``
-# 1.3: `budget collective` gives ``latency_term_s`` and ``bandwidth_term_s``
-# 1.4: `budget presets` gives each fused-attention rate's ``source``, and the rates are of a
-# causal call; the report's ``device.attention_causal``
-# 1.5: the report's ``device.attention_unmasked_keys`` and ``attention_backward_keys``: a
-# ring's unmasked calls and an all-gather's backward are read at seq / (2·cp) keys;
-# `budget presets` gives each attention rate's ``forward`` and ``backward``
-SCHEMA_VERSION = "1.5"
 # Message sizes at which the Links table shows a ramped link's share of its bandwidth.
 RAMP_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)
 RAMP_HEADER = "share at 16 · 64 · 256 MiB"

@@ -13,7 +13,22 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Literal
 
-__all__ = ["KINDS", "Kind", "report_schema", "validation_errors"]
+__all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_errors"]
+
+# 1.1: `budget diff` pairs the stages of plans of different depths by role (a row's
+# ``stage`` is then "first" or "last", with ``a_stage`` and ``b_stage``); search's
+# ``hardware.capacity_bytes``; the report's ``layout.fsdp``
+# 1.2: `budget presets` gives each device's ``gemm.inner_half`` (K₀), and its JSON carries
+# ``schema_version``
+# 1.3: `budget collective` gives ``latency_term_s`` and ``bandwidth_term_s``
+# 1.4: `budget presets` gives each fused-attention rate's ``source``, and the rates are of a
+# causal call; the report's ``device.attention_causal``
+# 1.5: the report's ``device.attention_unmasked_keys`` and ``attention_backward_keys``: a
+# ring's unmasked calls and an all-gather's backward are read at seq / (2·cp) keys;
+# `budget presets` gives each attention rate's ``forward`` and ``backward``
+# 1.6: every command's JSON document starts with ``schema_version`` (check, diff, collective,
+# roofline, search and validate-model had none)
+SCHEMA_VERSION = "1.6"
 
 Kind = Literal[
     "report", "check", "diff", "collective", "roofline", "search", "validate_model", "presets"

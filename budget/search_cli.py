@@ -72,7 +72,7 @@ def run_search(
     from budget.check import parse_limits
     from budget.collectives import SizeError
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
-    from budget.render import dump_json
+    from budget.render import dump_document
     from budget.render.search import render_search_markdown, render_search_table
     from budget.search import magnitude, search, to_dict
     from budget.topology import MAX_GPUS
@@ -174,7 +174,7 @@ def run_search(
             print(usage_line(f"--write {write}: {reason}"), file=sys.stderr)
             return 2
     if fmt == "json":
-        console.file.write(dump_json(to_dict(outcome, top), console.file))
+        console.file.write(dump_document(to_dict(outcome, top), console.file))
     elif fmt == "markdown":
         console.file.write(render_search_markdown(outcome, top))
     else:

@@ -20,6 +20,7 @@ from budget.render.calculators import render_collective, render_roofline
 runner = CliRunner()
 
 COLLECTIVE_KEYS = {
+    "schema_version",
     "op",
     "algorithm",
     "ranks",
@@ -37,6 +38,7 @@ COLLECTIVE_KEYS = {
     "algorithm_bandwidth_Bps",
 }
 ROOFLINE_KEYS = {
+    "schema_version",
     "intensity",
     "bandwidth_Bps",
     "peak_flops",

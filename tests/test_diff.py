@@ -86,7 +86,7 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     code, out, _ = _diff(GPT3, tp4(tmp_path), "--format", "json")
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"a", "b", "delta"}
+    assert set(data) == {"schema_version", "a", "b", "delta"}
     delta = data["delta"]
     assert delta["identical"] is False
     assert [c["key"] for c in delta["plan"]] == ["parallel.tp", "parallel.dp"]

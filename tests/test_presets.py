@@ -16,7 +16,7 @@ from budget.cli import app
 from budget.entry import COMMANDS, route
 from budget.presets import catalogue
 from budget.render.presets import render_presets
-from budget.report import SCHEMA_VERSION
+from budget.report_schema import SCHEMA_VERSION
 
 runner = CliRunner()
 

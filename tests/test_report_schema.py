@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
 from budget.cli import app, route
-from budget.report_schema import Kind, report_schema, validation_errors
+from budget.report_schema import SCHEMA_VERSION, Kind, report_schema, validation_errors
 from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, too_big, tp4, variant
 
 runner = CliRunner()
@@ -53,6 +53,8 @@ def _promises(data: Any, path: str = "$") -> None:
 
 
 def _valid(data: Any, kind: Kind) -> None:
+    assert next(iter(data)) == "schema_version", "the version is the document's first key"
+    assert data["schema_version"] == SCHEMA_VERSION
     assert validation_errors(data, kind) == []
     assert validation_errors(data) == []  # the root schema accepts every output too
     _promises(data)

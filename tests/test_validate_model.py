@@ -11,6 +11,7 @@ unpublished) and are not scored.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -136,9 +137,9 @@ def test_nemo_plans_have_the_published_layout_and_model() -> None:
 
 
 def test_renderers(accuracy) -> None:
-    console = Console(width=120, color_system=None, record=True)
-    render_accuracy(console, accuracy, "json")
-    data = json.loads(console.export_text())
+    out = io.StringIO()
+    render_accuracy(Console(file=out, width=120, color_system=None), accuracy, "json")
+    data = json.loads(out.getvalue())
     assert len(data["runs"]) == len(RUNS)
     assert len(data["reference"]) == len(REFERENCE_RUNS)
     assert data["max_abs_error"] == pytest.approx(accuracy.max_abs_error)

@@ -19,6 +19,14 @@ def dump_json(data: Any, stream: Any = None) -> str:
     return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=not utf(stream)) + "\n"
 
 
+def dump_document(data: dict[str, Any], stream: Any = None) -> str:
+    """A command's whole JSON output (`dump_json`), its ``schema_version`` first: the version
+    of ``schemas/report.schema.json`` it follows, which a reader checks before the rest."""
+    from budget.report_schema import SCHEMA_VERSION
+
+    return dump_json({"schema_version": SCHEMA_VERSION, **data}, stream)
+
+
 def utf(stream: Any) -> bool:
     """Whether `stream` (None: a string) takes every character: its encoding is a UTF."""
     encoding = getattr(stream, "encoding", None) or "utf-8"

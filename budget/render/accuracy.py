@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -181,7 +180,9 @@ _TITLE = "Predicted against published measurements"
 
 def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     if fmt == "json":
-        console.out(json.dumps(accuracy_dict(acc), indent=2, allow_nan=False), highlight=False)
+        from budget.render import dump_document
+
+        console.file.write(dump_document(accuracy_dict(acc), console.file))
         return
     if fmt == "markdown":  # a heading as every markdown output has; the README has its own
         console.out(

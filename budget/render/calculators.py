@@ -6,7 +6,6 @@ and FLOP rates decimal units as vendors quote them (GB = 1e9 B); times µs, ms o
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -199,7 +198,9 @@ def _time(seconds: float) -> str:
 
 
 def _json(console: Console, data: dict[str, Any]) -> None:
-    console.out(json.dumps(data, indent=2, allow_nan=False), highlight=False)
+    from budget.render import dump_document
+
+    console.file.write(dump_document(data, console.file))
 
 
 def _sections(

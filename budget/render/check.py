@@ -22,9 +22,9 @@ def render_check(console: Console, result: CheckResult, fmt: str) -> None:
     """Render the gate's outcome on `console` in `fmt` (table, json or markdown)."""
     if fmt == "json":
         from budget.check import check_to_dict
-        from budget.render import dump_json
+        from budget.render import dump_document
 
-        console.file.write(dump_json(check_to_dict(result), console.file))
+        console.file.write(dump_document(check_to_dict(result), console.file))
     elif fmt == "markdown":
         console.file.write(check_markdown(result))
     else:

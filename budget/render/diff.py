@@ -54,9 +54,9 @@ def render_diff(console: Console, a: Report, b: Report, diff: PlanDiff, fmt: str
     """Render the comparison of `a` and `b` on `console` in `fmt`."""
     if fmt == "json":
         from budget.diff import diff_to_dict
-        from budget.render import dump_json
+        from budget.render import dump_document
 
-        console.file.write(dump_json(diff_to_dict(a, b, diff), console.file))
+        console.file.write(dump_document(diff_to_dict(a, b, diff), console.file))
     elif fmt == "markdown":
         console.file.write(diff_markdown(a, b, diff))
     else:

@@ -18,10 +18,9 @@ from typing import Any
 
 from rich.console import Console
 
-from budget.render import dump_json
+from budget.render import dump_document
 from budget.render.markdown import markdown_table
 from budget.render.table import titled_table
-from budget.report import SCHEMA_VERSION
 from budget.units import format_duration
 
 __all__ = ["presets_markdown", "render_presets"]
@@ -292,8 +291,8 @@ def _rows_as_lines(console: Console, section: Section) -> None:
 
 
 def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt: str) -> None:
-    if fmt == "json":  # versioned as the report's JSON is (`report.SCHEMA_VERSION`)
-        console.file.write(dump_json({"schema_version": SCHEMA_VERSION, **data}, console.file))
+    if fmt == "json":
+        console.file.write(dump_document(data, console.file))
         return
     if fmt == "markdown":
         console.file.write(presets_markdown(data))
