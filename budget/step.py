@@ -790,8 +790,11 @@ def outside_counts(plan: Plan, in_flight: Any, microbatches: int) -> tuple[Any, 
 def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last,
-    each for the micro-batches `outside_counts` finds alive; under ZeRO-3 the gathered
-    parameters outside the layers (`_zero3_root_moves`)."""
+    each for the micro-batches `outside_counts` finds alive, and the cross-entropy's saved
+    fp32 softmax (4sbv/t, section 4.3) of each of them but the one `_loss` works on (under
+    GPipe every forward, its loss too, runs before the first backward: m - 1 of them; 1F1B
+    runs each loss's backward at once: none); under ZeRO-3 the gathered parameters
+    outside the layers (`_zero3_root_moves`)."""
     s, plan = b.shapes, b.plan
     embedded, headed = outside_counts(plan, b.in_flight, b.microbatches)
     res = residual_placement(plan)
@@ -834,6 +837,24 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
                     placement=res,
                 )
             )
+        others = headed - 1
+        logits = s.tokens * vocab_rows(plan)
+        # what `_loss` keeps of each cross-entropy for its backward, main head and MTP's:
+        # the fp32 softmax, and the soft-capped logits for the tanh backward
+        kept = (4 + (s.act if plan.model.logit_softcap else 0)) * logits
+        out += when(
+            [
+                Alloc(
+                    "cross-entropy softmax (fp32) of the other micro-batches in flight, kept "
+                    "for their backward",
+                    "activations",
+                    kept * (1 + mtp),
+                    count=others,
+                    placement="shard(vocab) on tp",
+                )
+            ],
+            others > 0,
+        )
     return out
 
 

@@ -392,3 +392,23 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     assert qkv.total == 32_598_944_256
     report = build_report(plan)
     assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_649_275_904, "backward.mlp")
+
+
+def test_gpipe_keeps_every_earlier_micro_batch_s_softmax_on_the_last_stage():
+    """Under GPipe every forward and its loss run before the first backward, so at the last
+    micro-batch's cross-entropy the last stage holds the fp32 softmax that each of the m - 1
+    earlier ones saved for its backward (Korthikanti section 4.3: 4sbv/t each); 1F1B runs
+    each loss's backward at once and holds none (an audit: GPipe counted one). GPT-3,
+    tp 8, s = 2048, b = 1, m = 1536 / 16 = 96: one softmax is 4 · 2048 · 51,200 / 8 =
+    52,428,800 B per rank."""
+    gpipe = derive(make_plan(schedule="gpipe")).stages[-1]
+    one_f_one_b = derive(make_plan()).stages[-1]
+
+    def kept(stage):
+        (loss,) = [p for p in stage.phases if p.name == "loss"]
+        (instant,) = loss.instants
+        return [a for a in instant.live if a.name.startswith("cross-entropy softmax (fp32)")]
+
+    (softmaxes,) = kept(gpipe)
+    assert (softmaxes.bytes, softmaxes.count) == (4 * 2048 * 51200 // 8, 95)
+    assert kept(one_f_one_b) == []
