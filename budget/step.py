@@ -2112,6 +2112,19 @@ def _target(phases: list[Phase], name: str) -> int | None:
     return None
 
 
+def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
+    """For a phase that holds no tensors of its own (an embedding lookup, a stage send: no
+    more than the phase beside it), what is alive there, bounded from above by the nearest
+    phase that has instants: the next one's first, else the previous one's last, under
+    the target's name. A hand-written transition's tensors are added to it, so they count
+    in the stage's peak (an audit: on such a phase they were priced and never held)."""
+    after = [(p.name, p.instants[0]) for p in phases[target + 1 :] if p.instants]
+    before = [(p.name, p.instants[-1]) for p in phases[:target] if p.instants]
+    for name, bound in [*after, *before[::-1]][:1]:
+        return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
+    return (Instant("the transition alone", ()),)
+
+
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage.
 
@@ -2169,7 +2182,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     )
                 )
             phase = phases[target]
-            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in phase.instants)
+            held = phase.instants or _beside(phases, target)
+            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
             phases[target] = replace(phase, instants=instants)
             if op is None:
                 continue

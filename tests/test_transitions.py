@@ -202,3 +202,23 @@ def test_a_prefix_names_its_phase_and_a_serving_pass_counts_in_its_latency(tmp_p
     assert phase.count == 511  # one per decode pass: 512 generated tokens, the first from prefill
     base = budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml").step["decode_token_s"]
     assert served.step["decode_token_s"] - base == pytest.approx(move.time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("phase", ["forward.embedding", "pipeline.forward"])
+def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, phase):
+    """An embedding lookup or a stage send holds no tensors of its own (no more than the
+    phase beside it), so a transition there is held on top of what the next phase holds at
+    its first instant, an upper bound; it had been priced and never counted (an audit).
+    fp32 [2048, 51200 · 8] gathered over tp 8: 3,355,443,200 B whole + 419,430,400 B shard
+    on GPT-3's stage 0, beside its resident states, and above the plan's own peak."""
+    big = LOGITS.replace("phase: loss", f"phase: {phase}").replace("vocab]", "vocab * 8]")
+    alone = budget_plan(GPT3).stages[0]
+    stage = budget_plan(_plan(tmp_path, big)).stages[0]
+    full = 2048 * 51200 * 8 * 4
+    assert stage.peak_phase == phase
+    names = {o.tensor: o.bytes for o in stage.peak_overlap}
+    assert names["logits-gather (replicate)"] == full
+    assert names["logits-gather (shard(1), source alive)"] == full // 8
+    states = alone.params_bytes + alone.grads_bytes + alone.optimizer_bytes + alone.reserved_bytes
+    assert stage.peak_bytes >= states + full + full // 8
+    assert stage.peak_bytes > alone.peak_bytes
