@@ -171,6 +171,22 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
         return {"device.attention": "none measured"}
     if prefix == "collectives.":  # (op, algorithm) pairs: one key per op a plan names
         return {f"collectives.{op}": name for op, name in value}
+    if prefix == "transitions.":  # keyed as a plan file spells them; none: no keys at all
+        return {
+            f"transitions.{i}.{key}": item
+            for i, t in enumerate(value)
+            for key, item in (
+                ("name", t.name),
+                ("phase", t.phase),
+                ("tensor.shape", list(t.shape)),
+                ("tensor.dtype", t.dtype),
+                ("group", t.group),
+                ("from", t.src),
+                ("to", t.dst),
+                ("source_alive", t.source_alive),
+                ("count", t.count),
+            )
+        }
     calibration = _calibration(value)
     if calibration is not None:
         return {prefix.rstrip("."): Calibration(calibration, value)}

@@ -169,6 +169,19 @@ def test_flatten_names_keys_by_path() -> None:
     assert flat["parallel.order"] == ["tp", "cp", "ep", "dp", "pp"]
     assert flat["device.flops.bf16"] == pytest.approx(312e12)
     assert flat["topology.levels.0.name"] == "nvlink"
+    assert not [k for k in flat if k.startswith("transitions")]  # none written, no keys
+
+
+def test_transitions_are_keyed_as_the_plan_file_spells_them() -> None:
+    """`from`, `to` and `tensor.shape`, not the resolved fields' src, dst and shape."""
+    flat = flatten(load_plan(ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"))
+    keys = {k.removeprefix("transitions.0.") for k in flat if k.startswith("transitions.0.")}
+    assert keys == {
+        "name", "phase", "tensor.shape", "tensor.dtype", "group", "from", "to",
+        "source_alive", "count",
+    }  # fmt: skip
+    assert (flat["transitions.0.from"], flat["transitions.0.to"]) == ("shard(1)", "replicate")
+    assert flat["transitions.0.tensor.shape"] == [8192, 128256]
 
 
 @pytest.mark.parametrize(
