@@ -338,7 +338,8 @@ def collective_command(
             "<name>",
             "ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the cheapest "
             "the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
-            "hierarchical over two or more --level.",
+            "hierarchical over two or more --level. tree is the textbook binomial tree (whole "
+            "tensor each step, for small messages), not NCCL's pipelined double binary tree.",
         ),
     ] = None,
     ramp: Annotated[
