@@ -168,7 +168,7 @@ def run_search(
             plan, outcome.best.config, n
         ).parallel.pipeline.layers_per_stage
         try:
-            _write(path, layout, n, write)
+            _write(path, data, layout, n, write)
         except OSError as error:  # checked up front; the folder may change during the sweep
             reason = (error.strerror or str(error)).lower()
             print(usage_line(f"--write {write}: {reason}"), file=sys.stderr)
@@ -216,7 +216,7 @@ def _writable(target: Path, source: Path) -> None:
         raise ValueError(f"--write {target}: {why}")
 
 
-def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> None:
+def _write(source: Path, data: bytes, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
     file, `plan.write.rebased`)."""
@@ -227,13 +227,13 @@ def _write(source: Path, layout: dict[str, Any], gpus: int, target: Path) -> Non
     # paths in the plan are relative to the folder its file lands in (through a link)
     folder = landing(target).parent
     reference = os.path.relpath(Path(__file__).parent / "schemas" / "plan.schema.json", folder)
-    first = source.read_text(encoding="utf-8").partition("\n")[0]
+    first = data.decode("utf-8", "replace").partition("\n")[0]
     marker = "$schema="
     if marker in first and "://" not in first:
         reference = rebased(first.split(marker, 1)[1].strip(), plan_folder(source), folder)
     from budget.files import write_atomically
 
-    write_atomically(target, layout_yaml(source, layout, gpus, reference, folder))
+    write_atomically(target, layout_yaml(source, data, layout, gpus, reference, folder))
 
 
 def _progress(console: Console, fmt: str) -> Any:

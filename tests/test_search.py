@@ -1375,3 +1375,22 @@ def test_a_best_layout_with_little_memory_free_says_so(tmp_path):
     assert expected in " ".join(out.split())
     asked = runner.invoke(app, route(["search", str(plan), "--top", "1", "--headroom", "5%"]))
     assert "of the device free" not in asked.stdout
+
+
+def test_write_takes_the_plan_as_the_search_read_it(tmp_path):
+    """The written plan comes from the bytes the search read, once: a pipe (`<(...)`) is
+    empty when read again, and the written plan had come from that second reading (an
+    audit: a traceback, and a named pipe with no writer left waited forever)."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, (ROOT / "plans" / "gpt-1.3b.yaml").read_bytes())
+    os.close(write)
+    out = tmp_path / "best.yaml"
+    try:
+        args = ["search", f"/dev/fd/{read}", "--micro", "1", "--write", str(out)]
+        result = CliRunner().invoke(app, route(args))
+    finally:
+        os.close(read)
+    assert result.exit_code == 0, result.stderr
+    assert load_plan(out).model.layers == load_plan(ROOT / "plans" / "gpt-1.3b.yaml").model.layers

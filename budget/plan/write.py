@@ -13,15 +13,14 @@ import yaml
 
 from budget.errors import BudgetError
 from budget.files import plan_folder
-from budget.plan.load import read_plan_bytes
 from budget.plan.yaml_load import decode, load_yaml
 
 
-def _tree(path: Path) -> dict[str, Any]:
-    text, problem = decode(read_plan_bytes(path), str(path))
+def _tree(data: bytes, file: str) -> dict[str, Any]:
+    text, problem = decode(data, file)
     if text is None:
         raise BudgetError([problem] if problem is not None else [])
-    loaded = load_yaml(text, str(path))
+    loaded = load_yaml(text, file)
     if loaded.tree is None or loaded.problems:
         raise BudgetError(list(loaded.problems))
     tree: dict[str, Any] = loaded.tree
@@ -49,17 +48,20 @@ def rebased(written: str, origin: Path, folder: Path) -> str:
 
 def layout_yaml(
     source: Path,
+    data: bytes,
     layout: dict[str, Any],
     gpus: int,
     schema_ref: str,
     folder: Path | None = None,
 ) -> str:
-    """The plan at `source` with `layout` (tp, pp, dp, cp, ep, zero, sequence_parallel,
+    """The plan at `source`, whose bytes the search read (`data`: read once, as a pipe or a
+    file edited during the sweep cannot be read again as it was), with `layout` (tp, pp,
+    dp, cp, ep, zero, sequence_parallel,
     recompute, micro, virtual_stages) and `gpus` written in, to be saved in `folder` (the
     source's own by default): a relative ``model.hf_config``, which a plan reads from its
     own folder, is rewritten relative to that one (an absolute one is kept). Hand-written
     transitions are dropped: the search does not sweep them."""
-    tree = copy.deepcopy(_tree(source))
+    tree = copy.deepcopy(_tree(data, str(source)))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
         model["hf_config"] = rebased(model["hf_config"], plan_folder(source), folder)
