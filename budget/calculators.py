@@ -175,6 +175,11 @@ def collective(
     topology = Topology(gpus=world, levels=tuple(topo_levels))
     span = span_of_ranks(range(world), topology, "dp")
     cost = price_group(op, size_bytes, span, cast(Algorithm | None, algorithm))
+    if not math.isfinite(cost.time_s):
+        raise ValueError(
+            f"the time of {size} over these links is past a float's range; give a latency and "
+            "bandwidth one link has, such as 1us and 450GB/s"
+        )
     if algorithm == "hierarchical" and cost.algorithm != "hierarchical":
         # a plan's group within one level falls back quietly; asked for here, it is said
         raise ValueError(
@@ -238,9 +243,11 @@ def _quantity(parse: Callable[[str], float], text: str, where: str) -> float:
 
 
 def _bandwidth(text: str, where: str) -> float:
+    """A link's bandwidth, at least 1 B/s as a plan's levels must be (below it every
+    collective would take forever, and a time past a float's range is no figure)."""
     value = _quantity(parse_bandwidth, text, where)
-    if value <= 0:
-        raise ValueError(f"bandwidth must be more than 0, got {text!r}")
+    if value < 1:
+        raise ValueError(f"{where}: a link's bandwidth is at least 1 B/s, such as '450GB/s'")
     return value
 
 

@@ -46,6 +46,12 @@ def roofline(intensity: float, bandwidth_Bps: float, peak_flops: float) -> Roofl
     if not np.isfinite(intensity) or intensity < 0:
         raise ValueError(f"intensity must be a finite number ≥ 0 FLOP/byte, got {intensity}")
     memory_ceiling = intensity * bandwidth_Bps
+    if not np.isfinite(memory_ceiling) or not np.isfinite(peak_flops / bandwidth_Bps):
+        raise ValueError(
+            f"intensity × bandwidth ({intensity:g} × {bandwidth_Bps:g} B/s) or peak / "
+            f"bandwidth ({peak_flops:g} / {bandwidth_Bps:g}) is past a float's range; give "
+            "one device's figures, such as 4, 80GB/s and 1TFLOP/s"
+        )
     return Roofline(
         intensity=float(intensity),
         bandwidth_Bps=float(bandwidth_Bps),

@@ -316,7 +316,30 @@ def test_latency_bound_is_named() -> None:
                 "--latency",
                 "1us",
             ],
-            "bandwidth must be more than 0",
+            "--bandwidth '0GB/s': a link's bandwidth is at least 1 B/s",
+        ),
+        (  # under 1 B/s the time is past a float's range: it was inf s, and JSON crashed
+            [
+                "collective",
+                *("all-reduce", "--ranks", "8", "--size", "1GiB"),
+                *("--bandwidth", "1e-300B/s", "--latency", "1us", "--format", "json"),
+            ],
+            "--bandwidth '1e-300B/s': a link's bandwidth is at least 1 B/s",
+        ),
+        (
+            ["collective", "all-reduce", "--size", "1GiB", "--level", "8:0.5B/s:1us"],
+            "--level '8:0.5B/s:1us': a link's bandwidth is at least 1 B/s",
+        ),
+        (  # I·B past a float's range ended in a traceback from the table's units
+            ["roofline", "--intensity", "1e300", "--bandwidth", "80GB/s", "--peak", "1TFLOP/s"],
+            "past a float's range",
+        ),
+        (  # and F/B in the JSON's
+            [
+                *("roofline", "--intensity", "1", "--bandwidth", "1e-300B/s"),
+                *("--peak", "1TFLOP/s", "--format", "json"),
+            ],
+            "past a float's range",
         ),
         (
             ["collective", "all-gather", "--ranks", "8", "--size", "1GiB", "--bandwidth", "1GB/s"],
