@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from budget import flops
-from budget.errors import BudgetError, Problem
+from budget.errors import BudgetError
 from budget.flops import Work
 from budget.layers import (
     FC2_INPUT,
@@ -79,13 +79,13 @@ from budget.phases import (
 from budget.placement import (
     PARTIAL,
     REPLICATE,
-    IllegalTransition,
     Op,
     Placement,
-    collective_for,
     shard,
 )
-from budget.plan.model import DTYPE_BYTES, Plan, Transition
+from budget.plan.model import DTYPE_BYTES, Plan
+from budget.plan.transitions import WHOLE_PASSES, check_chains, unknown_phase
+from budget.plan.transitions import problem as transition_problem
 from budget.vector import (
     count_label,
     every,
@@ -129,8 +129,6 @@ RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`
 # attention's up-projections, the MTP projection), and the output layer is core
 # ``ColumnParallelLinear``, with no userbuffers. Other overlapped GEMMs keep their shape.
 USERBUFFER_GEMMS = ("QKV projection", "attention output projection", "MLP fc1", "MLP fc2")
-# a transition naming one of these runs once per micro-batch (serving: per pass)
-WHOLE_PASSES = ("forward", "backward", "prefill", "decode")
 
 
 def _tp_moves(
@@ -2033,73 +2031,6 @@ def _reduce(b: _StageBuilder) -> None:
 # Hand-written transitions
 
 
-def _problem(plan: Plan, tr: Transition, message: str, key: str = "") -> Problem:
-    where = tr.where
-    line, col, path = (*where.of(key), where.path) if where else (0, 0, "$.transitions")
-    return Problem(plan.file, line, col, path + key, message)
-
-
-def check_transitions(plan: Plan) -> list[tuple[Transition, Placement, Placement, Op | None]]:
-    """Parse the hand-written transitions and refuse the ones that would make a budget
-    cheaper by being wrong (DESIGN.md rule 7).
-
-    Transitions that share a name form one tensor's chain, in plan order: each must start
-    where the previous one left the tensor, and a sum-partial tensor must be reduced before
-    the chain ends, since whatever consumes it next takes it as complete. A gradient that
-    reaches the optimizer step still partial has skipped its data-parallel reduction.
-    """
-    problems: list[Problem] = []
-    parsed = []
-    last: dict[str, tuple[Transition, Placement]] = {}
-    for tr in plan.transitions:
-        try:
-            src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
-            op = collective_for(src, dst)
-        except (ValueError, IllegalTransition) as error:
-            problems.append(_problem(plan, tr, str(error)))
-            continue
-        before = last.get(tr.name)
-        if before is not None and before[1] != src:
-            problems.append(
-                _problem(
-                    plan,
-                    tr,
-                    f"{tr.name!r} starts from {src}, but the "
-                    f"transition before it left it {before[1]}",
-                    ".from",
-                )
-            )
-        if dst.kind == "partial" and tr.phase.startswith("optimizer"):
-            problems.append(
-                _problem(
-                    plan,
-                    tr,
-                    f"{tr.name!r} reaches the optimizer step "
-                    f"sum-partial on {tr.group}: the gradient reduction is "
-                    "missing; reduce it with partial → replicate (all-reduce) "
-                    "or partial → shard(0) (reduce-scatter)",
-                    ".to",
-                )
-            )
-        last[tr.name] = (tr, dst)
-        parsed.append((tr, src, dst, op))
-    for name, (tr, dst) in last.items():
-        if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
-            problems.append(
-                _problem(
-                    plan,
-                    tr,
-                    f"{name!r} is left sum-partial on {tr.group} "
-                    "and would be consumed as if complete: add its reduction "
-                    "(partial → replicate or partial → shard)",
-                    ".to",
-                )
-            )
-    if problems:
-        raise BudgetError(problems)
-    return parsed
-
-
 def _target(phases: list[Phase], name: str) -> int | None:
     """The phase a transition names: exactly, or the first of that prefix that holds
     tensors ("forward" → forward.attention)."""
@@ -2138,7 +2069,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     """
     if not plan.transitions:
         return step
-    parsed = check_transitions(plan)
+    parsed, problems = check_chains(plan.file, plan.mode, plan.transitions)
+    if problems:  # a plan `load_plan` resolved has none
+        raise BudgetError(problems)
     degrees = {
         "tp": plan.parallel.tp,
         "cp": plan.parallel.cp,
@@ -2146,7 +2079,6 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         "pp": plan.parallel.pp,
         "ep": plan.parallel.ep,
     }
-    problems: list[Problem] = []
     stages = []
     from budget.inference import decode_passes  # inference builds on this module
 
@@ -2206,17 +2138,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     phases[target], moves=(*phase.moves, replace(move, count=tr.count))
                 )
         stages.append(replace(st, phases=(*phases, *passes)))
-    known = list(dict.fromkeys(p.name for st in step.stages for p in st.phases))
-    for tr, *_ in parsed:
+    known = tuple(dict.fromkeys(p.name for st in step.stages for p in st.phases))
+    for tr, *_ in parsed:  # a phase this plan's step lacks (a stage send with no pipeline)
         if all(_target(list(st.phases), tr.phase) is None for st in step.stages):
-            problems.append(
-                _problem(
-                    plan,
-                    tr,
-                    f"unknown phase {tr.phase!r}; use one of forward, backward, {', '.join(known)}",
-                    ".phase",
-                )
-            )
+            message = unknown_phase(plan.mode, tr.phase, known)
+            problems.append(transition_problem(plan.file, tr, message, ".phase"))
     if problems:
         raise BudgetError(problems)
     return replace(step, stages=tuple(stages))

@@ -171,7 +171,7 @@ def test_every_shape_name_is_available() -> None:
     total = " + ".join(SHAPE_NAMES)
     text = BASE + (
         f"transitions:\n  - {{name: t, phase: forward, tensor: {{shape: [{total}], dtype: bf16}},"
-        " group: dp, from: replicate, to: partial}\n"
+        " group: dp, from: replicate, to: replicate}\n"
     )
     (t,) = plan_of(text).transitions
     values = (2, 2048, 32, 1024, 16, 16, 64, 4096, 32000, 4, 2, 1, 1, 2, 2)
@@ -276,14 +276,14 @@ def test_sizes_past_any_real_model_are_refused_where_they_are_written() -> None:
     shape = "[99999999999 * 99999999999 * 99999999999, vocab]"
     text = BASE + (
         f"transitions:\n  - {{name: t, phase: forward, tensor: {{shape: {shape}, dtype: bf16}},"
-        " group: dp, from: replicate, to: partial}\n"
+        " group: dp, from: replicate, to: replicate}\n"
     )
     (problem,) = problems_of(text)
     assert problem.startswith("p.yaml:19:")
     assert "$.transitions[0].tensor.shape: " in problem and "more than the 2^48" in problem
     edge = BASE + (  # 2^48 elements exactly is still a tensor
         "transitions:\n  - {name: t, phase: forward, tensor: {shape: [65536, 65536, 65536], "
-        "dtype: bf16}, group: dp, from: replicate, to: partial}\n"
+        "dtype: bf16}, group: dp, from: replicate, to: replicate}\n"
     )
     assert plan_of(edge).transitions[0].shape == (65536,) * 3
 

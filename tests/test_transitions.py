@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from budget.cli import app, route
 from budget.pipeline import budget_plan
-from tests.plan_files import GPT3
+from tests.plan_files import GPT3, ROOT
 
 LOGITS = """transitions:
   - name: logits-gather
@@ -222,3 +222,16 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     states = alone.params_bytes + alone.grads_bytes + alone.optimizer_bytes + alone.reserved_bytes
     assert stage.peak_bytes >= states + full + full // 8
     assert stage.peak_bytes > alone.peak_bytes
+
+
+def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path):
+    """pipeline.forward is a training phase, but not of a plan with no pipeline: the step
+    says so when it is derived, listing the phases this plan has."""
+    plan = ROOT / "plans" / "gpt-1.3b.yaml"
+    written = LOGITS.replace("phase: loss", "phase: pipeline.forward")
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan.read_text(encoding="utf-8") + written, encoding="utf-8")
+    code, out, err = _run(str(path))
+    assert (code, out) == (2, "")
+    assert "$.transitions[0].phase: unknown phase 'pipeline.forward'; use one of" in err
+    assert "forward.attention" in err and "pipeline.backward" not in err

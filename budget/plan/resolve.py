@@ -45,6 +45,7 @@ from budget.plan.model import (
     Topology,
     Transition,
 )
+from budget.plan.transitions import check_chains
 from budget.plan.yaml_load import Marks
 
 __all__ = ["GROUPS", "SHAPE_NAMES", "TRAINING_ONLY", "llama_ffn", "parse_placement", "resolve"]
@@ -1470,6 +1471,7 @@ def resolve(
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = _shape_names(model, batch, par)
         transitions = r.transitions(tree.get("transitions", []), names)
+        r.problems += check_chains(file, mode, transitions)[1]
     if (
         skip
         or r.problems

@@ -1,0 +1,112 @@
+"""The rules of hand-written transitions that need no derived step, checked as the plan
+resolves so that their problems come with the rest of the file's (every problem at once):
+the phases a plan of each mode has, and each tensor's chain (DESIGN.md rule 7). Where a
+named phase is in the step (a stage send needs a pipeline) is checked when it is derived."""
+
+from __future__ import annotations
+
+from budget.errors import Problem
+from budget.placement import IllegalTransition, Op, Placement, collective_for
+from budget.plan.model import Mode, Transition
+
+# a transition naming one of these runs once per micro-batch (serving: per pass)
+WHOLE_PASSES = ("forward", "backward", "prefill", "decode")
+PASSES: dict[Mode, tuple[str, ...]] = {
+    "train": ("forward", "backward"),
+    "prefill": ("prefill",),
+    "decode": ("prefill", "decode"),
+}
+_SERVING = ("embedding", "attention", "mlp", "moe", "output", "pipeline")
+# the phases each mode's step can have (`budget.step`, `budget.inference`), in step order
+PHASES: dict[Mode, tuple[str, ...]] = {
+    "train": (
+        "forward.embedding",
+        "forward.attention",
+        "forward.mlp",
+        "forward.moe",
+        "pipeline.forward",
+        "mtp",
+        "loss",
+        "backward.moe",
+        "backward.mlp",
+        "backward.attention",
+        "backward.embedding",
+        "pipeline.backward",
+        "embedding.grads",
+        "dp.grads",
+        "optimizer",
+    ),
+    "prefill": tuple(f"prefill.{part}" for part in _SERVING),
+    "decode": tuple(f"{run}.{part}" for run in ("prefill", "decode") for part in _SERVING),
+}
+
+
+def known_phase(mode: Mode, name: str) -> bool:
+    """Whether a `mode` plan can have the phase `name`: a whole pass, a phase, or a prefix
+    of one's dotted name ("dp" → dp.grads)."""
+    return name in PASSES[mode] or any(p == name or p.startswith(name + ".") for p in PHASES[mode])
+
+
+def unknown_phase(mode: Mode, name: str, known: tuple[str, ...] | None = None) -> str:
+    """The message for a transition's phase that `mode` plans (or this plan's step, whose
+    phases are `known`) do not have."""
+    names = ", ".join((*PASSES[mode], *(known if known is not None else PHASES[mode])))
+    return f"unknown phase {name!r}; use one of {names}"
+
+
+def problem(file: str, tr: Transition, message: str, key: str = "") -> Problem:
+    """`message` at the transition `tr`'s key (``.phase``, ``.to``...) in `file`."""
+    where = tr.where
+    line, col, path = (*where.of(key), where.path) if where else (0, 0, "$.transitions")
+    return Problem(file, line, col, path + key, message)
+
+
+Parsed = tuple[Transition, Placement, Placement, Op | None]
+
+
+def check_chains(
+    file: str, mode: Mode, transitions: tuple[Transition, ...]
+) -> tuple[list[Parsed], list[Problem]]:
+    """Parse the hand-written transitions and find the ones that would make a budget
+    cheaper by being wrong (DESIGN.md rule 7), or name a phase no `mode` plan has.
+
+    Transitions that share a name form one tensor's chain, in plan order: each must start
+    where the previous one left the tensor, and a sum-partial tensor must be reduced before
+    the chain ends, since whatever consumes it next takes it as complete. A gradient that
+    reaches the optimizer step still partial has skipped its data-parallel reduction.
+    """
+    problems: list[Problem] = []
+    parsed: list[Parsed] = []
+    last: dict[str, tuple[Transition, Placement]] = {}
+    for tr in transitions:
+        if not known_phase(mode, tr.phase):
+            problems.append(problem(file, tr, unknown_phase(mode, tr.phase), ".phase"))
+        try:
+            src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
+            op = collective_for(src, dst)
+        except (ValueError, IllegalTransition) as error:
+            problems.append(problem(file, tr, str(error)))
+            continue
+        before = last.get(tr.name)
+        if before is not None and before[1] != src:
+            message = (
+                f"{tr.name!r} starts from {src}, but the transition before it left it {before[1]}"
+            )
+            problems.append(problem(file, tr, message, ".from"))
+        if dst.kind == "partial" and tr.phase.startswith("optimizer"):
+            message = (
+                f"{tr.name!r} reaches the optimizer step sum-partial on {tr.group}: the "
+                "gradient reduction is missing; reduce it with partial → replicate "
+                "(all-reduce) or partial → shard(0) (reduce-scatter)"
+            )
+            problems.append(problem(file, tr, message, ".to"))
+        last[tr.name] = (tr, dst)
+        parsed.append((tr, src, dst, op))
+    for name, (tr, dst) in last.items():
+        if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
+            message = (
+                f"{name!r} is left sum-partial on {tr.group} and would be consumed as if "
+                "complete: add its reduction (partial → replicate or partial → shard)"
+            )
+            problems.append(problem(file, tr, message, ".to"))
+    return parsed, problems
