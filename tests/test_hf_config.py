@@ -1292,3 +1292,16 @@ def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
     del hand["num_experts_per_tok"]
     with pytest.raises(HfConfigError, match="a file without model_type has no default"):
         translate(hand)
+
+
+def test_every_integer_key_of_the_wrong_kind_is_reported_at_once() -> None:
+    """A config.json with three bad counts names all three, not the first alone and the
+    others a run each (an audit); they come with an unknown key's problem too."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    bad = {**config, "hidden_size": "a", "num_attention_heads": -1, "vocab_size": 1.5}
+    with pytest.raises(HfConfigError) as caught:
+        translate({**bad, "hidden_layers_typo": 80})
+    messages = caught.value.messages
+    assert len(messages) == 4 and "'hidden_layers_typo'" in messages[0]
+    for shown in ('hidden_size = "a"', "num_attention_heads = -1", "vocab_size = 1.5"):
+        assert any(m.startswith(shown) and "non-negative integer" in m for m in messages), shown

@@ -443,6 +443,9 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
             f"if {'it builds' if one else 'they build'} nothing (a tag, a kernel setting), "
             f"remove {'it' if one else 'them'}, or else write the model's dimensions out"
         )
+    problems += _integer_problems(config, where)
+    if len(problems) > bool(unknown and known):  # every key of the wrong kind, together
+        raise HfConfigError(*problems)
     try:
         model = _translate(config, where)
     except HfConfigError as error:
@@ -450,6 +453,44 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     if problems:
         raise HfConfigError(*problems)
     return model
+
+
+# the keys `_translate` reads as counts or sizes (`_int`, `_optional`), when not null
+_INTEGERS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "vocab_size",
+    "num_key_value_heads",
+    "intermediate_size",
+    "head_dim",
+    "v_head_dim",
+    "qk_head_dim",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "n_shared_experts",
+    "num_nextn_predict_layers",
+    "max_window_layers",
+    "first_k_dense_replace",
+)
+_POSITIVE = ("moe_layer_freq", "decoder_sparse_step")  # a period: 0 would divide by it
+
+
+def _integer_problems(config: Mapping[str, Any], where: str) -> list[str]:
+    """Every key of `_INTEGERS` whose value is no non-negative integer, so a file with
+    several gets them all at once (`_translate` stops at its first problem, since later
+    keys are read in the light of earlier ones)."""
+    return [
+        f"{key} = {json.dumps(value)} in {where} is not a {kind} integer"
+        for keys, least, kind in ((_INTEGERS, 0, "non-negative"), (_POSITIVE, 1, "positive"))
+        for key in keys
+        if (value := config.get(key)) is not None
+        and (isinstance(value, bool) or not isinstance(value, int) or value < least)
+    ]
 
 
 def _translate(config: Mapping[str, Any], where: str) -> HfModel:
