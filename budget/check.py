@@ -235,11 +235,17 @@ def _share(text: str, option: str) -> float:
     except ValueError:
         raise ValueError(f"{option} {text!r}: expected a percentage such as 20%") from None
     if not percent and value != 0:
-        fraction = "all of it" if value == 1 else f"{value * 100:g}%"
-        raise ValueError(
-            f"{option} {text!r}: write a percentage, {value:g}% or {fraction} "
-            "(a bare number reads both ways)"
-        )
+        # the readings a share can have (0 % to 100 %): a bare 5 can only mean 5 %
+        readings = [f"{value:g}%"] if 0 <= value <= 100 else []
+        if 0 <= value <= 1:
+            readings.append("all of it" if value == 1 else f"{value * 100:g}%")
+        if len(readings) == 2:
+            hint = f"write a percentage, {' or '.join(readings)} (a bare number reads both ways)"
+        elif readings:
+            hint = f"write it as a percentage, {readings[0]}"
+        else:
+            hint = "write a percentage from 0% to 100%"
+        raise ValueError(f"{option} {text!r}: {hint}")
     value = value / 100 if percent else value
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")

@@ -117,8 +117,23 @@ def _encodable_streams() -> None:
                 stream.reconfigure(errors="replace")  # type: ignore[union-attr]
 
 
+def empty_argument(args: list[str]) -> str | None:
+    """What to say of an empty argument, which no file or option value of budget's can be:
+    as a path it reads as the working folder (`budget ''` said ".:1:1: error: ... Is a
+    directory", and `validate-model --write-plans ''` wrote its plans there)."""
+    if "" not in args:
+        return None
+    from budget.errors import usage_line
+
+    after = args.index("")
+    where = f" after {args[after - 1]!r}" if after else ""
+    return usage_line(
+        f"an empty argument{where}: give a plan file (- for standard input) or the option's value"
+    )
+
+
 def _run(given: list[str]) -> None:
-    wrong = mistyped(given)
+    wrong = empty_argument(given) or mistyped(given)
     if wrong is not None:
         print(wrong, file=sys.stderr)
         sys.exit(2)

@@ -194,6 +194,9 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),
         # 0.2 was taken as 20 %, silently, where a user may have meant 0.2 %
         (["--max-exposed", "0.2"], "--max-exposed '0.2': write a percentage, 0.2% or 20%"),
+        # 5 can only be 5 %: the hint offered 500 %, which is then refused (an audit)
+        (["--max-exposed", "5"], "--max-exposed '5': write it as a percentage, 5%\n"),
+        (["--max-exposed", "150"], "--max-exposed '150': write a percentage from 0% to 100%"),
         (["--max-step", "soon"], "--max-step 'soon'"),
         (["--max-step", "0s"], "more than 0 s"),
         (["--max-ttft", "fast"], "--max-ttft 'fast'"),

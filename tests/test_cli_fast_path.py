@@ -106,6 +106,27 @@ def test_a_mistyped_command_is_named_as_one(args, suggestion, tmp_path, monkeypa
     assert f"'{args[0]}' is neither a command nor a file; did you mean '{suggestion}'?" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "after"),
+    [([""], ""), (["validate-model", "--write-plans", ""], " after '--write-plans'")],
+)
+def test_an_empty_argument_is_refused(args, after, tmp_path, monkeypatch, capsys):
+    """`budget ''` read the working folder ('.:1:1: error: ... Is a directory') and
+    `validate-model --write-plans ''` wrote its plans there (an audit): nothing is written."""
+    from budget.entry import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and list(tmp_path.iterdir()) == []
+    assert (
+        err == f"budget: error: an empty argument{after}: give a plan file (- for standard "
+        "input) or the option's value\n"
+    )
+
+
 def test_a_file_named_like_a_command_is_still_a_plan(tmp_path, monkeypatch):
     from budget.entry import mistyped
 

@@ -213,7 +213,9 @@ def evaluate(node: Expr, names: Mapping[str, Value]) -> Value:
     if node.op == "*":
         return left * right
     if np.any(np.asarray(right) == 0):
-        raise ExprError(f"{unparse(node)} divides by zero ({unparse(node.right)} = 0)")
+        # "seq / (tp - 2) divides by zero (tp - 2 = 0)"; a written 0 needs no sum
+        shown = "" if unparse(node.right) == "0" else f" ({unparse(node.right)} = 0)"
+        raise ExprError(f"{unparse(node)} divides by zero{shown}")
     if node.op == "/" and np.any(np.asarray(left % right) != 0):
         raise ExprError(f"{unparse(node)} = {_show(left)} / {_show(right)} does not divide evenly")
     return left // right
