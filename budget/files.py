@@ -82,7 +82,7 @@ def unwritable(path: Path) -> str | None:
     if real.exists() and not os.access(real, os.W_OK):
         return "permission denied"
     longest = os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255  # POSIX
-    if len(real.name.encode()) > longest:
+    if len(os.fsencode(real.name)) > longest:  # as the file system takes it: bytes undecoded
         return "the file name is longer than the folder allows"
     return None
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from budget.cli import app
-from budget.files import exists, write_all, write_atomically
+from budget.files import exists, unwritable, write_all, write_atomically
 from budget.plan.load import load_plan
 from tests.plan_files import GPT3, ROOT
 
@@ -185,3 +185,12 @@ def test_a_plan_written_through_a_link_reads_its_config_by_either_name(tmp_path:
     assert refused.stderr == (
         f"budget: error: --write {dangling}: there is no folder {tmp_path / 'nofolder'}\n"
     )
+
+
+def test_a_name_that_is_not_utf8_can_be_written(tmp_path: Path) -> None:
+    """A name of bytes that are no UTF-8 (Python holds them as surrogates) is measured as
+    the file system takes it: `search --write $'\\xfe.yaml'` ended in an encoding error where
+    `plot -o` wrote the same name (an audit)."""
+    name = os.fsdecode(b"\xfe.yaml")
+    assert unwritable(tmp_path / name) is None
+    assert "too long" in (unwritable(tmp_path / os.fsdecode(b"\xfe" * 300)) or "")
