@@ -6,6 +6,7 @@ named phase is in the step (a stage send needs a pipeline) is checked when it is
 from __future__ import annotations
 
 from budget.errors import Problem
+from budget.phases import PHASE_ORDER
 from budget.placement import IllegalTransition, Op, Placement, collective_for
 from budget.plan.model import Mode, Transition
 
@@ -19,23 +20,7 @@ PASSES: dict[Mode, tuple[str, ...]] = {
 _SERVING = ("embedding", "attention", "mlp", "moe", "output", "pipeline")
 # the phases each mode's step can have (`budget.step`, `budget.inference`), in step order
 PHASES: dict[Mode, tuple[str, ...]] = {
-    "train": (
-        "forward.embedding",
-        "forward.attention",
-        "forward.mlp",
-        "forward.moe",
-        "pipeline.forward",
-        "mtp",
-        "loss",
-        "backward.moe",
-        "backward.mlp",
-        "backward.attention",
-        "backward.embedding",
-        "pipeline.backward",
-        "embedding.grads",
-        "dp.grads",
-        "optimizer",
-    ),
+    "train": PHASE_ORDER,
     "prefill": tuple(f"prefill.{part}" for part in _SERVING),
     "decode": tuple(f"{run}.{part}" for run in ("prefill", "decode") for part in _SERVING),
 }
