@@ -88,6 +88,15 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "overlap.dp_grads": (False,),
     "overlap.param_gather": (False,),
     "overlap.pp": (False,),
+    "overlap.ep": (False,),
+}
+# why a serving plan refuses a key of `TRAINING_ONLY`, where the general reason is not it
+_NOT_SERVING = {
+    "overlap.ep": (
+        "overlap.ep hides one micro-batch's expert all-to-all behind another's compute "
+        "(Megatron-LM's, DualPipe's); a {mode} pass is one batch, whose expert GEMMs wait for "
+        "the dispatch and whose next layer waits for the combine; remove it"
+    ),
 }
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
@@ -477,13 +486,12 @@ class _Resolver:
                 value = value.get(part) if isinstance(value, Mapping) else None
             if value is None or value in harmless:
                 continue
-            self.error(
-                f"$.{path}",
-                f"{path} does not apply to a {mode} plan, which keeps no gradients, optimizer "
+            general = (
+                f"{path} does not apply to a {{mode}} plan, which keeps no gradients, optimizer "
                 "states or activations for a backward pass and runs no pipeline schedule; "
-                "remove it",
-                key=True,
+                "remove it"
             )
+            self.error(f"$.{path}", _NOT_SERVING.get(path, general).format(mode=mode), key=True)
 
     def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
         """Training: seq, micro, global. Inference: sequences, prompt, generate.
