@@ -419,6 +419,7 @@ def build_report(plan: Plan) -> Report:
         ),
         phases=phases,
         step=_summary(phases, times, timing),
+        mfu_format=plan.precision.matmul,
         links=tuple(
             {
                 "name": lv.name,

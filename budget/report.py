@@ -143,6 +143,7 @@ class Report:
     phases: tuple[PhaseRow, ...]
     step: dict[str, float | None]
     links: tuple[dict[str, Any], ...] = ()
+    mfu_format: str = "bf16"  # the GEMMs' format (precision.matmul), whose dense peak MFU is of
 
     @property
     def worst(self) -> StageRow:
@@ -257,7 +258,7 @@ def to_dict(report: Report) -> dict[str, Any]:
             }
             for p in report.phases
         ],
-        "step": report.step,
+        "step": {**report.step, "mfu_format": report.mfu_format},
     }
 
 

@@ -27,7 +27,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # ring's unmasked calls and an all-gather's backward are read at seq / (2·cp) keys;
 # `budget presets` gives each attention rate's ``forward`` and ``backward``
 # 1.6: every command's JSON document starts with ``schema_version`` (check, diff, collective,
-# roofline, search and validate-model had none)
+# roofline, search and validate-model had none); the report's ``step.mfu_format``, the format
+# whose dense peak MFU is a share of (precision.matmul)
 SCHEMA_VERSION = "1.6"
 
 Kind = Literal[
