@@ -28,7 +28,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # `budget presets` gives each attention rate's ``forward`` and ``backward``
 # 1.6: every command's JSON document starts with ``schema_version`` (check, diff, collective,
 # roofline, search and validate-model had none); the report's ``step.mfu_format``, the format
-# whose dense peak MFU is a share of (precision.matmul)
+# whose dense peak MFU is a share of (precision.matmul); search's ``ruled_out``, the degrees
+# none of whose layouts could be built (its ``rejected`` had counted each as one layout)
 SCHEMA_VERSION = "1.6"
 
 Kind = Literal[

@@ -152,7 +152,7 @@ class Outcome:
     gpus: int
     evaluated: int
     elapsed_s: float
-    rejected: dict[str, int]
+    rejected: dict[str, int]  # layouts, by reason
     fitting: int  # how many layouts fit in device memory
     results: tuple[Result, ...]  # the ranked layouts (all, or the best `keep`), best first
     pareto: tuple[Result, ...]  # peak memory against step time, fastest first
@@ -161,6 +161,8 @@ class Outcome:
     limits: Limits | None = None  # what a ranked layout must keep besides fitting
     within_limits: int | None = None  # how many fitting layouts keep them (with limits)
     hardware: dict[str, Any] = field(default_factory=dict)  # what the layouts were priced on
+    # degrees none of whose layouts could be built ("tp 16"), by reason (`_Counts.ruled_out`)
+    ruled_out: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def best(self) -> Result | None:
@@ -176,7 +178,13 @@ def divisors(n: int) -> list[int]:
 
 @dataclass
 class _Counts:
-    rejected: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)  # layouts, by reason
+    # degrees whose every layout is ruled out before any is built ("tp 16"), by reason: a
+    # count of them beside counts of layouts would read as layouts (an audit)
+    ruled_out: dict[str, list[str]] = field(default_factory=dict)
+
+    def rule_out(self, reason: str, degrees: str) -> None:
+        self.ruled_out.setdefault(reason, []).append(degrees)
 
 
 def candidates(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Columns:
@@ -208,27 +216,28 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     )
     for tp in space.tp or divisors(gpus):
         if gpus % tp:
-            counts.rejected["does not divide: tp into the GPUs"] += 1
+            counts.rule_out("does not divide: tp into the GPUs", f"tp {tp}")
             continue
         if m.heads % tp or m.kv_heads % tp:
-            counts.rejected["does not divide: heads or kv heads by tp"] += 1
+            counts.rule_out("does not divide: heads or kv heads by tp", f"tp {tp}")
             continue
         if m.qk_norm == "full_width" and tp > 1:
-            counts.rejected["full-width Q/K norms need tp 1"] += 1
+            counts.rule_out("full-width Q/K norms need tp 1", f"tp {tp}")
             continue
         for pp in space.pp or divisors(gpus // tp):
             if (gpus // tp) % pp:
-                counts.rejected["does not divide: pp into the GPUs left"] += 1
+                counts.rule_out("does not divide: pp into the GPUs left", f"tp {tp} × pp {pp}")
                 continue
             rest = gpus // (tp * pp)
             cps = []
             for cp in space.cp or divisors(rest):
+                degrees = f"tp {tp} × pp {pp} × cp {cp}"
                 if rest % cp:
-                    counts.rejected["does not divide: cp into the GPUs left"] += 1
+                    counts.rule_out("does not divide: cp into the GPUs left", degrees)
                 elif cp > 1 and b.seq % (2 * cp):  # resolve's `context` rule
-                    counts.rejected["does not divide: sequence by 2·cp"] += 1
+                    counts.rule_out("does not divide: sequence by 2·cp", f"cp {cp}")
                 elif cp > 1 and 0 < m.window < b.seq:
-                    counts.rejected["a window shorter than the sequence needs cp 1"] += 1
+                    counts.rule_out("a window shorter than the sequence needs cp 1", f"cp {cp}")
                 else:
                     cps.append(cp)
             if cps:
@@ -965,6 +974,7 @@ def search(
         evaluated=done,
         elapsed_s=time.perf_counter() - start,
         rejected=dict(sorted((k, n) for k, n in counts.rejected.items() if n)),  # no 0 rows
+        ruled_out={k: tuple(dict.fromkeys(v)) for k, v in sorted(counts.ruled_out.items())},
         fitting=fitting,
         results=results,
         pareto=front,
@@ -1211,6 +1221,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "configs_per_s": outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else None,
         "objective": outcome.objective,
         "rejected": outcome.rejected,
+        "ruled_out": {reason: list(degrees) for reason, degrees in outcome.ruled_out.items()},
         "fitting": outcome.fitting,
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,

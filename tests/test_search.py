@@ -926,7 +926,7 @@ def test_full_width_qk_norms_are_searched_at_tp_1_only(tmp_path):
     result = CliRunner().invoke(app, route(["search", str(path), "--format", "json"]))
     assert result.exit_code == 0, result.stderr
     out = json.loads(result.stdout)
-    assert out["rejected"]["full-width Q/K norms need tp 1"] == 3  # tp 2, 4 and 8
+    assert out["ruled_out"]["full-width Q/K norms need tp 1"] == ["tp 2", "tp 4", "tp 8"]
     assert {r["config"]["tp"] for r in out["results"]} == {1}
 
 
@@ -978,7 +978,7 @@ def test_layouts_of_a_sliding_window_model_budget_exactly_as_searched(tmp_path, 
     plan = load_plan(path)
     assert (plan.model.window, plan.model.sliding_share) == (2048, 0.5)
     outcome = search(plan, 512, Space(micro=(1,), virtual_stages=(1,), zero=(1,)))
-    assert outcome.rejected["a window shorter than the sequence needs cp 1"] > 0
+    assert outcome.ruled_out["a window shorter than the sequence needs cp 1"]
     assert all(r.config.cp == 1 for r in outcome.results)
     random.seed(7)
     sample = random.sample(list(outcome.results), 10)
@@ -1056,7 +1056,7 @@ def test_context_parallel_layouts_follow_resolve_for_each_cp_attention(tmp_path,
     plan.write_text(text, encoding="utf-8")
     outcome = search(load_plan(plan), 8, Space(tp=(1,), pp=(1,), cp=(4,), micro=(1,), zero=(1,)))
     assert not outcome.results
-    assert "does not divide: sequence by 2·cp" in outcome.rejected
+    assert outcome.ruled_out == {"does not divide: sequence by 2·cp": ("cp 4",)}
     plan.write_text(text.replace("  dp: 8", "  dp: 2\n  cp: 4"), encoding="utf-8")
     with pytest.raises(BudgetError, match=r"not divisible by 2 × cp = 8"):
         load_plan(plan)
@@ -1394,3 +1394,21 @@ def test_write_takes_the_plan_as_the_search_read_it(tmp_path):
         os.close(read)
     assert result.exit_code == 0, result.stderr
     assert load_plan(out).model.layers == load_plan(ROOT / "plans" / "gpt-1.3b.yaml").model.layers
+
+
+def test_degrees_ruled_out_whole_are_named_not_counted_as_layouts():
+    """A tp whose heads do not divide rules out every layout at it; it was counted as one
+    layout beside counts of layouts (an audit: "heads or kv heads by tp: 1" for all of tp 16's
+    layouts). Now `rejected` counts layouts and `ruled_out` names the degrees."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    space = Space(tp=(4, 8, 16), pp=(1, 2, 3, 4), micro=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert outcome.ruled_out == {
+        "does not divide: heads or kv heads by tp": ("tp 16",),
+        "does not divide: pp into the GPUs left": ("tp 4 × pp 3", "tp 8 × pp 3"),
+    }
+    assert not any(reason.startswith("does not divide: heads") for reason in outcome.rejected)
+    result = CliRunner().invoke(
+        app, route(["search", "plans/llama3-70b.yaml", "--tp", "4,8,16", "--pp", "1..4"])
+    )
+    assert "all at tp 4 × pp 3, tp 8 × pp 3" in result.stdout

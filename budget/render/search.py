@@ -153,11 +153,27 @@ def _skipped_note(outcome: Outcome) -> str:
     kept = outcome.fitting if outcome.limits is None else outcome.within_limits or 0
     priced = outcome.evaluated - kept
     skipped = sum(outcome.rejected.values()) - priced
+    degrees = ", and every layout of the degrees ruled out" if outcome.ruled_out else ""
     return (
         f"{outcome.evaluated:,} evaluated ({kept:,} ranked, {priced:,} rejected after "
         f"pricing); {skipped:,} more skipped before pricing (they do not divide or cannot "
-        "be built)"
+        f"be built){degrees}"
     )
+
+
+def ruled_out_rows(outcome: Outcome) -> list[tuple[str, str]]:
+    """(reason, "all at tp 16, 32") for the degrees a sweep ruled out whole, the first few
+    named ("all at tp 5, 10, 20 +9"; "all at tp 4 × pp 3, tp 8 × pp 3")."""
+    rows = []
+    for reason, degrees in outcome.ruled_out.items():
+        dims = {d.split(" ", 1)[0] for d in degrees}
+        if len(dims) == 1 and "×" not in degrees[0]:  # one degree: "tp 5, 10, 20"
+            shown = f"{dims.pop()} " + ", ".join(d.split(" ", 1)[1] for d in degrees[:3])
+        else:
+            shown = ", ".join(degrees[:3])
+        more = f" +{len(degrees) - 3:,}" if len(degrees) > 3 else ""
+        rows.append((reason, f"all at {shown}{more}"))
+    return rows
 
 
 def _none(outcome: Outcome) -> str:
@@ -243,6 +259,8 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     table.add_column("layouts", justify="right")
     for reason, count in outcome.rejected.items():
         table.add_row(reason, f"{count:,}")
+    for reason, degrees in ruled_out_rows(outcome):
+        table.add_row(reason, degrees)
     table.caption, table.caption_justify = _skipped_note(outcome), "left"
     console.print(table)
 
@@ -278,5 +296,6 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [_none(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
+    lines += [f"| {reason} | {degrees} |" for reason, degrees in ruled_out_rows(outcome)]
     lines += ["", _skipped_note(outcome) + "."]
     return "\n".join(lines) + "\n"
