@@ -89,6 +89,24 @@ def test_gemm_curve_saturates_at_the_measured_ceiling() -> None:
     assert curve_fraction(curve, 1e15) == pytest.approx(curve.peak_fraction, rel=1e-3)
 
 
+def test_a_format_without_its_own_curve_keeps_the_ramp_time() -> None:
+    """tf32 on an H100 has no sweep of its own: it keeps the bf16 curve's ceiling and its
+    ramp of 6.52 µs (the ramp time carries over, `budget.catalog.devices`), where taking the
+    bf16 half size against tf32's 494.5 TFLOP/s peak had doubled the ramp, and fp32's
+    (67 TFLOP/s) made it 96 µs (an audit)."""
+    preset = DEVICES["h100-sxm"]
+    device = Device(memory=1, flops=preset.flops, gemm=preset.gemm)
+    peaks = dict(preset.flops)
+    for dtype in ("tf32", "fp32"):
+        curve = preset.gemm.for_dtype(dtype, peaks[dtype] / peaks["bf16"])
+        assert curve.half_flops / (curve.peak_fraction * peaks[dtype]) == pytest.approx(6.52e-6)
+        work = Work("gemm", "matmul", 10**9, 10**6)
+        assert gemm_efficiency(device, work, dtype) == pytest.approx(
+            curve.peak_fraction * 1e9 / (1e9 + curve.half_flops)
+        )
+    assert preset.gemm.for_dtype("bf16") is preset.gemm
+
+
 def test_flat_efficiency_without_a_curve() -> None:
     work = Work("gemm", "matmul", 10**9, 10**6)
     assert gemm_efficiency(Device(memory=1, matmul_efficiency=0.7), work) == 0.7

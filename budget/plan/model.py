@@ -282,13 +282,19 @@ class GemmCurve:
     by_dtype: tuple[tuple[str, float, float], ...] = ()
     inner_half: float = 0.0
 
-    def for_dtype(self, dtype: str) -> GemmCurve:
+    def for_dtype(self, dtype: str, peak_ratio: float = 1.0) -> GemmCurve:
         """The curve GEMMs read in `dtype` follow: its own measurement if there is one (at
-        the same inner-dimension factor: only the bf16 sweeps measured one)."""
+        the same inner-dimension factor: only the bf16 sweeps measured one); else the bf16
+        curve's ceiling and ramp time (`budget.catalog.devices`: the ramp time, not the size,
+        carries over), its half size scaled by `peak_ratio`, the format's dense peak over
+        bf16's (a tf32 GEMM on an H100 ramps in the bf16 curve's 6.5 µs, not twice that)."""
         for name, fraction, half in self.by_dtype:
             if name == dtype:
                 return GemmCurve(fraction, half, self.source, inner_half=self.inner_half)
-        return self
+        if peak_ratio == 1.0:
+            return self
+        half = self.half_flops * peak_ratio
+        return GemmCurve(self.peak_fraction, half, self.source, self.by_dtype, self.inner_half)
 
 
 @dataclass(frozen=True, slots=True)
