@@ -286,7 +286,10 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
     assert legend[1] == (
         "payloads in bf16 unless the op names another; algorithms ring (AG, RS, AR), direct (P2P)"
     )
-    assert "links and placements: at 110 columns or more, and in -f markdown" in legend
+    assert (
+        "each row's link and placements: at 110 columns or more, and in -f markdown (the Links "
+        "table below says which groups each link carries)"
+    ) in legend
     lines = _rendered(table).splitlines()
     (grads,) = [i for i, line in enumerate(lines) if re.match(r"  gradients +RS ", line)]
     assert lines[grads + 1].split() == ["fp32"]

@@ -517,7 +517,10 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
     else:
-        legend.append("links and placements: at 110 columns or more, and in -f markdown")
+        legend.append(
+            "each row's link and placements: at 110 columns or more, and in -f markdown (the "
+            "Links table below says which groups each link carries)"
+        )
     groups = {c.group for p in report.phases for c in p.collectives}
     if "etp" in groups:
         legend.append("etp = expert tensor-parallel group: ranks splitting each expert's matrices")
