@@ -971,3 +971,26 @@ def test_a_problem_with_a_key_the_preset_gave_is_placed_where_the_author_looks()
     problem, _tp = written.value.problems
     assert problem.path == "$.model.kv_heads"
     assert problem.message.startswith("model.heads = 32 is not divisible by model.kv_heads = 6")
+
+
+def test_a_release_in_a_format_budget_does_not_price_makes_serving_name_its_weights(
+    tmp_path,
+) -> None:
+    """gpt-oss-120b's experts are released in MXFP4 (its config.json's quantization_config),
+    which budget does not price; a serving plan on the preset priced them as bf16, 3.6 times
+    the release, where hf_config refuses the file (an audit). Training keeps bf16 weights."""
+    serve = (
+        "name: oss\nmode: decode\nmodel: {preset: gpt-oss-120b}\n"
+        "batch: {sequences: 8, prompt: 1024, generate: 256}\n"
+        "parallel: {tp: 8}\ndevice: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    from budget.plan.load import load_plan
+
+    path = tmp_path / "oss.yaml"
+    path.write_text(serve, encoding="utf-8")
+    with pytest.raises(BudgetError) as refused:
+        load_plan(path)
+    (problem,) = refused.value.problems
+    assert problem.path == "$.model.preset" and "released with weights in mxfp4" in problem.message
+    path.write_text(serve + "precision: {params: fp8}\n", encoding="utf-8")
+    assert load_plan(path).precision.params == "fp8"

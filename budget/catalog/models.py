@@ -22,7 +22,8 @@ class ModelPreset:
     source: str
     # the released checkpoint's weight format where it is quantized: what a serving plan
     # keeps them in unless it writes precision.params, as an hf_config of the same release
-    # does (`budget.plan.resolve`); None for a bf16 release
+    # does (`budget.plan.resolve`); a format budget does not price (mxfp4) makes a serving
+    # plan write precision.params, as hf_config refuses the release; None for a bf16 release
     weights: str | None = None
 
 
@@ -178,7 +179,10 @@ MODELS: dict[str, ModelPreset] = {
         "attention, a learned sink per head; vocabulary 201,088, untied embeddings, "
         "attention biases and the experts' and router's biases from the released "
         "config.json (openai/gpt-oss-120b) and GptOssExperts; 116,829,156,672 parameters, "
-        "as transformers counts the released file",
+        "as transformers counts the released file; its experts' weights released in MXFP4 "
+        "(config.json quantization_config: quant_method mxfp4; model card section 2), a "
+        "format budget does not price: a serving plan names precision.params",
+        weights="mxfp4",
     ),
     "qwen-moe": ModelPreset(
         "qwen-moe",

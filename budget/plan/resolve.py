@@ -23,6 +23,7 @@ from budget import units
 from budget.errors import BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
+    DTYPE_BYTES,
     FUSED_KERNELS,
     GATED_MLPS,
     OVERLAP_SLOWDOWN,
@@ -559,6 +560,15 @@ class _Resolver:
         own format unless the plan names another (FSDP's mixed precision gathers fp32
         parameters in bf16: ``param_gather: bf16``)."""
         stored = self.config_weights if serving and self.config_weights else "bf16"
+        if stored not in DTYPE_BYTES and "params" not in tree:  # a release budget cannot price
+            where, named = self.model_source or ("$.model", "the model")
+            self.error(
+                where,
+                f"{named} is released with weights in {stored}, a format budget does not "
+                "price (bf16, fp16, fp8 and fp32 it does); write precision.params to budget "
+                "the weights in one of those (fp8 comes closest)",
+            )
+            stored = "bf16"
         params = tree.get("params", stored)
         master = tree.get("master", "none" if params == "fp32" else "fp32")
         if not serving and tree.get("optimizer") == "none":

@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
+from budget.plan.model import DTYPE_BYTES
 from budget.render import dump_document
 from budget.render.markdown import markdown_table
 from budget.render.table import titled_table
@@ -184,6 +185,9 @@ def _models(models: list[dict[str, Any]]) -> Section:
     quantized = "".join(
         f" {m['name']} is served in its released {m['weights']} weights unless a plan writes "
         "precision.params."
+        if m["weights"] in DTYPE_BYTES
+        else f" {m['name']} is released in {m['weights']} weights, which budget does not "
+        "price: a serving plan writes precision.params."
         for m in models
         if m["weights"]
     )
