@@ -640,7 +640,7 @@ def resident_states(
                 where = (
                     f"shard over {count_label(ranks)} {expert}{kind} ranks"
                     if on and many
-                    else f"replicated over {kind} ranks"
+                    else f"replicated over {count_label(ranks)} {expert}{kind} ranks"
                     if many
                     else ""
                 )

@@ -916,9 +916,13 @@ def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
     exchanges them, before the etp all-gather (whose rows the experts' own activations
     count). When every tp rank holds the same tokens nothing is exchanged or gathered and
     the buffers hold the rows the rank's experts take."""
-    rows = s.act * vwhere(tokens_replicated(plan), s.routed, s.dispatched) * s.hidden
+    replicated = tokens_replicated(plan)
+    rows = s.act * vwhere(replicated, s.routed, s.dispatched) * s.hidden
     return Alloc(
-        "dispatch send and receive buffers",
+        # with nothing exchanged, the rows permuted in and out of the rank's experts' order
+        "routed token rows, permuted for the rank's experts and back (no exchange)"
+        if every(replicated)
+        else "dispatch send and receive buffers",
         "transient",
         rows,
         count=2,

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from budget.report import Report
 
 
+NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name or unit
+
+
 def dump_json(data: Any, stream: Any = None) -> str:
     """JSON as the reports promise it: stable key order, no NaN, two-space indent. For a
     `stream` that is not UTF (``PYTHONIOENCODING=ascii``), what is not ASCII is escaped

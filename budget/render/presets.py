@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from budget.plan.model import DTYPE_BYTES
-from budget.render import dump_document
+from budget.render import NBSP, dump_document
 from budget.render.markdown import markdown_table
 from budget.render.table import titled_table
 from budget.units import format_duration
@@ -27,7 +27,6 @@ from budget.units import format_duration
 __all__ = ["presets_markdown", "render_presets"]
 
 ASSUMED = "†"
-NBSP = "\u00a0"
 _ASSUMED_NOTE = f"{ASSUMED} assumed, or borrowed from another device or link (see its source)."
 
 

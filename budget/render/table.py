@@ -20,7 +20,7 @@ from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS
-from budget.render import utf
+from budget.render import NBSP, utf
 from budget.report import (
     RAMP_HEADER,
     RAMP_NOTE,
@@ -296,11 +296,12 @@ def stage_table(
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
         cells += [_b(row.peak_bytes), headroom]
         table.add_row(*cells, *([_bar(row, bar, marks)] if bar else []))
-    reserved = _b(report.device["reserved_bytes"])
+    reserved = _b(report.device["reserved_bytes"]).replace(" ", NBSP)  # kept by its unit
+    states = "params + grads + optimizer" if train else "params"
     table.caption = (
         f"peak = the columns + {reserved} reserved per GPU"
         if wide
-        else f"states = params + grads + optimizer; other = transient + {reserved} reserved"
+        else f"states = {states}; other = transient + {reserved} reserved"
     )
     layers = [row.layers for row in report.stages]
     if not wide and len(set(layers)) > 1:  # the layers column is left out: say the split
