@@ -412,3 +412,13 @@ def test_gpipe_keeps_every_earlier_micro_batch_s_softmax_on_the_last_stage():
     (softmaxes,) = kept(gpipe)
     assert (softmaxes.bytes, softmaxes.count) == (4 * 2048 * 51200 // 8, 95)
     assert kept(one_f_one_b) == []
+
+
+def test_expert_states_name_the_expert_data_parallel_ranks_that_repeat_them():
+    """DeepSeek-MoE 16B at ep 8 on 16 data-parallel ranks: each expert's parameters sit on 2
+    expert data-parallel ranks, not on the 16 the other parameters repeat over (an audit:
+    both read 'replicated over data-parallel ranks')."""
+    report = build_report(load_plan(ROOT / "plans" / "deepseek-moe-16b.yaml"))
+    placements = {o.tensor: o.placement for o in report.worst.peak_overlap}
+    assert placements["expert parameters (bf16)"] == "replicated over 2 expert data-parallel ranks"
+    assert placements["parameters (bf16)"] == "replicated over 16 data-parallel ranks"
