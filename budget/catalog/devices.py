@@ -10,9 +10,11 @@ H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827) and 183,359 MiB on the B200 "180G
 (NVIDIA/TensorRT-LLM issue 10278); rocminfo gives the MI300X "192 GB" a global pool of
 201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would lose
 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain 0.35 GiB
-it does not have. What CUDA keeps out of that total (its context, about 0.5 GiB), NCCL's
-buffers and the allocator's slack are not reserved by a preset: a plan states them as
-``device.reserved``. GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the
+it does not have. What a process cannot use of that total is not reserved by a preset: the
+part CUDA itself keeps out of it (PyTorch's out-of-memory messages give an H100 "a total
+capacity of 79.10 GiB", 0.55 GiB under nvidia-smi's), the CUDA context on top, NCCL's
+buffers and the allocator's slack; a plan states them as ``device.reserved``.
+GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the
 fraction of the dense bf16 peak a public matmul microbenchmark sustains on that device;
 ``half_flops`` is the GEMM size reaching half of it (at the calibration's inner dimension,
 `budget.efficiency`). Sources of the calibration, none of them a training run:
@@ -715,7 +717,8 @@ DEVICES: dict[str, DevicePreset] = {
             ("fp32", 163.4 * T),
         ),
         5.3e12,
-        # MI300X MSMF 659 of 1300 (ROCm 10.0, 750 W at 1290 MHz; an earlier benchmark version);
+        # MI300X MSMF 659 TFLOP/s (the table's peak rounded to 1300; 750 W at 1290 MHz; an
+        # earlier benchmark version);
         # FP8 (float8_e4m3fnuz) MSMF 1187 (750 W at 1189 MHz).
         _curve(
             659 / 1307.4,
