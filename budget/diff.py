@@ -296,6 +296,9 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
                 flat.pop(key, None)
         if plan.parallel.zero != 3:  # which PyTorch FSDP prices only ZeRO 3's shards
             flat.pop("parallel.fsdp", None)
+        # the expert layers' tp as priced, which follows tp unless written (an audit: a tp
+        # change moved it unsaid); none for a model without experts
+        flat["parallel.etp"] = plan.parallel.expert_tp if plan.model.experts else None
         # the learned position table's rows, 0 standing for batch.seq; none for other
         # positions (a table the model does not have)
         m = plan.model

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from budget.catalog.topologies import RAMPS
 from budget.cli import app, route
-from budget.diff import Delta, diff_files, flatten
+from budget.diff import Delta, diff_files, flatten, plan_changes
 from budget.plan.load import load_plan
 from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, tp4, variant
 
@@ -423,3 +423,17 @@ def test_an_h100_against_an_a100_names_the_inner_dimension_factor(tmp_path: Path
     h100, a100_side = row.split(" → ")
     assert "its loop at half rate at K = 125" in h100
     assert "half rate" not in a100_side
+
+
+def test_an_expert_tp_that_follows_tp_is_listed_when_tp_moves(tmp_path) -> None:
+    """etp left out follows tp, so a tp change moves the expert layers' split too; the diff
+    said only tp changed (an audit). A dense model has no etp to list."""
+    moe = ROOT / "plans" / "deepseek-moe-16b.yaml"
+    text = moe.read_text(encoding="utf-8")
+    assert "etp" not in text
+    edits = (("  tp: 1\n", "  tp: 2\n"), ("  dp: 16", "  dp: 8\n  sequence_parallel: true"))
+    b = variant(tmp_path, "tp2.yaml", *edits, base=moe)
+    changes = {c.key: (c.a, c.b) for c in plan_changes(load_plan(moe), load_plan(b))}
+    assert changes["parallel.etp"] == (1, 2)
+    dense = plan_changes(load_plan(GPT3), load_plan(tp4(tmp_path)))
+    assert "parallel.etp" not in {c.key for c in dense}
