@@ -59,9 +59,12 @@ def gemm_efficiency(device: Device, work: Work, dtype: str = "bf16") -> float:
     """
     if device.gemm is None:
         return device.matmul_efficiency
-    base = device.peak_flops("bf16")
-    ratio = device.peak_flops(dtype) / base if dtype != "bf16" and base else 1.0
-    curve = device.gemm.for_dtype(dtype, ratio or 1.0)
+    if dtype == "bf16":  # the curve's own format (the hot path: no peaks looked up)
+        curve = device.gemm
+    else:
+        base = device.peak_flops("bf16")
+        ratio = device.peak_flops(dtype) / base if base else 1.0
+        curve = device.gemm.for_dtype(dtype, ratio or 1.0)
     if work.kind == "elementwise":
         return curve.peak_fraction
     # A Work standing for a share of one kernel (`Work.launches`, the average layer of a

@@ -2054,10 +2054,12 @@ def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
     the target's name. A hand-written transition's tensors are added to it, so they count
     in the stage's peak (an audit: on such a phase they were priced and never held)."""
     after = [(p.name, p.instants[0]) for p in phases[target + 1 :] if p.instants]
-    before = [(p.name, p.instants[-1]) for p in phases[:target] if p.instants]
-    for name, bound in [*after, *before[::-1]][:1]:
-        return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
-    return (Instant("the transition alone", ()),)
+    before = [(p.name, p.instants[-1]) for p in reversed(phases[:target]) if p.instants]
+    nearest = [*after, *before]
+    if not nearest:
+        return (Instant("the transition alone", ()),)
+    name, bound = nearest[0]
+    return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
 
 
 def _with_transitions(plan: Plan, step: Step) -> Step:

@@ -56,11 +56,11 @@ def layout_yaml(
 ) -> str:
     """The plan at `source`, whose bytes the search read (`data`: read once, as a pipe or a
     file edited during the sweep cannot be read again as it was), with `layout` (tp, pp,
-    dp, cp, ep, zero, sequence_parallel,
-    recompute, micro, virtual_stages) and `gpus` written in, to be saved in `folder` (the
-    source's own by default): a relative ``model.hf_config``, which a plan reads from its
-    own folder, is rewritten relative to that one (an absolute one is kept). Hand-written
-    transitions are dropped: the search does not sweep them."""
+    dp, cp, ep, zero, sequence_parallel, recompute, micro, virtual_stages) and `gpus`
+    written in, to be saved in `folder` (the source's own by default): a relative
+    ``model.hf_config``, which a plan reads from its own folder, is rewritten relative to
+    that one (an absolute one is kept). Hand-written transitions are dropped: the search
+    does not sweep them."""
     tree = copy.deepcopy(_tree(data, str(source)))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
