@@ -158,6 +158,25 @@ def test_a_capacity_factor_pads_or_drops_the_dispatched_rows(factor, pad, rows):
     assert shapes(capped).dispatched == round(shapes(plan).dispatched * rows)
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_mfu_counts_the_assignments_a_capacity_keeps(pad):
+    """Model FLOPs count the expert work tokens get: top 2 at capacity 0.5 keeps one
+    assignment a token on average, the expert work of top 1 (an audit: it read 67 % MFU
+    where top 1 read 40 %). A capacity above 1 drops nothing, and its padding is no model
+    FLOP, so it counts as dropless."""
+    from budget.flops import model_flops_per_token
+
+    plan = _qwen()
+
+    def with_experts(**keys):
+        experts = replace(plan.model.experts, **keys)
+        return model_flops_per_token(replace(plan, model=replace(plan.model, experts=experts)))
+
+    top = plan.model.experts.top_k
+    assert with_experts(capacity_factor=0.5) == with_experts(top_k=top // 2)
+    assert with_experts(capacity_factor=1.25, pad_to_capacity=pad) == model_flops_per_token(plan)
+
+
 def test_padding_needs_a_capacity(tmp_path):
     from budget.errors import BudgetError
 
