@@ -10,6 +10,7 @@ prints. Bytes are integers, rates bytes/s or FLOP/s, times seconds.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from budget.catalog import DEVICES, MODELS, TOPOLOGIES, DevicePreset, ModelPreset, TopologyPreset
@@ -128,6 +129,9 @@ def model_dict(m: ModelPreset) -> dict[str, Any]:
         },
         "weights": m.weights,
         "source": m.source,
+        # every key the preset writes, as a plan's model section would (mlp, norm, biases,
+        # positions, windows, latent ranks...): the figures above are a summary (an audit)
+        "model": copy.deepcopy(m.tree),
     }
 
 

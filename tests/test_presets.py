@@ -189,3 +189,27 @@ def test_help_names_the_kinds_the_catalogue_has() -> None:
     result = runner.invoke(app, ["presets", "--help"], env={"COLUMNS": "100"})
     assert "kind <devices|topologies|models>" in result.stdout
     assert "<str>" not in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_model_s_keys_written_out_budget_as_its_preset(name: str, tmp_path) -> None:
+    """The JSON's `model` is every key the preset writes: a plan's model section of those
+    keys resolves to the same model as `preset: NAME` (the summary figures left the norms,
+    biases, windows and latent ranks out; an audit)."""
+    import yaml
+
+    from budget.plan.load import load_plan
+
+    (entry,) = [m for m in catalogue()["models"] if m["name"] == name]
+    rest = (
+        "batch: {seq: 2048, micro: 1, global: 8}\nparallel: {dp: 8}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    preset, written = tmp_path / "preset.yaml", tmp_path / "written.yaml"
+    preset.write_text(f"name: p\nmodel: {{preset: {name}}}\n{rest}", encoding="utf-8")
+    model = yaml.safe_dump({"model": entry["model"]}, default_flow_style=None)
+    written.write_text(f"name: p\n{model}{rest}", encoding="utf-8")
+    from dataclasses import replace
+
+    # the same model, but for the name a preset gives it
+    assert replace(load_plan(written).model, name=name) == load_plan(preset).model
