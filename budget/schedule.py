@@ -221,9 +221,11 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
     par, topo = plan.parallel, plan.topology
-    # the stage sends and the embedding copies' all-reduce; a hand-written transition on
-    # pp runs over the whole group (it was priced as one neighbouring pair: an audit)
-    if move.group == "pp" and not move.rule.startswith(HAND_WRITTEN):
+    # the stage sends and the embedding copies' all-reduce; a hand-written collective on pp
+    # runs over the whole group (it was priced as one neighbouring pair: an audit), a
+    # hand-written send (`step._with_transitions`) between neighbours as the built-in ones
+    sent = move.op == "send-recv"
+    if move.group == "pp" and (sent or not move.rule.startswith(HAND_WRITTEN)):
         return _pp_span(par, topo, "embedding" in move.name)
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:

@@ -2123,18 +2123,15 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             held = phase.instants or _beside(phases, target)
             instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
             phases[target] = replace(phase, instants=instants)
+            ends = str(src), str(dst)
+            if op is None and tr.group == "pp" and src == dst:
+                # a stage boundary: one send/recv of S to the next stage (DESIGN.md rule 3),
+                # as the built-in stage sends are (`pipeline_send`); it was priced as nothing
+                op, ranks, ends = "send-recv", 2, ("i", "i+1")
             if op is None:
                 continue
             move = Move(
-                tr.name,
-                op,
-                tr.group,
-                ranks,
-                tr.dtype,
-                full,
-                str(src),
-                str(dst),
-                rule=f"{HAND_WRITTEN}: exposed",
+                tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=f"{HAND_WRITTEN}: exposed"
             )
             if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in a phase of its own
                 runs = tr.count * pass_runs[tr.phase]

@@ -235,3 +235,19 @@ def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path)
     assert (code, out) == (2, "")
     assert "$.transitions[0].phase: unknown phase 'pipeline.forward'; use one of" in err
     assert "forward.attention" in err and "pipeline.backward" not in err
+
+
+def test_a_stage_boundary_is_written_as_a_send_to_the_next_stage(tmp_path):
+    """DESIGN rule 3's row "stage boundary → send/recv, n = 1, S": on the pp group, a tensor
+    that keeps its placement moves to the next stage. GPT-3's [2048, 12288] bf16 once a
+    micro-batch over InfiniBand: 14 µs + 50,331,648 B / 24 GB/s = 2.111 ms, as the built-in
+    stage sends are priced. It was accepted and priced as nothing (an audit)."""
+    send = (
+        "transitions:\n  - {name: pp-send, phase: forward, tensor: {shape: [micro * seq, "
+        "hidden], dtype: bf16}, group: pp, from: replicate, to: replicate}\n"
+    )
+    report = budget_plan(_plan(tmp_path, send))
+    (move,) = [c for p in report.phases for c in p.collectives if c.name == "pp-send"]
+    assert (move.op, move.ranks, move.steps, move.sent_bytes) == ("send-recv", 2, 1, 50_331_648)
+    assert move.link == "infiniband" and move.count == 96
+    assert abs(move.time_s - (14e-6 + 50_331_648 / 24e9)) < 1e-9
