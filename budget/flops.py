@@ -937,7 +937,7 @@ def model_flops_per_token(plan: Plan) -> int:
     12·L·h·s the non-causal attention score and value products (6·L·heads·(d_qk + d_v)·s
     when the query/key and value head dimensions differ, as under latent attention)."""
     m, s = plan.model, plan.batch.seq
-    n = _gemm_params(plan) - _dropped_expert_params(plan)
+    n = _gemm_params(plan)
     return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
 
 
@@ -959,11 +959,14 @@ def _dropped_expert_params(plan: Plan) -> int:
 
 def _gemm_params(plan: Plan) -> int:
     """The active parameters less the embedding lookups (the input embedding, learned
-    positions), which do no GEMM: the output layer stays (tied, the one matrix)."""
+    positions), which do no GEMM, and less the experts a capacity drops
+    (`_dropped_expert_params`), for training and serving alike: the output layer stays
+    (tied, the one matrix)."""
     from budget.layers import active_params
 
     m = plan.model
     n = active_params(plan) - (m.vocab * m.hidden if not m.tied_embeddings else 0)
+    n -= _dropped_expert_params(plan)
     if m.position == "learned":
         n -= (m.max_positions or plan.batch.seq) * m.hidden
     return n
