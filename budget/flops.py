@@ -957,6 +957,15 @@ def _dropped_expert_params(plan: Plan) -> int:
     return round(sum(moe_layers(plan)) * e.top_k * per_expert * (1 - e.capacity_factor))
 
 
+def _kept_assignments(plan: Plan) -> float:
+    """Expert assignments a token computes on average: its top k, less what a capacity
+    factor c < 1 drops (`_dropped_expert_params`): k·min(c, 1)."""
+    e = plan.model.experts
+    if e is None:
+        return 0.0
+    return e.top_k * min(e.capacity_factor or 1.0, 1.0)
+
+
 def _gemm_params(plan: Plan) -> int:
     """The active parameters less the embedding lookups (the input embedding, learned
     positions), which do no GEMM, and less the experts a capacity drops
@@ -983,7 +992,8 @@ def _mtp_flops_per_token(plan: Plan) -> int:
     """Training FLOPs per token of the multi-token prediction modules, counted as model
     FLOPs the way NeMo Automodel's ``flops_utils`` counts them (per module: its layer, its
     2·hidden → hidden projection and one more output layer pass, each 6 FLOPs per weight and
-    token), with the layer's top-k experts and its attention products as in the main model."""
+    token), with the layer's top-k experts (less what a capacity factor drops) and its
+    attention products as in the main model."""
     from budget.layers import mtp_layer_params, mtp_layers, mtp_params
 
     d = mtp_layers(plan)
@@ -991,7 +1001,8 @@ def _mtp_flops_per_token(plan: Plan) -> int:
         return 0
     m = plan.model
     x = mtp_layer_params(plan)
-    experts = x.expert_total * m.experts.top_k // m.experts.count if m.experts else 0
+    # the module's MoE layer routes as the main model's do, capacity and all
+    experts = round(x.expert_total * _kept_assignments(plan) / m.experts.count) if m.experts else 0
     weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
     pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
     return d * (6 * weights + 3 * pairs)

@@ -287,6 +287,19 @@ def test_model_flops_count_the_module(tmp_path: Path) -> None:
     assert extra == 6 * active + 3 * 2 * 128 * (192 + 128) * 4096
 
 
+def test_model_flops_of_the_module_keep_what_a_capacity_keeps(tmp_path: Path) -> None:
+    """At capacity 0.5 the module's MoE layer computes 4 of its 8 assignments a token, as
+    the main model's do: its model FLOPs drop by 6 x 4 experts' weights (an audit: the
+    module kept all 8 while the main model's layers dropped half)."""
+    plan = _plan(tmp_path)
+    halved = replace(
+        plan, model=replace(plan.model, experts=replace(plan.model.experts, capacity_factor=0.5))
+    )
+    module = flops.model_flops_per_token(plan) - flops.model_flops_per_token(_without_mtp(plan))
+    kept = flops.model_flops_per_token(halved) - flops.model_flops_per_token(_without_mtp(halved))
+    assert module - kept == 6 * EXPERTS * 4 // 256
+
+
 def test_serving_runs_no_module(tmp_path: Path) -> None:
     """The module is a draft head for speculative decoding, which is not priced: a decode
     plan of the preset is the same with mtp_layers 0."""
