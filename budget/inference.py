@@ -132,9 +132,12 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
     ranks exchange and rescale into the whole (Flash-Decoding's split-KV reduction, Dao et
     al. 2023, across GPUs as in Helix parallelism's KV parallelism, arXiv 2507.07120). Priced
     as an all-gather of the fp32 partial outputs and log-sum-exps, exposed: the output
-    projection needs it."""
-    cp = plan.parallel.cp
-    part = 4 * s.tokens * (s.out_cols + s.heads)  # one rank's partial, fp32
+    projection needs it. Under latent attention a head's partial output is a kv_rank latent,
+    which the value up-projection widens only after the combine (`flops.attention_core`'s
+    decode in the latent space; FlashMLA's split-KV combine works on the latent output)."""
+    cp, mla = plan.parallel.cp, plan.model.mla
+    width = s.heads * mla.kv_rank if mla is not None else s.out_cols
+    part = 4 * s.tokens * (width + s.heads)  # one rank's partial, fp32
     return Move(
         "split-KV attention combine",
         "all-gather",

@@ -97,6 +97,24 @@ def test_decode_attends_in_the_latent_space(tmp_path: Path) -> None:
     assert core.bytes == 2 * sequences * 128 * (576 + 512) + cache
 
 
+def test_decode_combines_the_latent_outputs_over_cp(tmp_path: Path) -> None:
+    """Split over cp 2, each rank's partial output per head is the 512-wide latent, which
+    the value up-projection widens to 128 only after the combine: the ranks exchange 32
+    sequences (256 over dp 8) x 128 heads x (512 + 1 log-sum-exp) fp32 each (an audit: it
+    was sized at the 128-wide head)."""
+    from budget.inference import derive_inference
+
+    text = SERVING.format(model="{preset: deepseek-v3}", tp=1, dp=8, ep=16)
+    path = tmp_path / "cp.yaml"
+    path.write_text(text.replace("ep: 16}", "ep: 16, cp: 2}"), encoding="utf-8")
+    plan = load_plan(path)
+    (phase, *_) = [
+        p for s in derive_inference(plan).stages for p in s.phases if p.name == "decode.attention"
+    ]
+    (combine,) = [m for m in phase.moves if m.group == "cp"]
+    assert combine.size_bytes == 2 * 4 * (256 // 8) * 128 * (512 + 1)
+
+
 def test_prefill_and_training_attend_with_full_heads(tmp_path: Path) -> None:
     """Without absorption, QKᵀ runs over 128 + 64 dimensions and the product with V over
     128, halved by the causal mask; the projections are the latent GEMMs."""
