@@ -366,6 +366,15 @@ def test_a_config_saved_by_transformers_5_reads() -> None:
     assert params_total(plan) - _embedding(plan) == 1_310_340_608
 
 
+def test_a_config_saved_by_transformers_4_47_to_4_50_reads_past_its_kernel_tag() -> None:
+    """transformers 4.47 to 4.50 saved ``_attn_implementation_autoset: true`` into
+    fine-tuned checkpoints' files (an audit found it refused): a kernel choice, like
+    ``attn_implementation``, that builds nothing."""
+    config = _raw("qwen2.5-0.5b")
+    tagged = translate({**config, "_attn_implementation_autoset": True})
+    assert tagged.tree == translate(config).tree
+
+
 def test_layer_types_read_full_and_sliding_layers_and_refuse_others() -> None:
     config = json.loads((DATA / "hf" / "qwen2.5-1.5b-transformers5" / "config.json").read_text())
     config["layer_types"][3] = "linear_attention"
@@ -885,6 +894,27 @@ def test_a_multimodal_file_is_refused_with_where_its_language_model_is() -> None
         "the language model's keys are under text_config beside vision_config"
     )
     assert "mm_tokens_per_image" not in message  # not a list of unknown keys
+    assert message.endswith(
+        "or text_config alone saved as a file (the keys it leaves out take "
+        "its model_type's defaults)"
+    )
+
+
+def test_a_wrapper_whose_language_model_is_no_family_says_so():
+    """Llama 4 Scout's language model is "llama4_text", which budget does not read: the
+    refusal says so rather than advising a text_config file that would be refused next (an
+    audit; keys as released, the vision tower's cut short)."""
+    config = {
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "model_type": "llama4",
+        "text_config": {"model_type": "llama4_text", "hidden_size": 5120},
+        "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 1408},
+    }
+    with pytest.raises(HfConfigError) as raised:
+        translate(config, "Llama-4-Scout/config.json")
+    message = str(raised.value)
+    assert 'its language model (model_type "llama4_text") is not a family budget reads' in message
+    assert "saved as a file" not in message
 
 
 @pytest.mark.parametrize(

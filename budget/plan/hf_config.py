@@ -242,6 +242,7 @@ IGNORED = frozenset(
         "dual_chunk_attention_config",
         "cache_implementation",  # Gemma 2 and 3: how transformers lays out its KV cache
         "attn_implementation",  # InternLM2: a kernel choice
+        "_attn_implementation_autoset",  # transformers 4.47-4.50 saves it: likewise
         "output_router_logits",
         "router_aux_loss_coef",
         "router_jitter_noise",
@@ -419,12 +420,21 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
         if k.endswith("_config") and k not in ("text_config", "quantization_config")
     )
     beside = f" beside {', '.join(others)}" if others else ""
+    inner = config["text_config"].get("model_type")
+    if inner is None or (isinstance(inner, str) and inner in FAMILIES):
+        advice = (
+            "give hf_config the language model's own config.json, or text_config alone saved "
+            "as a file (the keys it leaves out take its model_type's defaults)"
+        )
+    else:  # saving it alone would only meet the family refusal (an audit: Llama 4)
+        advice = (
+            f"its language model (model_type {json.dumps(inner)}) is not a family budget "
+            f"reads ({', '.join(sorted(FAMILIES))}) either; write the model's dimensions out"
+        )
     raise HfConfigError(
         f"{where} configures a model of several parts (model_type "
         f"{json.dumps(config.get('model_type'))}): the language model's keys are under "
-        f"text_config{beside}, and budget prices a language model alone; give hf_config the "
-        "language model's own config.json, or text_config alone saved as a file (the keys it "
-        "leaves out take its model_type's defaults)"
+        f"text_config{beside}, and budget prices a language model alone; {advice}"
     )
 
 
