@@ -308,6 +308,7 @@ def build_report(plan: Plan) -> Report:
         "hidden": m.hidden,
         "heads": m.heads,
         "kv_heads": m.kv_heads,
+        "head_dim": m.head_dim,
         # multi-head latent attention ranks and head dimensions, or None
         "mla": None
         if m.mla is None

@@ -30,7 +30,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # roofline, search and validate-model had none); the report's ``step.mfu_format``, the format
 # whose dense peak MFU is a share of (precision.matmul); search's ``ruled_out``, the degrees
 # none of whose layouts could be built (its ``rejected`` had counted each as one layout)
-SCHEMA_VERSION = "1.6"
+# 1.7: the report's ``model.head_dim``, which a model read from a config can set apart from
+# hidden / heads (Mistral-Nemo's 128 where 5120 / 32 is 160)
+SCHEMA_VERSION = "1.7"
 
 Kind = Literal[
     "report", "check", "diff", "collective", "roofline", "search", "validate_model", "presets"

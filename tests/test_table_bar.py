@@ -113,6 +113,19 @@ def test_a_plan_without_a_pipeline_does_not_describe_one() -> None:
     assert "bubble" not in step and "slowest stage" not in step
 
 
+def test_the_header_gives_a_head_width_that_is_not_hidden_over_heads() -> None:
+    """Gemma 2 9B's heads are 256 wide where 3584 / 16 is 224: the header and the JSON
+    say so (an audit: Mistral-Nemo read from its config showed no sign of its 128 where
+    5120 / 32 is 160); GPT-3's 128 = 12288 / 96 goes unsaid."""
+    from budget.render.table import header
+
+    gemma = budget_plan(next(p for p in PLANS if p.name == "gemma2-9b.yaml"))
+    assert "16 heads of 256 / 8 kv" in header(gemma)[1]
+    assert gemma.model["head_dim"] == 256
+    gpt3 = budget_plan(GPT3)
+    assert "96 heads / 96 kv" in header(gpt3)[1] and gpt3.model["head_dim"] == 128
+
+
 def test_a_narrow_phases_table_still_says_which_stage_each_peak_is_on() -> None:
     """At 80 columns the stage column is left out; a caption carries it."""
     from budget.render.table import phase_table

@@ -132,10 +132,13 @@ def _window(model: dict[str, Any]) -> str:
 
 
 def _heads(model: dict[str, Any]) -> str:
-    """'64 heads / 8 kv', or the latent attention's ranks."""
+    """'64 heads / 8 kv' ('32 heads of 128 / 8 kv' where a head is not hidden / heads
+    wide), or the latent attention's ranks."""
     mla = model.get("mla")
     if not mla:
-        return f"{model['heads']} heads / {model['kv_heads']} kv"
+        wide = model["head_dim"] * model["heads"] != model["hidden"]
+        width = f" of {model['head_dim']}" if wide else ""
+        return f"{model['heads']} heads{width} / {model['kv_heads']} kv"
     query = f" and query latent {mla['q_rank']}" if mla["q_rank"] else ""
     return (
         f"{model['heads']} heads, MLA with kv latent {mla['kv_rank']} + {mla['rope_dim']} "
