@@ -132,6 +132,15 @@ def run_search(
             )
             print(usage_line(message), file=sys.stderr)
             return 2
+    outer = plan.topology.levels[-1]
+    if outer.size and outer.size < n:  # as a plan's own GPUs are held (resolve: levels)
+        message = (
+            f"--gpus {n}: the topology's outermost level {outer.name} holds {outer.size} "
+            "GPUs, so no layout of more can be wired; drop its size or add an outer level "
+            "in the plan"
+        )
+        print(usage_line(message), file=sys.stderr)
+        return 2
     for name in ("tp", "pp", "cp", "ep"):  # every value of a degree the GPUs cannot hold
         values = getattr(sweep, name)
         if options.get(name) is not None and values and all(n % v for v in values):

@@ -270,6 +270,28 @@ def test_cli_refuses_bad_ranges(args, message):
     assert result.stderr == f"budget: error: {message}\n"
 
 
+def test_more_gpus_than_the_outermost_level_holds_is_refused(tmp_path):
+    """A topology of one 8-GPU NVLink level cannot wire 16 GPUs: `budget` refuses such a
+    plan, so search must not rank layouts on it and write a plan `budget` then refuses (an
+    audit: 4,110 layouts ranked, and the written plan refused at topology.levels[0].size)."""
+    plan = tmp_path / "one-node.yaml"
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    preset = "topology: {preset: dgx-a100, nodes: 1}\n"
+    assert text.endswith(preset)
+    plan.write_text(
+        text.replace(preset, "topology:\n  gpus: 8\n  levels:\n")
+        + "    - {name: nvlink, size: 8, bandwidth: 300 GB/s, latency: 3 us}\n",
+        encoding="utf-8",
+    )
+    assert CliRunner().invoke(app, route([str(plan)])).exit_code == 0  # 8 GPUs: a plan
+    result = CliRunner().invoke(app, route(["search", str(plan), "--gpus", "16"]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        "budget: error: --gpus 16: the topology's outermost level nvlink holds 8 GPUs, so no "
+        "layout of more can be wired; drop its size or add an outer level in the plan\n"
+    )
+
+
 def test_not_ranked_reconciles_with_the_count_evaluated():
     """The rejections split into layouts never priced and priced ones; the priced ones and
     the layouts that fit make up the count evaluated."""
