@@ -136,12 +136,41 @@ _LIKELY_UNITS = {
     "time": ("us", "ms", "s"),
     "compute rate": ("TFLOP/s",),
 }
+# A number this far from those units' range reads as the base unit (DESIGN: bare numbers are
+# bytes/s, seconds and FLOP/s): the suggestion then says it with the prefix that makes it
+# 1 to 999, powers of 1000 from the first; a time of 1 or more keeps the plain suggestion.
+_BASE_UNITS: dict[str, tuple[Fraction, tuple[str, ...]]] = {
+    "bandwidth": (Fraction(10**6), ("MB/s", "GB/s", "TB/s")),
+    "compute rate": (Fraction(10**6), ("MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s")),
+    "time": (Fraction(1, 10**9), ("ns", "us", "ms")),
+}
+
+
+def _in_base_unit(number: str, quantity: str) -> str | None:
+    """`number` said with the prefix that makes it 1 to 999 when it is past the
+    `_LIKELY_UNITS` range (450e9 as '450 GB/s', 3e-06 as '3 us'); None within it."""
+    value = abs(Fraction(number))
+    first, units = _BASE_UNITS[quantity]
+    small = quantity == "time"
+    if (value >= 1) if small else (value < first):
+        return None
+    scaled, unit = Fraction(number) / first, units[0]
+    for bigger in units[1:]:
+        if abs(scaled) < 1000:
+            break
+        scaled, unit = scaled / 1000, bigger
+    if abs(scaled) < 1:  # under the first prefix's range (a time under 1 ns)
+        return None
+    shown = str(scaled.numerator) if scaled.denominator == 1 else f"{float(scaled):.15g}"
+    return f"'{shown} {unit}'"
 
 
 def missing_unit(value: object, quantity: str) -> str | None:
     """What to say of a `quantity` ("bandwidth", "time", "compute rate") written as a bare
     number other than 0, which no unit is assumed for: ``450`` → "450 has no unit; write a
-    bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'". None for anything else."""
+    bandwidth with its unit, such as '450 GB/s' or '450 Gb/s'"; a number past those units'
+    range is said in the base unit it would be (``450e9`` → "such as '450 GB/s'",
+    ``3e-06`` → "'3 us'", `_in_base_unit`). None for anything else."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -154,6 +183,8 @@ def missing_unit(value: object, quantity: str) -> str | None:
         return None
     if float(number) == 0:
         return None
+    if based := _in_base_unit(number, quantity):
+        return f"{number} has no unit; write a {quantity} with its unit, such as {based}"
     shown = [f"'{number} {unit}'" for unit in _LIKELY_UNITS[quantity]]
     such = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
     return f"{number} has no unit; write a {quantity} with its unit, such as {such}"

@@ -149,7 +149,11 @@ def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
             "3350",
             "3350 has no unit; write a bandwidth with its unit, such as '3350 GB/s' or '3350 Gb/s'",
         ),
-        (parse_bandwidth, 4.5e11, "450000000000 has no unit;"),
+        (
+            parse_bandwidth,
+            4.5e11,
+            "450000000000 has no unit; write a bandwidth with its unit, such as '450 GB/s'",
+        ),
         (
             parse_duration,
             3,
@@ -160,13 +164,39 @@ def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
             " 12 ",
             "12 has no unit; write a time with its unit, such as '12 us', '12 ms' or '12 s'",
         ),
-        (parse_duration, 5e-06, "5e-06 has no unit;"),
+        (parse_duration, 5e-06, "5e-06 has no unit; write a time with its unit, such as '5 us'"),
+        (
+            parse_duration,
+            0.0015,
+            "0.0015 has no unit; write a time with its unit, such as '1.5 ms'",
+        ),
+        (
+            parse_duration,
+            "2.5e-10",
+            "2.5e-10 has no unit; write a time with its unit, such as"
+            " '2.5e-10 us', '2.5e-10 ms' or '2.5e-10 s'",
+        ),
         (
             parse_flops,
             989,
             "989 has no unit; write a compute rate with its unit, such as '989 TFLOP/s'",
         ),
-        (parse_flops, "1e15", "1e15 has no unit;"),
+        (
+            parse_flops,
+            "1e15",
+            "1e15 has no unit; write a compute rate with its unit, such as '1 PFLOP/s'",
+        ),
+        (
+            parse_flops,
+            989000000000000,
+            "989000000000000 has no unit; write a compute rate with"
+            " its unit, such as '989 TFLOP/s'",
+        ),
+        (
+            parse_bandwidth,
+            2.5e16,
+            "2.5e+16 has no unit; write a bandwidth with its unit, such as '25000 TB/s'",
+        ),
     ],
 )
 def test_a_bare_rate_or_time_is_refused_not_read_in_the_base_unit(
