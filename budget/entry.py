@@ -138,6 +138,8 @@ def _run(given: list[str]) -> None:
         print(wrong, file=sys.stderr)
         sys.exit(2)
     args = route(given)
+    if STDIN in args and sys.stdin is not None and sys.stdin.isatty():  # a person typing
+        print("budget: reading a plan from standard input; end it with Ctrl-D", file=sys.stderr)
     plain = plain_report(args)
     if plain is None:
         from budget.cli import app

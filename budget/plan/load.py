@@ -78,8 +78,6 @@ def _read_stdin() -> bytes:
     if _stdin_taken is stdin:
         raise problem("standard input holds one plan, and it was read for an earlier `-`")
     _stdin_taken = stdin
-    if stdin.isatty():
-        print("budget: reading a plan from standard input; end it with Ctrl-D", file=sys.stderr)
     data = stdin.buffer.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise problem(f"a plan is at most {MAX_BYTES:,} bytes (8 MiB), and more came; not read")
