@@ -281,24 +281,30 @@ def search_command(
 @app.command("validate")
 def validate_command(
     plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],
+    fmt: FormatOption = Format.table,
 ) -> None:
     """Check plans against the schema and the semantic rules only: each valid plan's
-    name and ok on stdout, every problem of the others on stderr (exit 2 if there is one)."""
+    name and ok on stdout, every problem of the others on stderr (exit 2 if there is one);
+    json and markdown list every plan with its problems on stdout as well."""
     from budget.plan.load import load_plan, plan_name
+    from budget.render.check import render_validate
     from budget.step import derive
 
-    problems = []
+    outcomes: list[tuple[str, list[Problem]]] = []
     for path in plans:
         try:
             # deriving the step runs the rules that need the phases too: hand-written
             # transitions name a phase that exists and leave no tensor sum-partial
             derive(load_plan(path))
         except BudgetError as error:
-            problems.extend(error.problems)
+            outcomes.append((plan_name(path), list(error.problems)))
             continue
-        print(f"{plan_name(path)}: ok")
+        outcomes.append((plan_name(path), []))
+    problems = sorted(p for _, found in outcomes for p in found)  # by file, then position
+    _problems(problems)
+    render_validate(stdout_console(), outcomes, str(fmt))
     if problems:
-        raise _fail(BudgetError(problems))
+        raise typer.Exit(code=exit_code(valid=False))
 
 
 @app.command("schema")

@@ -2,7 +2,7 @@
 
 Shipped inside the package (``budget/schemas/report.schema.json``); the repository's
 ``schemas/report.schema.json`` links to the same file. Each output has a definition under
-``$defs``: ``report`` (a plan), ``check``, ``diff``, ``collective``, ``roofline``,
+``$defs``: ``report`` (a plan), ``check``, ``validate``, ``diff``, ``collective``, ``roofline``,
 ``search``, ``validate_model`` and ``presets``.
 """
 
@@ -31,15 +31,25 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # whose dense peak MFU is a share of (precision.matmul); search's ``ruled_out``, the degrees
 # none of whose layouts could be built (its ``rejected`` had counted each as one layout)
 # 1.7: the report's ``model.head_dim``, which a model read from a config can set apart from
-# hidden / heads (Mistral-Nemo's 128 where 5120 / 32 is 160)
+# hidden / heads (Mistral-Nemo's 128 where 5120 / 32 is 160); `budget validate --format json`
+# (``validate``)
 SCHEMA_VERSION = "1.7"
 
 Kind = Literal[
-    "report", "check", "diff", "collective", "roofline", "search", "validate_model", "presets"
+    "report",
+    "check",
+    "validate",
+    "diff",
+    "collective",
+    "roofline",
+    "search",
+    "validate_model",
+    "presets",
 ]
 KINDS: tuple[Kind, ...] = (
     "report",
     "check",
+    "validate",
     "diff",
     "collective",
     "roofline",

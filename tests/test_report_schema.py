@@ -193,6 +193,30 @@ def test_check_output_validates(tmp_path: Path) -> None:
     _valid(latency, "check")
 
 
+def test_validate_output_validates_and_lists_each_plans_problems(tmp_path: Path) -> None:
+    """`budget validate --format json` (DESIGN: every command that reports takes --format; an
+    audit found validate took none): each plan with the problems stderr gives it."""
+    bad = invalid(tmp_path)
+    result = runner.invoke(app, route(["validate", str(GPT3), str(bad), "--format", "json"]))
+    assert result.exit_code == 2
+    data = _no_nan(result.stdout)
+    _valid(data, "validate")
+    assert data["valid"] is False
+    assert [(p["file"], p["valid"]) for p in data["plans"]] == [
+        (str(GPT3), True),
+        (str(bad), False),
+    ]
+    assert data["plans"][1]["problems"] == result.stderr.splitlines()
+    assert f"{bad}:3:1: error: $.modle: unknown key" in result.stderr
+    _, good = _output(["validate", str(GPT3)])
+    _valid(good, "validate")
+    assert good["valid"] is True
+    markdown = runner.invoke(app, route(["validate", str(GPT3), str(bad), "-f", "markdown"]))
+    assert f"| `{GPT3}` | ✅ |" in markdown.stdout and f"`{bad}` is invalid" in markdown.stdout
+    table = runner.invoke(app, route(["validate", str(GPT3), str(bad)]))
+    assert table.stdout == f"{GPT3}: ok\n"
+
+
 @pytest.mark.parametrize("pair", ["same", "tp4", "depths"])
 def test_diff_output_validates(tmp_path: Path, pair: str) -> None:
     b = {"same": GPT3, "tp4": tp4(tmp_path), "depths": ROOT / "plans" / "llama3-70b.yaml"}[pair]

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from budget.check import CheckResult, Limits, Verdict
+    from budget.errors import Problem
 
-__all__ = ["render_check"]
+__all__ = ["render_check", "render_validate"]
 
 
 def render_check(console: Console, result: CheckResult, fmt: str) -> None:
@@ -147,3 +148,30 @@ def check_markdown(result: CheckResult) -> str:
             lines += [f"### ⚠️ {code(v.file)} is invalid", ""]
             lines += [*fence(problem_lines(v.problems)), ""]
     return "\n".join(lines)
+
+
+def render_validate(console: Console, outcomes: list[tuple[str, list[Problem]]], fmt: str) -> None:
+    """`budget validate`'s outcome: each plan valid or not, with its problems (`problem_lines`,
+    which the CLI has also written to stderr). The table lists the valid plans alone, `ok`
+    beside each, as the problems are already on stderr."""
+    if fmt == "json":
+        from budget.render import dump_document
+
+        plans = [
+            {"file": file, "valid": not found, "problems": problem_lines(found)}
+            for file, found in outcomes
+        ]
+        valid = all(p["valid"] for p in plans)
+        console.file.write(dump_document({"valid": valid, "plans": plans}, console.file))
+    elif fmt == "markdown":
+        lines = ["| plan | valid |", "|---|---|"]
+        lines += [f"| {code(file)} | {'✅' if not found else '❌'} |" for file, found in outcomes]
+        lines.append("")
+        for file, found in outcomes:
+            if found:
+                lines += [f"### ⚠️ {code(file)} is invalid", "", *fence(problem_lines(found)), ""]
+        console.file.write("\n".join(lines) + "\n")
+    else:
+        for file, found in outcomes:
+            if not found:
+                console.file.write(f"{file}: ok\n")
