@@ -343,8 +343,10 @@ def collective_command(
         _option(
             "<name>",
             "ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the cheapest "
-            "the op can use). Default: ring (all-to-all pairwise, send-recv direct), "
-            "hierarchical over two or more --level. tree is the textbook binomial tree (whole "
+            "the op can use). Default: ring (all-to-all pairwise, send-recv direct); over two "
+            "or more --level a ring through every rank as NCCL runs it for all-gather, "
+            "reduce-scatter and all-reduce, hierarchical for the others. tree is the textbook "
+            "binomial tree (whole "
             "tensor each step, for small messages), not NCCL's pipelined double binary tree.",
         ),
     ] = None,

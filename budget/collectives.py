@@ -41,10 +41,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from budget.plan.model import BandwidthRamp
-from budget.vector import largest
+from budget.vector import largest, vmax
 
 __all__ = [
     "ALGORITHMS",
+    "LEVELLED_RING_OPS",
     "OPS",
     "Algorithm",
     "CollectiveCost",
@@ -79,6 +80,10 @@ ALGORITHMS: Final[dict[Op, tuple[Algorithm, ...]]] = {
     "broadcast": ("ring", "tree"),
     "send-recv": ("direct",),
 }
+# Ops NCCL runs as one ring through every rank of a group, whichever levels it spans: its
+# tuning model prices such a ring at one bus bandwidth with each step at its own link's
+# latency (`_ring_across`).
+LEVELLED_RING_OPS: Final[tuple[Op, ...]] = ("all-gather", "reduce-scatter", "all-reduce")
 # Names accepted for an op that mean one of its algorithms (rule 3's "ring" row).
 _ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
     ("all-to-all", "ring"): "pairwise",  # the ring-offset pairwise exchange: step k sends to i+k
@@ -175,7 +180,9 @@ class CollectiveCost:
     Per-rank quantities sum the stages (every rank takes part in each stage of the
     hierarchical forms, so this is the busiest rank's total); ``aggregate_*_bytes`` sum over
     every rank of the whole group. ``candidates`` lists (algorithm, time) when ``auto``
-    chose among them.
+    chose among them. ``pipelined``: the stages are one ring's hops on each level
+    (`_ring_across`), whose bytes stream through every level at once, so the bandwidth term
+    is the busiest port's, not the stages' sum (the latency terms still add up).
     """
 
     op: Op
@@ -184,6 +191,7 @@ class CollectiveCost:
     size_bytes: Count
     stages: tuple[Stage, ...]
     candidates: tuple[tuple[Algorithm, float], ...] = ()
+    pipelined: bool = False
 
     @property
     def steps(self) -> Count:
@@ -220,11 +228,19 @@ class CollectiveCost:
 
     @property
     def bandwidth_s(self) -> Seconds:
-        return sum((s.bandwidth_s for s in self.stages), start=0.0)
+        """The stages' Q/B_eff summed; for a ring across levels, the innermost level's (the
+        GPUs' own fabric) or the outer levels' together, whichever is longer: every outer
+        level is reached through the GPU's one network port, which serialises them, while
+        the inner fabric carries its hops beside it (`_ring_across`)."""
+        if not self.pipelined:
+            return sum((s.bandwidth_s for s in self.stages), start=0.0)
+        inner, *outer = self.stages
+        ports: Any = sum((s.bandwidth_s for s in outer), start=0.0)
+        return cast(Seconds, vmax(cast(Any, inner.bandwidth_s), ports))
 
     @property
     def time_s(self) -> Seconds:
-        return sum((s.time_s for s in self.stages), start=0.0)
+        return self.latency_s + self.bandwidth_s
 
     @property
     def link(self) -> Link:
@@ -287,10 +303,12 @@ def algorithm_bytes(op: Op, size_bytes: Count, ranks: Count) -> Seconds:
 
 
 def default_algorithm(op: Op, tiers: int = 1) -> Algorithm:
-    """The documented default: hierarchical across levels, else ring (pairwise all-to-all,
-    direct send/recv) as in DESIGN.md rule 3's table."""
+    """The documented default: ring (pairwise all-to-all, direct send/recv) as in DESIGN.md
+    rule 3's table, across levels too for the ops NCCL runs as one ring over every rank of
+    a group (`LEVELLED_RING_OPS`, priced by `_ring_across`); across levels the all-to-all
+    and the broadcast take the two-level decomposition (`_hierarchical`)."""
     _check_op(op)
-    if tiers > 1 and op != "send-recv":
+    if tiers > 1 and op not in ("send-recv", *LEVELLED_RING_OPS):
         return "hierarchical"
     return ALGORITHMS[op][0]
 
@@ -299,6 +317,8 @@ def applicable_algorithms(op: Op, tiers: int = 1) -> tuple[Algorithm, ...]:
     """Algorithms `collective_cost` accepts for ``op`` (``auto`` picks among these)."""
     _check_op(op)
     flat = ALGORITHMS[op]
+    if tiers > 1 and op in LEVELLED_RING_OPS:
+        return (flat[0], "hierarchical", *flat[1:])
     if tiers > 1 and op != "send-recv":
         return ("hierarchical", *flat)
     return flat
@@ -411,11 +431,18 @@ def collective_cost(
     algorithm: Algorithm | Literal["auto"] | None = None,
     *,
     element_bytes: int = 1,
+    levelled: bool = True,
 ) -> CollectiveCost:
     """Price ``op`` over a group laid out as ``tiers`` (innermost first; ranks multiply).
+    ``levelled=False`` prices a ring across levels at its slowest link instead: an exchange
+    between neighbours, step by step, whose one hop across a node goes through one GPU's
+    port (ring attention's K/V), not NCCL's channels spread over every port.
 
     * One tier: the flat algorithm (default ring) on that tier's link.
-    * Several tiers, ``hierarchical`` (the default): the two-level decomposition, applied
+    * Several tiers, ``ring`` for an all-gather, reduce-scatter or all-reduce (the default
+      for them): one ring through every rank, as NCCL runs it (`_ring_across`).
+    * Several tiers, ``hierarchical`` (the default for the others): the two-level
+      decomposition, applied
       recursively per level with ring inside each level — NCCL's and MPICH's SMP-aware
       collectives (Thakur 2005, sec. 5; NCCL's tuning model). With G ranks per inner
       domain and D = P/G domains:
@@ -429,8 +456,8 @@ def collective_cost(
         exchange, D−1 instead of P−1 slow steps);
       - broadcast: across the domains from the root, then inside each domain.
       send/recv has no hierarchical form: it is priced flat on the slowest link.
-    * Several tiers and a flat algorithm: that algorithm over all P ranks, every step priced
-      at the slowest link spanned (a flat ring is as slow as its slowest hop).
+    * Several tiers and another flat algorithm: that algorithm over all P ranks, every step
+      priced at the slowest link spanned.
     * ``auto``: every applicable algorithm, the fastest wins; ``candidates`` keeps them all.
       Needs scalar sizes and ranks.
     """
@@ -449,9 +476,75 @@ def collective_cost(
             pieces = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)
             stages = [replace(stage, ramp_op=op) for stage in pieces]
             return CollectiveCost(op, "hierarchical", ranks, size_bytes, tuple(stages))
+    if algo == "ring" and op in LEVELLED_RING_OPS and len(tiers) > 1 and levelled:
+        hops = _ring_across(op, tuple(tiers), size_bytes, element_bytes)
+        return CollectiveCost(op, "ring", ranks, size_bytes, hops, pipelined=True)
     link = _slowest(t.link for t in tiers)
     stage = flat_stage(op, algo, ranks, size_bytes, link, element_bytes=element_bytes)
     return CollectiveCost(op, algo, ranks, size_bytes, (stage,))
+
+
+def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
+    """One ring through all P ranks of a group that spans levels, as NCCL runs an
+    all-gather, reduce-scatter or all-reduce across nodes: one stage per level, holding the
+    ring's hops on that level.
+
+    NCCL's tuning model (``ncclTopoTuneModel``, src/graph/tuning.cc of NVIDIA/nccl) prices
+    such a ring at one bus bandwidth, its channels' inter-node rate, and its latency as
+    ``(nsteps - nInterSteps) · intraLat + nInterSteps · interLat`` with nInterSteps =
+    2(nNodes - 1) for an all-reduce, nNodes - 1 for the other two. Here, with G ranks of the
+    group in each innermost domain (a node) and N_k the domains of level k - 1 it spans
+    (N_1 = P / G nodes):
+
+    * every rank sends the flat ring's Q (2(P-1)·c for an all-reduce, (P-1)·c for the
+      others, c the padded chunk: `flat_stage`);
+    * each channel's ring crosses a level-k boundary N_k times in its P hops, and NCCL
+      spreads its channels over the node's network ports, so a rank's port carries Q·x_k/P,
+      x_k the hops whose outermost boundary is level k, and its own fabric the rest;
+    * the latency-bearing steps split the same way: per·(N_k - 1) of them cross level k or
+      beyond (per = 2 for an all-reduce), the rest stay on the innermost link.
+
+    The bytes stream through every level at once (`CollectiveCost.bandwidth_s`), so a ring
+    across nodes reaches G times one port's rate when the ports bind: 8 x 24 = 192 GB/s of
+    bus bandwidth between DGX A100s, which NCCL's maintainers measure ("On an Nvidia
+    DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW",
+    NVIDIA/nccl issue 812), and 4 x 24 = 96 GB/s with four HDR NICs to eight A100s
+    (NVIDIA/nccl-tests issue 119: "peak performance reaches about 96GB/s"). The two-level
+    decomposition (`_hierarchical`) summed one after the other read 147 GB/s for two DGX
+    A100s.
+    """
+    per = 2 if op == "all-reduce" else 1
+    p = _product([t.ranks for t in tiers])
+    q = per * (p - 1) * _chunk(size, p, e)  # each rank's bytes, as the flat ring's
+    # N_k: domains of the level inside tier k that the group spans (N_0 = P ranks)
+    spans = [_product([t.ranks for t in tiers[k:]]) for k in range(len(tiers))] + [1]
+
+    def hops(k: int) -> Count:  # a channel's hops crossing level k's boundary or beyond
+        return spans[k] * _indicator(spans[k] > 1)
+
+    stages = []
+    for k, tier in enumerate(tiers):
+        steps = per * (spans[k] - 1) - per * (spans[k + 1] - 1)
+        if k == 0:
+            sent = q - (q * hops(1) + p - 1) // _maximum(p, 1)  # the fabric: what no port takes
+        else:
+            sent = (q * (hops(k) - hops(k + 1)) + p - 1) // _maximum(p, 1)
+        stage = Stage(
+            op=op,
+            algorithm="ring",
+            ranks=p,
+            size_bytes=size,
+            steps=steps,
+            sent_bytes=sent,
+            recv_bytes=sent,
+            payload_bytes=sent,
+            group_sent_bytes=p * sent,
+            group_recv_bytes=p * sent,
+            link=tier.link,
+            ramp_op=op,
+        )
+        stages.append(stage)
+    return tuple(stages)
 
 
 def _hierarchical(
@@ -511,7 +604,7 @@ def _auto(op: Op, tiers: Sequence[Tier], size: Count, e: int) -> CollectiveCost:
             continue  # e.g. recursive halving on a group that is not a power of two
     best = min(priced, key=lambda c: float(c.time_s))
     candidates = tuple((c.algorithm, float(c.time_s)) for c in priced)
-    return CollectiveCost(op, best.algorithm, best.ranks, size, best.stages, candidates)
+    return replace(best, candidates=candidates)
 
 
 # ----------------------------------------------------------------------------- arithmetic

@@ -114,7 +114,8 @@ class Move:
     rounds: Any = 1
     last_part: Any = None
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
-    # exchange is one (ring attention's K/V); None: ring on one level, hierarchical across
+    # exchange is one between neighbours (ring attention's K/V); None: the default (ring,
+    # across levels as NCCL's channels run it; hierarchical across levels for the others)
     algorithm: Algorithm | None = None
     # runs after every micro-batch's backward though its phase comes after the pipeline
     # (ZeRO-2's reduce-scatter): what of it is exposed lengthens each micro-batch of its

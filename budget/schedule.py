@@ -253,7 +253,13 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
     the algorithm the move needs (ring attention's flat ring) or else the one the plan
     names for its op (`Plan.algorithm`), or else the default."""
     span = move_span(plan, move)
-    return price_group(move.op, move.size_bytes, span, algorithm_of(plan, move), dtype=move.dtype)
+    algorithm = algorithm_of(plan, move)
+    # the move's own algorithm is a neighbours' exchange (ring attention): its hop across a
+    # node is one GPU's port, not NCCL's channels over all of them (`collective_cost`)
+    levelled = move.algorithm is None
+    return price_group(
+        move.op, move.size_bytes, span, algorithm, dtype=move.dtype, levelled=levelled
+    )
 
 
 def algorithm_of(plan: Plan, move: Move) -> Algorithm | None:

@@ -29,6 +29,7 @@ import numpy as np
 from budget import flops
 from budget.check import Limits
 from budget.collectives import (
+    LEVELLED_RING_OPS,
     Algorithm,
     CollectiveCost,
     Link,
@@ -648,16 +649,12 @@ class _Pricer:
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
         element = _element(move.dtype)
-        if algorithm is not None and len(links) > 1:
+        # NCCL's ring across levels, but not a neighbours' exchange (`schedule.price_move`)
+        ring = move.op in LEVELLED_RING_OPS and algorithm in (None, "ring") and not move.algorithm
+        if algorithm not in (None, "hierarchical") and len(links) > 1 and not ring:
             return _flat_over_levels(move, algorithm, ranks, links, element)
         tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
-        if len(tiers) == 1:
-            return collective_cost(
-                move.op, tiers, move.size_bytes, algorithm, element_bytes=element
-            )
-        return collective_cost(
-            move.op, tiers, move.size_bytes, "hierarchical", element_bytes=element
-        )
+        return collective_cost(move.op, tiers, move.size_bytes, algorithm, element_bytes=element)
 
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
@@ -689,6 +686,7 @@ class _Known(CollectiveCost):
             cost.size_bytes,
             cost.stages,
             cost.candidates,
+            cost.pipelined,
             known_time=cost.time_s,
             known_sent=cost.sent_bytes,
         )

@@ -394,14 +394,19 @@ def price_group(
     span: GroupSpan,
     algorithm: Algorithm | Literal["auto"] | None = None,
     dtype: str | None = None,
+    levelled: bool = True,
 ) -> CollectiveCost:
     """Price ``op`` on a tensor of ``size_bytes`` (full logical size) over ``span``.
 
     ``dtype`` sets the element size chunks are rounded to (bf16: 2 bytes). The default
-    algorithm is ring on one level and hierarchical across levels (`collective_cost`).
+    algorithm is ring, across levels too for the ops NCCL runs as one ring, and
+    hierarchical across levels for the others (`collective_cost`, which ``levelled``
+    goes to).
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
-    return collective_cost(op, span.tiers, size_bytes, algorithm, element_bytes=element)
+    return collective_cost(
+        op, span.tiers, size_bytes, algorithm, element_bytes=element, levelled=levelled
+    )
 
 
 def price(

@@ -125,11 +125,19 @@ def test_acceptance_2_seed_example() -> None:
     assert data["time_s"] == pytest.approx(2.02e-3)
 
 
-def test_acceptance_3_hierarchical_against_flat_ring() -> None:
-    # RS inside 8 (2094.831 µs) + AR across 4 on S/8 (30 µs + 4026.532 µs) + AG inside
-    # (2094.831 µs) = 8246.194 µs; one flat ring on the 50 GB/s link: 62 · 5 µs
-    # + 2 · 31/32 · 2^30 B / 50 GB/s = 41,917.5 µs.
-    data = _json(["collective", "all-reduce", *FOUR_NODES])
+def test_acceptance_3_ring_across_levels_and_hierarchical() -> None:
+    # The default across levels, NCCL's ring (tests/test_collectives.py, by hand): 56 NVLink
+    # steps of 1 µs and 6 IB steps of 5 µs, and each rank's port carries 1/8 of its
+    # 2 · 31/32 · 2^30 B: 86 µs + 260,046,848 B / 50 GB/s = 5,286.937 µs.
+    ring = _json(["collective", "all-reduce", *FOUR_NODES])
+    assert ring["algorithm"] == "ring" and ring["steps"] == 62
+    assert ring["time_s"] * 1e6 == pytest.approx(5286.937, abs=5e-4)
+    assert [(s["link"], s["steps"]) for s in ring["levels"]] == [("level 1", 56), ("level 2", 6)]
+    assert ring["latency_term_s"] + ring["bandwidth_term_s"] == pytest.approx(ring["time_s"])
+    # Named hierarchical: RS inside 8 (2094.831 µs) + AR across 4 on S/8 (30 µs +
+    # 4026.532 µs) + AG inside (2094.831 µs) = 8246.194 µs; one flat ring on the 50 GB/s
+    # link: 62 · 5 µs + 2 · 31/32 · 2^30 B / 50 GB/s = 41,917.5 µs.
+    data = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "hierarchical"])
     assert set(data) == COLLECTIVE_KEYS | {"levels"}
     assert data["algorithm"] == "hierarchical" and data["ranks"] == 32
     assert data["time_s"] * 1e6 == pytest.approx(8246.194, abs=5e-4)
@@ -144,11 +152,10 @@ def test_acceptance_3_hierarchical_against_flat_ring() -> None:
     assert data["latency_term_s"] * 1e6 == pytest.approx(44.0)
     assert data["latency_term_s"] + data["bandwidth_term_s"] == pytest.approx(data["time_s"])
     assert data["latency_term_s"] != pytest.approx(data["steps"] * data["latency_s"])
-    flat = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "ring"])
-    assert flat["algorithm"] == "ring" and flat["steps"] == 62
-    assert flat["time_s"] * 1e6 == pytest.approx(41_917.5, abs=0.01)
-    assert flat["bandwidth_Bps"] == 50e9
-    assert flat["latency_term_s"] == pytest.approx(62 * 5e-6)
+    flat = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "recursive"])
+    assert flat["algorithm"] == "recursive" and flat["steps"] == 10
+    assert flat["bandwidth_Bps"] == 50e9  # every step at the slowest link spanned
+    assert flat["latency_term_s"] == pytest.approx(10 * 5e-6)
 
 
 def test_hierarchical_asked_for_over_one_link_is_refused() -> None:
@@ -170,10 +177,10 @@ def test_ranks_must_match_the_levels_when_given() -> None:
 
 def test_auto_says_what_it_chose_and_why() -> None:
     data = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "auto"])
-    assert data["algorithm"] == "hierarchical"
+    assert data["algorithm"] == "ring"
     times = {c["algorithm"]: c["time_s"] for c in data["candidates"]}
     assert set(times) == {"hierarchical", "ring", "recursive", "tree"}
-    assert min(times, key=lambda name: times[name]) == "hierarchical"
+    assert min(times, key=lambda name: times[name]) == "ring"
     table = runner.invoke(app, route(["collective", "all-reduce", *FOUR_NODES, "-f", "json"]))
     assert "candidates" not in json.loads(table.stdout)
 
@@ -218,10 +225,10 @@ def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
     )
     render_roofline(console, roofline(4, "80GB/s", "1000GFLOP/s"), fmt)
     text = console.export_text()
-    assert "8,246.194 µs" in text and "reduce-scatter" in text and "chosen" in text
+    assert "5,286.937 µs" in text and "hops on each level" in text and "chosen" in text
     assert "nvlink: B 450 GB/s per GPU, α 1 µs; ib: B 50 GB/s per GPU, α 5 µs" in text
     if fmt == "markdown":
-        assert "| time T | 8,246.194 µs  (bandwidth-bound) |" in text
+        assert "| time T | 5,286.937 µs  (bandwidth-bound) |" in text
 
 
 def test_a_zero_latency_needs_no_unit() -> None:

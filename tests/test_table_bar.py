@@ -314,7 +314,8 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
     mixtral = budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
     table, legend = collective_table(mixtral, wide=False)
     assert legend[1].endswith(
-        "pairwise (A2A), direct (P2P); 2L = in two levels, one collective on each link"
+        "pairwise (A2A), direct (P2P); 2L = across two levels: AG, RS one ring through both "
+        "links; A2A one collective on each"
     )
     lines = _rendered(table).splitlines()
     dispatch = [i for i, line in enumerate(lines) if "MoE dispatch " in line]

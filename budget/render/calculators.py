@@ -37,8 +37,13 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         return
     cost = result.cost
     title = f"{cost.op} · {cost.algorithm} · {plural(int(cost.ranks), 'rank')}"
-    # over several levels each term sums the stages below, each at its own link's figures
+    # over several levels each term sums the stages below, each at its own link's figures;
+    # a ring's levels carry their hops at once, so its bandwidth term is the busier port's
     staged = "summed over the stages below, each at its level's" if len(cost.stages) > 1 else ""
+    streamed = (
+        "the longer of the innermost level's and the outer levels' together, which carry "
+        "the ring's hops at once"
+    )
     summary: Rows = [
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
         ("link", _links(result)),
@@ -54,7 +59,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
                 if int(cost.payload_bytes) > max(int(cost.sent_bytes), int(cost.recv_bytes))
                 else ""
             )
-            + (f"; {staged} B_eff)" if staged else ")"),
+            + (f"; {streamed})" if cost.pipelined else f"; {staged} B_eff)" if staged else ")"),
         ),
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
         ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
@@ -69,7 +74,12 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         # received equals sent in every stage of the hierarchical forms; say so once
         headers = ("stage", "link", "P", "n", "sent/rank", "n·α", "Q/B", "time")
         stages = [_stage_row(s) for s in cost.stages]
-        sections.append(("stages (per rank: received = sent)", headers, stages))
+        title = (
+            "the ring's hops on each level (per rank: received = sent)"
+            if cost.pipelined
+            else "stages (per rank: received = sent)"
+        )
+        sections.append((title, headers, stages))
     if cost.candidates:
         rows: Rows = [
             (name, _time(time), "chosen" if name == cost.algorithm else "")

@@ -491,7 +491,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if c.dtype != usual:
                 op += f" {c.dtype}"
-            if c.algorithm == "hierarchical" and not wide:  # wide, the link column names both
+            if len(c.levels) > 1 and not wide:  # wide, the link column names both
                 op += " 2L"
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
@@ -553,11 +553,18 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
         for name in dict.fromkeys(default.values())
     ]
     named = "two links in the link column" if wide else "2L"
-    two = (
-        f"; {named} = in two levels, one collective on each link"
-        if any(c.algorithm == "hierarchical" for c in every)
-        else ""
-    )
+    across = [c for c in every if len(c.levels) > 1]
+
+    def ops(algorithm: str) -> str:
+        return ", ".join(
+            _OPS[op] for op in _OPS if any(c.op == op and c.algorithm == algorithm for c in across)
+        )
+
+    kinds = [
+        *([f"{ops('ring')} one ring through both links"] if ops("ring") else []),
+        *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
+    ]
+    two = f"; {named} = across two levels: {'; '.join(kinds)}" if across else ""
     return f"payloads in {usual} unless the op names another; algorithms {', '.join(flat)}{two}"
 
 
