@@ -587,6 +587,11 @@ def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
             verdicts.append(Verdict(plan_name(path), None, problems=tuple(error.problems)))
             continue
         reasons, notes = check_report(report, limits), latency_notes(report, limits)
+        if not report.device["reserved_bytes"]:  # said beside the figures, not failed
+            notes += (
+                "memory the CUDA context, NCCL's buffers and the allocator's slack take: "
+                "device.reserved is 0, so the headroom counts none of it",
+            )
         verdicts.append(Verdict(plan_name(path), report, reasons, notes=notes))
     return CheckResult(limits, tuple(verdicts))
 

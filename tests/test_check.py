@@ -354,7 +354,7 @@ def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> N
     prefill plan's does, and fails as unchecked."""
     body = (
         "model: {preset: llama3-8b}\nparallel: {tp: 8, pp: 1, dp: 1}\n"
-        "device: {memory: 80 GiB}\n"
+        "device: {memory: 80 GiB, reserved: 2 GiB}\n"
         "topology: {gpus: 8, levels: [{name: nvlink, size: 8, bandwidth: 450 GB/s, "
         "latency: 3 us}]}\n"
     )
@@ -422,3 +422,26 @@ def test_a_file_name_with_a_line_break_keeps_its_verdict_on_one_line(tmp_path: P
     assert f"PASS {tmp_path}/g\\nh.yaml" in lines
     assert f"INVALID {tmp_path}/i\\nj.yaml: its errors are on stderr" in lines
     assert all(line.startswith(f"{tmp_path}/i\\nj.yaml:") for line in err.splitlines())
+
+
+def test_a_plan_that_reserves_nothing_is_told_so_beside_its_pass(tmp_path: Path) -> None:
+    """A plan with device.reserved 0 counts none of the CUDA context, NCCL's buffers or the
+    allocator's slack: it still fits and passes, but the report's verdict and check's notes
+    say so (a user audit: a plan "fit" with 75 MiB free and nothing reserved, unwarned)."""
+    from budget.render.table import verdict
+
+    bare = variant(
+        tmp_path,
+        "bare.yaml",
+        ("device: {preset: a100-80gb, reserved: 3 GiB}", "device: {preset: a100-80gb}"),
+    )
+    assert "set device.reserved" in verdict(budget_plan(bare))
+    assert "set device.reserved" not in verdict(budget_plan(GPT3))
+    result = CliRunner().invoke(app, route(["check", str(bare), str(GPT3), "-f", "json"]))
+    assert result.exit_code == 0
+    notes = {p["file"]: p["notes"] for p in json.loads(result.stdout)["plans"]}
+    assert notes[str(GPT3)] == []
+    assert notes[str(bare)] == [
+        "memory the CUDA context, NCCL's buffers and the allocator's slack take: "
+        "device.reserved is 0, so the headroom counts none of it"
+    ]

@@ -65,7 +65,7 @@ def _t(seconds: float | None) -> str:
 
 
 def render_markdown(report: Report) -> str:
-    from budget.render.table import _columns, header, summary
+    from budget.render.table import _columns, header, summary, unreserved
 
     b = format_bytes
     worst = report.worst
@@ -78,7 +78,7 @@ def render_markdown(report: Report) -> str:
     lines.append(
         f"**Verdict:** {status}: worst stage {worst.stage} peaks at {b(worst.peak_bytes)} of "
         f"{b(worst.capacity_bytes)} in `{worst.peak_phase}` ({plain(worst.peak_instant)}); "
-        f"headroom {b(worst.headroom_bytes)}."
+        f"headroom {b(worst.headroom_bytes)}." + (unreserved(report) if worst.fits else "")
     )
     lines.append("")
     lines += [f"- {line}" for line in summary(report)]

@@ -660,6 +660,18 @@ def _slowed(step: dict[str, Any]) -> str:
     return f"; hiding the rest slowed compute by {_t(slowed)}" if slowed > 0 else ""
 
 
+def unreserved(report: Report) -> str:
+    """A fitting plan's caution when it reserves nothing: the CUDA context, NCCL's buffers
+    and the allocator's slack take GiBs that no allocation here counts (a user audit: a plan
+    "fit" with 75 MiB free and nothing reserved)."""
+    if report.device["reserved_bytes"]:
+        return ""
+    return (
+        " Nothing is reserved for the CUDA context, NCCL's buffers and the allocator's "
+        "slack, which take a few GiB: set device.reserved to count them."
+    )
+
+
 def verdict(report: Report) -> str:
     worst = report.worst
     # names a plan writes (transitions) are text, not markup: "gather[/b]" must not parse
@@ -668,6 +680,7 @@ def verdict(report: Report) -> str:
         return (
             f"[green]Fits.[/] The worst stage ({worst.stage}) peaks at {_b(worst.peak_bytes)} "
             f"of {_b(worst.capacity_bytes)} {where}, leaving {_b(worst.headroom_bytes)}."
+            + unreserved(report)
         )
     over = -worst.headroom_bytes
     top = escape(_largest(worst.peak_overlap, 3))
