@@ -174,8 +174,9 @@ def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
     assert nvlink.bandwidth == pytest.approx(370e9)
     # Azure's nccl-tests all_reduce on 8 x A100 SXM4: 231.58 GB/s bus bandwidth at 8 GB.
     assert TOPOLOGIES["dgx-a100"].levels[0].bandwidth == pytest.approx(231.58e9)
-    # NVLink 5 has no published share: the nearest generation's, NVLink 4.
-    assert TOPOLOGIES["gb200-nvl72"].levels[0].bandwidth == pytest.approx(900e9 * 370 / 450)
+    # NVLink 5: Azure's ND GB200 v6 ring all_reduce, 679.61 GB/s at 8 GB of 900
+    assert TOPOLOGIES["gb200-nvl72"].levels[0].bandwidth == pytest.approx(679.61e9)
+    assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ("ramp",)
 
 
 # OpenXLA's measured matmul table (tensorflow/tensorflow a305421,

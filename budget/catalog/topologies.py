@@ -13,8 +13,15 @@ protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, 
 observe as BusBw when running non-allreduce operations, or when running with
 NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024): 370 / 450 = 0.822. Azure's
 H100 and H200 runs reach 479-480 GB/s at 8 GB, above the link, because NVLink SHARP (NVLS)
-reduces inside the switch, which a ring does not model. NVLink 5 has no published figure
-found: it takes NVLink 4's share, the nearest generation. The H800's NVLink (400 GB/s
+reduces inside the switch, which a ring does not model. NVLink 5 (GB200): Azure's nccl-tests
+run on ND GB200 v6 (Azure/AI-benchmarking-guide, ``Azure_Results/ND_GB200_v6_results.md`` at
+2a370be, NCCL 2.25.1, "bus bandwidth values obtained from the NCCL AllReduce (Ring
+algorithm) tests in-place operations") reaches 679.61 GB/s at 8 GB, 679.61 / 900 = 0.755;
+the guide runs it on one host's 4 GPUs (its issue 7), where a ring's bus bandwidth is what
+it is on more (on H100 a ring reads 365-370 GB/s from 2 to 4 GPUs, NVIDIA/nccl issue 1455,
+as at 8). NCCL's own model puts it a little higher, 18 links x 40.1 GB/s (``SM100_NVLINK_BW``
+in src/graph/topo.h) = 721.8 GB/s, 0.802, as its 20.6 per link gives Hopper the 370 above;
+the measurement is taken. The H800's NVLink (400 GB/s
 bidirectional, 200 one way, against the H100's 900) has its users' own figure: "NVLink
 offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)" (DeepSeek-V3
 technical report, arXiv 2412.19437, section 3.2.2; IB's 50 GB/s is the 400 Gb/s line rate one
@@ -74,6 +81,7 @@ __all__ = [
     "NDR_FRACTION",
     "NVLINK3_FRACTION",
     "NVLINK4_FRACTION",
+    "NVLINK5_FRACTION",
     "RAMPS",
     "TOPOLOGIES",
     "LinkSpec",
@@ -83,6 +91,7 @@ __all__ = [
 GB = 1e9
 NVLINK3_FRACTION = 231.58 / 300  # nccl-tests all_reduce busbw, 8 x A100 (module docstring)
 NVLINK4_FRACTION = 370 / 450  # NCCL ring busbw on H100 NVLink 4 (module docstring)
+NVLINK5_FRACTION = 679.61 / 900  # nccl-tests ring all_reduce busbw, GB200 (module docstring)
 H800_NVLINK_FRACTION = 160 / 200  # DeepSeek-V3's achieved NVLink rate on H800 (docstring)
 HDR_FRACTION = 24 / 25  # NCCL busbw per HDR 200 Gb/s NIC, maintainers (module docstring)
 NDR_FRACTION = 47 / 50  # NCCL busbw per NDR 400 Gb/s NIC, maintainers (module docstring)
@@ -228,10 +237,11 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
             _nvlink(
                 900,
                 72,
-                "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU",
-                NVLINK4_FRACTION,
+                "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU; share: Azure "
+                "ND GB200 v6 nccl-tests ring all_reduce, 679.61 GB/s at 8 GB",
+                NVLINK5_FRACTION,
                 _NVLINK4_RAMP,
-                assumed=("share", "ramp"),  # NVLink 4's
+                assumed=("ramp",),  # NVLink 4's
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
