@@ -163,6 +163,22 @@ def test_a_wide_phases_table_says_its_stage_column_is_the_peaks() -> None:
     assert "| peak live | peak stage |" in render_markdown(report)
 
 
+def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
+    """The markdown had dropped the phases' total row, the groups each link carries and the
+    outermost level's "all", and called a stage's send "pp 2" in a pp 4 plan (a user
+    audit): now the same figures as the terminal's."""
+    from budget.render.markdown import render_markdown
+
+    report = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
+    text = render_markdown(report)
+    step = report.step
+    total = f"| **step, paced by stage {step['pacing_stage']}** |  | "
+    assert total in text
+    assert "| infiniband | all | 47 GB/s | 14 µs | – | pp, dp |" in text
+    assert "| nvlink | 8 | 370 GB/s | 3 µs |" in text and text.count("| pp pair |") == 2
+    assert "| pp 2 |" not in text
+
+
 def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:
     """At 80 columns the layers column is left out; an uneven split is said in the caption,
     an even one needs no words."""

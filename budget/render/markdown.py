@@ -65,7 +65,14 @@ def _t(seconds: float | None) -> str:
 
 
 def render_markdown(report: Report) -> str:
-    from budget.render.table import _columns, header, summary, unreserved
+    from budget.render.table import (
+        _columns,
+        header,
+        link_groups,
+        step_label,
+        summary,
+        unreserved,
+    )
 
     b = format_bytes
     worst = report.worst
@@ -145,7 +152,25 @@ def render_markdown(report: Report) -> str:
                 "" if p.peak_stage is None else str(p.peak_stage),
             ]
             for p in report.phases
-        ],
+        ]
+        + (
+            [
+                [
+                    f"**{step_label(report)}**",
+                    "",
+                    _t(report.step["compute_s"]),
+                    _t(report.step["comm_s"]),
+                    _t(report.step["exposed_comm_s"]),
+                    ""
+                    if step_label(report) != "sum of rows"
+                    else b(sum(p.payload_bytes for p in report.phases)),
+                    "",
+                    "",
+                ]
+            ]
+            if timed
+            else []
+        ),
         {1, 2, 3, 4, 5, 6, 7},
     )
     lines.append(f"### Collectives (bytes per rank per call; times per call{calls_scope(report)})")
@@ -177,7 +202,11 @@ def render_markdown(report: Report) -> str:
                 plain(c.name),
                 c.op,
                 f"{c.src} → {c.dst}",
-                f"{group_name(c.group, report.layout)} {c.ranks}",
+                # a send's two ranks are a stage and its neighbour, not a group of the pp
+                # degree ("pp 2" in a pp 4 plan read as one: a user audit)
+                "pp pair"
+                if c.op == "send-recv"
+                else f"{group_name(c.group, report.layout)} {c.ranks}",
                 c.dtype,
                 c.algorithm,
                 plain(c.link or ""),
@@ -201,14 +230,22 @@ def render_markdown(report: Report) -> str:
     lines.append("")
     ramped = any(link.get("ramp") for link in report.links)
     lines += markdown_table(
-        ["level", "GPUs per domain", "B_eff", "α per step", *([RAMP_HEADER] if ramped else [])],
+        [
+            "level",
+            "GPUs per domain",
+            "B_eff",
+            "α per step",
+            *([RAMP_HEADER] if ramped else []),
+            "collectives on it",
+        ],
         [
             [
                 plain(link["name"]),
-                "" if link["size"] is None else str(link["size"]),
+                "all" if link["size"] is None else str(link["size"]),
                 format_rate(link["bandwidth_Bps"]),
                 format_duration(link["latency_s"]),
                 *([ramp_shares(link)] if ramped else []),
+                link_groups(report, link["name"]),
             ]
             for link in report.links
         ],

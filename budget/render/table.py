@@ -372,12 +372,9 @@ def phase_table(report: Report, wide: bool) -> Table:
     if timed:
         step = report.step
         table.add_section()
-        # training with stages: the rows come from their costliest stages; the step's
-        # totals are the pacing stage's (`pipeline._summary`), bytes there not summed
-        pacing = step.get("pacing_stage")
-        mixed = pacing is not None and len(report.stages) > 1
+        mixed = step_label(report) != "sum of rows"
         row = [
-            f"step, paced by stage {pacing}" if mixed else "sum of rows",
+            step_label(report),
             "",
             _t(step["compute_s"]),
             _t(step["comm_s"]),
@@ -395,6 +392,15 @@ def phase_table(report: Report, wide: bool) -> Table:
     if notes:
         table.caption, table.caption_justify = "\n".join(n for n in notes if n), "left"
     return table
+
+
+def step_label(report: Report) -> str:
+    """The phases table's total row: training with stages takes its rows from their
+    costliest stages, and the step's totals are the pacing stage's (`pipeline._summary`),
+    whose bytes are not summed; otherwise the rows' sum."""
+    pacing = report.step.get("pacing_stage")
+    mixed = pacing is not None and len(report.stages) > 1
+    return f"step, paced by stage {pacing}" if mixed else "sum of rows"
 
 
 def _peak_stages(report: Report) -> str:
@@ -588,24 +594,27 @@ def link_table(report: Report) -> Table:
         _num(table, RAMP_HEADER)
         table.caption, table.caption_justify = RAMP_NOTE, "left"
     table.add_column("collectives on it", ratio=1)
-    seen: dict[str, tuple[float | None, float | None, list[str]]] = {}
-    for p in report.phases:
-        for c in p.collectives:
-            for level in (c.link or "").split(" + "):
-                entry = seen.setdefault(level, (None, None, []))
-                name = group_name(c.group, report.layout)
-                if name not in entry[2]:
-                    entry[2].append(name)
     for link in report.links:
-        groups = seen.get(link["name"], (None, None, []))[2]
         table.add_row(
             Text(link["name"]),
             format_rate(link["bandwidth_Bps"]),
             format_duration(link["latency_s"]),
             *([ramp_shares(link)] if ramped else []),
-            ", ".join(groups) or "–",
+            link_groups(report, link["name"]),
         )
     return table
+
+
+def link_groups(report: Report, level: str) -> str:
+    """The groups whose collectives are priced on `level`, in the order they first appear
+    ("tp, dp"), or "–"."""
+    names = [
+        group_name(c.group, report.layout)
+        for p in report.phases
+        for c in p.collectives
+        if level in (c.link or "").split(" + ")
+    ]
+    return ", ".join(dict.fromkeys(names)) or "–"
 
 
 def summary(report: Report) -> list[str]:
