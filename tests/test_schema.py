@@ -234,8 +234,23 @@ def test_all_errors_are_reported_sorted() -> None:
         "a number of bytes",
         "p.yaml:5:1: error: $.zero: unknown key 'zero' (expected one of: batch, collectives, "
         "device, mode, model, name, overlap, parallel, precision, recompute, topology, "
-        "transitions)",
+        "transitions); zero goes under parallel",
     ]
+
+
+def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
+    """`parallel: {recompute: full}` listed the parallel keys and no word of where recompute
+    goes (a user audit): a key another section takes says which; a top-level key says so;
+    a key of several sections names them; a key of none says nothing more."""
+    for key, value, home in [
+        ("recompute", "full", "; recompute is a top-level key"),
+        ("reserved", "3 GiB", "; reserved goes under device"),
+        ("tp", "2", "; tp goes under parallel or overlap"),
+        ("speed", "1", ""),
+    ]:
+        text = MINIMAL.replace("batch: {", f"batch: {{{key}: {value}, ")
+        (message,) = [e for e in errors(text) if f"unknown key {key!r}" in e]
+        assert message.endswith(")" + home), message
 
 
 @pytest.mark.parametrize(

@@ -97,8 +97,25 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
+        if key != "<<" and (home := _home(key, path)):
+            message += f"; {key} {home}"
         problems.append(Problem(file, line, col, where, message))
     return problems
+
+
+def _home(key: str, path: str) -> str | None:
+    """Where a plan does take `key`, when it is a key of another section: "is a top-level
+    key", "goes under parallel" (a user audit: ``parallel: {recompute: full}`` listed the
+    parallel keys and no word of where recompute goes). None when it is nowhere else."""
+    sections = schema()["properties"]
+    if key in sections and path != "$":
+        return "is a top-level key"
+    homes = [
+        name
+        for name, section in sections.items()
+        if key in section.get("properties", {}) and path != f"$.{name}"
+    ]
+    return f"goes under {' or '.join(homes)}" if homes else None
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
