@@ -1071,6 +1071,9 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
     )
 
 
+OVERLAP_FLAGS = ("dp_grads", "param_gather", "tp", "pp", "ep")
+
+
 def hardware(plan: Plan) -> dict[str, Any]:
     """What every layout of a search was priced on: the device and topology (preset names,
     or None where the plan writes them out), the kernel attention is timed as and where its
@@ -1094,6 +1097,9 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "capacity_bytes": plan.device.memory,
         # the algorithms the plan names for its collectives (`collectives:`), by op
         "collectives": dict(plan.collectives),
+        # the overlaps every layout keeps as the plan sets them: the sweep does not turn
+        # them (a user audit: the ranking moved with them, and nothing said so)
+        "overlap": {flag: getattr(plan.overlap, flag) for flag in OVERLAP_FLAGS},
     }
 
 

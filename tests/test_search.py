@@ -676,10 +676,25 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "transitions_left_out": 0,
         "collectives": {},
         "capacity_bytes": 80 * 2**30,  # the A100 80GB's 81,920 MiB, nothing reserved
+        # the plan's overlap, which the sweep keeps (a user audit: nothing said so)
+        "overlap": {
+            "dp_grads": False,
+            "param_gather": False,
+            "tp": False,
+            "pp": False,
+            "ep": False,
+        },
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
     assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
-    assert hardware_text(hardware(named)).endswith("; all-reduce by recursive.")
+    assert hardware_text(hardware(named)).endswith(
+        "; all-reduce by recursive. Every layout keeps the plan's overlap: dp_grads, "
+        "param_gather, tp, pp, ep off."
+    )
+    overlapped = replace(named, overlap=replace(gpt3.overlap, dp_grads=True, tp=True))
+    assert hardware_text(hardware(overlapped)).endswith(
+        "overlap: dp_grads, tp on; param_gather, pp, ep off."
+    )
     written = replace(
         gpt3,
         device=Device(memory=80 * 2**30, flops=(("bf16", 312e12),), memory_bandwidth=2.039e12),

@@ -212,7 +212,14 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         if left
         else ""
     )
-    return f"Priced on {where}; {attention}; {bandwidth}.{dropped}"
+    overlap = hardware.get("overlap")
+    kept = ""
+    if overlap is not None:
+        on = [flag for flag, value in overlap.items() if value]
+        off = [flag for flag, value in overlap.items() if not value]
+        parts = [f"{', '.join(on)} on" if on else "", f"{', '.join(off)} off" if off else ""]
+        kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
+    return f"Priced on {where}; {attention}; {bandwidth}.{kept}{dropped}"
 
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
