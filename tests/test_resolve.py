@@ -423,3 +423,21 @@ def test_a_broken_parallel_section_leaves_the_batch_its_own_rules() -> None:
     text = BASE.replace("global: 32}", "global: 32, prompt: 8}").replace("dp: 2}", "dp: x}")
     found = [p.split(":")[0] for p in _all_problems(text)]
     assert found == ["$.batch.prompt", "$.parallel.dp"]
+
+
+def test_a_job_inside_one_middle_domain_still_has_its_groups_checked() -> None:
+    """rail-fat-tree's rail units hold 256 GPUs; a 24-GPU job fills none partially, so the
+    levels accept it, and its tp 3 groups straddle nodes unevenly: refused as on dgx-h100,
+    where it was a traceback at pricing (a fuzzing audit: `validate` said ok, `budget` and
+    `check` exited 1)."""
+    text = (
+        "model: {layers: 2, hidden: 768, heads: 6, vocab: 32000}\n"
+        "batch: {seq: 2048, micro: 1, global: 8}\n"
+        "parallel: {tp: 3, cp: 8}\n"
+        "device: {preset: h100-sxm}\n"
+        "topology: {preset: rail-fat-tree, nodes: 3}\n"
+    )
+    (problem,) = problems_of(text)
+    assert "$.parallel: the tp group: group [6, 7, 8] puts [1, 2] ranks in different" in problem
+    even = text.replace("heads: 6", "heads: 8").replace("tp: 3, cp: 8", "tp: 8, cp: 3")
+    assert plan_of(even.replace("seq: 2048", "seq: 2052")).topology.gpus == 24
