@@ -635,12 +635,13 @@ def predict(run: Run) -> Row:
 
 def metric_of(plan: Plan, metric: Metric, report: Report | None = None) -> float:
     """The prediction for a plan in the unit its source reports (module docstring)."""
-    step = (report or build_report(plan)).step
+    report = report or build_report(plan)
+    step = report.step
     if metric == "step_s":
         return float(step["time_s"] or 0.0)
     if metric == "tokens_per_s_per_gpu":
         return float(step["tokens_per_s"] or 0.0) / plan.topology.gpus
-    peak = plan.device.peak_flops(plan.precision.matmul)
+    peak = plan.device.peak_flops(report.mfu_format)
     return float(step["mfu"] or 0.0) * peak / 1e12
 
 

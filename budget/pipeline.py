@@ -24,6 +24,7 @@ from budget.schedule import (
     StepTime,
     TimedMove,
     can_time,
+    mfu_format,
     paced_by,
     pass_of,
     step_time,
@@ -420,7 +421,7 @@ def build_report(plan: Plan) -> Report:
         ),
         phases=phases,
         step=_summary(phases, times, timing),
-        mfu_format=plan.precision.matmul,
+        mfu_format=mfu_format(plan),
         links=tuple(
             {
                 "name": lv.name,

@@ -143,7 +143,7 @@ class Report:
     phases: tuple[PhaseRow, ...]
     step: dict[str, float | None]
     links: tuple[dict[str, Any], ...] = ()
-    mfu_format: str = "bf16"  # the GEMMs' format (precision.matmul), whose dense peak MFU is of
+    mfu_format: str = "bf16"  # whose dense peak MFU is of (`schedule.mfu_format`)
 
     @property
     def worst(self) -> StageRow:
