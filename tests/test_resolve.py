@@ -441,3 +441,14 @@ def test_a_job_inside_one_middle_domain_still_has_its_groups_checked() -> None:
     assert "$.parallel: the tp group: group [6, 7, 8] puts [1, 2] ranks in different" in problem
     even = text.replace("heads: 6", "heads: 8").replace("tp: 3, cp: 8", "tp: 8, cp: 3")
     assert plan_of(even.replace("seq: 2048", "seq: 2052")).topology.gpus == 24
+
+
+def test_a_serving_plan_without_a_prompt_is_refused_once() -> None:
+    """prompt 0 and generate 0: one refusal at batch.prompt, not a second that adds nothing
+    (a fuzzing audit)."""
+    text = BASE.replace(
+        "batch: {seq: 2048, micro: 2, global: 32}",
+        "mode: prefill\nbatch: {sequences: 16, prompt: 0, generate: 0}",
+    )
+    (problem,) = problems_of(text)
+    assert "a prefill plan reads at least one prompt token" in problem

@@ -532,8 +532,6 @@ class _Resolver:
                 "a decode plan generates at least two tokens: the prefill yields the first and "
                 "decoding the rest; set batch.generate ≥ 2 (or use mode: prefill for one)",
             )
-        if prompt + generate < 1:
-            self.error("$.batch.prompt", "batch.prompt + batch.generate must be at least 1")
         if sequences % dp:
             self.error(
                 "$.batch.sequences",
