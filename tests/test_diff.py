@@ -437,3 +437,15 @@ def test_an_expert_tp_that_follows_tp_is_listed_when_tp_moves(tmp_path) -> None:
     assert changes["parallel.etp"] == (1, 2)
     dense = plan_changes(load_plan(GPT3), load_plan(tp4(tmp_path)))
     assert "parallel.etp" not in {c.key for c in dense}
+
+
+def test_a_change_of_a_hundredth_of_a_percent_or_less_is_no_verdict() -> None:
+    """+520 KiB of a 30 GiB peak or +363 ns of a 19 s step was flagged worse at "+0.0%"
+    (a user audit): under 0.01 % of A's figure the verdict is "same", and the figures
+    still show the change."""
+    peak = Delta("peak", "bytes", "lower", 30 * 2**30, 30 * 2**30 + 520 * 2**10)
+    assert (peak.verdict, peak.absolute) == ("same", 520 * 2**10)
+    step = Delta("step", "seconds", "lower", 19.1, 19.1 + 363e-9)
+    assert step.verdict == "same"
+    assert Delta("step", "seconds", "lower", 19.1, 19.11).verdict == "worse"
+    assert Delta("tokens", "count", "higher", 0, 1).verdict == "better"  # no ratio to A
