@@ -449,3 +449,35 @@ def test_a_change_of_a_hundredth_of_a_percent_or_less_is_no_verdict() -> None:
     assert step.verdict == "same"
     assert Delta("step", "seconds", "lower", 19.1, 19.11).verdict == "worse"
     assert Delta("tokens", "count", "higher", 0, 1).verdict == "better"  # no ratio to A
+
+
+def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
+    """Three hand-written transitions added took 27 rows, one per key (a user audit): a
+    transition one side lacks reads as one row, as the plan would write it; a transition
+    whose keys change on both sides keeps its rows."""
+    from budget.diff import plan_changes
+    from budget.render.diff import shown_changes
+
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    text = gathered.read_text(encoding="utf-8")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(text[: text.index("\ntransitions:") + 1], encoding="utf-8")
+    rows = shown_changes(plan_changes(load_plan(bare), load_plan(gathered)))
+    assert [key for key, _, _ in rows] == ["transitions.0", "transitions.1", "transitions.2"]
+    assert rows[0][1:] == (
+        "–",
+        "logits all-gathered (loss parallel off): tp shard(1) → replicate, [8192, 128256] bf16, "
+        "in loss",
+    )
+    back = shown_changes(plan_changes(load_plan(gathered), load_plan(bare)))
+    assert back[0][1:] == (rows[0][2], "–")
+    renamed = variant(
+        tmp_path,
+        "renamed.yaml",
+        ("name: logits upcast to fp32", "name: logits in fp32"),
+        base=gathered,
+    )
+    (row,) = shown_changes(plan_changes(load_plan(gathered), load_plan(renamed)))
+    assert row == ("transitions.1.name", "logits upcast to fp32", "logits in fp32")
+    markdown = runner.invoke(app, route(["diff", str(bare), str(gathered), "-f", "markdown"]))
+    assert "| `transitions.0` | – | logits all-gathered" in markdown.stdout

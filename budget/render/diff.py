@@ -4,6 +4,8 @@ with absolute and relative deltas, green where B is better and red where it is w
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -18,7 +20,7 @@ from budget.units import format_bytes, format_duration, format_flops, format_rat
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from budget.diff import Delta, PlanDiff, Row, Value
+    from budget.diff import Change, Delta, PlanDiff, Row, Value
     from budget.report import Report
 
 __all__ = ["diff_markdown", "render_diff"]
@@ -223,9 +225,9 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         table.add_column("A", justify="right")
         table.add_column("", no_wrap=True)
         table.add_column("B", justify="left")
-        for c in diff.changes:
+        for key, was, now in shown_changes(diff.changes):
             table.add_row(  # as text, not markup: [tp, cp, dp] and names with brackets
-                Text(c.key), Text(plan_value(c.key, c.a)), "→", Text(plan_value(c.key, c.b))
+                Text(key), Text(was), "→", Text(now)
             )
         console.print(table)
     else:
@@ -254,6 +256,50 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
             worse,
             " is worse (less memory and time, more headroom, tokens/s and MFU are better)",
         )
+    )
+
+
+def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
+    """(key, A, B) rows of the plan changes, as a plan spells them; a transition one side
+    has whole and the other lacks is one row that reads as the plan's line would ("logits
+    all-gathered: tp shard(1) → replicate, [8192, 128256] bf16, in loss"), not a row per
+    key (a user audit: three added transitions took 27 rows)."""
+    whole: dict[str, dict[str, Change]] = {}
+    for c in changes:
+        match = re.fullmatch(r"(transitions\.\d+)\.(.+)", c.key)
+        if match:
+            whole.setdefault(match[1], {})[match[2]] = c
+    one_sided = {
+        prefix
+        for prefix, keys in whole.items()
+        if "name" in keys
+        and (all(c.a is None for c in keys.values()) or all(c.b is None for c in keys.values()))
+    }
+    rows: list[tuple[str, str, str]] = []
+    for c in changes:
+        prefix = next((p for p in one_sided if c.key.startswith(p + ".")), "")
+        if not prefix:
+            rows.append((c.key, plan_value(c.key, c.a), plan_value(c.key, c.b)))
+            continue
+        if not c.key.endswith(".name"):
+            continue  # said in the transition's one row
+        added = c.a is None
+        line = _transition_line(prefix, whole[prefix], added)
+        rows.append((prefix, "–" if added else line, line if added else "–"))
+    return rows
+
+
+def _transition_line(prefix: str, keys: dict[str, Change], added: bool) -> str:
+    """One transition's keys on the side that has it, as one line (`shown_changes`)."""
+
+    def value(key: str) -> str:
+        change = keys.get(key)
+        side = None if change is None else (change.b if added else change.a)
+        return plan_value(f"{prefix}.{key}", side)
+
+    return (
+        f"{value('name')}: {value('group')} {value('from')} → {value('to')}, "
+        f"{value('tensor.shape')} {value('tensor.dtype')}, in {value('phase')}"
     )
 
 
@@ -286,8 +332,8 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     if diff.changes:
         lines += [_md(["key", "A", "B"]), "| --- | --- | --- |"]
         lines += [
-            _md([f"`{c.key}`", plain(plan_value(c.key, c.a)), plain(plan_value(c.key, c.b))])
-            for c in diff.changes
+            _md([f"`{key}`", plain(was), plain(now)])
+            for key, was, now in shown_changes(diff.changes)
         ]
     else:
         lines.append("None (the budgets differ only through defaults or files).")
