@@ -165,6 +165,7 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         rate,
         written=not device.get("name"),
         held_at=device.get("attention_held_at"),
+        keys=device.get("attention_keys"),
     )
     causal = device.get("attention_causal")
     if causal is not None and 0 < causal < 1:  # context parallelism (`flops.causal_share`)
@@ -192,14 +193,20 @@ def attention_text(
     rate: str,
     written: bool = False,
     held_at: int | None = None,
+    keys: int | None = None,
 ) -> str:
     """``attention: …`` as the report header and `budget search` say it: the kernel the plan
     names (and what it runs as here), then ``rate`` and where it comes from (``source``:
     eager, gemm, plan, measured or derived, `Device.attention_source`). ``written``: the
     plan writes its device out, so nothing about it was measured; ``held_at``: the
-    measured length the rate is carried from."""
+    measured length the rate is carried from to the plan's ``keys`` per call, which says
+    which way it leans (a shorter call runs a kernel at a lower share of its peak: a user
+    audit read "held there" as exact)."""
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     held = f" at {held_at:,} keys and held there" if held_at else ""
+    if held_at and keys and keys != held_at:
+        lean = "a shorter call likely runs slower" if keys < held_at else "a longer call faster"
+        held += f"; {lean}"
     gemm = (
         "like a GEMM at the written device's matmul efficiency (no rate given: set "
         "device.attention_efficiency, or name a device preset for measured rates)"
