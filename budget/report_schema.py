@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib.resources import files
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_errors"]
 
@@ -46,17 +46,7 @@ Kind = Literal[
     "validate_model",
     "presets",
 ]
-KINDS: tuple[Kind, ...] = (
-    "report",
-    "check",
-    "validate",
-    "diff",
-    "collective",
-    "roofline",
-    "search",
-    "validate_model",
-    "presets",
-)
+KINDS: tuple[Kind, ...] = get_args(Kind)
 
 
 @cache
