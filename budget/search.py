@@ -164,6 +164,10 @@ class Outcome:
     hardware: dict[str, Any] = field(default_factory=dict)  # what the layouts were priced on
     # degrees none of whose layouts could be built ("tp 16"), by reason (`_Counts.ruled_out`)
     ruled_out: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # the plan's own layout as `budget PLAN` budgets it, to read the ranking against (a user
+    # audit: nothing said how the best compared with the plan searched); None when the
+    # search lays out another GPU count or the plan's layout is not a valid one
+    written: Result | None = None
 
     @property
     def best(self) -> Result | None:
@@ -1232,7 +1236,38 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "hardware": outcome.hardware,
         "pareto": [r.to_dict() for r in outcome.pareto],
         "results": [r.to_dict() for r in outcome.results[:top]],
+        "written": None if outcome.written is None else outcome.written.to_dict(),
     }
+
+
+def as_written(plan: Plan) -> Result:
+    """The plan's own layout budgeted as `budget PLAN` does, in a ranked row's terms
+    (`Outcome.written`): its hand-written transitions included, which the sweep leaves out."""
+    from budget.pipeline import build_report
+
+    report, p = build_report(plan), plan.parallel
+    step = report.step
+    config = Config(
+        p.tp,
+        p.pp,
+        p.dp,
+        p.cp,
+        p.ep,
+        p.zero,
+        p.sequence_parallel,
+        plan.recompute,
+        plan.batch.micro,
+        p.pipeline.virtual_stages,
+    )
+    return Result(
+        config,
+        report.worst.peak_bytes,
+        report.fits,
+        float(step["time_s"] or 0.0),
+        float(step["exposed_comm_s"] or 0.0),
+        float(step["mfu"] or 0.0),
+        float(step["tokens_per_s"] or 0.0),
+    )
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ from budget.errors import BudgetError, problem_lines, usage_line
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from budget.search import Space
+    from budget.plan.model import Plan
+    from budget.search import Result, Space
 
 OBJECTIVES = ("time", "memory", "tokens-per-s")
 
@@ -169,6 +171,7 @@ def run_search(
         )
         print(_located(data, file, "$.batch", overflow), file=sys.stderr)
         return 2
+    outcome = dataclasses.replace(outcome, written=_written(data, file, n, plan))
     if write is not None and outcome.best is not None:
         from budget.search import apply
 
@@ -191,6 +194,20 @@ def run_search(
         if write is not None and outcome.best is not None:
             console.print(f"Wrote the best layout to {write}", markup=False)
     return 0 if outcome.best is not None else 1
+
+
+def _written(data: bytes, file: str, gpus: int, seed: Plan) -> Result | None:
+    """The plan's own layout as `budget PLAN` budgets it (`search.as_written`), when the
+    search lays out its GPUs and the layout is a valid one (a seed's is not checked)."""
+    from budget.plan.load import load_plan_data
+    from budget.search import as_written
+
+    if gpus != seed.topology.gpus:
+        return None
+    try:
+        return as_written(load_plan_data(data, file))
+    except BudgetError:
+        return None
 
 
 def _located(data: bytes, file: str, where: str, message: str) -> str:

@@ -1452,3 +1452,32 @@ def test_degrees_ruled_out_whole_are_named_not_counted_as_layouts():
         app, route(["search", "plans/llama3-70b.yaml", "--tp", "4,8,16", "--pp", "1..4"])
     )
     assert "all at tp 4 × pp 3, tp 8 × pp 3" in result.stdout
+
+
+def test_the_plan_as_written_is_shown_beside_the_ranking(tmp_path):
+    """The ranking is read against the plan searched (a user audit: nothing said how the
+    best compared with it): its own layout as `budget PLAN` budgets it, in the table, the
+    markdown and the JSON, with its step time over the best's; none on another GPU count."""
+    from budget.pipeline import budget_plan
+
+    plan = ROOT / "plans" / "llama3-70b.yaml"
+    own = budget_plan(plan)
+    result = CliRunner().invoke(app, route(["search", str(plan), "--top", "1", "-f", "json"]))
+    data = json.loads(result.stdout)
+    written = data["written"]
+    assert written["step_time_s"] == own.step["time_s"]
+    assert written["peak_bytes"] == own.worst.peak_bytes
+    assert written["config"]["tp"] == load_plan(plan).parallel.tp
+    best = data["results"][0]["step_time_s"]
+    table = CliRunner().invoke(
+        app, route(["search", str(plan), "--top", "1"]), env={"COLUMNS": "120"}
+    )
+    text = " ".join(table.stdout.split())
+    assert "The plan as written (as `budget PLAN` budgets it)" in text
+    assert f"The plan as written takes {own.step['time_s'] / best:.2f}× the best layout's" in text
+    markdown = CliRunner().invoke(app, route(["search", str(plan), "--top", "1", "-f", "markdown"]))
+    assert "### The plan as written" in markdown.stdout
+    other = CliRunner().invoke(
+        app, route(["search", str(plan), "--gpus", "1024", "--top", "1", "-f", "json"])
+    )
+    assert json.loads(other.stdout)["written"] is None

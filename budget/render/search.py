@@ -222,6 +222,22 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     return f"Priced on {where}; {attention}; {bandwidth}.{kept}{dropped}"
 
 
+WRITTEN = "The plan as written (as `budget PLAN` budgets it)"
+
+
+def written_note(outcome: Outcome) -> str:
+    """How the best layout compares with the plan searched: its step time's ratio, and
+    whether the plan's own layout fits (a user audit: nothing said)."""
+    mine, best = outcome.written, outcome.best
+    if mine is None or best is None:
+        return ""
+    fits = "" if mine.fits else " The plan as written does not fit."
+    if not mine.step_time_s or not best.step_time_s:
+        return fits.strip()
+    ratio = mine.step_time_s / best.step_time_s
+    return f"The plan as written takes {ratio:.2f}× the best layout's step time.{fits}"
+
+
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     wide = console.width >= 100
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
@@ -248,6 +264,11 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         if slack:
             console.print(slack, style="yellow", markup=False)
         if ranked.caption or slack:  # the caption ends the table: a line before the next title
+            console.print()
+        if outcome.written is not None:
+            mine = _table(WRITTEN, (outcome.written,), wide, limited, tokens, digits)
+            console.print(mine)
+            console.print(written_note(outcome), markup=False)
             console.print()
         shown = (
             ""
@@ -297,6 +318,9 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [f"### Best by {outcome.objective}", "", *rows(best)]
         slack = _slack_note(outcome)
         lines += [f"> {slack}", ""] if slack else []
+        if outcome.written is not None:
+            lines += [f"### {WRITTEN}", "", *rows((outcome.written,))]
+            lines += [written_note(outcome), ""]
         lines += ["### Pareto front: peak memory against step time", ""]
         lines += rows(outcome.pareto)
     else:
