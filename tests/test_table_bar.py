@@ -364,3 +364,20 @@ def test_a_serving_plans_phase_table_says_its_rows_are_the_whole_batch() -> None
     assert str(phase_table(budget_plan(GPT3), wide=False).title).startswith("Phases of one step (")
     served = phase_table(budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml"), wide=False)
     assert str(served.title).startswith("Phases of the batch: its prefill and 511 decode passes (")
+
+
+def test_a_group_of_one_rank_gives_no_placement() -> None:
+    """ "logits · shard(vocab) on tp" in a tp 1 plan says nothing true (a user audit): the
+    alive table names placements on groups of more than one rank only, in the terminal and
+    the markdown; the JSON keeps them all."""
+    from budget.render.markdown import render_markdown
+    from budget.render.table import overlap_table
+
+    small = budget_plan(next(p for p in PLANS if p.name == "gpt-1.3b.yaml"))
+    assert small.layout["tp"] == 1
+    assert any(o.placement.endswith(" on tp") for o in small.worst.peak_overlap)
+    assert " on tp" not in _rendered(overlap_table(small.worst, small.layout))
+    alive = render_markdown(small).split("### Alive at the peak")[1].split("###")[0]
+    assert " on tp" not in alive
+    big = budget_plan(GPT3)
+    assert " on tp" in _rendered(overlap_table(big.worst, big.layout))

@@ -69,6 +69,7 @@ def render_markdown(report: Report) -> str:
         _columns,
         header,
         link_groups,
+        shown_placement,
         step_label,
         summary,
         unreserved,
@@ -122,7 +123,13 @@ def render_markdown(report: Report) -> str:
     lines += markdown_table(
         ["allocation", "placement", "kind", "copies", "bytes, all copies"],
         [
-            [plain(o.tensor), o.placement, o.category, f"{o.count:,}", b(o.bytes)]
+            [
+                plain(o.tensor),
+                shown_placement(o.placement, report.layout),
+                o.category,
+                f"{o.count:,}",
+                b(o.bytes),
+            ]
             for o in worst.peak_overlap
         ],
         {3, 4},

@@ -707,7 +707,14 @@ def verdict(report: Report) -> str:
     )
 
 
-def overlap_table(row: StageRow) -> Table:
+def shown_placement(placement: str, layout: dict[str, Any]) -> str:
+    """An allocation's placement as the reader needs it: none for a group of one rank
+    ("shard(vocab) on tp" in a tp 1 plan says nothing true; a user audit)."""
+    group = placement.rsplit(" on ", 1)[-1] if " on " in placement else ""
+    return "" if group in ("tp", "cp", "ep", "etp") and layout.get(group) == 1 else placement
+
+
+def overlap_table(row: StageRow, layout: dict[str, Any] | None = None) -> Table:
     table = Table(
         title=f"What is alive at the peak of stage {row.stage} "
         f"({row.peak_phase}: {row.peak_instant})",
@@ -721,8 +728,9 @@ def overlap_table(row: StageRow) -> Table:
     table.add_column("bytes", justify="right")
     for o in row.peak_overlap:
         name = Text(o.tensor)
-        if o.placement:
-            name.append(f" · {o.placement}", style="dim")
+        placement = shown_placement(o.placement, layout or {})
+        if placement:
+            name.append(f" · {placement}", style="dim")
         table.add_row(Hanging(name, 0, 2), o.category, f"{o.count:,}", _b(o.bytes))
     table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
     if any(o.count > 1 for o in row.peak_overlap):
@@ -738,7 +746,7 @@ def render_table(console: Console, report: Report) -> None:
     marks = BAR_MARKS if utf(console.file) else ASCII_BAR_MARKS
     for table in (
         stage_table(report, wide, bar, marks),
-        overlap_table(report.worst),
+        overlap_table(report.worst, report.layout),
         phase_table(report, wide),
     ):
         console.print()
