@@ -197,15 +197,21 @@ def work_time(plan: Plan, work: Work) -> float:
 
 def mfu_format(plan: Plan) -> str:
     """The format whose dense peak MFU is a share of: the GEMMs' (precision.matmul), or the
-    fused attention core's (precision.activations, `work_time`) where that one's peak is
-    higher, so that no FLOP of the model ran faster than the peak it is counted against (a
-    fuzzing audit: fp32 GEMMs beside a bf16 attention kernel read 112 % of the fp32 peak at
-    32K tokens). An fp8 plan's GEMMs keep it at the fp8 peak."""
+    attention core's where that one's peak is higher, so that no FLOP of the model ran
+    faster than the peak it is counted against (a fuzzing audit: fp32 GEMMs beside a bf16
+    attention kernel read 112 % of the fp32 peak at 32K tokens). The attention core's
+    format is the one `work_time` times it at: bf16 for a fused kernel (its measured
+    fraction is of the bf16 peak, whatever the activations), the activations' for eager
+    attention. An fp8 plan's GEMMs keep it at the fp8 peak."""
     device, matmul = plan.device, plan.precision.matmul
+    # the format `work_time` times the attention products at: a fused kernel's measured
+    # fraction is of the bf16 peak, eager attention's two GEMMs run in the activations'
     attention = plan.precision.activations
-    if plan.model.attention == "eager" or not device.peak_flops(attention):
-        return matmul
-    return attention if device.peak_flops(attention) > device.peak_flops(matmul) else matmul
+    if plan.model.attention != "eager" and device.peak_flops("bf16"):
+        attention = "bf16"
+    if device.peak_flops(attention) > device.peak_flops(matmul):
+        return attention
+    return matmul
 
 
 def can_time(plan: Plan) -> bool:
@@ -576,9 +582,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         rest = largest([s.after_s - m * s.each_microbatch_s for s in stages])
         pipeline = pipeline_replay(forward, backward, m) + rest - largest(afters)
         # no schedule beats the slowest stage's m micro-batches: a replay a rounding below
-        # them (-1e-14 s) reads as no bubble, not a negative one
-        pipeline = max(pipeline, m * slowest)
-        bubble = pipeline - m * slowest
+        # them (-1e-14 s) reads as no bubble, not a negative one; a real shortfall is a
+        # chunk time left out (`_chunk_times`) and stays in sight
+        floor = m * slowest
+        if floor * (1 - 1e-9) <= pipeline < floor:
+            pipeline = floor
+        bubble = pipeline - floor
     total = pipeline + largest(afters)
     tokens = plan.batch.global_batch * plan.batch.seq
     model_flops = float(model_flops_per_token(plan) * tokens)

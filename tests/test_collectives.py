@@ -506,3 +506,30 @@ def test_a_hierarchical_broadcast_delivers_the_tensor_once_to_each_rank():
     nvlink, ib = Link("nvlink", 450e9, 3e-6), Link("ib", 50e9, 14e-6)
     cost = collective_cost("broadcast", (Tier(8, nvlink), Tier(4, ib)), 2**30, "hierarchical")
     assert (cost.recv_bytes, cost.sent_bytes) == (2**30, 2 * 2**30)
+
+
+def test_a_plan_that_names_hierarchical_gets_it_across_nodes(tmp_path) -> None:
+    """`collectives: {reduce-scatter: hierarchical}` was dropped at resolve when it was the
+    default across levels; now that the ring is, gemma2-9b's dp group (2 ranks in each of
+    8 nodes) runs the two-level decomposition it names, the report and search
+    alike (a review)."""
+    from budget.pipeline import budget_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gemma2-9b.yaml"
+    named = variant(
+        tmp_path,
+        "h.yaml",
+        (
+            "topology: {preset: dgx-h100, nodes: 8}",
+            "collectives: {reduce-scatter: hierarchical, all-gather: hierarchical}\n"
+            "topology: {preset: dgx-h100, nodes: 8}",
+        ),
+        base=base,
+    )
+    rows = {
+        path.name: [c for p in budget_plan(path).phases for c in p.collectives if c.group == "dp"]
+        for path in (base, named)
+    }
+    assert {c.algorithm for c in rows["gemma2-9b.yaml"]} == {"ring"}
+    assert {c.algorithm for c in rows["h.yaml"]} == {"hierarchical"}

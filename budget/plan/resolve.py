@@ -1521,12 +1521,9 @@ def resolve(
             tp_comm_sms=comm_sms,
         ),
         transitions=transitions,
-        # hierarchical is what a group across levels takes anyway, and ring on one level
-        collectives=tuple(
-            (op, name)
-            for op, name in sorted(tree.get("collectives", {}).items())
-            if name != "hierarchical"
-        ),
+        # hierarchical is priced as named across levels (the ring is the default there for
+        # the all-gather, reduce-scatter and all-reduce); on one level it is the ring
+        collectives=tuple(sorted(tree.get("collectives", {}).items())),
     )
 
 
