@@ -120,7 +120,9 @@ def collective(
     ("SIZE:BANDWIDTH:LATENCY[:NAME]", innermost first; SIZE counts the units of the level
     below, so 8:450GB/s:1us then 4:50GB/s:5us is 4 nodes of 8 GPUs = 32 ranks, and
     ``ranks``, if given, must equal the product). Across several levels the default
-    algorithm is hierarchical; a flat algorithm is priced at the slowest link spanned.
+    algorithm is the ring as NCCL runs it for an all-gather, reduce-scatter or all-reduce
+    (`collectives._ring_across`) and hierarchical for the others; another flat algorithm is
+    priced at the slowest link spanned.
     ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     """

@@ -510,7 +510,7 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
     DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW",
     NVIDIA/nccl issue 812), and 4 x 24 = 96 GB/s with four HDR NICs to eight A100s
     (NVIDIA/nccl-tests issue 119: "peak performance reaches about 96GB/s"). The two-level
-    decomposition (`_hierarchical`) summed one after the other read 147 GB/s for two DGX
+    decomposition (`_hierarchical`) summed one after the other read 146 GB/s for two DGX
     A100s.
     """
     per = 2 if op == "all-reduce" else 1
@@ -519,16 +519,18 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
     # N_k: domains of the level inside tier k that the group spans (N_0 = P ranks)
     spans = [_product([t.ranks for t in tiers[k:]]) for k in range(len(tiers))] + [1]
 
-    def hops(k: int) -> Count:  # a channel's hops crossing level k's boundary or beyond
-        return spans[k] * _indicator(spans[k] > 1)
+    def beyond(k: int) -> Count:  # a rank's bytes over level k's boundary or beyond
+        if k >= len(tiers):
+            return 0
+        hops = spans[k] * _indicator(spans[k] > 1)  # a channel's hops crossing it
+        return (q * hops + p - 1) // _maximum(p, 1)
 
     stages = []
     for k, tier in enumerate(tiers):
         steps = per * (spans[k] - 1) - per * (spans[k + 1] - 1)
-        if k == 0:
-            sent = q - (q * hops(1) + p - 1) // _maximum(p, 1)  # the fabric: what no port takes
-        else:
-            sent = (q * (hops(k) - hops(k + 1)) + p - 1) // _maximum(p, 1)
+        # the level's own share; the shares are differences of rounded totals, so they add
+        # up to Q exactly (the fabric, k = 0, takes what no port takes)
+        sent = (q if k == 0 else beyond(k)) - beyond(k + 1)
         stage = Stage(
             op=op,
             algorithm="ring",

@@ -20,7 +20,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache, lru_cache
 from typing import Any
 
@@ -41,7 +41,7 @@ from budget.collectives import (
 )
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
-from budget.plan.model import Parallel, Pipeline, Plan, Recompute, Schedule, Topology
+from budget.plan.model import Overlap, Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import MICROBATCH_PHASES, algorithm_of, move_kind, move_span, step_time
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
@@ -578,7 +578,8 @@ class _Pricer:
     Each configuration's group of ranks is laid out on the topology by the same function a
     single plan uses (`topology.group_span`, once per distinct set of degrees); the ranks
     at each level become arrays. A level a group does not use holds one rank, which costs
-    no step and no byte, so every configuration can take the two-level form.
+    no step and no byte, so every configuration can take the same form across levels (the
+    ring's, or the two-level one's).
     """
 
     def __init__(self, plan: Plan, cols: Columns, gpus: int) -> None:
@@ -1075,7 +1076,8 @@ def magnitude(plan: Plan, gpus: int, space: Space) -> str | None:
     )
 
 
-OVERLAP_FLAGS = ("dp_grads", "param_gather", "tp", "pp", "ep")
+# the overlap switches (the booleans of `Overlap`)
+OVERLAP_FLAGS = tuple(f.name for f in fields(Overlap) if f.type in (bool, "bool"))
 
 
 def hardware(plan: Plan) -> dict[str, Any]:

@@ -273,10 +273,10 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     attention core). The ring is flat whatever links it spans (Transformer Engine's
     ``AttnFuncWithCPAndKVP2P`` sends each chunk to the next cp rank), so with cp ranks in
     several nodes every one of the cp - 1 steps waits for its slowest hop: a flat ring at
-    the slowest link spanned, not NCCL's two-level all-gather. Backward re-circulates K/V
-    and passes dK/dV around the same ring. Llama 3 (arXiv 2407.21783, section 3.3.2)
-    all-gathers K/V before attention instead, which leaves the gather exposed (NCCL's
-    all-gather, two-level across nodes).
+    the slowest link spanned, not NCCL's all-gather, whose channels spread the node's hops
+    over every port. Backward re-circulates K/V and passes dK/dV around the same ring.
+    Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before attention instead,
+    which leaves the gather exposed (NCCL's all-gather, its ring across nodes).
     """
     par = plan.parallel
     if every(par.cp == 1):

@@ -144,6 +144,9 @@ _BASE_UNITS: dict[str, tuple[Fraction, tuple[str, ...]]] = {
     "compute rate": (Fraction(10**6), ("MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s")),
     "time": (Fraction(1, 10**9), ("ns", "us", "ms")),
 }
+# a time at or above this reads as a value in the likely units ("0.5" is 0.5 us or ms
+# as likely as 0.5 s): only a smaller one is taken for seconds
+_SECONDS_BELOW = Fraction(1, 1000)
 
 
 def _in_base_unit(number: str, quantity: str) -> str | None:
@@ -152,7 +155,7 @@ def _in_base_unit(number: str, quantity: str) -> str | None:
     value = abs(Fraction(number))
     first, units = _BASE_UNITS[quantity]
     small = quantity == "time"
-    if (value >= 1) if small else (value < first):
+    if (value >= _SECONDS_BELOW) if small else (value < first):
         return None
     scaled, unit = Fraction(number) / first, units[0]
     for bigger in units[1:]:

@@ -467,7 +467,7 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
     assert rows[0][1:] == (
         "–",
         "logits all-gathered (loss parallel off): tp shard(1) → replicate, [8192, 128256] bf16, "
-        "in loss",
+        "in loss, source_alive true, count 1",  # every key the transition has (a review)
     )
     back = shown_changes(plan_changes(load_plan(gathered), load_plan(bare)))
     assert back[0][1:] == (rows[0][2], "–")

@@ -913,7 +913,10 @@ def test_a_wrapper_whose_language_model_is_no_family_says_so():
     with pytest.raises(HfConfigError) as raised:
         translate(config, "Llama-4-Scout/config.json")
     message = str(raised.value)
-    assert 'its language model (model_type "llama4_text") is not a family budget reads' in message
+    assert (
+        "budget prices a language model alone; write the model's dimensions out: its language "
+        'model (model_type "llama4_text") is not a family budget reads either ('
+    ) in message  # the advice before the list of families, which a terminal cuts (a review)
     assert "saved as a file" not in message
 
 
@@ -1335,3 +1338,14 @@ def test_every_integer_key_of_the_wrong_kind_is_reported_at_once() -> None:
     assert len(messages) == 4 and "'hidden_layers_typo'" in messages[0]
     for shown in ('hidden_size = "a"', "num_attention_heads = -1", "vocab_size = 1.5"):
         assert any(m.startswith(shown) and "non-negative integer" in m for m in messages), shown
+
+
+def test_a_family_refusal_says_what_to_do_before_the_families() -> None:
+    """Messages are cut at 400 characters; the list of 22 families came first and cut the
+    advice off (a review): the advice comes first."""
+    from budget.errors import Problem
+
+    with pytest.raises(HfConfigError) as raised:
+        translate({"model_type": "falcon", "hidden_size": 64}, "falcon/config.json")
+    shown = str(Problem("p.yaml", 1, 1, "$.model.hf_config", str(raised.value)))
+    assert "write the model's dimensions out instead" in shown

@@ -172,7 +172,7 @@ def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
     report = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
     text = render_markdown(report)
     step = report.step
-    total = f"| **step, paced by stage {step['pacing_stage']}** |  | "
+    total = f"| **step, paced by stage {step['pacing_stage']}** |  | **"
     assert total in text
     assert "| infiniband | all | 47 GB/s | 14 µs | – | pp, dp |" in text
     assert "| nvlink | 8 | 370 GB/s | 3 µs |" in text and text.count("| pp pair |") == 2
@@ -330,8 +330,8 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
     mixtral = budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
     table, legend = collective_table(mixtral, wide=False)
     assert legend[1].endswith(
-        "pairwise (A2A), direct (P2P); 2L = across two levels: AG, RS one ring through both "
-        "links; A2A one collective on each"
+        "pairwise (A2A), direct (P2P); 2L = across levels: AG, RS one ring through every "
+        "link; A2A one collective on each"
     )
     lines = _rendered(table).splitlines()
     dispatch = [i for i, line in enumerate(lines) if "MoE dispatch " in line]

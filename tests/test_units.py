@@ -167,8 +167,13 @@ def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
         (parse_duration, 5e-06, "5e-06 has no unit; write a time with its unit, such as '5 us'"),
         (
             parse_duration,
-            0.0015,
-            "0.0015 has no unit; write a time with its unit, such as '1.5 ms'",
+            0.00015,
+            "0.00015 has no unit; write a time with its unit, such as '150 us'",
+        ),
+        (  # 0.5 is as likely 0.5 us as 0.5 s (a review): the plain suggestion
+            parse_duration,
+            0.5,
+            "0.5 has no unit; write a time with its unit, such as '0.5 us', '0.5 ms' or '0.5 s'",
         ),
         (
             parse_duration,

@@ -428,8 +428,9 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
         )
     else:  # saving it alone would only meet the family refusal (an audit: Llama 4)
         advice = (
-            f"its language model (model_type {json.dumps(inner)}) is not a family budget "
-            f"reads ({', '.join(sorted(FAMILIES))}) either; write the model's dimensions out"
+            f"write the model's dimensions out: its language model (model_type "
+            f"{json.dumps(inner)}) is not a family budget reads either "
+            f"({', '.join(sorted(FAMILIES))})"
         )
     raise HfConfigError(
         f"{where} configures a model of several parts (model_type "
@@ -508,10 +509,10 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     family = config.get("model_type")
     if family is not None and (not isinstance(family, str) or family not in FAMILIES):
         raise HfConfigError(
-            f"model_type = {json.dumps(family)} in {where} is not a family budget reads "
-            f"({', '.join(sorted(FAMILIES))}): its model class may build layers no key "
-            "announces (norms, biases), which budget would leave out; write the model's "
-            "dimensions out instead"
+            f"model_type = {json.dumps(family)} in {where} is not a family budget reads: "
+            "write the model's dimensions out instead (its model class may build layers no "
+            "key announces, norms or biases, which budget would leave out); the families it "
+            f"reads: {', '.join(sorted(FAMILIES))}"
         )
     config = _with_class_defaults(config, family)
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")

@@ -559,7 +559,9 @@ class Plan:
     overlap: Overlap = field(default_factory=Overlap)
     transitions: tuple[Transition, ...] = ()
     # `collectives:`: the algorithm a plan names for an op, where it names one (DESIGN rule
-    # 3); the others take the default, ring on one level and hierarchical across levels
+    # 3); the others take the default: ring, across levels too for the all-gather,
+    # reduce-scatter and all-reduce (NCCL's ring over every rank), hierarchical across
+    # levels for the all-to-all and the broadcast
     collectives: tuple[tuple[str, str], ...] = ()
 
     def algorithm(self, op: str) -> str | None:

@@ -297,9 +297,11 @@ def _transition_line(prefix: str, keys: dict[str, Change], added: bool) -> str:
         side = None if change is None else (change.b if added else change.a)
         return plan_value(f"{prefix}.{key}", side)
 
+    said = ("name", "group", "from", "to", "tensor.shape", "tensor.dtype", "phase")
+    rest = "".join(f", {key} {value(key)}" for key in keys if key not in said)
     return (
         f"{value('name')}: {value('group')} {value('from')} → {value('to')}, "
-        f"{value('tensor.shape')} {value('tensor.dtype')}, in {value('phase')}"
+        f"{value('tensor.shape')} {value('tensor.dtype')}, in {value('phase')}{rest}"
     )
 
 

@@ -70,7 +70,7 @@ def render_markdown(report: Report) -> str:
         header,
         link_groups,
         shown_placement,
-        step_label,
+        step_cells,
         summary,
         unreserved,
     )
@@ -161,20 +161,7 @@ def render_markdown(report: Report) -> str:
             for p in report.phases
         ]
         + (
-            [
-                [
-                    f"**{step_label(report)}**",
-                    "",
-                    _t(report.step["compute_s"]),
-                    _t(report.step["comm_s"]),
-                    _t(report.step["exposed_comm_s"]),
-                    ""
-                    if step_label(report) != "sum of rows"
-                    else b(sum(p.payload_bytes for p in report.phases)),
-                    "",
-                    "",
-                ]
-            ]
+            [[f"**{cell}**" if cell else "" for cell in step_cells(report)] + ["", ""]]
             if timed
             else []
         ),

@@ -377,19 +377,8 @@ def phase_table(report: Report, wide: bool) -> Table:
             cells.append(Text(_brief(p.peak_overlap, 1)))
         table.add_row(*cells)
     if timed:
-        step = report.step
         table.add_section()
-        mixed = step_label(report) != "sum of rows"
-        row = [
-            step_label(report),
-            "",
-            _t(step["compute_s"]),
-            _t(step["comm_s"]),
-            _t(step["exposed_comm_s"]),
-            "" if mixed else _b(sum(p.payload_bytes for p in report.phases)),
-            "",
-        ]
-        table.add_row(*row, *(["", ""] if wide else []), style="bold")
+        table.add_row(*step_cells(report), "", *(["", ""] if wide else []), style="bold")
     notes = [_peak_stages(report)] if not wide and len(report.stages) > 1 else []
     if any(p.peak_stage is None for p in report.phases):
         notes.append(
@@ -399,6 +388,21 @@ def phase_table(report: Report, wide: bool) -> Table:
     if notes:
         table.caption, table.caption_justify = "\n".join(n for n in notes if n), "left"
     return table
+
+
+def step_cells(report: Report) -> list[str]:
+    """The phases table's total row up to its bytes: label, count, compute, communication,
+    exposed and the bytes sent (summed only where the rows are one stage's)."""
+    step, label = report.step, step_label(report)
+    summed = label == "sum of rows"
+    return [
+        label,
+        "",
+        _t(step["compute_s"]),
+        _t(step["comm_s"]),
+        _t(step["exposed_comm_s"]),
+        _b(sum(p.payload_bytes for p in report.phases)) if summed else "",
+    ]
 
 
 def step_label(report: Report) -> str:
@@ -504,8 +508,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if c.dtype != usual:
                 op += f" {c.dtype}"
-            if len(c.levels) > 1 and not wide:  # wide, the link column names both
-                op += " 2L"
+            if len(c.levels) > 1 and not wide:  # wide, the link column names them
+                op += f" {len(c.levels)}L"
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
             if c.algorithm in _NAMED:  # not the default: one the plan names
@@ -565,8 +569,9 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
         f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
         for name in dict.fromkeys(default.values())
     ]
-    named = "two links in the link column" if wide else "2L"
     across = [c for c in every if len(c.levels) > 1]
+    marks = ", ".join(f"{n}L" for n in sorted({len(c.levels) for c in across}))
+    named = "two links or more in the link column" if wide else marks
 
     def ops(algorithm: str) -> str:
         return ", ".join(
@@ -574,10 +579,10 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
         )
 
     kinds = [
-        *([f"{ops('ring')} one ring through both links"] if ops("ring") else []),
+        *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
-    two = f"; {named} = across two levels: {'; '.join(kinds)}" if across else ""
+    two = f"; {named} = across levels: {'; '.join(kinds)}" if across else ""
     return f"payloads in {usual} unless the op names another; algorithms {', '.join(flat)}{two}"
 
 
