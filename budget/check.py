@@ -589,8 +589,8 @@ def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
         reasons, notes = check_report(report, limits), latency_notes(report, limits)
         if not report.device["reserved_bytes"]:  # said beside the figures, not failed
             notes += (
-                "the memory the CUDA context, NCCL's buffers and the allocator's slack take "
-                "(device.reserved is 0)",
+                "device.reserved is 0, so the headroom counts nothing for the CUDA context, "
+                "NCCL's buffers or the allocator's slack",
             )
         verdicts.append(Verdict(plan_name(path), report, reasons, notes=notes))
     return CheckResult(limits, tuple(verdicts))

@@ -256,8 +256,9 @@ class CollectiveCost:
 
     @property
     def links(self) -> tuple[str, ...]:
-        """Names of the links used, innermost first, without repeats."""
-        return tuple(dict.fromkeys(s.link.name for s in self.stages))
+        """Names of the links used, innermost first, without repeats: a level a group only
+        passes through (no step, no byte: a node's fabric under one rank) is not one."""
+        return tuple(dict.fromkeys(s.link.name for s in self.stages if used(s)))
 
     @property
     def algorithm_bandwidth(self) -> Seconds:
@@ -686,6 +687,11 @@ class _Pricing:
     def symmetric(self, steps: Count, sent: Count) -> Stage:
         """Every rank sends and receives ``sent`` bytes, all of them on the critical path."""
         return self.priced(steps=steps, sent=sent, recv=sent, payload=sent, group=self.ranks * sent)
+
+
+def used(stage: Stage) -> bool:
+    """Whether `stage` takes a step or moves a byte in any configuration."""
+    return bool(np.any(np.asarray(stage.steps) > 0) or np.any(np.asarray(stage.sent_bytes) > 0))
 
 
 def _indicator(condition: bool | NDArray[Any]) -> Count:

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from budget.collectives import used
 from budget.flops import attention_keys, backward_keys, causal_share, fsdp_mixed, unmasked_keys
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
@@ -123,6 +124,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
                 "time_s": float(stage.time_s) if timing else None,
             }
             for stage in cost.stages
+            if used(stage)  # not a level the group passes through (`CollectiveCost.links`)
         ),
     )
 

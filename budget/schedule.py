@@ -200,14 +200,17 @@ def mfu_format(plan: Plan) -> str:
     attention core's where that one's peak is higher, so that no FLOP of the model ran
     faster than the peak it is counted against (a fuzzing audit: fp32 GEMMs beside a bf16
     attention kernel read 112 % of the fp32 peak at 32K tokens). The attention core's
-    format is the one `work_time` times it at: bf16 for a fused kernel (its measured
+    format is the one `work_time` times it at: bf16 for a fused kernel with a rate (its
     fraction is of the bf16 peak, whatever the activations), the activations' for eager
-    attention. An fp8 plan's GEMMs keep it at the fp8 peak."""
+    attention or a fused kernel priced on the GEMM curve (a review: a written-out device's
+    fp32 plan read 4.4 % of the bf16 peak where it ran at 65 % of its own). An fp8 plan's
+    GEMMs keep it at the fp8 peak."""
     device, matmul = plan.device, plan.precision.matmul
     # the format `work_time` times the attention products at: a fused kernel's measured
     # fraction is of the bf16 peak, eager attention's two GEMMs run in the activations'
     attention = plan.precision.activations
-    if plan.model.attention != "eager" and device.peak_flops("bf16"):
+    rated = device.attention_source(plan.model.attention) in ("plan", "measured", "derived")
+    if rated and device.peak_flops("bf16"):  # a fused kernel with a rate (`work_time`)
         attention = "bf16"
     if device.peak_flops(attention) > device.peak_flops(matmul):
         return attention

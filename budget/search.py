@@ -168,6 +168,8 @@ class Outcome:
     # audit: nothing said how the best compared with the plan searched); None when the
     # search lays out another GPU count or the plan's layout is not a valid one
     written: Result | None = None
+    # the `budget check` limits the plan as written breaks (their names), besides fitting
+    written_breaks: tuple[str, ...] = ()
 
     @property
     def best(self) -> Result | None:
@@ -1239,15 +1241,19 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "pareto": [r.to_dict() for r in outcome.pareto],
         "results": [r.to_dict() for r in outcome.results[:top]],
         "written": None if outcome.written is None else outcome.written.to_dict(),
+        "written_breaks": list(outcome.written_breaks),
     }
 
 
-def as_written(plan: Plan) -> Result:
+def as_written(plan: Plan, limits: Limits | None = None) -> tuple[Result, tuple[str, ...]]:
     """The plan's own layout budgeted as `budget PLAN` does, in a ranked row's terms
-    (`Outcome.written`): its hand-written transitions included, which the sweep leaves out."""
+    (`Outcome.written`), its hand-written transitions included, which the sweep leaves out;
+    and the limits it breaks, as `budget check` names them (fitting aside)."""
+    from budget.check import check_report
     from budget.pipeline import build_report
 
     report, p = build_report(plan), plan.parallel
+    breaks = () if limits is None else check_report(report, limits)
     step = report.step
     config = Config(
         p.tp,
@@ -1261,7 +1267,7 @@ def as_written(plan: Plan) -> Result:
         plan.batch.micro,
         p.pipeline.virtual_stages,
     )
-    return Result(
+    row = Result(
         config,
         report.worst.peak_bytes,
         report.fits,
@@ -1270,6 +1276,7 @@ def as_written(plan: Plan) -> Result:
         float(step["mfu"] or 0.0),
         float(step["tokens_per_s"] or 0.0),
     )
+    return row, tuple(dict.fromkeys(r.limit for r in breaks if r.limit != "memory"))
 
 
 __all__ = [

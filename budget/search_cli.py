@@ -13,6 +13,7 @@ from budget.errors import BudgetError, problem_lines, usage_line
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from budget.check import Limits
     from budget.plan.model import Plan
     from budget.search import Result, Space
 
@@ -171,7 +172,8 @@ def run_search(
         )
         print(_located(data, file, "$.batch", overflow), file=sys.stderr)
         return 2
-    outcome = dataclasses.replace(outcome, written=_written(data, file, n, plan))
+    written, breaks = _written(data, file, n, plan, limits)
+    outcome = dataclasses.replace(outcome, written=written, written_breaks=breaks)
     if write is not None and outcome.best is not None:
         from budget.search import apply
 
@@ -196,18 +198,21 @@ def run_search(
     return 0 if outcome.best is not None else 1
 
 
-def _written(data: bytes, file: str, gpus: int, seed: Plan) -> Result | None:
-    """The plan's own layout as `budget PLAN` budgets it (`search.as_written`), when the
-    search lays out its GPUs and the layout is a valid one (a seed's is not checked)."""
+def _written(
+    data: bytes, file: str, gpus: int, seed: Plan, limits: Limits | None
+) -> tuple[Result | None, tuple[str, ...]]:
+    """The plan's own layout as `budget PLAN` budgets it and the limits it breaks
+    (`search.as_written`), when the search lays out its GPUs and the layout is a valid one
+    (a seed's is not checked)."""
     from budget.plan.load import load_plan_data
     from budget.search import as_written
 
     if gpus != seed.topology.gpus:
-        return None
+        return None, ()
     try:
-        return as_written(load_plan_data(data, file))
+        return as_written(load_plan_data(data, file), limits)
     except BudgetError:
-        return None
+        return None, ()
 
 
 def _located(data: bytes, file: str, where: str, message: str) -> str:

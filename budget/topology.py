@@ -95,6 +95,9 @@ class GroupSpan:
     stride: int | None
     tiers: tuple[Tier, ...]
     domains: int = 1  # innermost-level domains the group touches
+    # the topology's innermost link (a node's own fabric), which a ring across levels sets
+    # apart from the network ports even where the group has one rank in each node
+    fabric: Link | None = None
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -297,7 +300,7 @@ def _span_of_members(
         gaps = set(np.diff(members).tolist())
         stride = gaps.pop() if len(gaps) == 1 else None
     first = members[0] if rank is None else rank
-    return GroupSpan(kind, first, members, stride, tiers, touched[0])
+    return GroupSpan(kind, first, members, stride, tiers, touched[0], link_of(levels[0]))
 
 
 def _tally(members: Sequence[int], size: int) -> list[int]:
@@ -404,8 +407,15 @@ def price_group(
     goes to).
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
+    tiers = span.tiers
+    if len(tiers) > 1 and span.fabric is not None and tiers[0].link.name != span.fabric.name:
+        # one rank in each node, across two levels of network or more: the node's fabric is
+        # the innermost tier still, carrying none of it, so that the levels priced are all
+        # ports, as a sweep prices them with every level (a review: rail units across a
+        # spine priced the rail's share as the fabric's, beside the spine's)
+        tiers = (Tier(1, span.fabric), *tiers)
     return collective_cost(
-        op, span.tiers, size_bytes, algorithm, element_bytes=element, levelled=levelled
+        op, tiers, size_bytes, algorithm, element_bytes=element, levelled=levelled
     )
 
 

@@ -145,8 +145,8 @@ _BASE_UNITS: dict[str, tuple[Fraction, tuple[str, ...]]] = {
     "time": (Fraction(1, 10**9), ("ns", "us", "ms")),
 }
 # a time at or above this reads as a value in the likely units ("0.5" is 0.5 us or ms
-# as likely as 0.5 s): only a smaller one is taken for seconds
-_SECONDS_BELOW = Fraction(1, 1000)
+# as likely as 0.5 s): only a smaller one is taken for seconds ("0.0015" as 1.5 ms)
+_SECONDS_BELOW = Fraction(1, 100)
 
 
 def _in_base_unit(number: str, quantity: str) -> str | None:

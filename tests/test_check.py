@@ -442,6 +442,6 @@ def test_a_plan_that_reserves_nothing_is_told_so_beside_its_pass(tmp_path: Path)
     notes = {p["file"]: p["notes"] for p in json.loads(result.stdout)["plans"]}
     assert notes[str(GPT3)] == []
     assert notes[str(bare)] == [
-        "the memory the CUDA context, NCCL's buffers and the allocator's slack take "
-        "(device.reserved is 0)"
+        "device.reserved is 0, so the headroom counts nothing for the CUDA context, "
+        "NCCL's buffers or the allocator's slack"
     ]

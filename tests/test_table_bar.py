@@ -381,3 +381,25 @@ def test_a_group_of_one_rank_gives_no_placement() -> None:
     assert " on tp" not in alive
     big = budget_plan(GPT3)
     assert " on tp" in _rendered(overlap_table(big.worst, big.layout))
+
+
+def test_a_hierarchical_all_reduce_is_marked_two_levels(tmp_path) -> None:
+    """A hierarchical all-reduce runs three stages on two links: "2L", not "3L" (a review)."""
+    from tests.plan_files import variant
+
+    path = variant(
+        tmp_path,
+        "h.yaml",
+        ("  zero: 1", "  zero: 0"),
+        (
+            "topology: {preset: dgx-h100, nodes: 8}",
+            "collectives: {all-reduce: hierarchical}\ntopology: {preset: dgx-h100, nodes: 8}",
+        ),
+        base=ROOT / "plans" / "gemma2-9b.yaml",
+    )
+    report = budget_plan(path)
+    (grads,) = [c for p in report.phases for c in p.collectives if c.group == "dp"]
+    assert (grads.algorithm, len(grads.levels)) == ("hierarchical", 3)
+    table, legend = collective_table(report, wide=False)
+    assert " 2L" in _rendered(table) and " 3L" not in _rendered(table)
+    assert "2L = across levels: AR one collective on each" in " ".join(legend)

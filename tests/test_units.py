@@ -170,6 +170,11 @@ def test_bad_quantities_are_unit_errors(parse: object, text: str) -> None:
             0.00015,
             "0.00015 has no unit; write a time with its unit, such as '150 us'",
         ),
+        (
+            parse_duration,
+            0.0015,
+            "0.0015 has no unit; write a time with its unit, such as '1.5 ms'",
+        ),
         (  # 0.5 is as likely 0.5 us as 0.5 s (a review): the plain suggestion
             parse_duration,
             0.5,

@@ -226,16 +226,29 @@ WRITTEN = "The plan as written (as `budget PLAN` budgets it)"
 
 
 def written_note(outcome: Outcome) -> str:
-    """How the best layout compares with the plan searched: its step time's ratio, and
-    whether the plan's own layout fits (a user audit: nothing said)."""
+    """How the plan searched compares with the best layout, in the objective's figure, and
+    whether it fits and keeps the limits (a user audit: nothing said). Its hand-written
+    transitions, which no ranked layout has, are in its figures."""
     mine, best = outcome.written, outcome.best
-    if mine is None or best is None:
+    if mine is None:
         return ""
-    fits = "" if mine.fits else " The plan as written does not fit."
-    if not mine.step_time_s or not best.step_time_s:
-        return fits.strip()
-    ratio = mine.step_time_s / best.step_time_s
-    return f"The plan as written takes {ratio:.2f}× the best layout's step time.{fits}"
+    figure = {
+        "memory": ("peak_bytes", "peak"),
+        "tokens-per-s": ("tokens_per_s", "tokens per second"),
+    }.get(outcome.objective, ("step_time_s", "step time"))
+    mine_value = getattr(mine, figure[0])
+    best_value = getattr(best, figure[0]) if best is not None else 0
+    parts = []
+    if best_value and mine_value:
+        parts.append(f"has {mine_value / best_value:.2f}× the best layout's {figure[1]}")
+    if not mine.fits:
+        parts.append("does not fit")
+    elif outcome.written_breaks:
+        parts.append(f"does not keep the {', '.join(outcome.written_breaks)} limit")
+    said = f"The plan as written {', and '.join(parts)}." if parts else ""
+    if outcome.hardware.get("transitions_left_out"):
+        said += " Its figures include its hand-written transitions, which no ranked layout has."
+    return said.strip()
 
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
@@ -265,11 +278,6 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
             console.print(slack, style="yellow", markup=False)
         if ranked.caption or slack:  # the caption ends the table: a line before the next title
             console.print()
-        if outcome.written is not None:
-            mine = _table(WRITTEN, (outcome.written,), wide, limited, tokens, digits)
-            console.print(mine)
-            console.print(written_note(outcome), markup=False)
-            console.print()
         shown = (
             ""
             if len(front) == len(outcome.pareto)
@@ -282,6 +290,13 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
             console.print()
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
+    if outcome.written is not None:  # beside the ranking, or alone where none ranks
+        digits = peak_digits((outcome.written, *outcome.results[:top]))
+        tokens = outcome.objective == "tokens-per-s"
+        limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
+        console.print(_table(WRITTEN, (outcome.written,), wide, limited, tokens, digits))
+        console.print(written_note(outcome), markup=False)
+        console.print()
     table = titled_table("Not ranked")
     table.add_column("reason")
     table.add_column("layouts", justify="right")
@@ -318,13 +333,12 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [f"### Best by {outcome.objective}", "", *rows(best)]
         slack = _slack_note(outcome)
         lines += [f"> {slack}", ""] if slack else []
-        if outcome.written is not None:
-            lines += [f"### {WRITTEN}", "", *rows((outcome.written,))]
-            lines += [written_note(outcome), ""]
         lines += ["### Pareto front: peak memory against step time", ""]
         lines += rows(outcome.pareto)
     else:
         lines += [_none(outcome), ""]
+    if outcome.written is not None:
+        lines += [f"### {WRITTEN}", "", *rows((outcome.written,)), written_note(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
     lines += [f"| {reason} | {degrees} |" for reason, degrees in ruled_out_rows(outcome)]

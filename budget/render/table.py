@@ -205,7 +205,9 @@ def attention_text(
     name = kernel if runs == kernel else f"{kernel} = {runs}"
     held = f" at {held_at:,} keys and held there" if held_at else ""
     if held_at and keys and keys != held_at:
-        lean = "a shorter call likely runs slower" if keys < held_at else "a longer call faster"
+        lean = (
+            "a shorter call likely runs slower" if keys < held_at else "a longer one likely faster"
+        )
         held += f"; {lean}"
     gemm = (
         "like a GEMM at the written device's matmul efficiency (no rate given: set "
@@ -508,8 +510,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             op = _OPS[c.op]
             if c.dtype != usual:
                 op += f" {c.dtype}"
-            if len(c.levels) > 1 and not wide:  # wide, the link column names them
-                op += f" {len(c.levels)}L"
+            if _levels(c) > 1 and not wide:  # wide, the link column names them
+                op += f" {_levels(c)}L"
             if wide and c.op != "send-recv":
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
             if c.algorithm in _NAMED:  # not the default: one the plan names
@@ -561,6 +563,12 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     return table, legend
 
 
+def _levels(row: CollectiveRow) -> int:
+    """The topology levels a collective runs on (a hierarchical all-reduce's three stages
+    are two levels: a review read "3L")."""
+    return len({level["link"] for level in row.levels})
+
+
 def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     """The payload format and the algorithms of the unmarked ops (`budget.collectives`)."""
     present = {c.op for c in every if c.algorithm not in _NAMED}
@@ -569,8 +577,8 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
         f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
         for name in dict.fromkeys(default.values())
     ]
-    across = [c for c in every if len(c.levels) > 1]
-    marks = ", ".join(f"{n}L" for n in sorted({len(c.levels) for c in across}))
+    across = [c for c in every if _levels(c) > 1]
+    marks = ", ".join(f"{n}L" for n in sorted({_levels(c) for c in across}))
     named = "two links or more in the link column" if wide else marks
 
     def ops(algorithm: str) -> str:
