@@ -35,3 +35,23 @@ def test_the_readme_ci_gate_passes_on_the_shipped_plans() -> None:
     plans = sorted(str(p) for p in (ROOT / "plans").glob("*.yaml"))
     result = CliRunner().invoke(app, route(["check", *plans, *args]))
     assert result.exit_code == 0, result.stdout
+
+
+def test_the_readmes_plan_from_scratch_budgets_as_it_says(tmp_path) -> None:
+    """The README's minimal plan is valid and prices at the figures the sentence after it
+    gives (a user audit: the README had no complete plan to start from)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(
+        r"A plan from scratch.*?```yaml\n(.*?)```\n\nIt prices at ([^\n]*)", readme, re.S
+    )
+    assert block is not None
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(block.group(1), encoding="utf-8")
+    from budget.pipeline import budget_plan
+    from budget.units import format_bytes, format_duration
+
+    report = budget_plan(plan)
+    said = block.group(2)
+    assert f"{format_duration(report.step['time_s'])} a step" in said
+    assert f"MFU {report.step['mfu']:.1%}".replace("%", " %") in said
+    assert f"{format_bytes(report.worst.peak_bytes)} peak" in said
