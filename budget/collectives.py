@@ -532,21 +532,8 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
         # the level's own share; the shares are differences of rounded totals, so they add
         # up to Q exactly (the fabric, k = 0, takes what no port takes)
         sent = (q if k == 0 else beyond(k)) - beyond(k + 1)
-        stage = Stage(
-            op=op,
-            algorithm="ring",
-            ranks=p,
-            size_bytes=size,
-            steps=steps,
-            sent_bytes=sent,
-            recv_bytes=sent,
-            payload_bytes=sent,
-            group_sent_bytes=p * sent,
-            group_recv_bytes=p * sent,
-            link=tier.link,
-            ramp_op=op,
-        )
-        stages.append(stage)
+        stage = _Pricing(op, "ring", p, size, tier.link, 1).symmetric(steps, sent)
+        stages.append(replace(stage, ramp_op=op))
     return tuple(stages)
 
 

@@ -703,9 +703,7 @@ def _chunk_times(
             # run after the model's last layer, in the last chunk (a fuzzing audit: left out,
             # the replayed step came out shorter than its own compute, its bubble negative)
             layers = sum(
-                one[p.name] * p.count / m
-                for p in phases
-                if p.name in one and p.name in (attention, mlp, moe)
+                one[p.name] * p.count / m for p in phases if p.name in (attention, mlp, moe)
             )
             times[-1] += max(layers - sum(times), 0.0)
             for p in phases:

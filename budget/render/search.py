@@ -253,6 +253,9 @@ def written_note(outcome: Outcome) -> str:
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     wide = console.width >= 100
+    # what the ranked tables and the plan-as-written row show alike
+    limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
+    tokens = outcome.objective == "tokens-per-s"
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
     console.print(
         f"Evaluated {outcome.evaluated:,} layouts on {plural(outcome.gpus, 'GPU')} in "
@@ -266,8 +269,6 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     console.print()
     if outcome.results:
         best = outcome.results[:top]
-        limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
-        tokens = outcome.objective == "tokens-per-s"
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
         digits = peak_digits((*best, *front))  # the two tables read against each other
@@ -292,8 +293,6 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         console.print(f"{_none(outcome)}\n", markup=False)
     if outcome.written is not None:  # beside the ranking, or alone where none ranks
         digits = peak_digits((outcome.written, *outcome.results[:top]))
-        tokens = outcome.objective == "tokens-per-s"
-        limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
         console.print(_table(WRITTEN, (outcome.written,), wide, limited, tokens, digits))
         console.print(written_note(outcome), markup=False)
         console.print()
