@@ -138,7 +138,9 @@ _LIKELY_UNITS = {
 }
 # A number this far from those units' range reads as the base unit (DESIGN: bare numbers are
 # bytes/s, seconds and FLOP/s): the suggestion then says it with the prefix that makes it
-# 1 to 999, powers of 1000 from the first; a time of 1 or more keeps the plain suggestion.
+# 1 to 999, powers of 1000 from the first, exactly (`format_rate` and its siblings round to
+# three figures, which would suggest another value); a time of 10 ms or more keeps the
+# plain suggestion (`_SECONDS_BELOW`).
 _BASE_UNITS: dict[str, tuple[Fraction, tuple[str, ...]]] = {
     "bandwidth": (Fraction(10**6), ("MB/s", "GB/s", "TB/s")),
     "compute rate": (Fraction(10**6), ("MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s")),
