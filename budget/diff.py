@@ -3,13 +3,16 @@
 The plan side flattens the resolved `Plan` dataclasses into dotted keys ("parallel.tp") and
 lists the keys whose values differ. The budget side pairs the two reports' figures (memory
 per stage, the step, each phase) as `Delta`s that know whether lower or higher is better.
-Stages are paired by index; phases by name. Everything here returns data; the renderers in
+Stages are paired by index; phases by name; hand-written transitions as a line diff pairs
+lines (`transition_slots`). Everything here returns data; the renderers in
 `budget.render.diff` decide how it looks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +291,11 @@ _TRAINING_ONLY = ("batch.seq", "batch.micro", *TRAINING_ONLY)
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     """The keys whose resolved values differ, in A's key order, then keys only B has,
     named as a plan file spells them."""
-    fa, fb = ({_PLAN_KEYS.get(k, k): v for k, v in flatten(p).items()} for p in (a, b))
+    slots = transition_slots(a, b)
+    fa, fb = (
+        {_PLAN_KEYS.get(k, k): v for k, v in _renumbered(flatten(p), s).items()}
+        for p, s in zip((a, b), slots, strict=True)
+    )
     for flat, plan in ((fa, a), (fb, b)):
         # only the keys the plan's mode reads, as its file spells them: a serving plan's
         # batch is sequences, prompt and generate; it has no ZeRO, recompute or optimizer
@@ -315,6 +322,35 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         flat["model.sliding_window.layers"] = _sliding_layers(plan) if window else None
     keys = list(dict.fromkeys([*fa, *fb]))
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+def transition_slots(a: Plan, b: Plan) -> tuple[list[int], list[int]]:
+    """Each plan's transitions numbered by their place in the merged list of both, as a
+    line diff pairs lines: the same names in the same order pair up, a run renamed or
+    rewritten in place pairs by position, and the rest are one side's only. Deleting the
+    middle one of three then reads as one removal, where pairing by index read as the last
+    two changed and one removed (a user audit)."""
+    names_a, names_b = ([t.name for t in p.transitions] for p in (a, b))
+    slots: tuple[list[int], list[int]] = ([], [])
+    start = 0
+    match = difflib.SequenceMatcher(None, names_a, names_b, autojunk=False)
+    for _, i1, i2, j1, j2 in match.get_opcodes():
+        na, nb = i2 - i1, j2 - j1
+        shift = 0 if na == nb else na  # paired in place, or A's run before B's
+        slots[0].extend(range(start, start + na))
+        slots[1].extend(range(start + shift, start + shift + nb))
+        start += max(na, nb) if na == nb else na + nb
+    return slots
+
+
+def _renumbered(flat: dict[str, Value], slots: list[int]) -> dict[str, Value]:
+    """`flatten`'s keys with each transition's index replaced by its slot."""
+
+    def key(k: str) -> str:
+        m = re.fullmatch(r"transitions\.(\d+)\.(.+)", k)
+        return f"transitions.{slots[int(m[1])]}.{m[2]}" if m else k
+
+    return {key(k): v for k, v in flat.items()}
 
 
 def _sliding_layers(plan: Plan) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -481,3 +483,44 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
     assert row == ("transitions.1.name", "logits upcast to fp32", "logits in fp32")
     markdown = runner.invoke(app, route(["diff", str(bare), str(gathered), "-f", "markdown"]))
     assert "| `transitions.0` | – | logits all-gathered" in markdown.stdout
+
+
+def test_transitions_pair_as_a_line_diff_pairs_lines(tmp_path: Path) -> None:
+    """Deleting the middle one of three transitions is one removal; paired by index it read
+    as the last two rewritten and one removed (a user audit). The others pair by name, a
+    run rewritten in place by position, and one side's runs take their own slots."""
+    from budget.diff import transition_slots
+    from budget.render.diff import shown_changes
+
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    middle = variant(
+        tmp_path,
+        "middle.yaml",
+        (
+            """  - name: logits upcast to fp32
+    phase: loss
+    tensor: {shape: [micro * seq, vocab], dtype: fp32}
+    group: tp
+    from: replicate
+    to: replicate
+    source_alive: false
+""",
+            "",
+        ),
+        base=gathered,
+    )
+    a, b = load_plan(gathered), load_plan(middle)
+    assert transition_slots(a, b) == ([0, 1, 2], [0, 2])
+    (row,) = shown_changes(plan_changes(a, b))
+    assert row[0] == "transitions.1" and row[2] == "–"
+    assert row[1].startswith("logits upcast to fp32: tp replicate → replicate")
+    assert transition_slots(b, a) == ([0, 2], [0, 1, 2])
+
+    def named(*names: str) -> Any:
+        return SimpleNamespace(transitions=[SimpleNamespace(name=n) for n in names])
+
+    # x kept, y removed, z kept, w added: the merged list x y z w
+    assert transition_slots(named("x", "y", "z"), named("x", "z", "w")) == ([0, 1, 2], [0, 2, 3])
+    # two renamed in place pair by position; a run of two replaced by one does not
+    assert transition_slots(named("x", "y", "z"), named("x", "p", "q")) == ([0, 1, 2], [0, 1, 2])
+    assert transition_slots(named("x", "y", "z"), named("x", "p")) == ([0, 1, 2], [0, 3])
