@@ -221,7 +221,10 @@ def grouped_gemm(
 
 
 def elementwise(name: str, nbytes: int) -> Work:
-    """A memory-bound kernel: a few FLOPs per element, priced by the bytes it moves."""
+    """A memory-bound kernel, priced by the bytes it moves. Its FLOPs, one per two bytes
+    (one per bf16 element moved), are a placeholder with no source: the roofline times such
+    a kernel by its bytes (its FLOPs sit far under any device's ridge point), and MFU counts
+    model FLOPs (`model_flops_per_token`), not these."""
     return Work(name, "elementwise", nbytes // 2, nbytes)
 
 
@@ -303,6 +306,8 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
             )
         ]
     scores = s.act * pairs
+    # the softmax's FLOPs: the maximum, the shift, the exponent, the sum and the division,
+    # 5 per score (a count of the operations; the kernel is timed by its bytes)
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
     # so, and they stay memory-bound on the s x s scores they write and read
@@ -581,6 +586,12 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
+    """The attention block's forward kernels for one micro-batch on one rank. Its GEMMs are
+    `qkv_projections` and the output projection; the memory-bound kernels move, over the
+    [tokens, hidden] activation (its sequence-parallel shard where tp splits it): the norm a
+    read and a write (2 passes), the residual add two reads and a write (3), and dropout
+    its 1-byte mask where the model has dropout, the tensors of Korthikanti et al. (arXiv
+    2205.05198, section 4.1) counted as traffic rather than as saved memory."""
     e = operands(plan)
     h = s.hidden
     norm = s.act * s.tokens_sp * s.hidden
@@ -608,6 +619,11 @@ def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
 
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
+    """The MLP block's forward kernels for one micro-batch on one rank: the norm, residual
+    add and dropout as `attention_forward` counts them, the two GEMMs (fc1 ``gate`` times as
+    wide under a gated unit), and the activation function, which reads fc1's ``gate``
+    outputs and writes one (GELU a read and a write, SwiGLU two reads and a write:
+    Shazeer, arXiv 2002.05202, eq. 6)."""
     e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
@@ -851,7 +867,15 @@ def fsdp_summed(plan: Plan, params: Any) -> list[Work]:
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward; with
     ``model.logit_softcap``, Gemma 2's cap · tanh(logits / cap) between them, one fused pass
-    that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2)."""
+    that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2).
+
+    The fp32 cross-entropy over the rank's vocabulary shard moves 16 bytes per logit in the
+    forward, four fp32 passes: a read for the maximum, a read and a write for the shifted
+    logits' exponent, a read for its sum (Megatron-Core's ``VocabParallelCrossEntropy``:
+    ``calculate_logits_max``, ``calculate_predicted_logits``, fused by ``jit_fuser``), and
+    twice that in the backward (`backward_of`). A count from that code, not a published
+    figure; read kernel by kernel, with its upcast and the softmax's division, both passes
+    come to about 52 bytes per logit against these 48."""
     from budget.layers import vocab_rows
 
     vocab = vocab_rows(plan)
@@ -887,6 +911,9 @@ def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
 
 
 def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
+    """The embedding lookup: a gather that reads one row per token and writes it, two
+    passes of [tokens, hidden] in the activations' format, and no FLOPs that MFU counts
+    (PaLM, arXiv 2204.02311, appendix B, leaves the embeddings out of 6·N)."""
     return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
 
 
@@ -907,7 +934,13 @@ def optimizer_work(
     the shard, `vocab_shard` embedding and output-layer parameters are kept 16-bit under
     fp8 weights (`vocab_operands`). The gradients zeroed are the buffer the rank holds,
     `grads_held` (every parameter's under ZeRO-0/1, Megatron-LM's ``zero_grad_buffer``;
-    the shard's by default)."""
+    the shard's by default).
+
+    The step's FLOPs per parameter count the update as written, with decoupled weight
+    decay (apex's ``multi_tensor_adam``, ``ADAM_MODE_1``): AdamW 16 (Loshchilov and Hutter,
+    arXiv 1711.05101, algorithm 2: the moments 3 and 4, their bias corrections 2, the
+    denominator √v̂ + ε 2, the ratio plus decay 3, the step 2), SGD with momentum 6 (the
+    momentum 2, decay 2, step 2). They do not set its time, which the bytes do."""
     prec = plan.precision
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     if prec.optimizer == "none":
@@ -920,7 +953,10 @@ def optimizer_work(
     works = [
         elementwise("gradient norm", grad * params_shard),
         Work(
-            f"{prec.optimizer} step", "elementwise", 10 * params_shard, states * params_shard + kept
+            f"{prec.optimizer} step",
+            "elementwise",
+            {"adam": 16, "sgd": 6}[prec.optimizer] * params_shard,
+            states * params_shard + kept,
         ),
     ]
     if master:

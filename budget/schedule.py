@@ -399,6 +399,14 @@ def time_phase(
     price: Pricer = price_move,
     kernels: dict[str, float] | None = None,
 ) -> PhaseTime:
+    """One phase's compute and each of its collectives' total and exposed time, by the
+    module's rule: exposed = max(floor · T, T − share · W) inside the window W a move names
+    and its overlap flag allows; a pipelined move's last chunk waits alone; moves sharing a
+    window draw one after the other on what it leaves; an interleaved stage's gradient and
+    parameter parts hide chunk by chunk (Megatron-LM's per-chunk ``grad_sync_func`` and
+    ``param_sync_func``: chunk 0's part within its own last step, all parts within the later
+    chunks' steps); a hidden move slows the compute beside it by ``overlap.slowdown`` (Lee et
+    al., arXiv 2507.03114) or, under comm-GEMM overlap, narrows its GEMM (`sm_margin`)."""
     if kernels is None:
         kernels = _by_name(plan, phase)
     compute = sum(kernels.values())
@@ -481,8 +489,11 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     """Prefill and decode latency: one batch passes the stages one after the other, so a
     pass takes the sum of its stages; decode runs generate - 1 passes. Throughput counts the
     tokens every data-parallel replica produces (prompt tokens for prefill, generated
-    tokens for decode); model FLOPs are 2·N per token plus attention against the context
-    (Kaplan et al., arXiv 2001.08361, Table 1, whose N leaves out the embeddings), N the
+    tokens for decode); model FLOPs are 2·N per token (Kaplan et al., arXiv 2001.08361,
+    Table 1, whose N leaves out the embeddings) plus the attention products against the
+    context, the score and the value products, 4·L·h per key (PaLM, arXiv 2204.02311,
+    appendix B, a third of its 12·L·h·s, which counts forward and backward; Kaplan's
+    2·n_layer·n_ctx·d_attn counts the scores alone), N the
     active non-embedding parameters, and 2·vocab·hidden for the output layer where logits
     are computed: once per sequence in a prefill (the last position, what sampling needs,
     as `inference` prices it), for every decoded token. Decode runs G - 1 passes for G

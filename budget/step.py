@@ -872,6 +872,7 @@ def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
 
 
 def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
+    """`cp_held`'s buffers for cp > 1, sized as its docstring reads Transformer Engine."""
     ring = plan.parallel.cp_attention == "ring"
     if ring and not backward:
         cp, place = plan.parallel.cp, "shard(0) on cp"

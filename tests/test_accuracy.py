@@ -49,6 +49,12 @@ def test_gpt3_175b_iteration_time_within_15_percent_of_megatron():
     assert abs(error) <= TOLERANCE, f"predicted {time_s:.2f} s, error {error:+.1%}"
 
 
-def test_gpt3_175b_mfu_within_15_percent_of_megatron():
+def test_gpt3_175b_mfu_counts_the_model_flops_megatron_counts():
+    """MFU's numerator is the paper's: the FLOPs budget's MFU stands for (MFU × its own
+    step × 64 GPUs × 312 TFLOP/s) equal 51.4 % of 13.75 s on the same 64 GPUs, within the
+    rounding of 51.4 (±0.05 points, ±0.1 %). MFU within a band of the published one would
+    only restate the time test above (an audit)."""
     report = build_report(_korthikanti_175b())
-    assert report.step["mfu"] == pytest.approx(PUBLISHED_MFU, rel=TOLERANCE)
+    peak = 64 * 312e12  # A100 dense bf16 (datasheet)
+    flops = report.step["mfu"] * report.step["time_s"] * peak
+    assert flops == pytest.approx(PUBLISHED_MFU * PUBLISHED_ITERATION_S * peak, rel=1.5e-3)

@@ -700,9 +700,9 @@ def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
     of each sequence only (what `inference` prices), so model FLOPs are
     16,384 × (2·N' + attention) + 8 × 2·vocab·hidden, N' the layer and the final norm.
     Before, 2·N per token counted both 256,000 × 4,096 matrices for every prompt token and
-    MFU came to 665 %."""
-    from budget.flops import attention_query_flops
-
+    MFU came to 665 %. Attention by hand: one layer of 32 heads of 128, 2·32·(128 + 128) =
+    16,384 FLOPs per key (PaLM, arXiv 2204.02311, appendix B: the score and value products,
+    a third of 12·L·h·s), a causal prompt meeting 1,024 keys on average."""
     text = (
         "mode: prefill\nmodel: {layers: 1, hidden: 4096, heads: 32, ffn: 14336, vocab: 256000, "
         "mlp: swiglu, norm: rmsnorm, tied_embeddings: false}\n"
@@ -714,11 +714,32 @@ def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
     step = build_report(plan).step
     layer = 4 * 4096**2 + 3 * 4096 * 14336 + 2 * 4096  # q, k, v, o; gate, up, down; 2 norms
     n = layer + 4096  # and the final norm
-    attention = attention_query_flops(plan.model, 0, 2048)
+    attention = 16384 * 1024
     work = 8 * 2048 * (2 * n + attention) + 8 * 2 * 256000 * 4096
     peak = plan.device.peak_flops("bf16")
     assert step["mfu"] * step["time_s"] * peak == pytest.approx(work, rel=1e-12)
     assert 0 < step["mfu"] < 1
+
+
+def test_decode_mfu_counts_each_generated_token_against_its_context():
+    """plans/llama3-70b-decode.yaml, 32 sequences of 2,048 prompt tokens generating 512 on
+    8 H100s: decode runs 511 passes (the first token is the prefill's), each token counting
+    2·N' (N' the 80 layers and the final norm: per layer q and o 8192², k and v 8192 × 1024,
+    gate, up and down 8192 × 28672, two norms), the output layer's 2·128,256·8,192, and the
+    attention products, 2·80·64·(128 + 128) = 2,621,440 FLOPs per key (PaLM, arXiv
+    2204.02311, appendix B: its 12·L·h·s is three times this forward count) against
+    2,049 ... 2,559 keys, 2,304 on average. MFU is that over the decode passes' time at the
+    bf16 peak of all 8 GPUs; the prefill's time is not in it (an audit: no test held it)."""
+    report = to_dict(build_report(load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")))
+    step = report["step"]
+    layer = 2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    n = 80 * layer + 8192
+    per_token = 2 * n + 2 * 128256 * 8192 + 2_621_440 * 2304
+    work = 32 * 511 * per_token
+    busy = 511 * step["decode_token_s"]
+    peak = 8 * 989e12  # H100 SXM dense bf16, the preset's (datasheet: 1,979 with sparsity)
+    assert step["mfu"] * busy * peak == pytest.approx(work, rel=1e-9)
+    assert step["mfu"] == pytest.approx(0.0339, abs=5e-5)  # as the README's decode row reads
 
 
 def test_the_header_and_json_name_the_experts_and_the_active_parameters():

@@ -35,12 +35,24 @@ def test_optimizer_moves_42_bytes_per_parameter() -> None:
     plan = load_plan(PLAN)
     works = flops.optimizer_work(plan, 1_000_000)
     assert sum(w.bytes for w in works) == 42_000_000
+    assert works[1].flops == 16_000_000  # AdamW as apex's ADAM_MODE_1 writes it (the docstring)
     assert [w.name for w in works] == [
         "gradient norm",
         "adam step",
         "master weights to parameters",
         "zero main gradients",
     ]
+
+
+def test_cross_entropy_moves_four_fp32_passes_and_twice_that_back() -> None:
+    """GPT-3 175B at TP 8, micro-batch 1 of 2,048 tokens: a rank's logits are 2,048 × 6,400
+    (51,200 / 8); the fp32 cross-entropy reads them for the maximum, reads and writes the
+    exponent and reads it for the sum, 16 bytes per logit (209,715,200 B), and its backward
+    twice that (an audit: no test held this count)."""
+    plan = load_plan(PLAN)
+    works = {w.name: w for w in flops.loss_work(plan, shapes(plan))}
+    assert works["cross-entropy (fp32)"].bytes == 16 * 2048 * 6400 == 209_715_200
+    assert works["cross-entropy (fp32) backward"].bytes == 2 * 209_715_200
 
 
 def test_every_backward_block_accumulates_its_own_parameters() -> None:
