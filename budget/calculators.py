@@ -150,8 +150,8 @@ def collective(
             shown = " × ".join(map(str, counts))
             raise ValueError(f"the levels hold {shown} = {world:,} ranks; at most {MAX_GPUS:,}")
         if ranks is not None and ranks != world:
-            shown = " × ".join(map(str, counts))
-            raise ValueError(f"--ranks {ranks} does not match the levels: {shown} = {world}")
+            shown = " × ".join(map(str, counts)) + (f" = {world:,}" if len(counts) > 1 else "")
+            raise ValueError(f"--ranks {ranks} does not match the levels, which hold {shown} ranks")
         domain, topo_levels = 1, []
         for i, (count, level) in enumerate(parsed):
             domain *= count

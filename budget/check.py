@@ -117,6 +117,9 @@ class Reason:
     required: float | None
     excess: float | None  # how far past the limit, in the same unit
     contributors: tuple[Overlapping, ...] = ()
+    # the time limits' largest phases, (phase, seconds per step or per output token), as
+    # the message names them
+    phases: tuple[tuple[str, float], ...] = ()
     # other stages past the same memory limit, (stage, excess bytes), largest excess first
     other_stages: tuple[tuple[int, int], ...] = ()
 
@@ -133,6 +136,7 @@ class Reason:
                 for o in self.contributors
             ],
             "other_stages": [{"stage": s, "excess_bytes": e} for s, e in self.other_stages],
+            "phases": [{"phase": name, "seconds": s} for name, s in self.phases],
         }
 
 
@@ -420,9 +424,9 @@ def _untimed(limit: LimitName, option: str) -> Reason:
 
 def _phases(
     report: Report, key: str, limit: int = 3, only: list[PhaseRow] | None = None, per: int = 1
-) -> str:
+) -> tuple[tuple[str, float], ...]:
     """The `limit` phases (of `only`, if given) with the most exposed or busy time, each
-    divided by `per` (a decode phase's passes)."""
+    divided by `per` (a decode phase's passes), as (phase, seconds)."""
     values = []
     for p in report.phases if only is None else only:
         value = (
@@ -431,9 +435,14 @@ def _phases(
             else (p.compute_s or 0.0) + (p.exposed_s or 0.0)
         )
         if value > 0:
-            values.append((value / per, p.name))
-    values.sort(key=lambda v: -v[0])
-    return ", ".join(f"{name} {format_duration(value)}" for value, name in values[:limit])
+            values.append((p.name, value / per))
+    values.sort(key=lambda v: -v[1])
+    return tuple(values[:limit])
+
+
+def _named(phases: tuple[tuple[str, float], ...]) -> str:
+    """`_phases` as the messages name them: "forward.mlp 496 ms, ..."."""
+    return ", ".join(f"{name} {format_duration(value)}" for name, value in phases)
 
 
 def _exposed_reason(report: Report, share: float) -> Reason | None:
@@ -445,18 +454,20 @@ def _exposed_reason(report: Report, share: float) -> Reason | None:
         return None
     over = exposed_s - share * time_s
     pacing = report.step.get("pacing_stage")
+    phases = _phases(report, "exposed")
     return Reason(
         limit="max_exposed",
         message=(
             f"exposed communication takes {_finer(actual, share)} of the step "
             f"({format_duration(exposed_s)} of {format_duration(time_s)}), over the "
             f"{_percent(share)} limit by "
-            f"{format_duration(over)}; most exposed phases: {_phases(report, 'exposed')}"
+            f"{format_duration(over)}; most exposed phases: {_named(phases)}"
         ),
         stage=None if pacing is None else int(pacing),  # the share is the pacing stage's
         actual=actual,
         required=share,
         excess=actual - share,
+        phases=phases,
     )
 
 
@@ -467,12 +478,13 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
     if time_s <= max_step:
         return None
     bubble = report.step.get("bubble_s") or 0.0
+    phases = _phases(report, "busy")
     return Reason(
         limit="max_step",
         message=(
             f"the step takes {_distinct(time_s, max_step)}, {format_duration(time_s - max_step)} "
             f"over the {_exact(max_step)} limit; largest phases (compute + exposed "
-            f"communication): {_phases(report, 'busy')}"
+            f"communication): {_named(phases)}"
             # a serving plan's batch crosses its stages one after the other: no bubble
             + (
                 f"; pipeline bubble {format_duration(bubble)}"
@@ -484,6 +496,7 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
         actual=time_s,
         required=max_step,
         excess=time_s - max_step,
+        phases=phases,
     )
 
 
@@ -539,17 +552,19 @@ def _latency_reason(report: Report, name: LimitName, limit: float) -> Reason | N
     # a decode phase's row sums its passes
     passes = 1 if name == "max_ttft" else passes_for(report.layout["generate"])
     per = "" if passes == 1 else " per output token"
+    phases = _phases(report, "busy", only=busy, per=passes)
     return Reason(
         limit=name,
         message=(
             f"{what} is {_distinct(actual, limit)}, {format_duration(actual - limit)} over "
             f"the {_exact(limit)} limit; largest phases{per} (compute + exposed "
-            f"communication): {_phases(report, 'busy', only=busy, per=passes)}"
+            f"communication): {_named(phases)}"
         ),
         stage=None,
         actual=actual,
         required=limit,
         excess=actual - limit,
+        phases=phases,
     )
 
 

@@ -33,7 +33,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.7: the report's ``model.head_dim``, which a model read from a config can set apart from
 # hidden / heads (Mistral-Nemo's 128 where 5120 / 32 is 160); `budget validate --format json`
 # (``validate``)
-SCHEMA_VERSION = "1.7"
+# 1.8: `budget check`'s time limits give their largest phases (``phases``), which their
+# message names (``contributors`` holds memory allocations, empty for them)
+SCHEMA_VERSION = "1.8"
 
 Kind = Literal[
     "report",

@@ -172,7 +172,31 @@ def test_hierarchical_asked_for_over_one_link_is_refused() -> None:
 def test_ranks_must_match_the_levels_when_given() -> None:
     assert _json(["collective", "all-reduce", *FOUR_NODES, "--ranks", "32"])["ranks"] == 32
     message = _error(["collective", "all-reduce", *FOUR_NODES, "--ranks", "16"])
-    assert message == "budget: error: --ranks 16 does not match the levels: 8 × 4 = 32"
+    assert (
+        message
+        == "budget: error: --ranks 16 does not match the levels, which hold 8 × 4 = 32 ranks"
+    )
+    one = _error(
+        ["collective", "all-reduce", "--level", "8:450GB/s:1us", "--ranks", "16", "--size", "1GiB"]
+    )
+    assert (
+        one == "budget: error: --ranks 16 does not match the levels, which hold 8 ranks"
+    )  # not "8 = 8"
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_a_group_of_one_rank_moves_nothing_in_every_format(fmt: str) -> None:
+    """One rank: no step, no byte, no link; the table and markdown raised an IndexError
+    naming the links the collective used (a seeds audit), where JSON answered."""
+    for link in (["--bandwidth", "450GB/s", "--latency", "1us"], ["--level", "1:450GB/s:1us"]):
+        args = ["collective", "all-gather", "--ranks", "1", "--size", "1GiB", *link]
+        result = runner.invoke(app, route([*args, "--format", fmt]))
+        assert result.exit_code == 0, result.output
+        if fmt == "json":
+            data = json.loads(result.stdout)
+            assert (data["steps"], data["sent_bytes"], data["time_s"]) == (0, 0, 0.0)
+        else:
+            assert "none: a group of one rank sends nothing" in result.stdout
 
 
 def test_auto_says_what_it_chose_and_why() -> None:

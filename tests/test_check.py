@@ -126,6 +126,13 @@ def test_limits(option: str, value: str, code: int, limit: str | None) -> None:
     data = json.loads(out)
     reasons = data["plans"][0]["reasons"]
     assert [r["limit"] for r in reasons] == ([] if limit is None else [limit])
+    for reason in reasons:  # a time limit's phases, as its message names them (an audit)
+        phases = reason["phases"]
+        assert bool(phases) == (limit != "headroom")
+        assert all(p["phase"] in reason["message"] for p in phases), reason["message"]
+        assert [p["seconds"] for p in phases] == sorted(
+            (p["seconds"] for p in phases), reverse=True
+        )
 
 
 def test_headroom_reason_names_the_shortfall() -> None:

@@ -156,6 +156,8 @@ def _links(result: CollectiveResult) -> str:
         for level in result.levels
         if level.name in used
     ]
+    if not parts:  # one rank: nothing crosses a link
+        return "none: a group of one rank sends nothing"
     if len(result.levels) == 1:
         return parts[0]
     names = [level.name for level in result.levels if level.name in used]
