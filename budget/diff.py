@@ -281,6 +281,9 @@ _PLAN_KEYS = {
     "batch.global_batch": "batch.global",
     "model.window": "model.sliding_window.size",
     "model.window_layers": "model.sliding_window.layers",
+    # a preset's name: the key the plan file wrote (a written device or topology has none)
+    "device.name": "device.preset",
+    "topology.name": "topology.preset",
 }
 
 
@@ -321,6 +324,15 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         flat["model.sliding_window.size"] = window or None
         flat["model.sliding_window.layers"] = _sliding_layers(plan) if window else None
     keys = list(dict.fromkeys([*fa, *fb]))
+    # B's extra keys beside their section's (topology.levels.2 after levels.1), each
+    # section's preset first: what a file changed, then what it brings
+    sections = list(dict.fromkeys(k.split(".")[0] for k in keys))
+    keys.sort(
+        key=lambda k: (
+            sections.index(k.split(".")[0]),
+            k.count(".") > 1 or not k.endswith(".preset"),
+        )
+    )
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
 
 
@@ -384,6 +396,8 @@ _STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
     ("activations_bytes", "bytes", "lower", lambda s: s.activations_bytes),
     ("transient_bytes", "bytes", "lower", lambda s: s.transient_bytes),
     ("kv_cache_bytes", "bytes", "lower", lambda s: s.kv_cache_bytes),
+    # what device.reserved adds, so that the rows add up to the peak (an audit)
+    ("reserved_bytes", "bytes", "lower", lambda s: s.reserved_bytes),
     ("peak_bytes", "bytes", "lower", lambda s: s.peak_bytes),
     ("headroom_bytes", "bytes", "higher", lambda s: s.headroom_bytes),
 )

@@ -34,7 +34,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # hidden / heads (Mistral-Nemo's 128 where 5120 / 32 is 160); `budget validate --format json`
 # (``validate``)
 # 1.8: `budget check`'s time limits give their largest phases (``phases``), which their
-# message names (``contributors`` holds memory allocations, empty for them)
+# message names (``contributors`` holds memory allocations, empty for them); `budget diff`'s
+# stage rows give ``reserved_bytes``, so that they add up to the peak
 SCHEMA_VERSION = "1.8"
 
 Kind = Literal[

@@ -524,3 +524,58 @@ def test_transitions_pair_as_a_line_diff_pairs_lines(tmp_path: Path) -> None:
     # two renamed in place pair by position; a run of two replaced by one does not
     assert transition_slots(named("x", "y", "z"), named("x", "p", "q")) == ([0, 1, 2], [0, 1, 2])
     assert transition_slots(named("x", "y", "z"), named("x", "p")) == ([0, 1, 2], [0, 3])
+
+
+def test_a_preset_change_reads_as_the_key_the_file_wrote_first(tmp_path: Path) -> None:
+    """A device or topology preset swapped reads as ``device.preset`` / ``topology.preset``,
+    first in its section, and B's extra levels beside A's (an audit: it read
+    ``device.name``, a key no plan file has, after the memory rows, and levels.2 after
+    ``topology.name``)."""
+    h200 = variant(tmp_path, "h200.yaml", ("preset: a100-80gb", "preset: h200"))
+    keys = [c.key for c in plan_changes(load_plan(GPT3), load_plan(h200))]
+    assert keys[0] == "device.preset" and "device.name" not in keys
+    rail = variant(tmp_path, "rail.yaml", ("preset: dgx-a100", "preset: rail-fat-tree"))
+    keys = [c.key for c in plan_changes(load_plan(GPT3), load_plan(rail))]
+    assert keys[0] == "topology.preset"
+    assert keys[1:] == sorted(keys[1:], key=lambda k: k.split(".")[2])  # levels in order
+
+
+def test_the_stage_rows_add_up_to_the_peak_with_what_is_reserved(tmp_path: Path) -> None:
+    """device.reserved moved the peak and no row beside it (an audit): a reserved row,
+    shown when a side reserves anything, makes the rows add up."""
+    more = variant(tmp_path, "more.yaml", ("reserved: 3 GiB", "reserved: 6.5 GiB"))
+    _, _, diff = diff_files(GPT3, more)
+    for row in diff.stages:
+        d = {delta.metric: delta for delta in row.deltas}
+        for side in ("a", "b"):
+            parts = ("states_bytes", "activations_bytes", "transient_bytes", "kv_cache_bytes")
+            total = sum(getattr(d[m], side) for m in (*parts, "reserved_bytes"))
+            assert total == getattr(d["peak_bytes"], side)
+        assert d["reserved_bytes"].absolute == 3.5 * 2**30
+    out = runner.invoke(app, route(["diff", str(GPT3), str(more)])).stdout
+    assert "reserved" in out
+
+
+def test_the_marks_stand_beside_the_colour_and_a_headline_leads(tmp_path: Path) -> None:
+    """On a colour terminal the ✓ and ✗ stay (an audit: colour alone told better from
+    worse); one sentence under the two plans says what a reviewer most wants to know; in
+    markdown, two plans of one name are titled by their files and the stages and phases that
+    did not move are named, not tabled."""
+    from rich.console import Console
+
+    from budget.render.diff import diff_markdown, headline, render_diff
+
+    more = variant(tmp_path, "more.yaml", ("reserved: 3 GiB", "reserved: 6.5 GiB"))
+    a, b, diff = diff_files(GPT3, more)
+    console = Console(width=120, color_system="truecolor", force_terminal=True, record=True)
+    render_diff(console, a, b, diff, "table")
+    text = console.export_text()
+    assert "✗" in text and "\x1b[" not in text  # exported without codes; printed with them
+    sentence = headline(diff)
+    assert sentence.startswith("B against A: worst-stage peak +")
+    assert "step time unchanged at" in sentence and sentence.endswith("; both fit")
+    assert sentence + "." in text
+    markdown = diff_markdown(a, b, diff)
+    assert markdown.startswith("## budget diff: gpt3-175b.yaml → more.yaml\n")
+    assert f"**{sentence}.**" in markdown
+    assert "Unchanged (" not in markdown.split("### Phases")[0]  # every stage's peak moved

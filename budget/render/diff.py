@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -27,12 +28,15 @@ __all__ = ["diff_markdown", "render_diff"]
 
 _STYLE = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
 _MARK = {"better": "🟢 ", "worse": "🔴 ", "same": "", "n/a": ""}
-_PLAIN_MARK = {"better": " ✓", "worse": " ✗", "same": "  ", "n/a": "  "}  # without colour
+# beside the colour, not instead of it: a reader who does not see red from green, a CI log
+# that keeps the colour codes (a user audit)
+_PLAIN_MARK = {"better": " ✓", "worse": " ✗", "same": "  ", "n/a": "  "}
 _LABELS = {
     "states_bytes": "states",
     "activations_bytes": "activations",
     "transient_bytes": "transients",
     "kv_cache_bytes": "KV cache",
+    "reserved_bytes": "reserved",
     "peak_bytes": "peak",
     "headroom_bytes": "headroom",
     "payload_bytes": "sent/rank",
@@ -142,8 +146,8 @@ def _label(metric: str, summary: bool = False) -> str:
 
 
 def _shown(rows: tuple[Row, ...], metric: str) -> bool:
-    """KV cache rows only when a side has one; every other metric always."""
-    if metric != "kv_cache_bytes":
+    """KV cache and reserved rows only when a side has one; every other metric always."""
+    if metric not in ("kv_cache_bytes", "reserved_bytes"):
         return True
     return any(d.metric == metric and (d.a or d.b) for r in rows for d in r.deltas)
 
@@ -155,6 +159,23 @@ def _name(row: Row) -> str:
         a, b = row.stages
         return f"{row.key} ({a})" if a == b else f"{row.key} (A {a}, B {b})"
     return row.key + ("" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)")
+
+
+def headline(diff: PlanDiff) -> str:
+    """The comparison in one sentence, for a reviewer who reads no further: B's step and
+    worst-stage peak against A's, and whether each fits ("B against A: worst-stage peak
+    unchanged at 38.4 GiB, step time −3.3% (9.16 s → 8.86 s); both fit")."""
+    said = []
+    for delta in diff.summary:
+        if delta.metric not in ("time_s", "peak_bytes") or delta.verdict == "n/a":
+            continue
+        label, (_, relative) = _label(delta.metric, summary=True), _change(delta)
+        if delta.verdict == "same":
+            said.append(f"{label} unchanged at {_value(delta.unit, delta.b)}")
+            continue
+        span = f"{_value(delta.unit, delta.a)} → {_value(delta.unit, delta.b)}"
+        said.append(f"{label} {relative} ({span})")
+    return "B against A: " + ", ".join(said) + f"; {_fits(diff)}" if said else _fits(diff)
 
 
 def _fits(diff: PlanDiff) -> str:
@@ -179,12 +200,11 @@ def _table(title: str, first: str, second: str | None) -> Table:
     return table
 
 
-def _cells(delta: Delta, marked: bool) -> list[Text]:
-    """A, B, Δ and Δ% in the verdict's colour; `marked`: a ✓ or ✗ after Δ% as well, for
-    output without colour."""
+def _cells(delta: Delta) -> list[Text]:
+    """A, B, Δ and Δ% in the verdict's colour, a ✓ or ✗ after Δ%."""
     absolute, relative = _change(delta)
     style = _STYLE[delta.verdict]
-    mark = _PLAIN_MARK[delta.verdict] if marked else ""
+    mark = _PLAIN_MARK[delta.verdict]
     return [
         Text(_value(delta.unit, delta.a)),
         Text(_value(delta.unit, delta.b)),
@@ -193,12 +213,7 @@ def _cells(delta: Delta, marked: bool) -> list[Text]:
     ]
 
 
-def _uncoloured(console: Console) -> bool:
-    """No colour reaches the reader: output that is not a terminal, or NO_COLOR set."""
-    return console.color_system is None or console.no_color
-
-
-def _row_table(title: str, first: str, rows: tuple[Row, ...], marked: bool) -> Table:
+def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
     table = _table(title, first, "")
     for i, row in enumerate(rows):
         if i:
@@ -207,7 +222,7 @@ def _row_table(title: str, first: str, rows: tuple[Row, ...], marked: bool) -> T
         shown = [d for d in row.deltas if _shown(rows, d.metric)]
         for j, delta in enumerate(shown):
             label = Text(_label(delta.metric))
-            table.add_row(Text(name if j == 0 else ""), label, *_cells(delta, marked))
+            table.add_row(Text(name if j == 0 else ""), label, *_cells(delta))
     return table
 
 
@@ -218,6 +233,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         console.print()
         console.print("No differences: the plans resolve to the same configuration and budget.")
         return
+    console.print(Text(headline(diff) + "."))
     console.print()
     if diff.changes:
         table = titled_table("Plan changes")
@@ -233,10 +249,9 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
     console.print()
-    marked = _uncoloured(console)
     summary = _table(f"Step and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
-        summary.add_row(Text(_label(delta.metric, summary=True)), *_cells(delta, marked))
+        summary.add_row(Text(_label(delta.metric, summary=True)), *_cells(delta))
     console.print(summary)
     if diff.note:
         console.print()
@@ -246,14 +261,13 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         (_phases_title(a, b), "phase", diff.phases),
     ):
         console.print()
-        console.print(_row_table(title, first, rows, marked))
-    better, worse = ("✓", "✗") if marked else (("green", "green"), ("red", "red"))
+        console.print(_row_table(title, first, rows))
     console.print(
         Text.assemble(
             "Δ = B − A; ",
-            better,
+            ("✓", "green"),
             " is better, ",
-            worse,
+            ("✗", "red"),
             " is worse (less memory and time, more headroom, tokens/s and MFU are better)",
         )
     )
@@ -318,15 +332,25 @@ def _md_cells(delta: Delta) -> list[str]:
     return [_value(delta.unit, delta.a), _value(delta.unit, delta.b), mark + absolute, relative]
 
 
+def _file_names(a: str, b: str) -> tuple[str, str]:
+    """Two plans of one name told apart by their files: the base names where they differ,
+    else the paths (a variant copied from a plan keeps its ``name:``, an audit)."""
+    short = (PurePath(a).name, PurePath(b).name)
+    return short if short[0] != short[1] else (a, b)
+
+
 def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     """The comparison as GitHub-flavoured markdown tables (🟢 better, 🔴 worse)."""
+    names = (a.name, b.name) if a.name != b.name else _file_names(a.file, b.file)
     lines = [
-        f"## budget diff: {plain(a.name)} → {plain(b.name)}",
+        f"## budget diff: {plain(names[0])} → {plain(names[1])}",
         "",
         f"- A: {code(_title(a))}",
         f"- B: {code(_title(b))}",
     ]
     lines.append("")
+    if not diff.identical:
+        lines += [f"**{plain(headline(diff))}.**", ""]
     if diff.identical:
         lines += ["No differences: the plans resolve to the same configuration and budget.", ""]
         return "\n".join(lines)
@@ -350,14 +374,23 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         (_phases_title(a, b), "phase", diff.phases),
     ):
         lines += [f"### {title}", ""]
+        # a pull request's comment keeps what moved; the terminal and JSON keep every row
+        changed = [row for row in rows if row.changed]
+        unchanged = [_name(row) for row in rows if not row.changed]
+        if not changed:
+            lines += [f"No {first} changed.", ""]
+            continue
         lines += [_md([first, "figure", "A", "B", "Δ", "Δ%"])]
         lines.append("| --- | --- | ---: | ---: | ---: | ---: |")
-        for row in rows:
+        for row in changed:
             name = _name(row)
             shown = [d for d in row.deltas if _shown(rows, d.metric)]
             for j, delta in enumerate(shown):
                 label = f"`{name}`" if j == 0 and first == "phase" else name if j == 0 else ""
                 lines.append(_md([label, _label(delta.metric), *_md_cells(delta)]))
         lines.append("")
+        if unchanged:
+            still = ", ".join(code(n) if first == "phase" else plain(n) for n in unchanged)
+            lines += [f"Unchanged ({len(unchanged)}): {still}.", ""]
     lines.append("Δ = B − A; 🟢 better, 🔴 worse.")
     return "\n".join(lines) + "\n"
