@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
 from budget.inference import passes_for
-from budget.report import Overlapping, PhaseRow, Report, StageRow
+from budget.report import CollectiveRow, Overlapping, PhaseRow, Report, StageRow
 from budget.schedule import pass_of
 from budget.units import (
     UnitError,
@@ -589,6 +589,54 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
     return tuple(r for r in reasons if r is not None)
 
 
+# the groups whose collectives run in every layer of every micro-batch
+_PER_LAYER = ("tp", "cp", "ep", "etp")
+
+
+def slow_link_notes(report: Report) -> tuple[str, ...]:
+    """A caution for each per-layer group (tp, cp, ep, etp) whose collectives leave the
+    topology's innermost level: frequent exchanges belong on the fastest links (DESIGN.md's
+    seed, "map frequent communication onto topology regions with sufficient latency and
+    bandwidth"), and a rank order that strides them across nodes passes every limit unsaid
+    (a seeds audit: tp 8 over InfiniBand, 63 % of the step exposed, and no word)."""
+    if len(report.links) < 2:
+        return ()
+    inner = report.links[0]
+    found: dict[str, list[CollectiveRow]] = {}
+    for p in report.phases:
+        for c in p.collectives:
+            if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
+                found.setdefault(c.group, []).append(c)
+    notes = []
+    for group, rows in found.items():
+        links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
+        calls = sum(c.count for c in rows)
+        exposed = sum((c.exposed_s or 0.0) * c.count for c in rows)
+        hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
+        notes.append(
+            f"{group}'s per-layer collectives ({calls:,} calls a step, "
+            f"{format_duration(exposed)} of them exposed) cross {links}: {hint}"
+        )
+    return tuple(notes)
+
+
+def _closer(report: Report, group: str, ranks: int, level: str, size: int | None) -> str:
+    """Why `group` leaves `level` and what would keep it in: wider than a domain, or the
+    groups parallel.order lists before it taking the domain's ranks (the first groups take
+    the closest ranks), naming those that run no per-layer collective."""
+    domain = f"one {level} domain of {size}"
+    if not size or ranks > size:
+        return f"{group} {ranks} is wider than {domain}"
+    order, layout = report.layout.get("order") or [], report.layout
+    if group not in order:
+        return f"{group} {ranks} would fit in {domain}"
+    before = [g for g in order[: order.index(group)] if (layout.get(g) or 1) > 1]
+    taken = ", ".join(f"{g} {layout[g]}" for g in before)
+    rarer = [g for g in before if g not in _PER_LAYER]
+    move = f": list {group} before {' and '.join(rarer)}" if rarer else ""
+    return f"{group} {ranks} would fit in {domain}, but parallel.order puts {taken} closer{move}"
+
+
 def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
     """Budget and check every plan; an invalid plan is recorded and the rest still run."""
     from budget.pipeline import budget_plan
@@ -602,6 +650,7 @@ def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
             verdicts.append(Verdict(plan_name(path), None, problems=tuple(error.problems)))
             continue
         reasons, notes = check_report(report, limits), latency_notes(report, limits)
+        notes += slow_link_notes(report)  # said, not failed
         if not report.device["reserved_bytes"]:  # said beside the figures, not failed
             notes += (
                 "device.reserved is 0, so the headroom counts nothing for the CUDA context, "

@@ -215,6 +215,11 @@ def test_validate_output_validates_and_lists_each_plans_problems(tmp_path: Path)
     assert f"| `{GPT3}` | ✅ |" in markdown.stdout and f"`{bad}` is invalid" in markdown.stdout
     table = runner.invoke(app, route(["validate", str(GPT3), str(bad)]))
     assert table.stdout == f"{GPT3}: ok\n"
+    # the files' problems in the order given, as check gives them (they were by file name)
+    later = tmp_path / "a-missing.yaml"
+    both = runner.invoke(app, route(["validate", str(bad), str(later)]))
+    files = dict.fromkeys(line.split(":")[0] for line in both.stderr.splitlines())
+    assert list(files) == [str(bad), str(later)]
 
 
 @pytest.mark.parametrize("pair", ["same", "tp4", "depths"])

@@ -89,6 +89,10 @@ def render_markdown(report: Report) -> str:
         f"headroom {b(worst.headroom_bytes)}." + (unreserved(report) if worst.fits else "")
     )
     lines.append("")
+    from budget.check import slow_link_notes
+
+    lines += [f"> **Caution:** {plain(note)}." for note in slow_link_notes(report)]
+    lines += [""] if slow_link_notes(report) else []
     lines += [f"- {line}" for line in summary(report)]
     lines.append("")
     lines.append("### Memory per rank of each pipeline stage, at its peak")

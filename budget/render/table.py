@@ -775,3 +775,7 @@ def render_table(console: Console, report: Report) -> None:
     for line in summary(report):
         console.print(line, markup=False)
     console.print(verdict(report))
+    from budget.check import slow_link_notes
+
+    for note in slow_link_notes(report):
+        console.print(Text(f"Caution: {note}.", style="yellow"))
