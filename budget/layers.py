@@ -784,6 +784,9 @@ def residual_placement(plan: Plan) -> str:
     )
 
 
+QKV_OUTPUTS = ("attention Q", "attention K", "attention V")  # the QKV projection's outputs
+
+
 def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors the attention block saves for backward, per layer and micro-batch.
 
@@ -804,9 +807,10 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     out = [
         Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("attention QKV input", "activations", a * s.tokens_sp * s.hidden, placement=res),
-        Alloc("attention Q", "activations", a * s.tokens * s.q_cols, placement=head),
-        Alloc("attention K", "activations", a * s.tokens * s.k_cols, placement=head),
-        Alloc("attention V", "activations", a * s.tokens * s.v_cols, placement=head),
+        *(
+            Alloc(name, "activations", a * s.tokens * cols, placement=head)
+            for name, cols in zip(QKV_OUTPUTS, (s.q_cols, s.k_cols, s.v_cols), strict=True)
+        ),
     ]
     if plan.model.qk_norm != "none":  # the norms keep their input, Q and K before them
         qk = a * s.tokens * (s.q_cols + s.k_cols)

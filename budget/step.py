@@ -33,6 +33,7 @@ from budget.errors import BudgetError
 from budget.flops import Work
 from budget.layers import (
     FC2_INPUT,
+    QKV_OUTPUTS,
     Shapes,
     StageClass,
     StageParams,
@@ -1334,6 +1335,8 @@ def _forward(b: _StageBuilder) -> None:
     attn_kept = blocks["attention"] + when(core, plan.recompute == "selective")
     attn = _either(blocks["attention"], full) + when(core, plan.recompute == "selective")
     first_two = _either(blocks["attention"][:2], full)
+    # what the QKV GEMM writes while its all-gathered input is alive (a seeds audit)
+    qkv_out = _either([x for x in blocks["attention"] if x.name in QKV_OUTPUTS], full)
 
     if b.first:
         moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)
@@ -1351,9 +1354,17 @@ def _forward(b: _StageBuilder) -> None:
         [
             Instant(
                 "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
-                tuple(base + checkpoint + first_two + gathered + z3),
+                tuple(base + checkpoint + first_two + qkv_out + gathered + z3),
             ),
             Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
+            # the row-parallel output projection's output, whole on each rank before its
+            # reduce-scatter (all-reduce), as the MLP's fc2 output is
+            Instant(
+                "output projection reduction",
+                tuple(
+                    base + checkpoint + attn + _before_reduction(s, "attention output", par.tp) + z3
+                ),
+            ),
         ],
         flops.attention_forward(plan, s) + _gather_copies(plan, b.layer, "attention"),
     )
@@ -1374,7 +1385,7 @@ def _forward(b: _StageBuilder) -> None:
                         base
                         + checkpoint
                         + kept
-                        + _either(blocks["mlp"][:2], full)
+                        + _either(blocks["mlp"][:3], full)  # and the fc1 output it writes
                         + when([_full(s, "MLP input (all-gathered)")], sp)
                         + z3
                     ),

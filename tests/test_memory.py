@@ -436,3 +436,27 @@ def test_expert_states_name_the_expert_data_parallel_ranks_that_repeat_them():
     placements = {o.tensor: o.placement for o in report.worst.peak_overlap}
     assert placements["expert parameters (bf16)"] == "replicated over 2 expert data-parallel ranks"
     assert placements["parameters (bf16)"] == "replicated over 16 data-parallel ranks"
+
+
+def test_the_forward_gemms_hold_their_outputs_beside_their_gathered_inputs():
+    """Llama 3 70B at tp 8 with sequence parallelism (8,192 tokens, hidden 8,192, bf16): the
+    QKV GEMM writes Q, K and V (8 query heads and one K/V head of 128 a rank: 8,192 × 1,280
+    × 2 B = 20 MiB) while its all-gathered input (128 MiB) is alive; fc1 writes the gate and
+    up projections (2 × 3,584 columns: 112 MiB) beside its own; and the attention output
+    projection's row-parallel output is whole on each rank (128 MiB, partial on tp) before
+    its reduce-scatter, as the MLP's fc2 output was (a seeds audit: none of the three was
+    counted at that moment)."""
+    mib = 2**20
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    (stage, *_) = derive(plan).stages
+    phases = {
+        p.name: {i.label: {a.name: a for a in i.live} for i in p.instants} for p in stage.phases
+    }
+    qkv = phases["forward.attention"]["QKV projection"]
+    assert sum(qkv[n].total for n in ("attention Q", "attention K", "attention V")) == 20 * mib
+    assert qkv["attention input (all-gathered)"].total == 128 * mib
+    fc1 = phases["forward.mlp"]["fc1"]
+    assert fc1["MLP input (all-gathered)"].total == 128 * mib
+    assert fc1["MLP SwiGLU input (gate, up)"].total == 112 * mib
+    out = phases["forward.attention"]["output projection reduction"]
+    assert out["attention output (partial, before reduction)"].total == 128 * mib
