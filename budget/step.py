@@ -67,6 +67,7 @@ from budget.layers import (
 from budget.phases import (
     CARRIED_ACTIVATIONS,
     HAND_WRITTEN,
+    HELD_THROUGH,
     Alloc,
     Instant,
     Move,
@@ -801,7 +802,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     par = plan.parallel
     gathered = _root_params(b) * DTYPE_BYTES[plan.precision.param_gather]
     held = Alloc(
-        f"gathered {_root_name(b)} parameters (ZeRO-3, held through the micro-batch)",
+        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH})",
         "transient",
         gathered,
     )

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
-from budget.phases import CARRIED_ACTIVATIONS
+from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
 from budget.render import NBSP, utf
 from budget.report import (
     RAMP_HEADER,
@@ -344,8 +344,10 @@ def _listed(items: list[Overlapping]) -> str:
 def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     """What a phase adds at its peak: its largest transients, else the largest activations
     it saves (not the activations earlier layers and micro-batches carried into it, which
-    the step's `saved activations …` rows hold)."""
-    transient = [o for o in items if o.category == "transient"]
+    the step's `saved activations …` rows hold, nor a transient gathered before the phase
+    and held through it: an audit read ZeRO-3's gathered embedding as what every layer's
+    phase added)."""
+    transient = [o for o in items if o.category == "transient" and HELD_THROUGH not in o.tensor]
     added = [
         o
         for o in items
