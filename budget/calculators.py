@@ -47,6 +47,17 @@ class CollectiveResult:
 
     cost: CollectiveCost
     levels: tuple[Level, ...]
+    # compute the collective runs beside (``--beside``): what of T it hides, when a valid
+    # overlap schedule exists; None: nothing beside it, all of T exposed
+    beside_s: float | None = None
+
+    @property
+    def exposed_s(self) -> float:
+        """The part of T the step waits for: max(0, T − W) beside W seconds of compute it
+        does not depend on (`budget.schedule`'s rule with no floor and all of W shared),
+        all of T without."""
+        time = float(self.cost.time_s)
+        return time if self.beside_s is None else max(0.0, time - self.beside_s)
 
     def to_dict(self) -> dict[str, Any]:
         """`{op, algorithm, ranks, size_bytes, steps, sent_bytes, recv_bytes, latency_s,
@@ -84,6 +95,9 @@ class CollectiveResult:
             out["candidates"] = [
                 {"algorithm": name, "time_s": time} for name, time in cost.candidates
             ]
+        if self.beside_s is not None:
+            out["beside_s"] = self.beside_s
+            out["exposed_s"] = self.exposed_s
         return out
 
 
@@ -113,6 +127,7 @@ def collective(
     levels: list[str],
     algorithm: str | None,
     ramp: str | None = None,
+    beside: str | None = None,
 ) -> CollectiveResult:
     """Price one collective from command-line strings.
 
@@ -125,6 +140,7 @@ def collective(
     priced at the slowest link spanned.
     ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
+    ``beside`` is compute the collective may hide behind (`CollectiveResult.exposed_s`).
     """
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
@@ -188,7 +204,8 @@ def collective(
             f"--algorithm hierarchical needs ranks on two or more levels (--level, each "
             f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
         )
-    return CollectiveResult(cost, topology.levels)
+    beside_s = None if beside is None else _quantity(parse_duration, beside, f"--beside {beside!r}")
+    return CollectiveResult(cost, topology.levels, beside_s)
 
 
 def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:

@@ -359,6 +359,14 @@ def collective_command(
             "nvlink4, as the topology presets' NVLink levels carry; none (the default).",
         ),
     ] = None,
+    beside: Annotated[
+        str | None,
+        _option(
+            "<time>",
+            "Compute the collective runs beside, e.g. 1ms: its exposed part is then "
+            "max(0, T − that), if an overlap schedule lets them run together.",
+        ),
+    ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Price one collective: phases, bytes sent/received per rank, time."""
@@ -366,7 +374,9 @@ def collective_command(
     from budget.render.calculators import render_collective
 
     try:
-        result = collective(op, ranks, size, bandwidth, latency, level or [], algorithm, ramp)
+        result = collective(
+            op, ranks, size, bandwidth, latency, level or [], algorithm, ramp, beside
+        )
     except ValueError as error:
         raise _usage(str(error)) from None
     render_collective(stdout_console(), result, str(fmt))

@@ -557,3 +557,22 @@ def test_an_unknown_format_is_refused_in_our_words() -> None:
     assert result.exit_code == 2
     assert "'xml' is not one of table, json or markdown" in result.stderr
     assert "Value error" not in result.stderr and not result.stdout
+
+
+def test_the_seeds_worked_example_and_the_compute_beside_it() -> None:
+    """The seed's synthetic collective: four latency-bearing phases at 5 µs plus 100 MB at
+    50 GB/s, about 2.02 ms (a ring all-gather of 125 MB over 5 ranks sends 4/5 of it in 4
+    steps); "cutting local compute to 1 ms exposes this cost unless a valid overlap
+    schedule exists": beside 1 ms of compute 1.02 ms stays exposed, beside 3 ms none, and
+    without --beside all of T (a seeds audit: no command took the compute)."""
+    args = ["collective", "all-gather", "--ranks", "5", "--size", "125MB"]
+    args += ["--bandwidth", "50GB/s", "--latency", "5us"]
+    plain = _json(args)
+    assert (plain["steps"], plain["sent_bytes"]) == (4, 100_000_000)
+    assert plain["time_s"] == pytest.approx(4 * 5e-6 + 100e6 / 50e9)  # 2.02 ms
+    assert "exposed_s" not in plain
+    assert _json([*args, "--beside", "1ms"])["exposed_s"] == pytest.approx(1.02e-3)
+    assert _json([*args, "--beside", "3ms"])["exposed_s"] == 0
+    table = runner.invoke(app, route([*args, "--beside", "1ms"])).stdout
+    assert "exposed max(0, T − W)    1,020.000 µs" in table
+    assert "--beside '1 parsec'" in _error([*args, "--beside", "1 parsec"])

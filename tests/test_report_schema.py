@@ -237,6 +237,7 @@ def test_diff_output_validates(tmp_path: Path, pair: str) -> None:
         ["collective", "send-recv", *ACCEPTANCE_1],
         ["collective", "all-reduce", *FOUR_NODES],
         ["collective", "all-reduce", *FOUR_NODES, "--algorithm", "auto"],
+        ["collective", "all-reduce", *FOUR_NODES, "--beside", "1ms"],
     ],
 )
 def test_collective_output_validates(args: list[str]) -> None:

@@ -62,6 +62,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
             + (f"; {streamed})" if cost.pipelined else f"; {staged} B_eff)" if staged else ")"),
         ),
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
+        *_beside(result),
         ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
         (
             "bus bandwidth",
@@ -146,6 +147,22 @@ def _stage_row(stage: Stage) -> tuple[str, ...]:
         _time(float(stage.bandwidth_s)),
         _time(float(stage.time_s)),
     )
+
+
+def _beside(result: CollectiveResult) -> Rows:
+    """``--beside``'s rows: the compute beside T and what of T it leaves exposed."""
+    if result.beside_s is None:
+        return []
+    exposed, time = result.exposed_s, float(result.cost.time_s)
+    said = "all of it hidden" if exposed == 0 else f"{_time(time - exposed)} of T hidden"
+    return [
+        ("compute beside it W", f"{_time(result.beside_s)}"),
+        (
+            "exposed max(0, T − W)",
+            f"{_time(exposed)}  ({said}, if an overlap schedule lets them run together; "
+            "without one all of T)",
+        ),
+    ]
 
 
 def _links(result: CollectiveResult) -> str:
