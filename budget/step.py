@@ -2115,9 +2115,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             ranks = degrees[tr.group]
             full = math.prod(tr.shape) * DTYPE_BYTES[tr.dtype]
             local = {"shard": -(-full // ranks)}
+            # a source counted as freed says so where the bytes are read (see the rule below)
+            freed = "" if tr.source_alive else "; its source counted freed, source_alive: false"
             extra = [
                 Alloc(
-                    f"{tr.name} ({dst})",
+                    f"{tr.name} ({dst}{freed})",
                     "transient",
                     local.get(dst.kind, full),
                     placement=f"{dst} on {tr.group}",
@@ -2143,9 +2145,16 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 op, ranks, ends = "send-recv", 2, ("i", "i+1")
             if op is None:
                 continue
-            move = Move(
-                tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=f"{HAND_WRITTEN}: exposed"
-            )
+            rule = f"{HAND_WRITTEN}: exposed"
+            if not tr.source_alive:
+                # the seed: a fused kernel or allocator reuse can shorten a lifetime, "but
+                # such a reduction needs implementation evidence"; the report says it rests
+                # on one (a seeds audit)
+                rule += (
+                    "; its source counted as freed while the output is made "
+                    "(source_alive: false), which takes a fused or in-place kernel"
+                )
+            move = Move(tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule)
             if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in a phase of its own
                 runs = tr.count * pass_runs[tr.phase]
                 passes.append(Phase(f"{tr.phase}: {tr.name}", runs, (move,)))
