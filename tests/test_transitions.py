@@ -47,6 +47,21 @@ def test_gather_is_priced_and_its_buffers_counted(tmp_path):
     assert names["logits-gather (shard(1), source alive)"] == full // 8
 
 
+def test_a_source_counted_freed_says_it_rests_on_a_fused_kernel(tmp_path):
+    """source_alive: false drops the 1/8 shard from the peak, a reduction the seed says
+    "needs implementation evidence": the gathered buffer's name and the collective's rule
+    both say the figure assumes it (a seeds audit: nothing did)."""
+    freed = LOGITS.replace("source_alive: true", "source_alive: false")
+    report = budget_plan(_plan(tmp_path, freed))
+    loss = next(p for p in report.phases if p.name == "loss")
+    gather = next(c for c in loss.collectives if c.name == "logits-gather")
+    assert gather.overlap_rule is not None
+    assert "source_alive: false), which takes a fused or in-place kernel" in gather.overlap_rule
+    names = {o.tensor for o in loss.peak_overlap}
+    assert "logits-gather (replicate; its source counted freed, source_alive: false)" in names
+    assert not any("source alive" in n for n in names)
+
+
 def test_a_partial_left_unreduced_is_refused(tmp_path):
     plan = _plan(
         tmp_path,
