@@ -282,6 +282,7 @@ _PLAN_KEYS = {
     "model.window": "model.sliding_window.size",
     "model.window_layers": "model.sliding_window.layers",
     # a preset's name: the key the plan file wrote (a written device or topology has none)
+    "model.name": "model.preset",
     "device.name": "device.preset",
     "topology.name": "topology.preset",
 }
@@ -294,10 +295,10 @@ _TRAINING_ONLY = ("batch.seq", "batch.micro", *TRAINING_ONLY)
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     """The keys whose resolved values differ, in A's key order, then keys only B has,
     named as a plan file spells them."""
-    slots = transition_slots(a, b)
+    *labels, merged = transition_labels(a, b)
     fa, fb = (
-        {_PLAN_KEYS.get(k, k): v for k, v in _renumbered(flatten(p), s).items()}
-        for p, s in zip((a, b), slots, strict=True)
+        {_PLAN_KEYS.get(k, k): v for k, v in _relabelled(flatten(p), s).items()}
+        for p, s in zip((a, b), labels, strict=True)
     )
     for flat, plan in ((fa, a), (fb, b)):
         # only the keys the plan's mode reads, as its file spells them: a serving plan's
@@ -325,15 +326,46 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         flat["model.sliding_window.layers"] = _sliding_layers(plan) if window else None
     keys = list(dict.fromkeys([*fa, *fb]))
     # B's extra keys beside their section's (topology.levels.2 after levels.1), each
-    # section's preset first: what a file changed, then what it brings
-    sections = list(dict.fromkeys(k.split(".")[0] for k in keys))
-    keys.sort(
-        key=lambda k: (
-            sections.index(k.split(".")[0]),
-            k.count(".") > 1 or not k.endswith(".preset"),
-        )
-    )
+    # section's preset first: what a file changed, then what it brings; transitions in
+    # the merged order of both plans
+    rank = {label: i for i, label in enumerate(merged)}
+
+    def section(k: str) -> str:  # a transition's name may hold a dot
+        return "transitions" if TRANSITION_KEY.fullmatch(k) else k.split(".")[0]
+
+    sections = list(dict.fromkeys(section(k) for k in keys))
+
+    def place(k: str) -> tuple[int, bool, int]:
+        first = k.count(".") == 1 and k.endswith(".preset")
+        m = TRANSITION_KEY.fullmatch(k)
+        return sections.index(section(k)), not first, rank[f"transitions[{m[1]}]"] if m else 0
+
+    keys.sort(key=place)
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+# a transition's key: "transitions[NAME].FIELD", NAME as the plan names it
+TRANSITION_KEY = re.compile(
+    r"transitions\[(.*)\]\.(name|phase|tensor\.shape|tensor\.dtype|group|from|to|source_alive|count)"
+)
+
+
+def transition_labels(a: Plan, b: Plan) -> tuple[list[str], list[str], list[str]]:
+    """Each plan's transitions named for the diff's keys by their slot (`transition_slots`):
+    "transitions[logits-gather]", A's name where A has the slot, and "#2" after a name a
+    slot before took; then every label in the merged order. Keys by index matched neither
+    file where a transition was added before another (a review)."""
+    slots = transition_slots(a, b)
+    names: dict[int, str] = {}
+    for plan, own in zip((b, a), slots[::-1], strict=True):  # A's name wins a shared slot
+        for t, slot in zip(plan.transitions, own, strict=True):
+            names[slot] = t.name
+    taken: dict[str, int] = {}
+    label: dict[int, str] = {}
+    for slot in sorted(names):
+        n = taken[names[slot]] = taken.get(names[slot], 0) + 1
+        label[slot] = f"transitions[{names[slot]}" + (f" #{n}]" if n > 1 else "]")
+    return [label[s] for s in slots[0]], [label[s] for s in slots[1]], list(label.values())
 
 
 def transition_slots(a: Plan, b: Plan) -> tuple[list[int], list[int]]:
@@ -355,12 +387,12 @@ def transition_slots(a: Plan, b: Plan) -> tuple[list[int], list[int]]:
     return slots
 
 
-def _renumbered(flat: dict[str, Value], slots: list[int]) -> dict[str, Value]:
-    """`flatten`'s keys with each transition's index replaced by its slot."""
+def _relabelled(flat: dict[str, Value], labels: list[str]) -> dict[str, Value]:
+    """`flatten`'s keys with each transition's index replaced by its label."""
 
     def key(k: str) -> str:
         m = re.fullmatch(r"transitions\.(\d+)\.(.+)", k)
-        return f"transitions.{slots[int(m[1])]}.{m[2]}" if m else k
+        return f"{labels[int(m[1])]}.{m[2]}" if m else k
 
     return {key(k): v for k, v in flat.items()}
 

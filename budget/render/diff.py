@@ -1,10 +1,9 @@
 """`budget diff` output: the plan keys that changed, then the budget's figures side by side
-with absolute and relative deltas, green where B is better and red where it is worse (✓ and
-✗ beside them where the output has no colour: a pipe, a CI log, NO_COLOR)."""
+with absolute and relative deltas, green where B is better and red where it is worse, ✓ and
+✗ beside them."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
@@ -280,9 +280,9 @@ def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
     key (a user audit: three added transitions took 27 rows)."""
     whole: dict[str, dict[str, Change]] = {}
     for c in changes:
-        match = re.fullmatch(r"(transitions\.\d+)\.(.+)", c.key)
+        match = TRANSITION_KEY.fullmatch(c.key)
         if match:
-            whole.setdefault(match[1], {})[match[2]] = c
+            whole.setdefault(f"transitions[{match[1]}]", {})[match[2]] = c
     one_sided = {
         prefix
         for prefix, keys in whole.items()
@@ -304,7 +304,8 @@ def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
 
 
 def _transition_line(prefix: str, keys: dict[str, Change], added: bool) -> str:
-    """One transition's keys on the side that has it, as one line (`shown_changes`)."""
+    """One transition's keys on the side that has it, as one line (`shown_changes`); its
+    name is the row's key."""
 
     def value(key: str) -> str:
         change = keys.get(key)
@@ -314,7 +315,7 @@ def _transition_line(prefix: str, keys: dict[str, Change], added: bool) -> str:
     said = ("name", "group", "from", "to", "tensor.shape", "tensor.dtype", "phase")
     rest = "".join(f", {key} {value(key)}" for key in keys if key not in said)
     return (
-        f"{value('name')}: {value('group')} {value('from')} → {value('to')}, "
+        f"{value('group')} {value('from')} → {value('to')}, "
         f"{value('tensor.shape')} {value('tensor.dtype')}, in {value('phase')}{rest}"
     )
 
