@@ -589,8 +589,9 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
     return tuple(r for r in reasons if r is not None)
 
 
-# the groups whose collectives run in every layer of every micro-batch
+# the groups whose collectives run in every layer of every micro-batch, in these phases
 _PER_LAYER = ("tp", "cp", "ep", "etp")
+_LAYER_PHASES = ("attention", "mlp", "moe")
 
 
 def slow_link_notes(report: Report) -> tuple[str, ...]:
@@ -604,6 +605,8 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
     inner = report.links[0]
     found: dict[str, list[CollectiveRow]] = {}
     for p in report.phases:
+        if p.name.rpartition(".")[2] not in _LAYER_PHASES:  # not the embedding, loss or dp
+            continue
         for c in p.collectives:
             if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
                 found.setdefault(c.group, []).append(c)
@@ -612,6 +615,8 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
         calls = sum(c.count for c in rows)
         exposed = sum((c.exposed_s or 0.0) * c.count for c in rows)
+        if exposed <= 0:  # hidden behind compute: the step does not wait for the slow link
+            continue
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
             f"{group}'s per-layer collectives ({calls:,} calls a step, "
@@ -621,20 +626,34 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
 
 
 def _closer(report: Report, group: str, ranks: int, level: str, size: int | None) -> str:
-    """Why `group` leaves `level` and what would keep it in: wider than a domain, or the
-    groups parallel.order lists before it taking the domain's ranks (the first groups take
-    the closest ranks), naming those that run no per-layer collective."""
+    """Why `group` leaves `level`: wider than a domain; an expert group spaced etp apart
+    (the expert layers' tp inside it, Megatron-Core's expert rank order) wider than one; or
+    the groups parallel.order lists before it taking the domain's ranks (the first groups
+    take the closest ranks), naming those that run no per-layer collective, which could
+    move out instead."""
     domain = f"one {level} domain of {size}"
     if not size or ranks > size:
         return f"{group} {ranks} is wider than {domain}"
-    order, layout = report.layout.get("order") or [], report.layout
-    if group not in order:
-        return f"{group} {ranks} would fit in {domain}"
-    before = [g for g in order[: order.index(group)] if (layout.get(g) or 1) > 1]
-    taken = ", ".join(f"{g} {layout[g]}" for g in before)
-    rarer = [g for g in before if g not in _PER_LAYER]
-    move = f": list {group} before {' and '.join(rarer)}" if rarer else ""
-    return f"{group} {ranks} would fit in {domain}, but parallel.order puts {taken} closer{move}"
+    layout = report.layout
+    order = [g for g in layout.get("order") or [] if (layout.get(g) or 1) > 1]
+    etp = layout.get("etp") or layout["tp"]
+    if group == "ep" and etp > 1 and ranks * etp > size:
+        return (
+            f"ep {ranks} spaced etp {etp} apart (the expert layers' tp inside each ep group) "
+            f"spans {ranks * etp} ranks, more than {domain}"
+        )
+    if group in order:
+        before = order[: order.index(group)]
+        extent = math.prod(layout[g] for g in before) * ranks
+        if before and extent > size:
+            spans = " × ".join(f"{g} {layout[g]}" for g in (*before, group))
+            rarer = [g for g in before if g not in _PER_LAYER]
+            move = f": list {group} before {' and '.join(rarer)}" if rarer else ""
+            return (
+                f"parallel.order puts {', '.join(before)} closer ({spans} = {extent} ranks, "
+                f"more than {domain}){move}"
+            )
+    return f"{group} {ranks} would fit in {domain}; parallel.order strides its ranks across them"
 
 
 def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:
