@@ -167,7 +167,10 @@ def collective(
             raise ValueError(f"the levels hold {shown} = {world:,} ranks; at most {MAX_GPUS:,}")
         if ranks is not None and ranks != world:
             shown = " × ".join(map(str, counts)) + (f" = {world:,}" if len(counts) > 1 else "")
-            raise ValueError(f"--ranks {ranks} does not match the levels, which hold {shown} ranks")
+            held = "rank" if world == 1 else "ranks"
+            raise ValueError(
+                f"--ranks {ranks} does not match the levels, which hold {shown} {held}"
+            )
         domain, topo_levels = 1, []
         for i, (count, level) in enumerate(parsed):
             domain *= count
@@ -258,7 +261,10 @@ def _quantity(parse: Callable[[str], float], text: str, where: str) -> float:
     try:
         return parse(text)
     except UnitError as error:
-        raise ValueError(f"{where}: {error}") from None
+        said = str(error)  # "'-1us' is negative; ...": the text once, after its option
+        if said.startswith(f"{text!r} "):
+            raise ValueError(f"{where} {said.removeprefix(f'{text!r} ')}") from None
+        raise ValueError(f"{where}: {said}") from None
 
 
 def _bandwidth(text: str, where: str) -> float:

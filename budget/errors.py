@@ -70,10 +70,12 @@ def problem_lines(problems: Iterable[Problem]) -> list[str]:
 
 
 class BudgetError(Exception):
-    """Invalid input: carries every problem found, sorted by position."""
+    """Invalid input: carries every problem found, each file's sorted by position, the
+    files in the order their problems came (the order the command was given them)."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = sorted(problems)
+        files = list(dict.fromkeys(p.file for p in problems))
+        self.problems = sorted(problems, key=lambda p: (files.index(p.file), p))
         super().__init__("\n".join(str(p) for p in self.problems))
 
 

@@ -785,6 +785,7 @@ def residual_placement(plan: Plan) -> str:
 
 
 QKV_OUTPUTS = ("attention Q", "attention K", "attention V")  # the QKV projection's outputs
+MLA_LATENTS = "attention latents (MLA)"  # latent attention's down-projections' outputs
 
 
 def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
@@ -820,11 +821,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         # too (the rotary key is not normed); the sequence shard of them under SP, which the
         # backward gathers again, as for the QKV input
         latents = 2 * (s.q_latent + s.kv_latent) - plan.model.mla.rope_dim
-        out.append(
-            Alloc(
-                "attention latents (MLA)", "activations", a * s.tokens_sp * latents, placement=res
-            )
-        )
+        out.append(Alloc(MLA_LATENTS, "activations", a * s.tokens_sp * latents, placement=res))
     out.extend(core_attention(plan, s))
     out.append(
         Alloc(

@@ -57,8 +57,9 @@ CATEGORIES: tuple[Category, ...] = (
 # How the activations earlier layers and micro-batches leave saved are named at a peak: what
 # a phase carries in, as against what it adds (`budget.render.table` tells them apart).
 CARRIED_ACTIVATIONS = "saved activations"
-# ... and a transient gathered before the phase and held through it, carried in as well
-HELD_THROUGH = "held through the micro-batch"
+# ... and a transient made before the phase and held through it, carried in as well (its
+# name ends "held through the micro-batch", "held through the backward")
+HELD_THROUGH = "held through the"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from budget.errors import BudgetError
 from budget.flops import Work
 from budget.layers import (
     FC2_INPUT,
+    MLA_LATENTS,
     QKV_OUTPUTS,
     Shapes,
     StageClass,
@@ -628,7 +629,7 @@ def _attention_spent(plan: Plan, s: Shapes) -> list[str]:
     """The attention block's saved tensors its backward has used by the QKV projection's:
     the output projection's input, the core's (Q, K, V and its statistics or scores), the
     Q/K norms' input and a sandwich norm's."""
-    names = ["attention Q", "attention K", "attention V", "attention Q/K norm input"]
+    names = [*QKV_OUTPUTS, "attention Q/K norm input"]
     names += ["attention projection input", "attention dropout mask", "attention scores gradient"]
     return names + [a.name for a in core_attention(plan, s) + post_norm_input(plan, s, "attention")]
 
@@ -802,7 +803,7 @@ def _extra_saved(b: _StageBuilder) -> list[Alloc]:
     par = plan.parallel
     gathered = _root_params(b) * DTYPE_BYTES[plan.precision.param_gather]
     held = Alloc(
-        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH})",
+        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)",
         "transient",
         gathered,
     )
@@ -1260,8 +1261,12 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     # the loss on a last stage alone, only at the backward's end beside the embedding
     gathered = DTYPE_BYTES[plan.precision.param_gather]
     size = vocab_params(plan) * _unsharded_gradient_bytes(plan, not b.first, gathered)
-    grads = Alloc("head gradients (ZeRO-3, unsharded until reduced)", "transient", size)
+    grads = Alloc(HEAD_GRADIENTS, "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
+
+
+# made by the loss and held through the backward until the root unit's reduce-scatter
+HEAD_GRADIENTS = f"head gradients (ZeRO-3, unsharded until reduced, {HELD_THROUGH} backward)"
 
 
 def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = None) -> Any:
@@ -1336,8 +1341,10 @@ def _forward(b: _StageBuilder) -> None:
     attn_kept = blocks["attention"] + when(core, plan.recompute == "selective")
     attn = _either(blocks["attention"], full) + when(core, plan.recompute == "selective")
     first_two = _either(blocks["attention"][:2], full)
-    # what the QKV GEMM writes while its all-gathered input is alive (a seeds audit)
-    qkv_out = _either([x for x in blocks["attention"] if x.name in QKV_OUTPUTS], full)
+    # what the QKV GEMM writes while its all-gathered input is alive (a seeds audit), and
+    # under latent attention the latents the up-projections read (a review)
+    made = (*QKV_OUTPUTS, MLA_LATENTS)
+    qkv_out = _either([x for x in blocks["attention"] if x.name in made], full)
 
     if b.first:
         moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)

@@ -182,6 +182,8 @@ def test_ranks_must_match_the_levels_when_given() -> None:
     assert (
         one == "budget: error: --ranks 16 does not match the levels, which hold 8 ranks"
     )  # not "8 = 8"
+    single = ["collective", "all-reduce", "--level", "1:450GB/s:1us", "--ranks", "2"]
+    assert _error([*single, "--size", "1GiB"]).endswith("which hold 1 rank")
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json"])

@@ -627,5 +627,18 @@ def test_the_marks_stand_beside_the_colour_and_a_headline_leads(tmp_path: Path) 
     assert sentence + "." in text
     markdown = diff_markdown(a, b, diff)
     assert markdown.startswith("## budget diff: gpt3-175b.yaml → more.yaml\n")
-    assert f"**{sentence}.**" in markdown
-    assert "Unchanged (" not in markdown.split("### Phases")[0]  # every stage's peak moved
+    assert f"**{sentence.replace(chr(0xA0), ' ')}.**" in markdown  # plain spaces there
+    assert "Unchanged" not in markdown.split("### Phases")[0]  # every stage's peak moved
+    assert "\nUnchanged phases: `forward.embedding`, " in markdown
+
+
+def test_two_invalid_plans_report_in_the_order_given(tmp_path: Path) -> None:
+    """`diff Z A` with both invalid: Z's problems first, as validate and check keep the files'
+    order (a review: they came sorted by file name)."""
+    (tmp_path / "z").mkdir()
+    (tmp_path / "a").mkdir()
+    z, a = invalid(tmp_path / "z"), invalid(tmp_path / "a")
+    result = runner.invoke(app, route(["diff", str(z), str(a)]))
+    assert result.exit_code == 2
+    files = list(dict.fromkeys(line.split(":")[0] for line in result.stderr.splitlines()))
+    assert files == [str(z), str(a)]

@@ -29,7 +29,7 @@ from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.report import to_dict
 from budget.search import Space, apply, search
-from budget.step import _block_params, derive
+from budget.step import HEAD_GRADIENTS, _block_params, derive
 
 MLP = 5120 * 20480 + 20480 + 20480 * 5120 + 5120 + 2 * 5120
 
@@ -157,7 +157,7 @@ def test_root_gradients_held_as_computed_then_cast(tmp_path: Path) -> None:
     stage that also holds the embedding, whose root backward ends the step's backward; on
     a last stage alone FSDP casts it to fp32 right after the loss and holds both (6 B)
     while the layers' backward runs."""
-    name = "head gradients (ZeRO-3, unsharded until reduced)"
+    name = HEAD_GRADIENTS
     for parallel, stage, per_param in (({}, 0, 2), ({"pp": 2, "dp": 4}, 1, 6)):
         plan = _plan(tmp_path, parallel)
         phase = _phase(plan, "backward.mlp", stage)

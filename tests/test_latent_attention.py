@@ -340,3 +340,21 @@ def test_qkv_biases_are_refused_beside_latent_attention(tmp_path: Path) -> None:
     (problem,) = raised.value.problems
     assert (problem.path, problem.line) == ("$.model.qkv_bias", 3)
     assert "latent attention has no Q, K and V projections" in problem.message
+
+
+def test_the_up_projections_read_the_latents_they_are_timed_beside(tmp_path):
+    """DeepSeek-V3 training (tp 8, sequence parallel): the moment the up-projections run
+    holds the latents they read, 2 B × 512 tokens × (2 × (1,536 + 512) + 64) on the rank's
+    sequence shard, beside their all-gathered copy and the Q, K and V they write (a review:
+    only the outputs were counted there)."""
+    from budget.step import derive
+
+    train = _training(tmp_path)
+    (stage, *_) = derive(train).stages
+    (phase,) = [p for p in stage.phases if p.name == "forward.attention"]
+    live = {a.name: a for a in phase.instants[0].live}
+    assert phase.instants[0].label == flops.UP_PROJECTIONS
+    assert live["attention latents (MLA)"].total == 2 * (4096 // 8) * (2 * (1536 + 512) + 64)
+    assert {"attention Q", "attention K", "attention V", "attention latents (all-gathered)"} <= set(
+        live
+    )

@@ -154,13 +154,25 @@ def _beside(result: CollectiveResult) -> Rows:
     if result.beside_s is None:
         return []
     exposed, time = result.exposed_s, float(result.cost.time_s)
-    said = "all of it hidden" if exposed == 0 else f"{_time(time - exposed)} of T hidden"
+    said = (
+        "nothing moves"
+        if time == 0
+        else "nothing hidden"
+        if exposed == time
+        else "all of it hidden"
+        if exposed == 0
+        else f"{_time(time - exposed)} of T hidden"
+    )
     return [
         ("compute beside it W", f"{_time(result.beside_s)}"),
         (
             "exposed max(0, T − W)",
-            f"{_time(exposed)}  ({said}, if an overlap schedule lets them run together; "
-            "without one all of T)",
+            f"{_time(exposed)}  ({said}"
+            + (
+                ", if an overlap schedule lets them run together; without one all of T)"
+                if exposed < time
+                else ")"
+            ),
         ),
     ]
 

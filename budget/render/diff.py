@@ -13,10 +13,11 @@ from rich.text import Text
 
 from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
+from budget.render import NBSP
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
 from budget.report import run_scope
-from budget.units import format_bytes, format_duration, format_flops, format_rate
+from budget.units import format_bytes, format_duration, format_flops, format_rate, plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -161,20 +162,26 @@ def _name(row: Row) -> str:
     return row.key + ("" if row.in_a and row.in_b else " (A only)" if row.in_a else " (B only)")
 
 
+# what the headline names: the peak, the step, and a serving plan's latencies
+_HEADLINE = ("peak_bytes", "time_s", "ttft_s", "decode_token_s")
+
+
 def headline(diff: PlanDiff) -> str:
     """The comparison in one sentence, for a reviewer who reads no further: B's step and
     worst-stage peak against A's, and whether each fits ("B against A: worst-stage peak
     unchanged at 38.4 GiB, step time −3.3% (9.16 s → 8.86 s); both fit")."""
     said = []
     for delta in diff.summary:
-        if delta.metric not in ("time_s", "peak_bytes") or delta.verdict == "n/a":
+        if delta.metric not in _HEADLINE or delta.verdict == "n/a":
             continue
         label, (_, relative) = _label(delta.metric, summary=True), _change(delta)
-        if delta.verdict == "same":
-            said.append(f"{label} unchanged at {_value(delta.unit, delta.b)}")
-            continue
-        span = f"{_value(delta.unit, delta.a)} → {_value(delta.unit, delta.b)}"
-        said.append(f"{label} {relative} ({span})")
+        # a figure and its unit stay on one line where the sentence wraps
+        a, b = (_value(delta.unit, v).replace(" ", NBSP) for v in (delta.a, delta.b))
+        said.append(
+            f"{label} unchanged at {b}"
+            if delta.verdict == "same"
+            else f"{label} {relative} ({a} → {b})"
+        )
     return "B against A: " + ", ".join(said) + f"; {_fits(diff)}" if said else _fits(diff)
 
 
@@ -351,7 +358,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     ]
     lines.append("")
     if not diff.identical:
-        lines += [f"**{plain(headline(diff))}.**", ""]
+        lines += [f"**{plain(headline(diff).replace(NBSP, ' '))}.**", ""]
     if diff.identical:
         lines += ["No differences: the plans resolve to the same configuration and budget.", ""]
         return "\n".join(lines)
@@ -392,6 +399,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines.append("")
         if unchanged:
             still = ", ".join(code(n) if first == "phase" else plain(n) for n in unchanged)
-            lines += [f"Unchanged ({len(unchanged)}): {still}.", ""]
+            what = plural(len(unchanged), first).split(" ", 1)[1]  # "stages", "phase"
+            lines += [f"Unchanged {what}: {still}.", ""]
     lines.append("Δ = B − A; 🟢 better, 🔴 worse.")
     return "\n".join(lines) + "\n"

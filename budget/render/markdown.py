@@ -91,8 +91,9 @@ def render_markdown(report: Report) -> str:
     lines.append("")
     from budget.check import slow_link_notes
 
-    lines += [f"> **Caution:** {plain(note)}." for note in slow_link_notes(report)]
-    lines += [""] if slow_link_notes(report) else []
+    cautions = [f"> **Caution:** {plain(note)}." for note in slow_link_notes(report)]
+    if cautions:  # one quote each: consecutive quote lines run into one paragraph
+        lines += [*"\n>\n".join(cautions).split("\n"), ""]
     lines += [f"- {line}" for line in summary(report)]
     lines.append("")
     lines.append("### Memory per rank of each pipeline stage, at its peak")

@@ -345,8 +345,8 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     """What a phase adds at its peak: its largest transients, else the largest activations
     it saves (not the activations earlier layers and micro-batches carried into it, which
     the step's `saved activations …` rows hold, nor a transient gathered before the phase
-    and held through it: an audit read ZeRO-3's gathered embedding as what every layer's
-    phase added)."""
+    and held through it: an audit read ZeRO-3's gathered embedding, a review its head
+    gradients, as what every layer's phase added)."""
     transient = [o for o in items if o.category == "transient" and HELD_THROUGH not in o.tensor]
     added = [
         o
