@@ -293,8 +293,10 @@ _TRAINING_ONLY = ("batch.seq", "batch.micro", *TRAINING_ONLY)
 
 
 def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
-    """The keys whose resolved values differ, in A's key order, then keys only B has,
-    named as a plan file spells them."""
+    """The keys whose resolved values differ, named as a plan file spells them, section by
+    section in A's order: each section's preset first, then its keys in A's order with B's
+    extra ones after them, and hand-written transitions by name (``transitions[NAME].FIELD``)
+    in the merged order of both plans (`transition_labels`)."""
     *labels, merged = transition_labels(a, b)
     fa, fb = (
         {_PLAN_KEYS.get(k, k): v for k, v in _relabelled(flatten(p), s).items()}

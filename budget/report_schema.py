@@ -36,7 +36,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.8: `budget check`'s time limits give their largest phases (``phases``), which their
 # message names (``contributors`` holds memory allocations, empty for them); `budget diff`'s
 # stage rows give ``reserved_bytes``, so that they add up to the peak; `budget collective
-# --beside` gives ``beside_s`` and ``exposed_s``
+# --beside` gives ``beside_s`` and ``exposed_s``; diff's plan keys name a hand-written
+# transition (``transitions[NAME].FIELD``, by index before)
 SCHEMA_VERSION = "1.8"
 
 Kind = Literal[

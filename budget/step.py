@@ -1250,6 +1250,10 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
     return when([move], (par.zero == 3) & (ranks > 1) & (n > 0))
 
 
+# made by the loss and held through the backward until the root unit's reduce-scatter
+HEAD_GRADIENTS = f"head gradients (ZeRO-3, unsharded until reduced, {HELD_THROUGH} backward)"
+
+
 def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     """The head's unsharded gradient under ZeRO-3 (the output layer's, or the tied
     embedding's), which exists from the loss's backward until the root unit's
@@ -1263,10 +1267,6 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     size = vocab_params(plan) * _unsharded_gradient_bytes(plan, not b.first, gathered)
     grads = Alloc(HEAD_GRADIENTS, "transient", size)
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
-
-
-# made by the loss and held through the backward until the root unit's reduce-scatter
-HEAD_GRADIENTS = f"head gradients (ZeRO-3, unsharded until reduced, {HELD_THROUGH} backward)"
 
 
 def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = None) -> Any:

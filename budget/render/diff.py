@@ -167,9 +167,10 @@ _HEADLINE = ("peak_bytes", "time_s", "ttft_s", "decode_token_s")
 
 
 def headline(diff: PlanDiff) -> str:
-    """The comparison in one sentence, for a reviewer who reads no further: B's step and
-    worst-stage peak against A's, and whether each fits ("B against A: worst-stage peak
-    unchanged at 38.4 GiB, step time −3.3% (9.16 s → 8.86 s); both fit")."""
+    """The comparison in one sentence, for a reviewer who reads no further: B's worst-stage
+    peak, step and (serving) first-token and per-token latencies against A's, and whether
+    each fits ("B against A: worst-stage peak unchanged at 38.4 GiB, step time −3.3%
+    (9.16 s → 8.86 s); both fit")."""
     said = []
     for delta in diff.summary:
         if delta.metric not in _HEADLINE or delta.verdict == "n/a":
