@@ -132,6 +132,30 @@ def empty_argument(args: list[str]) -> str | None:
     )
 
 
+def _app(args: list[str]) -> None:
+    """The typer app on `args`, its command-line faults (an unknown option, a bad choice, a
+    missing value) one line on stderr as budget's own are, exit 2, where click printed a
+    usage block and "Error: ..." (`budget presets foo`, a review)."""
+    from budget.cli import app
+    from budget.errors import usage_line
+
+    try:
+        code = app(args=args, prog_name="budget", standalone_mode=False)
+    except Exception as error:  # click's, as typer vendors it: known by what it carries
+        said, status = getattr(error, "format_message", None), getattr(error, "exit_code", None)
+        if said is None or not isinstance(status, int):
+            raise
+        if type(error).__name__ == "NoArgsIsHelpError":  # `budget` alone: the help, as asked
+            error.show()  # type: ignore[attr-defined]
+            sys.exit(status)
+        context = getattr(error, "ctx", None)
+        hint = f" (see '{context.command_path} --help')" if context is not None else ""
+        print(usage_line(f"{said()}{hint}"), file=sys.stderr)
+        sys.exit(status)
+    if isinstance(code, int) and code:  # typer.Exit(code), returned without standalone mode
+        sys.exit(code)
+
+
 def _run(given: list[str]) -> None:
     wrong = empty_argument(given) or mistyped(given)
     if wrong is not None:
@@ -142,9 +166,7 @@ def _run(given: list[str]) -> None:
         print("budget: reading a plan from standard input; end it with Ctrl-D", file=sys.stderr)
     plain = plain_report(args)
     if plain is None:
-        from budget.cli import app
-
-        app(args=args, prog_name="budget")
+        _app(args)
         return
     from budget.errors import BudgetError, problem_lines
     from budget.pipeline import budget_plan

@@ -37,6 +37,12 @@ def usage_line(message: str) -> str:
     return f"budget: error: {one_line(message)}"
 
 
+def note_line(message: str) -> str:
+    """Something the command did not do, or did otherwise, said on stderr beside a
+    successful output: one line, as `usage_line` writes an error."""
+    return f"budget: note: {one_line(message)}"
+
+
 def _clipped(text: str) -> str:
     text = one_line(text)
     if len(text) <= MAX_MESSAGE:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budget.errors import BudgetError, problem_lines, usage_line
+from budget.errors import BudgetError, note_line, problem_lines, usage_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -131,7 +131,8 @@ def run_search(
         if level.size and n % level.size and n > level.size:
             message = (
                 f"--gpus {n}: the topology's {level.name} domains hold {level.size} GPUs "
-                f"each, so the count must be a multiple of {level.size}"
+                f"each, so a count fills whole domains (a multiple of {level.size}) or sits "
+                f"inside one ({level.size} or fewer)"
             )
             print(usage_line(message), file=sys.stderr)
             return 2
@@ -172,8 +173,15 @@ def run_search(
         )
         print(_located(data, file, "$.batch", overflow), file=sys.stderr)
         return 2
-    written, breaks = _written(data, file, n, plan, limits)
+    written, breaks, refused = _written(data, file, n, plan, limits)
     outcome = dataclasses.replace(outcome, written=written, written_breaks=breaks)
+    if refused:  # the layout the search replaces, which `budget PLAN` refuses: said, not fatal
+        print(
+            usage_line(
+                f"the plan as written is not a valid layout ({refused}); searched anew"
+            ).replace("error: ", "note: ", 1),
+            file=sys.stderr,
+        )
     if write is not None and outcome.best is not None:
         from budget.search import apply
 
@@ -195,24 +203,31 @@ def run_search(
         render_search_table(console, outcome, top)
         if write is not None and outcome.best is not None:
             console.print(f"Wrote the best layout to {write}", markup=False)
+    if write is not None and outcome.best is None:  # a review: nothing said it wrote nothing
+        print(
+            note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr
+        )
     return 0 if outcome.best is not None else 1
 
 
 def _written(
     data: bytes, file: str, gpus: int, seed: Plan, limits: Limits | None
-) -> tuple[Result | None, tuple[str, ...]]:
+) -> tuple[Result | None, tuple[str, ...], str]:
     """The plan's own layout as `budget PLAN` budgets it and the limits it breaks
     (`search.as_written`), when the search lays out its GPUs and the layout is a valid one
-    (a seed's is not checked)."""
+    (a seed's is not checked); else, where `budget PLAN` refuses it, its first problem
+    (and how many more) for a note (a review: the row vanished unsaid)."""
     from budget.plan.load import load_plan_data
     from budget.search import as_written
 
     if gpus != seed.topology.gpus:
-        return None, ()
+        return None, (), ""
     try:
-        return as_written(load_plan_data(data, file), limits)
-    except BudgetError:
-        return None, ()
+        return (*as_written(load_plan_data(data, file), limits), "")
+    except BudgetError as error:
+        first, *rest = error.problems
+        more = f", and {len(rest)} more" if rest else ""
+        return None, (), f"{first.path}: {first.message}{more}"
 
 
 def _located(data: bytes, file: str, where: str, message: str) -> str:

@@ -342,3 +342,35 @@ def test_json_to_a_stream_without_utf8_escapes_what_it_cannot_show(words):
     ascii_out, utf8_out = (r.stdout for r in runs)
     assert ascii_out.isascii() and not utf8_out.isascii()
     assert json.loads(ascii_out) == json.loads(utf8_out)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["presets", "foo"],
+            "budget: error: Invalid value for 'kind': Value error, 'foo' is not one of "
+            "'devices', 'topologies', 'models'. (see 'budget presets --help')",
+        ),
+        (
+            [str(GPT3), "--format", "xml"],
+            "budget: error: Invalid value for '--format' / '-f': 'xml' is not one of table, "
+            "json or markdown (see 'budget report --help')",
+        ),
+        (["check", "--headroom"], "budget: error: Option '--headroom' requires an argument."),
+    ],
+)
+def test_command_line_faults_are_one_line_as_budget_s_own(args, said, capsys) -> None:
+    """click's usage block and "Error: ..." (a review: `budget presets foo`) become one line,
+    `budget: error: ...`, exit 2, nothing on stdout; `budget` alone still prints its help."""
+    from budget.entry import main
+
+    with pytest.raises(SystemExit) as leaving:
+        main(args)
+    out, err = capsys.readouterr()
+    assert leaving.value.code == 2 and out == ""
+    assert err == said + "\n"
+    with pytest.raises(SystemExit) as bare:
+        main([])
+    assert bare.value.code == 2
+    assert capsys.readouterr().err.startswith("Usage: budget [OPTIONS] COMMAND [ARGS]...")

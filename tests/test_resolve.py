@@ -352,7 +352,8 @@ def test_an_interleaved_split_suggests_degrees_that_work_with_its_virtual_stages
         message(8, 2) == f"choose pp among 2, 3, 4, 6, 12 with 2 virtual stages or "
         f"virtual_stages among 3 with pp = 8, {split}"
     )
-    assert message(7, 5) == f"choose other degrees, {split}"
+    # 35 model chunks over 24 layers: no uneven split gives each one a layer (a review)
+    assert message(7, 5) == "choose fewer"
 
 
 def _all_problems(text: str) -> list[str]:
@@ -452,3 +453,19 @@ def test_a_serving_plan_without_a_prompt_is_refused_once() -> None:
     )
     (problem,) = problems_of(text)
     assert "a prefill plan reads at least one prompt token" in problem
+
+
+def test_more_stages_than_layers_asks_for_fewer_not_an_uneven_split() -> None:
+    """pp 128 over 80 layers: no layers_per_stage gives each stage a layer, and following
+    the advice to list one gave 48 errors (a review)."""
+    text = (
+        "model: {preset: llama3-70b}\nbatch: {seq: 8192, micro: 1, global: 128}\n"
+        "parallel: {tp: 1, pp: 128, dp: 1}\ndevice: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 16}\n"
+    )
+    (message,) = [m for m in _all_problems(text) if "layers" in m]
+    assert message.endswith(
+        "pp = 128 stages is more than the model's 80 layers: every stage needs one at least; "
+        "choose among 1, 2, 4, 5, 8, 10, 16, 20, ... stages"
+    )
+    assert "layers_per_stage" not in message

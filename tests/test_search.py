@@ -488,8 +488,43 @@ def test_a_cluster_no_layout_divides_says_so_instead_of_empty_tables(fmt):
     args = ["search", str(GPT3.relative_to(ROOT)), "--gpus", "1000", "--format", fmt]
     result = CliRunner().invoke(app, route(args))
     assert result.exit_code == 1
-    assert "No layout fits" in result.stdout and "Best" not in result.stdout
+    assert "No layout can be built on 1,000 GPUs" in result.stdout and "Best" not in result.stdout
+    assert "none of them was priced" in result.stdout  # not "no layout fits": none was priced
     assert "does not divide: global batch by micro x dp" in result.stdout
+
+
+def test_what_search_did_not_do_is_noted_on_stderr(tmp_path):
+    """A plan whose own layout `budget PLAN` refuses is searched anew with a note saying
+    why; --write with nothing ranked says nothing was written; a --gpus count that neither
+    fills whole nodes nor sits in one names both rules; the plan as written's broken limits
+    read as options (a review: the row vanished unsaid, the empty write was silent, 12 was
+    refused as 'not a multiple of 8' while 4 ran, and it read 'the max_exposed, max_step
+    limit')."""
+    odd = variant(tmp_path, "odd.yaml", ("global: 1536", "global: 1500"))
+    result = CliRunner().invoke(app, route(["search", str(odd), *NARROW]))
+    assert result.exit_code == 0
+    assert result.stderr.startswith("budget: note: the plan as written is not a valid layout ")
+    assert "$.batch.global: batch.global = 1500 is not divisible" in result.stderr
+    target = tmp_path / "none.yaml"
+    empty = CliRunner().invoke(
+        app, route(["search", str(GPT3), "--gpus", "1", "--write", str(target)])
+    )
+    assert empty.exit_code == 1 and not target.exists()
+    assert (
+        empty.stderr == f"budget: note: --write {target}: no layout ranks, so nothing was written\n"
+    )
+    twelve = CliRunner().invoke(app, route(["search", str(GPT3), "--gpus", "12"]))
+    assert twelve.exit_code == 2
+    assert (
+        "a count fills whole domains (a multiple of 8) or sits inside one (8 or fewer)"
+        in twelve.stderr
+    )
+    limited = CliRunner().invoke(
+        app, route(["search", str(GPT3), *NARROW, "--max-exposed", "1%", "--max-step", "1s"])
+    )
+    assert "does not keep the --max-exposed and --max-step limits" in " ".join(
+        limited.stdout.split()
+    )
 
 
 def test_pipelines_of_different_depths_evaluated_together_budget_exactly():

@@ -536,8 +536,8 @@ class _Resolver:
             self.error(
                 "$.batch.sequences",
                 f"batch.sequences = {sequences} is not divisible by dp = {dp}: every "
-                "data-parallel replica serves the same number of sequences; the nearest "
-                f"valid values are {_nearest(sequences, dp)}",
+                "data-parallel replica serves the same number of sequences; "
+                f"{_nearest(sequences, dp)}",
             )
         return Batch(
             seq=max(prompt + generate, 1),
@@ -838,8 +838,8 @@ class _Resolver:
                 self.error(
                     "$.topology.gpus",
                     f"topology.gpus = {gpus} is not a multiple of {level.size}, the GPUs per "
-                    f"{level.name!r} domain: the job would fill one domain partially; the "
-                    f"nearest valid values are {_nearest(gpus, level.size)}",
+                    f"{level.name!r} domain: the job would fill one domain partially; "
+                    f"{_nearest(gpus, level.size)}",
                 )
             previous = level
 
@@ -951,10 +951,17 @@ class _Resolver:
         return True
 
 
-def _nearest(value: int, step: int) -> str:
+def _near(value: int, step: int) -> str:
+    """The multiples of `step` either side of `value`, "96 and 104", or the one above where
+    none is below."""
     low = value // step * step
-    high = low + step
-    return f"{low} and {high}" if low > 0 else str(high)
+    return f"{low} and {low + step}" if low > 0 else str(low + step)
+
+
+def _nearest(value: int, step: int) -> str:
+    """ "the nearest valid values are 96 and 104", or "the nearest valid value is 8"."""
+    near = _near(value, step)
+    return f"the nearest valid {'values are' if ' and ' in near else 'value is'} {near}"
 
 
 class _LayoutChecks:
@@ -1036,7 +1043,7 @@ class _LayoutChecks:
                 "$.batch.global",
                 f"batch.global = {b.global_batch} is not divisible by micro × dp = {b.micro} × "
                 f"{dp} = {step}: every data-parallel rank runs the same number of "
-                f"micro-batches; the nearest valid values are {_nearest(b.global_batch, step)}",
+                f"micro-batches; {_nearest(b.global_batch, step)}",
             )
 
 
@@ -1123,6 +1130,14 @@ class _ModelChecks(_LayoutChecks):
             return
         if layers % stages:
             what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
+            if stages > layers:  # no split gives each stage a layer (a review: it advised one)
+                choose = f"choose among {_divisors(layers)} stages" if v == 1 else "choose fewer"
+                self.r.error(
+                    "$.parallel.pp",
+                    f"{what} stages is more than the model's {layers} layers: every stage "
+                    f"needs one at least; {choose}",
+                )
+                return
             if v == 1:
                 choose = f"choose among {_divisors(layers)} stages"
             else:  # the pp that work with these virtual stages, the virtual stages with this pp
@@ -1215,7 +1230,7 @@ class _Checks(_ModelChecks):
                 f"batch.seq = {self.batch.seq} does not split evenly over cp × tp = {p.cp} × "
                 f"{p.tp}: sequence parallelism shards each context-parallel rank's tokens "
                 f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
-                f"{_nearest(self.batch.seq, step)}) or set sequence_parallel to false",
+                f"{_near(self.batch.seq, step)}) or set sequence_parallel to false",
             )
 
     def cp_chunks(self) -> int:
@@ -1256,7 +1271,7 @@ class _Checks(_ModelChecks):
                 f"{name} = {seq} is not divisible by 2 × cp = {chunks}: context parallelism "
                 f"splits each {'sequence' if train else 'prompt'} into 2 × cp load-balanced "
                 f"chunks, two per rank; make it a multiple of {step} (nearest: "
-                f"{_nearest(seq, step)})",
+                f"{_near(seq, step)})",
             )
 
     def experts(self) -> None:

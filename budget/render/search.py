@@ -176,7 +176,15 @@ def ruled_out_rows(outcome: Outcome) -> list[tuple[str, str]]:
     return rows
 
 
+NONE_BUILT = (
+    "No layout can be built on {gpus:,} GPUs: every one was skipped before pricing, for the "
+    "reasons below (none of them was priced, so none was rejected for memory)."
+)
+
+
 def _none(outcome: Outcome) -> str:
+    if outcome.evaluated == 0:  # a review: "no layout fits" read as if memory had ruled
+        return NONE_BUILT.format(gpus=outcome.gpus)
     return NONE_FITS if outcome.limits is None else NONE_KEEPS
 
 
@@ -243,8 +251,10 @@ def written_note(outcome: Outcome) -> str:
         parts.append(f"has {mine_value / best_value:.2f}× the best layout's {figure[1]}")
     if not mine.fits:
         parts.append("does not fit")
-    elif outcome.written_breaks:
-        parts.append(f"does not keep the {', '.join(outcome.written_breaks)} limit")
+    elif outcome.written_breaks:  # as the command line sets them: --max-exposed
+        options = [f"--{name.replace('_', '-')}" for name in outcome.written_breaks]
+        limits = " and ".join(options) + (" limits" if len(options) > 1 else " limit")
+        parts.append(f"does not keep the {limits}")
     said = f"The plan as written {', and '.join(parts)}." if parts else ""
     if outcome.hardware.get("transitions_left_out"):
         said += " Its figures include its hand-written transitions, which no ranked layout has."
