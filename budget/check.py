@@ -390,6 +390,8 @@ def _headroom_reason(report: Report, row: StageRow, required: int, limits: Limit
     asked = (
         "" if limits.headroom_share is None else f" ({_percent(limits.headroom_share)} of capacity)"
     )
+    if required >= row.capacity_bytes - report.device["reserved_bytes"]:  # a review
+        asked += ", more than the device could leave free with nothing allocated"
     return Reason(
         limit="headroom",
         message=(

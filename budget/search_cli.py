@@ -79,6 +79,7 @@ def run_search(
     from budget.render.search import render_search_markdown, render_search_table
     from budget.search import magnitude, search, to_dict
     from budget.topology import MAX_GPUS
+    from budget.units import format_bytes
 
     try:
         if objective not in OBJECTIVES:
@@ -102,6 +103,14 @@ def run_search(
     except BudgetError as error:
         for line in problem_lines(error.problems):
             print(line, file=sys.stderr)
+        return 2
+    room = plan.device.memory - plan.device.reserved  # what any layout could leave free
+    if limits is not None and limits.headroom_bytes is not None and limits.headroom_bytes >= room:
+        said = (  # a review: every layout was priced and rejected "over a limit"
+            f"--headroom {format_bytes(limits.headroom_bytes)}: the device holds "
+            f"{format_bytes(room)} beside what it reserves, so no layout can leave that free"
+        )
+        print(usage_line(said), file=sys.stderr)
         return 2
     if plan.mode != "train":
         print(

@@ -135,6 +135,15 @@ def test_limits(option: str, value: str, code: int, limit: str | None) -> None:
         )
 
 
+def test_a_headroom_beyond_the_device_says_no_plan_could_keep_it() -> None:
+    """--headroom 100GiB on an 80 GB device: the reason says no allocation could leave
+    that much (a review: it read as a shortfall the plan could close)."""
+    (reason,) = check_report(budget_plan(GPT3), parse_limits(headroom="100GiB"))
+    assert "more than the device could leave free with nothing allocated" in reason.message
+    (near,) = check_report(budget_plan(GPT3), parse_limits(headroom="70GiB"))
+    assert "nothing allocated" not in near.message
+
+
 def test_headroom_reason_names_the_shortfall() -> None:
     report = budget_plan(GPT3)
     (reason,) = check_report(report, parse_limits(headroom="70%"))

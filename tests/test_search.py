@@ -1588,3 +1588,14 @@ def test_a_group_one_rank_a_node_across_two_networks_prices_as_the_search(tmp_pa
     data = json.loads(result.stdout)
     assert data["results"][0]["step_time_s"] == pytest.approx(report.step["time_s"], rel=1e-9)
     assert data["written"]["step_time_s"] == report.step["time_s"]
+
+
+def test_a_headroom_the_device_cannot_leave_is_refused_before_the_sweep():
+    """--headroom 100GiB on an 80 GB A100 with 3 GiB reserved: every layout was priced and
+    rejected "over a limit" (a review); refused at once, naming what the device holds."""
+    result = CliRunner().invoke(app, route(["search", str(GPT3), "--headroom", "100GiB"]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        "budget: error: --headroom 100 GiB: the device holds 77.0 GiB beside what it reserves, "
+        "so no layout can leave that free\n"
+    )
