@@ -362,11 +362,14 @@ def transition_labels(a: Plan, b: Plan) -> tuple[list[str], list[str], list[str]
     for plan, own in zip((b, a), slots[::-1], strict=True):  # A's name wins a shared slot
         for t, slot in zip(plan.transitions, own, strict=True):
             names[slot] = t.name
-    taken: dict[str, int] = {}
     label: dict[int, str] = {}
-    for slot in sorted(names):
-        n = taken[names[slot]] = taken.get(names[slot], 0) + 1
-        label[slot] = f"transitions[{names[slot]}" + (f" #{n}]" if n > 1 else "]")
+    for slot in sorted(names):  # unique, also where a plan names one "g #2" beside two g's
+        name, n = names[slot], 1
+        while (
+            candidate := f"transitions[{name}" + (f" #{n}]" if n > 1 else "]")
+        ) in label.values():
+            n += 1
+        label[slot] = candidate
     return [label[s] for s in slots[0]], [label[s] for s in slots[1]], list(label.values())
 
 

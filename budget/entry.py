@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             _run(list(sys.argv[1:] if argv is None else argv))
+        except KeyboardInterrupt:  # Ctrl-C, as `budget check -` ends: quietly, status 130
+            sys.exit(130)
         finally:
             if sys.stdout is not None:  # None when closed (`>&-`): rich then writes nowhere
                 sys.stdout.flush()
@@ -149,8 +151,14 @@ def _app(args: list[str]) -> None:
             error.show()  # type: ignore[attr-defined]
             sys.exit(status)
         context = getattr(error, "ctx", None)
-        hint = f" (see '{context.command_path} --help')" if context is not None else ""
-        print(usage_line(f"{said()}{hint}"), file=sys.stderr)
+        command = (
+            context.command_path
+            if context is not None
+            else f"budget {args[0]}"
+            if args and not args[0].startswith("-")
+            else "budget"
+        )
+        print(usage_line(f"{said().rstrip('.')} (see '{command} --help')"), file=sys.stderr)
         sys.exit(status)
     if isinstance(code, int) and code:  # typer.Exit(code), returned without standalone mode
         sys.exit(code)

@@ -80,6 +80,7 @@ class BudgetError(Exception):
     files in the order their problems came (the order the command was given them)."""
 
     def __init__(self, problems: list[Problem]) -> None:
+        problems = list(dict.fromkeys(problems))  # one file given twice: its problems once
         files = list(dict.fromkeys(p.file for p in problems))
         self.problems = sorted(problems, key=lambda p: (files.index(p.file), p))
         super().__init__("\n".join(str(p) for p in self.problems))

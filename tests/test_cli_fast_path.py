@@ -350,14 +350,17 @@ def test_json_to_a_stream_without_utf8_escapes_what_it_cannot_show(words):
         (
             ["presets", "foo"],
             "budget: error: Invalid value for 'kind': Value error, 'foo' is not one of "
-            "'devices', 'topologies', 'models'. (see 'budget presets --help')",
+            "'devices', 'topologies', 'models' (see 'budget presets --help')",
         ),
         (
             [str(GPT3), "--format", "xml"],
             "budget: error: Invalid value for '--format' / '-f': 'xml' is not one of table, "
             "json or markdown (see 'budget report --help')",
         ),
-        (["check", "--headroom"], "budget: error: Option '--headroom' requires an argument."),
+        (
+            ["check", "--headroom"],
+            "budget: error: Option '--headroom' requires an argument (see 'budget check --help')",
+        ),
     ],
 )
 def test_command_line_faults_are_one_line_as_budget_s_own(args, said, capsys) -> None:

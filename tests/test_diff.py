@@ -161,7 +161,7 @@ def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
     bad = invalid(tmp_path)
     code, out, err = _diff(bad, bad)
     assert code == 2 and out == ""
-    assert err.count(f"{bad}:3:1: error: $.modle") == 2
+    assert err.count(f"{bad}:3:1: error: $.modle") == 1  # one file given twice: said once
 
 
 def test_flatten_names_keys_by_path() -> None:
@@ -642,3 +642,43 @@ def test_two_invalid_plans_report_in_the_order_given(tmp_path: Path) -> None:
     assert result.exit_code == 2
     files = list(dict.fromkeys(line.split(":")[0] for line in result.stderr.splitlines()))
     assert files == [str(z), str(a)]
+
+
+def test_transition_labels_stay_unique_and_group_by_the_whole_name(tmp_path: Path) -> None:
+    """Two transitions named g beside one named "g #2": the second g's label had collided
+    with it and its change vanished; and a transition named "a" had swallowed the keys of
+    one named "a].b" (a review)."""
+    from budget.render.diff import shown_changes
+
+    def plan(*items: tuple[str, str]) -> Any:
+        lines = "".join(
+            f"  - name: '{name}'\n    phase: loss\n    tensor: {{shape: [micro * seq, vocab], "
+            f"dtype: {dtype}}}\n    group: tp\n    from: replicate\n    to: replicate\n"
+            for name, dtype in items
+        )
+        text = TP_GATHERED.read_text(encoding="utf-8")
+        text = text[: text.index("\ntransitions:") + 1] + "transitions:\n" + lines
+        path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(text, encoding="utf-8")
+        return load_plan(path)
+
+    a = plan(("g", "bf16"), ("g", "bf16"), ("g #2", "bf16"))
+    b = plan(("g", "bf16"), ("g", "fp32"), ("g #2", "fp16"))
+    keys = [c.key for c in plan_changes(a, b)]
+    assert len(keys) == len(set(keys)) == 2  # both changes, each under its own label
+    assert keys[0].endswith(".tensor.dtype") and keys[1].endswith(".tensor.dtype")
+    dotted = plan(("a", "bf16"), ("a].b", "bf16"))
+    rows = shown_changes(plan_changes(dotted, plan(("a].b", "fp32"))))
+    assert [row[0] for row in rows] == ["transitions[a]", "transitions[a].b].tensor.dtype"]
+
+
+def test_a_serving_headline_names_its_latencies_plainly(tmp_path: Path) -> None:
+    """A decode plan against one serving twice the sequences: the headline names the time to
+    first token and the time per output token (it read "decode, per token", whose comma read
+    as a list's: a review)."""
+    from budget.render.diff import headline
+
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    more = variant(tmp_path, "more.yaml", ("sequences: 32", "sequences: 64"), base=decode)
+    sentence = headline(diff_files(decode, more)[2])
+    assert "time to first token +" in sentence and "time per output token +" in sentence

@@ -353,7 +353,7 @@ def test_an_interleaved_split_suggests_degrees_that_work_with_its_virtual_stages
         f"virtual_stages among 3 with pp = 8, {split}"
     )
     # 35 model chunks over 24 layers: no uneven split gives each one a layer (a review)
-    assert message(7, 5) == "choose fewer"
+    assert message(7, 5) == "make pp × virtual_stages 24 at most"
 
 
 def _all_problems(text: str) -> list[str]:

@@ -1599,3 +1599,19 @@ def test_a_headroom_the_device_cannot_leave_is_refused_before_the_sweep():
         "budget: error: --headroom 100 GiB: the device holds 77.0 GiB beside what it reserves, "
         "so no layout can leave that free\n"
     )
+
+
+def test_one_gpu_and_three_broken_limits_read_as_english(tmp_path):
+    """ "No layout can be built on 1 GPU" (it said "1 GPUs") and "the --headroom,
+    --max-exposed and --max-step limits" (it chained them with "and": a review)."""
+    from budget.render.search import written_note
+
+    none = CliRunner().invoke(app, route(["search", str(GPT3), "--gpus", "1", "--micro", "5"]))
+    assert "No layout can be built on 1 GPU:" in none.stdout
+    outcome = search(load_plan(GPT3), 1024, SMALL, keep=1)
+    broken = replace(
+        outcome,
+        written=outcome.best,
+        written_breaks=("headroom", "max_exposed", "max_step"),
+    )
+    assert "the --headroom, --max-exposed and --max-step limits" in written_note(broken)

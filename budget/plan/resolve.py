@@ -1131,7 +1131,11 @@ class _ModelChecks(_LayoutChecks):
         if layers % stages:
             what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
             if stages > layers:  # no split gives each stage a layer (a review: it advised one)
-                choose = f"choose among {_divisors(layers)} stages" if v == 1 else "choose fewer"
+                choose = (
+                    f"choose among {_divisors(layers)} stages"
+                    if v == 1
+                    else f"make pp × virtual_stages {layers} at most"
+                )
                 self.r.error(
                     "$.parallel.pp",
                     f"{what} stages is more than the model's {layers} layers: every stage "

@@ -54,7 +54,11 @@ _LABELS = {
     "ttft_s": "time to first token",
     "decode_token_s": "decode, per token",
 }
-_SUMMARY_LABELS = {"peak_bytes": "worst-stage peak", "headroom_bytes": "worst-stage headroom"}
+_SUMMARY_LABELS = {
+    "peak_bytes": "worst-stage peak",
+    "headroom_bytes": "worst-stage headroom",
+    "decode_token_s": "time per output token",
+}
 
 
 def render_diff(console: Console, a: Report, b: Report, diff: PlanDiff, fmt: str) -> None:
@@ -299,8 +303,9 @@ def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
     }
     rows: list[tuple[str, str, str]] = []
     for c in changes:
-        prefix = next((p for p in one_sided if c.key.startswith(p + ".")), "")
-        if not prefix:
+        match = TRANSITION_KEY.fullmatch(c.key)  # by the name parsed whole: "a" is no "a].b"
+        prefix = f"transitions[{match[1]}]" if match else ""
+        if prefix not in one_sided:
             rows.append((c.key, plan_value(c.key, c.a), plan_value(c.key, c.b)))
             continue
         if not c.key.endswith(".name"):

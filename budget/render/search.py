@@ -177,14 +177,14 @@ def ruled_out_rows(outcome: Outcome) -> list[tuple[str, str]]:
 
 
 NONE_BUILT = (
-    "No layout can be built on {gpus:,} GPUs: every one was skipped before pricing, for the "
+    "No layout can be built on {gpus}: every one was skipped before pricing, for the "
     "reasons below (none of them was priced, so none was rejected for memory)."
 )
 
 
 def _none(outcome: Outcome) -> str:
     if outcome.evaluated == 0:  # a review: "no layout fits" read as if memory had ruled
-        return NONE_BUILT.format(gpus=outcome.gpus)
+        return NONE_BUILT.format(gpus=plural(outcome.gpus, "GPU"))
     return NONE_FITS if outcome.limits is None else NONE_KEEPS
 
 
@@ -252,8 +252,8 @@ def written_note(outcome: Outcome) -> str:
     if not mine.fits:
         parts.append("does not fit")
     elif outcome.written_breaks:  # as the command line sets them: --max-exposed
-        options = [f"--{name.replace('_', '-')}" for name in outcome.written_breaks]
-        limits = " and ".join(options) + (" limits" if len(options) > 1 else " limit")
+        *most, last = [f"--{name.replace('_', '-')}" for name in outcome.written_breaks]
+        limits = f"{', '.join(most)} and {last} limits" if most else f"{last} limit"
         parts.append(f"does not keep the {limits}")
     said = f"The plan as written {', and '.join(parts)}." if parts else ""
     if outcome.hardware.get("transitions_left_out"):
