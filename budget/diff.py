@@ -303,6 +303,10 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         for p, s in zip((a, b), labels, strict=True)
     )
     for flat, plan in ((fa, a), (fb, b)):
+        # where the model, device and topology come from: none, not "", where a section
+        # writes its own (a review: preset → hf_config showed only the preset going)
+        for key in ("model.preset", "model.hf_config", "device.preset", "topology.preset"):
+            flat[key] = flat.get(key) or None
         # only the keys the plan's mode reads, as its file spells them: a serving plan's
         # batch is sequences, prompt and generate; it has no ZeRO, recompute or optimizer
         if plan.mode == "train":

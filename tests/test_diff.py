@@ -584,6 +584,17 @@ def test_a_preset_change_reads_as_the_key_the_file_wrote_first(tmp_path: Path) -
     )
     keys = [c.key for c in plan_changes(load_plan(TP_GATHERED), load_plan(bigger))]
     assert keys[0] == "model.preset" and "model.name" not in keys
+    # a preset against a Hugging Face config: both keys, none (not "") where a side lacks one
+    hf = ROOT / "tests" / "data" / "llama3-70b-hf.yaml"
+    preset = variant(
+        tmp_path,
+        "preset.yaml",
+        ("hf_config: hf/llama3-70b/config.json", "preset: llama3-70b"),
+        base=hf,
+    )
+    shown = {c.key: (c.a, c.b) for c in plan_changes(load_plan(preset), load_plan(hf))}
+    assert shown["model.preset"] == ("llama3-70b", None)
+    assert shown["model.hf_config"] == (None, "hf/llama3-70b/config.json")
 
 
 def test_the_stage_rows_add_up_to_the_peak_with_what_is_reserved(tmp_path: Path) -> None:

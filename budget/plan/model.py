@@ -99,6 +99,7 @@ class Model:
     attention_sinks: bool = False  # a learned softmax logit per head and layer (gpt-oss)
     experts: Experts | None = None
     name: str = ""  # preset or config the dimensions came from, for the header
+    hf_config: str = ""  # the Hugging Face config.json the plan read, as it wrote the path
     mla: Mla | None = None  # multi-head latent attention; head_dim is then the value's
     mtp_layers: int = 0  # multi-token prediction modules, trained on the last stage
     window: int = 0  # sliding-window attention: keys a query meets on a sliding layer; 0: none

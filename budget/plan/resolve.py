@@ -371,6 +371,7 @@ class _Resolver:
             attention_sinks=bool(tree.get("attention_sinks", False)),
             experts=experts,
             name=name,
+            hf_config=str(section.get("hf_config", "")),
             mla=mla,
             mtp_layers=_int(tree.get("mtp_layers", 0)),
             window=window,
