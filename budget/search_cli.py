@@ -185,12 +185,8 @@ def run_search(
     written, breaks, refused = _written(data, file, n, plan, limits)
     outcome = dataclasses.replace(outcome, written=written, written_breaks=breaks)
     if refused:  # the layout the search replaces, which `budget PLAN` refuses: said, not fatal
-        print(
-            usage_line(
-                f"the plan as written is not a valid layout ({refused}); searched anew"
-            ).replace("error: ", "note: ", 1),
-            file=sys.stderr,
-        )
+        message = f"the plan as written is not a valid layout ({refused}); searched anew"
+        print(note_line(message), file=sys.stderr)
     if write is not None and outcome.best is not None:
         from budget.search import apply
 
