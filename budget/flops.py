@@ -623,7 +623,7 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     add and dropout as `attention_forward` counts them, the two GEMMs (fc1 ``gate`` times as
     wide under a gated unit), and the activation function, which reads fc1's ``gate``
     outputs and writes one (GELU a read and a write, SwiGLU two reads and a write:
-    Shazeer, arXiv 2002.05202, eq. 6)."""
+    Shazeer, arXiv 2002.05202, section 2)."""
     e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
