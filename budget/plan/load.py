@@ -125,6 +125,8 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
 
 # a plan's top-level key in a problem's path: $.model.layers, $.model['<<'], $.topology[...]
 _SECTION = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_-]*)")
+# one hand-written transition's key: "$.transitions[0].group", "$.transitions[2].tensor.shape[1]"
+_TRANSITION = re.compile(r"^\$\.transitions\[(\d+)\](?:\.([a-z_]+))?")
 
 
 def semantic_problems(
@@ -139,13 +141,19 @@ def semantic_problems(
     defaults would be checked in its place."""
     known = set(schema()["properties"]) - {"mode"}
     sections = set()
+    items: dict[int, set[str]] = {}  # a transition's broken keys: the others are still read
     for path in broken:
         match = _SECTION.match(path)
         if match is None or match.group(1) not in known:
             return []
-        sections.add(match.group(1))
+        item = _TRANSITION.match(path)
+        if item is None:
+            sections.add(match.group(1))
+        else:
+            items.setdefault(int(item.group(1)), set()).add(item.group(2) or "")
+    held = {i: frozenset(keys) for i, keys in items.items()}
     try:
-        resolve(tree, marks, file, seed, skip=frozenset(sections))
+        resolve(tree, marks, file, seed, skip=frozenset(sections), broken_transitions=held)
     except BudgetError as error:
         return error.problems
     return []

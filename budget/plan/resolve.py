@@ -844,9 +844,17 @@ class _Resolver:
                 )
             previous = level
 
-    def transitions(self, items: list[Tree], names: Mapping[str, int]) -> tuple[Transition, ...]:
+    def transitions(
+        self, items: list[Tree], names: Mapping[str, int], broken: Mapping[int, frozenset[str]]
+    ) -> tuple[Transition, ...]:
+        """The hand-written transitions; one whose keys broke the schema (`broken`, its
+        item's key names) still has the keys it wrote well checked, so that its problems come
+        in one run (a CI audit: a bad group held back its shape's and placements')."""
         out = []
         for i, item in enumerate(items):
+            if i in broken:
+                self.broken_transition(item, f"$.transitions[{i}]", names, broken[i])
+                continue
             path = f"$.transitions[{i}]"
             shape = self.shape(item["tensor"]["shape"], f"{path}.tensor.shape", names)
             group = cast(GroupKind, item["group"])
@@ -890,6 +898,28 @@ class _Resolver:
                 )
             )
         return tuple(out)
+
+    def broken_transition(
+        self, item: Any, path: str, names: Mapping[str, int], keys: frozenset[str]
+    ) -> None:
+        """The rules a transition whose `keys` broke the schema can still be held to: its
+        shape, where its tensor is whole, and its placements against that shape, over its
+        group where the group is one."""
+        if "" in keys or not isinstance(item, Mapping):
+            return  # the item itself is wrong (not a mapping): nothing of it can be read
+        tensor = item.get("tensor")
+        if "tensor" in keys or not isinstance(tensor, Mapping) or "shape" not in tensor:
+            return
+        shape = self.shape(tensor["shape"], f"{path}.tensor.shape", names)
+        if shape is None:
+            return
+        group = item.get("group") if "group" not in keys else None
+        for key in ("from", "to"):
+            if key in keys or key not in item:
+                continue
+            where = f"{path}.{key}"
+            degree = names.get(group, 1) if isinstance(group, str) else 1
+            self.placement(parse_placement(item[key]), shape, str(group), degree, where)
 
     def shape(
         self, dims: list[int | str], path: str, names: Mapping[str, int]
@@ -1417,6 +1447,7 @@ def resolve(
     file: str,
     seed: bool = False,
     skip: frozenset[str] = frozenset(),
+    broken_transitions: Mapping[int, frozenset[str]] | None = None,
 ) -> Plan:
     """A schema-valid tree → `Plan`, or `BudgetError` with every problem found.
 
@@ -1511,7 +1542,7 @@ def resolve(
         checks.run(topology)
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = _shape_names(model, batch, par)
-        transitions = r.transitions(tree.get("transitions", []), names)
+        transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, mode, transitions)[1]
     if (
         skip
