@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from budget.errors import BudgetError, Problem
 from budget.inference import passes_for
-from budget.report import CollectiveRow, Overlapping, PhaseRow, Report, StageRow
+from budget.report import Overlapping, PhaseRow, Report, StageRow, slow_link_notes
 from budget.schedule import pass_of
 from budget.units import (
     UnitError,
@@ -589,73 +589,6 @@ def check_report(report: Report, limits: Limits) -> tuple[Reason, ...]:
         if limit is not None:
             reasons.append(_latency_reason(report, name, limit))
     return tuple(r for r in reasons if r is not None)
-
-
-# the groups whose collectives run in every layer of every micro-batch, in these phases
-_PER_LAYER = ("tp", "cp", "ep", "etp")
-_LAYER_PHASES = ("attention", "mlp", "moe")
-
-
-def slow_link_notes(report: Report) -> tuple[str, ...]:
-    """A caution for each per-layer group (tp, cp, ep, etp) whose collectives leave the
-    topology's innermost level: frequent exchanges belong on the fastest links (DESIGN.md's
-    seed, "map frequent communication onto topology regions with sufficient latency and
-    bandwidth"), and a rank order that strides them across nodes passes every limit unsaid
-    (a seeds audit: tp 8 over InfiniBand, 63 % of the step exposed, and no word)."""
-    if len(report.links) < 2:
-        return ()
-    inner = report.links[0]
-    found: dict[str, list[CollectiveRow]] = {}
-    for p in report.phases:
-        if p.name.rpartition(".")[2] not in _LAYER_PHASES:  # not the embedding, loss or dp
-            continue
-        for c in p.collectives:
-            if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
-                found.setdefault(c.group, []).append(c)
-    notes = []
-    for group, rows in found.items():
-        links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
-        calls = sum(c.count for c in rows)
-        exposed = sum((c.exposed_s or 0.0) * c.count for c in rows)
-        if exposed <= 0:  # hidden behind compute: the step does not wait for the slow link
-            continue
-        hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
-        notes.append(
-            f"{group}'s per-layer collectives ({calls:,} calls a step, "
-            f"{format_duration(exposed)} of them exposed) cross {links}: {hint}"
-        )
-    return tuple(notes)
-
-
-def _closer(report: Report, group: str, ranks: int, level: str, size: int | None) -> str:
-    """Why `group` leaves `level`: wider than a domain; an expert group spaced etp apart
-    (the expert layers' tp inside it, Megatron-Core's expert rank order) wider than one; or
-    the groups parallel.order lists before it taking the domain's ranks (the first groups
-    take the closest ranks), naming those that run no per-layer collective, which could
-    move out instead."""
-    domain = f"one {level} domain of {size}"
-    if not size or ranks > size:
-        return f"{group} {ranks} is wider than {domain}"
-    layout = report.layout
-    order = [g for g in layout.get("order") or [] if (layout.get(g) or 1) > 1]
-    etp = layout.get("etp") or layout["tp"]
-    if group == "ep" and etp > 1 and ranks * etp > size:
-        return (
-            f"ep {ranks} spaced etp {etp} apart (the expert layers' tp inside each ep group) "
-            f"spans {ranks * etp} ranks, more than {domain}"
-        )
-    if group in order:
-        before = order[: order.index(group)]
-        extent = math.prod(layout[g] for g in before) * ranks
-        if before and extent > size:
-            spans = " × ".join(f"{g} {layout[g]}" for g in (*before, group))
-            rarer = [g for g in before if g not in _PER_LAYER]
-            move = f": list {group} before {' and '.join(rarer)}" if rarer else ""
-            return (
-                f"parallel.order puts {', '.join(before)} closer ({spans} = {extent} ranks, "
-                f"more than {domain}){move}"
-            )
-    return f"{group} {ranks} would fit in {domain}; parallel.order strides its ranks across them"
 
 
 def check_plans(paths: Iterable[Path], limits: Limits) -> CheckResult:

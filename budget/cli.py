@@ -300,8 +300,9 @@ def validate_command(
             outcomes.append((plan_name(path), list(error.problems)))
             continue
         outcomes.append((plan_name(path), []))
-    # the files in the order given, as `check` keeps them; each file's by position
-    problems = [p for _, found in outcomes for p in sorted(found)]
+    # the files in the order given, as `check` keeps them; each file's by position already
+    # (`BudgetError`)
+    problems = [p for _, found in outcomes for p in found]
     _problems(problems)
     render_validate(stdout_console(), outcomes, str(fmt))
     if problems:

@@ -335,18 +335,16 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     # section's preset first: what a file changed, then what it brings; transitions in
     # the merged order of both plans
     rank = {label: i for i, label in enumerate(merged)}
-
-    def section(k: str) -> str:  # a transition's name may hold a dot
-        return "transitions" if TRANSITION_KEY.fullmatch(k) else k.split(".")[0]
-
-    sections = list(dict.fromkeys(section(k) for k in keys))
-
-    def place(k: str) -> tuple[int, bool, int]:
-        first = k.count(".") == 1 and k.endswith(".preset")
-        m = TRANSITION_KEY.fullmatch(k)
-        return sections.index(section(k)), not first, rank[f"transitions[{m[1]}]"] if m else 0
-
-    keys.sort(key=place)
+    # (section, not its preset, transition slot) once per key: a transition's name may
+    # hold a dot, so its section is read from the whole key
+    placed = {}
+    for k in keys:
+        named = TRANSITION_KEY.fullmatch(k)
+        section = "transitions" if named else k.split(".")[0]
+        preset = k.count(".") == 1 and k.endswith(".preset")
+        placed[k] = (section, not preset, rank[f"transitions[{named[1]}]"] if named else 0)
+    sections = {s: i for i, s in enumerate(dict.fromkeys(p[0] for p in placed.values()))}
+    keys.sort(key=lambda k: (sections[placed[k][0]], *placed[k][1:]))
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
 
 

@@ -469,7 +469,7 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
     seeds audit: "map frequent communication onto topology regions with sufficient latency
     and bandwidth"). Said in check's notes and under the report's verdict, not failed; the
     plan as shipped, tp first, says nothing."""
-    from budget.check import slow_link_notes
+    from budget.report import slow_link_notes
 
     base = ROOT / "plans" / "llama3-70b.yaml"
     strided = variant(

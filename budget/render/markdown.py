@@ -89,7 +89,7 @@ def render_markdown(report: Report) -> str:
         f"headroom {b(worst.headroom_bytes)}." + (unreserved(report) if worst.fits else "")
     )
     lines.append("")
-    from budget.check import slow_link_notes
+    from budget.report import slow_link_notes
 
     cautions = [f"> **Caution:** {plain(note)}." for note in slow_link_notes(report)]
     if cautions:  # one quote each: consecutive quote lines run into one paragraph

@@ -29,6 +29,7 @@ from budget.report import (
     phase_scope,
     ramp_shares,
     run_scope,
+    slow_link_notes,
 )
 from budget.units import format_bytes, format_duration, format_rate, plural
 
@@ -777,7 +778,5 @@ def render_table(console: Console, report: Report) -> None:
     for line in summary(report):
         console.print(line, markup=False)
     console.print(verdict(report))
-    from budget.check import slow_link_notes
-
     for note in slow_link_notes(report):
         console.print(Text(f"Caution: {note}.", style="yellow"))
