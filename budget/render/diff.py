@@ -287,14 +287,17 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
 
 def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
     """(key, A, B) rows of the plan changes, as a plan spells them; a transition one side
-    has whole and the other lacks is one row that reads as the plan's line would ("logits
-    all-gathered: tp shard(1) → replicate, [8192, 128256] bf16, in loss"), not a row per
-    key (a user audit: three added transitions took 27 rows)."""
+    has whole and the other lacks is one row under its name that reads as the plan's line
+    would ("transitions[logits-gather]", "–", "tp shard(1) → replicate, [8192, 128256]
+    bf16, in loss, ..."), not a row per key (a user audit: three added transitions took 27
+    rows). Keys group by the name parsed whole: "a" is no "a].b"."""
     whole: dict[str, dict[str, Change]] = {}
+    prefixes = []
     for c in changes:
         match = TRANSITION_KEY.fullmatch(c.key)
+        prefixes.append(f"transitions[{match[1]}]" if match else "")
         if match:
-            whole.setdefault(f"transitions[{match[1]}]", {})[match[2]] = c
+            whole.setdefault(prefixes[-1], {})[match[2]] = c
     one_sided = {
         prefix
         for prefix, keys in whole.items()
@@ -302,9 +305,7 @@ def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
         and (all(c.a is None for c in keys.values()) or all(c.b is None for c in keys.values()))
     }
     rows: list[tuple[str, str, str]] = []
-    for c in changes:
-        match = TRANSITION_KEY.fullmatch(c.key)  # by the name parsed whole: "a" is no "a].b"
-        prefix = f"transitions[{match[1]}]" if match else ""
+    for c, prefix in zip(changes, prefixes, strict=True):
         if prefix not in one_sided:
             rows.append((c.key, plan_value(c.key, c.a), plan_value(c.key, c.b)))
             continue
