@@ -63,6 +63,7 @@ def test_device_memory_is_the_driver_s_total() -> None:
         "h800": 81_559,
         "h200": 143_771,
         "b200": 183_359,
+        "gb200": 189_471,
         "mi300x": 201_310_208 / 1024,
     }
     plan = _resolve(_tree(device={"preset": "h200"}, topology={"preset": "dgx-h200", "nodes": 1}))
@@ -346,6 +347,7 @@ def test_memory_bound_fraction_is_babelstream_on_the_preset() -> None:
     assert DEVICES["h100-sxm"].memory_efficiency == pytest.approx(2.935 / 3.35)
     assert DEVICES["a100-80gb"].memory_efficiency == pytest.approx(1.655 / 2.039)
     assert DEVICES["b200"].memory_efficiency == 0.8  # no measurement found
+    assert DEVICES["gb200"].memory_efficiency == 0.8 and "stream" in DEVICES["gb200"].assumed
     plan = _resolve(_tree(device={"preset": "h100-sxm"}))
     assert plan.device.memory_efficiency == pytest.approx(2.935 / 3.35)
     plan = _resolve(_tree(device={"preset": "h100-sxm", "memory_efficiency": 0.7}))
@@ -453,6 +455,47 @@ def test_b200_attention_is_its_cudnn_frontend_sweep() -> None:
     assert rates["cudnn"].at(8192, 0.0) * 2250 == pytest.approx(1071.9, abs=0.05)
     assert rates["cudnn"].at(512) * 2250 == pytest.approx(396.9, abs=0.05)
     assert "cudnn-frontend" in rates["cudnn"].source
+
+
+def test_gb200_is_its_own_part_with_its_own_cudnn_sweep() -> None:
+    """The GB200 is not the B200. Peaks from NVIDIA's GB200 NVL72 specifications (360 PFLOPS
+    FP16/BF16 with sparsity over 72 GPUs, halved: 2,500 TFLOP/s; FP8 720 → 5,000; TF32 180
+    → 1,250; FP32 5,760 TFLOPS over 72 = 80; 576 TB/s over 72 = 8 TB/s).
+
+    GEMM: Bekman's GB200 burst, 1822, at the B200's MSMF/MAMF (1439 / 1745) is 1502.50
+    TFLOP/s, 60.1 %; the same from Azure's sustained FP8 run at the B200's bf16/FP8 MSMF,
+    2906.9 · 1439 / 2788 = 1500.35, agrees within 0.2 %. The FP8 curve passes through that
+    run: 2906.9 TFLOP/s at F = 2·16384³ on the sm_100 ramp.
+
+    cuDNN from cudnn-frontend's GB200 sweep (batch 1, 64 heads of 128): a causal 8K call's
+    forward is 2·8192²·64·128 = 1.0995e12 FLOPs in 0.688 ms, 1,598.1 TFLOP/s, its backward
+    2.5 times that in 2.097 ms, 1,310.8, together 3.5 / (1/1598.1 + 2.5/1310.8) = 1,381.8;
+    unmasked, 2.199e12 in 1.286 ms (1,710.0) and 2.5 times in 3.901 ms (1,409.3): 1,483.8.
+    FlashAttention-2 at the B200's fractions: 337.8 / 2,250 · 2,500 = 375.3, within 0.4 % of
+    Azure's GB200 figure (373.9), and marked derived."""
+    gb200, b200 = DEVICES["gb200"], DEVICES["b200"]
+    assert dict(gb200.flops) == {
+        "bf16": 2500e12,
+        "fp16": 2500e12,
+        "fp8": 5000e12,
+        "tf32": 1250e12,
+        "fp32": 80e12,
+    }
+    assert gb200.memory_bandwidth == 576e12 / 72 and gb200.sms == 152
+    assert gb200.gemm.peak_fraction * 2500e12 == pytest.approx(1502.50e12, rel=1e-5)
+    assert gb200.gemm.peak_fraction * 2500e12 == pytest.approx(2906.9e12 * 1439 / 2788, rel=2e-3)
+    fp8 = gb200.gemm.for_dtype("fp8", 2.0)
+    assert curve_fraction(fp8, 2 * 16384**3) * 5000e12 == pytest.approx(2906.9e12)
+    assert "gemm" in gb200.assumed  # its bf16 ceiling is derived from a burst
+    rates = {rate.kernel: rate for rate in gb200.attention}
+    assert list(rates) == ["cudnn", "flash2"]  # `flash` runs cuDNN, as on the B200
+    assert rates["cudnn"].at(8192) * 2500 == pytest.approx(1381.8, abs=0.05)
+    assert rates["cudnn"].at(8192, 0.0) * 2500 == pytest.approx(1483.8, abs=0.05)
+    assert not rates["cudnn"].derived and "GB200" in rates["cudnn"].source
+    b200_flash2 = {rate.kernel: rate for rate in b200.attention}["flash2"]
+    assert rates["flash2"].at(8192) == pytest.approx(b200_flash2.at(8192))
+    assert rates["flash2"].at(8192) * 2500 == pytest.approx(373.9, rel=0.004)
+    assert rates["flash2"].derived
 
 
 def test_triton_attention_is_flashattention2_slowed_by_the_fa2_papers_ratios() -> None:
@@ -744,7 +787,7 @@ def test_kernel_startup_is_the_fit_of_the_published_small_kernel_sweep(name) -> 
     assert DEVICES["a100-40gb"].kernel_startup == DEVICES["a100-80gb"].kernel_startup
     # no sweep of either: the H200's, marked assumed (a startup of 0 made their decode
     # 15-17 % faster against the H100 than their bytes; review)
-    for name in ("b200", "mi300x"):
+    for name in ("b200", "gb200", "mi300x"):
         assert DEVICES[name].kernel_startup == DEVICES["h200"].kernel_startup
         assert "start" in DEVICES[name].assumed
 

@@ -6,8 +6,9 @@ neither 10^9 nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on 
 40GB and 81,920 MiB on the A100 80GB, 81,559 MiB on the H100 80GB (modal-labs/modal-client
 PR 2797, which lists nvidia-smi totals by GPU; NVIDIA/nccl issue 1264 on an HGX H100), the
 same 81,559 MiB on the H100 PCIe and the H800 (public nvidia-smi logs), 143,771 MiB on the
-H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827) and 183,359 MiB on the B200 "180GB"
-(NVIDIA/TensorRT-LLM issue 10278); rocminfo gives the MI300X "192 GB" a global pool of
+H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827), 183,359 MiB on the B200 "180GB"
+(NVIDIA/TensorRT-LLM issue 10278) and 189,471 MiB on the GB200 "186GB" (public nvidia-smi
+logs, among them TACC Vista's GB200 nodes); rocminfo gives the MI300X "192 GB" a global pool of
 201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would lose
 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain 0.35 GiB
 it does not have. What a process cannot use of that total is not reserved by a preset: the
@@ -28,30 +29,36 @@ fraction of the dense bf16 peak a public matmul microbenchmark sustains on that 
   step keeps every GPU of a node at its power limit for seconds, so the ceiling is MSMF
   wherever it was measured: H200 SXM 755 of 989 (76.3 %, measured with the node's other GPUs
   busy), B200 SXM 1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4
-  datasheet peak). The A100 SXM has no MSMF there (only a burst, MAMF 271 of 312); it takes
-  Azure's cuBLASLt run instead (AI-benchmarking-guide, ``Azure_Results/ND_A100_v4_results.md``
-  at 3bb66ca, "GEMM CuBLASLt": random inputs after 10,000 warm-up iterations, so at the power
-  limit): 256.5 of 312 at 16384³, the largest of its shapes (82.2 %). The same procedure on
-  the H100 (``Azure Results/ND_H100_v5_results.md``, f350e7e, FP8) gives 1377.3 at 16384³ and
-  1351.4 at 6144 x 12288 x 12288, within 2 % of Bekman's FP8 MSMF of the H200 (1354) and
-  below the H100's FP8 burst (1403), so it reads as a sustained rate. Bekman's H100 SXM row
-  has only a burst (MAMF 795). Its sustained bf16 rate comes from huggingface/gpu-fryer, a
-  stress test that runs cuBLASLt 8192³ matmuls on every GPU of a node, 60 s by default, and
-  averages each GPU's completed FLOPs per second after the first 4 (``src/main.rs`` at
-  0487190; inputs are random u32 values cast to bf16, so random mantissas as with randn):
-  "~730" TFLOP/s BF16 on "NVIDIA H100 80GB HBM3" (README at 2b6fb06, "for reference"; how
-  long that run lasted is not said, so "sustained" is the tool's default, inferred). The
-  H100's ceiling is set so that its curve (ramp below) gives 730 at F = 2·8192³: 733.2 of
-  989 (74.1 %), 3 % under the H200's MSMF on the same die, whose own figure the H200 keeps
-  (until this was read, the H100 took the H200's, an assumption). gpu-fryer's FP8 figure is
-  not used: its u32 inputs saturate float8 e4m3 (largest finite value 448), which the README
-  itself warns draws less power. The 300 W A100 PCIe's MSMF (258) is not carried to the
-  400 W SXM, because the power limit is what sets the sustained clock. FP8 GEMMs
-  (``precision.matmul: fp8``) follow the MSMF table's FP8 figure as a fraction of the dense
-  FP8 peak, at the bf16 ramp time (no trusted FP8 sweep): H200 1354 of 1979 (68.4 %, also
-  the H100's, within 2 % of Azure's sustained H100 FP8 run above), B200 2788 of 4500
-  (62.0 %), MI300X 1187 of 2614.9 (45.4 %). The cast and scaling kernels an FP8 recipe adds
-  are not priced.
+  datasheet peak). The GB200 has only a burst there (MAMF 1822 of 2500, in a later version
+  of the chapter than 0359db8, measured with torch 2.10.0.dev20250916+cu130); it takes the
+  B200's ratio of sustained to burst (1439 / 1745) on the same design, 1502.5 (60.1 %,
+  marked assumed), which Azure's sustained FP8 run on ND GB200 v6 bears out: 2906.9 TFLOP/s
+  at 16384³ (``Azure_Results/ND_GB200_v6_results.md`` at 2a370be) at the B200's bf16-to-FP8
+  MSMF ratio (1439 / 2788) is 1500.3. The A100 SXM has no MSMF there (only a burst, MAMF 271
+  of 312); it takes Azure's cuBLASLt run instead (AI-benchmarking-guide,
+  ``Azure_Results/ND_A100_v4_results.md`` at 3bb66ca, "GEMM CuBLASLt": random inputs after
+  10,000 warm-up iterations, so at the power limit): 256.5 of 312 at 16384³, the largest of
+  its shapes (82.2 %). The same procedure on the H100 (``Azure
+  Results/ND_H100_v5_results.md``, f350e7e, FP8) gives 1377.3 at 16384³ and 1351.4 at 6144 x
+  12288 x 12288, within 2 % of Bekman's FP8 MSMF of the H200 (1354) and below the H100's FP8
+  burst (1403), so it reads as a sustained rate. Bekman's H100 SXM row has only a burst (MAMF
+  795). Its sustained bf16 rate comes from huggingface/gpu-fryer, a stress test that runs
+  cuBLASLt 8192³ matmuls on every GPU of a node, 60 s by default, and averages each GPU's
+  completed FLOPs per second after the first 4 (``src/main.rs`` at 0487190; inputs are random
+  u32 values cast to bf16, so random mantissas as with randn): "~730" TFLOP/s BF16 on "NVIDIA
+  H100 80GB HBM3" (README at 2b6fb06, "for reference"; how long that run lasted is not said,
+  so "sustained" is the tool's default, inferred). The H100's ceiling is set so that its curve
+  (ramp below) gives 730 at F = 2·8192³: 733.2 of 989 (74.1 %), 3 % under the H200's MSMF on
+  the same die, whose own figure the H200 keeps (until this was read, the H100 took the
+  H200's, an assumption). gpu-fryer's FP8 figure is not used: its u32 inputs saturate float8
+  e4m3 (largest finite value 448), which the README itself warns draws less power. The 300 W
+  A100 PCIe's MSMF (258) is not carried to the 400 W SXM, because the power limit is what sets
+  the sustained clock. FP8 GEMMs (``precision.matmul: fp8``) follow the MSMF table's FP8
+  figure as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted FP8 sweep):
+  H200 1354 of 1979 (68.4 %, also the H100's, within 2 % of Azure's sustained H100 FP8 run
+  above), B200 2788 of 4500 (62.0 %), MI300X 1187 of 2614.9 (45.4 %); the GB200 takes Azure's
+  sustained run above, 58.2 % of its 5,000 at the sm_100 ramp. The cast and scaling kernels an
+  FP8 recipe adds are not priced.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
@@ -96,7 +103,7 @@ Bandwidth"): A100 SXM4 80GB 1.61/1.61/1.70/1.70 of 2.039 TB/s (81.2 %, commit 3b
 H100 SXM 2.90/2.90/2.97/2.97 of 3.35 (87.6 %, f350e7e); H200 4.01/4.00/4.15/4.15 of 4.8
 (84.9 %, 7f20e5f); MI300X 4.11/4.26/4.14/4.09 of 5.3 (78.3 %, samuel-bohman's copy of the
 guide, 3de0c29; a virtualised GPU). A100 40GB and H100 PCIe take the fraction of the same
-chip; no B200 measurement was found, so it keeps the codebase's 0.8. The fraction itself
+chip; no B200 or GB200 measurement was found, so they keep the codebase's 0.8. The fraction itself
 does not depend on the kernel's size; the fixed startup below is what makes small kernels
 slower (kernels whose data fits in L2 run faster, which is not modelled).
 
@@ -110,7 +117,7 @@ T = a + V / b to its points beyond twice the L2 (fastest block size, as the repo
 own plot takes it) gives a = 3.31 µs on the A100 80GB (84 MB - 1 GB, b = 1,753 GB/s, every
 point within 0.1 %) and 3.23 µs on the H200 (106 MB - 4.3 GB, b = 3,414 GB/s, within 0.13 %).
 The A100 40GB takes the A100 80GB's and the H100 SXM and PCIe the H200's (the same die and
-launch path). B200 and MI300X have no such run here; they take the H200's, an assumption
+launch path). B200, GB200 and MI300X have no such run here; they take the H200's, an assumption
 (marked in `budget presets`): a startup of 0 would be a bound no GPU reaches, and it made
 their decode look 15-17 % faster against the H100 than the bytes alone do (Llama 3 70B at
 tp 8: 11.1 ms a token on B200 at 0, 13.4 ms at 3.23 µs).
@@ -186,7 +193,14 @@ power-limited 1,399-1,443 MHz (Bekman's MSMF, below), but the same benchmark's G
 cuDNN 9.19.1 reaches 1,382 at 8K (on a GB200, whose peak is 11 % higher). An unmasked call
 takes each part over the causal-to-unmasked ratio of that GB200 run (0.93 forward and
 backward at 8K); that cuDNN's ratio carries to FlashAttention-2 is an assumption, as on
-Hopper. The MI300X has no measurement here: its fused attention stays on the GEMM curve, an
+Hopper. The GB200 takes cuDNN from its own run of that benchmark (cuDNN 9.19.1, 64
+query and 8 KV heads of 128, causal and unmasked, 2K to 32K tokens: 1,382 TFLOP/s at 8K
+causal, 55.3 % of its 2,500) and FlashAttention-2 at the B200's fractions of peak, marked
+derived: no GB200 sweep of it was found. Azure's FlashAttention-2 run on ND GB200 v6
+(373.9 TFLOP/s at 8K, ``Azure_Results/ND_GB200_v6_results.md`` at 2a370be) does not say
+which mask it ran: it is within 0.4 % of the 375.3 this gives a causal call and 7 % under
+the 403.0 of an unmasked one, so it is a check, not the level.
+The MI300X has no measurement here: its fused attention stays on the GEMM curve, an
 upper bound.
 
 FlashAttention in Triton (``triton``), the 2023 kernel that llm-foundry's ``attn_impl:
@@ -215,9 +229,9 @@ here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from budget.plan.model import AttentionRate, GemmCurve, fused_rate
+from budget.plan.model import FUSED_BACKWARD, AttentionRate, GemmCurve, fused_rate
 
 __all__ = ["DEVICES", "RAMP_S", "DevicePreset"]
 
@@ -475,6 +489,25 @@ _B200_SOURCE = (
 )
 
 
+def _gb200_sweep(length: int, mask: int) -> tuple[float, float]:
+    """(forward, backward) TFLOP/s of the GB200 sweep's call at `length` keys, causal (`mask`
+    0) or unmasked (1): batch 1, 64 query heads of 128, the forward 4·s²·heads·d FLOPs (half
+    of them causal) in its milliseconds, the backward 2.5 times as many in its own."""
+    forward_flops = 4 * length**2 * 64 * 128 / (2 if mask == 0 else 1)
+    forward_ms, backward_ms = _BLACKWELL_SWEEP_MS[length][mask]
+    return forward_flops / forward_ms / 1e9, FUSED_BACKWARD * forward_flops / backward_ms / 1e9
+
+
+_GB200_CUDNN = _rate(
+    "cudnn",
+    tuple(_BLACKWELL_SWEEP_MS),
+    [_gb200_sweep(n, 0) for n in _BLACKWELL_SWEEP_MS],
+    [_gb200_sweep(n, 1) for n in _BLACKWELL_SWEEP_MS],
+    2500,
+    "NVIDIA/cudnn-frontend SDPA benchmark, GB200 (df73764, cuDNN 9.19.1, free clock)",
+)
+
+
 def _b200(kernel: str) -> AttentionRate:
     """`kernel`'s causal forward and backward rates on the B200 from its sweep, as fractions
     of the 2,250 TFLOP/s peak; unmasked, each over the GB200 sweep's ratio at its length."""
@@ -484,7 +517,17 @@ def _b200(kernel: str) -> AttentionRate:
     return _rate(kernel, _B200_LENGTHS, causal, unmasked, 2250, _B200_SOURCE)
 
 
+def _gb200_flash2() -> AttentionRate:
+    """FlashAttention-2 on the GB200: no sweep of its own, so the B200's fractions of its
+    peak (`_b200`), the same kernel on the same SM design at the GB200's higher clock; marked
+    derived. Azure's FlashAttention-2 run on ND GB200 v6 (373.9 TFLOP/s at 8K, its mask
+    unstated) is within 0.4 % of its causal call (module docstring)."""
+    return replace(_b200("flash2"), derived=True, source=f"{_B200_SOURCE}, as fractions of peak")
+
+
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
+# A later version of that chapter than 0359db8 adds the GB200 row (a burst only).
+_GB200_MAMF = "Bekman, ML Engineering, MAMF table, GB200 SXM 1822 (torch 2.10.0.dev20250916)"
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 _XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
 
@@ -568,6 +611,16 @@ _H100_GEMM = _curve(
     fp8=(_GH100_FP8_SUSTAINED, 1979 * T),
     inner_half=_SM90_INNER,
 )
+# GB200: Bekman's table has only a burst (MAMF 1822 of 2500); at the B200's ratio of
+# sustained to burst (MSMF 1439 over MAMF 1745) that is 1502.5 TFLOP/s. Azure's sustained
+# FP8 cuBLASLt run on ND GB200 v6 (random inputs, 10,000 warm-up iterations) gives 2906.9 at
+# 16384³, taken as the fp8 ceiling on the sm_100 ramp: x = 2906.9e12 · F / (F − 2906.9e12 ·
+# ramp) at F = 2·16384³.
+_GB200_SUSTAINED = 1822 * 1439 / 1745 / 2500
+_GEMM_16384 = 2 * 16384**3
+_GB200_FP8_SUSTAINED = (
+    2906.9e12 * _GEMM_16384 / (_GEMM_16384 - 2906.9e12 * _SM100_RAMP_S) / (5000 * T)
+)
 _H200_GEMM = _curve(
     _H200_SUSTAINED,
     989 * T,
@@ -584,7 +637,8 @@ _H200_GEMM = _curve(
 # SMs"); H100 SXM5 132 and H100 PCIe 114 (NVIDIA H100 Tensor Core GPU Architecture
 # whitepaper, table "NVIDIA H100 ... compared to NVIDIA A100"); the H800 and H200 are the
 # H100 SXM's GH100 configuration (132); B200: 74 of each die's 80 SMs enabled, 148 (Chips and
-# Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025); MI300X: 304 compute
+# Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025); GB200: 152, as CUDA
+# reports it in public kernel benchmarks on the part; MI300X: 304 compute
 # units (AMD CDNA 3 architecture whitepaper).
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
@@ -705,6 +759,36 @@ DEVICES: dict[str, DevicePreset] = {
         kernel_startup=_GH100_STARTUP,
         sms=148,
         assumed=("stream", "start"),  # 0.8 of the bandwidth, the H200's startup: none measured
+    ),
+    "gb200": DevicePreset(
+        "gb200",
+        189_471 * MiB,
+        (
+            ("bf16", 2500 * T),
+            ("fp16", 2500 * T),
+            ("fp8", 5000 * T),
+            ("tf32", 1250 * T),
+            ("fp32", 80 * T),
+        ),
+        8.0e12,
+        # No MSMF: the MAMF burst 1822 of 2500 at the B200's sustained-to-burst ratio (1439 /
+        # 1745), 1502 TFLOP/s; FP8: Azure's sustained cuBLASLt run, 2906.9 at 16384³.
+        _curve(
+            _GB200_SUSTAINED,
+            2500 * T,
+            f"{_GB200_MAMF} at the B200's MSMF/MAMF ({_MSMF}); fp8: Azure AI-benchmarking-guide "
+            f"cuBLASLt, ND GB200 v6 (2a370be); ramp: {_XLA.format('sm_100')}",
+            _SM100_RAMP_S,
+            fp8=(_GB200_FP8_SUSTAINED, 5000 * T),
+            inner_half=_SM100_INNER,
+        ),
+        "NVIDIA GB200 NVL72 specifications, divided by 72 GPUs and halved for density "
+        "(360 PFLOPS FP16/BF16, 720 PFLOPS FP8, 180 PFLOPS TF32 with sparsity; 5,760 TFLOPS "
+        "FP32; 576 TB/s HBM3e)",
+        attention=(_GB200_CUDNN, _gb200_flash2()),
+        kernel_startup=_GH100_STARTUP,
+        sms=152,
+        assumed=("gemm", "stream", "start"),  # bf16 ceiling derived; B200's 0.8, H200's start
     ),
     "mi300x": DevicePreset(
         "mi300x",
