@@ -37,6 +37,7 @@ _ALGORITHM_NAMES = (
     "bruck",
     "direct",
     "hierarchical",
+    "double-tree",
     "auto",
 )
 
@@ -135,9 +136,10 @@ def collective(
     ("SIZE:BANDWIDTH:LATENCY[:NAME]", innermost first; SIZE counts the units of the level
     below, so 8:450GB/s:1us then 4:50GB/s:5us is 4 nodes of 8 GPUs = 32 ranks, and
     ``ranks``, if given, must equal the product). Across several levels the default
-    algorithm is the ring as NCCL runs it for an all-gather, reduce-scatter or all-reduce
-    (`collectives._ring_across`) and hierarchical for the others; another flat algorithm is
-    priced at the slowest link spanned.
+    algorithm is the ring as NCCL runs it for an all-gather or reduce-scatter
+    (`collectives._ring_across`), for an all-reduce that ring or NCCL's double binary tree,
+    whichever is faster (`collectives._nccl_all_reduce`), and hierarchical for the others;
+    another flat algorithm is priced at the slowest link spanned.
     ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     ``beside`` is compute the collective may hide behind (`CollectiveResult.exposed_s`).
@@ -201,10 +203,10 @@ def collective(
             f"the time of {size} over these links is past a float's range; give a latency and "
             "bandwidth one link has, such as 1us and 450GB/s"
         )
-    if algorithm == "hierarchical" and cost.algorithm != "hierarchical":
+    if algorithm in ("hierarchical", "double-tree") and cost.algorithm != algorithm:
         # a plan's group within one level falls back quietly; asked for here, it is said
         raise ValueError(
-            f"--algorithm hierarchical needs ranks on two or more levels (--level, each "
+            f"--algorithm {algorithm} needs ranks on two or more levels (--level, each "
             f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
         )
     beside_s = None if beside is None else _quantity(parse_duration, beside, f"--beside {beside!r}")

@@ -344,12 +344,13 @@ def collective_command(
         str | None,
         _option(
             "<name>",
-            "ring, recursive, tree, pairwise, bruck, direct, hierarchical or auto (the cheapest "
-            "the op can use). Default: ring (all-to-all pairwise, send-recv direct); over two "
-            "or more --level a ring through every rank as NCCL runs it for all-gather, "
-            "reduce-scatter and all-reduce, hierarchical for the others. tree is the textbook "
-            "binomial tree (whole "
-            "tensor each step, for small messages), not NCCL's pipelined double binary tree.",
+            "ring, recursive, tree, pairwise, bruck, direct, hierarchical, double-tree or auto "
+            "(the cheapest the op can use). Default: ring (all-to-all pairwise, send-recv "
+            "direct); over two or more --level a ring through every rank as NCCL runs it for "
+            "all-gather and reduce-scatter, for all-reduce that ring or NCCL's double binary "
+            "tree (double-tree), whichever is faster, as NCCL's tuner picks; hierarchical for "
+            "the others. tree is the textbook binomial tree (whole tensor each step, for small "
+            "messages).",
         ),
     ] = None,
     ramp: Annotated[

@@ -47,6 +47,7 @@ __all__ = [
     "ALGORITHMS",
     "LEVELLED_RING_OPS",
     "OPS",
+    "TREE_SHARE",
     "Algorithm",
     "CollectiveCost",
     "Count",
@@ -65,7 +66,9 @@ __all__ = [
 ]
 
 Op = Literal["all-gather", "reduce-scatter", "all-reduce", "all-to-all", "broadcast", "send-recv"]
-Algorithm = Literal["ring", "recursive", "tree", "pairwise", "bruck", "direct", "hierarchical"]
+Algorithm = Literal[
+    "ring", "recursive", "tree", "pairwise", "bruck", "direct", "hierarchical", "double-tree"
+]
 Count: TypeAlias = int | NDArray[Any]  # bytes or ranks: an int, or an int array over configurations
 Seconds: TypeAlias = float | NDArray[Any]
 
@@ -84,6 +87,11 @@ ALGORITHMS: Final[dict[Op, tuple[Algorithm, ...]]] = {
 # tuning model prices such a ring at one bus bandwidth with each step at its own link's
 # latency (`_ring_across`).
 LEVELLED_RING_OPS: Final[tuple[Op, ...]] = ("all-gather", "reduce-scatter", "all-reduce")
+# NCCL's double binary tree reaches this share of the bus bandwidth its ring reaches on the
+# same channels: ``busBw = std::min(busBw*.92, nChannels*perChMaxTreeBw)`` for the tree in
+# ``ncclTopoTuneModel`` (src/graph/tuning.cc of NVIDIA/nccl at b647562; the per-channel cap,
+# 36-41 GB/s on Hopper, binds only above the network rates here).
+TREE_SHARE: Final[float] = 0.92
 # Names accepted for an op that mean one of its algorithms (rule 3's "ring" row).
 _ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
     ("all-to-all", "ring"): "pairwise",  # the ring-offset pairwise exchange: step k sends to i+k
@@ -147,6 +155,9 @@ class Stage:
     group_recv_bytes: Count
     link: Link
     instances: Count = 1
+    # the share of the link's rate this algorithm reaches beside the ring's (NCCL's double
+    # binary tree: `TREE_SHARE`); 1 for every other stage
+    efficiency: Seconds = 1.0
     # the collective whose measured bandwidth ramp this stage reads: its own op, or the
     # collective it is one level of (NCCL runs a one-node all-reduce as one, not as a
     # reduce-scatter and an all-gather; a decomposition with one rank outside must agree)
@@ -159,8 +170,9 @@ class Stage:
 
     @property
     def effective_bandwidth(self) -> Seconds:
-        """B_eff this stage reaches: the link's plateau, ramped by the stage's size S."""
-        return self.link.bandwidth_at(self.ramp_op or self.op, self.size_bytes)
+        """B_eff this stage reaches: the link's plateau, ramped by the stage's size S, times
+        the algorithm's share of it (`Stage.efficiency`)."""
+        return self.link.bandwidth_at(self.ramp_op or self.op, self.size_bytes) * self.efficiency
 
     @property
     def bandwidth_s(self) -> Seconds:
@@ -318,6 +330,8 @@ def applicable_algorithms(op: Op, tiers: int = 1) -> tuple[Algorithm, ...]:
     """Algorithms `collective_cost` accepts for ``op`` (``auto`` picks among these)."""
     _check_op(op)
     flat = ALGORITHMS[op]
+    if tiers > 1 and op == "all-reduce":
+        return (flat[0], "double-tree", "hierarchical", *flat[1:])
     if tiers > 1 and op in LEVELLED_RING_OPS:
         return (flat[0], "hierarchical", *flat[1:])
     if tiers > 1 and op != "send-recv":
@@ -441,7 +455,11 @@ def collective_cost(
 
     * One tier: the flat algorithm (default ring) on that tier's link.
     * Several tiers, ``ring`` for an all-gather, reduce-scatter or all-reduce (the default
-      for them): one ring through every rank, as NCCL runs it (`_ring_across`).
+      for the first two): one ring through every rank, as NCCL runs it (`_ring_across`).
+    * Several tiers, ``double-tree`` for an all-reduce: NCCL's double binary tree
+      (`_tree_across`). An all-reduce across levels takes by default whichever of the ring
+      and the tree is faster at its size, as NCCL's tuner chooses between them
+      (`_nccl_all_reduce`).
     * Several tiers, ``hierarchical`` (the default for the others): the two-level
       decomposition, applied
       recursively per level with ring inside each level — NCCL's and MPICH's SMP-aware
@@ -468,8 +486,15 @@ def collective_cost(
     _check_sizes(size_bytes, [t.ranks for t in tiers], element_bytes)
     if algorithm == "auto":
         return _auto(op, tiers, size_bytes, element_bytes)
+    if algorithm is None and op == "all-reduce" and len(tiers) > 1 and levelled:
+        return _nccl_all_reduce(tuple(tiers), size_bytes, element_bytes)
     algo = _resolve(op, algorithm, len(tiers))
     ranks = _product([t.ranks for t in tiers])
+    if algo == "double-tree" and len(tiers) > 1:
+        tree = _tree_across(tuple(tiers), size_bytes, element_bytes)
+        return CollectiveCost(op, algo, ranks, size_bytes, tree, pipelined=True)
+    if algo == "double-tree":  # on one level NCCL's tree is a chain: the default ring
+        algo = default_algorithm(op)
     if algo == "hierarchical":
         if len(tiers) == 1:
             algo = default_algorithm(op)
@@ -517,8 +542,100 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
     per = 2 if op == "all-reduce" else 1
     p = _product([t.ranks for t in tiers])
     q = per * (p - 1) * _chunk(size, p, e)  # each rank's bytes, as the flat ring's
-    # N_k: domains of the level inside tier k that the group spans (N_0 = P ranks)
-    spans = [_product([t.ranks for t in tiers[k:]]) for k in range(len(tiers))] + [1]
+    spans = _spans(tiers)
+    steps = [per * (spans[k] - 1) - per * (spans[k + 1] - 1) for k in range(len(tiers))]
+    return _across(op, "ring", tiers, size, q, steps)
+
+
+def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
+    """NCCL's double binary tree all-reduce over a group that spans levels (Sanders, Speck
+    & Träff, "Two-tree algorithms for full bandwidth broadcast, reduction and scan",
+    Parallel Computing 35(12), 2009; NCCL 2.4): inside each innermost domain (a node) the
+    G ranks form a chain, and the nodes two binary trees, each reducing and then
+    broadcasting half of the tensor. NCCL's tuning model (``ncclTopoTuneModel``,
+    src/graph/tuning.cc of NVIDIA/nccl at b647562) prices it as
+
+        latency  2 · ((nRanks/nNodes − 1) · intraLat + log2i(nNodes) · interLat)
+        time     latency + S / (0.5 · busBw_tree),  busBw_tree = 0.92 · busBw
+
+    with busBw the channels' rate its ring also reaches. Here: 2(G − 1) steps at the
+    innermost link's α, and 2·⌊lg N_k⌋ − 2·⌊lg N_(k+1)⌋ at level k's (N_k the domains of the
+    level inside it that the group spans: a tree's hops between nearby nodes stay inside
+    their rail group, the upper ones cross the spine); every rank moves 2·P·c ≈ 2S (the
+    reduction up and the broadcast down, a half through each tree), split over the levels
+    as the ring's bytes are (`_across`), at `TREE_SHARE` of each link's rate. Each step
+    takes its link's α as the ring's do: NCCL's own table charges a tree step more under
+    its Simple protocol (the latency of a 256 kB chunk), which this does not."""
+    p = _product([t.ranks for t in tiers])
+    q = 2 * p * _chunk(size, p, e)
+    spans = _spans(tiers)
+    steps = [2 * (tiers[0].ranks - 1)] + [
+        2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))
+    ]
+    return _across("all-reduce", "double-tree", tiers, size, q, steps, TREE_SHARE)
+
+
+def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> CollectiveCost:
+    """An all-reduce across levels as NCCL's tuner runs it: the ring (`_ring_across`) or the
+    double binary tree (`_tree_across`), whichever its model finds faster at this size
+    (``ncclTopoGetAlgoTime`` takes the least time over algorithms). The tree wins where the
+    ring's 2(P − 1) latency-bearing steps outweigh its 8 % more bandwidth: small and
+    mid-size tensors, and large groups. In a sweep each configuration takes its own; the
+    name is the tree's where any does."""
+    ranks = _product([t.ranks for t in tiers])
+    ring = CollectiveCost(
+        "all-reduce", "ring", ranks, size, _ring_across("all-reduce", tiers, size, e), (), True
+    )
+    tree = CollectiveCost("all-reduce", "double-tree", ranks, size, _tree_across(tiers, size, e))
+    tree = replace(tree, pipelined=True)
+    faster = tree.time_s < ring.time_s
+    if not isinstance(faster, np.ndarray):
+        return tree if faster else ring
+    if not faster.any():
+        return ring
+    stages = tuple(_choose(faster, t, r) for t, r in zip(tree.stages, ring.stages, strict=True))
+    return replace(tree, stages=stages)
+
+
+def _choose(which: NDArray[Any], a: Stage, b: Stage) -> Stage:
+    """`a`'s figures where `which` holds, `b`'s elsewhere: two stages on the same link."""
+    pick = {
+        name: np.where(which, getattr(a, name), getattr(b, name))
+        for name in (
+            "steps",
+            "sent_bytes",
+            "recv_bytes",
+            "payload_bytes",
+            "group_sent_bytes",
+            "group_recv_bytes",
+            "efficiency",
+        )
+    }
+    return replace(a, **pick)
+
+
+def _spans(tiers: tuple[Tier, ...]) -> list[Count]:
+    """N_k: the domains of the level inside tier k that a group spans (N_0 its P ranks),
+    and a closing 1."""
+    return [_product([t.ranks for t in tiers[k:]]) for k in range(len(tiers))] + [1]
+
+
+def _across(
+    op: Op,
+    algorithm: Algorithm,
+    tiers: tuple[Tier, ...],
+    size: Count,
+    q: Count,
+    steps: Sequence[Count],
+    efficiency: float = 1.0,
+) -> tuple[Stage, ...]:
+    """The stages of one collective through every rank of a group that spans levels, each
+    rank moving `q` bytes and taking ``steps[k]`` latency-bearing steps on level k: a
+    channel crosses a level-k boundary N_k times in its P hops, spread over the node's
+    ports, so a rank's port carries q·x_k/P, x_k the hops whose outermost boundary is level
+    k, and its own fabric the rest (`_ring_across`)."""
+    p = _product([t.ranks for t in tiers])
+    spans = _spans(tiers)
 
     def beyond(k: int) -> Count:  # a rank's bytes over level k's boundary or beyond
         if k >= len(tiers):
@@ -528,12 +645,11 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
 
     stages = []
     for k, tier in enumerate(tiers):
-        steps = per * (spans[k] - 1) - per * (spans[k + 1] - 1)
         # the level's own share; the shares are differences of rounded totals, so they add
         # up to Q exactly (the fabric, k = 0, takes what no port takes)
         sent = (q if k == 0 else beyond(k)) - beyond(k + 1)
-        stage = _Pricing(op, "ring", p, size, tier.link, 1).symmetric(steps, sent)
-        stages.append(replace(stage, ramp_op=op))
+        stage = _Pricing(op, algorithm, p, size, tier.link, 1).symmetric(steps[k], sent)
+        stages.append(replace(stage, ramp_op=op, efficiency=efficiency))
     return tuple(stages)
 
 
@@ -738,13 +854,16 @@ def _resolve(op: Op, algorithm: str | None, tiers: int) -> Algorithm:
         return alias
     if algorithm == "hierarchical" and op != "send-recv":
         return "hierarchical"
+    if algorithm == "double-tree" and op == "all-reduce":
+        return "double-tree"
     if algorithm in ALGORITHMS[op]:
         return algorithm
     raise ValueError(_not_applicable(op, algorithm))
 
 
 def _not_applicable(op: str, algorithm: str) -> str:
-    choices = (*ALGORITHMS.get(cast(Op, op), ()), "hierarchical", "auto")
+    across = ("double-tree",) if op == "all-reduce" else ()
+    choices = (*ALGORITHMS.get(cast(Op, op), ()), *across, "hierarchical", "auto")
     if op == "send-recv":
         choices = ("direct", "auto")
     return f"{op} has no {algorithm!r} algorithm; choose one of {', '.join(choices)}"

@@ -658,7 +658,7 @@ class _Pricer:
         element = _element(move.dtype)
         # NCCL's ring across levels, but not a neighbours' exchange (`schedule.price_move`)
         ring = move.op in LEVELLED_RING_OPS and algorithm in (None, "ring") and not move.algorithm
-        if algorithm not in (None, "hierarchical") and len(links) > 1 and not ring:
+        if algorithm not in (None, "hierarchical", "double-tree") and len(links) > 1 and not ring:
             return _flat_over_levels(move, algorithm, ranks, links, element)
         tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
         return collective_cost(move.op, tiers, move.size_bytes, algorithm, element_bytes=element)

@@ -402,9 +402,9 @@ def price_group(
     """Price ``op`` on a tensor of ``size_bytes`` (full logical size) over ``span``.
 
     ``dtype`` sets the element size chunks are rounded to (bf16: 2 bytes). The default
-    algorithm is ring, across levels too for the ops NCCL runs as one ring, and
-    hierarchical across levels for the others (`collective_cost`, which ``levelled``
-    goes to).
+    algorithm is ring, across levels too for the ops NCCL runs as one ring (an all-reduce
+    there takes NCCL's double binary tree where that is faster), and hierarchical across
+    levels for the others (`collective_cost`, which ``levelled`` goes to).
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
     tiers = span.tiers

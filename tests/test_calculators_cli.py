@@ -205,8 +205,11 @@ def test_auto_says_what_it_chose_and_why() -> None:
     data = _json(["collective", "all-reduce", *FOUR_NODES, "--algorithm", "auto"])
     assert data["algorithm"] == "ring"
     times = {c["algorithm"]: c["time_s"] for c in data["candidates"]}
-    assert set(times) == {"hierarchical", "ring", "recursive", "tree"}
+    assert set(times) == {"hierarchical", "ring", "double-tree", "recursive", "tree"}
     assert min(times, key=lambda name: times[name]) == "ring"
+    # NCCL's tree: 2 x (7 x 1 us + 2 x 5 us) = 34 us, each rank's 2 x 2^30 B with its port's
+    # eighth at 92 % of 50 GB/s: 268,435,456 / 46e9 = 5,835.553 us, 5,869.553 us in all
+    assert times["double-tree"] * 1e6 == pytest.approx(5869.553, abs=5e-4)
     table = runner.invoke(app, route(["collective", "all-reduce", *FOUR_NODES, "-f", "json"]))
     assert "candidates" not in json.loads(table.stdout)
 

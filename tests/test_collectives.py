@@ -89,6 +89,66 @@ def test_ring_all_reduce_four_nodes_of_eight() -> None:
     assert cost.links == ("nvlink", "ib")
 
 
+def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
+    """NCCL's tree all-reduce over 4 nodes x 8 (src/graph/tuning.cc: latency 2 x ((nRanks /
+    nNodes - 1) x intraLat + log2(nNodes) x interLat), bandwidth S / (0.5 x 0.92 x busBw)):
+    2 x 7 = 14 NVLink steps of 1 us and 2 x lg 4 = 4 IB steps of 5 us, 34 us; each rank
+    moves 2 x 32 x c = 2 x 2^30 B, its port an eighth of it, 268,435,456 B at 0.92 x 50 GB/s
+    = 5,835.553 us, and NVLink the rest at 0.92 x 450 GB/s = 4,538.764 us beside it. 1 GiB:
+    5,869.553 us, slower than the ring's 5,286.937 us, so an unnamed all-reduce runs the
+    ring; at 8 MiB the tree's 34 us of latency against the ring's 86 us wins: 34 us +
+    2,097,152 / 46e9 s = 79.590 us against 86 us + 2,031,616 / 50e9 s = 126.632 us."""
+    tiers = [Tier(8, NVLINK), Tier(4, IB)]
+    tree = collective_cost("all-reduce", tiers, GIB, "double-tree")
+    assert tree.algorithm == "double-tree" and tree.pipelined
+    assert [(s.link.name, s.steps, s.sent_bytes) for s in tree.stages] == [
+        ("nvlink", 14, 2 * GIB - 268_435_456),
+        ("ib", 4, 268_435_456),
+    ]
+    assert tree.latency_s * 1e6 == pytest.approx(34.0)
+    assert tree.time_s * 1e6 == pytest.approx(34.0 + 268_435_456 / 46e9 * 1e6)
+    assert collective_cost("all-reduce", tiers, GIB).algorithm == "ring"
+    mid = collective_cost("all-reduce", tiers, 8 * 2**20)
+    assert mid.algorithm == "double-tree"
+    assert mid.time_s * 1e6 == pytest.approx(79.590, abs=5e-4)
+    ring = collective_cost("all-reduce", tiers, 8 * 2**20, "ring")
+    assert ring.time_s * 1e6 == pytest.approx(126.632, abs=5e-4)
+    # named over one level, as hierarchical: NCCL's tree in one node is a chain, the ring
+    assert collective_cost("all-reduce", [Tier(8, NVLINK)], GIB, "double-tree").algorithm == "ring"
+
+
+def test_nccl_takes_the_tree_at_scale_where_the_ring_is_all_latency() -> None:
+    """16,384 GPUs in 2,048 DGX H100s (370 GB/s NVLink at 3 us, 47 GB/s per port at
+    14 us), 100 MB: the ring's 2 x 16,383 steps are 28,672 NVLink steps and 4,094 IB ones,
+    143.9 ms of latency alone. NCCL's tree: 2 x (7 x 3 us + lg 2,048 x 14 us) = 350 us, and
+    2 x 16,384 x 6,104 B (c = ceil(1e8 / 16,384)) with an eighth through each port at
+    0.92 x 47 GB/s: 200,015,872 / 8 / 43.24e9 = 578.214 us; 928.214 us in all, the
+    default. (NCCL's own formula, 2S / (0.92 x 8 x 47 GB/s), gives 578.17 us unpadded.)"""
+    tiers = [Tier(8, Link("nvlink", 370e9, 3e-6)), Tier(2048, Link("ib", 47e9, 14e-6))]
+    ring = collective_cost("all-reduce", tiers, 100_000_000, "ring")
+    assert ring.latency_s * 1e3 == pytest.approx(28_672 * 3e-3 + 4_094 * 14e-3)
+    cost = collective_cost("all-reduce", tiers, 100_000_000)
+    assert cost.algorithm == "double-tree" and cost.steps == 2 * 7 + 2 * 11
+    assert cost.latency_s * 1e6 == pytest.approx(350.0)
+    assert cost.bandwidth_s * 1e6 == pytest.approx(200_015_872 / 8 / (0.92 * 47e9) * 1e6)
+    assert cost.time_s * 1e6 == pytest.approx(928.214, abs=5e-4)
+    assert pytest.approx(float(cost.bandwidth_s), rel=2e-4) == 2e8 / (0.92 * 8 * 47e9)
+
+
+def test_an_unnamed_all_reduce_over_arrays_takes_each_configurations_faster_algorithm() -> None:
+    """A sweep prices many configurations at once: each takes the ring or the tree as it
+    would alone, bytes and steps included."""
+    sizes = np.array([8 * 2**20, GIB, 1024])
+    nodes = np.array([4, 4, 64])
+    swept = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(nodes, IB)], sizes)
+    for i, (size, n) in enumerate(zip(sizes, nodes, strict=True)):
+        alone = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(int(n), IB)], int(size))
+        assert float(swept.time_s[i]) == pytest.approx(float(alone.time_s), rel=1e-12)
+        assert int(swept.steps[i]) == int(alone.steps)
+        assert int(swept.sent_bytes[i]) == int(alone.sent_bytes)
+    assert swept.algorithm == "double-tree"  # the tree's name where any configuration takes it
+
+
 def test_a_ring_across_nodes_reaches_what_nccl_measures_between_dgx_a100s() -> None:
     """NCCL's maintainers: "On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we
     measure 192GB/s AllReduce BusBW" (NVIDIA/nccl issue 812): 8 ports x 24 GB/s, the share
@@ -147,12 +207,17 @@ def test_auto_picks_the_ring_for_big_and_a_log_algorithm_for_tiny_messages() -> 
     tiers = [Tier(8, NVLINK), Tier(4, IB)]
     big = collective_cost("all-reduce", tiers, GIB, "auto")
     assert big.algorithm == "ring"
-    assert {name for name, _ in big.candidates} == {"hierarchical", "ring", "recursive", "tree"}
+    names = {name for name, _ in big.candidates}
+    assert names == {"hierarchical", "ring", "double-tree", "recursive", "tree"}
     assert big.time_s == min(t for _, t in big.candidates)
-    # 1 KiB: latency dominates. Two-level: 14 NVLink steps · 1 µs + 6 IB steps · 5 µs
-    # = 44 µs beats Rabenseifner's 2 lg 32 = 10 IB steps = 50 µs and the ring's 310 µs.
+    # 1 KiB: latency dominates. NCCL's double binary tree: 2 · 7 NVLink steps · 1 µs + 2 ·
+    # lg 4 IB steps · 5 µs = 34 µs beats the two-level form's 14 · 1 µs + 6 · 5 µs = 44 µs,
+    # Rabenseifner's 2 lg 32 = 10 IB steps = 50 µs and the ring's 56 · 1 + 6 · 5 = 86 µs.
     tiny = collective_cost("all-reduce", tiers, 1024, "auto")
-    assert tiny.algorithm == "hierarchical"
+    assert tiny.algorithm == "double-tree"
+    assert tiny.latency_s * 1e6 == pytest.approx(34.0)
+    hierarchical = dict(tiny.candidates)["hierarchical"]
+    assert hierarchical * 1e6 == pytest.approx(44.0, abs=0.1)
     # On one IB level, Rabenseifner's 10 steps beat the ring's 62 (and the binomial tree's
     # 10 steps, which move lg P · S instead of 2(P−1)/P · S through the root).
     flat = collective_cost("all-reduce", [Tier(32, IB)], 1024, "auto")

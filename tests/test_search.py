@@ -1269,6 +1269,23 @@ def test_a_plan_that_names_its_algorithms_is_searched_with_them(gpt3):
     assert plain.step["time_s"] != build_report(apply(named, sample[0].config, 1024)).step["time_s"]
 
 
+def test_all_reduces_across_nodes_take_nccls_tree_where_it_is_faster_as_searched(gpt3):
+    """An unnamed all-reduce across levels runs NCCL's ring or its double binary tree,
+    whichever is faster at its size (`collectives._nccl_all_reduce`): tp 16 spans two DGX
+    nodes, so its small all-reduces (the cross-entropy statistics) cross InfiniBand, and
+    ZeRO 0's gradient all-reduce crosses it for every dp. The sweep prices each layout's
+    choice as `budget` does, and both algorithms occur."""
+    space = Space(tp=(8, 16), micro=(1,), virtual_stages=(1,), zero=(0,), recompute=("full",))
+    outcome = search(gpt3, 1024, space)
+    seen: set[str] = set()
+    for result in outcome.results:
+        report = build_report(apply(gpt3, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        rows = [c for p in report.phases for c in p.collectives if c.op == "all-reduce"]
+        seen |= {c.algorithm for c in rows if " + " in (c.link or "")}
+    assert seen == {"ring", "double-tree"}
+
+
 def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     """28,514,424,832 and 28,527,007,744 B both read "26.6 GiB", so a Pareto point looked
     dominated by a best-by-time row of the same memory and shorter step (review): where

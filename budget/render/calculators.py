@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
+from budget.collectives import TREE_SHARE
 from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
 
 if TYPE_CHECKING:
@@ -40,9 +41,15 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
     # over several levels each term sums the stages below, each at its own link's figures;
     # a ring's levels carry their hops at once, so its bandwidth term is the busier port's
     staged = "summed over the stages below, each at its level's" if len(cost.stages) > 1 else ""
+    shape = "tree" if cost.algorithm == "double-tree" else "ring"
     streamed = (
         "the longer of the innermost level's and the outer levels' together, which carry "
-        "the ring's hops at once"
+        f"the {shape}'s hops at once"
+        + (
+            f", at {TREE_SHARE:.0%} of each link's rate (NCCL's tree model)"
+            if shape == "tree"
+            else ""
+        )
     )
     summary: Rows = [
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
@@ -76,7 +83,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         headers = ("stage", "link", "P", "n", "sent/rank", "n·α", "Q/B", "time")
         stages = [_stage_row(s) for s in cost.stages]
         title = (
-            "the ring's hops on each level (per rank: received = sent)"
+            f"the {shape}'s hops on each level (per rank: received = sent)"
             if cost.pipelined
             else "stages (per rank: received = sent)"
         )

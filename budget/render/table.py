@@ -519,6 +519,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
                 op += f" {_placement(c.src)}→{_placement(c.dst)}"
             if c.algorithm in _NAMED:  # not the default: one the plan names
                 op += f" {_NAMED[c.algorithm]}"
+            if c.algorithm == "double-tree":  # the ring's alternative across levels
+                op += " dbtree"
             group = (
                 f"pp {c.src}→{c.dst}"
                 if c.op == "send-recv"
@@ -591,6 +593,11 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
 
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
+        *(
+            [f"{ops('double-tree')} marked dbtree NCCL's double binary tree, faster there"]
+            if ops("double-tree")
+            else []
+        ),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
     two = f"; {named} = across levels: {'; '.join(kinds)}" if across else ""
