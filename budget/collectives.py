@@ -92,6 +92,14 @@ LEVELLED_RING_OPS: Final[tuple[Op, ...]] = ("all-gather", "reduce-scatter", "all
 # ``ncclTopoTuneModel`` (src/graph/tuning.cc of NVIDIA/nccl at b647562; the per-channel cap,
 # 36-41 GB/s on Hopper, binds only above the network rates here).
 TREE_SHARE: Final[float] = 0.92
+# ...and NCCL corrects the tree's bandwidth at medium sizes by a measured factor: "Trees are
+# not perfectly sticking to the model for medium sizes" (``treeCorrectionFactor``, same file,
+# the Simple protocol's row, one entry per power of two of S from 64 B to 256 MB: index
+# ⌊lg(S / 64)⌋; 1 beyond).
+TREE_CORRECTION: Final[tuple[float, ...]] = (
+    0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5,
+    0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9,
+)  # fmt: skip
 # Names accepted for an op that mean one of its algorithms (rule 3's "ring" row).
 _ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
     ("all-to-all", "ring"): "pairwise",  # the ring-offset pairwise exchange: step k sends to i+k
@@ -490,11 +498,9 @@ def collective_cost(
         return _nccl_all_reduce(tuple(tiers), size_bytes, element_bytes)
     algo = _resolve(op, algorithm, len(tiers))
     ranks = _product([t.ranks for t in tiers])
-    if algo == "double-tree" and len(tiers) > 1:
+    if algo == "double-tree":  # inside one node, the chain NCCL runs there (`_tree_across`)
         tree = _tree_across(tuple(tiers), size_bytes, element_bytes)
         return CollectiveCost(op, algo, ranks, size_bytes, tree, pipelined=True)
-    if algo == "double-tree":  # on one level NCCL's tree is a chain: the default ring
-        algo = default_algorithm(op)
     if algo == "hierarchical":
         if len(tiers) == 1:
             algo = default_algorithm(op)
@@ -558,21 +564,40 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
         latency  2 · ((nRanks/nNodes − 1) · intraLat + log2i(nNodes) · interLat)
         time     latency + S / (0.5 · busBw_tree),  busBw_tree = 0.92 · busBw
 
-    with busBw the channels' rate its ring also reaches. Here: 2(G − 1) steps at the
-    innermost link's α, and 2·⌊lg N_k⌋ − 2·⌊lg N_(k+1)⌋ at level k's (N_k the domains of the
-    level inside it that the group spans: a tree's hops between nearby nodes stay inside
-    their rail group, the upper ones cross the spine); every rank moves 2·P·c ≈ 2S (the
-    reduction up and the broadcast down, a half through each tree), split over the levels
-    as the ring's bytes are (`_across`), at `TREE_SHARE` of each link's rate. Each step
-    takes its link's α as the ring's do: NCCL's own table charges a tree step more under
-    its Simple protocol (the latency of a 256 kB chunk), which this does not."""
+    with busBw the channels' rate its ring also reaches, and then (``ncclTopoGetAlgoTime``)
+    the tree's bandwidth times a measured correction for medium sizes (`TREE_CORRECTION`:
+    0.5 from 128 KiB to 2 MiB). Here: 2(G − 1) steps at the innermost link's α, and
+    2·⌊lg N_k⌋ − 2·⌊lg N_(k+1)⌋ at level k's (N_k the domains of the level inside it that
+    the group spans: a tree's hops between nearby nodes stay inside their rail group, the
+    upper ones cross the spine); every rank moves 2·P·c ≈ 2S (the reduction up and the
+    broadcast down, a half through each tree), split over the levels as the ring's bytes
+    are (`_across`; where the outer levels differ in rate a tree's top node would put more
+    of it on the outermost, which no preset has), at `TREE_SHARE` times the correction of
+    each link's rate. Inside one node (one level, or a group that spans one node) it is
+    the chain NCCL runs there: 2(G − 1) steps, 2S at that share, always slower than the
+    ring. Each step takes its link's α as the ring's do: NCCL's own table charges a tree
+    step more under its Simple protocol (the latency of a 256 kB chunk), and a ring
+    all-reduce across nodes 1.4 times its latency at its plateau, neither of which this
+    does."""
     p = _product([t.ranks for t in tiers])
     q = 2 * p * _chunk(size, p, e)
     spans = _spans(tiers)
     steps = [2 * (tiers[0].ranks - 1)] + [
         2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))
     ]
-    return _across("all-reduce", "double-tree", tiers, size, q, steps, TREE_SHARE)
+    share = TREE_SHARE * _tree_correction(size)
+    return _across("all-reduce", "double-tree", tiers, size, q, steps, share)
+
+
+def _tree_correction(size: Count) -> Seconds:
+    """`TREE_CORRECTION` at S bytes: entry ⌊lg(S / 64)⌋ (0 below 128 B), 1 from 512 MiB."""
+    index = floor_log2(size // 64 if isinstance(size, np.ndarray) else max(int(size) // 64, 1))
+    table = TREE_CORRECTION
+    if isinstance(index, np.ndarray):
+        return np.where(
+            index < len(table), np.asarray(table)[np.minimum(index, len(table) - 1)], 1.0
+        )
+    return table[index] if index < len(table) else 1.0
 
 
 def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> CollectiveCost:
@@ -627,7 +652,7 @@ def _across(
     size: Count,
     q: Count,
     steps: Sequence[Count],
-    efficiency: float = 1.0,
+    efficiency: Seconds = 1.0,
 ) -> tuple[Stage, ...]:
     """The stages of one collective through every rank of a group that spans levels, each
     rank moving `q` bytes and taking ``steps[k]`` latency-bearing steps on level k: a

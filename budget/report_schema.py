@@ -38,7 +38,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # stage rows give ``reserved_bytes``, so that they add up to the peak; `budget collective
 # --beside` gives ``beside_s`` and ``exposed_s``; diff's plan keys name a hand-written
 # transition (``transitions[NAME].FIELD``, by index before)
-SCHEMA_VERSION = "1.8"
+# 1.9: a collective's ``algorithm`` may be ``double-tree``, NCCL's double binary tree, which
+# an all-reduce across levels runs where it is faster than the ring or where a plan names it
+SCHEMA_VERSION = "1.9"
 
 Kind = Literal[
     "report",

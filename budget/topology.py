@@ -408,7 +408,12 @@ def price_group(
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
     tiers = span.tiers
-    if len(tiers) > 1 and span.fabric is not None and tiers[0].link.name != span.fabric.name:
+    # an all-reduce over one rank in each node chooses between NCCL's ring and its tree,
+    # which it can only do across levels (`collectives._nccl_all_reduce`): its node's
+    # fabric, carrying none of it, is the innermost level, as a sweep prices it (a review:
+    # the search took the tree for such a data-parallel group where `budget` kept the ring)
+    across = len(tiers) > 1 or (op == "all-reduce" and levelled)
+    if across and span.fabric is not None and tiers[0].link.name != span.fabric.name:
         # one rank in each node, across two levels of network or more: the node's fabric is
         # the innermost tier still, carrying none of it, so that the levels priced are all
         # ports, as a sweep prices them with every level (a review: rail units across a

@@ -96,8 +96,11 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     moves 2 x 32 x c = 2 x 2^30 B, its port an eighth of it, 268,435,456 B at 0.92 x 50 GB/s
     = 5,835.553 us, and NVLink the rest at 0.92 x 450 GB/s = 4,538.764 us beside it. 1 GiB:
     5,869.553 us, slower than the ring's 5,286.937 us, so an unnamed all-reduce runs the
-    ring; at 8 MiB the tree's 34 us of latency against the ring's 86 us wins: 34 us +
-    2,097,152 / 46e9 s = 79.590 us against 86 us + 2,031,616 / 50e9 s = 126.632 us."""
+    ring; at 8 MiB the tree's 34 us of latency against the ring's 86 us wins, its rate
+    corrected by NCCL's factor at 8 MiB (entry lg(2^23 / 64) = 17 of treeCorrectionFactor's
+    Simple row: 0.8): 34 us + 2,097,152 / (0.92 x 0.8 x 50e9) s = 90.988 us against 86 us +
+    2,031,616 / 50e9 s = 126.632 us. Named inside one node it is NCCL's chain: 14 steps and
+    2 GiB at 0.92 x 450 GB/s, 14 us + 5,187.159 us, slower than the ring."""
     tiers = [Tier(8, NVLINK), Tier(4, IB)]
     tree = collective_cost("all-reduce", tiers, GIB, "double-tree")
     assert tree.algorithm == "double-tree" and tree.pipelined
@@ -110,11 +113,30 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     assert collective_cost("all-reduce", tiers, GIB).algorithm == "ring"
     mid = collective_cost("all-reduce", tiers, 8 * 2**20)
     assert mid.algorithm == "double-tree"
-    assert mid.time_s * 1e6 == pytest.approx(79.590, abs=5e-4)
+    assert mid.time_s * 1e6 == pytest.approx(90.988, abs=5e-4)
     ring = collective_cost("all-reduce", tiers, 8 * 2**20, "ring")
     assert ring.time_s * 1e6 == pytest.approx(126.632, abs=5e-4)
-    # named over one level, as hierarchical: NCCL's tree in one node is a chain, the ring
-    assert collective_cost("all-reduce", [Tier(8, NVLINK)], GIB, "double-tree").algorithm == "ring"
+    chain = collective_cost("all-reduce", [Tier(8, NVLINK)], GIB, "double-tree")
+    assert (chain.algorithm, chain.steps, chain.sent_bytes) == ("double-tree", 14, 2 * GIB)
+    assert chain.time_s * 1e6 == pytest.approx(5201.159, abs=5e-4)
+    # one rank in each node: no chain, the trees alone (2 lg 4 = 4 steps on IB), where the
+    # ring takes 2 x 3 = 6 and moves 3/4 of the tree's 2S at a rate 1/0.736 as high: ring
+    alone = [Tier(1, NVLINK), Tier(4, IB)]
+    assert collective_cost("all-reduce", alone, 8 * 2**20, "double-tree").steps == 4
+    assert collective_cost("all-reduce", alone, 8 * 2**20).algorithm == "ring"
+
+
+def test_the_tree_corrects_its_rate_by_nccls_factor_for_each_size() -> None:
+    """NCCL's treeCorrectionFactor, Simple row (src/graph/tuning.cc at b647562): 0.9 up to
+    4 KiB, 0.5 from 128 KiB to 2 MiB, 0.9 at 256 MiB, none from 512 MiB (lg(S / 64) >= 23);
+    a sweep's array reads the same entries."""
+    from budget.collectives import _tree_correction
+
+    sizes = [64, 4096, 8192, 2**17, 2**21 - 1, 2**21, 2**28, 2**29, 2**40]
+    expected = [0.9, 0.9, 0.8, 0.5, 0.5, 0.6, 0.9, 1.0, 1.0]
+    assert [_tree_correction(s) for s in sizes] == expected
+    assert list(_tree_correction(np.array(sizes))) == expected
+    assert _tree_correction(1) == 0.9  # below 128 B, the first entry
 
 
 def test_nccl_takes_the_tree_at_scale_where_the_ring_is_all_latency() -> None:
@@ -122,17 +144,30 @@ def test_nccl_takes_the_tree_at_scale_where_the_ring_is_all_latency() -> None:
     14 us), 100 MB: the ring's 2 x 16,383 steps are 28,672 NVLink steps and 4,094 IB ones,
     143.9 ms of latency alone. NCCL's tree: 2 x (7 x 3 us + lg 2,048 x 14 us) = 350 us, and
     2 x 16,384 x 6,104 B (c = ceil(1e8 / 16,384)) with an eighth through each port at
-    0.92 x 47 GB/s: 200,015,872 / 8 / 43.24e9 = 578.214 us; 928.214 us in all, the
-    default. (NCCL's own formula, 2S / (0.92 x 8 x 47 GB/s), gives 578.17 us unpadded.)"""
+    0.92 x 0.8 x 47 GB/s (the correction's entry lg(1e8 / 64) = 20): 200,015,872 / 8 /
+    34.592e9 = 722.768 us; 1,072.768 us in all, the default. (NCCL's own formula, 2S /
+    (0.92 x 0.8 x 8 x 47 GB/s), gives 722.71 us unpadded.)"""
     tiers = [Tier(8, Link("nvlink", 370e9, 3e-6)), Tier(2048, Link("ib", 47e9, 14e-6))]
     ring = collective_cost("all-reduce", tiers, 100_000_000, "ring")
     assert ring.latency_s * 1e3 == pytest.approx(28_672 * 3e-3 + 4_094 * 14e-3)
     cost = collective_cost("all-reduce", tiers, 100_000_000)
     assert cost.algorithm == "double-tree" and cost.steps == 2 * 7 + 2 * 11
     assert cost.latency_s * 1e6 == pytest.approx(350.0)
-    assert cost.bandwidth_s * 1e6 == pytest.approx(200_015_872 / 8 / (0.92 * 47e9) * 1e6)
-    assert cost.time_s * 1e6 == pytest.approx(928.214, abs=5e-4)
-    assert pytest.approx(float(cost.bandwidth_s), rel=2e-4) == 2e8 / (0.92 * 8 * 47e9)
+    assert cost.bandwidth_s * 1e6 == pytest.approx(200_015_872 / 8 / (0.92 * 0.8 * 47e9) * 1e6)
+    assert cost.time_s * 1e6 == pytest.approx(1072.768, abs=5e-4)
+    assert pytest.approx(float(cost.bandwidth_s), rel=2e-4) == 2e8 / (0.92 * 0.8 * 8 * 47e9)
+
+
+def test_a_tree_over_three_levels_splits_its_steps_by_the_domains_each_spans() -> None:
+    """2,048 ranks on the rail-fat-tree's levels (8 per node, 32 nodes per rail unit, 8
+    units): 2 x 7 = 14 NVLink steps, 2 x (lg 256 - lg 8) = 10 on the rails and 2 x lg 8 = 6
+    on the spine, 2 x (7 + lg 256) = 30 in all, as NCCL counts them."""
+    rail, spine = Link("rail", 50e9, 5e-6), Link("spine", 50e9, 7e-6)
+    tiers = [Tier(8, NVLINK), Tier(32, rail), Tier(8, spine)]
+    tree = collective_cost("all-reduce", tiers, GIB, "double-tree")
+    assert [s.steps for s in tree.stages] == [14, 10, 6]
+    assert tree.latency_s * 1e6 == pytest.approx(14 * 1 + 10 * 5 + 6 * 7)
+    assert sum(s.sent_bytes for s in tree.stages) == 2 * GIB
 
 
 def test_an_unnamed_all_reduce_over_arrays_takes_each_configurations_faster_algorithm() -> None:

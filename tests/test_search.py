@@ -1286,6 +1286,37 @@ def test_all_reduces_across_nodes_take_nccls_tree_where_it_is_faster_as_searched
     assert seen == {"ring", "double-tree"}
 
 
+@pytest.mark.parametrize("named", [False, True])
+def test_one_rank_a_node_and_a_named_tree_search_as_they_budget(named):
+    """A data-parallel group of one GPU in each node (tp 8 fills the node) runs NCCL's ring
+    or tree across nodes: `budget` prices the node's fabric beneath it as the search does,
+    so both choose alike (a review: the plan kept the ring where the search took the tree,
+    3.5 % apart). Named `double-tree`, tp 8 inside one node is NCCL's chain in both (it
+    was the ring in one and the chain in the other, 10 % apart)."""
+    plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    if named:
+        plan = replace(plan, collectives=(("all-reduce", "double-tree"),))
+    space = Space(
+        tp=(8,),
+        pp=(1, 2),
+        cp=(1,),
+        micro=(1,),
+        virtual_stages=(1,),
+        zero=(0,),
+        recompute=("full",),
+        sequence_parallel=(False,),
+    )
+    outcome = search(plan, 4096, space)
+    assert outcome.results
+    algorithms = set()
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, 4096))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        rows = [c for p in report.phases for c in p.collectives if c.op == "all-reduce"]
+        algorithms |= {c.algorithm for c in rows}
+    assert "double-tree" in algorithms
+
+
 def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     """28,514,424,832 and 28,527,007,744 B both read "26.6 GiB", so a Pareto point looked
     dominated by a best-by-time row of the same memory and shorter step (review): where

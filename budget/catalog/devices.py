@@ -1,19 +1,19 @@
 """Device presets: datasheet peaks and memory, and a calibrated GEMM efficiency curve. Peaks
 are dense (the datasheets print sparse figures twice as large, footnoted "with sparsity");
-FLOP/s are decimal (1 TFLOP/s = 1e12); bandwidths are decimal bytes per second. Memory is
-the card's total as its driver reports it, not the datasheet's rounded "GB", which is
-neither 10^9 nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on the A100
-40GB and 81,920 MiB on the A100 80GB, 81,559 MiB on the H100 80GB (modal-labs/modal-client
-PR 2797, which lists nvidia-smi totals by GPU; NVIDIA/nccl issue 1264 on an HGX H100), the
-same 81,559 MiB on the H100 PCIe and the H800 (public nvidia-smi logs), 143,771 MiB on the
-H200 "141GB" (NVIDIA/TensorRT-LLM issue 16827), 183,359 MiB on the B200 "180GB"
-(NVIDIA/TensorRT-LLM issue 10278) and 189,471 MiB on the GB200 "186GB" (public nvidia-smi
-logs, among them TACC Vista's GB200 nodes); rocminfo gives the MI300X "192 GB" a global pool of
-201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the H200 would lose
-9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would gain 0.35 GiB
-it does not have. What a process cannot use of that total is not reserved by a preset: the
-part CUDA itself keeps out of it (PyTorch's out-of-memory messages give an H100 "a total
-capacity of 79.10 GiB", 0.55 GiB under nvidia-smi's), the CUDA context on top, NCCL's
+FLOP/s are decimal (1 TFLOP/s = 1e12); bandwidths are decimal bytes per second. Memory is the
+card's total as its driver reports it, not the datasheet's rounded "GB", which is neither 10^9
+nor 2^30 bytes exactly: nvidia-smi's memory.total is 40,960 MiB on the A100 40GB and 81,920
+MiB on the A100 80GB, 81,559 MiB on the H100 80GB (modal-labs/modal-client PR 2797, which
+lists nvidia-smi totals by GPU; NVIDIA/nccl issue 1264 on an HGX H100), the same 81,559 MiB on
+the H100 PCIe and the H800 (public nvidia-smi logs), 143,771 MiB on the H200 "141GB"
+(NVIDIA/TensorRT-LLM issue 16827), 183,359 MiB on the B200 "180GB" (NVIDIA/TensorRT-LLM issue
+10278) and 189,471 MiB on the GB200 "186GB" (the same total in several unrelated public
+nvidia-smi listings of the part; no vendor page gives it); rocminfo gives the MI300X "192 GB"
+a global pool of 201,310,208 KiB (ROCm/legacy-rocm-build issue 4414). Read as decimal GB, the
+H200 would lose 9.1 GiB and the B200 11.4 GiB that a plan can use; read as GiB, the H100 would
+gain 0.35 GiB it does not have. What a process cannot use of that total is not reserved by a
+preset: the part CUDA itself keeps out of it (PyTorch's out-of-memory messages give an H100 "a
+total capacity of 79.10 GiB", 0.55 GiB under nvidia-smi's), the CUDA context on top, NCCL's
 buffers and the allocator's slack; a plan states them as ``device.reserved``.
 GEMM efficiency (`budget.efficiency`): ``peak_fraction`` is the
 fraction of the dense bf16 peak a public matmul microbenchmark sustains on that device;
@@ -31,7 +31,8 @@ fraction of the dense bf16 peak a public matmul microbenchmark sustains on that 
   busy), B200 SXM 1439 of 2250 (64.0 %, likewise), MI300X 659 TFLOP/s (50.4 % of the 1,307.4
   datasheet peak). The GB200 has only a burst there (MAMF 1822 of 2500, in a later version
   of the chapter than 0359db8, measured with torch 2.10.0.dev20250916+cu130); it takes the
-  B200's ratio of sustained to burst (1439 / 1745) on the same design, 1502.5 (60.1 %,
+  B200's ratio of sustained to burst (MSMF 1439 over the MAMF 1745 that later version
+  lists, torch 2.7.1+cu128) on the same design, 1502.5 (60.1 %,
   marked assumed), which Azure's sustained FP8 run on ND GB200 v6 bears out: 2906.9 TFLOP/s
   at 16384³ (``Azure_Results/ND_GB200_v6_results.md`` at 2a370be) at the B200's bf16-to-FP8
   MSMF ratio (1439 / 2788) is 1500.3. The A100 SXM has no MSMF there (only a burst, MAMF 271
@@ -638,7 +639,8 @@ _H200_GEMM = _curve(
 # whitepaper, table "NVIDIA H100 ... compared to NVIDIA A100"); the H800 and H200 are the
 # H100 SXM's GH100 configuration (132); B200: 74 of each die's 80 SMs enabled, 148 (Chips and
 # Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025); GB200: 152, as CUDA
-# reports it in public kernel benchmarks on the part; MI300X: 304 compute
+# reports it in public kernel notes on the part (which set it beside the B300's 148; no
+# vendor page gives it, so it is the weakest figure here); MI300X: 304 compute
 # units (AMD CDNA 3 architecture whitepaper).
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(

@@ -1573,7 +1573,8 @@ def resolve(
         ),
         transitions=transitions,
         # hierarchical is priced as named across levels (the ring is the default there for
-        # the all-gather, reduce-scatter and all-reduce); on one level it is the ring
+        # the all-gather and reduce-scatter, the faster of the ring and NCCL's tree for the
+        # all-reduce); on one level it is the ring; double-tree inside one node, NCCL's chain
         collectives=tuple(sorted(tree.get("collectives", {}).items())),
     )
 

@@ -46,7 +46,9 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         "the longer of the innermost level's and the outer levels' together, which carry "
         f"the {shape}'s hops at once"
         + (
-            f", at {TREE_SHARE:.0%} of each link's rate (NCCL's tree model)"
+            f", at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's "
+            f"tree model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this "
+            "size)"
             if shape == "tree"
             else ""
         )
@@ -205,8 +207,10 @@ def _ramp_text(result: CollectiveResult, level: Level) -> str:
     stages = [s for s in result.cost.stages if s.link.name == level.name and s.link.ramp]
     if not stages:
         return ""
+    # the ramp's share alone: a tree's own share of the rate is said beside its bandwidth term
     shares = {
-        round(100 * float(s.effective_bandwidth) / s.link.effective_bandwidth) for s in stages
+        round(100 * float(s.effective_bandwidth / s.efficiency) / s.link.effective_bandwidth)
+        for s in stages
     }
     reached = " and ".join(f"{v} %" for v in sorted(shares))
     return f", {reached} of B at this size (measured ramp)"

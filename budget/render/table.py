@@ -520,7 +520,7 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
             if c.algorithm in _NAMED:  # not the default: one the plan names
                 op += f" {_NAMED[c.algorithm]}"
             if c.algorithm == "double-tree":  # the ring's alternative across levels
-                op += " dbtree"
+                op += " dbt"
             group = (
                 f"pp {c.src}→{c.dst}"
                 if c.op == "send-recv"
@@ -594,7 +594,7 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
         *(
-            [f"{ops('double-tree')} marked dbtree NCCL's double binary tree, faster there"]
+            [f"{ops('double-tree')} marked dbt, NCCL's double binary tree (named, or faster)"]
             if ops("double-tree")
             else []
         ),
@@ -605,7 +605,7 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
 
 
 # algorithms a plan may name (`collectives:`) over the defaults, as the op column marks them
-_NAMED = {"recursive": "rec", "tree": "tree", "bruck": "bruck"}
+_NAMED = {"recursive": "rec", "tree": "tree", "bruck": "brk"}
 _NAMED_LONG = {
     "recursive": "recursive halving-doubling",
     "tree": "binomial tree",
