@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -196,9 +196,36 @@ def stdout_console() -> Console:
     from rich.console import Console
 
     console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        # rich pads every table line to the table's width; piped into a file, a CI log or
+        # a diff, those spaces are noise (a review: 77 of a report's lines ended in them)
+        console.file = cast(IO[str], TrimmedLines(console.file))
     if console.width < NARROWEST:
         console.width = FALLBACK_WIDTH
     return console
+
+
+class TrimmedLines:
+    """A text stream that writes each line without its trailing spaces: spaces at the end
+    of one write wait for the next, and are written only if more than spaces follow them
+    on the same line. Everything else is the stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        last = lines[-1].rstrip(" ")
+        self.pending = lines[-1][len(last) :]
+        self.stream.write("\n".join([line.rstrip(" ") for line in lines[:-1]] + [last]))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def _cannot_write(error: OSError) -> NoReturn:

@@ -377,3 +377,23 @@ def test_command_line_faults_are_one_line_as_budget_s_own(args, said, capsys) ->
         main([])
     assert bare.value.code == 2
     assert capsys.readouterr().err.startswith("Usage: budget [OPTIONS] COMMAND [ARGS]...")
+
+
+def test_piped_tables_end_no_line_in_spaces():
+    """rich pads each table line to the table's width; piped into a file or a CI log, every
+    command's lines end at their last character (77 lines of the 1.3B report ended in
+    spaces), and a space inside a line, or held at the end of one write until more of its
+    line follows, is kept."""
+    from budget.entry import TrimmedLines
+
+    for args in ([str(ROOT / "plans" / "gpt-1.3b.yaml")], ["check", str(GPT3)], ["presets"]):
+        process = subprocess.run(
+            [sys.executable, "-m", "budget", *args], capture_output=True, text=True, check=False
+        )
+        assert process.stdout.count("\n") >= 5, args
+        assert not [line for line in process.stdout.splitlines() if line.endswith(" ")], args
+    stream = io.StringIO()
+    trimmed = TrimmedLines(stream)
+    for part in ("a  b   ", "   ", "c  \n", "  \n", "d "):
+        trimmed.write(part)
+    assert stream.getvalue() == "a  b      c\n\nd"
