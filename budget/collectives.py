@@ -580,7 +580,7 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
     all-reduce across nodes 1.4 times its latency at its plateau, neither of which this
     does."""
     p = _product([t.ranks for t in tiers])
-    q = 2 * p * _chunk(size, p, e)
+    q = 2 * p * _chunk(size, p, e) * _indicator(p > 1)  # a group of one rank moves nothing
     spans = _spans(tiers)
     steps = [2 * (tiers[0].ranks - 1)] + [
         2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))

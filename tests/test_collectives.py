@@ -119,6 +119,9 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     chain = collective_cost("all-reduce", [Tier(8, NVLINK)], GIB, "double-tree")
     assert (chain.algorithm, chain.steps, chain.sent_bytes) == ("double-tree", 14, 2 * GIB)
     assert chain.time_s * 1e6 == pytest.approx(5201.159, abs=5e-4)
+    # a group of one rank moves nothing, as the ring's does (a search's tp 1 priced 2S)
+    one = collective_cost("all-reduce", [Tier(1, NVLINK), Tier(1, IB)], GIB, "double-tree")
+    assert (one.steps, one.sent_bytes, one.time_s) == (0, 0, 0.0)
     # one rank in each node: no chain, the trees alone (2 lg 4 = 4 steps on IB), where the
     # ring takes 2 x 3 = 6 and moves 3/4 of the tree's 2S at a rate 1/0.736 as high: ring
     alone = [Tier(1, NVLINK), Tier(4, IB)]

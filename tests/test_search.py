@@ -1317,6 +1317,37 @@ def test_one_rank_a_node_and_a_named_tree_search_as_they_budget(named):
     assert "double-tree" in algorithms
 
 
+@pytest.mark.parametrize("named", [None, "double-tree"])
+def test_all_reduces_over_three_levels_search_as_they_budget(tmp_path, named):
+    """The rail-optimised fat tree (NVLink, rail, spine) on 8,192 GPUs: tp 1, 2 and 8 and
+    pp 1 and 2, every data-parallel all-reduce across all three levels, by NCCL's choice or
+    named `double-tree`. A sweep holds the tp all-reduces of a tp 1 layout as groups of
+    one rank, which the named tree priced at 2S (8 % apart from `budget`, a review)."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    text = text.replace("preset: dgx-a100", "preset: rail-fat-tree")
+    text = text.replace("preset: a100-80gb", "preset: h100-sxm")
+    path = tmp_path / "rail.yaml"
+    path.write_text(text.replace("  global: 512", "  global: 8192"), encoding="utf-8")
+    plan = load_plan(path)
+    if named:
+        plan = replace(plan, collectives=(("all-reduce", named),))
+    space = Space(
+        tp=(1, 2, 8),
+        pp=(1, 2),
+        cp=(1,),
+        micro=(1,),
+        virtual_stages=(1,),
+        zero=(0,),
+        recompute=("full",),
+        sequence_parallel=(False,),
+    )
+    outcome = search(plan, 8192, space)
+    assert len(outcome.results) == 6
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, 8192))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
 def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     """28,514,424,832 and 28,527,007,744 B both read "26.6 GiB", so a Pareto point looked
     dominated by a best-by-time row of the same memory and shorter step (review): where
