@@ -1296,8 +1296,16 @@ def test_one_rank_a_node_and_a_named_tree_search_as_they_budget(named):
     plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
     if named:
         plan = replace(plan, collectives=(("all-reduce", "double-tree"),))
+    reports = _zero_0_layouts_budget_as_searched(plan, 4096, (8,))
+    rows = [c for r in reports for p in r.phases for c in p.collectives if c.op == "all-reduce"]
+    assert "double-tree" in {c.algorithm for c in rows}
+
+
+def _zero_0_layouts_budget_as_searched(plan, gpus, tp):
+    """Search ZeRO 0 layouts of `plan` at the given tp and pp 1 or 2, each budgeting as the
+    search priced it (step time to 1e-9); their reports."""
     space = Space(
-        tp=(8,),
+        tp=tp,
         pp=(1, 2),
         cp=(1,),
         micro=(1,),
@@ -1306,15 +1314,14 @@ def test_one_rank_a_node_and_a_named_tree_search_as_they_budget(named):
         recompute=("full",),
         sequence_parallel=(False,),
     )
-    outcome = search(plan, 4096, space)
+    outcome = search(plan, gpus, space)
     assert outcome.results
-    algorithms = set()
+    reports = []
     for result in outcome.results:
-        report = build_report(apply(plan, result.config, 4096))
+        report = build_report(apply(plan, result.config, gpus))
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
-        rows = [c for p in report.phases for c in p.collectives if c.op == "all-reduce"]
-        algorithms |= {c.algorithm for c in rows}
-    assert "double-tree" in algorithms
+        reports.append(report)
+    return reports
 
 
 @pytest.mark.parametrize("named", [None, "double-tree"])
@@ -1331,21 +1338,7 @@ def test_all_reduces_over_three_levels_search_as_they_budget(tmp_path, named):
     plan = load_plan(path)
     if named:
         plan = replace(plan, collectives=(("all-reduce", named),))
-    space = Space(
-        tp=(1, 2, 8),
-        pp=(1, 2),
-        cp=(1,),
-        micro=(1,),
-        virtual_stages=(1,),
-        zero=(0,),
-        recompute=("full",),
-        sequence_parallel=(False,),
-    )
-    outcome = search(plan, 8192, space)
-    assert len(outcome.results) == 6
-    for result in outcome.results:
-        report = build_report(apply(plan, result.config, 8192))
-        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+    assert len(_zero_0_layouts_budget_as_searched(plan, 8192, (1, 2, 8))) == 6
 
 
 def test_peaks_that_differ_read_apart_across_the_tables() -> None:
