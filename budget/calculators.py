@@ -203,7 +203,7 @@ def collective(
             f"the time of {size} over these links is past a float's range; give a latency and "
             "bandwidth one link has, such as 1us and 450GB/s"
         )
-    if algorithm in ("hierarchical", "double-tree") and cost.algorithm != algorithm:
+    if algorithm == "hierarchical" and cost.algorithm != algorithm:
         # a plan's group within one level falls back quietly; asked for here, it is said
         raise ValueError(
             f"--algorithm {algorithm} needs ranks on two or more levels (--level, each "

@@ -94,8 +94,8 @@ LEVELLED_RING_OPS: Final[tuple[Op, ...]] = ("all-gather", "reduce-scatter", "all
 TREE_SHARE: Final[float] = 0.92
 # ...and NCCL corrects the tree's bandwidth at medium sizes by a measured factor: "Trees are
 # not perfectly sticking to the model for medium sizes" (``treeCorrectionFactor``, same file,
-# the Simple protocol's row, one entry per power of two of S from 64 B to 256 MB: index
-# ⌊lg(S / 64)⌋; 1 beyond).
+# the Simple protocol's row, one entry per power of two of S from 64 B, the last for 256 to
+# 512 MiB: index ⌊lg(S / 64)⌋; none below 64 B or from 512 MiB).
 TREE_CORRECTION: Final[tuple[float, ...]] = (
     0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5,
     0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9,
@@ -590,14 +590,13 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
 
 
 def _tree_correction(size: Count) -> Seconds:
-    """`TREE_CORRECTION` at S bytes: entry ⌊lg(S / 64)⌋ (0 below 128 B), 1 from 512 MiB."""
+    """`TREE_CORRECTION` at S bytes: entry ⌊lg(S / 64)⌋; 1 below 64 B and from 512 MiB."""
     index = floor_log2(size // 64 if isinstance(size, np.ndarray) else max(int(size) // 64, 1))
     table = TREE_CORRECTION
     if isinstance(index, np.ndarray):
-        return np.where(
-            index < len(table), np.asarray(table)[np.minimum(index, len(table) - 1)], 1.0
-        )
-    return table[index] if index < len(table) else 1.0
+        inside = (index < len(table)) & (size >= 64)
+        return np.where(inside, np.asarray(table)[np.minimum(index, len(table) - 1)], 1.0)
+    return table[index] if index < len(table) and size >= 64 else 1.0
 
 
 def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> CollectiveCost:

@@ -196,7 +196,8 @@ def stdout_console() -> Console:
     from rich.console import Console
 
     console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
+    isatty = getattr(console.file, "isatty", None)
+    if not (isatty and isatty()):  # the stream itself: FORCE_COLOR makes rich call it one
         # rich pads every table line to the table's width; piped into a file, a CI log or
         # a diff, those spaces are noise (a review: 77 of a report's lines ended in them)
         console.file = cast(IO[str], TrimmedLines(console.file))

@@ -291,9 +291,12 @@ def _progress(console: Console, fmt: str) -> Any:
     """A progress bar on the terminal for long table-format sweeps; nothing otherwise."""
     if fmt != "table" or not sys.stderr.isatty():
         return None
+    from rich.console import Console
     from rich.progress import Progress
 
-    bar = Progress(transient=True)
+    # on stderr, which was asked whether it is a terminal: on stdout it drew into a pipe
+    # (`budget search plan | head -1` printed the bar's empty line, a review)
+    bar = Progress(transient=True, console=Console(stderr=True))
     task = bar.add_task("budgeting layouts", total=None)
     bar.start()
 

@@ -158,6 +158,24 @@ def test_acceptance_3_ring_across_levels_and_hierarchical() -> None:
     assert flat["latency_term_s"] == pytest.approx(10 * 5e-6)
 
 
+def test_a_named_tree_on_one_level_is_nccls_chain_and_its_table_fits_80_columns() -> None:
+    """`--algorithm double-tree` on one level prices NCCL's chain inside a node (2(P - 1)
+    steps, 2S at 92 % x its correction: 0.8 at 100 MB) and says so; over two levels the
+    stage table names the op only (the title says whose hops), which had run to 83
+    columns and cut the time column at 80 (a review)."""
+    one = ["collective", "all-reduce", "--size", "100MB", "--level", "8:370GB/s:3us"]
+    chain = _json([*one, "--algorithm", "double-tree"])
+    assert chain["algorithm"] == "double-tree" and chain["steps"] == 14
+    assert chain["bandwidth_term_s"] == pytest.approx(2e8 / (370e9 * 0.92 * 0.8))
+    levels = ["--level", "8:370GB/s:3us", "--level", "16:47GB/s:14us"]
+    args = ["collective", "all-reduce", "--size", "100MB", *levels, "--algorithm", "double-tree"]
+    out = runner.invoke(app, route(args), env={"COLUMNS": "80"}).stdout
+    assert "chain" not in out and "the tree's hops on each level" in out
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    said = runner.invoke(app, route([*one, "--algorithm", "double-tree"]), env={"COLUMNS": "80"})
+    assert "NCCL's chain inside one node" in " ".join(said.stdout.split())
+
+
 def test_hierarchical_asked_for_over_one_link_is_refused() -> None:
     """A plan's group inside one level falls back to the flat default quietly; asked for
     on the command line over one link, it printed 'ring' with no word (review)."""

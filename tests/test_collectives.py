@@ -139,7 +139,8 @@ def test_the_tree_corrects_its_rate_by_nccls_factor_for_each_size() -> None:
     expected = [0.9, 0.9, 0.8, 0.5, 0.5, 0.6, 0.9, 1.0, 1.0]
     assert [_tree_correction(s) for s in sizes] == expected
     assert list(_tree_correction(np.array(sizes))) == expected
-    assert _tree_correction(1) == 0.9  # below 128 B, the first entry
+    assert _tree_correction(63) == 1.0  # below 64 B, none, as NCCL's negative index
+    assert list(_tree_correction(np.array([1, 63, 64]))) == [1.0, 1.0, 0.9]
 
 
 def test_nccl_takes_the_tree_at_scale_where_the_ring_is_all_latency() -> None:

@@ -42,17 +42,18 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
     # a ring's levels carry their hops at once, so its bandwidth term is the busier port's
     staged = "summed over the stages below, each at its level's" if len(cost.stages) > 1 else ""
     shape = "tree" if cost.algorithm == "double-tree" else "ring"
+    share = (
+        f"at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's tree "
+        f"model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this size)"
+    )
     streamed = (
         "the longer of the innermost level's and the outer levels' together, which carry "
-        f"the {shape}'s hops at once"
-        + (
-            f", at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's "
-            f"tree model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this "
-            "size)"
-            if shape == "tree"
-            else ""
-        )
+        f"the {shape}'s hops at once" + (f", {share}" if shape == "tree" else "")
     )
+    if shape == "tree" and len(cost.stages) == 1:  # one level: the chain NCCL runs in a node
+        streamed = f"NCCL's chain inside one node, {share.replace('each link', 'the link')}"
+    if not float(cost.time_s):
+        streamed = "nothing moves"
     summary: Rows = [
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
         ("link", _links(result)),
@@ -145,7 +146,9 @@ def _flops_beside(value: float, ceiling: float) -> str:
 
 
 def _stage_row(stage: Stage) -> tuple[str, ...]:
-    name = stage.op if stage.algorithm == "ring" else f"{stage.op} ({stage.algorithm})"
+    # a ring's or a tree's hops on each level: the section's title says which
+    same = stage.algorithm in ("ring", "double-tree")
+    name = stage.op if same else f"{stage.op} ({stage.algorithm})"
     return (
         name,
         stage.link.name,
