@@ -603,9 +603,10 @@ def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> Collective
     """An all-reduce across levels as NCCL's tuner runs it: the ring (`_ring_across`) or the
     double binary tree (`_tree_across`), whichever its model finds faster at this size
     (``ncclTopoGetAlgoTime`` takes the least time over algorithms). The tree wins where the
-    ring's 2(P − 1) latency-bearing steps outweigh its 8 % more bandwidth: small and
-    mid-size tensors, and large groups. In a sweep each configuration takes its own; the
-    name is the tree's where any does."""
+    ring's 2(P − 1) latency-bearing steps outweigh the tree's lower rate (0.92 of the
+    ring's, half that again at medium sizes by NCCL's correction) and its 2S against the
+    ring's 2S(P − 1)/P: small tensors, and large groups. In a sweep each configuration takes
+    its own; the name is the tree's where any does."""
     ranks = _product([t.ranks for t in tiers])
     ring = CollectiveCost(
         "all-reduce", "ring", ranks, size, _ring_across("all-reduce", tiers, size, e), (), True

@@ -558,6 +558,11 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
         legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
+    if any(c.algorithm == "double-tree" for c in every):
+        legend.append(
+            "dbt = NCCL's double binary tree, named or where faster than its ring (inside one "
+            "node, its chain)"
+        )
     named = sorted({c.algorithm for p in report.phases for c in p.collectives} & set(_NAMED))
     if named:
         legend.append(
@@ -593,11 +598,6 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
 
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
-        *(
-            [f"{ops('double-tree')} marked dbt, NCCL's double binary tree (named, or faster)"]
-            if ops("double-tree")
-            else []
-        ),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
     two = f"; {named} = across levels: {'; '.join(kinds)}" if across else ""
