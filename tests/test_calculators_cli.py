@@ -4,6 +4,7 @@ renderers and user errors (exit 2, one line on stderr, no traceback)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -599,3 +600,19 @@ def test_the_seeds_worked_example_and_the_compute_beside_it() -> None:
     table = runner.invoke(app, route([*args, "--beside", "1ms"])).stdout
     assert "exposed max(0, T − W)    1,020.000 µs" in table
     assert "--beside '1 parsec'" in _error([*args, "--beside", "1 parsec"])
+
+
+def test_a_report_marks_and_explains_the_rows_nccls_tree_carries(tmp_path) -> None:
+    """GPT-3 at tp 16 spans two DGX nodes: its small all-reduces (the cross-entropy
+    statistics, 16 KiB) take NCCL's tree and the 90 MiB embedding all-reduce the ring; at 80
+    columns the tree's rows are marked `dbt` whole, and the legend says what that is."""
+    from tests.plan_files import variant
+
+    plan = variant(tmp_path, "tp16.yaml", ("  tp: 8", "  tp: 16"), ("  dp: 16", "  dp: 8"))
+    out = runner.invoke(app, route([str(plan)]), env={"COLUMNS": "80"}).stdout
+    assert re.search(r"cross-entropy .*\n.*fp32.*\n.*2L.*\n +dbt\b", out)
+    assert "dbt = NCCL's double binary tree" in out and "dbt…" not in out
+    rows = json.loads(runner.invoke(app, route([str(plan), "-f", "json"])).stdout)["phases"]
+    algorithms = {c["name"]: c["algorithm"] for p in rows for c in p["collectives"]}
+    assert algorithms["cross-entropy statistics"] == "double-tree"
+    assert algorithms["embedding output"] == "ring"
