@@ -51,6 +51,9 @@ class CollectiveResult:
     # compute the collective runs beside (``--beside``): what of T it hides, when a valid
     # overlap schedule exists; None: nothing beside it, all of T exposed
     beside_s: float | None = None
+    # an unnamed all-reduce across levels takes NCCL's ring or its tree, whichever is faster
+    # (`collectives._nccl_all_reduce`): the one it passed over and its time
+    passed_over: tuple[str, float] | None = None
 
     @property
     def exposed_s(self) -> float:
@@ -210,7 +213,11 @@ def collective(
             f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
         )
     beside_s = None if beside is None else _quantity(parse_duration, beside, f"--beside {beside!r}")
-    return CollectiveResult(cost, topology.levels, beside_s)
+    passed_over = None
+    if algorithm is None and op == "all-reduce" and len(cost.stages) > 1:
+        other: Algorithm = "ring" if cost.algorithm == "double-tree" else "double-tree"
+        passed_over = (other, float(price_group(op, size_bytes, span, other).time_s))
+    return CollectiveResult(cost, topology.levels, beside_s, passed_over)
 
 
 def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:

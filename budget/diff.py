@@ -136,6 +136,10 @@ class PlanDiff:
     stage_counts: tuple[int, int]
     fits: tuple[bool, bool]
     modes: tuple[str, str] = ("train", "train")
+    # collectives both plans run (by phase and name) that B prices with another algorithm
+    # than A: (phase, collective, A's, B's); a default can change under a plan (NCCL's ring
+    # or its tree, by size and span), which no plan key shows
+    algorithms: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -166,6 +170,14 @@ class PlanDiff:
                 "micro-batches in flight) and the last (the loss) are compared, and the worst "
                 "stage of each is in the step table"
             )
+        if self.algorithms:
+            moved = ", ".join(f"{c} in {p} ({a} → {b})" for p, c, a, b in self.algorithms[:4])
+            more = len(self.algorithms) - 4
+            notes.append(
+                f"B runs {plural(len(self.algorithms), 'collective')} with another algorithm: "
+                + moved
+                + (f" and {more} more" if more > 0 else "")
+            )
         return "; ".join(notes) or None
 
 
@@ -177,8 +189,12 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
     """
     if prefix == "device.attention." and value == ():
         return {"device.attention": "none measured"}
-    if prefix == "collectives.":  # (op, algorithm) pairs: one key per op a plan names
-        return {f"collectives.{op}": name for op, name in value}
+    if prefix == "collectives.":  # (op, algorithm) pairs: an op a plan does not name reads
+        # "default" (NCCL's ring, or its tree where faster), not "–" (a review)
+        from budget.collectives import OPS
+
+        named = dict(value)
+        return {f"collectives.{op}": named.get(op, "default") for op in OPS}
     if prefix == "transitions.":  # keyed as a plan file spells them; none: no keys at all
         return {
             f"transitions.{i}.{key}": item
@@ -535,7 +551,21 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
         stage_counts=(len(a.stages), len(b.stages)),
         fits=(a.fits, b.fits),
         modes=(a.mode, b.mode),
+        algorithms=_algorithm_changes(a, b),
     )
+
+
+def _algorithm_changes(a: Report, b: Report) -> tuple[tuple[str, str, str, str], ...]:
+    """Collectives of the same phase and name in both reports priced with different
+    algorithms, in B's order, each once."""
+    theirs = {(p.name, c.name): c.algorithm for p in a.phases for c in p.collectives}
+    moved = {
+        (p.name, c.name, theirs[(p.name, c.name)], c.algorithm): None
+        for p in b.phases
+        for c in p.collectives
+        if theirs.get((p.name, c.name), c.algorithm) != c.algorithm
+    }
+    return tuple(moved)
 
 
 def diff_plans(a: Plan, b: Plan) -> tuple[Report, Report, PlanDiff]:

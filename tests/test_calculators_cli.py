@@ -616,3 +616,34 @@ def test_a_report_marks_and_explains_the_rows_nccls_tree_carries(tmp_path) -> No
     algorithms = {c["name"]: c["algorithm"] for p in rows for c in p["collectives"]}
     assert algorithms["cross-entropy statistics"] == "double-tree"
     assert algorithms["embedding output"] == "ring"
+
+
+def test_a_named_tree_is_said_in_legend_markdown_diff_and_the_calculator(tmp_path) -> None:
+    """A plan naming `double-tree` for its all-reduces: the table's legend no longer counts
+    them with the default ring (it read "algorithms ring (AG, RS, AR)" beside rows marked
+    dbt, and "algorithms ; 2L = ..." where every collective was a tree), markdown explains
+    the algorithm column's double-tree, `diff` reads the unnamed side as "default" and
+    says which collectives B runs with another algorithm, and `budget collective` says
+    which of NCCL's two it passed over (a review)."""
+    from tests.plan_files import GPT3, variant
+
+    named = variant(
+        tmp_path,
+        "named.yaml",
+        ("recompute: selective", "recompute: selective\ncollectives: {all-reduce: double-tree}"),
+    )
+    table = runner.invoke(app, route([str(named)]), env={"COLUMNS": "80"}).stdout
+    legend = " ".join(table.split())
+    assert "algorithms ring (AG, RS), direct (P2P)" in legend and "algorithms ;" not in legend
+    assert "dbt = NCCL's double binary tree" in legend
+    markdown = runner.invoke(app, route([str(named), "-f", "markdown"])).stdout
+    assert "double-tree: NCCL's double binary tree" in markdown
+    diff = runner.invoke(app, route(["diff", str(GPT3), str(named)]), env={"COLUMNS": "120"})
+    said = " ".join(diff.stdout.split())
+    assert "collectives.all-reduce default → double-tree" in said
+    assert "B runs 4 collectives with another algorithm: embedding output in" in said
+    assert "(ring → double-tree)" in said
+    levels = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
+    out = runner.invoke(app, route(["collective", "all-reduce", "--size", "8MiB", *levels]))
+    text = " ".join(out.stdout.split())
+    assert "double-tree: faster here than NCCL's ring (126.632 µs)" in text

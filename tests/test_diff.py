@@ -351,7 +351,8 @@ def test_both_plans_broken_past_loading_are_both_reported(tmp_path: Path) -> Non
 
 def test_a_named_collective_algorithm_is_one_plan_change(tmp_path: Path) -> None:
     """`collectives: {all-reduce: recursive}` reads as one change of that op's algorithm
-    (it read 'collectives [] → –' and 'collectives.0 – → [all-reduce, recursive]')."""
+    (it read 'collectives [] → –' and 'collectives.0 – → [all-reduce, recursive]'), from
+    "default" (it read "–", which did not say what ran: a review)."""
     decode = ROOT / "plans" / "llama3-70b-decode.yaml"
     named = tmp_path / "named.yaml"
     named.write_text(
@@ -360,7 +361,7 @@ def test_a_named_collective_algorithm_is_one_plan_change(tmp_path: Path) -> None
     )
     *_, diff = diff_files(decode, named)
     assert [(c.key, c.a, c.b) for c in diff.changes] == [
-        ("collectives.all-reduce", None, "recursive")
+        ("collectives.all-reduce", "default", "recursive")
     ]
 
 

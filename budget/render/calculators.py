@@ -72,6 +72,7 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
             + (f"; {streamed})" if cost.pipelined else f"; {staged} B_eff)" if staged else ")"),
         ),
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
+        *_passed_over(result),
         *_beside(result),
         ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
         (
@@ -159,6 +160,21 @@ def _stage_row(stage: Stage) -> tuple[str, ...]:
         _time(float(stage.bandwidth_s)),
         _time(float(stage.time_s)),
     )
+
+
+def _passed_over(result: CollectiveResult) -> Rows:
+    """The algorithm NCCL's choice passed over, where an unnamed all-reduce had two."""
+    if result.passed_over is None:
+        return []
+    other, time = result.passed_over
+    name = "NCCL's double binary tree" if other == "double-tree" else "NCCL's ring"
+    return [
+        (
+            "algorithm",
+            f"{result.cost.algorithm}: faster here than {name} ({_time(time)}), as NCCL's "
+            "tuner chooses",
+        )
+    ]
 
 
 def _beside(result: CollectiveResult) -> Rows:

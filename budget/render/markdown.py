@@ -225,6 +225,12 @@ def render_markdown(report: Report) -> str:
         ],
         set(range(8, 17)),
     )
+    if any(c.algorithm == "double-tree" for p in report.phases for c in p.collectives):
+        lines.append(
+            "double-tree: NCCL's double binary tree, named or where faster than its ring "
+            "(inside one node, its chain)."
+        )
+        lines.append("")
     lines.append("### Links (per GPU, one direction)")
     lines.append("")
     ramped = any(link.get("ramp") for link in report.links)

@@ -581,7 +581,8 @@ def _levels(row: CollectiveRow) -> int:
 
 def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     """The payload format and the algorithms of the unmarked ops (`budget.collectives`)."""
-    present = {c.op for c in every if c.algorithm not in _NAMED}
+    # the tree's rows are marked and explained apart (`collective_table`): not the ring
+    present = {c.op for c in every if c.algorithm not in (*_NAMED, "double-tree")}
     default = {op: default_algorithm(cast(Op, op)) for op in _OPS if op in present}
     flat = [
         f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
@@ -598,10 +599,15 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
 
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
+        *([f"{ops('double-tree')} NCCL's double binary tree (dbt)"] if ops("double-tree") else []),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
-    two = f"; {named} = across levels: {'; '.join(kinds)}" if across else ""
-    return f"payloads in {usual} unless the op names another; algorithms {', '.join(flat)}{two}"
+    said = [f"payloads in {usual} unless the op names another"]
+    if flat:
+        said.append(f"algorithms {', '.join(flat)}")
+    if kinds:
+        said.append(f"{named} = across levels: {'; '.join(kinds)}")
+    return "; ".join(said)
 
 
 # algorithms a plan may name (`collectives:`) over the defaults, as the op column marks them
