@@ -528,7 +528,9 @@ def _gb200_flash2() -> AttentionRate:
 
 _MSMF = "Bekman, ML Engineering, MAMF/MSMF table (commit 0359db8)"
 # A later version of that chapter than 0359db8 adds the GB200 row (a burst only).
-_GB200_MAMF = "Bekman, ML Engineering, MAMF table, GB200 SXM 1822 (torch 2.10.0.dev20250916)"
+_GB200_MAMF = (
+    "Bekman, ML Engineering, MAMF table, GB200 SXM 1822 TFLOP/s (torch 2.10.0.dev20250916)"
+)
 _TRITON = "Triton tutorial 03 cuBLAS sweep (A100)"
 _XLA = "OpenXLA matmul table (tensorflow a305421), {} bf16"
 
@@ -786,7 +788,7 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         "NVIDIA GB200 NVL72 specifications, divided by 72 GPUs and halved for density "
         "(360 PFLOPS FP16/BF16, 720 PFLOPS FP8, 180 PFLOPS TF32 with sparsity; 5,760 TFLOPS "
-        "FP32; 576 TB/s HBM3e)",
+        "FP32; 13.4 TB HBM3e at 576 TB/s); memory: nvidia-smi's 189,471 MiB",
         attention=(_GB200_CUDNN, _gb200_flash2()),
         kernel_startup=_GH100_STARTUP,
         sms=152,
