@@ -216,7 +216,9 @@ def collective(
     passed_over = None
     if algorithm is None and op == "all-reduce" and len(cost.stages) > 1:
         other: Algorithm = "ring" if cost.algorithm == "double-tree" else "double-tree"
-        passed_over = (other, float(price_group(op, size_bytes, span, other).time_s))
+        time = float(price_group(op, size_bytes, span, other).time_s)
+        # a group of one rank moves nothing either way: nothing was faster
+        passed_over = (other, time) if time != float(cost.time_s) else None
     return CollectiveResult(cost, topology.levels, beside_s, passed_over)
 
 
