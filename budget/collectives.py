@@ -611,8 +611,9 @@ def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> Collective
     ring = CollectiveCost(
         "all-reduce", "ring", ranks, size, _ring_across("all-reduce", tiers, size, e), (), True
     )
-    tree = CollectiveCost("all-reduce", "double-tree", ranks, size, _tree_across(tiers, size, e))
-    tree = replace(tree, pipelined=True)
+    tree = CollectiveCost(
+        "all-reduce", "double-tree", ranks, size, _tree_across(tiers, size, e), (), True
+    )
     faster = tree.time_s < ring.time_s
     if not isinstance(faster, np.ndarray):
         return tree if faster else ring

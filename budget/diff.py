@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from budget.collectives import OPS
 from budget.errors import every_one
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.plan.resolve import TRAINING_ONLY
@@ -191,8 +192,6 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
         return {"device.attention": "none measured"}
     if prefix == "collectives.":  # (op, algorithm) pairs: an op a plan does not name reads
         # "default" (NCCL's ring, or its tree where faster), not "–" (a review)
-        from budget.collectives import OPS
-
         named = dict(value)
         return {f"collectives.{op}": named.get(op, "default") for op in OPS}
     if prefix == "transitions.":  # keyed as a plan file spells them; none: no keys at all

@@ -1330,11 +1330,14 @@ def test_all_reduces_over_three_levels_search_as_they_budget(tmp_path, named):
     pp 1 and 2, every data-parallel all-reduce across all three levels, by NCCL's choice or
     named `double-tree`. A sweep holds the tp all-reduces of a tp 1 layout as groups of
     one rank, which the named tree priced at 2S (8 % apart from `budget`, a review)."""
-    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
-    text = text.replace("preset: dgx-a100", "preset: rail-fat-tree")
-    text = text.replace("preset: a100-80gb", "preset: h100-sxm")
-    path = tmp_path / "rail.yaml"
-    path.write_text(text.replace("  global: 512", "  global: 8192"), encoding="utf-8")
+    path = variant(
+        tmp_path,
+        "rail.yaml",
+        ("preset: dgx-a100", "preset: rail-fat-tree"),
+        ("preset: a100-80gb", "preset: h100-sxm"),
+        ("  global: 512", "  global: 8192"),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
     plan = load_plan(path)
     if named:
         plan = replace(plan, collectives=(("all-reduce", named),))
