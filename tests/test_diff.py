@@ -644,6 +644,30 @@ def test_the_marks_stand_beside_the_colour_and_a_headline_leads(tmp_path: Path) 
     assert "\nUnchanged phases: `forward.embedding`, " in markdown
 
 
+def test_the_terminal_tables_what_moved_and_names_what_did_not(tmp_path: Path) -> None:
+    """One overlap flag moves one phase: the terminal printed all 12 phases' 60 rows and 8
+    stages' 48 rows of zeros around it (and, at 80 columns, wrapped the zero table's title
+    to its width); it shows the rows that moved and names the rest, as markdown does."""
+    hidden = variant(
+        tmp_path,
+        "hidden.yaml",
+        ("recompute: selective\n", "recompute: selective\noverlap: {dp_grads: true}\n"),
+    )
+    code, out, _ = _diff(GPT3, hidden, width=80)
+    assert code == 0
+    lines = out.splitlines()
+    assert "Memory per rank of each pipeline stage, at its peak: no stage changed." in lines
+    assert not any(line.split()[:1] == ["states"] for line in lines)  # no stage row at all
+    phases = out.split("Phases (per rank, over one step)")[1]
+    table = phases.split("Unchanged")[0].splitlines()
+    named = [line.split()[0] for line in table if line[:2].strip() and line[1] not in "─p"]
+    assert named == ["dp.grads"]
+    unchanged = " ".join(phases.split("Unchanged phases: ")[1].split("\n\n")[0].split())
+    assert unchanged.startswith("forward.embedding, forward.attention, ")
+    assert "dp.grads" not in unchanged and unchanged.endswith("optimizer.")
+    assert all(len(line) <= 80 for line in lines)
+
+
 def test_two_invalid_plans_report_in_the_order_given(tmp_path: Path) -> None:
     """`diff Z A` with both invalid: Z's problems first, as validate and check keep the files'
     order (a review: they came sorted by file name)."""

@@ -4,7 +4,7 @@ with absolute and relative deltas, green where B is better and red where it is w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
@@ -226,8 +226,9 @@ def _cells(delta: Delta) -> list[Text]:
 
 
 def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
+    """The rows that moved; the others are named after the table (`_unchanged`)."""
     table = _table(title, first, "")
-    for i, row in enumerate(rows):
+    for i, row in enumerate(row for row in rows if row.changed):
         if i:
             table.add_section()
         name = _name(row)
@@ -236,6 +237,15 @@ def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
             label = Text(_label(delta.metric))
             table.add_row(Text(name if j == 0 else ""), label, *_cells(delta))
     return table
+
+
+def _unchanged(rows: tuple[Row, ...], first: str, quote: Callable[[str], str]) -> str:
+    """ "Unchanged phases: forward.embedding, loss." for the rows that did not move, or ""."""
+    unchanged = [quote(_name(row)) for row in rows if not row.changed]
+    if not unchanged:
+        return ""
+    what = plural(len(unchanged), first).split(" ", 1)[1]  # "stages", "phase"
+    return f"Unchanged {what}: {', '.join(unchanged)}."
 
 
 def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> None:
@@ -273,7 +283,16 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         (_phases_title(a, b), "phase", diff.phases),
     ):
         console.print()
+        # what moved, as in markdown: rows of zeros buried the few that changed (a user
+        # audit: one overlap flag gave 60 phase rows, 5 of them not zero), and a table of
+        # nothing but zeros wrapped its title to its own width
+        if not any(row.changed for row in rows):
+            console.print(Text(f"{title}: no {first} changed."))
+            continue
         console.print(_row_table(title, first, rows))
+        if unchanged := _unchanged(rows, first, str):
+            console.print(Text(unchanged))
+            console.print()
     console.print(
         Text.assemble(
             "Δ = B − A; ",
@@ -391,7 +410,6 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines += [f"### {title}", ""]
         # a pull request's comment keeps what moved; the terminal and JSON keep every row
         changed = [row for row in rows if row.changed]
-        unchanged = [_name(row) for row in rows if not row.changed]
         if not changed:
             lines += [f"No {first} changed.", ""]
             continue
@@ -404,9 +422,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
                 label = f"`{name}`" if j == 0 and first == "phase" else name if j == 0 else ""
                 lines.append(_md([label, _label(delta.metric), *_md_cells(delta)]))
         lines.append("")
-        if unchanged:
-            still = ", ".join(code(n) if first == "phase" else plain(n) for n in unchanged)
-            what = plural(len(unchanged), first).split(" ", 1)[1]  # "stages", "phase"
-            lines += [f"Unchanged {what}: {still}.", ""]
+        if unchanged := _unchanged(rows, first, code if first == "phase" else plain):
+            lines += [unchanged, ""]
     lines.append("Δ = B − A; 🟢 better, 🔴 worse.")
     return "\n".join(lines) + "\n"
