@@ -45,7 +45,7 @@ Then each stage reduces gradients and steps its optimizer; the slowest of those 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from itertools import pairwise
@@ -263,11 +263,21 @@ def _pp_span(par: Parallel, topo: Topology, ends: bool) -> GroupSpan:
     members = group_ranks("pp", par, topo.gpus)
     if ends:
         return span_of_ranks((members[0], members[-1]), topo, "pp")
-    names = [level.name for level in topo.levels]
-    pairs = [span_of_ranks(pair, topo, "pp") for pair in pairwise(members)]
-    if not pairs:  # one stage: nothing is sent, its group is itself
+    if len(members) == 1:  # one stage: nothing is sent, its group is itself
         return span_of_ranks(members, topo, "pp")
-    return max(pairs, key=lambda span: names.index(span.tiers[-1].link.name))
+    # a pair's outermost tier is the innermost level whose domain (a block of `size`
+    # consecutive ranks, `topology`) holds both ranks; the first pair crossing the most
+    # levels is priced, without a span for each pair (8 % of a 16,384-GPU sweep)
+    sizes = [level.size for level in topo.levels[:-1]]
+
+    def crossed(pair: Iterable[int]) -> int:
+        a, b = pair
+        return next(
+            (j for j, size in enumerate(sizes) if size is None or a // size == b // size),
+            len(sizes),
+        )
+
+    return span_of_ranks(max(pairwise(members), key=crossed), topo, "pp")
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:
