@@ -25,6 +25,15 @@ Which runs are scored (`RUNS`), fixed before any of them was predicted:
   and global batch and the measured step time; the recipe's own scripts and configs give
   the rest (see `_nemo_run`).
 
+Peak memory (`MEMORY_RUNS`, added after the step-time table, the rule fixed before any of its
+runs was predicted): every NVIDIA/Megatron-LM functional test that is named for measuring
+memory (``*_memory_speed``) and keeps H100 golden values, as found on 2026-12-02: three.
+Each test's ``model_config.yaml`` gives every argument; its golden values give
+``mem-max-allocated-bytes``, `torch.cuda.max_memory_allocated` on the last rank (the only one
+that writes them: the last pipeline stage), which the engine's peak of its last stage
+predicts (plans reserve nothing: the CUDA context and NCCL's buffers are outside PyTorch's
+allocator). Steps 2 onward are compared: step 1 peaks before Adam's moments exist.
+
 `REFERENCE_RUNS` are measurements whose layout is not fully published (Llama 3 405B: the
 pipeline is interleaved, but with how many virtual stages is not said). They are predicted
 and shown below the table but count in neither the mean nor the maximum.
@@ -59,11 +68,13 @@ from budget.report import Report
 
 __all__ = [
     "DIAGNOSTIC_RUNS",
+    "MEMORY_RUNS",
     "REFERENCE_RUNS",
     "RUNS",
     "Accuracy",
     "Row",
     "Run",
+    "measured_text",
     "metric_of",
     "plan_file_name",
     "plan_of",
@@ -71,7 +82,7 @@ __all__ = [
     "validate_model",
 ]
 
-Metric = Literal["step_s", "tflops_per_gpu", "tokens_per_s_per_gpu"]
+Metric = Literal["step_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_bytes"]
 
 _KORTHIKANTI = (
     'Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" '
@@ -139,6 +150,7 @@ class Accuracy:
     rows: tuple[Row, ...]  # scored
     reference: tuple[Row, ...] = ()  # layout incomplete: shown, not scored
     diagnostic: tuple[Row, ...] = ()  # chosen after the scored runs were seen: not scored
+    memory: tuple[Row, ...] = ()  # peak memory, scored on its own (`peak_memory`)
 
     @property
     def mean_abs_error(self) -> float:
@@ -147,6 +159,11 @@ class Accuracy:
     @property
     def max_abs_error(self) -> float:
         return max(abs(r.error) for r in self.rows)
+
+    def peak_memory(self) -> Accuracy:
+        """The peak-memory runs as an `Accuracy` of their own: their errors are not step
+        times' and do not enter the step-time mean or maximum."""
+        return Accuracy(self.memory)
 
     def by_gpu(self) -> tuple[Accuracy, ...]:
         """One `Accuracy` per GPU generation of the scored runs, in the order they appear."""
@@ -615,6 +632,153 @@ REFERENCE_RUNS: tuple[Run, ...] = (
 )
 
 
+# fmt: off
+_MEGATRON_CI = (
+    "NVIDIA/Megatron-LM tests/functional_tests/test_cases/{0}: arguments from "
+    "model_config.yaml (commit {1}), mem-max-allocated-bytes from "
+    "golden_values_dev_dgx_h100.json (commit {2}), steps {3} onward"
+)
+# fmt: on
+
+
+def _megatron_memory_run(
+    name: str,
+    test: str,
+    commits: tuple[str, str, int],
+    model: dict[str, Any],
+    batch: dict[str, int],
+    parallel: dict[str, Any],
+    measured: int,
+    note: str,
+) -> Run:
+    """A Megatron-LM functional test that measures memory (module docstring): one DGX H100
+    node (the test recipes' ``nodes: 1, gpus: 8``), bf16 with what Megatron-LM's arguments
+    imply for it (fp32 gradient accumulation and reduction, fp32 master and Adam states)
+    and the distributed optimizer (ZeRO 1); no recompute (none of the three sets one); the
+    vocabulary padded as Megatron pads it (``--make-vocab-size-divisible-by``, 128 unless
+    set, times TP). Megatron's defaults stand where a test does not set them: learned
+    absolute positions, LayerNorm, GeLU with a 4h FFN, biases, dropout 0.1. Under
+    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` which fused attention kernel runs is not pinned;
+    both Transformer Engine's keep the same tensors (the output and the softmax
+    statistics), so the plan names cuDNN's."""
+    tree: dict[str, Any] = {
+        "name": name,
+        "model": model,
+        "batch": batch,
+        "parallel": {"zero": 1, **parallel},
+        "precision": {
+            "params": "bf16",
+            "grads": "fp32",
+            "master": "fp32",
+            "optimizer_state": "fp32",
+        },
+        "recompute": "none",
+        "device": {"preset": "h100-sxm"},
+        "topology": {"preset": "dgx-h100", "nodes": 1},
+    }
+    source = _MEGATRON_CI.format(test, *commits)
+    return Run(name, "H100 80GB", tree, "peak_bytes", measured, source, note, "Megatron-LM")
+
+
+# Megatron's defaults for a GPT built from arguments that name none of these (module
+# docstring, `_megatron_memory_run`)
+_MEGATRON_GPT = {
+    "mlp": "gelu",
+    "norm": "layernorm",
+    "bias": True,
+    "position": "learned",
+    "dropout": True,
+    "tied_embeddings": False,
+    "attention": "cudnn",
+}
+# --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8
+# --seq-length 8192 --max-position-embeddings 8192 --untie-embeddings-and-output-weights
+_MEGATRON_7B = {
+    **_MEGATRON_GPT,
+    "layers": 32,
+    "hidden": 4096,
+    "heads": 32,
+    "kv_heads": 8,
+    "ffn": 16384,
+    "max_positions": 8192,
+}
+
+MEMORY_RUNS: tuple[Run, ...] = (
+    _megatron_memory_run(
+        "GPT 7B, TP 4, 8 GPUs",
+        "gpt/gpt3_7b_tp4_pp1_memory_speed",
+        ("1739859b", "09eb91e5", 2),
+        {**_MEGATRON_7B, "vocab": 131072},
+        {"seq": 8192, "micro": 2, "global": 8},
+        {"tp": 4, "pp": 1, "dp": 2, "sequence_parallel": False},
+        57_143_791_616,
+        "TP4 DP2, micro 2, no sequence parallelism",
+    ),
+    _megatron_memory_run(
+        "GPT 7B, PP 4 interleaved, 8 GPUs",
+        "gpt/gpt3_7b_tp1_pp4_memory_speed",
+        ("000a7170", "070712a0", 2),
+        {**_MEGATRON_7B, "vocab": 131200},  # --vocab-size 131073 padded to 128
+        {"seq": 8192, "micro": 1, "global": 8},
+        {
+            "tp": 1,
+            "pp": 4,
+            "dp": 2,
+            "pipeline": {"schedule": "interleaved", "virtual_stages": 8},
+        },
+        60_518_293_504,
+        "PP4 DP2, 8 virtual stages of one layer, micro 1",
+    ),
+    _megatron_memory_run(
+        "MoE with MLA and MTP, TP 2 PP 2 EP 4, 8 GPUs",
+        "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed",
+        ("2afeef84", "10852d73", 5),
+        {
+            # --num-layers 16 --hidden-size 1024 --num-attention-heads 32 --kv-channels 128,
+            # --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512
+            # --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128
+            "layers": 16,
+            "hidden": 1024,
+            "heads": 32,
+            "head_dim": 128,
+            "mla": {"q_rank": 1536, "kv_rank": 512, "nope_dim": 128, "rope_dim": 64},
+            # --num-experts 32 --moe-router-topk 4 --moe-ffn-hidden-size 1024
+            # --moe-shared-expert-intermediate-size 1024 --moe-layer-freq ([0]*1+[1]*15)
+            "ffn": 4096,
+            "experts": {
+                "count": 32,
+                "top_k": 4,
+                "ffn": 1024,
+                "shared_ffn": 1024,
+                "first_dense_layers": 1,
+            },
+            "mtp_layers": 1,
+            # GPT-2's BPE, 50,257 tokens, padded to --make-vocab-size-divisible-by 3232 x TP 2
+            "vocab": 51712,
+            "mlp": "swiglu",
+            "norm": "rmsnorm",
+            "bias": False,
+            "tied_embeddings": False,
+            "position": "rope",
+            "dropout": False,
+            "attention": "eager",  # --attention-backend unfused
+        },
+        {"seq": 4096, "micro": 4, "global": 32},
+        {
+            "tp": 2,
+            "pp": 2,
+            "dp": 2,
+            "ep": 4,
+            "etp": 1,
+            "sequence_parallel": True,
+            "pipeline": {"schedule": "interleaved", "virtual_stages": 4},
+        },
+        59_017_916_416,
+        "TP2 PP2 DP2, experts EP4 ETP1, 4 virtual stages, micro 4; unfused attention",
+    ),
+)
+
+
 def plan_of(run: Run) -> Plan:
     """The run's plan, validated and resolved like a plan file (`BudgetError` if not)."""
     file = f"<accuracy: {run.name}>"
@@ -641,6 +805,8 @@ def metric_of(plan: Plan, metric: Metric, report: Report | None = None) -> float
         return float(step["time_s"] or 0.0)
     if metric == "tokens_per_s_per_gpu":
         return float(step["tokens_per_s"] or 0.0) / plan.topology.gpus
+    if metric == "peak_bytes":  # the last rank's, where Megatron-LM writes its memory logs
+        return float(report.stages[-1].peak_bytes)
     peak = plan.device.peak_flops(report.mfu_format)
     return float(step["mfu"] or 0.0) * peak / 1e12
 
@@ -651,6 +817,11 @@ def plan_file_name(run: Run) -> str:
     return "-".join(words) + ".yaml"
 
 
+def measured_text(run: Run) -> str:
+    """The measurement as its source gives it: bytes whole, the rest to six digits."""
+    return f"{run.measured:,.0f}" if run.metric == "peak_bytes" else f"{run.measured:,g}"
+
+
 def plan_text(run: Run, kind: str, schema_ref: str) -> str:
     """The run as a plan file `budget` reads: its tree, under comments saying where the
     measurement comes from, so one row of the table can be rerun and inspected alone."""
@@ -658,11 +829,12 @@ def plan_text(run: Run, kind: str, schema_ref: str) -> str:
         "step_s": "seconds per step",
         "tflops_per_gpu": "model TFLOP/s per GPU",
         "tokens_per_s_per_gpu": "tokens per second per GPU",
+        "peak_bytes": "bytes at the last pipeline stage's peak (torch.cuda.max_memory_allocated)",
     }[run.metric]
     lines = [
         f"# yaml-language-server: $schema={schema_ref}",
         f"# {run.name}: a {kind} run of `budget validate-model` ({run.gpu}, {run.stack}).",
-        f"# Measured: {run.measured:,g} {unit}.",
+        f"# Measured: {measured_text(run)} {unit}.",
         *textwrap.wrap(f"Source: {run.source}.", 90, initial_indent="# ", subsequent_indent="# "),
     ]
     if run.note:
@@ -677,10 +849,12 @@ def validate_model(
     runs: tuple[Run, ...] = RUNS,
     reference: tuple[Run, ...] = REFERENCE_RUNS,
     diagnostic: tuple[Run, ...] = DIAGNOSTIC_RUNS,
+    memory: tuple[Run, ...] = MEMORY_RUNS,
 ) -> Accuracy:
-    """Predicted against measured for every scored, reference and diagnostic run."""
+    """Predicted against measured for every scored, reference, diagnostic and memory run."""
     return Accuracy(
         tuple(predict(run) for run in runs),
         tuple(predict(run) for run in reference),
         tuple(predict(run) for run in diagnostic),
+        tuple(predict(run) for run in memory),
     )

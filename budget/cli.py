@@ -446,8 +446,8 @@ def validate_model_command(
 
 
 def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
-    """Each scored, reference and diagnostic run as ``DIRECTORY/<run>.yaml``, its schema
-    reference relative to the directory; a note on stderr says how many."""
+    """Each scored, reference, diagnostic and peak-memory run as ``DIRECTORY/<run>.yaml``,
+    its schema reference relative to the directory; a note on stderr says how many."""
     import os
 
     from budget.accuracy import plan_file_name, plan_text
@@ -465,6 +465,7 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
         ("scored", accuracy.rows),
         ("reference", accuracy.reference),
         ("diagnostic", accuracy.diagnostic),
+        ("peak-memory", accuracy.memory),
     )
     files = [
         (directory / plan_file_name(row.run), plan_text(row.run, kind, reference))

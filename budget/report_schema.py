@@ -40,7 +40,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # transition (``transitions[NAME].FIELD``, by index before)
 # 1.9: a collective's ``algorithm`` may be ``double-tree``, NCCL's double binary tree, which
 # an all-reduce across levels runs where it is faster than the ring or where a plan names it
-SCHEMA_VERSION = "1.9"
+# 1.10: `budget validate-model`'s ``memory``, peak memory per GPU against published
+# measurements (metric ``peak_bytes``), scored apart from the step times
+SCHEMA_VERSION = "1.10"
 
 Kind = Literal[
     "report",

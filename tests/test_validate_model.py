@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from budget.accuracy import DIAGNOSTIC_RUNS, REFERENCE_RUNS, RUNS, plan_of, validate_model
+from budget.accuracy import (
+    DIAGNOSTIC_RUNS,
+    MEMORY_RUNS,
+    REFERENCE_RUNS,
+    RUNS,
+    measured_text,
+    plan_of,
+    validate_model,
+)
 from budget.layers import params_total
+from budget.pipeline import build_report
 from budget.render.accuracy import accuracy_markdown, render_accuracy
 from budget.report_schema import validation_errors
 
@@ -33,6 +42,55 @@ def test_at_least_six_runs_on_two_generations() -> None:
     assert len(RUNS) >= 6
     assert len({run.gpu for run in RUNS}) >= 2
     assert all(run.source for run in RUNS)
+
+
+def test_peak_memory_runs_are_megatrons_memory_tests_scored_apart(accuracy) -> None:
+    """The peak-memory rows are the three Megatron-LM functional tests named for measuring
+    memory that keep H100 golden values (`budget.accuracy`), each citing its test and both
+    commits; they are scored on their own and leave the step-time mean alone."""
+    assert len(MEMORY_RUNS) == 3
+    assert all(run.metric == "peak_bytes" and run.gpu == "H100 80GB" for run in MEMORY_RUNS)
+    assert all(
+        "_memory_speed: arguments from model_config.yaml" in run.source for run in MEMORY_RUNS
+    )
+    assert not [run for run in MEMORY_RUNS if run in RUNS]
+    assert [r.run for r in accuracy.memory] == list(MEMORY_RUNS)
+    memory = accuracy.peak_memory()
+    assert memory.mean_abs_error == pytest.approx(
+        sum(abs(r.predicted / r.run.measured - 1) for r in accuracy.memory) / 3
+    )
+    assert accuracy.mean_abs_error == pytest.approx(
+        sum(abs(r.error) for r in accuracy.rows) / len(RUNS)
+    )
+    # the README's prose quotes each row's error as the command computes it
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
+    for row in accuracy.memory:
+        assert f"{abs(row.error):.1%} ".replace("%", " %") in readme, row.run.name
+
+
+def test_the_tp4_tests_static_state_is_the_hand_count_and_near_its_log(accuracy) -> None:
+    """gpt3_7b_tp4_pp1_memory_speed's golden values also log ``mem-allocated-bytes`` after
+    each step, 20,663,519,232 B: parameters, gradients and optimizer state, no activation.
+    By hand, per TP rank: a layer holds QKV 4096·(4096 + 2·1024)/4 + its bias 6144/4,
+    the projection 4096²/4 + 4096 (a row-parallel bias is whole), fc1 4096·16384/4 +
+    16384/4, fc2 16384/4·4096 + 4096, two LayerNorms 2·2·4096: 44,070,400; 32 layers, the
+    word embedding and the output layer 131072/4 · 4096 each, 8,192 learned positions ·
+    4096 (whole on every rank) and the final LayerNorm 8,192: 1,712,250,880 parameters.
+    Each takes 2 B (bf16) + 4 B (fp32 gradient) + (4 B fp32 master + 8 B Adam) / DP 2 =
+    12 B: 20,547,010,560 B, 0.56 % under the log (Megatron pads its buffers)."""
+    layer = 4096 * 6144 // 4 + 1536 + 4096**2 // 4 + 4096 + 2 * (4096 * 16384 // 4) + 4096
+    layer += 16384 // 4 + 2 * 2 * 4096
+    assert layer == 44_070_400
+    params = 32 * layer + 2 * (131072 // 4 * 4096) + 8192 * 4096 + 2 * 4096
+    assert params == 1_712_250_880
+    stage = build_report(plan_of(MEMORY_RUNS[0])).stages[-1]
+    static = stage.params_bytes + stage.grads_bytes + stage.optimizer_bytes
+    assert static == 12 * params == 20_547_010_560
+    assert static / 20_663_519_232 - 1 == pytest.approx(-0.0056, abs=5e-5)
+    # and the peak the table compares: within 1 % of max_memory_allocated (57,143,791,616 B)
+    (row,) = [r for r in accuracy.memory if r.run is MEMORY_RUNS[0]]
+    assert row.predicted == stage.peak_bytes
+    assert abs(row.error) < 0.01
 
 
 def test_every_run_is_predicted(accuracy) -> None:
@@ -156,6 +214,8 @@ def test_renderers(accuracy) -> None:
     text = accuracy_markdown(accuracy)
     scored, _, rest = text.partition("Reference, layout incomplete")
     reference, _, diagnostic = rest.partition("Diagnostic, chosen after")
+    diagnostic, _, memory = diagnostic.partition("Peak memory per GPU")
+    assert memory.count("\n| ") == len(MEMORY_RUNS) + 1
     assert scored.count("\n| ") == len(RUNS)  # one line per run after the header
     assert reference.count("\n| ") == len(REFERENCE_RUNS) + 1  # and the header
     assert diagnostic.count("\n| ") == len(DIAGNOSTIC_RUNS) + 1
@@ -234,9 +294,10 @@ def test_every_run_is_written_as_a_plan_that_budgets_to_its_row(tmp_path, accura
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["mean_abs_error"] == pytest.approx(accuracy.mean_abs_error)
-    rows = accuracy.rows + accuracy.reference + accuracy.diagnostic
+    rows = accuracy.rows + accuracy.reference + accuracy.diagnostic + accuracy.memory
     files = sorted(target.glob("*.yaml"))
-    assert len(files) == len(rows) == len(RUNS) + len(REFERENCE_RUNS) + len(DIAGNOSTIC_RUNS)
+    runs = (RUNS, REFERENCE_RUNS, DIAGNOSTIC_RUNS, MEMORY_RUNS)
+    assert len(files) == len(rows) == sum(map(len, runs))
     from budget.accuracy import plan_file_name
 
     for row in rows:
@@ -245,7 +306,7 @@ def test_every_run_is_written_as_a_plan_that_budgets_to_its_row(tmp_path, accura
         schema = text.partition("\n")[0].split("$schema=", 1)[1]
         assert (target / schema).resolve().name == "plan.schema.json"
         assert (target / schema).resolve().exists()
-        assert f"# Measured: {row.run.measured:,g}" in text
+        assert f"# Measured: {measured_text(row.run)}" in text
         predicted = metric_of(load_plan(path), row.run.metric)
         assert predicted == pytest.approx(row.predicted, rel=1e-12), row.run.name
 

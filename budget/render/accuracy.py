@@ -18,8 +18,10 @@ _UNIT = {
     "step_s": "s/step",
     "tflops_per_gpu": "TFLOP/s/GPU",
     "tokens_per_s_per_gpu": "tokens/s/GPU",
+    "peak_bytes": "GiB at peak",
 }
 _REFERENCE = "Reference, layout incomplete (not counted in the mean or maximum)"
+_MEMORY = "Peak memory per GPU against published measurements"
 _DIAGNOSTIC = (
     "Diagnostic, chosen after the table was seen (not counted): the H100 rows' recipe on A100"
 )
@@ -74,7 +76,28 @@ def accuracy_dict(acc: Accuracy) -> dict[str, Any]:
         ],
         "reference": [_row_dict(r) for r in acc.reference],
         "diagnostic": [_row_dict(r) for r in acc.diagnostic],
+        **({"memory": _memory_dict(acc.peak_memory())} if acc.memory else {}),
     }
+
+
+def _memory_dict(memory: Accuracy) -> dict[str, Any]:
+    return {
+        "runs": [_row_dict(r) for r in memory.rows],
+        "mean_abs_error": memory.mean_abs_error,
+        "max_abs_error": memory.max_abs_error,
+    }
+
+
+def _memory_summary(memory: Accuracy) -> str:
+    return (
+        "Error = predicted / measured − 1: negative is a peak the engine puts below what "
+        "the run allocated. Measured: torch.cuda.max_memory_allocated on the last rank "
+        "(the last pipeline stage) once Adam's moments exist; predicted: the engine's peak "
+        "of that stage, with nothing reserved (the CUDA context and NCCL's buffers are "
+        "outside PyTorch's allocator). "
+        f"Mean absolute error {memory.mean_abs_error:.1%}, maximum "
+        f"{memory.max_abs_error:.1%} over {len(memory.rows)} runs."
+    )
 
 
 def _summary(acc: Accuracy) -> str:
@@ -116,12 +139,13 @@ def _misses(acc: Accuracy) -> str:
 def _cells(r: Row, stack: bool = True) -> tuple[str, ...]:
     """A row's cells; without `stack`, neither the GPU, the stack nor the metric (a group's
     heading row names them, `_rich_table`)."""
-    digits = 2 if r.run.metric == "step_s" else 0
+    digits = 2 if r.run.metric in ("step_s", "peak_bytes") else 0
+    scale = 2**30 if r.run.metric == "peak_bytes" else 1  # bytes shown in GiB
     return (
         r.run.name,
         *((r.run.gpu, r.run.stack, _UNIT[r.run.metric]) if stack else ()),
-        f"{r.predicted:,.{digits}f}",
-        f"{r.run.measured:,.{digits}f}",
+        f"{r.predicted / scale:,.{digits}f}",
+        f"{r.run.measured / scale:,.{digits}f}",
         f"{r.error:+.1%}",
     )
 
@@ -142,6 +166,11 @@ def accuracy_markdown(acc: Accuracy) -> str:
         lines += ["", f"{title}:", ""]
         lines += _markdown_table(rows)
         lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in rows]
+    if acc.memory:
+        lines += ["", f"{_MEMORY}:", ""]
+        lines += _markdown_table(acc.memory)
+        lines += ["", _memory_summary(acc.peak_memory())]
+        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.memory]
     return "\n".join(lines)
 
 
@@ -196,4 +225,10 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
         console.print()
         console.print(_rich_table(title, rows, wide))
         for r in rows:
+            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
+    if acc.memory:
+        console.print()
+        console.print(_rich_table(_MEMORY, acc.memory, wide))
+        console.print(_memory_summary(acc.peak_memory()), highlight=False)
+        for r in acc.memory:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)
