@@ -62,6 +62,10 @@ def test_peak_memory_runs_are_megatrons_memory_tests_scored_apart(accuracy) -> N
     assert accuracy.mean_abs_error == pytest.approx(
         sum(abs(r.error) for r in accuracy.rows) / len(RUNS)
     )
+    from budget.render.accuracy import accuracy_dict
+
+    rows = accuracy_dict(accuracy)["memory"]["runs"]
+    assert all(type(r["predicted"]) is int and type(r["measured"]) is int for r in rows)
     # the README's prose quotes each row's error as the command computes it
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
     for row in accuracy.memory:

@@ -33,7 +33,8 @@ def _row_dict(r: Row) -> dict[str, Any]:
         "gpu": r.run.gpu,
         "stack": r.run.stack,
         "metric": r.run.metric,
-        "predicted": r.predicted,
+        # bytes are integers, as everywhere in the JSON
+        "predicted": round(r.predicted) if r.run.metric == "peak_bytes" else r.predicted,
         "measured": r.run.measured,
         "error": r.error,
         "source": r.run.source,
