@@ -644,7 +644,7 @@ _MEGATRON_CI = (
 def _megatron_memory_run(
     name: str,
     test: str,
-    commits: tuple[str, str, int],
+    versions: tuple[str, str, int],
     model: dict[str, Any],
     batch: dict[str, int],
     parallel: dict[str, Any],
@@ -654,9 +654,13 @@ def _megatron_memory_run(
     """A Megatron-LM functional test that measures memory (module docstring): one DGX H100
     node (the test recipes' ``nodes: 1, gpus: 8``), bf16 with what Megatron-LM's arguments
     imply for it (fp32 gradient accumulation and reduction, fp32 master and Adam states)
-    and the distributed optimizer (ZeRO 1); no recompute (none of the three sets one); the
-    vocabulary padded as Megatron pads it (``--make-vocab-size-divisible-by``, 128 unless
-    set, times TP). Megatron's defaults stand where a test does not set them: learned
+    and the distributed optimizer (ZeRO 1) with gradient reduction and parameter gathers
+    overlapped (``--overlap-grad-reduce``, ``--overlap-param-gather``, which all three set);
+    no recompute (none sets one); the vocabulary padded as Megatron pads it
+    (``--make-vocab-size-divisible-by``, 128 unless set, times TP), from the tokenizer's
+    size (Megatron's NullTokenizer adds an end-of-document token to ``--vocab-size``).
+    ``versions``: the commits of the config and of the golden values read, and the first
+    step compared. Megatron's defaults stand where a test does not set them: learned
     absolute positions, LayerNorm, GeLU with a 4h FFN, biases, dropout 0.1. Under
     ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` which fused attention kernel runs is not pinned;
     both Transformer Engine's keep the same tensors (the output and the softmax
@@ -673,10 +677,11 @@ def _megatron_memory_run(
             "optimizer_state": "fp32",
         },
         "recompute": "none",
+        "overlap": {"dp_grads": True, "param_gather": True},
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": 1},
     }
-    source = _MEGATRON_CI.format(test, *commits)
+    source = _MEGATRON_CI.format(test, *versions)
     return Run(name, "H100 80GB", tree, "peak_bytes", measured, source, note, "Megatron-LM")
 
 
@@ -708,7 +713,7 @@ MEMORY_RUNS: tuple[Run, ...] = (
         "GPT 7B, TP 4, 8 GPUs",
         "gpt/gpt3_7b_tp4_pp1_memory_speed",
         ("1739859b", "09eb91e5", 2),
-        {**_MEGATRON_7B, "vocab": 131072},
+        {**_MEGATRON_7B, "vocab": 131584},  # NullTokenizer's 131,073 padded to 128 x TP 4
         {"seq": 8192, "micro": 2, "global": 8},
         {"tp": 4, "pp": 1, "dp": 2, "sequence_parallel": False},
         57_143_791_616,
@@ -718,7 +723,7 @@ MEMORY_RUNS: tuple[Run, ...] = (
         "GPT 7B, PP 4 interleaved, 8 GPUs",
         "gpt/gpt3_7b_tp1_pp4_memory_speed",
         ("000a7170", "070712a0", 2),
-        {**_MEGATRON_7B, "vocab": 131200},  # --vocab-size 131073 padded to 128
+        {**_MEGATRON_7B, "vocab": 131200},  # NullTokenizer's 131,074 padded to 128
         {"seq": 8192, "micro": 1, "global": 8},
         {
             "tp": 1,
@@ -834,7 +839,12 @@ def plan_text(run: Run, kind: str, schema_ref: str) -> str:
     lines = [
         f"# yaml-language-server: $schema={schema_ref}",
         f"# {run.name}: a {kind} run of `budget validate-model` ({run.gpu}, {run.stack}).",
-        f"# Measured: {measured_text(run)} {unit}.",
+        *textwrap.wrap(
+            f"Measured: {measured_text(run)} {unit}.",
+            90,
+            initial_indent="# ",
+            subsequent_indent="# ",
+        ),
         *textwrap.wrap(f"Source: {run.source}.", 90, initial_indent="# ", subsequent_indent="# "),
     ]
     if run.note:

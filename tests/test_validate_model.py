@@ -66,10 +66,11 @@ def test_peak_memory_runs_are_megatrons_memory_tests_scored_apart(accuracy) -> N
 
     rows = accuracy_dict(accuracy)["memory"]["runs"]
     assert all(type(r["predicted"]) is int and type(r["measured"]) is int for r in rows)
-    # the README's prose quotes each row's error as the command computes it
+    # the README's prose quotes each row's error as the command computes it, in its phrases
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
-    for row in accuracy.memory:
-        assert f"{abs(row.error):.1%} ".replace("%", " %") in readme, row.run.name
+    tp4, pp4, moe = (f"{abs(row.error):.1%}".replace("%", " %") for row in accuracy.memory)
+    assert f"land {tp4} and {pp4} under the peak the run allocated" in readme
+    assert f"a multi-token prediction layer, is {moe} under:" in readme
 
 
 def test_the_tp4_tests_static_state_is_the_hand_count_and_near_its_log(accuracy) -> None:
@@ -78,19 +79,20 @@ def test_the_tp4_tests_static_state_is_the_hand_count_and_near_its_log(accuracy)
     By hand, per TP rank: a layer holds QKV 4096·(4096 + 2·1024)/4 + its bias 6144/4,
     the projection 4096²/4 + 4096 (a row-parallel bias is whole), fc1 4096·16384/4 +
     16384/4, fc2 16384/4·4096 + 4096, two LayerNorms 2·2·4096: 44,070,400; 32 layers, the
-    word embedding and the output layer 131072/4 · 4096 each, 8,192 learned positions ·
-    4096 (whole on every rank) and the final LayerNorm 8,192: 1,712,250,880 parameters.
-    Each takes 2 B (bf16) + 4 B (fp32 gradient) + (4 B fp32 master + 8 B Adam) / DP 2 =
-    12 B: 20,547,010,560 B, 0.56 % under the log (Megatron pads its buffers)."""
+    word embedding and the output layer 131584/4 · 4096 each (NullTokenizer's 131,072 + 1
+    tokens padded to 128 · TP), 8,192 learned positions · 4096 (whole on every rank) and the
+    final LayerNorm 8,192: 1,713,299,456 parameters. Each takes 2 B (bf16) + 4 B (fp32
+    gradient) + (4 B fp32 master + 8 B Adam) / DP 2 = 12 B: 20,559,593,472 B, 0.50 % under
+    the log (Megatron pads its buffers)."""
     layer = 4096 * 6144 // 4 + 1536 + 4096**2 // 4 + 4096 + 2 * (4096 * 16384 // 4) + 4096
     layer += 16384 // 4 + 2 * 2 * 4096
     assert layer == 44_070_400
-    params = 32 * layer + 2 * (131072 // 4 * 4096) + 8192 * 4096 + 2 * 4096
-    assert params == 1_712_250_880
+    params = 32 * layer + 2 * (131584 // 4 * 4096) + 8192 * 4096 + 2 * 4096
+    assert params == 1_713_299_456
     stage = build_report(plan_of(MEMORY_RUNS[0])).stages[-1]
     static = stage.params_bytes + stage.grads_bytes + stage.optimizer_bytes
-    assert static == 12 * params == 20_547_010_560
-    assert static / 20_663_519_232 - 1 == pytest.approx(-0.0056, abs=5e-5)
+    assert static == 12 * params == 20_559_593_472
+    assert static / 20_663_519_232 - 1 == pytest.approx(-0.0050, abs=5e-5)
     # and the peak the table compares: within 1 % of max_memory_allocated (57,143,791,616 B)
     (row,) = [r for r in accuracy.memory if r.run is MEMORY_RUNS[0]]
     assert row.predicted == stage.peak_bytes
@@ -247,10 +249,16 @@ def test_renderers(accuracy) -> None:
     assert lines[first_mpt - 2].strip() == ""  # a section break before the next stack
     # every name keeps its line beside its figures, the longest (full recompute) too
     cells = [line.split() for line in lines]
-    for row in (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic):
-        digits = 2 if row.run.metric == "step_s" else 0
-        figures = [f"{x:,.{digits}f}" for x in (row.predicted, row.run.measured)]
+    for row in (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic, *accuracy.memory):
+        digits = 2 if row.run.metric in ("step_s", "peak_bytes") else 0
+        scale = 2**30 if row.run.metric == "peak_bytes" else 1  # bytes read in GiB
+        figures = [f"{x / scale:,.{digits}f}" for x in (row.predicted, row.run.measured)]
         assert [*row.run.name.split(), *figures, f"{row.error:+.1%}"] in cells, row.run.name
+    # the memory table comes last, its summary under it and a blank line before its notes
+    title = next(i for i, line in enumerate(lines) if "Peak memory per GPU against" in line)
+    end = next(i for i in range(title, len(lines)) if lines[i].rstrip().endswith("runs."))
+    assert "Mean absolute error" in " ".join(lines[title : end + 1])
+    assert lines[end + 1] == "" and lines[end + 2].startswith(accuracy.memory[0].run.name)
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:

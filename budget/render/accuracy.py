@@ -163,22 +163,24 @@ def accuracy_markdown(acc: Accuracy) -> str:
     lines = _markdown_table(acc.rows)
     lines.append("")
     lines.append(_summary(acc))
-    for title, rows in _unscored(acc):
+    for title, rows, summary in _sections(acc):
         lines += ["", f"{title}:", ""]
         lines += _markdown_table(rows)
+        lines += ["", summary] if summary else []
         lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in rows]
-    if acc.memory:
-        lines += ["", f"{_MEMORY}:", ""]
-        lines += _markdown_table(acc.memory)
-        lines += ["", _memory_summary(acc.peak_memory())]
-        lines += [""] + [f"- {r.run.name}: {r.run.note}." for r in acc.memory]
     return "\n".join(lines)
 
 
-def _unscored(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...]], ...]:
-    """The lists shown below the scored table, each under its title, when not empty."""
-    sections = ((_REFERENCE, acc.reference), (_DIAGNOSTIC, acc.diagnostic))
-    return tuple((title, rows) for title, rows in sections if rows)
+def _sections(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...], str], ...]:
+    """The tables shown below the scored one, each with its title and the sentence under it
+    ("" for none), when not empty: reference, diagnostic, then peak memory."""
+    memory = _memory_summary(acc.peak_memory()) if acc.memory else ""
+    sections = (
+        (_REFERENCE, acc.reference, ""),
+        (_DIAGNOSTIC, acc.diagnostic, ""),
+        (_MEMORY, acc.memory, memory),
+    )
+    return tuple(section for section in sections if section[1])
 
 
 def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
@@ -222,14 +224,11 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     wide = console.width >= 112
     console.print(_rich_table(_TITLE, acc.rows, wide))
     console.print(_summary(acc), highlight=False)
-    for title, rows in _unscored(acc):
+    for title, rows, summary in _sections(acc):
         console.print()
         console.print(_rich_table(title, rows, wide))
+        if summary:
+            console.print(summary, highlight=False)
+            console.print()
         for r in rows:
-            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
-    if acc.memory:
-        console.print()
-        console.print(_rich_table(_MEMORY, acc.memory, wide))
-        console.print(_memory_summary(acc.peak_memory()), highlight=False)
-        for r in acc.memory:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)

@@ -288,6 +288,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         # nothing but zeros wrapped its title to its own width
         if not any(row.changed for row in rows):
             console.print(Text(f"{title}: no {first} changed."))
+            console.print()  # the space a table leaves under its last row
             continue
         console.print(_row_table(title, first, rows))
         if unchanged := _unchanged(rows, first, str):
@@ -408,7 +409,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         (_phases_title(a, b), "phase", diff.phases),
     ):
         lines += [f"### {title}", ""]
-        # a pull request's comment keeps what moved; the terminal and JSON keep every row
+        # a pull request's comment keeps what moved, as the terminal does; JSON keeps every row
         changed = [row for row in rows if row.changed]
         if not changed:
             lines += [f"No {first} changed.", ""]
