@@ -8,7 +8,7 @@ from pathlib import Path
 
 from budget.collectives import used
 from budget.flops import attention_keys, backward_keys, causal_share, fsdp_mixed, unmasked_keys
-from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
+from budget.layers import active_params, moe_layers, mtp_layers, mtp_total, routing_skew
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import AttentionPass, AttentionRate, Plan
@@ -333,6 +333,7 @@ def build_report(plan: Plan) -> Report:
             "ffn": m.experts.ffn,
             "shared_ffn": m.experts.shared_ffn,
             "moe_layers": sum(moe_layers(plan)),
+            "imbalance": float(routing_skew(plan)),
         },
         "params_active": active_params(plan),
         # multi-token prediction modules priced (training only) and their parameters, which

@@ -41,7 +41,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.9: a collective's ``algorithm`` may be ``double-tree``, NCCL's double binary tree, which
 # an all-reduce across levels runs where it is faster than the ring or where a plan names it
 # 1.10: `budget validate-model`'s ``memory``, peak memory per GPU against published
-# measurements (metric ``peak_bytes``), scored apart from the step times
+# measurements (metric ``peak_bytes``), scored apart from the step times; the report's
+# ``model.experts.imbalance``, the routing skew its expert tensors are sized at
 SCHEMA_VERSION = "1.10"
 
 Kind = Literal[

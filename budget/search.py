@@ -1002,26 +1002,30 @@ def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
     Tensor and context parallelism split a kernel and pipelining splits the layers, so a
     layout of the sweep forms no larger kernel than these. The experts' all-to-all is the
     exception: its whole tensor is ep times one rank's rows (`step._ep_moves`), so it is
-    sized at `ep`, the largest expert-parallel degree the sweep may take. The memory bound
+    sized at `ep`, the largest expert-parallel degree the sweep may take, and at the routing
+    skew it budgets for (which an ep-1 rank does not see). The memory bound
     is every layer's forward bytes (what its kernels read and write, which includes
     everything a layer saves), times the micro-batches in flight (at most 2 stages' worth of
     layers under 1F1B and interleaving; every micro-batch of a replica under GPipe), plus 20
     bytes per parameter (bf16 or fp32 weights, fp32 gradients, master copy and two Adam
-    moments), the most any precision keeps."""
+    moments), the most any precision keeps; the layers' part times the routing skew."""
     par = replace(plan.parallel, tp=1, cp=1, ep=1, sequence_parallel=False)
     corner = replace(plan, parallel=par, batch=replace(plan.batch, micro=micro))
     s = shapes(corner)
     layer = flops.attention_forward(corner, s) + flops.mlp_forward(corner, s)
-    largest = 0
+    largest, skew = 0, 1
     if corner.model.experts is not None:
         layer += flops.moe_forward(corner, s)
-        largest = s.act * s.dispatched * s.hidden * ep
+        # the busiest rank takes up to `skew` times the rows at the largest ep, which a rank
+        # of this corner (ep 1) does not (`layers.routing_skew`)
+        skew = math.ceil(min(corner.model.experts.imbalance, ep))
+        largest = s.act * s.dispatched * s.hidden * ep * skew
     works = layer + flops.loss_work(corner, s) + flops.embedding_work(corner, s)
     largest = max(largest, *(max(w.flops, w.bytes) * w.count for w in works))
     gpipe = plan.parallel.pipeline.schedule == "gpipe"
     in_flight = max(1, plan.batch.global_batch // micro) if gpipe else 2
     per_layer = sum(w.bytes * w.count for w in layer)
-    memory = per_layer * plan.model.layers * in_flight + 20 * params_total(plan)
+    memory = per_layer * plan.model.layers * in_flight * skew + 20 * params_total(plan)
     return int(largest), int(memory)
 
 

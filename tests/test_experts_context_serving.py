@@ -15,6 +15,7 @@ from budget.layers import (
     layer_params,
     layer_saved,
     moe_layers,
+    moe_saved,
     shapes,
     stage_params,
 )
@@ -156,6 +157,55 @@ def test_a_capacity_factor_pads_or_drops_the_dispatched_rows(factor, pad, rows):
     capped = replace(plan, model=replace(plan.model, experts=experts))
     assert shapes(plan).dispatched == 4096 // 2 * 4
     assert shapes(capped).dispatched == round(shapes(plan).dispatched * rows)
+
+
+@pytest.mark.parametrize(
+    ("skew", "factor", "pad", "ep", "rows"),
+    [
+        (1.5, None, False, 4, 1.5),  # dropless: the busiest rank takes 1.5 x the even share
+        (9.0, None, False, 4, 4.0),  # at most every row of the ep group (ep 4)
+        (1.5, 1.25, False, 4, 1.25),  # a capacity caps what any expert takes
+        (1.5, 0.5, False, 4, 0.5),  # ... below the even share too
+        (1.5, 1.25, True, 4, 1.25),  # padded, every expert computes its capacity anyway
+        (1.5, None, False, 1, 1.0),  # one rank holds every expert: nothing to be uneven
+    ],
+)
+def test_routing_skew_sizes_the_busiest_rank(skew, factor, pad, ep, rows):
+    """experts.imbalance f budgets the busiest expert-parallel rank: tokens·k·min(f, ep)
+    rows dispatched and computed dropless, tokens·k·min(f, c) under a capacity factor c,
+    tokens·k·c padded. Qwen-MoE at tp 2 with sequence parallelism: 2,048 tokens a rank x
+    top 4 = 8,192 rows even; at f 1.5 and ep 4 its all-to-all moves 12,288 rows of 2,048
+    bf16 from each of 4 ranks (S = 4 x 12,288 x 2,048 x 2 B), its dispatched-token
+    activation and the expert GEMMs' FLOPs grow by 1.5, and the model FLOPs MFU counts stay
+    (no assignment is dropped)."""
+    from budget.flops import model_flops_per_token
+
+    plan = _qwen()
+    experts = replace(
+        plan.model.experts, imbalance=skew, capacity_factor=factor, pad_to_capacity=pad
+    )
+    skewed = replace(
+        plan, model=replace(plan.model, experts=experts), parallel=replace(plan.parallel, ep=ep)
+    )
+    assert shapes(skewed).dispatched == round(4096 // 2 * 4 * rows)
+    assert model_flops_per_token(skewed) == model_flops_per_token(
+        replace(skewed, model=replace(skewed.model, experts=replace(experts, imbalance=1.0)))
+    )
+    if (skew, factor, ep) != (1.5, None, 4):
+        return
+    even = replace(plan, parallel=replace(plan.parallel, ep=4))
+    phases = [
+        {p.name: p for p in derive(p).stages[0].phases}["forward.moe"] for p in (even, skewed)
+    ]
+    (dispatch,) = [m for m in phases[1].moves if m.name == "MoE dispatch"]
+    assert dispatch.size_bytes == 4 * 12_288 * 2048 * 2
+    saved = [
+        {a.name: a.total for a in moe_saved(p, shapes(p))}["dispatched tokens"]
+        for p in (even, skewed)
+    ]
+    assert saved[1] == 1.5 * saved[0] == 12_288 * 2048 * 2
+    flops = [sum(w.flops for w in ph.works if w.name.startswith("expert fc")) for ph in phases]
+    assert flops[1] == pytest.approx(1.5 * flops[0])
 
 
 @pytest.mark.parametrize("pad", [False, True])
@@ -758,6 +808,7 @@ def test_the_header_and_json_name_the_experts_and_the_active_parameters():
         "ffn": 14336,
         "shared_ffn": 0,
         "moe_layers": 32,
+        "imbalance": 1.0,
     }
     assert model["params_active"] == model["params_total"] - 32 * 6 * 3 * 4096 * 14336
     console = Console(width=200, record=True)

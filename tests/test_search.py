@@ -1690,3 +1690,29 @@ def test_one_gpu_and_three_broken_limits_read_as_english(tmp_path):
         written_breaks=("headroom", "max_exposed", "max_step"),
     )
     assert "the --headroom, --max-exposed and --max-step limits" in written_note(broken)
+
+
+def test_a_skewed_router_searches_as_it_budgets_at_every_ep(tmp_path):
+    """Mixtral 8x7B budgeting its busiest expert-parallel rank at 1.5 x the even share
+    (`experts.imbalance`): the sweep caps the skew at each layout's ep as `budget` does (at
+    ep 1 nothing is uneven), so every layout it ranks budgets as it priced it; and the skew
+    costs time and memory wherever ep > 1."""
+    mixtral = ROOT / "plans" / "mixtral-8x7b.yaml"
+    skewed = variant(
+        tmp_path, "skewed.yaml", ("top_k: 2", "top_k: 2, imbalance: 1.5"), base=mixtral
+    )
+    even, plan = load_plan(mixtral), load_plan(skewed)
+    space = Space(tp=(2,), pp=(4,), ep=(1, 2, 4, 8), zero=(1,), micro=(1,), virtual_stages=(1,))
+    outcome = search(plan, 64, space)
+    eps = {r.config.ep for r in outcome.results}
+    assert {1, 8} <= eps
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, 64))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        balanced = build_report(apply(even, result.config, 64))
+        if result.config.ep == 1:
+            assert balanced.step["time_s"] == report.step["time_s"]
+        else:
+            assert report.step["time_s"] > balanced.step["time_s"]
+            assert report.worst.peak_bytes > balanced.worst.peak_bytes

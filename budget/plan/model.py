@@ -58,6 +58,7 @@ class Experts:
     pattern: tuple[bool, ...] | None = None  # explicit per-layer MoE flags, overrides `every`
     capacity_factor: float | None = None  # None: dropless
     pad_to_capacity: bool = False  # every expert computes its whole capacity (GShard, Switch)
+    imbalance: float = 1.0  # the busiest ep rank's rows over the even share (1: balanced)
 
 
 @dataclass(frozen=True, slots=True)

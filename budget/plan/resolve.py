@@ -465,6 +465,7 @@ class _Resolver:
             pattern=tuple(bool(b) for b in pattern) if pattern is not None else None,
             capacity_factor=float(capacity) if capacity is not None else None,
             pad_to_capacity=pad,
+            imbalance=float(tree.get("imbalance", 1.0)),
         )
 
     def serving_only(self, tree: Tree) -> None:

@@ -104,11 +104,13 @@ def _ffn(model: dict[str, Any]) -> str:
         return f"ffn {model['ffn']}"
     dense = model["layers"] - e["moe_layers"]
     shared = f", shared ffn {e['shared_ffn']}" if e["shared_ffn"] else ""
+    skew = e.get("imbalance", 1.0)
+    busiest = f", busiest ep rank {skew:g}× the even share" if skew > 1 else ""
     return (
         (f"ffn {model['ffn']} in {plural(dense, 'dense layer')}, " if dense else "")
         + f"{plural(e['moe_layers'], 'MoE layer')} of "
         + f"{e['count']} experts of ffn {e['ffn']} "
-        + f"(top {e['top_k']}{shared})"
+        + f"(top {e['top_k']}{shared}{busiest})"
     )
 
 
