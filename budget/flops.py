@@ -193,6 +193,7 @@ def grouped_gemm(
     elem: int | Operands,
     pick: float,
     ranks: int = 1,
+    skew: Any = 1.0,
 ) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
@@ -209,9 +210,11 @@ def grouped_gemm(
 
     Where `ranks` ranks hold `groups` experts each (expert parallelism), the layer waits for
     the rank that reaches the most (`most_reached`): the mean holds on none of them. The
-    rows (FLOPs) stay the mean, balanced routing."""
-    tokens = rows / (groups * pick)
-    touched = most_reached(groups, 1 - (1 - pick) ** tokens, ranks)
+    rows are the busiest rank's, `skew` times a balanced router's (`routing_skew`),
+    so the tokens they come from are rows / (groups · pick · skew); and no GEMM reads more
+    experts than it has rows."""
+    tokens = rows / (groups * pick * skew)
+    touched = vmin(most_reached(groups, 1 - (1 - pick) ** tokens, ranks), rows)
     weights = vround(touched * k * n)
     a, w = _split(elem)
     # each expert's GEMM: its share of the rows (its weight gradient's inner dimension)
@@ -640,10 +643,32 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
+def routing_skew(plan: Plan) -> Any:
+    """The rows the busiest expert-parallel rank receives over a balanced router's, as the
+    plan budgets them: ``experts.imbalance`` f, at most what a rank can take, min(ep, E/k)
+    (each token sends it at most min(k, E/ep) rows, k/ep of them on average), and under a
+    capacity factor c at most min(f, c) / min(c, 1), since no expert takes more than
+    c·tokens·k/E rows from a rank (Megatron-Core's per-expert capacity); padded to capacity
+    every rank computes the same rows, so 1, as without experts or expert parallelism.
+    Balanced routing is what an auxiliary
+    load-balancing loss (Fedus et al., arXiv 2101.03961, eq. 4) or DeepSeek-V3's bias
+    adjustment (arXiv 2412.19437, section 2.1.2) aims at; a dropless router before it is
+    balanced, or a skewed batch, sends more to some ranks, and that rank's tensors, expert
+    GEMMs and all-to-alls set the step's peak and pace (a skew rather than a per-rank
+    distribution: the plan names the worst rank it budgets for)."""
+    e = plan.model.experts
+    if e is None or e.pad_to_capacity:
+        return 1.0
+    skew = vmin(e.imbalance, vmin(plan.parallel.ep * 1.0, e.count / e.top_k))
+    c = e.capacity_factor
+    return skew if c is None else vmin(skew, c) / min(c, 1.0)
+
+
 def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
-    """Router GEMM, token permutation, the local experts' GEMMs on the rows they receive
-    (balanced routing: as many as the rank dispatches), unpermute and weighted combine, and
-    the shared experts as a dense MLP (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
+    """Router GEMM, token permutation, the local experts' GEMMs on the rows the busiest rank
+    receives (as many as it dispatches under balanced routing, `routing_skew` times
+    more under skew), unpermute and weighted combine, and the shared experts as a dense MLP
+    (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
     e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
@@ -651,15 +676,26 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     ex = plan.model.experts
     pick = ex.top_k / ex.count if ex is not None else 1.0
     ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
+    skew = routing_skew(plan)
     works = [
         elementwise("MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, e, outside_fp8(plan)),
         elementwise("token permutation", 2 * rows),
         grouped_gemm(
-            "expert fc1", s.routed, s.hidden, gate * s.expert_cols, s.local_experts, e, pick, ep
+            "expert fc1",
+            s.routed,
+            s.hidden,
+            gate * s.expert_cols,
+            s.local_experts,
+            e,
+            pick,
+            ep,
+            skew,
         ),
         elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
-        grouped_gemm("expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep),
+        grouped_gemm(
+            "expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep, skew
+        ),
         elementwise("unpermute and combine", 3 * rows),
     ]
     if every(s.shared_cols > 0):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from budget.flops import VOCAB_WEIGHT_BYTES
+from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
-from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vmin, vwhere
+from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
 
 if TYPE_CHECKING:
     import numpy as np
@@ -676,7 +676,10 @@ class Shapes:
     micro: int
     sliding: Any = 0.0  # share of the layers whose attention slides (the stage's, in `step`)
     causal: bool = True  # queries attend to the same sequence (not decode's cache)
-    dispatched: int = 0  # token-expert rows one rank sends to the experts (tokens_sp·k·c)
+    # token-expert rows the busiest rank's experts receive (tokens_sp·k·c, times the
+    # routing skew); `sent`: the rows a rank dispatches, the even share (tokens_sp·k·c)
+    dispatched: int = 0
+    sent: int = 0
     routed: int = 0  # rows one rank's experts compute: dispatched x etp, or dispatched when
     # every tp rank holds the same tokens (no sequence parallelism: nothing to gather)
     experts: int = 0  # routed experts in the model
@@ -731,11 +734,10 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     (Megatron-Core's default, ``--moe-expert-capacity-factor`` alone). Padded to capacity
     (``experts.pad_to_capacity``: Megatron-Core's ``--moe-pad-expert-input-to-capacity``,
     GShard's and Switch's fixed expert batches) every expert computes, and the all-to-all
-    moves, its whole capacity: tokens·k·c rows. Routing skew (``experts.imbalance`` = f,
-    `routing_skew`) sizes the busiest rank instead of the mean one, since the step waits
-    for it and its memory peaks highest: f times the even share, capped by a capacity
-    factor (tokens·k·min(f, c): no expert takes more than its capacity) and unchanged when
-    padded to capacity. An expert split
+    moves, its whole capacity: tokens·k·c rows. Routing skew (``experts.imbalance``,
+    `routing_skew`) sizes the rows the busiest rank receives instead of the mean's, since
+    the step waits for it and its memory peaks highest; the rows a rank sends stay the even
+    share. An expert split
     over etp ranks needs every row on each of them: the rows are all-gathered over etp
     after the all-to-all (Megatron-Core's alltoall token dispatcher).
 
@@ -751,35 +753,21 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     if e is None:
         return {}
     par = plan.parallel
-    skew = routing_skew(plan)
     c = e.capacity_factor
-    factor = c if e.pad_to_capacity and c else skew if c is None else vmin(skew, c)
+    even = 1.0 if c is None else c if e.pad_to_capacity else min(c, 1.0)
     etp = par.expert_tp
-    dispatched = vceil(tokens_sp * e.top_k * factor)
+    sent = vceil(tokens_sp * e.top_k * even)
+    dispatched = vceil(tokens_sp * e.top_k * even * routing_skew(plan))
     own = -(-dispatched // vwhere(experts_inside_tp(plan), par.ep, 1))
     return {
         "dispatched": dispatched,
+        "sent": sent,
         "routed": vwhere(tokens_replicated(plan), own, dispatched * etp),
         "experts": e.count,
         "local_experts": e.count // par.ep,
         "expert_cols": -(-e.ffn // plan.parallel.expert_tp),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
     }
-
-
-def routing_skew(plan: Plan) -> Any:
-    """The rows the busiest expert-parallel rank receives over the even share the plan
-    budgets for: ``experts.imbalance``, at most ep, which is every row of the group (1
-    without experts or expert parallelism). Balanced routing is what an auxiliary
-    load-balancing loss (Fedus et al., arXiv 2101.03961, eq. 4) or DeepSeek-V3's bias
-    adjustment (arXiv 2412.19437, section 2.1.2) aims at; a dropless router before it is
-    balanced, or a skewed batch, sends more to some ranks, and that rank's tensors, expert
-    GEMMs and all-to-alls set the step's peak and pace (a skew rather than a per-rank
-    distribution: the plan names the worst rank it budgets for)."""
-    e = plan.model.experts
-    if e is None:
-        return 1.0
-    return vmin(e.imbalance, plan.parallel.ep * 1.0)
 
 
 def experts_inside_tp(plan: Plan) -> bool | np.ndarray:

@@ -7,8 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from budget.collectives import used
-from budget.flops import attention_keys, backward_keys, causal_share, fsdp_mixed, unmasked_keys
-from budget.layers import active_params, moe_layers, mtp_layers, mtp_total, routing_skew
+from budget.flops import (
+    attention_keys,
+    backward_keys,
+    causal_share,
+    fsdp_mixed,
+    routing_skew,
+    unmasked_keys,
+)
+from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import AttentionPass, AttentionRate, Plan

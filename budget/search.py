@@ -1017,8 +1017,9 @@ def _corner_sizes(plan: Plan, micro: int, ep: int) -> tuple[int, int]:
     if corner.model.experts is not None:
         layer += flops.moe_forward(corner, s)
         # the busiest rank takes up to `skew` times the rows at the largest ep, which a rank
-        # of this corner (ep 1) does not (`layers.routing_skew`)
-        skew = math.ceil(min(corner.model.experts.imbalance, ep))
+        # of this corner (ep 1) does not (`flops.routing_skew`)
+        experts = corner.model.experts
+        skew = math.ceil(min(experts.imbalance, ep, experts.count / experts.top_k))
         largest = s.act * s.dispatched * s.hidden * ep * skew
     works = layer + flops.loss_work(corner, s) + flops.embedding_work(corner, s)
     largest = max(largest, *(max(w.flops, w.bytes) * w.count for w in works))

@@ -915,21 +915,21 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
 
 
 def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
-    """The all-to-all's send and receive buffers: the token rows one rank dispatches
-    (tokens·k·capacity), as Megatron-Core's ``MoEAlltoAllTokenDispatcher`` permutes and
-    exchanges them, before the etp all-gather (whose rows the experts' own activations
-    count). When every tp rank holds the same tokens nothing is exchanged or gathered and
-    the buffers hold the rows the rank's experts take."""
+    """The all-to-all's send and receive buffers, as Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher`` permutes and exchanges them, before the etp all-gather
+    (whose rows the experts' own activations count): the token rows one rank dispatches
+    (tokens·k·capacity) and the rows it receives, as many under balanced routing and the
+    routing skew times more on the busiest rank (`flops.routing_skew`). When every tp
+    rank holds the same tokens nothing is exchanged or gathered and the buffers hold the
+    rows the rank's experts take, permuted in and out of their order."""
     replicated = tokens_replicated(plan)
-    rows = s.act * vwhere(replicated, s.routed, s.dispatched) * s.hidden
+    rows = s.act * vwhere(replicated, 2 * s.routed, s.sent + s.dispatched) * s.hidden
     return Alloc(
-        # with nothing exchanged, the rows permuted in and out of the rank's experts' order
         "routed token rows, permuted for the rank's experts and back (no exchange)"
         if every(replicated)
         else "dispatch send and receive buffers",
         "transient",
         rows,
-        count=2,
         placement="shard(tokens) on ep",
     )
 
@@ -946,8 +946,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     and come back (GShard, Lepikhin et al., arXiv 2006.16668, section 3.2): an all-to-all on
     the ep group for dispatch and one for combine, and their mirror images in backward.
     Each rank holds tokens·k·capacity rows of `hidden`, so S, the whole redistributed
-    tensor, is ep times that. Exposed unless `overlap.ep` hides them behind another
-    micro-batch's compute (Megatron-Core's EP A2A overlap; DeepSeek-V3 DualPipe).
+    tensor, is ep times that; under routing skew (`flops.routing_skew`) the busiest rank
+    receives more, and the exchange, which ends when it has, is priced at its rows. Exposed
+    unless `overlap.ep` hides them behind another micro-batch's compute (Megatron-Core's EP
+    A2A overlap; DeepSeek-V3 DualPipe).
 
     An expert split over etp > 1 ranks needs every row on each: an all-gather over etp
     after dispatch and a reduce-scatter before combine, with or without ep. When every tp

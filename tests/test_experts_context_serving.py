@@ -164,6 +164,7 @@ def test_a_capacity_factor_pads_or_drops_the_dispatched_rows(factor, pad, rows):
     [
         (1.5, None, False, 4, 1.5),  # dropless: the busiest rank takes 1.5 x the even share
         (9.0, None, False, 4, 4.0),  # at most every row of the ep group (ep 4)
+        (100.0, None, False, 32, 15.0),  # at most top 4 of a token's rows, 60 / 4 = 15
         (1.5, 1.25, False, 4, 1.25),  # a capacity caps what any expert takes
         (1.5, 0.5, False, 4, 0.5),  # ... below the even share too
         (1.5, 1.25, True, 4, 1.25),  # padded, every expert computes its capacity anyway
@@ -206,6 +207,33 @@ def test_routing_skew_sizes_the_busiest_rank(skew, factor, pad, ep, rows):
     assert saved[1] == 1.5 * saved[0] == 12_288 * 2048 * 2
     flops = [sum(w.flops for w in ph.works if w.name.startswith("expert fc")) for ph in phases]
     assert flops[1] == pytest.approx(1.5 * flops[0])
+
+
+@pytest.mark.parametrize(
+    ("keys", "skew"),
+    [
+        ("imbalance: 1.5", 1.5),
+        ("imbalance: 8", 4.0),  # 8 experts at ep 8: one a rank, which takes 2 of 2 rows a token
+        ("imbalance: 3, capacity_factor: 1.25", 1.25),  # no expert takes more than c
+        ("imbalance: 3, capacity_factor: 0.5", 1.0),  # the even share is capped already
+        ("imbalance: 3, capacity_factor: 1.5, pad_to_capacity: true", 1.0),  # all compute c
+    ],
+)
+def test_the_report_says_the_skew_it_budgets(tmp_path, keys, skew):
+    """The header and the JSON give the skew the rows are sized at, not the one the plan
+    wrote (a review: "busiest ep rank 4x" beside rows sized at the even share)."""
+    from rich.console import Console
+
+    from budget.render.table import render_table
+
+    mixtral = ROOT / "plans" / "mixtral-8x7b.yaml"
+    path = variant(tmp_path, "skewed.yaml", ("top_k: 2", f"top_k: 2, {keys}"), base=mixtral)
+    report = build_report(load_plan(path))
+    assert to_dict(report)["model"]["experts"]["imbalance"] == skew
+    console = Console(width=200, color_system=None, record=True)
+    render_table(console, report)
+    text = console.export_text()
+    assert (f"busiest ep rank {skew:g}× the even share" in text) == (skew > 1)
 
 
 @pytest.mark.parametrize("pad", [False, True])
@@ -738,10 +766,14 @@ def test_dispatch_buffers_hold_the_rows_a_rank_sends_not_the_gathered_ones():
     s = shapes(plan)
     assert (s.dispatched, s.routed) == (2048 * 2, 2 * 2048 * 2)
     buffers = dispatch_buffers(plan, s)
-    assert (buffers.bytes, buffers.count) == (4096 * 4096 * 2, 2)
+    assert buffers.total == 2 * 4096 * 4096 * 2  # sent and received, as many under balance
     moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
-    held = {a.name: a.bytes for i in moe.instants for a in i.live}
-    assert held["dispatch send and receive buffers"] == 32 * 2**20
+    held = {a.name: a.total for i in moe.instants for a in i.live}
+    assert held["dispatch send and receive buffers"] == 2 * 32 * 2**20
+    # the busiest rank of a skewed router receives 1.5 times its even share, sending its own
+    skewed = replace(plan.model.experts, imbalance=1.5)
+    plan = replace(plan, model=replace(plan.model, experts=skewed))
+    assert dispatch_buffers(plan, shapes(plan)).total == (4096 + 6144) * 4096 * 2
 
 
 def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):

@@ -279,7 +279,7 @@ def test_the_alive_table_says_its_bytes_count_every_copy() -> None:
     it is 8 times too big (review)."""
     from budget.render.table import overlap_table
 
-    report = budget_plan(next(p for p in PLANS if p.name == "mixtral-8x7b.yaml"))
+    report = budget_plan(next(p for p in PLANS if p.name == "gpt3-175b.yaml"))
     console = Console(width=80, color_system=None, record=True)
     console.print(overlap_table(report.worst))
     text = console.export_text()
