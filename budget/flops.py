@@ -650,12 +650,13 @@ def routing_skew(plan: Plan) -> Any:
     capacity factor c at most min(f, c) / min(c, 1), since no expert takes more than
     c·tokens·k/E rows from a rank (Megatron-Core's per-expert capacity); padded to capacity
     every rank computes the same rows, so 1, as without experts or expert parallelism.
-    Balanced routing is what an auxiliary
-    load-balancing loss (Fedus et al., arXiv 2101.03961, eq. 4) or DeepSeek-V3's bias
-    adjustment (arXiv 2412.19437, section 2.1.2) aims at; a dropless router before it is
-    balanced, or a skewed batch, sends more to some ranks, and that rank's tensors, expert
-    GEMMs and all-to-alls set the step's peak and pace (a skew rather than a per-rank
-    distribution: the plan names the worst rank it budgets for)."""
+
+    Balanced routing is what an auxiliary load-balancing loss (Fedus et al., arXiv
+    2101.03961, eq. 4) or DeepSeek-V3's bias adjustment (arXiv 2412.19437, section 2.1.2)
+    aims at; a dropless router before it is balanced, or a skewed batch, sends more to some
+    ranks, and that rank's tensors, expert GEMMs and all-to-alls set the step's peak and
+    pace (a skew rather than a per-rank distribution: the plan names the worst rank it
+    budgets for)."""
     e = plan.model.experts
     if e is None or e.pad_to_capacity:
         return 1.0
