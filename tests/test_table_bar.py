@@ -403,3 +403,21 @@ def test_a_hierarchical_all_reduce_is_marked_two_levels(tmp_path) -> None:
     table, legend = collective_table(report, wide=False)
     assert " 2L" in _rendered(table) and " 3L" not in _rendered(table)
     assert "2L = across levels: AR one collective on each" in " ".join(legend)
+
+
+def test_zero_over_one_data_parallel_rank_says_it_shards_nothing(tmp_path: Path) -> None:
+    """GPT-3 at dp 1 (tp 8 x pp 8 on 64 GPUs) with ZeRO 1: the optimizer states shard over
+    one rank, which is no shard; the header said "ZeRO stage 1" as if they were."""
+    from budget.render.table import header
+    from tests.plan_files import variant
+
+    one = variant(
+        tmp_path,
+        "dp1.yaml",
+        ("dp: 16", "dp: 1"),
+        ("nodes: 128", "nodes: 8"),
+        ("global: 1536", "global: 96"),
+    )
+    said = " ".join(header(budget_plan(one)))
+    assert "ZeRO stage 1 (one data-parallel rank: nothing to shard)" in said
+    assert "nothing to shard" not in " ".join(header(budget_plan(GPT3)))

@@ -61,6 +61,10 @@ def header(report: Report) -> list[str]:
     schedule = f"{lay['schedule']} schedule" if lay["pp"] > 1 else "no pipeline"
     fsdp = lay.get("fsdp")
     zero = f"ZeRO stage {lay['zero']}" + (f" (PyTorch FSDP{fsdp})" if fsdp else "")
+    # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
+    expert_dp = 1 if etp is None else lay["tp"] * lay["cp"] * lay["dp"] // (lay["ep"] * etp)
+    if lay["zero"] and lay["dp"] * lay["cp"] == 1 and expert_dp == 1:
+        zero += " (one data-parallel rank: nothing to shard)"
     extras = [zero, schedule]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
