@@ -32,7 +32,8 @@ Each test's ``model_config.yaml`` gives every argument; its golden values give
 ``mem-max-allocated-bytes``, `torch.cuda.max_memory_allocated` on the last rank (the only one
 that writes them: the last pipeline stage), which the engine's peak of its last stage
 predicts (plans reserve nothing: the CUDA context and NCCL's buffers are outside PyTorch's
-allocator). Steps 2 onward are compared: step 1 peaks before Adam's moments exist.
+allocator). The steady peak is compared, from the first logged step after step 1 (step 2,
+or step 5 where a test logs every fifth): step 1 peaks before Adam's moments exist.
 
 `REFERENCE_RUNS` are measurements whose layout is not fully published (Llama 3 405B: the
 pipeline is interleaved, but with how many virtual stages is not said). They are predicted
