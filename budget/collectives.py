@@ -682,6 +682,12 @@ def _across(
 def _hierarchical(
     op: Op, tiers: tuple[Tier, ...], size: Count, e: int, instances: Count
 ) -> list[Stage]:
+    """The two-level decomposition `collective_cost` lists, stage by stage (Thakur et al.
+    2005, section 5; the all-to-all as Tutel's two-dimensional hierarchical exchange, Hwang
+    et al., arXiv 2206.03382): `tiers[0]` is the inner domain of G ranks, ring inside it,
+    and the outer levels, D = P/G domains, are decomposed again the same way. `instances`
+    counts the groups of one stage that share its links: the D inner domains inside, the G
+    groups of equal local index across."""
     inner, rest = tiers[0], tiers[1:]
     g = inner.ranks
     if not rest:

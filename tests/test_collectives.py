@@ -229,6 +229,54 @@ def test_hierarchical_all_reduce_four_nodes_of_eight() -> None:
     assert cost.link == IB
 
 
+def test_hierarchical_all_to_all_four_nodes_of_eight() -> None:
+    """The default all-to-all across nodes (EP dispatch and combine): the two-level exchange
+    of `_hierarchical`, 8 GPUs x 4 nodes, S = 1 GiB, P = 32, so each block (what one rank
+    sends one other) is b = S / 32² = 1 MiB.
+
+    Inside the node, to local peer j go the d = 4 blocks bound for every rank of local
+    index j: a pairwise exchange over g = 8 of 7 steps, 7 x 4 MiB = 29,360,128 B per rank.
+    Across nodes, to remote peer go the g = 8 blocks gathered for it from this node: a
+    pairwise exchange over d = 4 of 3 steps, 3 x 8 MiB = 25,165,824 B per rank, the same as
+    the flat exchange sends off-node, (P − g)·b = 24 x 1 MiB (Thakur 2005 sec. 3.6; the
+    docstring of `collective_cost`). With NVLink 450 GB/s at 1 µs and IB 50 GB/s at 5 µs:
+    T = 7 x 1 µs + 29,360,128 / 450e9 s + 3 x 5 µs + 25,165,824 / 50e9 s
+      = 7 + 65.2447 + 15 + 503.3165 µs = 590.561 µs."""
+    tiers = [Tier(8, NVLINK), Tier(4, IB)]
+    cost = collective_cost("all-to-all", tiers, GIB)
+    assert cost.algorithm == "hierarchical"
+    assert [(s.link.name, s.ranks, s.steps, s.sent_bytes) for s in cost.stages] == [
+        ("nvlink", 8, 7, 29_360_128),
+        ("ib", 4, 3, 25_165_824),
+    ]
+    assert 29_360_128 == 7 * 4 * 2**20 and 25_165_824 == 3 * 8 * 2**20 == (32 - 8) * 2**20
+    assert cost.stages[1].payload_bytes == 25_165_824
+    # the bytes the whole group puts on InfiniBand: 32 ranks x (P − g)·b = 768 MiB, those of
+    # the flat exchange's messages between nodes
+    across = cost.stages[1]
+    assert across.instances * across.group_sent_bytes == 32 * 24 * 2**20
+    assert cost.time_s * 1e6 == pytest.approx(590.561, abs=5e-4)
+    assert cost.time_s == pytest.approx(
+        7e-6 + 29_360_128 / 450e9 + 3 * 5e-6 + 25_165_824 / 50e9, rel=1e-12
+    )
+
+
+def test_hierarchical_broadcast_time_four_nodes_of_eight() -> None:
+    """The default broadcast across nodes: a chain across the 4 nodes' leaders on IB, then a
+    chain inside each node on NVLink (ring broadcast: P − 1 fill steps, S through one link;
+    nccl-tests doc/PERFORMANCE.md). S = 1 GiB:
+    T = 3 x 5 µs + 2^30 / 50e9 s + 7 x 1 µs + 2^30 / 450e9 s
+      = 15 + 21,474.836 + 7 + 2,386.093 µs = 23,882.929 µs."""
+    cost = collective_cost("broadcast", [Tier(8, NVLINK), Tier(4, IB)], GIB)
+    assert cost.algorithm == "hierarchical"
+    assert [(s.link.name, s.steps, s.payload_bytes) for s in cost.stages] == [
+        ("ib", 3, GIB),
+        ("nvlink", 7, GIB),
+    ]
+    assert cost.time_s * 1e6 == pytest.approx(23_882.93, abs=5e-3)
+    assert cost.time_s == pytest.approx(15e-6 + GIB / 50e9 + 7e-6 + GIB / 450e9, rel=1e-12)
+
+
 def test_a_neighbours_ring_across_levels_is_priced_at_the_slow_link() -> None:
     # One ring over 32 ranks with every step at IB (an exchange between neighbours, whose
     # node-crossing hop is one GPU's port: ring attention): n = 2 · 31 = 62 steps · 5 µs =
@@ -267,25 +315,43 @@ def test_auto_picks_the_ring_for_big_and_a_log_algorithm_for_tiny_messages() -> 
 
 
 @pytest.mark.parametrize(
-    ("op", "algorithm", "steps", "sent"),
+    ("op", "algorithm", "steps", "sent", "payload"),
     [
-        # P = 8, S = 8 MiB, chunk c = 1 MiB; Thakur 2005 sections 3 and 4.
-        ("all-gather", "recursive", 3, 7),  # lg P steps, (P−1)·c
-        ("all-gather", "bruck", 3, 7),
-        ("reduce-scatter", "recursive", 3, 7),
-        ("all-reduce", "recursive", 6, 14),  # Rabenseifner: 2 lg P, 2(P−1)·c
-        ("all-reduce", "tree", 6, 24),  # binomial reduce + bcast: 2 lg P steps, lg P · S sent
-        ("broadcast", "tree", 3, 24),  # root sends lg P · S
-        ("broadcast", "ring", 7, 8),  # pipelined chain: P−1 fill steps, S through one link
-        ("all-to-all", "pairwise", 7, 7 / 8),  # (P−1) blocks of S/P²
-        ("all-to-all", "bruck", 3, 12 / 8),  # lg P steps of P/2 blocks
-        ("send-recv", "direct", 1, 8),
+        # P = 8, S = 8 MiB, chunk c = 1 MiB; Thakur 2005 sections 3 and 4. `sent` is the
+        # busiest rank's bytes out, `payload` Q, the bytes on its critical path (MiB).
+        ("all-gather", "recursive", 3, 7, 7),  # lg P steps, (P−1)·c
+        ("all-gather", "bruck", 3, 7, 7),
+        ("reduce-scatter", "recursive", 3, 7, 7),
+        ("all-reduce", "recursive", 6, 14, 14),  # Rabenseifner: 2 lg P, 2(P−1)·c
+        # binomial reduce + bcast: 2 lg P steps; the root receives lg P · S = 24 MiB in the
+        # reduce, then sends lg P · S = 24 MiB in the broadcast: Q = 2 lg P · S = 48 MiB
+        ("all-reduce", "tree", 6, 24, 48),
+        ("broadcast", "tree", 3, 24, 24),  # root sends lg P · S
+        ("broadcast", "ring", 7, 8, 8),  # pipelined chain: P−1 fill steps, S through one link
+        ("all-to-all", "pairwise", 7, 7 / 8, 7 / 8),  # (P−1) blocks of S/P²
+        ("all-to-all", "bruck", 3, 12 / 8, 12 / 8),  # lg P steps of P/2 blocks
+        ("send-recv", "direct", 1, 8, 8),
     ],
 )
-def test_flat_formulas(op: Op, algorithm: Algorithm, steps: int, sent: float) -> None:
+def test_flat_formulas(
+    op: Op, algorithm: Algorithm, steps: int, sent: float, payload: float
+) -> None:
     cost = _one(op, 8, 8 * 2**20, NVLINK, algorithm)
     assert cost.steps == steps
     assert cost.sent_bytes == int(sent * 2**20)
+    assert cost.payload_bytes == int(payload * 2**20)
+    # T = n·α + Q/B with α = 1 µs, B = 450 GB/s (no ramp on NVLINK)
+    assert cost.time_s == pytest.approx(steps * 1e-6 + payload * 2**20 / 450e9, rel=1e-12)
+
+
+def test_binomial_tree_all_reduce_time_by_hand() -> None:
+    """Thakur 2005 sec. 4.1: a binomial reduce to the root, then a binomial broadcast from
+    it. P = 8, S = 8 MiB: 2 lg 8 = 6 steps; the root receives S in each of the reduce's 3
+    steps and sends S in each of the broadcast's 3, so Q = 2 · 3 · 8 MiB = 50,331,648 B.
+    T = 6 · 1 µs + 50,331,648 / 450e9 s = 6 µs + 111.848 µs = 117.848 µs."""
+    cost = _one("all-reduce", 8, 8 * 2**20, NVLINK, "tree")
+    assert cost.payload_bytes == 50_331_648 == 48 * 2**20
+    assert cost.time_s * 1e6 == pytest.approx(117.848, abs=5e-4)
 
 
 def test_rabenseifner_on_six_ranks_uses_mpichs_extra_steps() -> None:
@@ -471,6 +537,25 @@ def test_closed_forms_match_a_message_level_replay(
     assert stage.recv_bytes == max(recv.values(), default=0)
     assert stage.group_sent_bytes == sum(sent.values())
     assert stage.group_recv_bytes == sum(recv.values())
+    # Q, which sets the bandwidth term: the busiest rank's bytes along the schedule, a step
+    # costing the larger of what the rank sends and receives in it (links are full duplex).
+    # The tree all-reduce's root receives lg P · S, then sends lg P · S: 2 lg P · S; a folded
+    # Rabenseifner partner receives S first and sends S last besides the core exchange.
+    # The broadcast chain is pipelined (NCCL's ring broadcast streams the buffer in small
+    # pieces, a rank forwarding one piece while it receives the next), so there Q is the
+    # most one rank's link carries in one direction: S.
+    per_step: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
+    for step, src, dst, nbytes in messages:
+        per_step[step, src][0] += nbytes
+        per_step[step, dst][1] += nbytes
+    if (op, algorithm) == ("broadcast", "ring"):
+        payload = max([*sent.values(), *recv.values()], default=0)
+    else:
+        path: dict[int, int] = defaultdict(int)
+        for (_, rank), (out, into) in per_step.items():
+            path[rank] += max(out, into)
+        payload = max(path.values(), default=0)
+    assert stage.payload_bytes == payload
 
 
 # ----------------------------------------------------------------------------- invariants

@@ -34,6 +34,8 @@ def test_main_grad_accumulation_reads_and_writes_fp32() -> None:
 def test_optimizer_moves_42_bytes_per_parameter() -> None:
     plan = load_plan(PLAN)
     works = flops.optimizer_work(plan, 1_000_000)
+    # the module docstring's bytes per parameter, kernel by kernel: 4, 28, 6 and 4
+    assert [w.bytes for w in works] == [4_000_000, 28_000_000, 6_000_000, 4_000_000]
     assert sum(w.bytes for w in works) == 42_000_000
     assert works[1].flops == 16_000_000  # AdamW as apex's ADAM_MODE_1 writes it (the docstring)
     assert [w.name for w in works] == [
@@ -255,11 +257,47 @@ def test_eager_attention_backward_is_twice_its_forward_flash_two_and_a_half():
     eager = replace(plan, model=replace(plan.model, attention="eager"))
     forward = {w.name: w for w in _phase_works(eager, "forward.attention")}
     backward = {w.name: w for w in _phase_works(eager, "backward.attention")}
+    # a rank's pairs: 96 / 8 = 12 heads x 2,048 queries x 2,048 keys = 50,331,648; one
+    # product is 2 FLOPs a pair and head-dim element (12,288 / 96 = 128)
+    pairs = 12 * 2048 * 2048
     qk = forward["attention scores QKᵀ"]
-    assert backward["attention scores QKᵀ backward"].flops == 2 * qk.flops
+    assert qk.flops == 2 * pairs * 128 == 12_884_901_888
+    assert forward[flops.EAGER_LAST].flops == qk.flops
+    assert backward["attention scores QKᵀ backward"].flops == 2 * qk.flops == 25_769_803_776
+    # the fused kernel's two products over the causal half: (2 x 12,884,901,888) / 2
     flash = {w.name: w for w in _phase_works(plan, "backward.attention")}
     core = {w.name: w for w in _phase_works(plan, "forward.attention")}["attention core (flash)"]
-    assert flash["attention core (flash) backward"].flops == round(2.5 * core.flops)
+    assert core.flops == 2 * 2 * pairs * 128 // 2 == 12_884_901_888
+    assert flash["attention core (flash) backward"].flops == 32_212_254_720  # 2.5 x
+
+
+def test_a_layers_memory_bound_kernels_move_their_hand_counted_bytes():
+    """GPT-3 175B at tp 8 with sequence parallelism, one sequence of 2,048 tokens in bf16,
+    dropout on. The norms and the residual add see the rank's 256-token shard of [tokens,
+    12,288]: 2 B x 256 x 12,288 = 6,291,456 B. A norm reads and writes it; the residual add
+    reads two and writes one, and dropout writes its 1-byte mask, 3,145,728 B (Korthikanti
+    et al., arXiv 2205.05198, section 4.1, counted as traffic). GeLU reads fc1's output over
+    the whole sequence, 2,048 x 6,144 (49,152 / 8), and writes one. Eager attention's softmax
+    reads and writes the scores of 12 heads (96 / 8) x 2,048², 100,663,296 B in bf16; dropout
+    reads them, writes the dropped scores and a 1-byte mask: 4.5 passes of the scores."""
+    from dataclasses import replace
+
+    plan = load_plan(PLAN)
+    s = shapes(plan)
+    shard = 2 * 256 * 12288
+    assert shard == 6_291_456
+    attention = {w.name: w.bytes for w in flops.attention_forward(plan, s)}
+    mlp = {w.name: w.bytes for w in flops.mlp_forward(plan, s)}
+    assert attention["attention norm"] == mlp["MLP norm"] == 2 * shard == 12_582_912
+    residual = 3 * shard + shard // 2
+    assert attention["residual add and dropout"] == residual == 22_020_096
+    assert mlp["residual add and dropout"] == residual
+    assert mlp["GeLU"] == 2 * 2 * 2048 * 6144 == 50_331_648
+    eager = replace(plan, model=replace(plan.model, attention="eager"))
+    scores = 2 * 12 * 2048 * 2048
+    kernels = {w.name: w.bytes for w in flops.attention_forward(eager, shapes(eager))}
+    assert kernels["softmax and dropout"] == 2 * scores + 2 * scores + scores // 2
+    assert kernels["softmax and dropout"] == 452_984_832
 
 
 def test_fp8_leaves_the_output_layer_and_router_gemms_in_bf16(tmp_path):

@@ -191,6 +191,14 @@ def test_zero1_gradients_cross_in_grad_reduce() -> None:
 
     (dtype, size), (low, half) = dp_grads(plan), dp_grads(bf16)
     assert (dtype, low) == ("fp32", "bf16") and half * 2 == size
+    # stage 0's parameters a rank holds (tp 8, pp 8): 12 layers of 12h²/8 weights, the
+    # column-parallel QKV and fc1 biases 7h/8, the replicated projection and fc2 biases 2h
+    # and two LayerNorms 4h; the vocabulary shard 51200·h/8; the learned positions 2048·h
+    h = 12288
+    psi = 12 * (12 * h * h // 8 + 7 * h // 8 + 2 * h + 4 * h) + 51200 * h // 8 + 2048 * h
+    assert psi == 2_822_731_776
+    assert size == 4 * psi == 11_290_927_104  # fp32
+    assert half == 2 * psi == 5_645_463_552  # bf16
 
 
 @pytest.mark.parametrize(("reduce", "computed", "cast"), [(None, 2, 2 + 4), ("bf16", 2, 2)])
@@ -219,9 +227,20 @@ def test_experts_pass_over_their_own_group(tmp_path: Path) -> None:
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump(tree), encoding="utf-8")
     plan = load_plan(path)
+    assert (plan.model.hidden, plan.model.experts.ffn, plan.model.bias) == (5120, 20480, True)
+    assert (plan.parallel.dp, plan.parallel.ep, plan.parallel.tp) == (8, 8, 1)
     layer = layer_params(plan, moe=True)
     own = layer.per_rank - _block_params(plan, "attention")
     assert _bytes(plan, "backward.moe")[FLAT] == 18 * own + 10 * layer.expert_per_rank
+    # by hand: the router, 5120 weights and (with the model's biases) one bias per expert,
+    # and the block's LayerNorm, 2 x 5120, reduced over dp 8 (18 B); one expert on the
+    # rank (8 over ep 8), fc1 5120 x 20480 + bias 20480, fc2 20480 x 5120 + bias 5120,
+    # whole on its one expert data-parallel rank (10 B)
+    router_and_norm = (5120 + 1) * 8 + 2 * 5120
+    expert = 2 * 5120 * 20480 + 20480 + 5120
+    assert (router_and_norm, expert) == (51_208, 209_740_800)
+    flat = 18 * router_and_norm + 10 * expert
+    assert _bytes(plan, "backward.moe")[FLAT] == flat == 2_098_329_744
 
 
 def test_a_megatron_plan_keeps_its_main_gradient() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,10 +58,25 @@ def test_sequence_parallel_peak_names_the_gathered_buffer_and_its_shard():
 
 
 def test_worst_stage_is_the_first_under_1f1b():
+    """Under 1F1B stage k holds p - k micro-batches in flight (Narayanan et al., arXiv
+    2104.04473, section 2.2.1), so each stage from 1 to 6 holds one micro-batch of its 12
+    layers fewer than the one before it and the same parameters. GPT-3 at tp 8 with
+    sequence parallelism, no recompute, flash attention, no dropout: a layer saves
+    Korthikanti's 34sbh/t less its two 1-byte dropout masks (2sbh/t), 32sbh/t, plus the
+    flash kernel's fp32 softmax statistics, 4 B x a/t heads x s rows. Stage 0 holds the
+    word embedding besides, V·h/t parameters at 2 + 4 + 12/16 = 6.75 B each (bf16
+    parameters, fp32 gradients, fp32 master and Adam moments over dp 16 under ZeRO-1)."""
     mem = _mem(make_plan(recompute="none"))
     assert mem.worst.stage == 0
     peaks = [s.peak_bytes for s in mem.stages[:-1]]
     assert peaks == sorted(peaks, reverse=True)
+    s, h, a, t = 2048, 12288, 96, 8
+    micro_batch = 12 * (32 * s * h // t + 4 * (a // t) * s)  # 12 layers' saved tensors
+    assert micro_batch == 12 * (100_663_296 + 98_304) == 1_209_139_200
+    steps = [k - n for k, n in pairwise(peaks)]
+    assert steps[1:] == [micro_batch] * 5  # stages 1 to 6
+    embedding = 27 * (51200 * h // t) // 4  # 6.75 B x 78,643,200 parameters
+    assert steps[0] == micro_batch + embedding == 1_209_139_200 + 530_841_600
 
 
 def test_reserved_memory_is_part_of_every_peak():
@@ -70,9 +86,36 @@ def test_reserved_memory_is_part_of_every_peak():
 
 
 def test_full_recompute_peak_includes_one_recomputed_layer():
+    """GPT-3 at tp 8 and pp 8 without sequence parallelism, full recompute (Korthikanti et
+    al., arXiv 2205.05198, Table 2: 2sbh a layer, the layer's input, whole on every tp
+    rank), stage 0 at the fc2 backward of its first layer, 1F1B's 8 micro-batches of 12
+    layers in flight: 95 earlier layer passes carried as their checkpoints, the current
+    layer's checkpoint and its recomputed forward, and the fc2 backward's gradients.
+    No reserved memory, no dropout, no biases, rotary positions (`make_plan`)."""
     mem = _mem(make_plan(recompute="full", sp=False))
     names = [a.name for a in mem.worst.peak_overlap]
     assert any(n.endswith("(recomputed)") for n in names)
+    s, h, a, t = 2048, 12288, 96, 8
+    sbh2 = 2 * s * h  # a bf16 s x h tensor: 50,331,648 B
+    held = {o.name: o.total for o in mem.worst.peak_overlap}
+    carried = held["saved activations, 95 earlier layer passes"]
+    assert carried == 95 * sbh2 == 95 * 50_331_648 == 4_781_506_560
+    # stage 0's parameters: 12 layers of 12h²/8 + 4h (two LayerNorms) and the word
+    # embedding's vocabulary shard 51200·h/8
+    psi = 12 * (12 * h * h // t + 4 * h) + 51200 * h // t
+    assert psi == 2_797_142_016
+    states = 2 * psi + 4 * psi + (4 + 8) * psi // 16  # bf16, fp32 grads, ZeRO-1 over dp 16
+    recomputed = (
+        4 * sbh2  # attention norm input, QKV input, MLP norm input, fc1 input (whole)
+        + 2 * (2 * s * 4 * h // t)  # GeLU input and fc2 input, 4h wide, split over tp
+        + 4 * (2 * s * h // t)  # Q, K, V and the projection input, split by heads
+        + 4 * (a // t) * s  # the flash kernel's fp32 softmax statistics
+    )
+    gradients = sbh2 + 2 * s * 4 * h // t  # output gradient (whole) and fc2 input gradient
+    expected = states + 95 * sbh2 + sbh2 + recomputed + gradients  # + this layer's checkpoint
+    assert expected == (18_880_708_608 + 4_781_506_560 + 50_331_648 + 276_922_368 + 75_497_472)
+    assert mem.worst.stage == 0 and mem.worst.peak_phase == "backward.mlp"
+    assert mem.worst.peak_bytes == expected == 24_064_966_656
 
 
 def test_a_plan_that_does_not_fit_says_so():
@@ -333,6 +376,53 @@ def test_interleaved_stages_of_unlike_chunks_hold_what_the_order_holds(tmp_path)
     assert held[10, 96, 0] == 10 * 15 + 2 * 8 + 8 == 174
 
 
+# GPT-3 175B as shipped (plans/gpt3-175b.yaml: tp 8, pp 8, dp 16, ZeRO-1, sequence
+# parallelism, selective recompute, linear biases, learned positions, dropout, 3 GiB
+# reserved), stage 0 (12 layers and the embedding), worked out by hand.
+_S, _H, _T = 2048, 12288, 8
+# Parameters a rank holds: each layer's 12h²/8 weights, its column-parallel QKV and fc1
+# biases (3h + 4h)/8, its row-parallel projection and fc2 biases (h + h, replicated) and
+# its two LayerNorms (2 x 2h); the word embedding's vocabulary shard 51200·h/8; the learned
+# position table, 2048·h, replicated over tp.
+_PSI = 12 * (12 * _H * _H // _T + 7 * _H // _T + 2 * _H + 4 * _H) + 51200 * _H // _T + 2048 * _H
+# bf16 parameters (2 B), fp32 gradients (4 B), fp32 master (4 B) and Adam moments (8 B)
+# sharded over dp 16 by ZeRO-1: 6.75 B a parameter
+_STATES = 2 * _PSI + 4 * _PSI + (4 + 8) * _PSI // 16
+_RESERVED = 3 * 2**30  # device: {reserved: 3 GiB}, the plan's runtime/NCCL/allocator reserve
+_SHARD = 2 * _S * _H // _T  # a bf16 s x h tensor, one sequence shard: 6,291,456 B
+_FULL = 2 * _S * _H  # the same tensor all-gathered over tp: 50,331,648 B
+_MASK = _S * _H // _T  # a 1-byte dropout mask of one shard: 3,145,728 B
+_FFN = 2 * _S * 4 * _H // _T  # a bf16 s x 4h tensor split over tp: 25,165,824 B
+# Korthikanti et al. (arXiv 2205.05198) eq. 5 with sequence parallelism and selective
+# recompute: 34sbh/t a layer, here 8 shards (both norm inputs, QKV input, Q, K, V, the
+# projection input, fc1 input), 2 dropout masks and the GeLU and fc2 inputs (4h wide)
+_LAYER = 34 * _S * _H // _T
+assert _LAYER == 8 * _SHARD + 2 * _MASK + 2 * _FFN == 106_954_752
+# alive at every backward instant of stage 0's first layer: the model states, the reserve,
+# the 95 earlier layer passes of 1F1B's 8 micro-batches x 12 layers, and the embedding's
+# dropout mask of each of those 8 micro-batches
+_BASE = _STATES + _RESERVED + 95 * _LAYER + 8 * _MASK
+# the fc2 backward: the current layer's saved tensors all still held, the output gradient
+# (a shard), its all-gathered copy and fc2's input gradient
+_MLP_PEAK = _BASE + _LAYER + _SHARD + _FULL + _FFN
+# the QKV backward: the norm and QKV inputs still saved, the output gradient, the Q/K/V
+# gradients (3 shards), the re-gathered QKV input and its partial input gradient (whole)
+_QKV_INSTANT = _BASE + 2 * _SHARD + _SHARD + 3 * _SHARD + 2 * _FULL
+
+
+def _check_gpt3_states(overlap) -> None:
+    """The model states and reserve of GPT-3's stage 0 peak, term by term."""
+    held = {o.tensor: o.bytes for o in overlap}
+    assert _PSI == 2_822_731_776
+    assert held["parameters (bf16)"] == 2 * _PSI
+    assert held["gradients (fp32)"] == 4 * _PSI
+    assert held["master weights (fp32)"] == 4 * _PSI // 16
+    assert held["Adam moments (fp32)"] == 8 * _PSI // 16
+    assert held["reserved (runtime, NCCL, allocator)"] == _RESERVED
+    assert held["saved activations, 95 earlier layer passes"] == 95 * _LAYER
+    assert held["embedding dropout mask"] == 8 * _MASK
+
+
 def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
     """PyTorch frees a node's saved tensors after its backward: fc2's input after fc2's
     backward, the activation's input after the activation's, so the fc1 backward holds
@@ -347,7 +437,15 @@ def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
 
     report = build_report(load_plan(GPT3))
     (mlp,) = [p for p in report.phases if p.name == "backward.mlp"]
-    assert mlp.peak_bytes == 32_649_275_904
+    # 19,053,439,488 states + 3 GiB + 95 x 106,954,752 + 8 x 3,145,728 + 106,954,752
+    # (this layer) + 6,291,456 + 50,331,648 + 25,165,824 (transients)
+    assert _MLP_PEAK == (
+        19_053_439_488 + 3_221_225_472 + 10_160_701_440 + 25_165_824 + 106_954_752 + 81_788_928
+    )
+    assert mlp.peak_bytes == _MLP_PEAK == 32_649_275_904
+    (stage0, *_) = report.stages
+    assert (stage0.peak_phase, stage0.peak_instant) == ("backward.mlp", "fc2 gradients")
+    _check_gpt3_states(stage0.peak_overlap)
     (stage, *_) = derive(load_plan(GPT3)).stages
     (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
     live = {i.label: {a.name: a.total for a in i.live} for i in phase.instants}
@@ -403,9 +501,24 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     assert "attention QKV input" in held  # the weight gradient reads its shard's gather
     for instant in (core, qkv):
         assert not [a for a in instant.live if a.name.startswith("MLP ")], instant.label
-    assert qkv.total == 32_598_944_256
+    assert held["Q/K/V gradients"] == 3 * _SHARD
+    # 19,053,439,488 states + 3 GiB + 95 x 106,954,752 + 8 x 3,145,728 + 2 x 6,291,456
+    # (norm and QKV inputs) + 6,291,456 (output gradient) + 18,874,368 (Q/K/V gradients)
+    # + 2 x 50,331,648 (re-gathered input, partial input gradient)
+    assert _QKV_INSTANT == (
+        19_053_439_488
+        + 3_221_225_472
+        + 10_160_701_440
+        + 25_165_824
+        + 12_582_912
+        + 6_291_456
+        + 18_874_368
+        + 100_663_296
+    )
+    assert qkv.total == _QKV_INSTANT == 32_598_944_256
     report = build_report(plan)
     assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_649_275_904, "backward.mlp")
+    assert report.worst.peak_bytes == _MLP_PEAK > _QKV_INSTANT
 
 
 def test_gpipe_keeps_every_earlier_micro_batch_s_softmax_on_the_last_stage():

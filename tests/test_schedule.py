@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,12 +84,58 @@ def test_overlapping_dp_grads_lowers_exposed_time_not_total(path):
 
 def test_dp_overlap_leaves_the_last_bucket_exposed():
     """Megatron-LM's --overlap-grad-reduce: buckets reduce behind the backward of the last
-    micro-batch; the last bucket (one layer's gradients here) cannot be hidden."""
+    micro-batch; the last bucket (one layer's gradients here) cannot be hidden:
+    exposed = max(T/L, T − (L − 1)/L · W), L = 12 layers a stage, W that backward.
+
+    The row is the stage where the reduction takes longest, the last (GPT-3 at tp 8, pp 8):
+    12 layers of 12h²/8 = 1.5h² sharded weights and 2 LayerNorms' scale and bias (4h,
+    replicated) each, the tied output layer's copy of the embedding, 51,200·h/8, and the
+    final LayerNorm, 2h; h = 12,288:
+    12 x (226,492,416 + 49,152) + 78,643,200 + 24,576 = 2,797,166,592 parameters per rank,
+    in fp32 gradients 11,188,666,368 B, reduce-scattered over the dp group."""
+    params = 12 * (3 * 12288**2 // 2 + 4 * 12288) + 51200 * 12288 // 8 + 2 * 12288
+    assert params == 2_797_166_592
+    size = 4 * params  # fp32
+    assert size == 11_188_666_368
+
+    # dp 2, 8 micro-batches of 8: one backward of 8 sequences (~0.76 s) hides all but the
+    # last bucket, so the floor binds. The dp pair is 8 ranks apart (order tp, ..., dp): one
+    # ring step on InfiniBand (25 GB/s, 10 µs) of S/2:
+    # T = 10 µs + 5,594,333,184 B / 25e9 = 223.783 ms, exposed T/12 = 18.649 ms.
+    plan = replace(_timed(zero=1, micro=8, dp=2, global_batch=256), overlap=Overlap(dp_grads=True))
+    report = build_report(plan)
+    grads = next(p for p in report.phases if p.name == "dp.grads").collectives[0]
+    assert report.stages[0].layers == 12
+    assert grads.bytes == size
+    t = 10e-6 + (size // 2) / 25e9
+    assert t * 1e3 == pytest.approx(223.783, abs=5e-4)
+    assert grads.time_s == pytest.approx(t, rel=1e-12)
+    assert grads.exposed_s == pytest.approx(t / 12, rel=1e-12)
+    assert grads.exposed_s * 1e3 == pytest.approx(18.649, abs=5e-4)
+
+    # dp 16, micro-batch 1: one sequence's backward W hides less, so T − 11/12·W binds. The
+    # 16 ranks are one per node: a ring of 15 steps on InfiniBand, each rank sending
+    # 15/16 · S = 10,489,374,720 B: T = 150 µs + 419.575 ms = 419.725 ms. W is the engine's
+    # roofline of the last stage's backward kernels (`_windows`), taken as given: what is
+    # under test is the overlap rule exposed = max(T/L, T − share·W) and the hand-computed
+    # T, not the kernel times (those are checked against the roofline elsewhere, e.g.
+    # test_gemm_time_is_flops_over_derated_peak).
+    from budget.schedule import _kernels, _windows
+
     plan = replace(_timed(zero=1), overlap=Overlap(dp_grads=True))
     report = build_report(plan)
     grads = next(p for p in report.phases if p.name == "dp.grads").collectives[0]
     layers = report.stages[0].layers
     assert grads.exposed_s >= grads.time_s / layers - 1e-12
+    assert grads.bytes == size
+    t = 15 * 10e-6 + 15 * (size // 16) / 25e9
+    assert t * 1e3 == pytest.approx(419.725, abs=5e-4)
+    assert grads.time_s == pytest.approx(t, rel=1e-12)
+    step = derive(plan)
+    last = step.stages[-1]
+    window = _windows(last, _kernels(plan, last), step.microbatches)["@backward-microbatch"]
+    assert t - 11 / 12 * window > t / 12  # the case where the window, not the floor, binds
+    assert grads.exposed_s == pytest.approx(t - 11 / 12 * window, rel=1e-12)
 
 
 def test_tp_overlap_hides_forward_collectives_behind_gemms():
@@ -97,6 +144,14 @@ def test_tp_overlap_hides_forward_collectives_behind_gemms():
     fwd = {p.name: p for p in on.phases}["forward.mlp"]
     assert all(c.exposed_s < c.time_s for c in fwd.collectives)
     assert on.step["exposed_comm_s"] < off.step["exposed_comm_s"]
+    # the input's all-gather hides behind 7/8 of fc1 (ring exchange, tp = 8 GEMM chunks):
+    # T = 7 x 3 µs + 7/8 x (2048 x 12288 x 2 B) / 300e9 = 167.80064 µs against
+    # G = 2 x 2048 x 12288 x 6144 / (0.8 x 312e12) = 1,238.933 µs: max(0, T − 7/8·G) = 0
+    gather = {c.name: c for c in fwd.collectives}["MLP input"]
+    t = 7 * 3e-6 + 7 / 8 * (2048 * 12288 * 2) / 300e9
+    g = 2 * 2048 * 12288 * 6144 / (0.8 * 312e12)
+    assert gather.time_s == pytest.approx(t, rel=1e-12)
+    assert gather.exposed_s == max(0.0, t - 7 / 8 * g) == 0.0
 
 
 def _row_gemm_and_scatter(plan, phase: str, gemm: str, scatter: str):
@@ -119,27 +174,62 @@ def test_tp_overlap_pipelines_the_row_parallel_reduce_scatter_in_4_chunks(hidden
     chunk is a reduce-scatter of its own, n·α included, behind the next GEMM chunk; the first
     GEMM chunk has nothing to hide and the last chunk's scatter nothing beside it. With α
     and B the unchunked latency and bandwidth terms and G the GEMM: 4α + B in all, and
-    exposed max(α + B/4, 4α + B − 3G/4)."""
+    exposed max(α + B/4, 4α + B − 3G/4).
+
+    By hand, NVLink 300 GB/s at 3 µs (no ramp), the scattered tensor 2048 tokens x h x 2 B,
+    each chunk a ring reduce-scatter over 8 of 7 steps moving 7/8 of its quarter:
+    h = 12,288: S = 50,331,648 B; 4 x 7 x 3 µs = 84 µs of latency and
+    4 x (7/8 x 12,582,912) B / 300e9 = 146.80064 µs: T = 230.80064 µs; fc2 (2 x 2048 x 6144
+    x 12288 FLOPs at 0.8 x 312 TFLOP/s) takes 1,238.933 µs, so the last chunk alone waits,
+    21 + 36.70016 = 57.70016 µs.
+    h = 2048: S = 8,388,608 B; 84 µs + 7/8 x 8,388,608 / 300e9 = 24.46677 µs: T = 108.46677
+    µs; fc2, G = 2 x 2048 x 1024 x 2048 / (0.8 x 312e12) = 34.41480 µs (compute-bound: its
+    16 MiB of operands and output take 10.3 µs at 0.8 x 2,039 GB/s), so exposed =
+    T − 0.75·G = 82.65567 µs."""
     plan = replace(
         _timed(hidden=hidden, heads=hidden // 128, ffn=4 * hidden), overlap=Overlap(tp=True)
     )
     gemm, scatter = _row_gemm_and_scatter(plan, "forward.mlp", "MLP fc2", "MLP output")
-    alpha, bandwidth = scatter.latency_term_s / 4, scatter.bandwidth_term_s  # 4 chunks' n·α
+    size = 2048 * hidden * 2
+    latency = 4 * 7 * 3e-6  # four chunks of 7 ring steps at α = 3 µs
+    bandwidth = 4 * (7 / 8 * size / 4) / 300e9
+    alpha = latency / 4  # one chunk's n·α
+    fc2 = 2 * 2048 * (4 * hidden // tp) * hidden / (0.8 * 312e12)
+    if hidden == 12288:
+        assert (latency + bandwidth) * 1e6 == pytest.approx(230.80064, abs=1e-9)
+        assert (alpha + bandwidth / 4) * 1e6 == pytest.approx(57.70016, abs=1e-9)
+    else:
+        assert bandwidth * 1e6 == pytest.approx(24.46677, abs=5e-6)
+        assert fc2 * 1e6 == pytest.approx(34.41480, abs=5e-6)
+        assert (latency + bandwidth - 0.75 * fc2) * 1e6 == pytest.approx(82.65567, abs=5e-6)
+    assert gemm == pytest.approx(fc2, rel=1e-12)
     assert scatter.op == "reduce-scatter"
-    assert scatter.time_s == pytest.approx(4 * alpha + bandwidth)
+    assert scatter.bytes == size
+    assert scatter.latency_term_s == pytest.approx(latency, rel=1e-12)
+    assert scatter.bandwidth_term_s == pytest.approx(bandwidth, rel=1e-12)
+    assert scatter.time_s == pytest.approx(4 * alpha + bandwidth, rel=1e-12)
     assert scatter.steps == 4 * (8 - 1)  # four ring reduce-scatters over 8 ranks
     assert scatter.chunks == 4
-    expected = max(alpha + bandwidth / 4, 4 * alpha + bandwidth - 0.75 * gemm)
-    assert scatter.exposed_s == pytest.approx(expected)
+    expected = max(alpha + bandwidth / 4, 4 * alpha + bandwidth - 0.75 * fc2)
+    assert scatter.exposed_s == pytest.approx(expected, rel=1e-12)
     assert "in 4 chunks, each its own collective (the last one exposed)" in scatter.overlap_rule
     report = build_report(plan)
     gather = {c.name: c for c in {p.name: p for p in report.phases}["forward.mlp"].collectives}
     assert gather["MLP input"].op == "all-gather"  # ring exchange: no chunk left over
+    # the all-gather hides behind 7/8 of fc1 (one GEMM chunk of tp has nothing to receive),
+    # fc1 as long as fc2 here (h x 4h/tp either way): T = 7 x 3 µs + 7/8·S / 300e9
+    gathered = 7 * 3e-6 + 7 / 8 * size / 300e9
+    assert gather["MLP input"].time_s == pytest.approx(gathered, rel=1e-12)
+    assert gather["MLP input"].exposed_s == pytest.approx(
+        max(0.0, gathered - 7 / 8 * fc2), rel=1e-12, abs=1e-15
+    )
     if hidden == 12288:  # the scatter is far shorter than its GEMM: only its last chunk waits
         assert expected == alpha + bandwidth / 4
         assert gather["MLP input"].exposed_s == 0.0
     else:  # four n·α and a GEMM too short to cover three chunks
-        assert expected == 4 * alpha + bandwidth - 0.75 * gemm > alpha + bandwidth / 4
+        assert expected == 4 * alpha + bandwidth - 0.75 * fc2 > alpha + bandwidth / 4
+        # 45.46677 − 7/8 x 34.41480 = 15.35382 µs of the gather waits
+        assert gather["MLP input"].exposed_s * 1e6 == pytest.approx(15.35382, abs=5e-6)
 
 
 def test_tp_overlap_without_sequence_parallelism_leaves_the_all_reduce_exposed():
@@ -210,9 +300,16 @@ def test_pipeline_step_time_follows_the_1f1b_bubble():
         32 * slowest + sum(s.microbatch_s for s in times.stages) - slowest
     )
     assert times.bubble_s == pytest.approx(3 * slowest, rel=0.05)
+    # exactly the closed form's Σt − max(t) from the stage times (the stages differ a little:
+    # the embedding on the first, the loss on the last, so (p − 1)·max(t) only to 5 %)
+    stage_times = [s.microbatch_s for s in times.stages]
+    assert times.bubble_s == pytest.approx(sum(stage_times) - max(stage_times), rel=1e-12)
     inter = _timed(tp=8, pp=4, dp=1, global_batch=32, schedule="interleaved", virtual_stages=2)
     times2 = step_time(inter, derive(inter))
     assert times2.bubble_s == pytest.approx(times.bubble_s / 2, rel=0.05)
+    # and interleaved, (Σt − max(t))/v with v = 2
+    stage_times2 = [s.microbatch_s for s in times2.stages]
+    assert times2.bubble_s == pytest.approx((sum(stage_times2) - max(stage_times2)) / 2, rel=1e-12)
 
 
 def test_mfu_counts_model_flops_only():
@@ -227,10 +324,37 @@ def test_mfu_counts_model_flops_only():
     assert report.step["mfu"] == pytest.approx(expected)
 
 
+def _nvlink3_share(mib: int) -> float:
+    """The NVLink 3 ramp's share at a published size, recomputed from the published runs the
+    catalogue cites (`budget.catalog.nccl_tests`): 8 x A100 all_reduce, Azure
+    AI-benchmarking-guide ``Azure_Results/ND_A100_v4_results.md`` at 3bb66ca (in-place busbw)
+    and OCI BM.GPU4.8 (oracle-japan/ocitutorials ``spinup-gpu-cluster.md``, out-of-place
+    time). share(S) = (f·S / B) / (t(S) − n·α), f = 2 x 7/8, n = 14, α = 3 µs, B = 231.58
+    GB/s (the plateau), t = f·S / busbw for Azure; the two runs averaged."""
+    azure_busbw = {8: 89.99e9, 16: 109.22e9, 32: 132.77e9, 64: 166.63e9}  # GB/s
+    oci_time = {8: 185.8e-6, 16: 245.1e-6, 32: 398.2e-6, 64: 589.5e-6}  # µs
+    f, n, alpha, plateau = 1.75, 14, 3e-6, 231.58e9
+    size = mib * 2**20
+    ideal = f * size / plateau
+    return (
+        ideal / (f * size / azure_busbw[mib] - n * alpha) + ideal / (oci_time[mib] - n * alpha)
+    ) / 2
+
+
 def test_pipelined_chunks_reach_the_bandwidth_of_their_own_size():
     """On a link with a measured ramp (NVLink 3 from nccl-tests sweeps) a quarter-size
     reduce-scatter reaches less of the plateau, so four chunks' bandwidth terms sum to more
-    than the whole collective's."""
+    than the whole collective's.
+
+    GPT-3's MLP output, S = 2048 x 12288 x 2 B = 48 MiB, each rank sending 7/8 of it,
+    44,040,192 B (four chunks of 12 MiB: 11,010,048 B each). The ramp's shares at the
+    published sizes (`_nvlink3_share`; reduce-scatter takes the all-reduce's, as the
+    catalogue assumes): 0.48208 at 8 MiB, 0.59160 at 16, 0.67267 at 32, 0.84570 at 64,
+    interpolated in lg S, lg(48/32) = lg(12/8) = 0.58496 of the way:
+    share(48 MiB) = 0.67267 + 0.58496 x (0.84570 − 0.67267) = 0.77388,
+    share(12 MiB) = 0.48208 + 0.58496 x (0.59160 − 0.48208) = 0.54614.
+    Whole: 44,040,192 / (231.58e9 x 0.77388) = 245.74 µs; chunked: 4 x 11,010,048 /
+    (231.58e9 x 0.54614) = 348.21 µs."""
     plan = load_plan(Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml")
     rows = {}
     for on in (False, True):
@@ -242,6 +366,20 @@ def test_pipelined_chunks_reach_the_bandwidth_of_their_own_size():
     assert chunked.sent_bytes == pytest.approx(whole.sent_bytes, rel=1e-6)
     assert chunked.bandwidth_term_s > whole.bandwidth_term_s
     assert chunked.latency_term_s == pytest.approx(4 * whole.latency_term_s)
+    shares = {mib: _nvlink3_share(mib) for mib in (8, 16, 32, 64)}
+    expected_shares = {8: 0.48208, 16: 0.59160, 32: 0.67267, 64: 0.84570}
+    assert shares == pytest.approx(expected_shares, abs=5e-6)
+    x = math.log2(1.5)  # 48 MiB between 32 and 64, 12 MiB between 8 and 16
+    big = shares[32] + x * (shares[64] - shares[32])
+    small = shares[8] + x * (shares[16] - shares[8])
+    assert (big, small) == pytest.approx((0.77388, 0.54614), abs=5e-6)
+    assert whole.sent_bytes == 7 * 48 * 2**20 // 8 == 44_040_192
+    assert whole.latency_term_s == pytest.approx(7 * 3e-6, rel=1e-12)
+    unchunked = 44_040_192 / (231.58e9 * big)
+    pieces = 4 * 11_010_048 / (231.58e9 * small)
+    assert (unchunked * 1e6, pieces * 1e6) == pytest.approx((245.74, 348.21), abs=5e-3)
+    assert whole.bandwidth_term_s == pytest.approx(unchunked, rel=1e-12)
+    assert chunked.bandwidth_term_s == pytest.approx(pieces, rel=1e-12)
 
 
 def test_overlap_pp_under_1f1b_says_it_needs_the_interleaved_schedule():
@@ -336,7 +474,10 @@ def test_stage_sends_are_priced_on_the_link_the_slowest_pair_crosses(tmp_path):
     """GPT-3 at tp 4, pp 4 with pp inside dp (order tp, pp, ...) on DGX A100s: the pp group
     is ranks 0, 4, 8, 12, so stages 0-1 and 2-3 talk over NVLink and stages 1-2 across
     nodes. The sends were priced on the first pair's NVLink (57 µs for 12 MiB; review); the
-    pair on InfiniBand paces the pipeline: 14 µs + 12 MiB at the HDR plateau."""
+    pair on InfiniBand paces the pipeline: 14 µs + 12 MiB at the HDR plateau. The send is a
+    micro-batch's activation split over tp by sequence parallelism, 2048 x 12288 x 2 B / 4
+    = 12,582,912 B, in one step on the dgx-a100 preset's InfiniBand (24 GB/s, the HDR
+    share; α 14 µs, no ramp): 14 µs + 12,582,912 / 24e9 s = 14 + 524.288 = 538.288 µs."""
     from budget.schedule import move_span
 
     text = (Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml").read_text("utf-8")
@@ -353,6 +494,10 @@ def test_stage_sends_are_priced_on_the_link_the_slowest_pair_crosses(tmp_path):
     report = build_report(plan)
     (row,) = [c for p in report.phases if p.name == "pipeline.forward" for c in p.collectives]
     assert row.link == "infiniband"
+    assert row.bytes == 2048 * 12288 * 2 // 4 == 12_582_912
+    assert row.steps == 1
+    assert row.time_s == pytest.approx(14e-6 + 12_582_912 / 24e9, rel=1e-12)
+    assert row.time_s * 1e6 == pytest.approx(538.288, abs=5e-4)
 
 
 def test_reductions_sharing_an_interleaved_window_wait_the_same_in_either_order(tmp_path):
@@ -551,12 +696,18 @@ def test_the_forward_window_leaves_out_the_loss_phases_backward_kernels(tmp_path
     """The loss phase runs the output layer's forward and backward: only its forward
     kernels are part of the forward a parameter gather hides behind (the gathered
     parameters are all in use before the output layer's backward; an audit). Gemma 2 9B at
-    sequence 1024: the updated-parameter gather (T 49.611 ms) hides behind 41/42 of one
-    micro-batch's forward kernels (each forward phase's kernels times its instances per
-    micro-batch) less the loss phase's backward kernels, as an auditor computed by hand
-    (then 12.798 and 2.822 ms: 37.117 ms exposed before the rule, 39.873 after; the gather
-    was then priced as two levels one after the other). The gather is NCCL's ring through
-    the 16 dp ranks, 2 in each of 8 nodes: S = 4,621,761,536 B, each rank sends 15/16 of it,
+    sequence 1024 (plans/gemma2-9b.yaml, tp 4, pp 1, dp 16): the updated-parameter gather
+    hides behind 41/42 of one micro-batch's forward kernels (each forward phase's kernels
+    times its instances per micro-batch) less the loss phase's backward kernels.
+
+    S, the bf16 parameters one tp rank holds (Gemma Team, arXiv 2408.00118, Table 1; h =
+    3584): per layer the attention's Q, K, V and O, 3584 x (4096 + 2048 + 2048 + 4096) =
+    3584 x 12288, and the GeGLU's gate, up and down, 3 x 3584 x 14336, sharded over tp 4
+    with the tied 256,000 x 3584 embedding; replicated, 4 RMSNorms a layer (sandwich norms)
+    and the final one, (42 x 4 + 1) x 3584 = 605,696 scales:
+    (42 x (3584 x 12288 + 3 x 3584 x 14336) + 256000 x 3584) / 4 = 2,310,275,072;
+    + 605,696 = 2,310,880,768 parameters, x 2 B = 4,621,761,536 B. The gather is NCCL's
+    ring through the 16 dp ranks, 2 in each of 8 nodes: each rank sends 15/16 of S,
     4,332,901,440 B, half of it through its InfiniBand port (8 of the ring's 16 hops cross
     a node): 8 x 3 us + 7 x 14 us + 2,166,450,720 B / 47 GB/s = 46.217 ms."""
     from budget.flops import GRADIENT_PASSES as PASSES
@@ -568,7 +719,15 @@ def test_the_forward_window_leaves_out_the_loss_phases_backward_kernels(tmp_path
     plan = load_plan(path)
     report = build_report(plan)
     (gather,) = [c for p in report.phases for c in p.collectives if c.name == "updated parameters"]
+    sharded = (42 * (3584 * 12288 + 3 * 3584 * 14336) + 256000 * 3584) // 4
+    assert sharded == 2_310_275_072
+    params = sharded + (42 * 4 + 1) * 3584
+    assert params == 2_310_880_768
+    size = 2 * params
+    assert size == 4_621_761_536 == gather.bytes
+    assert size * 15 // 16 == 4_332_901_440
     assert gather.sent_bytes == 4_332_901_440
+    assert gather.time_s * 1e3 == pytest.approx(46.217, abs=5e-4)
     assert gather.time_s == pytest.approx(122e-6 + 2_166_450_720 / 47e9, abs=1e-9)
     stage = derive(plan).stages[0]
     per_microbatch = plan.batch.global_batch // (plan.batch.micro * plan.parallel.dp)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -94,10 +96,24 @@ def test_keeping_only_the_best_changes_neither_the_best_nor_the_front(gpt3, outc
 
 
 def test_pareto_front_has_no_dominated_layout(outcome):
+    """No layout beats a front point on both peak memory and step time; every layout off the
+    front is matched or beaten on both by a front point (an empty front, or the fastest
+    point alone, would fail here); along the front, fastest first, each point is slower and
+    needs strictly less memory than the one before."""
     front = pareto(outcome.results)
+    assert outcome.results and front
     for a in front:
         for b in outcome.results:
             assert not (b.peak_bytes < a.peak_bytes and b.step_time_s < a.step_time_s)
+    on_front = {id(a) for a in front}
+    for b in outcome.results:
+        if id(b) not in on_front:
+            assert any(
+                a.peak_bytes <= b.peak_bytes and a.step_time_s <= b.step_time_s for a in front
+            ), b.config
+    for faster, slower in itertools.pairwise(front):
+        assert faster.step_time_s < slower.step_time_s
+        assert faster.peak_bytes > slower.peak_bytes
 
 
 def test_values_parse_as_lists_and_ranges():
@@ -1361,11 +1377,24 @@ def test_peaks_that_differ_read_apart_across_the_tables() -> None:
 
 
 def test_the_markdown_search_parts_its_peaks_as_the_table_does(tmp_path) -> None:
-    """gpt-1.3b's best-by-time list and Pareto front hold 28,514,424,832 and 28,527,007,744
-    B; the markdown printed both as 26.6 GiB after the table had been mended."""
-    args = ["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "-f", "markdown"]
-    out = CliRunner().invoke(app, route(args)).stdout
-    assert "| 26.556 GiB |" in out and "| 26.568 GiB |" in out  # among all 48 points
+    """gpt-1.3b's best-by-time list and Pareto front hold peaks 12 MiB apart (28,514,424,832
+    and 28,527,007,744 B when the review found them) that three figures both print as 26.6
+    GiB; the markdown printed them so after the table had been mended. Read from the
+    search's own JSON: some two different peaks of the two lists read alike at three
+    figures, and the markdown prints every peak at one count of GiB decimals, the fewest at
+    which every two different peaks read apart, so each pair reads apart."""
+    plan = str(ROOT / "plans" / "gpt-1.3b.yaml")
+    data = json.loads(CliRunner().invoke(app, route(["search", plan, "-f", "json"])).stdout)
+    out = CliRunner().invoke(app, route(["search", plan, "-f", "markdown"])).stdout
+    peaks = {r["peak_bytes"] / 2**30 for r in (*data["results"], *data["pareto"])}
+    alike = [(a, b) for a in peaks for b in peaks if a < b and f"{a:.3g}" == f"{b:.3g}"]
+    assert alike  # the case under test: three figures do not part them
+    digits = next(d for d in range(2, 7) if len({f"{p:.{d}f}" for p in peaks}) == len(peaks))
+    shown = set(re.findall(r"\| (\d+\.\d+) GiB \|", out))
+    assert shown == {f"{p:.{digits}f}" for p in peaks}  # every peak, each at `digits`
+    for a, b in alike:
+        assert f"| {a:.{digits}f} GiB |" in out and f"| {b:.{digits}f} GiB |" in out
+        assert f"{a:.{digits}f}" != f"{b:.{digits}f}"
 
 
 def test_a_draft_whose_layout_does_not_fit_its_world_is_searched(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from budget import flops
 from budget.diff import plan_changes
 from budget.errors import BudgetError
-from budget.inference import _working_set, kv_cache_bytes
+from budget.inference import _working_set, decode_keys, derive_inference, kv_cache_bytes
 from budget.layers import shapes
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
@@ -53,7 +53,15 @@ def test_the_fused_kernel_splits_between_full_and_sliding_layers(tmp_path: Path)
 
 def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) -> None:
     """FlashAttention saves Q, K, V, the output and the softmax statistics whatever the
-    window, so the peak does not move; the attention core's time does, and nothing else."""
+    window, so the peak does not move; the attention core's time does, and nothing else.
+    Llama 3 70B at 8,192 tokens on tp 8 (8 heads of 128 per rank, micro-batch 1), a window
+    of 2,048 on every layer: a head meets 8192·2048 − 2048²/2 = 14,680,064 query-key pairs,
+    at 2 products x 2·128 = 512 FLOPs a pair, 8 x 14,680,064 x 512 = 60,129,542,144 FLOPs a
+    layer against the causal kernel's 8 x 8192²/2 x 512 = 137,438,953,472. The H100 preset's
+    flash kernel is cuDNN (the first it lists), at the FlashAttention-3 paper's bars (arXiv
+    2407.08608, head dim 128; of the 989 TFLOP/s dense bf16 peak): causal forward 529 TFLOP/s
+    at 8K and 484 at 2K (Figure 5); the unmasked backward's 465 at 2K (Figure 6) made causal
+    by cudnn-frontend's H200 sweep at 2K, 0.681 ms unmasked over 2 x 0.464 ms causal."""
     plain = build_report(load_plan(ROOT / "plans" / "llama3-70b.yaml"))
     windowed = build_report(_plan(tmp_path, "llama3-70b", "{size: 2048}"))
     assert windowed.worst.peak_bytes == plain.worst.peak_bytes
@@ -61,9 +69,17 @@ def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) 
     assert windowed.model["sliding_window"] == {"size": 2048, "sliding_layers": 80}
     assert plain.model["sliding_window"] is None
     plan = _plan(tmp_path, "llama3-70b", "{size: 2048}")
-    rate = plan.device.attention_fraction("flash", 2048)
-    assert windowed.device["attention_window_fraction"] == rate
+    (core,) = flops.attention_core(plan, shapes(plan))
+    assert core.flops == 8 * (8192 * 2048 - 2048**2 // 2) * 512 == 60_129_542_144
+    assert core.keys == 2048
+    forward, backward = 484 / 989, 465 * 0.681 / (2 * 0.464) / 989
+    rate = (1 + 2.5) / (1 / forward + 2.5 / backward)  # the backward does 2.5 x the FLOPs
+    assert windowed.device["attention_window_fraction"] == pytest.approx(rate, rel=1e-12)
     assert plain.device["attention_window_fraction"] is None
+    # one layer's forward attention block: only the core's time moves, each at its own rate
+    saved = 137_438_953_472 / 529e12 - 60_129_542_144 / 484e12
+    whole = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    assert _attention_s(whole, 0) - _attention_s(plan, 0) == pytest.approx(saved, rel=1e-9)
     model_line, device_line = header(windowed)[1], header(windowed)[3]
     assert model_line.endswith("vocab 128,256; sliding window 2,048 on every layer)")
     tail = f"at 8,192 keys per call (measured); sliding layers at {rate:.1%} at 2,048 keys"
@@ -104,10 +120,10 @@ def test_mean_keys_below_a_window() -> None:
     assert flops._mean_below(0, 8192, 4096) == (4096**2 / 2 + 4096 * 4096) / 8192 == 3072
 
 
-def _attention_s(plan: Plan, stage: int) -> float:
-    """Compute seconds of one forward attention block on `stage`."""
+def _attention_s(plan: Plan, stage: int, phase: str = "forward.attention") -> float:
+    """Compute seconds of one forward attention block on `stage` (or of `phase`)."""
     timed = step_time(plan, derive(plan)).stages[stage]
-    return next(p.compute_s for p in timed.phases if p.name == "forward.attention")
+    return next(p.compute_s for p in timed.phases if p.name == phase)
 
 
 def test_each_stage_is_priced_at_its_own_layers_kinds(tmp_path: Path) -> None:
@@ -127,16 +143,51 @@ def test_each_stage_is_priced_at_its_own_layers_kinds(tmp_path: Path) -> None:
         assert _attention_s(first_full, stage) == pytest.approx(_attention_s(everywhere, stage))
     mixed = _attention_s(alternating, 1)
     assert _attention_s(everywhere, 1) < mixed < _attention_s(plain, 1)
+    # layers 20..39 alternate: 10 of the stage's 20 slide, a share of 10/20 = 0.5
+    halfway = (_attention_s(plain, 1) + _attention_s(everywhere, 1)) / 2
+    assert mixed == pytest.approx(halfway, rel=1e-12)
 
 
 def test_a_window_never_slows_decoding(tmp_path: Path) -> None:
     """A layer runs one attention kernel, full or sliding, so splitting the average layer's
-    kernel between the two kinds charges one kernel startup, not two: a window one token
-    short of the context saves a little decode time rather than costing a startup."""
-    plain = build_report(load_plan(ROOT / "plans" / "llama3-70b-decode.yaml"))
-    window = f"{{size: 2559, layers: [{ALTERNATING}]}}"
-    barely = build_report(_plan(tmp_path, "llama3-70b-decode", window))
+    kernel between the two kinds charges one kernel startup, not two: a window just short of
+    the context saves a little decode time rather than costing a startup.
+
+    Llama 3 70B decode on tp 8 (32 sequences; 8 query heads and 1 kv head of 128 a rank):
+    511 passes meet 2,049 ... 2,559 keys, (2,049 + 2,559) / 2 = 2,304 on average. A window of
+    2,527 caps the last 32: (479 passes at 2,049 ... 2,527, 479 x 2,288 = 1,095,952 keys, and
+    32 x 2,527 = 80,864) / 511 = 2,302.97, 2,303 whole keys. (A window of 2,559 or more caps
+    no pass: no split.) Every other layer slides, so each kind is half a launch with half of
+    its kernel's 2 products x 2·128 FLOPs for 32 x 8 query-key pairs a key, and half of its
+    bytes: K and V, 32 x keys x 2 x 128 x 2 B, and 131,072 B of Q and O rows (2 x 32 x 8 x
+    128 x 2 B). The split reads 0.5 x 32 x 1 x 512 B = 8,192 B less a layer and pass, and
+    charges one startup as the whole kernel does: the block runs 8,192 B at the H100's
+    streaming rate (BabelStream copy, mul, add, triad: 2.90, 2.90, 2.97, 2.97 TB/s) faster."""
+    plain_plan = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    plain = build_report(plain_plan)
+    plan = _plan(tmp_path, "llama3-70b-decode", f"{{size: 2527, layers: [{ALTERNATING}]}}")
+    barely = build_report(plan)
+    assert -(-(479 * (2049 + 2527) // 2 + 32 * 2527) // 511) == 2303  # 1,176,816 / 511, up
+    assert decode_keys(plan) == (2304, 2303)
+    (stage,) = derive_inference(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "decode.attention"]
+    full, sliding = [w for w in phase.works if w.kind == "attention"]
+    assert [full.launches, sliding.launches] == [0.5, 0.5]
+    assert (full.keys, sliding.keys) == (2304, 2303)
+    assert full.flops == 0.5 * 2 * 32 * 8 * 256 * 2304 == 150_994_944
+    assert sliding.flops == 0.5 * 2 * 32 * 8 * 256 * 2303 == 150_929_408
+    rows = 2 * 32 * 8 * 128 * 2  # Q and O rows, bf16: 131,072 B
+    assert full.bytes == (32 * 2304 * 2 * 128 * 2 + rows) // 2 == 18_939_904
+    assert sliding.bytes == (32 * 2303 * 2 * 128 * 2 + rows) // 2 == 18_931_712
+    stream = (2.90 + 2.90 + 2.97 + 2.97) / 4 * 1e12  # B/s
+    saved = _attention_s(plain_plan, 0, "decode.attention") - _attention_s(
+        plan, 0, "decode.attention"
+    )
+    assert saved == pytest.approx(8192 / stream, rel=1e-9)
     assert barely.step["decode_token_s"] <= plain.step["decode_token_s"]
+    # 80 layers in a decode pass, each 8,192 B shorter
+    shorter = plain.step["decode_token_s"] - barely.step["decode_token_s"]
+    assert shorter == pytest.approx(80 * 8192 / stream, rel=1e-6)
 
 
 def test_eager_attention_pays_for_every_score_but_decodes_against_the_window(

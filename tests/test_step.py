@@ -81,6 +81,13 @@ def test_gpt3_parameter_count():
     expected = 12 * 96 * h * h + 96 * 4 * h + 2 * h + 51200 * h
     assert params_total(make_plan()) == expected
     with_bias = make_plan(bias=True, position="learned")
+    # per layer 12h² weights and 13h: QKV biases 3h, projection bias h, fc1 biases 4h, fc2
+    # bias h, two LayerNorms 2 x 2h; the final LayerNorm 2h; the tied word embedding
+    # 51,200 x h; the learned position table 2,048 x h
+    exact = 12 * 96 * h * h + 13 * 96 * h + 2 * h + 51200 * h + 2048 * h
+    assert params_total(with_bias) == exact == 174_615_846_912
+    # Brown et al.'s Table 2.1 quotes 175.0B (with GPT-2's 50,257 tokens, not Megatron's
+    # padded 51,200: 174.6B either way)
     assert params_total(with_bias) == pytest.approx(175.0e9, rel=0.005)
 
 
@@ -215,8 +222,26 @@ def test_zero0_all_reduces_and_zero1_reduce_scatters_then_gathers():
         stage = derive(make_plan(zero=zero)).stages[0]
         return [(m.op, p.name) for p in stage.phases for m in p.moves if m.group == "dp"]
 
+    def dp_sizes(zero):
+        stage = derive(make_plan(zero=zero)).stages[0]
+        return [
+            (m.op, m.dtype, m.size_bytes) for p in stage.phases for m in p.moves if m.group == "dp"
+        ]
+
     assert dp_ops(0) == [("all-reduce", "dp.grads")]
     assert dp_ops(1) == [("reduce-scatter", "dp.grads"), ("all-gather", "optimizer")]
+    # stage 0's parameters, Ψ_r: 12 layers of 12h²/8 + 4h (two LayerNorms, no biases) and
+    # the word embedding's vocabulary shard 51200·h/8; the gradients cross in fp32 (4 B),
+    # the updated parameters come back in bf16 (2 B)
+    h = 12288
+    psi = 12 * (12 * h * h // 8 + 4 * h) + 51200 * h // 8
+    assert psi == 2_797_142_016
+    assert dp_sizes(0) == [("all-reduce", "fp32", 4 * psi)]
+    assert dp_sizes(1) == [
+        ("reduce-scatter", "fp32", 4 * psi),  # 11,188,568,064 B
+        ("all-gather", "bf16", 2 * psi),  # 5,594,284,032 B
+    ]
+    assert 4 * psi == 11_188_568_064 and 2 * psi == 5_594_284_032
     ops3 = dp_ops(3)
     assert ("all-gather", "forward.attention") in ops3
     assert ("reduce-scatter", "backward.mlp") in ops3
@@ -244,7 +269,12 @@ def test_zero2_reduce_scatters_after_every_micro_batch_and_zero1_once():
     assert m > 1
     one, two = grads(1, 1), grads(2, 1)
     assert one[0] == 1 and two[0] == m
+    assert m == 1536 // 16  # global batch over dp 16, micro-batch 1
     assert one[1] == two[1]  # the same bytes per call
+    # the rank's fp32 gradients: stage 0's 12 layers of 12h²/8 + 4h and the vocabulary
+    # shard 51200·h/8, 2,797,142,016 parameters at 4 B
+    h = 12288
+    assert one[1] == 4 * (12 * (12 * h * h // 8 + 4 * h) + 51200 * h // 8) == 11_188_568_064
     assert two[2] == pytest.approx(m * one[2])
 
 
@@ -537,7 +567,10 @@ def test_fp32_parameters_are_their_own_master_and_are_gathered_in_fp32(tmp_path)
     path = variant(tmp_path, "fp32.yaml", fp32, ("  master: fp32\n", ""), base=base)
     report = _json_report(path)
     stage = report["memory"]["stages"][0]
-    psi = 1_315_819_520
+    # 24 layers of 12h² + 13h (weights, biases, two LayerNorms), the tied word embedding
+    # 50,304 x h, the learned position table 2,048 x h and the final LayerNorm 2h; h = 2048
+    psi = 12 * 24 * 2048**2 + 13 * 24 * 2048 + 50304 * 2048 + 2048 * 2048 + 2 * 2048
+    assert psi == 1_315_819_520
     assert stage["params_bytes"] == stage["grads_bytes"] == 4 * psi
     assert stage["optimizer_bytes"] == 8 * psi // 8
     (gather,) = [
@@ -548,6 +581,7 @@ def test_fp32_parameters_are_their_own_master_and_are_gathered_in_fp32(tmp_path)
         4 * psi,
         4_605_368_320,
     )
+    assert gather["sent_bytes"] == 7 * 4 * psi // 8  # ring all-gather: (d - 1)/d of 4Ψ
     with pytest.raises(BudgetError, match="own master copy"):
         load_plan(variant(tmp_path, "both.yaml", fp32, base=base))
 
@@ -574,6 +608,11 @@ def test_zero2_bucket_of_an_moe_layer_is_that_layers_gradients(tmp_path):
     plans = ROOT / "plans"
     zero2 = ("zero: 1", "zero: 2")
     mixtral = variant(tmp_path, "m.yaml", zero2, base=plans / "mixtral-8x7b.yaml")
+    # Mixtral at tp 2 (h 4096, 32 query heads and 8 K/V heads of 128): the QKV projection
+    # 4096 x (4096 + 2 x 1024) and the output projection 4096², both split over tp; two
+    # RMSNorms 2 x 4096 and the router 4096 x 8 experts, replicated
+    mixtral_layer = 4096 * (4096 + 2048) // 2 + 4096**2 // 2 + 2 * 4096 + 4096 * 8
+    assert mixtral_layer == 21_012_480
     assert _peak_bucket(mixtral) == 4 * 21_012_480
     deepseek = variant(
         tmp_path,
@@ -582,6 +621,12 @@ def test_zero2_bucket_of_an_moe_layer_is_that_layers_gradients(tmp_path):
         ("vocab: 102400", "vocab: 32000"),
         base=plans / "deepseek-moe-16b.yaml",
     )
+    # DeepSeekMoE 16B at tp 1 (h 2048, 16 heads of 128): attention 4h², the shared experts'
+    # SwiGLU of 2,816 (3 matrices), two RMSNorms 2h and the router h x 64 experts; the
+    # routed experts, 64 over ep 8 = 8 on the rank, each a SwiGLU of 1,408
+    layer = 4 * 2048**2 + 3 * 2048 * 2816 + 2 * 2048 + 2048 * 64
+    experts = 8 * 3 * 2048 * 1408
+    assert (layer, experts) == (34_213_888, 69_206_016)
     assert _peak_bucket(deepseek) == 4 * (34_213_888 + 69_206_016)
 
 

@@ -2,9 +2,12 @@
 
 Issue 7 asks for a mean absolute error of at most 5 % and no run worse than 10 %. The model
 does not meet it today (README, "Accuracy against published runs": the A100 Megatron rows
-are within 7.7 %, but the NeMo runs on H100 are predicted 5-15 % fast and the five
-single-node FSDP MPT runs on H100 28-56 % fast), so that test is a strict expected failure:
+are within 7.9 %, but the NeMo runs on H100 are predicted 3-14 % fast and the five
+single-node FSDP MPT runs on H100 8-19 % fast), so that test is a strict expected failure:
 it turns into a failure the day the time model meets the bar, and the marker must then go.
+Short of the bar, `test_no_change_makes_the_table_worse_unseen` holds each group of rows
+where it stands, so that a change which moves a prediction away from its measurement
+fails here and must say so.
 The Llama 3 405B rows are shown for reference only (their interleaving degree is
 unpublished) and are not scored.
 """
@@ -105,10 +108,58 @@ def test_every_run_is_predicted(accuracy) -> None:
         assert 0.5 < row.predicted / row.run.measured < 2.0, row.run.name
 
 
-@pytest.mark.xfail(strict=True, reason="H100 NeMo rows 5-15 % fast; MPT FSDP rows 28-56 % fast")
+@pytest.mark.xfail(strict=True, reason="H100 NeMo rows 3-14 % fast; MPT FSDP rows 8-19 % fast")
 def test_mean_within_5_percent_and_max_within_10(accuracy) -> None:
     assert accuracy.mean_abs_error <= 0.05
     assert accuracy.max_abs_error <= 0.10
+
+
+# Where each group of scored rows stands (README, "Accuracy against published runs"), to the
+# next whole point: (training stack, GPU) -> (most any row may miss by, mean of the group).
+_STANDING = {
+    ("Megatron-LM", "A100 80GB"): (0.08, 0.04),  # 7.9 % at most, 3.3 % mean
+    ("NeMo", "H100 80GB"): (0.14, 0.08),  # 13.8 %, 7.4 %
+    ("llm-foundry", "H100 80GB"): (0.19, 0.13),  # 18.5 %, 12.9 %
+}
+
+
+def test_no_change_makes_the_table_worse_unseen(accuracy) -> None:
+    """A ratchet, not the bar: no group of scored rows, nor the whole table (7.2 % mean,
+    18.5 % at most) nor the peak-memory rows (each within 8 %, the TP 4 and PP 4 tests
+    within 1 %), may get further from the measurements than it stands today without this
+    test failing. A correction that honestly moves rows away (a model error that flattered
+    the table is still an error) moves these bounds in its own commit and says why."""
+    groups = {
+        (group.rows[0].run.stack, group.rows[0].run.gpu): group for group in accuracy.by_stack()
+    }
+    assert set(groups) == set(_STANDING)
+    for key, (worst, mean) in _STANDING.items():
+        assert groups[key].max_abs_error < worst, key
+        assert groups[key].mean_abs_error < mean, key
+    assert accuracy.mean_abs_error < 0.08 and accuracy.max_abs_error < 0.19
+    tp4, pp4, moe = (abs(row.error) for row in accuracy.memory)
+    assert tp4 < 0.01 and pp4 < 0.01 and moe < 0.08
+
+
+def test_the_pp4_tests_static_state_is_the_hand_count_and_its_gap_is_named(accuracy) -> None:
+    """The interleaved PP 4 test's last rank holds 8 one-layer chunks of GPT 7B (GQA, 8 of
+    32 heads' keys and values, biases, LayerNorm): QKV 4096·6144 + 6144, the projection
+    4096² + 4096, fc1 4096·16384 + 16384, fc2 16384·4096 + 4096 and two LayerNorms
+    2·2·4096, 176,207,872 a layer; then the output layer 131,200 · 4096 (131,073 padded to
+    a multiple of 128) and the final LayerNorm 2 · 4096: 1,947,066,368 parameters at
+    2 + 4 + 12 / 2 = 12 B (bf16, fp32 gradient, fp32 master and Adam over DP 2):
+    23,364,796,416 B. Megatron-LM logs 24,540,168,192 B allocated after every step
+    (golden_values_dev_dgx_h100.json, mem-allocated-bytes), 1,175,371,776 B (4.8 %) more:
+    the README names that gap as unexplained, and this holds it there."""
+    layer = 4096 * 6144 + 6144 + 4096**2 + 4096 + 2 * 4096 * 16384 + 16384 + 4096 + 2 * 2 * 4096
+    assert layer == 176_207_872
+    params = 8 * layer + 131_200 * 4096 + 2 * 4096
+    assert params == 1_947_066_368
+    stage = build_report(plan_of(MEMORY_RUNS[1])).stages[-1]
+    static = stage.params_bytes + stage.grads_bytes + stage.optimizer_bytes
+    assert static == 12 * params == 23_364_796_416
+    assert 24_540_168_192 - static == 1_175_371_776
+    assert static / 24_540_168_192 - 1 == pytest.approx(-0.0479, abs=5e-5)
 
 
 # NumParams of the 8-GPU, 2048-token rows of llm-foundry's "H100 80GB BF16" table
