@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from budget.errors import BudgetError, Problem
 from budget.inference import passes_for
@@ -30,6 +30,7 @@ from budget.units import (
 
 __all__ = [
     "CheckResult",
+    "LimitErrors",
     "Limits",
     "Reason",
     "Verdict",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 GIB = 2**30
+T = TypeVar("T")
 LimitName = Literal["memory", "headroom", "max_exposed", "max_step", "max_ttft", "max_tpot"]
 
 
@@ -269,6 +271,31 @@ def _duration(text: str | None, option: str) -> float | None:
     return seconds
 
 
+class LimitErrors(ValueError):
+    """Every bad limit option at once (`parse_limits`), one one-line message each, in the
+    order the options are listed: --headroom, --max-exposed, --max-step, --max-ttft,
+    --max-tpot. str() joins them for a caller that shows one line."""
+
+    def __init__(self, messages: Iterable[str]) -> None:
+        self.messages = tuple(messages)
+        super().__init__("; ".join(self.messages))
+
+
+def _headroom(text: str) -> tuple[float | None, int | None]:
+    """ "5%" → (0.05, None); "4GiB" → (None, 4 GiB in bytes)."""
+    if text.strip().endswith("%"):
+        return _share(text, "--headroom"), None
+    if unit_left_out(text):  # "--headroom 5": 5 bytes, a gate that checks nothing
+        raise ValueError(
+            f"--headroom {text!r}: write {text.strip()}% or a size with its "
+            f"unit, such as {text.strip()}GiB (a bare number is bytes)"
+        )
+    try:
+        return None, parse_bytes(text)
+    except UnitError as error:
+        raise ValueError(f"--headroom {text!r}: expected 5% or a size: {error}") from None
+
+
 def parse_limits(
     headroom: str | None = None,
     max_exposed: str | None = None,
@@ -277,33 +304,29 @@ def parse_limits(
     max_tpot: str | None = None,
 ) -> Limits:
     """Limits from the command line: --headroom 5% or 4GiB, --max-exposed 20%, --max-step
-    12s, and a serving plan's --max-ttft 2s and --max-tpot 20ms. Raises ValueError with a
-    one-line message on bad text."""
-    share = size = None
-    if headroom is not None:
-        if headroom.strip().endswith("%"):
-            share = _share(headroom, "--headroom")
-        else:
-            if unit_left_out(headroom):  # "--headroom 5": 5 bytes, a gate that checks nothing
-                raise ValueError(
-                    f"--headroom {headroom!r}: write {headroom.strip()}% or a size with its "
-                    f"unit, such as {headroom.strip()}GiB (a bare number is bytes)"
-                )
-            try:
-                size = parse_bytes(headroom)
-            except UnitError as error:
-                raise ValueError(
-                    f"--headroom {headroom!r}: expected 5% or a size: {error}"
-                ) from None
-    exposed = None if max_exposed is None else _share(max_exposed, "--max-exposed")
-    return Limits(
-        share,
-        size,
-        exposed,
-        _duration(max_step, "--max-step"),
-        _duration(max_ttft, "--max-ttft"),
-        _duration(max_tpot, "--max-tpot"),
-    )
+    12s, and a serving plan's --max-ttft 2s and --max-tpot 20ms. Every option is read, and
+    bad text in any of them raises one `LimitErrors` (a ValueError) with a one-line message
+    for each (a `budget check --headroom lots --max-step soon` said only the first)."""
+    errors: list[str] = []
+
+    def read(parse: Callable[[str], T], text: str | None, empty: T) -> T:
+        if text is None:
+            return empty
+        try:
+            return parse(text)
+        except ValueError as error:
+            errors.append(str(error))
+            return empty
+
+    unset: tuple[float | None, int | None] = (None, None)
+    share, size = read(_headroom, headroom, unset)
+    exposed = read(lambda t: _share(t, "--max-exposed"), max_exposed, None)
+    step = read(lambda t: _duration(t, "--max-step"), max_step, None)
+    ttft = read(lambda t: _duration(t, "--max-ttft"), max_ttft, None)
+    tpot = read(lambda t: _duration(t, "--max-tpot"), max_tpot, None)
+    if errors:
+        raise LimitErrors(errors)
+    return Limits(share, size, exposed, step, ttft, tpot)
 
 
 def _percent(share: float) -> str:

@@ -1087,8 +1087,9 @@ def attention_query_flops(model: Model, first: float, last: float) -> float:
     them does (`attention_pair_flops` per key): a layer whose attention slides
     (``model.sliding_window``) counts at most W keys per query, since that is what it
     computes as written. Training counts every query against the whole sequence (PaLM:
-    `first` = `last` = s); a causal prefill averages 0 to s keys, decoding the context's
-    length over the tokens generated."""
+    `first` = `last` = s); a causal prefill averages 1 to s keys (query i meets its own
+    key and the i − 1 before it, as decode counts pass k meeting P + k), decoding the
+    context's length over the tokens generated."""
     per_layer = attention_pair_flops(model) / model.layers
     local = sum(model.sliding)
     mean = (first + last) / 2

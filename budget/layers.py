@@ -10,12 +10,23 @@ All sizes are for one rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
-from budget.vector import count_label, every, holds, lacks, uniform, vceil, vmax, vwhere
+from budget.vector import (
+    count_label,
+    every,
+    holds,
+    lacks,
+    uniform,
+    vceil,
+    vmax,
+    vmin,
+    vwhere,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -70,8 +81,10 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
     replicated), norms are replicated. GQA: K and V have kv_heads x head_dim columns each.
     An MoE layer (Fedus et al., arXiv 2101.03961; Megatron-Core MoE) replaces the MLP by a
     replicated router (hidden x experts), `count` experts of width `experts.ffn` of which a
-    rank holds count/ep, each split over etp, and optional shared experts split over tp
-    with a replicated gate (DeepSeekMoE, arXiv 2401.06066; Qwen-MoE).
+    rank holds count/ep, each split over etp as a dense MLP over tp (fc2's bias whole on
+    every etp rank: Megatron-Core's ``TERowParallelGroupedLinear`` shards its weights
+    along axis 1 and not its bias), and optional shared experts split over tp with a
+    replicated gate (DeepSeekMoE, arXiv 2401.06066; Qwen-MoE).
     """
     m, t = plan.model, plan.parallel.tp
     h = m.hidden
@@ -90,12 +103,15 @@ def layer_params(plan: Plan, moe: bool = False) -> LayerParams:
         total += shared_total + h * e.shared_gate
         per_rank += shared_rank + h * e.shared_gate
     expert, _, _ = _mlp(plan, e.ffn, 1)
-    etp = par.expert_tp
+    # one expert's share of an etp rank: fc1 and fc2's weights and fc1's bias split, fc2's
+    # bias whole (Megatron-Core's TERowParallelGroupedLinear, megatron/core/extensions/
+    # transformer_engine.py: "sharding along axis 1, bias not sharded")
+    _, expert_rank, _ = _mlp(plan, e.ffn, par.expert_tp)
     return LayerParams(
         total=total,
         per_rank=per_rank,
         expert_total=e.count * expert,
-        expert_per_rank=(e.count // par.ep) * -(-expert // etp),
+        expert_per_rank=(e.count // par.ep) * expert_rank,
     )
 
 
@@ -275,9 +291,14 @@ def stage_chunk_ids(plan: Plan) -> list[list[list[int]]]:
         if sizes is not None or plan.model.experts is not None:
             raise ValueError("a sweep over virtual stages needs an even split of dense layers")
         v = 1
+    if sizes is not None and len(sizes) != p * v:
+        # `resolve` refuses such a split; a plan built in code that reaches here would lose
+        # layers if its per-stage counts were cut into v chunks, so it is refused too
+        raise ValueError(
+            f"layers_per_stage has {len(sizes)} entries but pp × virtual_stages = {p} × {v} "
+            f"= {p * v} model chunks need one each"
+        )
     chunks = list(sizes) if sizes is not None else [plan.model.layers // (p * v)] * (p * v)
-    if sizes is not None and len(chunks) == p and v > 1:  # stage i's layers in v chunks
-        chunks = [chunks[i % p] // v for i in range(p * v)]
     starts = [sum(chunks[:i]) for i in range(len(chunks))]
     out: list[list[list[int]]] = [[] for _ in range(p)]
     for index, (start, size) in enumerate(zip(starts, chunks, strict=True)):
@@ -554,7 +575,16 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
 
 
 def params_total(plan: Plan) -> int:
-    """All distinct parameters of the model (a tied embedding counted once)."""
+    """All distinct parameters of the model (a tied embedding counted once): its layers
+    (`layer_params`, an MoE layer with all its experts), the word embedding (and an untied
+    output layer), the final norm and learned positions.
+
+    For a GPT with biases, LayerNorm, a 4h GeLU MLP, full multi-head attention, a tied
+    embedding and learned positions this is the count of Narayanan et al., arXiv 2104.04473,
+    section 5.1, P = 12·l·h²·(1 + 13/(12·h) + (V + s)/(12·l·h)) (per layer 12h² weights and
+    13h biases and norms), plus the final LayerNorm's 2h, which that formula leaves out;
+    other models count their own blocks (GQA, gated MLPs, experts, latent attention)
+    layer by layer rather than by that closed form."""
     m = plan.model
     flags = moe_layers(plan)
     moe = sum(flags)
@@ -567,7 +597,10 @@ def params_total(plan: Plan) -> int:
 
 
 def active_params(plan: Plan) -> int:
-    """Parameters one token uses: the top-k experts of each MoE layer instead of all."""
+    """Parameters one token uses: the top-k experts of each MoE layer instead of all, every
+    other parameter (attention, router, shared experts, embeddings) counted whole; the
+    "active parameters" of Jiang et al., "Mixtral of Experts", arXiv 2401.04088, abstract
+    (Mixtral 8x7B: 47B parameters, 13B active per token at top 2 of 8 experts)."""
     m = plan.model
     if m.experts is None:
         return params_total(plan)
@@ -728,18 +761,20 @@ def _latent_shapes(plan: Plan) -> dict[str, int]:
 
 def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
     """Token-expert assignments per rank: each of the rank's tokens goes to top_k experts;
-    with a capacity factor c each expert takes at most c·tokens·k/E of them (Fedus et al.,
-    arXiv 2101.03961, eq. 3). Routing is taken as balanced, so a factor of 1 or more drops
-    nothing and a rank dispatches tokens·k rows, and a factor c < 1 drops down to c·tokens·k
-    (Megatron-Core's default, ``--moe-expert-capacity-factor`` alone). Padded to capacity
-    (``experts.pad_to_capacity``: Megatron-Core's ``--moe-pad-expert-input-to-capacity``,
-    GShard's and Switch's fixed expert batches) every expert computes, and the all-to-all
-    moves, its whole capacity: tokens·k·c rows. Routing skew (``experts.imbalance``,
-    `routing_skew`) sizes the rows the busiest rank receives instead of the mean's, since
-    the step waits for it and its memory peaks highest; the rows a rank sends stay the even
-    share. An expert split
-    over etp ranks needs every row on each of them: the rows are all-gathered over etp
-    after the all-to-all (Megatron-Core's alltoall token dispatcher).
+    with a capacity factor c each expert takes at most C = ⌈tokens·k/E·c⌉ of a rank's rows
+    (`expert_capacity`: Megatron-Core's ``get_capacity``, after Fedus et al., arXiv
+    2101.03961, eq. 3), so a rank sends at most E·C and, since each of the ep ranks sends
+    each of its E/ep experts at most C, receives at most E·C. Routing is taken as balanced,
+    so a factor of 1 or more drops nothing and a rank dispatches tokens·k rows, and a factor
+    c < 1 drops down to E·C (Megatron-Core's default, ``--moe-expert-capacity-factor``
+    alone). Padded to capacity (``experts.pad_to_capacity``: Megatron-Core's
+    ``--moe-pad-expert-input-to-capacity``, GShard's and Switch's fixed expert batches)
+    every expert computes, and the all-to-all moves, its whole capacity: E·C rows. Routing
+    skew (``experts.imbalance``, `routing_skew`) sizes the rows the busiest rank receives
+    instead of the mean's, f·tokens·k, at most E·C under a capacity factor, since the step
+    waits for it and its memory peaks highest; the rows a rank sends stay the even share. An
+    expert split over etp ranks needs every row on each of them: the rows are all-gathered
+    over etp after the all-to-all (Megatron-Core's alltoall token dispatcher).
 
     Without sequence parallelism (serving; training refuses it, see `resolve`) every tp rank
     already holds all of the micro-batch's tokens, so nothing is gathered and the partial
@@ -754,10 +789,18 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         return {}
     par = plan.parallel
     c = e.capacity_factor
-    even = 1.0 if c is None else c if e.pad_to_capacity else min(c, 1.0)
     etp = par.expert_tp
-    sent = vceil(tokens_sp * e.top_k * even)
-    dispatched = vceil(tokens_sp * e.top_k * even * routing_skew(plan))
+    rows = tokens_sp * e.top_k
+    if c is None:  # dropless
+        sent, dispatched = rows, vceil(rows * routing_skew(plan))
+    else:
+        full = e.count * expert_capacity(tokens_sp, e.top_k, e.count, c)  # every expert's C
+        if e.pad_to_capacity:  # every expert computes C rows whatever the skew
+            sent = dispatched = full
+        else:  # the skew before the capacity caps it: the cap is E·C, rounded per expert
+            free = replace(e, capacity_factor=None)
+            skew = routing_skew(replace(plan, model=replace(plan.model, experts=free)))
+            sent, dispatched = vmin(rows, full), vmin(vceil(rows * skew), full)
     own = -(-dispatched // vwhere(experts_inside_tp(plan), par.ep, 1))
     return {
         "dispatched": dispatched,
@@ -768,6 +811,20 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         "expert_cols": -(-e.ffn // plan.parallel.expert_tp),
         "shared_cols": -(-e.shared_ffn // plan.parallel.tp),
     }
+
+
+def expert_capacity(tokens: Any, top_k: int, experts: int, factor: float) -> Any:
+    """Rows one expert takes from one rank's `tokens` under capacity factor c: Megatron-Core's
+    ``get_capacity(num_tokens=num_tokens * topk, num_experts, capacity_factor)`` =
+    ⌈tokens·k/E·c⌉ (megatron/core/transformer/moe/moe_utils.py, called on the rank's own
+    tokens by ``apply_router_token_dropping``, ``topk_softmax_with_capacity`` in earlier
+    releases), rounded up per expert. Computed in integers with c as the fraction it is
+    written as (1.1 = 11/10, to the nearest fraction of denominator at most 10⁶), so that a
+    whole product stays whole: Mixtral's 3,000 tokens·2/8·1.1 = 825 rows, where floats give
+    825.0000000000001 and a ceiling of 826 (Megatron-Core's own float expression does the
+    same; the budget takes the exact ceiling). `tokens` may be an array (a sweep)."""
+    q = Fraction(str(factor)).limit_denominator(10**6)
+    return -(-(tokens * top_k * q.numerator) // (experts * q.denominator))
 
 
 def experts_inside_tp(plan: Plan) -> bool | np.ndarray:

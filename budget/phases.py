@@ -74,6 +74,9 @@ class Alloc:
 
     @property
     def total(self) -> int:
+        # one copy, the usual case: no product to form (a sweep's bytes are arrays)
+        if type(self.count) is int and self.count == 1:
+            return self.bytes
         return self.bytes * self.count
 
 

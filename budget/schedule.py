@@ -506,7 +506,10 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     2·n_layer·n_ctx·d_attn counts the scores alone), N the
     active non-embedding parameters, and 2·vocab·hidden for the output layer where logits
     are computed: once per sequence in a prefill (the last position, what sampling needs,
-    as `inference` prices it), for every decoded token. Decode runs G - 1 passes for G
+    as `inference` prices it), for every decoded token. Keys are counted causally and
+    inclusively, a query meeting every key up to its own: in a prefill of P tokens query i
+    meets i, (P + 1)/2 on average (the causal half of PaLM's s keys per query, its diagonal
+    counted whole); decode's pass k meets P + k. Decode runs G - 1 passes for G
     generated tokens, the first coming from the prefill, and its time per token is theirs."""
     stages = []
     for stage in step.stages:
@@ -526,7 +529,9 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
     # the attention products as written, also where decode runs them absorbed
     if per_token is None:
         tokens, total = b.global_batch * b.prompt, ttft
-        work = tokens * (n + attention_query_flops(m, 0, b.prompt)) + b.global_batch * logits
+        # query i of a prompt meets keys 1 ... i, itself included (as decode's pass k meets
+        # P + k): (P + 1)/2 keys on average
+        work = tokens * (n + attention_query_flops(m, 1, b.prompt)) + b.global_batch * logits
         rate = tokens / ttft if ttft else 0.0
     else:
         # the decoded tokens: pass k meets prompt + k keys, k = 1 ... G - 1

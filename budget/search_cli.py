@@ -72,7 +72,7 @@ def run_search(
 ) -> int:
     """0 when a layout fits and keeps the limits (and was written if asked), 1 when none
     does, 2 on bad input."""
-    from budget.check import parse_limits
+    from budget.check import LimitErrors, parse_limits
     from budget.collectives import SizeError
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
     from budget.render import dump_document
@@ -81,20 +81,31 @@ def run_search(
     from budget.topology import MAX_GPUS
     from budget.units import format_bytes
 
+    # every bad option at once, one line each, before anything is read or swept
+    errors: list[str] = []
+    if objective not in OBJECTIVES:
+        errors.append(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
+    if gpus is not None and gpus < 1:
+        errors.append(f"--gpus {gpus}: lay out at least 1 GPU")
+    if top < 1:
+        errors.append(f"--top {top}: list at least 1 layout")
     try:
-        if objective not in OBJECTIVES:
-            raise ValueError(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
-        if gpus is not None and gpus < 1:
-            raise ValueError(f"--gpus {gpus}: lay out at least 1 GPU")
-        if top < 1:
-            raise ValueError(f"--top {top}: list at least 1 layout")
         if write is not None:
             _writable(write, path)
-        sweep = space(options)
-        given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
-        limits = parse_limits(*given) if any(v is not None for v in given) else None
     except ValueError as error:
-        print(usage_line(str(error)), file=sys.stderr)
+        errors.append(str(error))
+    try:
+        sweep = space(options)
+    except ValueError as error:
+        errors.append(str(error))
+    given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
+    try:
+        limits = parse_limits(*given) if any(v is not None for v in given) else None
+    except LimitErrors as error:
+        errors.extend(error.messages)
+    if errors:
+        for message in errors:
+            print(usage_line(message), file=sys.stderr)
         return 2
     file = plan_name(path)
     try:

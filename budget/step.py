@@ -1884,6 +1884,13 @@ def _reduce(b: _StageBuilder) -> None:
     chunk 0's, the layers the split gives it (`StageClass.head_dense`, `head_moe`; for the
     expert groups its share of the stage's MoE layers) and, on the first stage, the
     embedding (`Move.last_part`); the last stage's head is in its last chunk, reduced early.
+    Without interleaving, the first stage's last bucket is no smaller than its word and
+    position embeddings: Megatron-LM fills its buckets in reverse parameter order, the
+    order the backward produces gradients (``param_and_grad_buffer.py``), and the
+    embedding's gradient is the backward's last, so the bucket holding it waits for the
+    embedding's backward; the next step's first forward needs it first. The exposed floor
+    of the data-parallel reduction and gather is then the larger of one layer's share and
+    the embedding's (a tied output layer on the same stage is the same tensor).
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
@@ -1904,6 +1911,8 @@ def _reduce(b: _StageBuilder) -> None:
     n_dense = b.params.per_rank
     first_chunk = vwhere(v > 1, (head + _root_params(b) * b.first) / vmax(n_dense, 1), 1.0)
     head_experts = vwhere(v > 1, k.head_moe / vmax(b.moe, 1), 1.0)
+    embedding = sum(n for name, n in b.params.parts if name.endswith("embedding"))
+    embedding_floor = vwhere(v > 1, floor, vmax(floor, embedding * b.first / vmax(n_dense, 1)))
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -1934,9 +1943,10 @@ def _reduce(b: _StageBuilder) -> None:
             "bucket behind the last micro-batch's backward (last bucket exposed)"
         )
         last_part = first_chunk if group == "dp" else head_experts
+        least = embedding_floor if group == "dp" else floor
         reduce = [
             replace(
-                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, floor),
+                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, least),
                 rounds=v,
                 last_part=last_part,
             )
@@ -1973,7 +1983,7 @@ def _reduce(b: _StageBuilder) -> None:
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "
             "bucket behind the next step's first forward (first bucket exposed)"
         )
-        hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, share, floor)
+        hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, share, least)
         gathers += when(
             [replace(hidden, rounds=v, last_part=last_part)],
             (zero == 1) | (zero == 2),

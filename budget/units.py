@@ -3,6 +3,7 @@
 Inside budget, bytes are ``int``, times are seconds (``float``), bandwidths are bytes per
 second and compute rates are FLOP per second. Decimal prefixes are powers of 1000 (GB = 1e9),
 binary prefixes powers of 1024 (GiB = 2**30), as in IEC 80000-13; the two are never mixed.
+Kilo is k (kB = 1000 B, KiB = 1024 B); "KB", 1024 B under JEDEC, is refused as ambiguous.
 A bare number is a size in bytes; a bandwidth, a time or a compute rate must name its unit
 (``bandwidth: 450`` means 450 GB/s to its author, not 450 B/s), 0 aside, the same in every
 unit.
@@ -37,6 +38,8 @@ class UnitError(ValueError):
     """A quantity that cannot be read; the message says what was expected."""
 
 
+# "K" is read as kilo in a compute rate only ("1 KFLOP/s"): a size or bandwidth in "KB"
+# is refused, JEDEC's KB being 1024 B (`_prefix`)
 _DECIMAL = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 # Exact fractions: Fraction(1e-6) would be the binary float's value, so "5 us" would not
@@ -84,6 +87,12 @@ def _prefix(unit: str, base: str, text: str, what: str) -> int:
     if not unit.endswith(base):
         raise UnitError(f"expected {what}, got {text!r}")
     prefix = unit[: len(unit) - len(base)]
+    if prefix == "K":  # IEC 80000-13's kilo is k; JEDEC's "KB" is 1024 B: which, the author knows
+        what_unit = "bytes" if base == "B" else "bits"
+        raise UnitError(
+            f"ambiguous prefix 'K' in {text!r}: write k{base} for 1000 {what_unit} or"
+            f" Ki{base} for 1024"
+        )
     if prefix in _BINARY:
         return _BINARY[prefix]
     if prefix in _DECIMAL:

@@ -51,7 +51,9 @@ def largest(values: list[N]) -> N:
 def every(condition: Any) -> bool:
     """A condition that decides the structure of a step: the same for every configuration
     a sweep evaluates together (`budget.search` groups them so)."""
-    return bool(np.all(condition))
+    if not isinstance(condition, np.ndarray):
+        return bool(condition)  # one plan's bool: no array to build (a sweep asks often)
+    return bool(condition.all())
 
 
 def uniform(condition: Any, what: str) -> bool:

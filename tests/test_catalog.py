@@ -247,9 +247,9 @@ def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
     NVIDIA/nccl-tests issue 212): the DGX H100 NVLink level prices at 370 GB/s."""
     nvlink = TOPOLOGIES["dgx-h100"].levels[0]
     assert nvlink.bandwidth == pytest.approx(370e9)
-    # Azure's nccl-tests all_reduce on 8 x A100 SXM4: 231.58 GB/s bus bandwidth at 8 GB.
+    # Azure's nccl-tests all_reduce on 8 x A100 SXM4: 231.58 GB/s bus bandwidth at 8 GiB.
     assert TOPOLOGIES["dgx-a100"].levels[0].bandwidth == pytest.approx(231.58e9)
-    # NVLink 5: Azure's ND GB200 v6 ring all_reduce, 679.61 GB/s at 8 GB of 900
+    # NVLink 5: Azure's ND GB200 v6 ring all_reduce, 679.61 GB/s at 8 GiB of 900
     assert TOPOLOGIES["gb200-nvl72"].levels[0].bandwidth == pytest.approx(679.61e9)
     assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ("ramp",)
 

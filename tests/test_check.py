@@ -9,18 +9,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from budget.check import Limits, check_report, parse_limits
+from budget.check import LimitErrors, Limits, check_report, parse_limits
 from budget.cli import app, route
 from budget.pipeline import budget_plan
 from budget.units import format_bytes, format_duration
 from tests.plan_files import GPT3, PLANS, ROOT, invalid, too_big, variant
+from tests.test_diff import REQUIRED, _activations, _states, _transients
 
 runner = CliRunner()
 
 
 def _check(*args: str | Path) -> tuple[int, str, str]:
     result = runner.invoke(app, route(["check", *map(str, args)]))
-    assert "Traceback" not in result.output
+    # a crash exits 1 like a failing plan, its traceback kept in result.exception (not in
+    # the output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -38,8 +43,8 @@ def test_a_plan_that_does_not_fit_fails_with_stage_excess_and_contributors(
     path = too_big(tmp_path)
     report = budget_plan(path)
     over = report.worst.peak_bytes - report.worst.capacity_bytes
-    code, out, _ = _check(path)
-    assert code == 1
+    code, out, err = _check(path)
+    assert code == 1 and err == ""
     text = " ".join(out.split())  # undo the console's wrapping
     assert "FAIL" in text
     assert "stage 0 does not fit" in text
@@ -68,16 +73,16 @@ def test_a_plan_short_of_headroom_names_every_stage_short_of_it(tmp_path: Path) 
     report = budget_plan(path)
     short = {s.stage: 4 * 2**30 - s.headroom_bytes for s in report.stages}
     assert [s for s in sorted(short) if short[s] > 0] == [0, 1]
-    code, out, _ = _check(path, "--headroom", "4GiB")
+    code, out, err = _check(path, "--headroom", "4GiB")
     text = " ".join(out.split())
-    assert code == 1
+    assert code == 1 and err == ""
     assert "stage 0 leaves" in text
     assert f"; stage 1 ({format_bytes(short[1])} short) is short of it too" in text
 
 
 def test_several_plans_one_failing_exit_1(tmp_path: Path) -> None:
-    code, out, _ = _check(GPT3, too_big(tmp_path))
-    assert code == 1
+    code, out, err = _check(GPT3, too_big(tmp_path))
+    assert code == 1 and err == ""
     assert out.count("PASS") == 1 and out.count("FAIL") == 1
     assert "\nlimits: every stage fits in device memory\n" in out  # what was checked, not a claim
 
@@ -102,6 +107,19 @@ def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path
     lines = err.splitlines()
     assert f"{bad}:3:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)" in lines
     assert all(line.startswith(f"{bad}:") and ": error: $" in line for line in lines)
+    # every problem of the file at once: the four sections it lacks and its misspelt key
+    every = [
+        *(f"{bad}:1:1: error: $: '{key}' is a required property" for key in REQUIRED),
+        f"{bad}:3:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
+    ]
+    assert lines == every
+    # stdout has the verdicts (the other plans are still checked), not the problems
+    assert f"INVALID {bad}: its errors are on stderr" in out.splitlines()
+    assert "error:" not in out
+    code, out, err = _check(GPT3, bad, "--format", "json")
+    assert code == 2 and err.splitlines() == every
+    _, plan = json.loads(out)["plans"]  # the document lists them as stderr does
+    assert plan["valid"] is False and plan["problems"] == every and plan["reasons"] == []
 
 
 @pytest.mark.parametrize(
@@ -118,11 +136,11 @@ def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path
     ],
 )
 def test_limits(option: str, value: str, code: int, limit: str | None) -> None:
-    """GPT-3 175B: 49.5 GiB free of 80 GiB, 14.0 % exposed, a 19.0 s step; each limit is
+    """GPT-3 175B: 49.6 GiB free of 80 GiB, 13.5 % exposed, a 19.1 s step; each limit is
     set well clear of the figure, so that the engine's figures can move without the test
     changing its meaning."""
-    exit_code, out, _ = _check(GPT3, option, value, "--format", "json")
-    assert exit_code == code
+    exit_code, out, err = _check(GPT3, option, value, "--format", "json")
+    assert exit_code == code and err == ""
     data = json.loads(out)
     reasons = data["plans"][0]["reasons"]
     assert [r["limit"] for r in reasons] == ([] if limit is None else [limit])
@@ -190,6 +208,22 @@ def test_a_figure_and_its_limit_are_shown_with_the_same_decimals() -> None:
 def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
     report = budget_plan(GPT3)
     exposed, step = check_report(report, Limits(max_exposed_share=0.05, max_step_s=10.0))
+    time_s, exposed_s = report.step["time_s"], report.step["exposed_comm_s"]
+    # the share is the step's exposed communication over its time (2.58 s of 19.1 s), and
+    # how far over is what 5 % of the step would allow less (2.58 − 0.05 × 19.1 s)
+    share = exposed_s / time_s
+    assert (exposed.limit, exposed.actual, exposed.required) == ("max_exposed", share, 0.05)
+    assert exposed.excess == share - 0.05
+    assert (
+        f"exposed communication takes {share:.1%} of the step ({exposed_s:.2f} s of "
+        f"{time_s:.1f} s), over the 5% limit by {exposed_s - 0.05 * time_s:.2f} s; "
+    ) in exposed.message
+    # the step against 10 s: what it takes and how far over
+    assert (step.limit, step.actual, step.required) == ("max_step", time_s, 10.0)
+    assert step.excess == time_s - 10.0
+    assert step.message.startswith(
+        f"the step takes {time_s:.1f} s, {time_s - 10:.2f} s over the 10 s limit; "
+    )
     top = sorted(report.phases, key=lambda p: -p.exposed_s)[:3]
     named = ", ".join(f"{p.name} {format_duration(p.exposed_s)}" for p in top)
     assert f"most exposed phases: {named}" in exposed.message
@@ -235,6 +269,49 @@ def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:
     assert len(err.splitlines()) == 1 and message in err
 
 
+# GPT-3's stage 0 at its peak by hand (test_diff's helpers): bf16 parameters, fp32 gradients
+# and Adam sharded over dp 16, the activations of 8 micro-batches in flight, fc2's gradients
+# in backward.mlp, and the 3 GiB the plan reserves; on an 80 GiB A100 (the a100-80gb preset,
+# whose capacity is all of its memory: the reserved 3 GiB is counted in the peak)
+GPT3_PEAK = _states(8, 16) + _activations(8) + _transients(8) + 3 * 2**30
+A100_MEMORY = 80 * 2**30
+
+
+def test_every_bad_limit_is_said_at_once() -> None:
+    """`budget check P --headroom lots --max-step soon --max-exposed 5` said only the
+    --headroom error: each bad option is now its own line on stderr, in the options' order,
+    exit 2 with nothing on stdout and no plan read; `budget search`, which takes the same
+    options, says them all too, beside its own bad options."""
+    bad = ["--headroom", "lots", "--max-step", "soon", "--max-exposed", "5"]
+    every = [
+        "budget: error: --headroom 'lots': expected 5% or a size: expected a size such as "
+        "'80 GiB' or '80 GB', got 'lots'",
+        "budget: error: --max-exposed '5': write it as a percentage, 5%",
+        "budget: error: --max-step 'soon': expected a time such as '3 us', '2 ms' or '12 s', "
+        "got 'soon'",
+    ]
+    for fmt in ("table", "json", "markdown"):
+        code, out, err = _check(GPT3, *bad, "--format", fmt)
+        assert (code, out) == (2, "")
+        assert err.splitlines() == every
+    code, out, err = _check(GPT3, *bad, "--max-ttft", "fast", "--max-tpot", "0ms")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[:3] == every and len(err.splitlines()) == 5
+    assert err.splitlines()[3].startswith("budget: error: --max-ttft 'fast': ")
+    assert err.splitlines()[4] == "budget: error: --max-tpot '0ms': must be more than 0 s"
+    with pytest.raises(LimitErrors) as caught:
+        parse_limits(headroom="lots", max_exposed="5", max_step="soon")
+    assert ["budget: error: " + m for m in caught.value.messages] == every
+    assert isinstance(caught.value, ValueError)  # what a caller of one message catches
+    searched = runner.invoke(app, route(["search", str(GPT3), *bad, "--top", "0"]))
+    assert searched.exception is None or isinstance(searched.exception, SystemExit)
+    assert (searched.exit_code, searched.stdout) == (2, "")
+    assert searched.stderr.splitlines() == [
+        "budget: error: --top 0: list at least 1 layout",
+        *every,
+    ]
+
+
 def test_json_follows_the_contract(tmp_path: Path) -> None:
     code, out, _ = _check(GPT3, too_big(tmp_path), invalid(tmp_path), "--format", "json")
     assert code == 2
@@ -242,6 +319,16 @@ def test_json_follows_the_contract(tmp_path: Path) -> None:
     assert data["passed"] is False
     passing, failing, bad = data["plans"]
     assert passing["passed"] is True and passing["reasons"] == []
+    # the plan's figures are its report's worst stage and step
+    report = budget_plan(GPT3)
+    worst = report.worst
+    assert (passing["worst_stage"], worst.stage) == (0, 0)
+    assert passing["peak_bytes"] == worst.peak_bytes == GPT3_PEAK
+    assert passing["capacity_bytes"] == worst.capacity_bytes == A100_MEMORY
+    assert passing["headroom_bytes"] == worst.headroom_bytes == A100_MEMORY - GPT3_PEAK
+    assert passing["step_time_s"] == report.step["time_s"]
+    share = report.step["exposed_comm_s"] / report.step["time_s"]
+    assert passing["exposed_share"] == report.step["exposed_share"] == share
     assert failing["passed"] is False and failing["fits"] is False
     (memory,) = failing["reasons"]
     assert memory["limit"] == "memory" and memory["stage"] == 0
@@ -250,9 +337,25 @@ def test_json_follows_the_contract(tmp_path: Path) -> None:
     assert bad["valid"] is False and bad["problems"]
 
 
+def test_the_table_line_gives_the_worst_stage_and_the_step() -> None:
+    """The figures under a verdict: stage 0's peak, the device and what is left free, the
+    step time and its exposed share, from the report (three figures each)."""
+    report = budget_plan(GPT3)
+    time_s = report.step["time_s"]
+    share = report.step["exposed_comm_s"] / time_s
+    code, out, err = _check(GPT3)
+    assert (code, err) == (0, "")
+    gib = 2**30
+    assert (
+        f"worst stage 0 peaks at {GPT3_PEAK / gib:.1f} GiB of {A100_MEMORY / gib:.1f} GiB, "
+        f"{(A100_MEMORY - GPT3_PEAK) / gib:.1f} GiB free; step {time_s:.1f} s, {share:.1%} "
+        "exposed communication"
+    ) in " ".join(out.split())
+
+
 def test_markdown_is_a_pull_request_summary(tmp_path: Path) -> None:
-    code, out, _ = _check(GPT3, too_big(tmp_path), "--format", "markdown")
-    assert code == 1
+    code, out, err = _check(GPT3, too_big(tmp_path), "--format", "markdown")
+    assert code == 1 and err == ""
     lines = out.splitlines()
     assert lines[0] == "## ❌ budget check: 1 of 2 plans passed, 1 failed"
     assert (
@@ -261,6 +364,22 @@ def test_markdown_is_a_pull_request_summary(tmp_path: Path) -> None:
     )
     assert any(line.startswith(f"| `{GPT3}` | ✅ pass |") for line in lines)
     assert any(line.startswith("- **memory**: stage 0 does not fit") for line in lines)
+    # every cell of the passing plan's row, from its report: stage 0 at its peak, the
+    # device, what is left free, the step and its exposed share
+    report = budget_plan(GPT3)
+    time_s, gib = report.step["time_s"], 2**30
+    share = report.step["exposed_comm_s"] / time_s
+    cells = [
+        f"`{GPT3}`",
+        "✅ pass",
+        "0",
+        f"{GPT3_PEAK / gib:.1f} GiB",
+        f"{A100_MEMORY / gib:.1f} GiB",
+        f"{(A100_MEMORY - GPT3_PEAK) / gib:.1f} GiB",
+        f"{time_s:.1f} s",
+        f"{share:.1%}",
+    ]
+    assert f"| {' | '.join(cells)} |" in lines
 
 
 def test_markdown_survives_file_and_plan_names_that_are_markup(tmp_path: Path) -> None:
@@ -349,10 +468,18 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     text = " ".join(out.split())
     assert "--max-ttft does not apply to a train plan, which runs no prefill" in text
     assert "--max-tpot does not apply to a train plan, which runs no decode pass" in text
-    assert "first token 2.78 s, 0.0173 s per output token" in text  # in the limits' units
+    # the decode plan's two times, from its report, in the limits' unit (seconds, not the
+    # milliseconds a time per token would read alone): three significant figures
+    step = budget_plan(DECODE).step
+    ttft, tpot = step["ttft_s"], step["decode_token_s"]
+    assert ttft is not None and tpot is not None
+    assert 1 <= ttft < 10 and 0.01 <= tpot < 0.1  # so these are three figures
+    assert f"first token {ttft:.2f} s, {tpot:.4f} s per output token" in text
+    limits = parse_limits(max_ttft="60s", max_tpot="1s")
+    assert (limits.shown_ttft(ttft), limits.shown_tpot(tpot)) == (f"{ttft:.2f} s", f"{tpot:.4f} s")
     assert "limits: every stage fits in device memory; time to first token ≤ 60 s; " in text
-    code, out, _ = _check(GPT3, DECODE, "--max-tpot", "1ms", "--format", "json")
-    assert code == 1
+    code, out, err = _check(GPT3, DECODE, "--max-tpot", "1ms", "--format", "json")
+    assert code == 1 and err == ""
     train, serve = json.loads(out)["plans"]
     assert train["passed"] and train["notes"] and train["ttft_s"] is None
     assert [r["limit"] for r in serve["reasons"]] == ["max_tpot"] and serve["notes"] == []
@@ -382,8 +509,8 @@ def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> N
     assert code == 0
     (plan,) = json.loads(out)["plans"]
     assert plan["passed"] and plan["step_time_s"] is None and len(plan["notes"]) == 2
-    code, out, _ = _check(prefill, "--max-ttft", "1s", "--max-tpot", "10ms", "--format", "json")
-    assert code == 1
+    code, out, err = _check(prefill, "--max-ttft", "1s", "--max-tpot", "10ms", "--format", "json")
+    assert code == 1 and err == ""
     (plan,) = json.loads(out)["plans"]
     assert [r["limit"] for r in plan["reasons"]] == ["max_ttft"]
     assert "cannot be checked" in plan["reasons"][0]["message"]

@@ -23,7 +23,10 @@ LLAMA = ROOT / "plans" / "llama3-70b.yaml"
 
 def _diff(*args: str | Path, width: int = 100) -> tuple[int, str, str]:
     result = runner.invoke(app, route(["diff", *map(str, args)]), env={"COLUMNS": str(width)})
-    assert "Traceback" not in result.output
+    # a crash exits 1 with its traceback kept in result.exception, not in the output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -61,6 +64,26 @@ def _attention_sent(tp: int, dp: int) -> int:
     return 2 * (tp - 1) * (2 * SEQ * H) // tp * 12 * (1536 // dp)
 
 
+def _activations(tp: int) -> int:
+    """Stage 0's saved activations at its peak: Korthikanti et al.'s 34·sbh/t bytes a layer
+    (Table 2, TP + SP + selective recompute; s = 2048, b = 1, h = 12288) through its 12
+    layers for each of the pp = 8 micro-batches 1F1B keeps in flight on the first stage,
+    and each one's 1-byte embedding dropout mask, sbh/t. Every term is over t: tp 8 → 4
+    doubles it."""
+    return 8 * (12 * 34 * SEQ * H // tp + SEQ * H // tp)
+
+
+def _transients(tp: int) -> int:
+    """Stage 0's transients at its peak, fc2's gradients in backward.mlp: the bf16 output
+    gradient all-gathered over tp (2sh) beside its sequence shard (2sh/t), and fc2's input
+    gradient (2s·4h/t)."""
+    return 2 * SEQ * H + 2 * SEQ * H // tp + 2 * SEQ * 4 * H // tp
+
+
+# GPT-3's tokens in one step: 1536 sequences of 2048
+STEP_TOKENS = 1536 * SEQ
+
+
 def _row(a: int, b: int) -> str:
     """A bytes row as the uncoloured table prints it: more is worse (✗)."""
     gib = 2**30
@@ -70,8 +93,8 @@ def _row(a: int, b: int) -> str:
 
 
 def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
-    code, out, _ = _diff(GPT3, tp4(tmp_path), width=100)
-    assert code == 0
+    code, out, err = _diff(GPT3, tp4(tmp_path), width=100)
+    assert code == 0 and err == ""
     lines = [" ".join(line.split()) for line in out.splitlines()]
     assert "parallel.tp 8 → 4" in lines
     assert "parallel.dp 16 → 32" in lines
@@ -82,6 +105,25 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
     assert f"forward.attention sent/rank {sent}" in lines
     assert "No differences" not in out
+    # stage 0's activations double (every term is over tp); shown to three figures
+    gib, act_a, act_b = 2**30, _activations(8), _activations(4)
+    assert act_b == 2 * act_a
+    activations = f"{act_a / gib:.2f} GiB {act_b / gib:.1f} GiB +{(act_b - act_a) / gib:.2f} GiB"
+    assert f"activations {activations} +100.0% ✗" in lines
+    # the step and tokens/s rows and the headline, from each plan's own step time: tokens/s
+    # is the step's 1536 × 2048 tokens over it
+    a, b, _ = diff_files(GPT3, tmp_path / "tp4.yaml")
+    ta, tb = a.step["time_s"], b.step["time_s"]
+    assert tb < ta  # tp 4 is faster
+    faster = (ta - tb) / ta
+    assert f"step time {ta:.1f} s {tb:.1f} s −{(ta - tb) * 1e3:.0f} ms −{faster:.1%} ✓" in lines
+    tokens_a, tokens_b = STEP_TOKENS / ta, STEP_TOKENS / tb
+    assert (
+        f"tokens/s {tokens_a:,.0f} {tokens_b:,.0f} +{tokens_b - tokens_a:,.0f} "
+        f"+{tokens_b / tokens_a - 1:.1%} ✓"
+    ) in lines
+    text = " ".join(out.split())  # undo the wrapping (and the no-break spaces)
+    assert f"step time −{faster:.1%} ({ta:.1f} s → {tb:.1f} s); both fit." in text
 
 
 def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
@@ -108,6 +150,51 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     exposed = {p["name"]: p["metrics"]["exposed_s"] for p in delta["phases"]}
     assert exposed["forward.attention"]["verdict"] == "better"
     assert delta["summary"]["mfu"]["better"] == "higher"
+    # stage 0's rows are stage 0's of each report (two rows could swap unseen), by hand
+    activations = delta["stages"][0]["metrics"]["activations_bytes"]
+    transients = delta["stages"][0]["metrics"]["transient_bytes"]
+    b = data["b"]["memory"]["stages"][0]
+    assert (activations["a"], activations["b"]) == (a["activations_bytes"], b["activations_bytes"])
+    assert (transients["a"], transients["b"]) == (a["transient_bytes"], b["transient_bytes"])
+    assert (activations["a"], activations["b"]) == (_activations(8), _activations(4))
+    assert (transients["a"], transients["b"]) == (_transients(8), _transients(4))
+    assert activations["relative"] == 1.0  # sequence-parallel activations: 1/t, doubled
+    # every step figure is A's report's beside B's (swapping them had passed every test)
+    summary, step_a, step_b = delta["summary"], data["a"]["step"], data["b"]["step"]
+    figures = (
+        "time_s", "compute_s", "comm_s", "exposed_comm_s", "exposed_share",
+        "overlap_slowdown_s", "bubble_s", "tokens_per_s", "mfu",
+    )  # fmt: skip
+    assert set(figures) <= set(summary)
+    for name in figures:
+        figure = summary[name]
+        assert (figure["a"], figure["b"]) == (step_a[name], step_b[name]), name
+        assert figure["delta"] == figure["b"] - figure["a"], name
+        assert figure["relative"] == (figure["b"] - figure["a"]) / abs(figure["a"]), name
+    for name, side in (("peak_bytes", "peak_bytes"), ("headroom_bytes", "headroom_bytes")):
+        assert summary[name]["a"] == data["a"]["memory"][side]
+        assert summary[name]["b"] == data["b"]["memory"][side]
+    # tokens/s is the step's 1536 × 2048 tokens over its time; tp 4's step is shorter, so
+    # both are better, and tokens/s (and MFU, the same FLOPs in less time) rise by the
+    # ratio of the step times
+    ta, tb = step_a["time_s"], step_b["time_s"]
+    assert step_a["tokens_per_s"] == pytest.approx(STEP_TOKENS / ta, rel=1e-12)
+    assert step_b["tokens_per_s"] == pytest.approx(STEP_TOKENS / tb, rel=1e-12)
+    assert tb < ta and summary["time_s"]["verdict"] == "better"
+    assert summary["tokens_per_s"]["verdict"] == summary["mfu"]["verdict"] == "better"
+    assert summary["tokens_per_s"]["relative"] == pytest.approx(ta / tb - 1, rel=1e-9)
+    assert summary["mfu"]["relative"] == pytest.approx(ta / tb - 1, rel=1e-9)
+    # every phase's every figure is that phase's own row in each report
+    rows = {p["name"]: p["metrics"] for p in delta["phases"]}
+    for side in ("a", "b"):
+        phases = data[side]["phases"]
+        assert {p["name"] for p in phases} == set(rows)
+        for phase in phases:
+            metrics = rows[phase["name"]]
+            peak = phase["peak_bytes"] if phase["peak_stage"] is not None else None
+            assert metrics["peak_bytes"][side] == peak, phase["name"]
+            for name in ("payload_bytes", "compute_s", "comm_s", "exposed_s"):
+                assert metrics[name][side] == phase[name], (phase["name"], name)
 
 
 def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
@@ -162,6 +249,19 @@ def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
     code, out, err = _diff(bad, bad)
     assert code == 2 and out == ""
     assert err.count(f"{bad}:3:1: error: $.modle") == 1  # one file given twice: said once
+    # every problem of the file at once: the four sections it lacks and its misspelt key
+    every = [
+        *(f"{bad}:1:1: error: $: '{key}' is a required property" for key in REQUIRED),
+        f"{bad}:3:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
+    ]
+    assert err.splitlines() == every
+    code, out, err = _diff(bad, bad, "--format", "json")
+    assert (code, out) == (2, "")  # no partial document
+    assert err.splitlines() == every
+
+
+# the sections a training plan must have (`invalid` writes none of them)
+REQUIRED = ("batch", "device", "model", "topology")
 
 
 def test_flatten_names_keys_by_path() -> None:
@@ -636,6 +736,14 @@ def test_the_marks_stand_beside_the_colour_and_a_headline_leads(tmp_path: Path) 
     sentence = headline(diff)
     assert sentence.startswith("B against A: worst-stage peak +")
     assert "step time unchanged at" in sentence and sentence.endswith("; both fit")
+    # the reserved memory adds 3.5 GiB to the peak and leaves the step as A's report has it
+    pa, pb = a.worst.peak_bytes, b.worst.peak_bytes
+    assert pb - pa == 3.5 * 2**30 and b.step["time_s"] == a.step["time_s"]
+    plain = sentence.replace(chr(0xA0), " ")
+    assert plain == (
+        f"B against A: worst-stage peak +{pb / pa - 1:.1%} ({pa / 2**30:.1f} GiB → "
+        f"{pb / 2**30:.1f} GiB), step time unchanged at {a.step['time_s']:.1f} s; both fit"
+    )
     assert sentence + "." in text
     markdown = diff_markdown(a, b, diff)
     assert markdown.startswith("## budget diff: gpt3-175b.yaml → more.yaml\n")

@@ -18,10 +18,19 @@ def test_a_problem_quotes_a_hostile_value_clipped() -> None:
     """A 5,000,000-digit number or a 900 KB model_type was echoed whole on stderr."""
     from budget.errors import MAX_MESSAGE, Problem
 
-    problem = Problem("p.yaml", 3, 5, "$.model.hf_config", "model_type = " + "x" * 900_000)
+    message = "model_type = " + "x" * 900_000
+    problem = Problem("p.yaml", 3, 5, "$.model.hf_config", message)
     line = str(problem)
     assert line.startswith("p.yaml:3:5: error: $.model.hf_config: model_type = xxx")
-    assert line.endswith("... (899,653 characters more)")
+    # the first MAX_MESSAGE − 40 characters are shown (room for the count), and the count
+    # is the rest: 900,013 − 360 = 899,653
+    shown = MAX_MESSAGE - 40
+    more = len(message) - shown
+    assert more == 899_653
+    assert (
+        line
+        == f"p.yaml:3:5: error: $.model.hf_config: {message[:shown]}... ({more:,} characters more)"
+    )
     assert len(line) < MAX_MESSAGE + 60
     assert str(Problem("p.yaml", 1, 1, "$", "short")) == "p.yaml:1:1: error: $: short"
 

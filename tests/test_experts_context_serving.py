@@ -148,40 +148,45 @@ def test_dispatch_and_combine_follow_tokens_topk_hidden():
 @pytest.mark.parametrize(
     ("factor", "pad", "rows"),
     [
-        (1.25, False, 1.0),  # balanced routing fills no expert past its even share
-        (0.5, False, 0.5),  # a capacity under the even share drops the rest
-        (1.25, True, 1.25),  # padded: every expert computes its whole capacity
+        (1.25, False, 8192),  # balanced routing fills no expert past its even share
+        (0.5, False, 60 * 69),  # a capacity under the even share drops the rest
+        (1.25, True, 60 * 171),  # padded: every expert computes its whole capacity
     ],
 )
 def test_a_capacity_factor_pads_or_drops_the_dispatched_rows(factor, pad, rows):
-    """Megatron-Core: --moe-expert-capacity-factor caps each expert at c·tokens·k/E and
-    drops the overflow; only --moe-pad-expert-input-to-capacity fills every expert to it
-    (review: c = 1.25 was taken as padded, Mixtral's all-to-all 35 MiB for 28 MiB and its
-    step 17 % longer). Qwen-MoE at tp 2 with sequence parallelism: 2,048 tokens a rank x
-    top 4 = 8,192 rows dispatched dropless."""
+    """Megatron-Core: --moe-expert-capacity-factor caps each expert at ⌈tokens·k/E·c⌉ rows
+    of a rank (``get_capacity``) and drops the overflow; only
+    --moe-pad-expert-input-to-capacity fills every expert to it (review: c = 1.25 was taken
+    as padded, Mixtral's all-to-all 35 MiB for 28 MiB and its step 17 % longer). Qwen-MoE
+    at tp 2 with sequence parallelism: 2,048 tokens a rank x top 4 = 8,192 rows dispatched
+    dropless, 136.5 an expert over 60; at c 0.5 each expert takes ⌈68.27⌉ = 69, 60 × 69 =
+    4,140 rows; padded at c 1.25 each computes ⌈170.67⌉ = 171, 60 × 171 = 10,260 (4,096 and
+    10,240 before rounding per expert, an audit)."""
     plan = _qwen()
     experts = replace(plan.model.experts, capacity_factor=factor, pad_to_capacity=pad)
     capped = replace(plan, model=replace(plan.model, experts=experts))
     assert shapes(plan).dispatched == 4096 // 2 * 4
-    assert shapes(capped).dispatched == round(shapes(plan).dispatched * rows)
+    assert shapes(capped).dispatched == rows
 
 
 @pytest.mark.parametrize(
     ("skew", "factor", "pad", "ep", "rows"),
     [
-        (1.5, None, False, 4, 1.5),  # dropless: the busiest rank takes 1.5 x the even share
-        (9.0, None, False, 4, 4.0),  # at most every row of the ep group (ep 4)
-        (100.0, None, False, 32, 15.0),  # at most top 4 of a token's rows, 60 / 4 = 15
-        (1.5, 1.25, False, 4, 1.25),  # a capacity caps what any expert takes
-        (1.5, 0.5, False, 4, 0.5),  # ... below the even share too
-        (1.5, 1.25, True, 4, 1.25),  # padded, every expert computes its capacity anyway
-        (1.5, None, False, 1, 1.0),  # one rank holds every expert: nothing to be uneven
+        (1.5, None, False, 4, 1.5 * 8192),  # dropless: the busiest rank takes 1.5 x even
+        (9.0, None, False, 4, 4 * 8192),  # at most every row of the ep group (ep 4)
+        (100.0, None, False, 32, 15 * 8192),  # at most top 4 of a token's rows, 60 / 4 = 15
+        (1.5, 1.25, False, 4, 60 * 171),  # a capacity caps what any expert takes
+        (1.5, 0.5, False, 4, 60 * 69),  # ... below the even share too
+        (1.5, 1.25, True, 4, 60 * 171),  # padded, every expert computes its capacity anyway
+        (1.5, None, False, 1, 8192),  # one rank holds every expert: nothing to be uneven
     ],
 )
 def test_routing_skew_sizes_the_busiest_rank(skew, factor, pad, ep, rows):
     """experts.imbalance f budgets the busiest expert-parallel rank: tokens·k·min(f, ep)
-    rows dispatched and computed dropless, tokens·k·min(f, c) under a capacity factor c,
-    tokens·k·c padded. Qwen-MoE at tp 2 with sequence parallelism: 2,048 tokens a rank x
+    rows dispatched and computed dropless, at most E·⌈tokens·k/E·c⌉ under a capacity factor
+    c (each of E experts takes at most ⌈tokens·k/E·c⌉ of each rank's rows: 60 × ⌈170.67⌉ =
+    10,260 at c 1.25, 60 × ⌈68.27⌉ = 4,140 at c 0.5), all of it padded. Qwen-MoE at tp 2
+    with sequence parallelism: 2,048 tokens a rank x
     top 4 = 8,192 rows even; at f 1.5 and ep 4 its all-to-all moves 12,288 rows of 2,048
     bf16 from each of 4 ranks (S = 4 x 12,288 x 2,048 x 2 B), its dispatched-token
     activation and the expert GEMMs' FLOPs grow by 1.5, and the model FLOPs MFU counts stay
@@ -195,7 +200,7 @@ def test_routing_skew_sizes_the_busiest_rank(skew, factor, pad, ep, rows):
     skewed = replace(
         plan, model=replace(plan.model, experts=experts), parallel=replace(plan.parallel, ep=ep)
     )
-    assert shapes(skewed).dispatched == round(4096 // 2 * 4 * rows)
+    assert shapes(skewed).dispatched == rows
     assert model_flops_per_token(skewed) == model_flops_per_token(
         replace(skewed, model=replace(skewed.model, experts=replace(experts, imbalance=1.0)))
     )
@@ -791,7 +796,8 @@ def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
     Before, 2·N per token counted both 256,000 × 4,096 matrices for every prompt token and
     MFU came to 665 %. Attention by hand: one layer of 32 heads of 128, 2·32·(128 + 128) =
     16,384 FLOPs per key (PaLM, arXiv 2204.02311, appendix B: the score and value products,
-    a third of 12·L·h·s), a causal prompt meeting 1,024 keys on average."""
+    a third of 12·L·h·s), a causal prompt's query i meeting keys 1 ... i, itself included
+    as decode counts it: (1 + 2,048)/2 = 1,024.5 keys on average (1,024 before, an audit)."""
     text = (
         "mode: prefill\nmodel: {layers: 1, hidden: 4096, heads: 32, ffn: 14336, vocab: 256000, "
         "mlp: swiglu, norm: rmsnorm, tied_embeddings: false}\n"
@@ -803,7 +809,7 @@ def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
     step = build_report(plan).step
     layer = 4 * 4096**2 + 3 * 4096 * 14336 + 2 * 4096  # q, k, v, o; gate, up, down; 2 norms
     n = layer + 4096  # and the final norm
-    attention = 16384 * 1024
+    attention = 16384 * (1 + 2048) / 2  # 16,384 × 1,024.5 = 16,785,408
     work = 8 * 2048 * (2 * n + attention) + 8 * 2 * 256000 * 4096
     peak = plan.device.peak_flops("bf16")
     assert step["mfu"] * step["time_s"] * peak == pytest.approx(work, rel=1e-12)

@@ -112,7 +112,10 @@ def test_decode_combines_the_latent_outputs_over_cp(tmp_path: Path) -> None:
         p for s in derive_inference(plan).stages for p in s.phases if p.name == "decode.attention"
     ]
     (combine,) = [m for m in phase.moves if m.group == "cp"]
-    assert combine.size_bytes == 2 * 4 * (256 // 8) * 128 * (512 + 1)
+    # the all-gathered buffer: × cp 2 ranks × fp32 4 B × 32 sequences (256 over dp 8)
+    # × 128 heads × (512 + 1) = 16,809,984 B
+    assert combine.size_bytes == 2 * 4 * (256 // 8) * 128 * (512 + 1) == 16_809_984
+    assert (combine.op, combine.ranks) == ("all-gather", 2)
 
 
 def test_prefill_and_training_attend_with_full_heads(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,12 @@ def test_a_reduced_chain_is_accepted(tmp_path):
 def test_a_transition_on_a_whole_pass_runs_once_per_micro_batch(tmp_path):
     """DESIGN.md's logits-gather names the forward pass: it ran once per layer of its first
     phase (forward.attention, 12 layers x 96 micro-batches = 1,152 times, +2.05 s on GPT-3;
-    an audit). It now runs count times per micro-batch, in a phase of its own on the
-    pipeline's critical path: 96 gathers of 1.66 ms. Named by its exact phase (loss) it
-    runs count times per instance of that phase, as the built-in moves do."""
+    an audit). It now runs count times per micro-batch, in a phase of its own, on every
+    stage: each stage's time per micro-batch t_i grows by one gather g of 1.66 ms, and 1F1B
+    takes m·max(t) + (Σt − max(t)) (`budget.schedule`'s closed form, Narayanan et al.
+    section 2.2, v = 1), so with m = 96 and p = 8 the step grows by (m + p − 1)·g = 103
+    gathers, not 96: the bubble's 7 micro-batch slots wait on it too. Named by its exact
+    phase (loss) it runs count times per instance of that phase, as the built-in moves do."""
     from budget.pipeline import build_report
     from budget.plan.load import load_plan
 
@@ -160,8 +164,35 @@ def test_a_transition_on_a_whole_pass_runs_once_per_micro_batch(tmp_path):
     assert (phase.count, gather.count) == (96, 96)
     attention = next(p for p in report.phases if p.name == "forward.attention")
     assert not [c for c in attention.collectives if c.name == "logits-gather"]
+    # One gather by hand: fp32 [2048, 51200] = 419,430,400 B (400 MiB) over tp 8 inside a
+    # DGX A100, a ring all-gather of n = 7 steps sending 7/8 of it, 367,001,600 B, at the
+    # NVLink 3 plateau 231.58 GB/s times the ramp's share at 400 MiB. The ramp's points
+    # (budget.catalog.nccl_tests, all-reduce f = 1.75, n = 14, α = 3 µs, taken for
+    # all-gather too) at 256 and 512 MiB, the mean of Azure's (busbw 213.87 and 221.58
+    # GB/s, t = 1.75·S / busbw) and OCI's (2,121.9 and 4,208.2 µs) shares
+    # (1.75·S / 231.58 GB/s) / (t − 42 µs):
+    MiB = 2**20
+
+    def share(size: int, t: float) -> float:
+        return (1.75 * size / 231.58e9) / (t - 14 * 3e-6)
+
+    def azure(size: int, busbw: float) -> float:
+        return share(size, 1.75 * size / busbw)
+
+    at_256 = (azure(256 * MiB, 213.87e9) + share(256 * MiB, 2121.9e-6)) / 2
+    at_512 = (azure(512 * MiB, 221.58e9) + share(512 * MiB, 4208.2e-6)) / 2
+    assert at_256 == pytest.approx(0.95841, abs=1e-5)
+    assert at_512 == pytest.approx(0.97009, abs=1e-5)
+    # interpolated in log size: 400 MiB is log2(400/256) = 0.64386 of the way
+    at_400 = at_256 + math.log2(400 / 256) * (at_512 - at_256)
+    assert at_400 == pytest.approx(0.96593, abs=1e-5)
+    one = 7 * 3e-6 + 367_001_600 / (231.58e9 * at_400)  # 21 µs + 1.6407 ms
+    assert one == pytest.approx(1.6617e-3, abs=1e-7)
+    assert (gather.steps, gather.sent_bytes, gather.link) == (7, 367_001_600, "nvlink")
+    assert gather.time_s == pytest.approx(one, rel=1e-9)
     plain = budget_plan(GPT3).step["time_s"]
-    assert 96 * gather.time_s < report.step["time_s"] - plain < 1.1 * 96 * gather.time_s
+    assert report.step["time_s"] - plain == pytest.approx(103 * gather.time_s, rel=1e-9)
+    assert report.step["time_s"] - plain == pytest.approx(103 * one, rel=1e-9)
     twice = build_report(load_plan(_plan(tmp_path, LOGITS + "    count: 2\n")))
     loss = next(p for p in twice.phases if p.name == "loss")
     (gather,) = [c for c in loss.collectives if c.name == "logits-gather"]
@@ -203,8 +234,17 @@ def test_a_prefix_names_its_phase_and_a_serving_pass_counts_in_its_latency(tmp_p
     (dp,) = [p for p in report.phases if p.name == "dp.grads"]
     (move,) = [c for c in dp.collectives if c.name == "x"]
     assert move.count == 1
+    # by hand: fp32 [4096, 8192] = 134,217,728 B all-reduced over dp 16, which on GPT-3's
+    # order (tp 8 innermost) is one rank per DGX A100 node: a flat ring over InfiniBand,
+    # n = 2·15 = 30 steps of 14 µs, 2·15/16 · 134,217,728 = 251,658,240 B sent a rank at
+    # the HDR share 24 GB/s: 420 µs + 10.486 ms = 10.906 ms
+    assert (move.ranks, move.steps, move.sent_bytes) == (16, 30, 251_658_240)
+    by_hand = 30 * 14e-6 + 251_658_240 / 24e9
+    assert by_hand == pytest.approx(10.906e-3, abs=1e-6)
+    assert move.time_s == pytest.approx(by_hand, rel=1e-9)
     plain = budget_plan(GPT3).step["time_s"]
     assert report.step["time_s"] - plain == pytest.approx(move.time_s, rel=1e-6)
+    assert report.step["time_s"] - plain == pytest.approx(by_hand, rel=1e-6)
     decode = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8") + (
         "transitions:\n  - {name: y, phase: decode, tensor: {shape: [32, 8192], dtype: bf16}, "
         "group: tp, from: partial, to: replicate}\n"
@@ -215,8 +255,25 @@ def test_a_prefix_names_its_phase_and_a_serving_pass_counts_in_its_latency(tmp_p
     (phase,) = [p for p in served.phases if p.name == "decode: y"]
     (move,) = phase.collectives
     assert phase.count == 511  # one per decode pass: 512 generated tokens, the first from prefill
+    # by hand: bf16 [32, 8192] = 524,288 B all-reduced over tp 8 on one DGX H100's NVLink
+    # 4, a ring of n = 14 steps of 3 µs sending 2·7/8 · 524,288 = 917,504 B a rank, at the
+    # 370 GB/s plateau times the ramp's share at 512 KiB, below its smallest point and so
+    # held at it: Together's ring all_reduce, 16 MiB in 126.62 µs (the points at 1 to 8
+    # MiB dropped, n·α = 42 µs over half their time), (1.75·16 MiB / 370 GB/s = 79.35 µs)
+    # / (126.62 − 42 µs) = 0.93774: 42 µs + 2.644 µs = 44.64 µs
+    from budget.catalog.topologies import RAMPS
+
+    (_, sizes, _) = next(p for p in RAMPS["nvlink4"].points if p[0] == "all-reduce")
+    assert sizes[0] == 16 * 2**20
+    held = (1.75 * 16 * 2**20 / 370e9) / (126.62e-6 - 14 * 3e-6)
+    assert held == pytest.approx(0.93774, abs=1e-5)
+    by_hand = 14 * 3e-6 + 917_504 / (370e9 * held)
+    assert by_hand == pytest.approx(44.64e-6, abs=1e-8)
+    assert (move.ranks, move.steps, move.sent_bytes) == (8, 14, 917_504)
+    assert move.time_s == pytest.approx(by_hand, rel=1e-9)
     base = budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml").step["decode_token_s"]
     assert served.step["decode_token_s"] - base == pytest.approx(move.time_s, rel=1e-6)
+    assert served.step["decode_token_s"] - base == pytest.approx(by_hand, rel=1e-6)
 
 
 @pytest.mark.parametrize("phase", ["forward.embedding", "pipeline.forward"])
@@ -229,7 +286,12 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     big = LOGITS.replace("phase: loss", f"phase: {phase}").replace("vocab]", "vocab * 8]")
     alone = budget_plan(GPT3).stages[0]
     stage = budget_plan(_plan(tmp_path, big)).stages[0]
+    # the gathered logits, fp32 [micro · seq, vocab · 8] = [1 · 2048, 51,200 · 8]:
+    # 2,048 × 409,600 elements × 4 B = 3,355,443,200 B whole (replicate), and the source
+    # kept alive, its shard(1) over tp 8: 3,355,443,200 / 8 = 419,430,400 B
     full = 2048 * 51200 * 8 * 4
+    assert (full, full // 8) == (3_355_443_200, 419_430_400)
+    added = 3_355_443_200 + 419_430_400  # = 3,774,873,600 B held on top
     assert stage.peak_phase == phase
     names = {o.tensor: o.bytes for o in stage.peak_overlap}
     assert names["logits-gather (replicate)"] == full
@@ -237,6 +299,20 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     states = alone.params_bytes + alone.grads_bytes + alone.optimizer_bytes + alone.reserved_bytes
     assert stage.peak_bytes >= states + full + full // 8
     assert stage.peak_bytes > alone.peak_bytes
+    # what the next phase with instants holds at its first one, on stage 0 (no loss there)
+    first = {}
+    for point in alone.timeline:
+        first.setdefault(point.phase, point)
+    if phase == "pipeline.forward":
+        # next comes backward.mlp, whose first instant (fc2 gradients) is the plan's own
+        # peak: the transition adds exactly its two buffers to it
+        assert (alone.peak_phase, alone.peak_instant) == ("backward.mlp", "fc2 gradients")
+        assert first["backward.mlp"].total_bytes == alone.peak_bytes
+        assert stage.peak_bytes - alone.peak_bytes == 3_774_873_600 == added
+    else:
+        # next comes forward.attention: its first instant (QKV projection) plus the two
+        assert first["forward.attention"].instant == "QKV projection"
+        assert stage.peak_bytes == first["forward.attention"].total_bytes + 3_774_873_600
 
 
 def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path):

@@ -6,17 +6,17 @@ has bandwidth = rate × fraction, so T = n·α + Q / B_eff prices what collectiv
 
 Collective share. NVLink 3 (A100): Azure's published nccl-tests run on ND A100 v4 (8 x
 A100-SXM4-80GB, NCCL 2.18.5; Azure/AI-benchmarking-guide, ``Azure_Results/ND_A100_v4_results.md``
-at 3bb66ca, "NCCL Bandwidth") reaches an all_reduce bus bandwidth of 231.58 GB/s at 8 GB,
+at 3bb66ca, "NCCL Bandwidth") reaches an all_reduce bus bandwidth of 231.58 GB/s at 8 GiB,
 231.58 / 300 = 0.772 of the link (a third-party summary, the Alaya docs tech blog, gives
 230-250). NVLink 4 (H100, H200): an NCCL maintainer gives the ring figure directly, "with the
 protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can
 observe as BusBw when running non-allreduce operations, or when running with
 NCCL_ALGO=RING" (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024): 370 / 450 = 0.822. Azure's
-H100 and H200 runs reach 479-480 GB/s at 8 GB, above the link, because NVLink SHARP (NVLS)
+H100 and H200 runs reach 479-480 GB/s at 8 GiB, above the link, because NVLink SHARP (NVLS)
 reduces inside the switch, which a ring does not model. NVLink 5 (GB200): Azure's nccl-tests
 run on ND GB200 v6 (Azure/AI-benchmarking-guide, ``Azure_Results/ND_GB200_v6_results.md`` at
 2a370be, NCCL 2.25.1, "bus bandwidth values obtained from the NCCL AllReduce (Ring
-algorithm) tests in-place operations") reaches 679.61 GB/s at 8 GB, 679.61 / 900 = 0.755;
+algorithm) tests in-place operations") reaches 679.61 GB/s at 8 GiB, 679.61 / 900 = 0.755;
 the guide runs it on one host's 4 GPUs (its issue 7), where a ring's bus bandwidth is what
 it is on more (on H100 a ring reads 365-370 GB/s from 2 to 4 GPUs, NVIDIA/nccl issue 1455,
 as at 8). NCCL's own model puts it a little higher, 18 links x 40.1 GB/s (``SM100_NVLINK_BW``
@@ -42,8 +42,8 @@ Each IB level takes its generation's share (until these were found the catalogue
 0.80, with the accuracy table in view; README).
 
 Latency per message step α: 3 µs inside an NVLink domain and 14 µs across InfiniBand. The
-NVLink value agrees with the smallest message of the same Azure runs: a 1 KB all_reduce at a
-bus bandwidth of 0.04 GB/s on 8 A100s takes 1.75 x 1 KB / 0.04 GB/s = 45 µs, which a ring's
+NVLink value agrees with the smallest message of the same Azure runs: a 1 KiB all_reduce at a
+bus bandwidth of 0.04 GB/s on 8 A100s takes 1.75 x 1 KiB / 0.04 GB/s = 45 µs, which a ring's
 14 steps price at 3.2 µs each (8 H100s with NVLS: 26 µs, so 3 µs is conservative there).
 The InfiniBand value is NCCL's own: its tuning model prices a ring collective as a base
 latency plus a per-step hardware latency for each step, and an inter-node step with the
@@ -57,7 +57,7 @@ Simple ring) is not added: on NVLink the measured α already holds it, spread ov
 
 Bandwidth by message size. The shares above are the large-message plateau. No single pair
 (α, B) fits a whole nccl-tests curve: in the same A100 run the bus bandwidth is 166.6 GB/s at
-67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its 8 GB plateau), where α and the plateau
+67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its 8 GiB plateau), where α and the plateau
 alone give 92 % and 98 %. NVLink levels therefore carry a `BandwidthRamp` measured from
 published nccl-tests sweeps (`budget.catalog.nccl_tests`): NVLink 3 from two 8 x A100
 all-reduce runs, NVLink 4 from 8 x H100 ring all-reduce, all-gather and reduce-scatter runs;
@@ -238,7 +238,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 900,
                 72,
                 "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU; share: Azure "
-                "ND GB200 v6 nccl-tests ring all_reduce, 679.61 GB/s at 8 GB",
+                "ND GB200 v6 nccl-tests ring all_reduce, 679.61 GB/s at 8 GiB",
                 NVLINK5_FRACTION,
                 _NVLINK4_RAMP,
                 assumed=("ramp",),  # NVLink 4's
