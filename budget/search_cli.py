@@ -21,42 +21,63 @@ OBJECTIVES = ("time", "memory", "tokens-per-s")
 
 
 def space(options: dict[str, str | None]) -> Space:
-    """The sweep's dimensions from the command line's pins and ranges."""
+    """The sweep's dimensions from the command line's pins and ranges; every bad one at
+    once (`LimitErrors`, one message each, in the order `budget search --help` lists them)."""
+    from budget.check import LimitErrors
     from budget.search import RECOMPUTE, Space, parse_values
 
+    errors: list[str] = []
+
     def ints(name: str, low: int = 1, high: int | None = None) -> tuple[int, ...] | None:
-        """The option's values, each in [low, high] as the plan schema bounds the key."""
+        """The option's values, each in [low, high] as the plan schema bounds the key; None
+        where it is not given or is bad (the error is kept)."""
         text = options.get(name)
         if text is None:
             return None
         option = f"--{name.replace('_', '-')}"
-        values = parse_values(text, option)
+        try:
+            values = parse_values(text, option)
+        except ValueError as error:
+            errors.append(str(error))
+            return None
         bad = [v for v in values if v < low or (high is not None and v > high)]
         if bad:
             bounds = f"{low}..{high}" if high is not None else f"at least {low}"
-            raise ValueError(f"{option} {text!r}: {bad[0]} is out of range ({bounds})")
+            errors.append(f"{option} {text!r}: {bad[0]} is out of range ({bounds})")
+            return None
         return values
 
+    dims = {
+        "tp": ints("tp"),
+        "pp": ints("pp", 1, 1024),
+        "cp": ints("cp"),
+        "ep": ints("ep"),
+        "zero": ints("zero", 0, 3),
+        "micro": ints("micro"),
+        "virtual_stages": ints("virtual_stages"),
+    }
     # a value named twice is swept once (it listed every layout twice)
     recompute = tuple(dict.fromkeys(r.strip() for r in (options["recompute"] or "").split(",")))
     if not recompute or any(r not in RECOMPUTE for r in recompute):
-        raise ValueError(f"--recompute {options['recompute']!r}: use none, selective, full")
+        errors.append(f"--recompute {options['recompute']!r}: use none, selective, full")
     flags = {"true": True, "false": False}
     sp = tuple(
         dict.fromkeys(flags.get(v.strip().lower()) for v in (options["sp"] or "").split(","))
     )
     if not sp or None in sp:
-        raise ValueError(f"--sp {options['sp']!r}: use true, false or true,false")
+        errors.append(f"--sp {options['sp']!r}: use true, false or true,false")
+    if errors:
+        raise LimitErrors(errors)
     return Space(
-        tp=ints("tp"),
-        pp=ints("pp", 1, 1024),
-        cp=ints("cp"),
-        ep=ints("ep"),
-        zero=ints("zero", 0, 3) or (0, 1, 2, 3),
+        tp=dims["tp"],
+        pp=dims["pp"],
+        cp=dims["cp"],
+        ep=dims["ep"],
+        zero=dims["zero"] or (0, 1, 2, 3),
         sequence_parallel=tuple(v for v in sp if v is not None),
         recompute=recompute,  # type: ignore[arg-type]
-        micro=ints("micro"),
-        virtual_stages=ints("virtual_stages") or (1,),
+        micro=dims["micro"],
+        virtual_stages=dims["virtual_stages"] or (1,),
     )
 
 
@@ -96,8 +117,8 @@ def run_search(
         errors.append(str(error))
     try:
         sweep = space(options)
-    except ValueError as error:
-        errors.append(str(error))
+    except LimitErrors as error:
+        errors.extend(error.messages)
     given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
     try:
         limits = parse_limits(*given) if any(v is not None for v in given) else None

@@ -13,8 +13,8 @@ from budget.check import LimitErrors, Limits, check_report, parse_limits
 from budget.cli import app, route
 from budget.pipeline import budget_plan
 from budget.units import format_bytes, format_duration
+from tests.gpt3_by_hand import REQUIRED, stage0_activations, stage0_states, stage0_transients
 from tests.plan_files import GPT3, PLANS, ROOT, invalid, too_big, variant
-from tests.test_diff import REQUIRED, _activations, _states, _transients
 
 runner = CliRunner()
 
@@ -269,11 +269,11 @@ def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:
     assert len(err.splitlines()) == 1 and message in err
 
 
-# GPT-3's stage 0 at its peak by hand (test_diff's helpers): bf16 parameters, fp32 gradients
+# GPT-3's stage 0 at its peak by hand (tests/gpt3_by_hand.py): bf16 parameters, fp32 gradients
 # and Adam sharded over dp 16, the activations of 8 micro-batches in flight, fc2's gradients
 # in backward.mlp, and the 3 GiB the plan reserves; on an 80 GiB A100 (the a100-80gb preset,
 # whose capacity is all of its memory: the reserved 3 GiB is counted in the peak)
-GPT3_PEAK = _states(8, 16) + _activations(8) + _transients(8) + 3 * 2**30
+GPT3_PEAK = stage0_states(8, 16) + stage0_activations(8) + stage0_transients(8) + 3 * 2**30
 A100_MEMORY = 80 * 2**30
 
 
@@ -309,6 +309,18 @@ def test_every_bad_limit_is_said_at_once() -> None:
     assert searched.stderr.splitlines() == [
         "budget: error: --top 0: list at least 1 layout",
         *every,
+    ]
+    # and the sweep's own ranges, every bad one (it stopped at the first)
+    ranges = ["--tp", "0", "--pp", "2000", "--zero", "4", "--recompute", "some", "--sp", "no"]
+    searched = runner.invoke(app, route(["search", str(GPT3), *ranges]))
+    assert searched.exception is None or isinstance(searched.exception, SystemExit)
+    assert (searched.exit_code, searched.stdout) == (2, "")
+    assert searched.stderr.splitlines() == [
+        "budget: error: --tp '0': 0 is out of range (at least 1)",
+        "budget: error: --pp '2000': 2000 is out of range (1..1024)",
+        "budget: error: --zero '4': 4 is out of range (0..3)",
+        "budget: error: --recompute 'some': use none, selective, full",
+        "budget: error: --sp 'no': use true, false or true,false",
     ]
 
 

@@ -15,6 +15,14 @@ from budget.catalog.topologies import RAMPS
 from budget.cli import app, route
 from budget.diff import Delta, diff_files, flatten, plan_changes
 from budget.plan.load import load_plan
+from tests.gpt3_by_hand import (
+    REQUIRED,
+    SEQ,
+    H,
+    stage0_activations,
+    stage0_states,
+    stage0_transients,
+)
 from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, tp4, variant
 
 runner = CliRunner()
@@ -40,44 +48,11 @@ def test_a_plan_against_itself_shows_no_differences(plan: Path) -> None:
     assert diff.identical and diff.changes == ()
 
 
-# GPT-3 175B as plans/gpt3-175b.yaml writes it (linear biases, learned positions), by hand.
-H, VOCAB, SEQ = 12288, 51200, 2048
-
-
-def _stage0_params(tp: int) -> int:
-    """The first stage's 12 layers (weights and QKV / fc1 biases sharded over tp, the output
-    and fc2 biases and both LayerNorms replicated) plus the vocabulary shard and positions."""
-    layer = 12 * H * H // tp + 3 * H // tp + H + 4 * H // tp + H + 4 * H
-    return 12 * layer + VOCAB * H // tp + SEQ * H
-
-
-def _states(tp: int, dp: int) -> int:
-    """bf16 parameters, fp32 gradients and Adam's 12 bytes sharded over dp (ZeRO 1)."""
-    params = _stage0_params(tp)
-    return 6 * params + 12 * params // dp
-
-
 def _attention_sent(tp: int, dp: int) -> int:
     """Sequence parallelism's all-gather and reduce-scatter of the s × h bf16 activations
     around attention, (tp − 1)/tp of each sent per rank, in 12 layers, for each of the
     1536 / dp micro-batches of one sequence."""
     return 2 * (tp - 1) * (2 * SEQ * H) // tp * 12 * (1536 // dp)
-
-
-def _activations(tp: int) -> int:
-    """Stage 0's saved activations at its peak: Korthikanti et al.'s 34·sbh/t bytes a layer
-    (Table 2, TP + SP + selective recompute; s = 2048, b = 1, h = 12288) through its 12
-    layers for each of the pp = 8 micro-batches 1F1B keeps in flight on the first stage,
-    and each one's 1-byte embedding dropout mask, sbh/t. Every term is over t: tp 8 → 4
-    doubles it."""
-    return 8 * (12 * 34 * SEQ * H // tp + SEQ * H // tp)
-
-
-def _transients(tp: int) -> int:
-    """Stage 0's transients at its peak, fc2's gradients in backward.mlp: the bf16 output
-    gradient all-gathered over tp (2sh) beside its sequence shard (2sh/t), and fc2's input
-    gradient (2s·4h/t)."""
-    return 2 * SEQ * H + 2 * SEQ * H // tp + 2 * SEQ * 4 * H // tp
 
 
 # GPT-3's tokens in one step: 1536 sequences of 2048
@@ -99,14 +74,14 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     assert "parallel.tp 8 → 4" in lines
     assert "parallel.dp 16 → 32" in lines
     assert "Memory per rank of each pipeline stage, at its peak" in lines
-    states = _row(_states(8, 16), _states(4, 32))
+    states = _row(stage0_states(8, 16), stage0_states(4, 32))
     assert states == "17.7 GiB 33.4 GiB +15.6 GiB +88.0% ✗"
     assert f"0 states {states}" in lines
     sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
     assert f"forward.attention sent/rank {sent}" in lines
     assert "No differences" not in out
     # stage 0's activations double (every term is over tp); shown to three figures
-    gib, act_a, act_b = 2**30, _activations(8), _activations(4)
+    gib, act_a, act_b = 2**30, stage0_activations(8), stage0_activations(4)
     assert act_b == 2 * act_a
     activations = f"{act_a / gib:.2f} GiB {act_b / gib:.1f} GiB +{(act_b - act_a) / gib:.2f} GiB"
     assert f"activations {activations} +100.0% ✗" in lines
@@ -138,7 +113,7 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     states = delta["stages"][0]["metrics"]["states_bytes"]
     a = data["a"]["memory"]["stages"][0]
     assert states["a"] == a["params_bytes"] + a["grads_bytes"] + a["optimizer_bytes"]
-    assert (states["a"], states["b"]) == (_states(8, 16), _states(4, 32))
+    assert (states["a"], states["b"]) == (stage0_states(8, 16), stage0_states(4, 32))
     assert states["delta"] == states["b"] - states["a"] and isinstance(states["delta"], int)
     assert states["verdict"] == "worse"
     sent = {p["name"]: p["metrics"]["payload_bytes"] for p in delta["phases"]}
@@ -156,8 +131,8 @@ def test_tp8_vs_tp4_json_deltas(tmp_path: Path) -> None:
     b = data["b"]["memory"]["stages"][0]
     assert (activations["a"], activations["b"]) == (a["activations_bytes"], b["activations_bytes"])
     assert (transients["a"], transients["b"]) == (a["transient_bytes"], b["transient_bytes"])
-    assert (activations["a"], activations["b"]) == (_activations(8), _activations(4))
-    assert (transients["a"], transients["b"]) == (_transients(8), _transients(4))
+    assert (activations["a"], activations["b"]) == (stage0_activations(8), stage0_activations(4))
+    assert (transients["a"], transients["b"]) == (stage0_transients(8), stage0_transients(4))
     assert activations["relative"] == 1.0  # sequence-parallel activations: 1/t, doubled
     # every step figure is A's report's beside B's (swapping them had passed every test)
     summary, step_a, step_b = delta["summary"], data["a"]["step"], data["b"]["step"]
@@ -204,7 +179,7 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     assert "| `parallel.tp` | 8 | 4 |" in lines
     assert "| stage | figure | A | B | Δ | Δ% |" in lines
     assert "| --- | --- | ---: | ---: | ---: | ---: |" in lines
-    a, b = _states(8, 16) / 2**30, _states(4, 32) / 2**30
+    a, b = stage0_states(8, 16) / 2**30, stage0_states(4, 32) / 2**30
     assert (
         f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
         in lines
@@ -261,9 +236,6 @@ def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
 
 
 # the sections a training plan must have (`invalid` writes none of them)
-REQUIRED = ("batch", "device", "model", "topology")
-
-
 def test_flatten_names_keys_by_path() -> None:
     flat = flatten(load_plan(GPT3))
     assert "file" not in flat
