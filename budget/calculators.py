@@ -141,8 +141,9 @@ def collective(
     ``ranks``, if given, must equal the product). Across several levels the default
     algorithm is the ring as NCCL runs it for an all-gather or reduce-scatter
     (`collectives._ring_across`), for an all-reduce that ring or NCCL's double binary tree,
-    whichever is faster (`collectives._nccl_all_reduce`), and hierarchical for the others;
-    another flat algorithm is priced at the slowest link spanned.
+    whichever is faster (`collectives._nccl_all_reduce`), for a broadcast NCCL's ring, for
+    an all-to-all NCCL's grouped exchange with every peer (`collectives._exchange_across`);
+    hierarchical when named; another flat algorithm is priced at the slowest link spanned.
     ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     ``beside`` is compute the collective may hide behind (`CollectiveResult.exposed_s`).

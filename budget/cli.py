@@ -349,10 +349,11 @@ def collective_command(
             "ring, recursive, tree, pairwise, bruck, direct, hierarchical, double-tree or auto "
             "(the cheapest the op can use). Default: ring (all-to-all pairwise, send-recv "
             "direct); over two or more --level a ring through every rank as NCCL runs it for "
-            "all-gather and reduce-scatter, for all-reduce that ring or NCCL's double binary "
-            "tree (double-tree), whichever is faster, as NCCL's tuner picks; hierarchical for "
-            "the others. tree is the textbook binomial tree (whole tensor each step, for small "
-            "messages).",
+            "all-gather, reduce-scatter and broadcast, for all-reduce that ring or NCCL's "
+            "double binary tree (double-tree), whichever is faster, as NCCL's tuner picks, "
+            "and for all-to-all NCCL's grouped send/recv with every peer at once; "
+            "hierarchical names the two-level decomposition. tree is the textbook binomial "
+            "tree (whole tensor each step, for small messages).",
         ),
     ] = None,
     ramp: Annotated[

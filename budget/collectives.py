@@ -85,8 +85,15 @@ ALGORITHMS: Final[dict[Op, tuple[Algorithm, ...]]] = {
 }
 # Ops NCCL runs as one ring through every rank of a group, whichever levels it spans: its
 # tuning model prices such a ring at one bus bandwidth with each step at its own link's
-# latency (`_ring_across`).
-LEVELLED_RING_OPS: Final[tuple[Op, ...]] = ("all-gather", "reduce-scatter", "all-reduce")
+# latency (`_ring_across`). NCCL runs a broadcast as a ring only (``ncclTopoTuneModel``,
+# src/graph/tuning.cc of NVIDIA/nccl at b647562: ``if (coll == ncclFuncBroadcast && a !=
+# NCCL_ALGO_RING) continue;``), a chain from the root streaming through every rank.
+LEVELLED_RING_OPS: Final[tuple[Op, ...]] = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "broadcast",
+)
 # NCCL's double binary tree reaches this share of the bus bandwidth its ring reaches on the
 # same channels: ``busBw = std::min(busBw*.92, nChannels*perChMaxTreeBw)`` for the tree in
 # ``ncclTopoTuneModel`` (src/graph/tuning.cc of NVIDIA/nccl at b647562; the per-channel cap,
@@ -225,8 +232,10 @@ class CollectiveCost:
     def recv_bytes(self) -> Count:
         """The busiest rank's received bytes, its stages' together; a hierarchical
         broadcast's ranks each receive the tensor once, in the across stage (the domains'
-        leaders) or the inside one (the rest), not in both (it read 2S: an audit)."""
-        if self.op == "broadcast":
+        leaders) or the inside one (the rest), not in both (it read 2S: an audit). A ring
+        broadcast across levels splits the one copy each rank receives over its levels
+        (`_ring_across`), so its stages add up."""
+        if self.op == "broadcast" and not self.pipelined:
             return cast(Count, largest([cast(int, s.recv_bytes) for s in self.stages]))
         return sum((s.recv_bytes for s in self.stages), start=0)
 
@@ -264,15 +273,25 @@ class CollectiveCost:
 
     @property
     def link(self) -> Link:
-        """The slowest link the collective uses (lowest B_eff, then highest α)."""
-        return _slowest(s.link for s in self.stages)
+        """The slowest link the collective uses (lowest B_eff, then highest α): of the
+        stages that take a step or move a byte (`used`), so that a level the group only
+        passes through (a node's fabric under one rank, `topology.price_group`) is not
+        named for it; the innermost stage's link when none does (a group of one rank). It
+        took every stage's, and a report named PCIe for an all-reduce run on InfiniBand
+        (an audit)."""
+        return _slowest(s.link for s in self._used_stages)
 
     @property
     def reached_bandwidth(self) -> float:
         """B_eff the collective reaches on its slowest link at its size (the least of that
-        link's stages; the plateau on a link without a ramp). Scalar sizes only."""
+        link's used stages; the plateau on a link without a ramp). Scalar sizes only."""
         link = self.link
-        return min(float(s.effective_bandwidth) for s in self.stages if s.link == link)
+        return min(float(s.effective_bandwidth) for s in self._used_stages if s.link == link)
+
+    @property
+    def _used_stages(self) -> tuple[Stage, ...]:
+        """The stages that take a step or move a byte, or the first when none does."""
+        return tuple(s for s in self.stages if used(s)) or self.stages[:1]
 
     @property
     def links(self) -> tuple[str, ...]:
@@ -325,12 +344,15 @@ def algorithm_bytes(op: Op, size_bytes: Count, ranks: Count) -> Seconds:
 
 def default_algorithm(op: Op, tiers: int = 1) -> Algorithm:
     """The documented default: ring (pairwise all-to-all, direct send/recv) as in DESIGN.md
-    rule 3's table, across levels too for the ops NCCL runs as one ring over every rank of
-    a group (`LEVELLED_RING_OPS`, priced by `_ring_across`); across levels the all-to-all
-    and the broadcast take the two-level decomposition (`_hierarchical`)."""
+    rule 3's table, on one level and across levels alike (``tiers`` does not change it):
+    across levels the ops NCCL runs as one ring over every rank of a group
+    (`LEVELLED_RING_OPS`: the all-gather, reduce-scatter, all-reduce and broadcast) are
+    that ring (`_ring_across`; an unnamed all-reduce takes NCCL's tree where faster,
+    `_nccl_all_reduce`), and the all-to-all NCCL's grouped exchange with every peer at
+    once (`_exchange_across`). Across levels the all-to-all and the broadcast took the
+    two-level decomposition (`_hierarchical`), which NCCL does not run for either (an
+    audit); a plan still names it as ``hierarchical``."""
     _check_op(op)
-    if tiers > 1 and op not in ("send-recv", *LEVELLED_RING_OPS):
-        return "hierarchical"
     return ALGORITHMS[op][0]
 
 
@@ -340,10 +362,8 @@ def applicable_algorithms(op: Op, tiers: int = 1) -> tuple[Algorithm, ...]:
     flat = ALGORITHMS[op]
     if tiers > 1 and op == "all-reduce":
         return (flat[0], "double-tree", "hierarchical", *flat[1:])
-    if tiers > 1 and op in LEVELLED_RING_OPS:
-        return (flat[0], "hierarchical", *flat[1:])
     if tiers > 1 and op != "send-recv":
-        return ("hierarchical", *flat)
+        return (flat[0], "hierarchical", *flat[1:])
     return flat
 
 
@@ -457,19 +477,23 @@ def collective_cost(
     levelled: bool = True,
 ) -> CollectiveCost:
     """Price ``op`` over a group laid out as ``tiers`` (innermost first; ranks multiply).
-    ``levelled=False`` prices a ring across levels at its slowest link instead: an exchange
-    between neighbours, step by step, whose one hop across a node goes through one GPU's
-    port (ring attention's K/V), not NCCL's channels spread over every port.
+    ``levelled=False`` prices a ring (or an all-to-all) across levels at its slowest link
+    instead: an exchange between neighbours, step by step, whose one hop across a node goes
+    through one GPU's port (ring attention's K/V), not NCCL's channels spread over every
+    port.
 
-    * One tier: the flat algorithm (default ring) on that tier's link.
-    * Several tiers, ``ring`` for an all-gather, reduce-scatter or all-reduce (the default
-      for the first two): one ring through every rank, as NCCL runs it (`_ring_across`).
+    * One tier: the flat algorithm (default ring; pairwise all-to-all) on that tier's link.
+    * Several tiers, ``ring`` for an all-gather, reduce-scatter, all-reduce or broadcast
+      (the default for all but the all-reduce): one ring through every rank, as NCCL runs
+      it (`_ring_across`).
     * Several tiers, ``double-tree`` for an all-reduce: NCCL's double binary tree
       (`_tree_across`). An all-reduce across levels takes by default whichever of the ring
       and the tree is faster at its size, as NCCL's tuner chooses between them
       (`_nccl_all_reduce`).
-    * Several tiers, ``hierarchical`` (the default for the others): the two-level
-      decomposition, applied
+    * Several tiers, ``pairwise`` (the default) for an all-to-all: NCCL's grouped exchange
+      with every peer at once, each level carrying the blocks for the peers it reaches
+      (`_exchange_across`).
+    * Several tiers, ``hierarchical`` when named: the two-level decomposition, applied
       recursively per level with ring inside each level — NCCL's and MPICH's SMP-aware
       collectives (Thakur 2005, sec. 5; NCCL's tuning model). With G ranks per inner
       domain and D = P/G domains:
@@ -479,12 +503,13 @@ def collective_cost(
       - reduce-scatter: reduce-scatter inside (G, S) → reduce-scatter across on S/G;
       - all-gather: all-gather across on S/G → all-gather inside (G, S);
       - all-to-all: all-to-all inside on the blocks bound for each peer's local index,
-        then across between ranks of equal local index (same slow-link bytes as the flat
-        exchange, D−1 instead of P−1 slow steps);
+        then across between ranks of equal local index (Tutel's 2DH exchange: same
+        slow-link bytes as the flat exchange, D−1 instead of P−1 slow steps);
       - broadcast: across the domains from the root, then inside each domain.
       send/recv has no hierarchical form: it is priced flat on the slowest link.
     * Several tiers and another flat algorithm: that algorithm over all P ranks, every step
-      priced at the slowest link spanned.
+      priced at the slowest link spanned, of the tiers holding more than one rank
+      (`_flat_across`).
     * ``auto``: every applicable algorithm, the fastest wins; ``candidates`` keeps them all.
       Needs scalar sizes and ranks.
     """
@@ -508,33 +533,83 @@ def collective_cost(
             pieces = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)
             stages = [replace(stage, ramp_op=op) for stage in pieces]
             return CollectiveCost(op, "hierarchical", ranks, size_bytes, tuple(stages))
-    if algo == "ring" and op in LEVELLED_RING_OPS and len(tiers) > 1 and levelled:
-        hops = _ring_across(op, tuple(tiers), size_bytes, element_bytes)
-        return CollectiveCost(op, "ring", ranks, size_bytes, hops, pipelined=True)
-    link = _slowest(t.link for t in tiers)
-    stage = flat_stage(op, algo, ranks, size_bytes, link, element_bytes=element_bytes)
-    return CollectiveCost(op, algo, ranks, size_bytes, (stage,))
+    if len(tiers) > 1 and levelled:
+        if algo == "ring" and op in LEVELLED_RING_OPS:
+            hops = _ring_across(op, tuple(tiers), size_bytes, element_bytes)
+            return CollectiveCost(op, "ring", ranks, size_bytes, hops, pipelined=True)
+        if algo == "pairwise" and op == "all-to-all":
+            sends = _exchange_across(tuple(tiers), size_bytes, element_bytes)
+            return CollectiveCost(op, "pairwise", ranks, size_bytes, sends, pipelined=True)
+    flat = _flat_across(op, algo, tuple(tiers), size_bytes, element_bytes)
+    return CollectiveCost(op, algo, ranks, size_bytes, flat)
+
+
+def _flat_across(
+    op: Op, algorithm: Algorithm, tiers: tuple[Tier, ...], size: Count, e: int
+) -> tuple[Stage, ...]:
+    """A flat algorithm over all P ranks of a group, every step at the slowest link it
+    spans (Thakur 2005's formulas, `flat_stage`, on that link): the slowest of the tiers
+    holding more than one rank, the innermost where none does (a group of one rank). A tier
+    of one rank is a level the group only passes through (a node's fabric under an
+    all-reduce of one rank per node, `topology.price_group`) and sets no step's price: it
+    did, and a tree all-reduce of 8 nodes over 20 GB/s PCIe fabrics and 24 GB/s InfiniBand
+    was priced at PCIe's rate and α (an audit). With ranks that differ between the
+    configurations of a sweep, each takes its own slowest level: one stage per level,
+    counted where that level is the slowest spanned (as `search._flat_over_levels`)."""
+    p = _product([t.ranks for t in tiers])
+    if not any(isinstance(t.ranks, np.ndarray) for t in tiers):
+        spanned = [t.link for t in tiers if t.ranks > 1] or [tiers[0].link]
+        return (flat_stage(op, algorithm, p, size, _slowest(spanned), element_bytes=e),)
+    slowest = np.zeros(np.shape(p), dtype=np.int64)  # one rank: the innermost level, no step
+    by_speed = sorted(range(len(tiers)), key=lambda i: slowness(tiers[i].link))
+    for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
+        slowest = np.where(np.asarray(tiers[level].ranks) > 1, level, slowest)
+    stages = []
+    for level, tier in enumerate(tiers):
+        mask = (slowest == level).astype(np.int64)
+        if not mask.any():
+            continue
+        stage = flat_stage(op, algorithm, p, size, tier.link, element_bytes=e)
+        stages.append(
+            replace(
+                stage,
+                steps=stage.steps * mask,
+                sent_bytes=stage.sent_bytes * mask,
+                recv_bytes=stage.recv_bytes * mask,
+                payload_bytes=stage.payload_bytes * mask,
+                group_sent_bytes=stage.group_sent_bytes * mask,
+                group_recv_bytes=stage.group_recv_bytes * mask,
+            )
+        )
+    return tuple(stages)
 
 
 def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
     """One ring through all P ranks of a group that spans levels, as NCCL runs an
-    all-gather, reduce-scatter or all-reduce across nodes: one stage per level, holding the
-    ring's hops on that level.
+    all-gather, reduce-scatter, all-reduce or broadcast across nodes: one stage per level,
+    holding the ring's hops on that level.
 
-    NCCL's tuning model (``ncclTopoTuneModel``, src/graph/tuning.cc of NVIDIA/nccl) prices
-    such a ring at one bus bandwidth, its channels' inter-node rate, and its latency as
-    ``(nsteps - nInterSteps) · intraLat + nInterSteps · interLat`` with nInterSteps =
-    2(nNodes - 1) for an all-reduce, nNodes - 1 for the other two. Here, with G ranks of the
-    group in each innermost domain (a node) and N_k the domains of level k - 1 it spans
-    (N_1 = P / G nodes):
+    NCCL's tuning model (``ncclTopoTuneModel``, src/graph/tuning.cc of NVIDIA/nccl at
+    b647562) prices such a ring at one bus bandwidth, its channels' inter-node rate, and its
+    latency as ``(nsteps - nInterSteps) · intraLat + nInterSteps · interLat`` with
+    ``nInterSteps = coll == ncclFuncAllReduce ? (nNodes > 1 ? 2*nNodes : 0) : ... nNodes-1``
+    for the all-gather and reduce-scatter: 2·nNodes network steps of an all-reduce's
+    2(nRanks - 1), nNodes - 1 of the others' nRanks - 1. Here, with G ranks of the group in
+    each innermost domain (a node) and N_k the domains of level k - 1 it spans (N_1 = P / G
+    nodes):
 
     * every rank sends the flat ring's Q (2(P-1)·c for an all-reduce, (P-1)·c for the
-      others, c the padded chunk: `flat_stage`);
+      all-gather and reduce-scatter, c the padded chunk: `flat_stage`; S for a broadcast,
+      whose chain relays the root's whole buffer through every rank);
     * each channel's ring crosses a level-k boundary N_k times in its P hops, and NCCL
       spreads its channels over the node's network ports, so a rank's port carries Q·x_k/P,
       x_k the hops whose outermost boundary is level k, and its own fabric the rest;
-    * the latency-bearing steps split the same way: per·(N_k - 1) of them cross level k or
-      beyond (per = 2 for an all-reduce), the rest stay on the innermost link.
+    * the latency-bearing steps split the same way: of an all-reduce's 2(P - 1), 2·N_k
+      cross level k or beyond, as NCCL counts them (it counted 2(nNodes - 1) in earlier
+      versions, as this did: an audit), but never more than all 2(P - 1): with one rank
+      in each node NCCL's count leaves -2 steps inside the nodes, here 0; of the others'
+      P - 1 (a broadcast's P - 1 pipeline-fill steps, `flat_stage`), N_k - 1. The rest stay
+      on the innermost link.
 
     The bytes stream through every level at once (`CollectiveCost.bandwidth_s`), so a ring
     across nodes reaches G times one port's rate when the ports bind: 8 x 24 = 192 GB/s of
@@ -543,14 +618,82 @@ def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[
     NVIDIA/nccl issue 812), and 4 x 24 = 96 GB/s with four HDR NICs to eight A100s
     (NVIDIA/nccl-tests issue 119: "peak performance reaches about 96GB/s"). The two-level
     decomposition (`_hierarchical`) summed one after the other read 146 GB/s for two DGX
-    A100s.
+    A100s. A broadcast so reaches G times one port's rate too (nccl-tests counts its bus
+    bandwidth as S / t, doc/PERFORMANCE.md); as the two-level chain, node leaders first and
+    then inside each node, it was priced at one port's rate, the two chains one after the
+    other (an audit: NCCL runs no other broadcast).
     """
     per = 2 if op == "all-reduce" else 1
     p = _product([t.ranks for t in tiers])
-    q = per * (p - 1) * _chunk(size, p, e)  # each rank's bytes, as the flat ring's
+    # each rank's bytes: the flat ring's, or a broadcast's whole buffer, which every rank relays
+    q = size * _indicator(p > 1) if op == "broadcast" else per * (p - 1) * _chunk(size, p, e)
     spans = _spans(tiers)
-    steps = [per * (spans[k] - 1) - per * (spans[k + 1] - 1) for k in range(len(tiers))]
-    return _across(op, "ring", tiers, size, q, steps)
+
+    def crossing(k: int) -> Count:  # the steps crossing level k's boundary or beyond
+        if k == 0:
+            return per * (p - 1)
+        if k >= len(tiers):
+            return 0
+        if op == "all-reduce":
+            return _minimum(2 * spans[k] * _indicator(spans[k] > 1), 2 * (p - 1))
+        return spans[k] - 1
+
+    steps = [crossing(k) - crossing(k + 1) for k in range(len(tiers))]
+    stages = _across(op, "ring", tiers, size, q, steps)
+    if op != "broadcast":
+        return stages
+    # P − 1 ranks receive the tensor, as the flat chain counts them: each level's share of
+    # it on P − 1 ranks, which sums to (P − 1)·S over the levels
+    return tuple(
+        replace(s, group_sent_bytes=(p - 1) * s.sent_bytes, group_recv_bytes=(p - 1) * s.sent_bytes)
+        for s in stages
+    )
+
+
+def _exchange_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
+    """An all-to-all over a group that spans levels, as NCCL runs it: one grouped send and
+    receive with every peer (``ncclGroupStart``; ``ncclSend`` and ``ncclRecv`` to each rank;
+    ``ncclGroupEnd``: NVIDIA/nccl-tests src/alltoall.cu, and PyTorch's
+    ``all_to_all_single``, torch/csrc/cuda/nccl.cpp ``all2all_single_equal_split``, which
+    Megatron-Core's MoE token dispatcher calls through megatron/core/tensor_parallel/
+    mappings.py ``_AllToAll``). NCCL orders the peers as the ring-offset pairwise exchange
+    does (``comm->p2pSchedule``, src/init.cc: round k sends to rank + k and receives from
+    rank − k) but schedules every round of the group into one plan over its channels ("Try
+    to use all channels, but one channel per operation", src/enqueue.cc
+    ``scheduleP2pTasksToPlan``), so the rounds' bytes are in flight together. With P
+    ranks, b = ceil(S/(P²·e))·e the block a rank sends each peer (`flat_stage`'s pairwise
+    exchange) and N_k the domains of level k − 1 the group spans (`_spans`), a rank reaches
+    P − P/N_k of its peers over level k or beyond, so level k carries
+
+        peers_k = (P − P/N_k) − (P − P/N_(k+1)),  Q_k = peers_k · b,  n_k = peers_k
+
+    (level 0, the node's fabric: the P/N_1 − 1 peers in its node). The fabric carries its
+    blocks beside the network ports, and the outer levels' blocks share the GPU's one port,
+    as a ring's do (`CollectiveCost.bandwidth_s`): the busiest of the two sets the time.
+    The latency keeps the flat exchange's P − 1 steps (`flat_stage`: DESIGN.md rule 3's
+    pairwise default), each at the α of the link its peer is reached over, so that a group
+    on one level is the flat exchange, as a sweep prices it with every level; NCCL
+    overlaps the rounds' latencies too, which the flat exchange does not model either.
+    This replaces the two-level exchange (Tutel's 2DH, `_hierarchical`), which relays the
+    blocks inside the node first and so moves (G − 1)·D blocks over the fabric where NCCL
+    moves G − 1, in series with the network's (an audit)."""
+    p = _product([t.ranks for t in tiers])
+    spans = _spans(tiers)
+    block = _chunk(size, p * p, e)
+
+    def beyond(k: int) -> Count:  # the peers reached over level k or beyond
+        if k >= len(tiers):
+            return 0
+        return p - p // spans[k]
+
+    stages = []
+    for k, tier in enumerate(tiers):
+        peers = beyond(k) - beyond(k + 1)
+        stage = _Pricing("all-to-all", "pairwise", p, size, tier.link, 1).symmetric(
+            peers, peers * block
+        )
+        stages.append(replace(stage, ramp_op="all-to-all"))
+    return tuple(stages)
 
 
 def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
@@ -839,6 +982,12 @@ def _maximum(a: Count, b: int) -> Count:
     if isinstance(a, np.ndarray):
         return np.maximum(a, b)
     return max(a, b)
+
+
+def _minimum(a: Count, b: Count) -> Count:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return min(a, b)
 
 
 def _product(values: Sequence[Count]) -> Count:

@@ -1,7 +1,7 @@
 """FLOPs and bytes touched by each op of a transformer step, per rank.
 
 A `Work` is one kernel (or a fused group) with the floating-point operations it performs and
-the device-memory bytes it reads and writes; `compute.op_time` turns it into seconds by the
+the device-memory bytes it reads and writes; `schedule.work_time` turns it into seconds by the
 roofline. Counts follow the usual accounting:
 
 - A GEMM of (M x K) by (K x N) is 2·M·K·N FLOPs and touches M·K + K·N + M·N elements
@@ -11,7 +11,8 @@ roofline. Counts follow the usual accounting:
   a causal mask lets FlashAttention skip half the tiles (Dao, arXiv 2307.08691, section
   3.1), eager attention computes them all and masks. FlashAttention's backward does five
   such matmuls against the forward's two, 2.5 times the forward (Dao et al., arXiv
-  2205.14135, section 3.2 and appendix B.4).
+  2205.14135, section 3.2 and appendix B.4) where the query/key and value head dimensions
+  are equal, (3·d_qk + 2·d_v) / (d_qk + d_v) where they differ (`fused_backward`).
 - Norms, activation functions, dropout and residual additions are memory-bound: what counts
   is the bytes they read and write. Rotary position embeddings rotate Q and K after the QKV
   projection (Su et al., arXiv 2104.09864, section 3.4.2), one kernel that reads and writes
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from budget.plan.model import DTYPE_BYTES, FUSED_BACKWARD, MLP_NAMES, AttentionPass
-from budget.vector import every, ratio, vfloat, vmax, vmin, vround, vwhere
+from budget.vector import every, holds, lacks, ratio, vfloat, vmax, vmin, vround, vwhere
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
@@ -107,15 +108,15 @@ VOCAB_WEIGHT_BYTES = 2  # the least the embedding and output layer are kept in: 
 
 
 def vocab_operands(plan: Plan) -> Operands:
-    """`operands` of the output layer: its weights, as the embedding's, stay in a 16-bit
-    format where the blocks' go to fp8. Transformer Engine's fp8 weights
+    """`operands` of the output layer (`outside_operands`): its weights, as the embedding's,
+    stay in a 16-bit format where the blocks' go to fp8, and it reads and writes its
+    activations in the format it runs in (`outside_fp8`). Transformer Engine's fp8 weights
     (``fp8_model_init``, Megatron-LM's ``--fp8-param-gather``) are its own modules' and
     Megatron-LM's output layer and embedding are not TE modules; fp8 checkpoints keep them
     in bf16 (llm-compressor's FP8 recipes ``ignore=["lm_head"]``; ModelOpt's
     ``hf_quant_config.json`` excludes ``lm_head``; DeepSeek-V3's fp8 release quantizes only
     the blocks' linear layers)."""
-    e = operands(plan)
-    return Operands(e.activations, max(e.weights, VOCAB_WEIGHT_BYTES))
+    return outside_operands(plan)
 
 
 def outside_fp8(plan: Plan) -> str | None:
@@ -123,6 +124,26 @@ def outside_fp8(plan: Plan) -> str | None:
     the MoE router) runs in: the activations' under an FP8 recipe, which applies to TE's
     modules only; else None, `precision.matmul` like every GEMM (`Work.dtype`)."""
     return plan.precision.activations if plan.precision.matmul == "fp8" else None
+
+
+def outside_operands(plan: Plan) -> Operands:
+    """`Operands` of a GEMM outside Transformer Engine's modules, the output layer and the
+    MoE router: its input and output in the format it runs in (`outside_fp8`: the
+    activations', bf16, under an FP8 recipe, whose fp8 casts are TE's modules' own; where
+    there is no FP8 recipe, ``precision.matmul`` as `operands` says), and its weights at
+    least 16-bit. ``--fp8-param-gather`` (``fp8_model_init``) makes TE modules' weights fp8
+    and gathers the rest, the router's among them, in bf16 (Megatron-LM
+    ``megatron/core/transformer/moe/router.py``, ``Router.__init__``: the gate's weight is a
+    plain ``torch.nn.Parameter`` in ``params_dtype``, not a TE module's); fp8 checkpoints
+    keep the output layer in bf16 (`vocab_operands`) and the router too (vLLM builds the
+    gate unquantized, ``ReplicatedLinear(hidden, n_routed_experts, quant_config=None)`` in
+    ``vllm/model_executor/models/deepseek_v2.py``, as Mixtral's gate in ``mixtral.py``).
+    An audit: under fp8 the output layer and router read their bf16 input at fp8's 1 byte
+    an element, and the router its weights at 1 byte under fp8 gathers."""
+    e = operands(plan)
+    runs_in = outside_fp8(plan)
+    activations = DTYPE_BYTES[runs_in] if runs_in is not None else e.activations
+    return Operands(activations, max(e.weights, VOCAB_WEIGHT_BYTES))
 
 
 def _split(elem: int | Operands) -> tuple[int, int]:
@@ -298,14 +319,14 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         if not s.causal:
             return [replace(core, keys=s.seq_kv, causal=0.0)]
         keys, unmasked = attention_keys(plan, s.seq_kv), unmasked_keys(plan, s.seq_kv)
-        backward = backward_keys(plan, s.seq_kv)
         return [
             replace(
                 core,
                 keys=keys,
                 unmasked_keys=unmasked,
-                backward_keys=backward,
+                backward_keys=backward_keys(plan, s.seq_kv),
                 causal=causal_share(plan),
+                backward=fused_backward(qk_dim, v_dim),
             )
         ]
     scores = s.act * pairs
@@ -324,6 +345,21 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
         ),
         Work(EAGER_LAST, "attention", pv_mm, scores + v + out, backward=EAGER_BACKWARD),
     ]
+
+
+def fused_backward(qk_dim: int, v_dim: int) -> float | None:
+    """The fused attention kernel's backward FLOPs over its forward's where the query/key
+    and value head dimensions differ; None where they are equal (`backward_of` then takes
+    `FUSED_BACKWARD`, 2.5). FlashAttention-2's backward (Dao, arXiv 2307.08691, section
+    3.1.2, algorithm 2) recomputes S = QKᵀ and computes dV = PᵀdO, dP = dO·Vᵀ, dQ = dS·K and
+    dK = dSᵀQ: three products over the query/key dimension (S, dQ, dK) and two over the
+    value's (dV, dP), 2·(3·d_qk + 2·d_v) FLOPs per query-key pair against the forward's
+    2·(d_qk + d_v) (S and P·V). Equal dimensions give 5/2; latent attention's 192 and 128
+    (DeepSeek-V3) give (576 + 256) / 320 = 2.6. The measured backward rates stay at the
+    benchmarks' 2.5 (`budget.catalog.devices`: equal head dimensions)."""
+    if qk_dim == v_dim:
+        return None
+    return (3 * qk_dim + 2 * v_dim) / (qk_dim + v_dim)
 
 
 def _sliding(plan: Plan, s: Shapes, full: list[Work]) -> list[Work]:
@@ -643,13 +679,22 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
-def routing_skew(plan: Plan) -> Any:
+def routing_skew(plan: Plan, s: Shapes | None = None) -> Any:
     """The rows the busiest expert-parallel rank receives over a balanced router's, as the
     plan budgets them: ``experts.imbalance`` f, at most what a rank can take, min(ep, E/k)
     (each token sends it at most min(k, E/ep) rows, k/ep of them on average), and under a
-    capacity factor c at most min(f, c) / min(c, 1), since no expert takes more than
-    c·tokens·k/E rows from a rank (Megatron-Core's per-expert capacity); padded to capacity
-    every rank computes the same rows, so 1, as without experts or expert parallelism.
+    capacity factor c at most what the capacity lets through, the rows as
+    `layers._expert_shapes` sizes them: dispatched / sent = min(⌈T·k·f⌉, E·C) / min(T·k,
+    E·C), with T the rank's tokens and C = ⌈T·k·c/E⌉ each expert's capacity
+    (`layers.expert_capacity`, Megatron-Core's per-expert ``get_capacity``), since no expert
+    takes more than C rows from a rank. Where T·k·c/E is whole that is min(f, c) / min(c, 1);
+    rounded up per expert it is more (an audit: Mixtral decoding 4 sequences at ep 8 inside
+    tp 8, c 1.25, f 2 has C = ⌈1.25⌉ = 2, E·C = 16, rows sized at 16 dispatched over 8
+    sent, a skew of 2, where min(f, c) read 1.25). `s`: the pass whose rows are meant
+    (`Shapes.dispatched` and ``sent``); by default the pass the plan's figures are quoted
+    for (`_quoted_shapes`: training's micro-batch, a prefill, or a decode pass). Padded to
+    capacity every rank computes the same rows, so 1, as without experts or expert
+    parallelism.
 
     Balanced routing is what an auxiliary load-balancing loss (Fedus et al., arXiv
     2101.03961, eq. 4) or DeepSeek-V3's bias adjustment (arXiv 2412.19437, section 2.1.2)
@@ -661,27 +706,86 @@ def routing_skew(plan: Plan) -> Any:
     if e is None or e.pad_to_capacity:
         return 1.0
     skew = vmin(e.imbalance, vmin(plan.parallel.ep * 1.0, e.count / e.top_k))
-    c = e.capacity_factor
-    return skew if c is None else vmin(skew, c) / min(c, 1.0)
+    if e.capacity_factor is None:
+        return skew
+    sized = _quoted_shapes(plan) if s is None else s
+    # the rows as sized (`layers._expert_shapes`); never below the even share
+    return vmax(ratio(sized.dispatched, sized.sent), 1.0)
+
+
+def _quoted_shapes(plan: Plan) -> Shapes:
+    """The shapes of the pass a plan's figures are quoted for: a training micro-batch, a
+    prefill of ``batch.prompt`` tokens (``mode: prefill``), or a decode pass of one token a
+    sequence (``mode: decode``; `inference.derive_inference` builds the same passes)."""
+    from budget.layers import shapes
+
+    b = plan.batch
+    if plan.mode == "decode":
+        return shapes(plan, 1, b.prompt + b.generate)
+    if plan.mode == "prefill":
+        return shapes(plan, b.prompt, b.prompt)
+    return shapes(plan)
+
+
+MOE_SORT = "sort by local expert"
+MOE_UNSORT = "unsort by local expert"
 
 
 def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     """Router GEMM, token permutation, the local experts' GEMMs on the rows the busiest rank
     receives (as many as it dispatches under balanced routing, `routing_skew` times
     more under skew), unpermute and weighted combine, and the shared experts as a dense MLP
-    (Fedus et al., arXiv 2101.03961; DeepSeekMoE)."""
+    (Fedus et al., arXiv 2101.03961; DeepSeekMoE).
+
+    The memory passes around the exchange follow Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher`` (``megatron/core/transformer/moe/token_dispatcher.py``):
+
+    - ``dispatch_preprocess`` permutes the rank's own tokens into the all-to-all's send
+      order before the exchange ("permutation 1", ``permute``), and ``combine_postprocess``
+      unpermutes the rows that come back after it ("unpermutation 1", ``unpermute``): both
+      on the rows the rank sends, `Shapes.sent` (tokens_sp·k, capped or padded to E·C), not
+      on the rows its experts receive, which skew and the etp all-gather make more. Priced
+      a read and a write (permute) and three passes (unpermute and combine) of those rows.
+    - where a rank holds more than one expert (``num_local_experts > 1``)
+      ``dispatch_postprocess`` sorts the received rows, after the etp all-gather, by local
+      expert ("permutation 2", ``sort_chunks_by_idxs``, or a transpose made contiguous when
+      padded to capacity), and ``combine_preprocess`` unsorts the experts' output before
+      the etp reduce-scatter ("unpermutation 2"): a read and a write each of the rows the
+      experts compute, `Shapes.routed`. Each one's backward is the other's kernel on the
+      gradient, the same bytes (``backward`` 1).
+
+    Where every tp rank holds the same tokens (serving without sequence parallelism) there
+    is no exchange: the rank permutes the rows its own experts take, `Shapes.routed`,
+    straight into their order and back (`step.dispatch_buffers`), and sorts nothing more."""
+    from budget.layers import tokens_replicated
+
     e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
-    rows = s.act * s.routed * s.hidden
+    replicated = tokens_replicated(plan)
+    # the rows the rank permutes before the dispatch and unpermutes after the combine
+    own = s.act * vwhere(replicated, s.routed, s.sent) * s.hidden
     ex = plan.model.experts
     pick = ex.top_k / ex.count if ex is not None else 1.0
     ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
-    skew = routing_skew(plan)
+    skew = routing_skew(plan, s)
+    fc2 = grouped_gemm(
+        "expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep, skew
+    )
+    # the sort and unsort by local expert: a read and a write of the received rows each,
+    # zero bytes (no time) in a sweep's layouts with one expert a rank
+    sorts = holds(holds(s.local_experts > 1) & lacks(replicated))
+    received = vwhere(sorts, 2 * s.act * s.routed * s.hidden, 0)
+    sort: list[Work] = []
+    unsort: list[Work] = []
+    if not every(lacks(sorts)):
+        sort = [replace(elementwise(MOE_SORT, received), backward=1.0)]
+        unsort = [replace(elementwise(MOE_UNSORT, received), backward=1.0)]
     works = [
         elementwise("MoE norm", 2 * norm),
-        gemm("router", s.tokens_sp, s.hidden, s.experts, e, outside_fp8(plan)),
-        elementwise("token permutation", 2 * rows),
+        gemm("router", s.tokens_sp, s.hidden, s.experts, outside_operands(plan), outside_fp8(plan)),
+        elementwise("token permutation", 2 * own),
+        *sort,
         grouped_gemm(
             "expert fc1",
             s.routed,
@@ -694,10 +798,9 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
             skew,
         ),
         elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
-        grouped_gemm(
-            "expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep, skew
-        ),
-        elementwise("unpermute and combine", 3 * rows),
+        fc2,
+        *unsort,
+        elementwise("unpermute and combine", 3 * own),
     ]
     if every(s.shared_cols > 0):
         works += [
@@ -756,7 +859,8 @@ def backward_of(works: list[Work]) -> list[Work]:
     size (each ramps and starts on its own: one kernel of twice the size reached the
     efficiency curve further up and paid one start-up, an audit) whose inner dimensions are
     the forward's n (input gradient) and m (weight gradient), flash attention 2.5 times
-    in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2) and
+    in one kernel (it computes QKᵀ again: Dao et al., arXiv 2307.08691, section 3.1.2; its
+    `Work.backward`, `fused_backward`, where the head dimensions differ) and
     timed at the kernel's measured backward rate (`AttentionRate.at`),
     eager attention's products twice as two kernels each (`EAGER_BACKWARD`), memory-bound
     kernels about twice (they read the saved input and the incoming gradient)."""
@@ -902,7 +1006,10 @@ def fsdp_summed(plan: Plan, params: Any) -> list[Work]:
 
 
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
-    """Output layer (vocab-parallel GEMM), fp32 cross-entropy, and their backward; with
+    """The final norm, output layer (vocab-parallel GEMM), fp32 cross-entropy, and their
+    backward; the final norm's backward, like the blocks' norms', reads its saved input and
+    the incoming gradient and writes the input gradient, twice its forward's two passes of
+    [tokens_sp, hidden] (`backward_of`; an audit found it left out); with
     ``model.logit_softcap``, Gemma 2's cap · tanh(logits / cap) between them, one fused pass
     that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2).
 
@@ -921,12 +1028,10 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
-    forward = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
-    return [
-        elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden),
-        *forward,
-        *backward_of(forward),
-    ]
+    norm = elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden)
+    head = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
+    forward = [norm, *head]
+    return [*forward, *backward_of(forward)]
 
 
 MTP_PROJECTION = "multi-token prediction projection"
@@ -1016,27 +1121,49 @@ def model_flops_per_token(plan: Plan) -> int:
 
 def _dropped_expert_params(plan: Plan) -> int:
     """Expert parameters a token's dropped assignments would have used: with a capacity
-    factor c < 1 each expert takes c of the assignments uniform routing sends it
-    (`layers.moe_shapes`), so a token's top-k experts compute c·k on average and the
-    rest, (1 - c)·k experts' worth, is no model FLOP (an audit: c = 0.5 read as 67 % MFU
-    where top-1, the same expert work, read 40 %). Padding up to a capacity above 1 is
-    work that no token needs, counted by neither."""
+    factor c < 1 a rank keeps min(T·k, E·C) of its T·k assignments (`_kept_share`), so a
+    token's top-k experts compute k·share on average and the rest, k·(1 − share) experts'
+    worth, is no model FLOP (an audit: c = 0.5 read as 67 % MFU where top-1, the same
+    expert work, read 40 %). Padding up to a capacity above 1 is work that no token needs,
+    counted by neither. An array over a sweep's layouts, whose T differ."""
     from budget.layers import layer_params, moe_layers
 
     e = plan.model.experts
     if e is None or e.capacity_factor is None or e.capacity_factor >= 1:
         return 0
     per_expert = layer_params(plan, moe=True).expert_total // e.count
-    return round(sum(moe_layers(plan)) * e.top_k * per_expert * (1 - e.capacity_factor))
+    return vround(sum(moe_layers(plan)) * e.top_k * per_expert * (1 - _kept_share(plan)))
+
+
+def _kept_share(plan: Plan) -> float:
+    """The share of a rank's token-expert assignments a capacity factor keeps, as
+    `layers._expert_shapes` sizes the rows it computes: min(T·k, E·C) / (T·k), with T the
+    rank's tokens as `layers.expert_capacity` takes them (a micro-batch's sequence shard,
+    `Shapes.tokens_sp`, of the pass the figures are quoted for: `_quoted_shapes`) and
+    C = ⌈T·k·c/E⌉ each expert's capacity (Megatron-Core's ``get_capacity``, rounded up per
+    expert). Under balanced routing each expert is sent T·k/E rows and keeps min(T·k/E, C):
+    c, less what the rounding keeps beyond it, where c·T·k/E is not whole (an audit: the
+    drop read (1 − c)·k whatever the rounding; Mixtral decoding one sequence at tp 8, c 0.5,
+    has C = ⌈1·2·0.5/8⌉ = 1 and E·C = 8 ≥ 2 rows: nothing dropped). 1 without a capacity
+    factor or at c ≥ 1 (E·C ≥ T·k)."""
+    from budget.layers import expert_capacity
+
+    e = plan.model.experts
+    if e is None or e.capacity_factor is None or e.capacity_factor >= 1:
+        return 1.0
+    tokens = _quoted_shapes(plan).tokens_sp
+    rows = tokens * e.top_k
+    full = e.count * expert_capacity(tokens, e.top_k, e.count, e.capacity_factor)
+    return ratio(vmin(rows, full), rows)
 
 
 def _kept_assignments(plan: Plan) -> float:
     """Expert assignments a token computes on average: its top k, less what a capacity
-    factor c < 1 drops (`_dropped_expert_params`): k·min(c, 1)."""
+    factor c < 1 drops (`_kept_share`): k·min(T·k, E·C)/(T·k)."""
     e = plan.model.experts
     if e is None:
         return 0.0
-    return e.top_k * min(e.capacity_factor or 1.0, 1.0)
+    return e.top_k * _kept_share(plan)
 
 
 def _gemm_params(plan: Plan) -> int:
@@ -1075,7 +1202,7 @@ def _mtp_flops_per_token(plan: Plan) -> int:
     m = plan.model
     x = mtp_layer_params(plan)
     # the module's MoE layer routes as the main model's do, capacity and all
-    experts = round(x.expert_total * _kept_assignments(plan) / m.experts.count) if m.experts else 0
+    experts = vround(x.expert_total * _kept_assignments(plan) / m.experts.count) if m.experts else 0
     weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
     pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
     return d * (6 * weights + 3 * pairs)

@@ -122,7 +122,7 @@ class Move:
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one between neighbours (ring attention's K/V); None: the default (ring,
     # across levels as NCCL's channels run it, for an all-reduce the faster of that and
-    # NCCL's double binary tree; hierarchical across levels for the others)
+    # NCCL's double binary tree; a broadcast NCCL's ring, an all-to-all its grouped exchange)
     algorithm: Algorithm | None = None
     # runs after every micro-batch's backward though its phase comes after the pipeline
     # (ZeRO-2's reduce-scatter): what of it is exposed lengthens each micro-batch of its

@@ -619,7 +619,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         bubble = pipeline - floor
     total = pipeline + largest(afters)
     tokens = plan.batch.global_batch * plan.batch.seq
-    model_flops = float(model_flops_per_token(plan) * tokens)
+    # an array in a sweep whose layouts' capacity factor keeps different shares
+    # (`flops._kept_share`): in floats, as int64 products of this size overflow
+    per_token = model_flops_per_token(plan)
+    model_flops = (
+        float(per_token * tokens) if isinstance(per_token, int) else vfloat(per_token) * tokens
+    )
     peak = plan.device.peak_flops(mfu_format(plan)) * plan.topology.gpus
     return StepTime(
         stages=tuple(stages),

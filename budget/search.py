@@ -579,16 +579,16 @@ class _Pricer:
 
     Each configuration's group of ranks is laid out on the topology by the same function a
     single plan uses (`topology.group_span`, once per distinct set of degrees); the ranks
-    at each level become arrays. A level a group does not use holds one rank, which costs
-    no step and no byte, so every configuration can take the same form across levels (the
-    ring's, or the two-level one's).
+    at each level become arrays (`GroupSpan.counts`). A level a group does not use holds
+    one rank, which costs no step and no byte, so every configuration can take the same form
+    across levels (the ring's, the all-to-all's exchange with every peer, or the two-level
+    one's), and a group on one level comes out as the flat algorithm on it.
     """
 
     def __init__(self, plan: Plan, cols: Columns, gpus: int) -> None:
         plan = replace(plan, topology=replace(plan.topology, gpus=gpus))
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
-        self.names = [level.name for level in self.levels]
         degrees = np.stack([cols.values[k] for k in ("tp", "pp", "dp", "cp", "ep")], axis=1)
         first, which = _distinct_rows(degrees)
         self.unique = [tuple(int(x) for x in degrees[i]) for i in first.tolist()]
@@ -618,9 +618,10 @@ class _Pricer:
             if counts is not None:
                 per_level[row] = counts
                 continue
+            # by level, not by name: two levels may share one (`GroupSpan.counts`), and the
+            # first of them took every tier of that name (an audit: levels nvlink, ib, ib)
             scalar = replace(move, ranks=sizes[row])
-            for tier in move_span(config, scalar).tiers:
-                per_level[row, self.names.index(tier.link.name)] = int(tier.ranks)
+            per_level[row] = move_span(config, scalar).counts
         result = tuple(per_level[self.which, i] for i in range(len(self.levels)))
         self.cache[key] = result
         return result
@@ -656,8 +657,12 @@ class _Pricer:
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
         element = _element(move.dtype)
-        # NCCL's ring across levels, but not a neighbours' exchange (`schedule.price_move`)
-        ring = move.op in LEVELLED_RING_OPS and algorithm in (None, "ring") and not move.algorithm
+        # NCCL's ring (its all-to-all: every peer at once) across levels, but not a
+        # neighbours' exchange (`schedule.price_move`)
+        ring = not move.algorithm and (
+            (move.op in LEVELLED_RING_OPS and algorithm in (None, "ring"))
+            or (move.op == "all-to-all" and algorithm in (None, "pairwise", "ring"))
+        )
         if algorithm not in (None, "hierarchical", "double-tree") and len(links) > 1 and not ring:
             return _flat_over_levels(move, algorithm, ranks, links, element)
         tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]

@@ -98,6 +98,10 @@ class GroupSpan:
     # the topology's innermost link (a node's own fabric), which a ring across levels sets
     # apart from the network ports even where the group has one rank in each node
     fabric: Link | None = None
+    # ranks of the group at each level of the topology, innermost first, 1 where it uses
+    # none (`tiers` without the levels of one rank): a sweep places each tier by it, not by
+    # the level's name, which two levels may share (`search._Pricer`)
+    counts: tuple[int, ...] = ()
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -300,7 +304,10 @@ def _span_of_members(
         gaps = set(np.diff(members).tolist())
         stride = gaps.pop() if len(gaps) == 1 else None
     first = members[0] if rank is None else rank
-    return GroupSpan(kind, first, members, stride, tiers, touched[0], link_of(levels[0]))
+    every = (*counts, *(1,) * (len(levels) - len(counts)))
+    return GroupSpan(
+        kind, first, members, stride, tiers, touched[0], link_of(levels[0]), tuple(every)
+    )
 
 
 def _tally(members: Sequence[int], size: int) -> list[int]:
@@ -403,8 +410,11 @@ def price_group(
 
     ``dtype`` sets the element size chunks are rounded to (bf16: 2 bytes). The default
     algorithm is ring, across levels too for the ops NCCL runs as one ring (an all-reduce
-    there takes NCCL's double binary tree where that is faster), and hierarchical across
-    levels for the others (`collective_cost`, which ``levelled`` goes to).
+    there takes NCCL's double binary tree where that is faster), pairwise for the
+    all-to-all, across levels NCCL's exchange with every peer at once
+    (`collective_cost`, which ``levelled`` goes to). A flat algorithm named for a group
+    across levels is priced at the slowest level holding more than one of its ranks, not
+    at the fabric added below it (`collectives._flat_across`).
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
     tiers = span.tiers
@@ -413,7 +423,13 @@ def price_group(
     # fabric, carrying none of it, is the innermost level, as a sweep prices it (a review:
     # the search took the tree for such a data-parallel group where `budget` kept the ring)
     across = len(tiers) > 1 or (op == "all-reduce" and levelled)
-    if across and span.fabric is not None and tiers[0].link.name != span.fabric.name:
+    # the innermost tier is the fabric's unless the group has one rank in each node (by the
+    # counts, not the name, which two levels may share); a span without counts, by the name
+    if span.counts:
+        outside = span.counts[0] == 1 and max(span.counts) > 1
+    else:
+        outside = span.fabric is not None and tiers[0].link.name != span.fabric.name
+    if across and span.fabric is not None and outside:
         # one rank in each node, across two levels of network or more: the node's fabric is
         # the innermost tier still, carrying none of it, so that the levels priced are all
         # ports, as a sweep prices them with every level (a review: rail units across a

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 __all__ = [
+    "MAX_INT",
     "UnitError",
     "decimals_apart",
     "duration_unit",
@@ -56,6 +57,10 @@ _NUMBER = r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-
 _LONGEST = 64  # characters; exact arithmetic on "1e-9999999" would take seconds
 _QUANTITY = re.compile(_NUMBER + r"\s*(?P<unit>[^\s\d].*)?$")
 _LARGEST = 1e30  # anything above is a typo or an attack, not a real machine
+# Integers beyond int64 are typos or attacks, not plan dimensions: the plan's YAML loader
+# refuses them (`budget.plan.yaml_load`, which imports this), and `parse_bytes` a count of
+# bytes as large ("1e30 B", "9223372036854775808 B"), which a bare integer could not be
+MAX_INT = 2**63
 
 
 def _split(text: str | int | float, what: str) -> tuple[Fraction, str]:
@@ -121,7 +126,10 @@ def parse_bytes(text: str | int | float, whole: bool = False) -> int:
     value = _nonnegative(value, text, what)
     if whole and value.denominator != 1:
         raise UnitError(f"{text!r} is {float(value):g} bytes; bytes are whole")
-    return math.ceil(value)
+    count = math.ceil(value)
+    if count >= MAX_INT:  # as the bare integer 9223372036854775808 is refused
+        raise UnitError(f"{text!r} is too large (sizes must be below 2**63 bytes)")
+    return count
 
 
 UNIT_LEFT_OUT = 2**20  # a bare size under 1 MiB is a unit left out, not a real size

@@ -130,13 +130,18 @@ def test_acceptance_2_seed_example() -> None:
 
 
 def test_acceptance_3_ring_across_levels_and_hierarchical() -> None:
-    # The default across levels, NCCL's ring (tests/test_collectives.py, by hand): 56 NVLink
-    # steps of 1 µs and 6 IB steps of 5 µs, and each rank's port carries 1/8 of its
-    # 2 · 31/32 · 2^30 B: 86 µs + 260,046,848 B / 50 GB/s = 5,286.937 µs.
+    # The default across levels, NCCL's ring (tests/test_collectives.py, by hand): of its
+    # 2(P - 1) = 62 steps NCCL counts 2·nNodes = 2 · 4 = 8 on the network (tuning.cc at
+    # b647562; 2(nNodes - 1) = 6 before), the other 54 inside the nodes, each at its link's
+    # α: 54 · 1 µs + 8 · 5 µs = 94 µs. The bandwidth term is as before: each rank's port
+    # carries 1/8 of its 2 · 31/32 · 2^30 B = 260,046,848 B, / 50 GB/s = 5,200.937 µs; so
+    # T = 94 + 5,200.937 = 5,294.937 µs.
     ring = _json(["collective", "all-reduce", *FOUR_NODES])
     assert ring["algorithm"] == "ring" and ring["steps"] == 62
-    assert ring["time_s"] * 1e6 == pytest.approx(5286.937, abs=5e-4)
-    assert [(s["link"], s["steps"]) for s in ring["levels"]] == [("level 1", 56), ("level 2", 6)]
+    assert ring["latency_term_s"] * 1e6 == pytest.approx(54 * 1 + 8 * 5)
+    assert ring["bandwidth_term_s"] == pytest.approx(2 * 31 * 2**30 / 32 / 8 / 50e9)
+    assert ring["time_s"] * 1e6 == pytest.approx(5294.937, abs=5e-4)
+    assert [(s["link"], s["steps"]) for s in ring["levels"]] == [("level 1", 54), ("level 2", 8)]
     assert ring["latency_term_s"] + ring["bandwidth_term_s"] == pytest.approx(ring["time_s"])
     # Named hierarchical: RS inside 8 (2094.831 µs) + AR across 4 on S/8 (30 µs +
     # 4026.532 µs) + AG inside (2094.831 µs) = 8246.194 µs; one flat ring on the 50 GB/s
@@ -276,10 +281,13 @@ def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
     )
     render_roofline(console, roofline(4, "80GB/s", "1000GFLOP/s"), fmt)
     text = console.export_text()
-    assert "5,286.937 µs" in text and "hops on each level" in text and "chosen" in text
+    # auto's ring over 4 nodes of 8 (test_acceptance_3_ring_across_levels_and_hierarchical):
+    # 54 nvlink steps of 1 µs and NCCL's 2·nNodes = 8 ib steps of 5 µs, 94 µs, + 1/8 of
+    # 2 · 31/32 · 2^30 B on each 50 GB/s port, 5,200.937 µs: 5,294.937 µs
+    assert "5,294.937 µs" in text and "hops on each level" in text and "chosen" in text
     assert "nvlink: B 450 GB/s per GPU, α 1 µs; ib: B 50 GB/s per GPU, α 5 µs" in text
     if fmt == "markdown":
-        assert "| time T | 5,286.937 µs  (bandwidth-bound) |" in text
+        assert "| time T | 5,294.937 µs  (bandwidth-bound) |" in text
 
 
 def test_a_zero_latency_needs_no_unit() -> None:
@@ -649,4 +657,7 @@ def test_a_named_tree_is_said_in_legend_markdown_diff_and_the_calculator(tmp_pat
     levels = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
     out = runner.invoke(app, route(["collective", "all-reduce", "--size", "8MiB", *levels]))
     text = " ".join(out.stdout.split())
-    assert "double-tree: faster here than NCCL's ring (126.632 µs)" in text
+    # NCCL's ring at 8 MiB over 4 nodes of 8: 54 steps of 1 µs inside the nodes and
+    # 2·nNodes = 8 of 5 µs across them, 94 µs, + 1/8 of 2 · 31 · 8 MiB/32 = 2,031,616 B on
+    # a 50 GB/s port, 40.632 µs: 134.632 µs (126.632 µs with 2(nNodes - 1) = 6 across)
+    assert "double-tree: faster here than NCCL's ring (134.632 µs)" in text

@@ -75,17 +75,20 @@ def test_ring_all_reduce_four_nodes_of_eight() -> None:
     NCCL's measured 192 GB/s between DGX A100s: `_ring_across`). Each rank sends Q = 2 x 31
     x 2^30 / 32 = 2,080,374,784 B; a channel's ring crosses the 4 node boundaries in 4 of
     its 32 hops, so each rank's port takes Q / 8 = 260,046,848 B and NVLink the other
-    1,820,327,936 B. Steps: 62, of which 2 x (4 - 1) = 6 cross IB. T = 56 x 1 us + 6 x
-    5 us + max(1,820,327,936 / 450e9, 260,046,848 / 50e9) = 86 us + 5,200.937 us."""
+    1,820,327,936 B. Steps: 62, of which 2 x nNodes = 8 cross IB, as NCCL counts them
+    (src/graph/tuning.cc at b647562: ``nInterSteps = ... (nNodes > 1 ? 2*nNodes : 0)`` for
+    an all-reduce; this counted 2 x (4 - 1) = 6). T = 54 x 1 us + 8 x 5 us +
+    max(1,820,327,936 / 450e9, 260,046,848 / 50e9) = 94 us + 5,200.937 us = 5,294.937 us."""
     cost = collective_cost("all-reduce", [Tier(8, NVLINK), Tier(4, IB)], GIB)
     assert cost.algorithm == "ring" and cost.pipelined
     assert [(s.link.name, s.steps, s.sent_bytes) for s in cost.stages] == [
-        ("nvlink", 56, 1_820_327_936),
-        ("ib", 6, 260_046_848),
+        ("nvlink", 54, 1_820_327_936),
+        ("ib", 8, 260_046_848),
     ]
     assert cost.sent_bytes == 2_080_374_784 == cost.recv_bytes
-    assert cost.latency_s * 1e6 == pytest.approx(86.0)
-    assert cost.time_s * 1e6 == pytest.approx(86.0 + 260_046_848 / 50e9 * 1e6)
+    assert cost.latency_s * 1e6 == pytest.approx(94.0)
+    assert cost.time_s * 1e6 == pytest.approx(94.0 + 260_046_848 / 50e9 * 1e6)
+    assert cost.time_s * 1e6 == pytest.approx(5294.937, abs=5e-4)
     assert cost.links == ("nvlink", "ib")
 
 
@@ -95,12 +98,13 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     2 x 7 = 14 NVLink steps of 1 us and 2 x lg 4 = 4 IB steps of 5 us, 34 us; each rank
     moves 2 x 32 x c = 2 x 2^30 B, its port an eighth of it, 268,435,456 B at 0.92 x 50 GB/s
     = 5,835.553 us, and NVLink the rest at 0.92 x 450 GB/s = 4,538.764 us beside it. 1 GiB:
-    5,869.553 us, slower than the ring's 5,286.937 us, so an unnamed all-reduce runs the
-    ring; at 8 MiB the tree's 34 us of latency against the ring's 86 us wins, its rate
-    corrected by NCCL's factor at 8 MiB (entry lg(2^23 / 64) = 17 of treeCorrectionFactor's
-    Simple row: 0.8): 34 us + 2,097,152 / (0.92 x 0.8 x 50e9) s = 90.988 us against 86 us +
-    2,031,616 / 50e9 s = 126.632 us. Named inside one node it is NCCL's chain: 14 steps and
-    2 GiB at 0.92 x 450 GB/s, 14 us + 5,187.159 us, slower than the ring."""
+    5,869.553 us, slower than the ring's 5,294.937 us, so an unnamed all-reduce runs the
+    ring; at 8 MiB the tree's 34 us of latency against the ring's 94 us (54 NVLink steps,
+    8 IB steps) wins, its rate corrected by NCCL's factor at 8 MiB (entry lg(2^23 / 64) = 17
+    of treeCorrectionFactor's Simple row: 0.8): 34 us + 2,097,152 / (0.92 x 0.8 x 50e9) s =
+    90.988 us against 94 us + 2,031,616 / 50e9 s = 134.632 us. Named inside one node it is
+    NCCL's chain: 14 steps and 2 GiB at 0.92 x 450 GB/s, 14 us + 5,187.159 us, slower than
+    the ring."""
     tiers = [Tier(8, NVLINK), Tier(4, IB)]
     tree = collective_cost("all-reduce", tiers, GIB, "double-tree")
     assert tree.algorithm == "double-tree" and tree.pipelined
@@ -115,7 +119,7 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     assert mid.algorithm == "double-tree"
     assert mid.time_s * 1e6 == pytest.approx(90.988, abs=5e-4)
     ring = collective_cost("all-reduce", tiers, 8 * 2**20, "ring")
-    assert ring.time_s * 1e6 == pytest.approx(126.632, abs=5e-4)
+    assert ring.time_s * 1e6 == pytest.approx(134.632, abs=5e-4)
     chain = collective_cost("all-reduce", [Tier(8, NVLINK)], GIB, "double-tree")
     assert (chain.algorithm, chain.steps, chain.sent_bytes) == ("double-tree", 14, 2 * GIB)
     assert chain.time_s * 1e6 == pytest.approx(5201.159, abs=5e-4)
@@ -123,10 +127,14 @@ def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     one = collective_cost("all-reduce", [Tier(1, NVLINK), Tier(1, IB)], GIB, "double-tree")
     assert (one.steps, one.sent_bytes, one.time_s) == (0, 0, 0.0)
     # one rank in each node: no chain, the trees alone (2 lg 4 = 4 steps on IB), where the
-    # ring takes 2 x 3 = 6 and moves 3/4 of the tree's 2S at a rate 1/0.736 as high: ring
+    # ring takes 2 x 3 = 6, all on IB (NCCL's 2 x nNodes = 8 network steps capped at the
+    # ring's 6: its count would leave -2 inside the nodes), and moves 3/4 of the tree's 2S
+    # at a rate 1/0.736 as high: ring
     alone = [Tier(1, NVLINK), Tier(4, IB)]
     assert collective_cost("all-reduce", alone, 8 * 2**20, "double-tree").steps == 4
-    assert collective_cost("all-reduce", alone, 8 * 2**20).algorithm == "ring"
+    ring_alone = collective_cost("all-reduce", alone, 8 * 2**20)
+    assert ring_alone.algorithm == "ring"
+    assert [s.steps for s in ring_alone.stages] == [0, 6]
 
 
 def test_the_tree_corrects_its_rate_by_nccls_factor_for_each_size() -> None:
@@ -145,15 +153,18 @@ def test_the_tree_corrects_its_rate_by_nccls_factor_for_each_size() -> None:
 
 def test_nccl_takes_the_tree_at_scale_where_the_ring_is_all_latency() -> None:
     """16,384 GPUs in 2,048 DGX H100s (370 GB/s NVLink at 3 us, 47 GB/s per port at
-    14 us), 100 MB: the ring's 2 x 16,383 steps are 28,672 NVLink steps and 4,094 IB ones,
-    143.9 ms of latency alone. NCCL's tree: 2 x (7 x 3 us + lg 2,048 x 14 us) = 350 us, and
+    14 us), 100 MB: the ring's 2 x 16,383 = 32,766 steps are 2 x 2,048 = 4,096 IB ones (NCCL's
+    2 x nNodes) and 28,670 NVLink ones, 28,670 x 3 us + 4,096 x 14 us = 143.354 ms of latency
+    alone. NCCL's tree: 2 x (7 x 3 us + lg 2,048 x 14 us) = 350 us, and
     2 x 16,384 x 6,104 B (c = ceil(1e8 / 16,384)) with an eighth through each port at
     0.92 x 0.8 x 47 GB/s (the correction's entry lg(1e8 / 64) = 20): 200,015,872 / 8 /
     34.592e9 = 722.768 us; 1,072.768 us in all, the default. (NCCL's own formula, 2S /
     (0.92 x 0.8 x 8 x 47 GB/s), gives 722.71 us unpadded.)"""
     tiers = [Tier(8, Link("nvlink", 370e9, 3e-6)), Tier(2048, Link("ib", 47e9, 14e-6))]
     ring = collective_cost("all-reduce", tiers, 100_000_000, "ring")
-    assert ring.latency_s * 1e3 == pytest.approx(28_672 * 3e-3 + 4_094 * 14e-3)
+    assert [s.steps for s in ring.stages] == [28_670, 4_096]
+    assert ring.latency_s * 1e3 == pytest.approx(28_670 * 3e-3 + 4_096 * 14e-3)
+    assert ring.latency_s * 1e3 == pytest.approx(143.354)
     cost = collective_cost("all-reduce", tiers, 100_000_000)
     assert cost.algorithm == "double-tree" and cost.steps == 2 * 7 + 2 * 11
     assert cost.latency_s * 1e6 == pytest.approx(350.0)
@@ -230,9 +241,10 @@ def test_hierarchical_all_reduce_four_nodes_of_eight() -> None:
 
 
 def test_hierarchical_all_to_all_four_nodes_of_eight() -> None:
-    """The default all-to-all across nodes (EP dispatch and combine): the two-level exchange
-    of `_hierarchical`, 8 GPUs x 4 nodes, S = 1 GiB, P = 32, so each block (what one rank
-    sends one other) is b = S / 32² = 1 MiB.
+    """The all-to-all across nodes named ``hierarchical`` (the default until an audit; the
+    default is now NCCL's exchange with every peer at once, tests/test_collectives_audit.py):
+    the two-level exchange of `_hierarchical` (Tutel's 2DH), 8 GPUs x 4 nodes, S = 1 GiB,
+    P = 32, so each block (what one rank sends one other) is b = S / 32² = 1 MiB.
 
     Inside the node, to local peer j go the d = 4 blocks bound for every rank of local
     index j: a pairwise exchange over g = 8 of 7 steps, 7 x 4 MiB = 29,360,128 B per rank.
@@ -243,7 +255,7 @@ def test_hierarchical_all_to_all_four_nodes_of_eight() -> None:
     T = 7 x 1 µs + 29,360,128 / 450e9 s + 3 x 5 µs + 25,165,824 / 50e9 s
       = 7 + 65.2447 + 15 + 503.3165 µs = 590.561 µs."""
     tiers = [Tier(8, NVLINK), Tier(4, IB)]
-    cost = collective_cost("all-to-all", tiers, GIB)
+    cost = collective_cost("all-to-all", tiers, GIB, "hierarchical")
     assert cost.algorithm == "hierarchical"
     assert [(s.link.name, s.ranks, s.steps, s.sent_bytes) for s in cost.stages] == [
         ("nvlink", 8, 7, 29_360_128),
@@ -262,12 +274,13 @@ def test_hierarchical_all_to_all_four_nodes_of_eight() -> None:
 
 
 def test_hierarchical_broadcast_time_four_nodes_of_eight() -> None:
-    """The default broadcast across nodes: a chain across the 4 nodes' leaders on IB, then a
-    chain inside each node on NVLink (ring broadcast: P − 1 fill steps, S through one link;
-    nccl-tests doc/PERFORMANCE.md). S = 1 GiB:
+    """The broadcast across nodes named ``hierarchical`` (the default until an audit; the
+    default is now NCCL's ring, tests/test_collectives_audit.py): a chain across the 4
+    nodes' leaders on IB, then a chain inside each node on NVLink (ring broadcast: P − 1
+    fill steps, S through one link; nccl-tests doc/PERFORMANCE.md). S = 1 GiB:
     T = 3 x 5 µs + 2^30 / 50e9 s + 7 x 1 µs + 2^30 / 450e9 s
       = 15 + 21,474.836 + 7 + 2,386.093 µs = 23,882.929 µs."""
-    cost = collective_cost("broadcast", [Tier(8, NVLINK), Tier(4, IB)], GIB)
+    cost = collective_cost("broadcast", [Tier(8, NVLINK), Tier(4, IB)], GIB, "hierarchical")
     assert cost.algorithm == "hierarchical"
     assert [(s.link.name, s.steps, s.payload_bytes) for s in cost.stages] == [
         ("ib", 3, GIB),
@@ -299,7 +312,7 @@ def test_auto_picks_the_ring_for_big_and_a_log_algorithm_for_tiny_messages() -> 
     assert big.time_s == min(t for _, t in big.candidates)
     # 1 KiB: latency dominates. NCCL's double binary tree: 2 · 7 NVLink steps · 1 µs + 2 ·
     # lg 4 IB steps · 5 µs = 34 µs beats the two-level form's 14 · 1 µs + 6 · 5 µs = 44 µs,
-    # Rabenseifner's 2 lg 32 = 10 IB steps = 50 µs and the ring's 56 · 1 + 6 · 5 = 86 µs.
+    # Rabenseifner's 2 lg 32 = 10 IB steps = 50 µs and the ring's 54 · 1 + 8 · 5 = 94 µs.
     tiny = collective_cost("all-reduce", tiers, 1024, "auto")
     assert tiny.algorithm == "double-tree"
     assert tiny.latency_s * 1e6 == pytest.approx(34.0)

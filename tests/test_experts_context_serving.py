@@ -250,10 +250,15 @@ def test_the_report_says_the_skew_it_budgets(tmp_path, keys, skew):
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_mfu_counts_the_assignments_a_capacity_keeps(pad):
-    """Model FLOPs count the expert work tokens get: top 2 at capacity 0.5 keeps one
-    assignment a token on average, the expert work of top 1 (an audit: it read 67 % MFU
-    where top 1 read 40 %). A capacity above 1 drops nothing, and its padding is no model
-    FLOP, so it counts as dropless."""
+    """Model FLOPs count the expert work tokens get (an audit: top 2 at capacity 0.5 read
+    67 % MFU where top 1, the same expert work, read 40 %), as the capacity keeps it per
+    expert (`layers.expert_capacity`): a rank's T = 4096 / tp 2 = 2,048 tokens send T·k =
+    8,192 rows and each of the 60 experts keeps C = ⌈2,048·4·0.5/60⌉ = ⌈68.27⌉ = 69, so
+    E·C = 4,140 rows, 4,140 / 2,048 = 2.021484375 assignments a token, not top 4's half, 2:
+    23 MoE layers × 6 × 8,650,752 (3 × 2,048 × 1,408) × 44 / 2,048 = 25,648,128 FLOPs a
+    token more than top 2 (a later audit: the drop was (1 − c)·k whatever the rounding).
+    A capacity above 1 drops nothing, and its padding is no model FLOP, so it counts as
+    dropless."""
     from budget.flops import model_flops_per_token
 
     plan = _qwen()
@@ -263,7 +268,13 @@ def test_mfu_counts_the_assignments_a_capacity_keeps(pad):
         return model_flops_per_token(replace(plan, model=replace(plan.model, experts=experts)))
 
     top = plan.model.experts.top_k
-    assert with_experts(capacity_factor=0.5) == with_experts(top_k=top // 2)
+    expert = 3 * 2048 * 1408
+    assert expert == 8_650_752 and -(-2048 * 4 * 5 // (60 * 10)) == 69
+    rounding = 6 * 23 * expert * (60 * 69 - 2048 * 2) // 2048
+    assert rounding == 25_648_128
+    assert with_experts(capacity_factor=0.5, pad_to_capacity=pad) == (
+        with_experts(top_k=top // 2) + rounding
+    )
     assert with_experts(capacity_factor=1.25, pad_to_capacity=pad) == model_flops_per_token(plan)
 
 

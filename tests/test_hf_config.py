@@ -1349,3 +1349,96 @@ def test_a_family_refusal_says_what_to_do_before_the_families() -> None:
         translate({"model_type": "falcon", "hidden_size": 64}, "falcon/config.json")
     shown = str(Problem("p.yaml", 1, 1, "$.model.hf_config", str(raised.value)))
     assert "write the model's dimensions out instead" in shown
+
+
+def _cli_problems(tmp_path: Path, config: str) -> tuple[int, str, str, Path]:
+    """`budget plan.yaml` on a plan whose model is `config` (the text of its config.json):
+    the exit code, stdout, stderr and the config's path."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    path = tmp_path / "config.json"
+    path.write_text(config, encoding="utf-8")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "name: x\nmodel:\n  hf_config: config.json\nbatch: {seq: 8192, micro: 1, global: 8}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+        "parallel: {tp: 8}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, route([str(plan)]))
+    return result.exit_code, result.stdout, result.stderr, path
+
+
+def test_every_switch_and_activation_problem_is_reported_at_once(tmp_path: Path) -> None:
+    """A bad activation and two switches that are not true or false: only
+    tie_word_embeddings was reported, the others one run later each (audit)."""
+    llama = _raw("llama3-70b")
+    bad = {**llama, "hidden_act": "bogus", "tie_word_embeddings": "no", "attention_bias": "yes"}
+    code, out, err, path = _cli_problems(tmp_path, json.dumps(bad))
+    assert (code, out) == (2, "")
+    at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    assert err.splitlines() == [
+        f'{at}attention_bias = "yes" in {path} is not true or false',
+        f'{at}hidden_act = "bogus" in {path} is not one of gelu, gelu_fast, gelu_new, '
+        "gelu_pytorch_tanh, silu, swish, the gated MLPs budget prices; write the model's "
+        "dimensions out for another",
+        f'{at}tie_word_embeddings = "no" in {path} is not true or false',
+    ]
+
+
+def test_what_the_json_reader_refuses_does_not_hide_the_other_problems(tmp_path: Path) -> None:
+    """An unknown key, hidden_size twice and a NaN: only the NaN was reported, since the
+    reader's hooks raised at their first find (audit). A refused value stands as null, and
+    its key is not judged again (a too-large layer count is not also "not an integer")."""
+    llama = _raw("llama3-70b")
+    text = json.dumps({**llama, "foo": 1, "rope_theta": 1.5, "num_hidden_layers": 1})
+    text = text.replace('"rope_theta": 1.5', '"rope_theta": NaN')
+    text = text.replace('"hidden_size": 8192', '"hidden_size": 8192, "hidden_size": 4096')
+    text = text.replace('"num_hidden_layers": 1', '"num_hidden_layers": 1' + "0" * 30)
+    text = text.replace("}", ', "mlp_bias": "no", "hidden_dropout": Infinity}')
+    code, out, err, path = _cli_problems(tmp_path, text)
+    assert (code, out) == (2, "")
+    at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    shown = repr(str(path))
+    assert err.splitlines() == [  # sorted, as every file's problems are
+        f"{at}{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
+        f"{at}{shown} has Infinity, not a finite number",
+        f"{at}{shown} has NaN, not a finite number",
+        f"{at}{shown} has key 'hidden_size' twice in one object",
+        f"{at}{path} has key 'foo' that budget does not understand; if it builds nothing (a "
+        "tag, a kernel setting), remove it, or else write the model's dimensions out",
+        f'{at}mlp_bias = "no" in {path} is not true or false',
+    ]
+    with pytest.raises(HfConfigError) as raised:  # the reader's, as it met them, then the rest
+        read_hf_config(path)
+    assert [m.removeprefix(f"{shown} has ") for m in raised.value.messages] == [
+        "100000000000000000000..., too large (integers must be below 2**63)",  # layers
+        "NaN, not a finite number",  # rope_theta
+        "Infinity, not a finite number",  # hidden_dropout, the last value
+        "key 'hidden_size' twice in one object",  # said as the object closes
+        f"{path} has key 'foo' that budget does not understand; if it builds nothing (a tag, "
+        "a kernel setting), remove it, or else write the model's dimensions out",
+        f'mlp_bias = "no" in {path} is not true or false',
+    ]
+
+
+def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) -> None:
+    """What the reader refuses stands as null wherever it is, so that no later message
+    quotes a placeholder, and the other keys are still judged."""
+    path = tmp_path / "config.json"
+    path.write_text(
+        '{"mlp_only_layers": [NaN, {"a": -Infinity}], "num_hidden_layers": "x", '
+        '"quantization_config": {"weights": [1' + "0" * 40 + "]}}",
+        encoding="utf-8",
+    )
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    shown = repr(str(path))
+    assert raised.value.messages == (
+        f"{shown} has NaN, not a finite number",
+        f"{shown} has -Infinity, not a finite number",
+        f"{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
+        f'num_hidden_layers = "x" in {path} is not a non-negative integer',
+    )

@@ -7,7 +7,12 @@ levels of nesting, 100 MB, bytes that are not UTF-8) are written to a temporary 
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 from budget.cli import app, route
+from budget.errors import MAX_SHOWN
 from budget.plan.load import MAX_BYTES
 from budget.plan.yaml_load import MAX_DEPTH
 from tests.plan_files import gpt13_written
@@ -89,6 +95,7 @@ def test_a_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.yaml"
     result = validate(str(missing))
     assert result.exit_code == 2
+    assert result.stdout == ""
     assert result.stderr == (
         f"{missing}:1:1: error: $: cannot read the plan: No such file or directory\n"
     )
@@ -151,7 +158,12 @@ def test_an_endless_device_is_refused() -> None:
     result, seconds = _timed(Path("/dev/zero"))
     assert seconds < 2.0
     assert result.exit_code == 2
+    assert result.stdout == ""
     assert "a plan is at most" in result.stderr
+    assert result.stderr == (
+        f"/dev/zero:1:1: error: $: the file is {MAX_BYTES + 1:,} bytes; a plan is at most "
+        f"{MAX_BYTES:,} bytes (8 MiB), so it was not read\n"
+    )
 
 
 def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
@@ -159,6 +171,7 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b"name: x\nmodel:\n  norm: caf\xe9\n")
     result = validate(str(path))
     assert result.exit_code == 2
+    assert result.stdout == ""
     assert result.stderr == (
         f"{path}:3:12: error: $: the file is not UTF-8: byte 0xe9 at offset 26 cannot be decoded\n"
     )
@@ -167,7 +180,9 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 def test_a_directory(tmp_path: Path) -> None:
     result = validate(str(tmp_path))
     assert result.exit_code == 2
+    assert result.stdout == ""
     assert result.stderr.startswith(f"{tmp_path}:1:1: error: $: cannot read the plan: ")
+    assert result.stderr == f"{tmp_path}:1:1: error: $: cannot read the plan: Is a directory\n"
 
 
 # -- no input makes the CLI print a traceback --------------------------------------------
@@ -200,9 +215,26 @@ def _check_no_traceback(tmp_path: Path, text: str | bytes) -> None:
     assert "Traceback" not in result.output
     if result.exit_code == 2:
         assert result.stdout == ""
-        for line in result.stderr.splitlines():
-            assert line.startswith(f"{path}:"), line
-            assert ": error: $" in line, line
+        _check_problem_lines(path, result.stderr)
+
+
+def _check_problem_lines(path: Path, stderr: str) -> None:
+    """Every line of `stderr` is `file:line:col: error: $.path: message`, line and column
+    from 1 (a count of the problems past `MAX_SHOWN` aside, last)."""
+    lines = stderr.splitlines()
+    assert lines, "exit code 2 with nothing on stderr"
+    if len(lines) == MAX_SHOWN + 1:
+        more = lines.pop()
+        assert re.fullmatch(
+            rf"budget: error: [0-9,]+ more problems \(the first {MAX_SHOWN} are above\)", more
+        ), more
+    shape = re.compile(rf"^{re.escape(str(path))}:([0-9]+):([0-9]+): error: \$")
+    for line in lines:
+        assert line.startswith(f"{path}:"), line
+        assert ": error: $" in line, line
+        match = shape.match(line)
+        assert match is not None, line
+        assert int(match[1]) >= 1 and int(match[2]) >= 1, line
 
 
 _settings = settings(
@@ -278,3 +310,88 @@ def test_arbitrary_yaml_trees_never_show_a_traceback(
     import yaml
 
     _check_no_traceback(tmp_path, yaml.safe_dump(tree, allow_unicode=True))
+
+
+# YAML 1.1's standard scalar tags over any text: `!!bool maybe` was a KeyError and
+# `!!int ""` an IndexError, each a traceback (audit)
+_tagged = st.tuples(
+    st.sampled_from(["int", "float", "bool", "null"]), st.text(max_size=30), st.booleans()
+)
+
+
+@_settings
+@given(_tagged)
+def test_any_text_under_a_scalar_tag_never_shows_a_traceback(
+    tmp_path: Path, tagged: tuple[str, str, bool]
+) -> None:
+    tag, text, quoted = tagged
+    written = json.dumps(text) if quoted else text
+    assert _GOOD.count("layers: 24") == 1
+    _check_no_traceback(tmp_path, _GOOD.replace("layers: 24", f"layers: !!{tag} {written}"))
+
+
+# -- the `budget PLAN.yaml` fast path (budget/entry.py), which skips the typer app --------
+
+_HOSTILE_VALUES = [
+    "!!bool maybe",
+    '!!int ""',
+    '!!float ""',
+    "9" * 5000,
+    ":".join(["59"] * 2000),
+    '"3' + " " * 2000 + 'x"',
+    '"1e30 B"',
+    '"9223372036854775808 B"',
+    "0x10",
+    "[1]",
+    "&a 1",
+    "*a",
+    "!!python/object/apply:os.system [ls]",
+    "{",
+]
+
+
+def _generated_plans() -> list[str]:
+    """A real plan with two of its values replaced by hostile ones, each hostile value once,
+    in slots picked at random (seeded: the same files on every run)."""
+    pick = random.Random(2024)
+    lines = _GOOD.splitlines()
+    slots = [i for i, line in enumerate(lines) if re.match(r"^ *[a-z_]+: \S", line)]
+    pairs = zip(_HOSTILE_VALUES[::2], _HOSTILE_VALUES[1::2], strict=True)
+    return [_mutate(list(zip(pick.sample(slots, 2), pair, strict=True))) for pair in pairs]
+
+
+def test_the_fast_path_answers_generated_bad_plans_by_the_contract(tmp_path: Path) -> None:
+    """`budget PLAN.yaml` is answered in budget/entry.py without the typer app: a few
+    generated bad plans through it, as a user runs it (exit 2, nothing on stdout, every
+    line `file:line:col: error: $...`, no traceback), the same lines as `budget validate`."""
+    for index, text in enumerate(_generated_plans()):
+        path = tmp_path / f"plan{index}.yaml"
+        path.write_text(text, encoding="utf-8")
+        process = subprocess.run(
+            [sys.executable, "-m", "budget", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert process.returncode == 2, (text, process.stdout, process.stderr)
+        assert "Traceback" not in process.stderr, process.stderr
+        assert process.stdout == ""
+        _check_problem_lines(path, process.stderr)
+        assert process.stderr == validate(str(path)).stderr
+
+
+def test_a_huge_integer_beside_another_fault_reports_both(tmp_path: Path) -> None:
+    """A number too long to read ended the reading, so `tp: q` two dozen lines below came
+    one run later (audit): both at once, each at its line:col."""
+    path = tmp_path / "both.yaml"
+    text = _GOOD.replace("layers: 24", "layers: " + "9" * 5000).replace("tp: 1", "tp: q")
+    path.write_text(text, encoding="utf-8")
+    result = validate(str(path))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"{path}:17:11: error: $.model.layers: an integer of 5,000 digits; plan numbers are "
+        "below 2^63\n"
+        f"{path}:40:7: error: $.parallel.tp: 'q' is not an integer\n"
+    )

@@ -469,3 +469,65 @@ def test_more_stages_than_layers_asks_for_fewer_not_an_uneven_split() -> None:
         "choose among 1, 2, 4, 5, 8, 10, 16, 20, ... stages"
     )
     assert "layers_per_stage" not in message
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [
+        ('"1e30 B"', "'1e30 B'"),
+        ('"9223372036854775808 B"', "'9223372036854775808 B'"),
+        ("1e30", "1e+30"),
+    ],
+)
+def test_a_device_of_2_to_the_63_bytes_or_more_is_refused_where_it_is_written(
+    written: str, shown: str
+) -> None:
+    """`memory: "1e30 B"` was budgeted as a device of 10^30 bytes (exit 0), where the bare
+    integer 9223372036854775808 is refused (audit): refused the same, at its line:col,
+    beside the file's other problems."""
+    text = BASE.replace("memory: 80 GiB", f"memory: {written}").replace(
+        "reserved: 3 GiB", 'reserved: "9223372036854775808 B"'
+    )
+    assert problems_of(text) == [
+        f"p.yaml:9:11: error: $.device.memory: {shown} is too large (sizes must be below "
+        "2**63 bytes)",
+        "p.yaml:10:13: error: $.device.reserved: '9223372036854775808 B' is too large (sizes "
+        "must be below 2**63 bytes)",
+    ]
+    bare = BASE.replace("memory: 80 GiB", "memory: 9223372036854775808")
+    assert [str(p) for p in load_yaml(bare, "p.yaml").problems] == [
+        "p.yaml:9:11: error: $.device.memory: 9223372036854775808 is too large (integers must "
+        "be below 2**63)"
+    ]
+    assert plan_of(BASE.replace("80 GiB", "9223372036854775807 B")).device.memory == 2**63 - 1
+
+
+def test_two_levels_of_one_name_are_refused_at_the_second_name() -> None:
+    """Levels nvlink/2, infiniband/4, infiniband were accepted, and the sweep (which places
+    a group's ranks by level) and the report (which names a collective's links, and the
+    Links table's rows, by name) disagreed on them (an audit): the second name is refused
+    where it is written, beside the file's other problems."""
+    levels = (
+        "    - {name: nvlink, size: 4, bandwidth: 450 GB/s, latency: 3 us}\n"
+        "    - {name: infiniband, bandwidth: 50 GB/s, latency: 10 us}\n"
+    )
+    three = (
+        "    - {name: nvlink, size: 2, bandwidth: 450 GB/s, latency: 3 us}\n"
+        "    - {name: infiniband, size: 4, bandwidth: 50 GB/s, latency: 10 us}\n"
+        "    - {name: infiniband, bandwidth: 25 GB/s, latency: 10 us}\n"
+    )
+    text = BASE.replace(levels, three).replace("global: 32", "global: 30")
+    assert problems_of(text) == [
+        "p.yaml:6:38: error: $.batch.global: batch.global = 30 is not divisible by micro × dp = "
+        "2 × 2 = 4: every data-parallel rank runs the same number of micro-batches; the nearest "
+        "valid values are 28 and 32",
+        "p.yaml:18:14: error: $.topology.levels[2].name: level name 'infiniband' is already "
+        "levels[1]'s; give each level a name of its own: the report names the links a "
+        "collective runs on, and the Links table's rows, by it",
+    ]
+    renamed = plan_of(
+        BASE.replace(
+            levels, three.replace("{name: infiniband, bandwidth", "{name: spine, bandwidth")
+        )
+    )
+    assert [level.name for level in renamed.topology.levels] == ["nvlink", "infiniband", "spine"]

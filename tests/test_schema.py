@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
@@ -129,7 +133,10 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("heads: 4", "heds: 4"),
-            "p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)",
+            [
+                "p.yaml:1:1: error: $.model: 'heads' is a required property",
+                "p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)",
+            ],
         ),
         (
             ("layers: 2", "layers: two"),
@@ -190,15 +197,22 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("model: {", "modle: {"),
-            "p.yaml:1:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
+            [
+                "p.yaml:1:1: error: $: 'model' is a required property",
+                "p.yaml:1:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
+            ],
         ),
     ],
 )
-def test_schema_errors(edit: tuple[str, str], expected: str) -> None:
+def test_schema_errors(edit: tuple[str, str], expected: str | list[str]) -> None:
+    """Each edit's problems, exactly: the one expected (or those listed), and no other."""
     old, new = edit
     assert old in MINIMAL
     found = errors(MINIMAL.replace(old, new, 1))
-    assert expected in found
+    lines = [expected] if isinstance(expected, str) else expected
+    for line in lines:
+        assert line in found
+    assert found == lines
 
 
 def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
@@ -313,3 +327,90 @@ def test_a_preset_named_bare_says_how_to_name_it() -> None:
     found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
     assert found["$.model"] == "'llama3-8b' is not a mapping; name a preset as {preset: llama3-8b}"
     assert found["$.device"] == "'h100-sxm' is not a mapping; name a preset as {preset: h100-sxm}"
+
+
+@pytest.mark.parametrize(("written", "read"), [("[1]", "[1]"), ("{a: 1}", "{'a': 1}")])
+def test_a_name_that_is_no_string_is_told_so(written: str, read: str) -> None:
+    """`name: [1]` was "not a name of printable characters": it is no text at all."""
+    assert errors(f"name: {written}\n" + MINIMAL) == [
+        f"p.yaml:1:1: error: $.name: {read} is not a string"
+    ]
+
+
+# -- the schema's patterns answer in linear time ------------------------------------------
+
+# The size pattern before the fix: `\s*` on both sides of an optional unit, so a run of n
+# spaces not followed by the end was split n² ways (100,000 spaces took 54 s: audit)
+_OLD_SIZE = (
+    r"^\s*(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*(?:(?:[kKMGTP]|[KMGTP]i)?B)?"
+    r"\s*$"
+)
+
+
+def _patterns(node: Any) -> list[str]:
+    """Every `pattern` in the schema."""
+    if isinstance(node, dict):
+        own = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return own + [p for sub in node.values() for p in _patterns(sub)]
+    if isinstance(node, list):
+        return [p for sub in node for p in _patterns(sub)]
+    return []
+
+
+# text built of what the patterns accept, with short runs of spaces (the old pattern is
+# quadratic in them) and characters they refuse
+_size_like = st.lists(
+    st.sampled_from(
+        [*"019.eE+- kKMGTPiBbx", "  ", "\t", "/s", "KiB", "GB", " GiB", "\n", "\u00a0"]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=500)
+@given(_size_like)
+def test_the_size_pattern_accepts_what_it_accepted(text: str) -> None:
+    """The fixed pattern reads the same strings as before: "KB" among them, which the
+    units parser refuses with a sentence of its own (`parse_bytes`)."""
+    new = schema()["$defs"]["size"]["pattern"]
+    assert new != _OLD_SIZE
+    assert (re.search(new, text) is None) == (re.search(_OLD_SIZE, text) is None)
+
+
+def test_a_size_with_a_long_run_of_spaces_is_refused_fast() -> None:
+    text = MINIMAL.replace("80 GiB", '"3' + " " * 100_000 + 'x"')
+    start = time.perf_counter()
+    found = errors(text)
+    assert time.perf_counter() - start < 1.0
+    assert found == [
+        "p.yaml:3:18: error: $.device.memory: '3                                   ... is not "
+        "a size such as '80 GiB', '80GB' or a number of bytes"
+    ]
+    assert re.search(schema()["$defs"]["size"]["pattern"], "80 KB")  # for the parser to refuse
+
+
+_SPACES = " " * 20_000
+# inputs that make a pattern with two adjacent runs of \s*, or a run of digits, backtrack
+_ADVERSARIAL = [
+    f"1{_SPACES}x",
+    f"{_SPACES}x",
+    f"1{_SPACES}B{_SPACES}x",
+    f"1e5{_SPACES}GB/s{_SPACES}x",
+    f"0{_SPACES}x",
+    f"1{_SPACES}us{_SPACES}\x00",
+    f"shard({_SPACES}1{_SPACES}){_SPACES}x",
+    "1" * 20_000 + "x",
+    "a" * 20_000 + "\x00",
+]
+
+
+def test_every_pattern_in_the_schema_answers_an_adversarial_string_fast() -> None:
+    patterns = sorted(set(_patterns(schema())))
+    assert len(patterns) >= 6  # size, bandwidth, duration, flops, placement, names
+    assert schema()["$defs"]["size"]["pattern"] in patterns
+    for pattern in patterns:
+        for text in _ADVERSARIAL:
+            start = time.perf_counter()
+            re.search(pattern, text)  # as jsonschema matches a pattern
+            seconds = time.perf_counter() - start
+            assert seconds < 1.0, (pattern, text[:20], seconds)

@@ -329,10 +329,14 @@ def test_the_collective_table_names_formats_and_algorithms_at_any_width() -> Non
     assert "RS fp32 P→S(0)" in text and "AR fp32 P→R" in text and "AG fp32" not in text
     mixtral = budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
     table, legend = collective_table(mixtral, wide=False)
+    # across nodes the all-to-all is NCCL's grouped send/recv with every peer at once, each
+    # level carrying its own peers' blocks (`collectives._exchange_across`), no longer the
+    # two-level decomposition, which the legend said as "A2A one collective on each"
     assert legend[1].endswith(
         "pairwise (A2A), direct (P2P); 2L = across levels: AG, RS one ring through every "
-        "link; A2A one collective on each"
+        "link; A2A one exchange with every peer, each link carrying its peers' blocks"
     )
+    assert "one collective on each" not in legend[1]
     lines = _rendered(table).splitlines()
     dispatch = [i for i, line in enumerate(lines) if "MoE dispatch " in line]
     # the op wraps at 80 columns: A2A on the row, 2L below it

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from budget.plan.yaml_load import MAX_INT
 from budget.units import (
     UnitError,
     format_bytes,
@@ -275,13 +276,22 @@ def test_hostile_numbers_fail_fast(text: str) -> None:
 @given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["Ki", "Mi", "Gi", "Ti"]))
 def test_binary_prefixes_are_powers_of_1024(n: int, prefix: str) -> None:
     scale = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[prefix]
-    assert parse_bytes(f"{n} {prefix}B") == n * scale
+    _assert_bytes(f"{n} {prefix}B", n * scale)
 
 
 @given(st.integers(min_value=0, max_value=10**12), st.sampled_from(["k", "M", "G", "T"]))
 def test_decimal_prefixes_are_powers_of_1000(n: int, prefix: str) -> None:
     scale = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[prefix]
-    assert parse_bytes(f"{n} {prefix}B") == n * scale
+    _assert_bytes(f"{n} {prefix}B", n * scale)
+
+
+def _assert_bytes(text: str, count: int) -> None:
+    """`text` reads as `count` bytes, or, from 2**63 bytes on, is refused as too large."""
+    if count < MAX_INT:
+        assert parse_bytes(text) == count
+    else:
+        with pytest.raises(UnitError, match=r"is too large \(sizes must be below 2\*\*63 bytes\)"):
+            parse_bytes(text)
 
 
 @given(st.text(max_size=40))
@@ -356,3 +366,19 @@ def test_a_time_that_rounds_up_to_the_next_unit_takes_it() -> None:
     assert format_duration(0.9996) == "1.00 s" and format_duration(-0.9996) == "-1.00 s"
     assert format_duration(0.9994) == "999 ms"
     assert format_duration(999.7e-9) == "1.00 µs" and format_duration(0.0009996) == "1.00 ms"
+
+
+@pytest.mark.parametrize(
+    "size", ["1e30 B", "9223372036854775808 B", "9223372036854775808", 1e30, "8192 PiB"]
+)
+def test_a_size_of_2_to_the_63_bytes_or_more_is_refused_as_the_bare_integer_is(
+    size: str | float,
+) -> None:
+    """1e30 B passed as a device of 10^30 bytes, where the plan's YAML loader refuses the
+    bare integer 9223372036854775808 (audit): a count of bytes is below `MAX_INT` too."""
+    assert MAX_INT == 2**63
+    with pytest.raises(UnitError) as raised:
+        parse_bytes(size)
+    assert str(raised.value) == f"{size!r} is too large (sizes must be below 2**63 bytes)"
+    assert parse_bytes("9223372036854775807 B") == MAX_INT - 1
+    assert parse_bytes(MAX_INT - 1) == MAX_INT - 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -193,6 +195,25 @@ def test_syntax_error_has_a_position() -> None:
             "p.yaml:2:1: error: $: a plan is one YAML document; found a second one",
         ),
         ("? [a]\n: 1\n", "p.yaml:1:3: error: $: mapping keys must be plain names"),
+        # PyYAML's constructors raise KeyError and IndexError on these: each was a traceback
+        ("a: !!bool maybe\n", "p.yaml:1:4: error: $.a: 'maybe' is not a valid bool"),
+        ('a: !!bool ""\n', "p.yaml:1:4: error: $.a: '' is not a valid bool"),
+        ('a: !!bool "+"\n', "p.yaml:1:4: error: $.a: '+' is not a valid bool"),
+        ('a: !!int ""\n', "p.yaml:1:4: error: $.a: '' is not a valid int"),
+        ('a: !!int "+"\n', "p.yaml:1:4: error: $.a: '+' is not a valid int"),
+        ('a: !!int "-"\n', "p.yaml:1:4: error: $.a: '-' is not a valid int"),
+        ('a: !!float ""\n', "p.yaml:1:4: error: $.a: '' is not a valid float"),
+        ("a: !!int x\n", "p.yaml:1:4: error: $.a: 'x' is not a valid int"),
+        (  # base 60 under a tag is base 60 still
+            "a: !!int 1:30\n",
+            "p.yaml:1:4: error: $.a: 1:30 is read by YAML 1.1 as the base-60 number 90; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: 1:30.5\n",
+            "p.yaml:1:4: error: $.a: 1:30.5 is read by YAML 1.1 as the base-60 number 90.5; "
+            "write numbers in decimal (or quote it, if it is text)",
+        ),
         ("a: \x00\n", "p.yaml:1:4: error: $: invalid YAML: the character '\\x00' is not allowed"),
     ],
 )
@@ -389,3 +410,82 @@ def test_a_file_of_tens_of_thousands_of_values_is_refused_at_the_limit() -> None
     assert messages(text) == [
         "p.yaml:6667:9: error: $.transitions[6665]: more than 20,000 values; a plan is small"
     ]
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """The pure-Python loader, counting the values it is asked to construct."""
+
+    built = 0
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        type(self).built += 1
+        return super().construct_object(node, deep)
+
+
+@pytest.mark.parametrize(
+    ("value", "tag"), [("59", ""), ("59", "!!int "), ("59", "!!float "), ("0", "")]
+)
+def test_a_long_base_60_number_is_refused_without_being_built(
+    value: str, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyYAML builds a base-60 number place by place, in time quadratic in its length: one
+    of 200,000 places (a million bits) took 12.5 s (audit). It is refused unbuilt: no value
+    is constructed, and the file's other problems are still found."""
+    import budget.plan.yaml_load as yaml_load
+
+    monkeypatch.setattr(yaml_load, "_Loader", _CountingLoader)
+    monkeypatch.setattr(_CountingLoader, "built", 0)
+    text = f"a: {tag}1:" + ":".join([value] * 200_000) + "\nb: !!bool maybe\n"
+    start = time.perf_counter()
+    problems = messages(text)
+    assert time.perf_counter() - start < 1.0
+    assert _CountingLoader.built == 1  # `maybe` alone
+    shown = ("1:" + ":".join([value] * 20))[:27]
+    assert problems == [
+        f"p.yaml:1:4: error: $.a: {shown}... is read by YAML 1.1 as a base-60 number of "
+        "200,001 places; write numbers in decimal (or quote it, if it is text)",
+        "p.yaml:2:4: error: $.b: 'maybe' is not a valid bool",
+    ]
+
+
+def test_a_long_tagged_value_with_colons_that_is_no_number_is_refused_unbuilt() -> None:
+    text = "a: !!int " + "1:x" * 100 + "\n"
+    assert messages(text) == [f"p.yaml:1:4: error: $.a: '{('1:x' * 9)[:27]}...' is not a valid int"]
+
+
+def test_a_huge_integer_or_a_bad_tagged_value_does_not_hide_the_other_problems() -> None:
+    """Each was the end of reading (`stop`), so the file's next problem came one run later:
+    now each is one problem of the file, its value standing as nothing (audit)."""
+    text = "a: " + "9" * 5000 + "\nb: !!bool maybe\nc: !!int ''\nd: 0x10\nd: 2\n"
+    loaded = load_yaml(text, "p.yaml")
+    assert [str(p) for p in loaded.problems] == [
+        "p.yaml:1:4: error: $.a: an integer of 5,000 digits; plan numbers are below 2^63",
+        "p.yaml:2:4: error: $.b: 'maybe' is not a valid bool",
+        "p.yaml:3:4: error: $.c: '' is not a valid int",
+        "p.yaml:4:4: error: $.d: 0x10 is read by YAML 1.1 as the hexadecimal number 16; write "
+        "numbers in decimal (or quote it, if it is text)",
+        "p.yaml:5:1: error: $.d: duplicate key 'd' (first defined on line 4)",
+    ]
+    assert loaded.tree == {"a": None, "b": None, "c": None, "d": None}
+    assert loaded.refused == {"$.a", "$.b", "$.c", "$.d"}
+
+
+@given(
+    st.sampled_from(["int", "float", "bool", "null", "str"]),
+    st.text(max_size=40),
+    st.booleans(),
+)
+def test_any_text_under_a_standard_tag_loads_or_is_one_problem(
+    tag: str, text: str, quoted: bool
+) -> None:
+    """`!!bool maybe` and `!!int ""` were tracebacks (KeyError, IndexError): whatever the
+    text under a standard scalar tag, it reads or is a problem at the value, and the value
+    after it is still read."""
+    import json
+
+    written = json.dumps(text) if quoted else text
+    loaded = load_yaml(f"a: !!{tag} {written}\nb: 2\n", "p.yaml")
+    assert loaded.tree is None or isinstance(loaded.tree, dict)
+    if loaded.tree is not None and "$.a" in loaded.refused:
+        assert loaded.tree.get("a") is None
+        assert any(p.path == "$.a" and (p.line, p.col) == (1, 4) for p in loaded.problems)

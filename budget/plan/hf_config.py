@@ -113,7 +113,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from budget.files import exists
 from budget.plan.yaml_load import MAX_INT
@@ -310,13 +310,14 @@ def read_hf_config(path: Path) -> HfModel:
         text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark, as plans
     except UnicodeDecodeError as error:
         raise HfConfigError(f"{shown} is not UTF-8 text (byte {error.start:,})") from None
+    reading = _Reading()
     try:
         config = json.loads(
             text,
-            object_pairs_hook=_unique_keys,
-            parse_int=_int63,
-            parse_float=_float,
-            parse_constant=_finite,
+            object_pairs_hook=reading.unique_keys,
+            parse_int=reading.int63,
+            parse_float=reading.real,
+            parse_constant=reading.finite,
         )
     except json.JSONDecodeError as error:
         raise HfConfigError(
@@ -324,39 +325,90 @@ def read_hf_config(path: Path) -> HfModel:
         ) from None
     except RecursionError:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
-    except HfConfigError as error:  # from the hooks below
-        raise HfConfigError(f"{shown} has {error}") from None
+    found = tuple(f"{shown} has {problem}" for problem in reading.problems)
     if not isinstance(config, dict):
-        raise HfConfigError(f"{shown} holds {type(config).__name__}, not a JSON object")
-    return translate(config, str(path))
+        raise HfConfigError(*found, f"{shown} holds {type(config).__name__}, not a JSON object")
+    if not found:
+        return translate(config, str(path))
+    # every problem of the file at once: what the hooks found, then what the keys they left
+    # sound say (a refused value stands as null, and its key is not judged again)
+    refused = frozenset(k for k, v in config.items() if _holds(v, _REFUSED))
+    try:
+        unknown, problems = _check(_without(config, _REFUSED), str(path), refused)
+    except HfConfigError as error:  # a file of several models: said instead of its keys
+        raise HfConfigError(*found, *error.messages) from None
+    raise HfConfigError(*found, *unknown, *problems)
 
 
-def _int63(text: str) -> int:
-    """An integer as the plan's YAML loader takes one: below `MAX_INT` in magnitude (the
-    length test first, so that a 5,000-digit number is never converted)."""
-    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= MAX_INT:
-        shown = text if len(text) <= 24 else text[:21] + "..."
-        raise HfConfigError(f"{shown}, too large (integers must be below 2**63)")
-    return value
+class _Refused:
+    """What a refused JSON value (a number too large or not finite) stands as while the
+    file is read, so that its key is known (`read_hf_config`)."""
 
 
-def _float(text: str) -> float:
-    if not math.isfinite(value := float(text)):
-        _finite(text)
-    return value
+_REFUSED = _Refused()
 
 
-def _finite(text: str) -> NoReturn:
-    """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing floats."""
-    raise HfConfigError(f"{text}, not a finite number")
+class _Reading:
+    """The ``json`` hooks of one read: each problem is noted, not raised, so a file with
+    several (a key twice, a NaN, an integer past 2**63) gets them all at once."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def int63(self, text: str) -> int | _Refused:
+        """An integer as the plan's YAML loader takes one: below `MAX_INT` in magnitude (the
+        length test first, so that a 5,000-digit number is never converted)."""
+        if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= MAX_INT:
+            shown = text if len(text) <= 24 else text[:21] + "..."
+            self.problems.append(f"{shown}, too large (integers must be below 2**63)")
+            return _REFUSED
+        return value
+
+    def real(self, text: str) -> float | _Refused:
+        if not math.isfinite(value := float(text)):
+            return self.finite(text)
+        return value
+
+    def finite(self, text: str) -> _Refused:
+        """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing
+        floats."""
+        self.problems.append(f"{text}, not a finite number")
+        return _REFUSED
+
+    def unique_keys(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+            self.problems.append(f"key {', '.join(map(repr, twice))} twice in one object")
+        return out
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) < len(pairs):
-        twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-        raise HfConfigError(f"key {', '.join(map(repr, twice))} twice in one object")
-    return out
+def _holds(value: Any, mark: object) -> bool:
+    """Whether `value` is `mark` or holds it, at any depth (iteratively: JSON nests deep)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is mark:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _without(config: dict[str, Any], mark: object) -> dict[str, Any]:
+    """`config` with `mark` replaced by None wherever it stands (in place, iteratively)."""
+    stack: list[Any] = [config]
+    while stack:
+        item = stack.pop()
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, value in list(pairs):
+            if value is mark:
+                item[key] = None
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return config
 
 
 def _int(config: Mapping[str, Any], key: str, where: str) -> int:
@@ -441,29 +493,51 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
 
 def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
     """A config.json dictionary → plan-language `model:` keys (module docstring)."""
+    unknown, problems = _check(config, where)
+    if problems:  # every key of the wrong kind, together
+        raise HfConfigError(*unknown, *problems)
+    try:  # unknown keys are a problem, and the keys it reads are read on for theirs
+        model = _translate(config, where)
+    except HfConfigError as error:
+        raise HfConfigError(*unknown, *error.messages) from None
+    if unknown:
+        raise HfConfigError(*unknown)
+    return model
+
+
+def _check(
+    config: Mapping[str, Any], where: str, refused: frozenset[str] = frozenset()
+) -> tuple[list[str], list[str]]:
+    """The problems found before reading the keys together: the unknown keys (a sentence,
+    or none), and every other (a family budget does not read, a count, a switch or an
+    activation of the wrong kind), after which `_translate` is not run, since it stops at
+    its first problem and reads later keys in the light of earlier ones. `refused` are the
+    keys whose value the reading refused (already a problem of their own)."""
     _refuse_wrapper(config, where)
-    unknown = sorted(set(config) - READ - IGNORED)
     problems = []
     family = config.get("model_type")
     known = family is None or (isinstance(family, str) and family in FAMILIES)
-    if unknown and known:  # a problem, and the keys it reads are read on for theirs
+    if not known:
+        problems.append(
+            f"model_type = {json.dumps(family)} in {where} is not a family budget reads: "
+            "write the model's dimensions out instead (its model class may build layers no "
+            "key announces, norms or biases, which budget would leave out); the families it "
+            f"reads: {', '.join(sorted(FAMILIES))}"
+        )
+    unknown = sorted(set(config) - READ - IGNORED)
+    said = []
+    if unknown and known:  # a refused family: removing its keys would not help
         names = ", ".join(repr(k) for k in unknown)
         one = len(unknown) == 1
-        problems.append(
+        said.append(
             f"{where} has key{'' if one else 's'} {names} that budget does not understand; "
             f"if {'it builds' if one else 'they build'} nothing (a tag, a kernel setting), "
             f"remove {'it' if one else 'them'}, or else write the model's dimensions out"
         )
-    problems += _integer_problems(config, where)
-    if len(problems) > bool(unknown and known):  # every key of the wrong kind, together
-        raise HfConfigError(*problems)
-    try:
-        model = _translate(config, where)
-    except HfConfigError as error:
-        raise HfConfigError(*problems, *error.messages) from None
-    if problems:
-        raise HfConfigError(*problems)
-    return model
+    sound = {k: v for k, v in config.items() if k not in refused}
+    problems += _integer_problems(sound, where)
+    problems += _kind_problems(sound, where)
+    return said, problems
 
 
 # the keys `_translate` reads as counts or sizes (`_int`, `_optional`), when not null
@@ -504,16 +578,55 @@ def _integer_problems(config: Mapping[str, Any], where: str) -> list[str]:
     ]
 
 
+# the keys `_translate` reads as switches (`_switch`): true, false or null
+_SWITCHES = (
+    "tie_word_embeddings",
+    "attention_bias",
+    "bias",
+    "mlp_bias",
+    "qkv_bias",
+    "lm_head_bias",
+    "use_bidirectional_attention",
+    "use_qk_norm",
+    "use_sliding_window",
+)
+
+
+def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
+    """Every switch that is not true, false or null, the activation if it is not one
+    budget prices, and every dropout probability outside 0 to 1, as `_translate` would
+    say each (it stops at the first), so that a file with several gets them all at once."""
+    problems = [
+        f"{key} = {json.dumps(config[key])} in {where} is not true or false"
+        for key in _SWITCHES
+        if config.get(key) is not None and not isinstance(config[key], bool)
+    ]
+    act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
+    act = config.get(act_key, "silu")  # left out: the class's default, which is priced
+    if not isinstance(act, str) or act not in _ACTIVATIONS:
+        problems.append(_activation_problem(act_key, act, where))
+    for key in _DROPOUTS:
+        value = config.get(key) or 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            problems.append(_probability_problem(key, value, where))
+    return problems
+
+
+def _activation_problem(key: str, act: Any, where: str) -> str:
+    return (
+        f"{key} = {json.dumps(act)} in {where} is not one of "
+        f"{', '.join(sorted(_ACTIVATIONS))}, the gated MLPs budget prices; write the "
+        "model's dimensions out for another"
+    )
+
+
+def _probability_problem(key: str, value: Any, where: str) -> str:
+    return f"{key} = {json.dumps(value)} in {where} is not a probability from 0 to 1"
+
+
 def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     """`translate` past the unknown keys: the first problem it meets ends it."""
-    family = config.get("model_type")
-    if family is not None and (not isinstance(family, str) or family not in FAMILIES):
-        raise HfConfigError(
-            f"model_type = {json.dumps(family)} in {where} is not a family budget reads: "
-            "write the model's dimensions out instead (its model class may build layers no "
-            "key announces, norms or biases, which budget would leave out); the families it "
-            f"reads: {', '.join(sorted(FAMILIES))}"
-        )
+    family = config.get("model_type")  # one of FAMILIES, or None (`_check`)
     config = _with_class_defaults(config, family)
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in config]
@@ -593,11 +706,7 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
     act = config.get(act_key, "silu")
     if not isinstance(act, str) or act not in _ACTIVATIONS:
-        raise HfConfigError(
-            f"{act_key} = {json.dumps(act)} in {where} is not one of "
-            f"{', '.join(sorted(_ACTIVATIONS))}, the gated MLPs budget prices; write the "
-            "model's dimensions out for another"
-        )
+        raise HfConfigError(_activation_problem(act_key, act, where))
     tree["mlp"] = _ACTIVATIONS[act]
     if "layer_norm_eps" in config or "layer_norm_epsilon" in config:
         tree["norm"] = "layernorm"
@@ -692,9 +801,7 @@ _DROPOUTS = ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop")
 def _probability(config: Mapping[str, Any], key: str, where: str) -> float:
     value = config.get(key) or 0.0
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise HfConfigError(
-            f"{key} = {json.dumps(value)} in {where} is not a probability from 0 to 1"
-        )
+        raise HfConfigError(_probability_problem(key, value, where))
     return float(value)
 
 

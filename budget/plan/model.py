@@ -561,10 +561,11 @@ class Plan:
     overlap: Overlap = field(default_factory=Overlap)
     transitions: tuple[Transition, ...] = ()
     # `collectives:`: the algorithm a plan names for an op, where it names one (DESIGN rule
-    # 3); the others take the default: ring, across levels too for the all-gather and
-    # reduce-scatter (NCCL's ring over every rank), for the all-reduce that ring or NCCL's
-    # double binary tree, whichever is faster, and hierarchical across levels for the
-    # all-to-all and the broadcast
+    # 3); the others take the default: ring, across levels too for the all-gather,
+    # reduce-scatter and broadcast (NCCL's ring over every rank), for the all-reduce that
+    # ring or NCCL's double binary tree, whichever is faster; pairwise for the all-to-all,
+    # across levels NCCL's grouped send/recv with every peer at once. `hierarchical` names
+    # the two-level decomposition across levels
     collectives: tuple[tuple[str, str], ...] = ()
 
     def algorithm(self, op: str) -> str | None:

@@ -806,11 +806,23 @@ class _Resolver:
         return levels
 
     def levels(self, levels: list[Level], gpus: int) -> None:
-        """Levels nest: sizes grow outward, each divides the next, only the last may be open."""
+        """Levels nest: sizes grow outward, each divides the next, only the last may be open;
+        each has a name of its own (the report tells links apart by name: two levels of one
+        name read as one link there while a sweep priced them apart, an audit)."""
         previous: Level | None = None
+        named: dict[str, int] = {}
         for i, level in enumerate(levels):
             path = f"$.topology.levels[{i}]"
             last = i == len(levels) - 1
+            if level.name in named:
+                self.error(
+                    f"{path}.name",
+                    f"level name {level.name!r} is already levels[{named[level.name]}]'s; give "
+                    "each level a name of its own: the report names the links a collective "
+                    "runs on, and the Links table's rows, by it",
+                )
+            else:
+                named[level.name] = i
             if level.size is None:
                 if not last:
                     self.error(
@@ -1574,8 +1586,9 @@ def resolve(
         ),
         transitions=transitions,
         # hierarchical is priced as named across levels (the ring is the default there for
-        # the all-gather and reduce-scatter, the faster of the ring and NCCL's tree for the
-        # all-reduce); on one level it is the ring; double-tree inside one node, NCCL's chain
+        # the all-gather, reduce-scatter and broadcast, the faster of the ring and NCCL's
+        # tree for the all-reduce, NCCL's grouped exchange for the all-to-all); on one level
+        # it is the ring; double-tree inside one node, NCCL's chain
         collectives=tuple(sorted(tree.get("collectives", {}).items())),
     )
 

@@ -170,7 +170,10 @@ def _message(error: Any) -> str:
     quantity = schema.get("x-quantity")
     if quantity and (bare := missing_unit(error.instance, quantity)):
         return bare  # "bandwidth: 450": which unit, the author knows; budget does not guess
-    if kind in ("pattern", "type", "anyOf") and expected:
+    # a value that is no string at all where only a string is taken (`name: [1]`) is told
+    # so: the description is of the string's content ("a name of printable characters")
+    not_text = kind == "type" and schema.get("type") == "string"
+    if kind in ("pattern", "type", "anyOf") and expected and not not_text:
         why = _read_as(error.instance, schema.get("type"))
         return f"{_show(error.instance)} is not {expected}{why}"
     if kind == "type":

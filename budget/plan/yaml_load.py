@@ -32,9 +32,11 @@ import yaml
 from yaml.nodes import ScalarNode
 
 from budget.errors import Problem
+from budget.units import MAX_INT
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_INT",
     "MAX_KEY",
     "MAX_NODES",
     "MAX_PATH",
@@ -47,7 +49,8 @@ __all__ = [
 
 MAX_DEPTH = 64  # a plan nests four levels deep; 64 leaves room and stops stack attacks
 MAX_NODES = 20_000  # a plan has a few hundred values; per-layer lists hold up to 4,096 each
-MAX_INT = 2**63  # integers beyond int64 are typos or attacks, not plan dimensions
+# MAX_INT (2**63): integers beyond int64 are typos or attacks, not plan dimensions; it is
+# defined beside the unit parsers, which bound a size with a unit ("1e30 B") by it too
 # Every value keeps its JSON path (`Marks`), so key length times depth times values is
 # memory: a 113 KB file of 62 nested 1,000-character keys over 5,000 values took 633 MB.
 # A plan's keys are names of under 20 characters and its deepest path under 60.
@@ -75,6 +78,11 @@ _NOT_DECIMAL = (
     (re.compile(r"^[-+]?0[0-9_]"), "octal"),
 )
 _LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+# A number with a colon longer than this is refused unbuilt (`_Builder.scalar`); shorter,
+# it has at most 32 places, which PyYAML builds at once, so the message can say its value
+_SHORT = 64
+# YAML 1.1's base-60 integers and floats (the resolver's forms, and an explicit tag's)
+_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-9_]+)+(?:\.[0-9_]*)?$")
 
 Position = tuple[int, int]
 
@@ -350,19 +358,27 @@ class _Builder:
         plain = implicit and event.style in ("", None)
         if plain and tag == _STANDARD + "str" and _FLOAT_12.match(text):
             tag = _STANDARD + "float"
+        numeric = tag in (_STANDARD + "int", _STANDARD + "float")
+        if numeric and ":" in text and len(text) > _SHORT:
+            # YAML 1.1's base 60: PyYAML builds the number place by place, in time quadratic
+            # in its length (200,000 places took 12 s), so a long one is never built
+            return self.refuse(where, path, _long_base_60(text, tag))
         node = ScalarNode(tag, text, None, None, event.style)
         try:
             value = self.loader.construct_object(node, deep=True)
-        except (ValueError, yaml.YAMLError):
+        except Exception:  # PyYAML's constructors raise KeyError and IndexError too
+            # `!!bool maybe` was a KeyError and `!!int ""` an IndexError, each a traceback
             digits = sum(c.isdigit() for c in text)
             if tag == _STANDARD + "int" and digits > 18 and _DECIMAL_INT.match(text):
                 # Python refuses to read integers of over 4,300 digits: too large, not malformed
                 message = f"an integer of {digits:,} digits; plan numbers are below 2^63"
             else:
                 message = f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
-            raise self.stop(where, path, message) from None
+            # one problem of the file, as a number too large is, not the end of reading it
+            return self.refuse(where, path, message)
         int_form = tag == _STANDARD + "int" and not _DECIMAL_INT.match(text)
-        if implicit and (int_form or (tag == _STANDARD + "float" and ":" in text)):
+        # base 60 also under a tag (`!!int 1:30`): a long one is refused unbuilt above
+        if (implicit and int_form) or (numeric and ":" in text):
             kind = next(k for pattern, k in _NOT_DECIMAL if pattern.search(text))
             # past 2^63 the value is refused anyway; Python cannot even print one of 4,300
             # digits (a hexadecimal literal of 5,000 digits was a traceback)
@@ -407,6 +423,17 @@ class _Builder:
     def refuse(self, where: Position, path: str, message: str) -> None:
         self.problem(where, path, message)
         self.refused.add(path)
+
+
+def _long_base_60(text: str, tag: str) -> str:
+    """What to say of a number with a colon too long to build (`_SHORT`)."""
+    if not _BASE_60.match(text):  # `!!int "1:x..."`, which PyYAML could not read either
+        return f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
+    places = text.count(":") + 1
+    return (
+        f"{_shown(text)} is read by YAML 1.1 as a base-60 number of {places:,} places; write "
+        "numbers in decimal (or quote it, if it is text)"
+    )
 
 
 def _shown(text: str) -> str:

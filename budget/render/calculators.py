@@ -39,16 +39,25 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
     cost = result.cost
     title = f"{cost.op} · {cost.algorithm} · {plural(int(cost.ranks), 'rank')}"
     # over several levels each term sums the stages below, each at its own link's figures;
-    # a ring's levels carry their hops at once, so its bandwidth term is the busier port's
+    # a ring's levels carry their hops at once, so its bandwidth term is the busier port's;
+    # an all-to-all's levels so carry the blocks for the peers each reaches, NCCL's grouped
+    # exchange with every peer (`collectives._exchange_across`), not a ring's hops
     staged = "summed over the stages below, each at its level's" if len(cost.stages) > 1 else ""
-    shape = "tree" if cost.algorithm == "double-tree" else "ring"
+    shape = (
+        "tree"
+        if cost.algorithm == "double-tree"
+        else "exchange"
+        if cost.op == "all-to-all"
+        else "ring"
+    )
+    carried = f"the {shape}'s " + ("blocks" if shape == "exchange" else "hops")
     share = (
         f"at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's tree "
         f"model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this size)"
     )
     streamed = (
         "the longer of the innermost level's and the outer levels' together, which carry "
-        f"the {shape}'s hops at once" + (f", {share}" if shape == "tree" else "")
+        f"{carried} at once" + (f", {share}" if shape == "tree" else "")
     )
     if shape == "tree" and len(cost.stages) == 1:  # one level: the chain NCCL runs in a node
         streamed = f"NCCL's chain inside one node, {share.replace('each link', 'the link')}"
@@ -85,9 +94,9 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
     if len(cost.stages) > 1:
         # received equals sent in every stage of the hierarchical forms; say so once
         headers = ("stage", "link", "P", "n", "sent/rank", "n·α", "Q/B", "time")
-        stages = [_stage_row(s) for s in cost.stages]
+        stages = [_stage_row(s, cost.pipelined) for s in cost.stages]
         title = (
-            f"the {shape}'s hops on each level (per rank: received = sent)"
+            f"{carried} on each level (per rank: received = sent)"
             if cost.pipelined
             else "stages (per rank: received = sent)"
         )
@@ -146,9 +155,10 @@ def _flops_beside(value: float, ceiling: float) -> str:
     return f"{value / scale!r} {unit}"
 
 
-def _stage_row(stage: Stage) -> tuple[str, ...]:
-    # a ring's or a tree's hops on each level: the section's title says which
-    same = stage.algorithm in ("ring", "double-tree")
+def _stage_row(stage: Stage, pipelined: bool = False) -> tuple[str, ...]:
+    # a ring's or a tree's hops, or an exchange's blocks, on each level: the section's
+    # title says which
+    same = pipelined or stage.algorithm in ("ring", "double-tree")
     name = stage.op if same else f"{stage.op} ({stage.algorithm})"
     return (
         name,

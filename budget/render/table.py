@@ -606,6 +606,7 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
         *([f"{ops('double-tree')} NCCL's double binary tree (dbt)"] if ops("double-tree") else []),
+        *([f"{ops('pairwise')} {_EXCHANGE}"] if ops("pairwise") else []),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
     said = [f"payloads in {usual} unless the op names another"]
@@ -616,6 +617,9 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     return "; ".join(said)
 
 
+# the all-to-all across levels: NCCL's grouped send/recv with every peer at once, each level
+# carrying the blocks for the peers it reaches (`collectives._exchange_across`)
+_EXCHANGE = "one exchange with every peer, each link carrying its peers' blocks"
 # algorithms a plan may name (`collectives:`) over the defaults, as the op column marks them
 _NAMED = {"recursive": "rec", "tree": "tree", "bruck": "brk"}
 _NAMED_LONG = {
