@@ -342,11 +342,11 @@ def algorithm_bytes(op: Op, size_bytes: Count, ranks: Count) -> Seconds:
 # ----------------------------------------------------------------------------- algorithms
 
 
-def default_algorithm(op: Op, tiers: int = 1) -> Algorithm:
+def default_algorithm(op: Op) -> Algorithm:
     """The documented default: ring (pairwise all-to-all, direct send/recv) as in DESIGN.md
-    rule 3's table, on one level and across levels alike (``tiers`` does not change it):
-    across levels the ops NCCL runs as one ring over every rank of a group
-    (`LEVELLED_RING_OPS`: the all-gather, reduce-scatter, all-reduce and broadcast) are
+    rule 3's table, on one level and across levels alike: across levels the ops NCCL runs
+    as one ring over every rank of a group (`LEVELLED_RING_OPS`: the all-gather,
+    reduce-scatter, all-reduce and broadcast) are
     that ring (`_ring_across`; an unnamed all-reduce takes NCCL's tree where faster,
     `_nccl_all_reduce`), and the all-to-all NCCL's grouped exchange with every peer at
     once (`_exchange_across`). Across levels the all-to-all and the broadcast took the
@@ -521,7 +521,7 @@ def collective_cost(
         return _auto(op, tiers, size_bytes, element_bytes)
     if algorithm is None and op == "all-reduce" and len(tiers) > 1 and levelled:
         return _nccl_all_reduce(tuple(tiers), size_bytes, element_bytes)
-    algo = _resolve(op, algorithm, len(tiers))
+    algo = _resolve(op, algorithm)
     ranks = _product([t.ranks for t in tiers])
     if algo == "double-tree":  # inside one node, the chain NCCL runs there (`_tree_across`)
         tree = _tree_across(tuple(tiers), size_bytes, element_bytes)
@@ -555,7 +555,7 @@ def _flat_across(
     did, and a tree all-reduce of 8 nodes over 20 GB/s PCIe fabrics and 24 GB/s InfiniBand
     was priced at PCIe's rate and α (an audit). With ranks that differ between the
     configurations of a sweep, each takes its own slowest level: one stage per level,
-    counted where that level is the slowest spanned (as `search._flat_over_levels`)."""
+    counted where that level is the slowest spanned (the sweep's `search._Pricer`)."""
     p = _product([t.ranks for t in tiers])
     if not any(isinstance(t.ranks, np.ndarray) for t in tiers):
         spanned = [t.link for t in tiers if t.ranks > 1] or [tiers[0].link]
@@ -1027,9 +1027,9 @@ def _unknown_op(op: str) -> str:
     return f"unknown collective {op!r}; expected one of {', '.join(OPS)}"
 
 
-def _resolve(op: Op, algorithm: str | None, tiers: int) -> Algorithm:
+def _resolve(op: Op, algorithm: str | None) -> Algorithm:
     if algorithm is None:
-        return default_algorithm(op, tiers)
+        return default_algorithm(op)
     alias = _ALIASES.get((op, algorithm))
     if alias is not None:
         return alias

@@ -58,7 +58,7 @@ class Work:
     launches: Any = 1.0  # kernel launches it stands for (a share of one: `_sliding`)
     # the format a GEMM runs in where it is not precision.matmul: Megatron-LM's output layer
     # and MoE router are not Transformer Engine modules, so an FP8 recipe leaves them in the
-    # activations' format (`vocab_operands`)
+    # activations' format (`outside_operands`)
     dtype: str | None = None
     # share of the device's streaming multiprocessors it runs on (below 1 where a collective
     # beside it holds the rest: `schedule.overlapped_gemms`); its FLOPs take 1/share longer
@@ -107,18 +107,6 @@ def operands(plan: Plan) -> Operands:
 VOCAB_WEIGHT_BYTES = 2  # the least the embedding and output layer are kept in: bf16
 
 
-def vocab_operands(plan: Plan) -> Operands:
-    """`operands` of the output layer (`outside_operands`): its weights, as the embedding's,
-    stay in a 16-bit format where the blocks' go to fp8, and it reads and writes its
-    activations in the format it runs in (`outside_fp8`). Transformer Engine's fp8 weights
-    (``fp8_model_init``, Megatron-LM's ``--fp8-param-gather``) are its own modules' and
-    Megatron-LM's output layer and embedding are not TE modules; fp8 checkpoints keep them
-    in bf16 (llm-compressor's FP8 recipes ``ignore=["lm_head"]``; ModelOpt's
-    ``hf_quant_config.json`` excludes ``lm_head``; DeepSeek-V3's fp8 release quantizes only
-    the blocks' linear layers)."""
-    return outside_operands(plan)
-
-
 def outside_fp8(plan: Plan) -> str | None:
     """The format a GEMM outside Transformer Engine's modules (Megatron-LM's output layer,
     the MoE router) runs in: the activations' under an FP8 recipe, which applies to TE's
@@ -134,8 +122,11 @@ def outside_operands(plan: Plan) -> Operands:
     least 16-bit. ``--fp8-param-gather`` (``fp8_model_init``) makes TE modules' weights fp8
     and gathers the rest, the router's among them, in bf16 (Megatron-LM
     ``megatron/core/transformer/moe/router.py``, ``Router.__init__``: the gate's weight is a
-    plain ``torch.nn.Parameter`` in ``params_dtype``, not a TE module's); fp8 checkpoints
-    keep the output layer in bf16 (`vocab_operands`) and the router too (vLLM builds the
+    plain ``torch.nn.Parameter`` in ``params_dtype``, not a TE module's; Megatron-LM's
+    output layer and embedding are not TE modules either); fp8 checkpoints keep the output
+    layer in bf16 (llm-compressor's FP8 recipes ``ignore=["lm_head"]``; ModelOpt's
+    ``hf_quant_config.json`` excludes ``lm_head``; DeepSeek-V3's fp8 release quantizes only
+    the blocks' linear layers) and the router too (vLLM builds the
     gate unquantized, ``ReplicatedLinear(hidden, n_routed_experts, quant_config=None)`` in
     ``vllm/model_executor/models/deepseek_v2.py``, as Mixtral's gate in ``mixtral.py``).
     An audit: under fp8 the output layer and router read their bf16 input at fp8's 1 byte
@@ -1024,7 +1015,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 
     vocab = vocab_rows(plan)
     logits = gemm(
-        "output layer", s.tokens, s.hidden, vocab, vocab_operands(plan), outside_fp8(plan)
+        "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
@@ -1074,7 +1065,7 @@ def optimizer_work(
 
     Without a master copy the step updates the parameters in place (read and write). Of
     the shard, `vocab_shard` embedding and output-layer parameters are kept 16-bit under
-    fp8 weights (`vocab_operands`). The gradients zeroed are the buffer the rank holds,
+    fp8 weights (`outside_operands`). The gradients zeroed are the buffer the rank holds,
     `grads_held` (every parameter's under ZeRO-0/1, Megatron-LM's ``zero_grad_buffer``;
     the shard's by default).
 
@@ -1108,7 +1099,7 @@ def optimizer_work(
     return works
 
 
-def model_flops_per_token(plan: Plan) -> int:
+def model_flops_per_token(plan: Plan) -> Any:
     """6N + 12·L·h·s: training FLOPs per token without recomputation (PaLM appendix B),
     with N the parameters a token uses (the top-k experts of an MoE layer, not all of them;
     Fedus et al., arXiv 2101.03961) less the embedding lookups, which do no GEMM, and
@@ -1119,7 +1110,7 @@ def model_flops_per_token(plan: Plan) -> int:
     return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
 
 
-def _dropped_expert_params(plan: Plan) -> int:
+def _dropped_expert_params(plan: Plan) -> Any:
     """Expert parameters a token's dropped assignments would have used: with a capacity
     factor c < 1 a rank keeps min(T·k, E·C) of its T·k assignments (`_kept_share`), so a
     token's top-k experts compute k·share on average and the rest, k·(1 − share) experts'
@@ -1135,7 +1126,7 @@ def _dropped_expert_params(plan: Plan) -> int:
     return vround(sum(moe_layers(plan)) * e.top_k * per_expert * (1 - _kept_share(plan)))
 
 
-def _kept_share(plan: Plan) -> float:
+def _kept_share(plan: Plan) -> Any:
     """The share of a rank's token-expert assignments a capacity factor keeps, as
     `layers._expert_shapes` sizes the rows it computes: min(T·k, E·C) / (T·k), with T the
     rank's tokens as `layers.expert_capacity` takes them (a micro-batch's sequence shard,
@@ -1145,19 +1136,16 @@ def _kept_share(plan: Plan) -> float:
     c, less what the rounding keeps beyond it, where c·T·k/E is not whole (an audit: the
     drop read (1 − c)·k whatever the rounding; Mixtral decoding one sequence at tp 8, c 0.5,
     has C = ⌈1·2·0.5/8⌉ = 1 and E·C = 8 ≥ 2 rows: nothing dropped). 1 without a capacity
-    factor or at c ≥ 1 (E·C ≥ T·k)."""
-    from budget.layers import expert_capacity
-
+    factor or at c ≥ 1 (E·C ≥ T·k). The rows kept are the rows the rank sends as
+    `layers._expert_shapes` sizes them (`Shapes.sent`), so the two cannot disagree."""
     e = plan.model.experts
     if e is None or e.capacity_factor is None or e.capacity_factor >= 1:
         return 1.0
-    tokens = _quoted_shapes(plan).tokens_sp
-    rows = tokens * e.top_k
-    full = e.count * expert_capacity(tokens, e.top_k, e.count, e.capacity_factor)
-    return ratio(vmin(rows, full), rows)
+    s = _quoted_shapes(plan)
+    return vmin(ratio(s.sent, s.tokens_sp * e.top_k), 1.0)
 
 
-def _kept_assignments(plan: Plan) -> float:
+def _kept_assignments(plan: Plan) -> Any:
     """Expert assignments a token computes on average: its top k, less what a capacity
     factor c < 1 drops (`_kept_share`): k·min(T·k, E·C)/(T·k)."""
     e = plan.model.experts
@@ -1166,7 +1154,7 @@ def _kept_assignments(plan: Plan) -> float:
     return e.top_k * _kept_share(plan)
 
 
-def _gemm_params(plan: Plan) -> int:
+def _gemm_params(plan: Plan) -> Any:
     """The active parameters less the embedding lookups (the input embedding, learned
     positions), which do no GEMM, and less the experts a capacity drops
     (`_dropped_expert_params`), for training and serving alike: the output layer stays
@@ -1181,7 +1169,7 @@ def _gemm_params(plan: Plan) -> int:
     return n
 
 
-def serving_params(plan: Plan) -> int:
+def serving_params(plan: Plan) -> Any:
     """Parameters a served token multiplies in GEMMs outside the output layer: the active
     ones (top-k experts) less the embedding lookups and the output layer (the same matrix
     when tied), which serving computes for the positions it samples only."""

@@ -160,7 +160,7 @@ def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]
     logits, which are gathered for the sampler (vLLM's ``LogitsProcessor._gather_logits``,
     in the model's format, to one rank): priced as an all-gather, whose bytes into each rank
     are the gather's into its root, exposed, since sampling waits for it."""
-    e = flops.vocab_operands(plan)
+    e = flops.outside_operands(plan)
     vocab, tp = vocab_rows(plan), plan.parallel.tp
     logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
     gather = Move(

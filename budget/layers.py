@@ -500,10 +500,21 @@ class StageParams:
     parts: tuple[tuple[str, int], ...]  # itemised per-rank counts
 
     @property
+    def lookup_per_rank(self) -> Any:
+        """Of `per_rank`, the first stage's input embeddings (word and learned position
+        tables, `EMBEDDING_PARTS`), whose gradients the backward produces last."""
+        return sum(n for name, n in self.parts if name in EMBEDDING_PARTS)
+
+    @property
     def vocab_per_rank(self) -> Any:
         """Of `per_rank`, the embeddings' and output layer's: kept in a 16-bit format
-        where the blocks' weights are fp8 (`flops.vocab_operands`)."""
+        where the blocks' weights are fp8 (`flops.outside_operands`)."""
         return sum(n for name, n in self.parts if "embedding" in name or "output layer" in name)
+
+
+# the first stage's input tables, as `class_params` itemises them
+WORD_EMBEDDING, POSITION_EMBEDDING = "word embedding", "position embedding"
+EMBEDDING_PARTS = (WORD_EMBEDDING, POSITION_EMBEDDING)
 
 
 def stage_params(plan: Plan, stage: int) -> StageParams:
@@ -545,11 +556,11 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
         parts.append(("experts", moe * x.expert_per_rank))
     word, word_rank = m.vocab * m.hidden, vocab_params(plan)
     if c.first:
-        parts.append(("word embedding", word_rank))
+        parts.append((WORD_EMBEDDING, word_rank))
         total += word
         if m.position == "learned":
             positions = (m.max_positions or plan.batch.seq) * m.hidden
-            parts.append(("position embedding", positions))
+            parts.append((POSITION_EMBEDDING, positions))
             total += positions
     if c.last:
         parts.append(("final norm", _norms(plan)))
@@ -629,7 +640,7 @@ def resident_states(
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
     (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements. Of
     `params`, the `vocab` embedding and output-layer parameters stay 16-bit under fp8
-    weights (`flops.vocab_operands`): their own row.
+    weights (`flops.outside_operands`): their own row.
     """
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
     narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES and not every(vocab == 0)

@@ -29,15 +29,11 @@ import numpy as np
 from budget import flops
 from budget.check import Limits
 from budget.collectives import (
-    LEVELLED_RING_OPS,
     Algorithm,
     CollectiveCost,
-    Link,
     Stage,
     Tier,
     collective_cost,
-    flat_stage,
-    slowness,
 )
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
@@ -618,8 +614,8 @@ class _Pricer:
             if counts is not None:
                 per_level[row] = counts
                 continue
-            # by level, not by name: two levels may share one (`GroupSpan.counts`), and the
-            # first of them took every tier of that name (an audit: levels nvlink, ib, ib)
+            # by level index (`GroupSpan.counts`), not by name (an audit: with levels
+            # nvlink, ib, ib the first ib took every tier of that name; now refused too)
             scalar = replace(move, ranks=sizes[row])
             per_level[row] = move_span(config, scalar).counts
         result = tuple(per_level[self.which, i] for i in range(len(self.levels)))
@@ -656,17 +652,18 @@ class _Pricer:
         links = [link_of(level) for level in self.levels]
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
-        element = _element(move.dtype)
         # NCCL's ring (its all-to-all: every peer at once) across levels, but not a
-        # neighbours' exchange (`schedule.price_move`)
-        ring = not move.algorithm and (
-            (move.op in LEVELLED_RING_OPS and algorithm in (None, "ring"))
-            or (move.op == "all-to-all" and algorithm in (None, "pairwise", "ring"))
-        )
-        if algorithm not in (None, "hierarchical", "double-tree") and len(links) > 1 and not ring:
-            return _flat_over_levels(move, algorithm, ranks, links, element)
+        # neighbours' exchange (`schedule.price_move`); a flat algorithm at the slowest
+        # level each configuration spans (`collectives._flat_across`)
         tiers = [Tier(r, link) for r, link in zip(ranks, links, strict=True)]
-        return collective_cost(move.op, tiers, move.size_bytes, algorithm, element_bytes=element)
+        return collective_cost(
+            move.op,
+            tiers,
+            move.size_bytes,
+            algorithm,
+            element_bytes=_element(move.dtype),
+            levelled=move.algorithm is None,
+        )
 
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
@@ -734,37 +731,6 @@ def _element(dtype: str) -> int:
     from budget.plan.model import DTYPE_BYTES
 
     return DTYPE_BYTES[dtype]
-
-
-def _flat_over_levels(
-    move: Move, algorithm: Algorithm, ranks: tuple[np.ndarray, ...], links: list[Link], element: int
-) -> CollectiveCost:
-    """A flat algorithm over all of a group's ranks, every step at the slowest link it
-    spans (`collectives.collective_cost` on several tiers), which differs between
-    configurations: one stage per level, counted where that level is the slowest spanned."""
-    total = np.prod(np.stack(ranks), axis=0)
-    slowest = np.zeros_like(ranks[0])  # a group of one rank: the innermost level, no step
-    by_speed = sorted(range(len(links)), key=lambda i: slowness(links[i]))
-    for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
-        slowest = np.where(ranks[level] > 1, level, slowest)
-    stages = []
-    for level, link in enumerate(links):
-        mask = (slowest == level).astype(np.int64)
-        if not mask.any():
-            continue
-        stage = flat_stage(move.op, algorithm, total, move.size_bytes, link, element_bytes=element)
-        stages.append(
-            replace(
-                stage,
-                steps=stage.steps * mask,
-                sent_bytes=stage.sent_bytes * mask,
-                recv_bytes=stage.recv_bytes * mask,
-                payload_bytes=stage.payload_bytes * mask,
-                group_sent_bytes=stage.group_sent_bytes * mask,
-                group_recv_bytes=stage.group_recv_bytes * mask,
-            )
-        )
-    return CollectiveCost(move.op, algorithm, total, move.size_bytes, tuple(stages))
 
 
 def _send_recv(move: Move, ranks: tuple[np.ndarray, ...], links: list[Any]) -> CollectiveCost:

@@ -1911,7 +1911,7 @@ def _reduce(b: _StageBuilder) -> None:
     n_dense = b.params.per_rank
     first_chunk = vwhere(v > 1, (head + _root_params(b) * b.first) / vmax(n_dense, 1), 1.0)
     head_experts = vwhere(v > 1, k.head_moe / vmax(b.moe, 1), 1.0)
-    embedding = sum(n for name, n in b.params.parts if name.endswith("embedding"))
+    embedding = b.params.lookup_per_rank
     embedding_floor = vwhere(v > 1, floor, vmax(floor, embedding * b.first / vmax(n_dense, 1)))
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):

@@ -99,8 +99,8 @@ class GroupSpan:
     # apart from the network ports even where the group has one rank in each node
     fabric: Link | None = None
     # ranks of the group at each level of the topology, innermost first, 1 where it uses
-    # none (`tiers` without the levels of one rank): a sweep places each tier by it, not by
-    # the level's name, which two levels may share (`search._Pricer`)
+    # none (`tiers` without the levels of one rank): a sweep places each tier by the
+    # level's index (`search._Pricer`); names are unique (`resolve` refuses a repeated one)
     counts: tuple[int, ...] = ()
 
     @property
@@ -423,12 +423,8 @@ def price_group(
     # fabric, carrying none of it, is the innermost level, as a sweep prices it (a review:
     # the search took the tree for such a data-parallel group where `budget` kept the ring)
     across = len(tiers) > 1 or (op == "all-reduce" and levelled)
-    # the innermost tier is the fabric's unless the group has one rank in each node (by the
-    # counts, not the name, which two levels may share); a span without counts, by the name
-    if span.counts:
-        outside = span.counts[0] == 1 and max(span.counts) > 1
-    else:
-        outside = span.fabric is not None and tiers[0].link.name != span.fabric.name
+    # the innermost tier is the fabric's unless the group has one rank in each node
+    outside = span.counts[0] == 1 and max(span.counts) > 1
     if across and span.fabric is not None and outside:
         # one rank in each node, across two levels of network or more: the node's fabric is
         # the innermost tier still, carrying none of it, so that the levels priced are all

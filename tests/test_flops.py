@@ -196,7 +196,7 @@ def test_per_head_qk_norm_gradients_are_all_reduced_over_tp_even_without_sp() ->
 
 
 def test_the_optimizer_writes_fp8_weights_but_16_bit_vocabulary_rows():
-    """Under fp8 weights the embedding and output layer stay bf16 (`vocab_operands`), so the
+    """Under fp8 weights the embedding and output layer stay bf16 (`outside_operands`), so the
     master copy cast back writes the blocks' shard at 1 B and the vocabulary rows at 2 B:
     against bf16 weights it saves one byte per parameter of the shard outside them only."""
     from budget.layers import stage_params

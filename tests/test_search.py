@@ -1194,7 +1194,7 @@ topology: {preset: dgx-h100, nodes: 4}
     ("text", "gpus", "space"),
     [
         # cp rings inside a node, one rank per node and two per node (a flat ring paced by
-        # InfiniBand, `step._cp_moves`), priced per configuration by `_flat_over_levels`
+        # InfiniBand, `step._cp_moves`), priced per configuration by `collectives._flat_across`
         (RING_ACROSS_NODES, 16, Space(tp=(1, 2, 4), cp=(2, 4, 8), zero=(1,), micro=(1,))),
         # etp 2 beside tp 1, 2 and 4: the expert grid's etp, ep and edp groups
         (EXPERTS_FOLDED, 32, Space(tp=(1, 2, 4), ep=(2, 4, 8), zero=(1,), micro=(1,))),

@@ -116,7 +116,7 @@ from pathlib import Path
 from typing import Any
 
 from budget.files import exists
-from budget.plan.yaml_load import MAX_INT
+from budget.units import MAX_INT
 
 __all__ = [
     "CLASS_DEFAULTS",
