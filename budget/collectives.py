@@ -969,7 +969,10 @@ class _Pricing:
 
 def used(stage: Stage) -> bool:
     """Whether `stage` takes a step or moves a byte in any configuration."""
-    return bool(np.any(np.asarray(stage.steps) > 0) or np.any(np.asarray(stage.sent_bytes) > 0))
+    steps, sent = stage.steps, stage.sent_bytes
+    if not isinstance(steps, np.ndarray) and not isinstance(sent, np.ndarray):
+        return bool(steps > 0 or sent > 0)  # one plan's numbers: no arrays to build
+    return bool(np.any(np.asarray(steps) > 0) or np.any(np.asarray(sent) > 0))
 
 
 def _indicator(condition: bool | NDArray[Any]) -> Count:
