@@ -166,6 +166,11 @@ def collective(
         if bandwidth is not None or latency is not None:
             raise ValueError("give either --bandwidth and --latency or --level, not both")
         parsed = tuple(parse_level(text, i, len(levels)) for i, text in enumerate(levels))
+        named = [level.name for _, level in parsed]
+        twice = list(dict.fromkeys(n for n in named if named.count(n) > 1))
+        if twice:  # a report naming each level's share could not tell them apart
+            shown = ", ".join(map(repr, twice))
+            raise ValueError(f"--level names must differ, as a plan's levels must: {shown} twice")
         counts = [count for count, _ in parsed]
         world = math.prod(counts)
         if world > MAX_GPUS:

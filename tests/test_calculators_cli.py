@@ -213,6 +213,18 @@ def test_ranks_must_match_the_levels_when_given() -> None:
     assert _error([*single, "--size", "1GiB"]).endswith("which hold 1 rank")
 
 
+def test_two_levels_of_one_name_are_refused() -> None:
+    """As a plan's levels are (`resolve`): a report naming each level's share would print
+    "ib: ...; ib: ..." and could not tell them apart (a review)."""
+    levels = ["--level", "8:450GB/s:1us:nvlink", "--level", "4:50GB/s:5us:ib"]
+    args = ["collective", "all-reduce", *levels, "--level", "2:25GB/s:10us:ib", "--size", "1GiB"]
+    assert _error(args) == (
+        "budget: error: --level names must differ, as a plan's levels must: 'ib' twice"
+    )
+    unnamed = ["collective", "all-reduce", "--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
+    assert _json([*unnamed, "--size", "1GiB"])["ranks"] == 32  # "level 1", "level 2"
+
+
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
 def test_a_group_of_one_rank_moves_nothing_in_every_format(fmt: str) -> None:
     """One rank: no step, no byte, no link; the table and markdown raised an IndexError
