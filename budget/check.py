@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from budget.errors import BudgetError, Problem
+from budget.errors import BudgetError, Problem, UsageErrors
 from budget.inference import passes_for
 from budget.report import Overlapping, PhaseRow, Report, StageRow, slow_link_notes
 from budget.schedule import pass_of
@@ -30,7 +30,6 @@ from budget.units import (
 
 __all__ = [
     "CheckResult",
-    "LimitErrors",
     "Limits",
     "Reason",
     "Verdict",
@@ -271,16 +270,6 @@ def _duration(text: str | None, option: str) -> float | None:
     return seconds
 
 
-class LimitErrors(ValueError):
-    """Every bad limit option at once (`parse_limits`), one one-line message each, in the
-    order the options are listed: --headroom, --max-exposed, --max-step, --max-ttft,
-    --max-tpot. str() joins them for a caller that shows one line."""
-
-    def __init__(self, messages: Iterable[str]) -> None:
-        self.messages = tuple(messages)
-        super().__init__("; ".join(self.messages))
-
-
 def _headroom(text: str) -> tuple[float | None, int | None]:
     """ "5%" → (0.05, None); "4GiB" → (None, 4 GiB in bytes)."""
     if text.strip().endswith("%"):
@@ -305,7 +294,7 @@ def parse_limits(
 ) -> Limits:
     """Limits from the command line: --headroom 5% or 4GiB, --max-exposed 20%, --max-step
     12s, and a serving plan's --max-ttft 2s and --max-tpot 20ms. Every option is read, and
-    bad text in any of them raises one `LimitErrors` (a ValueError) with a one-line message
+    bad text in any of them raises one `UsageErrors` (a ValueError) with a one-line message
     for each (a `budget check --headroom lots --max-step soon` said only the first)."""
     errors: list[str] = []
 
@@ -325,7 +314,7 @@ def parse_limits(
     ttft = read(lambda t: _duration(t, "--max-ttft"), max_ttft, None)
     tpot = read(lambda t: _duration(t, "--max-tpot"), max_tpot, None)
     if errors:
-        raise LimitErrors(errors)
+        raise UsageErrors(errors)
     return Limits(share, size, exposed, step, ttft, tpot)
 
 

@@ -171,12 +171,13 @@ def check_command(
 ) -> None:
     """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
     invalid (its problems go to stderr; the other plans are still checked)."""
-    from budget.check import LimitErrors, check_plans, parse_limits
+    from budget.check import check_plans, parse_limits
+    from budget.errors import UsageErrors
     from budget.render.check import render_check
 
     try:
         limits = parse_limits(headroom, max_exposed, max_step, max_ttft, max_tpot)
-    except LimitErrors as error:  # every bad option, one line each
+    except UsageErrors as error:  # every bad option, one line each
         for message in error.messages:
             print(usage_line(message), file=sys.stderr)
         raise typer.Exit(code=exit_code(valid=False)) from None

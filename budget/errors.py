@@ -26,6 +26,17 @@ MAX_SHOWN = 200  # problems printed; a last line counts the rest
 _LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
+class UsageErrors(ValueError):
+    """Every bad command-line option at once, one one-line message each, in the order the
+    command lists its options (`check.parse_limits`, `search_cli.space`); str() joins them
+    for a caller that shows one line. The CLI prints one ``budget: error:`` line each and
+    exits 2."""
+
+    def __init__(self, messages: Iterable[str]) -> None:
+        self.messages = tuple(messages)
+        super().__init__("; ".join(self.messages))
+
+
 def one_line(text: str) -> str:
     """`text` with the characters a reader splits lines at shown escaped (`_LINE_BREAKS`)."""
     return text.translate(_LINE_BREAKS)

@@ -696,12 +696,21 @@ def routing_skew(plan: Plan, s: Shapes | None = None) -> Any:
     e = plan.model.experts
     if e is None or e.pad_to_capacity:
         return 1.0
-    skew = vmin(e.imbalance, vmin(plan.parallel.ep * 1.0, e.count / e.top_k))
     if e.capacity_factor is None:
-        return skew
+        return uncapped_skew(plan)
     sized = _quoted_shapes(plan) if s is None else s
     # the rows as sized (`layers._expert_shapes`); never below the even share
     return vmax(ratio(sized.dispatched, sized.sent), 1.0)
+
+
+def uncapped_skew(plan: Plan) -> Any:
+    """`routing_skew` before any capacity factor: ``experts.imbalance`` f, at most what one
+    rank can take, min(f, ep, E/k); 1 without experts. `layers._expert_shapes` caps the
+    rows it sizes at E·C itself."""
+    e = plan.model.experts
+    if e is None:
+        return 1.0
+    return vmin(e.imbalance, vmin(plan.parallel.ep * 1.0, e.count / e.top_k))
 
 
 def _quoted_shapes(plan: Plan) -> Shapes:

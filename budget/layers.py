@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew
+from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew, uncapped_skew
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
 from budget.vector import (
@@ -809,8 +809,7 @@ def _expert_shapes(plan: Plan, tokens_sp: int) -> dict[str, int]:
         if e.pad_to_capacity:  # every expert computes C rows whatever the skew
             sent = dispatched = full
         else:  # the skew before the capacity caps it: the cap is E·C, rounded per expert
-            free = replace(e, capacity_factor=None)
-            skew = routing_skew(replace(plan, model=replace(plan.model, experts=free)))
+            skew = uncapped_skew(plan)
             sent, dispatched = vmin(rows, full), vmin(vceil(rows * skew), full)
     own = -(-dispatched // vwhere(experts_inside_tp(plan), par.ep, 1))
     return {

@@ -22,8 +22,8 @@ OBJECTIVES = ("time", "memory", "tokens-per-s")
 
 def space(options: dict[str, str | None]) -> Space:
     """The sweep's dimensions from the command line's pins and ranges; every bad one at
-    once (`LimitErrors`, one message each, in the order `budget search --help` lists them)."""
-    from budget.check import LimitErrors
+    once (`UsageErrors`, one message each, in the order `budget search --help` lists them)."""
+    from budget.errors import UsageErrors
     from budget.search import RECOMPUTE, Space, parse_values
 
     errors: list[str] = []
@@ -67,7 +67,7 @@ def space(options: dict[str, str | None]) -> Space:
     if not sp or None in sp:
         errors.append(f"--sp {options['sp']!r}: use true, false or true,false")
     if errors:
-        raise LimitErrors(errors)
+        raise UsageErrors(errors)
     return Space(
         tp=dims["tp"],
         pp=dims["pp"],
@@ -93,8 +93,9 @@ def run_search(
 ) -> int:
     """0 when a layout fits and keeps the limits (and was written if asked), 1 when none
     does, 2 on bad input."""
-    from budget.check import LimitErrors, parse_limits
+    from budget.check import parse_limits
     from budget.collectives import SizeError
+    from budget.errors import UsageErrors
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
     from budget.render import dump_document
     from budget.render.search import render_search_markdown, render_search_table
@@ -117,12 +118,12 @@ def run_search(
         errors.append(str(error))
     try:
         sweep = space(options)
-    except LimitErrors as error:
+    except UsageErrors as error:
         errors.extend(error.messages)
     given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
     try:
         limits = parse_limits(*given) if any(v is not None for v in given) else None
-    except LimitErrors as error:
+    except UsageErrors as error:
         errors.extend(error.messages)
     if errors:
         for message in errors:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from budget.check import LimitErrors, Limits, check_report, parse_limits
+from budget.check import Limits, check_report, parse_limits
 from budget.cli import app, route
+from budget.errors import UsageErrors
 from budget.pipeline import budget_plan
 from budget.units import format_bytes, format_duration
 from tests.gpt3_by_hand import REQUIRED, stage0_activations, stage0_states, stage0_transients
@@ -299,7 +300,7 @@ def test_every_bad_limit_is_said_at_once() -> None:
     assert err.splitlines()[:3] == every and len(err.splitlines()) == 5
     assert err.splitlines()[3].startswith("budget: error: --max-ttft 'fast': ")
     assert err.splitlines()[4] == "budget: error: --max-tpot '0ms': must be more than 0 s"
-    with pytest.raises(LimitErrors) as caught:
+    with pytest.raises(UsageErrors) as caught:
         parse_limits(headroom="lots", max_exposed="5", max_step="soon")
     assert ["budget: error: " + m for m in caught.value.messages] == every
     assert isinstance(caught.value, ValueError)  # what a caller of one message catches
