@@ -19,6 +19,7 @@ from fractions import Fraction
 __all__ = [
     "MAX_INT",
     "UnitError",
+    "ambiguous_prefix",
     "decimals_apart",
     "duration_unit",
     "format_bytes",
@@ -210,6 +211,26 @@ def missing_unit(value: object, quantity: str) -> str | None:
     shown = [f"'{number} {unit}'" for unit in _LIKELY_UNITS[quantity]]
     such = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
     return f"{number} has no unit; write a {quantity} with its unit, such as {such}"
+
+
+def ambiguous_prefix(value: object) -> str | None:
+    """The parser's refusal of JEDEC's "K" (`_prefix`) in a size or bandwidth such as "80 KB"
+    or "3 Kb/s", for the schema to say when its pattern refuses one (`budget.plan.schema`);
+    None for any other value."""
+    if not isinstance(value, str):
+        return None
+    try:
+        _, unit = _split(value, "a size")
+    except UnitError:
+        return None
+    base = unit.removesuffix("/s")
+    if base not in ("KB", "Kb", "Kbit"):
+        return None
+    try:
+        _prefix(base, base[1:], value, "a size")
+    except UnitError as refused:
+        return str(refused)
+    return None  # pragma: no cover - _prefix refuses every "K"
 
 
 def _unit_given(value: Fraction, unit: str, text: object, quantity: str) -> None:

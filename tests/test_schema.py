@@ -370,11 +370,34 @@ _size_like = st.lists(
 @settings(max_examples=500)
 @given(_size_like)
 def test_the_size_pattern_accepts_what_it_accepted(text: str) -> None:
-    """The fixed pattern reads the same strings as before: "KB" among them, which the
-    units parser refuses with a sentence of its own (`parse_bytes`)."""
+    """The fixed pattern reads the same strings as before but "KB", which the units parser
+    refuses too (`parse_bytes`): an editor checking a plan against the schema alone refuses
+    what budget refuses."""
     new = schema()["$defs"]["size"]["pattern"]
     assert new != _OLD_SIZE
-    assert (re.search(new, text) is None) == (re.search(_OLD_SIZE, text) is None)
+    accepted = re.search(_OLD_SIZE, text) is not None and not text.rstrip().endswith("KB")
+    assert (re.search(new, text) is not None) == accepted
+
+
+def test_jedec_kilo_is_refused_by_the_schema_with_the_parsers_sentence() -> None:
+    """ "80 KB" and "3 Kb/s" fail the schema's own patterns (an editor flags them) and the
+    error says why, in the words `budget.units` uses, not "is not a size"."""
+    plan = MINIMAL.replace("80 GiB", "80 KB", 1)
+    assert plan != MINIMAL
+    [problem] = errors(plan)
+    assert problem.endswith(
+        "$.device.memory: ambiguous prefix 'K' in '80 KB': write kB for 1000 bytes or KiB for 1024"
+    )
+    size = Draft202012Validator(schema()["$defs"]["size"])
+    bandwidth = Draft202012Validator(schema()["$defs"]["bandwidth"])
+    assert not size.is_valid("80 KB") and size.is_valid("80 kB") and size.is_valid("80 KiB")
+    assert not bandwidth.is_valid("3 Kb/s") and not bandwidth.is_valid("3 KB/s")
+    assert bandwidth.is_valid("3 kb/s") and bandwidth.is_valid("3 Kib/s")
+    [problem] = errors(MINIMAL.replace("450 GB/s", "3 Kb/s", 1))
+    assert problem.endswith(
+        "$.topology.levels[0].bandwidth: ambiguous prefix 'K' in '3 Kb/s': write kb for 1000"
+        " bits or Kib for 1024"
+    )
 
 
 def test_a_size_with_a_long_run_of_spaces_is_refused_fast() -> None:
@@ -386,7 +409,7 @@ def test_a_size_with_a_long_run_of_spaces_is_refused_fast() -> None:
         "p.yaml:3:18: error: $.device.memory: '3                                   ... is not "
         "a size such as '80 GiB', '80GB' or a number of bytes"
     ]
-    assert re.search(schema()["$defs"]["size"]["pattern"], "80 KB")  # for the parser to refuse
+    assert not re.search(schema()["$defs"]["size"]["pattern"], "80 KB")  # JEDEC's kilo: refused
 
 
 _SPACES = " " * 20_000

@@ -16,7 +16,7 @@ from typing import Any
 
 from budget.errors import Problem
 from budget.plan.yaml_load import Marks, child_path
-from budget.units import missing_unit
+from budget.units import ambiguous_prefix, missing_unit
 
 __all__ = ["model_problems", "schema", "schema_text", "validate_tree"]
 
@@ -170,6 +170,10 @@ def _message(error: Any) -> str:
     quantity = schema.get("x-quantity")
     if quantity and (bare := missing_unit(error.instance, quantity)):
         return bare  # "bandwidth: 450": which unit, the author knows; budget does not guess
+    # "80 KB": the patterns leave JEDEC's K out, and say why as the parser would (`_prefix`)
+    size_like = kind in ("pattern", "anyOf") and quantity in (None, "bandwidth")
+    if size_like and (refused := ambiguous_prefix(error.instance)):
+        return refused
     # a value that is no string at all where only a string is taken (`name: [1]`) is told
     # so: the description is of the string's content ("a name of printable characters")
     not_text = kind == "type" and schema.get("type") == "string"
