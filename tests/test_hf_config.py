@@ -1379,12 +1379,13 @@ def test_every_switch_and_activation_problem_is_reported_at_once(tmp_path: Path)
     code, out, err, path = _cli_problems(tmp_path, json.dumps(bad))
     assert (code, out) == (2, "")
     at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    shown = repr(str(path))  # quoted in every message, as the reader's own (a review)
     assert err.splitlines() == [
-        f'{at}attention_bias = "yes" in {path} is not true or false',
-        f'{at}hidden_act = "bogus" in {path} is not one of gelu, gelu_fast, gelu_new, '
+        f'{at}attention_bias = "yes" in {shown} is not true or false',
+        f'{at}hidden_act = "bogus" in {shown} is not one of gelu, gelu_fast, gelu_new, '
         "gelu_pytorch_tanh, silu, swish, the gated MLPs budget prices; write the model's "
         "dimensions out for another",
-        f'{at}tie_word_embeddings = "no" in {path} is not true or false',
+        f'{at}tie_word_embeddings = "no" in {shown} is not true or false',
     ]
 
 
@@ -1406,10 +1407,10 @@ def test_what_the_json_reader_refuses_does_not_hide_the_other_problems(tmp_path:
         f"{at}{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
         f"{at}{shown} has Infinity, not a finite number",
         f"{at}{shown} has NaN, not a finite number",
-        f"{at}{shown} has key 'hidden_size' twice in one object",
-        f"{at}{path} has key 'foo' that budget does not understand; if it builds nothing (a "
+        f"{at}{shown} has key 'foo' that budget does not understand; if it builds nothing (a "
         "tag, a kernel setting), remove it, or else write the model's dimensions out",
-        f'{at}mlp_bias = "no" in {path} is not true or false',
+        f"{at}{shown} has key 'hidden_size' twice in one object",
+        f'{at}mlp_bias = "no" in {shown} is not true or false',
     ]
     with pytest.raises(HfConfigError) as raised:  # the reader's, as it met them, then the rest
         read_hf_config(path)
@@ -1418,9 +1419,9 @@ def test_what_the_json_reader_refuses_does_not_hide_the_other_problems(tmp_path:
         "NaN, not a finite number",  # rope_theta
         "Infinity, not a finite number",  # hidden_dropout, the last value
         "key 'hidden_size' twice in one object",  # said as the object closes
-        f"{path} has key 'foo' that budget does not understand; if it builds nothing (a tag, "
+        "key 'foo' that budget does not understand; if it builds nothing (a tag, "
         "a kernel setting), remove it, or else write the model's dimensions out",
-        f'mlp_bias = "no" in {path} is not true or false',
+        f'mlp_bias = "no" in {shown} is not true or false',
     ]
 
 
@@ -1440,5 +1441,5 @@ def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) 
         f"{shown} has NaN, not a finite number",
         f"{shown} has -Infinity, not a finite number",
         f"{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
-        f'num_hidden_layers = "x" in {path} is not a non-negative integer',
+        f'num_hidden_layers = "x" in {shown} is not a non-negative integer',
     )

@@ -328,13 +328,13 @@ def read_hf_config(path: Path) -> HfModel:
     found = tuple(f"{shown} has {problem}" for problem in reading.problems)
     if not isinstance(config, dict):
         raise HfConfigError(*found, f"{shown} holds {type(config).__name__}, not a JSON object")
-    if not found:
-        return translate(config, str(path))
+    if not found:  # every message names the file as the reading ones do, quoted
+        return translate(config, shown)
     # every problem of the file at once: what the hooks found, then what the keys they left
     # sound say (a refused value stands as null, and its key is not judged again)
     refused = frozenset(k for k, v in config.items() if _holds(v, _REFUSED))
     try:
-        unknown, problems = _check(_without(config, _REFUSED), str(path), refused)
+        unknown, problems = _check(_without(config, _REFUSED), shown, refused)
     except HfConfigError as error:  # a file of several models: said instead of its keys
         raise HfConfigError(*found, *error.messages) from None
     raise HfConfigError(*found, *unknown, *problems)
