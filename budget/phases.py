@@ -134,6 +134,11 @@ class Move:
     # whole length (``set_sm_margin``), the collective's kernels holding them
     gemm_splits: Any = 1
     gemm_sms: int = 0
+    # the busiest rank's bytes each way over the per-rank bytes it is priced at, where the two
+    # differ: an all-to-all under routing skew, priced at the rows the busiest rank receives
+    # (dispatch) or sends back (combine), sends (or receives) the even share (`step._ep_moves`)
+    sent_share: Any = 1.0
+    recv_share: Any = 1.0
 
 
 def hide(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from budget.collectives import used
 from budget.flops import (
@@ -99,8 +100,8 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         ranks=move.ranks,
         dtype=move.dtype,
         bytes=move.size_bytes,
-        sent_bytes=int(cost.sent_bytes) * chunks,
-        recv_bytes=int(cost.recv_bytes) * chunks,
+        sent_bytes=_share(cost.sent_bytes, move.sent_share) * chunks,
+        recv_bytes=_share(cost.recv_bytes, move.recv_share) * chunks,
         algorithm=cost.algorithm,
         steps=int(cost.steps) * chunks,
         count=move.count * phase.count,
@@ -124,8 +125,8 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
                 "algorithm": stage.algorithm,
                 "ranks": int(stage.ranks),
                 "steps": int(stage.steps),
-                "sent_bytes": int(stage.sent_bytes),
-                "recv_bytes": int(stage.recv_bytes),
+                "sent_bytes": _share(stage.sent_bytes, move.sent_share),
+                "recv_bytes": _share(stage.recv_bytes, move.recv_share),
                 "alpha_s": stage.link.latency,
                 "bandwidth_Bps": float(stage.effective_bandwidth),
                 "time_s": float(stage.time_s) if timing else None,
@@ -134,6 +135,12 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
             if used(stage)  # not a level the group passes through (`CollectiveCost.links`)
         ),
     )
+
+
+def _share(priced: Any, share: Any) -> int:
+    """Bytes the busiest rank moves one way: the `priced` per-rank bytes, or their share
+    where that way carries less (`Move.sent_share`, an all-to-all under routing skew)."""
+    return int(priced) if share == 1 else round(int(priced) * float(share))
 
 
 def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple[PhaseRow, ...]:

@@ -962,19 +962,32 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         return []
     size = s.act * s.dispatched * s.hidden * par.ep
     dtype = plan.precision.activations
+    # the busiest rank receives its experts' rows and sends the even share (dispatch, and
+    # the combine's gradient), or sends those rows back and receives its own (combine, and
+    # the dispatch's gradient)
+    even = vwhere(s.dispatched > 0, s.sent / vmax(s.dispatched, 1), 1.0)
     names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
     rule = "ep all-to-all: exposed unless overlap.ep hides it behind other compute"
     moves = when(
         [
             hide(
                 Move(
-                    f"MoE {name}", "all-to-all", "ep", par.ep, dtype, size, "shard(1)", "shard(0)"
+                    f"MoE {name}",
+                    "all-to-all",
+                    "ep",
+                    par.ep,
+                    dtype,
+                    size,
+                    "shard(1)",
+                    "shard(0)",
+                    sent_share=even if received else 1.0,
+                    recv_share=1.0 if received else even,
                 ),
                 "@phase",
                 "ep",
                 rule,
             )
-            for name in names
+            for name, received in zip(names, (True, False), strict=True)
         ],
         holds(par.ep > 1) & lacks(experts_inside_tp(plan)),
     )

@@ -1470,3 +1470,52 @@ def test_the_busiest_ring_rank_is_found_among_four(cp, fused) -> None:
     for q, out, kv in ((100, 100, 200), (800, 800, 200), (100, 900, 50), (10, 10, 1000)):
         every_rank = max(rank(r, q, out, kv) for r in range(cp))
         assert _ring_backward_most(cp, q, out, kv, fused) == pytest.approx(every_rank)
+
+
+def test_a_skewed_all_to_all_sends_the_even_share_and_receives_the_busiest(tmp_path) -> None:
+    """Under routing skew 2 the busiest ep rank of Mixtral (tp 2 with sequence parallelism,
+    ep 8) receives twice the rows it dispatches: it sends 4,096 / 2 tokens x top 2 = 4,096
+    rows of 4,096 bf16, 32 MiB, of which 7/8 leave it (28 MiB), and receives 8,192 rows'
+    7/8, 56 MiB. The combine sends those 56 MiB back and receives its own 28 MiB; the
+    backward mirrors both. The time stays priced at the larger way (the exchange ends when
+    the busiest rank has its rows), and the tables name both ways: a received column wide,
+    the received bytes under the sent narrow (they printed sent = received = 56 MiB)."""
+    from rich.console import Console
+
+    from budget.render.table import render_table
+
+    mixtral = ROOT / "plans" / "mixtral-8x7b.yaml"
+    path = variant(tmp_path, "skewed.yaml", ("top_k: 2", "top_k: 2, imbalance: 2"), base=mixtral)
+    report = build_report(load_plan(path))
+    rows = {(c.phase, c.name): c for p in report.phases for c in p.collectives}
+    mib = 2**20
+    for phase, name, sent, received in [
+        ("forward.moe", "MoE dispatch", 28, 56),
+        ("forward.moe", "MoE combine", 56, 28),
+        ("backward.moe", "MoE combine gradient", 28, 56),
+        ("backward.moe", "MoE dispatch gradient", 56, 28),
+    ]:
+        c = rows[phase, name]
+        assert (c.sent_bytes, c.recv_bytes) == (sent * mib, received * mib), name
+        # NCCL's grouped exchange: 3 peers in the node (24 or 12 MiB), 4 across (32 or 16)
+        assert [(lv["sent_bytes"], lv["recv_bytes"]) for lv in c.levels] == [
+            (3 * sent // 7 * mib, 3 * received // 7 * mib),
+            (4 * sent // 7 * mib, 4 * received // 7 * mib),
+        ], name
+    even = build_report(load_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    (plain,) = [c for p in even.phases for c in p.collectives if c.name == "MoE dispatch"]
+    assert plain.sent_bytes == plain.recv_bytes == 28 * mib
+    dispatch, combine = rows["forward.moe", "MoE dispatch"], rows["forward.moe", "MoE combine"]
+    assert dispatch.time_s == combine.time_s > plain.time_s
+    for width, wide in ((200, True), (80, False)):
+        console = Console(width=width, color_system=None, record=True)
+        render_table(console, report)
+        text = console.export_text()
+        assert ("received = sent" in text) == (not wide)
+        line = next(li for li in text.splitlines() if "MoE dispatch " in li)
+        if wide:
+            assert "28.0 MiB  56.0 MiB" in line
+        else:
+            after = text.splitlines()[text.splitlines().index(line) + 1]
+            assert "28.0 MiB" in line and "56.0 MiB" in after
+            assert max(len(li) for li in text.splitlines()) <= 80

@@ -486,7 +486,15 @@ class Hanging:
 def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
     """The transitions of the step, and the overlap rules their last column points to."""
     timed = report.step["time_s"] is not None
-    table = titled_table(f"Collectives (per rank, per call; received = sent{calls_scope(report)})")
+    every = [c for p in report.phases for c in p.collectives]
+    # an all-to-all under routing skew receives more than it sends, or sends more (dispatch,
+    # combine): then a column for each wide, and narrow the received bytes under the sent
+    # where they differ; else one column, and the title says they are equal
+    lopsided = any(c.recv_bytes != c.sent_bytes for c in every)
+    equal = "; received = sent"
+    if lopsided:
+        equal = "" if wide else "; received = sent, or under it where it differs"
+    table = titled_table(f"Collectives (per rank, per call{equal}{calls_scope(report)})")
     # narrow, the transition wraps sooner and the op (format, 2L) may take two lines, so
     # that the rule column stays whole at 80 columns
     table.add_column("transition", ratio=1, min_width=20 if wide else 18)
@@ -497,6 +505,8 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     if full:
         _num(table, "tensor S")
     _num(table, "sent")
+    if lopsided and wide:
+        _num(table, "received")
     if full:
         _num(table, "steps")
     if timed:
@@ -505,7 +515,6 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     _num(table, "calls")
     _num(table, "rule")
     rules: list[str] = []
-    every = [c for p in report.phases for c in p.collectives]
     # the format most payloads travel in goes in the legend; an op in another names its own
     usual = Counter(c.dtype for c in every).most_common(1)[0][0] if every else ""
     for p in report.phases:
@@ -537,7 +546,14 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
                 cells.append(Text(c.link or ""))
             if full:
                 cells.append(_b(c.bytes))
-            cells.append(_b(c.sent_bytes))
+            if not lopsided or c.recv_bytes == c.sent_bytes:
+                cells.append(_b(c.sent_bytes))
+            elif wide:
+                cells += [_b(c.sent_bytes), _b(c.recv_bytes)]
+            else:
+                cells.append(f"{_b(c.sent_bytes)}\n{_b(c.recv_bytes)}")
+            if lopsided and wide and c.recv_bytes == c.sent_bytes:
+                cells.append(_b(c.recv_bytes))
             if full:
                 cells.append(str(c.steps))
             if timed:
