@@ -103,12 +103,17 @@ def run_search(
     from budget.topology import MAX_GPUS
     from budget.units import format_bytes
 
-    # every bad option at once, one line each, before anything is read or swept
+    # every bad option at once, one line each, in the order --help lists them, before
+    # anything is read or swept
     errors: list[str] = []
-    if objective not in OBJECTIVES:
-        errors.append(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
     if gpus is not None and gpus < 1:
         errors.append(f"--gpus {gpus}: lay out at least 1 GPU")
+    try:
+        sweep = space(options)
+    except UsageErrors as error:
+        errors.extend(error.messages)
+    if objective not in OBJECTIVES:
+        errors.append(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
     if top < 1:
         errors.append(f"--top {top}: list at least 1 layout")
     try:
@@ -116,10 +121,6 @@ def run_search(
             _writable(write, path)
     except ValueError as error:
         errors.append(str(error))
-    try:
-        sweep = space(options)
-    except UsageErrors as error:
-        errors.extend(error.messages)
     given = [options.get(k) for k in ("headroom", "max_exposed", "max_step")]
     try:
         limits = parse_limits(*given) if any(v is not None for v in given) else None

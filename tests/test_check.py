@@ -323,6 +323,16 @@ def test_every_bad_limit_is_said_at_once() -> None:
         "budget: error: --recompute 'some': use none, selective, full",
         "budget: error: --sp 'no': use true, false or true,false",
     ]
+    # in the order --help lists the options: the sweep's ranges before --objective and --top
+    both = ["--top", "0", "--objective", "speed", "--tp", "0", "--gpus", "0"]
+    searched = runner.invoke(app, route(["search", str(GPT3), *both]))
+    assert (searched.exit_code, searched.stdout) == (2, "")
+    assert searched.stderr.splitlines() == [
+        "budget: error: --gpus 0: lay out at least 1 GPU",
+        "budget: error: --tp '0': 0 is out of range (at least 1)",
+        "budget: error: --objective 'speed': use time, memory, tokens-per-s",
+        "budget: error: --top 0: list at least 1 layout",
+    ]
 
 
 def test_json_follows_the_contract(tmp_path: Path) -> None:
