@@ -546,14 +546,12 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
                 cells.append(Text(c.link or ""))
             if full:
                 cells.append(_b(c.bytes))
-            if not lopsided or c.recv_bytes == c.sent_bytes:
-                cells.append(_b(c.sent_bytes))
-            elif wide:
+            if lopsided and wide:
                 cells += [_b(c.sent_bytes), _b(c.recv_bytes)]
-            else:
+            elif c.recv_bytes != c.sent_bytes:
                 cells.append(f"{_b(c.sent_bytes)}\n{_b(c.recv_bytes)}")
-            if lopsided and wide and c.recv_bytes == c.sent_bytes:
-                cells.append(_b(c.recv_bytes))
+            else:
+                cells.append(_b(c.sent_bytes))
             if full:
                 cells.append(str(c.steps))
             if timed:
