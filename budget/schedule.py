@@ -304,20 +304,33 @@ def _flag(plan: Plan, flag: str) -> bool:
     return flag == "" or bool(getattr(plan.overlap, flag))
 
 
-def _kernels(plan: Plan, stage: StageStep) -> list[dict[str, float]]:
+# Roofline seconds of kernels already timed in a step, by the kernel's id: the stages of
+# a step share one layer's kernels (`step._Kernels`); the kernel is held so its id stays its own
+Timed = dict[int, tuple[Work, float]]
+
+
+def _kernels(plan: Plan, stage: StageStep, timed: Timed | None = None) -> list[dict[str, float]]:
     """Roofline seconds of every kernel of every phase of a stage, by name."""
-    return [_by_name(plan, phase) for phase in stage.phases]
+    return [_by_name(plan, phase, timed) for phase in stage.phases]
 
 
-def _by_name(plan: Plan, phase: Phase) -> dict[str, float]:
+def _by_name(plan: Plan, phase: Phase, timed: Timed | None = None) -> dict[str, float]:
     """Seconds per kernel name; kernels of one name add up (a sweep carries each recompute
-    mode's kernels under the same names, all but one of them zeroed)."""
+    mode's kernels under the same names, all but one of them zeroed). A kernel in `timed`
+    (the very object) keeps its time there; new ones are added to it."""
     kernels: dict[str, float] = {}
     reshaped = overlapped_gemms(plan, phase)
     for work in phase.works:
         if work.name in reshaped:
-            work = reshaped[work.name](work)
-        kernels[work.name] = kernels.get(work.name, 0.0) + work_time(plan, work)
+            seconds = work_time(plan, reshaped[work.name](work))
+        elif timed is None:
+            seconds = work_time(plan, work)
+        else:
+            known = timed.get(id(work))
+            if known is None or known[0] is not work:
+                known = timed[id(work)] = (work, work_time(plan, work))
+            seconds = known[1]
+        kernels[work.name] = kernels.get(work.name, 0.0) + seconds
     return kernels
 
 
@@ -563,12 +576,13 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     m = step.microbatches
     stages = []
     shared: dict[tuple[Any, ...], StageTime] = {}
+    timed: Timed = {}
     for stage in step.stages:
         same = shared.get(stage.timing_key) if stage.timing_key else None
         if same is not None:
             stages.append(replace(same, stage=stage.stage))
             continue
-        kernels = _kernels(plan, stage)
+        kernels = _kernels(plan, stage, timed)
         windows = _windows(stage, kernels, m)
         phases = tuple(
             time_phase(plan, p, windows, price, k)

@@ -21,7 +21,7 @@ Megatron-LM's `schedules.py` warm-up counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -719,6 +719,7 @@ class _Layer:
     zero3: dict[str, list[tuple[MoveGroup, int, int]]]  # per block: `_zero3_groups`
     per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
     experts: int  # an MoE layer's expert parameters per rank
+    kernels: _Kernels  # per block: its kernels, forward and backward
 
     @classmethod
     def of(cls, plan: Plan, s: Shapes) -> _Layer:
@@ -741,7 +742,63 @@ class _Layer:
             {k: _zero3_groups(plan, k) for k in kinds},
             {k: layer_params(plan, moe=k == "moe").per_rank for k in kinds},
             layer_params(plan, moe=True).expert_per_rank,
+            _Kernels(plan),
         )
+
+
+_FORWARD = {
+    "attention": flops.attention_forward,
+    "mlp": flops.mlp_forward,
+    "moe": flops.moe_forward,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernels:
+    """The kernels of one layer's blocks, forward and backward, the same on every stage of
+    a step that has the block and its shapes: worked out once a step, as `_Layer` is. A
+    sweep derives a stage per class, and counted (and `schedule.step_time` timed) each
+    stage's own copy of the same kernels again."""
+
+    plan: Plan
+    # (block, pass) -> the shapes they were made for (held, so its id stays its own), works
+    made: dict[tuple[str, str], list[tuple[Shapes, list[Work]]]] = field(default_factory=dict)
+
+    def forward(self, block: str, s: Shapes) -> list[Work]:
+        """`block`'s forward kernels (`flops.attention_forward`, `mlp_forward`,
+        `moe_forward`) at shapes `s`."""
+        return self._memo(block, "forward", s, lambda: _FORWARD[block](self.plan, s))
+
+    def backward(self, block: str, s: Shapes) -> list[Work]:
+        """`block`'s backward kernels at shapes `s`: its forward again under full recompute
+        (the attention core again under selective), then the gradients (`flops.backward_of`)."""
+        return self._memo(block, "backward", s, lambda: _backward_kernels(self, block, s))
+
+    def _memo(self, block: str, kind: str, s: Shapes, make: Callable[[], list[Work]]) -> list[Work]:
+        """The works `make` makes for `block`'s `kind` pass at shapes `s`, made once; a copy
+        of the list, as the callers add to theirs."""
+        seen = self.made.setdefault((block, kind), [])
+        for shapes_, works in seen:
+            if shapes_ is s:
+                return list(works)
+        works = make()
+        seen.append((s, works))
+        return list(works)
+
+
+def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:
+    """`_Kernels.backward`: the recomputed forward of `block` under full recompute (and the
+    attention core under selective recompute), then its input and weight gradients."""
+    plan = kernels.plan
+    work = kernels.forward(block, s)
+    redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], plan.recompute == "full")
+    if block == "attention":
+        core = flops.attention_core(plan, s)
+        redo += when(
+            [w.scaled(1, f"{w.name} (recomputed)") for w in core],
+            plan.recompute == "selective",
+        )
+    return redo + flops.backward_of(work)
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
@@ -1389,7 +1446,7 @@ def _forward(b: _StageBuilder) -> None:
                 ),
             ),
         ],
-        flops.attention_forward(plan, s) + _gather_copies(plan, b.layer, "attention"),
+        b.layer.kernels.forward("attention", s) + _gather_copies(plan, b.layer, "attention"),
     )
     kept = when(attn_kept, lacks(full))
     if b.has_dense:
@@ -1417,7 +1474,7 @@ def _forward(b: _StageBuilder) -> None:
                     "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
                 ),
             ],
-            flops.mlp_forward(plan, s) + _gather_copies(plan, b.layer, "mlp"),
+            b.layer.kernels.forward("mlp", s) + _gather_copies(plan, b.layer, "mlp"),
         )
     if b.has_moe:
         moe = _either(blocks["moe"], full)
@@ -1435,7 +1492,7 @@ def _forward(b: _StageBuilder) -> None:
                     tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
                 )
             ],
-            flops.moe_forward(plan, s) + _gather_copies(plan, b.layer, "moe"),
+            b.layer.kernels.forward("moe", s) + _gather_copies(plan, b.layer, "moe"),
         )
     if b.last:
         _loss(b)
@@ -1693,7 +1750,6 @@ def _backward(b: _StageBuilder) -> None:
             ),
             dispatch_buffers(plan, s),
         ]
-        work = flops.moe_forward(plan, s)
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
         forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)
         b.add(
@@ -1709,9 +1765,7 @@ def _backward(b: _StageBuilder) -> None:
                     tuple(saved + recomputed + [grad_out, *grads] + bucket("moe", ["attention"])),
                 )
             ],
-            when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
-            + flops.backward_of(work)
-            + _accumulate(b, "moe"),
+            b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )
     if b.has_dense:
         recomputed = when(_working(blocks["attention"] + blocks["mlp"], "recomputed"), full)
@@ -1734,7 +1788,6 @@ def _backward(b: _StageBuilder) -> None:
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
         )
-        work = flops.mlp_forward(plan, s)
         b.add(
             "backward.mlp",
             b.dense * m,
@@ -1768,8 +1821,7 @@ def _backward(b: _StageBuilder) -> None:
                     ),
                 ),
             ],
-            when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full)
-            + flops.backward_of(work)
+            b.layer.kernels.backward("mlp", s)
             + flops.bias_gradients(plan, s, "mlp")
             + _accumulate(b, "mlp"),
         )
@@ -1801,11 +1853,6 @@ def _backward(b: _StageBuilder) -> None:
         held = when(_cp_buffers(plan, s), plan.recompute != "none")
         live = (*_spent(saved + recomputed, ffn_spent), grad_out, *held, *attention_bucket)
         rerun.append(Instant("attention core (recomputed)", live))
-    work = flops.attention_forward(plan, s)
-    redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], full) + when(
-        [w.scaled(1, f"{w.name} (recomputed)") for w in flops.attention_core(plan, s)],
-        plan.recompute == "selective",
-    )
     b.add(
         "backward.attention",
         b.layers * m,
@@ -1840,8 +1887,7 @@ def _backward(b: _StageBuilder) -> None:
                 ),
             ),
         ],
-        redo
-        + flops.backward_of(work)
+        b.layer.kernels.backward("attention", s)
         + flops.bias_gradients(plan, s, "attention")
         + _accumulate(b, "attention"),
     )
