@@ -757,13 +757,43 @@ def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> Collective
     tree = CollectiveCost(
         "all-reduce", "double-tree", ranks, size, _tree_across(tiers, size, e), (), True
     )
-    faster = tree.time_s < ring.time_s
+    ring_s, tree_s = ring.time_s, tree.time_s
+    faster = tree_s < ring_s
     if not isinstance(faster, np.ndarray):
         return tree if faster else ring
     if not faster.any():
-        return ring
+        return _Picked.of(ring, ring_s)
     stages = tuple(_choose(faster, t, r) for t, r in zip(tree.stages, ring.stages, strict=True))
-    return replace(tree, stages=stages)
+    chosen = replace(tree, stages=stages)
+    return _Picked.of(chosen, np.where(faster, tree_s, ring_s))
+
+
+@dataclass(frozen=True, slots=True)
+class _Picked(CollectiveCost):
+    """A sweep's all-reduce, each configuration's the faster form (`_nccl_all_reduce`), with
+    the time the choice compared: the chosen stages' sum is the same number, element by
+    element, and summing it again (its bandwidth ramps read once more) cost a sweep as
+    much as the comparison."""
+
+    picked_s: Any = 0.0
+
+    @classmethod
+    def of(cls, cost: CollectiveCost, time_s: Seconds) -> _Picked:
+        """`cost`, whose time is `time_s`."""
+        return cls(
+            cost.op,
+            cost.algorithm,
+            cost.ranks,
+            cost.size_bytes,
+            cost.stages,
+            cost.candidates,
+            cost.pipelined,
+            picked_s=time_s,
+        )
+
+    @property
+    def time_s(self) -> Seconds:
+        return cast(Seconds, self.picked_s)
 
 
 def _choose(which: NDArray[Any], a: Stage, b: Stage) -> Stage:
@@ -892,26 +922,24 @@ def _auto(op: Op, tiers: Sequence[Tier], size: Count, e: int) -> CollectiveCost:
 
 
 def ceil_log2(p: Count) -> Count:
-    """⌈lg p⌉ exactly, for an int or an int array: the number of k ≥ 0 with 2^k < p."""
+    """⌈lg p⌉ exactly, for an int or an int array: the number of k ≥ 0 with 2^k < p, that
+    is ⌊lg (p − 1)⌋ + 1 from p = 2 on (0 below)."""
     if isinstance(p, np.ndarray):
-        out = np.zeros(np.shape(p), dtype=np.int64)
-        k = 0
-        while np.any(2**k < p):
-            out += 2**k < p
-            k += 1
-        return out
+        return cast(Count, floor_log2(np.maximum(p - 1, 1)) + (p > 1))
     return max(int(p) - 1, 0).bit_length()
 
 
 def floor_log2(p: Count) -> Count:
-    """⌊lg p⌋ exactly for p ≥ 1: the number of k ≥ 1 with 2^k ≤ p."""
+    """⌊lg p⌋ exactly for p ≥ 1 (0 below), for an int or an int array: the number of k ≥ 1
+    with 2^k ≤ p. An array's is its float's binary exponent, one less where the float
+    rounded up to the next power of two (past 2^53, p = 2^k − 1 reads as 2^k); one test of
+    2^k per element, not one pass over the array per power of two (a sweep's sizes run to
+    2^40 and past, `_tree_correction`; int64 ends below 2^63, so at most 62)."""
     if isinstance(p, np.ndarray):
-        out = np.zeros(np.shape(p), dtype=np.int64)
-        k = 1
-        while np.any(2**k <= p):
-            out += 2**k <= p
-            k += 1
-        return out
+        at_least_one = np.maximum(p, 1).astype(np.int64)
+        exponent = np.frexp(at_least_one.astype(np.float64))[1].astype(np.int64) - 1
+        exponent = np.minimum(exponent, 62)
+        return cast(Count, exponent - (np.left_shift(1, exponent) > at_least_one))
     return max(int(p), 1).bit_length() - 1
 
 

@@ -570,6 +570,13 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
     )
 
 
+# Ranks per topology level of a move's group (`_Pricer._tiers`), by the group, whether it
+# joins the pipeline's ends, the degrees (tp, pp, dp, cp, ep) and the group's size: the
+# same in every pass of a sweep of one plan on one GPU count, which meets them again in
+# pass after pass (a pass per pipeline depth and schedule)
+Spans = dict[tuple[Any, ...], tuple[int, ...]]
+
+
 class _Pricer:
     """Prices a move for every configuration of a group at once.
 
@@ -581,7 +588,7 @@ class _Pricer:
     one's), and a group on one level comes out as the flat algorithm on it.
     """
 
-    def __init__(self, plan: Plan, cols: Columns, gpus: int) -> None:
+    def __init__(self, plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None) -> None:
         plan = replace(plan, topology=replace(plan.topology, gpus=gpus))
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
@@ -595,6 +602,7 @@ class _Pricer:
             for tp, pp, dp, cp, ep in self.unique
         ]
         self.cache: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
+        self.spans: Spans = {} if spans is None else spans
         self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, CollectiveCost]]] = {}
 
     def _tiers(self, move: Move) -> tuple[np.ndarray, ...]:
@@ -610,15 +618,17 @@ class _Pricer:
             return cached
         per_level = np.ones((len(self.unique), len(self.levels)), dtype=np.int64)
         for row, config in enumerate(self.plans):
-            counts = _dense_levels(config, move.group, sizes[row])
-            if counts is not None:
-                per_level[row] = counts
-                continue
-            # by level index (`GroupSpan.counts`), not by name (an audit: with levels
-            # nvlink, ib, ib the first ib took every tier of that name; now refused too)
-            scalar = replace(move, ranks=sizes[row])
-            per_level[row] = move_span(config, scalar).counts
-        result = tuple(per_level[self.which, i] for i in range(len(self.levels)))
+            layout = (move.group, pair, self.unique[row], sizes[row])
+            counts = self.spans.get(layout)
+            if counts is None:
+                counts = _dense_levels(config, move.group, sizes[row])
+            if counts is None:
+                # by level index (`GroupSpan.counts`), not by name (an audit: with levels
+                # nvlink, ib, ib the first ib took every tier of that name; now refused too)
+                scalar = replace(move, ranks=sizes[row])
+                counts = move_span(config, scalar).counts
+            per_level[row] = self.spans[layout] = counts
+        result = tuple(_spread_rows(column, self.which) for column in per_level.T)
         self.cache[key] = result
         return result
 
@@ -664,6 +674,16 @@ class _Pricer:
             element_bytes=_element(move.dtype),
             levelled=move.algorithm is None,
         )
+
+
+def _spread_rows(column: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """`column[which]`: a value per configuration from one per distinct set of degrees;
+    filled, not gathered, where every set has the same (a level no group of the pass
+    spans holds one rank in all of them)."""
+    if (column == column[0]).all():
+        return np.full(len(which), column[0], dtype=column.dtype)
+    spread: np.ndarray = column[which]
+    return spread
 
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
@@ -772,13 +792,16 @@ def _peaks(step: Step) -> np.ndarray:
     return peak
 
 
-def measure(plan: Plan, cols: Columns, gpus: int) -> dict[str, np.ndarray]:
+def measure(
+    plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None
+) -> dict[str, np.ndarray]:
     """Peak memory, step time, exposed communication, MFU and tokens/s of `cols` (one
-    structure), as arrays, in one pass of the engine."""
+    structure), as arrays, in one pass of the engine; `spans` keeps the groups' layouts
+    between the passes of one sweep (`Spans`)."""
     batch = _batched(plan, cols, gpus)
     step = derive(batch, representatives=True, classes=_classes(plan, cols))
     n = len(cols)
-    times = step_time(batch, step, _Pricer(plan, cols, gpus))
+    times = step_time(batch, step, _Pricer(plan, cols, gpus, spans))
     return {
         "peak": _peaks(step) * np.ones(n, dtype=np.int64),
         "time": np.asarray(times.time_s) * np.ones(n),
@@ -907,13 +930,14 @@ def search(
     capacity = plan.device.memory
     kept = _Kept(objective, keep)
     done = groups = fitting = 0
+    spans: Spans = {}
 
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
         # a float past int64 (or inf) cast to a size raises here instead of warning and
         # wrapping; integer products that would wrap are kept out by `unsafe_micros`
         with np.errstate(over="raise", invalid="raise"):
-            measured = measure(plan, part, gpus)
+            measured = measure(plan, part, gpus, spans)
         ranked = measured["peak"] <= capacity
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
