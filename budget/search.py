@@ -596,22 +596,23 @@ class _Pricer:
         first, which = _distinct_rows(degrees)
         self.unique = [tuple(int(x) for x in degrees[i]) for i in first.tolist()]
         self.which = which
+        self.first_index = first
         self.first = first.tolist()
         self.plans = [
             replace(plan, parallel=replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
             for tp, pp, dp, cp, ep in self.unique
         ]
-        self.cache: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
+        self.cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.spans: Spans = {} if spans is None else spans
         self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, CollectiveCost]]] = {}
 
-    def _tiers(self, move: Move) -> tuple[np.ndarray, ...]:
-        """Ranks per level of `move`'s group, one array element per configuration. The
-        layout depends only on the group kind (and, for send/recv, which pair) and the
-        group's size, so it is worked out once per distinct set of degrees."""
-        ranks = np.broadcast_to(np.asarray(move.ranks), self.which.shape)
+    def _tiers(self, move: Move) -> np.ndarray:
+        """Ranks per level of `move`'s group, a row per distinct set of degrees (`which`
+        says each configuration's). The layout depends only on the group kind (and, for
+        send/recv, which pair) and the group's size, so it is worked out once per set."""
+        ranks = np.asarray(move.ranks)
         pair = "embedding" in move.name if move.group == "pp" else False
-        sizes = tuple(int(ranks[i]) for i in self.first)
+        sizes = tuple(int(ranks[i]) if ranks.ndim else int(ranks) for i in self.first)
         key = (move.group, pair, sizes)
         cached = self.cache.get(key)
         if cached is not None:
@@ -628,9 +629,8 @@ class _Pricer:
                 scalar = replace(move, ranks=sizes[row])
                 counts = move_span(config, scalar).counts
             per_level[row] = self.spans[layout] = counts
-        result = tuple(_spread_rows(column, self.which) for column in per_level.T)
-        self.cache[key] = result
-        return result
+        self.cache[key] = per_level
+        return per_level
 
     def __call__(self, plan: Plan, move: Move) -> CollectiveCost:
         """The move's cost; a move with the same collective, group and sizes as one already
@@ -651,14 +651,36 @@ class _Pricer:
         for ranks, size, cost in seen:
             if np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes):
                 return cost
-        cost = _Known.of(self._price(move, algorithm_of(plan, move)))
+        size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
+        some, each = self._distinct(size)
+        few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
+        cost = _Known.of(few, np.take(few.time_s, each), np.take(few.sent_bytes, each))
         seen.append((move.ranks, move.size_bytes, cost))
         return cost
 
-    def _price(self, move: Move, algorithm: Algorithm | None) -> CollectiveCost:
-        """As `schedule.price_move`: `algorithm` is the move's own or the plan's
+    def _distinct(self, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A configuration for each distinct (set of degrees, size) pair, and which of
+        them each configuration's is. A collective's price is a function of its group's
+        layout (one per set of degrees) and its size, element by element, and a pass of
+        16,384 configurations holds a few dozen pairs (650 at most in the default sweeps):
+        pricing them and spreading the time is cheaper than pricing every configuration.
+        Where the degrees decide the size (a gradient reduction), the sets are the pairs."""
+        if np.array_equal(size[self.first_index][self.which], size):
+            return self.first_index, self.which
+        values, codes = np.unique(size, return_inverse=True)
+        key = codes.reshape(-1) * len(self.unique) + self.which
+        present = np.zeros(len(values) * len(self.unique), dtype=bool)
+        present[key] = True
+        some = np.empty(len(present), dtype=np.int64)
+        some[key] = np.arange(len(key))
+        return some[present], (np.cumsum(present) - 1)[key]
+
+    def _price(self, move: Move, algorithm: Algorithm | None, some: np.ndarray) -> CollectiveCost:
+        """As `schedule.price_move`, for the configurations `some` (their sizes are
+        `move.size_bytes`): `algorithm` is the move's own or the plan's
         (`Plan.algorithm`), None for the default."""
-        ranks = self._tiers(move)
+        rows = self._tiers(move)[self.which[some]]
+        ranks = tuple(rows[:, level] for level in range(len(self.levels)))
         links = [link_of(level) for level in self.levels]
         if move.op == "send-recv":
             return _send_recv(move, ranks, links)
@@ -676,16 +698,6 @@ class _Pricer:
         )
 
 
-def _spread_rows(column: np.ndarray, which: np.ndarray) -> np.ndarray:
-    """`column[which]`: a value per configuration from one per distinct set of degrees;
-    filled, not gathered, where every set has the same (a level no group of the pass
-    spans holds one rank in all of them)."""
-    if (column == column[0]).all():
-        return np.full(len(which), column[0], dtype=column.dtype)
-    spread: np.ndarray = column[which]
-    return spread
-
-
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
     """Ranks per level of a tp, cp or dp group (dp x cp for gradients under context
     parallelism), as `move_span` lays it out, in closed form (`topology.level_ranks`);
@@ -701,13 +713,17 @@ def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...]
 @dataclass(frozen=True, slots=True)
 class _Known(CollectiveCost):
     """A priced collective whose time and bytes sent are summed over its stages once: a
-    pass reuses one cost for many moves and reads both for each."""
+    pass reuses one cost for many moves and reads both for each. Its sizes, ranks and
+    stages are those of the pass's distinct configurations it was priced on
+    (`_Pricer._distinct`); the time and bytes sent, every configuration's."""
 
     known_time: Any = 0.0
     known_sent: Any = 0
 
     @classmethod
-    def of(cls, cost: CollectiveCost) -> _Known:
+    def of(cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any) -> _Known:
+        """`cost` of a pass's distinct configurations (`_Pricer._distinct`), with the time
+        and bytes sent of every configuration."""
         return cls(
             cost.op,
             cost.algorithm,
@@ -716,8 +732,8 @@ class _Known(CollectiveCost):
             cost.stages,
             cost.candidates,
             cost.pipelined,
-            known_time=cost.time_s,
-            known_sent=cost.sent_bytes,
+            known_time=time_s,
+            known_sent=sent_bytes,
         )
 
     @property
