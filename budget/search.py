@@ -598,6 +598,8 @@ class _Pricer:
         self.which = which
         self.first_index = first
         self.first = first.tolist()
+        self.cols = cols
+        self.shaped: tuple[np.ndarray, np.ndarray] | None = None  # `_by_shape`, once
         self.plans = [
             replace(plan, parallel=replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
             for tp, pp, dp, cp, ep in self.unique
@@ -664,16 +666,28 @@ class _Pricer:
         layout (one per set of degrees) and its size, element by element, and a pass of
         16,384 configurations holds a few dozen pairs (650 at most in the default sweeps):
         pricing them and spreading the time is cheaper than pricing every configuration.
-        Where the degrees decide the size (a gradient reduction), the sets are the pairs."""
+        Where the degrees decide the size (a gradient reduction), the sets are the pairs;
+        where they and the micro-batch and sequence parallelism do (`_by_shape`), theirs
+        serve (a few more than the pairs, priced as cheaply); only other sizes are sorted."""
         if np.array_equal(size[self.first_index][self.which], size):
             return self.first_index, self.which
-        values, codes = np.unique(size, return_inverse=True)
-        key = codes.reshape(-1) * len(self.unique) + self.which
-        present = np.zeros(len(values) * len(self.unique), dtype=bool)
-        present[key] = True
-        some = np.empty(len(present), dtype=np.int64)
-        some[key] = np.arange(len(key))
-        return some[present], (np.cumsum(present) - 1)[key]
+        some, each = self._by_shape()
+        if np.array_equal(size[some][each], size):
+            return some, each
+        _, codes = np.unique(size, return_inverse=True)
+        return _codes(codes.reshape(-1) * len(self.unique) + self.which)
+
+    def _by_shape(self) -> tuple[np.ndarray, np.ndarray]:
+        """A configuration for each distinct set of degrees, micro-batch and sequence
+        parallelism, and which of them each configuration's is: what decides most moves'
+        sizes (a tensor-parallel collective's), so a move's pairs are found without sorting
+        its sizes (`_distinct`), whose sort cost more than pricing the pairs."""
+        if self.shaped is None:
+            micro = self.cols.values["micro"]
+            values, codes = np.unique(micro, return_inverse=True)
+            sp = self.cols.values["sequence_parallel"].astype(np.int64)
+            self.shaped = _codes((self.which * len(values) + codes.reshape(-1)) * 2 + sp)
+        return self.shaped
 
     def _price(self, move: Move, algorithm: Algorithm | None, some: np.ndarray) -> CollectiveCost:
         """As `schedule.price_move`, for the configurations `some` (their sizes are
@@ -696,6 +710,16 @@ class _Pricer:
             element_bytes=_element(move.dtype),
             levelled=move.algorithm is None,
         )
+
+
+def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For small non-negative integer keys: an index holding each distinct key, and which of
+    them each element's is (by a table of the keys, not a sort)."""
+    present = np.zeros(int(key.max()) + 1, dtype=bool)
+    present[key] = True
+    some = np.empty(len(present), dtype=np.int64)
+    some[key] = np.arange(len(key))
+    return some[present], (np.cumsum(present) - 1)[key]
 
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
