@@ -713,8 +713,13 @@ class _Pricer:
 
 
 def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For small non-negative integer keys: an index holding each distinct key, and which of
-    them each element's is (by a table of the keys, not a sort)."""
+    """For non-negative integer keys: an index holding each distinct key, and which of them
+    each element's is, by a table of the keys where they are small, else by a sort (a pass
+    whose every size differs keys up to 16,384 sizes x 650 sets of degrees: a table of 10
+    million entries)."""
+    if int(key.max()) >= 1 << 20:
+        _, first, which = np.unique(key, return_index=True, return_inverse=True)
+        return first, which.reshape(-1)
     present = np.zeros(int(key.max()) + 1, dtype=bool)
     present[key] = True
     some = np.empty(len(present), dtype=np.int64)

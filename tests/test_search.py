@@ -1745,3 +1745,22 @@ def test_a_skewed_router_searches_as_it_budgets_at_every_ep(tmp_path):
         else:
             assert report.step["time_s"] > balanced.step["time_s"]
             assert report.worst.peak_bytes > balanced.worst.peak_bytes
+
+
+@pytest.mark.parametrize("top", [7, 1 << 20, 1 << 40])
+def test_distinct_keys_and_rows_index_each_value_once(top: int) -> None:
+    """`search._codes` (a table of small keys, a sort of large ones: a table of 2^40 entries
+    would not fit) and `_distinct_rows` name one element per distinct key or row, in key
+    order, and map every element back to its own value."""
+    from budget.search import _codes, _distinct_rows
+
+    rng = np.random.default_rng(top)
+    key = rng.integers(0, top, size=500) // 3 * 3
+    some, each = _codes(key)
+    assert list(key[some]) == sorted(set(key.tolist()))
+    assert (key[some][each] == key).all()
+    matrix = np.stack([key % 5, key // 5 % 4, np.full(500, 2)], axis=1)
+    first, which = _distinct_rows(matrix)
+    rows = [tuple(r) for r in matrix.tolist()]
+    assert [rows[i] for i in first] == list(dict.fromkeys(rows))  # first seen, in row order
+    assert (matrix[first][which] == matrix).all()
