@@ -15,7 +15,7 @@ from budget.collectives import Algorithm
 from budget.flops import Work
 from budget.placement import Op
 from budget.plan.model import GroupKind
-from budget.vector import holds
+from budget.vector import holds, vsum
 
 MoveGroup = GroupKind | Literal["etp", "edp"]  # expert tensor- and data-parallel groups
 
@@ -165,7 +165,7 @@ class Instant:
 
     @property
     def total(self) -> int:
-        return sum(a.total for a in self.live)
+        return vsum(a.total for a in self.live)
 
 
 @dataclass(frozen=True, slots=True)

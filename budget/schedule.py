@@ -74,7 +74,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
-from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vwhere
+from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vsum, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 
@@ -492,15 +492,40 @@ def time_phase(
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
         timed.append(TimedMove(move, cost, total, exposed, rule, slowed, chunks))
-    slowdown = sum(t.slowdown_s * t.move.count for t in timed)
+    slowdown, comm, exposed = _per_instance(timed)
     return PhaseTime(
         name=phase.name,
         count=phase.count,
         compute_s=compute + slowdown,
-        comm_s=sum(t.time_s * t.move.count for t in timed),
-        exposed_s=sum(t.exposed_s * t.move.count for t in timed),
+        comm_s=comm,
+        exposed_s=exposed,
         moves=tuple(timed),
         slowdown_s=slowdown,
+    )
+
+
+def _per_instance(timed: list[TimedMove]) -> tuple[Any, Any, Any]:
+    """Compute added, communication time and exposed communication of one instance of a
+    phase: each move's figure for one call times its calls, summed in the moves' order
+    (`vsum`: the builtin sum's numbers, a sweep's arrays added in place). A sweep's calls
+    (an integer array) are cast to float once per move, not by numpy once per product, and
+    a move that slows nothing (0.0 beside every configuration) adds no array of zeros."""
+    counts = [
+        t.move.count.astype(np.float64)
+        if isinstance(t.move.count, np.ndarray) and t.move.count.dtype.kind in "iu"
+        else t.move.count
+        for t in timed
+    ]
+    pairs = list(zip(timed, counts, strict=True))
+    slowed = [
+        (t, c)
+        for t, c in pairs
+        if not (isinstance(c, np.ndarray) and type(t.slowdown_s) is float and t.slowdown_s == 0)
+    ]
+    return (
+        vsum(t.slowdown_s * c for t, c in slowed),
+        vsum(t.time_s * c for t, c in pairs),
+        vsum(t.exposed_s * c for t, c in pairs),
     )
 
 
