@@ -51,6 +51,7 @@ __all__ = [
     "Algorithm",
     "CollectiveCost",
     "Count",
+    "Known",
     "Link",
     "Op",
     "Seconds",
@@ -762,24 +763,28 @@ def _nccl_all_reduce(tiers: tuple[Tier, ...], size: Count, e: int) -> Collective
     if not isinstance(faster, np.ndarray):
         return tree if faster else ring
     if not faster.any():
-        return _Picked.of(ring, ring_s)
+        return Known.of(ring, ring_s)
     stages = tuple(_choose(faster, t, r) for t, r in zip(tree.stages, ring.stages, strict=True))
     chosen = replace(tree, stages=stages)
-    return _Picked.of(chosen, np.where(faster, tree_s, ring_s))
+    return Known.of(chosen, np.where(faster, tree_s, ring_s))
 
 
 @dataclass(frozen=True, slots=True)
-class _Picked(CollectiveCost):
-    """A sweep's all-reduce, each configuration's the faster form (`_nccl_all_reduce`), with
-    the time the choice compared: the chosen stages' sum is the same number, element by
-    element, and summing it again (its bandwidth ramps read once more) cost a sweep as
-    much as the comparison."""
+class Known(CollectiveCost):
+    """A priced collective whose time, and bytes sent where given, are known already, for
+    callers that read them again and again: a sweep's all-reduce keeps the time its choice
+    of ring or tree compared (`_nccl_all_reduce`: the chosen stages' sum is the same
+    number, element by element, and summing it again, its bandwidth ramps read once more,
+    cost a sweep as much as the comparison), and a sweep's pass reuses one cost for many
+    moves, spread from the configurations it was priced on to every one
+    (`search._Pricer`)."""
 
-    picked_s: Any = 0.0
+    known_time: Any = 0.0
+    known_sent: Any = None  # None: the stages' sum
 
     @classmethod
-    def of(cls, cost: CollectiveCost, time_s: Seconds) -> _Picked:
-        """`cost`, whose time is `time_s`."""
+    def of(cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any = None) -> Known:
+        """`cost`, whose time is `time_s` and bytes sent `sent_bytes` (its own where None)."""
         return cls(
             cost.op,
             cost.algorithm,
@@ -788,12 +793,17 @@ class _Picked(CollectiveCost):
             cost.stages,
             cost.candidates,
             cost.pipelined,
-            picked_s=time_s,
+            known_time=time_s,
+            known_sent=cost.sent_bytes if sent_bytes is None else sent_bytes,
         )
 
     @property
     def time_s(self) -> Seconds:
-        return cast(Seconds, self.picked_s)
+        return cast(Seconds, self.known_time)
+
+    @property
+    def sent_bytes(self) -> Count:
+        return cast(Count, self.known_sent)
 
 
 def _choose(which: NDArray[Any], a: Stage, b: Stage) -> Stage:

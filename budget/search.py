@@ -31,6 +31,7 @@ from budget.check import Limits
 from budget.collectives import (
     Algorithm,
     CollectiveCost,
+    Known,
     Stage,
     Tier,
     collective_cost,
@@ -656,7 +657,7 @@ class _Pricer:
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
         some, each = self._distinct(size)
         few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
-        cost = _Known.of(few, np.take(few.time_s, each), np.take(few.sent_bytes, each))
+        cost = Known.of(few, np.take(few.time_s, each), np.take(few.sent_bytes, each))
         seen.append((move.ranks, move.size_bytes, cost))
         return cost
 
@@ -737,41 +738,6 @@ def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...]
     if group_size(kind, config.parallel) != ranks:
         return None  # not its group's size: `move_span` refuses such a move
     return level_ranks(kind, config.parallel, config.topology)
-
-
-@dataclass(frozen=True, slots=True)
-class _Known(CollectiveCost):
-    """A priced collective whose time and bytes sent are summed over its stages once: a
-    pass reuses one cost for many moves and reads both for each. Its sizes, ranks and
-    stages are those of the pass's distinct configurations it was priced on
-    (`_Pricer._distinct`); the time and bytes sent, every configuration's."""
-
-    known_time: Any = 0.0
-    known_sent: Any = 0
-
-    @classmethod
-    def of(cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any) -> _Known:
-        """`cost` of a pass's distinct configurations (`_Pricer._distinct`), with the time
-        and bytes sent of every configuration."""
-        return cls(
-            cost.op,
-            cost.algorithm,
-            cost.ranks,
-            cost.size_bytes,
-            cost.stages,
-            cost.candidates,
-            cost.pipelined,
-            known_time=time_s,
-            known_sent=sent_bytes,
-        )
-
-    @property
-    def time_s(self) -> Any:
-        return self.known_time
-
-    @property
-    def sent_bytes(self) -> Any:
-        return self.known_sent
 
 
 def _distinct_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
