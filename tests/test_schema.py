@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typer.testing import CliRunner
 from budget.cli import app, route
 from budget.plan.schema import schema, schema_text, validate_tree
 from budget.plan.yaml_load import Marks, load_yaml
+from tests.guards import refused_in_time
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
@@ -402,9 +402,8 @@ def test_jedec_kilo_is_refused_by_the_schema_with_the_parsers_sentence() -> None
 
 def test_a_size_with_a_long_run_of_spaces_is_refused_fast() -> None:
     text = MINIMAL.replace("80 GiB", '"3' + " " * 100_000 + 'x"')
-    start = time.perf_counter()
-    found = errors(text)
-    assert time.perf_counter() - start < 1.0
+    with refused_in_time():
+        found = errors(text)
     assert found == [
         "p.yaml:3:18: error: $.device.memory: '3                                   ... is not "
         "a size such as '80 GiB', '80GB' or a number of bytes"
@@ -433,7 +432,5 @@ def test_every_pattern_in_the_schema_answers_an_adversarial_string_fast() -> Non
     assert schema()["$defs"]["size"]["pattern"] in patterns
     for pattern in patterns:
         for text in _ADVERSARIAL:
-            start = time.perf_counter()
-            re.search(pattern, text)  # as jsonschema matches a pattern
-            seconds = time.perf_counter() - start
-            assert seconds < 1.0, (pattern, text[:20], seconds)
+            with refused_in_time():
+                re.search(pattern, text)  # as jsonschema matches a pattern

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from budget.plan.yaml_load import (
     decode,
     load_yaml,
 )
+from tests.guards import refused_in_time
 
 
 def _not_a_12_float(text: str) -> bool:
@@ -222,9 +222,8 @@ def test_refused(text: str, expected: str) -> None:
 
 
 def test_a_huge_integer_literal_is_refused_quickly() -> None:
-    start = time.perf_counter()
-    problems = messages("a: " + "9" * 10_000 + "\n")
-    assert time.perf_counter() - start < 0.1
+    with refused_in_time():
+        problems = messages("a: " + "9" * 10_000 + "\n")
     assert problems == [
         "p.yaml:1:4: error: $.a: an integer of 10,000 digits; plan numbers are below 2^63"
     ]  # Python reads no int of over 4,300 digits: it was "'999...' is not a valid int"
@@ -239,11 +238,10 @@ def test_a_huge_integer_literal_is_refused_quickly() -> None:
     )
 
 
-def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:
+def test_billion_laughs_is_refused_without_expanding() -> None:
     text = billion_laughs()
-    start = time.perf_counter()
-    problems = messages(text)
-    assert time.perf_counter() - start < 0.01
+    with refused_in_time():
+        problems = messages(text)
     # never expanded: the first alias is the problem, the other 80 counted beside it, and
     # the rest of the file is still read (it was the end of reading, so a plan's other
     # problems came one run later; review)
@@ -257,9 +255,8 @@ def test_billion_laughs_is_refused_in_well_under_a_tenth_of_a_second() -> None:
 def test_ten_thousand_deep_flow_nesting_is_refused_fast(opening: str) -> None:
     closing = "]" if opening == "[" else "}"
     text = "a: " + opening * 10_000 + "1" + closing * 10_000 + "\n"
-    start = time.perf_counter()
-    problems = messages(text)
-    assert time.perf_counter() - start < 0.1
+    with refused_in_time():
+        problems = messages(text)
     assert len(problems) == 1
     assert problems[0].endswith(f"nesting deeper than {MAX_DEPTH} levels")
 
@@ -343,9 +340,8 @@ def test_the_pure_python_parser_refuses_the_same(
 
     expected = [p.message for p in load_yaml(text, "p.yaml").problems]
     monkeypatch.setattr(yaml_load, "_Loader", yaml.SafeLoader)
-    start = time.perf_counter()
-    assert [p.message for p in load_yaml(text, "p.yaml").problems] == expected
-    assert time.perf_counter() - start < 1.0
+    with refused_in_time():
+        assert [p.message for p in load_yaml(text, "p.yaml").problems] == expected
 
 
 def test_an_alias_or_a_tag_does_not_hide_the_problems_after_it() -> None:
@@ -436,9 +432,8 @@ def test_a_long_base_60_number_is_refused_without_being_built(
     monkeypatch.setattr(yaml_load, "_Loader", _CountingLoader)
     monkeypatch.setattr(_CountingLoader, "built", 0)
     text = f"a: {tag}1:" + ":".join([value] * 200_000) + "\nb: !!bool maybe\n"
-    start = time.perf_counter()
-    problems = messages(text)
-    assert time.perf_counter() - start < 1.0
+    with refused_in_time():
+        problems = messages(text)
     assert _CountingLoader.built == 1  # `maybe` alone
     shown = ("1:" + ":".join([value] * 20))[:27]
     assert problems == [
