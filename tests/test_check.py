@@ -304,19 +304,13 @@ def test_every_bad_limit_is_said_at_once() -> None:
         parse_limits(headroom="lots", max_exposed="5", max_step="soon")
     assert ["budget: error: " + m for m in caught.value.messages] == every
     assert isinstance(caught.value, ValueError)  # what a caller of one message catches
-    searched = runner.invoke(app, route(["search", str(GPT3), *bad, "--top", "0"]))
-    assert searched.exception is None or isinstance(searched.exception, SystemExit)
-    assert (searched.exit_code, searched.stdout) == (2, "")
-    assert searched.stderr.splitlines() == [
+    assert _search_refuses(*bad, "--top", "0") == [
         "budget: error: --top 0: list at least 1 layout",
         *every,
     ]
     # and the sweep's own ranges, every bad one (it stopped at the first)
     ranges = ["--tp", "0", "--pp", "2000", "--zero", "4", "--recompute", "some", "--sp", "no"]
-    searched = runner.invoke(app, route(["search", str(GPT3), *ranges]))
-    assert searched.exception is None or isinstance(searched.exception, SystemExit)
-    assert (searched.exit_code, searched.stdout) == (2, "")
-    assert searched.stderr.splitlines() == [
+    assert _search_refuses(*ranges) == [
         "budget: error: --tp '0': 0 is out of range (at least 1)",
         "budget: error: --pp '2000': 2000 is out of range (1..1024)",
         "budget: error: --zero '4': 4 is out of range (0..3)",
@@ -325,14 +319,21 @@ def test_every_bad_limit_is_said_at_once() -> None:
     ]
     # in the order --help lists the options: the sweep's ranges before --objective and --top
     both = ["--top", "0", "--objective", "speed", "--tp", "0", "--gpus", "0"]
-    searched = runner.invoke(app, route(["search", str(GPT3), *both]))
-    assert (searched.exit_code, searched.stdout) == (2, "")
-    assert searched.stderr.splitlines() == [
+    assert _search_refuses(*both) == [
         "budget: error: --gpus 0: lay out at least 1 GPU",
         "budget: error: --tp '0': 0 is out of range (at least 1)",
         "budget: error: --objective 'speed': use time, memory, tokens-per-s",
         "budget: error: --top 0: list at least 1 layout",
     ]
+
+
+def _search_refuses(*options: str) -> list[str]:
+    """The stderr lines of `budget search` on GPT-3 with bad `options`: exit 2, nothing on
+    stdout, no traceback."""
+    searched = runner.invoke(app, route(["search", str(GPT3), *options]))
+    assert searched.exception is None or isinstance(searched.exception, SystemExit)
+    assert (searched.exit_code, searched.stdout) == (2, "")
+    return searched.stderr.splitlines()
 
 
 def test_json_follows_the_contract(tmp_path: Path) -> None:
