@@ -94,11 +94,7 @@ def _prefix(unit: str, base: str, text: str, what: str) -> int:
         raise UnitError(f"expected {what}, got {text!r}")
     prefix = unit[: len(unit) - len(base)]
     if prefix == "K":  # IEC 80000-13's kilo is k; JEDEC's "KB" is 1024 B: which, the author knows
-        what_unit = "bytes" if base == "B" else "bits"
-        raise UnitError(
-            f"ambiguous prefix 'K' in {text!r}: write k{base} for 1000 {what_unit} or"
-            f" Ki{base} for 1024"
-        )
+        raise UnitError(_jedec_kilo(text, base))
     if prefix in _BINARY:
         return _BINARY[prefix]
     if prefix in _DECIMAL:
@@ -224,13 +220,15 @@ def ambiguous_prefix(value: object) -> str | None:
     except UnitError:
         return None
     base = unit.removesuffix("/s")
-    if base not in ("KB", "Kb", "Kbit"):
-        return None
-    try:
-        _prefix(base, base[1:], value, "a size")
-    except UnitError as refused:
-        return str(refused)
-    return None  # pragma: no cover - _prefix refuses every "K"
+    return _jedec_kilo(value, base[1:]) if base in ("KB", "Kb", "Kbit") else None
+
+
+def _jedec_kilo(text: str, base: str) -> str:
+    """Why "K" + `base` in `text` is refused, and what to write instead."""
+    what_unit = "bytes" if base == "B" else "bits"
+    return (
+        f"ambiguous prefix 'K' in {text!r}: write k{base} for 1000 {what_unit} or Ki{base} for 1024"
+    )
 
 
 def _unit_given(value: Fraction, unit: str, text: object, quantity: str) -> None:
