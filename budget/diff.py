@@ -38,8 +38,10 @@ __all__ = [
 
 Scalar = str | int | float | bool | None
 Value = Scalar | list[Scalar]
-Unit = Literal["bytes", "seconds", "share", "tokens/s"]
-Better = Literal["lower", "higher"]
+Unit = Literal["bytes", "seconds", "share", "tokens/s", "count"]
+# "neither": a figure that explains the others (a phase's calls, a stage's layers) and is
+# no better or worse by itself
+Better = Literal["lower", "higher", "neither"]
 Verdict = Literal["better", "worse", "same", "n/a"]
 NEGLIGIBLE = 1e-4  # a relative change below this is no change for a verdict (0.01 %)
 
@@ -97,6 +99,8 @@ class Delta:
         relative = self.relative
         if change == 0 or (relative is not None and abs(relative) < NEGLIGIBLE):
             return "same"
+        if self.better == "neither":
+            return "n/a"
         return "better" if (change < 0) == (self.better == "lower") else "worse"
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +145,10 @@ class PlanDiff:
     # than A: (phase, collective, A's, B's); a default can change under a plan (NCCL's ring
     # or its tree, by size and span), which no plan key shows
     algorithms: tuple[tuple[str, str, str, str], ...] = ()
+    # what one step of each does (`work_of`): tokens per training step, or a serving run's
+    # sequences, prompt and generated tokens; per-step figures compare only where they match
+    work: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    pacing: tuple[int | None, int | None] = (None, None)  # the stage each step waits on
 
     @property
     def identical(self) -> bool:
@@ -164,6 +172,12 @@ class PlanDiff:
                 "different things, so those deltas are not like for like"
             )
         na, nb = self.stage_counts
+        wa, wb = self.work
+        if ma == mb and wa != wb:
+            notes.append(_work_note(ma, wa, wb))
+        pa, pb = self.pacing
+        if na == nb and pa is not None and pb is not None and pa != pb:
+            notes.append(f"the step is paced by stage {pa} in A and by stage {pb} in B")
         if na != nb:
             notes.append(
                 f"A has {plural(na, 'pipeline stage')} and B has {nb}, so their stages hold "
@@ -180,6 +194,31 @@ class PlanDiff:
                 + (f" and {more} more" if more > 0 else "")
             )
         return "; ".join(notes) or None
+
+
+def work_of(report: Report) -> tuple[int, ...]:
+    """What one step (or serving run) of a plan does: (tokens,) of a training step, global
+    batch × sequence; (sequences, prompt, generated) of a serving run."""
+    layout = report.layout
+    if report.mode == "train":
+        return (int(layout["global"]) * int(layout["seq"]),)
+    return (int(layout["sequences"]), int(layout["prompt"]), int(layout["generate"]))
+
+
+def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    """Why per-step figures do not compare: B's step does other work than A's."""
+    if mode == "train":
+        (ta,), (tb,) = a, b
+        times = f"{tb / ta:.3g}×" if ta else "other"
+        did = f"B's step runs {times} A's tokens ({tb:,} against {ta:,})"
+    else:
+        (sb, pb, gb), (sa, pa, ga) = b, a
+        did = f"B serves {sb:,} sequences of {pb:,} + {gb:,} tokens where A serves {sa:,} of "
+        did += f"{pa:,} + {ga:,}"
+    return (
+        f"{did}: the step's and each phase's times and bytes are not like for like, so "
+        "they carry no verdict; tokens/s and MFU do"
+    )
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
@@ -331,6 +370,12 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
             flat["batch.sequences"] = flat.pop("batch.global", None)
             for key in _TRAINING_ONLY:
                 flat.pop(key, None)
+        # a preset's size as its file writes it, in nodes (a user audit: nodes 64 → 128
+        # read as topology.gpus 512 → 1,024, a key the file does not have)
+        nodes = _nodes(plan)
+        if nodes is not None:
+            flat.pop("topology.gpus", None)
+            flat["topology.nodes"] = nodes
         if plan.parallel.zero != 3:  # which PyTorch FSDP prices only ZeRO 3's shards
             flat.pop("parallel.fsdp", None)
         # the expert layers' tp as priced, which follows tp unless written (an audit: a tp
@@ -361,6 +406,17 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
     sections = {s: i for i, s in enumerate(dict.fromkeys(p[0] for p in placed.values()))}
     keys.sort(key=lambda k: (sections[placed[k][0]], *placed[k][1:]))
     return tuple(Change(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k))
+
+
+def _nodes(plan: Plan) -> int | None:
+    """The nodes of a topology preset (`topology.nodes`); None for a written topology or a
+    preset sized in GPUs that are no whole number of its nodes."""
+    from budget.catalog import TOPOLOGIES
+
+    preset = TOPOLOGIES.get(plan.topology.name) if plan.topology.name else None
+    if preset is None or plan.topology.gpus % preset.gpus_per_node:
+        return None
+    return plan.topology.gpus // preset.gpus_per_node
 
 
 # a transition's key: "transitions[NAME].FIELD", NAME as the plan names it
@@ -446,6 +502,8 @@ def _states(s: StageRow) -> int:
 
 
 _STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
+    ("layers", "count", "neither", lambda s: s.layers),
+    ("inflight", "count", "neither", lambda s: s.inflight),
     ("states_bytes", "bytes", "lower", _states),
     ("activations_bytes", "bytes", "lower", lambda s: s.activations_bytes),
     ("transient_bytes", "bytes", "lower", lambda s: s.transient_bytes),
@@ -456,6 +514,7 @@ _STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
     ("headroom_bytes", "bytes", "higher", lambda s: s.headroom_bytes),
 )
 _PHASE: tuple[tuple[str, Unit, Better, Callable[[PhaseRow], float | None]], ...] = (
+    ("count", "count", "neither", lambda p: p.count),
     ("payload_bytes", "bytes", "lower", lambda p: p.payload_bytes),
     ("peak_bytes", "bytes", "lower", lambda p: p.peak_bytes if p.peak_stage is not None else None),
     ("compute_s", "seconds", "lower", lambda p: p.compute_s),
@@ -470,6 +529,7 @@ _STEP: tuple[tuple[str, Unit, Better], ...] = (
     ("exposed_share", "share", "lower"),
     ("overlap_slowdown_s", "seconds", "lower"),
     ("bubble_s", "seconds", "lower"),
+    ("after_s", "seconds", "lower"),
     ("tokens_per_s", "tokens/s", "higher"),
     ("mfu", "share", "higher"),
 )
@@ -495,8 +555,10 @@ def _row(
     rb: Any,
     metrics: Any,
     stages: tuple[int | None, int | None] = (None, None),
+    unlike: frozenset[str] = frozenset(),
 ) -> Row:
-    """One row of deltas for `key`, from A's and B's records (None where a side lacks it)."""
+    """One row of deltas for `key`, from A's and B's records (None where a side lacks it);
+    the metrics in `unlike` measure different work on the two sides (no verdict)."""
     deltas = tuple(
         Delta(
             metric,
@@ -504,13 +566,23 @@ def _row(
             better,
             None if ra is None else get(ra),
             None if rb is None else get(rb),
+            metric not in unlike,
         )
         for metric, unit, better, get in metrics
     )
     return Row(key, ra is not None, rb is not None, deltas, stages)
 
 
+# a step's figures that add up over what the step does: they compare only between steps
+# that do the same work (`work_of`); shares, rates and memory compare regardless
+_PER_STEP = frozenset(
+    {"time_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_slowdown_s", "bubble_s"}
+    | {"after_s", "payload_bytes", "exposed_s"}
+)
+
+
 def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
+    unlike = _PER_STEP if work_of(a) != work_of(b) else frozenset()
     pa = {p.name: p for p in a.phases}
     pb = {p.name: p for p in b.phases}
     names = list(pa)
@@ -518,7 +590,7 @@ def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
         if name not in names:
             before = list(pb)[i - 1] if i else None
             names.insert(names.index(before) + 1 if before in names else len(names), name)
-    return tuple(_row(name, pa.get(name), pb.get(name), _PHASE) for name in names)
+    return tuple(_row(name, pa.get(name), pb.get(name), _PHASE, unlike=unlike) for name in names)
 
 
 def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
@@ -530,7 +602,13 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
     # a training step and a serving pass (or prefill and decode) are different things: the
     # figures are shown, but neither side is better (`PlanDiff.note`)
     like = a.mode == b.mode
-    out += [Delta(k, u, bt, a.step.get(k), b.step.get(k), like) for k, u, bt in _STEP]
+    same_work = like and work_of(a) == work_of(b)
+    out += [
+        Delta(k, u, bt, a.step.get(k), b.step.get(k), same_work if k in _PER_STEP else like)
+        for k, u, bt in _STEP
+        # the reduction and optimizer after a training pipeline: serving has none
+        if k != "after_s" or "train" in (a.mode, b.mode)
+    ]
     out += [  # serving's own figures, where either side serves
         Delta(k, "seconds", "lower", a.step.get(k), b.step.get(k))
         for k in ("ttft_s", "decode_token_s")
@@ -551,7 +629,15 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
         fits=(a.fits, b.fits),
         modes=(a.mode, b.mode),
         algorithms=_algorithm_changes(a, b),
+        work=(work_of(a), work_of(b)),
+        pacing=(_pacing(a), _pacing(b)),
     )
+
+
+def _pacing(report: Report) -> int | None:
+    """The stage a training step waits on (`schedule.paced_by`); None for serving."""
+    stage = report.step.get("pacing_stage")
+    return None if stage is None or report.mode != "train" else int(stage)
 
 
 def _algorithm_changes(a: Report, b: Report) -> tuple[tuple[str, str, str, str], ...]:

@@ -78,7 +78,11 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     assert states == "17.7 GiB 33.4 GiB +15.6 GiB +88.0% ✗"
     assert f"0 states {states}" in lines
     sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
-    assert f"forward.attention sent/rank {sent}" in lines
+    # dp 16 → 32 halves each rank's micro-batches, 1536 / (16 × 1) → 1536 / (32 × 1), so
+    # each phase's calls halve: 12 layers a stage × 96 → 48 micro-batches; the row says so
+    # first, the figures it explains after it (a user audit)
+    at = lines.index("forward.attention calls 1,152 576 −576 −50.0%")
+    assert lines[at + 1] == f"sent/rank {sent}"
     assert "No differences" not in out
     # stage 0's activations double (every term is over tp); shown to three figures
     gib, act_a, act_b = 2**30, stage0_activations(8), stage0_activations(4)
@@ -184,9 +188,8 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
         f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
         in lines
     )
-    assert any(
-        line.startswith("| `forward.attention` | sent/rank |") and "🟢" in line for line in lines
-    )
+    at = lines.index("| `forward.attention` | calls | 1,152 | 576 | −576 | −50.0% |")
+    assert lines[at + 1].startswith("|  | sent/rank |") and "🟢" in lines[at + 1]
 
 
 def test_different_stage_counts_pair_the_first_and_the_last_stages() -> None:
@@ -195,7 +198,9 @@ def test_different_stage_counts_pair_the_first_and_the_last_stages() -> None:
     code, out, _ = _diff(GPT3, LLAMA, "--format", "markdown")
     assert code == 0
     assert "A has 8 pipeline stages and B has 4, so their stages hold different layers" in out
-    assert "| first (0) | states |" in out and "| last (A 7, B 3) | states |" in out
+    # each pair opens with the layers its stages hold: 96 / 8 against 80 / 4
+    assert "| first (0) | layers | 12 | 20 | +8 | +66.7% |" in out
+    assert "| last (A 7, B 3) | layers | 12 | 20 | +8 | +66.7% |" in out
     assert "(A only)" not in out.split("### Phases")[0]
     data = json.loads(_diff(GPT3, LLAMA, "--format", "json")[1])
     first, last = data["delta"]["stages"]
@@ -215,8 +220,10 @@ def test_without_colour_the_table_marks_better_and_worse() -> None:
     code, out, _ = _diff(GPT3, LLAMA)
     assert code == 0 and "\x1b[" not in out
     assert "Δ = B − A; ✓ is better, ✗ is worse" in out
-    step = next(line for line in out.splitlines() if line.strip().startswith("step time"))
-    assert step.rstrip().endswith(("✓", "✗"))
+    # GPT-3's step runs other tokens than Llama's (1536 × 2048, 512 × 8192), so its time
+    # carries no mark and its throughput does
+    rate = next(line for line in out.splitlines() if line.strip().startswith("tokens/s"))
+    assert rate.rstrip().endswith(("✓", "✗"))
 
 
 def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
@@ -267,6 +274,8 @@ def test_transitions_are_keyed_as_the_plan_file_spells_them() -> None:
         ("higher", 0.5, 0.4, "worse"),
         ("lower", 3, 3, "same"),
         ("lower", None, 3, "n/a"),
+        ("neither", 3, 4, "n/a"),  # a phase's calls: they explain, they are not judged
+        ("neither", 3, 3, "same"),
     ],
 )
 def test_delta_verdicts(better: str, a: float | None, b: float | None, verdict: str) -> None:
@@ -798,3 +807,60 @@ def test_a_serving_headline_names_its_latencies_plainly(tmp_path: Path) -> None:
     more = variant(tmp_path, "more.yaml", ("sequences: 32", "sequences: 64"), base=decode)
     sentence = headline(diff_files(decode, more)[2])
     assert "time to first token +" in sentence and "time per output token +" in sentence
+
+
+def test_steps_of_other_work_compare_by_throughput_not_by_step(tmp_path: Path) -> None:
+    """A global batch of 1,024 against 512: B's step runs twice the tokens, so a longer step
+    is no worse (a user audit: "step time +89.0%" read as a regression where tokens/s rose
+    5.8 %). The per-step times and each phase's times and bytes carry no verdict, tokens/s
+    and MFU keep theirs, the headline names tokens/s, and the note says why."""
+    b = variant(tmp_path, "g1024.yaml", ("global: 512", "global: 1024"), base=LLAMA)
+    code, out, _ = _diff(LLAMA, b, width=120)
+    assert code == 0
+    ra, rb, diff = diff_files(LLAMA, b)
+    verdicts = {d.metric: d.verdict for d in diff.summary}
+    for metric in ("time_s", "compute_s", "comm_s", "exposed_comm_s", "bubble_s", "after_s"):
+        assert verdicts[metric] == "n/a", metric
+    assert verdicts["tokens_per_s"] == "better" and verdicts["mfu"] == "better"
+    assert verdicts["peak_bytes"] == "same"  # memory per rank compares regardless
+    for row in diff.phases:
+        for d in row.deltas:
+            assert d.verdict in ("n/a", "same") or d.metric == "peak_bytes", (row.key, d)
+    tokens = (512 * 8192, 1024 * 8192)
+    assert diff.work == ((tokens[0],), (tokens[1],))
+    text = " ".join(out.split())
+    assert f"B's step runs 2× A's tokens ({tokens[1]:,} against {tokens[0]:,})" in text
+    rate = rb.step["tokens_per_s"] / ra.step["tokens_per_s"] - 1
+    assert text.startswith("A ") and f"tokens/s +{rate:.1%}" in text.split("Plan changes")[0]
+    assert "step time" not in text.split("Plan changes")[0]
+    # each phase runs twice the micro-batches: its calls say so, first in its rows
+    attention = next(r for r in diff.phases if r.key == "forward.attention")
+    calls = attention.deltas[0]
+    assert calls.metric == "count" and calls.b == 2 * calls.a
+
+
+def test_a_preset_topology_changes_by_its_nodes(tmp_path: Path) -> None:
+    """`topology: {preset: dgx-h100, nodes: 64}` → 128 reads as the key the file wrote,
+    topology.nodes, not topology.gpus 512 → 1,024 (a user audit); dp follows it."""
+    b = variant(
+        tmp_path, "n128.yaml", ("nodes: 64", "nodes: 128"), ("dp: 16", "dp: 32"), base=LLAMA
+    )
+    *_, diff = diff_files(LLAMA, b)
+    changes = {c.key: (c.a, c.b) for c in diff.changes}
+    assert changes == {"parallel.dp": (16, 32), "topology.nodes": (64, 128)}
+
+
+def test_the_reduction_after_the_pipeline_and_the_pacing_stage_are_shown(tmp_path) -> None:
+    """ZeRO 1 → 2 moves the gradient reduction into every micro-batch's backward: the diff
+    shows the time after the pipeline (reduction + optimizer) beside the step, which
+    it left out (a user audit), and, where the stage that paces the step moves, says so."""
+    b = variant(tmp_path, "zero2.yaml", ("zero: 1", "zero: 2"), base=LLAMA)
+    ra, rb, diff = diff_files(LLAMA, b)
+    after = next(d for d in diff.summary if d.metric == "after_s")
+    assert (after.a, after.b) == (ra.step["after_s"], rb.step["after_s"])
+    assert after.verdict != "n/a"
+    code, out, _ = _diff(LLAMA, b, width=120)
+    assert code == 0 and "reduction + optimizer" in out
+    pa, pb = ra.step["pacing_stage"], rb.step["pacing_stage"]
+    said = f"the step is paced by stage {pa} in A and by stage {pb} in B"
+    assert (said in (diff.note or "")) == (pa != pb)

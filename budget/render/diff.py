@@ -49,6 +49,10 @@ _LABELS = {
     "overlap_slowdown_s": "overlap slowdown",
     "exposed_share": "exposed share",
     "bubble_s": "pipeline bubble",
+    "after_s": "reduction + optimizer",
+    "count": "calls",
+    "layers": "layers",
+    "inflight": "in flight",
     "tokens_per_s": "tokens/s",
     "mfu": "MFU",
     "ttft_s": "time to first token",
@@ -88,6 +92,8 @@ def _value(unit: str, value: float | None) -> str:
         return format_duration(value)
     if unit == "share":
         return f"{value:.1%}"
+    if unit == "count" and value != int(value):  # micro-batches in flight: 4.5
+        return f"{value:,.2f}".rstrip("0")
     return f"{value:,.0f}"
 
 
@@ -96,7 +102,8 @@ def _change(delta: Delta) -> tuple[str, str]:
     change, rel = delta.absolute, delta.relative
     if change is None:
         return "–", "–"
-    if change == 0:
+    # a float's last bits (A's 277 ms against B's, summed in another order) are no change
+    if change == 0 or (rel is not None and abs(rel) < 1e-12):
         return "0", "0%"
     sign = "+" if change > 0 else "−"
     if delta.unit == "share":
@@ -151,7 +158,11 @@ def _label(metric: str, summary: bool = False) -> str:
 
 
 def _shown(rows: tuple[Row, ...], metric: str) -> bool:
-    """KV cache and reserved rows only when a side has one; every other metric always."""
+    """KV cache and reserved rows only when a side has one; a stage's layers and
+    micro-batches in flight and a phase's calls only when they change somewhere (they
+    explain the figures under them); every other metric always."""
+    if metric in ("layers", "inflight", "count"):
+        return any(d.metric == metric and d.changed for r in rows for d in r.deltas)
     if metric not in ("kv_cache_bytes", "reserved_bytes"):
         return True
     return any(d.metric == metric and (d.a or d.b) for r in rows for d in r.deltas)
@@ -176,8 +187,12 @@ def headline(diff: PlanDiff) -> str:
     each fits ("B against A: worst-stage peak unchanged at 38.4 GiB, step time −3.3%
     (9.16 s → 8.86 s); both fit")."""
     said = []
+    by_metric = {d.metric: d for d in diff.summary}
+    # steps that do different work: their times do not compare, their throughput does
+    timed = "time_s" in by_metric and by_metric["time_s"].verdict != "n/a"
+    headline_metrics = _HEADLINE if timed else (*_HEADLINE, "tokens_per_s")
     for delta in diff.summary:
-        if delta.metric not in _HEADLINE or delta.verdict == "n/a":
+        if delta.metric not in headline_metrics or delta.verdict == "n/a":
             continue
         label, (_, relative) = _label(delta.metric, summary=True), _change(delta)
         # a figure and its unit stay on one line where the sentence wraps
