@@ -1764,3 +1764,34 @@ def test_distinct_keys_and_rows_index_each_value_once(top: int) -> None:
     rows = [tuple(r) for r in matrix.tolist()]
     assert [rows[i] for i in first] == list(dict.fromkeys(rows))  # first seen, in row order
     assert (matrix[first][which] == matrix).all()
+
+
+# Llama 3 70B's front on 512 H100s (a user audit's `budget search`): (step s, peak GiB)
+_AUDIT_FRONT = (
+    (7.683, 77.53), (7.693, 54.98), (7.88, 54.96), (8.051, 44.69), (8.24, 44.67),
+    (8.465, 39.19), (8.669, 39.17), (8.877, 38.06), (8.939, 37.33), (9.018, 31.4),
+    (9.022, 29.82), (9.189, 28.64), (9.236, 27.86), (9.392, 24.72), (9.579, 21.97),
+    (9.79, 21.96), (10.152, 17.88), (10.466, 17.87), (10.52, 16.12), (10.772, 16.11),
+    (11.034, 16.06), (11.272, 14.19), (11.775, 13.44), (12.196, 10.18), (13.197, 9.49),
+    (13.511, 9.45), (13.994, 8.33), (14.25, 7.6), (22.127, 7.35), (35.598, 7.28),
+    (36.516, 7.12), (36.785, 7.12), (37.67, 6.98), (38.962, 6.91), (60.624, 6.88),
+    (60.9, 6.82), (61.612, 6.68), (63.255, 6.68), (63.94, 6.56), (116.803, 6.55),
+    (117.074, 6.52), (117.707, 6.46), (124.934, 6.43), (229.823, 6.41), (244.174, 6.39),
+    (244.375, 6.38), (244.832, 6.36), (499.658, 6.34), (499.85, 6.34), (500.312, 6.33),
+)  # fmt: skip
+
+
+def test_a_thinned_front_spreads_along_its_length_not_its_index():
+    """Fifteen of the audit's fifty points: by index, half the rows went to the tail that
+    creeps from 7.35 to 6.33 GiB over 22 to 500 s, and the point after the fastest, as fast
+    (7.69 s against 7.68) with 22.5 GiB less, was left out. Spread along the front in log
+    time and memory, it shows, and the tail keeps a third of the rows."""
+    front = tuple(_point(peak, step) for step, peak in _AUDIT_FRONT)
+    shown = thin(front)
+    assert len(shown) == PARETO_ROWS and shown[0] == front[0] and shown[-1] == front[-1]
+    assert shown[1] == front[1]  # 7.69 s at 54.98 GiB
+    tail = [r for r in shown if r.step_time_s > 20]
+    assert len(tail) <= PARETO_ROWS // 3 + 1, [r.step_time_s for r in tail]
+    # a front of near-equal steps (no log span) or of one peak still gives its rows
+    flat = tuple(_point(70.0 - i, 5.0) for i in range(30))
+    assert len(thin(flat)) == PARETO_ROWS
