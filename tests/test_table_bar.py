@@ -172,7 +172,7 @@ def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
     report = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
     text = render_markdown(report)
     step = report.step
-    total = f"| **step, paced by stage {step['pacing_stage']}** |  | **"
+    total = f"| **pacing stage {step['pacing_stage']}** |  | **"
     assert total in text
     assert "| infiniband | all | 47 GB/s | 14 µs | – | pp, dp |" in text
     assert "| nvlink | 8 | 370 GB/s | 3 µs |" in text and text.count("| pp pair |") == 2
