@@ -512,7 +512,7 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
         # Megatron-LM turns --overlap-p2p-communication off without virtual stages (and
         # Megatron-Core's 1F1B schedule raises on it): said where the flag is set
         why = " (overlap.pp needs the interleaved schedule)" if plan.overlap.pp else ""
-        return replace(move, rule=f"pp send/recv: exposed, the next stage waits for it{why}")
+        return replace(move, rule=f"pp send/recv: exposed, the receiving stage waits for it{why}")
     window = "@forward-microbatch" if move.dst == "i+1" else "@backward-microbatch"
     return hide(
         move,

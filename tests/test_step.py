@@ -694,3 +694,18 @@ def test_a_sweeps_masked_work_keeps_every_field_but_its_count() -> None:
     (masked,) = when([work], np.array([True, False]))
     assert list(masked.count) == [3, 0]
     assert replace(masked, count=work.count) == work
+
+
+def test_a_stage_send_is_waited_for_by_the_stage_that_receives_it():
+    """1F1B's sends are exposed both ways: the forward's output waits at the next stage,
+    the backward's gradient at the previous one, so the rule names the receiving stage
+    (it said "the next stage" under the backward's send too: a user audit)."""
+    report = build_report(make_plan(pp=4, dp=2))
+    rules = {
+        p.name: {c.overlap_rule for c in p.collectives}
+        for p in report.phases
+        if p.name.startswith("pipeline.")
+    }
+    assert set(rules) == {"pipeline.forward", "pipeline.backward"}
+    for phase, said in rules.items():
+        assert said == {"pp send/recv: exposed, the receiving stage waits for it"}, phase
