@@ -143,7 +143,8 @@ def collective(
     (`collectives._ring_across`), for an all-reduce that ring or NCCL's double binary tree,
     whichever is faster (`collectives._nccl_all_reduce`), for a broadcast NCCL's ring, for
     an all-to-all NCCL's grouped exchange with every peer (`collectives._exchange_across`);
-    hierarchical when named; another flat algorithm is priced at the slowest link spanned.
+    hierarchical when named; another flat algorithm is priced at the slowest link spanned
+    and the largest α spanned.
     ``ramp`` names a measured bandwidth ramp (`budget.catalog.topologies.RAMPS`) for the
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     ``beside`` is compute the collective may hide behind (`CollectiveResult.exposed_s`).

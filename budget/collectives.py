@@ -33,6 +33,7 @@ one plan or a million. Only ``auto`` needs scalars, because it chooses one algor
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias, cast, get_args
@@ -509,8 +510,8 @@ def collective_cost(
       - broadcast: across the domains from the root, then inside each domain.
       send/recv has no hierarchical form: it is priced flat on the slowest link.
     * Several tiers and another flat algorithm: that algorithm over all P ranks, every step
-      priced at the slowest link spanned, of the tiers holding more than one rank
-      (`_flat_across`).
+      priced at the slowest link spanned, of the tiers holding more than one rank, and at
+      the largest α among them (`_flat_across`).
     * ``auto``: every applicable algorithm, the fastest wins; ``candidates`` keeps them all.
       Needs scalar sizes and ranks.
     """
@@ -549,28 +550,39 @@ def _flat_across(
     op: Op, algorithm: Algorithm, tiers: tuple[Tier, ...], size: Count, e: int
 ) -> tuple[Stage, ...]:
     """A flat algorithm over all P ranks of a group, every step at the slowest link it
-    spans (Thakur 2005's formulas, `flat_stage`, on that link): the slowest of the tiers
-    holding more than one rank, the innermost where none does (a group of one rank). A tier
-    of one rank is a level the group only passes through (a node's fabric under an
-    all-reduce of one rank per node, `topology.price_group`) and sets no step's price: it
-    did, and a tree all-reduce of 8 nodes over 20 GB/s PCIe fabrics and 24 GB/s InfiniBand
-    was priced at PCIe's rate and α (an audit). With ranks that differ between the
-    configurations of a sweep, each takes its own slowest level: one stage per level,
-    counted where that level is the slowest spanned (the sweep's `search._Pricer`)."""
+    spans (Thakur 2005's formulas, `flat_stage`, on that link), and at the largest α of the
+    links it spans: the slowest of the tiers holding more than one rank, the innermost where
+    none does (a group of one rank). A step of a flat algorithm may cross any level the
+    group spans, so pricing each at the lowest bandwidth and the highest α bounds it, and a
+    faster link can only make it faster; priced at the slowest link's own α, a 16-rank tree
+    over 8-GPU PCIe nodes (10 µs) and InfiniBand (5 µs) took 61 µs and, with InfiniBand
+    twice as fast and so no longer the slowest, 96 µs (an audit). A tier of one rank is a
+    level the group only passes through (a node's fabric under an all-reduce of one rank
+    per node, `topology.price_group`) and sets no step's price: it did, and a tree
+    all-reduce of 8 nodes over 20 GB/s PCIe fabrics and 24 GB/s InfiniBand was priced at
+    PCIe's rate and α (an audit). With ranks that differ between the configurations of a
+    sweep, each takes its own slowest level and its own largest α: one stage per pair of
+    levels, counted where that pair is the one spanned (the sweep's `search._Pricer`)."""
     p = _product([t.ranks for t in tiers])
     if not any(isinstance(t.ranks, np.ndarray) for t in tiers):
         spanned = [t.link for t in tiers if t.ranks > 1] or [tiers[0].link]
-        return (flat_stage(op, algorithm, p, size, _slowest(spanned), element_bytes=e),)
+        link = _with_latency(_slowest(spanned), max(link.latency for link in spanned))
+        return (flat_stage(op, algorithm, p, size, link, element_bytes=e),)
     slowest = np.zeros(np.shape(p), dtype=np.int64)  # one rank: the innermost level, no step
     by_speed = sorted(range(len(tiers)), key=lambda i: slowness(tiers[i].link))
     for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
         slowest = np.where(np.asarray(tiers[level].ranks) > 1, level, slowest)
+    latest = np.zeros(np.shape(p), dtype=np.int64)  # the level of the largest α spanned
+    by_latency = sorted(range(len(tiers)), key=lambda i: tiers[i].link.latency)
+    for level in by_latency:  # the lowest α first: a larger α spanned overrides
+        latest = np.where(np.asarray(tiers[level].ranks) > 1, level, latest)
     stages = []
-    for level, tier in enumerate(tiers):
-        mask = (slowest == level).astype(np.int64)
+    for (level, tier), (other, alpha) in itertools.product(enumerate(tiers), repeat=2):
+        mask = ((slowest == level) & (latest == other)).astype(np.int64)
         if not mask.any():
             continue
-        stage = flat_stage(op, algorithm, p, size, tier.link, element_bytes=e)
+        link = _with_latency(tier.link, max(tier.link.latency, alpha.link.latency))
+        stage = flat_stage(op, algorithm, p, size, link, element_bytes=e)
         stages.append(
             replace(
                 stage,
@@ -1054,6 +1066,11 @@ def slowness(link: Link) -> tuple[float, float]:
 
 def _slowest(links: Any) -> Link:
     return cast(Link, min(links, key=slowness))
+
+
+def _with_latency(link: Link, latency: float) -> Link:
+    """`link` whose steps take `latency` each (`_flat_across`: the largest α spanned)."""
+    return link if link.latency == latency else replace(link, latency=latency)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -217,7 +217,7 @@ def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...]) -> str:
         did += f"{pa:,} + {ga:,}"
     return (
         f"{did}: the step's and each phase's times and bytes are not like for like, so "
-        "they carry no verdict; tokens/s and MFU do"
+        "they carry no verdict; tokens/s, MFU and the exposed share do"
     )
 
 

@@ -413,8 +413,8 @@ def price_group(
     there takes NCCL's double binary tree where that is faster), pairwise for the
     all-to-all, across levels NCCL's exchange with every peer at once
     (`collective_cost`, which ``levelled`` goes to). A flat algorithm named for a group
-    across levels is priced at the slowest level holding more than one of its ranks, not
-    at the fabric added below it (`collectives._flat_across`).
+    across levels is priced at the slowest level holding more than one of its ranks and the
+    largest α among them, not at the fabric added below it (`collectives._flat_across`).
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
     tiers = span.tiers

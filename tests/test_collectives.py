@@ -735,3 +735,31 @@ def test_a_plan_that_names_hierarchical_gets_it_across_nodes(tmp_path) -> None:
     }
     assert {c.algorithm for c in rows["gemma2-9b.yaml"]} == {"ring"}
     assert {c.algorithm for c in rows["h.yaml"]} == {"hierarchical"}
+
+
+def test_a_flat_algorithm_across_levels_never_slows_with_a_faster_link():
+    """A binomial tree over 16 ranks on two 8-GPU PCIe nodes (32 GB/s, 10 µs) joined by
+    InfiniBand (5 µs): 2·⌈lg 16⌉ = 8 steps of the whole tensor, Q = 8 · S. Every step is
+    priced at the lowest bandwidth and the highest α spanned, 8·10 µs + Q / min(B), so a
+    faster InfiniBand never makes it slower. Priced at the slowest link's own α, InfiniBand
+    at 25 GB/s took 8·5 µs + Q/25 GB/s = 60.97 µs and at 50 GB/s, no longer the slowest,
+    8·10 µs + Q/32 GB/s = 96.38 µs (an audit)."""
+    pcie, size = Link("pcie", 32e9, 10e-6), 65_536
+    times = []
+    for rate in (10e9, 25e9, 50e9, 400e9):
+        ib = Link("infiniband", rate, 5e-6)
+        cost = collective_cost("all-reduce", [Tier(8, pcie), Tier(2, ib)], size, "tree")
+        assert cost.steps == 8 and cost.payload_bytes == 8 * size
+        assert float(cost.time_s) == pytest.approx(8 * 10e-6 + 8 * size / min(rate, 32e9))
+        times.append(float(cost.time_s))
+    assert times == sorted(times, reverse=True)
+    # a sweep prices each configuration as it would alone: one node (PCIe alone, its own
+    # α), two nodes (both levels: PCIe's α, the lower rate), one rank a node (InfiniBand)
+    ib = Link("infiniband", 25e9, 5e-6)
+    inner, outer = np.array([8, 8, 1]), np.array([1, 2, 16])
+    swept = collective_cost("all-reduce", [Tier(inner, pcie), Tier(outer, ib)], size, "tree")
+    for i in range(3):
+        alone = collective_cost(
+            "all-reduce", [Tier(int(inner[i]), pcie), Tier(int(outer[i]), ib)], size, "tree"
+        )
+        assert float(np.asarray(swept.time_s)[i]) == pytest.approx(float(alone.time_s))

@@ -148,11 +148,12 @@ def test_a_flat_algorithm_over_arrays_takes_each_configurations_slowest_spanned_
         assert float(swept.time_s[i]) == pytest.approx(float(alone.time_s), rel=1e-12)
         assert int(swept.steps[i]) == int(alone.steps)
     # by hand: 8 ranks on PCIe alone: 6 x 5 us + 6 x 2^30 / 20e9; 8 on IB: 6 x 14 us +
-    # 6 x 2^30 / 24e9; 2 x 4 on both: PCIe's, the lower rate of the two; one rank: nothing
+    # 6 x 2^30 / 24e9; 2 x 4 on both: PCIe's rate, the lower of the two, and IB's α, the
+    # higher (each step may cross either); one rank: nothing
     expected = [
         30e-6 + 6 * GIB / 20e9,
         84e-6 + 6 * GIB / 24e9,
-        30e-6 + 6 * GIB / 20e9,
+        84e-6 + 6 * GIB / 20e9,
         0.0,
     ]
     assert swept.time_s == pytest.approx(expected, rel=1e-12)
