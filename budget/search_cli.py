@@ -304,7 +304,8 @@ def _writable(target: Path, source: Path) -> None:
 def _write(source: Path, data: bytes, layout: dict[str, Any], gpus: int, target: Path) -> None:
     """Write the layout as a plan at `target`, pointing editors at the same schema as the
     source plan and reading the same ``hf_config`` (both paths made relative to the new
-    file, `plan.write.rebased`)."""
+    file, `plan.write.rebased`); at the installed schema where the source's reference
+    reaches no file (a plan copied out of the repository: an audit)."""
     from budget.files import plan_folder
     from budget.files import target as landing
     from budget.plan.write import layout_yaml, rebased
@@ -315,7 +316,9 @@ def _write(source: Path, data: bytes, layout: dict[str, Any], gpus: int, target:
     first = data.decode("utf-8", "replace").partition("\n")[0]
     marker = "$schema="
     if marker in first and "://" not in first:
-        reference = rebased(first.split(marker, 1)[1].strip(), plan_folder(source), folder)
+        theirs = rebased(first.split(marker, 1)[1].strip(), plan_folder(source), folder)
+        if (folder / theirs).is_file():  # an absolute one joins as itself
+            reference = theirs
     from budget.files import write_atomically
 
     write_atomically(target, layout_yaml(source, data, layout, gpus, reference, folder))

@@ -1795,3 +1795,32 @@ def test_a_thinned_front_spreads_along_its_length_not_its_index():
     # a front of near-equal steps (no log span) or of one peak still gives its rows
     flat = tuple(_point(70.0 - i, 5.0) for i in range(30))
     assert len(thin(flat)) == PARETO_ROWS
+
+
+def test_a_plan_copied_out_of_the_repository_writes_a_schema_reference_that_resolves(
+    tmp_path,
+):
+    """A shipped plan copied elsewhere keeps "$schema=../schemas/plan.schema.json", which
+    reaches no file there: the written plan points at the installed schema instead of
+    carrying the broken path on (an audit); a reference that resolves is kept, rebased."""
+    import os
+
+    copied = tmp_path / "copied.yaml"
+    copied.write_text((ROOT / "plans" / "gpt3-175b.yaml").read_text("utf-8"), encoding="utf-8")
+    out = tmp_path / "best.yaml"
+    args = ["search", str(copied), *NARROW, "--tp", "8", "--pp", "8", "--write", str(out)]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    reference = out.read_text("utf-8").partition("\n")[0].split("$schema=", 1)[1]
+    assert (tmp_path / reference).resolve() == (
+        ROOT / "budget" / "schemas" / "plan.schema.json"
+    ).resolve()
+    # from the repository's own plans, the plan's reference, rebased to the new folder
+    out = tmp_path / "sub" / "best.yaml"
+    out.parent.mkdir()
+    args[1], args[-1] = str(ROOT / "plans" / "gpt3-175b.yaml"), str(out)
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    reference = out.read_text("utf-8").partition("\n")[0].split("$schema=", 1)[1]
+    assert not os.path.isabs(reference)
+    assert (out.parent / reference).resolve() == (ROOT / "schemas" / "plan.schema.json").resolve()
