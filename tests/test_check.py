@@ -655,5 +655,13 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
     assert calls == layer_calls
     code, out, _ = _check(strided)
     assert code == 0 and "list tp before" in out
+    # in a pull request's summary, under a heading that says it failed nothing (it read
+    # "Not checked for", as if the caution had been skipped: an audit)
+    code, out, _ = _check(strided, "--format", "markdown")
+    assert code == 0 and "Not checked" not in out
+    heading = f"Notes for `{strided}`, none of them failing it:"
+    assert out.splitlines()[out.splitlines().index(heading) + 2].startswith(
+        "- tp's per-layer collectives ("
+    )
     table = runner.invoke(app, route([str(strided)]))
     assert "Caution: tp's per-layer collectives" in table.stdout

@@ -140,8 +140,9 @@ def check_markdown(result: CheckResult) -> str:
             lines += [f"### ❌ {code(v.file)}", ""]
             lines += [f"- **{r.limit}**: {plain(r.message)}" for r in v.reasons]
             lines.append("")
-        if v.notes:
-            lines += [f"Not checked for {code(v.file)}:", ""]
+        if v.notes:  # limits that do not apply and cautions, none failing the plan (an
+            # audit: "Not checked for" read as if a caution had been skipped)
+            lines += [f"Notes for {code(v.file)}, none of them failing it:", ""]
             lines += [f"- {plain(note)}" for note in v.notes]
             lines.append("")
         if v.problems:
