@@ -167,10 +167,21 @@ class Outcome:
     written: Result | None = None
     # the `budget check` limits the plan as written breaks (their names), besides fitting
     written_breaks: tuple[str, ...] = ()
+    # the model's layers and the multi-token prediction layers after them, which a ranked
+    # layout's pipeline splits (`split`, `layers_per_stage`)
+    layers: tuple[int, int] = (0, 0)
 
     @property
     def best(self) -> Result | None:
         return self.results[0] if self.results else None
+
+    def layers_per_stage(self, config: Config) -> tuple[int, ...] | None:
+        """The layers of each pipeline chunk a ranked layout was priced with where they do
+        not split evenly (`split`), None where they do: 80 layers over pp 8 × 4 chunks are
+        2 and 3 a chunk, which the table's "8×4" alone does not say and a plan of those
+        degrees without the split is refused for (an audit)."""
+        layers, tail = self.layers
+        return split(layers, config.pp, config.virtual_stages, tail) if layers else None
 
 
 @cache
@@ -1028,6 +1039,7 @@ def search(
         limits=limits,
         within_limits=None if limits is None else kept.count,
         hardware=hardware(plan),
+        layers=(plan.model.layers, mtp_layers(plan)),
     )
 
 
@@ -1283,11 +1295,20 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,
         "hardware": outcome.hardware,
-        "pareto": [r.to_dict() for r in outcome.pareto],
-        "results": [r.to_dict() for r in outcome.results[:top]],
+        "pareto": [_ranked_dict(outcome, r) for r in outcome.pareto],
+        "results": [_ranked_dict(outcome, r) for r in outcome.results[:top]],
         "written": None if outcome.written is None else outcome.written.to_dict(),
         "written_breaks": list(outcome.written_breaks),
     }
+
+
+def _ranked_dict(outcome: Outcome, result: Result) -> dict[str, Any]:
+    """A ranked layout's record, its config with the pipeline's split where it is uneven
+    (``layers_per_stage``, null where the layers divide evenly)."""
+    record = result.to_dict()
+    split_ = outcome.layers_per_stage(result.config)
+    record["config"]["layers_per_stage"] = None if split_ is None else list(split_)
+    return record
 
 
 def as_written(plan: Plan, limits: Limits | None = None) -> tuple[Result, tuple[str, ...]]:

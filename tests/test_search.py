@@ -157,7 +157,9 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
         "recompute",
         "micro",
         "virtual_stages",
+        "layers_per_stage",  # null: GPT-3's 96 layers split evenly over pp 8 (or 4, 2)
     }
+    assert best["config"]["layers_per_stage"] is None
     report = build_report(load_plan(out))
     assert report.worst.peak_bytes == best["peak_bytes"]
     assert _relative(report.step["time_s"], best["step_time_s"]) < 1e-9
@@ -1824,3 +1826,41 @@ def test_a_plan_copied_out_of_the_repository_writes_a_schema_reference_that_reso
     reference = out.read_text("utf-8").partition("\n")[0].split("$schema=", 1)[1]
     assert not os.path.isabs(reference)
     assert (out.parent / reference).resolve() == (ROOT / "schemas" / "plan.schema.json").resolve()
+
+
+def test_an_uneven_split_is_marked_and_given(tmp_path):
+    """Llama 3 70B's 80 layers over pp 8 × 4 chunks are 2 or 3 a chunk (`split`: the 16
+    extra layers on the middle chunks). The table printed "8×4" alone and the JSON had no
+    split, and a plan of those degrees without it is refused (80 is not divisible by 32: an
+    audit). The row is marked, a note says why, the JSON gives the split, and a plan with
+    that split budgets as the row."""
+    import yaml
+
+    plan = ROOT / "plans" / "llama3-70b.yaml"
+    args = ["search", str(plan), "--tp", "4", "--pp", "8", "--virtual-stages", "4"]
+    args += ["--micro", "1", "--zero", "1", "--recompute", "none", "--cp", "1"]
+    table = CliRunner().invoke(app, route(args), env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.stderr
+    assert " 8×4* " in table.stdout and "* the layers split unevenly" in table.stdout
+    result = CliRunner().invoke(app, route([*args, "--format", "json"]))
+    best = json.loads(result.stdout)["results"][0]
+    layers = best["config"]["layers_per_stage"]
+    assert layers == [2] * 8 + [3] * 16 + [2] * 8 and sum(layers) == 80
+    text = plan.read_text("utf-8")
+    tree = yaml.safe_load(text)
+    tree["parallel"].update(tp=4, pp=8, dp=16, cp=1, zero=1)
+    tree["parallel"]["pipeline"] = {
+        "schedule": "interleaved",
+        "virtual_stages": 4,
+        "layers_per_stage": layers,
+    }
+    tree["batch"]["micro"], tree["recompute"] = 1, "none"
+    written = tmp_path / "split.yaml"
+    written.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    report = build_report(load_plan(written))
+    assert report.step["time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
+    assert report.worst.peak_bytes == best["peak_bytes"]
+    # an even split says so: null
+    five = [*args[:7], "5", *args[8:], "--format", "json"]  # 80 over 8 × 5: 2 a chunk
+    even = CliRunner().invoke(app, route(five))
+    assert json.loads(even.stdout)["results"][0]["config"]["layers_per_stage"] is None

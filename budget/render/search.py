@@ -20,12 +20,15 @@ HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro"]
 PARETO_ROWS = 15
 
 
-def _layout(r: Result) -> dict[str, str]:
+UNEVEN = "*"  # beside pp: the layers split unevenly over the pipeline's chunks
+
+
+def _layout(r: Result, uneven: bool = False) -> dict[str, str]:
     c = r.config
     v = f"×{c.virtual_stages}" if c.virtual_stages > 1 else ""
     return {
         "tp": str(c.tp),
-        "pp": f"{c.pp}{v}",
+        "pp": f"{c.pp}{v}{UNEVEN if uneven else ''}",
         "dp": str(c.dp),
         "cp": str(c.cp),
         "ep": str(c.ep),
@@ -72,10 +75,12 @@ def _table(
     exposed: bool = False,
     tokens: bool = False,
     digits: int | None = None,
+    outcome: Outcome | None = None,
 ) -> Table:
     """The layouts and their figures; a narrow terminal drops the exposed column unless
     the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
-    that figure is shown, in MFU's place on a narrow terminal."""
+    that figure is shown, in MFU's place on a narrow terminal. With the `outcome` they were
+    ranked in, a layout whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
     table = titled_table(title)
     heads = _shown(rows)
     figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
@@ -89,14 +94,26 @@ def _table(
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for name in figures:
         table.add_column(name, justify="right", no_wrap=True)
-    for r in rows:
-        layout, values = _layout(r), _figures(r, digits)
+    marked = [_uneven(outcome, r) for r in rows]
+    for r, uneven in zip(rows, marked, strict=True):
+        layout, values = _layout(r, uneven), _figures(r, digits)
         table.add_row(*(layout[h] for h in heads), *(values[f] for f in figures))
     hidden = [f for f in ("exposed", "MFU") if f not in figures]
-    if hidden and not wide:
-        table.caption = f"{' and '.join(hidden)} left out at this width (see -f json)"
-        table.caption_justify = "left"
+    notes = [f"{' and '.join(hidden)} left out at this width (see -f json)"]
+    notes = (notes if hidden and not wide else []) + ([UNEVEN_NOTE] if any(marked) else [])
+    if notes:
+        table.caption, table.caption_justify = "\n".join(notes), "left"
     return table
+
+
+UNEVEN_NOTE = (
+    f"{UNEVEN} the layers split unevenly over the pipeline's chunks, more on the middle ones: "
+    "-f json gives each split, --write writes it"
+)
+
+
+def _uneven(outcome: Outcome | None, r: Result) -> bool:
+    return outcome is not None and outcome.layers_per_stage(r.config) is not None
 
 
 TIE = 0.01  # front points within 1 % of the last one kept save too little memory to show
@@ -312,7 +329,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
         digits = peak_digits((*best, *front))  # the two tables read against each other
-        ranked = _table(title, best, wide, limited, tokens, digits)
+        ranked = _table(title, best, wide, limited, tokens, digits, outcome)
         console.print(ranked)
         slack = _slack_note(outcome)
         if slack:
@@ -325,7 +342,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
             else (f" ({len(front)} of {len(outcome.pareto)} points)")
         )
         title = f"Pareto front: peak memory against step time{shown}"
-        pareto = _table(title, front, wide, limited, digits=digits)
+        pareto = _table(title, front, wide, limited, digits=digits, outcome=outcome)
         if shown:  # which points, and where the rest are (a user audit)
             said = (
                 f"{len(front)} points spread along the front, near-ties dropped; "
@@ -358,13 +375,17 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
     best = outcome.results[:top]
     digits = peak_digits((*best, *outcome.pareto))  # as the table: peaks that differ read apart
 
-    def rows(results: tuple[Result, ...]) -> list[str]:
+    def rows(results: tuple[Result, ...], ranked: bool = True) -> list[str]:
         head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-        for r in results:
-            cells = [*_layout(r).values(), *_figures(r, digits).values()]
+        marked = [ranked and _uneven(outcome, r) for r in results]
+        for r, uneven in zip(results, marked, strict=True):
+            # the marker escaped: a bare * opens emphasis in GitHub's markdown
+            layout = {**_layout(r), "pp": _layout(r, uneven)["pp"].replace(UNEVEN, "\\*")}
+            cells = [*layout.values(), *_figures(r, digits).values()]
             out.append("| " + " | ".join(cells) + " |")
-        return [*out, ""]
+        note = ["", UNEVEN_NOTE.replace(UNEVEN, "\\*", 1)] if any(marked) else []
+        return [*out, *note, ""]
 
     lines = [
         f"## budget search: {outcome.gpus:,} GPUs",
@@ -384,7 +405,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
     else:
         lines += [_none(outcome), ""]
     if outcome.written is not None:
-        lines += [f"### {WRITTEN}", "", *rows((outcome.written,)), written_note(outcome), ""]
+        lines += [f"### {WRITTEN}", "", *rows((outcome.written,), False), written_note(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
     lines += [f"| {reason} | {degrees} |" for reason, degrees in ruled_out_rows(outcome)]
