@@ -420,6 +420,15 @@ def build_report(plan: Plan) -> Report:
         # streaming multiprocessors, which overlap.tp's pipelined reduce-scatter narrows its
         # GEMM by; 0: not given
         "sms": plan.device.sms,
+        # the roofline's derates (DESIGN.md rule 9 times these): the share of the peak the
+        # largest GEMMs reach (a preset's measured curve, which smaller GEMMs fall below,
+        # or a written device's flat matmul_efficiency) and of the memory bandwidth
+        # streaming kernels reach (an audit: a written device's 0.8 went unsaid)
+        "matmul_ceiling": plan.device.gemm.peak_fraction
+        if plan.device.gemm is not None
+        else plan.device.matmul_efficiency,
+        "matmul_by_size": plan.device.gemm is not None,
+        "memory_efficiency": plan.device.memory_efficiency,
     }
     phases = _phase_rows(step, mem, times, timing)
     return Report(

@@ -17,12 +17,16 @@ group is ``etp`` consecutive b, and k splits into ep × edp with ep varying fast
 comes before dp in ``order`` (an ep group is then etp apart), edp fastest otherwise. With
 etp = tp (the default) the expert tp group is the dense one and ep lies within cp × dp.
 
-How a group is priced (DESIGN.md rule 5):
+How a group is laid out for pricing (DESIGN.md rule 5):
 
 * all its ranks in one innermost domain → flat on that level's link;
-* spread over several domains with k > 1 ranks in each → two-level (or, on deeper
-  topologies, multi-level): the inner tier has the k ranks sharing a domain, the outer tier
-  the number of domains touched;
+* spread over several domains with k > 1 ranks in each → two tiers (or, on deeper
+  topologies, more): the inner tier has the k ranks sharing a domain, the outer tier the
+  number of domains touched. By default the collective runs across them as NCCL does, one
+  ring through every rank (an all-reduce NCCL's double binary tree where faster, an
+  all-to-all NCCL's exchange with every peer: `collectives.collective_cost`); the two-level
+  decomposition DESIGN.md names is what ``hierarchical`` prices, where a plan asks for it,
+  since NCCL runs it on none of these ops and it is the slower of the two on every preset;
 * exactly one rank per domain → flat on the outer link.
 
 Contention: a level's bandwidth is per GPU, so concurrent groups that each drive their own
