@@ -425,3 +425,27 @@ def test_zero_over_one_data_parallel_rank_says_it_shards_nothing(tmp_path: Path)
     said = " ".join(header(budget_plan(one)))
     assert "ZeRO stage 1 (one data-parallel rank: nothing to shard)" in said
     assert "nothing to shard" not in " ".join(header(budget_plan(GPT3)))
+
+
+def test_the_device_line_states_the_roofline_derates(tmp_path: Path) -> None:
+    """Rule 9's roofline runs at a share of each peak: a preset's measured GEMM curve (the
+    A100's 82.2 % of 312 TFLOP/s at the largest GEMMs, Azure's sustained cuBLASLt run;
+    81.2 % of 2,039 GB/s streaming) or a written device's flat 0.8 of each, which the report
+    never said (a DESIGN audit); the JSON carries the same."""
+    from budget.plan.load import load_plan_data
+    from budget.render.table import header
+    from tests.plan_files import gpt13_written
+
+    preset = budget_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    assert preset.device["matmul_by_size"] is True
+    assert round(preset.device["matmul_ceiling"], 3) == 0.822
+    assert round(preset.device["memory_efficiency"], 3) == 0.812
+    line = " ".join(header(preset))
+    assert "GEMMs up to 82.2% of peak, memory at 81.2% of its bandwidth" in line
+    written = load_plan_data(gpt13_written().encode(), "written.yaml")
+    from budget.pipeline import build_report
+
+    report = build_report(written)
+    assert report.device["matmul_by_size"] is False
+    assert (report.device["matmul_ceiling"], report.device["memory_efficiency"]) == (0.8, 0.8)
+    assert "GEMMs at 80.0% of peak, memory at 80.0% of its bandwidth" in " ".join(header(report))
