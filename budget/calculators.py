@@ -9,6 +9,7 @@ message; the CLI prints it as ``budget: error: ...`` and exits 2.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -250,11 +251,16 @@ def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:
 
 
 def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResult:
-    """Attainable FLOP/s under a memory bandwidth and a compute ceiling given with units."""
+    """Attainable FLOP/s under a memory bandwidth and a compute ceiling given with units; the
+    intensity a number of FLOP per byte, its unit written or not ("4", "4FLOP/byte",
+    "4 FLOP/B": a DESIGN audit found every quantity but this one took its unit)."""
+    number = _PER_BYTE.sub("", str(intensity).strip())
     try:
-        value = float(intensity)
+        value = float(number)
     except ValueError:
-        raise ValueError(f"--intensity must be a number of FLOP/byte, got {intensity!r}") from None
+        raise ValueError(
+            f"--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte, got {intensity!r}"
+        ) from None
     return RooflineResult(
         compute_roofline(
             value,
@@ -262,6 +268,10 @@ def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResul
             _quantity(parse_flops, peak, f"--peak {peak!r}"),
         )
     )
+
+
+# the unit an intensity may carry: FLOP (or FLOPs) per byte (or B)
+_PER_BYTE = re.compile(r"\s*flops?\s*/\s*(?:byte|b)\s*$", re.IGNORECASE)
 
 
 def bus_factor_text(op: Op) -> str:

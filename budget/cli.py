@@ -390,7 +390,9 @@ def collective_command(
 
 @app.command("roofline")
 def roofline_command(
-    intensity: Annotated[float, typer.Option(help="Arithmetic intensity, FLOP/byte.")],
+    intensity: Annotated[
+        str, _option("<flop/byte>", "Arithmetic intensity, e.g. 4 or 4FLOP/byte.")
+    ],
     bandwidth: Annotated[str, _option("<rate>", "Memory bandwidth, e.g. 80GB/s.")],
     peak: Annotated[str, _option("<flop/s>", "Compute ceiling, e.g. 1000GFLOP/s.")],
     fmt: FormatOption = Format.table,

@@ -263,6 +263,12 @@ def test_acceptance_4_roofline() -> None:
     table = runner.invoke(app, route(args)).stdout
     assert "320 GFLOP/s" in table and "memory-bound" in table and "12.5 FLOP/byte" in table
     assert "sent and received" not in table  # the collectives' footnote is not a roofline's
+    # the intensity takes its unit as every other quantity does (a DESIGN audit)
+    for written in ("4FLOP/byte", "4 FLOP/B", "4 flops/byte"):
+        assert _json([*args[:2], written, *args[3:]])["attainable_flops"] == pytest.approx(320e9)
+    refused = runner.invoke(app, route([*args[:2], "4GB", *args[3:]]))
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert "--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte" in refused.stderr
 
 
 def test_a_memory_bound_rate_just_under_the_ceiling_reads_under_it() -> None:
