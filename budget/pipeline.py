@@ -36,6 +36,7 @@ from budget.schedule import (
     mfu_format,
     paced_by,
     pass_of,
+    reduced_on,
     step_time,
 )
 from budget.step import derive
@@ -243,11 +244,14 @@ def _summary(
             "tokens_per_s",
             "mfu",
             "pacing_stage",
+            "after_stage",
         )
         return dict.fromkeys(keys)
     pacing: int | None = None
+    after_stage: int | None = None
     if times.ttft_s is None:
         pacing, microbatch, after = paced_by(times)
+        after_stage = times.stages[reduced_on(times)].stage
 
         def total(field: str) -> float:  # in the order the search sums (`_critical_exposed`)
             parts = (sum(getattr(p, field) * p.count for p in ps) for ps in (microbatch, after))
@@ -273,6 +277,8 @@ def _summary(
         "tokens_per_s": times.tokens_per_s,
         "mfu": times.mfu,
         "pacing_stage": pacing,
+        # the stage whose gradient reduction and optimizer the step ends with (`paced_by`)
+        "after_stage": after_stage,
     }
 
 

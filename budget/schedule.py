@@ -148,12 +148,18 @@ def paced_by(times: StepTime) -> tuple[int, list[PhaseTime], list[PhaseTime]]:
     the first of equals), then the gradient reduction and optimizer of the stage whose take
     longest. Their compute plus exposed time is the step less the bubble (`step_time`)."""
     pacing = max(times.stages, key=lambda s: (s.microbatch_s, -s.stage))
-    last = max(times.stages, key=lambda s: (s.after_s, -s.stage))
+    last = times.stages[reduced_on(times)]
     return (
         pacing.stage,
         [p for p in pacing.phases if per_microbatch(p.name)],
         [p for p in last.phases if not per_microbatch(p.name)],
     )
+
+
+def reduced_on(times: StepTime) -> int:
+    """The index of the stage whose gradient reduction and optimizer step take longest (the
+    first of equals): the part of the step after the pipeline (`paced_by`)."""
+    return max(range(len(times.stages)), key=lambda i: (times.stages[i].after_s, -i))
 
 
 def work_time(plan: Plan, work: Work) -> float:

@@ -1077,7 +1077,9 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         rows,
         "partial",
         "shard(0)",
-        rule="etp: exposed before combine",
+        # forward: before the combine; backward: before the dispatch's gradient exchange
+        # (it read "before combine" there too: an audit)
+        rule="etp: exposed before " + ("the dispatch's gradient" if backward else "combine"),
     )
     reduce = Move(
         "MoE output",
@@ -2055,6 +2057,10 @@ def _reduce(b: _StageBuilder) -> None:
     # per-head Q/K norms are partial over tp with or without sequence parallelism
     qk = (b.dense + b.moe) * qk_norm_params(plan)
     sp = _sp(plan)
+    # what the all-reduce holds, as the model has it (an audit: Q/K norms were named for
+    # models without any)
+    held = ["sequence-parallel weights"] if not every(lacks(sp)) else []
+    held += ["per-head Q/K norms"] if qk_norm_params(plan) else []
     partial_over_tp = Move(
         "weight gradients partial over tp",
         "all-reduce",
@@ -2066,7 +2072,7 @@ def _reduce(b: _StageBuilder) -> None:
         "replicate",
         rule=(
             "tp: exposed, after the last backward (Megatron-LM's finalize_model_grads: "
-            "sequence-parallel weights, per-head Q/K norms)"
+            f"{', '.join(held)})"
         ),
     )
     grads += when([partial_over_tp], sp | ((qk > 0) & (par.tp > 1)))

@@ -94,3 +94,21 @@ def test_the_title_reads_the_peak_as_its_marker_does(tmp_path: Path) -> None:
     peak = f"{report.worst.peak_bytes / 2**30:.1f}"
     text = out.read_text(encoding="utf-8")
     assert f"peak {peak} GiB of 80.0 GiB" in text and f"peak {peak}" in text
+
+
+def test_the_communication_panel_says_whose_phases_its_bars_are(tmp_path: Path) -> None:
+    """The bars are each phase on the stage where it costs most (the report's rows, which no
+    one rank runs all of: GPT-3's add to 3.97 s), the title's totals the step's, paced by
+    stage 7 (3.86 s); the title read as the bars' sum "on one rank" (an audit)."""
+    pytest.importorskip("matplotlib")
+    from budget.pipeline import budget_plan
+    from budget.units import format_duration
+
+    out = tmp_path / "p.svg"
+    code, _, err = _plot(GPT3, out)
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    step = budget_plan(GPT3).step
+    assert "communication per phase, each on the stage where it costs most" in text
+    assert f"the step, paced by stage {step['pacing_stage']}: " in text
+    assert f"{format_duration(step['comm_s'])} (" in text and "on one rank" not in text

@@ -709,3 +709,45 @@ def test_a_stage_send_is_waited_for_by_the_stage_that_receives_it():
     assert set(rules) == {"pipeline.forward", "pipeline.backward"}
     for phase, said in rules.items():
         assert said == {"pp send/recv: exposed, the receiving stage waits for it"}, phase
+
+
+def test_the_tp_gradient_all_reduce_names_what_it_holds():
+    """finalize_model_grads' all-reduce over tp holds the sequence-parallel weights and,
+    where the model has them, the per-head Q/K norms; its rule named Q/K norms for models
+    without any (an audit), and a model with them but no sequence parallelism holds only
+    those."""
+    from dataclasses import replace
+
+    from tests.builders import GPT3
+
+    def rule(sp: bool, qk: str) -> set[str]:
+        plan = make_plan(replace(GPT3, qk_norm=qk), sp=sp)
+        grads = next(p for p in derive(plan).stages[1].phases if p.name == "dp.grads")
+        return {m.rule for m in grads.moves if m.group == "tp"}
+
+    said = "tp: exposed, after the last backward (Megatron-LM's finalize_model_grads: {})"
+    assert rule(True, "none") == {said.format("sequence-parallel weights")}
+    assert rule(True, "per_head") == {said.format("sequence-parallel weights, per-head Q/K norms")}
+    assert rule(False, "per_head") == {said.format("per-head Q/K norms")}
+    assert rule(False, "none") == set()
+
+
+def test_the_expert_tp_scatter_is_waited_for_by_the_next_exchange():
+    """Mixtral at etp 2: the forward's output rows are scattered before the combine, the
+    backward's input-row gradient before the dispatch's gradient exchange (its rule said
+    "before combine" in the backward too: an audit)."""
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT
+
+    report = build_report(load_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    rules = {
+        p.name: {
+            c.overlap_rule for c in p.collectives if c.op == "reduce-scatter" and c.group == "etp"
+        }
+        for p in report.phases
+        if p.name in ("forward.moe", "backward.moe")
+    }
+    assert rules == {
+        "forward.moe": {"etp: exposed before combine"},
+        "backward.moe": {"etp: exposed before the dispatch's gradient"},
+    }

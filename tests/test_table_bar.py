@@ -449,3 +449,27 @@ def test_the_device_line_states_the_roofline_derates(tmp_path: Path) -> None:
     assert report.device["matmul_by_size"] is False
     assert (report.device["matmul_ceiling"], report.device["memory_efficiency"]) == (0.8, 0.8)
     assert "GEMMs at 80.0% of peak, memory at 80.0% of its bandwidth" in " ".join(header(report))
+
+
+def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() -> None:
+    """GPT-3's last row is stage 7's micro-batches with stage 0's reduction and optimizer,
+    whose take longest; the 405B 128K plan's ZeRO 2 dp.grads has no kernels, its compute
+    the slowdown its hidden reductions cause in the backward; and its step line says the
+    reductions run after each micro-batch's backward (an audit read all three as wrong)."""
+    from budget.render.table import pacing_note, slowdown_note, summary
+
+    gpt3 = budget_plan(GPT3)
+    assert (gpt3.step["pacing_stage"], gpt3.step["after_stage"]) == (7, 0)
+    assert pacing_note(gpt3) == (
+        "pacing stage 7: its micro-batches' phases, then the gradient reduction and "
+        "optimizer of stage 0, whose take longest"
+    )
+    assert slowdown_note(gpt3) == ""  # nothing hides behind the micro-batches
+    long = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
+    grads = next(p for p in long.phases if p.name == "dp.grads")
+    assert grads.compute_s == grads.slowdown_s > 0
+    assert slowdown_note(long).startswith("compute of the phases after the micro-batches")
+    assert f"dp.grads {grads.slowdown_s * 1e3:.0f} ms," in slowdown_note(long)
+    said = "gradient reductions after each of the 16 micro-batches' backward (ZeRO 2) and"
+    assert said in summary(long)[0]
+    assert "+ gradient reduction and optimizer" in summary(gpt3)[0]  # ZeRO 1: one after

@@ -69,6 +69,7 @@ def render_markdown(report: Report) -> str:
         _columns,
         header,
         link_groups,
+        pacing_note,
         shown_placement,
         step_cells,
         summary,
@@ -172,6 +173,8 @@ def render_markdown(report: Report) -> str:
         ),
         {1, 2, 3, 4, 5, 6, 7},
     )
+    if timed and (note := pacing_note(report)):  # markdown_table ends with a blank line
+        lines += [plain(note) + ".", ""]
     lines.append(f"### Collectives (bytes per rank per call; times per call{calls_scope(report)})")
     lines.append("")
     lines += markdown_table(

@@ -261,12 +261,22 @@ def _communication(ax: Any, report: Report) -> None:
     step = report.step
     exposed_s, comm_s = float(step["exposed_comm_s"] or 0), float(step["comm_s"] or 0)
     share, time_s = float(step["exposed_share"] or 0), float(step["time_s"] or 0)
-    ax.set_title(
-        f"communication per phase on one rank: {format_duration(exposed_s)} exposed of "
-        f"{format_duration(comm_s)} ({share:.1%} of the {format_duration(time_s)} step)",
-        loc="left",
-        fontsize=11,
+    totals = (
+        f"{format_duration(exposed_s)} exposed of {format_duration(comm_s)} "
+        f"({share:.1%} of the {format_duration(time_s)} step)"
     )
+    pacing = step.get("pacing_stage")
+    if pacing is not None and len(report.stages) > 1:
+        # the bars are each phase on its costliest stage (the report's rows), which no one
+        # rank runs all of; the totals are the phases the step waits for (an audit: the
+        # title read as the bars' sum, which is more)
+        title = (
+            f"communication per phase, each on the stage where it costs most\n"
+            f"the step, paced by stage {pacing}: {totals}"
+        )
+    else:
+        title = f"communication per phase on one rank: {totals}"
+    ax.set_title(title, loc="left", fontsize=11)
     ax.legend(loc="upper left", fontsize=8, frameon=False, bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)

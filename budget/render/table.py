@@ -402,6 +402,7 @@ def phase_table(report: Report, wide: bool) -> Table:
         table.add_section()
         table.add_row(*step_cells(report), "", *(["", ""] if wide else []), style="bold")
     notes = [_peak_stages(report)] if not wide and len(report.stages) > 1 else []
+    notes += [pacing_note(report), slowdown_note(report)]
     if any(p.peak_stage is None for p in report.phases):
         notes.append(
             "– in peak live: the phase (an embedding lookup, a stage send) holds no more "
@@ -425,6 +426,41 @@ def step_cells(report: Report) -> list[str]:
         _t(step["exposed_comm_s"]),
         _b(sum(p.payload_bytes for p in report.phases)) if summed else "",
     ]
+
+
+def slowdown_note(report: Report) -> str:
+    """Where a phase after the micro-batches (the gradient reduction, the optimizer) hides
+    collectives behind them, its compute holds the slowdown they cause there, not kernels
+    of its own (an audit: ZeRO 2's dp.grads read 673 ms of compute it does not run); a
+    sentence naming it, "" where none does."""
+    from budget.schedule import per_microbatch
+
+    parts = []
+    for p in report.phases:
+        slowed = p.slowdown_s or 0.0
+        if per_microbatch(p.name) or slowed <= 0 or p.compute_s is None:
+            continue
+        whole = p.compute_s - slowed <= 1e-12 * p.compute_s
+        parts.append(f"{p.name} {_t(slowed)}" + ("" if whole else f" of {_t(p.compute_s)}"))
+    if not parts:
+        return ""
+    return (
+        "compute of the phases after the micro-batches holds the slowdown their hidden "
+        f"collectives cause in the compute beside them (overlap.slowdown): {', '.join(parts)}"
+    )
+
+
+def pacing_note(report: Report) -> str:
+    """Where the phases table's last row takes its reduction and optimizer from another
+    stage than its micro-batches (an audit: "pacing stage 7" held stage 0's dp.grads), a
+    sentence saying so; "" otherwise."""
+    pacing, after = report.step.get("pacing_stage"), report.step.get("after_stage")
+    if pacing is None or after is None or pacing == after or len(report.stages) < 2:
+        return ""
+    return (
+        f"pacing stage {pacing}: its micro-batches' phases, then the gradient reduction and "
+        f"optimizer of stage {after}, whose take longest"
+    )
 
 
 def step_label(report: Report) -> str:
@@ -715,7 +751,13 @@ def summary(report: Report) -> list[str]:
         lines.append(f"{exposed}; {scope} {_mfu(report)}")
         return lines
     body = _t(time_s - float(step["after_s"] or 0))
-    tail = f" + gradient reduction and optimizer {_t(step['after_s'])}"
+    reduction = "gradient reduction"
+    if report.layout["zero"] == 2 and report.microbatches > 1:  # one after every backward
+        reduction = (
+            f"gradient reductions after each of the {report.microbatches:,} micro-batches' "
+            "backward (ZeRO 2)"
+        )
+    tail = f" + {reduction} and optimizer {_t(step['after_s'])}"
     first = (
         f"Step: {_t(time_s)} = pipeline {body} (of which bubble {_t(step['bubble_s'])}){tail}; "
         "the bubble is what the pipeline takes beyond its slowest stage's micro-batches"
