@@ -82,6 +82,10 @@ class CollectiveResult:
             "steps": int(cost.steps),
             "sent_bytes": int(cost.sent_bytes),
             "recv_bytes": int(cost.recv_bytes),
+            # summed over every rank of the group (DESIGN.md rule 4: aggregate bytes are
+            # reported as such, never divided by one link's bandwidth)
+            "aggregate_sent_bytes": int(cost.aggregate_sent_bytes),
+            "aggregate_recv_bytes": int(cost.aggregate_recv_bytes),
             # Q of T = n·α + Q/B: the bytes on the critical path, the busiest rank's
             "payload_bytes": int(cost.payload_bytes),
             "latency_s": float(cost.link.latency),

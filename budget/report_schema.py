@@ -43,7 +43,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.10: `budget validate-model`'s ``memory``, peak memory per GPU against published
 # measurements (metric ``peak_bytes``), scored apart from the step times; the report's
 # ``model.experts.imbalance``, the routing skew its expert tensors are sized at
-# 1.11: the report's ``step.after_stage``, whose reduction and optimizer end the step, and
+# 1.11: `budget collective`'s ``aggregate_sent_bytes`` and ``aggregate_recv_bytes``; the
+# report's ``step.after_stage``, whose reduction and optimizer end the step, and
 # ``device.matmul_ceiling``, ``matmul_by_size`` and
 # ``memory_efficiency``, the roofline's derates; `budget search`'s ranked layouts give
 # ``config.layers_per_stage``, the uneven split of the layers they were priced with (null

@@ -29,6 +29,8 @@ COLLECTIVE_KEYS = {
     "steps",
     "sent_bytes",
     "recv_bytes",
+    "aggregate_sent_bytes",
+    "aggregate_recv_bytes",
     "payload_bytes",
     "latency_term_s",
     "bandwidth_term_s",
@@ -679,3 +681,22 @@ def test_a_named_tree_is_said_in_legend_markdown_diff_and_the_calculator(tmp_pat
     # 2·nNodes = 8 of 5 µs across them, 94 µs, + 1/8 of 2 · 31 · 8 MiB/32 = 2,031,616 B on
     # a 50 GB/s port, 40.632 µs: 134.632 µs (126.632 µs with 2(nNodes - 1) = 6 across)
     assert "double-tree: faster here than NCCL's ring (134.632 µs)" in text
+
+
+def test_the_group_s_aggregate_bytes_are_reported_as_such() -> None:
+    """DESIGN.md rule 4: bytes summed over ranks are reported as aggregate bytes, never over
+    one link's rate. A ring all-reduce of 1 GiB over 8 ranks: each sends 2·7/8 GiB, the
+    group 8 × that = 14 GiB; across two levels (8 × 4 ranks), ring or two-level, every rank
+    takes part in every stage, so 32 × each rank's."""
+    args = ["collective", "all-reduce", "--size", "1GiB"]
+    flat = _json([*args, "--ranks", "8", "--bandwidth", "450GB/s", "--latency", "1us"])
+    assert flat["sent_bytes"] == 2 * 7 * 2**30 // 8
+    assert flat["aggregate_sent_bytes"] == flat["aggregate_recv_bytes"] == 14 * 2**30
+    levels = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
+    for algorithm in ("ring", "hierarchical"):
+        two = _json([*args, *levels, "--algorithm", algorithm])
+        assert two["aggregate_sent_bytes"] == 32 * two["sent_bytes"], algorithm
+    table = runner.invoke(
+        app, route([*args, "--ranks", "8", "--bandwidth", "450GB/s", "--latency", "1us"])
+    ).stdout
+    assert "sent by all ranks        14 GiB (15,032,385,536 B)  (aggregate over the 8" in table

@@ -69,6 +69,11 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("steps n", f"{int(cost.steps):,}"),
         ("sent per rank", _bytes(int(cost.sent_bytes))),
         ("received per rank", _bytes(int(cost.recv_bytes))),
+        (  # DESIGN.md rule 4: summed over ranks, said so, and never over one link's rate
+            "sent by all ranks",
+            f"{_bytes(int(cost.aggregate_sent_bytes))}  (aggregate over the {int(cost.ranks):,} "
+            "ranks; no one link carries it)",
+        ),
         ("latency term n·α", _time(float(cost.latency_s)) + (f"  ({staged} α)" if staged else "")),
         (
             "bandwidth term Q/B_eff",
