@@ -202,7 +202,10 @@ def work_of(report: Report) -> tuple[int, ...]:
     layout = report.layout
     if report.mode == "train":
         return (int(layout["global"]) * int(layout["seq"]),)
-    return (int(layout["sequences"]), int(layout["prompt"]), int(layout["generate"]))
+    # a prefill generates nothing: its generate sizes the KV cache, not the work (a review:
+    # two prefills apart in generate alone lost their verdicts)
+    generated = int(layout["generate"]) if report.mode == "decode" else 0
+    return (int(layout["sequences"]), int(layout["prompt"]), generated)
 
 
 def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...]) -> str:
@@ -356,6 +359,7 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         {_PLAN_KEYS.get(k, k): v for k, v in _relabelled(flatten(p), s).items()}
         for p, s in zip((a, b), labels, strict=True)
     )
+    counted_in_nodes = _nodes(a) is not None and _nodes(b) is not None
     for flat, plan in ((fa, a), (fb, b)):
         # where the model, device and topology come from: none, not "", where a section
         # writes its own (a review: preset → hf_config showed only the preset going)
@@ -370,12 +374,12 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
             flat["batch.sequences"] = flat.pop("batch.global", None)
             for key in _TRAINING_ONLY:
                 flat.pop(key, None)
-        # a preset's size as its file writes it, in nodes (a user audit: nodes 64 → 128
-        # read as topology.gpus 512 → 1,024, a key the file does not have)
-        nodes = _nodes(plan)
-        if nodes is not None:
+        # a preset's size in its own nodes, where both plans are whole nodes of a preset
+        # (a user audit: nodes 64 → 128 read as topology.gpus 512 → 1,024, a key the file
+        # did not write; one side in nodes and the other in GPUs read as two changes)
+        if counted_in_nodes:
             flat.pop("topology.gpus", None)
-            flat["topology.nodes"] = nodes
+            flat["topology.nodes"] = _nodes(plan)
         if plan.parallel.zero != 3:  # which PyTorch FSDP prices only ZeRO 3's shards
             flat.pop("parallel.fsdp", None)
         # the expert layers' tp as priced, which follows tp unless written (an audit: a tp

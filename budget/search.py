@@ -181,7 +181,9 @@ class Outcome:
         2 and 3 a chunk, which the table's "8×4" alone does not say and a plan of those
         degrees without the split is refused for (an audit)."""
         layers, tail = self.layers
-        return split(layers, config.pp, config.virtual_stages, tail) if layers else None
+        if not layers or config.pp * config.virtual_stages == 1:  # one chunk holds them all
+            return None  # (a review: pp 1 with an MTP tail read as an uneven split)
+        return split(layers, config.pp, config.virtual_stages, tail)
 
 
 @cache

@@ -848,6 +848,27 @@ def test_a_preset_topology_changes_by_its_nodes(tmp_path: Path) -> None:
     *_, diff = diff_files(LLAMA, b)
     changes = {c.key: (c.a, c.b) for c in diff.changes}
     assert changes == {"parallel.dp": (16, 32), "topology.nodes": (64, 128)}
+    # a side that is no whole number of nodes keeps both in GPUs, one key (a review: it read
+    # topology.gpus 4 → – beside topology.nodes – → 1)
+    four = variant(
+        tmp_path,
+        "four.yaml",
+        ("nodes: 64", "gpus: 4"),
+        ("tp: 8", "tp: 4"),
+        ("pp: 4", "pp: 1"),
+        ("dp: 16", "dp: 1"),
+        base=LLAMA,
+    )
+    one = variant(
+        tmp_path,
+        "one.yaml",
+        ("nodes: 64", "nodes: 1"),
+        ("pp: 4", "pp: 1"),
+        ("dp: 16", "dp: 1"),
+        base=LLAMA,
+    )
+    keys = {c.key: (c.a, c.b) for c in plan_changes(load_plan(four), load_plan(one))}
+    assert keys["topology.gpus"] == (4, 8) and "topology.nodes" not in keys
 
 
 def test_the_reduction_after_the_pipeline_and_the_pacing_stage_are_shown(tmp_path) -> None:
@@ -861,6 +882,37 @@ def test_the_reduction_after_the_pipeline_and_the_pacing_stage_are_shown(tmp_pat
     assert after.verdict != "n/a"
     code, out, _ = _diff(LLAMA, b, width=120)
     assert code == 0 and "reduction + optimizer" in out
-    pa, pb = ra.step["pacing_stage"], rb.step["pacing_stage"]
-    said = f"the step is paced by stage {pa} in A and by stage {pb} in B"
-    assert (said in (diff.note or "")) == (pa != pb)
+    assert ra.step["pacing_stage"] == rb.step["pacing_stage"] == 3
+    assert "paced by stage" not in (diff.note or "")
+    # 23 layers on the first stage: it paces the step in place of the last (a review: the
+    # pair above paced alike, so the note went untested)
+    skewed = variant(
+        tmp_path,
+        "skewed.yaml",
+        (
+            "pipeline: {schedule: 1f1b}",
+            "pipeline: {schedule: 1f1b, layers_per_stage: [23, 20, 20, 17]}",
+        ),
+        base=LLAMA,
+    )
+    ra, rb, diff = diff_files(LLAMA, skewed)
+    assert (ra.step["pacing_stage"], rb.step["pacing_stage"]) == (3, 0)
+    assert "the step is paced by stage 3 in A and by stage 0 in B" in (diff.note or "")
+
+
+def test_two_prefills_apart_in_generate_alone_do_the_same_work(tmp_path: Path) -> None:
+    """A prefill generates nothing: its generate sizes the KV cache it allocates, not its
+    work, so two prefills apart in generate alone keep their step verdicts (a review: "not
+    like for like" on identical 2.78 s steps)."""
+    base = ROOT / "plans" / "llama3-70b-decode.yaml"
+    a = variant(tmp_path, "a.yaml", ("mode: decode", "mode: prefill"), base=base)
+    b = variant(
+        tmp_path,
+        "b.yaml",
+        ("mode: decode", "mode: prefill"),
+        ("generate: 512", "generate: 1024"),
+        base=base,
+    )
+    *_, diff = diff_files(a, b)
+    assert diff.work[0] == diff.work[1] and diff.note is None
+    assert {d.metric: d.verdict for d in diff.summary}["time_s"] != "n/a"

@@ -1864,3 +1864,36 @@ def test_an_uneven_split_is_marked_and_given(tmp_path):
     five = [*args[:7], "5", *args[8:], "--format", "json"]  # 80 over 8 × 5: 2 a chunk
     even = CliRunner().invoke(app, route(five))
     assert json.loads(even.stdout)["results"][0]["config"]["layers_per_stage"] is None
+
+
+def test_one_chunk_holds_every_layer_and_a_short_front_says_how_it_was_cut():
+    """pp 1 holds every layer, the multi-token prediction layers too: no uneven split to
+    mark (a review: `1*` on every pp 1 row of a model with an MTP layer). A front that
+    dropping near-ties alone brings to 15 rows is not "spread" (a review)."""
+    from budget.search import Config, Outcome
+
+    outcome = Outcome(8, 0, 0.0, {}, 0, (), (), "time", layers=(24, 1))
+    one = Config(8, 1, 1, 1, 1, 1, True, "none", 1, 1)
+    assert outcome.layers_per_stage(one) is None
+    assert outcome.layers_per_stage(replace(one, pp=2)) is not None  # 25 over 2 chunks
+    # a front of 20 points, every other one a near-tie of the one before: 10 are left
+    front = []
+    for i in range(10):
+        front += [_point(70.0 - 5 * i, 5.0 + i), _point(70.0 - 5 * i - 0.01, 5.5 + i)]
+    shown = thin(tuple(front))
+    assert len(shown) == 11 and front[1] not in shown  # the last point is kept as well
+    # one peak (every point a near-tie of the first): the ends alone
+    flat = tuple(_point(70.0, 5.0 + i) for i in range(20))
+    assert thin(flat) == (flat[0], flat[-1])
+    import io
+
+    from rich.console import Console
+
+    from budget.render.search import render_search_table
+
+    ranked = Outcome(8, 20, 0.1, {}, 20, tuple(front), tuple(front), "time")
+    console = Console(file=io.StringIO(), width=120)
+    render_search_table(console, ranked, 5)
+    text = " ".join(console.file.getvalue().split())
+    assert "(11 of 20 points)" in text
+    assert "11 points, near-ties dropped; -f markdown or -f json lists all 20" in text

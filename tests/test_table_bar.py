@@ -449,6 +449,20 @@ def test_the_device_line_states_the_roofline_derates(tmp_path: Path) -> None:
     assert report.device["matmul_by_size"] is False
     assert (report.device["matmul_ceiling"], report.device["memory_efficiency"]) == (0.8, 0.8)
     assert "GEMMs at 80.0% of peak, memory at 80.0% of its bandwidth" in " ".join(header(report))
+    # fp8 GEMMs follow the fp8 ceiling (the H100's 68.4 %, Bekman's H200 MSMF), not bf16's
+    # 74.1 % (a review), and a device with no peaks times nothing, so states no derate
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text("utf-8")
+    fp8 = build_report(
+        load_plan_data(
+            text.replace("  activations: bf16", "  activations: bf16\n  matmul: fp8").encode(),
+            "fp8.yaml",
+        )
+    )
+    assert round(fp8.device["matmul_ceiling"], 3) == 0.684
+    assert "GEMMs up to 68.4% of peak" in " ".join(header(fp8))
+    untimed = gpt13_written().replace("  flops: {bf16: 312 TFLOP/s, fp32: 19.5 TFLOP/s}\n", "")
+    report = build_report(load_plan_data(untimed.encode(), "untimed.yaml"))
+    assert report.step["time_s"] is None and "GEMMs" not in " ".join(header(report))
 
 
 def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() -> None:

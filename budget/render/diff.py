@@ -93,7 +93,7 @@ def _value(unit: str, value: float | None) -> str:
     if unit == "share":
         return f"{value:.1%}"
     if unit == "count" and value != int(value):  # micro-batches in flight: 4.5
-        return f"{value:,.2f}".rstrip("0")
+        return f"{value:,.2f}".rstrip("0").rstrip(".")
     return f"{value:,.0f}"
 
 

@@ -71,6 +71,7 @@ def render_markdown(report: Report) -> str:
         link_groups,
         pacing_note,
         shown_placement,
+        slowdown_note,
         step_cells,
         summary,
         unreserved,
@@ -173,8 +174,9 @@ def render_markdown(report: Report) -> str:
         ),
         {1, 2, 3, 4, 5, 6, 7},
     )
-    if timed and (note := pacing_note(report)):  # markdown_table ends with a blank line
-        lines += [plain(note) + ".", ""]
+    for note in (pacing_note(report), slowdown_note(report)) if timed else ():
+        if note:  # markdown_table ends with a blank line
+            lines += [plain(note) + ".", ""]
     lines.append(f"### Collectives (bytes per rank per call; times per call{calls_scope(report)})")
     lines.append("")
     lines += markdown_table(

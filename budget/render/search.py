@@ -107,7 +107,7 @@ def _table(
 
 
 UNEVEN_NOTE = (
-    f"{UNEVEN} the layers split unevenly over the pipeline's chunks, more on the middle ones: "
+    f"{UNEVEN} the layers split unevenly over the pipeline's chunks (`budget.search.split`): "
     "-f json gives each split, --write writes it"
 )
 
@@ -129,13 +129,20 @@ def thin(front: tuple[Result, ...]) -> tuple[Result, ...]:
     as fast (7.69 s against 7.68) with 22.5 GiB less, was left out (a user audit)."""
     if len(front) <= PARETO_ROWS:
         return front
+    kept = _without_near_ties(front)
+    if len(kept) <= PARETO_ROWS:
+        return tuple(kept)
+    return tuple(kept[i] for i in _spread(kept, PARETO_ROWS))
+
+
+def _without_near_ties(front: tuple[Result, ...]) -> list[Result]:
+    """The front less each point that saves under `TIE` of the last kept point's memory
+    (the last point stays)."""
     kept = [front[0]]
     for r in front[1:]:
         if r.peak_bytes < kept[-1].peak_bytes * (1 - TIE) or r is front[-1]:
             kept.append(r)
-    if len(kept) <= PARETO_ROWS:
-        return tuple(kept)
-    return tuple(kept[i] for i in _spread(kept, PARETO_ROWS))
+    return kept
 
 
 def _spread(front: list[Result], rows: int) -> list[int]:
@@ -344,9 +351,11 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         title = f"Pareto front: peak memory against step time{shown}"
         pareto = _table(title, front, wide, limited, digits=digits, outcome=outcome)
         if shown:  # which points, and where the rest are (a user audit)
+            spread = len(_without_near_ties(outcome.pareto)) > PARETO_ROWS
+            how = "spread along the front, near-ties dropped" if spread else "near-ties dropped"
             said = (
-                f"{len(front)} points spread along the front, near-ties dropped; "
-                f"-f markdown or -f json lists all {len(outcome.pareto)}"
+                f"{len(front)} points, {how}; -f markdown or -f json lists all "
+                f"{len(outcome.pareto)}"
             )
             pareto.caption = f"{pareto.caption}\n{said}" if pareto.caption else said
             pareto.caption_justify = "left"

@@ -89,7 +89,8 @@ def header(report: Report) -> list[str]:
         f"layout: {'; '.join([*extras, work])}",
         f"device: {_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
-        f"{_derates(report.device)}; {_attention_text(report.device, report.mode)}",
+        + (f"{_derates(report.device)}; " if report.step["time_s"] is not None else "")
+        + _attention_text(report.device, report.mode),
     ]
 
 
