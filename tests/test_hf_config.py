@@ -1443,3 +1443,32 @@ def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) 
         f"{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
         f'num_hidden_layers = "x" in {shown} is not a non-negative integer',
     )
+
+
+def test_a_named_family_builds_rmsnorm_whatever_epsilon_key_its_file_has() -> None:
+    """Every class budget reads builds RMSNorm: a Mistral file with a layer_norm_eps added
+    read as LayerNorm (a scale and a bias a norm, +266,240 parameters: an audit). A file
+    with no model_type, written by hand, still says LayerNorm by naming its epsilon so."""
+    config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text("utf-8"))
+    assert translate({**config, "layer_norm_eps": 1e-5}).tree["norm"] == "rmsnorm"
+    assert translate(config).tree["norm"] == "rmsnorm"
+    by_hand = {k: v for k, v in config.items() if k != "model_type"}
+    assert translate({**by_hand, "layer_norm_eps": 1e-5}).tree["norm"] == "layernorm"
+
+
+def test_the_readmes_active_parameters_of_gpt_oss_count_its_embedding() -> None:
+    """The README says the report's active parameters count the embeddings, as Mistral's
+    12.9B for Mixtral 8x7B does, and gpt-oss-120b's read 5.71B where OpenAI's card, which
+    leaves the input embedding (201,088 × 2,880) out, says 5.13B."""
+    from budget.layers import active_params
+    from budget.plan.load import load_plan_data
+
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
+    text = (
+        "model: {preset: gpt-oss-120b}\nbatch: {seq: 4096, micro: 1, global: 8}\n"
+        "parallel: {tp: 1, pp: 1, dp: 8}\ndevice: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    active = active_params(load_plan_data(text.encode(), "gpt-oss.yaml"))
+    assert f"(budget: {active / 1e9:.2f}B)" in readme
+    assert round((active - 201_088 * 2_880) / 1e9, 2) == 5.13

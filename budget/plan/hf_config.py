@@ -708,10 +708,11 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     if not isinstance(act, str) or act not in _ACTIVATIONS:
         raise HfConfigError(_activation_problem(act_key, act, where))
     tree["mlp"] = _ACTIVATIONS[act]
-    if "layer_norm_eps" in config or "layer_norm_epsilon" in config:
-        tree["norm"] = "layernorm"
-    else:
-        tree["norm"] = "rmsnorm"
+    # every class of FAMILIES builds RMSNorm, whatever epsilon key a file carries (an audit:
+    # a Mistral file with layer_norm_eps read as LayerNorm); a file written by hand (no
+    # model_type) says LayerNorm by naming its epsilon so
+    layer_norm = "layer_norm_eps" in config or "layer_norm_epsilon" in config
+    tree["norm"] = "layernorm" if layer_norm and family is None else "rmsnorm"
     experts = _experts(config, tree["layers"], where)  # refused where the family has none
     if experts is not None:
         tree["experts"] = experts
