@@ -98,10 +98,8 @@ def _derates(device: dict[str, Any]) -> str:
     """The roofline's derates: what share of the peak GEMMs reach and of the bandwidth
     streaming kernels reach (a preset's measured curve, or a written device's flat
     fractions, its 0.8 defaults included)."""
-    gemm, memory = device.get("matmul_ceiling"), device.get("memory_efficiency")
-    if gemm is None or memory is None:  # a report made before these were given
-        return "GEMMs and memory derated as the device says"
-    reach = "up to" if device.get("matmul_by_size") else "at"
+    gemm, memory = device["matmul_ceiling"], device["memory_efficiency"]
+    reach = "up to" if device["matmul_by_size"] else "at"
     return f"GEMMs {reach} {gemm:.1%} of peak, memory at {memory:.1%} of its bandwidth"
 
 
