@@ -36,7 +36,6 @@ from budget.schedule import (
     mfu_format,
     paced_by,
     pass_of,
-    reduced_on,
     step_time,
 )
 from budget.step import derive
@@ -250,8 +249,7 @@ def _summary(
     pacing: int | None = None
     after_stage: int | None = None
     if times.ttft_s is None:
-        pacing, microbatch, after = paced_by(times)
-        after_stage = times.stages[reduced_on(times)].stage
+        pacing, after_stage, microbatch, after = paced_by(times)
 
         def total(field: str) -> float:  # in the order the search sums (`_critical_exposed`)
             parts = (sum(getattr(p, field) * p.count for p in ps) for ps in (microbatch, after))
@@ -426,12 +424,11 @@ def build_report(plan: Plan) -> Report:
         # streaming multiprocessors, which overlap.tp's pipelined reduce-scatter narrows its
         # GEMM by; 0: not given
         "sms": plan.device.sms,
-        # the roofline's derates (DESIGN.md rule 9 times these): the share of the peak the
-        # largest GEMMs reach (a preset's measured curve, which smaller GEMMs fall below,
-        # or a written device's flat matmul_efficiency) and of the memory bandwidth
-        # streaming kernels reach (an audit: a written device's 0.8 went unsaid)
-        # in the format the GEMMs run in (a review: an fp8 plan read the bf16 curve's 74.1 %
-        # where its GEMMs are priced at fp8's 68.4 %)
+        # the roofline's derates (DESIGN.md rule 9 times these; an audit: a written device's
+        # 0.8 went unsaid): the share of the peak the largest GEMMs reach in the format they
+        # run in (a preset's measured curve, which smaller GEMMs fall below, fp8's 68.4 % on
+        # an H100 where bf16's is 74.1 %; or a written device's flat matmul_efficiency), and
+        # of the memory bandwidth streaming kernels reach
         "matmul_ceiling": plan.device.gemm.for_dtype(plan.precision.matmul).peak_fraction
         if plan.device.gemm is not None
         else plan.device.matmul_efficiency,

@@ -142,24 +142,20 @@ class StepTime:
     decode_token_s: float | None = None  # serving: one decode pass (one token per sequence)
 
 
-def paced_by(times: StepTime) -> tuple[int, list[PhaseTime], list[PhaseTime]]:
-    """The stage that paces a training pipeline and the phases the step waits for: that
-    stage's micro-batch phases (the most forward, backward and exposed time per micro-batch;
-    the first of equals), then the gradient reduction and optimizer of the stage whose take
-    longest. Their compute plus exposed time is the step less the bubble (`step_time`)."""
+def paced_by(times: StepTime) -> tuple[int, int, list[PhaseTime], list[PhaseTime]]:
+    """The stage that paces a training pipeline, the stage whose gradient reduction and
+    optimizer take longest (each the first of equals), and the phases the step waits for:
+    the first's micro-batch phases (the most forward, backward and exposed time per
+    micro-batch), then the second's reduction and optimizer. Their compute plus exposed time
+    is the step less the bubble (`step_time`)."""
     pacing = max(times.stages, key=lambda s: (s.microbatch_s, -s.stage))
-    last = times.stages[reduced_on(times)]
+    last = max(times.stages, key=lambda s: (s.after_s, -s.stage))
     return (
         pacing.stage,
+        last.stage,
         [p for p in pacing.phases if per_microbatch(p.name)],
         [p for p in last.phases if not per_microbatch(p.name)],
     )
-
-
-def reduced_on(times: StepTime) -> int:
-    """The index of the stage whose gradient reduction and optimizer step take longest (the
-    first of equals): the part of the step after the pipeline (`paced_by`)."""
-    return max(range(len(times.stages)), key=lambda i: (times.stages[i].after_s, -i))
 
 
 def work_time(plan: Plan, work: Work) -> float:

@@ -787,12 +787,9 @@ def _small_codes(column: np.ndarray) -> tuple[int, np.ndarray]:
     """How many distinct values `column` holds and each element's rank among them (as
     ``np.unique(return_inverse=True)``): by a table of the values met where they are small
     non-negative integers, by a sort otherwise."""
-    if column.dtype.kind in "iu":
-        low, top = int(column.min()), int(column.max())
-        if low >= 0 and top < 1 << 16:
-            present = np.zeros(top + 1, dtype=bool)
-            present[column] = True
-            return int(present.sum()), (np.cumsum(present) - 1)[column]
+    if column.dtype.kind in "iu" and int(column.min()) >= 0:
+        some, codes = _codes(column)
+        return len(some), codes
     values, codes = np.unique(column, return_inverse=True)
     return len(values), codes.reshape(-1)
 
