@@ -361,8 +361,9 @@ def collective_command(
         str | None,
         _option(
             "<name>",
-            "Measured bandwidth ramp of the (innermost) link by message size: nvlink3 or "
-            "nvlink4, as the topology presets' NVLink levels carry; none (the default).",
+            "Measured bandwidth ramp of the (innermost) link by message size: nvlink3, "
+            "nvlink4 or nvlink5, as the topology presets' NVLink levels carry; none (the "
+            "default).",
         ),
     ] = None,
     beside: Annotated[

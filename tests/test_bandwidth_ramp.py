@@ -63,6 +63,27 @@ def test_a100_share_at_64_mib_is_the_mean_of_the_azure_and_oci_runs() -> None:
         assert ramp.share(op, 64 * MiB) == pytest.approx((azure + oci) / 2, rel=2e-3)
 
 
+def test_gb200_share_at_16_mib_is_the_azure_4_gpu_run() -> None:
+    """Azure ND GB200 v6 prints busbw only: 331.09 GB/s at 16 MiB on 4 GPUs, so t = 1.5·16 MiB
+    / 331.09 GB/s = 76.01 µs; f = 2·3/4 = 1.5 and n = 6 at P = 4; against the preset's 679.61
+    GB/s: (37.03 µs) / (76.01 − 18 µs) = 0.638, where NVLink 4's ramp (taken before this
+    run was read) gives 0.94. So a 4-rank all-reduce of 16 MiB on the ramped link takes the
+    measured 76 µs, not the 57.5 µs NVLink 4's shares gave."""
+    t = 1.5 * 16 * MiB / 331.09e9
+    expected = (1.5 * 16 * MiB / 679.61e9) / (t - 6 * ALPHA)
+    assert expected == pytest.approx(0.6384, abs=1e-4)
+    ramp = RAMPS["nvlink5"]
+    for op in ("all-reduce", "all-gather", "reduce-scatter"):
+        assert ramp.share(op, 16 * MiB) == pytest.approx(expected)
+    assert RAMPS["nvlink4"].share("all-reduce", 16 * MiB) > 0.9
+    link = Link("nvlink", 679.61e9, ALPHA, ramp=ramp)
+    cost = collective_cost("all-reduce", [Tier(4, link)], 16 * MiB)
+    assert cost.time_s == pytest.approx(t)
+    # 1 and 2 MiB are dropped (6 × 3 µs is over half of 19.5 and 28.5 µs): 4 MiB's share holds
+    assert ramp.share("all-reduce", MiB) == ramp.share("all-reduce", 4 * MiB)
+    assert ramp.share("all-reduce", 4 * MiB) == pytest.approx(0.370, abs=1e-3)
+
+
 def test_points_where_latency_dominates_are_dropped() -> None:
     """A point is kept only where n·α is at most half the measured time: at 1 MiB the ring
     all_reduce on 8 H100s takes 46.52 µs, of which 14 x 3 µs would be latency."""
@@ -109,7 +130,8 @@ def test_presets_ramp_nvlink_and_not_infiniband() -> None:
     for preset in TOPOLOGIES.values():
         for level in preset.levels:
             if level.name == "nvlink":
-                assert level.ramp is RAMPS["nvlink3" if "a100" in preset.name else "nvlink4"]
+                generation = {"dgx-a100": "nvlink3", "gb200-nvl72": "nvlink5"}
+                assert level.ramp is RAMPS[generation.get(preset.name, "nvlink4")]
                 assert level.latency == 3e-6  # the smallest nccl-tests messages (test_presets)
             else:
                 assert level.ramp is None

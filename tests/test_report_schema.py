@@ -101,7 +101,8 @@ topology: {preset: hgx-h800, nodes: 256}
 )
 def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -> None:
     """The model, device, layout and topology sections in the forms the shipped plans do not
-    take: a fused kernel with no measurement (the GEMM curve), a rate the plan gives, a
+    take: prefill on an AMD preset, a fused kernel with no measurement (the GEMM curve, on a
+    written device), a rate the plan gives, a
     device and topology written out (no preset name, no ramp), latent attention and
     multi-token prediction."""
     if case == "prefill-mi300x":
@@ -137,7 +138,7 @@ def test_the_report_sections_validate_in_every_form(tmp_path: Path, case: str) -
     _valid(data, "report")
     device, model = data["device"], data["model"]
     expected = {
-        "prefill-mi300x": ("mi300x", "gemm"),
+        "prefill-mi300x": ("mi300x", "measured"),
         "attention-efficiency": ("h100-sxm", "plan"),
         "written-device": ("", "gemm"),
         "latent-attention": ("h800", "measured"),

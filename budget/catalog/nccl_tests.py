@@ -41,6 +41,14 @@ Curves (sizes 1 MiB to 8 GiB, out-of-place unless noted), none of them a trainin
   ``NCCL_NVLS_ENABLE=0``; plateaus 368.1, 357.9 and 363.2 GB/s, against the 370 GB/s the
   topology presets use). The all-reduce rows here are the ring's, not NVLink SHARP's, which
   the engine does not model.
+- NVLink 5, 4 x GB200 (one host of an NVL72 rack), ring all-reduce:
+  Azure/AI-benchmarking-guide ``Azure_Results/ND_GB200_v6_results.md`` at 2a370be (NCCL
+  2.25.1, "NCCL AllReduce (Ring algorithm) tests in-place operations"; busbw only, plateau
+  679.61 GB/s, the share the GB200 NVL72 preset takes). Derived at P = 4 (f = 1.5, n = 6),
+  the group it ran on. It ramps later than NVLink 4: 37 % of the plateau at 4 MiB and 73 %
+  at 32 MiB, where the H100's ring reaches 94 and 92 % (taken for NVLink 5 until this run
+  was read). All-gather and reduce-scatter take the all-reduce shares, an assumption, as on
+  the A100.
 
 All-to-all, broadcast and send/recv have no sweep here and run at the plateau.
 """
@@ -53,7 +61,13 @@ import numpy as np
 
 from budget.plan.model import BandwidthRamp
 
-__all__ = ["NVLINK3_RAMP_SOURCE", "NVLINK4_RAMP_SOURCE", "curve_shares", "nvlink_ramp"]
+__all__ = [
+    "NVLINK3_RAMP_SOURCE",
+    "NVLINK4_RAMP_SOURCE",
+    "NVLINK5_RAMP_SOURCE",
+    "curve_shares",
+    "nvlink_ramp",
+]
 
 MiB = 2**20
 _SIZES = tuple(MiB * 2**i for i in range(14))  # 1 MiB .. 8 GiB
@@ -82,7 +96,14 @@ _H100_RS_US = (
     381.43, 718.20, 1393.15, 2711.56, 5353.24, 10450.3, 20695.6,
 )  # fmt: skip
 
-_RANKS = 8  # every curve is one 8-GPU node
+# Azure ND GB200 v6, 4 GPUs, all_reduce (ring) in-place busbw (GB/s), 1 MiB .. 8 GiB.
+_GB200_AR_BUSBW = (
+    80.48, 110.43, 146.27, 253.46, 331.09, 422.62, 550.73,
+    574.19, 593.53, 618.74, 646.87, 666.63, 673.06, 679.61,
+)  # fmt: skip
+_GB200_RANKS = 4
+
+_RANKS = 8  # the A100 and H100 curves are one 8-GPU node
 
 NVLINK3_RAMP_SOURCE = (
     "nccl-tests all_reduce on 8 A100 SXM: Azure AI-benchmarking-guide ND A100 v4 (3bb66ca) "
@@ -91,6 +112,10 @@ NVLINK3_RAMP_SOURCE = (
 NVLINK4_RAMP_SOURCE = (
     "nccl-tests ring all_reduce, all_gather, reduce_scatter on 8 H100 SXM "
     "(togethercomputer/together-nccl-tests 6698e53, NCCL 2.26.2)"
+)
+NVLINK5_RAMP_SOURCE = (
+    "nccl-tests ring all_reduce on 4 GB200 (Azure AI-benchmarking-guide ND GB200 v6, "
+    "2a370be, NCCL 2.25.1); all-gather and reduce-scatter assumed alike"
 )
 
 
@@ -120,8 +145,10 @@ def curve_shares(
     return out
 
 
-def _times_from_busbw(op: str, busbw_gbs: Sequence[float]) -> tuple[float, ...]:
-    f, _ = _factor_steps(op, _RANKS)
+def _times_from_busbw(
+    op: str, busbw_gbs: Sequence[float], ranks: int = _RANKS
+) -> tuple[float, ...]:
+    f, _ = _factor_steps(op, ranks)
     return tuple(f * s / (b * 1e9) for s, b in zip(_SIZES, busbw_gbs, strict=True))
 
 
@@ -137,16 +164,26 @@ def _mean_shares(curves: Sequence[dict[int, float]]) -> tuple[tuple[float, ...],
     )
 
 
+def _all_reduce_alike(curves: Sequence[dict[int, float]], source: str) -> BandwidthRamp:
+    """A ramp from all-reduce curves alone: all-gather and reduce-scatter take their shares
+    (no sweep of them was found for the generation, an assumption)."""
+    sizes, shares = _mean_shares(curves)
+    ops = ("all-reduce", "all-gather", "reduce-scatter")
+    return BandwidthRamp(tuple((op, sizes, shares) for op in ops), source)
+
+
 def nvlink_ramp(generation: int, alpha: float, plateau: float) -> BandwidthRamp:
-    """The measured ramp of NVLink ``generation`` 3 (A100) or 4 (H100, H200; also taken for
-    NVLink 5, which has no sweep here), as shares of ``plateau`` bytes/s."""
+    """The measured ramp of NVLink ``generation`` 3 (A100), 4 (H100, H200) or 5 (GB200), as
+    shares of ``plateau`` bytes/s."""
+    if generation == 5:
+        times = _times_from_busbw("all-reduce", _GB200_AR_BUSBW, _GB200_RANKS)
+        gb200 = curve_shares("all-reduce", _SIZES, times, alpha, plateau, _GB200_RANKS)
+        return _all_reduce_alike([gb200], NVLINK5_RAMP_SOURCE)
     if generation == 3:
         azure_times = _times_from_busbw("all-reduce", _A100_AZURE_AR_BUSBW)
         azure = curve_shares("all-reduce", _SIZES, azure_times, alpha, plateau)
         oci = curve_shares("all-reduce", _SIZES, _us(_A100_OCI_AR_US), alpha, plateau)
-        sizes, shares = _mean_shares([azure, oci])
-        points = tuple((op, sizes, shares) for op in ("all-reduce", "all-gather", "reduce-scatter"))
-        return BandwidthRamp(points, NVLINK3_RAMP_SOURCE)
+        return _all_reduce_alike([azure, oci], NVLINK3_RAMP_SOURCE)
     curves = {"all-reduce": _H100_AR_US, "all-gather": _H100_AG_US, "reduce-scatter": _H100_RS_US}
     points = tuple(
         (op, *_mean_shares([curve_shares(op, _SIZES, _us(us), alpha, plateau)]))

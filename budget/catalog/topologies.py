@@ -60,8 +60,10 @@ Bandwidth by message size. The shares above are the large-message plateau. No si
 67 MB and 213.9 GB/s at 268 MB (72 % and 92 % of its 8 GiB plateau), where α and the plateau
 alone give 92 % and 98 %. NVLink levels therefore carry a `BandwidthRamp` measured from
 published nccl-tests sweeps (`budget.catalog.nccl_tests`): NVLink 3 from two 8 x A100
-all-reduce runs, NVLink 4 from 8 x H100 ring all-reduce, all-gather and reduce-scatter runs;
-NVLink 5 and the H800's NVLink take NVLink 4's (no sweep found; on the H800 the same
+all-reduce runs, NVLink 4 from 8 x H100 ring all-reduce, all-gather and reduce-scatter runs,
+NVLink 5 from the 4 x GB200 ring all-reduce run above (its full 1 MiB to 8 GiB sweep: until
+that was read, NVLink 5 took NVLink 4's, which put a 16 MiB all-reduce 24 % faster than
+measured); the H800's NVLink takes NVLink 4's (no sweep found; on the H800 the same
 shares at the same size are pessimistic, since a slower link spends less of a message's
 time in the fixed start-up). InfiniBand levels have none (no complete
 multi-node sweep was found) and run at their plateau at every size.
@@ -131,10 +133,15 @@ class TopologyPreset:
 
 _NVLINK3_RAMP = nvlink_ramp(3, NVLINK_LATENCY, 300 * GB * NVLINK3_FRACTION)
 _NVLINK4_RAMP = nvlink_ramp(4, NVLINK_LATENCY, 450 * GB * NVLINK4_FRACTION)
+_NVLINK5_RAMP = nvlink_ramp(5, NVLINK_LATENCY, 900 * GB * NVLINK5_FRACTION)
 
 
 # The plan language's names for the measured ramps (``topology.levels[].ramp``).
-RAMPS: dict[str, BandwidthRamp] = {"nvlink3": _NVLINK3_RAMP, "nvlink4": _NVLINK4_RAMP}
+RAMPS: dict[str, BandwidthRamp] = {
+    "nvlink3": _NVLINK3_RAMP,
+    "nvlink4": _NVLINK4_RAMP,
+    "nvlink5": _NVLINK5_RAMP,
+}
 
 
 def _nvlink(
@@ -240,8 +247,7 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 "NVIDIA GB200 NVL72 specifications: NVLink 5, 1.8 TB/s per GPU; share: Azure "
                 "ND GB200 v6 nccl-tests ring all_reduce, 679.61 GB/s at 8 GiB",
                 NVLINK5_FRACTION,
-                _NVLINK4_RAMP,
-                assumed=("ramp",),  # NVLink 4's
+                _NVLINK5_RAMP,
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
