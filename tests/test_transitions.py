@@ -120,7 +120,7 @@ def test_a_chain_must_start_where_the_last_transition_left_it(tmp_path):
     )
     code, _, err = _run(str(plan))
     assert code == 2
-    assert "'x' starts from partial, but the transition before it left it replicate" in err
+    assert "'x' starts from partial on tp, but the transition before it on tp left it" in err
 
 
 def test_a_reduced_chain_is_accepted(tmp_path):
@@ -342,3 +342,43 @@ def test_a_stage_boundary_is_written_as_a_send_to_the_next_stage(tmp_path):
     assert (move.op, move.ranks, move.steps, move.sent_bytes) == ("send-recv", 2, 1, 50_331_648)
     assert move.link == "infiniband" and move.count == 96
     assert abs(move.time_s - (14e-6 + 50_331_648 / 24e9)) < 1e-9
+
+
+LN_GRAD = """transitions:
+  - name: ln-grad
+    phase: backward.mlp
+    tensor: {{shape: [hidden], dtype: fp32}}
+    group: tp
+    from: {tp}
+    to: {tp_to}
+  - name: ln-grad
+    phase: dp.grads
+    tensor: {{shape: [hidden], dtype: fp32}}
+    group: dp
+    from: partial
+    to: replicate
+"""
+
+
+def test_a_partial_on_one_group_is_not_reduced_on_another(tmp_path):
+    """A tensor has a placement on each group: made partial on tp and then reduced on dp,
+    its tp partial is never summed. The chain was keyed on the name alone, so the dp
+    reduction closed it and the plan passed (an audit)."""
+    plan = _plan(tmp_path, LN_GRAD.format(tp="replicate", tp_to="partial"))
+    code, out, err = _run(str(plan))
+    assert (code, out) == (2, "")
+    assert (
+        "$.transitions[0].to: 'ln-grad' is left sum-partial on tp and would be consumed as "
+        "if complete" in err
+    )
+    assert "transitions[1]" not in err
+
+
+def test_a_tensor_partial_on_two_groups_is_reduced_on_each(tmp_path):
+    """Megatron-LM's sequence-parallel LayerNorm gradients: partial on tp and on dp, reduced
+    on tp in the backward and on dp with the other gradients. The dp reduction starts from
+    the dp placement, not from where the tp one left the tensor; it was refused ("starts
+    from partial, but the transition before it left it replicate")."""
+    plan = _plan(tmp_path, LN_GRAD.format(tp="partial", tp_to="replicate"))
+    code, _, err = _run(str(plan))
+    assert code == 0, err

@@ -55,14 +55,18 @@ def check_chains(
     """Parse the hand-written transitions and find the ones that would make a budget
     cheaper by being wrong (DESIGN.md rule 7), or name a phase no `mode` plan has.
 
-    Transitions that share a name form one tensor's chain, in plan order: each must start
-    where the previous one left the tensor, and a sum-partial tensor must be reduced before
-    the chain ends, since whatever consumes it next takes it as complete. A gradient that
-    reaches the optimizer step still partial has skipped its data-parallel reduction.
+    A tensor has a placement on each group, as a DTensor has one per mesh dimension, and a
+    transition changes only its group's: the transitions that share a name and a group
+    form that placement's chain, in plan order. Each must start where the previous one on
+    its group left the tensor, and a tensor sum-partial on a group must be reduced on that
+    group before the chain ends, since whatever consumes it next takes it as complete
+    (Megatron-LM's sequence-parallel LayerNorm gradients are partial on tp and on dp, and
+    reduced on each). A gradient that reaches the optimizer step still partial has skipped
+    its reduction.
     """
     problems: list[Problem] = []
     parsed: list[Parsed] = []
-    last: dict[str, tuple[Transition, Placement]] = {}
+    last: dict[tuple[str, str], tuple[Transition, Placement]] = {}
     for tr in transitions:
         if not known_phase(mode, tr.phase):
             problems.append(problem(file, tr, unknown_phase(mode, tr.phase), ".phase"))
@@ -72,10 +76,11 @@ def check_chains(
         except (ValueError, IllegalTransition) as error:
             problems.append(problem(file, tr, str(error)))
             continue
-        before = last.get(tr.name)
+        before = last.get((tr.name, tr.group))
         if before is not None and before[1] != src:
             message = (
-                f"{tr.name!r} starts from {src}, but the transition before it left it {before[1]}"
+                f"{tr.name!r} starts from {src} on {tr.group}, but the transition before it "
+                f"on {tr.group} left it {before[1]}"
             )
             problems.append(problem(file, tr, message, ".from"))
         if dst.kind == "partial" and tr.phase.startswith("optimizer"):
@@ -85,9 +90,9 @@ def check_chains(
                 "(all-reduce) or partial → shard(0) (reduce-scatter)"
             )
             problems.append(problem(file, tr, message, ".to"))
-        last[tr.name] = (tr, dst)
+        last[tr.name, tr.group] = (tr, dst)
         parsed.append((tr, src, dst, op))
-    for name, (tr, dst) in last.items():
+    for (name, _), (tr, dst) in last.items():
         if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
             message = (
                 f"{name!r} is left sum-partial on {tr.group} and would be consumed as if "
