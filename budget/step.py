@@ -2168,7 +2168,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     phase: an audit); else `count` times per instance of the phase it names, whole or by
     a prefix (per layer in forward.attention, per micro-batch in loss, once in dp.grads).
     Its output is alive during the phase it names, or the pass's first, and with
-    `source_alive` its source too (DESIGN.md rule 2).
+    `source_alive` its source too (DESIGN.md rule 2), a local slice's as a collective's,
+    unless the source is the result of the tensor's transition before it in that phase,
+    already held: a chain is one tensor.
     """
     if not plan.transitions:
         return step
@@ -2192,10 +2194,13 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     for st in step.stages:
         phases = list(st.phases)
         passes: list[Phase] = []
+        made: dict[str, int] = {}  # the phase each tensor's last transition left it in
         for tr, src, dst, op in parsed:
             target = _target(phases, tr.phase)
             if target is None:
                 continue
+            held_already = made.get(tr.name) == target
+            made[tr.name] = target
             ranks = degrees[tr.group]
             full = math.prod(tr.shape) * DTYPE_BYTES[tr.dtype]
             local = {"shard": -(-full // ranks)}
@@ -2209,7 +2214,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     placement=f"{dst} on {tr.group}",
                 )
             ]
-            if tr.source_alive and op is not None:
+            if tr.source_alive and src != dst and not held_already:
                 extra.append(
                     Alloc(
                         f"{tr.name} ({src}, source alive)",

@@ -382,3 +382,50 @@ def test_a_tensor_partial_on_two_groups_is_reduced_on_each(tmp_path):
     plan = _plan(tmp_path, LN_GRAD.format(tp="partial", tp_to="replicate"))
     code, _, err = _run(str(plan))
     assert code == 0, err
+
+
+def test_a_chain_in_one_phase_holds_its_tensor_once(tmp_path):
+    """replicate → partial (source freed), then partial → shard(0) in the same phase: the
+    second step's source is the first's result, already held, so the phase holds the
+    partial F and the shard F/8, not the partial twice (an audit: 2F + F/8). bf16
+    [2048, 12288] = 50,331,648 B on GPT-3, a shard over tp 8 6,291,456 B."""
+    chain = """transitions:
+  - name: x
+    phase: forward.mlp
+    tensor: {shape: [micro * seq, hidden], dtype: bf16}
+    group: tp
+    from: replicate
+    to: partial
+    source_alive: false
+  - name: x
+    phase: forward.mlp
+    tensor: {shape: [micro * seq, hidden], dtype: bf16}
+    group: tp
+    from: partial
+    to: shard(0)
+"""
+    report = budget_plan(_plan(tmp_path, chain))
+    mlp = next(p for p in report.phases if p.name == "forward.mlp")
+    held = {o.tensor: o.bytes for o in mlp.peak_overlap if o.tensor.startswith("x (")}
+    assert held == {
+        "x (partial; its source counted freed, source_alive: false)": 50_331_648,
+        "x (shard(0))": 6_291_456,
+    }
+
+
+def test_a_local_slice_keeps_its_source_alive_when_told(tmp_path):
+    """replicate → shard(1) is local, no collective, but source_alive: true still keeps the
+    whole tensor while its slice exists (the schema's "the source stays allocated while
+    the result exists"); it was dropped, the peak that of source_alive: false. fp32
+    [2048, 51200] = 419,430,400 B whole, 52,428,800 B a shard over tp 8."""
+    sliced = LOGITS.replace("from: shard(1)", "from: replicate").replace(
+        "to: replicate", "to: shard(1)"
+    )
+    report = budget_plan(_plan(tmp_path, sliced))
+    loss = next(p for p in report.phases if p.name == "loss")
+    assert not [c for c in loss.collectives if c.name == "logits-gather"]
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("logits-")}
+    assert held == {
+        "logits-gather (shard(1))": 52_428_800,
+        "logits-gather (replicate, source alive)": 419_430_400,
+    }
