@@ -2159,6 +2159,12 @@ def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
     return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
 
 
+def _backward_phase(name: str) -> bool:
+    """Whether the phase `name` (or prefix) is of the backward pass, whose stage sends go
+    to the previous stage (`pipeline_send`)."""
+    return name.split(".")[0] == "backward" or name == "pipeline.backward"
+
+
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage.
 
@@ -2185,6 +2191,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         "ep": plan.parallel.ep,
     }
     stages = []
+    sent: set[int] = set()  # the transitions some stage holds
     from budget.inference import decode_passes  # inference builds on this module
 
     # a training pass runs once per micro-batch; serving runs one prefill, then its passes
@@ -2195,10 +2202,16 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         phases = list(st.phases)
         passes: list[Phase] = []
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
-        for tr, src, dst, op in parsed:
+        for i, (tr, src, dst, op) in enumerate(parsed):
             target = _target(phases, tr.phase)
             if target is None:
                 continue
+            send = op is None and tr.group == "pp" and src == dst
+            back = _backward_phase(tr.phase)
+            end = st.stage == (0 if back else plan.parallel.pp - 1)
+            if send and not _sends(plan, end):
+                continue  # no stage after the last (forward) or before the first (backward)
+            sent.add(i)
             held_already = made.get(tr.name) == target
             made[tr.name] = target
             ranks = degrees[tr.group]
@@ -2228,10 +2241,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
             phases[target] = replace(phase, instants=instants)
             ends = str(src), str(dst)
-            if op is None and tr.group == "pp" and src == dst:
-                # a stage boundary: one send/recv of S to the next stage (DESIGN.md rule 3),
-                # as the built-in stage sends are (`pipeline_send`); it was priced as nothing
-                op, ranks, ends = "send-recv", 2, ("i", "i+1")
+            if send:
+                # a stage boundary: one send/recv of S to the next stage, or in the backward
+                # to the previous one (DESIGN.md rule 3), as the built-in stage sends are
+                # (`pipeline_send`), on the stages that have that neighbour (`_sends`)
+                op, ranks, ends = "send-recv", 2, ("i", "i-1" if back else "i+1")
             if op is None:
                 continue
             rule = f"{HAND_WRITTEN}: exposed"
@@ -2253,9 +2267,17 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 )
         stages.append(replace(st, phases=(*phases, *passes)))
     known = tuple(dict.fromkeys(p.name for st in step.stages for p in st.phases))
-    for tr, *_ in parsed:  # a phase this plan's step lacks (a stage send with no pipeline)
+    for i, (tr, *_) in enumerate(parsed):  # a phase this plan's step lacks (no pipeline)
         if all(_target(list(st.phases), tr.phase) is None for st in step.stages):
             message = unknown_phase(plan.mode, tr.phase, known)
+            problems.append(transition_problem(plan.file, tr, message, ".phase"))
+        elif i not in sent:  # a stage send where only the stage at the model's end runs
+            way, end = ("previous", "first") if _backward_phase(tr.phase) else ("next", "last")
+            where = "the only stage" if plan.parallel.pp == 1 else f"the {end} stage"
+            message = (
+                f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
+                f"{tr.phase} runs only on {where}, which has no {way} stage to send to"
+            )
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
     if problems:
         raise BudgetError(problems)

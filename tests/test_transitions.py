@@ -429,3 +429,88 @@ def test_a_local_slice_keeps_its_source_alive_when_told(tmp_path):
         "logits-gather (shard(1))": 52_428_800,
         "logits-gather (replicate, source alive)": 419_430_400,
     }
+
+
+SMALL = """name: small
+mode: train
+model: {layers: 4, hidden: 1024, heads: 16, ffn: 4096, vocab: 32000, mlp: gelu, norm: layernorm,
+  position: learned}
+batch: {seq: 2048, micro: 2, global: 32}
+precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, activations: bf16}
+parallel: {tp: 4, pp: 2, dp: 2, cp: 1}
+device: {memory: 80 GiB, flops: {bf16: 1000 TFLOP/s, fp32: 100 TFLOP/s},
+  memory_bandwidth: 3 TB/s}
+topology:
+  gpus: 16
+  levels:
+    - {name: fast, size: 16, bandwidth: 100 GB/s, latency: 10 us}
+"""
+
+STAGE_SEND = """transitions:
+  - name: x
+    phase: {phase}
+    tensor: {{shape: [micro * seq, hidden], dtype: bf16}}
+    group: pp
+    from: {placement}
+    to: {placement}
+"""
+
+
+def _small(tmp_path: Path, phase: str, placement: str = "replicate") -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL + STAGE_SEND.format(phase=phase, placement=placement), "utf-8")
+    return path
+
+
+def test_a_stage_send_runs_on_the_stages_with_a_next_one(tmp_path):
+    """A send named in the forward pass runs on every stage but the last, as the built-in
+    `pipeline.forward` does; the last stage paid 8 sends to no one (an audit). bf16
+    [4096, 1024] = 8,388,608 B on one 100 GB/s link at 10 µs: g = 10 µs + 83.886 µs =
+    93.886 µs. 8 micro-batches (32 / (2 x dp 2)) over pp 2 take 1F1B's m·max(t) + Σt −
+    max(t) (`budget.schedule`, Narayanan et al. section 2.2): the last stage, with the
+    loss, is the slower by more than g, so stage 0's t + g leaves max(t) as it was and
+    the step grows by one g; it grew by (m + 1)·g = 9 g = 0.845 ms with both stages'."""
+    g = 10e-6 + 8_388_608 / 100e9
+    assert g == pytest.approx(93.886e-6, abs=1e-9)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SMALL, "utf-8")
+    report = budget_plan(_small(tmp_path, "forward"))
+    (move,) = [c for p in report.phases for c in p.collectives if c.name == "x"]
+    assert (move.src, move.dst, move.count) == ("i", "i+1", 8)
+    assert move.time_s == pytest.approx(g, rel=1e-9)
+    step = report.step["time_s"] - budget_plan(plain).step["time_s"]
+    assert step == pytest.approx(g, rel=1e-6)
+
+
+def test_a_stage_send_in_the_backward_goes_to_the_previous_stage(tmp_path):
+    """pipeline.backward runs on every stage but the first (here the last of 2): its send
+    goes to the stage before, i → i-1, as the built-in gradient sends; it was labelled
+    i → i+1 (an audit)."""
+    report = budget_plan(_small(tmp_path, "pipeline.backward"))
+    (move,) = [c for p in report.phases for c in p.collectives if c.name == "x"]
+    assert (move.op, move.src, move.dst) == ("send-recv", "i", "i-1")
+
+
+def test_a_stage_send_where_no_stage_has_a_neighbour_is_refused(tmp_path):
+    """The loss runs on the last stage only, which has no next stage: the send is nowhere,
+    and the plan says so rather than report it priced as nothing."""
+    code, out, err = _run(str(_small(tmp_path, "loss")))
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        "$.transitions[0].phase: 'x' keeps its placement on pp, a send to the next stage, "
+        "but loss runs only on the last stage, which has no next stage to send to\n"
+    )
+
+
+@pytest.mark.parametrize("placement", ["shard(0)", "partial"])
+def test_a_stage_send_of_a_share_is_refused(tmp_path, placement):
+    """shard(0) → shard(0) on pp held S/pp in the peak but sent all of S: a stage send
+    moves the whole tensor, so it is written replicate → replicate."""
+    code, out, err = _run(str(_small(tmp_path, "pipeline.forward", placement)))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"{tmp_path / 'small.yaml'}:20:9: error: $.transitions[0].to: {placement} → "
+        f"{placement} on pp is a stage send, which moves the whole tensor to the next stage "
+        "(a send/recv of all of it), not a share of it held on each stage; write replicate "
+        "→ replicate\n"
+    )

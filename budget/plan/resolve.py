@@ -877,14 +877,7 @@ class _Resolver:
             if shape is not None:
                 for placement, key in ((src, "from"), (dst, "to")):
                     ok &= self.placement(placement, shape, group, names[group], f"{path}.{key}")
-            if src[0] == "shard" and dst[0] == "partial":
-                self.error(
-                    f"{path}.to",
-                    f"{_placement_text(*src)} → partial on {group} is not a layout "
-                    "transition: a shard cannot become a sum-partial without a reduction; "
-                    "did you mean replicate → partial?",
-                )
-                ok = False
+            ok &= self.transition_pair(src, dst, group, path)
             if not ok or shape is None:
                 continue
             line, col = self.marks.at(path)
@@ -911,6 +904,33 @@ class _Resolver:
                 )
             )
         return tuple(out)
+
+    def transition_pair(
+        self,
+        src: tuple[str, int | None],
+        dst: tuple[str, int | None],
+        group: str,
+        path: str,
+    ) -> bool:
+        """Whether `src` → `dst` on `group` is a layout transition budget can price."""
+        if src[0] == "shard" and dst[0] == "partial":
+            self.error(
+                f"{path}.to",
+                f"{_placement_text(*src)} → partial on {group} is not a layout "
+                "transition: a shard cannot become a sum-partial without a reduction; "
+                "did you mean replicate → partial?",
+            )
+            return False
+        if group == "pp" and src == dst and src[0] != "replicate":
+            text = _placement_text(*src)
+            self.error(
+                f"{path}.to",
+                f"{text} → {text} on pp is a stage send, which moves the whole tensor to the "
+                "next stage (a send/recv of all of it), not a share of it held on each "
+                "stage; write replicate → replicate",
+            )
+            return False
+        return True
 
     def broken_transition(
         self, item: Any, path: str, names: Mapping[str, int], keys: frozenset[str]
