@@ -2180,7 +2180,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     """
     if not plan.transitions:
         return step
-    parsed, problems = check_chains(plan.file, plan.mode, plan.transitions)
+    parsed, problems = check_chains(plan.file, plan.transitions)
     if problems:  # a plan `load_plan` resolved has none
         raise BudgetError(problems)
     degrees = {
@@ -2272,8 +2272,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             message = unknown_phase(plan.mode, tr.phase, known)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
         elif i not in sent:  # a stage send where only the stage at the model's end runs
-            way, end = ("previous", "first") if _backward_phase(tr.phase) else ("next", "last")
-            where = "the only stage" if plan.parallel.pp == 1 else f"the {end} stage"
+            way, side = ("previous", "first") if _backward_phase(tr.phase) else ("next", "last")
+            where = "the only stage" if plan.parallel.pp == 1 else f"the {side} stage"
             message = (
                 f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
                 f"{tr.phase} runs only on {where}, which has no {way} stage to send to"

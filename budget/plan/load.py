@@ -125,8 +125,9 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
 
 # a plan's top-level key in a problem's path: $.model.layers, $.model['<<'], $.topology[...]
 _SECTION = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_-]*)")
-# one hand-written transition's key: "$.transitions[0].group", "$.transitions[2].tensor.shape[1]"
-_TRANSITION = re.compile(r"^\$\.transitions\[(\d+)\](?:\.([a-z_]+))?")
+# one hand-written transition's key, its tensor's by name: "$.transitions[0].group",
+# "$.transitions[2].tensor.shape[1]" (tensor.shape), "$.transitions[1].tensor" (tensor)
+_TRANSITION = re.compile(r"^\$\.transitions\[(\d+)\](?:\.([a-z_]+(?:\.[a-z_]+)?))?")
 
 
 def semantic_problems(

@@ -37,6 +37,7 @@ from budget.plan.model import (
     Level,
     Mark,
     Mla,
+    Mode,
     Model,
     Overlap,
     Parallel,
@@ -46,7 +47,7 @@ from budget.plan.model import (
     Topology,
     Transition,
 )
-from budget.plan.transitions import check_chains
+from budget.plan.transitions import check_chains, known_phase, unknown_phase
 from budget.plan.yaml_load import Marks
 
 __all__ = ["GROUPS", "SHAPE_NAMES", "TRAINING_ONLY", "llama_ffn", "parse_placement", "resolve"]
@@ -877,7 +878,7 @@ class _Resolver:
             if shape is not None:
                 for placement, key in ((src, "from"), (dst, "to")):
                     ok &= self.placement(placement, shape, group, names[group], f"{path}.{key}")
-            ok &= self.transition_pair(src, dst, group, path)
+            ok &= _pair_problem(src, dst, group) is None  # said by `transition_rules`
             if not ok or shape is None:
                 continue
             line, col = self.marks.at(path)
@@ -905,43 +906,42 @@ class _Resolver:
             )
         return tuple(out)
 
-    def transition_pair(
-        self,
-        src: tuple[str, int | None],
-        dst: tuple[str, int | None],
-        group: str,
-        path: str,
-    ) -> bool:
-        """Whether `src` → `dst` on `group` is a layout transition budget can price."""
-        if src[0] == "shard" and dst[0] == "partial":
-            self.error(
-                f"{path}.to",
-                f"{_placement_text(*src)} → partial on {group} is not a layout "
-                "transition: a shard cannot become a sum-partial without a reduction; "
-                "did you mean replicate → partial?",
-            )
-            return False
-        if group == "pp" and src == dst and src[0] != "replicate":
-            text = _placement_text(*src)
-            self.error(
-                f"{path}.to",
-                f"{text} → {text} on pp is a stage send, which moves the whole tensor to the "
-                "next stage (a send/recv of all of it), not a share of it held on each "
-                "stage; write replicate → replicate",
-            )
-            return False
-        return True
+    def transition_rules(
+        self, items: Any, mode: Mode, broken: Mapping[int, frozenset[str]]
+    ) -> None:
+        """The rules of a transition that read nothing else of the plan, checked however
+        broken the rest of it or of the plan: its phase against the phases a `mode` plan
+        has, and its two placements on its group as a pair (`_pair_problem`)."""
+        if not isinstance(items, list):
+            return
+        for i, item in enumerate(items):
+            keys = broken.get(i, frozenset())
+            if "" in keys or not isinstance(item, Mapping):
+                continue  # the item itself is wrong: nothing of it can be read
+            path = f"$.transitions[{i}]"
+            phase = item.get("phase")
+            if isinstance(phase, str) and "phase" not in keys and not known_phase(mode, phase):
+                self.error(f"{path}.phase", unknown_phase(mode, phase))
+            if {"from", "to", "group"} & keys:
+                continue
+            pair = parse_placement(item["from"]), parse_placement(item["to"])
+            message = _pair_problem(*pair, item["group"])
+            if message is not None:
+                self.error(f"{path}.to", message)
 
     def broken_transition(
         self, item: Any, path: str, names: Mapping[str, int], keys: frozenset[str]
     ) -> None:
-        """The rules a transition whose `keys` broke the schema can still be held to: its
-        shape, where its tensor is whole, and its placements against that shape, over its
-        group where the group is one."""
+        """The rules a transition whose `keys` broke the schema can still be held to,
+        beside those that read nothing else (`transition_rules`): its shape, where the shape
+        is whole (a wrong dtype holds back no more than itself), and its placements against
+        that shape, over its group where the group is one."""
         if "" in keys or not isinstance(item, Mapping):
             return  # the item itself is wrong (not a mapping): nothing of it can be read
         tensor = item.get("tensor")
-        if "tensor" in keys or not isinstance(tensor, Mapping) or "shape" not in tensor:
+        if {"tensor", "tensor.shape"} & keys or not isinstance(tensor, Mapping):
+            return
+        if "shape" not in tensor:
             return
         shape = self.shape(tensor["shape"], f"{path}.tensor.shape", names)
         if shape is None:
@@ -1013,6 +1013,26 @@ class _Resolver:
             )
             return False
         return True
+
+
+def _pair_problem(
+    src: tuple[str, int | None], dst: tuple[str, int | None], group: str
+) -> str | None:
+    """Why `src` → `dst` on `group` is no layout transition budget can price, or None."""
+    if src[0] == "shard" and dst[0] == "partial":
+        return (
+            f"{_placement_text(*src)} → partial on {group} is not a layout transition: a "
+            "shard cannot become a sum-partial without a reduction; did you mean replicate "
+            "→ partial?"
+        )
+    if group == "pp" and src == dst and src[0] != "replicate":
+        text = _placement_text(*src)
+        return (
+            f"{text} → {text} on pp is a stage send, which moves the whole tensor to the next "
+            "stage (a send/recv of all of it), not a share of it held on each stage; write "
+            "replicate → replicate"
+        )
+    return None
 
 
 def _near(value: int, step: int) -> str:
@@ -1576,7 +1596,9 @@ def resolve(
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = _shape_names(model, batch, par)
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
-        r.problems += check_chains(file, mode, transitions)[1]
+        r.problems += check_chains(file, transitions)[1]
+    if "transitions" not in skip:
+        r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {})
     if (
         skip
         or r.problems
