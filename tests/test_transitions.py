@@ -514,3 +514,22 @@ def test_a_stage_send_of_a_share_is_refused(tmp_path, placement):
         "(a send/recv of all of it), not a share of it held on each stage; write replicate "
         "→ replicate\n"
     )
+
+
+def test_a_serving_plan_sizes_a_transition_by_its_own_batch(tmp_path):
+    """A serving plan's batch is sequences, prompt and generate, and its shapes may name
+    them (they were unknown names): Llama 3 70B decode's 32 sequences of a 2,048-token
+    prompt and 512 generated, where seq is prompt + generate = 2,560."""
+    from budget.plan.load import load_plan
+
+    text = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8") + (
+        "transitions:\n  - {name: y, phase: prefill, tensor: {shape: [sequences * prompt, "
+        "generate, seq], dtype: bf16}, group: tp, from: partial, to: replicate}\n"
+    )
+    path = tmp_path / "decode.yaml"
+    path.write_text(text, encoding="utf-8")
+    (tr,) = load_plan(path).transitions
+    assert tr.shape == (32 * 2048, 512, 2048 + 512)
+    training = _plan(tmp_path, LOGITS.replace("micro * seq", "sequences"))
+    code, _, err = _run(str(training))
+    assert code == 2 and "'sequences'" in err

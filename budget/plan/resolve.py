@@ -50,7 +50,15 @@ from budget.plan.model import (
 from budget.plan.transitions import check_chains, known_phase, unknown_phase
 from budget.plan.yaml_load import Marks
 
-__all__ = ["GROUPS", "SHAPE_NAMES", "TRAINING_ONLY", "llama_ffn", "parse_placement", "resolve"]
+__all__ = [
+    "GROUPS",
+    "SERVING_SHAPE_NAMES",
+    "SHAPE_NAMES",
+    "TRAINING_ONLY",
+    "llama_ffn",
+    "parse_placement",
+    "resolve",
+]
 
 GROUPS: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
 SHAPE_NAMES = (
@@ -66,6 +74,9 @@ SHAPE_NAMES = (
     "layers",
     *GROUPS,
 )
+# a serving plan's batch keys, beside SHAPE_NAMES (there seq is prompt + generate, micro the
+# sequences on one data-parallel replica and global all of them: `_Resolver.batch`)
+SERVING_SHAPE_NAMES = ("sequences", "prompt", "generate")
 MAX_ELEMENTS = 2**48  # one transition's tensor: 256 Ti elements, beyond any real tensor
 
 _PLACEMENT = re.compile(
@@ -1515,7 +1526,8 @@ def resolve(
 
     Defaults: kv_heads = heads; head_dim = hidden / heads; ffn = 4 × hidden (gelu) or the
     Llama rule (swiglu, `llama_ffn`); parallel degrees 1; order [tp, cp, ep, dp, pp].
-    Shape expressions in `transitions` may use the names in `SHAPE_NAMES`.
+    Shape expressions in `transitions` may use the names in `SHAPE_NAMES`, and a serving
+    plan's those in `SERVING_SHAPE_NAMES`.
     """
     r = _Resolver(marks, file)
     mode = tree.get("mode", "train")
@@ -1594,7 +1606,7 @@ def resolve(
         )
         checks.run(topology)
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
-        names = _shape_names(model, batch, par)
+        names = _shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, transitions)[1]
     if "transitions" not in skip:
@@ -1635,7 +1647,8 @@ def resolve(
     )
 
 
-def _shape_names(model: Model, batch: Batch, par: Parallel) -> dict[str, int]:
+def _shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dict[str, int]:
+    """The values of `SHAPE_NAMES`, and a serving plan's `SERVING_SHAPE_NAMES`."""
     names: dict[str, int] = {
         "micro": batch.micro,
         "seq": batch.seq,
@@ -1651,4 +1664,6 @@ def _shape_names(model: Model, batch: Batch, par: Parallel) -> dict[str, int]:
     }
     for group in GROUPS:
         names[group] = int(getattr(par, group))
+    if serving:
+        names.update(sequences=batch.global_batch, prompt=batch.prompt, generate=batch.generate)
     return names
