@@ -2166,7 +2166,8 @@ def _backward_phase(name: str) -> bool:
 
 
 def _with_transitions(plan: Plan, step: Step) -> Step:
-    """Add the plan's `transitions:` to the phases they name, on every stage.
+    """Add the plan's `transitions:` to the phases they name, on every stage; a stage send
+    on each stage that has the neighbour it goes to (`_sends`).
 
     Each becomes a Move priced like the built-in ones: where it names a whole pass
     (`WHOLE_PASSES`: forward, backward; serving's prefill, decode), `count` times per
