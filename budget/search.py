@@ -1270,6 +1270,11 @@ def parse_values(text: str, option: str) -> tuple[int, ...]:
             span = range(int(low), int(high or low) + 1)
         except ValueError:
             raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8") from None
+        if not span:  # "1,8..4" swept 1 alone: the empty range was dropped unsaid (an audit)
+            raise ValueError(
+                f"{option} {text!r}: the range {part.strip()} runs backwards; write "
+                f"{int(high)}..{int(low)}"
+            )
         if len(values) + len(span) > MAX_VALUES:
             raise ValueError(
                 f"{option} {text!r}: at most {MAX_VALUES:,} values; a wider range would take "

@@ -139,10 +139,16 @@ def run_search(
             print(line, file=sys.stderr)
         return 2
     room = plan.device.memory - plan.device.reserved  # what any layout could leave free
-    if limits is not None and limits.headroom_bytes is not None and limits.headroom_bytes >= room:
-        said = (  # a review: every layout was priced and rejected "over a limit"
-            f"--headroom {format_bytes(limits.headroom_bytes)}: the device holds "
-            f"{format_bytes(room)} beside what it reserves, so no layout can leave that free"
+    required = None if limits is None else limits.required_headroom(plan.device.memory)
+    if required is not None and required >= room:
+        # a review: every layout was priced and rejected "over a limit"; as a share of the
+        # device too (an audit: --headroom 100% priced every layout, then exit 1)
+        asked = format_bytes(required)
+        if limits is not None and limits.headroom_share is not None:
+            asked = f"{options['headroom']} ({asked} of {format_bytes(plan.device.memory)})"
+        said = (
+            f"--headroom {asked}: the device holds {format_bytes(room)} beside what it "
+            "reserves, so no layout can leave that free"
         )
         print(usage_line(said), file=sys.stderr)
         return 2
@@ -201,9 +207,17 @@ def run_search(
             )
             print(usage_line(message), file=sys.stderr)
             return 2
+    refused = _refused_values(options, sweep, plan)
+    if refused:
+        print(usage_line(refused), file=sys.stderr)
+        return 2
     too_large = magnitude(plan, n, sweep)
-    if too_large:
-        print(_located(data, file, "$.batch.micro", too_large), file=sys.stderr)
+    if too_large:  # the option's values where given (an audit: --micro 1000000 was blamed
+        # on the plan's own `micro: 4`)
+        if options.get("micro") is not None:
+            print(usage_line(f"--micro {options['micro']}: {too_large}"), file=sys.stderr)
+        else:
+            print(_located(data, file, "$.batch.micro", too_large), file=sys.stderr)
         return 2
     try:
         outcome = search(
@@ -247,6 +261,25 @@ def run_search(
             note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr
         )
     return 0 if outcome.best is not None else 1
+
+
+def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan) -> str:
+    """Why values given on the command line can build no layout of the plan's model, as
+    `--tp 3` on 8 GPUs is refused (an audit: these priced nothing, or a count of layouts
+    "does not divide", then exit 1); "" where they can."""
+    if plan.model.experts is None and sweep.ep and any(e > 1 for e in sweep.ep):
+        return f"--ep {options['ep']}: the model has no experts: --ep needs an MoE model"
+    from budget.search import divisors
+
+    batch = plan.batch.global_batch
+    if sweep.micro and all(batch % m for m in sweep.micro):
+        sizes = divisors(batch)
+        listed = f" (it divides by {', '.join(map(str, sizes))})" if len(sizes) <= 24 else ""
+        return (
+            f"--micro {options['micro']}: no value divides the global batch of "
+            f"{batch:,} sequences, so no layout can be built{listed}"
+        )
+    return ""
 
 
 def _written(

@@ -956,8 +956,8 @@ topology: {preset: dgx-h100, nodes: 32}
     args = ["search", str(path), "--micro", str(2**26), "--ep", "256", "--tp", "1", "--pp", "1"]
     result = CliRunner().invoke(app, route(args))
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr.startswith(  # at the micro-batch, as the plan's own problems read
-        f"{path}:4:27: error: $.batch.micro: micro-batches of 67,108,864 sequences of 1,024 "
+    assert result.stderr.startswith(  # the option's values, not the plan's `micro: 1`
+        "budget: error: --micro 67108864: micro-batches of 67,108,864 sequences of 1,024 "
         "tokens form one kernel or collective of 9.22e+18 FLOPs or bytes, past the 5.76e+17 "
         "(2^59)"
     )
@@ -1712,7 +1712,9 @@ def test_one_gpu_and_three_broken_limits_read_as_english(tmp_path):
     --max-exposed and --max-step limits" (it chained them with "and": a review)."""
     from budget.render.search import written_note
 
-    none = CliRunner().invoke(app, route(["search", str(GPT3), "--gpus", "1", "--micro", "5"]))
+    # virtual stages need pp > 1, which 1 GPU cannot take: nothing is built
+    args = ["search", str(GPT3), "--gpus", "1", "--virtual-stages", "2"]
+    none = CliRunner().invoke(app, route(args))
     assert "No layout can be built on 1 GPU:" in none.stdout
     outcome = search(load_plan(GPT3), 1024, SMALL, keep=1)
     broken = replace(
@@ -1897,3 +1899,45 @@ def test_one_chunk_holds_every_layer_and_a_short_front_says_how_it_was_cut():
     text = " ".join(console.file.getvalue().split())
     assert "(11 of 20 points)" in text
     assert "11 points, near-ties dropped; -f markdown or -f json lists all 20" in text
+
+
+@pytest.mark.parametrize(
+    ("plan", "args", "message"),
+    [
+        (
+            "gpt-1.3b.yaml",
+            ["--ep", "2"],
+            "--ep 2: the model has no experts: --ep needs an MoE model",
+        ),
+        (
+            "gpt-1.3b.yaml",
+            ["--micro", "1000000"],
+            "--micro 1000000: no value divides the global batch of 512 sequences, so no layout "
+            "can be built (it divides by 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)",
+        ),
+        (
+            "gpt-1.3b.yaml",
+            ["--micro", "600,300"],
+            "--micro 600,300: no value divides the global batch of 512 sequences, so no layout "
+            "can be built (it divides by 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)",
+        ),
+        (
+            "gpt-1.3b.yaml",
+            ["--headroom", "100%"],
+            "--headroom 100% (80.0 GiB of 80.0 GiB): the device holds 77.0 GiB beside what it "
+            "reserves, so no layout can leave that free",
+        ),
+        (
+            "gpt-1.3b.yaml",
+            ["--tp", "1,8..4"],
+            "--tp '1,8..4': the range 8..4 runs backwards; write 4..8",
+        ),
+    ],
+)
+def test_options_no_layout_can_take_are_usage_errors(plan, args, message):
+    """Each of these priced every layout (or none) and exited 1, or blamed the plan's own
+    `micro: 4` at its line (--micro 1000000), or swept 1 alone (the reversed 8..4 dropped):
+    an audit. Now each is refused up front, as `--tp 3` on 8 GPUs is."""
+    result = CliRunner().invoke(app, route(["search", f"plans/{plan}", *args]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"budget: error: {message}\n"
