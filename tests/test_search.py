@@ -1901,6 +1901,114 @@ def test_one_chunk_holds_every_layer_and_a_short_front_says_how_it_was_cut():
     assert "11 points, near-ties dropped; -f markdown or -f json lists all 20" in text
 
 
+PINNED_70B = [
+    *("--tp", "8", "--pp", "4", "--cp", "1", "--zero", "1", "--recompute", "selective"),
+    *("--micro", "1", "--sp", "true", "--virtual-stages", "1"),
+]
+
+
+def test_a_plans_own_layers_per_stage_is_said_to_be_left_out_and_its_row_marked(tmp_path):
+    """Llama 3 70B's 80 layers written 16, 24, 24, 16 over pp 4: the sweep prices every
+    layout at 20 a stage, and the plan as written read 1.12× the "same" layout's step
+    time with nothing saying why (an audit). Now said, and its row marked (JSON: its split)."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    own = "pipeline: {schedule: 1f1b, layers_per_stage: [16, 24, 24, 16]}"
+    plan = tmp_path / "lps.yaml"
+    plan.write_text(text.replace("pipeline: {schedule: 1f1b}", own), encoding="utf-8")
+    args = ["search", str(plan), *PINNED_70B]
+    table = CliRunner().invoke(app, route(args), env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.stderr
+    said = " ".join(table.stdout.split())
+    assert (
+        "The plan's layers_per_stage (16, 24, 24, 16) is left out of every layout (and of "
+        "--write): at pp 4 too, the layers split as evenly as they go" in said
+    )
+    written = table.stdout.split("The plan as written (as")[1]
+    assert re.search(r"^\s+8\s+4\*\s+16\s", written, re.M)  # its row, marked
+    assert "* the layers split unevenly, as the plan's layers_per_stage: 16, 24, 24, 16" in said
+    assert "Its figures are at its own layers_per_stage, which no ranked layout has." in said
+    ranked = table.stdout.split("Best 1 by time")[1].split("Pareto")[0]
+    assert re.search(r"^\s+8\s+4\s+16\s", ranked, re.M)  # 20 a stage: not marked
+    data = json.loads(CliRunner().invoke(app, route([*args, "-f", "json"])).stdout)
+    assert data["written"]["config"]["layers_per_stage"] == [16, 24, 24, 16]
+    assert data["results"][0]["config"]["layers_per_stage"] is None
+    from budget.report_schema import validation_errors
+
+    assert validation_errors(data, "search") == []
+    markdown = CliRunner().invoke(app, route([*args, "-f", "markdown"])).stdout
+    assert "| 8 | 4\\* | 16 |" in markdown
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b.yaml", "deepseek-moe-16b.yaml"])
+def test_no_cell_is_cut_at_80_columns(name):
+    """Ranked by tokens per second and limited on exposure, the table needed 85 columns
+    at 80, and tp, dp and the step time read "…" (an audit): the step time, which tokens
+    per second is proportional to, gives way first, and is said to."""
+    args = ["search", f"plans/{name}", "--top", "3", "--objective", "tokens-per-s"]
+    result = CliRunner().invoke(app, route([*args, "--max-exposed", "30%"]), env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.stderr
+    assert "…" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80
+    assert "step and MFU left out at this width (see -f json)" in result.stdout
+
+
+def test_the_notes_under_a_table_wrap_at_the_terminals_width():
+    """The "Not ranked" note wrapped to its table's width (40 characters a line, 16 under
+    a one-row table); and one layout read "Evaluated 1 layouts" (an audit)."""
+    args = ["search", str(GPT3), *NARROW, "--tp", "8", "--pp", "8", "--cp", "1", "--sp", "true"]
+    result = CliRunner().invoke(app, route(args), env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Evaluated 1 layout on 1,024 GPUs in")
+    assert lines[-2].startswith("1 evaluated (1 ranked, 0 rejected after pricing); 0 more")
+    assert 80 < len(lines[-2]) <= 100
+    markdown = CliRunner().invoke(app, route([*args, "-f", "markdown"])).stdout
+    assert "\n1 layout evaluated in " in markdown
+
+
+def test_the_pipeline_by_virtual_stages_notation_is_explained():
+    """ "4×2" under pp was never explained (an audit); a legend follows the table."""
+    args = ["search", str(GPT3), *NARROW[:-2], "--virtual-stages", "2", "--tp", "8"]
+    args += ["--pp", "8", "--cp", "1", "--sp", "true"]
+    legend = (
+        "pp 8×2: 8 pipeline stages, each holding 2 virtual stages (model chunks) of the "
+        "interleaved schedule"
+    )
+    table = CliRunner().invoke(app, route(args), env={"COLUMNS": "120"})
+    assert table.exit_code == 0, table.stderr
+    assert "8×2" in table.stdout and legend in table.stdout
+    markdown = CliRunner().invoke(app, route([*args, "-f", "markdown"])).stdout
+    assert f"\n\n{legend}\n" in markdown
+    flat = CliRunner().invoke(app, route(["search", str(GPT3), *NARROW, "--tp", "8"]))
+    assert "virtual stages (model chunks)" not in flat.stdout  # no such row, no legend
+
+
+def test_the_plan_as_written_beating_the_best_names_its_settings_outside_the_sweep(gpt3):
+    """Nemotron-4 340B's written plan (12 virtual stages) read 0.98× the best layout's step
+    time, and nothing said the sweep took virtual stages 1, 2, 4 only (an audit)."""
+    from budget.render.search import written_note
+
+    space = Space(tp=(8,), pp=(8,), cp=(1,), micro=(1,), zero=(1,), recompute=("selective",))
+    outcome = search(gpt3, 1024, space, keep=1)
+    best = outcome.best
+    assert best is not None and space.virtual_stages == (1, 2, 4)
+    mine = replace(
+        best,
+        config=replace(best.config, virtual_stages=12, zero=0),
+        step_time_s=best.step_time_s * 0.98,
+    )
+    said = written_note(replace(outcome, written=mine))
+    assert said == (
+        "The plan as written has 0.98× the best layout's step time; its 12 virtual stages are "
+        "outside the sweep's 1, 2, 4 (--virtual-stages 1,2,4,12 takes it); its zero 0 is "
+        "outside the sweep's 1 (--zero 1,0 takes it)."
+    )
+    slower = replace(mine, step_time_s=best.step_time_s * 1.5)  # not beaten: nothing to say
+    assert written_note(replace(outcome, written=slower)) == (
+        "The plan as written has 1.50× the best layout's step time."
+    )
+
+
 @pytest.mark.parametrize(
     ("plan", "args", "message"),
     [

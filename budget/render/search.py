@@ -69,19 +69,22 @@ def _shown(rows: tuple[Result, ...]) -> list[str]:
 
 
 def _table(
+    console: Console,
     title: str,
     rows: tuple[Result, ...],
-    wide: bool,
     exposed: bool = False,
     tokens: bool = False,
     digits: int | None = None,
     outcome: Outcome | None = None,
-) -> Table:
-    """The layouts and their figures; a narrow terminal drops the exposed column unless
+) -> tuple[Table, list[str]]:
+    """The layouts and their figures, and the notes to print under them (at the
+    terminal's width: as the table's caption they wrapped to its own, 16 characters a line
+    under a one-row table, an audit). A narrow terminal drops the exposed column unless
     the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
-    that figure is shown, in MFU's place on a narrow terminal. With the `outcome` they were
-    ranked in, a layout whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
-    table = titled_table(title)
+    that figure is shown, in MFU's place on a narrow terminal. Then figures go, as few as
+    make the table fit the terminal (`_fitted`). With the `outcome` they were ranked in, a
+    layout whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
+    wide = console.width >= 100
     heads = _shown(rows)
     figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
     if exposed and not wide:  # the figure the search is limited on takes MFU's place
@@ -89,21 +92,59 @@ def _table(
     if tokens:
         figures = [f for f in figures if wide or f != "MFU"]
         figures.insert(2, "tokens/s")
+    marked = [_uneven(outcome, r) for r in rows]
+    cells = [
+        {**_layout(r, uneven), **_figures(r, digits)}
+        for r, uneven in zip(rows, marked, strict=True)
+    ]
+    figures = _fitted(console, title, heads, figures, cells, exposed, tokens)
+    table = _built(title, heads, figures, cells)
+    hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
+    notes = [f"{' and '.join(hidden)} left out at this width (see -f json)"] if hidden else []
+    legend = virtual_note(rows)
+    notes += [legend] if legend else []
+    return table, notes + ([_uneven_note(outcome, rows)] if any(marked) else [])
+
+
+def _built(title: str, heads: list[str], figures: list[str], cells: list[dict[str, str]]) -> Table:
+    table = titled_table(title)
     for name in heads:
         justify = "left" if name in ("sp", "recompute") else "right"
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for name in figures:
         table.add_column(name, justify="right", no_wrap=True)
-    marked = [_uneven(outcome, r) for r in rows]
-    for r, uneven in zip(rows, marked, strict=True):
-        layout, values = _layout(r, uneven), _figures(r, digits)
-        table.add_row(*(layout[h] for h in heads), *(values[f] for f in figures))
-    hidden = [f for f in ("exposed", "MFU") if f not in figures]
-    notes = [f"{' and '.join(hidden)} left out at this width (see -f json)"]
-    notes = (notes if hidden and not wide else []) + ([UNEVEN_NOTE] if any(marked) else [])
-    if notes:
-        table.caption, table.caption_justify = "\n".join(notes), "left"
+    for row in cells:
+        table.add_row(*(row[h] for h in (*heads, *figures)))
     return table
+
+
+def _fitted(
+    console: Console,
+    title: str,
+    heads: list[str],
+    figures: list[str],
+    cells: list[dict[str, str]],
+    exposed: bool,
+    tokens: bool,
+) -> list[str]:
+    """`figures` less those the terminal has no room for: MFU, then exposed communication
+    (unless the search is limited on it), then the step time where tokens per second,
+    which it is proportional to, is shown. At 80 columns a Mixtral ranking by tokens per
+    second limited on exposure needed 85, and rich cut tp, dp and the step time to "…"
+    (an audit)."""
+    from rich.measure import Measurement
+
+    droppable = ["MFU", *([] if exposed else ["exposed"]), *(["step"] if tokens else [])]
+    kept = list(figures)
+    for name in [None, *droppable]:
+        if name in kept:
+            kept.remove(name)
+        table = _built(title, heads, kept, cells)
+        # measured unbounded: at the terminal's width it reads as fitting, cut to fit
+        free = console.options.update_width(2**16)
+        if Measurement.get(console, free, table).maximum <= console.width:
+            break
+    return kept
 
 
 UNEVEN_NOTE = (
@@ -113,7 +154,33 @@ UNEVEN_NOTE = (
 
 
 def _uneven(outcome: Outcome | None, r: Result) -> bool:
-    return outcome is not None and outcome.layers_per_stage(r.config) is not None
+    if outcome is None:
+        return False
+    if r is outcome.written:
+        return outcome.written_split() is not None
+    return outcome.layers_per_stage(r.config) is not None
+
+
+def _uneven_note(outcome: Outcome | None, rows: tuple[Result, ...]) -> str:
+    """The marker's note: for the plan as written, its own split where the sweep left
+    it out."""
+    if outcome is not None and outcome.own_split is not None and rows == (outcome.written,):
+        own = ", ".join(map(str, outcome.own_split[2]))
+        return f"{UNEVEN} the layers split unevenly, as the plan's layers_per_stage: {own}"
+    return UNEVEN_NOTE
+
+
+def virtual_note(rows: tuple[Result, ...]) -> str:
+    """The legend of pp's "4×2" (pipeline stages × virtual stages), read from the first
+    row that shows it, "" where none does (an audit: the notation was never explained)."""
+    for r in rows:
+        pp, v = r.config.pp, r.config.virtual_stages
+        if v > 1:
+            return (
+                f"pp {pp}×{v}: {pp} pipeline stages, each holding {v} virtual stages (model "
+                "chunks) of the interleaved schedule"
+            )
+    return ""
 
 
 TIE = 0.01  # front points within 1 % of the last one kept save too little memory to show
@@ -287,6 +354,60 @@ def hardware_text(hardware: dict[str, Any]) -> str:
 WRITTEN = "The plan as written (as `budget PLAN` budgets it)"
 
 
+def own_split_note(outcome: Outcome) -> str:
+    """Where the plan splits its layers itself (``layers_per_stage``), that layouts of its
+    depth keep that split and the others do not (an audit: the sweep priced the plan's
+    16, 24, 24, 16 over pp 4 as 20 a stage, and nothing said it)."""
+    if outcome.own_split is None:
+        return ""
+    pp, v, own = outcome.own_split
+    depth = f"pp {pp}" + (f" × {v}" if v > 1 else "")
+    return (
+        f"The plan's layers_per_stage ({', '.join(map(str, own))}) is left out of every "
+        f"layout (and of --write): at {depth} too, the layers split as evenly as they go, "
+        "the extra ones on the middle chunks; the plan as written keeps it."
+    )
+
+
+def _outside(outcome: Outcome) -> list[str]:
+    """The plan's own settings the sweep did not take, each with the option that takes it
+    ("its 12 virtual stages are outside the sweep's 1, 2, 4: --virtual-stages 1,2,4,12")."""
+    mine, space = outcome.written, outcome.space
+    if mine is None or space is None:
+        return []
+    c, out = mine.config, []
+    # (option, what the plan has, the values swept); None sweeps every value that divides
+    dims: list[tuple[str, Any, tuple[Any, ...] | None]] = [
+        ("tp", c.tp, space.tp),
+        ("pp", c.pp, space.pp),
+        ("cp", c.cp, space.cp),
+        ("ep", c.ep, space.ep),
+        ("virtual-stages", c.virtual_stages, space.virtual_stages),
+        ("sp", c.sequence_parallel, space.sequence_parallel),
+        ("zero", c.zero, space.zero),
+        ("recompute", c.recompute, space.recompute),
+        ("micro", c.micro, space.micro),
+    ]
+    for option, value, swept in dims:
+        if swept is None or value in swept:
+            continue
+
+        def text(x: Any) -> str:
+            return str(x).lower()  # sp's True reads as --sp takes it
+
+        values = ",".join(map(text, (*swept, value)))
+        mine_ = (
+            f"{value} virtual stages are"
+            if option == "virtual-stages"
+            else f"{option} {text(value)} is"
+        )
+        out.append(
+            f"its {mine_} outside the sweep's {', '.join(map(text, swept))} "
+            f"(--{option} {values} takes it)"
+        )
+    return out
+
+
 def written_note(outcome: Outcome) -> str:
     """How the plan searched compares with the best layout, in the objective's figure, and
     whether it fits and keeps the limits (a user audit: nothing said). Its hand-written
@@ -303,6 +424,12 @@ def written_note(outcome: Outcome) -> str:
     parts = []
     if best_value and mine_value:
         parts.append(f"has {mine_value / best_value:.2f}× the best layout's {figure[1]}")
+        higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
+        if (mine_value > best_value) == higher and mine_value != best_value:
+            # it beats the best: a setting of its own the sweep never took (an audit: v 12
+            # beat the "best" at 0.98× the step time, and nothing said the sweep's v was
+            # 1, 2, 4)
+            parts[-1] += "".join(f"; {o}" for o in _outside(outcome))
     if not mine.fits:
         parts.append("does not fit")
     elif outcome.written_breaks:  # as the command line sets them: --max-exposed
@@ -312,17 +439,25 @@ def written_note(outcome: Outcome) -> str:
     said = f"The plan as written {', and '.join(parts)}." if parts else ""
     if outcome.hardware.get("transitions_left_out"):
         said += " Its figures include its hand-written transitions, which no ranked layout has."
+    if outcome.own_split is not None:
+        said += " Its figures are at its own layers_per_stage, which no ranked layout has."
     return said.strip()
 
 
+def _show(console: Console, table: Table, notes: list[str]) -> None:
+    """A table, then its notes at the terminal's width."""
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
+
+
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
-    wide = console.width >= 100
     # what the ranked tables and the plan-as-written row show alike
     limited = outcome.limits is not None and outcome.limits.max_exposed_share is not None
     tokens = outcome.objective == "tokens-per-s"
     rate = outcome.evaluated / outcome.elapsed_s if outcome.elapsed_s else 0.0
     console.print(
-        f"Evaluated {outcome.evaluated:,} layouts on {plural(outcome.gpus, 'GPU')} in "
+        f"Evaluated {plural(outcome.evaluated, 'layout')} on {plural(outcome.gpus, 'GPU')} in "
         f"{outcome.elapsed_s:.2f} s ({rate:,.0f} per second, "
         f"{plural(outcome.groups, 'engine pass', 'engine passes')}); "
         f"{_counts(outcome)}.",
@@ -330,18 +465,21 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     )
     if outcome.hardware:
         console.print(hardware_text(outcome.hardware), markup=False)
+    own = own_split_note(outcome)
+    if own:
+        console.print(own, markup=False)
     console.print()
     if outcome.results:
         best = outcome.results[:top]
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
         digits = peak_digits((*best, *front))  # the two tables read against each other
-        ranked = _table(title, best, wide, limited, tokens, digits, outcome)
-        console.print(ranked)
+        ranked, notes = _table(console, title, best, limited, tokens, digits, outcome)
+        _show(console, ranked, notes)
         slack = _slack_note(outcome)
         if slack:
             console.print(slack, style="yellow", markup=False)
-        if ranked.caption or slack:  # the caption ends the table: a line before the next title
+        if notes or slack:  # the notes end the table: a line before the next title
             console.print()
         shown = (
             ""
@@ -349,24 +487,23 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
             else (f" ({len(front)} of {len(outcome.pareto)} points)")
         )
         title = f"Pareto front: peak memory against step time{shown}"
-        pareto = _table(title, front, wide, limited, digits=digits, outcome=outcome)
+        pareto, notes = _table(console, title, front, limited, digits=digits, outcome=outcome)
         if shown:  # which points, and where the rest are (a user audit)
             spread = len(_without_near_ties(outcome.pareto)) > PARETO_ROWS
             how = "spread along the front, near-ties dropped" if spread else "near-ties dropped"
-            said = (
+            notes.append(
                 f"{len(front)} points, {how}; -f markdown or -f json lists all "
                 f"{len(outcome.pareto)}"
             )
-            pareto.caption = f"{pareto.caption}\n{said}" if pareto.caption else said
-            pareto.caption_justify = "left"
-        console.print(pareto)
-        if pareto.caption:
+        _show(console, pareto, notes)
+        if notes:
             console.print()
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     if outcome.written is not None:  # beside the ranking, or alone where none ranks
         digits = peak_digits((outcome.written, *outcome.results[:top]))
-        console.print(_table(WRITTEN, (outcome.written,), wide, limited, tokens, digits))
+        mine = (outcome.written,)
+        _show(console, *_table(console, WRITTEN, mine, limited, tokens, digits, outcome))
         console.print(written_note(outcome), markup=False)
         console.print()
     table = titled_table("Not ranked")
@@ -376,35 +513,39 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         table.add_row(reason, f"{count:,}")
     for reason, degrees in ruled_out_rows(outcome):
         table.add_row(reason, degrees)
-    table.caption, table.caption_justify = _skipped_note(outcome), "left"
-    console.print(table)
+    _show(console, table, [_skipped_note(outcome)])
 
 
 def render_search_markdown(outcome: Outcome, top: int) -> str:
     best = outcome.results[:top]
     digits = peak_digits((*best, *outcome.pareto))  # as the table: peaks that differ read apart
 
-    def rows(results: tuple[Result, ...], ranked: bool = True) -> list[str]:
+    def rows(results: tuple[Result, ...]) -> list[str]:
         head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-        marked = [ranked and _uneven(outcome, r) for r in results]
+        marked = [_uneven(outcome, r) for r in results]
         for r, uneven in zip(results, marked, strict=True):
             # the marker escaped: a bare * opens emphasis in GitHub's markdown
             layout = {**_layout(r), "pp": _layout(r, uneven)["pp"].replace(UNEVEN, "\\*")}
             cells = [*layout.values(), *_figures(r, digits).values()]
             out.append("| " + " | ".join(cells) + " |")
-        note = ["", UNEVEN_NOTE.replace(UNEVEN, "\\*", 1)] if any(marked) else []
-        return [*out, *note, ""]
+        legend = virtual_note(results)
+        note = [legend] if legend else []
+        note += [_uneven_note(outcome, results).replace(UNEVEN, "\\*", 1)] if any(marked) else []
+        # a blank line between notes: one paragraph each
+        return [*out, *(line for n in note for line in ("", n)), ""]
 
     lines = [
         f"## budget search: {outcome.gpus:,} GPUs",
         "",
-        f"{outcome.evaluated:,} layouts evaluated in {outcome.elapsed_s:.2f} s; "
+        f"{plural(outcome.evaluated, 'layout')} evaluated in {outcome.elapsed_s:.2f} s; "
         f"{_counts(outcome)}.",
         "",
     ]
     if outcome.hardware:
         lines += [hardware_text(outcome.hardware), ""]
+    own = own_split_note(outcome)
+    lines += [own, ""] if own else []
     if outcome.results:
         lines += [f"### Best by {outcome.objective}", "", *rows(best)]
         slack = _slack_note(outcome)
@@ -414,7 +555,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
     else:
         lines += [_none(outcome), ""]
     if outcome.written is not None:
-        lines += [f"### {WRITTEN}", "", *rows((outcome.written,), False), written_note(outcome), ""]
+        lines += [f"### {WRITTEN}", "", *rows((outcome.written,)), written_note(outcome), ""]
     lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
     lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
     lines += [f"| {reason} | {degrees} |" for reason, degrees in ruled_out_rows(outcome)]
