@@ -684,6 +684,8 @@ class _Resolver:
                 )
             elif parsed is not None:
                 flops[dtype] = parsed
+        # 0.0 stands for "not given" on a device written out (step time is then not computed);
+        # a rate the plan writes is refused under 1 B/s, 0 included, as the peaks and links are.
         bandwidth: float | None = preset.memory_bandwidth if preset is not None else 0.0
         if "memory_bandwidth" in tree:
             bandwidth = self.unit(
@@ -691,7 +693,7 @@ class _Resolver:
             )
         if memory is None or reserved is None or bandwidth is None:
             return None
-        if 0 < bandwidth < 1:
+        if "memory_bandwidth" in tree and bandwidth < 1:
             self.error(
                 "$.device.memory_bandwidth",
                 f"device.memory_bandwidth is {_rate(bandwidth, 'B/s')}; give the card's, such "
