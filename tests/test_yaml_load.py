@@ -443,6 +443,75 @@ def test_a_long_base_60_number_is_refused_without_being_built(
     ]
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            "1:" * (4 * 2**20 - 100) + "1",
+            "1:1:1:1:1:1:1:1:1:1:1:1:1:1... is read by YAML 1.1 as a base-60 number of "
+            "4,194,205 places; write numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "1:" * (4 * 2**20 - 100) + "1.5",
+            "1:1:1:1:1:1:1:1:1:1:1:1:1:1... is read by YAML 1.1 as a base-60 number of "
+            "4,194,205 places; write numbers in decimal (or quote it, if it is text)",
+        ),
+        ("9" * (8 * 2**20 - 100), "an integer of 8,388,508 digits; plan numbers are below 2^63"),
+    ],
+    ids=["base-60", "base-60-float", "digits"],
+)
+def test_a_number_of_8_mib_is_refused_in_time_and_memory(body: str, expected: str) -> None:
+    """PyYAML's resolver matched an 8 MiB base-60 number in 2.3 s and 572 MB (a repeated
+    group in its pattern), and 8 MiB of digits in 2 s (its base-60 form gave the digits
+    back one by one; counting them took 1 s more): a long scalar is resolved by string
+    methods (`_long_tag`), which hold a few copies of the text (audit)."""
+    import tracemalloc
+
+    text = "a: " + body + "\n"
+    tracemalloc.start()
+    try:
+        with refused_in_time():
+            problems = messages(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert problems == [f"p.yaml:1:4: error: $.a: {expected}"]
+    assert peak < 64 * 2**20
+
+
+_PLACE = st.text("0123456789", min_size=1, max_size=3)
+
+
+@given(
+    st.sampled_from(["", "-", "+"]),
+    st.one_of(
+        st.text("0123456789_", min_size=1, max_size=3),
+        st.sampled_from(["0x", "0b", ".", ".inf", "1e", "0xf", "", "1-"]),
+    ),
+    st.lists(st.one_of(_PLACE, st.sampled_from(["", "_", "5_", "x"])), min_size=1, max_size=40),
+    st.one_of(st.none(), st.text("0123456789_", max_size=3), st.just("5e+3")),
+)
+def test_a_long_scalar_resolves_as_pyyaml_resolves_it(
+    sign: str, head: str, places: list[str], fraction: str | None
+) -> None:
+    """`_long_tag` reads a scalar over `_SHORT` without PyYAML's patterns: it must give the
+    tag they give (a timestamp, kept as text as a string is, reads as a string)."""
+    from budget.plan.yaml_load import _SHORT, _long_tag
+
+    places += ["0"] * _SHORT  # long enough, and a valid place to end on
+    for text in (
+        sign + head + ":" + ":".join(places) + ("" if fraction is None else "." + fraction),
+        sign + head + "".join(places) + ("" if fraction is None else "." + fraction),
+    ):
+        resolved = yaml.SafeLoader.resolve(  # type: ignore[no-untyped-call]
+            yaml.SafeLoader, yaml.ScalarNode, text, (True, False)
+        )
+        if resolved == "tag:yaml.org,2002:timestamp":
+            resolved = "tag:yaml.org,2002:str"
+        assert len(text) > _SHORT
+        assert _long_tag(text, plain=True) == resolved, text
+
+
 def test_a_long_tagged_value_with_colons_that_is_no_number_is_refused_unbuilt() -> None:
     text = "a: !!int " + "1:x" * 100 + "\n"
     assert messages(text) == [f"p.yaml:1:4: error: $.a: '{('1:x' * 9)[:27]}...' is not a valid int"]

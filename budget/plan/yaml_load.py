@@ -17,8 +17,10 @@ The tree is built from PyYAML's *event stream* rather than its composer, for thr
 
 Scalars are resolved with the safe loader's own resolver and constructors (YAML 1.1, as
 PyYAML), plus YAML 1.2's exponent floats (``1e9``, ``1.5e9``), which PyYAML would otherwise
-leave as strings. The libyaml parser is used when PyYAML was built with it; its marks are
-the same as the pure-Python parser's.
+leave as strings; a scalar of over 64 characters is resolved to the same tag by string
+methods (`_long_tag`), as the resolver's patterns took seconds on a value of megabytes.
+The libyaml parser is used when PyYAML was built with it; its marks are the same as the
+pure-Python parser's.
 """
 
 from __future__ import annotations
@@ -79,10 +81,27 @@ _NOT_DECIMAL = (
 )
 _LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 # A number with a colon longer than this is refused unbuilt (`_Builder.scalar`); shorter,
-# it has at most 32 places, which PyYAML builds at once, so the message can say its value
+# it has at most 32 places, which PyYAML builds at once, so the message can say its value.
+# A plain scalar longer than this is also resolved by `_long_tag`, not PyYAML's resolver.
 _SHORT = 64
-# YAML 1.1's base-60 integers and floats (the resolver's forms, and an explicit tag's)
-_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-9_]+)+(?:\.[0-9_]*)?$")
+# PyYAML's YAML 1.1 int and float forms (yaml/resolver.py) less their base-60 ones, which
+# `_base_60` reads: a pattern's repeated group, `(?::[0-5]?[0-9])+`, matched an 8 MiB
+# base-60 number in 1 s and 570 MB, and gave 8 MiB of digits back place by place in 0.7 s
+_INT_11 = re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"
+)
+_FLOAT_11 = re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+# a base-60 number's parts, each one character class: head:places.fraction
+_HEAD_60 = re.compile(r"[-+]?[0-9][0-9_]*")
+_PLACES_60 = re.compile(r"[0-9_:]+")
+_FRACTION_60 = re.compile(r"[0-9_]*")
+# a YAML 1.1 place is [0-5]?[0-9]: its digits as 'a' (0-5) and 'b' (6-9), it is a, b, aa
+# or ab, so a run of letters holding ba, bb, aaa or aab is no place
+_PLACE_DIGITS = str.maketrans("0123456789", "aaaaaabbbb")
+_NO_PLACE = ("ba", "bb", "aaa", "aab")
 
 Position = tuple[int, int]
 
@@ -346,7 +365,9 @@ class _Builder:
     def scalar(self, event: yaml.ScalarEvent, where: Position, path: str) -> Any:
         tag = event.tag
         implicit = tag in (None, "!")
-        if implicit:
+        if implicit and len(event.value) > _SHORT:  # PyYAML's patterns take seconds on MiBs
+            tag = _long_tag(event.value, plain=event.implicit[0])
+        elif implicit:
             tag = self.loader.resolve(  # type: ignore[no-untyped-call]
                 ScalarNode, event.value, event.implicit
             )
@@ -362,13 +383,13 @@ class _Builder:
         if numeric and ":" in text and len(text) > _SHORT:
             # YAML 1.1's base 60: PyYAML builds the number place by place, in time quadratic
             # in its length (200,000 places took 12 s), so a long one is never built
-            return self.refuse(where, path, _long_base_60(text, tag))
+            return self.refuse(where, path, _long_base_60(text, tag, resolved=implicit))
         node = ScalarNode(tag, text, None, None, event.style)
         try:
             value = self.loader.construct_object(node, deep=True)
         except Exception:  # PyYAML's constructors raise KeyError and IndexError too
             # `!!bool maybe` was a KeyError and `!!int ""` an IndexError, each a traceback
-            digits = sum(c.isdigit() for c in text)
+            digits = len(text) - text.count("_") - text.startswith(("-", "+"))
             if tag == _STANDARD + "int" and digits > 18 and _DECIMAL_INT.match(text):
                 # Python refuses to read integers of over 4,300 digits: too large, not malformed
                 message = f"an integer of {digits:,} digits; plan numbers are below 2^63"
@@ -425,9 +446,49 @@ class _Builder:
         self.refused.add(path)
 
 
-def _long_base_60(text: str, tag: str) -> str:
-    """What to say of a number with a colon too long to build (`_SHORT`)."""
-    if not _BASE_60.match(text):  # `!!int "1:x..."`, which PyYAML could not read either
+def _long_tag(text: str, plain: bool) -> str:
+    """The tag PyYAML's resolver gives a scalar longer than `_SHORT`, found without its
+    patterns (`_INT_11`). Of its other forms only a timestamp can be as long, and it is kept
+    as text, as a string is, so it reads as a string."""
+    if not plain:
+        return _STANDARD + "str"
+    if _FLOAT_11.match(text):
+        return _STANDARD + "float"
+    if _INT_11.match(text):
+        return _STANDARD + "int"
+    parts = _base_60(text)
+    if parts is None or "_" in parts[1]:
+        return _STANDARD + "str"
+    head, places, fraction = parts
+    letters = places.translate(_PLACE_DIGITS)
+    if any(run in letters for run in _NO_PLACE):
+        return _STANDARD + "str"
+    if fraction is not None:  # [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        return _STANDARD + "float"
+    # [-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+: 0:30 is text
+    return _STANDARD + ("str" if head.lstrip("+-").startswith("0") else "int")
+
+
+def _base_60(text: str) -> tuple[str, str, str | None] | None:
+    """A base-60 number's head, places and fraction (``-1:30:15.5`` → ``-1``, ``30:15``,
+    ``5``), or None: ``[-+]?[0-9][0-9_]*(?::[0-9_]+)+(?:\\.[0-9_]*)?``, the YAML 1.1
+    resolver's forms and an explicit tag's, read part by part with string methods (that
+    pattern's repeated group took 0.6 s and hundreds of MB on 8 MiB)."""
+    head, _, rest = text.partition(":")
+    places, dot, fraction = rest.partition(".")
+    if not (_HEAD_60.fullmatch(head) and _PLACES_60.fullmatch(places)):
+        return None
+    if not _FRACTION_60.fullmatch(fraction) or "::" in places:
+        return None
+    if places.startswith(":") or places.endswith(":"):
+        return None
+    return head, places, fraction if dot else None
+
+
+def _long_base_60(text: str, tag: str, resolved: bool) -> str:
+    """What to say of a number with a colon too long to build (`_SHORT`); `resolved`: the
+    resolver read it as base 60 (`_long_tag`), not a tag."""
+    if not resolved and _base_60(text) is None:  # `!!int "1:x..."`: no number either
         return f"{_shown(text)!r} is not a valid {_short(tag)[2:]}"
     places = text.count(":") + 1
     return (
