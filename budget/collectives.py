@@ -996,7 +996,15 @@ class _Pricing:
         self, *, steps: Count, sent: Count, recv: Count, payload: Count, group: Count
     ) -> Stage:
         """A stage whose ranks differ: busiest sender, busiest receiver, critical path Q,
-        and ``group`` bytes sent (= received) summed over the ranks of one instance."""
+        and ``group`` bytes sent (= received) summed over the ranks of one instance.
+
+        A collective of 0 bytes takes no step: NCCL discards it before launching anything
+        ("Empty collectives can be discarded": ``if (info->count == 0) return
+        ncclSuccess;``, src/enqueue.cc ``taskAppend`` of NVIDIA/nccl), as it does a group
+        of one rank's. A send or receive is queued whatever its bytes (the same
+        function's point-to-point branch), so one of 0 bytes still takes its step."""
+        if self.op != "send-recv":
+            steps = steps * _indicator(self.size > 0)
         return Stage(
             op=self.op,
             algorithm=self.algorithm,

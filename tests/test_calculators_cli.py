@@ -584,6 +584,19 @@ def test_a_size_error_names_its_option_and_bytes_are_whole() -> None:
     assert ok.exit_code == 0 and "1.5 KiB (1,536 B)" in ok.stdout
 
 
+def test_a_collective_of_0_bytes_moves_nothing_as_nccl_discards_it() -> None:
+    """It priced 14 µs, the ring's 14 steps at 1 µs; NCCL returns before launching a
+    collective of count 0 (src/enqueue.cc taskAppend: "Empty collectives can be
+    discarded"), as it does for a group of one rank: 0 steps, 0 s."""
+    args = ["collective", "all-reduce", "--ranks", "8", "--size", "0"]
+    args += ["--bandwidth", "450GB/s", "--latency", "1us"]
+    data = _json(args)
+    assert (data["steps"], data["time_s"], data["sent_bytes"]) == (0, 0.0, 0)
+    table = " ".join(runner.invoke(app, route(args)).stdout.split())
+    assert "link none: NCCL discards a collective of 0 B before launching it" in table
+    assert "time T 0.000 µs (nothing moves)" in table
+
+
 def test_the_format_is_read_in_any_case() -> None:
     result = runner.invoke(
         app,

@@ -401,6 +401,26 @@ def test_one_rank_costs_nothing() -> None:
             assert (cost.steps, cost.sent_bytes, cost.recv_bytes, cost.time_s) == (0, 0, 0, 0)
 
 
+def test_a_collective_of_0_bytes_takes_no_step_as_nccl_discards_it() -> None:
+    """NCCL's taskAppend returns before queueing a collective whose count is 0 ("Empty
+    collectives can be discarded", src/enqueue.cc of NVIDIA/nccl): `budget collective
+    all-reduce --ranks 8 --size 0` priced the ring's 14 steps, 14 µs. A send or receive is
+    queued whatever its bytes: one step still. In a sweep only the 0-byte entries lose
+    their steps."""
+    for op in OPS:
+        for algorithm in ALGORITHMS[op]:
+            if algorithm == "recursive" or op == "send-recv":
+                continue
+            for tiers in ([Tier(8, NVLINK)], [Tier(8, NVLINK), Tier(4, IB)]):
+                cost = collective_cost(op, tiers, 0, algorithm)
+                assert (cost.steps, cost.sent_bytes, cost.time_s) == (0, 0, 0), (op, algorithm)
+    assert collective_cost("all-reduce", [Tier(8, NVLINK), Tier(4, IB)], 0).time_s == 0
+    assert _one("all-reduce", 8, 0, NVLINK, "recursive").steps == 0
+    assert _one("send-recv", 2, 0, NVLINK).steps == 1
+    swept = _one("all-reduce", 8, np.array([0, GIB]), NVLINK)  # type: ignore[arg-type]
+    assert list(swept.steps) == [0, 14]
+
+
 def test_contention_divides_the_link() -> None:
     shared = Link("nic", 50e9, 5e-6, shared_by=2)
     alone = _one("all-gather", 4, GIB, IB)
@@ -537,7 +557,8 @@ def test_closed_forms_match_a_message_level_replay(
     op, algorithm = case
     if algorithm == "recursive" and op != "all-reduce" and p & (p - 1):
         return  # refused (tested above)
-    messages = _schedule(op, algorithm, p, s)
+    # NCCL discards a collective of 0 bytes before it sends anything; a send still goes
+    messages = _schedule(op, algorithm, p, s) if s or op == "send-recv" else []
     sent: dict[int, int] = defaultdict(int)
     recv: dict[int, int] = defaultdict(int)
     for _, src, dst, nbytes in messages:

@@ -228,6 +228,8 @@ def _links(result: CollectiveResult) -> str:
         for level in result.levels
         if level.name in used
     ]
+    if not parts and int(result.cost.ranks) > 1:  # 0 bytes (`collectives._Pricing.priced`)
+        return "none: NCCL discards a collective of 0 B before launching it"
     if not parts:  # one rank: nothing crosses a link
         return "none: a group of one rank sends nothing"
     if len(result.levels) == 1:
@@ -252,7 +254,7 @@ def _ramp_text(result: CollectiveResult, level: Level) -> str:
 
 def _bound(latency_s: Any, bandwidth_s: Any) -> str:
     if float(latency_s) == float(bandwidth_s) == 0:
-        return "nothing moves"  # one rank: no step, no byte
+        return "nothing moves"  # one rank or 0 bytes: no step, no byte
     return "latency-bound" if float(latency_s) > float(bandwidth_s) else "bandwidth-bound"
 
 
