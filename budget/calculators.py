@@ -3,20 +3,23 @@
 They parse the command line's unit strings, call the same engine the plan report uses
 (`budget.collectives`, `budget.topology`, `budget.compute`) and return plain results whose
 ``to_dict`` is the JSON contract of DESIGN.md. Bad input raises ValueError with a one-line
-message; the CLI prints it as ``budget: error: ...`` and exits 2.
+message, or `UsageErrors` with one for every bad option; the CLI prints each as
+``budget: error: ...`` and exits 2.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage
 from budget.compute import Roofline
 from budget.compute import roofline as compute_roofline
+from budget.errors import UsageErrors
 from budget.plan.model import Level, Topology
 from budget.topology import MAX_GPUS, price_group, span_of_ranks
 from budget.units import UnitError, parse_bandwidth, parse_bytes, parse_duration, parse_flops
@@ -154,65 +157,55 @@ def collective(
     single link or the innermost level, as a plan's ``topology.levels[].ramp`` does.
     ``beside`` is compute the collective may hide behind (`CollectiveResult.exposed_s`).
     """
-    if op not in OPS:
-        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
-    if algorithm is not None and algorithm not in _ALGORITHM_NAMES:
-        raise ValueError(
-            f"unknown algorithm {algorithm!r}; expected one of {', '.join(_ALGORITHM_NAMES)}"
-        )
-    if not size:
-        raise ValueError("--size is required, e.g. --size 1GiB")
-    try:
-        size_bytes = parse_bytes(size, whole=True)
-    except ValueError as error:
-        raise ValueError(f"--size {size!r}: {error}") from None
-    if ranks is not None and not 1 <= ranks <= MAX_GPUS:
-        raise ValueError(f"--ranks must be from 1 to {MAX_GPUS:,}, got {ranks:,}")
-    if levels:
-        if bandwidth is not None or latency is not None:
-            raise ValueError("give either --bandwidth and --latency or --level, not both")
-        parsed = tuple(parse_level(text, i, len(levels)) for i, text in enumerate(levels))
-        named = [level.name for _, level in parsed]
-        twice = list(dict.fromkeys(n for n in named if named.count(n) > 1))
-        if twice:  # a report naming each level's share could not tell them apart
-            shown = ", ".join(map(repr, twice))
-            raise ValueError(f"--level names must differ, as a plan's levels must: {shown} twice")
-        counts = [count for count, _ in parsed]
-        world = math.prod(counts)
-        if world > MAX_GPUS:
-            shown = " × ".join(map(str, counts))
-            raise ValueError(f"the levels hold {shown} = {world:,} ranks; at most {MAX_GPUS:,}")
-        if ranks is not None and ranks != world:
-            shown = " × ".join(map(str, counts)) + (f" = {world:,}" if len(counts) > 1 else "")
-            held = "rank" if world == 1 else "ranks"
-            raise ValueError(
-                f"--ranks {ranks} does not match the levels, which hold {shown} {held}"
-            )
-        domain, topo_levels = 1, []
-        for i, (count, level) in enumerate(parsed):
-            domain *= count
-            size_gpus = None if i == len(parsed) - 1 else domain
-            topo_levels.append(Level(level.name, level.bandwidth, level.latency, size_gpus))
-    else:
-        if ranks is None or bandwidth is None or latency is None:
-            raise ValueError("give --ranks, --bandwidth and --latency, or one --level per level")
-        world = ranks
-        link = Level(
-            "link",
-            _bandwidth(bandwidth, f"--bandwidth {bandwidth!r}"),
-            _quantity(parse_duration, latency, f"--latency {latency!r}"),
-        )
-        topo_levels = [link]
-    if ramp is not None and ramp != "none":
-        from budget.catalog.topologies import RAMPS
+    from budget.catalog.topologies import RAMPS
 
-        if ramp not in RAMPS:
-            names = ", ".join(["none", *RAMPS])
-            raise ValueError(f"unknown ramp {ramp!r}; expected one of {names}")
+    # every option read, every bad one said at once, in the order --help lists them
+    errors: list[str] = []
+    if op not in OPS:
+        errors.append(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    if ranks is not None and not 1 <= ranks <= MAX_GPUS:
+        errors.append(f"--ranks must be from 1 to {MAX_GPUS:,}, got {ranks:,}")
+    size_bytes = _read(errors, partial(_size, size))
+    link_bandwidth = link_latency = None
+    if bandwidth is not None:
+        link_bandwidth = _read(errors, partial(_bandwidth, bandwidth, f"--bandwidth {bandwidth!r}"))
+    if latency is not None:
+        where = f"--latency {latency!r}"
+        link_latency = _read(errors, partial(_quantity, parse_duration, latency, where))
+    parsed = [
+        _read(errors, partial(parse_level, text, i, len(levels))) for i, text in enumerate(levels)
+    ]
+    if algorithm is not None and algorithm not in _ALGORITHM_NAMES:
+        names = ", ".join(_ALGORITHM_NAMES)
+        errors.append(f"unknown algorithm {algorithm!r}; expected one of {names}")
+    if ramp is not None and ramp != "none" and ramp not in RAMPS:
+        errors.append(f"unknown ramp {ramp!r}; expected one of {', '.join(['none', *RAMPS])}")
+    beside_s = None
+    if beside is not None:
+        where = f"--beside {beside!r}"
+        beside_s = _read(errors, partial(_quantity, parse_duration, beside, where))
+    # and how they fit together: the group, on one link or on levels
+    group: tuple[int, list[Level]] | None = None
+    whole = [level for level in parsed if level is not None]
+    if levels and (bandwidth is not None or latency is not None):
+        errors.append("give either --bandwidth and --latency or --level, not both")
+    elif levels and len(whole) == len(parsed):
+        said = ranks is not None and not 1 <= ranks <= MAX_GPUS  # out of range, said above
+        errors.extend(_levels_fit(whole, None if said else ranks))
+        group = _levelled(whole)
+    elif not levels and (ranks is None or bandwidth is None or latency is None):
+        errors.append("give --ranks, --bandwidth and --latency, or one --level per level")
+    elif ranks is not None and link_bandwidth is not None and link_latency is not None:
+        group = ranks, [Level("link", link_bandwidth, link_latency)]
+    if errors or group is None or size_bytes is None:  # a None was said in `errors`
+        raise UsageErrors(errors)
+    world, topo_levels = group
+    kind = cast(Op, op)  # one of OPS, read above
+    if ramp is not None and ramp != "none":
         topo_levels[0] = replace(topo_levels[0], ramp=RAMPS[ramp])
     topology = Topology(gpus=world, levels=tuple(topo_levels))
     span = span_of_ranks(range(world), topology, "dp")
-    cost = price_group(op, size_bytes, span, cast(Algorithm | None, algorithm))
+    cost = price_group(kind, size_bytes, span, cast(Algorithm | None, algorithm))
     if not math.isfinite(cost.time_s):
         raise ValueError(
             f"the time of {size} over these links is past a float's range; give a latency and "
@@ -224,11 +217,10 @@ def collective(
             f"--algorithm {algorithm} needs ranks on two or more levels (--level, each "
             f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
         )
-    beside_s = None if beside is None else _quantity(parse_duration, beside, f"--beside {beside!r}")
     passed_over = None
     if algorithm is None and op == "all-reduce" and len(cost.stages) > 1:
         other: Algorithm = "ring" if cost.algorithm == "double-tree" else "double-tree"
-        time = float(price_group(op, size_bytes, span, other).time_s)
+        time = float(price_group(kind, size_bytes, span, other).time_s)
         # a group of one rank moves nothing either way: nothing was faster
         passed_over = (other, time) if time != float(cost.time_s) else None
     return CollectiveResult(cost, topology.levels, beside_s, passed_over)
@@ -236,42 +228,109 @@ def collective(
 
 def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:
     """ "8:450GB/s:1us" or "8:450GB/s:1us:nvlink" → (8, Level(...)). Unnamed levels are
-    called "level 1", "level 2", ... innermost first."""
+    called "level 1", "level 2", ... innermost first. A bad SIZE, BANDWIDTH and LATENCY
+    are each said (`UsageErrors`)."""
     parts = text.split(":")
-    if len(parts) not in (3, 4):
-        raise ValueError(
-            f"--level {text!r}: expected SIZE:BANDWIDTH:LATENCY[:NAME], e.g. 8:450GB/s:1us"
-        )
-    try:
-        units = int(parts[0])
-    except ValueError:
-        raise ValueError(f"--level {text!r}: SIZE {parts[0]!r} is not a whole number") from None
-    if units < 1:
-        raise ValueError(f"--level {text!r}: SIZE must be at least 1")
-    name = parts[3].strip() if len(parts) == 4 and parts[3].strip() else f"level {index + 1}"
     where = f"--level {text!r}"
-    level = Level(name, _bandwidth(parts[1], where), _quantity(parse_duration, parts[2], where))
-    return units, level
+    if len(parts) not in (3, 4):
+        raise ValueError(f"{where}: expected SIZE:BANDWIDTH:LATENCY[:NAME], e.g. 8:450GB/s:1us")
+    errors: list[str] = []
+    units = _read(errors, partial(_units, parts[0], where))
+    bandwidth = _read(errors, partial(_bandwidth, parts[1], where))
+    latency = _read(errors, partial(_quantity, parse_duration, parts[2], where))
+    if units is None or bandwidth is None or latency is None:
+        raise UsageErrors(errors)
+    name = parts[3].strip() if len(parts) == 4 and parts[3].strip() else f"level {index + 1}"
+    return units, Level(name, bandwidth, latency)
+
+
+def _levelled(levels: Sequence[tuple[int, Level]]) -> tuple[int, list[Level]]:
+    """The ranks the levels hold and each as a topology's level: SIZE counts the units of
+    the level below, so 8 then 4 is 4 nodes of 8 GPUs, 32 ranks, the inner level 8 GPUs
+    wide; the outermost takes every GPU (no size)."""
+    domain, topology = 1, []
+    for i, (count, level) in enumerate(levels):
+        domain *= count
+        size_gpus = None if i == len(levels) - 1 else domain
+        topology.append(Level(level.name, level.bandwidth, level.latency, size_gpus))
+    return domain, topology
+
+
+def _units(text: str, where: str) -> int:
+    """A level's SIZE: how many units of the level below it holds, at least 1."""
+    try:
+        units = int(text)
+    except ValueError:
+        raise ValueError(f"{where}: SIZE {text!r} is not a whole number") from None
+    if units < 1:
+        raise ValueError(f"{where}: SIZE must be at least 1")
+    return units
+
+
+def _levels_fit(levels: Sequence[tuple[int, Level]], ranks: int | None) -> list[str]:
+    """What is wrong with the levels together: a name twice, more ranks than a topology
+    holds, or not the ``ranks`` given (None: not given, or itself bad)."""
+    errors = []
+    named = [level.name for _, level in levels]
+    twice = list(dict.fromkeys(n for n in named if named.count(n) > 1))
+    if twice:  # a report naming each level's share could not tell them apart
+        shown = ", ".join(map(repr, twice))
+        errors.append(f"--level names must differ, as a plan's levels must: {shown} twice")
+    counts = [count for count, _ in levels]
+    world = math.prod(counts)
+    if world > MAX_GPUS:
+        shown = " × ".join(map(str, counts))
+        errors.append(f"the levels hold {shown} = {world:,} ranks; at most {MAX_GPUS:,}")
+    elif ranks is not None and ranks != world:
+        shown = " × ".join(map(str, counts)) + (f" = {world:,}" if len(counts) > 1 else "")
+        held = "rank" if world == 1 else "ranks"
+        errors.append(f"--ranks {ranks} does not match the levels, which hold {shown} {held}")
+    return errors
 
 
 def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResult:
     """Attainable FLOP/s under a memory bandwidth and a compute ceiling given with units; the
     intensity a number of FLOP per byte, its unit written or not ("4", "4FLOP/byte",
-    "4 FLOP/B": a DESIGN audit found every quantity but this one took its unit)."""
-    number = _PER_BYTE.sub("", str(intensity).strip())
+    "4 FLOP/B": a DESIGN audit found every quantity but this one took its unit). Every bad
+    option is said at once (`UsageErrors`), each by its flag."""
+    errors: list[str] = []
+    value = _read(errors, partial(_intensity, intensity))
+    where = f"--bandwidth {bandwidth!r}"
+    memory = _read(errors, partial(_ceiling, parse_bandwidth, bandwidth, where, "80GB/s"))
+    where = f"--peak {peak!r}"
+    compute = _read(errors, partial(_ceiling, parse_flops, peak, where, "1000GFLOP/s"))
+    if value is None or memory is None or compute is None:
+        raise UsageErrors(errors)
+    return RooflineResult(compute_roofline(value, memory, compute))
+
+
+def _intensity(text: float | str) -> float:
+    """FLOP per byte, its unit written or not; finite and 0 or more, as
+    `compute.roofline` takes it."""
+    number = _PER_BYTE.sub("", str(text).strip())
     try:
         value = float(number)
     except ValueError:
         raise ValueError(
-            f"--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte, got {intensity!r}"
+            f"--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte, got {text!r}"
         ) from None
-    return RooflineResult(
-        compute_roofline(
-            value,
-            _quantity(parse_bandwidth, bandwidth, f"--bandwidth {bandwidth!r}"),
-            _quantity(parse_flops, peak, f"--peak {peak!r}"),
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"--intensity {str(text)!r}: the intensity must be a finite number ≥ 0 FLOP/byte, "
+            "such as 4"
         )
-    )
+    return value
+
+
+def _ceiling(parse: Callable[[str], float], text: str, where: str, example: str) -> float:
+    """A roofline's memory bandwidth or compute peak: above 0, as `compute.roofline` takes
+    them (its error named its parameters, bandwidth_Bps and peak_flops, not the flags)."""
+    value = _quantity(parse, text, where)
+    if value <= 0:
+        unit = "B/s" if parse is parse_bandwidth else "FLOP/s"
+        name = "memory bandwidth" if parse is parse_bandwidth else "compute ceiling"
+        raise ValueError(f"{where}: the {name} must be more than 0 {unit}, such as {example!r}")
+    return value
 
 
 # the unit an intensity may carry: FLOP (or FLOPs) per byte (or B)
@@ -306,6 +365,31 @@ def _bandwidth(text: str, where: str) -> float:
     if value < 1:
         raise ValueError(f"{where}: a link's bandwidth is at least 1 B/s, such as '450GB/s'")
     return value
+
+
+T = TypeVar("T")
+
+
+def _read(errors: list[str], parse: Callable[[], T]) -> T | None:
+    """`parse()`, or None with its messages kept in `errors`, so that every bad option is
+    said at once (`UsageErrors`), as `budget check` and `budget search` say theirs."""
+    try:
+        return parse()
+    except UsageErrors as error:
+        errors.extend(error.messages)
+    except ValueError as error:
+        errors.append(str(error))
+    return None
+
+
+def _size(text: str) -> int:
+    """--size: whole bytes, required."""
+    if not text:
+        raise ValueError("--size is required, e.g. --size 1GiB")
+    try:
+        return parse_bytes(text, whole=True)
+    except ValueError as error:
+        raise ValueError(f"--size {text!r}: {error}") from None
 
 
 def _stage_dict(stage: Stage) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from budget.entry import main, route, stdout_console
-from budget.errors import BudgetError, Problem, one_line, usage_line
+from budget.errors import BudgetError, Problem, UsageErrors, one_line, usage_line
 
 if TYPE_CHECKING:
     from budget.accuracy import Accuracy
@@ -134,8 +134,11 @@ def _fail(problems: BudgetError) -> typer.Exit:
     return typer.Exit(code=exit_code(valid=False))
 
 
-def _usage(message: str) -> typer.Exit:
-    print(usage_line(message), file=sys.stderr)
+def _usage(error: str | ValueError) -> typer.Exit:
+    """A fault of the command line on stderr, one line for each of a `UsageErrors`'
+    messages (every bad option at once); exit 2."""
+    for message in error.messages if isinstance(error, UsageErrors) else (str(error),):
+        print(usage_line(message), file=sys.stderr)
     return typer.Exit(code=exit_code(valid=False))
 
 
@@ -172,15 +175,12 @@ def check_command(
     """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
     invalid (its problems go to stderr; the other plans are still checked)."""
     from budget.check import check_plans, parse_limits
-    from budget.errors import UsageErrors
     from budget.render.check import render_check
 
     try:
         limits = parse_limits(headroom, max_exposed, max_step, max_ttft, max_tpot)
     except UsageErrors as error:  # every bad option, one line each
-        for message in error.messages:
-            print(usage_line(message), file=sys.stderr)
-        raise typer.Exit(code=exit_code(valid=False)) from None
+        raise _usage(error) from None
     result = check_plans(plans, limits)
     _problems(result.problems)
     render_check(stdout_console(), result, str(fmt))
@@ -384,8 +384,8 @@ def collective_command(
         result = collective(
             op, ranks, size, bandwidth, latency, level or [], algorithm, ramp, beside
         )
-    except ValueError as error:
-        raise _usage(str(error)) from None
+    except ValueError as error:  # every bad option, one line each (`UsageErrors`)
+        raise _usage(error) from None
     render_collective(stdout_console(), result, str(fmt))
 
 
@@ -404,8 +404,8 @@ def roofline_command(
 
     try:
         result = roofline(intensity, bandwidth, peak)
-    except ValueError as error:
-        raise _usage(str(error)) from None
+    except ValueError as error:  # every bad option, one line each (`UsageErrors`)
+        raise _usage(error) from None
     render_roofline(stdout_console(), result, str(fmt))
 
 

@@ -70,7 +70,7 @@ def _json(args: list[str]) -> dict[str, Any]:
     return data
 
 
-def _error(args: list[str]) -> str:
+def _errors(args: list[str]) -> list[str]:
     result = runner.invoke(app, route(args))
     # a crash keeps its traceback in result.exception, never in the output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(
@@ -78,7 +78,11 @@ def _error(args: list[str]) -> str:
     )
     assert result.exit_code == 2
     assert result.stdout == ""
-    lines = result.stderr.splitlines()
+    return result.stderr.splitlines()
+
+
+def _error(args: list[str]) -> str:
+    lines = _errors(args)
     assert len(lines) == 1
     return lines[0]
 
@@ -582,6 +586,87 @@ def test_a_size_error_names_its_option_and_bytes_are_whole() -> None:
         assert result.exit_code == 2 and message in result.stderr
     ok = runner.invoke(app, route(["collective", "all-reduce", "--size", "1.5KiB", *link]))
     assert ok.exit_code == 0 and "1.5 KiB (1,536 B)" in ok.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        (
+            "--bandwidth",
+            "0GB/s",
+            "--bandwidth '0GB/s': the memory bandwidth must be more than 0 B/s, such as '80GB/s'",
+        ),
+        (
+            "--peak",
+            "0",
+            "--peak '0': the compute ceiling must be more than 0 FLOP/s, such as '1000GFLOP/s'",
+        ),
+        (
+            "--intensity",
+            "nan",
+            "--intensity 'nan': the intensity must be a finite number ≥ 0 FLOP/byte, such as 4",
+        ),
+        (
+            "--intensity",
+            "-4FLOP/byte",
+            "--intensity '-4FLOP/byte': the intensity must be a finite number ≥ 0 FLOP/byte, "
+            "such as 4",
+        ),
+    ],
+)
+def test_a_roofline_error_names_its_flag(option: str, value: str, message: str) -> None:
+    """They named the engine's parameters: "bandwidth_Bps must be a finite number > 0, got
+    0.0", "peak_flops must be ...", "intensity must be ..." (audit)."""
+    options = {"--intensity": "4", "--bandwidth": "80GB/s", "--peak": "1TFLOP/s", option: value}
+    args = ["roofline", *(item for pair in options.items() for item in pair)]
+    assert _error(args) == f"budget: error: {message}"
+
+
+def test_a_roofline_says_every_bad_option_at_once() -> None:
+    """Only --intensity was said, as `budget check` and `search` say all of theirs."""
+    args = ["roofline", "--intensity", "x", "--bandwidth", "y", "--peak", "0"]
+    assert _errors(args) == [
+        "budget: error: --intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte, "
+        "got 'x'",
+        "budget: error: --bandwidth 'y': expected a bandwidth such as '450 GB/s' or '200 "
+        "Gb/s', got 'y'",
+        "budget: error: --peak '0': the compute ceiling must be more than 0 FLOP/s, such as "
+        "'1000GFLOP/s'",
+    ]
+
+
+def test_a_collective_says_every_bad_option_at_once() -> None:
+    """Only the first bad option was said (two bad --level, the first alone), as `budget
+    check` and `search` say all of theirs: each option in the order --help lists them,
+    each part of a level, then how the options fit together."""
+    levels = ["--level", "x:450GB/s:1us", "--level", "4:abc:5", "--size", "1GiB"]
+    assert _errors(["collective", "all-reduce", *levels]) == [
+        "budget: error: --level 'x:450GB/s:1us': SIZE 'x' is not a whole number",
+        "budget: error: --level '4:abc:5': expected a bandwidth such as '450 GB/s' or "
+        "'200 Gb/s', got 'abc'",
+        "budget: error: --level '4:abc:5': 5 has no unit; write a time with its unit, such "
+        "as '5 us', '5 ms' or '5 s'",
+    ]
+    args = ["collective", "gather", "--ranks", "0", "--size", "-1", "--bandwidth", "0"]
+    args += ["--latency", "1 parsec", "--algorithm", "fast", "--ramp", "x", "--beside", "y"]
+    assert _errors(args) == [
+        "budget: error: unknown collective 'gather'; expected one of all-gather, "
+        "reduce-scatter, all-reduce, all-to-all, broadcast, send-recv",
+        "budget: error: --ranks must be from 1 to 16,777,216, got 0",
+        "budget: error: --size '-1': '-1' is negative; expected a size such as '80 GiB' or '80 GB'",
+        "budget: error: --bandwidth '0': a link's bandwidth is at least 1 B/s, such as '450GB/s'",
+        "budget: error: --latency '1 parsec': expected a time such as '3 us', '2 ms' or "
+        "'12 s', got '1 parsec'",
+        "budget: error: unknown algorithm 'fast'; expected one of ring, recursive, tree, "
+        "pairwise, bruck, direct, hierarchical, double-tree, auto",
+        "budget: error: unknown ramp 'x'; expected one of none, nvlink3, nvlink4",
+        "budget: error: --beside 'y': expected a time such as '3 us', '2 ms' or '12 s', got 'y'",
+    ]
+    named = ["--level", "8:450GB/s:1us:a", "--level", "4:50GB/s:5us:a", "--ranks", "16"]
+    assert _errors(["collective", "all-reduce", "--size", "1GiB", *named]) == [
+        "budget: error: --level names must differ, as a plan's levels must: 'a' twice",
+        "budget: error: --ranks 16 does not match the levels, which hold 8 × 4 = 32 ranks",
+    ]
 
 
 def test_a_collective_of_0_bytes_moves_nothing_as_nccl_discards_it() -> None:
