@@ -415,11 +415,24 @@ class PresetKind(StrEnum):  # `budget.presets.KINDS`, kept here so --help import
     models = "models"
 
 
+def _preset_kind(value: str) -> PresetKind:
+    """The catalogue named, in any case; typer's own enum check would prefix its refusal
+    with its validator's "Value error," (as `_format` says)."""
+    try:
+        return PresetKind(value.lower())
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not one of devices, topologies or models") from None
+
+
 @app.command("presets")
 def presets_command(
     kind: Annotated[
         PresetKind | None,
-        typer.Argument(metavar="kind", help="Which catalogue to list; all three when left out."),
+        typer.Argument(
+            metavar="kind",
+            parser=_preset_kind,
+            help="Which catalogue to list; all three when left out.",
+        ),
     ] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
