@@ -232,6 +232,23 @@ def test_mode_decides_the_required_batch_keys() -> None:
     ]
 
 
+@pytest.mark.parametrize("mode", ["decod", "trian", "null", "[decode]"])
+def test_a_mode_that_is_none_holds_back_the_batch_keys_it_decides(mode: str) -> None:
+    """`mode: decod` under a serving batch said 'global', 'micro' and 'seq' were required
+    besides the mode's own error (the training batch was required unless the mode was
+    prefill or decode), pushing toward a training batch: the training batch is required
+    where the mode is train or left out, so a mode that is none asks for no batch keys."""
+    serving = MINIMAL.replace("batch: {seq: 16, micro: 1, global: 1}", "batch: {sequences: 2}")
+    for text in (serving, MINIMAL):
+        found = errors(text.replace("model:", f"mode: {mode}\nmodel:"))
+        assert len(found) == 1 and " error: $.mode: " in found[0], found
+    trained = errors(MINIMAL.replace("model:", "mode: train\nmodel:").replace(", global: 1", ""))
+    assert trained == ["p.yaml:3:1: error: $.batch: 'global' is a required property"]
+    assert errors(MINIMAL.replace(", global: 1", "")) == [
+        "p.yaml:2:1: error: $.batch: 'global' is a required property"
+    ]
+
+
 def test_presets_relax_the_required_fields() -> None:
     text = (
         "model: {preset: llama3-70b}\nbatch: {seq: 16, micro: 1, global: 1}\n"
