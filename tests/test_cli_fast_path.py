@@ -349,8 +349,8 @@ def test_json_to_a_stream_without_utf8_escapes_what_it_cannot_show(words):
     [
         (
             ["presets", "foo"],
-            "budget: error: Invalid value for 'kind': Value error, 'foo' is not one of "
-            "'devices', 'topologies', 'models' (see 'budget presets --help')",
+            "budget: error: Invalid value for 'kind': 'foo' is not one of devices, topologies "
+            "or models (see 'budget presets --help')",
         ),
         (
             [str(GPT3), "--format", "xml"],
