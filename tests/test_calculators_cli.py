@@ -659,7 +659,7 @@ def test_a_collective_says_every_bad_option_at_once() -> None:
         "'12 s', got '1 parsec'",
         "budget: error: unknown algorithm 'fast'; expected one of ring, recursive, tree, "
         "pairwise, bruck, direct, hierarchical, double-tree, auto",
-        "budget: error: unknown ramp 'x'; expected one of none, nvlink3, nvlink4",
+        "budget: error: unknown ramp 'x'; expected one of none, nvlink3, nvlink4, nvlink5",
         "budget: error: --beside 'y': expected a time such as '3 us', '2 ms' or '12 s', got 'y'",
     ]
     named = ["--level", "8:450GB/s:1us:a", "--level", "4:50GB/s:5us:a", "--ranks", "16"]
