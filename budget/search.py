@@ -170,8 +170,8 @@ class Outcome:
     # the model's layers and the multi-token prediction layers after them, which a ranked
     # layout's pipeline splits (`split`, `layers_per_stage`)
     layers: tuple[int, int] = (0, 0)
-    # the plan's own split of its layers at its own depth, which layouts of that depth keep
-    # (`own_split`); None where it has none or splits as `split` does
+    # the plan's own split of its layers at its own depth (pp, v, layers per chunk), which
+    # no ranked layout keeps: the sweep splits as `split` does; None where it has none
     own_split: tuple[int, int, tuple[int, ...]] | None = None
     # the values swept (to say which of the plan's own settings lie outside them)
     space: Space | None = None

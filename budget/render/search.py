@@ -388,13 +388,13 @@ def _outside(outcome: Outcome) -> list[str]:
         ("recompute", c.recompute, space.recompute),
         ("micro", c.micro, space.micro),
     ]
+
+    def text(x: Any) -> str:
+        return str(x).lower()  # sp's True reads as --sp takes it
+
     for option, value, swept in dims:
         if swept is None or value in swept:
             continue
-
-        def text(x: Any) -> str:
-            return str(x).lower()  # sp's True reads as --sp takes it
-
         values = ",".join(map(text, (*swept, value)))
         mine_ = (
             f"{value} virtual stages are"
