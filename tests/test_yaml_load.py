@@ -170,6 +170,10 @@ def test_syntax_error_has_a_position() -> None:
         ),
         ("a: 1e400\n", "p.yaml:1:4: error: $.a: 1e400 is not a finite number"),
         ("a: -.inf\n", "p.yaml:1:4: error: $.a: -.inf is not a finite number"),
+        (  # a long one is cut as other long values are (an audit: 8 MiB of it came back)
+            f"a: {'1' * 400}.5\n",
+            "p.yaml:1:4: error: $.a: 111111111111111111111111111... is not a finite number",
+        ),
         (
             "a: 9223372036854775808\n",
             "p.yaml:1:4: error: $.a: 9223372036854775808 is too large "

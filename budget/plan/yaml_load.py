@@ -434,7 +434,7 @@ class _Builder:
         # a number past these bounds is one problem of the file, not the end of reading it:
         # it stands as None, and the file's other problems are still found
         if isinstance(value, float) and not math.isfinite(value):
-            return self.refuse(where, path, f"{text} is not a finite number")
+            return self.refuse(where, path, f"{_shown(text)} is not a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
             return self.refuse(
                 where, path, f"{_shown(text)} is too large (integers must be below 2**63)"
