@@ -237,7 +237,10 @@ def search_command(
     ep: Annotated[str | None, _option("<list>", "Expert parallel sizes.")] = None,
     zero: Annotated[str, _option("<list>", "ZeRO stages.")] = "0..3",
     micro: Annotated[str | None, _option("<list>", "Micro-batch sizes.")] = None,
-    virtual_stages: Annotated[str, _option("<list>", "Virtual pipeline stages.")] = "1,2,4",
+    virtual_stages: Annotated[
+        str | None,
+        _option("<list>", "Virtual pipeline stages (default: 1,2,4 and the plan's own)."),
+    ] = None,
     recompute: Annotated[
         str, _option("<list>", "Recompute: none,selective,full.")
     ] = "none,selective,full",

@@ -7,6 +7,7 @@ import json
 import random
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -2049,3 +2050,24 @@ def test_options_no_layout_can_take_are_usage_errors(plan, args, message):
     result = CliRunner().invoke(app, route(["search", f"plans/{plan}", *args]))
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == f"budget: error: {message}\n"
+
+
+def test_the_default_sweep_takes_the_plans_own_virtual_stages(tmp_path: Path) -> None:
+    """Virtual stages default to 1, 2, 4 and the plan's own (an audit: a plan at 12 beat the
+    default sweep's best, which had no 12); a list given on the command line is the list."""
+    plan = variant(
+        tmp_path,
+        "v12.yaml",
+        ("pipeline: {schedule: 1f1b}", "pipeline: {schedule: interleaved, virtual_stages: 12}"),
+    )
+    pinned = ["--tp", "8", "--pp", "8", "--cp", "1", "--zero", "1", "--micro", "1"]
+    pinned += ["--recompute", "selective", "--sp", "true", "--top", "20", "-f", "json"]
+
+    def swept(*extra: str) -> set[int]:
+        result = CliRunner().invoke(app, route(["search", str(plan), *pinned, *extra]))
+        assert result.exit_code == 0, result.stderr
+        data = json.loads(result.stdout)
+        return {r["config"]["virtual_stages"] for r in data["results"]}
+
+    assert swept() == {1, 2, 4, 12}
+    assert swept("--virtual-stages", "1,2,4") == {1, 2, 4}
