@@ -296,9 +296,13 @@ def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResul
     errors: list[str] = []
     value = _read(errors, partial(_intensity, intensity))
     where = f"--bandwidth {bandwidth!r}"
-    memory = _read(errors, partial(_ceiling, parse_bandwidth, bandwidth, where, "80GB/s"))
+    memory = _read(
+        errors, partial(_ceiling, parse_bandwidth, bandwidth, where, "memory bandwidth", "B/s")
+    )
     where = f"--peak {peak!r}"
-    compute = _read(errors, partial(_ceiling, parse_flops, peak, where, "1000GFLOP/s"))
+    compute = _read(
+        errors, partial(_ceiling, parse_flops, peak, where, "compute ceiling", "FLOP/s")
+    )
     if value is None or memory is None or compute is None:
         raise UsageErrors(errors)
     return RooflineResult(compute_roofline(value, memory, compute))
@@ -322,13 +326,13 @@ def _intensity(text: float | str) -> float:
     return value
 
 
-def _ceiling(parse: Callable[[str], float], text: str, where: str, example: str) -> float:
-    """A roofline's memory bandwidth or compute peak: above 0, as `compute.roofline` takes
-    them (its error named its parameters, bandwidth_Bps and peak_flops, not the flags)."""
+def _ceiling(parse: Callable[[str], float], text: str, where: str, name: str, unit: str) -> float:
+    """A roofline's memory bandwidth or compute peak (`name`, in `unit`): above 0, as
+    `compute.roofline` takes them (its error named its parameters, bandwidth_Bps and
+    peak_flops, not the flags)."""
     value = _quantity(parse, text, where)
     if value <= 0:
-        unit = "B/s" if parse is parse_bandwidth else "FLOP/s"
-        name = "memory bandwidth" if parse is parse_bandwidth else "compute ceiling"
+        example = {"B/s": "80GB/s", "FLOP/s": "1000GFLOP/s"}[unit]
         raise ValueError(f"{where}: the {name} must be more than 0 {unit}, such as {example!r}")
     return value
 
