@@ -145,6 +145,46 @@ def test_a_reduced_chain_is_accepted(tmp_path):
     assert code == 0, err
 
 
+def _two(first: tuple[str, str, str], second: tuple[str, str, str], group: str) -> str:
+    """Two transitions of one tensor G [hidden, hidden] fp32 on `group`, each (phase,
+    from, to), in this order in the file."""
+    return "transitions:\n" + "".join(
+        f"  - {{name: G, phase: {phase}, tensor: {{shape: [hidden, hidden], dtype: fp32}}, "
+        f"group: {group}, from: {src}, to: {dst}}}\n"
+        for phase, src, dst in (first, second)
+    )
+
+
+@pytest.mark.parametrize("group", ["dp", "tp"])
+def test_a_chain_runs_in_step_order_whatever_the_file_s(tmp_path, group):
+    """A gradient made partial in the backward and "reduced" in a forward listed above it:
+    the forward runs first, so the backward leaves it partial to the optimizer. The chain
+    was read in file order and the plan passed, while the same two listed the other way
+    round were refused (a seeds audit)."""
+    made = ("backward", "replicate", "partial")
+    reduced = ("forward", "partial", "shard(0)" if group == "dp" else "replicate")
+    for first, second in ((made, reduced), (reduced, made)):
+        code, out, err = _run(str(_plan(tmp_path, _two(first, second, group))))
+        assert (code, out) == (2, ""), err
+        assert f"'G' is left sum-partial on {group} and would be consumed as if complete" in err
+
+
+def test_a_chain_continues_from_the_phase_the_step_runs_first(tmp_path):
+    """Listed backward first, a gather in the forward and its reverse in the backward chain
+    as the step runs them (forward, then backward) and are accepted; a break names the
+    phase whose transition ran before."""
+    gather, scatter = ("forward", "shard(0)", "replicate"), ("backward", "replicate", "shard(0)")
+    code, _, err = _run(str(_plan(tmp_path, _two(scatter, gather, "tp"))))
+    assert code == 0, err
+    broken = ("backward", "partial", "shard(0)")
+    code, _, err = _run(str(_plan(tmp_path, _two(broken, gather, "tp"))))
+    assert code == 2
+    assert (
+        "$.transitions[0].from: 'G' starts from partial on tp, but the transition before it "
+        "on tp left it replicate (in forward, which the step runs first)" in err
+    )
+
+
 def test_a_transition_on_a_whole_pass_runs_once_per_micro_batch(tmp_path):
     """DESIGN.md's logits-gather names the forward pass: it ran once per layer of its first
     phase (forward.attention, 12 layers x 96 micro-batches = 1,152 times, +2.05 s on GPT-3;
@@ -304,11 +344,15 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     for point in alone.timeline:
         first.setdefault(point.phase, point)
     if phase == "pipeline.forward":
-        # next comes backward.mlp, whose first instant (fc2 gradients) is the plan's own
-        # peak: the transition adds exactly its two buffers to it
-        assert (alone.peak_phase, alone.peak_instant) == ("backward.mlp", "fc2 gradients")
-        assert first["backward.mlp"].total_bytes == alone.peak_bytes
-        assert stage.peak_bytes - alone.peak_bytes == 3_774_873_600 == added
+        # next comes backward.mlp, whose first instant (fc2 gradients) is 6,291,456 B
+        # (the fc1 input gradient's reduce-scattered shard) below the plan's own peak at
+        # its last: the transition adds exactly its two buffers to the first
+        assert (alone.peak_phase, alone.peak_instant) == (
+            "backward.mlp",
+            "fc1 weight and input gradients",
+        )
+        assert first["backward.mlp"].total_bytes == alone.peak_bytes - 6_291_456
+        assert stage.peak_bytes - first["backward.mlp"].total_bytes == 3_774_873_600 == added
     else:
         # next comes forward.attention: its first instant (QKV projection) plus the two
         assert first["forward.attention"].instant == "QKV projection"

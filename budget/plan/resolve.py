@@ -1610,7 +1610,7 @@ def resolve(
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = _shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
-        r.problems += check_chains(file, transitions)[1]
+        r.problems += check_chains(file, mode, transitions)[1]
     if "transitions" not in skip:
         r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {})
     if (

@@ -49,8 +49,19 @@ def problem(file: str, tr: Transition, message: str, key: str = "") -> Problem:
 Parsed = tuple[Transition, Placement, Placement, Op | None]
 
 
+def step_rank(mode: Mode, name: str) -> int:
+    """Where the phase `name` (a whole pass, a phase or a prefix of one's dotted name)
+    first runs in a `mode` plan's step: the index of its first phase in `PHASES`, after
+    every phase where the mode has no such phase."""
+    phases = PHASES[mode]
+    for i, phase in enumerate(phases):
+        if phase == name or phase.startswith(name + "."):
+            return i
+    return len(phases)
+
+
 def check_chains(
-    file: str, transitions: tuple[Transition, ...]
+    file: str, mode: Mode, transitions: tuple[Transition, ...]
 ) -> tuple[list[Parsed], list[Problem]]:
     """Parse the hand-written transitions and find the ones that would make a budget
     cheaper by being wrong (DESIGN.md rule 7). Their phases are checked apart
@@ -58,28 +69,42 @@ def check_chains(
 
     A tensor has a placement on each group, as a DTensor has one per mesh dimension, and a
     transition changes only its group's: the transitions that share a name and a group
-    form that placement's chain, in plan order. Each must start where the previous one on
-    its group left the tensor, and a tensor sum-partial on a group must be reduced on that
-    group before the chain ends, since whatever consumes it next takes it as complete
+    form that placement's chain, in step order (`step_rank`; the plan's order within one
+    phase), as the step runs them whatever the file's order: a gradient made partial in
+    the backward and "reduced" in a forward listed above it reaches the optimizer still
+    partial (an audit); one whose phase the mode lacks is in no chain, being nowhere in
+    the step (that is said apart). Each must start where the previous one on its group left the
+    tensor, and a tensor sum-partial on a group must be reduced on that group before the
+    chain ends, since whatever consumes it next takes it as complete
     (Megatron-LM's sequence-parallel LayerNorm gradients are partial on tp and on dp, and
     reduced on each). A gradient that reaches the optimizer step still partial has skipped
     its reduction.
     """
     problems: list[Problem] = []
-    parsed: list[Parsed] = []
+    parsed: dict[int, Parsed] = {}
     last: dict[tuple[str, str], tuple[Transition, Placement]] = {}
-    for tr in transitions:
+    ranks = [step_rank(mode, tr.phase) for tr in transitions]
+    for i in sorted(range(len(transitions)), key=ranks.__getitem__):
+        tr = transitions[i]
         try:
             src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
             op = collective_for(src, dst)
         except (ValueError, IllegalTransition) as error:
             problems.append(problem(file, tr, str(error)))
             continue
+        if not known_phase(mode, tr.phase):  # said apart; where it runs is unknown
+            parsed[i] = (tr, src, dst, op)
+            continue
         before = last.get((tr.name, tr.group))
         if before is not None and before[1] != src:
             message = (
                 f"{tr.name!r} starts from {src} on {tr.group}, but the transition before it "
-                f"on {tr.group} left it {before[1]}"
+                f"on {tr.group} left it {before[1]} ("
+                + (
+                    "listed above it in the same phase)"
+                    if before[0].phase == tr.phase
+                    else f"in {before[0].phase}, which the step runs first)"
+                )
             )
             problems.append(problem(file, tr, message, ".from"))
         if dst.kind == "partial" and tr.phase.startswith("optimizer"):
@@ -90,7 +115,7 @@ def check_chains(
             )
             problems.append(problem(file, tr, message, ".to"))
         last[tr.name, tr.group] = (tr, dst)
-        parsed.append((tr, src, dst, op))
+        parsed[i] = (tr, src, dst, op)
     for (name, _), (tr, dst) in last.items():
         if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
             message = (
@@ -98,4 +123,4 @@ def check_chains(
                 "complete: add its reduction (partial → replicate or partial → shard)"
             )
             problems.append(problem(file, tr, message, ".to"))
-    return parsed, problems
+    return [parsed[i] for i in sorted(parsed)], problems
