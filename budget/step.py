@@ -590,11 +590,23 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
-def _before_reduction(s: Shapes, name: str, tp: Any) -> list[Alloc]:
+def _before_reduction(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
     """A row-parallel output or a column-parallel input gradient: partial on tp before its
-    reduction, or, at tp 1, the whole tensor, held all the same."""
+    reduction, or, at tp 1, the whole tensor, held all the same. Under sequence
+    parallelism the reduce-scatter writes its 1/tp shard into a buffer of its own while the
+    partial is alive (Megatron-LM's ``_reduce_scatter_along_first_dim`` and the SP branch of
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward`` allocate it with
+    ``torch.empty``): full + shard at that instant, as a hand-written partial → shard counts
+    it (the seed's lifetimes; a seeds audit). Without it the all-reduce sums in place."""
+    tp = plan.parallel.tp
     partial = _full(s, f"{name} (partial, before reduction)", "partial on tp")
-    return when([partial], tp > 1) + when([_full(s, name)], tp == 1)
+    shard = Alloc(
+        f"{name} (reduce-scattered)",
+        "transient",
+        s.act * s.tokens_sp * s.hidden,
+        placement="shard(0) on tp",
+    )
+    return when([partial], tp > 1) + when([shard], _sp(plan)) + when([_full(s, name)], tp == 1)
 
 
 def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
@@ -1405,7 +1417,6 @@ def _forward(b: _StageBuilder) -> None:
     """Forward of the last layer of the last micro-batch a stage admits before its first
     backward: every earlier layer and micro-batch in flight is saved."""
     plan, s, m = b.plan, b.shapes, b.microbatches
-    par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
     base = [*b.resident, *b.extra_saved, b.earlier]
@@ -1444,7 +1455,7 @@ def _forward(b: _StageBuilder) -> None:
             Instant(
                 "output projection reduction",
                 tuple(
-                    base + checkpoint + attn + _before_reduction(s, "attention output", par.tp) + z3
+                    base + checkpoint + attn + _before_reduction(plan, s, "attention output") + z3
                 ),
             ),
         ],
@@ -1453,7 +1464,7 @@ def _forward(b: _StageBuilder) -> None:
     kept = when(attn_kept, lacks(full))
     if b.has_dense:
         mlp = _either(blocks["mlp"], full)
-        partial = _before_reduction(s, "MLP output", par.tp)  # before the residual add
+        partial = _before_reduction(plan, s, "MLP output")  # before the residual add
         z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
             "forward.mlp",
@@ -1723,7 +1734,7 @@ def _backward(b: _StageBuilder) -> None:
     )
     col = "shard(ffn) on tp"
     gate = plan.model.gate
-    partial_in = _before_reduction(s, "fc1 input gradient", par.tp)
+    partial_in = _before_reduction(plan, s, "fc1 input gradient")
 
     def bucket(block: str, after: Sequence[str]) -> list[Alloc]:
         """ZeRO-2's gradient bucket before its reduce-scatter, the whole layer's gradients
@@ -1884,7 +1895,7 @@ def _backward(b: _StageBuilder) -> None:
                     grad_out,
                     qkv_grad,
                     *when([_full(s, "QKV input (re-gathered for weight grad)")], sp),
-                    *_before_reduction(s, "QKV input gradient", par.tp),
+                    *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),
             ),
@@ -2181,7 +2192,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     """
     if not plan.transitions:
         return step
-    parsed, problems = check_chains(plan.file, plan.transitions)
+    parsed, problems = check_chains(plan.file, plan.mode, plan.transitions)
     if problems:  # a plan `load_plan` resolved has none
         raise BudgetError(problems)
     degrees = {

@@ -404,10 +404,15 @@ assert _LAYER == 8 * _SHARD + 2 * _MASK + 2 * _FFN == 106_954_752
 _BASE = _STATES + _RESERVED + 95 * _LAYER + 8 * _MASK
 # the fc2 backward: the current layer's saved tensors all still held, the output gradient
 # (a shard), its all-gathered copy and fc2's input gradient
-_MLP_PEAK = _BASE + _LAYER + _SHARD + _FULL + _FFN
+_FC2_INSTANT = _BASE + _LAYER + _SHARD + _FULL + _FFN
+# the fc1 backward, the stage's peak: the layer's saved tensors less fc2's and the GeLU's
+# inputs (spent), the output gradient, the GeLU input gradient, the re-gathered fc1 input,
+# its partial input gradient (whole) and the reduce-scatter's shard of it
+_MLP_PEAK = _BASE + _LAYER - 2 * _FFN + _SHARD + _FFN + 2 * _FULL + _SHARD
 # the QKV backward: the norm and QKV inputs still saved, the output gradient, the Q/K/V
-# gradients (3 shards), the re-gathered QKV input and its partial input gradient (whole)
-_QKV_INSTANT = _BASE + 2 * _SHARD + _SHARD + 3 * _SHARD + 2 * _FULL
+# gradients (3 shards), the re-gathered QKV input, its partial input gradient (whole) and
+# the reduce-scatter's shard of it
+_QKV_INSTANT = _BASE + 2 * _SHARD + _SHARD + 3 * _SHARD + 2 * _FULL + _SHARD
 
 
 def _check_gpt3_states(overlap) -> None:
@@ -429,22 +434,42 @@ def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
     neither (it held both: an audit). GPT-3 as shipped (tp 8, sp, selective), stage 0: the
     fc2 backward holds the output gradient, its all-gathered copy and fc2's input gradient,
     6,291,456 + 50,331,648 + 25,165,824 = 81,788,928 B of transients; the fc1 backward
-    the re-gathered fc1 input and its partial gradient (2 x 50,331,648) with the output and
-    activation gradients, beside neither freed 25,165,824 B tensor; the peak is
-    32,649,275,904 B (it read 32,699,607,552). At tp 1 the fc1 input gradient is a whole
-    tensor, not a partial one, and is still held (gpt-1.3b: 4 x 2048 x 2048 x 2 B)."""
+    the re-gathered fc1 input and its partial gradient (2 x 50,331,648), the reduce-
+    scatter's 6,291,456 B shard of it (a seeds audit: left out, the fc1 instant tied the
+    fc2 one) and the output and activation gradients, beside neither freed 25,165,824 B
+    tensor: 32,649,275,904 B at fc2, 32,655,567,360 B at fc1, the peak (it read
+    32,699,607,552 before the frees). At tp 1 the fc1 input gradient is a whole tensor,
+    not a partial one, and is still held (gpt-1.3b: 4 x 2048 x 2048 x 2 B)."""
     from tests.plan_files import GPT3
 
     report = build_report(load_plan(GPT3))
     (mlp,) = [p for p in report.phases if p.name == "backward.mlp"]
     # 19,053,439,488 states + 3 GiB + 95 x 106,954,752 + 8 x 3,145,728 + 106,954,752
     # (this layer) + 6,291,456 + 50,331,648 + 25,165,824 (transients)
-    assert _MLP_PEAK == (
+    assert _FC2_INSTANT == (
         19_053_439_488 + 3_221_225_472 + 10_160_701_440 + 25_165_824 + 106_954_752 + 81_788_928
     )
-    assert mlp.peak_bytes == _MLP_PEAK == 32_649_275_904
+    # the same less fc2's and the GeLU's inputs (2 x 25,165,824), with 6,291,456 (output
+    # gradient) + 25,165,824 (GeLU input gradient) + 2 x 50,331,648 + 6,291,456 (shard)
+    assert _MLP_PEAK == (
+        19_053_439_488
+        + 3_221_225_472
+        + 10_160_701_440
+        + 25_165_824
+        + 106_954_752
+        - 50_331_648
+        + 6_291_456
+        + 25_165_824
+        + 100_663_296
+        + 6_291_456
+    )
+    assert (_FC2_INSTANT, _MLP_PEAK) == (32_649_275_904, 32_655_567_360)
+    assert mlp.peak_bytes == _MLP_PEAK
     (stage0, *_) = report.stages
-    assert (stage0.peak_phase, stage0.peak_instant) == ("backward.mlp", "fc2 gradients")
+    assert (stage0.peak_phase, stage0.peak_instant) == (
+        "backward.mlp",
+        "fc1 weight and input gradients",
+    )
     _check_gpt3_states(stage0.peak_overlap)
     (stage, *_) = derive(load_plan(GPT3)).stages
     (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
@@ -454,6 +479,7 @@ def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
         label: sum(b for n, b in held.items() if n in _TRANSIENTS) for label, held in live.items()
     }
     assert transients["fc2 gradients"] == 6_291_456 + 50_331_648 + 25_165_824
+    assert sum(a.total for a in phase.instants[0].live) == _FC2_INSTANT
     assert "MLP fc2 input" in live["fc2 gradients"]
     assert "MLP fc2 input" not in live["activation gradients"]
     assert "MLP GeLU input" in live["activation gradients"]
@@ -464,10 +490,12 @@ def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
         == fc1["fc1 input gradient (partial, before reduction)"]
         == 50_331_648
     )
+    assert fc1["fc1 input gradient (reduce-scattered)"] == 6_291_456
     single = derive(load_plan(ROOT / "plans" / "gpt-1.3b.yaml")).stages[0]
     (phase,) = [p for p in single.phases if p.name == "backward.mlp"]
     fc1 = {a.name: a.total for a in phase.instants[-1].live}
     assert fc1["fc1 input gradient"] == 4 * 2048 * 2048 * 2
+    assert not [n for n in fc1 if "reduce-scattered" in n]  # no reduction at tp 1
 
 
 _TRANSIENTS = (
@@ -487,7 +515,8 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     and the output projection's saved tensors are spent, and so are the layer's MLP
     tensors, whose backward ran first (a review found them still held: 66,060,288 B on
     GPT-3). GPT-3 as shipped: the QKV instant holds 2 x 50,331,648 B gathered and partial
-    and comes to 32,598,944,256 B, below the MLP backward's 32,649,275,904 B peak."""
+    and the reduce-scatter's 6,291,456 B shard, and comes to 32,605,235,712 B, below the
+    MLP backward's 32,655,567,360 B peak."""
     from tests.plan_files import GPT3
 
     plan = load_plan(GPT3)
@@ -497,6 +526,7 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     held = {a.name: a.total for a in qkv.live}
     assert held["QKV input (re-gathered for weight grad)"] == 50_331_648
     assert held["QKV input gradient (partial, before reduction)"] == 50_331_648
+    assert held["QKV input gradient (reduce-scattered)"] == 6_291_456
     assert "attention Q" not in held and "attention projection input" not in held
     assert "attention QKV input" in held  # the weight gradient reads its shard's gather
     for instant in (core, qkv):
@@ -504,7 +534,7 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     assert held["Q/K/V gradients"] == 3 * _SHARD
     # 19,053,439,488 states + 3 GiB + 95 x 106,954,752 + 8 x 3,145,728 + 2 x 6,291,456
     # (norm and QKV inputs) + 6,291,456 (output gradient) + 18,874,368 (Q/K/V gradients)
-    # + 2 x 50,331,648 (re-gathered input, partial input gradient)
+    # + 2 x 50,331,648 (re-gathered input, partial input gradient) + 6,291,456 (its shard)
     assert _QKV_INSTANT == (
         19_053_439_488
         + 3_221_225_472
@@ -514,10 +544,11 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
         + 6_291_456
         + 18_874_368
         + 100_663_296
+        + 6_291_456
     )
-    assert qkv.total == _QKV_INSTANT == 32_598_944_256
+    assert qkv.total == _QKV_INSTANT == 32_605_235_712
     report = build_report(plan)
-    assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_649_275_904, "backward.mlp")
+    assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_655_567_360, "backward.mlp")
     assert report.worst.peak_bytes == _MLP_PEAK > _QKV_INSTANT
 
 
