@@ -789,7 +789,7 @@ class _Resolver:
                 Level(spec.name, spec.bandwidth, spec.latency, spec.size, ramp=spec.ramp)
                 for spec in preset.levels
             ]
-        self.levels(levels, gpus)
+        self.levels(levels, gpus, per_node if "nodes" in tree else None)
         return Topology(gpus=gpus, levels=tuple(levels), name=preset.name)
 
     def written_levels(self, tree: Tree) -> list[Level]:
@@ -819,10 +819,13 @@ class _Resolver:
             )
         return levels
 
-    def levels(self, levels: list[Level], gpus: int) -> None:
+    def levels(self, levels: list[Level], gpus: int, per_node: int | None = None) -> None:
         """Levels nest: sizes grow outward, each divides the next, only the last may be open;
         each has a name of its own (the report tells links apart by name: two levels of one
-        name read as one link there while a sweep priced them apart, an audit)."""
+        name read as one link there while a sweep priced them apart, an audit). `per_node`:
+        the GPUs per node of a preset the plan sized by topology.nodes, which a partly filled
+        domain is then blamed on and counted in (a fuzzing audit: it named topology.gpus, a
+        key the plan never wrote)."""
         previous: Level | None = None
         named: dict[str, int] = {}
         for i, level in enumerate(levels):
@@ -863,12 +866,21 @@ class _Resolver:
                     f"topology has {gpus}; drop its size or add an outer level",
                 )
             elif level.size < gpus and gpus % level.size:
-                self.error(
-                    "$.topology.gpus",
-                    f"topology.gpus = {gpus} is not a multiple of {level.size}, the GPUs per "
-                    f"{level.name!r} domain: the job would fill one domain partially; "
-                    f"{_nearest(gpus, level.size)}",
-                )
+                if per_node and level.size % per_node == 0:
+                    nodes, size = gpus // per_node, level.size // per_node
+                    self.error(
+                        "$.topology.nodes",
+                        f"topology.nodes = {nodes} is not a multiple of {size}, the nodes "
+                        f"per {level.name!r} domain ({level.size} GPUs): the job would fill "
+                        f"one domain partially; {_nearest(nodes, size)}",
+                    )
+                else:
+                    self.error(
+                        "$.topology.gpus",
+                        f"topology.gpus = {gpus} is not a multiple of {level.size}, the GPUs "
+                        f"per {level.name!r} domain: the job would fill one domain partially; "
+                        f"{_nearest(gpus, level.size)}",
+                    )
             previous = level
 
     def transitions(
