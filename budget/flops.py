@@ -1108,15 +1108,23 @@ def optimizer_work(
     return works
 
 
-def model_flops_per_token(plan: Plan) -> Any:
+def model_flops_per_token(plan: Plan, causal: bool = False) -> Any:
     """6N + 12·L·h·s: training FLOPs per token without recomputation (PaLM appendix B),
     with N the parameters a token uses (the top-k experts of an MoE layer, not all of them;
     Fedus et al., arXiv 2101.03961) less the embedding lookups, which do no GEMM, and
     12·L·h·s the non-causal attention score and value products (6·L·heads·(d_qk + d_v)·s
-    when the query/key and value head dimensions differ, as under latent attention)."""
+    when the query/key and value head dimensions differ, as under latent attention).
+
+    `causal`: the attention products as the causal mask computes them, query i meeting
+    keys 1 ... i ((s + 1)/2 on average, a sliding layer at most its window), as a serving
+    plan's prefill counts them and as FlashAttention's benchmark counts a causal call (half
+    an unmasked one's FLOPs, benchmarks/benchmark_flash_attention.py). PaLM's count can
+    exceed what the GPUs computed: at a long enough context its MFU passes 100 % (an audit:
+    104 % at 4.7M tokens on GB200s)."""
     m, s = plan.model, plan.batch.seq
     n = _gemm_params(plan)
-    return 6 * n + vround(3 * attention_query_flops(m, s, s)) + _mtp_flops_per_token(plan)
+    keys = 1 if causal else s
+    return 6 * n + vround(3 * attention_query_flops(m, keys, s)) + _mtp_flops_per_token(plan)
 
 
 def _dropped_expert_params(plan: Plan) -> Any:

@@ -13,6 +13,7 @@ from budget.flops import (
     backward_keys,
     causal_share,
     fsdp_mixed,
+    model_flops_per_token,
     routing_skew,
     unmasked_keys,
 )
@@ -21,6 +22,7 @@ from budget.memory import Memory, StageMemory, memory
 from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
 from budget.plan.model import AttentionPass, AttentionRate, Plan
 from budget.report import (
+    LAYER_PHASES,
     CollectiveRow,
     Overlapping,
     PhaseRow,
@@ -143,7 +145,21 @@ def _share(priced: Any, share: Any) -> int:
     return int(priced) if share == 1 else round(int(priced) * float(share))
 
 
-def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple[PhaseRow, ...]:
+Rows = dict[tuple[int, str], tuple[CollectiveRow, ...]]
+
+
+def _stage_collectives(times: StepTime, timing: bool) -> Rows:
+    """Each stage's collectives of each of its phases, by (stage, phase name)."""
+    return {
+        (stage.stage, phase.name): tuple(_collective(t, phase, timing) for t in phase.moves)
+        for stage in times.stages
+        for phase in stage.phases
+    }
+
+
+def _phase_rows(
+    step: Step, mem: Memory, times: StepTime, timing: bool, rows_of: Rows
+) -> tuple[PhaseRow, ...]:
     """One row per phase name, in step order, from the stage where it takes longest.
 
     In training the stages work side by side, so a row is its costliest stage's. A serving
@@ -165,7 +181,7 @@ def _phase_rows(step: Step, mem: Memory, times: StepTime, timing: bool) -> tuple
         for stage in times.stages:
             for phase in stage.phases:
                 if phase.name == name:
-                    collectives = tuple(_collective(t, phase, timing) for t in phase.moves)
+                    collectives = rows_of[stage.stage, name]
                     payload = sum(c.sent_bytes * c.count for c in collectives)
                     busy = (phase.compute_s + phase.exposed_s) * phase.count
                     candidates.append((busy, payload, -stage.stage, phase, collectives))
@@ -222,12 +238,16 @@ def _phase_overlap(step: Step, stage: int, name: str, total: int) -> tuple[Overl
 
 
 def _summary(
-    phases: tuple[PhaseRow, ...], times: StepTime, timing: bool
+    plan: Plan, phases: tuple[PhaseRow, ...], times: StepTime, timing: bool
 ) -> dict[str, float | None]:
     """The step's figures. Serving: compute, communication and exposure are the sums of the
     rows (each over the stages a pass crosses). Training: those of the phases the step
     waits for (`schedule.paced_by`), so compute + exposed + bubble is the step; the rows,
-    each at its costliest stage, may come from different stages and add up to more."""
+    each at its costliest stage, may come from different stages and add up to more.
+
+    ``mfu_causal``: the MFU of the attention products the causal mask computes
+    (`flops.model_flops_per_token`), beside PaLM's, which counts them unmasked; a serving
+    plan's MFU counts them so already."""
     if not timing:
         keys = (
             "time_s",
@@ -242,6 +262,7 @@ def _summary(
             "decode_token_s",
             "tokens_per_s",
             "mfu",
+            "mfu_causal",
             "pacing_stage",
             "after_stage",
         )
@@ -261,6 +282,9 @@ def _summary(
             return float(sum(getattr(p, field) or 0.0 for p in phases))
 
     exposed = total("exposed_s")
+    causal = times.mfu
+    if plan.mode == "train" and times.mfu:
+        causal *= model_flops_per_token(plan, causal=True) / model_flops_per_token(plan)
     return {
         "time_s": times.time_s,
         "compute_s": total("compute_s"),
@@ -274,6 +298,7 @@ def _summary(
         "decode_token_s": times.decode_token_s,
         "tokens_per_s": times.tokens_per_s,
         "mfu": times.mfu,
+        "mfu_causal": causal,
         "pacing_stage": pacing,
         # the stage whose gradient reduction and optimizer the step ends with (`paced_by`)
         "after_stage": after_stage,
@@ -435,7 +460,8 @@ def build_report(plan: Plan) -> Report:
         "matmul_by_size": plan.device.gemm is not None,
         "memory_efficiency": plan.device.memory_efficiency,
     }
-    phases = _phase_rows(step, mem, times, timing)
+    rows_of = _stage_collectives(times, timing)
+    phases = _phase_rows(step, mem, times, timing, rows_of)
     return Report(
         name=plan.name,
         file=plan.file,
@@ -451,7 +477,17 @@ def build_report(plan: Plan) -> Report:
             for s, st in zip(mem.stages, step.stages, strict=True)
         ),
         phases=phases,
-        step=_summary(phases, times, timing),
+        step=_summary(plan, phases, times, timing),
+        # training: each stage's per-layer collectives, which its phase rows (each from the
+        # stage where the phase costs most) may mix with other stages' (`slow_link_notes`)
+        layer_collectives=()
+        if plan.mode != "train"
+        else tuple(
+            (stage, c)
+            for (stage, name), rows in rows_of.items()
+            if name.rpartition(".")[2] in LAYER_PHASES
+            for c in rows
+        ),
         mfu_format=mfu_format(plan),
         links=tuple(
             {

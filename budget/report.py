@@ -145,6 +145,8 @@ class Report:
     step: dict[str, float | None]
     links: tuple[dict[str, Any], ...] = ()
     mfu_format: str = "bf16"  # whose dense peak MFU is of (`schedule.mfu_format`)
+    # training: (stage, collective) of every stage's per-layer phases (`LAYER_PHASES`)
+    layer_collectives: tuple[tuple[int, CollectiveRow], ...] = ()
 
     @property
     def worst(self) -> StageRow:
@@ -304,7 +306,7 @@ def phase_scope(report: Report) -> str:
 
 # the groups whose collectives run in every layer of every micro-batch, in these phases
 _PER_LAYER = ("tp", "cp", "ep", "etp")
-_LAYER_PHASES = ("attention", "mlp", "moe")
+LAYER_PHASES = ("attention", "mlp", "moe")
 
 
 def slow_link_notes(report: Report) -> tuple[str, ...]:
@@ -312,28 +314,42 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
     topology's innermost level: frequent exchanges belong on the fastest links (DESIGN.md's
     seed, "map frequent communication onto topology regions with sufficient latency and
     bandwidth"), and a rank order that strides them across nodes passes every limit unsaid
-    (a seeds audit: tp 8 over InfiniBand, 63 % of the step exposed, and no word)."""
+    (a seeds audit: tp 8 over InfiniBand, 63 % of the step exposed, and no word).
+
+    A training plan's figures are one stage's, the one where the group exposes most, named
+    where there are several: the phase rows come each from the stage where its phase costs
+    most, and their sum could belong to no stage and exceed the step's own exposed time (an
+    audit: 405 ms of tp beside a step that exposed 62.4 ms in all). A serving pass crosses
+    every stage, so there the rows, summed over the stages, are the figures."""
     if len(report.links) < 2:
         return ()
     inner = report.links[0]
-    found: dict[str, list[CollectiveRow]] = {}
-    for p in report.phases:
-        if p.name.rpartition(".")[2] not in _LAYER_PHASES:  # not the embedding, loss or dp
-            continue
-        for c in p.collectives:
-            if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
-                found.setdefault(c.group, []).append(c)
+    tagged: tuple[tuple[int | None, CollectiveRow], ...] = report.layer_collectives or tuple(
+        (None, c)
+        for p in report.phases
+        if p.name.rpartition(".")[2] in LAYER_PHASES  # not the embedding, loss or dp
+        for c in p.collectives
+    )
+    found: dict[str, dict[int | None, list[CollectiveRow]]] = {}
+    for stage, c in tagged:
+        if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
+            found.setdefault(c.group, {}).setdefault(stage, []).append(c)
+
+    def exposed(rows: list[CollectiveRow]) -> float:
+        return sum((c.exposed_s or 0.0) * c.count for c in rows)
+
     notes = []
-    for group, rows in found.items():
+    for group, by_stage in found.items():
+        stage, rows = max(by_stage.items(), key=lambda kv: (exposed(kv[1]), -(kv[0] or 0)))
+        if exposed(rows) <= 0:  # hidden behind compute: the step does not wait for the slow link
+            continue
         links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
         calls = sum(c.count for c in rows)
-        exposed = sum((c.exposed_s or 0.0) * c.count for c in rows)
-        if exposed <= 0:  # hidden behind compute: the step does not wait for the slow link
-            continue
+        where = f" on stage {stage}" if stage is not None and report.layout["pp"] > 1 else ""
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
-            f"{group}'s per-layer collectives ({calls:,} calls a step, "
-            f"{format_duration(exposed)} of them exposed) cross {links}: {hint}"
+            f"{group}'s per-layer collectives ({calls:,} calls a step{where}, "
+            f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"
         )
     return tuple(notes)
 

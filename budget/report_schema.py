@@ -55,7 +55,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # different work (other tokens a training step, other sequences, prompt or generated tokens
 # a serving run) have verdict n/a; a preset topology's size is the plan key
 # ``topology.nodes``
-SCHEMA_VERSION = "1.11"
+# 1.12: the report's ``step.mfu_causal``, MFU with the attention products the causal mask
+# computes (``mfu`` counts them unmasked, PaLM's, and can pass 1 at a long context)
+SCHEMA_VERSION = "1.12"
 
 Kind = Literal[
     "report",

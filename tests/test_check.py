@@ -665,3 +665,37 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
     )
     table = runner.invoke(app, route([str(strided)]))
     assert "Caution: tp's per-layer collectives" in table.stdout
+
+
+def test_a_slow_link_caution_gives_one_stage_s_figures(tmp_path: Path) -> None:
+    """tp 16 over two nodes, 28 layers on stage 0 and 4 with a 4M-token vocabulary's loss on
+    stage 1, which paces the step. The caution summed the phase rows, each from the stage
+    where its phase costs most: stage 0's 405 ms of tp beside a step whose exposed
+    communication is 62.4 ms in all (an audit). Its figures are now the stage's where tp
+    exposes most, named: stage 0's calls (28 layers x 8 micro-batches x 10 collectives a
+    layer) and its exposed tp time, summed from its own collectives."""
+    from budget.report import slow_link_notes
+
+    plan = tmp_path / "uneven.yaml"
+    plan.write_text(
+        "model: {preset: llama3-8b, kv_heads: 32, vocab: 4194304}\n"
+        "batch: {seq: 8192, micro: 1, global: 8}\n"
+        "parallel: {tp: 16, pp: 2, dp: 1, sequence_parallel: true,\n"
+        "  pipeline: {schedule: 1f1b, layers_per_stage: [28, 4]}}\n"
+        "device: {preset: h100-sxm, reserved: 3 GiB}\n"
+        "topology: {preset: dgx-h100, nodes: 4}\n",
+        encoding="utf-8",
+    )
+    report = budget_plan(plan)
+    assert report.step["pacing_stage"] == 1
+    (note,) = slow_link_notes(report)
+    assert note.startswith("tp's per-layer collectives (2,240 calls a step on stage 0, ")
+    assert 28 * 8 * 10 == 2240
+    stage0 = [c for s, c in report.layer_collectives if s == 0 and c.group == "tp"]
+    assert sum(c.count for c in stage0) == 2240
+    exposed = sum((c.exposed_s or 0.0) * c.count for c in stage0)
+    assert f", {format_duration(exposed)} of them exposed) cross nvlink and infiniband" in note
+    # the step's own exposed time is the pacing stage's, which the note no longer exceeds
+    # by summing stages: stage 1's tp alone is below it
+    stage1 = [c for s, c in report.layer_collectives if s == 1 and c.group == "tp"]
+    assert sum((c.exposed_s or 0.0) * c.count for c in stage1) <= report.step["exposed_comm_s"]

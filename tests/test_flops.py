@@ -441,3 +441,32 @@ def test_an_inner_dimension_shallower_than_the_sweeps_is_priced_at_their_shallow
     both = 2 / (1 / inner_factor(curve, (1024,)) + 1)  # a backward's two GEMMs: harmonic mean
     assert inner_factor(curve, (1024, 16384)) == pytest.approx(both)
     assert inner_factor(DEVICES["a100-80gb"].gemm, (256,)) == 1.0  # no sweep over K
+
+
+def test_a_long_context_s_mfu_also_counts_attention_as_the_causal_mask_computes_it(tmp_path):
+    """PaLM's 6N + 12·L·h·s counts every query against all s keys; the causal mask
+    computes keys 1 ... i for query i, 6·L·h·(s + 1) a token. Two layers of h 1,024 at
+    262,144 tokens on one GB200: PaLM's count over the step reads 101 % of the peak (a
+    fuzzing audit), the causal count about half of it, and the two differ by exactly that
+    attention term per token."""
+    from budget.pipeline import budget_plan
+
+    plan_file = tmp_path / "long.yaml"
+    plan_file.write_text(
+        "model: {layers: 2, hidden: 1024, heads: 8, vocab: 1000}\n"
+        "batch: {seq: 262144, micro: 1, global: 1}\n"
+        "device: {preset: gb200}\n"
+        "topology: {preset: gb200-nvl72, gpus: 1}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(plan_file)
+    layers, h, s = 2, 1024, 262_144
+    palm = flops.model_flops_per_token(plan)
+    causal = flops.model_flops_per_token(plan, causal=True)
+    assert palm - causal == 12 * layers * h * s - 6 * layers * h * (s + 1)
+    step = budget_plan(plan_file).step
+    assert step["mfu"] > 1 > step["mfu_causal"]
+    assert step["mfu_causal"] == pytest.approx(step["mfu"] * causal / palm, rel=1e-12)
+    # a serving plan's MFU counts the causal products already: the same figure
+    decode = budget_plan(Path(__file__).parent.parent / "plans" / "llama3-70b-decode.yaml").step
+    assert decode["mfu_causal"] == decode["mfu"]
