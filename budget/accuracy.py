@@ -386,7 +386,7 @@ def _nemo_run(
     source: str,
     recompute: str,
     kernel: str,
-    precision: dict[str, str],
+    precision: dict[str, Any],
     comm_sms: dict[str, int] | None = None,
 ) -> Run:
     """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
@@ -452,7 +452,7 @@ def _nemo_table(
     source: str,
     recompute: str,
     kernel: str,
-    precision: dict[str, str],
+    precision: dict[str, Any],
     comm_sms: dict[str, int] | None = None,
 ) -> tuple[Run, ...]:
     """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
@@ -529,11 +529,19 @@ _GPT3_NEMO_MODEL = {"preset": "gpt3-175b", "vocab": 50688, "dropout": True}  # p
 # apex/contrib/optimizers/distributed_fused_adam.py, its arguments' docstring).
 # Megatron-Core's optimizer (``mcore_distributed_optim``) reduces in fp32
 # (``grad_reduce_in_fp32`` unless ``grad_sync_dtype`` says otherwise) and keeps fp32 masters.
-_ADAM: dict[str, dict[str, str]] = {
+# Apex's fused step reads the gradients in their own format (``upcast_grads: false``: its
+# multi-tensor Adam kernel takes bf16 gradients beside fp32 state, no fp32 copy).
+_APEX = {"upcast_grads": False}
+_ADAM: dict[str, dict[str, Any]] = {
     "mcore": {"grads": "fp32", "master": "fp32", "optimizer_state": "fp32"},
-    "apex": {"grads": "fp32", "master": "bf16", "optimizer_state": "fp32"},
-    "apex, bf16 grads, fp8_params": {"grads": "bf16", "master": "fp32", "optimizer_state": "fp32"},
-    "apex, bf16": {"grads": "bf16", "master": "none", "optimizer_state": "bf16"},
+    "apex": {"grads": "fp32", "master": "bf16", "optimizer_state": "fp32", **_APEX},
+    "apex, bf16 grads, fp8_params": {
+        "grads": "bf16",
+        "master": "fp32",
+        "optimizer_state": "fp32",
+        **_APEX,
+    },
+    "apex, bf16": {"grads": "bf16", "master": "none", "optimizer_state": "bf16", **_APEX},
 }
 
 # The SMs each recipe's userbuffers configuration gives its pipelined reduce-scatters, beside

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from budget.memory import memory
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
+from budget.plan.model import Precision
 from budget.step import derive
 from tests.builders import GIB, make_plan
 from tests.plan_files import ROOT
@@ -604,3 +605,64 @@ def test_the_forward_gemms_hold_their_outputs_beside_their_gathered_inputs():
     assert fc1["MLP SwiGLU input (gate, up)"].total == 112 * mib
     out = phases["forward.attention"]["output projection reduction"]
     assert out["attention output (partial, before reduction)"].total == 128 * mib
+
+
+def _optimizer_instant(tmp_path, *edits: tuple[str, str]) -> dict[str, int]:
+    """What plans/gpt-1.3b.yaml with `edits` holds at its optimizer step, by name."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "plan.yaml"
+    path.write_text(text, encoding="utf-8")
+    (stage,) = derive(load_plan(path)).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    (instant,) = phase.instants
+    return {a.name: a.total for a in instant.live}
+
+
+def test_the_optimizer_step_holds_bf16_gradients_upcast_to_the_master_s_format(tmp_path):
+    """Megatron-LM's optimizers step on ``.float()`` of a bf16 gradient, a new fp32 tensor
+    beside the bf16 buffer, as DeepSpeed ZeRO 1/2 step on an fp32 copy of their partition
+    (its estimator's 16 bytes a parameter: 12 of Adam plus 4 of the copy); a peers audit
+    found it left out. GPT 1.3B (Ψ = 1,315,819,520 on its one stage) with bf16 gradients
+    beside its fp32 master: 4Ψ = 5,263,278,080 B at ZeRO 0, the step's peak, 29,537,615,872 B
+    with full recompute at micro 1 (24,274,337,792 B of states and reserve beside it); at
+    ZeRO 1 over dp 8 the shard's, 4 · ⌈Ψ / 8⌉ = 657,909,760 B. None with fp32 gradients,
+    nor where the step reads them as they are (upcast_grads: false, Apex's fused Adam)."""
+    psi = 1_315_819_520
+    bf16 = ("grads: fp32", "grads: bf16")
+    copy = "gradients upcast to fp32 for the step"
+    zero0 = _optimizer_instant(tmp_path, bf16, ("zero: 1", "zero: 0"))
+    assert zero0[copy] == 4 * psi == 5_263_278_080
+    assert _optimizer_instant(tmp_path, bf16)[copy] == 4 * -(-psi // 8) == 657_909_760
+    assert copy not in _optimizer_instant(tmp_path)
+    fused = _optimizer_instant(
+        tmp_path, bf16, ("master: fp32", "master: fp32\n  upcast_grads: false")
+    )
+    assert copy not in fused
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        bf16,
+        ("zero: 1", "zero: 0"),
+        ("recompute: none", "recompute: full"),
+        ("micro: 4", "micro: 1"),
+    ):
+        text = text.replace(old, new)
+    path = tmp_path / "full.yaml"
+    path.write_text(text, encoding="utf-8")
+    worst = build_report(load_plan(path)).worst
+    assert (worst.peak_phase, worst.peak_instant) == ("optimizer", "optimizer step")
+    assert worst.peak_bytes == 24_274_337_792 + 5_263_278_080 == 29_537_615_872
+
+
+def test_zero3_upcasts_one_sub_group_of_gradients_at_a_time():
+    """DeepSpeed ZeRO-3 steps its shard sub-group by sub-group (``sub_group_size``, 1e9
+    elements by default), each one's fp32 gradient copy made and released in turn: a shard
+    larger than 1e9 holds 4e9 B of copy, not its whole."""
+    # GPT-3 175B on one stage over dp 8: a 21.8e9-parameter shard
+    plan = make_plan(tp=1, pp=1, dp=8, zero=3, global_batch=8, precision=Precision(grads="bf16"))
+    (stage,) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    held = {a.name: a.total for a in phase.instants[0].live}
+    assert held["gradients upcast to fp32 for the step"] == 4 * 10**9

@@ -165,6 +165,10 @@ class Precision:
     # dtype of the data-parallel gradient reduction; None: the gradients' own
     grad_reduce: DType | None = None
     kv_cache: DType | None = None  # serving: the KV cache's format; None: the activations'
+    # the optimizer step copies gradients narrower than the master into its format first
+    # (Megatron-LM, DeepSpeed); False: its fused kernel reads them as they are (Apex's
+    # DistributedFusedAdam)
+    upcast_grads: bool = True
 
     @property
     def cache(self) -> DType:

@@ -98,6 +98,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "precision.optimizer_state": (),
     "precision.param_gather": (),
     "precision.grad_reduce": (),
+    "precision.upcast_grads": (),
     "overlap.dp_grads": (False,),
     "overlap.param_gather": (False,),
     "overlap.pp": (False,),
@@ -606,6 +607,7 @@ class _Resolver:
             matmul=tree.get("matmul", "bf16"),
             param_gather=tree.get("param_gather", params),
             grad_reduce=tree.get("grad_reduce"),
+            upcast_grads=tree.get("upcast_grads", True),
             # serving: the activations' format unless the plan names the cache's
             kv_cache=tree.get("kv_cache", tree.get("activations", "bf16")) if serving else None,
         )
