@@ -15,8 +15,8 @@ from typing import Any, Literal, TypeVar
 
 from budget.errors import BudgetError, Problem, UsageErrors
 from budget.inference import passes_for
+from budget.phases import pass_of
 from budget.report import Overlapping, PhaseRow, Report, StageRow, slow_link_notes
-from budget.schedule import pass_of
 from budget.units import (
     UnitError,
     decimals_apart,

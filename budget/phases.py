@@ -41,6 +41,22 @@ PHASE_ORDER: tuple[str, ...] = (
     "optimizer",
 )
 
+
+def pass_of(name: str) -> str:
+    """The pass a phase belongs to: "decode" of decode.attention and of a hand-written
+    transition's "decode: NAME" (`step._with_transitions`)."""
+    return name.split(":")[0].split(".")[0]
+
+
+def pass_within(name: str) -> str:
+    """The pass of a micro-batch a phase runs in: forward (the loss and multi-token
+    prediction with it) or backward, a stage send with its pass ("pipeline.backward": a
+    stage send of the backward, which goes to the previous stage)."""
+    if name in ("loss", "mtp"):
+        return "forward"
+    return name.split(".")[1] if name.startswith("pipeline.") else pass_of(name)
+
+
 Category = Literal[
     "params", "grads", "optimizer", "activations", "transient", "kv_cache", "reserved"
 ]

@@ -19,7 +19,7 @@ from budget.flops import (
 )
 from budget.layers import active_params, moe_layers, mtp_layers, mtp_total
 from budget.memory import Memory, StageMemory, memory
-from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step
+from budget.phases import CATEGORIES, PHASE_ORDER, Alloc, StageStep, Step, pass_of
 from budget.plan.model import AttentionPass, AttentionRate, Plan
 from budget.report import (
     LAYER_PHASES,
@@ -37,7 +37,6 @@ from budget.schedule import (
     can_time,
     mfu_format,
     paced_by,
-    pass_of,
     step_time,
 )
 from budget.step import derive

@@ -64,7 +64,17 @@ from budget.flops import (
 )
 from budget.inference import decode_passes
 from budget.layers import chunks_differ, interleaved_warmup, moe_layers, stage_chunk_ids
-from budget.phases import HAND_WRITTEN, PHASE_ORDER, Move, MoveGroup, Phase, StageStep, Step
+from budget.phases import (
+    HAND_WRITTEN,
+    PHASE_ORDER,
+    Move,
+    MoveGroup,
+    Phase,
+    StageStep,
+    Step,
+    pass_of,
+    pass_within,
+)
 from budget.plan.model import Parallel, Plan, Topology
 from budget.topology import (
     GroupKind,
@@ -83,12 +93,6 @@ def per_microbatch(name: str) -> bool:
     """A phase that runs within each micro-batch: a built-in one, or a hand-written
     transition on a whole pass ("forward: NAME", `step._with_transitions`)."""
     return name in MICROBATCH_PHASES or pass_of(name) in ("forward", "backward")
-
-
-def pass_of(name: str) -> str:
-    """The pass a phase belongs to: "decode" of decode.attention and of a hand-written
-    transition's "decode: NAME" (`step._with_transitions`)."""
-    return name.split(":")[0].split(".")[0]
 
 
 FORWARD_PHASES = (*(p for p in MICROBATCH_PHASES if p.startswith("forward.")), "mtp", "loss")
@@ -742,14 +746,6 @@ _LAYER_PHASES = {
 }
 
 
-def _pass_within(name: str) -> str:
-    """The pass of a micro-batch a phase runs in: forward (the loss and multi-token
-    prediction with it) or backward, a stage send with its pass."""
-    if name in ("loss", "mtp"):
-        return "forward"
-    return name.split(".")[1] if name.startswith("pipeline.") else pass_of(name)
-
-
 def _chunk_times(
     plan: Plan, stages: list[StageTime], m: int
 ) -> tuple[list[list[float]], list[list[float]]]:
@@ -763,7 +759,7 @@ def _chunk_times(
     for stage, chunks in zip(stages, stage_chunk_ids(plan), strict=True):
         for which, (attention, mlp, moe) in _LAYER_PHASES.items():
             phases = [
-                p for p in stage.phases if per_microbatch(p.name) and _pass_within(p.name) == which
+                p for p in stage.phases if per_microbatch(p.name) and pass_within(p.name) == which
             ]
             one = {p.name: p.compute_s + p.exposed_s for p in phases}  # one layer's
             a, d_mlp, e_moe = (one.get(name, 0.0) for name in (attention, mlp, moe))

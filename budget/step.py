@@ -77,6 +77,7 @@ from budget.phases import (
     StageStep,
     Step,
     hide,
+    pass_within,
     when,
 )
 from budget.placement import (
@@ -2195,12 +2196,6 @@ def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
     return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
 
 
-def _backward_phase(name: str) -> bool:
-    """Whether the phase `name` (or prefix) is of the backward pass, whose stage sends go
-    to the previous stage (`pipeline_send`)."""
-    return name.split(".")[0] == "backward" or name == "pipeline.backward"
-
-
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage; a stage send
     on each stage that has the neighbour it goes to (`_sends`).
@@ -2244,7 +2239,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             if target is None:
                 continue
             send = op is None and tr.group == "pp" and src == dst
-            back = _backward_phase(tr.phase)
+            back = pass_within(tr.phase) == "backward"  # its stage sends go to i - 1
             end = st.stage == (0 if back else plan.parallel.pp - 1)
             if send and not _sends(plan, end):
                 continue  # no stage after the last (forward) or before the first (backward)
@@ -2309,7 +2304,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             message = unknown_phase(plan.mode, tr.phase, known)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
         elif i not in sent:  # a stage send where only the stage at the model's end runs
-            way, side = ("previous", "first") if _backward_phase(tr.phase) else ("next", "last")
+            way, side = (
+                ("previous", "first") if pass_within(tr.phase) == "backward" else ("next", "last")
+            )
             where = "the only stage" if plan.parallel.pp == 1 else f"the {side} stage"
             message = (
                 f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
