@@ -400,8 +400,13 @@ def _windows(
     their forward and their backward kernels: only the forward ones are forward (the
     parameters gathered behind the forward are all in use before the output layer's
     backward, an audit); their backward ones come before any layer's gradients, so they
-    are no part of the window the gradient reduction hides behind either."""
+    are no part of the window the gradient reduction hides behind either.
+
+    Also one MoE layer's forward and backward (its attention and its MoE block, one
+    instance of each phase), which the other pass's expert all-to-alls hide behind
+    (`step._ep_moves`)."""
     forward = backward = 0.0
+    layer = {"@forward-layer": 0.0, "@backward-layer": 0.0}
     for phase, seconds in zip(stage.phases, kernels, strict=True):
         per_mb = phase.count / microbatches
         if phase.name in FORWARD_PHASES:
@@ -409,7 +414,10 @@ def _windows(
             forward += sum(ahead) * per_mb
         elif phase.name in BACKWARD_PHASES:
             backward += sum(seconds.values()) * per_mb
-    return {"@forward-microbatch": forward, "@backward-microbatch": backward}
+        window = f"@{pass_of(phase.name)}-layer"  # a training pass's (serving has none)
+        if window in layer and phase.name.rpartition(".")[2] in ("attention", "moe"):
+            layer[window] += sum(seconds.values())
+    return {"@forward-microbatch": forward, "@backward-microbatch": backward, **layer}
 
 
 def _backward_kernel(name: str) -> bool:

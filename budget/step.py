@@ -1018,8 +1018,16 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     Each rank holds tokens·k·capacity rows of `hidden`, so S, the whole redistributed
     tensor, is ep times that; under routing skew (`flops.routing_skew`) the busiest rank
     receives more, and the exchange, which ends when it has, is priced at its rows. Exposed
-    unless `overlap.ep` hides them behind another micro-batch's compute (Megatron-Core's EP
-    A2A overlap; DeepSeek-V3 DualPipe).
+    unless `overlap.ep` hides them behind another micro-batch's compute: Megatron-Core's
+    combined 1F1B runs one micro-batch's forward of a layer beside another's backward, "EP
+    A2A in forward step is hidden by the attention/mlp computation in the backward step,
+    and vice versa", as DeepSeek-V3's DualPipe pairs them (its Figure 4): the forward's
+    dispatch and combine behind one MoE layer's backward (its attention and its MoE block),
+    the backward's behind one layer's forward (an audit: they hid behind their own phase's
+    expert GEMMs, 25.7 ms of DeepSeek-V3's 38.2 ms a layer exposed against about 12). Only
+    a forward with a backward beside it does: 1F1B's warm-up runs p − s − 1 forwards alone
+    and the combined schedule pairs from one later, so stage 0's m − p of m micro-batches
+    (the share of the window counted; none where m ≤ p).
 
     An expert split over etp > 1 ranks needs every row on each: an all-gather over etp
     after dispatch and a reduce-scatter before combine, with or without ep. When every tp
@@ -1037,7 +1045,13 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     # the dispatch's gradient)
     even = vwhere(s.dispatched > 0, s.sent / vmax(s.dispatched, 1), 1.0)
     names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
-    rule = "ep all-to-all: exposed unless overlap.ep hides it behind other compute"
+    beside = "forward" if backward else "backward"
+    m = plan.microbatches
+    paired = vmax(m - par.pp, 0) / m  # the micro-batches whose pass has the other beside it
+    rule = (
+        f"ep all-to-all: exposed unless overlap.ep hides it behind another micro-batch's "
+        f"{beside} of a layer (combined 1F1B), in the micro-batches that pair them"
+    )
     moves = when(
         [
             hide(
@@ -1053,9 +1067,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
                     sent_share=even if received else 1.0,
                     recv_share=1.0 if received else even,
                 ),
-                "@phase",
+                f"@{beside}-layer",
                 "ep",
                 rule,
+                share=paired,
             )
             for name, received in zip(names, (True, False), strict=True)
         ],

@@ -1519,3 +1519,36 @@ def test_a_skewed_all_to_all_sends_the_even_share_and_receives_the_busiest(tmp_p
             after = text.splitlines()[text.splitlines().index(line) + 1]
             assert "28.0 MiB" in line and "56.0 MiB" in after
             assert max(len(li) for li in text.splitlines()) <= 80
+
+
+def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp_path):
+    """Megatron-Core's combined 1F1B runs one micro-batch's forward of a layer beside
+    another's backward: the forward's dispatch and combine hide behind one MoE layer's
+    backward (attention and MoE block), the backward's behind its forward, one after the
+    other in what the window leaves, in the m − p of m micro-batches stage 0 pairs (an
+    audit: they hid behind their own phase's expert GEMMs, and DeepSeek-V3's step exposed
+    twice what DualPipe does). Mixtral 8x7B as shipped with overlap.ep on: m = 256 / 8 = 32
+    micro-batches over pp 4, so 28/32 of each window; exposed = 2T − 0.875·W for the two
+    all-to-alls of a pass, each T, against the other pass's W (or 0 where W covers them)."""
+    from budget.schedule import _kernels, _windows, time_phase
+
+    path = tmp_path / "mixtral.yaml"
+    shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    path.write_text(shipped + "overlap: {ep: true}\n", encoding="utf-8")
+    plan = load_plan(path)
+    step = derive(plan)
+    stage = step.stages[0]
+    kernels = _kernels(plan, stage)
+    windows = _windows(stage, kernels, step.microbatches)
+    one = {p.name: sum(k.values()) for p, k in zip(stage.phases, kernels, strict=True)}
+    assert windows["@forward-layer"] == one["forward.attention"] + one["forward.moe"]
+    assert windows["@backward-layer"] == one["backward.attention"] + one["backward.moe"]
+    assert step.microbatches == 32
+    for name, other in (("forward.moe", "@backward-layer"), ("backward.moe", "@forward-layer")):
+        (phase,) = [p for p in stage.phases if p.name == name]
+        timed = [t for t in time_phase(plan, phase, windows).moves if t.move.group == "ep"]
+        assert len(timed) == 2 and all(t.move.share == 28 / 32 for t in timed)
+        total = sum(t.time_s for t in timed)
+        exposed = sum(t.exposed_s for t in timed)
+        assert exposed == pytest.approx(max(total - 28 / 32 * windows[other], 0.0), rel=1e-12)
+        assert "another micro-batch's" in timed[0].rule
