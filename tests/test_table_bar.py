@@ -487,3 +487,64 @@ def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() ->
     said = "gradient reductions after each of the 16 micro-batches' backward (ZeRO 2) and"
     assert said in summary(long)[0]
     assert "+ gradient reduction and optimizer" in summary(gpt3)[0]  # ZeRO 1: one after
+
+
+SERVING = """name: serve-long-gen
+mode: decode
+model: {{preset: llama3-70b}}
+batch: {{sequences: {sequences}, prompt: 1024, generate: {generate}}}
+precision: {{params: bf16, activations: bf16, kv_cache: fp8}}
+parallel: {{tp: 8, pp: 1, dp: 1}}
+device: {{preset: h200, reserved: 4 GiB}}
+topology: {{preset: dgx-h200, nodes: 1}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("sequences", "generate", "dropped"),
+    [
+        (256, 131_072, ["sent/rank left out"]),
+        (256, 1_048_576, ["sent/rank left out"]),
+        (1, 10**9, ["comm and sent/rank left out", "exposed left out"]),
+    ],
+)
+def test_a_long_generation_prints_every_figure_whole_at_80_columns(
+    tmp_path: Path, sequences: int, generate: int, dropped: list[str]
+) -> None:
+    """An audit: at 80 columns these printed decode.attention's compute "712,039…", the sum
+    of rows "719,652…", the phase names "decode.attent…" and the collectives' rule column
+    "[1" under "rul". Now the tables drop columns until every cell is whole, and say which."""
+    from budget.render.table import render_table
+    from budget.units import format_duration
+
+    plan = tmp_path / "serve.yaml"
+    plan.write_text(SERVING.format(sequences=sequences, generate=generate))
+    report = budget_plan(plan)
+    console = Console(width=80, color_system=None, record=True)
+    render_table(console, report)
+    text = console.export_text()
+    assert "…" not in text
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines())
+    words = set(text.split())
+    for p in report.phases:
+        assert p.name in words and f"{p.count:,}" in words
+        assert format_duration(p.compute_s or 0).split()[0] in words
+        for c in p.collectives:
+            assert f"{c.count:,}" in words
+    assert format_duration(report.step["compute_s"]) in text
+    assert "rule" in words and {"[1]", "[2]", "[3]"} <= words
+    for note in dropped:
+        assert f"{note} at this width (see -f json)" in text
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_shipped_plans_lose_no_column_at_80_or_120_columns(plan: Path, width: int) -> None:
+    """Dropping columns is for tables too wide for the terminal: every plan in plans/
+    prints all of its columns, as before."""
+    from budget.render.table import render_table
+
+    console = Console(width=width, color_system=None, record=True)
+    render_table(console, budget_plan(plan))
+    text = console.export_text()
+    assert "left out at this width" not in text and "…" not in text

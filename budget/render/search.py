@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from budget.render.table import attention_text, titled_table
+from budget.render.table import attention_text, fitted, left_out, titled_table
 from budget.units import decimals_apart, format_bytes, format_duration, plural
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def _table(
     figures = _fitted(console, title, heads, figures, cells, exposed, tokens)
     table = _built(title, heads, figures, cells)
     hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
-    notes = [f"{' and '.join(hidden)} left out at this width (see -f json)"] if hidden else []
+    notes = [left_out(hidden)] if hidden else []
     legend = virtual_note(rows)
     notes += [legend] if legend else []
     return table, notes + ([_uneven_note(outcome, rows)] if any(marked) else [])
@@ -127,24 +127,13 @@ def _fitted(
     exposed: bool,
     tokens: bool,
 ) -> list[str]:
-    """`figures` less those the terminal has no room for: MFU, then exposed communication
-    (unless the search is limited on it), then the step time where tokens per second,
-    which it is proportional to, is shown. At 80 columns a Mixtral ranking by tokens per
-    second limited on exposure needed 85, and rich cut tp, dp and the step time to "…"
+    """`figures` less those the terminal has no room for (`fitted`): MFU, then exposed
+    communication (unless the search is limited on it), then the step time where tokens per
+    second, which it is proportional to, is shown. At 80 columns a Mixtral ranking by tokens
+    per second limited on exposure needed 85, and rich cut tp, dp and the step time to "…"
     (an audit)."""
-    from rich.measure import Measurement
-
     droppable = ["MFU", *([] if exposed else ["exposed"]), *(["step"] if tokens else [])]
-    kept = list(figures)
-    for name in [None, *droppable]:
-        if name in kept:
-            kept.remove(name)
-        table = _built(title, heads, kept, cells)
-        # measured unbounded: at the terminal's width it reads as fitting, cut to fit
-        free = console.options.update_width(2**16)
-        if Measurement.get(console, free, table).maximum <= console.width:
-            break
-    return kept
+    return fitted(console, lambda kept: _built(title, heads, kept, cells), figures, droppable)
 
 
 UNEVEN_NOTE = (

@@ -265,6 +265,45 @@ def titled_table(title: str) -> Table:
     )
 
 
+def fitted(
+    console: Console,
+    build: Callable[[list[str]], Table],
+    columns: list[str],
+    droppable: list[str],
+) -> list[str]:
+    """`columns` less the fewest of `droppable`, dropped in its order, that the terminal must
+    lose for the table `build` makes of them to print whole: where a table is wider than
+    the terminal, rich cuts a column that does not wrap to "…", or to nothing (an audit, at
+    80 columns: a serving plan's decode compute "712,039…", its rule column "[1"). Each
+    column is measured unbounded, at its widest cell if it does not wrap, else at its
+    longest word (`Table._measure_column`, rich's own measure); where even every droppable
+    column gone leaves it too wide, they are all dropped."""
+    kept = list(columns)
+    for name in [None, *droppable]:
+        if name in kept:
+            kept.remove(name)
+        if _narrowest(console, build(kept)) <= console.width:
+            break
+    return kept
+
+
+def _narrowest(console: Console, table: Table) -> int:
+    """The fewest terminal columns `table` prints in with no cell cut."""
+    free = console.options.update_width(2**16)
+    widths = [
+        (m.maximum if c.no_wrap else m.minimum)
+        for c in table.columns
+        for m in [table._measure_column(console, free, c)]
+    ]
+    return sum(widths) + table._extra_width
+
+
+def left_out(names: list[str]) -> str:
+    """The note under a table that `fitted` dropped `names` from."""
+    listed = " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} left out at this width (see -f json)"
+
+
 def _num(table: Table, header: str, **kw: object) -> None:
     table.add_column(header, justify="right", no_wrap=True, **kw)  # type: ignore[arg-type]
 
@@ -373,42 +412,79 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     return _listed((transient or added)[:limit])
 
 
-def phase_table(report: Report, wide: bool) -> Table:
+# the phases table's columns a terminal too narrow for them loses first (`fitted`): the bytes
+# and the communication time each phase's rows in the collectives table add up to, then
+# the peak, which the stage table holds at its worst
+PHASE_DROPPABLE = ["sent/rank", "comm", "peak live"]
+PEAK_STAGE = "peak\nstage"
+LARGEST = "largest it adds at that peak"
+
+
+def phase_table(report: Report, wide: bool, console: Console | None = None) -> Table:
+    """The phases of the step, each where it costs most; with a `console`, less the
+    columns it has no room for (`PHASE_DROPPABLE`), which the caption names."""
     timed = report.step["time_s"] is not None
-    table = titled_table(f"Phases of {run_scope(report)} ({phase_scope(report)})")
-    table.add_column("phase", no_wrap=True)
-    _num(table, "count")
-    if timed:
-        _num(table, "compute")
-        _num(table, "comm")
-        _num(table, "exposed")
-    _num(table, "sent/rank")
-    _num(table, "peak live")
-    if wide:
-        _num(table, "peak\nstage")
-        table.add_column("largest it adds at that peak", ratio=1)
+    columns = ["phase", "count"] + (["compute", "comm", "exposed"] if timed else [])
+    columns += ["sent/rank", "peak live"] + ([PEAK_STAGE, LARGEST] if wide else [])
+    rows: list[dict[str, Any]] = []
     for p in report.phases:
-        cells: list[Any] = [p.name, f"{p.count:,}"]
+        cells: dict[str, Any] = {"phase": p.name, "count": f"{p.count:,}"}
         if timed:
-            cells += [_t(p.compute_s), _t(p.comm_s), _t(p.exposed_s)]
-        cells.append(_b(p.payload_bytes) if p.payload_bytes else "–")
-        cells.append("–" if p.peak_stage is None else _b(p.peak_bytes))
+            cells |= {"compute": _t(p.compute_s), "comm": _t(p.comm_s), "exposed": _t(p.exposed_s)}
+        cells["sent/rank"] = _b(p.payload_bytes) if p.payload_bytes else "–"
+        cells["peak live"] = "–" if p.peak_stage is None else _b(p.peak_bytes)
         if wide:
-            cells.append("" if p.peak_stage is None else str(p.peak_stage))
-            cells.append(Text(_brief(p.peak_overlap, 1)))
-        table.add_row(*cells)
-    if timed:
-        table.add_section()
-        table.add_row(*step_cells(report), "", *(["", ""] if wide else []), style="bold")
-    notes = [_peak_stages(report)] if not wide and len(report.stages) > 1 else []
+            cells[PEAK_STAGE] = "" if p.peak_stage is None else str(p.peak_stage)
+            cells[LARGEST] = Text(_brief(p.peak_overlap, 1))
+        rows.append(cells)
+    total = (
+        dict(
+            zip(
+                ["phase", "count", "compute", "comm", "exposed", "sent/rank"],
+                step_cells(report),
+                strict=True,
+            )
+        )
+        if timed
+        else None
+    )
+
+    def build(kept: list[str]) -> Table:
+        return _phase_columns(report, kept, rows, total)
+
+    kept = columns if console is None else fitted(console, build, columns, PHASE_DROPPABLE)
+    table = build(kept)
+    notes = [left_out([c for c in columns if c not in kept])] if kept != columns else []
+    if not wide and len(report.stages) > 1 and "peak live" in kept:
+        notes.append(_peak_stages(report))
     notes += [pacing_note(report), slowdown_note(report)]
-    if any(p.peak_stage is None for p in report.phases):
+    if any(p.peak_stage is None for p in report.phases) and "peak live" in kept:
         notes.append(
             "– in peak live: the phase (an embedding lookup, a stage send) holds no more "
             "than the phase after it, so it has no peak of its own"
         )
-    if notes:
+    if any(notes):
         table.caption, table.caption_justify = "\n".join(n for n in notes if n), "left"
+    return table
+
+
+def _phase_columns(
+    report: Report, kept: list[str], rows: list[dict[str, Any]], total: dict[str, str] | None
+) -> Table:
+    """The phases table of the columns `kept`, its total row last where the step is timed."""
+    table = titled_table(f"Phases of {run_scope(report)} ({phase_scope(report)})")
+    for name in kept:
+        if name == "phase":
+            table.add_column(name, no_wrap=True)
+        elif name == LARGEST:
+            table.add_column(name, ratio=1)
+        else:
+            _num(table, name)
+    for cells in rows:
+        table.add_row(*(cells[name] for name in kept))
+    if total is not None:
+        table.add_section()
+        table.add_row(*(total.get(name, "") for name in kept), style="bold")
     return table
 
 
@@ -531,8 +607,18 @@ class Hanging:
         return Measurement(self.rest + longest, self.first + self.text.cell_len)
 
 
-def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Table, list[str]]:
-    """The transitions of the step, and the overlap rules their last column points to."""
+# the collectives table's columns a terminal too narrow for them loses first (`fitted`): the
+# steps and tensor size (at 140 columns), the link (the Links table says which groups each
+# carries), the exposed time (the phases table sums it), then the rule
+COLLECTIVE_DROPPABLE = ["steps", "tensor S", "link", "exposed", "rule"]
+
+
+def collective_table(
+    report: Report, wide: bool, full: bool = False, console: Console | None = None
+) -> tuple[Table, list[str]]:
+    """The transitions of the step, and the overlap rules their last column points to; with
+    a `console`, less the columns it has no room for (`COLLECTIVE_DROPPABLE`), which the
+    legend names."""
     timed = report.step["time_s"] is not None
     every = [c for p in report.phases for c in p.collectives]
     # an all-to-all under routing skew receives more than it sends, or sends more (dispatch,
@@ -542,33 +628,19 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
     equal = "; received = sent"
     if lopsided:
         equal = "" if wide else "; received = sent, or under it where it differs"
-    table = titled_table(f"Collectives (per rank, per call{equal}{calls_scope(report)})")
-    # narrow, the transition wraps sooner and the op (format, 2L) may take two lines, so
-    # that the rule column stays whole at 80 columns
-    table.add_column("transition", ratio=1, min_width=20 if wide else 18)
-    table.add_column("op", no_wrap=wide, max_width=None if wide else 4)
-    _num(table, "group")
-    if wide:
-        table.add_column("link", no_wrap=True)
-    if full:
-        _num(table, "tensor S")
-    _num(table, "sent")
-    if lopsided and wide:
-        _num(table, "received")
-    if full:
-        _num(table, "steps")
-    if timed:
-        _num(table, "time")
-        _num(table, "exposed")
-    _num(table, "calls")
-    _num(table, "rule")
+    title = f"Collectives (per rank, per call{equal}{calls_scope(report)})"
+    columns = ["transition", "op", "group"] + (["link"] if wide else [])
+    columns += (["tensor S"] if full else []) + ["sent"]
+    columns += (["received"] if lopsided and wide else []) + (["steps"] if full else [])
+    columns += (["time", "exposed"] if timed else []) + ["calls", "rule"]
+    rows: list[dict[str, Any]] = []
     rules: list[str] = []
     # the format most payloads travel in goes in the legend; an op in another names its own
     usual = Counter(c.dtype for c in every).most_common(1)[0][0] if every else ""
     for p in report.phases:
         if not p.collectives:
             continue
-        table.add_row(f"[bold]{p.name}[/]")
+        rows.append({"transition": f"[bold]{p.name}[/]"})
         for c in p.collectives:
             rule = c.overlap_rule or ""
             if rule not in rules:
@@ -589,25 +661,28 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
                 if c.op == "send-recv"
                 else f"{group_name(c.group, report.layout)} {c.ranks}"
             )
-            cells: list[Any] = [Hanging(c.name), op, group]
-            if wide:
-                cells.append(Text(c.link or ""))
-            if full:
-                cells.append(_b(c.bytes))
+            cells: dict[str, Any] = {"transition": Hanging(c.name), "op": op, "group": group}
+            cells |= {"link": Text(c.link or ""), "tensor S": _b(c.bytes)}
             if lopsided and wide:
-                cells += [_b(c.sent_bytes), _b(c.recv_bytes)]
+                cells |= {"sent": _b(c.sent_bytes), "received": _b(c.recv_bytes)}
             elif c.recv_bytes != c.sent_bytes:
-                cells.append(f"{_b(c.sent_bytes)}\n{_b(c.recv_bytes)}")
+                cells["sent"] = f"{_b(c.sent_bytes)}\n{_b(c.recv_bytes)}"
             else:
-                cells.append(_b(c.sent_bytes))
-            if full:
-                cells.append(str(c.steps))
-            if timed:
-                bound = (c.latency_term_s or 0) > (c.bandwidth_term_s or 0)
-                cells += [_t(c.time_s) + ("*" if bound else " "), _t(c.exposed_s)]
-            cells += [f"{c.count:,}", f"[{rules.index(rule) + 1}]"]
-            table.add_row(*cells)
-    legend = ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
+                cells["sent"] = _b(c.sent_bytes)
+            bound = (c.latency_term_s or 0) > (c.bandwidth_term_s or 0)
+            cells |= {"steps": str(c.steps), "time": _t(c.time_s) + ("*" if bound else " ")}
+            cells |= {"exposed": _t(c.exposed_s), "calls": f"{c.count:,}"}
+            cells["rule"] = f"[{rules.index(rule) + 1}]"
+            rows.append(cells)
+
+    def build(kept: list[str]) -> Table:
+        return _collective_columns(title, wide, kept, rows)
+
+    kept = columns if console is None else fitted(console, build, columns, COLLECTIVE_DROPPABLE)
+    table = build(kept)
+    hidden = [c for c in columns if c not in kept]
+    legend = [left_out(hidden)] if hidden else []
+    legend += ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
     if every:
         legend.append(_algorithms(every, usual, wide))
     if wide:
@@ -639,6 +714,27 @@ def collective_table(report: Report, wide: bool, full: bool = False) -> tuple[Ta
         )
     legend += [f"[{i}] {rule}" for i, rule in enumerate(rules, 1)]
     return table, legend
+
+
+def _collective_columns(
+    title: str, wide: bool, kept: list[str], rows: list[dict[str, Any]]
+) -> Table:
+    """The collectives table of the columns `kept`: narrow, the transition wraps sooner and
+    the op (format, 2L) may take two lines, so that the rule column stays whole at 80
+    columns."""
+    table = titled_table(title)
+    for name in kept:
+        if name == "transition":
+            table.add_column(name, ratio=1, min_width=20 if wide else 18)
+        elif name == "op":
+            table.add_column(name, no_wrap=wide, max_width=None if wide else 4)
+        elif name == "link":
+            table.add_column(name, no_wrap=True)
+        else:
+            _num(table, name)
+    for cells in rows:
+        table.add_row(*(cells.get(name, "") for name in kept))
+    return table
 
 
 def _levels(row: CollectiveRow) -> int:
@@ -854,11 +950,11 @@ def render_table(console: Console, report: Report) -> None:
     for table in (
         stage_table(report, wide, bar, marks),
         overlap_table(report.worst, report.layout),
-        phase_table(report, wide),
+        phase_table(report, wide, console),
     ):
         console.print()
         console.print(table)
-    collectives, legend = collective_table(report, wide, console.width >= FULL)
+    collectives, legend = collective_table(report, wide, console.width >= FULL, console)
     console.print()
     console.print(collectives)
     for line in legend:
