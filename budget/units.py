@@ -305,6 +305,35 @@ def plural(n: int, word: str, many: str = "") -> str:
     return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
+def format_share(share: float) -> str:
+    """A share as a percentage to one decimal, "55.4%", or to two significant figures where
+    one decimal reads as nought: "0.049%" (an audit: a 171,136-parameter model's MFU of
+    0.049 % printed "0.0%")."""
+    percent = share * 100
+    if percent == 0 or abs(percent) >= 0.05:
+        return f"{share:.1%}"
+    return f"{percent:.{1 - math.floor(math.log10(abs(percent)))}f}%"
+
+
+def format_amount(x: float) -> str:
+    """A rate or amount for people: whole from 10 ("410,957", "44"), three significant
+    figures under it ("0.396", "4.20"; an audit: 0.396 generated tokens/s printed "0")."""
+    if x == 0 or abs(x) >= 9.995:
+        return f"{x:,.0f}"
+    return f"{x:.{2 - math.floor(math.log10(abs(x)))}f}"
+
+
+def format_count(n: float) -> str:
+    """A count of parameters for people: "70.55 billion", "494.03 million", and under a
+    million the count itself, "171,136" (an audit: a 171,136-parameter model read "0.00
+    billion")."""
+    if abs(n) >= 999_995_000:
+        return f"{n / 1e9:,.2f} billion"
+    if abs(n) >= 1e6:
+        return f"{n / 1e6:,.2f} million"
+    return f"{n:,.0f}"
+
+
 def format_bytes(n: float, binary: bool = True) -> str:
     """A size for people, three significant digits: "1.50 GiB", "17.6 GiB", "126 MiB".
 

@@ -548,3 +548,43 @@ def test_the_shipped_plans_lose_no_column_at_80_or_120_columns(plan: Path, width
     render_table(console, budget_plan(plan))
     text = console.export_text()
     assert "left out at this width" not in text and "…" not in text
+
+
+def test_a_tiny_plan_reads_its_small_figures(tmp_path: Path) -> None:
+    """An audit: a 171,136-parameter model printed "0.00 billion parameters" and "MFU
+    0.0%" (the JSON: 0.049 %), and a 1-token sequence "at 1 keys per call". Hand count
+    (learned positions, no linear biases, tied head): embeddings 1,000·64 + 1·64 = 64,064;
+    each layer 4·64² (attention) + 2·64·256 (MLP) + 2·2·64 (two layernorms) = 49,408, twice
+    98,816; the final layernorm 128: 163,008."""
+    from budget.render.table import header, summary
+
+    plan = tmp_path / "tiny.yaml"
+    plan.write_text(
+        "name: tiny\nmode: train\n"
+        "model: {layers: 2, hidden: 64, heads: 2, vocab: 1000, mlp: gelu, norm: layernorm, "
+        "position: learned}\n"
+        "batch: {seq: 1, micro: 1, global: 1}\n"
+        "parallel: {tp: 1, pp: 1, dp: 1}\n"
+        "device: {preset: h100-sxm, reserved: 3 GiB}\n"
+        "topology: {preset: dgx-h100, gpus: 1}\n"
+    )
+    report = budget_plan(plan)
+    assert report.model["params_total"] == 64_064 + 98_816 + 128
+    lines = header(report)
+    assert lines[1].startswith("model: 163,008 parameters (")
+    assert " at 1 key per call " in lines[3]
+    mfu = float(report.step["mfu"])
+    assert 0 < mfu < 0.0005
+    assert f"MFU {mfu * 100:.2g}% of the bf16 peak" in summary(report)[-1]
+
+
+def test_a_slow_generation_says_its_rate_to_three_figures(tmp_path: Path) -> None:
+    """An audit: one sequence generating 10^9 tokens printed "0 generated tokens/s", where
+    the JSON holds 0.396 (2.53 s per token, one sequence)."""
+    from budget.render.table import summary
+
+    plan = tmp_path / "serve.yaml"
+    plan.write_text(SERVING.format(sequences=1, generate=10**9))
+    report = budget_plan(plan)
+    assert round(float(report.step["tokens_per_s"]), 3) == 0.396
+    assert "; 0.396 generated tokens/s over all sequences" in summary(report)[1]

@@ -378,3 +378,43 @@ def test_a_size_of_2_to_the_63_bytes_or_more_is_refused_as_the_bare_integer_is(
     assert str(raised.value) == f"{size!r} is too large (sizes must be below 2**63 bytes)"
     assert parse_bytes("9223372036854775807 B") == MAX_INT - 1
     assert parse_bytes(MAX_INT - 1) == MAX_INT - 1
+
+
+@pytest.mark.parametrize(
+    ("share", "text"),
+    [(0.554, "55.4%"), (0.0005, "0.1%"), (0.00049, "0.049%"), (0.00025, "0.025%"), (0, "0.0%")],
+)
+def test_a_small_share_keeps_figures_enough_to_read_as_more_than_nought(
+    share: float, text: str
+) -> None:
+    """An audit: a tiny model's MFU of 0.049 % printed "0.0%"."""
+    from budget.units import format_share
+
+    assert format_share(share) == text
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [(410_956.8, "410,957"), (44.2, "44"), (0.396, "0.396"), (4.2, "4.20"), (0, "0")],
+)
+def test_a_small_rate_keeps_three_significant_figures(x: float, text: str) -> None:
+    """An audit: 0.396 generated tokens/s printed "0"."""
+    from budget.units import format_amount
+
+    assert format_amount(x) == text
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (70_553_706_496, "70.55 billion"),
+        (999_999_999, "1.00 billion"),
+        (494_032_768, "494.03 million"),
+        (171_136, "171,136"),
+    ],
+)
+def test_a_parameter_count_is_said_in_the_unit_it_reaches(n: int, text: str) -> None:
+    """An audit: a 171,136-parameter model read "0.00 billion parameters"."""
+    from budget.units import format_count
+
+    assert format_count(n) == text

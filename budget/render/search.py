@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from budget.render.table import attention_text, fitted, left_out, titled_table
-from budget.units import decimals_apart, format_bytes, format_duration, plural
+from budget.units import (
+    decimals_apart,
+    format_amount,
+    format_bytes,
+    format_duration,
+    format_share,
+    plural,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,8 +65,8 @@ def _figures(r: Result, digits: int | None = None) -> dict[str, str]:
         "peak": peak,
         "step": format_duration(r.step_time_s),
         "exposed": format_duration(r.exposed_comm_s),
-        "tokens/s": f"{r.tokens_per_s:,.0f}",
-        "MFU": f"{r.mfu:.1%}",
+        "tokens/s": format_amount(r.tokens_per_s),
+        "MFU": format_share(r.mfu),
     }
 
 

@@ -31,7 +31,15 @@ from budget.report import (
     run_scope,
     slow_link_notes,
 )
-from budget.units import format_bytes, format_duration, format_rate, plural
+from budget.units import (
+    format_amount,
+    format_bytes,
+    format_count,
+    format_duration,
+    format_rate,
+    format_share,
+    plural,
+)
 
 if TYPE_CHECKING:
     from budget.report import CollectiveRow, Overlapping, Report, StageRow
@@ -83,7 +91,7 @@ def header(report: Report) -> list[str]:
         )
     return [
         f"{report.name} · {report.mode} · {plural(report.world_size, 'GPU')} = {degrees}",
-        f"model: {m['params_total'] / 1e9:,.2f} billion parameters{_mtp(m)}{_active(m)} "
+        f"model: {format_count(m['params_total'])} parameters{_mtp(m)}{_active(m)} "
         f"({plural(m['layers'], 'layer')}, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
         f"vocab {m['vocab']:,}{_window(m)})",
         f"layout: {'; '.join([*extras, work])}",
@@ -107,7 +115,7 @@ def _active(model: dict[str, Any]) -> str:
     """', 12.88 billion active per token' for an MoE model, or nothing."""
     if model.get("experts") is None:
         return ""
-    return f", {model['params_active'] / 1e9:,.2f} billion active per token"
+    return f", {format_count(model['params_active'])} active per token"
 
 
 def _ffn(model: dict[str, Any]) -> str:
@@ -134,7 +142,7 @@ def _mtp(model: dict[str, Any]) -> str:
     if not n:
         return ""
     modules = "module" if n == 1 else "modules"
-    return f" + {model['mtp_params'] / 1e9:,.2f} billion in {n} multi-token prediction {modules}"
+    return f" + {format_count(model['mtp_params'])} in {n} multi-token prediction {modules}"
 
 
 def _window(model: dict[str, Any]) -> str:
@@ -173,7 +181,7 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         # where the backward meets other lengths (`flops.backward_keys`), the keys are the
         # forward's, and the backward's are said after the causal share
         forward = ", its forward" if device.get("attention_backward_keys") else ""
-        rate += f"{forward} at {keys:,} keys per {call}" if keys else ""
+        rate += f"{forward} at {plural(keys, 'key')} per {call}" if keys else ""
     kernel = device["attention"]
     text = attention_text(
         kernel,
@@ -191,16 +199,16 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
         text += f"; {share} of the calls' work under the causal mask, the rest unmasked"
         unmasked = device.get("attention_unmasked_keys")
         if unmasked and unmasked != device.get("attention_keys"):
-            text += f" at {unmasked:,} keys"
+            text += f" at {plural(unmasked, 'key')}"
     backward = device.get("attention_backward_keys")
     if backward:
-        text += f"; its backward at {backward:,} keys a call"
+        text += f"; its backward at {plural(backward, 'key')} a call"
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
-    window += f" at {device['attention_window_keys']:,} keys"
+    window += f" at {plural(device['attention_window_keys'], 'key')}"
     held = device.get("attention_window_held_at")
-    return text + window + (f" (the rate at {held:,} keys, held there)" if held else "")
+    return text + window + (f" (the rate at {plural(held, 'key')}, held there)" if held else "")
 
 
 def attention_text(
@@ -220,7 +228,7 @@ def attention_text(
     which way it leans (a shorter call runs a kernel at a lower share of its peak: a user
     audit read "held there" as exact)."""
     name = kernel if runs == kernel else f"{kernel} = {runs}"
-    held = f" at {held_at:,} keys and held there" if held_at else ""
+    held = f" at {plural(held_at, 'key')} and held there" if held_at else ""
     if held_at and keys and keys != held_at:
         lean = (
             "a shorter call likely runs slower" if keys < held_at else "a longer one likely faster"
@@ -837,10 +845,11 @@ def summary(report: Report) -> list[str]:
         if step.get("decode_token_s") is not None:
             lines.append(
                 f"Decode: {_t(step['decode_token_s'])} per token; "
-                f"{float(step['tokens_per_s'] or 0):,.0f} generated tokens/s over all sequences"
+                f"{format_amount(float(step['tokens_per_s'] or 0))} generated tokens/s over all "
+                "sequences"
             )
         else:
-            lines.append(f"{float(step['tokens_per_s'] or 0):,.0f} prompt tokens/s")
+            lines.append(f"{format_amount(float(step['tokens_per_s'] or 0))} prompt tokens/s")
         # decode MFU is over the decode steps alone, the exposure over the whole run
         scope = "decode MFU" if step.get("decode_token_s") is not None else "MFU"
         lines.append(f"{exposed}; {scope} {_mfu(report)}")
@@ -863,14 +872,14 @@ def summary(report: Report) -> list[str]:
         first,
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
         f"({float(step['exposed_share'] or 0):.1%} of the step){_slowed(step)}; "
-        f"{float(step['tokens_per_s'] or 0):,.0f} tokens/s; MFU {_mfu(report)}",
+        f"{format_amount(float(step['tokens_per_s'] or 0))} tokens/s; MFU {_mfu(report)}",
     ]
 
 
 def _mfu(report: Report) -> str:
     """MFU and the peak it is a share of: the dense peak of the GEMMs' format (an fp8 plan's
     MFU is of the fp8 peak, twice the bf16 one), "55.4% of the bf16 peak"."""
-    return f"{float(report.step['mfu'] or 0):.1%} of the {report.mfu_format} peak"
+    return f"{format_share(float(report.step['mfu'] or 0))} of the {report.mfu_format} peak"
 
 
 def _slowed(step: dict[str, Any]) -> str:
