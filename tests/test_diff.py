@@ -923,3 +923,40 @@ def test_two_prefills_apart_in_generate_alone_do_the_same_work(tmp_path: Path) -
     *_, diff = diff_files(a, b)
     assert diff.work[0] == diff.work[1] and diff.note is None
     assert {d.metric: d.verdict for d in diff.summary}["time_s"] != "n/a"
+
+
+def test_mfus_of_different_peaks_carry_no_verdict_and_say_whose(tmp_path: Path) -> None:
+    """An audit: Llama 3 70B in bf16 against fp8 GEMMs read "MFU 49.1% → 32.6% ✗" where
+    tokens/s rose 32.8 %: B's MFU is a share of the fp8 peak, twice the bf16 one. The row
+    names each side's peak, has no ✓ or ✗ (verdict n/a in JSON), and a note says why;
+    tokens/s keeps its verdict."""
+    b = variant(
+        tmp_path, "fp8.yaml", ("  params: bf16", "  params: bf16\n  matmul: fp8"), base=LLAMA
+    )
+    ra, rb, diff = diff_files(LLAMA, b)
+    assert (ra.mfu_format, rb.mfu_format) == ("bf16", "fp8")
+    verdicts = {d.metric: d.verdict for d in diff.summary}
+    assert verdicts["mfu"] == "n/a" and verdicts["tokens_per_s"] == "better"
+    assert rb.step["mfu"] < ra.step["mfu"]  # what read as worse
+    code, out, _ = _diff(LLAMA, b)
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if line.lstrip().startswith("MFU")]
+    assert row.lstrip().startswith("MFU (bf16 → fp8 peak)")
+    assert not row.rstrip().endswith(("✓", "✗"))
+    note = "A's MFU is a share of the bf16 peak and B's of the fp8 peak"
+    assert note in " ".join(out.split())
+    result = runner.invoke(app, route(["diff", "-f", "json", str(LLAMA), str(b)]))
+    delta = json.loads(result.stdout)["delta"]
+    assert delta["summary"]["mfu"]["verdict"] == "n/a" and note in delta["note"]
+    markdown = runner.invoke(app, route(["diff", "-f", "markdown", str(LLAMA), str(b)])).stdout
+    assert "| MFU (bf16 → fp8 peak) |" in markdown
+
+
+def test_mfus_of_one_peak_keep_their_verdict(tmp_path: Path) -> None:
+    """Both plans in bf16: MFU is one peak's share on both sides, and keeps its row name
+    and its verdict."""
+    b = variant(tmp_path, "g1024.yaml", ("global: 512", "global: 1024"), base=LLAMA)
+    _, _, diff = diff_files(LLAMA, b)
+    assert diff.mfu_formats == ("bf16", "bf16")
+    assert next(d for d in diff.summary if d.metric == "mfu").verdict != "n/a"
+    assert diff.note is None or "peak" not in diff.note
