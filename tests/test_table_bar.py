@@ -538,10 +538,11 @@ def test_a_long_generation_prints_every_figure_whole_at_80_columns(
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
-@pytest.mark.parametrize("width", [80, 120])
-def test_the_shipped_plans_lose_no_column_at_80_or_120_columns(plan: Path, width: int) -> None:
+@pytest.mark.parametrize("width", [80, 110, 120])
+def test_the_shipped_plans_lose_no_column_at_80_110_or_120_columns(plan: Path, width: int) -> None:
     """Dropping columns is for tables too wide for the terminal: every plan in plans/
-    prints all of its columns, as before."""
+    prints all of its columns, as before. At 110 columns the stage table's fill bar was
+    cut to "███···…"; it takes 5 cells there now."""
     from budget.render.table import render_table
 
     console = Console(width=width, color_system=None, record=True)
@@ -588,3 +589,31 @@ def test_a_slow_generation_says_its_rate_to_three_figures(tmp_path: Path) -> Non
     report = budget_plan(plan)
     assert round(float(report.step["tokens_per_s"]), 3) == 0.396
     assert "; 0.396 generated tokens/s over all sequences" in summary(report)[1]
+
+
+def test_a_wide_collectives_table_without_its_link_column_marks_the_levels(
+    tmp_path: Path,
+) -> None:
+    """At 110 columns an 8-way tensor-parallel group laid out after dp, so across two
+    nodes, needed the link column's "nvlink + infiniband" and cut the rule column to "[1"
+    under "rul" (an audit's plan). The link column goes, and each op says the levels it
+    spans (2L), as at 80."""
+    from budget.render.table import render_table
+
+    plan = tmp_path / "order.yaml"
+    plan.write_text(
+        "name: order-dp-first\nmode: train\nmodel: {preset: llama3-8b}\n"
+        "batch: {seq: 8192, micro: 1, global: 64}\n"
+        "parallel: {tp: 8, pp: 2, dp: 2, sequence_parallel: true, zero: 1, "
+        "order: [dp, tp, cp, ep, pp]}\n"
+        "recompute: selective\ndevice: {preset: h100-sxm, reserved: 3 GiB}\n"
+        "topology: {preset: dgx-h100, nodes: 4}\n"
+    )
+    console = Console(width=110, color_system=None, record=True)
+    render_table(console, budget_plan(plan))
+    text = console.export_text()
+    assert "…" not in text and "link left out at this width (see -f json)" in text
+    words = text.split()
+    assert "rule" in words and "[1]" in words and "2L" in words
+    head = next(line for line in text.splitlines() if line.lstrip().startswith("transition"))
+    assert head.split() == ["transition", "op", "group", "sent", "time", "exposed", "calls", "rule"]

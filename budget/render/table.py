@@ -282,28 +282,38 @@ def fitted(
     """`columns` less the fewest of `droppable`, dropped in its order, that the terminal must
     lose for the table `build` makes of them to print whole: where a table is wider than
     the terminal, rich cuts a column that does not wrap to "…", or to nothing (an audit, at
-    80 columns: a serving plan's decode compute "712,039…", its rule column "[1"). Each
-    column is measured unbounded, at its widest cell if it does not wrap, else at its
-    longest word (`Table._measure_column`, rich's own measure); where even every droppable
-    column gone leaves it too wide, they are all dropped."""
+    80 columns: a serving plan's decode compute "712,039…", its rule column "[1"), `whole`
+    says; where even every droppable column gone leaves it too wide, they are all dropped."""
     kept = list(columns)
     for name in [None, *droppable]:
         if name in kept:
             kept.remove(name)
-        if _narrowest(console, build(kept)) <= console.width:
+        if whole(console, build(kept)):
             break
     return kept
 
 
-def _narrowest(console: Console, table: Table) -> int:
-    """The fewest terminal columns `table` prints in with no cell cut."""
+def whole(console: Console, table: Table) -> bool:
+    """Whether `table` prints at the terminal's width with no cell cut, as rich lays it out
+    (`Table._calculate_column_widths`): each column at least as wide as its widest cell if
+    it does not wrap, else as its longest word (`Table._measure_column`), and the table no
+    wider than the terminal, less a right edge of blanks, which the console crops where a
+    column's min_width holds the table one cell too wide (every plan's collectives table at
+    110 columns: cropped, nothing is lost)."""
+    extra = table._extra_width
     free = console.options.update_width(2**16)
-    widths = [
-        (m.maximum if c.no_wrap else m.minimum)
+    needs = [
+        m.maximum if c.no_wrap else m.minimum
         for c in table.columns
         for m in [table._measure_column(console, free, c)]
     ]
-    return sum(widths) + table._extra_width
+    given = table._calculate_column_widths(
+        console, console.options.update_width(console.width - extra)
+    )
+    rights = "".join(getattr(table.box, n) for n in dir(table.box) if n.endswith("right"))
+    blank = table.box is not None and table.show_edge and not rights.strip()
+    fits = sum(given) + extra - (1 if blank else 0) <= console.width
+    return fits and all(g >= n for g, n in zip(given, needs, strict=True))
 
 
 def left_out(names: list[str]) -> str:
@@ -653,23 +663,23 @@ def collective_table(
             rule = c.overlap_rule or ""
             if rule not in rules:
                 rules.append(rule)
-            op = _OPS[c.op]
-            if c.dtype != usual:
-                op += f" {c.dtype}"
-            if _levels(c) > 1 and not wide:  # wide, the link column names them
-                op += f" {_levels(c)}L"
-            if wide and c.op != "send-recv":
-                op += f" {_placement(c.src)}→{_placement(c.dst)}"
+            op = _OPS[c.op] + (f" {c.dtype}" if c.dtype != usual else "")
+            # the levels, where no link column names them: narrow, or the link left out
+            levels = f" {_levels(c)}L" if _levels(c) > 1 else ""
+            rest = (
+                f" {_placement(c.src)}→{_placement(c.dst)}" if wide and c.op != "send-recv" else ""
+            )
             if c.algorithm in _NAMED:  # not the default: one the plan names
-                op += f" {_NAMED[c.algorithm]}"
+                rest += f" {_NAMED[c.algorithm]}"
             if c.algorithm == "double-tree":  # the ring's alternative across levels
-                op += " dbt"
+                rest += " dbt"
             group = (
                 f"pp {c.src}→{c.dst}"
                 if c.op == "send-recv"
                 else f"{group_name(c.group, report.layout)} {c.ranks}"
             )
-            cells: dict[str, Any] = {"transition": Hanging(c.name), "op": op, "group": group}
+            cells: dict[str, Any] = {"transition": Hanging(c.name), "group": group}
+            cells |= {"op": op + ("" if wide else levels) + rest, "op levels": op + levels + rest}
             cells |= {"link": Text(c.link or ""), "tensor S": _b(c.bytes)}
             if lopsided and wide:
                 cells |= {"sent": _b(c.sent_bytes), "received": _b(c.recv_bytes)}
@@ -692,7 +702,7 @@ def collective_table(
     legend = [left_out(hidden)] if hidden else []
     legend += ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
     if every:
-        legend.append(_algorithms(every, usual, wide))
+        legend.append(_algorithms(every, usual, "link" in kept))
     if wide:
         legend.append("S(d) = shard on dim d, R = replicate, P = sum-partial")
     else:
@@ -731,6 +741,8 @@ def _collective_columns(
     the op (format, 2L) may take two lines, so that the rule column stays whole at 80
     columns."""
     table = titled_table(title)
+    # without the link column, the op marks the levels it spans (2L), as narrow
+    op = "op" if "link" in kept or not wide else "op levels"
     for name in kept:
         if name == "transition":
             table.add_column(name, ratio=1, min_width=20 if wide else 18)
@@ -741,7 +753,7 @@ def _collective_columns(
         else:
             _num(table, name)
     for cells in rows:
-        table.add_row(*(cells.get(name, "") for name in kept))
+        table.add_row(*(cells.get(op if name == "op" else name, "") for name in kept))
     return table
 
 
@@ -751,8 +763,9 @@ def _levels(row: CollectiveRow) -> int:
     return len({level["link"] for level in row.levels})
 
 
-def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
-    """The payload format and the algorithms of the unmarked ops (`budget.collectives`)."""
+def _algorithms(every: list[CollectiveRow], usual: str, linked: bool) -> str:
+    """The payload format and the algorithms of the unmarked ops (`budget.collectives`);
+    `linked`: the table has its link column, which names the levels an op spans."""
     # the tree's rows are marked and explained apart (`collective_table`): not the ring
     present = {c.op for c in every if c.algorithm not in (*_NAMED, "double-tree")}
     default = {op: default_algorithm(cast(Op, op)) for op in _OPS if op in present}
@@ -762,7 +775,7 @@ def _algorithms(every: list[CollectiveRow], usual: str, wide: bool) -> str:
     ]
     across = [c for c in every if _levels(c) > 1]
     marks = ", ".join(f"{n}L" for n in sorted({_levels(c) for c in across}))
-    named = "two links or more in the link column" if wide else marks
+    named = "two links or more in the link column" if linked else marks
 
     def ops(algorithm: str) -> str:
         return ", ".join(
@@ -954,8 +967,15 @@ def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
         console.print(line, markup=False)
-    bar = 8 if wide else 5 if console.width >= NARROW_BAR else 0
+    most = 8 if wide else 5 if console.width >= NARROW_BAR else 0
     marks = BAR_MARKS if utf(console.file) else ASCII_BAR_MARKS
+    # the longest fill bar the stage table has room for: at 110 columns a plan's 8 cells
+    # were cut to "███···…"
+    bar = next(
+        n
+        for n in (8, 5, 0)
+        if n == 0 or (n <= most and whole(console, stage_table(report, wide, n, marks)))
+    )
     for table in (
         stage_table(report, wide, bar, marks),
         overlap_table(report.worst, report.layout),
