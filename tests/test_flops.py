@@ -470,3 +470,33 @@ def test_a_long_context_s_mfu_also_counts_attention_as_the_causal_mask_computes_
     # a serving plan's MFU counts the causal products already: the same figure
     decode = budget_plan(Path(__file__).parent.parent / "plans" / "llama3-70b-decode.yaml").step
     assert decode["mfu_causal"] == decode["mfu"]
+
+
+def test_the_report_gives_the_causal_mfu_where_palm_s_count_parts_from_it(tmp_path):
+    """The summary says which count a share of more than the peak is, and gives the causal
+    one beside it (an audit: "MFU 104.4% of the bf16 peak" with no word); a plan whose
+    attention is a small part of its FLOPs, GPT-3 at 2,048 tokens (2.7 % apart), reads as
+    before."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from budget.pipeline import budget_plan
+    from budget.units import format_share
+
+    plan_file = tmp_path / "long.yaml"
+    plan_file.write_text(
+        "model: {layers: 2, hidden: 1024, heads: 8, vocab: 1000}\n"
+        "batch: {seq: 262144, micro: 1, global: 1}\n"
+        "device: {preset: gb200}\n"
+        "topology: {preset: gb200-nvl72, gpus: 1}\n",
+        encoding="utf-8",
+    )
+    step = budget_plan(plan_file).step
+    out = " ".join(CliRunner().invoke(app, route([str(plan_file)])).stdout.split())
+    assert (
+        f"MFU {format_share(step['mfu'])} of the bf16 peak (PaLM's count, attention unmasked; "
+        f"{format_share(step['mfu_causal'])} counting it as the causal mask computes it)"
+    ) in out
+    gpt3 = Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml"
+    out = " ".join(CliRunner().invoke(app, route([str(gpt3)])).stdout.split())
+    assert "MFU 55.4% of the bf16 peak" in out and "PaLM's count" not in out

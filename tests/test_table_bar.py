@@ -617,3 +617,25 @@ def test_a_wide_collectives_table_without_its_link_column_marks_the_levels(
     assert "rule" in words and "[1]" in words and "2L" in words
     head = next(line for line in text.splitlines() if line.lstrip().startswith("transition"))
     assert head.split() == ["transition", "op", "group", "sent", "time", "exposed", "calls", "rule"]
+
+
+def test_the_fit_check_falls_back_to_rich_s_public_measure(monkeypatch) -> None:
+    """`whole` reads rich's private column layout (`_laid_out`); a rich without it (the
+    dependency is `rich>=13`) decides by the table's unbounded width, rich's public
+    Measurement, instead of failing the report: a table wider than the terminal does not
+    fit, a narrow one does."""
+    from rich.table import Table
+
+    from budget.render import table as render
+
+    def missing(*_: object) -> None:
+        raise AttributeError("_measure_column")
+
+    monkeypatch.setattr(render, "_laid_out", missing)
+    console = Console(width=40, record=True)
+    wide, narrow = Table(), Table()
+    wide.add_column("a", no_wrap=True)
+    wide.add_row("x" * 60)
+    narrow.add_column("a", no_wrap=True)
+    narrow.add_row("x" * 10)
+    assert (render.whole(console, wide), render.whole(console, narrow)) == (False, True)
