@@ -443,14 +443,8 @@ def test_an_inner_dimension_shallower_than_the_sweeps_is_priced_at_their_shallow
     assert inner_factor(DEVICES["a100-80gb"].gemm, (256,)) == 1.0  # no sweep over K
 
 
-def test_a_long_context_s_mfu_also_counts_attention_as_the_causal_mask_computes_it(tmp_path):
-    """PaLM's 6N + 12·L·h·s counts every query against all s keys; the causal mask
-    computes keys 1 ... i for query i, 6·L·h·(s + 1) a token. Two layers of h 1,024 at
-    262,144 tokens on one GB200: PaLM's count over the step reads 101 % of the peak (a
-    fuzzing audit), the causal count about half of it, and the two differ by exactly that
-    attention term per token."""
-    from budget.pipeline import budget_plan
-
+def _long_context(tmp_path: Path) -> Path:
+    """Two layers of h 1,024 at 262,144 tokens on one GB200 (a fuzzing audit's plan)."""
     plan_file = tmp_path / "long.yaml"
     plan_file.write_text(
         "model: {layers: 2, hidden: 1024, heads: 8, vocab: 1000}\n"
@@ -459,6 +453,18 @@ def test_a_long_context_s_mfu_also_counts_attention_as_the_causal_mask_computes_
         "topology: {preset: gb200-nvl72, gpus: 1}\n",
         encoding="utf-8",
     )
+    return plan_file
+
+
+def test_a_long_context_s_mfu_also_counts_attention_as_the_causal_mask_computes_it(tmp_path):
+    """PaLM's 6N + 12·L·h·s counts every query against all s keys; the causal mask
+    computes keys 1 ... i for query i, 6·L·h·(s + 1) a token. Two layers of h 1,024 at
+    262,144 tokens on one GB200: PaLM's count over the step reads 101 % of the peak (a
+    fuzzing audit), the causal count about half of it, and the two differ by exactly that
+    attention term per token."""
+    from budget.pipeline import budget_plan
+
+    plan_file = _long_context(tmp_path)
     plan = load_plan(plan_file)
     layers, h, s = 2, 1024, 262_144
     palm = flops.model_flops_per_token(plan)
@@ -483,14 +489,7 @@ def test_the_report_gives_the_causal_mfu_where_palm_s_count_parts_from_it(tmp_pa
     from budget.pipeline import budget_plan
     from budget.units import format_share
 
-    plan_file = tmp_path / "long.yaml"
-    plan_file.write_text(
-        "model: {layers: 2, hidden: 1024, heads: 8, vocab: 1000}\n"
-        "batch: {seq: 262144, micro: 1, global: 1}\n"
-        "device: {preset: gb200}\n"
-        "topology: {preset: gb200-nvl72, gpus: 1}\n",
-        encoding="utf-8",
-    )
+    plan_file = _long_context(tmp_path)
     step = budget_plan(plan_file).step
     out = " ".join(CliRunner().invoke(app, route([str(plan_file)])).stdout.split())
     assert (
