@@ -316,11 +316,14 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
     bandwidth"), and a rank order that strides them across nodes passes every limit unsaid
     (a seeds audit: tp 8 over InfiniBand, 63 % of the step exposed, and no word).
 
-    A training plan's figures are one stage's, the one where the group exposes most, named
-    where there are several: the phase rows come each from the stage where its phase costs
-    most, and their sum could belong to no stage and exceed the step's own exposed time (an
-    audit: 405 ms of tp beside a step that exposed 62.4 ms in all). A serving pass crosses
-    every stage, so there the rows, summed over the stages, are the figures."""
+    A training plan's figures are one stage's, named where there are several: the stage
+    that paces the step where the group exposes time there, whose exposure the step's own
+    exposed time holds, else the stage where it exposes most, said not to pace the step.
+    The phase rows come each from the stage where its phase costs most, and their sum could
+    belong to no stage (an audit); a stage that does not pace the step can expose more than
+    the step's exposed time, which is the pacing stage's (a review: 405 ms of tp on stage 0
+    beside a step that exposed 62.4 ms in all, unexplained). A serving pass crosses every
+    stage, so there the rows, summed over the stages, are the figures."""
     if len(report.links) < 2:
         return ()
     inner = report.links[0]
@@ -339,13 +342,20 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         return sum((c.exposed_s or 0.0) * c.count for c in rows)
 
     notes = []
+    paced = report.step.get("pacing_stage")
+    pacing = None if paced is None else int(paced)
     for group, by_stage in found.items():
         stage, rows = max(by_stage.items(), key=lambda kv: (exposed(kv[1]), -(kv[0] or 0)))
         if exposed(rows) <= 0:  # hidden behind compute: the step does not wait for the slow link
             continue
+        if pacing in by_stage and exposed(by_stage[pacing]) > 0:
+            stage, rows = pacing, by_stage[pacing]
         links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
         calls = sum(c.count for c in rows)
-        where = f" on stage {stage}" if stage is not None and report.layout["pp"] > 1 else ""
+        where = ""
+        if stage is not None and report.layout["pp"] > 1:
+            where = f" on stage {stage}" + (", which paces the step" if stage == pacing else "")
+            where += ", which does not pace the step" if stage != pacing else ""
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
             f"{group}'s per-layer collectives ({calls:,} calls a step{where}, "

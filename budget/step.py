@@ -88,7 +88,7 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.plan.transitions import WHOLE_PASSES, check_chains, unknown_phase
+from budget.plan.transitions import WHOLE_PASSES, check_chains, step_rank, unknown_phase
 from budget.plan.transitions import problem as transition_problem
 from budget.vector import (
     count_label,
@@ -1026,8 +1026,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     the backward's behind one layer's forward (an audit: they hid behind their own phase's
     expert GEMMs, 25.7 ms of DeepSeek-V3's 38.2 ms a layer exposed against about 12). Only
     a forward with a backward beside it does: 1F1B's warm-up runs p − s − 1 forwards alone
-    and the combined schedule pairs from one later, so stage 0's m − p of m micro-batches
-    (the share of the window counted; none where m ≤ p).
+    and the combined schedule pairs from one later, so stage 0's m − p of m micro-batches,
+    a share q: the others wait for all of theirs, so a pass's all-to-alls T beside a window
+    W expose q·max(0, T − W) + (1 − q)·T = max((1 − q)·T, T − q·W), the window's share q and
+    the floor 1 − q (a review: the share alone read 0 wherever W passed T).
 
     An expert split over etp > 1 ranks needs every row on each: an all-gather over etp
     after dispatch and a reduce-scatter before combine, with or without ep. When every tp
@@ -1071,6 +1073,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
                 "ep",
                 rule,
                 share=paired,
+                floor=1 - paired,
             )
             for name, received in zip(names, (True, False), strict=True)
         ],
@@ -2249,7 +2252,12 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         phases = list(st.phases)
         passes: list[Phase] = []
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
-        for i, (tr, src, dst, op) in enumerate(parsed):
+        # in step order (the file's within a phase), as the chains are checked: which
+        # phase a tensor's last transition left it in decides whether the next holds its
+        # source again (a review: listed A, B, C for a step running A, C, B, the peak
+        # counted one replicated tensor more than listed A, C, B)
+        for i in sorted(range(len(parsed)), key=lambda i: step_rank(plan.mode, parsed[i][0].phase)):
+            tr, src, dst, op = parsed[i]
             target = _target(phases, tr.phase)
             if target is None:
                 continue

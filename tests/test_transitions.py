@@ -185,6 +185,22 @@ def test_a_chain_continues_from_the_phase_the_step_runs_first(tmp_path):
     )
 
 
+def test_the_peak_of_a_chain_does_not_depend_on_the_file_s_order(tmp_path):
+    """A gather and its reverse in forward.mlp (A, C) and a gather in backward.mlp (B): the
+    step runs A, C, B whether the file lists A, C, B or A, B, C. Listed A, B, C, the forward
+    chain's second step counted its source held again, one replicated bf16 [2048, 12288]
+    more, 50,331,648 B (a review): both orders now peak alike."""
+    one = "  - {{name: X, phase: {}, tensor: {{shape: [seq, hidden], dtype: bf16}}, group: tp, "
+    a = one.format("forward.mlp") + 'from: "shard(0)", to: replicate}\n'
+    b = one.format("backward.mlp") + 'from: "shard(0)", to: replicate}\n'
+    c = one.format("forward.mlp") + 'from: replicate, to: "shard(0)"}\n'
+    peaks = [
+        budget_plan(_plan(tmp_path, "transitions:\n" + "".join(listed))).worst.peak_bytes
+        for listed in ((a, c, b), (a, b, c))
+    ]
+    assert peaks[0] == peaks[1]
+
+
 def test_a_transition_on_a_whole_pass_runs_once_per_micro_batch(tmp_path):
     """DESIGN.md's logits-gather names the forward pass: it ran once per layer of its first
     phase (forward.attention, 12 layers x 96 micro-batches = 1,152 times, +2.05 s on GPT-3;

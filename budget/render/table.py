@@ -299,7 +299,7 @@ def whole(console: Console, table: Table) -> bool:
     it does not wrap, else as its longest word (`Table._measure_column`), and the table no
     wider than the terminal, less a right edge of blanks, which the console crops where a
     column's min_width holds the table one cell too wide (every plan's collectives table at
-    110 columns: cropped, nothing is lost). These are rich's own private methods (13.x):
+    110 columns: cropped, nothing is lost). These are rich's own private methods (13 to 15):
     should a later rich lack them, the table's unbounded width against the terminal's,
     which rich's public `Measurement` gives, decides instead."""
     free = console.options.update_width(2**16)
