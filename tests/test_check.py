@@ -697,3 +697,12 @@ def test_a_slow_link_caution_gives_one_stage_s_figures(tmp_path: Path) -> None:
     exposed = sum((c.exposed_s or 0.0) * c.count for c in stage1)
     assert f", {format_duration(exposed)} of them exposed) cross nvlink and infiniband" in note
     assert exposed <= report.step["exposed_comm_s"]
+    # a pacing stage with none of tp's exposure (here one the plan lacks): the stage where
+    # tp exposes most, 28 x 8 x 10 calls on stage 0, said not to pace the step
+    from dataclasses import replace
+
+    elsewhere = replace(report, step={**report.step, "pacing_stage": 5})
+    (note,) = slow_link_notes(elsewhere)
+    assert note.startswith(
+        "tp's per-layer collectives (2,240 calls a step on stage 0, which does not pace the step, "
+    )
