@@ -352,10 +352,9 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
             stage, rows = pacing, by_stage[pacing]
         links = " and ".join(dict.fromkeys(n for c in rows for n in str(c.link).split(" + ")))
         calls = sum(c.count for c in rows)
-        where = ""
-        if stage is not None and report.layout["pp"] > 1:
-            where = f" on stage {stage}" + (", which paces the step" if stage == pacing else "")
-            where += ", which does not pace the step" if stage != pacing else ""
+        paces = "paces" if stage == pacing else "does not pace"
+        named = stage is not None and report.layout["pp"] > 1  # a serving pass: every stage
+        where = f" on stage {stage}, which {paces} the step" if named else ""
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
             f"{group}'s per-layer collectives ({calls:,} calls a step{where}, "

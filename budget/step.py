@@ -88,7 +88,7 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.plan.transitions import WHOLE_PASSES, check_chains, step_rank, unknown_phase
+from budget.plan.transitions import WHOLE_PASSES, check_chains, unknown_phase
 from budget.plan.transitions import problem as transition_problem
 from budget.vector import (
     count_label,
@@ -2252,12 +2252,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         phases = list(st.phases)
         passes: list[Phase] = []
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
-        # in step order (the file's within a phase), as the chains are checked: which
-        # phase a tensor's last transition left it in decides whether the next holds its
-        # source again (a review: listed A, B, C for a step running A, C, B, the peak
-        # counted one replicated tensor more than listed A, C, B)
-        for i in sorted(range(len(parsed)), key=lambda i: step_rank(plan.mode, parsed[i][0].phase)):
-            tr, src, dst, op = parsed[i]
+        # in step order (the file's within a phase), as `check_chains` walks and returns
+        # them: which phase a tensor's last transition left it in decides whether the next
+        # holds its source again (a review: listed A, B, C for a step running A, C, B, the
+        # peak counted one replicated tensor more than listed A, C, B)
+        for i, (tr, src, dst, op) in enumerate(parsed):
             target = _target(phases, tr.phase)
             if target is None:
                 continue

@@ -63,9 +63,9 @@ def step_rank(mode: Mode, name: str) -> int:
 def check_chains(
     file: str, mode: Mode, transitions: tuple[Transition, ...]
 ) -> tuple[list[Parsed], list[Problem]]:
-    """Parse the hand-written transitions and find the ones that would make a budget
-    cheaper by being wrong (DESIGN.md rule 7). Their phases are checked apart
-    (`known_phase`), as a phase reads nothing else of the plan.
+    """Parse the hand-written transitions, returned in step order (`step_rank`), and find
+    the ones that would make a budget cheaper by being wrong (DESIGN.md rule 7). Their
+    phases are checked apart (`known_phase`), as a phase reads nothing else of the plan.
 
     A tensor has a placement on each group, as a DTensor has one per mesh dimension, and a
     transition changes only its group's: the transitions that share a name and a group
@@ -73,19 +73,19 @@ def check_chains(
     phase), as the step runs them whatever the file's order: a gradient made partial in
     the backward and "reduced" in a forward listed above it reaches the optimizer still
     partial (an audit); one whose phase the mode lacks is in no chain, being nowhere in
-    the step (that is said apart). Each must start where the previous one on its group left the
-    tensor, and a tensor sum-partial on a group must be reduced on that group before the
+    the step (that is said apart). Each must start where the previous one on its group
+    left the tensor, and a tensor sum-partial on a group must be reduced on that group before the
     chain ends, since whatever consumes it next takes it as complete
     (Megatron-LM's sequence-parallel LayerNorm gradients are partial on tp and on dp, and
     reduced on each). A gradient that reaches the optimizer step still partial has skipped
     its reduction.
     """
     problems: list[Problem] = []
-    parsed: dict[int, Parsed] = {}
+    parsed: list[Parsed] = []
     last: dict[tuple[str, str], tuple[Transition, Placement]] = {}
-    ranks = [step_rank(mode, tr.phase) for tr in transitions]
-    for i in sorted(range(len(transitions)), key=ranks.__getitem__):
-        tr = transitions[i]
+    # in step order, the file's within a phase (a stable sort); returned in that order, which
+    # the step adds them in
+    for tr in sorted(transitions, key=lambda tr: step_rank(mode, tr.phase)):
         try:
             src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
             op = collective_for(src, dst)
@@ -93,7 +93,7 @@ def check_chains(
             problems.append(problem(file, tr, str(error)))
             continue
         if not known_phase(mode, tr.phase):  # said apart; where it runs is unknown
-            parsed[i] = (tr, src, dst, op)
+            parsed.append((tr, src, dst, op))
             continue
         before = last.get((tr.name, tr.group))
         if before is not None and before[1] != src:
@@ -115,7 +115,7 @@ def check_chains(
             )
             problems.append(problem(file, tr, message, ".to"))
         last[tr.name, tr.group] = (tr, dst)
-        parsed[i] = (tr, src, dst, op)
+        parsed.append((tr, src, dst, op))
     for (name, _), (tr, dst) in last.items():
         if dst.kind == "partial" and not tr.phase.startswith("optimizer"):
             message = (
@@ -123,4 +123,4 @@ def check_chains(
                 "complete: add its reduction (partial → replicate or partial → shard)"
             )
             problems.append(problem(file, tr, message, ".to"))
-    return [parsed[i] for i in sorted(parsed)], problems
+    return parsed, problems
