@@ -401,14 +401,14 @@ def flight_layers(
 
 
 def chunks_differ(plan: Plan) -> bool:
-    """Whether the plan's model chunks differ by two layers or more (multi-token prediction
-    layers counted with the last chunk, as `search.split` counts them): a hand-written
-    split, never one the search lays out (its chunks differ by one at most)."""
+    """Whether the plan's model chunks differ in size (multi-token prediction layers counted
+    with the last chunk, as `search.split` counts them): a split by hand, or the search's of
+    layers the chunks do not divide (`search.split`, one layer apart at most)."""
     if plan.parallel.pp == 1:
         return False
     kinds = _chunk_kinds(stage_chunk_ids(plan), moe_layers(plan), mtp_layers(plan))
     sizes = [d + e for chunks in kinds for d, e in chunks]
-    return max(sizes) - min(sizes) >= 2
+    return max(sizes) != min(sizes)
 
 
 def _chunk_kinds(

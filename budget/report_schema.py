@@ -57,7 +57,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # ``topology.nodes``
 # 1.12: the report's ``step.mfu_causal``, MFU with the attention products the causal mask
 # computes (``mfu`` counts them unmasked, PaLM's, and can pass 1 at a long context)
-SCHEMA_VERSION = "1.12"
+# 1.13: `budget search`'s ``replayed``, the held layouts whose model chunks differ that it
+# priced again in Megatron-LM's order, as their reports do
+SCHEMA_VERSION = "1.13"
 
 Kind = Literal[
     "report",

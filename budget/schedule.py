@@ -32,11 +32,13 @@ Step time (Narayanan et al., arXiv 2104.04473, section 2.2): with m micro-batche
 taking t_i per micro-batch (forward + backward + exposed communication) and v virtual
 stages, the pipeline takes m·max(t) + (Σt − max(t))/v: for equal stages (m + (p − 1)/v)·t,
 the bubble being (p − 1)/v of a micro-batch per stage. A 1F1B or interleaved split whose
-model chunks differ by two layers or more (written by hand) is replayed in Megatron-LM's
-order instead (`pipeline_replay`): a large chunk paces the stages waiting on it, and a slow
-first stage is not waited on by the bubble. The search's splits, whose chunks differ by one
-layer at most, keep the closed form, so that a sweep and a report agree; where their chunks
-are one and two layers it misses the replay by up to 8 % (Gemma 2 9B at p 8, v 4).
+model chunks differ in size is replayed in Megatron-LM's order instead (`pipeline_replay`):
+a large chunk paces the stages waiting on it, and a slow first stage is not waited on by
+the bubble. Where chunks of one and two layers mix, the closed form over stage totals
+misses the replay by up to 8 % (Llama 3.1 405B at p 16, v 7: 16.31 s against 17.39 s);
+elsewhere by half a percent. A sweep prices its layouts with the closed form and replays
+the uneven ones it keeps (`search.Outcome.replayed`), so a ranked layout reads what its
+report reads.
 A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
 in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
 Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
@@ -45,7 +47,7 @@ Then each stage reduces gradients and steps its optimizer; the slowest of those 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from itertools import pairwise
@@ -654,22 +656,8 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     pipeline = m * slowest + bubble
     one_plan = isinstance(pipeline, float) and len(stages) == plan.parallel.pp  # not a sweep
     if one_plan and plan.parallel.pipeline.schedule != "gpipe" and chunks_differ(plan):
-        # a hand-written split whose model chunks differ by two layers or more: Megatron-LM's
-        # order, replayed, each stage's reduction after every backward (ZeRO-2) in its
-        # micro-batches' backward, where the fill and drain wait for it, and so out of what
-        # the reduction after the pipeline adds
-        forward, backward = _chunk_times(plan, stages, m)
-        for chunks, s in zip(backward, stages, strict=True):
-            chunks[0] += s.each_microbatch_s  # chunk 0's backward ends a micro-batch
-        rest = largest([s.after_s - m * s.each_microbatch_s for s in stages])
-        pipeline = pipeline_replay(forward, backward, m) + rest - largest(afters)
-        # no schedule beats the slowest stage's m micro-batches: a replay a rounding below
-        # them (-1e-14 s) reads as no bubble, not a negative one; a real shortfall is a
-        # chunk time left out (`_chunk_times`) and stays in sight
-        floor = m * slowest
-        if floor * (1 - 1e-9) <= pipeline < floor:
-            pipeline = floor
-        bubble = pipeline - floor
+        pipeline = replay_of(plan, stages, m).pipeline()
+        bubble = pipeline - m * slowest
     total = pipeline + largest(afters)
     tokens = plan.batch.global_batch * plan.batch.seq
     # an array in a sweep whose layouts' capacity factor keeps different shares
@@ -690,62 +678,149 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     )
 
 
-def pipeline_replay(forward: list[list[float]], backward: list[list[float]], m: int) -> float:
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What a step's pipeline is replayed from in Megatron-LM's order (`pipeline_replay`):
+    each stage's forward and backward time of one micro-batch through each of its model
+    chunks, a stage's reduction after every backward (ZeRO-2) in its micro-batches'
+    backward, where the fill and drain wait for it; the micro-batches; what the reduction
+    after the pipeline adds beyond those (`rest`), and the longest reduction after it
+    (`after`, the closed form's); and the slowest stage's m micro-batches (`floor`).
+    Arrays over a sweep's layouts (`take` picks one), or numbers."""
+
+    chunks: np.ndarray  # forward and backward by stage and chunk: (2, p, v), or (2, p, v, n)
+    microbatches: Any
+    rest: Any
+    after: Any
+    floor: Any
+
+    def take(self, i: int) -> Replay:
+        """Layout `i`'s numbers, where the fields are arrays over a sweep's layouts."""
+
+        def at(x: Any) -> Any:
+            return float(x) if np.ndim(x) == 0 else float(x[i])
+
+        return Replay(
+            self.chunks[..., i].copy() if self.chunks.ndim == 4 else self.chunks,
+            int(self.microbatches if np.ndim(self.microbatches) == 0 else self.microbatches[i]),
+            at(self.rest),
+            at(self.after),
+            at(self.floor),
+        )
+
+    def pipeline(self) -> float:
+        """The pipeline's time to the end of its last stage's reduction after it, less the
+        longest such reduction (the closed form's `after`, which `step_time` adds back)."""
+        pipeline = (
+            pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches)
+            + self.rest
+            - self.after
+        )
+        # no schedule beats the slowest stage's m micro-batches: a replay a rounding below
+        # them (-1e-14 s) reads as no bubble, not a negative one; a real shortfall is a
+        # chunk time left out (`_chunk_times`) and stays in sight
+        if self.floor * (1 - 1e-9) <= pipeline < self.floor:
+            return float(self.floor)
+        return float(pipeline)
+
+
+def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
+    """The `Replay` of `plan`'s step, its stages timed as `stages` (one per pipeline stage;
+    a sweep's numbers as arrays)."""
+    forward, backward = _chunk_times(plan, stages, m)
+    for chunks, s in zip(backward, stages, strict=True):
+        chunks[0] += s.each_microbatch_s  # chunk 0's backward ends a micro-batch
+    rest = largest([s.after_s - m * s.each_microbatch_s for s in stages])
+    after = largest([s.after_s for s in stages])
+    floor = m * largest([s.microbatch_s for s in stages])
+    times = np.array(np.broadcast_arrays(*(t for row in (*forward, *backward) for t in row)))
+    p, v = len(forward), len(forward[0])
+    return Replay(times.reshape((2, p, v, *times.shape[1:])), m, rest, after, floor)
+
+
+def pipeline_replay(
+    forward: Sequence[Sequence[float]], backward: Sequence[Sequence[float]], m: int
+) -> float:
     """The pipeline's makespan, replaying Megatron-LM's order op by op, where stage s runs
     model chunk c of a micro-batch forward in ``forward[s][c]`` seconds and backward in
-    ``backward[s][c]`` (exposed communication included). Each stage runs its warm-up
-    forwards (p − s − 1 with one chunk, `layers.interleaved_warmup`'s with v), then one
-    forward and one backward in turn, then the remaining backwards
-    (``forward_backward_pipelining_without_interleaving`` and ``_with_interleaving``);
-    the k-th forward runs chunk (k // p) % v and the k-th backward chunk
-    v − 1 − (k // p) % v, of micro-batch (k // pv)·p + k % p. A forward waits for the
-    previous stage's forward of the same chunk (stage 0 for the last stage's previous
-    chunk), a backward for the next stage's backward (the last stage for stage 0's next
-    chunk; the last chunk on the last stage for its own forward). For stages and chunks
-    alike this is the closed form m·t + (p − 1)·t/v (Narayanan et al., arXiv 2104.04473,
-    section 2.2); where a stage's chunks differ it is what the closed form over stage
-    totals misses: a large chunk paces every stage that waits on it."""
+    ``backward[s][c]`` (exposed communication included); `replay_order` gives the order and
+    what each op waits for. Each op starts once the op before it on its stage and the op
+    it waits for have ended. For stages and chunks alike this is the closed form
+    m·t + (p − 1)·t/v (Narayanan et al., arXiv 2104.04473, section 2.2); where a stage's
+    chunks differ it is what the closed form over stage totals misses: a large chunk paces
+    every stage that waits on it."""
     p, v = len(forward), len(forward[0])
+    ops, before, waits, runs = replay_order(p, v, m)
+    times = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
+    ends = [0.0] * (len(ops) + 1)  # by op number; 0 is the step's start
+    for op, a, b, t in zip(ops, before, waits, runs, strict=True):
+        after, wait = ends[a], ends[b]
+        ends[op] = (after if after > wait else wait) + times[t]
+    return max(ends)
+
+
+@lru_cache(maxsize=8)  # 100k ops (GPT-3 at p 16, v 4, m 768) take ~15 MB
+def replay_order(p: int, v: int, m: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Megatron-LM's 1F1B order on p stages of v model chunks with m micro-batches
+    (``forward_backward_pipelining_without_interleaving`` and ``_with_interleaving``), as
+    four lists in an order where every op comes after the ops it waits for: each op's
+    number (1 to 2·p·m·v), the op before it on its stage, the op it waits for on another
+    stage (0: the step's start) and its time's index (forward s·v + c, backward
+    p·v + s·v + c).
+
+    Stage s runs its warm-up forwards (p − s − 1 with one chunk, `layers.interleaved_warmup`'s
+    with v), then one forward and one backward in turn, then the remaining backwards; the
+    k-th forward runs chunk (k // p) % v and the k-th backward chunk v − 1 − (k // p) % v,
+    of micro-batch (k // pv)·p + k % p. A forward waits for the previous stage's forward of
+    the same chunk (stage 0 for the last stage's previous chunk, its (k − p)-th), a backward
+    for the next stage's backward (the last stage for stage 0's next chunk, its (k − p)-th;
+    the last chunk on the last stage for its own forward). Sorted by place on the stage,
+    forwards before backwards and then forwards from the first stage and backwards from
+    the last, every op comes after what it waits for (checked here, on the numbers)."""
     total = m * v
-
-    def chunk_mb(k: int, back: bool) -> tuple[int, int]:
-        c = (k // p) % v
-        return (v - 1 - c if back else c), (k // (p * v)) * p + k % p
-
-    orders: list[list[tuple[bool, int, int]]] = []
-    for s in range(p):
-        warm = min(p - s - 1 if v == 1 else interleaved_warmup(p, v, s) - 1, total)
-        ops = [(False, *chunk_mb(k, False)) for k in range(warm)]
-        for k in range(total - warm):
-            ops += [(False, *chunk_mb(warm + k, False)), (True, *chunk_mb(k, True))]
-        ops += [(True, *chunk_mb(k, True)) for k in range(total - warm, total)]
-        orders.append(ops)
-    ends: dict[tuple[bool, int, int, int], float] = {}
-    free, at = [0.0] * p, [0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        moved = False
-        for s in range(p):
-            ops = orders[s]
-            while at[s] < len(ops):
-                back, c, mb = ops[at[s]]
-                if not back:
-                    need = (False, s - 1, c, mb) if s else (False, p - 1, c - 1, mb) if c else None
-                elif s == p - 1 and c == v - 1:
-                    need = (False, s, c, mb)
-                else:
-                    need = (True, s + 1, c, mb) if s < p - 1 else (True, 0, c + 1, mb)
-                if need is not None and need not in ends:
-                    break
-                start = max(free[s], ends[need] if need is not None else 0.0)
-                free[s] = start + (backward if back else forward)[s][c]
-                ends[(back, s, c, mb)] = free[s]
-                at[s] += 1
-                remaining -= 1
-                moved = True
-        if not moved:  # the order above never waits on itself; kept as a guard
-            raise RuntimeError("pipeline replay made no progress")
-    return max(free)
+    k = np.arange(total)
+    stage = np.arange(p)[:, None]
+    warm = np.array(
+        [[min(p - s - 1 if v == 1 else interleaved_warmup(p, v, s) - 1, total)] for s in range(p)]
+    )
+    forward = 1 + stage * total + k  # op numbers, stage by stage
+    backward = forward + p * total
+    chunk = (k // p) % v
+    forward_waits = np.zeros((p, total), dtype=np.int64)
+    forward_waits[1:] = forward[:-1]
+    forward_waits[0] = np.where(chunk > 0, forward[-1] - p, 0)
+    backward_waits = np.zeros((p, total), dtype=np.int64)
+    backward_waits[:-1] = backward[1:]
+    own = (k // (p * v)) * p * v + (v - 1) * p + k % p  # its micro-batch's last forward
+    backward_waits[-1] = np.where(chunk == 0, forward[-1, own], backward[0] - p)
+    places = np.concatenate(
+        [
+            np.where(k < warm, k, 2 * k - warm),
+            np.where(k < total - warm, warm + 2 * k + 1, total + k),
+        ]
+    )
+    ops = np.concatenate([forward, backward])
+    stages = np.concatenate([np.broadcast_to(stage, (p, total))] * 2)
+    at = np.zeros((p, 2 * total), dtype=np.int64)
+    at[stages, places] = ops
+    before = np.where(places > 0, at[stages, np.maximum(places - 1, 0)], 0)
+    runs = np.concatenate([stage * v + chunk, p * v + stage * v + (v - 1 - chunk)])
+    waits = np.concatenate([forward_waits, backward_waits])
+    backs = np.concatenate([np.zeros((p, total), bool), np.ones((p, total), bool)])
+    order = np.lexsort((np.where(backs, -stages, stages).ravel(), backs.ravel(), places.ravel()))
+    rank = np.empty(2 * p * total + 1, dtype=np.int64)
+    rank[0] = -1
+    rank[ops.ravel()[order]] = np.arange(order.size)
+    if (rank[before.ravel()[order]] >= rank[ops.ravel()[order]]).any() or (
+        rank[waits.ravel()[order]] >= rank[ops.ravel()[order]]
+    ).any():  # the order above never runs an op before what it waits for; kept as a guard
+        raise RuntimeError(f"no replay order for p {p}, v {v}, m {m}")
+    return (
+        ops.ravel()[order].tolist(),
+        before.ravel()[order].tolist(),
+        waits.ravel()[order].tolist(),
+        runs.ravel()[order].tolist(),
+    )
 
 
 _LAYER_PHASES = {
@@ -781,7 +856,7 @@ def _chunk_times(
             layers = sum(
                 one[p.name] * p.count / m for p in phases if p.name in (attention, mlp, moe)
             )
-            times[-1] += max(layers - sum(times), 0.0)
+            times[-1] += vmax(layers - sum(times), 0.0)
             for p in phases:
                 if p.name in (attention, mlp, moe):
                     continue

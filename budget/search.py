@@ -39,7 +39,14 @@ from budget.collectives import (
 from budget.layers import StageClass, mtp_layers, params_total, shapes, stage_classes
 from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Overlap, Parallel, Pipeline, Plan, Recompute, Schedule, Topology
-from budget.schedule import MICROBATCH_PHASES, algorithm_of, move_kind, move_span, step_time
+from budget.schedule import (
+    MICROBATCH_PHASES,
+    algorithm_of,
+    move_kind,
+    move_span,
+    replay_of,
+    step_time,
+)
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
 
@@ -175,6 +182,9 @@ class Outcome:
     own_split: tuple[int, int, tuple[int, ...]] | None = None
     # the values swept (to say which of the plan's own settings lie outside them)
     space: Space | None = None
+    # ranked layouts whose model chunks differ, priced again in Megatron-LM's order
+    # (`_Kept.replay`)
+    replayed: int = 0
 
     @property
     def best(self) -> Result | None:
@@ -203,6 +213,18 @@ class Outcome:
 
 
 @cache
+def _differ(plan: Plan, c: Config) -> bool:
+    """Whether layout `c` of `plan` splits its layers into model chunks of different sizes
+    (`layers.chunks_differ`, on `split`'s sizes with the multi-token prediction layers
+    counted with the last chunk)."""
+    sizes = split(plan.model.layers, c.pp, c.virtual_stages, mtp_layers(plan))
+    if c.pp == 1 or sizes is None or _schedule(plan, c) == "gpipe":  # GPipe keeps the closed form
+        return False
+    tail = list(sizes)
+    tail[-1] += mtp_layers(plan)
+    return max(tail) != min(tail)
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of `n`, ascending, by trial division up to √n."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -898,7 +920,30 @@ def measure(
         "exposed": np.asarray(_critical_exposed(times)) * np.ones(n),
         "mfu": np.asarray(times.mfu) * np.ones(n),
         "rate": np.asarray(times.tokens_per_s) * np.ones(n),
+        "replay": _replays(plan, cols, gpus, times, step.microbatches),
     }
+
+
+def _replays(plan: Plan, cols: Columns, gpus: int, times: Any, m: Any) -> np.ndarray:
+    """For each layout of `cols` whose model chunks differ (`_differ`), the `Replay` of its
+    step, which `budget PLAN` prices it by and the closed form of the sweep's pass does not
+    (`_Kept.replay`); None for the others. The pass's stage classes (`_classes`, one row of
+    numbers per layout) are laid out stage by stage for each pipeline depth and schedule
+    (`stage_classes` unmerged: a class's stages differ in how their chunks split)."""
+    out = np.full(len(cols), None, dtype=object)
+    pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"]], axis=1)
+    first, which = _distinct_rows(pairs)
+    configs = cols.take(first).configs()
+    for row, c in enumerate(configs):
+        if not _differ(plan, c):
+            continue
+        one = apply(plan, c, gpus)
+        classes = [k.key for k in _stage_classes(plan, c.pp, c.virtual_stages)]
+        stages = [times.stages[classes.index(k.key)] for k in stage_classes(one, merge=False)]
+        replay = replay_of(one, stages, m)
+        for i in np.flatnonzero(which == row).tolist():
+            out[i] = (replay, i)  # taken for the layouts `_Kept` holds (`_Kept.add`)
+    return out
 
 
 def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int) -> list[Result]:
@@ -916,8 +961,26 @@ def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int)
 
 
 def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
-    """Peak memory and step time of `configs` (one structure), in one pass of the engine."""
-    return _results(configs, measure(plan, Columns.of(configs), gpus), plan.device.memory)
+    """Peak memory and step time of `configs` (one structure), in one pass of the engine,
+    those whose model chunks differ replayed (`_replayed`)."""
+    measured = measure(plan, Columns.of(configs), gpus)
+    _replayed(measured, np.flatnonzero(measured["replay"] != None))  # noqa: E711
+    return _results(configs, measured, plan.device.memory)
+
+
+def _replayed(measured: dict[str, np.ndarray], index: np.ndarray) -> None:
+    """Step time, MFU and tokens/s of the layouts at `index`, priced by the closed form over
+    stage totals, replaced by their `Replay` (`_replays`) in Megatron-LM's order, as a
+    report of each prices it (`schedule.step_time`)."""
+    for i in index.tolist():
+        replay, at = measured["replay"][i]
+        one = replay.take(at) if replay.chunks.ndim == 4 else replay
+        total = one.pipeline() + one.after
+        slower = measured["time"][i] / total  # MFU and tokens/s go as 1 / time
+        measured["time"][i] = total
+        measured["mfu"][i] *= slower
+        measured["rate"][i] *= slower
+        measured["replay"][i] = None
 
 
 def _critical_exposed(times: Any) -> Any:
@@ -1058,6 +1121,7 @@ def search(
     for key in sorted(pending):
         if pending[key]:
             run(_join(pending[key]))
+    replayed = kept.replay(plan, gpus, limits, capacity, counts)
     results, front = kept.ranked(capacity)
     return Outcome(
         gpus=gpus,
@@ -1076,6 +1140,7 @@ def search(
         layers=(plan.model.layers, mtp_layers(plan)),
         own_split=own_split(plan),
         space=space,
+        replayed=replayed,
     )
 
 
@@ -1245,17 +1310,60 @@ class _Kept:
         self.held = self.count = 0
 
     def add(self, cols: Columns, measured: dict[str, np.ndarray]) -> None:
+        replays = measured["replay"]
+        for i in np.flatnonzero(replays != None).tolist():  # noqa: E711 (element-wise)
+            replay, at = replays[i]
+            replays[i] = (replay.take(at), 0)  # one layout's: the pass's arrays are let go
         self.parts.append((cols, measured))
         self.held += len(cols)
         self.count += len(cols)
         if self.keep is not None and self.held > max(4 * self.keep, CHUNK):
             cols, measured = self._joined()
             chosen = np.zeros(len(cols), dtype=bool)
-            chosen[self._order(measured)[: self.keep]] = True
-            chosen[_front(measured)] = True
+            # three times more than the ranking shows, and the front's next layer: room for
+            # layouts that `replay` finds slower than the closed form priced them
+            chosen[self._order(measured)[: 3 * self.keep]] = True
+            front = _front(measured)
+            chosen[front] = True
+            rest = np.flatnonzero(~chosen)
+            chosen[rest[_front({k: v[rest] for k, v in measured.items()})]] = True
             index = np.flatnonzero(chosen)
             self.parts = [(cols.take(index), {k: v[index] for k, v in measured.items()})]
             self.held = len(index)
+
+    def replay(
+        self, plan: Plan, gpus: int, limits: Limits | None, capacity: int, counts: _Counts
+    ) -> int:
+        """Price again, one plan at a time, the held layouts whose model chunks differ
+        (`layers.chunks_differ`; `split` gives 96 layers over 32 × 2 chunks of one and two),
+        which `budget PLAN` replays in Megatron-LM's order (`schedule.pipeline_replay`) and
+        the sweep prices with the closed form over stage totals: up to 8 % apart, and 40 %
+        with ZeRO-2's reduction after every backward exposed. Lazily: the best `keep` and
+        the front are replayed until all of them are replayed or even, so the ranking and
+        the front read what a report of each layout reads. A replayed layout that now breaks
+        a limit is dropped. Returns how many were replayed."""
+        if not self.held:
+            return 0
+        cols, measured = self._joined()
+        pending = measured["replay"] != None  # noqa: E711 (element-wise, on objects)
+        replayed = 0
+        while True:
+            shown = np.concatenate([self._order(measured)[: self.keep], _front(measured)])
+            todo = np.unique(shown[pending[shown]])
+            if not todo.size:
+                break
+            _replayed(measured, todo)
+            pending[todo] = False
+            replayed += todo.size
+        kept = np.ones(len(cols), dtype=bool)
+        for reason, breaks in _breaks(limits, capacity, measured):
+            over = kept & breaks
+            counts.rejected[reason] += int(over.sum())
+            kept &= ~breaks
+        self.count -= len(cols) - int(kept.sum())
+        index = np.flatnonzero(kept)
+        self.parts = [(cols.take(index), {k: v[index] for k, v in measured.items()})]
+        return replayed
 
     def _joined(self) -> tuple[Columns, dict[str, np.ndarray]]:
         cols = _join([c for c, _ in self.parts])
@@ -1335,6 +1443,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "fitting": outcome.fitting,
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,
+        "replayed": outcome.replayed,
         "hardware": outcome.hardware,
         "pareto": [_ranked_dict(outcome, r) for r in outcome.pareto],
         "results": [_ranked_dict(outcome, r) for r in outcome.results[:top]],

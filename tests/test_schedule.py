@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from budget.accuracy import RUNS, plan_file_name, plan_of
 from budget.flops import Work
@@ -805,6 +808,65 @@ def test_the_replay_of_alike_stages_is_the_closed_form(p, v, m) -> None:
     assert replay == pytest.approx(m * t + (p - 1) * t / v, rel=1e-12)
 
 
+def _replay_by_events(forward, backward, m):
+    """Megatron-LM's order replayed the plain way (the engine's first replay, kept as an
+    oracle): each stage's ops listed in turn (warm-up forwards, one forward and one backward,
+    the remaining backwards), run round-robin as soon as what each waits for has ended."""
+    p, v = len(forward), len(forward[0])
+    total = m * v
+
+    def chunk_mb(k, back):
+        c = (k // p) % v
+        return (v - 1 - c if back else c), (k // (p * v)) * p + k % p
+
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1 if v == 1 else (p - s - 1) * 2 + (v - 1) * p, total)
+        ops = [(False, *chunk_mb(k, False)) for k in range(warm)]
+        for k in range(total - warm):
+            ops += [(False, *chunk_mb(warm + k, False)), (True, *chunk_mb(k, True))]
+        ops += [(True, *chunk_mb(k, True)) for k in range(total - warm, total)]
+        orders.append(ops)
+    ends, free, at = {}, [0.0] * p, [0] * p
+    while any(at[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while at[s] < len(orders[s]):
+                back, c, mb = orders[s][at[s]]
+                if not back:
+                    need = (False, s - 1, c, mb) if s else (False, p - 1, c - 1, mb) if c else None
+                elif s == p - 1 and c == v - 1:
+                    need = (False, s, c, mb)
+                else:
+                    need = (True, s + 1, c, mb) if s < p - 1 else (True, 0, c + 1, mb)
+                if need is not None and need not in ends:
+                    break
+                start = max(free[s], ends[need] if need is not None else 0.0)
+                free[s] = start + (backward if back else forward)[s][c]
+                ends[(back, s, c, mb)] = free[s]
+                at[s] += 1
+    return max(free)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    p=st.integers(1, 8),
+    v=st.sampled_from([1, 1, 2, 3, 4]),
+    rounds=st.integers(1, 4),
+    extra=st.integers(0, 7),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_replay_runs_megatrons_order_op_by_op(p, v, rounds, extra, seed) -> None:
+    """`pipeline_replay` runs a precomputed order (`replay_order`: ops sorted by place on
+    their stage) in one pass; it ends every op exactly when the round-robin replay of the
+    same order does, for any stage and chunk times (interleaving with m a multiple of p,
+    as Megatron-LM requires; 1F1B with any m)."""
+    rng = random.Random(seed)
+    m = rounds * p if v > 1 else rounds + extra
+    forward = [[rng.uniform(0.1, 3.0) for _ in range(v)] for _ in range(p)]
+    backward = [[rng.uniform(0.1, 6.0) for _ in range(v)] for _ in range(p)]
+    assert pipeline_replay(forward, backward, m) == _replay_by_events(forward, backward, m)
+
+
 def test_the_replay_of_a_slow_first_stage_by_hand() -> None:
     """Two stages, two micro-batches, stage 0 twice as slow (forward 2, backward 4) as
     stage 1 (1, 2). By hand: stage 0 runs F0 [0, 2] and F1 [2, 4]; stage 1 F0 [2, 3], B0
@@ -819,8 +881,7 @@ def test_a_split_of_unlike_chunks_runs_at_megatrons_order(tmp_path) -> None:
     work, so the closed form over stage totals gave the even split's time to the digit;
     replayed, the 10-layer chunk paces every stage that waits on it (an audit's replay of
     the same order with per-layer times put the pipeline 22 % longer). The chunk times add
-    up to each stage's micro-batch time, and a split the search would lay out keeps the
-    closed form."""
+    up to each stage's micro-batch time, and an even split keeps the closed form."""
     interleaved = "pipeline: {schedule: interleaved, virtual_stages: 2"
     even_path = variant(tmp_path, "even", ("pipeline: {schedule: 1f1b", interleaved))
     even = build_report(load_plan(even_path))

@@ -2071,3 +2071,45 @@ def test_the_default_sweep_takes_the_plans_own_virtual_stages(tmp_path: Path) ->
 
     assert swept() == {1, 2, 4, 12}
     assert swept("--virtual-stages", "1,2,4") == {1, 2, 4}
+
+
+def test_a_split_of_one_and_two_layer_chunks_ranks_at_its_replayed_time():
+    """Llama 3.1 405B on 2,304 GPUs (NeMo's run, `budget.accuracy`): 126 layers over pp 16
+    × 7 chunks are 14 chunks of two layers among 98 of one. The closed form over stage
+    totals priced it 16.31 s and ranked it first, ahead of NeMo's own pp 9 × 7 (two layers
+    a chunk, 16.38 s); replayed in Megatron-LM's order, as its report prices it, the
+    two-layer chunks pace the stages that wait on them and it takes 17.39 s (a search
+    audit). The search now ranks it at that, behind the published layout."""
+    from budget.accuracy import RUNS, plan_of
+    from budget.search import _differ
+
+    (run,) = [r for r in RUNS if r.name == "Llama 3.1 405B, 2,304 GPUs"]
+    plan = plan_of(run)
+    space = Space(
+        tp=(8,),
+        pp=(9, 16),
+        cp=(2,),
+        virtual_stages=(7,),
+        zero=(1,),
+        recompute=("none",),
+        micro=(1,),
+        sequence_parallel=(True,),
+    )
+    outcome = search(plan, 2304, space, keep=10)
+    assert [(r.config.pp, r.config.virtual_stages) for r in outcome.results] == [(9, 7), (16, 7)]
+    assert outcome.replayed == 1 and [_differ(plan, r.config) for r in outcome.results] == [
+        False,
+        True,
+    ]
+    for r in outcome.results:
+        report = build_report(apply(plan, r.config, 2304))
+        assert _relative(report.step["time_s"], r.step_time_s) < 1e-9, r.config
+        assert _relative(report.step["mfu"], r.mfu) < 1e-9
+    slow = outcome.results[1].step_time_s
+    assert 17.3 < slow < 17.5 and outcome.results[0].step_time_s < 16.5
+    # a step limit between its closed form and its replay: counted as over it, not ranked
+    from budget.check import Limits
+
+    limited = search(plan, 2304, space, keep=10, limits=Limits(max_step_s=17.0))
+    assert [r.config.pp for r in limited.results] == [9] and limited.within_limits == 1
+    assert sum(n for reason, n in limited.rejected.items() if "step" in reason) == 1

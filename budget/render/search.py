@@ -144,8 +144,9 @@ def _fitted(
 
 
 UNEVEN_NOTE = (
-    f"{UNEVEN} the layers split unevenly over the pipeline's chunks (`budget.search.split`): "
-    "-f json gives each split, --write writes it"
+    f"{UNEVEN} the layers split unevenly over the pipeline's chunks (`budget.search.split`), "
+    "its step timed in Megatron-LM's order as `budget PLAN` times it: -f json gives each "
+    "split, --write writes it"
 )
 
 
