@@ -905,11 +905,13 @@ def _peaks(step: Step) -> np.ndarray:
 
 
 def measure(
-    plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None
+    plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None, replays: bool = False
 ) -> dict[str, np.ndarray]:
     """Peak memory, step time, exposed communication, MFU and tokens/s of `cols` (one
     structure), as arrays, in one pass of the engine; `spans` keeps the groups' layouts
-    between the passes of one sweep (`Spans`)."""
+    between the passes of one sweep (`Spans`). With `replays`, also what the layouts whose
+    model chunks differ are replayed from (`_replays`); their step time is the closed form's
+    until `_replayed` replaces it."""
     batch = _batched(plan, cols, gpus)
     step = derive(batch, representatives=True, classes=_classes(plan, cols))
     n = len(cols)
@@ -920,7 +922,7 @@ def measure(
         "exposed": np.asarray(_critical_exposed(times)) * np.ones(n),
         "mfu": np.asarray(times.mfu) * np.ones(n),
         "rate": np.asarray(times.tokens_per_s) * np.ones(n),
-        "replay": _replays(plan, cols, gpus, times, step.microbatches),
+        **({"replay": _replays(plan, cols, gpus, times, step.microbatches)} if replays else {}),
     }
 
 
@@ -942,7 +944,7 @@ def _replays(plan: Plan, cols: Columns, gpus: int, times: Any, m: Any) -> np.nda
         stages = [times.stages[classes.index(k.key)] for k in stage_classes(one, merge=False)]
         replay = replay_of(one, stages, m)
         for i in np.flatnonzero(which == row).tolist():
-            out[i] = (replay, i)  # taken for the layouts `_Kept` holds (`_Kept.add`)
+            out[i] = (replay, i)
     return out
 
 
@@ -963,7 +965,7 @@ def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int)
 def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
     """Peak memory and step time of `configs` (one structure), in one pass of the engine,
     those whose model chunks differ replayed (`_replayed`)."""
-    measured = measure(plan, Columns.of(configs), gpus)
+    measured = measure(plan, Columns.of(configs), gpus, replays=True)
     _replayed(measured, np.flatnonzero(measured["replay"] != None))  # noqa: E711
     return _results(configs, measured, plan.device.memory)
 
@@ -1121,7 +1123,7 @@ def search(
     for key in sorted(pending):
         if pending[key]:
             run(_join(pending[key]))
-    replayed = kept.replay(plan, gpus, limits, capacity, counts)
+    replayed = kept.replay(plan, gpus, limits, capacity, counts, spans)
     results, front = kept.ranked(capacity)
     return Outcome(
         gpus=gpus,
@@ -1310,10 +1312,6 @@ class _Kept:
         self.held = self.count = 0
 
     def add(self, cols: Columns, measured: dict[str, np.ndarray]) -> None:
-        replays = measured["replay"]
-        for i in np.flatnonzero(replays != None).tolist():  # noqa: E711 (element-wise)
-            replay, at = replays[i]
-            replays[i] = (replay.take(at), 0)  # one layout's: the pass's arrays are let go
         self.parts.append((cols, measured))
         self.held += len(cols)
         self.count += len(cols)
@@ -1332,27 +1330,46 @@ class _Kept:
             self.held = len(index)
 
     def replay(
-        self, plan: Plan, gpus: int, limits: Limits | None, capacity: int, counts: _Counts
+        self,
+        plan: Plan,
+        gpus: int,
+        limits: Limits | None,
+        capacity: int,
+        counts: _Counts,
+        spans: Spans | None = None,
     ) -> int:
-        """Price again, one plan at a time, the held layouts whose model chunks differ
-        (`layers.chunks_differ`; `split` gives 96 layers over 32 × 2 chunks of one and two),
-        which `budget PLAN` replays in Megatron-LM's order (`schedule.pipeline_replay`) and
-        the sweep prices with the closed form over stage totals: up to 8 % apart, and 40 %
-        with ZeRO-2's reduction after every backward exposed. Lazily: the best `keep` and
-        the front are replayed until all of them are replayed or even, so the ranking and
-        the front read what a report of each layout reads. A replayed layout that now breaks
+        """Price again the held layouts whose model chunks differ (`layers.chunks_differ`;
+        `split` gives 96 layers over 32 × 2 chunks of one and two), which `budget PLAN`
+        replays in Megatron-LM's order (`schedule.pipeline_replay`) and the sweep prices by
+        the closed form over stage totals: up to 8 % apart, and 40 % with ZeRO-2's reduction
+        after every backward exposed. Lazily: the best `keep` and the front are replayed
+        until all of them are replayed or even, so the ranking and the front read what a
+        report of each layout reads; each round runs those layouts through the engine
+        again, a pass per structure, to replay from (a sweep's passes keep nothing to
+        replay from: 80 MiB more at its peak, and slower). A replayed layout that now breaks
         a limit is dropped. Returns how many were replayed."""
         if not self.held:
             return 0
         cols, measured = self._joined()
-        pending = measured["replay"] != None  # noqa: E711 (element-wise, on objects)
+        pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"]], axis=1)
+        first, which = _distinct_rows(pairs)
+        configs = cols.take(first).configs()
+        pending = np.array([_differ(plan, c) for c in configs], dtype=bool)[which]
         replayed = 0
         while True:
             shown = np.concatenate([self._order(measured)[: self.keep], _front(measured)])
             todo = np.unique(shown[pending[shown]])
             if not todo.size:
                 break
-            _replayed(measured, todo)
+            again = cols.take(todo)
+            keys = structure(plan, again)
+            distinct, group = _distinct_rows(keys)
+            for row in range(len(distinct)):
+                index = np.flatnonzero(group == row)
+                timed = measure(plan, again.take(index), gpus, spans, replays=True)
+                _replayed(timed, np.flatnonzero(timed["replay"] != None))  # noqa: E711
+                for name in ("time", "mfu", "rate"):
+                    measured[name][todo[index]] = timed[name]
             pending[todo] = False
             replayed += todo.size
         kept = np.ones(len(cols), dtype=bool)
