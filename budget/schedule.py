@@ -34,11 +34,12 @@ stages, the pipeline takes m·max(t) + (Σt − max(t))/v: for equal stages (m +
 the bubble being (p − 1)/v of a micro-batch per stage. A 1F1B or interleaved split whose
 model chunks differ in size is replayed in Megatron-LM's order instead (`pipeline_replay`):
 a large chunk paces the stages waiting on it, and a slow first stage is not waited on by
-the bubble. Where chunks of one and two layers mix, the closed form over stage totals
-misses the replay by up to 8 % (Llama 3.1 405B at p 16, v 7: 16.31 s against 17.39 s);
-elsewhere by half a percent. A sweep prices its layouts with the closed form and replays
-the uneven ones it keeps (`search.Outcome.replayed`), so a ranked layout reads what its
-report reads.
+the bubble. The closed form over stage totals misses the replay both ways: on Llama 3 70B's
+and Gemma 2 9B's uneven layouts (a review) from −5 % to +12 % (Llama 3.1 405B at p 16, v 7,
+chunks of one and two layers: 16.31 s against 17.39 s), and up to +51 % where a ZeRO-2
+reduction after every backward is exposed. A sweep prices its layouts with the closed form
+and replays the uneven ones it holds (`search._Kept.replay`), so a ranked layout reads what
+its report reads.
 A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
 in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
 Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
