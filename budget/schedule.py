@@ -809,19 +809,14 @@ def replay_order(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.nda
     waits = np.concatenate([forward_waits, backward_waits])
     backs = np.concatenate([np.zeros((p, total), bool), np.ones((p, total), bool)])
     order = np.lexsort((np.where(backs, -stages, stages).ravel(), backs.ravel(), places.ravel()))
-    rank = np.empty(2 * p * total + 1, dtype=np.int64)
+    ops, before, waits, runs = (x.ravel()[order] for x in (ops, before, waits, runs))
+    rank = np.empty(ops.size + 1, dtype=np.int64)
     rank[0] = -1
-    rank[ops.ravel()[order]] = np.arange(order.size)
-    if (rank[before.ravel()[order]] >= rank[ops.ravel()[order]]).any() or (
-        rank[waits.ravel()[order]] >= rank[ops.ravel()[order]]
-    ).any():  # the order above never runs an op before what it waits for; kept as a guard
+    rank[ops] = np.arange(ops.size)
+    # the order above never runs an op before what it waits for; kept as a guard
+    if (rank[before] >= rank[ops]).any() or (rank[waits] >= rank[ops]).any():
         raise RuntimeError(f"no replay order for p {p}, v {v}, m {m}")
-    return (
-        ops.ravel()[order],
-        before.ravel()[order],
-        waits.ravel()[order],
-        runs.ravel()[order],
-    )
+    return ops, before, waits, runs
 
 
 _LAYER_PHASES = {

@@ -981,7 +981,7 @@ def _replayed(measured: dict[str, np.ndarray], index: np.ndarray) -> None:
     report of each prices it (`schedule.step_time`)."""
     for i in index.tolist():
         replay, at = measured["replay"][i]
-        one = replay.take(at) if replay.chunks.ndim == 4 else replay
+        one = replay.take(at)
         total = one.pipeline() + one.after
         slower = measured["time"][i] / total  # MFU and tokens/s go as 1 / time
         measured["time"][i] = total
