@@ -48,6 +48,8 @@ from budget.phases import Move, MoveGroup, Step
 from budget.plan.model import Overlap, Parallel, Pipeline, Plan, Recompute, Schedule, Topology
 from budget.schedule import (
     MICROBATCH_PHASES,
+    Replay,
+    StageTime,
     algorithm_of,
     move_kind,
     move_span,
@@ -189,9 +191,11 @@ class Outcome:
     own_split: tuple[int, int, tuple[int, ...]] | None = None
     # the values swept (to say which of the plan's own settings lie outside them)
     space: Space | None = None
-    # ranked layouts whose model chunks differ, priced again in Megatron-LM's order
-    # (`_Kept.replay`)
+    # layouts whose model chunks differ, priced again in Megatron-LM's order (`_Kept`)
     replayed: int = 0
+    # of `within_limits`, layouts whose model chunks differ kept on a lower bound of their
+    # step time, never replayed (`_unsure`): a replay might put them over a time limit
+    unsure: int = 0
 
     @property
     def best(self) -> Result | None:
@@ -910,47 +914,88 @@ def _peaks(step: Step) -> np.ndarray:
 
 
 def measure(
-    plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None, replays: bool = False
+    plan: Plan, cols: Columns, gpus: int, spans: Spans | None = None, exact: bool = False
 ) -> dict[str, np.ndarray]:
     """Peak memory, step time, exposed communication, MFU and tokens/s of `cols` (one
     structure), as arrays, in one pass of the engine; `spans` keeps the groups' layouts
-    between the passes of one sweep (`Spans`). With `replays`, also what the layouts whose
-    model chunks differ are replayed from (`_replays`); their step time is the closed form's
-    until `_replayed` replaces it."""
+    between the passes of one sweep (`Spans`). The layouts whose model chunks differ
+    (`_differ`), which `budget PLAN` replays in Megatron-LM's order and the pass prices by
+    the closed form over stage totals, are `pending`: their step time is a lower bound on
+    the replay (`schedule.Replay.bound`), MFU and tokens/s upper bounds, until `_Kept`
+    replays them; with `exact`, they are replayed here, layout by layout, and none is."""
     batch = _batched(plan, cols, gpus)
     step = derive(batch, representatives=True, classes=_classes(plan, cols))
     n = len(cols)
     times = step_time(batch, step, _Pricer(plan, cols, gpus, spans))
-    return {
+    measured = {
         "peak": _peaks(step) * np.ones(n, dtype=np.int64),
         "time": np.asarray(times.time_s) * np.ones(n),
         "exposed": np.asarray(_critical_exposed(times)) * np.ones(n),
         "mfu": np.asarray(times.mfu) * np.ones(n),
         "rate": np.asarray(times.tokens_per_s) * np.ones(n),
-        **({"replay": _replays(plan, cols, gpus, times, step.microbatches)} if replays else {}),
+        "pending": np.zeros(n, dtype=bool),
     }
+    # a sweep bounds only the layouts that fit: the others are not ranked
+    wanted = np.ones(n, dtype=bool) if exact else measured["peak"] <= plan.device.memory
+    for index, replay in _replays(plan, cols, gpus, times, step.microbatches, wanted):
+        if exact:
+            one = (replay.take(i) for i in range(len(index)))
+            total = np.array([r.pipeline() + r.after for r in one])
+        else:
+            total = np.asarray(replay.bound()) * np.ones(len(index))
+            measured["pending"][index] = True
+        slower = measured["time"][index] / total  # MFU and tokens/s go as 1 / time
+        measured["time"][index] = total
+        measured["mfu"][index] *= slower
+        measured["rate"][index] *= slower
+    return measured
 
 
-def _replays(plan: Plan, cols: Columns, gpus: int, times: Any, m: Any) -> np.ndarray:
-    """For each layout of `cols` whose model chunks differ (`_differ`), the `Replay` of its
-    step, which `budget PLAN` prices it by and the closed form of the sweep's pass does not
-    (`_Kept.replay`); None for the others. The pass's stage classes (`_classes`, one row of
-    numbers per layout) are laid out stage by stage for each pipeline depth and schedule
-    (`stage_classes` unmerged: a class's stages differ in how their chunks split)."""
-    out = np.full(len(cols), None, dtype=object)
+def _replays(
+    plan: Plan, cols: Columns, gpus: int, times: Any, m: Any, wanted: np.ndarray
+) -> Iterator[tuple[np.ndarray, Replay]]:
+    """For each pipeline depth and schedule of `cols` whose model chunks differ
+    (`_differ`), the indices of its `wanted` layouts and the `Replay` of their steps (arrays
+    over those), which `budget PLAN` prices them by and the closed form of the pass does
+    not. The pass's stage classes (`_classes`, one row of numbers per layout) are laid out
+    stage by stage (`stage_classes` unmerged: a class's stages differ in how their chunks
+    split)."""
     pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"]], axis=1)
     first, which = _distinct_rows(pairs)
     configs = cols.take(first).configs()
     for row, c in enumerate(configs):
-        if not _differ(plan, c, gpus):
+        index = np.flatnonzero((which == row) & wanted)
+        if not index.size or not _differ(plan, c, gpus):
             continue
         one = apply(plan, c, gpus)
         classes = [k.key for k in _stage_classes(plan, c.pp, c.virtual_stages)]
         stages = [times.stages[classes.index(k.key)] for k in stage_classes(one, merge=False)]
-        replay = replay_of(one, stages, m)
-        for i in np.flatnonzero(which == row).tolist():
-            out[i] = (replay, i)
-    return out
+        yield index, replay_of(one, [_picked(s, index) for s in stages], _pick(m, index))
+
+
+def _pick(x: Any, index: np.ndarray) -> Any:
+    return x[index] if np.ndim(x) else x
+
+
+def _picked(stage: StageTime, index: np.ndarray) -> StageTime:
+    """`stage`'s times (arrays over a pass's layouts) at `index` alone: what a replay reads."""
+    phases = tuple(
+        replace(
+            p,
+            count=_pick(p.count, index),
+            compute_s=_pick(p.compute_s, index),
+            exposed_s=_pick(p.exposed_s, index),
+            moves=(),
+        )
+        for p in stage.phases
+    )
+    return StageTime(
+        stage.stage,
+        phases,
+        _pick(stage.microbatch_s, index),
+        _pick(stage.after_s, index),
+        _pick(stage.each_microbatch_s, index),
+    )
 
 
 def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int) -> list[Result]:
@@ -969,25 +1014,9 @@ def _results(configs: Sequence[Config], m: dict[str, np.ndarray], capacity: int)
 
 def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
     """Peak memory and step time of `configs` (one structure), in one pass of the engine,
-    those whose model chunks differ replayed (`_replayed`)."""
-    measured = measure(plan, Columns.of(configs), gpus, replays=True)
-    _replayed(measured, np.flatnonzero(measured["replay"] != None))  # noqa: E711
+    those whose model chunks differ replayed (`measure`)."""
+    measured = measure(plan, Columns.of(configs), gpus, exact=True)
     return _results(configs, measured, plan.device.memory)
-
-
-def _replayed(measured: dict[str, np.ndarray], index: np.ndarray) -> None:
-    """Step time, MFU and tokens/s of the layouts at `index`, priced by the closed form over
-    stage totals, replaced by their `Replay` (`_replays`) in Megatron-LM's order, as a
-    report of each prices it (`schedule.step_time`)."""
-    for i in index.tolist():
-        replay, at = measured["replay"][i]
-        one = replay.take(at)
-        total = one.pipeline() + one.after
-        slower = measured["time"][i] / total  # MFU and tokens/s go as 1 / time
-        measured["time"][i] = total
-        measured["mfu"][i] *= slower
-        measured["rate"][i] *= slower
-        measured["replay"][i] = None
 
 
 def _critical_exposed(times: Any) -> Any:
@@ -1088,9 +1117,9 @@ def search(
     total = sum(len(b) for b in blocks(plan, gpus, space, _Counts())) if progress else 0
     counts = _Counts()
     capacity = plan.device.memory
-    kept = _Kept(objective, keep)
-    done = groups = fitting = 0
     spans: Spans = {}
+    kept = _Kept(plan, gpus, objective, keep, limits, counts, spans)
+    done = groups = fitting = 0
 
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
@@ -1099,6 +1128,12 @@ def search(
         with np.errstate(over="raise", invalid="raise"):
             measured = measure(plan, part, gpus, spans)
         ranked = measured["peak"] <= capacity
+        if limits is not None and kept.doubts < DOUBTS:
+            doubted = _settle_limits(
+                plan, part, gpus, spans, limits, measured, DOUBTS - kept.doubts
+            )
+            kept.doubts += doubted
+            kept.replayed += doubted
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
         for reason, breaks in _breaks(limits, capacity, measured):
@@ -1106,6 +1141,7 @@ def search(
             if over.any():
                 counts.rejected[reason] += int(over.sum())
             ranked &= ~breaks
+        measured["unsure"] = _unsure(limits, measured)
         index = np.flatnonzero(ranked)
         kept.add(part.take(index), {k: v[index] for k, v in measured.items()})
         done, groups = done + len(part), groups + 1
@@ -1128,7 +1164,8 @@ def search(
     for key in sorted(pending):
         if pending[key]:
             run(_join(pending[key]))
-    replayed = kept.replay(plan, gpus, limits, capacity, counts, spans)
+    if kept.parts:
+        kept.settle()
     results, front = kept.ranked(capacity)
     return Outcome(
         gpus=gpus,
@@ -1143,11 +1180,12 @@ def search(
         groups=groups,
         limits=limits,
         within_limits=None if limits is None else kept.count,
+        unsure=kept.unsure,
         hardware=hardware(plan),
         layers=(plan.model.layers, mtp_layers(plan)),
         own_split=own_split(plan),
         space=space,
-        replayed=replayed,
+        replayed=kept.replayed,
     )
 
 
@@ -1282,7 +1320,9 @@ def _breaks(
     """(reason, which layouts break it) for each limit set, in the order `budget check`
     reports them: headroom (free bytes at the worst stage's peak), exposed communication
     as a share of the step, step time. A layout that breaks several is counted under the
-    first."""
+    first. A pending layout's time is a lower bound (`measure`): over the step limit on it
+    is over for good, but its share of exposed communication is an upper bound, so it is
+    not judged on that until replayed (`_unsure`)."""
     if limits is None:
         return []
     words = iter(limits.describe()[1:])  # the first is "every stage fits in device memory"
@@ -1293,10 +1333,55 @@ def _breaks(
     time_s, exposed = measured["time"], measured["exposed"]
     if limits.max_exposed_share is not None:
         share = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
-        out.append((next(words), share > limits.max_exposed_share))
+        out.append((next(words), (share > limits.max_exposed_share) & ~measured["pending"]))
     if limits.max_step_s is not None:
         out.append((next(words), time_s > limits.max_step_s))
     return [(f"over a limit: {text}", breaks) for text, breaks in out]
+
+
+DOUBTS = 512  # layouts a search replays at most to count those within its limits exactly
+
+
+def _settle_limits(
+    plan: Plan,
+    cols: Columns,
+    gpus: int,
+    spans: Spans,
+    limits: Limits,
+    measured: dict[str, np.ndarray],
+    most: int,
+) -> int:
+    """Replay (`measure`) up to `most` of the pass's fitting layouts whose time limits their
+    bound cannot settle (`_unsure`) and no other limit rejects, so that `within_limits`
+    counts them as they are; a sweep whose limits leave more in doubt counts the rest on
+    their bounds, and says how many (`Outcome.unsure`). Returns how many it replayed."""
+    doubt = (measured["peak"] <= plan.device.memory) & _unsure(limits, measured)
+    for _, breaks in _breaks(limits, plan.device.memory, measured):
+        doubt &= ~breaks
+    index = np.flatnonzero(doubt)[:most]
+    if index.size:
+        timed = measure(plan, cols.take(index), gpus, spans, exact=True)
+        for name in ("time", "mfu", "rate"):
+            measured[name][index] = timed[name]
+        measured["pending"][index] = False
+    return int(index.size)
+
+
+def _unsure(limits: Limits | None, measured: dict[str, np.ndarray]) -> np.ndarray:
+    """The pending layouts (`measure`) that `_breaks` keeps on a bound a replay may
+    overturn: every one under a step-time limit (a bound below it says nothing of the
+    replay), and those whose exposed share on the bound is over its limit."""
+    pending = measured["pending"]
+    if limits is None or not pending.any():
+        return np.zeros(len(pending), dtype=bool)
+    unsure = np.zeros(len(pending), dtype=bool)
+    if limits.max_step_s is not None:
+        unsure |= pending
+    if limits.max_exposed_share is not None:
+        time_s = measured["time"]
+        share = np.divide(measured["exposed"], time_s, out=np.zeros_like(time_s), where=time_s != 0)
+        unsure |= pending & (share > limits.max_exposed_share)
+    return unsure
 
 
 def _join(parts: Sequence[Columns]) -> Columns:
@@ -1307,92 +1392,109 @@ def _join(parts: Sequence[Columns]) -> Columns:
 
 class _Kept:
     """The ranked layouts held between chunks: all of them, or with `keep` only the best
-    `keep` by the objective and those on the Pareto front. Both survive the pruning: the
-    best `keep` of a union are among the best `keep` of its parts, and a layout no other
-    beats is beaten by none in its part either."""
+    `keep` by the objective and those on the Pareto front, each read as a report of it
+    reads (`settle`). A layout whose model chunks differ is `pending` until replayed: it
+    is held by a lower bound on its step time (`schedule.Replay.bound`), so a replay only
+    ever moves it down the ranking and off the front. Pruning keeps exactly what can
+    still be shown: the best `keep` and the front are replayed first, so that every
+    layout dropped is beaten by `keep` held layouts at their true times, or dominated
+    on the front by one (its own time being at least its bound); the best `keep` of the
+    whole sweep and its front are then the held ones'. With limits, `count` holds the
+    layouts within them and `unsure` those of them still pending on a time limit, whose
+    bound keeps it and whose replay might not (`_unsure`)."""
 
-    def __init__(self, objective: str, keep: int | None) -> None:
-        self.objective, self.keep = objective, keep
+    def __init__(
+        self,
+        plan: Plan,
+        gpus: int,
+        objective: str,
+        keep: int | None,
+        limits: Limits | None = None,
+        counts: _Counts | None = None,
+        spans: Spans | None = None,
+    ) -> None:
+        self.plan, self.gpus, self.objective, self.keep = plan, gpus, objective, keep
+        self.limits, self.counts, self.spans = limits, counts or _Counts(), spans
         self.parts: list[tuple[Columns, dict[str, np.ndarray]]] = []
-        self.held = self.count = 0
+        self.held = self.count = self.unsure = self.replayed = self.doubts = 0
 
     def add(self, cols: Columns, measured: dict[str, np.ndarray]) -> None:
         self.parts.append((cols, measured))
         self.held += len(cols)
         self.count += len(cols)
+        self.unsure += int(measured["unsure"].sum())
         if self.keep is not None and self.held > max(4 * self.keep, CHUNK):
             cols, measured = self._joined()
-            chosen = np.zeros(len(cols), dtype=bool)
-            # three times more than the ranking shows, and the front's next layer: room for
-            # layouts that `replay` finds slower than the closed form priced them
-            chosen[self._order(measured)[: 3 * self.keep]] = True
-            front = _front(measured)
-            chosen[front] = True
-            rest = np.flatnonzero(~chosen)
-            chosen[rest[_front({k: v[rest] for k, v in measured.items()})]] = True
+            chosen = self._undecided(measured)
+            if chosen.sum() > self.held // 2:  # few replayed or even: replay the shown first
+                cols, measured = self.settle()
+                chosen = np.zeros(len(cols), dtype=bool)
+                chosen[self._shown(measured)] = True
             index = np.flatnonzero(chosen)
             self.parts = [(cols.take(index), {k: v[index] for k, v in measured.items()})]
             self.held = len(index)
 
-    def replay(
-        self,
-        plan: Plan,
-        gpus: int,
-        limits: Limits | None,
-        capacity: int,
-        counts: _Counts,
-        spans: Spans | None = None,
-    ) -> int:
-        """Price again the held layouts whose model chunks differ (`layers.chunks_differ`;
-        `split` gives 96 layers over 32 × 2 chunks of one and two), which `budget PLAN`
-        replays in Megatron-LM's order (`schedule.pipeline_replay`) and the sweep prices by
-        the closed form over stage totals: −5 % to +12 % apart, and up to +51 % with
-        ZeRO-2's reduction after every backward exposed (`schedule`). Lazily: the best
-        `keep` and the front are replayed until all of them are replayed or even, so the
-        ranking and the front read what a report of each layout reads; each round runs those
-        layouts through the engine again, a pass per structure, to replay from (a sweep's
-        passes keep nothing to replay from: 80 MiB more at its peak, and slower). A replayed
-        layout that now breaks a limit is dropped. Returns how many were replayed.
+    def _undecided(self, measured: dict[str, np.ndarray]) -> np.ndarray:
+        """The held layouts that may still be shown: those ranked before the `keep`-th
+        replayed or even one (all, while there are fewer), and those no replayed or even
+        layout beats on both step time and peak memory. Any other is beaten by `keep`
+        layouts, or on the front by one, at their true times and its own bound."""
+        assert self.keep is not None
+        pending = measured["pending"]
+        order = self._order(measured)
+        known = np.flatnonzero(~pending[order])
+        chosen = np.zeros(len(pending), dtype=bool)
+        chosen[order[: known[self.keep - 1] + 1] if len(known) >= self.keep else order] = True
+        index = np.flatnonzero(~pending)
+        front = index[_front({k: v[index] for k, v in measured.items()})]  # fastest first
+        chosen[front] = True
+        if front.size:
+            # the fastest front layout at or under each one's time has the least peak there
+            before = np.searchsorted(measured["time"][front], measured["time"], side="right")
+            least = measured["peak"][front][np.maximum(before - 1, 0)]
+            chosen |= (before == 0) | (least > measured["peak"])
+        else:
+            chosen[:] = True
+        return chosen
 
-        Not exact over the whole sweep: a replay can come out faster than the closed form
-        (a slow first stage is not waited on), so a layout the closed form priced out of
-        the held ones, or over a time limit (`search.run`), can belong in the ranking or on
-        the front (a review: `--top 1` and `--top 10` named different best layouts of Llama
-        3 70B, 10.10 s and an uneven 10.08 s). Replaying every uneven layout of a sweep
-        costs about 15 ms each (GPT-3's whole sweep: 2 minutes)."""
-        if not self.held:
-            return 0
+    def _shown(self, measured: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([self._order(measured)[: self.keep], _front(measured)])
+
+    def settle(self) -> tuple[Columns, dict[str, np.ndarray]]:
+        """Replay the pending layouts among the best `keep` and the front, and again among
+        those that take their places, until all shown are replayed or even; a replayed
+        layout that now breaks a limit is dropped. Each round runs its layouts through the
+        engine again, a pass per structure (the sweep's passes keep nothing to replay from:
+        80 MiB more at the GPT-3 sweep's peak). Returns the held layouts, joined."""
         cols, measured = self._joined()
-        pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"]], axis=1)
-        first, which = _distinct_rows(pairs)
-        configs = cols.take(first).configs()
-        pending = np.array([_differ(plan, c, gpus) for c in configs], dtype=bool)[which]
-        replayed = 0
         while True:
-            shown = np.concatenate([self._order(measured)[: self.keep], _front(measured)])
-            todo = np.unique(shown[pending[shown]])
+            shown = self._shown(measured)
+            todo = np.unique(shown[measured["pending"][shown]])
             if not todo.size:
                 break
             again = cols.take(todo)
-            keys = structure(plan, again)
-            distinct, group = _distinct_rows(keys)
+            distinct, group = _distinct_rows(structure(self.plan, again))
             for row in range(len(distinct)):
                 index = np.flatnonzero(group == row)
-                timed = measure(plan, again.take(index), gpus, spans, replays=True)
-                _replayed(timed, np.flatnonzero(timed["replay"] != None))  # noqa: E711
+                timed = measure(self.plan, again.take(index), self.gpus, self.spans, exact=True)
                 for name in ("time", "mfu", "rate"):
                     measured[name][todo[index]] = timed[name]
-            pending[todo] = False
-            replayed += todo.size
-        kept = np.ones(len(cols), dtype=bool)
-        for reason, breaks in _breaks(limits, capacity, measured):
-            over = kept & breaks
-            counts.rejected[reason] += int(over.sum())
-            kept &= ~breaks
-        self.count -= len(cols) - int(kept.sum())
-        index = np.flatnonzero(kept)
-        self.parts = [(cols.take(index), {k: v[index] for k, v in measured.items()})]
-        return replayed
+            measured["pending"][todo] = False
+            self.unsure -= int(measured["unsure"][todo].sum())
+            measured["unsure"][todo] = False
+            self.replayed += todo.size
+            kept = np.ones(len(cols), dtype=bool)
+            for reason, breaks in _breaks(self.limits, self.plan.device.memory, measured):
+                over = kept & breaks
+                self.counts.rejected[reason] += int(over.sum())
+                kept &= ~breaks
+            if not kept.all():
+                self.count -= len(cols) - int(kept.sum())
+                index = np.flatnonzero(kept)
+                cols, measured = cols.take(index), {k: v[index] for k, v in measured.items()}
+        self.parts = [(cols, measured)]
+        self.held = len(cols)
+        return cols, measured
 
     def _joined(self) -> tuple[Columns, dict[str, np.ndarray]]:
         cols = _join([c for c, _ in self.parts])
@@ -1473,6 +1575,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,
         "replayed": outcome.replayed,
+        "unsure": outcome.unsure,
         "hardware": outcome.hardware,
         "pareto": [_ranked_dict(outcome, r) for r in outcome.pareto],
         "results": [_ranked_dict(outcome, r) for r in outcome.results[:top]],

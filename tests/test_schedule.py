@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,14 @@ from budget.layers import chunks_differ
 from budget.pipeline import budget_plan, build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Device, Overlap
-from budget.schedule import _by_name, _chunk_times, pipeline_replay, step_time, work_time
+from budget.schedule import (
+    Replay,
+    _by_name,
+    _chunk_times,
+    pipeline_replay,
+    step_time,
+    work_time,
+)
 from budget.step import derive
 from tests.builders import make_plan
 from tests.plan_files import ROOT, variant
@@ -865,6 +873,46 @@ def test_the_replay_runs_megatrons_order_op_by_op(p, v, rounds, extra, seed) -> 
     forward = [[rng.uniform(0.1, 3.0) for _ in range(v)] for _ in range(p)]
     backward = [[rng.uniform(0.1, 6.0) for _ in range(v)] for _ in range(p)]
     assert pipeline_replay(forward, backward, m) == _replay_by_events(forward, backward, m)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    p=st.integers(1, 8),
+    v=st.sampled_from([1, 1, 2, 3, 4]),
+    rounds=st.integers(1, 4),
+    extra=st.integers(0, 7),
+    seed=st.integers(0, 2**32 - 1),
+    spread=st.sampled_from([1.0, 1.2, 3.0, 20.0]),
+)
+def test_the_replay_bound_never_passes_the_replay(p, v, rounds, extra, seed, spread) -> None:
+    """`Replay.bound`, which a sweep ranks an unreplayed uneven layout by, is at most the
+    replay for any stage and chunk times (chunks from alike to 20 times apart), and the
+    replay's own figure where every chunk is alike. A search that ranked and pruned by a
+    bound above the replay could drop a layout that belongs in its ranking."""
+    rng = random.Random(seed)
+    m = rounds * p if v > 1 else rounds + extra
+    chunks = np.array(
+        [
+            [[rng.uniform(1.0, spread) * scale for _ in range(v)] for _ in range(p)]
+            for scale in (1, 2)
+        ]
+    )
+    replay = Replay(chunks, m, rest=0.5, after=0.75, floor=0.0)
+    assert replay.bound() <= (replay.pipeline() + replay.after) * (1 + 1e-12)
+    alike = Replay(np.ones_like(chunks) * chunks[:, :1, :1], m, rest=0.5, after=0.75, floor=0.0)
+    assert alike.bound() == pytest.approx(alike.pipeline() + alike.after, rel=1e-12)
+
+
+def test_the_replay_bound_by_hand() -> None:
+    """The slow first stage of `test_the_replay_of_a_slow_first_stage_by_hand` (forward 2
+    and backward 4 on stage 0, 1 and 2 on stage 1, m = 2): stage 0 works 2·6 = 12 with
+    nothing before it; stage 1 waits 2 for the first forward and is waited on 4 by the last
+    backward, 2 + 2·3 + 4 = 12. The bound is 12 against the replay's 13 (and the closed
+    form's 15); arrays over two layouts give each its own."""
+    one = Replay(np.array([[[2.0], [1.0]], [[4.0], [2.0]]]), 2, 0.0, 0.0, 0.0)
+    assert one.bound() == 12.0 and one.pipeline() == 13.0
+    two = Replay(np.stack([one.chunks, one.chunks * 3], axis=-1), np.array([2, 2]), 0.0, 0.0, 0.0)
+    assert two.bound().tolist() == [12.0, 36.0]
 
 
 def test_the_replay_of_a_slow_first_stage_by_hand() -> None:

@@ -2133,3 +2133,70 @@ def test_a_multi_token_prediction_tail_on_an_even_split_is_replayed_as_its_repor
     assert chunks_differ(layout) and _differ(plan, config, 16)
     (result,) = evaluate(plan, [config], 16)
     assert _relative(build_report(layout).step["time_s"], result.step_time_s) < 1e-9
+
+
+def _same(held: tuple[Result, ...], every: tuple[Result, ...]) -> bool:
+    """The same layouts in the same order at the same times (a layout priced in another
+    pass can differ in its last bit)."""
+    return [r.config for r in held] == [r.config for r in every] and all(
+        _relative(a.step_time_s, b.step_time_s) < 1e-12 for a, b in zip(held, every, strict=True)
+    )
+
+
+@pytest.mark.parametrize("objective", ["time", "memory", "tokens-per-s"])
+def test_the_held_ranking_and_front_are_those_of_replaying_every_layout(monkeypatch, objective):
+    """Llama 3 405B at 128K on 16,384 GPUs: every fitting layout of this sweep splits its
+    126 layers unevenly, so each is held by a lower bound on its replay
+    (`schedule.Replay.bound`) until it could be shown. With `keep` and passes of 16 layouts
+    (pruning after every few), the best `keep` and the front are exactly those of the
+    search that holds and replays every layout, and far fewer are replayed. Before, the
+    sweep ranked by the closed form and replayed the held ones only, and `--top 1` and
+    `--top 10` could name different best layouts (a review)."""
+    import budget.search as module
+
+    plan = load_plan(ROOT / "plans" / "llama3-405b-128k.yaml")
+    space = Space(
+        tp=(8,),
+        cp=(16, 32),
+        zero=(1,),
+        sequence_parallel=(True,),
+        recompute=("none", "selective"),
+    )
+    every = search(plan, 16384, space, objective=objective, keep=None)
+    assert every.replayed == every.fitting > 30  # all uneven, all replayed
+    monkeypatch.setattr(module, "CHUNK", 16)
+    for keep in (1, 3):
+        held = search(plan, 16384, space, objective=objective, keep=keep)
+        assert _same(held.results, every.results[:keep]), keep
+        assert _same(held.pareto, every.pareto), keep
+        assert held.replayed < every.replayed / 2
+
+
+def test_limits_count_replayed_layouts_and_say_how_many_rest_on_a_bound(monkeypatch):
+    """Llama 3 70B on 64 GPUs, even and uneven layouts together, passes of 32: under a
+    step-time limit and an exposed-communication limit, the pending layouts a bound cannot
+    settle are replayed to be counted, so `within_limits` and the rejections are those of
+    replaying every layout and none is `unsure`. With no replays to spare for counting,
+    the ranking is still exact, and the count is high by at most the `unsure` it names."""
+    import budget.search as module
+    from budget.check import Limits
+
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    space = Space(tp=(4, 8), recompute=("selective", "full"), sequence_parallel=(True,))
+    fastest = search(plan, 64, space, keep=1).results[0].step_time_s
+    limits = Limits(max_step_s=1.6 * fastest, max_exposed_share=0.1)
+    every = search(plan, 64, space, keep=None, limits=limits)
+    assert every.unsure == 0 and every.within_limits
+    monkeypatch.setattr(module, "CHUNK", 32)
+    held = search(plan, 64, space, keep=3, limits=limits)
+    assert _same(held.results, every.results[:3]) and _same(held.pareto, every.pareto)
+    assert (held.within_limits, held.unsure, held.rejected) == (
+        every.within_limits,
+        0,
+        every.rejected,
+    )
+    monkeypatch.setattr(module, "DOUBTS", 0)
+    guessed = search(plan, 64, space, keep=3, limits=limits)
+    assert _same(guessed.results, every.results[:3]) and _same(guessed.pareto, every.pareto)
+    assert guessed.unsure > 0
+    assert guessed.within_limits - guessed.unsure <= every.within_limits <= guessed.within_limits

@@ -261,6 +261,11 @@ def _counts(outcome: Outcome) -> str:
     if outcome.limits is not None:
         words = ", ".join(outcome.limits.describe()[1:])
         text += f"; {outcome.within_limits or 0:,} of them keep the limits ({words})"
+        if outcome.unsure:
+            text += (
+                f", {outcome.unsure:,} of those counted on a lower bound of their step time, "
+                "not replayed"
+            )
     return text
 
 
