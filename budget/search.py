@@ -541,16 +541,17 @@ def _place(c: StageClass) -> tuple[bool, bool, bool, bool, bool]:
 
 
 @lru_cache(maxsize=1024)
-def _stage_classes(plan: Plan, pp: int, v: int) -> list[StageClass]:
+def _stage_classes(plan: Plan, pp: int, v: int, merge: bool = True) -> list[StageClass]:
     """The stage classes of `plan` cut into `pp` stages of `v` chunks each, split as
-    `apply` splits them (once per sweep: every block meets them again)."""
+    `apply` splits them (once per sweep: every block meets them again); with `merge` off,
+    one per stage (`stage_classes`)."""
     schedule: Schedule = "interleaved" if v > 1 else "1f1b"
     parallel = replace(
         plan.parallel,
         pp=pp,
         pipeline=_pipeline(plan, schedule, pp, v),
     )
-    return stage_classes(replace(plan, parallel=parallel))
+    return stage_classes(replace(plan, parallel=parallel), merge=merge)
 
 
 def _pipeline(plan: Plan, schedule: Schedule, pp: int, v: int) -> Pipeline:
@@ -967,10 +968,19 @@ def _replays(
         index = np.flatnonzero((which == row) & wanted)
         if not index.size or not _differ(plan, c, gpus):
             continue
-        one = apply(plan, c, gpus)
-        classes = [k.key for k in _stage_classes(plan, c.pp, c.virtual_stages)]
-        stages = [times.stages[classes.index(k.key)] for k in stage_classes(one, merge=False)]
-        yield index, replay_of(one, [_picked(s, index) for s in stages], _pick(m, index))
+        rows = _stage_rows(plan, c.pp, c.virtual_stages)
+        picked = {row: _picked(times.stages[row], index) for row in set(rows)}
+        stages = [picked[row] for row in rows]
+        yield index, replay_of(apply(plan, c, gpus), stages, _pick(m, index))
+
+
+@lru_cache(maxsize=256)
+def _stage_rows(plan: Plan, pp: int, v: int) -> tuple[int, ...]:
+    """For each of the `pp` stages, which of `_stage_classes(plan, pp, v)` (a pass's
+    `StageTime` rows) it is: the classes unmerged (`stage_classes`), each stage's own."""
+    classes = _stage_classes(plan, pp, v)
+    keys = [k.key for k in classes]
+    return tuple(keys.index(k.key) for k in _stage_classes(plan, pp, v, merge=False))
 
 
 def _pick(x: Any, index: np.ndarray) -> Any:

@@ -2200,3 +2200,7 @@ def test_limits_count_replayed_layouts_and_say_how_many_rest_on_a_bound(monkeypa
     assert _same(guessed.results, every.results[:3]) and _same(guessed.pareto, every.pareto)
     assert guessed.unsure > 0
     assert guessed.within_limits - guessed.unsure <= every.within_limits <= guessed.within_limits
+    from budget.render.search import _counts
+
+    said = f"so up to {guessed.unsure:,} fewer may keep them"
+    assert said in _counts(guessed) and "fewer" not in _counts(held)

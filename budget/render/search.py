@@ -263,8 +263,8 @@ def _counts(outcome: Outcome) -> str:
         text += f"; {outcome.within_limits or 0:,} of them keep the limits ({words})"
         if outcome.unsure:
             text += (
-                f", {outcome.unsure:,} of those counted on a lower bound of their step time, "
-                "not replayed"
+                f"; {outcome.unsure:,} of those are counted on a lower bound of their step "
+                f"time, not replayed, so up to {outcome.unsure:,} fewer may keep them"
             )
     return text
 
