@@ -1405,11 +1405,11 @@ class _Kept:
     `keep` by the objective and those on the Pareto front, each read as a report of it
     reads (`settle`). A layout whose model chunks differ is `pending` until replayed: it
     is held by a lower bound on its step time (`schedule.Replay.bound`), so a replay only
-    ever moves it down the ranking and off the front. Pruning keeps exactly what can
-    still be shown: the best `keep` and the front are replayed first, so that every
-    layout dropped is beaten by `keep` held layouts at their true times, or dominated
-    on the front by one (its own time being at least its bound); the best `keep` of the
-    whole sweep and its front are then the held ones'. With limits, `count` holds the
+    ever moves it down the ranking and off the front. Pruning keeps what can still be
+    shown (`_undecided`): a layout dropped is beaten by `keep` replayed or even layouts
+    at their true times, or dominated on the front by one, its own time being at least its
+    bound (where few are replayed or even, the shown are replayed first); the best `keep`
+    of the whole sweep and its front are then the held ones'. With limits, `count` holds the
     layouts within them and `unsure` those of them still pending on a time limit, whose
     bound keeps it and whose replay might not (`_unsure`)."""
 

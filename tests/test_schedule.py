@@ -855,14 +855,18 @@ def _replay_by_events(forward, backward, m):
     return max(free)
 
 
+# pipelines of 1 to 8 stages, of 1 to 4 chunks, and m: a multiple of p when interleaved
+PIPELINES = {
+    "p": st.integers(1, 8),
+    "v": st.sampled_from([1, 1, 2, 3, 4]),
+    "rounds": st.integers(1, 4),
+    "extra": st.integers(0, 7),
+    "seed": st.integers(0, 2**32 - 1),
+}
+
+
 @settings(max_examples=150, deadline=None)
-@given(
-    p=st.integers(1, 8),
-    v=st.sampled_from([1, 1, 2, 3, 4]),
-    rounds=st.integers(1, 4),
-    extra=st.integers(0, 7),
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(**PIPELINES)
 def test_the_replay_runs_megatrons_order_op_by_op(p, v, rounds, extra, seed) -> None:
     """`pipeline_replay` runs a precomputed order (`replay_order`: ops sorted by place on
     their stage) in one pass; it ends every op exactly when the round-robin replay of the
@@ -876,14 +880,7 @@ def test_the_replay_runs_megatrons_order_op_by_op(p, v, rounds, extra, seed) -> 
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    p=st.integers(1, 8),
-    v=st.sampled_from([1, 1, 2, 3, 4]),
-    rounds=st.integers(1, 4),
-    extra=st.integers(0, 7),
-    seed=st.integers(0, 2**32 - 1),
-    spread=st.sampled_from([1.0, 1.2, 3.0, 20.0]),
-)
+@given(**PIPELINES, spread=st.sampled_from([1.0, 1.2, 3.0, 20.0]))
 def test_the_replay_bound_never_passes_the_replay(p, v, rounds, extra, seed, spread) -> None:
     """`Replay.bound`, which a sweep ranks an unreplayed uneven layout by, is at most the
     replay for any stage and chunk times (chunks from alike to 20 times apart), and the
