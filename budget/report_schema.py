@@ -59,9 +59,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # computes (``mfu`` counts them unmasked, PaLM's, and can pass 1 at a long context)
 # 1.13: `budget search`'s ``replayed``, the held layouts whose model chunks differ that it
 # priced again in Megatron-LM's order, as their reports do
-# 1.14: `budget search`'s ``unsure``, the layouts ``within_limits`` counts on a lower bound
-# of their step time; ``replayed`` counts every layout the search replayed, to rank or to
-# count against a limit
+# 1.14: `budget search`'s ``replayed`` counts every layout the search replayed, to rank it
+# or to judge it against a time limit
 SCHEMA_VERSION = "1.14"
 
 Kind = Literal[

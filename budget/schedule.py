@@ -724,6 +724,26 @@ class Replay:
             return float(self.floor)
         return float(pipeline)
 
+    def steps(self) -> np.ndarray:
+        """Each layout's replayed step, `pipeline` + `after` (arrays over a sweep's layouts,
+        or one number as an array of one), its layouts of one count of micro-batches
+        replayed together (`pipeline_replays`)."""
+        chunks = self.chunks if self.chunks.ndim == 4 else self.chunks[..., None]
+        n = chunks.shape[-1]
+        m, rest, after, floor = (np.broadcast_to(x, (n,)) for x in self._numbers())
+        raw = np.empty(n)
+        for count in np.unique(m).tolist():
+            index = np.flatnonzero(m == count)
+            raw[index] = pipeline_replays(chunks[..., index], count)
+        pipeline = raw + rest - after
+        # as `pipeline`: a replay a rounding below the floor reads as the floor
+        pipeline = np.where((floor * (1 - 1e-9) <= pipeline) & (pipeline < floor), floor, pipeline)
+        out: np.ndarray = pipeline + after
+        return out
+
+    def _numbers(self) -> tuple[Any, Any, Any, Any]:
+        return self.microbatches, self.rest, self.after, self.floor
+
     def bound(self) -> Any:
         """A lower bound on the replayed step (`pipeline` + `after`), without replaying:
         for each stage s, its first op (chunk 0's forward of the first micro-batch) waits
@@ -760,7 +780,9 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
 
 
 def pipeline_replay(
-    forward: Sequence[Sequence[float]], backward: Sequence[Sequence[float]], m: int
+    forward: Sequence[Sequence[float]] | np.ndarray,
+    backward: Sequence[Sequence[float]] | np.ndarray,
+    m: int,
 ) -> float:
     """The pipeline's makespan, replaying Megatron-LM's order op by op, where stage s runs
     model chunk c of a micro-batch forward in ``forward[s][c]`` seconds and backward in
@@ -778,6 +800,51 @@ def pipeline_replay(
         after, wait = ends[a], ends[b]
         ends[op] = (after if after > wait else wait) + times[t]
     return max(ends)
+
+
+def pipeline_replays(chunks: np.ndarray, m: int) -> np.ndarray:
+    """`pipeline_replay` of many layouts at once, bit for bit: chunk times (2, p, v, n) of n
+    layouts sharing p, v and m. Ops run a level at a time (`replay_levels`), each level's
+    ops together for every layout (about 2·m·v + p levels, so ~8 µs a level whatever the
+    layouts); the end of every op is held for a batch of layouts at a time, 32 MiB at most."""
+    _, p, v, n = chunks.shape
+    if n * p < 32:  # a level costs more than the ops it runs: one layout at a time
+        return np.array(
+            [pipeline_replay(chunks[0, ..., i], chunks[1, ..., i], m) for i in range(n)]
+        )
+    times = chunks.reshape(2 * p * v, n)
+    levels, ops = replay_levels(p, v, m)
+    batch = max(1, 2**22 // (ops + 1))
+    out = np.empty(n)
+    for start in range(0, n, batch):
+        run = times[:, start : start + batch]
+        ends = np.zeros((ops + 1, run.shape[1]))  # by op number; 0 is the step's start
+        for op, before, waits, index in levels:
+            ends[op] = np.maximum(ends[before], ends[waits]) + run[index]
+        out[start : start + batch] = ends.max(axis=0)
+    return out
+
+
+Level = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@lru_cache(maxsize=64)  # 100k ops take ~6 MB: a GPT-3 sweep's 41 orders, ~60 MB
+def replay_levels(p: int, v: int, m: int) -> tuple[tuple[Level, ...], int]:
+    """`replay_order`'s ops by level (an op's level is one more than the highest of what it
+    waits for, the step's start being 0), each level as the four columns of its ops (views
+    of one sorted copy): no op waits for another of its level, so a level runs at once.
+    And the count of ops."""
+    ops, before, waits, runs = replay_order(p, v, m)
+    depth = [0] * (ops.size + 1)
+    for op, a, b in zip(ops.tolist(), before.tolist(), waits.tolist(), strict=True):
+        x, y = depth[a], depth[b]
+        depth[op] = (x if x > y else y) + 1
+    level = np.array(depth)[ops]
+    order = np.argsort(level, kind="stable")
+    cuts = [0, *(np.flatnonzero(np.diff(level[order])) + 1).tolist(), ops.size]
+    op, prior, awaited, run = (x[order] for x in (ops, before, waits, runs))
+    levels = tuple((op[a:b], prior[a:b], awaited[a:b], run[a:b]) for a, b in pairwise(cuts))
+    return levels, int(ops.size)
 
 
 @lru_cache(maxsize=16)  # 100k ops (GPT-3 at p 16, v 4, m 768) take 3.2 MB as arrays

@@ -23,6 +23,7 @@ from budget.schedule import (
     _by_name,
     _chunk_times,
     pipeline_replay,
+    pipeline_replays,
     step_time,
     work_time,
 )
@@ -898,6 +899,26 @@ def test_the_replay_bound_never_passes_the_replay(p, v, rounds, extra, seed, spr
     assert replay.bound() <= (replay.pipeline() + replay.after) * (1 + 1e-12)
     alike = Replay(np.ones_like(chunks) * chunks[:, :1, :1], m, rest=0.5, after=0.75, floor=0.0)
     assert alike.bound() == pytest.approx(alike.pipeline() + alike.after, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(**PIPELINES, layouts=st.sampled_from([1, 3, 40]))
+def test_layouts_replayed_together_end_as_each_alone(p, v, rounds, extra, seed, layouts) -> None:
+    """`pipeline_replays` runs a level of the order at a time for many layouts; each ends
+    bit for bit where `pipeline_replay` ends it alone (at p · n ≥ 32 the levels run, below
+    it the layouts run one by one). `Replay.steps` gives each layout's `pipeline` + `after`,
+    layouts of different micro-batch counts grouped apart."""
+    rng = np.random.default_rng(seed)
+    m = rounds * p if v > 1 else rounds + extra
+    chunks = rng.uniform(0.1, 6.0, size=(2, p, v, layouts))
+    together = pipeline_replays(chunks, m)
+    alone = [pipeline_replay(chunks[0, ..., i], chunks[1, ..., i], m) for i in range(layouts)]
+    assert together.tolist() == alone
+    counts = np.array([m + (p if v > 1 else 1) * (i % 2) for i in range(layouts)])
+    rest, after = rng.uniform(0, 1, layouts), rng.uniform(0, 1, layouts)
+    replay = Replay(chunks, counts, rest, after, np.zeros(layouts))
+    each = [replay.take(i).pipeline() + replay.take(i).after for i in range(layouts)]
+    assert replay.steps().tolist() == each
 
 
 def test_the_replay_bound_by_hand() -> None:

@@ -261,11 +261,6 @@ def _counts(outcome: Outcome) -> str:
     if outcome.limits is not None:
         words = ", ".join(outcome.limits.describe()[1:])
         text += f"; {outcome.within_limits or 0:,} of them keep the limits ({words})"
-        if outcome.unsure:
-            text += (
-                f"; {outcome.unsure:,} of those are counted on a lower bound of their step "
-                f"time, not replayed, so up to {outcome.unsure:,} fewer may keep them"
-            )
     return text
 
 
