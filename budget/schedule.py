@@ -744,6 +744,19 @@ class Replay:
     def _numbers(self) -> tuple[Any, Any, Any, Any]:
         return self.microbatches, self.rest, self.after, self.floor
 
+    def ceiling(self) -> Any:
+        """An upper bound on the replayed step (`pipeline` + `after`), without replaying:
+        the replay with every forward taking the longest forward of any stage and chunk,
+        and every backward the longest backward. A replay only lengthens as an op does (an
+        op starts at the latest end of what it waits for), and on alike chunks it is the
+        closed form (m·v + p − 1)·(f + b). Loose where chunks differ (a chunk of two layers
+        among chunks of one reads about twice the step), it settles the limits a layout is
+        far from (`search._breaks`)."""
+        _, p, v = self.chunks.shape[:3]
+        forward = self.chunks[0].max(axis=(0, 1))
+        backward = self.chunks[1].max(axis=(0, 1))
+        return (self.microbatches * v + p - 1) * (forward + backward) + self.rest
+
     def bound(self) -> Any:
         """A lower bound on the replayed step (`pipeline` + `after`), without replaying:
         for each stage s, its first op (chunk 0's forward of the first micro-batch) waits

@@ -882,11 +882,13 @@ def test_the_replay_runs_megatrons_order_op_by_op(p, v, rounds, extra, seed) -> 
 
 @settings(max_examples=150, deadline=None)
 @given(**PIPELINES, spread=st.sampled_from([1.0, 1.2, 3.0, 20.0]))
-def test_the_replay_bound_never_passes_the_replay(p, v, rounds, extra, seed, spread) -> None:
+def test_the_replay_bounds_hold_the_replay_between_them(p, v, rounds, extra, seed, spread) -> None:
     """`Replay.bound`, which a sweep ranks an unreplayed uneven layout by, is at most the
-    replay for any stage and chunk times (chunks from alike to 20 times apart), and the
+    replay, and `Replay.ceiling`, which settles the limits a layout is far from, at least,
+    for any stage and chunk times (chunks from alike to 20 times apart); both are the
     replay's own figure where every chunk is alike. A search that ranked and pruned by a
-    bound above the replay could drop a layout that belongs in its ranking."""
+    bound above the replay could drop a layout that belongs in its ranking; a ceiling
+    below it could reject one within a limit."""
     rng = random.Random(seed)
     m = rounds * p if v > 1 else rounds + extra
     chunks = np.array(
@@ -896,9 +898,12 @@ def test_the_replay_bound_never_passes_the_replay(p, v, rounds, extra, seed, spr
         ]
     )
     replay = Replay(chunks, m, rest=0.5, after=0.75, floor=0.0)
-    assert replay.bound() <= (replay.pipeline() + replay.after) * (1 + 1e-12)
+    step = replay.pipeline() + replay.after
+    assert replay.bound() <= step * (1 + 1e-12) and replay.ceiling() >= step * (1 - 1e-12)
     alike = Replay(np.ones_like(chunks) * chunks[:, :1, :1], m, rest=0.5, after=0.75, floor=0.0)
-    assert alike.bound() == pytest.approx(alike.pipeline() + alike.after, rel=1e-12)
+    step = alike.pipeline() + alike.after
+    assert alike.bound() == pytest.approx(step, rel=1e-12)
+    assert alike.ceiling() == pytest.approx(step, rel=1e-12)
 
 
 @settings(max_examples=60, deadline=None)
