@@ -818,8 +818,9 @@ def pipeline_replay(
 def pipeline_replays(chunks: np.ndarray, m: int) -> np.ndarray:
     """`pipeline_replay` of many layouts at once, bit for bit: chunk times (2, p, v, n) of n
     layouts sharing p, v and m. Ops run a level at a time (`replay_levels`), each level's
-    ops together for every layout (about 2·m·v + p levels, so ~8 µs a level whatever the
-    layouts); the end of every op is held for a batch of layouts at a time, 32 MiB at most."""
+    ops together for every layout: about 2·m·v + p levels (6,174 at p 16, v 4, m 768,
+    which for 64 layouts take 0.14–0.2 s against 2.7–3.2 s one by one). The end of every
+    op is held for a batch of layouts at a time, 32 MiB at most."""
     _, p, v, n = chunks.shape
     if n * p < 32:  # a level costs more than the ops it runs: one layout at a time
         return np.array(
