@@ -730,7 +730,8 @@ class Replay:
         replayed together (`pipeline_replays`)."""
         chunks = self.chunks if self.chunks.ndim == 4 else self.chunks[..., None]
         n = chunks.shape[-1]
-        m, rest, after, floor = (np.broadcast_to(x, (n,)) for x in self._numbers())
+        numbers = (self.microbatches, self.rest, self.after, self.floor)
+        m, rest, after, floor = (np.broadcast_to(x, (n,)) for x in numbers)
         raw = np.empty(n)
         for count in np.unique(m).tolist():
             index = np.flatnonzero(m == count)
@@ -740,9 +741,6 @@ class Replay:
         pipeline = np.where((floor * (1 - 1e-9) <= pipeline) & (pipeline < floor), floor, pipeline)
         out: np.ndarray = pipeline + after
         return out
-
-    def _numbers(self) -> tuple[Any, Any, Any, Any]:
-        return self.microbatches, self.rest, self.after, self.floor
 
     def ceiling(self) -> Any:
         """An upper bound on the replayed step (`pipeline` + `after`), without replaying:
