@@ -712,17 +712,8 @@ class Replay:
     def pipeline(self) -> float:
         """The pipeline's time to the end of its last stage's reduction after it, less the
         longest such reduction (the closed form's `after`, which `step_time` adds back)."""
-        pipeline = (
-            pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches)
-            + self.rest
-            - self.after
-        )
-        # no schedule beats the slowest stage's m micro-batches: a replay a rounding below
-        # them (-1e-14 s) reads as no bubble, not a negative one; a real shortfall is a
-        # chunk time left out (`_chunk_times`) and stays in sight
-        if self.floor * (1 - 1e-9) <= pipeline < self.floor:
-            return float(self.floor)
-        return float(pipeline)
+        raw = pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches)
+        return float(_floored(raw + self.rest - self.after, self.floor))
 
     def steps(self) -> np.ndarray:
         """Each layout's replayed step, `pipeline` + `after` (arrays over a sweep's layouts,
@@ -736,10 +727,7 @@ class Replay:
         for count in np.unique(m).tolist():
             index = np.flatnonzero(m == count)
             raw[index] = pipeline_replays(chunks[..., index], count)
-        pipeline = raw + rest - after
-        # as `pipeline`: a replay a rounding below the floor reads as the floor
-        pipeline = np.where((floor * (1 - 1e-9) <= pipeline) & (pipeline < floor), floor, pipeline)
-        out: np.ndarray = pipeline + after
+        out: np.ndarray = _floored(raw + rest - after, floor) + after
         return out
 
     def ceiling(self) -> Any:
@@ -774,6 +762,13 @@ class Replay:
         before = np.cumsum(first, axis=0) - first
         work = forward.sum(axis=1) + backward.sum(axis=1)
         return (before + self.microbatches * work).max(axis=0) + self.rest
+
+
+def _floored(pipeline: Any, floor: Any) -> Any:
+    """No schedule beats the slowest stage's m micro-batches (`floor`): a replay a rounding
+    below them (-1e-14 s) reads as no bubble, not a negative one; a real shortfall is a chunk
+    time left out (`_chunk_times`) and stays in sight. Numbers or arrays."""
+    return np.where((floor * (1 - 1e-9) <= pipeline) & (pipeline < floor), floor, pipeline)
 
 
 def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:

@@ -1128,7 +1128,7 @@ def search(
     counts = _Counts()
     capacity = plan.device.memory
     spans: Spans = {}
-    kept = _Kept(plan, gpus, objective, keep, limits, counts, spans)
+    kept = _Kept(plan, gpus, objective, keep, spans)
     done = groups = fitting = 0
 
     def run(part: Columns) -> None:
@@ -1362,12 +1362,30 @@ def _settle_limits(
     (and at 18 s, 32 against 23). Returns how many it replayed."""
     capacity = plan.device.memory
     index = np.flatnonzero((measured["peak"] <= capacity) & _unsure(limits, capacity, measured))
-    if index.size:
-        timed = measure(plan, cols.take(index), gpus, spans, exact=True)
-        for name in ("time", "upper", "mfu", "rate"):
-            measured[name][index] = timed[name]
-        measured["pending"][index] = False
+    _replay_rows(plan, cols, gpus, spans, measured, index)
     return int(index.size)
+
+
+def _replay_rows(
+    plan: Plan,
+    cols: Columns,
+    gpus: int,
+    spans: Spans | None,
+    measured: dict[str, np.ndarray],
+    index: np.ndarray,
+) -> None:
+    """Replace the bounds of the pending layouts of `cols` at `index` by their replays
+    (`measure`, a pass per structure among them), in `measured` itself."""
+    if not index.size:
+        return
+    again = cols.take(index)
+    distinct, group = _distinct_rows(structure(plan, again))
+    for row in range(len(distinct)):
+        rows = np.flatnonzero(group == row)
+        timed = measure(plan, again.take(rows), gpus, spans, exact=True)
+        for name in ("time", "upper", "mfu", "rate"):
+            measured[name][index[rows]] = timed[name]
+    measured["pending"][index] = False
 
 
 def _unsure(limits: Limits | None, capacity: int, measured: dict[str, np.ndarray]) -> np.ndarray:
@@ -1413,21 +1431,13 @@ class _Kept:
     at their true times, or dominated on the front by one, its own time being at least its
     bound (where few are replayed or even, the shown are replayed first); the best `keep`
     of the whole sweep and its front are then the held ones'. With limits, `count` holds the
-    layouts within them (a pending layout held then has no time limit its bound leaves in
-    doubt: `_settle_limits` replayed those)."""
+    layouts within them."""
 
     def __init__(
-        self,
-        plan: Plan,
-        gpus: int,
-        objective: str,
-        keep: int | None,
-        limits: Limits | None = None,
-        counts: _Counts | None = None,
-        spans: Spans | None = None,
+        self, plan: Plan, gpus: int, objective: str, keep: int | None, spans: Spans | None
     ) -> None:
         self.plan, self.gpus, self.objective, self.keep = plan, gpus, objective, keep
-        self.limits, self.counts, self.spans = limits, counts or _Counts(), spans
+        self.spans = spans
         self.parts: list[tuple[Columns, dict[str, np.ndarray]]] = []
         self.held = self.count = self.replayed = 0
 
@@ -1474,34 +1484,19 @@ class _Kept:
 
     def settle(self) -> tuple[Columns, dict[str, np.ndarray]]:
         """Replay the pending layouts among the best `keep` and the front, and again among
-        those that take their places, until all shown are replayed or even; a replayed
-        layout that now breaks a limit is dropped. Each round runs its layouts through the
-        engine again, a pass per structure (the sweep's passes keep nothing to replay from:
-        80 MiB more at the GPT-3 sweep's peak). Returns the held layouts, joined."""
+        those that take their places, until all shown are replayed or even. Each round runs
+        its layouts through the engine again, a pass per structure (the sweep's passes keep
+        nothing to replay from: 80 MiB more at the GPT-3 sweep's peak). No replay here can
+        break a limit: a pending layout is held only where its bounds keep it within every
+        limit (`_settle_limits` replayed the others). Returns the held layouts, joined."""
         cols, measured = self._joined()
         while True:
             shown = self._shown(measured)
             todo = np.unique(shown[measured["pending"][shown]])
             if not todo.size:
                 break
-            again = cols.take(todo)
-            distinct, group = _distinct_rows(structure(self.plan, again))
-            for row in range(len(distinct)):
-                index = np.flatnonzero(group == row)
-                timed = measure(self.plan, again.take(index), self.gpus, self.spans, exact=True)
-                for name in ("time", "upper", "mfu", "rate"):
-                    measured[name][todo[index]] = timed[name]
-            measured["pending"][todo] = False
+            _replay_rows(self.plan, cols, self.gpus, self.spans, measured, todo)
             self.replayed += todo.size
-            kept = np.ones(len(cols), dtype=bool)
-            for reason, breaks in _breaks(self.limits, self.plan.device.memory, measured):
-                over = kept & breaks
-                self.counts.rejected[reason] += int(over.sum())
-                kept &= ~breaks
-            if not kept.all():
-                self.count -= len(cols) - int(kept.sum())
-                index = np.flatnonzero(kept)
-                cols, measured = cols.take(index), {k: v[index] for k, v in measured.items()}
         self.parts = [(cols, measured)]
         self.held = len(cols)
         return cols, measured
