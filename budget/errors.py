@@ -16,7 +16,10 @@ Out = TypeVar("Out")
 # A message quotes the input, and a hostile file's values can be megabytes (a 5,000,000-digit
 # number was echoed whole); and a file can hold 100,000 faulty values. Past these, a reader
 # learns nothing more.
-MAX_MESSAGE = 400  # characters of a message (or a path) shown
+# characters of a message (or a path) shown: room for budget's longest sentence, a refused
+# model family's with the 22 it reads (~520), beside a Hugging Face cache path; a quoted
+# value beyond it is cut
+MAX_MESSAGE = 800
 MAX_SHOWN = 200  # problems printed; a last line counts the rest
 
 

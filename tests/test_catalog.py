@@ -126,6 +126,13 @@ def test_device_memory_is_the_driver_s_total() -> None:
     }
     plan = _resolve(_tree(device={"preset": "h200"}, topology={"preset": "dgx-h200", "nodes": 1}))
     assert plan.device.memory == 150_754_820_096  # 143,771 x 2^20 B, 140.4 GiB
+    # each preset's printed source says the figure it holds, beside the datasheet's rounded
+    # "GB" (an audit: "1,440 GB HBM3e" over 8 is 167.6 GiB, the B200 preset holds 179.1)
+    for name, device in DEVICES.items():
+        kib = device.memory // 1024  # nvidia-smi says MiB, rocminfo KiB
+        said = (f"{kib // 1024:,} MiB", f"{kib:,} KiB")
+        assert "memory: " in device.source, name
+        assert any(figure in device.source for figure in said), name
 
 
 def test_gemm_curve_saturates_at_the_measured_ceiling() -> None:

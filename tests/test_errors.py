@@ -23,10 +23,10 @@ def test_a_problem_quotes_a_hostile_value_clipped() -> None:
     line = str(problem)
     assert line.startswith("p.yaml:3:5: error: $.model.hf_config: model_type = xxx")
     # the first MAX_MESSAGE − 40 characters are shown (room for the count), and the count
-    # is the rest: 900,013 − 360 = 899,653
+    # is the rest: 900,013 − 760 = 899,253
     shown = MAX_MESSAGE - 40
     more = len(message) - shown
-    assert more == 899_653
+    assert more == 899_253
     assert (
         line
         == f"p.yaml:3:5: error: $.model.hf_config: {message[:shown]}... ({more:,} characters more)"

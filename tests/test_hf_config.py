@@ -134,7 +134,7 @@ def test_latent_attention_needs_its_head_dimensions() -> None:
     config = json.loads((DATA / "hf" / "deepseek-v3" / "config.json").read_text())
     del config["qk_rope_head_dim"]
     assert translate(config).tree["mla"]["rope_dim"] == 64
-    del config["model_type"]
+    del config["model_type"], config["architectures"]  # which would name DeepSeek-V3's class
     with pytest.raises(HfConfigError, match="lacks qk_rope_head_dim"):
         translate(config)
 
@@ -872,7 +872,33 @@ def test_an_unknown_model_type_is_refused_not_read_as_llama() -> None:
     with pytest.raises(HfConfigError, match=r'model_type = "qwen3_x" in .* is not a family'):
         translate({**config, "model_type": "qwen3_x"})
     del config["model_type"]
+    # its architectures still name Qwen3's class: told to say so, not read as Llama (an
+    # audit: a GPT-NeoX file without model_type was priced with Llama's gated MLP)
+    with pytest.raises(HfConfigError, match=r'are qwen3\'s: add "model_type": "qwen3"'):
+        translate(config)
+    del config["architectures"]
     assert "qk_norm" not in translate(config).tree  # by hand: read as Llama
+
+
+def test_a_file_without_model_type_is_read_as_llama_only_where_its_class_is_llamas() -> None:
+    """`architectures` names the class a file was saved from: Llama's is read as Llama,
+    another family's is told to name its model_type, and a class of no family budget reads
+    (GPT-NeoX, whose two-matrix GeLU MLP read as Llama's gated one made GPT-NeoX-20B 27.2
+    billion parameters, not 20.6) is refused with the families it reads."""
+    config = {k: v for k, v in _raw("llama3-70b").items() if k != "model_type"}
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert translate(config).tree == translate({**config, "architectures": "a tag"}).tree
+    neox = {**config, "architectures": ["GPTNeoXForCausalLM"]}
+    with pytest.raises(HfConfigError) as caught:
+        translate(neox)
+    assert '("GPTNeoXForCausalLM") name a model class of no family budget reads' in str(
+        caught.value
+    )
+    assert "qwen3_moe): write the model's dimensions out instead" in str(caught.value)
+    with pytest.raises(HfConfigError, match=r'are gemma3_text\'s: add "model_type"'):
+        translate({**config, "architectures": ["Gemma3ForCausalLM"]})
+    with pytest.raises(HfConfigError, match="name a model class of no family"):  # two kinds
+        translate({**config, "architectures": ["LlamaForCausalLM", "FalconForCausalLM"]})
 
 
 def test_a_multimodal_file_is_refused_with_where_its_language_model_is() -> None:
@@ -953,7 +979,7 @@ def test_a_malformed_expert_layout_key_is_named_not_truncated_or_a_traceback(
     config = json.loads((DATA / "hf" / name / "config.json").read_text())
     with pytest.raises(HfConfigError, match=message):
         translate({**config, key: value})
-    by_hand = {k: v for k, v in config.items() if k != "model_type"}
+    by_hand = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
     absent = {k: v for k, v in by_hand.items() if k != key}
     assert translate({**by_hand, key: None}).tree == translate(absent).tree
 
@@ -1321,7 +1347,9 @@ def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
     mixtral = _raw("mixtral-8x7b")
     del mixtral["num_experts_per_tok"]
     assert translate(mixtral).tree["experts"]["top_k"] == 2
-    hand = {k: v for k, v in _raw("mixtral-8x7b").items() if k != "model_type"}
+    hand = {
+        k: v for k, v in _raw("mixtral-8x7b").items() if k not in ("model_type", "architectures")
+    }
     del hand["num_experts_per_tok"]
     with pytest.raises(HfConfigError, match="a file without model_type has no default"):
         translate(hand)
@@ -1349,6 +1377,16 @@ def test_a_family_refusal_says_what_to_do_before_the_families() -> None:
         translate({"model_type": "falcon", "hidden_size": 64}, "falcon/config.json")
     shown = str(Problem("p.yaml", 1, 1, "$.model.hf_config", str(raised.value)))
     assert "write the model's dimensions out instead" in shown
+    # and the families after it, whole, beside a Hugging Face cache path (an audit: cut at
+    # "kimi_k..." they hid olmo2 beside a refused olmoe)
+    cache = (
+        "'/home/user/.cache/huggingface/hub/models--allenai--OLMoE-1B-7B-0924/snapshots/"
+        "0123456789abcdef0123456789abcdef01234567/config.json'"
+    )
+    with pytest.raises(HfConfigError) as raised:
+        translate({"model_type": "olmoe", "hidden_size": 64}, cache)
+    shown = str(Problem("p.yaml", 1, 1, "$.model.hf_config", str(raised.value)))
+    assert shown.endswith(f"reads: {', '.join(sorted(FAMILIES))}")
 
 
 def _cli_problems(tmp_path: Path, config: str) -> tuple[int, str, str, Path]:
@@ -1452,7 +1490,7 @@ def test_a_named_family_builds_rmsnorm_whatever_epsilon_key_its_file_has() -> No
     config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text("utf-8"))
     assert translate({**config, "layer_norm_eps": 1e-5}).tree["norm"] == "rmsnorm"
     assert translate(config).tree["norm"] == "rmsnorm"
-    by_hand = {k: v for k, v in config.items() if k != "model_type"}
+    by_hand = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
     assert translate({**by_hand, "layer_norm_eps": 1e-5}).tree["norm"] == "layernorm"
 
 
@@ -1472,3 +1510,37 @@ def test_the_readmes_active_parameters_of_gpt_oss_count_its_embedding() -> None:
     active = active_params(load_plan_data(text.encode(), "gpt-oss.yaml"))
     assert f"(budget: {active / 1e9:.2f}B)" in readme
     assert round((active - 201_088 * 2_880) / 1e9, 2) == 5.13
+
+
+def test_a_text_config_saved_alone_takes_its_class_default_heads(tmp_path: Path) -> None:
+    """Gemma 3 4B's released text_config (google/gemma-3-4b-it) lists no num_attention_heads,
+    which save_pretrained drops as Gemma3TextConfig's default, 8: saved alone, as the
+    refusal of the whole file advises, it was refused as lacking it (an audit). Its language
+    model by hand: 34 layers of q 2560 x 2048, k and v 2560 x 1024, o 2048 x 2560 (head_dim
+    256, 8 heads, 4 kv heads), a 3 x 2560 x 10240 GeGLU MLP, 4 norms of 2560 and q and k
+    norms of 256; 262,208 x 2560 tied embeddings and a final norm: 3,880,263,168."""
+    text_config = {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    }
+    tree = translate(text_config).tree
+    assert (tree["heads"], tree["kv_heads"], tree["head_dim"]) == (8, 4, 256)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(text_config), encoding="utf-8")
+    plan = resolve(
+        {
+            "model": {"hf_config": str(path)},
+            "batch": {"seq": 4096, "micro": 1, "global": 8},
+            "parallel": {"dp": 8},
+            "device": {"preset": "h100-sxm"},
+            "topology": {"preset": "dgx-h100", "nodes": 1},
+        },
+        Marks(),
+        "plan.yaml",
+    )
+    layer = 2560 * 2048 + 2 * 2560 * 1024 + 2048 * 2560 + 3 * 2560 * 10240 + 4 * 2560 + 2 * 256
+    assert params_total(plan) == 34 * layer + 262_208 * 2560 + 2560 == 3_880_263_168

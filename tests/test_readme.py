@@ -55,3 +55,11 @@ def test_the_readmes_plan_from_scratch_budgets_as_it_says(tmp_path) -> None:
     assert f"{format_duration(report.step['time_s'])} a step" in said
     assert f"MFU {report.step['mfu']:.1%}".replace("%", " %") in said
     assert f"{format_bytes(report.worst.peak_bytes)} peak" in said
+
+
+def test_the_readme_names_the_schema_version_the_commands_write() -> None:
+    """The README said 1.11 while every document said 1.14 (an audit)."""
+    from budget.report_schema import SCHEMA_VERSION
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"first key is `schema_version` ({SCHEMA_VERSION})" in readme

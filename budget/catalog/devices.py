@@ -661,6 +661,17 @@ _H200_GEMM = _curve(
 # reports it in public kernel notes on the part (which set it beside the B300's 148; no
 # vendor page gives it, so it is the weakest figure here); MI300X: 304 compute
 # units (AMD CDNA 3 architecture whitepaper).
+# What the driver reports as the card's memory (module docstring), said beside each preset's
+# datasheet figure, which rounds it: nvidia-smi's memory.total, or rocminfo's global pool.
+_MODAL = "modal-labs/modal-client PR 2797"
+_SMI_A100_40 = f"memory: nvidia-smi's 40,960 MiB ({_MODAL})"
+_SMI_A100_80 = f"memory: nvidia-smi's 81,920 MiB ({_MODAL})"
+_SMI_H100 = f"memory: nvidia-smi's 81,559 MiB ({_MODAL}; NVIDIA/nccl issue 1264)"
+_SMI_H100_LOGS = "memory: nvidia-smi's 81,559 MiB, as the H100 SXM's (public nvidia-smi logs)"
+_SMI_H200 = "memory: nvidia-smi's 143,771 MiB (NVIDIA/TensorRT-LLM issue 16827)"
+_SMI_B200 = "memory: nvidia-smi's 183,359 MiB (NVIDIA/TensorRT-LLM issue 10278)"
+_ROCM_MI300X = "memory: rocminfo's global pool, 201,310,208 KiB (ROCm/legacy-rocm-build issue 4414)"
+
 DEVICES: dict[str, DevicePreset] = {
     "a100-40gb": DevicePreset(
         "a100-40gb",
@@ -668,8 +679,8 @@ DEVICES: dict[str, DevicePreset] = {
         _A100_FLOPS,
         1555e9,
         _A100_GEMM,
-        "NVIDIA A100 datasheet (A100 40GB SXM: 40GB HBM2, 1,555 GB/s); GEMM curve of the "
-        "A100 SXM (same chip)",
+        "NVIDIA A100 datasheet (A100 40GB SXM: 40GB HBM2, 1,555 GB/s); "
+        f"{_SMI_A100_40}; GEMM curve of the A100 SXM (same chip)",
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
         kernel_startup=_A100_STARTUP,
@@ -682,7 +693,7 @@ DEVICES: dict[str, DevicePreset] = {
         _A100_FLOPS,
         2039e9,
         _A100_GEMM,
-        "NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s)",
+        f"NVIDIA A100 datasheet (A100 80GB SXM: 80GB HBM2e, 2,039 GB/s); {_SMI_A100_80}",
         memory_efficiency=_A100_STREAM,
         attention=_A100_ATTENTION,
         kernel_startup=_A100_STARTUP,
@@ -694,7 +705,7 @@ DEVICES: dict[str, DevicePreset] = {
         _H100_SXM_FLOPS,
         3.35e12,
         _H100_GEMM,
-        "NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s)",
+        f"NVIDIA H100 datasheet (H100 SXM: 80GB HBM3, 3.35 TB/s); {_SMI_H100}",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
@@ -715,7 +726,7 @@ DEVICES: dict[str, DevicePreset] = {
             fp8=(_GH100_FP8_SUSTAINED, 1513 * T),
             inner_half=_SM90_INNER,
         ),
-        "NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s)",
+        f"NVIDIA H100 datasheet (H100 PCIe: 80GB HBM2e, 2 TB/s); {_SMI_H100_LOGS}",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
@@ -731,7 +742,8 @@ DEVICES: dict[str, DevicePreset] = {
         'Zhao et al. (DeepSeek-AI), "Insights into DeepSeek-V3" (arXiv 2505.09343): '
         "the H800 SXM is the Hopper H100 SXM with NVLink cut from 900 to 400 GB/s "
         "and FP64 cut (neither enters here); tensor-core peaks, 80GB HBM3 at 3.35 TB/s and the "
-        "GEMM, attention and streaming calibration of the H100 SXM (same die and memory)",
+        "GEMM, attention and streaming calibration of the H100 SXM (same die and memory); "
+        f"{_SMI_H100_LOGS}",
         memory_efficiency=_H100_STREAM,
         attention=_H100_ATTENTION,
         kernel_startup=_GH100_STARTUP,
@@ -745,7 +757,7 @@ DEVICES: dict[str, DevicePreset] = {
         4.8e12,
         _H200_GEMM,
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same tensor-core peaks as H100 SXM, "
-        "141GB HBM3e, 4.8 TB/s)",
+        f"141GB HBM3e, 4.8 TB/s); {_SMI_H200}",
         memory_efficiency=_H200_STREAM,
         attention=_H200_ATTENTION,
         kernel_startup=_GH100_STARTUP,
@@ -775,7 +787,7 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
-        "1,440 GB HBM3e; 64 TB/s)",
+        f"1,440 GB HBM3e; 64 TB/s); {_SMI_B200}",
         attention=(_b200("cudnn"), _b200("flash2")),
         kernel_startup=_GH100_STARTUP,
         sms=148,
@@ -832,7 +844,7 @@ DEVICES: dict[str, DevicePreset] = {
             fp8=(1187 / 2614.9, 2614.9 * T),
         ),
         "AMD Instinct MI300X data sheet (dense FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9, TF32 "
-        "653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s)",
+        f"653.7, FP32 matrix 163.4; 192 GB HBM3, 5.3 TB/s); {_ROCM_MI300X}",
         memory_efficiency=_MI300X_STREAM,
         attention=_MI300X_ATTENTION,
         kernel_startup=_GH100_STARTUP,

@@ -59,7 +59,10 @@ MODELS: dict[str, ModelPreset] = {
             "attention": "flash",
         },
         'Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165), Table '
-        "2.1: 96 layers, d_model 12288, 96 heads of 128, context 2048",
+        "2.1: 96 layers, d_model 12288, 96 heads of 128, context 2048; section 2.1: GPT-2's "
+        "architecture (Radford et al. 2019: learned positions, LayerNorm, biases, a 4 x "
+        "d_model GeLU MLP, an output layer tied to the embedding, a 50,257-token BPE "
+        "vocabulary, here padded to 51,200 as Megatron-LM pads it for tp 8)",
     ),
     "llama3-8b": ModelPreset(
         "llama3-8b",

@@ -89,7 +89,8 @@ What that reading over-counts, small but named here:
 
 ``model_type`` names the model class, and so the layers it builds with no key of their
 own: a file whose ``model_type`` is not one of `FAMILIES` (the classes above) is refused
-rather than read as Llama; one without ``model_type`` (written by hand) is read as Llama.
+rather than read as Llama; one without ``model_type`` (written by hand) is read as Llama,
+unless its ``architectures`` name another class (`_architecture_problems`).
 
 A key the file leaves out takes the default of the class its ``model_type`` names
 (`CLASS_DEFAULTS`), as transformers would build the model: ``save_pretrained`` writes a
@@ -99,9 +100,10 @@ model's config copied out of it (as the refusal of such files advises) is read r
 Those defaults differ from Llama's conventions in ways that move the budget: 15 of the 22
 classes default ``num_key_value_heads`` to a number rather than to the heads, Qwen 3, Gemma,
 GLM and gpt-oss fix ``head_dim``, Gemma's MLP gates with a GeLU and its embeddings are tied, every
-other class's are not. hidden_size, num_hidden_layers and num_attention_heads stay
-required: they say which model it is. A file without ``model_type`` (written by hand) must
-give vocab_size too, and otherwise takes the ``PretrainedConfig`` default,
+other class's are not. hidden_size, num_hidden_layers and num_attention_heads take their
+class's defaults too, as transformers reads them (Gemma 3 4B's text_config has no
+num_attention_heads: Gemma3TextConfig's 8). A file without ``model_type`` (written by hand)
+must give those three and vocab_size, and otherwise takes the ``PretrainedConfig`` default,
 ``tie_word_embeddings`` true, no sliding window, and the plan language's defaults.
 """
 
@@ -203,7 +205,7 @@ READ = frozenset(
 IGNORED = frozenset(
     {
         "_name_or_path",
-        "architectures",
+        "architectures",  # read only where model_type is left out (`_architecture_problems`)
         "auto_map",
         "torch_dtype",
         "dtype",
@@ -379,7 +381,8 @@ class _Reading:
         out = dict(pairs)
         if len(out) < len(pairs):
             twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-            self.problems.append(f"key {', '.join(map(repr, twice))} twice in one object")
+            keys = "key" if len(twice) == 1 else "keys"
+            self.problems.append(f"{keys} {', '.join(map(repr, twice))} twice in one object")
         return out
 
 
@@ -524,6 +527,8 @@ def _check(
             "key announces, norms or biases, which budget would leave out); the families it "
             f"reads: {', '.join(sorted(FAMILIES))}"
         )
+    elif family is None:
+        problems += _architecture_problems(config.get("architectures"), where)
     unknown = sorted(set(config) - READ - IGNORED)
     said = []
     if unknown and known:  # a refused family: removing its keys would not help
@@ -538,6 +543,43 @@ def _check(
     problems += _integer_problems(sound, where)
     problems += _kind_problems(sound, where)
     return said, problems
+
+
+def _architecture_problems(names: Any, where: str) -> list[str]:
+    """A file without ``model_type`` is read as Llama (module docstring), which is only
+    right where ``architectures``, the model classes it was saved from, says nothing else:
+    a stripped or hand-edited GPT-NeoX file (``GPTNeoXForCausalLM``, two-matrix GeLU MLP)
+    read as Llama's gated MLP priced GPT-NeoX-20B at 27.2 billion parameters, not 20.6 (an
+    audit). Each name's stem (``MistralForCausalLM`` → mistral) is matched to `FAMILIES`
+    with their underscores dropped, as transformers names its classes after them."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return []  # not the list of class names transformers writes: a tag, ignored
+    families = {f.replace("_", ""): f for f in FAMILIES} | {"gemma3": "gemma3_text"}
+    found = {_stem(name): families.get(_stem(name).lower()) for name in names}
+    if all(family == "llama" for family in found.values()):
+        return []
+    shown = ", ".join(json.dumps(name) for name in names)
+    named = sorted({f for f in found.values() if f is not None and f != "llama"})
+    if named and None not in found.values() and len(named) == 1:
+        return [
+            f"{where} has no model_type, which budget reads as Llama, but its architectures "
+            f'({shown}) are {named[0]}\'s: add "model_type": "{named[0]}", which says '
+            "the layers its model class builds"
+        ]
+    return [
+        f"{where} has no model_type, which budget reads as Llama, but its architectures "
+        f"({shown}) name a model class of no family budget reads "
+        f"({', '.join(sorted(FAMILIES))}): write the model's dimensions out instead"
+    ]
+
+
+def _stem(name: str) -> str:
+    """``GPTNeoXForCausalLM`` → ``GPTNeoX``: a transformers class name without the head it
+    adds to the model."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name.removesuffix(suffix)
+    return name
 
 
 # the keys `_translate` reads as counts or sizes (`_int`, `_optional`), when not null
@@ -863,6 +905,20 @@ FAMILIES = frozenset(
 # ``configuration_deepseek.py``, whose class Kimi K2's file declares, and InternLM's
 # ``configuration_internlm2.py`` (its copy in InternLM/xtuner at 98c193e).
 _LLAMA_LIKE = {"hidden_act": "silu", "tie_word_embeddings": False}
+
+
+def _dims(hidden: int, layers: int, heads: int) -> dict[str, int]:
+    """A class's default width, depth and heads: a text_config saved beside a vision
+    encoder leaves out the ones equal to them (Gemma 3 4B's has no num_attention_heads,
+    Gemma3TextConfig's 8; an audit found it refused as lacking them). Read in transformers'
+    ``configuration_<family>.py`` at 008e574 (Llama, Mixtral, Qwen 2 and 3 and their MoE,
+    Gemma 1 and 2, Phi-3, Granite, OLMo 2 and 3, DeepSeek-V2, GLM and GLM-4), 001f85b
+    (Mistral, DeepSeek-V3, whose class Kimi K2 declares), 02b8f42 (gpt-oss), 008f5c8
+    (Gemma 3) and 008c726 (GLM-4.5's Glm4Moe); InternLM2's from InternLM2Config as
+    sgl-project/sglang copies it (b87b167)."""
+    return {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads}
+
+
 _GEMMA = {"head_dim": 256, "tie_word_embeddings": True, "attention_bias": False}
 _DEEPSEEK = {
     "kv_lora_rank": 512,
@@ -872,6 +928,7 @@ _DEEPSEEK = {
     "v_head_dim": 128,
 }
 _DEEPSEEK_V3 = {
+    **_dims(7168, 61, 128),
     **_LLAMA_LIKE,
     **_DEEPSEEK,
     "vocab_size": 129280,
@@ -885,6 +942,7 @@ _DEEPSEEK_V3 = {
     "first_k_dense_replace": 3,
 }
 _GLM_DENSE = {
+    **_dims(4096, 40, 32),
     **_LLAMA_LIKE,
     "vocab_size": 151552,
     "intermediate_size": 13696,
@@ -893,14 +951,21 @@ _GLM_DENSE = {
     "attention_bias": True,
 }
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_LLAMA_LIKE, "vocab_size": 32000, "intermediate_size": 11008},
+    "llama": {
+        **_dims(4096, 32, 32),
+        **_LLAMA_LIKE,
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+    },
     "mistral": {
+        **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         "vocab_size": 32000,
         "intermediate_size": 14336,
         "num_key_value_heads": 8,
     },
     "mixtral": {
+        **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         "vocab_size": 32000,
         "intermediate_size": 14336,
@@ -909,12 +974,14 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
     },
     "qwen2": {
+        **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         "vocab_size": 151936,
         "intermediate_size": 22016,
         "num_key_value_heads": 32,
     },
     "qwen2_moe": {
+        **_dims(2048, 24, 16),
         **_LLAMA_LIKE,
         "vocab_size": 151936,
         "intermediate_size": 5632,
@@ -925,6 +992,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 5632,
     },
     "qwen3": {
+        **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         "vocab_size": 151936,
         "intermediate_size": 22016,
@@ -932,6 +1000,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 128,
     },
     "qwen3_moe": {
+        **_dims(2048, 24, 32),
         **_LLAMA_LIKE,
         "vocab_size": 151936,
         "intermediate_size": 6144,
@@ -941,6 +1010,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 768,
     },
     "gemma": {
+        **_dims(3072, 28, 16),
         **_GEMMA,
         "vocab_size": 256000,
         "intermediate_size": 24576,
@@ -948,6 +1018,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_pytorch_tanh",
     },
     "gemma2": {
+        **_dims(2304, 26, 8),
         **_GEMMA,
         "vocab_size": 256000,
         "intermediate_size": 9216,
@@ -955,17 +1026,34 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "hidden_activation": "gelu_pytorch_tanh",
     },
     "gemma3_text": {
+        **_dims(2304, 26, 8),
         **_GEMMA,
         "vocab_size": 262208,
         "intermediate_size": 9216,
         "num_key_value_heads": 4,
         "hidden_activation": "gelu_pytorch_tanh",
     },
-    "phi3": {**_LLAMA_LIKE, "vocab_size": 32064, "intermediate_size": 8192},
-    "granite": {**_LLAMA_LIKE, "vocab_size": 32000, "intermediate_size": 11008},
-    "olmo2": {**_LLAMA_LIKE, "vocab_size": 50304, "intermediate_size": 11008},
-    "olmo3": {**_LLAMA_LIKE, "vocab_size": 50304, "intermediate_size": 11008},
+    "phi3": {**_dims(3072, 32, 32), **_LLAMA_LIKE, "vocab_size": 32064, "intermediate_size": 8192},
+    "granite": {
+        **_dims(4096, 32, 32),
+        **_LLAMA_LIKE,
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+    },
+    "olmo2": {
+        **_dims(4096, 32, 32),
+        **_LLAMA_LIKE,
+        "vocab_size": 50304,
+        "intermediate_size": 11008,
+    },
+    "olmo3": {
+        **_dims(4096, 32, 32),
+        **_LLAMA_LIKE,
+        "vocab_size": 50304,
+        "intermediate_size": 11008,
+    },
     "deepseek_v2": {
+        **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         **_DEEPSEEK,
         "vocab_size": 102400,
@@ -979,6 +1067,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "glm": _GLM_DENSE,
     "glm4": _GLM_DENSE,
     "glm4_moe": {
+        **_dims(4096, 46, 96),
         **_LLAMA_LIKE,
         "vocab_size": 151552,
         "intermediate_size": 10944,
@@ -990,6 +1079,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
     },
     "gpt_oss": {
+        **_dims(2880, 36, 64),
         **_LLAMA_LIKE,
         "vocab_size": 201088,
         "intermediate_size": 2880,
@@ -999,7 +1089,13 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_local_experts": 128,
         "num_experts_per_tok": 4,
     },
-    "internlm2": {**_LLAMA_LIKE, "vocab_size": 103168, "intermediate_size": 11008, "bias": True},
+    "internlm2": {
+        **_dims(4096, 32, 32),
+        **_LLAMA_LIKE,
+        "vocab_size": 103168,
+        "intermediate_size": 11008,
+        "bias": True,
+    },
 }
 # keys that name one quantity: a default of one is not added beside another the file sets
 _ALIASES = (

@@ -118,13 +118,15 @@ def _summary(acc: Accuracy) -> str:
         "in s/step and positive in tokens/s or TFLOP/s. "
         f"Mean absolute error {acc.mean_abs_error:.1%}, maximum {acc.max_abs_error:.1%} "
         f"over {len(acc.rows)} runs. By GPU: {parts(acc.by_gpu(), False)}. By GPU and "
-        f"training stack: {parts(acc.by_stack(), True)}.{_misses(acc)}"
+        f"training stack: {parts(acc.by_stack(), True)}.{_misses(acc.rows)}"
     )
 
 
-def _misses(acc: Accuracy) -> str:
-    """The runs that ran though the engine's memory model puts them over their memory."""
-    over = [r for r in (*acc.rows, *acc.reference, *acc.diagnostic) if not r.fits]
+def _misses(rows: tuple[Row, ...]) -> str:
+    """The runs of one table that ran though the engine's memory model puts them over
+    their memory, said under that table (an audit: a reference run's was said under the
+    scored table, as if one of the scored runs had been over)."""
+    over = [r for r in rows if not r.fits]
     if not over:
         return ""
     gib = 2**30
@@ -180,7 +182,11 @@ def _sections(acc: Accuracy) -> tuple[tuple[str, tuple[Row, ...], str], ...]:
         (_DIAGNOSTIC, acc.diagnostic, ""),
         (_MEMORY, acc.memory, memory),
     )
-    return tuple(section for section in sections if section[1])
+    return tuple(
+        (title, rows, (summary + _misses(rows)).strip())
+        for title, rows, summary in sections
+        if rows
+    )
 
 
 def _rich_table(title: str, rows: tuple[Row, ...], wide: bool) -> Table:
