@@ -229,8 +229,14 @@ def _gpt_run(
         "device": {"preset": "a100-80gb"},
         "topology": {"preset": "dgx-a100", "nodes": gpus // 8},
     }
+    note = f"TP8 PP{pp} DP1" + (f" VP{virtual}" if virtual > 1 else "")
+    note += f", micro {micro}, global batch {batch}, " + (
+        "full recompute, no sequence parallelism"
+        if full
+        else "sequence parallelism, selective recompute"
+    )
     return Run(
-        str(tree["name"]), "A100 80GB", tree, "step_s", measured, _KORTHIKANTI, stack="Megatron-LM"
+        str(tree["name"]), "A100 80GB", tree, "step_s", measured, _KORTHIKANTI, note, "Megatron-LM"
     )
 
 
@@ -436,7 +442,8 @@ def _nemo_run(
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": gpus // 8},
     }
-    note = f"TP{tp} PP{pp} CP{cp}" + (f" VP{vp}" if vp > 1 else "") + f", micro {micro}"
+    note = f"TP{tp} PP{pp} CP{cp} DP{gpus // (tp * pp * cp)}" + (f" VP{vp}" if vp > 1 else "")
+    note += f", micro {micro}"
     note += f", global batch {batch}" + ("" if recompute == "none" else f", {recompute} recompute")
     return Run(str(tree["name"]), "H100 80GB", tree, "step_s", measured, source, note, "NeMo")
 

@@ -112,6 +112,18 @@ def test_acceptance_1_table_shows_exact_bytes_and_microseconds() -> None:
     assert "2,094.831 µs" in out
     assert "bandwidth-bound" in out
     assert "7.000 µs" in out  # n·α
+    assert "(S over T)" in out
+
+
+def test_an_all_to_alls_algorithm_bandwidth_says_it_is_of_one_ranks_buffer() -> None:
+    """nccl-tests' alltoall_perf divides one rank's buffer by the time: 1 GiB over 8 ranks
+    in 267.98 µs is 500.9 GB/s, not S / T = 4,007 GB/s (an audit read it as a mistake)."""
+    args = ["collective", "all-to-all", "--ranks", "8", "--size", "1GiB"]
+    args += ["--bandwidth", "450GB/s", "--latency", "1us"]
+    data = _json(args)
+    assert data["algorithm_bandwidth_Bps"] == pytest.approx(2**30 / 8 / data["time_s"])
+    out = " ".join(runner.invoke(app, route(args), terminal_width=200).stdout.split())
+    assert "(S / P over T: one rank's buffer, as nccl-tests counts an all-to-all)" in out
 
 
 def test_acceptance_2_seed_example() -> None:

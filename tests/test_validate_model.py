@@ -280,12 +280,20 @@ def test_renderers(accuracy) -> None:
         assert part["max_abs_error"] == max(errors)
     text = accuracy_markdown(accuracy)
     scored, _, rest = text.partition("Reference, layout incomplete")
-    reference, _, diagnostic = rest.partition("Diagnostic, chosen after")
+    reference, _, diagnostic = rest.partition("Diagnostic, not counted")
     diagnostic, _, memory = diagnostic.partition("Peak memory per GPU")
     assert memory.count("\n| ") == len(MEMORY_RUNS) + 1
     assert scored.count("\n| ") == len(RUNS)  # one line per run after the header
     assert reference.count("\n| ") == len(REFERENCE_RUNS) + 1  # and the header
     assert diagnostic.count("\n| ") == len(DIAGNOSTIC_RUNS) + 1
+    # every scored run's layout is said under its table, as the other tables' are (an
+    # audit: they were in the JSON and plan files alone, the Korthikanti runs' nowhere)
+    for row in accuracy.rows:
+        assert row.run.note and f"- {row.run.name}: {row.run.note}." in scored, row.run.name
+    narrow = Console(width=80, color_system=None, record=True)
+    render_accuracy(narrow, accuracy, "table")
+    titles = [line.strip() for line in narrow.export_text().splitlines()]
+    assert "Diagnostic, not counted: the H100 llm-foundry recipe on A100" in titles
     assert len(data["diagnostic"]) == len(DIAGNOSTIC_RUNS)
     table = Console(width=120, color_system=None, record=True)
     render_accuracy(table, accuracy, "table")

@@ -88,7 +88,17 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
         *_passed_over(result),
         *_beside(result),
-        ("algorithm bandwidth", format_rate(float(cost.algorithm_bandwidth))),
+        (
+            "algorithm bandwidth",
+            # an all-to-all's is of one rank's buffer (an audit: beside S = 1 GiB, 500.9 GB/s
+            # read as a mistake for S / T = 4,007)
+            f"{format_rate(float(cost.algorithm_bandwidth))}  "
+            + (
+                "(S / P over T: one rank's buffer, as nccl-tests counts an all-to-all)"
+                if cost.op == "all-to-all"
+                else "(S over T)"
+            ),
+        ),
         (
             "bus bandwidth",
             f"{format_rate(float(cost.bus_bandwidth))}  (algbw × {bus_factor_text(cost.op)}, "
