@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -214,7 +216,7 @@ def run_search(
             )
             print(usage_line(message), file=sys.stderr)
             return 2
-    refused = _refused_values(options, sweep, plan)
+    refused = _refused_values(options, sweep, plan, n)
     if refused:
         print(usage_line(refused), file=sys.stderr)
         return 2
@@ -270,12 +272,36 @@ def run_search(
     return 0 if outcome.best is not None else 1
 
 
-def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan) -> str:
+def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: int) -> str:
     """Why values given on the command line can build no layout of the plan's model, as
     `--tp 3` on 8 GPUs is refused (an audit: these priced nothing, or a count of layouts
-    "does not divide", then exit 1); "" where they can."""
-    if plan.model.experts is None and sweep.ep and any(e > 1 for e in sweep.ep):
+    "does not divide", then exit 1; so did `--ep 16` over 8 experts and `--tp 8 --pp 8
+    --cp 4` on 64 GPUs, each value of which divides them); "" where they can."""
+    experts = plan.model.experts
+    if experts is None and sweep.ep and any(e > 1 for e in sweep.ep):
         return f"--ep {options['ep']}: the model has no experts: --ep needs an MoE model"
+    if experts is not None and sweep.ep and all(experts.count % e for e in sweep.ep):
+        return (
+            f"--ep {options['ep']}: no value divides the model's {experts.count:,} experts, "
+            "so no layout can be built"
+        )
+    chunks = min(sweep.virtual_stages)  # a stage holds at least one layer a chunk
+    if sweep.pp and options.get("pp") and all(p * chunks > plan.model.layers for p in sweep.pp):
+        least = f" x {chunks} virtual stages" if chunks > 1 else ""
+        return (
+            f"--pp {options['pp']}: every value makes more pipeline chunks (pp{least}) than "
+            f"the model's {plan.model.layers:,} layers, so no layout can be built"
+        )
+    given = [(name, getattr(sweep, name)) for name in ("tp", "pp", "cp") if options.get(name)]
+    if len(given) > 1:  # a degree not given can be 1, which divides any count
+        products = {math.prod(combo) for combo in itertools.product(*(v for _, v in given))}
+        if all(gpus % p for p in products):
+            flags = " ".join(f"--{name} {options[name]}" for name, _ in given)
+            names = " x ".join(name for name, _ in given)
+            return (
+                f"{flags}: no combination's {names} ({', '.join(map(str, sorted(products)))}) "
+                f"divides the {gpus:,} GPUs, so no layout can be built"
+            )
     from budget.search import divisors
 
     batch = plan.batch.global_batch

@@ -40,7 +40,11 @@ def _raw(name: str) -> dict[str, object]:
 
 def _plan(name: str, seq: int = 4096) -> Plan:
     """A one-node training plan whose model is tests/data/hf/`name`/config.json."""
-    config = DATA / "hf" / name / "config.json"
+    return _plan_at(DATA / "hf" / name / "config.json", seq)
+
+
+def _plan_at(config: Path, seq: int = 4096) -> Plan:
+    """A one-node training plan whose model is the config.json at `config`."""
     tree = {
         "model": {"hf_config": str(config)},
         "batch": {"seq": seq, "micro": 1, "global": 8},
@@ -1250,17 +1254,7 @@ def test_a_text_config_copied_out_reads_with_its_class_defaults(tmp_path: Path) 
     assert (tree["tied_embeddings"], tree["mlp"]) == (True, "geglu")
     layer = 2 * 3840 * 4096 + 2 * 3840 * 2048 + 3 * 3840 * 15360 + 4 * 3840 + 2 * 256
     assert layer == 224_148_992
-    plan = resolve(
-        {
-            "model": {"hf_config": str(path)},
-            "batch": {"seq": 4096, "micro": 1, "global": 8},
-            "parallel": {"dp": 8},
-            "device": {"preset": "h100-sxm"},
-            "topology": {"preset": "dgx-h100", "nodes": 1},
-        },
-        Marks(),
-        "plan.yaml",
-    )
+    plan = _plan_at(path)
     assert params_total(plan) == 48 * layer + 3840 + 262_208 * 3840 == 11_766_034_176
 
 
@@ -1531,16 +1525,6 @@ def test_a_text_config_saved_alone_takes_its_class_default_heads(tmp_path: Path)
     assert (tree["heads"], tree["kv_heads"], tree["head_dim"]) == (8, 4, 256)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(text_config), encoding="utf-8")
-    plan = resolve(
-        {
-            "model": {"hf_config": str(path)},
-            "batch": {"seq": 4096, "micro": 1, "global": 8},
-            "parallel": {"dp": 8},
-            "device": {"preset": "h100-sxm"},
-            "topology": {"preset": "dgx-h100", "nodes": 1},
-        },
-        Marks(),
-        "plan.yaml",
-    )
+    plan = _plan_at(path)
     layer = 2560 * 2048 + 2 * 2560 * 1024 + 2048 * 2560 + 3 * 2560 * 10240 + 4 * 2560 + 2 * 256
     assert params_total(plan) == 34 * layer + 262_208 * 2560 + 2560 == 3_880_263_168

@@ -223,6 +223,28 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     ]
 
 
+def test_only_the_unknown_keys_that_can_be_shown_get_a_suggestion(monkeypatch) -> None:
+    """A suggestion costs a difflib search over the section's keys: 9,900 unknown keys
+    spent 5 s there, for 200 lines printed (an audit). The first MAX_SHOWN in file order,
+    the ones that can be printed, still get theirs."""
+    import budget.plan.schema as schema_module
+    from budget.errors import MAX_SHOWN
+
+    calls = []
+    closest = schema_module._closest
+    monkeypatch.setattr(
+        schema_module,
+        "_closest",
+        lambda word, choices: calls.append(word) or closest(word, choices),
+    )
+    keys = "".join(f"  hiddenx{i}: 1\n" for i in range(3 * MAX_SHOWN))
+    block = "model:\n  layers: 2\n  hidden: 64\n  heads: 4\n  vocab: 100\n" + keys
+    found = errors(MINIMAL.replace("model: {layers: 2, hidden: 64, heads: 4, vocab: 100}\n", block))
+    assert len(found) == 3 * MAX_SHOWN and len(calls) == MAX_SHOWN
+    assert calls == [f"hiddenx{i}" for i in range(MAX_SHOWN)]  # the first, in file order
+    assert "(did you mean 'hidden'?)" in found[0]
+
+
 def test_mode_decides_the_required_batch_keys() -> None:
     found = errors(MINIMAL.replace("model:", "mode: decode\nmodel:"))
     assert found == [

@@ -849,18 +849,22 @@ def test_multi_token_prediction_counts_as_a_layer_of_the_last_chunk(tmp_path):
 
 
 def test_a_narrow_search_limited_on_exposure_shows_it():
-    """At 80 columns the exposed column is dropped, unless the search is limited on it;
-    then it takes MFU's place, and no cell is cut."""
+    """At 80 columns MFU goes first and exposed is kept where it fits (an audit: it was
+    dropped under 100 columns from a table 79 wide), always where the search is limited on
+    it; no cell is cut, and each table says what it left out."""
     args = ["search", str(GPT3), *NARROW, "--max-exposed", "30%"]
     limited = CliRunner().invoke(app, route(args), env={"COLUMNS": "80"}).stdout
     plain = CliRunner().invoke(app, route(args[:-2]), env={"COLUMNS": "80"}).stdout
-    head = next(line for line in limited.splitlines() if line.lstrip().startswith("tp"))
-    assert head.split()[-3:] == ["peak", "step", "exposed"]
-    assert " exposed" not in next(x for x in plain.splitlines() if x.lstrip().startswith("tp"))
-    assert "…" not in limited and all(len(line) <= 80 for line in limited.splitlines())
-    # each table says which figure it left out (review: exposed vanished without a word)
-    assert "exposed left out at this width (see -f json)" in plain
-    assert "MFU left out at this width (see -f json)" in limited
+    for out in (limited, plain):
+        head = next(line for line in out.splitlines() if line.lstrip().startswith("tp"))
+        assert "exposed" in head.split()
+        assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
+        # a table says which figure it left out (review: exposed vanished without a word)
+        assert ("MFU" in head.split()) != ("MFU left out at this width" in out)
+    # ranked by tokens/s, which takes a column, at 70: exposed goes after MFU
+    tokens = ["--objective", "tokens-per-s"]
+    plain = CliRunner().invoke(app, route([*args[:-2], *tokens]), env={"COLUMNS": "70"}).stdout
+    assert "exposed and MFU left out at this width" in plain
 
 
 @pytest.mark.parametrize("n", [1, 12, 16, 97, 2**24, 2**23 * 3 * 7])
@@ -1475,11 +1479,14 @@ def test_the_search_summary_counts_in_the_singular_and_parts_its_tables(tmp_path
     result = CliRunner().invoke(
         app,
         route(["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--gpus", "1"]),
-        env={"COLUMNS": "80"},
+        env={"COLUMNS": "60"},
     )
     lines = [line.rstrip() for line in result.stdout.splitlines()]
-    assert " on 1 GPU in " in result.stdout and "1 engine pass)" in result.stdout
-    caption = lines.index("exposed left out at this width (see -f json)")
+    words = " ".join(result.stdout.split())
+    assert " on 1 GPU in " in words and "1 engine pass)" in words
+    caption = next(
+        i for i, line in enumerate(lines) if line.endswith("left out at this width (see -f json)")
+    )
     assert lines[caption + 1] == "" and lines[caption + 2].startswith("Pareto front")
     assert "1 engine passes" not in result.stdout
 
@@ -2041,6 +2048,31 @@ def test_the_plan_as_written_beating_the_best_names_its_settings_outside_the_swe
             ["--tp", "1,8..4"],
             "--tp '1,8..4': the range 8..4 runs backwards; write 4..8",
         ),
+        # each value divides the GPUs or is at most the experts' count, yet none builds a
+        # layout (an audit: these swept, printed a report of nothing and exited 1)
+        (
+            "mixtral-8x7b.yaml",
+            ["--ep", "16"],
+            "--ep 16: no value divides the model's 8 experts, so no layout can be built",
+        ),
+        (
+            "gpt3-175b.yaml",
+            ["--gpus", "64", "--tp", "8", "--pp", "8", "--cp", "2,4"],
+            "--tp 8 --pp 8 --cp 2,4: no combination's tp x pp x cp (128, 256) divides the 64 "
+            "GPUs, so no layout can be built",
+        ),
+        (
+            "gpt3-175b.yaml",
+            ["--gpus", "1024", "--pp", "128,256"],
+            "--pp 128,256: every value makes more pipeline chunks (pp) than the model's 96 "
+            "layers, so no layout can be built",
+        ),
+        (
+            "gpt3-175b.yaml",
+            ["--gpus", "1024", "--pp", "32", "--virtual-stages", "4"],
+            "--pp 32: every value makes more pipeline chunks (pp x 4 virtual stages) than the "
+            "model's 96 layers, so no layout can be built",
+        ),
     ],
 )
 def test_options_no_layout_can_take_are_usage_errors(plan, args, message):
@@ -2201,3 +2233,16 @@ def test_limits_judge_every_layout_on_its_replayed_time(monkeypatch, step, share
     for outcome in (held, pruned):
         assert _same(outcome.results, every.results) and _same(outcome.pareto, every.pareto)
         assert (outcome.within_limits, outcome.rejected) == (every.within_limits, every.rejected)
+
+
+def test_a_step_near_its_limit_reads_apart_from_it() -> None:
+    """Limited to 18 s, layouts of 17.95 s and 17.97 s read "18.0 s" where `budget check`
+    says 17.95 s (an audit): the search's step column takes check's digits."""
+    from budget.check import parse_limits
+    from budget.render.search import _figures
+
+    best = search(load_plan(GPT3), 64, SMALL, keep=1).results[0]
+    near = replace(best, step_time_s=17.97)
+    limits = parse_limits(None, None, "18s")
+    assert _figures(near)["step"] == "18.0 s"  # unlimited: three figures
+    assert _figures(near, limits=limits)["step"] == limits.shown_step(17.97) == "17.97 s"

@@ -14,7 +14,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from budget.errors import Problem
+from budget.errors import MAX_SHOWN, Problem
 from budget.plan.yaml_load import Marks, child_path
 from budget.units import ambiguous_prefix, missing_unit
 
@@ -87,10 +87,12 @@ def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
 def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Problem]:
     known = sorted(error.schema.get("properties", {}))
     problems = []
-    for key in sorted(set(error.instance) - set(known)):
+    placed = sorted((marks.key(child_path(path, k)), k) for k in set(error.instance) - set(known))
+    for n, ((line, col), key) in enumerate(placed):
         where = child_path(path, key)
-        line, col = marks.key(where)
-        close = _closest(key, known)
+        # a suggestion only for the keys that can be shown: problems print in file order,
+        # at most MAX_SHOWN (an audit: 9,900 unknown keys spent 5 s in difflib)
+        close = _closest(key, known) if n < MAX_SHOWN else None
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
         elif close:

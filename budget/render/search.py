@@ -21,6 +21,7 @@ from budget.units import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from budget.check import Limits
     from budget.search import Outcome, Result
 
 HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro"]
@@ -57,13 +58,19 @@ def peak_digits(rows: tuple[Result, ...]) -> int | None:
     return decimals_apart((p / 2**30 for p in peaks), most=6)
 
 
-def _figures(r: Result, digits: int | None = None) -> dict[str, str]:
+def _figures(r: Result, digits: int | None = None, limits: Limits | None = None) -> dict[str, str]:
+    """A layout's figures as shown; its step time as `budget check` shows it against a
+    step limit, with the digits that tell it from the limit (an audit: 17.95 s and 17.97 s
+    read "18.0 s" in a search limited to 18 s)."""
     peak = (
         format_bytes(r.peak_bytes) if digits is None else f"{r.peak_bytes / 2**30:.{digits}f} GiB"
     )
+    step = format_duration(r.step_time_s)
+    if limits is not None and limits.max_step_s is not None:
+        step = limits.shown_step(r.step_time_s)
     return {
         "peak": peak,
-        "step": format_duration(r.step_time_s),
+        "step": step,
         "exposed": format_duration(r.exposed_comm_s),
         "tokens/s": format_amount(r.tokens_per_s),
         "MFU": format_share(r.mfu),
@@ -88,20 +95,18 @@ def _table(
     terminal's width: as the table's caption they wrapped to its own, 16 characters a line
     under a one-row table, an audit). A narrow terminal drops the exposed column unless
     the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
-    that figure is shown, in MFU's place on a narrow terminal. Then figures go, as few as
-    make the table fit the terminal (`_fitted`). With the `outcome` they were ranked in, a
+    that figure is shown too. Figures go, as few as make the table fit the terminal
+    (`_fitted`). With the `outcome` they were ranked in, a
     layout whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
-    wide = console.width >= 100
     heads = _shown(rows)
-    figures = ["peak", "step", "exposed", "MFU"] if wide else ["peak", "step", "MFU"]
-    if exposed and not wide:  # the figure the search is limited on takes MFU's place
-        figures = ["peak", "step", "exposed"]
+    # every figure the terminal has room for (an audit: under 100 columns exposed was
+    # left out of a 79-column table); `_fitted` drops MFU first, then exposed
+    figures = ["peak", "step", "exposed", "MFU"]
     if tokens:
-        figures = [f for f in figures if wide or f != "MFU"]
         figures.insert(2, "tokens/s")
     marked = [_uneven(outcome, r) for r in rows]
     cells = [
-        {**_layout(r, uneven), **_figures(r, digits)}
+        {**_layout(r, uneven), **_figures(r, digits, outcome.limits if outcome else None)}
         for r, uneven in zip(rows, marked, strict=True)
     ]
     figures = _fitted(console, title, heads, figures, cells, exposed, tokens)
@@ -524,7 +529,7 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         for r, uneven in zip(results, marked, strict=True):
             # the marker escaped: a bare * opens emphasis in GitHub's markdown
             layout = {**_layout(r), "pp": _layout(r, uneven)["pp"].replace(UNEVEN, "\\*")}
-            cells = [*layout.values(), *_figures(r, digits).values()]
+            cells = [*layout.values(), *_figures(r, digits, outcome.limits).values()]
             out.append("| " + " | ".join(cells) + " |")
         legend = virtual_note(results)
         note = [legend] if legend else []
