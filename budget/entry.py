@@ -164,8 +164,32 @@ def _app(args: list[str]) -> None:
         sys.exit(code)
 
 
+_SHORT_NAMES = {"-f": "--format", "-o": "--output"}
+_REPEATABLE = frozenset({"--level"})  # `collective --level`, one per topology level
+
+
+def repeated_option(args: list[str]) -> str | None:
+    """What to say of an option given twice: the parser keeps the last silently, so
+    `budget check --headroom 5GiB --headroom 5%` gated on 5 % alone, and a CI line built
+    from two sources could lose a limit unseen (an audit). Options taken once per level
+    (`_REPEATABLE`) may repeat."""
+    from budget.errors import usage_line
+
+    seen: set[str] = set()
+    for token in args:
+        if token == "--":  # what follows is arguments, not options
+            break
+        name = _SHORT_NAMES.get(token, token.split("=", 1)[0])
+        if not name.startswith("--") or name in _REPEATABLE:
+            continue  # an argument, a negative number, or an option meant to repeat
+        if name in seen:
+            return usage_line(f"{name} is given twice; give it once (the last would win unsaid)")
+        seen.add(name)
+    return None
+
+
 def _run(given: list[str]) -> None:
-    wrong = empty_argument(given) or mistyped(given)
+    wrong = empty_argument(given) or mistyped(given) or repeated_option(given)
     if wrong is not None:
         print(wrong, file=sys.stderr)
         sys.exit(2)

@@ -706,3 +706,15 @@ def test_a_slow_link_caution_gives_one_stage_s_figures(tmp_path: Path) -> None:
     assert note.startswith(
         "tp's per-layer collectives (2,240 calls a step on stage 0, which does not pace the step, "
     )
+
+
+def test_a_small_headroom_limit_reads_in_its_own_unit() -> None:
+    """`--headroom 1MiB` read "headroom ≥ 0.00 GiB (1,048,576 B)": a limit that reads as
+    none (an audit)."""
+    from budget.check import parse_limits
+
+    said = parse_limits("1MiB", None, None).describe()
+    assert "headroom ≥ 1.00 MiB (1,048,576 B) on every stage" in said
+    assert "headroom ≥ 5.00 GiB (5,368,709,120 B) on every stage" in (
+        parse_limits("5GiB", None, None).describe()
+    )

@@ -127,6 +127,32 @@ def test_an_empty_argument_is_refused(args, after, tmp_path, monkeypatch, capsys
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["check", str(GPT3), "--headroom", "5GiB", "--headroom", "5%"], "--headroom"),
+        (["check", str(GPT3), "--max-step=12s", "--max-step", "30s"], "--max-step"),
+        ([str(GPT3), "-f", "json", "--format", "table"], "--format"),
+    ],
+)
+def test_an_option_given_twice_is_refused(args, name, capsys):
+    """The parser kept the last value unsaid: `--headroom 5GiB --headroom 5%` gated on 5 %
+    alone (an audit of a CI gate). `collective --level` repeats by design."""
+    from budget.entry import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert (
+        err == f"budget: error: {name} is given twice; give it once (the last would win unsaid)\n"
+    )
+    levels = ["--level", "8:450GB/s:3us", "--level", "2:50GB/s:14us"]
+    main(["collective", "all-reduce", "--ranks", "16", "--size", "1GiB", *levels])
+    assert "error" not in capsys.readouterr().err
+
+
 def test_a_file_named_like_a_command_is_still_a_plan(tmp_path, monkeypatch):
     from budget.entry import mistyped
 

@@ -192,11 +192,13 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     assert "| --- | --- | ---: | ---: | ---: | ---: |" in lines
     a, b = stage0_states(8, 16) / 2**30, stage0_states(4, 32) / 2**30
     assert (
-        f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
+        f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 ✗ +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
         in lines
     )
     at = lines.index("| `forward.attention` | calls | 1,152 | 576 | −576 | −50.0% |")
-    assert lines[at + 1].startswith("|  | sent/rank |") and "🟢" in lines[at + 1]
+    # the sign beside the colour, as in the terminal (an audit: colour alone in markdown)
+    assert lines[at + 1].startswith("|  | sent/rank |") and "🟢 ✓" in lines[at + 1]
+    assert lines[-1] == "Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse."
 
 
 def test_different_stage_counts_pair_the_first_and_the_last_stages() -> None:
@@ -837,6 +839,10 @@ def test_steps_of_other_work_compare_by_throughput_not_by_step(tmp_path: Path) -
     assert diff.work == ((tokens[0],), (tokens[1],))
     text = " ".join(out.split())
     assert f"B's step runs 2× A's tokens ({tokens[1]:,} against {tokens[0]:,})" in text
+    # and says that memory keeps its verdict, as the phases' peaks do (an audit: "times and
+    # bytes carry no verdict" beside a peak marked ✗)
+    assert "times and the bytes they send are not like for like" in text
+    assert "; memory, tokens/s, MFU and the exposed share do" in text
     rate = rb.step["tokens_per_s"] / ra.step["tokens_per_s"] - 1
     assert text.startswith("A ") and f"tokens/s +{rate:.1%}" in text.split("Plan changes")[0]
     assert "step time" not in text.split("Plan changes")[0]

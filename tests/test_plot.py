@@ -49,6 +49,9 @@ def test_svg_is_a_real_image(tmp_path: Path) -> None:
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     text = out.read_text(encoding="utf-8")
     assert "capacity 80.0 GiB" in text  # the a100-80gb preset: 81,920 MiB as nvidia-smi shows
+    # labels are text, not outlines, so they can be searched and read aloud (an audit)
+    labels = {e.text for e in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert "live memory per rank (GiB)" in labels
 
 
 def test_the_same_plan_draws_the_same_svg(tmp_path: Path) -> None:

@@ -208,6 +208,22 @@ def test_syntax_error_has_a_position() -> None:
         ('a: !!int "-"\n', "p.yaml:1:4: error: $.a: '-' is not a valid int"),
         ('a: !!float ""\n', "p.yaml:1:4: error: $.a: '' is not a valid float"),
         ("a: !!int x\n", "p.yaml:1:4: error: $.a: 'x' is not a valid int"),
+        # under an explicit tag too: 0140 and 0x60 were read as 96 (an audit)
+        (
+            "a: !!int 0140\n",
+            "p.yaml:1:4: error: $.a: 0140 is read by YAML 1.1 as the octal number 96; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: !!int 0x60\n",
+            "p.yaml:1:4: error: $.a: 0x60 is read by YAML 1.1 as the hexadecimal number 96; "
+            "write numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: !!int 9_6\n",
+            "p.yaml:1:4: error: $.a: 9_6 is read by YAML 1.1 as 96, every underscore dropped; "
+            "write 96",
+        ),
         (  # base 60 under a tag is base 60 still
             "a: !!int 1:30\n",
             "p.yaml:1:4: error: $.a: 1:30 is read by YAML 1.1 as the base-60 number 90; write "
@@ -557,3 +573,23 @@ def test_any_text_under_a_standard_tag_loads_or_is_one_problem(
     if loaded.tree is not None and "$.a" in loaded.refused:
         assert loaded.tree.get("a") is None
         assert any(p.path == "$.a" and (p.line, p.col) == (1, 4) for p in loaded.problems)
+
+
+def test_a_second_document_does_not_hide_the_first_ones_problems(tmp_path) -> None:
+    """Reading stops at a second document, but the first was read whole: its own problems
+    are said beside it (an audit: a bad layers went unsaid), every problem at once."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from tests.plan_files import GPT3
+
+    text = GPT3.read_text(encoding="utf-8").replace("\n  layers: 96\n", "\n  layers: x\n", 1)
+    plan = tmp_path / "two.yaml"
+    plan.write_text(text + "---\nname: y\n", encoding="utf-8")
+    result = CliRunner().invoke(app, route([str(plan)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert any(line.endswith("$.model.layers: 'x' is not an integer") for line in lines)
+    assert lines[-1].endswith("$: a plan is one YAML document; found a second one")
+    loaded = load_yaml("a: 1\n---\nb: 2\n", "p.yaml")
+    assert loaded.tree == {"a": 1}  # the first document, checked on by the caller

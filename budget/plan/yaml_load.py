@@ -224,6 +224,7 @@ class _Builder:
         self.nodes = 0
         self.documents = 0
         self.refused: set[str] = set()
+        self.second = False  # reading stopped at a second document, the first read whole
         self.aliases = 0  # aliases met: the first is reported, the count of the rest with it
         self.first_alias = -1  # its index in `problems`
 
@@ -257,6 +258,7 @@ class _Builder:
         if isinstance(event, yaml.DocumentStartEvent):
             self.documents += 1
             if self.documents > 1:
+                self.second = True  # the first was read whole: its problems are said too
                 raise self.stop(where, "$", "a plan is one YAML document; found a second one")
         elif isinstance(event, yaml.AliasEvent):
             # never expanded, so one problem of the file and not the end of reading it
@@ -399,7 +401,9 @@ class _Builder:
             return self.refuse(where, path, message)
         int_form = tag == _STANDARD + "int" and not _DECIMAL_INT.match(text)
         # base 60 also under a tag (`!!int 1:30`): a long one is refused unbuilt above
-        if (implicit and int_form) or (numeric and ":" in text):
+        # under an explicit !!int too (an audit: `!!int 0140` read as 96 and `!!int 0x60`
+        # as 96, where the plain forms are refused)
+        if int_form or (numeric and ":" in text):
             kind = next(k for pattern, k in _NOT_DECIMAL if pattern.search(text))
             # past 2^63 the value is refused anyway; Python cannot even print one of 4,300
             # digits (a hexadecimal literal of 5,000 digits was a traceback)
@@ -415,7 +419,7 @@ class _Builder:
                 else f"{_shown(text)} is read by YAML 1.1 as {number}; plan numbers are "
                 "decimal and below 2^63",
             )
-        if implicit and tag == _STANDARD + "int" and "_" in text and not _GROUPED_INT.match(text):
+        if tag == _STANDARD + "int" and "_" in text and not _GROUPED_INT.match(text):
             grouped = f", or group the digits by thousands ({value:_})" if abs(value) > 999 else ""
             return self.refuse(
                 where,
@@ -530,7 +534,10 @@ def load_yaml(text: str, file: str) -> Loaded:
     try:
         builder.run()
     except _Stop:
-        return Loaded(None, builder.marks, tuple(builder.problems))
+        if not builder.second:
+            return Loaded(None, builder.marks, tuple(builder.problems))
+        # the plan before it is whole: checked on below, so that every problem of the file
+        # is said at once (an audit: a bad layers and a bad tp went unsaid beside it)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["diff_markdown", "render_diff"]
 
 _STYLE = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
-_MARK = {"better": "🟢 ", "worse": "🔴 ", "same": "", "n/a": ""}
+# the colour and the sign, as the terminal's table gives both (README: "✓ and ✗ as well")
+_MARK = {"better": "🟢 ✓ ", "worse": "🔴 ✗ ", "same": "", "n/a": ""}
 # beside the colour, not instead of it: a reader who does not see red from green, a CI log
 # that keeps the colour codes (a user audit)
 _PLAIN_MARK = {"better": " ✓", "worse": " ✗", "same": "  ", "n/a": "  "}
@@ -406,7 +407,7 @@ def _file_names(a: str, b: str) -> tuple[str, str]:
 
 
 def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
-    """The comparison as GitHub-flavoured markdown tables (🟢 better, 🔴 worse)."""
+    """The comparison as GitHub-flavoured markdown tables (🟢 ✓ better, 🔴 ✗ worse)."""
     names = (a.name, b.name) if a.name != b.name else _file_names(a.file, b.file)
     lines = [
         f"## budget diff: {plain(names[0])} → {plain(names[1])}",
@@ -456,5 +457,5 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines.append("")
         if unchanged := _unchanged(rows, first, code if first == "phase" else plain):
             lines += [unchanged, ""]
-    lines.append("Δ = B − A; 🟢 better, 🔴 worse.")
+    lines.append("Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse.")
     return "\n".join(lines) + "\n"

@@ -61,7 +61,9 @@ def plot_report(report: Report, path: Path) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"-o {path}: the picture must be a .png or .svg file")
     plt = _pyplot()
-    with plt.rc_context({"svg.hashsalt": "budget"}):  # stable ids: same plan, same bytes
+    # stable ids: same plan, same bytes; text kept as text, so that an SVG's labels can be
+    # searched, selected and read aloud (an audit: every label was drawn as outlines)
+    with plt.rc_context({"svg.hashsalt": "budget", "svg.fonttype": "none"}):
         fig, (top, bottom) = plt.subplots(
             2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
         )
