@@ -966,3 +966,28 @@ def test_mfus_of_one_peak_keep_their_verdict(tmp_path: Path) -> None:
     assert diff.mfu_formats == ("bf16", "bf16")
     assert next(d for d in diff.summary if d.metric == "mfu").verdict != "n/a"
     assert diff.note is None or "peak" not in diff.note
+
+
+def test_a_nought_change_reads_in_its_unit_and_a_tiny_one_keeps_its_digits() -> None:
+    """ "overlap slowdown 0 s 0 s 0 0%" gave the nought no unit and a percentage of a nought
+    the JSON leaves null; a change of 0.004 % read "−0.0%" (an audit); two figures now."""
+    from budget.diff import Delta
+    from budget.render.diff import _change
+
+    assert _change(Delta("bubble_s", "seconds", "lower", 0.0, 0.0)) == ("0 s", "–")
+    assert _change(Delta("activations_bytes", "bytes", "lower", 2**30, 2**30)) == ("0 B", "0%")
+    assert _change(Delta("mfu", "share", "higher", 0.5, 0.5)) == ("0 pt", "0%")
+    assert _change(Delta("compute_s", "seconds", "lower", 1.0, 0.99996))[1] == "−0.0040%"
+
+
+def test_plan_changes_say_they_are_resolved_values(tmp_path: Path) -> None:
+    """zero 1 → 3 lists parallel.fsdp – → 2 too, a key neither file writes (an audit took
+    it for a mistake): under the changes, in both formats, a sentence says why."""
+    from budget.render.diff import RESOLVED
+
+    b = variant(tmp_path, "z3.yaml", ("zero: 1", "zero: 3"), base=LLAMA)
+    *_, diff = diff_files(LLAMA, b)
+    assert [c.key for c in diff.changes][:1] == ["parallel.zero"]
+    for fmt in ("table", "markdown"):
+        result = CliRunner().invoke(app, route(["diff", str(LLAMA), str(b), "-f", fmt]))
+        assert RESOLVED in " ".join(result.stdout.split()), fmt

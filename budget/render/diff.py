@@ -110,16 +110,20 @@ def _change(delta: Delta) -> tuple[str, str]:
     change, rel = delta.absolute, delta.relative
     if change is None:
         return "–", "–"
-    # a float's last bits (A's 277 ms against B's, summed in another order) are no change
+    # a float's last bits (A's 277 ms against B's, summed in another order) are no change;
+    # nought in the row's unit, and no percentage of a nought (an audit: "0" and "0%" beside
+    # a JSON relative of null)
     if change == 0 or (rel is not None and abs(rel) < 1e-12):
-        return "0", "0%"
+        nought = "0 pt" if delta.unit == "share" else _value(delta.unit, 0)
+        return nought, "–" if rel is None else "0%"
     sign = "+" if change > 0 else "−"
     if delta.unit == "share":
         points = abs(change) * 100  # a change under 0.05 pt keeps a digit: "+0.0 pt" in red
         text = f"{sign}{points:.1f} pt" if points >= 0.05 else f"{sign}{points:.1g} pt"
     else:
         text = sign + _value(delta.unit, abs(change))
-    return text, "–" if rel is None else f"{'+' if rel > 0 else '−'}{abs(rel):.1%}"
+    # a change under 0.05 % keeps its digits, as shares do ("−0.0%" said nothing)
+    return text, "–" if rel is None else f"{'+' if rel > 0 else '−'}{format_share(abs(rel))}"
 
 
 def plan_value(key: str, value: Value) -> str:
@@ -280,6 +284,15 @@ def _unchanged(rows: tuple[Row, ...], first: str, quote: Callable[[str], str]) -
     return f"Unchanged {what}: {', '.join(unchanged)}."
 
 
+# the plan changes are of resolved values (`budget.diff.plan_changes`): a default that follows
+# another key moves with it, which a reader took for a key neither file had (an audit:
+# zero 1 → 3 listed parallel.fsdp – → 2 too)
+RESOLVED = (
+    "Values as budget resolves them: a key neither file writes is listed where its default "
+    "follows a key that changed."
+)
+
+
 def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> None:
     console.print(Text("A  " + _title(a)))
     console.print(Text("B  " + _title(b)))
@@ -300,6 +313,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
                 Text(key), Text(was), "→", Text(now)
             )
         console.print(table)
+        console.print(RESOLVED, highlight=False)  # at the terminal's width, not the table's
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
     console.print()
@@ -428,6 +442,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
             _md([f"`{key}`", plain(was), plain(now)])
             for key, was, now in shown_changes(diff.changes)
         ]
+        lines += ["", RESOLVED]
     else:
         lines.append("None (the budgets differ only through defaults or files).")
     lines += ["", f"### Step and worst stage ({_fits(diff)})", ""]
