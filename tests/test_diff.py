@@ -4,6 +4,7 @@ different pipeline depths, and the three formats."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -991,3 +992,15 @@ def test_plan_changes_say_they_are_resolved_values(tmp_path: Path) -> None:
     for fmt in ("table", "markdown"):
         result = CliRunner().invoke(app, route(["diff", str(LLAMA), str(b), "-f", fmt]))
         assert RESOLVED in " ".join(result.stdout.split()), fmt
+
+
+def test_a_long_title_wraps_between_whole_degrees(tmp_path: Path) -> None:
+    """At 80 columns "tp 8 × dp" ended a line and "1" began the next (an audit): a degree
+    keeps its count, and the rest of the title is indented under its side's letter."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    b = variant(tmp_path, "d64.yaml", ("sequences: 32", "sequences: 64"), base=decode)
+    code, out, _ = _diff(decode, b, width=80)
+    assert code == 0
+    first, second = out.splitlines()[:2]
+    assert first.startswith("A  ") and second.startswith("   ")
+    assert not re.search(r"\b(tp|pp|dp|cp|ep)$", first.rstrip()), first

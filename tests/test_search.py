@@ -2246,3 +2246,14 @@ def test_a_step_near_its_limit_reads_apart_from_it() -> None:
     limits = parse_limits(None, None, "18s")
     assert _figures(near)["step"] == "18.0 s"  # unlimited: three figures
     assert _figures(near, limits=limits)["step"] == limits.shown_step(17.97) == "17.97 s"
+
+
+def test_degrees_ruled_out_beyond_the_first_three_are_counted_in_words() -> None:
+    """ "all at tp 64, 128, 256 +2" left the +2 to guess (an audit)."""
+    from types import SimpleNamespace
+
+    from budget.render.search import ruled_out_rows
+
+    degrees = ["tp 64", "tp 128", "tp 256", "tp 512", "tp 1024"]
+    outcome = SimpleNamespace(ruled_out={"heads by tp": degrees})
+    assert ruled_out_rows(outcome) == [("heads by tp", "all at tp 64, 128, 256 and 2 more")]

@@ -286,7 +286,8 @@ def _skipped_note(outcome: Outcome) -> str:
 
 def ruled_out_rows(outcome: Outcome) -> list[tuple[str, str]]:
     """(reason, "all at tp 16, 32") for the degrees a sweep ruled out whole, the first few
-    named ("all at tp 5, 10, 20 +9"; "all at tp 4 × pp 3, tp 8 × pp 3")."""
+    named ("all at tp 5, 10, 20 and 9 more"; "all at tp 4 × pp 3, tp 8 × pp 3"; a bare "+9"
+    read as nothing, an audit)."""
     rows = []
     for reason, degrees in outcome.ruled_out.items():
         dims = {d.split(" ", 1)[0] for d in degrees}
@@ -294,7 +295,7 @@ def ruled_out_rows(outcome: Outcome) -> list[tuple[str, str]]:
             shown = f"{dims.pop()} " + ", ".join(d.split(" ", 1)[1] for d in degrees[:3])
         else:
             shown = ", ".join(degrees[:3])
-        more = f" +{len(degrees) - 3:,}" if len(degrees) > 3 else ""
+        more = f" and {len(degrees) - 3:,} more" if len(degrees) > 3 else ""
         rows.append((reason, f"all at {shown}{more}"))
     return rows
 
