@@ -179,7 +179,9 @@ def repeated_option(args: list[str]) -> str | None:
     for token in args:
         if token == "--":  # what follows is arguments, not options
             break
-        name = _SHORT_NAMES.get(token, token.split("=", 1)[0])
+        # -f json, -fjson and --format=json are one option (a review: -fjson slipped by)
+        name = _SHORT_NAMES.get(token[:2], token) if not token.startswith("--") else token
+        name = name.split("=", 1)[0]
         if not name.startswith("--") or name in _REPEATABLE:
             continue  # an argument, a negative number, or an option meant to repeat
         if name in seen:

@@ -133,6 +133,7 @@ def test_an_empty_argument_is_refused(args, after, tmp_path, monkeypatch, capsys
         (["check", str(GPT3), "--headroom", "5GiB", "--headroom", "5%"], "--headroom"),
         (["check", str(GPT3), "--max-step=12s", "--max-step", "30s"], "--max-step"),
         ([str(GPT3), "-f", "json", "--format", "table"], "--format"),
+        ([str(GPT3), "-fjson", "-f", "markdown"], "--format"),
     ],
 )
 def test_an_option_given_twice_is_refused(args, name, capsys):

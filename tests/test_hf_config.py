@@ -1528,3 +1528,14 @@ def test_a_text_config_saved_alone_takes_its_class_default_heads(tmp_path: Path)
     plan = _plan_at(path)
     layer = 2560 * 2048 + 2 * 2560 * 1024 + 2048 * 2560 + 3 * 2560 * 10240 + 4 * 2560 + 2 * 256
     assert params_total(plan) == 34 * layer + 262_208 * 2560 + 2560 == 3_880_263_168
+
+
+def test_a_task_head_of_a_known_class_reads_as_its_family() -> None:
+    """`LlamaForSequenceClassification` (any `For...` head) is Llama's class: read as Llama
+    without model_type, and Mistral's told to name its model_type (a review: refused as a
+    class of no family, beside a list naming llama)."""
+    config = {k: v for k, v in _raw("llama3-70b").items() if k != "model_type"}
+    read = translate({**config, "architectures": ["LlamaForSequenceClassification"]}).tree
+    assert read == translate(config).tree
+    with pytest.raises(HfConfigError, match=r'are mistral\'s: add "model_type": "mistral"'):
+        translate({**config, "architectures": ["MistralForTokenClassification"]})

@@ -608,7 +608,8 @@ def test_a_generating_run_says_its_whole_time_and_rate(tmp_path: Path) -> None:
     assert total == pytest.approx(ttft + 8 * per_token)
     assert float(step["tokens_per_s"]) == pytest.approx(4 / per_token)
     lines = summary(budget_plan(plan))
-    assert lines[1].startswith(f"Run: {format_time(total)} = prefill {format_time(ttft)} + 8 ")
+    run = f"Run: {format_time(total)} = prefill {format_time(ttft)} + 8 decode passes of "
+    assert lines[1].startswith(run)
     whole = format_amount(4 * 9 / total)
     assert lines[2].endswith(f"while decoding, {whole} over the whole run")
     assert "of the run)" in lines[3]

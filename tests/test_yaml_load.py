@@ -224,6 +224,16 @@ def test_syntax_error_has_a_position() -> None:
             "p.yaml:1:4: error: $.a: 9_6 is read by YAML 1.1 as 96, every underscore dropped; "
             "write 96",
         ),
+        (  # Python's forms under the tag: a traceback until a review
+            "a: !!int 0o14\n",
+            "p.yaml:1:4: error: $.a: 0o14 is read by YAML 1.1 as the octal number 12; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
+        (
+            "a: !!int ９６\n",
+            "p.yaml:1:4: error: $.a: ９６ is read by YAML 1.1 as the non-ASCII number 96; write "
+            "numbers in decimal (or quote it, if it is text)",
+        ),
         (  # base 60 under a tag is base 60 still
             "a: !!int 1:30\n",
             "p.yaml:1:4: error: $.a: 1:30 is read by YAML 1.1 as the base-60 number 90; write "
@@ -593,3 +603,8 @@ def test_a_second_document_does_not_hide_the_first_ones_problems(tmp_path) -> No
     assert lines[-1].endswith("$: a plan is one YAML document; found a second one")
     loaded = load_yaml("a: 1\n---\nb: 2\n", "p.yaml")
     assert loaded.tree == {"a": 1}  # the first document, checked on by the caller
+    # and its problems across sections too (a review: a bad tp went unsaid beside it)
+    text = GPT3.read_text(encoding="utf-8").replace("\n  tp: 8\n", "\n  tp: 3\n", 1)
+    plan.write_text(text + "---\nname: y\n", encoding="utf-8")
+    err = CliRunner().invoke(app, route([str(plan)])).stderr
+    assert "error: $.parallel: tp × cp × pp × dp = 3 × 1 × 8 × 16 = 384" in err

@@ -111,6 +111,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -575,11 +576,10 @@ def _architecture_problems(names: Any, where: str) -> list[str]:
 
 def _stem(name: str) -> str:
     """``GPTNeoXForCausalLM`` → ``GPTNeoX``: a transformers class name without the head it
-    adds to the model."""
-    for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name.removesuffix(suffix)
-    return name
+    adds to the model, whichever task it is for (``LlamaForSequenceClassification``: a
+    review found it refused as no family's)."""
+    head = re.search(r"(For[A-Z]\w*|LMHeadModel|Model)$", name)
+    return name[: head.start()] if head and head.start() > 0 else name
 
 
 # the keys `_translate` reads as counts or sizes (`_int`, `_optional`), when not null

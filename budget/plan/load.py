@@ -16,7 +16,7 @@ from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve
 from budget.plan.schema import schema, validate_tree
-from budget.plan.yaml_load import Marks, decode, load_yaml
+from budget.plan.yaml_load import SECOND_DOCUMENT, Marks, decode, load_yaml
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
@@ -115,9 +115,12 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
         raise BudgetError(list(loaded.problems))
     problems = [*loaded.problems, *validate_tree(loaded.tree, loaded.marks, file, loaded.refused)]
     if problems:  # the broken sections are not resolved: name their unknown presets too
-        seen = {p.path for p in problems}
+        # a second document after the plan breaks none of its sections (a review: at "$"
+        # it read as the whole plan broken, and a bad tp beside it went unsaid)
+        broken = [p for p in problems if p.message != SECOND_DOCUMENT]
+        seen = {p.path for p in broken}
         more = preset_problems(loaded.tree, loaded.marks, file)
-        paths = [p.path for p in problems] + sorted(loaded.refused)
+        paths = [p.path for p in broken] + sorted(loaded.refused)
         more += semantic_problems(loaded.tree, loaded.marks, file, paths, seed)
         raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
     return resolve(loaded.tree, loaded.marks, file, seed)

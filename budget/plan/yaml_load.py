@@ -77,9 +77,11 @@ _NOT_DECIMAL = (
     (re.compile(r"^[-+]?0x"), "hexadecimal"),
     (re.compile(r"^[-+]?0b"), "binary"),
     (re.compile(r":"), "base-60"),
-    (re.compile(r"^[-+]?0[0-9_]"), "octal"),
+    (re.compile(r"^[-+]?0[0-9_oO]"), "octal"),  # 012, and Python's 0o12 under !!int
 )
 _LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+# said of the file beside the plan it holds, which is checked on as a whole
+SECOND_DOCUMENT = "a plan is one YAML document; found a second one"
 # A number with a colon longer than this is refused unbuilt (`_Builder.scalar`); shorter,
 # it has at most 32 places, which PyYAML builds at once, so the message can say its value.
 # A plain scalar longer than this is also resolved by `_long_tag`, not PyYAML's resolver.
@@ -259,7 +261,7 @@ class _Builder:
             self.documents += 1
             if self.documents > 1:
                 self.second = True  # the first was read whole: its problems are said too
-                raise self.stop(where, "$", "a plan is one YAML document; found a second one")
+                raise self.stop(where, "$", SECOND_DOCUMENT)
         elif isinstance(event, yaml.AliasEvent):
             # never expanded, so one problem of the file and not the end of reading it
             self.count(where)
@@ -404,7 +406,9 @@ class _Builder:
         # under an explicit !!int too (an audit: `!!int 0140` read as 96 and `!!int 0x60`
         # as 96, where the plain forms are refused)
         if int_form or (numeric and ":" in text):
-            kind = next(k for pattern, k in _NOT_DECIMAL if pattern.search(text))
+            # what the tag reads beyond YAML's forms: Python's int() takes other digits
+            # (!!int ٩٦, full-width ９６), a review found them a traceback
+            kind = next((k for pattern, k in _NOT_DECIMAL if pattern.search(text)), "non-ASCII")
             # past 2^63 the value is refused anyway; Python cannot even print one of 4,300
             # digits (a hexadecimal literal of 5,000 digits was a traceback)
             big = isinstance(value, int) and abs(value) >= MAX_INT

@@ -872,8 +872,8 @@ def _decode_lines(step: dict[str, Any]) -> list[str]:
     sequences = rate * per_token  # each pass decodes one token of every sequence
     whole = sequences * (passes + 1) / total if total else 0.0  # the prefill yields the first
     return [
-        f"Run: {_t(total)} = prefill {_t(ttft)} + {passes:,} decode passes of "
-        f"{_t(per_token)} ({_t(total - ttft)})",
+        f"Run: {_t(total)} = prefill {_t(ttft)} + {plural(passes, 'decode pass', 'decode passes')} "
+        f"of {_t(per_token)} ({_t(total - ttft)})",
         f"Decode: {_t(per_token)} per output token of each sequence; {format_amount(rate)} "
         f"generated tokens/s over all sequences while decoding, {format_amount(whole)} over "
         "the whole run",
