@@ -2058,8 +2058,8 @@ def test_the_plan_as_written_beating_the_best_names_its_settings_outside_the_swe
         (
             "gpt3-175b.yaml",
             ["--gpus", "64", "--tp", "8", "--pp", "8", "--cp", "2,4"],
-            "--tp 8 --pp 8 --cp 2,4: no combination's tp x pp x cp (128, 256) divides the 64 "
-            "GPUs, so no layout can be built",
+            "--tp 8 --pp 8 --cp 2,4: no combination's tp x pp x cp divides the 64 GPUs, so no "
+            "layout can be built",
         ),
         (
             "gpt3-175b.yaml",
@@ -2257,3 +2257,21 @@ def test_degrees_ruled_out_beyond_the_first_three_are_counted_in_words() -> None
     degrees = ["tp 64", "tp 128", "tp 256", "tp 512", "tp 1024"]
     outcome = SimpleNamespace(ruled_out={"heads by tp": degrees})
     assert ruled_out_rows(outcome) == [("heads by tp", "all at tp 64, 128, 256 and 2 more")]
+
+
+def test_degree_ranges_are_checked_without_enumerating_their_product() -> None:
+    """`--tp 1..1000 --pp 1..1000 --cp 1..1000` made 10^9 products to check (a hang found
+    in this stop's final read); the check prunes a degree at a time."""
+    from budget.search_cli import _refused_values
+    from tests.guards import refused_in_time
+
+    span = tuple(range(1, 1001))
+    options = {"tp": "1..1000", "pp": "1..1000", "cp": "1..1000"}
+    with refused_in_time():
+        said = _refused_values(options, Space(tp=span, pp=span, cp=span), load_plan(GPT3), 1024)
+    assert said == ""
+    odd = Space(tp=(3,), pp=(5, 7), cp=(1, 2))
+    options = {"tp": "3", "pp": "5,7", "cp": "1,2"}
+    assert _refused_values(options, odd, load_plan(GPT3), 1024).startswith(
+        "--tp 3 --pp 5,7 --cp 1,2: no combination's tp x pp x cp divides the 1,024 GPUs"
+    )
