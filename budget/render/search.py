@@ -93,11 +93,11 @@ def _table(
 ) -> tuple[Table, list[str]]:
     """The layouts and their figures, and the notes to print under them (at the
     terminal's width: as the table's caption they wrapped to its own, 16 characters a line
-    under a one-row table, an audit). A narrow terminal drops the exposed column unless
-    the search is limited on it (``exposed``). Ranked by tokens per second (``tokens``),
-    that figure is shown too. Figures go, as few as make the table fit the terminal
-    (`_fitted`). With the `outcome` they were ranked in, a
-    layout whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
+    under a one-row table, an audit). Ranked by tokens per second (``tokens``), that
+    figure is shown too. Figures go, as few as make the table fit the terminal
+    (`_fitted`: MFU first, then exposed communication unless the search is limited on it,
+    ``exposed``). With the `outcome` they were ranked in, a layout whose layers split
+    unevenly is marked (`UNEVEN_NOTE`)."""
     heads = _shown(rows)
     # every figure the terminal has room for (an audit: under 100 columns exposed was
     # left out of a 79-column table); `_fitted` drops MFU first, then exposed
