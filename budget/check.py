@@ -84,8 +84,7 @@ class Limits:
         out = ["every stage fits in device memory"]
         if self.headroom_bytes is not None:
             # in the unit that says it (an audit: 1 MiB read "0.00 GiB (1,048,576 B)")
-            size = self.headroom_bytes
-            out.append(f"headroom ≥ {format_bytes(size)} ({int(size):,} B) on every stage")
+            out.append(f"headroom ≥ {_amount(self.headroom_bytes)} on every stage")
         elif self.headroom_share is not None:
             out.append(f"headroom ≥ {_percent(self.headroom_share)} of capacity on every stage")
         if self.max_exposed_share is not None:

@@ -556,7 +556,7 @@ def _architecture_problems(names: Any, where: str) -> list[str]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return []  # not the list of class names transformers writes: a tag, ignored
     families = {f.replace("_", ""): f for f in FAMILIES} | {"gemma3": "gemma3_text"}
-    found = {_stem(name): families.get(_stem(name).lower()) for name in names}
+    found = {stem: families.get(stem.lower()) for stem in map(_stem, names)}
     if all(family == "llama" for family in found.values()):
         return []
     shown = ", ".join(json.dumps(name) for name in names)

@@ -242,13 +242,18 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
     console.print(_rich_table(_TITLE, acc.rows, wide))
     console.print(_summary(acc), highlight=False)
     console.print()
-    for r in acc.rows:
-        console.print(f"{r.run.name}: {r.run.note}", highlight=False)
+    _print_notes(console, acc.rows)
     for title, rows, summary in _sections(acc):
         console.print()
         console.print(_rich_table(title, rows, wide))
         if summary:
             console.print(summary, highlight=False)
             console.print()
-        for r in rows:
+        _print_notes(console, rows)
+
+
+def _print_notes(console: Console, rows: tuple[Row, ...]) -> None:
+    """Each run's layout under its table, as `_notes` gives it in markdown."""
+    for r in rows:
+        if r.run.note:
             console.print(f"{r.run.name}: {r.run.note}", highlight=False)

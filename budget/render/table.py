@@ -861,16 +861,18 @@ def link_groups(report: Report, level: str) -> str:
     return ", ".join(dict.fromkeys(names)) or "–"
 
 
-def _decode_lines(step: dict[str, Any]) -> list[str]:
+def _decode_lines(report: Report) -> list[str]:
     """A generating run's whole time, and its throughput both ways: the decode passes'
     rate (``tokens_per_s``, the prefill apart) beside the run's, first tokens and prefill
     included (an audit: "1,851 generated tokens/s" sat beside a 39.1 % share of an 11.6 s
     run the table never printed, over which the rate is 1,411)."""
+    from budget.inference import passes_for  # as `report.run_scope`: serving plans only
+
+    step, layout = report.step, report.layout
     per_token, ttft, total = (float(step[k] or 0) for k in ("decode_token_s", "ttft_s", "time_s"))
     rate = float(step["tokens_per_s"] or 0)
-    passes = round((total - ttft) / per_token) if per_token else 0
-    sequences = rate * per_token  # each pass decodes one token of every sequence
-    whole = sequences * (passes + 1) / total if total else 0.0  # the prefill yields the first
+    passes = passes_for(layout["generate"])  # the prefill yields each sequence's first token
+    whole = layout["sequences"] * layout["generate"] / total if total else 0.0
     return [
         f"Run: {_t(total)} = prefill {_t(ttft)} + {plural(passes, 'decode pass', 'decode passes')} "
         f"of {_t(per_token)} ({_t(total - ttft)})",
@@ -894,7 +896,7 @@ def summary(report: Report) -> list[str]:
     if step.get("ttft_s") is not None:
         lines = [f"Prefill (time to first token): {_t(step['ttft_s'])}"]
         if step.get("decode_token_s") is not None:
-            lines += _decode_lines(step)
+            lines += _decode_lines(report)
         else:
             lines.append(f"{format_amount(float(step['tokens_per_s'] or 0))} prompt tokens/s")
         # decode MFU is over the decode steps alone, the exposure over the whole run
