@@ -15,7 +15,9 @@ unpublished) and are not scored.
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -328,6 +330,14 @@ def test_renderers(accuracy) -> None:
     end = next(i for i in range(title, len(lines)) if lines[i].rstrip().endswith("runs."))
     assert "Mean absolute error" in " ".join(lines[title : end + 1])
     assert lines[end + 1] == "" and lines[end + 2].startswith(accuracy.memory[0].run.name)
+    # a layout note wraps with its later lines indented, never between a word and its count
+    # (at 80 columns "micro" ended a line and "1" began the next: a read at 80 columns)
+    notes = lines[end + 2 :]
+    assert any(line.startswith("  ") for line in notes)
+    for above, below in itertools.pairwise(notes):
+        assert not (re.search(r"[A-Za-z]$", above) and re.match(r"\s*\d", below)), above
+    said = " ".join(" ".join(notes).split())
+    assert all(f"{r.run.name}: {r.run.note}" in said for r in accuracy.memory)
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,6 +15,26 @@ if TYPE_CHECKING:
 
 
 NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name or unit
+# a word and the count after it ("micro 1", "tp 8"), held on one line by `print_wrapped`
+_COUNTED = re.compile(r"\b([A-Za-z]+) (\d[\d,]*)\b")
+
+
+def print_wrapped(console: Console, text: str, indent: str = "  ") -> None:
+    """`text` wrapped to the console's width, its later lines indented by `indent`, never
+    between a word and the count after it: at 80 columns "micro" ended a line and "1" began
+    the next (an audit). Wrapped here rather than by rich, which breaks lines at a no-break
+    space too."""
+    from rich.text import Text
+
+    glue = "\x00"
+    lines = textwrap.wrap(
+        _COUNTED.sub(rf"\1{glue}\2", text),
+        max(console.width, 40),
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+    )
+    for line in lines:
+        console.print(Text(line.replace(glue, " ")), soft_wrap=True)
 
 
 def dump_json(data: Any, stream: Any = None) -> str:

@@ -8,6 +8,7 @@ from rich import box
 from rich.table import Table
 
 from budget.accuracy import Accuracy, Row
+from budget.render import print_wrapped
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -256,4 +257,4 @@ def _print_notes(console: Console, rows: tuple[Row, ...]) -> None:
     """Each run's layout under its table, as `_notes` gives it in markdown."""
     for r in rows:
         if r.run.note:
-            console.print(f"{r.run.name}: {r.run.note}", highlight=False)
+            print_wrapped(console, f"{r.run.name}: {r.run.note}")

@@ -4,8 +4,6 @@ with absolute and relative deltas, green where B is better and red where it is w
 
 from __future__ import annotations
 
-import re
-import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING
@@ -15,7 +13,7 @@ from rich.text import Text
 
 from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
-from budget.render import NBSP
+from budget.render import NBSP, print_wrapped
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
 from budget.report import run_scope
@@ -298,13 +296,8 @@ RESOLVED = (
 def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> None:
     # a degree and its count held together: at 80 columns "tp 8 × dp" ended a line and
     # "1" began the next (an audit)
-    # (wrapped here: rich breaks lines at a no-break space too), the rest indented
-    glue = "\x00"
     for side, report in (("A", a), ("B", b)):
-        title = re.sub(r"\b([a-z]+) (\d[\d,]*)\b", rf"\1{glue}\2", f"{side}  {_title(report)}")
-        width = max(console.width, 40)
-        for line in textwrap.wrap(title, width, subsequent_indent="   ", break_on_hyphens=False):
-            console.print(Text(line.replace(glue, " ")), soft_wrap=True)
+        print_wrapped(console, f"{side}  {_title(report)}", "   ")
     if diff.identical:
         console.print()
         console.print("No differences: the plans resolve to the same configuration and budget.")
