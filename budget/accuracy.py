@@ -35,6 +35,21 @@ predicts (plans reserve nothing: the CUDA context and NCCL's buffers are outside
 allocator). The steady peak is compared, from the first logged step after step 1 (step 2,
 or step 5 where a test logs every fifth): step 1 peaks before Adam's moments exist.
 
+Serving (`SERVING_RUNS`, added after the tables above, the rule fixed before any of its runs
+was predicted): NVIDIA/FasterTransformer's ``docs/gpt_guide.md``, section "Performance",
+which times one generate call of a static batch (FasterTransformer's latency column; its
+Megatron columns are another stack) on A100 80GB SuperPod nodes (NVSwitch inside a node,
+eight 200 Gb/s InfiniBand NICs between), FP16, top-p 0.9 sampling, one beam. From every
+table, each layout without a pipeline (the Megatron-530B table's TP-8 PP-3 column does not
+say into how many micro-batches FasterTransformer splits the batch), the cells at the
+table's longest output length (and its longest input there): the smallest batch and the
+largest that ran (not out of memory). That is 22 runs of seven models at TP 1 to 32. The
+call runs the context (prefill) over the input, whose last position gives the first token,
+then output − 1 decoder passes (``ParallelGpt.cc`` skips the decoder at the first step),
+which is a decode plan's prefill and its generate − 1 passes: the prediction is the
+report's time for the batch. They are scored on their own, apart from the training step
+times.
+
 `REFERENCE_RUNS` are measurements whose layout is not fully published (Llama 3 405B: the
 pipeline is interleaved, but with how many virtual stages is not said). They are predicted
 and shown below the table but count in neither the mean nor the maximum.
@@ -72,6 +87,7 @@ __all__ = [
     "MEMORY_RUNS",
     "REFERENCE_RUNS",
     "RUNS",
+    "SERVING_RUNS",
     "Accuracy",
     "Row",
     "Run",
@@ -83,7 +99,7 @@ __all__ = [
     "validate_model",
 ]
 
-Metric = Literal["step_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_bytes"]
+Metric = Literal["step_s", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_bytes", "latency_s"]
 
 _KORTHIKANTI = (
     'Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" '
@@ -152,6 +168,7 @@ class Accuracy:
     reference: tuple[Row, ...] = ()  # layout incomplete: shown, not scored
     diagnostic: tuple[Row, ...] = ()  # chosen after the scored runs were seen: not scored
     memory: tuple[Row, ...] = ()  # peak memory, scored on its own (`peak_memory`)
+    serving: tuple[Row, ...] = ()  # a static batch's latency, scored on its own
 
     @property
     def mean_abs_error(self) -> float:
@@ -165,6 +182,11 @@ class Accuracy:
         """The peak-memory runs as an `Accuracy` of their own: their errors are not step
         times' and do not enter the step-time mean or maximum."""
         return Accuracy(self.memory)
+
+    def serving_latency(self) -> Accuracy:
+        """The serving runs as an `Accuracy` of their own: a batch's latency, not a training
+        step, so outside the step-time mean and maximum."""
+        return Accuracy(self.serving)
 
     def by_gpu(self) -> tuple[Accuracy, ...]:
         """One `Accuracy` per GPU generation of the scored runs, in the order they appear."""
@@ -800,6 +822,107 @@ MEMORY_RUNS: tuple[Run, ...] = (
 )
 
 
+_FT = (
+    "NVIDIA/FasterTransformer docs/gpt_guide.md (commit 07fdd2fc), section Performance, "
+    "{} table: FT latency (ms) of one generate call, {} input and {} output tokens"
+)
+
+
+def _ft_run(
+    model: str,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    tp: int,
+    batch: int,
+    lengths: tuple[int, int],
+    measured_ms: float,
+) -> Run:
+    """A FasterTransformer GPT run (module docstring): the guide's model (``head_num``,
+    ``size_per_head``, ``num_layers``, vocabulary 51,200) as FasterTransformer's GPT builds
+    it from a Megatron GPT checkpoint: learned positions (2,048 of them, Megatron's GPT
+    default; the guide gives none, and they only add parameters), LayerNorm, a 4h GeLU MLP,
+    biases on every linear layer, the output layer sharing the embedding's table; FP16
+    weights, activations and KV cache; tensor parallel ``tp`` (``tensor_para_size``), no
+    pipeline; one node, or TP / 8 of them above 8 GPUs. Attention is the device's fused
+    kernel: FasterTransformer's decoder attention is one kernel that reads the cache
+    (masked multi-head attention), and its context attention, at most 8 % of the prefill's
+    FLOPs at these lengths (4·s²·h against 24·s·h² a layer, 350M at 512 tokens), takes that
+    kernel's rate too, an assumption. Sampling (top-p 0.9) is not priced."""
+    prompt, generate = lengths
+    hidden = heads * head_dim
+    tree: dict[str, Any] = {
+        "name": f"{model}, TP {tp}, batch {batch}",
+        "mode": "decode",
+        "model": {
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "ffn": 4 * hidden,
+            "vocab": 51200,
+            "mlp": "gelu",
+            "norm": "layernorm",
+            "bias": True,
+            "tied_embeddings": True,
+            "position": "learned",
+            "max_positions": 2048,
+            "dropout": False,
+        },
+        "batch": {"sequences": batch, "prompt": prompt, "generate": generate},
+        "precision": {"params": "fp16", "activations": "fp16"},
+        "parallel": {"tp": tp, "pp": 1, "dp": 1},
+        "device": {"preset": "a100-80gb"},
+        "topology": {"preset": "dgx-a100", **({"nodes": tp // 8} if tp >= 8 else {"gpus": tp})},
+    }
+    note = f"{prompt} input and {generate} output tokens"
+    source = _FT.format(model, prompt, generate)
+    return Run(
+        str(tree["name"]),
+        "A100 80GB",
+        tree,
+        "latency_s",
+        measured_ms / 1e3,
+        source,
+        note,
+        "FasterTransformer",
+    )
+
+
+# The cells the rule selects (module docstring), as the guide prints them (milliseconds).
+SERVING_RUNS: tuple[Run, ...] = (
+    # Megatron-530B: 128 heads of 160, 105 layers; input 60, output 20; TP-16 ran to batch
+    # 128 (256: OOM), TP-32 to 256
+    _ft_run("Megatron-530B", 105, 128, 160, 16, 1, (60, 20), 1379),
+    _ft_run("Megatron-530B", 105, 128, 160, 16, 128, (60, 20), 5406),
+    _ft_run("Megatron-530B", 105, 128, 160, 32, 1, (60, 20), 1037),
+    _ft_run("Megatron-530B", 105, 128, 160, 32, 256, (60, 20), 7203),
+    # GPT-175B: 96 heads of 128, 96 layers, TP 8; input 512, output 32, batch 1 to 16
+    _ft_run("GPT-175B", 96, 96, 128, 8, 1, (512, 32), 1719.96),
+    _ft_run("GPT-175B", 96, 96, 128, 8, 16, (512, 32), 3706.23),
+    # GPT-89B: 96 heads of 128, 48 layers, TP 8; input 512, output 32, batch 1 to 16
+    _ft_run("GPT-89B", 48, 96, 128, 8, 1, (512, 32), 887.52),
+    _ft_run("GPT-89B", 48, 96, 128, 8, 16, (512, 32), 1952.2),
+    # GPT-20B: 48 heads of 128, 44 layers; input 200, output 200; one GPU ran to batch 64,
+    # 2-way TP to 128, 4- and 8-way to 256
+    _ft_run("GPT-20B", 44, 48, 128, 1, 1, (200, 200), 5648),
+    _ft_run("GPT-20B", 44, 48, 128, 1, 64, (200, 200), 10766),
+    _ft_run("GPT-20B", 44, 48, 128, 2, 1, (200, 200), 3544),
+    _ft_run("GPT-20B", 44, 48, 128, 2, 128, (200, 200), 10538),
+    _ft_run("GPT-20B", 44, 48, 128, 4, 1, (200, 200), 2481),
+    _ft_run("GPT-20B", 44, 48, 128, 4, 256, (200, 200), 10447),
+    _ft_run("GPT-20B", 44, 48, 128, 8, 1, (200, 200), 2080),
+    _ft_run("GPT-20B", 44, 48, 128, 8, 256, (200, 200), 7895),
+    # GPT-6.7B (32 heads of 128, 32 layers), 1.3B (32 of 64, 24) and 350M (16 of 64, 24), one
+    # GPU; input 512, output 32, batch 1 to 64
+    _ft_run("GPT-6.7B", 32, 32, 128, 1, 1, (512, 32), 384.70),
+    _ft_run("GPT-6.7B", 32, 32, 128, 1, 64, (512, 32), 3306.41),
+    _ft_run("GPT-1.3B", 24, 32, 64, 1, 1, (512, 32), 135.85),
+    _ft_run("GPT-1.3B", 24, 32, 64, 1, 64, (512, 32), 1036.21),
+    _ft_run("GPT-350M", 24, 16, 64, 1, 1, (512, 32), 92.01),
+    _ft_run("GPT-350M", 24, 16, 64, 1, 64, (512, 32), 529.18),
+)
+
+
 def plan_of(run: Run) -> Plan:
     """The run's plan, validated and resolved like a plan file (`BudgetError` if not)."""
     file = f"<accuracy: {run.name}>"
@@ -822,7 +945,7 @@ def metric_of(plan: Plan, metric: Metric, report: Report | None = None) -> float
     """The prediction for a plan in the unit its source reports (module docstring)."""
     report = report or build_report(plan)
     step = report.step
-    if metric == "step_s":
+    if metric in ("step_s", "latency_s"):  # a serving plan's time is its whole batch's
         return float(step["time_s"] or 0.0)
     if metric == "tokens_per_s_per_gpu":
         return float(step["tokens_per_s"] or 0.0) / plan.topology.gpus
@@ -851,6 +974,7 @@ def plan_text(run: Run, kind: str, schema_ref: str) -> str:
         "tflops_per_gpu": "model TFLOP/s per GPU",
         "tokens_per_s_per_gpu": "tokens per second per GPU",
         "peak_bytes": "bytes at the last pipeline stage's peak (torch.cuda.max_memory_allocated)",
+        "latency_s": "seconds for the batch: its prefill and decode passes",
     }[run.metric]
     lines = [
         f"# yaml-language-server: $schema={schema_ref}",
@@ -876,11 +1000,14 @@ def validate_model(
     reference: tuple[Run, ...] = REFERENCE_RUNS,
     diagnostic: tuple[Run, ...] = DIAGNOSTIC_RUNS,
     memory: tuple[Run, ...] = MEMORY_RUNS,
+    serving: tuple[Run, ...] = SERVING_RUNS,
 ) -> Accuracy:
-    """Predicted against measured for every scored, reference, diagnostic and memory run."""
+    """Predicted against measured for every scored, reference, diagnostic, memory and
+    serving run."""
     return Accuracy(
         tuple(predict(run) for run in runs),
         tuple(predict(run) for run in reference),
         tuple(predict(run) for run in diagnostic),
         tuple(predict(run) for run in memory),
+        tuple(predict(run) for run in serving),
     )

@@ -489,6 +489,7 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
         ("reference", accuracy.reference),
         ("diagnostic", accuracy.diagnostic),
         ("peak-memory", accuracy.memory),
+        ("serving", accuracy.serving),
     )
     files = [
         (directory / plan_file_name(row.run), plan_text(row.run, kind, reference))

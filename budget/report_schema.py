@@ -61,7 +61,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # priced again in Megatron-LM's order, as their reports do
 # 1.14: `budget search`'s ``replayed`` counts every layout the search replayed, to rank it
 # or to judge it against a time limit
-SCHEMA_VERSION = "1.14"
+# 1.15: `budget validate-model`'s ``serving``, a static batch's latency against published
+# measurements (metric ``latency_s``), scored apart from the training step times
+SCHEMA_VERSION = "1.15"
 
 Kind = Literal[
     "report",

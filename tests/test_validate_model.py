@@ -28,6 +28,7 @@ from budget.accuracy import (
     MEMORY_RUNS,
     REFERENCE_RUNS,
     RUNS,
+    SERVING_RUNS,
     Accuracy,
     Run,
     measured_text,
@@ -284,7 +285,9 @@ def test_renderers(accuracy) -> None:
     scored, _, rest = text.partition("Reference, layout incomplete")
     reference, _, diagnostic = rest.partition("Diagnostic, not counted")
     diagnostic, _, memory = diagnostic.partition("Peak memory per GPU")
+    memory, _, serving = memory.partition("Serving: a static batch's latency")
     assert memory.count("\n| ") == len(MEMORY_RUNS) + 1
+    assert serving.count("\n| ") == len(SERVING_RUNS) + 1
     assert scored.count("\n| ") == len(RUNS)  # one line per run after the header
     assert reference.count("\n| ") == len(REFERENCE_RUNS) + 1  # and the header
     assert diagnostic.count("\n| ") == len(DIAGNOSTIC_RUNS) + 1
@@ -320,24 +323,77 @@ def test_renderers(accuracy) -> None:
     assert lines[first_mpt - 2].strip() == ""  # a section break before the next stack
     # every name keeps its line beside its figures, the longest (full recompute) too
     cells = [line.split() for line in lines]
-    for row in (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic, *accuracy.memory):
-        digits = 2 if row.run.metric in ("step_s", "peak_bytes") else 0
-        scale = 2**30 if row.run.metric == "peak_bytes" else 1  # bytes read in GiB
+    every = (*accuracy.rows, *accuracy.reference, *accuracy.diagnostic, *accuracy.memory)
+    for row in (*every, *accuracy.serving):
+        digits = {"step_s": 2, "peak_bytes": 2, "latency_s": 1}.get(row.run.metric, 0)
+        # bytes read in GiB, a batch's seconds in milliseconds
+        scale = {"peak_bytes": 2**30, "latency_s": 1e-3}.get(row.run.metric, 1)
         figures = [f"{x / scale:,.{digits}f}" for x in (row.predicted, row.run.measured)]
         assert [*row.run.name.split(), *figures, f"{row.error:+.1%}"] in cells, row.run.name
-    # the memory table comes last, its summary under it and a blank line before its notes
+    # the memory table, its summary under it and a blank line before its notes
     title = next(i for i, line in enumerate(lines) if "Peak memory per GPU against" in line)
     end = next(i for i in range(title, len(lines)) if lines[i].rstrip().endswith("runs."))
     assert "Mean absolute error" in " ".join(lines[title : end + 1])
     assert lines[end + 1] == "" and lines[end + 2].startswith(accuracy.memory[0].run.name)
     # a layout note wraps with its later lines indented, never between a word and its count
     # (at 80 columns "micro" ended a line and "1" began the next: a read at 80 columns)
-    notes = lines[end + 2 :]
+    notes = lines[end + 2 : lines.index("", end + 2)]
     assert any(line.startswith("  ") for line in notes)
     for above, below in itertools.pairwise(notes):
         assert not (re.search(r"[A-Za-z]$", above) and re.match(r"\s*\d", below)), above
     said = " ".join(" ".join(notes).split())
     assert all(f"{r.run.name}: {r.run.note}" in said for r in accuracy.memory)
+    # then, last, the serving table with its own summary, apart from the step times'
+    serving = next(i for i, line in enumerate(lines) if "Serving: a static batch's" in line)
+    assert title < serving and "Mean absolute error" in " ".join(lines[serving:])
+    assert f"over {len(SERVING_RUNS)} runs." in " ".join(" ".join(lines[serving:]).split())
+
+
+# The FasterTransformer guide's models (head_num × size_per_head = hidden, num_layers): each
+# plan's parameters within 2 % of the size its name gives (12·h² a layer and the 51,200 × h
+# embedding, by hand: 175B 175.2 B, 89B 87.6 B, 20B 20.2 B, 6.7B 6.65 B, 1.3B 1.31 B, 350M
+# 0.356 B, Megatron-530B 529.6 B)
+_FT_SIZES = {
+    "Megatron-530B": 530e9,
+    "GPT-175B": 175e9,
+    "GPT-89B": 89e9,
+    "GPT-20B": 20e9,
+    "GPT-6.7B": 6.7e9,
+    "GPT-1.3B": 1.3e9,
+    "GPT-350M": 350e6,
+}
+
+
+def test_serving_runs_follow_their_rule_and_are_scored_apart(accuracy) -> None:
+    """FasterTransformer's GPT latency tables (the module docstring's rule, fixed before any
+    was predicted): from every table, each layout without a pipeline, at the table's longest
+    output length, the smallest batch and the largest that ran. 22 runs of seven models; a
+    decode plan each whose generate is the table's output length (the context gives the
+    first token, then output − 1 decoder passes, as a decode plan's prefill and generate − 1
+    passes), measured in seconds, predicted as the report's time for the batch; scored on
+    their own, outside the step-time mean."""
+    assert len(SERVING_RUNS) == 22
+    layouts = {(r.name.split(",")[0], r.tree["parallel"]["tp"]) for r in SERVING_RUNS}
+    assert len(layouts) == 11  # 530B at TP 16 and 32, 175B and 89B at 8, 20B at 1-8, 3 at 1
+    for run in SERVING_RUNS:
+        plan = plan_of(run)
+        model = run.name.split(",")[0]
+        assert plan.mode == "decode" and run.metric == "latency_s" and run.gpu == "A100 80GB"
+        assert plan.parallel.pp == 1 and plan.parallel.dp == 1
+        assert plan.topology.gpus == max(8, plan.parallel.tp) or plan.parallel.tp < 8
+        assert params_total(plan) == pytest.approx(_FT_SIZES[model], rel=0.02), model
+        assert run.measured < 12  # seconds: the guide's milliseconds, converted
+    # the two ends of each layout: batch 1, then the largest that ran
+    batches = [r.tree["batch"]["sequences"] for r in SERVING_RUNS]
+    assert batches[::2] == [1] * 11 and min(batches[1::2]) == 16
+    assert [r.tree["batch"]["generate"] for r in SERVING_RUNS if "20B" in r.name] == [200] * 8
+    rows = accuracy.serving
+    assert [r.run for r in rows] == list(SERVING_RUNS)
+    for row in rows:
+        assert row.predicted == build_report(plan_of(row.run)).step["time_s"]
+    assert all(r.run.metric != "latency_s" for r in accuracy.rows)  # not in the step mean
+    apart = accuracy.serving_latency()
+    assert apart.mean_abs_error == pytest.approx(sum(abs(r.error) for r in rows) / 22)
 
 
 def test_readme_shows_the_table_the_command_prints(accuracy) -> None:
@@ -368,6 +424,34 @@ def test_the_readmes_prose_quotes_the_tables_current_figures(accuracy) -> None:
     assert f"furthest ({furthest.error:.1%} on 2,048 GPUs)" in (
         readme.replace(" %", "%").replace("−", "-")
     )
+
+
+def test_the_readmes_serving_prose_quotes_what_the_command_computes(accuracy) -> None:
+    """The serving paragraph's figures: the GPT-20B one-GPU and GPT-350M errors, and the
+    350M batch-1 decoder pass, measured (the run less the engine's prefill, over its 31
+    passes) against the engine's."""
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
+    rows = {r.run.name: r for r in accuracy.serving}
+
+    def pct(name: str) -> str:
+        return f"{abs(rows[name].error):.1%}".replace("%", " %")
+
+    one_gpu = f"{pct('GPT-20B, TP 1, batch 1')} and {pct('GPT-20B, TP 1, batch 64')}"
+    assert f"(GPT-20B on one GPU: {one_gpu})" in readme
+    small = f"{pct('GPT-350M, TP 1, batch 1')} at batch 1, {pct('GPT-350M, TP 1, batch 64')}"
+    assert f"(GPT-350M: {small} at batch 64)" in readme
+    row = rows["GPT-350M, TP 1, batch 1"]
+    report = build_report(plan_of(row.run))
+    prefill, engine_pass = report.step["ttft_s"], report.step["decode_token_s"]
+    passes = row.run.tree["batch"]["generate"] - 1
+    measured_pass = (row.run.measured - prefill) / passes
+    assert row.predicted == pytest.approx(prefill + passes * engine_pass)
+    assert f"decoder pass in {measured_pass * 1e3:.2f} ms" in readme
+    assert f"cache in {engine_pass * 1e3:.2f} ms" in readme
+    serving = accuracy.serving_latency()
+    assert f"by {serving.mean_abs_error:.1%} on average".replace("%", " %") in readme
+    least, most = (f(abs(r.error) for r in rows.values()) for f in (min, max))
+    assert f"(FasterTransformer on A100, {least * 100:.1f}–{most * 100:.1f} % fast)" in readme
 
 
 def _table_with(change) -> Accuracy:
@@ -431,9 +515,11 @@ def test_every_run_is_written_as_a_plan_that_budgets_to_its_row(tmp_path, accura
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["mean_abs_error"] == pytest.approx(accuracy.mean_abs_error)
-    rows = accuracy.rows + accuracy.reference + accuracy.diagnostic + accuracy.memory
+    rows = (
+        accuracy.rows + accuracy.reference + accuracy.diagnostic + accuracy.memory
+    ) + accuracy.serving
     files = sorted(target.glob("*.yaml"))
-    runs = (RUNS, REFERENCE_RUNS, DIAGNOSTIC_RUNS, MEMORY_RUNS)
+    runs = (RUNS, REFERENCE_RUNS, DIAGNOSTIC_RUNS, MEMORY_RUNS, SERVING_RUNS)
     assert len(files) == len(rows) == sum(map(len, runs))
     from budget.accuracy import plan_file_name
 
