@@ -228,7 +228,8 @@ def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...], mfu: bool = Tr
         did = f"B serves {sb:,} sequences of {pb:,} + {gb:,} tokens where A serves {sa:,} of "
         did += f"{pa:,} + {ga:,}"
     return (
-        f"{did}: the step's and each phase's times and the bytes they send are not like for "
+        f"{did}: the {'step' if mode == 'train' else 'run'}'s and each phase's times and the "
+        "bytes they send are not like for "
         f"like, so they carry no verdict; memory, tokens/s{', MFU' if mfu else ''} and the "
         "exposed share do"
     )

@@ -20,6 +20,28 @@ RAMP_NOTE = (
     "B_eff is the plateau; a collective of that size reaches the share shown (the least of "
     "all-reduce, all-gather and reduce-scatter; nccl-tests sweeps, see `ramp` in the JSON)"
 )
+# no published sweep measures an all-to-all on these links, so it runs at the plateau (an
+# audit: a report said every collective reached the shares shown, and `budget collective`
+# called an all-to-all's 100 % "measured")
+UNRAMPED_NOTE = "; an all-to-all, which no sweep measured, runs at the plateau"
+
+
+def ramp_note(report: Report) -> str:
+    """`RAMP_NOTE`, and `UNRAMPED_NOTE` where an operation the ramps do not measure (an
+    all-to-all) runs on a ramped level."""
+    ramped = {
+        link["name"]: BandwidthRamp.from_json(link["ramp"])
+        for link in report.links
+        if link.get("ramp")
+    }
+    unmeasured = any(
+        not ramped[level].measures(c.op)
+        for p in report.phases
+        for c in p.collectives
+        for level in (c.link or "").split(" + ")
+        if level in ramped
+    )
+    return RAMP_NOTE + (UNRAMPED_NOTE if unmeasured else "")
 
 
 def ramp_shares(link: dict[str, Any]) -> str:
@@ -284,6 +306,13 @@ def calls_scope(report: Report) -> str:
     return "; calls summed over the stages a pass crosses" if _summed_over_stages(report) else ""
 
 
+def time_word(report: Report) -> str:
+    """What a plan's time is of, in a sentence: a training "step", or a serving plan's whole
+    "run" (an audit: `budget check` said a decode plan's "step takes 11.6 s", a caution counted
+    its calls "a step")."""
+    return "step" if report.mode == "train" else "run"
+
+
 def run_scope(report: Report) -> str:
     """What the phase rows add up to: a training step, or a serving plan's whole batch."""
     from budget.inference import passes_for
@@ -357,7 +386,7 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         where = f" on stage {stage}, which {paces} the step" if named else ""
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
-            f"{group}'s per-layer collectives ({calls:,} calls a step{where}, "
+            f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report)}{where}, "
             f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"
         )
     return tuple(notes)

@@ -188,3 +188,25 @@ def test_the_collective_calculator_takes_the_same_ramp() -> None:
     assert f"{round(100 * share)} % of B at this size" in table
     bad = runner.invoke(app, route([*args[:-3], "nvlink9"]))
     assert bad.exit_code == 2 and "unknown ramp 'nvlink9'" in bad.stderr
+
+
+def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None:
+    """No published sweep measures an all-to-all on NVLink, so it runs at the plateau; the
+    calculator said its 100 % was "at this size (measured ramp)", and a report's Links note
+    that every collective reached the shares shown (an audit)."""
+    args = ["collective", "all-to-all", "--ranks", "8", "--size", "128MiB"]
+    args += ["--bandwidth", "370GB/s", "--latency", "3us", "--ramp", "nvlink4"]
+    assert not RAMPS["nvlink4"].measures("all-to-all")
+    assert RAMPS["nvlink4"].measures("all-gather")
+    out = json.loads(runner.invoke(app, route([*args, "-f", "json"])).stdout)
+    assert out["bandwidth_Bps"] == pytest.approx(370e9)  # the plateau
+    table = " ".join(runner.invoke(app, route(args), env={"COLUMNS": "80"}).stdout.split())
+    assert "100 % of B: no sweep measured an all-to-all here" in table
+    assert "measured ramp" not in table
+    root = Path(__file__).parents[1] / "plans"
+    moe = budget_plan(root / "deepseek-moe-16b.yaml")
+    dense = budget_plan(root / "gpt3-175b.yaml")
+    from budget.report import UNRAMPED_NOTE, ramp_note
+
+    assert ramp_note(moe).endswith(UNRAMPED_NOTE)  # its expert all-to-all runs on NVLink
+    assert UNRAMPED_NOTE not in ramp_note(dense)

@@ -1556,3 +1556,36 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
         assert exposed == pytest.approx((1 - q) * total, rel=1e-12)
         assert exposed == pytest.approx(max((1 - q) * total, total - q * windows[other]))
         assert "another micro-batch's" in timed[0].rule
+
+
+def test_a_serving_plans_time_is_called_its_run_not_a_step(tmp_path: Path) -> None:
+    """A serving plan's time is its whole batch's: `budget check` said "the step takes
+    11.6 s" of it, a caution counted its collectives' calls "a step", and `budget diff`
+    put two serving plans' times under "step time" (an audit)."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from budget.report import slow_link_notes, time_word
+
+    decode = PLANS / "llama3-70b-decode.yaml"
+    runner = CliRunner()
+    out = runner.invoke(app, route(["check", str(decode), "--max-step", "10s"]))
+    # (the limits line under it names the option: "step time ≤ 10 s", a step or a run)
+    said = out.stdout.partition("\nlimits:")[0]
+    text = " ".join(said.split())
+    assert out.exit_code == 1 and "run 11.6 s" in text and "the run takes 11.6 s" in text
+    assert "step" not in text.replace("max_step", "")
+    smaller = variant(tmp_path, "d16.yaml", ("sequences: 32", "sequences: 16"), base=decode)
+    out = runner.invoke(app, route(["diff", str(decode), str(smaller)]), env={"COLUMNS": "100"})
+    text = " ".join(out.stdout.split())
+    assert "Run and worst stage" in text and " run time " in text and "the run's and" in text
+    assert "step time" not in text and "Step and" not in text
+    # across nodes, tp's per-layer calls are counted over the run
+    wide = variant(
+        tmp_path, "tp16.yaml", ("tp: 8", "tp: 16"), ("nodes: 1", "nodes: 2"), base=decode
+    )
+    report = build_report(load_plan(wide))
+    assert time_word(report) == "run"
+    notes = slow_link_notes(report)
+    assert notes and all("calls a run" in n for n in notes)
+    assert time_word(build_report(load_plan(ROOT / "plans" / "gpt3-175b.yaml"))) == "step"

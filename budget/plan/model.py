@@ -492,6 +492,10 @@ class BandwidthRamp:
         )
         return cls(points, data["source"])
 
+    def measures(self, op: str) -> bool:
+        """Whether a sweep measured `op` (else it runs at the plateau: `share`)."""
+        return any(name == op for name, _, _ in self.points)
+
     def share(self, op: str, size: Any) -> Any:
         """Share of the plateau at ``size`` bytes (a float, or an array for an array)."""
         for name, sizes, shares in self.points:

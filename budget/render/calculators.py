@@ -259,6 +259,10 @@ def _ramp_text(result: CollectiveResult, level: Level) -> str:
         for s in stages
     }
     reached = " and ".join(f"{v} %" for v in sorted(shares))
+    op = result.cost.op
+    if not all(s.link.ramp is not None and s.link.ramp.measures(op) for s in stages):
+        article = "an" if op[0] == "a" else "a"  # the plateau: `BandwidthRamp.share`
+        return f", {reached} of B: no sweep measured {article} {op} here"
     return f", {reached} of B at this size (measured ramp)"
 
 

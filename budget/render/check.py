@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from budget.errors import one_line, problem_lines
 from budget.render.markdown import code, fence, plain
+from budget.report import time_word
 from budget.units import format_bytes, plural
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _figures(verdict: Verdict, limits: Limits) -> str:
     )
     time_s, share = report.step["time_s"], report.step.get("exposed_share")
     if time_s is not None:
-        text += f"; step {limits.shown_step(time_s)}"
+        text += f"; {time_word(report)} {limits.shown_step(time_s)}"
     if share is not None:
         text += f", {limits.shown_exposed(share)} exposed communication"
     ttft, tpot = report.step.get("ttft_s"), report.step.get("decode_token_s")

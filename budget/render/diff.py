@@ -169,12 +169,19 @@ def _label(metric: str, summary: bool = False) -> str:
     return _LABELS.get(metric, metric)
 
 
+def _time_title(diff: PlanDiff) -> str:
+    """What the summary's times are of: a training "Step", or two serving plans' "Run"."""
+    return "Step" if "train" in diff.modes else "Run"
+
+
 def _summary_label(diff: PlanDiff, metric: str) -> str:
     """A step figure's label; MFU's names each side's peak where they differ, "MFU (bf16 →
     fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart)."""
     fa, fb = diff.mfu_formats
     if metric == "mfu" and fa != fb:
         return f"MFU ({fa} → {fb} peak)"
+    if metric == "time_s" and "train" not in diff.modes:  # two serving plans' whole runs
+        return "run time"
     return _label(metric, summary=True)
 
 
@@ -215,7 +222,7 @@ def headline(diff: PlanDiff) -> str:
     for delta in diff.summary:
         if delta.metric not in headline_metrics or delta.verdict == "n/a":
             continue
-        label, (_, relative) = _label(delta.metric, summary=True), _change(delta)
+        label, (_, relative) = _summary_label(diff, delta.metric), _change(delta)
         # a figure and its unit stay on one line where the sentence wraps
         a, b = (_value(delta.unit, v).replace(" ", NBSP) for v in (delta.a, delta.b))
         said.append(
@@ -319,7 +326,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
     console.print()
-    summary = _table(f"Step and worst stage ({_fits(diff)})", "figure", None)
+    summary = _table(f"{_time_title(diff)} and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
         summary.add_row(Text(_summary_label(diff, delta.metric)), *_cells(delta))
     console.print(summary)
@@ -447,7 +454,7 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
         lines += ["", RESOLVED]
     else:
         lines.append("None (the budgets differ only through defaults or files).")
-    lines += ["", f"### Step and worst stage ({_fits(diff)})", ""]
+    lines += ["", f"### {_time_title(diff)} and worst stage ({_fits(diff)})", ""]
     lines += [_md(["figure", "A", "B", "Δ", "Δ%"]), "| --- | ---: | ---: | ---: | ---: |"]
     lines += [_md([_summary_label(diff, d.metric), *_md_cells(d)]) for d in diff.summary]
     lines.append("")

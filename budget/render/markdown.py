@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from budget.report import (
     RAMP_HEADER,
-    RAMP_NOTE,
     calls_scope,
     group_name,
     phase_scope,
+    ramp_note,
     ramp_shares,
 )
 from budget.units import format_bytes, format_duration, format_rate
@@ -262,7 +262,7 @@ def render_markdown(report: Report) -> str:
         {1, 2, 3, 4},
     )
     if ramped:
-        lines += [RAMP_NOTE + ".", ""]
+        lines += [ramp_note(report) + ".", ""]
     if not timed:
         lines.append(
             "Times are not computed: the device section has no peak FLOP/s or memory bandwidth."

@@ -23,10 +23,10 @@ from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
 from budget.render import NBSP, utf
 from budget.report import (
     RAMP_HEADER,
-    RAMP_NOTE,
     calls_scope,
     group_name,
     phase_scope,
+    ramp_note,
     ramp_shares,
     run_scope,
     slow_link_notes,
@@ -836,7 +836,7 @@ def link_table(report: Report) -> Table:
     ramped = any(link.get("ramp") for link in report.links)
     if ramped:
         _num(table, RAMP_HEADER)
-        table.caption, table.caption_justify = RAMP_NOTE, "left"
+        table.caption, table.caption_justify = ramp_note(report), "left"
     table.add_column("collectives on it", ratio=1)
     for link in report.links:
         table.add_row(
