@@ -994,9 +994,15 @@ def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
     rows the rank's experts take, permuted in and out of their order."""
     replicated = tokens_replicated(plan)
     rows = s.act * vwhere(replicated, 2 * s.routed, s.sent + s.dispatched) * s.hidden
+    # on one expert-parallel rank the all-to-all hands its input back (Megatron-Core's
+    # `_AllToAll` on a group of one); the rows are permuted, then sorted by local expert (an
+    # audit: they were called send and receive buffers beside no all-to-all)
+    alone = every(plan.parallel.ep == 1)
     return Alloc(
         "routed token rows, permuted for the rank's experts and back (no exchange)"
         if every(replicated)
+        else "routed token rows, permuted and sorted by expert (ep 1: no exchange)"
+        if alone
         else "dispatch send and receive buffers",
         "transient",
         rows,

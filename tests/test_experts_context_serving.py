@@ -797,6 +797,12 @@ def test_dispatch_buffers_hold_the_rows_a_rank_sends_not_the_gathered_ones():
     skewed = replace(plan.model.experts, imbalance=1.5)
     plan = replace(plan, model=replace(plan.model, experts=skewed))
     assert dispatch_buffers(plan, shapes(plan)).total == (4096 + 6144) * 4096 * 2
+    # on one expert-parallel rank nothing is exchanged: the same bytes (the permuted rows and
+    # their copy sorted by expert), not called send and receive buffers (an audit)
+    alone = replace(plan, parallel=replace(plan.parallel, ep=1))
+    rows = dispatch_buffers(alone, shapes(alone))
+    assert rows.name == "routed token rows, permuted and sorted by expert (ep 1: no exchange)"
+    assert rows.total == 2 * 4096 * 4096 * 2  # no peer to receive more from under skew
 
 
 def test_prefill_mfu_counts_the_output_layer_once_per_sequence(tmp_path):
