@@ -824,7 +824,8 @@ MEMORY_RUNS: tuple[Run, ...] = (
 
 _FT = (
     "NVIDIA/FasterTransformer docs/gpt_guide.md (commit 07fdd2fc), section Performance, "
-    "{} table: FT latency (ms) of one generate call, {} input and {} output tokens"
+    "{} table: FasterTransformer's latency (ms) of one generate call in the layout's column "
+    "(the Megatron columns are another stack), {} input and {} output tokens"
 )
 
 

@@ -20,28 +20,31 @@ RAMP_NOTE = (
     "B_eff is the plateau; a collective of that size reaches the share shown (the least of "
     "all-reduce, all-gather and reduce-scatter; nccl-tests sweeps, see `ramp` in the JSON)"
 )
-# no published sweep measures an all-to-all on these links, so it runs at the plateau (an
-# audit: a report said every collective reached the shares shown, and `budget collective`
-# called an all-to-all's 100 % "measured")
-UNRAMPED_NOTE = "; an all-to-all, which no sweep measured, runs at the plateau"
+# no published sweep measures an all-to-all or a send-recv on these links, so they run at
+# the plateau (an audit: a report said every collective reached the shares shown, and
+# `budget collective` called an all-to-all's 100 % "measured")
+UNRAMPED_NOTE = "; {}, which no sweep measured, run{} at the plateau"
 
 
 def ramp_note(report: Report) -> str:
-    """`RAMP_NOTE`, and `UNRAMPED_NOTE` where an operation the ramps do not measure (an
-    all-to-all) runs on a ramped level."""
+    """`RAMP_NOTE`, and `UNRAMPED_NOTE` naming the operations the ramps do not measure (an
+    all-to-all, a pipeline's send-recv) that run on a ramped level."""
     ramped = {
         link["name"]: BandwidthRamp.from_json(link["ramp"])
         for link in report.links
         if link.get("ramp")
     }
-    unmeasured = any(
-        not ramped[level].measures(c.op)
+    unmeasured = dict.fromkeys(
+        c.op
         for p in report.phases
         for c in p.collectives
         for level in (c.link or "").split(" + ")
-        if level in ramped
+        if level in ramped and not ramped[level].measures(c.op)
     )
-    return RAMP_NOTE + (UNRAMPED_NOTE if unmeasured else "")
+    if not unmeasured:
+        return RAMP_NOTE
+    ops = " and ".join(unmeasured)
+    return RAMP_NOTE + UNRAMPED_NOTE.format(ops, "" if len(unmeasured) > 1 else "s")
 
 
 def ramp_shares(link: dict[str, Any]) -> str:

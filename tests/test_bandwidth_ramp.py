@@ -206,7 +206,27 @@ def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None
     root = Path(__file__).parents[1] / "plans"
     moe = budget_plan(root / "deepseek-moe-16b.yaml")
     dense = budget_plan(root / "gpt3-175b.yaml")
-    from budget.report import UNRAMPED_NOTE, ramp_note
+    from budget.report import RAMP_NOTE, ramp_note
 
-    assert ramp_note(moe).endswith(UNRAMPED_NOTE)  # its expert all-to-all runs on NVLink
-    assert UNRAMPED_NOTE not in ramp_note(dense)
+    # its expert all-to-all runs on NVLink, its pipeline sends do not
+    assert (
+        ramp_note(moe) == f"{RAMP_NOTE}; all-to-all, which no sweep measured, runs at the plateau"
+    )
+    assert ramp_note(dense) == RAMP_NOTE  # its stage sends cross InfiniBand, unramped
+
+
+def test_a_pipeline_inside_a_node_is_not_said_to_run_an_all_to_all(tmp_path: Path) -> None:
+    """The note names the unmeasured operations the plan runs on a ramped level: a dense
+    plan's send-recv inside a node, not an all-to-all it does not have (a review)."""
+    from budget.report import RAMP_NOTE, ramp_note
+    from tests.plan_files import variant
+
+    plan = variant(
+        tmp_path,
+        "pp2.yaml",
+        ("pp: 1", "pp: 2"),
+        ("dp: 8", "dp: 4"),
+        base=Path(__file__).parents[1] / "plans" / "gpt-1.3b.yaml",
+    )
+    note = ramp_note(budget_plan(plan))
+    assert note == f"{RAMP_NOTE}; send-recv, which no sweep measured, runs at the plateau"

@@ -510,9 +510,13 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     assert serve["tpot_s"] == budget_plan(DECODE).step["decode_token_s"]
     code, out, _ = _check(GPT3, DECODE, "--format", "markdown")
     header = next(line for line in out.splitlines() if line.startswith("| plan"))
-    assert header.endswith("| step | exposed comm | TTFT | TPOT |")
+    # a training plan's time is its step, a serving plan's its whole run (a review)
+    assert header.endswith("| step or run | exposed comm | TTFT | TPOT |")
+    _, out, _ = _check(DECODE, "--format", "markdown")
+    assert "| run | exposed comm | TTFT | TPOT |" in out
     _, out, _ = _check(GPT3, "--format", "markdown")
     assert "TTFT" not in out  # training plans alone keep the narrower table
+    assert "| step | exposed comm |" in out
 
 
 def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> None:

@@ -115,3 +115,35 @@ def test_the_communication_panel_says_whose_phases_its_bars_are(tmp_path: Path) 
     assert "communication per phase, each on the stage where it costs most" in text
     assert f"the step, paced by stage {step['pacing_stage']}: " in text
     assert f"{format_duration(step['comm_s'])} (" in text and "on one rank" not in text
+
+
+def test_the_peak_label_stands_clear_of_the_headroom_label() -> None:
+    """Llama 3 405B at 128K peaks 7.9 GiB under its capacity: a peak label centred above the
+    bar ran into the headroom arrow's label beside it (a read of the picture); it now ends
+    at the bar's centre."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from budget.pipeline import budget_plan
+    from budget.render.plot import _communication, _memory
+
+    report = budget_plan(Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml")
+    # the figure `plot_report` draws
+    fig, (ax, bottom) = plt.subplots(
+        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
+    )
+    try:
+        _memory(ax, report)
+        _communication(bottom, report)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        texts = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+        peak = next(box for text, box in texts.items() if text.startswith("peak "))
+        free = next(box for text, box in texts.items() if text.endswith(" GiB free"))
+        arrow = texts[""]  # the headroom's double arrow (an annotation without text)
+        assert peak.x1 < arrow.x0 and not peak.overlaps(free)  # was 716 against 714 px
+    finally:
+        plt.close(fig)

@@ -341,6 +341,8 @@ def test_renderers(accuracy) -> None:
     assert any(line.startswith("  ") for line in notes)
     for above, below in itertools.pairwise(notes):
         assert not (re.search(r"[A-Za-z]$", above) and re.match(r"\s*\d", below)), above
+        # nor between a count and its noun ("4" ending a line before "virtual stages")
+        assert not (re.search(r"(^|\s)\d[\d,]*$", above) and re.match(r"\s*[a-z]", below)), above
     said = " ".join(" ".join(notes).split())
     assert all(f"{r.run.name}: {r.run.note}" in said for r in accuracy.memory)
     # then, last, the serving table with its own summary, apart from the step times'
@@ -380,7 +382,7 @@ def test_serving_runs_follow_their_rule_and_are_scored_apart(accuracy) -> None:
         model = run.name.split(",")[0]
         assert plan.mode == "decode" and run.metric == "latency_s" and run.gpu == "A100 80GB"
         assert plan.parallel.pp == 1 and plan.parallel.dp == 1
-        assert plan.topology.gpus == max(8, plan.parallel.tp) or plan.parallel.tp < 8
+        assert plan.topology.gpus == plan.parallel.tp  # one node, or TP / 8 of them
         assert params_total(plan) == pytest.approx(_FT_SIZES[model], rel=0.02), model
         assert run.measured < 12  # seconds: the guide's milliseconds, converted
     # the two ends of each layout: batch 1, then the largest that ran
@@ -448,6 +450,8 @@ def test_the_readmes_serving_prose_quotes_what_the_command_computes(accuracy) ->
     assert row.predicted == pytest.approx(prefill + passes * engine_pass)
     assert f"decoder pass in {measured_pass * 1e3:.2f} ms" in readme
     assert f"cache in {engine_pass * 1e3:.2f} ms" in readme
+    startup = plan_of(row.run).device.kernel_startup
+    assert f"the engine's {startup * 1e6:.2f} µs a kernel on the A100" in readme
     serving = accuracy.serving_latency()
     assert f"by {serving.mean_abs_error:.1%} on average".replace("%", " %") in readme
     least, most = (f(abs(r.error) for r in rows.values()) for f in (min, max))

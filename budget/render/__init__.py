@@ -15,20 +15,24 @@ if TYPE_CHECKING:
 
 
 NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name or unit
-# a word and the count after it ("micro 1", "tp 8"), held on one line by `print_wrapped`
+# a word and the count after it ("micro 1", "tp 8"), or a count and its noun ("4 virtual"),
+# held on one line by `print_wrapped`
 _COUNTED = re.compile(r"\b([A-Za-z]+) (\d[\d,]*)\b")
+_COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-z]+)\b")  # not one held already
 
 
 def print_wrapped(console: Console, text: str, indent: str = "  ") -> None:
     """`text` wrapped to the console's width, its later lines indented by `indent`, never
-    between a word and the count after it: at 80 columns "micro" ended a line and "1" began
-    the next (an audit). Wrapped here rather than by rich, which breaks lines at a no-break
+    between a word and the count after it or a count and its noun: at 80 columns "micro"
+    ended a line and "1" began the next (an audit), and "4" ended one before "virtual
+    stages" (a review). Wrapped here rather than by rich, which breaks lines at a no-break
     space too."""
     from rich.text import Text
 
     glue = "\x00"
+    held = _COUNT_OF.sub(rf"\1{glue}\2", _COUNTED.sub(rf"\1{glue}\2", text))
     lines = textwrap.wrap(
-        _COUNTED.sub(rf"\1{glue}\2", text),
+        held,
         max(console.width, 40),
         subsequent_indent=indent,
         break_on_hyphens=False,

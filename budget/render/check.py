@@ -106,8 +106,11 @@ def check_markdown(result: CheckResult) -> str:
     # serving latencies get columns when a plan serves (a training plan's read "–")
     serving = any(_serving(v) for v in result.verdicts)
     extra = " TTFT | TPOT |" if serving else ""
+    # a training plan's time is its step, a serving plan's its whole run (`time_word`)
+    words = dict.fromkeys(time_word(v.report) for v in result.verdicts if v.report is not None)
+    time = " or ".join(words) or "step"
     lines += [
-        "| plan | result | worst stage | peak | capacity | headroom | step | exposed comm |"
+        f"| plan | result | worst stage | peak | capacity | headroom | {time} | exposed comm |"
         + extra,
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * (2 * serving),
     ]

@@ -202,9 +202,12 @@ def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
     ax.annotate(
         f"peak {y:.1f}",
         xy=(x, y),
-        xytext=(0, 12),
+        # ending at the bar's centre: the headroom arrow and its label stand to its right,
+        # and a label centred above the bar ran into them where little was free (a read);
+        # centred on the first bar, which has the axis to its left
+        xytext=(2 if x else 0, 12),
         textcoords="offset points",
-        ha="center",
+        ha="right" if x else "center",
         fontsize=8,
         fontweight="bold",
         arrowprops={"arrowstyle": "->", "color": "#333333"},
