@@ -2233,6 +2233,13 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     `source_alive` its source too (DESIGN.md rule 2), a local slice's as a collective's,
     unless the source is the result of the tensor's transition before it in that phase,
     already held: a chain is one tensor.
+
+    A tensor has a placement on each group it moves on, as a DTensor has one per mesh
+    dimension (`check_chains`), and its shape is the full logical one: a transition on one
+    group moves the piece the tensor's shards on the others leave each rank (its placement
+    there when the transition runs, in step order), as DTensor's redistribution of one mesh
+    dimension does. A tensor shard(0) on dp 4 and gathered over tp moves a quarter of its
+    bytes (an audit: every group's transition moved and held the whole tensor).
     """
     if not plan.transitions:
         return step
@@ -2254,9 +2261,14 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     decodes = decode_passes(plan) if plan.mode == "decode" else 1
     m = step.microbatches
     pass_runs = {"forward": m, "backward": m, "prefill": 1, "decode": decodes}
+    # each tensor's placement on each group before its first transition there
+    starts: dict[tuple[str, str], Placement] = {}
+    for tr, src, _, _ in parsed:
+        starts.setdefault((tr.name, tr.group), src)
     for st in step.stages:
         phases = list(st.phases)
         passes: list[Phase] = []
+        placed = dict(starts)  # where this stage's transitions have left each tensor
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
         # in step order (the file's within a phase), as `check_chains` walks and returns
         # them: which phase a tensor's last transition left it in decides whether the next
@@ -2275,8 +2287,17 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             held_already = made.get(tr.name) == target
             made[tr.name] = target
             ranks = degrees[tr.group]
-            full = math.prod(tr.shape) * DTYPE_BYTES[tr.dtype]
+            # the piece its shards on the other groups leave a rank (the docstring)
+            others = [
+                (group, at)
+                for (name, group), at in placed.items()
+                if name == tr.name and group != tr.group
+            ]
+            split = math.prod(degrees[g] for g, at in others if at.kind == "shard")
+            full = -(-math.prod(tr.shape) * DTYPE_BYTES[tr.dtype] // split)
+            placed[tr.name, tr.group] = dst
             local = {"shard": -(-full // ranks)}
+            elsewhere = "".join(f", {at} on {g}" for g, at in others)
             # a source counted as freed says so where the bytes are read (see the rule below)
             freed = "" if tr.source_alive else "; its source counted freed, source_alive: false"
             extra = [
@@ -2284,7 +2305,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     f"{tr.name} ({dst}{freed})",
                     "transient",
                     local.get(dst.kind, full),
-                    placement=f"{dst} on {tr.group}",
+                    placement=f"{dst} on {tr.group}{elsewhere}",
                 )
             ]
             if tr.source_alive and src != dst and not held_already:
@@ -2293,7 +2314,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                         f"{tr.name} ({src}, source alive)",
                         "transient",
                         local.get(src.kind, full),
-                        placement=f"{src} on {tr.group}",
+                        placement=f"{src} on {tr.group}{elsewhere}",
                     )
                 )
             phase = phases[target]

@@ -473,3 +473,30 @@ def test_every_pattern_in_the_schema_answers_an_adversarial_string_fast() -> Non
         for text in _ADVERSARIAL:
             with refused_in_time():
                 re.search(pattern, text)  # as jsonschema matches a pattern
+
+
+def test_no_required_key_offers_a_default() -> None:
+    """A key the schema requires cannot be left out, so a default beside it tells an editor
+    it can (an audit: a transition's ``group`` offered "tp" and was refused when left out)."""
+    import json
+    from pathlib import Path
+
+    schema = json.loads(
+        (Path(__file__).parents[1] / "budget" / "schemas" / "plan.schema.json").read_text("utf-8")
+    )
+    offending = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            properties = node.get("properties", {})
+            for key in node.get("required", []):
+                if isinstance(properties.get(key), dict) and "default" in properties[key]:
+                    offending.append(f"{path}.{key}")
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if key != "properties" else path)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    walk(schema, "$")
+    assert offending == []

@@ -376,8 +376,8 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
 
 
 def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path):
-    """pipeline.forward is a training phase, but not of a plan with no pipeline: the step
-    says so when it is derived, listing the phases this plan has."""
+    """pipeline.forward is a training phase, but not of a plan with no pipeline: said as the
+    plan resolves, listing the phases a plan without one has."""
     plan = ROOT / "plans" / "gpt-1.3b.yaml"
     written = LOGITS.replace("phase: loss", "phase: pipeline.forward")
     path = tmp_path / "plan.yaml"
@@ -386,6 +386,33 @@ def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path)
     assert (code, out) == (2, "")
     assert "$.transitions[0].phase: unknown phase 'pipeline.forward'; use one of" in err
     assert "forward.attention" in err and "pipeline.backward" not in err
+
+
+def test_what_a_plan_without_a_pipeline_lacks_comes_with_its_other_problems(tmp_path):
+    """A stage send's phase, and a send kept on pp, in a plan with pp 1 were found only once
+    the derived step could be built, so after every other problem of the file had been
+    mended: now they come together (a review: a wrong dtype first, then the phase)."""
+    plan = ROOT / "plans" / "gpt-1.3b.yaml"
+    written = """transitions:
+  - {name: a, phase: pipeline.forward, tensor: {shape: [8, 8], dtype: bf16}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: b, phase: loss, tensor: {shape: [8, 8], dtype: bf17}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: c, phase: loss, tensor: {shape: [8, 8], dtype: bf16}, group: pp,
+     from: replicate, to: replicate}
+"""
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan.read_text(encoding="utf-8") + written, encoding="utf-8")
+    code, out, err = _run(str(path))
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert any("$.transitions[0].phase: unknown phase 'pipeline.forward'" in x for x in lines)
+    assert any("$.transitions[1].tensor.dtype:" in x for x in lines)
+    assert any(
+        "$.transitions[2].phase: 'c' keeps its placement on pp, a send to the next stage, but "
+        "loss runs only on the only stage, which has no next stage to send to" in x
+        for x in lines
+    )
 
 
 def test_a_stage_boundary_is_written_as_a_send_to_the_next_stage(tmp_path):
@@ -593,3 +620,33 @@ def test_a_serving_plan_sizes_a_transition_by_its_own_batch(tmp_path):
     training = _plan(tmp_path, LOGITS.replace("micro * seq", "sequences"))
     code, _, err = _run(str(training))
     assert code == 2 and "'sequences'" in err
+
+
+def test_a_tensor_sharded_on_one_group_moves_its_piece_on_another(tmp_path):
+    """A tensor has a placement on each group (a DTensor's per mesh dimension): fp32 logits
+    [2048, 51200] sliced over dp 16 (replicate → shard(0)) and then gathered over tp 8
+    move the dp shard, 419,430,400 / 16 = 26,214,400 B, of which a ring all-gather sends
+    7/8 per rank, and hold the pieces: the gathered one (26,214,400 B); the dp slice
+    (3,276,800 B), which is the gather's source; and the slice's own source, the whole
+    tensor's tp shard (419,430,400 / 8 = 52,428,800 B: before the slice it is shard(1) on
+    tp, replicate on dp). Each transition had moved and held the whole tensor (an audit:
+    the gather sent 16× the bytes over tp)."""
+    both = """transitions:
+  - {name: L, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: fp32}, group: dp,
+     from: replicate, to: shard(0), source_alive: true}
+  - {name: L, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: fp32}, group: tp,
+     from: shard(1), to: replicate, source_alive: true}
+"""
+    report = budget_plan(_plan(tmp_path, both))
+    loss = next(p for p in report.phases if p.name == "loss")
+    (gather,) = [c for c in loss.collectives if c.name == "L"]  # a slice sends nothing
+    full = 2048 * 51200 * 4
+    piece = full // 16
+    assert (gather.op, gather.group, gather.ranks, gather.bytes) == ("all-gather", "tp", 8, piece)
+    assert gather.sent_bytes == 7 * piece // 8
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("L ")}
+    assert held == {
+        "L (replicate, source alive)": full // 8,  # the whole tensor's tp shard
+        "L (shard(0))": full // 8 // 16,
+        "L (replicate)": piece,  # gathered over tp, still dp's slice
+    }

@@ -47,7 +47,12 @@ from budget.plan.model import (
     Topology,
     Transition,
 )
-from budget.plan.transitions import check_chains, known_phase, unknown_phase
+from budget.plan.transitions import (
+    check_chains,
+    known_phase,
+    pipeline_problems,
+    unknown_phase,
+)
 from budget.plan.yaml_load import Marks
 
 __all__ = [
@@ -1625,6 +1630,7 @@ def resolve(
         names = _shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, mode, transitions)[1]
+        r.problems += pipeline_problems(file, mode, par.pp, transitions)
     if "transitions" not in skip:
         r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {})
     if (

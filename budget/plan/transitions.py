@@ -1,7 +1,8 @@
 """The rules of hand-written transitions that need no derived step, checked as the plan
 resolves so that their problems come with the rest of the file's (every problem at once):
-the phases a plan of each mode has, and each tensor's chain (DESIGN.md rule 7). Where a
-named phase is in the step (a stage send needs a pipeline) is checked when it is derived."""
+the phases a plan of each mode has, each tensor's chain (DESIGN.md rule 7), and what a
+plan without a pipeline lacks (`pipeline_problems`). Where else a named phase is in the
+step (a send from the stage at the model's end) is checked when it is derived."""
 
 from __future__ import annotations
 
@@ -124,3 +125,30 @@ def check_chains(
             )
             problems.append(problem(file, tr, message, ".to"))
     return parsed, problems
+
+
+def pipeline_problems(
+    file: str, mode: Mode, pp: int, transitions: tuple[Transition, ...]
+) -> list[Problem]:
+    """What a plan without a pipeline (pp 1) lacks, checked as the plan resolves so that it
+    comes with the file's other problems (a review: it came only once they were mended, from
+    the derived step): a stage send's phase (``pipeline.forward``), and a send to the next
+    or previous stage (a placement kept on pp), which only stage has none to send to."""
+    if pp != 1:
+        return []
+    problems = []
+    for tr in transitions:
+        if not known_phase(mode, tr.phase):
+            continue  # said apart, with every phase the mode has
+        if tr.phase == "pipeline" or tr.phase.startswith("pipeline."):
+            names = tuple(p for p in PHASES[mode] if not p.startswith("pipeline."))
+            message = unknown_phase(mode, tr.phase, names) + " (pp 1: no stage sends)"
+            problems.append(problem(file, tr, message, ".phase"))
+        elif tr.group == "pp" and tr.src == tr.dst:
+            way = "previous" if tr.phase.split(".")[0] == "backward" else "next"
+            message = (
+                f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
+                f"{tr.phase} runs only on the only stage, which has no {way} stage to send to"
+            )
+            problems.append(problem(file, tr, message, ".phase"))
+    return problems
