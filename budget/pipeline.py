@@ -376,6 +376,10 @@ def build_report(plan: Plan) -> Report:
             "shared_ffn": m.experts.shared_ffn,
             "moe_layers": sum(moe_layers(plan)),
             "imbalance": float(routing_skew(plan)),
+            # a capacity caps the rows an expert takes (None: dropless), and with padding
+            # every expert computes all of them (an audit: neither was said anywhere)
+            "capacity_factor": m.experts.capacity_factor,
+            "pad_to_capacity": m.experts.pad_to_capacity,
         },
         "params_active": active_params(plan),
         # multi-token prediction modules priced (training only) and their parameters, which

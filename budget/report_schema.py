@@ -62,7 +62,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.14: `budget search`'s ``replayed`` counts every layout the search replayed, to rank it
 # or to judge it against a time limit
 # 1.15: `budget validate-model`'s ``serving``, a static batch's latency against published
-# measurements (metric ``latency_s``), scored apart from the training step times
+# measurements (metric ``latency_s``), scored apart from the training step times; the
+# report's ``model.experts.capacity_factor`` and ``pad_to_capacity``
 SCHEMA_VERSION = "1.15"
 
 Kind = Literal[

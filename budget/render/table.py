@@ -128,11 +128,17 @@ def _ffn(model: dict[str, Any]) -> str:
     shared = f", shared ffn {e['shared_ffn']}" if e["shared_ffn"] else ""
     skew = e.get("imbalance", 1.0)
     busiest = f", busiest ep rank {skew:g}× the even share" if skew > 1 else ""
+    capacity = e.get("capacity_factor")
+    capped = (
+        f", capacity factor {capacity:g}{' padded' if e.get('pad_to_capacity') else ''}"
+        if capacity is not None
+        else ""
+    )
     return (
         (f"ffn {model['ffn']} in {plural(dense, 'dense layer')}, " if dense else "")
         + f"{plural(e['moe_layers'], 'MoE layer')} of "
         + f"{e['count']} experts of ffn {e['ffn']} "
-        + f"(top {e['top_k']}{shared}{busiest})"
+        + f"(top {e['top_k']}{shared}{capped}{busiest})"
     )
 
 
