@@ -841,7 +841,8 @@ def _ft_run(
 ) -> Run:
     """A FasterTransformer GPT run (module docstring): the guide's model (``head_num``,
     ``size_per_head``, ``num_layers``, vocabulary 51,200) as FasterTransformer's GPT builds
-    it from a Megatron GPT checkpoint: learned positions (2,048 of them, Megatron's GPT
+    it from a Megatron GPT checkpoint, the ``gpt3-175b`` preset's architecture at the
+    guide's sizes: learned positions (2,048 of them, Megatron's GPT
     default; the guide gives none, and they only add parameters), LayerNorm, a 4h GeLU MLP,
     biases on every linear layer, the output layer sharing the embedding's table; FP16
     weights, activations and KV cache; tensor parallel ``tp`` (``tensor_para_size``), no
@@ -851,22 +852,16 @@ def _ft_run(
     FLOPs at these lengths (4·s²·h against 24·s·h² a layer, 350M at 512 tokens), takes that
     kernel's rate too, an assumption. Sampling (top-p 0.9) is not priced."""
     prompt, generate = lengths
-    hidden = heads * head_dim
     tree: dict[str, Any] = {
         "name": f"{model}, TP {tp}, batch {batch}",
         "mode": "decode",
+        # GPT-3's preset is GPT-2's architecture at 51,200 tokens (`budget presets`), the
+        # guide's vocabulary; its fused attention is the device's
         "model": {
+            "preset": "gpt3-175b",
             "layers": layers,
-            "hidden": hidden,
+            "hidden": heads * head_dim,
             "heads": heads,
-            "ffn": 4 * hidden,
-            "vocab": 51200,
-            "mlp": "gelu",
-            "norm": "layernorm",
-            "bias": True,
-            "tied_embeddings": True,
-            "position": "learned",
-            "max_positions": 2048,
             "dropout": False,
         },
         "batch": {"sequences": batch, "prompt": prompt, "generate": generate},

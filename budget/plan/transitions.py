@@ -127,6 +127,15 @@ def check_chains(
     return parsed, problems
 
 
+def _same(src: str, dst: str) -> bool:
+    """Whether two written placements are one ("shard(0)" and "shard( 0 )"); False where
+    either does not parse (said apart)."""
+    try:
+        return Placement.parse(src) == Placement.parse(dst)
+    except ValueError:
+        return False
+
+
 def pipeline_problems(
     file: str, mode: Mode, pp: int, transitions: tuple[Transition, ...]
 ) -> list[Problem]:
@@ -144,7 +153,7 @@ def pipeline_problems(
             names = tuple(p for p in PHASES[mode] if not p.startswith("pipeline."))
             message = unknown_phase(mode, tr.phase, names) + " (pp 1: no stage sends)"
             problems.append(problem(file, tr, message, ".phase"))
-        elif tr.group == "pp" and tr.src == tr.dst:
+        elif tr.group == "pp" and _same(tr.src, tr.dst):
             way = "previous" if tr.phase.split(".")[0] == "backward" else "next"
             message = (
                 f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
