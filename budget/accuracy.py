@@ -74,6 +74,7 @@ from typing import Any, Literal
 
 import yaml
 
+from budget.catalog import MODELS
 from budget.errors import BudgetError
 from budget.pipeline import build_report
 from budget.plan.model import Plan
@@ -856,9 +857,10 @@ def _ft_run(
         "name": f"{model}, TP {tp}, batch {batch}",
         "mode": "decode",
         # GPT-3's preset is GPT-2's architecture at 51,200 tokens (`budget presets`), the
-        # guide's vocabulary; its fused attention is the device's
+        # guide's vocabulary; its fused attention is the device's. Written out, not named:
+        # a plan naming the preset reports its model as "gpt3-175b" (a review: GPT-350M's)
         "model": {
-            "preset": "gpt3-175b",
+            **MODELS["gpt3-175b"].tree,
             "layers": layers,
             "hidden": heads * head_dim,
             "heads": heads,

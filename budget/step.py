@@ -2275,6 +2275,15 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         # holds its source again (a review: listed A, B, C for a step running A, C, B, the
         # peak counted one replicated tensor more than listed A, C, B)
         for i, (tr, src, dst, op) in enumerate(parsed):
+            # the piece its shards on the other groups leave a rank (the docstring); every
+            # stage follows the whole chain, also where its phase is not on that stage (a
+            # review: stages without the loss kept a placement the chain had left)
+            others = [
+                (group, at)
+                for (name, group), at in placed.items()
+                if name == tr.name and group != tr.group
+            ]
+            placed[tr.name, tr.group] = dst
             target = _target(phases, tr.phase)
             if target is None:
                 continue
@@ -2287,15 +2296,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             held_already = made.get(tr.name) == target
             made[tr.name] = target
             ranks = degrees[tr.group]
-            # the piece its shards on the other groups leave a rank (the docstring)
-            others = [
-                (group, at)
-                for (name, group), at in placed.items()
-                if name == tr.name and group != tr.group
-            ]
             split = math.prod(degrees[g] for g, at in others if at.kind == "shard")
             full = -(-math.prod(tr.shape) * DTYPE_BYTES[tr.dtype] // split)
-            placed[tr.name, tr.group] = dst
             local = {"shard": -(-full // ranks)}
             elsewhere = "".join(f", {at} on {g}" for g, at in others)
             # a source counted as freed says so where the bytes are read (see the rule below)

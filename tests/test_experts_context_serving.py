@@ -1620,5 +1620,14 @@ def test_a_capacity_factor_is_said_in_the_header_and_the_json(tmp_path: Path) ->
     console = Console(width=200, record=True, color_system=None)
     render_table(console, report)
     assert "(top 2, capacity factor 1.25 padded)" in console.export_text()
+    whole = variant(
+        tmp_path,
+        "big.yaml",
+        ("top_k: 2,", "top_k: 2, capacity_factor: 1000000,"),
+        base=PLANS / "mixtral-8x7b.yaml",
+    )
+    console = Console(width=200, record=True, color_system=None)
+    render_table(console, build_report(load_plan(whole)))
+    assert "(top 2, capacity factor 1,000,000)" in console.export_text()  # not 1e+06
     dropless = to_dict(build_report(load_plan(PLANS / "mixtral-8x7b.yaml")))["model"]["experts"]
     assert (dropless["capacity_factor"], dropless["pad_to_capacity"]) == (None, False)

@@ -400,6 +400,8 @@ def test_what_a_plan_without_a_pipeline_lacks_comes_with_its_other_problems(tmp_
      from: shard(0), to: replicate}
   - {name: c, phase: loss, tensor: {shape: [8, 8], dtype: bf16}, group: pp,
      from: replicate, to: replicate}
+  - {name: d, phase: pipeline.backward, tensor: {shape: [8, 8], dtype: bf16}, group: tp,
+     from: bogus, to: replicate}
 """
     path = tmp_path / "plan.yaml"
     path.write_text(plan.read_text(encoding="utf-8") + written, encoding="utf-8")
@@ -413,6 +415,23 @@ def test_what_a_plan_without_a_pipeline_lacks_comes_with_its_other_problems(tmp_
         "loss runs only on the only stage, which has no next stage to send to" in x
         for x in lines
     )
+    # a transition broken elsewhere still has its phase read (a review)
+    assert any("$.transitions[3].phase: unknown phase 'pipeline.backward'" in x for x in lines)
+    assert any("$.transitions[3].from:" in x for x in lines)
+    # a serving plan's stage sends are its passes' (decode.pipeline; a review)
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    served = """transitions:
+  - {name: s, phase: decode.pipeline, tensor: {shape: [8, 8], dtype: bf16}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: t, phase: decode.mlp, tensor: {shape: [8, 8], dtype: bf17}, group: tp,
+     from: shard(0), to: replicate}
+"""
+    path.write_text(decode.read_text(encoding="utf-8") + served, encoding="utf-8")
+    code, out, err = _run(str(path))
+    assert (code, out) == (2, "")
+    said = " ".join(err.split())
+    assert "$.transitions[0].phase: unknown phase 'decode.pipeline'" in said
+    assert "(pp 1: no stage sends)" in said and "$.transitions[1].tensor.dtype:" in said
 
 
 def test_a_stage_boundary_is_written_as_a_send_to_the_next_stage(tmp_path):
@@ -650,3 +669,32 @@ def test_a_tensor_sharded_on_one_group_moves_its_piece_on_another(tmp_path):
         "L (shard(0))": full // 8 // 16,
         "L (replicate)": piece,  # gathered over tp, still dp's slice
     }
+
+
+def test_every_stage_follows_the_whole_chain(tmp_path):
+    """GPT-3 on 8 stages: X is sliced over dp in the forward, gathered again in the loss,
+    which only the last stage runs, then gathered over tp in the backward: every stage
+    gathers the whole tensor over tp, 2048 × 12288 × 2 = 50,331,648 B. Stages 0-6 had kept
+    the dp slice the loss undoes on the last stage, and gathered a sixteenth of it (a
+    review)."""
+    from budget.plan.load import load_plan
+    from budget.step import derive
+
+    chain = """transitions:
+  - {name: X, phase: forward.attention, tensor: {shape: [2048, 12288], dtype: bf16},
+     group: dp, from: replicate, to: shard(0)}
+  - {name: X, phase: loss, tensor: {shape: [2048, 12288], dtype: bf16}, group: dp,
+     from: shard(0), to: replicate}
+  - {name: X, phase: backward.attention, tensor: {shape: [2048, 12288], dtype: bf16},
+     group: tp, from: shard(1), to: replicate}
+"""
+    step = derive(load_plan(_plan(tmp_path, chain)))
+    sizes = {
+        st.stage: m.size_bytes
+        for st in step.stages
+        for p in st.phases
+        if p.name == "backward.attention"
+        for m in p.moves
+        if m.name == "X"
+    }
+    assert sizes == {stage: 2048 * 12288 * 2 for stage in range(8)}

@@ -50,7 +50,8 @@ from budget.plan.model import (
 from budget.plan.transitions import (
     check_chains,
     known_phase,
-    pipeline_problems,
+    pipeline_phase,
+    pipeline_send,
     unknown_phase,
 )
 from budget.plan.yaml_load import Marks
@@ -939,11 +940,13 @@ class _Resolver:
         return tuple(out)
 
     def transition_rules(
-        self, items: Any, mode: Mode, broken: Mapping[int, frozenset[str]]
+        self, items: Any, mode: Mode, broken: Mapping[int, frozenset[str]], pp: int = 0
     ) -> None:
-        """The rules of a transition that read nothing else of the plan, checked however
-        broken the rest of it or of the plan: its phase against the phases a `mode` plan
-        has, and its two placements on its group as a pair (`_pair_problem`)."""
+        """The rules of a transition that read nothing else of the plan but its mode and
+        pipeline depth (`pp`, 0 where it is not known), checked however broken the rest of
+        it or of the plan: its phase against the phases a `mode` plan has, and with pp 1
+        against a stage send's (`pipeline_phase`); its two placements on its group as a
+        pair (`_pair_problem`), and with pp 1 as a send to no stage (`pipeline_send`)."""
         if not isinstance(items, list):
             return
         for i, item in enumerate(items):
@@ -951,15 +954,25 @@ class _Resolver:
             if "" in keys or not isinstance(item, Mapping):
                 continue  # the item itself is wrong: nothing of it can be read
             path = f"$.transitions[{i}]"
-            phase = item.get("phase")
-            if isinstance(phase, str) and "phase" not in keys and not known_phase(mode, phase):
+            written = item.get("phase")
+            phase = written if isinstance(written, str) and "phase" not in keys else None
+            known = phase is not None and known_phase(mode, phase)
+            if phase is not None and not known:
                 self.error(f"{path}.phase", unknown_phase(mode, phase))
+            elif phase is not None and pp == 1:
+                message = pipeline_phase(mode, phase)
+                if message is not None:
+                    self.error(f"{path}.phase", message)
             if {"from", "to", "group"} & keys:
                 continue
             pair = parse_placement(item["from"]), parse_placement(item["to"])
             message = _pair_problem(*pair, item["group"])
             if message is not None:
                 self.error(f"{path}.to", message)
+            elif phase is not None and known and pp == 1 and item["group"] == "pp":
+                message = pipeline_send(item.get("name"), phase, pair[0] == pair[1])
+                if message is not None:
+                    self.error(f"{path}.phase", message)
 
     def broken_transition(
         self, item: Any, path: str, names: Mapping[str, int], keys: frozenset[str]
@@ -1630,9 +1643,9 @@ def resolve(
         names = _shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, mode, transitions)[1]
-        r.problems += pipeline_problems(file, mode, par.pp, transitions)
     if "transitions" not in skip:
-        r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {})
+        pp = par.pp if par is not None else 0  # 0: the pipeline's depth is not known
+        r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {}, pp)
     if (
         skip
         or r.problems

@@ -1,8 +1,8 @@
 """The rules of hand-written transitions that need no derived step, checked as the plan
 resolves so that their problems come with the rest of the file's (every problem at once):
 the phases a plan of each mode has, each tensor's chain (DESIGN.md rule 7), and what a
-plan without a pipeline lacks (`pipeline_problems`). Where else a named phase is in the
-step (a send from the stage at the model's end) is checked when it is derived."""
+plan without a pipeline lacks (`pipeline_phase`, `pipeline_send`). Where else a named phase
+is in the step (a send from the stage at the model's end) is checked when it is derived."""
 
 from __future__ import annotations
 
@@ -127,37 +127,25 @@ def check_chains(
     return parsed, problems
 
 
-def _same(src: str, dst: str) -> bool:
-    """Whether two written placements are one ("shard(0)" and "shard( 0 )"); False where
-    either does not parse (said apart)."""
-    try:
-        return Placement.parse(src) == Placement.parse(dst)
-    except ValueError:
-        return False
+def pipeline_phase(mode: Mode, phase: str) -> str | None:
+    """Why a plan without a pipeline (pp 1) has no phase `phase` (a stage send's:
+    ``pipeline.forward``, serving's ``decode.pipeline``), or None. Checked as the plan
+    resolves, however broken the rest of the transition, so that it comes with the file's
+    other problems (a review: it came only once they were mended, from the derived step)."""
+    if "pipeline" not in phase.split("."):
+        return None
+    names = tuple(p for p in PHASES[mode] if "pipeline" not in p.split("."))
+    return unknown_phase(mode, phase, names) + " (pp 1: no stage sends)"
 
 
-def pipeline_problems(
-    file: str, mode: Mode, pp: int, transitions: tuple[Transition, ...]
-) -> list[Problem]:
-    """What a plan without a pipeline (pp 1) lacks, checked as the plan resolves so that it
-    comes with the file's other problems (a review: it came only once they were mended, from
-    the derived step): a stage send's phase (``pipeline.forward``), and a send to the next
-    or previous stage (a placement kept on pp), which only stage has none to send to."""
-    if pp != 1:
-        return []
-    problems = []
-    for tr in transitions:
-        if not known_phase(mode, tr.phase):
-            continue  # said apart, with every phase the mode has
-        if tr.phase == "pipeline" or tr.phase.startswith("pipeline."):
-            names = tuple(p for p in PHASES[mode] if not p.startswith("pipeline."))
-            message = unknown_phase(mode, tr.phase, names) + " (pp 1: no stage sends)"
-            problems.append(problem(file, tr, message, ".phase"))
-        elif tr.group == "pp" and _same(tr.src, tr.dst):
-            way = "previous" if tr.phase.split(".")[0] == "backward" else "next"
-            message = (
-                f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
-                f"{tr.phase} runs only on the only stage, which has no {way} stage to send to"
-            )
-            problems.append(problem(file, tr, message, ".phase"))
-    return problems
+def pipeline_send(name: object, phase: str, kept: bool) -> str | None:
+    """Why a placement `kept` on pp (a send to the next or previous stage) is nowhere in a
+    plan without a pipeline, whose only stage has no neighbour, or None (a placement that
+    changes on pp is no send)."""
+    if not kept:
+        return None
+    way = "previous" if phase.split(".")[0] == "backward" else "next"
+    return (
+        f"{name!r} keeps its placement on pp, a send to the {way} stage, but {phase} runs "
+        f"only on the only stage, which has no {way} stage to send to"
+    )
