@@ -473,7 +473,7 @@ def _exposed_reason(report: Report, share: float) -> Reason | None:
     return Reason(
         limit="max_exposed",
         message=(
-            f"exposed communication takes {_finer(actual, share)} of the {time_word(report)} "
+            f"exposed communication takes {_finer(actual, share)} of the {time_word(report.mode)} "
             f"({format_duration(exposed_s)} of {format_duration(time_s)}), over the "
             f"{_percent(share)} limit by "
             f"{format_duration(over)}; most exposed phases: {_named(phases)}"
@@ -497,7 +497,7 @@ def _step_reason(report: Report, max_step: float) -> Reason | None:
     return Reason(
         limit="max_step",
         message=(
-            f"the {time_word(report)} takes {_distinct(time_s, max_step)}, "
+            f"the {time_word(report.mode)} takes {_distinct(time_s, max_step)}, "
             f"{format_duration(time_s - max_step)} "
             f"over the {_exact(max_step)} limit; largest phases (compute + exposed "
             f"communication): {_named(phases)}"

@@ -22,7 +22,7 @@ from budget.collectives import OPS
 from budget.errors import every_one
 from budget.plan.model import AttentionRate, BandwidthRamp, GemmCurve, Plan
 from budget.plan.resolve import TRAINING_ONLY
-from budget.report import PhaseRow, Report, StageRow, to_dict
+from budget.report import PhaseRow, Report, StageRow, time_word, to_dict
 from budget.units import format_flop_count, plural
 
 __all__ = [
@@ -228,7 +228,7 @@ def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...], mfu: bool = Tr
         did = f"B serves {sb:,} sequences of {pb:,} + {gb:,} tokens where A serves {sa:,} of "
         did += f"{pa:,} + {ga:,}"
     return (
-        f"{did}: the {'step' if mode == 'train' else 'run'}'s and each phase's times and the "
+        f"{did}: the {time_word(mode)}'s and each phase's times and the "
         "bytes they send are not like for "
         f"like, so they carry no verdict; memory, tokens/s{', MFU' if mfu else ''} and the "
         "exposed share do"

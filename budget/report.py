@@ -309,11 +309,11 @@ def calls_scope(report: Report) -> str:
     return "; calls summed over the stages a pass crosses" if _summed_over_stages(report) else ""
 
 
-def time_word(report: Report) -> str:
-    """What a plan's time is of, in a sentence: a training "step", or a serving plan's whole
-    "run" (an audit: `budget check` said a decode plan's "step takes 11.6 s", a caution counted
-    its calls "a step")."""
-    return "step" if report.mode == "train" else "run"
+def time_word(mode: str) -> str:
+    """What a `mode` plan's time is of, in a sentence: a training "step", or a serving
+    plan's whole "run" (an audit: `budget check` said a decode plan's "step takes 11.6 s", a
+    caution counted its calls "a step")."""
+    return "step" if mode == "train" else "run"
 
 
 def run_scope(report: Report) -> str:
@@ -389,7 +389,7 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         where = f" on stage {stage}, which {paces} the step" if named else ""
         hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
-            f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report)}{where}, "
+            f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report.mode)}{where}, "
             f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"
         )
     return tuple(notes)

@@ -88,7 +88,12 @@ from budget.placement import (
     shard,
 )
 from budget.plan.model import DTYPE_BYTES, Plan
-from budget.plan.transitions import WHOLE_PASSES, check_chains, unknown_phase
+from budget.plan.transitions import (
+    WHOLE_PASSES,
+    check_chains,
+    no_stage_to_send_to,
+    unknown_phase,
+)
 from budget.plan.transitions import problem as transition_problem
 from budget.vector import (
     count_label,
@@ -2355,14 +2360,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             message = unknown_phase(plan.mode, tr.phase, known)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
         elif i not in sent:  # a stage send where only the stage at the model's end runs
-            way, side = (
-                ("previous", "first") if pass_within(tr.phase) == "backward" else ("next", "last")
-            )
-            where = "the only stage" if plan.parallel.pp == 1 else f"the {side} stage"
-            message = (
-                f"{tr.name!r} keeps its placement on pp, a send to the {way} stage, but "
-                f"{tr.phase} runs only on {where}, which has no {way} stage to send to"
-            )
+            message = no_stage_to_send_to(tr.name, tr.phase, plan.parallel.pp)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
     if problems:
         raise BudgetError(problems)

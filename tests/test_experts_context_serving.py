@@ -1593,10 +1593,10 @@ def test_a_serving_plans_time_is_called_its_run_not_a_step(tmp_path: Path) -> No
         tmp_path, "tp16.yaml", ("tp: 8", "tp: 16"), ("nodes: 1", "nodes: 2"), base=decode
     )
     report = build_report(load_plan(wide))
-    assert time_word(report) == "run"
+    assert time_word(report.mode) == "run"
     notes = slow_link_notes(report)
     assert notes and all("calls a run" in n for n in notes)
-    assert time_word(build_report(load_plan(ROOT / "plans" / "gpt3-175b.yaml"))) == "step"
+    assert time_word(build_report(load_plan(ROOT / "plans" / "gpt3-175b.yaml")).mode) == "step"
 
 
 def test_a_capacity_factor_is_said_in_the_header_and_the_json(tmp_path: Path) -> None:

@@ -50,8 +50,8 @@ from budget.plan.model import (
 from budget.plan.transitions import (
     check_chains,
     known_phase,
+    no_stage_to_send_to,
     pipeline_phase,
-    pipeline_send,
     unknown_phase,
 )
 from budget.plan.yaml_load import Marks
@@ -946,7 +946,7 @@ class _Resolver:
         pipeline depth (`pp`, 0 where it is not known), checked however broken the rest of
         it or of the plan: its phase against the phases a `mode` plan has, and with pp 1
         against a stage send's (`pipeline_phase`); its two placements on its group as a
-        pair (`_pair_problem`), and with pp 1 as a send to no stage (`pipeline_send`)."""
+        pair (`_pair_problem`), and with pp 1 as a send to no stage (`no_stage_to_send_to`)."""
         if not isinstance(items, list):
             return
         for i, item in enumerate(items):
@@ -969,10 +969,15 @@ class _Resolver:
             message = _pair_problem(*pair, item["group"])
             if message is not None:
                 self.error(f"{path}.to", message)
-            elif phase is not None and known and pp == 1 and item["group"] == "pp":
-                message = pipeline_send(item.get("name"), phase, pair[0] == pair[1])
-                if message is not None:
-                    self.error(f"{path}.phase", message)
+            elif (
+                known
+                and phase is not None
+                and pp == 1
+                and item["group"] == "pp"
+                and pair[0] == pair[1]
+            ):
+                # a send to the next or previous stage, where the only stage has neither
+                self.error(f"{path}.phase", no_stage_to_send_to(item.get("name"), phase, pp))
 
     def broken_transition(
         self, item: Any, path: str, names: Mapping[str, int], keys: frozenset[str]

@@ -1,13 +1,13 @@
 """The rules of hand-written transitions that need no derived step, checked as the plan
 resolves so that their problems come with the rest of the file's (every problem at once):
 the phases a plan of each mode has, each tensor's chain (DESIGN.md rule 7), and what a
-plan without a pipeline lacks (`pipeline_phase`, `pipeline_send`). Where else a named phase
+plan without a pipeline lacks (`pipeline_phase`, `no_stage_to_send_to`). Where else a named phase
 is in the step (a send from the stage at the model's end) is checked when it is derived."""
 
 from __future__ import annotations
 
 from budget.errors import Problem
-from budget.phases import PHASE_ORDER
+from budget.phases import PHASE_ORDER, pass_within
 from budget.placement import IllegalTransition, Op, Placement, collective_for
 from budget.plan.model import Mode, Transition
 
@@ -138,14 +138,14 @@ def pipeline_phase(mode: Mode, phase: str) -> str | None:
     return unknown_phase(mode, phase, names) + " (pp 1: no stage sends)"
 
 
-def pipeline_send(name: object, phase: str, kept: bool) -> str | None:
-    """Why a placement `kept` on pp (a send to the next or previous stage) is nowhere in a
-    plan without a pipeline, whose only stage has no neighbour, or None (a placement that
-    changes on pp is no send)."""
-    if not kept:
-        return None
-    way = "previous" if phase.split(".")[0] == "backward" else "next"
+def no_stage_to_send_to(name: object, phase: str, pp: int) -> str:
+    """Why a placement kept on pp (a send to the next stage, or in the backward to the
+    previous one) in `phase` is nowhere: the phase runs only on the stage at the model's end,
+    which has no such neighbour, or with pp 1 on the only stage (said as the plan resolves;
+    with a pipeline, where the derived step puts the phase)."""
+    way, side = ("previous", "first") if pass_within(phase) == "backward" else ("next", "last")
+    where = "the only stage" if pp == 1 else f"the {side} stage"
     return (
         f"{name!r} keeps its placement on pp, a send to the {way} stage, but {phase} runs "
-        f"only on the only stage, which has no {way} stage to send to"
+        f"only on {where}, which has no {way} stage to send to"
     )

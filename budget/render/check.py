@@ -46,7 +46,7 @@ def _figures(verdict: Verdict, limits: Limits) -> str:
     )
     time_s, share = report.step["time_s"], report.step.get("exposed_share")
     if time_s is not None:
-        text += f"; {time_word(report)} {limits.shown_step(time_s)}"
+        text += f"; {time_word(report.mode)} {limits.shown_step(time_s)}"
     if share is not None:
         text += f", {limits.shown_exposed(share)} exposed communication"
     ttft, tpot = report.step.get("ttft_s"), report.step.get("decode_token_s")
@@ -107,7 +107,7 @@ def check_markdown(result: CheckResult) -> str:
     serving = any(_serving(v) for v in result.verdicts)
     extra = " TTFT | TPOT |" if serving else ""
     # a training plan's time is its step, a serving plan's its whole run (`time_word`)
-    words = dict.fromkeys(time_word(v.report) for v in result.verdicts if v.report is not None)
+    words = dict.fromkeys(time_word(v.report.mode) for v in result.verdicts if v.report)
     time = " or ".join(words) or "step"
     lines += [
         f"| plan | result | worst stage | peak | capacity | headroom | {time} | exposed comm |"

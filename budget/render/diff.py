@@ -16,7 +16,7 @@ from budget.errors import one_line
 from budget.render import NBSP, print_wrapped
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
-from budget.report import run_scope
+from budget.report import run_scope, time_word
 from budget.units import (
     format_bytes,
     format_duration,
@@ -171,7 +171,7 @@ def _label(metric: str, summary: bool = False) -> str:
 
 def _time_title(diff: PlanDiff) -> str:
     """What the summary's times are of: a training "Step", or two serving plans' "Run"."""
-    return "Step" if "train" in diff.modes else "Run"
+    return time_word("train" if "train" in diff.modes else "serving").capitalize()
 
 
 def _summary_label(diff: PlanDiff, metric: str) -> str:
@@ -181,7 +181,7 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     if metric == "mfu" and fa != fb:
         return f"MFU ({fa} → {fb} peak)"
     if metric == "time_s" and "train" not in diff.modes:  # two serving plans' whole runs
-        return "run time"
+        return f"{time_word('serving')} time"
     return _label(metric, summary=True)
 
 

@@ -129,11 +129,9 @@ def _ffn(model: dict[str, Any]) -> str:
     skew = e.get("imbalance", 1.0)
     busiest = f", busiest ep rank {skew:g}× the even share" if skew > 1 else ""
     capacity = e.get("capacity_factor")
-    # a whole factor with its thousands grouped, as the header's other counts (not 1e+06)
-    factor = f"{int(capacity):,}" if capacity is not None and capacity == int(capacity) else ""
+    # grouped by thousands, as the header's other counts (not 1e+06)
     capped = (
-        f", capacity factor {factor or f'{capacity:g}'}"
-        f"{' padded' if e.get('pad_to_capacity') else ''}"
+        f", capacity factor {capacity:,.15g}{' padded' if e.get('pad_to_capacity') else ''}"
         if capacity is not None
         else ""
     )
