@@ -79,8 +79,12 @@ class Limits:
             return f"{share:.1%}"
         return _finer(share, self.max_exposed_share)
 
-    def describe(self) -> list[str]:
-        """The limits in words, for renderers: ["headroom ≥ 5% of capacity", ...]."""
+    def describe(self, modes: Iterable[str] = ("train",)) -> list[str]:
+        """The limits in words, for renderers: ["headroom ≥ 5% of capacity", ...]. `modes`
+        are the checked plans' modes, which say what their time is of: a training "step", a
+        serving plan's "run", or "step or run" for both (a check of a decode plan had read
+        "step time ≤ 10 s" over a verdict that said "the run takes 11.6 s")."""
+        time = " or ".join(sorted({time_word(mode) for mode in modes}, reverse=True)) or "step"
         out = ["every stage fits in device memory"]
         if self.headroom_bytes is not None:
             # in the unit that says it (an audit: 1 MiB read "0.00 GiB (1,048,576 B)")
@@ -88,9 +92,9 @@ class Limits:
         elif self.headroom_share is not None:
             out.append(f"headroom ≥ {_percent(self.headroom_share)} of capacity on every stage")
         if self.max_exposed_share is not None:
-            out.append(f"exposed communication ≤ {_percent(self.max_exposed_share)} of the step")
+            out.append(f"exposed communication ≤ {_percent(self.max_exposed_share)} of the {time}")
         if self.max_step_s is not None:
-            out.append(f"step time ≤ {_exact(self.max_step_s)}")
+            out.append(f"{time} time ≤ {_exact(self.max_step_s)}")
         if self.max_ttft_s is not None:
             out.append(f"time to first token ≤ {_exact(self.max_ttft_s)}")
         if self.max_tpot_s is not None:
@@ -178,6 +182,10 @@ class CheckResult:
     @property
     def problems(self) -> list[Problem]:
         return [p for v in self.verdicts for p in v.problems]
+
+    def describe_limits(self) -> list[str]:
+        """The limits in words, their time named as the checked plans' is."""
+        return self.limits.describe(v.report.mode for v in self.verdicts if v.report is not None)
 
 
 def _exact(seconds: float) -> str:

@@ -517,6 +517,14 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     _, out, _ = _check(GPT3, "--format", "markdown")
     assert "TTFT" not in out  # training plans alone keep the narrower table
     assert "| step | exposed comm |" in out
+    # the limits line names the time as the verdicts above it do (it read "step time ≤"
+    # over a decode plan's "the run takes")
+    for plans, time in (((DECODE,), "run"), ((GPT3, DECODE), "step or run"), ((GPT3,), "step")):
+        _, out, _ = _check(*plans, "--max-step", "1s", "--max-exposed", "1%")
+        said = " ".join(out.split())
+        assert f"exposed communication ≤ 1% of the {time}; {time} time ≤ 1 s" in said
+        _, out, _ = _check(*plans, "--max-step", "1s", "--format", "markdown")
+        assert f"; {time} time ≤ 1 s." in out
 
 
 def test_a_latency_limit_follows_the_mode_before_the_timing(tmp_path: Path) -> None:

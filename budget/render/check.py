@@ -95,7 +95,7 @@ def _table(console: Console, result: CheckResult) -> None:
             console.print(Padding(line, (0, 0, 0, 5)))
         for note in verdict.notes:
             console.print(Padding(Text(f"– {note}", style="dim"), (0, 0, 0, 5)))
-    console.print(Text("limits: " + "; ".join(result.limits.describe()), style="dim"))
+    console.print(Text("limits: " + "; ".join(result.describe_limits()), style="dim"))
     console.print(_tally(result), markup=False, highlight=False)
 
 
@@ -138,7 +138,7 @@ def check_markdown(result: CheckResult) -> str:
             cells.append("–" if ttft is None else result.limits.shown_ttft(ttft))
             cells.append("–" if tpot is None else result.limits.shown_tpot(tpot))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Limits: " + "; ".join(result.limits.describe()) + ".", ""]
+    lines += ["", "Limits: " + "; ".join(result.describe_limits()) + ".", ""]
     for v in result.verdicts:
         if v.reasons:
             lines += [f"### ❌ {code(v.file)}", ""]
