@@ -286,7 +286,7 @@ def _headroom(text: str) -> tuple[float | None, int | None]:
     if unit_left_out(text):  # "--headroom 5": 5 bytes, a gate that checks nothing
         raise ValueError(
             f"--headroom {text!r}: write {text.strip()}% or a size with its "
-            f"unit, such as {text.strip()}GiB (a bare number is bytes)"
+            f"unit, such as {text.strip()}GiB (read as bytes, a bare number would gate nothing)"
         )
     try:
         return None, parse_bytes(text)

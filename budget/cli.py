@@ -290,7 +290,7 @@ def validate_command(
     fmt: FormatOption = Format.table,
 ) -> None:
     """Check plans against the schema and the semantic rules only: each valid plan's
-    name and ok on stdout, every problem of the others on stderr (exit 2 if there is one);
+    file and "ok" on stdout, every problem of the others on stderr (exit 2 if there is one);
     json and markdown list every plan with its problems on stdout as well."""
     from budget.plan.load import load_plan, plan_name
     from budget.render.check import render_validate
@@ -458,7 +458,8 @@ def validate_model_command(
         ),
     ] = None,
 ) -> None:
-    """Predicted against published training runs: error of each, mean and maximum."""
+    """Predicted against published measurements of training step times, peak memory and
+    serving latency: each run's error, each table's mean and maximum."""
     from budget.accuracy import validate_model
     from budget.render.accuracy import render_accuracy
 

@@ -126,6 +126,52 @@ def test_an_all_to_alls_algorithm_bandwidth_says_it_is_of_one_ranks_buffer() -> 
     assert "(S / P over T: one rank's buffer, as nccl-tests counts an all-to-all)" in out
 
 
+@pytest.mark.parametrize(
+    ("op", "algorithm", "sent", "received"),
+    [
+        (
+            "send-recv",
+            "auto",
+            "1 GiB (1,073,741,824 B) (the sender; the receiver sends none)",
+            "1 GiB (1,073,741,824 B) (the receiver)",
+        ),
+        # a chain: the root and every rank but the last forward S once (nccl-tests' one
+        # copy a rank); a binomial tree's root sends it once for each of log2(8) = 3 levels
+        (
+            "broadcast",
+            "ring",
+            "1 GiB (1,073,741,824 B) (the busiest rank; the chain's last rank sends none)",
+            "1 GiB (1,073,741,824 B) (each rank but the root, which receives none)",
+        ),
+        (
+            "broadcast",
+            "tree",
+            "3 GiB (3,221,225,472 B) (the busiest rank; the tree's leaves send none)",
+            "1 GiB (1,073,741,824 B) (each rank but the root, which receives none)",
+        ),
+        (
+            "all-gather",
+            "ring",
+            "896 MiB (939,524,096 B) received",
+            "896 MiB (939,524,096 B) sent by",
+        ),
+    ],
+)
+def test_a_one_way_collectives_bytes_say_which_ranks_they_are_of(
+    op: str, algorithm: str, sent: str, received: str
+) -> None:
+    """A user audit read send-recv's "sent per rank 1 GiB" and "received per rank 1 GiB" as
+    every rank's, where the receiver sends nothing; a broadcast's root receives nothing.
+    An all-gather's every rank sends and receives (P − 1)/P · S = 7/8 GiB, unqualified."""
+    ranks = "2" if op == "send-recv" else "8"
+    args = ["collective", op, "--ranks", ranks, "--size", "1GiB", "--algorithm", algorithm]
+    out = runner.invoke(app, route([*args, "--bandwidth", "450GB/s", "--latency", "1us"]))
+    assert out.exit_code == 0, out.stdout
+    text = " ".join(out.stdout.split())
+    assert f"sent per rank {sent}" in text
+    assert f"received per rank {received}" in text
+
+
 def test_acceptance_2_seed_example() -> None:
     # 4 phases × 5 µs + 100 MB / 50 GB/s = 20 µs + 2 ms = 2.02 ms.
     data = _json(

@@ -4,6 +4,7 @@ the terminal."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,36 @@ def test_fill_bar_per_stage(plan: Path, width: int, cells: int) -> None:
     for stage, line in zip(report.stages, rows, strict=True):
         gauge = line.split()[-1]
         assert len(gauge) == cells
-        full = min(cells, round(stage.peak_bytes / stage.capacity_bytes * cells))
+        assert stage.peak_bytes <= stage.capacity_bytes  # every shipped plan fits
+        full = stage.peak_bytes * cells // stage.capacity_bytes  # whole cells, rounded down
         assert gauge == "█" * full + "·" * (cells - full)
     assert all(len(line.rstrip()) <= width for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("peak_gib", "gauge"),
+    [
+        (0.0, "·····"),
+        (15.9, "·····"),  # under a fifth of 80 GiB
+        (16.0, "█····"),
+        (79.9, "████·"),  # nearly full is not full: a cell is a whole fifth
+        (80.0, "█████"),  # at capacity, and it fits
+        (80.5, "█████!"),  # over capacity, said without colour
+        (200.0, "█████!"),
+    ],
+)
+def test_a_full_bar_is_a_stage_at_its_memory_and_one_over_says_so(
+    peak_gib: float, gauge: str
+) -> None:
+    """An audit: rounded to the nearest cell, a stage 2.25 GiB over its memory and a stage
+    with 7.86 GiB free drew the same full bar, told apart only by colour."""
+    from budget.render.table import _bar
+    from budget.report import StageRow
+
+    row = next(iter(budget_plan(GPT3).stages))
+    row = replace(row, peak_bytes=round(peak_gib * 2**30), capacity_bytes=80 * 2**30)
+    assert isinstance(row, StageRow)
+    assert _bar(row, 5).plain == gauge
 
 
 def test_the_default_report_shows_the_bar_at_80_columns() -> None:
@@ -475,9 +503,17 @@ def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() ->
     gpt3 = budget_plan(GPT3)
     assert (gpt3.step["pacing_stage"], gpt3.step["after_stage"]) == (7, 0)
     assert pacing_note(gpt3) == (
-        "pacing stage 7: its micro-batches' phases, then the gradient reduction and "
-        "optimizer of stage 0, whose take longest"
+        "pacing stage 7: the step's totals, from that stage's micro-batches, then the "
+        "gradient reduction and optimizer of stage 0, whose take longest; each row above is "
+        "its phase on the stage where it costs most, so the rows need not add up to them"
     )
+    # where one stage paces the whole step the rows still come from several (an audit
+    # summed Llama 3 70B's exposed column, 2.01 s against its last row's 1.97 s)
+    llama = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
+    assert llama.step["pacing_stage"] == llama.step["after_stage"] == 3
+    rows = sum(p.exposed_s or 0.0 for p in llama.phases)
+    assert rows > llama.step["exposed_comm_s"] * 1.01
+    assert pacing_note(llama).startswith("pacing stage 3: the step's totals, from that stage's ")
     assert slowdown_note(gpt3) == ""  # nothing hides behind the micro-batches
     long = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
     grads = next(p for p in long.phases if p.name == "dp.grads")

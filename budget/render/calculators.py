@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
-from budget.collectives import TREE_SHARE
+from budget.collectives import TREE_SHARE, CollectiveCost
 from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
 
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("size S", f"{_bytes(int(cost.size_bytes))}, the full logical tensor"),
         ("link", _links(result)),
         ("steps n", f"{int(cost.steps):,}"),
-        ("sent per rank", _bytes(int(cost.sent_bytes))),
-        ("received per rank", _bytes(int(cost.recv_bytes))),
+        ("sent per rank", _bytes(int(cost.sent_bytes)) + _who(cost, sent=True)),
+        ("received per rank", _bytes(int(cost.recv_bytes)) + _who(cost, sent=False)),
         (  # DESIGN.md rule 4: summed over ranks, said so, and never over one link's rate
             "sent by all ranks",
             f"{_bytes(int(cost.aggregate_sent_bytes))}  (aggregate over the {int(cost.ranks):,} "
@@ -123,6 +123,23 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ]
         sections.append(("auto: candidates", ("algorithm", "time", ""), rows))
     _sections(console, sections, fmt)
+
+
+def _who(cost: CollectiveCost, sent: bool) -> str:
+    """Which ranks a one-way collective's per-rank bytes are of: a send-recv's sender sends
+    and its receiver receives, a broadcast's root receives nothing and its last ranks send
+    nothing (a user audit read "sent per rank 1 GiB" as every rank's, where the receiver
+    sends none); "" for the collectives every rank sends and receives in."""
+    if cost.op == "send-recv":
+        return "  (the sender; the receiver sends none)" if sent else "  (the receiver)"
+    if cost.op != "broadcast" or not int(cost.sent_bytes):
+        return ""
+    if not sent:
+        return "  (each rank but the root, which receives none)"
+    idle = {"ring": "the chain's last rank sends", "tree": "the tree's leaves send"}.get(
+        cost.algorithm, "the last ranks of each chain or tree send"
+    )
+    return f"  (the busiest rank; {idle} none)"
 
 
 def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:

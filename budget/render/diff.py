@@ -178,8 +178,15 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     """A step figure's label; MFU's names each side's peak where they differ, "MFU (bf16 →
     fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart)."""
     fa, fb = diff.mfu_formats
+    # two decode plans' rate and MFU are of their decode passes, as their reports say, not
+    # of the whole run the time beside them is (a user audit)
+    decoding = diff.modes == ("decode", "decode")
     if metric == "mfu" and fa != fb:
-        return f"MFU ({fa} → {fb} peak)"
+        return f"{'decode ' if decoding else ''}MFU ({fa} → {fb} peak)"
+    if decoding and metric in ("tokens_per_s", "mfu"):
+        return {"tokens_per_s": "tokens/s decoding", "mfu": "decode MFU"}[metric]
+    if diff.modes == ("prefill", "prefill") and metric == "tokens_per_s":
+        return "prompt tokens/s"
     if metric == "time_s" and "train" not in diff.modes:  # two serving plans' whole runs
         return f"{time_word('serving')} time"
     return _label(metric, summary=True)
