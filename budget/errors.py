@@ -25,8 +25,13 @@ MAX_SHOWN = 200  # problems printed; a last line counts the rest
 
 # What ends a line for a reader of stderr (Python's str.splitlines, which a CI log parser may
 # use, splits at all of them): a message quoting the input shows them escaped, so that every
-# line stays one problem that begins with its file.
-_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+# line stays one problem that begins with its file. So are the other control characters a
+# terminal acts on (ESC starts a sequence that can clear the screen or retitle the window,
+# BEL rings, BS overwrites: an audit's plan key and file name sent them raw) and the
+# bidirectional overrides and isolates, which reorder the text shown after them; a tab stays.
+_CONTROLS = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) != "\t"]
+_BIDI = [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in [*_CONTROLS, "\u2028", "\u2029", *_BIDI]})
 
 
 class UsageErrors(ValueError):
@@ -41,7 +46,8 @@ class UsageErrors(ValueError):
 
 
 def one_line(text: str) -> str:
-    """`text` with the characters a reader splits lines at shown escaped (`_LINE_BREAKS`)."""
+    """`text` with the characters a reader splits lines at, and those a terminal acts on,
+    shown escaped (`_LINE_BREAKS`)."""
     return text.translate(_LINE_BREAKS)
 
 

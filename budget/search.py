@@ -270,11 +270,23 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
     are yielded as they are made, so a sweep never holds all its configurations at once.
     """
-    m, b = plan.model, plan.batch
     unsafe = np.asarray(
         unsafe_micros(plan, sweep_micros(plan, space), largest_ep(plan, gpus, space)),
         dtype=np.int64,
     )
+    for tp, pp, cps, rest in _degrees(plan, gpus, space, counts):
+        grid = _grid(plan, space, counts, tp, pp, cps, rest, unsafe)
+        block = _spread(plan, gpus, counts, grid)
+        if len(block):
+            yield block
+
+
+def _degrees(
+    plan: Plan, gpus: int, space: Space, counts: _Counts
+) -> Iterator[tuple[int, int, list[int], int]]:
+    """Each (tp, pp) of `blocks` that divides, with the cps that do and the GPUs tp x pp
+    leaves (dp x cp); the degrees ruled out whole are counted."""
+    m, b = plan.model, plan.batch
     for tp in space.tp or divisors(gpus):
         if gpus % tp:
             counts.rule_out("does not divide: tp into the GPUs", f"tp {tp}")
@@ -302,10 +314,54 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
                 else:
                     cps.append(cp)
             if cps:
-                grid = _grid(plan, space, counts, tp, pp, cps, rest, unsafe)
-                block = _spread(plan, gpus, counts, grid)
-                if len(block):
-                    yield block
+                yield tp, pp, cps, rest
+
+
+# The layouts a sweep may consider before its rules reject any (`grid_size`): the search's
+# largest default sweeps consider 2.5 million (DeepSeek-MoE 16B on 65,536 GPUs), and GPT-3
+# on 1,024 GPUs with --micro 1..1024 18.5 million, made in 6.2 s; past this a sweep would
+# take minutes (an audit: --micro 1..1024 --virtual-stages 1..1024, 503 million, took 77 s
+# and 10 GB; five ranges of 1,024 values were killed for memory at 24 GB)
+MAX_GRID = 2**25
+GRID_PIECE = 2**18  # grid points made at once: a few tens of MiB however large the grid
+
+
+def grid_size(plan: Plan, gpus: int, space: Space) -> int:
+    """How many layouts the sweep of `space` considers, valid or not: the grids' points
+    over every (tp, pp) that divides (`_axes`), the count `MAX_GRID` bounds."""
+    return sum(
+        math.prod(len(axis) for axis in _axes(plan, space, tp, cps, rest)[0])
+        for tp, _, cps, rest in _degrees(plan, gpus, space, _Counts())
+    )
+
+
+def _axes(
+    plan: Plan, space: Space, tp: int, cps: list[int], dp_cp: int
+) -> tuple[list[np.ndarray], list[int], dict[int, tuple[int, ...] | list[int]]]:
+    """The axes of one (tp, pp)'s grid (`_grid`): indices into `cps`, ep, virtual stages,
+    sequence parallelism, ZeRO, indices into the recompute modes and into the micro-batch
+    sizes; with those sizes, and each cp's own."""
+    b, experts = plan.batch, plan.model.experts
+    etp = plan.parallel.etp or tp  # tp is this block's, not the plan's
+    stage = tp * dp_cp
+    fold = stage // etp if stage % etp == 0 else 1
+    eps = space.ep or ([e for e in divisors(fold) if experts.count % e == 0] if experts else [1])
+    own_micros = {
+        cp: space.micro
+        or divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
+        for cp in cps
+    }
+    micros = sorted(set().union(*own_micros.values()))
+    axes = [
+        np.arange(len(cps)),
+        np.asarray(eps),
+        np.asarray(space.virtual_stages),
+        np.asarray(space.sequence_parallel, dtype=bool),
+        np.asarray(space.zero),
+        np.arange(len(space.recompute)),
+        np.arange(len(micros)),
+    ]
+    return axes, micros, own_micros
 
 
 @lru_cache(maxsize=4096)
@@ -354,30 +410,49 @@ def _grid(
     tp x dp x cp, Megatron-Core's parallel folding); the micro-batch sizes
     that divide the batch of one replica are not, and each cp keeps only its own (as if
     its grid were made alone: those left out are not candidates, not rejected ones)."""
+    axes, micros, own_micros = _axes(plan, space, tp, cps, dp_cp)
+    shape = tuple(len(axis) for axis in axes)
+    own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
+    size = math.prod(shape)
+    # the grid's points in meshgrid's order, `GRID_PIECE` at a time: made whole, its arrays
+    # took ~100 bytes a point (an audit's five ranges of 1,024 values: 24 GB)
+    starts = range(0, size, GRID_PIECE) if size else range(1)
+    return _join(
+        [
+            _grid_piece(
+                plan,
+                space,
+                counts,
+                (tp, pp, dp_cp),
+                cps,
+                unsafe,
+                (axes, micros, own),
+                np.unravel_index(np.arange(start, min(size, start + GRID_PIECE)), shape),
+            )
+            for start in starts
+        ]
+    )
+
+
+def _grid_piece(
+    plan: Plan,
+    space: Space,
+    counts: _Counts,
+    degrees: tuple[int, int, int],
+    cps: list[int],
+    unsafe: np.ndarray,
+    grid: tuple[list[np.ndarray], list[int], np.ndarray],
+    points: tuple[np.ndarray, ...],
+) -> Columns:
+    """The layouts of `_grid` at `points` (an index into each of its axes), less those the
+    rules reject (counted). `degrees` are (tp, pp, dp x cp), `grid` the axes, micro-batch
+    sizes and which of them each cp keeps (`_grid`)."""
+    (tp, pp, dp_cp), (axes, micros, own) = degrees, grid
     m, b = plan.model, plan.batch
     experts = m.experts
-    etp = plan.parallel.etp or tp  # tp is this block's, not the plan's
-    stage = tp * dp_cp
-    fold = stage // etp if stage % etp == 0 else 1
-    eps = space.ep or ([e for e in divisors(fold) if experts.count % e == 0] if experts else [1])
-    own_micros = {
-        cp: space.micro
-        or divisors(b.global_batch // (dp_cp // cp) if b.global_batch % (dp_cp // cp) == 0 else 1)
-        for cp in cps
-    }
-    micros = sorted(set().union(*own_micros.values()))
-    axes = [
-        np.arange(len(cps)),
-        np.asarray(eps),
-        np.asarray(space.virtual_stages),
-        np.asarray(space.sequence_parallel, dtype=bool),
-        np.asarray(space.zero),
-        np.arange(len(space.recompute)),
-        np.arange(len(micros)),
-    ]
-    ci, ep, v, sp, zero, rc, mi = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
-    if len(cps) > 1 and not space.micro:
-        own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
+    etp = plan.parallel.etp or tp
+    ci, ep, v, sp, zero, rc, mi = (axis[i] for axis, i in zip(axes, points, strict=True))
+    if len(cps) > 1 and not space.micro:  # each cp keeps only its own micro-batch sizes
         keep = np.flatnonzero(own[ci, mi])
         ci, ep, v, sp, zero, rc, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, mi))
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]

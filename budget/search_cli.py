@@ -218,6 +218,10 @@ def run_search(
     if refused:
         print(usage_line(refused), file=sys.stderr)
         return 2
+    too_many = _too_many(options, sweep, plan, n)
+    if too_many:
+        print(usage_line(too_many), file=sys.stderr)
+        return 2
     too_large = magnitude(plan, n, sweep)
     if too_large:  # the option's values where given (an audit: --micro 1000000 was blamed
         # on the plan's own `micro: 4`)
@@ -268,6 +272,32 @@ def run_search(
             note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr
         )
     return 0 if outcome.best is not None else 1
+
+
+def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: int) -> str:
+    """Why the sweep would consider more layouts than `MAX_GRID` (each option is capped at
+    1,024 values, but not their product: an audit's five ranges of 1,024 values were killed
+    for memory at 24 GB), naming the options given with the most values; "" otherwise."""
+    from budget.search import MAX_GRID, grid_size
+
+    size = grid_size(plan, gpus, sweep)
+    if size <= MAX_GRID:
+        return ""
+    counts = {  # the options given, by how many values each sweeps
+        f"--{name.replace('_', '-')} {options[name]}": len(set(getattr(sweep, name) or ()))
+        for name in ("tp", "pp", "cp", "ep", "micro", "virtual_stages")
+        if options.get(name) is not None
+    }
+    widest = sorted(counts, key=lambda option: -counts[option])[:3]
+    narrow = (
+        "narrow " + ", ".join(f"{option} ({counts[option]:,} values)" for option in widest)
+        if widest
+        else "narrow the sweep with --tp, --pp, --micro or --virtual-stages"
+    )
+    return (
+        f"the search would consider {size:,} layouts on {gpus:,} GPUs before its rules "
+        f"reject any, past the {MAX_GRID:,} it sweeps at most; {narrow}"
+    )
 
 
 def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: int) -> str:

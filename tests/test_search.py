@@ -2275,3 +2275,49 @@ def test_degree_ranges_are_checked_without_enumerating_their_product() -> None:
     assert _refused_values(options, odd, load_plan(GPT3), 1024).startswith(
         "--tp 3 --pp 5,7 --cp 1,2: no combination's tp x pp x cp divides the 1,024 GPUs"
     )
+
+
+def test_a_grid_made_in_pieces_is_the_grid_made_whole(monkeypatch):
+    """Each (tp, pp)'s grid is made `GRID_PIECE` points at a time (made whole, five ranges
+    of 1,024 values took 24 GB and were killed: an audit). Pieces of 7 points give the same
+    layouts in the same order, and the same rejections by reason, as one piece; Mixtral's
+    blocks keep each cp's own micro-batch sizes, piece by piece."""
+    import budget.search as engine
+
+    gpt13 = ROOT / "plans" / "gpt-1.3b.yaml"
+    cases = [
+        (ROOT / "plans" / "mixtral-8x7b.yaml", 64, Space()),
+        (gpt13, 64, Space(micro=(1, 2, 3, 4, 5, 6, 7, 8))),
+    ]
+    for path, gpus, space in cases:
+        plan = load_plan(path)
+        made = []
+        for piece in (10**9, 7):
+            monkeypatch.setattr(engine, "GRID_PIECE", piece)
+            counts = engine._Counts()
+            columns = engine.candidates(plan, gpus, space, counts)
+            made.append(({k: v.tolist() for k, v in columns.values.items()}, counts.rejected))
+        assert made[0] == made[1] and len(made[0][0]["tp"]) > 1000
+        if space.micro:  # every point considered is a layout or a rejected one
+            considered = engine.grid_size(plan, gpus, space)
+            assert considered == len(made[1][0]["tp"]) + sum(made[1][1].values())
+
+
+def test_a_sweep_too_large_to_make_is_refused_at_once():
+    """Each range is capped at 1,024 values but their product was not (an audit: 77 s and
+    10 GB for this one). GPT 1.3B on 8 GPUs: tp x pp x cp over the powers of two whose
+    product divides 8 is C(3 + 3, 3) = 20 degrees (ep 1), each a grid of 1,024 micro-batch
+    sizes x 1,024 virtual stages x 2 (sequence parallelism) x 4 (ZeRO) x 3 (recompute):
+    20 x 1,024 x 1,024 x 24 = 503,316,480 layouts to consider, past MAX_GRID."""
+    from budget.search import MAX_GRID
+
+    assert 20 * 1024 * 1024 * 24 == 503_316_480 > MAX_GRID
+    plan = ROOT / "plans" / "gpt-1.3b.yaml"
+    args = ["search", str(plan), "--micro", "1..1024", "--virtual-stages", "1..1024"]
+    result = CliRunner().invoke(app, route(args))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        "budget: error: the search would consider 503,316,480 layouts on 8 GPUs before its "
+        f"rules reject any, past the {MAX_GRID:,} it sweeps at most; narrow --micro 1..1024 "
+        "(1,024 values), --virtual-stages 1..1024 (1,024 values)\n"
+    )

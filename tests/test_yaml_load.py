@@ -20,6 +20,7 @@ from budget.plan.yaml_load import (
     load_yaml,
 )
 from tests.guards import refused_in_time
+from tests.plan_files import ROOT
 
 
 def _not_a_12_float(text: str) -> bool:
@@ -608,3 +609,38 @@ def test_a_second_document_does_not_hide_the_first_ones_problems(tmp_path) -> No
     plan.write_text(text + "---\nname: y\n", encoding="utf-8")
     err = CliRunner().invoke(app, route([str(plan)])).stderr
     assert "error: $.parallel: tp × cp × pp × dp = 3 × 1 × 8 × 16 = 384" in err
+
+
+def test_a_terminals_control_characters_reach_it_escaped(tmp_path) -> None:
+    """A key holding ESC ] 0 ; TITLE BEL ESC [ 2 J was echoed raw in its problem's $ path
+    (its message escaped it), retitling the window and clearing the screen of whoever ran
+    `budget validate`; so was a file name holding one, in `validate`'s "ok" line and its
+    markdown. A plan name with a right-to-left override, which reorders what follows it,
+    is refused as the control characters are."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    runner = CliRunner()
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text('name: x\n"a\\x1b]0;TITLE\\x07\\x1b[2J": {}\n', encoding="utf-8")
+    result = runner.invoke(app, route(["validate", str(keyed)]))
+    shown = "a\\x1b]0;TITLE\\x07\\x1b[2J"
+    said = f"{keyed}:2:1: error: $['{shown}']: unknown key '{shown}'"
+    assert result.exit_code == 2 and said in result.stderr
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+    plan = tmp_path / "f\x1b[2J\u202e.yaml"
+    plan.write_bytes((ROOT / "plans" / "gpt-1.3b.yaml").read_bytes())
+    out = runner.invoke(app, route(["validate", str(plan)])).stdout
+    assert out == f"{tmp_path}/f\\x1b[2J\\u202e.yaml: ok\n"
+    out = runner.invoke(app, route(["validate", str(plan), "-f", "markdown"])).stdout
+    assert "`" + f"{tmp_path}/f\\x1b[2J\\u202e.yaml" + "`" in out and "\x1b" not in out
+    named = tmp_path / "named.yaml"
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    named.write_text(re.sub(r"(?m)^name: .*$", 'name: "abc\\\\u202edef"', text), encoding="utf-8")
+    result = runner.invoke(app, route([str(named)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.endswith(
+        "$.name: 'abc\\u202edef' is not a name of printable characters (no tabs, line breaks, "
+        "control characters or bidirectional overrides)\n"
+    )

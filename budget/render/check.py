@@ -179,4 +179,4 @@ def render_validate(console: Console, outcomes: list[tuple[str, list[Problem]]],
     else:
         for file, found in outcomes:
             if not found:
-                console.file.write(f"{file}: ok\n")
+                console.file.write(f"{one_line(file)}: ok\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from budget.errors import one_line
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -28,7 +29,7 @@ def code(text: str, cell: bool = False) -> str:
     """`text` as inline code whatever it holds (CommonMark: a run of backticks longer than
     any inside it, padded where it starts or ends with one); in a table cell its pipes are
     escaped, which GitHub's tables require even inside code."""
-    text = " ".join(text.splitlines())
+    text = one_line(" ".join(text.splitlines()))  # and a terminal's controls escaped
     if cell:
         text = text.replace("|", "\\|")
     ticks = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
@@ -39,7 +40,7 @@ def code(text: str, cell: bool = False) -> str:
 def plain(text: str) -> str:
     """`text` in a heading or a sentence, its markdown and HTML punctuation escaped (a plan
     name is whatever its author typed, and a CI summary renders it)."""
-    return re.sub(r"([\\`*_\[\]<>|~&])", r"\\\1", " ".join(text.splitlines()))
+    return re.sub(r"([\\`*_\[\]<>|~&])", r"\\\1", one_line(" ".join(text.splitlines())))
 
 
 def fence(lines: list[str]) -> list[str]:
