@@ -231,6 +231,8 @@ def test_layer_kinds_without_layer_types_are_the_config_class_defaults(
 ) -> None:
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
     config.update(model_type=model_type, num_hidden_layers=layers)
+    if not model_type.startswith("gemma"):  # Gemma's own keys, which the others refuse
+        del config["hidden_activation"], config["final_logit_softcapping"]
     window = _window(config)
     assert isinstance(window, dict) and window["size"] == 4096
     flags = window["layers"]
@@ -268,8 +270,11 @@ def test_a_long_sequence_reads_with_its_window_and_cp_is_refused_beside_it(
 
 
 def test_a_value_head_dimension_without_latent_attention_is_the_head_dimension() -> None:
+    """In a file written by hand (no model_type); LlamaAttention reads no v_head_dim, so a
+    Llama file with one is refused (`test_keys_another_family_reads_are_refused`)."""
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     config["v_head_dim"] = 96
+    del config["model_type"], config["architectures"]
     assert translate(config).tree["head_dim"] == 96
 
 
@@ -534,7 +539,8 @@ def test_an_output_layer_bias_is_refused() -> None:
         ('{"hidden_size": 8192, "hidden_size": 4096}', "has key 'hidden_size' twice"),
         ('{"hidden_size": 1' + "0" * 5000 + "}", "too large (integers must be below 2**63)"),
         ('{"hidden_size": 8192, "rms_norm_eps": NaN}', "has NaN, not a finite number"),
-        ("[1, 2]", "holds list, not a JSON object"),
+        ("[1, 2]", "holds an array, not a JSON object"),  # in JSON's words: not "list"
+        ("null", "holds null, not a JSON object"),  # not "NoneType" (an audit)
         ('{"hidden_size": 8192', "is not JSON: Expecting"),
     ],
 )
@@ -859,7 +865,12 @@ def test_glm_and_glm4_read_qkv_biases_and_glm4_its_post_norms(model_type: str) -
 def test_a_config_qkv_bias_switch_reads_and_switches_are_checked() -> None:
     config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
     assert "qkv_bias" not in translate(config).tree
-    assert translate({**config, "qkv_bias": True}).tree["qkv_bias"] is True
+    # no class of FAMILIES reads it: a file written by hand may switch it on, a Llama file
+    # not (LlamaAttention ignores it; `test_keys_another_family_reads_are_refused`)
+    by_hand = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    assert translate({**by_hand, "qkv_bias": True}).tree["qkv_bias"] is True
+    with pytest.raises(HfConfigError, match=r'^qkv_bias = true in .*: model_type "llama"'):
+        translate({**config, "qkv_bias": True})
     assert "qkv_bias" not in translate({**config, "qkv_bias": False}).tree
     keys = ("qkv_bias", "use_qk_norm", "attention_bias", "mlp_bias", "tie_word_embeddings")
     for key in (*keys, "lm_head_bias", "bias"):
@@ -1319,7 +1330,7 @@ def test_experts_without_a_top_k_and_no_class_default_are_refused() -> None:
     """DeepseekV2Config defaults num_experts_per_tok to None: no number to route by. Mixtral's
     class default is 2, read when the file leaves it out."""
     deepseek = {**_raw("deepseek-v3"), "model_type": "deepseek_v2"}
-    del deepseek["num_experts_per_tok"]
+    del deepseek["num_experts_per_tok"], deepseek["num_nextn_predict_layers"]  # V3's alone
     with pytest.raises(HfConfigError, match='model_type "deepseek_v2" has no default'):
         translate(deepseek)
     # save_pretrained writes the class's None as null; a null is refused whatever the class
@@ -1539,3 +1550,68 @@ def test_a_task_head_of_a_known_class_reads_as_its_family() -> None:
     assert read == translate(config).tree
     with pytest.raises(HfConfigError, match=r'are mistral\'s: add "model_type": "mistral"'):
         translate({**config, "architectures": ["MistralForTokenClassification"]})
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value", "readers"),
+    [
+        # Mixtral's experts are intermediate_size wide: read as 1,024, Mixtral-8x22B came to
+        # 13.8 billion parameters for 140.6 (an audit)
+        (
+            "mixtral-8x7b",
+            "moe_intermediate_size",
+            1024,
+            "deepseek_v2, deepseek_v3, glm4_moe, kimi_k2, qwen2_moe, qwen3_moe",
+        ),
+        ("mixtral-8x7b", "decoder_sparse_step", 2, "qwen2_moe, qwen3_moe"),
+        ("qwen3-30b-a3b", "shared_expert_intermediate_size", 4096, "qwen2_moe"),
+        ("qwen3-30b-a3b", "n_shared_experts", 1, "deepseek_v2, deepseek_v3, glm4_moe, kimi_k2"),
+        (
+            "qwen1.5-moe-a2.7b",
+            "first_k_dense_replace",
+            3,
+            "deepseek_v2, deepseek_v3, glm4_moe, kimi_k2",
+        ),
+        ("llama3-70b", "kv_lora_rank", 512, "deepseek_v2, deepseek_v3, kimi_k2"),
+        ("llama3-70b", "num_nextn_predict_layers", 1, "deepseek_v3, glm4_moe, kimi_k2"),
+        ("llama3-70b", "bias", True, "internlm2"),
+        ("llama3-70b", "use_qk_norm", True, "glm4_moe"),
+        ("qwen3-8b", "final_logit_softcapping", 30.0, "gemma2, gemma3_text"),
+    ],
+)
+def test_keys_another_family_reads_are_refused(
+    name: str, key: str, value: object, readers: str
+) -> None:
+    """A key only other model classes read was read whatever model_type said, where
+    transformers builds the model without it (an audit, on real files with one key added:
+    Llama read as latent attention, Qwen3-MoE given Qwen2-MoE's shared expert). Set, it is
+    refused, naming the classes that read it; null it changes nothing and is left alone."""
+    config = _raw(name)
+    with pytest.raises(HfConfigError) as refused:
+        translate({**config, key: value})
+    family = config["model_type"]
+    assert (
+        f'{key} = {json.dumps(value)} in config.json: model_type "{family}"\'s class does not '
+        in str(refused.value)
+    )
+    said = "class reads it" if "," not in readers else "classes read it"
+    assert f"(the {readers} {said})" in str(refused.value)
+    assert translate({**config, key: None}).tree == translate(config).tree
+
+
+def test_an_expert_count_is_one_count_and_not_zero() -> None:
+    """Its names are read as one another (transformers 5 maps num_experts to Mixtral's
+    num_local_experts), so two of them must agree: Qwen2-MoE's num_experts 60 beside a
+    stray num_local_experts 8 read as 8 experts. A router over none is refused where the
+    class builds one (Mixtral with num_local_experts 0 read as a dense model), while
+    Qwen-MoE's num_experts 0 is its dense layers, as Qwen2MoeDecoderLayer builds them."""
+    qwen = _raw("qwen1.5-moe-a2.7b")
+    assert qwen["num_experts"] == 60
+    with pytest.raises(HfConfigError, match="sets num_experts = 60 and num_local_experts = 8, "):
+        translate({**qwen, "num_local_experts": 8})
+    assert translate({**qwen, "num_local_experts": 60}).tree == translate(qwen).tree
+    mixtral = _raw("mixtral-8x7b")
+    with pytest.raises(HfConfigError, match=r'^num_local_experts = 0 in .*: model_type "mixtral"'):
+        translate({**mixtral, "num_local_experts": 0})
+    dense = translate({**qwen, "num_experts": 0}).tree
+    assert "experts" not in dense and dense["ffn"] == qwen["intermediate_size"]

@@ -90,7 +90,12 @@ What that reading over-counts, small but named here:
 ``model_type`` names the model class, and so the layers it builds with no key of their
 own: a file whose ``model_type`` is not one of `FAMILIES` (the classes above) is refused
 rather than read as Llama; one without ``model_type`` (written by hand) is read as Llama,
-unless its ``architectures`` name another class (`_architecture_problems`).
+unless its ``architectures`` name another class (`_architecture_problems`). It also names
+the keys the class reads: a key only other classes read (an expert layout's widths and
+periods, latent attention, multi-token prediction, InternLM2's ``bias``, GLM's
+``use_qk_norm``, Gemma's activation and soft-cap, ``qkv_bias``) is refused where it is set,
+as transformers would build the model without it (`_foreign_problems`); the expert count's
+three names are read as one another, so two of them must agree.
 
 A key the file leaves out takes the default of the class its ``model_type`` names
 (`CLASS_DEFAULTS`), as transformers would build the model: ``save_pretrained`` writes a
@@ -272,6 +277,18 @@ _ACTIVATIONS = {
 }
 
 
+# what a JSON value other than an object is called, in JSON's words (an audit: "holds
+# NoneType", "holds list")
+_JSON_KINDS = {
+    type(None): "null",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+}
+
+
 class HfConfigError(Exception):
     """A config.json that cannot be read or holds keys the budget does not understand; one
     sentence per problem (`messages`)."""
@@ -330,7 +347,8 @@ def read_hf_config(path: Path) -> HfModel:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
     found = tuple(f"{shown} has {problem}" for problem in reading.problems)
     if not isinstance(config, dict):
-        raise HfConfigError(*found, f"{shown} holds {type(config).__name__}, not a JSON object")
+        kind = _JSON_KINDS.get(type(config), type(config).__name__)
+        raise HfConfigError(*found, f"{shown} holds {kind}, not a JSON object")
     if not found:  # every message names the file as the reading ones do, quoted
         return translate(config, shown)
     # every problem of the file at once: what the hooks found, then what the keys they left
@@ -541,9 +559,83 @@ def _check(
             f"remove {'it' if one else 'them'}, or else write the model's dimensions out"
         )
     sound = {k: v for k, v in config.items() if k not in refused}
+    if known:
+        problems += _foreign_problems(sound, family, where)
     problems += _integer_problems(sound, where)
     problems += _kind_problems(sound, where)
     return said, problems
+
+
+# Keys only some model classes read, each with those classes: in a file of another family
+# transformers builds the model without them, where reading them changed the budget (an
+# audit: Mixtral-8x22B with moe_intermediate_size read its experts 1,024 wide, 13.8 billion
+# parameters for 140.6; Llama with DeepSeek's latent-attention ranks read as MLA). Expert
+# keys matter only in `_MOE`'s families (the others' are refused whole, `_experts`); a file
+# without model_type, written by hand, may use any (module docstring).
+_DEEPSEEK_LIKE = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
+_QWEN_MOE = frozenset({"qwen2_moe", "qwen3_moe"})
+# (The expert count's three names, and gpt-oss's copy of the top-k, are read as one another,
+# as transformers 5's attribute maps do: they must agree instead, `_count_problems`.)
+_EXPERT_OWNERS: dict[str, frozenset[str]] = {
+    "moe_intermediate_size": _QWEN_MOE | _DEEPSEEK_LIKE | {"glm4_moe"},
+    "shared_expert_intermediate_size": frozenset({"qwen2_moe"}),  # Qwen3-MoE has none
+    "decoder_sparse_step": _QWEN_MOE,
+    "mlp_only_layers": _QWEN_MOE,
+    "n_shared_experts": _DEEPSEEK_LIKE | {"glm4_moe"},
+    "first_k_dense_replace": _DEEPSEEK_LIKE | {"glm4_moe"},
+    "moe_layer_freq": _DEEPSEEK_LIKE,
+}
+_OWNERS: dict[str, frozenset[str]] = {
+    # DeepSeek's multi-head latent attention (``DeepseekV2Attention``, ``DeepseekV3Attention``)
+    **dict.fromkeys(
+        ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+        _DEEPSEEK_LIKE,
+    ),
+    # multi-token prediction modules: DeepSeek-V3's files and GLM-4.5's
+    "num_nextn_predict_layers": frozenset({"deepseek_v3", "kimi_k2", "glm4_moe"}),
+    "bias": frozenset({"internlm2"}),  # InternLM2Attention's wqkv and wo
+    "use_qk_norm": frozenset({"glm4_moe"}),  # Glm4MoeAttention
+    "hidden_activation": frozenset({"gemma", "gemma2", "gemma3_text"}),
+    "final_logit_softcapping": frozenset({"gemma2", "gemma3_text"}),
+    "qkv_bias": frozenset(),  # no class of FAMILIES: a file written by hand
+}
+
+
+def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str) -> list[str]:
+    """The keys of `config` that its family's class does not read but that would change
+    the budget here, being set (not null, 0, false or empty): one problem each
+    (`_OWNERS`)."""
+    if family is None:
+        return []
+    owners = {**_OWNERS, **(_EXPERT_OWNERS if family in _MOE else {})}
+    problems = _count_problems(config, where)
+    for key, families in owners.items():
+        value = config.get(key)
+        if family in families or value in (None, 0, False, [], ""):
+            continue
+        read = (
+            f"the {', '.join(sorted(families))} "
+            + ("classes read it" if len(families) > 1 else "class reads it")
+            if families
+            else "only a file without model_type, written by hand, uses it"
+        )
+        problems.append(
+            f"{key} = {json.dumps(value)} in {where}: model_type {json.dumps(family)}'s "
+            f"class does not read it ({read}), so transformers builds the model without "
+            "it; remove it, or correct model_type"
+        )
+    return problems
+
+
+def _count_problems(config: Mapping[str, Any], where: str) -> list[str]:
+    """The expert count written under two of its names with two values (an audit: Qwen2-57B's
+    num_experts 64 beside a stray num_local_experts 8 read as 8 experts, 14.2 billion
+    parameters for 57.4)."""
+    given = {k: config[k] for k in _ALIASES[0] if config.get(k) is not None}
+    if len(set(map(json.dumps, given.values()))) < 2:
+        return []
+    names = " and ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(given.items()))
+    return [f"{where} sets {names}, names of one count, the routed experts; make them agree"]
 
 
 def _architecture_problems(names: Any, where: str) -> list[str]:
@@ -1256,13 +1348,24 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
 
 
 def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, Any] | None:
+    family = config.get("model_type")
+    zero = next(
+        (k for k in ("num_local_experts", "n_routed_experts") if config.get(k, 1) == 0), None
+    )
+    if zero is not None and family in _MOE:
+        # a router over no experts, which these classes still build (Qwen-MoE's alone
+        # read num_experts 0 as dense layers): an audit read Mixtral-8x22B with
+        # num_local_experts 0 as a dense model of 22.2 billion parameters
+        raise HfConfigError(
+            f"{zero} = 0 in {where}: model_type {json.dumps(family)} routes each MoE "
+            "layer's tokens among its experts, and none is given; give their number"
+        )
     count_key = next(
         (k for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k)),
         None,
     )
     if count_key is None:
         return None
-    family = config.get("model_type")
     if family is not None and family not in _MOE:
         raise HfConfigError(
             f"{where} has expert keys, but model_type {json.dumps(family)} builds no mixture "
