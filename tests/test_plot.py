@@ -3,6 +3,7 @@ matplotlib."""
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 import xml.etree.ElementTree as ET
@@ -145,5 +146,44 @@ def test_the_peak_label_stands_clear_of_the_headroom_label() -> None:
         free = next(box for text, box in texts.items() if text.endswith(" GiB free"))
         arrow = texts[""]  # the headroom's double arrow (an annotation without text)
         assert peak.x1 < arrow.x0 and not peak.overlaps(free)  # was 716 against 714 px
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("reserved", ["4 GiB", "14 GiB"])
+def test_the_capacity_label_stands_clear_of_the_bars_labels(tmp_path: Path, reserved: str) -> None:
+    """Llama 3 405B at 128K with 14 GiB reserved peaks 2.2 GiB over its memory, every layer
+    bar a little over the line: the capacity label, at the axis, hid the first bars' labels
+    (a read of the picture); it now stands where the bars under it end below it, over the
+    gradient reduction's. With 4 GiB reserved (7.9 GiB free) it stays at the axis."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from budget.pipeline import budget_plan
+    from budget.render.plot import _communication, _memory
+    from tests.plan_files import variant
+
+    base = Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml"
+    plan = variant(tmp_path, "p.yaml", ("reserved: 4 GiB", f"reserved: {reserved}"), base=base)
+    report = budget_plan(plan)
+    assert report.worst.fits is (reserved == "4 GiB")
+    fig, (ax, bottom) = plt.subplots(
+        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
+    )
+    try:
+        _memory(ax, report)
+        _communication(bottom, report)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
+        label = next(box for text, box in boxes if text.startswith("capacity "))
+        figures = [box for text, box in boxes if re.fullmatch(r"[0-9.]+", text)]
+        assert len(figures) == len(report.worst.timeline) - 1  # every bar but the peak's
+        assert not any(label.overlaps(box) for box in figures)
+        left = ax.transData.transform((-0.45, 0))[0]
+        assert bool(label.x0 == pytest.approx(left)) is (reserved == "4 GiB")
     finally:
         plt.close(fig)

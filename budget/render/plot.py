@@ -98,17 +98,6 @@ def _memory(ax: Any, report: Report) -> None:
         ax.bar(xs, heights, 0.8, bottom=bottoms, color=colour, label=label, edgecolor="white")
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.axhline(capacity, color="#c0392b", linestyle="--", linewidth=1.5)
-    ax.text(
-        -0.45,
-        capacity,
-        f"capacity {format_bytes(worst.capacity_bytes)}",
-        va="center",
-        ha="left",
-        color="#c0392b",
-        fontsize=9,
-        bbox={"boxstyle": "square,pad=0.2", "facecolor": "white", "edgecolor": "none"},
-        zorder=5,
-    )
     top = max(capacity, max(bottoms, default=0.0))
     ax.set_ylim(0, top * 1.15)
     ax.set_xlim(-0.6, len(points) - 0.4)
@@ -141,6 +130,7 @@ def _memory(ax: Any, report: Report) -> None:
     if points:
         _headroom(ax, peak, points[peak].total_bytes / GIB, capacity)
         _annotate_peak(ax, report, peak, points[peak].total_bytes / GIB)
+    _capacity_label(ax, worst.capacity_bytes, bottoms, peak)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(  # top of the legend = top of the stack
         handles[::-1],
@@ -152,6 +142,40 @@ def _memory(ax: Any, report: Report) -> None:
     )
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+
+
+def _capacity_label(ax: Any, capacity_bytes: int, tops: list[float], peak: int) -> None:
+    """The capacity line's label, at the leftmost place along the line where no bar, bar
+    label, peak marker or headroom arrow stands behind it, else at the axis (a read of the
+    picture: beside a stage near its memory it hid the first bars' labels). `tops` are the
+    bars' heights in GiB, `peak` the peak bar's index."""
+    capacity = capacity_bytes / GIB
+    label = ax.text(
+        -0.45,
+        capacity,
+        f"capacity {format_bytes(capacity_bytes)}",
+        va="center",
+        ha="left",
+        color="#c0392b",
+        fontsize=9,
+        bbox={"boxstyle": "square,pad=0.2", "facecolor": "white", "edgecolor": "none"},
+        zorder=5,
+    )
+    renderer = ax.figure.canvas.get_renderer()
+    box = label.get_window_extent(renderer).transformed(ax.transData.inverted())
+    low, high = ax.get_ylim()
+    per_point = (high - low) / (ax.get_window_extent(renderer).height * 72 / ax.figure.dpi)
+    width, half = box.width, box.height / 2
+    for start in (k - 0.45 for k in range(len(tops))):
+        if start + width > len(tops) - 0.4:
+            break
+        if start < peak + 0.75 and start + width > peak + 0.4:  # the headroom arrow
+            continue
+        covered = [j for j in range(len(tops)) if j - 0.4 < start + width and j + 0.4 > start]
+        # a bar's label stands 7 points tall above it, the peak's marker 12 points up
+        if all(tops[j] + (26 if j == peak else 9) * per_point < capacity - half for j in covered):
+            label.set_x(start)
+            return
 
 
 def _phase_bands(ax: Any, phases: list[str]) -> None:
