@@ -6,6 +6,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.table import Table
 
 from budget.render.table import attention_text, fitted, left_out, titled_table
@@ -145,7 +146,19 @@ def _fitted(
     per second limited on exposure needed 85, and rich cut tp, dp and the step time to "…"
     (an audit)."""
     droppable = ["MFU", *([] if exposed else ["exposed"]), *(["step"] if tokens else [])]
-    return fitted(console, lambda kept: _built(title, heads, kept, cells), figures, droppable)
+    sample = _widest(cells, [*heads, *figures])
+    return fitted(console, lambda kept: _built(title, heads, kept, sample), figures, droppable)
+
+
+def _widest(cells: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:
+    """The rows that hold each column's widest cell, in their order: every column is
+    no_wrap, so a table of them is as wide as the whole one, and fitting it lays out a few
+    rows rather than every one (`fitted` lays a table out once for each column it tries:
+    --top 5000, 3,759 rows, took 17 s)."""
+    if not cells:
+        return cells
+    widest = {max(range(len(cells)), key=lambda i: cell_len(cells[i][name])) for name in names}
+    return [cells[i] for i in sorted(widest)]
 
 
 UNEVEN_NOTE = (
