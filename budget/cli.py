@@ -224,7 +224,7 @@ def plot_command(
     except OSError as error:  # the picture could not be written where asked
         reason = error.strerror or str(error)
         raise _usage(f"cannot write {output}: {reason.lower()}") from None
-    print(f"{plan_name(plan)}: wrote {output}")
+    print(f"{one_line(plan_name(plan))}: wrote {one_line(str(output))}")
 
 
 @app.command("search")

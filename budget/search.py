@@ -317,9 +317,9 @@ def _degrees(
                 yield tp, pp, cps, rest
 
 
-# The layouts a sweep may consider before its rules reject any (`grid_size`): the search's
-# largest default sweeps consider 2.5 million (DeepSeek-MoE 16B on 65,536 GPUs), and GPT-3
-# on 1,024 GPUs with --micro 1..1024 18.5 million, made in 6.2 s; past this a sweep would
+# The layouts a sweep may consider before its rules reject any (`grid_size`): the shipped
+# plans' default sweeps consider 1.5 million at most (DeepSeek-MoE 16B on 98,304 GPUs), and
+# GPT-3 on 1,024 GPUs with --micro 1..1024 18.5 million, made in 6.2 s; past this a sweep would
 # take minutes (an audit: --micro 1..1024 --virtual-stages 1..1024, 503 million, took 77 s
 # and 10 GB; five ranges of 1,024 values were killed for memory at 24 GB)
 MAX_GRID = 2**25
@@ -328,11 +328,18 @@ GRID_PIECE = 2**18  # grid points made at once: a few tens of MiB however large 
 
 def grid_size(plan: Plan, gpus: int, space: Space) -> int:
     """How many layouts the sweep of `space` considers, valid or not: the grids' points
-    over every (tp, pp) that divides (`_axes`), the count `MAX_GRID` bounds."""
-    return sum(
-        math.prod(len(axis) for axis in _axes(plan, space, tp, cps, rest)[0])
-        for tp, _, cps, rest in _degrees(plan, gpus, space, _Counts())
-    )
+    over every (tp, pp) that divides (`_axes`), each cp with its own micro-batch sizes
+    unless `--micro` gives them all (`_grid`), the count `MAX_GRID` bounds."""
+    size = 0
+    for tp, _, cps, rest in _degrees(plan, gpus, space, _Counts()):
+        axes, micros, own = _axes(plan, space, tp, cps, rest)
+        micro_points = (
+            len(cps) * len(micros)
+            if space.micro or len(cps) == 1
+            else sum(len(set(own[cp])) for cp in cps)
+        )
+        size += math.prod(len(axis) for axis in axes[1:-1]) * micro_points
+    return size
 
 
 def _axes(

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budget.errors import BudgetError, note_line, problem_lines, usage_line
+from budget.errors import BudgetError, note_line, one_line, problem_lines, usage_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -266,7 +266,7 @@ def run_search(
     else:
         render_search_table(console, outcome, top)
         if write is not None and outcome.best is not None:
-            console.print(f"Wrote the best layout to {write}", markup=False)
+            console.print(f"Wrote the best layout to {one_line(str(write))}", markup=False)
     if write is not None and outcome.best is None:  # a review: nothing said it wrote nothing
         print(
             note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr
@@ -283,14 +283,28 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
     size = grid_size(plan, gpus, sweep)
     if size <= MAX_GRID:
         return ""
+
+    def swept(name: str) -> int:
+        """The values of an option that reach the grid: a degree's that divide the GPUs
+        (a review: --tp 1..1024 on 8 GPUs was named for its 1,024 values, of which 4 count)."""
+        values = set(getattr(sweep, name) or ())
+        degree = name in ("tp", "pp", "cp", "ep")
+        return len({v for v in values if gpus % v == 0} if degree else values)
+
     counts = {  # the options given, by how many values each sweeps
-        f"--{name.replace('_', '-')} {options[name]}": len(set(getattr(sweep, name) or ()))
+        f"--{name.replace('_', '-')} {options[name]}": swept(name)
         for name in ("tp", "pp", "cp", "ep", "micro", "virtual_stages")
-        if options.get(name) is not None
+        if options.get(name) is not None and swept(name) > 1
     }
     widest = sorted(counts, key=lambda option: -counts[option])[:3]
+    divide = ("--tp", "--pp", "--cp", "--ep")
     narrow = (
-        "narrow " + ", ".join(f"{option} ({counts[option]:,} values)" for option in widest)
+        "narrow "
+        + ", ".join(
+            f"{option} ({counts[option]:,} values"
+            + (" that divide the GPUs)" if option.startswith(divide) else ")")
+            for option in widest
+        )
         if widest
         else "narrow the sweep with --tp, --pp, --micro or --virtual-stages"
     )

@@ -930,6 +930,11 @@ def test_two_prefills_apart_in_generate_alone_do_the_same_work(tmp_path: Path) -
     *_, diff = diff_files(a, b)
     assert diff.work[0] == diff.work[1] and diff.note is None
     assert {d.metric: d.verdict for d in diff.summary}["time_s"] != "n/a"
+    # a prefill's rate is of its prompts' tokens, as its report says ("prompt tokens/s")
+    from budget.render.diff import _summary_label
+
+    assert _summary_label(diff, "tokens_per_s") == "prompt tokens/s"
+    assert _summary_label(diff, "mfu") == "MFU"
 
 
 def test_mfus_of_different_peaks_carry_no_verdict_and_say_whose(tmp_path: Path) -> None:

@@ -541,6 +541,7 @@ def test_an_output_layer_bias_is_refused() -> None:
         ('{"hidden_size": 8192, "rms_norm_eps": NaN}', "has NaN, not a finite number"),
         ("[1, 2]", "holds an array, not a JSON object"),  # in JSON's words: not "list"
         ("null", "holds null, not a JSON object"),  # not "NoneType" (an audit)
+        ("true", "holds true, not a JSON object"),
         ('{"hidden_size": 8192', "is not JSON: Expecting"),
     ],
 )
@@ -1615,3 +1616,12 @@ def test_an_expert_count_is_one_count_and_not_zero() -> None:
         translate({**mixtral, "num_local_experts": 0})
     dense = translate({**qwen, "num_experts": 0}).tree
     assert "experts" not in dense and dense["ffn"] == qwen["intermediate_size"]
+    # num_experts is Mixtral's count too, and zero there too (a review)
+    by_name = {k: v for k, v in mixtral.items() if k != "num_local_experts"}
+    assert translate({**by_name, "num_experts": 8}).tree == translate(mixtral).tree
+    with pytest.raises(HfConfigError, match=r'^num_experts = 0 in .*: model_type "mixtral"'):
+        translate({**by_name, "num_experts": 0})
+    # a file written by hand is read as a Llama that may have experts: its names agree too
+    by_hand = {k: v for k, v in qwen.items() if k not in ("model_type", "architectures")}
+    with pytest.raises(HfConfigError, match="sets num_experts = 60 and num_local_experts = 8, "):
+        translate({**by_hand, "num_local_experts": 8})

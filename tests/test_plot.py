@@ -8,6 +8,7 @@ import struct
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -118,21 +119,17 @@ def test_the_communication_panel_says_whose_phases_its_bars_are(tmp_path: Path) 
     assert f"{format_duration(step['comm_s'])} (" in text and "on one rank" not in text
 
 
-def test_the_peak_label_stands_clear_of_the_headroom_label() -> None:
-    """Llama 3 405B at 128K peaks 7.9 GiB under its capacity: a peak label centred above the
-    bar ran into the headroom arrow's label beside it (a read of the picture); it now ends
-    at the bar's centre."""
+def _laid_out(report: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    """The memory panel as `plot_report` draws it, laid out: its axes and each of its
+    texts with the box it takes on the page (pixels)."""
     pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from budget.pipeline import budget_plan
     from budget.render.plot import _communication, _memory
 
-    report = budget_plan(Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml")
-    # the figure `plot_report` draws
     fig, (ax, bottom) = plt.subplots(
         2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
     )
@@ -141,13 +138,23 @@ def test_the_peak_label_stands_clear_of_the_headroom_label() -> None:
         _communication(bottom, report)
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-        texts = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
-        peak = next(box for text, box in texts.items() if text.startswith("peak "))
-        free = next(box for text, box in texts.items() if text.endswith(" GiB free"))
-        arrow = texts[""]  # the headroom's double arrow (an annotation without text)
-        assert peak.x1 < arrow.x0 and not peak.overlaps(free)  # was 716 against 714 px
+        return ax, [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
     finally:
         plt.close(fig)
+
+
+def test_the_peak_label_stands_clear_of_the_headroom_label() -> None:
+    """Llama 3 405B at 128K peaks 7.9 GiB under its capacity: a peak label centred above the
+    bar ran into the headroom arrow's label beside it (a read of the picture); it now ends
+    at the bar's centre."""
+    from budget.pipeline import budget_plan
+
+    report = budget_plan(Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml")
+    _, boxes = _laid_out(report)
+    peak = next(box for text, box in boxes if text.startswith("peak "))
+    free = next(box for text, box in boxes if text.endswith(" GiB free"))
+    arrow = next(box for text, box in boxes if text == "")  # the headroom's double arrow
+    assert peak.x1 < arrow.x0 and not peak.overlaps(free)  # was 716 against 714 px
 
 
 @pytest.mark.parametrize("reserved", ["4 GiB", "14 GiB"])
@@ -156,34 +163,17 @@ def test_the_capacity_label_stands_clear_of_the_bars_labels(tmp_path: Path, rese
     bar a little over the line: the capacity label, at the axis, hid the first bars' labels
     (a read of the picture); it now stands where the bars under it end below it, over the
     gradient reduction's. With 4 GiB reserved (7.9 GiB free) it stays at the axis."""
-    pytest.importorskip("matplotlib")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from budget.pipeline import budget_plan
-    from budget.render.plot import _communication, _memory
     from tests.plan_files import variant
 
     base = Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml"
     plan = variant(tmp_path, "p.yaml", ("reserved: 4 GiB", f"reserved: {reserved}"), base=base)
     report = budget_plan(plan)
     assert report.worst.fits is (reserved == "4 GiB")
-    fig, (ax, bottom) = plt.subplots(
-        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
-    )
-    try:
-        _memory(ax, report)
-        _communication(bottom, report)
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
-        label = next(box for text, box in boxes if text.startswith("capacity "))
-        figures = [box for text, box in boxes if re.fullmatch(r"[0-9.]+", text)]
-        assert len(figures) == len(report.worst.timeline) - 1  # every bar but the peak's
-        assert not any(label.overlaps(box) for box in figures)
-        left = ax.transData.transform((-0.45, 0))[0]
-        assert bool(label.x0 == pytest.approx(left)) is (reserved == "4 GiB")
-    finally:
-        plt.close(fig)
+    ax, boxes = _laid_out(report)
+    label = next(box for text, box in boxes if text.startswith("capacity "))
+    figures = [box for text, box in boxes if re.fullmatch(r"[0-9.]+", text)]
+    assert len(figures) == len(report.worst.timeline) - 1  # every bar but the peak's
+    assert not any(label.overlaps(box) for box in figures)
+    left = ax.transData.transform((-0.45, 0))[0]
+    assert bool(label.x0 == pytest.approx(left)) is (reserved == "4 GiB")

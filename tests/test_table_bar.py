@@ -28,7 +28,10 @@ def test_fill_bar_per_stage(plan: Path, width: int, cells: int) -> None:
         gauge = line.split()[-1]
         assert len(gauge) == cells
         assert stage.peak_bytes <= stage.capacity_bytes  # every shipped plan fits
-        full = stage.peak_bytes * cells // stage.capacity_bytes  # whole cells, rounded down
+        # a cell for each whole 1/cells of the capacity the peak reaches
+        full = sum(
+            k * stage.capacity_bytes <= cells * stage.peak_bytes for k in range(1, cells + 1)
+        )
         assert gauge == "█" * full + "·" * (cells - full)
     assert all(len(line.rstrip()) <= width for line in lines)
 

@@ -635,6 +635,16 @@ def test_a_terminals_control_characters_reach_it_escaped(tmp_path) -> None:
     assert out == f"{tmp_path}/f\\x1b[2J\\u202e.yaml: ok\n"
     out = runner.invoke(app, route(["validate", str(plan), "-f", "markdown"])).stdout
     assert "`" + f"{tmp_path}/f\\x1b[2J\\u202e.yaml" + "`" in out and "\x1b" not in out
+    # the files search writes and plot draws are named so too (a review)
+    written = tmp_path / "w\x1b[2J.yaml"
+    args = ["search", str(plan), "--tp", "1", "--pp", "1", "--top", "1", "--write", str(written)]
+    out = runner.invoke(app, route(args)).stdout
+    assert "\x1b" not in out
+    assert f"Wrote the best layout to {tmp_path}/w\\x1b[2J.yaml" in " ".join(out.split())
+    pytest.importorskip("matplotlib")
+    result = runner.invoke(app, route(["plot", str(plan), "-o", str(tmp_path / "p\x07.png")]))
+    assert result.exit_code == 0 and "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert result.stdout.endswith(f"f\\x1b[2J\\u202e.yaml: wrote {tmp_path}/p\\x07.png\n")
     named = tmp_path / "named.yaml"
     text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
     named.write_text(re.sub(r"(?m)^name: .*$", 'name: "abc\\\\u202edef"', text), encoding="utf-8")

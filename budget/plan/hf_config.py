@@ -279,14 +279,7 @@ _ACTIVATIONS = {
 
 # what a JSON value other than an object is called, in JSON's words (an audit: "holds
 # NoneType", "holds list")
-_JSON_KINDS = {
-    type(None): "null",
-    list: "an array",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "true or false",
-}
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number"}
 
 
 class HfConfigError(Exception):
@@ -347,7 +340,11 @@ def read_hf_config(path: Path) -> HfModel:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
     found = tuple(f"{shown} has {problem}" for problem in reading.problems)
     if not isinstance(config, dict):
-        kind = _JSON_KINDS.get(type(config), type(config).__name__)
+        kind = (
+            json.dumps(config)  # null, true, false
+            if config is None or isinstance(config, bool)
+            else _JSON_KINDS.get(type(config), type(config).__name__)
+        )
         raise HfConfigError(*found, f"{shown} holds {kind}, not a JSON object")
     if not found:  # every message names the file as the reading ones do, quoted
         return translate(config, shown)
@@ -570,8 +567,9 @@ def _check(
 # transformers builds the model without them, where reading them changed the budget (an
 # audit: Mixtral-8x22B with moe_intermediate_size read its experts 1,024 wide, 13.8 billion
 # parameters for 140.6; Llama with DeepSeek's latent-attention ranks read as MLA). Expert
-# keys matter only in `_MOE`'s families (the others' are refused whole, `_experts`); a file
-# without model_type, written by hand, may use any (module docstring).
+# keys matter only in `_MOE`'s families (the others read them only beside an expert count,
+# which `_experts` refuses whole); a file without model_type, written by hand, may use any
+# (module docstring).
 _DEEPSEEK_LIKE = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
 _QWEN_MOE = frozenset({"qwen2_moe", "qwen3_moe"})
 # (The expert count's three names, and gpt-oss's copy of the top-k, are read as one another,
@@ -605,10 +603,12 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
     """The keys of `config` that its family's class does not read but that would change
     the budget here, being set (not null, 0, false or empty): one problem each
     (`_OWNERS`)."""
+    # a file written by hand may use any key; its expert count's names must still agree
+    counted = family is None or family in _MOE  # the others' are refused whole, `_experts`
+    problems = _count_problems(config, where) if counted else []
     if family is None:
-        return []
+        return problems
     owners = {**_OWNERS, **(_EXPERT_OWNERS if family in _MOE else {})}
-    problems = _count_problems(config, where)
     for key, families in owners.items():
         value = config.get(key)
         if family in families or value in (None, 0, False, [], ""):
@@ -1349,9 +1349,13 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
 
 def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, Any] | None:
     family = config.get("model_type")
-    zero = next(
-        (k for k in ("num_local_experts", "n_routed_experts") if config.get(k, 1) == 0), None
+    # num_experts too, which the reader takes as Mixtral's and DeepSeek's count (a review)
+    counts = (
+        "num_local_experts",
+        "n_routed_experts",
+        *(() if family in _QWEN_MOE else ("num_experts",)),
     )
+    zero = next((k for k in counts if type(config.get(k)) is int and config[k] == 0), None)
     if zero is not None and family in _MOE:
         # a router over no experts, which these classes still build (Qwen-MoE's alone
         # read num_experts 0 as dense layers): an audit read Mixtral-8x22B with

@@ -576,9 +576,10 @@ def slowdown_note(report: Report) -> str:
 
 
 def pacing_note(report: Report) -> str:
-    """Where the phases table's last row takes its reduction and optimizer from another
-    stage than its micro-batches (an audit: "pacing stage 7" held stage 0's dp.grads), a
-    sentence saying so; "" otherwise."""
+    """Where the phases table's last row is a pacing stage's (a plan of several stages), a
+    sentence saying the rows above need not add up to it, and where it takes its reduction
+    and optimizer from another stage than its micro-batches (an audit: "pacing stage 7"
+    held stage 0's dp.grads), whose; "" for one stage."""
     pacing, after = report.step.get("pacing_stage"), report.step.get("after_stage")
     if pacing is None or len(report.stages) < 2:
         return ""
