@@ -288,7 +288,7 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
         """The values of an option that reach the grid: a degree's that divide the GPUs
         (a review: --tp 1..1024 on 8 GPUs was named for its 1,024 values, of which 4 count)."""
         values = set(getattr(sweep, name) or ())
-        degree = name in ("tp", "pp", "cp", "ep")
+        degree = name in ("tp", "pp", "cp")  # ep's every value is on the grid (`_axes`)
         return len({v for v in values if gpus % v == 0} if degree else values)
 
     counts = {  # the options given, by how many values each sweeps
@@ -297,7 +297,7 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
         if options.get(name) is not None and swept(name) > 1
     }
     widest = sorted(counts, key=lambda option: -counts[option])[:3]
-    divide = ("--tp", "--pp", "--cp", "--ep")
+    divide = ("--tp", "--pp", "--cp")
     narrow = (
         "narrow "
         + ", ".join(

@@ -2341,6 +2341,16 @@ def test_a_sweep_too_large_to_make_is_refused_at_once():
         "narrow --micro 1..1024 (1,024 values), --virtual-stages 1..1024 (1,024 values), "
         "--tp 1..1024 (4 values that divide the GPUs)\n"
     )
+    # every --ep value is on the grid, divisor of the GPUs or not (a review: it was counted
+    # as tp's, and a sweep that --ep alone made too large named the other options)
+    mixtral = ["search", "plans/mixtral-8x7b.yaml", "--gpus", "8", "--ep", "1..1024"]
+    result = CliRunner().invoke(
+        app, route([*mixtral, "--micro", "1..64", "--virtual-stages", "1..8"])
+    )
+    assert result.stderr.endswith(
+        "narrow --ep 1..1024 (1,024 values), --micro 1..64 (64 values), --virtual-stages 1..8 "
+        "(8 values)\n"
+    )
 
 
 def test_a_long_ranking_is_fitted_on_its_widest_rows():

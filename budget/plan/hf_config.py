@@ -339,6 +339,8 @@ def read_hf_config(path: Path) -> HfModel:
     except RecursionError:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
     found = tuple(f"{shown} has {problem}" for problem in reading.problems)
+    if isinstance(config, _Refused):  # a whole file of 1e400 or NaN: said above, once
+        raise HfConfigError(*found)
     if not isinstance(config, dict):
         kind = (
             json.dumps(config)  # null, true, false
@@ -631,7 +633,9 @@ def _count_problems(config: Mapping[str, Any], where: str) -> list[str]:
     """The expert count written under two of its names with two values (an audit: Qwen2-57B's
     num_experts 64 beside a stray num_local_experts 8 read as 8 experts, 14.2 billion
     parameters for 57.4)."""
-    given = {k: config[k] for k in _ALIASES[0] if config.get(k) is not None}
+    # whole numbers alone: another value is the integer check's to refuse (8.0 beside 8 was
+    # told to agree with it: a review)
+    given = {k: v for k, v in config.items() if k in _ALIASES[0] and type(v) is int}
     if len(set(map(json.dumps, given.values()))) < 2:
         return []
     names = " and ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(given.items()))
@@ -1355,13 +1359,15 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         "n_routed_experts",
         *(() if family in _QWEN_MOE else ("num_experts",)),
     )
-    zero = next((k for k in counts if type(config.get(k)) is int and config[k] == 0), None)
+    # 0, 0.0 or false alike (a review: typed as an int only, 0.0 was read as dense again)
+    zero = next((k for k in counts if config.get(k) is not None and config[k] == 0), None)
     if zero is not None and family in _MOE:
         # a router over no experts, which these classes still build (Qwen-MoE's alone
         # read num_experts 0 as dense layers): an audit read Mixtral-8x22B with
         # num_local_experts 0 as a dense model of 22.2 billion parameters
         raise HfConfigError(
-            f"{zero} = 0 in {where}: model_type {json.dumps(family)} routes each MoE "
+            f"{zero} = {json.dumps(config[zero])} in {where}: model_type "
+            f"{json.dumps(family)} routes each MoE "
             "layer's tokens among its experts, and none is given; give their number"
         )
     count_key = next(
