@@ -320,9 +320,9 @@ def _degrees(
 # The layouts a sweep may consider before its rules reject any (`grid_size`): the shipped
 # plans' default sweeps consider 1.5 million on 98,304 GPUs (DeepSeek-MoE 16B; 2.9 million
 # on 11,531,520), and GPT-3 on 1,024 GPUs with --micro 1..1024 18.5 million, made in 6.2 s;
-# past this a sweep would
-# take minutes (an audit: --micro 1..1024 --virtual-stages 1..1024, 503 million, took 77 s
-# and 10 GB; five ranges of 1,024 values were killed for memory at 24 GB)
+# past this a sweep would take minutes (an audit: --micro 1..1024 --virtual-stages 1..1024,
+# 503 million, took 77 s and 10 GB; five ranges of 1,024 values were killed for memory at
+# 24 GB)
 MAX_GRID = 2**25
 GRID_PIECE = 2**18  # grid points made at once: a few tens of MiB however large the grid
 
