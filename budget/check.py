@@ -16,7 +16,15 @@ from typing import Any, Literal, TypeVar
 from budget.errors import BudgetError, Problem, UsageErrors
 from budget.inference import passes_for
 from budget.phases import pass_of
-from budget.report import Overlapping, PhaseRow, Report, StageRow, slow_link_notes, time_word
+from budget.report import (
+    Overlapping,
+    PhaseRow,
+    Report,
+    StageRow,
+    slow_link_notes,
+    time_word,
+    time_words,
+)
 from budget.units import (
     UnitError,
     decimals_apart,
@@ -84,7 +92,7 @@ class Limits:
         are the checked plans' modes, which say what their time is of: a training "step", a
         serving plan's "run", or "step or run" for both (a check of a decode plan had read
         "step time ≤ 10 s" over a verdict that said "the run takes 11.6 s")."""
-        time = " or ".join(sorted({time_word(mode) for mode in modes}, reverse=True)) or "step"
+        time = time_words(modes)
         out = ["every stage fits in device memory"]
         if self.headroom_bytes is not None:
             # in the unit that says it (an audit: 1 MiB read "0.00 GiB (1,048,576 B)")

@@ -6,6 +6,7 @@ Bytes are integers, times seconds. Renderers read these dataclasses and nothing 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,6 +315,12 @@ def time_word(mode: str) -> str:
     plan's whole "run" (an audit: `budget check` said a decode plan's "step takes 11.6 s", a
     caution counted its calls "a step")."""
     return "step" if mode == "train" else "run"
+
+
+def time_words(modes: Iterable[str]) -> str:
+    """What the times of plans of `modes` are of, together: "step", "run", or "step or run"
+    for both ("step" for none)."""
+    return " or ".join(sorted({time_word(mode) for mode in modes}, reverse=True)) or "step"
 
 
 def run_scope(report: Report) -> str:

@@ -333,22 +333,19 @@ def grid_size(plan: Plan, gpus: int, space: Space) -> int:
     unless `--micro` gives them all (`_grid`), the count `MAX_GRID` bounds."""
     size = 0
     for tp, _, cps, rest in _degrees(plan, gpus, space, _Counts()):
-        axes, micros, own = _axes(plan, space, tp, cps, rest)
-        micro_points = (
-            len(cps) * len(micros)
-            if space.micro or len(cps) == 1
-            else sum(len(set(own[cp])) for cp in cps)
-        )
-        size += math.prod(len(axis) for axis in axes[1:-1]) * micro_points
+        axes, _, own = _axes(plan, space, tp, cps, rest)
+        size += math.prod(len(axis) for axis in axes[1:-1]) * int(own.sum())
     return size
 
 
 def _axes(
     plan: Plan, space: Space, tp: int, cps: list[int], dp_cp: int
-) -> tuple[list[np.ndarray], list[int], dict[int, tuple[int, ...] | list[int]]]:
+) -> tuple[list[np.ndarray], list[int], np.ndarray]:
     """The axes of one (tp, pp)'s grid (`_grid`): indices into `cps`, ep, virtual stages,
     sequence parallelism, ZeRO, indices into the recompute modes and into the micro-batch
-    sizes; with those sizes, and each cp's own."""
+    sizes; with those sizes, and which of them each cp keeps (a cp by micro-batch size
+    matrix: each its own, the sizes that divide the batch of one of its replicas, unless
+    --micro gives them all)."""
     b, experts = plan.batch, plan.model.experts
     etp = plan.parallel.etp or tp  # tp is this block's, not the plan's
     stage = tp * dp_cp
@@ -369,7 +366,8 @@ def _axes(
         np.arange(len(space.recompute)),
         np.arange(len(micros)),
     ]
-    return axes, micros, own_micros
+    own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
+    return axes, micros, own
 
 
 @lru_cache(maxsize=4096)
@@ -418,9 +416,8 @@ def _grid(
     tp x dp x cp, Megatron-Core's parallel folding); the micro-batch sizes
     that divide the batch of one replica are not, and each cp keeps only its own (as if
     its grid were made alone: those left out are not candidates, not rejected ones)."""
-    axes, micros, own_micros = _axes(plan, space, tp, cps, dp_cp)
+    axes, micros, own = _axes(plan, space, tp, cps, dp_cp)
     shape = tuple(len(axis) for axis in axes)
-    own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
     size = math.prod(shape)
     # the grid's points in meshgrid's order, `GRID_PIECE` at a time: made whole, its arrays
     # took ~100 bytes a point (an audit's five ranges of 1,024 values: 24 GB)
@@ -460,7 +457,7 @@ def _grid_piece(
     experts = m.experts
     etp = plan.parallel.etp or tp
     ci, ep, v, sp, zero, rc, mi = (axis[i] for axis, i in zip(axes, points, strict=True))
-    if len(cps) > 1 and not space.micro:  # each cp keeps only its own micro-batch sizes
+    if not own.all():  # each cp keeps only its own micro-batch sizes
         keep = np.flatnonzero(own[ci, mi])
         ci, ep, v, sp, zero, rc, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, mi))
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]

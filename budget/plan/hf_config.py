@@ -559,6 +559,9 @@ def _check(
         )
     sound = {k: v for k, v in config.items() if k not in refused}
     if known:
+        # a file written by hand may use any key; its expert count's names must still agree
+        if family is None or family in _MOE:  # the others' are refused whole, `_experts`
+            problems += _count_problems(sound, where)
         problems += _foreign_problems(sound, family, where)
     problems += _integer_problems(sound, where)
     problems += _kind_problems(sound, where)
@@ -605,12 +608,10 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
     """The keys of `config` that its family's class does not read but that would change
     the budget here, being set (not null, 0, false or empty): one problem each
     (`_OWNERS`)."""
-    # a file written by hand may use any key; its expert count's names must still agree
-    counted = family is None or family in _MOE  # the others' are refused whole, `_experts`
-    problems = _count_problems(config, where) if counted else []
     if family is None:
-        return problems
+        return []
     owners = {**_OWNERS, **(_EXPERT_OWNERS if family in _MOE else {})}
+    problems = []
     for key, families in owners.items():
         value = config.get(key)
         if family in families or value in (None, 0, False, [], ""):
@@ -635,7 +636,7 @@ def _count_problems(config: Mapping[str, Any], where: str) -> list[str]:
     parameters for 57.4)."""
     # whole numbers alone: another value is the integer check's to refuse (8.0 beside 8 was
     # told to agree with it: a review)
-    given = {k: v for k, v in config.items() if k in _ALIASES[0] and type(v) is int}
+    given = {k: v for k, v in config.items() if k in _COUNT_KEYS and type(v) is int}
     if len(set(map(json.dumps, given.values()))) < 2:
         return []
     names = " and ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(given.items()))
@@ -1194,8 +1195,10 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 # keys that name one quantity: a default of one is not added beside another the file sets
+# the expert count's names, in the order the reader takes the first one set (`_experts`)
+_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _ALIASES = (
-    frozenset({"num_local_experts", "num_experts", "n_routed_experts"}),
+    frozenset(_COUNT_KEYS),
     frozenset({"num_experts_per_tok", "experts_per_token"}),
 )
 
@@ -1354,11 +1357,7 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
 def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, Any] | None:
     family = config.get("model_type")
     # num_experts too, which the reader takes as Mixtral's and DeepSeek's count (a review)
-    counts = (
-        "num_local_experts",
-        "n_routed_experts",
-        *(() if family in _QWEN_MOE else ("num_experts",)),
-    )
+    counts = [k for k in _COUNT_KEYS if k != "num_experts" or family not in _QWEN_MOE]
     # 0, 0.0 or false alike (a review: typed as an int only, 0.0 was read as dense again)
     zero = next((k for k in counts if config.get(k) is not None and config[k] == 0), None)
     if zero is not None and family in _MOE:
@@ -1371,7 +1370,7 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
             "layer's tokens among its experts, and none is given; give their number"
         )
     count_key = next(
-        (k for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k)),
+        (k for k in _COUNT_KEYS if config.get(k)),
         None,
     )
     if count_key is None:

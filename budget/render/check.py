@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from budget.errors import one_line, problem_lines
 from budget.render.markdown import code, fence, plain
-from budget.report import time_word
+from budget.report import time_word, time_words
 from budget.units import format_bytes, plural
 
 if TYPE_CHECKING:
@@ -107,8 +107,7 @@ def check_markdown(result: CheckResult) -> str:
     serving = any(_serving(v) for v in result.verdicts)
     extra = " TTFT | TPOT |" if serving else ""
     # a training plan's time is its step, a serving plan's its whole run (`time_word`)
-    words = dict.fromkeys(time_word(v.report.mode) for v in result.verdicts if v.report)
-    time = " or ".join(words) or "step"
+    time = time_words(v.report.mode for v in result.verdicts if v.report)
     lines += [
         f"| plan | result | worst stage | peak | capacity | headroom | {time} | exposed comm |"
         + extra,
