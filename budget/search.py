@@ -7,7 +7,10 @@ with `--write` and budgeted again gives the same numbers.
 
 Speed comes from evaluating configurations together: configurations that share a step's
 structure (pipeline depth and schedule, recompute, ZeRO stage, which transitions exist)
-produce the same phases, allocations and transitions, and differ only in sizes. Each such
+produce the same phases, allocations and transitions, and differ only in sizes. A plan's
+hand-written transitions go with every layout, their shapes evaluated for it as `budget
+PLAN` evaluates them for its own (`reshaped`); a layout where one cannot be formed, as the
+plan loader would refuse it, is rejected (`_shaped`). Each such
 group runs through the engine with numpy arrays in place of the numbers (DESIGN.md,
 "One engine for one plan and for a million"), at most `CHUNK` configurations per pass.
 Configurations are enumerated a block at a time and only the best and the Pareto front
@@ -36,6 +39,7 @@ from budget.collectives import (
     Tier,
     collective_cost,
 )
+from budget.errors import BudgetError
 from budget.layers import (
     StageClass,
     chunks_differ,
@@ -45,7 +49,19 @@ from budget.layers import (
     stage_classes,
 )
 from budget.phases import Move, MoveGroup, Step
-from budget.plan.model import Overlap, Parallel, Pipeline, Plan, Recompute, Schedule, Topology
+from budget.plan import expr
+from budget.plan.model import (
+    Overlap,
+    Parallel,
+    Pipeline,
+    Plan,
+    Recompute,
+    Schedule,
+    Topology,
+    Transition,
+)
+from budget.plan.resolve import MAX_ELEMENTS, parse_placement, shape_names
+from budget.plan.transitions import pipeline_phase
 from budget.schedule import (
     MICROBATCH_PHASES,
     Replay,
@@ -276,7 +292,7 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     )
     for tp, pp, cps, rest in _degrees(plan, gpus, space, counts):
         grid = _grid(plan, space, counts, tp, pp, cps, rest, unsafe)
-        block = _spread(plan, gpus, counts, grid)
+        block = _shaped(plan, counts, _spread(plan, gpus, counts, grid))
         if len(block):
             yield block
 
@@ -397,6 +413,84 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
         counts.rejected["a group spreads unevenly over the topology's domains"] += dropped
         return block.take(np.flatnonzero(keep))
     return block
+
+
+def _names(plan: Plan, values: dict[str, Any]) -> dict[str, Any]:
+    """The names a transition's shape may use (`resolve.shape_names`), with a sweep's
+    degrees and micro-batch sizes (`values`: arrays over its layouts, or one layout's ints)."""
+    names = shape_names(plan.model, plan.batch, plan.parallel, plan.mode != "train")
+    names.update({k: values[k] for k in ("micro", "tp", "pp", "dp", "cp", "ep")})
+    return names
+
+
+def _shape_of(tr: Transition, names: dict[str, Any]) -> tuple[tuple[Any, ...], np.ndarray]:
+    """`tr`'s shape under `names` (ints or arrays), and where it can be formed as the plan
+    loader forms it (`resolve`): each dimension evaluates (`expr.evaluate_each`) to at
+    least 1, and the tensor holds no more than `MAX_ELEMENTS`."""
+    dims: list[Any] = []
+    ok = np.array(True)
+    for dim in tr.dims:
+        if isinstance(dim, str):
+            value, fine = expr.evaluate_each(_parsed(dim), names)
+            ok = ok & fine & (np.asarray(value) >= 1)
+            dims.append(value)
+        else:
+            dims.append(dim)
+    elements = math.prod(np.asarray(d, dtype=float) for d in dims)
+    return tuple(dims), ok & (elements <= MAX_ELEMENTS)
+
+
+@lru_cache(maxsize=256)
+def _parsed(text: str) -> expr.Expr:
+    return expr.parse(text)
+
+
+def reshaped(plan: Plan, values: dict[str, Any]) -> tuple[Transition, ...]:
+    """The plan's hand-written transitions with their shapes evaluated for a sweep's
+    layouts (`values`, as `_names` takes them), which `_shaped` has kept to those where
+    every shape can be formed; one layout's as ints."""
+    names = _names(plan, values)
+    out = []
+    for tr in plan.transitions:
+        shape, _ = _shape_of(tr, names)
+        out.append(replace(tr, shape=tuple(int(d) if np.ndim(d) == 0 else d for d in shape)))
+    return tuple(out)
+
+
+def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
+    """`block` without the layouts where `budget PLAN` would refuse a hand-written
+    transition of the plan: a shape that cannot be formed (`_shape_of`), a shard that does
+    not divide over its group, or without a pipeline (pp 1) a stage send or a phase of one
+    (`transitions.pipeline_phase`)."""
+    if not plan.transitions or not len(block):
+        return block
+    names = _names(plan, block.values)
+    keep = np.ones(len(block), dtype=bool)
+    reasons = (
+        "a hand-written transition's shape does not divide evenly",
+        "a hand-written transition's shard does not divide over its group",
+        "a hand-written transition sends between stages, and pp 1 has none",
+    )
+    broken = [np.zeros(len(block), dtype=bool) for _ in reasons]
+    for tr in plan.transitions:
+        shape, ok = _shape_of(tr, names)
+        broken[0] |= keep & ~ok
+        keep &= ok
+        for text in (tr.src, tr.dst):
+            kind, dim = parse_placement(text)
+            if kind == "shard" and dim is not None:  # a dimension the tensor has (resolve)
+                uneven = np.asarray(shape[dim] % names[tr.group]) != 0
+                broken[1] |= keep & uneven
+                keep &= ~uneven
+        sends = tr.group == "pp" and tr.src == tr.dst
+        if sends or pipeline_phase(plan.mode, tr.phase) is not None:
+            alone = block.values["pp"] == 1
+            broken[2] |= keep & alone
+            keep &= ~alone
+    for reason, mask in zip(reasons, broken, strict=True):
+        if mask.any():
+            counts.rejected[reason] += int(mask.sum())
+    return block if keep.all() else block.take(np.flatnonzero(keep))
 
 
 def _grid(
@@ -539,7 +633,10 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         batch=replace(plan.batch, micro=c.micro),
         recompute=c.recompute,
         topology=replace(plan.topology, gpus=gpus),
-        transitions=(),
+        transitions=reshaped(
+            plan,
+            {"micro": c.micro, "tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "ep": c.ep},
+        ),
     )
 
 
@@ -592,7 +689,11 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     first, which = _distinct_rows(np.stack([pp, v], axis=1))
     for row, i in enumerate(first.tolist()):
         shape[which == row] = _shape_id(plan, int(pp[i]), int(v[i]))
-    return np.stack([shape, (cols.values["ep"] > 1).astype(np.int64)], axis=1)
+    # a hand-written stage send leaves the stage at the model's end only without virtual
+    # stages (`step._with_transitions`): that stage's phases differ between the two
+    sends = any(tr.group == "pp" and tr.src == tr.dst for tr in plan.transitions)
+    chunked = (v > 1) if sends else np.zeros(len(cols), dtype=bool)
+    return np.stack([shape, cols.values["ep"] > 1, chunked], axis=1).astype(np.int64)
 
 
 # One number per distinct sequence of stage classes, for the life of the process (a sweep
@@ -725,6 +826,7 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
         parallel=parallel,
         batch=replace(first.batch, micro=values["micro"]),
         recompute=values["recompute"].astype(str),
+        transitions=reshaped(plan, values),
     )
 
 
@@ -1216,7 +1318,15 @@ def search(
         # a float past int64 (or inf) cast to a size raises here instead of warning and
         # wrapping; integer products that would wrap are kept out by `unsafe_micros`
         with np.errstate(over="raise", invalid="raise"):
-            measured = measure(plan, part, gpus, spans)
+            try:
+                measured = measure(plan, part, gpus, spans)
+            except BudgetError:  # only a hand-written transition's (`step._with_transitions`)
+                # a phase, or a stage send, that layouts of this structure do not have
+                # (not priced: skipped, as the layouts that cannot be built are)
+                reason = "a hand-written transition names a phase or stage send its step lacks"
+                counts.rejected[reason] += len(part)
+                groups += 1
+                return
         ranked = measured["peak"] <= capacity
         if limits is not None:
             kept.replayed += _settle_limits(plan, part, gpus, spans, limits, measured)
@@ -1373,7 +1483,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
     """What every layout of a search was priced on: the device and topology (preset names,
     or None where the plan writes them out), the kernel attention is timed as and where its
     rate comes from, the levels whose collectives follow a measured bandwidth ramp, and how
-    many hand-written transitions the sweep leaves out."""
+    the plan's hand-written transitions every layout carries."""
     device, m = plan.device, plan.model
     measured = device.attention_rate(m.attention)
     return {
@@ -1385,8 +1495,8 @@ def hardware(plan: Plan) -> dict[str, Any]:
         # the measured rate depends on the keys per call (more than one length measured)
         "attention_by_keys": measured is not None and len(measured.keys) > 1,
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
-        # hand-written transitions are not swept, so no layout's figures include them
-        "transitions_left_out": len(plan.transitions),
+        # every layout carries them, their shapes evaluated for it (`reshaped`)
+        "transitions": len(plan.transitions),
         # what a layout's peak is held to: the device's memory (what the plan reserves is
         # counted in each peak)
         "capacity_bytes": plan.device.memory,
@@ -1689,8 +1799,7 @@ def _ranked_dict(outcome: Outcome, result: Result) -> dict[str, Any]:
 
 def as_written(plan: Plan, limits: Limits | None = None) -> tuple[Result, tuple[str, ...]]:
     """The plan's own layout budgeted as `budget PLAN` does, in a ranked row's terms
-    (`Outcome.written`), its hand-written transitions included, which the sweep leaves out;
-    and the limits it breaks, as `budget check` names them (fitting aside)."""
+    (`Outcome.written`), and the limits it breaks, as `budget check` names them (fitting aside)."""
     from budget.check import check_report
     from budget.pipeline import build_report
 

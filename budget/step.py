@@ -2294,8 +2294,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 continue
             send = op is None and tr.group == "pp" and src == dst
             back = pass_within(tr.phase) == "backward"  # its stage sends go to i - 1
-            end = st.stage == (0 if back else plan.parallel.pp - 1)
-            if send and not _sends(plan, end):
+            # a sweep's stage indices, depths and virtual stages are arrays, whose layouts
+            # agree on both tests (a class is at the model's end in all or none; a stage
+            # send keeps v 1 and v > 1 apart: `search.structure`)
+            end = bool(np.all(st.stage == (0 if back else plan.parallel.pp - 1)))
+            if send and not np.all(_sends(plan, end)):
                 continue  # no stage after the last (forward) or before the first (backward)
             sent.add(i)
             held_already = made.get(tr.name) == target

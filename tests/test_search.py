@@ -727,7 +727,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "attention_rate": "measured",
         "attention_by_keys": False,  # one length measured on the A100
         "ramped_levels": ["nvlink"],
-        "transitions_left_out": 0,
+        "transitions": 0,
         "collectives": {},
         "capacity_bytes": 80 * 2**30,  # the A100 80GB's 81,920 MiB, nothing reserved
         # the plan's overlap, which the sweep keeps (a user audit: nothing said so)
@@ -1112,30 +1112,98 @@ def test_the_search_ranks_no_layout_the_plan_would_refuse_for_etp_or_its_sequenc
         ) == 0
 
 
-def test_the_search_says_it_leaves_hand_written_transitions_out(tmp_path):
-    """A transition is not swept (each layout is priced without it, and --write drops it);
-    the output said nothing of it."""
-    text = (ROOT / "tests" / "data" / "llama3-70b-hf.yaml").read_text(encoding="utf-8")
-    text = text.replace(
-        "hf/llama3-70b/config.json", str(ROOT / "tests/data/hf/llama3-70b/config.json")
+_CARRIED = """transitions:
+  - {name: logits gather, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: fp32},
+     group: tp, from: shard(1), to: replicate}
+  - {name: extra send, phase: forward, tensor: {shape: [micro * seq, hidden], dtype: bf16},
+     group: pp, from: replicate, to: replicate}
+  - {name: dp piece, phase: dp.grads, tensor: {shape: [micro * seq / 64, hidden / tp],
+     dtype: bf16}, group: dp, from: shard(0), to: replicate}
+"""
+
+
+def test_layouts_carry_the_plans_hand_written_transitions_as_budget_prices_them(tmp_path):
+    """Every layout carries the plan's transitions, their shapes evaluated for it: the search
+    left them out (an audit: a layout ranked as fitting at 23.0 GiB that `budget check`
+    put at 33.8 GiB, over a 32 GiB device), and --write dropped them. A layout the plan
+    loader would refuse for one (a shard that does not divide over dp, a stage send with
+    pp 1) is rejected with its reason; the rest budget exactly as searched, written out too."""
+    from budget.plan.write import layout_yaml
+
+    path = tmp_path / "carried.yaml"
+    path.write_text(GPT3.read_text(encoding="utf-8") + _CARRIED, encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(
+        tp=(4, 8), pp=(1, 2, 8), micro=(1, 2), virtual_stages=(1, 2), zero=(1,), recompute=("full",)
     )
-    text += (
-        "transitions:\n"
-        "  - name: logits gather\n"
-        "    phase: loss\n"
-        "    tensor: {shape: [micro * seq, vocab], dtype: fp32}\n"
-        "    group: tp\n"
-        "    from: shard(1)\n"
-        "    to: replicate\n"
+    outcome = search(plan, 1024, space)
+    assert outcome.rejected["a hand-written transition sends between stages, and pp 1 has none"]
+    uneven = outcome.rejected["a hand-written transition's shard does not divide over its group"]
+    assert uneven  # micro * 32 rows over dp 128 or 256
+    by_pp = {pp: [r for r in outcome.results if r.config.pp == pp] for pp in (2, 8)}
+    assert all(by_pp.values()) and not any(r.config.pp == 1 for r in outcome.results)
+    random.seed(7)
+    sample = [r for rs in by_pp.values() for r in random.sample(rs, min(4, len(rs)))]
+    assert {r.config.virtual_stages for r in sample} == {1, 2}
+    bare = replace(plan, transitions=())
+    for result in sample:
+        layout = apply(plan, result.config, 1024)
+        report = build_report(layout)
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        # the transitions are in the figures: without them the layout takes less time (its
+        # peak, where the loss and the reduction are not, may stay)
+        alone = build_report(apply(bare, result.config, 1024))
+        assert alone.worst.peak_bytes <= result.peak_bytes
+        assert alone.step["time_s"] < result.step_time_s
+        # and written out, the plan loader evaluates the shapes to the same figures
+        config = result.config.to_dict() | {"virtual_stages": result.config.virtual_stages}
+        text = layout_yaml(path, path.read_bytes(), config, 1024, "x")
+        written = tmp_path / "written.yaml"
+        written.write_text(text, encoding="utf-8")
+        loaded = load_plan(written)
+        assert [t.shape for t in loaded.transitions] == [t.shape for t in layout.transitions]
+        again = build_report(loaded)
+        assert again.worst.peak_bytes == result.peak_bytes
+        assert _relative(again.step["time_s"], result.step_time_s) < 1e-9
+    # a layout rejected for the dp shard is one the plan loader refuses
+    refused = replace(sample[0].config, tp=8, pp=1, dp=128, micro=1, virtual_stages=1)
+    text = layout_yaml(path, path.read_bytes(), refused.to_dict(), 1024, "x")
+    (tmp_path / "refused.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError, match="does not divide evenly"):
+        load_plan(tmp_path / "refused.yaml")
+
+
+def test_a_layout_whose_step_lacks_a_transitions_phase_is_rejected_not_priced(tmp_path):
+    """GPT-3's tied embeddings have a gradient all-reduce between the pipeline's ends only
+    with pp > 1; `budget PLAN` refuses a transition in that phase at pp 1, and the search
+    rejects those layouts by that reason, as not priced, and ranks the rest with it."""
+    path = tmp_path / "tied.yaml"
+    path.write_text(
+        GPT3.read_text(encoding="utf-8")
+        + "transitions:\n  - {name: tied grads, phase: embedding.grads, tensor: {shape: "
+        "[vocab, hidden / tp], dtype: fp32}, group: pp, from: partial, to: replicate}\n",
+        encoding="utf-8",
     )
-    plan = tmp_path / "tr.yaml"
-    plan.write_text(text, encoding="utf-8")
-    args = ["search", str(plan), *NARROW, "--tp", "8", "--pp", "4"]
-    result = CliRunner().invoke(app, route(args))
-    assert result.exit_code == 0, result.stderr
-    assert "The plan's 1 hand-written transition is left out" in " ".join(result.stdout.split())
-    result = CliRunner().invoke(app, route([*args, "-f", "json"]))
-    assert json.loads(result.stdout)["hardware"]["transitions_left_out"] == 1
+    plan = load_plan(path)
+    space = Space(tp=(8,), pp=(1, 8), micro=(1,), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 1024, space)
+    lone = [c for c in _candidates_of(plan, space) if c.pp == 1]
+    reason = "a hand-written transition names a phase or stage send its step lacks"
+    assert lone and outcome.rejected[reason] == len(lone)
+    assert outcome.evaluated == len(_candidates_of(plan, space)) - len(lone)
+    assert outcome.results and all(r.config.pp == 8 for r in outcome.results)
+    with pytest.raises(BudgetError, match=r"unknown phase 'embedding\.grads'"):
+        build_report(apply(plan, lone[0], 1024))
+    best = outcome.results[0]
+    report = build_report(apply(plan, best.config, 1024))
+    assert _relative(report.step["time_s"], best.step_time_s) < 1e-9
+
+
+def _candidates_of(plan, space):
+    from budget.search import _Counts, candidates
+
+    return candidates(plan, 1024, space, _Counts()).configs()
 
 
 @pytest.mark.parametrize("attention", ["ring", "allgather"])

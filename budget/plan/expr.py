@@ -30,6 +30,7 @@ __all__ = [
     "Num",
     "Value",
     "evaluate",
+    "evaluate_each",
     "names_in",
     "parse",
     "unparse",
@@ -219,3 +220,26 @@ def evaluate(node: Expr, names: Mapping[str, Value]) -> Value:
     if node.op == "/" and np.any(np.asarray(left % right) != 0):
         raise ExprError(f"{unparse(node)} = {_show(left)} / {_show(right)} does not divide evenly")
     return left // right
+
+
+def evaluate_each(node: Expr, names: Mapping[str, Value]) -> tuple[Value, npt.NDArray[np.bool_]]:
+    """`evaluate` element by element, where a sweep's names are arrays: the values, and
+    whether each element evaluated (no division by zero, no ``/`` that leaves a remainder);
+    an element that did not holds a number of no meaning. An unknown name still raises."""
+    if isinstance(node, Num | Name):
+        return evaluate(node, names), np.array(True)
+    left, left_ok = evaluate_each(node.left, names)
+    right, right_ok = evaluate_each(node.right, names)
+    ok = left_ok & right_ok
+    if node.op == "+":
+        return left + right, ok
+    if node.op == "-":
+        return left - right, ok
+    if node.op == "*":
+        return left * right, ok
+    zero = np.asarray(right) == 0
+    divisor = np.where(zero, 1, right)
+    ok = ok & ~zero
+    if node.op == "/":
+        ok = ok & (np.asarray(left % divisor) == 0)
+    return left // divisor, ok

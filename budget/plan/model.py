@@ -552,6 +552,9 @@ class Transition:
     source_alive: bool = True
     count: int = 1  # times per step
     where: Mark | None = None
+    # the shape as the file writes it, numbers and expressions over `resolve.SHAPE_NAMES`:
+    # a sweep evaluates it again for each layout (`search.reshaped`)
+    dims: tuple[int | str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,12 +58,14 @@ from budget.plan.yaml_load import Marks
 
 __all__ = [
     "GROUPS",
+    "MAX_ELEMENTS",
     "SERVING_SHAPE_NAMES",
     "SHAPE_NAMES",
     "TRAINING_ONLY",
     "llama_ffn",
     "parse_placement",
     "resolve",
+    "shape_names",
 ]
 
 GROUPS: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
@@ -926,6 +928,9 @@ class _Resolver:
                     dst=_placement_text(*dst),
                     source_alive=bool(item.get("source_alive", True)),
                     count=_int(item.get("count", 1)),
+                    dims=tuple(
+                        d if isinstance(d, str) else _int(d) for d in item["tensor"]["shape"]
+                    ),
                     where=Mark(
                         line,
                         col,
@@ -1645,7 +1650,7 @@ def resolve(
         )
         checks.run(topology)
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
-        names = _shape_names(model, batch, par, mode != "train")
+        names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, mode, transitions)[1]
     if "transitions" not in skip:
@@ -1687,9 +1692,10 @@ def resolve(
     )
 
 
-def _shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dict[str, int]:
-    """The values of `SHAPE_NAMES`, and a serving plan's `SERVING_SHAPE_NAMES`."""
-    names: dict[str, int] = {
+def shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dict[str, Any]:
+    """The values of `SHAPE_NAMES`, and a serving plan's `SERVING_SHAPE_NAMES`: ints, or
+    the arrays of a sweep's batched plan (`search.reshaped`)."""
+    names: dict[str, Any] = {
         "micro": batch.micro,
         "seq": batch.seq,
         "global": batch.global_batch,
@@ -1703,7 +1709,8 @@ def _shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> di
         "layers": model.layers,
     }
     for group in GROUPS:
-        names[group] = int(getattr(par, group))
+        degree = getattr(par, group)
+        names[group] = degree if getattr(degree, "ndim", 0) else int(degree)
     if serving:
         names.update(sequences=batch.global_batch, prompt=batch.prompt, generate=batch.generate)
     return names

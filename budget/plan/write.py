@@ -59,8 +59,9 @@ def layout_yaml(
     dp, cp, ep, zero, sequence_parallel, recompute, micro, virtual_stages) and `gpus`
     written in, to be saved in `folder` (the source's own by default): a relative
     ``model.hf_config``, which a plan reads from its own folder, is rewritten relative to
-    that one (an absolute one is kept). Hand-written transitions are dropped: the search
-    does not sweep them."""
+    that one (an absolute one is kept). Hand-written transitions are kept as the file writes
+    them: their shapes' expressions take the new layout's values, as the search priced them
+    (`search.reshaped`)."""
     tree = copy.deepcopy(_tree(data, str(source)))
     model = tree.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and folder:
@@ -95,7 +96,6 @@ def layout_yaml(
     else:
         topology.pop("nodes", None)
         topology["gpus"] = gpus
-    tree.pop("transitions", None)
     body = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, default_flow_style=None)
     header = (
         f"# yaml-language-server: $schema={schema_ref}\n"

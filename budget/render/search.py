@@ -350,11 +350,11 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     named = hardware.get("collectives") or {}
     if named:
         bandwidth += "; " + ", ".join(f"{op} by {name}" for op, name in sorted(named.items()))
-    left = hardware.get("transitions_left_out", 0)
-    dropped = (
-        f" The plan's {plural(left, 'hand-written transition')} "
-        f"{'are' if left > 1 else 'is'} left out of every layout (and of --write)."
-        if left
+    carried = hardware.get("transitions", 0)
+    written = (
+        f" Every layout carries the plan's {plural(carried, 'hand-written transition')}, "
+        "shaped for its degrees and micro-batch size."
+        if carried
         else ""
     )
     overlap = hardware.get("overlap")
@@ -364,7 +364,7 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         off = [flag for flag, value in overlap.items() if not value]
         parts = [f"{', '.join(on)} on" if on else "", f"{', '.join(off)} off" if off else ""]
         kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
-    return f"Priced on {where}; {attention}; {bandwidth}.{kept}{dropped}"
+    return f"Priced on {where}; {attention}; {bandwidth}.{kept}{written}"
 
 
 WRITTEN = "The plan as written (as `budget PLAN` budgets it)"
@@ -426,8 +426,7 @@ def _outside(outcome: Outcome) -> list[str]:
 
 def written_note(outcome: Outcome) -> str:
     """How the plan searched compares with the best layout, in the objective's figure, and
-    whether it fits and keeps the limits (a user audit: nothing said). Its hand-written
-    transitions, which no ranked layout has, are in its figures."""
+    whether it fits and keeps the limits (a user audit: nothing said)."""
     mine, best = outcome.written, outcome.best
     if mine is None:
         return ""
@@ -453,8 +452,6 @@ def written_note(outcome: Outcome) -> str:
         limits = f"{', '.join(most)} and {last} limits" if most else f"{last} limit"
         parts.append(f"does not keep the {limits}")
     said = f"The plan as written {', and '.join(parts)}." if parts else ""
-    if outcome.hardware.get("transitions_left_out"):
-        said += " Its figures include its hand-written transitions, which no ranked layout has."
     if outcome.own_split is not None:
         said += " Its figures are at its own layers_per_stage, which no ranked layout has."
     return said.strip()
