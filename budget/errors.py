@@ -108,14 +108,15 @@ class BudgetError(Exception):
 
 def every_one(function: Callable[[In], Out], items: Iterable[In]) -> list[Out]:
     """`function` of each item, or a BudgetError with every item's problems together (two
-    plans' problems in one run, not the second's after the first is fixed)."""
+    plans' problems in one run, not the second's after the first is fixed), each once: one
+    file given twice (`budget diff a.yaml a.yaml`) printed its errors twice (an audit)."""
     results: list[Out] = []
-    problems: list[Problem] = []
+    problems: dict[Problem, None] = {}
     for item in items:
         try:
             results.append(function(item))
         except BudgetError as error:
-            problems.extend(error.problems)
+            problems.update(dict.fromkeys(error.problems))
     if problems:
-        raise BudgetError(problems)
+        raise BudgetError(list(problems))
     return results

@@ -440,6 +440,15 @@ def test_both_plans_broken_past_loading_are_both_reported(tmp_path: Path) -> Non
     assert "unknown phase 'nowhere'" in err and "is left sum-partial on dp" in err
 
 
+def test_one_broken_plan_given_twice_says_each_problem_once() -> None:
+    """`budget diff bad.yaml bad.yaml` printed each of the file's errors twice (an audit)."""
+    bad = ROOT / "tests" / "invalid" / "transition-unknown-phase.yaml"
+    code, out, err = _diff(bad, bad)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and lines
+    assert len(lines) == len(set(lines))
+
+
 def test_a_named_collective_algorithm_is_one_plan_change(tmp_path: Path) -> None:
     """`collectives: {all-reduce: recursive}` reads as one change of that op's algorithm
     (it read 'collectives [] → –' and 'collectives.0 – → [all-reduce, recursive]'), from
