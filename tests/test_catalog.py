@@ -231,6 +231,17 @@ def test_unknown_preset_is_a_problem(section: str) -> None:
     )
 
 
+def test_an_unknown_device_preset_still_has_its_own_keys_read() -> None:
+    """`device: {preset: h100, reserved: 4}` said the preset, and the bare 4 only once the
+    preset was mended (a user audit); a memory the preset would give is not guessed."""
+    with pytest.raises(BudgetError) as raised:
+        _resolve(_tree(device={"preset": "h100", "reserved": 4}))
+    assert [p.path for p in raised.value.problems] == ["$.device.preset", "$.device.reserved"]
+    with pytest.raises(BudgetError) as raised:
+        _resolve(_tree(device={"preset": "h100", "reserved": "90 GiB"}))
+    assert [p.path for p in raised.value.problems] == ["$.device.preset"]
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_preset_resolves(name: str) -> None:
     tree = _tree(

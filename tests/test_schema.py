@@ -24,6 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
 
 
+MODEL_HINT = (
+    "write the model's dimensions (layers, hidden, heads, vocab), or name a preset "
+    "({preset: llama3-8b}; `budget presets` lists them) or a Hugging Face config "
+    "({hf_config: config.json})"
+)
+
+
 def errors(text: str) -> list[str]:
     loaded = load_yaml(text, "p.yaml")
     assert loaded.problems == ()
@@ -129,12 +136,12 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("layers: 2, ", ""),
-            "p.yaml:1:1: error: $.model: 'layers' is a required property",
+            f"p.yaml:1:1: error: $.model: 'layers' is a required property: {MODEL_HINT}",
         ),
         (
             ("heads: 4", "heds: 4"),
             [
-                "p.yaml:1:1: error: $.model: 'heads' is a required property",
+                f"p.yaml:1:1: error: $.model: 'heads' is a required property: {MODEL_HINT}",
                 "p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)",
             ],
         ),
@@ -500,3 +507,39 @@ def test_no_required_key_offers_a_default() -> None:
 
     walk(schema, "$")
     assert offending == []
+
+
+@pytest.mark.parametrize(
+    ("section", "catalogue"),
+    [("model", "MODELS"), ("device", "DEVICES"), ("topology", "TOPOLOGIES")],
+)
+def test_the_schema_names_every_preset_of_the_catalogue(section: str, catalogue: str) -> None:
+    """The preset's description, which `budget schema` prints and editors show, lists the
+    catalogue's presets: the model list lacked gpt-oss-120b (a user audit)."""
+    import budget.catalog.devices
+    import budget.catalog.models
+    import budget.catalog.topologies
+
+    modules = (budget.catalog.models, budget.catalog.devices, budget.catalog.topologies)
+    names = next(getattr(m, catalogue) for m in modules if hasattr(m, catalogue))
+    text = schema()["properties"][section]["properties"]["preset"]["description"]
+    listed = re.search(r"\(([^)]*)\)", text)
+    assert listed is not None
+    assert listed[1].split(", ") == list(names)
+
+
+@pytest.mark.parametrize(
+    ("text", "missing", "hint"),
+    [
+        ("topology: {gpus: 1}", "levels", "{preset: dgx-h100, gpus: 1}"),
+        ("device: {flops: {bf16: 1 TFLOP/s}}", "memory", "{preset: h100-sxm}"),
+        ("model: {layers: 2}", "hidden", "{hf_config: config.json}"),
+    ],
+)
+def test_a_section_missing_a_key_a_preset_would_fill_says_so(
+    text: str, missing: str, hint: str
+) -> None:
+    """`topology: {gpus: 1}` said only "'levels' is a required property" (a user audit),
+    where a preset with its size is what a one-GPU plan writes."""
+    found = [e for e in errors(text + "\n") if f"'{missing}'" in e and "required" in e]
+    assert found and hint in found[0]

@@ -666,19 +666,21 @@ class _Resolver:
         ``attention_efficiency`` the measured rate of whichever fused attention kernel runs;
         ``kernel_startup`` the seconds every kernel takes beyond its bytes.
         """
-        preset = None
+        preset, unknown = None, False
         if "preset" in tree:
             from budget.catalog import DEVICES
 
             preset = DEVICES.get(tree["preset"])
             if preset is None:
                 self.unknown_preset("device", tree["preset"], DEVICES)
-                return None
-        memory = (
-            self.unit(units.parse_bytes, tree["memory"], "$.device.memory")
-            if "memory" in tree or preset is None
-            else preset.memory
-        )
+                # no device, but the keys it writes are read, so that their problems come
+                # with this one (a user audit: `reserved: 4` was said only a run later)
+                unknown = True
+        memory: int | None = None  # an unknown preset's is not guessed
+        if "memory" in tree or (preset is None and not unknown):
+            memory = self.unit(units.parse_bytes, tree["memory"], "$.device.memory")
+        elif preset is not None:
+            memory = preset.memory
         reserved = self.unit(units.parse_bytes, tree.get("reserved", 0), "$.device.reserved")
         for key in ("memory", "reserved"):
             if self.bare_size(tree.get(key), f"$.device.{key}"):
@@ -702,6 +704,8 @@ class _Resolver:
                 units.parse_bandwidth, tree["memory_bandwidth"], "$.device.memory_bandwidth"
             )
         if memory is None or reserved is None or bandwidth is None:
+            return None
+        if unknown:  # what reads the preset's numbers is not checked against a guess
             return None
         if "memory_bandwidth" in tree and bandwidth < 1:
             self.error(

@@ -50,11 +50,24 @@ def validate_tree(
     (already a problem of their own): the schema's complaint about that None is not
     repeated, but any other problem at the same path (an unknown key) still is."""
     problems: list[Problem] = []
+    missing: dict[str, tuple[list[str], str]] = {}  # keys a preset would fill, by section
     for error in _validator().iter_errors(tree):
         placeholder = error.instance is None and error.validator != "additionalProperties"
         if placeholder and _path(error.absolute_path) in refused:
             continue
+        hint = error.schema.get("x-missing") if isinstance(error.schema, dict) else None
+        if error.validator == "required" and hint:
+            keys = [k for k in error.validator_value if repr(k) in error.message]
+            missing.setdefault(_path(error.absolute_path), ([], hint))[0].extend(keys)
+            continue
         problems.extend(_problems(error, marks, file))
+    for path, (keys, hint) in missing.items():
+        # one problem a section, not one a key: each said the same remedy (four times for
+        # a model written without its dimensions)
+        named = [repr(k) for k in keys]
+        listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+        verb = "is a required property" if len(named) == 1 else "are required properties"
+        problems.append(Problem(file, *marks.at(path), path, f"{listed} {verb}: {hint}"))
     return sorted(set(problems))
 
 
