@@ -1059,3 +1059,35 @@ def test_an_interleaved_zero2_reduction_is_each_chunks_share(tmp_path):
     assert min(s.each_microbatch_s for s in times.stages) > 0.04  # a reduction to wait for
     replayed = float(replay_of(plan, list(times.stages), derive(plan).microbatches).steps()[0])
     assert replayed == pytest.approx(times.time_s, rel=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("edits", "idle"),
+    [
+        ((), None),  # 96 micro-batches through 8 stages: a 6 % bubble, nothing said
+        ((("global: 1536", "global: 128"),), "(p − 1)/m = 7/8"),
+        (
+            (
+                ("global: 1536", "global: 128"),
+                ("{schedule: 1f1b}", "{schedule: interleaved, virtual_stages: 2}"),
+            ),
+            "(p − 1)/(v·m) = 7/16",
+        ),
+    ],
+)
+def test_a_large_bubble_is_explained_with_what_shrinks_it(tmp_path, edits, idle):
+    """A bubble of a fifth of the step or more says why, by Narayanan et al.'s (p − 1)/m or
+    (p − 1)/(v·m), and what shrinks it (a user audit: 2 micro-batches through 4 stages left
+    a 1.01 s bubble in a 1.78 s step, unsaid); at micro 1, not a smaller micro-batch."""
+    from budget.render.table import BUBBLE_NOTE, summary
+
+    report = budget_plan(variant(tmp_path, "bubble.yaml", *edits))
+    share = report.step["bubble_s"] / report.step["time_s"]
+    said = [line for line in summary(report) if line.startswith("The bubble is")]
+    if idle is None:
+        assert share < BUBBLE_NOTE and not said
+        return
+    (line,) = said
+    assert share >= BUBBLE_NOTE and f"The bubble is {share:.0%} of the step" in line
+    assert "8 micro-batches a step through 8 stages" in line and idle in line
+    assert "smaller batch.micro" not in line and "a larger batch.global" in line
