@@ -702,3 +702,20 @@ def test_the_fit_check_falls_back_to_rich_s_public_measure(monkeypatch) -> None:
     narrow.add_column("a", no_wrap=True)
     narrow.add_row("x" * 10)
     assert (render.whole(console, wide), render.whole(console, narrow)) == (False, True)
+
+
+def test_an_fp8_plan_says_what_its_memory_leaves_out(tmp_path: Path) -> None:
+    """`precision.matmul: fp8` prices the GEMMs at the fp8 peak and leaves the memory in the
+    plan's formats; the stage table says so, as a bf16 plan's does not (a diff audit read
+    the unchanged peak as a question)."""
+    from budget.render.table import FP8_MEMORY
+    from tests.plan_files import variant
+
+    llama = ROOT / "plans" / "llama3-70b.yaml"
+    fp8 = variant(tmp_path, "fp8.yaml", ("precision:\n", "precision:\n  matmul: fp8\n"), base=llama)
+    for plan, said in ((llama, False), (fp8, True)):
+        report = budget_plan(plan)
+        console = Console(width=120, color_system=None, record=True)
+        console.print(stage_table(report, True, 8))
+        text = " ".join(console.export_text().split())
+        assert (FP8_MEMORY in text) is said

@@ -428,6 +428,8 @@ def stage_table(
         )
     elif train:  # the count has no unit of its own (an audit)
         table.caption += "; in flight: micro-batches whose activations the stage holds"
+    if train and report.mfu_format == "fp8":
+        table.caption += "\n" + FP8_MEMORY
 
     table.caption_justify = "left"
     return table
@@ -948,6 +950,14 @@ def summary(report: Report) -> list[str]:
     return lines + _bubble_note(report)
 
 
+# what an fp8 plan's memory leaves out (Transformer Engine: a GEMM weight's FP8 copy and its
+# transpose cached from the first micro-batch, `get_weight_workspace`; a Linear's input kept
+# for the weight gradient as its FP8 transpose, `update_usage`, read by a research audit)
+FP8_MEMORY = (
+    "fp8 GEMMs: memory is counted in the plan's formats (precision.params, activations); "
+    "Transformer Engine's FP8 weight copies (about 2 B a GEMM weight on Hopper, kept across "
+    "the step) and the GEMM inputs it saves in FP8 are not counted"
+)
 BUBBLE_NOTE = 0.2  # the share of the step past which the bubble is explained
 
 
