@@ -531,3 +531,24 @@ def test_two_levels_of_one_name_are_refused_at_the_second_name() -> None:
         )
     )
     assert [level.name for level in renamed.topology.levels] == ["nvlink", "infiniband", "spine"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "batch", "said"),
+    [
+        # dp 3 would split 32 sequences in micro-batches of 2 unevenly: not offered
+        ("12", "{seq: 2048, micro: 2, global: 32}", "choose degrees whose product is 12"),
+        ("12", "{seq: 2048, micro: 2, global: 48}", "change dp to 3 (or set topology.gpus to 8)"),
+        # 10 GPUs fill no whole number of 4-GPU domains: resizing is what is offered
+        ("10", "{seq: 2048, micro: 1, global: 30}", "but the topology has 10 GPUs; set topology"),
+    ],
+)
+def test_a_dp_is_offered_only_where_the_plan_would_take_it(gpus, batch, said) -> None:
+    """The world check offered dp 15 for 60 GPUs of 8-GPU nodes, which the batch and the
+    topology checks then refused (an audit): a dp is offered where the batch splits over it
+    and the GPUs fill the domains; else other degrees, or the topology resized."""
+    text = BASE.replace("gpus: 8", f"gpus: {gpus}").replace(
+        "batch: {seq: 2048, micro: 2, global: 32}", f"batch: {batch}"
+    )
+    (world,) = [p for p in problems_of(text) if "$.parallel:" in p]
+    assert said in world

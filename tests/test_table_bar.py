@@ -719,3 +719,27 @@ def test_an_fp8_plan_says_what_its_memory_leaves_out(tmp_path: Path) -> None:
         console.print(stage_table(report, True, 8))
         text = " ".join(console.export_text().split())
         assert (FP8_MEMORY in text) is said
+
+
+@pytest.mark.parametrize(
+    ("name", "shared"),
+    [("llama3-405b-128k.yaml", "cp, pp, dp×cp on roce"), ("llama3-70b-decode.yaml", None)],
+)
+def test_groups_meeting_on_one_level_are_said_to_take_its_whole_bandwidth(
+    name: str, shared: str | None
+) -> None:
+    """The engine divides a level only by its shared_by: collectives of different groups
+    running at once on one GPU's link each get the whole B_eff, which nothing said (a
+    topology audit); the table and the markdown say it where groups meet on a level."""
+    from budget.render.markdown import render_markdown
+    from budget.render.table import link_table
+
+    report = budget_plan(ROOT / "plans" / name)
+    console = Console(width=120, color_system=None, record=True)
+    console.print(link_table(report))
+    texts = [" ".join(t.split()) for t in (console.export_text(), render_markdown(report))]
+    for text in texts:
+        if shared is None:
+            assert "not made to share it" not in text
+        else:
+            assert f"({shared}), they are not made to share it" in text

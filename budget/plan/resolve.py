@@ -1134,9 +1134,20 @@ class _LayoutChecks:
             self.spread(topology)
             return
         others = p.tp * p.cp * p.pp
+        dp = topology.gpus // others if topology.gpus % others == 0 else 0
+        # a dp is offered only where the plan would take it: its batch splits over it, and
+        # the GPUs fill the topology's domains (an audit: 60 GPUs of 8-GPU nodes offered dp
+        # 15, which both of these then refused)
+        b = self.whole_batch
+        per_replica = b.micro if self.mode == "train" and b is not None else 1
+        splits = dp and (b is None or b.global_batch % (per_replica * dp) == 0)
+        fills = not any(
+            lv.size and lv.size < topology.gpus and topology.gpus % lv.size
+            for lv in topology.levels[:-1]
+        )
         hint = (
-            f"change dp to {topology.gpus // others}"
-            if topology.gpus % others == 0
+            f"change dp to {dp}"
+            if splits and fills
             else f"choose degrees whose product is {topology.gpus:,}"
         )
         resize = f"topology.gpus to {product:,}"
@@ -1152,7 +1163,8 @@ class _LayoutChecks:
         self.r.error(
             "$.parallel",
             f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
-            f"topology has {topology.gpus:,} GPUs; {hint} (or set {resize})",
+            f"topology has {topology.gpus:,} GPUs; "
+            + (f"{hint} (or set {resize})" if fills else f"set {resize}"),
         )
 
     def spread(self, topology: Topology) -> None:

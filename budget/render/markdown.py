@@ -71,6 +71,8 @@ def render_markdown(report: Report) -> str:
         header,
         link_groups,
         pacing_note,
+        shared_levels,
+        shared_note,
         shown_placement,
         slowdown_note,
         step_cells,
@@ -264,6 +266,8 @@ def render_markdown(report: Report) -> str:
     )
     if ramped:
         lines += [ramp_note(report) + ".", ""]
+    if shared := shared_levels(report):
+        lines += [shared_note(shared) + ".", ""]
     if not timed:
         lines.append(
             "Times are not computed: the device section has no peak FLOP/s or memory bandwidth."

@@ -870,7 +870,30 @@ def link_table(report: Report) -> Table:
             *([ramp_shares(link)] if ramped else []),
             link_groups(report, link["name"]),
         )
+    if shared := shared_levels(report):
+        table.caption = "\n".join(filter(None, [str(table.caption or ""), shared_note(shared)]))
+        table.caption_justify = "left"
     return table
+
+
+def shared_levels(report: Report) -> list[str]:
+    """The levels several groups' collectives are priced on, "cp, dp×cp on infiniband"."""
+    return [
+        f"{groups} on {link['name']}"
+        for link in report.links
+        if ", " in (groups := link_groups(report, link["name"]))
+    ]
+
+
+def shared_note(shared: list[str]) -> str:
+    """That groups meeting on one level ("cp, dp×cp on infiniband") are each priced at its
+    whole bandwidth: DESIGN.md rule 5 names contention, and the engine divides a level only
+    by its ``shared_by`` (`budget.topology`), which a topology audit found unsaid."""
+    return (
+        "Each collective is priced at its level's whole B_eff: where collectives of "
+        f"different groups run at once on one GPU's link ({'; '.join(shared)}), they are "
+        "not made to share it (a level's shared_by divides it)"
+    )
 
 
 def link_groups(report: Report, level: str) -> str:
