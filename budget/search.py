@@ -423,21 +423,37 @@ def _names(plan: Plan, values: dict[str, Any]) -> dict[str, Any]:
     return names
 
 
-def _shape_of(tr: Transition, names: dict[str, Any]) -> tuple[tuple[Any, ...], np.ndarray]:
-    """`tr`'s shape under `names` (ints or arrays), and where it can be formed as the plan
-    loader forms it (`resolve`): each dimension evaluates (`expr.evaluate_each`) to at
-    least 1, and the tensor holds no more than `MAX_ELEMENTS`."""
+def _shape_of(tr: Transition, names: dict[str, Any]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
+    """`tr`'s shape under `names` (ints or arrays), and where it cannot be formed as the
+    plan loader forms it (`resolve`), by reason (`SHAPE_REASONS`): a dimension that does not
+    evaluate (`expr.evaluate_each`), one below 1, more than `MAX_ELEMENTS` in all. Counted in
+    Python's integers, as the loader counts (in int64 a product past 2^63 wrapped to a small
+    one, and a review's 2^65 + 1 elements were ranked); the shape comes back as int64
+    arrays, 1 where it cannot be formed."""
+    exact = {k: np.asarray(v, dtype=object) for k, v in names.items()}  # ints as Python's
     dims: list[Any] = []
-    ok = np.array(True)
-    for dim in tr.dims:
+    divides, positive = np.array(True), np.array(True)
+    for dim in tr.dims or tr.shape:
         if isinstance(dim, str):
-            value, fine = expr.evaluate_each(_parsed(dim), names)
-            ok = ok & fine & (np.asarray(value) >= 1)
+            value, fine = expr.evaluate_each(_parsed(dim), exact)
+            divides = divides & fine
+            positive = positive & (np.asarray(value) >= 1)
             dims.append(value)
         else:
             dims.append(dim)
-    elements = math.prod(np.asarray(d, dtype=float) for d in dims)
-    return tuple(dims), ok & (elements <= MAX_ELEMENTS)
+    formed = divides & positive
+    small = formed & (math.prod(dims) <= MAX_ELEMENTS)
+    shape = tuple(
+        np.where(small, d, 1).astype(np.int64) if isinstance(d, np.ndarray) else d for d in dims
+    )
+    return shape, [~divides, divides & ~positive, formed & ~small]
+
+
+SHAPE_REASONS = (
+    "a hand-written transition's shape does not divide evenly",
+    "a hand-written transition's dimension is below 1",
+    "a hand-written transition's tensor holds more than 2^48 elements",
+)
 
 
 @lru_cache(maxsize=256)
@@ -467,27 +483,29 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
     names = _names(plan, block.values)
     keep = np.ones(len(block), dtype=bool)
     reasons = (
-        "a hand-written transition's shape does not divide evenly",
+        *SHAPE_REASONS,
         "a hand-written transition's shard does not divide over its group",
         "a hand-written transition sends between stages, and pp 1 has none",
     )
-    broken = [np.zeros(len(block), dtype=bool) for _ in reasons]
+    broken = {reason: np.zeros(len(block), dtype=bool) for reason in reasons}
+
+    def drop(reason: str, out: Any) -> None:
+        nonlocal keep
+        broken[reason] |= keep & out
+        keep &= ~np.asarray(out)
+
     for tr in plan.transitions:
-        shape, ok = _shape_of(tr, names)
-        broken[0] |= keep & ~ok
-        keep &= ok
+        shape, outs = _shape_of(tr, names)
+        for reason, out in zip(SHAPE_REASONS, outs, strict=True):
+            drop(reason, out)
         for text in (tr.src, tr.dst):
             kind, dim = parse_placement(text)
             if kind == "shard" and dim is not None:  # a dimension the tensor has (resolve)
-                uneven = np.asarray(shape[dim] % names[tr.group]) != 0
-                broken[1] |= keep & uneven
-                keep &= ~uneven
+                drop(reasons[3], np.asarray(shape[dim] % names[tr.group]) != 0)
         sends = tr.group == "pp" and tr.src == tr.dst
         if sends or pipeline_phase(plan.mode, tr.phase) is not None:
-            alone = block.values["pp"] == 1
-            broken[2] |= keep & alone
-            keep &= ~alone
-    for reason, mask in zip(reasons, broken, strict=True):
+            drop(reasons[4], block.values["pp"] == 1)
+    for reason, mask in broken.items():
         if mask.any():
             counts.rejected[reason] += int(mask.sum())
     return block if keep.all() else block.take(np.flatnonzero(keep))
@@ -1483,7 +1501,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
     """What every layout of a search was priced on: the device and topology (preset names,
     or None where the plan writes them out), the kernel attention is timed as and where its
     rate comes from, the levels whose collectives follow a measured bandwidth ramp, and how
-    the plan's hand-written transitions every layout carries."""
+    many hand-written transitions of the plan every layout carries."""
     device, m = plan.device, plan.model
     measured = device.attention_rate(m.attention)
     return {

@@ -2363,7 +2363,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             message = unknown_phase(plan.mode, tr.phase, known)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
         elif i not in sent:  # a stage send where only the stage at the model's end runs
-            message = no_stage_to_send_to(tr.name, tr.phase, plan.parallel.pp)
+            # a sweep's depths are an array, all of them 1 or none (`search.structure`)
+            pp = int(np.max(plan.parallel.pp))
+            message = no_stage_to_send_to(tr.name, tr.phase, pp)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
     if problems:
         raise BudgetError(problems)

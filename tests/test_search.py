@@ -2451,3 +2451,56 @@ def test_a_long_ranking_is_fitted_on_its_widest_rows():
             console, lambda kept: _built("t", ["name"], kept, sample), ["a", "b"], ["b", "a"]
         )
         assert whole == fast
+
+
+def test_a_transitions_shape_is_counted_exactly_and_rejected_by_its_own_reason():
+    """A transition's shape evaluated over a sweep's layouts is counted in Python's integers
+    as the plan loader counts it: in int64, micro³ · hidden⁴ + 1 at micro 4096 and hidden
+    128 wrapped from 2^64 + 1 to 1, and a review's plan ranked layouts `budget` refuses for
+    2^48 elements. Each way a shape fails has its reason (a dimension below 1 was counted
+    as one that does not divide)."""
+    from budget.plan.model import Transition
+    from budget.search import SHAPE_REASONS, _shape_of
+
+    def rejected(dim, **names):
+        tr = Transition("t", "loss", (1,), "bf16", "tp", "replicate", "replicate", dims=(dim,))
+        shape, outs = _shape_of(tr, {k: np.asarray(v) for k, v in names.items()})
+        said = [reason for reason, out in zip(SHAPE_REASONS, outs, strict=True) if out.any()]
+        return shape[0].tolist(), said, [o.tolist() for o in outs]
+
+    huge = "micro * micro * micro * hidden * hidden * hidden * hidden + 1"
+    shape, reasons, outs = rejected(huge, micro=[1, 4096], hidden=128)
+    assert shape == [2**28 + 1, 1] and outs[2] == [False, True]
+    assert reasons == ["a hand-written transition's tensor holds more than 2^48 elements"]
+    shape, reasons, outs = rejected("hidden / tp - 1000", hidden=2048, tp=[1, 2, 4, 3])
+    assert shape == [1048, 24, 1, 1]
+    assert outs == [[False, False, False, True], [False, False, True, False], [False] * 4]
+
+
+def test_a_stage_send_in_the_loss_is_rejected_at_v_1_and_priced_at_v_2(tmp_path):
+    """The loss runs on the last stage alone: a stage send there has no next stage without
+    virtual stages, and `budget` refuses it; with two, the last stage sends to stage 0's
+    next chunk. The search crashed on the array of depths building that refusal (a review);
+    it rejects the v 1 layouts by reason and ranks the v 2 ones as `budget` prices them."""
+    path = tmp_path / "send.yaml"
+    path.write_text(
+        GPT3.read_text(encoding="utf-8")
+        + "transitions:\n  - {name: ls, phase: loss, tensor: {shape: [micro * seq / tp, "
+        "hidden], dtype: bf16}, group: pp, from: replicate, to: replicate}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(path)
+    space = Space(
+        tp=(8,), pp=(4, 8), micro=(1,), virtual_stages=(1, 2), zero=(1,), recompute=("full",)
+    )
+    outcome = search(plan, 1024, space)
+    reason = "a hand-written transition names a phase or stage send its step lacks"
+    flat = [c for c in _candidates_of(plan, space) if c.virtual_stages == 1]
+    assert flat and outcome.rejected[reason] == len(flat)
+    assert outcome.results and {r.config.virtual_stages for r in outcome.results} == {2}
+    with pytest.raises(BudgetError, match="no next stage to send to"):
+        build_report(apply(plan, flat[0], 1024))
+    for result in outcome.results[:3]:
+        report = build_report(apply(plan, result.config, 1024))
+        assert report.worst.peak_bytes == result.peak_bytes
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9

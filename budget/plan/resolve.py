@@ -1135,36 +1135,47 @@ class _LayoutChecks:
             return
         others = p.tp * p.cp * p.pp
         dp = topology.gpus // others if topology.gpus % others == 0 else 0
-        # a dp is offered only where the plan would take it: its batch splits over it, and
-        # the GPUs fill the topology's domains (an audit: 60 GPUs of 8-GPU nodes offered dp
-        # 15, which both of these then refused)
+        # each remedy is offered only where the plan would take it: a dp its batch splits
+        # over, and GPU counts that fill the topology's domains (an audit: 60 GPUs of 8-GPU
+        # nodes offered dp 15, which the batch and the topology checks then refused)
         b = self.whole_batch
         per_replica = b.micro if self.mode == "train" and b is not None else 1
         splits = dp and (b is None or b.global_batch % (per_replica * dp) == 0)
-        fills = not any(
-            lv.size and lv.size < topology.gpus and topology.gpus % lv.size
-            for lv in topology.levels[:-1]
-        )
-        hint = (
-            f"change dp to {dp}"
-            if splits and fills
-            else f"choose degrees whose product is {topology.gpus:,}"
-        )
-        resize = f"topology.gpus to {product:,}"
-        if topology.name:  # a preset: its size is written in nodes
-            from budget.catalog import TOPOLOGIES
 
-            per_node = TOPOLOGIES[topology.name].gpus_per_node
-            resize = (
-                f"topology.nodes to {product // per_node:,}"
-                if product % per_node == 0
-                else f"topology.gpus: {product:,} in place of topology.nodes"
+        def fills(gpus: int) -> bool:
+            return not any(
+                lv.size and lv.size < gpus and gpus % lv.size for lv in topology.levels[:-1]
             )
+
+        remedies = []
+        if fills(topology.gpus):
+            remedies.append(
+                f"change dp to {dp}"
+                if splits
+                else f"choose degrees whose product is {topology.gpus:,}"
+            )
+        if fills(product):
+            resize = f"topology.gpus to {product:,}"
+            if topology.name:  # a preset: its size is written in nodes
+                from budget.catalog import TOPOLOGIES
+
+                per_node = TOPOLOGIES[topology.name].gpus_per_node
+                resize = (
+                    f"topology.nodes to {product // per_node:,}"
+                    if product % per_node == 0
+                    else f"topology.gpus to {product:,} (without topology.nodes)"
+                )
+            remedies.append(f"set {resize}")
+        advice = (
+            " (or ".join(remedies) + ")" * (len(remedies) - 1)
+            if remedies
+            else "choose degrees whose product fills whole domains of the topology, and "
+            "size the topology to it"
+        )
         self.r.error(
             "$.parallel",
             f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
-            f"topology has {topology.gpus:,} GPUs; "
-            + (f"{hint} (or set {resize})" if fills else f"set {resize}"),
+            f"topology has {topology.gpus:,} GPUs; {advice}",
         )
 
     def spread(self, topology: Topology) -> None:

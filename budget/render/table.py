@@ -995,13 +995,16 @@ def _bubble_note(report: Report) -> list[str]:
         return []
     p, v, m = layout["pp"], layout["virtual_stages"], report.microbatches
     stages = plural(p, "stage") + (f" of {v} model chunks each" if v > 1 else "")
-    idle = f"(p − 1)/(v·m) = {p - 1}/{v * m}" if v > 1 else f"(p − 1)/m = {p - 1}/{m}"
+    ratio = f"{p - 1}/{v * m}" if v * m > 1 else f"{p - 1}"
+    idle = f"(p − 1)/(v·m) = {ratio}" if v > 1 else f"(p − 1)/m = {ratio}"
     chunks = "more virtual stages" if v > 1 else "virtual stages (the interleaved schedule)"
+    # the ideal's ratio, of equal stages: a review's uneven stages idled 0.54 of their time
+    # where (p − 1)/m read 3, so the note says whose ratio it is
     return [
         f"The bubble is {share:.0%} of the step: {plural(m, 'micro-batch', 'micro-batches')} "
-        f"a step through {stages} {'leaves' if m == 1 else 'leave'} each stage idle {idle} of "
-        "its micro-batches' time "
-        f"(Narayanan et al. 2021, section 2.2); {chunks} and more micro-batches a step ("
+        f"a step through {stages}, where equal stages would each idle {idle} times their "
+        "micro-batches' work (Narayanan et al. 2021, section 2.2); "
+        f"{chunks} and more micro-batches a step ("
         + ("a smaller batch.micro or " if layout["micro"] > 1 else "")
         + "a larger batch.global) shrink it"
     ]
