@@ -425,31 +425,38 @@ def _names(plan: Plan, values: dict[str, Any]) -> dict[str, Any]:
 
 def _shape_of(tr: Transition, names: dict[str, Any]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
     """`tr`'s shape under `names` (ints or arrays), and where it cannot be formed as the
-    plan loader forms it (`resolve`), by reason (`SHAPE_REASONS`): a dimension that does not
-    evaluate (`expr.evaluate_each`), one below 1, more than `MAX_ELEMENTS` in all. Counted in
+    plan loader forms it (`resolve`), by reason (`SHAPE_REASONS`): a dimension that divides
+    by zero or unevenly (`expr.evaluate_each`), one below 1, more than `MAX_ELEMENTS` in
+    all. Counted in
     Python's integers, as the loader counts (in int64 a product past 2^63 wrapped to a small
     one, and a review's 2^65 + 1 elements were ranked); the shape comes back as int64
     arrays, 1 where it cannot be formed."""
     exact = {k: np.asarray(v, dtype=object) for k, v in names.items()}  # ints as Python's
     dims: list[Any] = []
-    divides, positive = np.array(True), np.array(True)
+    defined, even, positive = np.array(True), np.array(True), np.array(True)
     for dim in tr.dims or tr.shape:
         if isinstance(dim, str):
-            value, fine = expr.evaluate_each(_parsed(dim), exact)
-            divides = divides & fine
+            value, by_nonzero, evenly = expr.evaluate_each(_parsed(dim), exact)
+            defined, even = defined & by_nonzero, even & evenly
             positive = positive & (np.asarray(value) >= 1)
             dims.append(value)
         else:
             dims.append(dim)
-    formed = divides & positive
+    formed = defined & even & positive
     small = formed & (math.prod(dims) <= MAX_ELEMENTS)
-    shape = tuple(
-        np.where(small, d, 1).astype(np.int64) if isinstance(d, np.ndarray) else d for d in dims
-    )
-    return shape, [~divides, divides & ~positive, formed & ~small]
+    # int64 where it can be formed (then within 2^48), 1 elsewhere; one layout's as ints
+    held = [np.where(small, np.asarray(d, dtype=object), 1).astype(np.int64) for d in dims]
+    shape = tuple(int(d) if d.ndim == 0 else d for d in held)
+    return shape, [
+        ~defined,
+        defined & ~even,
+        defined & even & ~positive,
+        formed & ~small,
+    ]
 
 
 SHAPE_REASONS = (
+    "a hand-written transition's shape divides by zero",
     "a hand-written transition's shape does not divide evenly",
     "a hand-written transition's dimension is below 1",
     "a hand-written transition's tensor holds more than 2^48 elements",
@@ -469,7 +476,7 @@ def reshaped(plan: Plan, values: dict[str, Any]) -> tuple[Transition, ...]:
     out = []
     for tr in plan.transitions:
         shape, _ = _shape_of(tr, names)
-        out.append(replace(tr, shape=tuple(int(d) if np.ndim(d) == 0 else d for d in shape)))
+        out.append(replace(tr, shape=shape))
     return tuple(out)
 
 
@@ -501,10 +508,10 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         for text in (tr.src, tr.dst):
             kind, dim = parse_placement(text)
             if kind == "shard" and dim is not None:  # a dimension the tensor has (resolve)
-                drop(reasons[3], np.asarray(shape[dim] % names[tr.group]) != 0)
+                drop(reasons[4], np.asarray(shape[dim] % names[tr.group]) != 0)
         sends = tr.group == "pp" and tr.src == tr.dst
         if sends or pipeline_phase(plan.mode, tr.phase) is not None:
-            drop(reasons[4], block.values["pp"] == 1)
+            drop(reasons[5], block.values["pp"] == 1)
     for reason, mask in broken.items():
         if mask.any():
             counts.rejected[reason] += int(mask.sum())

@@ -538,7 +538,7 @@ def test_two_levels_of_one_name_are_refused_at_the_second_name() -> None:
     [
         # dp 3 would split 32 sequences in micro-batches of 2 unevenly: not offered
         ("12", "{seq: 2048, micro: 2, global: 32}", "choose degrees whose product is 12"),
-        ("12", "{seq: 2048, micro: 2, global: 48}", "change dp to 3 (or set topology.gpus to 8)"),
+        ("16", "{seq: 2048, micro: 2, global: 48}", "change dp to 4 (or set topology.gpus to 8)"),
         # 10 GPUs fill no whole number of 4-GPU domains: resizing is what is offered
         ("10", "{seq: 2048, micro: 1, global: 30}", "but the topology has 10 GPUs; set topology"),
     ],
@@ -552,3 +552,20 @@ def test_a_dp_is_offered_only_where_the_plan_would_take_it(gpus, batch, said) ->
     )
     (world,) = [p for p in problems_of(text) if "$.parallel:" in p]
     assert said in world
+
+
+def test_a_remedy_is_offered_only_where_its_groups_spread_and_its_schedule_takes_it() -> None:
+    """A review: a resize to 3 nodes for dp 3 put 1 and 2 ranks of the dp group in two
+    nodes, which the spread check then refused; and dp 16 under the interleaved schedule
+    left 1 micro-batch a step for 2 stages, which the batch check refused."""
+    straddles = BASE.replace("dp: 2}", "dp: 3}")  # 12 GPUs: dp ranks 0, 2, 4 on 4-GPU domains
+    (world,) = [p for p in problems_of(straddles) if "$.parallel:" in p]
+    assert world.endswith("; change dp to 2")
+    interleaved = BASE.replace("gpus: 8", "gpus: 64").replace(
+        "parallel: {tp: 2, pp: 2, dp: 2}",
+        "parallel: {tp: 2, pp: 2, dp: 2, pipeline: {schedule: interleaved, virtual_stages: 2}}",
+    )
+    (world,) = [p for p in problems_of(interleaved) if "$.parallel:" in p]
+    assert "choose degrees whose product is 64" in world and "change dp" not in world
+    (world,) = [p for p in problems_of(BASE.replace("gpus: 8", "gpus: 64")) if "$.parallel:" in p]
+    assert "change dp to 16" in world

@@ -2470,11 +2470,18 @@ def test_a_transitions_shape_is_counted_exactly_and_rejected_by_its_own_reason()
 
     huge = "micro * micro * micro * hidden * hidden * hidden * hidden + 1"
     shape, reasons, outs = rejected(huge, micro=[1, 4096], hidden=128)
-    assert shape == [2**28 + 1, 1] and outs[2] == [False, True]
+    assert shape == [2**28 + 1, 1] and outs[3] == [False, True]
     assert reasons == ["a hand-written transition's tensor holds more than 2^48 elements"]
     shape, reasons, outs = rejected("hidden / tp - 1000", hidden=2048, tp=[1, 2, 4, 3])
     assert shape == [1048, 24, 1, 1]
-    assert outs == [[False, False, False, True], [False, False, True, False], [False] * 4]
+    uneven, below = [False, False, False, True], [False, False, True, False]
+    assert outs == [[False] * 4, uneven, below, [False] * 4]
+    _, reasons, outs = rejected("seq / (tp - 1)", seq=2048, tp=[1, 2])
+    assert reasons == ["a hand-written transition's shape divides by zero"]
+    # literals past int64 divided by literals: counted as the loader counts them
+    big = "micro * 281474976710656 * 281474976710656"
+    shape, reasons, _ = rejected(f"{big} / (281474976710656 * 281474976710656)", micro=[1, 3])
+    assert shape == [1, 3] and reasons == []
 
 
 def test_a_stage_send_in_the_loss_is_rejected_at_v_1_and_priced_at_v_2(tmp_path):

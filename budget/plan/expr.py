@@ -222,24 +222,30 @@ def evaluate(node: Expr, names: Mapping[str, Value]) -> Value:
     return left // right
 
 
-def evaluate_each(node: Expr, names: Mapping[str, Value]) -> tuple[Value, npt.NDArray[np.bool_]]:
-    """`evaluate` element by element, where a sweep's names are arrays: the values, and
-    whether each element evaluated (no division by zero, no ``/`` that leaves a remainder);
-    an element that did not holds a number of no meaning. An unknown name still raises."""
+Checked = tuple[Value, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]
+
+
+def evaluate_each(node: Expr, names: Mapping[str, Value]) -> Checked:
+    """`evaluate` element by element, where a sweep's names are arrays: the values; where
+    no division was by zero; and where, besides, every ``/`` divided evenly. An element that
+    did not evaluate holds a number of no meaning. An unknown name still raises. Names given
+    as object arrays of Python integers are counted without wrapping, the divisions too."""
     if isinstance(node, Num | Name):
-        return evaluate(node, names), np.array(True)
-    left, left_ok = evaluate_each(node.left, names)
-    right, right_ok = evaluate_each(node.right, names)
-    ok = left_ok & right_ok
+        return evaluate(node, names), np.array(True), np.array(True)
+    left, left_defined, left_even = evaluate_each(node.left, names)
+    right, right_defined, right_even = evaluate_each(node.right, names)
+    defined, even = left_defined & right_defined, left_even & right_even
     if node.op == "+":
-        return left + right, ok
+        return left + right, defined, even
     if node.op == "-":
-        return left - right, ok
+        return left - right, defined, even
     if node.op == "*":
-        return left * right, ok
+        return left * right, defined, even
+    # a Python int (a product of literals) kept as one: np.where would make it int64
+    right = np.asarray(right, dtype=object) if isinstance(right, int) else right
     zero = np.asarray(right) == 0
     divisor = np.where(zero, 1, right)
-    ok = ok & ~zero
+    defined = defined & ~zero
     if node.op == "/":
-        ok = ok & (np.asarray(left % divisor) == 0)
-    return left // divisor, ok
+        even = even & (np.asarray(left % divisor) == 0)
+    return left // divisor, defined, even

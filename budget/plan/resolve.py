@@ -1138,23 +1138,39 @@ class _LayoutChecks:
         # each remedy is offered only where the plan would take it: a dp its batch splits
         # over, and GPU counts that fill the topology's domains (an audit: 60 GPUs of 8-GPU
         # nodes offered dp 15, which the batch and the topology checks then refused)
-        b = self.whole_batch
-        per_replica = b.micro if self.mode == "train" and b is not None else 1
-        splits = dp and (b is None or b.global_batch % (per_replica * dp) == 0)
+        from budget.topology import uneven_group
 
-        def fills(gpus: int) -> bool:
+        b = self.whole_batch
+        train = self.mode == "train" and b is not None
+        per_replica = b.micro if train and b is not None else 1
+        splits = dp and (b is None or b.global_batch % (per_replica * dp) == 0)
+        if splits and train and b is not None and p.pipeline.schedule == "interleaved":
+            # the interleaved schedule's micro-batches a step are a multiple of pp (`batch`)
+            splits = (b.global_batch // (b.micro * dp)) % p.pp == 0
+
+        def filled(gpus: int) -> bool:
+            """The GPUs fill the topology's domains (`levels`)."""
             return not any(
                 lv.size and lv.size < gpus and gpus % lv.size for lv in topology.levels[:-1]
             )
 
+        def fits(par: Parallel, gpus: int) -> bool:
+            """`filled`, and every group of `par` spreads evenly over the domains (`spread`:
+            a review's nodes 3 for dp 3 put 1 and 2 ranks of the dp group in two nodes)."""
+            try:
+                return filled(gpus) and uneven_group(par, replace(topology, gpus=gpus)) is None
+            except ValueError:
+                return False
+
         remedies = []
-        if fills(topology.gpus):
+        if filled(topology.gpus):
+            offer = splits and fits(replace(p, dp=dp), topology.gpus)
             remedies.append(
                 f"change dp to {dp}"
-                if splits
+                if offer
                 else f"choose degrees whose product is {topology.gpus:,}"
             )
-        if fills(product):
+        if fits(p, product):
             resize = f"topology.gpus to {product:,}"
             if topology.name:  # a preset: its size is written in nodes
                 from budget.catalog import TOPOLOGIES
@@ -1163,7 +1179,7 @@ class _LayoutChecks:
                 resize = (
                     f"topology.nodes to {product // per_node:,}"
                     if product % per_node == 0
-                    else f"topology.gpus to {product:,} (without topology.nodes)"
+                    else f"topology.gpus to {product:,}, without nodes"
                 )
             remedies.append(f"set {resize}")
         advice = (
