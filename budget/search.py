@@ -427,10 +427,9 @@ def _shape_of(tr: Transition, names: dict[str, Any]) -> tuple[tuple[Any, ...], l
     """`tr`'s shape under `names` (ints or arrays), and where it cannot be formed as the
     plan loader forms it (`resolve`), by reason (`SHAPE_REASONS`): a dimension that divides
     by zero or unevenly (`expr.evaluate_each`), one below 1, more than `MAX_ELEMENTS` in
-    all. Counted in
-    Python's integers, as the loader counts (in int64 a product past 2^63 wrapped to a small
-    one, and a review's 2^65 + 1 elements were ranked); the shape comes back as int64
-    arrays, 1 where it cannot be formed."""
+    all. Counted in Python's integers, as the loader counts (in int64 a product past 2^63
+    wrapped to a small one, and a review's 2^65 + 1 elements were ranked); the shape comes
+    back as int64 arrays, 1 where it cannot be formed, or one layout's as ints."""
     exact = {k: np.asarray(v, dtype=object) for k, v in names.items()}  # ints as Python's
     dims: list[Any] = []
     defined, even, positive = np.array(True), np.array(True), np.array(True)

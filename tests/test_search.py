@@ -1122,6 +1122,13 @@ _CARRIED = """transitions:
 """
 
 
+def _gpt3_with(tmp_path: Path, transitions: str) -> Path:
+    """GPT-3's plan with `transitions:` written after it, as a file."""
+    path = tmp_path / "with-transitions.yaml"
+    path.write_text(GPT3.read_text(encoding="utf-8") + transitions, encoding="utf-8")
+    return path
+
+
 def test_layouts_carry_the_plans_hand_written_transitions_as_budget_prices_them(tmp_path):
     """Every layout carries the plan's transitions, their shapes evaluated for it: the search
     left them out (an audit: a layout ranked as fitting at 23.0 GiB that `budget check`
@@ -1130,8 +1137,7 @@ def test_layouts_carry_the_plans_hand_written_transitions_as_budget_prices_them(
     pp 1) is rejected with its reason; the rest budget exactly as searched, written out too."""
     from budget.plan.write import layout_yaml
 
-    path = tmp_path / "carried.yaml"
-    path.write_text(GPT3.read_text(encoding="utf-8") + _CARRIED, encoding="utf-8")
+    path = _gpt3_with(tmp_path, _CARRIED)
     plan = load_plan(path)
     space = Space(
         tp=(4, 8), pp=(1, 2, 8), micro=(1, 2), virtual_stages=(1, 2), zero=(1,), recompute=("full",)
@@ -1178,14 +1184,13 @@ def test_a_layout_whose_step_lacks_a_transitions_phase_is_rejected_not_priced(tm
     """GPT-3's tied embeddings have a gradient all-reduce between the pipeline's ends only
     with pp > 1; `budget PLAN` refuses a transition in that phase at pp 1, and the search
     rejects those layouts by that reason, as not priced, and ranks the rest with it."""
-    path = tmp_path / "tied.yaml"
-    path.write_text(
-        GPT3.read_text(encoding="utf-8")
-        + "transitions:\n  - {name: tied grads, phase: embedding.grads, tensor: {shape: "
-        "[vocab, hidden / tp], dtype: fp32}, group: pp, from: partial, to: replicate}\n",
-        encoding="utf-8",
+    plan = load_plan(
+        _gpt3_with(
+            tmp_path,
+            "transitions:\n  - {name: tied grads, phase: embedding.grads, tensor: {shape: "
+            "[vocab, hidden / tp], dtype: fp32}, group: pp, from: partial, to: replicate}\n",
+        )
     )
-    plan = load_plan(path)
     space = Space(tp=(8,), pp=(1, 8), micro=(1,), zero=(1,), recompute=("selective",))
     outcome = search(plan, 1024, space)
     lone = [c for c in _candidates_of(plan, space) if c.pp == 1]
@@ -2489,14 +2494,13 @@ def test_a_stage_send_in_the_loss_is_rejected_at_v_1_and_priced_at_v_2(tmp_path)
     virtual stages, and `budget` refuses it; with two, the last stage sends to stage 0's
     next chunk. The search crashed on the array of depths building that refusal (a review);
     it rejects the v 1 layouts by reason and ranks the v 2 ones as `budget` prices them."""
-    path = tmp_path / "send.yaml"
-    path.write_text(
-        GPT3.read_text(encoding="utf-8")
-        + "transitions:\n  - {name: ls, phase: loss, tensor: {shape: [micro * seq / tp, "
-        "hidden], dtype: bf16}, group: pp, from: replicate, to: replicate}\n",
-        encoding="utf-8",
+    plan = load_plan(
+        _gpt3_with(
+            tmp_path,
+            "transitions:\n  - {name: ls, phase: loss, tensor: {shape: [micro * seq / tp, "
+            "hidden], dtype: bf16}, group: pp, from: replicate, to: replicate}\n",
+        )
     )
-    plan = load_plan(path)
     space = Space(
         tp=(8,), pp=(4, 8), micro=(1,), virtual_stages=(1, 2), zero=(1,), recompute=("full",)
     )
