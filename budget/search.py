@@ -7,12 +7,12 @@ with `--write` and budgeted again gives the same numbers.
 
 Speed comes from evaluating configurations together: configurations that share a step's
 structure (pipeline depth and schedule, recompute, ZeRO stage, which transitions exist)
-produce the same phases, allocations and transitions, and differ only in sizes. A plan's
-hand-written transitions go with every layout, their shapes evaluated for it as `budget
-PLAN` evaluates them for its own (`reshaped`); a layout where one cannot be formed, as the
-plan loader would refuse it, is rejected (`_shaped`). Each such
+produce the same phases, allocations and transitions, and differ only in sizes. Each such
 group runs through the engine with numpy arrays in place of the numbers (DESIGN.md,
 "One engine for one plan and for a million"), at most `CHUNK` configurations per pass.
+A plan's hand-written transitions go with every layout, their shapes evaluated for it as
+`budget PLAN` evaluates them for its own (`reshaped`); a layout where one cannot be formed,
+as the plan loader would refuse it, is rejected (`_shaped`).
 Configurations are enumerated a block at a time and only the best and the Pareto front
 are held, so memory stays bounded on sweeps of millions of configurations.
 """
@@ -1344,9 +1344,12 @@ def search(
         with np.errstate(over="raise", invalid="raise"):
             try:
                 measured = measure(plan, part, gpus, spans)
-            except BudgetError:  # only a hand-written transition's (`step._with_transitions`)
-                # a phase, or a stage send, that layouts of this structure do not have
-                # (not priced: skipped, as the layouts that cannot be built are)
+            except BudgetError:
+                if not plan.transitions:
+                    raise
+                # a hand-written transition's (`step._with_transitions`): a phase, or a
+                # stage send, that layouts of this structure do not have (not priced:
+                # skipped, as the layouts that cannot be built are)
                 reason = "a hand-written transition names a phase or stage send its step lacks"
                 counts.rejected[reason] += len(part)
                 groups += 1
