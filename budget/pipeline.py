@@ -492,6 +492,7 @@ def build_report(plan: Plan) -> Report:
             for c in rows
         ),
         mfu_format=mfu_format(plan),
+        matmul_format=plan.precision.matmul,
         links=tuple(
             {
                 "name": lv.name,

@@ -1344,8 +1344,8 @@ def search(
         with np.errstate(over="raise", invalid="raise"):
             try:
                 measured = measure(plan, part, gpus, spans)
-            except BudgetError:
-                if not plan.transitions:
+            except BudgetError as error:
+                if not all(p.path.startswith("$.transitions[") for p in error.problems):
                     raise
                 # a hand-written transition's (`step._with_transitions`): a phase, or a
                 # stage send, that layouts of this structure do not have (not priced:

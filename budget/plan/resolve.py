@@ -1074,6 +1074,26 @@ class _Resolver:
         return True
 
 
+def _fills(topology: Topology) -> bool:
+    """Whether the topology's GPUs fill each domain they reach: a job inside one domain of
+    a level (24 GPUs of a 256-GPU rail unit) fills none partially (the levels' own check
+    says where a count does; an audit: its groups went unchecked, then a traceback)."""
+    n = topology.gpus
+    return not any(lv.size and lv.size < n and n % lv.size for lv in topology.levels[:-1])
+
+
+def _uneven_reason(par: Parallel, topology: Topology) -> str | None:
+    """Why a group of `par` spreads unevenly over the topology's domains
+    (`topology.uneven_group`); None where every group spreads evenly, and "" where the
+    degrees do not divide the GPUs, which the layout's own checks report."""
+    from budget.topology import uneven_group
+
+    try:
+        return uneven_group(par, topology)
+    except ValueError:
+        return ""
+
+
 def _pair_problem(
     src: tuple[str, int | None], dst: tuple[str, int | None], group: str
 ) -> str | None:
@@ -1138,8 +1158,6 @@ class _LayoutChecks:
         # each remedy is offered only where the plan would take it: a dp its batch splits
         # over, and GPU counts that fill the topology's domains (an audit: 60 GPUs of 8-GPU
         # nodes offered dp 15, which the batch and the topology checks then refused)
-        from budget.topology import uneven_group
-
         b = self.whole_batch
         train = self.mode == "train" and b is not None
         per_replica = b.micro if train and b is not None else 1
@@ -1148,22 +1166,14 @@ class _LayoutChecks:
             # the interleaved schedule's micro-batches a step are a multiple of pp (`batch`)
             splits = (b.global_batch // (b.micro * dp)) % p.pp == 0
 
-        def filled(gpus: int) -> bool:
-            """The GPUs fill the topology's domains (`levels`)."""
-            return not any(
-                lv.size and lv.size < gpus and gpus % lv.size for lv in topology.levels[:-1]
-            )
-
         def fits(par: Parallel, gpus: int) -> bool:
-            """`filled`, and every group of `par` spreads evenly over the domains (`spread`:
-            a review's nodes 3 for dp 3 put 1 and 2 ranks of the dp group in two nodes)."""
-            try:
-                return filled(gpus) and uneven_group(par, replace(topology, gpus=gpus)) is None
-            except ValueError:
-                return False
+            """`gpus` fill the domains, and every group of `par` spreads evenly over them
+            (`spread`: a review's nodes 3 for dp 3 put 1 and 2 ranks of dp in two nodes)."""
+            sized = replace(topology, gpus=gpus)
+            return _fills(sized) and _uneven_reason(par, sized) is None
 
         remedies = []
-        if filled(topology.gpus):
+        if _fills(topology):
             offer = splits and fits(replace(p, dp=dp), topology.gpus)
             remedies.append(
                 f"change dp to {dp}"
@@ -1196,20 +1206,10 @@ class _LayoutChecks:
 
     def spread(self, topology: Topology) -> None:
         """Every group is spread evenly over the topology's levels (`uneven_group`)."""
-        from budget.topology import uneven_group
-
-        if any(
-            lv.size and lv.size < topology.gpus and topology.gpus % lv.size
-            for lv in topology.levels[:-1]
-        ):
+        if not _fills(topology):
             return  # the levels' own check reports a count that fills a domain partially
-        # (a job inside one domain of a level, 24 GPUs of a 256-GPU rail unit, fills none
-        # partially: its groups are still checked, as they were not: a traceback, an audit)
-        try:
-            why = uneven_group(self.par, topology)
-        except ValueError:
-            return  # degrees that do not divide are reported by their own checks
-        if why is not None:
+        why = _uneven_reason(self.par, topology)
+        if why:  # "": degrees that do not divide, which their own checks report
             sizes = ", ".join(f"{lv.name} {lv.size}" for lv in topology.levels if lv.size)
             self.r.error(
                 "$.parallel",

@@ -428,7 +428,7 @@ def stage_table(
         )
     elif train:  # the count has no unit of its own (an audit)
         table.caption += "; in flight: micro-batches whose activations the stage holds"
-    if train and report.mfu_format == "fp8":
+    if train and report.matmul_format == "fp8":
         table.caption += "\n" + FP8_MEMORY
 
     table.caption_justify = "left"
@@ -964,13 +964,13 @@ def summary(report: Report) -> list[str]:
         if report.layout["pp"] > 1
         else f"Step: {_t(time_s)} = micro-batches {body}{tail}"
     )
-    lines = [
+    return [
         first,
         f"Exposed communication {_t(step['exposed_comm_s'])} of {_t(step['comm_s'])} total "
         f"({float(step['exposed_share'] or 0):.1%} of the step){_slowed(step)}; "
         f"{format_amount(float(step['tokens_per_s'] or 0))} tokens/s; MFU {_mfu(report)}",
+        *_bubble_note(report),
     ]
-    return lines + _bubble_note(report)
 
 
 # what an fp8 plan's memory leaves out (Transformer Engine: a GEMM weight's FP8 copy and its
