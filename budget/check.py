@@ -197,9 +197,17 @@ class CheckResult:
 
 
 def _exact(seconds: float) -> str:
-    """A limit as the user gave it (to 12 significant digits): "5.336 s", "12 s"."""
+    """A limit as the user gave it: "5.336 s", "12 s", "5.4771070941137 s" (12 significant
+    digits cut that last to 5.47710709411 s, which the figure over it then read as under;
+    an audit), in the fewest digits from 12 that give it back within a rounding (17.3 ms,
+    not the 17.299999999999997 of 0.0173 / 1e-3)."""
     scale, unit = duration_unit(seconds)
-    return f"{seconds / scale:.12g} {unit}"
+    value = seconds / scale
+    digits = next(
+        (d for d in range(12, 17) if abs(float(f"{value:.{d}g}") - value) <= 2 * math.ulp(value)),
+        17,
+    )
+    return f"{value:.{digits}g} {unit}"
 
 
 def _beside(value: float, limit: float, start: int) -> int:

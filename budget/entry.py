@@ -9,6 +9,8 @@ form, including every mistake, goes to the typer app in `budget.cli` and its mes
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import signal
 import sys
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv is None:
+        _closed_streams()
         _encodable_streams()
     try:
         try:
@@ -103,6 +106,25 @@ def main(argv: list[str] | None = None) -> None:
         if error.filename is not None:  # a named file's, not the output's
             raise
         _cannot_write(error)
+
+
+class _Closed(io.TextIOBase):
+    """Standard output closed by the shell (`>&-`), where Python sets `sys.stdout` to None
+    and rich then wrote nowhere: a report lost with status 0 (an audit). Writing to it
+    fails as a full disk does, one line and status 2 (`_cannot_write`)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def _closed_streams() -> None:
+    """Closed standard streams, which Python sets to None: `print(file=None)` writes to
+    standard output, so error lines went where a report goes (`2>&-`, an audit); they now
+    go nowhere, and the exit status says what happened."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if sys.stdout is None:
+        sys.stdout = _Closed()
 
 
 def _encodable_streams() -> None:
@@ -262,7 +284,13 @@ def _cannot_write(error: OSError) -> NoReturn:
     reason = (error.strerror or str(error)).lower()
     from budget.errors import usage_line
 
-    print(usage_line(f"cannot write output: {reason}"), file=sys.stderr)
+    # a standard error that cannot be written either (`2>/dev/full`) leaves the status to say
+    # it, its buffer taken to /dev/null as standard output's below
+    try:
+        print(usage_line(f"cannot write output: {reason}"), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
     # what could not be written is still buffered, and Python's flush at exit would fail on
     # it again, loudly: the descriptor takes it to /dev/null instead (a test's stdout has none)
     with contextlib.suppress(OSError, ValueError):

@@ -154,7 +154,13 @@ def _decode_combine(plan: Plan, s: Shapes) -> Move:
 def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]:
     """The final norm over every token of the pass (vLLM's models end ``self.norm(hidden,
     residual)`` before ``compute_logits`` picks positions), then the logits of the last
-    position of each sequence (what sampling needs). Under sequence parallelism each tp
+    position of each sequence (what sampling needs), this rank's ⌈vocab / tp⌉ rows of them
+    held in fp32 whatever the model's format: FasterTransformer's ParallelGpt
+    (NVIDIA/FasterTransformer, src/fastertransformer/models/multi_gpu_gpt/ParallelGpt.cc)
+    writes the output GEMM in ``CUDA_R_32F`` into ``logits_buf_`` / ``nccl_logits_buf_``,
+    allocated as ``sizeof(float) * batchxbeam * vocab_size_padded_``, and vLLM's sampler
+    (vllm-project/vllm, vllm/v1/sample/sampler.py) casts the logits
+    ``logits.to(torch.float32)`` before sampling. Under sequence parallelism each tp
     rank holds 1/tp of the tokens until the norm's output is all-gathered for the output
     layer, as in training (`step._tp_moves`). Each tp rank computes its vocabulary rows'
     logits, which are gathered for the sampler (vLLM's ``LogitsProcessor._gather_logits``,

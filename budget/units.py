@@ -374,6 +374,8 @@ def format_duration(seconds: float) -> str:
     value = seconds / scale
     if abs(value) >= 999.5 and unit == "s":
         return f"{value:,.0f} s"
+    if unit == "ns" and abs(value) < 0.005:  # not "0.00 ns": `check`'s excess of 9 fs (an audit)
+        return f"{value:.2g} ns"
     if abs(value - round(value)) < 1e-9 * max(1.0, abs(value)):
         return f"{value:.0f} {unit}"  # a round figure, such as a limit or a latency
     digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0

@@ -3,7 +3,9 @@ messages say about a failing plan (stage, excess in bytes and GiB, largest contr
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -730,3 +732,50 @@ def test_a_small_headroom_limit_reads_in_its_own_unit() -> None:
     assert "headroom ≥ 5.00 GiB (5,368,709,120 B) on every stage" in (
         parse_limits("5GiB", None, None).describe()
     )
+
+
+# a line that ends on a figure whose unit begins the next ("8.46" / "GiB", "(533" / "MiB")
+_SPLIT_FIGURE = r"[\d.,]$"
+_UNIT_FIRST = r"^\s*(?:[KMGT]i?B|B\b|B\)|s\b|ms\b|µs\b|ns\b|GB/s)"
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "120"])
+def test_wrapped_lines_keep_every_figure_by_its_unit(tmp_path: Path, columns: str) -> None:
+    """An audit: at 80 columns `check` ended lines on "8.46" and "(23,926,980,608" with
+    "GiB" and "B)" beginning the next, and the report's verdict on "49.6" before "GiB."; the
+    sentences under the tables and the phases table's "largest it adds" cell did the same."""
+    plan = variant(
+        tmp_path, "micro4.yaml", ("micro: 1", "micro: 4"), base=ROOT / "plans/llama3-70b.yaml"
+    )
+    outputs = [
+        runner.invoke(app, route(["check", str(plan)]), env={"COLUMNS": columns}).stdout,
+        runner.invoke(app, route([str(too_big(tmp_path))]), env={"COLUMNS": columns}).stdout,
+        runner.invoke(
+            app, route([str(ROOT / "plans/llama3-70b-decode.yaml")]), env={"COLUMNS": columns}
+        ).stdout,
+    ]
+    for out in outputs:
+        lines = out.splitlines()
+        assert len(lines) > 5
+        for line, after in itertools.pairwise(lines):
+            # the figure alone in its column beside a wrapped cell is not split: only a line
+            # whose text ends on the figure and whose next line's text begins with the unit
+            if re.search(_SPLIT_FIGURE, line.rstrip()) and re.match(_UNIT_FIRST, after):
+                raise AssertionError(f"split figure at {columns} columns:\n{line}\n{after}")
+    assert "stage 1 (533 MiB over)" in " ".join(outputs[0].split())
+
+
+def test_a_limit_reads_as_given_and_a_tiny_excess_is_not_zero() -> None:
+    """An audit: `--max-step 5.4771070941137s` against a 5.477107094113709 s step read "0.00
+    ns over the 5.47710709411 s limit": the limit cut to 12 digits and an excess of 9 fs
+    rounded to nothing. The limit now keeps the digits the user wrote, and the excess
+    its own figure (5.477107094113709 − 5.4771070941137 = 8.9e-15 s = 8.9e-06 ns)."""
+    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", "5.4771070941137s")
+    said = " ".join(out.split())
+    assert code == 1
+    assert "over the 5.4771070941137 s limit" in said
+    assert "0.00 ns" not in said
+    assert format_duration(8.9e-15) == "8.9e-06 ns"
+    assert format_duration(17.3e-3) == "17.3 ms"
+    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", "17.3ms")
+    assert "over the 17.3 ms limit" in " ".join(out.split())

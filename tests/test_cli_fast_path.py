@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -209,6 +210,45 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_2(args: str, tmp_pat
         )
     assert process.stderr == "budget: error: cannot write output: no space left on device\n"
     assert process.returncode == 2
+
+
+def _closing(stream: int) -> Any:
+    """A subprocess `preexec_fn` that closes descriptor `stream` (the shell's `>&-`)."""
+    return lambda: os.close(stream)
+
+
+@pytest.mark.parametrize("args", [["{plan}"], ["check", "{plan}"], ["{plan}", "-f", "json"]])
+def test_closed_or_full_standard_streams_end_in_status_2(args: list[str], tmp_path: Path) -> None:
+    """An audit: with standard output closed (`>&-`) a report was lost with status 0; with
+    standard error closed (`2>&-`) the error lines went to standard output, where a report
+    goes; with standard error on a full disk (`2>/dev/full`) an invalid plan ended in status
+    1, which `check` gives a plan that fails. Each is now status 2, and nothing on stdout."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "tests/invalid/device-zero-peak.yaml").read_text(encoding="utf-8"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+    def run(plan: Path, **streams: Any) -> subprocess.CompletedProcess[bytes]:
+        words = [a.format(plan=plan) for a in args]
+        return subprocess.run(
+            [sys.executable, "-m", "budget", *words], cwd=ROOT, env=env, check=False, **streams
+        )
+
+    closed_out = run(GPT3, stdout=None, stderr=subprocess.PIPE, preexec_fn=_closing(1))
+    assert closed_out.returncode == 2
+    assert closed_out.stderr == b"budget: error: cannot write output: standard output is closed\n"
+    # `check` says on stdout which plan is invalid (its errors being on stderr) and its tally
+    said = b"INVALID " + str(bad).encode() + b": its errors are on stderr\n"
+    closed_err = run(bad, stdout=subprocess.PIPE, stderr=None, preexec_fn=_closing(2))
+    outcomes = [closed_err]
+    if FULL.exists():
+        with FULL.open("w") as full:
+            outcomes.append(run(bad, stdout=subprocess.PIPE, stderr=full))
+    for outcome in outcomes:
+        assert outcome.returncode == 2
+        assert b"error:" not in outcome.stdout
+        # (on a full stderr, `check` stops at its first error line, before its verdicts)
+        assert outcome.stdout in (b"", said) or outcome.stdout.startswith(said)
+        assert args[0] == "check" or outcome.stdout == b""
 
 
 class _Full(io.StringIO):

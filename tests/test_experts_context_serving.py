@@ -95,6 +95,40 @@ def test_expert_states_shard_over_the_expert_data_parallel_group():
     assert first.expert_per_rank == 11 * 15 * 3 * 2048 * 1408  # layers 1..11 are MoE
 
 
+def test_context_parallel_ranks_join_the_expert_data_parallel_group():
+    """Megatron-Core's megatron/core/parallel_state.py (``initialize_model_parallel``) sets
+    ``expert_data_parallel_size = world_size // (expert_tensor_parallel_size *
+    expert_model_parallel_size * pipeline_model_parallel_size)``; with world = tp·cp·dp·pp
+    that is tp·cp·dp / (etp·ep): the context-parallel ranks join the expert group.
+    Qwen-MoE at tp 2, cp 2, dp 4, ep 4, etp 1: edp = 2·2·4 / (4·1) = 4 (8 / 4 = 2 if cp
+    were left out). Stage 0 holds 11 MoE layers of 60 / ep 4 = 15 local experts of
+    3·2048·1408 each; under ZeRO 1 (Rajbhandari et al., arXiv 1910.02054, section 5.1)
+    their fp32 Adam moments (2 x 4 B) and master weights (4 B) shard over the 4 edp ranks,
+    the fp32 gradients do not, and the step reduce-scatters those gradients (fp32) over
+    the same 4 ranks."""
+    plan = _qwen(cp=2)
+    par = plan.parallel
+    assert (par.tp, par.cp, par.dp, par.ep, par.expert_tp) == (2, 2, 4, 4, 1)
+    edp = par.tp * par.cp * par.dp // (par.ep * par.expert_tp)
+    assert edp == 4
+    experts = 11 * (60 // 4) * 3 * 2048 * 1408  # stage 0's expert parameters on a rank
+    assert experts == 1_427_374_080
+    stage = derive(plan).stages[0]
+    held = {a.name: a.total for a in stage.resident}
+    assert held["expert Adam moments (fp32)"] == 2 * 4 * experts // edp == 2_854_748_160
+    assert held["expert master weights (fp32)"] == 4 * experts // edp
+    assert held["expert gradients (fp32)"] == 4 * experts
+    (grads,) = [p for p in stage.phases if p.name == "dp.grads"]
+    (scatter,) = [m for m in grads.moves if m.name == "expert gradients"]
+    assert (scatter.op, scatter.group, scatter.ranks) == ("reduce-scatter", "edp", edp)
+    assert scatter.size_bytes == 4 * experts
+    assert expert_data_parallel(plan) == edp
+    # the JSON report says the same bytes at stage 0's peak
+    report = to_dict(build_report(plan))["memory"]["stages"][0]
+    at_peak = {a["tensor"]: a["bytes"] for a in report["peak_overlap"]}
+    assert at_peak["expert Adam moments (fp32)"] == 2 * 4 * experts // edp
+
+
 def test_megatron_moe_example_weight_and_optimizer_bytes():
     """Issue 5 acceptance 1 quotes 22,096,392,192 B: Megatron-LM's estimator
     (megatron/training/theoretical_memory_usage.py, the version with expert parallelism)
@@ -1119,6 +1153,29 @@ def test_the_sampler_gathers_the_logits_over_tp():
         (instant,) = phase.instants  # the gathered logits are held beside the rank's rows
         live = {a.name: a.bytes for a in instant.live}
         assert live["logits gathered for sampling"] == 8_208_384
+
+
+def test_the_last_positions_logits_are_held_in_fp32():
+    """Each tp rank's logits of the last position of every sequence, its ⌈vocab / tp⌉
+    vocabulary rows, are kept in fp32 whatever the model's format: FasterTransformer's
+    ParallelGpt (src/fastertransformer/models/multi_gpu_gpt/ParallelGpt.cc) writes the
+    output GEMM in ``CUDA_R_32F`` into ``logits_buf_`` and ``nccl_logits_buf_`` of
+    ``sizeof(float)``, and vLLM's sampler (vllm/v1/sample/sampler.py) casts the logits to
+    float32 before sampling. Llama 3 70B decoding at tp 8, 32 sequences: ⌈128,256 / 8⌉ =
+    16,032 rows x 32 x 4 B = 2,052,096 B on a rank, in the prefill and in each decode pass
+    (half of it, had the logits stayed bf16)."""
+    plan = load_plan(PLANS / "llama3-70b-decode.yaml")
+    assert (plan.model.vocab, plan.parallel.tp, plan.batch.micro) == (128256, 8, 32)
+    rows = -(-128256 // 8)
+    assert rows == 16032
+    (stage,) = derive_inference(plan).stages
+    for name in ("prefill.output", "decode.output"):
+        (phase,) = [p for p in stage.phases if p.name == name]
+        (instant,) = phase.instants
+        live = {a.name: a for a in instant.live}
+        logits = live["logits of the last position"]
+        assert logits.category == "transient"
+        assert logits.total == 32 * rows * 4 == 2_052_096
 
 
 def test_a_plan_names_the_all_reduce_algorithm(tmp_path):

@@ -1487,6 +1487,7 @@ def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) 
         f"{shown} has -Infinity, not a finite number",
         f"{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
         f'num_hidden_layers = "x" in {shown} is not a non-negative integer',
+        f"{shown} lacks hidden_size, num_attention_heads, vocab_size",  # said together
     )
 
 
@@ -1628,3 +1629,150 @@ def test_an_expert_count_is_one_count_and_not_zero() -> None:
     by_hand = {k: v for k, v in qwen.items() if k not in ("model_type", "architectures")}
     with pytest.raises(HfConfigError, match="sets num_experts = 60 and num_local_experts = 8, "):
         translate({**by_hand, "num_local_experts": 8})
+
+
+# (file, key, kind): each class builds its layers from the key and takes no None for it
+# (nn.Linear(hidden, None), range(None), i % None; hf_config's `_NO_NULL` names the classes)
+_NO_NULL_CASES = [
+    ("deepseek-v3", "moe_intermediate_size", "non-negative"),  # was 5.9 T parameters
+    ("deepseek-v3", "first_k_dense_replace", "non-negative"),  # was 61 MoE layers
+    ("deepseek-v3", "kv_lora_rank", "non-negative"),  # was no MLA
+    ("deepseek-v3", "qk_rope_head_dim", "non-negative"),
+    ("deepseek-v3", "n_routed_experts", "non-negative"),  # was a dense model
+    ("deepseek-v3", "n_shared_experts", "non-negative"),  # DeepseekV3MoE: moe × n_shared
+    ("deepseek-v3", "moe_layer_freq", "positive"),
+    ("llama3-70b", "intermediate_size", "non-negative"),  # was ffn 22016, absent 11008
+    ("qwen1.5-moe-a2.7b", "moe_intermediate_size", "non-negative"),  # was 51.7 B
+    ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", "non-negative"),  # was none
+    ("qwen1.5-moe-a2.7b", "num_experts", "non-negative"),
+    ("qwen1.5-moe-a2.7b", "decoder_sparse_step", "positive"),
+    ("mixtral-8x7b", "num_local_experts", "non-negative"),
+    ("gemma-2-9b", "head_dim", "non-negative"),  # Gemma2Config's 256, not hidden / heads
+    ("qwen3-8b", "max_window_layers", "non-negative"),
+    ("gemma-3-1b", "sliding_window_pattern", "positive"),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "kind"), _NO_NULL_CASES)
+def test_a_null_size_the_class_takes_no_none_for_is_refused_naming_it(
+    tmp_path: Path, name: str, key: str, kind: str
+) -> None:
+    """A null is not the key left out: transformers keeps the None and cannot build the
+    model, where budget read the plan's or another default, silently (an audit: DeepSeek-V3
+    with a null moe_intermediate_size read its experts 18,432 wide, 5.9 trillion
+    parameters). Refused as a null num_hidden_layers is, at the hf_config node, exit 2."""
+    code, out, err, path = _cli_problems(tmp_path, json.dumps({**_raw(name), key: None}))
+    at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"{at}{key} = null in {str(path)!r} is not a {kind} integer"]
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    assert raised.value.messages == (f"{key} = null in {str(path)!r} is not a {kind} integer",)
+
+
+def test_a_null_the_class_gives_a_meaning_is_read_so_and_the_files_keep_their_counts() -> None:
+    """Where the class reads None as something, a null reads so: LlamaConfig's head_dim,
+    hidden / heads, and num_key_value_heads, the heads; DeepSeek's q_lora_rank, queries
+    not compressed; MTP modules, none; Qwen2MoeConfig's mlp_only_layers, []; DeepseekV2Moe's
+    and DeepSeek's own code's n_shared_experts, no shared expert, and the latter's
+    n_routed_experts (Kimi K2's), dense layers; rope_scaling, none. The released files keep
+    their counts (transformers 5.24 on the meta device, as the tests above)."""
+    counts = {
+        "llama3-70b": 70_553_706_496,
+        "deepseek-v3": 671_026_404_352,
+        "qwen1.5-moe-a2.7b": 14_315_784_192,
+        "mixtral-8x7b": 46_702_792_704,  # its sliding_window is null: no window
+    }
+    for name, count in counts.items():
+        assert params_total(_plan(name, seq=512)) == count
+    llama = _raw("llama3-70b")
+    assert llama["rope_scaling"] is None
+    tree = translate({**llama, "head_dim": None}).tree
+    assert tree == translate(llama).tree  # 8192 / 64 = 128, as the file says
+    tree = translate({**llama, "num_key_value_heads": None}).tree
+    assert "kv_heads" not in tree  # the plan's default: the heads
+    deepseek = _raw("deepseek-v3")
+    tree = translate({**deepseek, "q_lora_rank": None, "num_nextn_predict_layers": None}).tree
+    assert tree["mla"]["q_rank"] == 0 and "mtp_layers" not in tree
+    qwen = _raw("qwen1.5-moe-a2.7b")
+    assert translate({**qwen, "mlp_only_layers": None}).tree == translate(qwen).tree
+    v2 = {**deepseek, "model_type": "deepseek_v2", "n_shared_experts": None}
+    del v2["num_nextn_predict_layers"]  # V3's alone
+    assert "shared_ffn" not in translate(v2).tree["experts"]
+    kimi = {**_raw("kimi-k2-instruct"), "n_routed_experts": None}
+    assert "experts" not in translate(kimi).tree
+
+
+def test_a_null_in_a_file_without_model_type_reads_as_left_out() -> None:
+    """A file written by hand names no class whose None could mean anything: its null reads
+    as the key left out (the plan language's default), as it did; its four sizes are still
+    required, null or not."""
+    by_hand = {k: v for k, v in _raw("llama3-70b").items() if k != "architectures"}
+    del by_hand["model_type"]
+    absent = {k: v for k, v in by_hand.items() if k != "intermediate_size"}
+    assert translate({**by_hand, "intermediate_size": None}).tree == translate(absent).tree
+    with pytest.raises(HfConfigError, match=r"^vocab_size = null in .* non-negative integer$"):
+        translate({**by_hand, "vocab_size": None})
+
+
+@pytest.mark.parametrize(
+    ("change", "keys"),
+    [
+        # each printed alone before, the second one run later (audit)
+        (
+            {"num_hidden_layers": None, "num_attention_heads": None},
+            ["num_attention_heads = null", "num_hidden_layers = null"],
+        ),
+        (
+            {"hidden_size": "x", "num_hidden_layers": None},
+            ['hidden_size = "x"', "num_hidden_layers = null"],
+        ),
+        (
+            {"intermediate_size": None, "mlp_bias": "no"},
+            ["intermediate_size = null", 'mlp_bias = "no"'],
+        ),
+    ],
+)
+def test_every_null_and_wrong_kind_is_listed_in_one_run(
+    tmp_path: Path, change: dict[str, object], keys: list[str]
+) -> None:
+    code, out, err, path = _cli_problems(tmp_path, json.dumps({**_raw("llama3-70b"), **change}))
+    at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    shown = repr(str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"{at}{key} in {shown} is not "
+        + ("true or false" if key.startswith("mlp_bias") else "a non-negative integer")
+        for key in keys
+    ]
+
+
+def test_a_null_top_k_is_listed_with_the_other_problems(tmp_path: Path) -> None:
+    """Mixtral's num_experts_per_tok null beside a null intermediate_size: the top-k was
+    refused only once every other problem was mended, in `_translate`."""
+    config = {**_raw("mixtral-8x7b"), "num_experts_per_tok": None, "intermediate_size": None}
+    with pytest.raises(HfConfigError) as raised:
+        translate(config, "c.json")
+    assert raised.value.messages == (
+        "intermediate_size = null in c.json is not a non-negative integer",
+        "num_experts_per_tok = null in c.json, beside num_local_experts: give the number of "
+        "experts each token is routed to",
+    )
+
+
+@pytest.mark.parametrize("value", ["fp8", ["fp8"], 8])
+def test_a_quantization_config_that_is_not_an_object_is_refused_as_such(
+    tmp_path: Path, value: object
+) -> None:
+    """``"quantization_config": "fp8"`` read as an object with no quant_method: "quant_method =
+    null ... a format budget does not price" (an audit). It is said not to be an object."""
+    code, out, err, path = _cli_problems(
+        tmp_path, json.dumps({**_raw("llama3-70b"), "quantization_config": value})
+    )
+    at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"{at}quantization_config = {json.dumps(value)} in {str(path)!r} is not an object; "
+        'transformers writes a mapping such as {"quant_method": "fp8", ...}: give that, or '
+        "delete the key to budget the weights in precision.params' format"
+    ]

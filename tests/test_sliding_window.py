@@ -100,6 +100,26 @@ def test_sliding_layers_cache_only_their_window(tmp_path: Path) -> None:
     assert decode[1].flops * 2560 == pytest.approx(decode[0].flops * 1024, rel=1e-9)
 
 
+def test_a_sliding_layer_caches_the_whole_context_it_has_not_outgrown(tmp_path: Path) -> None:
+    """A sliding layer keeps min(context, W) tokens (Mistral 7B's rolling cache, arXiv
+    2310.06825, section 2: the buffer holds the last W keys; vLLM and transformers allocate
+    no more than the sequence holds): with a window of 4,096 and a context of 2,048 + 512 =
+    2,560 tokens, nothing has slid out yet, so every layer, sliding or not, keeps 2,560.
+    Llama 3 70B decode at tp 8, 32 sequences: a token costs 2 (K, V) x 8 kv heads / 8 ranks
+    x 128 x 2 B = 512 B per layer on a rank; 80 layers x 2,560 tokens x 32 x 512 B, exactly
+    the cache without a window (40 sliding layers at the full 4,096 would add 40 x 1,536
+    tokens a sequence)."""
+    plan = _plan(tmp_path, "llama3-70b-decode", f"{{size: 4096, layers: [{ALTERNATING}]}}")
+    assert (plan.batch.prompt, plan.batch.generate, plan.model.window) == (2048, 512, 4096)
+    context = 2048 + 512
+    per_token = 2 * (8 // 8) * 128 * 2
+    expected = 80 * context * 32 * per_token
+    assert kv_cache_bytes(plan, 80, 40) == expected == 3_355_443_200
+    assert build_report(plan).stages[0].kv_cache_bytes == expected
+    plain = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    assert kv_cache_bytes(plain, 80) == expected
+
+
 def test_model_flops_count_a_window_as_written(tmp_path: Path) -> None:
     """PaLM's 12·L·h·s attention term counts a sliding layer's queries against the window,
     not the sequence: Llama 3 70B (64 heads x (128 + 128), so 2·64·256 = 32,768 FLOPs per

@@ -751,3 +751,48 @@ def test_the_expert_tp_scatter_is_waited_for_by_the_next_exchange():
         "forward.moe": {"etp: exposed before combine"},
         "backward.moe": {"etp: exposed before the dispatch's gradient"},
     }
+
+
+def test_full_recompute_adds_one_whole_forward_to_each_blocks_backward():
+    """Korthikanti et al. (arXiv 2205.05198), section 5: full activation recomputation runs
+    each layer's forward pass again before its backward, so a layer's GEMMs cost forward 1 +
+    backward 2 + recomputed forward 1 = 4 forward passes against 3 without it, the 4/3 of
+    their hardware over model FLOPs. GPT-3 175B at tp 8, sequence 2,048, micro-batch 1
+    (s = 2,048 tokens a rank, h = 12,288): a layer's forward GEMMs are QKV 2·s·h·3h/tp, the
+    output projection 2·s·h·h/tp and the MLP's fc1 and fc2 2·s·h·4h/tp each, 24·s·h²/tp in
+    all (Korthikanti's 24bsh² per layer, split over tp). Each backward block then holds
+    every kernel of its forward again, the norms, rotary, flash core and residual adds too:
+    the backward's FLOPs and bytes with `recompute: full` less those without are the
+    forward's, kernel for kernel."""
+    s, h, tp = 2048, 12288, 8
+    gemms = 2 * s * h * (3 * h + h + 4 * h + 4 * h) // tp
+    assert gemms == 24 * s * h**2 // tp == 927_712_935_936
+
+    def blocks(recompute: str) -> dict[str, tuple[int, int, int]]:
+        """(all FLOPs, GEMM FLOPs, bytes) of one instance of each layer phase, stage 0."""
+        phases = derive(make_plan(recompute=recompute)).stages[0].phases
+        return {
+            p.name: (
+                sum(w.flops * w.count for w in p.works),
+                sum(w.flops * w.count for w in p.works if w.kind == "matmul"),
+                sum(w.bytes * w.count for w in p.works),
+            )
+            for p in phases
+            if p.name.split(".")[-1] in ("attention", "mlp")
+        }
+
+    none, full = blocks("none"), blocks("full")
+    forward = none["forward.attention"][1] + none["forward.mlp"][1]
+    assert forward == gemms
+    for recompute in (none, full):  # the forward itself does not change
+        assert recompute["forward.attention"] == none["forward.attention"]
+        assert recompute["forward.mlp"] == none["forward.mlp"]
+    plain = none["backward.attention"][1] + none["backward.mlp"][1]
+    redone = full["backward.attention"][1] + full["backward.mlp"][1]
+    assert plain == 2 * gemms  # input and weight gradients, each a forward-sized GEMM
+    assert redone == 3 * gemms  # ... and the recomputed forward
+    assert (forward + redone) * 3 == (forward + plain) * 4  # Korthikanti's 4/3
+    for block in ("attention", "mlp"):
+        pairs = zip(full[f"backward.{block}"], none[f"backward.{block}"], strict=True)
+        added = tuple(f - n for f, n in pairs)
+        assert added == none[f"forward.{block}"]  # all FLOPs, GEMM FLOPs and bytes alike

@@ -110,6 +110,16 @@ class's defaults too, as transformers reads them (Gemma 3 4B's text_config has n
 num_attention_heads: Gemma3TextConfig's 8). A file without ``model_type`` (written by hand)
 must give those three and vocab_size, and otherwise takes the ``PretrainedConfig`` default,
 ``tie_word_embeddings`` true, no sliding window, and the plan language's defaults.
+
+A key the file sets to null is not left out: the class keeps the None, and a class default
+does not fill it. Where the class gives None a meaning it is read so (``sliding_window``: no
+window; ``head_dim`` where the class derives it, hidden / heads; ``num_key_value_heads``: the
+heads; ``q_lora_rank``: queries not compressed; ``mlp_only_layers``: none; a switch: false;
+``rope_scaling``, ``quantization_config``: none). A size, count or period the class builds
+its layers from and takes no None for (``nn.Linear(hidden, None)``, ``range(None)``,
+``i % None``) is refused when null, naming it (`_NO_NULL`): an audit read DeepSeek-V3 with
+a null ``moe_intermediate_size`` as 5.9 trillion parameters, its experts at the dense
+width. A file without model_type, written by hand, reads a null as the key left out.
 """
 
 from __future__ import annotations
@@ -440,8 +450,9 @@ def _int(config: Mapping[str, Any], key: str, where: str) -> int:
 
 
 def _optional(config: Mapping[str, Any], key: str, where: str, default: int, least: int = 0) -> int:
-    """An integer key of at least `least`, `default` when absent or null (as the config
-    classes default them); anything else, 2.5 or "2" among them, is an error naming it."""
+    """An integer key of at least `least`, `default` when absent (the config class's default)
+    or null where the null was not refused before (`_NO_NULL`: a file written by hand, which
+    reads it as left out); anything else, 2.5 or "2" among them, is an error naming it."""
     value = config.get(key)
     if value is None:
         return default
@@ -531,9 +542,10 @@ def _check(
 ) -> tuple[list[str], list[str]]:
     """The problems found before reading the keys together: the unknown keys (a sentence,
     or none), and every other (a family budget does not read, a count, a switch or an
-    activation of the wrong kind), after which `_translate` is not run, since it stops at
-    its first problem and reads later keys in the light of earlier ones. `refused` are the
-    keys whose value the reading refused (already a problem of their own)."""
+    activation of the wrong kind, a null the class takes no None for, a required key
+    missing), after which `_translate` is not run, since it stops at its first problem and
+    reads later keys in the light of earlier ones. `refused` are the keys whose value the
+    reading refused (already a problem of their own)."""
     _refuse_wrapper(config, where)
     problems = []
     family = config.get("model_type")
@@ -563,8 +575,12 @@ def _check(
         if family is None or family in _MOE:  # the others' are refused whole, `_experts`
             problems += _count_problems(sound, where)
         problems += _foreign_problems(sound, family, where)
-    problems += _integer_problems(sound, where)
+    problems += _integer_problems(sound, family if known else None, where)
     problems += _kind_problems(sound, where)
+    if known:  # keys neither the file nor its class gives (a refused value stands as null)
+        missing = [k for k in _REQUIRED if k not in _with_class_defaults(config, family)]
+        problems += [f"{where} lacks {', '.join(missing)}"] if missing else []
+        problems += _top_k_problems(_with_class_defaults(sound, family), family, where)
     return said, problems
 
 
@@ -702,18 +718,79 @@ _INTEGERS = (
     "first_k_dense_replace",
 )
 _POSITIVE = ("moe_layer_freq", "decoder_sparse_step")  # a period: 0 would divide by it
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_PERIOD_KEYS = (*_POSITIVE, "sliding_window_pattern", "_sliding_window_pattern")
+# The sizes, counts and periods a null of which is refused (module docstring), each with the
+# families whose class builds layers from it and takes no None (None: every class; the
+# `_REQUIRED` keys, a file written by hand's too). The classes pass it to nn.Linear, range
+# or % (``LlamaMLP``; ``MixtralSparseMoeBlock``; ``Qwen2MoeSparseMoeBlock``, whose shared
+# expert is unconditional, and ``Qwen2MoeDecoderLayer``: num_experts > 0, (i + 1) %
+# decoder_sparse_step; ``DeepseekV3MoE`` and ``Glm4MoeMoE``: moe_intermediate_size ×
+# n_shared_experts; ``DeepseekV3Attention``: kv_lora_rank + qk_rope_head_dim; the layer
+# kinds ``Qwen2Config`` builds from max_window_layers and ``Gemma3TextConfig`` from
+# sliding_window_pattern). Left out, as None has a meaning there: num_key_value_heads (the
+# heads), q_lora_rank (``if config.q_lora_rank is None``: no query compression),
+# qk_head_dim (recomputed), num_nextn_predict_layers (transformers builds no MTP module:
+# none), mlp_only_layers (``Qwen2MoeConfig``: []), head_dim where the class derives it;
+# n_shared_experts in ``DeepseekV2Moe`` and DeepSeek's own code (Kimi K2's), which build no
+# shared expert for None, and n_routed_experts in the latter, which builds dense layers.
+_NO_NULL: dict[str, frozenset[str] | None] = {
+    **dict.fromkeys(_REQUIRED, None),
+    "intermediate_size": None,  # gpt-oss too: GptOssExperts, the experts' width
+    # a number its class sets, not hidden / heads (Gemma2Config's 256, GptOssConfig's 64)
+    "head_dim": frozenset({"qwen3", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "gpt_oss"}),
+    "num_local_experts": frozenset({"mixtral", "gpt_oss"}),
+    "num_experts": _QWEN_MOE,
+    "n_routed_experts": frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe"}),
+    "moe_intermediate_size": _EXPERT_OWNERS["moe_intermediate_size"],
+    "shared_expert_intermediate_size": _EXPERT_OWNERS["shared_expert_intermediate_size"],
+    "n_shared_experts": frozenset({"deepseek_v3", "glm4_moe"}),
+    "first_k_dense_replace": _EXPERT_OWNERS["first_k_dense_replace"],
+    "moe_layer_freq": _EXPERT_OWNERS["moe_layer_freq"],
+    "decoder_sparse_step": _EXPERT_OWNERS["decoder_sparse_step"],
+    **dict.fromkeys(
+        ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), _DEEPSEEK_LIKE
+    ),
+    "max_window_layers": frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}),
+    "sliding_window_pattern": frozenset({"gemma3_text"}),
+    "_sliding_window_pattern": frozenset({"gemma3_text"}),
+}
 
 
-def _integer_problems(config: Mapping[str, Any], where: str) -> list[str]:
-    """Every key of `_INTEGERS` whose value is no non-negative integer, so a file with
-    several gets them all at once (`_translate` stops at its first problem, since later
-    keys are read in the light of earlier ones)."""
-    return [
+def _integer_problems(config: Mapping[str, Any], family: str | None, where: str) -> list[str]:
+    """Every key of `_INTEGERS` whose value is no non-negative integer, and every null the
+    file's class takes no None for (`_NO_NULL`), so a file with several gets them all at
+    once (`_translate` stops at its first problem, since later keys are read in the light
+    of earlier ones). `family` is the file's model_type when budget reads it, else None."""
+    problems = [
         f"{key} = {json.dumps(value)} in {where} is not a {kind} integer"
         for keys, least, kind in ((_INTEGERS, 0, "non-negative"), (_POSITIVE, 1, "positive"))
         for key in keys
         if (value := config.get(key)) is not None
         and (isinstance(value, bool) or not isinstance(value, int) or value < least)
+    ]
+    for key, families in _NO_NULL.items():
+        if key not in config or config[key] is not None:
+            continue
+        if key in _REQUIRED or (family is not None and (families is None or family in families)):
+            kind = "positive" if key in _PERIOD_KEYS else "non-negative"
+            problems.append(f"{key} = null in {where} is not a {kind} integer")
+    return problems
+
+
+def _top_k_problems(config: Mapping[str, Any], family: str | None, where: str) -> list[str]:
+    """A null top-k beside an expert count, in a file whose family routes (`_experts`), which
+    no class can route by; `config` has its class's defaults."""
+    count_key = next((k for k in _COUNT_KEYS if config.get(k)), None)
+    if count_key is None or (family is not None and family not in _MOE):
+        return []  # no experts, or refused whole (`_experts`)
+    # what save_pretrained writes for DeepseekV2Config's default, None: its router, as any
+    # class's, cannot route with it
+    return [
+        f"{top_k} = null in {where}, beside {count_key}: give the number of experts each "
+        "token is routed to"
+        for top_k in ("num_experts_per_tok", "experts_per_token")
+        if top_k in config and config[top_k] is None
     ]
 
 
@@ -733,7 +810,8 @@ _SWITCHES = (
 
 def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
     """Every switch that is not true, false or null, the activation if it is not one
-    budget prices, and every dropout probability outside 0 to 1, as `_translate` would
+    budget prices, every dropout probability outside 0 to 1 and a quantization_config that
+    is not an object, as `_translate` would
     say each (it stops at the first), so that a file with several gets them all at once."""
     problems = [
         f"{key} = {json.dumps(config[key])} in {where} is not true or false"
@@ -748,7 +826,20 @@ def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
         value = config.get(key) or 0.0
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
             problems.append(_probability_problem(key, value, where))
+    quant = config.get("quantization_config")
+    if quant is not None and not isinstance(quant, Mapping):  # "fp8" is no quant_method
+        problems.append(_quantization_problem(quant, where))
     return problems
+
+
+def _quantization_problem(quant: Any, where: str) -> str:
+    shown = json.dumps(quant)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (
+        f"quantization_config = {shown} in {where} is not an object; transformers writes a "
+        'mapping such as {"quant_method": "fp8", ...}: give that, or delete the key to budget '
+        "the weights in precision.params' format"
+    )
 
 
 def _activation_problem(key: str, act: Any, where: str) -> str:
@@ -766,11 +857,7 @@ def _probability_problem(key: str, value: Any, where: str) -> str:
 def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     """`translate` past the unknown keys: the first problem it meets ends it."""
     family = config.get("model_type")  # one of FAMILIES, or None (`_check`)
-    config = _with_class_defaults(config, family)
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [k for k in required if k not in config]
-    if missing:
-        raise HfConfigError(f"{where} lacks {', '.join(missing)}")
+    config = _with_class_defaults(config, family)  # with every `_REQUIRED` key (`_check`)
     layers = _int(config, "num_hidden_layers", where)  # before `_window` lists its layers
     window = _window(config, _source(config, "sliding_window", "sliding_window_size", where), where)
     tree: dict[str, Any] = {
@@ -875,7 +962,9 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
     quant = config.get("quantization_config")
     if quant is None:
         return None
-    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if not isinstance(quant, Mapping):  # refused before (`_kind_problems`)
+        raise HfConfigError(_quantization_problem(quant, where))
+    method = quant.get("quant_method")
     if method in ("fp8", "fbgemm_fp8") or (
         method == "compressed-tensors" and _float8_groups(quant)
     ):
@@ -1382,14 +1471,7 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
             "remove them"
         )
     top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
-    if top_k in config and config[top_k] is None:
-        # what save_pretrained writes for DeepseekV2Config's default, None: its router, as
-        # any class's, cannot route with it
-        raise HfConfigError(
-            f"{top_k} = null in {where}, beside {count_key}: give the number of experts "
-            "each token is routed to"
-        )
-    if top_k not in config:
+    if top_k not in config:  # a null one is refused before (`_top_k_problems`)
         owner = f"model_type {json.dumps(family)}" if family else "a file without model_type"
         raise HfConfigError(
             f"{where} sets {count_key} but not num_experts_per_tok, and {owner} has no "

@@ -1655,6 +1655,8 @@ def resolve(
         and precision is not None
         and device.flops
         and not device.peak_flops(precision.matmul)
+        # a peak the file gives but `device` refused (0 FLOP/s) has its own error already
+        and not any(p.path == f"$.device.flops.{precision.matmul}" for p in r.problems)
     ):
         where = f"the {device.name} preset" if device.name else "device.flops"
         r.error(

@@ -215,6 +215,11 @@ def _message(error: Any) -> str:
         shown = ", ".join(str(v) for v in options)
         close = difflib.get_close_matches(str(error.instance), [str(v) for v in options], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if isinstance(error.instance, bool) and all(isinstance(v, str) for v in options):
+            # `recompute: no` read as false, and the message said only "false" (an audit)
+            hint = "; YAML reads an unquoted no, off, yes or on as false or true" + (
+                ": write none" if not error.instance and "none" in options else ""
+            )
         return f"{_show(error.instance)} is not one of {shown}{hint}"
     if kind == "const":
         return f"{_show(error.instance)} must be {error.validator_value!r}"

@@ -548,6 +548,8 @@ def load_yaml(text: str, file: str) -> Loaded:
         what = error.problem or error.context or "unreadable"
         if "nesting depth" in what:  # libyaml's own limit (1,000), reached while scanning ahead
             builder.problem(where, builder.path, f"nesting deeper than {MAX_DEPTH} levels")
+        elif glued := _glued_key(text, where[0]):
+            builder.problem(*glued)
         else:
             builder.problem(where, builder.path, f"invalid YAML: {what}{_context(error)}")
         return Loaded(None, builder.marks, tuple(builder.problems))
@@ -609,3 +611,52 @@ def _reader_text(error: yaml.YAMLError) -> str:
     if isinstance(character, int):
         return f"the character {chr(character)!r} is not allowed"
     return str(error).splitlines()[0] if str(error) else "unreadable characters"
+
+
+# a block mapping's key written against its value, as YAML reads one word: "seq:4096", or
+# "tp:" then a no-break space, or "tp 2" with no colon at all
+_GLUED = re.compile(
+    r"^(?P<lead>\s*(?:- )?)(?P<key>[A-Za-z_][\w-]*)(?P<sep>:(?=[^\s:/])|:\u00a0| +(?=[^\s#:]))"
+)
+_PARENT = re.compile(r"^(?P<lead>\s*)(?P<key>[A-Za-z_][\w-]*):\s*(?:#.*)?$")
+
+
+def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
+    """Where a syntax error PyYAML reports at `line` (1-based) comes from a key glued to
+    its value on that line or the three before it, the most common slip: its position, path
+    and what to write. PyYAML reads `seq:4096` as one word and fails on the next key ("mapping
+    values are not allowed" one line below; "could not find expected ':'" under the wrong
+    section, an audit). None when no line there looks so."""
+    lines = text.splitlines()
+    for number in range(min(line, len(lines)), max(0, line - 4), -1):
+        found = _GLUED.match(lines[number - 1])
+        if found is None or lines[number - 1].lstrip().startswith("#"):
+            continue
+        key, sep = found["key"], found["sep"]
+        column = found.end("key") + 1
+        if sep.startswith(":\u00a0"):
+            why = (
+                f"'{key}:' is followed by a no-break space (U+00A0), which YAML does not "
+                "read as a space; type a plain one"
+            )
+        elif sep.startswith(":"):
+            why = f"'{key}:' needs a space after the colon: YAML reads '{key}:…' as one word"
+        else:
+            why = f"'{key}' needs a colon after it: write '{key}: …'"
+        return (number, column), _path_to(lines, number, key), f"invalid YAML: {why}"
+    return None
+
+
+def _path_to(lines: list[str], number: int, key: str) -> str:
+    """The path of `key` on line `number` (1-based) of block-style YAML, by its indentation
+    and the keys above it that open a mapping (`batch:`, then `  seq`): `$.batch.seq`."""
+    indent = len(lines[number - 1]) - len(lines[number - 1].lstrip())
+    path = [key]
+    for above in reversed(lines[: number - 1]):
+        parent = _PARENT.match(above)
+        if parent and len(parent["lead"]) < indent:
+            path.append(parent["key"])
+            indent = len(parent["lead"])
+            if indent == 0:
+                break
+    return "$." + ".".join(reversed(path))

@@ -10,35 +10,59 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from budget.report import Report
 
 
 NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name or unit
 # a word and the count after it ("micro 1", "tp 8"), or a count and its noun ("4 virtual"),
-# held on one line by `print_wrapped`
+# held on one line by `held_lines`; a figure's decimals end at its unit ("8.46 GiB", "437 µs")
 _COUNTED = re.compile(r"\b([A-Za-z]+) (\d[\d,]*)\b")
-_COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-z]+)\b")  # not one held already
+_COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-zµ]+)")  # not one held already
 
 
-def print_wrapped(console: Console, text: str, indent: str = "  ") -> None:
-    """`text` wrapped to the console's width, its later lines indented by `indent`, never
-    between a word and the count after it or a count and its noun: at 80 columns "micro"
-    ended a line and "1" began the next (an audit), and "4" ended one before "virtual
-    stages" (a review). Wrapped here rather than by rich, which breaks lines at a no-break
-    space too."""
+def held(plain: str) -> str:
+    """`plain` with the spaces `held_lines` does not break at made NUL, the same length."""
+    return _COUNT_OF.sub("\\1\x00\\2", _COUNTED.sub("\\1\x00\\2", plain))
+
+
+def held_lines(text: Text, width: int, first: int = 0, rest: int = 2) -> list[Text]:
+    """`text` wrapped to `width` columns, its first line indented by `first` spaces and the
+    others by `rest`, its styles kept, never between a word and the count after it or a
+    count or figure and its noun or unit: at 80 columns "micro" ended a line and "1" began
+    the next (an audit), "4" one before "virtual stages" (a review), and `check` ended
+    lines on "8.46" and "(23,926,980,608" with "GiB" and "B)" on the next (an audit).
+    Wrapped here rather than by rich, which breaks lines at a no-break space too."""
     from rich.text import Text
 
-    glue = "\x00"
-    held = _COUNT_OF.sub(rf"\1{glue}\2", _COUNTED.sub(rf"\1{glue}\2", text))
-    lines = textwrap.wrap(
-        held,
-        max(console.width, 40),
-        subsequent_indent=indent,
+    kept = held(text.plain)
+    wrapper = textwrap.TextWrapper(
+        max(width, 20),
+        initial_indent=" " * first,
+        subsequent_indent=" " * rest,
+        expand_tabs=False,
         break_on_hyphens=False,
     )
-    for line in lines:
-        console.print(Text(line.replace(glue, " ")), soft_wrap=True)
+    out, at = [], 0
+    for n, line in enumerate(wrapper.wrap(kept)):
+        body = line[first if n == 0 else rest :]
+        start = kept.find(body, at)
+        at = start + len(body)
+        out.append(Text(line[: len(line) - len(body)]) + text[start:at])
+    return out
+
+
+def print_wrapped(
+    console: Console, text: str | Text, indent: str = "  ", first: str = "", style: str = ""
+) -> None:
+    """`text` (plain, or rich `Text` with its styles) printed by `held_lines` at the
+    console's width: its first line indented by `first`, the others by `indent`."""
+    from rich.text import Text
+
+    text = Text(text, style=style) if isinstance(text, str) else text
+    for line in held_lines(text, max(console.width, 40), len(first), len(indent)):
+        console.print(line, soft_wrap=True)
 
 
 def dump_json(data: Any, stream: Any = None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from budget.errors import one_line, problem_lines
+from budget.render import print_wrapped
 from budget.render.markdown import code, fence, plain
 from budget.report import time_word, time_words
 from budget.units import format_bytes, plural
@@ -76,7 +77,6 @@ def _tally(result: CheckResult) -> str:
 
 def _table(console: Console, result: CheckResult) -> None:
     from rich.markup import escape
-    from rich.padding import Padding
     from rich.text import Text
 
     for verdict in result.verdicts:
@@ -89,13 +89,14 @@ def _table(console: Console, result: CheckResult) -> None:
             continue
         mark = "[bold green]PASS[/]" if verdict.passed else "[bold red]FAIL[/]"
         console.print(f"{mark} {escape(one_line(verdict.file))}", highlight=False, soft_wrap=True)
-        console.print(Padding(Text(_figures(verdict, result.limits), style="dim"), (0, 0, 0, 5)))
+        margin = " " * 5
+        print_wrapped(console, _figures(verdict, result.limits), margin, margin, "dim")
         for reason in verdict.reasons:
             line = Text.assemble(("✗ ", "red"), (f"{reason.limit}: ", "bold"), reason.message)
-            console.print(Padding(line, (0, 0, 0, 5)))
+            print_wrapped(console, line, margin + "  ", margin)
         for note in verdict.notes:
-            console.print(Padding(Text(f"– {note}", style="dim"), (0, 0, 0, 5)))
-    console.print(Text("limits: " + "; ".join(result.describe_limits()), style="dim"))
+            print_wrapped(console, f"– {note}", margin + "  ", margin, "dim")
+    print_wrapped(console, "limits: " + "; ".join(result.describe_limits()), style="dim")
     console.print(_tally(result), markup=False, highlight=False)
 
 

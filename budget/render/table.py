@@ -20,7 +20,7 @@ from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
-from budget.render import NBSP, utf
+from budget.render import NBSP, held, held_lines, print_wrapped, utf
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -487,7 +487,7 @@ def phase_table(report: Report, wide: bool, console: Console | None = None) -> T
         cells["peak live"] = "–" if p.peak_stage is None else _b(p.peak_bytes)
         if wide:
             cells[PEAK_STAGE] = "" if p.peak_stage is None else str(p.peak_stage)
-            cells[LARGEST] = Text(_brief(p.peak_overlap, 1))
+            cells[LARGEST] = Hanging(_brief(p.peak_overlap, 1), 0, 0)
         rows.append(cells)
     total = (
         dict(
@@ -653,17 +653,11 @@ class Hanging:
         self.first, self.rest = first, rest
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
-        head, *tail = self.text.wrap(console, max(1, width - self.first))
-        yield Text(" " * self.first) + head
-        if tail:  # the rest, styles kept, rewrapped at the deeper indent
-            rest = self.text[len(head.plain) :]
-            rest = rest[len(rest.plain) - len(rest.plain.lstrip()) :]
-            for line in rest.wrap(console, max(1, width - self.rest)):
-                yield Text(" " * self.rest) + line
+        # never between a figure and its unit ("7.83" / "MiB" ended and began two lines)
+        yield from held_lines(self.text, options.max_width, self.first, self.rest)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        words = self.text.plain.split() or [""]
+        words = held(self.text.plain).split() or [""]
         longest = max(map(cell_len, words))
         return Measurement(self.rest + longest, self.first + self.text.cell_len)
 
@@ -1098,7 +1092,7 @@ def overlap_table(row: StageRow, layout: dict[str, Any] | None = None) -> Table:
 def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
-        console.print(line, markup=False)
+        print_wrapped(console, line)
     most = 8 if wide else 5 if console.width >= NARROW_BAR else 0
     marks = BAR_MARKS if utf(console.file) else ASCII_BAR_MARKS
     # the longest fill bar the stage table has room for: at 110 columns a plan's 8 cells
@@ -1119,12 +1113,13 @@ def render_table(console: Console, report: Report) -> None:
     console.print()
     console.print(collectives)
     for line in legend:
-        console.print(line, markup=False, highlight=False)
+        print_wrapped(console, line)
     console.print()
     console.print(link_table(report))
     console.print()
+    # the sentences after the tables, wrapped between words, never inside a figure
     for line in summary(report):
-        console.print(line, markup=False)
-    console.print(verdict(report))
+        print_wrapped(console, line)
+    print_wrapped(console, Text.from_markup(verdict(report)))
     for note in slow_link_notes(report):
-        console.print(Text(f"Caution: {note}.", style="yellow"))
+        print_wrapped(console, f"Caution: {note}.", style="yellow")
