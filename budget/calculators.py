@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage
+from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage, default_algorithm
 from budget.compute import Roofline
 from budget.compute import roofline as compute_roofline
 from budget.errors import UsageErrors
@@ -110,6 +110,9 @@ class CollectiveResult:
         if self.beside_s is not None:
             out["beside_s"] = self.beside_s
             out["exposed_s"] = self.exposed_s
+        if self.passed_over is not None:  # the table's "faster here than ..." (an audit)
+            other, time = self.passed_over
+            out["passed_over"] = {"algorithm": other, "time_s": time}
         return out
 
 
@@ -132,7 +135,7 @@ class RooflineResult:
 
 def collective(
     op: str,
-    ranks: int | None,
+    ranks: int | str | None,
     size: str,
     bandwidth: str | None,
     latency: str | None,
@@ -163,6 +166,13 @@ def collective(
     errors: list[str] = []
     if op not in OPS:
         errors.append(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    unread = False  # a --ranks that is no whole number, said here and not again below
+    if isinstance(ranks, str):
+        try:
+            ranks = int(ranks.strip())
+        except ValueError:
+            errors.append(f"--ranks must be a whole number of ranks, such as 8, got {ranks!r}")
+            ranks, unread = None, True
     if ranks is not None and not 1 <= ranks <= MAX_GPUS:
         errors.append(f"--ranks must be from 1 to {MAX_GPUS:,}, got {ranks:,}")
     size_bytes = _read(errors, partial(_size, size))
@@ -193,6 +203,8 @@ def collective(
         said = ranks is not None and not 1 <= ranks <= MAX_GPUS  # out of range, said above
         errors.extend(_levels_fit(whole, None if said else ranks))
         group = _levelled(whole)
+    elif unread:
+        pass
     elif not levels and (ranks is None or bandwidth is None or latency is None):
         errors.append("give --ranks, --bandwidth and --latency, or one --level per level")
     elif ranks is not None and link_bandwidth is not None and link_latency is not None:
@@ -211,11 +223,13 @@ def collective(
             f"the time of {size} over these links is past a float's range; give a latency and "
             "bandwidth one link has, such as 1us and 450GB/s"
         )
-    if algorithm == "hierarchical" and cost.algorithm != algorithm:
+    spread = sum(units > 1 for units, _ in whole) >= 2  # a level of one unit adds no stage
+    if algorithm == "hierarchical" and (cost.algorithm != algorithm or not spread):
         # a plan's group within one level falls back quietly; asked for here, it is said
         raise ValueError(
             f"--algorithm {algorithm} needs ranks on two or more levels (--level, each "
-            f"over 1); on one link it would be {cost.algorithm}: ask for that, or give levels"
+            f"over 1); on one link it would be {default_algorithm(kind)}: ask for that, or "
+            "give levels"
         )
     passed_over = None
     if algorithm is None and op == "all-reduce" and len(cost.stages) > 1:
@@ -288,21 +302,35 @@ def _levels_fit(levels: Sequence[tuple[int, Level]], ranks: int | None) -> list[
     return errors
 
 
-def roofline(intensity: float | str, bandwidth: str, peak: str) -> RooflineResult:
+def roofline(
+    intensity: float | str | None, bandwidth: str | None, peak: str | None
+) -> RooflineResult:
     """Attainable FLOP/s under a memory bandwidth and a compute ceiling given with units; the
     intensity a number of FLOP per byte, its unit written or not ("4", "4FLOP/byte",
     "4 FLOP/B": a DESIGN audit found every quantity but this one took its unit). Every bad
     option is said at once (`UsageErrors`), each by its flag."""
     errors: list[str] = []
-    value = _read(errors, partial(_intensity, intensity))
+    # a missing one is said beside the others (the command line's own check named only the
+    # first, an audit)
+    value = memory = compute = None
+    if intensity is None:
+        errors.append("missing option --intensity, the FLOP per byte, e.g. 4")
+    else:
+        value = _read(errors, partial(_intensity, intensity))
     where = f"--bandwidth {bandwidth!r}"
-    memory = _read(
-        errors, partial(_ceiling, parse_bandwidth, bandwidth, where, "memory bandwidth", "B/s")
-    )
+    if bandwidth is None:
+        errors.append("missing option --bandwidth, the memory bandwidth, e.g. 80GB/s")
+    else:
+        memory = _read(
+            errors, partial(_ceiling, parse_bandwidth, bandwidth, where, "memory bandwidth", "B/s")
+        )
     where = f"--peak {peak!r}"
-    compute = _read(
-        errors, partial(_ceiling, parse_flops, peak, where, "compute ceiling", "FLOP/s")
-    )
+    if peak is None:
+        errors.append("missing option --peak, the compute ceiling, e.g. 1000GFLOP/s")
+    else:
+        compute = _read(
+            errors, partial(_ceiling, parse_flops, peak, where, "compute ceiling", "FLOP/s")
+        )
     if value is None or memory is None or compute is None:
         raise UsageErrors(errors)
     return RooflineResult(compute_roofline(value, memory, compute))
@@ -313,7 +341,7 @@ def _intensity(text: float | str) -> float:
     `compute.roofline` takes it."""
     number = _PER_BYTE.sub("", str(text).strip())
     try:
-        value = float(number)
+        value = float(number) + 0.0  # -0 is 0 (it printed "-0 FLOP/s", an audit)
     except ValueError:
         raise ValueError(
             f"--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte, got {text!r}"

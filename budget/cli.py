@@ -336,7 +336,8 @@ def collective_command(
             help="all-gather, reduce-scatter, all-reduce, all-to-all, broadcast or send-recv."
         ),
     ],
-    ranks: Annotated[int | None, typer.Option(help="Group size P.")] = None,
+    # read by `collective`, so that "2.5" is said beside the other bad options (an audit)
+    ranks: Annotated[str | None, _option("<count>", "Group size P.")] = None,
     size: Annotated[str, _option("<size>", "Full logical tensor size S, e.g. 1GiB.")] = "",
     bandwidth: Annotated[
         str | None, _option("<rate>", "Per-rank link bandwidth, e.g. 450GB/s.")
@@ -394,11 +395,12 @@ def collective_command(
 
 @app.command("roofline")
 def roofline_command(
+    # not required by typer, which said only the first missing one: `roofline` says each
     intensity: Annotated[
-        str, _option("<flop/byte>", "Arithmetic intensity, e.g. 4 or 4FLOP/byte.")
-    ],
-    bandwidth: Annotated[str, _option("<rate>", "Memory bandwidth, e.g. 80GB/s.")],
-    peak: Annotated[str, _option("<flop/s>", "Compute ceiling, e.g. 1000GFLOP/s.")],
+        str | None, _option("<flop/byte>", "Arithmetic intensity, e.g. 4 or 4FLOP/byte.")
+    ] = None,
+    bandwidth: Annotated[str | None, _option("<rate>", "Memory bandwidth, e.g. 80GB/s.")] = None,
+    peak: Annotated[str | None, _option("<flop/s>", "Compute ceiling, e.g. 1000GFLOP/s.")] = None,
     fmt: FormatOption = Format.table,
 ) -> None:
     """Attainable FLOP/s = min(peak, intensity x bandwidth), and which ceiling binds."""

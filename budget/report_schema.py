@@ -64,7 +64,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.15: `budget validate-model`'s ``serving``, a static batch's latency against published
 # measurements (metric ``latency_s``), scored apart from the training step times; the
 # report's ``model.experts.capacity_factor`` and ``pad_to_capacity``
-SCHEMA_VERSION = "1.15"
+# 1.16: `budget collective`'s ``passed_over``, the all-reduce across levels the default did
+# not pick and its time, which the table said and the JSON did not
+SCHEMA_VERSION = "1.16"
 
 Kind = Literal[
     "report",

@@ -201,6 +201,8 @@ def run_search(
         )
         print(usage_line(message), file=sys.stderr)
         return 2
+    # every option whose values can build no layout, each said (an audit: the first stopped it)
+    unbuilt: list[str] = []
     for name in ("tp", "pp", "cp", "ep"):  # every value of a degree the GPUs cannot hold
         values = getattr(sweep, name)
         if options.get(name) is not None and values and all(n % v for v in values):
@@ -208,15 +210,15 @@ def run_search(
             listed = (
                 f" (it divides by {', '.join(map(str, divisors))})" if len(divisors) <= 24 else ""
             )
-            message = (
+            unbuilt.append(
                 f"--{name} {options[name]}: no value divides the {n:,} GPUs, "
                 f"so no layout can be built{listed}"
             )
-            print(usage_line(message), file=sys.stderr)
-            return 2
-    refused = _refused_values(options, sweep, plan, n)
-    if refused:
-        print(usage_line(refused), file=sys.stderr)
+    degrees = frozenset(line.split()[0][2:] for line in unbuilt)  # "--tp 3: ..." → tp
+    unbuilt += _refused_values(options, sweep, plan, n, degrees)
+    for line in unbuilt:
+        print(usage_line(line), file=sys.stderr)
+    if unbuilt:
         return 2
     too_many = _too_many(options, sweep, plan, n)
     if too_many:
@@ -314,28 +316,37 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
     )
 
 
-def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: int) -> str:
+def _refused_values(
+    options: dict[str, str | None],
+    sweep: Space,
+    plan: Plan,
+    gpus: int,
+    said: frozenset[str] = frozenset(),
+) -> list[str]:
     """Why values given on the command line can build no layout of the plan's model, as
     `--tp 3` on 8 GPUs is refused (an audit: these priced nothing, or a count of layouts
     "does not divide", then exit 1; so did `--ep 16` over 8 experts and `--tp 8 --pp 8
-    --cp 4` on 64 GPUs, each value of which divides them); "" where they can."""
+    --cp 4` on 64 GPUs, each value of which divides them), one reason an option; none
+    where they can. `said`: the degrees refused already (not said again, nor their product)."""
+    refused = []
     experts = plan.model.experts
     if experts is None and sweep.ep and any(e > 1 for e in sweep.ep):
-        return f"--ep {options['ep']}: the model has no experts: --ep needs an MoE model"
-    if experts is not None and sweep.ep and all(experts.count % e for e in sweep.ep):
-        return (
+        refused.append(f"--ep {options['ep']}: the model has no experts: --ep needs an MoE model")
+    unsaid = "ep" not in said
+    if experts is not None and sweep.ep and unsaid and all(experts.count % e for e in sweep.ep):
+        refused.append(
             f"--ep {options['ep']}: no value divides the model's {experts.count:,} experts, "
             "so no layout can be built"
         )
     chunks = min(sweep.virtual_stages)  # a stage holds at least one layer a chunk
     if sweep.pp and options.get("pp") and all(p * chunks > plan.model.layers for p in sweep.pp):
         least = f" x {chunks} virtual stages" if chunks > 1 else ""
-        return (
+        refused.append(
             f"--pp {options['pp']}: every value makes more pipeline chunks (pp{least}) than "
             f"the model's {plan.model.layers:,} layers, so no layout can be built"
         )
     given = [(name, getattr(sweep, name)) for name in ("tp", "pp", "cp") if options.get(name)]
-    if len(given) > 1:  # a degree not given can be 1, which divides any count
+    if len(given) > 1 and not said:  # a degree not given can be 1, which divides any count
         # the products that divide the GPUs, a degree at a time: a product that does not
         # divide them has no multiple that does, so ranges of 1,000 values stay cheap
         products = {1}
@@ -344,7 +355,7 @@ def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan, gp
         if not products:
             flags = " ".join(f"--{name} {options[name]}" for name, _ in given)
             names = " x ".join(name for name, _ in given)
-            return (
+            refused.append(
                 f"{flags}: no combination's {names} divides the {gpus:,} GPUs, so no layout "
                 "can be built"
             )
@@ -354,11 +365,11 @@ def _refused_values(options: dict[str, str | None], sweep: Space, plan: Plan, gp
     if sweep.micro and all(batch % m for m in sweep.micro):
         sizes = divisors(batch)
         listed = f" (it divides by {', '.join(map(str, sizes))})" if len(sizes) <= 24 else ""
-        return (
+        refused.append(
             f"--micro {options['micro']}: no value divides the global batch of "
             f"{batch:,} sequences, so no layout can be built{listed}"
         )
-    return ""
+    return refused
 
 
 def _written(

@@ -856,3 +856,48 @@ def test_the_group_s_aggregate_bytes_are_reported_as_such() -> None:
         app, route([*args, "--ranks", "8", "--bandwidth", "450GB/s", "--latency", "1us"])
     ).stdout
     assert "sent by all ranks        14 GiB (15,032,385,536 B)  (aggregate over the 8" in table
+
+
+def test_every_missing_or_bad_calculator_option_is_said_at_once() -> None:
+    """An audit: `budget roofline` named only its first missing option, and `--ranks 2.5`
+    (typer's integer) hid a negative --size beside it."""
+    result = runner.invoke(app, route(["roofline"]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert [line.split()[4] for line in result.stderr.splitlines()] == [
+        "--intensity,",
+        "--bandwidth,",
+        "--peak,",
+    ]
+    args = ["collective", "all-reduce", "--ranks", "2.5", "--size", "-1GB"]
+    result = runner.invoke(app, route([*args, "--bandwidth", "1GB/s", "--latency", "1us"]))
+    assert result.exit_code == 2
+    assert [line.split()[2] for line in result.stderr.splitlines()] == ["--ranks", "--size"]
+
+
+def test_a_negative_zero_intensity_reads_as_zero() -> None:
+    """An audit: `--intensity -0` printed "-0 FLOP/byte" and "-0 FLOP/s"."""
+    args = ["roofline", "--intensity", "-0", "--bandwidth", "1GB/s", "--peak", "1TFLOP/s"]
+    data = json.loads(runner.invoke(app, route([*args, "-f", "json"])).stdout)
+    assert str(data["intensity"]) == "0.0" and str(data["attainable_flops"]) == "0.0"
+
+
+def test_hierarchical_needs_two_levels_of_more_than_one_unit_in_either_order() -> None:
+    """An audit: 8 GPUs then 1 node was refused, 1 then 8 priced as "hierarchical" at the
+    ring's time; a level of one unit adds no stage either way."""
+    for levels in (("8:450GB/s:1us", "1:50GB/s:5us"), ("1:450GB/s:1us", "8:50GB/s:5us")):
+        args = ["collective", "all-reduce", "--size", "1GiB", "--algorithm", "hierarchical"]
+        result = runner.invoke(app, route([*args, "--level", levels[0], "--level", levels[1]]))
+        assert result.exit_code == 2
+        assert "needs ranks on two or more levels" in result.stderr
+
+
+def test_the_all_reduce_the_default_passed_over_is_in_the_json() -> None:
+    """The table says "ring: faster here than NCCL's double binary tree (5,869.553 µs)"; the
+    JSON said nothing of it (an audit). Both figures are the collective priced each way."""
+    levels = ["--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
+    args = ["collective", "all-reduce", "--size", "1GiB", *levels, "-f", "json"]
+    data = json.loads(runner.invoke(app, route(args)).stdout)
+    tree = json.loads(runner.invoke(app, route([*args, "--algorithm", "double-tree"])).stdout)
+    assert data["algorithm"] == "ring"
+    assert data["passed_over"] == {"algorithm": "double-tree", "time_s": tree["time_s"]}
+    assert data["time_s"] < tree["time_s"]

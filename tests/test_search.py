@@ -2342,10 +2342,11 @@ def test_degree_ranges_are_checked_without_enumerating_their_product() -> None:
     options = {"tp": "1..1000", "pp": "1..1000", "cp": "1..1000"}
     with refused_in_time():
         said = _refused_values(options, Space(tp=span, pp=span, cp=span), load_plan(GPT3), 1024)
-    assert said == ""
+    assert said == []
     odd = Space(tp=(3,), pp=(5, 7), cp=(1, 2))
     options = {"tp": "3", "pp": "5,7", "cp": "1,2"}
-    assert _refused_values(options, odd, load_plan(GPT3), 1024).startswith(
+    (line,) = _refused_values(options, odd, load_plan(GPT3), 1024)
+    assert line.startswith(
         "--tp 3 --pp 5,7 --cp 1,2: no combination's tp x pp x cp divides the 1,024 GPUs"
     )
 
@@ -2515,3 +2516,28 @@ def test_a_stage_send_in_the_loss_is_rejected_at_v_1_and_priced_at_v_2(tmp_path)
         report = build_report(apply(plan, result.config, 1024))
         assert report.worst.peak_bytes == result.peak_bytes
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9
+
+
+def test_every_option_that_builds_no_layout_is_said_at_once() -> None:
+    """An audit: `--ep 3 --micro 1000 --pp 64` on Mixtral's 64 GPUs said only the --ep line,
+    though each alone is refused with its own; a degree refused for the GPUs is not said
+    again for the experts, nor its product with the others."""
+    plan = str(ROOT / "plans/mixtral-8x7b.yaml")
+    args = ["search", plan, "--ep", "3", "--micro", "1000", "--pp", "64", "--tp", "2"]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 2 and result.stdout == ""
+    said = [line.split(":")[2].strip() for line in result.stderr.splitlines()]
+    assert said == ["--ep 3", "--pp 64", "--micro 1000"]
+
+
+def test_a_search_that_rejects_nothing_prints_no_empty_table() -> None:
+    """An audit: every option pinned, nothing rejected, and a "Not ranked" heading printed
+    over no rows (a header-only table in markdown); the count line says it instead."""
+    pinned = ["--tp", "1", "--pp", "1", "--cp", "1", "--zero", "3", "--micro", "1"]
+    pinned += ["--recompute", "none", "--sp", "false", "--virtual-stages", "1"]
+    for fmt in ("table", "markdown"):
+        args = ["search", str(ROOT / "plans/gemma2-9b.yaml"), *pinned, "-f", fmt]
+        result = CliRunner().invoke(app, route(args))
+        assert result.exit_code == 0
+        assert "Not ranked" not in result.stdout
+        assert "1 evaluated (1 ranked, 0 rejected after pricing)" in " ".join(result.stdout.split())

@@ -547,7 +547,12 @@ def load_yaml(text: str, file: str) -> Loaded:
         where = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         what = error.problem or error.context or "unreadable"
         if "nesting depth" in what:  # libyaml's own limit (1,000), reached while scanning ahead
-            builder.problem(where, builder.path, f"nesting deeper than {MAX_DEPTH} levels")
+            end = mark.index if mark is not None else 0
+            builder.problem(
+                _too_deep(text, end) or where,
+                builder.path,
+                f"nesting deeper than {MAX_DEPTH} levels",
+            )
         elif glued := _glued_key(text, where[0]):
             builder.problem(*glued)
         else:
@@ -660,3 +665,30 @@ def _path_to(lines: list[str], number: int, key: str) -> str:
             if indent == 0:
                 break
     return "$." + ".".join(reversed(path))
+
+
+def _too_deep(text: str, end: int) -> Position | None:
+    """Where, before offset `end`, a flow collection first opens past `MAX_DEPTH` levels:
+    libyaml stops scanning at its own limit (1,000 brackets on), which an audit read as
+    the place to look ("1:1003" for the 65th bracket at column 66). Quoted text and comments
+    are skipped; None when no bracket there goes so deep."""
+    depth, quote, line, start, comment = 0, "", 1, 0, False
+    for at, char in enumerate(text[:end]):
+        if char == "\n":
+            line, start, quote = line + 1, at + 1, quote if quote == '"' else ""
+            comment = False
+        elif comment:
+            continue
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (at == start or text[at - 1] in " \t"):
+            comment = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line, at - start + 1
+        elif char in "]}":
+            depth -= 1
+    return None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.cells import cell_len
 from rich.table import Table
 
+from budget.render import print_wrapped
 from budget.render.table import attention_text, fitted, left_out, titled_table
 from budget.units import (
     decimals_apart,
@@ -519,13 +520,15 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         _show(console, *_table(console, WRITTEN, mine, limited, tokens, digits, outcome))
         console.print(written_note(outcome), markup=False)
         console.print()
+    unranked = [*((r, f"{n:,}") for r, n in outcome.rejected.items()), *ruled_out_rows(outcome)]
+    if not unranked:  # a heading over no rows read as a table lost (an audit)
+        print_wrapped(console, _skipped_note(outcome), "")
+        return
     table = titled_table("Not ranked")
     table.add_column("reason")
     table.add_column("layouts", justify="right")
-    for reason, count in outcome.rejected.items():
-        table.add_row(reason, f"{count:,}")
-    for reason, degrees in ruled_out_rows(outcome):
-        table.add_row(reason, degrees)
+    for reason, count in unranked:
+        table.add_row(reason, count)
     _show(console, table, [_skipped_note(outcome)])
 
 
@@ -569,8 +572,10 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         lines += [_none(outcome), ""]
     if outcome.written is not None:
         lines += [f"### {WRITTEN}", "", *rows((outcome.written,)), written_note(outcome), ""]
-    lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
-    lines += [f"| {reason} | {count:,} |" for reason, count in outcome.rejected.items()]
-    lines += [f"| {reason} | {degrees} |" for reason, degrees in ruled_out_rows(outcome)]
-    lines += ["", _skipped_note(outcome) + "."]
+    unranked = [*((r, f"{n:,}") for r, n in outcome.rejected.items()), *ruled_out_rows(outcome)]
+    if unranked:
+        lines += ["### Not ranked", "", "| reason | layouts |", "|---|---:|"]
+        lines += [f"| {reason} | {count} |" for reason, count in unranked]
+        lines += [""]
+    lines += [_skipped_note(outcome) + "."]
     return "\n".join(lines) + "\n"
