@@ -339,7 +339,8 @@ def _refused_values(
             "so no layout can be built"
         )
     chunks = min(sweep.virtual_stages)  # a stage holds at least one layer a chunk
-    if sweep.pp and options.get("pp") and all(p * chunks > plan.model.layers for p in sweep.pp):
+    deep = options.get("pp") and "pp" not in said
+    if sweep.pp and deep and all(p * chunks > plan.model.layers for p in sweep.pp):
         least = f" x {chunks} virtual stages" if chunks > 1 else ""
         refused.append(
             f"--pp {options['pp']}: every value makes more pipeline chunks (pp{least}) than "

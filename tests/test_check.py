@@ -739,7 +739,18 @@ _SPLIT_FIGURE = r"[\d.,]$"
 _UNIT_FIRST = r"^\s*(?:[KMGT]i?B|B\b|B\)|s\b|ms\b|µs\b|ns\b|GB/s)"
 
 
-@pytest.mark.parametrize("columns", ["80", "100", "120"])
+def test_a_figure_is_held_by_its_unit_after_a_word_too() -> None:
+    """A review: "optimizer 277 ms" held "optimizer 277" (a word and its count) and so not
+    "277 ms", which broke at 94 columns, as "the 1 s limit" did at 58."""
+    from budget.render import held
+
+    assert held("and optimizer 277 ms; the") == "and optimizer\x00277\x00ms; the"
+    assert held("over the 1 s limit") == "over the\x001\x00s limit"
+    assert held("gradient 501 MiB at 450 GB/s") == "gradient\x00501\x00MiB at\x00450\x00GB/s"
+    assert held("8.46 GiB, tp 8 micro 1") == "8.46\x00GiB, tp\x008 micro\x001"
+
+
+@pytest.mark.parametrize("columns", [str(w) for w in range(44, 161, 9)])
 def test_wrapped_lines_keep_every_figure_by_its_unit(tmp_path: Path, columns: str) -> None:
     """An audit: at 80 columns `check` ended lines on "8.46" and "(23,926,980,608" with
     "GiB" and "B)" beginning the next, and the report's verdict on "49.6" before "GiB."; the

@@ -1648,6 +1648,10 @@ _NO_NULL_CASES = [
     ("qwen1.5-moe-a2.7b", "decoder_sparse_step", "positive"),
     ("mixtral-8x7b", "num_local_experts", "non-negative"),
     ("gemma-2-9b", "head_dim", "non-negative"),  # Gemma2Config's 256, not hidden / heads
+    # Qwen3MoeAttention's getattr(config, "head_dim", ...) gives the null back (a review:
+    # read as 2048 / 32 = 64 where the file's is 128); Glm4MoeAttention's the same
+    ("qwen3-30b-a3b", "head_dim", "non-negative"),
+    ("glm-4.5-air", "head_dim", "non-negative"),
     ("qwen3-8b", "max_window_layers", "non-negative"),
     ("gemma-3-1b", "sliding_window_pattern", "positive"),
 ]

@@ -654,3 +654,46 @@ def test_a_terminals_control_characters_reach_it_escaped(tmp_path) -> None:
         "$.name: 'abc\\u202edef' is not a name of printable characters (no tabs, line breaks, "
         "control characters or bidirectional overrides)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("batch:\n  seq:2048\n  micro: 1\n", ((2, 6), "$.batch.seq", "'seq:' needs a space")),
+        ("parallel:\n  tp 2\n  dp: 4\n", ((2, 5), "$.parallel.tp", "'tp' needs a colon")),
+        ("mode:train\nname: x\n", ((1, 5), "$.mode", "'mode:' needs a space")),
+    ],
+)
+def test_a_key_glued_to_its_value_is_said_at_the_key(text: str, where: tuple) -> None:
+    """An audit: PyYAML reads `seq:2048` as one word and fails on the next line, under the
+    section after it ("$.parallel: could not find expected ':'" for a top-level line)."""
+    (problem,) = load_yaml(text, "f").problems
+    position, path, said = where
+    assert ((problem.line, problem.col), problem.path) == (position, path)
+    assert said in problem.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: >-\n  gpt 1.3b run\nmode: train\n  bad: [\n",  # a block scalar's text
+        "order:\n  - full recompute\ndevice: {preset: a100-80gb\nx: 1\n",  # a list item
+        "name: a long\n  name goes on\nmode: train\n  bad: [\n",  # a plain scalar's next line
+    ],
+)
+def test_text_that_is_no_key_is_not_told_to_take_a_colon(text: str) -> None:
+    """A review: "  gpt 1.3b run" under `name: >-` was told "'gpt' needs a colon", hiding
+    the error PyYAML found; only a line of a block mapping is read as a glued key."""
+    (problem,) = load_yaml(text, "f").problems
+    assert "needs a colon" not in problem.message and "needs a space" not in problem.message
+
+
+def test_a_nesting_bomb_is_placed_at_its_bracket_past_the_limit() -> None:
+    """An audit: 10,000 `[` were refused at column 1,001, where libyaml's own limit fired;
+    the 65th bracket is at column 65. Quoted brackets (an escaped quote among them), a
+    comment's and a plain word's ("a[[[") open nothing (a review)."""
+    assert [(p.line, p.col) for p in load_yaml("[" * 10_000, "f").problems] == [(1, MAX_DEPTH + 1)]
+    deep = "x: " + "[" * 1100 + "]" * 1100 + "\n"
+    for first in ('name: "a\\" ' + "[" * 70 + '"', "name: a" + "[" * 70, "# " + "[" * 70):
+        (problem,) = load_yaml(first + "\n" + deep, "f").problems
+        assert (problem.line, problem.col) == (2, 3 + MAX_DEPTH + 1), first

@@ -738,7 +738,21 @@ _NO_NULL: dict[str, frozenset[str] | None] = {
     **dict.fromkeys(_REQUIRED, None),
     "intermediate_size": None,  # gpt-oss too: GptOssExperts, the experts' width
     # a number its class sets, not hidden / heads (Gemma2Config's 256, GptOssConfig's 64)
-    "head_dim": frozenset({"qwen3", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "gpt_oss"}),
+    # and where the attention reads getattr(config, "head_dim", hidden // heads), which
+    # gives a null back (Qwen3MoeAttention, Glm4MoeAttention; a review)
+    "head_dim": frozenset(
+        {
+            "qwen3",
+            "qwen3_moe",
+            "gemma",
+            "gemma2",
+            "gemma3_text",
+            "glm",
+            "glm4",
+            "glm4_moe",
+            "gpt_oss",
+        }
+    ),
     "num_local_experts": frozenset({"mixtral", "gpt_oss"}),
     "num_experts": _QWEN_MOE,
     "n_routed_experts": frozenset({"deepseek_v2", "deepseek_v3", "glm4_moe"}),

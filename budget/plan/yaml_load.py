@@ -631,13 +631,18 @@ def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
     its value on that line or the three before it, the most common slip: its position, path
     and what to write. PyYAML reads `seq:4096` as one word and fails on the next key ("mapping
     values are not allowed" one line below; "could not find expected ':'" under the wrong
-    section, an audit). None when no line there looks so."""
+    section, an audit). Only a line of a block mapping (the top level, or under a `key:`
+    that opens one) is read so: text in a block scalar, a list item or a plain scalar's next
+    line is not a key (a review: "  gpt 1.3b run" under `name: >-` was told to take a
+    colon). None when no line there looks so."""
     lines = text.splitlines()
     for number in range(min(line, len(lines)), max(0, line - 4), -1):
         found = _GLUED.match(lines[number - 1])
         if found is None or lines[number - 1].lstrip().startswith("#"):
             continue
         key, sep = found["key"], found["sep"]
+        if not _in_mapping(lines, number) or (found["lead"].endswith("- ") and sep[0] != ":"):
+            continue
         column = found.end("key") + 1
         if sep.startswith(":\u00a0"):
             why = (
@@ -650,6 +655,20 @@ def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
             why = f"'{key}' needs a colon after it: write '{key}: …'"
         return (number, column), _path_to(lines, number, key), f"invalid YAML: {why}"
     return None
+
+
+def _in_mapping(lines: list[str], number: int) -> bool:
+    """Whether line `number` (1-based) of block-style YAML sits in a block mapping: at the
+    top level, or under a line that is only `key:` (the nearest above it less indented)."""
+    own = lines[number - 1]
+    indent = len(own) - len(own.lstrip())
+    for above in reversed(lines[: number - 1]):
+        stripped = above.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(above) - len(stripped) < indent:
+            return _PARENT.match(above) is not None
+    return indent == 0
 
 
 def _path_to(lines: list[str], number: int, key: str) -> str:
@@ -670,25 +689,36 @@ def _path_to(lines: list[str], number: int, key: str) -> str:
 def _too_deep(text: str, end: int) -> Position | None:
     """Where, before offset `end`, a flow collection first opens past `MAX_DEPTH` levels:
     libyaml stops scanning at its own limit (1,000 brackets on), which an audit read as
-    the place to look ("1:1003" for the 65th bracket at column 66). Quoted text and comments
-    are skipped; None when no bracket there goes so deep."""
-    depth, quote, line, start, comment = 0, "", 1, 0, False
+    the place to look ("1:1003" for the 65th bracket at column 66). Quoted text (its
+    escapes too), comments and a bracket inside a plain word ("a[[") are skipped; None
+    when no bracket there goes so deep."""
+    depth, quote, line, start, comment, escaped, word = 0, "", 1, 0, False, False, False
     for at, char in enumerate(text[:end]):
         if char == "\n":
             line, start, quote = line + 1, at + 1, quote if quote == '"' else ""
-            comment = False
+            comment = word = False
         elif comment:
             continue
+        elif escaped:
+            escaped = False
+        elif quote == '"' and char == "\\":
+            escaped = True
         elif quote:
             quote = "" if char == quote else quote
         elif char in "'\"":
             quote = char
         elif char == "#" and (at == start or text[at - 1] in " \t"):
             comment = True
+        elif char in " \t,:":
+            word = False
+        elif word:  # "a[[": a plain word's brackets open nothing
+            continue
         elif char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
                 return line, at - start + 1
         elif char in "]}":
             depth -= 1
+        else:
+            word = True
     return None

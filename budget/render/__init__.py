@@ -20,25 +20,43 @@ NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name 
 # held on one line by `held_lines`; a figure's decimals end at its unit ("8.46 GiB", "437 µs")
 _COUNTED = re.compile(r"\b([A-Za-z]+) (\d[\d,]*)\b")
 _COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-zµ]+)")  # not one held already
+# a figure and its unit, held also where the figure is a word's count ("optimizer 277 ms":
+# `_COUNT_OF` leaves a count `_COUNTED` held, and "277" ended a line, a review)
+_UNIT = re.compile(r"(\d) ((?:[kKMGTP]i?B|B|s|ms|µs|ns|[kMGTP]?FLOP/s|[kMGT]B/s)(?![\w/]))")
 
 
 def held(plain: str) -> str:
     """`plain` with the spaces `held_lines` does not break at made NUL, the same length."""
-    return _COUNT_OF.sub("\\1\x00\\2", _COUNTED.sub("\\1\x00\\2", plain))
+    glue = "\\1\x00\\2"
+    return _UNIT.sub(glue, _COUNT_OF.sub(glue, _COUNTED.sub(glue, plain)))
 
 
-def held_lines(text: Text, width: int, first: int = 0, rest: int = 2) -> list[Text]:
+def held_lines(
+    console: Console, text: Text, width: int, first: int = 0, rest: int = 2
+) -> list[Text]:
     """`text` wrapped to `width` columns, its first line indented by `first` spaces and the
     others by `rest`, its styles kept, never between a word and the count after it or a
     count or figure and its noun or unit: at 80 columns "micro" ended a line and "1" began
     the next (an audit), "4" one before "virtual stages" (a review), and `check` ended
     lines on "8.46" and "(23,926,980,608" with "GiB" and "B)" on the next (an audit).
-    Wrapped here rather than by rich, which breaks lines at a no-break space too."""
+    Wrapped here rather than by rich, which breaks lines at a no-break space too; by rich
+    where a character takes other than one column (CJK, emoji: `textwrap` counts characters,
+    and a table cropped the lines it made too wide, a review)."""
+    from rich.cells import cell_len
     from rich.text import Text
 
+    width = max(width, first + 1, rest + 1)
+    if cell_len(text.plain) != len(text.plain):
+        head, *tail = text.wrap(console, width - first)
+        lines = [Text(" " * first) + head]
+        if tail:  # the rest, styles kept, rewrapped at the deeper indent
+            after = text[len(head.plain) :]
+            after = after[len(after.plain) - len(after.plain.lstrip()) :]
+            lines += [Text(" " * rest) + line for line in after.wrap(console, width - rest)]
+        return lines
     kept = held(text.plain)
     wrapper = textwrap.TextWrapper(
-        max(width, 20),
+        width,
         initial_indent=" " * first,
         subsequent_indent=" " * rest,
         expand_tabs=False,
@@ -61,7 +79,7 @@ def print_wrapped(
     from rich.text import Text
 
     text = Text(text, style=style) if isinstance(text, str) else text
-    for line in held_lines(text, max(console.width, 40), len(first), len(indent)):
+    for line in held_lines(console, text, max(console.width, 40), len(first), len(indent)):
         console.print(line, soft_wrap=True)
 
 

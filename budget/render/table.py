@@ -654,7 +654,7 @@ class Hanging:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         # never between a figure and its unit ("7.83" / "MiB" ended and began two lines)
-        yield from held_lines(self.text, options.max_width, self.first, self.rest)
+        yield from held_lines(console, self.text, options.max_width, self.first, self.rest)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         words = held(self.text.plain).split() or [""]
@@ -1089,6 +1089,16 @@ def overlap_table(row: StageRow, layout: dict[str, Any] | None = None) -> Table:
     return table
 
 
+def print_table(console: Console, table: Table) -> None:
+    """`table`, then its caption's lines wrapped by `print_wrapped` at the console's width:
+    rich wraps a caption at any space, and "3.00" ended a line before "GiB reserved" (a
+    review)."""
+    caption, table.caption = table.caption, None
+    console.print(table)
+    for line in str(caption or "").splitlines():
+        print_wrapped(console, line, "", style="table.caption")
+
+
 def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
@@ -1108,14 +1118,14 @@ def render_table(console: Console, report: Report) -> None:
         phase_table(report, wide, console),
     ):
         console.print()
-        console.print(table)
+        print_table(console, table)
     collectives, legend = collective_table(report, wide, console.width >= FULL, console)
     console.print()
-    console.print(collectives)
+    print_table(console, collectives)
     for line in legend:
         print_wrapped(console, line)
     console.print()
-    console.print(link_table(report))
+    print_table(console, link_table(report))
     console.print()
     # the sentences after the tables, wrapped between words, never inside a figure
     for line in summary(report):
