@@ -230,7 +230,10 @@ def plot_command(
 @app.command("search")
 def search_command(
     plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
-    gpus: Annotated[int | None, typer.Option(help="GPUs to lay out (default: the plan's).")] = None,
+    # whole numbers read by `run_search`, which says a bad one beside the other bad options
+    gpus: Annotated[
+        str | None, _option("<count>", "GPUs to lay out (default: the plan's).")
+    ] = None,
     tp: Annotated[str | None, _option("<list>", "Tensor parallel sizes: 4,8 or 1..8.")] = None,
     pp: Annotated[str | None, _option("<list>", "Pipeline depths.")] = None,
     cp: Annotated[str | None, _option("<list>", "Context parallel sizes.")] = None,
@@ -246,7 +249,7 @@ def search_command(
     ] = "none,selective,full",
     sp: Annotated[str, _option("<list>", "Sequence parallelism: true,false.")] = "false,true",
     objective: Annotated[str, _option("<time|memory|tokens-per-s>", "What to rank by.")] = "time",
-    top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
+    top: Annotated[str, _option("<count>", "How many layouts to list.")] = "10",
     write: Annotated[Path | None, _option("<file>", "Write the best layout as a plan.")] = None,
     headroom: HeadroomOption = None,
     max_exposed: SearchExposedOption = None,

@@ -83,10 +83,10 @@ def space(options: dict[str, str | None]) -> Space:
 
 def run_search(
     path: Path,
-    gpus: int | None,
+    gpus: int | str | None,
     options: dict[str, str | None],
     objective: str,
-    top: int,
+    top: int | str,
     write: Path | None,
     fmt: str,
     console: Console,
@@ -106,16 +106,18 @@ def run_search(
     # every bad option at once, one line each, in the order --help lists them, before
     # anything is read or swept
     errors: list[str] = []
-    if gpus is not None and gpus < 1:
-        errors.append(f"--gpus {gpus}: lay out at least 1 GPU")
+    # read here, not by typer, whose "not a valid integer" hid every other bad option
+    count, keep = _whole(gpus, "--gpus", errors), _whole(top, "--top", errors)
+    if count is not None and count < 1:
+        errors.append(f"--gpus {count}: lay out at least 1 GPU")
     try:
         sweep = space(options)
     except UsageErrors as error:
         errors.extend(error.messages)
     if objective not in OBJECTIVES:
         errors.append(f"--objective {objective!r}: use {', '.join(OBJECTIVES)}")
-    if top < 1:
-        errors.append(f"--top {top}: list at least 1 layout")
+    if keep is not None and keep < 1:
+        errors.append(f"--top {keep}: list at least 1 layout")
     try:
         if write is not None:
             _writable(write, path)
@@ -130,6 +132,7 @@ def run_search(
         for message in errors:
             print(usage_line(message), file=sys.stderr)
         return 2
+    shown = 10 if keep is None else keep  # read above: a bad one returned
     file = plan_name(path)
     try:
         data = read_plan_bytes(path)  # once: `-` and pipes cannot be read again
@@ -172,13 +175,13 @@ def run_search(
             file=sys.stderr,
         )
         return 2
-    n = gpus or plan.topology.gpus
+    n = count or plan.topology.gpus
     if n > MAX_GPUS:
         limit = (
             f"budget search lays out at most {MAX_GPUS:,} GPUs (the largest clusters hold a "
             "few hundred thousand)"
         )
-        if gpus:
+        if count:
             print(usage_line(f"--gpus {n:,}: {limit}"), file=sys.stderr)
         else:
             print(_located(data, file, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
@@ -234,7 +237,7 @@ def run_search(
         return 2
     try:
         outcome = search(
-            plan, n, sweep, objective, _progress(console, fmt), keep=top, limits=limits
+            plan, n, sweep, objective, _progress(console, fmt), keep=shown, limits=limits
         )
     except (OverflowError, FloatingPointError, SizeError):  # past int64 after all
         overflow = (
@@ -262,11 +265,11 @@ def run_search(
             print(usage_line(f"--write {write}: {reason}"), file=sys.stderr)
             return 2
     if fmt == "json":
-        console.file.write(dump_document(to_dict(outcome, top), console.file))
+        console.file.write(dump_document(to_dict(outcome, shown), console.file))
     elif fmt == "markdown":
-        console.file.write(render_search_markdown(outcome, top))
+        console.file.write(render_search_markdown(outcome, shown))
     else:
-        render_search_table(console, outcome, top)
+        render_search_table(console, outcome, shown)
         if write is not None and outcome.best is not None:
             console.print(f"Wrote the best layout to {one_line(str(write))}", markup=False)
     if write is not None and outcome.best is None:  # a review: nothing said it wrote nothing
@@ -274,6 +277,18 @@ def run_search(
             note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr
         )
     return 0 if outcome.best is not None else 1
+
+
+def _whole(value: int | str | None, flag: str, errors: list[str]) -> int | None:
+    """An option's whole number, or None where it is not given or is no whole number (then
+    said in `errors`, "--top abc" beside the other bad options)."""
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(value.strip().replace("_", "x"))  # "1_000" is no count a user types
+    except ValueError:
+        errors.append(f"{flag} {value!r}: expected a whole number, such as 8")
+        return None
 
 
 def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: int) -> str:

@@ -2541,3 +2541,12 @@ def test_a_search_that_rejects_nothing_prints_no_empty_table() -> None:
         assert result.exit_code == 0
         assert "Not ranked" not in result.stdout
         assert "1 evaluated (1 ranked, 0 rejected after pricing)" in " ".join(result.stdout.split())
+
+
+def test_a_bad_count_is_said_beside_the_other_bad_options() -> None:
+    """An audit: `--top abc` (typer's integer) hid `--tp 3,x` beside it; `--gpus` too."""
+    args = ["search", str(GPT3), "--gpus", "1e3", "--top", "abc", "--tp", "3,x"]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 2 and result.stdout == ""
+    said = [line.split()[2] for line in result.stderr.splitlines()]
+    assert said == ["--gpus", "--top", "--tp"]
