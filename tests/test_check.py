@@ -750,6 +750,22 @@ def test_a_figure_is_held_by_its_unit_after_a_word_too() -> None:
     assert held("8.46 GiB, tp 8 micro 1") == "8.46\x00GiB, tp\x008 micro\x001"
 
 
+def test_a_cell_narrower_than_a_held_figure_breaks_at_its_spaces_not_inside_it() -> None:
+    """A review: at 40 columns "replicated over 128 data-parallel ranks" in a cell of 8
+    wrapped to "over 1" / "28", another count; a held run wider than the cell is broken at
+    its spaces, so "over" / "128"."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from budget.render import held_lines
+
+    text = Text("parameters (bf16) · replicated over 128 data-parallel ranks")
+    lines = [line.plain.strip() for line in held_lines(Console(), text, 8, 0, 3)]
+    assert any(line.startswith("128") for line in lines)
+    for line, after in itertools.pairwise(lines):  # no figure cut in two
+        assert not (line[-1:].isdigit() and after[:1].isdigit()), (line, after)
+
+
 @pytest.mark.parametrize("columns", [str(w) for w in range(44, 161, 9)])
 def test_wrapped_lines_keep_every_figure_by_its_unit(tmp_path: Path, columns: str) -> None:
     """An audit: at 80 columns `check` ended lines on "8.46" and "(23,926,980,608" with

@@ -662,6 +662,12 @@ def test_a_terminals_control_characters_reach_it_escaped(tmp_path) -> None:
         ("batch:\n  seq:2048\n  micro: 1\n", ((2, 6), "$.batch.seq", "'seq:' needs a space")),
         ("parallel:\n  tp 2\n  dp: 4\n", ((2, 5), "$.parallel.tp", "'tp' needs a colon")),
         ("mode:train\nname: x\n", ((1, 5), "$.mode", "'mode:' needs a space")),
+        # a list item's keys (a review: the mend had stopped reading them) and an anchor's
+        (
+            "levels:\n  - name: a\n    size: 8\n  - name: b\n    bandwidth:50 GB/s\n    x: 1\n",
+            ((5, 14), "$.levels[1].bandwidth", "'bandwidth:' needs a space"),
+        ),
+        ("batch: &b\n  seq:2048\n  micro: 1\n", ((2, 6), "$.batch.seq", "'seq:' needs a space")),
     ],
 )
 def test_a_key_glued_to_its_value_is_said_at_the_key(text: str, where: tuple) -> None:
@@ -694,6 +700,7 @@ def test_a_nesting_bomb_is_placed_at_its_bracket_past_the_limit() -> None:
     comment's and a plain word's ("a[[[") open nothing (a review)."""
     assert [(p.line, p.col) for p in load_yaml("[" * 10_000, "f").problems] == [(1, MAX_DEPTH + 1)]
     deep = "x: " + "[" * 1100 + "]" * 1100 + "\n"
-    for first in ('name: "a\\" ' + "[" * 70 + '"', "name: a" + "[" * 70, "# " + "[" * 70):
+    words = ("name: a" + "[" * 70, "name: a," + "[" * 70, "name: x:" + "[" * 70)  # one word each
+    for first in ('name: "a\\" ' + "[" * 70 + '"', *words, "# " + "[" * 70):
         (problem,) = load_yaml(first + "\n" + deep, "f").problems
         assert (problem.line, problem.col) == (2, 3 + MAX_DEPTH + 1), first

@@ -623,7 +623,9 @@ def _reader_text(error: yaml.YAMLError) -> str:
 _GLUED = re.compile(
     r"^(?P<lead>\s*(?:- )?)(?P<key>[A-Za-z_][\w-]*)(?P<sep>:(?=[^\s:/])|:\u00a0| +(?=[^\s#:]))"
 )
-_PARENT = re.compile(r"^(?P<lead>\s*)(?P<key>[A-Za-z_][\w-]*):\s*(?:#.*)?$")
+_PARENT = re.compile(r"^(?P<lead>\s*)(?P<key>[A-Za-z_][\w-]*):\s*(?:&\S+\s*)?(?:#.*)?$")
+# a list item that opens a mapping ("    - name: nvlink"): its keys go on two columns in
+_ITEM = re.compile(r"^(?P<lead>\s*)- (?:[A-Za-z_][\w-]*):")
 
 
 def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
@@ -667,7 +669,10 @@ def _in_mapping(lines: list[str], number: int) -> bool:
         if not stripped or stripped.startswith("#"):
             continue
         if len(above) - len(stripped) < indent:
-            return _PARENT.match(above) is not None
+            item = _ITEM.match(above)
+            return _PARENT.match(above) is not None or (
+                item is not None and len(item["lead"]) + 2 == indent
+            )
     return indent == 0
 
 
@@ -676,14 +681,21 @@ def _path_to(lines: list[str], number: int, key: str) -> str:
     and the keys above it that open a mapping (`batch:`, then `  seq`): `$.batch.seq`."""
     indent = len(lines[number - 1]) - len(lines[number - 1].lstrip())
     path = [key]
+    items = 0  # the list items at `indent` - 2 above the line, while in a list
     for above in reversed(lines[: number - 1]):
-        parent = _PARENT.match(above)
+        parent, item = _PARENT.match(above), _ITEM.match(above)
+        if item and len(item["lead"]) + 2 == indent:
+            items += 1  # the line's own item, then its siblings before it
+            continue
         if parent and len(parent["lead"]) < indent:
+            if items:
+                path[-1] = f"[{items - 1}].{path[-1]}"
+                items = 0
             path.append(parent["key"])
             indent = len(parent["lead"])
             if indent == 0:
                 break
-    return "$." + ".".join(reversed(path))
+    return "$." + ".".join(reversed(path)).replace(".[", "[")
 
 
 def _too_deep(text: str, end: int) -> Position | None:
@@ -709,7 +721,9 @@ def _too_deep(text: str, end: int) -> Position | None:
             quote = char
         elif char == "#" and (at == start or text[at - 1] in " \t"):
             comment = True
-        elif char in " \t,:":
+        elif char in " \t" or (char in ",:" and depth > 0):
+            word = False  # in block context "a,[[" and "x:[[" are one plain word (a review)
+        elif char == ":" and text[at + 1 : at + 2] in (" ", "\t", "\n", ""):
             word = False
         elif word:  # "a[[": a plain word's brackets open nothing
             continue

@@ -55,6 +55,11 @@ def held_lines(
             lines += [Text(" " * rest) + line for line in after.wrap(console, width - rest)]
         return lines
     kept = held(text.plain)
+    room = width - max(first, rest)  # a held figure wider than a narrow cell: split at its
+    # spaces, not inside it ("over 1" / "28" read as another count, a review)
+    kept = re.sub(
+        r"\S*\x00\S*", lambda m: m[0] if len(m[0]) <= room else m[0].replace("\x00", " "), kept
+    )
     wrapper = textwrap.TextWrapper(
         width,
         initial_indent=" " * first,
