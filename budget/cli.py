@@ -7,14 +7,22 @@ Exit codes: 0 ok, 1 a check failed (valid plan that does not fit or exceeds a li
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from budget.entry import main, route, stdout_console
-from budget.errors import BudgetError, Problem, UsageErrors, one_line, usage_line
+from budget.errors import (
+    BudgetError,
+    Problem,
+    UsageErrors,
+    format_refusal,
+    one_line,
+    usage_line,
+)
 
 if TYPE_CHECKING:
     from budget.accuracy import Accuracy
@@ -48,6 +56,7 @@ def _options(
 
 
 OK, FAILED, INVALID = 0, 1, 2
+T = TypeVar("T")
 __all__ = ["app", "exit_code", "main", "route"]  # main and route live in `budget.entry`
 
 
@@ -76,6 +85,31 @@ FormatOption = Annotated[
         help="Output format: table, json or markdown.",
     ),
 ]
+# The same option read by a command that has others it reads itself, to say a bad format
+# beside them (`format_refusal`), not alone before them as click's callback would.
+LateFormatOption = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        "-f",
+        metavar="<table|json|markdown>",
+        help="Output format: table, json or markdown.",
+    ),
+]
+
+
+def _read_with_format(fmt: str, read: Callable[[], T]) -> tuple[T, str]:
+    """`read`'s options and the format named, or every bad one of them said at once: a
+    `UsageErrors` (or a `ValueError`'s one line) and then the format's, exit 2."""
+    late = format_refusal(fmt)
+    try:
+        value = read()
+    except ValueError as error:
+        said = error.messages if isinstance(error, UsageErrors) else (str(error),)
+        raise _usage(UsageErrors([*said, *late])) from None
+    if late:
+        raise _usage(UsageErrors(late))
+    return value, fmt.lower()
 
 
 def _option(metavar: str, help: str, *names: str) -> Any:
@@ -170,20 +204,20 @@ def check_command(
     max_step: MaxStepOption = None,
     max_ttft: MaxTtftOption = None,
     max_tpot: MaxTpotOption = None,
-    fmt: FormatOption = Format.table,
+    fmt: LateFormatOption = Format.table,
 ) -> None:
     """CI gate: exit 0 when every plan fits its limits, 1 when one does not, 2 when one is
     invalid (its problems go to stderr; the other plans are still checked)."""
     from budget.check import check_plans, parse_limits
     from budget.render.check import render_check
 
-    try:
-        limits = parse_limits(headroom, max_exposed, max_step, max_ttft, max_tpot)
-    except UsageErrors as error:  # every bad option, one line each
-        raise _usage(error) from None
+    # every bad option, one line each
+    limits, shape = _read_with_format(
+        fmt, lambda: parse_limits(headroom, max_exposed, max_step, max_ttft, max_tpot)
+    )
     result = check_plans(plans, limits)
     _problems(result.problems)
-    render_check(stdout_console(), result, str(fmt))
+    render_check(stdout_console(), result, shape)
     raise typer.Exit(code=exit_code(valid=not result.invalid, passed=result.passed))
 
 
@@ -254,7 +288,7 @@ def search_command(
     headroom: HeadroomOption = None,
     max_exposed: SearchExposedOption = None,
     max_step: SearchStepOption = None,
-    fmt: FormatOption = Format.table,
+    fmt: LateFormatOption = Format.table,
 ) -> None:
     """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit (and
     keep the limits given, as `budget check` counts them)."""
@@ -280,7 +314,7 @@ def search_command(
         objective,
         top,
         write,
-        str(fmt),
+        fmt,
         stdout_console(),
     )
     if code:
@@ -381,19 +415,20 @@ def collective_command(
             "max(0, T − that), if an overlap schedule lets them run together.",
         ),
     ] = None,
-    fmt: FormatOption = Format.table,
+    fmt: LateFormatOption = Format.table,
 ) -> None:
     """Price one collective: phases, bytes sent/received per rank, time."""
     from budget.calculators import collective
     from budget.render.calculators import render_collective
 
-    try:
-        result = collective(
+    # every bad option, one line each (`UsageErrors`)
+    result, shape = _read_with_format(
+        fmt,
+        lambda: collective(
             op, ranks, size, bandwidth, latency, level or [], algorithm, ramp, beside
-        )
-    except ValueError as error:  # every bad option, one line each (`UsageErrors`)
-        raise _usage(error) from None
-    render_collective(stdout_console(), result, str(fmt))
+        ),
+    )
+    render_collective(stdout_console(), result, shape)
 
 
 @app.command("roofline")
@@ -404,17 +439,15 @@ def roofline_command(
     ] = None,
     bandwidth: Annotated[str | None, _option("<rate>", "Memory bandwidth, e.g. 80GB/s.")] = None,
     peak: Annotated[str | None, _option("<flop/s>", "Compute ceiling, e.g. 1000GFLOP/s.")] = None,
-    fmt: FormatOption = Format.table,
+    fmt: LateFormatOption = Format.table,
 ) -> None:
     """Attainable FLOP/s = min(peak, intensity x bandwidth), and which ceiling binds."""
     from budget.calculators import roofline
     from budget.render.calculators import render_roofline
 
-    try:
-        result = roofline(intensity, bandwidth, peak)
-    except ValueError as error:  # every bad option, one line each (`UsageErrors`)
-        raise _usage(error) from None
-    render_roofline(stdout_console(), result, str(fmt))
+    # every bad option, one line each (`UsageErrors`)
+    result, shape = _read_with_format(fmt, lambda: roofline(intensity, bandwidth, peak))
+    render_roofline(stdout_console(), result, shape)
 
 
 class PresetKind(StrEnum):  # `budget.presets.KINDS`, kept here so --help imports nothing

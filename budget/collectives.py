@@ -725,10 +725,13 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
     0.5 from 128 KiB to 2 MiB). Here: 2(G − 1) steps at the innermost link's α, and
     2·⌊lg N_k⌋ − 2·⌊lg N_(k+1)⌋ at level k's (N_k the domains of the level inside it that
     the group spans: a tree's hops between nearby nodes stay inside their rail group, the
-    upper ones cross the spine); every rank moves 2·P·c ≈ 2S (the reduction up and the
-    broadcast down, a half through each tree), split over the levels as the ring's bytes
-    are (`_across`; where the outer levels differ in rate a tree's top node would put more
-    of it on the outermost, which no preset has), at `TREE_SHARE` times the correction of
+    upper ones cross the spine); the busiest rank moves 2·P·c ≈ 2S (the reduction up and
+    the broadcast down, a half through each tree: an inner node of one tree takes two
+    halves from its children and sends one up, then one down to each child), but of two
+    ranks each only S, a half up and a half down in each tree, as a chain's end does;
+    split over the levels as the ring's bytes are (`_across`; where the outer levels
+    differ in rate a tree's top node would put more of it on the outermost, which no
+    preset has), at `TREE_SHARE` times the correction of
     each link's rate. Inside one node (one level, or a group that spans one node) it is
     the chain NCCL runs there: 2(G − 1) steps, 2S at that share, always slower than the
     ring. Each step takes its link's α as the ring's do: NCCL's own table charges a tree
@@ -736,7 +739,8 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
     all-reduce across nodes 1.4 times its latency at its plateau, neither of which this
     does."""
     p = _product([t.ranks for t in tiers])
-    q = 2 * p * _chunk(size, p, e) * _indicator(p > 1)  # a group of one rank moves nothing
+    # a group of one rank moves nothing; of two, no rank is inside a tree or a chain
+    q = (2 - _indicator(p == 2)) * p * _chunk(size, p, e) * _indicator(p > 1)
     spans = _spans(tiers)
     steps = [2 * (tiers[0].ranks - 1)] + [
         2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))

@@ -34,6 +34,18 @@ _BIDI = [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
 _LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in [*_CONTROLS, "\u2028", "\u2029", *_BIDI]})
 
 
+FORMATS = ("table", "json", "markdown")  # what --format names, in any case
+
+
+def format_refusal(value: str) -> list[str]:
+    """Why `value` names no output format, as a line to say beside a command's other bad
+    options (`UsageErrors`; an audit: `check -f xml --headroom banana` said the format alone,
+    click's check refusing it before the command read the others); none if it names one."""
+    if value.lower() in FORMATS:
+        return []
+    return [f"--format {value!r}: expected {', '.join(FORMATS[:-1])} or {FORMATS[-1]}"]
+
+
 class UsageErrors(ValueError):
     """Every bad command-line option at once, one one-line message each, in the order the
     command lists its options (`check.parse_limits`, `search_cli.space`); str() joins them

@@ -95,7 +95,7 @@ def run_search(
     does, 2 on bad input."""
     from budget.check import parse_limits
     from budget.collectives import SizeError
-    from budget.errors import UsageErrors
+    from budget.errors import UsageErrors, format_refusal
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
     from budget.render import dump_document
     from budget.render.search import render_search_markdown, render_search_table
@@ -128,6 +128,8 @@ def run_search(
         limits = parse_limits(*given) if any(v is not None for v in given) else None
     except UsageErrors as error:
         errors.extend(error.messages)
+    errors.extend(format_refusal(fmt))  # read here, as `check` does, to be said beside them
+    fmt = fmt.lower()
     if errors:
         for message in errors:
             print(usage_line(message), file=sys.stderr)

@@ -901,3 +901,32 @@ def test_the_all_reduce_the_default_passed_over_is_in_the_json() -> None:
     assert data["algorithm"] == "ring"
     assert data["passed_over"] == {"algorithm": "double-tree", "time_s": tree["time_s"]}
     assert data["time_s"] < tree["time_s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "before"),
+    [
+        (
+            ["check", "plans/gpt-1.3b.yaml", "--headroom", "banana", "--max-step", "3furlongs"],
+            ["--headroom 'banana'", "--max-step '3furlongs'"],
+        ),
+        (["search", "plans/gpt-1.3b.yaml", "--gpus", "x"], ["--gpus 'x'"]),
+        (["collective", "all-reduce", "--ranks", "2.5", "--size", "1GiB"], ["--ranks must"]),
+        (["roofline", "--intensity", "4"], ["missing option --bandwidth", "missing option --peak"]),
+    ],
+)
+def test_a_bad_format_is_said_beside_the_other_bad_options(args, before) -> None:
+    """An audit: `check -f xml --headroom banana` said only the format (click's check ran
+    before the command read its limits), so a user mended one option a run. A command that
+    reads its own options says the format last, as --help lists it, after every other
+    refusal; exit 2, nothing on stdout."""
+    root = Path(__file__).parents[1]
+    argv = [str(root / a) if a.startswith("plans/") else a for a in args]
+    result = runner.invoke(app, route([*argv, "-f", "xml"]))
+    assert result.exit_code == 2 and not result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[-1] == "budget: error: --format 'xml': expected table, json or markdown"
+    assert [any(line.startswith(f"budget: error: {b}") for line in lines) for b in before] == [
+        True
+    ] * len(before)
+    assert len(lines) == len(before) + 1

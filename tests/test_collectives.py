@@ -784,3 +784,20 @@ def test_a_flat_algorithm_across_levels_never_slows_with_a_faster_link():
             "all-reduce", [Tier(int(inner[i]), pcie), Tier(int(outer[i]), ib)], size, "tree"
         )
         assert float(np.asarray(swept.time_s)[i]) == pytest.approx(float(alone.time_s))
+
+
+def test_a_double_tree_of_two_ranks_moves_the_tensor_once() -> None:
+    """Two ranks in a double binary tree are each the root of one tree and the leaf of the
+    other: a rank sends its half up one tree (S/2) and the other half down the other (S/2),
+    S in all, as each end of a chain does; only a rank inside a tree or a chain moves 2S.
+    1 GiB over two nodes on IB: 2 steps (2 lg 2) at 5 us, S / (0.92 x 50 GB/s) =
+    1,073,741,824 / 46e9 s = 23,342.214 us; in one node on NVLink, 2 steps at 1 us and
+    1,073,741,824 / (0.92 x 450e9) s = 2,593.579 us."""
+    across = collective_cost("all-reduce", [Tier(1, NVLINK), Tier(2, IB)], GIB, "double-tree")
+    assert (across.steps, across.sent_bytes, across.recv_bytes) == (2, GIB, GIB)
+    assert across.time_s * 1e6 == pytest.approx(10.0 + 23_342.214, abs=5e-4)
+    chain = collective_cost("all-reduce", [Tier(2, NVLINK)], GIB, "double-tree")
+    assert (chain.steps, chain.sent_bytes) == (2, GIB)
+    assert chain.time_s * 1e6 == pytest.approx(2.0 + 2_593.579, abs=5e-4)
+    three = collective_cost("all-reduce", [Tier(3, NVLINK)], 3 * GIB, "double-tree")
+    assert three.sent_bytes == 6 * GIB  # the middle of a chain of three sends 2S
