@@ -1688,3 +1688,27 @@ def test_a_capacity_factor_is_said_in_the_header_and_the_json(tmp_path: Path) ->
     assert "(top 2, capacity factor 1,000,000)" in console.export_text()  # not 1e+06
     dropless = to_dict(build_report(load_plan(PLANS / "mixtral-8x7b.yaml")))["model"]["experts"]
     assert (dropless["capacity_factor"], dropless["pad_to_capacity"]) == (None, False)
+
+
+def test_the_busiest_expert_rank_reads_more_experts_than_the_mean_rank_has_rows(tmp_path):
+    """An audit: DeepSeek-V3 decoding 16 sequences at dp 2, ep 8 (32 experts a rank) gives
+    a rank 8 x 8 / 8 = 8 rows on average, and the busiest rank's tokens reach
+    most_reached(32, 1 − (31/32)^8, 8) = 10.636 of its experts (a 20,000-trial Monte Carlo
+    of 8 tokens each picking 8 distinct experts of 256: 10.646). The expert GEMMs read those
+    10.636 experts' weights (each 7,168 x 2 x 2,048 at 1 B: the preset's fp8 GEMMs), not
+    the 8 the mean rank's rows cap; the rows' inputs and outputs are bf16."""
+    from budget.flops import most_reached
+
+    text = (
+        "name: dsv3-decode\nmode: decode\nmodel: {preset: deepseek-v3}\n"
+        "batch: {sequences: 16, prompt: 4096, generate: 512}\n"
+        "parallel: {tp: 8, dp: 2, ep: 8, etp: 1}\n"
+        "device: {preset: h200}\ntopology: {preset: dgx-h200, nodes: 2}\n"
+    )
+    (stage,) = derive_inference(_load_text(tmp_path, text)).stages
+    (moe,) = [p for p in stage.phases if p.name == "decode.moe"]
+    (fc1,) = [w for w in moe.works if w.name == "expert fc1"]
+    busiest = most_reached(32, 1 - (31 / 32) ** 8, 8)
+    assert round(busiest, 3) == 10.636
+    rows, expert = 8, 7168 * 2 * 2048
+    assert fc1.bytes == 2 * (rows * 7168 + rows * 2 * 2048) + round(busiest * expert)
