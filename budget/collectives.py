@@ -33,7 +33,9 @@ one plan or a million. Only ``auto`` needs scalars, because it chooses one algor
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias, cast, get_args
@@ -42,7 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from budget.plan.model import BandwidthRamp
-from budget.vector import largest, vmax
+from budget.vector import holds, largest, vmax, vmin, vwhere
 
 __all__ = [
     "ALGORITHMS",
@@ -262,11 +264,26 @@ class CollectiveCost:
         """The stages' Q/B_eff summed; for a ring across levels, the innermost level's (the
         GPUs' own fabric) or the outer levels' together, whichever is longer: every outer
         level is reached through the GPU's one network port, which serialises them, while
-        the inner fabric carries its hops beside it (`_ring_across`)."""
+        the inner fabric carries its hops beside it (`_ring_across`). The outer levels'
+        bytes are a rank's share of the ring's hops over each, averaged over the ranks; but a
+        port whose node's hop out crosses level k carries all its port's bytes over level
+        k, and the ring runs at its slowest hop's pace: the outer bytes together at the
+        slowest outer level's rate (a review: 8 nodes in two rail groups of 4 behind a
+        12.5 GB/s spine, a 1 GiB reduce-scatter averaged 672 MiB over the rails and 224 MiB
+        over the spine, 32.9 ms, where the two ranks whose hop crosses the spine send their
+        896 MiB over it, 75.2 ms). Where the outer levels run at one rate, as in every
+        topology preset, this is their sum."""
         if not self.pipelined:
             return sum((s.bandwidth_s for s in self.stages), start=0.0)
         inner, *outer = self.stages
-        ports: Any = sum((s.bandwidth_s for s in outer), start=0.0)
+        carried: Any = sum((s.payload_bytes for s in outer), start=0)
+        # the slowest rate among the outer levels the ring crosses (a level no hop crosses,
+        # in some of a sweep's layouts, sets no pace)
+        rates: list[Any] = [
+            vwhere(holds(s.payload_bytes > 0), cast(Any, s.effective_bandwidth), math.inf)
+            for s in outer
+        ]
+        ports = carried / functools.reduce(vmin, rates) if outer else 0.0
         return cast(Seconds, vmax(cast(Any, inner.bandwidth_s), ports))
 
     @property
@@ -729,13 +746,13 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
     the broadcast down, a half through each tree: an inner node of one tree takes two
     halves from its children and sends one up, then one down to each child), but of two
     ranks each only S, a half up and a half down in each tree, as a chain's end does;
-    split over the levels as the ring's bytes are (`_across`; where the outer levels
-    differ in rate a tree's top node would put more of it on the outermost, which no
-    preset has), at `TREE_SHARE` times the correction of
-    each link's rate. Inside one node (one level, or a group that spans one node) it is
-    the chain NCCL runs there: 2(G − 1) steps, 2S at that share, always slower than the
-    ring. Each step takes its link's α as the ring's do: NCCL's own table charges a tree
-    step more under its Simple protocol (the latency of a 256 kB chunk), and a ring
+    split over the levels as the ring's bytes are (`_across`; where the outer levels differ
+    in rate they go at the slowest one's, as a ring's do: a tree's top node puts more of
+    them on the outermost, `CollectiveCost.bandwidth_s`), at `TREE_SHARE` times the
+    correction of each link's rate. Inside one node (one level, or a group that spans one
+    node) it is the chain NCCL runs there: 2(G − 1) steps, 2S at that share, always slower
+    than the ring. Each step takes its link's α as the ring's do: NCCL's own table charges a
+    tree step more under its Simple protocol (the latency of a 256 kB chunk), and a ring
     all-reduce across nodes 1.4 times its latency at its plateau, neither of which this
     does."""
     p = _product([t.ranks for t in tiers])

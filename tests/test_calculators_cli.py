@@ -930,3 +930,29 @@ def test_a_bad_format_is_said_beside_the_other_bad_options(args, before) -> None
         True
     ] * len(before)
     assert len(lines) == len(before) + 1
+
+
+def test_the_calculator_says_where_it_rounds_chunks_up() -> None:
+    """An audit: a 7 B all-to-all over 64 ranks reads 63 B sent per rank (63 blocks of
+    ⌈7 / 4,096⌉ = 1 B) and 4,032 B by all, 576 times the tensor, unsaid; a size that splits
+    evenly says nothing of rounding."""
+    link = ["--bandwidth", "50GB/s", "--latency", "1us"]
+    tiny = runner.invoke(
+        app, route(["collective", "all-to-all", "--ranks", "64", "--size", "7B", *link])
+    )
+    assert tiny.exit_code == 0
+    text = " ".join(tiny.stdout.split())
+    assert "sent per rank 63 B" in text
+    assert (
+        "S does not split into 4,096 equal chunks of whole bytes: each is rounded up to 1 B" in text
+    )
+    even = runner.invoke(
+        app, route(["collective", "all-reduce", "--ranks", "8", "--size", "1GiB", *link])
+    )
+    assert "rounded up" not in even.stdout
+    odd = runner.invoke(
+        app, route(["collective", "all-reduce", "--ranks", "3", "--size", "1000003B", *link])
+    )
+    assert "split into 3 equal chunks of whole bytes: each is rounded up to 333,335 B" in " ".join(
+        odd.stdout.split()
+    )

@@ -801,3 +801,28 @@ def test_a_double_tree_of_two_ranks_moves_the_tensor_once() -> None:
     assert chain.time_s * 1e6 == pytest.approx(2.0 + 2_593.579, abs=5e-4)
     three = collective_cost("all-reduce", [Tier(3, NVLINK)], 3 * GIB, "double-tree")
     assert three.sent_bytes == 6 * GIB  # the middle of a chain of three sends 2S
+
+
+def test_a_ring_across_levels_of_different_rates_runs_at_its_slowest_hop() -> None:
+    """A review: 8 nodes of one rank, in two rail groups of 4 at 50 GB/s behind a 12.5 GB/s
+    spine. A ring through the 8 crosses the spine at 2 of its 8 hops and the rails alone at
+    6, so a rank's 7/8 GiB = 939,524,096 B averages 704,643,072 B over the rails and
+    234,881,024 B over the spine; but the two ranks whose hop crosses the spine send all of
+    theirs over it, and a pipelined ring runs at its slowest hop's pace: 939,524,096 B /
+    12.5e9 B/s = 75,161.928 us. The averages summed read 14,092.861 + 18,790.482 =
+    32,883.343 us, and the ring looked faster than the two-level form (26.9 ms), which it is
+    not. Latency: 6 steps at 5 us and 1 at 10 us."""
+    tiers = [
+        Tier(1, NVLINK),
+        Tier(4, Link("rail", 50e9, 5e-6)),
+        Tier(2, Link("spine", 12.5e9, 1e-5)),
+    ]
+    ring = collective_cost("reduce-scatter", tiers, GIB)
+    assert [s.sent_bytes for s in ring.stages] == [0, 704_643_072, 234_881_024]
+    assert ring.bandwidth_s * 1e6 == pytest.approx(939_524_096 / 12.5e9 * 1e6)
+    assert ring.time_s * 1e6 == pytest.approx(40.0 + 75_161.928, abs=5e-4)
+    # at one rate the outer levels' bytes add up as before: a sum at that rate
+    even = [Tier(1, NVLINK), Tier(4, Link("rail", 50e9, 5e-6)), Tier(2, Link("spine", 50e9, 1e-5))]
+    assert collective_cost("reduce-scatter", even, GIB).bandwidth_s == pytest.approx(
+        939_524_096 / 50e9
+    )

@@ -1091,3 +1091,22 @@ def test_a_large_bubble_is_explained_with_what_shrinks_it(tmp_path, edits, idle)
     assert share >= BUBBLE_NOTE and f"The bubble is {share:.0%} of the step" in line
     assert "8 micro-batches a step through 8 stages" in line and idle in line
     assert "smaller batch.micro" not in line and "a larger batch.global" in line
+
+
+def test_the_bubble_note_says_what_interleaving_needs_where_the_plan_lacks_it(tmp_path):
+    """An audit: 1 micro-batch through 4 stages was told to use virtual stages, which
+    `validate` then refuses (the interleaved schedule needs the micro-batches a step to be
+    a multiple of pp). GPT-3's plan at global 96 runs 96 / 16 = 6 micro-batches through 8
+    stages: the note says the multiple; at 8 micro-batches it need not."""
+    from budget.render.table import summary
+
+    def said(global_batch: int) -> str:
+        plan = variant(
+            tmp_path, f"g{global_batch}.yaml", ("global: 1536", f"global: {global_batch}")
+        )
+        (line,) = [x for x in summary(budget_plan(plan)) if x.startswith("The bubble is")]
+        return line
+
+    assert "6 micro-batches a step" in said(96)
+    assert "needs the micro-batches a step to be a multiple of pp = 8" in said(96)
+    assert "multiple of pp" not in said(128)

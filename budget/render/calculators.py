@@ -55,9 +55,12 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         f"at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's tree "
         f"model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this size)"
     )
+    crossed = {float(s.effective_bandwidth) for s in cost.stages[1:] if int(s.payload_bytes)}
+    # the outer levels at the slowest one's rate (`CollectiveCost.bandwidth_s`)
+    paced = ", the outer ones at the slowest one's rate" if len(crossed) > 1 else ""
     streamed = (
         "the longer of the innermost level's and the outer levels' together, which carry "
-        f"{carried} at once" + (f", {share}" if shape == "tree" else "")
+        f"{carried} at once" + (f", {share}" if shape == "tree" else "") + paced
     )
     if shape == "tree" and len(cost.stages) == 1:  # one level: the chain NCCL runs in a node
         streamed = f"NCCL's chain inside one node, {share.replace('each link', 'the link')}"
@@ -122,7 +125,21 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
             for name, time in cost.candidates
         ]
         sections.append(("auto: candidates", ("algorithm", "time", ""), rows))
-    _sections(console, sections, fmt)
+    _sections(console, sections, fmt, _UNITS_NOTE + _padded(cost))
+
+
+def _padded(cost: CollectiveCost) -> str:
+    """That the bytes shown are rounded up, where S does not split into the op's equal
+    chunks (a ring's P, an all-to-all's P² blocks) of whole bytes (`collectives._chunk`):
+    an audit read 63 B sent per rank, 4,032 B by all 64, for a 7 B all-to-all, unsaid."""
+    p, size = int(cost.ranks), int(cost.size_bytes)
+    parts = p * p if cost.op == "all-to-all" else p
+    if p < 2 or cost.op in ("broadcast", "send-recv") or size % parts == 0:
+        return ""
+    return (
+        f" S does not split into {parts:,} equal chunks of whole bytes: each is rounded up "
+        f"to {-(-size // parts):,} B, so the bytes shown are an upper bound."
+    )
 
 
 def _who(cost: CollectiveCost, sent: bool) -> str:

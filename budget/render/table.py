@@ -992,6 +992,11 @@ def _bubble_note(report: Report) -> list[str]:
     ratio = f"{p - 1}/{v * m}" if v * m > 1 else f"{p - 1}"
     idle = f"(p − 1)/(v·m) = {ratio}" if v > 1 else f"(p − 1)/m = {ratio}"
     chunks = "more virtual stages" if v > 1 else "virtual stages (the interleaved schedule)"
+    if v == 1 and m % p:  # the advice alone was refused by `validate` (an audit)
+        chunks = (
+            "virtual stages (the interleaved schedule, which needs the micro-batches a step "
+            f"to be a multiple of pp = {p})"
+        )
     # the ideal's ratio, of equal stages: a review's uneven stages idled 0.54 of their time
     # where (p − 1)/m read 3, so the note says whose ratio it is
     return [
