@@ -128,17 +128,21 @@ def _closed_streams() -> None:
 
 
 def _encodable_streams() -> None:
-    """Output to a stream whose encoding lacks what the tables print
-    (``PYTHONIOENCODING=ascii``, or latin-1; Python itself reads a C locale as UTF-8) shows
-    ``?`` for each such character, where it ended in an encoding traceback and status 1,
-    which `check` uses to say a plan fails. JSON escapes them instead (`render.dump_json`),
-    so that its values stay what they are."""
+    """Output to a stream whose encoding lacks what budget prints (``PYTHONIOENCODING=ascii``,
+    or latin-1; Python itself reads a C locale as UTF-8) ended in an encoding traceback and
+    status 1, which `check` uses to say a plan fails; then each such character printed as
+    ``?``, which left a diff's signs and verdicts and check's limits unreadable (an audit).
+    Each now prints as its ASCII stand-in (`budget.render.standins`: ``−`` as ``-``, ``≤`` as
+    ``<=``, ``✗`` as ``bad``), and only a character budget does not know of as ``?``. JSON
+    escapes them instead (`render.dump_json`), so that its values stay what they are."""
     from budget.render import utf  # imported by every command that renders anyway
 
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and not utf(stream):
+            from budget.render.standins import register
+
             with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper
-                stream.reconfigure(errors="replace")  # type: ignore[union-attr]
+                stream.reconfigure(errors=register(stream is sys.stdout))  # type: ignore[union-attr]
 
 
 def empty_argument(args: list[str]) -> str | None:
@@ -251,6 +255,12 @@ def stdout_console() -> Console:
         console.file = cast(IO[str], TrimmedLines(console.file))
     if console.width < NARROWEST:
         console.width = FALLBACK_WIDTH
+    from budget.render import utf
+
+    if not utf(console.file):  # the stand-ins in before rich measures a table's cells
+        from budget.render.standins import Standins
+
+        console.push_render_hook(Standins(getattr(console.file, "encoding", "ascii")))
     return console
 
 

@@ -379,7 +379,8 @@ def test_each_new_standard_input_is_read_once() -> None:
 def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words, status):
     """``PYTHONIOENCODING=ascii`` (or latin-1): the middle dot, ``×`` and ``✗`` ended in a
     UnicodeEncodeError traceback and status 1, which `check` gives a plan that fails (user
-    audit). Each such character prints as ``?``, and the status is the command's own: a
+    audit). Each such character prints as its ASCII stand-in (`budget.render.standins`; it
+    was ``?``, which lost a diff's signs, an audit), and the status is the command's own: a
     report 0, a failing check 1."""
     env = {**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "80"}
     command = [sys.executable, "-m", "budget", *(w.format(plans=ROOT / "plans") for w in words)]
@@ -387,7 +388,7 @@ def test_a_terminal_without_utf8_gets_the_output_not_a_traceback(encoding, words
     assert process.returncode == status
     assert process.stderr == b""
     text = process.stdout.decode(encoding)
-    shown = "?" if encoding == "ascii" else "·"  # latin-1 has the middle dot, not ─ or ✗
+    shown = "/" if encoding == "ascii" else "·"  # latin-1 has the middle dot, not ─ or ✗
     assert f"gpt-1.3b {shown} train" in text if status == 0 else "FAIL " in text
     if status == 0:  # the fill bar in ASCII, where it was ????? (review)
         assert re.search(r"\|#+\.+\|", text), text

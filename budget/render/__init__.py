@@ -83,7 +83,11 @@ def print_wrapped(
     console's width: its first line indented by `first`, the others by `indent`."""
     from rich.text import Text
 
-    text = Text(text, style=style) if isinstance(text, str) else text
+    from budget.render.standins import for_console
+
+    # the stand-ins of a stream that is not UTF (`standins`) in before the lines are measured:
+    # put in after, "≤" as "<=" made a line a column wider than the console
+    text = for_console(console, Text(text, style=style) if isinstance(text, str) else text)
     for line in held_lines(console, text, max(console.width, 40), len(first), len(indent)):
         console.print(line, soft_wrap=True)
 

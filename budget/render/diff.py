@@ -13,7 +13,7 @@ from rich.text import Text
 
 from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
-from budget.render import NBSP, print_wrapped
+from budget.render import NBSP, print_wrapped, utf
 from budget.render.markdown import code, plain
 from budget.render.table import titled_table
 from budget.report import run_scope, time_word
@@ -40,6 +40,9 @@ _MARK = {"better": "🟢 ✓ ", "worse": "🔴 ✗ ", "same": "", "n/a": ""}
 # beside the colour, not instead of it: a reader who does not see red from green, a CI log
 # that keeps the colour codes (a user audit)
 _PLAIN_MARK = {"better": " ✓", "worse": " ✗", "same": "  ", "n/a": "  "}
+# on a stream that is not UTF the stand-ins of ✓ and ✗ (`budget.render.standins`), each as
+# wide as the other, so that the percentages stay one under the other
+_ASCII_MARK = {"better": "  ok", "worse": " bad", "same": "    ", "n/a": "    "}
 _LABELS = {
     "states_bytes": "states",
     "activations_bytes": "activations",
@@ -262,11 +265,11 @@ def _table(title: str, first: str, second: str | None) -> Table:
     return table
 
 
-def _cells(delta: Delta) -> list[Text]:
-    """A, B, Δ and Δ% in the verdict's colour, a ✓ or ✗ after Δ%."""
+def _cells(delta: Delta, marks: dict[str, str]) -> list[Text]:
+    """A, B, Δ and Δ% in the verdict's colour, a ✓ or ✗ (`marks`) after Δ%."""
     absolute, relative = _change(delta)
     style = _STYLE[delta.verdict]
-    mark = _PLAIN_MARK[delta.verdict]
+    mark = marks[delta.verdict]
     return [
         Text(_value(delta.unit, delta.a)),
         Text(_value(delta.unit, delta.b)),
@@ -275,7 +278,7 @@ def _cells(delta: Delta) -> list[Text]:
     ]
 
 
-def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
+def _row_table(title: str, first: str, rows: tuple[Row, ...], marks: dict[str, str]) -> Table:
     """The rows that moved; the others are named after the table (`_unchanged`)."""
     table = _table(title, first, "")
     for i, row in enumerate(row for row in rows if row.changed):
@@ -285,7 +288,7 @@ def _row_table(title: str, first: str, rows: tuple[Row, ...]) -> Table:
         shown = [d for d in row.deltas if _shown(rows, d.metric)]
         for j, delta in enumerate(shown):
             label = Text(_label(delta.metric))
-            table.add_row(Text(name if j == 0 else ""), label, *_cells(delta))
+            table.add_row(Text(name if j == 0 else ""), label, *_cells(delta, marks))
     return table
 
 
@@ -333,9 +336,10 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")
     console.print()
+    marks = _PLAIN_MARK if utf(console.file) else _ASCII_MARK
     summary = _table(f"{_time_title(diff)} and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
-        summary.add_row(Text(_summary_label(diff, delta.metric)), *_cells(delta))
+        summary.add_row(Text(_summary_label(diff, delta.metric)), *_cells(delta, marks))
     console.print(summary)
     if diff.note:
         console.print()
@@ -352,7 +356,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
             console.print(Text(f"{title}: no {first} changed."))
             console.print()  # the space a table leaves under its last row
             continue
-        console.print(_row_table(title, first, rows))
+        console.print(_row_table(title, first, rows, marks))
         if unchanged := _unchanged(rows, first, str):
             console.print(Text(unchanged))
             console.print()

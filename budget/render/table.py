@@ -315,6 +315,9 @@ def whole(console: Console, table: Table) -> bool:
     110 columns: cropped, nothing is lost). These are rich's own private methods (13 to 15):
     should a later rich lack them, the table's unbounded width against the terminal's,
     which rich's public `Measurement` gives, decides instead."""
+    from budget.render.standins import for_console
+
+    table = for_console(console, table)  # as it prints: "α" as "alpha" is 4 columns wider
     free = console.options.update_width(2**16)
     try:
         extra, needs, given = _laid_out(console, table)
