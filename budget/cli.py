@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 from budget.entry import main, route, stdout_console
 from budget.errors import (
@@ -25,6 +26,8 @@ from budget.errors import (
 )
 
 if TYPE_CHECKING:
+    from typer import _click as click
+
     from budget.accuracy import Accuracy
 
 app = typer.Typer(
@@ -156,6 +159,36 @@ def exit_code(*, valid: bool = True, passed: bool = True) -> int:
     return INVALID if not valid else FAILED if not passed else OK
 
 
+def _argument(metavar: str, help: str, **kw: Any) -> Any:
+    """A typer argument named as the README names it (PLAN, PLAN..., OP), in its command's
+    usage line and --help alike (`Arguments`)."""
+    return typer.Argument(metavar=metavar, help=help, **kw)
+
+
+class _Argument(TyperArgument):
+    """An argument said in --help by its metavar alone: typer put a required one in braces
+    ("Usage: budget report [OPTIONS] {plan}") and a Python type beside it ("plans...
+    <list[Path]>", an audit), where the README writes PLAN and PLAN..."""
+
+    def get_usage_pieces(self, ctx: click.Context) -> list[str]:
+        name = self.metavar or self.name or ""
+        return [name if self.required else f"[{name}]"]
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None  # the help after it says what it takes
+
+
+class Arguments(TyperCommand):
+    """A command whose arguments are `_Argument`s: typer builds its own, and a command's
+    class is the one place it lets a caller choose (`app.command(cls=...)`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument
+
+
 def _problems(problems: list[Problem]) -> None:
     from budget.errors import problem_lines
 
@@ -176,9 +209,9 @@ def _usage(error: str | ValueError) -> typer.Exit:
     return typer.Exit(code=exit_code(valid=False))
 
 
-@app.command("report")
+@app.command("report", cls=Arguments)
 def report_command(
-    plan: Annotated[Path, typer.Argument(help="The plan to budget (YAML).")],
+    plan: Annotated[Path, _argument("PLAN", "The plan to budget (YAML).")],
     fmt: FormatOption = Format.table,
 ) -> None:
     """Validate PLAN, calculate its budget and render it (the default command)."""
@@ -196,9 +229,9 @@ def _report(plan: Path, fmt: str) -> None:
     render_report(stdout_console(), report, fmt)
 
 
-@app.command("check")
+@app.command("check", cls=Arguments)
 def check_command(
-    plans: Annotated[list[Path], typer.Argument(help="Plans that must fit (YAML).")],
+    plans: Annotated[list[Path], _argument("PLAN...", "Plans that must fit (YAML).")],
     headroom: HeadroomOption = None,
     max_exposed: MaxExposedOption = None,
     max_step: MaxStepOption = None,
@@ -221,10 +254,10 @@ def check_command(
     raise typer.Exit(code=exit_code(valid=not result.invalid, passed=result.passed))
 
 
-@app.command("diff")
+@app.command("diff", cls=Arguments)
 def diff_command(
-    a: Annotated[Path, typer.Argument(help="The plan before (YAML).")],
-    b: Annotated[Path, typer.Argument(help="The plan after (YAML).")],
+    a: Annotated[Path, _argument("A", "The plan before (YAML).")],
+    b: Annotated[Path, _argument("B", "The plan after (YAML).")],
     fmt: FormatOption = Format.table,
 ) -> None:
     """Compare two plans: changed keys, then memory, step time and phases with deltas."""
@@ -238,9 +271,9 @@ def diff_command(
     render_diff(stdout_console(), report_a, report_b, diff, str(fmt))
 
 
-@app.command("plot")
+@app.command("plot", cls=Arguments)
 def plot_command(
-    plan: Annotated[Path, typer.Argument(help="The plan to draw (YAML).")],
+    plan: Annotated[Path, _argument("PLAN", "The plan to draw (YAML).")],
     output: Annotated[Path, _option("<file>", "FILE.png or FILE.svg.", "--output", "-o")],
 ) -> None:
     """Picture: the worst stage's memory over the step, and exposed vs hidden communication
@@ -261,9 +294,9 @@ def plot_command(
     print(f"{one_line(plan_name(plan))}: wrote {one_line(str(output))}")
 
 
-@app.command("search")
+@app.command("search", cls=Arguments)
 def search_command(
-    plan: Annotated[Path, typer.Argument(help="The plan whose model, batch and cluster to use.")],
+    plan: Annotated[Path, _argument("PLAN", "The plan whose model, batch and cluster to use.")],
     # whole numbers read by `run_search`, which says a bad one beside the other bad options
     gpus: Annotated[
         str | None, _option("<count>", "GPUs to lay out (default: the plan's).")
@@ -321,9 +354,9 @@ def search_command(
         raise typer.Exit(code=code)
 
 
-@app.command("validate")
+@app.command("validate", cls=Arguments)
 def validate_command(
-    plans: Annotated[list[Path], typer.Argument(help="Plans to check (YAML).")],
+    plans: Annotated[list[Path], _argument("PLAN...", "Plans to check (YAML).")],
     fmt: FormatOption = Format.table,
 ) -> None:
     """Check plans against the schema and the semantic rules only: each valid plan's
@@ -365,12 +398,12 @@ def schema_command() -> None:
     sys.stdout.write(text if utf(sys.stdout) else dump_json(json.loads(text), sys.stdout))
 
 
-@app.command("collective")
+@app.command("collective", cls=Arguments)
 def collective_command(
     op: Annotated[
         str,
-        typer.Argument(
-            help="all-gather, reduce-scatter, all-reduce, all-to-all, broadcast or send-recv."
+        _argument(
+            "OP", "all-gather, reduce-scatter, all-reduce, all-to-all, broadcast or send-recv."
         ),
     ],
     # read by `collective`, so that "2.5" is said beside the other bad options (an audit)
@@ -465,14 +498,14 @@ def _preset_kind(value: str) -> PresetKind:
         raise typer.BadParameter(f"{value!r} is not one of devices, topologies or models") from None
 
 
-@app.command("presets")
+@app.command("presets", cls=Arguments)
 def presets_command(
     kind: Annotated[
         PresetKind | None,
-        typer.Argument(
-            metavar="kind",
+        _argument(
+            "KIND",
+            f"{'|'.join(PresetKind)}: which catalogue to list; all three when left out.",
             parser=_preset_kind,
-            help="Which catalogue to list; all three when left out.",
         ),
     ] = None,
     fmt: FormatOption = Format.table,

@@ -956,3 +956,64 @@ def test_the_calculator_says_where_it_rounds_chunks_up() -> None:
     assert "split into 3 equal chunks of whole bytes: each is rounded up to 333,335 B" in " ".join(
         odd.stdout.split()
     )
+
+
+# a figure and its unit, as the calculators print them ("50 GB/s", "14 µs", "1.86 GiB")
+_FIGURE = re.compile(r"(?<![\w.])\d[\d,.]* (?:[KMGTP]i?B|B|[kMGT]B/s|µs|ms|s)(?![\w/])")
+_HELD = [
+    "collective all-reduce --ranks 32 --size 100MB --level 8:450GB/s:1us --level 4:50GB/s:5us",
+    "collective all-reduce --ranks 1024 --size 1GB --level 8:231.6GB/s:3us --level 128:24GB/s:14us",
+    "collective all-to-all --ranks 32 --size 100MB --level 8:450GB/s:1us --level 4:50GB/s:5us",
+    "roofline --intensity 4 --bandwidth 80GB/s --peak 1TFLOP/s",
+]
+
+
+@pytest.mark.parametrize("args", _HELD, ids=["two-levels", "1024-ranks", "all-to-all", "roof"])
+def test_no_width_parts_a_figure_from_its_unit(args: str) -> None:
+    """An audit: at 80 columns the value column wrapped "level 2: B 50" / "GB/s per GPU",
+    at 100 "α 14" / "µs", and at 44 the stages table cut "161.68 MiB" to "161.6…". From 44
+    to 160 columns every figure printed at 400 is on one line with its unit, and with "α"
+    or "B" before it, and none is cut."""
+    wide = runner.invoke(app, route(args.split()), env={"COLUMNS": "400"}).stdout
+    figures = sorted(f for line in wide.splitlines() for f in _FIGURE.findall(line))
+    assert figures
+    for width in range(44, 161, 4):
+        out = runner.invoke(app, route(args.split()), env={"COLUMNS": str(width)}).stdout
+        lines = out.splitlines()
+        assert "…" not in out and all(len(line) <= width for line in lines), width
+        assert sorted(f for line in lines for f in _FIGURE.findall(line)) == figures, width
+        for named in re.findall(r"(?<![\w/])(?:α|B) \d[\d.]* (?:µs|GB/s)", wide):
+            assert any(named in line for line in lines), (width, named)
+
+
+# each command's arguments as the README names them
+_USAGE = {
+    "report": "PLAN",
+    "check": "PLAN...",
+    "diff": "A B",
+    "plot": "PLAN",
+    "search": "PLAN",
+    "validate": "PLAN...",
+    "collective": "OP",
+    "presets": "[KIND]",
+    "schema": "",
+    "roofline": "",
+    "validate-model": "",
+}
+
+
+@pytest.mark.parametrize("command", sorted(_USAGE))
+def test_help_names_arguments_as_the_readme_does(command: str) -> None:
+    """`budget check --help` showed "plans... <list[Path]>", a Python type, and `budget
+    report --help` "Usage: budget report [OPTIONS] {plan}" (an audit): every command's
+    usage and Arguments name them PLAN, PLAN..., A B, OP or [KIND], and no type."""
+    from budget.entry import COMMANDS
+
+    assert set(_USAGE) == COMMANDS
+    out = runner.invoke(app, [command, "--help"], env={"COLUMNS": "100"}, prog_name="budget").stdout
+    usage = f"Usage: budget {command} [OPTIONS] {_USAGE[command]}".rstrip()
+    assert out.splitlines()[0] == usage
+    arguments = out.split("Arguments:\n")[1].split("\n\n")[0] if _USAGE[command] else ""
+    assert not re.search(r"[{}]|<list\[|<path>|<str>|\[Path\]", out.split("Options:")[0])
+    names = [line.split()[0] for line in arguments.splitlines() if line[2:3] != " "]
+    assert names == _USAGE[command].strip("[]").split() if arguments else not names

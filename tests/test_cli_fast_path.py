@@ -417,7 +417,7 @@ def test_json_to_a_stream_without_utf8_escapes_what_it_cannot_show(words):
     [
         (
             ["presets", "foo"],
-            "budget: error: Invalid value for 'kind': 'foo' is not one of devices, topologies "
+            "budget: error: Invalid value for 'KIND': 'foo' is not one of devices, topologies "
             "or models (see 'budget presets --help')",
         ),
         (

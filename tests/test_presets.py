@@ -186,7 +186,7 @@ def test_unknown_kind_is_a_usage_error_in_our_words() -> None:
     result = runner.invoke(app, ["presets", "device"])
     assert result.exit_code == 2
     assert result.stdout == ""
-    said = "Invalid value for 'kind': 'device' is not one of devices, topologies or models\n"
+    said = "Invalid value for 'KIND': 'device' is not one of devices, topologies or models\n"
     assert result.stderr.endswith(said) and "Value error" not in result.stderr
     upper = runner.invoke(app, ["presets", "Devices", "-f", "json"])
     assert upper.exit_code == 0 and set(json.loads(upper.stdout)) == {"schema_version", "devices"}
@@ -200,7 +200,8 @@ def test_help_names_the_kinds_the_catalogue_has() -> None:
 
     assert tuple(kind.value for kind in PresetKind) == KINDS
     result = runner.invoke(app, ["presets", "--help"], env={"COLUMNS": "100"})
-    assert "kind <devices|topologies|models>" in result.stdout
+    assert " presets [OPTIONS] [KIND]\n" in result.stdout
+    assert "  KIND  devices|topologies|models: which catalogue to list" in result.stdout
     assert "<str>" not in result.stdout
 
 

@@ -753,3 +753,57 @@ def test_groups_meeting_on_one_level_are_said_to_take_its_whole_bandwidth(
             assert "not made to share it" not in text
         else:
             assert f"({shared}), they are not made to share it" in text
+
+
+def _section(text: str, start: str, end: tuple[str, ...]) -> list[str]:
+    """The report's lines from the one starting with `start` to the next starting with one
+    of `end`."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(start))
+    last = next(i for i in range(first + 1, len(lines)) if lines[i].startswith(end))
+    return lines[first:last]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("width", [44, 52, 60, 64, 72])
+def test_narrow_stage_and_link_tables_print_every_figure_whole(plan: Path, width: int) -> None:
+    """An audit: at 64 columns the stage table cropped every byte figure ("17.7 G…") and its
+    headers ("sta…", "in flig…", "headro…"), and the links table at 72 its header "colle…",
+    at 64 "231.6 GB…" under "share at 16 · 64 · 256 M…". Down to 44 columns each stage's
+    figures in the JSON report, formatted, are whole on its rows (split over two tables
+    where one is too wide), and each level's rate, latency and shares on its links row or
+    under the table."""
+    from budget.render.table import render_table
+    from budget.report import ramp_shares, to_dict
+    from budget.units import format_bytes, format_duration, format_rate
+
+    report = budget_plan(plan)
+    console = Console(width=width, color_system=None, record=True)
+    render_table(console, report)
+    text = console.export_text().replace("\u00a0", " ")
+    assert all(len(line.rstrip()) <= width for line in text.splitlines())
+    stages = _section(text, "Memory per rank of each", ("What is alive",))
+    assert "…" not in "\n".join(stages)
+    headers = " ".join(line for line in stages if not line.lstrip()[:1].isdigit()).split()
+    assert {"stage", "peak"} <= set(headers) and "states" in headers
+    for s in to_dict(report)["memory"]["stages"]:
+        rows = " ".join(line for line in stages if line.split()[:1] == [str(s["stage"])])
+        figures = [s["peak_bytes"], s["headroom_bytes"], s["transient_bytes"] + s["reserved_bytes"]]
+        figures.append(s["params_bytes"] + s["grads_bytes"] + s["optimizer_bytes"])
+        figures += [s[k] for k in ("activations_bytes", "kv_cache_bytes") if s[k]]
+        for n in figures:
+            assert f" {format_bytes(n)}" in f" {rows} ", (s["stage"], format_bytes(n), rows)
+    # the alive table puts each kind after its name, the phases table drops its padding,
+    # where they are too narrow (at 44 columns "activati…" and exposed "51.2 …")
+    for start, end in (("What is alive", "Phases of"), ("Phases of", "Collectives")):
+        assert "…" not in "\n".join(_section(text, start, (end,))), start
+    links = _section(text, "Links (per GPU", ("Step:", "Prefill", "Step time"))
+    assert "…" not in "\n".join(links)
+    assert "collectives" in " ".join(links).split()
+    for level in report.links:
+        # a row, not the caption's "nvlink 59 · 85 · 96 %": the table's edge is a blank
+        (row,) = [line for line in links if line[:1] == " " and line.split()[:1] == [level["name"]]]
+        assert format_rate(level["bandwidth_Bps"]) in row
+        assert format_duration(level["latency_s"]) in row
+        if level.get("ramp"):
+            assert ramp_shares(level) in " ".join(" ".join(links).split())

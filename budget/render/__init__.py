@@ -9,7 +9,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.measure import Measurement
     from rich.text import Text
 
     from budget.report import Report
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name or unit
 # a word and the count after it ("micro 1", "tp 8"), or a count and its noun ("4 virtual"),
 # held on one line by `held_lines`; a figure's decimals end at its unit ("8.46 GiB", "437 µs")
-_COUNTED = re.compile(r"\b([A-Za-z]+) (\d[\d,]*)\b")
+_COUNTED = re.compile(r"\b([A-Za-zα-ω]+) (\d[\d,]*)\b")  # "α 14 µs" too
 _COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-zµ]+)")  # not one held already
 # a figure and its unit, held also where the figure is a word's count ("optimizer 277 ms":
 # `_COUNT_OF` leaves a count `_COUNTED` held, and "277" ended a line, a review)
@@ -90,6 +91,30 @@ def print_wrapped(
     text = for_console(console, Text(text, style=style) if isinstance(text, str) else text)
     for line in held_lines(console, text, max(console.width, 40), len(first), len(indent)):
         console.print(line, soft_wrap=True)
+
+
+class Hanging:
+    """A cell's text indented under its heading row, with a deeper hanging indent on the
+    lines it wraps to, so that a wrapped name does not read as the next row; wrapped by
+    `held_lines`, never between a figure and its unit ("7.83" / "MiB" ended and began two
+    lines, and in `budget collective`'s value column "B 50" / "GB/s per GPU", an audit)."""
+
+    def __init__(self, text: str | Text, first: int = 1, rest: int = 3) -> None:
+        from rich.text import Text
+
+        self.text = Text(text) if isinstance(text, str) else text
+        self.first, self.rest = first, rest
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from held_lines(console, self.text, options.max_width, self.first, self.rest)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        from rich.cells import cell_len
+        from rich.measure import Measurement
+
+        words = held(self.text.plain).split() or [""]
+        longest = max(map(cell_len, words))
+        return Measurement(self.rest + longest, self.first + self.text.cell_len)
 
 
 def dump_json(data: Any, stream: Any = None) -> str:

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
 from budget.collectives import TREE_SHARE, CollectiveCost
+from budget.render import Hanging, held
 from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
 
 if TYPE_CHECKING:
@@ -354,25 +356,64 @@ def _sections(
         lines.append(note)
         console.out("\n".join(lines), highlight=False)
         return
+    from budget.render import print_wrapped
+
     for title, headers, rows in sections:
-        show_header = any(headers)
-        table = Table(
-            title=title,
-            box=box.SIMPLE_HEAD,
-            show_header=show_header,
-            title_justify="left",
-            pad_edge=False,
-            padding=(0, 1) if len(headers) <= 3 else (0, 0),
+        # the title and note wrapped by `print_wrapped`, the values by `Hanging`: between
+        # words, never inside a figure ("B 50" / "GB/s per GPU" and "α 14" / "µs" ended and
+        # began two lines, an audit)
+        print_wrapped(console, title, "", style="table.title")
+        table = _table(headers, rows, console.width)
+        if len(headers) > 2 and not _whole(console, table):
+            # too narrow for its columns, rich cut its figures ("161.6…" at 44 columns): each
+            # row a two-column table of its own, a header beside each cell
+            for row in rows:
+                console.print()
+                console.print(_table(("", ""), list(zip(headers, row, strict=True))))
+            console.print()
+            continue
+        console.print(table, highlight=False)
+    print_wrapped(console, note, "")
+
+
+def _table(headers: tuple[str, ...], rows: Rows, width: int = 0) -> Table:
+    """A section's rows under `headers` (none: all empty): a two-column table's quantity and
+    value wrap at their words (`Hanging`), the quantity first where the console's `width` is
+    too narrow for the value's widest figure beside it; every number of a wider table
+    stays whole."""
+    show_header = any(headers)
+    table = Table(
+        box=box.SIMPLE_HEAD if show_header else None,
+        show_header=show_header,
+        pad_edge=False,
+        padding=(0, 1) if len(headers) <= 3 else (0, 0),
+    )
+    pair = len(headers) == 2
+    for i, header in enumerate(headers):
+        numeric = show_header and i >= 2
+        # a narrow terminal wraps the quantity's words too, and the value keeps the room of
+        # its widest figure: `Hanging` breaks inside a word wider than its cell, and at 44
+        # columns "(2,048,001,048,576 B)" lost its "B)" to the next line
+        widest = max((len(w) for row in rows for w in held(row[-1]).split()), default=0)
+        words = max((len(w) for row in rows for w in row[0].split()), default=0)
+        table.add_column(
+            header,
+            justify="right" if numeric else "left",
+            no_wrap=not pair,
+            max_width=max(words, width - widest - 5) if pair and i == 0 and width else None,
         )
-        for i, header in enumerate(headers):
-            numeric = show_header and i >= 2
-            # a two-column table's value wraps; its quantity and every number stay whole
-            wraps = len(headers) == 2 and i == 1
-            table.add_column(header, justify="right" if numeric else "left", no_wrap=not wraps)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table, markup=False, highlight=False)
-    console.print(note, markup=False, highlight=False)
+    for row in rows:
+        table.add_row(
+            *(Hanging(c, 0, 0) if pair and i == 1 else Text(c) for i, c in enumerate(row))
+        )
+    return table
+
+
+def _whole(console: Console, table: Table) -> bool:
+    """`render.table.whole`, imported here only where a table has more than two columns."""
+    from budget.render.table import whole
+
+    return whole(console, table)
 
 
 def _md_row(cells: tuple[str, ...]) -> str:

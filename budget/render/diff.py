@@ -13,9 +13,9 @@ from rich.text import Text
 
 from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
-from budget.render import NBSP, print_wrapped, utf
+from budget.render import NBSP, Hanging, print_wrapped, utf
 from budget.render.markdown import code, plain
-from budget.render.table import titled_table
+from budget.render.table import squeezed, titled_table, whole
 from budget.report import run_scope, time_word
 from budget.units import (
     format_bytes,
@@ -328,9 +328,15 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         table.add_column("", no_wrap=True)
         table.add_column("B", justify="left")
         for key, was, now in shown_changes(diff.changes):
-            table.add_row(  # as text, not markup: [tp, cp, dp] and names with brackets
-                Text(key), Text(was), "→", Text(now)
-            )
+            # as text, not markup: [tp, cp, dp] and names with brackets; each wrapped between
+            # words, a key's lines under its first (rich cut a transition's key to
+            # "transitions[log-softmax (fp32) kept for the backward, beside the .float(…" at
+            # 80 columns and a source to "(togethercomputer/tog…", an audit), a figure by its
+            # unit, and a word wider than its cell broken, not cut
+            table.add_row(Hanging(key, 0, 2), Hanging(was, 0, 0), "→", Hanging(now, 0, 0))
+        if not whole(console, table):  # the keys as narrow as their longest word, no more
+            keys = [key for key, _, _ in shown_changes(diff.changes)]
+            table.columns[0].width = 2 + max(len(word) for key in keys for word in key.split())
         console.print(table)
         console.print(RESOLVED, highlight=False)  # at the terminal's width, not the table's
     else:
@@ -340,7 +346,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     summary = _table(f"{_time_title(diff)} and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
         summary.add_row(Text(_summary_label(diff, delta.metric)), *_cells(delta, marks))
-    console.print(summary)
+    console.print(squeezed(console, summary))  # figures whole, one blank apart where tight
     if diff.note:
         console.print()
         console.print(Text(diff.note, style="yellow"))
@@ -356,7 +362,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
             console.print(Text(f"{title}: no {first} changed."))
             console.print()  # the space a table leaves under its last row
             continue
-        console.print(_row_table(title, first, rows, marks))
+        console.print(squeezed(console, _row_table(title, first, rows, marks)))
         if unchanged := _unchanged(rows, first, str):
             console.print(Text(unchanged))
             console.print()

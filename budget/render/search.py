@@ -10,7 +10,7 @@ from rich.cells import cell_len
 from rich.table import Table
 
 from budget.render import print_wrapped
-from budget.render.table import attention_text, fitted, left_out, titled_table
+from budget.render.table import attention_text, fitted, left_out, squeezed, titled_table
 from budget.units import (
     decimals_apart,
     format_amount,
@@ -112,7 +112,7 @@ def _table(
         for r, uneven in zip(rows, marked, strict=True)
     ]
     figures = _fitted(console, title, heads, figures, cells, exposed, tokens)
-    table = _built(title, heads, figures, cells)
+    table = squeezed(console, _built(title, heads, figures, cells))
     hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
     notes = [left_out(hidden)] if hidden else []
     legend = virtual_note(rows)

@@ -11,16 +11,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from rich import box
-from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
-from budget.render import NBSP, held, held_lines, print_wrapped, utf
+from budget.render import NBSP, Hanging, print_wrapped, utf
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -274,15 +272,16 @@ def _bar(row: StageRow, width: int = 8, marks: str = BAR_MARKS) -> Text:
     return Text(marks[0] * cells + marks[1] * (width - cells) + "!" * over, style=style)
 
 
-def titled_table(title: str) -> Table:
+def titled_table(title: str, compact: bool = False) -> Table:
     """The house style of every table: title on the left, a rule under the head, no outer
-    padding."""
+    padding; `compact`, no padding at all, the columns one blank apart (`BROKEN`)."""
     return Table(
         title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
+        padding=(0, 0) if compact else (0, 1),
     )
 
 
@@ -296,14 +295,26 @@ def fitted(
     lose for the table `build` makes of them to print whole: where a table is wider than
     the terminal, rich cuts a column that does not wrap to "…", or to nothing (an audit, at
     80 columns: a serving plan's decode compute "712,039…", its rule column "[1"), `whole`
-    says; where even every droppable column gone leaves it too wide, they are all dropped."""
-    kept = list(columns)
-    for name in [None, *droppable]:
-        if name in kept:
-            kept.remove(name)
-        if whole(console, build(kept)):
-            break
+    says; where even every droppable column gone leaves it too wide, the fewest again with
+    no padding between the columns (`squeezed`: at 44 columns the phases table cut its
+    exposed times to "51.2 …", an audit), else all of them."""
+    for squeeze in (False, True):
+        kept = list(columns)
+        for name in [None, *droppable]:
+            if name in kept:
+                kept.remove(name)
+            table = build(kept)
+            if whole(console, squeezed(console, table) if squeeze else table):
+                return kept
     return kept
+
+
+def squeezed(console: Console, table: Table) -> Table:
+    """`table` with no padding between its columns, one blank of its box apart, where it does
+    not print whole (`whole`) with it."""
+    if not whole(console, table):
+        table.padding = (0, 0)
+    return table
 
 
 def whole(console: Console, table: Table) -> bool:
@@ -388,52 +399,110 @@ def _columns(report: Report, wide: bool) -> list[tuple[str, Callable[[StageRow],
     return columns
 
 
+# the stage and links tables' headers broken onto two lines where a narrow terminal would cut
+# a figure under them (`compact`): at 64 columns the stage table printed "17.7 G…" under
+# "sta…" and "in flig…", the links table "231.6 GB…" under "share at 16 · 64 · 256 M…" (an
+# audit); a header no wider than its figures lets every figure print whole
+BROKEN = {
+    "in flight": "in\nflight",
+    "activations": "activ-\nations",
+    "KV cache": "KV\ncache",
+    "optimizer": "opti-\nmizer",
+    "transient": "tran-\nsient",
+    "headroom": "head-\nroom",
+    "α per step": "α per\nstep",
+    RAMP_HEADER: RAMP_HEADER.replace(" 16", "\n16"),
+    "collectives on it": "collectives\non it",
+}
+# the parts a stage table too wide for the terminal even compact is split into (`stage_tables`):
+# its peak and headroom, and what the peak holds
+STAGE_PARTS = ("peak", "held")
+
+
+def stage_tables(console: Console, report: Report, wide: bool, marks: str) -> list[Table]:
+    """The stage table at the console's width: the longest fill bar it has room for (at
+    110 columns a plan's 8 cells were cut to "███···…"); where it is too wide, its headers
+    on two lines (`BROKEN`), then no padding either; where it is too wide even so (44
+    columns), split in two tables (`STAGE_PARTS`), each stage on a row of each: never a
+    figure cut, which rich does to a column that does not wrap (an audit: at 64 columns
+    every byte figure read "17.7 G…")."""
+    most = 8 if wide else 5 if console.width >= NARROW_BAR else 0
+    bars = [n for n in (8, 5) if n <= most] + [0]
+    one: tuple[str | None, ...] = (None,)
+    for parts, compact in ((one, 0), (one, 1), (one, 2), (STAGE_PARTS, 1), (STAGE_PARTS, 2)):
+        for bar in bars:
+            tables = [stage_table(report, wide, bar, marks, compact, part) for part in parts]
+            if all(whole(console, table) for table in tables):
+                return tables
+    return [stage_table(report, wide, 0, marks, 2, part) for part in STAGE_PARTS]
+
+
 def stage_table(
-    report: Report, wide: bool, bar: int | None = None, marks: str = BAR_MARKS
+    report: Report,
+    wide: bool,
+    bar: int | None = None,
+    marks: str = BAR_MARKS,
+    compact: int = 0,
+    part: str | None = None,
 ) -> Table:
-    """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow)."""
+    """Memory per stage; `bar` cells of fill gauge (default 8 when wide, none when narrow);
+    `compact` 1, its headers on two lines (`BROKEN`), 2, with no padding either; `part`, one of
+    `STAGE_PARTS` alone (the other's columns left out), the caption its columns' notes."""
     bar = (8 if wide else 0) if bar is None else bar
-    table = titled_table("Memory per rank of each pipeline stage, at its peak")
-    _num(table, "stage")
-    if wide:
-        _num(table, "layers")
+    peak, held = part in (None, "peak"), part in (None, "held")
+    title = "Memory per rank of each pipeline stage, at its peak"
+    table = titled_table(title + (": what it holds" if part == "held" else ""), compact > 1)
+
+    def num(name: str, **kw: object) -> None:
+        _num(table, BROKEN.get(name, name) if compact else name, **kw)
+
+    num("stage")
+    if wide and held:
+        num("layers")
     train = report.mode == "train"
-    if train:
-        _num(table, "in flight")
-    columns = _columns(report, wide)
+    if train and peak:
+        num("in flight")
+    columns = _columns(report, wide) if held else []
     for name, _ in columns:
-        _num(table, name)
-    _num(table, "peak", style="bold")
-    _num(table, "headroom")
+        num(name)
+    if peak:
+        num("peak", style="bold")
+        num("headroom")
+    bar = bar if peak else 0
     if bar:
         table.add_column("fill", no_wrap=True)
     for row in report.stages:
-        cells = [str(row.stage)] + ([str(row.layers)] if wide else [])
-        cells += [_count(row.inflight)] if train else []
+        cells = [str(row.stage)] + ([str(row.layers)] if wide and held else [])
+        cells += [_count(row.inflight)] if train and peak else []
         cells += [_b(value(row)) for _, value in columns]
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
-        cells += [_b(row.peak_bytes), headroom]
+        cells += [_b(row.peak_bytes), headroom] if peak else []
         table.add_row(*cells, *([_bar(row, bar, marks)] if bar else []))
     reserved = _b(report.device["reserved_bytes"]).replace(" ", NBSP)  # kept by its unit
     states = "params + grads + optimizer" if train else "params"
-    table.caption = (
-        f"peak = the columns + {reserved} reserved per GPU"
-        if wide
-        else f"states = {states}; other = transient + {reserved} reserved"
-    )
+    notes = []
+    if held:
+        notes.append(
+            f"peak = the columns + {reserved} reserved per GPU"
+            if wide
+            else f"states = {states}; other = transient + {reserved} reserved"
+        )
     layers = [row.layers for row in report.stages]
-    if not wide and len(set(layers)) > 1:  # the layers column is left out: say the split
-        table.caption += f"; layers per stage: {', '.join(map(str, layers))}"
-    if train and any(row.inflight != int(row.inflight) for row in report.stages):
-        table.caption += (
+    if held and not wide and len(set(layers)) > 1:  # the layers column is left out: say it
+        notes.append(f"layers per stage: {', '.join(map(str, layers))}")
+    caption = "; ".join(notes)
+    if train and peak and any(row.inflight != int(row.inflight) for row in report.stages):
+        caption += (
             "\nin flight: micro-batches' activations held, in whole stages (interleaving "
             "holds some micro-batches for only some of the stage's chunks)"
         )
-    elif train:  # the count has no unit of its own (an audit)
-        table.caption += "; in flight: micro-batches whose activations the stage holds"
-    if train and report.matmul_format == "fp8":
-        table.caption += "\n" + FP8_MEMORY
-
+    elif train and peak:  # the count has no unit of its own (an audit)
+        caption += (
+            "; " * bool(caption) + "in flight: micro-batches whose activations the stage holds"
+        )
+    if train and held and report.matmul_format == "fp8":
+        caption += "\n" + FP8_MEMORY
+    table.caption = caption.lstrip("\n") or None
     table.caption_justify = "left"
     return table
 
@@ -508,7 +577,7 @@ def phase_table(report: Report, wide: bool, console: Console | None = None) -> T
         return _phase_columns(report, kept, rows, total)
 
     kept = columns if console is None else fitted(console, build, columns, PHASE_DROPPABLE)
-    table = build(kept)
+    table = build(kept) if console is None else squeezed(console, build(kept))
     notes = [left_out([c for c in columns if c not in kept])] if kept != columns else []
     if not wide and len(report.stages) > 1 and "peak live" in kept:
         notes.append(_peak_stages(report))
@@ -647,24 +716,6 @@ def _placement(text: str) -> str:
 FULL = 140  # from here the collective table also shows the tensor size S and the steps
 
 
-class Hanging:
-    """A cell's text indented under its heading row, with a deeper hanging indent on the
-    lines it wraps to, so that a wrapped name does not read as the next row."""
-
-    def __init__(self, text: str | Text, first: int = 1, rest: int = 3) -> None:
-        self.text = Text(text) if isinstance(text, str) else text
-        self.first, self.rest = first, rest
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        # never between a figure and its unit ("7.83" / "MiB" ended and began two lines)
-        yield from held_lines(console, self.text, options.max_width, self.first, self.rest)
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        words = held(self.text.plain).split() or [""]
-        longest = max(map(cell_len, words))
-        return Measurement(self.rest + longest, self.first + self.text.cell_len)
-
-
 # the collectives table's columns a terminal too narrow for them loses first (`fitted`): the
 # steps and tensor size (at 140 columns), the link (the Links table says which groups each
 # carries), the exposed time (the phases table sums it), then the rule
@@ -737,7 +788,7 @@ def collective_table(
         return _collective_columns(title, wide, kept, rows)
 
     kept = columns if console is None else fitted(console, build, columns, COLLECTIVE_DROPPABLE)
-    table = build(kept)
+    table = build(kept) if console is None else squeezed(console, build(kept))
     hidden = [c for c in columns if c not in kept]
     legend = [left_out(hidden)] if hidden else []
     legend += ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
@@ -848,28 +899,56 @@ _NAMED_LONG = {
 }
 
 
-def link_table(report: Report) -> Table:
-    """Each level's per-GPU bandwidth and latency, and the groups priced on it."""
-    table = titled_table("Links (per GPU, one direction)")
+def link_table(report: Report, console: Console | None = None) -> Table:
+    """Each level's per-GPU bandwidth and latency, and the groups priced on it; with a
+    `console` too narrow for that, its headers on two lines (`BROKEN`), then no padding,
+    then each level's shares of B_eff said under the table, not in a column: never a figure
+    or a header cut (an audit: at 72 columns "colle…", at 64 "231.6 GB…" under "share at
+    16 · 64 · 256 M…")."""
+    if console is None:
+        return _link_table(report, 0)
+    ramped = any(link.get("ramp") for link in report.links)
+    for compact in range(4 if ramped else 3):
+        table = _link_table(report, compact)
+        if whole(console, table):
+            break
+    return table
+
+
+def _link_table(report: Report, compact: int) -> Table:
+    """The links table: `compact` 1, its headers on two lines; 2, no padding either; 3, the
+    shares of B_eff in the caption."""
+    table = titled_table("Links (per GPU, one direction)", compact > 1)
+
+    def header(name: str) -> str:
+        return BROKEN.get(name, name) if compact else name
+
     table.add_column("level", no_wrap=True)
     _num(table, "B_eff")
-    _num(table, "α per step")
+    _num(table, header("α per step"))
     ramped = any(link.get("ramp") for link in report.links)
-    if ramped:
-        _num(table, RAMP_HEADER)
-        table.caption, table.caption_justify = ramp_note(report), "left"
-    table.add_column("collectives on it", ratio=1)
+    notes = [ramp_note(report)] if ramped else []
+    if ramped and compact > 2:  # each level's shares on a line of their own
+        shares = [
+            f"{link['name']} {ramp_shares(link).replace(' ', NBSP)}"  # one figure, held whole
+            for link in report.links
+            if link.get("ramp")
+        ]
+        notes[:0] = [f"B_eff's {RAMP_HEADER}: {'; '.join(shares)}"]
+    elif ramped:
+        _num(table, header(RAMP_HEADER))
+    table.add_column(header("collectives on it"), ratio=1)
     for link in report.links:
         table.add_row(
             Text(link["name"]),
             format_rate(link["bandwidth_Bps"]),
             format_duration(link["latency_s"]),
-            *([ramp_shares(link)] if ramped else []),
+            *([ramp_shares(link)] if ramped and compact < 3 else []),
             link_groups(report, link["name"]),
         )
     if shared := shared_levels(report):
-        table.caption = "\n".join(filter(None, [str(table.caption or ""), shared_note(shared)]))
-        table.caption_justify = "left"
+        notes.append(shared_note(shared))
+    table.caption, table.caption_justify = "\n".join(notes) or None, "left"
     return table
 
 
@@ -1073,7 +1152,20 @@ def shown_placement(placement: str, layout: dict[str, Any]) -> str:
     return "" if group in ("tp", "cp", "ep", "etp") and layout.get(group) == 1 else placement
 
 
-def overlap_table(row: StageRow, layout: dict[str, Any] | None = None) -> Table:
+def overlap_table(
+    row: StageRow, layout: dict[str, Any] | None = None, console: Console | None = None
+) -> Table:
+    """What is alive at a stage's peak; with a `console` too narrow for its kind column,
+    each allocation's kind after its name instead (an audit, at 44 columns: "activati…",
+    and names wrapped a few letters a line)."""
+    table = _overlap_table(row, layout, kinds=True)
+    if console is not None and not whole(console, table):
+        table = _overlap_table(row, layout, kinds=False)
+    return table
+
+
+def _overlap_table(row: StageRow, layout: dict[str, Any] | None, kinds: bool) -> Table:
+    """The alive table, `kinds` in a column of their own or after each name."""
     table = Table(
         title=f"What is alive at the peak of stage {row.stage} "
         f"({row.peak_phase}: {row.peak_instant})",
@@ -1082,18 +1174,24 @@ def overlap_table(row: StageRow, layout: dict[str, Any] | None = None) -> Table:
         pad_edge=False,
     )
     table.add_column("allocation", ratio=1)
-    table.add_column("kind")
+    if kinds:
+        table.add_column("kind")
     table.add_column("copies", justify="right")
-    table.add_column("bytes", justify="right")
+    table.add_column("bytes", justify="right", no_wrap=True)
     for o in row.peak_overlap:
         name = Text(o.tensor)
         placement = shown_placement(o.placement, layout or {})
         if placement:
             name.append(f" · {placement}", style="dim")
-        table.add_row(Hanging(name, 0, 2), o.category, f"{o.count:,}", _b(o.bytes))
-    table.add_row("[bold]total[/]", "", "", f"[bold]{_b(row.peak_bytes)}[/]")
+        if not kinds:
+            name.append(f" · {o.category}", style="dim")
+        kind = [o.category] if kinds else []
+        table.add_row(Hanging(name, 0, 2), *kind, f"{o.count:,}", _b(o.bytes))
+    table.add_row("[bold]total[/]", *[""] * kinds, "", f"[bold]{_b(row.peak_bytes)}[/]")
+    notes = [] if kinds else ["allocation · placement · kind"]
     if any(o.count > 1 for o in row.peak_overlap):
-        table.caption, table.caption_justify = "bytes: all the copies together", "left"
+        notes.append("bytes: all the copies together")
+    table.caption, table.caption_justify = "; ".join(notes) or None, "left"
     return table
 
 
@@ -1111,18 +1209,10 @@ def render_table(console: Console, report: Report) -> None:
     wide = console.width >= WIDE
     for line in header(report):
         print_wrapped(console, line)
-    most = 8 if wide else 5 if console.width >= NARROW_BAR else 0
     marks = BAR_MARKS if utf(console.file) else ASCII_BAR_MARKS
-    # the longest fill bar the stage table has room for: at 110 columns a plan's 8 cells
-    # were cut to "███···…"
-    bar = next(
-        n
-        for n in (8, 5, 0)
-        if n == 0 or (n <= most and whole(console, stage_table(report, wide, n, marks)))
-    )
     for table in (
-        stage_table(report, wide, bar, marks),
-        overlap_table(report.worst, report.layout),
+        *stage_tables(console, report, wide, marks),
+        overlap_table(report.worst, report.layout, console),
         phase_table(report, wide, console),
     ):
         console.print()
@@ -1133,7 +1223,7 @@ def render_table(console: Console, report: Report) -> None:
     for line in legend:
         print_wrapped(console, line)
     console.print()
-    print_table(console, link_table(report))
+    print_table(console, link_table(report, console))
     console.print()
     # the sentences after the tables, wrapped between words, never inside a figure
     for line in summary(report):
