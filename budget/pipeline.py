@@ -241,8 +241,9 @@ def _summary(
 ) -> dict[str, float | None]:
     """The step's figures. Serving: compute, communication and exposure are the sums of the
     rows (each over the stages a pass crosses). Training: those of the phases the step
-    waits for (`schedule.paced_by`), so compute + exposed + bubble is the step; the rows,
-    each at its costliest stage, may come from different stages and add up to more.
+    waits for (`schedule.paced_by`), so compute + exposed + bubble − drained is the step;
+    the rows, each at its costliest stage, may come from different stages and add up to
+    more.
 
     ``mfu_causal``: the MFU of the attention products the causal mask computes
     (`flops.model_flops_per_token`), beside PaLM's, which counts them unmasked; a serving
@@ -257,6 +258,7 @@ def _summary(
             "overlap_slowdown_s",
             "bubble_s",
             "after_s",
+            "drained_s",
             "ttft_s",
             "decode_token_s",
             "tokens_per_s",
@@ -264,15 +266,20 @@ def _summary(
             "mfu_causal",
             "pacing_stage",
             "after_stage",
+            "optimizer_stage",
         )
         return dict.fromkeys(keys)
     pacing: int | None = None
     after_stage: int | None = None
+    optimizer_stage: int | None = None
+    drained: float | None = None
     if times.ttft_s is None:
-        pacing, after_stage, microbatch, after = paced_by(times)
+        paced = paced_by(times)
+        pacing, after_stage, optimizer_stage = paced.stage, paced.reducing, paced.optimizing
+        drained = paced.drained_s
 
         def total(field: str) -> float:  # in the order the search sums (`_critical_exposed`)
-            parts = (sum(getattr(p, field) * p.count for p in ps) for ps in (microbatch, after))
+            parts = (sum(getattr(p, field) * p.count for p in ps) for ps in paced.groups)
             return float(sum(parts))
 
     else:
@@ -293,14 +300,19 @@ def _summary(
         "overlap_slowdown_s": total("slowdown_s"),
         "bubble_s": times.bubble_s,
         "after_s": times.time_s - times.pipeline_s,
+        # the part of the reduction the step ends with that ran while the stages ahead of
+        # its own drained the pipeline (`schedule.paced_by`)
+        "drained_s": drained,
         "ttft_s": times.ttft_s,
         "decode_token_s": times.decode_token_s,
         "tokens_per_s": times.tokens_per_s,
         "mfu": times.mfu,
         "mfu_causal": causal,
         "pacing_stage": pacing,
-        # the stage whose gradient reduction and optimizer the step ends with (`paced_by`)
+        # the stage whose gradient reduction ends latest, then the one whose optimizer step
+        # takes longest (`paced_by`)
         "after_stage": after_stage,
+        "optimizer_stage": optimizer_stage,
     }
 
 

@@ -66,7 +66,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # report's ``model.experts.capacity_factor`` and ``pad_to_capacity``
 # 1.16: `budget collective`'s ``passed_over``, the all-reduce across levels the default did
 # not pick and its time, which the table said and the JSON did not
-SCHEMA_VERSION = "1.16"
+# 1.17: the report's ``step.drained_s``, the reduction a later stage ran while the stages
+# ahead of it drained, and ``step.optimizer_stage``; ``after_stage`` is the stage whose
+# reduction ends latest past the pipeline's end, each from its own last backward
+SCHEMA_VERSION = "1.17"
 
 Kind = Literal[
     "report",

@@ -42,7 +42,15 @@ on its replay (`Replay.bound`) and replays it once it could be shown (`search._K
 ranked layout reads what its report reads.
 A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
 in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
-Then each stage reduces gradients and steps its optimizer; the slowest of those ends the step.
+Then each stage reduces its gradients, from the end of its own last backward: Megatron-LM's
+``finalize_model_grads`` runs on each rank once its schedule returns, and a stage after the
+first ends its last backward before the stages ahead of it run theirs (the drain: stage s at
+least Σ_{j<s} b_j before the first, b_j stage j's backward of one micro-batch through its
+first chunk, `StageTime.lead_s`; an audit found a step whose later stages held more layers
+4–7 % long where every reduction started at the pipeline's end). The optimizer waits for
+every stage's reduction (its gradient norm is all-reduced over the model-parallel group,
+Megatron-LM's ``clip_grad_norm``), then each stage steps its own: the step is the pipeline,
+then the latest reduction past its end, then the longest optimizer step (`_tail`).
 """
 
 from __future__ import annotations
@@ -87,7 +95,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
-from budget.vector import every, largest, ratio, vfloat, vmax, vmin, vsum, vwhere
+from budget.vector import every, holds, largest, ratio, vfloat, vmax, vmin, vsum, vwhere
 
 MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
 
@@ -134,6 +142,16 @@ class StageTime:
     after_s: float  # gradient reduction and optimizer step after the last backward
     # of after_s, what a reduction after every backward exposes a micro-batch (ZeRO-2)
     each_microbatch_s: float = 0.0
+    # of after_s, the optimizer step, which waits for every stage's reduction
+    optimizer_s: float = 0.0
+    # how long before the pipeline's end the stage's last backward ends, at the least: the
+    # backwards of the stages ahead of it, which wait for its own (`_with_leads`)
+    lead_s: float = 0.0
+
+    @property
+    def reduce_s(self) -> float:
+        """What of `after_s` runs before the optimizer: the gradient reductions."""
+        return self.after_s - self.optimizer_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,20 +167,106 @@ class StepTime:
     decode_token_s: float | None = None  # serving: one decode pass (one token per sequence)
 
 
-def paced_by(times: StepTime) -> tuple[int, int, list[PhaseTime], list[PhaseTime]]:
-    """The stage that paces a training pipeline, the stage whose gradient reduction and
-    optimizer take longest (each the first of equals), and the phases the step waits for:
-    the first's micro-batch phases (the most forward, backward and exposed time per
-    micro-batch), then the second's reduction and optimizer. Their compute plus exposed time
-    is the step less the bubble (`step_time`)."""
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """What a training step waits for (`paced_by`)."""
+
+    stage: int  # the stage with the most time per micro-batch
+    reducing: int  # the stage whose gradient reduction ends latest past the pipeline's end
+    optimizing: int  # the stage whose optimizer step takes longest
+    # the first's micro-batch phases, the second's reductions, the third's optimizer
+    groups: tuple[list[PhaseTime], list[PhaseTime], list[PhaseTime]]
+    drained_s: float  # the reducing stage's lead: its reduction run while the others drain
+
+    @property
+    def phases(self) -> list[PhaseTime]:
+        return [p for group in self.groups for p in group]
+
+
+def paced_by(times: StepTime) -> Pacing:
+    """The phases a training step waits for (`_tail`): the micro-batch phases of the stage
+    that paces the pipeline (the most forward, backward and exposed time per micro-batch),
+    the gradient reduction of the stage whose ends latest past the pipeline's end (its
+    reduction less its lead, `StageTime.lead_s`), then the optimizer of the stage whose takes
+    longest; each the first of equals. Their compute plus exposed time, plus the bubble,
+    less the lead the reduction ran in (`Pacing.drained_s`), is the step."""
     pacing = max(times.stages, key=lambda s: (s.microbatch_s, -s.stage))
-    last = max(times.stages, key=lambda s: (s.after_s, -s.stage))
-    return (
+    reducing = max(times.stages, key=lambda s: (s.reduce_s - s.lead_s, -s.stage))
+    optimizing = max(times.stages, key=lambda s: (s.optimizer_s, -s.stage))
+    return Pacing(
         pacing.stage,
-        last.stage,
-        [p for p in pacing.phases if per_microbatch(p.name)],
-        [p for p in last.phases if not per_microbatch(p.name)],
+        reducing.stage,
+        optimizing.stage,
+        (
+            [p for p in pacing.phases if phase_part(p.name) == "microbatch"],
+            [p for p in reducing.phases if phase_part(p.name) == "reduction"],
+            [p for p in optimizing.phases if phase_part(p.name) == "optimizer"],
+        ),
+        float(reducing.lead_s),
     )
+
+
+def _optimizer(name: str) -> bool:
+    """The optimizer's phase, or a hand-written transition in it ("optimizer: NAME")."""
+    return pass_of(name) == "optimizer"
+
+
+def phase_part(name: str) -> str:
+    """Which part of a training step a phase is in (`paced_by`): "microbatch",
+    "reduction" or "optimizer"."""
+    if per_microbatch(name):
+        return "microbatch"
+    return "optimizer" if _optimizer(name) else "reduction"
+
+
+def _tail(stages: Sequence[StageTime], zero2: Any = None) -> Any:
+    """What the step takes past the pipeline's end (module docstring): the latest end of a
+    stage's gradient reduction, each from its own last backward (`StageTime.lead_s` before
+    the end), then the longest optimizer step. `zero2`: the micro-batches whose reduction
+    after every backward the replay holds in the backwards already (ZeRO-2), which the
+    closed form counts here (`replay_of`). Arrays over a sweep's layouts, or numbers."""
+    m = 0 if zero2 is None else zero2
+    reductions = largest([s.reduce_s - m * s.each_microbatch_s - s.lead_s for s in stages])
+    return reductions + largest([s.optimizer_s for s in stages])
+
+
+def _last_backward(stage: StageTime, m: Any, v: int) -> Any:
+    """A stage's backward of one micro-batch through one of its `v` model chunks: its
+    backward phases' compute and exposed time a micro-batch over v, below its first chunk's
+    where that holds the embedding (stage 0's); the sends between stages left out. So the
+    leads it makes are at most the drain's (`_with_leads`)."""
+    busy = sum(
+        (p.compute_s + p.exposed_s) * p.count
+        for p in stage.phases
+        if per_microbatch(p.name) and pass_of(p.name) == "backward"
+    )
+    return busy / (m * v)
+
+
+def _with_leads(
+    stages: Sequence[StageTime], copies: Sequence[Any], m: Any, v: int
+) -> list[StageTime]:
+    """`stages` with their leads (`StageTime.lead_s`): stage s's last backward ends at least
+    Σ_{j<s} b_j before the pipeline's, b_j stage j's (`_last_backward`), since stage j's last
+    op, chunk 0's backward of the last micro-batch, waits for stage j + 1's (Megatron-LM's
+    1F1B and interleaved orders alike, `replay_order`). `copies`: how many alike stages each
+    of `stages` stands for (a sweep's classes); a class takes its first stage's lead, the
+    least of its stages', whose reduction ends latest. No leads where a stage reduces after
+    every backward (`_drains`)."""
+    out, ahead = [], 0.0
+    drains = _drains(stages)
+    for stage, count in zip(stages, copies, strict=True):
+        out.append(replace(stage, lead_s=vwhere(drains, ahead, 0.0)))
+        ahead = ahead + count * _last_backward(stage, m, v)
+    return out
+
+
+def _drains(stages: Sequence[StageTime]) -> Any:
+    """Whether a step's reductions are timed from each stage's own end (`_with_leads`): not
+    where a stage exposes a reduction after every backward (ZeRO-2), whose m reductions the
+    closed form counts past the pipeline (`StageTime.each_microbatch_s`), so that a later
+    stage's lead would take back time its micro-batches' reductions hold the pipeline for."""
+    return holds(vsum([s.each_microbatch_s for s in stages]) == 0)
 
 
 def work_time(plan: Plan, work: Work) -> float:
@@ -643,23 +747,26 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             for t in p.moves
             if t.move.each_microbatch
         )
-        stages.append(StageTime(stage.stage, phases, per_mb, after, each))
+        optimizer = sum((p.compute_s + p.exposed_s) * p.count for p in phases if _optimizer(p.name))
+        stages.append(StageTime(stage.stage, phases, per_mb, after, each, optimizer))
         if stage.timing_key:
             shared[stage.timing_key] = stages[-1]
     v = plan.parallel.pipeline.virtual_stages
     slowest = largest([s.microbatch_s for s in stages])
     copies = [stage.copies for stage in step.stages]
+    stages = _with_leads(stages, copies, m, v)
     # a reduction after every backward (ZeRO-2) is counted once a micro-batch in after_s,
     # and the pipeline's fill and drain wait for it on each stage they cross
     waits = [s.microbatch_s + s.each_microbatch_s for s in stages]
-    afters = [s.after_s for s in stages]
     bubble = (sum(w * c for w, c in zip(waits, copies, strict=True)) - largest(waits)) / v
     pipeline = m * slowest + bubble
     one_plan = isinstance(pipeline, float) and len(stages) == plan.parallel.pp  # not a sweep
     if one_plan and plan.parallel.pipeline.schedule != "gpipe" and chunks_differ(plan):
-        pipeline = replay_of(plan, stages, m).pipeline()
+        replay = replay_of(plan, stages, m)
+        stages = list(replay.stages)  # their leads by their first chunks' backwards
+        pipeline = replay.pipeline()
         bubble = pipeline - m * slowest
-    total = pipeline + largest(afters)
+    total = pipeline + _tail(stages)
     tokens = plan.batch.global_batch * plan.batch.seq
     # an array in a sweep whose layouts' capacity factor keeps different shares
     # (`flops._kept_share`): in floats, as int64 products of this size overflow
@@ -685,15 +792,17 @@ class Replay:
     each stage's forward and backward time of one micro-batch through each of its model
     chunks, a stage's reduction after every backward (ZeRO-2) in its micro-batches'
     backward, where the fill and drain wait for it; the micro-batches; what the reduction
-    after the pipeline adds beyond those (`rest`), and the longest reduction after it
-    (`after`, the closed form's); and the slowest stage's m micro-batches (`floor`).
-    Arrays over a sweep's layouts (`take` picks one), or numbers."""
+    after the pipeline adds beyond those (`rest`), and what the closed form adds past the
+    pipeline (`after`, `_tail`); and the slowest stage's m micro-batches (`floor`). Arrays
+    over a sweep's layouts (`take` picks one), or numbers; and the stages it was replayed
+    from, with their leads (`_chunk_leads`), which a layout taken alone does not keep."""
 
     chunks: np.ndarray  # forward and backward by stage and chunk: (2, p, v), or (2, p, v, n)
     microbatches: Any
     rest: Any
     after: Any
     floor: Any
+    stages: tuple[StageTime, ...] = ()
 
     def take(self, i: int) -> Replay:
         """Layout `i`'s numbers, where the fields are arrays over a sweep's layouts."""
@@ -773,8 +882,9 @@ def _floored(pipeline: Any, floor: Any) -> Any:
 
 def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     """The `Replay` of `plan`'s step, its stages timed as `stages` (one per pipeline stage;
-    a sweep's numbers as arrays)."""
+    a sweep's numbers as arrays), their leads taken from their first chunks' backwards."""
     forward, backward = _chunk_times(plan, stages, m)
+    stages = _chunk_leads(stages, backward)
     for chunks, ids, s in zip(backward, stage_chunk_ids(plan), stages, strict=True):
         # each model chunk's gradients are reduced after its own backward of the micro-batch
         # (Megatron-Core wraps each chunk in a DDP of its own buffers): its share of the
@@ -784,12 +894,25 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
         layers = sum(len(chunk) for chunk in ids)
         for c, chunk in enumerate(ids):
             chunks[c] += s.each_microbatch_s * len(chunk) / layers
-    rest = largest([s.after_s - m * s.each_microbatch_s for s in stages])
-    after = largest([s.after_s for s in stages])
+    rest = _tail(stages, m)
+    after = _tail(stages)
     floor = m * largest([s.microbatch_s for s in stages])
     times = np.array(np.broadcast_arrays(*(t for row in (*forward, *backward) for t in row)))
     p, v = len(forward), len(forward[0])
-    return Replay(times.reshape((2, p, v, *times.shape[1:])), m, rest, after, floor)
+    shaped = times.reshape((2, p, v, *times.shape[1:]))
+    return Replay(shaped, m, rest, after, floor, tuple(stages))
+
+
+def _chunk_leads(stages: Sequence[StageTime], backward: list[list[Any]]) -> list[StageTime]:
+    """`stages` with their leads (`_with_leads`) from each stage's backward through its
+    first model chunk (`_chunk_times`), the op its last one is (where a stage's chunks differ,
+    its backward over v could read a first chunk of one layer as one of two)."""
+    out, ahead = [], 0.0
+    drains = _drains(stages)
+    for stage, chunks in zip(stages, backward, strict=True):
+        out.append(replace(stage, lead_s=vwhere(drains, ahead, 0.0)))
+        ahead = ahead + chunks[0]
+    return out
 
 
 def pipeline_replay(

@@ -63,12 +63,12 @@ from budget.plan.model import (
 from budget.plan.resolve import MAX_ELEMENTS, parse_placement, shape_names
 from budget.plan.transitions import pipeline_phase
 from budget.schedule import (
-    MICROBATCH_PHASES,
     Replay,
     StageTime,
     algorithm_of,
     move_kind,
     move_span,
+    phase_part,
     replay_of,
     step_time,
 )
@@ -1211,6 +1211,8 @@ def _picked(stage: StageTime, index: np.ndarray) -> StageTime:
         _pick(stage.microbatch_s, index),
         _pick(stage.after_s, index),
         _pick(stage.each_microbatch_s, index),
+        _pick(stage.optimizer_s, index),
+        _pick(stage.lead_s, index),  # a class's; `replay_of` takes each stage's own
     )
 
 
@@ -1237,30 +1239,32 @@ def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
 
 def _critical_exposed(times: Any) -> Any:
     """Exposed communication as the report counts it (`schedule.paced_by`): the micro-batch
-    phases of the stage with the most time per micro-batch (the first of equals), then the
-    gradient reduction and optimizer of the stage whose take longest, per configuration."""
+    phases of the stage with the most time per micro-batch (the first of equals), the
+    gradient reduction of the stage whose ends latest past the pipeline's end, and the
+    optimizer of the stage whose takes longest, per configuration."""
 
-    def exposed(stage: Any, microbatch: bool) -> Any:
+    def exposed(stage: Any, part: str) -> Any:
         return sum(
-            (
-                np.asarray(p.exposed_s) * p.count
-                for p in stage.phases
-                if (p.name in MICROBATCH_PHASES) == microbatch
-            ),
+            (np.asarray(p.exposed_s) * p.count for p in stage.phases if phase_part(p.name) == part),
             start=np.float64(0),
         )
 
     first = times.stages[0]
-    pace, pacing = np.asarray(first.microbatch_s), exposed(first, True)
-    last, after = np.asarray(first.after_s), exposed(first, False)
+    pace, pacing = np.asarray(first.microbatch_s), exposed(first, "microbatch")
+    late = np.asarray(first.reduce_s - first.lead_s)
+    reducing = exposed(first, "reduction")
+    most, optimizing = np.asarray(first.optimizer_s), exposed(first, "optimizer")
     for stage in times.stages[1:]:
         slower = np.asarray(stage.microbatch_s) > pace
         pace = np.where(slower, stage.microbatch_s, pace)
-        pacing = np.where(slower, exposed(stage, True), pacing)
-        longer = np.asarray(stage.after_s) > last
-        last = np.where(longer, stage.after_s, last)
-        after = np.where(longer, exposed(stage, False), after)
-    return pacing + after
+        pacing = np.where(slower, exposed(stage, "microbatch"), pacing)
+        later = np.asarray(stage.reduce_s - stage.lead_s) > late
+        late = np.where(later, stage.reduce_s - stage.lead_s, late)
+        reducing = np.where(later, exposed(stage, "reduction"), reducing)
+        longer = np.asarray(stage.optimizer_s) > most
+        most = np.where(longer, stage.optimizer_s, most)
+        optimizing = np.where(longer, exposed(stage, "optimizer"), optimizing)
+    return pacing + reducing + optimizing
 
 
 OBJECTIVES: dict[str, Callable[[Result], Any]] = {

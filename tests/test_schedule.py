@@ -65,7 +65,8 @@ def test_summary_is_the_phases_the_step_waits_for(path):
     step = report.step
     if report.mode == "train":
         waited = step["compute_s"] + step["exposed_comm_s"] + step["bubble_s"]
-        assert waited == pytest.approx(step["time_s"], rel=1e-12)
+        # less the reduction a later stage ran while the stages ahead of it drained
+        assert waited - step["drained_s"] == pytest.approx(step["time_s"], rel=1e-12)
         assert step["pacing_stage"] in range(len(report.stages))
     else:
         assert step["pacing_stage"] is None
@@ -1110,3 +1111,84 @@ def test_the_bubble_note_says_what_interleaving_needs_where_the_plan_lacks_it(tm
     assert "6 micro-batches a step" in said(96)
     assert "needs the micro-batches a step to be a multiple of pp = 8" in said(96)
     assert "multiple of pp" not in said(128)
+
+
+UNEVEN_LATE = """\
+name: heavier-later-stages
+mode: train
+model: {layers: 32, hidden: 4096, heads: 32, vocab: 51200, mlp: gelu, norm: layernorm,
+        tied_embeddings: false, position: rope, attention: flash}
+batch: {seq: 2048, micro: 1, global: 16}
+precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, activations: bf16}
+parallel:
+  tp: 2
+  pp: 4
+  dp: 2
+  sequence_parallel: true
+  zero: 1
+  pipeline: {schedule: 1f1b, layers_per_stage: [6, 8, 8, 10]}
+  order: [tp, cp, ep, pp, dp]
+recompute: selective
+device: {preset: a100-80gb, reserved: 3 GiB}
+topology: {preset: dgx-a100, nodes: 2}
+"""
+
+
+@pytest.mark.parametrize(
+    ("split", "step_s", "old_s", "reducing", "leads"),
+    [
+        ("6, 8, 8, 10", 0.8618, 0.8954, 0, [0.0, 0.0279, 0.0643, 0.1008]),
+        ("2, 6, 8, 16", 1.1865, None, 3, None),
+    ],
+)
+def test_each_stage_reduces_its_gradients_from_its_own_last_backward(
+    tmp_path, split, step_s, old_s, reducing, leads
+):
+    """An audit: every stage's gradient reduction started at the pipeline's end, where
+    Megatron-LM's finalize_model_grads runs on each rank once its own schedule returns, and
+    a later stage's last backward ends before those of the stages ahead of it. 32 layers
+    over 4 stages, 8 micro-batches: each stage's end read off the replay itself (its last
+    op's end, by `replay_order`), each reduction from there, then the optimizer once every
+    stage has reduced (the gradient norm's all-reduce over the model-parallel group):
+    max_s(end_s + reduce_s) + max_s(optimizer_s). As 6, 8, 8, 10 that is 0.8618 s, where the
+    pipeline's end plus the longest reduction and optimizer read 0.8954 s (3.9 % long); the
+    leads are the backwards of one micro-batch on the stages ahead (0.0279, 0.0643,
+    0.1008 s), as the replay's ends have them. As 2, 6, 8, 16 the last stage's reduction
+    ends latest, though it starts a lead earlier: the report's totals add up to the step
+    less that lead (`drained_s`)."""
+    from budget.schedule import replay_order
+
+    path = tmp_path / "late.yaml"
+    path.write_text(UNEVEN_LATE.replace("6, 8, 8, 10", split), encoding="utf-8")
+    plan = load_plan(path)
+    step = derive(plan)
+    m = step.microbatches
+    times = step_time(plan, step)
+    forward, backward = _chunk_times(plan, list(times.stages), m)
+    p, v = len(forward), len(forward[0])
+    ops, before, waits, runs = (c.tolist() for c in replay_order(p, v, m))
+    durations = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
+    ends = [0.0] * (len(ops) + 1)
+    for op, a, b, t in zip(ops, before, waits, runs, strict=True):
+        ends[op] = max(ends[a], ends[b]) + durations[t]
+    stage_of = {op: (t % (p * v)) // v for op, t in zip(ops, runs, strict=True)}
+    stage_end = [max(e for op, e in enumerate(ends) if op and stage_of[op] == s) for s in range(p)]
+    reduce = [s.after_s - s.optimizer_s for s in times.stages]
+    optimizer = [s.optimizer_s for s in times.stages]
+    expected = max(e + r for e, r in zip(stage_end, reduce, strict=True)) + max(optimizer)
+    assert times.time_s == pytest.approx(expected, rel=1e-12)
+    assert round(times.time_s, 4) == step_s
+    replayed = [stage_end[0] - e for e in stage_end]
+    assert [s.lead_s for s in times.stages] == pytest.approx(replayed, rel=1e-9)
+    if leads is not None:
+        assert [round(lead, 4) for lead in replayed] == leads
+    old = max(stage_end) + max(s.after_s for s in times.stages)
+    assert times.time_s < old
+    if old_s is not None:
+        assert round(old, 4) == old_s
+    summary = build_report(plan).step
+    assert (summary["after_stage"], summary["optimizer_stage"]) == (reducing, 3)
+    assert summary["drained_s"] == pytest.approx(replayed[reducing])
+    assert (summary["drained_s"] > 0) == (reducing > 0)
+    waited = summary["compute_s"] + summary["exposed_comm_s"] + summary["bubble_s"]
+    assert waited - summary["drained_s"] == pytest.approx(summary["time_s"], rel=1e-12)

@@ -498,25 +498,35 @@ def test_the_device_line_states_the_roofline_derates(tmp_path: Path) -> None:
 
 def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() -> None:
     """GPT-3's last row is stage 7's micro-batches with stage 0's reduction and optimizer,
-    whose take longest; the 405B 128K plan's ZeRO 2 dp.grads has no kernels, its compute
-    the slowdown its hidden reductions cause in the backward; and its step line says the
-    reductions run after each micro-batch's backward (an audit read all three as wrong)."""
+    whose reduction ends latest (and whose optimizer takes longest); the 405B 128K plan's
+    ZeRO 2 dp.grads has no kernels, its compute the slowdown its hidden reductions cause in
+    the backward; and its step line says the reductions run after each micro-batch's
+    backward (an audit read all three as wrong)."""
     from budget.render.table import pacing_note, slowdown_note, summary
 
     gpt3 = budget_plan(GPT3)
     assert (gpt3.step["pacing_stage"], gpt3.step["after_stage"]) == (7, 0)
     assert pacing_note(gpt3) == (
         "pacing stage 7: the step's totals, from that stage's micro-batches, then the "
-        "gradient reduction and optimizer of stage 0, whose take longest; each row above is "
-        "its phase on the stage where it costs most, so the rows need not add up to them"
+        "gradient reduction and optimizer of stage 0, whose reduction ends latest; each row "
+        "above is its phase on the stage where it costs most, so the rows need not add up to "
+        "them"
     )
-    # where one stage paces the whole step the rows still come from several (an audit
-    # summed Llama 3 70B's exposed column, 2.01 s against its last row's 1.97 s)
+    assert gpt3.step["optimizer_stage"] == 0
+    # the rows come from several stages, the totals from the phases the step waits for (an
+    # audit summed Llama 3 70B's exposed column, 2.01 s against its last row's 1.97 s): the
+    # last stage's micro-batches and optimizer, and stage 0's reduction, which started
+    # with no lead and so ends latest though the last stage's is a microsecond longer
     llama = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
-    assert llama.step["pacing_stage"] == llama.step["after_stage"] == 3
+    step = llama.step
+    assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (3, 0, 3)
     rows = sum(p.exposed_s or 0.0 for p in llama.phases)
     assert rows > llama.step["exposed_comm_s"] * 1.01
-    assert pacing_note(llama).startswith("pacing stage 3: the step's totals, from that stage's ")
+    assert pacing_note(llama).startswith(
+        "pacing stage 3: the step's totals, from that stage's micro-batches, then the gradient "
+        "reduction of stage 0, which ends latest, and the optimizer of stage 3, whose takes "
+        "longest; "
+    )
     assert slowdown_note(gpt3) == ""  # nothing hides behind the micro-batches
     long = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
     grads = next(p for p in long.phases if p.name == "dp.grads")
@@ -807,3 +817,22 @@ def test_narrow_stage_and_link_tables_print_every_figure_whole(plan: Path, width
         assert format_duration(level["latency_s"]) in row
         if level.get("ramp"):
             assert ramp_shares(level) in " ".join(" ".join(links).split())
+
+
+def test_the_step_line_says_a_later_stage_reduced_while_the_pipeline_drained(tmp_path) -> None:
+    """32 layers as 2, 6, 8, 16 over 4 stages: the last stage's reduction ends latest,
+    started 73.5 ms before the pipeline's end (the backwards of one micro-batch on stages
+    0 to 2, which wait for its own); the Step line says so, the phases table's note names
+    whose reduction and optimizer the totals take, and they add up to the step less it."""
+    from budget.render.table import pacing_note, summary
+    from tests.test_schedule import UNEVEN_LATE
+
+    path = tmp_path / "late.yaml"
+    path.write_text(UNEVEN_LATE.replace("6, 8, 8, 10", "2, 6, 8, 16"), encoding="utf-8")
+    report = budget_plan(path)
+    step = report.step
+    assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (3, 3, 3)
+    assert round(step["drained_s"] * 1e3, 1) == 73.5
+    line = summary(report)[0]
+    assert "(stage 3's reduction, which ends latest, starts 73.5 ms before it, while the " in line
+    assert pacing_note(report).startswith("pacing stage 3: the step's totals, from that stage's")

@@ -654,17 +654,24 @@ def pacing_note(report: Report) -> str:
     sentence saying the rows above need not add up to it, and where it takes its reduction
     and optimizer from another stage than its micro-batches (an audit: "pacing stage 7"
     held stage 0's dp.grads), whose; "" for one stage."""
-    pacing, after = report.step.get("pacing_stage"), report.step.get("after_stage")
+    step = report.step
+    pacing, after = step.get("pacing_stage"), step.get("after_stage")
+    optimizer = step.get("optimizer_stage", after)
     if pacing is None or len(report.stages) < 2:
         return ""
     # an audit: the rows above the pacing stage's totals were summed, 2.01 s of exposed
     # communication against the row's 1.97 s, with nothing saying they are not its phases
     whose = "that stage's phases"
-    if after is not None and after != pacing:
-        whose = (
-            f"that stage's micro-batches, then the gradient reduction and optimizer of "
-            f"stage {after}, whose take longest"
-        )
+    if after is not None and (after, optimizer) != (pacing, pacing):
+        reduction = f"the gradient reduction of stage {after}, which ends latest"
+        if optimizer == after:
+            reduction = (
+                f"the gradient reduction and optimizer of stage {after}, whose reduction "
+                "ends latest"
+            )
+        whose = f"that stage's micro-batches, then {reduction}"
+        if optimizer != after:
+            whose += f", and the optimizer of stage {optimizer}, whose takes longest"
     return (
         f"pacing stage {pacing}: the step's totals, from {whose}; each row above is its "
         "phase on the stage where it costs most, so the rows need not add up to them"
@@ -1034,6 +1041,12 @@ def summary(report: Report) -> list[str]:
             "backward (ZeRO 2)"
         )
     tail = f" + {reduction} and optimizer {_t(step['after_s'])}"
+    drained = float(step.get("drained_s") or 0)
+    if drained > 0:  # a later stage's reduction ends latest, from its own last backward
+        tail += (
+            f" past its end (stage {step['after_stage']}'s reduction, which ends latest, starts "
+            f"{_t(drained)} before it, while the stages ahead of it drain)"
+        )
     first = (
         f"Step: {_t(time_s)} = pipeline {body} (of which bubble {_t(step['bubble_s'])}){tail}; "
         "the bubble is what the pipeline takes beyond its slowest stage's micro-batches"
