@@ -566,6 +566,14 @@ def test_serving_moe_under_tp_computes_each_token_once(tmp_path):
     assert reduce.bytes == 32 * 4096 * 2
 
 
+def _decode_fc1(tmp_path, text: str):
+    """The expert fc1 GEMM of a one-stage decode plan's MoE phase."""
+    (stage,) = derive_inference(_load_text(tmp_path, text)).stages
+    (moe,) = [p for p in stage.phases if p.name == "decode.moe"]
+    (fc1,) = [w for w in moe.works if w.name == "expert fc1"]
+    return fc1
+
+
 def test_grouped_gemm_reads_the_weights_of_the_experts_its_rows_reach():
     """Top-1 routing over 8 local experts, counted by inclusion-exclusion: 2 rows reach
     2 − 1/8 = 1.875 experts (they share one an eighth of the time), 3 rows 3 − 3/8 + 1/64
@@ -640,9 +648,7 @@ def test_an_expert_parallel_layer_waits_for_the_rank_that_reads_the_most_experts
         "parallel: {tp: 8, dp: 1, ep: 8, etp: 1}\n"
         "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
     )
-    (stage,) = derive_inference(_load_text(tmp_path, text)).stages
-    (moe,) = [p for p in stage.phases if p.name == "decode.moe"]
-    (fc1,) = [w for w in moe.works if w.name == "expert fc1"]
+    fc1 = _decode_fc1(tmp_path, text)
     rows = 4 * 2 / 8  # the mean rank's rows: 4 tokens of top-2 over 8 ranks
     expert = 4096 * 2 * 14336  # one expert's gate and up projections
     reached = 1 - (1 - (1 - 0.75**4)) ** 8
@@ -1705,9 +1711,7 @@ def test_the_busiest_expert_rank_reads_more_experts_than_the_mean_rank_has_rows(
         "parallel: {tp: 8, dp: 2, ep: 8, etp: 1}\n"
         "device: {preset: h200}\ntopology: {preset: dgx-h200, nodes: 2}\n"
     )
-    (stage,) = derive_inference(_load_text(tmp_path, text)).stages
-    (moe,) = [p for p in stage.phases if p.name == "decode.moe"]
-    (fc1,) = [w for w in moe.works if w.name == "expert fc1"]
+    fc1 = _decode_fc1(tmp_path, text)
     busiest = most_reached(32, 1 - (31 / 32) ** 8, 8)
     assert round(busiest, 3) == 10.636
     rows, expert = 8, 7168 * 2 * 2048
