@@ -233,8 +233,10 @@ def _tail(stages: Sequence[StageTime], zero2: Any = None) -> Any:
 def _last_backward(stage: StageTime, m: Any, v: int) -> Any:
     """A stage's backward of one micro-batch through one of its `v` model chunks: its
     backward phases' compute and exposed time a micro-batch over v, below its first chunk's
-    where that holds the embedding (stage 0's); the sends between stages left out. So the
-    leads it makes are at most the drain's (`_with_leads`)."""
+    where that holds the embedding (stage 0's); the sends between stages left out. Where a
+    stage's chunks are alike the leads it makes are so at most the drain's (`_with_leads`);
+    where they differ a first chunk can be below the mean, and the replay takes each
+    stage's first chunk's own (`_chunk_leads`)."""
     busy = sum(
         (p.compute_s + p.exposed_s) * p.count
         for p in stage.phases

@@ -1134,7 +1134,7 @@ def measure(
     measured = {
         "peak": _peaks(step) * np.ones(n, dtype=np.int64),
         "time": np.asarray(times.time_s) * np.ones(n),
-        "exposed": np.asarray(_critical_exposed(times)) * np.ones(n),
+        "exposed": np.asarray(_critical_exposed(times.stages)) * np.ones(n),
         "mfu": np.asarray(times.mfu) * np.ones(n),
         "rate": np.asarray(times.tokens_per_s) * np.ones(n),
         "pending": np.zeros(n, dtype=bool),
@@ -1151,6 +1151,10 @@ def measure(
             measured["pending"][index] = True
         slower = measured["time"][index] / total  # MFU and tokens/s go as 1 / time
         measured["time"][index] = total
+        # the reduction ending latest by the replay's leads, its stages' first chunks' (a
+        # review: the pass's, over v chunks, passed a layout whose report then failed
+        # --max-exposed)
+        measured["exposed"][index] = np.asarray(_critical_exposed(replay.stages))
         if exact:
             measured["upper"][index] = total
         measured["mfu"][index] *= slower
@@ -1237,7 +1241,7 @@ def evaluate(plan: Plan, configs: Sequence[Config], gpus: int) -> list[Result]:
     return _results(configs, measured, plan.device.memory)
 
 
-def _critical_exposed(times: Any) -> Any:
+def _critical_exposed(stages: Sequence[StageTime]) -> Any:
     """Exposed communication as the report counts it (`schedule.paced_by`): the micro-batch
     phases of the stage with the most time per micro-batch (the first of equals), the
     gradient reduction of the stage whose ends latest past the pipeline's end, and the
@@ -1249,12 +1253,12 @@ def _critical_exposed(times: Any) -> Any:
             start=np.float64(0),
         )
 
-    first = times.stages[0]
+    first = stages[0]
     pace, pacing = np.asarray(first.microbatch_s), exposed(first, "microbatch")
     late = np.asarray(first.reduce_s - first.lead_s)
     reducing = exposed(first, "reduction")
     most, optimizing = np.asarray(first.optimizer_s), exposed(first, "optimizer")
-    for stage in times.stages[1:]:
+    for stage in stages[1:]:
         slower = np.asarray(stage.microbatch_s) > pace
         pace = np.where(slower, stage.microbatch_s, pace)
         pacing = np.where(slower, exposed(stage, "microbatch"), pacing)

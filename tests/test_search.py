@@ -2550,3 +2550,44 @@ def test_a_bad_count_is_said_beside_the_other_bad_options() -> None:
     assert result.exit_code == 2 and result.stdout == ""
     said = [line.split()[2] for line in result.stderr.splitlines()]
     assert said == ["--gpus", "--top", "--tp"]
+
+
+def test_a_replayed_layout_s_exposed_communication_is_its_report_s(tmp_path):
+    """A review: where a layout's model chunks differ (pp 8 over v 2 splits DeepSeekMoE's
+    28 layers 1, 1, 2, ..., 2, 1, 1), the report takes each stage's lead from its first
+    chunk's backward (`schedule._chunk_leads`) and the search's exposed communication took
+    it from the pass's mean over the chunks, which stage 0's chunk of one layer and the
+    embedding puts above it: the search read stage 0's reduction as the one ending latest
+    where the report reads stage 2's, 7.84 ms less exposed, and ranked within a
+    --max-exposed limit a layout `budget check` then failed. A slow 2 GB/s network makes
+    the reductions count."""
+    path = variant(
+        tmp_path,
+        "slow.yaml",
+        ("seq: 4096", "seq: 256"),
+        ("ep: 8", "ep: 1"),
+        ("zero: 1", "zero: 0\n  order: [tp, cp, ep, pp, dp]"),
+        ("topology: {preset: dgx-h100, nodes: 2}", SLOW_NETWORK),
+        base=ROOT / "plans" / "deepseek-moe-16b.yaml",
+    )
+    plan = load_plan(path)
+    space = Space(tp=(1,), pp=(8,), ep=(1,), zero=(0,), virtual_stages=(2,), micro=(8,))
+    space = replace(space, recompute=("none",), sequence_parallel=(False,))
+    outcome = search(plan, plan.topology.gpus, space)
+    uneven = list(outcome.results)  # 28 layers over 16 chunks: every layout's differ
+    assert uneven
+    for result in uneven:
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+    assert any(
+        build_report(apply(plan, r.config, plan.topology.gpus)).step["drained_s"] > 0
+        for r in uneven
+    )
+
+
+SLOW_NETWORK = """topology:
+  gpus: 16
+  levels:
+    - {name: nvlink, size: 8, bandwidth: 450 GB/s, latency: 3 us}
+    - {name: ib, bandwidth: 2 GB/s, latency: 10 us}"""
