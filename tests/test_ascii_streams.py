@@ -200,3 +200,38 @@ def test_a_hook_lays_the_table_out_with_the_stand_ins():
     lines = [line for line in out.splitlines() if line.strip()]
     assert len({len(line) for line in lines}) == 1, out
     assert "<=" in out and "1 us" in out and "alpha" in out and "?" not in out
+
+
+@pytest.mark.parametrize("columns", [44, 56, 66])
+def test_an_ascii_latency_stays_by_its_unit(columns: int) -> None:
+    """A review: on an ASCII stream "α 14 µs" prints "alpha 14 us", and "us", which the
+    wrapper did not know for a unit, began the next line at 44, 56 and 66 columns."""
+    code, out, _ = _run(
+        "ascii",
+        columns,
+        *[
+            "collective",
+            "all-reduce",
+            "--ranks",
+            "64",
+            "--size",
+            "1GiB",
+            "--level",
+            "8:450GB/s:1us",
+        ],
+        *["--level", "8:50GB/s:14us"],
+    )
+    assert code == 0
+    assert re.search(r"alpha 1 us\b", out) and re.search(r"alpha 14 us\b", out)
+    assert not re.search(r"alpha \d+ *\|?\s*$", out, re.M)  # no figure ends a line alone
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("columns", [44, 120])
+def test_the_catalogue_s_notes_wrap_with_their_stand_ins(encoding: str, columns: int) -> None:
+    """A review: `presets` wrapped its notes before "α" became "alpha", so lines ran two to
+    four columns past the terminal (46 at 44, 123 at 120), which it then wrapped again."""
+    code, out, _ = _run(encoding, columns, "presets")
+    assert code == 0
+    too_wide = [line for line in out.splitlines() if len(line) > columns and line[:1] not in "+|"]
+    assert not too_wide

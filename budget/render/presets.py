@@ -21,6 +21,7 @@ from rich.console import Console
 from budget.plan.model import DTYPE_BYTES
 from budget.render import NBSP, dump_document
 from budget.render.markdown import markdown_table
+from budget.render.standins import for_console
 from budget.render.table import titled_table
 from budget.units import format_duration
 
@@ -230,12 +231,15 @@ def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
 
 
 # A figure and the unit after it ("400 GB/s", "3.23 µs", "72 PFLOPS") stay on one line.
-_UNIT = re.compile(r"(\d) (?=(?:[kMGTP]i?B|[GT]b|[PT]FLOP|µs|ms|B/s|W\b|MHz|%))")
+_UNIT = re.compile(r"(\d) (?=(?:[kMGTP]i?B|[GT]b|[PT]FLOP|µs|us\b|ms|B/s|W\b|MHz|%))")
 
 
 def _wrapped(console: Console, text: str, indent: str = "") -> None:
     """`text` wrapped to the console, never inside a word, a hyphenated name or between a
-    figure and its unit; printed as wrapped, so the console does not wrap it again."""
+    figure and its unit; printed as wrapped, so the console does not wrap it again. Its
+    stand-ins (`standins`) in first, on a stream that is not UTF: "alpha" for "α" made a
+    wrapped line wider than the console (a review)."""
+    text = for_console(console, text)
     filled = textwrap.fill(
         _UNIT.sub("\\1" + NBSP, text),
         max(20, console.width - 1),
