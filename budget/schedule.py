@@ -211,6 +211,7 @@ def _optimizer(name: str) -> bool:
     return pass_of(name) == "optimizer"
 
 
+@lru_cache(maxsize=1024)  # a sweep asks it of every phase of every stage, again and again
 def phase_part(name: str) -> str:
     """Which part of a training step a phase is in (`paced_by`): "microbatch",
     "reduction" or "optimizer"."""
