@@ -3,6 +3,7 @@ renderers and user errors (exit 2, one line on stderr, no traceback)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -1017,3 +1018,26 @@ def test_help_names_arguments_as_the_readme_does(command: str) -> None:
     assert not re.search(r"[{}]|<list\[|<path>|<str>|\[Path\]", out.split("Options:")[0])
     names = [line.split()[0] for line in arguments.splitlines() if line[2:3] != " "]
     assert names == _USAGE[command].strip("[]").split() if arguments else not names
+
+
+def test_a_share_and_a_catalogue_figure_stay_by_their_units() -> None:
+    """A review: `collective` ended a line on "100" with "% of B" on the next (at 68
+    columns), and `presets` on "11.61" / "B more", "(2^30" / "B)" and "201,310,208" / "KiB":
+    neither wrapper knew "%", a bare "B" or "KiB" for units."""
+    args = "collective all-to-all --ranks 16 --size 256KiB --level 8:450GB/s:3us"
+    args += " --level 2:50GB/s:10us --ramp nvlink4"
+    for width in range(60, 81):
+        out = runner.invoke(app, route(args.split()), env={"COLUMNS": str(width)}).stdout
+        lines = out.splitlines()
+        parted = [
+            (a, b)
+            for a, b in itertools.pairwise(lines)
+            if re.search(r"\d$", a) and b.split("|")[-1].lstrip().startswith("%")
+        ]
+        assert "100 %" in " ".join(out.split()) and not parted, (width, parted)
+    for width in range(44, 121):
+        out = runner.invoke(app, route(["presets"]), env={"COLUMNS": str(width)}).stdout
+        ends = [
+            line for line in out.splitlines() if re.search(r"(11\.61|\(2\^30|201,310,208)$", line)
+        ]
+        assert not ends, (width, ends)

@@ -24,7 +24,7 @@ _COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-zµ]+)")  # not one h
 # a figure and its unit, held also where the figure is a word's count ("optimizer 277 ms":
 # `_COUNT_OF` leaves a count `_COUNTED` held, and "277" ended a line, a review); "us" is
 # "µs" on a stream that is not UTF (`standins`: "alpha 14" / "us" parted, a review)
-_UNIT = re.compile(r"(\d) ((?:[kKMGTP]i?B|B|s|ms|µs|us|ns|[kMGTP]?FLOP/s|[kMGT]B/s)(?![\w/]))")
+_UNIT = re.compile(r"(\d) ((?:[kKMGTP]i?B|B|s|ms|µs|us|ns|[kMGTP]?FLOP/s|[kMGT]B/s|%)(?![\w/]))")
 
 
 def held(plain: str) -> str:

@@ -231,7 +231,7 @@ def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
 
 
 # A figure and the unit after it ("400 GB/s", "3.23 µs", "72 PFLOPS") stay on one line.
-_UNIT = re.compile(r"(\d) (?=(?:[kMGTP]i?B|[GT]b|[PT]FLOP|µs|us\b|ms|B/s|W\b|MHz|%))")
+_UNIT = re.compile(r"(\d) (?=(?:[kKMGTP]i?B|B\b|[GT]b|[PT]FLOP|µs|us\b|ms|B/s|W\b|MHz|%))")
 
 
 def _wrapped(console: Console, text: str, indent: str = "") -> None:
