@@ -256,11 +256,18 @@ def _with_leads(
     of `stages` stands for (a sweep's classes); a class takes its first stage's lead, the
     least of its stages', whose reduction ends latest. No leads where a stage reduces after
     every backward (`_drains`)."""
+    backwards = [count * _last_backward(s, m, v) for s, count in zip(stages, copies, strict=True)]
+    return _led(stages, backwards)
+
+
+def _led(stages: Sequence[StageTime], backwards: Sequence[Any]) -> list[StageTime]:
+    """`stages`, each led by the `backwards` of the stages ahead of it summed (none under
+    `_drains`)."""
     out, ahead = [], 0.0
     drains = _drains(stages)
-    for stage, count in zip(stages, copies, strict=True):
+    for stage, backward in zip(stages, backwards, strict=True):
         out.append(replace(stage, lead_s=vwhere(drains, ahead, 0.0)))
-        ahead = ahead + count * _last_backward(stage, m, v)
+        ahead = ahead + backward
     return out
 
 
@@ -910,12 +917,7 @@ def _chunk_leads(stages: Sequence[StageTime], backward: list[list[Any]]) -> list
     """`stages` with their leads (`_with_leads`) from each stage's backward through its
     first model chunk (`_chunk_times`), the op its last one is (where a stage's chunks differ,
     its backward over v could read a first chunk of one layer as one of two)."""
-    out, ahead = [], 0.0
-    drains = _drains(stages)
-    for stage, chunks in zip(stages, backward, strict=True):
-        out.append(replace(stage, lead_s=vwhere(drains, ahead, 0.0)))
-        ahead = ahead + chunks[0]
-    return out
+    return _led(stages, [chunks[0] for chunks in backward])
 
 
 def pipeline_replay(

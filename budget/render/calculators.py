@@ -389,13 +389,13 @@ def _table(headers: tuple[str, ...], rows: Rows, width: int = 0) -> Table:
         padding=(0, 1) if len(headers) <= 3 else (0, 0),
     )
     pair = len(headers) == 2
+    # a narrow terminal wraps the quantity's words too, and the value keeps the room of its
+    # widest figure: `Hanging` breaks inside a word wider than its cell, and at 44 columns
+    # "(2,048,001,048,576 B)" lost its "B)" to the next line
+    widest = max((len(w) for row in rows for w in held(row[-1]).split()), default=0)
+    words = max((len(w) for row in rows for w in row[0].split()), default=0)
     for i, header in enumerate(headers):
         numeric = show_header and i >= 2
-        # a narrow terminal wraps the quantity's words too, and the value keeps the room of
-        # its widest figure: `Hanging` breaks inside a word wider than its cell, and at 44
-        # columns "(2,048,001,048,576 B)" lost its "B)" to the next line
-        widest = max((len(w) for row in rows for w in held(row[-1]).split()), default=0)
-        words = max((len(w) for row in rows for w in row[0].split()), default=0)
         table.add_column(
             header,
             justify="right" if numeric else "left",

@@ -156,13 +156,17 @@ def _encodes(char: str, encoding: str) -> bool:
     return True
 
 
+def _pieces(text: str, encoding: str, keep: frozenset[str]) -> list[str]:
+    """Each character of `text`, or its stand-in where `encoding` cannot encode it and it is
+    not in `keep`."""
+    return [
+        c if c in keep or _encodes(c, encoding) else standin(text, i) for i, c in enumerate(text)
+    ]
+
+
 def ascii_str(text: str, encoding: str, keep: frozenset[str] = _HELD_SPACES) -> str:
     """`text` with each character `encoding` cannot encode, but those in `keep`, swapped."""
-    if text.isascii():
-        return text
-    return "".join(
-        c if c in keep or _encodes(c, encoding) else standin(text, i) for i, c in enumerate(text)
-    )
+    return text if text.isascii() else "".join(_pieces(text, encoding, keep))
 
 
 def ascii_text(text: Text, encoding: str) -> Text:
@@ -171,10 +175,7 @@ def ascii_text(text: Text, encoding: str) -> Text:
     plain = text.plain
     if plain.isascii():
         return text
-    pieces = [
-        c if c in _HELD_SPACES or _encodes(c, encoding) else standin(plain, i)
-        for i, c in enumerate(plain)
-    ]
+    pieces = _pieces(plain, encoding, _HELD_SPACES)
     starts = [0]
     for piece in pieces:
         starts.append(starts[-1] + len(piece))
