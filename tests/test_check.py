@@ -750,6 +750,20 @@ def test_a_figure_is_held_by_its_unit_after_a_word_too() -> None:
     assert held("8.46 GiB, tp 8 micro 1") == "8.46\x00GiB, tp\x008 micro\x001"
 
 
+def test_one_unit_list_holds_the_catalogues_units_too() -> None:
+    """`budget presets` kept a unit list of its own beside `held`'s (its rates in Gb/s, peaks
+    in PFLOPS, clocks in MHz, power in W); now it holds by `held` alone. A figure a comma
+    ends is no count of the word after it: "405.85, active" held a row's figures into one
+    word wider than 44 columns."""
+    from budget.render import held
+
+    for figure in ["400 Gb/s", "72 PFLOPS", "600 TFLOPS", "1,830 MHz", "700 W"]:
+        assert held(f"at {figure} then") == f"at\x00{figure.replace(' ', chr(0))} then"
+    assert held("params 405.85, active 405.85") == "params\x00405.85, active\x00405.85"
+    assert held("126, layers") == "126, layers"
+    assert held("over 128 data-parallel", room=6) == "over 128 data-parallel"
+
+
 def test_a_cell_narrower_than_a_held_figure_breaks_at_its_spaces_not_inside_it() -> None:
     """A review: at 40 columns "replicated over 128 data-parallel ranks" in a cell of 8
     wrapped to "over 1" / "28", another count; a held run wider than the cell is broken at

@@ -120,7 +120,7 @@ def _table_text(width: int) -> str:
     return console.export_text()
 
 
-@pytest.mark.parametrize("width", [30, 40, 50, 60, 70, 79, 80, 120])
+@pytest.mark.parametrize("width", [30, 40, 44, 50, 52, 60, 70, 79, 80, 120])
 def test_every_name_and_figure_stays_whole_at_any_width(width: int) -> None:
     """Names are typed into plans and figures read as they are: at no width is a cell
     shortened with an ellipsis, a name split, or a line longer than the terminal; below the
@@ -142,10 +142,25 @@ def test_every_name_and_figure_stays_whole_at_any_width(width: int) -> None:
     assert "deepseek-v3 has 11.61 B more in multi-token" in " ".join(text.split())
 
 
+@pytest.mark.parametrize("width", [79, 80, 81, 100])
+def test_an_ascii_stream_gets_whole_tables_or_rows_as_lines(width: int) -> None:
+    """On a stream that is not UTF rich draws an ASCII box whose rows end in "|": at 80
+    columns the model table was drawn (its width measured as UTF's blank edge) and lost
+    its right border; a table that does not fit with its border is lines instead."""
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    console = Console(width=width, file=stream, color_system=None)
+    with console.capture() as captured:
+        render_presets(console, catalogue(), "table")
+    lines = captured.get().splitlines()
+    assert max(len(line) for line in lines) <= width
+    rows = [line for line in lines if line.startswith("|")]
+    assert rows and all(line.endswith("|") for line in rows)
+
+
 def test_narrow_terminals_get_rows_as_lines() -> None:
     head = re.compile(r"^ device +GiB +bf16", re.MULTILINE)
     assert head.search(_table_text(80)) and not head.search(_table_text(60))
-    assert "h100-sxm: GiB\u00a079.6, bf16\u00a0989" in _table_text(60)
+    assert "h100-sxm: GiB 79.6, bf16 989" in _table_text(60)
 
 
 def test_assumed_figures_carry_a_dagger() -> None:

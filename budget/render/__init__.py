@@ -20,17 +20,29 @@ NBSP = "\u00a0"  # a space a line does not break at: keeps a figure by its name 
 # a word and the count after it ("micro 1", "tp 8"), or a count and its noun ("4 virtual"),
 # held on one line by `held_lines`; a figure's decimals end at its unit ("8.46 GiB", "437 µs")
 _COUNTED = re.compile(r"\b([A-Za-zα-ω]+) (\d[\d,]*)\b")  # "α 14 µs" too
-_COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d[\d,]*) ([A-Za-zµ]+)")  # not one held already
+# not one held already, nor a figure a comma ends ("405.85, active" held a row's figures
+# into one word wider than 44 columns, `budget presets`)
+_COUNT_OF = re.compile(r"(?<![\x00\d,])\b(\d(?:[\d,]*\d)?) ([A-Za-zµ]+)")
 # a figure and its unit, held also where the figure is a word's count ("optimizer 277 ms":
 # `_COUNT_OF` leaves a count `_COUNTED` held, and "277" ended a line, a review); "us" is
 # "µs" on a stream that is not UTF (`standins`: "alpha 14" / "us" parted, a review)
-_UNIT = re.compile(r"(\d) ((?:[kKMGTP]i?B|B|s|ms|µs|us|ns|[kMGTP]?FLOP/s|[kMGT]B/s|%)(?![\w/]))")
+_UNIT = re.compile(
+    r"(\d) ((?:[kKMGTP]i?B|B|s|ms|µs|us|ns|[kMGTP]?FLOP/s|[kMGTP]?FLOPS|[kMGT]B/s|[GT]b/s|MHz|W|%)"
+    r"(?![\w/]))"
+)
 
 
-def held(plain: str) -> str:
-    """`plain` with the spaces `held_lines` does not break at made NUL, the same length."""
+def held(plain: str, room: int | None = None) -> str:
+    """`plain` with the spaces `held_lines` does not break at made NUL, the same length;
+    a held figure wider than `room` columns split at its spaces, not inside it ("over 1" /
+    "28" read as another count, a review)."""
     glue = "\\1\x00\\2"
-    return _UNIT.sub(glue, _COUNT_OF.sub(glue, _COUNTED.sub(glue, plain)))
+    kept = _UNIT.sub(glue, _COUNT_OF.sub(glue, _COUNTED.sub(glue, plain)))
+    if room is None:
+        return kept
+    return re.sub(
+        r"\S*\x00\S*", lambda m: m[0] if len(m[0]) <= room else m[0].replace("\x00", " "), kept
+    )
 
 
 def held_lines(
@@ -56,12 +68,7 @@ def held_lines(
             after = after[len(after.plain) - len(after.plain.lstrip()) :]
             lines += [Text(" " * rest) + line for line in after.wrap(console, width - rest)]
         return lines
-    kept = held(text.plain)
-    room = width - max(first, rest)  # a held figure wider than a narrow cell: split at its
-    # spaces, not inside it ("over 1" / "28" read as another count, a review)
-    kept = re.sub(
-        r"\S*\x00\S*", lambda m: m[0] if len(m[0]) <= room else m[0].replace("\x00", " "), kept
-    )
+    kept = held(text.plain, width - max(first, rest))
     wrapper = textwrap.TextWrapper(
         width,
         initial_indent=" " * first,

@@ -10,7 +10,6 @@ the exact numbers and the sources in full (`budget.presets`).
 from __future__ import annotations
 
 import io
-import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from budget.plan.model import DTYPE_BYTES
-from budget.render import NBSP, dump_document
+from budget.render import dump_document, held, utf
 from budget.render.markdown import markdown_table
 from budget.render.standins import for_console
 from budget.render.table import titled_table
@@ -230,36 +229,37 @@ def presets_markdown(data: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-# A figure and the unit after it ("400 GB/s", "3.23 µs", "72 PFLOPS") stay on one line.
-_UNIT = re.compile(r"(\d) (?=(?:[kKMGTP]i?B|B\b|[GT]b|[PT]FLOP|µs|us\b|ms|B/s|W\b|MHz|%))")
-
-
 def _wrapped(console: Console, text: str, indent: str = "") -> None:
     """`text` wrapped to the console, never inside a word, a hyphenated name or between a
-    figure and its unit; printed as wrapped, so the console does not wrap it again. Its
-    stand-ins (`standins`) in first, on a stream that is not UTF: "alpha" for "α" made a
-    wrapped line wider than the console (a review)."""
-    text = for_console(console, text)
+    figure and its unit (`render.held`, whose units are every other renderer's; a long
+    address stays whole, past the edge, where `held_lines` would break it); printed as
+    wrapped, so the console does not wrap it again. Its stand-ins (`standins`) in first, on
+    a stream that is not UTF: "alpha" for "α" made a wrapped line wider than the console (a
+    review)."""
+    text, width = for_console(console, text), max(20, console.width - 1)
     filled = textwrap.fill(
-        _UNIT.sub("\\1" + NBSP, text),
-        max(20, console.width - 1),
+        held(text, width - len(indent) - 2),
+        width,
         initial_indent=indent,
         subsequent_indent=indent + "  ",
         break_on_hyphens=False,
         break_long_words=False,
     )
-    console.print(filled, highlight=False, markup=False, soft_wrap=True)
+    console.print(filled.replace("\x00", " "), highlight=False, markup=False, soft_wrap=True)
 
 
-def _needed_width(section: Section) -> int:
+def _needed_width(section: Section, ascii_only: bool = False) -> int:
     """Columns a terminal needs for `section`'s table: drawn without its title on an
     unbounded console, each wrapping cell cut to its longest word, the narrowest it can be
-    without cutting a word or a figure."""
+    without cutting a word or a figure. `ascii_only`: drawn as on a stream that is not UTF,
+    where rich's ASCII box closes each row with a "|" that the house style's blank edge
+    leaves out of the count (at 80 columns the model table lost its right border)."""
     narrowest = [
         [max(c.split(), key=len) if i in section.wrap and c.strip() else c for i, c in enumerate(r)]
         for r in section.rows
     ]
-    probe = Console(width=100_000, file=io.StringIO(), color_system=None)
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii" if ascii_only else "utf-8")
+    probe = Console(width=100_000, file=stream, color_system=None)
     with probe.capture() as captured:
         probe.print(_table(replace(section, title="", rows=narrowest)))
     return max(len(line.rstrip()) for line in captured.get().splitlines())
@@ -286,14 +286,14 @@ def _table(section: Section) -> Any:
 
 def _rows_as_lines(console: Console, section: Section) -> None:
     """The narrow form: one wrapped line per row, every figure after its column's name,
-    the two joined by no-break spaces so a line never parts a figure from its name or
-    unit."""
+    the two held together (`render.held`'s mark) so a line never parts a figure from its
+    name or unit."""
     _wrapped(console, section.title)
     label = ""
     for row in section.rows:
         label = row[0] or label
         pairs = zip(section.head[1:], row[1:], strict=True)
-        figures = ", ".join(f"{h} {c}".replace(" ", NBSP) for h, c in pairs)
+        figures = ", ".join(f"{h} {c}".replace(" ", "\x00") for h, c in pairs)
         _wrapped(console, f"{label}: {figures}", "  ")
 
 
@@ -307,7 +307,7 @@ def render_presets(console: Console, data: dict[str, list[dict[str, Any]]], fmt:
     for n, section in enumerate(_sections(data)):
         if n:
             console.print()
-        if _needed_width(section) > console.width:
+        if _needed_width(section, not utf(console.file)) > console.width:
             _rows_as_lines(console, section)
         else:
             console.print(_table(section))
