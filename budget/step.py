@@ -1581,7 +1581,8 @@ def _loss(b: _StageBuilder) -> None:
     format, so the peak holds the logits plus one fp32 buffer in the forward and one fp32
     buffer plus the cast gradient in the backward, the same bytes: 6·s·b·v/t with bf16
     logits (Korthikanti et al., arXiv 2205.05198, section 4.3, count 4sbv/t for the fp32
-    logits).
+    logits). With fp32 activations the upcast (``.float()``) returns the logits themselves
+    and no cast follows the backward: one fp32 buffer, 4·s·b·v/t (an audit: counted twice).
 
     With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
     pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
@@ -1601,7 +1602,7 @@ def _loss(b: _StageBuilder) -> None:
             *b.resident,
             *b.extra_saved,
             everything,
-            Alloc("logits", "transient", s.act * logits, placement=vocab),
+            *when([Alloc("logits", "transient", s.act * logits, placement=vocab)], s.act < 4),
             *when(
                 [
                     Alloc(

@@ -573,7 +573,7 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
     ]
     assert rows[0][1:] == (
         "–",
-        "tp shard(1) → replicate, [8192, 128256] bf16, in loss, source_alive true, count 1",
+        "tp shard(1) → replicate, [8192, 128256] bf16, in loss, source_alive false, count 1",
     )  # every key the transition has (a review), its name the key
     back = shown_changes(plan_changes(load_plan(gathered), load_plan(bare)))
     assert back[0][1:] == (rows[0][2], "–")
@@ -638,11 +638,12 @@ def test_transitions_pair_as_a_line_diff_pairs_lines(tmp_path: Path) -> None:
     group: tp
     from: shard(1)
     to: replicate
-    source_alive: true
+    source_alive: false
 """
     two = first.replace("logits all-gathered (loss parallel off)", "p") + first.replace(
         "logits all-gathered (loss parallel off)", "q"
     )
+    two = two.replace("source_alive: false", "source_alive: true")
     both = variant(
         tmp_path,
         "both.yaml",

@@ -573,6 +573,25 @@ def test_gpipe_keeps_every_earlier_micro_batch_s_softmax_on_the_last_stage():
     assert kept(one_f_one_b) == []
 
 
+def test_the_loss_holds_one_fp32_logits_buffer_when_the_activations_are_fp32():
+    """Megatron-LM's vocab-parallel cross-entropy upcasts the logits (``.float()``) and
+    turns that buffer into the softmax and then its gradient in place: beside bf16 logits
+    one fp32 buffer, 6 B a logit in all; with fp32 activations ``.float()`` returns the
+    logits themselves, so 4 B a logit (an audit: 8 B, the logits counted twice). GPT-3 at
+    tp 8, s = 2048, b = 1: 2048 · 51,200 / 8 = 13,107,200 logits a rank."""
+    logits = 2048 * 51200 // 8
+
+    def loss_bytes(activations: str) -> dict[str, int]:
+        plan = make_plan(precision=Precision(activations=activations))
+        (loss,) = [p for p in derive(plan).stages[-1].phases if p.name == "loss"]
+        (instant,) = loss.instants
+        return {a.name: a.total for a in instant.live if "logits" in a.name}
+
+    fp32 = "logits (fp32), the softmax and then its gradient"
+    assert loss_bytes("bf16") == {"logits": 2 * logits, fp32: 4 * logits}
+    assert loss_bytes("fp32") == {fp32: 4 * logits}
+
+
 def test_expert_states_name_the_expert_data_parallel_ranks_that_repeat_them():
     """DeepSeek-MoE 16B at ep 8 on 16 data-parallel ranks: each expert's parameters sit on 2
     expert data-parallel ranks, not on the 16 the other parameters repeat over (an audit:
