@@ -161,8 +161,11 @@ def exit_code(*, valid: bool = True, passed: bool = True) -> int:
 
 def _argument(metavar: str, help: str, **kw: Any) -> Any:
     """A typer argument named as the README names it (PLAN, PLAN..., OP), in its command's
-    usage line and --help alike (`Arguments`)."""
-    return typer.Argument(metavar=metavar, help=help, **kw)
+    usage line and --help alike (`Arguments`). A path is not checked for reading here: typer
+    refused an unreadable plan in click's words before budget read any, so the other plans'
+    problems went unsaid and `check -f json` printed nothing (an audit); budget's reader
+    says it as every other problem, file:1:1."""
+    return typer.Argument(metavar=metavar, help=help, readable=False, **kw)
 
 
 class _Argument(TyperArgument):
@@ -278,10 +281,14 @@ def plot_command(
 ) -> None:
     """Picture: the worst stage's memory over the step, and exposed vs hidden communication
     per phase (needs matplotlib: pip install 'budget[plot]')."""
+    from budget.files import unwritable
     from budget.pipeline import budget_plan
     from budget.plan.load import plan_name
     from budget.render.plot import PlotUnavailable, plot_report
 
+    why = unwritable(output)  # before the drawing (an audit: refused after 3 s of it)
+    if why:
+        raise _usage(f"cannot write {output}: {why}")
     try:
         plot_report(budget_plan(plan), output)
     except BudgetError as error:
@@ -534,10 +541,30 @@ def validate_model_command(
     from budget.accuracy import validate_model
     from budget.render.accuracy import render_accuracy
 
+    if write_plans is not None:  # a folder that cannot be one, before the runs are priced
+        _plans_folder(write_plans)
     accuracy = validate_model()
     if write_plans is not None:
         _write_run_plans(accuracy, write_plans)
     render_accuracy(stdout_console(), accuracy, str(fmt))
+
+
+def _plans_folder(directory: Path) -> None:
+    """Make `directory` for ``--write-plans``, or refuse it as a usage error: checked before
+    `validate_model` prices its runs (an audit: a file named as the folder was refused only
+    after 4.6 s of them)."""
+    import os
+
+    from budget.files import exists
+
+    if exists(directory) and not directory.is_dir():
+        raise _usage(f"--write-plans {directory}: is a file; name a folder to write the plans in")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _usage(f"--write-plans {directory}: {error.strerror or error}") from None
+    if not os.access(directory, os.W_OK):
+        raise _usage(f"--write-plans {directory}: the folder is not writable")
 
 
 def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
@@ -546,14 +573,8 @@ def _write_run_plans(accuracy: Accuracy, directory: Path) -> None:
     import os
 
     from budget.accuracy import plan_file_name, plan_text
-    from budget.files import exists, write_all
+    from budget.files import write_all
 
-    if exists(directory) and not directory.is_dir():
-        raise _usage(f"--write-plans {directory}: is a file; name a folder to write the plans in")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise _usage(f"--write-plans {directory}: {error.strerror or error}") from None
     schema = Path(__file__).parent / "schemas" / "plan.schema.json"
     reference = os.path.relpath(schema, os.path.realpath(directory))  # through a link
     sections = (

@@ -24,7 +24,7 @@ from typing import Literal
 Kind = Literal["shard", "replicate", "partial"]
 Op = Literal["all-gather", "reduce-scatter", "all-reduce", "all-to-all", "broadcast", "send-recv"]
 
-_SHARD = re.compile(r"^shard\((\d+)\)$")
+_SHARD = re.compile(r"^shard\(([0-9]{1,9})\)$")  # as the plan schema bounds it
 
 
 class IllegalTransition(ValueError):

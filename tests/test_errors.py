@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from budget.cli import app
+from budget.cli import app, route
 from budget.errors import BudgetError
 from budget.plan.load import load_plan
+from tests.plan_files import ROOT
 
 runner = CliRunner()
 
@@ -70,3 +71,93 @@ def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: 
     found = caught.value.problems  # 500 unknown keys and the required ones missing
     assert len(found) > 500 and lines[:-1] == [str(p) for p in found[:200]]
     assert lines[-1] == f"budget: error: {len(found) - 200} more problems (the first 200 are above)"
+
+
+def test_a_shard_of_thousands_of_digits_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    """``from: shard(<4,301 digits>)`` met Python's limit on converting digits to an int: a
+    traceback and exit 1 from every plan command, which `check` reads as "does not fit"
+    (an audit). The schema bounds a dimension to 9 digits; the value is quoted clipped."""
+    plan = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    text = plan.read_text(encoding="utf-8").replace("from: shard(1)", f"from: shard({'1' * 4301})")
+    path = tmp_path / "huge.yaml"
+    path.write_text(text, encoding="utf-8")
+    for command in (["validate"], ["check"], []):
+        result = runner.invoke(app, route([*command, str(path)]))
+        assert result.exit_code == 2, (command, result.output)
+        assert "is not a placement: shard(i), replicate or partial" in result.stderr
+        assert len(result.stderr) < 400 and "Traceback" not in result.output
+
+
+def test_an_unreadable_plan_is_said_beside_the_others_problems(tmp_path: Path) -> None:
+    """typer refused a plan it could not read in click's words before budget read any, so
+    the other plans' problems went unsaid (an audit); budget's reader says it, file:1:1."""
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file whatever its mode")
+    locked = tmp_path / "locked.yaml"
+    locked.write_text("name: x\n", encoding="utf-8")
+    locked.chmod(0)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\n", encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(broken), str(locked)])
+    assert result.exit_code == 2
+    assert f"{locked}:1:1: error: $: cannot read the plan: Permission denied" in result.stderr
+    assert f"{broken}:1:1: error: $: 'batch' is a required property" in result.stderr
+
+
+def test_plan_arguments_leave_reading_to_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No command asks the system whether a plan is readable before budget reads it (the
+    test above needs a user who is not root; this one holds for any): with every such
+    question answered no, each plan command still reads its plans itself."""
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: mode != os.R_OK and real(p, mode))
+    plan = str(ROOT / "plans" / "gpt-1.3b.yaml")
+    for args in (["validate", plan], ["check", plan], ["diff", plan, plan], [plan]):
+        result = runner.invoke(app, route(args))
+        assert result.exit_code == 0, (args, result.output)
+
+
+def test_close_matches_are_not_sought_for_a_word_too_long_to_be_close() -> None:
+    """A 6 MiB string in an enum field spent 2-4 s in difflib (an audit): a word more than
+    (2 / 0.6 − 1) times the longest choice cannot reach the cutoff, so none is sought; below
+    that the matches are difflib's own."""
+    import difflib
+    import random
+
+    from budget.plan.schema import _close_matches
+
+    choices = ["none", "selective", "full", "1f1b", "interleaved", "bf16", "fp8"]
+    rng = random.Random(7)
+    for _ in range(3000):
+        word = "".join(rng.choice("abefilnoprstuv0168") for _ in range(rng.randint(0, 30)))
+        assert _close_matches(word, choices, 3) == difflib.get_close_matches(word, choices, 3)
+    assert _close_matches("selective" * 3, choices, 1) == []
+
+
+def test_a_folder_or_file_that_cannot_be_written_is_refused_before_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`plot -o` into no folder drew for 3 s before refusing, and `validate-model
+    --write-plans` at a file priced every run first (an audit): both refuse before the
+    work (here made to fail if it runs), with nothing written."""
+    import budget.accuracy
+    import budget.pipeline
+
+    def no_work(*_: object) -> None:
+        raise AssertionError("the work ran before the refusal")
+
+    monkeypatch.setattr(budget.accuracy, "validate_model", no_work)
+    monkeypatch.setattr(budget.pipeline, "budget_plan", no_work)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("", encoding="utf-8")
+    result = runner.invoke(app, ["validate-model", "--write-plans", str(a_file)])
+    assert result.exit_code == 2 and "is a file; name a folder" in result.stderr
+    assert result.stdout == ""
+    result = runner.invoke(
+        app, ["plot", str(ROOT / "plans" / "gpt-1.3b.yaml"), "-o", str(tmp_path / "no" / "x.png")]
+    )
+    assert result.exit_code == 2 and "there is no folder" in result.stderr
+    assert not (tmp_path / "no").exists()

@@ -538,7 +538,7 @@ def test_an_output_layer_bias_is_refused() -> None:
         ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests its values too deeply"),
         ('{"hidden_size": 8192, "hidden_size": 4096}', "has key 'hidden_size' twice"),
         ('{"hidden_size": 1' + "0" * 5000 + "}", "too large (integers must be below 2**63)"),
-        ('{"hidden_size": 8192, "rms_norm_eps": NaN}', "has NaN, not a finite number"),
+        ('{"hidden_size": 8192, "rms_norm_eps": NaN}', "rms_norm_eps = NaN in"),
         ("[1, 2]", "holds an array, not a JSON object"),  # in JSON's words: not "list"
         ("null", "holds null, not a JSON object"),  # not "NoneType" (an audit)
         ("true", "holds true, not a JSON object"),
@@ -807,7 +807,7 @@ def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> Non
 def test_a_non_finite_float_or_a_special_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text('{"hidden_size": 1e400}')
-    with pytest.raises(HfConfigError, match="1e400, not a finite number"):
+    with pytest.raises(HfConfigError, match=r"hidden_size = 1e400 in .* is not a finite number"):
         read_hf_config(path)
     with pytest.raises(HfConfigError, match="is not a regular file"):
         read_hf_config(tmp_path)  # a directory; a FIFO would block the read forever
@@ -1449,25 +1449,43 @@ def test_what_the_json_reader_refuses_does_not_hide_the_other_problems(tmp_path:
     at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
     shown = repr(str(path))
     assert err.splitlines() == [  # sorted, as every file's problems are
-        f"{at}{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
-        f"{at}{shown} has Infinity, not a finite number",
-        f"{at}{shown} has NaN, not a finite number",
         f"{at}{shown} has key 'foo' that budget does not understand; if it builds nothing (a "
         "tag, a kernel setting), remove it, or else write the model's dimensions out",
         f"{at}{shown} has key 'hidden_size' twice in one object",
+        f"{at}hidden_dropout = Infinity in {shown} is not a finite number",
         f'{at}mlp_bias = "no" in {shown} is not true or false',
+        f"{at}num_hidden_layers = 100000000000000000000... in {shown} is too large (integers "
+        "must be below 2**63)",
+        f"{at}rope_theta = NaN in {shown} is not a finite number",
     ]
     with pytest.raises(HfConfigError) as raised:  # the reader's, as it met them, then the rest
         read_hf_config(path)
     assert [m.removeprefix(f"{shown} has ") for m in raised.value.messages] == [
-        "100000000000000000000..., too large (integers must be below 2**63)",  # layers
-        "NaN, not a finite number",  # rope_theta
-        "Infinity, not a finite number",  # hidden_dropout, the last value
+        f"num_hidden_layers = 100000000000000000000... in {shown} is too large (integers "
+        "must be below 2**63)",
+        f"rope_theta = NaN in {shown} is not a finite number",
+        f"hidden_dropout = Infinity in {shown} is not a finite number",  # the last value
         "key 'hidden_size' twice in one object",  # said as the object closes
         "key 'foo' that budget does not understand; if it builds nothing (a tag, "
         "a kernel setting), remove it, or else write the model's dimensions out",
         f'mlp_bias = "no" in {shown} is not true or false',
     ]
+
+
+def test_a_refused_value_a_later_key_replaced_is_said_without_a_key(tmp_path: Path) -> None:
+    """A NaN under a key written twice is gone from the object the reader returns, so the
+    values refused and the keys holding one no longer pair: each is said as written, none
+    under a key that may not be its own."""
+    path = tmp_path / "config.json"
+    path.write_text('{"rope_theta": NaN, "rope_theta": 1.0, "hidden_size": Infinity}', "utf-8")
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    shown = repr(str(path))
+    assert raised.value.messages[:3] == (
+        f"{shown} has NaN, not a finite number",
+        f"{shown} has Infinity, not a finite number",
+        f"{shown} has key 'rope_theta' twice in one object",  # said as the object closes
+    )
 
 
 def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) -> None:
@@ -1482,10 +1500,11 @@ def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) 
     with pytest.raises(HfConfigError) as raised:
         read_hf_config(path)
     shown = repr(str(path))
-    assert raised.value.messages == (
-        f"{shown} has NaN, not a finite number",
-        f"{shown} has -Infinity, not a finite number",
-        f"{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
+    assert raised.value.messages == (  # each under its key: the reader need not search
+        f"mlp_only_layers[0] = NaN in {shown} is not a finite number",
+        f"mlp_only_layers[1].a = -Infinity in {shown} is not a finite number",
+        f"quantization_config.weights[0] = 100000000000000000000... in {shown} is too large "
+        "(integers must be below 2**63)",
         f'num_hidden_layers = "x" in {shown} is not a non-negative integer',
         f"{shown} lacks hidden_size, num_attention_heads, vocab_size",  # said together
     )

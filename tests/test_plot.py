@@ -83,7 +83,7 @@ def test_an_unwritable_output_is_a_usage_error(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "memory.png"
     code, stdout, err = _plot(GPT3, out)
     assert (code, stdout) == (2, "")
-    assert err.strip() == f"budget: error: cannot write {out}: no such file or directory"
+    assert err.strip() == f"budget: error: cannot write {out}: there is no folder {out.parent}"
 
 
 def test_the_title_reads_the_peak_as_its_marker_does(tmp_path: Path) -> None:

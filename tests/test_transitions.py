@@ -698,3 +698,16 @@ def test_every_stage_follows_the_whole_chain(tmp_path):
         if m.name == "X"
     }
     assert sizes == {stage: 2048 * 12288 * 2 for stage in range(8)}
+
+
+@pytest.mark.parametrize("plan", ["gpt3-175b.yaml", "llama3-70b-decode.yaml"])
+def test_a_shape_is_read_against_the_names_it_is_evaluated_over(plan: str) -> None:
+    """Where a section a shape is evaluated over broke, its expressions are still read, and
+    their names checked against `shape_keys`: the names `shape_names` gives values to, for
+    a training plan and a serving one alike."""
+    from budget.plan.load import load_plan
+    from budget.plan.resolve import shape_keys, shape_names
+
+    p = load_plan(ROOT / "plans" / plan)
+    serving = p.mode != "train"
+    assert sorted(shape_keys(serving)) == sorted(shape_names(p.model, p.batch, p.parallel, serving))

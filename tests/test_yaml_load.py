@@ -246,6 +246,15 @@ def test_syntax_error_has_a_position() -> None:
             "write numbers in decimal (or quote it, if it is text)",
         ),
         ("a: \x00\n", "p.yaml:1:4: error: $: invalid YAML: the character '\\x00' is not allowed"),
+        (  # libyaml counts bytes: after "×" (2) and "—" (3) it put this at 3:2 and 2:10
+            "# 8 × H100\nname: x\n\x07\n",
+            "p.yaml:3:1: error: $: invalid YAML: the character '\\x07' is not allowed",
+        ),
+        (
+            "# 8 × H100 — Llama, 2×4\ntp: 1\x00\n",
+            "p.yaml:2:6: error: $: invalid YAML: the character '\\x00' is not allowed",
+        ),
+        ("a: ×\x07\n", "p.yaml:1:5: error: $: invalid YAML: the character '\\x07' is not allowed"),
     ],
 )
 def test_refused(text: str, expected: str) -> None:

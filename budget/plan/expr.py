@@ -15,7 +15,7 @@ per configuration.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -192,6 +192,18 @@ def _show(value: Value) -> str:
     return np.array2string(np.asarray(value), threshold=6)
 
 
+def check_names(node: Expr, known: Collection[str]) -> None:
+    """Raise `ExprError`, in `evaluate`'s words, for the first name in `node` (in sorted
+    order) that is not `known`: an expression's names checked before there are values."""
+    for name in sorted(names_in(node)):
+        if name not in known:
+            raise ExprError(_unknown(name, known))
+
+
+def _unknown(name: str, known: Collection[str]) -> str:
+    return f"unknown name {name!r} (known: {', '.join(sorted(known))})"
+
+
 def evaluate(node: Expr, names: Mapping[str, Value]) -> Value:
     """Evaluate over plain ints or numpy integer arrays (elementwise, broadcasting).
 
@@ -202,8 +214,7 @@ def evaluate(node: Expr, names: Mapping[str, Value]) -> Value:
         return node.value
     if isinstance(node, Name):
         if node.name not in names:
-            known = ", ".join(sorted(names))
-            raise ExprError(f"unknown name {node.name!r} (known: {known})")
+            raise ExprError(_unknown(node.name, names))
         return names[node.name]
     left = evaluate(node.left, names)
     right = evaluate(node.right, names)

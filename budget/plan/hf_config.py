@@ -348,7 +348,7 @@ def read_hf_config(path: Path) -> HfModel:
         ) from None
     except RecursionError:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
-    found = tuple(f"{shown} has {problem}" for problem in reading.problems)
+    found = reading.said(shown, _refused_paths(config))
     if isinstance(config, _Refused):  # a whole file of 1e400 or NaN: said above, once
         raise HfConfigError(*found)
     if not isinstance(config, dict):
@@ -383,15 +383,39 @@ class _Reading:
     several (a key twice, a NaN, an integer past 2**63) gets them all at once."""
 
     def __init__(self) -> None:
-        self.problems: list[str] = []
+        self.problems: list[str | int] = []  # a message, or which of `values` comes here
+        self.values: list[tuple[str, str]] = []  # a refused value as written, and why
+
+    def refuse(self, text: str, why: str) -> _Refused:
+        self.problems.append(len(self.values))
+        self.values.append((text, why))
+        return _REFUSED
+
+    def said(self, shown: str, paths: list[str]) -> tuple[str, ...]:
+        """The problems as met, each refused value under its key where the keys holding
+        one (`_refused_paths`, in the file's order, as the hooks met them) are as many as
+        the values refused: ``rope_theta = NaN in 'config.json' is not a finite number``,
+        where "has NaN" left the reader to search the file for it (an audit). A value a
+        later duplicate key replaced holds no key, and then none is named."""
+        named = len(paths) == len(self.values) and all(paths)
+        out = []
+        for problem in self.problems:
+            if isinstance(problem, str):
+                out.append(f"{shown} has {problem}")
+                continue
+            text, why = self.values[problem]
+            if named:
+                out.append(f"{paths[problem]} = {text} in {shown} is {why}")
+            else:
+                out.append(f"{shown} has {text}, {why}")
+        return tuple(out)
 
     def int63(self, text: str) -> int | _Refused:
         """An integer as the plan's YAML loader takes one: below `MAX_INT` in magnitude (the
         length test first, so that a 5,000-digit number is never converted)."""
         if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= MAX_INT:
             shown = text if len(text) <= 24 else text[:21] + "..."
-            self.problems.append(f"{shown}, too large (integers must be below 2**63)")
-            return _REFUSED
+            return self.refuse(shown, "too large (integers must be below 2**63)")
         return value
 
     def real(self, text: str) -> float | _Refused:
@@ -402,8 +426,7 @@ class _Reading:
     def finite(self, text: str) -> _Refused:
         """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing
         floats."""
-        self.problems.append(f"{text}, not a finite number")
-        return _REFUSED
+        return self.refuse(text, "not a finite number")
 
     def unique_keys(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
@@ -412,6 +435,22 @@ class _Reading:
             keys = "key" if len(twice) == 1 else "keys"
             self.problems.append(f"{keys} {', '.join(map(repr, twice))} twice in one object")
         return out
+
+
+def _refused_paths(config: Any) -> list[str]:
+    """Where each refused value stands, in the file's order: ``rope_theta``,
+    ``text_config.num_hidden_layers``, ``layer_types[3]``; "" for the whole file."""
+    paths: list[str] = []
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        path, item = stack.pop()
+        if item is _REFUSED:
+            paths.append(path)
+        elif isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return paths
 
 
 def _holds(value: Any, mark: object) -> bool:

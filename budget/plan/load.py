@@ -129,8 +129,9 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
 # a plan's top-level key in a problem's path: $.model.layers, $.model['<<'], $.topology[...]
 _SECTION = re.compile(r"^\$\.([A-Za-z_][A-Za-z0-9_-]*)")
 # one hand-written transition's key, its tensor's by name: "$.transitions[0].group",
-# "$.transitions[2].tensor.shape[1]" (tensor.shape), "$.transitions[1].tensor" (tensor)
-_TRANSITION = re.compile(r"^\$\.transitions\[(\d+)\](?:\.([a-z_]+(?:\.[a-z_]+)?))?")
+# "$.transitions[2].tensor.shape[1]" (tensor.shape and tensor.shape[1]: the list's other
+# items are still read), "$.transitions[1].tensor" (tensor)
+_TRANSITION = re.compile(r"^\$\.transitions\[(\d+)\](?:\.([a-z_]+(?:\.[a-z_]+)?)(\[\d+\])?)?")
 
 
 def semantic_problems(
@@ -154,7 +155,10 @@ def semantic_problems(
         if item is None:
             sections.add(match.group(1))
         else:
-            items.setdefault(int(item.group(1)), set()).add(item.group(2) or "")
+            keys = items.setdefault(int(item.group(1)), set())
+            keys.add(item.group(2) or "")
+            if item.group(3):
+                keys.add(item.group(2) + item.group(3))
     held = {i: frozenset(keys) for i, keys in items.items()}
     try:
         resolve(tree, marks, file, seed, skip=frozenset(sections), broken_transitions=held)

@@ -88,7 +88,7 @@ SERVING_SHAPE_NAMES = ("sequences", "prompt", "generate")
 MAX_ELEMENTS = 2**48  # one transition's tensor: 256 Ti elements, beyond any real tensor
 
 _PLACEMENT = re.compile(
-    r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]+)\s*\)|(?P<kind>replicate|partial))\s*$"
+    r"^\s*(?:shard\s*\(\s*(?P<dim>[0-9]{1,9})\s*\)|(?P<kind>replicate|partial))\s*$"
 )
 _TRAIN_KEYS = ("seq", "micro", "global")
 # what only a training step has (ZeRO's shards, recomputation, the gradient and optimizer
@@ -147,6 +147,22 @@ def llama_ffn(hidden: int, multiple_of: int = 256) -> int:
     """
     width = 8 * hidden // 3
     return multiple_of * -(-width // multiple_of)
+
+
+def _shape_of(item: Any, keys: frozenset[str]) -> tuple[list[Any] | None, frozenset[int]]:
+    """A transition item's shape list, with the indices of its items that broke the schema
+    (`keys`: its broken keys, ``tensor.shape[1]`` among them, `load.semantic_problems`);
+    None where the item, its tensor or the list itself is what broke."""
+    tensor = item.get("tensor") if isinstance(item, Mapping) else None
+    if "" in keys or "tensor" in keys or not isinstance(tensor, Mapping):
+        return None, frozenset()
+    dims = tensor.get("shape")
+    bad = frozenset(
+        int(k[len("tensor.shape[") : -1]) for k in keys if k.startswith("tensor.shape[")
+    )
+    if not isinstance(dims, list) or ("tensor.shape" in keys and not bad):
+        return None, frozenset()
+    return dims, bad
 
 
 def parse_placement(text: str) -> tuple[str, int | None]:
@@ -995,14 +1011,10 @@ class _Resolver:
         beside those that read nothing else (`transition_rules`): its shape, where the shape
         is whole (a wrong dtype holds back no more than itself), and its placements against
         that shape, over its group where the group is one."""
-        if "" in keys or not isinstance(item, Mapping):
-            return  # the item itself is wrong (not a mapping): nothing of it can be read
-        tensor = item.get("tensor")
-        if {"tensor", "tensor.shape"} & keys or not isinstance(tensor, Mapping):
+        dims, bad = _shape_of(item, keys)
+        if dims is None:
             return
-        if "shape" not in tensor:
-            return
-        shape = self.shape(tensor["shape"], f"{path}.tensor.shape", names)
+        shape = self.shape(dims, f"{path}.tensor.shape", names, bad)
         if shape is None:
             return
         group = item.get("group") if "group" not in keys else None
@@ -1013,22 +1025,47 @@ class _Resolver:
             degree = names.get(group, 1) if isinstance(group, str) else 1
             self.placement(parse_placement(item[key]), shape, str(group), degree, where)
 
+    def shape_syntax(self, items: Any, serving: bool, broken: Mapping[int, frozenset[str]]) -> None:
+        """Each transition's shape expressions read as expressions over names there are,
+        where a section they would be evaluated over broke (the model, batch or layout):
+        neither reads one, so a bad section does not hold them back (an audit: `tp: 0`
+        hid ``vocab ** 2``, and a bad ``batch.global`` the unknown name in ``micro * sq``)."""
+        known = shape_keys(serving)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            dims, bad = _shape_of(item, broken.get(i, frozenset()))
+            for j, dim in enumerate(dims or []):
+                if isinstance(dim, str) and j not in bad:
+                    try:
+                        expr.check_names(expr.parse(dim), known)
+                    except expr.ExprError as error:
+                        self.expression_error(f"$.transitions[{i}].tensor.shape[{j}]", dim, error)
+
+    def expression_error(self, where: str, dim: str, error: expr.ExprError) -> None:
+        message = str(error)
+        self.error(where, message if dim.strip() in message else f"in {dim!r}: {message}")
+
     def shape(
-        self, dims: list[int | str], path: str, names: Mapping[str, int]
+        self,
+        dims: list[int | str],
+        path: str,
+        names: Mapping[str, int],
+        bad: frozenset[int] = frozenset(),
     ) -> tuple[int, ...] | None:
+        """The shape `dims` write, each expression evaluated over `names`; None, its
+        problems said, where one is wrong or is among the items `bad` (broke the schema:
+        the others are still read, so that the file's problems come in one run)."""
         shape: list[int] = []
         for j, dim in enumerate(dims):
             where = f"{path}[{j}]"
+            if j in bad:
+                continue
             if isinstance(dim, int | float):
                 shape.append(_int(dim))
                 continue
             try:
                 value = expr.evaluate(expr.parse(dim), names)
             except expr.ExprError as error:
-                message = str(error)
-                if dim.strip() not in message:
-                    message = f"in {dim!r}: {message}"
-                self.error(where, message)
+                self.expression_error(where, dim, error)
                 continue
             size = int(value)
             if size < 1:
@@ -1698,6 +1735,8 @@ def resolve(
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
         r.problems += check_chains(file, mode, transitions)[1]
+    elif "transitions" not in skip:
+        r.shape_syntax(tree.get("transitions", []), mode != "train", broken_transitions or {})
     if "transitions" not in skip:
         pp = par.pp if par is not None else 0  # 0: the pipeline's depth is not known
         r.transition_rules(tree.get("transitions", []), mode, broken_transitions or {}, pp)
@@ -1735,6 +1774,11 @@ def resolve(
         # it is the ring; double-tree inside one node, NCCL's chain
         collectives=tuple(sorted(tree.get("collectives", {}).items())),
     )
+
+
+def shape_keys(serving: bool) -> tuple[str, ...]:
+    """The names `shape_names` gives values to, before there are any."""
+    return (*SHAPE_NAMES, "qk_head_dim", *(SERVING_SHAPE_NAMES if serving else ()))
 
 
 def shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dict[str, Any]:

@@ -133,9 +133,19 @@ def _home(key: str, path: str) -> str | None:
     return f"goes under {' or '.join(homes)}" if homes else None
 
 
+def _close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -> list[str]:
+    """`difflib.get_close_matches`, but none tried for a word too long to reach `cutoff`
+    against any choice: similarity is 2·M / (len(a) + len(b)) with M ≤ len(b), so it needs
+    len(a) ≤ (2 / cutoff − 1)·len(b). A 6 MiB string in an enum field spent 2-4 s and
+    330 MB comparing itself with each option (an audit)."""
+    if not choices or len(word) > (2 / cutoff - 1) * max(len(c) for c in choices):
+        return []
+    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
+
+
 def _closest(word: str, choices: list[str]) -> str | None:
     """The likeliest intended key: a transposition ('modle' → 'model') beats a deletion."""
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    close = _close_matches(word, choices, n=3)
     anagrams = [c for c in close if sorted(c) == sorted(word)]
     best = anagrams or close
     return best[0] if best else None
@@ -213,7 +223,7 @@ def _message(error: Any) -> str:
     if kind == "enum":
         options = [v for v in error.validator_value if v is not None]
         shown = ", ".join(str(v) for v in options)
-        close = difflib.get_close_matches(str(error.instance), [str(v) for v in options], n=1)
+        close = _close_matches(str(error.instance), [str(v) for v in options], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if isinstance(error.instance, bool) and all(isinstance(v, str) for v in options):
             # `recompute: no` read as false, and the message said only "false" (an audit)
