@@ -1455,6 +1455,30 @@ class _Checks(_ModelChecks):
                 f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
                 f"{_near(self.batch.seq, step)}) or set sequence_parallel to false",
             )
+        elif p.sequence_parallel and self.mode != "train":
+            self.serving_sequence_parallel()
+
+    def serving_sequence_parallel(self) -> None:
+        """A serving pass's tokens under sequence parallelism: the same split, over a pass's
+        tokens on one replica and cp rank, a prefill's sequences x prompt / cp and a decode
+        pass's one token a sequence. A split that does not divide was rounded up, each tp
+        rank pricing a whole token of its own: Mixtral decoding one sequence at tp 8 routed
+        16 rows for 2, +50 % a token (an audit). vLLM and TensorRT-LLM serve without it."""
+        p, b = self.par, self.batch
+        passes = [("a prefill pass", b.micro * max(1, b.prompt // p.cp))]
+        if self.mode == "decode":
+            passes.append(("a decode pass", b.micro))
+        for name, tokens in passes:
+            if tokens % p.tp:
+                self.r.error(
+                    "$.parallel.sequence_parallel",
+                    f"{name} holds {units.plural(tokens, 'token')} on a replica (its sequences"
+                    f"{' x prompt / cp' if name == 'a prefill pass' else ', a token each'}), "
+                    f"which tp = {p.tp} does not divide: sequence parallelism shards "
+                    "a pass's tokens over tp; set sequence_parallel to false, as vLLM and "
+                    "TensorRT-LLM serve",
+                )
+                return
 
     def cp_chunks(self) -> int:
         """The pieces context parallelism cuts a sequence into: 2 × cp load-balanced chunks
