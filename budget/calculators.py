@@ -339,6 +339,11 @@ def roofline(
 def _intensity(text: float | str) -> float:
     """FLOP per byte, its unit written or not; finite and 0 or more, as
     `compute.roofline` takes it."""
+    if _PER_BIT.search(str(text)):
+        raise ValueError(
+            f"--intensity {str(text)!r}: b is a bit, as in Gb/s; an intensity is FLOP per byte, "
+            "written 4FLOP/B or 4FLOP/byte"
+        )
     number = _PER_BYTE.sub("", str(text).strip())
     try:
         value = float(number) + 0.0  # -0 is 0 (it printed "-0 FLOP/s", an audit)
@@ -365,8 +370,10 @@ def _ceiling(parse: Callable[[str], float], text: str, where: str, name: str, un
     return value
 
 
-# the unit an intensity may carry: FLOP (or FLOPs) per byte (or B)
-_PER_BYTE = re.compile(r"\s*flops?\s*/\s*(?:byte|b)\s*$", re.IGNORECASE)
+# the unit an intensity may carry: FLOP (or FLOPs) per byte (or B); a lowercase b is a bit,
+# as everywhere else budget reads a unit (4FLOP/b read as 4 FLOP a byte, an audit)
+_PER_BYTE = re.compile(r"\s*(?i:flops?)\s*/\s*(?:(?i:byte)|B)\s*$")
+_PER_BIT = re.compile(r"/\s*(?:b|(?i:bits?))\s*$")
 
 
 def bus_factor_text(op: Op) -> str:

@@ -763,7 +763,15 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
         2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))
     ]
     share = TREE_SHARE * _tree_correction(size)
-    return _across("all-reduce", "double-tree", tiers, size, q, steps, share)
+    stages = _across("all-reduce", "double-tree", tiers, size, q, steps, share)
+    # all ranks together: each tree's P − 1 edges carry a half up and a half down, 2(P − 1)S
+    # in all, where P times the busiest rank's 2S counted the leaves' as an inner node's (an
+    # audit: 8 GiB for 6 at P = 4); of two ranks each moves S, 2S in all
+    moving = p - 1 + _indicator(p == 2)
+    return tuple(
+        replace(s, group_sent_bytes=s.sent_bytes * moving, group_recv_bytes=s.sent_bytes * moving)
+        for s in stages
+    )
 
 
 def _tree_correction(size: Count) -> Seconds:

@@ -370,7 +370,10 @@ def test_renderers_write_only_to_the_console_they_are_given(fmt: str) -> None:
     assert "5,294.937 µs" in text and "hops on each level" in text and "chosen" in text
     assert "nvlink: B 450 GB/s per GPU, α 1 µs; ib: B 50 GB/s per GPU, α 5 µs" in text
     if fmt == "markdown":
-        assert "| time T | 5,294.937 µs  (bandwidth-bound) |" in text
+        assert (
+            "| time T | 5,294.937 µs  (bandwidth-bound; the total, all of it exposed: no compute "
+            "beside it, see --beside) |" in text
+        )
 
 
 def test_a_zero_latency_needs_no_unit() -> None:
@@ -1041,3 +1044,90 @@ def test_a_share_and_a_catalogue_figure_stay_by_their_units() -> None:
             line for line in out.splitlines() if re.search(r"(11\.61|\(2\^30|201,310,208)$", line)
         ]
         assert not ends, (width, ends)
+
+
+def test_a_flat_algorithm_across_levels_says_the_alpha_its_steps_take() -> None:
+    """A flat tree over 8-GPU nodes (α 20 µs) and InfiniBand (5 µs) takes each of its 10
+    steps at the largest α it spans, 200 µs in all, as the JSON's latency_s says; the link
+    row read "ib: α 5 µs" (an audit). A level priced at its own α says only that."""
+    levels = ["8:450GB/s:20us:nvlink", "4:50GB/s:5us:ib"]
+    result = collective("all-reduce", None, "1MiB", None, None, levels, "tree")
+    assert float(result.cost.latency_s) == pytest.approx(10 * 20e-6)
+    out = runner.invoke(
+        app,
+        ["collective", "all-reduce", "--size", "1MiB", "--algorithm", "tree"]
+        + [x for level in levels for x in ("--level", level)],
+        env={"COLUMNS": "200"},
+    )
+    assert (
+        "ib: B 50 GB/s per GPU, α 20 µs a step (the largest α the group spans; ib's own 5 µs)"
+        in out.stdout
+    )
+    ring = runner.invoke(
+        app,
+        [
+            "collective",
+            "all-reduce",
+            "--size",
+            "1GiB",
+            "--ranks",
+            "8",
+            "--bandwidth",
+            "450GB/s",
+            "--latency",
+            "1us",
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert "B 450 GB/s per GPU, α 1 µs" in ring.stdout and "a step" not in ring.stdout
+
+
+@pytest.mark.parametrize(("ranks", "gib"), [(2, 2), (3, 4), (4, 6), (8, 14)])
+def test_a_double_tree_moves_two_p_minus_one_times_s_in_all(ranks: int, gib: int) -> None:
+    """Each of the two binary trees has P − 1 edges, each carrying a half of S up and a half
+    down: 2(P − 1)S over all ranks, as a ring all-reduce moves; P times the busiest rank's 2S
+    counted every leaf as an inner node (an audit: 8 GiB at P = 4). Of two ranks each moves S."""
+    result = collective("all-reduce", ranks, "1GiB", "100GB/s", "1us", [], "double-tree")
+    chunk = -(-(2**30) // ranks)  # rounded up to whole bytes: 8 B more than 4 GiB at P = 3
+    moved = sum(int(s.group_sent_bytes) for s in result.cost.stages)
+    assert moved == 2 * (ranks - 1) * ranks * chunk  # 2(P − 1)S, S = P chunks
+    assert moved - gib * 2**30 < ranks * ranks  # the table's GiB, but for the rounding
+
+
+def test_an_intensity_per_bit_is_refused_not_read_per_byte() -> None:
+    """A lowercase b is a bit wherever budget reads a unit (640Gb/s is 80 GB/s): 4FLOP/b
+    read as 4 FLOP a byte (an audit). B and byte stay bytes."""
+    args = ["roofline", "--bandwidth", "80GB/s", "--peak", "1TFLOP/s", "--intensity"]
+    for bits in ("4FLOP/b", "4 flop/bit", "4FLOPs/bits"):
+        result = runner.invoke(app, [*args, bits])
+        assert result.exit_code == 2 and "b is a bit" in result.stderr, bits
+    for per_byte in ("4FLOP/B", "4 flops/byte", "4FLOP/Byte", "4"):
+        result = runner.invoke(app, [*args, per_byte, "-f", "json"])
+        assert result.exit_code == 0 and json.loads(result.stdout)["intensity"] == 4.0, per_byte
+
+
+def test_the_time_says_it_is_the_total_and_what_of_it_is_exposed() -> None:
+    """Every time says whether it is the total or the exposed part: without --beside, T is
+    the total and all of it exposed; with it, the total, its exposed part on the next row."""
+    args = [
+        "collective",
+        "all-reduce",
+        "--ranks",
+        "8",
+        "--size",
+        "1GiB",
+        "--bandwidth",
+        "450GB/s",
+        "--latency",
+        "1us",
+        "-f",
+        "markdown",
+    ]
+    alone = runner.invoke(app, args).stdout
+    assert (
+        "(bandwidth-bound; the total, all of it exposed: no compute beside it, see --beside)"
+        in alone
+    )
+    beside = runner.invoke(app, [*args, "--beside", "1ms"]).stdout
+    assert "| time T | 4,189.663 µs  (bandwidth-bound; the total) |" in beside
+    assert "| exposed max(0, T − W) | 3,189.663 µs" in beside

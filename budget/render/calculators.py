@@ -28,7 +28,9 @@ __all__ = ["render_collective", "render_roofline"]
 Rows = list[tuple[str, ...]]
 _UNITS_NOTE = (
     "GB = 10^9 B, GiB = 2^30 B. Bandwidth is per GPU, one direction; sent and received "
-    "bytes are per rank; T = n·α + Q/B_eff."
+    "bytes are per rank; T = n·α + Q/B_eff. S is bytes of any dtype, which moves no faster "
+    "or slower for its format; chunks round to whole bytes (a plan's report names each "
+    "collective's dtype)."
 )
 _ROOFLINE_NOTE = "GB = 10^9 B; FLOP/s and B/s decimal; intensity in FLOPs per byte moved."
 
@@ -90,7 +92,12 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
             )
             + (f"; {streamed})" if cost.pipelined else f"; {staged} B_eff)" if staged else ")"),
         ),
-        ("time T", f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)})"),
+        (
+            "time T",
+            f"{_time(float(cost.time_s))}  ({_bound(cost.latency_s, cost.bandwidth_s)}"
+            + _what_of_it(result)
+            + ")",
+        ),
         *_passed_over(result),
         *_beside(result),
         (
@@ -238,6 +245,16 @@ def _passed_over(result: CollectiveResult) -> Rows:
     ]
 
 
+def _what_of_it(result: CollectiveResult) -> str:
+    """What of T the row is: the contract asks every time to say whether it is the total or
+    the exposed part (an audit: "time T" said neither)."""
+    if not result.cost.time_s:
+        return ""  # nothing moves
+    if result.beside_s is not None:
+        return "; the total"  # its exposed part is the row below
+    return "; the total, all of it exposed: no compute beside it, see --beside"
+
+
 def _beside(result: CollectiveResult) -> Rows:
     """``--beside``'s rows: the compute beside T and what of T it leaves exposed."""
     if result.beside_s is None:
@@ -270,7 +287,8 @@ def _links(result: CollectiveResult) -> str:
     used = set(result.cost.links)
     parts = [
         f"B {format_rate(level.bandwidth / level.shared_by)} per GPU, "
-        f"α {format_duration(level.latency)}" + _ramp_text(result, level)
+        + _alpha_text(result, level)
+        + _ramp_text(result, level)
         for level in result.levels
         if level.name in used
     ]
@@ -282,6 +300,20 @@ def _links(result: CollectiveResult) -> str:
         return parts[0]
     names = [level.name for level in result.levels if level.name in used]
     return "; ".join(f"{name}: {part}" for name, part in zip(names, parts, strict=True))
+
+
+def _alpha_text(result: CollectiveResult, level: Level) -> str:
+    """ "α 5 µs", the level's own; a flat algorithm across levels takes each step at the
+    largest α its group spans (`collectives._flat_across`), and says so: the row read "ib:
+    α 5 µs" over a latency term of 10 steps × 20 µs (an audit)."""
+    taken = {float(s.link.latency) for s in result.cost.stages if s.link.name == level.name}
+    if not taken or taken == {level.latency}:
+        return f"α {format_duration(level.latency)}"
+    steps = " and ".join(format_duration(a) for a in sorted(taken))
+    return (
+        f"α {steps} a step (the largest α the group spans; {level.name}'s own "
+        f"{format_duration(level.latency)})"
+    )
 
 
 def _ramp_text(result: CollectiveResult, level: Level) -> str:
