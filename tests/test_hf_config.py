@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -1799,3 +1800,82 @@ def test_a_quantization_config_that_is_not_an_object_is_refused_as_such(
         'transformers writes a mapping such as {"quant_method": "fp8", ...}: give that, or '
         "delete the key to budget the weights in precision.params' format"
     ]
+
+
+def _total(tmp_path: Path, config: dict[str, object]) -> int:
+    """The parameter count budget reads from `config`, written as a file."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return params_total(_plan_at(path))
+
+
+def test_qwen2_moe_s_q_k_and_v_biases_follow_its_qkv_bias(tmp_path: Path) -> None:
+    """Qwen2MoeAttention builds q_proj, k_proj and v_proj with ``bias=config.qkv_bias``, true
+    by default (transformers' modular_qwen2_moe.py at 8fb1742): a file transformers re-saves
+    carries ``"qkv_bias": true``, which was refused as a key the class does not read, and
+    false was ignored (an audit). Qwen1.5-MoE-A2.7B: 24 layers of 2,048 + 2,048 + 2,048."""
+    raw = _raw("qwen1.5-moe-a2.7b")
+    released = _total(tmp_path, raw)
+    assert released == 14_315_784_192
+    assert _total(tmp_path, {**raw, "qkv_bias": True}) == released
+    assert _total(tmp_path, {**raw, "qkv_bias": False}) == released - 24 * 3 * 2048
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "built"),
+    [
+        ("mistral-7b-v0.3", "attention_bias", "MistralAttention builds no bias"),
+        ("mistral-7b-v0.3", "mlp_bias", "MistralMLP builds no bias"),
+        ("mixtral-8x7b", "mlp_bias", "MixtralExperts build no bias"),
+        ("qwen3-30b-a3b", "mlp_bias", "its MLPs and experts, Qwen2-MoE's, build no bias"),
+        ("qwen2.5-0.5b", "attention_bias", "Qwen2Attention builds q, k and v biases and no other"),
+        ("deepseek-v3", "mlp_bias", "DeepseekV3MLP, Qwen2-MoE's, builds no bias"),
+    ],
+)
+def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, built: str) -> None:
+    """Classes that fix their projections' biases build none for attention_bias or mlp_bias
+    (transformers at 008e574): Mistral 7B with attention_bias read +327,680 parameters and
+    Qwen3-30B-A3B with mlp_bias +22.0M (an audit). Set false, the key says what is built."""
+    with pytest.raises(HfConfigError, match=re.escape(f"does not read it ({built})")):
+        translate({**_raw(name), key: True})
+    translate({**_raw(name), key: False})
+
+
+def test_moe_layer_freq_other_than_one_is_refused_for_deepseek() -> None:
+    """DeepSeek's own modeling code makes every moe_layer_freq-th layer MoE; transformers'
+    DeepseekV2/V3 classes ignore the key (``layer_idx >= config.first_k_dense_replace``). At
+    2 one builds 13 MoE layers of DeepSeek-V2-Lite's 27, the other 26 (an audit): budget
+    reads neither. Every released file sets 1, which is read."""
+    raw = _raw("deepseek-v3")
+    assert raw["moe_layer_freq"] == 1 and translate(raw)
+    with pytest.raises(
+        HfConfigError, match=re.escape("moe_layer_freq = 2 in config.json: DeepSeek's own")
+    ):
+        translate({**raw, "moe_layer_freq": 2})
+
+
+def test_layer_types_cannot_make_a_family_slide_that_never_does() -> None:
+    """Llama's attention never slides in transformers (LlamaConfig has no sliding_window):
+    a file with sliding_attention in layer_types read 40 sliding layers, where
+    sliding_window alone is refused (an audit). Mistral's attention slides every layer
+    whatever layer_types says, so a mix is refused; one kind throughout is read."""
+    llama = {**_raw("llama3-70b"), "sliding_window": 4096}
+    kinds = ["sliding_attention", "full_attention"] * 40
+    with pytest.raises(HfConfigError, match='model_type "llama" builds no sliding-window'):
+        translate({**llama, "layer_types": kinds})
+    assert translate({**llama, "sliding_window": None, "layer_types": ["full_attention"] * 80})
+    mistral = _raw("mistral-7b-v0.3")
+    with pytest.raises(HfConfigError, match="MistralAttention"):
+        translate({**mistral, "sliding_window": 4096, "layer_types": kinds[:32]})
+    whole = translate(
+        {**mistral, "sliding_window": 4096, "layer_types": ["sliding_attention"] * 32}
+    )
+    assert whole.tree["sliding_window"] == {"size": 4096}
+
+
+def test_deepseek_v2_s_class_vocabulary_is_transformers_default() -> None:
+    """DeepseekV2Config's vocab_size is 32,000 (transformers at 008e574); a file without
+    the key read 102,400, 288M parameters more for DeepSeek-V2-Lite's width (an audit)."""
+    from budget.plan.hf_config import CLASS_DEFAULTS
+
+    assert CLASS_DEFAULTS["deepseek_v2"]["vocab_size"] == 32000

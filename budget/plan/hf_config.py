@@ -9,8 +9,9 @@ Key meanings follow the ``transformers`` configuration classes: ``LlamaConfig``,
 moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step,
 mlp_only_layers: layer i is sparse when i is not in mlp_only_layers and
 (i + 1) % decoder_sparse_step == 0) and DeepSeek-V3's ``configuration_deepseek.py``
-(n_routed_experts, n_shared_experts, first_k_dense_replace, moe_layer_freq: layer i is
-sparse when i ≥ first_k_dense_replace and i % moe_layer_freq == 0; q_lora_rank,
+(n_routed_experts, n_shared_experts, first_k_dense_replace: layer i is sparse when
+i ≥ first_k_dense_replace; moe_layer_freq, which transformers' classes ignore and DeepSeek's
+code reads, is refused but at 1, where the two agree; q_lora_rank,
 kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim of its multi-head latent
 attention become ``model.mla``, and num_nextn_predict_layers, its multi-token prediction
 modules, ``model.mtp_layers``).
@@ -36,8 +37,10 @@ without ``sliding_window`` slides at its config class's default, as transformers
 it (4,096 for Mistral, Qwen 2 and 3, Gemma 2 and 3 and OLMo 3; 128 for gpt-oss; none for
 Mixtral and Phi-3), and Qwen's slide only with ``use_sliding_window``, whatever
 ``layer_types`` says. A family whose attention never slides in transformers (Llama among
-them) is refused when it sets ``sliding_window``, since nothing in the model would use
-it. Any other layer kind (linear, chunked attention) is refused here.
+them) is refused when it sets ``sliding_window`` or lists sliding layers in
+``layer_types``, since nothing in the model would use it; Mistral's and Mixtral's attention
+slides every layer whatever ``layer_types`` says, so a mix of kinds is refused there. Any
+other layer kind (linear, chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
@@ -655,7 +658,26 @@ _OWNERS: dict[str, frozenset[str]] = {
     "use_qk_norm": frozenset({"glm4_moe"}),  # Glm4MoeAttention
     "hidden_activation": frozenset({"gemma", "gemma2", "gemma3_text"}),
     "final_logit_softcapping": frozenset({"gemma2", "gemma3_text"}),
-    "qkv_bias": frozenset(),  # no class of FAMILIES: a file written by hand
+    # Qwen2MoeAttention's q, k and v biases (modular_qwen2_moe.py at 8fb1742; true by default)
+    "qkv_bias": frozenset({"qwen2_moe"}),
+}
+# Classes whose projections' biases are fixed whatever the file says (transformers at
+# 008e574, an audit): reading the key there counted biases the model does not have
+# (Mistral 7B with attention_bias: +327,680 parameters; Qwen3-30B-A3B with mlp_bias: +22.0M)
+_FIXED_BIAS: dict[str, dict[str, str]] = {
+    "attention_bias": {
+        "mistral": "MistralAttention builds no bias",
+        "mixtral": "MixtralAttention, Mistral's, builds no bias",
+        "qwen2": "Qwen2Attention builds q, k and v biases and no other",
+        "qwen2_moe": "Qwen2MoeAttention's q, k and v biases follow qkv_bias",
+    },
+    "mlp_bias": {
+        "mistral": "MistralMLP builds no bias",
+        "mixtral": "MixtralExperts build no bias",
+        "qwen2_moe": "Qwen2MoeMLP and its experts build no bias",
+        "qwen3_moe": "its MLPs and experts, Qwen2-MoE's, build no bias",
+        "deepseek_v3": "DeepseekV3MLP, Qwen2-MoE's, builds no bias",
+    },
 }
 
 
@@ -682,6 +704,13 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
             f"class does not read it ({read}), so transformers builds the model without "
             "it; remove it, or correct model_type"
         )
+    for key, fixed in _FIXED_BIAS.items():
+        if family in fixed and config.get(key) not in (None, False):
+            problems.append(
+                f"{key} = {json.dumps(config.get(key))} in {where}: model_type "
+                f"{json.dumps(family)}'s class does not read it ({fixed[family]}), so "
+                "transformers builds the model without it; remove it, or correct model_type"
+            )
     return problems
 
 
@@ -927,13 +956,15 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     }
     # gpt-oss's experts and router always have biases: its classes never read mlp_bias
     mlp_bias = family in _MLP_BIAS or _switch(config, "mlp_bias", where)
-    if config.get("model_type") in _QKV_BIAS:  # q, k and v only, with no key saying so
+    if config.get("model_type") == "qwen2":  # Qwen2Attention: q, k and v only, always
         tree["qkv_bias"] = True
+    elif config.get("model_type") == "qwen2_moe":  # Qwen2MoeAttention: its qkv_bias, true
+        tree["qkv_bias"] = _switch(config, "qkv_bias", where, default=True)
     elif config.get("model_type") in _GLM:
         # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
         tree["qkv_bias"], tree["bias"] = tree["bias"], False
     tree["mlp_bias"] = mlp_bias  # always: an override of `bias` must not move the MLP's
-    if _switch(config, "qkv_bias", where):  # a config's own q, k and v biases switch
+    if family != "qwen2_moe" and _switch(config, "qkv_bias", where):  # a hand-written file's
         tree["qkv_bias"] = True
     if _switch(config, "lm_head_bias", where):
         raise HfConfigError(
@@ -1295,7 +1326,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         **_dims(4096, 32, 32),
         **_LLAMA_LIKE,
         **_DEEPSEEK,
-        "vocab_size": 102400,
+        "vocab_size": 32000,  # DeepseekV2Config's (an audit: 102,400, DeepSeek's own file's)
         "intermediate_size": 11008,
         "n_routed_experts": 64,
         "moe_intermediate_size": 1407,
@@ -1356,7 +1387,6 @@ def _with_class_defaults(config: Mapping[str, Any], family: str | None) -> Mappi
     return {**config, **added} if added else config
 
 
-_QKV_BIAS = ("qwen2", "qwen2_moe")  # Qwen2Attention: q, k and v biases, always
 # families whose transformers class builds experts from the config's expert keys; the others
 # ignore such keys (LlamaForCausalLM with num_local_experts is still dense)
 _MOE = frozenset(
@@ -1430,6 +1460,20 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
             )
         if "sliding_attention" not in kinds or qwen_off:  # Qwen3Config: no window unless
             return None  # use_sliding_window, whatever layer_types says
+        if family is not None and family not in _SLIDES:  # as sliding_window is, below
+            raise HfConfigError(
+                f"{where} lists sliding_attention layers in layer_types, but model_type "
+                f"{json.dumps(family)} builds no sliding-window attention in transformers; "
+                "make them full_attention (an audit: Llama read 40 sliding layers)"
+            )
+        if family in ("mistral", "mixtral") and "full_attention" in kinds:
+            raise HfConfigError(
+                f"{where} mixes full_attention and sliding_attention layers in layer_types, "
+                f"but MistralAttention (model_type {json.dumps(family)}) slides every layer "
+                "whatever layer_types says in the transformers budget reads, and which ones "
+                "slide is not one rule across its releases; give every layer one kind, or "
+                "write the model's dimensions out"
+            )
         flags = [k == "sliding_attention" for k in kinds]
     elif not config.get(key):
         return None
@@ -1544,6 +1588,14 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         experts["shared_ffn"] = _int(config, "n_shared_experts", where) * width
     first = _optional(config, "first_k_dense_replace", where, 0)
     freq = _optional(config, "moe_layer_freq", where, 1, least=1)
+    if freq != 1:
+        raise HfConfigError(
+            f"moe_layer_freq = {freq} in {where}: DeepSeek's own modeling code makes every "
+            f"{freq}th layer from first_k_dense_replace on an MoE layer, but transformers' "
+            f"class for model_type {json.dumps(config.get('model_type'))} ignores the key "
+            "and makes every one MoE (an audit); the two build different models, so budget "
+            "reads neither. Every released file sets 1; write the model's dimensions out"
+        )
     step = _optional(config, "decoder_sparse_step", where, 1, least=1)
     dense_only = _layer_list(config, "mlp_only_layers", where)
     if freq == 1 and step == 1 and not dense_only:
