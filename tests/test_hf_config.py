@@ -1449,23 +1449,22 @@ def test_what_the_json_reader_refuses_does_not_hide_the_other_problems(tmp_path:
     assert (code, out) == (2, "")
     at = f"{tmp_path / 'plan.yaml'}:3:14: error: $.model.hf_config: "
     shown = repr(str(path))
-    assert err.splitlines() == [  # sorted, as every file's problems are
+    assert err.splitlines() == [  # sorted, as every file's problems are; a key twice, so
+        # no refused value is named by its key (`_Reading.said`)
+        f"{at}{shown} has 100000000000000000000..., too large (integers must be below 2**63)",
+        f"{at}{shown} has Infinity, not a finite number",
+        f"{at}{shown} has NaN, not a finite number",
         f"{at}{shown} has key 'foo' that budget does not understand; if it builds nothing (a "
         "tag, a kernel setting), remove it, or else write the model's dimensions out",
         f"{at}{shown} has key 'hidden_size' twice in one object",
-        f"{at}hidden_dropout = Infinity in {shown} is not a finite number",
         f'{at}mlp_bias = "no" in {shown} is not true or false',
-        f"{at}num_hidden_layers = 100000000000000000000... in {shown} is too large (integers "
-        "must be below 2**63)",
-        f"{at}rope_theta = NaN in {shown} is not a finite number",
     ]
     with pytest.raises(HfConfigError) as raised:  # the reader's, as it met them, then the rest
         read_hf_config(path)
     assert [m.removeprefix(f"{shown} has ") for m in raised.value.messages] == [
-        f"num_hidden_layers = 100000000000000000000... in {shown} is too large (integers "
-        "must be below 2**63)",
-        f"rope_theta = NaN in {shown} is not a finite number",
-        f"hidden_dropout = Infinity in {shown} is not a finite number",  # the last value
+        "100000000000000000000..., too large (integers must be below 2**63)",  # layers
+        "NaN, not a finite number",  # rope_theta
+        "Infinity, not a finite number",  # hidden_dropout, the last value
         "key 'hidden_size' twice in one object",  # said as the object closes
         "key 'foo' that budget does not understand; if it builds nothing (a tag, "
         "a kernel setting), remove it, or else write the model's dimensions out",
@@ -1486,6 +1485,15 @@ def test_a_refused_value_a_later_key_replaced_is_said_without_a_key(tmp_path: Pa
         f"{shown} has NaN, not a finite number",
         f"{shown} has Infinity, not a finite number",
         f"{shown} has key 'rope_theta' twice in one object",  # said as the object closes
+    )
+    # as many values refused as keys holding one, but the object keeps a key where it first
+    # stood: NaN and Infinity were each named under the other's key (a review)
+    path.write_text('{"rope_theta": 1, "max_position_embeddings": NaN, "rope_theta": Infinity}')
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    assert raised.value.messages[:2] == (
+        f"{shown} has NaN, not a finite number",
+        f"{shown} has Infinity, not a finite number",
     )
 
 
@@ -1830,6 +1838,9 @@ def test_qwen2_moe_s_q_k_and_v_biases_follow_its_qkv_bias(tmp_path: Path) -> Non
         ("qwen3-30b-a3b", "mlp_bias", "its MLPs and experts, Qwen2-MoE's, build no bias"),
         ("qwen2.5-0.5b", "attention_bias", "Qwen2Attention builds q, k and v biases and no other"),
         ("deepseek-v3", "mlp_bias", "DeepseekV3MLP, Qwen2-MoE's, builds no bias"),
+        ("qwen2.5-0.5b", "mlp_bias", "Qwen2MLP builds no bias"),  # a review: +254,976
+        ("qwen3-8b", "mlp_bias", "Qwen3MLP, Gemma's, builds no bias"),
+        ("gemma-2b", "mlp_bias", "GemmaMLP builds no bias"),
     ],
 )
 def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, built: str) -> None:
@@ -1839,6 +1850,11 @@ def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, buil
     with pytest.raises(HfConfigError, match=re.escape(f"does not read it ({built})")):
         translate({**_raw(name), key: True})
     translate({**_raw(name), key: False})
+    with pytest.raises(HfConfigError) as raised:  # a value of the wrong kind: said once, as that
+        translate({**_raw(name), key: "false"})
+    assert [m for m in raised.value.messages if key in m] == [
+        f'{key} = "false" in config.json is not true or false'
+    ]
 
 
 def test_moe_layer_freq_other_than_one_is_refused_for_deepseek() -> None:
@@ -1867,6 +1883,14 @@ def test_layer_types_cannot_make_a_family_slide_that_never_does() -> None:
     mistral = _raw("mistral-7b-v0.3")
     with pytest.raises(HfConfigError, match="MistralAttention"):
         translate({**mistral, "sliding_window": 4096, "layer_types": kinds[:32]})
+    with pytest.raises(HfConfigError, match="MistralAttention"):  # every layer full: a review
+        translate({**mistral, "sliding_window": 4096, "layer_types": ["full_attention"] * 32})
+    assert (
+        "sliding_window"
+        not in translate(
+            {**mistral, "sliding_window": None, "layer_types": ["full_attention"] * 32}
+        ).tree
+    )
     whole = translate(
         {**mistral, "sliding_window": 4096, "layer_types": ["sliding_attention"] * 32}
     )

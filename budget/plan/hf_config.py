@@ -39,7 +39,8 @@ Mixtral and Phi-3), and Qwen's slide only with ``use_sliding_window``, whatever
 ``layer_types`` says. A family whose attention never slides in transformers (Llama among
 them) is refused when it sets ``sliding_window`` or lists sliding layers in
 ``layer_types``, since nothing in the model would use it; Mistral's and Mixtral's attention
-slides every layer whatever ``layer_types`` says, so a mix of kinds is refused there. Any
+slides every layer whatever ``layer_types`` says, so full_attention beside a window is
+refused there. Any
 other layer kind (linear, chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
@@ -64,16 +65,17 @@ Gemma 2 and 3 (``gemma2``, ``gemma3_text``) norm each block's output as well as 
 (``Gemma2DecoderLayer``: ``post_attention_layernorm`` and ``post_feedforward_layernorm``):
 ``model.sandwich_norm``.
 
-Qwen2 and Qwen2-MoE (``qwen2``, ``qwen2_moe``) always give q, k and v biases
-(``Qwen2Attention``), as GLM's ``attention_bias`` does (``GlmAttention``, ``Glm4Attention``,
-``Glm4MoeAttention``), as does a config's own ``qkv_bias`` switch: each reads as
-``model.qkv_bias``, not as ``bias``, which would put biases on every linear layer. The
-attention's biases and the MLP's are separate switches: ``attention_bias`` (InternLM2's
-``bias``: ``wqkv`` and ``wo``) reads as ``model.bias``, and the MLP keeps none
-(``model.mlp_bias: false``) unless ``mlp_bias`` says so (``LlamaMLP``, ``GraniteMLP``) or
-the family always has them (gpt-oss: ``GptOssExperts`` and ``GptOssTopKRouter``). GLM-4-0414
-(``glm4``) norms each block's output too (``Glm4DecoderLayer``: ``post_self_attn_layernorm``
-and ``post_mlp_layernorm``), as Gemma 2 and 3 do.
+Qwen2 always gives q, k and v biases (``Qwen2Attention``) and Qwen2-MoE as its ``qkv_bias``
+says, true by default (``Qwen2MoeAttention``), as GLM's ``attention_bias`` does
+(``GlmAttention``, ``Glm4Attention``, ``Glm4MoeAttention``), as does a config's own
+``qkv_bias`` switch: each reads as ``model.qkv_bias``, not as ``bias``, which would put
+biases on every linear layer. The attention's biases and the MLP's are separate switches:
+``attention_bias`` (InternLM2's ``bias``: ``wqkv`` and ``wo``) reads as ``model.bias``, and
+the MLP keeps none (``model.mlp_bias: false``) unless ``mlp_bias`` says so (``LlamaMLP``,
+``GraniteMLP``) or the family always has them (gpt-oss: ``GptOssExperts`` and
+``GptOssTopKRouter``). GLM-4-0414 (``glm4``) norms each block's output too
+(``Glm4DecoderLayer``: ``post_self_attn_layernorm`` and ``post_mlp_layernorm``), as Gemma 2
+and 3 do.
 
 gpt-oss (``gpt_oss``) gives every head a learned sink logit (``GptOssAttention.sinks``):
 ``model.attention_sinks``, which brings gpt-oss-120b's dimensions to transformers'
@@ -388,6 +390,7 @@ class _Reading:
     def __init__(self) -> None:
         self.problems: list[str | int] = []  # a message, or which of `values` comes here
         self.values: list[tuple[str, str]] = []  # a refused value as written, and why
+        self.twice = False  # a key written twice in one object: the orders part (`said`)
 
     def refuse(self, text: str, why: str) -> _Refused:
         self.problems.append(len(self.values))
@@ -398,9 +401,11 @@ class _Reading:
         """The problems as met, each refused value under its key where the keys holding
         one (`_refused_paths`, in the file's order, as the hooks met them) are as many as
         the values refused: ``rope_theta = NaN in 'config.json' is not a finite number``,
-        where "has NaN" left the reader to search the file for it (an audit). A value a
-        later duplicate key replaced holds no key, and then none is named."""
-        named = len(paths) == len(self.values) and all(paths)
+        where "has NaN" left the reader to search the file for it (an audit). In a file
+        with a key written twice none is named: the object keeps the key where it first
+        stood and the value it last had, so the hooks' order and the keys' may part (a
+        review: NaN and Infinity each named under the other's key)."""
+        named = not self.twice and len(paths) == len(self.values) and all(paths)
         out = []
         for problem in self.problems:
             if isinstance(problem, str):
@@ -434,6 +439,7 @@ class _Reading:
     def unique_keys(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
         if len(out) < len(pairs):
+            self.twice = True
             twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
             keys = "key" if len(twice) == 1 else "keys"
             self.problems.append(f"{keys} {', '.join(map(repr, twice))} twice in one object")
@@ -672,6 +678,9 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "qwen2_moe": "Qwen2MoeAttention's q, k and v biases follow qkv_bias",
     },
     "mlp_bias": {
+        "qwen2": "Qwen2MLP builds no bias",
+        "qwen3": "Qwen3MLP, Gemma's, builds no bias",
+        "gemma": "GemmaMLP builds no bias",
         "mistral": "MistralMLP builds no bias",
         "mixtral": "MixtralExperts build no bias",
         "qwen2_moe": "Qwen2MoeMLP and its experts build no bias",
@@ -705,7 +714,7 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
             "it; remove it, or correct model_type"
         )
     for key, fixed in _FIXED_BIAS.items():
-        if family in fixed and config.get(key) not in (None, False):
+        if family in fixed and config.get(key) is True:  # another value: `_kind_problems`
             problems.append(
                 f"{key} = {json.dumps(config.get(key))} in {where}: model_type "
                 f"{json.dumps(family)}'s class does not read it ({fixed[family]}), so "
@@ -1458,6 +1467,14 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 "sliding window; write the model's dimensions out to budget every layer as "
                 "full attention"
             )
+        if family in ("mistral", "mixtral") and config.get(key) and "full_attention" in kinds:
+            raise HfConfigError(
+                f"{where} gives full_attention layers in layer_types beside a window, but "
+                f"MistralAttention (model_type {json.dumps(family)}) slides every layer "
+                "whatever layer_types says in the transformers budget reads, and which ones "
+                "slide is not one rule across its releases; give every layer one kind (or "
+                "sliding_window null for none), or write the model's dimensions out"
+            )
         if "sliding_attention" not in kinds or qwen_off:  # Qwen3Config: no window unless
             return None  # use_sliding_window, whatever layer_types says
         if family is not None and family not in _SLIDES:  # as sliding_window is, below
@@ -1465,14 +1482,6 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 f"{where} lists sliding_attention layers in layer_types, but model_type "
                 f"{json.dumps(family)} builds no sliding-window attention in transformers; "
                 "make them full_attention (an audit: Llama read 40 sliding layers)"
-            )
-        if family in ("mistral", "mixtral") and "full_attention" in kinds:
-            raise HfConfigError(
-                f"{where} mixes full_attention and sliding_attention layers in layer_types, "
-                f"but MistralAttention (model_type {json.dumps(family)}) slides every layer "
-                "whatever layer_types says in the transformers budget reads, and which ones "
-                "slide is not one rule across its releases; give every layer one kind, or "
-                "write the model's dimensions out"
             )
         flags = [k == "sliding_attention" for k in kinds]
     elif not config.get(key):
@@ -1590,8 +1599,8 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
     freq = _optional(config, "moe_layer_freq", where, 1, least=1)
     if freq != 1:
         raise HfConfigError(
-            f"moe_layer_freq = {freq} in {where}: DeepSeek's own modeling code makes every "
-            f"{freq}th layer from first_k_dense_replace on an MoE layer, but transformers' "
+            f"moe_layer_freq = {freq} in {where}: DeepSeek's own modeling code makes one "
+            f"layer in {freq} from first_k_dense_replace on an MoE layer, but transformers' "
             f"class for model_type {json.dumps(config.get('model_type'))} ignores the key "
             "and makes every one MoE (an audit); the two build different models, so budget "
             "reads neither. Every released file sets 1; write the model's dimensions out"

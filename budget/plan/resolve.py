@@ -152,7 +152,9 @@ def llama_ffn(hidden: int, multiple_of: int = 256) -> int:
 def _shape_of(item: Any, keys: frozenset[str]) -> tuple[list[Any] | None, frozenset[int]]:
     """A transition item's shape list, with the indices of its items that broke the schema
     (`keys`: its broken keys, ``tensor.shape[1]`` among them, `load.semantic_problems`);
-    None where the item, its tensor or the list itself is what broke."""
+    None where the item or its tensor broke or the shape is no list. A list that broke as
+    a whole (more than 8 entries) still has its items read, as one whose items broke does
+    (a review: its expressions were read in the one case and not in the other)."""
     tensor = item.get("tensor") if isinstance(item, Mapping) else None
     if "" in keys or "tensor" in keys or not isinstance(tensor, Mapping):
         return None, frozenset()
@@ -160,9 +162,7 @@ def _shape_of(item: Any, keys: frozenset[str]) -> tuple[list[Any] | None, frozen
     bad = frozenset(
         int(k[len("tensor.shape[") : -1]) for k in keys if k.startswith("tensor.shape[")
     )
-    if not isinstance(dims, list) or ("tensor.shape" in keys and not bad):
-        return None, frozenset()
-    return dims, bad
+    return (dims, bad) if isinstance(dims, list) else (None, frozenset())
 
 
 def parse_placement(text: str) -> tuple[str, int | None]:
@@ -1015,7 +1015,7 @@ class _Resolver:
         if dims is None:
             return
         shape = self.shape(dims, f"{path}.tensor.shape", names, bad)
-        if shape is None:
+        if shape is None or "tensor.shape" in keys:  # no placement judged on a broken shape
             return
         group = item.get("group") if "group" not in keys else None
         for key in ("from", "to"):
@@ -1465,6 +1465,8 @@ class _Checks(_ModelChecks):
         rank pricing a whole token of its own: Mixtral decoding one sequence at tp 8 routed
         16 rows for 2, +50 % a token (an audit). vLLM and TensorRT-LLM serve without it."""
         p, b = self.par, self.batch
+        if b.prompt % p.cp:
+            return  # refused as it is (`context`): its count would be the floor's (a review)
         passes = [("a prefill pass", b.micro * max(1, b.prompt // p.cp))]
         if self.mode == "decode":
             passes.append(("a decode pass", b.micro))
