@@ -1841,6 +1841,8 @@ def test_qwen2_moe_s_q_k_and_v_biases_follow_its_qkv_bias(tmp_path: Path) -> Non
         ("qwen2.5-0.5b", "mlp_bias", "Qwen2MLP builds no bias"),  # a review: +254,976
         ("qwen3-8b", "mlp_bias", "Qwen3MLP, Gemma's, builds no bias"),
         ("gemma-2b", "mlp_bias", "GemmaMLP builds no bias"),
+        ("gemma-2-9b", "mlp_bias", "Gemma2MLP, Gemma's, builds no bias"),  # +1,354,752
+        ("gemma-3-1b", "mlp_bias", "Gemma3MLP, Gemma's, builds no bias"),
     ],
 )
 def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, built: str) -> None:
@@ -1891,6 +1893,11 @@ def test_layer_types_cannot_make_a_family_slide_that_never_does() -> None:
             {**mistral, "sliding_window": None, "layer_types": ["full_attention"] * 32}
         ).tree
     )
+    # no window, whatever layer_types says: MistralModel masks causally where sliding_window
+    # is None (a review: refused as "null is not a positive number of tokens")
+    for kinds_given in (["sliding_attention"] * 32, kinds[:32]):
+        config = {**mistral, "sliding_window": None, "layer_types": kinds_given}
+        assert "sliding_window" not in translate(config).tree
     whole = translate(
         {**mistral, "sliding_window": 4096, "layer_types": ["sliding_attention"] * 32}
     )

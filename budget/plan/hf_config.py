@@ -681,6 +681,8 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "qwen2": "Qwen2MLP builds no bias",
         "qwen3": "Qwen3MLP, Gemma's, builds no bias",
         "gemma": "GemmaMLP builds no bias",
+        "gemma2": "Gemma2MLP, Gemma's, builds no bias",
+        "gemma3_text": "Gemma3MLP, Gemma's, builds no bias",
         "mistral": "MistralMLP builds no bias",
         "mixtral": "MixtralExperts build no bias",
         "qwen2_moe": "Qwen2MoeMLP and its experts build no bias",
@@ -1517,6 +1519,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
             period = _optional(config, pattern, where, period, least=1)
         flags = [not period or (i + 1) % period != 0 for i in range(count)]
     window = config.get(key)
+    if window is None and family in ("mistral", "mixtral"):  # MistralModel: a causal mask
+        return None  # where sliding_window is None, whatever layer_types says (a review)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
             f"{where} has sliding layers but {key} = {json.dumps(window)} is not a positive "
