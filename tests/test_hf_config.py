@@ -1843,6 +1843,8 @@ def test_qwen2_moe_s_q_k_and_v_biases_follow_its_qkv_bias(tmp_path: Path) -> Non
         ("gemma-2b", "mlp_bias", "GemmaMLP builds no bias"),
         ("gemma-2-9b", "mlp_bias", "Gemma2MLP, Gemma's, builds no bias"),  # +1,354,752
         ("gemma-3-1b", "mlp_bias", "Gemma3MLP, Gemma's, builds no bias"),
+        ("phi-4-mini-instruct", "attention_bias", "Phi3Attention builds no bias"),
+        ("phi-4-mini-instruct", "mlp_bias", "Phi3MLP builds no bias"),
     ],
 )
 def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, built: str) -> None:

@@ -676,6 +676,7 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "mixtral": "MixtralAttention, Mistral's, builds no bias",
         "qwen2": "Qwen2Attention builds q, k and v biases and no other",
         "qwen2_moe": "Qwen2MoeAttention's q, k and v biases follow qkv_bias",
+        "phi3": "Phi3Attention builds no bias",  # modular_phi3.py at 06053b8
     },
     "mlp_bias": {
         "qwen2": "Qwen2MLP builds no bias",
@@ -683,6 +684,7 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "gemma": "GemmaMLP builds no bias",
         "gemma2": "Gemma2MLP, Gemma's, builds no bias",
         "gemma3_text": "Gemma3MLP, Gemma's, builds no bias",
+        "phi3": "Phi3MLP builds no bias",
         "mistral": "MistralMLP builds no bias",
         "mixtral": "MixtralExperts build no bias",
         "qwen2_moe": "Qwen2MoeMLP and its experts build no bias",
