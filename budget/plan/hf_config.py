@@ -40,8 +40,7 @@ Mixtral and Phi-3), and Qwen's slide only with ``use_sliding_window``, whatever
 them) is refused when it sets ``sliding_window`` or lists sliding layers in
 ``layer_types``, since nothing in the model would use it; Mistral's and Mixtral's attention
 slides every layer whatever ``layer_types`` says, so full_attention beside a window is
-refused there. Any
-other layer kind (linear, chunked attention) is refused here.
+refused there. Any other layer kind (linear, chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
@@ -353,7 +352,7 @@ def read_hf_config(path: Path) -> HfModel:
         ) from None
     except RecursionError:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
-    found = reading.said(shown, _refused_paths(config))
+    found = reading.said(shown, _refused_paths(config) if reading.values else [])
     if isinstance(config, _Refused):  # a whole file of 1e400 or NaN: said above, once
         raise HfConfigError(*found)
     if not isinstance(config, dict):
@@ -712,19 +711,19 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
             if families
             else "only a file without model_type, written by hand, uses it"
         )
-        problems.append(
-            f"{key} = {json.dumps(value)} in {where}: model_type {json.dumps(family)}'s "
-            f"class does not read it ({read}), so transformers builds the model without "
-            "it; remove it, or correct model_type"
-        )
+        problems.append(_unread(key, value, family, where, read))
     for key, fixed in _FIXED_BIAS.items():
         if family in fixed and config.get(key) is True:  # another value: `_kind_problems`
-            problems.append(
-                f"{key} = {json.dumps(config.get(key))} in {where}: model_type "
-                f"{json.dumps(family)}'s class does not read it ({fixed[family]}), so "
-                "transformers builds the model without it; remove it, or correct model_type"
-            )
+            problems.append(_unread(key, True, family, where, fixed[family]))
     return problems
+
+
+def _unread(key: str, value: Any, family: str, where: str, why: str) -> str:
+    return (
+        f"{key} = {json.dumps(value)} in {where}: model_type {json.dumps(family)}'s class "
+        f"does not read it ({why}), so transformers builds the model without it; remove it, "
+        "or correct model_type"
+    )
 
 
 def _count_problems(config: Mapping[str, Any], where: str) -> list[str]:
@@ -969,9 +968,9 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     }
     # gpt-oss's experts and router always have biases: its classes never read mlp_bias
     mlp_bias = family in _MLP_BIAS or _switch(config, "mlp_bias", where)
-    if config.get("model_type") == "qwen2":  # Qwen2Attention: q, k and v only, always
+    if family == "qwen2":  # Qwen2Attention: q, k and v only, always
         tree["qkv_bias"] = True
-    elif config.get("model_type") == "qwen2_moe":  # Qwen2MoeAttention: its qkv_bias, true
+    elif family == "qwen2_moe":  # Qwen2MoeAttention: its qkv_bias, true
         tree["qkv_bias"] = _switch(config, "qkv_bias", where, default=True)
     elif config.get("model_type") in _GLM:
         # GlmAttention, Glm4Attention and Glm4MoeAttention: attention_bias on q, k and v
@@ -1420,7 +1419,9 @@ _MLP_BIAS = ("gpt_oss",)  # GptOssExperts and GptOssTopKRouter: biases with no k
 _QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # slide only with use_sliding_window
 # families whose attention can slide (transformers' Mistral, Mixtral, Qwen 2 and 3, Gemma 2
 # and 3, Phi-3, gpt-oss and OLMo 3 attention classes pass the config's window to the kernel)
-_SLIDES = ("mistral", "mixtral", *_QWEN, "gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
+# MistralAttention's families: every layer slides where sliding_window is set, none where not
+_MISTRAL = ("mistral", "mixtral")
+_SLIDES = (*_MISTRAL, *_QWEN, "gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
 # without layer_types: every period-th layer attends to the whole context (Gemma2Config,
 # GptOssConfig: (i + 1) % 2; Gemma3TextConfig: (i + 1) % sliding_window_pattern, 6;
 # Olmo3Config: (i + 1) % 4, with a window of 4,096 when the file gives none)
@@ -1471,7 +1472,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
                 "sliding window; write the model's dimensions out to budget every layer as "
                 "full attention"
             )
-        if family in ("mistral", "mixtral") and config.get(key) and "full_attention" in kinds:
+        if family in _MISTRAL and config.get(key) and "full_attention" in kinds:
             raise HfConfigError(
                 f"{where} gives full_attention layers in layer_types beside a window, but "
                 f"MistralAttention (model_type {json.dumps(family)}) slides every layer "
@@ -1521,7 +1522,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
             period = _optional(config, pattern, where, period, least=1)
         flags = [not period or (i + 1) % period != 0 for i in range(count)]
     window = config.get(key)
-    if window is None and family in ("mistral", "mixtral"):  # MistralModel: a causal mask
+    if window is None and family in _MISTRAL:  # MistralModel: a causal mask
         return None  # where sliding_window is None, whatever layer_types says (a review)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(

@@ -32,6 +32,9 @@ _UNIT = re.compile(
 )
 
 
+_HELD_RUN = re.compile(r"\S*\x00\S*")  # a run of words `held` joined
+
+
 def held(plain: str, room: int | None = None) -> str:
     """`plain` with the spaces `held_lines` does not break at made NUL, the same length;
     a held figure wider than `room` columns split at its spaces, not inside it ("over 1" /
@@ -40,9 +43,7 @@ def held(plain: str, room: int | None = None) -> str:
     kept = _UNIT.sub(glue, _COUNT_OF.sub(glue, _COUNTED.sub(glue, plain)))
     if room is None:
         return kept
-    return re.sub(
-        r"\S*\x00\S*", lambda m: m[0] if len(m[0]) <= room else m[0].replace("\x00", " "), kept
-    )
+    return _HELD_RUN.sub(lambda m: m[0] if len(m[0]) <= room else m[0].replace("\x00", " "), kept)
 
 
 def held_lines(
