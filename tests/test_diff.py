@@ -1019,3 +1019,32 @@ def test_a_long_title_wraps_between_whole_degrees(tmp_path: Path) -> None:
     first, second = out.splitlines()[:2]
     assert first.startswith("A  ") and second.startswith("   ")
     assert not re.search(r"\b(tp|pp|dp|cp|ep)$", first.rstrip()), first
+
+
+@pytest.mark.parametrize("width", [44, 52, 60, 80, 120])
+def test_no_plan_change_breaks_a_short_word_at_any_width(width: int) -> None:
+    """At 52 columns the plan changes' value columns were 7 wide: "gpt3-175b" read "gpt3-1"
+    over "75b" and "layernorm" "layern" over "orm". Where three columns cannot hold them,
+    each key is a line with its values after it."""
+    code, out, _ = _diff(GPT3, LLAMA, width=width)
+    assert code == 0
+    changes = out.split("Plan changes", 1)[1].split("Values as budget resolves", 1)[0]
+    words = changes.split()
+    for word in ("gpt3-175b", "llama3-70b", "layernorm", "rmsnorm", "a100-80gb", "dgx-h100"):
+        assert word in words, (width, word)
+    assert "2.039\u00a0TB/s" in changes or "2.039 TB/s" in changes
+    assert all(len(line) <= width for line in out.splitlines())
+
+
+def test_without_rich_s_layout_the_plan_changes_are_listed(monkeypatch) -> None:
+    """A rich without the private layout `whole` reads cannot say the columns hold their
+    words, so the plan changes are a key a line, whatever the width."""
+    from budget.render import table as render
+
+    def missing(*_: object) -> None:
+        raise AttributeError("_calculate_column_widths")
+
+    monkeypatch.setattr(render, "laid_out", missing)
+    code, out, _ = _diff(GPT3, LLAMA, width=120)
+    assert code == 0
+    assert " name  gpt3-175b → llama3-70b" in out.splitlines()

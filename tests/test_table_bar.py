@@ -693,7 +693,7 @@ def test_a_wide_collectives_table_without_its_link_column_marks_the_levels(
 
 
 def test_the_fit_check_falls_back_to_rich_s_public_measure(monkeypatch) -> None:
-    """`whole` reads rich's private column layout (`_laid_out`); a rich without it (the
+    """`whole` reads rich's private column layout (`laid_out`); a rich without it (the
     dependency is `rich>=13`) decides by the table's unbounded width, rich's public
     Measurement, instead of failing the report: a table wider than the terminal does not
     fit, a narrow one does."""
@@ -704,7 +704,7 @@ def test_the_fit_check_falls_back_to_rich_s_public_measure(monkeypatch) -> None:
     def missing(*_: object) -> None:
         raise AttributeError("_measure_column")
 
-    monkeypatch.setattr(render, "_laid_out", missing)
+    monkeypatch.setattr(render, "laid_out", missing)
     console = Console(width=40, record=True)
     wide, narrow = Table(), Table()
     wide.add_column("a", no_wrap=True)

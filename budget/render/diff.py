@@ -292,6 +292,29 @@ def _row_table(title: str, first: str, rows: tuple[Row, ...], marks: dict[str, s
     return table
 
 
+_BROKEN = 20  # a value's word longer than this is broken at any width (`_words_whole`)
+
+
+def _words_whole(console: Console, table: Table, changes: list[tuple[str, str, str]]) -> bool:
+    """Whether the plan changes' value columns, as rich lays them out, are each at least as
+    wide as their longest word of at most `_BROKEN` characters: at 52 columns they were
+    given 7, and "gpt3-175b" read "gpt3-1" over "75b", "layernorm" "layern" over "orm" (a
+    user audit). A longer word, a source's "(togethercomputer/together-nccl-tests", is
+    broken in a table or a list alike. A rich without the private layout methods (`whole`)
+    has the table listed instead."""
+    from budget.render.table import laid_out
+
+    try:
+        given = laid_out(console, table)[2]
+    except (AttributeError, TypeError):
+        return False
+    longest = [
+        max(min(len(word), _BROKEN) for row in changes for word in row[i].split() or [""])
+        for i in (1, 2)
+    ]
+    return given[1] >= longest[0] and given[3] >= longest[1]
+
+
 def _unchanged(rows: tuple[Row, ...], first: str, quote: Callable[[str], str]) -> str:
     """ "Unchanged phases: forward.embedding, loss." for the rows that did not move, or ""."""
     unchanged = [quote(_name(row)) for row in rows if not row.changed]
@@ -327,7 +350,8 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         table.add_column("A", justify="right")
         table.add_column("", no_wrap=True)
         table.add_column("B", justify="left")
-        for key, was, now in shown_changes(diff.changes):
+        changes = shown_changes(diff.changes)
+        for key, was, now in changes:
             # as text, not markup: [tp, cp, dp] and names with brackets; each wrapped between
             # words, a key's lines under its first (rich cut a transition's key to
             # "transitions[log-softmax (fp32) kept for the backward, beside the .float(…" at
@@ -335,9 +359,18 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
             # unit, and a word wider than its cell broken, not cut
             table.add_row(Hanging(key, 0, 2), Hanging(was, 0, 0), "→", Hanging(now, 0, 0))
         if not whole(console, table):  # the keys as narrow as their longest word, no more
-            keys = [key for key, _, _ in shown_changes(diff.changes)]
+            keys = [key for key, _, _ in changes]
             table.columns[0].width = 2 + max(len(word) for key in keys for word in key.split())
-        console.print(table)
+        if _words_whole(console, table, changes):
+            console.print(table)
+        else:  # too narrow for three columns: a line a key, its values after it
+            console.print("Plan changes", style="table.title")
+            console.print()
+            for key, was, now in changes:
+                print_wrapped(
+                    console, Text.assemble((key, "bold"), f"  {was} → {now}"), "     ", " "
+                )
+            console.print()
         console.print(RESOLVED, highlight=False)  # at the terminal's width, not the table's
     else:
         console.print("Plan changes: none (the budgets differ only through defaults or files).")

@@ -331,7 +331,7 @@ def whole(console: Console, table: Table) -> bool:
     table = for_console(console, table)  # as it prints: "α" as "alpha" is 4 columns wider
     free = console.options.update_width(2**16)
     try:
-        extra, needs, given = _laid_out(console, table)
+        extra, needs, given = laid_out(console, table)
     except (AttributeError, TypeError):  # a rich without these internals
         from rich.measure import Measurement
 
@@ -342,7 +342,7 @@ def whole(console: Console, table: Table) -> bool:
     return fits and all(g >= n for g, n in zip(given, needs, strict=True))
 
 
-def _laid_out(console: Console, table: Table) -> tuple[int, list[int], list[int]]:
+def laid_out(console: Console, table: Table) -> tuple[int, list[int], list[int]]:
     """The table's edges and padding, the width each column needs whole (its widest cell if
     it does not wrap, else its longest word) and the widths rich gives them at the
     terminal's width, from rich's private layout methods."""
