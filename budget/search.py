@@ -61,7 +61,7 @@ from budget.plan.model import (
     Transition,
 )
 from budget.plan.resolve import MAX_ELEMENTS, parse_placement, shape_names
-from budget.plan.transitions import pipeline_phase
+from budget.plan.transitions import check_chains, co_sharded, pipeline_phase
 from budget.schedule import (
     Replay,
     StageTime,
@@ -480,10 +480,10 @@ def reshaped(plan: Plan, values: dict[str, Any]) -> tuple[Transition, ...]:
 
 
 def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
-    """`block` without the layouts where `budget PLAN` would refuse a hand-written
-    transition of the plan: a shape that cannot be formed (`_shape_of`), a shard that does
-    not divide over its group, or without a pipeline (pp 1) a stage send or a phase of one
-    (`transitions.pipeline_phase`)."""
+    """`block` without the layouts where `budget PLAN` would refuse a hand-written transition
+    of the plan: a shape that cannot be formed (`_shape_of`), a shard that does not divide
+    over its group or, sharded on two at once, over theirs (`co_sharded`), or without a
+    pipeline (pp 1) a stage send or a phase of one (`transitions.pipeline_phase`)."""
     if not plan.transitions or not len(block):
         return block
     names = _names(plan, block.values)
@@ -500,8 +500,9 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         broken[reason] |= keep & out
         keep &= ~np.asarray(out)
 
+    shapes = {}
     for tr in plan.transitions:
-        shape, outs = _shape_of(tr, names)
+        shape, outs = shapes[id(tr)] = _shape_of(tr, names)
         for reason, out in zip(SHAPE_REASONS, outs, strict=True):
             drop(reason, out)
         for text in (tr.src, tr.dst):
@@ -511,6 +512,11 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         sends = tr.group == "pp" and tr.src == tr.dst
         if sends or pipeline_phase(plan.mode, tr.phase) is not None:
             drop(reasons[5], block.values["pp"] == 1)
+    for tr, dim, on in co_sharded(
+        plan.mode, check_chains(plan.file, plan.mode, plan.transitions)[0]
+    ):
+        ranks = math.prod(names[group] for group in on)
+        drop(reasons[4], np.asarray(shapes[id(tr)][0][dim] % ranks) != 0)
     for reason, mask in broken.items():
         if mask.any():
             counts.rejected[reason] += int(mask.sum())

@@ -2232,9 +2232,10 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
 
     Each becomes a Move priced like the built-in ones: where it names a whole pass
     (`WHOLE_PASSES`: forward, backward; serving's prefill, decode), `count` times per
-    micro-batch or pass, in a phase of its own (it ran once per layer of the pass's first
-    phase: an audit); else `count` times per instance of the phase it names, whole or by
-    a prefix (per layer in forward.attention, per micro-batch in loss, once in dp.grads).
+    micro-batch or pass, in a phase of the pass and the tensor's name (it ran once per layer
+    of the pass's first phase: an audit); else `count` times per instance of the phase it
+    names, whole or by a prefix (per layer in forward.attention, per micro-batch in loss,
+    once in dp.grads).
     Its output is alive during the phase it names, or the pass's first, and with
     `source_alive` its source too (DESIGN.md rule 2), a local slice's as a collective's,
     unless the source is the result of the tensor's transition before it in that phase,
@@ -2250,7 +2251,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     if not plan.transitions:
         return step
     parsed, problems = check_chains(plan.file, plan.mode, plan.transitions)
-    if problems:  # a plan `load_plan` resolved has none
+    if problems:  # a plan `load_plan` resolved has none (nor, as a sweep's, `search._shaped`)
         raise BudgetError(problems)
     degrees = {
         "tp": plan.parallel.tp,
@@ -2351,8 +2352,15 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 )
             move = Move(tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule)
             if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in a phase of its own
-                runs = tr.count * pass_runs[tr.phase]
-                passes.append(Phase(f"{tr.phase}: {tr.name}", runs, (move,)))
+                # one a tensor: its chain on one group, or its reductions on dp and on tp, are
+                # that phase's moves, as a named phase's are (an audit: a second transition of
+                # "X" in the backward made a second phase of the same name, and the report's
+                # one row per name showed one collective while the step counted both)
+                name, move = f"{tr.phase}: {tr.name}", replace(move, count=tr.count)
+                at = next((k for k, p in enumerate(passes) if p.name == name), len(passes))
+                if at == len(passes):
+                    passes.append(Phase(name, pass_runs[tr.phase]))
+                passes[at] = replace(passes[at], moves=(*passes[at].moves, move))
             else:  # a phase, named whole or by a prefix of its name (dp → dp.grads)
                 phases[target] = replace(
                     phases[target], moves=(*phase.moves, replace(move, count=tr.count))

@@ -2591,3 +2591,29 @@ SLOW_NETWORK = """topology:
   levels:
     - {name: nvlink, size: 8, bandwidth: 450 GB/s, latency: 3 us}
     - {name: ib, bandwidth: 2 GB/s, latency: 10 us}"""
+
+
+def test_a_layout_whose_degrees_together_do_not_divide_a_shard_is_rejected(tmp_path):
+    """A tensor of 128 rows shard(0) on dp and on tp at once splits them over dp x tp ranks:
+    pp 1 (dp 128 x tp 8 = 1,024) is rejected, though each degree divides 128, as the plan
+    loader refuses it; pp 8 (dp 16 x tp 8 = 128) is kept and budgets as the loader's."""
+    both = """transitions:
+  - {name: x, phase: loss, tensor: {shape: [128, hidden], dtype: bf16}, group: dp,
+     from: replicate, to: shard(0)}
+  - {name: x, phase: loss, tensor: {shape: [128, hidden], dtype: bf16}, group: tp,
+     from: replicate, to: shard(0)}
+"""
+    plan = load_plan(_gpt3_with(tmp_path, both))
+    outcome = search(plan, 1024, Space(tp=(8,), pp=(1, 8), zero=(1,), recompute=("full",)))
+    assert outcome.rejected["a hand-written transition's shard does not divide over its group"]
+    assert {r.config.pp for r in outcome.results} == {8}
+    with pytest.raises(BudgetError, match="splits over dp 128 × tp 8 = 1,024 ranks"):
+        load_plan(
+            variant(
+                tmp_path,
+                "pp1.yaml",
+                ("pp: 8", "pp: 1"),
+                ("dp: 16", "dp: 128"),
+                base=Path(plan.file),
+            )
+        )

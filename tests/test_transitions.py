@@ -711,3 +711,51 @@ def test_a_shape_is_read_against_the_names_it_is_evaluated_over(plan: str) -> No
     p = load_plan(ROOT / "plans" / plan)
     serving = p.mode != "train"
     assert sorted(shape_keys(serving)) == sorted(shape_names(p.model, p.batch, p.parallel, serving))
+
+
+def test_a_tensor_s_transitions_in_one_pass_are_one_phase_with_each_collective(tmp_path):
+    """Two reductions of one tensor in the backward, on tp then on dp: one phase, "backward:
+    x", with both all-reduces, whose times add up to the phase's communication and to what
+    the step gains over the plan without them. Each had a phase of the same name, and the
+    report's one row per name showed the tp all-reduce alone while the step counted both
+    (an audit: the dp one, 2.70 ms on InfiniBand, was nowhere in the collectives)."""
+    both = """transitions:
+  - {name: x, phase: backward, tensor: {shape: [micro * seq, hidden], dtype: bf16}, group: tp,
+     from: partial, to: replicate}
+  - {name: x, phase: backward, tensor: {shape: [micro * seq, hidden], dtype: bf16}, group: dp,
+     from: partial, to: replicate}
+"""
+    report = budget_plan(_plan(tmp_path, both))
+    bare = budget_plan(GPT3)
+    (phase,) = [p for p in report.phases if p.name == "backward: x"]
+    ops = {(c.group, c.op, c.bytes) for c in phase.collectives}
+    full = 2048 * 12288 * 2  # micro 1 x seq 2,048 x hidden 12,288, bf16
+    assert ops == {("tp", "all-reduce", full), ("dp", "all-reduce", full)}
+    assert phase.comm_s == pytest.approx(sum(c.time_s * c.count for c in phase.collectives))
+    assert report.step["comm_s"] - bare.step["comm_s"] == pytest.approx(phase.comm_s)
+
+
+_CO_SHARDED = """transitions:
+  - {{name: x, phase: loss, tensor: {{shape: [{rows}, hidden], dtype: bf16}}, group: dp,
+     from: replicate, to: shard(0)}}
+  - {{name: x, phase: loss, tensor: {{shape: [{rows}, hidden], dtype: bf16}}, group: tp,
+     from: replicate, to: shard(0)}}
+"""
+
+
+def test_a_dimension_sharded_on_two_groups_divides_by_both_degrees(tmp_path):
+    """GPT-3's dp 16 and tp 8 each divide 16 rows, but a tensor shard(0) on both splits its
+    rows over 128 ranks: refused, as one group's uneven shard is (DESIGN.md rule 1: a shard
+    partitions). It was priced at an eighth of a row a rank (an audit, [8, 65536] on dp 2
+    and tp 8: half a row). 128 rows divide; the pieces are 128 x 12,288 x 2 B / 128."""
+    code, out, err = _run(str(_plan(tmp_path, _CO_SHARDED.format(rows=16))))
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        "error: $.transitions[1]: 'x' is shard(0) on dp and tp at once: dimension 0 of size 16 "
+        "splits over dp 16 × tp 8 = 128 ranks, which does not divide evenly\n"
+    )
+    assert err.count("error:") == 1
+    report = budget_plan(_plan(tmp_path, _CO_SHARDED.format(rows=128)))
+    loss = next(p for p in report.phases if p.name == "loss")
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("x (")}
+    assert held["x (shard(0))"] == 12288 * 2

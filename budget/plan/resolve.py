@@ -1760,7 +1760,7 @@ def resolve(
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
-        r.problems += check_chains(file, mode, transitions)[1]
+        r.problems += check_chains(file, mode, transitions, names)[1]
     elif "transitions" not in skip:
         r.shape_syntax(tree.get("transitions", []), mode != "train", broken_transitions or {})
     if "transitions" not in skip:

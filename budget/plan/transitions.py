@@ -6,6 +6,9 @@ is in the step (a send from the stage at the model's end) is checked when it is 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from budget.errors import Problem
 from budget.phases import PHASE_ORDER, pass_within
 from budget.placement import IllegalTransition, Op, Placement, collective_for
@@ -62,7 +65,10 @@ def step_rank(mode: Mode, name: str) -> int:
 
 
 def check_chains(
-    file: str, mode: Mode, transitions: tuple[Transition, ...]
+    file: str,
+    mode: Mode,
+    transitions: tuple[Transition, ...],
+    degrees: Mapping[str, int] | None = None,
 ) -> tuple[list[Parsed], list[Problem]]:
     """Parse the hand-written transitions, returned in step order (`step_rank`), and find
     the ones that would make a budget cheaper by being wrong (DESIGN.md rule 7). Their
@@ -79,7 +85,8 @@ def check_chains(
     chain ends, since whatever consumes it next takes it as complete
     (Megatron-LM's sequence-parallel LayerNorm gradients are partial on tp and on dp, and
     reduced on each). A gradient that reaches the optimizer step still partial has skipped
-    its reduction.
+    its reduction. With the groups' `degrees`, a dimension sharded on two groups at once
+    must divide by the product of their degrees (`co_sharded`).
     """
     problems: list[Problem] = []
     parsed: list[Parsed] = []
@@ -124,7 +131,59 @@ def check_chains(
                 "complete: add its reduction (partial → replicate or partial → shard)"
             )
             problems.append(problem(file, tr, message, ".to"))
+    if degrees is not None:
+        problems += _unevenly_co_sharded(file, mode, parsed, degrees)
     return parsed, problems
+
+
+def _unevenly_co_sharded(
+    file: str, mode: Mode, parsed: list[Parsed], degrees: Mapping[str, int]
+) -> list[Problem]:
+    """A problem for each dimension sharded on groups whose degrees' product does not
+    divide it (`co_sharded`)."""
+    problems = []
+    for tr, dim, on in co_sharded(mode, parsed):
+        ranks = math.prod(degrees[group] for group in on)
+        if tr.shape[dim] % ranks:
+            over = " × ".join(f"{group} {degrees[group]}" for group in on)
+            message = (
+                f"{tr.name!r} is shard({dim}) on {' and '.join(on)} at once: dimension {dim} "
+                f"of size {tr.shape[dim]:,} splits over {over} = {ranks:,} ranks, which does "
+                "not divide evenly"
+            )
+            problems.append(problem(file, tr, message))
+    return problems
+
+
+def co_sharded(mode: Mode, parsed: list[Parsed]) -> list[tuple[Transition, int, tuple[str, ...]]]:
+    """Where a tensor is shard(d) on two groups or more at once, in the step order of
+    `parsed` (`check_chains`'): (the transition at which it first is, d, the groups). Each
+    group's placement before its first transition is that transition's source, as the step
+    walks them (`step._with_transitions`). Its dimension d is split over the product of
+    their degrees, which must divide it as one group's degree must (DESIGN.md rule 1: a
+    shard is a partition); each degree dividing it alone is not enough (an audit: [8, 65536]
+    shard(0) on dp 2 and tp 8 held half a row a rank). Transitions of a phase the plan's
+    mode lacks run nowhere, and are left out."""
+    walked = [(tr, src, dst) for tr, src, dst, _ in parsed if known_phase(mode, tr.phase)]
+    placed: dict[tuple[str, str], Placement] = {}
+    for tr, src, _ in walked:
+        placed.setdefault((tr.name, tr.group), src)
+    found: dict[tuple[str, int, tuple[str, ...]], Transition] = {}
+
+    def look(tr: Transition) -> None:
+        groups: dict[int, list[str]] = {}
+        for (name, group), at in placed.items():
+            if name == tr.name and at.kind == "shard" and at.dim is not None:
+                groups.setdefault(at.dim, []).append(group)
+        for dim, on in groups.items():
+            if len(on) > 1:
+                found.setdefault((tr.name, dim, tuple(sorted(on))), tr)
+
+    for tr, _, dst in walked:
+        look(tr)  # as the transition finds the tensor, then as it leaves it
+        placed[tr.name, tr.group] = dst
+        look(tr)
+    return [(tr, dim, on) for (_, dim, on), tr in found.items()]
 
 
 def pipeline_phase(mode: Mode, phase: str) -> str | None:
