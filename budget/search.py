@@ -60,7 +60,7 @@ from budget.plan.model import (
     Topology,
     Transition,
 )
-from budget.plan.resolve import MAX_ELEMENTS, parse_placement, shape_names
+from budget.plan.resolve import MAX_ELEMENTS, gather_rounds_master, parse_placement, shape_names
 from budget.plan.transitions import check_chains, co_sharded, pipeline_phase
 from budget.schedule import (
     Replay,
@@ -611,6 +611,10 @@ def _grid_piece(
             & (dp * cp == 1)
             & (0 in space.zero)
             & ((experts is None) | (tp == ep * etp)),
+        ),
+        (
+            "ZeRO 1 or 2 gathering parameters narrower than their own master copy",
+            np.isin(zero, (1, 2)) & gather_rounds_master(plan.precision),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

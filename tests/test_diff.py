@@ -1048,3 +1048,16 @@ def test_without_rich_s_layout_the_plan_changes_are_listed(monkeypatch) -> None:
     code, out, _ = _diff(GPT3, LLAMA, width=120)
     assert code == 0
     assert " name  gpt3-175b → llama3-70b" in out.splitlines()
+
+
+def test_the_headline_keeps_each_figure_with_its_unit() -> None:
+    """At 80 columns the sentence under the titles wrapped between "(1.11" and "s → 1.21 s)":
+    rich breaks at a no-break space too, so it is held as every wrapped text is."""
+    fsdp = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    for width in range(60, 100):
+        code, out, _ = _diff(fsdp, gathered, width=width)
+        assert code == 0
+        lines = out.split("B against A", 1)[1].split("fit.", 1)[0].splitlines()
+        assert not any(re.search(r"\d$", line.rstrip()) for line in lines), (width, lines)
+        assert all(len(line) <= width for line in lines)

@@ -277,11 +277,34 @@ def test_sweep_budgets_fsdp_as_the_report_does(tmp_path: Path) -> None:
     sample = [r for r in found if r.config.zero == 3][:6] + [
         r for r in found if r.config.zero != 3
     ][:6]
-    assert {r.config.zero for r in sample} >= {3, 1}
+    assert {r.config.zero for r in sample} == {3, 0}  # ZeRO 1 and 2: the test below
     for result in sample:
         report = build_report(apply(plan, result.config, 16))
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert abs(report.step["time_s"] / result.step_time_s - 1) < 1e-9, result.config
+
+
+def test_zero_1_or_2_may_not_gather_parameters_narrower_than_their_own_master(
+    tmp_path: Path,
+) -> None:
+    """MPT's fp32 parameters are their own master copy: ZeRO 1 and 2 refresh each rank's
+    replica by the gather after the optimizer step, so a bf16 gather would round every copy
+    but its owner's (an audit: ZeRO 1 priced a bf16 gather of 16.1 GB where the fp32
+    replica takes 32.1 GB). Refused at param_gather; the search rejects those layouts with
+    the reason, and gathers in fp32 are taken."""
+    for zero in (1, 2):
+        path = tmp_path / f"zero{zero}.yaml"
+        path.write_text(yaml.safe_dump(_tree({"zero": zero})), encoding="utf-8")
+        with pytest.raises(BudgetError) as err:
+            load_plan(path)
+        assert [p.path for p in err.value.problems] == ["$.precision.param_gather"]
+        assert f"param_gather: bf16 under ZeRO {zero} beside params: fp32" in str(err.value)
+        assert _plan(tmp_path, {"zero": zero}, param_gather="fp32").parallel.zero == zero
+    path = tmp_path / "seed.yaml"
+    path.write_text(yaml.safe_dump(_tree()), encoding="utf-8")
+    outcome = search(load_plan(path, seed=True), 16, Space(micro=(1, 2)))
+    assert outcome.rejected["ZeRO 1 or 2 gathering parameters narrower than their own master copy"]
+    assert not any(r.config.zero in (1, 2) for r in outcome.results)
 
 
 def test_bad_grad_reduce_is_refused_at_its_key(tmp_path: Path) -> None:

@@ -1111,6 +1111,32 @@ class _Resolver:
         return True
 
 
+def gather_rounds_master(precision: Precision) -> bool:
+    """Whether the parameters are their own master copy and gathered narrower than they
+    are, which ZeRO 1 and 2 cannot do (`_check_zero_gather`)."""
+    narrower = DTYPE_BYTES[precision.param_gather] < DTYPE_BYTES[precision.params]
+    return precision.master is None and narrower
+
+
+def _check_zero_gather(r: _Resolver, precision: Precision, zero: int) -> None:
+    """ZeRO 1 and 2 refresh each rank's replica of the parameters by gathering the shards
+    the optimizer updated (Rajbhandari et al. 2020, section 5.1). Where the parameters are
+    their own master copy (``master: none``), a gather narrower than they are rounds every
+    rank's copy but its owner's, step after step (an audit: fp32 parameters gathered in
+    bf16 were priced); ZeRO-3's gathered copy is a transient beside the fp32 shard, which
+    FSDP's mixed precision narrows by design."""
+    if zero in (1, 2) and gather_rounds_master(precision):
+        r.error(
+            "$.precision.param_gather",
+            f"param_gather: {precision.param_gather} under ZeRO {zero} beside params: "
+            f"{precision.params} and no master copy: the {precision.params} parameters are "
+            "the optimizer's own, and ZeRO 1 and 2 refresh each rank's replica by this "
+            f"gather, so {precision.param_gather} would round every copy but its owner's; "
+            "leave param_gather out (it follows params) or use zero: 3, whose gathered "
+            "copy is a transient",
+        )
+
+
 def _fills(topology: Topology) -> bool:
     """Whether the topology's GPUs fill each domain they reach: a job inside one domain of
     a level (24 GPUs of a 256-GPU rail unit) fills none partially (the levels' own check
@@ -1712,6 +1738,8 @@ def resolve(
         if skip & {"precision", "model"}
         else r.precision(tree.get("precision", {}), mode != "train")
     )
+    if precision is not None and par is not None:
+        _check_zero_gather(r, precision, par.zero)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

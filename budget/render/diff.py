@@ -342,7 +342,9 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
         console.print()
         console.print("No differences: the plans resolve to the same configuration and budget.")
         return
-    console.print(Text(headline(diff) + "."))
+    # held as every wrapped text is: rich breaks at a no-break space too, and "(1.11" ended
+    # one line and "s → 1.21 s)" began the next at 80 columns (an audit)
+    print_wrapped(console, headline(diff) + ".", indent="")
     console.print()
     if diff.changes:
         table = titled_table("Plan changes")
