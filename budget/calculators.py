@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from budget.collectives import OPS, Algorithm, CollectiveCost, Op, Stage, default_algorithm
+from budget.collectives import ALIASES, OPS, Algorithm, CollectiveCost, Op, Stage, default_algorithm
 from budget.compute import Roofline
 from budget.compute import roofline as compute_roofline
 from budget.errors import UsageErrors
@@ -58,6 +58,9 @@ class CollectiveResult:
     # an unnamed all-reduce across levels takes NCCL's ring or its tree, whichever is faster
     # (`collectives._nccl_all_reduce`): the one it passed over and its time
     passed_over: tuple[str, float] | None = None
+    # the name asked for where it means another algorithm (`collectives.ALIASES`: an
+    # all-to-all's ring is its pairwise exchange), said beside the one priced
+    asked: str | None = None
 
     @property
     def exposed_s(self) -> float:
@@ -237,7 +240,8 @@ def collective(
         time = float(price_group(kind, size_bytes, span, other).time_s)
         # a group of one rank moves nothing either way: nothing was faster
         passed_over = (other, time) if time != float(cost.time_s) else None
-    return CollectiveResult(cost, topology.levels, beside_s, passed_over)
+    asked = algorithm if (kind, algorithm) in ALIASES else None
+    return CollectiveResult(cost, topology.levels, beside_s, passed_over, asked)
 
 
 def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:

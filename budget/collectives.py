@@ -112,7 +112,7 @@ TREE_CORRECTION: Final[tuple[float, ...]] = (
     0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9,
 )  # fmt: skip
 # Names accepted for an op that mean one of its algorithms (rule 3's "ring" row).
-_ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
+ALIASES: Final[dict[tuple[Op, str], Algorithm]] = {
     ("all-to-all", "ring"): "pairwise",  # the ring-offset pairwise exchange: step k sends to i+k
     ("send-recv", "ring"): "direct",
 }
@@ -1125,7 +1125,7 @@ def _unknown_op(op: str) -> str:
 def _resolve(op: Op, algorithm: str | None) -> Algorithm:
     if algorithm is None:
         return default_algorithm(op)
-    alias = _ALIASES.get((op, algorithm))
+    alias = ALIASES.get((op, algorithm))
     if alias is not None:
         return alias
     if algorithm == "hierarchical" and op != "send-recv":
@@ -1137,11 +1137,19 @@ def _resolve(op: Op, algorithm: str | None) -> Algorithm:
     raise ValueError(_not_applicable(op, algorithm))
 
 
+def _alias_of(op: str, algorithm: str) -> str | None:
+    """The other name `ALIASES` gives `op`'s `algorithm`, or None."""
+    return next((name for (o, name), a in ALIASES.items() if o == op and a == algorithm), None)
+
+
 def _not_applicable(op: str, algorithm: str) -> str:
     across = ("double-tree",) if op == "all-reduce" else ()
     choices = (*ALGORITHMS.get(cast(Op, op), ()), *across, "hierarchical", "auto")
     if op == "send-recv":
         choices = ("direct", "auto")
+    # a name that means one of them (`ALIASES`) is accepted too, and said so (an audit: the
+    # list of an all-to-all's left out the ring it takes, as its pairwise exchange)
+    choices = tuple(f"{c} (also named {a})" if (a := _alias_of(op, c)) else c for c in choices)
     return f"{op} has no {algorithm!r} algorithm; choose one of {', '.join(choices)}"
 
 

@@ -1131,3 +1131,16 @@ def test_the_time_says_it_is_the_total_and_what_of_it_is_exposed() -> None:
     beside = runner.invoke(app, [*args, "--beside", "1ms"]).stdout
     assert "| time T | 4,189.663 µs  (bandwidth-bound; the total) |" in beside
     assert "| exposed max(0, T − W) | 3,189.663 µs" in beside
+
+
+@pytest.mark.parametrize(("op", "meant"), [("all-to-all", "pairwise"), ("send-recv", "direct")])
+def test_ring_names_an_all_to_alls_pairwise_exchange_and_says_so(op: str, meant: str) -> None:
+    """DESIGN rule 3's ring row: an all-to-all's ring is its pairwise exchange (step k sends
+    to rank i + k), a send-recv's its direct send. Asked for by that name, the table says
+    which it priced, and a wrong name's list of choices has ring in it (an audit: ring was
+    taken but the list left it out, and the table said pairwise with no word of why)."""
+    args = ["collective", op, *ACCEPTANCE_1]
+    assert _json([*args, "--algorithm", "ring"])["algorithm"] == meant
+    result = runner.invoke(app, route([*args, "--algorithm", "ring"]), env={"COLUMNS": "100"})
+    assert result.stdout.splitlines()[0].endswith(f"(what --algorithm ring means for {op})")
+    assert f"{meant} (also named ring)" in _error([*args, "--algorithm", "recursive"])

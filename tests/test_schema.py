@@ -306,6 +306,8 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
         ("recompute", "full", "; recompute is a top-level key"),
         ("reserved", "3 GiB", "; reserved goes under device"),
         ("tp", "2", "; tp goes under parallel or overlap"),
+        # a link's keys (an audit: topology.bandwidth listed the topology's keys alone)
+        ("bandwidth", "50 GB/s", "; bandwidth goes under each of topology.levels"),
         ("speed", "1", ""),
     ]:
         text = MINIMAL.replace("batch: {", f"batch: {{{key}: {value}, ")

@@ -130,7 +130,14 @@ def _home(key: str, path: str) -> str | None:
         for name, section in sections.items()
         if key in section.get("properties", {}) and path != f"$.{name}"
     ]
-    return f"goes under {' or '.join(homes)}" if homes else None
+    if homes:
+        return f"goes under {' or '.join(homes)}"
+    # a link's keys are a level's (an audit: topology: {preset: dgx-h100, bandwidth: ...}
+    # listed the topology's keys and no word of the levels')
+    level = sections["topology"]["properties"]["levels"]["items"]["properties"]
+    if key in level and not path.startswith("$.topology.levels["):
+        return "goes under each of topology.levels"
+    return None
 
 
 def _close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -> list[str]:

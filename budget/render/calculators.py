@@ -42,6 +42,8 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         return
     cost = result.cost
     title = f"{cost.op} · {cost.algorithm} · {plural(int(cost.ranks), 'rank')}"
+    if result.asked:  # an alias (an audit: asked for ring, an all-to-all read pairwise unsaid)
+        title += f" (what --algorithm {result.asked} means for {cost.op})"
     # over several levels each term sums the stages below, each at its own link's figures;
     # a ring's levels carry their hops at once, so its bandwidth term is the busier port's;
     # an all-to-all's levels so carry the blocks for the peers each reaches, NCCL's grouped
