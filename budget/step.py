@@ -836,11 +836,12 @@ def _current_layer(b: _StageBuilder) -> list[Alloc]:
     return layer.attention + (layer.moe if b.last_is_moe else layer.mlp)
 
 
-def _earlier(b: _StageBuilder) -> Alloc:
+def _earlier(b: _StageBuilder, freed: int = 0) -> Alloc:
     """Everything saved on this stage except the current layer: the micro-batches in
-    flight (`inflight`) times what one leaves saved, less the layer being worked on."""
-    passes = vmax(0, vround(b.in_flight * b.layers) - 1)
-    saved = b.saved_in_flight - _total(b.current_layer)
+    flight (`inflight`) times what one leaves saved, less the layer being worked on and
+    the `freed` layer passes whose backward has run."""
+    passes = vmax(0, vround(b.in_flight * b.layers) - 1 - freed)
+    saved = b.saved_in_flight - (1 + freed) * _total(b.current_layer)
     return Alloc(
         f"{CARRIED_ACTIVATIONS}, {count_label(passes)} earlier layer passes",
         "activations",
@@ -1400,6 +1401,34 @@ def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = No
     return vwhere(flops.fsdp_mixed(plan), fsdp, otherwise or DTYPE_BYTES[prec.grads])
 
 
+def _zero3_layer_below(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
+    """A dense MLP's backward `instants` (those of the stage's last layer) and, under
+    ZeRO-3 with `overlap.dp_grads`, the same of the layer below it: the attention above
+    still holds its whole gradients while their reduce-scatter runs behind this block
+    (`_zero3_moves`), where the last layer's MLP had the head's behind it, held already
+    (`_zero3_transients`), and the last layer's saved tensors are freed (an audit: under
+    full recompute a layer saves its input alone, 64 MiB for Llama 3 8B at 8,192 tokens,
+    and the attention's gradients, 240 MiB with their fp32 cast, were in no instant). A
+    stage with MoE layers is left as it is, its layers' saved sizes differing; where a
+    sweep's configuration has no layer below, its copies' bytes are zeroed (`when`)."""
+    plan, layer = b.plan, b.layer
+    grads = _unsharded_gradient_bytes(plan, True)
+    n = sum(n * grads * (ranks > 1) for _, ranks, n in layer.zero3["attention"])
+    on = (plan.parallel.zero == 3) & plan.overlap.dp_grads & (b.dense > 1) & (n > 0)
+    if b.has_moe or not np.any(holds(on)):
+        return instants
+    reducing = Alloc("gradients of the attention above (reduce-scattering)", "transient", n)
+    lower = _earlier(b, 1)
+    below = [
+        Instant(
+            f"{i.label}, a layer lower",
+            tuple(when([lower if a is b.earlier else a for a in i.live] + [reducing], on)),
+        )
+        for i in instants
+    ]
+    return instants + below
+
+
 def _zero3_transients(
     plan: Plan, layer: _Layer, block: str, after: Sequence[str], backward: bool = False
 ) -> list[Alloc]:
@@ -1838,33 +1867,36 @@ def _backward(b: _StageBuilder) -> None:
             again
             + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
             + _zero3_moves(plan, b.layer, "mlp", True),
-            [
-                Instant(
-                    "fc2 gradients",
-                    tuple(saved + recomputed + [grad_out, ffn_grad] + out_gather + mlp_bucket),
-                ),
-                Instant(
-                    "activation gradients",
-                    (
-                        *_spent(saved + recomputed, fc2_in),
-                        grad_out,
-                        ffn_grad,
-                        act_grad,
-                        *mlp_bucket,
+            _zero3_layer_below(
+                b,
+                [
+                    Instant(
+                        "fc2 gradients",
+                        tuple(saved + recomputed + [grad_out, ffn_grad] + out_gather + mlp_bucket),
                     ),
-                ),
-                Instant(
-                    "fc1 weight and input gradients",
-                    (
-                        *_spent(saved + recomputed, fc2_in + act_in),
-                        grad_out,
-                        act_grad,
-                        *regather,
-                        *partial_in,
-                        *mlp_bucket,
+                    Instant(
+                        "activation gradients",
+                        (
+                            *_spent(saved + recomputed, fc2_in),
+                            grad_out,
+                            ffn_grad,
+                            act_grad,
+                            *mlp_bucket,
+                        ),
                     ),
-                ),
-            ],
+                    Instant(
+                        "fc1 weight and input gradients",
+                        (
+                            *_spent(saved + recomputed, fc2_in + act_in),
+                            grad_out,
+                            act_grad,
+                            *regather,
+                            *partial_in,
+                            *mlp_bucket,
+                        ),
+                    ),
+                ],
+            ),
             b.layer.kernels.backward("mlp", s)
             + flops.bias_gradients(plan, s, "mlp")
             + _accumulate(b, "mlp"),

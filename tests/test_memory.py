@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget.memory import memory
+from budget.phases import CARRIED_ACTIVATIONS, Instant
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Precision
@@ -163,26 +164,53 @@ def test_zero3_overlapped_reduction_keeps_the_previous_blocks_gradients_alive():
     backward (FSDP's backward overlap), so the MLP's whole gradients are still held there:
     GPT-3 at tp 8, 151,019,520 fp32 parameters = 604,078,080 B beside the attention's own
     4 · 75,522,048 (it was freed as soon as the attention started: an audit). Behind the
-    stage's last MLP runs the head's reduction, whose gradients are held already."""
+    stage's last MLP runs the head's reduction, whose gradients are held already; behind
+    the MLP of the layer below it runs the attention's above, 4 · 75,522,048 B held there,
+    with the last layer's saved tensors freed (an audit: that MLP's instants were in no
+    phase, and the attention's gradients in none of its peaks)."""
     h = 12288
     mlp, attention = 8 * h * h // 8 + 2 * h, 4 * h * h // 8 + 2 * h
     plan = make_plan(zero=3, tp=8, pp=1, dp=128, global_batch=1536)
     overlapped = replace(plan, overlap=replace(plan.overlap, dp_grads=True))
 
-    def grads(plan, phase: str) -> dict[str, int]:
+    def instants(plan, phase: str) -> tuple[Instant, ...]:
         (stage,) = derive(plan).stages
         (found,) = [p for p in stage.phases if p.name == phase]
+        return found.instants
+
+    def grads(plan, phase: str, at: int = -1) -> dict[str, int]:
         wanted = ("gradients before reduce-scatter", "reduce-scattering")
-        return {
-            a.name: a.bytes for a in found.instants[-1].live if any(w in a.name for w in wanted)
-        }
+        live = instants(plan, phase)[at].live
+        return {a.name: a.bytes for a in live if any(w in a.name for w in wanted)}
 
     assert grads(overlapped, "backward.attention") == {
         "gradients before reduce-scatter": 4 * attention,
         "gradients of the previous mlp block (reduce-scattering)": 4 * mlp,
     }
     assert grads(plan, "backward.attention") == {"gradients before reduce-scatter": 4 * attention}
-    assert grads(overlapped, "backward.mlp") == {"gradients before reduce-scatter": 4 * mlp}
+    assert grads(overlapped, "backward.mlp", 2) == {"gradients before reduce-scatter": 4 * mlp}
+    top, below = instants(overlapped, "backward.mlp")[2::3]
+    assert below.label == top.label + ", a layer lower"
+    assert grads(overlapped, "backward.mlp") == {
+        "gradients before reduce-scatter": 4 * mlp,
+        "gradients of the attention above (reduce-scattering)": 4 * attention,
+    }
+    saved = [
+        {a.name: a.bytes for a in i.live if a.name.startswith(CARRIED_ACTIVATIONS)}
+        for i in (top, below)
+    ]
+    ((top_name, top_saved),), ((below_name, below_saved),) = (s.items() for s in saved)
+    # a layer's saved tensors under selective recompute and sequence parallelism, without
+    # dropout: 8 of 2sbh/t (norm, QKV, Q, K, V, projection, norm, fc1 inputs) and GeLU's
+    # and fc2's inputs, 8sbh/t each: 32sbh/t = 100,663,296 B
+    current = 32 * 2048 * h // 8
+    assert top_saved - below_saved == current  # one layer pass fewer
+    assert (top_name, below_name) == (
+        f"{CARRIED_ACTIVATIONS}, 95 earlier layer passes",
+        f"{CARRIED_ACTIVATIONS}, 94 earlier layer passes",
+    )
+    assert below.total - top.total == 4 * attention - current
+    assert len(instants(plan, "backward.mlp")) == 3  # no overlap, nothing behind the MLP
 
 
 @settings(max_examples=40, deadline=None)
