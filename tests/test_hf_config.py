@@ -1845,6 +1845,10 @@ def test_qwen2_moe_s_q_k_and_v_biases_follow_its_qkv_bias(tmp_path: Path) -> Non
         ("gemma-3-1b", "mlp_bias", "Gemma3MLP, Gemma's, builds no bias"),
         ("phi-4-mini-instruct", "attention_bias", "Phi3Attention builds no bias"),
         ("phi-4-mini-instruct", "mlp_bias", "Phi3MLP builds no bias"),
+        # an audit: each read +2 x (gate + up + down) biases a layer
+        ("glm-4.5-air", "mlp_bias", "Glm4MoeMLP, DeepSeek-V3's, builds no bias"),
+        ("kimi-k2-instruct", "mlp_bias", "its MLPs, DeepSeek-V3's, build no bias"),
+        ("olmo-2-7b-instruct", "mlp_bias", "Olmo2MLP builds no bias"),
     ],
 )
 def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, built: str) -> None:
@@ -1859,6 +1863,59 @@ def test_a_bias_its_class_fixes_is_refused_not_counted(name: str, key: str, buil
     assert [m for m in raised.value.messages if key in m] == [
         f'{key} = "false" in config.json is not true or false'
     ]
+
+
+_SMALL = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "key", "built"),
+    [
+        ("glm", "mlp_bias", "GlmMLP builds no bias"),
+        ("glm4", "mlp_bias", "Glm4MLP, GLM's, builds no bias"),
+        ("olmo3", "mlp_bias", "its MLP, OLMo 2's, builds no bias"),
+        ("internlm2", "mlp_bias", "InternLM2MLP builds no bias"),
+        ("deepseek_v2", "mlp_bias", "DeepseekV2MLP builds no bias"),
+        ("internlm2", "attention_bias", "InternLM2Attention's biases follow bias"),
+    ],
+)
+def test_a_small_file_of_a_class_that_fixes_a_bias_is_refused(
+    family: str, key: str, built: str
+) -> None:
+    """The families no released file in tests/data stands for, each class's projections
+    read in transformers (InternLM2's in its own modeling_internlm2.py): a file of 256
+    hidden, 2 layers and 512 of MLP read +2,560 MLP biases (an audit), InternLM2's
+    attention_bias +1,536 attention biases where only its bias key builds them."""
+    config = {**_SMALL, "model_type": family}
+    if family == "deepseek_v2":
+        config |= {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128}
+    with pytest.raises(HfConfigError, match=re.escape(f"does not read it ({built})")):
+        translate({**config, key: True})
+    translate({**config, key: False})
+
+
+def test_internlm2_derives_its_head_dim() -> None:
+    """InternLM2Attention takes hidden / heads and refuses hidden sizes the heads do not
+    divide, never reading head_dim: a file's head_dim 32 for 64 read half the attention's
+    weights (an audit). The derived one is accepted, and bias builds wqkv's and wo's."""
+    config = {**_SMALL, "model_type": "internlm2"}
+    with pytest.raises(HfConfigError, match=re.escape("head_dim = 32 in config.json: model_type")):
+        translate({**config, "head_dim": 32})
+    assert translate({**config, "head_dim": 64}).tree["head_dim"] == 64
+    with pytest.raises(
+        HfConfigError, match=re.escape("hidden_size = 250 in config.json is not divisible")
+    ):
+        translate({**config, "hidden_size": 250})
+    assert translate({**config, "bias": True}).tree["bias"] is True
 
 
 def test_moe_layer_freq_other_than_one_is_refused_for_deepseek() -> None:

@@ -676,6 +676,8 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "qwen2": "Qwen2Attention builds q, k and v biases and no other",
         "qwen2_moe": "Qwen2MoeAttention's q, k and v biases follow qkv_bias",
         "phi3": "Phi3Attention builds no bias",  # modular_phi3.py at 06053b8
+        # InternLM2Attention's wqkv and wo take bias=config.bias (modeling_internlm2.py)
+        "internlm2": "InternLM2Attention's biases follow bias",
     },
     "mlp_bias": {
         "qwen2": "Qwen2MLP builds no bias",
@@ -689,6 +691,17 @@ _FIXED_BIAS: dict[str, dict[str, str]] = {
         "qwen2_moe": "Qwen2MoeMLP and its experts build no bias",
         "qwen3_moe": "its MLPs and experts, Qwen2-MoE's, build no bias",
         "deepseek_v3": "DeepseekV3MLP, Qwen2-MoE's, builds no bias",
+        # an audit, each MLP's projections bias=False (transformers' modeling_glm.py,
+        # modular_glm4.py, modeling_olmo2.py, modular_olmo3.py, modular_glm4_moe.py,
+        # modeling_deepseek_v2.py; InternLM2's own modeling_internlm2.py)
+        "deepseek_v2": "DeepseekV2MLP builds no bias",
+        "kimi_k2": "its MLPs, DeepSeek-V3's, build no bias",
+        "glm": "GlmMLP builds no bias",
+        "glm4": "Glm4MLP, GLM's, builds no bias",
+        "glm4_moe": "Glm4MoeMLP, DeepSeek-V3's, builds no bias",
+        "olmo2": "Olmo2MLP builds no bias",
+        "olmo3": "its MLP, OLMo 2's, builds no bias",
+        "internlm2": "InternLM2MLP builds no bias",
     },
 }
 
@@ -948,6 +961,25 @@ def _probability_problem(key: str, value: Any, where: str) -> str:
     return f"{key} = {json.dumps(value)} in {where} is not a probability from 0 to 1"
 
 
+def _derived_head_dim(tree: dict[str, Any], where: str) -> None:
+    """InternLM2Attention sets head_dim to hidden_size // num_attention_heads and refuses a
+    hidden size the heads do not divide (modeling_internlm2.py), never reading head_dim: a
+    file's other head_dim would size an attention the model does not build (an audit: 32
+    for 64 halved the attention's weights)."""
+    hidden, heads = tree["hidden"], tree["heads"]
+    if heads and hidden % heads:
+        raise HfConfigError(
+            f"hidden_size = {hidden} in {where} is not divisible by num_attention_heads = "
+            f"{heads}, which InternLM2Attention refuses; correct one of them"
+        )
+    if "head_dim" in tree and heads and tree["head_dim"] != hidden // heads:
+        raise HfConfigError(
+            f'head_dim = {tree["head_dim"]} in {where}: model_type "internlm2"\'s class does '
+            f"not read it (InternLM2Attention takes hidden_size / num_attention_heads = "
+            f"{hidden // heads}); remove it, or correct model_type"
+        )
+
+
 def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     """`translate` past the unknown keys: the first problem it meets ends it."""
     family = config.get("model_type")  # one of FAMILIES, or None (`_check`)
@@ -1014,6 +1046,8 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
     ):
         if config.get(key) is not None:
             tree[name] = _int(config, key, where)
+    if family == "internlm2":
+        _derived_head_dim(tree, where)
     if config.get("kv_lora_rank"):
         _latent(config, tree, where)
     elif "head_dim" not in tree and config.get("v_head_dim") is not None:

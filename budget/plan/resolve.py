@@ -1074,10 +1074,17 @@ class _Resolver:
             shape.append(size)
         if len(shape) != len(dims):
             return None
-        if math.prod(shape) > MAX_ELEMENTS:
+        elements = math.prod(shape)
+        if elements > MAX_ELEMENTS:
+            # a product past 10^30 said by its size: one of thousands of digits would not
+            # print (Python's 4,300-digit limit on int to str raised, an audit: 26 entries
+            # of 33 factors each of vocab, the list too long for the schema beside)
+            many = (
+                f"{elements:,}" if elements < 10**30 else f"about 2^{elements.bit_length() - 1:,}"
+            )
             self.error(
                 path,
-                f"{math.prod(shape):,} elements, more than the 2^48 any one tensor of a "
+                f"{many} elements, more than the 2^48 any one tensor of a "
                 "plan may hold (a petabyte and beyond: a budget of it means nothing)",
             )
             return None
