@@ -270,8 +270,10 @@ def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
     assert TOPOLOGIES["dgx-a100"].levels[0].bandwidth == pytest.approx(231.58e9)
     # NVLink 5: Azure's ND GB200 v6 ring all_reduce, 679.61 GB/s at 8 GiB of 900
     assert TOPOLOGIES["gb200-nvl72"].levels[0].bandwidth == pytest.approx(679.61e9)
-    # and its ramp is that run's own sweep (it borrowed NVLink 4's until the sweep was read)
-    assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ()
+    # and its ramp is that run's own sweep (it borrowed NVLink 4's until the sweep was read);
+    # its α is the A100's, which that sweep's smallest point (1 MiB) bounds but does not
+    # measure: marked assumed (an audit)
+    assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ("latency",)
 
 
 # OpenXLA's measured matmul table (tensorflow/tensorflow a305421,

@@ -99,7 +99,7 @@ def test_device_and_topology_figures_are_the_catalogue_s() -> None:
     nvlink, ib = topologies["hgx-h800"]["levels"]
     assert (nvlink["rate_Bps"], nvlink["bandwidth_Bps"]) == (200e9, pytest.approx(160e9))
     assert nvlink["ramp"] and not ib["ramp"] and ib["size"] is None
-    assert (nvlink["assumed"], ib["assumed"]) == (["ramp"], [])
+    assert (nvlink["assumed"], ib["assumed"]) == (["ramp", "latency"], [])
     # α per step, NCCL's tuning model (tuning.cc hwLat, Ring/Simple): NET 14 µs, NVLink 3.4
     # µs, against the 3 µs the NVLink level takes from the smallest nccl-tests messages
     assert (ib["latency_s"], nvlink["latency_s"]) == (pytest.approx(14e-6), pytest.approx(3e-6))
@@ -190,7 +190,7 @@ def test_markdown_has_one_table_per_kind() -> None:
     assert result.exit_code == 0
     text = result.stdout
     assert text.count("### ") == 3
-    assert "| hgx-h800 | nvlink | 8 | 200 | 80.0% | 160.0 | 3 µs | measured† |" in text
+    assert "| hgx-h800 | nvlink | 8 | 200 | 80.0% | 160.0 | 3 µs† | measured† |" in text
     assert "| deepseek-v3 | 671.03 | 37.55 | 61 | 7168 | 128 MLA |" in text
 
 

@@ -45,6 +45,7 @@ Latency per message step α: 3 µs inside an NVLink domain and 14 µs across Inf
 NVLink value agrees with the smallest message of the same Azure runs: a 1 KiB all_reduce at a
 bus bandwidth of 0.04 GB/s on 8 A100s takes 1.75 x 1 KiB / 0.04 GB/s = 45 µs, which a ring's
 14 steps price at 3.2 µs each (8 H100s with NVLS: 26 µs, so 3 µs is conservative there).
+No sweep of an H800 or a GB200 measures its α: their NVLink levels take 3 µs, marked assumed.
 The InfiniBand value is NCCL's own: its tuning model prices a ring collective as a base
 latency plus a per-step hardware latency for each step, and an inter-node step with the
 Simple protocol (the one large messages use) at 14 µs against 3.4 µs for an NVLink step
@@ -229,7 +230,8 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 f"{_H800}: NVLink 400 GB/s bidirectional per GPU; {_DSV3}: 160 GB/s achieved",
                 H800_NVLINK_FRACTION,
                 _NVLINK4_RAMP,
-                assumed=("ramp",),  # the H100's sweep
+                # the H100's sweep, and the A100's α (no H800 measurement: module docstring)
+                assumed=("ramp", "latency"),
             ),
             # Eight 400 Gb/s ConnectX-7 InfiniBand NICs per node, one per GPU.
             _ib(400, f"{_H800}: 8 x 400 Gb/s ConnectX-7 InfiniBand per node"),
@@ -248,6 +250,10 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 "ND GB200 v6 nccl-tests ring all_reduce, 679.61 GB/s at 8 GiB",
                 NVLINK5_FRACTION,
                 _NVLINK5_RAMP,
+                # α is the A100's: the sweep's smallest point, 1 MiB all_reduce at 80.48 GB/s
+                # bus bandwidth, 1.5 x 1 MiB / 80.48 GB/s = 19.5 µs over 6 steps, bounds it at
+                # 3.26 µs but does not measure it (an audit)
+                assumed=("latency",),
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
