@@ -512,11 +512,12 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         sends = tr.group == "pp" and tr.src == tr.dst
         if sends or pipeline_phase(plan.mode, tr.phase) is not None:
             drop(reasons[5], block.values["pp"] == 1)
-    for tr, dim, on in co_sharded(
+    for placing, dim, on in co_sharded(
         plan.mode, check_chains(plan.file, plan.mode, plan.transitions)[0]
     ):
         ranks = math.prod(names[group] for group in on)
-        drop(reasons[4], np.asarray(shapes[id(tr)][0][dim] % ranks) != 0)
+        for tr in placing:  # each placing transition's own shape (`co_sharded`)
+            drop(reasons[4], np.asarray(shapes[id(tr)][0][dim] % ranks) != 0)
     for reason, mask in broken.items():
         if mask.any():
             counts.rejected[reason] += int(mask.sum())
@@ -614,7 +615,7 @@ def _grid_piece(
         ),
         (
             "ZeRO 1 or 2 gathering parameters narrower than their own master copy",
-            np.isin(zero, (1, 2)) & gather_rounds_master(plan.precision),
+            np.isin(zero, (1, 2)) & (dp * cp > 1) & gather_rounds_master(plan.precision),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

@@ -1061,3 +1061,15 @@ def test_the_headline_keeps_each_figure_with_its_unit() -> None:
         lines = out.split("B against A", 1)[1].split("fit.", 1)[0].splitlines()
         assert not any(re.search(r"\d$", line.rstrip()) for line in lines), (width, lines)
         assert all(len(line) <= width for line in lines)
+
+
+@pytest.mark.parametrize("width", [60, 72, 80, 100, 120])
+def test_a_long_plan_name_is_whole_where_the_list_would_hold_it(width: int) -> None:
+    """A word capped at 20 characters let "llama3-8b-tp-loss-gathered" break in the table at
+    80 columns, where the list holds it on one line (a review)."""
+    fsdp = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    code, out, _ = _diff(fsdp, gathered, width=width)
+    assert code == 0
+    changes = out.split("Plan changes", 1)[1].split("Values as budget resolves", 1)[0]
+    assert "llama3-8b-tp-loss-gathered" in changes.split()

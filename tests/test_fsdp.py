@@ -300,8 +300,15 @@ def test_zero_1_or_2_may_not_gather_parameters_narrower_than_their_own_master(
         assert [p.path for p in err.value.problems] == ["$.precision.param_gather"]
         assert f"param_gather: bf16 under ZeRO {zero} beside params: fp32" in str(err.value)
         assert _plan(tmp_path, {"zero": zero}, param_gather="fp32").parallel.zero == zero
+    # one data-parallel rank gathers nothing, and a search's seed is a layout it replaces
+    # (a review: both were refused)
+    alone = _tree({"zero": 1, "dp": 1, "tp": 8})
+    alone["batch"]["global"] = alone["batch"]["micro"]
+    path = tmp_path / "alone.yaml"
+    path.write_text(yaml.safe_dump(alone), encoding="utf-8")
+    assert load_plan(path).parallel.zero == 1
     path = tmp_path / "seed.yaml"
-    path.write_text(yaml.safe_dump(_tree()), encoding="utf-8")
+    path.write_text(yaml.safe_dump(_tree({"zero": 1})), encoding="utf-8")
     outcome = search(load_plan(path, seed=True), 16, Space(micro=(1, 2)))
     assert outcome.rejected["ZeRO 1 or 2 gathering parameters narrower than their own master copy"]
     assert not any(r.config.zero in (1, 2) for r in outcome.results)

@@ -307,12 +307,15 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
         ("reserved", "3 GiB", "; reserved goes under device"),
         ("tp", "2", "; tp goes under parallel or overlap"),
         # a link's keys (an audit: topology.bandwidth listed the topology's keys alone)
-        ("bandwidth", "50 GB/s", "; bandwidth goes under each of topology.levels"),
         ("speed", "1", ""),
+        ("size", "8", ""),  # a batch's size is no level's (a review)
     ]:
         text = MINIMAL.replace("batch: {", f"batch: {{{key}: {value}, ")
         (message,) = [e for e in errors(text) if f"unknown key {key!r}" in e]
         assert message.endswith(")" + home), message
+    text = MINIMAL.replace("device: {", "device: {bandwidth: 50 GB/s, ")
+    (message,) = [e for e in errors(text) if "unknown key 'bandwidth'" in e]
+    assert message.endswith("); bandwidth goes under each of topology.levels"), message
 
 
 @pytest.mark.parametrize(

@@ -751,7 +751,7 @@ def test_a_dimension_sharded_on_two_groups_divides_by_both_degrees(tmp_path):
     code, out, err = _run(str(_plan(tmp_path, _CO_SHARDED.format(rows=16))))
     assert (code, out) == (2, "")
     assert err.endswith(
-        "error: $.transitions[1]: 'x' is shard(0) on dp and tp at once: dimension 0 of size 16 "
+        "error: $.transitions[0]: 'x' is shard(0) on dp and tp at once: dimension 0 of size 16 "
         "splits over dp 16 × tp 8 = 128 ranks, which does not divide evenly\n"
     )
     assert err.count("error:") == 1
@@ -759,3 +759,21 @@ def test_a_dimension_sharded_on_two_groups_divides_by_both_degrees(tmp_path):
     loss = next(p for p in report.phases if p.name == "loss")
     held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("x (")}
     assert held["x (shard(0))"] == 12288 * 2
+
+
+def test_a_co_sharded_dimension_is_read_in_the_shapes_that_shard_it(tmp_path):
+    """A tensor's transition on a third group, of another shape, is no part of its shards on
+    dp and tp: [hidden] on cp raised an IndexError reading dimension 1 of it, and [7, 7]
+    refused 128 rows as 7 (a review). The shapes that place it shard(d) are the ones
+    split: 128 rows over dp 16 x tp 8 divide."""
+    for cp_shape in ("[hidden]", "[7, 7]"):
+        three = f"""transitions:
+  - {{name: x, phase: loss, tensor: {{shape: {cp_shape}, dtype: bf16}}, group: cp,
+     from: replicate, to: replicate}}
+  - {{name: x, phase: backward, tensor: {{shape: [128, hidden], dtype: bf16}}, group: tp,
+     from: shard(0), to: replicate}}
+  - {{name: x, phase: backward, tensor: {{shape: [128, hidden], dtype: bf16}}, group: dp,
+     from: shard(0), to: replicate}}
+"""
+        code, _, err = _run("validate", str(_plan(tmp_path, three)))
+        assert (code, err) == (0, ""), cp_shape

@@ -1125,14 +1125,16 @@ def gather_rounds_master(precision: Precision) -> bool:
     return precision.master is None and narrower
 
 
-def _check_zero_gather(r: _Resolver, precision: Precision, zero: int) -> None:
+def _check_zero_gather(r: _Resolver, precision: Precision, par: Parallel) -> None:
     """ZeRO 1 and 2 refresh each rank's replica of the parameters by gathering the shards
     the optimizer updated (Rajbhandari et al. 2020, section 5.1). Where the parameters are
     their own master copy (``master: none``), a gather narrower than they are rounds every
     rank's copy but its owner's, step after step (an audit: fp32 parameters gathered in
     bf16 were priced); ZeRO-3's gathered copy is a transient beside the fp32 shard, which
-    FSDP's mixed precision narrows by design."""
-    if zero in (1, 2) and gather_rounds_master(precision):
+    FSDP's mixed precision narrows by design. One data-parallel rank (dp x cp = 1) gathers
+    nothing and has no other copy to round."""
+    zero = par.zero
+    if zero in (1, 2) and par.dp * par.cp > 1 and gather_rounds_master(precision):
         r.error(
             "$.precision.param_gather",
             f"param_gather: {precision.param_gather} under ZeRO {zero} beside params: "
@@ -1745,8 +1747,9 @@ def resolve(
         if skip & {"precision", "model"}
         else r.precision(tree.get("precision", {}), mode != "train")
     )
-    if precision is not None and par is not None:
-        _check_zero_gather(r, precision, par.zero)
+    # a seed's layout is the search's to replace, layout by layout (a review)
+    if precision is not None and par is not None and not seed:
+        _check_zero_gather(r, precision, par)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

@@ -134,8 +134,10 @@ def _home(key: str, path: str) -> str | None:
         return f"goes under {' or '.join(homes)}"
     # a link's keys are a level's (an audit: topology: {preset: dgx-h100, bandwidth: ...}
     # listed the topology's keys and no word of the levels')
+    # where a link is described, the topology or the device (a review: batch.size is no
+    # level's size)
     level = sections["topology"]["properties"]["levels"]["items"]["properties"]
-    if key in level and not path.startswith("$.topology.levels["):
+    if key in level and path in ("$.topology", "$.device"):
         return "goes under each of topology.levels"
     return None
 

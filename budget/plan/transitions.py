@@ -142,9 +142,11 @@ def _unevenly_co_sharded(
     """A problem for each dimension sharded on groups whose degrees' product does not
     divide it (`co_sharded`)."""
     problems = []
-    for tr, dim, on in co_sharded(mode, parsed):
+    for placing, dim, on in co_sharded(mode, parsed):
         ranks = math.prod(degrees[group] for group in on)
-        if tr.shape[dim] % ranks:
+        # the first transition whose own shape the degrees do not divide, if any
+        tr = next((t for t in placing if t.shape[dim] % ranks), None)
+        if tr is not None:
             over = " × ".join(f"{group} {degrees[group]}" for group in on)
             message = (
                 f"{tr.name!r} is shard({dim}) on {' and '.join(on)} at once: dimension {dim} "
@@ -155,35 +157,40 @@ def _unevenly_co_sharded(
     return problems
 
 
-def co_sharded(mode: Mode, parsed: list[Parsed]) -> list[tuple[Transition, int, tuple[str, ...]]]:
-    """Where a tensor is shard(d) on two groups or more at once, in the step order of
-    `parsed` (`check_chains`'): (the transition at which it first is, d, the groups). Each
-    group's placement before its first transition is that transition's source, as the step
-    walks them (`step._with_transitions`). Its dimension d is split over the product of
+def co_sharded(
+    mode: Mode, parsed: list[Parsed]
+) -> list[tuple[tuple[Transition, ...], int, tuple[str, ...]]]:
+    """Where a tensor is shard(d) on two groups or more at once, in the step order of `parsed`
+    (`check_chains`'): (the transitions that placed it so on those groups, the first time it
+    is, d, the groups). Each group's placement before its first transition is that
+    transition's source, as the step walks them (`step._with_transitions`); each placing
+    transition's own shape is the one split (a review: another group's, of other dimensions,
+    was read, and raised where it had fewer). Its dimension d is split over the product of
     their degrees, which must divide it as one group's degree must (DESIGN.md rule 1: a
     shard is a partition); each degree dividing it alone is not enough (an audit: [8, 65536]
     shard(0) on dp 2 and tp 8 held half a row a rank). Transitions of a phase the plan's
     mode lacks run nowhere, and are left out."""
     walked = [(tr, src, dst) for tr, src, dst, _ in parsed if known_phase(mode, tr.phase)]
-    placed: dict[tuple[str, str], Placement] = {}
+    placed: dict[tuple[str, str], tuple[Placement, Transition]] = {}
     for tr, src, _ in walked:
-        placed.setdefault((tr.name, tr.group), src)
-    found: dict[tuple[str, int, tuple[str, ...]], Transition] = {}
+        placed.setdefault((tr.name, tr.group), (src, tr))
+    found: dict[tuple[str, int, tuple[str, ...]], tuple[Transition, ...]] = {}
 
-    def look(tr: Transition) -> None:
-        groups: dict[int, list[str]] = {}
-        for (name, group), at in placed.items():
-            if name == tr.name and at.kind == "shard" and at.dim is not None:
-                groups.setdefault(at.dim, []).append(group)
+    def look(tensor: str) -> None:
+        groups: dict[int, dict[str, Transition]] = {}
+        for (name, group), (at, by) in placed.items():
+            if name == tensor and at.kind == "shard" and at.dim is not None:
+                groups.setdefault(at.dim, {})[group] = by
         for dim, on in groups.items():
             if len(on) > 1:
-                found.setdefault((tr.name, dim, tuple(sorted(on))), tr)
+                key = (tensor, dim, tuple(sorted(on)))
+                found.setdefault(key, tuple(on[group] for group in key[2]))
 
     for tr, _, dst in walked:
-        look(tr)  # as the transition finds the tensor, then as it leaves it
-        placed[tr.name, tr.group] = dst
-        look(tr)
-    return [(tr, dim, on) for (_, dim, on), tr in found.items()]
+        look(tr.name)  # as the transition finds the tensor, then as it leaves it
+        placed[tr.name, tr.group] = (dst, tr)
+        look(tr.name)
+    return [(by, dim, on) for (_, dim, on), by in found.items()]
 
 
 def pipeline_phase(mode: Mode, phase: str) -> str | None:

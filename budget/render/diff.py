@@ -292,15 +292,13 @@ def _row_table(title: str, first: str, rows: tuple[Row, ...], marks: dict[str, s
     return table
 
 
-_BROKEN = 20  # a value's word longer than this is broken at any width (`_words_whole`)
-
-
 def _words_whole(console: Console, table: Table, changes: list[tuple[str, str, str]]) -> bool:
     """Whether the plan changes' value columns, as rich lays them out, are each at least as
-    wide as their longest word of at most `_BROKEN` characters: at 52 columns they were
-    given 7, and "gpt3-175b" read "gpt3-1" over "75b", "layernorm" "layern" over "orm" (a
-    user audit). A longer word, a source's "(togethercomputer/together-nccl-tests", is
-    broken in a table or a list alike. A rich without the private layout methods (`whole`)
+    wide as their longest word: at 52 columns they were given 7, and "gpt3-175b" read
+    "gpt3-1" over "75b", "layernorm" "layern" over "orm" (a user audit). A word is
+    counted at most as wide as the list's lines hold, past which it is broken in a table or
+    a list alike (a capped 20 characters broke "llama3-8b-tp-loss-gathered" at 80 columns,
+    which the list holds: a review). A rich without the private layout methods (`whole`)
     has the table listed instead."""
     from budget.render.table import laid_out
 
@@ -308,8 +306,9 @@ def _words_whole(console: Console, table: Table, changes: list[tuple[str, str, s
         given = laid_out(console, table)[2]
     except (AttributeError, TypeError):
         return False
+    line = max(console.width - 5, 1)  # a listed value's lines, under their indent
     longest = [
-        max(min(len(word), _BROKEN) for row in changes for word in row[i].split() or [""])
+        max(min(len(word), line) for row in changes for word in row[i].split() or [""])
         for i in (1, 2)
     ]
     return given[1] >= longest[0] and given[3] >= longest[1]
