@@ -615,7 +615,10 @@ def _grid_piece(
         ),
         (
             "ZeRO 1 or 2 gathering parameters narrower than their own master copy",
-            np.isin(zero, (1, 2)) & (dp * cp > 1) & gather_rounds_master(plan.precision),
+            # one data-parallel rank gathers only experts over an expert data-parallel group
+            np.isin(zero, (1, 2))
+            & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
+            & gather_rounds_master(plan.precision),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

@@ -2383,7 +2383,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     "(source_alive: false), which takes a fused or in-place kernel"
                 )
             move = Move(tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule)
-            if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in a phase of its own
+            if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in its own phase
                 # one a tensor: its chain on one group, or its reductions on dp and on tp, are
                 # that phase's moves, as a named phase's are (an audit: a second transition of
                 # "X" in the backward made a second phase of the same name, and the report's

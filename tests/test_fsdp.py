@@ -30,6 +30,7 @@ from budget.plan.model import Plan
 from budget.report import to_dict
 from budget.search import Space, apply, search
 from budget.step import HEAD_GRADIENTS, _block_params, derive
+from tests.plan_files import ROOT
 
 MLP = 5120 * 20480 + 20480 + 20480 * 5120 + 5120 + 2 * 5120
 
@@ -373,3 +374,21 @@ def test_the_report_names_the_fsdp_it_priced(tmp_path: Path) -> None:
     megatron = build_report(load_plan(Path(__file__).parents[1] / "plans" / "gpt3-175b.yaml"))
     assert to_dict(megatron)["layout"]["fsdp"] is None
     assert not any("FSDP" in line for line in header(megatron))
+
+
+def test_one_data_parallel_rank_still_gathers_experts_over_their_group(tmp_path: Path) -> None:
+    """Mixtral at tp 8, dp 1, ep 2, etp 1 shards its experts' states over an expert
+    data-parallel group of 8 / 2 = 4 ranks, and ZeRO 1 gathers them back: fp32 parameters
+    that are their own master, gathered in bf16, are refused there too (a review: the
+    exemption for one data-parallel rank let it through)."""
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    tree = yaml.safe_load(text)
+    tree["precision"] |= {"params": "fp32", "param_gather": "bf16", "master": "none"}
+    tree["parallel"] |= {"tp": 8, "pp": 4, "dp": 1, "ep": 2, "etp": 1, "zero": 1}
+    tree["batch"]["global"] = 32
+    tree["topology"] = {"preset": "dgx-h100", "nodes": 4}
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    with pytest.raises(BudgetError) as err:
+        load_plan(path)
+    assert [p.path for p in err.value.problems] == ["$.precision.param_gather"]

@@ -313,9 +313,16 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
         text = MINIMAL.replace("batch: {", f"batch: {{{key}: {value}, ")
         (message,) = [e for e in errors(text) if f"unknown key {key!r}" in e]
         assert message.endswith(")" + home), message
-    text = MINIMAL.replace("device: {", "device: {bandwidth: 50 GB/s, ")
-    (message,) = [e for e in errors(text) if "unknown key 'bandwidth'" in e]
-    assert message.endswith("); bandwidth goes under each of topology.levels"), message
+    for text in (
+        MINIMAL.replace("device: {", "device: {bandwidth: 50 GB/s, "),
+        MINIMAL + "latency: 3 us\n",
+    ):
+        (message,) = [
+            e
+            for e in errors(text)
+            if "unknown key 'bandwidth'" in e or "unknown key 'latency'" in e
+        ]
+        assert message.endswith(" goes under each of topology.levels"), message
 
 
 @pytest.mark.parametrize(

@@ -777,3 +777,22 @@ def test_a_co_sharded_dimension_is_read_in_the_shapes_that_shard_it(tmp_path):
 """
         code, _, err = _run("validate", str(_plan(tmp_path, three)))
         assert (code, err) == (0, ""), cp_shape
+
+
+def test_a_tensor_co_sharded_again_later_is_checked_again(tmp_path):
+    """128 rows on dp 16 x tp 8 divide in the forward; the same tensor sharded again in the
+    backward as [16, hidden] does not, and was accepted, the first co-shard alone checked
+    (a review): priced at an eighth of a row a rank."""
+    again = """transitions:
+  - {name: x, phase: forward, tensor: {shape: [128, hidden], dtype: bf16}, group: dp,
+     from: shard(0), to: replicate}
+  - {name: x, phase: forward, tensor: {shape: [128, hidden], dtype: bf16}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: x, phase: backward, tensor: {shape: [16, hidden], dtype: bf16}, group: dp,
+     from: replicate, to: shard(0)}
+  - {name: x, phase: backward, tensor: {shape: [16, hidden], dtype: bf16}, group: tp,
+     from: replicate, to: shard(0)}
+"""
+    code, out, err = _run(str(_plan(tmp_path, again)))
+    assert (code, out) == (2, "")
+    assert "$.transitions[2]: 'x' is shard(0) on dp and tp at once: dimension 0 of size 16" in err

@@ -538,7 +538,7 @@ def test_a_long_scalar_resolves_as_pyyaml_resolves_it(
     tag they give (a timestamp, kept as text as a string is, reads as a string)."""
     from budget.plan.yaml_load import _SHORT, _long_tag
 
-    places += ["0"] * _SHORT  # long enough, and a valid place to end on
+    places += ["0"] * (_SHORT + 1)  # longer than _SHORT even with every other part empty
     for text in (
         sign + head + ":" + ":".join(places) + ("" if fraction is None else "." + fraction),
         sign + head + "".join(places) + ("" if fraction is None else "." + fraction),

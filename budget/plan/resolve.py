@@ -1125,16 +1125,23 @@ def gather_rounds_master(precision: Precision) -> bool:
     return precision.master is None and narrower
 
 
-def _check_zero_gather(r: _Resolver, precision: Precision, par: Parallel) -> None:
+def _check_zero_gather(
+    r: _Resolver, precision: Precision, par: Parallel, model: Model | None
+) -> None:
     """ZeRO 1 and 2 refresh each rank's replica of the parameters by gathering the shards
     the optimizer updated (Rajbhandari et al. 2020, section 5.1). Where the parameters are
     their own master copy (``master: none``), a gather narrower than they are rounds every
     rank's copy but its owner's, step after step (an audit: fp32 parameters gathered in
     bf16 were priced); ZeRO-3's gathered copy is a transient beside the fp32 shard, which
     FSDP's mixed precision narrows by design. One data-parallel rank (dp x cp = 1) gathers
-    nothing and has no other copy to round."""
+    nothing and has no other copy to round, unless a model's experts are sharded over an
+    expert data-parallel group of more (tp x cp x dp / (ep x etp); a review: Mixtral at tp 8,
+    dp 1, ep 2 gathered its experts over 4 ranks in bf16)."""
     zero = par.zero
-    if zero in (1, 2) and par.dp * par.cp > 1 and gather_rounds_master(precision):
+    experts = model is None or model.experts is not None  # unknown: as if it had them
+    edp = par.tp * par.cp * par.dp // max(par.ep * (par.etp or par.tp), 1)
+    gathers = par.dp * par.cp > 1 or (experts and edp > 1)
+    if zero in (1, 2) and gathers and gather_rounds_master(precision):
         r.error(
             "$.precision.param_gather",
             f"param_gather: {precision.param_gather} under ZeRO {zero} beside params: "
@@ -1749,7 +1756,7 @@ def resolve(
     )
     # a seed's layout is the search's to replace, layout by layout (a review)
     if precision is not None and par is not None and not seed:
-        _check_zero_gather(r, precision, par)
+        _check_zero_gather(r, precision, par, model)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

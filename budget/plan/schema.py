@@ -132,12 +132,11 @@ def _home(key: str, path: str) -> str | None:
     ]
     if homes:
         return f"goes under {' or '.join(homes)}"
-    # a link's keys are a level's (an audit: topology: {preset: dgx-h100, bandwidth: ...}
-    # listed the topology's keys and no word of the levels')
-    # where a link is described, the topology or the device (a review: batch.size is no
-    # level's size)
+    # a link's keys are a level's where a link is described: at the top, under the topology
+    # or the device (an audit: topology: {preset: dgx-h100, bandwidth: ...} listed the
+    # topology's keys and no word of the levels'; a review: batch.size is no level's size)
     level = sections["topology"]["properties"]["levels"]["items"]["properties"]
-    if key in level and path in ("$.topology", "$.device"):
+    if key in level and path in ("$", "$.topology", "$.device"):
         return "goes under each of topology.levels"
     return None
 

@@ -174,7 +174,9 @@ def co_sharded(
     placed: dict[tuple[str, str], tuple[Placement, Transition]] = {}
     for tr, src, _ in walked:
         placed.setdefault((tr.name, tr.group), (src, tr))
-    found: dict[tuple[str, int, tuple[str, ...]], tuple[Transition, ...]] = {}
+    # each placing set once: a tensor co-sharded again later, by transitions of another
+    # shape, is checked again (a review: [128, h] then [16, h] on dp 16 x tp 8 passed)
+    found: dict[tuple[str, int, tuple[str, ...], tuple[int, ...]], tuple[Transition, ...]] = {}
 
     def look(tensor: str) -> None:
         groups: dict[int, dict[str, Transition]] = {}
@@ -183,14 +185,15 @@ def co_sharded(
                 groups.setdefault(at.dim, {})[group] = by
         for dim, on in groups.items():
             if len(on) > 1:
-                key = (tensor, dim, tuple(sorted(on)))
-                found.setdefault(key, tuple(on[group] for group in key[2]))
+                names = tuple(sorted(on))
+                placing = tuple(on[group] for group in names)
+                found.setdefault((tensor, dim, names, tuple(map(id, placing))), placing)
 
     for tr, _, dst in walked:
         look(tr.name)  # as the transition finds the tensor, then as it leaves it
         placed[tr.name, tr.group] = (dst, tr)
         look(tr.name)
-    return [(by, dim, on) for (_, dim, on), by in found.items()]
+    return [(by, dim, on) for (_, dim, on, _), by in found.items()]
 
 
 def pipeline_phase(mode: Mode, phase: str) -> str | None:
