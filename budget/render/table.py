@@ -40,6 +40,9 @@ from budget.units import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.style import StyleType
+
     from budget.report import CollectiveRow, Overlapping, Report, StageRow
 
 WIDE = 110
@@ -272,10 +275,26 @@ def _bar(row: StageRow, width: int = 8, marks: str = BAR_MARKS) -> Text:
     return Text(marks[0] * cells + marks[1] * (width - cells) + "!" * over, style=style)
 
 
+class ParsedTable(Table):
+    """rich's table with each text cell's markup parsed once, as it is added: rich parses a
+    `str` cell again each time it measures or prints it (three or four times a report, as
+    `fitted` tries its columns), a tenth of what printing GPT-3 175B's tables cost. A cell
+    reads as the console would read it (markup and emoji codes, as `Console.render_str`)."""
+
+    def add_row(
+        self,
+        *renderables: RenderableType | None,
+        style: StyleType | None = None,
+        end_section: bool = False,
+    ) -> None:
+        parsed = (Text.from_markup(r) if isinstance(r, str) else r for r in renderables)
+        super().add_row(*parsed, style=style, end_section=end_section)
+
+
 def titled_table(title: str, compact: bool = False) -> Table:
     """The house style of every table: title on the left, a rule under the head, no outer
     padding; `compact`, no padding at all, the columns one blank apart (`BROKEN`)."""
-    return Table(
+    return ParsedTable(
         title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -298,15 +317,31 @@ def fitted(
     says; where even every droppable column gone leaves it too wide, the fewest again with
     no padding between the columns (`squeezed`: at 44 columns the phases table cut its
     exposed times to "51.2 …", an audit), else all of them."""
+    return fitted_table(console, build, columns, droppable)[0]
+
+
+def fitted_table(
+    console: Console,
+    build: Callable[[list[str]], Table],
+    columns: list[str],
+    droppable: list[str],
+) -> tuple[list[str], Table]:
+    """`fitted`'s columns and the table `build` makes of them, squeezed where it must be:
+    the table measured last, not built and measured again (measuring a table's cells is
+    most of what printing a report costs: the collectives table of GPT-3 175B, 34 rows,
+    took 45 ms a measure). Every column set of the squeezed round was measured whole, and
+    cut, in the first: its tables lose their padding unmeasured."""
     for squeeze in (False, True):
         kept = list(columns)
         for name in [None, *droppable]:
             if name in kept:
                 kept.remove(name)
             table = build(kept)
-            if whole(console, squeezed(console, table) if squeeze else table):
-                return kept
-    return kept
+            if squeeze:
+                table.padding = (0, 0)
+            if whole(console, table):
+                return kept, table
+    return kept, table
 
 
 def squeezed(console: Console, table: Table) -> Table:
@@ -576,8 +611,11 @@ def phase_table(report: Report, wide: bool, console: Console | None = None) -> T
     def build(kept: list[str]) -> Table:
         return _phase_columns(report, kept, rows, total)
 
-    kept = columns if console is None else fitted(console, build, columns, PHASE_DROPPABLE)
-    table = build(kept) if console is None else squeezed(console, build(kept))
+    kept, table = (
+        (columns, build(columns))
+        if console is None
+        else fitted_table(console, build, columns, PHASE_DROPPABLE)
+    )
     notes = [left_out([c for c in columns if c not in kept])] if kept != columns else []
     if not wide and len(report.stages) > 1 and "peak live" in kept:
         notes.append(_peak_stages(report))
@@ -794,8 +832,11 @@ def collective_table(
     def build(kept: list[str]) -> Table:
         return _collective_columns(title, wide, kept, rows)
 
-    kept = columns if console is None else fitted(console, build, columns, COLLECTIVE_DROPPABLE)
-    table = build(kept) if console is None else squeezed(console, build(kept))
+    kept, table = (
+        (columns, build(columns))
+        if console is None
+        else fitted_table(console, build, columns, COLLECTIVE_DROPPABLE)
+    )
     hidden = [c for c in columns if c not in kept]
     legend = [left_out(hidden)] if hidden else []
     legend += ["AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all, P2P send/recv"]
@@ -1179,7 +1220,7 @@ def overlap_table(
 
 def _overlap_table(row: StageRow, layout: dict[str, Any] | None, kinds: bool) -> Table:
     """The alive table, `kinds` in a column of their own or after each name."""
-    table = Table(
+    table = ParsedTable(
         title=f"What is alive at the peak of stage {row.stage} "
         f"({row.peak_phase}: {row.peak_instant})",
         title_justify="left",
