@@ -92,7 +92,8 @@ class CollectiveResult:
             # reported as such, never divided by one link's bandwidth)
             "aggregate_sent_bytes": int(cost.aggregate_sent_bytes),
             "aggregate_recv_bytes": int(cost.aggregate_recv_bytes),
-            # Q of T = n·α + Q/B: the bytes on the critical path, the busiest rank's
+            # the bytes on the critical path, the busiest rank's: Q of T = n·α + Q/B on one
+            # level; across levels each level's bytes and rate are under "levels"
             "payload_bytes": int(cost.payload_bytes),
             "latency_s": float(cost.link.latency),
             "bandwidth_Bps": cost.reached_bandwidth,

@@ -1144,3 +1144,23 @@ def test_ring_names_an_all_to_alls_pairwise_exchange_and_says_so(op: str, meant:
     result = runner.invoke(app, route([*args, "--algorithm", "ring"]), env={"COLUMNS": "100"})
     assert result.stdout.splitlines()[0].endswith(f"(what --algorithm ring means for {op})")
     assert f"{meant} (also named ring)" in _error([*args, "--algorithm", "recursive"])
+
+
+def test_a_ring_across_levels_names_the_bytes_that_pace_its_bandwidth_term() -> None:
+    """A 1 GiB all-reduce over 8 nodes of 8: each rank sends 2·63/64·S = 2,113,929,216 B,
+    an eighth of the ring's hops crossing the network (264,241,152 B at 50 GB/s: 5.2848 ms)
+    and seven eighths the NVLink (1,849,688,064 B at 450 GB/s: 4.1104 ms). The term is the
+    longer, and its Q is those bytes, not the 1.97 GiB, which gives the term at no link's
+    rate (an audit: 400 GB/s); with a 400 GB/s network the NVLink's bytes pace it."""
+    args = ["collective", "all-reduce", "--size", "1GiB", "--level", "8:450GB/s:3us:nvlink"]
+    data = _json([*args, "--level", "8:50GB/s:14us:ib"])
+    assert data["bandwidth_term_s"] == pytest.approx(264_241_152 / 50e9)
+    assert [level["sent_bytes"] for level in data["levels"]] == [1_849_688_064, 264_241_152]
+    for network, q in (
+        ("50GB/s", "Q = 252 MiB (264,241,152 B) over ib at 50 GB/s of the 1.97 GiB"),
+        ("400GB/s", "Q = 1.72 GiB (1,849,688,064 B) over nvlink at 450 GB/s of the 1.97 GiB"),
+    ):
+        result = runner.invoke(
+            app, route([*args, "--level", f"8:{network}:14us:ib"]), env={"COLUMNS": "200"}
+        )
+        assert q in " ".join(result.stdout.split())
