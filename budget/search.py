@@ -1789,11 +1789,16 @@ def parse_values(text: str, option: str) -> tuple[int, ...]:
     """ "4,8" → (4, 8); "1..8" → (1, ..., 8); "1..3,8" → (1, 2, 3, 8)."""
     values: list[int] = []
     for part in text.split(","):
-        low, _, high = part.strip().partition("..")
+        low, dots, high = part.strip().partition("..")
         try:
             span = range(int(low), int(high or low) + 1)
         except ValueError:
             raise ValueError(f"{option} {text!r}: expected values such as 4,8 or 1..8") from None
+        if dots and not high.strip():  # "2.." swept 2 alone, unsaid (an audit)
+            raise ValueError(
+                f"{option} {text!r}: the range {part.strip()} has no end; write its last "
+                f"value too, as in {int(low)}..{2 * max(int(low), 1)}"
+            )
         if not span:  # "1,8..4" swept 1 alone: the empty range was dropped unsaid (an audit)
             raise ValueError(
                 f"{option} {text!r}: the range {part.strip()} runs backwards; write "

@@ -122,6 +122,11 @@ def test_values_parse_as_lists_and_ranges():
     assert parse_values("1..3,8", "--micro") == (1, 2, 3, 8)
     with pytest.raises(ValueError, match="--tp 'x'"):
         parse_values("x", "--tp")
+    # "2.." read as 2 alone and swept nothing more, unsaid (an audit): an open range is refused
+    with pytest.raises(ValueError, match=re.escape("the range 2.. has no end; write its last")):
+        parse_values("2..", "--tp")
+    with pytest.raises(ValueError, match=re.escape("the range 4.. has no end")):
+        parse_values("1,4..", "--micro")
 
 
 def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
@@ -865,6 +870,32 @@ def test_a_narrow_search_limited_on_exposure_shows_it():
     tokens = ["--objective", "tokens-per-s"]
     plain = CliRunner().invoke(app, route([*args[:-2], *tokens]), env={"COLUMNS": "70"}).stdout
     assert "exposed and MFU left out at this width" in plain
+
+
+def test_a_search_narrower_than_its_layouts_says_what_they_share_and_cuts_no_cell():
+    """Mixtral's 64-GPU search limited on exposure needs 63 columns for its layouts and
+    figures: at 60 rich cut tp, dp and cp to "…", pp 4×4 to "4…" and the peaks' units (an
+    audit). The layout columns every row shares are said under the table instead, and at
+    40 columns the limited exposure goes too, said so; every figure stays whole. (Under 56
+    columns the Pareto front's 15 layouts, which share only their micro-batch, still do not
+    fit: nine layout columns and two figures need 56.)"""
+    args = ["search", str(ROOT / "plans" / "mixtral-8x7b.yaml"), "--top", "3"]
+    for width in (40, 56, 60):
+        out = (
+            CliRunner()
+            .invoke(app, route([*args, "--max-exposed", "20%"]), env={"COLUMNS": str(width)})
+            .stdout
+        )
+        best = out[out.index("Best 3") : out.index("Pareto front")]
+        assert "…" not in (out if width >= 56 else best)
+        assert all(len(line) <= width for line in out.splitlines())
+        said = " ".join(best.split())
+        assert "every layout above has tp 1, pp 4×4, ep 8, no sp, zero 1" in said
+        head = next(line for line in best.splitlines() if line.lstrip().startswith("dp"))
+        assert ("exposed" in head.split()) != ("exposed and MFU left out" in said)
+        assert re.search(r"58\.40 GiB\s+2\.63 s", out)
+    wide = CliRunner().invoke(app, route(args), env={"COLUMNS": "80"}).stdout
+    assert "every layout above" not in wide  # at 80 the layouts print whole, as they were
 
 
 @pytest.mark.parametrize("n", [1, 12, 16, 97, 2**24, 2**23 * 3 * 7])

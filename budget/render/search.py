@@ -10,7 +10,14 @@ from rich.cells import cell_len
 from rich.table import Table
 
 from budget.render import print_wrapped
-from budget.render.table import attention_text, fitted, left_out, squeezed, titled_table
+from budget.render.table import (
+    attention_text,
+    fitted,
+    left_out,
+    squeezed,
+    titled_table,
+    whole,
+)
 from budget.units import (
     decimals_apart,
     format_amount,
@@ -98,8 +105,9 @@ def _table(
     under a one-row table, an audit). Ranked by tokens per second (``tokens``), that
     figure is shown too. Figures go, as few as make the table fit the terminal
     (`_fitted`: MFU first, then exposed communication unless the search is limited on it,
-    ``exposed``). With the `outcome` they were ranked in, a layout whose layers split
-    unevenly is marked (`UNEVEN_NOTE`)."""
+    ``exposed``); narrower still, the layout columns every row shares go to a note under
+    it, and then a limited exposure too. With the `outcome` they were ranked in, a layout
+    whose layers split unevenly is marked (`UNEVEN_NOTE`)."""
     heads = _shown(rows)
     # every figure the terminal has room for (an audit: under 100 columns exposed was
     # left out of a 79-column table); `_fitted` drops MFU first, then exposed
@@ -111,10 +119,26 @@ def _table(
         {**_layout(r, uneven), **_figures(r, digits, outcome.limits if outcome else None)}
         for r, uneven in zip(rows, marked, strict=True)
     ]
-    figures = _fitted(console, title, heads, figures, cells, exposed, tokens)
+    every = figures
+    figures = _fitted(console, title, heads, every, cells, exposed, tokens)
+    shared: list[str] = []
+    if not whole(console, _built(title, heads, figures, _widest(cells, [*heads, *figures]))):
+        # narrower than the layouts: what every row shares is said under the table, and
+        # then a limited exposure goes too (an audit: at 60 columns a search limited on
+        # exposure cut tp, dp and cp to "…", pp 4×4 to "4…" and its peaks' units)
+        shared = [h for h in heads if len({c[h] for c in cells}) == 1]
+        heads = [h for h in heads if h not in shared]
+        figures = _fitted(console, title, heads, every, cells, exposed, tokens)
+        if exposed and not whole(console, _built(title, heads, figures, _widest(cells, heads))):
+            figures = _fitted(console, title, heads, every, cells, False, tokens)
     table = squeezed(console, _built(title, heads, figures, cells))
     hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
     notes = [left_out(hidden)] if hidden else []
+    if shared:
+        which = "every layout above has" if len(cells) > 1 else "the layout above has"
+        said = [f"{h} {cells[0][h]}" for h in shared]
+        said = [{"sp sp": "sp", "sp –": "no sp"}.get(s, s) for s in said]  # not "sp sp"
+        notes.append(f"{which} " + ", ".join(said))
     legend = virtual_note(rows)
     notes += [legend] if legend else []
     return table, notes + ([_uneven_note(outcome, rows)] if any(marked) else [])
@@ -459,10 +483,11 @@ def written_note(outcome: Outcome) -> str:
 
 
 def _show(console: Console, table: Table, notes: list[str]) -> None:
-    """A table, then its notes at the terminal's width."""
+    """A table, then its notes at the terminal's width, a figure kept with its name or unit
+    (`print_wrapped`: at 40 columns "ep" ended a line and "8," began the next)."""
     console.print(table)
     for note in notes:
-        console.print(note, markup=False, highlight=False)
+        print_wrapped(console, note, "")
 
 
 def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
