@@ -854,8 +854,9 @@ class _Resolver:
         each has a name of its own (the report tells links apart by name: two levels of one
         name read as one link there while a sweep priced them apart, an audit). `per_node`:
         the GPUs per node of a preset the plan sized by topology.nodes, which a partly filled
-        domain is then blamed on and counted in (a fuzzing audit: it named topology.gpus, a
-        key the plan never wrote)."""
+        domain is then blamed on and counted in, or the level's size where it holds no whole
+        nodes (a fuzzing audit, and another: it named topology.gpus, a key the plan never
+        wrote, and writing the value it advised there contradicted nodes)."""
         previous: Level | None = None
         named: dict[str, int] = {}
         for i, level in enumerate(levels):
@@ -903,6 +904,14 @@ class _Resolver:
                         f"topology.nodes = {nodes} is not a multiple of {size}, the nodes "
                         f"per {level.name!r} domain ({level.size} GPUs): the job would fill "
                         f"one domain partially; {_nearest(nodes, size)}",
+                    )
+                elif per_node:  # the plan gave nodes: the level's size splits its nodes
+                    self.error(
+                        f"{path}.size",
+                        f"level {level.name!r} holds {level.size} GPUs, which does not divide "
+                        f"the {gpus} GPUs of topology.nodes = {gpus // per_node} ({per_node} a "
+                        "node) and holds no whole nodes: the job would fill one domain "
+                        f"partially; give a size that divides {gpus}, such as {per_node}",
                     )
                 else:
                     self.error(
