@@ -406,6 +406,9 @@ def test_markdown_is_a_pull_request_summary(tmp_path: Path) -> None:
         f"{share:.1%}",
     ]
     assert f"| {' | '.join(cells)} |" in lines
+    # the plan that does not fit: its shortfall signed with a minus, as the diff signs it
+    failing = next(line for line in lines if "❌ fail" in line).split(" | ")
+    assert failing[5].startswith("−") and failing[5].endswith(" GiB")
 
 
 def test_markdown_survives_file_and_plan_names_that_are_markup(tmp_path: Path) -> None:

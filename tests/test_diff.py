@@ -202,6 +202,19 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     assert lines[-1] == "Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse."
 
 
+def test_a_phase_on_one_side_is_named_as_code_and_its_side_after_it(tmp_path: Path) -> None:
+    """GPT-3 on 8 stages against 1 stage of 128-way data parallelism: the pipeline's sends
+    exist in A alone. The phase's name is code and "(A only)" is not part of it (an audit:
+    "`pipeline.forward (A only)`" read as a phase of that name)."""
+    text = GPT3.read_text(encoding="utf-8")
+    one = tmp_path / "one-stage.yaml"
+    one.write_text(text.replace("pp: 8", "pp: 1").replace("dp: 16", "dp: 128"), "utf-8")
+    code, out, _ = _diff(GPT3, one, "--format", "markdown")
+    assert code == 0
+    assert "| `pipeline.forward` (A only) | calls | 96 | – | – | – |" in out.splitlines()
+    assert "(A only)`" not in out
+
+
 def test_different_stage_counts_pair_the_first_and_the_last_stages() -> None:
     """GPT-3 on 8 stages against Llama 3 70B on 4: stage 1 of one holds other layers than
     stage 1 of the other, so only the first stages and the last are paired."""

@@ -129,7 +129,8 @@ def check_markdown(result: CheckResult) -> str:
             str(worst.stage),
             format_bytes(worst.peak_bytes),
             format_bytes(worst.capacity_bytes),
-            format_bytes(worst.headroom_bytes),
+            # a shortfall signed as the diff signs it, with a minus, not a hyphen (an audit)
+            format_bytes(h) if (h := worst.headroom_bytes) >= 0 else f"−{format_bytes(-h)}",
             "–" if time_s is None else result.limits.shown_step(time_s),
             "–" if share is None else result.limits.shown_exposed(share),
         ]

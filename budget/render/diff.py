@@ -527,7 +527,11 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
             name = _name(row)
             shown = [d for d in row.deltas if _shown(rows, d.metric)]
             for j, delta in enumerate(shown):
-                label = f"`{name}`" if j == 0 and first == "phase" else name if j == 0 else ""
+                # the phase's name as code, the side it exists on alone after it (an audit:
+                # "`forward.embedding (A only)`" read as a phase of that name)
+                side = name[len(row.key) :]
+                label = f"`{row.key}`{side}" if first == "phase" else name
+                label = label if j == 0 else ""
                 lines.append(_md([label, _label(delta.metric), *_md_cells(delta)]))
         lines.append("")
         if unchanged := _unchanged(rows, first, code if first == "phase" else plain):
