@@ -119,17 +119,22 @@ def _table(
         {**_layout(r, uneven), **_figures(r, digits, outcome.limits if outcome else None)}
         for r, uneven in zip(rows, marked, strict=True)
     ]
+
+    def fits(heads: list[str], figures: list[str]) -> bool:  # as `fitted` fits, squeezed
+        built = _built(title, heads, figures, _widest(cells, [*heads, *figures]))
+        return whole(console, squeezed(console, built))
+
     every = figures
     figures = _fitted(console, title, heads, every, cells, exposed, tokens)
     shared: list[str] = []
-    if not whole(console, _built(title, heads, figures, _widest(cells, [*heads, *figures]))):
+    if not fits(heads, figures):
         # narrower than the layouts: what every row shares is said under the table, and
         # then a limited exposure goes too (an audit: at 60 columns a search limited on
-        # exposure cut tp, dp and cp to "…", pp 4×4 to "4…" and its peaks' units)
+        # exposure cut cp and sp to "…", pp 4×4 to "4…" and its peaks' units)
         shared = [h for h in heads if len({c[h] for c in cells}) == 1]
         heads = [h for h in heads if h not in shared]
         figures = _fitted(console, title, heads, every, cells, exposed, tokens)
-        if exposed and not whole(console, _built(title, heads, figures, _widest(cells, heads))):
+        if exposed and not fits(heads, figures):
             figures = _fitted(console, title, heads, every, cells, False, tokens)
     table = squeezed(console, _built(title, heads, figures, cells))
     hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
