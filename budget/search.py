@@ -1797,7 +1797,7 @@ def parse_values(text: str, option: str) -> tuple[int, ...]:
         if dots and not high.strip():  # "2.." swept 2 alone, unsaid (an audit)
             raise ValueError(
                 f"{option} {text!r}: the range {part.strip()} has no end; write its last "
-                f"value too, as in {max(int(low), 1)}..{2 * max(int(low), 1)}"
+                f"value too, as {int(low)}..N"
             )
         if not span:  # "1,8..4" swept 1 alone: the empty range was dropped unsaid (an audit)
             raise ValueError(

@@ -905,13 +905,14 @@ class _Resolver:
                         f"per {level.name!r} domain ({level.size} GPUs): the job would fill "
                         f"one domain partially; {_nearest(nodes, size)}",
                     )
-                elif per_node:  # the plan gave nodes: the level's size splits its nodes
+                elif per_node:  # the plan gave nodes: the level's size is what to change
+                    inner = previous.size if previous is not None and previous.size else 0
                     self.error(
                         f"{path}.size",
                         f"level {level.name!r} holds {level.size} GPUs, which does not divide "
                         f"the {gpus} GPUs of topology.nodes = {gpus // per_node} ({per_node} a "
-                        "node) and holds no whole nodes: the job would fill one domain "
-                        f"partially; give a size that divides {gpus}, such as {per_node}",
+                        "node), nor is a whole number of nodes: the job would fill one domain "
+                        f"partially{_sizes_near(gpus, level.size, inner)}",
                     )
                 else:
                     self.error(
@@ -1207,6 +1208,21 @@ def _near(value: int, step: int) -> str:
     none is below."""
     low = value // step * step
     return f"{low} and {low + step}" if low > 0 else str(low + step)
+
+
+def _sizes_near(gpus: int, size: int, inner: int) -> str:
+    """ "; the nearest valid sizes are 4 and 8": the sizes next to `size` that divide `gpus`
+    and hold whole domains of the `inner` level's GPUs, more of them than it (a review: "such
+    as 8", advised to two levels at once, or after a level of 20, broke that rule)."""
+    small = [d for d in range(1, math.isqrt(gpus) + 1) if gpus % d == 0]
+    valid = sorted(
+        {x for d in small for x in (d, gpus // d) if x > inner and x % max(inner, 1) == 0}
+    )
+    near = [x for x in valid if x < size][-1:] + [x for x in valid if x > size][:1]
+    if not near:
+        return ""
+    said = " and ".join(map(str, near))
+    return f"; the nearest valid {'sizes are' if len(near) > 1 else 'size is'} {said}"
 
 
 def _nearest(value: int, step: int) -> str:
