@@ -854,9 +854,9 @@ class _Resolver:
         each has a name of its own (the report tells links apart by name: two levels of one
         name read as one link there while a sweep priced them apart, an audit). `per_node`:
         the GPUs per node of a preset the plan sized by topology.nodes, which a partly filled
-        domain is then blamed on and counted in, or the level's size where it holds no whole
-        nodes (a fuzzing audit, and another: it named topology.gpus, a key the plan never
-        wrote, and writing the value it advised there contradicted nodes)."""
+        domain is then blamed on and counted in, or the level's size where it is no whole
+        number of nodes (a fuzzing audit, and another: it named topology.gpus, a key the plan
+        never wrote, and writing the value it advised there contradicted nodes)."""
         previous: Level | None = None
         named: dict[str, int] = {}
         for i, level in enumerate(levels):
