@@ -60,7 +60,13 @@ from budget.plan.model import (
     Topology,
     Transition,
 )
-from budget.plan.resolve import MAX_ELEMENTS, gather_rounds_master, parse_placement, shape_names
+from budget.plan.resolve import (
+    MAX_ELEMENTS,
+    divisors,
+    gather_rounds_master,
+    parse_placement,
+    shape_names,
+)
 from budget.plan.transitions import check_chains, co_sharded, pipeline_phase
 from budget.schedule import (
     Replay,
@@ -245,12 +251,6 @@ def _differ(plan: Plan, c: Config, gpus: int) -> bool:
     if _schedule(plan, c) == "gpipe":  # GPipe keeps the closed form
         return False
     return chunks_differ(apply(plan, c, gpus))
-
-
-def divisors(n: int) -> list[int]:
-    """Every divisor of `n`, ascending, by trial division up to √n."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass

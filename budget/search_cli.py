@@ -97,6 +97,7 @@ def run_search(
     from budget.collectives import SizeError
     from budget.errors import UsageErrors, format_refusal
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
+    from budget.plan.resolve import divisors
     from budget.render import dump_document
     from budget.render.search import render_search_markdown, render_search_table
     from budget.search import magnitude, search, to_dict
@@ -211,10 +212,8 @@ def run_search(
     for name in ("tp", "pp", "cp", "ep"):  # every value of a degree the GPUs cannot hold
         values = getattr(sweep, name)
         if options.get(name) is not None and values and all(n % v for v in values):
-            divisors = [d for d in range(1, n + 1) if n % d == 0]  # n ≤ MAX_GPUS, checked
-            listed = (
-                f" (it divides by {', '.join(map(str, divisors))})" if len(divisors) <= 24 else ""
-            )
+            every = divisors(n)
+            listed = f" (it divides by {', '.join(map(str, every))})" if len(every) <= 24 else ""
             unbuilt.append(
                 f"--{name} {options[name]}: no value divides the {n:,} GPUs, "
                 f"so no layout can be built{listed}"
@@ -345,6 +344,8 @@ def _refused_values(
     "does not divide", then exit 1; so did `--ep 16` over 8 experts and `--tp 8 --pp 8
     --cp 4` on 64 GPUs, each value of which divides them), one reason an option; none
     where they can. `said`: the degrees refused already (not said again, nor their product)."""
+    from budget.plan.resolve import divisors
+
     refused = []
     experts = plan.model.experts
     if experts is None and sweep.ep and any(e > 1 for e in sweep.ep):
@@ -377,7 +378,6 @@ def _refused_values(
                 f"{flags}: no combination's {names} divides the {gpus:,} GPUs, so no layout "
                 "can be built"
             )
-    from budget.search import divisors
 
     batch = plan.batch.global_batch
     if sweep.micro and all(batch % m for m in sweep.micro):

@@ -62,6 +62,7 @@ __all__ = [
     "SERVING_SHAPE_NAMES",
     "SHAPE_NAMES",
     "TRAINING_ONLY",
+    "divisors",
     "llama_ffn",
     "parse_placement",
     "resolve",
@@ -184,9 +185,15 @@ def _rate(value: float, unit: str) -> str:
     return f"0 {unit}" if value == 0 else f"{value:.3g} {unit}, under 1 {unit}"
 
 
+def divisors(n: int) -> list[int]:
+    """Every divisor of `n`, ascending, by trial division up to √n."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def _divisors(n: int, limit: int = 8, keep: Callable[[int], bool] = bool) -> str:
     """The first `limit` divisors of `n` that `keep` accepts, for an error's suggestion."""
-    found = [d for d in range(1, n + 1) if n % d == 0 and keep(d)][:limit]
+    found = [d for d in divisors(n) if keep(d)][:limit]
     more = ", ..." if len(found) == limit and found[-1] != n else ""
     return ", ".join(str(d) for d in found) + more
 
@@ -1214,10 +1221,7 @@ def _sizes_near(gpus: int, size: int, inner: int) -> str:
     """ "; the nearest valid sizes are 4 and 8": the sizes next to `size` that divide `gpus`
     and hold whole domains of the `inner` level's GPUs, more of them than it (a review: "such
     as 8", advised to two levels at once, or after a level of 20, broke that rule)."""
-    small = [d for d in range(1, math.isqrt(gpus) + 1) if gpus % d == 0]
-    valid = sorted(
-        {x for d in small for x in (d, gpus // d) if x > inner and x % max(inner, 1) == 0}
-    )
+    valid = [x for x in divisors(gpus) if x > inner and x % max(inner, 1) == 0]
     near = [x for x in valid if x < size][-1:] + [x for x in valid if x > size][:1]
     if not near:
         return ""
