@@ -177,3 +177,23 @@ def test_the_capacity_label_stands_clear_of_the_bars_labels(tmp_path: Path, rese
     assert not any(label.overlaps(box) for box in figures)
     left = ax.transData.transform((-0.45, 0))[0]
     assert bool(label.x0 == pytest.approx(left)) is (reserved == "4 GiB")
+
+
+def test_a_serving_plan_is_drawn_over_its_run(tmp_path: Path) -> None:
+    """A decode plan's 11.6 s is its whole run (prefill and 511 decode passes), as the report
+    and `budget check` call it; the picture called it "the 11.6 s step" and its axis
+    "communication per step", which read as one decode step (17.3 ms) (an audit)."""
+    pytest.importorskip("matplotlib")
+    from budget.pipeline import budget_plan
+    from budget.units import format_duration
+
+    plan = GPT3.parent / "llama3-70b-decode.yaml"
+    out = tmp_path / "d.svg"
+    code, _, err = _plot(plan, out)
+    assert code == 0, err
+    root = ET.parse(out).getroot()
+    labels = {e.text or "" for e in root.iter("{http://www.w3.org/2000/svg}text")}
+    run = format_duration(budget_plan(plan).step["time_s"])
+    assert any(f"of the {run} run)" in label for label in labels), labels
+    assert "communication per run (s)" in labels
+    assert not [label for label in labels if re.search(r"\bstep\b", label)]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from budget.files import write_atomically
+from budget.report import time_word
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -85,6 +86,11 @@ def _metadata(fmt: str) -> dict[str, Any]:
     return {"Date": None} if fmt == "svg" else {"Software": None}
 
 
+def _one(word: str) -> str:
+    """ "one step" of a training plan, "the run" of a serving plan (`time_word`)."""
+    return "one step" if word == "step" else f"the {word}"
+
+
 def _memory(ax: Any, report: Report) -> None:
     worst = report.worst
     points = worst.timeline
@@ -105,8 +111,9 @@ def _memory(ax: Any, report: Report) -> None:
     verdict = "fits" if worst.fits else "does NOT fit"
     n = len(report.stages)
     which = "the only stage" if n == 1 else f"the worst of {n}"
+    word = time_word(report.mode)  # a serving plan's time is its whole run (an audit)
     ax.set_title(
-        f"{report.name}: stage {worst.stage} ({which}) over one step "
+        f"{report.name}: stage {worst.stage} ({which}) over {_one(word)} "
         # in GiB to the tenth, as the axis and the peak's marker read it
         f"— peak {worst.peak_bytes / 2**30:.1f} GiB of {worst.capacity_bytes / 2**30:.1f} GiB, "
         f"{verdict}",
@@ -118,8 +125,8 @@ def _memory(ax: Any, report: Report) -> None:
     ax.set_xticklabels([p.instant for p in points], rotation=30, ha="right", fontsize=8)
     _phase_bands(ax, [p.phase for p in points])
     ax.set_xlabel(
-        "instants of the step on this stage, in order (each phase drawn once, at its fullest "
-        "instance)",
+        f"instants of {_one(word)} on this stage, in order (each phase drawn once, at its "
+        "fullest instance)",
         fontsize=8,
         color="#444444",
     )
@@ -268,7 +275,8 @@ def _communication(ax: Any, report: Report) -> None:
     hidden = [(p.comm_s or 0.0) - e for p, e in zip(phases, exposed, strict=True)]
     scale, unit = (1.0, "s") if max(p.comm_s or 0.0 for p in phases) >= 1 else (1e3, "ms")
     xs = list(range(len(phases)))
-    ax.bar(xs, [e * scale for e in exposed], 0.7, color=_EXPOSED, label="exposed (step waits)")
+    word = time_word(report.mode)
+    ax.bar(xs, [e * scale for e in exposed], 0.7, color=_EXPOSED, label=f"exposed ({word} waits)")
     ax.bar(
         xs,
         [h * scale for h in hidden],
@@ -286,13 +294,13 @@ def _communication(ax: Any, report: Report) -> None:
     ax.set_xlim(-0.6, len(phases) - 0.4)
     ax.set_xticks(xs)
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"communication per step ({unit})")
+    ax.set_ylabel(f"communication per {word} ({unit})")
     step = report.step
     exposed_s, comm_s = float(step["exposed_comm_s"] or 0), float(step["comm_s"] or 0)
     share, time_s = float(step["exposed_share"] or 0), float(step["time_s"] or 0)
     totals = (
         f"{format_duration(exposed_s)} exposed of {format_duration(comm_s)} "
-        f"({share:.1%} of the {format_duration(time_s)} step)"
+        f"({share:.1%} of the {format_duration(time_s)} {word})"
     )
     pacing = step.get("pacing_stage")
     if pacing is not None and len(report.stages) > 1:
@@ -301,7 +309,7 @@ def _communication(ax: Any, report: Report) -> None:
         # title read as the bars' sum, which is more)
         title = (
             f"communication per phase, each on the stage where it costs most\n"
-            f"the step, paced by stage {pacing}: {totals}"
+            f"the {word}, paced by stage {pacing}: {totals}"
         )
     else:
         title = f"communication per phase on one rank: {totals}"
