@@ -1716,3 +1716,52 @@ def test_the_busiest_expert_rank_reads_more_experts_than_the_mean_rank_has_rows(
     assert round(busiest, 3) == 10.636
     rows, expert = 8, 7168 * 2 * 2048
     assert fc1.bytes == 2 * (rows * 7168 + rows * 2 * 2048) + round(busiest * expert)
+
+
+DECODE = PLANS / "llama3-70b-decode.yaml"
+
+
+def test_a_serving_plan_refuses_dropout(tmp_path):
+    """Served models run in eval mode, where dropout is off: `model.dropout: true` in a
+    decode plan was read and charged its masks' bytes (time to first token +1.05 %), where
+    every other training-only key is refused (an audit)."""
+    from budget.errors import BudgetError
+
+    plan = variant(
+        tmp_path,
+        "d.yaml",
+        ("  attention: flash\n", "  attention: flash\n  dropout: true\n"),
+        base=DECODE,
+    )
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    assert [(p.path, p.message) for p in raised.value.problems] == [
+        (
+            "$.model.dropout",
+            "model.dropout stores a training step's dropout masks; a decode plan runs the "
+            "model in eval mode, where dropout is off; remove it",
+        )
+    ]
+
+
+def test_a_configs_training_dropout_is_off_when_served(tmp_path):
+    """A `config.json` with `attention_dropout: 0.1` (its training setting) turns dropout on
+    for training (`hf_config`), but a decode plan of it is served in eval mode: the same
+    report as the config without it (an audit: 902 against 896 ms to the first token)."""
+    import json
+
+    config = json.loads((ROOT / "tests/data/hf/llama3-70b/config.json").read_text())
+    reports = []
+    for p in (0.0, 0.1):
+        config["attention_dropout"] = p
+        (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        text = DECODE.read_text(encoding="utf-8")
+        head, tail = text.split("model:\n", 1)
+        tail = tail[tail.index("batch:") :]
+        path = tmp_path / f"hf-{p}.yaml"
+        path.write_text(f"{head}model: {{hf_config: config.json}}\n{tail}", encoding="utf-8")
+        plan = load_plan(path)
+        assert plan.model.dropout is False
+        reports.append(to_dict(build_report(plan)))
+    assert reports[0]["step"] == reports[1]["step"]
+    assert reports[0]["step"]["ttft_s"] > 0

@@ -112,9 +112,14 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "overlap.param_gather": (False,),
     "overlap.pp": (False,),
     "overlap.ep": (False,),
+    "model.dropout": (False,),
 }
 # why a serving plan refuses a key of `TRAINING_ONLY`, where the general reason is not it
 _NOT_SERVING = {
+    "model.dropout": (
+        "model.dropout stores a training step's dropout masks; a {mode} plan runs the model "
+        "in eval mode, where dropout is off; remove it"
+    ),
     "overlap.ep": (
         "overlap.ep hides one micro-batch's expert all-to-all behind another's compute "
         "(Megatron-LM's, DualPipe's); a {mode} pass is one batch, whose expert GEMMs wait for "
@@ -1753,6 +1758,11 @@ def resolve(
     r = _Resolver(marks, file)
     mode = tree.get("mode", "train")
     model = None if "model" in skip else r.model(tree["model"])
+    if model is not None and mode != "train" and model.dropout:
+        # served in eval mode, where dropout is off (PyTorch's `Module.eval`): a config's
+        # training dropout (`attention_dropout: 0.1`) stores no masks there (an audit: a
+        # decode plan charged their bytes); a plan's own `model.dropout` is refused
+        model = replace(model, dropout=False)
     par = None if "parallel" in skip else r.parallel(tree.get("parallel", {}))
     # with the parallel section broken, the batch's own rules read dp 1, which divides any
     # count: its rule over dp waits for the section
