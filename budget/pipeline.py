@@ -93,6 +93,9 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
     move, cost = timed.move, timed.cost
     link = cost.link
     chunks = timed.chunks  # pipelined (`schedule.time_phase`): `cost` is one chunk's
+    # a group of one rank moves nothing over no link: no link, α or B (an audit: a
+    # hand-written transition on tp 1 read link "" beside NVLink's α and B)
+    links = " + ".join(cost.links) or None
     return CollectiveRow(
         name=move.name,
         phase=phase.name,
@@ -108,9 +111,9 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         count=move.count * phase.count,
         src=move.src,
         dst=move.dst,
-        link=" + ".join(cost.links),
-        alpha_s=link.latency,
-        bandwidth_Bps=cost.reached_bandwidth,
+        link=links,
+        alpha_s=link.latency if links else None,
+        bandwidth_Bps=cost.reached_bandwidth if links else None,
         latency_term_s=float(cost.latency_s) * chunks if timing else None,
         bandwidth_term_s=float(cost.bandwidth_s) * chunks if timing else None,
         time_s=timed.time_s if timing else None,

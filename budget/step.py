@@ -2309,6 +2309,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         passes: list[Phase] = []
         placed = dict(starts)  # where this stage's transitions have left each tensor
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
+        outputs: dict[str, Alloc] = {}  # what each tensor's last transition made
         # in step order (the file's within a phase), as `check_chains` walks and returns
         # them: which phase a tensor's last transition left it in decides whether the next
         # holds its source again (a review: listed A, B, C for a step running A, C, B, the
@@ -2337,6 +2338,10 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             sent.add(i)
             held_already = made.get(tr.name) == target
             made[tr.name] = target
+            # a source freed while its output is made, where the transition before it in
+            # this phase made that source: from then on its bytes are gone (an audit: they
+            # stayed, beside a label saying they were counted freed)
+            gone = outputs.get(tr.name) if held_already and not tr.source_alive else None
             ranks = degrees[tr.group]
             split = math.prod(degrees[g] for g, at in others if at.kind == "shard")
             full = -(-math.prod(tr.shape) * DTYPE_BYTES[tr.dtype] // split)
@@ -2361,9 +2366,19 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                         placement=f"{src} on {tr.group}{elsewhere}",
                     )
                 )
+            outputs[tr.name] = extra[0]
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
-            instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
+            if gone is None:
+                instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
+            else:  # the phase's instants with the source, then each with the output for it
+                instants = tuple(held) + tuple(
+                    Instant(
+                        f"{i.label}, {tr.name} {src} → {dst}",
+                        tuple(a for a in i.live if a is not gone) + tuple(extra),
+                    )
+                    for i in held
+                )
             phases[target] = replace(phase, instants=instants)
             ends = str(src), str(dst)
             if send:

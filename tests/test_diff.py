@@ -805,14 +805,16 @@ def test_two_invalid_plans_report_in_the_order_given(tmp_path: Path) -> None:
 def test_transition_labels_stay_unique_and_group_by_the_whole_name(tmp_path: Path) -> None:
     """Two transitions named g beside one named "g #2": the second g's label had collided
     with it and its change vanished; and a transition named "a" had swallowed the keys of
-    one named "a].b" (a review)."""
+    one named "a].b" (a review). The two g are one tensor, which keeps its dtype (a name is
+    one tensor: `plan.transitions`); the second's count changes."""
     from budget.render.diff import shown_changes
 
-    def plan(*items: tuple[str, str]) -> Any:
+    def plan(*items: tuple[str, str] | tuple[str, str, int]) -> Any:
         lines = "".join(
             f"  - name: '{name}'\n    phase: loss\n    tensor: {{shape: [micro * seq, vocab], "
             f"dtype: {dtype}}}\n    group: tp\n    from: replicate\n    to: replicate\n"
-            for name, dtype in items
+            f"    count: {count[0] if count else 1}\n"
+            for name, dtype, *count in items
         )
         text = TP_GATHERED.read_text(encoding="utf-8")
         text = text[: text.index("\ntransitions:") + 1] + "transitions:\n" + lines
@@ -821,10 +823,10 @@ def test_transition_labels_stay_unique_and_group_by_the_whole_name(tmp_path: Pat
         return load_plan(path)
 
     a = plan(("g", "bf16"), ("g", "bf16"), ("g #2", "bf16"))
-    b = plan(("g", "bf16"), ("g", "fp32"), ("g #2", "fp16"))
+    b = plan(("g", "bf16"), ("g", "bf16", 2), ("g #2", "fp16"))
     keys = [c.key for c in plan_changes(a, b)]
     assert len(keys) == len(set(keys)) == 2  # both changes, each under its own label
-    assert keys[0].endswith(".tensor.dtype") and keys[1].endswith(".tensor.dtype")
+    assert keys[0].endswith(".count") and keys[1].endswith(".tensor.dtype")
     dotted = plan(("a", "bf16"), ("a].b", "bf16"))
     rows = shown_changes(plan_changes(dotted, plan(("a].b", "fp32"))))
     assert [row[0] for row in rows] == ["transitions[a]", "transitions[a].b].tensor.dtype"]

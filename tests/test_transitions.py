@@ -764,9 +764,10 @@ def test_a_dimension_sharded_on_two_groups_divides_by_both_degrees(tmp_path):
 def test_a_co_sharded_dimension_is_read_in_the_shapes_that_shard_it(tmp_path):
     """A tensor's transition on a third group, of another shape, is no part of its shards on
     dp and tp: [hidden] on cp raised an IndexError reading dimension 1 of it, and [7, 7]
-    refused 128 rows as 7 (a review). The shapes that place it shard(d) are the ones
-    split: 128 rows over dp 16 x tp 8 divide."""
-    for cp_shape in ("[hidden]", "[7, 7]"):
+    refused 128 rows as 7 (a review). A tensor keeps its shape now (a name is one tensor:
+    `test_one_name_is_one_tensor`), so those are refused as such, with no traceback; of
+    one shape, 128 rows over dp 16 x tp 8 divide."""
+    for cp_shape in ("[hidden]", "[7, 7]", "[128, hidden]"):
         three = f"""transitions:
   - {{name: x, phase: loss, tensor: {{shape: {cp_shape}, dtype: bf16}}, group: cp,
      from: replicate, to: replicate}}
@@ -776,7 +777,11 @@ def test_a_co_sharded_dimension_is_read_in_the_shapes_that_shard_it(tmp_path):
      from: shard(0), to: replicate}}
 """
         code, _, err = _run("validate", str(_plan(tmp_path, three)))
-        assert (code, err) == (0, ""), cp_shape
+        if cp_shape == "[128, hidden]":
+            assert (code, err) == (0, ""), cp_shape
+        else:
+            assert code == 2 and "Traceback" not in err, cp_shape
+            assert err.count("a name is one tensor") == 2, err
 
 
 def test_a_tensor_co_sharded_again_later_is_checked_again(tmp_path):
@@ -796,3 +801,84 @@ def test_a_tensor_co_sharded_again_later_is_checked_again(tmp_path):
     code, out, err = _run(str(_plan(tmp_path, again)))
     assert (code, out) == (2, "")
     assert "$.transitions[2]: 'x' is shard(0) on dp and tp at once: dimension 0 of size 16" in err
+    # and, a name being one tensor, its second shape is refused as such
+    assert "$.transitions[2].tensor: 'x' is [16, 12,288] bf16 here but [128, 12,288]" in err
+
+
+@pytest.mark.parametrize(
+    ("second", "said"),
+    [
+        ("{shape: [65536, 65536], dtype: bf16}", "is [65,536, 65,536] bf16 here but [16, 16] bf16"),
+        ("{shape: [16, 16], dtype: fp32}", "is [16, 16] fp32 here but [16, 16] bf16"),
+    ],
+)
+def test_one_name_is_one_tensor(tmp_path, second, said):
+    """A name is one tensor (the schema: a tensor by name has a placement on each group),
+    whose shape and dtype its transitions keep: X [16, 16] gathered, then "X" [65536,
+    65536] scattered from the replicate the first left, counted that 512 B replicate as
+    the 8 GiB source, the peak 8 GiB low (an audit). Refused at the second's tensor."""
+    text = f"""transitions:
+  - {{name: X, phase: loss, tensor: {{shape: [16, 16], dtype: bf16}}, group: tp,
+     from: shard(1), to: replicate}}
+  - name: X
+    phase: loss
+    tensor: {second}
+    group: tp
+    from: replicate
+    to: shard(0)
+"""
+    path = _plan(tmp_path, text)
+    code, out, err = _run(str(path))
+    line = path.read_text(encoding="utf-8").splitlines().index(f"    tensor: {second}") + 1
+    assert (code, out) == (2, "")
+    assert err == (
+        f"{path}:{line}:5: error: $.transitions[1].tensor: 'X' {said} in $.transitions[0]: "
+        "a name is one tensor, whose shape and dtype its transitions keep; a cast or a "
+        "reshape makes another tensor, so give it its own name\n"
+    )
+
+
+def test_a_source_freed_in_a_chain_is_gone_once_its_output_is_made(tmp_path):
+    """fp32 [8192, 8192] (256 MiB) gathered over tp 8, then scattered back, both in the
+    loss with source_alive: false: the gather's moment holds the replicate (S), the
+    scatter's the shard (S/8), and the peak is S, as for the gather alone. The replicate
+    stayed beside the shard (S + S/8), while the shard's name said its source was counted
+    freed (an audit)."""
+    one = """transitions:
+  - {name: B, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: tp,
+     from: shard(1), to: replicate, source_alive: false}
+"""
+    both = (
+        one
+        + """  - {name: B, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: tp,
+     from: replicate, to: shard(0), source_alive: false}
+"""
+    )
+
+    def loss(text: str, name: str) -> object:
+        report = budget_plan(_plan(tmp_path / name, text))
+        return next(p for p in report.phases if p.name == "loss")
+
+    (tmp_path / "one").mkdir(), (tmp_path / "both").mkdir()
+    alone, chain = loss(one, "one"), loss(both, "both")
+    full = 8192 * 8192 * 4
+    assert chain.peak_bytes == alone.peak_bytes
+    overlap = {o.tensor: o.bytes for o in chain.peak_overlap if o.tensor.startswith("B ")}
+    assert overlap == {"B (replicate; its source counted freed, source_alive: false)": full}
+
+
+def test_a_group_of_one_rank_names_no_link(tmp_path):
+    """A transition over cp 1 moves nothing over no link: its JSON row said link "" beside
+    NVLink's α and B (an audit); it says none of them, as the schema allows (null)."""
+    import json
+
+    text = """transitions:
+  - {name: c, phase: loss, tensor: {shape: [16, 16], dtype: bf16}, group: cp,
+     from: shard(1), to: replicate}
+"""
+    code, out, err = _run(str(_plan(tmp_path, text)), "--format", "json")
+    assert code == 0, err
+    loss = next(p for p in json.loads(out)["phases"] if p["name"] == "loss")
+    (row,) = [c for c in loss["collectives"] if c["name"] == "c"]
+    assert (row["ranks"], row["steps"], row["sent_bytes"], row["time_s"]) == (1, 0, 0, 0.0)
+    assert (row["link"], row["alpha_s"], row["bandwidth_Bps"]) == (None, None, None)

@@ -979,7 +979,7 @@ class _Resolver:
                         path,
                         tuple(
                             (f".{key}", *self.marks.at(f"{path}.{key}"))
-                            for key in ("phase", "from", "to", "group")
+                            for key in ("phase", "from", "to", "group", "tensor")
                         ),
                     ),
                 )

@@ -91,6 +91,7 @@ def check_chains(
     problems: list[Problem] = []
     parsed: list[Parsed] = []
     last: dict[tuple[str, str], tuple[Transition, Placement]] = {}
+    first: dict[str, Transition] = {}  # each tensor's first transition, in step order
     # in step order, the file's within a phase (a stable sort); returned in that order, which
     # the step adds them in
     for tr in sorted(transitions, key=lambda tr: step_rank(mode, tr.phase)):
@@ -103,6 +104,9 @@ def check_chains(
         if not known_phase(mode, tr.phase):  # said apart; where it runs is unknown
             parsed.append((tr, src, dst, op))
             continue
+        origin = first.setdefault(tr.name, tr)
+        if _unlike(origin, tr):
+            problems.append(problem(file, tr, _another_tensor(origin, tr), ".tensor"))
         before = last.get((tr.name, tr.group))
         if before is not None and before[1] != src:
             message = (
@@ -134,6 +138,32 @@ def check_chains(
     if degrees is not None:
         problems += _unevenly_co_sharded(file, mode, parsed, degrees)
     return parsed, problems
+
+
+def _unlike(a: Transition, b: Transition) -> bool:
+    """Whether `a` and `b` give one tensor different dtypes or shapes; a sweep's shapes,
+    arrays over its layouts (`search.reshaped`), are compared where the plan resolves."""
+    if a.dtype != b.dtype:
+        return True
+    numbers = all(isinstance(d, int) for d in (*a.shape, *b.shape))
+    return numbers and a.shape != b.shape
+
+
+def _another_tensor(origin: Transition, tr: Transition) -> str:
+    """Why `tr` cannot move the tensor `origin` placed first: a name is one tensor, whose
+    placements its transitions change (the schema), so a chain that continued from another
+    shape's or dtype's placement counted the other's bytes as held (an audit: a [16, 16]
+    tensor's replicate stood for the source of a [65536, 65536] one, 8 GiB off the peak)."""
+
+    def tensor(t: Transition) -> str:
+        return f"[{', '.join(f'{d:,}' for d in t.shape)}] {t.dtype}"
+
+    where = origin.where.path if origin.where else "an earlier transition"
+    return (
+        f"{tr.name!r} is {tensor(tr)} here but {tensor(origin)} in {where}: a name is one "
+        "tensor, whose shape and dtype its transitions keep; a cast or a reshape makes "
+        "another tensor, so give it its own name"
+    )
 
 
 def _unevenly_co_sharded(
