@@ -559,8 +559,12 @@ def _plans_folder(directory: Path) -> None:
 
     if exists(directory) and not directory.is_dir():
         raise _usage(f"--write-plans {directory}: is a file; name a folder to write the plans in")
+    parent = directory.absolute().parent
+    if not parent.is_dir():  # made one level deep, as `plot -o` and `search --write` write
+        # into a folder that is there (an audit: a mistyped /nonexistent/d made /nonexistent)
+        raise _usage(f"--write-plans {directory}: there is no folder {parent}")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
     except OSError as error:
         raise _usage(f"--write-plans {directory}: {error.strerror or error}") from None
     if not os.access(directory, os.W_OK):

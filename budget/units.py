@@ -202,6 +202,9 @@ def missing_unit(value: object, quantity: str) -> str | None:
         return None
     if float(number) == 0:
         return None
+    if number.startswith("-"):  # no unit makes it one: say so, and suggest none (an audit:
+        # "such as '-450 GB/s'", which is refused as negative)
+        return f"{number} has no unit and is negative; write a {quantity} above 0 with its unit"
     if based := _in_base_unit(number, quantity):
         return f"{number} has no unit; write a {quantity} with its unit, such as {based}"
     shown = [f"'{number} {unit}'" for unit in _LIKELY_UNITS[quantity]]

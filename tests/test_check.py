@@ -123,6 +123,10 @@ def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path
     assert code == 2 and err.splitlines() == every
     _, plan = json.loads(out)["plans"]  # the document lists them as stderr does
     assert plan["valid"] is False and plan["problems"] == every and plan["reasons"] == []
+    # a bad plan alone: its errors and exit 2, nothing else (the quality bar; an audit: an
+    # INVALID line, the limits and "0 of 1 plan passed, 1 invalid" came on stdout)
+    code, out, err = _check(bad)
+    assert (code, out, err.splitlines()) == (2, "", every)
 
 
 @pytest.mark.parametrize(

@@ -161,3 +161,12 @@ def test_a_folder_or_file_that_cannot_be_written_is_refused_before_the_work(
     )
     assert result.exit_code == 2 and "there is no folder" in result.stderr
     assert not (tmp_path / "no").exists()
+    # --write-plans makes its folder, but not the folders above it, as `plot -o` does not
+    # (an audit: a mistyped /nonexistent/d made /nonexistent)
+    deep = tmp_path / "no" / "plans"
+    result = runner.invoke(app, ["validate-model", "--write-plans", str(deep)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"budget: error: --write-plans {deep}: there is no folder {tmp_path / 'no'}\n"
+    )
+    assert not (tmp_path / "no").exists()

@@ -569,3 +569,51 @@ def test_a_remedy_is_offered_only_where_its_groups_spread_and_its_schedule_takes
     assert "choose degrees whose product is 64" in world and "change dp" not in world
     (world,) = [p for p in problems_of(BASE.replace("gpus: 8", "gpus: 64")) if "$.parallel:" in p]
     assert "change dp to 16" in world
+
+
+@pytest.mark.parametrize(
+    ("edit", "path", "message"),
+    [
+        (
+            ("  pp: 1\n", "  pp: 1\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"),
+            "$.parallel.pipeline.schedule",
+            "the interleaved schedule needs pp ≥ 2; with one stage use 1f1b",
+        ),
+        (
+            ("  pp: 1\n", "  pp: 1\n  pipeline: {virtual_stages: 3}\n"),
+            "$.parallel.pipeline.virtual_stages",
+            "virtual_stages = 3 needs schedule: interleaved (1f1b runs one model chunk per stage)",
+        ),
+        (
+            ("  pp: 1\n", "  pp: 1\n  pipeline: {layers_per_stage: [12, 12]}\n"),
+            "$.parallel.pipeline.layers_per_stage",
+            "layers_per_stage has 2 entries but pp = 1 stages need one each",
+        ),
+        (
+            ("  optimizer: adam\n", "  optimizer: none\n"),
+            "$.precision.optimizer",
+            "optimizer: none is for serving plans; a training step updates its weights (adam "
+            "or sgd), and its master copy and parameter gather go with them",
+        ),
+    ],
+)
+def test_a_broken_model_hides_no_rule_that_does_not_read_it(
+    tmp_path: Path, edit: tuple[str, str], path: str, message: str
+) -> None:
+    """Every problem of the file at once: a misspelt model.mlp hid the pipeline's and the
+    precision's rules, which read no model (an audit)."""
+    from tests.plan_files import variant
+
+    root = Path(__file__).resolve().parent.parent
+    plan = variant(
+        tmp_path,
+        "p.yaml",
+        ("  mlp: gelu\n", "  mlp: relu\n"),
+        edit,
+        base=root / "plans/gpt-1.3b.yaml",
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(plan)
+    found = [(p.path, p.message) for p in caught.value.problems]
+    assert [p for p, _ in found] == ["$.model.mlp", path]
+    assert found[1][1] == message

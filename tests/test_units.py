@@ -257,6 +257,17 @@ def test_missing_unit_names_only_bare_numbers() -> None:
         assert missing_unit(value, "bandwidth") is None, value
 
 
+@pytest.mark.parametrize(
+    ("value", "quantity"), [(-450, "bandwidth"), ("-1", "time"), (-1.5, "compute rate")]
+)
+def test_a_negative_bare_number_is_not_given_a_unit_to_write(value: object, quantity: str) -> None:
+    """-450 was told "such as '-450 GB/s'", which is refused as negative (an audit)."""
+    from budget.units import missing_unit
+
+    said = missing_unit(value, quantity)
+    assert said == f"{value} has no unit and is negative; write a {quantity} above 0 with its unit"
+
+
 def test_negative_message_says_negative() -> None:
     with pytest.raises(UnitError, match="negative"):
         parse_bytes("-3 GiB")

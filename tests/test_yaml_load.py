@@ -113,6 +113,28 @@ def test_duplicate_keys_point_at_the_second() -> None:
     ]
 
 
+def test_a_collection_key_is_refused_and_the_file_read_on() -> None:
+    """A list used as a key stopped the reading: the duplicate after it went unsaid (an
+    audit: a plan's bad layers and seq too). Its value is dropped, read for its problems."""
+    assert messages("parallel:\n  ? [a, b]\n  : {x: *y}\n  tp: 1\n  tp: 2\n") == [
+        "p.yaml:2:5: error: $.parallel: mapping keys must be plain names",
+        "p.yaml:3:9: error: $.parallel['?'].x: YAML aliases (*y) are not allowed in a plan; "
+        "write the value out",
+        "p.yaml:5:3: error: $.parallel.tp: duplicate key 'tp' (first defined on line 4)",
+    ]
+
+
+@pytest.mark.parametrize("text", ["model:\n\tlayers: 2\n", "model:\n  layers: 2\n\thidden: 3\n"])
+def test_a_tab_in_the_indentation_is_named(text: str) -> None:
+    """PyYAML says "found character that cannot start any token" of a tab that indents, or
+    "a tab character that violates indentation": neither said to indent with spaces (an
+    audit)."""
+    (said,) = messages(text)
+    line = text.count("\n", 0, text.index("\t")) + 1
+    assert said.startswith(f"p.yaml:{line}:1: error: $")
+    assert said.endswith(": invalid YAML: a tab indents this line; YAML indents with spaces only")
+
+
 def test_syntax_error_has_a_position() -> None:
     assert messages("model:\n  layers: [1, 2\nbatch: 3\n") == [
         "p.yaml:3:6: error: $.model.layers: invalid YAML: did not find expected ',' or ']' "

@@ -56,8 +56,8 @@ def read_plan_bytes(path: Path) -> bytes:
         reason = error.strerror or type(error).__name__
         # line 1, column 1 as for the other whole-file problems: editors read 0:0 as no place
         raise BudgetError([Problem(file, 1, 1, "$", f"cannot read the plan: {reason}")]) from None
-    if len(data) > MAX_BYTES:
-        raise _too_large(file, len(data))
+    if len(data) > MAX_BYTES:  # a device or a pipe: its size is not known, only that
+        raise _too_large(file, None)  # it is more (an audit: /dev/zero "is 8,388,609 bytes")
     return data
 
 
@@ -84,10 +84,14 @@ def _read_stdin() -> bytes:
     return data
 
 
-def _too_large(file: str, size: int) -> BudgetError:
+def _too_large(file: str, size: int | None) -> BudgetError:
+    """A file over `MAX_BYTES`; `size` None where reading found more than that (a device,
+    a pipe), whose size is not known."""
+    most = f"{MAX_BYTES:,} bytes (8 MiB)"
     message = (
-        f"the file is {size:,} bytes; a plan is at most {MAX_BYTES:,} bytes (8 MiB), "
-        "so it was not read"
+        f"the file holds more than {most}, the most a plan may be, so it was not read"
+        if size is None
+        else f"the file is {size:,} bytes; a plan is at most {most}, so it was not read"
     )
     return BudgetError([Problem(file, 1, 1, "$", message)])
 

@@ -1257,6 +1257,63 @@ class _LayoutChecks:
             self.world(topology)
         if self.mode == "train" and self.whole_batch is not None:
             self.global_batch(self.whole_batch)
+        self.schedule()
+        self.split_entries()
+
+    def split_entries(self) -> None:
+        """layers_per_stage has an entry a stage (each model chunk's, interleaved). It reads
+        no model, so a broken model hides none of it (an audit)."""
+        pipe, pp = self.par.pipeline, self.par.pp
+        v = pipe.virtual_stages
+        split = pipe.layers_per_stage
+        if split is not None and len(split) != pp * v:
+            what = f"pp × virtual_stages = {pp} × {v} = {pp * v}" if v > 1 else f"pp = {pp}"
+            self.r.error(
+                "$.parallel.pipeline.layers_per_stage",
+                f"layers_per_stage has {len(split)} entries but {what} stages need one each",
+            )
+
+    def schedule(self) -> None:
+        """Virtual stages need the interleaved schedule, and it needs m % pp == 0. It reads
+        no model, so a broken model hides none of it (an audit: a misspelt model.mlp hid
+        "the interleaved schedule needs pp ≥ 2").
+
+        Source: Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``,
+        ``forward_backward_pipelining_with_interleaving``: "number of microbatches is not
+        divisible by pipeline-model-parallel-size when using interleaved schedule".
+        """
+        pipe, pp = self.par.pipeline, self.par.pp
+        if pipe.virtual_stages > 1 and pipe.schedule != "interleaved":
+            self.r.error(
+                "$.parallel.pipeline.virtual_stages",
+                f"virtual_stages = {pipe.virtual_stages} needs schedule: interleaved "
+                f"({pipe.schedule} runs one model chunk per stage)",
+            )
+        if pipe.schedule != "interleaved":
+            return
+        if pp < 2:
+            self.r.error(
+                "$.parallel.pipeline.schedule",
+                "the interleaved schedule needs pp ≥ 2; with one stage use 1f1b",
+            )
+        elif pipe.virtual_stages < 2:
+            self.r.error(
+                "$.parallel.pipeline.schedule",
+                "the interleaved schedule needs parallel.pipeline.virtual_stages ≥ 2 model "
+                "chunks per stage",
+            )
+        elif self.mode == "train" and self.whole_batch is not None:
+            b, dp = self.whole_batch, self.par.dp
+            if b.global_batch % (b.micro * dp):
+                return  # reported by the global batch check
+            m = b.global_batch // (b.micro * dp)
+            if m % pp:
+                self.r.error(
+                    "$.batch.global",
+                    f"the interleaved schedule needs the micro-batches per step, global / "
+                    f"(micro × dp) = {m}, to be a multiple of pp = {pp} (Megatron-LM); "
+                    f"make batch.global a multiple of {b.micro * dp * pp}",
+                )
 
     def world(self, topology: Topology) -> None:
         """tp × cp × pp × dp is the world size (DESIGN.md); expert layers fold etp × ep × edp
@@ -1411,13 +1468,7 @@ class _ModelChecks(_LayoutChecks):
         split = pipe.layers_per_stage
         path = "$.parallel.pipeline.layers_per_stage"
         if split is not None:
-            if len(split) != stages:
-                what = f"pp × virtual_stages = {pp} × {v} = {stages}" if v > 1 else f"pp = {pp}"
-                self.r.error(
-                    path,
-                    f"layers_per_stage has {len(split)} entries but {what} stages need one each",
-                )
-            elif sum(split) != layers:
+            if len(split) == stages and sum(split) != layers:  # a count is `split_entries`'s
                 self.r.error(
                     path,
                     f"layers_per_stage sums to {sum(split)} layers but model.layers = {layers}",
@@ -1462,51 +1513,10 @@ class _Checks(_ModelChecks):
 
     def run(self, topology: Topology | None) -> None:
         super().run(topology)
-        self.schedule()
         self.sequence_parallel()
         self.context()
         self.experts()
         self.positions()
-
-    def schedule(self) -> None:
-        """Virtual stages need the interleaved schedule, and it needs m % pp == 0.
-
-        Source: Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``,
-        ``forward_backward_pipelining_with_interleaving``: "number of microbatches is not
-        divisible by pipeline-model-parallel-size when using interleaved schedule".
-        """
-        pipe, pp = self.par.pipeline, self.par.pp
-        if pipe.virtual_stages > 1 and pipe.schedule != "interleaved":
-            self.r.error(
-                "$.parallel.pipeline.virtual_stages",
-                f"virtual_stages = {pipe.virtual_stages} needs schedule: interleaved "
-                f"({pipe.schedule} runs one model chunk per stage)",
-            )
-        if pipe.schedule != "interleaved":
-            return
-        if pp < 2:
-            self.r.error(
-                "$.parallel.pipeline.schedule",
-                "the interleaved schedule needs pp ≥ 2; with one stage use 1f1b",
-            )
-        elif pipe.virtual_stages < 2:
-            self.r.error(
-                "$.parallel.pipeline.schedule",
-                "the interleaved schedule needs parallel.pipeline.virtual_stages ≥ 2 model "
-                "chunks per stage",
-            )
-        elif self.mode == "train":
-            b, dp = self.batch, self.par.dp
-            if b.global_batch % (b.micro * dp):
-                return  # reported by the global batch check
-            m = b.global_batch // (b.micro * dp)
-            if m % pp:
-                self.r.error(
-                    "$.batch.global",
-                    f"the interleaved schedule needs the micro-batches per step, global / "
-                    f"(micro × dp) = {m}, to be a multiple of pp = {pp} (Megatron-LM); "
-                    f"make batch.global a multiple of {b.micro * dp * pp}",
-                )
 
     def sequence_parallel(self) -> None:
         """Sequence parallelism scatters each rank's [seq / cp, micro, hidden] activations
@@ -1787,10 +1797,14 @@ def resolve(
         r.training_only(tree, mode)
     else:
         r.serving_only(tree)
-    # an hf_config's quantized weights set the serving default (`precision`)
+    # an hf_config's or a preset's quantized weights set the serving default (`precision`):
+    # a broken model that names neither leaves the precision's rules to run (an audit: a
+    # misspelt model.mlp hid "optimizer: none is for serving plans")
+    section = tree.get("model")
+    named = not isinstance(section, Mapping) or bool({"preset", "hf_config"} & set(section))
     precision = (
         None
-        if skip & {"precision", "model"}
+        if "precision" in skip or ("model" in skip and named)
         else r.precision(tree.get("precision", {}), mode != "train")
     )
     # a seed's layout is the search's to replace, layout by layout (a review)

@@ -88,12 +88,16 @@ SECOND_DOCUMENT = "a plan is one YAML document; found a second one"
 _SHORT = 64
 # PyYAML's YAML 1.1 int and float forms (yaml/resolver.py) less their base-60 ones, which
 # `_base_60` reads: a pattern's repeated group, `(?::[0-5]?[0-9])+`, matched an 8 MiB
-# base-60 number in 1 s and 570 MB, and gave 8 MiB of digits back place by place in 0.7 s
+# base-60 number in 1 s and 570 MB, and gave 8 MiB of digits back place by place in 0.7 s.
+# Their runs are possessive (`*+`, `++`: what follows a run is never in its class, so giving
+# characters back never matches): an 8 MiB float whose exponent lacks its sign ("1.000…e5")
+# backtracked through every digit, 0.5 s (an audit)
 _INT_11 = re.compile(
-    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"
+    r"^(?:[-+]?0b[0-1_]++|[-+]?0[0-7_]++|[-+]?(?:0|[1-9][0-9_]*+)|[-+]?0x[0-9a-fA-F_]++)$"
 )
 _FLOAT_11 = re.compile(
-    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"^(?:[-+]?(?:[0-9][0-9_]*+)\.[0-9_]*+(?:[eE][-+][0-9]++)?"
+    r"|\.[0-9][0-9_]*+(?:[eE][-+][0-9]++)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
 # a base-60 number's parts, each one character class: head:places.fraction
@@ -211,6 +215,7 @@ class _Frame:
     key_mark: Position = (1, 1)
     first_seen: dict[str, int] = field(default_factory=dict)  # key → line of first use
     refused: bool = False  # a collection under a tag a plan may not use: read, then dropped
+    discard: bool = False  # mappings: the value waiting is a collection key's, to be dropped
 
 
 class _Builder:
@@ -351,9 +356,16 @@ class _Builder:
         if isinstance(frame.container, list):
             frame.container.append(value)
             return
-        if frame.key is None:  # a mapping or a list used as a key
+        if frame.key is None:  # a mapping or a list used as a key: its value is read for the
+            # problems in it and dropped, and the file read on (an audit: the problems after
+            # it went unsaid)
             where = self.marks.nodes.get(self.value_path(), (1, 1))
-            raise self.stop(where, frame.path, "mapping keys must be plain names")
+            self.problem(where, frame.path, "mapping keys must be plain names")
+            frame.key, frame.discard = "?", True
+            return
+        if frame.discard:
+            frame.key, frame.discard = None, False
+            return
         if frame.key not in frame.container:  # duplicates keep the first value
             frame.container[frame.key] = value
         frame.key = None
@@ -555,6 +567,9 @@ def load_yaml(text: str, file: str) -> Loaded:
             )
         elif glued := _glued_key(text, where[0]):
             builder.problem(*glued)
+        elif _tab_indented(text, where[0]):  # PyYAML's words never say "tab" (an audit)
+            message = "invalid YAML: a tab indents this line; YAML indents with spaces only"
+            builder.problem((where[0], 1), builder.path, message)
         else:
             builder.problem(where, builder.path, f"invalid YAML: {what}{_context(error)}")
         return Loaded(None, builder.marks, tuple(builder.problems))
@@ -581,6 +596,15 @@ def load_yaml(text: str, file: str) -> Loaded:
     if "$" not in builder.marks.nodes:
         builder.marks.nodes["$"] = (1, 1)
     return Loaded(root, builder.marks, tuple(builder.problems), frozenset(builder.refused))
+
+
+def _tab_indented(text: str, line: int) -> bool:
+    """Whether a tab is among the spaces that begin line `line` (1-based) of `text`."""
+    lines = text.splitlines()
+    if not 1 <= line <= len(lines):
+        return False
+    content = lines[line - 1]
+    return "\t" in content[: len(content) - len(content.lstrip(" \t"))]
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:

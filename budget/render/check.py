@@ -79,6 +79,9 @@ def _table(console: Console, result: CheckResult) -> None:
     from rich.markup import escape
     from rich.text import Text
 
+    if not any(verdict.valid for verdict in result.verdicts):
+        return  # every plan invalid: its errors on stderr and exit 2 are all (an audit: one
+        # bad plan printed an INVALID line, the limits and a tally of none passed)
     for verdict in result.verdicts:
         if not verdict.valid:
             # the verdict and the path on one line, unwrapped, for `grep '^FAIL'` in CI logs
