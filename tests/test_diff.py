@@ -1088,3 +1088,19 @@ def test_a_long_plan_name_is_whole_where_the_list_would_hold_it(width: int) -> N
     assert code == 0
     changes = out.split("Plan changes", 1)[1].split("Values as budget resolves", 1)[0]
     assert "llama3-8b-tp-loss-gathered" in changes.split()
+
+
+def test_a_change_too_small_to_round_apart_is_shown_and_said(tmp_path: Path) -> None:
+    """reserved 3 GiB → 3.001 GiB: the plan-changes row read "3.00 GiB → 3.00 GiB", a change
+    the reader could not see, and the headline called the peak, 1.02 MiB higher, unchanged
+    (an audit). The values are written in full where their rounding is alike, and a peak
+    that moved under the diff's threshold is "about the same", with its change."""
+    from budget.render.diff import headline, shown_changes
+
+    b = variant(tmp_path, "r.yaml", ("reserved: 3 GiB", "reserved: 3.001 GiB"), base=LLAMA)
+    rows = shown_changes(plan_changes(load_plan(LLAMA), load_plan(b)))
+    extra = round(0.001 * 2**30)
+    assert rows == [("device.reserved", "3,221,225,472 B", f"{3 * 2**30 + extra:,} B")]
+    sentence = headline(diff_files(LLAMA, b)[2])
+    assert "worst-stage peak about the same at 38.4\u00a0GiB (+1.02\u00a0MiB)" in sentence
+    assert "step time unchanged at" in sentence  # the step did not move at all

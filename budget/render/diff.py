@@ -154,6 +154,27 @@ def plan_value(key: str, value: Value) -> str:
     return str(value)
 
 
+def plan_values(key: str, a: Value, b: Value) -> tuple[str, str]:
+    """A changed key's two values as `plan_value` writes them, or where that rounds them
+    alike, exactly: bytes, bytes/s and seconds in full (an audit: 3 GiB against 3.001 GiB
+    read "3.00 GiB → 3.00 GiB")."""
+    shown = plan_value(key, a), plan_value(key, b)
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    if shown[0] != shown[1] or not numbers or shown[0] == f"{a:,}":
+        return shown
+    unit = next((u for u, words in _EXACT_UNITS if any(w in shown[0] for w in words)), "")
+    return f"{a:,.12g}{unit}", f"{b:,.12g}{unit}"
+
+
+# the unit a value `plan_value` rounded is written in, when written exactly (`plan_values`)
+_EXACT_UNITS = (
+    (" B/s", ("B/s", "b/s")),
+    (" FLOP/s", ("FLOP/s",)),
+    (" s", ("s",)),  # after the rates, whose "/s" it would match
+    (" B", ("B",)),
+)
+
+
 def _phases_title(a: Report, b: Report) -> str:
     """The phase rows' scope: one step, or a serving plan's prefill or batch."""
     scope = run_scope(a) if run_scope(a) == run_scope(b) else "a run of each plan"
@@ -235,11 +256,13 @@ def headline(diff: PlanDiff) -> str:
         label, (_, relative) = _summary_label(diff, delta.metric), _change(delta)
         # a figure and its unit stay on one line where the sentence wraps
         a, b = (_value(delta.unit, v).replace(" ", NBSP) for v in (delta.a, delta.b))
-        said.append(
-            f"{label} unchanged at {b}"
-            if delta.verdict == "same"
-            else f"{label} {relative} ({a} → {b})"
-        )
+        if delta.verdict != "same":
+            said.append(f"{label} {relative} ({a} → {b})")
+        elif delta.a == delta.b:
+            said.append(f"{label} unchanged at {b}")
+        else:  # under `NEGLIGIBLE`, yet moved: said, not called unchanged (an audit: +1 MiB)
+            moved = _change(delta)[0].replace(" ", NBSP)
+            said.append(f"{label} about the same at {b} ({moved})")
     return "B against A: " + ", ".join(said) + f"; {_fits(diff)}" if said else _fits(diff)
 
 
@@ -433,7 +456,7 @@ def shown_changes(changes: Sequence[Change]) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     for c, prefix in zip(changes, prefixes, strict=True):
         if prefix not in one_sided:
-            rows.append((c.key, plan_value(c.key, c.a), plan_value(c.key, c.b)))
+            rows.append((c.key, *plan_values(c.key, c.a, c.b)))
             continue
         if not c.key.endswith(".name"):
             continue  # said in the transition's one row
