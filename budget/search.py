@@ -492,6 +492,7 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         *SHAPE_REASONS,
         "a hand-written transition's shard does not divide over its group",
         "a hand-written transition sends between stages, and pp 1 has none",
+        "a hand-written transition gives its tensor another shape",
     )
     broken = {reason: np.zeros(len(block), dtype=bool) for reason in reasons}
 
@@ -512,6 +513,15 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         sends = tr.group == "pp" and tr.src == tr.dst
         if sends or pipeline_phase(plan.mode, tr.phase) is not None:
             drop(reasons[5], block.values["pp"] == 1)
+    first: dict[str, tuple[int, ...]] = {}  # a name is one tensor (`transitions._unlike`)
+    for tr in plan.transitions:
+        shape = shapes[id(tr)][0]
+        seen = first.setdefault(tr.name, shape)
+        if len(seen) == len(shape):  # a rank apart is refused as the plan resolves
+            other = np.zeros(len(block), dtype=bool)
+            for a, b in zip(seen, shape, strict=True):
+                other |= np.asarray(a) != np.asarray(b)
+            drop(reasons[6], other)
     for placing, dim, on in co_sharded(
         plan.mode, check_chains(plan.file, plan.mode, plan.transitions)[0]
     ):

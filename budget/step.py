@@ -2310,6 +2310,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         placed = dict(starts)  # where this stage's transitions have left each tensor
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
         outputs: dict[str, Alloc] = {}  # what each tensor's last transition made
+        # a phase's instants before this index are moments past for a tensor: before its
+        # output replaced its freed source, so its later outputs are not in them
+        past: dict[tuple[int, str], int] = {}
         # in step order (the file's within a phase), as `check_chains` walks and returns
         # them: which phase a tensor's last transition left it in decides whether the next
         # holds its source again (a review: listed A, B, C for a step running A, C, B, the
@@ -2369,16 +2372,22 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             outputs[tr.name] = extra[0]
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
-            if gone is None:
-                instants = tuple(Instant(i.label, i.live + tuple(extra)) for i in held)
-            else:  # the phase's instants with the source, then each with the output for it
+            start = past.get((target, tr.name), 0)
+            if gone is None:  # in every instant where the tensor is as this one finds it
+                instants = (
+                    *held[:start],
+                    *(Instant(i.label, i.live + tuple(extra)) for i in held[start:]),
+                )
+            else:  # those instants with the source, then each with the output instead of it
                 instants = tuple(held) + tuple(
                     Instant(
                         f"{i.label}, {tr.name} {src} → {dst}",
                         tuple(a for a in i.live if a is not gone) + tuple(extra),
                     )
-                    for i in held
+                    for i in held[start:]
                 )
+                past[target, tr.name] = len(held)  # a chain of three: its first output
+                # stayed beside its third (a review)
             phases[target] = replace(phase, instants=instants)
             ends = str(src), str(dst)
             if send:

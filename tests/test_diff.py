@@ -1104,3 +1104,22 @@ def test_a_change_too_small_to_round_apart_is_shown_and_said(tmp_path: Path) -> 
     sentence = headline(diff_files(LLAMA, b)[2])
     assert "worst-stage peak about the same at 38.4\u00a0GiB (+1.02\u00a0MiB)" in sentence
     assert "step time unchanged at" in sentence  # the step did not move at all
+
+
+def test_values_written_in_full_keep_every_digit() -> None:
+    """Rates and FLOP/s past 10^12 read "3.35e+12 B/s" on both sides at 12 digits (a
+    review): an integer is written whole, another float as Python writes it back."""
+    from budget.render.diff import plan_values
+
+    assert plan_values("device.memory_bandwidth", 3_350_000_000_000, 3_350_000_000_001) == (
+        "3,350,000,000,000 B/s",
+        "3,350,000,000,001 B/s",
+    )
+    assert plan_values("device.flops.bf16", 989e12, 989.0000001e12) == (
+        "989,000,000,000,000 FLOP/s",
+        "989,000,000,100,000 FLOP/s",
+    )
+    assert plan_values("device.reserved", 3 * 2**30, 3 * 2**30 + 1.5) == (
+        "3,221,225,472 B",
+        "3221225473.5 B",
+    )

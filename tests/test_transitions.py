@@ -882,3 +882,46 @@ def test_a_group_of_one_rank_names_no_link(tmp_path):
     (row,) = [c for c in loss["collectives"] if c["name"] == "c"]
     assert (row["ranks"], row["steps"], row["sent_bytes"], row["time_s"]) == (1, 0, 0, 0.0)
     assert (row["link"], row["alpha_s"], row["bandwidth_Bps"]) == (None, None, None)
+
+
+def test_a_chain_of_three_freed_sources_holds_one_output_at_a_time(tmp_path):
+    """X [16384, 16384] fp32 (1 GiB) gathered, scattered and gathered again over tp 8 in
+    the loss, each freeing its source: one output at a time, so the peak is the gather's
+    alone. The first gather's replicate was counted beside the third's (a review)."""
+
+    def transition(src: str, dst: str) -> str:
+        return (
+            "  - {name: X, phase: loss, tensor: {shape: [16384, 16384], dtype: fp32}, "
+            f"group: tp, from: {src}, to: {dst}, source_alive: false}}\n"
+        )
+
+    gather, scatter = transition("shard(0)", "replicate"), transition("replicate", "shard(0)")
+    peaks = []
+    for name, chain in (("one", gather), ("three", gather + scatter + gather)):
+        (tmp_path / name).mkdir()
+        report = budget_plan(_plan(tmp_path / name, "transitions:\n" + chain))
+        peaks.append(next(p for p in report.phases if p.name == "loss").peak_bytes)
+    assert peaks[0] == peaks[1]
+
+
+def test_a_search_drops_the_layouts_that_give_a_tensor_two_shapes(tmp_path):
+    """X as [micro * seq, vocab] and as [2 * seq, vocab] is one tensor at micro 2 and two
+    shapes at micro 1 and 4, which `budget PLAN` refuses (a name is one tensor); the search
+    priced and could write them (a review). They are rejected with their reason."""
+    from budget.plan.load import load_plan
+    from budget.search import Space, search
+
+    text = """transitions:
+  - {name: X, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: bf16}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: X, phase: loss, tensor: {shape: [2 * seq, vocab], dtype: bf16}, group: tp,
+     from: replicate, to: shard(0)}
+"""
+    path = _plan(tmp_path, text)
+    path.write_text(path.read_text().replace("  micro: 1\n", "  micro: 2\n", 1))
+    plan = load_plan(path)  # GPT-3 at micro 2, where the two shapes are one
+    space = Space(tp=(8,), pp=(8,), micro=(1, 2, 4), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 1024, space)
+    assert {r.config.micro for r in outcome.results} <= {2}
+    reason = "a hand-written transition gives its tensor another shape"
+    assert outcome.rejected[reason] > 0

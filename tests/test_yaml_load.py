@@ -735,3 +735,18 @@ def test_a_nesting_bomb_is_placed_at_its_bracket_past_the_limit() -> None:
     for first in ('name: "a\\" ' + "[" * 70 + '"', *words, "# " + "[" * 70):
         (problem,) = load_yaml(first + "\n" + deep, "f").problems
         assert (problem.line, problem.col) == (2, 3 + MAX_DEPTH + 1), first
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('name: "abc\n\tdef" x: 1\n', "p.yaml:2:7: error: $: invalid YAML: did not find"),
+        ("model: [1,\n\t2 : 3 : 4]\n", "p.yaml:2:8: error: $.model: invalid YAML: did not find"),
+    ],
+)
+def test_a_tab_that_is_not_the_error_is_not_blamed(text: str, said: str) -> None:
+    """A tab inside a quoted string, or before an error further along its line, is not what
+    YAML refused: the error keeps PyYAML's words and place (a review: "a tab indents this
+    line" hid them, and replacing the tab left the error)."""
+    (message,) = messages(text)
+    assert message.startswith(said), message

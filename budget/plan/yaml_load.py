@@ -567,7 +567,7 @@ def load_yaml(text: str, file: str) -> Loaded:
             )
         elif glued := _glued_key(text, where[0]):
             builder.problem(*glued)
-        elif _tab_indented(text, where[0]):  # PyYAML's words never say "tab" (an audit)
+        elif _tab_indented(text, *where):  # PyYAML's words never say "tab" (an audit)
             message = "invalid YAML: a tab indents this line; YAML indents with spaces only"
             builder.problem((where[0], 1), builder.path, message)
         else:
@@ -598,13 +598,16 @@ def load_yaml(text: str, file: str) -> Loaded:
     return Loaded(root, builder.marks, tuple(builder.problems), frozenset(builder.refused))
 
 
-def _tab_indented(text: str, line: int) -> bool:
-    """Whether a tab is among the spaces that begin line `line` (1-based) of `text`."""
+def _tab_indented(text: str, line: int, column: int) -> bool:
+    """Whether a tab is among the spaces that begin line `line` of `text` (1-based) and
+    the error is found there, in the indentation: a tab elsewhere on the line, in a quoted
+    string or before an error further on, is no cause (a review)."""
     lines = text.splitlines()
     if not 1 <= line <= len(lines):
         return False
     content = lines[line - 1]
-    return "\t" in content[: len(content) - len(content.lstrip(" \t"))]
+    indent = content[: len(content) - len(content.lstrip(" \t"))]
+    return "\t" in indent and column <= len(indent) + 1
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import PurePath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rich.table import Table
 from rich.text import Text
@@ -159,11 +159,22 @@ def plan_values(key: str, a: Value, b: Value) -> tuple[str, str]:
     alike, exactly: bytes, bytes/s and seconds in full (an audit: 3 GiB against 3.001 GiB
     read "3.00 GiB → 3.00 GiB")."""
     shown = plan_value(key, a), plan_value(key, b)
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
-    if shown[0] != shown[1] or not numbers or shown[0] == f"{a:,}":
+    if shown[0] != shown[1] or not all(_number(v) for v in (a, b)) or shown[0] == f"{a:,}":
         return shown
     unit = next((u for u, words in _EXACT_UNITS if any(w in shown[0] for w in words)), "")
-    return f"{a:,.12g}{unit}", f"{b:,.12g}{unit}"
+    return _in_full(cast(float, a)) + unit, _in_full(cast(float, b)) + unit
+
+
+def _number(value: Value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _in_full(value: float) -> str:
+    """Every digit of a number: an integer (or a float that is one) grouped by thousands,
+    another float as Python writes it back exactly (`repr`)."""
+    if isinstance(value, int) or (value.is_integer() and abs(value) < 1e21):
+        return f"{int(value):,}"
+    return repr(value)
 
 
 # the unit a value `plan_value` rounded is written in, when written exactly (`plan_values`)
