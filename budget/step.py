@@ -2310,9 +2310,10 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         placed = dict(starts)  # where this stage's transitions have left each tensor
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
         outputs: dict[str, Alloc] = {}  # what each tensor's last transition made
-        # a phase's instants before this index are moments past for a tensor: before its
-        # output replaced its freed source, so its later outputs are not in them
-        past: dict[tuple[int, str], int] = {}
+        # a phase's instants before this index are moments past: before a transition's
+        # output replaced its freed source; what later transitions (of any tensor: they run
+        # in the file's order) hold is not in them
+        past: dict[int, int] = {}
         # in step order (the file's within a phase), as `check_chains` walks and returns
         # them: which phase a tensor's last transition left it in decides whether the next
         # holds its source again (a review: listed A, B, C for a step running A, C, B, the
@@ -2372,7 +2373,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             outputs[tr.name] = extra[0]
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
-            start = past.get((target, tr.name), 0)
+            start = past.get(target, 0)
             if gone is None:  # in every instant where the tensor is as this one finds it
                 instants = (
                     *held[:start],
@@ -2386,8 +2387,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     )
                     for i in held[start:]
                 )
-                past[target, tr.name] = len(held)  # a chain of three: its first output
-                # stayed beside its third (a review)
+                # a chain of three: its first output stayed beside its third, and beside
+                # another tensor's later output where that freed a source between (reviews)
+                past[target] = len(held)
             phases[target] = replace(phase, instants=instants)
             ends = str(src), str(dst)
             if send:

@@ -896,12 +896,26 @@ def test_a_chain_of_three_freed_sources_holds_one_output_at_a_time(tmp_path):
         )
 
     gather, scatter = transition("shard(0)", "replicate"), transition("replicate", "shard(0)")
-    peaks = []
-    for name, chain in (("one", gather), ("three", gather + scatter + gather)):
+    # Y [16384, 16384] fp32 moved shard(0) → shard(1) → shard(0) between X's steps, each
+    # freeing its source: at most X's replicate and one Y shard at once (X's first
+    # replicate was counted beside its third where Y freed a source between: a review)
+    y = [
+        transition(src, dst).replace("name: X", "name: Y")
+        for src, dst in (("shard(0)", "shard(1)"), ("shard(1)", "shard(0)"))
+    ]
+    chains = {
+        "one": gather,
+        "three": gather + scatter + gather,
+        "one and y": gather + y[0],
+        "three with y between": gather + y[0] + scatter + y[1] + gather,
+    }
+    peaks = {}
+    for name, chain in chains.items():
         (tmp_path / name).mkdir()
         report = budget_plan(_plan(tmp_path / name, "transitions:\n" + chain))
-        peaks.append(next(p for p in report.phases if p.name == "loss").peak_bytes)
-    assert peaks[0] == peaks[1]
+        peaks[name] = next(p for p in report.phases if p.name == "loss").peak_bytes
+    assert peaks["one"] == peaks["three"]
+    assert peaks["one and y"] == peaks["three with y between"] == peaks["one"] + 2**30 // 8
 
 
 def test_a_search_drops_the_layouts_that_give_a_tensor_two_shapes(tmp_path):

@@ -742,6 +742,8 @@ def test_a_nesting_bomb_is_placed_at_its_bracket_past_the_limit() -> None:
     [
         ('name: "abc\n\tdef" x: 1\n', "p.yaml:2:7: error: $: invalid YAML: did not find"),
         ("model: [1,\n\t2 : 3 : 4]\n", "p.yaml:2:8: error: $.model: invalid YAML: did not find"),
+        ("model: [1,\n\t@2]\n", "p.yaml:2:2: error: $.model: invalid YAML: found character"),
+        ('name: "abc\n\t\\q"\n', "p.yaml:2:2: error: $: invalid YAML: found unknown escape"),
     ],
 )
 def test_a_tab_that_is_not_the_error_is_not_blamed(text: str, said: str) -> None:

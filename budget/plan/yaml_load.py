@@ -600,14 +600,15 @@ def load_yaml(text: str, file: str) -> Loaded:
 
 def _tab_indented(text: str, line: int, column: int) -> bool:
     """Whether a tab is among the spaces that begin line `line` of `text` (1-based) and
-    the error is found there, in the indentation: a tab elsewhere on the line, in a quoted
-    string or before an error further on, is no cause (a review)."""
+    the error is found there, in the indentation: a tab elsewhere on the line, or one a
+    flow collection or a quoted string allows before an error further on, is no cause
+    (reviews: "\t@2" in a flow list, "\t\\q" in a quoted string)."""
     lines = text.splitlines()
     if not 1 <= line <= len(lines):
         return False
     content = lines[line - 1]
     indent = content[: len(content) - len(content.lstrip(" \t"))]
-    return "\t" in indent and column <= len(indent) + 1
+    return "\t" in indent and column <= len(indent)
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:
