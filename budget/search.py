@@ -67,7 +67,7 @@ from budget.plan.resolve import (
     parse_placement,
     shape_names,
 )
-from budget.plan.transitions import check_chains, co_sharded, pipeline_phase
+from budget.plan.transitions import check_chains, co_sharded, pipeline_phase, shapes_differ
 from budget.schedule import (
     Replay,
     StageTime,
@@ -516,12 +516,7 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
     first: dict[str, tuple[int, ...]] = {}  # a name is one tensor (`transitions._unlike`)
     for tr in plan.transitions:
         shape = shapes[id(tr)][0]
-        seen = first.setdefault(tr.name, shape)
-        if len(seen) == len(shape):  # a rank apart is refused as the plan resolves
-            other = np.zeros(len(block), dtype=bool)
-            for a, b in zip(seen, shape, strict=True):
-                other |= np.asarray(a) != np.asarray(b)
-            drop(reasons[6], other)
+        drop(reasons[6], shapes_differ(first.setdefault(tr.name, shape), shape))
     for placing, dim, on in co_sharded(
         plan.mode, check_chains(plan.file, plan.mode, plan.transitions)[0]
     ):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from budget.errors import Problem
 from budget.phases import PHASE_ORDER, pass_within
@@ -142,11 +143,23 @@ def check_chains(
 
 def _unlike(a: Transition, b: Transition) -> bool:
     """Whether `a` and `b` give one tensor different dtypes or shapes; a sweep's shapes,
-    arrays over its layouts (`search.reshaped`), are compared where the plan resolves."""
+    arrays over its layouts (`search.reshaped`), are compared where the plan resolves, and
+    the search drops the layouts where they differ (`search._shaped`)."""
     if a.dtype != b.dtype:
         return True
     numbers = all(isinstance(d, int) for d in (*a.shape, *b.shape))
-    return numbers and a.shape != b.shape
+    return numbers and bool(shapes_differ(a.shape, b.shape))
+
+
+def shapes_differ(a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    """Whether two shapes of one tensor differ: a bool, or where their dimensions are a
+    sweep's arrays, one for each layout; shapes of different ranks always do."""
+    if len(a) != len(b):
+        return True
+    differ: Any = False
+    for x, y in zip(a, b, strict=True):
+        differ = differ | (x != y)  # an array where either is one
+    return differ
 
 
 def _another_tensor(origin: Transition, tr: Transition) -> str:

@@ -129,6 +129,21 @@ def _change(delta: Delta) -> tuple[str, str]:
     return text, "–" if rel is None else f"{'+' if rel > 0 else '−'}{format_share(abs(rel))}"
 
 
+def _quantity(key: str) -> tuple[Callable[[float], str], str] | None:
+    """How a plan key's number reads (its formatter) and the unit it is written in full
+    in (`plan_values`): sizes, rates, FLOP/s and times; None for a plain number."""
+    leaf = key.rsplit(".", 1)[-1]
+    if key.startswith("device.flops."):
+        return format_flops, " FLOP/s"
+    if leaf in ("memory", "reserved"):
+        return format_bytes, " B"
+    if "bandwidth" in leaf:
+        return format_rate, " B/s"
+    if leaf in ("latency", "kernel_startup"):
+        return format_duration, " s"
+    return None
+
+
 def plan_value(key: str, value: Value) -> str:
     """A plan value as its author would write it: sizes, rates and times with units."""
     if value is None or value == "":
@@ -139,16 +154,9 @@ def plan_value(key: str, value: Value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
-        leaf = key.rsplit(".", 1)[-1]
-        if key.startswith("device.flops."):
-            return format_flops(value)
-        if leaf in ("memory", "reserved"):
-            return format_bytes(value)
-        if "bandwidth" in leaf:
-            return format_rate(value)
-        if leaf in ("latency", "kernel_startup"):
-            return format_duration(value)
-        if leaf.endswith("efficiency") and isinstance(value, float):
+        if quantity := _quantity(key):
+            return quantity[0](value)
+        if key.endswith("efficiency") and isinstance(value, float):
             return f"{value:.1%}"  # a fraction of a peak, as `budget presets` shows it
         return f"{value:,}" if isinstance(value, int) else f"{value:g}"
     return str(value)
@@ -156,12 +164,12 @@ def plan_value(key: str, value: Value) -> str:
 
 def plan_values(key: str, a: Value, b: Value) -> tuple[str, str]:
     """A changed key's two values as `plan_value` writes them, or where that rounds them
-    alike, exactly: bytes, bytes/s and seconds in full (an audit: 3 GiB against 3.001 GiB
-    read "3.00 GiB → 3.00 GiB")."""
+    alike, exactly, in the unit of `_quantity` (an audit: 3 GiB against 3.001 GiB read
+    "3.00 GiB → 3.00 GiB")."""
     shown = plan_value(key, a), plan_value(key, b)
-    if shown[0] != shown[1] or not all(_number(v) for v in (a, b)) or shown[0] == f"{a:,}":
+    if shown[0] != shown[1] or not all(_number(v) for v in (a, b)):
         return shown
-    unit = next((u for u, words in _EXACT_UNITS if any(w in shown[0] for w in words)), "")
+    unit = quantity[1] if (quantity := _quantity(key)) else ""
     return _in_full(cast(float, a)) + unit, _in_full(cast(float, b)) + unit
 
 
@@ -175,15 +183,6 @@ def _in_full(value: float) -> str:
     if isinstance(value, int) or (value.is_integer() and abs(value) < 1e21):
         return f"{int(value):,}"
     return repr(value)
-
-
-# the unit a value `plan_value` rounded is written in, when written exactly (`plan_values`)
-_EXACT_UNITS = (
-    (" B/s", ("B/s", "b/s")),
-    (" FLOP/s", ("FLOP/s",)),
-    (" s", ("s",)),  # after the rates, whose "/s" it would match
-    (" B", ("B",)),
-)
 
 
 def _phases_title(a: Report, b: Report) -> str:
