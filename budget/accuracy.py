@@ -694,8 +694,10 @@ def _megatron_memory_run(
     node (the test recipes' ``nodes: 1, gpus: 8``), bf16 with what Megatron-LM's arguments
     imply for it (fp32 gradient accumulation and reduction, fp32 master and Adam states)
     and the distributed optimizer (ZeRO 1) with gradient reduction and parameter gathers
-    overlapped (``--overlap-grad-reduce``, ``--overlap-param-gather``, which all three set);
-    no recompute (none sets one); the vocabulary padded as Megatron pads it
+    overlapped (``--overlap-grad-reduce``, ``--overlap-param-gather``, which all three set),
+    and under virtual stages the pipeline's sends overlapped too, Megatron-LM's default there
+    (``overlap_p2p_comm``, which ``--no-overlap-p2p-communication`` turns off, and which it
+    needs over pp 2); no recompute (none sets one); the vocabulary padded as Megatron pads it
     (``--make-vocab-size-divisible-by``, 128 unless set, times TP), from the tokenizer's
     size (Megatron's NullTokenizer adds an end-of-document token to ``--vocab-size``).
     ``versions``: the commits of the config and of the golden values read, and the first
@@ -716,7 +718,11 @@ def _megatron_memory_run(
             "optimizer_state": "fp32",
         },
         "recompute": "none",
-        "overlap": {"dp_grads": True, "param_gather": True},
+        "overlap": {
+            "dp_grads": True,
+            "param_gather": True,
+            "pp": parallel.get("pipeline", {}).get("schedule") == "interleaved",
+        },
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": 1},
     }

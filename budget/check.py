@@ -203,21 +203,28 @@ def _exact(seconds: float) -> str:
     not the 17.299999999999997 of 0.0173 / 1e-3)."""
     scale, unit = duration_unit(seconds)
     value = seconds / scale
-    digits = next(
+    return f"{value:.{_given_digits(value)}g} {unit}"
+
+
+def _given_digits(value: float) -> int:
+    """The fewest significant digits from 12 that give `value` back within a rounding."""
+    return next(
         (d for d in range(12, 17) if abs(float(f"{value:.{d}g}") - value) <= 2 * math.ulp(value)),
         17,
     )
-    return f"{value:.{digits}g} {unit}"
 
 
 def _beside(value: float, limit: float, start: int) -> int:
     """Decimals from `start` at which `value` reads on its own side of `limit`: rounded,
-    it neither equals the limit nor crosses it (5.004 against 5 is not "5.00")."""
-    for digits in range(start, 13):
+    it neither equals the limit nor crosses it (5.004 against 5 is not "5.00"), never fewer
+    than the limit's own (`start`; an audit: a 5.477107094113709 s step beside a limit of 14
+    decimals had been cut to 12, 5.477107094114 s, over the 5.47710709411371 s it passed)."""
+    last = max(start, 17)  # 17 decimals part any two doubles of the magnitudes shown here
+    for digits in range(start, last + 1):
         shown = round(value, digits)
         if value == limit or (shown != limit and (shown > limit) == (value > limit)):
             return digits
-    return 12
+    return last
 
 
 def _shown(seconds: float, limit: float | None) -> str:
@@ -344,8 +351,11 @@ def parse_limits(
 
 
 def _percent(share: float) -> str:
-    """A limit as the user gave it: 0.05 → "5%"; 0.125 → "12.5%"; 0.00560512 → "0.560512%"."""
-    return f"{share * 100:.12g}%"
+    """A limit as the user gave it: 0.05 → "5%"; 0.125 → "12.5%"; 0.00560512 → "0.560512%",
+    in as many digits as it was given in (`_given_digits`; an audit: 0.5461493767899% read as
+    0.54614937679%, the figure over it then printed alike)."""
+    value = share * 100
+    return f"{value:.{_given_digits(value)}g}%"
 
 
 def _gib(n: float, digits: int = 2) -> str:

@@ -420,12 +420,23 @@ def _closer(report: Report, group: str, ranks: int, level: str, size: int | None
             f"ep {ranks} spaced etp {etp} apart (the expert layers' tp inside each ep group) "
             f"spans {ranks * etp} ranks, more than {domain}"
         )
+    degrees, names = layout, {g: g for g in order}
+    if group == "ep":
+        # the expert layers split the stage's tp × cp × dp ranks into etp × ep × edp over
+        # the same order, tp read as etp and dp as edp (`topology._expert_coords`; an audit:
+        # "tp 2 × dp 8 × ep 8 = 128 ranks" for an ep group of 16)
+        edp = layout["tp"] * layout["cp"] * layout["dp"] // (ranks * etp)
+        degrees = {"etp": etp, "ep": ranks, "edp": edp, "pp": layout["pp"]}
+        names = {"tp": "etp", "dp": "edp", "ep": "ep", "pp": "pp"}
+        order = [g for g in layout.get("order") or [] if g in names and degrees[names[g]] > 1]
+        if "ep" not in order:  # no order names it: ep before dp (`topology._ep_first`)
+            order.insert(order.index("dp") if "dp" in order else len(order), "ep")
     if group in order:
         before = order[: order.index(group)]
-        extent = math.prod(layout[g] for g in before) * ranks
+        extent = math.prod(degrees[names[g]] for g in before) * ranks
         if before and extent > size:
-            spans = " × ".join(f"{g} {layout[g]}" for g in (*before, group))
-            rarer = [g for g in before if g not in _PER_LAYER]
+            spans = " × ".join(f"{names[g]} {degrees[names[g]]}" for g in (*before, group))
+            rarer = [g for g in before if names[g] not in _PER_LAYER]
             move = f": list {group} before {' and '.join(rarer)}" if rarer else ""
             return (
                 f"parallel.order puts {', '.join(before)} closer ({spans} = {extent} ranks, "

@@ -628,6 +628,11 @@ def _grid_piece(
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
         (
+            # Megatron-LM's rule (`resolve._check_interleaved_sends`)
+            "interleaved over pp 2 needs overlap.pp",
+            (v > 1) & (pp == 2) & (not plan.overlap.pp),
+        ),
+        (
             "does not divide: micro-batches by pp (interleaved)",
             (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
         ),

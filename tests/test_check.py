@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from pathlib import Path
 
@@ -657,6 +658,20 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
         "ep 8 spaced etp 2 apart (the expert layers' tp inside each ep group) "
         "spans 16 ranks, more than one nvlink domain of 8"
     )
+    # the expert layers' own split measures an ep group: etp 1, ep 8 after dp puts edp 2
+    # inside it, 16 ranks (an audit: "tp 2 × dp 8 × ep 8 = 128 ranks", more than the stage)
+    folded = variant(
+        tmp_path,
+        "folded.yaml",
+        ("  ep: 8\n", "  ep: 8\n  etp: 1\n"),
+        ("order: [tp, cp, ep, dp, pp]", "order: [tp, cp, dp, ep, pp]"),
+        base=ROOT / "plans" / "mixtral-8x7b.yaml",
+    )
+    (moe,) = slow_link_notes(budget_plan(folded))
+    assert moe.endswith(
+        "parallel.order puts dp closer (edp 2 × ep 8 = 16 ranks, more than one nvlink domain "
+        "of 8): list ep before dp"
+    )
     (note,) = slow_link_notes(budget_plan(strided))
     assert note.startswith("tp's per-layer collectives (")
     assert note.endswith(
@@ -827,3 +842,29 @@ def test_a_limit_reads_as_given_and_a_tiny_excess_is_not_zero() -> None:
     assert format_duration(17.3e-3) == "17.3 ms"
     code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", "17.3ms")
     assert "over the 17.3 ms limit" in " ".join(out.split())
+
+
+def test_a_limit_of_many_digits_and_the_figure_beside_it_read_on_their_sides() -> None:
+    """An audit: a time limit of 14 decimals printed a passing step cut to 12
+    (5.477107094114 s beside a 5.47710709411371 s limit, as if over it), and an exposed
+    share limit of 13 digits was echoed in 12 (0.54614937679%), the failing figure beside it
+    printed the same. Both now keep every digit given, and the figure reads on its side."""
+    report = json.loads(
+        CliRunner().invoke(app, route([str(ROOT / "plans/gpt-1.3b.yaml"), "-f", "json"])).stdout
+    )
+    step, share = report["step"]["time_s"], report["step"]["exposed_share"]
+    above = f"{math.ceil(step * 1e14) / 1e14:.14f}"  # a limit of 14 decimals, just above
+    assert float(above) > step and len(above.partition(".")[2]) == 14
+    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", f"{above}s")
+    said = " ".join(out.split())
+    assert code == 0 and f"step time ≤ {above.rstrip('0')} s" in said
+    (figure,) = re.findall(r"step ([0-9.]+) s,", said)
+    assert float(figure) < float(above)
+    below = f"{math.floor(share * 100 * 1e13) / 1e13:.13f}"  # 13 decimals, just below
+    assert float(below) < share * 100
+    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-exposed", f"{below}%")
+    said = " ".join(out.split())
+    limit = below.rstrip("0")
+    assert code == 1 and f"exposed communication ≤ {limit}% of the step" in said
+    (figure,) = re.findall(r"takes ([0-9.]+)% of the step", said)
+    assert float(figure) > float(limit)

@@ -197,13 +197,23 @@ def _window(config: dict[str, object]) -> object:
 
 def test_a_sliding_window_reads_with_its_length() -> None:
     """Mistral 7B v0.1's config sets sliding_window 4096 and every layer slides. Null
-    (Mixtral) or switched off (use_sliding_window false) is no window; a family whose
-    attention never slides (Llama) is refused rather than read with one."""
+    (Mixtral) is no window; use_sliding_window, which only Qwen's classes read, is refused
+    where it would switch a window off that transformers builds (an audit: Mistral 7B read
+    without its window), and a family whose attention never slides (Llama) is refused rather
+    than read with one."""
     config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text())
     config["sliding_window"] = 4096
     assert _window(config) == {"size": 4096}
+    config["use_sliding_window"] = True  # MistralConfig has no such key: no change
+    assert _window(config) == {"size": 4096}
     config["use_sliding_window"] = False
-    assert _window(config) is None
+    with pytest.raises(HfConfigError, match=r"use_sliding_window = false in .*does not read it"):
+        translate(config)
+    gemma = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
+    with pytest.raises(HfConfigError, match='"gemma2"\'s class does not read it'):
+        translate({**gemma, "use_sliding_window": False})
+    qwen = {**config, "model_type": "qwen2", "use_sliding_window": False}
+    assert _window(qwen) is None  # Qwen2Config reads it
     config.update(sliding_window=None, use_sliding_window=True)
     assert _window(config) is None
     config["sliding_window"] = -1

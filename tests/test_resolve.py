@@ -617,3 +617,24 @@ def test_a_broken_model_hides_no_rule_that_does_not_read_it(
     found = [(p.path, p.message) for p in caught.value.problems]
     assert [p for p, _ in found] == ["$.model.mlp", path]
     assert found[1][1] == message
+
+
+def test_interleaving_over_two_stages_needs_its_sends_overlapped() -> None:
+    """Megatron-LM refuses virtual stages over pp ≤ 2 without --overlap-p2p-communication
+    (``validate_args``: multiple sends and receives between the same two ranks in one
+    batch); budget priced such a plan and its search ranked one first (an audit). With
+    overlap.pp it runs, and over pp 4 it needs no overlap."""
+    interleaved = BASE.replace(
+        "parallel: {tp: 2, pp: 2, dp: 2}",
+        "parallel: {tp: 2, pp: 2, dp: 2, pipeline: {schedule: interleaved, virtual_stages: 2}}",
+    )
+    (problem,) = problems_of(interleaved)
+    assert "$.parallel.pipeline.schedule: the interleaved schedule over pp = 2 stages needs " in (
+        problem
+    )
+    assert "overlap.pp: true" in problem
+    assert plan_of(interleaved + "overlap: {pp: true}\n").parallel.pp == 2
+    four = interleaved.replace("tp: 2, pp: 2, dp: 2", "tp: 1, pp: 4, dp: 2").replace(
+        "layers: 4", "layers: 8"
+    )
+    assert plan_of(four).parallel.pipeline.virtual_stages == 2

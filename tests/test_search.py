@@ -2656,3 +2656,19 @@ def test_a_layout_whose_degrees_together_do_not_divide_a_shard_is_rejected(tmp_p
                 base=Path(plan.file),
             )
         )
+
+
+def test_the_search_interleaves_over_two_stages_only_with_overlapped_sends(tmp_path) -> None:
+    """Megatron-LM refuses virtual stages over pp 2 without overlapped sends, and the plan
+    loader now does too; the search had ranked GPT-3 over pp 2 with 4 virtual stages first
+    (an audit). Without overlap.pp those layouts are dropped with that reason; with it they
+    are ranked."""
+    space = Space(tp=(8,), pp=(2,), micro=(1,), zero=(1,), virtual_stages=(1, 2, 4))
+    outcome = search(load_plan(GPT3), 1024, space, keep=10)
+    assert outcome.rejected["interleaved over pp 2 needs overlap.pp"] > 0
+    assert all(r.config.virtual_stages == 1 for r in outcome.results)
+    overlapped = tmp_path / "overlapped.yaml"
+    overlapped.write_text(GPT3.read_text(encoding="utf-8") + "overlap: {pp: true}\n")
+    ranked = search(load_plan(overlapped), 1024, space, keep=10)
+    assert "interleaved over pp 2 needs overlap.pp" not in ranked.rejected
+    assert {r.config.virtual_stages for r in ranked.results} >= {2, 4}

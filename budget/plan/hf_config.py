@@ -36,11 +36,13 @@ every fourth (``Olmo3Config``); Mistral, Mixtral and Phi-3 slide on every layer.
 without ``sliding_window`` slides at its config class's default, as transformers builds
 it (4,096 for Mistral, Qwen 2 and 3, Gemma 2 and 3 and OLMo 3; 128 for gpt-oss; none for
 Mixtral and Phi-3), and Qwen's slide only with ``use_sliding_window``, whatever
-``layer_types`` says. A family whose attention never slides in transformers (Llama among
-them) is refused when it sets ``sliding_window`` or lists sliding layers in
-``layer_types``, since nothing in the model would use it; Mistral's and Mixtral's attention
-slides every layer whatever ``layer_types`` says, so full_attention beside a window is
-refused there. Any other layer kind (linear, chunked attention) is refused here.
+``layer_types`` says; no other family's class reads ``use_sliding_window``, so false there
+is refused where it would switch off a window transformers builds. A family whose
+attention never slides in transformers (Llama among them) is refused when it sets
+``sliding_window`` or lists sliding layers in ``layer_types``, since nothing in the model
+would use it; Mistral's and Mixtral's attention slides every layer whatever ``layer_types``
+says, so full_attention beside a window is refused there. Any other layer kind (linear,
+chunked attention) is refused here.
 
 Beyond the Llama family's own keys the reader knows those of ``Phi3Config`` (dropout
 probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
@@ -1544,8 +1546,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         flags = [i >= first for i in range(count)]
         if not any(flags):
             return None
-    elif config.get("use_sliding_window", True) is False:
-        return None
+    elif family is None and config.get("use_sliding_window", True) is False:
+        return None  # a file without model_type, written by hand, says it has none
     else:
         # the layer kinds the config class builds without layer_types: Gemma 2 and gpt-oss
         # alternate, sliding first; Gemma 3 keeps every sliding_window_pattern-th layer
@@ -1562,6 +1564,18 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         raise HfConfigError(
             f"{where} has sliding layers but {key} = {json.dumps(window)} is not a positive "
             "number of tokens; set the window's length, or null for no window"
+        )
+    if family is not None and family not in _QWEN and config.get("use_sliding_window") is False:
+        # MistralConfig, Phi3Config, Gemma2Config and the rest have no such key: the model
+        # slides as above whatever it says (an audit: Mistral 7B's KV cache read 5 GiB, not 1)
+        raise HfConfigError(
+            _unread(
+                "use_sliding_window",
+                False,
+                family,
+                where,
+                "only the qwen2, qwen2_moe, qwen3 and qwen3_moe classes read it",
+            )
         )
     if all(flags):
         return {"size": window}

@@ -1240,6 +1240,28 @@ def _nearest(value: int, step: int) -> str:
     return f"the nearest valid {'values are' if ' and ' in near else 'value is'} {near}"
 
 
+def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> None:
+    """Interleaving over two stages needs its sends overlapped: Megatron-LM refuses pp ≤ 2
+    under virtual stages without ``--overlap-p2p-communication`` (``validate_args`` in
+    megatron/training/arguments.py: "pipeline-model-parallel size should be greater than 2 to
+    avoid having multiple p2p sends and recvs between same 2 ranks per communication batch";
+    an audit: budget priced, and its search ranked first, a layout Megatron-LM will not run).
+    """
+    pipe = par.pipeline
+    if (
+        pipe.schedule == "interleaved"
+        and pipe.virtual_stages > 1
+        and par.pp == 2
+        and not overlapped
+    ):
+        r.error(
+            "$.parallel.pipeline.schedule",
+            "the interleaved schedule over pp = 2 stages needs overlap.pp: true (Megatron-LM "
+            "refuses it otherwise: one batch of sends would pair the same two ranks twice); "
+            "set overlap.pp: true, or use pp ≥ 3 or schedule: 1f1b",
+        )
+
+
 class _LayoutChecks:
     """Rules that relate sections to each other, each method adding problems. These relate
     the layout to the world and the batch and read no model; `_ModelChecks` and `_Checks`
@@ -1855,6 +1877,8 @@ def resolve(
             else _Checks(r, mode, model, batch, par)
         )
         checks.run(topology)
+        if "overlap" not in skip:
+            _check_interleaved_sends(r, par, bool(overlap.get("pp")))
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
