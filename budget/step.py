@@ -864,26 +864,31 @@ def outside_counts(plan: Plan, in_flight: Any, microbatches: int) -> tuple[Any, 
     return first, vwhere(interleaved, 1, count)
 
 
-def _extra_saved(b: _StageBuilder) -> list[Alloc]:
+def _root_held(b: _StageBuilder) -> list[Alloc]:
+    """Under ZeRO-3 the gathered parameters outside the layers (`_zero3_root_moves`), held
+    through the micro-batch."""
+    par = b.plan.parallel
+    gathered = _root_params(b) * DTYPE_BYTES[b.plan.precision.param_gather]
+    held = Alloc(
+        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)",
+        "transient",
+        gathered,
+    )
+    return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
+
+
+def _extra_saved(b: _StageBuilder, root: bool = True) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last,
     each for the micro-batches `outside_counts` finds alive, and the cross-entropy's saved
     fp32 softmax (4sbv/t, section 4.3) of each of them but the one `_loss` works on (under
     GPipe every forward, its loss too, runs before the first backward: m - 1 of them; 1F1B
     runs each loss's backward at once: none); under ZeRO-3 the gathered parameters
-    outside the layers (`_zero3_root_moves`)."""
+    outside the layers (`_root_held`), unless `root` is false."""
     s, plan = b.shapes, b.plan
     embedded, headed = outside_counts(plan, b.in_flight, b.microbatches)
     res = residual_placement(plan)
-    out = []
-    par = plan.parallel
-    gathered = _root_params(b) * DTYPE_BYTES[plan.precision.param_gather]
-    held = Alloc(
-        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)",
-        "transient",
-        gathered,
-    )
-    out += when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
+    out = _root_held(b) if root else []
     if b.first and plan.model.dropout:
         out.append(
             Alloc(
@@ -1982,7 +1987,7 @@ def _backward(b: _StageBuilder) -> None:
         moves = when([gather], sp) + _zero3_root_moves(b, backward=True)
         work = flops.backward_of(flops.embedding_work(plan, s))
         work += _embedding_gradients(b)
-        b.add("backward.embedding", m, moves, [], work)
+        b.add("backward.embedding", m, moves, _embedding_backward(b), work)
     if b.pipelined:
         b.add(
             "pipeline.backward",
@@ -1990,6 +1995,64 @@ def _backward(b: _StageBuilder) -> None:
             pipeline_moves(plan, s, forward=False),
             [],
         )
+
+
+def _embedding_backward(b: _StageBuilder) -> list[Instant]:
+    """What the first stage holds once a micro-batch's layers have all run their backward:
+    the states, the other micro-batches in flight and the tensors outside the layers, then
+
+    - the embedding's backward: its output gradient (all-gathered over tp under sequence
+      parallelism) and the dense weight gradient ``F.embedding``'s backward makes, in the
+      weights' format (at least 16-bit: fp8 recipes keep the embedding bf16), or under
+      ZeRO-3 the gathered one (`_unsharded_gradient_bytes`), beside the head's gradient
+      on a stage that also holds the head (`_zero3_root_grads`); Megatron-LM adds it into
+      the main gradients and frees it, and autograd sums a tied embedding's two;
+    - under ZeRO-3, the root unit's reduce-scatter: every parameter outside the layers with
+      its whole gradient and, under FSDP's mixed precision, its cast to the reduce format
+      (`_unsharded_gradient_bytes`), the gathered parameters freed before it (FSDP reshards
+      a unit in its post-backward hook before reducing its gradients:
+      ``_post_backward_hook`` in torch 2.1's ``_runtime_utils.py``, FSDP2's
+      ``FSDPParamGroup.post_backward``).
+
+    An audit: nothing was counted here, and a single-stage FSDP plan's peak, its root
+    unit's 1.05 billion parameters' gradients at 6 B each, read 0.83 GiB low."""
+    plan, s = b.plan, b.shapes
+    par = plan.parallel
+    zero3 = (par.zero == 3) & (par.dp * par.cp > 1)
+    others = _earlier(b, b.layers - 1)  # this micro-batch's layer passes are all done
+    extra = _extra_saved(b, root=False)  # the gathered parameters freed
+    grad_out = Alloc(
+        "embedding output gradient",
+        "transient",
+        s.act * s.tokens_sp * s.hidden,
+        placement=residual_placement(plan),
+    )
+    computed = vwhere(
+        zero3, _unsharded_gradient_bytes(plan, False), max(2, DTYPE_BYTES[plan.precision.params])
+    )
+    weight = Alloc("embedding weight gradient", "transient", vocab_params(plan) * computed)
+    backward = Instant(
+        "embedding weight gradient",
+        (
+            *b.resident,
+            *b.extra_saved,
+            *_zero3_root_grads(b),
+            others,
+            grad_out,
+            *when([_full(s, "embedding output gradient (all-gathered)")], _sp(plan)),
+            weight,
+        ),
+    )
+    reducing = Alloc(
+        f"{_root_name(b)} gradients (ZeRO-3, whole until reduce-scattered)",
+        "transient",
+        _root_params(b) * _unsharded_gradient_bytes(plan, True),
+    )
+    reduce = Instant(
+        f"{_root_name(b)} gradients' reduce-scatter",
+        tuple(when([*b.resident, *extra, others, reducing], zero3)),
+    )
+    return [backward, *([reduce] if np.any(holds(zero3)) else [])]
 
 
 def _reduce(b: _StageBuilder) -> None:
