@@ -95,6 +95,7 @@ from budget.plan.transitions import (
     unknown_phase,
 )
 from budget.plan.transitions import problem as transition_problem
+from budget.units import format_bytes
 from budget.vector import (
     count_label,
     every,
@@ -2416,11 +2417,21 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             elsewhere = "".join(f", {at} on {g}" for g, at in others)
             # a source counted as freed says so where the bytes are read (see the rule below)
             freed = "" if tr.source_alive else "; its source counted freed, source_alive: false"
+            made_bytes, source_bytes = local.get(dst.kind, full), local.get(src.kind, full)
+            # but not before it is read: a reduce-scatter or a slice reads its whole source,
+            # and in place (NCCL's reduce-scatter writes its output into its input's buffer)
+            # the output lives in those bytes (an audit: a freed partial of 524 MB counted
+            # as its 65.5 MB shard, below the all-reduce of the same tensor)
+            shrinks = not tr.source_alive and source_bytes > made_bytes
+            if shrinks:
+                freed = f"; made in its {src} source's {format_bytes(source_bytes)}, " + (
+                    "freed with it, source_alive: false"
+                )
             extra = [
                 Alloc(
                     f"{tr.name} ({dst}{freed})",
                     "transient",
-                    local.get(dst.kind, full),
+                    source_bytes if shrinks else made_bytes,
                     placement=f"{dst} on {tr.group}{elsewhere}",
                 )
             ]

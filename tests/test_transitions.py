@@ -939,3 +939,30 @@ def test_a_search_drops_the_layouts_that_give_a_tensor_two_shapes(tmp_path):
     assert {r.config.micro for r in outcome.results} <= {2}
     reason = "a hand-written transition gives its tensor another shape"
     assert outcome.rejected[reason] > 0
+
+
+def test_a_reduce_scatter_freeing_its_source_holds_the_source_while_it_runs(tmp_path):
+    """fp32 [2048, 51200] = 419,430,400 B, partial over tp 8 and reduce-scattered to
+    shard(0) with source_alive: false: the reduction reads the whole partial, and NCCL's
+    in-place reduce-scatter writes the 52,428,800 B shard into its buffer, so the phase
+    holds 419,430,400 B, as the all-reduce of the same tensor does. It held the shard
+    alone, 7/8 of the partial below that all-reduce (an audit)."""
+
+    def held(to: str, alive: str) -> dict[str, int]:
+        text = (
+            "transitions:\n"
+            "  - {name: t, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: fp32},\n"
+            f"     group: tp, from: partial, to: {to}, source_alive: {alive}}}\n"
+        )
+        (tmp_path / to / alive).mkdir(parents=True)
+        report = budget_plan(_plan(tmp_path / to / alive, text))
+        loss = next(p for p in report.phases if p.name == "loss")
+        return {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("t (")}
+
+    whole, shard = 2048 * 51200 * 4, 2048 * 51200 * 4 // 8
+    assert held("shard(0)", "false") == {
+        "t (shard(0); made in its partial source's 400 MiB, freed with it, "
+        "source_alive: false)": whole
+    }
+    assert sum(held("replicate", "false").values()) == whole
+    assert held("shard(0)", "true") == {"t (shard(0))": shard, "t (partial, source alive)": whole}
