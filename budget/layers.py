@@ -880,12 +880,23 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """
     a, res = s.act, residual_placement(plan)
     head = "shard(heads) on tp"
+    # eager attention repeats K and V up to the query heads before its batched GEMMs, which
+    # save the copies, and nothing keeps the narrow K and V (Megatron-LM's unfused
+    # ``DotProductAttention``: ``key.repeat_interleave(np // ng, dim=2)``; transformers'
+    # ``repeat_kv``); selective recompute's checkpoint keeps its narrow inputs instead (an
+    # audit: Llama 3 70B eager read 2 MiB a K where 16 MiB are saved)
+    repeated = (plan.model.attention == "eager") & lacks(plan.recompute == "selective")
+    widths = (
+        s.q_cols,
+        vwhere(repeated, s.q_cols, s.k_cols),
+        vwhere(repeated, s.out_cols, s.v_cols),
+    )
     out = [
         Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("attention QKV input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         *(
             Alloc(name, "activations", a * s.tokens * cols, placement=head)
-            for name, cols in zip(QKV_OUTPUTS, (s.q_cols, s.k_cols, s.v_cols), strict=True)
+            for name, cols in zip(QKV_OUTPUTS, widths, strict=True)
         ),
     ]
     if plan.model.qk_norm != "none":  # the norms keep their input, Q and K before them

@@ -95,7 +95,6 @@ from budget.plan.transitions import (
     unknown_phase,
 )
 from budget.plan.transitions import problem as transition_problem
-from budget.units import format_bytes
 from budget.vector import (
     count_label,
     every,
@@ -1858,9 +1857,11 @@ def _backward(b: _StageBuilder) -> None:
             placement=col,
         )
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
-        # PyTorch frees a node's saved tensors once its backward has run: fc2's input after
+        # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
+        # after the bias-dropout-add's, the block's first (an audit), fc2's input after
         # fc2's backward, the activation's input after the activation's
-        fc2_in, act_in = [FC2_INPUT], [activation_input(plan)]
+        mask = ["MLP dropout mask"]
+        fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
         regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
@@ -1878,7 +1879,13 @@ def _backward(b: _StageBuilder) -> None:
                 [
                     Instant(
                         "fc2 gradients",
-                        tuple(saved + recomputed + [grad_out, ffn_grad] + out_gather + mlp_bucket),
+                        (
+                            *_spent(saved + recomputed, mask),
+                            grad_out,
+                            ffn_grad,
+                            *out_gather,
+                            *mlp_bucket,
+                        ),
                     ),
                     Instant(
                         "activation gradients",
@@ -1915,6 +1922,12 @@ def _backward(b: _StageBuilder) -> None:
     # the layer's MLP or MoE block has run its backward: its saved tensors are freed (the
     # rule of the MLP's instants; they were held through the attention's: a review)
     ffn_spent = [a.name for a in b.layer.mlp + b.layer.moe]
+    # and before the core's backward the bias-dropout-add's and the output projection's have
+    # run: the dropout mask is freed, and under eager attention the projection's input,
+    # which only the projection saves (flash's kernel saves its output too; an audit)
+    ffn_spent += ["attention dropout mask"] + (
+        ["attention projection input"] if plan.model.attention == "eager" else []
+    )
     attention_bucket = bucket("attention", b.ffn_blocks)
     qkv_grad = Alloc(
         "Q/K/V gradients",
@@ -2422,16 +2435,15 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             # and in place (NCCL's reduce-scatter writes its output into its input's buffer)
             # the output lives in those bytes (an audit: a freed partial of 524 MB counted
             # as its 65.5 MB shard, below the all-reduce of the same tensor)
-            shrinks = not tr.source_alive and source_bytes > made_bytes
-            if shrinks:
-                freed = f"; made in its {src} source's {format_bytes(source_bytes)}, " + (
-                    "freed with it, source_alive: false"
-                )
+            # (a sweep's sizes are arrays, one a layout)
+            shrinks = (not tr.source_alive) & (source_bytes > made_bytes)
+            if np.any(shrinks):
+                freed = f"; made in its {src} source's buffer, freed with it, source_alive: false"
             extra = [
                 Alloc(
                     f"{tr.name} ({dst}{freed})",
                     "transient",
-                    source_bytes if shrinks else made_bytes,
+                    vwhere(shrinks, source_bytes, made_bytes),
                     placement=f"{dst} on {tr.group}{elsewhere}",
                 )
             ]

@@ -33,9 +33,11 @@ def stage0_activations(tp: int) -> int:
     """Stage 0's saved activations at its peak: Korthikanti et al.'s 34·sbh/t bytes a layer
     (Table 2, TP + SP + selective recompute; s = 2048, b = 1, h = 12288) through its 12
     layers for each of the pp = 8 micro-batches 1F1B keeps in flight on the first stage,
-    and each one's 1-byte embedding dropout mask, sbh/t; at the fc1 backward less fc2's
-    and the GeLU's inputs, spent (2 × 2s·4h/t). Every term is over t."""
-    spent = 2 * 2 * SEQ * 4 * H // tp if fc1_peak(tp) else 0
+    and each one's 1-byte embedding dropout mask, sbh/t; less the current layer's 1-byte
+    MLP dropout mask, sbh/t, which the bias-dropout-add's backward, the MLP block's first,
+    has spent; at the fc1 backward less fc2's and the GeLU's inputs too (2 × 2s·4h/t).
+    Every term is over t."""
+    spent = SEQ * H // tp + (2 * 2 * SEQ * 4 * H // tp if fc1_peak(tp) else 0)
     return 8 * (12 * 34 * SEQ * H // tp + SEQ * H // tp) - spent
 
 

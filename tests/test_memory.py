@@ -8,6 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budget.layers import attention_saved, shapes
 from budget.memory import memory
 from budget.phases import CARRIED_ACTIVATIONS, Instant
 from budget.pipeline import build_report
@@ -431,13 +432,14 @@ assert _LAYER == 8 * _SHARD + 2 * _MASK + 2 * _FFN == 106_954_752
 # the 95 earlier layer passes of 1F1B's 8 micro-batches x 12 layers, and the embedding's
 # dropout mask of each of those 8 micro-batches
 _BASE = _STATES + _RESERVED + 95 * _LAYER + 8 * _MASK
-# the fc2 backward: the current layer's saved tensors all still held, the output gradient
-# (a shard), its all-gathered copy and fc2's input gradient
-_FC2_INSTANT = _BASE + _LAYER + _SHARD + _FULL + _FFN
-# the fc1 backward, the stage's peak: the layer's saved tensors less fc2's and the GeLU's
-# inputs (spent), the output gradient, the GeLU input gradient, the re-gathered fc1 input,
-# its partial input gradient (whole) and the reduce-scatter's shard of it
-_MLP_PEAK = _BASE + _LAYER - 2 * _FFN + _SHARD + _FFN + 2 * _FULL + _SHARD
+# the fc2 backward: the current layer's saved tensors still held but the MLP's dropout
+# mask, which the bias-dropout-add's backward, the block's first, has spent (an audit), the
+# output gradient (a shard), its all-gathered copy and fc2's input gradient
+_FC2_INSTANT = _BASE + _LAYER - _MASK + _SHARD + _FULL + _FFN
+# the fc1 backward, the stage's peak: the layer's saved tensors less the MLP's mask and
+# fc2's and the GeLU's inputs (spent), the output gradient, the GeLU input gradient, the
+# re-gathered fc1 input, its partial input gradient (whole) and the reduce-scatter's shard
+_MLP_PEAK = _BASE + _LAYER - _MASK - 2 * _FFN + _SHARD + _FFN + 2 * _FULL + _SHARD
 # the QKV backward: the norm and QKV inputs still saved, the output gradient, the Q/K/V
 # gradients (3 shards), the re-gathered QKV input, its partial input gradient (whole) and
 # the reduce-scatter's shard of it
@@ -458,25 +460,32 @@ def _check_gpt3_states(overlap) -> None:
 
 
 def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
-    """PyTorch frees a node's saved tensors after its backward: fc2's input after fc2's
-    backward, the activation's input after the activation's, so the fc1 backward holds
-    neither (it held both: an audit). GPT-3 as shipped (tp 8, sp, selective), stage 0: the
-    fc2 backward holds the output gradient, its all-gathered copy and fc2's input gradient,
-    6,291,456 + 50,331,648 + 25,165,824 = 81,788,928 B of transients; the fc1 backward
-    the re-gathered fc1 input and its partial gradient (2 x 50,331,648), the reduce-
-    scatter's 6,291,456 B shard of it (a seeds audit: left out, the fc1 instant tied the
-    fc2 one) and the output and activation gradients, beside neither freed 25,165,824 B
-    tensor: 32,649,275,904 B at fc2, 32,655,567,360 B at fc1, the peak (it read
-    32,699,607,552 before the frees). At tp 1 the fc1 input gradient is a whole tensor,
-    not a partial one, and is still held (gpt-1.3b: 4 x 2048 x 2048 x 2 B)."""
+    """PyTorch frees a node's saved tensors after its backward: the dropout mask after the
+    bias-dropout-add's, fc2's input after fc2's backward, the activation's input after the
+    activation's, so the fc1 backward holds none of them (it held all three: audits). GPT-3
+    as shipped (tp 8, sp, selective), stage 0: the fc2 backward holds the output gradient,
+    its all-gathered copy and fc2's input gradient, 6,291,456 + 50,331,648 + 25,165,824 =
+    81,788,928 B of transients; the fc1 backward the re-gathered fc1 input and its partial
+    gradient (2 x 50,331,648), the reduce-scatter's 6,291,456 B shard of it (a seeds audit:
+    left out, the fc1 instant tied the fc2 one) and the output and activation gradients,
+    beside neither freed 25,165,824 B tensor: 32,646,130,176 B at fc2, 32,652,421,632 B at
+    fc1, the peak (it read 32,699,607,552 before the frees, 32,655,567,360 with the
+    3,145,728 B mask held). At tp 1 the fc1 input gradient is a whole tensor, not a partial
+    one, and is still held (gpt-1.3b: 4 x 2048 x 2048 x 2 B)."""
     from tests.plan_files import GPT3
 
     report = build_report(load_plan(GPT3))
     (mlp,) = [p for p in report.phases if p.name == "backward.mlp"]
     # 19,053,439,488 states + 3 GiB + 95 x 106,954,752 + 8 x 3,145,728 + 106,954,752
-    # (this layer) + 6,291,456 + 50,331,648 + 25,165,824 (transients)
+    # (this layer) - 3,145,728 (its MLP mask) + 6,291,456 + 50,331,648 + 25,165,824
     assert _FC2_INSTANT == (
-        19_053_439_488 + 3_221_225_472 + 10_160_701_440 + 25_165_824 + 106_954_752 + 81_788_928
+        19_053_439_488
+        + 3_221_225_472
+        + 10_160_701_440
+        + 25_165_824
+        + 106_954_752
+        - 3_145_728
+        + 81_788_928
     )
     # the same less fc2's and the GeLU's inputs (2 x 25,165,824), with 6,291,456 (output
     # gradient) + 25,165,824 (GeLU input gradient) + 2 x 50,331,648 + 6,291,456 (shard)
@@ -486,13 +495,14 @@ def test_the_mlp_backward_frees_each_saved_tensor_once_its_node_has_run():
         + 10_160_701_440
         + 25_165_824
         + 106_954_752
+        - 3_145_728
         - 50_331_648
         + 6_291_456
         + 25_165_824
         + 100_663_296
         + 6_291_456
     )
-    assert (_FC2_INSTANT, _MLP_PEAK) == (32_649_275_904, 32_655_567_360)
+    assert (_FC2_INSTANT, _MLP_PEAK) == (32_646_130_176, 32_652_421_632)
     assert mlp.peak_bytes == _MLP_PEAK
     (stage0, *_) = report.stages
     assert (stage0.peak_phase, stage0.peak_instant) == (
@@ -577,7 +587,7 @@ def test_the_qkv_backward_holds_its_regathered_input_and_partial_gradient():
     )
     assert qkv.total == _QKV_INSTANT == 32_605_235_712
     report = build_report(plan)
-    assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_655_567_360, "backward.mlp")
+    assert (report.worst.peak_bytes, report.worst.peak_phase) == (32_652_421_632, "backward.mlp")
     assert report.worst.peak_bytes == _MLP_PEAK > _QKV_INSTANT
 
 
@@ -713,3 +723,61 @@ def test_zero3_upcasts_one_sub_group_of_gradients_at_a_time():
     (phase,) = [p for p in stage.phases if p.name == "optimizer"]
     held = {a.name: a.total for a in phase.instants[0].live}
     assert held["gradients upcast to fp32 for the step"] == 4 * 10**9
+
+
+def test_eager_attention_saves_its_repeated_keys_and_values(tmp_path):
+    """Eager attention repeats K and V up to the query heads before its GEMMs, which save
+    the copies (Megatron-LM's unfused ``DotProductAttention``, ``repeat_interleave``); the
+    narrow K and V were counted (an audit). Llama 3 70B (64 heads, 8 KV heads of 128) at
+    tp 8, 8,192 tokens, sequence parallel, bf16, no recompute: a layer pass saves the norm
+    and QKV inputs, the residual-side dropout-free norm inputs (4 × 2·1024·8192), Q and the
+    projection input (2 × 2·8192·1024), K and V repeated to 1,024 columns (2 × 2·8192·1024),
+    the SwiGLU gate and up and fc2 inputs (3 × 2·8192·3584) and the bf16 softmax
+    (2·8·8192²): 1,384,120,320 B, where the narrow K and V (128 columns) made 1,354,760,192.
+    Under selective recompute the checkpoint keeps the narrow K and V, as flash does."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    text = text.replace("  attention: flash\n", "  attention: eager\n")
+    path = tmp_path / "eager.yaml"
+    path.write_text(text.replace("recompute: selective", "recompute: none"), encoding="utf-8")
+    s, h, cols, ffn = 8192, 8192, 1024, 3584
+    layer = 4 * 2 * s * h // 8 + 2 * 2 * s * cols + 2 * 2 * s * cols + 3 * 2 * s * ffn
+    layer += 2 * 8 * s * s
+    assert layer == 1_384_120_320
+    (stage, *_) = build_report(load_plan(path)).stages
+    (saved,) = [o for o in stage.peak_overlap if o.tensor.startswith(CARRIED_ACTIVATIONS)]
+    passes = int(saved.tensor.split(", ")[1].split()[0])
+    assert saved.bytes == passes * layer
+    held = {o.tensor: o.bytes for o in stage.peak_overlap}
+    assert held["attention K"] == held["attention V"] == 2 * s * cols
+    selective = tmp_path / "selective.yaml"
+    selective.write_text(text, encoding="utf-8")
+    plan = load_plan(selective)
+    narrow = attention_saved(plan, shapes(plan))
+    kv = [a.total for a in narrow if a.name in ("attention K", "attention V")]
+    assert kv == [2 * s * 128, 2 * s * 128]
+
+
+def test_the_attention_backward_frees_what_ran_before_its_core(tmp_path):
+    """The bias-dropout-add's and the output projection's backwards run before the core's:
+    the dropout mask is freed by then, and under eager attention the projection's input,
+    which only the projection saves; flash's kernel saves that tensor as its output too, so
+    it stays until the core's backward (an audit: both were held at the core's gradients)."""
+    from tests.plan_files import GPT3
+
+    def core(path):
+        (stage, *_) = derive(load_plan(path)).stages
+        (phase,) = [p for p in stage.phases if p.name == "backward.attention"]
+        (instant,) = [i for i in phase.instants if i.label == "attention core gradients"]
+        return {a.name for a in instant.live}
+
+    flash = core(GPT3)
+    assert "attention dropout mask" not in flash and "attention projection input" in flash
+    eager = tmp_path / "eager.yaml"
+    eager.write_text(
+        GPT3.read_text(encoding="utf-8").replace("attention: flash", "attention: eager"),
+        encoding="utf-8",
+    )
+    held = core(eager)
+    assert "attention dropout mask" not in held and "attention projection input" not in held
+    # the core's own (recomputed under GPT-3's selective recompute), until its backward
+    assert any(name.startswith("attention softmax output") for name in held), held

@@ -961,7 +961,7 @@ def test_a_reduce_scatter_freeing_its_source_holds_the_source_while_it_runs(tmp_
 
     whole, shard = 2048 * 51200 * 4, 2048 * 51200 * 4 // 8
     assert held("shard(0)", "false") == {
-        "t (shard(0); made in its partial source's 400 MiB, freed with it, "
+        "t (shard(0); made in its partial source's buffer, freed with it, "
         "source_alive: false)": whole
     }
     assert sum(held("replicate", "false").values()) == whole
