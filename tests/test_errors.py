@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from budget.cli import app, route
-from budget.errors import BudgetError
+from budget.errors import BudgetError, Problem, problem_lines
 from budget.plan.load import load_plan
 from tests.plan_files import ROOT
 
@@ -71,6 +71,8 @@ def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: 
     found = caught.value.problems  # 500 unknown keys and the required ones missing
     assert len(found) > 500 and lines[:-1] == [str(p) for p in found[:200]]
     assert lines[-1] == f"budget: error: {len(found) - 200} more problems (the first 200 are above)"
+    one = [Problem("p.yaml", i + 1, 1, "$", "x") for i in range(201)]
+    assert problem_lines(one)[-1] == "budget: error: 1 more problem (the first 200 are above)"
 
 
 def test_a_shard_of_thousands_of_digits_is_a_problem_not_a_traceback(tmp_path: Path) -> None:

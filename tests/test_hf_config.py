@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from budget.cli import app, route
 from budget.errors import BudgetError, Problem
 from budget.layers import active_params, mlp_saved, params_total, shapes
 from budget.pipeline import build_report
@@ -1979,3 +1981,28 @@ def test_deepseek_v2_s_class_vocabulary_is_transformers_default() -> None:
     from budget.plan.hf_config import CLASS_DEFAULTS
 
     assert CLASS_DEFAULTS["deepseek_v2"]["vocab_size"] == 32000
+
+
+def test_a_config_of_many_problems_shows_the_first_in_order_and_counts_the_rest(tmp_path):
+    """A config.json with 1,000 NaNs in one list: each is a problem at the plan's hf_config
+    key, and sorted by text x[1000] had come before x[2], so "the first 200" were not the
+    first; the problems of one config are now capped at what stderr shows, the rest
+    counted (an audit: 260,000 of them took 3 s)."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    text = json.dumps(config)[:-1] + ', "x": [' + ", ".join(["NaN"] * 1000) + "]}"
+    (tmp_path / "config.json").write_text(text, encoding="utf-8")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "model: {hf_config: config.json}\nbatch: {seq: 2048, micro: 1, global: 8}\n"
+        "parallel: {tp: 8}\ndevice: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, route(["validate", str(plan)]))
+    lines = result.stderr.splitlines()
+    assert (result.exit_code, result.stdout, len(lines)) == (2, "", 200)
+    named = [line.split("$.model.hf_config: ")[1].split(" = ")[0] for line in lines]
+    listed = [n for n in named if n.startswith("x[")]
+    assert listed == [f"x[{i}]" for i in range(len(listed))] and len(listed) >= 190
+    # the rest of the NaNs, and the key x itself, which no config class reads
+    more = 1000 - len(listed) + 1
+    assert any(f"has {more:,} more problems than the {len(listed)}" in line for line in lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from budget import units
-from budget.errors import BudgetError, Problem
+from budget.errors import MAX_SHOWN, BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
     DTYPE_BYTES,
@@ -314,8 +314,21 @@ class _Resolver:
             try:
                 hf = read_hf_config(path)
             except HfConfigError as error:
-                for message in error.messages:
+                # as many as stderr shows, then their count: 260,000 NaNs in one file made
+                # as many problems, 3 s to sort (an audit)
+                shown = (
+                    error.messages
+                    if len(error.messages) <= MAX_SHOWN
+                    else (error.messages[: MAX_SHOWN - 1])
+                )
+                for message in shown:
                     self.error("$.model.hf_config", message)
+                if len(shown) < len(error.messages):
+                    self.error(
+                        "$.model.hf_config",
+                        f"{str(path)!r} has {len(error.messages) - len(shown):,} more "
+                        f"problems than the {len(shown)} of it given here",
+                    )
                 return None
             base = dict(hf.tree)
             self.config_weights = hf.weights

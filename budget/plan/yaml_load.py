@@ -73,6 +73,8 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
 # digits grouped by thousands (16_384); YAML 1.1 drops every underscore, so 2_4 reads 24
 _GROUPED_INT = re.compile(r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+$")
+# and a float's whole part likewise (1_000.5), its fraction and exponent without any
+_GROUPED_FLOAT = re.compile(r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+\.[0-9]*(?:[eE][-+]?[0-9]+)?$")
 _NOT_DECIMAL = (
     (re.compile(r"^[-+]?0x"), "hexadecimal"),
     (re.compile(r"^[-+]?0b"), "binary"),
@@ -455,6 +457,22 @@ class _Builder:
         # it stands as None, and the file's other problems are still found
         if isinstance(value, float) and not math.isfinite(value):
             return self.refuse(where, path, f"{_shown(text)} is not a finite number")
+        if tag == _STANDARD + "float" and not text.isascii():
+            # Python's float() takes other digits too (!!float ９６), as int() does above
+            return self.refuse(
+                where,
+                path,
+                f"{_shown(text)} is read by YAML 1.1 as the non-ASCII number {value!r}; write "
+                "numbers in decimal (or quote it, if it is text)",
+            )
+        if tag == _STANDARD + "float" and "_" in text and not _GROUPED_FLOAT.match(text):
+            # as for an integer: 1_6.0 read as 16.0 (an audit)
+            return self.refuse(
+                where,
+                path,
+                f"{_shown(text)} is read by YAML 1.1 as {value!r}, every underscore dropped; "
+                f"write {value!r}",
+            )
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
             return self.refuse(
                 where, path, f"{_shown(text)} is too large (integers must be below 2**63)"
