@@ -634,6 +634,20 @@ def test_interleaving_over_two_stages_needs_its_sends_overlapped() -> None:
     )
     assert "overlap.pp: true" in problem
     assert plan_of(interleaved + "overlap: {pp: true}\n").parallel.pp == 2
+    # a serving plan has no schedule to interleave: only that is said (a review: it was
+    # told to set overlap.pp, which serving refuses in turn)
+    decode = Path(__file__).parent.parent / "plans" / "llama3-70b-decode.yaml"
+    served = decode.read_text(encoding="utf-8").replace(
+        "  tp: 8\n  pp: 1\n",
+        "  tp: 4\n  pp: 2\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n",
+    )
+    loaded = load_yaml(served, "p.yaml")
+    said = [str(p) for p in validate_tree(loaded.tree, loaded.marks, "p.yaml")]
+    with pytest.raises(BudgetError) as caught:
+        resolve(loaded.tree, loaded.marks, "p.yaml")
+    said += [str(p) for p in caught.value.problems]
+    assert any("does not apply to a decode plan" in p for p in said), said
+    assert not [p for p in said if "overlap.pp: true" in p]
     four = interleaved.replace("tp: 2, pp: 2, dp: 2", "tp: 1, pp: 4, dp: 2").replace(
         "layers: 4", "layers: 8"
     )

@@ -95,6 +95,7 @@ def test_keys_are_their_source_text() -> None:
         ("16_384", 16384),  # digits grouped by thousands
         ("-1_000_000", -1000000),
         ("1_000.5", 1000.5),  # a float's whole part grouped likewise
+        ("!!float 1_000", 1000.0),  # tagged, without a fraction (a review)
         ("16_384.0e+3", 16_384_000.0),
         ("'012'", "012"),  # quoted: text
         ("00.5", 0.5),  # floats have no octal form

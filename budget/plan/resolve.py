@@ -324,10 +324,11 @@ class _Resolver:
                 for message in shown:
                     self.error("$.model.hf_config", message)
                 if len(shown) < len(error.messages):
+                    # "…" sorts after the file's own problems at this position (`BudgetError`)
                     self.error(
                         "$.model.hf_config",
-                        f"{str(path)!r} has {len(error.messages) - len(shown):,} more "
-                        f"problems than the {len(shown)} of it given here",
+                        f"…and {len(error.messages) - len(shown):,} more problems in "
+                        f"{str(path)!r} than the {len(shown)} above",
                     )
                 return None
             base = dict(hf.tree)
@@ -1890,7 +1891,7 @@ def resolve(
             else _Checks(r, mode, model, batch, par)
         )
         checks.run(topology)
-        if "overlap" not in skip:
+        if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")

@@ -73,8 +73,11 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
 # digits grouped by thousands (16_384); YAML 1.1 drops every underscore, so 2_4 reads 24
 _GROUPED_INT = re.compile(r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+$")
-# and a float's whole part likewise (1_000.5), its fraction and exponent without any
-_GROUPED_FLOAT = re.compile(r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+\.[0-9]*(?:[eE][-+]?[0-9]+)?$")
+# and a float's whole part likewise (1_000.5, !!float 1_000), its fraction and exponent
+# without any
+_GROUPED_FLOAT = re.compile(
+    r"^[-+]?[1-9][0-9]{0,2}(?:_[0-9]{3})+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?$"
+)
 _NOT_DECIMAL = (
     (re.compile(r"^[-+]?0x"), "hexadecimal"),
     (re.compile(r"^[-+]?0b"), "binary"),
