@@ -22,6 +22,8 @@ Out = TypeVar("Out")
 # value beyond it is cut
 MAX_MESSAGE = 800
 MAX_SHOWN = 200  # problems printed; a last line counts the rest
+# how a problem that counts the rest of its source's begins: it sorts after them
+REST = "…and "
 
 
 # What ends a line for a reader of stderr (Python's str.splitlines, which a CI log parser may
@@ -134,8 +136,17 @@ class BudgetError(Exception):
         # by position, and where several share one (a config.json's, at the plan's
         # hf_config key) by their text with its numbers read as numbers: x[100000] came
         # second, and x[1] … x[199] went unshown under "the first 200" (an audit)
+        # and a count of the rest (`REST`) after the problems it follows, whatever their text
         self.problems = sorted(
-            problems, key=lambda p: (order[p.file], p.line, p.col, p.path, _natural(p.message))
+            problems,
+            key=lambda p: (
+                order[p.file],
+                p.line,
+                p.col,
+                p.path,
+                p.message.startswith(REST),
+                _natural(p.message),
+            ),
         )
         # the lines stderr shows, not every problem's (an audit: 260,000 problems of one
         # config.json took 3 s to join)

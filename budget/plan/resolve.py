@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from budget import units
-from budget.errors import MAX_SHOWN, BudgetError, Problem
+from budget.errors import MAX_SHOWN, REST, BudgetError, Problem
 from budget.plan import expr
 from budget.plan.model import (
     DTYPE_BYTES,
@@ -324,10 +324,10 @@ class _Resolver:
                 for message in shown:
                     self.error("$.model.hf_config", message)
                 if len(shown) < len(error.messages):
-                    # "…" sorts after the file's own problems at this position (`BudgetError`)
+                    # after the file's own problems at this position (`BudgetError`)
                     self.error(
                         "$.model.hf_config",
-                        f"…and {len(error.messages) - len(shown):,} more problems in "
+                        f"{REST}{len(error.messages) - len(shown):,} more problems in "
                         f"{str(path)!r} than the {len(shown)} above",
                     )
                 return None
