@@ -1070,6 +1070,11 @@ def optimizer_work(
     """The optimizer step over the parameters this rank updates, as Megatron-LM's
     mixed-precision optimizer runs it (``megatron/core/optimizer/optimizer.py``, ``step``):
 
+    - where the gradients are narrower than the master copy and the step reads them in its
+      format (`Precision.upcast_grads`), their cast to it first
+      (``_copy_model_grads_to_main_grads``: ``.float()``, reading the gradient and writing
+      its copy), which the norm and the step then read (an audit: it was not priced, the
+      flag moved memory but never time);
     - the gradient norm for clipping (``clip_grad_norm_fp32``): reads every main gradient;
     - one fused Adam (or SGD) step (apex ``FusedAdam``, multi-tensor apply): reads the
       gradient, reads and writes the master copy and the moments;
@@ -1095,10 +1100,14 @@ def optimizer_work(
     grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
     params = param * params_shard + (max(param, VOCAB_WEIGHT_BYTES) - param) * vocab_shard
     master = DTYPE_BYTES[prec.master] if prec.master else 0
-    states = grad + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
+    upcast = prec.upcast_grads and master > grad
+    read = master if upcast else grad  # the gradient the norm and the step read
+    states = read + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
     kept = 2 * master * params_shard if master else 2 * params  # read and written
+    cast = f"gradients upcast to {prec.master}"
     works = [
-        elementwise("gradient norm", grad * params_shard),
+        *([elementwise(cast, (grad + master) * params_shard)] if upcast else []),
+        elementwise("gradient norm", read * params_shard),
         Work(
             f"{prec.optimizer} step",
             "elementwise",

@@ -499,3 +499,27 @@ def test_the_report_gives_the_causal_mfu_where_palm_s_count_parts_from_it(tmp_pa
     gpt3 = Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml"
     out = " ".join(CliRunner().invoke(app, route([str(gpt3)])).stdout.split())
     assert "MFU 55.4% of the bf16 peak" in out and "PaLM's count" not in out
+
+
+def test_bf16_gradients_beside_an_fp32_master_are_cast_before_the_step():
+    """Megatron-LM sets each master parameter's gradient to the bf16 gradient's .float()
+    (``_copy_model_grads_to_main_grads``) before the norm and the step, which then read
+    4 bytes a parameter: the cast reads 2 and writes 4, the norm reads 4, Adam 4 + 16 +
+    8, the master copy back 6, the bf16 buffer zeroed 2: 46 bytes a parameter, where 36
+    were priced and `upcast_grads` moved memory alone (an audit). Apex's fused step reading
+    them as they are (`upcast_grads: false`) is the 36."""
+    from dataclasses import replace
+
+    plan = load_plan(PLAN)
+    bf16 = replace(plan, precision=replace(plan.precision, grads="bf16"))
+    works = flops.optimizer_work(bf16, 1_000_000)
+    assert [w.name for w in works] == [
+        "gradients upcast to fp32",
+        "gradient norm",
+        "adam step",
+        "master weights to parameters",
+        "zero main gradients",
+    ]
+    assert [w.bytes for w in works] == [6_000_000, 4_000_000, 28_000_000, 6_000_000, 2_000_000]
+    read = replace(bf16, precision=replace(bf16.precision, upcast_grads=False))
+    assert sum(w.bytes for w in flops.optimizer_work(read, 1_000_000)) == 36_000_000
