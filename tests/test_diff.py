@@ -1124,3 +1124,20 @@ def test_values_written_in_full_keep_every_digit() -> None:
         "3,221,225,472 B",
         "3221225473.5 B",
     )
+
+
+def test_a_changed_key_holding_backticks_stays_one_code_span(tmp_path: Path) -> None:
+    """A transition's name, as its author typed it, names the changed key: with a backtick in
+    it the key's code span was cut in three in markdown (an audit)."""
+    transition = (
+        "transitions:\n  - {name: 'kept beside the `.float()` copy', phase: loss,\n"
+        "     tensor: {shape: [16, 16], dtype: fp32}, group: tp, from: partial, to: replicate,\n"
+        "     source_alive: ALIVE}\n"
+    )
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(GPT3.read_text("utf-8") + transition.replace("ALIVE", "false"), "utf-8")
+    b.write_text(GPT3.read_text("utf-8") + transition.replace("ALIVE", "true"), "utf-8")
+    code, out, _ = _diff(a, b, "--format", "markdown")
+    assert code == 0
+    row = "| ``transitions[kept beside the `.float()` copy].source_alive`` | false | true |"
+    assert row in out.splitlines()

@@ -197,3 +197,21 @@ def test_a_serving_plan_is_drawn_over_its_run(tmp_path: Path) -> None:
     assert any(f"of the {run} run)" in label for label in labels), labels
     assert "communication per run (s)" in labels
     assert not [label for label in labels if re.search(r"\bstep\b", label)]
+
+
+@pytest.mark.parametrize("name", ["8b for $5k or $10k", r"run $\frac$ x"])
+def test_a_plan_name_is_drawn_as_typed(tmp_path: Path, name: str) -> None:
+    """Two $ in a plan's name made matplotlib read it as mathtext: the first name lost its
+    dollar signs, the second stopped the plot with a parse error (an audit)."""
+    pytest.importorskip("matplotlib")
+    plan = tmp_path / "dollar.yaml"
+    text = GPT3.read_text(encoding="utf-8")
+    named = re.sub(r"(?m)^name: .*$", lambda _: f"name: '{name}'", text, count=1)
+    plan.write_text(named, encoding="utf-8")
+    out = tmp_path / "memory.svg"
+    code, _, stderr = _plot(plan, out)
+    assert code == 0, stderr
+    labels = [
+        e.text or "" for e in ET.parse(out).getroot().iter("{http://www.w3.org/2000/svg}text")
+    ]
+    assert any(label.startswith(f"{name}: stage 0") for label in labels), labels[:3]

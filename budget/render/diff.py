@@ -532,7 +532,8 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     if diff.changes:
         lines += [_md(["key", "A", "B"]), "| --- | --- | --- |"]
         lines += [
-            _md([f"`{key}`", plain(was), plain(now)])
+            # a key names a transition as its author typed it, backticks and all (an audit)
+            _md([code(key), plain(was), plain(now)])
             for key, was, now in shown_changes(diff.changes)
         ]
         lines += ["", RESOLVED]

@@ -63,8 +63,11 @@ def plot_report(report: Report, path: Path) -> None:
         raise ValueError(f"-o {path}: the picture must be a .png or .svg file")
     plt = _pyplot()
     # stable ids: same plan, same bytes; text kept as text, so that an SVG's labels can be
-    # searched, selected and read aloud (an audit: every label was drawn as outlines)
-    with plt.rc_context({"svg.hashsalt": "budget", "svg.fonttype": "none"}):
+    # searched, selected and read aloud (an audit: every label was drawn as outlines); and
+    # text as typed: a plan's name with two $ was read as mathtext, garbled or an error
+    # (an audit: "8b for $5k or $10k" lost its $ signs, "$\\frac$" stopped the plot)
+    settings = {"svg.hashsalt": "budget", "svg.fonttype": "none", "text.parse_math": False}
+    with plt.rc_context(settings):
         fig, (top, bottom) = plt.subplots(
             2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
         )
