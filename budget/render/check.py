@@ -174,7 +174,11 @@ def render_validate(console: Console, outcomes: list[tuple[str, list[Problem]]],
         console.file.write(dump_document({"valid": valid, "plans": plans}, console.file))
     elif fmt == "markdown":
         lines = ["| plan | valid |", "|---|---|"]
-        lines += [f"| {code(file)} | {'✅' if not found else '❌'} |" for file, found in outcomes]
+        # a file name's pipes escaped, as check's own table does (a review: a|b.yaml split)
+        lines += [
+            f"| {code(file, cell=True)} | {'✅' if not found else '❌'} |"
+            for file, found in outcomes
+        ]
         lines.append("")
         for file, found in outcomes:
             if found:
