@@ -1166,3 +1166,13 @@ def test_a_release_in_a_format_budget_does_not_price_makes_serving_name_its_weig
     assert problem.path == "$.model.preset" and "released with weights in mxfp4" in problem.message
     path.write_text(serve + "precision: {params: fp8}\n", encoding="utf-8")
     assert load_plan(path).precision.params == "fp8"
+
+
+def test_a_misnamed_device_preset_is_offered_its_own_family() -> None:
+    """`h100-80gb` was told "did you mean 'a100-80gb'?", the nearest spelling and another GPU,
+    which followed ran silently on an A100 (an audit); a name of a known family is offered
+    that family's presets."""
+    with pytest.raises(BudgetError) as raised:
+        _resolve(_tree(device={"preset": "h100-80gb"}))
+    (problem,) = [p for p in raised.value.problems if p.path == "$.device.preset"]
+    assert "did you mean 'h100-pcie' or 'h100-sxm'?" in problem.message

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from budget.cli import app, route
 from budget.errors import BudgetError
 from budget.plan.load import load_plan
 from budget.plan.model import Experts, Level, Plan
@@ -652,3 +654,20 @@ def test_interleaving_over_two_stages_needs_its_sends_overlapped() -> None:
         "layers: 4", "layers: 8"
     )
     assert plan_of(four).parallel.pipeline.virtual_stages == 2
+
+
+def test_switching_the_mode_says_every_batch_key_at_once(tmp_path: Path) -> None:
+    """A training plan switched to decode was told to add prompt, generate and sequences,
+    and only once they were there that seq, micro and global do not apply (an audit: three
+    runs for one change); both come in the first run, and an unknown mode says only itself."""
+    text = (Path(__file__).parent.parent / "plans" / "llama3-70b.yaml").read_text("utf-8")
+    plan = tmp_path / "decode.yaml"
+    plan.write_text(text.replace("mode: train", "mode: decode", 1), "utf-8")
+    result = CliRunner().invoke(app, route(["validate", str(plan)]))
+    said = result.stderr
+    assert result.exit_code == 2 and "'prompt' is a required property" in said
+    for key in ("seq", "micro", "global"):
+        assert f"batch.{key} does not apply to a decode plan" in said
+    plan.write_text(text.replace("mode: train", "mode: inference", 1), "utf-8")
+    said = CliRunner().invoke(app, route(["validate", str(plan)])).stderr
+    assert "'inference' is not one of" in said and "does not apply" not in said

@@ -555,3 +555,24 @@ def test_a_section_missing_a_key_a_preset_would_fill_says_so(
     where a preset with its size is what a one-GPU plan writes."""
     found = [e for e in errors(text + "\n") if f"'{missing}'" in e and "required" in e]
     assert found and hint in found[0]
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("tensor_parallel", "tp"),  # it had said 'sequence_parallel', a boolean
+        ("pipeline_model_parallel_size", "pp"),
+        ("data_parallel", "dp"),
+        ("context_parallel", "cp"),
+        ("expert_parallel", "ep"),
+    ],
+)
+def test_another_tools_name_for_a_degree_is_told_budgets(written: str, meant: str) -> None:
+    """An audit: the nearest spelling of Megatron-LM's or Hugging Face's name for a key is
+    another key (tensor_parallel → sequence_parallel, sequence_length → sequences), whose
+    advice, followed, failed; the key budget means is said instead."""
+    text = MINIMAL + f"parallel: {{{written}: 2}}\n"
+    (found,) = [e for e in errors(text) if f"'{written}'" in e]
+    assert found.endswith(f"(did you mean '{meant}'?)"), found
+    seq = [e for e in errors(MINIMAL.replace("seq: ", "sequence_length: ", 1)) if "unknown" in e]
+    assert seq and seq[0].endswith("(did you mean 'seq'?)"), seq

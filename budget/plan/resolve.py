@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, get_args
 
 from budget import units
 from budget.errors import MAX_SHOWN, REST, BudgetError, Problem
@@ -272,9 +272,14 @@ class _Resolver:
 
     def unknown_preset(self, section: str, name: str, known: Iterable[str]) -> None:
         names = sorted(known)
-        # a name the preset's starts with ("h100": h100-sxm, h100-pcie) before a near spelling
-        close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(
-            name, names, n=1
+        # a name the preset's starts with ("h100": h100-sxm, h100-pcie), else the nearest
+        # spelling, unless that is of another family where the name's own has presets
+        # ("h100-80gb": h100-sxm and h100-pcie, not a100-80gb, another GPU: an audit)
+        family = name.split("-")[0]
+        kin = [n for n in names if n.split("-")[0] == family]
+        near = difflib.get_close_matches(name, names, n=1)
+        close = [n for n in names if n.startswith(name)] or (
+            kin if kin and near and near[0] not in kin else near
         )
         hint = f"did you mean {' or '.join(repr(n) for n in close)}? " if close else ""
         self.error(
@@ -559,13 +564,10 @@ class _Resolver:
             )
             self.error(f"$.{path}", _NOT_SERVING.get(path, general).format(mode=mode), key=True)
 
-    def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
-        """Training: seq, micro, global. Inference: sequences, prompt, generate.
-
-        For inference, `Batch.seq` is prompt + generate (the longest context the step
-        sees), `global_batch` is the sequences served together and `micro` the sequences
-        on one data-parallel replica.
-        """
+    def batch_keys(self, tree: Tree, mode: str) -> None:
+        """The other mode's batch keys, refused whether or not the section's own are all
+        there: a plan switched from train to decode was told to add prompt and generate, and
+        only once they were there that seq, micro and global did not apply (an audit)."""
         train = mode == "train"
         wrong = _INFERENCE_KEYS if train else _TRAIN_KEYS
         right = _TRAIN_KEYS if train else _INFERENCE_KEYS
@@ -577,6 +579,15 @@ class _Resolver:
                     f"{', '.join(right)}",
                     key=True,
                 )
+
+    def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
+        """Training: seq, micro, global. Inference: sequences, prompt, generate.
+
+        For inference, `Batch.seq` is prompt + generate (the longest context the step
+        sees), `global_batch` is the sequences served together and `micro` the sequences
+        on one data-parallel replica.
+        """
+        train = mode == "train"
         if train:
             return Batch(
                 seq=_int(tree["seq"]),
@@ -1813,6 +1824,8 @@ def resolve(
     # with the parallel section broken, the batch's own rules read dp 1, which divides any
     # count: its rule over dp waits for the section
     dp = 1 if par is None else par.dp
+    if isinstance(tree.get("batch"), Mapping) and mode in get_args(Mode):  # a mode it knows
+        r.batch_keys(tree["batch"], mode)
     batch = None if "batch" in skip else r.batch(tree["batch"], mode, dp)
     if (
         model is not None

@@ -151,8 +151,31 @@ def _close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -
     return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
 
 
+# what other tools call a key budget names otherwise (Megatron-LM's arguments, Hugging Face's
+# config keys): the spelling nearest such a name can be another key entirely
+# ('tensor_parallel' → 'sequence_parallel', 'sequence_length' → 'sequences': an audit)
+_SYNONYMS = {
+    **dict.fromkeys(
+        ("tensor_parallel", "tensor_model_parallel_size", "tensor_parallel_size", "tp_size"), "tp"
+    ),
+    **dict.fromkeys(
+        ("pipeline_parallel", "pipeline_model_parallel_size", "pipeline_parallel_size", "pp_size"),
+        "pp",
+    ),
+    **dict.fromkeys(("data_parallel", "data_parallel_size", "dp_size"), "dp"),
+    **dict.fromkeys(("context_parallel", "context_parallel_size", "cp_size"), "cp"),
+    **dict.fromkeys(("expert_parallel", "expert_model_parallel_size", "ep_size"), "ep"),
+    **dict.fromkeys(("sequence_length", "seq_length", "seq_len", "seqlen"), "seq"),
+    "micro_batch_size": "micro",
+    "global_batch_size": "global",
+}
+
+
 def _closest(word: str, choices: list[str]) -> str | None:
-    """The likeliest intended key: a transposition ('modle' → 'model') beats a deletion."""
+    """The likeliest intended key: another tool's name for one (`_SYNONYMS`), then a
+    transposition ('modle' → 'model') before a deletion."""
+    if _SYNONYMS.get(word) in choices:
+        return _SYNONYMS[word]
     close = _close_matches(word, choices, n=3)
     anagrams = [c for c in close if sorted(c) == sorted(word)]
     best = anagrams or close
