@@ -1176,3 +1176,7 @@ def test_a_misnamed_device_preset_is_offered_its_own_family() -> None:
         _resolve(_tree(device={"preset": "h100-80gb"}))
     (problem,) = [p for p in raised.value.problems if p.path == "$.device.preset"]
     assert "did you mean 'h100-pcie' or 'h100-sxm'?" in problem.message
+    # a model's or a topology's first word is no family: their nearest spelling stands
+    with pytest.raises(BudgetError) as raised:
+        _resolve(_tree(model={"preset": "gpt-3-175b"}))
+    assert any("did you mean 'gpt3-175b'?" in p.message for p in raised.value.problems)

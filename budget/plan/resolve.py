@@ -273,10 +273,11 @@ class _Resolver:
     def unknown_preset(self, section: str, name: str, known: Iterable[str]) -> None:
         names = sorted(known)
         # a name the preset's starts with ("h100": h100-sxm, h100-pcie), else the nearest
-        # spelling, unless that is of another family where the name's own has presets
-        # ("h100-80gb": h100-sxm and h100-pcie, not a100-80gb, another GPU: an audit)
+        # spelling, unless that is of another GPU where the name's own has device presets
+        # ("h100-80gb": h100-sxm and h100-pcie, not a100-80gb: an audit; a model's or a
+        # topology's first word is no such family: gpt-3-175b, dgx-h800, a review)
         family = name.split("-")[0]
-        kin = [n for n in names if n.split("-")[0] == family]
+        kin = [n for n in names if section == "device" and n.split("-")[0] == family]
         near = difflib.get_close_matches(name, names, n=1)
         close = [n for n in names if n.startswith(name)] or (
             kin if kin and near and near[0] not in kin else near

@@ -165,17 +165,29 @@ _SYNONYMS = {
     **dict.fromkeys(("data_parallel", "data_parallel_size", "dp_size"), "dp"),
     **dict.fromkeys(("context_parallel", "context_parallel_size", "cp_size"), "cp"),
     **dict.fromkeys(("expert_parallel", "expert_model_parallel_size", "ep_size"), "ep"),
-    **dict.fromkeys(("sequence_length", "seq_length", "seq_len", "seqlen"), "seq"),
-    "micro_batch_size": "micro",
-    "global_batch_size": "global",
+    # a batch's are named by mode (seq or prompt and generate; micro and global or
+    # sequences), which the schema's key list does not know: no guess, the list instead (a
+    # review: a decode plan was told 'seq', which it refuses)
+    **dict.fromkeys(
+        (
+            "sequence_length",
+            "seq_length",
+            "seq_len",
+            "seqlen",
+            "micro_batch_size",
+            "global_batch_size",
+        ),
+        None,
+    ),
 }
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
     """The likeliest intended key: another tool's name for one (`_SYNONYMS`), then a
     transposition ('modle' → 'model') before a deletion."""
-    if _SYNONYMS.get(word) in choices:
-        return _SYNONYMS[word]
+    if word in _SYNONYMS:
+        meant = _SYNONYMS[word]
+        return meant if meant in choices else None
     close = _close_matches(word, choices, n=3)
     anagrams = [c for c in close if sorted(c) == sorted(word)]
     best = anagrams or close
