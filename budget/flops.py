@@ -34,7 +34,7 @@ from budget.vector import every, holds, lacks, ratio, vfloat, vmax, vmin, vround
 
 if TYPE_CHECKING:
     from budget.layers import Shapes
-    from budget.plan.model import Model, Plan
+    from budget.plan.model import Model, Plan, Precision
 
 Kind = Literal["matmul", "attention", "elementwise"]
 
@@ -1064,6 +1064,14 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
 
 
+def grads_upcast(prec: Precision) -> bool:
+    """Whether the optimizer step reads the gradients cast to the master copy's wider format
+    (`Precision.upcast_grads`): the cast's pass here (`optimizer_work`) and its copy held
+    through the step (`step._upcast_grads`) follow this one rule."""
+    master = DTYPE_BYTES[prec.master] if prec.master else 0
+    return prec.upcast_grads and master > DTYPE_BYTES[prec.grads]
+
+
 def optimizer_work(
     plan: Plan, params_shard: int, vocab_shard: Any = 0, grads_held: Any = None
 ) -> list[Work]:
@@ -1100,7 +1108,7 @@ def optimizer_work(
     grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
     params = param * params_shard + (max(param, VOCAB_WEIGHT_BYTES) - param) * vocab_shard
     master = DTYPE_BYTES[prec.master] if prec.master else 0
-    upcast = prec.upcast_grads and master > grad
+    upcast = grads_upcast(prec)
     read = master if upcast else grad  # the gradient the norm and the step read
     states = read + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
     kept = 2 * master * params_shard if master else 2 * params  # read and written

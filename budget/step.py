@@ -2297,7 +2297,7 @@ def _upcast_grads(plan: Plan, shard: Any) -> list[Alloc]:
     left out of a bf16-gradient GPT 1.3B at ZeRO 0, its true peak)."""
     prec = plan.precision
     master = prec.master
-    if not prec.upcast_grads or master is None or DTYPE_BYTES[master] <= DTYPE_BYTES[prec.grads]:
+    if master is None or not flops.grads_upcast(prec):
         return []
     copied = vwhere(holds(plan.parallel.zero >= 3), vmin(shard, _SUB_GROUP), shard)
     name = f"gradients upcast to {master} for the step"
@@ -2452,7 +2452,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     Alloc(
                         f"{tr.name} ({src}, source alive)",
                         "transient",
-                        local.get(src.kind, full),
+                        source_bytes,
                         placement=f"{src} on {tr.group}{elsewhere}",
                     )
                 )
