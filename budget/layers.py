@@ -223,18 +223,8 @@ def final_norm_params(plan: Plan) -> int:
 
 
 def moe_layers(plan: Plan) -> list[bool]:
-    """Which layers are MoE: an explicit pattern, or every `every`-th layer after the first
-    `first_dense_layers` (Megatron-LM's moe_layer_freq; DeepSeek's first_k_dense_replace)."""
-    m = plan.model
-    if m.experts is None:
-        return [False] * m.layers
-    e = m.experts
-    if e.pattern is not None:
-        return list(e.pattern)
-    return [
-        i >= e.first_dense_layers and (i - e.first_dense_layers) % e.every == 0
-        for i in range(m.layers)
-    ]
+    """Which layers are MoE (`Model.moe_flags`)."""
+    return list(plan.model.moe_flags)
 
 
 def mtp_layers(plan: Plan) -> int:

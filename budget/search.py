@@ -276,9 +276,10 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     """Every configuration that divides evenly, one block per (tp, pp), counting the
     layouts that do not by reason.
 
-    The rules are those the plan loader enforces (`budget.plan.resolve`): heads and kv
-    heads divide by tp, layers by pp x virtual stages, the global batch by micro x dp, the
-    sequence by 2·cp (either cp_attention), experts by ep and ep x etp by tp x dp x cp; sequence
+    The rules are those the plan loader enforces (`budget.plan.resolve`): heads, kv heads
+    and the MLP's widths divide by tp, layers by pp x virtual stages, the global batch by
+    micro x dp, the sequence by 2·cp (either cp_attention), experts by ep and ep x etp by
+    tp x dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
     full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
     Micro-batches whose sizes would pass the engine's int64 margin are rejected too
@@ -309,6 +310,9 @@ def _degrees(
             continue
         if m.heads % tp or m.kv_heads % tp:
             counts.rule_out("does not divide: heads or kv heads by tp", f"tp {tp}")
+            continue
+        if m.uncut_widths(tp, plan.parallel.etp):
+            counts.rule_out("does not divide: MLP width by tp", f"tp {tp}")
             continue
         if m.qk_norm == "full_width" and tp > 1:
             counts.rule_out("full-width Q/K norms need tp 1", f"tp {tp}")

@@ -116,6 +116,49 @@ def test_experts() -> None:
     assert plan.parallel.ep == 2
 
 
+def test_an_mlp_width_tp_does_not_divide_is_refused_not_rounded_up() -> None:
+    """Megatron-LM's ColumnParallelLinear and RowParallelLinear assert divide(ffn, tp); an
+    audit found ffn 4,100 over tp 8 budgeted as 513 columns a rank. The tps offered split
+    the heads too."""
+    text = BASE.replace("heads: 16", "heads: 16\n  ffn: 4097")
+    assert problems_of(text) == [
+        "p.yaml:8:16: error: $.parallel.tp: model.ffn = 4097 is not divisible by tp = 2: each "
+        "tensor-parallel rank holds whole columns of the MLP's up projection and rows of its "
+        "down projection; choose tp among 1"
+    ]
+    assert plan_of(text.replace("tp: 2, pp: 2, dp: 2", "tp: 1, pp: 2, dp: 4")).model.ffn == 4097
+    twelve = text.replace("hidden: 1024\n  heads: 16", "hidden: 1536\n  heads: 12")
+    twelve = twelve.replace("tp: 2, pp: 2, dp: 2", "tp: 8, pp: 1, dp: 1")
+    (heads,) = problems_of(twelve.replace("4097", "4104"))
+    assert heads.endswith("holds whole attention heads; choose tp among 1, 2, 3, 4, 6, 12")
+    width, heads = problems_of(twelve.replace("4097", "4100"))
+    assert "model.ffn = 4100 is not divisible by tp = 8" in width
+    assert heads.endswith("holds whole attention heads; choose tp among 1, 2, 4")
+
+
+def test_expert_widths_divide_by_their_own_degree() -> None:
+    """The shared experts' width splits over tp, an expert's over etp (tp when etp is not
+    set); a model whose every layer is MoE has no dense ffn to split."""
+    moe = BASE.replace(
+        "vocab: 32000", "vocab: 32000\n  ffn: 4097\n  experts: {count: 8, top_k: 2, ffn: 1408}"
+    ).replace("dp: 2}", "dp: 2, ep: 2, sequence_parallel: true}")
+    assert plan_of(moe).model.ffn == 4097  # read by no layer
+    dense_first = moe.replace("top_k: 2,", "top_k: 2, first_dense_layers: 1,")
+    assert [p.split(": ")[2] for p in problems_of(dense_first)] == ["$.parallel.tp"]
+    shared = moe.replace("ffn: 1408}", "ffn: 1408, shared_ffn: 2817}")
+    assert "model.experts.shared_ffn = 2817 is not divisible by tp = 2" in problems_of(shared)[0]
+    odd = moe.replace("ffn: 1408}", "ffn: 1409}")
+    assert "model.experts.ffn = 1409 is not divisible by tp = 2" in problems_of(odd)[0]
+    etp = odd.replace("ep: 2,", "ep: 2, etp: 1,")
+    assert plan_of(etp).model.experts.ffn == 1409
+    wide = moe.replace("ffn: 1408}", "ffn: 1410}").replace("ep: 2,", "ep: 1, etp: 4,")
+    assert problems_of(wide) == [
+        "p.yaml:9:45: error: $.parallel.etp: model.experts.ffn = 1410 is not divisible by etp = "
+        "4: each expert-tensor-parallel rank holds whole columns of an expert's up projection "
+        "and rows of its down projection; choose etp among 1, 2, 3, 5, 6, 10, 15, 30, ..."
+    ]
+
+
 def test_inference_batch() -> None:
     text = BASE.replace(
         "batch: {seq: 2048, micro: 2, global: 32}",
@@ -418,7 +461,8 @@ def test_a_broken_batch_holds_back_only_the_rules_that_read_the_batch() -> None:
     """Degrees against the GPUs and heads over tp read no batch (review: they waited)."""
     text = BASE.replace("global: 32", "global: x").replace("{tp: 2,", "{tp: 3,")
     found = [p.split(":")[0] for p in _all_problems(text)]
-    assert found == ["$.batch.global", "$.parallel", "$.parallel.tp"]
+    # heads 16 and ffn 4,096 over tp 3, each its own problem
+    assert found == ["$.batch.global", "$.parallel", "$.parallel.tp", "$.parallel.tp"]
 
 
 def test_a_broken_parallel_section_leaves_the_batch_its_own_rules() -> None:

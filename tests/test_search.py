@@ -1064,6 +1064,18 @@ def test_full_width_qk_norms_are_searched_at_tp_1_only(tmp_path):
     assert {r["config"]["tp"] for r in out["results"]} == {1}
 
 
+def test_a_tp_that_does_not_split_the_mlp_is_ruled_out(tmp_path):
+    """The plan loader refuses an ffn tp does not divide (`resolve`'s width rule), so the
+    search must not rank such a layout: GPT-3 with ffn 49,156 = 4 x 12,289 splits over tp
+    1, 2 and 4 only."""
+    path = variant(tmp_path, "wide.yaml", ("hidden: 12288\n", "hidden: 12288\n  ffn: 49156\n"))
+    result = CliRunner().invoke(app, route(["search", str(path), *NARROW, "--format", "json"]))
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["ruled_out"]["does not divide: MLP width by tp"] == ["tp 8", "tp 16", "tp 32"]
+    assert out["results"] and {r["config"]["tp"] for r in out["results"]} <= {1, 2, 4}
+
+
 def test_layouts_of_a_model_with_norms_and_biases_budget_exactly_as_searched(tmp_path):
     """Per-head Q/K norms, sandwich norms and q, k and v biases reach the vectorised engine
     as they reach `budget`: parameters, saved inputs, passes, and the all-reduce of the

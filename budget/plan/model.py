@@ -121,6 +121,34 @@ class Model:
         bias-free MLP."""
         return self.bias if self.mlp_bias is None else self.mlp_bias
 
+    def uncut_widths(self, tp: int, etp: int | None) -> list[tuple[str, int]]:
+        """The MLP widths tensor parallelism of degree `tp` would not split into whole
+        columns, by their plan keys: the dense layers' ffn (when some layer is dense), the
+        shared experts' and, when `etp` is not set, the experts' own (Megatron-LM's
+        ``divide(ffn, tp)``; `resolve`'s width rule)."""
+        e = self.experts
+        widths = [("model.ffn", 0 if all(self.moe_flags) else self.ffn)]
+        if e is not None:
+            widths.append(("model.experts.shared_ffn", e.shared_ffn))
+            if etp is None:
+                widths.append(("model.experts.ffn", e.ffn))
+        return [(name, width) for name, width in widths if width % tp]
+
+    @property
+    def moe_flags(self) -> tuple[bool, ...]:
+        """Per layer, whether it is MoE: an explicit pattern, or every `every`-th layer after
+        the first `first_dense_layers` (Megatron-LM's moe_layer_freq; DeepSeek's
+        first_k_dense_replace)."""
+        e = self.experts
+        if e is None:
+            return (False,) * self.layers
+        if e.pattern is not None:
+            return e.pattern
+        return tuple(
+            i >= e.first_dense_layers and (i - e.first_dense_layers) % e.every == 0
+            for i in range(self.layers)
+        )
+
     @property
     def sliding(self) -> tuple[bool, ...]:
         """Per layer, whether its attention is a sliding window of `window` keys (Beltagy

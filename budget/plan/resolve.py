@@ -1460,6 +1460,7 @@ class _ModelChecks(_LayoutChecks):
     def run(self, topology: Topology | None) -> None:
         super().run(topology)
         self.heads()
+        self.widths()
         self.stages()
 
     def heads(self) -> None:
@@ -1472,12 +1473,10 @@ class _ModelChecks(_LayoutChecks):
         (``TransformerConfig.__post_init__``).
         """
         m, tp, serving = self.model, self.par.tp, self.mode != "train"
-
-        def fits(t: int) -> bool:  # the key/value heads split whole, or replicated in serving
-            return m.kv_heads % t == 0 or (serving and t % m.kv_heads == 0)
-
-        # a tp offered must suit both counts, or the next run fails on the other one
-        both = _divisors(m.heads, keep=fits)
+        fits = self.kv_fits
+        # a tp offered must suit both counts and the MLP's widths, or the next run fails on
+        # the other one
+        both = self.tp_choices()
         if m.heads % tp:
             grouped = m.kv_heads != m.heads and not fits(tp)  # GQA: both counts fail
             kv = f" and model.kv_heads = {m.kv_heads} are" if grouped else " is"
@@ -1506,6 +1505,43 @@ class _ModelChecks(_LayoutChecks):
                 "projection needs every head, and a tensor-parallel rank holds 1/tp of them "
                 "(vLLM and SGLang all-gather Q and K over tp for it, which budget does not "
                 "price); use tp 1",
+            )
+
+    def kv_fits(self, tp: int) -> bool:
+        """Whether tp ranks hold whole key/value heads, or in serving replicate them."""
+        kv = self.model.kv_heads
+        return kv % tp == 0 or (self.mode != "train" and tp % kv == 0)
+
+    def tp_choices(self) -> str:
+        """The tps an error may offer: they split the heads, key/value heads and widths."""
+        m = self.model
+        return _divisors(m.heads, keep=lambda t: self.kv_fits(t) and not self.uncut(t))
+
+    def uncut(self, tp: int) -> list[tuple[str, int]]:
+        """`Model.uncut_widths` under the plan's etp."""
+        return self.model.uncut_widths(tp, self.par.etp)
+
+    def widths(self) -> None:
+        """Megatron-LM splits an MLP's up projection by columns and its down projection by
+        rows over tp, each rank holding ffn / tp of them: ``ColumnParallelLinear`` and
+        ``RowParallelLinear`` assert ``divide(ffn, tp)`` (megatron/core/tensor_parallel/
+        layers.py), as vLLM's ``MergedColumnParallelLinear`` does; an expert's over etp
+        likewise (``GroupedMLP``). A width the degree does not divide is refused, not
+        rounded up."""
+        p, e = self.par, self.model.experts
+        for name, width in self.uncut(p.tp):
+            self.r.error(
+                "$.parallel.tp",
+                f"{name} = {width} is not divisible by tp = {p.tp}: each tensor-parallel rank "
+                "holds whole columns of the MLP's up projection and rows of its down "
+                f"projection; choose tp among {self.tp_choices()}",
+            )
+        if e is not None and p.etp is not None and e.ffn % p.etp:
+            self.r.error(
+                "$.parallel.etp",
+                f"model.experts.ffn = {e.ffn} is not divisible by etp = {p.etp}: each "
+                "expert-tensor-parallel rank holds whole columns of an expert's up projection "
+                f"and rows of its down projection; choose etp among {_divisors(e.ffn)}",
             )
 
     def stages(self) -> None:
