@@ -507,6 +507,7 @@ def build_report(plan: Plan) -> Report:
             for c in rows
         ),
         mfu_format=mfu_format(plan),
+        mfu_peak=plan.device.peak_flops(mfu_format(plan)),
         matmul_format=plan.precision.matmul,
         links=tuple(
             {

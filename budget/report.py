@@ -171,6 +171,7 @@ class Report:
     step: dict[str, float | None]
     links: tuple[dict[str, Any], ...] = ()
     mfu_format: str = "bf16"  # whose dense peak MFU is of (`schedule.mfu_format`)
+    mfu_peak: float = 0.0  # that peak, FLOP/s per GPU
     matmul_format: str = "bf16"  # the GEMMs' (precision.matmul), which fp8 prices for time
     # training: (stage, collective) of every stage's per-layer phases (`LAYER_PHASES`)
     layer_collectives: tuple[tuple[int, CollectiveRow], ...] = ()

@@ -296,9 +296,9 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     core = flops.core_kernel(plan) + (" backward" if backward else "")
     share = (par.cp - 1) / par.cp
 
-    def placed(m: Move) -> Move:
+    def placed(m: Move, gathered: str = "all-gather of K/V: exposed before attention") -> Move:
         if not ring:
-            return replace(m, rule="cp all-gather of K/V: exposed before attention")
+            return replace(m, rule=f"cp {gathered}")
         return hide(
             m, core, "", "cp ring: each step overlaps attention on the previous chunk", share
         )
@@ -331,7 +331,8 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
                     "partial",
                     "shard(0)",
                     algorithm="ring" if ring else None,
-                )
+                ),
+                "reduce-scatter of dK/dV: exposed after attention",
             )
         )
     return moves

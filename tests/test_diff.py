@@ -16,6 +16,8 @@ from budget.catalog.topologies import RAMPS
 from budget.cli import app, route
 from budget.diff import Delta, diff_files, flatten, plan_changes
 from budget.plan.load import load_plan
+from budget.render import NBSP
+from budget.render.diff import headline
 from tests.gpt3_by_hand import (
     REQUIRED,
     SEQ,
@@ -988,6 +990,51 @@ def test_mfus_of_different_peaks_carry_no_verdict_and_say_whose(tmp_path: Path) 
     assert delta["summary"]["mfu"]["verdict"] == "n/a" and note in delta["note"]
     markdown = runner.invoke(app, route(["diff", "-f", "markdown", str(LLAMA), str(b)])).stdout
     assert "| MFU (bf16 → fp8 peak) |" in markdown
+
+
+def test_mfus_on_devices_of_other_rates_carry_no_verdict(tmp_path: Path) -> None:
+    """An audit: Llama 3 70B on A100s against H100s read "MFU 43.5% → 59.3% ✓" at 43 % of
+    the tokens/s: both shares of a bf16 peak, but of 989 and 312 TFLOP/s. The row names
+    both peaks and carries no verdict; and the headline, which said the peak was unchanged
+    and both fit, says the headroom fell from 41.2 to 1.56 GiB."""
+    b = variant(tmp_path, "a100.yaml", ("preset: h100-sxm,", "preset: a100-40gb,"), base=LLAMA)
+    ra, rb, diff = diff_files(LLAMA, b)
+    assert (ra.mfu_peak, rb.mfu_peak) == (989e12, 312e12)
+    assert diff.mfu_formats == ("bf16", "bf16") and not diff.one_peak
+    verdicts = {d.metric: d.verdict for d in diff.summary}
+    assert verdicts["mfu"] == "n/a" and verdicts["tokens_per_s"] == "worse"
+    code, out, _ = _diff(LLAMA, b)
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if line.lstrip().startswith("MFU")]
+    assert row.lstrip().startswith("MFU (989 TFLOP/s → 312 TFLOP/s peak)")
+    assert not row.rstrip().endswith(("✓", "✗"))
+    words = " ".join(out.split())
+    assert "A's MFU is a share of a GPU's bf16 peak of 989 TFLOP/s and B's of 312 TFLOP/s" in words
+    room = next(d for d in diff.summary if d.metric == "headroom_bytes")
+    assert "worst-stage headroom −96.2% (41.2 GiB → 1.56 GiB)" in headline(diff).replace(NBSP, " ")
+    assert round(room.b / room.a - 1, 3) == -0.962
+    # where only the peak moves, the headroom moves with it and the headline leaves it out
+    g = variant(tmp_path, "g1024.yaml", ("global: 512", "global: 1024"), base=LLAMA)
+    assert "headroom" not in headline(diff_files(LLAMA, g)[2])
+
+
+def test_plans_of_other_modes_say_what_each_sides_rate_is_of(tmp_path: Path) -> None:
+    """An audit: a decode plan's rate of its decode passes, 1,851 tokens/s, sat beside a
+    training step's under one "tokens/s", and its whole 11.6 s run under "step time"."""
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    _, _, diff = diff_files(LLAMA, decode)
+    from budget.render.diff import _summary_label
+
+    labels = {m: _summary_label(diff, m) for m in ("time_s", "tokens_per_s", "mfu")}
+    assert labels == {
+        "time_s": "time (step → run)",
+        "tokens_per_s": "tokens/s (training → decoding)",
+        "mfu": "MFU (step → decoding)",
+    }
+    prefill = variant(tmp_path, "p.yaml", ("mode: decode", "mode: prefill"), base=decode)
+    _, _, diff = diff_files(prefill, decode)
+    assert _summary_label(diff, "tokens_per_s") == "tokens/s (prompt → decoding)"
+    assert _summary_label(diff, "time_s") == "run time"
 
 
 def test_mfus_of_one_peak_keep_their_verdict(tmp_path: Path) -> None:

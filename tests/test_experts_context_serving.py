@@ -1408,6 +1408,25 @@ def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
     assert held == dict.fromkeys(names, size)
 
 
+def test_all_gathered_key_value_gradients_are_reduce_scattered_after_attention() -> None:
+    """Llama 3's all-gather context parallelism reduce-scatters dK/dV once the attention
+    backward has made them; the report's rule said the all-gather's "exposed before
+    attention" of it (an audit)."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    plan = replace(plan, parallel=replace(plan.parallel, cp_attention="allgather"))
+    (backward,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    rules = {m.name: (m.op, m.rule) for m in backward.moves if m.group == "cp"}
+    gather = ("all-gather", "cp all-gather of K/V: exposed before attention")
+    assert rules == {
+        "attention K/V": gather,
+        "attention K/V (recomputed forward)": gather,
+        "attention dK/dV": (
+            "reduce-scatter",
+            "cp reduce-scatter of dK/dV: exposed after attention",
+        ),
+    }
+
+
 def test_the_ring_forward_holds_every_chunk_and_step_output_until_its_correction() -> None:
     """Transformer Engine's ring forward (``AttnFuncWithCPAndKVP2P.forward``) fills a list
     of cp K/V buffers and keeps each step's output and fp32 statistics until the correction

@@ -210,13 +210,19 @@ def _time_title(diff: PlanDiff) -> str:
 
 def _summary_label(diff: PlanDiff, metric: str) -> str:
     """A step figure's label; MFU's names each side's peak where they differ, "MFU (bf16 →
-    fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart)."""
-    fa, fb = diff.mfu_formats
+    fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart); where
+    the modes differ, the time, rate and MFU say what each side's are of (`_OF_MODE`)."""
+    ma, mb = diff.modes
+    words = _OF_MODE.get(metric, {})
+    if words and words[ma] != words[mb]:  # each side's figure is of its own mode's work
+        base = "time" if metric == "time_s" else _label(metric, summary=True)
+        label = f"{base} ({words[ma]} → {words[mb]})"
+        return label if diff.one_peak or metric != "mfu" else label[:-1] + f"; {_peaks(diff)})"
     # two decode plans' rate and MFU are of their decode passes, as their reports say, not
     # of the whole run the time beside them is (a user audit)
     decoding = diff.modes == ("decode", "decode")
-    if metric == "mfu" and fa != fb:
-        return f"{'decode ' if decoding else ''}MFU ({fa} → {fb} peak)"
+    if metric == "mfu" and not diff.one_peak:
+        return f"{'decode ' if decoding else ''}MFU ({_peaks(diff)})"
     if decoding and metric in ("tokens_per_s", "mfu"):
         return {"tokens_per_s": "tokens/s decoding", "mfu": "decode MFU"}[metric]
     if diff.modes == ("prefill", "prefill") and metric == "tokens_per_s":
@@ -224,6 +230,25 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     if metric == "time_s" and "train" not in diff.modes:  # two serving plans' whole runs
         return f"{time_word('serving')} time"
     return _label(metric, summary=True)
+
+
+# what a plan's step time, tokens/s and MFU are of, by mode, where two plans' modes differ
+# (an audit: a decode plan's rate of its decode passes sat beside a training step's tokens/s
+# as "tokens/s", and its run as "step time")
+_OF_MODE = {
+    "time_s": {"train": "step", "prefill": "run", "decode": "run"},
+    "tokens_per_s": {"train": "training", "prefill": "prompt", "decode": "decoding"},
+    "mfu": {"train": "step", "prefill": "prefill", "decode": "decoding"},
+}
+
+
+def _peaks(diff: PlanDiff) -> str:
+    """Whose peak each side's MFU is a share of: "bf16 → fp8 peak", or between devices of
+    other rates "989.4 TFLOP/s → 312 TFLOP/s peak"."""
+    (fa, fb), (pa, pb) = diff.mfu_formats, diff.mfu_peaks
+    if fa != fb:
+        return f"{fa} → {fb} peak"
+    return f"{format_flops(pa)} → {format_flops(pb)} peak"
 
 
 def _shown(rows: tuple[Row, ...], metric: str) -> bool:
@@ -260,6 +285,11 @@ def headline(diff: PlanDiff) -> str:
     # steps that do different work: their times do not compare, their throughput does
     timed = "time_s" in by_metric and by_metric["time_s"].verdict != "n/a"
     headline_metrics = _HEADLINE if timed else (*_HEADLINE, "tokens_per_s")
+    # on devices of other sizes the headroom moves apart from the peak (an audit: "peak
+    # unchanged at 38.4 GiB; both fit" where the headroom fell from 41.2 to 1.56 GiB)
+    peak, room = by_metric["peak_bytes"], by_metric["headroom_bytes"]
+    if (peak.a or 0) + (room.a or 0) != (peak.b or 0) + (room.b or 0):
+        headline_metrics = ("peak_bytes", "headroom_bytes", *headline_metrics[1:])
     for delta in diff.summary:
         if delta.metric not in headline_metrics or delta.verdict == "n/a":
             continue
