@@ -920,10 +920,15 @@ def fsdp_mixed(plan: Plan) -> Any:
     ZeRO keep bf16 parameters beside an fp32 master). An array over a sweep's
     configurations (``parallel.zero`` may differ between them), or False where the formats
     rule it out for all of them (so callers skip building FSDP's kernels)."""
-    prec = plan.precision
-    if prec.params == prec.param_gather or prec.master is not None:
+    if not fsdp_formats(plan.precision):
         return False
     return plan.parallel.zero == 3
+
+
+def fsdp_formats(prec: Precision) -> bool:
+    """Whether ZeRO-3 runs as FSDP's mixed precision under these formats (`fsdp_mixed`):
+    parameters gathered in another format than they are kept in, and no master copy."""
+    return prec.params != prec.param_gather and prec.master is None
 
 
 def fsdp_gather_copies(plan: Plan, shard: Any, gathered: Any) -> list[Work]:

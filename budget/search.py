@@ -616,8 +616,11 @@ def _grid_piece(
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
         (
             "same as ZeRO 0: one data-parallel rank shards nothing",
-            # and no expert states sharded over an expert data-parallel group > 1
+            # and no expert states sharded over an expert data-parallel group > 1; ZeRO 3
+            # under FSDP's mixed precision still casts and copies what it gathers, on one
+            # rank too (`flops.fsdp_gather_copies`; an audit: 23 ms a step slower)
             (zero > 0)
+            & ((zero != 3) | (not flops.fsdp_formats(plan.precision)))
             & (dp * cp == 1)
             & (0 in space.zero)
             & ((experts is None) | (tp == ep * etp)),

@@ -2429,8 +2429,16 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             full = -(-math.prod(tr.shape) * DTYPE_BYTES[tr.dtype] // split)
             local = {"shard": -(-full // ranks)}
             elsewhere = "".join(f", {at} on {g}" for g, at in others)
-            # a source counted as freed says so where the bytes are read (see the rule below)
-            freed = "" if tr.source_alive else "; its source counted freed, source_alive: false"
+            # a source not counted beside the output says so where the bytes are read (see
+            # the rule below): freed where the transition before it made it, otherwise left to
+            # what holds it (an audit: "counted freed" beside the built-in logits it gathered)
+            freed = (
+                ""
+                if tr.source_alive
+                else "; its source freed, source_alive: false"
+                if gone is not None
+                else "; its source not counted beside it, source_alive: false"
+            )
             made_bytes, source_bytes = local.get(dst.kind, full), local.get(src.kind, full)
             # but not before it is read: a reduce-scatter or a slice reads its whole source,
             # and in place (NCCL's reduce-scatter writes its output into its input's buffer)
@@ -2492,8 +2500,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 # such a reduction needs implementation evidence"; the report says it rests
                 # on one (a seeds audit)
                 rule += (
-                    "; its source counted as freed while the output is made "
-                    "(source_alive: false), which takes a fused or in-place kernel"
+                    "; its source not counted beside its output (source_alive: false), which "
+                    "takes a fused or in-place kernel unless the source is held elsewhere"
                 )
             move = Move(tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule)
             if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in its own phase

@@ -1064,6 +1064,26 @@ def test_full_width_qk_norms_are_searched_at_tp_1_only(tmp_path):
     assert {r["config"]["tp"] for r in out["results"]} == {1}
 
 
+def test_zero_3_on_one_rank_under_fsdp_mixed_precision_is_priced_not_folded():
+    """ZeRO 1, 2 or 3 on one data-parallel rank shards nothing and was dropped as "same as
+    ZeRO 0"; but FSDP's mixed precision (fp32 shards gathered in bf16) still casts and
+    copies what it gathers, so `budget` priced ZeRO 3 on tp 8 x dp 1 23 ms a step slower
+    than the layout it was folded into (an audit)."""
+    plan = load_plan(ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml")
+    space = Space(
+        tp=(8,), cp=(1,), zero=(0, 1, 3), sequence_parallel=(True,), recompute=("full",),
+        micro=(1,), virtual_stages=(1,),
+    )  # fmt: skip
+    outcome = search(plan, 8, space)
+    assert outcome.rejected == {"same as ZeRO 0: one data-parallel rank shards nothing": 1}
+    by_zero = {r.config.zero: r for r in outcome.results}
+    assert set(by_zero) == {0, 3}
+    for zero, result in by_zero.items():
+        report = build_report(apply(plan, result.config, 8))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, zero
+    assert by_zero[3].step_time_s > by_zero[0].step_time_s + 0.02
+
+
 def test_a_tp_that_does_not_split_the_mlp_is_ruled_out(tmp_path):
     """The plan loader refuses an ffn tp does not divide (`resolve`'s width rule), so the
     search must not rank such a layout: GPT-3 with ffn 49,156 = 4 x 12,289 splits over tp

@@ -59,7 +59,9 @@ def test_a_source_counted_freed_says_it_rests_on_a_fused_kernel(tmp_path):
     assert gather.overlap_rule is not None
     assert "source_alive: false), which takes a fused or in-place kernel" in gather.overlap_rule
     names = {o.tensor for o in loss.peak_overlap}
-    assert "logits-gather (replicate; its source counted freed, source_alive: false)" in names
+    assert (
+        "logits-gather (replicate; its source not counted beside it, source_alive: false)" in names
+    )
     assert not any("source alive" in n for n in names)
 
 
@@ -514,8 +516,31 @@ def test_a_chain_in_one_phase_holds_its_tensor_once(tmp_path):
     mlp = next(p for p in report.phases if p.name == "forward.mlp")
     held = {o.tensor: o.bytes for o in mlp.peak_overlap if o.tensor.startswith("x (")}
     assert held == {
-        "x (partial; its source counted freed, source_alive: false)": 50_331_648,
+        "x (partial; its source not counted beside it, source_alive: false)": 50_331_648,
         "x (shard(0))": 6_291_456,
+    }
+
+
+def test_a_source_is_called_freed_only_where_its_bytes_are(tmp_path):
+    """The second step of a chain frees the first's result, and its row says so; the first
+    step's source is no transition's, so its row says the source is not counted beside it
+    (an audit: "its source counted freed" beside the still-counted tensor it gathered)."""
+    chain = """transitions:
+  - {name: x, phase: forward.mlp, tensor: {shape: [micro * seq, hidden], dtype: bf16},
+     group: tp, from: partial, to: replicate, source_alive: false}
+  - {name: x, phase: forward.mlp, tensor: {shape: [micro * seq, hidden], dtype: bf16},
+     group: tp, from: replicate, to: shard(0), source_alive: false}
+"""
+    from budget.plan.load import load_plan
+    from budget.step import derive
+
+    chain = chain.replace("to: shard(0)", "to: replicate")  # a second step of the same size
+    stage = derive(load_plan(_plan(tmp_path, chain))).stages[0]
+    (mlp,) = [p for p in stage.phases if p.name == "forward.mlp"]
+    rows = {a.name for i in mlp.instants for a in i.live if a.name.startswith("x (")}
+    assert rows == {
+        "x (replicate; its source not counted beside it, source_alive: false)",
+        "x (replicate; its source freed, source_alive: false)",
     }
 
 
@@ -864,7 +889,7 @@ def test_a_source_freed_in_a_chain_is_gone_once_its_output_is_made(tmp_path):
     full = 8192 * 8192 * 4
     assert chain.peak_bytes == alone.peak_bytes
     overlap = {o.tensor: o.bytes for o in chain.peak_overlap if o.tensor.startswith("B ")}
-    assert overlap == {"B (replicate; its source counted freed, source_alive: false)": full}
+    assert overlap == {"B (replicate; its source not counted beside it, source_alive: false)": full}
 
 
 def test_a_group_of_one_rank_names_no_link(tmp_path):
