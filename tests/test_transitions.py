@@ -316,17 +316,15 @@ def test_a_prefix_names_its_phase_and_a_serving_pass_counts_in_its_latency(tmp_p
     # by hand: bf16 [32, 8192] = 524,288 B all-reduced over tp 8 on one DGX H100's NVLink
     # 4, a ring of n = 14 steps of 3 µs sending 2·7/8 · 524,288 = 917,504 B a rank, at the
     # 370 GB/s plateau times the ramp's share at 512 KiB, below its smallest point and so
-    # held at it: Together's ring all_reduce, 16 MiB in 126.62 µs (the points at 1 to 8
-    # MiB dropped, n·α = 42 µs over half their time), (1.75·16 MiB / 370 GB/s = 79.35 µs)
-    # / (126.62 − 42 µs) = 0.93774: 42 µs + 2.644 µs = 44.64 µs
+    # held at it: Together's ring all_reduce, 1 MiB in 46.52 µs, of which n·α = 42 µs,
+    # leaving 4.52 µs for the 1.75·1 MiB / 370 GB/s = 4.96 µs the plateau needs: the share
+    # is clipped to 1, and 42 µs + 917,504 B / 370 GB/s = 42 + 2.480 µs = 44.48 µs
     from budget.catalog.topologies import RAMPS
 
-    (_, sizes, _) = next(p for p in RAMPS["nvlink4"].points if p[0] == "all-reduce")
-    assert sizes[0] == 16 * 2**20
-    held = (1.75 * 16 * 2**20 / 370e9) / (126.62e-6 - 14 * 3e-6)
-    assert held == pytest.approx(0.93774, abs=1e-5)
-    by_hand = 14 * 3e-6 + 917_504 / (370e9 * held)
-    assert by_hand == pytest.approx(44.64e-6, abs=1e-8)
+    (_, sizes, shares) = next(p for p in RAMPS["nvlink4"].points if p[0] == "all-reduce")
+    assert (sizes[0], shares[0]) == (2**20, 1.0)
+    by_hand = 14 * 3e-6 + 917_504 / 370e9
+    assert by_hand == pytest.approx(44.48e-6, abs=1e-8)
     assert (move.ranks, move.steps, move.sent_bytes) == (8, 14, 917_504)
     assert move.time_s == pytest.approx(by_hand, rel=1e-9)
     base = budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml").step["decode_token_s"]
