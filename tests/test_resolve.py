@@ -617,6 +617,19 @@ def test_a_remedy_is_offered_only_where_its_groups_spread_and_its_schedule_takes
     assert "change dp to 16" in world
 
 
+def test_a_dp_is_offered_only_where_the_expert_layers_fold_into_it() -> None:
+    """An audit: Mixtral's ep 8 x etp 2 on 2 nodes was told "change dp to 2", whose stage of
+    tp 2 x dp 2 = 4 ranks cannot hold 16 expert ranks. Here 8 GPUs would take dp 2; the
+    plan as written (dp 8) folds, so no ep problem is said beside the world's."""
+    moe = BASE.replace("vocab: 32000", "vocab: 32000\n  experts: {count: 8, top_k: 2}")
+    moe = moe.replace("dp: 2}", "dp: 8, ep: 8, sequence_parallel: true}")
+    moe = moe.replace("global: 32", "global: 64")
+    (world,) = problems_of(moe)  # 32 GPUs of degrees on 8
+    assert world.endswith("choose degrees whose product is 8 (or set topology.gpus to 32)")
+    # 64 GPUs: dp 16, a stage of tp 2 x dp 16 = 32 ranks, which 16 expert ranks divide
+    assert "change dp to 16" in problems_of(moe.replace("gpus: 8", "gpus: 64"))[0]
+
+
 @pytest.mark.parametrize(
     ("edit", "path", "message"),
     [
@@ -715,3 +728,21 @@ def test_switching_the_mode_says_every_batch_key_at_once(tmp_path: Path) -> None
     plan.write_text(text.replace("mode: train", "mode: inference", 1), "utf-8")
     said = CliRunner().invoke(app, route(["validate", str(plan)])).stderr
     assert "'inference' is not one of" in said and "does not apply" not in said
+
+
+def test_a_batch_key_of_the_other_mode_is_refused_whatever_its_value() -> None:
+    """An audit: a decode plan's `micro: x` was told it is not an integer, and only once it
+    was one that micro does not apply; its value is moot, and the first run says so. The
+    mode's own keys keep their schema problems."""
+    text = BASE.replace(
+        "batch: {seq: 2048, micro: 2, global: 32}",
+        "mode: decode\nbatch: {sequences: 16, prompt: y, generate: 24, micro: x, seq: [1]}",
+    )
+    found = _all_problems(text)
+    assert found == [
+        "$.batch.prompt: 'y' is not an integer",
+        "$.batch.micro: batch.micro does not apply to a decode plan, whose batch is sequences, "
+        "prompt, generate",
+        "$.batch.seq: batch.seq does not apply to a decode plan, whose batch is sequences, "
+        "prompt, generate",
+    ]

@@ -380,6 +380,19 @@ def test_a_name_yaml_read_as_another_type_says_so(written: str, read: str) -> No
     assert f"YAML reads the unquoted value as {read}: quote it to keep it text" in found
 
 
+def test_a_scalar_where_a_section_goes_names_the_sections_keys() -> None:
+    """`precision: bf16` said only "'bf16' is not a mapping" (an audit)."""
+    tree = {"precision": "bf16", "batch": 5}
+    found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
+    assert found["$.precision"] == (
+        "'bf16' is not a mapping; its keys are activations, grad_reduce, grads, kv_cache, "
+        "master, matmul, optimizer, optimizer_state, ..."
+    )
+    assert found["$.batch"] == (
+        "5 is not a mapping; its keys are generate, global, micro, prompt, seq, sequences"
+    )
+
+
 def test_a_preset_named_bare_says_how_to_name_it() -> None:
     tree = {"model": "llama3-8b", "device": "h100-sxm"}
     found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
@@ -578,3 +591,7 @@ def test_another_tools_name_for_a_degree_is_told_budgets(written: str, meant: st
     # (a review: a decode plan was told 'seq', which it refuses)
     seq = [e for e in errors(MINIMAL.replace("seq: ", "sequence_length: ", 1)) if "unknown" in e]
     assert seq and "did you mean" not in seq[0] and "expected one of:" in seq[0], seq
+    # outside parallel, where budget keeps it (an audit: a top-level tensor_parallel was
+    # listed the top-level keys; "goes under parallel or overlap" would have misled too)
+    (top,) = [e for e in errors(MINIMAL + f"{written}: 2\n") if f"'{written}'" in e]
+    assert top.endswith(f"unknown key '{written}': budget calls it parallel.{meant}"), top

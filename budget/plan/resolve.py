@@ -208,6 +208,18 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+def wrong_batch_keys(plan: Any) -> list[str]:
+    """The batch keys of the mode a plan tree is not in, where its mode is one budget knows:
+    seq, micro or global in a serving plan, sequences, prompt or generate in a training one
+    (`_Resolver.batch_keys`)."""
+    if not isinstance(plan, Mapping) or not isinstance(batch := plan.get("batch"), Mapping):
+        return []
+    mode = plan.get("mode", "train")
+    if mode not in get_args(Mode):
+        return []
+    return [key for key in (_INFERENCE_KEYS if mode == "train" else _TRAIN_KEYS) if key in batch]
+
+
 class _Resolver:
     """Collects problems while building the plan's parts."""
 
@@ -565,21 +577,18 @@ class _Resolver:
             )
             self.error(f"$.{path}", _NOT_SERVING.get(path, general).format(mode=mode), key=True)
 
-    def batch_keys(self, tree: Tree, mode: str) -> None:
+    def batch_keys(self, plan: Tree) -> None:
         """The other mode's batch keys, refused whether or not the section's own are all
         there: a plan switched from train to decode was told to add prompt and generate, and
         only once they were there that seq, micro and global did not apply (an audit)."""
-        train = mode == "train"
-        wrong = _INFERENCE_KEYS if train else _TRAIN_KEYS
-        right = _TRAIN_KEYS if train else _INFERENCE_KEYS
-        for key in wrong:
-            if key in tree:
-                self.error(
-                    f"$.batch.{key}",
-                    f"batch.{key} does not apply to a {mode} plan, whose batch is "
-                    f"{', '.join(right)}",
-                    key=True,
-                )
+        mode = plan.get("mode", "train")
+        right = _TRAIN_KEYS if mode == "train" else _INFERENCE_KEYS
+        for key in wrong_batch_keys(plan):
+            self.error(
+                f"$.batch.{key}",
+                f"batch.{key} does not apply to a {mode} plan, whose batch is {', '.join(right)}",
+                key=True,
+            )
 
     def batch(self, tree: Tree, mode: str, dp: int) -> Batch:
         """Training: seq, micro, global. Inference: sequences, prompt, generate.
@@ -1308,6 +1317,11 @@ class _LayoutChecks:
         self.schedule()
         self.split_entries()
 
+    def folds(self, par: Parallel) -> bool:
+        """Whether the expert layers fold into `par`'s stages (`_ModelChecks`, which reads
+        the model); with no model read, any layout does."""
+        return True
+
     def split_entries(self) -> None:
         """layers_per_stage has an entry a stage (each model chunk's, interleaved). It reads
         no model, so a broken model hides none of it (an audit)."""
@@ -1392,7 +1406,11 @@ class _LayoutChecks:
 
         remedies = []
         if _fills(topology):
-            offer = splits and fits(replace(p, dp=dp), topology.gpus)
+            # and a dp the expert layers fold into (an audit: "change dp to 2" beside
+            # "choose ep among 1, 2, 4" for ep 8 x etp 2)
+            offer = (
+                splits and fits(replace(p, dp=dp), topology.gpus) and self.folds(replace(p, dp=dp))
+            )
             remedies.append(
                 f"change dp to {dp}"
                 if offer
@@ -1516,6 +1534,12 @@ class _ModelChecks(_LayoutChecks):
         """The tps an error may offer: they split the heads, key/value heads and widths."""
         m = self.model
         return _divisors(m.heads, keep=lambda t: self.kv_fits(t) and not self.uncut(t))
+
+    def folds(self, par: Parallel) -> bool:
+        """Whether ep x etp ranks divide `par`'s tp x cp x dp (`experts`)."""
+        if self.model.experts is None:
+            return True
+        return (par.tp * par.cp * par.dp) % (par.ep * par.expert_tp) == 0
 
     def uncut(self, tp: int) -> list[tuple[str, int]]:
         """`Model.uncut_widths` under the plan's etp."""
@@ -1727,7 +1751,7 @@ class _Checks(_ModelChecks):
         if p.tp > 1 and not p.sequence_parallel:
             self.replicated_tokens(etp)
         dense = p.tp * p.cp * p.dp
-        if dense % (p.ep * etp):
+        if not self.folds(p):
             self.r.error(
                 "$.parallel.ep",
                 f"expert layers place ep × etp = {p.ep} × {etp} = {p.ep * etp} ranks per "
@@ -1861,8 +1885,7 @@ def resolve(
     # with the parallel section broken, the batch's own rules read dp 1, which divides any
     # count: its rule over dp waits for the section
     dp = 1 if par is None else par.dp
-    if isinstance(tree.get("batch"), Mapping) and mode in get_args(Mode):  # a mode it knows
-        r.batch_keys(tree["batch"], mode)
+    r.batch_keys(tree)
     batch = None if "batch" in skip else r.batch(tree["batch"], mode, dp)
     if (
         model is not None

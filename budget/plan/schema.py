@@ -106,13 +106,20 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         # a suggestion only for the keys that can be shown: problems print in file order,
         # at most MAX_SHOWN (an audit: 9,900 unknown keys spent 5 s in difflib)
         close = _closest(key, known) if n < MAX_SHOWN else None
+        # another tool's name for a key of another section: where budget's goes (an audit:
+        # a top-level tensor_parallel was listed the top-level keys, no word of parallel.tp)
+        meant = _SYNONYMS.get(key)
+        degrees = schema()["properties"]["parallel"]["properties"]
+        elsewhere = meant in degrees and meant not in known and path != "$.parallel"
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
+        elif elsewhere:
+            message = f"unknown key {key!r}: budget calls it parallel.{meant}"
         elif close:
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        if key != "<<" and (home := _home(key, path)):
+        if key != "<<" and not elsewhere and (home := _home(key, path)):
             message += f"; {key} {home}"
         problems.append(Problem(file, line, col, where, message))
     return problems
@@ -180,6 +187,9 @@ _SYNONYMS = {
         None,
     ),
 }
+
+
+KEYS_LISTED = 8  # a section's keys named where a scalar stood for it
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
@@ -256,6 +266,10 @@ def _message(error: Any) -> str:
             if name.isprintable() and name.strip() and len(name) <= 40:
                 return f"{_show(name)} is not a mapping; name a preset as {{preset: {name}}}"
             return f"{_show(name)} is not a mapping"
+        keys = sorted(schema.get("properties", {}))
+        if wanted == "object" and keys:  # `precision: bf16`: which keys the section takes
+            listed = ", ".join(keys[:KEYS_LISTED]) + (", ..." if len(keys) > KEYS_LISTED else "")
+            return f"{_show(error.instance)} is not a mapping; its keys are {listed}"
         names = [wanted] if isinstance(wanted, str) else list(wanted)
         shown = " or ".join(_TYPE_NAMES[n] for n in names)
         return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
