@@ -202,7 +202,9 @@ def _phase_rows(
             )
 
         def total(field: str, same: list[PhaseTime] = same) -> float | None:
-            return sum(getattr(p, field) * p.count for p in same) if timing else None
+            # seconds as floats in JSON, 0.0 where no collective or kernel added to it (an
+            # audit: a phase without collectives read comm_s 0, an integer)
+            return float(sum(getattr(p, field) * p.count for p in same)) if timing else None
 
         peaks = [(s.phase_peaks[name], -s.stage) for s in mem.stages if name in s.phase_peaks]
         peak_bytes, peak_stage = 0, None

@@ -128,6 +128,9 @@ def test_an_invalid_plan_exits_2_and_the_others_are_still_checked(tmp_path: Path
     # INVALID line, the limits and "0 of 1 plan passed, 1 invalid" came on stdout)
     code, out, err = _check(bad)
     assert (code, out, err.splitlines()) == (2, "", every)
+    for fmt in ("json", "markdown"):  # an audit: these printed a document of it
+        code, out, err = _check(bad, "--format", fmt)
+        assert (code, out, err.splitlines()) == (2, "", every), fmt
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,8 @@ def _output(args: list[str], code: int = 0) -> tuple[str, Any]:
 
 
 def _promises(data: Any, path: str = "$") -> None:
-    """Bytes are ints (never bool, never float); numbers are finite."""
+    """Bytes are ints (never bool, never float); times are floats (an audit: a phase without
+    collectives read comm_s 0, an int); numbers are finite."""
     if isinstance(data, dict):
         for key, value in data.items():
             if isinstance(value, dict) and value.get("unit") == "bytes":  # a diff's Delta
@@ -44,6 +45,8 @@ def _promises(data: Any, path: str = "$") -> None:
             elif key == "bytes" or key.endswith("_bytes"):  # a size, or a list of sizes
                 sizes = value if isinstance(value, list) else [value]
                 assert all(v is None or type(v) is int for v in sizes), f"{path}.{key} = {value!r}"
+            elif key.endswith("_s") and not isinstance(value, (dict, list)):
+                assert value is None or type(value) is float, f"{path}.{key} = {value!r}"
             _promises(value, f"{path}.{key}")
     elif isinstance(data, list):
         for i, item in enumerate(data):

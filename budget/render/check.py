@@ -22,7 +22,12 @@ __all__ = ["render_check", "render_validate"]
 
 
 def render_check(console: Console, result: CheckResult, fmt: str) -> None:
-    """Render the gate's outcome on `console` in `fmt` (table, json or markdown)."""
+    """Render the gate's outcome on `console` in `fmt` (table, json or markdown): nothing
+    where every plan is invalid, whose errors on stderr and exit 2 are all (an audit: one
+    bad plan printed an INVALID line, the limits and a tally of none passed; in JSON and
+    markdown, a document of it, where the table printed nothing)."""
+    if not any(verdict.valid for verdict in result.verdicts):
+        return
     if fmt == "json":
         from budget.check import check_to_dict
         from budget.render import dump_document
@@ -79,9 +84,6 @@ def _table(console: Console, result: CheckResult) -> None:
     from rich.markup import escape
     from rich.text import Text
 
-    if not any(verdict.valid for verdict in result.verdicts):
-        return  # every plan invalid: its errors on stderr and exit 2 are all (an audit: one
-        # bad plan printed an INVALID line, the limits and a tally of none passed)
     for verdict in result.verdicts:
         if not verdict.valid:
             # the verdict and the path on one line, unwrapped, for `grep '^FAIL'` in CI logs
