@@ -77,6 +77,7 @@ from budget.phases import (
     StageStep,
     Step,
     hide,
+    masking,
     pass_within,
     when,
 )
@@ -676,10 +677,18 @@ def derive(
     and passes `classes` whose counts are arrays over its configurations (their pipeline
     depths may differ when their stages fall into the same classes).
     """
-    if plan.mode != "train":
-        from budget.inference import derive_inference
+    with masking():  # a sweep's masks and masked sizes, made once each (`phases.Masks`)
+        if plan.mode != "train":
+            from budget.inference import derive_inference
 
-        return _with_transitions(plan, derive_inference(plan))
+            return _with_transitions(plan, derive_inference(plan))
+        return _derive_training(plan, representatives, classes)
+
+
+def _derive_training(
+    plan: Plan, representatives: bool, classes: Sequence[StageClass] | None
+) -> Step:
+    """`derive` of a training step."""
     m = plan.microbatches
     s = shapes(plan)
     if classes is None:
