@@ -37,7 +37,6 @@ slow each other; where ``Level.shared_by`` GPUs share one link, each gets bandwi
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -395,12 +394,14 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
             f"{parallel.tp * parallel.cp * parallel.dp} for an expert group to be placed"
         )
     fixed = {"pp": coords["pp"], **_expert_coords(coords, parallel, degrees)}
-    ranges = {d: range(degrees[d]) if d in dims else (fixed[d],) for d in _EXPERT}
-    out = []
-    for e_tp, ep_i, edp_i, pp_i in itertools.product(*ranges.values()):
-        dense = _from_expert({"etp": e_tp, "ep": ep_i, "edp": edp_i}, parallel, degrees)
-        out.append(_dense_rank({**dense, "pp": pp_i}, order, degrees))
-    return tuple(sorted(out))
+    # every member's indices at once, as arrays (`_from_expert` and `_dense_rank` are
+    # arithmetic): a Python loop over them took Mixtral's sweep on 8,192 GPUs 1.2 s of its
+    # 2.1 s, edp groups of up to 1,024 ranks met once per layout of degrees
+    axes = [np.arange(degrees[d]) if d in dims else np.array([fixed[d]]) for d in _EXPERT]
+    e_tp, ep_i, edp_i, pp_i = (a.ravel() for a in np.meshgrid(*axes, indexing="ij"))
+    dense = _from_expert({"etp": e_tp, "ep": ep_i, "edp": edp_i}, parallel, degrees)
+    ranks = _dense_rank({**dense, "pp": pp_i}, order, degrees)
+    return tuple(np.sort(ranks).tolist())
 
 
 def price_group(
@@ -499,8 +500,12 @@ def _dense_coords(rank: int, order: Sequence[str], degrees: dict[str, int]) -> d
     return coords
 
 
-def _dense_rank(coords: dict[str, int], order: Sequence[str], degrees: dict[str, int]) -> int:
-    rank, scale = 0, 1
+def _dense_rank(
+    coords: dict[str, np.ndarray], order: Sequence[str], degrees: dict[str, int]
+) -> np.ndarray:
+    """The ranks whose indices in each dense dimension are `coords` (arrays, one element
+    per rank)."""
+    rank, scale = np.zeros_like(coords[order[0]]), 1
     for d in order:
         rank += coords[d] * scale
         scale *= degrees[d]
@@ -531,10 +536,10 @@ def _expert_coords(
 
 
 def _from_expert(
-    expert: dict[str, int], parallel: Parallel, degrees: dict[str, int]
-) -> dict[str, int]:
-    """A rank's tp, cp and dp indices from its etp, ep and edp ones: the inverse of
-    `_expert_coords`."""
+    expert: dict[str, np.ndarray], parallel: Parallel, degrees: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """Ranks' tp, cp and dp indices from their etp, ep and edp ones (arrays, one element per
+    rank): the inverse of `_expert_coords`."""
     ep, edp = degrees["ep"], degrees["edp"]
     k = (
         expert["ep"] + ep * expert["edp"]
