@@ -459,8 +459,12 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
                 flight_moe_short=short[1],
             )
         )
-    if not merge:
-        return stages
+    return merge_classes(stages) if merge else stages
+
+
+def merge_classes(stages: list[StageClass]) -> list[StageClass]:
+    """One class per distinct stage key of `stages` (`stage_classes` unmerged), in pipeline
+    order: how many stages each stands for, and the most layers in flight of any of them."""
     members: dict[tuple[bool, bool, int, int, bool, int, int, int], list[StageClass]] = {}
     for c in stages:
         members.setdefault(c.key, []).append(c)
