@@ -574,7 +574,9 @@ def time_phase(
         chunks = move.chunks if allowed else 1
         one = replace(move, size_bytes=move.size_bytes // chunks) if chunks > 1 else move
         cost = price(plan, one)
-        total = chunks * vfloat(cost.time_s)
+        # the cost's own array where it runs whole (a copy of it per move cost a 405B pass
+        # 96 arrays of 16,384 layouts: moves priced alike share a cost, `search._Pricer`)
+        total = vfloat(cost.time_s) if chunks == 1 else chunks * vfloat(cost.time_s)
         exposed, rule, slowed = total, move.rule, 0.0
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
