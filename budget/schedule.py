@@ -1059,6 +1059,24 @@ _LAYER_PHASES = {
 }
 
 
+# one layer's attention, MLP and MoE time of a pass; all its layer phases' time per
+# micro-batch; and each other phase of the pass with its time per micro-batch (`_chunk_times`)
+_PassTimes = tuple[tuple[Any, Any, Any], Any, list[tuple[str, Any]]]
+
+
+def _pass_times(stage: StageTime, which: str, names: tuple[str, str, str], m: int) -> _PassTimes:
+    """What `_chunk_times` reads of `stage`'s phases of one pass (`which`, its layer phases
+    `names`), which its chunks then share out."""
+    attention, mlp, moe = names
+    phases = [p for p in stage.phases if per_microbatch(p.name) and pass_within(p.name) == which]
+    one = {p.name: p.compute_s + p.exposed_s for p in phases}  # one layer's
+    layers = sum(one[p.name] * p.count / m for p in phases if p.name in names)
+    others = [
+        (p.name, (p.compute_s + p.exposed_s) * p.count / m) for p in phases if p.name not in names
+    ]
+    return (one.get(attention, 0.0), one.get(mlp, 0.0), one.get(moe, 0.0)), layers, others
+
+
 def _chunk_times(
     plan: Plan, stages: list[StageTime], m: int
 ) -> tuple[list[list[float]], list[list[float]]]:
@@ -1069,13 +1087,15 @@ def _chunk_times(
     spread evenly; they add up to the stage's `microbatch_s`."""
     flags = moe_layers(plan)
     out: dict[str, list[list[float]]] = {"forward": [], "backward": []}
+    # a pass's stages of one class share their times (`search._replays`): what of them
+    # does not depend on the stage's chunks is read once per class and pass
+    passes: dict[tuple[int, str], _PassTimes] = {}
     for stage, chunks in zip(stages, stage_chunk_ids(plan), strict=True):
-        for which, (attention, mlp, moe) in _LAYER_PHASES.items():
-            phases = [
-                p for p in stage.phases if per_microbatch(p.name) and pass_within(p.name) == which
-            ]
-            one = {p.name: p.compute_s + p.exposed_s for p in phases}  # one layer's
-            a, d_mlp, e_moe = (one.get(name, 0.0) for name in (attention, mlp, moe))
+        for which, names in _LAYER_PHASES.items():
+            key = (id(stage), which)
+            if key not in passes:
+                passes[key] = _pass_times(stage, which, names, m)
+            (a, d_mlp, e_moe), layers, others = passes[key]
             times = []
             for chunk in chunks:
                 e = sum(flags[i] for i in chunk)
@@ -1083,17 +1103,11 @@ def _chunk_times(
             # the layer phases also count the multi-token prediction modules' layers, which
             # run after the model's last layer, in the last chunk (a fuzzing audit: left out,
             # the replayed step came out shorter than its own compute, its bubble negative)
-            layers = sum(
-                one[p.name] * p.count / m for p in phases if p.name in (attention, mlp, moe)
-            )
             times[-1] += vmax(layers - sum(times), 0.0)
-            for p in phases:
-                if p.name in (attention, mlp, moe):
-                    continue
-                per_mb = (p.compute_s + p.exposed_s) * p.count / m
-                if p.name.endswith(".embedding"):
+            for name, per_mb in others:
+                if name.endswith(".embedding"):
                     times[0] += per_mb
-                elif p.name in ("loss", "mtp"):
+                elif name in ("loss", "mtp"):
                     times[-1] += per_mb
                 else:
                     times = [t + per_mb / len(times) for t in times]
