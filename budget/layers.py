@@ -376,6 +376,13 @@ def flight_layers(
     v = len(chunks)
     total = microbatches * v
     warmup = min(interleaved_warmup(p, v, stage) - 1, total)
+    if len(set(chunks)) == 1:
+        # chunks alike: the most is at the first backward, the warm-up's forwards and the
+        # one after them in flight (the replay below, in closed form: a sweep's stage
+        # classes replay each stage of every depth it meets)
+        d, e = chunks[0]
+        most = min(warmup + 1, total)
+        return most * d, most * e
     dense = moe = most_dense = most_moe = forward = backward = 0
     while backward < total:
         if forward < total and (forward < warmup or forward - warmup <= backward):

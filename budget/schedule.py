@@ -845,7 +845,8 @@ class Replay:
         numbers = (self.microbatches, self.rest, self.after, self.floor)
         m, rest, after, floor = (np.broadcast_to(x, (n,)) for x in numbers)
         raw = np.empty(n)
-        for count in np.unique(m).tolist():
+        # ascending, as np.unique, which would import numpy.ma (`search._distinct_values`)
+        for count in sorted(set(m.tolist())):
             index = np.flatnonzero(m == count)
             raw[index] = pipeline_replays(chunks[..., index], count)
         out: np.ndarray = _floored(raw + rest - after, floor) + after
