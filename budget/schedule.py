@@ -1043,7 +1043,15 @@ def replay_order(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.nda
     runs = np.concatenate([stage * v + chunk, p * v + stage * v + (v - 1 - chunk)])
     waits = np.concatenate([forward_waits, backward_waits])
     backs = np.concatenate([np.zeros((p, total), bool), np.ones((p, total), bool)])
-    order = np.lexsort((np.where(backs, -stages, stages).ravel(), backs.ravel(), places.ravel()))
+    # by place, forwards before backwards, forwards from the first stage and backwards from
+    # the last: a stage holds one op at each place, so these keys are distinct and a table
+    # of them orders the ops (a lexsort took 30 ms of a replay of 196,608 ops)
+    key = (places * 2 + backs) * p + np.where(backs, p - 1 - stages, stages)
+    slots = np.full(4 * total * p, -1)
+    slots[key.ravel()] = np.arange(key.size)
+    order = slots[slots >= 0]
+    if order.size != key.size:
+        raise RuntimeError(f"no replay order for p {p}, v {v}, m {m}")
     ops, before, waits, runs = (x.ravel()[order] for x in (ops, before, waits, runs))
     rank = np.empty(ops.size + 1, dtype=np.int64)
     rank[0] = -1
