@@ -497,7 +497,9 @@ class BandwidthRamp:
 
     ``points`` holds, per operation, sizes S (bytes, as nccl-tests counts them: the whole
     buffer) and the measured share at each; between points the share is interpolated in
-    log S, outside them it holds the nearest. Operations without points run at the plateau.
+    log S, but never so high that S / share, the time of the bytes, falls below the point's
+    under S (`share`); outside them it holds the nearest. Operations without points run at
+    the plateau.
     Built from published nccl-tests runs (`budget.catalog.nccl_tests`).
     """
 
@@ -529,7 +531,21 @@ class BandwidthRamp:
         for name, sizes, shares in self.points:
             if name != op:
                 continue
-            return interp_log(size, sizes, shares)
+            share = interp_log(size, sizes, shares)
+            # where a share grows about as fast as S (an all-gather from 1 to 4 MiB on H100:
+            # 41 µs at each), its interpolation in log S sags S / share below both ends (a
+            # review: 2.83 MiB priced 3.5 % under 1 MiB); the point below bounds it, so a
+            # collective's time never falls as it grows (the catalogue's points rise in
+            # S / share, `nccl_tests._rising`)
+            if isinstance(size, np.ndarray):
+                under = np.searchsorted(sizes, size, side="right") - 1
+                least = np.array([s / f for s, f in zip(sizes, shares, strict=True)])
+                bound = size / least[np.maximum(under, 0)]
+                return np.where(under >= 0, np.minimum(share, bound), share)
+            below = bisect.bisect_right(sizes, float(size)) - 1
+            if below < 0:
+                return share
+            return min(share, float(size) * shares[below] / sizes[below])
         return 1.0
 
 
