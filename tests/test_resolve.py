@@ -738,6 +738,18 @@ def test_a_batch_key_of_the_other_mode_is_refused_whatever_its_value() -> None:
         "batch: {seq: 2048, micro: 2, global: 32}",
         "mode: decode\nbatch: {sequences: 16, prompt: y, generate: 24, micro: x, seq: [1]}",
     )
+    # nor where the loader refused it: not finite, too large, a tag, the key twice (a review)
+    for value in (".inf", "1e400", "12345678901234567890123", "!!binary aGVsbG8="):
+        refused = text.replace("micro: x", f"micro: {value}")
+        assert [p for p in _all_problems(refused) if "$.batch.micro" in p] == [
+            "$.batch.micro: batch.micro does not apply to a decode plan, whose batch is "
+            "sequences, prompt, generate"
+        ], value
+    twice = text.replace("micro: x,", "micro: 1, micro: 2,")
+    assert [p for p in _all_problems(twice) if "$.batch.micro" in p] == [
+        "$.batch.micro: batch.micro does not apply to a decode plan, whose batch is "
+        "sequences, prompt, generate"
+    ]
     found = _all_problems(text)
     assert found == [
         "$.batch.prompt: 'y' is not an integer",

@@ -595,3 +595,9 @@ def test_another_tools_name_for_a_degree_is_told_budgets(written: str, meant: st
     # listed the top-level keys; "goes under parallel or overlap" would have misled too)
     (top,) = [e for e in errors(MINIMAL + f"{written}: 2\n") if f"'{written}'" in e]
     assert top.endswith(f"unknown key '{written}': budget calls it parallel.{meant}"), top
+    # a batch's other names outside batch are told where the batch goes (a review)
+    (size,) = [e for e in errors(MINIMAL + "micro_batch_size: 2\n") if "micro_batch_size" in e]
+    assert size.endswith(
+        "unknown key 'micro_batch_size': budget's batch sizes go under batch, as seq, micro "
+        "and global in training and sequences, prompt and generate in serving"
+    ), size

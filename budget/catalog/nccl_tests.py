@@ -23,8 +23,10 @@ where n·α was at most half of t(S) dropped the H100 all-gather and reduce-scat
 whose 41 µs the held 8 MiB share then priced at 24 µs (an audit). Shares are clipped to 1:
 where n·α leaves less than the plateau needs, the engine's time stays above the measured one
 (the H100 ring all-reduce from 1 to 8 MiB: 1 to 23 % over, its 42 µs of n·α above the 42 µs
-NCCL took at 2 MiB, whose low-latency protocols step faster than α). Where a curve gives only
-busbw, t(S) = f·S / busbw(S). Several runs of one generation and operation are
+NCCL took at 2 MiB, whose low-latency protocols step faster than α), and a larger buffer a
+run measured faster than a smaller one is priced at the smaller's time (`_rising`: the H100
+all-gather at 2 and 4 MiB, 0.5 and 0.8 % over). Where a curve gives only busbw, t(S) =
+f·S / busbw(S). Several runs of one generation and operation are
 averaged at the sizes all of them kept. Below the smallest kept size and above the largest
 the share holds (`BandwidthRamp`). The shares are read at the same S for any group size and
 any written level's α, though they were derived from 8-rank groups at α = 3 µs.
@@ -173,8 +175,9 @@ def _mean_shares(curves: Sequence[dict[int, float]]) -> tuple[tuple[float, ...],
 def _rising(sizes: Sequence[int], shares: Sequence[float]) -> tuple[float, ...]:
     """Shares whose S / share is the running maximum of the measured ones: the engine's
     bandwidth term f·S / (B·share) then never falls as S grows, where a run measured a
-    larger buffer a little faster than a smaller one (the H100 all-gather: 41.48 µs at
-    2 MiB, 41.34 µs at 4 MiB, whose share 0.488 becomes 0.484, 41.48 µs)."""
+    larger buffer a little faster than a smaller one (the H100 all-gather: 41.67 µs at
+    1 MiB, 41.48 µs at 2 MiB and 41.34 µs at 4 MiB, whose shares 0.242 and 0.488 become
+    0.240 and 0.480, each priced at 1 MiB's 41.67 µs)."""
     out, most = [], 0.0
     for size, share in zip(sizes, shares, strict=True):
         most = max(most, size / share)

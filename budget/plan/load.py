@@ -117,23 +117,25 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
     loaded = load_yaml(text, file)
     if loaded.tree is None:
         raise BudgetError(list(loaded.problems))
-    # a batch key of the other mode is said not to apply, whatever its value: its schema
-    # problems are moot (an audit: a decode plan's `micro: x` was told it is not an integer,
-    # and only once it was one that it does not apply)
+    # a batch key of the other mode is said not to apply, whatever its value: the loader's
+    # and the schema's problems with it are moot (an audit: a decode plan's `micro: x` was
+    # told it is not an integer, and only once it was one that it does not apply; a
+    # review: likewise `micro: .inf`, a tag, an alias or the key twice)
     moot = tuple(f"$.batch.{key}" for key in wrong_batch_keys(loaded.tree))
-    schema_problems = [
-        p
-        for p in validate_tree(loaded.tree, loaded.marks, file, loaded.refused)
-        if not any(p.path == m or p.path.startswith((m + ".", m + "[")) for m in moot)
-    ]
-    problems = [*loaded.problems, *schema_problems]
+
+    def kept(path: str) -> bool:
+        return not any(path == m or path.startswith((m + ".", m + "[")) for m in moot)
+
+    schema_problems = validate_tree(loaded.tree, loaded.marks, file, loaded.refused)
+    problems = [p for p in [*loaded.problems, *schema_problems] if kept(p.path)]
+    refused = sorted(path for path in loaded.refused if kept(path))
     if problems:  # the broken sections are not resolved: name their unknown presets too
         # a second document after the plan breaks none of its sections (a review: at "$"
         # it read as the whole plan broken, and a bad tp beside it went unsaid)
         broken = [p for p in problems if p.message != SECOND_DOCUMENT]
         seen = {p.path for p in broken}
         more = preset_problems(loaded.tree, loaded.marks, file)
-        paths = [p.path for p in broken] + sorted(loaded.refused)
+        paths = [p.path for p in broken] + refused
         more += semantic_problems(loaded.tree, loaded.marks, file, paths, seed)
         raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
     return resolve(loaded.tree, loaded.marks, file, seed)

@@ -111,15 +111,21 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         meant = _SYNONYMS.get(key)
         degrees = schema()["properties"]["parallel"]["properties"]
         elsewhere = meant in degrees and meant not in known and path != "$.parallel"
+        batch_like = key in _SYNONYMS and meant is None and path != "$.batch"
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
+        elif batch_like:  # a review: the top-level keys listed, no word of batch
+            message = (
+                f"unknown key {key!r}: budget's batch sizes go under batch, as seq, micro "
+                "and global in training and sequences, prompt and generate in serving"
+            )
         elif elsewhere:
             message = f"unknown key {key!r}: budget calls it parallel.{meant}"
         elif close:
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        if key != "<<" and not elsewhere and (home := _home(key, path)):
+        if key != "<<" and not elsewhere and not batch_like and (home := _home(key, path)):
             message += f"; {key} {home}"
         problems.append(Problem(file, line, col, where, message))
     return problems
