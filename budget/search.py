@@ -81,6 +81,7 @@ from budget.schedule import (
 )
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
+from budget.vector import add_into
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -1154,17 +1155,7 @@ def _peaks(step: Step) -> np.ndarray:
         total: Any = sums[path[start - 1]] if start else 0
         owned = False  # `total` is an array made here, which nothing else holds (`vsum`)
         for k in range(start, len(live)):
-            term: Any = live[k].total
-            if (
-                owned
-                and type(term) is np.ndarray
-                and term.dtype == total.dtype
-                and term.shape == total.shape
-            ):
-                np.add(total, term, out=total)
-            else:
-                total = total + term
-                owned = type(total) is np.ndarray and total is not term
+            total, owned = add_into(total, owned, live[k].total)
             if path[k] in kept:
                 sums[path[k]], owned = total, False  # kept: added to in a copy from here
         total = np.asarray(total)

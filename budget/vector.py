@@ -53,17 +53,21 @@ def vsum(terms: Iterable[N]) -> N:
     total: Any = 0
     owned = False  # `total` is an array made here, which nothing else holds
     for term in terms:
-        if (
-            owned
-            and type(term) is np.ndarray
-            and term.dtype == total.dtype
-            and term.shape == total.shape
-        ):
-            np.add(total, term, out=total)
-        else:
-            total = total + term
-            owned = type(total) is np.ndarray and total is not term
+        total, owned = add_into(total, owned, term)
     return cast(N, total)
+
+
+def add_into(total: Any, owned: bool, term: Any) -> tuple[Any, bool]:
+    """``total + term``, added in place where `total` is an array of the same shape and type
+    that the caller made (`owned`, which nothing else holds); with whether the result is
+    such an array (`vsum`)."""
+    # `owned` first: a total not yet an array (the sum's 0) has no dtype
+    arrays = owned and type(term) is np.ndarray
+    if arrays and term.dtype == total.dtype and term.shape == total.shape:
+        np.add(total, term, out=total)
+        return total, True
+    total = total + term
+    return total, type(total) is np.ndarray and total is not term
 
 
 def largest(values: list[N]) -> N:
