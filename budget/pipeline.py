@@ -482,6 +482,7 @@ def build_report(plan: Plan) -> Report:
     }
     rows_of = _stage_collectives(times, timing)
     phases = _phase_rows(step, mem, times, timing, rows_of)
+    peak_format = mfu_format(plan)  # the format whose dense peak MFU is a share of
     return Report(
         name=plan.name,
         file=plan.file,
@@ -508,8 +509,8 @@ def build_report(plan: Plan) -> Report:
             if name.rpartition(".")[2] in LAYER_PHASES
             for c in rows
         ),
-        mfu_format=mfu_format(plan),
-        mfu_peak=plan.device.peak_flops(mfu_format(plan)),
+        mfu_format=peak_format,
+        mfu_peak=plan.device.peak_flops(peak_format),
         matmul_format=plan.precision.matmul,
         links=tuple(
             {

@@ -2441,13 +2441,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             # a source not counted beside the output says so where the bytes are read (see
             # the rule below): freed where the transition before it made it, otherwise left to
             # what holds it (an audit: "counted freed" beside the built-in logits it gathered)
-            freed = (
-                ""
-                if tr.source_alive
-                else "; its source freed, source_alive: false"
-                if gone is not None
-                else "; its source not counted beside it, source_alive: false"
-            )
+            freed = ""
+            if gone is not None:
+                freed = "; its source freed, source_alive: false"
+            elif not tr.source_alive:
+                freed = "; its source not counted beside it, source_alive: false"
             made_bytes, source_bytes = local.get(dst.kind, full), local.get(src.kind, full)
             # but not before it is read: a reduce-scatter or a slice reads its whole source,
             # and in place (NCCL's reduce-scatter writes its output into its input's buffer)

@@ -1408,9 +1408,8 @@ class _LayoutChecks:
         if _fills(topology):
             # and a dp the expert layers fold into (an audit: "change dp to 2" beside
             # "choose ep among 1, 2, 4" for ep 8 x etp 2)
-            offer = (
-                splits and fits(replace(p, dp=dp), topology.gpus) and self.folds(replace(p, dp=dp))
-            )
+            remedied = replace(p, dp=dp)
+            offer = splits and fits(remedied, topology.gpus) and self.folds(remedied)
             remedies.append(
                 f"change dp to {dp}"
                 if offer
@@ -1492,9 +1491,6 @@ class _ModelChecks(_LayoutChecks):
         """
         m, tp, serving = self.model, self.par.tp, self.mode != "train"
         fits = self.kv_fits
-        # a tp offered must suit both counts and the MLP's widths, or the next run fails on
-        # the other one
-        both = self.tp_choices()
         if m.heads % tp:
             grouped = m.kv_heads != m.heads and not fits(tp)  # GQA: both counts fail
             kv = f" and model.kv_heads = {m.kv_heads} are" if grouped else " is"
@@ -1502,7 +1498,7 @@ class _ModelChecks(_LayoutChecks):
             self.r.error(
                 "$.parallel.tp",
                 f"model.heads = {m.heads}{kv} not divisible by tp = {tp}: each tensor-parallel "
-                f"rank holds whole {whole}; choose tp among {both}",
+                f"rank holds whole {whole}; choose tp among {self.tp_choices()}",
             )
         elif not fits(tp):
             counts = f"model.kv_heads = {m.kv_heads}" + (
@@ -1514,7 +1510,7 @@ class _ModelChecks(_LayoutChecks):
             self.r.error(
                 "$.parallel.tp",
                 f"{counts}: each tensor-parallel rank holds whole key/value heads{shared}; "
-                f"choose tp among {both}",
+                f"choose tp among {self.tp_choices()}",
             )
         if m.qk_norm == "full_width" and tp > 1:
             self.r.error(
@@ -1531,7 +1527,8 @@ class _ModelChecks(_LayoutChecks):
         return kv % tp == 0 or (self.mode != "train" and tp % kv == 0)
 
     def tp_choices(self) -> str:
-        """The tps an error may offer: they split the heads, key/value heads and widths."""
+        """The tps an error may offer: they split the heads, key/value heads and the MLP's
+        widths, or the next run fails on the other one."""
         m = self.model
         return _divisors(m.heads, keep=lambda t: self.kv_fits(t) and not self.uncut(t))
 

@@ -101,6 +101,7 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
     known = sorted(error.schema.get("properties", {}))
     problems = []
     placed = sorted((marks.key(child_path(path, k)), k) for k in set(error.instance) - set(known))
+    degrees = schema()["properties"]["parallel"]["properties"]
     for n, ((line, col), key) in enumerate(placed):
         where = child_path(path, key)
         # a suggestion only for the keys that can be shown: problems print in file order,
@@ -109,7 +110,6 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         # another tool's name for a key of another section: where budget's goes (an audit:
         # a top-level tensor_parallel was listed the top-level keys, no word of parallel.tp)
         meant = _SYNONYMS.get(key)
-        degrees = schema()["properties"]["parallel"]["properties"]
         elsewhere = meant in degrees and meant not in known and path != "$.parallel"
         batch_like = key in _SYNONYMS and meant is None and path != "$.batch"
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)

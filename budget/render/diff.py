@@ -216,8 +216,10 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     words = _OF_MODE.get(metric, {})
     if words and words[ma] != words[mb]:  # each side's figure is of its own mode's work
         base = "time" if metric == "time_s" else _label(metric, summary=True)
-        label = f"{base} ({words[ma]} → {words[mb]})"
-        return label if diff.one_peak or metric != "mfu" else label[:-1] + f"; {_peaks(diff)})"
+        of = [f"{words[ma]} → {words[mb]}"]
+        if metric == "mfu" and not diff.one_peak:
+            of.append(_peaks(diff))
+        return f"{base} ({'; '.join(of)})"
     # two decode plans' rate and MFU are of their decode passes, as their reports say, not
     # of the whole run the time beside them is (a user audit)
     decoding = diff.modes == ("decode", "decode")
