@@ -74,7 +74,7 @@ from budget.flops import (
     serving_params,
 )
 from budget.inference import decode_passes
-from budget.layers import chunks_differ, interleaved_warmup, moe_layers, stage_chunk_ids
+from budget.layers import chunk_times_differ, interleaved_warmup, moe_layers, stage_chunk_ids
 from budget.phases import (
     HAND_WRITTEN,
     PHASE_ORDER,
@@ -773,7 +773,7 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     bubble = (sum(w * c for w, c in zip(waits, copies, strict=True)) - largest(waits)) / v
     pipeline = m * slowest + bubble
     one_plan = isinstance(pipeline, float) and len(stages) == plan.parallel.pp  # not a sweep
-    if one_plan and plan.parallel.pipeline.schedule != "gpipe" and chunks_differ(plan):
+    if one_plan and plan.parallel.pipeline.schedule != "gpipe" and chunk_times_differ(plan):
         replay = replay_of(plan, stages, m)
         stages = list(replay.stages)  # their leads by their first chunks' backwards
         pipeline = replay.pipeline()

@@ -42,7 +42,7 @@ from budget.collectives import (
 from budget.errors import BudgetError
 from budget.layers import (
     StageClass,
-    chunks_differ,
+    chunk_times_differ,
     merge_classes,
     mtp_layers,
     params_total,
@@ -246,13 +246,14 @@ class Outcome:
 
 @cache
 def _differ(plan: Plan, c: Config, gpus: int) -> bool:
-    """Whether `budget PLAN` replays layout `c` of `plan` (`schedule.step_time`): its model
-    chunks differ in size (`layers.chunks_differ` on the layout itself: 16 layers and one
+    """Whether `budget PLAN` replays layout `c` of `plan` (`schedule.step_time`): it is
+    interleaved, or its model chunks differ in size (`layers.chunk_times_differ` on the
+    layout itself: 16 layers and one
     multi-token prediction layer over pp 8 × 2 split evenly, the last chunk then holding
     two, which a test of `split`'s sizes alone missed: a review) and it is not GPipe."""
     if _schedule(plan, c) == "gpipe":  # GPipe keeps the closed form
         return False
-    return chunks_differ(apply(plan, c, gpus))
+    return chunk_times_differ(apply(plan, c, gpus))
 
 
 @dataclass
