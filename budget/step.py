@@ -1236,18 +1236,36 @@ def _gradient_passes(
     return when(passes, fsdp) + when(flops.grad_accumulation(plan, params), lacks(fsdp))
 
 
+def _head_params(b: _StageBuilder) -> Any:
+    """The parameters of the last stage's root unit whose gradient passes follow the loss
+    (`_gradient_passes`): the output layer (or the tied embedding it is) and the final norm.
+    With the first stage's input tables (`_embedding_gradients`) and the multi-token
+    prediction modules' own (priced with them) they are the root unit's `_root_params`,
+    whose reduce-scatter the passes feed: FSDP flattens, casts and divides the gradient of
+    the unit's whole flat parameter (`flops.fsdp_gradient_passes`). An audit: the loss
+    passed the output layer's alone, and MPT 760M's root unit of 80,514,048 parameters
+    (a tied embedding of 50,368 x 1,536, learned positions of 2,048 x 1,536 and the final
+    LayerNorm's 2 x 1,536) was passed as its 77,365,248 embedding parameters."""
+    return vocab_params(b.plan) + final_norm_params(b.plan)
+
+
 def _embedding_gradients(b: _StageBuilder) -> list[Work]:
-    """The embedding's weight gradients after its backward (`_gradient_passes`). On a stage
-    whose output layer is tied to it, under FSDP's mixed precision, the one parameter is
-    one slice of the root unit's flat parameter, flattened, cast and divided once (priced
-    in the loss), and autograd only sums the two uses' gradients before that
-    (`flops.fsdp_summed`); without FSDP each use adds into the main gradients."""
-    n = vocab_params(b.plan)
+    """The input tables' weight gradients after their backward (`_gradient_passes`): the
+    word embedding's and a learned position table's (`StageParams.lookup_per_rank`). On a
+    stage whose output layer is tied to the embedding, under FSDP's mixed precision, the one
+    parameter is one slice of the root unit's flat parameter, flattened, cast and divided
+    once (priced in the loss, `_head_params`), and autograd only sums the two uses'
+    gradients before that (`flops.fsdp_summed`); without FSDP each use adds into the main
+    gradients. The position table is used here alone: its passes are this phase's either
+    way."""
+    n, word = b.params.lookup_per_rank, vocab_params(b.plan)
     fsdp = flops.fsdp_mixed(b.plan)
     if fsdp is False:
         return _gradient_passes(b, n)
     once = fsdp & holds(b.last & b.plan.model.tied_embeddings)
-    return when(_gradient_passes(b, n), lacks(once)) + when(flops.fsdp_summed(b.plan, n), once)
+    positions = n - word
+    shared = when(_gradient_passes(b, positions), positions > 0) + flops.fsdp_summed(b.plan, word)
+    return when(_gradient_passes(b, n), lacks(once)) + when(shared, once)
 
 
 def _zero3_moves(
@@ -1722,7 +1740,7 @@ def _loss(b: _StageBuilder) -> None:
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp)))],
         flops.loss_work(plan, s)
-        + _gradient_passes(b, vocab_params(plan))
+        + _gradient_passes(b, _head_params(b))
         + ([] if b.first else _root_gather_copies(b)),
     )
 

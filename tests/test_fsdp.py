@@ -135,22 +135,63 @@ def test_optimizer_zeroes_no_gradients_under_fsdp(tmp_path: Path) -> None:
 
 def test_tied_embedding_gradients_are_summed_not_passed_twice(tmp_path: Path) -> None:
     """One stage holds the embedding and the tied output layer: the shared parameter's
-    flat-gradient passes are the loss's; the embedding's backward adds its gradient to the
-    output layer's, reading both and writing one in bf16."""
+    flat-gradient passes are the loss's, with the final norm's (2 x 5120); the embedding's
+    backward adds its gradient to the output layer's, reading both and writing one in bf16,
+    and passes the learned position table's (2048 x 5120), used there alone."""
     plan = _plan(tmp_path)
-    assert _bytes(plan, "loss")[FLAT] == 18 * VOCAB
+    assert _bytes(plan, "loss")[FLAT] == 18 * (VOCAB + 2 * 5120)
     embedding = _bytes(plan, "backward.embedding")
-    assert embedding[SUMMED] == 3 * 2 * VOCAB and FLAT not in embedding
+    assert embedding[SUMMED] == 3 * 2 * VOCAB
+    assert embedding[FLAT] == 18 * 2048 * 5120
 
 
 def test_pipelined_stages_each_pass_their_own_copy(tmp_path: Path) -> None:
     """Over two stages (dp 4) the embedding (first) and the output layer (last) are two
-    parameters, each its stage's root unit: each takes the whole passes (pre-divide by 2 on
-    4 ranks: 18 B) and none is summed."""
+    parameters, each in its stage's root unit: each takes the whole passes (pre-divide by 2
+    on 4 ranks: 18 B) and none is summed; the position table (2048 x 5120) passes with the
+    embedding, the final norm (2 x 5120) with the output layer."""
     plan = _plan(tmp_path, {"pp": 2, "dp": 4})
     first = _bytes(plan, "backward.embedding", 0)
-    assert first[FLAT] == 18 * VOCAB and SUMMED not in first
-    assert _bytes(plan, "loss", 1)[FLAT] == 18 * VOCAB
+    assert first[FLAT] == 18 * (VOCAB + 2048 * 5120) and SUMMED not in first
+    assert _bytes(plan, "loss", 1)[FLAT] == 18 * (VOCAB + 2 * 5120)
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "flat", "per_param", "per_shard"),
+    [
+        # FSDP1: concatenation 2 + 2, cast 2 + 4, pre-divide 4 + 4 (18 B); on the shard the
+        # post-divide 4 + 4 and, on the second of 2 micro-batches, the addition 12 / 2 (14 B)
+        (1, FLAT, 18, 14),
+        # FSDP2: chunk_cat into the fp32 buffer 2 + 4 (6 B), NCCL averages; the addition
+        (2, flops.FSDP2_COPY, 6, 6),
+    ],
+)
+def test_root_unit_passes_every_parameter_it_reduces(
+    tmp_path: Path, fsdp: int, flat: str, per_param: int, per_shard: int
+) -> None:
+    """An audit: the root unit's gradient passes covered its word embedding alone, where
+    its reduce-scatter carries every parameter outside the layers. MPT 760M on 8 H100s (2
+    micro-batches a step): the tied embedding 50,368 x 1,536 = 77,365,248, the learned
+    positions 2,048 x 1,536 = 3,145,728 and the final LayerNorm's 2 x 1,536 = 3,072, in
+    all 80,514,048 parameters; 18 x 80,514,048 = 1,449,252,864 B flattened, cast and
+    pre-divided under FSDP1 (the passes priced 18 x 77,365,248 = 1,392,574,464 B)."""
+    (run,) = [r for r in RUNS if r.name == "MPT 760M, 8 GPUs"]
+    tree = copy.deepcopy(run.tree)
+    tree.pop("name")
+    tree["parallel"]["fsdp"] = fsdp
+    path = tmp_path / "mpt760m.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    plan = load_plan(path)
+    assert (plan.parallel.dp, plan.batch.micro, plan.batch.global_batch) == (8, 24, 384)
+    root = 50_368 * 1_536 + 2_048 * 1_536 + 2 * 1_536
+    assert root == 80_514_048
+    loss, embedding = _bytes(plan, "loss"), _bytes(plan, "backward.embedding")
+    assert loss[flat] + embedding[flat] == per_param * root
+    # each phase's shard rounds up on its own: 9,671,040 + 393,216 = 80,514,048 / 8
+    assert loss[SHARD] + embedding[SHARD] == per_shard * root // 8
+    # the same count the root unit's reduce-scatter sends, in fp32
+    (rs,) = [m for m in _phase(plan, "backward.embedding").moves if m.op == "reduce-scatter"]
+    assert rs.size_bytes == 4 * root
 
 
 def test_root_gradients_held_as_computed_then_cast(tmp_path: Path) -> None:
@@ -252,6 +293,18 @@ def test_a_megatron_plan_keeps_its_main_gradient() -> None:
     names = [w.name for w in _phase(plan, "backward.mlp").works]
     assert "main-grad accumulation" in names
     assert not any("FSDP" in n for n in names)
+
+
+def test_a_megatron_plan_adds_every_root_gradient_into_its_main_gradient() -> None:
+    """Outside FSDP the root unit's parameters add into the main gradients too (Megatron-LM
+    adds each parameter's gradient not fused into its GEMM, ``main_grad.add_``): GPT-3 at
+    tp 8, pp 8 with fp32 gradients (read and write, 8 B) of the vocabulary shard
+    51,200 x 12,288 / 8 and the learned positions 2,048 x 12,288 on the first stage; of the
+    tied copy and the final LayerNorm's 2 x 12,288 on the last."""
+    plan = load_plan(Path(__file__).parents[1] / "plans" / "gpt3-175b.yaml")
+    h, accumulation = 12_288, "main-grad accumulation"
+    assert _bytes(plan, "backward.embedding", 0)[accumulation] == 8 * (51_200 * h // 8 + 2048 * h)
+    assert _bytes(plan, "loss", plan.parallel.pp - 1)[accumulation] == 8 * (51_200 * h // 8 + 2 * h)
 
 
 def test_each_gather_casts_its_shard_first(tmp_path: Path) -> None:
