@@ -1062,11 +1062,34 @@ def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
     return [*embedding_work(plan, s), norms, proj]
 
 
+POSITION_ADD = "position embedding addition"
+
+
 def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     """The embedding lookup: a gather that reads one row per token and writes it, two
     passes of [tokens, hidden] in the activations' format, and no FLOPs that MFU counts
-    (PaLM, arXiv 2204.02311, appendix B, leaves the embeddings out of 6·N)."""
-    return [elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)]
+    (PaLM, arXiv 2204.02311, appendix B, leaves the embeddings out of 6·N).
+
+    With ``model.position: learned`` the position table's rows are added to it, GPT-2's
+    ``wte(idx) + wpe(pos)`` (llm-foundry's ``MPTModel.forward``: ``x = tok_emb + pos_emb``;
+    Megatron-Core's ``LanguageModelEmbedding.forward``: ``embeddings = word_embeddings +
+    position_embeddings``): one pass that reads the token embeddings and the micro-batch's
+    seq / cp position rows, broadcast over its sequences, and writes the sum. Megatron-LM
+    adds before it scatters the sum to the sequence-parallel region (the word embedding is
+    then all-reduced over tp, not reduce-scattered: `step.embedding_moves`), so every tp
+    rank adds the whole [tokens, hidden]. Its backward hands the incoming gradient on to the
+    token embeddings as it is (no kernel) and sums it over the sequences into the position
+    rows' gradient (autograd's reduction of the broadcast): a read of [tokens, hidden] and
+    a write of [seq / cp, hidden] (`Work.backward`, not `backward_of`'s two passes). The
+    lookup of the position rows themselves, seq / cp of them, is left out (Megatron-LM's
+    position ids, [b, s], look one up for every token)."""
+    lookup = elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)
+    if plan.model.position != "learned":
+        return [lookup]
+    rows = s.tokens // s.micro  # positions of one sequence on this rank
+    forward = s.act * (2 * s.tokens + rows) * s.hidden
+    backward = s.act * (s.tokens + rows) * s.hidden
+    return [lookup, replace(elementwise(POSITION_ADD, forward), backward=backward / forward)]
 
 
 def grads_upcast(prec: Precision) -> bool:

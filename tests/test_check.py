@@ -856,7 +856,10 @@ def test_a_limit_of_many_digits_and_the_figure_beside_it_read_on_their_sides() -
         CliRunner().invoke(app, route([str(ROOT / "plans/gpt-1.3b.yaml"), "-f", "json"])).stdout
     )
     step, share = report["step"]["time_s"], report["step"]["exposed_share"]
-    above = f"{math.ceil(step * 1e14) / 1e14:.14f}"  # a limit of 14 decimals, just above
+    # a limit of 14 decimals, just above: the ceiling, or the next where the ceiling is the
+    # step itself (a step of fewer decimals, as 5.4786731007554 s is)
+    units = math.ceil(step * 1e14)  # of 1e-14 s
+    above = f"{(units + (units / 1e14 <= step)) / 1e14:.14f}"
     assert float(above) > step and len(above.partition(".")[2]) == 14
     code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", f"{above}s")
     said = " ".join(out.split())

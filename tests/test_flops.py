@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from budget import flops
+from budget.accuracy import RUNS, plan_of
 from budget.layers import shapes
 from budget.plan.load import load_plan
+from budget.plan.model import Plan
 from budget.step import derive
 
 PLAN = Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml"
@@ -523,3 +525,48 @@ def test_bf16_gradients_beside_an_fp32_master_are_cast_before_the_step():
     assert [w.bytes for w in works] == [6_000_000, 4_000_000, 28_000_000, 6_000_000, 2_000_000]
     read = replace(bf16, precision=replace(bf16.precision, upcast_grads=False))
     assert sum(w.bytes for w in flops.optimizer_work(read, 1_000_000)) == 36_000_000
+
+
+def _embedding_kernels(plan: Plan) -> dict[str, int]:
+    """Bytes of the first stage's embedding kernels, forward and backward, by name."""
+    phases = derive(plan).stages[0].phases
+    return {
+        w.name: int(w.bytes)
+        for p in phases
+        if p.name in ("forward.embedding", "backward.embedding")
+        for w in p.works
+    }
+
+
+def test_a_learned_position_table_is_added_at_the_embedding_and_summed_back() -> None:
+    """An audit: the addition of a learned position table (``wte(idx) + wpe(pos)``) was
+    never priced. MPT 760M on 8 H100s, micro-batch 24 of 2,048 tokens, d_model 1,536, bf16:
+    the forward reads the 24 x 2,048 token rows and the 2,048 position rows and writes the
+    24 x 2,048 sums, 2 x (2 x 49,152 + 2,048) x 1,536 = 308,281,344 B; the backward reads
+    the incoming gradient and writes the position rows' gradient summed over the 24
+    sequences, 2 x (49,152 + 2,048) x 1,536 = 157,286,400 B (not twice the forward's)."""
+    (run,) = [r for r in RUNS if r.name == "MPT 760M, 8 GPUs"]
+    plan = plan_of(run)
+    assert (plan.batch.micro, plan.batch.seq, plan.model.hidden) == (24, 2048, 1536)
+    kernels = _embedding_kernels(plan)
+    assert kernels[flops.POSITION_ADD] == 2 * (2 * 24 * 2048 + 2048) * 1536 == 308_281_344
+    backward = f"{flops.POSITION_ADD} backward"
+    assert kernels[backward] == 2 * (24 * 2048 + 2048) * 1536 == 157_286_400
+    # the lookup's two passes of [tokens, hidden] are as they were, and twice that back
+    assert kernels["embedding lookup"] == 2 * 2 * 24 * 2048 * 1536
+    assert kernels["embedding lookup backward"] == 2 * kernels["embedding lookup"]
+
+
+def test_the_position_add_is_on_the_whole_sequence_under_sequence_parallelism() -> None:
+    """Megatron-LM adds the positions before it scatters to the sequence-parallel region
+    (``LanguageModelEmbedding.forward``), so GPT-3 at tp 8 with sequence parallelism adds
+    the whole 2,048 x 12,288 on every rank: micro-batch 1, 2 x (2 x 2,048 + 2,048) x 12,288
+    B forward and 2 x (2,048 + 2,048) x 12,288 B back. A rotary model adds nothing."""
+    plan = load_plan(PLAN)
+    assert plan.parallel.sequence_parallel and plan.parallel.tp == 8 and plan.batch.micro == 1
+    kernels = _embedding_kernels(plan)
+    assert kernels[flops.POSITION_ADD] == 2 * 3 * 2048 * 12288 == 150_994_944
+    assert kernels[f"{flops.POSITION_ADD} backward"] == 2 * 2 * 2048 * 12288 == 100_663_296
+    llama = load_plan(PLAN.parent / "llama3-8b-fsdp.yaml")
+    assert llama.model.position == "rope"
+    assert not any("position" in name for name in _embedding_kernels(llama))
