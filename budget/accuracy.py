@@ -512,7 +512,7 @@ _NEMOTRON4 = {
     "heads": 48,
     "kv_heads": 8,
     "vocab": 256000,  # nemotron_2_256k sentencepiece; a multiple of 128 × TP already
-    "mlp": "gelu",  # squared ReLU: two matrices, an elementwise activation
+    "mlp": "squared_relu",  # activation: squared-relu, bias_activation_fusion: false
     "norm": "layernorm",
     "bias": False,
     "tied_embeddings": False,

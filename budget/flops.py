@@ -68,6 +68,9 @@ class Work:
     # (`backward_of`); `efficiency.inner_factor` prices them
     dims: tuple[Any, Any, Any] | None = None
     inner: tuple[Any, ...] = ()
+    # kernels its backward launches where not by kind (`backward_of`): eager PyTorch's
+    # several for one op (`activation`)
+    backward_launches: int | None = None
 
     def scaled(self, factor: float, name: str | None = None, launches: Any = None) -> Work:
         """The same kernel with `factor` times the FLOPs and bytes (every other field kept,
@@ -656,22 +659,47 @@ def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     """The MLP block's forward kernels for one micro-batch on one rank: the norm, residual
     add and dropout as `attention_forward` counts them, the two GEMMs (fc1 ``gate`` times as
-    wide under a gated unit), and the activation function, which reads fc1's ``gate``
-    outputs and writes one (GELU a read and a write, SwiGLU two reads and a write:
-    Shazeer, arXiv 2002.05202, section 2)."""
+    wide under a gated unit), and the activation function (`activation`)."""
     e = operands(plan)
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
-    act_name = MLP_NAMES[plan.model.mlp]
     return [
         elementwise("MLP norm", 2 * norm),
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
-        elementwise(act_name, s.act * s.tokens * s.ffn_cols * (gate + 1)),
+        *activation(plan, s.act * s.tokens * s.ffn_cols),
         gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
         *post_norm(plan, s, "MLP"),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
+    ]
+
+
+def activation(plan: Plan, width: Any, prefix: str = "") -> list[Work]:
+    """The MLP's activation function over fc1's outputs, `width` bytes being one tensor of
+    its columns. Fused, one kernel reads fc1's ``gate`` outputs and writes one (GELU a read
+    and a write, SwiGLU two reads and a write: Shazeer, arXiv 2002.05202, section 2), its
+    backward about twice (`backward_of`).
+
+    Squared ReLU (So et al., "Primer", arXiv 2109.08668, section 3) runs as eager PyTorch's
+    ``torch.pow(relu(x), 2)`` where Nemotron-4 is trained and served: NeMo's
+    ``squared_relu``, which its ``activation_to_func`` returns for ``activation:
+    squared-relu`` and Megatron-Core's MLP calls when ``bias_activation_fusion`` is off, as
+    NVIDIA's Nemotron-4 recipes set it (dgxc-benchmarking ``nemotron4-15b-synth.yaml``,
+    8f5cbb37), and Hugging Face's ``ReLUSquaredActivation`` (``relu2``). That is two kernels
+    each way: relu, a read and a write, whose backward (``threshold_backward(grad,
+    result, 0)``) reads two and writes one; and the square, a read and a write, whose
+    backward is ``pow_backward``'s ``grad * (2 * x.pow(1))`` (torch/csrc/autograd/
+    FunctionsManual.cpp), three kernels: ``x.pow(1)`` a copy (``pow_Tensor_Scalar_out``
+    copies for an exponent of 1), its product with 2, and the product with the gradient,
+    two reads and a write. So 4 widths in 2 launches forward and 10 in 4 backward, where a
+    fused kernel moves 2 in one and about 4 in one."""
+    if plan.model.mlp != "squared_relu":
+        name = MLP_NAMES[plan.model.mlp] if not prefix else f"{prefix}activation"
+        return [elementwise(name, width * (plan.model.gate + 1))]
+    return [
+        replace(elementwise(f"{prefix}ReLU", 2 * width), backward=1.5),
+        replace(elementwise(f"{prefix}square", 2 * width), backward=3.5, backward_launches=3),
     ]
 
 
@@ -802,7 +830,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
             ep,
             skew,
         ),
-        elementwise("expert activation", s.act * s.routed * s.expert_cols * (gate + 1)),
+        *activation(plan, s.act * s.routed * s.expert_cols, "expert "),
         fc2,
         *unsort,
         elementwise("unpermute and combine", 3 * own),
@@ -810,6 +838,9 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     if every(s.shared_cols > 0):
         works += [
             gemm("shared expert fc1", s.tokens, s.hidden, gate * s.shared_cols, e),
+            # the shared experts are a dense MLP, their activation too (Megatron-Core's
+            # SharedExpertMLP is its MLP; it had been left out: a review)
+            *activation(plan, s.act * s.tokens * s.shared_cols, "shared expert "),
             gemm("shared expert fc2", s.tokens, s.shared_cols, s.hidden, e),
         ]
     works += post_norm(plan, s, "MoE")
@@ -874,7 +905,8 @@ def backward_of(works: list[Work]) -> list[Work]:
     for w in works:
         two = w.kind == "matmul" or (w.kind == "attention" and w.backward == EAGER_BACKWARD)
         each = factor[w.kind] if w.backward is None else w.backward
-        back = w.scaled(each, f"{w.name} backward", w.launches * 2 if two else None)
+        launches = w.launches * 2 if two else w.backward_launches
+        back = w.scaled(each, f"{w.name} backward", launches)
         if w.dims is not None:  # dX = dY·Wᵀ runs over n, dW = Xᵀ·dY over m
             m, _, n = w.dims
             back = replace(back, inner=(n, m))

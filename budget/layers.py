@@ -973,10 +973,12 @@ FC2_INPUT = "MLP fc2 input"
 
 
 def activation_input(plan: Plan) -> str:
-    """The name of the tensor the MLP's activation function saves (its input)."""
+    """The name of the tensor the MLP's activation function saves: its input, or under
+    squared ReLU the relu's output, which relu (for its backward) and the square (its
+    input) save, one tensor of the same bytes (`flops.activation`)."""
     if plan.model.gate == 2:
         return f"MLP {MLP_NAMES[plan.model.mlp]} input (gate, up)"
-    return "MLP GeLU input"
+    return "MLP ReLU output" if plan.model.mlp == "squared_relu" else "MLP GeLU input"
 
 
 def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:

@@ -269,6 +269,7 @@ def when(items: list[T], condition: Any) -> list[T]:
                     sm_share=item.sm_share,
                     dims=item.dims,
                     inner=item.inner,
+                    backward_launches=item.backward_launches,
                 )
             )
         else:

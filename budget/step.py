@@ -598,6 +598,19 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
+def _squared_relu(plan: Plan, s: Shapes, held: list[Alloc]) -> list[Instant]:
+    """Under eager squared ReLU (`flops.activation`) the instant its square runs: `held`
+    (what the block saves, the relu's output and the square's among it) and fc1's output,
+    which the caller still holds as the function's argument; a fused activation reads it
+    and writes one, both saved, so it has no instant of its own."""
+    if plan.model.mlp != "squared_relu":
+        return []
+    fc1 = Alloc(
+        "MLP fc1 output", "transient", s.act * s.tokens * s.ffn_cols, placement="shard(ffn) on tp"
+    )
+    return [Instant("squared ReLU", tuple([*held, fc1]))]
+
+
 def _before_reduction(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
     """A row-parallel output or a column-parallel input gradient: partial on tp before its
     reduction, or, at tp 1, the whole tensor, held all the same. Under sequence
@@ -1575,6 +1588,7 @@ def _forward(b: _StageBuilder) -> None:
                         + z3
                     ),
                 ),
+                *_squared_relu(plan, s, base + checkpoint + kept + mlp + z3),
                 Instant(
                     "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
                 ),
@@ -1884,6 +1898,11 @@ def _backward(b: _StageBuilder) -> None:
             gate * s.act * s.tokens * s.ffn_cols,
             placement=col,
         )
+        # eager squared ReLU's backward holds 2·x.pow(1) beside the gradients it multiplies
+        # (`flops.activation`)
+        doubled = Alloc(
+            "squared ReLU's 2·x", "transient", s.act * s.tokens * s.ffn_cols, placement=col
+        )
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
         # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
         # after the bias-dropout-add's, the block's first (an audit), fc2's input after
@@ -1922,6 +1941,7 @@ def _backward(b: _StageBuilder) -> None:
                             grad_out,
                             ffn_grad,
                             act_grad,
+                            *when([doubled], plan.model.mlp == "squared_relu"),
                             *mlp_bucket,
                         ),
                     ),

@@ -570,3 +570,43 @@ def test_the_position_add_is_on_the_whole_sequence_under_sequence_parallelism() 
     llama = load_plan(PLAN.parent / "llama3-8b-fsdp.yaml")
     assert llama.model.position == "rope"
     assert not any("position" in name for name in _embedding_kernels(llama))
+
+
+def test_squared_relu_runs_as_eager_pytorchs_kernels():
+    """Nemotron-4's ``torch.pow(relu(x), 2)`` as NeMo runs it, unfused (`flops.activation`).
+    On one tp rank of GPT-3 (micro 1, 2,048 tokens, fc1 over 49,152 / 8 = 6,144 columns) fc1's
+    output is N = 2 × 2,048 × 6,144 = 25,165,824 B. Forward: relu reads and writes it, the
+    square reads and writes: 4N in two launches. Backward: ``threshold_backward`` reads two
+    and writes one (3N, one launch); ``pow_backward`` copies x (2N), multiplies by 2 (2N)
+    and by the gradient (3N): 7N in three. So 10N in four, where GeLU moves 2N in one and
+    4N in one."""
+    from dataclasses import replace
+
+    plan = load_plan(PLAN)
+    relu = replace(plan, model=replace(plan.model, mlp="squared_relu"))
+    n = 2 * 2048 * 6144
+    assert n == 25_165_824
+    names = ("ReLU", "square", "GeLU")
+    act = [w for w in flops.mlp_forward(relu, shapes(relu)) if w.name in names]
+    assert [(w.name, w.bytes, w.launches) for w in act] == [
+        ("ReLU", 2 * n, 1),
+        ("square", 2 * n, 1),
+    ]
+    back = {w.name: (w.bytes, w.launches) for w in flops.backward_of(act)}
+    assert back == {"ReLU backward": (3 * n, 1), "square backward": (7 * n, 3)}
+    gelu = [w for w in flops.mlp_forward(plan, shapes(plan)) if w.name in names]
+    assert [(w.name, w.bytes) for w in gelu] == [("GeLU", 2 * n)]
+    assert [(w.bytes, w.launches) for w in flops.backward_of(gelu)] == [(4 * n, 1)]
+
+
+def test_shared_experts_run_their_activation():
+    """DeepSeek-MoE 16B's two shared experts are one dense SwiGLU MLP of 2 × 1,408 = 2,816
+    columns (Megatron-Core's SharedExpertMLP is its MLP), so beside their two GEMMs their
+    activation reads the gate and up projections and writes one: 3 × 2 B × 4,096 tokens ×
+    2,816 = 69,206,016 B a micro-batch at tp 1 (it had been left out: a review)."""
+    from tests.plan_files import ROOT
+
+    plan = load_plan(ROOT / "plans" / "deepseek-moe-16b.yaml")
+    works = {w.name: w.bytes for w in flops.moe_forward(plan, shapes(plan))}
+    assert works["shared expert activation"] == 3 * 2 * 4096 * 2816 == 69_206_016
+    assert "expert activation" in works

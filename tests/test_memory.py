@@ -781,3 +781,35 @@ def test_the_attention_backward_frees_what_ran_before_its_core(tmp_path):
     assert "attention dropout mask" not in held and "attention projection input" not in held
     # the core's own (recomputed under GPT-3's selective recompute), until its backward
     assert any(name.startswith("attention softmax output") for name in held), held
+
+
+def test_eager_squared_relu_holds_fc1s_output_and_a_doubled_copy():
+    """Under eager squared ReLU (`flops.activation`) the square runs while fc1's output, its
+    caller's argument, is still held beside the relu's output and the square's, both saved:
+    an instant of its own, fc1's output (N = 2 × 2,048 × 6,144 B on one tp rank of GPT-3)
+    above what the block saves. Its backward holds ``2·x.pow(1)`` beside the gradients
+    ``pow_backward`` multiplies: the activation-gradient instant holds N more than GeLU's."""
+    plan = load_plan(ROOT / "plans" / "gpt3-175b.yaml")
+    relu = replace(plan, model=replace(plan.model, mlp="squared_relu"))
+    n = 2 * 2048 * 6144
+
+    def instants(p, phase):
+        (stage, *_) = derive(p).stages
+        (found,) = [x for x in stage.phases if x.name == phase]
+        return {i.label: {a.name: a.total for a in i.live} for i in found.instants}
+
+    forward = instants(relu, "forward.mlp")
+    assert list(forward) == ["fc1", "squared ReLU", "fc2 output reduction"]
+    square = forward["squared ReLU"]
+    assert square["MLP fc1 output"] == n
+    assert square["MLP ReLU output"] == square["MLP fc2 input"] == n
+    reduction = forward["fc2 output reduction"]
+    # and the reduction then holds fc2's partial output and its reduce-scattered shard
+    partial = {"MLP output (partial, before reduction)", "MLP output (reduce-scattered)"}
+    assert sum(square.values()) - n == sum(b for k, b in reduction.items() if k not in partial)
+    grads = instants(relu, "backward.mlp")["activation gradients"]
+    assert grads["squared ReLU's 2·x"] == n
+    assert (
+        sum(grads.values())
+        == sum(instants(plan, "backward.mlp")["activation gradients"].values()) + n
+    )

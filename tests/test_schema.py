@@ -199,8 +199,8 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("heads: 4", "heads: 4, mlp: gleu"),
-            "p.yaml:1:47: error: $.model.mlp: 'gleu' is not one of gelu, swiglu, geglu "
-            "(did you mean 'gelu'?)",
+            "p.yaml:1:47: error: $.model.mlp: 'gleu' is not one of gelu, swiglu, geglu, "
+            "squared_relu (did you mean 'gelu'?)",
         ),
         (
             ("model: {", "modle: {"),

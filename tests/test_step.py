@@ -687,6 +687,7 @@ def test_a_sweeps_masked_work_keeps_every_field_but_its_count() -> None:
         sm_share=0.875,
         dims=(1, 2, 3),
         inner=(7,),
+        backward_launches=3,
     )
     defaults = Work("x", "matmul", 0, 0)
     unset = [f.name for f in fields(Work) if getattr(work, f.name) == getattr(defaults, f.name)]

@@ -16,9 +16,10 @@ import numpy as np
 
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 Mode = Literal["train", "prefill", "decode"]
-Mlp = Literal["gelu", "swiglu", "geglu"]
+Mlp = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 GATED_MLPS = ("swiglu", "geglu")  # fc1 is two matrices, the gate and the up projection
-MLP_NAMES = {"gelu": "GeLU", "swiglu": "SwiGLU", "geglu": "GeGLU"}  # as tables print them
+# as tables print them
+MLP_NAMES = {"gelu": "GeLU", "swiglu": "SwiGLU", "geglu": "GeGLU", "squared_relu": "squared ReLU"}
 Norm = Literal["layernorm", "rmsnorm"]
 QkNorm = Literal["none", "per_head", "full_width"]
 PositionKind = Literal["learned", "rope"]
