@@ -577,6 +577,60 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
     return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
 
 
+QUERY_COPY = "query copied out of the grouped QKV layout"
+QKV_JOINED = "Q, K and V gradients concatenated"
+
+
+def _grouped(plan: Plan, s: Shapes) -> Any:
+    """Whether a rank holds more than one key/value group and more than one query head a
+    group (`query_copy`)."""
+    return holds(s.k_cols > plan.model.qk_head_dim) & holds(s.q_cols > s.k_cols)
+
+
+def query_copy(plan: Plan, s: Shapes) -> list[Work]:
+    """Q copied out of the fused QKV GEMM's output in training under Megatron-Core. It views
+    that output as [tokens, groups, (heads / groups + 2)·head_dim], one group's queries
+    beside its key and value, and splits it into views (``SelfAttention.
+    get_query_key_value_tensors``); ``query.reshape(..., heads, head_dim)`` then cannot be
+    a view where a rank holds more than one group and a group more than one query head
+    (the next group's queries lie a key and a value further on), so PyTorch copies Q: a
+    read and a write. Its backward is a view of the incoming gradient. PyTorch FSDP's
+    stacks (``parallel.fsdp``) and serving engines split by columns (views), and latent
+    attention projects its queries apart; none copies."""
+    if plan.mode != "train" or plan.model.mla is not None:
+        return []
+    copies = _grouped(plan, s) & lacks(fsdp_mixed(plan))
+    if every(lacks(copies)):
+        return []
+    nbytes = vwhere(copies, 2 * s.act * s.tokens * s.q_cols, 0)
+    return [replace(elementwise(QUERY_COPY, nbytes), backward=0.0)]
+
+
+def qkv_gradients_joined(plan: Plan, s: Shapes) -> list[Work]:
+    """The backward's concatenation of the Q, K and V gradients into the fused QKV GEMM's
+    one output gradient (a read and a write of all three), where they reach the split as
+    three tensors. Transformer Engine's ``SplitAlongDim`` (Megatron-Core's split) returns
+    a view where the three are adjacent views of one buffer, as a fused kernel writes them
+    for the packed layout of plain multi-head attention, and ``torch.cat`` otherwise;
+    PyTorch's own split backward always concatenates. They come apart under Megatron-Core
+    wherever something runs between the split and the kernel whose backward writes dQ and
+    dK anew (rotary embeddings, Q/K norms, `query_copy`), or the kernel is eager (its
+    batched GEMMs write dQ, dK and dV apart); and in llm-foundry's attention
+    (``model.attention: triton``), whose ``Wqkv`` output is split and whose Triton kernel
+    writes them apart. torchtitan's and Hugging Face's models project Q, K and V by three
+    GEMMs and join nothing; latent attention is not split so."""
+    if plan.mode != "train" or plan.model.mla is not None:
+        return []
+    m = plan.model
+    fsdp = fsdp_mixed(plan)
+    apart = m.position == "rope" or m.qk_norm != "none" or m.attention == "eager"
+    joined = (lacks(fsdp) & (apart | _grouped(plan, s))) | (holds(fsdp) & (m.attention == "triton"))
+    if every(lacks(joined)):
+        return []
+    nbytes = vwhere(joined, 2 * s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols), 0)
+    return [elementwise(QKV_JOINED, nbytes)]
+
+
 def qk_norms(plan: Plan, s: Shapes) -> list[Work]:
     """Q/K norms (``model.qk_norm``): one pass that reads and writes this rank's Q and K
     (Qwen3 and OLMo 2 norm them after the projection and before RoPE; Megatron-Core's
@@ -636,6 +690,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     return [
         elementwise("attention norm", 2 * norm),
         *qkv_projections(plan, s),
+        *query_copy(plan, s),
         *qk_norms(plan, s),
         *rotary(plan, s),
         *attention_core(plan, s),

@@ -839,7 +839,8 @@ def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:
             [w.scaled(1, f"{w.name} (recomputed)") for w in core],
             plan.recompute == "selective",
         )
-    return redo + flops.backward_of(work)
+    joined = flops.qkv_gradients_joined(plan, s) if block == "attention" else []
+    return redo + flops.backward_of(work) + joined
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:

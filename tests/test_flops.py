@@ -120,7 +120,8 @@ def test_qk_norms_keep_q_and_k_and_add_a_pass() -> None:
         works = flops.attention_forward(plan, s)
         (norm,) = [w for w in works if w.name == "Q/K norms"]
         assert norm.bytes == 2 * kept
-        assert [w.name for w in works][2:4] == ["Q/K norms", "rotary embedding of Q and K"]
+        names = [w.name for w in works if w.name != flops.QUERY_COPY]  # Qwen3's grouped Q
+        assert names[2:4] == ["Q/K norms", "rotary embedding of Q and K"]
         (back,) = [w for w in flops.backward_of(works) if w.name == "Q/K norms backward"]
         assert back.bytes == 4 * kept
 
@@ -610,3 +611,62 @@ def test_shared_experts_run_their_activation():
     works = {w.name: w.bytes for w in flops.moe_forward(plan, shapes(plan))}
     assert works["shared expert activation"] == 3 * 2 * 4096 * 2816 == 69_206_016
     assert "expert activation" in works
+
+
+def test_megatron_copies_a_grouped_query_and_joins_the_qkv_gradients(tmp_path):
+    """Llama 3 70B (64 query heads, 8 key/value groups of 128) at tp 4 holds 16 heads in 2
+    groups on a rank: Megatron-Core's ``query.reshape`` cannot view 2 groups of 8 heads each
+    a key and a value apart, so it copies Q, a read and a write of 8,192 tokens × 2,048
+    columns in bf16, 2 × 2 × 8,192 × 2,048 = 67,108,864 B, with no backward kernel. At tp 8
+    one group a rank views it. Its gradients reach the split as three tensors (the rotary
+    embedding's backward writes dQ and dK), so the backward concatenates Q, K and V:
+    2 × 2 × 8,192 × (2,048 + 256 + 256) = 83,886,080 B at tp 4."""
+    from tests.plan_files import ROOT, variant
+
+    tp4 = load_plan(
+        variant(
+            tmp_path,
+            "tp4.yaml",
+            ("  tp: 8", "  tp: 4"),
+            ("  dp: 16", "  dp: 32"),
+            base=ROOT / "plans" / "llama3-70b.yaml",
+        )
+    )
+    s = shapes(tp4)
+    assert (s.q_cols, s.k_cols, s.tokens) == (2048, 256, 8192)
+    copy = [w for w in flops.attention_forward(tp4, s) if w.name == flops.QUERY_COPY]
+    assert [(w.bytes, w.backward) for w in copy] == [(2 * 2 * 8192 * 2048, 0.0)]
+    assert copy[0].bytes == 67_108_864
+    assert [w.bytes for w in flops.backward_of(copy)] == [0]
+    (joined,) = flops.qkv_gradients_joined(tp4, s)
+    assert joined.bytes == 2 * 2 * 8192 * (2048 + 256 + 256) == 83_886_080
+    tp8 = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    s8 = shapes(tp8)
+    assert not [w for w in flops.attention_forward(tp8, s8) if w.name == flops.QUERY_COPY]
+    assert [w.bytes for w in flops.qkv_gradients_joined(tp8, s8)] == [
+        2 * 2 * 8192 * (1024 + 128 + 128)
+    ]
+
+
+def test_the_qkv_gradients_are_joined_only_where_they_come_apart():
+    """Plain multi-head attention with learned positions under a fused kernel (GPT-3) gets
+    its gradients back as views of one buffer: nothing joined. Eager attention writes them
+    apart (joined); so does llm-foundry's Triton kernel under FSDP (MPT), while a torchtitan
+    Llama under FSDP projects Q, K and V by three GEMMs and joins nothing; neither copies Q."""
+    from dataclasses import replace
+
+    from tests.plan_files import ROOT
+
+    gpt3 = load_plan(PLAN)
+    assert not flops.qkv_gradients_joined(gpt3, shapes(gpt3))
+    eager = replace(gpt3, model=replace(gpt3.model, attention="eager"))
+    (joined,) = flops.qkv_gradients_joined(eager, shapes(eager))
+    assert joined.bytes == 2 * 2 * 2048 * 3 * 1536
+    (mpt,) = [r for r in RUNS if r.name == "MPT 760M, 8 GPUs"]
+    plan = plan_of(mpt)
+    (joined,) = flops.qkv_gradients_joined(plan, shapes(plan))
+    assert joined.bytes == 2 * 2 * 24 * 2048 * 3 * 1536
+    fsdp = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    s = shapes(fsdp)
+    assert not flops.qkv_gradients_joined(fsdp, s)
+    assert not [w for w in flops.attention_forward(fsdp, s) if w.name == flops.QUERY_COPY]
