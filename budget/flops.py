@@ -1179,6 +1179,25 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     return [lookup, replace(elementwise(POSITION_ADD, forward), backward=backward / forward)]
 
 
+EMBEDDING_GRADIENT = "embedding gradient, dense: zeroed, then read"
+
+
+def embedding_gradient(plan: Plan, params: Any, fsdp: Any) -> list[Work]:
+    """The input tables' weight gradient as PyTorch's embedding backward makes it: a dense
+    tensor of the whole table in the weights' format, zero-filled before the looked-up rows
+    are accumulated into it (``embedding_dense_backward_cuda``: ``at::zeros({num_weights,
+    ...})``), a write of every element (the accumulation's reads and writes of the rows
+    are the lookup's backward, `embedding_work`). Megatron-Core's gradient hook then adds
+    it into the main gradient (``param.main_grad.add_(param.grad.data)``: the embedding is
+    not a Transformer Engine module, so nothing fuses the addition), reading it again, the
+    main gradient's own read and write being `grad_accumulation`'s; under FSDP the
+    flattening reads it (`fsdp_gradient_passes`), so only the fill is added. `params`: the
+    tables' parameters on this rank; `fsdp` as `fsdp_mixed` gives it (an array over a
+    sweep's layouts) (an audit)."""
+    passes: Any = 2 if fsdp is False else vwhere(fsdp, 1, 2)
+    return [elementwise(EMBEDDING_GRADIENT, passes * operands(plan).weights * params)]
+
+
 def grads_upcast(prec: Precision) -> bool:
     """Whether the optimizer step reads the gradients cast to the master copy's wider format
     (`Precision.upcast_grads`): the cast's pass here (`optimizer_work`) and its copy held

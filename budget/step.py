@@ -1274,12 +1274,13 @@ def _embedding_gradients(b: _StageBuilder) -> list[Work]:
     way."""
     n, word = b.params.lookup_per_rank, vocab_params(b.plan)
     fsdp = flops.fsdp_mixed(b.plan)
+    dense = flops.embedding_gradient(b.plan, n, fsdp)  # the tables' whole gradients
     if fsdp is False:
-        return _gradient_passes(b, n)
+        return dense + _gradient_passes(b, n)
     once = fsdp & holds(b.last & b.plan.model.tied_embeddings)
     positions = n - word
     shared = when(_gradient_passes(b, positions), positions > 0) + flops.fsdp_summed(b.plan, word)
-    return when(_gradient_passes(b, n), lacks(once)) + when(shared, once)
+    return dense + when(_gradient_passes(b, n), lacks(once)) + when(shared, once)
 
 
 def _zero3_moves(

@@ -670,3 +670,22 @@ def test_the_qkv_gradients_are_joined_only_where_they_come_apart():
     s = shapes(fsdp)
     assert not flops.qkv_gradients_joined(fsdp, s)
     assert not [w for w in flops.attention_forward(fsdp, s) if w.name == flops.QUERY_COPY]
+
+
+def test_the_embedding_gradient_is_a_dense_table_zeroed_then_read():
+    """PyTorch's embedding backward writes the whole table's gradient, zero-filled first,
+    and Megatron-Core's hook reads it again to add it into the main gradient: two passes of
+    the tables' bf16 gradient a micro-batch. GPT-3 at tp 8 holds 51,200 / 8 word rows and
+    2,048 learned positions of 12,288: 2 × 2 × (6,400 + 2,048) × 12,288 = 415,236,096 B on
+    its first stage. Under FSDP the flattening reads it (its own passes), so one: MPT 760M's
+    whole tables, 50,368 + 2,048 rows of 1,536, 2 × 80,510,976 = 161,021,952 B."""
+    from budget.flops import EMBEDDING_GRADIENT
+
+    def dense(plan):
+        (stage, *_) = derive(plan).stages
+        (phase,) = [p for p in stage.phases if p.name == "backward.embedding"]
+        return [w.bytes for w in phase.works if w.name == EMBEDDING_GRADIENT]
+
+    assert dense(load_plan(PLAN)) == [2 * 2 * (6400 + 2048) * 12288] == [415_236_096]
+    (mpt,) = [r for r in RUNS if r.name == "MPT 760M, 8 GPUs"]
+    assert dense(plan_of(mpt)) == [2 * (50368 + 2048) * 1536] == [161_021_952]
