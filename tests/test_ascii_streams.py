@@ -98,11 +98,11 @@ def test_a_diff_says_which_way_each_figure_moved(wider):
     _, out, _ = _run("ascii", 100, "diff", str(GPT3), str(wider))
     assert "|figure" in out and "delta |" in out and "delta%|" in out
     step = next(line for line in out.splitlines() if line.startswith("|step time"))
-    assert re.search(r"\| +-280 ms \| +-1\.5% +ok\|$", step), step
+    assert re.search(r"\| +-281 ms \| +-1\.5% +ok\|$", step), step
     peak = next(line for line in out.splitlines() if line.startswith("|worst-stage peak"))
     assert re.search(rf"\|\+25\.2 GiB \|\+{re.escape(_peak_change(wider))} bad\|$", peak), peak
     assert "delta = B - A; ok is better, bad is worse" in out
-    assert "tp 8 x pp 8 x dp 16" in out and "(19.1 s -> 18.9 s)" in out
+    assert "tp 8 x pp 8 x dp 16" in out and "(19.1 s -> 18.8 s)" in out
     summary = next(t for t in _tables(out) if t[1].startswith("|figure"))
     ends = {m.end(1) for line in summary if (m := re.search(r"([+-][\d.]+%) +(?:ok|bad)\|", line))}
     assert len(ends) == 1, "\n".join(summary)  # the percentages end in one column

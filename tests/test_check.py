@@ -835,11 +835,17 @@ def test_a_limit_reads_as_given_and_a_tiny_excess_is_not_zero() -> None:
     """An audit: `--max-step 5.4771070941137s` against a 5.477107094113709 s step read "0.00
     ns over the 5.47710709411 s limit": the limit cut to 12 digits and an excess of 9 fs
     rounded to nothing. The limit now keeps the digits the user wrote, and the excess
-    its own figure (5.477107094113709 − 5.4771070941137 = 8.9e-15 s = 8.9e-06 ns)."""
-    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", "5.4771070941137s")
+    its own figure (5.477107094113709 − 5.4771070941137 = 8.9e-15 s = 8.9e-06 ns). The
+    limit here is the plan's step cut to 13 decimals, just under it, as the model moves."""
+    step = budget_plan(ROOT / "plans/gpt-1.3b.yaml").step["time_s"]
+    limit = f"{math.floor(step * 1e13) / 1e13:.13f}"
+    if float(limit) >= step:  # a step of 13 decimals or fewer: one digit under it
+        limit = f"{float(limit) - 1e-13:.13f}"
+    assert 0 < step - float(limit) < 2e-13
+    code, out, _ = _check(ROOT / "plans/gpt-1.3b.yaml", "--max-step", f"{limit}s")
     said = " ".join(out.split())
     assert code == 1
-    assert "over the 5.4771070941137 s limit" in said
+    assert f"over the {limit} s limit" in said
     assert "0.00 ns" not in said
     assert format_duration(8.9e-15) == "8.9e-06 ns"
     assert format_duration(17.3e-3) == "17.3 ms"

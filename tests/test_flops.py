@@ -580,7 +580,7 @@ def test_squared_relu_runs_as_eager_pytorchs_kernels():
     square reads and writes: 4N in two launches. Backward: ``threshold_backward`` reads two
     and writes one (3N, one launch); ``pow_backward`` copies x (2N), multiplies by 2 (2N)
     and by the gradient (3N): 7N in three. So 10N in four, where GeLU moves 2N in one and
-    4N in one."""
+    3N in one (the gradient and the input read, the input's gradient written)."""
     from dataclasses import replace
 
     plan = load_plan(PLAN)
@@ -597,7 +597,7 @@ def test_squared_relu_runs_as_eager_pytorchs_kernels():
     assert back == {"ReLU backward": (3 * n, 1), "square backward": (7 * n, 3)}
     gelu = [w for w in flops.mlp_forward(plan, shapes(plan)) if w.name in names]
     assert [(w.name, w.bytes) for w in gelu] == [("GeLU", 2 * n)]
-    assert [(w.bytes, w.launches) for w in flops.backward_of(gelu)] == [(4 * n, 1)]
+    assert [(w.bytes, w.launches) for w in flops.backward_of(gelu)] == [(3 * n, 1)]
 
 
 def test_shared_experts_run_their_activation():
@@ -689,3 +689,18 @@ def test_the_embedding_gradient_is_a_dense_table_zeroed_then_read():
     assert dense(load_plan(PLAN)) == [2 * 2 * (6400 + 2048) * 12288] == [415_236_096]
     (mpt,) = [r for r in RUNS if r.name == "MPT 760M, 8 GPUs"]
     assert dense(plan_of(mpt)) == [2 * (50368 + 2048) * 1536] == [161_021_952]
+
+
+def test_a_fused_activations_backward_reads_the_gradient_and_the_input():
+    """A fused activation's backward reads the incoming gradient (one width) and the saved
+    input (``gate`` widths) and writes the input's gradient (``gate``): GELU 3 widths,
+    SwiGLU 5 (Megatron-Core's ``swiglu_back(g, y)``). Llama 3 70B at tp 8: fc1 writes
+    2 × 28,672 / 8 = 7,168 columns over 8,192 tokens, a width of 2 × 8,192 × 3,584 =
+    58,720,256 B: 3 widths forward, 5 backward."""
+    from tests.plan_files import ROOT
+
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    width = 2 * 8192 * 3584
+    (act,) = [w for w in flops.mlp_forward(plan, shapes(plan)) if w.name == "SwiGLU"]
+    assert act.bytes == 3 * width == 176_160_768
+    assert [w.bytes for w in flops.backward_of([act])] == [5 * width]
