@@ -1201,7 +1201,8 @@ def embedding_gradient(plan: Plan, params: Any, fsdp: Any) -> list[Work]:
     tables' parameters on this rank; `fsdp` as `fsdp_mixed` gives it (an array over a
     sweep's layouts) (an audit)."""
     passes: Any = 2 if fsdp is False else vwhere(fsdp, 1, 2)
-    return [elementwise(EMBEDDING_GRADIENT, passes * operands(plan).weights * params)]
+    # the tables stay 16-bit under an fp8 parameter gather (`outside_operands`)
+    return [elementwise(EMBEDDING_GRADIENT, passes * outside_operands(plan).weights * params)]
 
 
 def grads_upcast(prec: Precision) -> bool:

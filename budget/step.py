@@ -598,6 +598,13 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
+def _expert_width(s: Shapes, name: str) -> Alloc:
+    """A transient of one routed expert width over the rows this rank's experts compute."""
+    return Alloc(
+        name, "transient", s.act * s.routed * s.expert_cols, placement="shard(tokens) on ep"
+    )
+
+
 def _squared_relu(plan: Plan, s: Shapes, held: list[Alloc]) -> list[Instant]:
     """Under eager squared ReLU (`flops.activation`) the instant its square runs: `held`
     (what the block saves, the relu's output and the square's among it) and fc1's output,
@@ -1600,6 +1607,9 @@ def _forward(b: _StageBuilder) -> None:
     if b.has_moe:
         moe = _either(blocks["moe"], full)
         buffers = [dispatch_buffers(plan, s)]
+        # eager squared ReLU holds the experts' fc1 output while its square runs, as the
+        # dense MLP's (`_squared_relu`)
+        buffers += when([_expert_width(s, "expert ReLU input")], plan.model.mlp == "squared_relu")
         gathered_moe = _zero3_transients(plan, b.layer, "moe", ["attention"])
         b.add(
             "forward.moe",
@@ -1871,6 +1881,10 @@ def _backward(b: _StageBuilder) -> None:
                 placement="shard(tokens) on ep",
             ),
             dispatch_buffers(plan, s),
+            # eager squared ReLU's 2·x.pow(1) beside the gradients it multiplies
+            *when(
+                [_expert_width(s, "expert squared ReLU's 2·x")], plan.model.mlp == "squared_relu"
+            ),
         ]
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
         forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)

@@ -704,3 +704,26 @@ def test_a_fused_activations_backward_reads_the_gradient_and_the_input():
     (act,) = [w for w in flops.mlp_forward(plan, shapes(plan)) if w.name == "SwiGLU"]
     assert act.bytes == 3 * width == 176_160_768
     assert [w.bytes for w in flops.backward_of([act])] == [5 * width]
+
+
+def test_the_embedding_gradient_stays_16_bit_under_an_fp8_gather(tmp_path):
+    """``--fp8-param-gather`` makes Transformer Engine modules' weights fp8; the embedding is
+    not one (`flops.outside_operands`), so its dense gradient is bf16 still: GPT-3's first
+    stage moves the same 2 × 2 × (6,400 + 2,048) × 12,288 = 415,236,096 B (a review: it had
+    been priced at 1 byte an element)."""
+    from budget.flops import EMBEDDING_GRADIENT
+    from tests.plan_files import ROOT, variant
+
+    path = variant(
+        tmp_path,
+        "fp8.yaml",
+        ("  activations: bf16", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8"),
+        ("preset: a100-80gb, reserved: 3 GiB", "preset: h100-sxm, reserved: 3 GiB"),
+        ("preset: dgx-a100", "preset: dgx-h100"),
+        base=ROOT / "plans" / "gpt3-175b.yaml",
+    )
+    plan = load_plan(path)
+    assert flops.operands(plan).weights == 1
+    (stage, *_) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "backward.embedding"]
+    assert [w.bytes for w in phase.works if w.name == EMBEDDING_GRADIENT] == [415_236_096]

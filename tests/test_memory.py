@@ -813,3 +813,29 @@ def test_eager_squared_relu_holds_fc1s_output_and_a_doubled_copy():
         sum(grads.values())
         == sum(instants(plan, "backward.mlp")["activation gradients"].values()) + n
     )
+
+
+def test_eager_squared_relu_experts_hold_their_fc1_output_and_a_doubled_copy():
+    """The routed experts under eager squared ReLU hold what the dense MLP's do: fc1's
+    output while the square runs, ``2·x`` in its backward, each one expert width over the
+    rows the rank's experts compute (a review: the MoE instants had been GELU's)."""
+    swiglu = load_plan(ROOT / "plans" / "deepseek-moe-16b.yaml")
+    plan = replace(swiglu, model=replace(swiglu.model, mlp="gelu"))  # as wide: one matrix
+    relu = replace(plan, model=replace(plan.model, mlp="squared_relu"))
+    s = shapes(relu)
+    width = s.act * s.routed * s.expert_cols
+    assert width > 0
+
+    def live(p, phase, label):
+        (stage, *_) = derive(p).stages
+        (found,) = [x for x in stage.phases if x.name == phase]
+        (instant,) = [i for i in found.instants if i.label == label]
+        return {a.name: a.total for a in instant.live}
+
+    forward = live(relu, "forward.moe", "expert computation")
+    backward = live(relu, "backward.moe", "expert gradients")
+    assert forward["expert ReLU input"] == backward["expert squared ReLU's 2·x"] == width
+    gelu_f = live(plan, "forward.moe", "expert computation")
+    gelu_b = live(plan, "backward.moe", "expert gradients")
+    assert sum(forward.values()) == sum(gelu_f.values()) + width
+    assert sum(backward.values()) == sum(gelu_b.values()) + width
