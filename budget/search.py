@@ -246,13 +246,15 @@ class Outcome:
 
 @cache
 def _differ(plan: Plan, c: Config, gpus: int) -> bool:
-    """Whether `budget PLAN` replays layout `c` of `plan` (`schedule.step_time`): it is
-    interleaved, or its model chunks differ in size (`layers.chunk_times_differ` on the
-    layout itself: 16 layers and one
-    multi-token prediction layer over pp 8 × 2 split evenly, the last chunk then holding
-    two, which a test of `split`'s sizes alone missed: a review) and it is not GPipe."""
+    """Whether `budget PLAN` replays layout `c` of `plan` (`schedule.step_time`): it is not
+    GPipe, and it is interleaved or its model chunks differ in size (`layers.
+    chunk_times_differ` on the layout itself: 16 layers and one multi-token prediction
+    layer over pp 8 × 2 split evenly, the last chunk then holding two, which a test of
+    `split`'s sizes alone missed: a review)."""
     if _schedule(plan, c) == "gpipe":  # GPipe keeps the closed form
         return False
+    if c.pp > 1 and c.virtual_stages > 1:  # interleaved: no need to build the layout
+        return True
     return chunk_times_differ(apply(plan, c, gpus))
 
 

@@ -598,24 +598,23 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
     return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
 
 
-def _expert_width(s: Shapes, name: str) -> Alloc:
-    """A transient of one routed expert width over the rows this rank's experts compute."""
-    return Alloc(
-        name, "transient", s.act * s.routed * s.expert_cols, placement="shard(tokens) on ep"
-    )
+def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
+    """The one more tensor of one width that eager squared ReLU (`flops.activation`) holds
+    beside what a fused activation would: fc1's output while the square runs, which the
+    caller still holds as the function's argument, or ``2·x.pow(1)`` beside the gradients
+    its backward multiplies; none for a fused activation."""
+    if plan.model.mlp != "squared_relu":
+        return []
+    return [Alloc(name, "transient", nbytes, placement=placement)]
 
 
 def _squared_relu(plan: Plan, s: Shapes, held: list[Alloc]) -> list[Instant]:
-    """Under eager squared ReLU (`flops.activation`) the instant its square runs: `held`
-    (what the block saves, the relu's output and the square's among it) and fc1's output,
-    which the caller still holds as the function's argument; a fused activation reads it
-    and writes one, both saved, so it has no instant of its own."""
-    if plan.model.mlp != "squared_relu":
-        return []
-    fc1 = Alloc(
-        "MLP fc1 output", "transient", s.act * s.tokens * s.ffn_cols, placement="shard(ffn) on tp"
-    )
-    return [Instant("squared ReLU", tuple([*held, fc1]))]
+    """Under eager squared ReLU the instant its square runs: `held` (what the block saves,
+    the relu's output and the square's among it) and fc1's output (`_squared`); a fused
+    activation reads it and writes one, both saved, so it has no instant of its own."""
+    width = s.act * s.tokens * s.ffn_cols
+    fc1 = _squared(plan, "MLP fc1 output", width, "shard(ffn) on tp")
+    return [Instant("squared ReLU", tuple([*held, *fc1]))] if fc1 else []
 
 
 def _before_reduction(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
@@ -1607,9 +1606,9 @@ def _forward(b: _StageBuilder) -> None:
     if b.has_moe:
         moe = _either(blocks["moe"], full)
         buffers = [dispatch_buffers(plan, s)]
-        # eager squared ReLU holds the experts' fc1 output while its square runs, as the
-        # dense MLP's (`_squared_relu`)
-        buffers += when([_expert_width(s, "expert ReLU input")], plan.model.mlp == "squared_relu")
+        # eager squared ReLU holds the experts' fc1 output while its square runs
+        experts = s.act * s.routed * s.expert_cols
+        buffers += _squared(plan, "expert ReLU input", experts, "shard(tokens) on ep")
         gathered_moe = _zero3_transients(plan, b.layer, "moe", ["attention"])
         b.add(
             "forward.moe",
@@ -1881,9 +1880,11 @@ def _backward(b: _StageBuilder) -> None:
                 placement="shard(tokens) on ep",
             ),
             dispatch_buffers(plan, s),
-            # eager squared ReLU's 2·x.pow(1) beside the gradients it multiplies
-            *when(
-                [_expert_width(s, "expert squared ReLU's 2·x")], plan.model.mlp == "squared_relu"
+            *_squared(
+                plan,
+                "expert squared ReLU's 2·x",
+                s.act * s.routed * s.expert_cols,
+                "shard(tokens) on ep",
             ),
         ]
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
@@ -1914,11 +1915,7 @@ def _backward(b: _StageBuilder) -> None:
             gate * s.act * s.tokens * s.ffn_cols,
             placement=col,
         )
-        # eager squared ReLU's backward holds 2·x.pow(1) beside the gradients it multiplies
-        # (`flops.activation`)
-        doubled = Alloc(
-            "squared ReLU's 2·x", "transient", s.act * s.tokens * s.ffn_cols, placement=col
-        )
+        doubled = _squared(plan, "squared ReLU's 2·x", s.act * s.tokens * s.ffn_cols, col)
         out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
         # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
         # after the bias-dropout-add's, the block's first (an audit), fc2's input after
@@ -1957,7 +1954,7 @@ def _backward(b: _StageBuilder) -> None:
                             grad_out,
                             ffn_grad,
                             act_grad,
-                            *when([doubled], plan.model.mlp == "squared_relu"),
+                            *doubled,
                             *mlp_bucket,
                         ),
                     ),
