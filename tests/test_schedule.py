@@ -22,9 +22,12 @@ from budget.schedule import (
     Replay,
     _by_name,
     _chunk_times,
+    _extrapolated,
+    _replay_ends,
     pipeline_replay,
     pipeline_replays,
     replay_of,
+    shortened_count,
     step_time,
     work_time,
 )
@@ -929,6 +932,57 @@ def test_layouts_replayed_together_end_as_each_alone(p, v, rounds, extra, seed, 
     replay = Replay(chunks, counts, rest, after, np.zeros(layouts))
     each = [replay.take(i).pipeline() + replay.take(i).after for i in range(layouts)]
     assert replay.steps().tolist() == each
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    p=st.integers(4, 8),
+    v=st.sampled_from([1, 1, 2, 3, 4]),
+    rounds=st.integers(24, 60),
+    seed=st.integers(0, 2**32 - 1),
+    spread=st.sampled_from([1.0, 1.05, 3.0, 20.0]),
+    layouts=st.sampled_from([1, 40]),
+)
+def test_a_long_replay_extends_a_shorter_steady_one(p, v, rounds, seed, spread, layouts) -> None:
+    """Past a few rounds `pipeline_replay` replays fewer micro-batches (`shortened_count`)
+    and adds a steady round's shift for each one left out (`_extrapolated`), or replays
+    them all where its ops do not yet shift alike. Either way it ends where the round-robin
+    replay of all m ends (to rounding: 1e-12 of the step), alone and in a batch of layouts
+    (`pipeline_replays`, bit for bit with each alone)."""
+    rng = np.random.default_rng(seed)
+    m = rounds * p
+    chunks = (
+        rng.uniform(1.0, spread, size=(2, p, v, layouts))
+        * np.array([1.0, 2.0])[:, None, None, None]
+    )
+    alone = [pipeline_replay(chunks[0, ..., i], chunks[1, ..., i], m) for i in range(layouts)]
+    assert pipeline_replays(chunks, m).tolist() == alone
+    for i in (0, layouts - 1):
+        oracle = _replay_by_events(chunks[0, ..., i].tolist(), chunks[1, ..., i].tolist(), m)
+        assert alone[i] == pytest.approx(oracle, rel=1e-12)
+
+
+def test_a_long_replay_by_hand_and_one_not_yet_steady() -> None:
+    """Alike chunks (forward 1, backward 2) at p 8, v 4 and m 800: the closed form
+    m·t + (p − 1)·t/v with t = v·(f + b) = 12 a micro-batch, 9,600 + 21 = 9,621, from a
+    replay of 64 micro-batches (`shortened_count`: past the first stage's 38 warm-up
+    forwards twice and five rounds of 32, 59 at least, 800 less a multiple of 8) and 92
+    steady rounds of 8 micro-batches. And two stages of two
+    chunks that at 14 micro-batches still drift apart (one stage's ops shift by more than
+    the other's each round): `_extrapolated` leaves m = 400 to a whole replay, which the
+    oracle's 2,601.8 confirms. A small replay is run whole (`SHORTEN`)."""
+    assert shortened_count(8, 4, 800) == 64 and shortened_count(8, 4, 64) is None
+    assert pipeline_replay([[1.0] * 4] * 8, [[2.0] * 4] * 8, 800) == pytest.approx(
+        9621.0, rel=1e-12
+    )
+    forward, backward = [[1.0, 1.0], [1.1, 1.25]], [[2.5, 2.0], [2.0, 2.0]]
+    short = shortened_count(2, 2, 400)
+    times = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
+    ends = np.array(_replay_ends(times, 2, 2, short))[:, None]
+    assert short == 14 and np.isnan(_extrapolated(ends, 2, 2, short, 400)).all()
+    assert pipeline_replay(forward, backward, 400) == pytest.approx(2601.8, rel=1e-12)
+    assert _replay_by_events(forward, backward, 400) == pytest.approx(2601.8, rel=1e-12)
+    assert shortened_count(2, 2, 40) is None  # 2·2·40 = 160 chunk forwards: whole
 
 
 def test_the_replay_bound_by_hand() -> None:
