@@ -972,7 +972,7 @@ SHORTEN = 1024
 
 def shortened_count(p: int, v: int, m: int) -> int | None:
     """The micro-batch count whose replay `pipeline_replay` extends to m, where that saves
-    half of it or more: the fewest micro-batches m − j·p (j ≥ 1) whose replay holds, past
+    a round or more: the fewest micro-batches m − j·p (j ≥ 1) whose replay holds, past
     the first stage's warm-up w twice and a round of p·v model-chunk forwards per stage to
     settle in, three rounds of the steady 1F1B alternation and one more before any stage's
     cool-down (`_extrapolated`); None where m has no such count, or the replay is small
@@ -981,7 +981,7 @@ def shortened_count(p: int, v: int, m: int) -> int | None:
     warm = min(p - 1 if v == 1 else interleaved_warmup(p, v, 0) - 1, m * v)
     needed = -(-(2 * warm + 5 * rounds) // v)  # micro-batches, rounded up
     short = m - (m - needed) // p * p
-    return short if m * rounds > SHORTEN and 2 * short <= m else None
+    return short if m * rounds > SHORTEN and short < m else None
 
 
 def _extrapolated(ends: np.ndarray, p: int, v: int, short: int, m: int) -> np.ndarray:
@@ -1028,7 +1028,8 @@ def pipeline_replays(chunks: np.ndarray, m: int) -> np.ndarray:
         for start, ends in _level_ends(times, p, v, short):
             out[start : start + ends.shape[1]] = _extrapolated(ends, p, v, short, m)
     whole = np.flatnonzero(np.isnan(out))  # not shortened, or not yet steady
-    for start, ends in _level_ends(times[:, whole], p, v, m):
+    # (none: the levels of all m, which take as long to find as a replay, go unmade)
+    for start, ends in _level_ends(times[:, whole], p, v, m) if whole.size else ():
         out[whole[start : start + ends.shape[1]]] = ends.max(axis=0)
     return out
 
