@@ -715,6 +715,78 @@ def resident_states(
     return tuple(allocs)
 
 
+def te_fp8(plan: Plan) -> bool:
+    """Training with FP8 GEMMs, which a plan means as Transformer Engine's recipes under
+    Megatron-Core run them (`fp8_weight_copies`, `saved_gemm_input`)."""
+    return plan.mode == "train" and plan.precision.matmul == "fp8"
+
+
+def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:
+    """(non-expert, expert) weights of one layer's GEMMs on one rank: what Transformer Engine
+    runs in FP8 (`layer_params` less the biases, norms, attention sinks and router, which
+    Megatron-Core keeps 16-bit: its router is a ``torch.mm``, ``moe_utils.py``). QKV (or
+    latent attention's down- and up-projections) and the output projection, the MLP's fc1
+    (gate and up) and fc2, an MoE layer's shared experts and its rank's experts."""
+    m, t = plan.model, plan.parallel.tp
+    h, gate = m.hidden, m.gate
+    out_width = m.heads * m.head_dim
+    if m.mla is not None:
+        mla = m.mla
+        sharded = (mla.q_rank or h) * m.heads * m.qk_head_dim
+        sharded += mla.kv_rank * m.heads * (mla.nope_dim + m.head_dim) + out_width * h
+        attention = -(-sharded // t) + h * (mla.q_rank + mla.kv_rank + mla.rope_dim)
+    else:
+        attention = -(-(2 * h * out_width) // t)
+        attention += 2 * h * kv_heads_per_rank(plan) * m.head_dim
+
+    def mlp(width: int, shards: Any) -> Any:
+        return -(-((gate + 1) * h * width) // shards)
+
+    if not moe or m.experts is None:
+        return attention + mlp(m.ffn, t), 0
+    e, par = m.experts, plan.parallel
+    shared = mlp(e.shared_ffn, t) if e.shared_ffn else 0
+    return attention + shared, (e.count // par.ep) * mlp(e.ffn, par.expert_tp)
+
+
+def fp8_weight_copies(plan: Plan, c: StageClass) -> list[Alloc]:
+    """Transformer Engine's FP8 copies of a stage's GEMM weights, kept for the whole step:
+    quantized at the step's first micro-batch into a workspace the module keeps
+    (``get_weight_workspace`` with ``is_first_microbatch``, which Megatron-Core passes
+    unless ``disable_parameter_transpose_cache``), 1 B a weight, and, where the device's
+    FP8 GEMMs take K-major operands only (`Device.fp8_transpose`, Hopper), its transpose
+    for the backward's data gradient, 1 B more (TransformerEngine 2.5, ``module/base.py``
+    and ``linear.py``: ``update_usage(columnwise_usage=True)``, read by a research audit).
+    FP8 parameters (``precision.params: fp8``, Megatron-LM's ``--fp8-param-gather``) are
+    the FP8 copy themselves: only the transpose is added. Under ZeRO-3 the copies are made
+    from each gathered block, and how long an FSDP stack keeps them was not read: not
+    counted there."""
+    if not te_fp8(plan):
+        return []
+    per_weight = int(DTYPE_BYTES[plan.precision.params] > 1) + int(plan.device.fp8_transpose)
+    if not per_weight:
+        return []
+    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
+    weights = c.dense * dense + c.moe * (shared + experts)
+    what = {
+        (True, True): "FP8 copies of the layers' GEMM weights and their transposes",
+        (True, False): "FP8 copies of the layers' GEMM weights",
+        (False, True): "FP8 transposes of the layers' GEMM weights",
+    }[(DTYPE_BYTES[plan.precision.params] > 1, plan.device.fp8_transpose)]
+    copies = Alloc(f"{what} (Transformer Engine)", "params", weights * per_weight)
+    return when([copies], plan.parallel.zero < 3)
+
+
+def saved_gemm_input(plan: Plan, s: Shapes) -> Any:
+    """Bytes an element of a GEMM input that a layer saves for its weight gradient takes:
+    1 under FP8 training, where Transformer Engine's ``Linear`` and ``LayerNormLinear`` save
+    the input they quantized (its FP8 transpose, or under sequence parallelism the local
+    FP8 shard, re-gathered in the backward; ``linear.py`` and ``layernorm_linear.py``:
+    ``update_usage``, TransformerEngine 2.5 as 1.x's ``inputmat_t``) and not the 16-bit
+    one; otherwise the activations' format."""
+    return 1 if te_fp8(plan) else s.act
+
+
 # --------------------------------------------------------------------------------------------
 # Activations
 
@@ -908,9 +980,12 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         vwhere(repeated, s.q_cols, s.k_cols),
         vwhere(repeated, s.out_cols, s.v_cols),
     )
+    gemm_in = saved_gemm_input(plan, s)
     out = [
         Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
-        Alloc("attention QKV input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc(
+            "attention QKV input", "activations", gemm_in * s.tokens_sp * s.hidden, placement=res
+        ),
         *(
             Alloc(name, "activations", a * s.tokens * cols, placement=head)
             for name, cols in zip(QKV_OUTPUTS, widths, strict=True)
@@ -928,7 +1003,10 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     out.extend(core_attention(plan, s))
     out.append(
         Alloc(
-            "attention projection input", "activations", a * s.tokens * s.out_cols, placement=head
+            PROJECTION_INPUT,
+            "activations",
+            gemm_in * s.tokens * s.out_cols,
+            placement=head,
         )
     )
     out += post_norm_input(plan, s, "attention")
@@ -944,15 +1022,25 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     return kept
 
 
+PROJECTION_INPUT = "attention projection input"
+FUSED_OUTPUT = "attention output (fused kernel's, 16-bit)"
+
+
 def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     """The s x s part of attention: eager stores scores, flash only row statistics.
     All-gathered context parallelism saves its two half-sequence outputs apart from the
     output it returns (Transformer Engine's ``AttnFuncWithCPAndKVAllGather.forward`` saves
-    ``*out_per_step`` for its backward; the projection saves the returned one)."""
+    ``*out_per_step`` for its backward; the projection saves the returned one). A fused
+    kernel saves its output for its backward, which is also the output projection's input;
+    under FP8 training the projection saves its own FP8 copy instead (`saved_gemm_input`),
+    so the kernel's 16-bit output is a tensor of its own."""
     score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
     if plan.model.attention != "eager":
         rows = s.heads * s.tokens
         saved = [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
+        if te_fp8(plan):  # the output the kernel keeps is not the projection's FP8 input
+            size = s.act * s.tokens * s.out_cols
+            saved.append(Alloc(FUSED_OUTPUT, "activations", size, placement="shard(heads) on tp"))
         if plan.parallel.cp_attention == "allgather":
             halves = Alloc(
                 "attention output halves (all-gather cp)",
@@ -987,9 +1075,10 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     MLP (SwiGLU, GeGLU) saves the gate and up projections (2 x ffn) and their product (ffn)."""
     a, res = s.act, residual_placement(plan)
     col = "shard(ffn) on tp"
+    gemm_in = saved_gemm_input(plan, s)
     out = [
         Alloc("MLP norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
-        Alloc("MLP fc1 input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc("MLP fc1 input", "activations", gemm_in * s.tokens_sp * s.hidden, placement=res),
     ]
     gate = plan.model.gate  # gated MLPs save the gate and up projections
     out.append(
@@ -997,7 +1086,7 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             activation_input(plan), "activations", gate * a * s.tokens * s.ffn_cols, placement=col
         )
     )
-    out.append(Alloc(FC2_INPUT, "activations", a * s.tokens * s.ffn_cols, placement=col))
+    out.append(Alloc(FC2_INPUT, "activations", gemm_in * s.tokens * s.ffn_cols, placement=col))
     out += post_norm_input(plan, s, "MLP")
     if plan.model.dropout:
         out.append(Alloc("MLP dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))
@@ -1015,17 +1104,20 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     a, res = s.act, residual_placement(plan)
     gate = plan.model.gate
     rows = "shard(tokens) on ep"
+    gemm_in = saved_gemm_input(plan, s)  # the experts' and shared experts' GEMM inputs
     out = [
         Alloc("MoE norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc("router input", "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc(
             "router probabilities (fp32)", "activations", 4 * s.tokens_sp * s.experts, placement=res
         ),
-        Alloc("dispatched tokens", "activations", a * s.routed * s.hidden, placement=rows),
+        Alloc("dispatched tokens", "activations", gemm_in * s.routed * s.hidden, placement=rows),
         Alloc(
             "expert fc1 output", "activations", gate * a * s.routed * s.expert_cols, placement=rows
         ),
-        Alloc("expert fc2 input", "activations", a * s.routed * s.expert_cols, placement=rows),
+        Alloc(
+            "expert fc2 input", "activations", gemm_in * s.routed * s.expert_cols, placement=rows
+        ),
         Alloc("expert row probabilities (fp32)", "activations", 4 * s.routed, placement=rows),
     ]
     if every(s.shared_cols > 0):
@@ -1042,7 +1134,7 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
             Alloc(
                 "shared expert fc2 input",
                 "activations",
-                a * s.tokens * s.shared_cols,
+                gemm_in * s.tokens * s.shared_cols,
                 placement=col,
             )
         )

@@ -26,13 +26,15 @@ ATTENTION_KEYS = 8192
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, inner_half, by_dtype, source}, memory_efficiency,
-    kernel_startup_s, sms, attention[{kernel, keys, fraction, derived, source}], assumed,
+    kernel_startup_s, sms, fp8_transpose, attention[{kernel, keys, fraction, derived, source}],
+    assumed,
     source}``; ``inner_half`` is K₀ of a GEMM's inner-dimension factor
     (`budget.efficiency`); the first attention kernel is what ``model.attention: flash``
     runs (its share of the bf16 peak when each query meets ``keys`` keys; ``derived``:
     computed from another kernel's measurement), an empty list means attention stays on the
     GEMM curve; ``assumed`` names the figures borrowed from another device or assumed
-    ("gemm", "gemm-fp8" for the FP8 ceiling alone, "stream", "attention", "start")."""
+    ("gemm", "gemm-fp8" for the FP8 ceiling alone, "stream", "attention", "start",
+    "fp8-transpose")."""
     peak = dict(d.flops)["bf16"]
     return {
         "name": d.name,
@@ -50,6 +52,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
         "memory_efficiency": d.memory_efficiency,
         "kernel_startup_s": d.kernel_startup,
         "sms": d.sms,
+        "fp8_transpose": d.fp8_transpose,
         "attention": [
             {
                 "kernel": rate.kernel,

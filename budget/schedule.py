@@ -998,9 +998,11 @@ def _extrapolated(ends: np.ndarray, p: int, v: int, short: int, m: int) -> np.nd
     op of two whole rounds ends a constant d after the same op a round earlier, every later
     round does (by induction over the ops, each waiting on ops that did), and m micro-batches
     run the ops of `short` with (m − short)/p more rounds spliced in there: every op after
-    them, the last ones too, ends (m − short)/p·d later. A max-plus system reaches such a
-    steady period after a transient (Baccelli et al., *Synchronization and Linearity*, 1992,
-    theorem 3.109); checked on the numbers here, a layout not yet steady is replayed whole."""
+    them, the last ones too, ends (m − short)/p·d later. A max-plus linear system reaches a
+    periodic regime after a transient (the cyclicity theorem: Baccelli et al.,
+    *Synchronization and Linearity*, 1992, chapter 3), which may take longer than `short`
+    or repeat over more than one round: checked on the numbers here, a layout not yet
+    steady is replayed whole."""
     total, rounds = short * v, p * v
     warm = min(p - 1 if v == 1 else interleaved_warmup(p, v, 0) - 1, total)
     start = total - warm - 4 * rounds  # the window: three rounds, one before the cool-downs

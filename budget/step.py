@@ -34,6 +34,7 @@ from budget.flops import Work
 from budget.layers import (
     FC2_INPUT,
     MLA_LATENTS,
+    PROJECTION_INPUT,
     QKV_OUTPUTS,
     Shapes,
     StageClass,
@@ -46,6 +47,7 @@ from budget.layers import (
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
+    fp8_weight_copies,
     interleaved_warmup,
     layer_params,
     layer_saved,
@@ -58,9 +60,11 @@ from budget.layers import (
     qk_norm_params,
     resident_states,
     residual_placement,
+    saved_gemm_input,
     sequence_parallel_params,
     shapes,
     stage_classes,
+    te_fp8,
     tokens_replicated,
     vocab_params,
     vocab_rows,
@@ -594,8 +598,17 @@ def _sends(plan: Plan, end: bool) -> int:
     return v - 1 if end else v
 
 
-def _full(s: Shapes, name: str, placement: str = "replicate on tp") -> Alloc:
-    return Alloc(name, "transient", s.act * s.tokens * s.hidden, placement=placement)
+def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = None) -> Alloc:
+    """A [tokens, hidden] transient, `each` bytes an element (the activations' format)."""
+    size = (s.act if each is None else each) * s.tokens * s.hidden
+    return Alloc(name, "transient", size, placement=placement)
+
+
+def _regathered(plan: Plan, s: Shapes, name: str) -> Alloc:
+    """A GEMM input that sequence parallelism gathers again for the weight gradient, in the
+    format the layer saved it in (`layers.saved_gemm_input`: FP8 under Transformer Engine's
+    recipes, which gather the saved FP8 shard)."""
+    return _full(s, name, each=saved_gemm_input(plan, s))
 
 
 def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
@@ -669,7 +682,7 @@ def _attention_spent(plan: Plan, s: Shapes) -> list[str]:
     the output projection's input, the core's (Q, K, V and its statistics or scores), the
     Q/K norms' input and a sandwich norm's."""
     names = [*QKV_OUTPUTS, "attention Q/K norm input"]
-    names += ["attention projection input", "attention dropout mask", "attention scores gradient"]
+    names += [PROJECTION_INPUT, "attention dropout mask", "attention scores gradient"]
     return names + [a.name for a in core_attention(plan, s) + post_norm_input(plan, s, "attention")]
 
 
@@ -722,7 +735,8 @@ def _derive_training(
             m,
             _stage_shapes(plan, s, kind.sliding, kind.dense + kind.moe),
             params,
-            resident_states(plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank),
+            resident_states(plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank)
+            + tuple(fp8_weight_copies(plan, kind)),
             layer,
         )
         _forward(b)
@@ -1923,7 +1937,7 @@ def _backward(b: _StageBuilder) -> None:
         mask = ["MLP dropout mask"]
         fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
-        regather = when([_full(s, "fc1 input (re-gathered for weight grad)")], sp)
+        regather = when([_regathered(plan, s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
@@ -1985,10 +1999,10 @@ def _backward(b: _StageBuilder) -> None:
     ffn_spent = [a.name for a in b.layer.mlp + b.layer.moe]
     # and before the core's backward the bias-dropout-add's and the output projection's have
     # run: the dropout mask is freed, and under eager attention the projection's input,
-    # which only the projection saves (flash's kernel saves its output too; an audit)
-    ffn_spent += ["attention dropout mask"] + (
-        ["attention projection input"] if plan.model.attention == "eager" else []
-    )
+    # which only the projection saves (flash's kernel saves its output too; an audit), as
+    # under FP8 training, where the projection saves an FP8 copy of its own
+    alone = plan.model.attention == "eager" or te_fp8(plan)
+    ffn_spent += ["attention dropout mask"] + ([PROJECTION_INPUT] if alone else [])
     attention_bucket = bucket("attention", b.ffn_blocks)
     qkv_grad = Alloc(
         "Q/K/V gradients",
@@ -2037,7 +2051,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
-                    *when([_full(s, "QKV input (re-gathered for weight grad)")], sp),
+                    *when([_regathered(plan, s, "QKV input (re-gathered for weight grad)")], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),

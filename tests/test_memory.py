@@ -839,3 +839,79 @@ def test_eager_squared_relu_experts_hold_their_fc1_output_and_a_doubled_copy():
     gelu_b = live(plan, "backward.moe", "expert gradients")
     assert sum(forward.values()) == sum(gelu_f.values()) + width
     assert sum(backward.values()) == sum(gelu_b.values()) + width
+
+
+def test_fp8_training_saves_gemm_inputs_in_fp8_and_keeps_fp8_weight_copies():
+    """FP8 training as Transformer Engine runs it under Megatron-Core (TransformerEngine 2.5,
+    ``linear.py`` and ``layernorm_linear.py``: ``update_usage``; ``module/base.py``:
+    ``get_weight_workspace``; read by a research audit). A Linear saves its input's FP8
+    transpose (the local FP8 shard under sequence parallelism), LayerNormLinear its normed
+    output in FP8: 1 B an element; the norms' inputs, the activation's input (fc1's output)
+    and a fused attention kernel's own output stay bf16. By hand for GPT-3 at tp 8 with
+    sequence parallelism, s = 2,048, b = 1, h = 12,288, no recompute, e = s·h/8 elements:
+    the QKV and fc1 inputs and the projection input go from 2e to e bytes each, fc2's input
+    from 8e to 4e, and the kernel's output, which the projection's input had been, is 2e of
+    its own: e + e + e + 4e − 2e = 5e less a layer and micro-batch in all. Each GEMM weight
+    has an FP8 copy and, on Hopper, its transpose, kept for the step: 12·h²/8 weights a
+    layer (Q and K, V and the projection 4h², fc1 and fc2 8h², over tp 8) at 2 B, 12 layers
+    on a stage of pp 8;
+    1 B where the parameters are FP8 already or the device's FP8 GEMMs take either layout
+    (Blackwell), none under ZeRO-3."""
+    from budget.layers import mlp_saved
+
+    h, s = 12288, 2048
+    e = s * h // 8
+    bf16 = make_plan(recompute="none")
+    fp8 = make_plan(recompute="none", precision=Precision(matmul="fp8"))
+
+    def saved(plan):
+        shape = shapes(plan)
+        return {a.name: a.total for a in attention_saved(plan, shape) + mlp_saved(plan, shape)}
+
+    before, after = saved(bf16), saved(fp8)
+    for name in ("attention QKV input", "MLP fc1 input", "attention projection input"):
+        assert (before[name], after[name]) == (2 * e, e)
+    assert (before["MLP fc2 input"], after["MLP fc2 input"]) == (8 * e, 4 * e)
+    assert after["attention output (fused kernel's, 16-bit)"] == 2 * e
+    assert "attention output (fused kernel's, 16-bit)" not in before
+    for name in ("attention norm input", "MLP norm input", "MLP GeLU input"):
+        assert after[name] == before[name]
+    assert sum(after.values()) - sum(before.values()) == -5 * e
+    # selective recompute reruns the core, which then keeps nothing: the projection's FP8 copy
+    shape = shapes(replace(fp8, recompute="selective"))
+    names = {a.name for a in attention_saved(replace(fp8, recompute="selective"), shape)}
+    assert "attention output (fused kernel's, 16-bit)" not in names
+
+    def copies(plan):
+        (stage, *_) = derive(plan).stages
+        return [a.bytes for a in stage.resident if "Transformer Engine" in a.name]
+
+    weights = 12 * h * h // 8 * 12
+    assert copies(bf16) == [] and copies(fp8) == [2 * weights]
+    fp8_params = make_plan(recompute="none", precision=Precision(params="fp8", matmul="fp8"))
+    blackwell = replace(fp8, device=replace(fp8.device, fp8_transpose=False))
+    assert copies(fp8_params) == [weights] and copies(blackwell) == [weights]
+    assert copies(make_plan(recompute="none", zero=3, precision=Precision(matmul="fp8"))) == []
+
+
+def test_fp8_training_saves_the_experts_gemm_inputs_in_fp8():
+    """An MoE layer under FP8 training: the experts' grouped GEMMs (Transformer Engine's
+    GroupedLinear) save their dispatched rows and fc2's input in FP8, half the bf16 bytes,
+    while the norm's and router's inputs and the experts' fc1 output stay bf16; the FP8
+    weight copies count the rank's experts, Mixtral 8x7B at ep 8 one expert of 3·4,096 ×
+    14,336 weights (gate, up, down) split over expert tp 2 (the plan's tp), and the router
+    not at all."""
+    from budget.layers import fp8_gemm_weights, moe_saved
+
+    mixtral = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    fp8 = replace(mixtral, precision=replace(mixtral.precision, matmul="fp8"))
+
+    def saved(plan):
+        return {a.name: a.total for a in moe_saved(plan, shapes(plan))}
+
+    before, after = saved(mixtral), saved(fp8)
+    for name in ("dispatched tokens", "expert fc2 input"):
+        assert before[name] == 2 * after[name] > 0
+    for name in ("MoE norm input", "router input", "expert fc1 output"):
+        assert after[name] == before[name]
+    assert fp8_gemm_weights(fp8, moe=True)[1] == 3 * 4096 * 14336 // 2

@@ -2719,3 +2719,24 @@ def test_every_shipped_plan_searches_as_a_user_runs_it(name):
         return
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["results"], name
+
+
+def test_an_fp8_sweep_counts_transformer_engine_s_copies_as_its_reports(tmp_path):
+    """FP8 training's weight copies and FP8-saved inputs (`layers.fp8_weight_copies`,
+    `saved_gemm_input`) hold for a sweep's arrays as for one plan: Mixtral 8x7B in fp8 over
+    ZeRO 0 to 3 and expert degrees, sampled layouts' peaks equal `budget`'s to the byte."""
+    mixtral = variant(
+        tmp_path,
+        "fp8.yaml",
+        ("precision:\n", "precision:\n  matmul: fp8\n"),
+        base=ROOT / "plans" / "mixtral-8x7b.yaml",
+    )
+    plan = load_plan(mixtral)
+    outcome = search(plan, 256, Space(micro=(1,), virtual_stages=(1,), zero=(0, 1, 3)))
+    random.seed(8)
+    sample = random.sample(list(outcome.results), min(8, len(outcome.results)))
+    assert {r.config.zero for r in outcome.results} >= {1, 3}
+    for result in sample:
+        report = build_report(apply(plan, result.config, 256))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config

@@ -714,10 +714,10 @@ def test_the_fit_check_falls_back_to_rich_s_public_measure(monkeypatch) -> None:
     assert (render.whole(console, wide), render.whole(console, narrow)) == (False, True)
 
 
-def test_an_fp8_plan_says_what_its_memory_leaves_out(tmp_path: Path) -> None:
-    """`precision.matmul: fp8` prices the GEMMs at the fp8 peak and leaves the memory in the
-    plan's formats; the stage table says so, as a bf16 plan's does not (a diff audit read
-    the unchanged peak as a question)."""
+def test_an_fp8_plan_says_how_its_memory_is_counted(tmp_path: Path) -> None:
+    """`precision.matmul: fp8` prices the GEMMs at the fp8 peak and counts Transformer
+    Engine's FP8 weight copies and FP8-saved GEMM inputs; the stage table says so, as a bf16
+    plan's does not (a diff audit read an unexplained peak as a question)."""
     from budget.render.table import FP8_MEMORY
     from tests.plan_files import variant
 

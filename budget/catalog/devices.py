@@ -108,6 +108,14 @@ chip; no B200 or GB200 measurement was found, so they keep the codebase's 0.8. T
 does not depend on the kernel's size; the fixed startup below is what makes small kernels
 slower (kernels whose data fits in L2 run faster, which is not modelled).
 
+FP8 layouts (``fp8_transpose``): Hopper's FP8 tensor-core GEMMs take both operands K-major
+(the "TN" layout) only, so a training step's backward needs an FP8 weight and an FP8 saved
+input transposed; Transformer Engine keeps those transposes as separate buffers
+(``Float8TensorBase``'s ``_data`` and ``_transpose``; ``is_non_tn_fp8_gemm_supported`` is
+true from compute capability 10.0 on, TransformerEngine 2.5 ``pytorch/utils.py``), so on
+Blackwell (B200, GB200) one FP8 copy serves both. The MI300X, whose FP8 GEMM layouts were
+not read, takes Hopper's (assumed, the larger count).
+
 A memory-bound kernel also takes a fixed startup (``kernel_startup``) beyond its bytes at
 that bandwidth: the launch gap, the first bytes' DRAM latency and the tail of its last
 wave, so that a kernel of V bytes takes a + V / b and small ones reach a small share of the
@@ -578,9 +586,13 @@ class DevicePreset:
     attention: tuple[AttentionRate, ...] = ()  # fused kernels' rates, the default first
     kernel_startup: float = 0.0  # seconds a kernel takes beyond bytes / bandwidth (docstring)
     # Figures not measured on this device, but borrowed from another or assumed (docstring):
-    # any of "gemm" ("gemm-fp8": its FP8 ceiling alone), "stream", "attention", "start".
+    # any of "gemm" ("gemm-fp8": its FP8 ceiling alone), "stream", "attention", "start",
+    # "fp8-transpose".
     assumed: tuple[str, ...] = ()
     sms: int = 0  # streaming multiprocessors (AMD: compute units) enabled (below)
+    # its FP8 GEMMs take only K-major operands, so Transformer Engine keeps an FP8 weight's
+    # and a saved input's transpose for the backward (docstring)
+    fp8_transpose: bool = True
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web):
@@ -791,6 +803,7 @@ DEVICES: dict[str, DevicePreset] = {
         attention=(_b200("cudnn"), _b200("flash2")),
         kernel_startup=_GH100_STARTUP,
         sms=148,
+        fp8_transpose=False,
         assumed=("stream", "start"),  # 0.8 of the bandwidth, the H200's startup: none measured
     ),
     "gb200": DevicePreset(
@@ -821,6 +834,7 @@ DEVICES: dict[str, DevicePreset] = {
         attention=(_GB200_CUDNN, _gb200_flash2()),
         kernel_startup=_GH100_STARTUP,
         sms=152,
+        fp8_transpose=False,
         assumed=("gemm", "stream", "start"),  # bf16 ceiling derived; B200's 0.8, H200's start
     ),
     "mi300x": DevicePreset(
@@ -849,6 +863,7 @@ DEVICES: dict[str, DevicePreset] = {
         attention=_MI300X_ATTENTION,
         kernel_startup=_GH100_STARTUP,
         sms=304,
-        assumed=("gemm", "start"),  # the A100's ramp time, the H200's startup: none measured
+        # the A100's ramp time, the H200's startup, Hopper's FP8 layouts: none measured
+        assumed=("gemm", "start", "fp8-transpose"),
     ),
 }

@@ -361,6 +361,9 @@ class Device:
     # GEMM beside a collective that would hold some (`Overlap.tp_comm_sms`) is not narrowed,
     # ``overlap.slowdown`` pricing the overlap instead (`schedule.sm_margin`).
     sms: int = 0
+    # FP8 GEMMs take only K-major operands (Hopper): Transformer Engine keeps transposed FP8
+    # copies for the backward (`budget.catalog.devices`; `layers.fp8_weight_copies`)
+    fp8_transpose: bool = True
 
     def peak_flops(self, dtype: str) -> float:
         return dict(self.flops).get(dtype, 0.0)

@@ -798,9 +798,12 @@ class _Resolver:
                 attention=preset.attention,
                 kernel_startup=preset.kernel_startup,
                 sms=preset.sms,
+                fp8_transpose=preset.fp8_transpose,
             )
         if "sms" in tree:
             device = replace(device, sms=int(tree["sms"]))
+        if "fp8_transpose" in tree:
+            device = replace(device, fp8_transpose=bool(tree["fp8_transpose"]))
         if "matmul_efficiency" in tree:
             device = replace(device, matmul_efficiency=float(tree["matmul_efficiency"]), gemm=None)
         if "memory_efficiency" in tree:

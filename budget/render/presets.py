@@ -100,7 +100,8 @@ def _devices(devices: list[dict[str, Any]]) -> Section:
         "keys, forward and backward together (GEMM curve: none measured; each pass's own "
         "share, which it is timed at, and the device's other kernels, among them the derived "
         "triton, are in --format json); start: the fixed time a kernel takes beyond its "
-        "bytes; streaming multiprocessors (`sms`) are in --format json. "
+        "bytes; streaming multiprocessors (`sms`) and whether FP8 GEMMs need transposed copies "
+        "(`fp8_transpose`, Hopper's do) are in --format json. "
         f"{_ASSUMED_NOTE}"
     )
     return Section(

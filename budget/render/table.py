@@ -1103,13 +1103,13 @@ def summary(report: Report) -> list[str]:
     ]
 
 
-# what an fp8 plan's memory leaves out (Transformer Engine: a GEMM weight's FP8 copy and its
-# transpose cached from the first micro-batch, `get_weight_workspace`; a Linear's input kept
-# for the weight gradient as its FP8 transpose, `update_usage`, read by a research audit)
+# how an fp8 plan's memory is counted (Transformer Engine: a GEMM weight's FP8 copy and its
+# transpose cached from the first micro-batch, `layers.fp8_weight_copies`; a Linear's input
+# kept for the weight gradient in FP8, `layers.saved_gemm_input`)
 FP8_MEMORY = (
-    "fp8 GEMMs: memory is counted in the plan's formats (precision.params, activations); "
-    "Transformer Engine's FP8 weight copies (about 2 B a GEMM weight on Hopper, kept across "
-    "the step) and the GEMM inputs it saves in FP8 are not counted"
+    "fp8 GEMMs as Transformer Engine runs them: its FP8 copies of the layers' GEMM weights "
+    "are counted with the params, the GEMM inputs the layers save in FP8 (1 B), the other "
+    "activations in precision.activations"
 )
 BUBBLE_NOTE = 0.2  # the share of the step past which the bubble is explained
 
