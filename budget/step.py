@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -153,6 +153,7 @@ def _tp_moves(
     column: str,
     row: str = "",
     inward: tuple[str, Any] | None = None,
+    engine: bool = True,
 ) -> list[Move]:
     """Tensor-parallel transitions around one attention or MLP block.
 
@@ -187,18 +188,31 @@ def _tp_moves(
     `inward` (name, columns) replaces the hidden state on the column-parallel side when the
     column-parallel layers read something else: latent attention's up-projections read the
     latents (`_attention_inward`).
+
+    Under FP8 training Transformer Engine gathers the column-parallel input in FP8, forward
+    and again for the weight gradient (``layernorm_linear.py``: the norm writes FP8 and
+    ``gather_along_first_dim(ln_out, tp_group, quantizer=...)``, TransformerEngine 2.5):
+    those all-gathers move 1 B an element; the gradients' collectives stay 16-bit. Not
+    where the layer is not a Transformer Engine module (`engine` false: Megatron-Core's
+    output layer).
     """
     par = plan.parallel
     if every(par.tp == 1):
         return []
     dtype = plan.precision.activations
     full = s.act * s.tokens * s.hidden
-    into, into_size = "input", full
-    if inward is not None:
-        into, into_size = inward[0], s.act * s.tokens * inward[1]
+    cols = s.hidden if inward is None else inward[1]
+    into = "input" if inward is None else inward[0]
+    into_size = s.act * s.tokens * cols
+    # the column-parallel input's all-gathers, in the format the layer quantized it to
+    quantized = engine and te_fp8(plan)
+    gather_dtype = "fp8" if quantized else dtype
+    gathered_size = (1 if quantized else s.act) * s.tokens * cols
 
-    def move(name: str, op: Op, src: Placement, dst: Placement, size: Any = full) -> Move:
-        return Move(f"{block} {name}", op, "tp", par.tp, dtype, size, str(src), str(dst))
+    def move(
+        name: str, op: Op, src: Placement, dst: Placement, size: Any = full, fmt: str = dtype
+    ) -> Move:
+        return Move(f"{block} {name}", op, "tp", par.tp, fmt, size, str(src), str(dst))
 
     ring = (par.tp - 1) / par.tp
 
@@ -227,7 +241,14 @@ def _tp_moves(
         ar = move(f"{into} gradient", "all-reduce", PARTIAL, REPLICATE, into_size)
         rs = move(f"{into} gradient", "reduce-scatter", PARTIAL, shard(0), into_size)
         wg = "tp backward: overlaps the weight-gradient GEMM"
-        again = move(f"{into} again, for weight grad", "all-gather", shard(0), REPLICATE, into_size)
+        again = move(
+            f"{into} again, for weight grad",
+            "all-gather",
+            shard(0),
+            REPLICATE,
+            gathered_size,
+            gather_dtype,
+        )
         sp_moves = []
         if row:  # Transformer Engine's ub_overlap_ag_dgrad: beside the dgrad GEMM only, as
             # the wgrad GEMM reads what it gathers
@@ -238,7 +259,8 @@ def _tp_moves(
         regather = hide(again, wgrad, "", "tp backward: overlaps the input-gradient GEMM", 0.5)
         sp_moves += [replace(regather, part="input gradient"), hide(rs, wgrad, "", wg, share=0.5)]
         return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
-    sp_moves = [forward(move(into, "all-gather", shard(0), REPLICATE, into_size), column)]
+    gather = move(into, "all-gather", shard(0), REPLICATE, gathered_size, gather_dtype)
+    sp_moves = [forward(gather, column)]
     if row:
         rs = move("output", "reduce-scatter", PARTIAL, shard(0))
         sp_moves.append(forward(rs, row, RS_SPLITS))
@@ -265,7 +287,8 @@ def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any] | None:
 def attention_tp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     """`_tp_moves` of the attention block: the column-parallel side overlaps the QKV
     projection, or latent attention's up-projections, which read what is gathered (the
-    down-projection makes it and cannot)."""
+    down-projection makes it and cannot). Latent attention's latents are gathered and saved
+    16-bit under FP8 too (how Megatron-Core gathers them then was not read)."""
     column = "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS
     return _tp_moves(
         plan,
@@ -275,6 +298,7 @@ def attention_tp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         column,
         "attention output projection",
         _attention_inward(plan, s),
+        engine=plan.model.mla is None,
     )
 
 
@@ -604,11 +628,14 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = 
     return Alloc(name, "transient", size, placement=placement)
 
 
-def _regathered(plan: Plan, s: Shapes, name: str) -> Alloc:
-    """A GEMM input that sequence parallelism gathers again for the weight gradient, in the
-    format the layer saved it in (`layers.saved_gemm_input`: FP8 under Transformer Engine's
-    recipes, which gather the saved FP8 shard)."""
-    return _full(s, name, each=saved_gemm_input(plan, s))
+QKV_AGAIN = "QKV input (re-gathered for weight grad)"
+
+
+def _gathered(plan: Plan, s: Shapes, name: str, engine: bool = True) -> Alloc:
+    """A layer's GEMM input as sequence parallelism gathers it, forward and again for the
+    weight gradient: in FP8 under Transformer Engine's recipes (`layers.saved_gemm_input`,
+    `_tp_moves`), unless not by an `engine` module."""
+    return _full(s, name, each=saved_gemm_input(plan, s) if engine else s.act)
 
 
 def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
@@ -654,7 +681,7 @@ def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
     hidden state, or latent attention's latents (`_attention_inward`)."""
     inward = _attention_inward(plan, s)
     if inward is None:
-        return _full(s, "attention input (all-gathered)")
+        return _gathered(plan, s, "attention input (all-gathered)")
     return Alloc(
         "attention latents (all-gathered)",
         "transient",
@@ -1606,7 +1633,7 @@ def _forward(b: _StageBuilder) -> None:
                         + checkpoint
                         + kept
                         + _either(blocks["mlp"][:3], full)  # and the fc1 output it writes
-                        + when([_full(s, "MLP input (all-gathered)")], sp)
+                        + when([_gathered(plan, s, "MLP input (all-gathered)")], sp)
                         + z3
                     ),
                 ),
@@ -1669,8 +1696,10 @@ def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
         rule="exposed: the loss needs it",
     )
     moves = when([stats], t > 1)
-    moves += when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], _sp(plan))
-    return moves + _tp_moves(plan, s, "output layer", True, "output layer")
+    # not a Transformer Engine module: its input gathered in the activations' format
+    head = partial(_tp_moves, plan, s, "output layer", column="output layer", engine=False)
+    moves += when(head(backward=False)[:1], _sp(plan))
+    return moves + head(backward=True)
 
 
 def _loss(b: _StageBuilder) -> None:
@@ -1937,7 +1966,7 @@ def _backward(b: _StageBuilder) -> None:
         mask = ["MLP dropout mask"]
         fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
-        regather = when([_regathered(plan, s, "fc1 input (re-gathered for weight grad)")], sp)
+        regather = when([_gathered(plan, s, "fc1 input (re-gathered for weight grad)")], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
@@ -2051,7 +2080,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
-                    *when([_regathered(plan, s, "QKV input (re-gathered for weight grad)")], sp),
+                    *when([_gathered(plan, s, QKV_AGAIN, plan.model.mla is None)], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),

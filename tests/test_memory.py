@@ -915,3 +915,32 @@ def test_fp8_training_saves_the_experts_gemm_inputs_in_fp8():
     for name in ("MoE norm input", "router input", "expert fc1 output"):
         assert after[name] == before[name]
     assert fp8_gemm_weights(fp8, moe=True)[1] == 3 * 4096 * 14336 // 2
+
+
+def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
+    """Under sequence parallelism Transformer Engine's LayerNormLinear quantizes its normed
+    output to FP8 and all-gathers that (``gather_along_first_dim(ln_out, tp_group,
+    quantizer=...)``, TransformerEngine 2.5 ``layernorm_linear.py``), forward and again for
+    the weight gradient: s·h = 2,048 · 12,288 bytes for GPT-3 at b = 1 where bf16 moves
+    twice that, and the gathered copy it holds is FP8 too. The output's reduce-scatter,
+    the gradients' collectives and the output layer (Megatron-Core's own
+    ColumnParallelLinear, not Transformer Engine's) stay bf16."""
+    s_h = 2048 * 12288
+    fp8 = make_plan(recompute="none", precision=Precision(matmul="fp8"))
+    moves = {}
+    held = {}
+    for stage in derive(fp8).stages:
+        for phase in stage.phases:
+            for m in phase.moves:
+                moves[(phase.name, m.name)] = (m.dtype, m.size_bytes)
+            for instant in phase.instants:
+                held.update({a.name: a.bytes for a in instant.live})
+    for phase, block in (("forward.attention", "attention"), ("forward.mlp", "MLP")):
+        assert moves[(phase, f"{block} input")] == ("fp8", s_h)
+        assert moves[(phase, f"{block} output")] == ("bf16", 2 * s_h)
+    assert moves[("backward.mlp", "MLP input again, for weight grad")] == ("fp8", s_h)
+    assert moves[("backward.mlp", "MLP input gradient")] == ("bf16", 2 * s_h)
+    assert moves[("loss", "output layer input")] == ("bf16", 2 * s_h)
+    for name in ("attention input (all-gathered)", "MLP input (all-gathered)"):
+        assert held[name] == s_h
+    assert held["QKV input (re-gathered for weight grad)"] == s_h
