@@ -631,11 +631,18 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = 
 QKV_AGAIN = "QKV input (re-gathered for weight grad)"
 
 
-def _gathered(plan: Plan, s: Shapes, name: str, engine: bool = True) -> Alloc:
-    """A layer's GEMM input as sequence parallelism gathers it, forward and again for the
+def _gathered(plan: Plan, s: Shapes, name: str, engine: bool = True, again: bool = False) -> Alloc:
+    """A layer's GEMM input as sequence parallelism gathers it, forward and `again` for the
     weight gradient: in FP8 under Transformer Engine's recipes (`layers.saved_gemm_input`,
-    `_tp_moves`), unless not by an `engine` module."""
-    return _full(s, name, each=saved_gemm_input(plan, s) if engine else s.act)
+    `_tp_moves`), unless not by an `engine` module. Gathered again, its transpose is made
+    beside it before the weight-gradient GEMM where the device's FP8 GEMMs take K-major
+    operands only (``update_usage(columnwise_usage=True)`` on the gathered data, held until
+    that GEMM ends: TransformerEngine 2.5 ``layernorm_linear.py``; a review): 2 B an element
+    on Hopper."""
+    if not engine:
+        return _full(s, name)
+    transposed = again and te_fp8(plan) and plan.device.fp8_transpose
+    return _full(s, name, each=saved_gemm_input(plan, s) + int(transposed))
 
 
 def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
@@ -1966,7 +1973,8 @@ def _backward(b: _StageBuilder) -> None:
         mask = ["MLP dropout mask"]
         fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
-        regather = when([_gathered(plan, s, "fc1 input (re-gathered for weight grad)")], sp)
+        fc1_again = _gathered(plan, s, "fc1 input (re-gathered for weight grad)", again=True)
+        regather = when([fc1_again], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
@@ -2080,7 +2088,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
-                    *when([_gathered(plan, s, QKV_AGAIN, plan.model.mla is None)], sp),
+                    *when([_gathered(plan, s, QKV_AGAIN, plan.model.mla is None, True)], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),

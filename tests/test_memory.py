@@ -922,7 +922,9 @@ def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
     output to FP8 and all-gathers that (``gather_along_first_dim(ln_out, tp_group,
     quantizer=...)``, TransformerEngine 2.5 ``layernorm_linear.py``), forward and again for
     the weight gradient: s·h = 2,048 · 12,288 bytes for GPT-3 at b = 1 where bf16 moves
-    twice that, and the gathered copy it holds is FP8 too. The output's reduce-scatter,
+    twice that, and the gathered copy it holds is FP8 too; gathered again, its transpose is
+    made beside it for the weight gradient on Hopper (``update_usage(columnwise_usage=
+    True)``; a review), 2·s·h held, s·h on Blackwell. The output's reduce-scatter,
     the gradients' collectives and the output layer (Megatron-Core's own
     ColumnParallelLinear, not Transformer Engine's) stay bf16."""
     s_h = 2048 * 12288
@@ -943,4 +945,17 @@ def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
     assert moves[("loss", "output layer input")] == ("bf16", 2 * s_h)
     for name in ("attention input (all-gathered)", "MLP input (all-gathered)"):
         assert held[name] == s_h
-    assert held["QKV input (re-gathered for weight grad)"] == s_h
+    for name in (
+        "QKV input (re-gathered for weight grad)",
+        "fc1 input (re-gathered for weight grad)",
+    ):
+        assert held[name] == 2 * s_h
+    blackwell = replace(fp8, device=replace(fp8.device, fp8_transpose=False))
+    again = {
+        a.name: a.bytes
+        for stage in derive(blackwell).stages
+        for phase in stage.phases
+        for instant in phase.instants
+        for a in instant.live
+    }
+    assert again["QKV input (re-gathered for weight grad)"] == s_h

@@ -536,7 +536,7 @@ def stage_table(
             "; " * bool(caption) + "in flight: micro-batches whose activations the stage holds"
         )
     if train and held and report.matmul_format == "fp8":
-        caption += "\n" + FP8_MEMORY
+        caption += "\n" + FP8_MEMORY + (FP8_ZERO3 if report.layout["zero"] == 3 else "")
     table.caption = caption.lstrip("\n") or None
     table.caption_justify = "left"
     return table
@@ -1111,6 +1111,9 @@ FP8_MEMORY = (
     "are counted with the params, the GEMM inputs the layers save in FP8 (1 B), the other "
     "activations in precision.activations"
 )
+# ZeRO-3 makes the copies from each gathered block; how long a stack keeps them was not read
+# (`layers.fp8_weight_copies`: not counted there; a review found the note said they were)
+FP8_ZERO3 = "; under ZeRO-3 its FP8 weight copies are not counted"
 BUBBLE_NOTE = 0.2  # the share of the step past which the bubble is explained
 
 
