@@ -191,10 +191,11 @@ def _tp_moves(
 
     Under FP8 training Transformer Engine gathers the column-parallel input in FP8, forward
     and again for the weight gradient (``layernorm_linear.py``: the norm writes FP8 and
-    ``gather_along_first_dim(ln_out, tp_group, quantizer=...)``, TransformerEngine 2.5):
-    those all-gathers move 1 B an element; the gradients' collectives stay 16-bit. Not
-    where the layer is not a Transformer Engine module (`engine` false: Megatron-Core's
-    output layer).
+    ``gather_along_first_dim(ln_out, tp_group, quantizer=...)``, TransformerEngine 2.5),
+    and the row-parallel layer's output gradient in the backward (``grad_output_preprocess``
+    quantizes it first): those all-gathers move 1 B an element; the reduce-scatters and
+    all-reduces of gradients stay 16-bit. Not where the layer is not a Transformer Engine
+    module (`engine` false: Megatron-Core's output layer).
     """
     par = plan.parallel
     if every(par.tp == 1):
@@ -251,8 +252,12 @@ def _tp_moves(
         )
         sp_moves = []
         if row:  # Transformer Engine's ub_overlap_ag_dgrad: beside the dgrad GEMM only, as
-            # the wgrad GEMM reads what it gathers
-            gathered = move("output gradient", "all-gather", shard(0), REPLICATE)
+            # the wgrad GEMM reads what it gathers; under FP8 quantized first and gathered
+            # in FP8 (``grad_output_preprocess``, TransformerEngine 2.5 ``module/base.py``)
+            size = (1 if quantized else s.act) * s.tokens * s.hidden
+            gathered = move(
+                "output gradient", "all-gather", shard(0), REPLICATE, size, gather_dtype
+            )
             sp_moves.append(
                 replace(forward(gathered, f"{row} backward", portion=0.5), part="input gradient")
             )
@@ -1966,7 +1971,7 @@ def _backward(b: _StageBuilder) -> None:
             placement=col,
         )
         doubled = _squared(plan, "squared ReLU's 2·x", s.act * s.tokens * s.ffn_cols, col)
-        out_gather = when([_full(s, "output gradient (all-gathered)")], sp)
+        out_gather = when([_gathered(plan, s, "output gradient (all-gathered)", again=True)], sp)
         # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
         # after the bias-dropout-add's, the block's first (an audit), fc2's input after
         # fc2's backward, the activation's input after the activation's

@@ -924,9 +924,10 @@ def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
     the weight gradient: s·h = 2,048 · 12,288 bytes for GPT-3 at b = 1 where bf16 moves
     twice that, and the gathered copy it holds is FP8 too; gathered again, its transpose is
     made beside it for the weight gradient on Hopper (``update_usage(columnwise_usage=
-    True)``; a review), 2·s·h held, s·h on Blackwell. The output's reduce-scatter,
-    the gradients' collectives and the output layer (Megatron-Core's own
-    ColumnParallelLinear, not Transformer Engine's) stay bf16."""
+    True)``; a review), 2·s·h held, s·h on Blackwell. The row-parallel layer's output
+    gradient is quantized and gathered in FP8 the same way (``grad_output_preprocess``).
+    The output's reduce-scatter, the input gradient's and the output layer (Megatron-Core's
+    own ColumnParallelLinear, not Transformer Engine's) stay bf16."""
     s_h = 2048 * 12288
     fp8 = make_plan(recompute="none", precision=Precision(matmul="fp8"))
     moves = {}
@@ -942,12 +943,15 @@ def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
         assert moves[(phase, f"{block} output")] == ("bf16", 2 * s_h)
     assert moves[("backward.mlp", "MLP input again, for weight grad")] == ("fp8", s_h)
     assert moves[("backward.mlp", "MLP input gradient")] == ("bf16", 2 * s_h)
+    assert moves[("backward.mlp", "MLP output gradient")] == ("fp8", s_h)
+    assert moves[("backward.attention", "attention output gradient")] == ("fp8", s_h)
     assert moves[("loss", "output layer input")] == ("bf16", 2 * s_h)
     for name in ("attention input (all-gathered)", "MLP input (all-gathered)"):
         assert held[name] == s_h
     for name in (
         "QKV input (re-gathered for weight grad)",
         "fc1 input (re-gathered for weight grad)",
+        "output gradient (all-gathered)",
     ):
         assert held[name] == 2 * s_h
     blackwell = replace(fp8, device=replace(fp8.device, fp8_transpose=False))
