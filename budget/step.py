@@ -207,8 +207,8 @@ def _tp_moves(
     into_size = s.act * s.tokens * cols
     # the column-parallel input's all-gathers, in the format the layer quantized it to
     quantized = engine and te_fp8(plan)
-    gather_dtype = "fp8" if quantized else dtype
-    gathered_size = (1 if quantized else s.act) * s.tokens * cols
+    gather_dtype, each = ("fp8", 1) if quantized else (dtype, s.act)
+    gathered_size = each * s.tokens * cols
 
     def move(
         name: str, op: Op, src: Placement, dst: Placement, size: Any = full, fmt: str = dtype
@@ -254,7 +254,7 @@ def _tp_moves(
         if row:  # Transformer Engine's ub_overlap_ag_dgrad: beside the dgrad GEMM only, as
             # the wgrad GEMM reads what it gathers; under FP8 quantized first and gathered
             # in FP8 (``grad_output_preprocess``, TransformerEngine 2.5 ``module/base.py``)
-            size = (1 if quantized else s.act) * s.tokens * s.hidden
+            size = each * s.tokens * s.hidden
             gathered = move(
                 "output gradient", "all-gather", shard(0), REPLICATE, size, gather_dtype
             )
@@ -636,17 +636,19 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = 
 QKV_AGAIN = "QKV input (re-gathered for weight grad)"
 
 
-def _gathered(plan: Plan, s: Shapes, name: str, engine: bool = True, again: bool = False) -> Alloc:
-    """A layer's GEMM input as sequence parallelism gathers it, forward and `again` for the
-    weight gradient: in FP8 under Transformer Engine's recipes (`layers.saved_gemm_input`,
-    `_tp_moves`), unless not by an `engine` module. Gathered again, its transpose is made
-    beside it before the weight-gradient GEMM where the device's FP8 GEMMs take K-major
-    operands only (``update_usage(columnwise_usage=True)`` on the gathered data, held until
-    that GEMM ends: TransformerEngine 2.5 ``layernorm_linear.py``; a review): 2 B an element
-    on Hopper."""
+def _gathered(
+    plan: Plan, s: Shapes, name: str, engine: bool = True, for_wgrad: bool = False
+) -> Alloc:
+    """A GEMM operand as sequence parallelism gathers it: in FP8 under Transformer Engine's
+    recipes (`layers.saved_gemm_input`, `_tp_moves`), unless not by an `engine` module.
+    Gathered `for_wgrad` (a layer's input again, a row-parallel layer's output gradient),
+    its transpose is made beside it before the weight-gradient GEMM where the device's FP8
+    GEMMs take K-major operands only (``update_usage(columnwise_usage=True)`` on the
+    gathered data, held until that GEMM ends: TransformerEngine 2.5 ``layernorm_linear.py``
+    and ``linear.py``; a review): 2 B an element on Hopper."""
     if not engine:
         return _full(s, name)
-    transposed = again and te_fp8(plan) and plan.device.fp8_transpose
+    transposed = for_wgrad and te_fp8(plan) and plan.device.fp8_transpose
     return _full(s, name, each=saved_gemm_input(plan, s) + int(transposed))
 
 
@@ -1971,14 +1973,15 @@ def _backward(b: _StageBuilder) -> None:
             placement=col,
         )
         doubled = _squared(plan, "squared ReLU's 2·x", s.act * s.tokens * s.ffn_cols, col)
-        out_gather = when([_gathered(plan, s, "output gradient (all-gathered)", again=True)], sp)
+        gradient = _gathered(plan, s, "output gradient (all-gathered)", for_wgrad=True)
+        out_gather = when([gradient], sp)
         # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
         # after the bias-dropout-add's, the block's first (an audit), fc2's input after
         # fc2's backward, the activation's input after the activation's
         mask = ["MLP dropout mask"]
         fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
-        fc1_again = _gathered(plan, s, "fc1 input (re-gathered for weight grad)", again=True)
+        fc1_again = _gathered(plan, s, "fc1 input (re-gathered for weight grad)", for_wgrad=True)
         regather = when([fc1_again], sp)
         again = when(
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
