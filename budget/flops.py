@@ -694,6 +694,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
         *qk_norms(plan, s),
         *rotary(plan, s),
         *attention_core(plan, s),
+        *fp8_input_casts(plan, s, "attention"),
         gemm("attention output projection", s.tokens, s.out_cols, h, e),
         *post_norm(plan, s, "attention"),
         elementwise(
@@ -722,12 +723,125 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
         elementwise("MLP norm", 2 * norm),
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
         *activation(plan, s.act * s.tokens * s.ffn_cols),
+        *fp8_input_casts(plan, s, "mlp"),
         gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
         *post_norm(plan, s, "MLP"),
         elementwise(
             "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
         ),
     ]
+
+
+def _te_fp8(plan: Plan) -> bool:
+    """Training with Transformer Engine's FP8 GEMMs (`layers.te_fp8`, which imports this)."""
+    return plan.mode == "train" and plan.precision.matmul == "fp8"
+
+
+def _fp8_cast(name: str, elements: Any, read: Any, written: Any, kernels: int = 1) -> Work:
+    """`elements` read at `read` bytes each and written at `written`: a cast kernel with no
+    backward of its own."""
+    return replace(
+        elementwise(name, elements * (read + written)), backward=0.0, launches=float(kernels)
+    )
+
+
+def fp8_input_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
+    """Transformer Engine's forward casts of the GEMM inputs no norm quantizes, under FP8
+    training: the output projection's, fc2's, an MoE block's dispatched rows and its
+    experts' fc2 input, the shared experts' fc2 input. ``Linear`` quantizes its input for
+    the data GEMM and, for the weight gradient, its transpose where the device's FP8 GEMMs
+    take K-major operands only (``input_quantizer.set_usage(rowwise=True,
+    columnwise=backward_needs_input)``, one fused cast-transpose kernel: TransformerEngine
+    2.5 ``linear.py``): the 16-bit input read, 1 B written and 1 B more on Hopper.
+    ``LayerNormLinear``'s input (QKV's, fc1's) is quantized inside its norm
+    (``with_quantized_norm``), priced as the norm."""
+    if not _te_fp8(plan):
+        return []
+    written = 1 + int(plan.device.fp8_transpose)
+    inputs = {
+        "attention": [("output projection", s.tokens * s.out_cols)],
+        "mlp": [("fc2", s.tokens * s.ffn_cols)],
+        "moe": [
+            ("expert fc1", s.routed * s.hidden),
+            ("expert fc2", s.routed * s.expert_cols),
+            ("shared expert fc2", s.tokens * s.shared_cols),
+        ],
+    }[block]
+    return [
+        _fp8_cast(f"FP8 cast of the {gemm} input", n, s.act, written)
+        for gemm, n in inputs
+        if not every(n == 0)
+    ]
+
+
+def fp8_gradient_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
+    """Transformer Engine's backward casts under FP8 training: every GEMM's output
+    gradient quantized for the data gradient and transposed for the weight gradient
+    (``grad_output_preprocess`` with ``set_usage(rowwise=True, columnwise=True)``: the
+    16-bit gradient read, 1 B written and its transpose 1 B more where the FP8 GEMMs take
+    K-major operands only, one kernel). Under sequence parallelism a row-parallel layer's
+    gradient is quantized on the rank's shard before the gather (1 B written) and
+    transposed after it (1 B read, 1 B written), and a column-parallel layer's input,
+    gathered again in FP8, is transposed before its weight gradient
+    (``update_usage(columnwise_usage=True)``, ``layernorm_linear.py``). The experts'
+    grouped GEMMs are not gathered (their rows are dispatched)."""
+    if not _te_fp8(plan):
+        return []
+    t = int(plan.device.fp8_transpose)
+    sp = s.tokens_sp < s.tokens  # sequence parallelism over tp > 1
+    whole = 1 + t  # bytes written a quantized element, the transpose too where needed
+
+    def column(name: str, cols: Any, rows: Any = s.tokens) -> Work:
+        return _fp8_cast(f"FP8 cast of the {name} output gradient", rows * cols, s.act, whole)
+
+    def row(name: str) -> list[Work]:
+        shard = _fp8_cast(
+            f"FP8 cast of the {name} output gradient", s.tokens_sp * s.hidden, s.act, 1
+        )
+        after = vwhere(sp, 2 * t, t)  # the transpose: after the gather, or with the cast
+        gathered = s.tokens * s.hidden
+        transpose = _fp8_cast(f"FP8 transpose of the {name} output gradient", gathered, 0, after)
+        return [shard, transpose]
+
+    def regather(name: str) -> list[Work]:
+        n = vwhere(sp, s.tokens * s.hidden, 0) * t
+        return [_fp8_cast(f"FP8 transpose of the {name} input, gathered again", n, 1, 1)]
+
+    works = {
+        "attention": [
+            column("QKV", s.q_cols + s.k_cols + s.v_cols),
+            *row("output projection"),
+            *regather("QKV"),
+        ],
+        "mlp": [column("fc1", plan.model.gate * s.ffn_cols), *row("fc2"), *regather("fc1")],
+        "moe": [
+            column("expert fc1", plan.model.gate * s.expert_cols, s.routed),
+            column("expert fc2", s.hidden, s.routed),
+            column("shared expert fc1", plan.model.gate * s.shared_cols),
+            *row("shared expert fc2"),
+            *regather("shared expert fc1"),
+        ],
+    }[block]
+    if block == "moe" and every(s.shared_cols == 0):
+        works = works[:2]
+    return [w for w in works if not every(w.bytes == 0)]
+
+
+def fp8_weight_casts(plan: Plan, weights: Any) -> list[Work]:
+    """Transformer Engine's casts of the GEMM weights under FP8 training, once a step, at
+    its first micro-batch into the workspace it keeps (`layers.fp8_weight_copies`): each
+    16-bit weight read, 1 B written and its transpose 1 B more where the FP8 GEMMs take
+    K-major operands only; over FP8 parameters the transpose alone (1 B read, 1 B written);
+    under ZeRO-3 not priced (the copies are not counted there)."""
+    if not _te_fp8(plan):
+        return []
+    t = int(plan.device.fp8_transpose)
+    param = DTYPE_BYTES[plan.precision.params]
+    read, written = (param, 1 + t) if param > 1 else (t, t)
+    kept = weights * (plan.parallel.zero < 3)
+    if not read + written or every(kept == 0):
+        return []
+    return [_fp8_cast("FP8 casts of the GEMM weights", kept, read, written)]
 
 
 def activation(plan: Plan, width: Any, prefix: str = "") -> list[Work]:
@@ -906,7 +1020,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         ]
     works += post_norm(plan, s, "MoE")
     works.append(elementwise("residual add and dropout", 3 * norm))
-    return works
+    return works + fp8_input_casts(plan, s, "moe")
 
 
 def bias_gradients(plan: Plan, s: Shapes, block: str) -> list[Work]:

@@ -749,6 +749,12 @@ def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:
     return attention + shared, (e.count // par.ep) * mlp(e.ffn, par.expert_tp)
 
 
+def stage_fp8_weights(plan: Plan, c: StageClass) -> Any:
+    """The GEMM weights one rank of a stage's class runs in FP8 (`fp8_gemm_weights`)."""
+    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
+    return c.dense * dense + c.moe * (shared + experts)
+
+
 def fp8_weight_copies(plan: Plan, c: StageClass) -> list[Alloc]:
     """Transformer Engine's FP8 copies of a stage's GEMM weights, kept for the whole step:
     quantized at the step's first micro-batch into a workspace the module keeps
@@ -766,8 +772,7 @@ def fp8_weight_copies(plan: Plan, c: StageClass) -> list[Alloc]:
     per_weight = int(DTYPE_BYTES[plan.precision.params] > 1) + int(plan.device.fp8_transpose)
     if not per_weight:
         return []
-    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
-    weights = c.dense * dense + c.moe * (shared + experts)
+    weights = stage_fp8_weights(plan, c)
     what = {
         (True, True): "FP8 copies of the layers' GEMM weights and their transposes",
         (True, False): "FP8 copies of the layers' GEMM weights",

@@ -64,6 +64,7 @@ from budget.layers import (
     sequence_parallel_params,
     shapes,
     stage_classes,
+    stage_fp8_weights,
     te_fp8,
     tokens_replicated,
     vocab_params,
@@ -901,7 +902,7 @@ def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:
             plan.recompute == "selective",
         )
     joined = flops.qkv_gradients_joined(plan, s) if block == "attention" else []
-    return redo + flops.backward_of(work) + joined
+    return redo + flops.backward_of(work) + joined + flops.fp8_gradient_casts(plan, s, block)
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
@@ -2395,7 +2396,8 @@ def _reduce(b: _StageBuilder) -> None:
         1,
         gathers,
         [Instant("optimizer step", (*b.resident, *_upcast_grads(plan, shard)))],
-        flops.optimizer_work(plan, shard, vocab, held),
+        flops.optimizer_work(plan, shard, vocab, held)
+        + flops.fp8_weight_casts(plan, stage_fp8_weights(plan, b.kind)),
     )
 
 

@@ -727,3 +727,52 @@ def test_the_embedding_gradient_stays_16_bit_under_an_fp8_gather(tmp_path):
     (stage, *_) = derive(plan).stages
     (phase,) = [p for p in stage.phases if p.name == "backward.embedding"]
     assert [w.bytes for w in phase.works if w.name == EMBEDDING_GRADIENT] == [415_236_096]
+
+
+def test_fp8_training_prices_transformer_engine_s_casts_by_hand() -> None:
+    """Under FP8 training each Transformer Engine GEMM's operands are cast (TransformerEngine
+    2.5 ``linear.py``, ``module/base.py`` ``grad_output_preprocess``,
+    ``layernorm_linear.py``). By hand for GPT-3 at tp 8 with sequence parallelism on
+    Hopper, s = 2,048, b = 1, h = 12,288, a layer and micro-batch: forward, the output
+    projection's input (s × h/8) and fc2's (s × 4h/8) read at 2 B and written at 1 B with
+    a 1 B transpose, 4 B an element; backward, QKV's output gradient (s × 3h/8) and fc1's
+    (s × 4h/8) the same, the row-parallel gradients (projection, fc2) cast on the shard
+    (s/8 × h, 2 + 1 B) and transposed once gathered (s × h, 1 + 1 B), and the QKV and fc1
+    inputs gathered again transposed (s × h, 2 B); the weights once a step, 12·h²/8 a
+    layer over 12 layers, 2 + 2 B each. On Blackwell (no transposes) 3 B an element
+    for the casts and no transpose kernels; none for a bf16 plan."""
+    from dataclasses import replace
+
+    from budget.plan.model import Precision
+    from tests.builders import make_plan
+
+    s, h = 2048, 12288
+    fp8 = make_plan(recompute="none", precision=Precision(matmul="fp8"))
+
+    def casts(plan):
+        step = derive(plan)
+        out = {}
+        for phase in step.stages[0].phases:
+            for w in phase.works:
+                if w.name.startswith("FP8") and w.bytes:
+                    out[w.name] = w.bytes
+        return out
+
+    got = casts(fp8)
+    assert got == {
+        "FP8 cast of the output projection input": s * h // 8 * 4,
+        "FP8 cast of the fc2 input": s * 4 * h // 8 * 4,
+        "FP8 cast of the QKV output gradient": s * 3 * h // 8 * 4,
+        "FP8 cast of the output projection output gradient": s // 8 * h * 3,
+        "FP8 transpose of the output projection output gradient": s * h * 2,
+        "FP8 transpose of the QKV input, gathered again": s * h * 2,
+        "FP8 cast of the fc1 output gradient": s * 4 * h // 8 * 4,
+        "FP8 cast of the fc2 output gradient": s // 8 * h * 3,
+        "FP8 transpose of the fc2 output gradient": s * h * 2,
+        "FP8 transpose of the fc1 input, gathered again": s * h * 2,
+        "FP8 casts of the GEMM weights": 12 * h * h // 8 * 12 * 4,
+    }
+    blackwell = casts(replace(fp8, device=replace(fp8.device, fp8_transpose=False)))
+    assert not [name for name in blackwell if "transpose" in name]
+    assert blackwell["FP8 cast of the fc2 input"] == s * 4 * h // 8 * 3
+    assert casts(make_plan(recompute="none")) == {}
