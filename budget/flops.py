@@ -737,12 +737,9 @@ def _te_fp8(plan: Plan) -> bool:
     return plan.mode == "train" and plan.precision.matmul == "fp8"
 
 
-def _fp8_cast(name: str, elements: Any, read: Any, written: Any, kernels: int = 1) -> Work:
-    """`elements` read at `read` bytes each and written at `written`: a cast kernel with no
-    backward of its own."""
-    return replace(
-        elementwise(name, elements * (read + written)), backward=0.0, launches=float(kernels)
-    )
+def _fp8_cast(name: str, nbytes: Any, kernels: Any = 1.0) -> Work:
+    """A cast kernel (or `kernels` of them) moving `nbytes`, with no backward of its own."""
+    return replace(elementwise(name, nbytes), backward=0.0, launches=kernels)
 
 
 def fp8_input_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
@@ -767,11 +764,20 @@ def fp8_input_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
             ("shared expert fc2", s.tokens * s.shared_cols),
         ],
     }[block]
-    return [
-        _fp8_cast(f"FP8 cast of the {gemm} input", n, s.act, written)
+    casts = [
+        _fp8_cast(f"FP8 cast of the {gemm} input", n * (s.act + written))
         for gemm, n in inputs
         if not every(n == 0)
     ]
+    if block == "moe" and not every(s.shared_cols == 0):
+        # the shared experts' fc1 is a Linear after the block's own norm (Megatron-Core's
+        # MoE spec), so its input is cast too: on the shard before the FP8 gather under
+        # sequence parallelism (rowwise only, transposed when gathered again), else with
+        # its transpose (a review found it left out)
+        sp = s.tokens_sp < s.tokens
+        n = (s.act + 1) * s.tokens_sp * s.hidden + vwhere(sp, 0, written - 1) * s.tokens * s.hidden
+        casts.append(_fp8_cast("FP8 cast of the shared expert fc1 input", n))
+    return casts
 
 
 def fp8_gradient_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
@@ -792,20 +798,19 @@ def fp8_gradient_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
     whole = 1 + t  # bytes written a quantized element, the transpose too where needed
 
     def column(name: str, cols: Any, rows: Any = s.tokens) -> Work:
-        return _fp8_cast(f"FP8 cast of the {name} output gradient", rows * cols, s.act, whole)
+        return _fp8_cast(f"FP8 cast of the {name} output gradient", rows * cols * (s.act + whole))
 
     def row(name: str) -> list[Work]:
-        shard = _fp8_cast(
-            f"FP8 cast of the {name} output gradient", s.tokens_sp * s.hidden, s.act, 1
-        )
-        after = vwhere(sp, 2 * t, t)  # the transpose: after the gather, or with the cast
-        gathered = s.tokens * s.hidden
-        transpose = _fp8_cast(f"FP8 transpose of the {name} output gradient", gathered, 0, after)
-        return [shard, transpose]
+        # cast on the shard; its transpose after the gather (a kernel of its own, 1 B read
+        # and written), or without sequence parallelism written by the cast itself (one
+        # kernel: a review found it counted as two launches)
+        cast = (s.act + 1) * s.tokens_sp * s.hidden + vwhere(sp, 2 * t, t) * s.tokens * s.hidden
+        kernels = 1 + vwhere(sp, t, 0)
+        return [_fp8_cast(f"FP8 cast of the {name} output gradient", cast, kernels)]
 
     def regather(name: str) -> list[Work]:
         n = vwhere(sp, s.tokens * s.hidden, 0) * t
-        return [_fp8_cast(f"FP8 transpose of the {name} input, gathered again", n, 1, 1)]
+        return [_fp8_cast(f"FP8 transpose of the {name} input, gathered again", 2 * n)]
 
     works = {
         "attention": [
@@ -841,7 +846,7 @@ def fp8_weight_casts(plan: Plan, weights: Any) -> list[Work]:
     kept = weights * (plan.parallel.zero < 3)
     if not read + written or every(kept == 0):
         return []
-    return [_fp8_cast("FP8 casts of the GEMM weights", kept, read, written)]
+    return [_fp8_cast("FP8 casts of the GEMM weights", kept * (read + written))]
 
 
 def activation(plan: Plan, width: Any, prefix: str = "") -> list[Work]:

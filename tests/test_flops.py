@@ -737,8 +737,9 @@ def test_fp8_training_prices_transformer_engine_s_casts_by_hand() -> None:
     projection's input (s × h/8) and fc2's (s × 4h/8) read at 2 B and written at 1 B with
     a 1 B transpose, 4 B an element; backward, QKV's output gradient (s × 3h/8) and fc1's
     (s × 4h/8) the same, the row-parallel gradients (projection, fc2) cast on the shard
-    (s/8 × h, 2 + 1 B) and transposed once gathered (s × h, 1 + 1 B), and the QKV and fc1
-    inputs gathered again transposed (s × h, 2 B); the weights once a step, 12·h²/8 a
+    (s/8 × h, 2 + 1 B) and transposed once gathered (s × h, 1 + 1 B): two kernels, and
+    without sequence parallelism one, writing its transpose itself (a review); the QKV and
+    fc1 inputs gathered again transposed (s × h, 2 B); the weights once a step, 12·h²/8 a
     layer over 12 layers, 2 + 2 B each. On Blackwell (no transposes) 3 B an element
     for the casts and no transpose kernels; none for a bf16 plan."""
     from dataclasses import replace
@@ -749,13 +750,13 @@ def test_fp8_training_prices_transformer_engine_s_casts_by_hand() -> None:
     s, h = 2048, 12288
     fp8 = make_plan(recompute="none", precision=Precision(matmul="fp8"))
 
-    def casts(plan):
+    def casts(plan, launches=False):
         step = derive(plan)
         out = {}
         for phase in step.stages[0].phases:
             for w in phase.works:
                 if w.name.startswith("FP8") and w.bytes:
-                    out[w.name] = w.bytes
+                    out[w.name] = (w.bytes, w.launches) if launches else w.bytes
         return out
 
     got = casts(fp8)
@@ -763,16 +764,34 @@ def test_fp8_training_prices_transformer_engine_s_casts_by_hand() -> None:
         "FP8 cast of the output projection input": s * h // 8 * 4,
         "FP8 cast of the fc2 input": s * 4 * h // 8 * 4,
         "FP8 cast of the QKV output gradient": s * 3 * h // 8 * 4,
-        "FP8 cast of the output projection output gradient": s // 8 * h * 3,
-        "FP8 transpose of the output projection output gradient": s * h * 2,
+        "FP8 cast of the output projection output gradient": s // 8 * h * 3 + s * h * 2,
         "FP8 transpose of the QKV input, gathered again": s * h * 2,
         "FP8 cast of the fc1 output gradient": s * 4 * h // 8 * 4,
-        "FP8 cast of the fc2 output gradient": s // 8 * h * 3,
-        "FP8 transpose of the fc2 output gradient": s * h * 2,
+        "FP8 cast of the fc2 output gradient": s // 8 * h * 3 + s * h * 2,
         "FP8 transpose of the fc1 input, gathered again": s * h * 2,
         "FP8 casts of the GEMM weights": 12 * h * h // 8 * 12 * 4,
     }
+    assert casts(fp8, launches=True)["FP8 cast of the fc2 output gradient"][1] == 2
+    no_sp = casts(make_plan(recompute="none", sp=False, precision=Precision(matmul="fp8")), True)
+    assert no_sp["FP8 cast of the fc2 output gradient"] == (s * h * 4, 1)
+    assert not [name for name in no_sp if "gathered again" in name]
     blackwell = casts(replace(fp8, device=replace(fp8.device, fp8_transpose=False)))
     assert not [name for name in blackwell if "transpose" in name]
     assert blackwell["FP8 cast of the fc2 input"] == s * 4 * h // 8 * 3
+    assert blackwell["FP8 cast of the fc2 output gradient"] == s // 8 * h * 3
     assert casts(make_plan(recompute="none")) == {}
+
+
+def test_fp8_training_casts_the_shared_experts_fc1_input() -> None:
+    """Megatron-Core's shared experts' fc1 is a Transformer Engine Linear after the MoE
+    block's own norm, so it casts its input itself (a review found it left out): at tp 1,
+    without sequence parallelism, with its transpose on Hopper, 2 + 1 + 1 B over s × h;
+    DeepSeek-MoE 16B at s = 4,096, h = 2,048, micro 1 (the shipped plan)."""
+    from dataclasses import replace
+
+    plan = load_plan(Path(__file__).parents[1] / "plans" / "deepseek-moe-16b.yaml")
+    fp8 = replace(plan, precision=replace(plan.precision, matmul="fp8"))
+    s = shapes(fp8)
+    (cast,) = [w for w in flops.fp8_input_casts(fp8, s, "moe") if "shared expert fc1" in w.name]
+    assert s.tokens == s.tokens_sp == 4096 * plan.batch.micro and s.hidden == 2048
+    assert cast.bytes == s.tokens * s.hidden * 4
