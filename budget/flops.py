@@ -732,8 +732,10 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     ]
 
 
-def _te_fp8(plan: Plan) -> bool:
-    """Training with Transformer Engine's FP8 GEMMs (`layers.te_fp8`, which imports this)."""
+def te_fp8(plan: Plan) -> bool:
+    """Training with FP8 GEMMs, which a plan means as Transformer Engine's recipes under
+    Megatron-Core run them (`fp8_input_casts`; `layers.fp8_weight_copies`,
+    `layers.saved_gemm_input`)."""
     return plan.mode == "train" and plan.precision.matmul == "fp8"
 
 
@@ -752,7 +754,7 @@ def fp8_input_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
     2.5 ``linear.py``): the 16-bit input read, 1 B written and 1 B more on Hopper.
     ``LayerNormLinear``'s input (QKV's, fc1's) is quantized inside its norm
     (``with_quantized_norm``), priced as the norm."""
-    if not _te_fp8(plan):
+    if not te_fp8(plan):
         return []
     written = 1 + int(plan.device.fp8_transpose)
     inputs = {
@@ -791,7 +793,7 @@ def fp8_gradient_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
     gathered again in FP8, is transposed before its weight gradient
     (``update_usage(columnwise_usage=True)``, ``layernorm_linear.py``). The experts'
     grouped GEMMs are not gathered (their rows are dispatched)."""
-    if not _te_fp8(plan):
+    if not te_fp8(plan):
         return []
     t = int(plan.device.fp8_transpose)
     sp = s.tokens_sp < s.tokens  # sequence parallelism over tp > 1
@@ -838,7 +840,7 @@ def fp8_weight_casts(plan: Plan, weights: Any) -> list[Work]:
     16-bit weight read, 1 B written and its transpose 1 B more where the FP8 GEMMs take
     K-major operands only; over FP8 parameters the transpose alone (1 B read, 1 B written);
     under ZeRO-3 not priced (the copies are not counted there)."""
-    if not _te_fp8(plan):
+    if not te_fp8(plan):
         return []
     t = int(plan.device.fp8_transpose)
     param = DTYPE_BYTES[plan.precision.params]

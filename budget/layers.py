@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew, uncapped_skew
+from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew, te_fp8, uncapped_skew
 from budget.phases import Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
 from budget.vector import (
@@ -713,12 +713,6 @@ def resident_states(
             Alloc("reserved (runtime, NCCL, allocator)", "reserved", plan.device.reserved)
         )
     return tuple(allocs)
-
-
-def te_fp8(plan: Plan) -> bool:
-    """Training with FP8 GEMMs, which a plan means as Transformer Engine's recipes under
-    Megatron-Core run them (`fp8_weight_copies`, `saved_gemm_input`)."""
-    return plan.mode == "train" and plan.precision.matmul == "fp8"
 
 
 def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:

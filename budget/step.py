@@ -30,7 +30,7 @@ import numpy as np
 
 from budget import flops
 from budget.errors import BudgetError
-from budget.flops import Work
+from budget.flops import Work, te_fp8
 from budget.layers import (
     FC2_INPUT,
     MLA_LATENTS,
@@ -65,7 +65,6 @@ from budget.layers import (
     shapes,
     stage_classes,
     stage_fp8_weights,
-    te_fp8,
     tokens_replicated,
     vocab_params,
     vocab_rows,
