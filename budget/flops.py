@@ -814,23 +814,20 @@ def fp8_gradient_casts(plan: Plan, s: Shapes, block: str) -> list[Work]:
         n = vwhere(sp, s.tokens * s.hidden, 0) * t
         return [_fp8_cast(f"FP8 transpose of the {name} input, gathered again", 2 * n)]
 
-    works = {
-        "attention": [
-            column("QKV", s.q_cols + s.k_cols + s.v_cols),
-            *row("output projection"),
-            *regather("QKV"),
-        ],
-        "mlp": [column("fc1", plan.model.gate * s.ffn_cols), *row("fc2"), *regather("fc1")],
-        "moe": [
-            column("expert fc1", plan.model.gate * s.expert_cols, s.routed),
+    gate = plan.model.gate
+    if block == "attention":
+        qkv = s.q_cols + s.k_cols + s.v_cols
+        works = [column("QKV", qkv), *row("output projection"), *regather("QKV")]
+    elif block == "mlp":
+        works = [column("fc1", gate * s.ffn_cols), *row("fc2"), *regather("fc1")]
+    else:  # the experts' grouped GEMMs, and the shared experts as an MLP where there are some
+        works = [
+            column("expert fc1", gate * s.expert_cols, s.routed),
             column("expert fc2", s.hidden, s.routed),
-            column("shared expert fc1", plan.model.gate * s.shared_cols),
-            *row("shared expert fc2"),
-            *regather("shared expert fc1"),
-        ],
-    }[block]
-    if block == "moe" and every(s.shared_cols == 0):
-        works = works[:2]
+        ]
+        if not every(s.shared_cols == 0):
+            works += [column("shared expert fc1", gate * s.shared_cols), *row("shared expert fc2")]
+            works += regather("shared expert fc1")
     return [w for w in works if not every(w.bytes == 0)]
 
 

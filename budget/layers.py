@@ -763,16 +763,16 @@ def fp8_weight_copies(plan: Plan, c: StageClass) -> list[Alloc]:
     counted there."""
     if not te_fp8(plan):
         return []
-    per_weight = int(DTYPE_BYTES[plan.precision.params] > 1) + int(plan.device.fp8_transpose)
-    if not per_weight:
+    wide, transposed = DTYPE_BYTES[plan.precision.params] > 1, plan.device.fp8_transpose
+    if not (wide or transposed):
         return []
-    weights = stage_fp8_weights(plan, c)
     what = {
         (True, True): "FP8 copies of the layers' GEMM weights and their transposes",
         (True, False): "FP8 copies of the layers' GEMM weights",
         (False, True): "FP8 transposes of the layers' GEMM weights",
-    }[(DTYPE_BYTES[plan.precision.params] > 1, plan.device.fp8_transpose)]
-    copies = Alloc(f"{what} (Transformer Engine)", "params", weights * per_weight)
+    }[(wide, transposed)]
+    size = stage_fp8_weights(plan, c) * (int(wide) + int(transposed))
+    copies = Alloc(f"{what} (Transformer Engine)", "params", size)
     return when([copies], plan.parallel.zero < 3)
 
 

@@ -976,6 +976,13 @@ STEADY = 1e-11
 SHORTEN = 1024
 
 
+def _warmup(p: int, v: int, stage: int, total: int) -> int:
+    """Forwards stage `stage` runs before its first backward in `replay_order`, of its
+    `total` model-chunk forwards: p − s − 1 with one chunk, else `interleaved_warmup`'s
+    (the first stage's the most)."""
+    return min(p - stage - 1 if v == 1 else interleaved_warmup(p, v, stage) - 1, total)
+
+
 def shortened_count(p: int, v: int, m: int) -> int | None:
     """The micro-batch count whose replay `pipeline_replay` extends to m, where that saves
     a round or more: the fewest micro-batches m − j·p (j ≥ 1) whose replay holds, past
@@ -984,7 +991,7 @@ def shortened_count(p: int, v: int, m: int) -> int | None:
     cool-down (`_extrapolated`); None where m has no such count, or the replay is small
     (`SHORTEN`)."""
     rounds = p * v
-    warm = min(p - 1 if v == 1 else interleaved_warmup(p, v, 0) - 1, m * v)
+    warm = _warmup(p, v, 0, m * v)
     needed = -(-(2 * warm + 5 * rounds) // v)  # micro-batches, rounded up
     short = m - (m - needed) // p * p
     return short if m * rounds > SHORTEN and short < m else None
@@ -1004,7 +1011,7 @@ def _extrapolated(ends: np.ndarray, p: int, v: int, short: int, m: int) -> np.nd
     or repeat over more than one round: checked on the numbers here, a layout not yet
     steady is replayed whole."""
     total, rounds = short * v, p * v
-    warm = min(p - 1 if v == 1 else interleaved_warmup(p, v, 0) - 1, total)
+    warm = _warmup(p, v, 0, total)
     start = total - warm - 4 * rounds  # the window: three rounds, one before the cool-downs
     ops = ends[1:].reshape(2, p, total, -1)[:, :, start : start + 3 * rounds]
     shifts = (ops[:, :, rounds:] - ops[:, :, : 2 * rounds]).reshape(-1, ends.shape[-1])
@@ -1099,9 +1106,7 @@ def replay_order(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.nda
     total = m * v
     k = np.arange(total)
     stage = np.arange(p)[:, None]
-    warm = np.array(
-        [[min(p - s - 1 if v == 1 else interleaved_warmup(p, v, s) - 1, total)] for s in range(p)]
-    )
+    warm = np.array([[_warmup(p, v, s, total)] for s in range(p)])
     forward = 1 + stage * total + k  # op numbers, stage by stage
     backward = forward + p * total
     chunk = (k // p) % v
