@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 In = TypeVar("In")
@@ -101,15 +101,18 @@ class Problem:
 
 
 def problem_lines(problems: Iterable[Problem]) -> list[str]:
-    """The lines stderr shows for `problems`: each one, up to `MAX_SHOWN`, then a count."""
+    """The lines stderr shows for `problems`: each one, up to `MAX_SHOWN`, then a count of
+    the rest at the first one left out, in the same ``file:line:col: error: $.path:`` shape,
+    so that a reader parsing the lines by that shape meets no other (an audit: a plain
+    ``budget: error:`` count line, also in the JSON report's ``problems``)."""
     problems = list(problems)
     lines = [str(p) for p in problems[:MAX_SHOWN]]
     if len(problems) > MAX_SHOWN:
         more = len(problems) - MAX_SHOWN
-        problems_word = "problem" if more == 1 else "problems"
-        lines.append(
-            f"budget: error: {more:,} more {problems_word} (the first {MAX_SHOWN} are above)"
-        )
+        first = problems[MAX_SHOWN]
+        word = "problem" if more == 1 else "problems"
+        rest = f"{REST}{more:,} more {word} from here on, not shown (the first {MAX_SHOWN} above)"
+        lines.append(str(replace(first, message=rest)))
     return lines
 
 

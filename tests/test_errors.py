@@ -70,9 +70,16 @@ def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: 
         load_plan(plan)
     found = caught.value.problems  # 500 unknown keys and the required ones missing
     assert len(found) > 500 and lines[:-1] == [str(p) for p in found[:200]]
-    assert lines[-1] == f"budget: error: {len(found) - 200} more problems (the first 200 are above)"
+    # the count is a line of the same shape, at the first problem it counts
+    first = found[200]
+    assert lines[-1] == (
+        f"{plan}:{first.line}:{first.col}: error: {first.path}: …and {len(found) - 200} more "
+        "problems from here on, not shown (the first 200 above)"
+    )
     one = [Problem("p.yaml", i + 1, 1, "$", "x") for i in range(201)]
-    assert problem_lines(one)[-1] == "budget: error: 1 more problem (the first 200 are above)"
+    assert problem_lines(one)[-1] == (
+        "p.yaml:201:1: error: $: …and 1 more problem from here on, not shown (the first 200 above)"
+    )
 
 
 def test_a_shard_of_thousands_of_digits_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
