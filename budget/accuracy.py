@@ -343,6 +343,10 @@ def _mpt_run(
     activation checkpointing → full recompute. FSDP prefetches the next unit's all-gather
     and reduce-scatters each unit's gradients during the backward (Zhao et al., "PyTorch
     FSDP", arXiv 2304.11277, section 3.3), so overlap.param_gather and overlap.dp_grads.
+    Composer's default ``backward_prefetch`` (the yamls set none) is BACKWARD_POST, whose
+    backward gather is issued after the unit's gradient kernels are queued and so overlaps
+    them only as far as the CPU runs ahead; priced prefetched, an assumption (README,
+    "Where the model is weakest", says what exposing them would add).
 
     Precision: amp_bf16 with FSDP mixed_precision DEFAULT as Composer documents it since
     mosaicml/composer PR 2047 (March 2023): fp32 sharded parameters, which are the

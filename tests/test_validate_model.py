@@ -669,3 +669,29 @@ def test_the_readmes_data_parallel_figures_for_llama_8b_are_the_plans() -> None:
         f"it exposed), {(total - before) * 1e3:.0f} ms more than on 8 GPUs"
     )
     assert said in readme
+
+
+def test_the_readmes_backward_gather_figures_for_mpt_are_the_plans() -> None:
+    """ "Where the model is weakest" says what pricing the MPT runs' backward all-gathers
+    exposed would add to their steps (Composer's BACKWARD_POST default): each H100 run's
+    backward gathers, every call of every instance, over its step, the least and the most."""
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
+    shares = {}
+    for run in RUNS:
+        if run.stack != "llm-foundry" or run.gpu != "H100 80GB":
+            continue
+        report = build_report(plan_of(run))
+        gathers = sum(  # a collective's count is its calls in the step, every instance's
+            c.time_s * c.count
+            for p in report.phases
+            if p.name.startswith("backward.")
+            for c in p.collectives
+            if c.op == "all-gather"
+        )
+        shares[run.name.split(",")[0].removeprefix("MPT ")] = gathers / report.step["time_s"]
+    least, most = min(shares, key=shares.__getitem__), max(shares, key=shares.__getitem__)
+    said = (
+        f"they would add {shares[least]:.1%} ({least}) to {shares[most]:.1%} ({most}) to these "
+        "steps"
+    ).replace("%", " %")
+    assert said in readme, (said, shares)
