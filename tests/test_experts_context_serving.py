@@ -1734,6 +1734,37 @@ def test_the_busiest_expert_rank_reads_more_experts_than_the_mean_rank_has_rows(
     assert fc1.bytes == 2 * (rows * 7168 + rows * 2 * 2048) + round(busiest * expert)
 
 
+def test_the_readmes_group_limited_routing_figure_is_the_plans(tmp_path):
+    """README ("A decode pass reads the weights of the experts its tokens reach"): DeepSeek-V3
+    in fp8 on one 8-GPU H200 node at ep 8 and batch 1, the plan it names, reads a token in
+    the engine's decode time, and group-limited routing would make its busiest rank read
+    3.0 experts a layer (the README's simulation of the published rule) where the uniform
+    picks give most_reached(32, 1 − (1 − 8/256), 8) = 2.544: each expert's three 7,168 x
+    2,048 matrices at 1 B, over its 58 MoE layers, at the H200's streaming rate, is the time
+    that is due beside it (an audit found the figure stale: 12.1 ms where the engine read
+    12.2)."""
+    from budget.catalog.devices import DEVICES
+    from budget.flops import most_reached
+
+    plan = tmp_path / "dsv3-decode.yaml"
+    plan.write_text(
+        "name: dsv3-decode\nmode: decode\nmodel: {preset: deepseek-v3}\n"
+        "batch: {sequences: 1, prompt: 1024, generate: 256}\n"
+        "precision: {params: fp8, activations: bf16}\n"
+        "parallel: {tp: 8, ep: 8, etp: 1}\n"
+        "device: {preset: h200}\ntopology: {preset: dgx-h200, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    token = build_report(load_plan(plan)).step["decode_token_s"]
+    h200 = DEVICES["h200"]
+    uniform = most_reached(32, 1 - (1 - 8 / 256), 8)
+    extra = (3.0 - uniform) * 3 * 7168 * 2048 * 58
+    due = token + extra / (h200.memory_bandwidth * h200.memory_efficiency)
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    said = f"reads {token * 1e3:.1f} ms a token where about {due * 1e3:.1f} ms is due"
+    assert said in readme, said
+
+
 DECODE = PLANS / "llama3-70b-decode.yaml"
 
 

@@ -432,6 +432,14 @@ def test_the_readmes_prose_quotes_the_tables_current_figures(accuracy) -> None:
     assert f"furthest ({furthest.error:.1%} on 2,048 GPUs)" in (
         readme.replace(" %", "%").replace("−", "-")
     )
+    # the A100 bullet's two ends (an audit found -7.9 % and +2.1 % beside -7.8 % and +2.2 %)
+    megatron = stacks["Megatron-LM"].rows
+    low, high = min(megatron, key=lambda r: r.error), max(megatron, key=lambda r: r.error)
+    assert low.run.name.startswith("GPT 22B") and high.run.name.startswith("GPT 1T")
+    assert (
+        f"most optimistic ({low.error:.1%}), 1T the most pessimistic ({high.error:+.1%})"
+        in readme.replace(" %", "%").replace("−", "-")
+    )
 
 
 def test_the_readmes_prose_quotes_the_timed_ci_tests(accuracy) -> None:
