@@ -703,3 +703,28 @@ def test_the_readmes_backward_gather_figures_for_mpt_are_the_plans() -> None:
         "steps"
     ).replace("%", " %")
     assert said in readme, (said, shares)
+
+
+def test_the_readmes_a100_to_h100_speedups_for_mpt_are_the_tables(accuracy) -> None:
+    """ "Where the model is weakest" parts the MPT gap between the stack and the H100 by
+    the speed-up of each model from its A100 diagnostic row to its scored H100 row (same
+    model, micro-batch and 8 GPUs), measured against predicted: the ranges of both, the
+    model whose two agree best and the one the engine puts furthest over."""
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
+    h100 = {r.run.name.split(",")[0]: r for r in accuracy.rows if r.run.stack == "llm-foundry"}
+    a100 = {
+        r.run.name.split(",")[0]: r for r in accuracy.diagnostic if r.run.stack == "llm-foundry"
+    }
+    assert set(h100) == set(a100) and len(h100) == 5
+    measured = {k: h100[k].run.measured / a100[k].run.measured for k in h100}
+    predicted = {k: h100[k].predicted / a100[k].predicted for k in h100}
+    over = {k: predicted[k] / measured[k] - 1 for k in h100}
+    alike, furthest = min(over, key=lambda k: abs(over[k])), max(over, key=over.__getitem__)
+    said = (
+        f"ran {min(measured.values()):.2f} to {max(measured.values()):.2f} times as fast, where "
+        f"the engine puts it {min(predicted.values()):.2f} to {max(predicted.values()):.2f} "
+        f"times (the {alike.removeprefix('MPT ')} alike, the {furthest.removeprefix('MPT ')} "
+        f"{over[furthest]:.0%} further)"
+    ).replace("%", " %")
+    assert abs(over[alike]) < 0.005, over
+    assert said in readme, said
