@@ -918,7 +918,11 @@ def routing_skew(plan: Plan, s: Shapes | None = None) -> Any:
 def uncapped_skew(plan: Plan) -> Any:
     """`routing_skew` before any capacity factor: ``experts.imbalance`` f, at most what one
     rank can take, min(f, ep, E/k); 1 without experts. `layers._expert_shapes` caps the
-    rows it sizes at E·C itself."""
+    rows it sizes at E·C itself. The bound is counting, not a published figure: top-k
+    routing sends a token to k distinct experts (Shazeer et al., arXiv 1701.06538, eq. 3;
+    Fedus et al., arXiv 2101.03961, section 2.1), so a rank holding E/ep of them receives at
+    most min(k, E/ep) of its k rows, min(ep, E/k) times the even k/ep; f above it cannot
+    happen."""
     e = plan.model.experts
     if e is None:
         return 1.0
@@ -1523,5 +1527,8 @@ def _mean_below(first: float, last: float, cap: float) -> float:
 def attention_pair_flops(model: Model) -> int:
     """Forward model FLOPs of one query meeting one key, over all layers: 2·L·heads·(d_qk +
     d_v), the score and the value products as written (causal masks and latent attention's
-    absorbed decode do not change what MFU counts)."""
+    absorbed decode do not change what MFU counts). With d_qk = d_v = Q it is PaLM's
+    attention term per key (Chowdhery et al., arXiv 2204.02311, appendix B: 6N + 12·L·H·Q·T
+    FLOPs a token over T keys, training's forward and backward): 4·L·H·Q forward, three
+    times that trained, 12·L·H·Q."""
     return 2 * model.layers * model.heads * (model.qk_head_dim + model.head_dim)

@@ -156,6 +156,15 @@ def test_a_split_per_stage_under_virtual_stages_is_refused():
     assert sum(len(c) for stage in chunks for c in stage) == 96
 
 
+def test_a_query_key_pair_is_palms_attention_term():
+    """PaLM's MFU counts 12·L·H·Q·T FLOPs a trained token over T keys (Chowdhery et al.,
+    arXiv 2204.02311, appendix B), forward and backward: one pair's forward is a third of
+    12·L·H·Q. GPT-3 175B (L 96, H 96, Q 128): 12 · 96 · 96 · 128 = 14,155,776 trained,
+    4,718,592 forward (2 · 96 · 96 · (128 + 128))."""
+    assert attention_pair_flops(GPT3) == 4_718_592
+    assert 3 * attention_pair_flops(GPT3) == 12 * 96 * 96 * 128
+
+
 def test_a_prefill_query_meets_its_own_key():
     """Query i of a causal prompt meets keys 1 ... i, as decode's pass k meets P + k: for
     P = 4, 1 + 2 + 3 + 4 = 10 keys, 2.5 a query, (P + 1)/2. `attention_query_flops(m,

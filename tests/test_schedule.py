@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import replace
@@ -1195,28 +1196,22 @@ topology: {preset: dgx-a100, nodes: 2}
 """
 
 
-@pytest.mark.parametrize(
-    ("split", "step_s", "old_s", "reducing", "leads"),
-    [
-        ("6, 8, 8, 10", 0.8634, 0.897, 0, [0.0, 0.0282, 0.0648, 0.1013]),
-        ("2, 6, 8, 16", 1.1883, None, 3, None),
-    ],
-)
-def test_each_stage_reduces_its_gradients_from_its_own_last_backward(
-    tmp_path, split, step_s, old_s, reducing, leads
-):
+@pytest.mark.parametrize(("split", "reducing"), [("6, 8, 8, 10", 0), ("2, 6, 8, 16", 3)])
+def test_each_stage_reduces_its_gradients_from_its_own_last_backward(tmp_path, split, reducing):
     """An audit: every stage's gradient reduction started at the pipeline's end, where
     Megatron-LM's finalize_model_grads runs on each rank once its own schedule returns, and
     a later stage's last backward ends before those of the stages ahead of it. 32 layers
     over 4 stages, 8 micro-batches: each stage's end read off the replay itself (its last
     op's end, by `replay_order`), each reduction from there, then the optimizer once every
     stage has reduced (the gradient norm's all-reduce over the model-parallel group):
-    max_s(end_s + reduce_s) + max_s(optimizer_s). As 6, 8, 8, 10 that is 0.8634 s, where the
-    pipeline's end plus the longest reduction and optimizer read 0.8970 s (3.9 % long); the
-    leads are the backwards of one micro-batch on the stages ahead (0.0282, 0.0648,
-    0.1013 s), as the replay's ends have them. As 2, 6, 8, 16 the last stage's reduction
-    ends latest, though it starts a lead earlier: the report's totals add up to the step
-    less that lead (`drained_s`)."""
+    max_s(end_s + reduce_s) + max_s(optimizer_s), shorter than the pipeline's end plus the
+    longest reduction and optimizer (as 6, 8, 8, 10: 0.8634 s against 0.8970 s when the
+    audit was mended); each stage's lead is how much earlier than stage 0's its replay ends,
+    the backwards of one micro-batch on the stages ahead, so it grows down the pipeline. As
+    2, 6, 8, 16 the last stage's reduction ends latest, though it starts a lead earlier: the
+    report's totals add up to the step less that lead (`drained_s`). (The figures are the
+    replay's own: an audit found them pinned as expected values; the rule is what is
+    checked.)"""
     from budget.schedule import replay_order
 
     path = tmp_path / "late.yaml"
@@ -1238,15 +1233,12 @@ def test_each_stage_reduces_its_gradients_from_its_own_last_backward(
     optimizer = [s.optimizer_s for s in times.stages]
     expected = max(e + r for e, r in zip(stage_end, reduce, strict=True)) + max(optimizer)
     assert times.time_s == pytest.approx(expected, rel=1e-12)
-    assert round(times.time_s, 4) == step_s
     replayed = [stage_end[0] - e for e in stage_end]
     assert [s.lead_s for s in times.stages] == pytest.approx(replayed, rel=1e-9)
-    if leads is not None:
-        assert [round(lead, 4) for lead in replayed] == leads
+    # a later stage's last backward ends before those of the stages ahead of it
+    assert replayed[0] == 0 and all(a < b for a, b in itertools.pairwise(replayed))
     old = max(stage_end) + max(s.after_s for s in times.stages)
     assert times.time_s < old
-    if old_s is not None:
-        assert round(old, 4) == old_s
     summary = build_report(plan).step
     assert (summary["after_stage"], summary["optimizer_stage"]) == (reducing, 3)
     assert summary["drained_s"] == pytest.approx(replayed[reducing])
