@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from budget.errors import BudgetError, Problem, UsageErrors
+from budget.errors import BudgetError, Problem, UsageErrors, problem_lines
 from budget.inference import passes_for
 from budget.phases import pass_of
 from budget.report import (
@@ -669,7 +669,7 @@ def _plan_dict(verdict: Verdict) -> dict[str, Any]:
         "passed": verdict.passed,
         "valid": verdict.valid,
         "reasons": [r.to_dict() for r in verdict.reasons],
-        "problems": [str(p) for p in verdict.problems],
+        "problems": problem_lines(verdict.problems),
         "notes": list(verdict.notes),
     }
     if report is not None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import groupby
 from typing import TypeVar
 
 In = TypeVar("In")
@@ -94,6 +95,9 @@ class Problem:
     col: int  # 1-based; 0 when no position is known
     path: str  # JSON path, e.g. "$.parallel.tp"
     message: str
+    # how many problems the line stands for: a count of a source's problems not shown
+    # (`REST`) stands for those it counts, so that a count of it counts them
+    counted: int = field(default=1, compare=False)
 
     def __str__(self) -> str:
         where = f"{one_line(self.file)}:{self.line}:{self.col}"
@@ -101,18 +105,23 @@ class Problem:
 
 
 def problem_lines(problems: Iterable[Problem]) -> list[str]:
-    """The lines stderr shows for `problems`: each one, up to `MAX_SHOWN`, then a count of
-    the rest at the first one left out, in the same ``file:line:col: error: $.path:`` shape,
-    so that a reader parsing the lines by that shape meets no other (an audit: a plain
-    ``budget: error:`` count line, also in the JSON report's ``problems``)."""
-    problems = list(problems)
-    lines = [str(p) for p in problems[:MAX_SHOWN]]
-    if len(problems) > MAX_SHOWN:
-        more = len(problems) - MAX_SHOWN
-        first = problems[MAX_SHOWN]
-        word = "problem" if more == 1 else "problems"
-        rest = f"{REST}{more:,} more {word} from here on, not shown (the first {MAX_SHOWN} above)"
-        lines.append(str(replace(first, message=rest)))
+    """The lines stderr shows for `problems`, file by file (they come grouped so,
+    `BudgetError`): each file's first `MAX_SHOWN`, then a count of its rest at the first one
+    left out, in the same ``file:line:col: error: $.path:`` shape, so that a reader parsing
+    the lines by that shape meets no other, and each file's JSON ``problems`` are its lines
+    here. A count line left out counts what it counted (`Problem.counted`). Audits: a plain
+    ``budget: error:`` count line; two plans' problems capped together, which put the
+    second's under a count at the first's file; a config file's own count counted as one."""
+    lines = []
+    for _, grouped in groupby(problems, key=lambda p: p.file):
+        found = list(grouped)
+        lines += [str(p) for p in found[:MAX_SHOWN]]
+        if len(found) > MAX_SHOWN:
+            more = sum(p.counted for p in found[MAX_SHOWN:])
+            word = "problem" if more == 1 else "problems"
+            rest = f"{REST}{more:,} more {word} from here on, not shown"
+            rest += f" (the first {MAX_SHOWN} above)"
+            lines.append(str(replace(found[MAX_SHOWN], message=rest, counted=more)))
     return lines
 
 

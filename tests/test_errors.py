@@ -179,3 +179,66 @@ def test_a_folder_or_file_that_cannot_be_written_is_refused_before_the_work(
         f"budget: error: --write-plans {deep}: there is no folder {tmp_path / 'no'}\n"
     )
     assert not (tmp_path / "no").exists()
+
+
+def _unknown_keys(path: Path, prefix: str, count: int) -> Path:
+    path.write_text("".join(f"{prefix}{i}: 1\n" for i in range(count)), encoding="utf-8")
+    return path
+
+
+def test_each_files_problems_are_capped_and_counted_on_their_own(tmp_path: Path) -> None:
+    """Two plans of 205 and 230 unknown keys, validated together: each file shows its own
+    first 200 and counts its own rest at its own first left out, on stderr as in the JSON
+    (an audit: capped together, the second file's 230 were counted under the first's name,
+    none of its lines shown, while the JSON capped each)."""
+    one = _unknown_keys(tmp_path / "one.yaml", "a", 205)
+    two = _unknown_keys(tmp_path / "two.yaml", "b", 230)
+    result = runner.invoke(app, ["validate", str(one), str(two)])
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2
+    counts = [line for line in lines if ": …and " in line]
+    found = {}
+    for path in (one, two):
+        with pytest.raises(BudgetError) as caught:
+            load_plan(path)
+        found[path] = caught.value.problems  # the unknown keys and the required ones missing
+    assert len(counts) == 2 and len(lines) == 2 * 201
+    for path, count in zip((one, two), counts, strict=True):
+        first = found[path][200]
+        assert count == (
+            f"{path}:{first.line}:{first.col}: error: {first.path}: …and "
+            f"{len(found[path]) - 200} more problems from here on, not shown (the first 200 above)"
+        )
+    result = runner.invoke(app, ["validate", str(one), str(two), "--format", "json"])
+    import json
+
+    plans = json.loads(result.stdout)["plans"]
+    assert [line for plan in plans for line in plan["problems"]] == lines
+
+
+def test_a_count_left_out_counts_what_it_counted(tmp_path: Path) -> None:
+    """A config.json of 300 NaNs under a plan with a problem above its hf_config key: the
+    plan's problem and 198 of the config's are shown, the config's own count line (102
+    more) is the first left out, and the line that counts the rest says 103 (its 102 and
+    the batch's problem below it), not 2 (an audit)."""
+    import json
+
+    config = json.loads((ROOT / "tests" / "data" / "hf" / "llama3-70b" / "config.json").read_text())
+    text = json.dumps(config)[:-1] + ', "x": [' + ", ".join(["NaN"] * 300) + "]}"
+    (tmp_path / "config.json").write_text(text, encoding="utf-8")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "parallel: {tp: 8, dp: 7}\nmodel: {hf_config: config.json}\n"
+        "batch: {seq: 2048, micro: 1, global: 9}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(plan)
+    found = caught.value.problems
+    lines = problem_lines(found)
+    assert len(lines) == 201 and found[200].message.startswith("…and ")
+    # the config's 300 NaNs and one naming the unread key, 199 of them shown: 102 counted
+    assert found[200].counted == 300 + 1 - 199 and len(found) == 202
+    counted = ": …and 103 more problems from here on, not shown (the first 200 above)"
+    assert lines[-1].endswith(counted)

@@ -682,7 +682,9 @@ def test_the_readmes_data_parallel_figures_for_llama_8b_are_the_plans() -> None:
 def test_the_readmes_backward_gather_figures_for_mpt_are_the_plans() -> None:
     """ "Where the model is weakest" says what pricing the MPT runs' backward all-gathers
     exposed would add to their steps (Composer's BACKWARD_POST default): each H100 run's
-    backward gathers, every call of every instance, over its step, the least and the most."""
+    backward gathers, every call of every instance, less the slowdown each already adds to
+    the compute beside it while hidden (a review: 9.1 % where 7.4 % is added), over its
+    step, the least and the most."""
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
     shares = {}
     for run in RUNS:
@@ -690,7 +692,7 @@ def test_the_readmes_backward_gather_figures_for_mpt_are_the_plans() -> None:
             continue
         report = build_report(plan_of(run))
         gathers = sum(  # a collective's count is its calls in the step, every instance's
-            c.time_s * c.count
+            (c.time_s - c.slowdown_s) * c.count
             for p in report.phases
             if p.name.startswith("backward.")
             for c in p.collectives

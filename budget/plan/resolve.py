@@ -235,7 +235,7 @@ class _Resolver:
         self.model_source: tuple[str, str] | None = None
         self.model_written: Tree = {}
 
-    def error(self, path: str, message: str, *, key: bool = False) -> None:
+    def error(self, path: str, message: str, *, key: bool = False, counted: int = 1) -> None:
         """A problem at `path`; one about a model key the plan does not write (it came from
         a preset or a config file) is placed at the key that brought it in, and says so."""
         if (
@@ -248,7 +248,7 @@ class _Resolver:
             message = f"{name} gives {path.removeprefix('$.')}: {message}"
             path = origin
         line, col = self.marks.key(path) if key else self.marks.at(path)
-        self.problems.append(Problem(self.file, line, col, path, message))
+        self.problems.append(Problem(self.file, line, col, path, message, counted))
 
     def culprit(self, *paths: str) -> str:
         """Of the model keys a check relates, the first the plan writes (where its author
@@ -343,10 +343,12 @@ class _Resolver:
                     self.error("$.model.hf_config", message)
                 if len(shown) < len(error.messages):
                     # after the file's own problems at this position (`BudgetError`)
+                    more = len(error.messages) - len(shown)
                     self.error(
                         "$.model.hf_config",
-                        f"{REST}{len(error.messages) - len(shown):,} more problems in "
-                        f"{str(path)!r} than the {len(shown)} above",
+                        f"{REST}{more:,} more problems in {str(path)!r} than the "
+                        f"{len(shown)} above",
+                        counted=more,
                     )
                 return None
             base = dict(hf.tree)
