@@ -331,6 +331,18 @@ def test_sliding_window_null_turns_a_configs_window_off(tmp_path: Path) -> None:
     report = to_dict(build_report(load_plan(off)))
     assert report["model"]["sliding_window"] is None
     assert report["device"]["attention_window_keys"] is None
+    # the same report as the plan's own dimensions with no layer sliding (an audit: the
+    # claim was not checked): step, MFU, peaks and every phase's compute alike
+    whole = tmp_path / "whole.yaml"
+    window = plan[plan.index("    layers: [") : plan.index("batch:\n")]
+    whole.write_text(plan.replace(window, window.replace("true", "false")), encoding="utf-8")
+    hand = to_dict(build_report(load_plan(whole)))
+    for key in ("time_s", "mfu", "compute_s"):
+        assert report["step"][key] == pytest.approx(hand["step"][key], rel=1e-12), key
+    assert report["memory"] == hand["memory"]
+    assert [p["compute_s"] for p in report["phases"]] == pytest.approx(
+        [p["compute_s"] for p in hand["phases"]], rel=1e-12
+    )
     on = tmp_path / "on.yaml"
     on.write_text(written)
     assert to_dict(build_report(load_plan(on)))["model"]["sliding_window"] == {
