@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from itertools import groupby
 from typing import TypeVar
 
 In = TypeVar("In")
@@ -105,16 +104,21 @@ class Problem:
 
 
 def problem_lines(problems: Iterable[Problem]) -> list[str]:
-    """The lines stderr shows for `problems`, file by file (they come grouped so,
-    `BudgetError`): each file's first `MAX_SHOWN`, then a count of its rest at the first one
-    left out, in the same ``file:line:col: error: $.path:`` shape, so that a reader parsing
-    the lines by that shape meets no other, and each file's JSON ``problems`` are its lines
-    here. A count line left out counts what it counted (`Problem.counted`). Audits: a plain
-    ``budget: error:`` count line; two plans' problems capped together, which put the
-    second's under a count at the first's file; a config file's own count counted as one."""
+    """The lines stderr shows for `problems`, file by file in the order the files come,
+    each problem once (a plan named twice, ``validate a.yaml b.yaml a.yaml``, is one file):
+    each file's first `MAX_SHOWN`, then a count of its rest at the first one left out, in the
+    same ``file:line:col: error: $.path:`` shape, so that a reader parsing the lines by that
+    shape meets no other, and each file's JSON ``problems`` are its lines here. A count line
+    left out counts what it counted (`Problem.counted`). Audits: a plain ``budget: error:``
+    count line; two plans' problems capped together, which put the second's under a count
+    at the first's file; a config file's own count counted as one; a plan named twice
+    counted twice, or printed twice."""
+    files: dict[str, dict[Problem, None]] = {}
+    for problem in problems:
+        files.setdefault(problem.file, {})[problem] = None
     lines = []
-    for _, grouped in groupby(problems, key=lambda p: p.file):
-        found = list(grouped)
+    for each in files.values():
+        found = list(each)
         lines += [str(p) for p in found[:MAX_SHOWN]]
         if len(found) > MAX_SHOWN:
             more = sum(p.counted for p in found[MAX_SHOWN:])

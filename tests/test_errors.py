@@ -242,3 +242,28 @@ def test_a_count_left_out_counts_what_it_counted(tmp_path: Path) -> None:
     assert found[200].counted == 300 + 1 - 199 and len(found) == 202
     counted = ": …and 103 more problems from here on, not shown (the first 200 above)"
     assert lines[-1].endswith(counted)
+
+
+def test_a_plan_named_twice_is_one_file(tmp_path: Path) -> None:
+    """`validate a b a` and `check a a`: a's problems once on stderr, counted once (an
+    audit: they were counted twice, "…and 308 more" for 254 problems, or printed twice),
+    and each plan's JSON problems are its file's lines."""
+    import json
+
+    one = _unknown_keys(tmp_path / "one.yaml", "a", 250)
+    two = _unknown_keys(tmp_path / "two.yaml", "b", 210)
+    with pytest.raises(BudgetError) as caught:
+        load_plan(one)
+    rest = len(caught.value.problems) - 200
+    for args in (["validate", one, two, one], ["check", one, one], ["validate", one, one]):
+        result = runner.invoke(app, [str(a) for a in args])
+        lines = result.stderr.splitlines()
+        mine = [line for line in lines if line.startswith(f"{one}:")]
+        assert result.exit_code == 2 and len(mine) == 201 == len(set(mine)), args
+        assert mine[-1].endswith(
+            f"…and {rest} more problems from here on, not shown (the first 200 above)"
+        )
+        assert len(lines) == 201 * len({str(a) for a in args[1:]}), args
+    result = runner.invoke(app, ["validate", str(one), str(two), str(one), "--format", "json"])
+    plans = json.loads(result.stdout)["plans"]
+    assert [p["problems"] for p in plans if p["file"] == str(one)] == [mine, mine]
