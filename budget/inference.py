@@ -94,8 +94,16 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     """What one block holds while it computes, with nothing kept for backward: the block's
     normed input beside the residual stream it is added back to (vLLM's decoder layers carry
     both, ``hidden_states, residual = self.input_layernorm(hidden_states, residual)``; the
-    residual sequence-sharded under sequence parallelism); in the MLP, at its activation
-    function, the first projection's output beside the activation's."""
+    residual sequence-sharded under sequence parallelism); in the attention block, the QKV
+    projection's one output beside the attention kernel's (vLLM's ``LlamaAttention``:
+    ``qkv, _ = self.qkv_proj(...)``, split into views, then ``attn_output = self.attn(q, k,
+    v)`` before ``o_proj``), the rank's heads' columns each; in the MLP, at its activation
+    function, the first projection's output beside the activation's; in an MoE block the
+    same for the routed rows (vLLM's ``fused_experts``: ``intermediate_cache1`` of M·topk x
+    2N under a gate, ``intermediate_cache2`` of M·topk x N) beside the rows as the
+    dispatcher permutes them in and out of the experts' order (`step.dispatch_buffers`,
+    Megatron-Core's; vLLM's fused kernel reads its input rows by index and writes one M·topk
+    x K output, ``intermediate_cache3``, so it holds one of the two)."""
     a = s.act
     gate = plan.model.gate
     residual = Alloc("residual stream", "transient", a * s.tokens_sp * s.hidden)

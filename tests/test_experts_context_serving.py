@@ -1823,3 +1823,68 @@ def test_a_configs_training_dropout_is_off_when_served(tmp_path):
         reports.append(to_dict(build_report(plan)))
     assert reports[0]["step"] == reports[1]["step"]
     assert reports[0]["step"]["ttft_s"] > 0
+
+
+def test_a_serving_blocks_working_set_is_its_tensors_by_hand(tmp_path):
+    """What a serving block holds while it computes (`inference._working_set`), by hand.
+    Llama 3 70B decode plan (tp 8, 32 sequences of 2,048 prompt tokens): the prefill's
+    65,536 tokens hold the layer input and the residual, 2 · 65,536 · 8,192 =
+    1,073,741,824 B each, Q/K/V of 8 query heads and 1 KV head of 128 a rank, 2 · 65,536 ·
+    (1,024 + 128 + 128) = 167,772,160 B, and the attention output, 2 · 65,536 · 1,024 =
+    134,217,728 B; a decode pass the same for 32 tokens (524,288, 81,920 and 65,536 B).
+    Mixtral 8x7B served at tp 8 (8 sequences of 4,096 tokens, top 2, experts split over
+    tp): 65,536 routed rows of 14,336 / 8 = 1,792 expert columns, gated fc1 output 2 · 2 ·
+    65,536 · 1,792 = 469,762,048 B, the activation's half that, and the rows permuted in
+    and out, 2 · 2 · 65,536 · 4,096 = 1,073,741,824 B (an audit: no test held these)."""
+    from budget.inference import derive_inference
+
+    def transients(plan, phase: str) -> dict[str, int]:
+        stage = derive_inference(plan).stages[0]
+        (instant,) = next(p for p in stage.phases if p.name == phase).instants
+        return {a.name: int(a.bytes) for a in instant.live if a.category == "transient"}
+
+    llama = load_plan(PLANS / "llama3-70b-decode.yaml")
+    assert transients(llama, "prefill.attention") == {
+        "layer input": 1_073_741_824,
+        "residual stream": 1_073_741_824,
+        "Q/K/V": 2 * 65_536 * (1_024 + 128 + 128),
+        "attention output": 2 * 65_536 * 1_024,
+    }
+    assert transients(llama, "decode.attention") == {
+        "layer input": 2 * 32 * 8_192,
+        "residual stream": 2 * 32 * 8_192,
+        "Q/K/V": 2 * 32 * 1_280,
+        "attention output": 2 * 32 * 1_024,
+    }
+    path = tmp_path / "mixtral-serve.yaml"
+    path.write_text(
+        "mode: decode\nmodel: {layers: 32, hidden: 4096, heads: 32, kv_heads: 8, ffn: 14336, "
+        "vocab: 32000, mlp: swiglu, norm: rmsnorm, tied_embeddings: false, position: rope, "
+        "attention: flash, experts: {count: 8, top_k: 2, ffn: 14336}}\n"
+        "batch: {sequences: 8, prompt: 4096, generate: 64}\n"
+        "precision: {params: bf16, activations: bf16}\nparallel: {tp: 8}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, gpus: 8}\n",
+        encoding="utf-8",
+    )
+    rows = 8 * 4_096 * 2
+    moe = transients(load_plan(path), "prefill.moe")
+    assert moe == {
+        "layer input": 2 * 32_768 * 4_096,
+        "residual stream": 2 * 32_768 * 4_096,
+        "routed token rows, permuted for the rank's experts and back (no exchange)": 2
+        * 2
+        * rows
+        * 4_096,
+        "expert fc1 output": 2 * 2 * rows * 1_792,
+        "expert activation output": 2 * rows * 1_792,
+    }
+    assert moe["expert fc1 output"] == 469_762_048
+
+
+def test_a_prefill_plans_rate_is_its_prompt_tokens_over_the_time_to_first_token(tmp_path):
+    """A prefill plan's tokens/s counts every sequence's prompt tokens over the time to the
+    first token (`schedule.serving_time`: the batch's prompts, not one sequence's; an
+    audit: no test held it)."""
+    path = variant(tmp_path, "prefill.yaml", ("mode: decode", "mode: prefill"), base=DECODE)
+    step = build_report(load_plan(path)).step
+    assert step["tokens_per_s"] == pytest.approx(32 * 2_048 / step["ttft_s"], rel=1e-12)
