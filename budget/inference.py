@@ -100,10 +100,11 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     v)`` before ``o_proj``), the rank's heads' columns each; in the MLP, at its activation
     function, the first projection's output beside the activation's; in an MoE block the
     same for the routed rows (vLLM's ``fused_experts``: ``intermediate_cache1`` of M·topk x
-    2N under a gate, ``intermediate_cache2`` of M·topk x N) beside the rows as the
-    dispatcher permutes them in and out of the experts' order (`step.dispatch_buffers`,
-    Megatron-Core's; vLLM's fused kernel reads its input rows by index and writes one M·topk
-    x K output, ``intermediate_cache3``, so it holds one of the two)."""
+    N, N the gated fc1's columns, and ``intermediate_cache2`` of M·topk x N/2) beside the
+    rows as Megatron-Core's dispatcher permutes them in and out of the experts' order
+    (`step.dispatch_buffers`). vLLM holds less there: its fused kernel reads its input rows
+    by index, and its M·topk x K output (``intermediate_cache3``) reuses cache1's memory
+    (``cache13``, M·topk x max(N, K)), so budget's count is the dispatcher's, the larger."""
     a = s.act
     gate = plan.model.gate
     residual = Alloc("residual stream", "transient", a * s.tokens_sp * s.hidden)
