@@ -919,7 +919,7 @@ def uncapped_skew(plan: Plan) -> Any:
     """`routing_skew` before any capacity factor: ``experts.imbalance`` f, at most what one
     rank can take, min(f, ep, E/k); 1 without experts. `layers._expert_shapes` caps the
     rows it sizes at E·C itself. The bound is counting, not a published figure: top-k
-    routing sends a token to k distinct experts (Shazeer et al., arXiv 1701.06538, eq. 3;
+    routing sends a token to k distinct experts (Shazeer et al., arXiv 1701.06538, eqs. 3-5;
     Fedus et al., arXiv 2101.03961, section 2.1), so a rank holding E/ep of them receives at
     most min(k, E/ep) of its k rows, min(ep, E/k) times the even k/ep; f above it cannot
     happen."""
