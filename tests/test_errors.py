@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,11 @@ from budget.plan.load import load_plan
 from tests.plan_files import ROOT
 
 runner = CliRunner()
+
+
+def _unknown_keys(path: Path, prefix: str, count: int) -> Path:
+    path.write_text("".join(f"{prefix}{i}: 1\n" for i in range(count)), encoding="utf-8")
+    return path
 
 
 def test_a_problem_quotes_a_hostile_value_clipped() -> None:
@@ -60,8 +66,7 @@ def test_a_quoted_line_break_stays_on_its_problem_s_line(tmp_path: Path) -> None
 def test_hundreds_of_problems_print_the_first_two_hundred_and_a_count(tmp_path: Path) -> None:
     """Every problem is found; stderr shows the first 200 by position and counts the rest
     (30,000 faulty transitions printed 210,000 lines)."""
-    plan = tmp_path / "plan.yaml"
-    plan.write_text("".join(f"k{i}: 1\n" for i in range(500)), encoding="utf-8")
+    plan = _unknown_keys(tmp_path / "plan.yaml", "k", 500)
     result = runner.invoke(app, ["validate", str(plan)])
     lines = result.stderr.splitlines()
     assert result.exit_code == 2 and len(lines) == 201
@@ -181,11 +186,6 @@ def test_a_folder_or_file_that_cannot_be_written_is_refused_before_the_work(
     assert not (tmp_path / "no").exists()
 
 
-def _unknown_keys(path: Path, prefix: str, count: int) -> Path:
-    path.write_text("".join(f"{prefix}{i}: 1\n" for i in range(count)), encoding="utf-8")
-    return path
-
-
 def test_each_files_problems_are_capped_and_counted_on_their_own(tmp_path: Path) -> None:
     """Two plans of 205 and 230 unknown keys, validated together: each file shows its own
     first 200 and counts its own rest at its own first left out, on stderr as in the JSON
@@ -210,8 +210,6 @@ def test_each_files_problems_are_capped_and_counted_on_their_own(tmp_path: Path)
             f"{len(found[path]) - 200} more problems from here on, not shown (the first 200 above)"
         )
     result = runner.invoke(app, ["validate", str(one), str(two), "--format", "json"])
-    import json
-
     plans = json.loads(result.stdout)["plans"]
     assert [line for plan in plans for line in plan["problems"]] == lines
 
@@ -221,8 +219,6 @@ def test_a_count_left_out_counts_what_it_counted(tmp_path: Path) -> None:
     plan's problem and 198 of the config's are shown, the config's own count line (102
     more) is the first left out, and the line that counts the rest says 103 (its 102 and
     the batch's problem below it), not 2 (an audit)."""
-    import json
-
     config = json.loads((ROOT / "tests" / "data" / "hf" / "llama3-70b" / "config.json").read_text())
     text = json.dumps(config)[:-1] + ', "x": [' + ", ".join(["NaN"] * 300) + "]}"
     (tmp_path / "config.json").write_text(text, encoding="utf-8")
@@ -248,8 +244,6 @@ def test_a_plan_named_twice_is_one_file(tmp_path: Path) -> None:
     """`validate a b a` and `check a a`: a's problems once on stderr, counted once (an
     audit: they were counted twice, "…and 308 more" for 254 problems, or printed twice),
     and each plan's JSON problems are its file's lines."""
-    import json
-
     one = _unknown_keys(tmp_path / "one.yaml", "a", 250)
     two = _unknown_keys(tmp_path / "two.yaml", "b", 210)
     with pytest.raises(BudgetError) as caught:
