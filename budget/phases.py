@@ -146,6 +146,10 @@ class Move:
     # (ZeRO-2's reduce-scatter): what of it is exposed lengthens each micro-batch of its
     # stage, so the pipeline's fill and drain wait for it too (`schedule.step_time`)
     each_microbatch: bool = False
+    # waited for at its stage's first forward of the next step once that forward's input has
+    # arrived (a later 1F1B stage's parameter gather, `step._reduce`): under its overlap flag
+    # its exposed part runs in series along the pipeline's fill (`schedule.StageTime.gather_s`)
+    after_input: Any = False
     # Transformer Engine's comm-GEMM overlap changes the GEMM it hides behind, where the
     # overlap is on (`schedule.overlapped_gemms`): the GEMM runs as `gemm_splits` kernels
     # (its ``num_splits``), and with `gemm_sms` > 0 on the device's SMs less these for its

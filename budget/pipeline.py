@@ -246,9 +246,10 @@ def _summary(
 ) -> dict[str, float | None]:
     """The step's figures. Serving: compute, communication and exposure are the sums of the
     rows (each over the stages a pass crosses). Training: those of the phases the step
-    waits for (`schedule.paced_by`), so compute + exposed + bubble − drained is the step;
-    the rows, each at its costliest stage, may come from different stages and add up to
-    more.
+    waits for (`schedule.paced_by`) with the later stages' parameter gathers in series
+    behind the last (exposed), so compute + exposed + bubble − drained − filled is the
+    step; the rows, each at its costliest stage, may come from different stages and add up
+    to more.
 
     ``mfu_causal``: the MFU of the attention products the causal mask computes
     (`flops.model_flops_per_token`), beside PaLM's, which counts them unmasked; a serving
@@ -264,6 +265,8 @@ def _summary(
             "bubble_s",
             "after_s",
             "drained_s",
+            "filled_s",
+            "fill_gathers_s",
             "ttft_s",
             "decode_token_s",
             "tokens_per_s",
@@ -278,10 +281,12 @@ def _summary(
     after_stage: int | None = None
     optimizer_stage: int | None = None
     drained: float | None = None
+    filled: float | None = None
+    behind = 0.0
     if times.ttft_s is None:
         paced = paced_by(times)
         pacing, after_stage, optimizer_stage = paced.stage, paced.reducing, paced.optimizing
-        drained = paced.drained_s
+        drained, filled, behind = paced.drained_s, paced.filled_s, paced.behind_s
 
         def total(field: str) -> float:  # in the order the search sums (`_critical_exposed`)
             parts = (sum(getattr(p, field) * p.count for p in ps) for ps in paced.groups)
@@ -292,14 +297,14 @@ def _summary(
         def total(field: str) -> float:
             return float(sum(getattr(p, field) or 0.0 for p in phases))
 
-    exposed = total("exposed_s")
+    exposed = total("exposed_s") + behind
     causal = times.mfu
     if plan.mode == "train" and times.mfu:
         causal *= model_flops_per_token(plan, causal=True) / model_flops_per_token(plan)
     return {
         "time_s": times.time_s,
         "compute_s": total("compute_s"),
-        "comm_s": total("comm_s"),
+        "comm_s": total("comm_s") + behind,  # the gathers behind: all exposed
         "exposed_comm_s": exposed,
         "exposed_share": exposed / times.time_s,
         "overlap_slowdown_s": total("slowdown_s"),
@@ -308,6 +313,11 @@ def _summary(
         # the part of the reduction the step ends with that ran while the stages ahead of
         # its own drained the pipeline (`schedule.paced_by`)
         "drained_s": drained,
+        # the part of the optimizer step the step ends with that ran while the stages ahead
+        # of its own filled the next step's pipeline (`schedule.put_off`)
+        "filled_s": filled,
+        # the later stages' parameter gathers in series along the fill behind it
+        "fill_gathers_s": behind if filled is not None else None,
         "ttft_s": times.ttft_s,
         "decode_token_s": times.decode_token_s,
         "tokens_per_s": times.tokens_per_s,

@@ -69,7 +69,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.17: the report's ``step.drained_s``, the reduction a later stage ran while the stages
 # ahead of it drained, and ``step.optimizer_stage``; ``after_stage`` is the stage whose
 # reduction ends latest past the pipeline's end, each from its own last backward
-SCHEMA_VERSION = "1.17"
+# 1.18: the report's ``step.filled_s``, the optimizer step a later stage ran while the
+# stages ahead of it filled the next step's pipeline, and ``step.fill_gathers_s``, the later
+# 1F1B stages' parameter gathers in series along it; ``optimizer_stage`` puts it off longest
+SCHEMA_VERSION = "1.18"
 
 Kind = Literal[
     "report",

@@ -147,6 +147,15 @@ class StageTime:
     # how long before the pipeline's end the stage's last backward ends, at the least: the
     # backwards of the stages ahead of it, which wait for its own (`_with_leads`)
     lead_s: float = 0.0
+    # how long after the pipeline's start the stage's first forward begins, at the least:
+    # the forwards of the stages ahead of it, which it waits for (`_with_leads`); its
+    # optimizer step and parameter gather before the next step run that long off its path
+    fill_s: float = 0.0
+    # of optimizer_s, the exposed parameter gather its first forward waits for once its input
+    # has arrived (`phases.Move.after_input`: a later 1F1B stage's, in one bucket), and the
+    # same of the stages after it summed, which that forward's output waits for in turn
+    gather_s: float = 0.0
+    behind_s: float = 0.0
 
     @property
     def reduce_s(self) -> float:
@@ -177,6 +186,10 @@ class Pacing:
     # the first's micro-batch phases, the second's reductions, the third's optimizer
     groups: tuple[list[PhaseTime], list[PhaseTime], list[PhaseTime]]
     drained_s: float  # the reducing stage's lead: its reduction run while the others drain
+    filled_s: float = 0.0  # the optimizing stage's fill: its optimizer run while others fill
+    # the later stages' parameter gathers in series behind the optimizing stage's first
+    # forward (`StageTime.behind_s`): exposed communication no phase of its own counts
+    behind_s: float = 0.0
 
     @property
     def phases(self) -> list[PhaseTime]:
@@ -187,12 +200,15 @@ def paced_by(times: StepTime) -> Pacing:
     """The phases a training step waits for (`_tail`): the micro-batch phases of the stage
     that paces the pipeline (the most forward, backward and exposed time per micro-batch),
     the gradient reduction of the stage whose ends latest past the pipeline's end (its
-    reduction less its lead, `StageTime.lead_s`), then the optimizer of the stage whose takes
-    longest; each the first of equals. Their compute plus exposed time, plus the bubble,
-    less the lead the reduction ran in (`Pacing.drained_s`), is the step."""
+    reduction less its lead, `StageTime.lead_s`), then the optimizer of the stage that puts
+    the next step's pipeline off longest (`put_off`); each the first of equals. Their
+    compute plus exposed time, plus the later stages' gathers in series behind the last
+    (`Pacing.behind_s`), plus the bubble, less the lead the reduction ran in
+    (`Pacing.drained_s`) and the fill the optimizer ran in (`Pacing.filled_s`), is the
+    step."""
     pacing = max(times.stages, key=lambda s: (s.microbatch_s, -s.stage))
     reducing = max(times.stages, key=lambda s: (s.reduce_s - s.lead_s, -s.stage))
-    optimizing = max(times.stages, key=lambda s: (s.optimizer_s, -s.stage))
+    optimizing = max(times.stages, key=lambda s: (put_off(s), -s.stage))
     return Pacing(
         pacing.stage,
         reducing.stage,
@@ -203,12 +219,29 @@ def paced_by(times: StepTime) -> Pacing:
             [p for p in optimizing.phases if phase_part(p.name) == "optimizer"],
         ),
         float(reducing.lead_s),
+        float(optimizing.fill_s),
+        float(optimizing.behind_s),
     )
 
 
 def _optimizer(name: str) -> bool:
     """The optimizer's phase, or a hand-written transition in it ("optimizer: NAME")."""
     return pass_of(name) == "optimizer"
+
+
+def _gather_after_input(plan: Plan, phases: Sequence[PhaseTime]) -> Any:
+    """The exposed time of a stage's optimizer phases that its next first forward waits
+    for once its input has arrived (`phases.Move.after_input`), where the move's overlap
+    flag is on: off, Megatron-LM gathers in the optimizer step itself, beside the fill."""
+    waited: Any = 0.0
+    for p in phases:
+        if not _optimizer(p.name):
+            continue
+        for t in p.moves:
+            after = t.move.after_input
+            if np.any(holds(after)) and _flag(plan, t.move.flag):
+                waited = waited + vwhere(after, t.exposed_s * t.move.count * p.count, 0.0)
+    return waited
 
 
 @lru_cache(maxsize=1024)  # a sweep asks it of every phase of every stage, again and again
@@ -223,12 +256,26 @@ def phase_part(name: str) -> str:
 def _tail(stages: Sequence[StageTime], zero2: Any = None) -> Any:
     """What the step takes past the pipeline's end (module docstring): the latest end of a
     stage's gradient reduction, each from its own last backward (`StageTime.lead_s` before
-    the end), then the longest optimizer step. `zero2`: the micro-batches whose reduction
+    the end), then how long the optimizer steps put the next step's pipeline off
+    (`put_off`). `zero2`: the micro-batches whose reduction
     after every backward the replay holds in the backwards already (ZeRO-2), which the
     closed form counts here (`replay_of`). Arrays over a sweep's layouts, or numbers."""
     m = 0 if zero2 is None else zero2
     reductions = largest([s.reduce_s - m * s.each_microbatch_s - s.lead_s for s in stages])
-    return reductions + largest([s.optimizer_s for s in stages])
+    return reductions + largest([put_off(s) for s in stages])
+
+
+def put_off(stage: StageTime) -> Any:
+    """How long `stage`'s optimizer step puts the next step's pipeline off: every stage
+    steps once every reduction is done, then stage k's first forward waits for its own
+    step and parameter gather and for stage k - 1's first forward, which comes F_k (its
+    fill, `StageTime.fill_s`) after the pipeline's start; the gather a stage launches only
+    once its input has arrived (S_k, `StageTime.gather_s`) comes after both. Stage k's
+    first forward thus starts at max(O_k + E_k, start_{k-1} + f_{k-1}) + S_k, E_k the
+    optimizer phase's exposed time other than S_k, and the last stage's, less the fill,
+    at the largest over k of O_k + E_k + S_k - F_k + Σ_{j>k} S_j (`StageTime.behind_s`):
+    this stage's term."""
+    return stage.optimizer_s - stage.fill_s + stage.behind_s
 
 
 def _last_backward(stage: StageTime, m: Any, v: int) -> Any:
@@ -257,17 +304,46 @@ def _with_leads(
     least of its stages', whose reduction ends latest. No leads where a stage reduces after
     every backward (`_drains`)."""
     backwards = [count * _last_backward(s, m, v) for s, count in zip(stages, copies, strict=True)]
-    return _led(stages, backwards)
+    forwards = [count * _first_forward(s, m, v) for s, count in zip(stages, copies, strict=True)]
+    return _led(stages, backwards, forwards, copies)
 
 
-def _led(stages: Sequence[StageTime], backwards: Sequence[Any]) -> list[StageTime]:
+def _first_forward(stage: StageTime, m: Any, v: int) -> Any:
+    """A stage's forward of one micro-batch through one of its `v` model chunks, as
+    `_last_backward` its backward: the next step's first forward on the stages after it
+    waits for it (the fill), which their optimizer steps and parameter gathers run in."""
+    busy = sum(
+        (p.compute_s + p.exposed_s) * p.count
+        for p in stage.phases
+        if per_microbatch(p.name) and pass_of(p.name) == "forward"
+    )
+    return busy / (m * v)
+
+
+def _led(
+    stages: Sequence[StageTime],
+    backwards: Sequence[Any],
+    forwards: Sequence[Any],
+    copies: Sequence[Any] | None = None,
+) -> list[StageTime]:
     """`stages`, each led by the `backwards` of the stages ahead of it summed (none under
-    `_drains`)."""
-    out, ahead = [], 0.0
+    `_drains`), filled by their `forwards` summed, and with the gathers in series of the
+    stages after its first (`StageTime.behind_s`; `copies`: how many alike stages each of
+    `stages` stands for, one each where not given)."""
+    counts = [1] * len(stages) if copies is None else list(copies)
+    behind, later = [], 0.0
+    for stage, count in zip(reversed(stages), reversed(counts), strict=True):
+        behind.append(later + (count - 1) * stage.gather_s)
+        later = later + count * stage.gather_s
+    out, ahead, filled = [], 0.0, 0.0
     drains = _drains(stages)
-    for stage, backward in zip(stages, backwards, strict=True):
-        out.append(replace(stage, lead_s=vwhere(drains, ahead, 0.0)))
+    for stage, backward, forward, after in zip(
+        stages, backwards, forwards, reversed(behind), strict=True
+    ):
+        lead = vwhere(drains, ahead, 0.0)
+        out.append(replace(stage, lead_s=lead, fill_s=filled, behind_s=after))
         ahead = ahead + backward
+        filled = filled + forward
     return out
 
 
@@ -766,7 +842,10 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             if t.move.each_microbatch
         )
         optimizer = sum((p.compute_s + p.exposed_s) * p.count for p in phases if _optimizer(p.name))
-        stages.append(StageTime(stage.stage, phases, per_mb, after, each, optimizer))
+        gather = _gather_after_input(plan, phases)
+        stages.append(
+            StageTime(stage.stage, phases, per_mb, after, each, optimizer, gather_s=gather)
+        )
         if stage.timing_key:
             shared[stage.timing_key] = stages[-1]
     v = plan.parallel.pipeline.virtual_stages
@@ -903,7 +982,7 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     """The `Replay` of `plan`'s step, its stages timed as `stages` (one per pipeline stage;
     a sweep's numbers as arrays), their leads taken from their first chunks' backwards."""
     forward, backward = _chunk_times(plan, stages, m)
-    stages = _chunk_leads(stages, backward)
+    stages = _chunk_leads(stages, forward, backward)
     for chunks, ids, s in zip(backward, stage_chunk_ids(plan), stages, strict=True):
         # each model chunk's gradients are reduced after its own backward of the micro-batch
         # (Megatron-Core wraps each chunk in a DDP of its own buffers): its share of the
@@ -922,11 +1001,14 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     return Replay(shaped, m, rest, after, floor, tuple(stages))
 
 
-def _chunk_leads(stages: Sequence[StageTime], backward: list[list[Any]]) -> list[StageTime]:
-    """`stages` with their leads (`_with_leads`) from each stage's backward through its
-    first model chunk (`_chunk_times`), the op its last one is (where a stage's chunks differ,
-    its backward over v could read a first chunk of one layer as one of two)."""
-    return _led(stages, [chunks[0] for chunks in backward])
+def _chunk_leads(
+    stages: Sequence[StageTime], forward: list[list[Any]], backward: list[list[Any]]
+) -> list[StageTime]:
+    """`stages` with their leads and fills (`_with_leads`) from each stage's backward and
+    forward through its first model chunk (`_chunk_times`), the ops its last and first are
+    (where a stage's chunks differ, its pass over v could read a first chunk of one layer as
+    one of two)."""
+    return _led(stages, [chunks[0] for chunks in backward], [chunks[0] for chunks in forward])
 
 
 def pipeline_replay(

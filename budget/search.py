@@ -76,6 +76,7 @@ from budget.schedule import (
     move_kind,
     move_span,
     phase_part,
+    put_off,
     replay_of,
     step_time,
 )
@@ -1311,6 +1312,7 @@ def _picked(stage: StageTime, index: np.ndarray) -> StageTime:
         _pick(stage.each_microbatch_s, index),
         _pick(stage.optimizer_s, index),
         _pick(stage.lead_s, index),  # a class's; `replay_of` takes each stage's own
+        gather_s=_pick(stage.gather_s, index),
     )
 
 
@@ -1339,7 +1341,8 @@ def _critical_exposed(stages: Sequence[StageTime]) -> Any:
     """Exposed communication as the report counts it (`schedule.paced_by`): the micro-batch
     phases of the stage with the most time per micro-batch (the first of equals), the
     gradient reduction of the stage whose ends latest past the pipeline's end, and the
-    optimizer of the stage whose takes longest, per configuration."""
+    optimizer of the stage that puts the next step off longest with the later stages'
+    gathers in series behind it (`schedule.put_off`), per configuration."""
 
     def exposed(stage: Any) -> dict[str, Any]:
         """Each part's exposed time, its phases summed in their order, as the report sums
@@ -1354,7 +1357,8 @@ def _critical_exposed(stages: Sequence[StageTime]) -> Any:
     parts = exposed(first)
     pace, pacing = np.asarray(first.microbatch_s), parts["microbatch"]
     late, reducing = np.asarray(first.reduce_s - first.lead_s), parts["reduction"]
-    most, optimizing = np.asarray(first.optimizer_s), parts["optimizer"]
+    most = np.asarray(put_off(first))
+    optimizing = parts["optimizer"] + np.asarray(first.behind_s)
     for stage in stages[1:]:
         parts = exposed(stage)
         slower = np.asarray(stage.microbatch_s) > pace
@@ -1363,9 +1367,10 @@ def _critical_exposed(stages: Sequence[StageTime]) -> Any:
         later = np.asarray(stage.reduce_s - stage.lead_s) > late
         late = np.where(later, stage.reduce_s - stage.lead_s, late)
         reducing = np.where(later, parts["reduction"], reducing)
-        longer = np.asarray(stage.optimizer_s) > most
-        most = np.where(longer, stage.optimizer_s, most)
-        optimizing = np.where(longer, parts["optimizer"], optimizing)
+        later = np.asarray(put_off(stage))
+        longer = later > most
+        most = np.where(longer, later, most)
+        optimizing = np.where(longer, parts["optimizer"] + stage.behind_s, optimizing)
     return pacing + reducing + optimizing
 
 

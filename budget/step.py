@@ -2223,6 +2223,22 @@ def _reduce(b: _StageBuilder) -> None:
     embedding's backward; the next step's first forward needs it first. The exposed floor
     of the data-parallel reduction and gather is then the larger of one layer's share and
     the embedding's (a tied output layer on the same stage is the same tensor).
+
+    Megatron-Core buckets only the first pipeline stage's parameters: a later stage keeps
+    each model chunk's in one bucket (``distributed_data_parallel.py`` sets ``bucket_size``
+    to None where the pipeline rank is above 0, that stage's reduction being "not on the
+    critical path"). Under 1F1B such a stage reduces once its last backward is done
+    (``schedules.py``: "other pipeline stages do grad reduction during pipeline bubble"),
+    so none of it hides behind that backward: it runs in the drain, the stage's lead
+    (`schedule._with_leads`). Its gather is launched by the forward pre-hook of its first
+    forward of the next step (``finish_param_sync``) once that forward's input has arrived
+    (the receive is on the stream before it) and waited for whole, so the later stages'
+    gathers run one after another along the fill (`Move.after_input`,
+    `schedule.StageTime.gather_s`); Megatron-LM aligns gathers only where the schedule is
+    interleaved (``align_param_gather``, which ``validate_args`` turns off otherwise). An
+    interleaved stage reduces and gathers chunk by chunk as above, bucketed or not, and its
+    first chunks' gathers are launched as its schedule starts (``param_sync_func``), beside
+    the fill (`schedule.StageTime.fill_s`).
     """
     plan = b.plan
     par, prec = plan.parallel, plan.precision
@@ -2236,6 +2252,12 @@ def _reduce(b: _StageBuilder) -> None:
     zero = par.zero
     v = par.pipeline.virtual_stages  # an interleaved stage reduces chunk by chunk
     chunked = "; interleaved: per model chunk, the last one's exposed" if every(v > 1) else ""
+    # a later stage of a 1F1B pipeline: one bucket, none of it behind its own pass (docstring;
+    # ZeRO-2, DeepSpeed's, keeps its buckets)
+    one_bucket = (v == 1) & (not b.first) & (zero != 2)
+    later = vwhere(one_bucket, 0.0, share)
+    if np.any(holds(one_bucket)):
+        chunked = "; a later pipeline stage's: one bucket, run in the pipeline's drain or fill"
     # model chunk 0, reduced last and gathered first: its layers, and on the first stage the
     # embedding (the last stage's head is in its last chunk, reduced early)
     whole, k = b.layer.per_rank, b.kind
@@ -2278,7 +2300,7 @@ def _reduce(b: _StageBuilder) -> None:
         least = embedding_floor if group == "dp" else floor
         reduce = [
             replace(
-                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, share, least),
+                hide(m, "@backward-microbatch", "dp_grads", rule + chunked, later, least),
                 rounds=v,
                 last_part=last_part,
             )
@@ -2289,6 +2311,7 @@ def _reduce(b: _StageBuilder) -> None:
         every_backward = replace(
             reduce[1],  # the same window, overlap flag, share and floor, once per micro-batch
             count=b.microbatches,
+            share=share,  # ZeRO-2 (DeepSpeed's) keeps its buckets on every stage
             rounds=1,
             last_part=None,
             each_microbatch=True,
@@ -2315,9 +2338,9 @@ def _reduce(b: _StageBuilder) -> None:
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "
             "bucket behind the next step's first forward (first bucket exposed)"
         )
-        hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, share, least)
+        hidden = hide(gather, "@forward-microbatch", "param_gather", rule + chunked, later, least)
         gathers += when(
-            [replace(hidden, rounds=v, last_part=last_part)],
+            [replace(hidden, rounds=v, last_part=last_part, after_input=one_bucket)],
             (zero == 1) | (zero == 2),
         )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(

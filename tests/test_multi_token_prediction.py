@@ -336,8 +336,9 @@ def test_a_pipeline_with_modules_is_never_shorter_than_its_work(
     tmp_path: Path, modules: int, schedule: str
 ) -> None:
     """The modules' layers are counted in the last stage's layer phases and run in its last
-    chunk: the step's compute, exposed communication and bubble add up to it, the bubble
-    is no less than nothing (a fuzzing audit: at 2 modules the replay left them out, the
+    chunk: the step's compute, exposed communication and bubble add up to it (less the
+    optimizer step the last stage, the modules on it, runs beside the next step's fill),
+    the bubble is no less than nothing (a fuzzing audit: at 2 modules the replay left them out, the
     step 11.9 ms against 12.9 ms of compute, its bubble -1.40 ms)."""
     virtual = ", pipeline: {schedule: interleaved, virtual_stages: 2}" if schedule != "1f1b" else ""
     path = tmp_path / "small.yaml"
@@ -352,6 +353,5 @@ def test_a_pipeline_with_modules_is_never_shorter_than_its_work(
     )
     step = to_dict(build_report(load_plan(path)))["step"]
     assert step["bubble_s"] >= 0
-    assert step["compute_s"] + step["exposed_comm_s"] + step["bubble_s"] == pytest.approx(
-        step["time_s"]
-    )
+    waited = step["compute_s"] + step["exposed_comm_s"] + step["bubble_s"]
+    assert waited - step["drained_s"] - step["filled_s"] == pytest.approx(step["time_s"])

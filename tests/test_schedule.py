@@ -69,8 +69,10 @@ def test_summary_is_the_phases_the_step_waits_for(path):
     step = report.step
     if report.mode == "train":
         waited = step["compute_s"] + step["exposed_comm_s"] + step["bubble_s"]
-        # less the reduction a later stage ran while the stages ahead of it drained
-        assert waited - step["drained_s"] == pytest.approx(step["time_s"], rel=1e-12)
+        # less the reduction a later stage ran while the stages ahead of it drained, and the
+        # optimizer step one ran while they filled the next step's pipeline
+        left = waited - step["drained_s"] - step["filled_s"]
+        assert left == pytest.approx(step["time_s"], rel=1e-12)
         assert step["pacing_stage"] in range(len(report.stages))
     else:
         assert step["pacing_stage"] is None
@@ -100,60 +102,84 @@ def test_overlapping_dp_grads_lowers_exposed_time_not_total(path):
     assert on.step["time_s"] < off.step["time_s"]
 
 
-def test_dp_overlap_leaves_the_last_bucket_exposed():
-    """Megatron-LM's --overlap-grad-reduce: buckets reduce behind the backward of the last
-    micro-batch; the last bucket (one layer's gradients here) cannot be hidden:
-    exposed = max(T/L, T − (L − 1)/L · W), L = 12 layers a stage, W that backward.
+def _dp_grads(plan, stage):
+    """Stage `stage`'s data-parallel gradient reduction as timed (`schedule.TimedMove`)."""
+    stages = step_time(plan, derive(plan)).stages
+    phase = next(p for p in stages[stage].phases if p.name == "dp.grads")
+    return phase.moves[0], stages[stage]
 
-    The row is the stage where the reduction takes longest, the last (GPT-3 at tp 8, pp 8):
-    12 layers of 12h²/8 = 1.5h² sharded weights and 2 LayerNorms' scale and bias (4h,
-    replicated) each, the tied output layer's copy of the embedding, 51,200·h/8, and the
+
+def test_dp_overlap_leaves_the_last_bucket_exposed():
+    """Megatron-LM's --overlap-grad-reduce: the first stage's buckets reduce behind the
+    backward of the last micro-batch; the last bucket (one layer's gradients here) cannot be
+    hidden: exposed = max(T/L, T − (L − 1)/L · W), L = 12 layers a stage, W that backward.
+    A later stage of a 1F1B pipeline keeps its gradients in one bucket (Megatron-Core sets
+    ``bucket_size`` to None past pipeline rank 0) and reduces it once its last backward is
+    done: all of T is exposed, from its own end (its lead, `StageTime.lead_s`).
+
+    GPT-3 at tp 8, pp 8 (rotary positions, tied embeddings): 12 layers of 12h²/8 = 1.5h²
+    sharded weights and 2 LayerNorms' scale and bias (4h, replicated) each; the first stage
+    adds the embedding, 51,200·h/8, the last the tied output layer's copy of it and the
     final LayerNorm, 2h; h = 12,288:
-    12 x (226,492,416 + 49,152) + 78,643,200 + 24,576 = 2,797,166,592 parameters per rank,
-    in fp32 gradients 11,188,666,368 B, reduce-scattered over the dp group."""
-    params = 12 * (3 * 12288**2 // 2 + 4 * 12288) + 51200 * 12288 // 8 + 2 * 12288
-    assert params == 2_797_166_592
-    size = 4 * params  # fp32
-    assert size == 11_188_666_368
+    first 12 x (226,492,416 + 49,152) + 78,643,200 = 2,797,142,016 parameters per rank,
+    last 2,797,142,016 + 24,576 = 2,797,166,592; in fp32 gradients 11,188,568,064 B and
+    11,188,666,368 B, reduce-scattered over the dp group."""
+    layer = 3 * 12288**2 // 2 + 4 * 12288
+    first = 12 * layer + 51200 * 12288 // 8
+    assert (first, first + 2 * 12288) == (2_797_142_016, 2_797_166_592)
+    sizes = (4 * first, 4 * (first + 2 * 12288))  # fp32
+    assert sizes == (11_188_568_064, 11_188_666_368)
 
     # dp 2, 8 micro-batches of 8: one backward of 8 sequences (~0.76 s) hides all but the
-    # last bucket, so the floor binds. The dp pair is 8 ranks apart (order tp, ..., dp): one
-    # ring step on InfiniBand (25 GB/s, 10 µs) of S/2:
-    # T = 10 µs + 5,594,333,184 B / 25e9 = 223.783 ms, exposed T/12 = 18.649 ms.
+    # first stage's last bucket, so the floor binds. The dp pair is 8 ranks apart (order tp,
+    # ..., dp): one ring step on InfiniBand (25 GB/s, 10 µs) of S/2:
+    # first T = 10 µs + 5,594,284,032 B / 25e9 = 223.781 ms, exposed T/12 = 18.648 ms;
+    # last T = 10 µs + 5,594,333,184 B / 25e9 = 223.783 ms, all of it exposed.
     plan = replace(_timed(zero=1, micro=8, dp=2, global_batch=256), overlap=Overlap(dp_grads=True))
-    report = build_report(plan)
-    grads = next(p for p in report.phases if p.name == "dp.grads").collectives[0]
-    assert report.stages[0].layers == 12
-    assert grads.bytes == size
-    t = 10e-6 + (size // 2) / 25e9
-    assert t * 1e3 == pytest.approx(223.783, abs=5e-4)
+    assert build_report(plan).stages[0].layers == 12
+    grads, _ = _dp_grads(plan, 0)
+    assert grads.move.size_bytes == sizes[0]
+    t = 10e-6 + (sizes[0] // 2) / 25e9
+    assert t * 1e3 == pytest.approx(223.781, abs=5e-4)
     assert grads.time_s == pytest.approx(t, rel=1e-12)
     assert grads.exposed_s == pytest.approx(t / 12, rel=1e-12)
-    assert grads.exposed_s * 1e3 == pytest.approx(18.649, abs=5e-4)
+    assert grads.exposed_s * 1e3 == pytest.approx(18.648, abs=5e-4)
+    grads, last = _dp_grads(plan, 7)
+    assert grads.move.size_bytes == sizes[1]
+    t = 10e-6 + (sizes[1] // 2) / 25e9
+    assert t * 1e3 == pytest.approx(223.783, abs=5e-4)
+    assert grads.time_s == pytest.approx(t, rel=1e-12)
+    assert grads.exposed_s == pytest.approx(t, rel=1e-12)
+    assert last.lead_s > t  # reduced in the drain: the first stage's last bucket ends later
 
     # dp 16, micro-batch 1: one sequence's backward W hides less, so T − 11/12·W binds. The
     # 16 ranks are one per node: a ring of 15 steps on InfiniBand, each rank sending
-    # 15/16 · S = 10,489,374,720 B: T = 150 µs + 419.575 ms = 419.725 ms. W is the engine's
-    # roofline of the last stage's backward kernels (`_windows`), taken as given: what is
+    # 15/16 · S = 10,489,282,560 B: T = 150 µs + 419.571 ms = 419.721 ms. W is the engine's
+    # roofline of the first stage's backward kernels (`_windows`), taken as given: what is
     # under test is the overlap rule exposed = max(T/L, T − share·W) and the hand-computed
     # T, not the kernel times (those are checked against the roofline elsewhere, e.g.
     # test_gemm_time_is_flops_over_derated_peak).
     from budget.schedule import _kernels, _windows
 
     plan = replace(_timed(zero=1), overlap=Overlap(dp_grads=True))
-    report = build_report(plan)
-    grads = next(p for p in report.phases if p.name == "dp.grads").collectives[0]
-    layers = report.stages[0].layers
-    assert grads.exposed_s >= grads.time_s / layers - 1e-12
-    assert grads.bytes == size
-    t = 15 * 10e-6 + 15 * (size // 16) / 25e9
-    assert t * 1e3 == pytest.approx(419.725, abs=5e-4)
+    grads, _ = _dp_grads(plan, 0)
+    assert grads.exposed_s >= grads.time_s / 12 - 1e-12
+    t = 15 * 10e-6 + 15 * (sizes[0] // 16) / 25e9
+    assert t * 1e3 == pytest.approx(419.721, abs=5e-4)
     assert grads.time_s == pytest.approx(t, rel=1e-12)
     step = derive(plan)
-    last = step.stages[-1]
-    window = _windows(last, _kernels(plan, last), step.microbatches)["@backward-microbatch"]
+    first_stage = step.stages[0]
+    kernels = _kernels(plan, first_stage)
+    window = _windows(first_stage, kernels, step.microbatches)["@backward-microbatch"]
     assert t - 11 / 12 * window > t / 12  # the case where the window, not the floor, binds
     assert grads.exposed_s == pytest.approx(t - 11 / 12 * window, rel=1e-12)
+    # an interleaved stage reduces chunk by chunk, bucketed or not: no later stage's
+    # reduction is exposed whole
+    plan = replace(
+        _timed(zero=1, schedule="interleaved", virtual_stages=2), overlap=Overlap(dp_grads=True)
+    )
+    grads, _ = _dp_grads(plan, 7)
+    assert grads.exposed_s < grads.time_s
 
 
 def test_tp_overlap_hides_forward_collectives_behind_gemms():
@@ -1203,8 +1229,10 @@ def test_each_stage_reduces_its_gradients_from_its_own_last_backward(tmp_path, s
     a later stage's last backward ends before those of the stages ahead of it. 32 layers
     over 4 stages, 8 micro-batches: each stage's end read off the replay itself (its last
     op's end, by `replay_order`), each reduction from there, then the optimizer once every
-    stage has reduced (the gradient norm's all-reduce over the model-parallel group):
-    max_s(end_s + reduce_s) + max_s(optimizer_s), shorter than the pipeline's end plus the
+    stage has reduced (the gradient norm's all-reduce over the model-parallel group), each
+    stage's before its first forward of the next step, which the replay starts as late as
+    the fill puts it (`StageTime.fill_s`):
+    max_s(end_s + reduce_s) + max_s(optimizer_s - start_s), shorter than the pipeline's end plus the
     longest reduction and optimizer (as 6, 8, 8, 10: 0.8634 s against 0.8970 s when the
     audit was mended); each stage's lead is how much earlier than stage 0's its replay ends,
     the backwards of one micro-batch on the stages ahead, so it grows down the pipeline. As
@@ -1225,14 +1253,19 @@ def test_each_stage_reduces_its_gradients_from_its_own_last_backward(tmp_path, s
     ops, before, waits, runs = (c.tolist() for c in replay_order(p, v, m))
     durations = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
     ends = [0.0] * (len(ops) + 1)
+    starts = {}
     for op, a, b, t in zip(ops, before, waits, runs, strict=True):
-        ends[op] = max(ends[a], ends[b]) + durations[t]
+        starts[op] = max(ends[a], ends[b])
+        ends[op] = starts[op] + durations[t]
     stage_of = {op: (t % (p * v)) // v for op, t in zip(ops, runs, strict=True)}
     stage_end = [max(e for op, e in enumerate(ends) if op and stage_of[op] == s) for s in range(p)]
+    stage_start = [min(starts[op] for op in starts if stage_of[op] == s) for s in range(p)]
     reduce = [s.after_s - s.optimizer_s for s in times.stages]
-    optimizer = [s.optimizer_s for s in times.stages]
-    expected = max(e + r for e, r in zip(stage_end, reduce, strict=True)) + max(optimizer)
+    put_off = [s.optimizer_s - start for s, start in zip(times.stages, stage_start, strict=True)]
+    expected = max(e + r for e, r in zip(stage_end, reduce, strict=True)) + max(put_off)
     assert times.time_s == pytest.approx(expected, rel=1e-12)
+    assert [s.fill_s for s in times.stages] == pytest.approx(stage_start, rel=1e-9)
+    assert stage_start[0] == 0 and all(a < b for a, b in itertools.pairwise(stage_start))
     replayed = [stage_end[0] - e for e in stage_end]
     assert [s.lead_s for s in times.stages] == pytest.approx(replayed, rel=1e-9)
     # a later stage's last backward ends before those of the stages ahead of it
@@ -1240,11 +1273,14 @@ def test_each_stage_reduces_its_gradients_from_its_own_last_backward(tmp_path, s
     old = max(stage_end) + max(s.after_s for s in times.stages)
     assert times.time_s < old
     summary = build_report(plan).step
-    assert (summary["after_stage"], summary["optimizer_stage"]) == (reducing, 3)
+    optimizing = put_off.index(max(put_off))
+    assert (summary["after_stage"], summary["optimizer_stage"]) == (reducing, optimizing)
     assert summary["drained_s"] == pytest.approx(replayed[reducing])
     assert (summary["drained_s"] > 0) == (reducing > 0)
+    assert summary["filled_s"] == pytest.approx(stage_start[optimizing])
     waited = summary["compute_s"] + summary["exposed_comm_s"] + summary["bubble_s"]
-    assert waited - summary["drained_s"] == pytest.approx(summary["time_s"], rel=1e-12)
+    left = waited - summary["drained_s"] - summary["filled_s"]
+    assert left == pytest.approx(summary["time_s"], rel=1e-12)
 
 
 def test_an_interleaved_pipeline_is_replayed_where_only_the_loss_sets_its_chunks_apart():
@@ -1266,3 +1302,84 @@ def test_an_interleaved_pipeline_is_replayed_where_only_the_loss_sets_its_chunks
     assert 1.003 * closed < times.pipeline_s < 1.01 * closed
     replayed = replay_of(plan, list(times.stages), m).pipeline()
     assert times.pipeline_s == pytest.approx(float(replayed), rel=1e-12)
+
+
+def _gpt3_overlapped(tmp_path, param_gather: bool):
+    """GPT-3 as shipped (tp 8, pp 8 under 1F1B, dp 16, ZeRO 1) with its data-parallel
+    reduction overlapped and its parameter gather overlapped or not."""
+    overlap = f"overlap: {{dp_grads: true, param_gather: {str(param_gather).lower()}}}\n"
+    name = f"gpt3-{param_gather}.yaml"
+    return variant(tmp_path, name, ("recompute: selective\n", "recompute: selective\n" + overlap))
+
+
+def test_a_later_1f1b_stage_gathers_its_one_bucket_once_its_input_is_in(tmp_path):
+    """Megatron-Core keeps a later pipeline stage's parameters in one bucket (``bucket_size``
+    None past pipeline rank 0); under 1F1B its forward pre-hook launches that bucket's
+    all-gather once the first forward's input has arrived and waits for all of it
+    (``finish_param_sync``; ``align_param_gather``, which would launch them together, is
+    only kept under interleaving). Stage k's first forward thus starts its whole gather
+    G_k after stage k - 1's, and the last stage's is put off by G_1 + ... + G_7 beyond the
+    first stage's: the step spends their sum past the pipeline, once the optimizer step
+    (stage 0's, each stage's alike) and stage 0's first bucket are done. With the gathers
+    in the optimizer step (``overlap.param_gather`` off) every stage gathers at once and a
+    later stage's runs beside the fill. The figures the README quotes are the report's."""
+    from budget.units import format_duration
+
+    on = load_plan(_gpt3_overlapped(tmp_path, True))
+    off = load_plan(_gpt3_overlapped(tmp_path, False))
+    times = step_time(on, derive(on))
+    gathers = []
+    for stage in times.stages:
+        phase = next(p for p in stage.phases if p.name == "optimizer")
+        gather = next(t for t in phase.moves if t.move.name == "updated parameters")
+        gathers.append(gather)
+    # stage 0 buckets (its first bucket exposed); every later one waits for all of its own
+    assert gathers[0].exposed_s < gathers[0].time_s
+    assert all(g.exposed_s == g.time_s > 0 for g in gathers[1:])
+    assert [s.gather_s for s in times.stages] == [0.0] + [g.time_s for g in gathers[1:]]
+    # each stage's fill, the forwards of one micro-batch on the stages ahead, as a replay of
+    # the schedule times them (`_chunk_times`, op by op), less the sends between stages,
+    # which the fill leaves out as the drain does (`_last_backward`): a lower bound
+    m = derive(on).microbatches
+    forward, _ = _chunk_times(on, list(times.stages), m)
+
+    def send(stage):
+        phase = next(p for p in stage.phases if p.name == "pipeline.forward")
+        return (phase.compute_s + phase.exposed_s) * phase.count / m
+
+    ahead = [f[0] - send(s) for f, s in zip(forward[:-1], times.stages, strict=False)]
+    assert all(send(s) > 0 for s in times.stages[:-1])
+    expected = list(itertools.accumulate([0.0, *ahead]))
+    assert [s.fill_s for s in times.stages] == pytest.approx(expected, rel=1e-12)
+    later = sum(g.time_s for g in gathers[1:])
+    assert times.stages[0].behind_s == pytest.approx(later, rel=1e-12)
+    # the step: the pipeline, the latest reduction past it, stage 0's optimizer step with
+    # its first bucket and the later stages' gathers behind its first forward
+    reduction = max(s.reduce_s - s.lead_s for s in times.stages)
+    tail = reduction + times.stages[0].optimizer_s + later
+    assert times.time_s == pytest.approx(times.pipeline_s + tail, rel=1e-12)
+    report = build_report(on).step
+    assert report["optimizer_stage"] == 0
+    assert report["fill_gathers_s"] == pytest.approx(later, rel=1e-12)
+    waited = report["compute_s"] + report["exposed_comm_s"] + report["bubble_s"]
+    left = waited - report["drained_s"] - report["filled_s"]
+    assert left == pytest.approx(report["time_s"], rel=1e-12)
+    slower = build_report(off).step
+    assert slower["fill_gathers_s"] == 0
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = (
+        f"on spends {format_duration(later)} of a {format_duration(report['time_s'])} step "
+        f"on them, where the same gathers in the optimizer step (`overlap.param_gather: "
+        f"false`) take {format_duration(slower['time_s'])}."
+    )
+    assert said in readme
+    # interleaved, each stage's first chunks are gathered as its schedule starts: none
+    # waits for its input
+    interleaved = replace(
+        on,
+        parallel=replace(
+            on.parallel,
+            pipeline=replace(on.parallel.pipeline, schedule="interleaved", virtual_stages=2),
+        ),
+    )
+    assert all(s.gather_s == 0 for s in step_time(interleaved, derive(interleaved)).stages)

@@ -2753,3 +2753,30 @@ def test_an_fp8_sweep_counts_transformer_engine_s_copies_as_its_reports(tmp_path
         report = build_report(apply(plan, result.config, 256))
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+
+
+def test_a_search_prices_later_1f1b_stages_gathers_in_series_as_the_report(tmp_path):
+    """Under 1F1B with the parameter gather overlapped, a later stage gathers its one bucket
+    once its input is in, one stage after another along the fill (`schedule.put_off`); the
+    sweep's step and exposed time are the report's on such layouts (as
+    test_sampled_layouts_budget_exactly_as_searched checks without the overlap)."""
+    overlap = "overlap: {dp_grads: true, param_gather: true}\n"
+    path = variant(
+        tmp_path, "o.yaml", ("recompute: selective\n", "recompute: selective\n" + overlap)
+    )
+    plan = load_plan(path)
+    space = Space(micro=(1,), virtual_stages=(1, 2), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 1024, space)
+    serial = [
+        r
+        for r in outcome.results
+        if r.config.pp > 1 and r.config.virtual_stages == 1 and r.config.dp > 1
+    ]
+    assert len(serial) >= 4
+    random.seed(61)
+    for result in random.sample(serial, 4) + random.sample(list(outcome.results), 4):
+        report = build_report(apply(plan, result.config, 1024))
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
+        if result in serial:
+            assert report.step["fill_gathers_s"] > 0

@@ -496,13 +496,27 @@ def test_the_device_line_states_the_roofline_derates(tmp_path: Path) -> None:
     assert report.step["time_s"] is None and "GEMMs" not in " ".join(header(report))
 
 
+MTP_LAST = """\
+model: {layers: 8, hidden: 1024, heads: 8, vocab: 32000, mtp_layers: 2}
+batch: {seq: 512, micro: 1, global: 4}
+parallel: {pp: 2}
+device: {preset: h100-sxm}
+topology: {preset: dgx-h100, gpus: 2}
+"""
+
+
 def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() -> None:
     """GPT-3's last row is stage 7's micro-batches with stage 0's reduction and optimizer,
-    whose reduction ends latest (and whose optimizer takes longest); the 405B 128K plan's
+    whose reduction ends latest (and whose optimizer puts the next step off longest); the
+    405B 128K plan's
     ZeRO 2 dp.grads has no kernels, its compute the slowdown its hidden reductions cause in
     the backward; and its step line says the reductions run after each micro-batch's
     backward (an audit read all three as wrong)."""
-    from budget.render.table import pacing_note, slowdown_note, summary
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan, load_plan_data
+    from budget.render.table import _t, pacing_note, slowdown_note, summary
+    from budget.schedule import step_time
+    from budget.step import derive
 
     gpt3 = budget_plan(GPT3)
     assert (gpt3.step["pacing_stage"], gpt3.step["after_stage"]) == (7, 0)
@@ -515,18 +529,37 @@ def test_the_phases_table_says_whose_figures_its_last_row_and_slowdowns_are() ->
     assert gpt3.step["optimizer_stage"] == 0
     # the rows come from several stages, the totals from the phases the step waits for (an
     # audit summed Llama 3 70B's exposed column, 2.01 s against its last row's 1.97 s): the
-    # last stage's micro-batches and optimizer, and stage 0's reduction, which started
-    # with no lead and so ends latest though the last stage's is a microsecond longer
-    llama = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
+    # last stage's micro-batches, and stage 0's reduction, which started with no lead and
+    # so ends latest though the last stage's is a microsecond longer, and its optimizer:
+    # the last stage's takes longer, but runs while the stages ahead of it fill the next
+    # step's pipeline
+    path = next(p for p in PLANS if p.name == "llama3-70b.yaml")
+    llama = budget_plan(path)
     step = llama.step
-    assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (3, 0, 3)
+    assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (3, 0, 0)
+    plan = load_plan(path)
+    stages = step_time(plan, derive(plan)).stages
+    assert stages[3].optimizer_s > stages[0].optimizer_s
+    assert stages[3].optimizer_s - stages[3].fill_s < stages[0].optimizer_s
     rows = sum(p.exposed_s or 0.0 for p in llama.phases)
     assert rows > llama.step["exposed_comm_s"] * 1.01
     assert pacing_note(llama).startswith(
         "pacing stage 3: the step's totals, from that stage's micro-batches, then the gradient "
-        "reduction of stage 0, which ends latest, and the optimizer of stage 3, whose takes "
-        "longest; "
+        "reduction and optimizer of stage 0, whose reduction ends latest; "
     )
+    # where the optimizer's stage is another: the last, two prediction modules' weights on it
+    mtp = build_report(load_plan_data(MTP_LAST.encode(), "mtp.yaml"))
+    step = mtp.step
+    assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (1, 0, 1)
+    assert pacing_note(mtp).startswith(
+        "pacing stage 1: the step's totals, from that stage's micro-batches, then the gradient "
+        "reduction of stage 0, which ends latest, and the optimizer of stage 1, which puts the "
+        "next step off longest; "
+    )
+    said = (
+        f"(stage 1's optimizer, which puts the next step off longest, runs {_t(step['filled_s'])}"
+    )
+    assert step["filled_s"] > 0 and said in " ".join(summary(mtp)[0].split())
     assert slowdown_note(gpt3) == ""  # nothing hides behind the micro-batches
     long = budget_plan(next(p for p in PLANS if p.name == "llama3-405b-128k.yaml"))
     grads = next(p for p in long.phases if p.name == "dp.grads")

@@ -709,7 +709,9 @@ def pacing_note(report: Report) -> str:
             )
         whose = f"that stage's micro-batches, then {reduction}"
         if optimizer != after:
-            whose += f", and the optimizer of stage {optimizer}, whose takes longest"
+            whose += (
+                f", and the optimizer of stage {optimizer}, which puts the next step off longest"
+            )
     return (
         f"pacing stage {pacing}: the step's totals, from {whose}; each row above is its "
         "phase on the stage where it costs most, so the rows need not add up to them"
@@ -1087,6 +1089,19 @@ def summary(report: Report) -> list[str]:
         tail += (
             f" past its end (stage {step['after_stage']}'s reduction, which ends latest, starts "
             f"{_t(drained)} before it, while the stages ahead of it drain)"
+        )
+    gathers = float(step.get("fill_gathers_s") or 0)
+    if gathers > 0:  # later 1F1B stages gather their one bucket once their input is in
+        tail += (
+            f", of which {_t(gathers)} the later stages' parameter gathers one after another "
+            "as the next step's pipeline fills (each launched once its stage's input is in)"
+        )
+    filled = float(step.get("filled_s") or 0)
+    if filled > 0:  # a later stage's optimizer step and gather run beside the fill
+        tail += (
+            f" (stage {step['optimizer_stage']}'s optimizer, which puts the next step off "
+            f"longest, runs {_t(filled)} of its step while the stages ahead of it fill the "
+            "next step's pipeline)"
         )
     first = (
         f"Step: {_t(time_s)} = pipeline {body} (of which bubble {_t(step['bubble_s'])}){tail}; "
