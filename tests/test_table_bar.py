@@ -878,3 +878,32 @@ def test_the_step_line_says_a_later_stage_reduced_while_the_pipeline_drained(tmp
     line = summary(report)[0]
     assert "(stage 3's reduction, which ends latest, starts 73.9 ms before it, while the " in line
     assert pacing_note(report).startswith("pacing stage 3: the step's totals, from that stage's")
+
+
+def test_the_step_says_what_keeps_later_stages_gathers_beside_the_fill(tmp_path) -> None:
+    """Under 1F1B with overlap.param_gather on, the later stages' gathers in series along the
+    fill (`schedule.put_off`) took 1.49 s of GPT-3's 20.5 s step with nothing saying what
+    puts them back beside the fill: the summary names both remedies, where they take a
+    fiftieth of the step or more, and the remedies do remove them."""
+    from budget.render.table import _t, summary
+    from tests.plan_files import variant
+
+    overlap = "overlap: {dp_grads: true, param_gather: true}\n"
+    edit = ("recompute: selective\n", "recompute: selective\n" + overlap)
+    report = budget_plan(variant(tmp_path, "on.yaml", edit))
+    gathers = report.step["fill_gathers_s"]
+    share = gathers / report.step["time_s"]
+    assert share >= 0.02
+    said = " ".join(" ".join(summary(report)).split())
+    assert (
+        f"The parameter gathers of stages 1 to 7 take {_t(gathers)} ({share:.0%} of the step) "
+        "one after another" in said
+    )
+    assert "overlap.param_gather: false gathers in the optimizer step" in said
+    assert "The parameter gathers" not in " ".join(summary(budget_plan(GPT3)))
+    off = edit[1].replace("param_gather: true", "param_gather: false")
+    interleaved = "  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    for edits in [((edit[0], off),), (edit, ("  pipeline: {schedule: 1f1b}\n", interleaved))]:
+        other = budget_plan(variant(tmp_path, "other.yaml", *edits))
+        assert other.step["fill_gathers_s"] == 0
+        assert other.step["time_s"] < report.step["time_s"]

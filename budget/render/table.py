@@ -1115,6 +1115,7 @@ def summary(report: Report) -> list[str]:
         f"({float(step['exposed_share'] or 0):.1%} of the step){_slowed(step)}; "
         f"{format_amount(float(step['tokens_per_s'] or 0))} tokens/s; MFU {_mfu(report)}",
         *_bubble_note(report),
+        *_fill_gathers_note(report),
     ]
 
 
@@ -1130,6 +1131,30 @@ FP8_MEMORY = (
 # (`layers.fp8_weight_copies`: not counted there; a review found the note said they were)
 FP8_ZERO3 = "; under ZeRO-3 its FP8 weight copies are not counted"
 BUBBLE_NOTE = 0.2  # the share of the step past which the bubble is explained
+GATHERS_NOTE = 0.02  # the share past which the later stages' gathers in series are explained
+
+
+def _fill_gathers_note(report: Report) -> list[str]:
+    """Where the later 1F1B stages' parameter gathers in series along the fill take a
+    fiftieth of the step or more (`schedule.put_off`), what keeps them beside the fill: the
+    interleaved schedule, whose stages launch their first chunks' gathers as the step
+    starts (Megatron-LM aligns them there, ``align_param_gather``), or the gather in the
+    optimizer step (``overlap.param_gather: false``), which every stage runs at once."""
+    step = report.step
+    gathers = float(step.get("fill_gathers_s") or 0)
+    time_s = float(step["time_s"] or 0)
+    if not gathers or gathers < GATHERS_NOTE * time_s:
+        return []
+    first, last = int(step["optimizer_stage"] or 0) + 1, report.layout["pp"] - 1
+    stages = f"stage {last}" if first == last else f"stages {first} to {last}"
+    return [
+        f"The parameter gathers of {stages} take {_t(gathers)} "
+        f"({gathers / time_s:.0%} of the step) one after another: under 1F1B "
+        "Megatron-Core gathers a later stage's parameters in one bucket once its first "
+        "forward's input is in; virtual stages (the interleaved schedule) launch every "
+        "stage's first gathers as the step starts, and overlap.param_gather: false gathers "
+        "in the optimizer step, both beside the pipeline's fill"
+    ]
 
 
 def _bubble_note(report: Report) -> list[str]:
