@@ -317,58 +317,64 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     ``AttnFuncWithCPAndKVP2P`` sends each chunk to the next cp rank), so with cp ranks in
     several nodes every one of the cp - 1 steps waits for its slowest hop: a flat ring at
     the slowest link spanned, not NCCL's all-gather, whose channels spread the node's hops
-    over every port. Backward re-circulates K/V and passes dK/dV around the same ring.
-    Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before attention instead,
-    which leaves the gather exposed (NCCL's all-gather, its ring across nodes).
+    over every port. Backward re-circulates K/V and passes dK/dV around the same ring, in
+    cp steps each overlapping its own step's attention backward (``AttnFuncWithCPAndKVP2P
+    .backward``: K/V at the first, K/V with the previous step's dK/dV as one tensor at each
+    middle one, dK/dV at the last, each sent before the step's kernels and waited for after
+    them), so both hide behind the whole backward core; priced as two rings of cp - 1 steps
+    each, the exchange pays cp - 2 latencies more than its cp sends (an audit: behind
+    (cp - 1)/cp of the core, 52 µs of a cp-4 call exposed where Transformer Engine exposes
+    about 7). Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before attention
+    instead, which leaves the gather exposed (NCCL's all-gather, its ring across nodes); as
+    Transformer Engine runs it (``AttnFuncWithCPAndKVAllGather``), K and V in two
+    all-gathers, again before the backward, and dK and dV in two reduce-scatters after it.
     """
     par = plan.parallel
     if every(par.cp == 1):
         return []
-    kv = s.act * s.micro * s.seq_kv * (s.k_cols + s.v_cols)
     dtype = plan.precision.activations
     ring = par.cp_attention == "ring"
     core = flops.core_kernel(plan) + (" backward" if backward else "")
-    share = (par.cp - 1) / par.cp
+    # forward: cp steps, the last sending nothing; backward: every one of its cp steps sends
+    share = 1.0 if backward else (par.cp - 1) / par.cp
+    ring_rule = (
+        "cp ring: each of its cp steps overlaps its own attention backward"
+        if backward
+        else "cp ring: each step overlaps attention on the previous chunk"
+    )
 
-    def placed(m: Move, gathered: str = "all-gather of K/V: exposed before attention") -> Move:
+    def exchange(name: str, op: Op, cols: Any, src: str, dst: str, exposed: str) -> Move:
+        m = Move(name, op, "cp", par.cp, dtype, s.act * s.micro * s.seq_kv * cols, src, dst)
         if not ring:
-            return replace(m, rule=f"cp {gathered}")
-        return hide(
-            m, core, "", "cp ring: each step overlaps attention on the previous chunk", share
-        )
+            return replace(m, rule=f"cp {exposed}")
+        return hide(replace(m, algorithm="ring"), core, "", ring_rule, share)
 
+    # all-gathered, Transformer Engine gathers (and reduce-scatters) K and V apart
+    cols = [("K/V", s.k_cols + s.v_cols)] if ring else [("K", s.k_cols), ("V", s.v_cols)]
+    suffix = " (ring exchange)" if ring else ""
     moves = [
-        placed(
-            Move(
-                "attention K/V" + (" (ring exchange)" if ring else ""),
-                "all-gather",
-                "cp",
-                par.cp,
-                dtype,
-                kv,
-                "shard(0)",
-                "replicate",
-                algorithm="ring" if ring else None,
-            )
+        exchange(
+            f"attention {what}{suffix}",
+            "all-gather",
+            n,
+            "shard(0)",
+            "replicate",
+            f"all-gather of {what}: exposed before attention",
         )
+        for what, n in cols
     ]
     if backward:
-        moves.append(
-            placed(
-                Move(
-                    "attention dK/dV",
-                    "reduce-scatter",
-                    "cp",
-                    par.cp,
-                    dtype,
-                    kv,
-                    "partial",
-                    "shard(0)",
-                    algorithm="ring" if ring else None,
-                ),
-                "reduce-scatter of dK/dV: exposed after attention",
+        moves += [
+            exchange(
+                f"attention d{what.replace('/', '/d')}",
+                "reduce-scatter",
+                n,
+                "partial",
+                "shard(0)",
+                f"reduce-scatter of d{what.replace('/', '/d')}: exposed after attention",
             )
-        )
+            for what, n in cols
+        ]
     return moves
 
 
@@ -1077,6 +1083,19 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
         held.append(
             Alloc(grads, "transient", chunk, placement=placement if ring else "partial on cp")
         )
+    if backward and not ring:
+        # Transformer Engine's two steps (one per local query chunk of the load-balanced
+        # split) each return dK/dV over the keys they see, added into the whole after both:
+        # chunks r + 1 and 2·cp - r of the 2·cp, the whole sequence and one chunk more (an
+        # audit; ``dk_per_step``)
+        cp = plan.parallel.cp
+        steps = Alloc(
+            "dK/dV of the two steps (their keys' range)",
+            "transient",
+            chunk * (2 * cp + 1) // (2 * cp),
+            placement="partial on cp",
+        )
+        held.append(steps)
     return held
 
 
@@ -2253,8 +2272,9 @@ def _reduce(b: _StageBuilder) -> None:
     v = par.pipeline.virtual_stages  # an interleaved stage reduces chunk by chunk
     chunked = "; interleaved: per model chunk, the last one's exposed" if every(v > 1) else ""
     # a later stage of a 1F1B pipeline: one bucket, none of it behind its own pass (docstring;
-    # ZeRO-2, DeepSpeed's, keeps its buckets)
-    one_bucket = (v == 1) & (not b.first) & (zero != 2)
+    # ZeRO-2, DeepSpeed's, keeps its buckets, and Megatron-LM runs no GPipe)
+    gpipe = plan.parallel.pipeline.schedule == "gpipe"
+    one_bucket = (v == 1) & (not b.first) & (zero != 2) & np.logical_not(gpipe)
     later = vwhere(one_bucket, 0.0, share)
     if np.any(holds(one_bucket)):
         chunked = "; a later pipeline stage's: one bucket, run in the pipeline's drain or fill"

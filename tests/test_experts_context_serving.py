@@ -1325,8 +1325,9 @@ def test_recompute_runs_the_forward_collectives_again_behind_the_recomputed_kern
     block's dispatch and combine all-to-alls included (review: the FLOPs were recomputed,
     the all-to-alls were not: Mixtral 8x7B, 3.98 -> 4.29 s a step); and selective
     recompute re-runs the attention core, inside which Transformer Engine exchanges K/V
-    over cp (Llama 3 405B at 128K: one more all-gather of K and V per layer and micro-batch,
-    one head each on a tp rank at 131,072 tokens).
+    over cp (Llama 3 405B at 128K: one more all-gather of K and one of V per layer and
+    micro-batch, as Transformer Engine gathers them, one head each on a tp rank at 131,072
+    tokens).
     Each hides, where it may, behind the recomputed kernel, which the backward phase runs."""
     text = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
     assert "recompute: selective" in text
@@ -1341,9 +1342,11 @@ def test_recompute_runs_the_forward_collectives_again_behind_the_recomputed_kern
     long = load_plan(PLANS / "llama3-405b-128k.yaml")
     assert long.recompute == "selective"
     (backward,) = [p for p in derive(long).stages[0].phases if p.name == "backward.attention"]
-    (kv,) = [m for m in backward.moves if m.name == "attention K/V (recomputed forward)"]
-    (core,) = [m for m in derive(long).stages[0].phases[1].moves if m.name == "attention K/V"]
-    assert kv.size_bytes == core.size_bytes == 131_072 * (1 + 1) * 128 * 2  # K, V: a head a rank
+    for what in ("K", "V"):
+        (again,) = [m for m in backward.moves if m.name == f"attention {what} (recomputed forward)"]
+        forward_moves = derive(long).stages[0].phases[1].moves
+        (core,) = [m for m in forward_moves if m.name == f"attention {what}"]
+        assert again.size_bytes == core.size_bytes == 131_072 * 128 * 2  # a head a rank
     ring = load_plan(PLANS / "llama3-405b-128k.yaml")
     ring = replace(ring, parallel=replace(ring.parallel, cp_attention="ring"))
     (backward,) = [p for p in derive(ring).stages[0].phases if p.name == "backward.attention"]
@@ -1408,19 +1411,51 @@ def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
 def test_all_gathered_key_value_gradients_are_reduce_scattered_after_attention() -> None:
     """Llama 3's all-gather context parallelism reduce-scatters dK/dV once the attention
     backward has made them; the report's rule said the all-gather's "exposed before
-    attention" of it (an audit)."""
+    attention" of it (an audit). Transformer Engine (``AttnFuncWithCPAndKVAllGather``)
+    gathers K and V in two all-gathers, forward and again in the backward, and
+    reduce-scatters dK and dV in two (an audit: one of each paid the cp - 1 latencies once
+    where it pays them twice), each of half the K/V bytes here (as many key as value
+    columns): GPT-3 at tp 8, cp 4, sequence 8,192, 12 heads of 128 a tp rank, bf16."""
     plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
     plan = replace(plan, parallel=replace(plan.parallel, cp_attention="allgather"))
     (backward,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
-    rules = {m.name: (m.op, m.rule) for m in backward.moves if m.group == "cp"}
-    gather = ("all-gather", "cp all-gather of K/V: exposed before attention")
-    assert rules == {
-        "attention K/V": gather,
-        "attention K/V (recomputed forward)": gather,
-        "attention dK/dV": (
+    rules = {m.name: (m.op, m.rule, m.size_bytes) for m in backward.moves if m.group == "cp"}
+    half = 8192 * 12 * 128 * 2
+    expected = {}
+    for what in ("K", "V"):
+        gather = ("all-gather", f"cp all-gather of {what}: exposed before attention", half)
+        expected[f"attention {what}"] = gather
+        expected[f"attention {what} (recomputed forward)"] = gather
+        expected[f"attention d{what}"] = (
             "reduce-scatter",
-            "cp reduce-scatter of dK/dV: exposed after attention",
-        ),
+            f"cp reduce-scatter of d{what}: exposed after attention",
+            half,
+        )
+    assert rules == expected
+
+
+def test_all_gathered_context_parallelism_holds_each_steps_key_gradients() -> None:
+    """``AttnFuncWithCPAndKVAllGather.backward`` holds the gathered K/V, the whole
+    sequence's dK/dV it adds into (zeros), and each of its two steps' dK/dV over the keys
+    that step sees (``dk_per_step``: chunks r + 1 and 2·cp - r of the load-balanced 2·cp,
+    the whole sequence and one chunk more); budget held the first two alone (an audit).
+    GPT-3 at tp 8, cp 4, sequence 8,192: K/V of the whole sequence 8,192 x 12 heads x 128
+    x 2 x 2 B = 48 MiB; the steps' 9/8 of it, 54 MiB."""
+    plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
+    plan = replace(plan, parallel=replace(plan.parallel, cp_attention="allgather"))
+    (backward,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    whole = 8192 * 12 * 128 * 2 * 2
+    assert whole == 48 * 2**20
+    held = {
+        a.name: a.total
+        for i in backward.instants
+        for a in i.live
+        if a.name.startswith(("K/V all-gathered", "dK/dV"))
+    }
+    assert held == {
+        "K/V all-gathered": whole,
+        "dK/dV before reduce-scatter": whole,
+        "dK/dV of the two steps (their keys' range)": 54 * 2**20,
     }
 
 

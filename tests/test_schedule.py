@@ -447,23 +447,27 @@ def test_overlap_pp_under_1f1b_says_it_needs_the_interleaved_schedule():
 
 def test_moves_sharing_a_window_hide_one_after_the_other(tmp_path):
     """Ring attention's backward sends K/V and dK/dV around the ring together (Transformer
-    Engine's ``AttnFuncWithCPAndKVP2P.backward``), both beside the attention backward on
-    the chunk held: of that window's (cp - 1)/cp share W, the K/V exchange hides
-    min(T₁, W) and the dK/dV exchange only what is left (each was given all of W: review).
-    Llama 3 70B at tp 8 and cp 4, so that the cp ring crosses InfiniBand and outlasts W.
+    Engine's ``AttnFuncWithCPAndKVP2P.backward``), both beside the attention backward, each
+    of its cp steps beside its own (an audit: priced beside (cp - 1)/cp of it): of that
+    window W, the K/V exchange hides min(T₁, W) and the dK/dV exchange only what is left
+    (each was given all of W: review). Llama 3 70B at tp 8 and cp 4, so that the cp ring
+    crosses InfiniBand, at 6,144 tokens, where the two outlast W and the first alone does
+    not.
     Sequence parallelism's re-gather and reduce-scatter split the QKV backward GEMM between
     them instead (its input- and weight-gradient halves), each hiding behind its own half."""
     from budget.schedule import _by_name, price_move, time_phase
 
     text = (Path(__file__).parent.parent / "plans" / "llama3-70b.yaml").read_text("utf-8")
     path = tmp_path / "cp4.yaml"
-    path.write_text(text.replace("  dp: 16\n", "  dp: 4\n  cp: 4\n"), encoding="utf-8")
+    text = text.replace("  dp: 16\n", "  dp: 4\n  cp: 4\n").replace("seq: 8192", "seq: 6144")
+    path.write_text(text, encoding="utf-8")
     plan = load_plan(path)
     (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
     kernels = _by_name(plan, phase)
     timed = {t.move.name: t for t in time_phase(plan, phase, {}, price_move, kernels).moves}
     kv, dkv = timed["attention K/V (ring exchange)"], timed["attention dK/dV"]
-    window = 3 / 4 * kernels[kv.move.window]
+    window = kernels[kv.move.window]
+    assert kv.time_s < window < kv.time_s + dkv.time_s
     assert kv.exposed_s == pytest.approx(max(0.0, kv.time_s - window))
     left = window - (kv.time_s - kv.exposed_s)
     assert dkv.exposed_s == pytest.approx(max(0.0, dkv.time_s - left))
@@ -1383,3 +1387,12 @@ def test_a_later_1f1b_stage_gathers_its_one_bucket_once_its_input_is_in(tmp_path
         ),
     )
     assert all(s.gather_s == 0 for s in step_time(interleaved, derive(interleaved)).stages)
+    # Megatron-LM runs no GPipe: its buckets are not assumed there (a review)
+    gpipe = replace(
+        on, parallel=replace(on.parallel, pipeline=replace(on.parallel.pipeline, schedule="gpipe"))
+    )
+    gpipe_times = step_time(gpipe, derive(gpipe))
+    assert all(s.gather_s == 0 for s in gpipe_times.stages)
+    _, last = _dp_grads(gpipe, 7)
+    grads = next(p for p in last.phases if p.name == "dp.grads").moves[0]
+    assert grads.exposed_s < grads.time_s

@@ -885,7 +885,7 @@ def test_the_step_says_what_keeps_later_stages_gathers_beside_the_fill(tmp_path)
     fill (`schedule.put_off`) took 1.49 s of GPT-3's 20.5 s step with nothing saying what
     puts them back beside the fill: the summary names both remedies, where they take a
     fiftieth of the step or more, and the remedies do remove them."""
-    from budget.render.table import _t, summary
+    from budget.render.table import _t, pacing_note, summary
     from tests.plan_files import variant
 
     overlap = "overlap: {dp_grads: true, param_gather: true}\n"
@@ -900,6 +900,12 @@ def test_the_step_says_what_keeps_later_stages_gathers_beside_the_fill(tmp_path)
         "one after another" in said
     )
     assert "overlap.param_gather: false gathers in the optimizer step" in said
+    # the pacing stage's totals hold them too (a review: the note named only its phases)
+    assert pacing_note(report).startswith(
+        "pacing stage 7: the step's totals, from that stage's micro-batches, then the gradient "
+        "reduction and optimizer of stage 0, whose reduction ends latest, then the parameter "
+        f"gathers of stages 1 to 7 one after another ({_t(gathers)}); "
+    )
     assert "The parameter gathers" not in " ".join(summary(budget_plan(GPT3)))
     off = edit[1].replace("param_gather: true", "param_gather: false")
     interleaved = "  pipeline: {schedule: interleaved, virtual_stages: 2}\n"

@@ -1345,9 +1345,12 @@ class _LayoutChecks:
         no model, so a broken model hides none of it (an audit: a misspelt model.mlp hid
         "the interleaved schedule needs pp ≥ 2").
 
-        Source: Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``,
-        ``forward_backward_pipelining_with_interleaving``: "number of microbatches is not
-        divisible by pipeline-model-parallel-size when using interleaved schedule".
+        Source: Megatron-Core 0.13.1 ``pipeline_parallel/schedules.py``,
+        ``forward_backward_pipelining_with_interleaving``: the micro-batches M must be at
+        least N, the contiguous micro-batches of a virtual stage, and M mod N 0 or at least
+        pp ("The remainder of M ... divided by N ... should be 0, or larger than or equal to
+        the pipeline-parallel size"); N is ``microbatch_group_size_per_vp_stage``, pp unless
+        set, which plans cannot set, so M must be a multiple of pp.
         """
         pipe, pp = self.par.pipeline, self.par.pp
         if pipe.virtual_stages > 1 and pipe.schedule != "interleaved":

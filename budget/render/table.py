@@ -712,6 +712,11 @@ def pacing_note(report: Report) -> str:
             whose += (
                 f", and the optimizer of stage {optimizer}, which puts the next step off longest"
             )
+    gathers = float(step.get("fill_gathers_s") or 0)
+    if gathers > 0:  # exposed communication none of the named phases holds (a review)
+        first, last = int(optimizer or 0) + 1, len(report.stages) - 1
+        later = f"stage {last}" if first == last else f"stages {first} to {last}"
+        whose += f", then the parameter gathers of {later} one after another ({_t(gathers)})"
     return (
         f"pacing stage {pacing}: the step's totals, from {whose}; each row above is its "
         "phase on the stage where it costs most, so the rows need not add up to them"
