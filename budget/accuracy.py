@@ -1034,7 +1034,10 @@ def metric_of(plan: Plan, metric: Metric, report: Report | None = None) -> float
     if metric == "tokens_per_s_per_gpu":
         return float(step["tokens_per_s"] or 0.0) / plan.topology.gpus
     if metric == "peak_bytes":  # the last rank's, where Megatron-LM writes its memory logs
-        return float(report.stages[-1].peak_bytes)
+        # less what is held outside PyTorch's allocator (the plan's reserve, Transformer
+        # Engine's userbuffers), which torch.cuda.max_memory_allocated does not see
+        last = report.stages[-1]
+        return float(last.peak_bytes - last.reserved_bytes)
     peak = plan.device.peak_flops(report.mfu_format)
     return float(step["mfu"] or 0.0) * peak / 1e12
 

@@ -712,7 +712,37 @@ def resident_states(
         allocs.append(
             Alloc("reserved (runtime, NCCL, allocator)", "reserved", plan.device.reserved)
         )
-    return tuple(allocs)
+    return tuple(allocs) + tuple(te_userbuffers(plan))
+
+
+# Transformer Engine 2.5's userbuffer communicators (``module/base.py``, ``initialize_ub``):
+# the six that all-gather (ring exchanges and the bulk data-gradient ones), which hold 1 B an
+# element under FP8 (``fp8_buf``), and the four that reduce-scatter
+UB_GATHERING = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad", "qkv_dgrad", "fc1_dgrad")
+UB_SCATTERING = ("proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad")
+
+
+def te_userbuffers(plan: Plan) -> list[Alloc]:
+    """Transformer Engine's comm-GEMM overlap buffers (`overlap.tp`), registered once a
+    rank for the whole run: ``initialize_ub`` (TransformerEngine 2.5, ``module/base.py``)
+    makes ten communicators, each with a buffer of the shape Megatron-LM passes it,
+    [seq · micro / cp, hidden] (``_initialize_tp_communicators``): four ring exchanges
+    (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad), two pipelined reduce-scatters
+    (proj_fprop, fc2_fprop) and four bulk overlaps (qkv and fc1 dgrad and wgrad); the six
+    that all-gather hold 1 B an element under FP8 training, the rest the activations'
+    format. Allocated outside PyTorch's allocator (``cuMemCreate``), like NCCL's buffers, and
+    counted with what is reserved (an audit: 1.25 GiB on Llama 3 70B at tp 8, 8,192 tokens,
+    counted nowhere). Training with sequence parallelism over tp > 1 only, where Megatron-LM
+    runs the overlap."""
+    par = plan.parallel
+    if plan.mode != "train" or not plan.overlap.tp or every(par.tp == 1):
+        return []
+    elements = plan.batch.seq * plan.batch.micro // par.cp * plan.model.hidden
+    act = DTYPE_BYTES[plan.precision.activations]
+    gathering = 1 if te_fp8(plan) else act
+    size = elements * (len(UB_GATHERING) * gathering + len(UB_SCATTERING) * act)
+    name = "Transformer Engine userbuffers (overlap.tp, 10 buffers)"
+    return when([Alloc(name, "reserved", size)], (par.tp > 1) & par.sequence_parallel)
 
 
 def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:

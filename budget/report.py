@@ -293,10 +293,15 @@ def to_dict(report: Report) -> dict[str, Any]:
     }
 
 
-def group_name(group: str, layout: dict[str, Any]) -> str:
+def group_name(group: str, layout: dict[str, Any], ranks: int | None = None) -> str:
     """A collective's group as the reader knows it: the data-parallel group spans the
     context-parallel ranks too (gradients are reduced and optimizer states sharded over
-    dp × cp), so with cp > 1 it is written dp×cp, not dp beside a count larger than dp."""
+    dp × cp), so with cp > 1 it is written dp×cp, not dp beside a count larger than dp;
+    likewise an ep collective of more `ranks` than ep, Megatron-Core's routing counts over
+    the expert tensor- and expert-parallel ranks together, is tp_ep, Megatron-Core's name
+    for that group."""
+    if group == "ep" and ranks is not None and ranks > (layout.get("ep") or 1):
+        return "tp_ep"
     return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
 
 
@@ -396,7 +401,9 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         paces = "paces" if stage == pacing else "does not pace"
         named = stage is not None and report.layout["pp"] > 1  # a serving pass: every stage
         where = f" on stage {stage}, which {paces} the step" if named else ""
-        hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
+        # the group's own size: ep's rows hold Megatron-Core's routing counts too, gathered
+        # over etp x ep (`step._ep_moves`)
+        hint = _closer(report, group, min(c.ranks for c in rows), inner["name"], inner.get("size"))
         notes.append(
             f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report.mode)}{where}, "
             f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"

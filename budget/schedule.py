@@ -428,6 +428,11 @@ def move_kind(plan: Plan, group: MoveGroup, ranks: int) -> GroupKind:
     par = plan.parallel
     if group == "dp" and par.cp > 1 and ranks == par.dp * par.cp:
         return ("dp", "cp")
+    # Megatron-Core's routing counts, gathered over the expert tensor- and expert-parallel
+    # ranks together (`step._ep_moves`)
+    etp = par.expert_tp
+    if group == "ep" and etp > 1 and ranks == par.ep * etp:
+        return ("etp", "ep")
     return group
 
 

@@ -1157,7 +1157,15 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     rank already holds all the tokens (no sequence parallelism, serving only) nothing is
     gathered and one all-reduce over tp sums the block's output
     (`layers.tokens_replicated`); nor is anything sent to experts inside the tp group
-    (`layers.experts_inside_tp`)."""
+    (`layers.experts_inside_tp`).
+
+    In training, Megatron-Core 0.13.1's all-to-all dispatcher (``MoEAlltoAllTokenDispatcher``)
+    moves the routing probabilities beside the rows (an audit): a second all-to-all over ep
+    of one value a row (``token_dispatch``), its gradient's back in the backward, and over
+    etp > 1 their all-gather (``dispatch_postprocess``), a reduce-scatter in the backward;
+    and unless every expert takes its whole capacity it first all-gathers each rank's
+    count of rows per expert (int64) over the expert tensor- and expert-parallel ranks
+    together (``preprocess``, ``tp_ep_group``), which the all-to-all's splits wait for."""
     par = plan.parallel
     if plan.model.experts is None:
         return []
@@ -1175,31 +1183,38 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         f"ep all-to-all: exposed unless overlap.ep hides it behind another micro-batch's "
         f"{beside} of a layer (combined 1F1B), in the micro-batches that pair them"
     )
+
+    def exchange(name: str, nbytes: Any, received: bool) -> Move:
+        move = Move(
+            name,
+            "all-to-all",
+            "ep",
+            par.ep,
+            dtype,
+            nbytes,
+            "shard(1)",
+            "shard(0)",
+            sent_share=even if received else 1.0,
+            recv_share=1.0 if received else even,
+        )
+        return hide(move, f"@{beside}-layer", "ep", rule, share=paired, floor=1 - paired)
+
+    exchanged = holds(par.ep > 1) & lacks(experts_inside_tp(plan))
+    training = plan.mode == "train"
     moves = when(
         [
-            hide(
-                Move(
-                    f"MoE {name}",
-                    "all-to-all",
-                    "ep",
-                    par.ep,
-                    dtype,
-                    size,
-                    "shard(1)",
-                    "shard(0)",
-                    sent_share=even if received else 1.0,
-                    recv_share=1.0 if received else even,
-                ),
-                f"@{beside}-layer",
-                "ep",
-                rule,
-                share=paired,
-                floor=1 - paired,
-            )
-            for name, received in zip(names, (True, False), strict=True)
+            exchange(f"MoE {name}", size, got)
+            for name, got in zip(names, (True, False), strict=True)
         ],
-        holds(par.ep > 1) & lacks(experts_inside_tp(plan)),
+        exchanged,
     )
+    # Megatron-Core's routing probabilities: out with the dispatch, back with its gradient
+    prob = exchange(
+        "MoE probabilities" + (" gradient" if backward else ""),
+        s.act * s.dispatched * par.ep,
+        not backward,
+    )
+    probs = when([prob], exchanged & training)
     etp = par.expert_tp
     replicated = tokens_replicated(plan)
     rows = s.act * s.routed * s.hidden
@@ -1244,8 +1259,46 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         "replicate",
         rule="tp: exposed, the next layer needs it",
     )
-    split = when([gather, scatter], lacks(replicated) & (etp > 1))
-    return [*moves[:1], *split, *moves[1:], *when([reduce], replicated)]
+    gathered_probs = Move(
+        "MoE probabilities" + (" gradient" if backward else "") + " (etp)",
+        "reduce-scatter" if backward else "all-gather",
+        "etp",
+        etp,
+        dtype,
+        s.act * s.routed,
+        "partial" if backward else "shard(0)",
+        "shard(0)" if backward else "replicate",
+        rule=scatter.rule if backward else gather.rule,
+    )
+    split = lacks(replicated) & (etp > 1)
+    gathers = when([gather], split) + when([gathered_probs], split & training)
+    experts = plan.model.experts
+    counted = (par.ep * etp > 1) & training & (not experts.pad_to_capacity)
+    # each rank's rows per routed expert (int64), which the all-to-all's splits wait for
+    counts = Move(
+        "MoE routing counts",
+        "all-gather",
+        "ep",
+        par.ep * etp,
+        "int64",
+        8 * experts.count * par.ep * etp,
+        "shard(0)",
+        "replicate",
+        rule="ep x etp: exposed, the all-to-all's splits wait for it",
+    )
+    head = when([counts], counted) if not backward else []
+    if backward:  # the combine's gradient first, the dispatch's (and the probabilities') last
+        scatters = when([scatter], split) + gathers[1:]
+        return [
+            *moves[:1],
+            *gathers[:1],
+            *scatters,
+            *moves[1:],
+            *probs,
+            *when([reduce], replicated),
+        ]
+    scatters = when([scatter], split)
+    return [*head, *moves[:1], *probs, *gathers, *scatters, *moves[1:], *when([reduce], replicated)]
 
 
 def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:

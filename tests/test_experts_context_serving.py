@@ -167,16 +167,17 @@ def test_megatron_moe_example_weight_and_optimizer_bytes():
 
 
 def test_dispatch_and_combine_follow_tokens_topk_hidden():
-    """Issue 5 acceptance 2: all-to-alls on ep of tokens x top_k x hidden per rank."""
+    """Issue 5 acceptance 2: all-to-alls on ep of tokens x top_k x hidden per rank (and
+    Megatron-Core's of the routing probabilities, one a row, beside the dispatch)."""
     plan = _qwen()
     moe = next(p for p in derive(plan).stages[0].phases if p.name == "forward.moe")
     a2a = [m for m in moe.moves if m.op == "all-to-all"]
-    assert [m.name for m in a2a] == ["MoE dispatch", "MoE combine"]
+    assert [m.name for m in a2a] == ["MoE dispatch", "MoE probabilities", "MoE combine"]
     tokens_per_rank = 4096 // 2  # sequence parallel over tp 2
     per_rank = 2 * tokens_per_rank * 4 * 2048  # bf16 x tokens x top-4 x hidden
     for m in a2a:
         assert m.group == "ep" and m.ranks == 4
-        assert m.size_bytes == per_rank * 4  # S: the whole tensor over the group
+    assert [m.size_bytes for m in a2a] == [per_rank * 4, per_rank // 2048 * 4, per_rank * 4]
 
 
 @pytest.mark.parametrize(
@@ -1650,9 +1651,9 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
     other in what the window leaves, in the m − p of m micro-batches stage 0 pairs (an
     audit: they hid behind their own phase's expert GEMMs, and DeepSeek-V3's step exposed
     twice what DualPipe does). Mixtral 8x7B as shipped with overlap.ep on: m = 256 / 8 = 32
-    micro-batches over pp 4, a share q = 28/32 paired: a pass's two all-to-alls, 2T, beside
-    the other pass's W expose q·max(0, 2T − W) + (1 − q)·2T = max((1 − q)·2T, 2T − q·W),
-    the unpaired micro-batches' whole (a review: they read 0 where W passed 2T)."""
+    micro-batches over pp 4, a share q = 28/32 paired: a pass's all-to-alls, T in all,
+    beside the other pass's W expose q·max(0, T − W) + (1 − q)·T = max((1 − q)·T, T − q·W),
+    the unpaired micro-batches' whole (a review: they read 0 where W passed T)."""
     from budget.schedule import _kernels, _windows, time_phase
 
     path = tmp_path / "mixtral.yaml"
@@ -1669,9 +1670,10 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
     assert step.microbatches == 32
     for name, other in (("forward.moe", "@backward-layer"), ("backward.moe", "@forward-layer")):
         (phase,) = [p for p in stage.phases if p.name == name]
-        timed = [t for t in time_phase(plan, phase, windows).moves if t.move.group == "ep"]
+        # the rows' two all-to-alls and Megatron-Core's of the routing probabilities
+        timed = [t for t in time_phase(plan, phase, windows).moves if t.move.op == "all-to-all"]
         q = 28 / 32
-        assert len(timed) == 2 and all((t.move.share, t.move.floor) == (q, 1 - q) for t in timed)
+        assert len(timed) == 3 and all((t.move.share, t.move.floor) == (q, 1 - q) for t in timed)
         total = sum(t.time_s for t in timed)
         exposed = sum(t.exposed_s for t in timed)
         assert windows[other] > total  # both windows cover the pair: the floor is what shows
@@ -1923,3 +1925,55 @@ def test_a_prefill_plans_rate_is_its_prompt_tokens_over_the_time_to_first_token(
     path = variant(tmp_path, "prefill.yaml", ("mode: decode", "mode: prefill"), base=DECODE)
     step = build_report(load_plan(path)).step
     assert step["tokens_per_s"] == pytest.approx(32 * 2_048 / step["ttft_s"], rel=1e-12)
+
+
+def test_the_dispatcher_moves_routing_probabilities_and_counts(tmp_path):
+    """Megatron-Core 0.13.1's all-to-all dispatcher (``MoEAlltoAllTokenDispatcher``, an
+    audit): the routing probabilities go out with the dispatch in an all-to-all of their
+    own over ep (``token_dispatch``) and back with its gradient, are all-gathered over etp
+    with the rows (``dispatch_postprocess``) and reduce-scattered in the backward; unless
+    every expert takes its whole capacity, each rank's row counts per expert (int64) are
+    first all-gathered over etp x ep (``preprocess``, ``tp_ep_group``). Mixtral 8x7B as
+    shipped: tp 2 with sequence parallelism, ep 8, etp 2, 4,096 tokens: 2,048 tokens a
+    rank, top 2, so 4,096 rows of one bf16 probability each: the all-to-all's tensor
+    4,096 x 2 B x 8 = 65,536 B; gathered over etp, 8,192 rows, 16,384 B; the counts,
+    8 experts x 8 B from each of 16 ranks, 1,024 B. Serving has none of them (vLLM's MoE
+    is not Megatron-Core's dispatcher), nor the counts where experts are padded."""
+    plan = load_plan(PLANS / "mixtral-8x7b.yaml")
+    assert (plan.parallel.tp, plan.parallel.ep, plan.parallel.expert_tp) == (2, 8, 2)
+    phases = {p.name: p for p in derive(plan).stages[0].phases}
+
+    def moves(name):
+        return [(m.name, m.op, m.group, m.ranks, m.size_bytes) for m in phases[name].moves]
+
+    forward, backward = moves("forward.moe"), moves("backward.moe")
+    rows = 2048 * 2
+    assert forward[:3] == [
+        ("MoE routing counts", "all-gather", "ep", 16, 8 * 8 * 16),
+        ("MoE dispatch", "all-to-all", "ep", 8, rows * 4096 * 2 * 8),
+        ("MoE probabilities", "all-to-all", "ep", 8, rows * 2 * 8),
+    ]
+    assert ("MoE probabilities (etp)", "all-gather", "etp", 2, 2 * rows * 2) in forward
+    assert backward[-1] == (
+        "MoE probabilities gradient",
+        "all-to-all",
+        "ep",
+        8,
+        rows * 2 * 8,
+    )
+    gathered = "MoE probabilities gradient (etp)"
+    assert (gathered, "reduce-scatter", "etp", 2, 2 * rows * 2) in backward
+    # the counts are priced over the 16 ranks of etp x ep, two nodes of 8
+    report = build_report(plan)
+    (counts,) = [c for p in report.phases for c in p.collectives if c.name == "MoE routing counts"]
+    assert (counts.ranks, counts.dtype) == (16, "int64")
+    routed = "experts: {count: 8, top_k: 2, ffn: 14336"
+    padded = variant(
+        tmp_path,
+        "padded.yaml",
+        (routed, routed + ", capacity_factor: 1.25, pad_to_capacity: true"),
+        base=PLANS / "mixtral-8x7b.yaml",
+    )
+    padded_phases = {p.name: p for p in derive(load_plan(padded)).stages[0].phases}
+    names = {m.name for m in padded_phases["forward.moe"].moves}
+    assert "MoE routing counts" not in names and "MoE probabilities" in names

@@ -963,3 +963,34 @@ def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
         for a in instant.live
     }
     assert again["QKV input (re-gathered for weight grad)"] == s_h
+
+
+def test_transformer_engines_userbuffers_are_held_with_what_is_reserved(tmp_path):
+    """Transformer Engine's comm-GEMM overlap (``initialize_ub``, TE 2.5) registers ten
+    userbuffers a rank for the whole run, each of Megatron-LM's shape [seq · micro / cp,
+    hidden]: six that all-gather (1 B an element under FP8) and four that reduce-scatter
+    (an audit: counted nowhere). Llama 3 70B at tp 8, 8,192 tokens, hidden 8,192, bf16:
+    10 x 8,192 x 8,192 x 2 B = 1.25 GiB; under FP8 (6 x 1 + 4 x 2) x 8,192² = 896 MiB;
+    none without the overlap or without sequence parallelism."""
+    from budget.layers import te_userbuffers
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    on = variant(
+        tmp_path,
+        "on.yaml",
+        ("recompute: selective\n", "recompute: selective\noverlap: {tp: true}\n"),
+        base=base,
+    )
+    plan = load_plan(on)
+    (buffers,) = te_userbuffers(plan)
+    assert (buffers.category, buffers.total) == ("reserved", 10 * 8192 * 8192 * 2)
+    assert buffers.total == 1.25 * 2**30
+    fp8 = replace(plan, precision=replace(plan.precision, matmul="fp8"))
+    assert te_userbuffers(fp8)[0].total == (6 + 4 * 2) * 8192**2 == 896 * 2**20
+    assert te_userbuffers(load_plan(base)) == []  # overlap.tp off
+    no_sp = replace(plan, parallel=replace(plan.parallel, sequence_parallel=False))
+    assert te_userbuffers(no_sp) == []
+    report, shipped = build_report(plan), build_report(load_plan(base))
+    for row, before in zip(report.stages, shipped.stages, strict=True):
+        assert row.reserved_bytes == before.reserved_bytes + buffers.total

@@ -42,7 +42,9 @@ def fused_rate(forward: Any, backward: Any) -> Any:
     return (1 + FUSED_BACKWARD) / (1 / forward + FUSED_BACKWARD / backward)
 
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# int64: what Megatron-Core gathers its routing counts in (`step._ep_moves`); no plan key
+# takes it (the schema names the formats a plan may write)
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8}
 
 
 @dataclass(frozen=True, slots=True)

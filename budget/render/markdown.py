@@ -213,7 +213,7 @@ def render_markdown(report: Report) -> str:
                 # degree ("pp 2" in a pp 4 plan read as one: a user audit)
                 "pp pair"
                 if c.op == "send-recv"
-                else f"{group_name(c.group, report.layout)} {c.ranks}",
+                else f"{group_name(c.group, report.layout, c.ranks)} {c.ranks}",
                 c.dtype,
                 c.algorithm,
                 plain(c.link or ""),

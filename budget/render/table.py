@@ -513,14 +513,21 @@ def stage_table(
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
         cells += [_b(row.peak_bytes), headroom] if peak else []
         table.add_row(*cells, *([_bar(row, bar, marks)] if bar else []))
-    reserved = _b(report.device["reserved_bytes"]).replace(" ", NBSP)  # kept by its unit
+    # the plan's reserve, and Transformer Engine's userbuffers where overlap.tp has them
+    # (`layers.te_userbuffers`), alike on every stage
+    held_back = report.stages[0].reserved_bytes if report.stages else 0
+    buffers = held_back - int(report.device["reserved_bytes"] or 0)
+    reserved = _b(held_back).replace(" ", NBSP) + " reserved"  # kept by its unit
+    if buffers > 0:
+        plans = _b(held_back - buffers).replace(" ", NBSP)
+        reserved += f" ({plans} the plan's, {_b(buffers).replace(' ', NBSP)} userbuffers)"
     states = "params + grads + optimizer" if train else "params"
     notes = []
     if held:
         notes.append(
-            f"peak = the columns + {reserved} reserved per GPU"
+            f"peak = the columns + {reserved} per GPU"
             if wide
-            else f"states = {states}; other = transient + {reserved} reserved"
+            else f"states = {states}; other = transient + {reserved}"
         )
     layers = [row.layers for row in report.stages]
     if held and not wide and len(set(layers)) > 1:  # the layers column is left out: say it
@@ -806,7 +813,8 @@ def collective_table(
             rule = c.overlap_rule or ""
             if rule not in rules:
                 rules.append(rule)
-            op = _OPS[c.op] + (f" {c.dtype}" if c.dtype != usual else "")
+            shown = "i64" if c.dtype == "int64" else c.dtype  # Megatron-Core's routing counts
+            op = _OPS[c.op] + (f" {shown}" if c.dtype != usual else "")
             # the levels, where no link column names them: narrow, or the link left out
             levels = f" {_levels(c)}L" if _levels(c) > 1 else ""
             rest = (
@@ -819,7 +827,7 @@ def collective_table(
             group = (
                 f"pp {c.src}→{c.dst}"
                 if c.op == "send-recv"
-                else f"{group_name(c.group, report.layout)} {c.ranks}"
+                else f"{group_name(c.group, report.layout, c.ranks)} {c.ranks}"
             )
             cells: dict[str, Any] = {"transition": Hanging(c.name), "group": group}
             cells |= {"op": op + ("" if wide else levels) + rest, "op levels": op + levels + rest}
@@ -863,6 +871,11 @@ def collective_table(
         legend.append("edp = expert data-parallel group: ranks holding the same experts")
     if "dp" in groups and report.layout.get("cp", 1) > 1:
         legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
+    if any(c.group == "ep" and c.ranks > (report.layout.get("ep") or 1) for c in every):
+        legend.append(
+            "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "
+            "group of that name); i64 = int64"
+        )
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
     if any(c.algorithm == "double-tree" for c in every):
@@ -893,7 +906,7 @@ def _collective_columns(
         if name == "transition":
             table.add_column(name, ratio=1, min_width=20 if wide else 18)
         elif name == "op":
-            table.add_column(name, no_wrap=wide, max_width=None if wide else 4)
+            table.add_column(name, no_wrap=wide, max_width=None if wide else 5)
         elif name == "link":
             table.add_column(name, no_wrap=True)
         else:
@@ -1031,7 +1044,7 @@ def link_groups(report: Report, level: str) -> str:
     """The groups whose collectives are priced on `level`, in the order they first appear
     ("tp, dp"), or "–"."""
     names = [
-        group_name(c.group, report.layout)
+        group_name(c.group, report.layout, c.ranks)
         for p in report.phases
         for c in p.collectives
         if level in (c.link or "").split(" + ")
