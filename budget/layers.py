@@ -1048,7 +1048,39 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     kept: list[Alloc] = []
     for x in out:
         kept += when([x], keep) if x.name in dropped else [x]
-    return kept
+    return kept + _qkv_held_by_v(plan, s)
+
+
+def _qkv_held_by_v(plan: Plan, s: Shapes) -> list[Alloc]:
+    """Under selective recompute, Megatron-Core's checkpoint of the core attention saves
+    its inputs (``_checkpointed_attention_forward``), V among them as ``torch.split`` cut it
+    from the QKV projection's output (``get_query_key_value_tensors``), a view, which keeps
+    that whole output alive (an audit: 18 MiB a layer on Llama 3 70B at tp 8, 1.41 GiB of
+    stage 0's peak). Of the Q and K columns it holds, those no saved tensor views are bytes
+    of their own beside the Q, K and V counted: Q's where a rank holds several key/value
+    groups of several query heads each (its reshape to heads copies the interleaved
+    columns; one group a rank reshapes as a view) or where the
+    rotary embedding writes it anew with no Q norm keeping the split's view as its input;
+    K's where the rotary embedding writes it anew with no K norm doing so (Megatron-Core
+    0.13.1 ``attention.py``; ``apply_rotary_pos_emb`` returns a new tensor). Without
+    recompute Transformer Engine's kernel copies V contiguous and saves the copy, and the
+    output is freed; latent attention projects Q, K and V apart."""
+    m = plan.model
+    if m.mla is not None:
+        return []
+    rope, normed = m.position == "rope", m.qk_norm != "none"
+    groups = kv_heads_per_rank(plan)
+    copied = (groups > 1) & (s.q_cols // m.qk_head_dim > groups)
+    q_new = copied | (rope and not normed)
+    k_new = rope and not normed
+    cols = s.q_cols * q_new + s.k_cols * k_new
+    held = Alloc(
+        "attention QKV output, held by V (a view of it)",
+        "activations",
+        s.act * s.tokens * cols,
+        placement="shard(heads) on tp",
+    )
+    return when([held], (plan.recompute == "selective") & (cols > 0))
 
 
 PROJECTION_INPUT = "attention projection input"

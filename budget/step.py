@@ -1573,11 +1573,15 @@ def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = No
     autograd computes in the gathered format and, once the block's backward is done
     (`cast`) and where the reduce format differs, their cast beside them until the
     reduce-scatter is done
-    (`flops.fsdp_gradient_passes`: FSDP keeps the computed gradient alive on its
-    post-backward stream, ``_no_dispatch_record_stream``)."""
+    (`flops.fsdp_gradient_passes`: FullyShardedDataParallel keeps the computed gradient
+    alive on its post-backward stream, ``_no_dispatch_record_stream``); ``fully_shard``
+    frees it once copied into the reduce-scatter's input (``foreach_reduce``: "Only after
+    the copy-in finishes can we free the gradients", ``unsharded_grads.clear()``), so
+    under `parallel.fsdp` 2 the cast alone is held (an audit: 2 B a parameter too many)."""
     prec = plan.precision
-    fsdp = DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * (
-        cast and prec.reduce != prec.param_gather
+    recast = cast and prec.reduce != prec.param_gather
+    fsdp = DTYPE_BYTES[prec.param_gather] * (not recast or plan.parallel.fsdp == 1) + (
+        DTYPE_BYTES[prec.reduce] * recast
     )
     return vwhere(flops.fsdp_mixed(plan), fsdp, otherwise or DTYPE_BYTES[prec.grads])
 

@@ -202,9 +202,11 @@ def test_zero3_overlapped_reduction_keeps_the_previous_blocks_gradients_alive():
     ]
     ((top_name, top_saved),), ((below_name, below_saved),) = (s.items() for s in saved)
     # a layer's saved tensors under selective recompute and sequence parallelism, without
-    # dropout: 8 of 2sbh/t (norm, QKV, Q, K, V, projection, norm, fc1 inputs) and GeLU's
-    # and fc2's inputs, 8sbh/t each: 32sbh/t = 100,663,296 B
-    current = 32 * 2048 * h // 8
+    # dropout: 8 of 2sbh/t (norm, QKV, Q, K, V, projection, norm, fc1 inputs), GeLU's
+    # and fc2's inputs, 8sbh/t each, and the QKV output's Q and K columns, which V (a view
+    # of it) holds where the rotary embedding writes Q and K anew (`layers._qkv_held_by_v`),
+    # 2 of 2sbh/t: 36sbh/t = 113,246,208 B
+    current = 36 * 2048 * h // 8
     assert top_saved - below_saved == current  # one layer pass fewer
     assert (top_name, below_name) == (
         f"{CARRIED_ACTIVATIONS}, 95 earlier layer passes",
