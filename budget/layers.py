@@ -729,18 +729,19 @@ def te_userbuffers(plan: Plan) -> list[Alloc]:
     [seq · micro / cp, hidden] (``_initialize_tp_communicators``): four ring exchanges
     (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad), two pipelined reduce-scatters
     (proj_fprop, fc2_fprop) and four bulk overlaps (qkv and fc1 dgrad and wgrad); the six
-    that all-gather hold 1 B an element under FP8 training, the rest the activations'
-    format. Allocated outside PyTorch's allocator (``cuMemCreate``), like NCCL's buffers, and
-    counted with what is reserved (an audit: 1.25 GiB on Llama 3 70B at tp 8, 8,192 tokens,
-    counted nowhere). Training with sequence parallelism over tp > 1 only, where Megatron-LM
-    runs the overlap."""
+    that all-gather hold 1 B an element under FP8 training, the rest bf16, the format
+    ``initialize_ub`` takes when Megatron-LM names none (a review: they were sized in the
+    activations' format). Allocated outside PyTorch's allocator (``cuMemCreate``), like
+    NCCL's buffers, and counted with what is reserved (an audit: 1.25 GiB on Llama 3 70B
+    at tp 8, 8,192 tokens, counted nowhere). Training with sequence parallelism over
+    tp > 1 only, where Megatron-LM runs the overlap."""
     par = plan.parallel
     if plan.mode != "train" or not plan.overlap.tp or every(par.tp == 1):
         return []
     elements = plan.batch.seq * plan.batch.micro // par.cp * plan.model.hidden
-    act = DTYPE_BYTES[plan.precision.activations]
-    gathering = 1 if te_fp8(plan) else act
-    size = elements * (len(UB_GATHERING) * gathering + len(UB_SCATTERING) * act)
+    bf16 = DTYPE_BYTES["bf16"]
+    gathering = 1 if te_fp8(plan) else bf16
+    size = elements * (len(UB_GATHERING) * gathering + len(UB_SCATTERING) * bf16)
     name = "Transformer Engine userbuffers (overlap.tp, 10 buffers)"
     return when([Alloc(name, "reserved", size)], (par.tp > 1) & par.sequence_parallel)
 

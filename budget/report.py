@@ -382,7 +382,10 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
     found: dict[str, dict[int | None, list[CollectiveRow]]] = {}
     for stage, c in tagged:
         if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
-            found.setdefault(c.group, {}).setdefault(stage, []).append(c)
+            # by the name the collectives table gives the group: Megatron-Core's routing
+            # counts over etp x ep are tp_ep's, not ep's (a review)
+            group = group_name(c.group, report.layout, c.ranks) if c.group == "ep" else c.group
+            found.setdefault(group, {}).setdefault(stage, []).append(c)
 
     def exposed(rows: list[CollectiveRow]) -> float:
         return sum((c.exposed_s or 0.0) * c.count for c in rows)
@@ -401,9 +404,7 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         paces = "paces" if stage == pacing else "does not pace"
         named = stage is not None and report.layout["pp"] > 1  # a serving pass: every stage
         where = f" on stage {stage}, which {paces} the step" if named else ""
-        # the group's own size: ep's rows hold Megatron-Core's routing counts too, gathered
-        # over etp x ep (`step._ep_moves`)
-        hint = _closer(report, group, min(c.ranks for c in rows), inner["name"], inner.get("size"))
+        hint = _closer(report, group, rows[0].ranks, inner["name"], inner.get("size"))
         notes.append(
             f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report.mode)}{where}, "
             f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"

@@ -278,17 +278,19 @@ def put_off(stage: StageTime) -> Any:
     return stage.optimizer_s - stage.fill_s + stage.behind_s
 
 
-def _last_backward(stage: StageTime, m: Any, v: int) -> Any:
-    """A stage's backward of one micro-batch through one of its `v` model chunks: its
-    backward phases' compute and exposed time a micro-batch over v, below its first chunk's
-    where that holds the embedding (stage 0's); the sends between stages left out. Where a
-    stage's chunks are alike the leads it makes are so at most the drain's (`_with_leads`);
-    where they differ a first chunk can be below the mean, and the replay takes each
-    stage's first chunk's own (`_chunk_leads`)."""
+def _one_chunk(stage: StageTime, m: Any, v: int, which: str) -> Any:
+    """A stage's `which` pass ("forward" or "backward") of one micro-batch through one of
+    its `v` model chunks: that pass's phases' compute and exposed time a micro-batch over
+    v, below its first chunk's where that holds the embedding (stage 0's); the sends
+    between stages left out. The last backward makes the drain (`StageTime.lead_s`), the
+    first forward the next step's fill (`StageTime.fill_s`). Where a stage's chunks are
+    alike the leads it makes are so at most the drain's (`_with_leads`); where they differ
+    a first chunk can be below the mean, and the replay takes each stage's first chunk's
+    own (`_chunk_leads`)."""
     busy = sum(
         (p.compute_s + p.exposed_s) * p.count
         for p in stage.phases
-        if per_microbatch(p.name) and pass_of(p.name) == "backward"
+        if per_microbatch(p.name) and pass_of(p.name) == which
     )
     return busy / (m * v)
 
@@ -297,27 +299,17 @@ def _with_leads(
     stages: Sequence[StageTime], copies: Sequence[Any], m: Any, v: int
 ) -> list[StageTime]:
     """`stages` with their leads (`StageTime.lead_s`): stage s's last backward ends at least
-    Σ_{j<s} b_j before the pipeline's, b_j stage j's (`_last_backward`), since stage j's last
+    Σ_{j<s} b_j before the pipeline's, b_j stage j's (`_one_chunk`), since stage j's last
     op, chunk 0's backward of the last micro-batch, waits for stage j + 1's (Megatron-LM's
     1F1B and interleaved orders alike, `replay_order`). `copies`: how many alike stages each
     of `stages` stands for (a sweep's classes); a class takes its first stage's lead, the
     least of its stages', whose reduction ends latest. No leads where a stage reduces after
     every backward (`_drains`)."""
-    backwards = [count * _last_backward(s, m, v) for s, count in zip(stages, copies, strict=True)]
-    forwards = [count * _first_forward(s, m, v) for s, count in zip(stages, copies, strict=True)]
-    return _led(stages, backwards, forwards, copies)
-
-
-def _first_forward(stage: StageTime, m: Any, v: int) -> Any:
-    """A stage's forward of one micro-batch through one of its `v` model chunks, as
-    `_last_backward` its backward: the next step's first forward on the stages after it
-    waits for it (the fill), which their optimizer steps and parameter gathers run in."""
-    busy = sum(
-        (p.compute_s + p.exposed_s) * p.count
-        for p in stage.phases
-        if per_microbatch(p.name) and pass_of(p.name) == "forward"
+    backwards, forwards = (
+        [count * _one_chunk(s, m, v, which) for s, count in zip(stages, copies, strict=True)]
+        for which in ("backward", "forward")
     )
-    return busy / (m * v)
+    return _led(stages, backwards, forwards, copies)
 
 
 def _led(

@@ -655,12 +655,17 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
         base=base,
     )
     assert slow_link_notes(budget_plan(base)) == ()
-    # Mixtral's ep 8 with the expert layers' tp 2 inside each ep group: 16 ranks, two nodes
-    (moe,) = slow_link_notes(budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    # Mixtral's ep 8 with the expert layers' tp 2 inside each ep group: 16 ranks, two nodes;
+    # Megatron-Core's routing counts are gathered over all 16, tp_ep's (a review: they were
+    # counted as ep's calls)
+    counts, moe = slow_link_notes(budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    assert moe.startswith("ep's per-layer collectives (1,536 calls a step on stage 3")
     assert moe.endswith(
         "ep 8 spaced etp 2 apart (the expert layers' tp inside each ep group) "
         "spans 16 ranks, more than one nvlink domain of 8"
     )
+    assert counts.startswith("tp_ep's per-layer collectives (256 calls a step on stage 3")
+    assert counts.endswith("tp_ep 16 is wider than one nvlink domain of 8")
     # the expert layers' own split measures an ep group: etp 1, ep 8 after dp puts edp 2
     # inside it, 16 ranks (an audit: "tp 2 × dp 8 × ep 8 = 128 ranks", more than the stage)
     folded = variant(

@@ -990,6 +990,9 @@ def test_transformer_engines_userbuffers_are_held_with_what_is_reserved(tmp_path
     assert buffers.total == 1.25 * 2**30
     fp8 = replace(plan, precision=replace(plan.precision, matmul="fp8"))
     assert te_userbuffers(fp8)[0].total == (6 + 4 * 2) * 8192**2 == 896 * 2**20
+    # bf16 whatever the activations' format: ``initialize_ub``'s default (a review)
+    wide = replace(plan, precision=replace(plan.precision, activations="fp32"))
+    assert te_userbuffers(wide)[0].total == buffers.total
     assert te_userbuffers(load_plan(base)) == []  # overlap.tp off
     no_sp = replace(plan, parallel=replace(plan.parallel, sequence_parallel=False))
     assert te_userbuffers(no_sp) == []

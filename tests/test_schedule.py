@@ -1343,7 +1343,7 @@ def test_a_later_1f1b_stage_gathers_its_one_bucket_once_its_input_is_in(tmp_path
     assert [s.gather_s for s in times.stages] == [0.0] + [g.time_s for g in gathers[1:]]
     # each stage's fill, the forwards of one micro-batch on the stages ahead, as a replay of
     # the schedule times them (`_chunk_times`, op by op), less the sends between stages,
-    # which the fill leaves out as the drain does (`_last_backward`): a lower bound
+    # which the fill leaves out as the drain does (`_one_chunk`): a lower bound
     m = derive(on).microbatches
     forward, _ = _chunk_times(on, list(times.stages), m)
 
