@@ -49,8 +49,13 @@ least Σ_{j<s} b_j before the first, b_j stage j's backward of one micro-batch t
 first chunk, `StageTime.lead_s`; an audit found a step whose later stages held more layers
 4–7 % long where every reduction started at the pipeline's end). The optimizer waits for
 every stage's reduction (its gradient norm is all-reduced over the model-parallel group,
-Megatron-LM's ``clip_grad_norm``), then each stage steps its own: the step is the pipeline,
-then the latest reduction past its end, then the longest optimizer step (`_tail`).
+Megatron-LM's ``clip_grad_norm``), then each stage steps its own, which the next step's
+first forward on that stage waits for; a later stage's comes after the fill, the forwards
+of the stages ahead (`StageTime.fill_s`), and a later 1F1B stage gathers its parameters
+only once that forward's input is in, so those gathers run one after another along the
+fill (`StageTime.gather_s`). The step is the pipeline, then the latest reduction past its
+end, then how long the optimizer steps put the next step's pipeline off (`put_off`,
+`_tail`).
 """
 
 from __future__ import annotations
