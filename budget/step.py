@@ -1284,7 +1284,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         8 * experts.count * par.ep * etp,
         "shard(0)",
         "replicate",
-        rule="ep x etp: exposed, the all-to-all's splits wait for it",
+        rule="tp_ep: exposed, the all-to-all's splits wait for it",
     )
     head = when([counts], counted) if not backward else []
     if backward:  # the combine's gradient first, the dispatch's (and the probabilities') last
