@@ -384,7 +384,7 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
         if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
             # by the name the collectives table gives the group: Megatron-Core's routing
             # counts over etp x ep are tp_ep's, not ep's (a review)
-            group = group_name(c.group, report.layout, c.ranks) if c.group == "ep" else c.group
+            group = group_name(c.group, report.layout, c.ranks)
             found.setdefault(group, {}).setdefault(stage, []).append(c)
 
     def exposed(rows: list[CollectiveRow]) -> float:

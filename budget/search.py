@@ -1367,9 +1367,9 @@ def _critical_exposed(stages: Sequence[StageTime]) -> Any:
         later = np.asarray(stage.reduce_s - stage.lead_s) > late
         late = np.where(later, stage.reduce_s - stage.lead_s, late)
         reducing = np.where(later, parts["reduction"], reducing)
-        later = np.asarray(put_off(stage))
-        longer = later > most
-        most = np.where(longer, later, most)
+        off = np.asarray(put_off(stage))
+        longer = off > most
+        most = np.where(longer, off, most)
         optimizing = np.where(longer, parts["optimizer"] + stage.behind_s, optimizing)
     return pacing + reducing + optimizing
 

@@ -721,8 +721,7 @@ def pacing_note(report: Report) -> str:
             )
     gathers = float(step.get("fill_gathers_s") or 0)
     if gathers > 0:  # exposed communication none of the named phases holds (a review)
-        first, last = int(optimizer or 0) + 1, len(report.stages) - 1
-        later = f"stage {last}" if first == last else f"stages {first} to {last}"
+        later = _gathering_stages(report)
         whose += f", then the parameter gathers of {later} one after another ({_t(gathers)})"
     return (
         f"pacing stage {pacing}: the step's totals, from {whose}; each row above is its "
@@ -871,7 +870,7 @@ def collective_table(
         legend.append("edp = expert data-parallel group: ranks holding the same experts")
     if "dp" in groups and report.layout.get("cp", 1) > 1:
         legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
-    if any(c.group == "ep" and c.ranks > (report.layout.get("ep") or 1) for c in every):
+    if any(group_name(c.group, report.layout, c.ranks) == "tp_ep" for c in every):
         legend.append(
             "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "
             "group of that name); i64 = int64"
@@ -1152,6 +1151,13 @@ BUBBLE_NOTE = 0.2  # the share of the step past which the bubble is explained
 GATHERS_NOTE = 0.02  # the share past which the later stages' gathers in series are explained
 
 
+def _gathering_stages(report: Report) -> str:
+    """The stages whose parameter gathers run in series behind the optimizer's stage
+    (`schedule.put_off`): "stage 7" or "stages 1 to 7"."""
+    first, last = int(report.step["optimizer_stage"] or 0) + 1, len(report.stages) - 1
+    return f"stage {last}" if first == last else f"stages {first} to {last}"
+
+
 def _fill_gathers_note(report: Report) -> list[str]:
     """Where the later 1F1B stages' parameter gathers in series along the fill take a
     fiftieth of the step or more (`schedule.put_off`), what keeps them beside the fill: the
@@ -1163,10 +1169,8 @@ def _fill_gathers_note(report: Report) -> list[str]:
     time_s = float(step["time_s"] or 0)
     if not gathers or gathers < GATHERS_NOTE * time_s:
         return []
-    first, last = int(step["optimizer_stage"] or 0) + 1, report.layout["pp"] - 1
-    stages = f"stage {last}" if first == last else f"stages {first} to {last}"
     return [
-        f"The parameter gathers of {stages} take {_t(gathers)} "
+        f"The parameter gathers of {_gathering_stages(report)} take {_t(gathers)} "
         f"({gathers / time_s:.0%} of the step) one after another: under 1F1B "
         "Megatron-Core gathers a later stage's parameters in one bucket once its first "
         "forward's input is in; virtual stages (the interleaved schedule) launch every "
