@@ -458,11 +458,18 @@ def test_a_key_that_is_no_section_holds_back_every_semantic_rule(key) -> None:
 
 
 def test_a_broken_batch_holds_back_only_the_rules_that_read_the_batch() -> None:
-    """Degrees against the GPUs and heads over tp read no batch (review: they waited)."""
+    """Degrees against the GPUs and heads over tp read no batch (review: they waited), nor
+    does sequence parallelism's need of a tp group (an audit: it waited too)."""
     text = BASE.replace("global: 32", "global: x").replace("{tp: 2,", "{tp: 3,")
     found = [p.split(":")[0] for p in _all_problems(text)]
     # heads 16 and ffn 4,096 over tp 3, each its own problem
     assert found == ["$.batch.global", "$.parallel", "$.parallel.tp", "$.parallel.tp"]
+    alone = BASE.replace("global: 32", "global: x")
+    alone = alone.replace("{tp: 2, pp: 2, dp: 2}", "{tp: 1, pp: 2, dp: 4, sequence_parallel: true}")
+    assert [p.split(":")[0] for p in _all_problems(alone)] == [
+        "$.batch.global",
+        "$.parallel.sequence_parallel",
+    ]
 
 
 def test_a_broken_parallel_section_leaves_the_batch_its_own_rules() -> None:
@@ -654,6 +661,19 @@ def test_a_dp_is_offered_only_where_the_expert_layers_fold_into_it() -> None:
             "optimizer: none is for serving plans; a training step updates its weights (adam "
             "or sgd), and its master copy and parameter gather go with them",
         ),
+        (
+            ("  zero: 1\n", "  zero: 1\n  sequence_parallel: true\n"),
+            "$.parallel.sequence_parallel",
+            "sequence_parallel needs tp > 1: it shards norms and dropout along the sequence "
+            "over the tensor-parallel group, which has one rank here; set it to false or raise tp",
+        ),
+        (
+            ("  seq: 2048\n", "  seq: 2046\n"),
+            "$.parallel.cp",
+            "batch.seq = 2046 is not divisible by 2 × cp = 4: context parallelism splits each "
+            "sequence into 2 × cp load-balanced chunks, two per rank; make it a multiple of 4 "
+            "(nearest: 2044 and 2048)",
+        ),
     ],
 )
 def test_a_broken_model_hides_no_rule_that_does_not_read_it(
@@ -664,11 +684,14 @@ def test_a_broken_model_hides_no_rule_that_does_not_read_it(
     from tests.plan_files import variant
 
     root = Path(__file__).resolve().parent.parent
+    # the sequence's rule needs context parallelism (cp 2 over the same 8 GPUs)
+    cp = [("  dp: 8\n", "  dp: 4\n  cp: 2\n")] if path == "$.parallel.cp" else []
     plan = variant(
         tmp_path,
         "p.yaml",
         ("  mlp: gelu\n", "  mlp: relu\n"),
         edit,
+        *cp,
         base=root / "plans/gpt-1.3b.yaml",
     )
     with pytest.raises(BudgetError) as caught:

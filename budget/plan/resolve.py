@@ -1321,11 +1321,106 @@ class _LayoutChecks:
             self.global_batch(self.whole_batch)
         self.schedule()
         self.split_entries()
+        self.sequence_parallel()
+        self.context()
 
     def folds(self, par: Parallel) -> bool:
         """Whether the expert layers fold into `par`'s stages (`_ModelChecks`, which reads
         the model); with no model read, any layout does."""
         return True
+
+    def sequence_parallel(self) -> None:
+        """Sequence parallelism scatters each rank's [seq / cp, micro, hidden] activations
+        along the sequence over tp, which must divide it: Megatron-LM's
+        ``scatter_to_sequence_parallel_region`` splits the first dimension with
+        ``_split_along_first_dim``, which asserts it is divisible by the tensor-parallel
+        size (``megatron/core/tensor_parallel/mappings.py``)."""
+        p, b = self.par, self.whole_batch
+        if p.sequence_parallel and p.tp == 1:
+            self.r.error(
+                "$.parallel.sequence_parallel",
+                "sequence_parallel needs tp > 1: it shards norms and dropout along the "
+                "sequence over the tensor-parallel group, which has one rank here; set it "
+                "to false or raise tp",
+            )
+        elif b is None or not p.sequence_parallel:
+            return  # none asked, or a batch that broke the schema (its problems are said)
+        elif self.mode == "train" and b.seq % (p.cp * p.tp):
+            step = self.seq_multiple()
+            self.r.error(
+                "$.parallel.sequence_parallel",
+                f"batch.seq = {b.seq} does not split evenly over cp × tp = {p.cp} × "
+                f"{p.tp}: sequence parallelism shards each context-parallel rank's tokens "
+                f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
+                f"{_near(b.seq, step)}) or set sequence_parallel to false",
+            )
+        elif self.mode != "train":
+            self.serving_sequence_parallel(b)
+
+    def serving_sequence_parallel(self, b: Batch) -> None:
+        """A serving pass's tokens under sequence parallelism: the same split, over a pass's
+        tokens on one replica and cp rank, a prefill's sequences x prompt / cp and a decode
+        pass's one token a sequence. A split that does not divide was rounded up, each tp
+        rank pricing a whole token of its own: Mixtral decoding one sequence at tp 8 routed
+        16 rows for 2, +50 % a token (an audit). vLLM and TensorRT-LLM serve without it."""
+        p = self.par
+        if p.cp > 1 and b.prompt % (2 * p.cp):
+            return  # refused as it is (`context`), whose fix clears this too (a review)
+        passes = [("a prefill pass", b.micro * max(1, b.prompt // p.cp))]
+        if self.mode == "decode":
+            passes.append(("a decode pass", b.micro))
+        for name, tokens in passes:
+            if tokens % p.tp:
+                self.r.error(
+                    "$.parallel.sequence_parallel",
+                    f"{name} holds {units.plural(tokens, 'token')} on a replica (its sequences"
+                    f"{' x prompt / cp' if name == 'a prefill pass' else ', a token each'}), "
+                    f"which tp = {p.tp} does not divide: sequence parallelism shards "
+                    "a pass's tokens over tp; set sequence_parallel to false, as vLLM and "
+                    "TensorRT-LLM serve",
+                )
+                return
+
+    def cp_chunks(self) -> int:
+        """The pieces context parallelism cuts a sequence into: 2 × cp load-balanced chunks
+        under either attention variant (`context`), or 1 without it."""
+        return 2 * self.par.cp if self.par.cp > 1 else 1
+
+    def seq_multiple(self) -> int:
+        """What a training sequence must be a multiple of, so that the lengths one rule
+        offers do not fail the other: the cp chunks, and cp × tp under sequence
+        parallelism (`sequence_parallel`)."""
+        p = self.par
+        sp = p.sequence_parallel and p.tp > 1
+        return math.lcm(self.cp_chunks(), p.cp * p.tp) if sp else self.cp_chunks()
+
+    def context(self) -> None:
+        """Context parallelism splits each sequence into 2 × cp chunks for load balancing.
+
+        Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
+        the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
+        2·cp − 1 − r, whichever attention variant runs. Transformer Engine's all-gather
+        variant relies on it too: ``AttnFuncWithCPAndKVAllGather.forward`` views each rank's
+        share as two halves ("Sequence length per GPU needs to be divisible by 2") and the
+        gathered keys as ``cp_size * 2`` chunks (``transformer_engine/pytorch/attention/
+        dot_product_attention/context_parallel.py``). Serving splits only the
+        prompt, in prefill; decoding appends one token at a time to a cache sharded along the
+        sequence with ceiling division (`budget.inference`), which needs no divisor.
+        """
+        cp, b = self.par.cp, self.whole_batch
+        if cp == 1 or b is None:  # a batch that broke the schema has its own problems said
+            return
+        train = self.mode == "train"
+        seq, name = (b.seq, "batch.seq") if train else (b.prompt, "batch.prompt")
+        chunks, step = self.cp_chunks(), self.seq_multiple() if train else self.cp_chunks()
+        if seq % chunks:
+            self.r.error(
+                "$.parallel.cp",
+                f"{name} = {seq} is not divisible by 2 × cp = {chunks}: context parallelism "
+                f"splits each {'sequence' if train else 'prompt'} into 2 × cp load-balanced "
+                f"chunks, two per rank; make it a multiple of {step} (nearest: "
+                f"{_near(seq, step)})",
+            )
 
     def split_entries(self) -> None:
         """layers_per_stage has an entry a stage (each model chunk's, interleaved). It reads
@@ -1626,101 +1721,8 @@ class _Checks(_ModelChecks):
 
     def run(self, topology: Topology | None) -> None:
         super().run(topology)
-        self.sequence_parallel()
-        self.context()
         self.experts()
         self.positions()
-
-    def sequence_parallel(self) -> None:
-        """Sequence parallelism scatters each rank's [seq / cp, micro, hidden] activations
-        along the sequence over tp, which must divide it: Megatron-LM's
-        ``scatter_to_sequence_parallel_region`` splits the first dimension with
-        ``_split_along_first_dim``, which asserts it is divisible by the tensor-parallel
-        size (``megatron/core/tensor_parallel/mappings.py``)."""
-        p = self.par
-        if p.sequence_parallel and p.tp == 1:
-            self.r.error(
-                "$.parallel.sequence_parallel",
-                "sequence_parallel needs tp > 1: it shards norms and dropout along the "
-                "sequence over the tensor-parallel group, which has one rank here; set it "
-                "to false or raise tp",
-            )
-        elif p.sequence_parallel and self.mode == "train" and self.batch.seq % (p.cp * p.tp):
-            step = self.seq_multiple()
-            self.r.error(
-                "$.parallel.sequence_parallel",
-                f"batch.seq = {self.batch.seq} does not split evenly over cp × tp = {p.cp} × "
-                f"{p.tp}: sequence parallelism shards each context-parallel rank's tokens "
-                f"along the sequence over tp; make batch.seq a multiple of {step} (nearest: "
-                f"{_near(self.batch.seq, step)}) or set sequence_parallel to false",
-            )
-        elif p.sequence_parallel and self.mode != "train":
-            self.serving_sequence_parallel()
-
-    def serving_sequence_parallel(self) -> None:
-        """A serving pass's tokens under sequence parallelism: the same split, over a pass's
-        tokens on one replica and cp rank, a prefill's sequences x prompt / cp and a decode
-        pass's one token a sequence. A split that does not divide was rounded up, each tp
-        rank pricing a whole token of its own: Mixtral decoding one sequence at tp 8 routed
-        16 rows for 2, +50 % a token (an audit). vLLM and TensorRT-LLM serve without it."""
-        p, b = self.par, self.batch
-        if p.cp > 1 and b.prompt % (2 * p.cp):
-            return  # refused as it is (`context`), whose fix clears this too (a review)
-        passes = [("a prefill pass", b.micro * max(1, b.prompt // p.cp))]
-        if self.mode == "decode":
-            passes.append(("a decode pass", b.micro))
-        for name, tokens in passes:
-            if tokens % p.tp:
-                self.r.error(
-                    "$.parallel.sequence_parallel",
-                    f"{name} holds {units.plural(tokens, 'token')} on a replica (its sequences"
-                    f"{' x prompt / cp' if name == 'a prefill pass' else ', a token each'}), "
-                    f"which tp = {p.tp} does not divide: sequence parallelism shards "
-                    "a pass's tokens over tp; set sequence_parallel to false, as vLLM and "
-                    "TensorRT-LLM serve",
-                )
-                return
-
-    def cp_chunks(self) -> int:
-        """The pieces context parallelism cuts a sequence into: 2 × cp load-balanced chunks
-        under either attention variant (`context`), or 1 without it."""
-        return 2 * self.par.cp if self.par.cp > 1 else 1
-
-    def seq_multiple(self) -> int:
-        """What a training sequence must be a multiple of, so that the lengths one rule
-        offers do not fail the other: the cp chunks, and cp × tp under sequence
-        parallelism (`sequence_parallel`)."""
-        p = self.par
-        sp = p.sequence_parallel and p.tp > 1
-        return math.lcm(self.cp_chunks(), p.cp * p.tp) if sp else self.cp_chunks()
-
-    def context(self) -> None:
-        """Context parallelism splits each sequence into 2 × cp chunks for load balancing.
-
-        Source: Megatron-LM ``megatron/training/utils.py`` (``get_batch_on_this_cp_rank``):
-        the sequence is viewed as ``2 * cp_size`` chunks, rank r keeping chunks r and
-        2·cp − 1 − r, whichever attention variant runs. Transformer Engine's all-gather
-        variant relies on it too: ``AttnFuncWithCPAndKVAllGather.forward`` views each rank's
-        share as two halves ("Sequence length per GPU needs to be divisible by 2") and the
-        gathered keys as ``cp_size * 2`` chunks (``transformer_engine/pytorch/attention/
-        dot_product_attention/context_parallel.py``). Serving splits only the
-        prompt, in prefill; decoding appends one token at a time to a cache sharded along the
-        sequence with ceiling division (`budget.inference`), which needs no divisor.
-        """
-        cp = self.par.cp
-        if cp == 1:
-            return
-        train = self.mode == "train"
-        seq, name = (self.batch.seq, "batch.seq") if train else (self.batch.prompt, "batch.prompt")
-        chunks, step = self.cp_chunks(), self.seq_multiple() if train else self.cp_chunks()
-        if seq % chunks:
-            self.r.error(
-                "$.parallel.cp",
-                f"{name} = {seq} is not divisible by 2 × cp = {chunks}: context parallelism "
-                f"splits each {'sequence' if train else 'prompt'} into 2 × cp load-balanced "
-                f"chunks, two per rank; make it a multiple of {step} (nearest: "
-                f"{_near(seq, step)})",
-            )
 
     def experts(self) -> None:
         """Expert parallelism: ep | experts, and ep × etp ranks are carved from tp × cp × dp.
