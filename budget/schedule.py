@@ -917,6 +917,38 @@ class Replay:
             at(self.floor),
         )
 
+    def columns(self, index: np.ndarray) -> Replay:
+        """The layouts at `index` of a sweep's replay (its fields arrays over layouts, or
+        numbers all share), without the stages it was made from: what `steps` reads."""
+
+        def at(x: Any) -> Any:
+            return x[index] if np.ndim(x) else x
+
+        chunks = self.chunks
+        if chunks.ndim == 3:  # alike for every layout
+            chunks = np.repeat(chunks[..., None], len(index), axis=-1)
+        else:
+            chunks = chunks[..., index]
+        return Replay(chunks, at(self.microbatches), at(self.rest), at(self.after), at(self.floor))
+
+    @staticmethod
+    def joined(parts: Sequence[Replay]) -> Replay:
+        """The layouts of `parts` (sweeps' replays of one pipeline depth and virtual
+        stages, without stages) as one replay, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        n = [p.chunks.shape[-1] for p in parts]
+
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate(
+                [np.broadcast_to(getattr(p, name), (k,)) for p, k in zip(parts, n, strict=True)]
+            )
+
+        chunks = np.concatenate([p.chunks for p in parts], axis=-1)
+        return Replay(
+            chunks, joined("microbatches"), joined("rest"), joined("after"), joined("floor")
+        )
+
     def pipeline(self) -> float:
         """The pipeline's time to the end of its last stage's reduction after it, less the
         longest such reduction (the closed form's `after`, which `step_time` adds back)."""

@@ -2788,3 +2788,45 @@ def test_a_search_prices_later_1f1b_stages_gathers_in_series_as_the_report(tmp_p
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
         if result in serial:
             assert report.step["fill_gathers_s"] > 0
+
+
+def test_a_pending_layout_settles_from_its_held_replay_as_from_the_engine() -> None:
+    """A pass holds each pending layout with its replay (`measure`): settling it from that
+    (`_replay_rows`) gives the time, upper bound, MFU and tokens/s that running it through
+    the engine again gives (`measure` exact, the way it was settled before), and a kept
+    layout holds its own columns of the replay alone (`_compact`)."""
+    from budget.search import (
+        _compact,
+        _Counts,
+        _distinct_rows,
+        _replay_rows,
+        blocks,
+        measure,
+        structure,
+    )
+
+    plan = load_plan(ROOT / "plans/llama3-405b-128k.yaml")
+    space = Space(tp=(8,), zero=(1,), recompute=("none",), micro=(1,))
+    passes = []
+    for block in blocks(plan, 16384, space, _Counts()):
+        first, which = _distinct_rows(structure(plan, block))
+        passes += [block.take(np.flatnonzero(which == k)) for k in range(len(first))]
+    # the pass with the most pending layouts: fitting ones whose chunks differ
+    part, measured = max(
+        ((p, measure(plan, p, 16384)) for p in passes), key=lambda x: x[1]["pending"].sum()
+    )
+    index = np.flatnonzero(measured["pending"])
+    assert 2 < index.size < len(part)  # some held by their bounds, not all
+    index = index[::2]  # a sweep keeps some of them
+    exact = measure(plan, part.take(index), 16384, exact=True)
+    kept = {k: v[index] for k, v in measured.items()}
+    before = {id(r): r.chunks.shape[-1] for r in kept["replay"]}
+    _compact(kept)
+    held = {id(r): r for r in kept["replay"]}
+    assert sum(r.chunks.shape[-1] for r in held.values()) == index.size < sum(before.values())
+    _replay_rows(plan, part.take(index), 16384, None, kept, np.arange(index.size))
+    for name in ("time", "upper", "mfu", "rate"):
+        assert np.allclose(kept[name], exact[name], rtol=1e-12, atol=0), name
+    bound = measured["time"][index]  # below the replays, and at most equal
+    assert (kept["time"] >= bound).all() and (kept["time"] > bound).any()
+    assert not kept["pending"].any() and all(r is None for r in kept["replay"])
