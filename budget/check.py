@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -64,11 +66,14 @@ class Limits:
     max_tpot_s: float | None = None  # serving: time per output token (a decode pass)
 
     def required_headroom(self, capacity_bytes: int) -> int | None:
-        """Free bytes the worst stage must keep on a device of `capacity_bytes`."""
+        """Free bytes the worst stage must keep on a device of `capacity_bytes`: a share of
+        it rounded up to a whole byte, as a size in bytes is (`units.parse_bytes`), from the
+        share as it was written (`_written`; an audit: 5 % of an H100's 85,520,809,984 B,
+        4,276,040,499.2 B, was rounded to the byte below, and a plan keeping it passed)."""
         if self.headroom_bytes is not None:
             return self.headroom_bytes
         if self.headroom_share is not None:
-            return round(self.headroom_share * capacity_bytes)
+            return math.ceil(Fraction(_written(self.headroom_share)) * capacity_bytes)
         return None
 
     def shown_step(self, time_s: float) -> str:
@@ -283,7 +288,11 @@ def _share(text: str, option: str) -> float:
         else:
             hint = "write a percentage from 0% to 100%"
         raise ValueError(f"{option} {text!r}: {hint}")
-    value = value / 100 if percent else value
+    if percent and math.isfinite(value):
+        # rounded once, as a size or a duration is: "1.4376202271069097%" is the share a
+        # report gives as 0.014376202271069097, where value / 100 rounded twice and read
+        # one unit in the last place below it (an audit)
+        value = float(Fraction(body.removesuffix("%").strip()) / 100)
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")
     return value
@@ -354,8 +363,15 @@ def _percent(share: float) -> str:
     """A limit as the user gave it: 0.05 → "5%"; 0.125 → "12.5%"; 0.00560512 → "0.560512%",
     in as many digits as it was given in (`_given_digits`; an audit: 0.5461493767899% read as
     0.54614937679%, the figure over it then printed alike)."""
-    value = share * 100
-    return f"{value:.{_given_digits(value)}g}%"
+    return f"{format((_written(share) * 100).normalize(), 'f')}%"
+
+
+def _written(share: float) -> Decimal:
+    """A share as it was written: the shortest decimal that gives the float back (0.05, not
+    0.05000000000000000277), which is the typed one for any share of up to 15 significant
+    digits; times 100 it is the percentage typed, where share * 100 in floats read
+    1.4376202271069097% as 1.43762022710691% (an audit)."""
+    return Decimal(repr(float(share))).normalize()
 
 
 def _gib(n: float, digits: int = 2) -> str:

@@ -889,3 +889,30 @@ def test_a_limit_of_many_digits_and_the_figure_beside_it_read_on_their_sides() -
     assert code == 1 and f"exposed communication ≤ {limit}% of the step" in said
     (figure,) = re.findall(r"takes ([0-9.]+)% of the step", said)
     assert float(figure) > float(limit)
+
+
+def test_a_share_of_capacity_is_rounded_up_to_the_byte_as_a_size_is() -> None:
+    """An audit: 5 % of an H100's 85,520,809,984 B is 4,276,040,499.2 B, and a plan keeping
+    4,276,040,499 B passed --headroom 5% (rounded to the nearest byte) while failing
+    --headroom 4276040499.2B (a size is rounded up). Both now ask for 4,276,040,500 B; a
+    share whose bytes are whole asks for them, not one more (0.05 is 0.05000000000000000277
+    as a float, and 10 % of 10^9 B is 100,000,000 B)."""
+    capacity = 85_520_809_984
+    assert parse_limits(headroom="5%").required_headroom(capacity) == 4_276_040_500
+    assert parse_limits(headroom="4276040499.2B").required_headroom(capacity) == 4_276_040_500
+    assert parse_limits(headroom="10%").required_headroom(10**9) == 100_000_000
+    assert parse_limits(headroom="12.5%").required_headroom(8) == 1
+    assert parse_limits(headroom="100%").required_headroom(capacity) == capacity
+
+
+@pytest.mark.parametrize("share", [0.014376202271069097, 0.05, 0.125, 0.00560512, 1e-05, 0.2])
+def test_a_share_a_report_gives_reads_back_as_itself(share: float) -> None:
+    """An audit: a report's exposed share of 0.014376202271069097, given back as
+    --max-exposed 1.4376202271069097%, read as a share one unit in the last place below it
+    (divided by 100 after being rounded once already), so the plan failed its own figure,
+    and the limit was echoed as 1.43762022710691%. A percentage is now rounded once, as a
+    size or a duration is, and echoed in the digits it was given in."""
+    typed = f"{share * 100:.15g}" if share != 0.014376202271069097 else "1.4376202271069097"
+    limits = parse_limits(max_exposed=f"{typed}%")
+    assert limits.max_exposed_share == share
+    assert f"exposed communication ≤ {typed}% of the step" in limits.describe()
