@@ -24,11 +24,15 @@ def _scalar(*values: Any) -> bool:
 
 
 def vmin(a: N, b: N) -> N:
-    return min(a, b) if _scalar(a, b) else cast(N, np.minimum(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return cast(N, np.minimum(a, b))
+    return min(a, b)
 
 
 def vmax(a: N, b: N) -> N:
-    return max(a, b) if _scalar(a, b) else cast(N, np.maximum(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return cast(N, np.maximum(a, b))
+    return max(a, b)
 
 
 def vround(x: float) -> int:
@@ -112,9 +116,9 @@ def count_label(n: int) -> str:
 
 def vwhere(condition: Any, a: N, b: N) -> N:
     """`a` where the condition holds, else `b`."""
-    if _scalar(condition, a, b):
-        return a if condition else b
-    return cast(N, np.where(condition, a, b))
+    if isinstance(condition, np.ndarray) or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return cast(N, np.where(condition, a, b))
+    return a if condition else b
 
 
 def holds(condition: Any) -> bool | np.ndarray:
