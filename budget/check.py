@@ -292,7 +292,8 @@ def _share(text: str, option: str) -> float:
         # rounded once, as a size or a duration is: "1.4376202271069097%" is the share a
         # report gives as 0.014376202271069097, where value / 100 rounded twice and read
         # one unit in the last place below it (an audit)
-        value = float(Fraction(body.removesuffix("%").strip()) / 100)
+        # (a decimal's exponent shifted, not an exact fraction: 1e-99999999% built 10^10^8)
+        value = float(Decimal(body.removesuffix("%").strip()).scaleb(-2))
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")
     return value
@@ -361,8 +362,9 @@ def parse_limits(
 
 def _percent(share: float) -> str:
     """A limit as the user gave it: 0.05 → "5%"; 0.125 → "12.5%"; 0.00560512 → "0.560512%",
-    in as many digits as it was given in (`_given_digits`; an audit: 0.5461493767899% read as
-    0.54614937679%, the figure over it then printed alike)."""
+    in the digits it was given in (`_written`; audits: 0.5461493767899% read as
+    0.54614937679%, the figure over it then printed alike, and 1.4376202271069097% as
+    1.43762022710691%)."""
     return f"{format((_written(share) * 100).normalize(), 'f')}%"
 
 

@@ -916,3 +916,10 @@ def test_a_share_a_report_gives_reads_back_as_itself(share: float) -> None:
     limits = parse_limits(max_exposed=f"{typed}%")
     assert limits.max_exposed_share == share
     assert f"exposed communication ≤ {typed}% of the step" in limits.describe()
+
+
+def test_a_percentage_of_a_huge_exponent_reads_as_the_float_it_is() -> None:
+    """A review: rounding a percentage once through an exact fraction built 10^99999999
+    for "0e99999999%" and hung; its decimal exponent is shifted instead."""
+    assert parse_limits(max_exposed="1e-99999999%").max_exposed_share == 0.0
+    assert parse_limits(headroom="0e99999999%").required_headroom(8) == 0
