@@ -62,7 +62,10 @@ MODELS: dict[str, ModelPreset] = {
         "2.1: 96 layers, d_model 12288, 96 heads of 128, context 2048; section 2.1: GPT-2's "
         "architecture (Radford et al. 2019: learned positions, LayerNorm, biases, a 4 x "
         "d_model GeLU MLP, an output layer tied to the embedding, a 50,257-token BPE "
-        "vocabulary, here padded to 51,200 as Megatron-LM pads it for tp 8)",
+        "vocabulary, here padded to 51,200 as Megatron-LM pads it for tp 8); dense "
+        "attention in every layer, as Megatron-LM's GPT-3 runs (Narayanan et al., arXiv "
+        "2104.04473) train it: section 2.1's alternating locally banded sparse layers give "
+        "no band width",
     ),
     "llama3-8b": ModelPreset(
         "llama3-8b",
