@@ -1883,7 +1883,7 @@ class _Kept:
         replay it is held with (`_replay_rows`). A round replays the pending among the best
         2·`keep`, the next in line too: the GPT-3 sweep (1,024 GPUs, keep 10) settles in 3
         rounds of 51, 16 and 9 replays (by the best `keep` alone, 7 rounds of 63 in all, no
-        faster; when each round was a pass of the engine, 4 rounds of 2·`keep` took 0.35 s
+        faster; when each round was a pass of the engine, 3 rounds of 2·`keep` took 0.35 s
         against 0.39 s for 6 of `keep`). No replay here can break a limit: a pending layout
         is held only where its bounds keep it within every limit (`_settle_limits` replayed
         the others). Returns the held layouts, joined."""
