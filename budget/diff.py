@@ -152,6 +152,7 @@ class PlanDiff:
     # the format whose dense peak each side's MFU is a share of (`schedule.mfu_format`)
     mfu_formats: tuple[str, str] = ("bf16", "bf16")
     mfu_peaks: tuple[float, float] = (0.0, 0.0)  # those peaks, FLOP/s per GPU
+    gpus: tuple[int, int] = (0, 0)  # each plan's world size (0: not said)
 
     @property
     def one_peak(self) -> bool:
@@ -184,8 +185,11 @@ class PlanDiff:
         na, nb = self.stage_counts
         wa, wb = self.work
         fa, fb = self.mfu_formats
+        ga, gb = self.gpus
+        if ma == mb and ga != gb:
+            notes.append(_gpus_note(ma, ga, gb, mfu=self.one_peak))
         if ma == mb and wa != wb:
-            notes.append(_work_note(ma, wa, wb, mfu=self.one_peak))
+            notes.append(_work_note(ma, wa, wb, mfu=self.one_peak, per_gpu=ga != gb))
         pa, pb = self.pacing
         if na == nb and pa is not None and pb is not None and pa != pb:
             notes.append(f"the step is paced by stage {pa} in A and by stage {pb} in B")
@@ -230,9 +234,23 @@ def work_of(report: Report) -> tuple[int, ...]:
     return (int(layout["sequences"]), int(layout["prompt"]), generated)
 
 
-def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...], mfu: bool = True) -> str:
+def _gpus_note(mode: str, a: int, b: int, mfu: bool = True) -> str:
+    """Why a whole job's rate (and a training step's times) do not compare between plans on
+    other numbers of GPUs, and what still does (`_summary`)."""
+    times = "the step's and each phase's times and " if mode == "train" else ""
+    return (
+        f"A runs on {plural(a, 'GPU')} and B on {b:,}: {times}tokens/s are the whole job's, "
+        f"so they carry no verdict; tokens/s per GPU, memory{', MFU' if mfu else ''} and the "
+        "exposed share do"
+    )
+
+
+def _work_note(
+    mode: str, a: tuple[int, ...], b: tuple[int, ...], mfu: bool = True, per_gpu: bool = False
+) -> str:
     """Why per-step figures do not compare: B's step does other work than A's; the shares
-    and rates that still do (MFU only where both sides' are of one peak, `mfu`)."""
+    and rates that still do (MFU only where both sides' are of one peak, `mfu`), unless the
+    plans' GPUs differ too (`per_gpu`), whose note says them."""
     if mode == "train":
         (ta,), (tb,) = a, b
         times = f"{tb / ta:.3g}×" if ta else "other"
@@ -241,11 +259,12 @@ def _work_note(mode: str, a: tuple[int, ...], b: tuple[int, ...], mfu: bool = Tr
         (sb, pb, gb), (sa, pa, ga) = b, a
         did = f"B serves {sb:,} sequences of {pb:,} + {gb:,} tokens where A serves {sa:,} of "
         did += f"{pa:,} + {ga:,}"
+    times = f"the {time_word(mode)}'s and each phase's times and the bytes they send"
+    if per_gpu:  # what still compares is said once, in the GPUs' note (`_gpus_note`)
+        return f"{did}: {times} are not like for like either"
     return (
-        f"{did}: the {time_word(mode)}'s and each phase's times and the "
-        "bytes they send are not like for "
-        f"like, so they carry no verdict; memory, tokens/s{', MFU' if mfu else ''} and the "
-        "exposed share do"
+        f"{did}: {times} are not like for like, so they carry no verdict; memory, tokens/s"
+        f"{', MFU' if mfu else ''} and the exposed share do"
     )
 
 
@@ -611,7 +630,9 @@ _PER_STEP = frozenset(
 
 
 def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
-    unlike = _PER_STEP if work_of(a) != work_of(b) else frozenset()
+    # per-step times compare where the plans do the same work on as many GPUs (`_summary`)
+    world = a.world_size == b.world_size or a.mode != "train"
+    unlike = _PER_STEP if work_of(a) != work_of(b) or not world else frozenset()
     pa = {p.name: p for p in a.phases}
     pb = {p.name: p for p in b.phases}
     names = list(pa)
@@ -631,7 +652,11 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
     # a training step and a serving pass (or prefill and decode) are different things: the
     # figures are shown, but neither side is better (`PlanDiff.note`)
     like = a.mode == b.mode
-    same_work = like and work_of(a) == work_of(b)
+    # on other numbers of GPUs a whole job's rate, and a training step's times, are not like
+    # for like: the rate per GPU is (an audit: 8 GPUs against 64 read tokens/s +447.9 % ✓
+    # where each GPU did 31.5 % less, MFU ✗ beside it); a serving latency stays a latency
+    world = a.world_size == b.world_size
+    same_work = like and work_of(a) == work_of(b) and (world or a.mode != "train")
     # an fp8 plan's MFU is of the fp8 peak, twice the bf16 one: an audit read a bf16 plan's
     # 49.1 % against an fp8 one's 32.6 % as worse, where its tokens/s rose 32.8 %
     comparable = {"mfu": like and (a.mfu_format, a.mfu_peak) == (b.mfu_format, b.mfu_peak)}
@@ -642,18 +667,31 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
             bt,
             a.step.get(k),
             b.step.get(k),
-            same_work if k in _PER_STEP else comparable.get(k, like),
+            same_work if k in _PER_STEP else comparable.get(k, like and (world or k != _RATE)),
         )
         for k, u, bt in _STEP
         # the reduction and optimizer after a training pipeline: serving has none
         if k != "after_s" or "train" in (a.mode, b.mode)
     ]
+    if not world:  # beside the whole job's rate
+        at = next(i for i, d in enumerate(out) if d.metric == _RATE) + 1
+        metric = f"{_RATE}_per_gpu"
+        out.insert(at, Delta(metric, "tokens/s", "higher", _per_gpu(a), _per_gpu(b), like))
     out += [  # serving's own figures, where either side serves
         Delta(k, "seconds", "lower", a.step.get(k), b.step.get(k))
         for k in ("ttft_s", "decode_token_s")
         if a.step.get(k) is not None or b.step.get(k) is not None
     ]
     return tuple(out)
+
+
+_RATE = "tokens_per_s"
+
+
+def _per_gpu(report: Report) -> float | None:
+    """A report's tokens/s per GPU of its world."""
+    rate = report.step.get(_RATE)
+    return None if rate is None else float(rate) / report.world_size
 
 
 def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> PlanDiff:
@@ -672,6 +710,7 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
         pacing=(_pacing(a), _pacing(b)),
         mfu_formats=(a.mfu_format, b.mfu_format),
         mfu_peaks=(a.mfu_peak, b.mfu_peak),
+        gpus=(a.world_size, b.world_size),
     )
 
 

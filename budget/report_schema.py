@@ -72,7 +72,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.18: the report's ``step.filled_s``, the optimizer step a later stage ran while the
 # stages ahead of it filled the next step's pipeline, and ``step.fill_gathers_s``, the later
 # 1F1B stages' parameter gathers in series along it; ``optimizer_stage`` puts it off longest
-SCHEMA_VERSION = "1.18"
+# 1.19: diff's summary gives tokens_per_s_per_gpu where the plans' GPU counts differ, and
+# then the whole job's tokens_per_s (and a training step's and phases' times) verdict n/a
+SCHEMA_VERSION = "1.19"
 
 Kind = Literal[
     "report",

@@ -247,10 +247,12 @@ def test_without_colour_the_table_marks_better_and_worse() -> None:
     code, out, _ = _diff(GPT3, LLAMA)
     assert code == 0 and "\x1b[" not in out
     assert "Δ = B − A; ✓ is better, ✗ is worse" in out
-    # GPT-3's step runs other tokens than Llama's (1536 × 2048, 512 × 8192), so its time
-    # carries no mark and its throughput does
-    rate = next(line for line in out.splitlines() if line.strip().startswith("tokens/s"))
-    assert rate.rstrip().endswith(("✓", "✗"))
+    # GPT-3's step runs other tokens than Llama's (1536 × 2048, 512 × 8192) on twice the
+    # GPUs (1,024 and 512), so its time and whole throughput carry no mark and its
+    # throughput per GPU does
+    rows = {line.split("  ")[0].strip(): line.rstrip() for line in out.splitlines()}
+    assert rows["tokens/s per GPU"].endswith(("✓", "✗"))
+    assert not rows["tokens/s"].endswith(("✓", "✗"))
 
 
 def test_invalid_plans_exit_2_with_every_problem(tmp_path: Path) -> None:
@@ -1194,3 +1196,28 @@ def test_a_changed_key_holding_backticks_stays_one_code_span(tmp_path: Path) -> 
     assert code == 0
     row = "| ``transitions[kept beside the `.float()` copy].source_alive`` | false | true |"
     assert row in out.splitlines()
+
+
+def test_plans_on_other_numbers_of_gpus_compare_their_rate_per_gpu(tmp_path: Path) -> None:
+    """An audit: GPT-3 on half the GPUs (pp 4, 64 nodes) read "step time +89.8 %" and
+    "tokens/s −47.3 % ✗" where each GPU did 5.4 % more, as MFU said beside them; and 8 GPUs
+    against 64 read tokens/s +447.9 % ✓ where each GPU did 31.5 % less. A whole job's rate
+    and a training step's times carry no verdict between plans on other numbers of GPUs;
+    tokens/s per GPU does, and the headline and the note say so."""
+    half = variant(tmp_path, "half.yaml", ("pp: 8", "pp: 4"), ("nodes: 128", "nodes: 64"))
+    a, b, diff = diff_files(GPT3, half)
+    assert (a.world_size, b.world_size) == (1024, 512) and diff.gpus == (1024, 512)
+    summary = {d.metric: d for d in diff.summary}
+    per_gpu = summary["tokens_per_s_per_gpu"]
+    assert per_gpu.a == a.step["tokens_per_s"] / 1024
+    assert per_gpu.b == b.step["tokens_per_s"] / 512
+    assert per_gpu.verdict == "better" and summary["mfu"].verdict == "better"
+    assert summary["tokens_per_s"].verdict == "n/a" and summary["time_s"].verdict == "n/a"
+    assert all(d.verdict == "n/a" for row in diff.phases for d in row.deltas if d.unit == "seconds")
+    said = headline(diff).replace(NBSP, " ")
+    assert "tokens/s per GPU +5.4% (161 → 169)" in said and "step time" not in said
+    assert diff.note is not None
+    assert diff.note.startswith("A runs on 1,024 GPUs and B on 512: the step's and each phase's")
+    # on as many GPUs the whole job's rate keeps its verdict and no per-GPU row is added
+    _, _, same = diff_files(GPT3, GPT3)
+    assert "tokens_per_s_per_gpu" not in {d.metric for d in same.summary}

@@ -65,6 +65,7 @@ _LABELS = {
     "layers": "layers",
     "inflight": "in flight",
     "tokens_per_s": "tokens/s",
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
     "mfu": "MFU",
     "ttft_s": "time to first token",
     "decode_token_s": "decode, per token",
@@ -212,6 +213,8 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     """A step figure's label; MFU's names each side's peak where they differ, "MFU (bf16 →
     fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart); where
     the modes differ, the time, rate and MFU say what each side's are of (`_OF_MODE`)."""
+    if metric == "tokens_per_s_per_gpu":  # the whole job's rate's label, per GPU
+        return f"{_summary_label(diff, 'tokens_per_s')} per GPU"
     ma, mb = diff.modes
     words = _OF_MODE.get(metric, {})
     if words and words[ma] != words[mb]:  # each side's figure is of its own mode's work
@@ -286,7 +289,9 @@ def headline(diff: PlanDiff) -> str:
     by_metric = {d.metric: d for d in diff.summary}
     # steps that do different work: their times do not compare, their throughput does
     timed = "time_s" in by_metric and by_metric["time_s"].verdict != "n/a"
-    headline_metrics = _HEADLINE if timed else (*_HEADLINE, "tokens_per_s")
+    # (the whole job's rate, or per GPU where the plans' GPUs differ: the one with a verdict)
+    rates = ("tokens_per_s", "tokens_per_s_per_gpu")
+    headline_metrics = _HEADLINE if timed else (*_HEADLINE, *rates)
     # on devices of other sizes the headroom moves apart from the peak (an audit: "peak
     # unchanged at 38.4 GiB; both fit" where the headroom fell from 41.2 to 1.56 GiB)
     peak, room = by_metric["peak_bytes"], by_metric["headroom_bytes"]
