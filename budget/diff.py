@@ -207,9 +207,10 @@ class PlanDiff:
                 if fa != fb
                 else f"a GPU's {fa} peak of {ra} and B's of {rb}"
             )
+            rate = "tokens/s per GPU" if self.gpus[0] != self.gpus[1] else "tokens/s"
             notes.append(
                 f"A's MFU is a share of {peaks}: shares of different peaks, so MFU carries no "
-                "verdict; tokens/s does"
+                f"verdict; {rate} does"
             )
         if self.algorithms:
             moved = ", ".join(f"{c} in {p} ({a} → {b})" for p, c, a, b in self.algorithms[:4])
@@ -235,13 +236,15 @@ def work_of(report: Report) -> tuple[int, ...]:
 
 
 def _gpus_note(mode: str, a: int, b: int, mfu: bool = True) -> str:
-    """Why a whole job's rate (and a training step's times) do not compare between plans on
-    other numbers of GPUs, and what still does (`_summary`)."""
-    times = "the step's and each phase's times and " if mode == "train" else ""
+    """Why a whole job's rate (and a training step's times and bytes) do not compare
+    between plans on other numbers of GPUs, and what still does (`_summary`)."""
+    on = f"A runs on {plural(a, 'GPU')} and B on {b:,}"
+    still = f"tokens/s per GPU, memory{', MFU' if mfu else ''} and the exposed share do"
+    if mode != "train":  # a serving latency stays a latency
+        return f"{on}: tokens/s is the whole job's, so it carries no verdict; {still}"
     return (
-        f"A runs on {plural(a, 'GPU')} and B on {b:,}: {times}tokens/s are the whole job's, "
-        f"so they carry no verdict; tokens/s per GPU, memory{', MFU' if mfu else ''} and the "
-        "exposed share do"
+        f"{on}: the step's and each phase's times and the bytes a rank sends are not like "
+        f"for like, nor is the whole job's tokens/s, so they carry no verdict; {still}"
     )
 
 

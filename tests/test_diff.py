@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -1217,7 +1218,14 @@ def test_plans_on_other_numbers_of_gpus_compare_their_rate_per_gpu(tmp_path: Pat
     said = headline(diff).replace(NBSP, " ")
     assert "tokens/s per GPU +5.4% (161 → 169)" in said and "step time" not in said
     assert diff.note is not None
-    assert diff.note.startswith("A runs on 1,024 GPUs and B on 512: the step's and each phase's")
+    assert diff.note.startswith(
+        "A runs on 1,024 GPUs and B on 512: the step's and each phase's times and the bytes a "
+        "rank sends are not like for like, nor is the whole job's tokens/s"
+    )
+    # beside MFUs of other peaks, what still carries the throughput's verdict is per GPU (a
+    # review: the peaks' note said "tokens/s does" after the GPUs' note said it did not)
+    peaks = replace(diff, mfu_peaks=(312e12, 989e12)).note
+    assert peaks is not None and peaks.endswith("so MFU carries no verdict; tokens/s per GPU does")
     # on as many GPUs the whole job's rate keeps its verdict and no per-GPU row is added
     _, _, same = diff_files(GPT3, GPT3)
     assert "tokens_per_s_per_gpu" not in {d.metric for d in same.summary}

@@ -213,8 +213,10 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
     """A step figure's label; MFU's names each side's peak where they differ, "MFU (bf16 →
     fp8 peak)" (an audit: 49.1 % → 32.6 % read as worse, of peaks a factor 2 apart); where
     the modes differ, the time, rate and MFU say what each side's are of (`_OF_MODE`)."""
-    if metric == "tokens_per_s_per_gpu":  # the whole job's rate's label, per GPU
-        return f"{_summary_label(diff, 'tokens_per_s')} per GPU"
+    if metric == "tokens_per_s_per_gpu":  # the whole job's rate's label, per GPU, before
+        # what each side's is of: "tokens/s per GPU (training → decoding)"
+        rate, paren, rest = _summary_label(diff, "tokens_per_s").partition(" (")
+        return f"{rate} per GPU{paren}{rest}"
     ma, mb = diff.modes
     words = _OF_MODE.get(metric, {})
     if words and words[ma] != words[mb]:  # each side's figure is of its own mode's work
