@@ -289,10 +289,10 @@ def _share(text: str, option: str) -> float:
             hint = "write a percentage from 0% to 100%"
         raise ValueError(f"{option} {text!r}: {hint}")
     if percent and math.isfinite(value):
-        # rounded once, as a size or a duration is: "1.4376202271069097%" is the share a
-        # report gives as 0.014376202271069097, where value / 100 rounded twice and read
-        # one unit in the last place below it (an audit)
-        # (a decimal's exponent shifted, not an exact fraction: 1e-99999999% built 10^10^8)
+        # rounded once, as a size or a duration is, by shifting the decimal's exponent (an
+        # exact fraction built 10^99999999 for 1e-99999999%): "1.4376202271069097%" is the
+        # share a report gives as 0.014376202271069097, where value / 100 rounded twice and
+        # read one unit in the last place below it (an audit)
         value = float(Decimal(body.removesuffix("%").strip()).scaleb(-2))
     if not 0 <= value <= 1:
         raise ValueError(f"{option} {text!r}: expected a share between 0% and 100%")

@@ -632,10 +632,16 @@ _PER_STEP = frozenset(
 )
 
 
-def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
-    # per-step times compare where the plans do the same work on as many GPUs (`_summary`)
+def _same_steps(a: Report, b: Report) -> bool:
+    """Whether two plans' per-step times and bytes compare: one mode and the same work a
+    step, and for training as many GPUs (an audit: 8 GPUs against 64 read tokens/s +447.9 %
+    ✓ where each GPU did 31.5 % less, MFU ✗ beside it); a serving latency stays a latency."""
     world = a.world_size == b.world_size or a.mode != "train"
-    unlike = _PER_STEP if work_of(a) != work_of(b) or not world else frozenset()
+    return a.mode == b.mode and work_of(a) == work_of(b) and world
+
+
+def _phase_rows(a: Report, b: Report) -> tuple[Row, ...]:
+    unlike = frozenset() if _same_steps(a, b) else _PER_STEP
     pa = {p.name: p for p in a.phases}
     pb = {p.name: p for p in b.phases}
     names = list(pa)
@@ -655,14 +661,15 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
     # a training step and a serving pass (or prefill and decode) are different things: the
     # figures are shown, but neither side is better (`PlanDiff.note`)
     like = a.mode == b.mode
-    # on other numbers of GPUs a whole job's rate, and a training step's times, are not like
-    # for like: the rate per GPU is (an audit: 8 GPUs against 64 read tokens/s +447.9 % ✓
-    # where each GPU did 31.5 % less, MFU ✗ beside it); a serving latency stays a latency
+    same_work = _same_steps(a, b)
+    # on other numbers of GPUs the whole job's rate does not compare, its rate per GPU does
     world = a.world_size == b.world_size
-    same_work = like and work_of(a) == work_of(b) and (world or a.mode != "train")
-    # an fp8 plan's MFU is of the fp8 peak, twice the bf16 one: an audit read a bf16 plan's
-    # 49.1 % against an fp8 one's 32.6 % as worse, where its tokens/s rose 32.8 %
-    comparable = {"mfu": like and (a.mfu_format, a.mfu_peak) == (b.mfu_format, b.mfu_peak)}
+    comparable = {
+        # an fp8 plan's MFU is of the fp8 peak, twice the bf16 one: an audit read a bf16
+        # plan's 49.1 % against an fp8 one's 32.6 % as worse, where its tokens/s rose 32.8 %
+        "mfu": like and (a.mfu_format, a.mfu_peak) == (b.mfu_format, b.mfu_peak),
+        _RATE: like and world,
+    }
     out += [
         Delta(
             k,
@@ -670,7 +677,7 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
             bt,
             a.step.get(k),
             b.step.get(k),
-            same_work if k in _PER_STEP else comparable.get(k, like and (world or k != _RATE)),
+            same_work if k in _PER_STEP else comparable.get(k, like),
         )
         for k, u, bt in _STEP
         # the reduction and optimizer after a training pipeline: serving has none

@@ -939,15 +939,13 @@ class Replay:
             return parts[0]
         n = [p.chunks.shape[-1] for p in parts]
 
-        def joined(name: str) -> np.ndarray:
+        def cat(name: str) -> np.ndarray:  # a field of every part, one per layout
             return np.concatenate(
                 [np.broadcast_to(getattr(p, name), (k,)) for p, k in zip(parts, n, strict=True)]
             )
 
         chunks = np.concatenate([p.chunks for p in parts], axis=-1)
-        return Replay(
-            chunks, joined("microbatches"), joined("rest"), joined("after"), joined("floor")
-        )
+        return Replay(chunks, cat("microbatches"), cat("rest"), cat("after"), cat("floor"))
 
     def pipeline(self) -> float:
         """The pipeline's time to the end of its last stage's reduction after it, less the

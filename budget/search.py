@@ -1720,18 +1720,11 @@ def _replay_rows(
     of 7, each the first search of a process)."""
     if not index.size:
         return
-    held: dict[int, list[int]] = {}  # positions in `index`, by the replay holding them
-    again = []
-    for at, replay in enumerate(measured["replay"][index].tolist()):
-        if replay is None:
-            again.append(at)
-        else:
-            held.setdefault(id(replay), []).append(at)
+    held, again = _by_replay(measured["replay"], index)
     # those of one pipeline depth and virtual stages replayed together, whichever pass
     # held them (`Replay.steps`: each as alone, bit for bit)
     shaped: dict[tuple[int, ...], list[tuple[np.ndarray, Replay]]] = {}
-    for members in held.values():
-        rows = index[members]
+    for rows in held:
         part = measured["replay"][rows[0]].columns(measured["column"][rows])
         shaped.setdefault(part.chunks.shape[:3], []).append((rows, part))
     for parts in shaped.values():
@@ -1741,15 +1734,14 @@ def _replay_rows(
         measured["time"][rows] = measured["upper"][rows] = total
         measured["mfu"][rows] = measured["closed_mfu"][rows] * slower
         measured["rate"][rows] = measured["closed_rate"][rows] * slower
-    if again:
-        rest = index[again]
-        cut = cols.take(rest)
+    if again.size:
+        cut = cols.take(again)
         distinct, group = _distinct_rows(structure(plan, cut))
         for row in range(len(distinct)):
             rows = np.flatnonzero(group == row)
             timed = measure(plan, cut.take(rows), gpus, spans, exact=True)
             for name in ("time", "upper", "mfu", "rate"):
-                measured[name][rest[rows]] = timed[name]
+                measured[name][again[rows]] = timed[name]
     measured["pending"][index] = False
     measured["replay"][index] = None
 
@@ -1800,14 +1792,21 @@ def _compact(measured: dict[str, np.ndarray]) -> None:
     their own: 2·p·v chunk times each, some 1.5 KB on GPT-3."""
     replays, columns, pending = measured["replay"], measured["column"], measured["pending"]
     replays[~pending] = None
-    groups: dict[int, list[int]] = {}
-    rows = np.flatnonzero(pending)
-    for row, replay in zip(rows.tolist(), replays[rows].tolist(), strict=True):
-        groups.setdefault(id(replay), []).append(row)
-    for members in groups.values():
-        index = np.array(members)
+    for index in _by_replay(replays, np.flatnonzero(pending))[0]:
         replays[index] = replays[index[0]].columns(columns[index])
         columns[index] = np.arange(index.size)
+
+
+def _by_replay(replays: np.ndarray, rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """`rows` grouped by the replay each is held with (`measure`), and those held with none."""
+    groups: dict[int, list[int]] = {}
+    none = []
+    for row, replay in zip(rows.tolist(), replays[rows].tolist(), strict=True):
+        if replay is None:
+            none.append(row)
+        else:
+            groups.setdefault(id(replay), []).append(row)
+    return [np.array(g) for g in groups.values()], np.array(none, dtype=np.int64)
 
 
 class _Kept:
