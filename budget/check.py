@@ -261,10 +261,19 @@ def _decimals(limit: float, percent: bool = False) -> int:
 
 def _finer(actual: float, limit: float) -> str:
     """`actual` as a percentage with as many decimals as it takes to read on its side of
-    `limit` (20.03% against a 20% limit, not 20.0% against 20.0%)."""
-    start = max(1, _decimals(limit, percent=True))
-    shown_limit = float(_percent(limit).rstrip("%"))
-    return f"{actual * 100:.{_beside(actual * 100, shown_limit, start)}f}%"
+    `limit` (20.03% against a 20% limit, not 20.0% against 20.0%), both as written
+    (`_written`) and compared in decimals: in floats, actual * 100 read a share of
+    0.38995224558382824 as 38.99522455838282%, the very text of the 38.99522455838282% it
+    was over, and as 38.995224558382823% when it equalled a limit of 38.995224558382824%
+    (an audit)."""
+    value, bound = _written(actual) * 100, _written(limit) * 100
+    digits = max(1, _decimals(limit, percent=True))
+    while value != bound:  # ends: at the value's own digits it reads as itself
+        shown = value.quantize(Decimal(1).scaleb(-digits))
+        if shown != bound and (shown > bound) == (value > bound):
+            break
+        digits += 1
+    return f"{value.quantize(Decimal(1).scaleb(-digits)):f}%"
 
 
 def _share(text: str, option: str) -> float:

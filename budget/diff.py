@@ -312,7 +312,10 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
             out |= flatten(item, f"{prefix}{key}.")
         return out
     if isinstance(value, tuple | list):
-        if all(_is_pair(item) for item in value) and value:
+        if not value:  # nothing written: no key, where a table of no rows (a device's
+            # `flops` without a format) read "device.flops – → []" beside its removed rows
+            return {}
+        if all(_is_pair(item) for item in value):
             return {f"{prefix}{name}": number for name, number in value}
         if all(_is_scalar(item) for item in value):
             return {prefix.rstrip("."): list(value)}

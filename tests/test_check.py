@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -923,3 +924,19 @@ def test_a_percentage_of_a_huge_exponent_reads_as_the_float_it_is() -> None:
     for "0e99999999%" and hung; its decimal exponent is shifted instead."""
     assert parse_limits(max_exposed="1e-99999999%").max_exposed_share == 0.0
     assert parse_limits(headroom="0e99999999%").required_headroom(8) == 0
+
+
+def test_an_exposed_share_reads_apart_from_a_limit_of_seventeen_digits() -> None:
+    """An audit: a share of 0.38995224558382824 against a limit one unit in the last place
+    below it (38.99522455838282 %) read "38.99522455838282%", the limit's own text, since
+    actual * 100 in floats rounds it there; and equal to a limit of 38.995224558382824 %
+    it read one unit under it. Both sides are now the decimals they were written in."""
+    share = 0.38995224558382824
+    under = Limits(max_exposed_share=float(Decimal("38.99522455838282").scaleb(-2)))
+    assert under.max_exposed_share < share
+    assert under.shown_exposed(share) == "38.995224558382824%"
+    same = Limits(max_exposed_share=share)
+    assert same.describe()[1].startswith("exposed communication ≤ 38.995224558382824%")
+    assert same.shown_exposed(share) == "38.995224558382824%"
+    # a figure far below a short limit still reads with the limit's decimals
+    assert Limits(max_exposed_share=0.05).shown_exposed(1e-300) == "0.0%"

@@ -1229,3 +1229,23 @@ def test_plans_on_other_numbers_of_gpus_compare_their_rate_per_gpu(tmp_path: Pat
     # on as many GPUs the whole job's rate keeps its verdict and no per-GPU row is added
     _, _, same = diff_files(GPT3, GPT3)
     assert "tokens_per_s_per_gpu" not in {d.metric for d in same.summary}
+
+
+def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> None:
+    """An audit: against a device written with its memory alone, the diff listed each
+    removed rate and then "device.flops – → []", a key neither file writes (an empty tuple
+    of pairs flattened as a list of no scalars)."""
+    untimed = variant(
+        tmp_path,
+        "untimed.yaml",
+        (
+            "device: {preset: a100-80gb, reserved: 3 GiB}",
+            "device: {memory: 80 GiB, reserved: 3 GiB}",
+        ),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    assert "device.flops" not in flatten(load_plan(untimed))
+    keys = [
+        c.key for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
+    ]
+    assert "device.flops.bf16" in keys and "device.flops" not in keys
