@@ -265,6 +265,11 @@ class _Counts:
     # degrees whose every layout is ruled out before any is built ("tp 16"), by reason: a
     # count of them beside counts of layouts would read as layouts (an audit)
     ruled_out: dict[str, list[str]] = field(default_factory=dict)
+    # in the blocks that build no layout (`blocking_rules`): their layouts, those each rule
+    # rejects, and those no rule but it rejects
+    unbuilt: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    alone: Counter[str] = field(default_factory=Counter)
 
     def rule_out(self, reason: str, degrees: str) -> None:
         self.ruled_out.setdefault(reason, []).append(degrees)
@@ -351,6 +356,28 @@ def _degrees(
 # 24 GB)
 MAX_GRID = 2**25
 GRID_PIECE = 2**18  # grid points made at once: a few tens of MiB however large the grid
+
+
+def buildable(plan: Plan, gpus: int, space: Space) -> int:
+    """How many layouts of `space` its rules build (`blocks`), none priced; 0 where the
+    sweep would consider more than `MAX_GRID`."""
+    if grid_size(plan, gpus, space) > MAX_GRID:
+        return 0
+    return sum(len(block) for block in blocks(plan, gpus, space, _Counts()))
+
+
+def blocking_rules(plan: Plan, gpus: int, space: Space) -> list[str]:
+    """Of a sweep that builds no layout, the rules in its way: each that rejects every
+    layout (`--sp true --tp 1`: sequence parallelism needs tp > 1), else each that alone
+    rejects some, most first; where the first rule a layout breaks, which
+    `Outcome.rejected` counts, may be one that only rejects it beside them."""
+    counts = _Counts()
+    for _ in blocks(plan, gpus, space, counts):
+        pass
+    total = counts.unbuilt
+    every = [f"{r}: all {total:,} layouts" for r, n in counts.failed.items() if n == total > 0]
+    alone = sorted(((r, n) for r, n in counts.alone.items() if n), key=lambda x: -x[1])
+    return every or [f"{r}: {n:,} layouts, and no other rule rejects them" for r, n in alone]
 
 
 def grid_size(plan: Plan, gpus: int, space: Space) -> int:
@@ -657,6 +684,13 @@ def _grid_piece(
             counts.rejected[reason] += int(bad.sum())
         valid &= ~fails
     n = int(valid.sum())
+    if n == 0 and len(valid):  # which rules stand in the way (`blocking_rules`)
+        masks = [np.broadcast_to(fails, valid.shape) for _, fails in rules]
+        failing = np.sum(masks, axis=0)
+        counts.unbuilt += len(valid)
+        for (reason, _), mask in zip(rules, masks, strict=True):
+            counts.failed[reason] += int(mask.sum())
+            counts.alone[reason] += int((mask & (failing == 1)).sum())
     recompute = np.asarray(space.recompute, dtype=object)[rc[valid]]
     return Columns(
         {

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from budget.check import Limits
     from budget.plan.model import Plan
-    from budget.search import Result, Space
+    from budget.search import Outcome, Result, Space
 
 OBJECTIVES = ("time", "memory", "tokens-per-s")
 
@@ -247,6 +247,10 @@ def run_search(
         )
         print(_located(data, file, "$.batch", overflow), file=sys.stderr)
         return 2
+    contradiction = _contradiction(options, sweep, plan, outcome) if not outcome.evaluated else ""
+    if contradiction:
+        print(usage_line(contradiction), file=sys.stderr)
+        return 2
     written, breaks, refused = _written(data, file, n, plan, limits)
     outcome = dataclasses.replace(outcome, written=written, written_breaks=breaks)
     if refused:  # the layout the search replaces, which `budget PLAN` refuses: said, not fatal
@@ -329,6 +333,45 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
     return (
         f"the search would consider {size:,} layouts on {gpus:,} GPUs before its rules "
         f"reject any, past the {MAX_GRID:,} it sweeps at most; {narrow}"
+    )
+
+
+def _contradiction(
+    options: dict[str, str | None], sweep: Space, plan: Plan, outcome: Outcome
+) -> str:
+    """Why the layout options given build no layout where the sweep without them builds
+    some: values that contradict each other (an audit: `--sp true --tp 1`, `--virtual-stages
+    2 --pp 1` and an `--ep` no tp x cp x dp holds each priced nothing, then exit 1, read as
+    "none fits"), with the rules that ruled them out, most layouts first; "" otherwise."""
+    from budget.search import Space, blocking_rules, buildable
+
+    default, fields = Space(), {"sp": "sequence_parallel"}
+    flags = [
+        f"--{name.replace('_', '-')} {options[name]}"
+        for name in ("tp", "pp", "cp", "ep", "zero", "micro", "virtual_stages", "recompute", "sp")
+        if options.get(name) is not None
+        and (
+            name == "virtual_stages"
+            or set(getattr(sweep, fields.get(name, name)) or ())
+            != set(getattr(default, fields.get(name, name)) or ())
+        )
+    ]
+    if not flags:
+        return ""
+    own = plan.parallel.pipeline.virtual_stages  # the sweep's own default (`run_search`)
+    built = buildable(plan, outcome.gpus, Space(virtual_stages=(*default.virtual_stages, own)))
+    if not built:
+        return ""
+    # the rules its layouts broke, else (none made) the degrees ruled out whole, as `--tp 64`
+    # of 96 heads; the first rule each layout broke where no rule stands alone
+    ranked = sorted(outcome.rejected.items(), key=lambda item: -item[1])
+    ruled = [f"{reason}: {', '.join(d)}" for reason, d in outcome.ruled_out.items()]
+    first = [f"{reason}: {count:,} layouts" for reason, count in ranked]
+    why = "; ".join((blocking_rules(plan, outcome.gpus, sweep) or first or ruled)[:3])
+    these, them = ("these values together", "them") if len(flags) > 1 else ("it", "it")
+    return (
+        f"{' '.join(flags)}: no layout can be built from {these} ({why}); without {them} "
+        f"the search builds {built:,} on {outcome.gpus:,} GPUs"
     )
 
 

@@ -1877,12 +1877,18 @@ def test_a_headroom_the_device_cannot_leave_is_refused_before_the_sweep():
 def test_one_gpu_and_three_broken_limits_read_as_english(tmp_path):
     """ "No layout can be built on 1 GPU" (it said "1 GPUs") and "the --headroom,
     --max-exposed and --max-step limits" (it chained them with "and": a review)."""
-    from budget.render.search import written_note
+    import io
 
-    # virtual stages need pp > 1, which 1 GPU cannot take: nothing is built
-    args = ["search", str(GPT3), "--gpus", "1", "--virtual-stages", "2"]
-    none = CliRunner().invoke(app, route(args))
-    assert "No layout can be built on 1 GPU:" in none.stdout
+    from rich.console import Console
+
+    from budget.render.search import render_search_table, written_note
+
+    # virtual stages need pp > 1, which 1 GPU cannot take: nothing is built (on the command
+    # line, a usage error: `test_options_that_contradict_each_other_are_a_usage_error`)
+    nothing = search(load_plan(GPT3), 1, replace(SMALL, virtual_stages=(2,)), keep=1)
+    console = Console(file=io.StringIO(), width=120)
+    render_search_table(console, nothing, 1)
+    assert "No layout can be built on 1 GPU:" in console.file.getvalue()
     outcome = search(load_plan(GPT3), 1024, SMALL, keep=1)
     broken = replace(
         outcome,
@@ -2830,3 +2836,76 @@ def test_a_pending_layout_settles_from_its_held_replay_as_from_the_engine() -> N
     bound = measured["time"][index]  # below the replays, and at most equal
     assert (kept["time"] >= bound).all() and (kept["time"] > bound).any()
     assert not kept["pending"].any() and all(r is None for r in kept["replay"])
+
+
+@pytest.mark.parametrize(
+    ("plan", "options", "said"),
+    [
+        (
+            "gpt3-175b.yaml",
+            ["--sp", "true", "--tp", "1"],
+            "--tp 1 --sp true: no layout can be built from these values together (sequence "
+            "parallelism needs tp > 1: all 31,716 layouts); without them the search builds "
+            "181,620 on 1,024 GPUs",
+        ),
+        (
+            "gpt3-175b.yaml",
+            ["--virtual-stages", "2", "--pp", "1"],
+            "(virtual stages need pp > 1: all 14,904 layouts)",
+        ),
+        (
+            "mixtral-8x7b.yaml",
+            ["--gpus", "16", "--ep", "8", "--tp", "4", "--pp", "1", "--cp", "1"],
+            "(does not divide: ep x etp into tp x cp x dp: all 504 layouts)",
+        ),
+        (
+            "mixtral-8x7b.yaml",
+            ["--sp", "false", "--tp", "2,4"],
+            "(MoE under tp > 1 needs sequence parallelism: all 32,616 layouts)",
+        ),
+        (
+            "gpt3-175b.yaml",
+            ["--tp", "64"],
+            "--tp 64: no layout can be built from it (does not divide: heads or kv heads by "
+            "tp: tp 64); without it the search builds 181,620 on 1,024 GPUs",
+        ),
+        (
+            "gpt-1.3b.yaml",
+            ["--tp", "1", "--sp", "true", "--virtual-stages", "2", "--pp", "1"],
+            "(virtual stages need pp > 1: all 408 layouts; sequence parallelism needs tp > 1: "
+            "all 408 layouts)",
+        ),
+    ],
+)
+def test_options_that_contradict_each_other_are_a_usage_error(plan, options, said):
+    """An audit: `--sp true --tp 1`, `--virtual-stages 2 --pp 1` and an `--ep` that no
+    tp x cp x dp holds swept nothing and exited 1, which reads "none fits" to a script
+    booking GPUs; the sweep without them builds layouts, so they are a usage error (exit 2,
+    nothing on stdout), naming the rules every layout broke, or else those no other rule
+    broke, and the degrees ruled out whole."""
+    result = CliRunner().invoke(app, route(["search", str(ROOT / "plans" / plan), *options]))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.startswith("budget: error: ") and said in " ".join(result.stderr.split())
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_rule_that_alone_rejects_layouts_is_named_where_none_rejects_them_all():
+    """`blocking_rules`: where no rule rejects every layout, those that alone reject some.
+    Mixtral on 16 GPUs at ep 8, pp 1, with sequence parallelism, one ZeRO stage and
+    micro-batch, three recompute modes: at tp 1 sequence parallelism is refused, at tp 4 an
+    expert group of 8 x 4 ranks does not fit in 16; each rule alone rejects its tp's 3."""
+    from budget.search import blocking_rules
+
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    one = dict(pp=(1,), cp=(1,), ep=(8,), zero=(1,), micro=(1,), sequence_parallel=(True,))
+    space = Space(tp=(1, 4), virtual_stages=(1,), **one)
+    assert blocking_rules(plan, 16, space) == [
+        "sequence parallelism needs tp > 1: 3 layouts, and no other rule rejects them",
+        "does not divide: ep x etp into tp x cp x dp: 3 layouts, and no other rule rejects them",
+    ]
+    # at tp 4 alone, every virtual stage count above 1: both rules reject all 3 x 2, each said
+    deeper = Space(tp=(4,), virtual_stages=(2, 4), **one)
+    assert blocking_rules(plan, 16, deeper) == [
+        "virtual stages need pp > 1: all 6 layouts",
+        "does not divide: ep x etp into tp x cp x dp: all 6 layouts",
+    ]
