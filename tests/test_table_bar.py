@@ -913,3 +913,46 @@ def test_the_step_says_what_keeps_later_stages_gathers_beside_the_fill(tmp_path)
         other = budget_plan(variant(tmp_path, "other.yaml", *edits))
         assert other.step["fill_gathers_s"] == 0
         assert other.step["time_s"] < report.step["time_s"]
+
+
+def test_the_markdown_stage_table_has_the_terminal_columns_and_notes(tmp_path: Path) -> None:
+    """An audit: the markdown stage table left out the terminal's "in flight" column with
+    its note, the fp8 plan's note on how its memory is counted (and that under ZeRO-3 the
+    FP8 weight copies are not), and the collectives' legend of the expert and
+    context-parallel group names its own rows use (etp, edp, tp_ep, dp×cp)."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from budget.render.markdown import render_markdown
+    from budget.render.table import FP8_MEMORY, FP8_ZERO3
+    from tests.plan_files import variant
+
+    report = budget_plan(ROOT / "plans" / "llama3-70b.yaml")
+    text = render_markdown(report)
+    head = "| stage | layers | in flight | params |"
+    assert head in text
+    rows = [line for line in text.splitlines() if re.match(r"\| \d \| 20 \| ", line)]
+    assert [row.split(" | ")[2] for row in rows] == ["4", "3", "2", "1"]
+    assert [s.inflight for s in report.stages] == [4, 3, 2, 1]
+    assert "in flight: micro-batches whose activations the stage holds." in text
+    assert FP8_MEMORY not in text
+    # serving has no micro-batches in flight: no column, no note
+    decode = render_markdown(budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml"))
+    assert "in flight" not in decode and "| stage | layers | params |" in decode
+    # fp8 under ZeRO-3: the note and its caution
+    fp8 = variant(
+        tmp_path,
+        "fp8.yaml",
+        ("activations: bf16", "activations: bf16\n  matmul: fp8"),
+        base=ROOT / "plans" / "llama3-8b-fsdp.yaml",
+    )
+    zero3 = render_markdown(build_report(load_plan(fp8)))
+    assert f"{FP8_MEMORY}{FP8_ZERO3}.".replace("_", "\\_") in zero3
+    # the group names of the expert and context-parallel collectives, explained
+    legends = {
+        "mixtral-8x7b.yaml": ("etp = expert tensor-parallel group", "tp\\_ep = the expert"),
+        "llama3-405b-128k.yaml": ("dp×cp = the data-parallel group",),
+    }
+    for name, said in legends.items():
+        text = render_markdown(budget_plan(ROOT / "plans" / name))
+        assert all(line in text for line in said), name
+    assert "etp = " not in render_markdown(report)  # a dense plan names none

@@ -68,7 +68,11 @@ def _t(seconds: float | None) -> str:
 def render_markdown(report: Report) -> str:
     from budget.render.table import (
         _columns,
+        _count,
+        fp8_memory_note,
+        group_legend,
         header,
+        inflight_note,
         link_groups,
         pacing_note,
         shared_levels,
@@ -104,10 +108,12 @@ def render_markdown(report: Report) -> str:
     lines.append("### Memory per rank of each pipeline stage, at its peak")
     lines.append("")
     columns = _columns(report, wide=True)
+    train = report.mode == "train"
     lines += markdown_table(
         [
             "stage",
             "layers",
+            *(["in flight"] if train else []),
             *(name for name, _ in columns),
             "reserved",
             "peak",
@@ -118,6 +124,7 @@ def render_markdown(report: Report) -> str:
             [
                 str(s.stage),
                 str(s.layers),
+                *([_count(s.inflight)] if train else []),
                 *(b(value(s)) for _, value in columns),
                 b(s.reserved_bytes),
                 b(s.peak_bytes),
@@ -126,8 +133,11 @@ def render_markdown(report: Report) -> str:
             ]
             for s in report.stages
         ],
-        set(range(len(columns) + 5)),
+        set(range(len(columns) + 5 + train)),
     )
+    for note in (inflight_note(report), fp8_memory_note(report)):
+        if note:  # markdown_table ends with a blank line
+            lines += [plain(note) + ".", ""]
     lines.append(f"### Alive at the peak of stage {worst.stage}")
     lines.append("")
     lines += markdown_table(
@@ -233,6 +243,8 @@ def render_markdown(report: Report) -> str:
         ],
         set(range(8, 17)),
     )
+    if legend := group_legend(report):
+        lines += [plain("; ".join(legend)) + ".", ""]
     if any(c.algorithm == "double-tree" for p in report.phases for c in p.collectives):
         lines.append(
             "double-tree: NCCL's double binary tree, named or where faster than its ring "

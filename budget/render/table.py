@@ -533,17 +533,11 @@ def stage_table(
     if held and not wide and len(set(layers)) > 1:  # the layers column is left out: say it
         notes.append(f"layers per stage: {', '.join(map(str, layers))}")
     caption = "; ".join(notes)
-    if train and peak and any(row.inflight != int(row.inflight) for row in report.stages):
-        caption += (
-            "\nin flight: micro-batches' activations held, in whole stages (interleaving "
-            "holds some micro-batches for only some of the stage's chunks)"
-        )
-    elif train and peak:  # the count has no unit of its own (an audit)
-        caption += (
-            "; " * bool(caption) + "in flight: micro-batches whose activations the stage holds"
-        )
-    if train and held and report.matmul_format == "fp8":
-        caption += "\n" + FP8_MEMORY + (FP8_ZERO3 if report.layout["zero"] == 3 else "")
+    inflight = inflight_note(report) if peak else ""  # the count has no unit of its own
+    if inflight:  # (an audit); the longer one on a line of its own
+        caption += ("\n" if "whole stages" in inflight else "; " * bool(caption)) + inflight
+    if held and fp8_memory_note(report):
+        caption += "\n" + fp8_memory_note(report)
     table.caption = caption.lstrip("\n") or None
     table.caption_justify = "left"
     return table
@@ -780,6 +774,47 @@ FULL = 140  # from here the collective table also shows the tensor size S and th
 COLLECTIVE_DROPPABLE = ["steps", "tensor S", "link", "exposed", "rule"]
 
 
+def group_legend(report: Report) -> list[str]:
+    """What the group names of the step's collectives beyond tp, pp and dp mean, a line
+    each (the terminal's collectives legend and the markdown's, which lacked them: an
+    audit)."""
+    every = [c for p in report.phases for c in p.collectives]
+    groups = {c.group for c in every}
+    legend = []
+    if "etp" in groups:
+        legend.append("etp = expert tensor-parallel group: ranks splitting each expert's matrices")
+    if "edp" in groups:
+        legend.append("edp = expert data-parallel group: ranks holding the same experts")
+    if "dp" in groups and report.layout.get("cp", 1) > 1:
+        legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
+    if any(group_name(c.group, report.layout, c.ranks) == "tp_ep" for c in every):
+        legend.append(
+            "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "
+            "group of that name); i64 = int64"
+        )
+    return legend
+
+
+def inflight_note(report: Report) -> str:
+    """What a training plan's "in flight" count of a stage means ("" for serving), beside
+    the stage table in the terminal and in markdown (which lacked the column: an audit)."""
+    if report.mode != "train":
+        return ""
+    if any(row.inflight != int(row.inflight) for row in report.stages):
+        return (
+            "in flight: micro-batches' activations held, in whole stages (interleaving "
+            "holds some micro-batches for only some of the stage's chunks)"
+        )
+    return "in flight: micro-batches whose activations the stage holds"
+
+
+def fp8_memory_note(report: Report) -> str:
+    """How a training plan's fp8 memory is counted (`FP8_MEMORY`), "" for any other."""
+    if report.mode != "train" or report.matmul_format != "fp8":
+        return ""
+    return FP8_MEMORY + (FP8_ZERO3 if report.layout["zero"] == 3 else "")
+
+
 def collective_table(
     report: Report, wide: bool, full: bool = False, console: Console | None = None
 ) -> tuple[Table, list[str]]:
@@ -863,18 +898,7 @@ def collective_table(
             "each row's link and placements: at 110 columns or more, and in -f markdown (the "
             "Links table below says which groups each link carries)"
         )
-    groups = {c.group for p in report.phases for c in p.collectives}
-    if "etp" in groups:
-        legend.append("etp = expert tensor-parallel group: ranks splitting each expert's matrices")
-    if "edp" in groups:
-        legend.append("edp = expert data-parallel group: ranks holding the same experts")
-    if "dp" in groups and report.layout.get("cp", 1) > 1:
-        legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
-    if any(group_name(c.group, report.layout, c.ranks) == "tp_ep" for c in every):
-        legend.append(
-            "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "
-            "group of that name); i64 = int64"
-        )
+    legend += group_legend(report)
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
     if any(c.algorithm == "double-tree" for c in every):
