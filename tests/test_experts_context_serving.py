@@ -1214,7 +1214,11 @@ def test_a_plan_names_the_all_reduce_algorithm(tmp_path):
     assert b.bandwidth_term_s == pytest.approx(917_504 / 370e9, rel=1e-12)
     assert b.time_s == pytest.approx(6 * 3e-6 + 917_504 / 370e9, rel=1e-12)
     assert recursive.step["decode_token_s"] < ring.step["decode_token_s"]
-    # the table marks the named algorithm and says so below it
+    # README (the collectives section) quotes the ring's time as the default's (an audit,
+    # m121: it said 44.6 µs where the ring takes 44.48)
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    assert a.time_s == pytest.approx(14 * 3e-6 + 917_504 / 370e9, rel=1e-12)
+    assert f"what NCCL measures: {a.time_s * 1e6:.1f} µs for 512 KiB over 8 H100s" in readme
     from rich.console import Console
 
     from budget.render.table import collective_table

@@ -2909,3 +2909,21 @@ def test_a_rule_that_alone_rejects_layouts_is_named_where_none_rejects_them_all(
         "virtual stages need pp > 1: all 6 layouts",
         "does not divide: ep x etp into tp x cp x dp: all 6 layouts",
     ]
+
+
+def test_the_readme_s_gpt3_sweep_counts_are_the_search_s() -> None:
+    """README ("Search") quotes what GPT-3's sweep on its 1,024 GPUs replays, with and
+    without a step limit, and how many layouts keep 40 s and 18 s; an audit (m121) found
+    three of them stale (75, 10,915 and 1,315 where the sweep replays 76, counts 10,932
+    and replays 1,309): each is now read from the search it describes."""
+    from budget.check import Limits
+
+    plan = load_plan(GPT3)
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    plain = search(plan, 1024, Space(), keep=10)
+    assert f"the GPT-3 sweep replays {plain.replayed} layouts, for a ranking" in readme
+    forty = search(plan, 1024, Space(), keep=10, limits=Limits(max_step_s=40.0))
+    assert f"({forty.within_limits:,} today," in readme
+    assert f"costs that search {forty.replayed:,} replays" in readme
+    eighteen = search(plan, 1024, Space(), keep=10, limits=Limits(max_step_s=18.0))
+    assert f"within 18 s where {eighteen.within_limits} are" in readme
