@@ -305,7 +305,7 @@ def group_name(group: str, layout: dict[str, Any], ranks: int | None = None) -> 
     return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
 
 
-def _summed_over_stages(report: Report) -> bool:
+def summed_over_stages(report: Report) -> bool:
     """Whether a row sums its stages (`pipeline._phase_rows`): a serving pass crosses the
     stages one after another; in training they work side by side."""
     return report.mode != "train" and report.layout.get("pp", 1) > 1
@@ -314,7 +314,7 @@ def _summed_over_stages(report: Report) -> bool:
 def calls_scope(report: Report) -> str:
     """What a collective's calls count: one rank's in a step, or in serving with a
     pipeline, every stage's ranks' along the pass."""
-    return "; calls summed over the stages a pass crosses" if _summed_over_stages(report) else ""
+    return "; calls summed over the stages a pass crosses" if summed_over_stages(report) else ""
 
 
 def time_word(mode: str) -> str:
@@ -345,7 +345,7 @@ def run_scope(report: Report) -> str:
 def phase_scope(report: Report) -> str:
     """What a phase row stands for: the stage where it costs most, or in serving with a
     pipeline the sum over the stages a pass crosses."""
-    if _summed_over_stages(report):
+    if summed_over_stages(report):
         return "per rank; times summed over the stages a pass crosses, payloads of the costliest"
     return "per rank, on the stage where each costs most"
 

@@ -215,3 +215,44 @@ def test_a_plan_name_is_drawn_as_typed(tmp_path: Path, name: str) -> None:
         e.text or "" for e in ET.parse(out).getroot().iter("{http://www.w3.org/2000/svg}text")
     ]
     assert any(label.startswith(f"{name}: stage 0") for label in labels), labels[:3]
+
+
+@pytest.mark.parametrize("reserved", ["4 GiB", "10 GiB", "14 GiB"])
+def test_the_headroom_label_stands_clear_of_the_capacity_line(
+    tmp_path: Path, reserved: str
+) -> None:
+    """An audit: the headroom's label was centred on the gap between the peak and the
+    capacity line, so a gap shorter than the label ("4.1 GiB free" on Llama 3 405B at 128K,
+    "9.0 GiB over" on GPT-3 without recompute) ran across the line; it now stands level
+    above both, and above the next bar's figure, where it would not fit between them."""
+    from budget.pipeline import budget_plan
+    from tests.plan_files import variant
+
+    base = Path(__file__).parents[1] / "plans" / "llama3-405b-128k.yaml"
+    plan = variant(tmp_path, "p.yaml", ("reserved: 4 GiB", f"reserved: {reserved}"), base=base)
+    report = budget_plan(plan)
+    ax, boxes = _laid_out(report)
+    (label,) = [box for text, box in boxes if re.fullmatch(r"[0-9.]+ GiB (free|over)", text)]
+    line = ax.transData.transform((0, report.worst.capacity_bytes / 2**30))[1]
+    assert label.y0 > line or label.y1 < line  # pixels: not across the line
+    figures = [box for text, box in boxes if re.fullmatch(r"[0-9.]+", text)]
+    assert not any(label.overlaps(box) for box in figures)
+
+
+def test_a_serving_pipeline_s_bars_are_summed_over_its_stages(tmp_path: Path) -> None:
+    """An audit: Llama 3 70B decoding over pp 2 drew each phase summed over both stages (80
+    layers' all-reduces in prefill.attention, as the report's rows are) under a title saying
+    "on one rank", which runs 40 of them; the title now says what the report does."""
+    pytest.importorskip("matplotlib")
+    from tests.plan_files import variant
+
+    base = GPT3.parent / "llama3-70b-decode.yaml"
+    plan = variant(tmp_path, "pp2.yaml", ("tp: 8\n  pp: 1", "tp: 4\n  pp: 2"), base=base)
+    out = tmp_path / "d.svg"
+    code, _, err = _plot(plan, out)
+    assert code == 0, err
+    root = ET.parse(out).getroot()
+    labels = {e.text or "" for e in root.iter("{http://www.w3.org/2000/svg}text")}
+    summed = "communication per phase, summed over the stages a pass crosses: "
+    assert any(label.startswith(summed) for label in labels), labels
+    assert not any("on one rank" in label for label in labels)

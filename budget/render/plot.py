@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from budget.files import write_atomically
-from budget.report import time_word
+from budget.report import summed_over_stages, time_word
 from budget.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
@@ -137,10 +137,11 @@ def _memory(ax: Any, report: Report) -> None:
     for x, total in zip(xs, bottoms, strict=True):
         if x != peak:
             ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=7, color="#333")
+    right = peak + 0.75  # where the headroom arrow and its label end
     if points:
-        _headroom(ax, peak, points[peak].total_bytes / GIB, capacity)
+        right = _headroom(ax, peak, points[peak].total_bytes / GIB, capacity, bottoms)
         _annotate_peak(ax, report, peak, points[peak].total_bytes / GIB)
-    _capacity_label(ax, worst.capacity_bytes, bottoms, peak)
+    _capacity_label(ax, worst.capacity_bytes, bottoms, peak, right)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(  # top of the legend = top of the stack
         handles[::-1],
@@ -154,11 +155,14 @@ def _memory(ax: Any, report: Report) -> None:
     ax.set_axisbelow(True)
 
 
-def _capacity_label(ax: Any, capacity_bytes: int, tops: list[float], peak: int) -> None:
+def _capacity_label(
+    ax: Any, capacity_bytes: int, tops: list[float], peak: int, right: float
+) -> None:
     """The capacity line's label, at the leftmost place along the line where no bar, bar
     label, peak marker or headroom arrow stands behind it, else at the axis (a read of the
     picture: beside a stage near its memory it hid the first bars' labels). `tops` are the
-    bars' heights in GiB, `peak` the peak bar's index."""
+    bars' heights in GiB, `peak` the peak bar's index, `right` where the headroom arrow and
+    its label end."""
     capacity = capacity_bytes / GIB
     label = ax.text(
         -0.45,
@@ -173,13 +177,12 @@ def _capacity_label(ax: Any, capacity_bytes: int, tops: list[float], peak: int) 
     )
     renderer = ax.figure.canvas.get_renderer()
     box = label.get_window_extent(renderer).transformed(ax.transData.inverted())
-    low, high = ax.get_ylim()
-    per_point = (high - low) / (ax.get_window_extent(renderer).height * 72 / ax.figure.dpi)
+    per_point = _per_point(ax)
     width, half = box.width, box.height / 2
     for start in (k - 0.45 for k in range(len(tops))):
         if start + width > len(tops) - 0.4:
             break
-        if start < peak + 0.75 and start + width > peak + 0.4:  # the headroom arrow
+        if start < right and start + width > peak + 0.4:  # the headroom arrow and label
             continue
         covered = [j for j in range(len(tops)) if j - 0.4 < start + width and j + 0.4 > start]
         # a bar's label stands 7 points tall above it, the peak's marker 12 points up
@@ -207,8 +210,19 @@ def _phase_bands(ax: Any, phases: list[str]) -> None:
     top.tick_params(length=0)
 
 
-def _headroom(ax: Any, x: int, peak: float, capacity: float) -> None:
-    """A double arrow from the peak to the capacity line: free memory, or the excess."""
+def _per_point(ax: Any) -> float:
+    """GiB of the memory axis a typographic point spans."""
+    renderer = ax.figure.canvas.get_renderer()
+    low, high = ax.get_ylim()
+    return float((high - low) / (ax.get_window_extent(renderer).height * 72 / ax.figure.dpi))
+
+
+def _headroom(ax: Any, x: int, peak: float, capacity: float, tops: list[float]) -> float:
+    """A double arrow from the peak to the capacity line: free memory, or the excess,
+    labelled along it, or level above the two (and the next bar's label) where the gap is
+    shorter than the label (an audit: "9.0 GiB over", centred on a 9 GiB gap, ran across
+    the capacity line). `tops` are the bars' heights. Returns where the arrow and its label
+    end on the right (data units)."""
     fits = peak <= capacity
     colour = "#2e7d32" if fits else "#c0392b"
     ax.annotate(
@@ -218,7 +232,7 @@ def _headroom(ax: Any, x: int, peak: float, capacity: float) -> None:
         arrowprops={"arrowstyle": "<->", "color": colour, "linewidth": 1.2},
     )
     gap = abs(capacity - peak)
-    ax.text(
+    label = ax.text(
         x + 0.5,
         (capacity + peak) / 2,
         f"{gap:.1f} GiB {'free' if fits else 'over'}",
@@ -228,6 +242,14 @@ def _headroom(ax: Any, x: int, peak: float, capacity: float) -> None:
         ha="left",
         rotation=90,
     )
+    renderer = ax.figure.canvas.get_renderer()
+    box = label.get_window_extent(renderer).transformed(ax.transData.inverted())
+    if box.height > gap:  # a bar's label stands 9 points tall above it; 2 points clear
+        per_point = _per_point(ax)
+        beside = tops[x + 1] + 9 * per_point if x + 1 < len(tops) else 0.0
+        label.set(rotation=0, va="bottom", y=max(capacity, peak, beside) + 2 * per_point)
+        box = label.get_window_extent(renderer).transformed(ax.transData.inverted())
+    return float(box.x1)
 
 
 def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
@@ -314,6 +336,9 @@ def _communication(ax: Any, report: Report) -> None:
             f"communication per phase, each on the stage where it costs most\n"
             f"the {word}, paced by stage {pacing}: {totals}"
         )
+    elif summed_over_stages(report):  # a serving pass crosses the stages one by one: each
+        # bar is a phase over all of them, as the report's rows (an audit: "on one rank")
+        title = f"communication per phase, summed over the stages a pass crosses: {totals}"
     else:
         title = f"communication per phase on one rank: {totals}"
     ax.set_title(title, loc="left", fontsize=11)
