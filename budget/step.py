@@ -92,7 +92,7 @@ from budget.placement import (
     Placement,
     shard,
 )
-from budget.plan.model import DTYPE_BYTES, Plan
+from budget.plan.model import DTYPE_BYTES, Plan, Transition
 from budget.plan.transitions import (
     WHOLE_PASSES,
     check_chains,
@@ -106,6 +106,7 @@ from budget.vector import (
     holds,
     lacks,
     uniform,
+    vceil,
     vfloat,
     vmax,
     vmin,
@@ -2556,6 +2557,48 @@ def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
     return (Instant(f"at most what {name} holds at its {bound.label}", bound.live),)
 
 
+def _held_between(
+    phases: list[Phase], made: int, used: int, output: Alloc, tr: Transition, st: Any, m: Any
+) -> None:
+    """A chain's tensor from the phase its transition `made` it in to the later one whose
+    transition `used` it (`tr`): held in every instant between them (DESIGN.md rule 2; a
+    seeds audit: a tensor gathered in forward.embedding and sliced back in
+    backward.embedding was counted in those two phases alone, its 1 GiB missing from the
+    loss's peak). From a forward pass into its backward it is a saved activation: a copy
+    for each instance of its phase in flight (`StageStep.inflight` micro-batches, times the
+    layers of a per-layer phase), all of them between the two phases, and, as the
+    engine's own instants count the last layer of the last micro-batch a stage admits
+    (`_forward`), the earlier copies in the forward up to the one its transition makes,
+    and in the backward from the phase that uses it on, those its transition has not read
+    yet: the others, and once the micro-batch's layers are done (backward.embedding, its
+    stage send) the other micro-batches'."""
+    per_microbatch = phases[made].count / m  # a per-layer phase's layers, else 1
+    crosses = pass_within(phases[made].name) == "forward" and pass_within(tr.phase) == "backward"
+    copies = vceil(st.inflight * per_microbatch) if crosses else 1
+    held = replace(
+        output,
+        name=f"{tr.name} (held from {phases[made].name} until {tr.phase})",
+        count=copies,
+    )
+    earlier = replace(held, name=f"{held.name}, earlier copies", count=copies - 1)
+    adds = [(k, [held]) for k in range(made + 1, used)]
+    if crosses:
+        forward = [k for k in range(made + 1) if pass_within(phases[k].name) == "forward"]
+        adds += [(k, when([earlier], copies > 1)) for k in forward]
+        for k in range(used, len(phases)):  # the backward from the phase that uses it
+            if pass_within(phases[k].name) != "backward":
+                continue
+            layer = phases[k].name.rpartition(".")[2] in ("attention", "mlp", "moe")
+            read = 1 if layer else vround(per_microbatch)
+            rest = replace(earlier, name=f"{held.name}, copies not read yet", count=copies - read)
+            adds.append((k, when([rest], copies > read)))
+    for k, extra in adds:
+        if extra:
+            phase = phases[k]
+            instants = tuple(Instant(i.label, (*i.live, *extra)) for i in phase.instants)
+            phases[k] = replace(phase, instants=instants)
+
+
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage; a stage send
     on each stage that has the neighbour it goes to (`_sends`).
@@ -2569,7 +2612,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     Its output is alive during the phase it names, or the pass's first, and with
     `source_alive` its source too (DESIGN.md rule 2), a local slice's as a collective's,
     unless the source is the result of the tensor's transition before it in that phase,
-    already held: a chain is one tensor.
+    already held: a chain is one tensor, held from one transition to the next across the
+    phases between them (`_held_between`).
 
     A tensor has a placement on each group it moves on, as a DTensor has one per mesh
     dimension (`check_chains`), and its shape is the full logical one: a transition on one
@@ -2638,8 +2682,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             if send and not np.all(_sends(plan, end)):
                 continue  # no stage after the last (forward) or before the first (backward)
             sent.add(i)
-            held_already = made.get(tr.name) == target
+            prior = made.get(tr.name)
+            held_already = prior == target
             made[tr.name] = target
+            if prior is not None and prior < target and tr.name in outputs:
+                _held_between(phases, prior, target, outputs[tr.name], tr, st, m)
             # a source freed while its output is made, where the transition before it in
             # this phase made that source: from then on its bytes are gone (an audit: they
             # stayed, beside a label saying they were counted freed)

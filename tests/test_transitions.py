@@ -989,3 +989,103 @@ def test_a_reduce_scatter_freeing_its_source_holds_the_source_while_it_runs(tmp_
     }
     assert sum(held("replicate", "false").values()) == whole
     assert held("shard(0)", "true") == {"t (shard(0))": shard, "t (partial, source alive)": whole}
+
+
+_SMALL = """name: small
+mode: train
+model: {layers: 4, hidden: 2048, heads: 16, vocab: 50304, mlp: gelu, norm: layernorm,
+  position: learned, max_positions: 2048, attention: flash}
+batch: {seq: 2048, micro: 1, global: 16}
+precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, activations: bf16}
+parallel: {tp: 4, pp: PP, dp: DP, cp: 1, zero: 1, sequence_parallel: true}
+recompute: none
+device: {memory: 80 GiB, flops: {bf16: 312 TFLOP/s, fp32: 19.5 TFLOP/s},
+  memory_bandwidth: 2 TB/s}
+topology:
+  gpus: 16
+  levels:
+    - {name: nvlink, size: 8, bandwidth: 100 GB/s, latency: 10 us}
+    - {name: ib, bandwidth: 10 GB/s, latency: 100 us}
+"""
+
+
+def _chain(made: str, used: str, shape: str) -> str:
+    """One tensor gathered over tp in `made` and sliced back in `used`: a chain."""
+    return "".join(
+        f"  - {{name: X, phase: {phase}, tensor: {{shape: {shape}, dtype: bf16}}, group: tp,\n"
+        f"     from: {src}, to: {dst}, source_alive: false}}\n"
+        for phase, src, dst in ((made, "shard(1)", "replicate"), (used, "replicate", "shard(1)"))
+    )
+
+
+def _deltas(tmp_path: Path, pp: int, chain: str) -> dict[tuple[int, str, str], int]:
+    """Each stage's instants with the chain, less without it (bytes), where both have
+    them (a phase without instants of its own borrows one where a transition holds)."""
+    text = _SMALL.replace("PP", str(pp)).replace("DP", str(16 // (4 * pp)))
+    bare, with_chain = tmp_path / "bare.yaml", tmp_path / "chain.yaml"
+    bare.write_text(text, encoding="utf-8")
+    with_chain.write_text(text + "transitions:\n" + chain, encoding="utf-8")
+    a, b = budget_plan(bare), budget_plan(with_chain)
+    before = {(s.stage, p.phase, p.instant): p.total_bytes for s in a.stages for p in s.timeline}
+    after = {(s.stage, p.phase, p.instant): p.total_bytes for s in b.stages for p in s.timeline}
+    return {key: after[key] - total for key, total in before.items() if key in after}
+
+
+def test_a_chain_s_tensor_is_held_between_its_transitions(tmp_path):
+    """A seeds audit: a tensor gathered in forward.embedding and sliced back in
+    backward.embedding was counted in those two phases alone; the replicated 1 GiB it held
+    through the loss (8,192 x 65,536 bf16) was missing from the loss's peak. One stage, one
+    micro-batch in flight: one copy, in every instant between."""
+    deltas = _deltas(
+        tmp_path, 1, _chain("forward.embedding", "backward.embedding", "[8192, 65536]")
+    )
+    full = 8192 * 65536 * 2
+    between = {k: v for k, v in deltas.items() if k[1] not in ("dp.grads", "optimizer")}
+    assert set(between.values()) == {full} and len(between) > 8
+    assert deltas[0, "dp.grads", "gradient reduction"] == 0
+
+
+def test_a_chain_from_the_forward_into_the_backward_is_held_as_a_saved_activation(tmp_path):
+    """A tensor made in each layer's forward MLP and read in its backward MLP is a saved
+    activation: on pp 2 (1F1B), stage 0 holds 2 micro-batches of its 2 layers, 4 copies of
+    2,048 x 2,048 bf16 (8 MiB), stage 1 one micro-batch's 2. The engine's forward instants
+    are the last layer of the last micro-batch admitted, so the earlier copies stand there
+    beside it (3 before the one its MLP makes); its backward ones the first layer's, so the
+    copies not read yet stand there (3 in the layer, 2 of the other micro-batch once its
+    layers are done, at backward.embedding)."""
+    deltas = _deltas(tmp_path, 2, _chain("forward.mlp", "backward.mlp", "[2048, 2048]"))
+    mib8 = 2048 * 2048 * 2
+    copies = {
+        (0, "forward.attention"): 3,
+        (0, "forward.mlp"): 4,
+        (0, "backward.mlp"): 4,  # 3 not read, and the one read, sliced in its own buffer
+        (0, "backward.attention"): 3,
+        (0, "backward.embedding"): 2,
+        (1, "forward.attention"): 1,
+        (1, "forward.mlp"): 2,
+        (1, "loss"): 2,
+        (1, "backward.mlp"): 2,
+        (1, "backward.attention"): 1,
+    }
+    for (stage, phase, _), delta in deltas.items():
+        assert delta == copies.get((stage, phase), 0) * mib8, (stage, phase)
+
+
+def test_a_sweep_holds_a_chain_s_copies_as_the_report_does(tmp_path):
+    """The sweep prices the same chain per layout, its copies arrays of the layouts'
+    micro-batches in flight and layers: each ranked layout's peak is its report's."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from budget.search import Space, apply, search
+
+    text = _SMALL.replace("PP", "2").replace("DP", "2")
+    path = tmp_path / "chain.yaml"
+    chain = _chain("forward.mlp", "backward.mlp", "[micro * 2048, 2048]")
+    path.write_text(text + "transitions:\n" + chain, encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(tp=(1, 4), pp=(1, 2, 4), micro=(1, 2), zero=(1,), recompute=("none",))
+    outcome = search(plan, 16, space, keep=None)
+    assert len(outcome.results) > 6
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, 16))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
