@@ -178,6 +178,10 @@ def run_search(
             file=sys.stderr,
         )
         return 2
+    untimed = _untimed(plan)
+    if untimed:
+        print(_located(data, file, "$.device", untimed), file=sys.stderr)
+        return 2
     n = count or plan.topology.gpus
     if n > MAX_GPUS:
         limit = (
@@ -333,6 +337,32 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
     return (
         f"the search would consider {size:,} layouts on {gpus:,} GPUs before its rules "
         f"reject any, past the {MAX_GRID:,} it sweeps at most; {narrow}"
+    )
+
+
+def _untimed(plan: Plan) -> str:
+    """Why the sweep cannot time the plan's layouts, "" where it can: every layout is
+    ranked, and bounded, by the step its pass prices (an audit: without a peak the sweep
+    ranked layouts by their communication alone, 20.6 ms steps at 0.0 % MFU, and without a
+    bandwidth at 18,506 % MFU, where `budget PLAN` says the time is not computed)."""
+    from budget.schedule import can_time
+
+    if can_time(plan):
+        return ""
+    device, matmul = plan.device, plan.precision.matmul
+    missing = [
+        *(
+            [f"a peak FLOP/s for its {matmul} GEMMs (device.flops.{matmul})"]
+            if not device.peak_flops(matmul)
+            else []
+        ),
+        *(["a memory bandwidth (device.memory_bandwidth)"] if not device.memory_bandwidth else []),
+    ]
+    them = "them" if len(missing) > 1 else "it"
+    return (
+        f"budget search times every layout it ranks, which needs {' and '.join(missing)}: "
+        f"name a device preset (`budget presets devices`) or write {them}; `budget PLAN` "
+        "budgets this plan's memory without it"
     )
 
 

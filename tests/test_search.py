@@ -2927,3 +2927,34 @@ def test_the_readme_s_gpt3_sweep_counts_are_the_search_s() -> None:
     assert f"costs that search {forty.replayed:,} replays" in readme
     eighteen = search(plan, 1024, Space(), keep=10, limits=Limits(max_step_s=18.0))
     assert f"within 18 s where {eighteen.within_limits} are" in readme
+
+
+@pytest.mark.parametrize(
+    ("device", "needs"),
+    [
+        ("{memory: 80 GiB, memory_bandwidth: 2 TB/s, reserved: 3 GiB}", "device.flops.bf16"),
+        (
+            "{memory: 80 GiB, flops: {bf16: 312 TFLOP/s}, reserved: 3 GiB}",
+            "device.memory_bandwidth",
+        ),
+    ],
+)
+def test_a_device_that_cannot_time_a_step_is_refused_a_search(tmp_path, device, needs):
+    """An audit (m124): without a peak the sweep ranked gpt-1.3b's layouts by their
+    communication alone (20.6 ms steps at 0.0 % MFU), without a bandwidth at 18,506 % MFU,
+    and its JSON's `written` row read 0.0 s where `budget PLAN` says the time is not
+    computed. Every layout it ranks is timed, so the plan is refused, located at its device,
+    and told what is missing."""
+    plan = variant(
+        tmp_path,
+        "untimed.yaml",
+        ("device: {preset: a100-80gb, reserved: 3 GiB}", f"device: {device}"),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    for objective in ("time", "memory"):
+        args = ["search", str(plan), "--objective", objective, "-f", "json"]
+        result = CliRunner().invoke(app, route(args))
+        assert (result.exit_code, result.stdout) == (2, "")
+        (line,) = result.stderr.splitlines()
+        assert re.match(r".*untimed\.yaml:\d+:\d+: error: \$\.device: budget search times", line)
+        assert f"({needs})" in line and "`budget PLAN` budgets this plan's memory" in line
