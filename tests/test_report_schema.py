@@ -358,3 +358,51 @@ def test_mfu_of_a_fused_kernel_without_a_rate_is_of_the_activations_peak(tmp_pat
     )
     _, data = _output([str(path)])
     assert data["step"]["mfu_format"] == "fp32" and 0.3 < data["step"]["mfu"] <= 1
+
+
+def _undocumented(data: Any, node: dict[str, Any], path: str = "$") -> list[str]:
+    """The keys of `data` its schema `node` does not name: an object's keys outside its
+    `properties` (a `patternProperties` match says a type, not what the key is), where the
+    object is not a map of names (`additionalProperties` a schema) or of free values."""
+    defs = report_schema()["$defs"]
+    while "$ref" in node:
+        node = defs[node["$ref"].rsplit("/", 1)[1]]
+    found: list[str] = []
+    if isinstance(data, dict):
+        named = node.get("properties")
+        extra = node.get("additionalProperties")
+        for key, value in data.items():
+            if named is not None and key in named:
+                found += _undocumented(value, named[key], f"{path}.{key}")
+            elif isinstance(extra, dict):  # a map: its keys are names, its values alike
+                found += _undocumented(value, extra, f"{path}.{key}")
+            elif named is not None:
+                found.append(f"{path}.{key}")
+    elif isinstance(data, list) and isinstance(node.get("items"), dict):
+        for i, item in enumerate(data):
+            found += _undocumented(item, node["items"], f"{path}[{i}]")
+    for branch in node.get("anyOf", []) + node.get("oneOf", []):
+        if isinstance(data, dict) and branch.get("type") in ("object", ["object", "null"]):
+            found = [p for p in found if p in _undocumented(data, branch, path)]
+    return found
+
+
+def test_every_key_a_command_prints_is_named_by_its_schema(tmp_path: Path) -> None:
+    """An audit (m124) found keys the schema named nowhere, or matched by `_s$` alone: the
+    report's step.exposed_share, after_s, ttft_s and decode_token_s; check's notes and
+    latency limits, and each plan's ttft_s and tpot_s; search's serving limits;
+    validate-model's reference and diagnostic rows' stack, peak_bytes, capacity_bytes and
+    fits; the collective's payload_bytes. Every key is now described where it stands."""
+    defs = report_schema()["$defs"]
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    outputs: list[tuple[list[str], Kind, int]] = [
+        *[([str(plan)], "report", 0) for plan in PLANS],
+        (["check", str(GPT3), str(decode), "--max-ttft", "1ms", "--max-tpot", "1us"], "check", 1),
+        (["search", str(PLANS[2]), "--top", "2", "--max-step", "100s"], "search", 0),
+        (["validate-model"], "validate_model", 0),
+        (["collective", "all-reduce", "--ranks", "32", *FOUR_NODES], "collective", 0),
+        (["diff", str(GPT3), str(tp4(tmp_path))], "diff", 0),
+    ]
+    for args, kind, code in outputs:
+        _, data = _output(args, code)
+        assert _undocumented(data, defs[kind]) == [], args
