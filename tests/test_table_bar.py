@@ -956,3 +956,63 @@ def test_the_markdown_stage_table_has_the_terminal_columns_and_notes(tmp_path: P
         text = render_markdown(budget_plan(ROOT / "plans" / name))
         assert all(line in text for line in said), name
     assert "etp = " not in render_markdown(report)  # a dense plan names none
+
+
+@pytest.mark.parametrize("width", [40, 46, 50, 54, 58])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plans/gpt3-175b.yaml"],
+        ["plans/llama3-70b-decode.yaml"],
+        ["diff", "plans/llama3-8b-fsdp.yaml", "plans/llama3-8b-tp-loss-gathered.yaml"],
+        ["search", "plans/gpt-1.3b.yaml"],
+    ],
+)
+def test_no_figure_is_cut_at_any_width_budget_prints_at(args: list[str], width: int) -> None:
+    """An audit (m125): from 40 to 58 columns the collectives table was cropped at its right
+    edge (GPT-3's "1,152 calls" read "1", its times lost their units), the phases table cut
+    figures to "51.2 …" and "1,1…", a diff's to "1.71 …" and "−186 M…", and search's Pareto
+    front its step times to "5.32…". Where no set of a table's columns prints whole it is
+    printed as records (`stacked`): every line within the width, no figure cut, and the
+    collectives' call counts as the JSON has them."""
+    from rich.cells import cell_len
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    runner = CliRunner()
+    out = runner.invoke(app, route(args), env={"COLUMNS": str(width)}).stdout
+    lines = out.splitlines()
+    assert not [line for line in lines if cell_len(line) > width]
+    assert "…" not in out
+    if args == ["plans/gpt3-175b.yaml"]:
+        said = " ".join(out.split())
+        report = budget_plan(GPT3)
+        calls = {c.count for p in report.phases for c in p.collectives} - {1}
+        assert all(f" {n:,} " in f"{said} " for n in calls), calls
+
+
+def test_a_stacked_table_keeps_each_row_s_figures_and_names_a_bare_number() -> None:
+    """`stacked`: a row's first cell heads it, a bare number named by its column ("stage
+    0"); every other non-empty cell follows its header; a row that continues the one above
+    (first cell empty) has no heading; a heading row (other cells empty) stays a heading."""
+    from budget.render.table import stacked, titled_table
+
+    table = titled_table("T")
+    for name in ("stage", "", "A"):
+        table.add_column(name)
+    table.add_row("0", "peak", "31.8 GiB")
+    table.add_row("", "headroom", "47.8 GiB")
+    table.add_row("forward.mlp", "", "")
+    console = Console(width=40, color_system=None, record=True)
+    console.print(stacked(table))
+    # a field is held whole by no-break spaces (`NBSP`), which a terminal shows as blanks
+    text = console.export_text().replace("\u00a0", " ")
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert lines == [
+        "T",
+        "stage 0",
+        "  peak   A 31.8 GiB",
+        "  headroom   A 47.8 GiB",
+        "forward.mlp",
+    ]

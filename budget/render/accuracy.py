@@ -9,6 +9,7 @@ from rich.table import Table
 
 from budget.accuracy import Accuracy, Row
 from budget.render import print_wrapped
+from budget.render.table import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -262,13 +263,13 @@ def render_accuracy(console: Console, acc: Accuracy, fmt: str) -> None:
         )
         return
     wide = console.width >= 112
-    console.print(_rich_table(_TITLE, acc.rows, wide))
+    console.print(printable(console, _rich_table(_TITLE, acc.rows, wide)))
     console.print(_summary(acc), highlight=False)
     console.print()
     _print_notes(console, acc.rows)
     for title, rows, summary in _sections(acc):
         console.print()
-        console.print(_rich_table(title, rows, wide))
+        console.print(printable(console, _rich_table(title, rows, wide)))
         if summary:
             console.print(summary, highlight=False)
             console.print()

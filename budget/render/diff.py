@@ -15,7 +15,7 @@ from budget.diff import TRANSITION_KEY
 from budget.errors import one_line
 from budget.render import NBSP, Hanging, print_wrapped, utf
 from budget.render.markdown import code, plain
-from budget.render.table import squeezed, titled_table, whole
+from budget.render.table import printable, titled_table, whole
 from budget.report import run_scope, time_word
 from budget.units import (
     format_bytes,
@@ -452,7 +452,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
     summary = _table(f"{_time_title(diff)} and worst stage ({_fits(diff)})", "figure", None)
     for delta in diff.summary:
         summary.add_row(Text(_summary_label(diff, delta.metric)), *_cells(delta, marks))
-    console.print(squeezed(console, summary))  # figures whole, one blank apart where tight
+    console.print(printable(console, summary))  # figures whole: one blank apart, or records
     if diff.note:
         console.print()
         console.print(Text(diff.note, style="yellow"))
@@ -468,7 +468,7 @@ def _render_table(console: Console, a: Report, b: Report, diff: PlanDiff) -> Non
             console.print(Text(f"{title}: no {first} changed."))
             console.print()  # the space a table leaves under its last row
             continue
-        console.print(squeezed(console, _row_table(title, first, rows, marks)))
+        console.print(printable(console, _row_table(title, first, rows, marks)))
         if unchanged := _unchanged(rows, first, str):
             console.print(Text(unchanged))
             console.print()

@@ -14,6 +14,7 @@ from budget.render.table import (
     attention_text,
     fitted,
     left_out,
+    printable,
     squeezed,
     titled_table,
     whole,
@@ -136,7 +137,7 @@ def _table(
         figures = _fitted(console, title, heads, every, cells, exposed, tokens)
         if exposed and not fits(heads, figures):
             figures = _fitted(console, title, heads, every, cells, False, tokens)
-    table = squeezed(console, _built(title, heads, figures, cells))
+    table = printable(console, _built(title, heads, figures, cells))
     hidden = [f for f in ("step", "exposed", "MFU") if f not in figures]
     notes = [left_out(hidden)] if hidden else []
     if shared:

@@ -341,7 +341,7 @@ def fitted_table(
                 table.padding = (0, 0)
             if whole(console, table):
                 return kept, table
-    return kept, table
+    return list(columns), stacked(build(list(columns)))  # no column set prints whole
 
 
 def squeezed(console: Console, table: Table) -> Table:
@@ -350,6 +350,65 @@ def squeezed(console: Console, table: Table) -> Table:
     if not whole(console, table):
         table.padding = (0, 0)
     return table
+
+
+def printable(console: Console, table: Table) -> Table:
+    """`table` as it prints whole at the terminal's width: as it is, squeezed, or else as
+    records (`stacked`)."""
+    table = squeezed(console, table)
+    return table if whole(console, table) else stacked(table)
+
+
+def _plain(cell: object) -> Text:
+    """A cell's text with its styles, less the blanks it ends with."""
+    if isinstance(cell, Hanging):
+        cell = cell.text
+    text = cell.copy() if isinstance(cell, Text) else Text.from_markup(str(cell or ""))
+    text.rstrip()
+    return text
+
+
+def stacked(table: Table) -> Table:
+    """`table` as records, one a row, where no set of its columns prints whole at the
+    terminal's width (an audit: from 40 to 58 columns the collectives table was cropped at
+    its right edge, "1,152 calls" read "1", and the phases' and a diff's figures were cut to
+    "51.2 …" and "1.71 …"): each row's first cell, and under it every other column's header
+    and cell, side by side where they fit, wrapped between them and never inside one. A row
+    of its first cell alone (a phase's heading) stays a heading."""
+    from rich.console import Group
+
+    out = Table(
+        title=table.title,
+        title_justify=table.title_justify,
+        caption=table.caption,
+        caption_justify=table.caption_justify,
+        box=None,
+        show_header=False,
+        pad_edge=False,
+        padding=(0, 0),
+    )
+    out.add_column()
+    heads = [_plain(c.header).plain.replace("\n", " ") for c in table.columns]
+    for cells in zip(*(list(c.cells) for c in table.columns), strict=True):
+        texts = [_plain(cell) for cell in cells]
+        fields = [
+            Text(f"{head} ".replace(" ", NBSP) if head else "") + text  # a label column's
+            for head, text in zip(heads[1:], texts[1:], strict=True)  # own text alone
+            if text.plain.strip()
+        ]
+        for field in fields:  # a figure and its unit, a name's words: one piece
+            field.plain = field.plain.replace(" ", NBSP).replace("\n", NBSP)
+        if not fields:
+            out.add_row(texts[0])
+            continue
+        record = Hanging(Text("   ").join(fields), 2, 2)  # wrapped at its blanks alone
+        # a row that continues the one above it (a diff's next figure) has no heading; a
+        # number alone is named by its column ("stage 0")
+        lead = texts[0]
+        if lead.plain.isdigit():
+            lead = Text(f"{heads[0]} ") + lead
+        out.add_row(Group(lead, record) if lead.plain.strip() else record)
+    return out
 
 
 def whole(console: Console, table: Table) -> bool:
@@ -1002,8 +1061,8 @@ def link_table(report: Report, console: Console | None = None) -> Table:
     for compact in range(4 if ramped else 3):
         table = _link_table(report, compact)
         if whole(console, table):
-            break
-    return table
+            return table
+    return stacked(table)  # the headers of two lines still cut ("α per collectiv…" at 40)
 
 
 def _link_table(report: Report, compact: int) -> Table:
