@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -267,13 +267,25 @@ def _finer(actual: float, limit: float) -> str:
     was over, and as 38.995224558382823% when it equalled a limit of 38.995224558382824%
     (an audit)."""
     value, bound = _written(actual) * 100, _written(limit) * 100
-    digits = max(1, _decimals(limit, percent=True))
+    # the limit's decimals, or the figure's own where it has fewer: past them it reads as
+    # itself, zeros after it (38.995224558382824000000000000% beside a limit of 1e-27%)
+    own = -min(0, int(value.normalize().as_tuple().exponent))
+    digits = max(1, min(_decimals(limit, percent=True), own))
     while value != bound:  # ends: at the value's own digits it reads as itself
-        shown = value.quantize(Decimal(1).scaleb(-digits))
+        shown = _to_decimals(value, digits)
         if shown != bound and (shown > bound) == (value > bound):
             break
         digits += 1
-    return f"{value.quantize(Decimal(1).scaleb(-digits)):f}%"
+    return f"{_to_decimals(value, digits):f}%"
+
+
+def _to_decimals(value: Decimal, digits: int) -> Decimal:
+    """`value` rounded to `digits` decimals, in a context as precise as that takes (a
+    review: 50 % to the 28 decimals of a 1e-27 % limit passed the default 28 digits, and
+    `budget check` ended in a traceback)."""
+    with localcontext() as context:
+        context.prec = max(context.prec, digits + value.adjusted() + 2)
+        return value.quantize(Decimal(1).scaleb(-digits))
 
 
 def _share(text: str, option: str) -> float:

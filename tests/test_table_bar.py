@@ -956,6 +956,9 @@ def test_the_markdown_stage_table_has_the_terminal_columns_and_notes(tmp_path: P
         text = render_markdown(budget_plan(ROOT / "plans" / name))
         assert all(line in text for line in said), name
     assert "etp = " not in render_markdown(report)  # a dense plan names none
+    # the markdown prints int64 whole: no legend of the terminal's "i64" (a review)
+    mixtral = render_markdown(budget_plan(ROOT / "plans" / "mixtral-8x7b.yaml"))
+    assert "| int64 |" in mixtral and "i64" not in mixtral
 
 
 @pytest.mark.parametrize("width", [40, 46, 50, 54, 58])
@@ -1006,6 +1009,18 @@ def test_a_stacked_table_keeps_each_row_s_figures_and_names_a_bare_number() -> N
     table.add_row("forward.mlp", "", "")
     console = Console(width=40, color_system=None, record=True)
     console.print(stacked(table))
+    # a first cell of wide characters is folded where it fills a line, not cut to "…" (a
+    # review: "テンソル 😀 gathered over th…" at 45 columns)
+    wide = titled_table("T")
+    wide.add_column("name")
+    wide.add_column("A")
+    name = "重い テンソル 😀 gathered over the tensor-parallel group for a very long while"
+    wide.add_row(name, "1")
+    for width in range(40, 61):
+        narrow = Console(width=width, color_system=None, record=True)
+        narrow.print(stacked(wide))
+        text = narrow.export_text()
+        assert "…" not in text and "while" in text, width
     # a field is held whole by no-break spaces (`NBSP`), which a terminal shows as blanks
     text = console.export_text().replace("\u00a0", " ")
     lines = [line.rstrip() for line in text.splitlines()]

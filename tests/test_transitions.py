@@ -991,24 +991,6 @@ def test_a_reduce_scatter_freeing_its_source_holds_the_source_while_it_runs(tmp_
     assert held("shard(0)", "true") == {"t (shard(0))": shard, "t (partial, source alive)": whole}
 
 
-_SMALL = """name: small
-mode: train
-model: {layers: 4, hidden: 2048, heads: 16, vocab: 50304, mlp: gelu, norm: layernorm,
-  position: learned, max_positions: 2048, attention: flash}
-batch: {seq: 2048, micro: 1, global: 16}
-precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, activations: bf16}
-parallel: {tp: 4, pp: PP, dp: DP, cp: 1, zero: 1, sequence_parallel: true}
-recompute: none
-device: {memory: 80 GiB, flops: {bf16: 312 TFLOP/s, fp32: 19.5 TFLOP/s},
-  memory_bandwidth: 2 TB/s}
-topology:
-  gpus: 16
-  levels:
-    - {name: nvlink, size: 8, bandwidth: 100 GB/s, latency: 10 us}
-    - {name: ib, bandwidth: 10 GB/s, latency: 100 us}
-"""
-
-
 def _chain(made: str, used: str, shape: str) -> str:
     """One tensor gathered over tp in `made` and sliced back in `used`: a chain."""
     return "".join(
@@ -1021,7 +1003,7 @@ def _chain(made: str, used: str, shape: str) -> str:
 def _deltas(tmp_path: Path, pp: int, chain: str) -> dict[tuple[int, str, str], int]:
     """Each stage's instants with the chain, less without it (bytes), where both have
     them (a phase without instants of its own borrows one where a transition holds)."""
-    text = _SMALL.replace("PP", str(pp)).replace("DP", str(16 // (4 * pp)))
+    text = SMALL.replace("pp: 2, dp: 2", f"pp: {pp}, dp: {16 // (4 * pp)}")
     bare, with_chain = tmp_path / "bare.yaml", tmp_path / "chain.yaml"
     bare.write_text(text, encoding="utf-8")
     with_chain.write_text(text + "transitions:\n" + chain, encoding="utf-8")
@@ -1078,7 +1060,7 @@ def test_a_sweep_holds_a_chain_s_copies_as_the_report_does(tmp_path):
     from budget.plan.load import load_plan
     from budget.search import Space, apply, search
 
-    text = _SMALL.replace("PP", "2").replace("DP", "2")
+    text = SMALL
     path = tmp_path / "chain.yaml"
     chain = _chain("forward.mlp", "backward.mlp", "[micro * 2048, 2048]")
     path.write_text(text + "transitions:\n" + chain, encoding="utf-8")

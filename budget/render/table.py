@@ -407,6 +407,9 @@ def stacked(table: Table) -> Table:
         lead = texts[0]
         if lead.plain.isdigit():
             lead = Text(f"{heads[0]} ") + lead
+        # folded, not cut: rich ended a wrapped line of wide characters (CJK, emoji) that
+        # filled the column with "…" (a review)
+        lead.overflow = "fold"
         out.add_row(Group(lead, record) if lead.plain.strip() else record)
     return out
 
@@ -849,7 +852,7 @@ def group_legend(report: Report) -> list[str]:
     if any(group_name(c.group, report.layout, c.ranks) == "tp_ep" for c in every):
         legend.append(
             "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "
-            "group of that name); i64 = int64"
+            "group of that name)"
         )
     return legend
 
@@ -958,6 +961,8 @@ def collective_table(
             "Links table below says which groups each link carries)"
         )
     legend += group_legend(report)
+    if any(c.dtype == "int64" for c in every):  # the terminal's own short name
+        legend.append("i64 = int64")
     if timed:
         legend.append("* latency-bound: the n·α term exceeds Q/B_eff")
     if any(c.algorithm == "double-tree" for c in every):
