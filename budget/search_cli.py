@@ -183,15 +183,12 @@ def run_search(
         print(_located(data, file, "$.device", untimed), file=sys.stderr)
         return 2
     n = count or plan.topology.gpus
-    if n > MAX_GPUS:
+    if n > MAX_GPUS:  # a plan's own GPUs are held to it as it loads (`resolve.topology`)
         limit = (
             f"budget search lays out at most {MAX_GPUS:,} GPUs (the largest clusters hold a "
             "few hundred thousand)"
         )
-        if count:
-            print(usage_line(f"--gpus {n:,}: {limit}"), file=sys.stderr)
-        else:
-            print(_located(data, file, "$.topology", f"{n:,} GPUs; {limit}"), file=sys.stderr)
+        print(usage_line(f"--gpus {n:,}: {limit}"), file=sys.stderr)
         return 2
     for level in plan.topology.levels:
         if level.size and n % level.size and n > level.size:

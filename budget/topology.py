@@ -55,9 +55,7 @@ from budget.collectives import (
     Tier,
     collective_cost,
 )
-from budget.plan.model import DTYPE_BYTES, Level, Parallel, Topology
-
-MAX_GPUS = 2**24  # 16,777,216: the largest clusters hold a few hundred thousand
+from budget.plan.model import DTYPE_BYTES, MAX_GPUS, Level, Parallel, Topology
 
 __all__ = [
     "MAX_GPUS",

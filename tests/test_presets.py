@@ -242,3 +242,25 @@ def test_a_model_s_keys_written_out_budget_as_its_preset(name: str, tmp_path) ->
 
     # the same model, but for the name a preset gives it
     assert replace(load_plan(written).model, name=name) == load_plan(preset).model
+
+
+def test_a_preset_s_layer_list_beside_layers_overridden_is_said_at_the_override(tmp_path):
+    """An audit (m130): gpt-oss-120b's preset lists which of its 36 layers slide; a plan
+    writing `layers: 24` over it was told of the preset's list at $.model.preset, where the
+    plan's own key is what no longer matches."""
+    from pathlib import Path
+
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+
+    base = Path(__file__).parents[1] / "plans" / "llama3-70b-decode.yaml"
+    text = base.read_text(encoding="utf-8")
+    start = text.index("model:\n")
+    end = text.index("\nbatch:", start)
+    plan = tmp_path / "oss.yaml"
+    plan.write_text(text[:start] + "model: {preset: gpt-oss-120b, layers: 24}" + text[end:])
+    with pytest.raises(BudgetError) as caught:
+        load_plan(plan)
+    (problem,) = [p for p in caught.value.problems if "sliding_window.layers" in p.message]
+    assert problem.path == "$.model.layers"
+    assert problem.message.startswith("sliding_window.layers has 36 entries but the model has 24")

@@ -1043,17 +1043,24 @@ def test_every_shipped_plan_sizes_within_64_bits_at_any_micro_batch(name):
 
 
 def test_a_plan_whose_own_cluster_is_too_large_is_refused_at_its_topology(tmp_path):
-    """The GPU count came from the plan, not from --gpus: the error points at the line."""
+    """The GPU count came from the plan, not from --gpus: the error points at the line, as
+    the plan loads (an audit, m131: `budget PLAN` priced the cluster search refused)."""
     text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
     text = text.replace("nodes: 1}", "nodes: 4194304}").replace("  dp: 8\n", "  dp: 33554432\n")
     path = tmp_path / "huge.yaml"
     path.write_text(text.replace("global: 512", "global: 134217728"), encoding="utf-8")
     line = text.splitlines().index("topology: {preset: dgx-a100, nodes: 4194304}") + 1
-    result = CliRunner().invoke(app, route(["search", str(path)]))
-    assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (
-        f"{path}:{line}:1: error: $.topology: 33,554,432 GPUs; budget search lays out at "
-        "most 16,777,216 GPUs (the largest clusters hold a few hundred thousand)\n"
+    said = (
+        f"{path}:{line}:37: error: $.topology.nodes: 4,194,304 nodes of dgx-a100 hold "
+        "33,554,432 GPUs; a plan lays out at most 16,777,216\n"
+    )
+    for command in (["search"], [], ["check"]):
+        result = CliRunner().invoke(app, route([*command, str(path)]))
+        assert result.exit_code == 2 and said in result.stderr, command
+    # --gpus past it is the option's
+    result = CliRunner().invoke(app, route(["search", str(GPT3), "--gpus", "33554432"]))
+    assert result.exit_code == 2 and "--gpus 33,554,432: budget search lays out at most" in (
+        result.stderr
     )
 
 

@@ -354,5 +354,7 @@ def test_sliding_window_null_turns_a_configs_window_off(tmp_path: Path) -> None:
     with pytest.raises(BudgetError) as refused:
         load_plan(fewer)
     (problem,) = refused.value.problems
-    assert problem.path == "$.model.hf_config"
+    # at the key the plan wrote, which no longer matches the config's list (an audit: as
+    # `heads` written over a preset's kv_heads is told at heads)
+    assert problem.path == "$.model.layers"
     assert problem.message.endswith("per layer, or sliding_window: null for none")

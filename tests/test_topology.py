@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import example, given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from budget.plan.model import GroupKind, Level, Parallel, Topology
 from budget.topology import group_ranks, group_span, price, price_group, span_of_ranks
+from tests.plan_files import ROOT
 
 NVLINK = Level("nvlink", 450e9, 3e-6, size=8)
 IB = Level("infiniband", 50e9, 10e-6)
@@ -357,3 +359,35 @@ def test_level_ranks_match_the_tiers_of_the_listed_group() -> None:
     check()
     assert answered.count((8, 1, 8, 16)) == 5  # tp, cp, dp, pp and dp x cp
     assert len(answered) >= 100 and declined, (len(answered), len(declined))  # of 2,005
+
+
+def test_a_plan_lays_out_at_most_as_many_gpus_however_it_counts_them(tmp_path: Path) -> None:
+    """An audit (m131): `topology.gpus` was capped at 2^30, a preset's `nodes` at 2^30 nodes
+    (8 GPUs each: 2^33 GPUs priced, exit 0), and search and the collective calculator at
+    2^24, so one cluster was valid or not by the key it was written with and the command
+    run. Every way of counting them stops at 16,777,216 (`MAX_GPUS`), said where written."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from budget.plan.model import MAX_GPUS
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    one_node = "topology: {preset: dgx-a100, nodes: 1}"
+    past = variant(
+        tmp_path, "past.yaml", (one_node, "topology: {preset: dgx-a100, nodes: 2097153}"), base=base
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(past)
+    (problem,) = [p for p in caught.value.problems if p.path == "$.topology.nodes"]
+    assert "2,097,153 nodes of dgx-a100 hold 16,777,224 GPUs; a plan lays out at most" in (
+        problem.message
+    )
+    written = variant(
+        tmp_path,
+        "gpus.yaml",
+        (one_node, f"topology: {{preset: dgx-a100, gpus: {MAX_GPUS + 8}}}"),
+        base=base,
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(written)
+    assert any("greater than the maximum of 16777216" in p.message for p in caught.value.problems)

@@ -45,6 +45,9 @@ def fused_rate(forward: Any, backward: Any) -> Any:
 # int64: what Megatron-Core gathers its routing counts in (`step._ep_moves`); no plan key
 # takes it (the schema names the formats a plan may write)
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8}
+# the most GPUs a plan, a search or a collective lays out: 16,777,216, where the largest
+# clusters hold a few hundred thousand (the plan schema's topology.gpus says the same)
+MAX_GPUS = 2**24
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from budget.plan.model import (
     DTYPE_BYTES,
     FUSED_KERNELS,
     GATED_MLPS,
+    MAX_GPUS,
     OVERLAP_SLOWDOWN,
     TP_COMM_SMS,
     Batch,
@@ -473,9 +474,12 @@ class _Resolver:
             # the config's list, unless the message already names the config (`error`)
             ours = self.config_file and self.written("$.model.sliding_window")
             where = f" (one per layer of {self.config_file})" if ours else ""
+            # at the key the plan wrote: a preset's list beside its own layers overridden
+            # is the plan's layers' doing (an audit: it blamed the preset)
             self.error(
-                "$.model.sliding_window.layers",
-                f"layers has {len(flags)} entries{where} but the model has {layers} layers; "
+                self.culprit("$.model.sliding_window.layers", "$.model.layers"),
+                f"sliding_window.layers has {len(flags)} entries{where} but the model has "
+                f"{layers} layers; "
                 "give model.sliding_window.layers with one true (slides) or false (full "
                 "attention) per layer, or sliding_window: null for none",
             )
@@ -847,6 +851,13 @@ class _Resolver:
         per_node = preset.gpus_per_node
         if "nodes" in tree:
             gpus = _int(tree["nodes"]) * per_node
+            if gpus > MAX_GPUS:  # as topology.gpus is capped (an audit: nodes went past it)
+                self.error(
+                    "$.topology.nodes",
+                    f"{units.plural(_int(tree['nodes']), 'node')} of {preset.name} hold "
+                    f"{gpus:,} GPUs; a plan lays out at most {MAX_GPUS:,}",
+                )
+                return None
             if "gpus" in tree and _int(tree["gpus"]) != gpus:
                 self.error(
                     "$.topology.gpus",
