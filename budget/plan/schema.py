@@ -112,6 +112,10 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         meant = _SYNONYMS.get(key)
         elsewhere = meant in degrees and meant not in known and path != "$.parallel"
         batch_like = key in _SYNONYMS and meant is None and path != "$.batch"
+        # the key itself, misplaced, is told where it goes, with no spelling of this
+        # section's (an audit: batch.sequence_parallel was asked "did you mean
+        # 'sequences'?", a serving key a train plan refuses)
+        home = None if key == "<<" or elsewhere or batch_like else _home(key, path)
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
         elif batch_like:  # a review: the top-level keys listed, no word of batch
@@ -121,11 +125,13 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
             )
         elif elsewhere:
             message = f"unknown key {key!r}: budget calls it parallel.{meant}"
+        elif home:
+            message = f"unknown key {key!r}"
         elif close:
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        if key != "<<" and not elsewhere and not batch_like and (home := _home(key, path)):
+        if home:
             message += f"; {key} {home}"
         problems.append(Problem(file, line, col, where, message))
     return problems
