@@ -1396,3 +1396,23 @@ def test_a_later_1f1b_stage_gathers_its_one_bucket_once_its_input_is_in(tmp_path
     _, last = _dp_grads(gpipe, 7)
     grads = next(p for p in last.phases if p.name == "dp.grads").moves[0]
     assert grads.exposed_s < grads.time_s
+
+
+def test_the_1f1b_closed_form_is_exact_where_the_last_stage_is_slowest_and_over_else():
+    """`layers.chunk_times_differ` keeps the closed form m·max(t) + Σ others for an even 1F1B
+    pipeline. An audit found its docstring's "exact for stages of any times" untrue: with
+    the first stage slowest (p 2, m 2; stage 0 forward 10 and backward 1, stage 1 1 and 1)
+    Megatron-LM's order runs stage 0's two forwards 0-20, stage 1's F0 B0 at 10-12, F1 B1
+    at 20-22, and stage 0's B0 20-21 and B1 22-23: 23, where the closed form says
+    2·11 + 2 = 24. With the last stage slowest, the same stages reversed, it is exact."""
+
+    def closed(times: list[float], m: int) -> float:
+        return m * max(times) + sum(times) - max(times)
+
+    assert pipeline_replay([[10.0], [1.0]], [[1.0], [1.0]], 2) == 23.0
+    assert closed([11.0, 2.0], 2) == 24.0
+    assert pipeline_replay([[1.0], [10.0]], [[1.0], [1.0]], 2) == closed([2.0, 11.0], 2) == 24.0
+    for m in (4, 8, 32):  # the last stage slowest: the closed form, at any m
+        forward, backward = [[1.0], [1.5], [2.0], [4.0]], [[2.0], [3.0], [4.0], [8.0]]
+        times = [f[0] + b[0] for f, b in zip(forward, backward, strict=True)]
+        assert pipeline_replay(forward, backward, m) == pytest.approx(closed(times, m))
