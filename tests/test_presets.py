@@ -263,4 +263,6 @@ def test_a_preset_s_layer_list_beside_layers_overridden_is_said_at_the_override(
         load_plan(plan)
     (problem,) = [p for p in caught.value.problems if "sliding_window.layers" in p.message]
     assert problem.path == "$.model.layers"
-    assert problem.message.startswith("sliding_window.layers has 36 entries but the model has 24")
+    assert problem.message.startswith(
+        "the sliding_window.layers of preset gpt-oss-120b has 36 entries but the model has 24"
+    )

@@ -300,8 +300,10 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
     """`parallel: {recompute: full}` listed the parallel keys and no word of where recompute
     goes (a user audit): a key another section takes says which; a top-level key says so;
     a key of several sections names them; a key of none says nothing more. A key told where
-    it goes gets no spelling of this section's besides (an audit: batch.sequence_parallel
-    was asked "did you mean 'sequences'?", a serving key a train plan refuses)."""
+    it goes is told so first, and this section's spelling near it after (an audit:
+    batch.sequence_parallel was asked "did you mean 'sequences'?", a serving key a train
+    plan refuses, before where it goes; a review: overlap.grads more likely means
+    dp_grads than precision.grads, so the hint stays)."""
     for key, value, home in [
         ("recompute", "full", "; recompute is a top-level key"),
         ("reserved", "3 GiB", "; reserved goes under device"),
@@ -313,8 +315,9 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
     ]:
         text = MINIMAL.replace("batch: {", f"batch: {{{key}: {value}, ")
         (message,) = [e for e in errors(text) if f"unknown key {key!r}" in e]
-        if home:
-            assert message.endswith(f"unknown key {key!r}{home}"), message
+        if home:  # where it goes first; a spelling of this section's, if any, after
+            assert f"unknown key {key!r}{home}" in message, message
+            assert message.endswith((home, "here?")), message
         else:
             assert message.endswith(")"), message
     for text in (
@@ -326,7 +329,7 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
             for e in errors(text)
             if "unknown key 'bandwidth'" in e or "unknown key 'latency'" in e
         ]
-        assert message.endswith(" goes under each of topology.levels"), message
+        assert " goes under each of topology.levels" in message, message
 
 
 @pytest.mark.parametrize(
@@ -605,3 +608,15 @@ def test_another_tools_name_for_a_degree_is_told_budgets(written: str, meant: st
         "unknown key 'micro_batch_size': budget's batch sizes go under batch, as seq, micro "
         "and global in training and sequences, prompt and generate in serving"
     ), size
+
+
+def test_a_misplaced_key_near_a_key_of_its_own_section_is_told_both() -> None:
+    """A review: `overlap: {grads: true}` most likely means overlap.dp_grads, though
+    precision.grads is the key of that name; the message says where the key goes first
+    and this section's spelling near it after, as batch.sequence_parallel is told parallel
+    first and 'sequences' after."""
+    text = MINIMAL + "overlap: {grads: true}\n"
+    (message,) = [e for e in errors(text) if "unknown key 'grads'" in e]
+    assert message.endswith(
+        "unknown key 'grads'; grads goes under precision, or did you mean 'dp_grads' here?"
+    )

@@ -369,7 +369,7 @@ class _Resolver:
         if not base:
             return tree, name
         own = {k: v for k, v in tree.items() if k not in ("preset", "hf_config")}
-        self.model_written = own
+        self.model_written = dict(own)  # as written: the merge below replaces own's values
         for key in _MERGED:  # null (a window turned off) replaces rather than merges
             if isinstance(own.get(key), dict) and isinstance(base.get(key), dict):
                 own[key] = {**base[key], **own[key]}
@@ -471,15 +471,21 @@ class _Resolver:
         if flags is None:
             return _int(tree["size"]), None
         if len(flags) != layers:
-            # the config's list, unless the message already names the config (`error`)
-            ours = self.config_file and self.written("$.model.sliding_window")
-            where = f" (one per layer of {self.config_file})" if ours else ""
-            # at the key the plan wrote: a preset's list beside its own layers overridden
-            # is the plan's layers' doing (an audit: it blamed the preset)
+            # at the key the plan wrote: its own list, else its layers, overridden beside a
+            # preset's or a config's list (audits: the preset was blamed; then a plan
+            # writing the window's size alone was told of a list it never wrote)
+            own = self.model_written.get("sliding_window")
+            listed = isinstance(own, dict) and "layers" in own
+            path = "$.model.sliding_window.layers"
+            if not listed and self.written("$.model.layers"):
+                path = "$.model.layers"
+            # whose list it is, where the message does not name it already (`error`)
+            subject = "sliding_window.layers"
+            if self.model_source and path == "$.model.layers":
+                subject = f"the {subject} of {self.model_source[1]}"
             self.error(
-                self.culprit("$.model.sliding_window.layers", "$.model.layers"),
-                f"sliding_window.layers has {len(flags)} entries{where} but the model has "
-                f"{layers} layers; "
+                path,
+                f"{subject} has {len(flags)} entries but the model has {layers} layers; "
                 "give model.sliding_window.layers with one true (slides) or false (full "
                 "attention) per layer, or sliding_window: null for none",
             )

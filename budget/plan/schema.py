@@ -112,9 +112,10 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         meant = _SYNONYMS.get(key)
         elsewhere = meant in degrees and meant not in known and path != "$.parallel"
         batch_like = key in _SYNONYMS and meant is None and path != "$.batch"
-        # the key itself, misplaced, is told where it goes, with no spelling of this
-        # section's (an audit: batch.sequence_parallel was asked "did you mean
-        # 'sequences'?", a serving key a train plan refuses)
+        # the key itself, misplaced, is told first where it goes, then this section's
+        # spelling near it (an audit: batch.sequence_parallel was asked "did you mean
+        # 'sequences'?", a serving key a train plan refuses, before where it goes; a
+        # review: overlap.grads still means dp_grads more likely than precision.grads)
         home = None if key == "<<" or elsewhere or batch_like else _home(key, path)
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
@@ -126,13 +127,13 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         elif elsewhere:
             message = f"unknown key {key!r}: budget calls it parallel.{meant}"
         elif home:
-            message = f"unknown key {key!r}"
+            message = f"unknown key {key!r}; {key} {home}"
+            if close:
+                message += f", or did you mean {close!r} here?"
         elif close:
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        if home:
-            message += f"; {key} {home}"
         problems.append(Problem(file, line, col, where, message))
     return problems
 
