@@ -385,8 +385,10 @@ def _contradiction(
     ]
     if not flags:
         return ""
-    own = plan.parallel.pipeline.virtual_stages  # the sweep's own default (`run_search`)
-    built = buildable(plan, outcome.gpus, Space(virtual_stages=(*default.virtual_stages, own)))
+    own = plan.parallel.pipeline.virtual_stages  # the sweep's own default (`run_search`),
+    # once (a review: the plan's own 1 beside the default's counted its layouts twice)
+    stages = tuple(sorted({*default.virtual_stages, own}))
+    built = buildable(plan, outcome.gpus, Space(virtual_stages=stages))
     if not built:
         return ""
     # the rules its layouts broke, else (none made) the degrees ruled out whole, as `--tp 64`

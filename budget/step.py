@@ -2558,7 +2558,13 @@ def _beside(phases: list[Phase], target: int) -> tuple[Instant, ...]:
 
 
 def _held_between(
-    phases: list[Phase], made: int, used: int, output: Alloc, tr: Transition, st: Any, m: Any
+    phases: list[Phase],
+    made: int,
+    used: int,
+    output: Alloc,
+    tr: Transition,
+    st: Any,
+    per_microbatch: Any,
 ) -> None:
     """A chain's tensor from the phase its transition `made` it in to the later one whose
     transition `used` it (`tr`): held in every instant between them (DESIGN.md rule 2; a
@@ -2571,8 +2577,10 @@ def _held_between(
     (`_forward`), the earlier copies in the forward up to the one its transition makes,
     and in the backward from the phase that uses it on, those its transition has not read
     yet: the others, and once the micro-batch's layers are done (backward.embedding, its
-    stage send) the other micro-batches'."""
-    per_microbatch = phases[made].count / m  # a per-layer phase's layers, else 1
+    stage send) the other micro-batches'. `per_microbatch`: how many times a micro-batch
+    makes it (a per-layer phase's layers; 1 where it names a whole pass, whose first phase
+    with instants `made` may be a per-layer one: a review found its copies counted a
+    layer each)."""
     crosses = pass_within(phases[made].name) == "forward" and pass_within(tr.phase) == "backward"
     copies = vceil(st.inflight * per_microbatch) if crosses else 1
     held = replace(
@@ -2651,6 +2659,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
         passes: list[Phase] = []
         placed = dict(starts)  # where this stage's transitions have left each tensor
         made: dict[str, int] = {}  # the phase each tensor's last transition left it in
+        named: dict[str, str] = {}  # the phase that transition names (a whole pass's too)
         outputs: dict[str, Alloc] = {}  # what each tensor's last transition made
         # a phase's instants before this index are moments past: before a transition's
         # output replaced its freed source; what later transitions (of any tensor: they run
@@ -2686,7 +2695,12 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             held_already = prior == target
             made[tr.name] = target
             if prior is not None and prior < target and tr.name in outputs:
-                _held_between(phases, prior, target, outputs[tr.name], tr, st, m)
+                # made once a micro-batch where it names a whole pass, else once an
+                # instance of its phase (a layer's, in a per-layer one)
+                once = named[tr.name] in WHOLE_PASSES
+                instances = 1 if once else phases[prior].count / m
+                _held_between(phases, prior, target, outputs[tr.name], tr, st, instances)
+            named[tr.name] = tr.phase
             # a source freed while its output is made, where the transition before it in
             # this phase made that source: from then on its bytes are gone (an audit: they
             # stayed, beside a label saying they were counted freed)

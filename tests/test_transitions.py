@@ -1071,3 +1071,15 @@ def test_a_sweep_holds_a_chain_s_copies_as_the_report_does(tmp_path):
     for result in outcome.results:
         report = build_report(apply(plan, result.config, 16))
         assert report.worst.peak_bytes == result.peak_bytes, result.config
+
+
+def test_a_chain_on_whole_passes_is_held_once_a_micro_batch(tmp_path):
+    """A review: a tensor gathered in `phase: forward` and sliced back in `phase: backward`
+    runs once a micro-batch (`WHOLE_PASSES`), but the forward's first phase with instants is
+    per-layer (forward.attention), and its copies were counted a layer each: 4 on one stage
+    of 4 layers where one micro-batch in flight holds 1 (24 MiB too many)."""
+    deltas = _deltas(tmp_path, 1, _chain("forward", "backward", "[2048, 2048]"))
+    mib8 = 2048 * 2048 * 2
+    loss = deltas[0, "loss", "cross-entropy"]
+    assert loss == mib8  # one copy, where it had been 4
+    assert max(deltas.values()) == mib8
