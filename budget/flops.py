@@ -1409,7 +1409,8 @@ def model_flops_per_token(plan: Plan, causal: bool = False) -> Any:
     m, s = plan.model, plan.batch.seq
     n = _gemm_params(plan)
     keys = 1 if causal else s
-    return 6 * n + vround(3 * attention_query_flops(m, keys, s)) + _mtp_flops_per_token(plan)
+    mtp = _mtp_flops_per_token(plan, causal)
+    return 6 * n + vround(3 * attention_query_flops(m, keys, s)) + mtp
 
 
 def _dropped_expert_params(plan: Plan) -> Any:
@@ -1478,12 +1479,14 @@ def serving_params(plan: Plan) -> Any:
     return _gemm_params(plan) - plan.model.vocab * plan.model.hidden
 
 
-def _mtp_flops_per_token(plan: Plan) -> int:
+def _mtp_flops_per_token(plan: Plan, causal: bool = False) -> int:
     """Training FLOPs per token of the multi-token prediction modules, counted as model
     FLOPs the way NeMo Automodel's ``flops_utils`` counts them (per module: its layer, its
     2·hidden → hidden projection and one more output layer pass, each 6 FLOPs per weight and
     token), with the layer's top-k experts (less what a capacity factor drops) and its
-    attention products as in the main model."""
+    attention products as in the main model: every query against the whole sequence, or
+    with `causal` against (s + 1)/2 keys on average, as `model_flops_per_token` counts the
+    main model's (an audit: `mfu_causal` counted the module's unmasked)."""
     from budget.layers import mtp_layer_params, mtp_layers, mtp_params
 
     d = mtp_layers(plan)
@@ -1494,7 +1497,8 @@ def _mtp_flops_per_token(plan: Plan) -> int:
     # the module's MoE layer routes as the main model's do, capacity and all
     experts = vround(x.expert_total * _kept_assignments(plan) / m.experts.count) if m.experts else 0
     weights = x.total + experts + mtp_params(plan)[0] + m.vocab * m.hidden
-    pairs = 2 * m.heads * (m.qk_head_dim + m.head_dim) * plan.batch.seq
+    s = plan.batch.seq  # 2·heads·(d_qk + d_v) FLOPs a key, s keys or (s + 1)/2
+    pairs = m.heads * (m.qk_head_dim + m.head_dim) * (s + 1 if causal else 2 * s)
     return d * (6 * weights + 3 * pairs)
 
 

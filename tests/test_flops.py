@@ -814,3 +814,30 @@ def test_fp8_training_casts_the_shared_experts_fc1_input() -> None:
     (cast,) = [w for w in flops.fp8_input_casts(fp8, s, "moe") if "shared expert fc1" in w.name]
     assert s.tokens == s.tokens_sp == 4096 * plan.batch.micro and s.hidden == 2048
     assert cast.bytes == s.tokens * s.hidden * 4
+
+
+def test_the_mtp_module_s_attention_is_counted_causally_where_the_main_model_s_is(tmp_path):
+    """An audit (m144): `mfu_causal` counted DeepSeek-V3's multi-token prediction module's
+    attention unmasked, 3 · 2·128·(192 + 128) · 4,096 = 1,006,632,960 FLOPs a token, where
+    the causal mask computes (4,096 + 1)/2 keys a query on average: 503,439,360. The
+    unmasked count (`mfu`) keeps the whole sequence."""
+    from budget.flops import model_flops_per_token
+    from budget.plan.load import load_plan
+
+    plan_path = tmp_path / "dsv3.yaml"
+    plan_path.write_text(
+        "name: dsv3\nmode: train\nmodel: {preset: deepseek-v3}\n"
+        "batch: {seq: 4096, micro: 1, global: 128}\n"
+        "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
+        "activations: bf16}\n"
+        "parallel: {tp: 1, pp: 1, dp: 64, ep: 64, zero: 1}\nrecompute: selective\n"
+        "device: {preset: h100-sxm, reserved: 4 GiB}\ntopology: {preset: dgx-h100, nodes: 8}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(plan_path)
+    per_key = 3 * 2 * 128 * (192 + 128)  # a layer's attention, forward and backward, a key
+    main = 61 * per_key
+    unmasked, causal = model_flops_per_token(plan), model_flops_per_token(plan, causal=True)
+    # the main model's 61 layers and the module's one, each at s keys or (s + 1)/2
+    assert unmasked - causal == (main + per_key) * (4096 - 4097 / 2)
+    assert per_key * 4096 == 1_006_632_960 and per_key * 4097 // 2 == 503_439_360
