@@ -822,9 +822,12 @@ class Known(CollectiveCost):
 
     known_time: Any = 0.0
     known_sent: Any = None  # None: the stages' sum
+    known_latency: Any = None  # None: the stages' sum
 
     @classmethod
-    def of(cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any = None) -> Known:
+    def of(
+        cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any = None, latency_s: Any = None
+    ) -> Known:
         """`cost`, whose time is `time_s` and bytes sent `sent_bytes` (its own where None)."""
         return cls(
             cost.op,
@@ -836,11 +839,16 @@ class Known(CollectiveCost):
             cost.pipelined,
             known_time=time_s,
             known_sent=cost.sent_bytes if sent_bytes is None else sent_bytes,
+            known_latency=cost.latency_s if latency_s is None else latency_s,
         )
 
     @property
     def time_s(self) -> Seconds:
         return cast(Seconds, self.known_time)
+
+    @property
+    def latency_s(self) -> Seconds:
+        return cast(Seconds, self.known_latency)
 
     @property
     def sent_bytes(self) -> Count:

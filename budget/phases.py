@@ -124,6 +124,7 @@ class Move:
     flag: str = ""
     rule: str = "exposed: nothing to overlap with"
     floor: float = 0.0  # share of the collective that is exposed however long the window
+    bucket: bool = False  # the floor is a bucket of its own: its own n·α in full
     # overlapped by pipelining: this many collectives of 1/chunks of the size, each with its
     # own n·α, the last one exposed (`schedule.time_phase`)
     chunks: int = 1
@@ -171,10 +172,18 @@ def hide(
     share: float = 1.0,
     floor: float = 0.0,
     chunks: int = 1,
+    bucket: bool = False,
 ) -> Move:
     """`move` with its overlap window (see `Move`)."""
     return replace(
-        move, window=window, flag=flag, rule=rule, share=share, floor=floor, chunks=chunks
+        move,
+        window=window,
+        flag=flag,
+        rule=rule,
+        share=share,
+        floor=floor,
+        chunks=chunks,
+        bucket=bucket,
     )
 
 

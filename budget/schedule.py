@@ -659,7 +659,13 @@ def time_phase(
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
             # the last chunk waits with nothing beside it; unchunked, `floor` stays exposed
-            least = vfloat(cost.time_s) if chunks > 1 else move.floor * total
+            if chunks > 1:
+                least = vfloat(cost.time_s)
+            elif move.bucket:  # a bucket of its own: its own n·α, its bytes' share of the rest
+                latency = vfloat(cost.latency_s)
+                least = vwhere(move.floor > 0, latency + move.floor * (total - latency), 0.0)
+            else:
+                least = move.floor * total
             # moves sharing a window run one after the other beside it: each hides only
             # behind what the ones before left (ring attention's K/V and dK/dV, EP dispatch
             # and combine); a move of several calls hides each behind its own instance, and

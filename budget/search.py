@@ -1014,7 +1014,12 @@ class _Pricer:
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
         some, each = self._distinct(size)
         few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
-        cost = Known.of(few, np.take(few.time_s, each), np.take(few.sent_bytes, each))
+        cost = Known.of(
+            few,
+            np.take(few.time_s, each),
+            np.take(few.sent_bytes, each),
+            np.take(few.latency_s, each),
+        )
         seen.append((move.ranks, move.size_bytes, cost))
         return cost
 
