@@ -144,13 +144,8 @@ def run_search(
         for line in problem_lines(error.problems):
             print(line, file=sys.stderr)
         return 2
-    own = plan.parallel.pipeline.virtual_stages
-    if options.get("virtual_stages") is None and own not in sweep.virtual_stages:
-        # the plan's own interleaving is swept too (an audit: a plan at 12 virtual stages
-        # beat the default sweep's best, which had only 1, 2 and 4)
-        sweep = dataclasses.replace(
-            sweep, virtual_stages=tuple(sorted((*sweep.virtual_stages, own)))
-        )
+    if options.get("virtual_stages") is None:
+        sweep = _with_own_stages(sweep, plan)
     room = plan.device.memory - plan.device.reserved  # what any layout could leave free
     required = None if limits is None else limits.required_headroom(plan.device.memory)
     if required is not None and required >= room:
@@ -337,6 +332,14 @@ def _too_many(options: dict[str, str | None], sweep: Space, plan: Plan, gpus: in
     )
 
 
+def _with_own_stages(sweep: Space, plan: Plan) -> Space:
+    """`sweep` with the plan's own virtual stages among its own, once: the plan's own
+    interleaving is swept too (an audit: a plan at 12 virtual stages beat the default
+    sweep's best, which had only 1, 2 and 4)."""
+    stages = tuple(sorted({*sweep.virtual_stages, plan.parallel.pipeline.virtual_stages}))
+    return dataclasses.replace(sweep, virtual_stages=stages)
+
+
 def _untimed(plan: Plan) -> str:
     """Why the sweep cannot time the plan's layouts, "" where it can: every layout is
     ranked, and bounded, by the step its pass prices (an audit: without a peak the sweep
@@ -347,14 +350,11 @@ def _untimed(plan: Plan) -> str:
     if can_time(plan):
         return ""
     device, matmul = plan.device, plan.precision.matmul
-    missing = [
-        *(
-            [f"a peak FLOP/s for its {matmul} GEMMs (device.flops.{matmul})"]
-            if not device.peak_flops(matmul)
-            else []
-        ),
-        *(["a memory bandwidth (device.memory_bandwidth)"] if not device.memory_bandwidth else []),
-    ]
+    missing = []
+    if not device.peak_flops(matmul):
+        missing.append(f"a peak FLOP/s for its {matmul} GEMMs (device.flops.{matmul})")
+    if not device.memory_bandwidth:
+        missing.append("a memory bandwidth (device.memory_bandwidth)")
     them = "them" if len(missing) > 1 else "it"
     return (
         f"budget search times every layout it ranks, which needs {' and '.join(missing)}: "
@@ -385,10 +385,9 @@ def _contradiction(
     ]
     if not flags:
         return ""
-    own = plan.parallel.pipeline.virtual_stages  # the sweep's own default (`run_search`),
-    # once (a review: the plan's own 1 beside the default's counted its layouts twice)
-    stages = tuple(sorted({*default.virtual_stages, own}))
-    built = buildable(plan, outcome.gpus, Space(virtual_stages=stages))
+    # the sweep's own default, the plan's virtual stages once among them (a review: its 1
+    # beside the default's counted its layouts twice)
+    built = buildable(plan, outcome.gpus, _with_own_stages(default, plan))
     if not built:
         return ""
     # the rules its layouts broke, else (none made) the degrees ruled out whole, as `--tp 64`

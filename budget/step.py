@@ -100,6 +100,7 @@ from budget.plan.transitions import (
     unknown_phase,
 )
 from budget.plan.transitions import problem as transition_problem
+from budget.report import LAYER_PHASES
 from budget.vector import (
     count_label,
     every,
@@ -2603,7 +2604,7 @@ def _held_between(
         for k in range(used, len(phases)):  # the backward from the phase that uses it
             if pass_within(phases[k].name) != "backward":
                 continue
-            layer = phases[k].name.rpartition(".")[2] in ("attention", "mlp", "moe")
+            layer = phases[k].name.rpartition(".")[2] in LAYER_PHASES
             read = 1 if layer else vround(per_microbatch)
             rest = replace(earlier, name=f"{held.name}, copies not read yet", count=copies - read)
             adds.append((k, when([rest], copies > read)))
