@@ -1668,9 +1668,13 @@ def _forward(b: _StageBuilder) -> None:
     base = [*b.resident, *b.extra_saved, b.earlier]
     checkpoint = [x for x in b.layer.attention if x.name == "layer input (checkpoint)"]
     blocks = b.layer.blocks
-    core = _working(b.layer.core)
-    attn_kept = blocks["attention"] + when(core, plan.recompute == "selective")
-    attn = _either(blocks["attention"], full) + when(core, plan.recompute == "selective")
+    # selective recompute runs the core attention inside a checkpoint that keeps only its
+    # inputs: what it computes (the s² scores, flash's statistics) is alive while it runs
+    # and freed when it returns, before the output projection (Megatron-LM's
+    # ``CheckpointFunction.forward`` runs it under ``torch.no_grad``; an audit found them
+    # carried through the output projection and the MLP)
+    core = when(_working(b.layer.core), plan.recompute == "selective")
+    attn = _either(blocks["attention"], full)
     first_two = _either(blocks["attention"][:2], full)
     # what the QKV GEMM writes while its all-gathered input is alive (a seeds audit), and
     # under latent attention the latents the up-projections read (a review)
@@ -1695,7 +1699,10 @@ def _forward(b: _StageBuilder) -> None:
                 "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
                 tuple(base + checkpoint + first_two + qkv_out + gathered + z3),
             ),
-            Instant("after attention", tuple(base + checkpoint + attn + _cp_buffers(plan, s) + z3)),
+            Instant(
+                "after attention",
+                tuple(base + checkpoint + attn + core + _cp_buffers(plan, s) + z3),
+            ),
             # the row-parallel output projection's output, whole on each rank before its
             # reduce-scatter (all-reduce), as the MLP's fc2 output is
             Instant(
@@ -1707,7 +1714,7 @@ def _forward(b: _StageBuilder) -> None:
         ],
         b.layer.kernels.forward("attention", s) + _gather_copies(plan, b.layer, "attention"),
     )
-    kept = when(attn_kept, lacks(full))
+    kept = when(blocks["attention"], lacks(full))
     if b.has_dense:
         mlp = _either(blocks["mlp"], full)
         partial = _before_reduction(plan, s, "MLP output")  # before the residual add
