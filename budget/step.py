@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -432,10 +432,6 @@ class _StageBuilder:
         by_chunk = vround(_saved_by(self.layer, *self.flight_passes))
         by_stage = vround(self.in_flight * self.saved_per_microbatch)
         return vwhere(self.chunks_differ, by_chunk, by_stage)
-
-    @cached_property
-    def extra_saved(self) -> list[Alloc]:
-        return _extra_saved(self)
 
     @cached_property
     def current_layer(self) -> list[Alloc]:
@@ -970,38 +966,52 @@ def _root_held(b: _StageBuilder) -> list[Alloc]:
     return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
 
 
-def _extra_saved(b: _StageBuilder, root: bool = True) -> list[Alloc]:
+Outside = Literal["forward", "head", "backward", "embedding"]
+
+
+def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc]:
     """Per micro-batch tensors outside the layers (Korthikanti section 4.3): the embedding
     dropout mask on the first stage; the final norm and output-layer inputs on the last,
     each for the micro-batches `outside_counts` finds alive, and the cross-entropy's saved
     fp32 softmax (4sbv/t, section 4.3) of each of them but the one `_loss` works on (under
     GPipe every forward, its loss too, runs before the first backward: m - 1 of them; 1F1B
     runs each loss's backward at once: none); under ZeRO-3 the gathered parameters
-    outside the layers (`_root_held`), unless `root` is false."""
+    outside the layers (`_root_held`), unless `root` is false.
+
+    The micro-batch being worked on holds its own only while they exist (`at`, where in
+    its pass): its head's inputs from the head's forward to its backward (``head``: the
+    loss and the multi-token prediction phases; in the layers' forward they are not made
+    yet, in their backward autograd has freed them), its embedding dropout mask from the
+    embedding's forward until the dropout's backward, which runs before the embedding's
+    weight gradient (``embedding``). An audit: both were counted for it everywhere, on
+    Llama 3 405B at 128K tokens the last stage's peak 64 MiB high."""
     s, plan = b.shapes, b.plan
-    embedded, headed = outside_counts(plan, b.in_flight, b.microbatches)
+    embedded, all_headed = outside_counts(plan, b.in_flight, b.microbatches)
+    headed = all_headed - (at != "head")
+    embedded = embedded - (at == "embedding")
     res = residual_placement(plan)
     out = _root_held(b) if root else []
     if b.first and plan.model.dropout:
-        out.append(
-            Alloc(
-                "embedding dropout mask",
-                "activations",
-                s.tokens_sp * s.hidden,
-                count=embedded,
-                placement=res,
-            )
+        mask = Alloc(
+            "embedding dropout mask",
+            "activations",
+            s.tokens_sp * s.hidden,
+            count=embedded,
+            placement=res,
         )
+        out += when([mask], embedded > 0)
     if b.last:
         size = s.act * s.tokens_sp * s.hidden
-        out.append(Alloc("final norm input", "activations", size, count=headed, placement=res))
-        out.append(Alloc("output layer input", "activations", size, count=headed, placement=res))
+        head = [
+            Alloc("final norm input", "activations", size, count=headed, placement=res),
+            Alloc("output layer input", "activations", size, count=headed, placement=res),
+        ]
         mtp = mtp_layers(plan)
         if mtp:
             # per module: the inputs of its two norms, of its 2·hidden projection, of its
             # final norm and of the output layer (sequence-sharded under sequence
             # parallelism, as the projection re-gathers its input for the weight gradient)
-            out.append(
+            head.append(
                 Alloc(
                     "multi-token prediction inputs (norms, projection, output layer)",
                     "activations",
@@ -1012,7 +1022,8 @@ def _extra_saved(b: _StageBuilder, root: bool = True) -> list[Alloc]:
                     placement=res,
                 )
             )
-        others = headed - 1
+        out += when(head, headed > 0)
+        others = all_headed - 1
         logits = s.tokens * vocab_rows(plan)
         # what `_loss` keeps of each cross-entropy for its backward, main head and MTP's:
         # the fp32 softmax, and the soft-capped logits for the tanh backward
@@ -1665,7 +1676,7 @@ def _forward(b: _StageBuilder) -> None:
     plan, s, m = b.plan, b.shapes, b.microbatches
     sp = _sp(plan)
     full = plan.recompute == "full"
-    base = [*b.resident, *b.extra_saved, b.earlier]
+    base = [*b.resident, *_extra_saved(b, "forward"), b.earlier]
     checkpoint = [x for x in b.layer.attention if x.name == "layer input (checkpoint)"]
     blocks = b.layer.blocks
     # selective recompute runs the core attention inside a checkpoint that keeps only its
@@ -1829,7 +1840,7 @@ def _loss(b: _StageBuilder) -> None:
     def head(earlier: int) -> list[Alloc]:
         live = [
             *b.resident,
-            *b.extra_saved,
+            *_extra_saved(b, "head"),
             everything,
             *when([Alloc("logits", "transient", s.act * logits, placement=vocab)], s.act < 4),
             *when(
@@ -1984,7 +1995,13 @@ def _backward(b: _StageBuilder) -> None:
     par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
-    saved = [*b.resident, *b.extra_saved, *_zero3_root_grads(b), b.earlier, *b.current_layer]
+    saved = [
+        *b.resident,
+        *_extra_saved(b, "backward"),
+        *_zero3_root_grads(b),
+        b.earlier,
+        *b.current_layer,
+    ]
     blocks = b.layer.blocks
     grad_out = Alloc(
         "output gradient",
@@ -2239,7 +2256,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     par = plan.parallel
     zero3 = (par.zero == 3) & (par.dp * par.cp > 1)
     others = _earlier(b, b.layers - 1)  # this micro-batch's layer passes are all done
-    extra = _extra_saved(b, root=False)  # the gathered parameters freed
+    extra = _extra_saved(b, "embedding", root=False)  # the gathered parameters freed
     grad_out = Alloc(
         "embedding output gradient",
         "transient",
@@ -2254,7 +2271,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         "embedding weight gradient",
         (
             *b.resident,
-            *b.extra_saved,
+            *_extra_saved(b, "embedding"),
             *_zero3_root_grads(b),
             others,
             grad_out,
