@@ -2010,3 +2010,20 @@ def test_a_config_of_many_problems_shows_the_first_in_order_and_counts_the_rest(
     more = 1000 + 1 + 1 - 199
     config = str(tmp_path / "config.json")
     assert lines[-1].endswith(f"…and {more:,} more problems in {config!r} than the 199 above")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"name": "a\x00b"}', "is not JSON: Invalid control character at line 1 column 12"),
+        ('{"name": "ab', "is not JSON: Unterminated string starting at line 1 column 10"),
+    ],
+)
+def test_a_json_error_says_where_once(tmp_path: Path, text: str, said: str) -> None:
+    """Some of the JSON scanner's messages end in "at" already, before its own position
+    (an audit: "Invalid control character at at line 17 column 21")."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    assert said in str(raised.value) and " at at " not in str(raised.value)

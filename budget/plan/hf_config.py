@@ -351,8 +351,11 @@ def read_hf_config(path: Path) -> HfModel:
             parse_constant=reading.finite,
         )
     except json.JSONDecodeError as error:
+        # some of the scanner's messages end in "at" already ("Invalid control character
+        # at"), as its own "…: line 17 column 21" follows them (an audit: "at at")
+        what = error.msg.removesuffix(" at")
         raise HfConfigError(
-            f"{shown} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+            f"{shown} is not JSON: {what} at line {error.lineno} column {error.colno}"
         ) from None
     except RecursionError:
         raise HfConfigError(f"{shown} nests its values too deeply to be a config") from None
