@@ -1101,7 +1101,7 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     kernel saves its output for its backward, which is also the output projection's input;
     under FP8 training the projection saves its own FP8 copy instead (`saved_gemm_input`),
     so the kernel's 16-bit output is a tensor of its own."""
-    score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+    score = _scores(s)
     if plan.model.attention != "eager":
         rows = s.heads * s.tokens
         saved = [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
@@ -1123,6 +1123,34 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
         out.append(Alloc("attention softmax dropout output", "activations", s.act * score))
     return out
 
+
+def _scores(s: Shapes) -> Any:
+    """Elements of one micro-batch's s x s attention scores on a rank: its heads' query rows
+    against the keys each meets."""
+    return s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+
+
+def eager_scores(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
+    """Eager attention's raw scores QKᵀ, one micro-batch's, in the activations' format.
+    Megatron-LM's unfused ``DotProductAttention.forward`` writes them with
+    ``torch.baddbmm(matmul_input_buffer, ...)``, which returns a tensor of its own, alive as
+    the local ``matmul_result`` until the core returns (the softmax saves its output, not
+    its input); its ``matmul_input_buffer`` comes from ``get_global_memory_buffer()``, a
+    tensor of the same size made at the first call and kept for the run
+    (``GlobalMemoryBuffer.get_tensor``, megatron/core/utils.py)."""
+    if plan.model.attention != "eager":
+        return []
+    return [Alloc(name, "transient", s.act * _scores(s), placement="shard(heads) on tp")]
+
+
+# Made after a block's row-parallel reduction, so absent from the block's own instants: its
+# bias-dropout-add's mask (Megatron-Core's ``TransformerLayer`` runs ``self_attn_bda`` and
+# ``mlp_bda`` on the reduced output) and a sandwich norm's input, the reduced output itself
+LATE = frozenset(
+    f"{block} {what}"
+    for block in ("attention", "MLP", "MoE")
+    for what in ("dropout mask", "post-norm input")
+)
 
 FC2_INPUT = "MLP fc2 input"
 

@@ -33,6 +33,7 @@ from budget.errors import BudgetError
 from budget.flops import Work, te_fp8
 from budget.layers import (
     FC2_INPUT,
+    LATE,
     MLA_LATENTS,
     PROJECTION_INPUT,
     QKV_OUTPUTS,
@@ -44,6 +45,7 @@ from budget.layers import (
     attention_saved,
     class_params,
     core_attention,
+    eager_scores,
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
@@ -774,14 +776,16 @@ def _derive_training(
     stages = []
     for kind in classes:
         params = class_params(plan, kind)
+        stage_shapes = _stage_shapes(plan, s, kind.sliding, kind.dense + kind.moe)
         b = _StageBuilder(
             plan,
             kind,
             m,
-            _stage_shapes(plan, s, kind.sliding, kind.dense + kind.moe),
+            stage_shapes,
             params,
             resident_states(plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank)
-            + tuple(fp8_weight_copies(plan, kind)),
+            + tuple(fp8_weight_copies(plan, kind))
+            + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe),
             layer,
         )
         _forward(b)
@@ -801,6 +805,13 @@ def _derive_training(
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
     return _with_transitions(plan, step)
+
+
+def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
+    """Under eager attention, the scores' input buffer Megatron-LM keeps for the run
+    (`layers.eager_scores`), on a stage that runs attention."""
+    name = "attention scores buffer (Megatron-LM's global memory buffer, kept for the run)"
+    return tuple(when(eager_scores(plan, s, name), layers > 0))
 
 
 def _stage_shapes(plan: Plan, s: Shapes, sliding: Any, layers: Any) -> Shapes:
@@ -1685,8 +1696,19 @@ def _forward(b: _StageBuilder) -> None:
     # ``CheckpointFunction.forward`` runs it under ``torch.no_grad``; an audit found them
     # carried through the output projection and the MLP)
     core = when(_working(b.layer.core), plan.recompute == "selective")
-    attn = _either(blocks["attention"], full)
-    first_two = _either(blocks["attention"][:2], full)
+    core += eager_scores(plan, s, "attention scores QKᵀ (working, freed as the core returns)")
+    # full recompute's forward runs under ``torch.no_grad``, so a tensor goes with its last
+    # reference (an audit: all were held to the block's end): the checkpoint is the norm's
+    # input; the norm's output with the QKV GEMM that reads it; the core's tensors as it
+    # returns; Q, K and V, locals of the attention, and the core's output through the
+    # output projection
+    early = [x for x in blocks["attention"] if x.name not in LATE]
+    ran = {*QKV_OUTPUTS, PROJECTION_INPUT}
+    projecting = [x for x in early if x.name in ran]
+    cored = [x for x in early if x.name in ran | {a.name for a in core_attention(plan, s)}]
+    after = when(early, lacks(full)) + when(_working(cored), full)
+    attn = when(early, lacks(full)) + when(_working(projecting), full)
+    first_two = when(early[:1], lacks(full)) + _either(early[1:2], full)
     # what the QKV GEMM writes while its all-gathered input is alive (a seeds audit), and
     # under latent attention the latents the up-projections read (a review)
     made = (*QKV_OUTPUTS, MLA_LATENTS)
@@ -1712,7 +1734,7 @@ def _forward(b: _StageBuilder) -> None:
             ),
             Instant(
                 "after attention",
-                tuple(base + checkpoint + attn + core + _cp_buffers(plan, s) + z3),
+                tuple(base + checkpoint + after + core + _cp_buffers(plan, s) + z3),
             ),
             # the row-parallel output projection's output, whole on each rank before its
             # reduce-scatter (all-reduce), as the MLP's fc2 output is
@@ -1727,7 +1749,13 @@ def _forward(b: _StageBuilder) -> None:
     )
     kept = when(blocks["attention"], lacks(full))
     if b.has_dense:
-        mlp = _either(blocks["mlp"], full)
+        # as the attention's under full recompute: fc1's input goes with fc1, its output
+        # with the activation, which fc2 reads; the norm's input is the residual
+        early = [x for x in blocks["mlp"] if x.name not in LATE]
+        reduced = [x for x in early if x.name in ("MLP norm input", FC2_INPUT)]
+        activated = [x for x in early if x.name != "MLP fc1 input"]
+        mlp = when(early, lacks(full)) + when(_working(activated), full)
+        fc2 = when(early, lacks(full)) + when(_working(reduced), full)
         partial = _before_reduction(plan, s, "MLP output")  # before the residual add
         z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
@@ -1749,13 +1777,13 @@ def _forward(b: _StageBuilder) -> None:
                 ),
                 *_squared_relu(plan, s, base + checkpoint + kept + mlp + z3),
                 Instant(
-                    "fc2 output reduction", tuple(base + checkpoint + kept + mlp + partial + z3)
+                    "fc2 output reduction", tuple(base + checkpoint + kept + fc2 + partial + z3)
                 ),
             ],
             b.layer.kernels.forward("mlp", s) + _gather_copies(plan, b.layer, "mlp"),
         )
     if b.has_moe:
-        moe = _either(blocks["moe"], full)
+        moe = _either([x for x in blocks["moe"] if x.name not in LATE], full)
         buffers = [dispatch_buffers(plan, s)]
         # eager squared ReLU holds the experts' fc1 output while its square runs
         experts = s.act * s.routed * s.expert_cols
