@@ -59,6 +59,7 @@ from budget.layers import (
 from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
+    _before_reduction,
     _cp_moves,
     _ep_moves,
     _full,
@@ -107,14 +108,8 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     (``cache13``, M·topk x max(N, K)), so budget's count is the dispatcher's, the larger."""
     a = s.act
     gate = plan.model.gate
-    residual = Alloc("residual stream", "transient", a * s.tokens_sp * s.hidden)
-    layer_in = [Alloc("layer input", "transient", a * s.tokens * s.hidden), residual]
     if block == "attention":
-        out = [
-            *layer_in,
-            Alloc("Q/K/V", "transient", a * s.tokens * (s.q_cols + s.k_cols + s.v_cols)),
-            Alloc("attention output", "transient", a * s.tokens * s.out_cols),
-        ]
+        out = [*_layer_input(s), *_attention_held(s)]
         if plan.model.attention == "eager":
             rows, keys = s.tokens // s.micro, s.seq_kv
             if not s.causal and every(s.sliding == 1):  # decoding, every layer here slides
@@ -123,16 +118,51 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         return out
     if block == "moe":
         return [
-            *layer_in,
+            *_layer_input(s),
             dispatch_buffers(plan, s),
             Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
             Alloc("expert activation output", "transient", a * s.routed * s.expert_cols),
         ]
     return [
-        *layer_in,
+        *_layer_input(s),
         Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols),
-        Alloc("MLP activation output", "transient", a * s.tokens * s.ffn_cols),
+        _activated(s),
     ]
+
+
+def _layer_input(s: Shapes) -> list[Alloc]:
+    """A block's normed input beside the residual stream (`_working_set`)."""
+    residual = Alloc("residual stream", "transient", s.act * s.tokens_sp * s.hidden)
+    return [Alloc("layer input", "transient", s.act * s.tokens * s.hidden), residual]
+
+
+def _attention_held(s: Shapes) -> list[Alloc]:
+    """The QKV projection's output and the attention kernel's (`_working_set`)."""
+    qkv = s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols)
+    out = s.act * s.tokens * s.out_cols
+    return [Alloc("Q/K/V", "transient", qkv), Alloc("attention output", "transient", out)]
+
+
+def _activated(s: Shapes) -> Alloc:
+    return Alloc("MLP activation output", "transient", s.act * s.tokens * s.ffn_cols)
+
+
+def _reduction(plan: Plan, s: Shapes, block: str, base: list[Alloc]) -> Instant:
+    """A block's row-parallel projection (the attention's output projection, the MLP's fc2)
+    as its output is reduced over tp: the output whole on each rank, partial before its
+    all-reduce (in place; its reduce-scatter's shard beside it under sequence
+    parallelism), as a training step counts it (`step._before_reduction`), beside the
+    stage's resident `base` and what the block still holds: its input and residual, and
+    the projection's input; in the attention the QKV projection's output too, a local
+    until the block returns (vLLM's
+    ``LlamaAttention.forward``), in the MLP not fc1's, which the activation's replaced
+    (``x = self.act_fn(x)``). An audit: serving had no instant here, and the shipped decode
+    plan's prefill peaked 134,217,728 B under it."""
+    if block == "attention":
+        held, label, name = _attention_held(s), "output projection reduction", "attention output"
+    else:
+        held, label, name = [_activated(s)], "fc2 output reduction", "MLP output"
+    return Instant(label, (*base, *_layer_input(s), *held, *_before_reduction(plan, s, name)))
 
 
 def _decode_combine(plan: Plan, s: Shapes) -> Move:
@@ -174,10 +204,20 @@ def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]
     layer, as in training (`step._tp_moves`). Each tp rank computes its vocabulary rows'
     logits, which are gathered for the sampler (vLLM's ``LogitsProcessor._gather_logits``,
     in the model's format, to one rank): priced as an all-gather, whose bytes into each rank
-    are the gather's into its root, exposed, since sampling waits for it."""
+    are the gather's into its root, exposed, since sampling waits for it.
+
+    Held at the output GEMM (an audit): the final norm's output over every position, which
+    the positions are picked from, and the logits the sampler reads, fp32 over the whole
+    vocabulary (the sampler's cast of the gathered logits, beside them; at tp 1 the GEMM's
+    own fp32 output, as FasterTransformer writes it); they were counted over this rank's
+    vocabulary rows alone."""
     e = flops.outside_operands(plan)
     vocab, tp = vocab_rows(plan), plan.parallel.tp
-    logits = [Alloc("logits of the last position", "transient", 4 * s.micro * vocab)]
+    normed = Alloc("final norm output, every position", "transient", s.act * s.tokens_sp * s.hidden)
+    whole = Alloc(
+        "logits (fp32) for sampling, whole vocabulary", "transient", 4 * s.micro * vocab * tp
+    )
+    logits = [normed, whole]
     gather = Move(
         "logits for sampling",
         "all-gather",
@@ -232,7 +272,10 @@ def _pass(
             f"{prefix}.attention",
             (dense + moe) * count,
             tuple(attention),
-            (Instant("attention", tuple(base + _working_set(plan, s, "attention"))),),
+            (
+                Instant("attention", tuple(base + _working_set(plan, s, "attention"))),
+                _reduction(plan, s, "attention", base),
+            ),
             tuple(flops.attention_forward(plan, timed or s)),
         )
     )
@@ -242,7 +285,10 @@ def _pass(
                 f"{prefix}.mlp",
                 dense * count,
                 tuple(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
-                (Instant("MLP", tuple(base + _working_set(plan, s, "mlp"))),),
+                (
+                    Instant("MLP", tuple(base + _working_set(plan, s, "mlp"))),
+                    _reduction(plan, s, "mlp", base),
+                ),
                 tuple(flops.mlp_forward(plan, s)),
             )
         )

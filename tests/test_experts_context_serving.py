@@ -1022,7 +1022,7 @@ def test_the_prefill_mlp_holds_its_activation_output_beside_fc1s():
     plan = load_plan(PLANS / "llama3-70b-decode.yaml")
     (stage,) = derive_inference(plan).stages
     (phase,) = [p for p in stage.phases if p.name == "prefill.mlp"]
-    (instant,) = phase.instants
+    instant = phase.instants[0]  # the activation's; fc2's reduction follows
     live = {a.name: a.bytes for a in instant.live}
     assert live["MLP fc1 output"] == 2 * 65536 * 3584 * 2
     assert live["MLP activation output"] == 65536 * 3584 * 2 == 448 * 2**20
@@ -1037,9 +1037,9 @@ def test_a_serving_block_holds_the_residual_stream_beside_its_normed_input(tmp_p
     (stage,) = derive_inference(plan).stages
     for name in ("prefill.attention", "prefill.mlp"):
         (phase,) = [p for p in stage.phases if p.name == name]
-        (instant,) = phase.instants
-        live = {a.name: a.bytes for a in instant.live}
-        assert live["layer input"] == live["residual stream"] == 65536 * 8192 * 2 == 2**30
+        for instant in phase.instants:
+            live = {a.name: a.bytes for a in instant.live}
+            assert live["layer input"] == live["residual stream"] == 65536 * 8192 * 2 == 2**30
     text = (PLANS / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
     sp = _load_text(tmp_path, text.replace("dp: 1", "dp: 1\n  sequence_parallel: true"))
     (stage,) = derive_inference(sp).stages
@@ -1163,26 +1163,27 @@ def test_the_sampler_gathers_the_logits_over_tp():
 
 
 def test_the_last_positions_logits_are_held_in_fp32():
-    """Each tp rank's logits of the last position of every sequence, its ⌈vocab / tp⌉
-    vocabulary rows, are kept in fp32 whatever the model's format: FasterTransformer's
+    """The logits of the last position of every sequence are sampled in fp32 whatever the
+    model's format, over the whole vocabulary once gathered: FasterTransformer's
     ParallelGpt (src/fastertransformer/models/multi_gpu_gpt/ParallelGpt.cc) writes the
     output GEMM in ``CUDA_R_32F`` into ``logits_buf_`` and ``nccl_logits_buf_`` of
-    ``sizeof(float)``, and vLLM's sampler (vllm/v1/sample/sampler.py) casts the logits to
-    float32 before sampling. Llama 3 70B decoding at tp 8, 32 sequences: ⌈128,256 / 8⌉ =
-    16,032 rows x 32 x 4 B = 2,052,096 B on a rank, in the prefill and in each decode pass
-    (half of it, had the logits stayed bf16)."""
+    ``sizeof(float) * batchxbeam * vocab_size_padded_``, and vLLM's sampler
+    (vllm/v1/sample/sampler.py) casts the gathered logits to float32 before sampling.
+    Llama 3 70B decoding at tp 8, 32 sequences: 8 · ⌈128,256 / 8⌉ = 128,256 rows x 32 x 4 B
+    = 16,416,768 B on a rank, in the prefill and in each decode pass (an audit: they were
+    counted over the rank's 16,032 rows alone)."""
     plan = load_plan(PLANS / "llama3-70b-decode.yaml")
     assert (plan.model.vocab, plan.parallel.tp, plan.batch.micro) == (128256, 8, 32)
-    rows = -(-128256 // 8)
-    assert rows == 16032
+    rows = 8 * -(-128256 // 8)
+    assert rows == 128256
     (stage,) = derive_inference(plan).stages
     for name in ("prefill.output", "decode.output"):
         (phase,) = [p for p in stage.phases if p.name == name]
         (instant,) = phase.instants
         live = {a.name: a for a in instant.live}
-        logits = live["logits of the last position"]
+        logits = live["logits (fp32) for sampling, whole vocabulary"]
         assert logits.category == "transient"
-        assert logits.total == 32 * rows * 4 == 2_052_096
+        assert logits.total == 32 * rows * 4 == 16_416_768
 
 
 def test_a_plan_names_the_all_reduce_algorithm(tmp_path):
@@ -1879,7 +1880,7 @@ def test_a_serving_blocks_working_set_is_its_tensors_by_hand(tmp_path):
 
     def transients(plan, phase: str) -> dict[str, int]:
         stage = derive_inference(plan).stages[0]
-        (instant,) = next(p for p in stage.phases if p.name == phase).instants
+        instant = next(p for p in stage.phases if p.name == phase).instants[0]
         return {a.name: int(a.bytes) for a in instant.live if a.category == "transient"}
 
     llama = load_plan(PLANS / "llama3-70b-decode.yaml")
@@ -1979,3 +1980,59 @@ def test_the_dispatcher_moves_routing_probabilities_and_counts(tmp_path):
     padded_phases = {p.name: p for p in derive(load_plan(padded)).stages[0].phases}
     names = {m.name for m in padded_phases["forward.moe"].moves}
     assert "MoE routing counts" not in names and "MoE probabilities" in names
+
+
+def _serving_instants(plan, phase: str) -> dict[str, dict[str, int]]:
+    (stage, *_) = derive(plan).stages
+    (found,) = [p for p in stage.phases if p.name == phase]
+    return {
+        i.label: {a.name: a.total for a in i.live if a.category == "transient"}
+        for i in found.instants
+    }
+
+
+def test_serving_holds_a_row_parallel_output_while_it_is_reduced():
+    """The output projection and fc2 write their output whole on each tp rank before the
+    all-reduce, beside the block's input, residual and the projection's input (the QKV
+    output too in the attention, a local until it returns); serving had no instant there
+    (an audit: the shipped decode plan's prefill peaked 134,217,728 B under it).
+
+    By hand, Llama 3 70B at tp 8, 32 prompts of 2,048 tokens: 65,536 rows; the input, the
+    residual and the partial output 65,536 · 8,192 · 2 B each, the activation's output
+    65,536 · 28,672 / 8 · 2 B; Q/K/V (64 + 2 · 8 heads) / 8 · 128 columns, the attention's
+    output 64 / 8 · 128."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    rows, hidden = 32 * 2048, 8192 * 2
+    mlp = _serving_instants(plan, "prefill.mlp")["fc2 output reduction"]
+    assert mlp == {
+        "layer input": rows * hidden,
+        "residual stream": rows * hidden,
+        "MLP activation output": rows * 28672 // 8 * 2,
+        "MLP output (partial, before reduction)": rows * hidden,
+    }
+    attention = _serving_instants(plan, "prefill.attention")["output projection reduction"]
+    assert attention == {
+        "layer input": rows * hidden,
+        "residual stream": rows * hidden,
+        "Q/K/V": rows * (64 + 16) // 8 * 128 * 2,
+        "attention output": rows * 64 // 8 * 128 * 2,
+        "attention output (partial, before reduction)": rows * hidden,
+    }
+    (stage,) = build_report(plan).stages
+    assert (stage.peak_phase, stage.peak_instant) == ("prefill.mlp", "fc2 output reduction")
+
+
+def test_serving_output_holds_the_normed_positions_and_the_whole_vocabulary_s_logits():
+    """At the output GEMM the final norm's output over every position is alive (the
+    positions are picked from it), and the sampler reads fp32 logits over the whole
+    vocabulary beside the gathered ones (an audit: they were counted over one rank's
+    vocabulary rows). Llama 3 70B at tp 8, 32 sequences, 128,256 tokens' vocabulary."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    prefill = _serving_instants(plan, "prefill.output")["logits"]
+    assert prefill == {
+        "final norm output, every position": 32 * 2048 * 8192 * 2,
+        "logits (fp32) for sampling, whole vocabulary": 4 * 32 * 128_256,
+        "logits gathered for sampling": 2 * 32 * 128_256,
+    }
+    decode = _serving_instants(plan, "decode.output")["logits"]
+    assert decode["final norm output, every position"] == 32 * 8192 * 2
