@@ -2036,3 +2036,44 @@ def test_serving_output_holds_the_normed_positions_and_the_whole_vocabulary_s_lo
     }
     decode = _serving_instants(plan, "decode.output")["logits"]
     assert decode["final norm output, every position"] == 32 * 8192 * 2
+
+
+def test_the_experts_output_is_sorted_and_reduce_scattered_beside_itself(tmp_path):
+    """Before the combine all-to-all Megatron-Core's ``MoELayer`` keeps ``expert_output``
+    while ``combine_preprocess`` sorts its rows back to their ranks' order (a copy, with
+    more than one expert a rank) and reduce-scatters them over etp into a buffer of its
+    own: the forward had no instant past the experts' GEMMs, and a small plan's true peak
+    is there (an audit, by hand).
+
+    Hidden 256, 8 experts top 2 over ep 4 (two a rank) at tp 2 with sequence parallelism,
+    so etp 2, one sequence of 128 tokens: 64 tokens a rank · 2 = 128 rows dispatched, 256
+    once gathered over etp; the output and its sorted copy 256 · 256 · 2 B each, the
+    reduce-scattered rows 128 · 256 · 2 B, on top of the expert computation's instant."""
+    text = (
+        "name: moe\nmode: train\n"
+        "model: {layers: 2, hidden: 256, heads: 4, kv_heads: 2, ffn: 512, vocab: 128, "
+        "mlp: swiglu, norm: rmsnorm, tied_embeddings: false, position: rope, "
+        "attention: flash, experts: {count: 8, top_k: 2, ffn: 64}}\n"
+        "batch: {seq: 128, micro: 1, global: 8}\n"
+        "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
+        "activations: bf16}\n"
+        "parallel: {tp: 2, pp: 1, dp: 4, ep: 4, sequence_parallel: true, zero: 1}\n"
+        "recompute: none\ndevice: {preset: h100-sxm, reserved: 0 GiB}\n"
+        "topology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    plan = _load_text(tmp_path, text)
+    (stage,) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "forward.moe"]
+    computing, combining = phase.instants
+    assert combining.label == "expert output combine"
+    added = {a.name: a.total for a in combining.live}
+    for a in computing.live:
+        assert added.pop(a.name) == a.total
+    assert added == {
+        "expert output (fc2)": 256 * 256 * 2,
+        "expert output, sorted back to its ranks' order": 256 * 256 * 2,
+        "expert output (reduce-scattered over etp)": 128 * 256 * 2,
+    }
+    (row,) = build_report(plan).stages
+    assert (row.peak_phase, row.peak_instant) == ("forward.moe", "expert output combine")
+    assert row.peak_bytes == combining.total
