@@ -1123,16 +1123,21 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
     return held
 
 
-def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
+def dispatch_buffers(plan: Plan, s: Shapes, training: bool = False) -> Alloc:
     """The all-to-all's send and receive buffers, as Megatron-Core's
     ``MoEAlltoAllTokenDispatcher`` permutes and exchanges them, before the etp all-gather
     (whose rows the experts' own activations count): the token rows one rank dispatches
     (tokens·k·capacity) and the rows it receives, as many under balanced routing and the
     routing skew times more on the busiest rank (`flops.routing_skew`). When every tp
     rank holds the same tokens nothing is exchanged or gathered and the buffers hold the
-    rows the rank's experts take, permuted in and out of their order."""
+    rows the rank's experts take, permuted in and out of their order. In `training`, where
+    the experts save their input, the received rows are that input when nothing gathers or
+    sorts them (etp 1, one expert a rank: ``dispatch_postprocess`` hands them on), counted
+    there (an audit: counted twice)."""
     replicated = tokens_replicated(plan)
-    rows = s.act * vwhere(replicated, 2 * s.routed, s.sent + s.dispatched) * s.hidden
+    handed_on = (plan.parallel.expert_tp == 1) & (s.local_experts == 1) & lacks(replicated)
+    received: Any = vwhere(holds(training & handed_on), 0, s.dispatched)
+    rows = s.act * vwhere(replicated, 2 * s.routed, s.sent + received) * s.hidden
     # on one expert-parallel rank the all-to-all hands its input back (Megatron-Core's
     # `_AllToAll` on a group of one); the rows are permuted, then sorted by local expert (an
     # audit: they were called send and receive buffers beside no all-to-all)
@@ -1149,29 +1154,91 @@ def dispatch_buffers(plan: Plan, s: Shapes) -> Alloc:
     )
 
 
-def _combined(plan: Plan, s: Shapes) -> list[Alloc]:
-    """What the experts' output is made into before its combine all-to-all, beside it:
-    Megatron-Core's ``MoELayer`` keeps ``expert_output`` while the dispatcher's
-    ``combine_preprocess`` sorts its rows back to their ranks' order (a copy, where a rank
-    holds more than one expert: ``sort_chunks_by_idxs``) and reduce-scatters them over the
-    expert-tensor-parallel group (``reduce_scatter_to_sequence_parallel_region``, into a
-    buffer of its own: the rows the rank received). An audit: the forward had no instant
-    past the experts' GEMMs, 327,680 B under the true peak of a small plan."""
+def _combined(plan: Plan, s: Shapes, held: list[Alloc]) -> list[tuple[str, list[Alloc]]]:
+    """The moments of the experts' output on its way back to its tokens, each with what it
+    holds beside `held` (Megatron-Core's ``MoELayer`` and ``MoEAlltoAllTokenDispatcher``;
+    audits: the forward had no instant past the experts' GEMMs). ``combine_preprocess``
+    sorts the output's rows back to their ranks' order (a copy, where a rank holds more than
+    one expert: ``sort_chunks_by_idxs``) and reduce-scatters them over the
+    expert-tensor-parallel group into a buffer of its own, ``expert_output`` alive
+    throughout; then the combine all-to-all writes the rows this rank sent into a fresh
+    buffer, and the un-permute scatters them into its tokens, its input (the all-to-all's
+    input, which the caller still holds) alive beside both."""
     rows = "shard(tokens) on ep"
-    output = Alloc("expert output (fc2)", "transient", s.act * s.routed * s.hidden, placement=rows)
-    sorted_rows = replace(output, name="expert output, sorted back to its ranks' order")
+    a, hidden = s.act, s.hidden
+    output = Alloc("expert output (fc2)", "transient", a * s.routed * hidden, placement=rows)
+    local = s.local_experts > 1
+    etp = (plan.parallel.expert_tp > 1) & lacks(tokens_replicated(plan))
+    ordered = replace(output, name="expert output, sorted back to its ranks' order")
     scattered = Alloc(
         "expert output (reduce-scattered over etp)",
         "transient",
-        s.act * s.dispatched * s.hidden,
+        a * s.dispatched * hidden,
         placement=rows,
     )
-    etp = plan.parallel.expert_tp
+    # what the all-to-all reads: the reduce-scattered rows, or the sorted ones, or the output
+    sent = when([scattered], etp) + when([ordered], local & lacks(etp))
+    sent += when([output], lacks(local) & lacks(etp))
+    back = Alloc("combine all-to-all output", "transient", a * s.sent * hidden, placement=rows)
+    tokens = Alloc(
+        "expert output, un-permuted to its tokens", "transient", a * s.tokens_sp * hidden
+    )
     return [
-        output,
-        *when([sorted_rows], s.local_experts > 1),
-        *when([scattered], (etp > 1) & lacks(tokens_replicated(plan))),
+        (
+            "expert output combine",
+            [output, *when([ordered], local), *when([scattered], etp), *held],
+        ),
+        ("combine un-permute", [*sent, back, tokens, *held]),
     ]
+
+
+def _expert_backward(plan: Plan, s: Shapes) -> list[tuple[str, list[str], list[Alloc]]]:
+    """The moments of an MoE block's backward, as autograd runs the forward's operations in
+    reverse: each a label, the block's saved tensors its backward has consumed and freed by
+    then, and the gradients alive beside the output gradient. The un-permute's backward
+    gathers the output gradient into the rows this rank sent, the combine all-to-all's
+    returns them to the experts' ranks, the reduce-scatter's (an all-gather) and the sort's
+    (a copy) widen and reorder them; fc2's backward writes its input's gradient, the
+    activation's its input's (the fp32 row probabilities' beside it), fc1's the token rows'
+    (Megatron-Core's ``TEGroupedMLP``), which the dispatch's all-to-all and permute send
+    back. The dispatch buffers of the forward are not saved for it (an audit: one instant
+    held every one of these gradients and those buffers at once, over and under the true
+    peak by turns)."""
+    rows, a = "shard(tokens) on ep", s.act
+    etp = (plan.parallel.expert_tp > 1) & lacks(tokens_replicated(plan))
+    local = s.local_experts > 1
+    width = a * s.routed * s.expert_cols
+
+    def grad(name: str, size: Any) -> Alloc:
+        return Alloc(name, "transient", size, placement=rows)
+
+    sent = grad("output gradient rows (un-permuted's backward)", a * s.sent * s.hidden)
+    scattered = grad(
+        "expert output gradients (before the etp all-gather)", a * s.dispatched * s.hidden
+    )
+    output = grad("expert output gradients", a * s.routed * s.hidden)
+    ordered = grad("expert output gradients, sorted by expert", a * s.routed * s.hidden)
+    fc2_in = grad("expert fc2 input gradient", width)
+    activation = grad("expert activation gradient", plan.model.gate * width)
+    weights = grad("expert row probabilities' gradient (fp32)", 4 * s.routed)
+    doubled = _squared(plan, "expert squared ReLU's 2·x", width, rows)
+    tokens = grad("dispatched token gradients", a * s.routed * s.hidden)
+    mask = ["MoE dropout mask"]
+    fc2_saved = [*mask, "expert fc2 input"]
+    fc1_saved = [*fc2_saved, "expert fc1 output", "expert row probabilities (fp32)"]
+    returned = when([scattered], etp) + when([output], lacks(etp))
+    widened = when(
+        [output, *when([ordered], local), *when([scattered], etp & lacks(local))], local | etp
+    )
+    moments = [
+        ("combine gradients", mask, [sent, *returned]),
+        ("expert output gradients", mask, widened),
+        ("expert fc2 gradients", mask, [output, fc2_in]),
+        ("expert activation gradients", fc2_saved, [fc2_in, activation, weights, *doubled]),
+        ("expert fc1 gradients", fc1_saved, [activation, tokens]),
+        ("dispatch gradients", [*fc1_saved, "dispatched tokens"], [tokens, sent]),
+    ]
+    return [(label, spent, live) for label, spent, live in moments if live]
 
 
 def _shared_expert_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
@@ -1809,7 +1876,7 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.has_moe:
         moe = _either([x for x in blocks["moe"] if x.name not in LATE], full)
-        buffers = [dispatch_buffers(plan, s)]
+        buffers = [dispatch_buffers(plan, s, training=True)]
         # eager squared ReLU holds the experts' fc1 output while its square runs
         experts = s.act * s.routed * s.expert_cols
         buffers += _squared(plan, "expert ReLU input", experts, "shard(tokens) on ep")
@@ -1825,11 +1892,9 @@ def _forward(b: _StageBuilder) -> None:
                     "expert computation",
                     tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
                 ),
-                Instant(
-                    "expert output combine",
-                    tuple(
-                        base + checkpoint + kept + moe + buffers + _combined(plan, s) + gathered_moe
-                    ),
+                *(
+                    Instant(label, tuple(base + checkpoint + kept + moe + buffers + held))
+                    for label, held in _combined(plan, s, gathered_moe)
                 ),
             ],
             b.layer.kernels.forward("moe", s) + _gather_copies(plan, b.layer, "moe"),
@@ -2088,23 +2153,8 @@ def _backward(b: _StageBuilder) -> None:
 
     if b.has_moe:
         recomputed = when(_working(blocks["attention"] + blocks["moe"], "recomputed"), full)
-        rows = s.act * s.routed * s.hidden
-        grads = [
-            Alloc("expert output gradients", "transient", rows, placement="shard(tokens) on ep"),
-            Alloc(
-                "expert activation gradient",
-                "transient",
-                gate * s.act * s.routed * s.expert_cols,
-                placement="shard(tokens) on ep",
-            ),
-            dispatch_buffers(plan, s),
-            *_squared(
-                plan,
-                "expert squared ReLU's 2·x",
-                s.act * s.routed * s.expert_cols,
-                "shard(tokens) on ep",
-            ),
-        ]
+        held = [*saved, *recomputed]
+        moe_bucket = bucket("moe", ["attention"])
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
         forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)
         b.add(
@@ -2115,10 +2165,8 @@ def _backward(b: _StageBuilder) -> None:
             + _shared_expert_moves(plan, s, True)
             + _zero3_moves(plan, b.layer, "moe", True),
             [
-                Instant(
-                    "expert gradients",
-                    tuple(saved + recomputed + [grad_out, *grads] + bucket("moe", ["attention"])),
-                )
+                Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
+                for label, spent, live in _expert_backward(plan, s)
             ],
             b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )

@@ -2038,42 +2038,134 @@ def test_serving_output_holds_the_normed_positions_and_the_whole_vocabulary_s_lo
     assert decode["final norm output, every position"] == 32 * 8192 * 2
 
 
-def test_the_experts_output_is_sorted_and_reduce_scattered_beside_itself(tmp_path):
+_SMALL_MOE = (
+    "name: moe\nmode: train\n"
+    "model: {layers: 2, hidden: 256, heads: 4, kv_heads: 2, ffn: 512, vocab: 128, "
+    "mlp: swiglu, norm: rmsnorm, tied_embeddings: false, position: rope, "
+    "attention: flash, experts: {count: 8, top_k: 2, ffn: 64}}\n"
+    "batch: {seq: 128, micro: 1, global: 8}\n"
+    "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
+    "activations: bf16}\n"
+    "parallel: {tp: 2, pp: 1, dp: 4, ep: 4, sequence_parallel: true, zero: 1}\n"
+    "recompute: none\ndevice: {preset: h100-sxm, reserved: 0 GiB}\n"
+    "topology: {preset: dgx-h100, nodes: 1}\n"
+)
+
+
+def _moe_instants(plan, phase: str) -> dict[str, dict[str, int]]:
+    (stage,) = derive(plan).stages
+    (found,) = [p for p in stage.phases if p.name == phase]
+    return {i.label: {a.name: a.total for a in i.live} for i in found.instants}
+
+
+def _beyond(held: dict[str, int], base: dict[str, int]) -> dict[str, int]:
+    """What `held` has that `base` has not (or not as many bytes of), by name."""
+    return {k: b for k, b in held.items() if base.get(k) != b}
+
+
+def test_the_experts_output_goes_back_to_its_tokens_in_two_moments(tmp_path):
     """Before the combine all-to-all Megatron-Core's ``MoELayer`` keeps ``expert_output``
     while ``combine_preprocess`` sorts its rows back to their ranks' order (a copy, with
     more than one expert a rank) and reduce-scatters them over etp into a buffer of its
-    own: the forward had no instant past the experts' GEMMs, and a small plan's true peak
-    is there (an audit, by hand).
+    own; the all-to-all then writes the rows the rank sent into a fresh buffer and the
+    un-permute scatters them into its tokens (audits: the forward had no instant past the
+    experts' GEMMs, and a small plan's true peak is past them).
 
-    Hidden 256, 8 experts top 2 over ep 4 (two a rank) at tp 2 with sequence parallelism,
-    so etp 2, one sequence of 128 tokens: 64 tokens a rank · 2 = 128 rows dispatched, 256
-    once gathered over etp; the output and its sorted copy 256 · 256 · 2 B each, the
-    reduce-scattered rows 128 · 256 · 2 B, on top of the expert computation's instant."""
-    text = (
-        "name: moe\nmode: train\n"
-        "model: {layers: 2, hidden: 256, heads: 4, kv_heads: 2, ffn: 512, vocab: 128, "
-        "mlp: swiglu, norm: rmsnorm, tied_embeddings: false, position: rope, "
-        "attention: flash, experts: {count: 8, top_k: 2, ffn: 64}}\n"
-        "batch: {seq: 128, micro: 1, global: 8}\n"
-        "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
-        "activations: bf16}\n"
-        "parallel: {tp: 2, pp: 1, dp: 4, ep: 4, sequence_parallel: true, zero: 1}\n"
-        "recompute: none\ndevice: {preset: h100-sxm, reserved: 0 GiB}\n"
-        "topology: {preset: dgx-h100, nodes: 1}\n"
-    )
-    plan = _load_text(tmp_path, text)
-    (stage,) = derive(plan).stages
-    (phase,) = [p for p in stage.phases if p.name == "forward.moe"]
-    computing, combining = phase.instants
-    assert combining.label == "expert output combine"
-    added = {a.name: a.total for a in combining.live}
-    for a in computing.live:
-        assert added.pop(a.name) == a.total
-    assert added == {
+    Hidden 256, 8 experts top 2 at tp 2 with sequence parallelism, one sequence of 128
+    tokens, 64 a rank, 128 rows dispatched, 2 B an element. Over ep 4 (two experts a
+    rank, etp 2): 256 rows once gathered; the output and its sorted copy 256 · 256 · 2 B
+    each, the reduce-scattered rows 128 · 256 · 2 B. Over ep 8 with etp 1 (one expert a
+    rank): the output 128 · 256 · 2 B, the all-to-all's output as much beside it and the
+    64 tokens' 64 · 256 · 2 B; the received rows are the experts' saved input, counted
+    once (the audit found them twice)."""
+    plan = _load_text(tmp_path, _SMALL_MOE)
+    forward = _moe_instants(plan, "forward.moe")
+    computing = forward["expert computation"]
+    assert _beyond(forward["expert output combine"], computing) == {
         "expert output (fc2)": 256 * 256 * 2,
         "expert output, sorted back to its ranks' order": 256 * 256 * 2,
         "expert output (reduce-scattered over etp)": 128 * 256 * 2,
     }
     (row,) = build_report(plan).stages
     assert (row.peak_phase, row.peak_instant) == ("forward.moe", "expert output combine")
-    assert row.peak_bytes == combining.total
+    assert row.peak_bytes == sum(forward["expert output combine"].values())
+
+    one = _load_text(tmp_path, _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,"))
+    forward = _moe_instants(one, "forward.moe")
+    computing = forward["expert computation"]
+    assert computing["dispatch send and receive buffers"] == 128 * 256 * 2  # the sent alone
+    assert computing["dispatched tokens"] == 128 * 256 * 2
+    assert _beyond(forward["combine un-permute"], computing) == {
+        "expert output (fc2)": 128 * 256 * 2,
+        "combine all-to-all output": 128 * 256 * 2,
+        "expert output, un-permuted to its tokens": 64 * 256 * 2,
+    }
+    (row,) = build_report(one).stages
+    assert (row.peak_phase, row.peak_instant) == ("forward.moe", "combine un-permute")
+
+
+def test_an_moe_block_s_backward_holds_each_gradient_while_it_is_alive(tmp_path):
+    """Autograd runs the MoE block's forward in reverse, freeing each gradient once the
+    next is made and each saved tensor once its node's backward has run; the forward's
+    dispatch buffers are not saved for it (an audit: one instant held every gradient and
+    those buffers at once, over the true peak by 98,304 B here). By hand, the ep 8, etp 1
+    plan of the test above (128 rows of hidden 256 and expert width 64, 2 B an element;
+    the output gradient of 64 tokens, 64 · 256 · 2 B, beside every moment): the combine
+    all-to-all's backward holds its input and output, 128 · 256 · 2 B each; fc2's the
+    output's gradient and its input's, 128 · 64 · 2 B; the activation's that, the gated
+    activation's gradient, 2 · 128 · 64 · 2 B, and the fp32 row probabilities', 128 · 4 B,
+    fc2's input freed; fc1's the activation's and the token rows', 128 · 256 · 2 B, fc1's
+    output and the probabilities freed. Over ep 4 with etp 2 the sort's backward peaks:
+    the output gradient and two gradients of the 256 gathered rows, 256 · 256 · 2 B each."""
+    one = _load_text(tmp_path, _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,"))
+    backward = _moe_instants(one, "backward.moe")
+    rows, wide, narrow = 128 * 256 * 2, 2 * 128 * 64 * 2, 128 * 64 * 2
+    saved = {"expert fc2 input": narrow, "expert fc1 output": wide}
+    saved["expert row probabilities (fp32)"] = 128 * 4
+    first = backward["combine gradients"]
+    assert {k: first[k] for k in saved} == saved
+    moment = {"output gradient", "output gradient rows (un-permuted's backward)"}
+    common = {k: b for k, b in first.items() if k not in moment | {"expert output gradients"}}
+    assert first["output gradient"] == 64 * 256 * 2
+    want = {
+        "combine gradients": (
+            {},
+            {
+                "output gradient rows (un-permuted's backward)": rows,
+                "expert output gradients": rows,
+            },
+        ),
+        "expert fc2 gradients": (
+            {},
+            {"expert output gradients": rows, "expert fc2 input gradient": narrow},
+        ),
+        "expert activation gradients": (
+            {"expert fc2 input"},
+            {
+                "expert fc2 input gradient": narrow,
+                "expert activation gradient": wide,
+                "expert row probabilities' gradient (fp32)": 128 * 4,
+            },
+        ),
+        "expert fc1 gradients": (
+            {"expert fc2 input", "expert fc1 output", "expert row probabilities (fp32)"},
+            {"expert activation gradient": wide, "dispatched token gradients": rows},
+        ),
+    }
+    for label, (freed, made) in want.items():
+        held = backward[label]
+        assert held.pop("output gradient") == 64 * 256 * 2
+        assert {k: b for k, b in common.items() if k not in freed} == {
+            k: b for k, b in held.items() if k in common
+        }, label
+        assert {k: b for k, b in held.items() if k not in common} == made, label
+    (row,) = build_report(one).stages
+    assert max(sum(h.values()) for h in backward.values()) == sum(first.values())
+    assert row.peak_phase == "forward.moe"  # past the backward's 4,741,376 B
+
+    plan = _load_text(tmp_path, _SMALL_MOE)
+    widened = _moe_instants(plan, "backward.moe")["expert output gradients"]
+    assert {k: b for k, b in widened.items() if k.startswith("expert output gradients")} == {
+        "expert output gradients": 256 * 256 * 2,
+        "expert output gradients, sorted by expert": 256 * 256 * 2,
+    }

@@ -862,10 +862,10 @@ def test_eager_squared_relu_experts_hold_their_fc1_output_and_a_doubled_copy():
         return {a.name: a.total for a in instant.live}
 
     forward = live(relu, "forward.moe", "expert computation")
-    backward = live(relu, "backward.moe", "expert gradients")
+    backward = live(relu, "backward.moe", "expert activation gradients")
     assert forward["expert ReLU input"] == backward["expert squared ReLU's 2·x"] == width
     gelu_f = live(plan, "forward.moe", "expert computation")
-    gelu_b = live(plan, "backward.moe", "expert gradients")
+    gelu_b = live(plan, "backward.moe", "expert activation gradients")
     assert sum(forward.values()) == sum(gelu_f.values()) + width
     assert sum(backward.values()) == sum(gelu_b.values()) + width
 
