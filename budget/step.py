@@ -1132,10 +1132,12 @@ def dispatch_buffers(plan: Plan, s: Shapes, training: bool = False) -> Alloc:
     rank holds the same tokens nothing is exchanged or gathered and the buffers hold the
     rows the rank's experts take, permuted in and out of their order. In `training`, where
     the experts save their input, the received rows are that input when nothing gathers or
-    sorts them (etp 1, one expert a rank: ``dispatch_postprocess`` hands them on), counted
-    there (an audit: counted twice)."""
+    sorts them (etp 1, one expert a rank: ``dispatch_postprocess`` hands them on) and the
+    experts save them as they are, not Transformer Engine's FP8 copy (`saved_gemm_input`),
+    counted there (an audit: counted twice; a review: under FP8 they are two tensors)."""
     replicated = tokens_replicated(plan)
     handed_on = (plan.parallel.expert_tp == 1) & (s.local_experts == 1) & lacks(replicated)
+    handed_on = handed_on & (not te_fp8(plan))
     received: Any = vwhere(holds(training & handed_on), 0, s.dispatched)
     rows = s.act * vwhere(replicated, 2 * s.routed, s.sent + received) * s.hidden
     # on one expert-parallel rank the all-to-all hands its input back (Megatron-Core's

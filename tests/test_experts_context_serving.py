@@ -2102,6 +2102,17 @@ def test_the_experts_output_goes_back_to_its_tokens_in_two_moments(tmp_path):
     }
     (row,) = build_report(one).stages
     assert (row.peak_phase, row.peak_instant) == ("forward.moe", "combine un-permute")
+    # under FP8 the experts save Transformer Engine's 1-byte copy, and the received 16-bit
+    # rows are a tensor of their own, counted with the buffers (a review)
+    fp8 = _load_text(
+        tmp_path,
+        _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,").replace(
+            "activations: bf16}", "activations: bf16, matmul: fp8}"
+        ),
+    )
+    computing = _moe_instants(fp8, "forward.moe")["expert computation"]
+    assert computing["dispatch send and receive buffers"] == 2 * 128 * 256 * 2
+    assert computing["dispatched tokens"] == 128 * 256 * 1
 
 
 def test_an_moe_block_s_backward_holds_each_gradient_while_it_is_alive(tmp_path):

@@ -803,5 +803,11 @@ def test_tag_directives_are_refused_and_the_file_read_on() -> None:
         "p.yaml:1:1: error: $: a %TAG directive is not allowed in a plan (and 99,999 more): a "
         "plan takes no tags, so it declares nothing a plan can use; delete it"
     ]
-    # not a directive: text that only holds one, or a key that starts like one
+    # not a directive: text that only holds one, or a key that starts like one, or a
+    # quoted string's line (a review: refused, and its value rewritten)
     assert load_yaml('a: "%TAG !x! y"\nb: x%TAG\n', "p.yaml").problems == ()
+    quoted = load_yaml('name: "gpt\n%TAG 1.3b"\nmode: train\n', "p.yaml")
+    assert quoted.problems == () and quoted.tree == {"name": "gpt %TAG 1.3b", "mode": "train"}
+    # after a document's end a prologue starts again
+    second = messages("a: 1\n...\n%TAG !a! tag:x,1:\n---\nb: 2\n")
+    assert second[0].startswith("p.yaml:3:1: error: $: a %TAG directive is not allowed")

@@ -622,7 +622,9 @@ def load_yaml(text: str, file: str) -> Loaded:
 
 
 # a %TAG directive: a line that starts with it, after a LF or a lone CR (both YAML breaks)
-_TAG_DIRECTIVE = re.compile(r"(?:^|(?<=\r))%(?=TAG[ \t])", re.MULTILINE)
+_TAG_DIRECTIVE = re.compile(r"(?:^|(?<=\r))%TAG[ \t]", re.MULTILINE)
+_BREAKS = re.compile("(\r\n|\r|\n)")
+_DOCUMENT_END = re.compile(r"\.\.\.(?:[ \t#]|$)")
 
 
 def _tag_directives(text: str, file: str) -> tuple[str, tuple[Problem, ...]]:
@@ -630,18 +632,30 @@ def _tag_directives(text: str, file: str) -> tuple[str, tuple[Problem, ...]]:
     comment in place, so the file's other problems are said at the same positions. A plan
     takes no tags, so a directive declares nothing it can use; and libyaml checks each
     handle against every one before it, time quadratic in their number (an audit: 100,000
-    of them, 2.7 MB, held the parser 14 s, 242,000 of them 3.5 minutes)."""
-    first = _TAG_DIRECTIVE.search(text)
-    if first is None:
+    of them, 2.7 MB, held the parser 14 s, 242,000 of them 3.5 minutes). A directive is a
+    line of a document's prologue: before its content, at the stream's start or after a
+    document's end (``...``); a line of a quoted string that starts so is text (a review)."""
+    if _TAG_DIRECTIVE.search(text) is None:
         return text, ()
-    text, count = _TAG_DIRECTIVE.subn("#", text)
-    lines = _LINE_BREAK.split(text[: first.start()])
-    more = f" (and {count - 1:,} more)" if count > 1 else ""
+    pieces = _BREAKS.split(text)  # lines at the even indices, their breaks between
+    prologue, found = True, []
+    for i in range(0, len(pieces), 2):
+        line = pieces[i]
+        if not prologue:
+            prologue = _DOCUMENT_END.match(line) is not None
+        elif _TAG_DIRECTIVE.match(line):
+            found.append(i // 2)
+            pieces[i] = "#" + line[1:]
+        elif not (line.startswith("%") or line.lstrip(" \t").startswith("#") or not line.strip()):
+            prologue = False
+    if not found:
+        return text, ()
+    more = f" (and {len(found) - 1:,} more)" if len(found) > 1 else ""
     message = (
         f"a %TAG directive is not allowed in a plan{more}: a plan takes no tags, so it "
         "declares nothing a plan can use; delete it"
     )
-    return text, (Problem(file, len(lines), len(lines[-1]) + 1, "$", message),)
+    return "".join(pieces), (Problem(file, found[0] + 1, 1, "$", message),)
 
 
 def _tab_indented(text: str, line: int, column: int) -> bool:
