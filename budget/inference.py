@@ -54,12 +54,14 @@ from budget.layers import (
     shapes,
     stage_classes,
     stage_layer_ids,
+    tokens_replicated,
     vocab_rows,
 )
 from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _before_reduction,
+    _combined,
     _cp_moves,
     _ep_moves,
     _full,
@@ -72,6 +74,7 @@ from budget.step import (
     dispatch_buffers,
     embedding_moves,
     pipeline_moves,
+    shared_output,
 )
 from budget.vector import every, vmin
 
@@ -118,8 +121,7 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         return out
     if block == "moe":
         return [
-            *_layer_input(s),
-            dispatch_buffers(plan, s),
+            *_moe_held(plan, s),
             Alloc("expert fc1 output", "transient", gate * a * s.routed * s.expert_cols),
             Alloc("expert activation output", "transient", a * s.routed * s.expert_cols),
         ]
@@ -128,6 +130,12 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols),
         _activated(s),
     ]
+
+
+def _moe_held(plan: Plan, s: Shapes) -> list[Alloc]:
+    """What an MoE block holds from its dispatch to its combine: its input and residual,
+    the rows permuted in and out of the experts' order, the shared experts' output."""
+    return [*_layer_input(s), dispatch_buffers(plan, s), *shared_output(s)]
 
 
 def _layer_input(s: Shapes) -> list[Alloc]:
@@ -303,7 +311,17 @@ def _pass(
                     _ep_moves(plan, s, False)
                     + when(_shared_expert_moves(plan, s, False), plan.parallel.sequence_parallel)
                 ),
-                (Instant("experts", tuple(base + _working_set(plan, s, "moe"))),),
+                (
+                    Instant("experts", tuple(base + _working_set(plan, s, "moe"))),
+                    # the experts' output on its way back to its tokens, as in training, where
+                    # the rows are exchanged (with the tokens replicated over tp the buffers
+                    # hold them permuted back already: `dispatch_buffers`)
+                    *(
+                        Instant(label, tuple(base + _moe_held(plan, s) + combined))
+                        for label, combined in _combined(plan, s, [])
+                        if not every(tokens_replicated(plan))
+                    ),
+                ),
                 tuple(flops.moe_forward(plan, s)),
             )
         )

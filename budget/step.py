@@ -1194,6 +1194,15 @@ def _combined(plan: Plan, s: Shapes, held: list[Alloc]) -> list[tuple[str, list[
     ]
 
 
+def shared_output(s: Shapes) -> list[Alloc]:
+    """The shared experts' output, made before the routed experts run and alive until the
+    combine adds it to theirs (Megatron-Core's ``MoELayer``; vLLM's ``DeepseekMoE.forward``
+    computes ``shared_output`` first and adds it after ``fused_moe``; an audit: no instant
+    held it)."""
+    output = Alloc("shared experts' output", "transient", s.act * s.tokens_sp * s.hidden)
+    return when([output], s.shared_cols > 0)
+
+
 def _expert_backward(plan: Plan, s: Shapes) -> list[tuple[str, list[str], list[Alloc]]]:
     """The moments of an MoE block's backward, as autograd runs the forward's operations in
     reverse: each a label, the block's saved tensors its backward has consumed and freed by
@@ -1878,7 +1887,7 @@ def _forward(b: _StageBuilder) -> None:
         )
     if b.has_moe:
         moe = _either([x for x in blocks["moe"] if x.name not in LATE], full)
-        buffers = [dispatch_buffers(plan, s, training=True)]
+        buffers = [dispatch_buffers(plan, s, training=True), *shared_output(s)]
         # eager squared ReLU holds the experts' fc1 output while its square runs
         experts = s.act * s.routed * s.expert_cols
         buffers += _squared(plan, "expert ReLU input", experts, "shard(tokens) on ep")

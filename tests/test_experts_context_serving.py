@@ -2180,3 +2180,44 @@ def test_an_moe_block_s_backward_holds_each_gradient_while_it_is_alive(tmp_path)
         "expert output gradients": 256 * 256 * 2,
         "expert output gradients, sorted by expert": 256 * 256 * 2,
     }
+
+
+def test_served_moe_holds_the_shared_experts_output_and_its_combine(tmp_path):
+    """Serving an MoE model: the shared experts' output is made before the routed experts
+    run and is alive until the combine adds it (vLLM's ``DeepseekMoE.forward``:
+    ``shared_output`` first, added after ``fused_moe``); under expert parallelism the
+    routed rows come back through the combine as in training (audits: neither was held).
+    DeepSeekMoE 16B decoding 64 prompts of 2,048 tokens: 131,072 tokens · 2,048 · 2 B of
+    shared output in the prefill; over ep 8 (dp 8) each rank's combine holds its 16,384
+    tokens' 6 routed rows each, the experts' output and its sorted copy, then the combine
+    all-to-all's output beside the un-permuted tokens."""
+    text = (ROOT / "plans" / "deepseek-moe-16b.yaml").read_text(encoding="utf-8")
+    trained = _moe_instants(_load_text(tmp_path, text), "forward.moe")  # one 4,096-token sequence
+    for held in trained.values():
+        assert held["shared experts' output"] == 4096 * 2048 * 2
+    text = text.replace("mode: train", "mode: decode")
+    text = text.replace("seq: 4096", "sequences: 64").replace("micro: 1", "prompt: 2048")
+    text = text.replace("global: 512", "generate: 512")
+    for key in ("grads: fp32", "master: fp32", "optimizer: adam", "zero: 1"):
+        text = text.replace(f"  {key}\n", "")
+    text = text.replace("recompute: selective\n", "")
+    served = text.replace("tp: 1", "tp: 8").replace("dp: 16", "dp: 1").replace("ep: 8", "ep: 1")
+    served = served.replace("nodes: 2", "nodes: 1")
+    tp = _serving_instants(_load_text(tmp_path, served), "prefill.moe")
+    assert list(tp) == ["experts"]  # the tokens replicated over tp: permuted back already
+    assert tp["experts"]["shared experts' output"] == 64 * 2048 * 2048 * 2
+    ep = _serving_instants(
+        _load_text(tmp_path, text.replace("dp: 16", "dp: 8").replace("nodes: 2", "nodes: 1")),
+        "prefill.moe",
+    )
+    rows = 64 * 2048 // 8 * 6 * 2048 * 2
+    assert list(ep) == ["experts", "expert output combine", "combine un-permute"]
+    assert _beyond(ep["expert output combine"], ep["experts"]) == {
+        "expert output (fc2)": rows,
+        "expert output, sorted back to its ranks' order": rows,
+    }
+    assert _beyond(ep["combine un-permute"], ep["experts"]) == {
+        "expert output, sorted back to its ranks' order": rows,
+        "combine all-to-all output": rows,
+        "expert output, un-permuted to its tokens": 64 * 2048 // 8 * 2048 * 2,
+    }
