@@ -1694,6 +1694,28 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
 
 
+def _zero2_head_grads(b: _StageBuilder, tied_only: bool) -> list[Alloc]:
+    """Under ZeRO-2 the output layer's weight gradient, made in the loss's backward, whole
+    in ``precision.grads`` until its bucket is reduce-scattered, as a layer's is (`bucket`):
+    at once where the output layer has its own weights; where it shares the embedding's
+    (tied), not before the embedding's backward has added its part, autograd holding the
+    first of the two in its input buffer, or on a last stage of its own until the
+    embedding group's all-reduce after the backward (an audit: no instant held it; Llama 3
+    405B's last stage at 128K tokens makes 1,050,673,152 B of it). `tied_only`: the one
+    held through the layers' backward."""
+    plan = b.plan
+    par = plan.parallel
+    tied = plan.model.tied_embeddings
+    if tied_only and not tied:
+        return []
+    size = vocab_params(plan) * DTYPE_BYTES[plan.precision.grads]
+    name = "head gradients (ZeRO-2, whole until reduced" + (
+        f", {HELD_THROUGH} backward)" if tied else ")"
+    )
+    grads = Alloc(name, "transient", size)
+    return when([grads], b.last & (par.zero == 2) & (par.dp * par.cp > 1))
+
+
 def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = None) -> Any:
     """Bytes per parameter of a ZeRO-3 block's whole gradients before their reduce-scatter:
     in ``precision.grads`` (or `otherwise`), or under FSDP's mixed precision the gradients
@@ -1976,6 +1998,7 @@ def _loss(b: _StageBuilder) -> None:
         live = [
             *b.resident,
             *_extra_saved(b, "head"),
+            *_zero2_head_grads(b, tied_only=False),
             everything,
             *when([Alloc("logits", "transient", s.act * logits, placement=vocab)], s.act < 4),
             *when(
@@ -2134,6 +2157,7 @@ def _backward(b: _StageBuilder) -> None:
         *b.resident,
         *_extra_saved(b, "backward"),
         *_zero3_root_grads(b),
+        *_zero2_head_grads(b, tied_only=True),
         b.earlier,
         *b.current_layer,
     ]
@@ -2385,12 +2409,23 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         zero3, _unsharded_gradient_bytes(plan, False), max(2, DTYPE_BYTES[plan.precision.params])
     )
     weight = Alloc("embedding weight gradient", "transient", vocab_params(plan) * computed)
+    # under ZeRO-2 its bucket in precision.grads beside it, as a layer's (`bucket`; an audit:
+    # none), or where the stage holds the tied head, the head's gradient it adds into
+    z2 = (par.zero == 2) & (par.dp * par.cp > 1)
+    tied_head = _zero2_head_grads(b, tied_only=True)
+    bucketed = Alloc(
+        "embedding gradient bucket before reduce-scatter (ZeRO-2)",
+        "transient",
+        vocab_params(plan) * DTYPE_BYTES[plan.precision.grads],
+    )
+    embedding_bucket = tied_head + when([bucketed], z2 & lacks(b.last & plan.model.tied_embeddings))
     backward = Instant(
         "embedding weight gradient",
         (
             *b.resident,
             *_extra_saved(b, "embedding"),
             *_zero3_root_grads(b),
+            *embedding_bucket,
             others,
             grad_out,
             *when([_full(s, "embedding output gradient (all-gathered)")], _sp(plan)),
@@ -2406,7 +2441,22 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         f"{_root_name(b)} gradients' reduce-scatter",
         tuple(when([*b.resident, *extra, others, reducing], zero3)),
     )
-    return [backward, *([reduce] if np.any(holds(zero3)) else [])]
+    # fully_shard frees the computed gradients once copied into the reduce-scatter's input,
+    # so during the copy both are alive (``foreach_reduce``; an audit: 2 B a parameter
+    # missing there, as FullyShardedDataParallel holds them throughout)
+    prec = plan.precision
+    copy = _root_params(b) * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce])
+    copying = Alloc(f"{_root_name(b)} gradients and their cast (copy-in)", "transient", copy)
+    recast = flops.fsdp_mixed(plan) & (par.fsdp == 2) & (prec.reduce != prec.param_gather)
+    copy_in = Instant(
+        f"{_root_name(b)} gradients' copy-in",
+        tuple(when([*b.resident, *extra, others, copying], zero3 & recast)),
+    )
+    return [
+        backward,
+        *([copy_in] if np.any(holds(zero3 & recast)) else []),
+        *([reduce] if np.any(holds(zero3)) else []),
+    ]
 
 
 def _reduce(b: _StageBuilder) -> None:

@@ -474,6 +474,10 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
         (phase,) = [p for p in stage.phases if p.name == "backward.embedding"]
         (reduced,) = [i for i in phase.instants if i.label.endswith("reduce-scatter")]
         assert reduced.total == held
+        # fully_shard's copy-in holds the bf16 gradients and their fp32 cast together, as
+        # FullyShardedDataParallel holds them throughout (an audit: no instant had it)
+        copy_in = [i.total for i in phase.instants if i.label.endswith("copy-in")]
+        assert copy_in == ([states + 3 * 2**30 + root * 6] if fsdp == 2 else [])
         (row,) = to_dict(build_report(plan))["memory"]["stages"]
         if fsdp == 1:
             assert row["peak_bytes"] == held == 25_585_811_456

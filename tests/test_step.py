@@ -806,3 +806,41 @@ def test_full_recompute_adds_one_whole_forward_to_each_blocks_backward():
         pairs = zip(full[f"backward.{block}"], none[f"backward.{block}"], strict=True)
         added = tuple(f - n for f, n in pairs)
         assert added == none[f"forward.{block}"]  # all FLOPs, GEMM FLOPs and bytes alike
+
+
+def _live_by_instant(path, stage: int = 0) -> dict[tuple[str, str], dict[str, int]]:
+    from budget.plan.load import load_plan
+
+    found = derive(load_plan(path)).stages[stage]
+    return {
+        (p.name, i.label): {a.name: a.total for a in i.live}
+        for p in found.phases
+        for i in p.instants
+    }
+
+
+def test_zero2_holds_the_head_s_and_the_embedding_s_gradients_until_reduced(tmp_path):
+    """Under ZeRO-2 the output layer's weight gradient is made in the loss's backward and is
+    whole until its bucket is reduce-scattered; a tied one not before the embedding's
+    backward adds its part, so through the layers' backward; the embedding's gradient has
+    its bucket beside it (an audit: none of them was held). GPT 1.3B at dp 8, 4,096-token
+    vocabulary, tied: 4,096 · 2,048 · 4 B (fp32 gradients) through every backward instant;
+    untied, the head's only in the loss, and the embedding's bucket in its backward."""
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    edits = (("vocab: 50304", "vocab: 4096"), ("zero: 1", "zero: 2"))
+    tied = _live_by_instant(variant(tmp_path, "tied.yaml", *edits, base=base))
+    size = 4096 * 2048 * 4
+    held = "head gradients (ZeRO-2, whole until reduced, held through the backward)"
+    for (phase, label), live in tied.items():
+        holds = phase.startswith("backward") or phase == "loss"
+        assert live.get(held) == (size if holds else None), (phase, label)
+        assert "embedding gradient bucket before reduce-scatter (ZeRO-2)" not in live
+    untied_edits = (*edits, ("tied_embeddings: true", "tied_embeddings: false"))
+    untied = _live_by_instant(variant(tmp_path, "untied.yaml", *untied_edits, base=base))
+    head = "head gradients (ZeRO-2, whole until reduced)"
+    for (phase, label), live in untied.items():
+        assert live.get(head) == (size if phase == "loss" else None), (phase, label)
+    bucket = untied["backward.embedding", "embedding weight gradient"]
+    assert bucket["embedding gradient bucket before reduce-scatter (ZeRO-2)"] == size
