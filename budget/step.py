@@ -1165,7 +1165,8 @@ def _combined(plan: Plan, s: Shapes, held: list[Alloc]) -> list[tuple[str, list[
     expert-tensor-parallel group into a buffer of its own, ``expert_output`` alive
     throughout; then the combine all-to-all writes the rows this rank sent into a fresh
     buffer, and the un-permute scatters them into its tokens, its input (the all-to-all's
-    input, which the caller still holds) alive beside both."""
+    input, which the caller still holds) alive beside both; on one expert-parallel rank
+    the all-to-all hands its input back."""
     rows = "shard(tokens) on ep"
     a, hidden = s.act, s.hidden
     output = Alloc("expert output (fc2)", "transient", a * s.routed * hidden, placement=rows)
@@ -1182,6 +1183,9 @@ def _combined(plan: Plan, s: Shapes, held: list[Alloc]) -> list[tuple[str, list[
     sent = when([scattered], etp) + when([ordered], local & lacks(etp))
     sent += when([output], lacks(local) & lacks(etp))
     back = Alloc("combine all-to-all output", "transient", a * s.sent * hidden, placement=rows)
+    # on one expert-parallel rank the all-to-all hands its input back (`dispatch_buffers`; a
+    # review: a buffer that never exists was counted beside it)
+    back_rows = when([back], plan.parallel.ep > 1)
     tokens = Alloc(
         "expert output, un-permuted to its tokens", "transient", a * s.tokens_sp * hidden
     )
@@ -1190,7 +1194,7 @@ def _combined(plan: Plan, s: Shapes, held: list[Alloc]) -> list[tuple[str, list[
             "expert output combine",
             [output, *when([ordered], local), *when([scattered], etp), *held],
         ),
-        ("combine un-permute", [*sent, back, tokens, *held]),
+        ("combine un-permute", [*sent, *back_rows, tokens, *held]),
     ]
 
 

@@ -2221,3 +2221,9 @@ def test_served_moe_holds_the_shared_experts_output_and_its_combine(tmp_path):
         "combine all-to-all output": rows,
         "expert output, un-permuted to its tokens": 64 * 2048 // 8 * 2048 * 2,
     }
+    # on one expert-parallel rank the all-to-all hands its input back: no buffer of its own
+    # (a review), and the stage peaks in the experts' instant
+    one = text.replace("dp: 16", "dp: 8").replace("ep: 8", "ep: 1").replace("nodes: 2", "nodes: 1")
+    alone = _serving_instants(_load_text(tmp_path, one), "prefill.moe")
+    assert "combine all-to-all output" not in alone["combine un-permute"]
+    assert sum(alone["combine un-permute"].values()) < sum(alone["experts"].values())
