@@ -163,9 +163,8 @@ def _reduction(plan: Plan, s: Shapes, block: str, base: list[Alloc]) -> Instant:
     stage's resident `base` and what the block still holds: its input and residual, and
     the projection's input; in the attention the QKV projection's output too, a local
     until the block returns (vLLM's ``LlamaAttention.forward``), in the MLP not fc1's,
-    which the activation's replaced
-    (``x = self.act_fn(x)``). An audit: serving had no instant here, and the shipped decode
-    plan's prefill peaked 134,217,728 B under it."""
+    which the activation's replaced (``x = self.act_fn(x)``). An audit: serving had no
+    instant here, and the shipped decode plan's prefill peaked 134,217,728 B under it."""
     if block == "attention":
         held, label, name = _attention_held(s), "output projection reduction", "attention output"
     else:
