@@ -831,7 +831,9 @@ class _Layer:
     attention: list[Alloc]  # `layers.layer_saved`: the attention block, recompute applied
     mlp: list[Alloc]  # the MLP block, recompute applied
     moe: list[Alloc]  # the MoE block, recompute applied
-    core: list[Alloc]  # the eager attention core's working tensors
+    # what the core attention computes and saves (`layers.core_attention`): eager's scores,
+    # a fused kernel's statistics (and output halves), which selective recompute drops
+    core: list[Alloc]
     params: dict[str, int]  # per block: parameters a rank holds (`_block_params`)
     zero3: dict[str, list[tuple[MoveGroup, int, int]]]  # per block: `_zero3_groups`
     per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
@@ -847,7 +849,7 @@ class _Layer:
         }
         attention, mlp = layer_saved(plan, s)
         moe = when(blocks["moe"], lacks(plan.recompute == "full"))
-        core = core_attention(plan, s) if plan.model.attention == "eager" else []
+        core = core_attention(plan, s)
         kinds = ("attention", "mlp", "moe") if plan.model.experts else ("attention", "mlp")
         return cls(
             blocks,
@@ -998,7 +1000,12 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
     Llama 3 405B at 128K tokens the last stage's peak 64 MiB high."""
     s, plan = b.shapes, b.plan
     embedded, all_headed = outside_counts(plan, b.in_flight, b.microbatches)
-    headed = all_headed - (at != "head")
+    # with multi-token prediction the last stage's last layer pass is a module's own layer,
+    # run once the head's inputs are made, and its first backward, before they are freed
+    # (an audit): there they are held in the layer phases too, counted whole (a few
+    # hidden-size tensors over the moment's own, as its norms' outputs are gone)
+    module_layer = holds(b.last & (mtp_layers(plan) > 0)) & (at in ("forward", "backward"))
+    headed = all_headed - ((at != "head") & lacks(module_layer))
     embedded = embedded - (at == "embedding")
     res = residual_placement(plan)
     out = _root_held(b) if root else []
@@ -1998,11 +2005,15 @@ def _loss(b: _StageBuilder) -> None:
         b.saved_in_flight,
     )
 
+    gathered = when([_full(s, "output layer input (all-gathered)")], _sp(plan))
+    # the output layer's input gradient, which waits for the multi-token prediction heads'
+    # share (their losses' backward runs after the main one's; an audit: uncounted there)
+    input_grad = Alloc("output layer input gradient", "transient", s.act * s.tokens_sp * s.hidden)
+
     def head(earlier: int) -> list[Alloc]:
         live = [
             *b.resident,
             *_extra_saved(b, "head"),
-            *_zero2_head_grads(b, tied_only=False),
             everything,
             *when([Alloc("logits", "transient", s.act * logits, placement=vocab)], s.act < 4),
             *when(
@@ -2023,29 +2034,47 @@ def _loss(b: _StageBuilder) -> None:
                 placement=vocab,
             ),
         ]
-        if earlier:
-            live.append(
-                Alloc(
-                    "softmax (fp32) of the multi-token prediction heads, kept for backward",
-                    "transient",
-                    4 * logits,
-                    count=earlier,
-                    placement=vocab,
-                )
-            )
-            if plan.model.logit_softcap:
-                live.append(
-                    Alloc(
-                        "soft-capped logits of the multi-token prediction heads, kept for the "
-                        "tanh backward",
-                        "transient",
-                        s.act * logits,
-                        count=earlier,
-                        placement=vocab,
-                    )
-                )
-        return live + when([_full(s, "output layer input (all-gathered)")], _sp(plan))
+        return live + kept_for(earlier) + gathered
 
+    def kept_for(earlier: int) -> list[Alloc]:
+        """What the multi-token prediction heads' cross-entropies, `earlier` of them, keep
+        for their backward, which runs after the main head's."""
+        if not earlier:
+            return []
+        kept = [
+            Alloc(
+                "softmax (fp32) of the multi-token prediction heads, kept for backward",
+                "transient",
+                4 * logits,
+                count=earlier,
+                placement=vocab,
+            )
+        ]
+        softcap = Alloc(
+            "soft-capped logits of the multi-token prediction heads, kept for the tanh backward",
+            "transient",
+            s.act * logits,
+            count=earlier,
+            placement=vocab,
+        )
+        return kept + when([softcap], plan.model.logit_softcap)
+
+    # the output layer's weight gradient is made once the cross-entropy's fp32 gradient
+    # has been cast back to the logits' format and freed: under ZeRO-2 its whole gradient
+    # (`_zero2_head_grads`) stands beside that, not beside the fp32 buffer (an audit)
+    weights = [
+        *b.resident,
+        *_extra_saved(b, "head"),
+        everything,
+        Alloc("logits gradient", "transient", s.act * logits, placement=vocab),
+        input_grad,
+        *_zero2_head_grads(b, tied_only=False),
+        *kept_for(mtp_layers(plan)),
+        *gathered,
+    ]
+    z2 = holds((plan.parallel.zero == 2) & b.last)
+    weight_instant = [Instant("output layer weight gradient", tuple(when(weights, z2)))]
+    weight_instant = weight_instant if np.any(z2) else []
     mtp = mtp_layers(plan)
     if mtp:
         forward = flops.mtp_forward(plan, s)
@@ -2066,7 +2095,12 @@ def _loss(b: _StageBuilder) -> None:
             "mtp",
             b.microbatches * mtp,
             _mtp_moves(plan, s) + _head_moves(plan, s),
-            [Instant("multi-token prediction cross-entropy", tuple(head(mtp - 1)))],
+            [
+                Instant(
+                    "multi-token prediction cross-entropy",
+                    (*head(mtp - 1), input_grad, *_zero2_head_grads(b, tied_only=False)),
+                )
+            ],
             forward
             + when(redo, plan.recompute == "full")
             + flops.backward_of(forward)
@@ -2078,7 +2112,7 @@ def _loss(b: _StageBuilder) -> None:
         "loss",
         b.microbatches,
         root + _head_moves(plan, s),
-        [Instant("cross-entropy", tuple(head(mtp)))],
+        [Instant("cross-entropy", tuple(head(mtp))), *weight_instant],
         flops.loss_work(plan, s)
         + _gradient_passes(b, _head_params(b))
         + ([] if b.first else _root_gather_copies(b)),
@@ -2286,7 +2320,11 @@ def _backward(b: _StageBuilder) -> None:
     if plan.model.attention == "eager":
         score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
         recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
-        recomputed += when(_working(b.layer.core, "recomputed"), plan.recompute == "selective")
+    # selective recompute runs the core's forward again with grad on, whatever its kernel:
+    # what it saves is alive until the core's backward (an audit: a fused kernel's
+    # statistics and all-gather attention's output halves were counted under full
+    # recompute alone)
+    recomputed += when(_working(b.layer.core, "recomputed"), plan.recompute == "selective")
     # the layer's MLP or MoE block has run its backward: its saved tensors are freed (the
     # rule of the MLP's instants; they were held through the attention's: a review)
     ffn_spent = [a.name for a in b.layer.mlp + b.layer.moe]

@@ -1468,7 +1468,9 @@ def test_the_ring_forward_holds_every_chunk_and_step_output_until_its_correction
     of cp K/V buffers and keeps each step's output and fp32 statistics until the correction
     after the last step (it was priced as two K/V chunks in flight; review). GPT-3 at tp 8,
     cp 4, sequence 8,192: a rank's 2,048 tokens; K/V 2,048 x 12 heads x 128 x 2 x 2 B =
-    12 MiB a chunk, an output 2,048 x 1,536 x 2 B = 6 MiB, statistics 2,048 x 12 x 4 B."""
+    12 MiB a chunk, an output 2,048 x 1,536 x 2 B = 6 MiB, statistics 2,048 x 12 x 4 B; and
+    under selective recompute the merged statistics the correction writes, a working tensor
+    until the checkpoint returns."""
     plan = make_plan(tp=8, pp=8, dp=4, cp=4, seq=8192)
     (forward,) = [p for p in derive(plan).stages[0].phases if p.name == "forward.attention"]
     (after,) = [i for i in forward.instants if i.label == "after attention"]
@@ -1477,6 +1479,7 @@ def test_the_ring_forward_holds_every_chunk_and_step_output_until_its_correction
         "K/V ring buffers (one per cp rank)": 4 * 2048 * 12 * 128 * 2 * 2,
         "ring step outputs (one per cp rank)": 4 * 2048 * 1536 * 2,
         "ring step softmax statistics (fp32)": 4 * 2048 * 12 * 4,
+        "attention softmax statistics (fp32) (working, not saved)": 2048 * 12 * 4,
     }
 
 

@@ -1061,6 +1061,10 @@ def test_selective_recompute_frees_the_core_attention_when_its_checkpoint_return
     after = instants(eager, "forward.attention")["after attention"]
     assert {k: after[k] for k in working} == working
     flash_after = instants(flash, "forward.attention")["after attention"]
+    # flash's own working tensors while its core runs: its statistics, 4 B a row
+    assert (
+        flash_after.pop("attention softmax statistics (fp32) (working, not saved)") == 4 * 12 * 2048
+    )
     assert after[buffer] == 2 * scores
     assert {k: b for k, b in after.items() if k not in working and k != buffer} == flash_after
     # past the checkpoint, eager and flash hold the same tensors: neither kernel's
@@ -1151,3 +1155,54 @@ def test_full_recompute_s_forward_frees_each_tensor_with_its_last_reference():
         working = {n.removesuffix(" (working, not saved)") for n in held if "(working, not" in n}
         assert working == set(names), (phase, label)
         assert held["layer input (checkpoint)"] == 2048 // 8 * 12288 * 2
+
+
+def test_selective_recompute_holds_a_fused_kernel_s_statistics_while_they_exist():
+    """Under selective recompute a fused attention kernel's fp32 softmax statistics exist
+    while the core runs in the forward (freed as its checkpoint returns) and again from the
+    core's recomputed forward, which saves them, to its backward (an audit: they were
+    counted under full recompute alone). GPT-3 175B at tp 8, one sequence of 2,048 tokens:
+    12 heads a rank · 2,048 rows · 4 B."""
+    plan = make_plan()
+    assert plan.recompute == "selective" and plan.model.attention == "flash"
+    stats = 4 * 12 * 2048
+    after = _live(plan, "forward.attention")
+    assert (
+        after["after attention"]["attention softmax statistics (fp32) (working, not saved)"]
+        == stats
+    )
+    assert not [k for k in after["output projection reduction"] if "statistics" in k]
+    core = _live(plan, "backward.attention")["attention core gradients"]
+    assert core["attention softmax statistics (fp32) (recomputed)"] == stats
+
+
+def test_a_multi_token_prediction_module_s_layer_runs_beside_the_head_s_inputs(tmp_path):
+    """With multi-token prediction the last stage's last layer pass is the module's own
+    transformer layer, run after the decoder's final norm and the module's norms and
+    projection have saved their inputs, and its first backward, before the head's backward
+    frees them; and the main output layer's input gradient waits for the module's loss's
+    backward (an audit: the head's inputs were counted in the loss alone, the gradient
+    nowhere). A small latent-attention model with one module at pp 2, 4,096 tokens of
+    hidden 1,024: 4,096 · 1,024 · 2 B a tensor."""
+    text = (
+        "name: mtp\nmode: train\n"
+        "model: {layers: 4, hidden: 1024, heads: 8, head_dim: 128, "
+        "mla: {q_rank: 512, kv_rank: 256, nope_dim: 128, rope_dim: 64}, ffn: 4096, "
+        "mtp_layers: 1, vocab: 32768, mlp: swiglu, norm: rmsnorm, bias: false, "
+        "tied_embeddings: false, position: rope, dropout: false, attention: flash}\n"
+        "batch: {seq: 4096, micro: 1, global: 8}\n"
+        "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
+        "activations: bf16}\n"
+        "parallel: {tp: 1, pp: 2, dp: 1, zero: 0}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, gpus: 2}\n"
+    )
+    path = tmp_path / "mtp.yaml"
+    path.write_text(text, encoding="utf-8")
+    last = derive(load_plan(path)).stages[-1]
+    size = 4096 * 1024 * 2
+    counts = _counts(last, "final norm input")
+    assert counts["forward.attention"] == counts["backward.mlp"] == counts["loss"] == {1}
+    (mtp,) = [p for p in last.phases if p.name == "mtp"]
+    (instant,) = mtp.instants
+    held = {a.name: a.total for a in instant.live}
+    assert held["output layer input gradient"] == size

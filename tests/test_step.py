@@ -833,14 +833,19 @@ def test_zero2_holds_the_head_s_and_the_embedding_s_gradients_until_reduced(tmp_
     tied = _live_by_instant(variant(tmp_path, "tied.yaml", *edits, base=base))
     size = 4096 * 2048 * 4
     held = "head gradients (ZeRO-2, whole until reduced, held through the backward)"
+    made = ("loss", "output layer weight gradient")  # once the fp32 gradient is freed
     for (phase, label), live in tied.items():
-        holds = phase.startswith("backward") or phase == "loss"
+        holds = phase.startswith("backward") or (phase, label) == made
         assert live.get(held) == (size if holds else None), (phase, label)
         assert "embedding gradient bucket before reduce-scatter (ZeRO-2)" not in live
+    # the output layer's weight gradient beside the logits' gradient cast back to bf16, not
+    # beside the cross-entropy's fp32 buffer (an audit)
+    assert "logits (fp32), the softmax and then its gradient" not in tied[made]
+    assert tied[made]["logits gradient"] == 2048 * 4 * 4096 * 2
     untied_edits = (*edits, ("tied_embeddings: true", "tied_embeddings: false"))
     untied = _live_by_instant(variant(tmp_path, "untied.yaml", *untied_edits, base=base))
     head = "head gradients (ZeRO-2, whole until reduced)"
     for (phase, label), live in untied.items():
-        assert live.get(head) == (size if phase == "loss" else None), (phase, label)
+        assert live.get(head) == (size if (phase, label) == made else None), (phase, label)
     bucket = untied["backward.embedding", "embedding weight gradient"]
     assert bucket["embedding gradient bucket before reduce-scatter (ZeRO-2)"] == size
