@@ -1126,7 +1126,22 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
             chunk * (2 * cp + 1) // (2 * cp),
             placement="partial on cp",
         )
-        held.append(steps)
+        # and each step's dQ, kept in a list until the backward returns (``dq_per_step``),
+        # and the reordered copy ``torch.index_select`` makes of the whole dV beside it
+        # before the reduce-scatter, the dK's made before it (an audit: neither counted)
+        per_step = Alloc(
+            "dQ of the two steps (dq_per_step)",
+            "transient",
+            s.act * s.tokens * s.q_cols,
+            placement="shard(heads) on tp",
+        )
+        reordered = Alloc(
+            "dV reordered (index_select's copy)",
+            "transient",
+            s.act * s.micro * s.seq_kv * s.v_cols,
+            placement="partial on cp",
+        )
+        held += [steps, per_step, reordered]
     return held
 
 
@@ -2341,6 +2356,12 @@ def _backward(b: _StageBuilder) -> None:
         s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols),
         placement="shard(heads) on tp",
     )
+    # all-gathered context parallelism makes a rank's own dK/dV only by the reduce-scatters
+    # after the core's backward, by when its whole dK/dV have gone (an audit)
+    gathered_cp = holds((plan.parallel.cp_attention == "allgather") & (par.cp > 1))
+    core_grad = replace(
+        qkv_grad, bytes=vwhere(gathered_cp, s.act * s.tokens * s.q_cols, qkv_grad.bytes)
+    )
     again = when(_again(attention_tp_moves(plan, s, False)), full)
     # the attention core runs again under either recompute, and under context parallelism
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
@@ -2368,7 +2389,7 @@ def _backward(b: _StageBuilder) -> None:
                 (
                     *_spent(saved + recomputed, ffn_spent),
                     grad_out,
-                    qkv_grad,
+                    core_grad,
                     *_cp_buffers(plan, s, backward=True),
                     *attention_bucket,
                 ),

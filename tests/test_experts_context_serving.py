@@ -2230,3 +2230,33 @@ def test_served_moe_holds_the_shared_experts_output_and_its_combine(tmp_path):
     alone = _serving_instants(_load_text(tmp_path, one), "prefill.moe")
     assert "combine all-to-all output" not in alone["combine un-permute"]
     assert sum(alone["combine un-permute"].values()) < sum(alone["experts"].values())
+
+
+def test_all_gathered_attention_s_backward_holds_its_step_dq_and_reordered_dv(tmp_path):
+    """Transformer Engine's ``AttnFuncWithCPAndKVAllGather.backward`` keeps each step's dQ in
+    ``dq_per_step`` until it returns, and reorders the whole dK and dV with
+    ``torch.index_select`` (a copy beside the original) before their reduce-scatters, which
+    alone make the rank's own dK/dV (an audit: the copies were uncounted and the local dK/dV
+    counted beside the whole ones). Hidden 512 in 8 heads of 64, 8 K/V heads, 1,024 tokens
+    over cp 4: a rank's dQ 256 · 512 · 2 B, a whole dV 1,024 · 512 · 2 B."""
+    text = (
+        "name: small\nmode: train\n"
+        "model: {layers: 2, hidden: 512, heads: 8, kv_heads: 8, ffn: 1024, vocab: 1000, "
+        "mlp: swiglu, norm: rmsnorm, tied_embeddings: false, position: rope, "
+        "attention: flash}\n"
+        "batch: {seq: 1024, micro: 1, global: 8}\n"
+        "precision: {params: bf16, grads: fp32, master: fp32, optimizer: adam, "
+        "activations: bf16}\n"
+        "parallel: {tp: 1, cp: 4, pp: 1, dp: 2, zero: 1, cp_attention: allgather}\n"
+        "recompute: none\ndevice: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    plan = _load_text(tmp_path, text)
+    core = _moe_instants(plan, "backward.attention")["attention core gradients"]
+    assert core["dQ of the two steps (dq_per_step)"] == 256 * 512 * 2
+    assert core["dV reordered (index_select's copy)"] == 1024 * 512 * 2
+    assert core["Q/K/V gradients"] == 256 * 512 * 2  # dQ alone: dK/dV come after
+    ring = _load_text(tmp_path, text.replace(", cp_attention: allgather", ""))
+    assert (
+        _moe_instants(ring, "backward.attention")["attention core gradients"]["Q/K/V gradients"]
+        == 256 * 3 * 512 * 2
+    )
