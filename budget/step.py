@@ -2082,7 +2082,9 @@ def _loss(b: _StageBuilder) -> None:
         *_extra_saved(b, "head"),
         everything,
         Alloc("logits gradient", "transient", s.act * logits, placement=vocab),
-        input_grad,
+        # its input gradient whole, beside its reduce-scatter's shard under sequence
+        # parallelism, while the weight gradient's GEMM runs (a review: the shard alone)
+        *_before_reduction(plan, s, "output layer input gradient"),
         *_zero2_head_grads(b, tied_only=False),
         *kept_for(mtp_layers(plan)),
         *gathered,

@@ -842,6 +842,15 @@ def test_zero2_holds_the_head_s_and_the_embedding_s_gradients_until_reduced(tmp_
     # beside the cross-entropy's fp32 buffer (an audit)
     assert "logits (fp32), the softmax and then its gradient" not in tied[made]
     assert tied[made]["logits gradient"] == 2048 * 4 * 4096 * 2
+    assert tied[made]["output layer input gradient"] == 2048 * 4 * 2048 * 2  # at tp 1, whole
+    # under sequence parallelism the input gradient whole beside its reduce-scatter's shard
+    # while the weight gradient's GEMM runs (a review: the shard alone); GPT-3 at tp 8
+    (*_, last) = derive(make_plan(zero=2)).stages
+    (loss,) = [p for p in last.phases if p.name == "loss"]
+    (weights,) = [i for i in loss.instants if i.label == made[1]]
+    held = {a.name: a.total for a in weights.live}
+    assert held["output layer input gradient (partial, before reduction)"] == 2048 * 12288 * 2
+    assert held["output layer input gradient (reduce-scattered)"] == 2048 // 8 * 12288 * 2
     untied_edits = (*edits, ("tied_embeddings: true", "tied_embeddings: false"))
     untied = _live_by_instant(variant(tmp_path, "untied.yaml", *untied_edits, base=base))
     head = "head gradients (ZeRO-2, whole until reduced)"
