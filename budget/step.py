@@ -1856,7 +1856,7 @@ def _forward(b: _StageBuilder) -> None:
     early = [x for x in blocks["attention"] if x.name not in LATE]
     ran = {*QKV_OUTPUTS, PROJECTION_INPUT}
     projecting = [x for x in early if x.name in ran]
-    cored = [x for x in early if x.name in ran | {a.name for a in core_attention(plan, s)}]
+    cored = [x for x in early if x.name in ran | {a.name for a in b.layer.core}]
     after = when(early, lacks(full)) + when(_working(cored), full)
     attn = when(early, lacks(full)) + when(_working(projecting), full)
     first_two = when(early[:1], lacks(full)) + _either(early[1:2], full)
@@ -2334,9 +2334,7 @@ def _backward(b: _StageBuilder) -> None:
             + _accumulate(b, "mlp"),
         )
     recomputed = when(_working(blocks["attention"], "recomputed"), full)
-    if plan.model.attention == "eager":
-        score = s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
-        recomputed = [*recomputed, Alloc("attention scores gradient", "transient", s.act * score)]
+    recomputed += eager_scores(plan, s, "attention scores gradient")
     # selective recompute runs the core's forward again with grad on, whatever its kernel:
     # what it saves is alive until the core's backward (an audit: a fused kernel's
     # statistics and all-gather attention's output halves were counted under full

@@ -2081,37 +2081,42 @@ def test_the_experts_output_goes_back_to_its_tokens_in_two_moments(tmp_path):
     rank): the output 128 · 256 · 2 B, the all-to-all's output as much beside it and the
     64 tokens' 64 · 256 · 2 B; the received rows are the experts' saved input, counted
     once (the audit found them twice)."""
-    plan = _load_text(tmp_path, _SMALL_MOE)
-    forward = _moe_instants(plan, "forward.moe")
-    computing = forward["expert computation"]
-    assert _beyond(forward["expert output combine"], computing) == {
-        "expert output (fc2)": 256 * 256 * 2,
-        "expert output, sorted back to its ranks' order": 256 * 256 * 2,
-        "expert output (reduce-scattered over etp)": 128 * 256 * 2,
-    }
-    (row,) = build_report(plan).stages
-    assert (row.peak_phase, row.peak_instant) == ("forward.moe", "expert output combine")
-    assert row.peak_bytes == sum(forward["expert output combine"].values())
-
-    one = _load_text(tmp_path, _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,"))
-    forward = _moe_instants(one, "forward.moe")
-    computing = forward["expert computation"]
+    one_expert = _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,")
+    cases = (
+        (
+            _SMALL_MOE,
+            "expert output combine",
+            {
+                "expert output (fc2)": 256 * 256 * 2,
+                "expert output, sorted back to its ranks' order": 256 * 256 * 2,
+                "expert output (reduce-scattered over etp)": 128 * 256 * 2,
+            },
+        ),
+        (
+            one_expert,
+            "combine un-permute",
+            {
+                "expert output (fc2)": 128 * 256 * 2,
+                "combine all-to-all output": 128 * 256 * 2,
+                "expert output, un-permuted to its tokens": 64 * 256 * 2,
+            },
+        ),
+    )
+    for text, moment, added in cases:  # each plan's peak, beyond what the GEMMs' holds
+        plan = _load_text(tmp_path, text)
+        forward = _moe_instants(plan, "forward.moe")
+        assert _beyond(forward[moment], forward["expert computation"]) == added
+        (row,) = build_report(plan).stages
+        assert (row.peak_phase, row.peak_instant) == ("forward.moe", moment)
+        assert row.peak_bytes == sum(forward[moment].values())
+    computing = _moe_instants(_load_text(tmp_path, one_expert), "forward.moe")
+    computing = computing["expert computation"]
     assert computing["dispatch send and receive buffers"] == 128 * 256 * 2  # the sent alone
     assert computing["dispatched tokens"] == 128 * 256 * 2
-    assert _beyond(forward["combine un-permute"], computing) == {
-        "expert output (fc2)": 128 * 256 * 2,
-        "combine all-to-all output": 128 * 256 * 2,
-        "expert output, un-permuted to its tokens": 64 * 256 * 2,
-    }
-    (row,) = build_report(one).stages
-    assert (row.peak_phase, row.peak_instant) == ("forward.moe", "combine un-permute")
     # under FP8 the experts save Transformer Engine's 1-byte copy, and the received 16-bit
     # rows are a tensor of their own, counted with the buffers (a review)
     fp8 = _load_text(
-        tmp_path,
-        _SMALL_MOE.replace("ep: 4,", "ep: 8, etp: 1,").replace(
-            "activations: bf16}", "activations: bf16, matmul: fp8}"
-        ),
+        tmp_path, one_expert.replace("activations: bf16}", "activations: bf16, matmul: fp8}")
     )
     computing = _moe_instants(fp8, "forward.moe")["expert computation"]
     assert computing["dispatch send and receive buffers"] == 2 * 128 * 256 * 2
