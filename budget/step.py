@@ -810,7 +810,9 @@ def _derive_training(
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
     """Under eager attention, the scores' input buffer Megatron-LM keeps for the run
     (`layers.eager_scores`), on a stage that runs attention."""
-    name = "attention scores buffer (Megatron-LM's global memory buffer, kept for the run)"
+    # held, as a tensor made before a phase and kept through it is named, so that no phase
+    # reads as adding it (the phases table's "largest it adds": every phase named it)
+    name = f"attention scores buffer (Megatron-LM's, {HELD_THROUGH} run)"
     return tuple(when(eager_scores(plan, s, name), layers > 0))
 
 

@@ -1057,7 +1057,7 @@ def test_selective_recompute_frees_the_core_attention_when_its_checkpoint_return
     }
     assert sum(working.values()) == 251_658_240
     working["attention scores QKᵀ (working, freed as the core returns)"] = 2 * scores
-    buffer = "attention scores buffer (Megatron-LM's global memory buffer, kept for the run)"
+    buffer = "attention scores buffer (Megatron-LM's, held through the run)"
     after = instants(eager, "forward.attention")["after attention"]
     assert {k: after[k] for k in working} == working
     flash_after = instants(flash, "forward.attention")["after attention"]
@@ -1098,7 +1098,7 @@ def test_eager_attention_holds_its_scores_and_megatron_s_buffer():
     flash = make_plan(dropout=True)
     eager = replace(flash, model=replace(flash.model, attention="eager"))
     size = 12 * 2048 * 2048 * 2
-    buffer = "attention scores buffer (Megatron-LM's global memory buffer, kept for the run)"
+    buffer = "attention scores buffer (Megatron-LM's, held through the run)"
     scores = "attention scores QKᵀ (working, freed as the core returns)"
     for stage in derive(eager).stages:
         for phase in stage.phases:

@@ -1031,3 +1031,24 @@ def test_a_stacked_table_keeps_each_row_s_figures_and_names_a_bare_number() -> N
         "  headroom   A 47.8 GiB",
         "forward.mlp",
     ]
+
+
+def test_a_buffer_held_through_the_run_is_no_phase_s_addition(tmp_path: Path) -> None:
+    """Megatron-LM's eager scores buffer is alive in every phase, made before any: no
+    phase's "largest it adds" names it (a last read: every phase named it, and dp.grads and
+    the optimizer, which add nothing, named it alone)."""
+    from budget.render.table import phase_table
+
+    eager = tmp_path / "eager.yaml"
+    eager.write_text(
+        GPT3.read_text(encoding="utf-8").replace("attention: flash", "attention: eager"),
+        encoding="utf-8",
+    )
+    report = budget_plan(eager)
+    assert any("attention scores buffer" in o.tensor for o in report.worst.peak_overlap)
+    console = Console(width=160, color_system=None, record=True)
+    console.print(phase_table(report, True))
+    rows = console.export_text().splitlines()
+    assert not [r for r in rows if "scores buffer" in r]
+    (optimizer,) = [r for r in rows if r.lstrip().startswith("optimizer")]
+    assert re.search(r"GiB\s+\d+$", optimizer.rstrip())  # its peak stage, nothing it adds

@@ -629,7 +629,9 @@ def _brief(items: tuple[Overlapping, ...], limit: int = 2) -> str:
     added = [
         o
         for o in items
-        if o.category not in _RESIDENT and not o.tensor.startswith(CARRIED_ACTIVATIONS)
+        if o.category not in _RESIDENT
+        and not o.tensor.startswith(CARRIED_ACTIVATIONS)
+        and HELD_THROUGH not in o.tensor
     ]
     return _listed((transient or added)[:limit])
 
