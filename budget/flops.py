@@ -1347,8 +1347,10 @@ def optimizer_work(
       its copy), which the norm and the step then read (an audit: it was not priced, the
       flag moved memory but never time);
     - the gradient norm for clipping (``clip_grad_norm_fp32``): reads every main gradient;
-    - one fused Adam (or SGD) step (apex ``FusedAdam``, multi-tensor apply): reads the
-      gradient, reads and writes the master copy and the moments;
+    - the Adam (or SGD) step, by `Precision.optimizer_kernel`: fused (apex ``FusedAdam``,
+      multi-tensor apply) it reads the gradient and reads and writes the master copy and
+      the moments once; foreach (PyTorch's ``_multi_tensor_adam`` and ``_multi_tensor_sgd``)
+      it makes a pass per operation (`_STEP_PASSES`);
     - the master copy cast back to the model parameters
       (``_copy_main_params_to_model_params``): reads the master copy, writes the parameter;
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
@@ -1365,7 +1367,6 @@ def optimizer_work(
     denominator √v̂ + ε 2, the ratio plus decay 3, the step 2), SGD with momentum 6 (the
     momentum 2, decay 2, step 2). They do not set its time, which the bytes do."""
     prec = plan.precision
-    moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     if prec.optimizer == "none":
         return []
     grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
@@ -1373,14 +1374,16 @@ def optimizer_work(
     master = DTYPE_BYTES[prec.master] if prec.master else 0
     upcast = grads_upcast(prec)
     read = master if upcast else grad  # the gradient the norm and the step read
-    states = read + 2 * moments * DTYPE_BYTES[prec.optimizer_state]
-    kept = 2 * master * params_shard if master else 2 * params  # read and written
+    weights, grads, state = _STEP_PASSES[prec.optimizer, prec.optimizer_kernel]
+    states = grads * read + state * DTYPE_BYTES[prec.optimizer_state]
+    # what the step updates (the master copy, else the parameters), touched `weights` times
+    kept = weights * (master * params_shard if master else params)
     cast = f"gradients upcast to {prec.master}"
     works = [
         *([elementwise(cast, (grad + master) * params_shard)] if upcast else []),
         elementwise("gradient norm", read * params_shard),
         Work(
-            f"{prec.optimizer} step",
+            f"{prec.optimizer} step" + (", foreach" if prec.optimizer_kernel == "foreach" else ""),
             "elementwise",
             {"adam": 16, "sgd": 6}[prec.optimizer] * params_shard,
             states * params_shard + kept,
@@ -1391,6 +1394,27 @@ def optimizer_work(
     held = params_shard if grads_held is None else grads_held
     works.append(elementwise("zero main gradients", grad * held))
     return works
+
+
+# Per element of the shard, how many times the optimizer step touches (reads or writes) what
+# it updates (the master copy, else the parameters), the gradient, and the moments or a
+# temporary in their format. Fused (apex ``multi_tensor_adam`` / ``multi_tensor_sgd``): each
+# read and written once, the gradient read. Foreach: the operations of PyTorch 2.13's
+# ``torch/optim/adam.py`` (``_multi_tensor_adam``, decoupled weight decay, not capturable)
+# and ``sgd.py`` (``_multi_tensor_sgd``, momentum, weight decay on), each a full pass:
+#   Adam: _foreach_mul_(params) 2w; _foreach_lerp_(exp_avgs, grads) 2s + g;
+#         _foreach_mul_(exp_avg_sqs) 2s; _foreach_addcmul_(exp_avg_sqs, grads, grads) 2s + g;
+#         _foreach_sqrt 2s; _foreach_div_ 2s; _foreach_add_(eps) 2s;
+#         _foreach_addcdiv_(params, exp_avgs, sqrt) 2w + 2s   -> 4w + 2g + 14s
+#   SGD:  _foreach_add(grads, params) 2g + w; _foreach_mul_(bufs) 2s;
+#         _foreach_add_(bufs, grads) 2s + g; _foreach_add_(params, bufs) 2w + s -> 3w + 3g + 5s
+# (the gradient read twice by addcmul counted once: both operands are the same elements).
+_STEP_PASSES: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("adam", "fused"): (2, 1, 4),
+    ("adam", "foreach"): (4, 2, 14),
+    ("sgd", "fused"): (2, 1, 2),
+    ("sgd", "foreach"): (3, 3, 5),
+}
 
 
 def model_flops_per_token(plan: Plan, causal: bool = False) -> Any:

@@ -2760,7 +2760,12 @@ def _reduce(b: _StageBuilder) -> None:
         "optimizer",
         1,
         gathers,
-        [Instant("optimizer step", (*b.resident, *_upcast_grads(plan, shard)))],
+        [
+            Instant(
+                "optimizer step",
+                (*b.resident, *_upcast_grads(plan, shard), *_step_temporary(plan, shard)),
+            )
+        ],
         flops.optimizer_work(plan, shard, vocab, held)
         + flops.fp8_weight_casts(plan, stage_fp8_weights(plan, b.kind)),
     )
@@ -2789,6 +2794,29 @@ def _upcast_grads(plan: Plan, shard: Any) -> list[Alloc]:
     copied = vwhere(holds(plan.parallel.zero >= 3), vmin(shard, _SUB_GROUP), shard)
     name = f"gradients upcast to {master} for the step"
     return [Alloc(name, "transient", copied * DTYPE_BYTES[master])]
+
+
+def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
+    """What PyTorch's foreach optimizer allocates for the whole shard a rank updates
+    (`Precision.optimizer_kernel`), alive together beside every state and the upcast
+    gradients (``_group_tensors_by_device_and_dtype`` puts every parameter of a device and
+    format in one list). PyTorch 2.13, ``torch/optim/adam.py``, ``_multi_tensor_adam``:
+    ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``, a tensor per parameter
+    in the moments' format, divided, shifted by ε and read by the update's ``addcdiv_``
+    (AdamW's decoupled decay scales the parameters in place). ``sgd.py``,
+    ``_multi_tensor_sgd``: ``device_grads = torch._foreach_add(device_grads, device_params,
+    alpha=weight_decay)``, new tensors in the gradients' format, alive while the momentum
+    adds them (weight decay on, as training sets it). Nothing for a fused kernel (Apex's and
+    Transformer Engine's FusedAdam: one kernel over chunks of every tensor, writing in place)."""
+    prec = plan.precision
+    if prec.optimizer_kernel != "foreach" or prec.optimizer == "none":
+        return []
+    if prec.optimizer == "adam":
+        name, dtype = "square root of Adam's second moment (foreach)", prec.optimizer_state
+    else:
+        dtype = prec.master if flops.grads_upcast(prec) and prec.master else prec.grads
+        name = "gradients plus weight decay (foreach SGD)"
+    return [Alloc(name, "transient", shard * DTYPE_BYTES[dtype])]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1206,3 +1206,45 @@ def test_a_multi_token_prediction_module_s_layer_runs_beside_the_head_s_inputs(t
     (instant,) = mtp.instants
     held = {a.name: a.total for a in instant.live}
     assert held["output layer input gradient"] == size
+
+
+def _fsdp_optimizer(tmp_path, kernel: str, optimizer: str = "adam") -> tuple[dict[str, int], int]:
+    """plans/llama3-8b-fsdp.yaml's optimizer step with `optimizer` run by `kernel`: what it
+    holds by name, and the bytes its step kernel moves."""
+    text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
+    old = "  optimizer: adam\n"
+    assert text.count(old) == 1
+    text = text.replace(old, f"  optimizer: {optimizer}\n  optimizer_kernel: {kernel}\n")
+    path = tmp_path / f"{kernel}-{optimizer}.yaml"
+    path.write_text(text, encoding="utf-8")
+    (stage,) = derive(load_plan(path)).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    (instant,) = phase.instants
+    (step,) = [w for w in phase.works if w.name.startswith(f"{optimizer} step")]
+    return {a.name: a.total for a in instant.live}, int(step.bytes)
+
+
+def test_a_foreach_optimizer_holds_a_temporary_as_large_as_its_shard(tmp_path):
+    """PyTorch's foreach Adam (torch.optim's default on GPUs) takes the square root of every
+    second moment at once (``torch._foreach_sqrt`` over the one list of a device's fp32
+    parameters) and makes a pass per operation, 4 touches of the parameter, 2 of the
+    gradient and 14 of the moments or that temporary a parameter (`flops._STEP_PASSES`),
+    where a fused kernel touches 2, 1 and 4. Llama 3 8B under FSDP over 8 GPUs, fp32
+    parameters, gradients and moments: a shard of ⌈8,030,261,248 / 8⌉ = 1,003,782,656
+    parameters, so a temporary of 4 x 1,003,782,656 = 4,015,130,624 B and a step moving
+    80 B a parameter, not 28. Foreach SGD (weight decay on) holds the gradients plus the
+    decay instead, in the gradients' format; its step moves 3 x 4 + 3 x 4 + 5 x 4 = 44 B,
+    fused SGD 2 x 4 + 4 + 2 x 4 = 20."""
+    shard = -(-8_030_261_248 // 8)
+    assert shard == 1_003_782_656
+    fused, fused_bytes = _fsdp_optimizer(tmp_path, "fused")
+    foreach, foreach_bytes = _fsdp_optimizer(tmp_path, "foreach")
+    root = "square root of Adam's second moment (foreach)"
+    assert root not in fused
+    assert {k: v for k, v in foreach.items() if k != root} == fused
+    assert foreach[root] == 4 * shard == 4_015_130_624
+    assert (fused_bytes, foreach_bytes) == (28 * shard, 80 * shard)
+    sgd, sgd_bytes = _fsdp_optimizer(tmp_path, "foreach", "sgd")
+    assert sgd["gradients plus weight decay (foreach SGD)"] == 4 * shard
+    assert sgd_bytes == 44 * shard
+    assert _fsdp_optimizer(tmp_path, "fused", "sgd")[1] == 20 * shard

@@ -393,7 +393,7 @@ def test_a_scalar_where_a_section_goes_names_the_sections_keys() -> None:
     found = {p.path: p.message for p in validate_tree(tree, Marks(), "p.yaml")}
     assert found["$.precision"] == (
         "'bf16' is not a mapping; its keys are activations, grad_reduce, grads, kv_cache, "
-        "master, matmul, optimizer, optimizer_state, ..."
+        "master, matmul, optimizer, optimizer_kernel, ..."
     )
     assert found["$.batch"] == (
         "5 is not a mapping; its keys are generate, global, micro, prompt, seq, sequences"

@@ -26,6 +26,7 @@ PositionKind = Literal["learned", "rope"]
 Attention = Literal["flash", "flash2", "flash3", "cudnn", "triton", "eager"]
 FUSED_KERNELS = ("flash2", "flash3", "cudnn", "triton")  # named fused-attention kernels
 Optimizer = Literal["adam", "sgd", "none"]
+OptimizerKernel = Literal["fused", "foreach"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 GroupKind = Literal["tp", "cp", "ep", "dp", "pp"]
@@ -193,6 +194,9 @@ class Precision:
     master: DType | None = "fp32"
     optimizer: Optimizer = "adam"
     optimizer_state: DType = "fp32"  # dtype of Adam's moments / SGD's momentum
+    # fused: one kernel, nothing allocated (Apex, Transformer Engine, DeepSpeed); foreach:
+    # PyTorch's multi-tensor passes and their shard-sized temporary (`flops.optimizer_work`)
+    optimizer_kernel: OptimizerKernel = "fused"
     activations: DType = "bf16"
     matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch
     param_gather: DType = "bf16"  # dtype of ZeRO/FSDP parameter all-gathers
