@@ -401,7 +401,11 @@ def derive_inference(plan: Plan) -> Step:
             placement=", ".join(where) or "local",
         )
         states = resident_states(
-            plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank
+            plan,
+            params.per_rank,
+            params.expert_per_rank,
+            params.vocab_per_rank,
+            params.beside_gemms_per_rank,
         )
         resident = (*states, cache)
         first = _stage_shapes(plan, prefill, sliding, len(ids))

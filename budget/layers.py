@@ -520,6 +520,7 @@ class StageParams:
     per_rank: int  # non-expert parameters on one rank
     expert_per_rank: int  # expert parameters on one rank
     parts: tuple[tuple[str, int], ...]  # itemised per-rank counts
+    gemm_per_rank: Any = 0  # of per_rank, the layers' GEMM weights (`fp8_gemm_weights`)
 
     @property
     def lookup_per_rank(self) -> Any:
@@ -532,6 +533,17 @@ class StageParams:
         """Of `per_rank`, the embeddings' and output layer's: kept in a 16-bit format
         where the blocks' weights are fp8 (`flops.outside_operands`)."""
         return sum(n for name, n in self.parts if "embedding" in name or "output layer" in name)
+
+    @property
+    def beside_gemms_per_rank(self) -> Any:
+        """Of `per_rank`, what is neither a layer's GEMM weight nor the vocabulary's: norms,
+        biases, routers and gates, attention sinks, multi-token prediction's projection.
+        Kept 16-bit where the GEMM weights are fp8, as the vocabulary is: Transformer
+        Engine's ``fp8_model_init`` makes only its modules' GEMM weights fp8 (their
+        LayerNorm weights and biases stay in ``params_dtype``), Megatron-Core's router is a
+        plain parameter (`flops.outside_operands`), and fp8 checkpoints quantize only the
+        blocks' linear weights (DeepSeek-V3's release: norms and the MoE gate in bf16)."""
+        return self.per_rank - self.vocab_per_rank - self.gemm_per_rank
 
 
 # the first stage's input tables, as `class_params` itemises them
@@ -604,7 +616,8 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
                 parts.append(("word embedding (copy for multi-token prediction)", word_rank))
                 total += word
     experts = moe * x.expert_per_rank
-    return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts))
+    gemms, _ = stage_gemm_weights(plan, c)
+    return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts), gemms)
 
 
 def params_total(plan: Plan) -> int:
@@ -651,7 +664,7 @@ def expert_data_parallel(plan: Plan) -> int:
 
 
 def resident_states(
-    plan: Plan, params: int, expert_params: int = 0, vocab: int = 0
+    plan: Plan, params: int, expert_params: int = 0, vocab: int = 0, beside: Any = 0
 ) -> tuple[Alloc, ...]:
     """Model states one rank keeps for the whole step, by precision and ZeRO stage.
 
@@ -661,21 +674,26 @@ def resident_states(
     over Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters.
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
     (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements. Of
-    `params`, the `vocab` embedding and output-layer parameters stay 16-bit under fp8
-    weights (`flops.outside_operands`): their own row.
+    `params`, the `vocab` embedding and output-layer parameters and the `beside` ones
+    outside the layers' GEMMs (`StageParams.beside_gemms_per_rank`: norms, biases, routers)
+    stay 16-bit under fp8 weights (`flops.outside_operands`): rows of their own.
     """
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
-    narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES and not every(vocab == 0)
-    groups = [("", params - vocab if narrow else params, plan.parallel.dp * cp)]
-    if narrow:
-        groups.append(("embedding and output layer ", vocab, plan.parallel.dp * cp))
+    narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES
+    wide = [
+        (f"{what} ", n)
+        for what, n in (("embedding and output layer", vocab), (_beside_label(plan), beside))
+        if narrow and not every(n == 0)
+    ]
+    groups = [("", params - sum(n for _, n in wide), plan.parallel.dp * cp)]
+    groups += [(what, n, plan.parallel.dp * cp) for what, n in wide]
     if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
         groups.append(("expert ", expert_params, expert_data_parallel(plan)))
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
     allocs = []
     for prefix, n, ranks in groups:
-        stored = "bf16" if prefix.startswith("embedding") else prec.params
+        stored = "bf16" if prefix in {what for what, _ in wide} else prec.params
         rows: list[tuple[str, Category, int, int]] = [
             (f"parameters ({stored})", "params", DTYPE_BYTES[stored], 3)
         ]
@@ -779,10 +797,16 @@ def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:
     return attention + shared, (e.count // par.ep) * mlp(e.ffn, par.expert_tp)
 
 
+def stage_gemm_weights(plan: Plan, c: StageClass) -> tuple[Any, Any]:
+    """(non-expert, expert) GEMM weights of one rank of a stage's class (`fp8_gemm_weights`):
+    its layers', multi-token prediction's among them (`mtp_layers`)."""
+    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
+    return c.dense * dense + c.moe * shared, c.moe * experts
+
+
 def stage_fp8_weights(plan: Plan, c: StageClass) -> Any:
     """The GEMM weights one rank of a stage's class runs in FP8 (`fp8_gemm_weights`)."""
-    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
-    return c.dense * dense + c.moe * (shared + experts)
+    return sum(stage_gemm_weights(plan, c))
 
 
 def fp8_weight_copies(plan: Plan, c: StageClass) -> list[Alloc]:
@@ -1268,6 +1292,18 @@ def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:
         when([checkpoint], full) + when(attention_saved(plan, s), rest),
         when(mlp_saved(plan, s), rest),
     )
+
+
+def _beside_label(plan: Plan) -> str:
+    """What a model holds outside its layers' GEMMs and vocabulary
+    (`StageParams.beside_gemms_per_rank`), as a row of the memory table names it."""
+    m = plan.model
+    kinds = ["norm"]
+    kinds += ["bias"] if m.bias or m.qkv_bias or m.mlp_biased else []
+    kinds += ["router"] if m.experts is not None else []
+    kinds += ["attention sink"] if m.attention_sinks else []
+    kinds += ["multi-token projection"] if mtp_layers(plan) else []
+    return ", ".join(kinds[:-1]) + (" and " if len(kinds) > 1 else "") + kinds[-1]
 
 
 def _above_one(degree: Any) -> bool:

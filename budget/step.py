@@ -783,7 +783,13 @@ def _derive_training(
             m,
             stage_shapes,
             params,
-            resident_states(plan, params.per_rank, params.expert_per_rank, params.vocab_per_rank)
+            resident_states(
+                plan,
+                params.per_rank,
+                params.expert_per_rank,
+                params.vocab_per_rank,
+                params.beside_gemms_per_rank,
+            )
             + tuple(fp8_weight_copies(plan, kind))
             + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe),
             layer,
@@ -2750,7 +2756,8 @@ def _reduce(b: _StageBuilder) -> None:
     p = b.params
     shard = updated(p.per_rank, par.dp * par.cp)
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
-    vocab = updated(p.vocab_per_rank, par.dp * par.cp)
+    # kept 16-bit under fp8 weights (`layers.resident_states`)
+    vocab = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.dp * par.cp)
     # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
     # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,
     # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`)
@@ -2776,6 +2783,15 @@ def _reduce(b: _StageBuilder) -> None:
 _SUB_GROUP = 10**9
 
 
+def _stepped_at_once(plan: Plan, shard: Any) -> Any:
+    """The elements of its `shard` a rank's optimizer steps at once: all of them, but one
+    sub-group of at most `_SUB_GROUP` under DeepSpeed's ZeRO-3, which keeps a master copy
+    (``_optimizer_step`` per sub-group); PyTorch FSDP, with none, steps its whole shard."""
+    if plan.precision.master is None:
+        return shard
+    return vwhere(holds(plan.parallel.zero >= 3), vmin(shard, _SUB_GROUP), shard)
+
+
 def _upcast_grads(plan: Plan, shard: Any) -> list[Alloc]:
     """The copy of the gradients a rank steps on in the master weights' format, where they
     are narrower, held through the optimizer step (`Precision.upcast_grads`): Megatron-LM's
@@ -2791,9 +2807,8 @@ def _upcast_grads(plan: Plan, shard: Any) -> list[Alloc]:
     master = prec.master
     if master is None or not flops.grads_upcast(prec):
         return []
-    copied = vwhere(holds(plan.parallel.zero >= 3), vmin(shard, _SUB_GROUP), shard)
     name = f"gradients upcast to {master} for the step"
-    return [Alloc(name, "transient", copied * DTYPE_BYTES[master])]
+    return [Alloc(name, "transient", _stepped_at_once(plan, shard) * DTYPE_BYTES[master])]
 
 
 def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
@@ -2806,8 +2821,12 @@ def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
     (AdamW's decoupled decay scales the parameters in place). ``sgd.py``,
     ``_multi_tensor_sgd``: ``device_grads = torch._foreach_add(device_grads, device_params,
     alpha=weight_decay)``, new tensors in the gradients' format, alive while the momentum
-    adds them (weight decay on, as training sets it). Nothing for a fused kernel (Apex's and
-    Transformer Engine's FusedAdam: one kernel over chunks of every tensor, writing in place)."""
+    adds them (weight decay on, as training sets it). The gradients are in the stepped
+    tensors' format, as torch requires (`resolve` refuses other plans). DeepSpeed's ZeRO-3,
+    with its master copy, steps one sub-group of its shard at a time (``_optimizer_step``
+    per ``sub_group_size``, as `_upcast_grads`). Nothing for a fused kernel (Apex's and
+    Transformer Engine's FusedAdam: one kernel over chunks of every tensor, writing in
+    place)."""
     prec = plan.precision
     if prec.optimizer_kernel != "foreach" or prec.optimizer == "none":
         return []
@@ -2816,7 +2835,7 @@ def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
     else:
         dtype = prec.master if flops.grads_upcast(prec) and prec.master else prec.grads
         name = "gradients plus weight decay (foreach SGD)"
-    return [Alloc(name, "transient", shard * DTYPE_BYTES[dtype])]
+    return [Alloc(name, "transient", _stepped_at_once(plan, shard) * DTYPE_BYTES[dtype])]
 
 
 # --------------------------------------------------------------------------------------------

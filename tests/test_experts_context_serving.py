@@ -1093,7 +1093,7 @@ def test_fp8_weights_leave_the_embedding_and_output_layer_in_bf16(tmp_path):
     excludes lm_head; TE's fp8 weights are its own modules'). A Llama 3 8B shape on one GPU
     with params fp8: its 2 x 128,256 x 4,096 = 1.05 B vocabulary parameters take 2 B each,
     so 8.03 B parameters weigh 9.08 GB, not 8.03 GB, and decoding reads the output layer's
-    1.05 GB at 2 B (review)."""
+    1.05 GB at 2 B (review). So do its norms (an audit), 32 x 2 x 4,096 + 4,096 = 266,240."""
     from budget.layers import params_total
 
     plan = load_plan(
@@ -1110,9 +1110,10 @@ def test_fp8_weights_leave_the_embedding_and_output_layer_in_bf16(tmp_path):
             base=PLANS / "llama3-70b-decode.yaml",
         )
     )
-    vocab = 2 * 128256 * 4096
+    vocab, norms = 2 * 128256 * 4096, 32 * 2 * 4096 + 4096
     report = build_report(plan)
-    assert report.stages[0].params_bytes == params_total(plan) + vocab  # 1 B + 1 more on vocab
+    # 1 B a parameter and 1 more on the vocabulary and norms
+    assert report.stages[0].params_bytes == params_total(plan) + vocab + norms
     (stage,) = derive_inference(plan).stages
     (output,) = [p for p in stage.phases if p.name == "decode.output"]
     (gemm,) = [w for w in output.works if w.name == "output layer"]

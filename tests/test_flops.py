@@ -216,9 +216,10 @@ def test_per_head_qk_norm_gradients_are_all_reduced_over_tp_even_without_sp() ->
 
 
 def test_the_optimizer_writes_fp8_weights_but_16_bit_vocabulary_rows():
-    """Under fp8 weights the embedding and output layer stay bf16 (`outside_operands`), so the
-    master copy cast back writes the blocks' shard at 1 B and the vocabulary rows at 2 B:
-    against bf16 weights it saves one byte per parameter of the shard outside them only."""
+    """Under fp8 weights the embedding and output layer stay bf16 (`outside_operands`), as do
+    the norms and biases (`StageParams.beside_gemms_per_rank`), so the master copy cast back
+    writes the layers' GEMM weights at 1 B and the rest at 2 B: against bf16 weights it saves
+    one byte per GEMM weight of the shard only."""
     from budget.layers import stage_params
     from budget.plan.model import Precision
     from budget.step import derive
@@ -229,8 +230,8 @@ def test_the_optimizer_writes_fp8_weights_but_16_bit_vocabulary_rows():
         (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "optimizer"]
         (work,) = [w for w in phase.works if w.name == "master weights to parameters"]
         owned = stage_params(plan, 0)
-        shard, vocab = -(-owned.per_rank // 4), -(-owned.vocab_per_rank // 4)
-        return work.bytes, shard, vocab
+        wide = owned.vocab_per_rank + owned.beside_gemms_per_rank
+        return work.bytes, -(-owned.per_rank // 4), -(-wide // 4)
 
     bf16, shard, vocab = cast_bytes("bf16")
     fp8, _, _ = cast_bytes("fp8")
@@ -841,3 +842,37 @@ def test_the_mtp_module_s_attention_is_counted_causally_where_the_main_model_s_i
     # the main model's 61 layers and the module's one, each at s keys or (s + 1)/2
     assert unmasked - causal == (main + per_key) * (4096 - 4097 / 2)
     assert per_key * 4096 == 1_006_632_960 and per_key * 4097 // 2 == 503_439_360
+
+
+def test_fp8_weights_keep_norms_and_routers_16_bit_as_their_kernels_read_them(tmp_path):
+    """An audit: under fp8 weights the memory table stored DeepSeek-V3's MoE routers and its
+    norms at 1 B a parameter while the router's GEMM read its weights at 2 B
+    (`outside_operands`): the fp8 release quantizes only the blocks' linear weights, and vLLM
+    builds the gate unquantized. DeepSeek-V3 decoding at tp 8, fp8 weights, one rank: the
+    layers' GEMM weights at 1 B and the rest at 2 B, where the rest is
+    - the embedding and the output layer, ⌈129,280 / 8⌉ x 7,168 each: 231,669,760;
+    - the norms, 61 layers x (7,168 x 2 + 1,536 + 512) + the final 7,168: 1,006,592;
+    - the routers, 58 MoE layers x 256 x 7,168: 106,430,464.
+    It held 85,012,012,032 B; it holds 85,012,012,032 + 106,430,464 + 1,006,592."""
+    from budget.step import derive as derive_any
+
+    plan = tmp_path / "v3.yaml"
+    plan.write_text(
+        "mode: decode\nmodel: {preset: deepseek-v3}\n"
+        "batch: {sequences: 16, prompt: 4096, generate: 1001}\n"
+        "precision: {params: fp8, activations: bf16}\nparallel: {tp: 8}\n"
+        "device: {preset: h200, reserved: 4 GiB}\ntopology: {preset: dgx-h200, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    (stage,) = derive_any(load_plan(plan)).stages
+    instant = next(p for p in stage.phases if p.instants).instants[0]
+    held = {a.name: a.total for a in instant.live if a.category == "params"}
+    vocab, norms, routers = (
+        2 * 16_160 * 7_168,
+        61 * (2 * 7_168 + 1_536 + 512) + 7_168,
+        58 * 256 * 7_168,
+    )
+    assert (vocab, norms, routers) == (231_669_760, 1_006_592, 106_430_464)
+    assert held["embedding and output layer parameters (bf16)"] == 2 * vocab
+    assert held["norm and router parameters (bf16)"] == 2 * (norms + routers)
+    assert sum(held.values()) == 85_012_012_032 + routers + norms == 85_119_449_088

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1248,3 +1249,49 @@ def test_a_foreach_optimizer_holds_a_temporary_as_large_as_its_shard(tmp_path):
     assert sgd["gradients plus weight decay (foreach SGD)"] == 4 * shard
     assert sgd_bytes == 44 * shard
     assert _fsdp_optimizer(tmp_path, "fused", "sgd")[1] == 20 * shard
+
+
+def test_deepspeed_zero3_steps_its_foreach_temporary_one_sub_group_at_a_time():
+    """A review: DeepSpeed's ZeRO-3 (a master copy beside bf16 parameters) steps its shard one
+    ``sub_group_size`` of 1e9 elements at a time, so a foreach Adam's square root covers a
+    sub-group, 4e9 B in fp32, not the 21.8e9-parameter shard of GPT-3 175B over dp 8; PyTorch
+    FSDP (no master) steps its whole shard (the test above)."""
+    plan = make_plan(
+        tp=1, pp=1, dp=8, zero=3, global_batch=8, precision=Precision(optimizer_kernel="foreach")
+    )
+    (stage,) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    held = {a.name: a.total for a in phase.instants[0].live}
+    assert held["square root of Adam's second moment (foreach)"] == 4 * 10**9
+
+
+def test_a_foreach_step_on_gradients_narrower_than_its_weights_is_refused(tmp_path):
+    """A review: torch refuses a bf16 gradient on an fp32 tensor (and foreach Adam's
+    ``_foreach_lerp_`` a bf16 gradient beside fp32 moments), so a foreach step reads
+    gradients in the stepped weights' format: a plan whose step would read bf16 gradients
+    beside an fp32 master (upcast_grads: false) or fp32 parameters is refused, not priced."""
+    from budget.errors import BudgetError
+
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    foreach = ("optimizer: adam", "optimizer: adam\n  optimizer_kernel: foreach")
+    cases = {
+        "master": [("master: fp32", "master: fp32\n  upcast_grads: false")],
+        "fsdp": [("master: fp32", "master: none"), ("params: bf16", "params: fp32")],
+    }
+    for name, edits in cases.items():
+        for old, _new in [*edits, foreach, ("grads: fp32", "grads: bf16")]:
+            assert text.count(old) == 1, old
+        written = text
+        for old, new in [*edits, foreach]:
+            written = written.replace(old, new)
+        narrow = tmp_path / f"{name}.yaml"
+        narrow.write_text(written.replace("grads: fp32", "grads: bf16"), encoding="utf-8")
+        with pytest.raises(BudgetError) as raised:
+            load_plan(narrow)
+        (problem,) = raised.value.problems
+        assert problem.path == "$.precision.optimizer_kernel"
+        assert "torch refuses a bf16 gradient on an fp32 parameter" in problem.message
+        # fp32 gradients: the step reads them as they are, priced
+        wide = tmp_path / f"{name}-fp32-grads.yaml"
+        wide.write_text(written, encoding="utf-8")
+        assert load_plan(wide).precision.optimizer_kernel == "foreach"

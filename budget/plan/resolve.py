@@ -681,9 +681,24 @@ class _Resolver:
                 "which no optimizer keeps; fp32 parameters are their own master copy: write "
                 "master: none or leave it out",
             )
+        grads = tree.get("grads", "fp32")
+        stepped = params if master in (None, "none") else master
+        upcast = tree.get("upcast_grads", True) and stepped == master
+        read = stepped if upcast and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads] else grads
+        same = {read, stepped} <= {"fp32", "tf32"} or read == stepped  # tf32 is stored fp32
+        if tree.get("optimizer_kernel") == "foreach" and not same:
+            self.error(
+                "$.precision.optimizer_kernel",
+                f"PyTorch's foreach optimizers step each tensor with a gradient in its own "
+                f"format (torch refuses a {read} gradient on {_an(stepped)} parameter); here "
+                f"the step would read {read} gradients beside {stepped} weights: write "
+                f"grads: {stepped}"
+                + (", or leave upcast_grads true" if stepped == master else "")
+                + ", or optimizer_kernel: fused",
+            )
         return Precision(
             params=params,
-            grads=tree.get("grads", "fp32"),
+            grads=grads,
             master=None if master in (None, "none") else master,
             optimizer=tree.get("optimizer", "adam"),
             optimizer_state=tree.get("optimizer_state", "fp32"),
@@ -2064,3 +2079,8 @@ def shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dic
     if serving:
         names.update(sequences=batch.global_batch, prompt=batch.prompt, generate=batch.generate)
     return names
+
+
+def _an(dtype: str) -> str:
+    """`dtype` after its indefinite article, as it is read aloud ("an fp32", "a bf16")."""
+    return f"{'an' if dtype.startswith('f') else 'a'} {dtype}"
