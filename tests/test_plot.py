@@ -128,14 +128,11 @@ def _laid_out(report: Any) -> tuple[Any, list[tuple[str, Any]]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from budget.render.plot import _communication, _memory
+    from budget.render.plot import draw, panels
 
-    fig, (ax, bottom) = plt.subplots(
-        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
-    )
+    fig, (ax, bottom) = panels(plt)
     try:
-        _memory(ax, report)
-        _communication(bottom, report)
+        draw(fig, (ax, bottom), report)
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
         return ax, [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
@@ -256,3 +253,34 @@ def test_a_serving_pipeline_s_bars_are_summed_over_its_stages(tmp_path: Path) ->
     summed = "communication per phase, summed over the stages a pass crosses: "
     assert any(label.startswith(summed) for label in labels), labels
     assert not any("on one rank" in label for label in labels)
+
+
+def test_the_panels_stand_clear_of_each_other_and_the_peak_box_wraps() -> None:
+    """An audit: Llama 3 8B's long instant names ("embedding+head gradients' reduce-scatter"),
+    rotated under the memory panel, pushed its axis label into the communication panel's
+    title, 10 px of overlap at 120 dpi under a fixed space between the panels; the space now
+    grows with them (`_separate`). And one allocation's 120-character name in the peak's box
+    made the picture 2,387 px wide for panels of 1,200: names wrap at 60 characters."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from budget.pipeline import budget_plan
+    from budget.render.plot import _GAP_PX, draw, panels
+
+    report = budget_plan(Path(__file__).parents[1] / "plans" / "llama3-8b-fsdp.yaml")
+    long_name = max((o.tensor for o in report.worst.peak_overlap[:6]), key=len)
+    assert len(long_name) > 100
+    fig, (top, bottom) = panels(plt)
+    try:
+        draw(fig, (top, bottom), report)
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        above, below = top.get_tightbbox(renderer), bottom.get_tightbbox(renderer)
+        assert above.y0 - below.y1 >= _GAP_PX - 0.5  # was -10 px
+        (box,) = [t for t in top.texts if t.get_text().startswith("alive at the peak")]
+        assert max(len(line) for line in box.get_text().splitlines()) <= 13 + 60
+        assert box.get_window_extent(renderer).x1 - above.x0 < 1.5 * 1440  # 12 in at 120 dpi
+    finally:
+        plt.close(fig)

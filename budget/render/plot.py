@@ -10,6 +10,7 @@ the step split into the exposed part (the step waits for it) and the hidden part
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +69,9 @@ def plot_report(report: Report, path: Path) -> None:
     # (an audit: "8b for $5k or $10k" lost its $ signs, "$\\frac$" stopped the plot)
     settings = {"svg.hashsalt": "budget", "svg.fonttype": "none", "text.parse_math": False}
     with plt.rc_context(settings):
-        fig, (top, bottom) = plt.subplots(
-            2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
-        )
+        fig, axes = panels(plt)
         try:
-            _memory(top, report)
-            _communication(bottom, report)
+            draw(fig, axes, report)
             write_atomically(  # the picture whole, or the old file as it was
                 path,
                 lambda staged: fig.savefig(
@@ -82,6 +80,45 @@ def plot_report(report: Report, path: Path) -> None:
             )
         finally:
             plt.close(fig)
+
+
+def panels(plt: Any) -> tuple[Any, tuple[Any, Any]]:
+    """The figure and its two panels: memory over the step above, communication below."""
+    fig, axes = plt.subplots(
+        2, 1, figsize=(12, 9), gridspec_kw={"height_ratios": [3, 2], "hspace": 0.6}
+    )
+    return fig, (axes[0], axes[1])
+
+
+def draw(fig: Any, axes: tuple[Any, Any], report: Report) -> None:
+    """`report` drawn into the `panels`, laid out clear of each other."""
+    top, bottom = axes
+    _memory(top, report)
+    _communication(bottom, report)
+    _separate(fig, top, bottom)
+
+
+# the least space between the memory panel's axis label and the communication panel's title,
+# in pixels at the figure's own dpi
+_GAP_PX = 12.0
+
+
+def _separate(fig: Any, top: Any, bottom: Any) -> None:
+    """Widen the space between the panels until the memory panel's rotated instant names
+    and its axis label clear the communication panel's title: their height follows the
+    plan's longest instant name, which a fixed space did not hold (an audit: Llama 3 8B's
+    "embedding+head gradients' reduce-scatter" put the axis label through the title)."""
+    spec = top.get_subplotspec().get_gridspec()
+    hspace = spec.hspace
+    for _ in range(8):
+        renderer = fig.canvas.get_renderer()
+        gap = top.get_tightbbox(renderer).y0 - bottom.get_tightbbox(renderer).y1
+        if gap >= _GAP_PX:
+            return
+        # hspace is in mean axes heights: turn the missing pixels into that unit
+        height = (top.get_window_extent().height + bottom.get_window_extent().height) / 2
+        hspace += (_GAP_PX - gap) / height * 1.2
+        spec.update(hspace=hspace)
 
 
 def _metadata(fmt: str) -> dict[str, Any]:
@@ -271,7 +308,11 @@ def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
     lines = [f"alive at the peak ({worst.peak_instant}):"]
     for o in worst.peak_overlap[:6]:
         copies = f" ×{o.count:,}" if o.count > 1 else ""
-        lines.append(f"  {format_bytes(o.bytes):>9}  {o.tensor}{copies}")
+        # a long name wraps under itself: one line of it made the picture twice as wide
+        # as its panels (Llama 3 8B FSDP's log-softmax, 120 characters)
+        name = textwrap.wrap(f"{o.tensor}{copies}", _BOX_NAME) or [""]
+        lines.append(f"  {format_bytes(o.bytes):>9}  {name[0]}")
+        lines += [f"{'':13}{more}" for more in name[1:]]
     rest = worst.peak_overlap[6:]
     if rest:
         lines.append(f"  {format_bytes(sum(o.bytes for o in rest)):>9}  {len(rest)} more")
@@ -287,6 +328,10 @@ def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
         family="monospace",
         bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#999999"},
     )
+
+
+# the characters of an allocation's name on one line of the peak's box
+_BOX_NAME = 60
 
 
 def _communication(ax: Any, report: Report) -> None:
