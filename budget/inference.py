@@ -50,10 +50,10 @@ from budget.layers import (
     layer_params,
     moe_layers,
     params_total,
-    resident_states,
     shapes,
     stage_classes,
     stage_layer_ids,
+    stage_states,
     tokens_replicated,
     vocab_rows,
 )
@@ -400,13 +400,7 @@ def derive_inference(plan: Plan) -> Step:
             kv_cache_bytes(plan, len(ids), sliding),
             placement=", ".join(where) or "local",
         )
-        states = resident_states(
-            plan,
-            params.per_rank,
-            params.expert_per_rank,
-            params.vocab_per_rank,
-            params.beside_gemms_per_rank,
-        )
+        states = stage_states(plan, params)
         resident = (*states, cache)
         first = _stage_shapes(plan, prefill, sliding, len(ids))
         phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)

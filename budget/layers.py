@@ -521,6 +521,8 @@ class StageParams:
     expert_per_rank: int  # expert parameters on one rank
     parts: tuple[tuple[str, int], ...]  # itemised per-rank counts
     gemm_per_rank: Any = 0  # of per_rank, the layers' GEMM weights (`fp8_gemm_weights`)
+    expert_gemm_per_rank: Any = 0  # of expert_per_rank, the experts' GEMM weights
+    beside_label: str = "norm"  # what `beside_gemms_per_rank` holds (`_beside_label`)
 
     @property
     def lookup_per_rank(self) -> Any:
@@ -544,6 +546,12 @@ class StageParams:
         plain parameter (`flops.outside_operands`), and fp8 checkpoints quantize only the
         blocks' linear weights (DeepSeek-V3's release: norms and the MoE gate in bf16)."""
         return self.per_rank - self.vocab_per_rank - self.gemm_per_rank
+
+    @property
+    def expert_beside_per_rank(self) -> Any:
+        """Of `expert_per_rank`, the experts' biases: 16-bit under fp8 weights, as
+        `beside_gemms_per_rank`."""
+        return self.expert_per_rank - self.expert_gemm_per_rank
 
 
 # the first stage's input tables, as `class_params` itemises them
@@ -616,8 +624,29 @@ def class_params(plan: Plan, c: StageClass) -> StageParams:
                 parts.append(("word embedding (copy for multi-token prediction)", word_rank))
                 total += word
     experts = moe * x.expert_per_rank
-    gemms, _ = stage_gemm_weights(plan, c)
-    return StageParams(total, sum(n for _, n in parts) - experts, experts, tuple(parts), gemms)
+    gemms, expert_gemms = stage_gemm_weights(plan, c)
+    return StageParams(
+        total,
+        sum(n for _, n in parts) - experts,
+        experts,
+        tuple(parts),
+        gemms,
+        expert_gemms,
+        _beside_label(plan, c),
+    )
+
+
+def stage_states(plan: Plan, params: StageParams) -> tuple[Alloc, ...]:
+    """`resident_states` of a stage's `params`."""
+    return resident_states(
+        plan,
+        params.per_rank,
+        params.expert_per_rank,
+        params.vocab_per_rank,
+        params.beside_gemms_per_rank,
+        params.beside_label,
+        params.expert_beside_per_rank,
+    )
 
 
 def params_total(plan: Plan) -> int:
@@ -664,7 +693,13 @@ def expert_data_parallel(plan: Plan) -> int:
 
 
 def resident_states(
-    plan: Plan, params: int, expert_params: int = 0, vocab: int = 0, beside: Any = 0
+    plan: Plan,
+    params: int,
+    expert_params: int = 0,
+    vocab: int = 0,
+    beside: Any = 0,
+    beside_label: str = "norm",
+    expert_beside: Any = 0,
 ) -> tuple[Alloc, ...]:
     """Model states one rank keeps for the whole step, by precision and ZeRO stage.
 
@@ -675,25 +710,31 @@ def resident_states(
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
     (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements. Of
     `params`, the `vocab` embedding and output-layer parameters and the `beside` ones
-    outside the layers' GEMMs (`StageParams.beside_gemms_per_rank`: norms, biases, routers)
-    stay 16-bit under fp8 weights (`flops.outside_operands`): rows of their own.
+    outside the layers' GEMMs (`StageParams.beside_gemms_per_rank`: norms, biases, routers,
+    `beside_label` says which) stay 16-bit under fp8 weights (`flops.outside_operands`), as
+    the `expert_beside` experts' biases of `expert_params` do: rows of their own.
     """
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
     narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES
+    dense, edp = plan.parallel.dp * cp, expert_data_parallel(plan)
     wide = [
-        (f"{what} ", n)
-        for what, n in (("embedding and output layer", vocab), (_beside_label(plan), beside))
+        (f"{what} ", n, ranks)
+        for what, n, ranks in (
+            ("embedding and output layer", vocab, dense),
+            (beside_label, beside, dense),
+            ("expert bias", expert_beside, edp),
+        )
         if narrow and not every(n == 0)
     ]
-    groups = [("", params - sum(n for _, n in wide), plan.parallel.dp * cp)]
-    groups += [(what, n, plan.parallel.dp * cp) for what, n in wide]
+    groups = [("", params - vocab - beside if narrow else params, dense)]
     if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
-        groups.append(("expert ", expert_params, expert_data_parallel(plan)))
+        groups.append(("expert ", expert_params - expert_beside if narrow else expert_params, edp))
+    groups += wide
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
     allocs = []
     for prefix, n, ranks in groups:
-        stored = "bf16" if prefix in {what for what, _ in wide} else prec.params
+        stored = "bf16" if prefix in {what for what, _, _ in wide} else prec.params
         rows: list[tuple[str, Category, int, int]] = [
             (f"parameters ({stored})", "params", DTYPE_BYTES[stored], 3)
         ]
@@ -1294,15 +1335,17 @@ def layer_saved(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Alloc]]:
     )
 
 
-def _beside_label(plan: Plan) -> str:
-    """What a model holds outside its layers' GEMMs and vocabulary
-    (`StageParams.beside_gemms_per_rank`), as a row of the memory table names it."""
+def _beside_label(plan: Plan, c: StageClass) -> str:
+    """What a stage of class `c` holds outside its layers' GEMMs and vocabulary
+    (`StageParams.beside_gemms_per_rank`), as a row of the memory table names it (a review:
+    named by the model, a first stage of dense layers read "router and multi-token
+    projection")."""
     m = plan.model
     kinds = ["norm"]
     kinds += ["bias"] if m.bias or m.qkv_bias or m.mlp_biased else []
-    kinds += ["router"] if m.experts is not None else []
+    kinds += ["router"] if m.experts is not None and not every(c.moe == 0) else []
     kinds += ["attention sink"] if m.attention_sinks else []
-    kinds += ["multi-token projection"] if mtp_layers(plan) else []
+    kinds += ["multi-token projection"] if c.last and mtp_layers(plan) else []
     return ", ".join(kinds[:-1]) + (" and " if len(kinds) > 1 else "") + kinds[-1]
 
 

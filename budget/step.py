@@ -60,13 +60,13 @@ from budget.layers import (
     params_total,
     post_norm_input,
     qk_norm_params,
-    resident_states,
     residual_placement,
     saved_gemm_input,
     sequence_parallel_params,
     shapes,
     stage_classes,
     stage_fp8_weights,
+    stage_states,
     tokens_replicated,
     vocab_params,
     vocab_rows,
@@ -783,13 +783,7 @@ def _derive_training(
             m,
             stage_shapes,
             params,
-            resident_states(
-                plan,
-                params.per_rank,
-                params.expert_per_rank,
-                params.vocab_per_rank,
-                params.beside_gemms_per_rank,
-            )
+            stage_states(plan, params)
             + tuple(fp8_weight_copies(plan, kind))
             + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe),
             layer,
@@ -2758,6 +2752,7 @@ def _reduce(b: _StageBuilder) -> None:
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
     # kept 16-bit under fp8 weights (`layers.resident_states`)
     vocab = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.dp * par.cp)
+    vocab += updated(p.expert_beside_per_rank, expert_data_parallel(plan))
     # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
     # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,
     # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`)

@@ -876,3 +876,46 @@ def test_fp8_weights_keep_norms_and_routers_16_bit_as_their_kernels_read_them(tm
     assert held["embedding and output layer parameters (bf16)"] == 2 * vocab
     assert held["norm and router parameters (bf16)"] == 2 * (norms + routers)
     assert sum(held.values()) == 85_012_012_032 + routers + norms == 85_119_449_088
+
+
+def test_fp8_weights_keep_expert_biases_16_bit_and_name_each_stage_s_own(tmp_path):
+    """A review: gpt-oss-120b's expert biases stayed at 1 B under fp8 weights, beside the
+    experts' GEMM weights: at tp 8 (etp 8, ep 1) a rank holds, per layer, 128 experts' fc1
+    bias split, 2 x 2,880 / 8 = 720, and fc2's whole, 2,880: 36 x 128 x 3,600 = 16,588,800
+    parameters, now 2 B each. And the 16-bit row was named by the model: DeepSeek-V3's first
+    stage of three dense layers read "norm, router and multi-token projection"; each stage
+    now names what it holds."""
+    from budget.step import derive as derive_any
+
+    def params(text: str) -> list[dict[str, int]]:
+        plan = tmp_path / "p.yaml"
+        plan.write_text(text, encoding="utf-8")
+        held = []
+        for stage in derive_any(load_plan(plan)).stages:
+            instant = next(p for p in stage.phases if p.instants).instants[0]
+            held.append({a.name: a.total for a in instant.live if a.category == "params"})
+        return held
+
+    (oss,) = params(
+        "mode: decode\nmodel: {preset: gpt-oss-120b}\n"
+        "batch: {sequences: 16, prompt: 4096, generate: 1001}\n"
+        "precision: {params: fp8, activations: bf16}\nparallel: {tp: 8}\n"
+        "device: {preset: h100-sxm, reserved: 4 GiB}\ntopology: {preset: dgx-h100, nodes: 1}\n"
+    )
+    assert 36 * 128 * (2 * 2_880 // 8 + 2_880) == 16_588_800
+    assert oss["expert bias parameters (bf16)"] == 2 * 16_588_800
+    v3 = params(
+        "model: {preset: deepseek-v3}\nbatch: {seq: 2048, micro: 1, global: 1024}\n"
+        "precision: {params: fp8, master: fp32}\n"
+        "parallel: {tp: 8, pp: 4, dp: 8, ep: 8, zero: 1, sequence_parallel: true,"
+        " pipeline: {layers_per_stage: [3, 20, 19, 19]}}\n"
+        "device: {preset: h100-sxm, reserved: 4 GiB}\ntopology: {preset: dgx-h100, nodes: 32}\n"
+    )
+    wide = [{k: v for k, v in s.items() if "(bf16)" in k and "embedding" not in k} for s in v3]
+    # three dense layers' norms, 3 x (2 x 7,168 + 1,536 + 512), at 2 B
+    assert wide[0] == {"norm parameters (bf16)": 2 * 3 * (2 * 7_168 + 1_536 + 512)}
+    assert [list(s) for s in wide[1:]] == [
+        ["norm and router parameters (bf16)"],
+        ["norm and router parameters (bf16)"],
+        ["norm, router and multi-token projection parameters (bf16)"],
+    ]
