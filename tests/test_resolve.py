@@ -437,15 +437,14 @@ def test_a_plan_wide_problem_holds_back_every_semantic_rule(change, only) -> Non
 
 
 def test_a_section_an_alias_stood_for_is_not_read() -> None:
-    """Past the first, aliases are counted, not listed, so the sections they stood for are
-    known from the loader's refused values (a fuzz found `topology: *a` read as None)."""
+    """The sections aliases stood for are known from the loader's refused values, whether
+    each alias is listed or counted (a fuzz found `topology: *a` read as None)."""
     head, _, _ = BASE.partition("topology:")
     text = "x: &a {gpus: 8}\ny: *a\n" + head + "topology: *a\n"
     found = _all_problems(text)
-    assert "$.y: YAML aliases (*a) are not allowed in a plan; write the value out (1 more" in (
-        "".join(found)
-    )
-    assert not [p for p in found if p.startswith("$.topology")]
+    assert "$.y: YAML aliases (*a) are not allowed in a plan; write the value out" in found
+    alias = "$.topology: YAML aliases (*a) are not allowed in a plan; write the value out"
+    assert [p for p in found if p.startswith("$.topology")] == [alias]
 
 
 @pytest.mark.parametrize("key", ["paralel", "Parallel", "precison", "mdoe"])
@@ -455,6 +454,37 @@ def test_a_key_that_is_no_section_holds_back_every_semantic_rule(key) -> None:
     text = BASE.replace("parallel: {tp: 2, pp: 2, dp: 2}\n", f"{key}: {{tp: 2}}\n")
     found = _all_problems(text)
     assert [p.split(":")[0] for p in found] == [f"$.{key}"]
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ("model:\n", "owner: infra-team\nmodel:\n"),  # near no section
+        ("{tp: 2, pp: 2, dp: 2}", "{tp: 2, pp: 2, dp: 2, dpp: 2}"),  # near dp and pp, written
+    ],
+)
+def test_an_unknown_key_that_stands_for_none_holds_back_no_rule(where, key) -> None:
+    """An audit: ``owner: infra-team`` held back every rule of the file and ``parallel.dpp``
+    beside dp and pp every rule of the layout, so a user met them one run later. A key that
+    may be a misspelt one still holds back its section's (the test above); one that stands
+    for no key the plan leaves out holds back none."""
+    text = BASE.replace("heads: 16", "heads: 15").replace("global: 32", "global: 30")
+    found = [p.split(":")[0] for p in _all_problems(text.replace(where, key))]
+    stray = "$.owner" if "owner" in key else "$.parallel.dpp"
+    assert sorted(found) == sorted([stray, "$.model.heads", "$.batch.global", "$.parallel.tp"])
+
+
+def test_a_plan_without_a_parallel_section_is_told_at_its_topology() -> None:
+    """An audit: with no parallel section, degrees 1 x 1 x 1 x 1 against 8 GPUs were said at
+    the file's first line; the topology, which gives the 8, is where it is said now."""
+    from budget.plan.load import load_plan_data
+
+    text = BASE.replace("parallel: {tp: 2, pp: 2, dp: 2}\n", "").replace("global: 32", "global: 16")
+    with pytest.raises(BudgetError) as caught:
+        load_plan_data(text.encode(), "p.yaml")
+    (problem,) = caught.value.problems
+    assert (problem.path, problem.line, problem.col) == ("$.topology", 12, 1)
+    assert problem.message.startswith("with no parallel section, tp × cp × pp × dp = ")
 
 
 def test_a_broken_batch_holds_back_only_the_rules_that_read_the_batch() -> None:

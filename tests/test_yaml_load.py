@@ -324,13 +324,32 @@ def test_billion_laughs_is_refused_without_expanding() -> None:
     text = billion_laughs()
     with refused_in_time():
         problems = messages(text)
-    # never expanded: the first alias is the problem, the other 80 counted beside it, and
-    # the rest of the file is still read (it was the end of reading, so a plan's other
-    # problems came one run later; review)
-    assert problems == [
+    # never expanded: each of the 81 aliases is a problem where it is, and the rest of the
+    # file is still read (it was the end of reading, so a plan's other problems came one
+    # run later; review)
+    assert len(problems) == 81
+    assert problems[0] == (
         "p.yaml:2:8: error: $.b[0]: YAML aliases (*a) are not allowed in a plan; "
-        "write the value out (80 more in the file)"
-    ]
+        "write the value out"
+    )
+    assert problems[-1] == (
+        "p.yaml:10:40: error: $.j[8]: YAML aliases (*i) are not allowed in a plan; "
+        "write the value out"
+    )
+
+
+def test_past_the_problems_shown_aliases_are_counted_not_listed() -> None:
+    """An audit: of a plan's aliases only the first had a line, the others a count beside
+    it; each now has its own, up to the problems a file shows (`MAX_SHOWN`), and the last of
+    those counts the rest: a bomb of thousands is not listed."""
+    from budget.errors import MAX_SHOWN
+
+    text = "a: &a 1\nb: [" + ", ".join(["*a"] * (MAX_SHOWN + 50)) + "]\n"
+    with refused_in_time():
+        problems = messages(text)
+    assert len(problems) == MAX_SHOWN
+    assert problems[1].startswith("p.yaml:2:9: error: $.b[1]: YAML aliases (*a)")
+    assert problems[-1].endswith("write the value out (50 more in the file)")
 
 
 @pytest.mark.parametrize("opening", ["[", "{a: "])

@@ -690,7 +690,7 @@ class _Resolver:
             self.error(
                 "$.precision.optimizer_kernel",
                 f"PyTorch's foreach optimizers step each tensor with a gradient in its own "
-                f"format (torch refuses a {read} gradient on {_an(stepped)} parameter); here "
+                f"format (torch refuses {_an(read)} gradient on {_an(stepped)} parameter); here "
                 f"the step would read {read} gradients beside {stepped} weights: write "
                 f"grads: {stepped}"
                 + (", or leave upcast_grads true" if stepped == master else "")
@@ -1570,9 +1570,13 @@ class _LayoutChecks:
             else "choose degrees whose product fills whole domains of the topology, and "
             "size the topology to it"
         )
+        # a plan that writes no parallel section is told where its GPUs come from (an audit:
+        # the problem sat at the file's first line, `name:`)
+        written = "$.parallel" in self.r.marks.nodes
         self.r.error(
-            "$.parallel",
-            f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
+            "$.parallel" if written else "$.topology",
+            ("" if written else "with no parallel section, ")
+            + f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {product:,} but the "
             f"topology has {topology.gpus:,} GPUs; {advice}",
         )
 

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from yaml.nodes import ScalarNode
 
-from budget.errors import Problem
+from budget.errors import MAX_SHOWN, Problem
 from budget.units import MAX_INT
 
 __all__ = [
@@ -237,8 +237,10 @@ class _Builder:
         self.documents = 0
         self.refused: set[str] = set()
         self.second = False  # reading stopped at a second document, the first read whole
-        self.aliases = 0  # aliases met: the first is reported, the count of the rest with it
-        self.first_alias = -1  # its index in `problems`
+        # aliases met: each of the first MAX_SHOWN reported where it is, the count of the
+        # rest with the last of those (an audit: the second of two had no line of its own)
+        self.aliases = 0
+        self.last_alias = -1  # that one's index in `problems`
 
     def problem(self, position: Position, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, position[0], position[1], path, message))
@@ -257,11 +259,11 @@ class _Builder:
             while loader.check_event():
                 self.feed(loader.get_event())  # type: ignore[no-untyped-call]
         finally:
-            if self.aliases > 1:  # one message for them all: a bomb has thousands
-                first = self.problems[self.first_alias]
-                more = self.aliases - 1
-                self.problems[self.first_alias] = replace(
-                    first, message=f"{first.message} ({more:,} more in the file)"
+            if self.aliases > MAX_SHOWN:  # a bomb has thousands: counted, not listed
+                last = self.problems[self.last_alias]
+                more = self.aliases - MAX_SHOWN
+                self.problems[self.last_alias] = replace(
+                    last, message=f"{last.message} ({more:,} more in the file)"
                 )
 
     def feed(self, event: yaml.Event) -> None:
@@ -278,8 +280,8 @@ class _Builder:
             path = self.value_path()
             self.marks.nodes.setdefault(path, where)
             self.aliases += 1
-            if self.aliases == 1:
-                self.first_alias = len(self.problems)
+            if self.aliases <= MAX_SHOWN:
+                self.last_alias = len(self.problems)
                 message = f"YAML aliases (*{event.anchor}) are not allowed in a plan; "
                 self.problem(where, path, message + "write the value out")
             self.refused.add(path)
