@@ -73,6 +73,7 @@ from budget.schedule import (
     Replay,
     StageTime,
     algorithm_of,
+    mfu_format,
     move_kind,
     move_span,
     phase_part,
@@ -82,7 +83,7 @@ from budget.schedule import (
 )
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
-from budget.vector import add_into
+from budget.vector import add_into, ratio
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -1272,12 +1273,13 @@ def measure(
         "mfu": np.asarray(times.mfu) * np.ones(n),
         "rate": np.asarray(times.tokens_per_s) * np.ones(n),
         "pending": np.zeros(n, dtype=bool),
+        # what MFU and tokens/s are worked out of once a replay times the step (`_rated`)
+        "flops": np.asarray(times.model_flops) * np.ones(n),
+        "flops_peak": batch.device.peak_flops(mfu_format(batch)) * batch.topology.gpus * np.ones(n),
+        "tokens": batch.batch.global_batch * batch.batch.seq * np.ones(n, dtype=np.int64),
     }
     measured["upper"] = measured["time"].copy()  # a pending layout's upper bound
-    # the closed form's figures, which a pending layout's replay scales, and the replay it
-    # is held with and its column there (`_replay_rows`)
-    for name in ("time", "mfu", "rate"):
-        measured[f"closed_{name}"] = measured[name].copy()
+    # the replay a pending layout is held with and its column there (`_replay_rows`)
     measured["replay"] = np.full(n, None, dtype=object)
     measured["column"] = np.zeros(n, dtype=np.int64)
     # a sweep bounds only the layouts that fit: the others are not ranked
@@ -1291,7 +1293,6 @@ def measure(
             measured["pending"][index] = True
             measured["replay"][index] = replace(replay, stages=())  # not the stages' arrays
             measured["column"][index] = np.arange(index.size)
-        slower = measured["time"][index] / total  # MFU and tokens/s go as 1 / time
         measured["time"][index] = total
         # the reduction ending latest by the replay's leads, its stages' first chunks' (a
         # review: the pass's, over v chunks, passed a layout whose report then failed
@@ -1299,9 +1300,17 @@ def measure(
         measured["exposed"][index] = np.asarray(_critical_exposed(replay.stages))
         if exact:
             measured["upper"][index] = total
-        measured["mfu"][index] *= slower
-        measured["rate"][index] *= slower
+        _rated(measured, index)
     return measured
+
+
+def _rated(measured: dict[str, np.ndarray], rows: np.ndarray) -> None:
+    """MFU and tokens/s of `rows` at their step time, worked out as `schedule.step_time`
+    does, operation for operation (an audit: scaled by the ratio of two times, an MFU
+    differed from its report's in the last bit)."""
+    time = measured["time"][rows]
+    measured["mfu"][rows] = ratio(measured["flops"][rows], time * measured["flops_peak"][rows])
+    measured["rate"][rows] = ratio(measured["tokens"][rows], time)
 
 
 def _replays(
@@ -1769,10 +1778,8 @@ def _replay_rows(
     for parts in shaped.values():
         rows = np.concatenate([r for r, _ in parts])
         total = Replay.joined([p for _, p in parts]).steps()
-        slower = measured["closed_time"][rows] / total
         measured["time"][rows] = measured["upper"][rows] = total
-        measured["mfu"][rows] = measured["closed_mfu"][rows] * slower
-        measured["rate"][rows] = measured["closed_rate"][rows] * slower
+        _rated(measured, rows)
     if again.size:
         cut = cols.take(again)
         distinct, group = _distinct_rows(structure(plan, cut))

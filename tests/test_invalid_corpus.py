@@ -124,7 +124,7 @@ def test_billion_laughs_fails_fast(tmp_path: Path) -> None:
         f"{path}:2:8: error: $.b[0]: YAML aliases (*a) are not allowed in a plan; "
         "write the value out\n"
     ) in result.stderr
-    assert result.stderr.count("YAML aliases") == 81
+    assert result.stderr.count("YAML aliases") == 20 and "(61 more in the file)" in result.stderr
     assert f"{path}:1:1: error: $: 'model' is a required property\n" in result.stderr
 
 

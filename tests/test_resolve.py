@@ -456,24 +456,6 @@ def test_a_key_that_is_no_section_holds_back_every_semantic_rule(key) -> None:
     assert [p.split(":")[0] for p in found] == [f"$.{key}"]
 
 
-@pytest.mark.parametrize(
-    ("where", "key"),
-    [
-        ("model:\n", "owner: infra-team\nmodel:\n"),  # near no section
-        ("{tp: 2, pp: 2, dp: 2}", "{tp: 2, pp: 2, dp: 2, dpp: 2}"),  # near dp and pp, written
-    ],
-)
-def test_an_unknown_key_that_stands_for_none_holds_back_no_rule(where, key) -> None:
-    """An audit: ``owner: infra-team`` held back every rule of the file and ``parallel.dpp``
-    beside dp and pp every rule of the layout, so a user met them one run later. A key that
-    may be a misspelt one still holds back its section's (the test above); one that stands
-    for no key the plan leaves out holds back none."""
-    text = BASE.replace("heads: 16", "heads: 15").replace("global: 32", "global: 30")
-    found = [p.split(":")[0] for p in _all_problems(text.replace(where, key))]
-    stray = "$.owner" if "owner" in key else "$.parallel.dpp"
-    assert sorted(found) == sorted([stray, "$.model.heads", "$.batch.global", "$.parallel.tp"])
-
-
 def test_a_plan_without_a_parallel_section_is_told_at_its_topology() -> None:
     """An audit: with no parallel section, degrees 1 x 1 x 1 x 1 against 8 GPUs were said at
     the file's first line; the topology, which gives the 8, is where it is said now."""

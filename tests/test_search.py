@@ -1642,6 +1642,12 @@ def test_interleaved_layouts_of_unlike_chunks_budget_exactly_as_searched(tmp_pat
         report = build_report(layout)
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        # MFU and tokens/s of a replayed layout as its report works them out, to the bit (an
+        # audit: scaled by the ratio of two times, an MFU differed in its last bit)
+        assert (report.step["mfu"], report.step["tokens_per_s"]) == (
+            result.mfu,
+            result.tokens_per_s,
+        ), result.config
 
 
 def test_the_search_summary_counts_in_the_singular_and_parts_its_tables(tmp_path):

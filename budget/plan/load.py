@@ -15,7 +15,7 @@ from typing import Any
 from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve, wrong_batch_keys
-from budget.plan.schema import schema, stray_key, validate_tree
+from budget.plan.schema import schema, validate_tree
 from budget.plan.yaml_load import SECOND_DOCUMENT, Marks, decode, load_yaml
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
@@ -135,8 +135,7 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
         broken = [p for p in problems if p.message != SECOND_DOCUMENT]
         seen = {p.path for p in broken}
         more = preset_problems(loaded.tree, loaded.marks, file)
-        # an unknown key that stands in for none (`stray_key`) breaks no section
-        paths = [p.path for p in broken if not stray_key(loaded.tree, p.path)] + refused
+        paths = [p.path for p in broken] + refused
         more += semantic_problems(loaded.tree, loaded.marks, file, paths, seed)
         raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
     return resolve(loaded.tree, loaded.marks, file, seed)

@@ -138,28 +138,6 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
     return problems
 
 
-def stray_key(tree: Any, path: str) -> bool:
-    """Whether `path` is an unknown key, of the plan or of one of its sections, that stands
-    in for no key budget reads: no other tool's name for one (`_SYNONYMS`), no key of
-    another section (`_home`) and no spelling near a key its mapping leaves out. The rest of
-    the file is checked without it (an audit: ``owner: infra-team`` hid every rule of the
-    file, and ``parallel.dpp`` beside dp and pp every rule of the layout); a key that may be
-    a misspelt one (``paralel:``, or ``dpp`` where pp is not written) still holds back the
-    rules its section's defaults would be checked by in its place."""
-    parent, _, key = path.rpartition(".")
-    if parent == "$":
-        known, given = schema()["properties"], tree
-    elif parent.count(".") == 1 and "[" not in parent:
-        section = schema()["properties"].get(parent[2:], {})
-        known, given = section.get("properties"), tree.get(parent[2:])
-    else:
-        return False
-    if not known or not isinstance(given, dict) or key in known or key not in given:
-        return False
-    absent = [k for k in known if k not in given]
-    return key not in _SYNONYMS and _home(key, parent) is None and _closest(key, absent) is None
-
-
 def _home(key: str, path: str) -> str | None:
     """Where a plan does take `key`, when it is a key of another section: "is a top-level
     key", "goes under parallel" (a user audit: ``parallel: {recompute: full}`` listed the

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from yaml.nodes import ScalarNode
 
-from budget.errors import MAX_SHOWN, Problem
+from budget.errors import Problem
 from budget.units import MAX_INT
 
 __all__ = [
@@ -125,6 +125,10 @@ def child_path(parent: str, key: str | int) -> str:
         return f"{parent}.{key}"
     escaped = key.replace("\\", "\\\\").replace("'", "\\'")
     return f"{parent}['{escaped}']"
+
+
+# YAML aliases a file's problems list one by one, each where it is; the rest are counted
+ALIASES_LISTED = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,16 +241,19 @@ class _Builder:
         self.documents = 0
         self.refused: set[str] = set()
         self.second = False  # reading stopped at a second document, the first read whole
-        # aliases met: each of the first MAX_SHOWN reported where it is, the count of the
-        # rest with the last of those (an audit: the second of two had no line of its own)
+        # aliases met: each of the first ALIASES_LISTED reported where it is, the count of
+        # the rest with the last of those (an audit: the second of two had no line of its
+        # own; a review: 200 listed hid, past the problems shown, where reading stopped)
         self.aliases = 0
         self.last_alias = -1  # that one's index in `problems`
+        self.stopped = False  # reading stopped before the end of the file
 
     def problem(self, position: Position, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, position[0], position[1], path, message))
 
     def stop(self, position: Position, path: str, message: str) -> _Stop:
         self.problem(position, path, message)
+        self.stopped = True
         return _Stop()
 
     @property
@@ -259,11 +266,12 @@ class _Builder:
             while loader.check_event():
                 self.feed(loader.get_event())  # type: ignore[no-untyped-call]
         finally:
-            if self.aliases > MAX_SHOWN:  # a bomb has thousands: counted, not listed
+            if self.aliases > ALIASES_LISTED:  # a bomb has thousands: counted, not listed
                 last = self.problems[self.last_alias]
-                more = self.aliases - MAX_SHOWN
+                more = self.aliases - ALIASES_LISTED
+                where = "before reading stopped" if self.stopped else "in the file"
                 self.problems[self.last_alias] = replace(
-                    last, message=f"{last.message} ({more:,} more in the file)"
+                    last, message=f"{last.message} ({more:,} more {where})"
                 )
 
     def feed(self, event: yaml.Event) -> None:
@@ -280,7 +288,7 @@ class _Builder:
             path = self.value_path()
             self.marks.nodes.setdefault(path, where)
             self.aliases += 1
-            if self.aliases <= MAX_SHOWN:
+            if self.aliases <= ALIASES_LISTED:
                 self.last_alias = len(self.problems)
                 message = f"YAML aliases (*{event.anchor}) are not allowed in a plan; "
                 self.problem(where, path, message + "write the value out")
