@@ -2665,27 +2665,34 @@ def _reduce(b: _StageBuilder) -> None:
             + when(reduce[1:], zero == 1)
             + when([every_backward], zero == 2)
         )
-        gather = Move(
-            f"updated {prefix}parameters",
-            "all-gather",
-            group,
-            ranks,
-            prec.param_gather,
-            n * DTYPE_BYTES[prec.param_gather],
-            "shard(0)",
-            "replicate",
-        )
         rule = (
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "
             "bucket behind the next step's first forward (first bucket exposed)"
         )
-        hidden = hide(
-            gather, "@forward-microbatch", "param_gather", rule + chunked, later, least, bucket=True
-        )
-        gathers += when(
-            [replace(hidden, rounds=v, last_part=last_part, after_input=one_bucket)],
-            (zero == 1) | (zero == 2),
-        )
+        for name, dtype, count in _gathered_formats(b, prefix, n):
+            gather = Move(
+                name,
+                "all-gather",
+                group,
+                ranks,
+                dtype,
+                count * DTYPE_BYTES[dtype],
+                "shard(0)",
+                "replicate",
+            )
+            hidden = hide(
+                gather,
+                "@forward-microbatch",
+                "param_gather",
+                rule + chunked,
+                later,
+                least,
+                bucket=True,
+            )
+            gathers += when(
+                [replace(hidden, rounds=v, last_part=last_part, after_input=one_bucket)],
+                (zero == 1) | (zero == 2),
+            )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
         plan, moe=True
     )
@@ -2776,6 +2783,24 @@ def _reduce(b: _StageBuilder) -> None:
 # DeepSpeed ZeRO-3 steps its shard by sub-groups of this many elements (``sub_group_size``,
 # 1e9 by default), upcasting one sub-group's gradients at a time
 _SUB_GROUP = 10**9
+
+
+def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any]]:
+    """The all-gathers of the `n` updated parameters of a group (`prefix` "expert " for the
+    experts'): (name, format, parameters). In ``precision.param_gather`` where it is 16-bit
+    or wider; under an fp8 gather, in fp8 for the layers' GEMM weights and in bf16 for the
+    rest (`layers.resident_states`: the vocabulary, norms, biases, routers), which
+    Megatron-LM keeps in a buffer of their own format and gathers apart
+    (``--fp8-param-gather``: only Transformer Engine's modules' weights are fp8)."""
+    gathered = b.plan.precision.param_gather
+    p = b.params
+    wide = p.expert_beside_per_rank if prefix else p.vocab_per_rank + p.beside_gemms_per_rank
+    if DTYPE_BYTES[gathered] >= flops.VOCAB_WEIGHT_BYTES or every(wide == 0):
+        return [(f"updated {prefix}parameters", gathered, n)]
+    return [
+        (f"updated {prefix}parameters", gathered, n - wide),
+        (f"updated {prefix}16-bit parameters", "bf16", wide),
+    ]
 
 
 def _stepped_at_once(plan: Plan, shard: Any) -> Any:

@@ -919,3 +919,35 @@ def test_fp8_weights_keep_expert_biases_16_bit_and_name_each_stage_s_own(tmp_pat
         ["norm and router parameters (bf16)"],
         ["norm, router and multi-token projection parameters (bf16)"],
     ]
+
+
+def test_an_fp8_parameter_gather_gathers_the_16_bit_parameters_apart_in_bf16(tmp_path):
+    """Megatron-LM's ``--fp8-param-gather`` keeps only Transformer Engine's GEMM weights in
+    fp8; the distributed optimizer gathers the rest, kept 16-bit (`layers.resident_states`),
+    from a bf16 buffer of its own. They were gathered at fp8's 1 B. DeepSeek-V3's last stage
+    of 19 MoE layers and the multi-token prediction module at tp 8: the output layer and the
+    module's copy of the word embedding, 2 x ⌈129,280 / 8⌉ x 7,168 = 231,669,760, and its
+    norms, routers and projection, 49,901,568 (a review's hand count): 281,571,328
+    parameters in bf16, the GEMM weights in fp8 (the experts' group is one rank here)."""
+    from budget.layers import class_params, stage_classes
+    from budget.step import derive as derive_any
+
+    plan = tmp_path / "v3.yaml"
+    plan.write_text(
+        "model: {preset: deepseek-v3}\nbatch: {seq: 2048, micro: 1, global: 1024}\n"
+        "precision: {params: fp8, master: fp32}\n"
+        "parallel: {tp: 8, pp: 4, dp: 8, ep: 8, zero: 1, sequence_parallel: true,"
+        " pipeline: {layers_per_stage: [3, 20, 19, 19]}}\n"
+        "device: {preset: h100-sxm, reserved: 4 GiB}\ntopology: {preset: dgx-h100, nodes: 32}\n",
+        encoding="utf-8",
+    )
+    layout = load_plan(plan)
+    last = derive_any(layout).stages[-1]
+    (phase,) = [p for p in last.phases if p.name == "optimizer"]
+    gathers = {m.name: (m.dtype, m.size_bytes) for m in phase.moves}
+    owned = class_params(layout, stage_classes(layout, merge=False)[-1])
+    wide = 231_669_760 + 49_901_568
+    assert owned.vocab_per_rank + owned.beside_gemms_per_rank == wide
+    assert gathers["updated 16-bit parameters"] == ("bf16", 2 * wide)
+    assert gathers["updated parameters"] == ("fp8", owned.per_rank - wide)
+    assert set(gathers) == {"updated parameters", "updated 16-bit parameters"}
