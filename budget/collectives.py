@@ -855,6 +855,19 @@ class Known(CollectiveCost):
         return cast(Count, self.known_sent)
 
 
+def with_steps(cost: CollectiveCost, steps: Count) -> CollectiveCost:
+    """`cost` taking `steps` latency steps (n of T = n·α + Q/B) in place of its algorithm's,
+    its bytes and bandwidth term as they are: a transfer whose chunks ride another's
+    messages pays only for the messages it sends alone. The steps go to the stages that had
+    them, in proportion (one, for a flat ring)."""
+    total = cost.steps
+    least = vmax(cast(Any, total), 1)
+    stages = tuple(replace(s, steps=(s.steps * steps) // least) for s in cost.stages)
+    latency = sum((s.latency_s for s in stages), start=0.0)
+    time = cost.time_s - cost.latency_s + latency
+    return Known.of(replace(cost, stages=stages), time, cost.sent_bytes, latency)
+
+
 def _choose(which: NDArray[Any], a: Stage, b: Stage) -> Stage:
     """`a`'s figures where `which` holds, `b`'s elsewhere: two stages on the same link."""
     pick = {

@@ -162,6 +162,10 @@ class Move:
     # (dispatch) or sends back (combine), sends (or receives) the even share (`step._ep_moves`)
     sent_share: Any = 1.0
     recv_share: Any = 1.0
+    # the latency steps (n of n·α) it takes of its own where its chunks ride another move's
+    # messages: ring attention's dK/dV, sent with the K/V of every backward step but the
+    # last (`step._cp_moves`); None: its algorithm's
+    steps: Any = None
 
 
 def hide(

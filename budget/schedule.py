@@ -69,7 +69,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from budget.collectives import Algorithm, CollectiveCost
+from budget.collectives import Algorithm, CollectiveCost, with_steps
 from budget.efficiency import gemm_efficiency
 from budget.flops import (
     GRADIENT_PASSES,
@@ -490,9 +490,11 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
     # the move's own algorithm is a neighbours' exchange (ring attention): its hop across a
     # node is one GPU's port, not NCCL's channels over all of them (`collective_cost`)
     levelled = move.algorithm is None
-    return price_group(
+    cost = price_group(
         move.op, move.size_bytes, span, algorithm, dtype=move.dtype, levelled=levelled
     )
+    # riding another move's messages (`Move.steps`)
+    return cost if move.steps is None else with_steps(cost, move.steps)
 
 
 def algorithm_of(plan: Plan, move: Move) -> Algorithm | None:

@@ -38,6 +38,7 @@ from budget.collectives import (
     Stage,
     Tier,
     collective_cost,
+    with_steps,
 )
 from budget.errors import BudgetError
 from budget.layers import (
@@ -1007,6 +1008,7 @@ class _Pricer:
             move.dtype,
             int(np.sum(move.ranks)),
             int(np.sum(move.size_bytes)),
+            move.steps,
         )
         seen = self.priced.setdefault(fingerprint, [])
         for ranks, size, cost in seen:
@@ -1015,6 +1017,8 @@ class _Pricer:
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
         some, each = self._distinct(size)
         few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
+        if move.steps is not None:  # riding another move's messages (`Move.steps`)
+            few = with_steps(few, move.steps)
         cost = Known.of(
             few,
             np.take(few.time_s, each),

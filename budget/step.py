@@ -325,13 +325,15 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     cp steps each overlapping its own step's attention backward (``AttnFuncWithCPAndKVP2P
     .backward``: K/V at the first, K/V with the previous step's dK/dV as one tensor at each
     middle one, dK/dV at the last, each sent before the step's kernels and waited for after
-    them), so both hide behind the whole backward core; priced as two rings of cp - 1 steps
-    each, the exchange pays cp - 2 latencies more than its cp sends (an audit: behind
-    (cp - 1)/cp of the core, 52 µs of a cp-4 call exposed where Transformer Engine exposes
-    about 7). Llama 3 (arXiv 2407.21783, section 3.3.2) all-gathers K/V before attention
-    instead, which leaves the gather exposed (NCCL's all-gather, its ring across nodes); as
-    Transformer Engine runs it (``AttnFuncWithCPAndKVAllGather``), K and V in two
-    all-gathers, again before the backward, and dK and dV in two reduce-scatters after it.
+    them), so both hide behind the whole backward core (an audit: behind (cp - 1)/cp of the
+    core, 52 µs of a cp-4 call exposed where Transformer Engine exposes about 7). Its cp
+    sends are cp latencies: K/V's ring its cp - 1, and dK/dV, whose chunks ride them but the
+    last, one (`Move.steps`; an audit: priced as two rings of cp - 1 steps each, 70B at cp
+    16 paid 14 latencies of 14 µs more a layer). Llama 3 (arXiv 2407.21783, section 3.3.2)
+    all-gathers K/V before attention instead, which leaves the gather exposed (NCCL's
+    all-gather, its ring across nodes); as Transformer Engine runs it
+    (``AttnFuncWithCPAndKVAllGather``), K and V in two all-gathers, again before the
+    backward, and dK and dV in two reduce-scatters after it.
     """
     par = plan.parallel
     if every(par.cp == 1):
@@ -379,6 +381,8 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
             )
             for what, n in cols
         ]
+        if ring:  # dK/dV rides K/V's messages but the last (docstring)
+            moves[-1] = replace(moves[-1], steps=1)
     return moves
 
 
@@ -2669,7 +2673,7 @@ def _reduce(b: _StageBuilder) -> None:
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "
             "bucket behind the next step's first forward (first bucket exposed)"
         )
-        for name, dtype, count in _gathered_formats(b, prefix, n):
+        for name, dtype, count, part in _gathered_formats(b, prefix, n):
             gather = Move(
                 name,
                 "all-gather",
@@ -2680,13 +2684,17 @@ def _reduce(b: _StageBuilder) -> None:
                 "shard(0)",
                 "replicate",
             )
+            # split by format (`_gathered_formats`), the 16-bit part is gathered with the first
+            # bucket, which the first forward waits for, and the fp8 part's first bucket
+            # holds no embedding
+            exposed = {"all": least, "gemm": floor, "wide": 1.0}[part]
             hidden = hide(
                 gather,
                 "@forward-microbatch",
                 "param_gather",
-                rule + chunked,
+                (_WITH_FIRST_BUCKET if part == "wide" else rule) + chunked,
                 later,
-                least,
+                exposed,
                 bucket=True,
             )
             gathers += when(
@@ -2785,21 +2793,30 @@ def _reduce(b: _StageBuilder) -> None:
 _SUB_GROUP = 10**9
 
 
-def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any]]:
+_WITH_FIRST_BUCKET = (
+    "parameter gather: the 16-bit parameters gathered with the first bucket group, which "
+    "the next step's first forward waits for: exposed"
+)
+
+
+def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any, str]]:
     """The all-gathers of the `n` updated parameters of a group (`prefix` "expert " for the
-    experts'): (name, format, parameters). In ``precision.param_gather`` where it is 16-bit
-    or wider; under an fp8 gather, in fp8 for the layers' GEMM weights and in bf16 for the
-    rest (`layers.resident_states`: the vocabulary, norms, biases, routers), which
-    Megatron-LM keeps in a buffer of their own format and gathers apart
-    (``--fp8-param-gather``: only Transformer Engine's modules' weights are fp8)."""
+    experts'): (name, format, parameters, part). In ``precision.param_gather`` where it is
+    16-bit or wider ("all"); under an fp8 gather, in fp8 for the layers' GEMM weights
+    ("gemm") and in bf16 for the rest ("wide", `layers.resident_states`: the vocabulary,
+    norms, biases, routers), which Megatron-LM keeps in buffers of their own format
+    (``--fp8-param-gather``: only Transformer Engine's modules' weights are fp8) and merges
+    into the last fp8 bucket group, the model's beginning, gathered first and waited for by
+    the first forward (``param_and_grad_buffer.partition_buckets``, its third case; a review:
+    each part's first bucket was priced exposed apart, and most of the 16-bit part hidden)."""
     gathered = b.plan.precision.param_gather
     p = b.params
     wide = p.expert_beside_per_rank if prefix else p.vocab_per_rank + p.beside_gemms_per_rank
     if DTYPE_BYTES[gathered] >= flops.VOCAB_WEIGHT_BYTES or every(wide == 0):
-        return [(f"updated {prefix}parameters", gathered, n)]
+        return [(f"updated {prefix}parameters", gathered, n, "all")]
     return [
-        (f"updated {prefix}parameters", gathered, n - wide),
-        (f"updated {prefix}16-bit parameters", "bf16", wide),
+        (f"updated {prefix}parameters", gathered, n - wide, "gemm"),
+        (f"updated {prefix}16-bit parameters", "bf16", wide, "wide"),
     ]
 
 

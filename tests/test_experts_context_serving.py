@@ -821,6 +821,36 @@ def test_a_cp_ring_across_nodes_is_paced_by_its_slowest_hop(tmp_path):
     assert [level["link"] for level in ring.levels] == ["infiniband"]
 
 
+def test_a_cp_ring_s_backward_sends_cp_messages_not_two_rings_of_cp_minus_one(tmp_path):
+    """An audit: Transformer Engine's ring backward (``AttnFuncWithCPAndKVP2P.backward``)
+    sends K/V at its first step, K/V with the previous step's dK/dV as one tensor at each
+    middle one and dK/dV at its last: cp messages, cp latencies, where two rings of cp − 1
+    steps were priced. The same two cp − 1 rings of 2·(cp − 1) chunks, as bytes; dK/dV's one
+    latency its own. The plan above at cp 4 (two hops of four over InfiniBand): the dK/dV
+    ring's time is α + 3·c / B, c = 8 MiB; K/V's in the backward keeps its 3 steps."""
+    from budget.topology import link_of
+
+    text = (
+        "name: cp-ring\nmodel: {preset: llama3-8b}\nbatch: {seq: 32768, micro: 1, global: 8}\n"
+        "parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, "
+        "cp_attention: ring}\nrecompute: selective\ndevice: {preset: h100-sxm}\n"
+        "topology: {preset: dgx-h100, nodes: 2}\n"
+    )
+    plan = _load_text(tmp_path, text)
+    report = build_report(plan)
+    backward = next(p for p in report.phases if p.name == "backward.attention")
+    rings = {c.name: c for c in backward.collectives if c.group == "cp"}
+    forward, gradients = rings["attention K/V (ring exchange)"], rings["attention dK/dV"]
+    size = 32 * 2**20
+    assert (forward.steps, forward.sent_bytes) == (3, 3 * size // 4)
+    assert (gradients.steps, gradients.sent_bytes) == (1, 3 * size // 4)
+    infiniband = link_of(plan.topology.levels[1])
+    bandwidth = infiniband.bandwidth_at("reduce-scatter", size)
+    assert gradients.latency_term_s == infiniband.latency
+    assert gradients.time_s == pytest.approx(infiniband.latency + 3 * (size // 4) / bandwidth)
+    assert forward.steps + gradients.steps == 4  # cp messages
+
+
 def test_dispatch_buffers_hold_the_rows_a_rank_sends_not_the_gathered_ones():
     """Mixtral 8x7B as shipped (tp = etp 2 with sequence parallelism, sequence 4096): a rank
     holds 4096 / 2 = 2048 tokens and sends them top-2, 4096 rows of 4096 × bf16 = 32 MiB,
