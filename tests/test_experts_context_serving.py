@@ -793,6 +793,15 @@ def test_a_serving_pass_sums_its_stages_in_the_rows_and_the_step(tmp_path: Path)
     assert one["compute_s"] + one["exposed_comm_s"] == pytest.approx(one["time_s"], rel=1e-12)
 
 
+# tp 4 x cp 4 over two DGX H100 nodes: each cp group holds two ranks of each node
+_CP_RING_ACROSS_NODES = (
+    "name: cp-ring\nmodel: {preset: llama3-8b}\nbatch: {seq: 32768, micro: 1, global: 8}\n"
+    "parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, "
+    "cp_attention: ring}\nrecompute: selective\ndevice: {preset: h100-sxm}\n"
+    "topology: {preset: dgx-h100, nodes: 2}\n"
+)
+
+
 def test_a_cp_ring_across_nodes_is_paced_by_its_slowest_hop(tmp_path):
     """tp 4 × cp 4 on two DGX H100 nodes: the cp group {0, 4, 8, 12} holds two ranks per
     node, so of the ring's four hops two cross InfiniBand. Ring attention sends each K/V
@@ -802,13 +811,7 @@ def test_a_cp_ring_across_nodes_is_paced_by_its_slowest_hop(tmp_path):
     = 32 MiB. Before, it was priced as NCCL's two-level all-gather: 2 steps, 255 µs."""
     from budget.topology import link_of
 
-    text = (
-        "name: cp-ring\nmodel: {preset: llama3-8b}\nbatch: {seq: 32768, micro: 1, global: 8}\n"
-        "parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, "
-        "cp_attention: ring}\nrecompute: selective\ndevice: {preset: h100-sxm}\n"
-        "topology: {preset: dgx-h100, nodes: 2}\n"
-    )
-    plan = _load_text(tmp_path, text)
+    plan = _load_text(tmp_path, _CP_RING_ACROSS_NODES)
     report = build_report(plan)
     attention = next(p for p in report.phases if p.name == "forward.attention")
     (ring,) = [c for c in attention.collectives if c.group == "cp"]
@@ -830,13 +833,7 @@ def test_a_cp_ring_s_backward_sends_cp_messages_not_two_rings_of_cp_minus_one(tm
     ring's time is α + 3·c / B, c = 8 MiB; K/V's in the backward keeps its 3 steps."""
     from budget.topology import link_of
 
-    text = (
-        "name: cp-ring\nmodel: {preset: llama3-8b}\nbatch: {seq: 32768, micro: 1, global: 8}\n"
-        "parallel: {tp: 4, cp: 4, dp: 1, sequence_parallel: true, zero: 1, "
-        "cp_attention: ring}\nrecompute: selective\ndevice: {preset: h100-sxm}\n"
-        "topology: {preset: dgx-h100, nodes: 2}\n"
-    )
-    plan = _load_text(tmp_path, text)
+    plan = _load_text(tmp_path, _CP_RING_ACROSS_NODES)
     report = build_report(plan)
     backward = next(p for p in report.phases if p.name == "backward.attention")
     rings = {c.name: c for c in backward.collectives if c.group == "cp"}
