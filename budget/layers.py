@@ -717,43 +717,43 @@ def resident_states(
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
     narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES
     dense, edp = plan.parallel.dp * cp, expert_data_parallel(plan)
-    wide = [
-        (f"{what} ", n, ranks)
-        for what, n, ranks in (
-            ("embedding and output layer", vocab, dense),
-            (beside_label, beside, dense),
-            ("expert bias", expert_beside, edp),
-        )
-        if narrow and not every(n == 0)
+    # (prefix, parameters, ranks sharding them, the parts of them kept 16-bit): the parts
+    # are parameter rows of their own; their gradients and optimizer states, in the same
+    # formats as the rest's, are counted with the rest's
+    groups: list[tuple[str, Any, Any, list[tuple[str, Any]]]] = [
+        ("", params, dense, [("embedding and output layer", vocab), (beside_label, beside)])
     ]
-    groups = [("", params - vocab - beside if narrow else params, dense)]
     if not every(expert_params == 0):  # an expert row for a sweep where any layout has one
-        groups.append(("expert ", expert_params - expert_beside if narrow else expert_params, edp))
-    groups += wide
+        groups.append(("expert ", expert_params, edp, [("expert bias", expert_beside)]))
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
     allocs = []
-    for prefix, n, ranks in groups:
-        stored = "bf16" if prefix in {what for what, _, _ in wide} else prec.params
-        rows: list[tuple[str, Category, int, int]] = [
-            (f"parameters ({stored})", "params", DTYPE_BYTES[stored], 3)
+    for prefix, whole, ranks, parts in groups:
+        wide = [(f"{what} ", n) for what, n in parts if narrow and not every(n == 0)]
+        rows: list[tuple[str, Category, int, int, Any]] = [
+            (
+                f"{prefix}parameters ({prec.params})",
+                "params",
+                DTYPE_BYTES[prec.params],
+                3,
+                whole - sum(n for _, n in wide),
+            ),
+            *((f"{what}parameters (bf16)", "params", 2, 3, n) for what, n in wide),
         ]
         if plan.mode == "train":
-            rows.append((f"gradients ({prec.grads})", "grads", DTYPE_BYTES[prec.grads], 2))
+            grads = DTYPE_BYTES[prec.grads]
+            rows.append((f"{prefix}gradients ({prec.grads})", "grads", grads, 2, whole))
             if prec.master is not None:
+                master = DTYPE_BYTES[prec.master]
                 rows.append(
-                    (f"master weights ({prec.master})", "optimizer", DTYPE_BYTES[prec.master], 1)
+                    (f"{prefix}master weights ({prec.master})", "optimizer", master, 1, whole)
                 )
             if moments:
+                state = moments * DTYPE_BYTES[prec.optimizer_state]
                 rows.append(
-                    (
-                        f"{label} ({prec.optimizer_state})",
-                        "optimizer",
-                        moments * DTYPE_BYTES[prec.optimizer_state],
-                        1,
-                    )
+                    (f"{prefix}{label} ({prec.optimizer_state})", "optimizer", state, 1, whole)
                 )
-        for name, category, per_param, stage in rows:
+        for name, category, per_param, stage, n in rows:
             on = z >= stage
             count = vwhere(on, -(-n // ranks), n)  # one rank: the shard is everything
             many = every(ranks > 1)
@@ -771,7 +771,7 @@ def resident_states(
                 )
             else:
                 where = f"by ZeRO stage over {expert}data-parallel ranks"
-            allocs.append(Alloc(f"{prefix}{name}", category, count * per_param, placement=where))
+            allocs.append(Alloc(name, category, count * per_param, placement=where))
     if plan.device.reserved:
         allocs.append(
             Alloc("reserved (runtime, NCCL, allocator)", "reserved", plan.device.reserved)

@@ -483,3 +483,28 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
             assert row["peak_bytes"] == held == 25_585_811_456
         else:  # the weight gradient's instant before it, the gathered weights still held
             assert row["peak_bytes"] > held == 23_484_456_960
+
+
+def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) -> None:
+    """An audit: PyTorch FSDP's optimizer drops its gradients (``zero_grad(set_to_none=True)``)
+    and the backward makes them, so with one micro-batch a step (torchtitan's Llama 3 8B
+    recipe, plans/llama3-8b-fsdp.yaml) the forward and the loss hold no gradient shard,
+    ⌈8,030,261,248 / 8⌉ x 4 B = 4,015,130,624 B: the peak at the loss is 34,171,535,360 −
+    4,015,130,624 = 30,156,404,736 B. With four micro-batches the later forwards come after
+    a backward and hold it, as do the backward and the optimizer step."""
+    from tests.plan_files import variant
+
+    def peak_and_loss(path: Path) -> tuple[int, dict[str, int]]:
+        plan = load_plan(path)
+        (stage,) = derive(plan).stages
+        (loss,) = [p for p in stage.phases if p.name == "loss"]
+        held = {a.name: a.total for i in loss.instants for a in i.live if a.category == "grads"}
+        return build_report(plan).worst.peak_bytes, held
+
+    shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    peak, grads = peak_and_loss(shipped)
+    assert peak == 34_171_535_360 - 4_015_130_624 == 30_156_404_736
+    assert sum(grads.values()) == 0
+    four = variant(tmp_path, "four.yaml", ("global: 8", "global: 32"), base=shipped)
+    _, grads = peak_and_loss(four)
+    assert grads == {"gradients (fp32)": 4 * -(-8_030_261_248 // 8)}
