@@ -1356,8 +1356,9 @@ def optimizer_work(
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
 
     Without a master copy the step updates the parameters in place (read and write). Of
-    the shard, `vocab_shard` embedding and output-layer parameters are kept 16-bit under
-    fp8 weights (`outside_operands`). The gradients zeroed are the buffer the rank holds,
+    the shard, `vocab_shard` parameters are kept 16-bit under fp8 weights (the vocabulary,
+    `StageParams.beside_gemms_per_rank` and `expert_beside_per_rank`: norms, biases,
+    routers; `outside_operands`). The gradients zeroed are the buffer the rank holds,
     `grads_held` (every parameter's under ZeRO-0/1, Megatron-LM's ``zero_grad_buffer``;
     the shard's by default).
 

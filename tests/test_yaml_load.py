@@ -831,3 +831,12 @@ def test_tag_directives_are_refused_and_the_file_read_on() -> None:
     # after a document's end a prologue starts again
     second = messages("a: 1\n...\n%TAG !a! tag:x,1:\n---\nb: 2\n")
     assert second[0].startswith("p.yaml:3:1: error: $: a %TAG directive is not allowed")
+
+
+def test_aliases_before_a_syntax_error_are_counted_as_read_before_it() -> None:
+    """A review: a syntax error stops the reading as a limit does, so the aliases counted
+    past the first twenty are those read before it, not the file's."""
+    text = "a: &a 1\nb: [" + ", ".join(["*a"] * 25) + "]\nc: [unclosed\nd: *a\n"
+    problems = messages(text)
+    assert problems[ALIASES_LISTED - 1].endswith("(5 more before reading stopped)")
+    assert "invalid YAML" in problems[-1]

@@ -195,7 +195,8 @@ class Precision:
     optimizer: Optimizer = "adam"
     optimizer_state: DType = "fp32"  # dtype of Adam's moments / SGD's momentum
     # fused: one kernel, nothing allocated (Apex, Transformer Engine, DeepSpeed); foreach:
-    # PyTorch's multi-tensor passes and their shard-sized temporary (`flops.optimizer_work`)
+    # PyTorch's multi-tensor passes (`flops.optimizer_work`) and their temporary as large as
+    # what is stepped at once (`step._stepped_at_once`: the shard, or a DeepSpeed sub-group)
     optimizer_kernel: OptimizerKernel = "fused"
     activations: DType = "bf16"
     matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch

@@ -693,7 +693,12 @@ class _Resolver:
                 f"format (torch refuses {_an(read)} gradient on {_an(stepped)} parameter); here "
                 f"the step would read {read} gradients beside {stepped} weights: write "
                 f"grads: {stepped}"
-                + (", or leave upcast_grads true" if stepped == master else "")
+                # upcasting widens: it helps only gradients narrower than the master
+                + (
+                    ", or leave upcast_grads true"
+                    if stepped == master and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads]
+                    else ""
+                )
                 + ", or optimizer_kernel: fused",
             )
         return Precision(

@@ -265,6 +265,9 @@ class _Builder:
         try:
             while loader.check_event():
                 self.feed(loader.get_event())  # type: ignore[no-untyped-call]
+        except yaml.YAMLError:
+            self.stopped = True  # a syntax error ends the reading too (a review)
+            raise
         finally:
             if self.aliases > ALIASES_LISTED:  # a bomb has thousands: counted, not listed
                 last = self.problems[self.last_alias]
