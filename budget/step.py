@@ -49,6 +49,7 @@ from budget.layers import (
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
+    fp8_gemm_weights,
     fp8_weight_copies,
     interleaved_warmup,
     layer_params,
@@ -2611,6 +2612,11 @@ def _reduce(b: _StageBuilder) -> None:
     head_experts = vwhere(v > 1, k.head_moe / vmax(b.moe, 1), 1.0)
     embedding = b.params.lookup_per_rank
     embedding_floor = vwhere(v > 1, floor, vmax(floor, embedding * b.first / vmax(n_dense, 1)))
+    # of chunk 0, the layers' GEMM weights: under an fp8 gather, its part of the fp8 gather,
+    # the rest (norms, biases, routers, the embedding) its part of the 16-bit one
+    (dense_gemm, _), (shared_gemm, _) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
+    head_gemm = k.head_dense * dense_gemm + (k.head_moe * shared_gemm if b.has_moe else 0)
+    head_wide = head - head_gemm + _root_params(b) * b.first
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -2686,9 +2692,17 @@ def _reduce(b: _StageBuilder) -> None:
                 "replicate",
             )
             # split by format (`_gathered_formats`), the 16-bit part is gathered with the first
-            # bucket, which the first forward waits for, and the fp8 part's first bucket
-            # holds no embedding
-            exposed = {"all": least, "gemm": floor, "wide": 1.0}[part]
+            # bucket group, which the first forward waits for (interleaved: each chunk's
+            # with the chunk's, chunk 0's waited for), and the fp8 part's first bucket holds
+            # no embedding; each part's chunk 0 is its own share of it (a review: the fp8
+            # part's counted the embedding, which it does not hold)
+            exposed, first = least, last_part
+            if part == "gemm":
+                exposed = floor
+                first = head_gemm / vmax(count, 1) if group == "dp" else last_part
+            elif part == "wide":
+                exposed = vwhere(v > 1, floor, 1.0)
+                first = head_wide / vmax(count, 1) if group == "dp" else last_part
             hidden = hide(
                 gather,
                 "@forward-microbatch",
@@ -2698,8 +2712,9 @@ def _reduce(b: _StageBuilder) -> None:
                 exposed,
                 bucket=True,
             )
+            first = vwhere(v > 1, first, 1.0)
             gathers += when(
-                [replace(hidden, rounds=v, last_part=last_part, after_input=one_bucket)],
+                [replace(hidden, rounds=v, last_part=first, after_input=one_bucket)],
                 (zero == 1) | (zero == 2),
             )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
@@ -2796,7 +2811,7 @@ _SUB_GROUP = 10**9
 
 _WITH_FIRST_BUCKET = (
     "parameter gather: the 16-bit parameters gathered with the first bucket group, which "
-    "the next step's first forward waits for: exposed"
+    "the next step's first forward waits for: exposed (interleaved: model chunk 0's)"
 )
 
 

@@ -977,3 +977,35 @@ def test_the_16_bit_part_of_an_fp8_gather_waits_with_the_first_bucket(tmp_path):
     assert wide.dtype == "bf16" and wide.exposed_s == wide.time_s > 0
     first = gemm.latency_term_s + (gemm.time_s - gemm.latency_term_s) / 36
     assert gemm.exposed_s == pytest.approx(first, rel=1e-12)
+
+
+def test_an_interleaved_fp8_gather_waits_for_each_part_s_own_chunk_0(tmp_path):
+    """A review: interleaved, Megatron-LM merges each model chunk's 16-bit buffers with its
+    fp8 ones and the first forward waits for chunk 0's; the fp8 part's chunk-0 share had
+    counted the embedding (stage 0 read 9.83 ms exposed) and the head (stage 3 7.52 ms),
+    which it does not hold, and the last stage's 16-bit part, its head in the last chunk,
+    was exposed whole. Llama 3 70B at pp 4 x 5 virtual stages, 4 of each stage's 20 layers
+    in chunk 0: every stage's fp8 gather exposes 1/5 of itself; the last stage's 16-bit one
+    only its first bucket, n·α and 1/20 of the rest."""
+    from budget.schedule import step_time
+
+    plan = tmp_path / "f70.yaml"
+    plan.write_text(
+        "model: {preset: llama3-70b}\nbatch: {seq: 8192, micro: 1, global: 128}\n"
+        "precision: {params: fp8, master: fp32, param_gather: fp8}\n"
+        "parallel: {tp: 8, pp: 4, dp: 8, zero: 1, sequence_parallel: true,"
+        " pipeline: {schedule: interleaved, virtual_stages: 5}}\n"
+        "overlap: {dp_grads: true, param_gather: true, pp: true}\n"
+        "device: {preset: h100-sxm}\ntopology: {preset: dgx-h100, nodes: 32}\n",
+        encoding="utf-8",
+    )
+    layout = load_plan(plan)
+    timed = step_time(layout, derive(layout))
+    for i, stage in enumerate(timed.stages):
+        (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+        gathers = {m.move.name: m for m in phase.moves if "parameters" in m.move.name}
+        gemm, wide = gathers["updated parameters"], gathers["updated 16-bit parameters"]
+        assert gemm.exposed_s == pytest.approx(gemm.time_s / 5, rel=1e-12), i
+        if i == 3:
+            alpha = float(wide.cost.latency_s)
+            assert wide.exposed_s == pytest.approx(alpha + (wide.time_s - alpha) / 20, rel=1e-12)

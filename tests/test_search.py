@@ -1554,6 +1554,27 @@ def test_peaks_that_differ_read_apart_across_the_tables() -> None:
     assert peak_digits((R(2**30), R(2**30 + 1))) == 6  # apart at no width: as far as it goes
 
 
+def test_step_times_that_differ_read_apart_on_the_pareto_front() -> None:
+    """An audit: GPT-3 on 96 GPUs put 173.021, 173.306 and 173.376 s on its Pareto front, all
+    read "173 s", so the two larger peaks read as dominated by the smallest: where three
+    figures show two different times alike, every time takes the decimals of seconds that
+    part them, and from a step limit (here 173.38 s, under a limit of 173.4 s)."""
+    from budget.check import Limits
+    from budget.render.search import Digits, _figures, step_digits
+
+    def row(step: float) -> Result:
+        return Result(
+            Config(8, 1, 1, 1, 1, 1, True, "none", 1, 1), 2**30, True, step, 1.0, 0.5, 1.0
+        )
+
+    rows = tuple(row(t) for t in (173.021, 173.306, 173.376))
+    assert step_digits(rows) == 1
+    assert [_figures(r, Digits(step=1))["step"] for r in rows] == ["173.0 s", "173.3 s", "173.4 s"]
+    assert step_digits((row(173.021), row(186.8))) is None
+    limited = _figures(row(173.376), Digits(step=1), Limits(max_step_s=173.4))
+    assert limited["step"] == "173.38 s"
+
+
 def test_the_markdown_search_parts_its_peaks_as_the_table_does(tmp_path) -> None:
     """gpt-1.3b's best-by-time list and Pareto front hold peaks 12 MiB apart (28,514,424,832
     and 28,527,007,744 B when the review found them) that three figures both print as 26.6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.cells import cell_len
 from rich.table import Table
@@ -68,15 +68,50 @@ def peak_digits(rows: tuple[Result, ...]) -> int | None:
     return decimals_apart((p / 2**30 for p in peaks), most=6)
 
 
-def _figures(r: Result, digits: int | None = None, limits: Limits | None = None) -> dict[str, str]:
+def step_digits(rows: tuple[Result, ...]) -> int | None:
+    """Decimals of seconds at which the step times of `rows` that differ read apart, where
+    `format_duration`'s three figures show two different times alike (173 s for 173.021 and
+    173.306 s, which made Pareto points read as dominated: an audit); None when they
+    already read apart."""
+    times = {r.step_time_s for r in rows}
+    if len({format_duration(t) for t in times}) == len(times):
+        return None
+    return decimals_apart(times, start=1, most=9)
+
+
+class Digits(NamedTuple):
+    """Decimals that tell the figures of the rows shown together apart (`figure_digits`):
+    None where the usual three figures do."""
+
+    peak: int | None = None  # of GiB
+    step: int | None = None  # of seconds
+
+
+THREE_FIGURES = Digits()  # the usual figures for every column
+
+
+def figure_digits(rows: tuple[Result, ...]) -> Digits:
+    """The `Digits` that read the peaks and step times of `rows` apart where they differ."""
+    return Digits(peak_digits(rows), step_digits(rows))
+
+
+def _figures(
+    r: Result, digits: Digits = THREE_FIGURES, limits: Limits | None = None
+) -> dict[str, str]:
     """A layout's figures as shown; its step time as `budget check` shows it against a
     step limit, with the digits that tell it from the limit (an audit: 17.95 s and 17.97 s
-    read "18.0 s" in a search limited to 18 s)."""
+    read "18.0 s" in a search limited to 18 s), and from the other rows' (`Digits`)."""
     peak = (
-        format_bytes(r.peak_bytes) if digits is None else f"{r.peak_bytes / 2**30:.{digits}f} GiB"
+        format_bytes(r.peak_bytes)
+        if digits.peak is None
+        else f"{r.peak_bytes / 2**30:.{digits.peak}f} GiB"
     )
+    limit = limits.max_step_s if limits is not None else None
     step = format_duration(r.step_time_s)
-    if limits is not None and limits.max_step_s is not None:
+    if digits.step is not None:
+        apart = decimals_apart((r.step_time_s, limit), start=1, most=9) if limit else 0
+        step = f"{r.step_time_s:,.{max(digits.step, apart)}f} s"
+    elif limits is not None and limit is not None:
         step = limits.shown_step(r.step_time_s)
     return {
         "peak": peak,
@@ -98,7 +133,7 @@ def _table(
     rows: tuple[Result, ...],
     exposed: bool = False,
     tokens: bool = False,
-    digits: int | None = None,
+    digits: Digits = THREE_FIGURES,
     outcome: Outcome | None = None,
 ) -> tuple[Table, list[str]]:
     """The layouts and their figures, and the notes to print under them (at the
@@ -518,7 +553,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         best = outcome.results[:top]
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
-        digits = peak_digits((*best, *front))  # the two tables read against each other
+        digits = figure_digits((*best, *front))  # the two tables read against each other
         ranked, notes = _table(console, title, best, limited, tokens, digits, outcome)
         _show(console, ranked, notes)
         slack = _slack_note(outcome)
@@ -546,7 +581,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     if outcome.written is not None:  # beside the ranking, or alone where none ranks
-        digits = peak_digits((outcome.written, *outcome.results[:top]))
+        digits = figure_digits((outcome.written, *outcome.results[:top]))
         mine = (outcome.written,)
         _show(console, *_table(console, WRITTEN, mine, limited, tokens, digits, outcome))
         console.print(written_note(outcome), markup=False)
@@ -565,7 +600,8 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
 
 def render_search_markdown(outcome: Outcome, top: int) -> str:
     best = outcome.results[:top]
-    digits = peak_digits((*best, *outcome.pareto))  # as the table: peaks that differ read apart
+    # as the table: peaks and times that differ read apart
+    digits = figure_digits((*best, *outcome.pareto))
 
     def rows(results: tuple[Result, ...]) -> list[str]:
         head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
