@@ -281,6 +281,7 @@ def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     return _sliding(plan, s, full)
 
 
+ATTENTION_SOFTCAP = "attention soft-cap (divide, tanh, multiply)"
 FUSED_CORE = "attention core (flash)"  # the fused kernel's name; eager attention's last one:
 EAGER_LAST = "attention × V"
 
@@ -334,8 +335,24 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
     # so, and they stay memory-bound on the s x s scores they write and read
+    # Gemma 2's soft-cap, as transformers' eager_attention_forward runs it: a division, a tanh
+    # and a product, each reading and writing the scores; backward, the product's and the
+    # division's gradients read and write them and the tanh's reads its saved output too:
+    # 7 passes against the forward's 6
+    capped = [
+        Work(
+            ATTENTION_SOFTCAP,
+            "elementwise",
+            3 * scores // s.act,  # one operation a score each (the bytes set its time)
+            6 * scores,
+            launches=3,
+            backward=7 / 6,
+            backward_launches=3,
+        )
+    ]
     return [
         Work("attention scores QKᵀ", "attention", qk_mm, q + k + scores, backward=EAGER_BACKWARD),
+        *(capped if m.attention_softcap else []),
         Work(
             "softmax" + (" and dropout" if m.dropout else ""),
             "elementwise",

@@ -1183,6 +1183,12 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
             saved += when([halves], plan.parallel.cp > 1)
         return saved
     out = [Alloc("attention softmax output", "activations", s.act * score)]
+    if plan.model.attention_softcap:
+        # Gemma 2's cap · tanh(scores / cap): the tanh keeps its output for its backward
+        # (transformers' eager_attention_forward; the division and product keep nothing)
+        out.append(
+            Alloc("attention scores soft-capped (tanh output)", "activations", s.act * score)
+        )
     if plan.model.dropout:
         out.append(Alloc("attention softmax dropout mask", "activations", score))
         out.append(Alloc("attention softmax dropout output", "activations", s.act * score))

@@ -245,7 +245,8 @@ def test_layer_kinds_without_layer_types_are_the_config_class_defaults(
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
     config.update(model_type=model_type, num_hidden_layers=layers)
     if not model_type.startswith("gemma"):  # Gemma's own keys, which the others refuse
-        del config["hidden_activation"], config["final_logit_softcapping"]
+        for key in ("hidden_activation", "final_logit_softcapping", "attn_logit_softcapping"):
+            del config[key]
     window = _window(config)
     assert isinstance(window, dict) and window["size"] == 4096
     flags = window["layers"]
@@ -815,6 +816,45 @@ def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> Non
     assert passes["logit soft-capping"] == 2 * 2 * 4096 * 256_000
     assert "logit soft-capping" not in {w.name for w in loss_work(plain, shapes(plain))}
     assert a["step"]["time_s"] > b["step"]["time_s"]
+
+
+def test_gemma2s_attention_soft_capping_keeps_the_tanh_of_the_scores_under_eager(
+    tmp_path: Path,
+) -> None:
+    """An audit: attn_logit_softcapping was read and dropped, so eager attention, which
+    transformers' eager_attention_forward runs as scores / cap, tanh, · cap before the mask
+    and softmax, left out the tanh output autograd keeps. Gemma 2 9B at tp 4 with sequence
+    parallelism, 8,192 tokens, no recompute: 4 heads a rank x 8,192² x 2 B = 536,870,912 B a
+    layer, 42 layers 22,548,578,304 B more at the loss (60,104,204,928 -> 82,652,783,232 B),
+    and three passes over the scores each way (seven back). The fused kernel takes the cap
+    in its registers: nothing more; a file whose cap is null sets none."""
+    from budget.flops import ATTENTION_SOFTCAP, attention_core
+
+    config = DATA / "hf" / "gemma-2-9b" / "config.json"
+    assert _plan("gemma-2-9b").model.attention_softcap is True  # 50.0
+    assert _plan("gemma-3-1b").model.attention_softcap is False  # null
+    tree = {
+        "model": {"hf_config": str(config), "attention": "eager"},
+        "batch": {"seq": 8192, "micro": 1, "global": 256},
+        "parallel": {"tp": 4, "dp": 16, "sequence_parallel": True, "zero": 1},
+        "overlap": {"dp_grads": True, "param_gather": True},
+        "device": {"preset": "h100-sxm", "reserved": "3 GiB"},
+        "topology": {"preset": "dgx-h100", "nodes": 8},
+    }
+    capped = resolve(tree, Marks(), "plan.yaml")
+    plain = dataclasses.replace(
+        capped, model=dataclasses.replace(capped.model, attention_softcap=False)
+    )
+    a, b = build_report(capped).worst, build_report(plain).worst
+    assert (a.peak_phase, b.peak_bytes) == ("loss", 60_104_204_928)
+    assert a.peak_bytes - b.peak_bytes == 42 * 4 * 8192**2 * 2 == 22_548_578_304
+    (cap,) = [w for w in attention_core(capped, shapes(capped)) if w.name == ATTENTION_SOFTCAP]
+    assert cap.bytes == 6 * 2 * 4 * 8192**2  # read and write, three passes
+    flash = dataclasses.replace(capped, model=dataclasses.replace(capped.model, attention="flash"))
+    unflashed = dataclasses.replace(
+        flash, model=dataclasses.replace(flash.model, attention_softcap=False)
+    )
+    assert build_report(flash).worst.peak_bytes == build_report(unflashed).worst.peak_bytes
 
 
 def test_a_non_finite_float_or_a_special_file_is_refused(tmp_path: Path) -> None:

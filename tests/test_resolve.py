@@ -273,10 +273,10 @@ def test_load_plan_reports_schema_and_duplicate_problems_together(tmp_path: Path
     assert [str(p) for p in caught.value.problems] == [
         f"{path}:5:3: error: $.model.heads: duplicate key 'heads' (first defined on line 4)",
         f"{path}:6:3: error: $.model.depth: unknown key 'depth' (expected one of: attention, "
-        "attention_sinks, bias, dropout, experts, ffn, head_dim, heads, hf_config, hidden, "
-        "kv_heads, layers, logit_softcap, max_positions, mla, mlp, mlp_bias, mtp_layers, norm, "
-        "position, preset, qk_norm, qkv_bias, sandwich_norm, sliding_window, tied_embeddings, "
-        "vocab)",
+        "attention_sinks, attention_softcap, bias, dropout, experts, ffn, head_dim, heads, "
+        "hf_config, hidden, kv_heads, layers, logit_softcap, max_positions, mla, mlp, mlp_bias, "
+        "mtp_layers, norm, position, preset, qk_norm, qkv_bias, sandwich_norm, sliding_window, "
+        "tied_embeddings, vocab)",
     ]
 
 

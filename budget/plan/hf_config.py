@@ -49,8 +49,8 @@ probabilities ``embd_pdrop`` and ``resid_pdrop``, the pre-extension context
 ``original_max_position_embeddings``), ``GraniteConfig`` (four scalar multipliers),
 InternLM2 (``bias``; ``attn_implementation``, a kernel choice: the plan's attention is the
 fused kernel whatever it says), ``Gemma2Config`` and ``Gemma3TextConfig`` (the logits'
-soft-capping, ``model.logit_softcap``; the attention scores' soft-capping, done inside the
-fused kernel; the query scale, the local RoPE base, the cache kind, and
+soft-capping, ``model.logit_softcap``; the attention scores' soft-capping,
+``model.attention_softcap``; the query scale, the local RoPE base, the cache kind, and
 ``sliding_window_size``, Gemma 2's copy of ``sliding_window``), ``Glm4MoeConfig``
 (``partial_rotary_factor``, ``use_qk_norm``) and ``GptOssConfig`` (``swiglu_limit``, a
 clamp; its files also carry ``experts_per_token``, a copy of num_experts_per_tok).
@@ -198,6 +198,7 @@ READ = frozenset(
         "bias",  # InternLM2: biases on its attention's projections (wqkv, wo)
         "lm_head_bias",  # Phi-4-mini; refused when true (no output-layer bias is priced)
         "final_logit_softcapping",  # Gemma 2 and 3: model.logit_softcap when set
+        "attn_logit_softcapping",  # Gemma 2 and 3: model.attention_softcap when set
         "use_qk_norm",  # GLM: per-head q and k norms, model.qk_norm
         "qkv_bias",  # q, k and v biases alone: model.qkv_bias
         # Qwen-MoE
@@ -254,7 +255,6 @@ IGNORED = frozenset(
         "residual_multiplier",  # Granite
         "logits_scaling",  # Granite
         "query_pre_attn_scalar",  # Gemma 2 and 3: the softmax scale
-        "attn_logit_softcapping",  # Gemma 2: tanh inside the attention kernel
         "swiglu_limit",  # gpt-oss: a clamp on the gate
         "swiglu_alpha",  # gpt-oss: the gate's sigmoid scale, which transformers 5 writes
         "rope_interleave",  # DeepSeek: which rotary layout, the same rotation cost
@@ -670,6 +670,7 @@ _OWNERS: dict[str, frozenset[str]] = {
     "use_qk_norm": frozenset({"glm4_moe"}),  # Glm4MoeAttention
     "hidden_activation": frozenset({"gemma", "gemma2", "gemma3_text"}),
     "final_logit_softcapping": frozenset({"gemma2", "gemma3_text"}),
+    "attn_logit_softcapping": frozenset({"gemma2", "gemma3_text"}),
     # Qwen2MoeAttention's q, k and v biases (modular_qwen2_moe.py at 8fb1742; true by default)
     "qkv_bias": frozenset({"qwen2_moe"}),
 }
@@ -1038,14 +1039,19 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         qk_norm = "per_head"
     if qk_norm != "none":
         tree["qk_norm"] = qk_norm
-    cap = config.get("final_logit_softcapping")
-    if cap is not None:
+    for key, name in (
+        ("final_logit_softcapping", "logit_softcap"),
+        ("attn_logit_softcapping", "attention_softcap"),
+    ):
+        cap = config.get(key)
+        if cap is None:
+            continue
         if isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0:
             raise HfConfigError(
-                f"final_logit_softcapping = {json.dumps(cap)} in {where} is not a positive "
-                "number; set the cap, or null for none"
+                f"{key} = {json.dumps(cap)} in {where} is not a positive number; set the cap, "
+                "or null for none"
             )
-        tree["logit_softcap"] = True
+        tree[name] = True
     for key, name in (
         ("num_key_value_heads", "kv_heads"),
         ("intermediate_size", "ffn"),

@@ -102,6 +102,8 @@ class Model:
     attention: Attention = "flash"
     dropout: bool = False
     logit_softcap: bool = False  # cap · tanh(logits / cap) before the loss (Gemma 2)
+    # cap · tanh(scores / cap) on the attention scores before the softmax (Gemma 2)
+    attention_softcap: bool = False
     qk_norm: QkNorm = "none"  # a norm on the queries and keys before RoPE (`layers`)
     sandwich_norm: bool = False  # a norm after each block too, not only before (Gemma 2)
     attention_sinks: bool = False  # a learned softmax logit per head and layer (gpt-oss)

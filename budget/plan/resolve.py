@@ -451,6 +451,7 @@ class _Resolver:
             attention=tree.get("attention", "flash"),
             dropout=bool(tree.get("dropout", False)),
             logit_softcap=bool(tree.get("logit_softcap", False)),
+            attention_softcap=bool(tree.get("attention_softcap", False)),
             qk_norm=tree.get("qk_norm", "none"),
             sandwich_norm=bool(tree.get("sandwich_norm", False)),
             attention_sinks=bool(tree.get("attention_sinks", False)),
