@@ -2821,15 +2821,16 @@ def _before_any_gradient(b: _StageBuilder) -> None:
     (``zero_grad(set_to_none=True)``, PyTorch 2's default, which torchtitan's train step
     calls first) and the backward makes each block's (``foreach_reduce``:
     ``sharded_param.grad = new_sharded_dtensor_grad`` where it is None), so before a
-    stage's first backward none exists, and every forward of the step comes before it with
-    one micro-batch or under GPipe (an audit: Llama 3 8B under FSDP over 8 GPUs peaked 4.0
-    GB high at its loss, a plan that fits read over). Later forwards of a 1F1B step come
-    after a backward and keep the shard; the backward counts it whole from its first block
-    (an upper bound: FSDP makes each block's as it reduce-scatters it)."""
+    stage's first backward none exists, and every forward of the step comes before it where
+    the stage holds all its micro-batches in flight at once (`inflight`: one micro-batch,
+    GPipe, or a pipeline's warm-up as long as the step; an audit: Llama 3 8B under FSDP over
+    8 GPUs peaked 4.0 GB high at its loss, a plan that fits read over; a review: stage 0 of
+    two at two micro-batches). Later forwards of a 1F1B step come after a backward and keep
+    the shard; the backward counts it whole from its first block (an upper bound: FSDP makes
+    each block's as it reduce-scatters it)."""
     plan = b.plan
-    early = flops.fsdp_mixed(plan) & (
-        (b.microbatches == 1) | holds(plan.parallel.pipeline.schedule == "gpipe")
-    )
+    held = inflight(plan, b.kind.stage, b.microbatches)
+    early = flops.fsdp_mixed(plan) & (held >= b.microbatches)
     if not np.any(holds(early)):
         return
     for i, phase in enumerate(b.phases):

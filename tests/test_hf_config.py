@@ -866,6 +866,19 @@ def test_a_non_finite_float_or_a_special_file_is_refused(tmp_path: Path) -> None
         read_hf_config(tmp_path)  # a directory; a FIFO would block the read forever
 
 
+@pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping"])
+def test_a_class_that_reads_no_soft_cap_builds_none_from_a_zero(key: str) -> None:
+    """A review: a Llama file carrying a cap of 0, which LlamaConfig never reads, was told
+    the cap must be positive; a set one is still refused as a key the class does not read."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    config[key] = 0
+    tree = translate(config).tree
+    assert "logit_softcap" not in tree and "attention_softcap" not in tree
+    config[key] = 50.0
+    with pytest.raises(HfConfigError, match="class does not read it"):
+        translate(config)
+
+
 @pytest.mark.parametrize("cap", ["yes", -30, [1], True])
 def test_a_soft_cap_must_be_a_positive_number(cap: object) -> None:
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())

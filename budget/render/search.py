@@ -553,7 +553,8 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
         best = outcome.results[:top]
         title = f"Best {len(best)} by {outcome.objective}"
         front = thin(outcome.pareto)
-        digits = figure_digits((*best, *front))  # the two tables read against each other
+        # the tables read against each other, the plan as written among them (a review)
+        digits = figure_digits((*best, *front, *_written(outcome)))
         ranked, notes = _table(console, title, best, limited, tokens, digits, outcome)
         _show(console, ranked, notes)
         slack = _slack_note(outcome)
@@ -581,7 +582,7 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     else:
         console.print(f"{_none(outcome)}\n", markup=False)
     if outcome.written is not None:  # beside the ranking, or alone where none ranks
-        digits = figure_digits((outcome.written, *outcome.results[:top]))
+        digits = figure_digits((*_written(outcome), *outcome.results[:top], *thin(outcome.pareto)))
         mine = (outcome.written,)
         _show(console, *_table(console, WRITTEN, mine, limited, tokens, digits, outcome))
         console.print(written_note(outcome), markup=False)
@@ -598,10 +599,15 @@ def render_search_table(console: Console, outcome: Outcome, top: int) -> None:
     _show(console, table, [_skipped_note(outcome)])
 
 
+def _written(outcome: Outcome) -> tuple[Result, ...]:
+    """The plan as written's row, where it has one."""
+    return (outcome.written,) if outcome.written is not None else ()
+
+
 def render_search_markdown(outcome: Outcome, top: int) -> str:
     best = outcome.results[:top]
-    # as the table: peaks and times that differ read apart
-    digits = figure_digits((*best, *outcome.pareto))
+    # as the table: peaks and times that differ read apart, the plan as written's too
+    digits = figure_digits((*best, *outcome.pareto, *_written(outcome)))
 
     def rows(results: tuple[Result, ...]) -> list[str]:
         head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
