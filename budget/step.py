@@ -2829,7 +2829,11 @@ def _before_any_gradient(b: _StageBuilder) -> None:
     the shard; the backward counts it whole from its first block (an upper bound: FSDP makes
     each block's as it reduce-scatters it)."""
     plan = b.plan
-    held = inflight(plan, b.kind.stage, b.microbatches)
+    # a sweep's class of several middle stages (`layers.merge_classes`) stands for the one
+    # holding the fewest in flight too, at most the last middle stage's: without a gradient
+    # shard only where that one is
+    stage = vwhere(b.kind.copies > 1, plan.parallel.pp - 2, b.kind.stage)
+    held = inflight(plan, stage, b.microbatches)
     early = flops.fsdp_mixed(plan) & (held >= b.microbatches)
     if not np.any(holds(early)):
         return
