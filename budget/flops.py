@@ -1353,7 +1353,7 @@ def grads_upcast(prec: Precision) -> bool:
 
 
 def optimizer_work(
-    plan: Plan, params_shard: int, vocab_shard: Any = 0, grads_held: Any = None
+    plan: Plan, params_shard: int, wide_shard: Any = 0, grads_held: Any = None
 ) -> list[Work]:
     """The optimizer step over the parameters this rank updates, as Megatron-LM's
     mixed-precision optimizer runs it (``megatron/core/optimizer/optimizer.py``, ``step``):
@@ -1373,7 +1373,7 @@ def optimizer_work(
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
 
     Without a master copy the step updates the parameters in place (read and write). Of
-    the shard, `vocab_shard` parameters are kept 16-bit under fp8 weights (the vocabulary,
+    the shard, `wide_shard` parameters are kept 16-bit under fp8 weights (the vocabulary,
     `StageParams.beside_gemms_per_rank` and `expert_beside_per_rank`: norms, biases,
     routers; `outside_operands`). The gradients zeroed are the buffer the rank holds,
     `grads_held` (every parameter's under ZeRO-0/1, Megatron-LM's ``zero_grad_buffer``;
@@ -1388,7 +1388,7 @@ def optimizer_work(
     if prec.optimizer == "none":
         return []
     grad, param = DTYPE_BYTES[prec.grads], DTYPE_BYTES[prec.params]
-    params = param * params_shard + (max(param, VOCAB_WEIGHT_BYTES) - param) * vocab_shard
+    params = param * params_shard + (max(param, VOCAB_WEIGHT_BYTES) - param) * wide_shard
     master = DTYPE_BYTES[prec.master] if prec.master else 0
     upcast = grads_upcast(prec)
     read = master if upcast else grad  # the gradient the norm and the step read

@@ -838,11 +838,17 @@ def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:
     return attention + shared, (e.count // par.ep) * mlp(e.ffn, par.expert_tp)
 
 
+def gemm_weights(plan: Plan, dense: Any, moe: Any) -> tuple[Any, Any]:
+    """(non-expert, expert) GEMM weights one rank holds of `dense` dense and `moe` MoE
+    layers (`fp8_gemm_weights`)."""
+    (one, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
+    return dense * one + moe * shared, moe * experts
+
+
 def stage_gemm_weights(plan: Plan, c: StageClass) -> tuple[Any, Any]:
-    """(non-expert, expert) GEMM weights of one rank of a stage's class (`fp8_gemm_weights`):
-    its layers', multi-token prediction's among them (`mtp_layers`)."""
-    (dense, _), (shared, experts) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
-    return c.dense * dense + c.moe * shared, c.moe * experts
+    """`gemm_weights` of one rank of a stage's class: its layers', multi-token prediction's
+    among them (`mtp_layers`)."""
+    return gemm_weights(plan, c.dense, c.moe)
 
 
 def stage_fp8_weights(plan: Plan, c: StageClass) -> Any:

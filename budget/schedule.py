@@ -802,7 +802,7 @@ def serving_time(plan: Plan, step: Step) -> StepTime:
         attention = attention_query_flops(m, b.prompt + 1, b.prompt + passes)
         work = tokens * (n + logits + attention)
         rate = b.global_batch / per_token if per_token else 0.0
-    peak = plan.device.peak_flops(mfu_format(plan)) * plan.topology.gpus
+    peak = cluster_peak(plan)
     busy = decode if per_token is not None else ttft
     mfu = work / (busy * peak) if busy and peak else 0.0
     return StepTime(
@@ -881,16 +881,29 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
     model_flops = (
         float(per_token * tokens) if isinstance(per_token, int) else vfloat(per_token) * tokens
     )
-    peak = plan.device.peak_flops(mfu_format(plan)) * plan.topology.gpus
+    mfu, rate = step_rates(model_flops, tokens, total, cluster_peak(plan))
     return StepTime(
         stages=tuple(stages),
         time_s=total,
         pipeline_s=pipeline,
         bubble_s=bubble,
-        tokens_per_s=ratio(tokens, total),
-        mfu=ratio(model_flops, total * peak),
+        tokens_per_s=rate,
+        mfu=mfu,
         model_flops=model_flops,
     )
+
+
+def cluster_peak(plan: Plan) -> float:
+    """The FLOP/s MFU is a share of: the device's peak in the MFU's format (`mfu_format`)
+    on every GPU."""
+    return plan.device.peak_flops(mfu_format(plan)) * plan.topology.gpus
+
+
+def step_rates(model_flops: Any, tokens: Any, time_s: Any, peak: Any) -> tuple[Any, Any]:
+    """(MFU, tokens/s) of a training step of `time_s` seconds: the model's FLOPs over the
+    `peak` FLOP/s of the time, and its tokens over the time. One computation for a report and
+    a sweep, so that they agree to the bit (`search._rated`)."""
+    return ratio(model_flops, time_s * peak), ratio(tokens, time_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,17 +74,18 @@ from budget.schedule import (
     Replay,
     StageTime,
     algorithm_of,
-    mfu_format,
+    cluster_peak,
     move_kind,
     move_span,
     phase_part,
     put_off,
     replay_of,
+    step_rates,
     step_time,
 )
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
-from budget.vector import add_into, ratio
+from budget.vector import add_into
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -1279,7 +1280,7 @@ def measure(
         "pending": np.zeros(n, dtype=bool),
         # what MFU and tokens/s are worked out of once a replay times the step (`_rated`)
         "flops": np.asarray(times.model_flops) * np.ones(n),
-        "flops_peak": batch.device.peak_flops(mfu_format(batch)) * batch.topology.gpus * np.ones(n),
+        "flops_peak": cluster_peak(batch) * np.ones(n),
         "tokens": batch.batch.global_batch * batch.batch.seq * np.ones(n, dtype=np.int64),
     }
     measured["upper"] = measured["time"].copy()  # a pending layout's upper bound
@@ -1312,9 +1313,12 @@ def _rated(measured: dict[str, np.ndarray], rows: np.ndarray) -> None:
     """MFU and tokens/s of `rows` at their step time, worked out as `schedule.step_time`
     does, operation for operation (an audit: scaled by the ratio of two times, an MFU
     differed from its report's in the last bit)."""
-    time = measured["time"][rows]
-    measured["mfu"][rows] = ratio(measured["flops"][rows], time * measured["flops_peak"][rows])
-    measured["rate"][rows] = ratio(measured["tokens"][rows], time)
+    measured["mfu"][rows], measured["rate"][rows] = step_rates(
+        measured["flops"][rows],
+        measured["tokens"][rows],
+        measured["time"][rows],
+        measured["flops_peak"][rows],
+    )
 
 
 def _replays(

@@ -49,8 +49,8 @@ from budget.layers import (
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
-    fp8_gemm_weights,
     fp8_weight_copies,
+    gemm_weights,
     interleaved_warmup,
     layer_params,
     layer_saved,
@@ -793,8 +793,10 @@ def _derive_training(
             + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe),
             layer,
         )
+        full = b.resident
+        b.resident = _before_any_gradient(b)  # what the forward's and the loss's hold
         _forward(b)
-        _before_any_gradient(b)
+        b.resident = full
         _backward(b)
         _reduce(b)
         stages.append(
@@ -2612,11 +2614,6 @@ def _reduce(b: _StageBuilder) -> None:
     head_experts = vwhere(v > 1, k.head_moe / vmax(b.moe, 1), 1.0)
     embedding = b.params.lookup_per_rank
     embedding_floor = vwhere(v > 1, floor, vmax(floor, embedding * b.first / vmax(n_dense, 1)))
-    # of chunk 0, the layers' GEMM weights: under an fp8 gather, its part of the fp8 gather,
-    # the rest (norms, biases, routers, the embedding) its part of the 16-bit one
-    (dense_gemm, _), (shared_gemm, _) = fp8_gemm_weights(plan), fp8_gemm_weights(plan, moe=True)
-    head_gemm = k.head_dense * dense_gemm + (k.head_moe * shared_gemm if b.has_moe else 0)
-    head_wide = head - head_gemm + _root_params(b) * b.first
     for prefix, group, ranks, n in groups:
         if every(ranks == 1):
             continue
@@ -2697,12 +2694,16 @@ def _reduce(b: _StageBuilder) -> None:
             # no embedding; each part's chunk 0 is its own share of it (a review: the fp8
             # part's counted the embedding, which it does not hold)
             exposed, first = least, last_part
+            if part != "all" and group == "dp":
+                # chunk 0's GEMM weights are its part of the fp8 gather, the rest (norms,
+                # biases, routers, the embedding) its part of the 16-bit one
+                head_gemm, _ = gemm_weights(plan, k.head_dense, k.head_moe if b.has_moe else 0)
+                head_wide = head - head_gemm + _root_params(b) * b.first
+                first = (head_gemm if part == "gemm" else head_wide) / vmax(count, 1)
             if part == "gemm":
                 exposed = floor
-                first = head_gemm / vmax(count, 1) if group == "dp" else last_part
             elif part == "wide":
                 exposed = vwhere(v > 1, floor, 1.0)
-                first = head_wide / vmax(count, 1) if group == "dp" else last_part
             hidden = hide(
                 gather,
                 "@forward-microbatch",
@@ -2782,8 +2783,8 @@ def _reduce(b: _StageBuilder) -> None:
     shard = updated(p.per_rank, par.dp * par.cp)
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
     # kept 16-bit under fp8 weights (`layers.resident_states`)
-    vocab = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.dp * par.cp)
-    vocab += updated(p.expert_beside_per_rank, expert_data_parallel(plan))
+    wide = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.dp * par.cp)
+    wide += updated(p.expert_beside_per_rank, expert_data_parallel(plan))
     # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
     # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,
     # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`)
@@ -2799,7 +2800,7 @@ def _reduce(b: _StageBuilder) -> None:
                 (*b.resident, *_upcast_grads(plan, shard), *_step_temporary(plan, shard)),
             )
         ],
-        flops.optimizer_work(plan, shard, vocab, held)
+        flops.optimizer_work(plan, shard, wide, held)
         + flops.fp8_weight_casts(plan, stage_fp8_weights(plan, b.kind)),
     )
 
@@ -2815,9 +2816,9 @@ _WITH_FIRST_BUCKET = (
 )
 
 
-def _before_any_gradient(b: _StageBuilder) -> None:
-    """The forward's and the loss's phases (all `b` holds so far) without the gradient shard
-    where PyTorch FSDP has made none yet: its optimizer drops the gradients
+def _before_any_gradient(b: _StageBuilder) -> tuple[Alloc, ...]:
+    """The stage's resident states as its forward and loss hold them: without the gradient
+    shard where PyTorch FSDP has made none yet. Its optimizer drops the gradients
     (``zero_grad(set_to_none=True)``, PyTorch 2's default, which torchtitan's train step
     calls first) and the backward makes each block's (``foreach_reduce``:
     ``sharded_param.grad = new_sharded_dtensor_grad`` where it is None), so before a
@@ -2836,19 +2837,11 @@ def _before_any_gradient(b: _StageBuilder) -> None:
     held = inflight(plan, stage, b.microbatches)
     early = flops.fsdp_mixed(plan) & (held >= b.microbatches)
     if not np.any(holds(early)):
-        return
-    for i, phase in enumerate(b.phases):
-        instants = tuple(
-            Instant(
-                moment.label,
-                tuple(
-                    replace(a, bytes=vwhere(early, 0, a.bytes)) if a.category == "grads" else a
-                    for a in moment.live
-                ),
-            )
-            for moment in phase.instants
-        )
-        b.phases[i] = replace(phase, instants=instants)
+        return b.resident
+    return tuple(
+        replace(a, bytes=vwhere(early, 0, a.bytes)) if a.category == "grads" else a
+        for a in b.resident
+    )
 
 
 def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any, str]]:

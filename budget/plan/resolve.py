@@ -684,8 +684,9 @@ class _Resolver:
             )
         grads = tree.get("grads", "fp32")
         stepped = params if master in (None, "none") else master
-        upcast = tree.get("upcast_grads", True) and stepped == master
-        read = stepped if upcast and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads] else grads
+        # upcasting widens: only gradients narrower than the master are cast to it
+        widens = stepped == master and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads]
+        read = stepped if widens and tree.get("upcast_grads", True) else grads
         same = {read, stepped} <= {"fp32", "tf32"} or read == stepped  # tf32 is stored fp32
         if tree.get("optimizer_kernel") == "foreach" and not same:
             self.error(
@@ -694,12 +695,7 @@ class _Resolver:
                 f"format (torch refuses {_an(read)} gradient on {_an(stepped)} parameter); here "
                 f"the step would read {read} gradients beside {stepped} weights: write "
                 f"grads: {stepped}"
-                # upcasting widens: it helps only gradients narrower than the master
-                + (
-                    ", or leave upcast_grads true"
-                    if stepped == master and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads]
-                    else ""
-                )
+                + (", or leave upcast_grads true" if widens else "")
                 + ", or optimizer_kernel: fused",
             )
         return Precision(
