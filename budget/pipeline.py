@@ -39,7 +39,7 @@ from budget.schedule import (
     paced_by,
     step_time,
 )
-from budget.step import derive
+from budget.step import deepspeed_buffered, derive
 
 
 def budget_plan(path: Path) -> Report:
@@ -358,6 +358,7 @@ def build_report(plan: Plan) -> Report:
         "sequence_parallel": par.sequence_parallel,
         "zero": par.zero,
         "fsdp": par.fsdp if fsdp_mixed(plan) else None,
+        "reduce_bucket": par.reduce_bucket if deepspeed_buffered(plan) else None,
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,
         # stage sends split over tp and gathered on arrival (in effect only without SP)

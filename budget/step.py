@@ -109,6 +109,7 @@ from budget.vector import (
     every,
     holds,
     lacks,
+    largest,
     uniform,
     vceil,
     vfloat,
@@ -790,7 +791,8 @@ def _derive_training(
             params,
             stage_states(plan, params)
             + tuple(fp8_weight_copies(plan, kind))
-            + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe),
+            + _scores_buffer(plan, stage_shapes, kind.dense + kind.moe)
+            + tuple(_reduce_buffer(plan, 3)),
             layer,
         )
         full = b.resident
@@ -799,6 +801,7 @@ def _derive_training(
         b.resident = full
         _backward(b)
         _reduce(b)
+        _hold_reduce_buffers(b)
         stages.append(
             StageStep(
                 kind.stage,
@@ -813,6 +816,57 @@ def _derive_training(
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
     return _with_transitions(plan, step)
+
+
+def deepspeed_buffered(plan: Plan) -> Any:
+    """Whether DeepSpeed's contiguous gradient buffer (`Parallel.reduce_bucket`) takes a
+    rank's gradients as they are made: at ZeRO 2 and 3 where the plan names its size, but
+    not under PyTorch FSDP's mixed precision. A bool, or an array over a sweep's
+    configurations."""
+    if not plan.parallel.reduce_bucket:
+        return False
+    return holds(plan.parallel.zero >= 2) & lacks(flops.fsdp_mixed(plan))
+
+
+def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
+    """DeepSpeed's contiguous gradient buffer at ZeRO stage `zero` (2 or 3), where the plan
+    names its size (`Parallel.reduce_bucket`, DeepSpeed's ``reduce_bucket_size``), in the
+    parameters' format (the optimizer's ``self.dtype``). ZeRO 3 allocates one when its
+    optimizer is set up and keeps it for the run (``_setup_for_real_optimizer``, stage3.py:
+    ``self.__ipg_bucket_flat_buffer = torch.empty(self.reduce_bucket_size, ...)``); ZeRO 2
+    allocates one at every ``backward`` and a second under ``overlap_comm``
+    (`overlap.dp_grads`), kept until the next backward or the optimizer step's
+    ``_release_ipg_buffers`` (stage_1_and_2.py; `_hold_reduce_buffers`). An audit: a
+    DeepSpeed ZeRO 3 plan read 1.0 GB under its run at the optimizer step, none counted."""
+    n = plan.parallel.reduce_bucket
+    if not n or plan.mode != "train":
+        return []
+    two = zero == 2 and plan.overlap.dp_grads
+    what = f"{n:,} elements" + (" each, a second for overlap_comm" if two else "")
+    name = f"DeepSpeed's contiguous gradient buffer{'s' if two else ''} ({what})"
+    held = Alloc(name, "transient", n * DTYPE_BYTES[plan.precision.params], 2 if two else 1)
+    on = holds(plan.parallel.zero == zero)
+    return when([held], on & deepspeed_buffered(plan) if zero == 3 else on)
+
+
+def _hold_reduce_buffers(b: _StageBuilder) -> None:
+    """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of the stage from its
+    first backward to its optimizer step: the loss (its backward's bytes are its instant's),
+    the backward, the reduction and, where the step runs several micro-batches, the
+    forwards after the first, whose buffers the last backward left; not the optimizer step,
+    which releases them first."""
+    buffers = _reduce_buffer(b.plan, 2)
+    if not buffers:
+        return
+    later = when(buffers, b.microbatches > 1)  # a forward after a backward
+    for k, phase in enumerate(b.phases):
+        if phase.name == "optimizer":
+            continue
+        forward = pass_within(phase.name) == "forward" and phase.name not in ("loss", "mtp")
+        extra = later if forward else buffers
+        if extra:
+            instants = tuple(Instant(i.label, (*i.live, *extra)) for i in phase.instants)
+            b.phases[k] = replace(phase, instants=instants)
 
 
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
@@ -849,6 +903,9 @@ class _Layer:
     per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
     experts: int  # an MoE layer's expert parameters per rank
     kernels: _Kernels  # per block: its kernels, forward and backward
+    # per block, under DeepSpeed's gradient buffer: its largest weight's elements a rank
+    # (`_largest_weights`); empty without one
+    largest: dict[str, Any]
 
     @classmethod
     def of(cls, plan: Plan, s: Shapes) -> _Layer:
@@ -861,6 +918,7 @@ class _Layer:
         moe = when(blocks["moe"], lacks(plan.recompute == "full"))
         core = core_attention(plan, s)
         kinds = ("attention", "mlp", "moe") if plan.model.experts else ("attention", "mlp")
+        kernels = _Kernels(plan)
         return cls(
             blocks,
             attention,
@@ -871,8 +929,25 @@ class _Layer:
             {k: _zero3_groups(plan, k) for k in kinds},
             {k: layer_params(plan, moe=k == "moe").per_rank for k in kinds},
             layer_params(plan, moe=True).expert_per_rank,
-            _Kernels(plan),
+            kernels,
+            _largest_weights(plan, s, kernels, kinds),
         )
+
+
+def _largest_weights(
+    plan: Plan, s: Shapes, kernels: _Kernels, kinds: Sequence[str]
+) -> dict[str, Any]:
+    """Per block, the elements of its largest weight on one rank (k × n of its widest GEMM,
+    `flops.gemm`'s dims; an expert's own), where DeepSpeed's gradient buffer holds the
+    block's gradients (`_reduce_buffer`): autograd makes a weight's gradient whole and
+    DeepSpeed's hook copies it into the buffer and frees it
+    (``__add_grad_to_ipg_bucket``, stage3.py; ``copy_grads_in_partition``, stage_1_and_2.py),
+    one weight at a time. Empty without a buffer."""
+    if not plan.parallel.reduce_bucket:
+        return {}
+    return {
+        k: largest([w.dims[1] * w.dims[2] for w in kernels.forward(k, s) if w.dims]) for k in kinds
+    }
 
 
 _FORWARD = {
@@ -1787,6 +1862,7 @@ def _zero3_layer_below(b: _StageBuilder, instants: list[Instant]) -> list[Instan
     on = (plan.parallel.zero == 3) & plan.overlap.dp_grads & (b.dense > 1) & (n > 0)
     if b.has_moe or not np.any(holds(on)):
         return instants
+    n = vwhere(deepspeed_buffered(plan), 0, n)  # under DeepSpeed, in its buffer already
     reducing = Alloc("gradients of the attention above (reduce-scattering)", "transient", n)
     lower = _earlier(b, 1)
     below = [
@@ -1823,15 +1899,20 @@ def _zero3_transients(
     current = Alloc("gathered parameters (this block)", "transient", n)
     grad = _unsharded_gradient_bytes(plan, False)
     whole = Alloc("gradients before reduce-scatter", "transient", gathered(block, grad))
+    deepspeed = deepspeed_buffered(plan)
+    if np.any(deepspeed):  # one weight's gradient at a time, copied into its buffer
+        one = layer.largest[block] * grad * (whole.bytes > 0)
+        name = DEEPSPEED_GRADIENT if every(deepspeed) else whole.name
+        whole = Alloc(name, "transient", vwhere(deepspeed, one, whole.bytes))
     ahead = behind = 0
     for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
         behind = vmax(behind, gathered(name, _unsharded_gradient_bytes(plan, True)))
     prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
-    reducing = Alloc(
+    reducing = Alloc(  # under DeepSpeed, in its buffer already
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
         "transient",
-        behind,
+        vwhere(deepspeed, 0, behind),
     )
     allocs = [
         current,
@@ -2247,6 +2328,9 @@ def _backward(b: _StageBuilder) -> None:
         experts = b.layer.experts * (expert_data_parallel(plan) > 1) if moe else 0
         n = (layer + experts) * DTYPE_BYTES[plan.precision.grads]
         grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
+        if par.reduce_bucket:  # DeepSpeed: one weight's at a time, into its buffer
+            one = b.layer.largest[block] * DTYPE_BYTES[plan.precision.grads] * (n > 0)
+            grads = Alloc(DEEPSPEED_GRADIENT, "transient", one)
         return _zero3_transients(plan, b.layer, block, after, backward=True) + when(
             [grads], (par.zero == 2) & (n > 0)
         )
@@ -2491,7 +2575,9 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         "transient",
         vocab_params(plan) * DTYPE_BYTES[plan.precision.grads],
     )
-    embedding_bucket = tied_head + when([bucketed], z2 & lacks(b.last & plan.model.tied_embeddings))
+    # none under DeepSpeed: the gradient computed is copied into its buffer
+    bucketed_too = z2 & lacks(b.last & plan.model.tied_embeddings) & (not par.reduce_bucket)
+    embedding_bucket = tied_head + when([bucketed], bucketed_too)
     backward = Instant(
         "embedding weight gradient",
         (
@@ -2808,6 +2894,8 @@ def _reduce(b: _StageBuilder) -> None:
 # DeepSpeed ZeRO-3 steps its shard by sub-groups of this many elements (``sub_group_size``,
 # 1e9 by default), upcasting one sub-group's gradients at a time
 _SUB_GROUP = 10**9
+# what DeepSpeed's gradient buffer leaves of a block's gradients (`_largest_weights`)
+DEEPSPEED_GRADIENT = "largest weight gradient, before DeepSpeed copies it into its buffer"
 
 
 _WITH_FIRST_BUCKET = (

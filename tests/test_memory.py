@@ -1295,3 +1295,102 @@ def test_a_foreach_step_on_gradients_narrower_than_its_weights_is_refused(tmp_pa
         wide = tmp_path / f"{name}-fp32-grads.yaml"
         wide.write_text(written, encoding="utf-8")
         assert load_plan(wide).precision.optimizer_kernel == "foreach"
+
+
+def _zero_paper_plan(zero: int, bucket: int = 0, **changes):
+    """The ZeRO paper's Figure 1 model as near as a plan says it (Rajbhandari et al., arXiv
+    1910.02054: about 7.5B parameters over 64 data-parallel ranks, fp16 with an fp32 master
+    and Adam): 36 layers of hidden 4,096, a GeLU MLP of 16,384, biases, 1,024 tokens."""
+    precision = Precision(params="fp16", grads="fp16", activations="fp16", master="fp32")
+    plan = make_plan(
+        seq=1024,
+        global_batch=64,
+        tp=1,
+        pp=1,
+        dp=64,
+        sp=False,
+        zero=zero,
+        recompute="full",
+        precision=precision,
+        layers=36,
+        hidden=4096,
+        heads=32,
+        kv_heads=32,
+        ffn=16384,
+        vocab=50304,
+        bias=True,
+    )
+    return replace(plan, parallel=replace(plan.parallel, reduce_bucket=bucket), **changes)
+
+
+def _phase_peaks(plan):
+    """Each phase's largest instant on the plan's only stage, by name."""
+    (stage,) = derive(plan).stages
+    return {
+        p.name: max(sum(a.total for a in i.live) for i in p.instants)
+        for p in stage.phases
+        if p.instants
+    }
+
+
+# one MLP block's parameters: fc1 and fc2 weights, their biases and the block's norm
+_MLP_BLOCK = 2 * 4096 * 16384 + 16384 + 4096 + 2 * 4096
+_FC1_WEIGHT = 4096 * 16384  # its largest weight (fc2's is as large)
+
+
+def test_deepspeed_zero_3_holds_its_gradient_buffer_for_the_run():
+    """An audit: DeepSpeed's ZeRO 3 allocates its contiguous gradient buffer of
+    ``reduce_bucket_size`` elements once (stage3.py, ``_setup_for_real_optimizer``) and
+    copies each gradient into it as autograd makes it, which budget did not count (a
+    DeepSpeed ZeRO 3 plan read 1.0 GB under its run at the optimizer step). With
+    ``parallel.reduce_bucket: 5e8`` every instant holds 5e8 fp16 elements more, and the
+    MLP block's backward holds its largest weight's gradient (4,096 x 16,384 x 2 B) where
+    it held the block's whole gradients (134,246,400 parameters x 2 B)."""
+    without = _phase_peaks(_zero_paper_plan(3))
+    ds = _zero_paper_plan(3, 500_000_000)
+    buffered = _phase_peaks(ds)
+    buffer = 500_000_000 * 2
+    for name in ("forward.attention", "forward.mlp", "loss", "dp.grads", "optimizer"):
+        assert buffered[name] - without[name] == buffer, name
+    assert without["backward.mlp"] - 2 * _MLP_BLOCK == buffered["backward.mlp"] - (
+        buffer + 2 * _FC1_WEIGHT
+    )
+    assert build_report(ds).layout["reduce_bucket"] == 500_000_000
+    # PyTorch FSDP's mixed precision (fp32 shards gathered in bf16, no master) has none
+    fsdp = Precision(params="fp32", grads="fp32", param_gather="bf16", master=None)
+    assert _phase_peaks(replace(ds, precision=fsdp)) == _phase_peaks(
+        replace(_zero_paper_plan(3), precision=fsdp)
+    )
+    assert build_report(replace(ds, precision=fsdp)).layout["reduce_bucket"] is None
+
+
+def test_deepspeed_zero_2_holds_its_buffers_from_the_first_backward_to_the_step():
+    """DeepSpeed's ZeRO 2 allocates its buffer at every ``backward`` (two under
+    ``overlap_comm``) and drops it only at the next backward or the optimizer step
+    (``_release_ipg_buffers``, stage_1_and_2.py): the loss, the backward and the reduction
+    hold it, a forward only where an earlier micro-batch's backward left it, the step
+    never. It stands where the layer's whole gradients were bucketed (the MLP backward:
+    a layer's 201,379,840 parameters at 2 B, held for the largest weight's gradient)."""
+    layer = _MLP_BLOCK + 4 * 4096 * 4096 + 4 * 4096 + 2 * 4096  # QKV, projection, biases, norm
+    without = _phase_peaks(_zero_paper_plan(2))
+    buffered = _phase_peaks(_zero_paper_plan(2, 500_000_000))
+    buffer = 500_000_000 * 2
+    for name in ("forward.attention", "forward.mlp", "optimizer"):
+        assert buffered[name] == without[name], name
+    for name in ("loss", "dp.grads"):
+        assert buffered[name] - without[name] == buffer, name
+    assert layer == 201_379_840
+    assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + 2 * (_FC1_WEIGHT - layer)
+    # two micro-batches a rank: the second forward holds what the first backward left;
+    # overlap_comm (overlap.dp_grads): two buffers
+    one = _zero_paper_plan(2, 500_000_000)
+    two = replace(one, batch=replace(one.batch, global_batch=128))
+    assert (one.microbatches, two.microbatches) == (1, 2)
+    assert _phase_peaks(two)["forward.mlp"] - without["forward.mlp"] == buffer
+    doubled = replace(two, overlap=replace(two.overlap, dp_grads=True))
+    (stage,) = derive(doubled).stages
+    (optimizer,) = [p for p in stage.phases if p.name == "optimizer"]
+    (mlp,) = [p for p in stage.phases if p.name == "forward.mlp"]
+    (held,) = [a for a in mlp.instants[0].live if a.name.startswith("DeepSpeed's")]
+    assert (held.count, held.total) == (2, 2 * buffer)
+    assert not [a for i in optimizer.instants for a in i.live if a.name.startswith("DeepSpeed")]

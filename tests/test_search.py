@@ -1145,6 +1145,32 @@ def test_layouts_of_a_model_with_norms_and_biases_budget_exactly_as_searched(tmp
         assert _relative(report.step["exposed_comm_s"], result.exposed_comm_s) < 1e-9
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_layouts_holding_deepspeeds_gradient_buffer_budget_exactly_as_searched(tmp_path, overlap):
+    """DeepSpeed's gradient buffer (`parallel.reduce_bucket`) reaches the vectorised engine
+    as it reaches `budget`: held for the run at ZeRO 3, from the first backward to the step
+    at ZeRO 2 (two under overlap_comm, a forward's only after an earlier backward), none at
+    ZeRO 1, and the largest weight's gradient in place of a block's or a layer's."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    assert text.count("  zero: 1\n") == 1
+    text = text.replace("  zero: 1\n", "  zero: 1\n  reduce_bucket: 200000000\n")
+    path = tmp_path / "deepspeed.yaml"
+    path.write_text(text + f"overlap: {{dp_grads: {str(overlap).lower()}}}\n", encoding="utf-8")
+    plan = load_plan(path)
+    assert (plan.parallel.reduce_bucket, plan.overlap.dp_grads) == (200_000_000, overlap)
+    outcome = search(plan, 512, Space(micro=(1, 2), virtual_stages=(1,), zero=(1, 2, 3)))
+    random.seed(5)
+    sample = random.sample(list(outcome.results), 24)
+    assert {r.config.zero for r in sample} == {1, 2, 3}
+    for result in sample:
+        written = apply(plan, result.config, 512)
+        report = build_report(written)
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        held = report.layout["reduce_bucket"]
+        assert held == (200_000_000 if result.config.zero >= 2 else None), result.config
+
+
 @pytest.mark.parametrize(
     "flags",
     [["true", "false"] * 40, ["false"] * 40 + ["true"] * 40],

@@ -250,6 +250,9 @@ class Parallel:
     # PyTorch FSDP's generation where its mixed precision applies (`flops.fsdp_mixed`):
     # 1 FullyShardedDataParallel's flat parameters, 2 fully_shard's per-parameter DTensors
     fsdp: Literal[1, 2] = 2
+    # DeepSpeed's reduce_bucket_size: elements of the contiguous gradient buffer its ZeRO 2
+    # and 3 copy gradients into before reducing them (`step.deepspeed_buffers`); 0, none
+    reduce_bucket: int = 0
 
     @property
     def expert_tp(self) -> int:

@@ -100,6 +100,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "recompute": ("none",),
     "parallel.zero": (0,),
     "parallel.fsdp": (),
+    "parallel.reduce_bucket": (0,),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
     "precision.grads": (),
@@ -750,6 +751,7 @@ class _Resolver:
             order=cast(tuple[GroupKind, ...], order),
             cp_attention=tree.get("cp_attention", "ring"),
             fsdp=tree.get("fsdp", 2),
+            reduce_bucket=_int(tree.get("reduce_bucket", 0)),
         )
 
     def device(self, tree: Tree) -> Device | None:
