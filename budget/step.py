@@ -158,8 +158,9 @@ def _tp_moves(
     backward: bool,
     column: str,
     row: str = "",
-    inward: tuple[str, Any] | None = None,
+    inward: tuple[str, Any, Any] | None = None,
     engine: bool = True,
+    comm_gemm: bool = True,
 ) -> list[Move]:
     """Tensor-parallel transitions around one attention or MLP block.
 
@@ -191,9 +192,10 @@ def _tp_moves(
     the layer's backward GEMM time each); the output-gradient gather is needed first and
     stays exposed unless `overlap.tp`.
 
-    `inward` (name, columns) replaces the hidden state on the column-parallel side when the
-    column-parallel layers read something else: latent attention's up-projections read the
-    latents (`_attention_inward`).
+    `inward` (name, columns, columns the weight gradients read) replaces the hidden state on
+    the column-parallel side when the column-parallel layers read something else: latent
+    attention's up-projections read the latents, gathered with the rotary key, which only
+    the forward reads (`_attention_inward`).
 
     Under FP8 training Transformer Engine gathers the column-parallel input in FP8, forward
     and again for the weight gradient (``layernorm_linear.py``: the norm writes FP8 and
@@ -202,14 +204,20 @@ def _tp_moves(
     quantizes it first): those all-gathers move 1 B an element; the reduce-scatters and
     all-reduces of gradients stay 16-bit. Not where the layer is not a Transformer Engine
     module (`engine` false: Megatron-Core's output layer).
+
+    `comm_gemm` false: a layer that comm-GEMM overlap never reaches, whose forward gather
+    stays exposed whatever `overlap.tp` says: Megatron-Core's output layer, a
+    ``tensor_parallel.ColumnParallelLinear`` whose forward all-gathers its input and then
+    multiplies (``LinearWithGradAccumulationAndAsyncCommunication``; its
+    ``tp_comm_buffer_name`` "is not used in non-Transformer-Engine modules"). Its backward's
+    re-gather and reduce-scatter overlap its GEMMs there as anywhere (async handles).
     """
     par = plan.parallel
     if every(par.tp == 1):
         return []
     dtype = plan.precision.activations
     full = s.act * s.tokens * s.hidden
-    cols = s.hidden if inward is None else inward[1]
-    into = "input" if inward is None else inward[0]
+    into, cols, wgrad_cols = ("input", s.hidden, s.hidden) if inward is None else inward
     into_size = s.act * s.tokens * cols
     # the column-parallel input's all-gathers, in the format the layer quantized it to
     quantized = engine and te_fp8(plan)
@@ -253,7 +261,7 @@ def _tp_moves(
             "all-gather",
             shard(0),
             REPLICATE,
-            gathered_size,
+            each * s.tokens * wgrad_cols,
             gather_dtype,
         )
         sp_moves = []
@@ -271,7 +279,8 @@ def _tp_moves(
         sp_moves += [replace(regather, part="input gradient"), hide(rs, wgrad, "", wg, share=0.5)]
         return when(sp_moves, sp) + when([hide(ar, wgrad, "", wg, share=0.5)], lacks(sp))
     gather = move(into, "all-gather", shard(0), REPLICATE, gathered_size, gather_dtype)
-    sp_moves = [forward(gather, column)]
+    outside = "tp forward: exposed, its GEMM is outside Transformer Engine's comm-GEMM overlap"
+    sp_moves = [forward(gather, column) if comm_gemm else replace(gather, rule=outside)]
     if row:
         rs = move("output", "reduce-scatter", PARTIAL, shard(0))
         sp_moves.append(forward(rs, row, RS_SPLITS))
@@ -282,17 +291,23 @@ def _tp_moves(
     return when(sp_moves, sp) + when(plain, lacks(sp))
 
 
-def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any] | None:
-    """What latent attention's column-parallel layers read: the query and key/value latents
-    with the shared rotary key (the hidden state instead of the query latent when queries
-    are projected directly). The down-projections are replicated, so under sequence
-    parallelism each rank projects its own shard and the latents are gathered (Megatron-
-    Core's ``MLASelfAttention`` with duplicated down-projections); without it the
-    input-gradient all-reduce carries the latents' gradients."""
+def _attention_inward(plan: Plan, s: Shapes) -> tuple[str, Any, Any] | None:
+    """What latent attention's column-parallel layers read (`_tp_moves`' `inward`): the
+    query and key/value latents with the shared rotary key (the hidden state instead of
+    the query latent when queries are projected directly), and for their weight gradients
+    the latents alone. The down-projections are replicated, so under sequence parallelism
+    each rank projects its own shard and the latents are gathered (Megatron-Core's
+    ``MLASelfAttention`` with duplicated down-projections); without it the input-gradient
+    all-reduce carries the latents' gradients. The rotary key is gathered by
+    ``gather_from_sequence_parallel_region``, whose backward only reduce-scatters, for RoPE
+    and a concatenation, no GEMM: the up-projections gather their saved inputs again, not
+    it (an audit: 2,112 columns gathered again for DeepSeek-V3's weight gradients, not
+    2,048)."""
     mla = plan.model.mla
     if mla is None:
         return None
-    return "latents", (s.q_latent if mla.q_rank else s.hidden) + s.kv_latent
+    latents = (s.q_latent if mla.q_rank else s.hidden) + s.kv_latent - mla.rope_dim
+    return "latents", latents + mla.rope_dim, latents
 
 
 def attention_tp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
@@ -436,10 +451,12 @@ class _StageBuilder:
 
     @cached_property
     def saved_in_flight(self) -> int:
-        """Activation bytes the micro-batches in flight leave saved on this stage."""
+        """Activation bytes the micro-batches in flight leave saved on this stage (less what
+        its multi-token prediction layers do not keep, `_mtp_checkpoints`)."""
         by_chunk = vround(_saved_by(self.layer, *self.flight_passes))
         by_stage = vround(self.in_flight * self.saved_per_microbatch)
-        return vwhere(self.chunks_differ, by_chunk, by_stage)
+        saved: int = vwhere(self.chunks_differ, by_chunk, by_stage)
+        return saved - _mtp_checkpoints(self)
 
     @cached_property
     def current_layer(self) -> list[Alloc]:
@@ -712,6 +729,21 @@ def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
         "attention latents (all-gathered)",
         "transient",
         s.act * s.tokens * inward[1],
+        placement="replicate on tp",
+    )
+
+
+def _regathered_input(plan: Plan, s: Shapes) -> Alloc:
+    """What the attention block's column-parallel layers gather again for their weight
+    gradients under sequence parallelism: the hidden state (`_gathered`), or latent
+    attention's latents without the rotary key (`_attention_inward`)."""
+    inward = _attention_inward(plan, s)
+    if inward is None:
+        return _gathered(plan, s, QKV_AGAIN, for_wgrad=True)
+    return Alloc(
+        "attention latents (re-gathered for weight grad)",
+        "transient",
+        s.act * s.tokens * inward[2],
         placement="replicate on tp",
     )
 
@@ -1015,6 +1047,23 @@ def _saved_by(layer: _Layer, dense: int, moe: int) -> int:
     """Activation bytes `dense` dense and `moe` MoE layer passes leave saved."""
     attention = (dense + moe) * _total(layer.attention)
     return attention + dense * _total(layer.mlp) + moe * _total(layer.moe)
+
+
+def _mtp_checkpoints(b: _StageBuilder) -> int:
+    """Under full recompute, the layer-input checkpoints that a last stage's multi-token
+    prediction layers, counted among its layers, do not keep: Megatron-Core checkpoints
+    each whole module from its two inputs (``MultiTokenPredictionLayer`` runs
+    ``_proj_and_transformer_layer`` under ``_checkpointed_forward``), which `_extra_saved`
+    counts, so the input of its transformer layer is never saved: one for each micro-batch
+    whose head's inputs are held (`outside_counts`). An audit: DeepSeek-V3 at tp 4 and
+    4,096 tokens read 14,680,064 B a micro-batch high."""
+    plan, mtp = b.plan, mtp_layers(b.plan)
+    if not mtp:
+        return 0
+    _, headed = outside_counts(plan, b.in_flight, b.microbatches)
+    unit = b.shapes.act * b.shapes.tokens_sp * b.shapes.hidden
+    held: int = vwhere(holds(b.last & (plan.recompute == "full")), mtp * headed * unit, 0)
+    return held
 
 
 def _current_layer(b: _StageBuilder) -> list[Alloc]:
@@ -2081,7 +2130,9 @@ def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
     )
     moves = when([stats], t > 1)
     # not a Transformer Engine module: its input gathered in the activations' format
-    head = partial(_tp_moves, plan, s, "output layer", column="output layer", engine=False)
+    head = partial(
+        _tp_moves, plan, s, "output layer", column="output layer", engine=False, comm_gemm=False
+    )
     moves += when(head(backward=False)[:1], _sp(plan))
     return moves + head(backward=True)
 
@@ -2258,7 +2309,7 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
         *when([move("embedding output", "all-reduce", PARTIAL, REPLICATE, needed)], lacks(sp)),
         *when([move("embedding output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
     ]
-    proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden)
+    proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden, 2 * s.hidden)
     forward = _tp_moves(plan, s, proj, False, proj, inward=inward)[:1]
     redo = _again(forward)
     backward = _tp_moves(plan, s, proj, True, proj, inward=inward)
@@ -2497,7 +2548,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
-                    *when([_gathered(plan, s, QKV_AGAIN, plan.model.mla is None, True)], sp),
+                    *when([_regathered_input(plan, s)], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),

@@ -260,7 +260,13 @@ def test_sequence_parallel_gathers_the_latents_not_the_hidden_state(tmp_path):
     latents = 2 * 4096 * (1536 + 512 + 64)
     assert back["attention latents gradient"].op == "reduce-scatter"
     assert back["attention latents gradient"].size_bytes == latents
-    assert back["attention latents again, for weight grad"].size_bytes == latents
+    # an audit: the up-projections gather their saved inputs again for their weight
+    # gradients, the latents without the rotary key, which feeds RoPE and no GEMM
+    # (``gather_from_sequence_parallel_region``, whose backward only reduce-scatters)
+    again = 2 * 4096 * (1536 + 512)
+    assert back["attention latents again, for weight grad"].size_bytes == again
+    regathered = [a for i in backward.instants for a in i.live if "re-gathered" in a.name]
+    assert regathered and all(a.bytes == again for a in regathered)
     # both overlap the up-projections that read the latents, not the down-projection
     assert back["attention latents gradient"].window == f"{flops.UP_PROJECTIONS} backward"
     assert moves["attention latents"].window == flops.UP_PROJECTIONS

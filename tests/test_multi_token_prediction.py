@@ -355,3 +355,28 @@ def test_a_pipeline_with_modules_is_never_shorter_than_its_work(
     assert step["bubble_s"] >= 0
     waited = step["compute_s"] + step["exposed_comm_s"] + step["bubble_s"]
     assert waited - step["drained_s"] - step["filled_s"] == pytest.approx(step["time_s"])
+
+
+def test_full_recompute_keeps_no_checkpoint_of_the_modules_own_layer(tmp_path: Path) -> None:
+    """An audit: Megatron-Core checkpoints each whole module under full recompute
+    (``MultiTokenPredictionLayer`` runs ``_proj_and_transformer_layer`` under
+    ``_checkpointed_forward``), which keeps its two inputs, and the output layer its own:
+    three hidden-size tensors, and no input of the module's transformer layer, which had
+    been counted as one more of the stage's layers (4,096 x 7,168 x 2 B / tp 8 a micro-batch).
+    Selective recompute keeps that layer's tensors as any layer's."""
+    full = _plan(tmp_path, recompute="full")
+    unit = 2 * 4096 * H // 8  # a hidden-size tensor, sequence-sharded over tp 8
+
+    def loss_live(plan):
+        (stage,) = derive(plan).stages
+        (loss,) = [p for p in stage.phases if p.name == "loss"]
+        return {a.name: a.total for a in loss.instants[0].live}
+
+    with_module, without = loss_live(full), loss_live(_without_mtp(full))
+    carried = "saved activations of the micro-batches in flight"
+    assert with_module[carried] == without[carried] == 61 * unit
+    inputs = "multi-token prediction inputs (norms, projection, output layer)"
+    assert with_module[inputs] == 3 * unit
+    selective = _plan(tmp_path, "selective.yaml", recompute="selective")
+    kept, plain = loss_live(selective), loss_live(_without_mtp(selective))
+    assert kept[carried] > plain[carried]

@@ -1420,3 +1420,35 @@ def test_the_1f1b_closed_form_is_exact_where_the_last_stage_is_slowest_and_over_
         forward, backward = [[1.0], [1.5], [2.0], [4.0]], [[2.0], [3.0], [4.0], [8.0]]
         times = [f[0] + b[0] for f, b in zip(forward, backward, strict=True)]
         assert pipeline_replay(forward, backward, m) == pytest.approx(closed(times, m))
+
+
+def test_the_output_layers_input_gather_stays_exposed_under_comm_gemm_overlap(tmp_path):
+    """An audit: `overlap.tp` hid the output layer's input all-gather behind its GEMM, but
+    Megatron-Core's output layer is a ``tensor_parallel.ColumnParallelLinear``, which
+    all-gathers and then multiplies (``LinearWithGradAccumulationAndAsyncCommunication``)
+    and which Transformer Engine's comm-GEMM overlap never reaches: exposed in full, as
+    without the flag, while the attention's and MLP's gathers are hidden; its backward's
+    re-gather and reduce-scatter overlap its GEMMs either way."""
+    plain = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+    edit = ("recompute: selective", "recompute: selective\noverlap: {tp: true}")
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    overlapped = load_plan(variant(tmp_path, "overlapped.yaml", edit, base=base))
+    assert overlapped.overlap.tp and not plain.overlap.tp
+
+    def loss(plan):
+        stage = step_time(plan, derive(plan)).stages[-1]
+        (phase,) = [p for p in stage.phases if p.name == "loss"]
+        return {t.move.name: t for t in phase.moves}
+
+    before, after = loss(plain), loss(overlapped)
+    gather = after["output layer input"]
+    assert gather.move.window == "" and gather.exposed_s == gather.time_s > 0
+    assert gather.exposed_s == before["output layer input"].exposed_s
+    assert gather.slowdown_s == 0
+    again = after["output layer input again, for weight grad"]
+    assert again.move.window  # beside the input-gradient GEMM, as without the flag
+    assert again.exposed_s == before["output layer input again, for weight grad"].exposed_s
+    stage = step_time(overlapped, derive(overlapped)).stages[-1]
+    (attention,) = [p for p in stage.phases if p.name == "forward.attention"]
+    (hidden,) = [t for t in attention.moves if t.move.name == "attention input"]
+    assert hidden.exposed_s < hidden.time_s
