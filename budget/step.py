@@ -867,9 +867,10 @@ def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
     optimizer is set up and keeps it for the run (``_setup_for_real_optimizer``, stage3.py:
     ``self.__ipg_bucket_flat_buffer = torch.empty(self.reduce_bucket_size, ...)``); ZeRO 2
     allocates one at every ``backward`` and a second under ``overlap_comm``
-    (`overlap.dp_grads`), kept until the next backward or the optimizer step's
-    ``_release_ipg_buffers`` (stage_1_and_2.py; `_hold_reduce_buffers`). An audit: a
-    DeepSpeed ZeRO 3 plan read 1.0 GB under its run at the optimizer step, none counted."""
+    (`overlap.dp_grads`), released once that backward's gradients are reduced
+    (``independent_gradient_partition_epilogue`` ends in ``_release_ipg_buffers``, run
+    after every backward; stage_1_and_2.py; `_hold_reduce_buffers`). An audit: a DeepSpeed
+    ZeRO 3 plan read 1.0 GB under its run at the optimizer step, none counted."""
     n = plan.parallel.reduce_bucket
     if not n or plan.mode != "train":
         return []
@@ -882,23 +883,19 @@ def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
 
 
 def _hold_reduce_buffers(b: _StageBuilder) -> None:
-    """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of the stage from its
-    first backward to its optimizer step: the loss (its backward's bytes are its instant's),
-    the backward, the reduction and, where the step runs several micro-batches, the
-    forwards after the first, whose buffers the last backward left; not the optimizer step,
-    which releases them first."""
+    """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of each backward: the
+    loss (its backward's bytes are its instant's), the layers' and the embedding's backward
+    and the reduction that ends it, which releases them; not a forward, nor the optimizer
+    step (a review: they had been held into the next micro-batch's forward)."""
     buffers = _reduce_buffer(b.plan, 2)
     if not buffers:
         return
-    later = when(buffers, b.microbatches > 1)  # a forward after a backward
     for k, phase in enumerate(b.phases):
-        if phase.name == "optimizer":
-            continue
         forward = pass_within(phase.name) == "forward" and phase.name not in ("loss", "mtp")
-        extra = later if forward else buffers
-        if extra:
-            instants = tuple(Instant(i.label, (*i.live, *extra)) for i in phase.instants)
-            b.phases[k] = replace(phase, instants=instants)
+        if forward or phase.name == "optimizer":
+            continue
+        instants = tuple(Instant(i.label, (*i.live, *buffers)) for i in phase.instants)
+        b.phases[k] = replace(phase, instants=instants)
 
 
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:

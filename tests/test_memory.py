@@ -1364,12 +1364,13 @@ def test_deepspeed_zero_3_holds_its_gradient_buffer_for_the_run():
     assert build_report(replace(ds, precision=fsdp)).layout["reduce_bucket"] is None
 
 
-def test_deepspeed_zero_2_holds_its_buffers_from_the_first_backward_to_the_step():
+def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
     """DeepSpeed's ZeRO 2 allocates its buffer at every ``backward`` (two under
-    ``overlap_comm``) and drops it only at the next backward or the optimizer step
-    (``_release_ipg_buffers``, stage_1_and_2.py): the loss, the backward and the reduction
-    hold it, a forward only where an earlier micro-batch's backward left it, the step
-    never. It stands where the layer's whole gradients were bucketed (the MLP backward:
+    ``overlap_comm``) and releases it once that backward's gradients are reduced
+    (``independent_gradient_partition_epilogue`` ends in ``_release_ipg_buffers``, after
+    every backward; stage_1_and_2.py): the loss, the backward and the reduction hold it,
+    no forward (a review: the second micro-batch's forward had held the first's) and not
+    the step. It stands where the layer's whole gradients were bucketed (the MLP backward:
     a layer's 201,379,840 parameters at 2 B, held for the largest weight's gradient)."""
     layer = _MLP_BLOCK + 4 * 4096 * 4096 + 4 * 4096 + 2 * 4096  # QKV, projection, biases, norm
     without = _phase_peaks(_zero_paper_plan(2))
@@ -1381,16 +1382,43 @@ def test_deepspeed_zero_2_holds_its_buffers_from_the_first_backward_to_the_step(
         assert buffered[name] - without[name] == buffer, name
     assert layer == 201_379_840
     assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + 2 * (_FC1_WEIGHT - layer)
-    # two micro-batches a rank: the second forward holds what the first backward left;
-    # overlap_comm (overlap.dp_grads): two buffers
+    # two micro-batches a rank: the second forward holds none either; overlap_comm
+    # (overlap.dp_grads): two buffers
     one = _zero_paper_plan(2, 500_000_000)
     two = replace(one, batch=replace(one.batch, global_batch=128))
     assert (one.microbatches, two.microbatches) == (1, 2)
-    assert _phase_peaks(two)["forward.mlp"] - without["forward.mlp"] == buffer
+    plain = replace(_zero_paper_plan(2), batch=two.batch)
+    assert _phase_peaks(two)["forward.mlp"] == _phase_peaks(plain)["forward.mlp"]
     doubled = replace(two, overlap=replace(two.overlap, dp_grads=True))
     (stage,) = derive(doubled).stages
-    (optimizer,) = [p for p in stage.phases if p.name == "optimizer"]
-    (mlp,) = [p for p in stage.phases if p.name == "forward.mlp"]
-    (held,) = [a for a in mlp.instants[0].live if a.name.startswith("DeepSpeed's")]
-    assert (held.count, held.total) == (2, 2 * buffer)
-    assert not [a for i in optimizer.instants for a in i.live if a.name.startswith("DeepSpeed")]
+
+    def held(name):
+        (phase,) = [p for p in stage.phases if p.name == name]
+        return [a for i in phase.instants for a in i.live if a.name.startswith("DeepSpeed")]
+
+    assert {(a.count, a.total) for a in held("backward.mlp")} == {(2, 2 * buffer)}
+    assert not held("optimizer") and not held("forward.mlp")
+
+
+def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
+    """A review: DeepSpeed's pipeline engine refuses ZeRO 2 and 3 ("ZeRO-2 and ZeRO-3 are
+    incompatible with pipeline parallelism", ``PipelineEngine.__init__``), so a plan naming
+    its gradient buffer at either beside pp > 1 is refused, where it was priced; ZeRO 1
+    beside a pipeline, and ZeRO 3 under PyTorch FSDP's mixed precision, are not DeepSpeed's
+    ZeRO 2 or 3 and load."""
+    from budget.errors import BudgetError
+
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    assert text.count("  zero: 1\n") == 1 and "pp: 4" in text
+    for zero in (1, 2, 3):
+        path = tmp_path / f"zero{zero}.yaml"
+        bucketed = f"  zero: {zero}\n  reduce_bucket: 500000000\n"
+        path.write_text(text.replace("  zero: 1\n", bucketed), encoding="utf-8")
+        if zero == 1:
+            assert load_plan(path).parallel.reduce_bucket == 500_000_000
+            continue
+        with pytest.raises(BudgetError) as raised:
+            load_plan(path)
+        (problem,) = raised.value.problems
+        assert problem.path == "$.parallel.reduce_bucket"
+        assert f"DeepSpeed's ZeRO {zero}" in problem.message and "pp = 4" in problem.message

@@ -1159,6 +1159,9 @@ def test_layouts_holding_deepspeeds_gradient_buffer_budget_exactly_as_searched(t
     plan = load_plan(path)
     assert (plan.parallel.reduce_bucket, plan.overlap.dp_grads) == (200_000_000, overlap)
     outcome = search(plan, 512, Space(micro=(1, 2), virtual_stages=(1,), zero=(1, 2, 3)))
+    # DeepSpeed's pipeline engine refuses ZeRO 2 and 3, as `budget` does (resolve)
+    assert outcome.rejected["DeepSpeed's ZeRO 2 and 3 run without a pipeline"]
+    assert all(r.config.pp == 1 for r in outcome.results if r.config.zero >= 2)
     random.seed(5)
     sample = random.sample(list(outcome.results), 24)
     assert {r.config.zero for r in sample} == {1, 2, 3}

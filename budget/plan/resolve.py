@@ -1340,6 +1340,25 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
         )
 
 
+def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel) -> None:
+    """DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (``PipelineEngine.__init__``:
+    "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
+    DeepSpeed's gradient buffer (`Parallel.reduce_bucket`) at either beside a pipeline
+    describes no run (a review: budget priced one, and its search ranked them). ZeRO 3
+    under PyTorch FSDP's mixed precision holds no such buffer (`flops.fsdp_formats`)."""
+    from budget.flops import fsdp_formats
+
+    deepspeed = par.zero == 2 or (par.zero == 3 and not fsdp_formats(precision))
+    if par.reduce_bucket and par.pp > 1 and deepspeed:
+        r.error(
+            "$.parallel.reduce_bucket",
+            f"parallel.reduce_bucket prices DeepSpeed's ZeRO {par.zero}, which DeepSpeed's "
+            f'pipeline engine refuses beside pp = {par.pp} ("ZeRO-2 and ZeRO-3 are '
+            'incompatible with pipeline parallelism"); set pp to 1 or zero to 1, or remove '
+            "reduce_bucket",
+        )
+
+
 class _LayoutChecks:
     """Rules that relate sections to each other, each method adding problems. These relate
     the layout to the world and the batch and read no model; `_ModelChecks` and `_Checks`
@@ -1968,6 +1987,7 @@ def resolve(
     # a seed's layout is the search's to replace, layout by layout (a review)
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, model)
+        _check_deepspeed_pipeline(r, precision, par)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None
