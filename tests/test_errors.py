@@ -261,3 +261,17 @@ def test_a_plan_named_twice_is_one_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(one), str(two), str(one), "--format", "json"])
     plans = json.loads(result.stdout)["plans"]
     assert [p["problems"] for p in plans if p["file"] == str(one)] == [mine, mine]
+
+
+def test_a_device_key_that_does_not_parse_holds_back_no_rule_of_another(tmp_path: Path) -> None:
+    """An audit: a memory too large to hold held back the zero bandwidth's problem until a
+    second run; each device rule that reads only keys that parsed runs in the same one."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    (line,) = [x for x in text.splitlines() if x.startswith("device:")]
+    device = "device: {memory: 1e18 GiB, memory_bandwidth: 1e-300 B/s, flops: {bf16: 312 TFLOP/s}}"
+    path = tmp_path / "device.yaml"
+    path.write_text(text.replace(line, device), encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    paths = [p.path for p in raised.value.problems]
+    assert paths == ["$.device.memory", "$.device.memory_bandwidth"]

@@ -128,6 +128,19 @@ def test_a_collection_key_is_refused_and_the_file_read_on() -> None:
     ]
 
 
+def test_each_collection_key_is_said_at_its_own_place() -> None:
+    """An audit: a second list or mapping used as a key went unsaid (said at the first
+    one's place, the same line twice, kept once), and one after an empty key was placed at
+    that key's value."""
+    assert messages("model:\n  [a]: c\n  hidden: 1\n  {b: 1}: d\n") == [
+        "p.yaml:2:3: error: $.model: mapping keys must be plain names",
+        "p.yaml:4:3: error: $.model: mapping keys must be plain names",
+    ]
+    assert messages('model:\n  "": 5\n  [a]: c\n')[-1] == (
+        "p.yaml:3:3: error: $.model: mapping keys must be plain names"
+    )
+
+
 @pytest.mark.parametrize("text", ["model:\n\tlayers: 2\n", "model:\n  layers: 2\n\thidden: 3\n"])
 def test_a_tab_in_the_indentation_is_named(text: str) -> None:
     """PyYAML says "found character that cannot start any token" of a tab that indents, or
@@ -748,6 +761,14 @@ def test_a_key_glued_to_its_value_is_said_at_the_key(text: str, where: tuple) ->
     position, path, said = where
     assert ((problem.line, problem.col), problem.path) == (position, path)
     assert said in problem.message
+
+
+def test_two_keys_glued_in_a_row_are_both_said() -> None:
+    """An audit: of `seq:2048` and `micro:4` on consecutive lines only the second was said,
+    the first a run later; each is said at its key, top to bottom."""
+    text = "batch:\n  seq:2048\n  micro:4\n  global: 8\n"
+    found = [((p.line, p.col), p.path) for p in load_yaml(text, "f").problems]
+    assert found == [((2, 6), "$.batch.seq"), ((3, 8), "$.batch.micro")]
 
 
 @pytest.mark.parametrize(

@@ -799,11 +799,9 @@ class _Resolver:
             bandwidth = self.unit(
                 units.parse_bandwidth, tree["memory_bandwidth"], "$.device.memory_bandwidth"
             )
-        if memory is None or reserved is None or bandwidth is None:
-            return None
-        if unknown:  # what reads the preset's numbers is not checked against a guess
-            return None
-        if "memory_bandwidth" in tree and bandwidth < 1:
+        # each rule that reads only keys that parsed runs, whatever another key's problem (an
+        # audit: a mistyped reserved held back a zero bandwidth's error for a second run)
+        if "memory_bandwidth" in tree and bandwidth is not None and bandwidth < 1:
             self.error(
                 "$.device.memory_bandwidth",
                 f"device.memory_bandwidth is {_rate(bandwidth, 'B/s')}; give the card's, such "
@@ -813,7 +811,11 @@ class _Resolver:
             self.error(
                 "$.device.memory", "device.memory is 0; give the card's memory, such as '80 GiB'"
             )
-        elif reserved >= memory:
+        if memory is None or reserved is None or bandwidth is None:
+            return None
+        if unknown:  # what reads the preset's numbers is not checked against a guess
+            return None
+        if memory and reserved >= memory:
             self.error(
                 "$.device.reserved",
                 f"device.reserved = {units.format_bytes(reserved)} leaves nothing of "

@@ -225,6 +225,7 @@ class _Frame:
     first_seen: dict[str, int] = field(default_factory=dict)  # key → line of first use
     refused: bool = False  # a collection under a tag a plan may not use: read, then dropped
     discard: bool = False  # mappings: the value waiting is a collection key's, to be dropped
+    start: Position = (1, 1)  # where the collection starts
 
 
 class _Builder:
@@ -318,10 +319,10 @@ class _Builder:
             container: dict[str, Any] | list[Any] = (
                 {} if isinstance(event, yaml.MappingStartEvent) else []
             )
-            self.stack.append(_Frame(container, path, refused=refused))
+            self.stack.append(_Frame(container, path, refused=refused, start=where))
         elif isinstance(event, yaml.CollectionEndEvent):
             frame = self.stack.pop()
-            self.attach(None if frame.refused else frame.container)
+            self.attach(None if frame.refused else frame.container, frame.start)
 
     def count(self, where: Position) -> None:
         self.nodes += 1
@@ -366,7 +367,8 @@ class _Builder:
         frame.key = event.value
         frame.key_mark = where
 
-    def attach(self, value: Any) -> None:
+    def attach(self, value: Any, start: Position | None = None) -> None:
+        """Put `value` (a collection's where it starts at `start`) in its container."""
         if not self.stack:
             self.root = value
             return
@@ -376,8 +378,9 @@ class _Builder:
             return
         if frame.key is None:  # a mapping or a list used as a key: its value is read for the
             # problems in it and dropped, and the file read on (an audit: the problems after
-            # it went unsaid)
-            where = self.marks.nodes.get(self.value_path(), (1, 1))
+            # it went unsaid), each at its own place (an audit: at the first such key's, or at
+            # an empty key's value, and a second said at the same place went unsaid)
+            where = start or self.marks.nodes.get(self.value_path(), (1, 1))
             self.problem(where, frame.path, "mapping keys must be plain names")
             frame.key, frame.discard = "?", True
             return
@@ -601,8 +604,9 @@ def load_yaml(text: str, file: str) -> Loaded:
                 builder.path,
                 f"nesting deeper than {MAX_DEPTH} levels",
             )
-        elif glued := _glued_key(text, where[0]):
-            builder.problem(*glued)
+        elif glued := _glued_keys(text, where[0]):
+            for problem in glued:
+                builder.problem(*problem)
         elif _tab_indented(text, *where):  # PyYAML's words never say "tab" (an audit)
             message = "invalid YAML: a tab indents this line; YAML indents with spaces only"
             builder.problem((where[0], 1), builder.path, message)
@@ -736,17 +740,19 @@ _PARENT = re.compile(r"^(?P<lead>\s*)(?P<key>[A-Za-z_][\w-]*):\s*(?:&\S+\s*)?(?:
 _ITEM = re.compile(r"^(?P<lead>\s*)- (?:[A-Za-z_][\w-]*):")
 
 
-def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
-    """Where a syntax error PyYAML reports at `line` (1-based) comes from a key glued to
-    its value on that line or the three before it, the most common slip: its position, path
-    and what to write. PyYAML reads `seq:4096` as one word and fails on the next key ("mapping
-    values are not allowed" one line below; "could not find expected ':'" under the wrong
-    section, an audit). Only a line of a block mapping (the top level, or under a `key:`
-    that opens one) is read so: text in a block scalar, a list item or a plain scalar's next
-    line is not a key (a review: "  gpt 1.3b run" under `name: >-` was told to take a
-    colon). None when no line there looks so."""
+def _glued_keys(text: str, line: int) -> list[tuple[Position, str, str]]:
+    """Where a syntax error PyYAML reports at `line` (1-based) comes from keys glued to their
+    values on that line or the three before it, the most common slip: each one's position,
+    path and what to write, top to bottom (an audit: of two glued keys in a row only the
+    second was said, the first a run later). PyYAML reads `seq:4096` as one word and fails on
+    the next key ("mapping values are not allowed" one line below; "could not find expected
+    ':'" under the wrong section, an audit). Only a line of a block mapping (the top level,
+    or under a `key:` that opens one) is read so: text in a block scalar, a list item or a
+    plain scalar's next line is not a key (a review: "  gpt 1.3b run" under `name: >-` was
+    told to take a colon). Empty when no line there looks so."""
     lines = text.splitlines()
-    for number in range(min(line, len(lines)), max(0, line - 4), -1):
+    glued = []
+    for number in range(max(1, line - 3), min(line, len(lines)) + 1):
         found = _GLUED.match(lines[number - 1])
         if found is None or lines[number - 1].lstrip().startswith("#"):
             continue
@@ -763,8 +769,8 @@ def _glued_key(text: str, line: int) -> tuple[Position, str, str] | None:
             why = f"'{key}:' needs a space after the colon: YAML reads '{key}:…' as one word"
         else:
             why = f"'{key}' needs a colon after it: write '{key}: …'"
-        return (number, column), _path_to(lines, number, key), f"invalid YAML: {why}"
-    return None
+        glued.append(((number, column), _path_to(lines, number, key), f"invalid YAML: {why}"))
+    return glued
 
 
 def _in_mapping(lines: list[str], number: int) -> bool:
