@@ -284,11 +284,18 @@ def plot_command(
     from budget.files import unwritable
     from budget.pipeline import budget_plan
     from budget.plan.load import plan_name
-    from budget.render.plot import PlotUnavailable, plot_report
+    from budget.render.plot import PlotUnavailable, picture_format, plot_report
 
-    why = unwritable(output)  # before the drawing (an audit: refused after 3 s of it)
-    if why:
-        raise _usage(f"cannot write {output}: {why}")
+    # the command line's faults before the plan is read, as every command says them (an
+    # audit: a .gif was refused only once the plan's problems were mended), and before the
+    # drawing (an audit: refused after 3 s of it)
+    faults = [f"cannot write {output}: {why}"] if (why := unwritable(output)) else []
+    try:
+        picture_format(output)
+    except ValueError as error:
+        faults.insert(0, str(error))
+    if faults:
+        raise _usage(UsageErrors(faults))
     try:
         plot_report(budget_plan(plan), output)
     except BudgetError as error:

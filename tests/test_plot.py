@@ -69,6 +69,19 @@ def test_other_suffixes_are_usage_errors(tmp_path: Path) -> None:
     assert err.strip().endswith("the picture must be a .png or .svg file")
 
 
+def test_a_bad_picture_is_said_before_the_plan_is_read(tmp_path: Path) -> None:
+    """An audit: a .gif was refused only once the plan's own problems were mended; the
+    command line's faults come first, each on its line, as a folder that is not there."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nmode: train\nmodel: {layers: zero}\n", encoding="utf-8")
+    code, out, err = _plot(broken, tmp_path / "memory.gif")
+    assert code == 2 and out == ""
+    assert err.strip().endswith("the picture must be a .png or .svg file")
+    code, out, err = _plot(broken, tmp_path / "nowhere" / "memory.gif")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2 and "cannot write" in lines[1]
+
+
 def test_without_matplotlib_one_line_and_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,11 +57,18 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_report(report: Report, path: Path) -> None:
-    """Draw `report` into `path`; the format (png or svg) follows the file's suffix."""
+def picture_format(path: Path) -> str:
+    """The format of the picture `path` names by its suffix (png or svg); a ValueError for
+    another, which `budget plot` says before it reads the plan."""
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in FORMATS:
         raise ValueError(f"-o {path}: the picture must be a .png or .svg file")
+    return fmt
+
+
+def plot_report(report: Report, path: Path) -> None:
+    """Draw `report` into `path`; the format (png or svg) follows the file's suffix."""
+    fmt = picture_format(path)
     plt = _pyplot()
     # stable ids: same plan, same bytes; text kept as text, so that an SVG's labels can be
     # searched, selected and read aloud (an audit: every label was drawn as outlines); and
