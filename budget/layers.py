@@ -1268,7 +1268,8 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
 def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors an MoE block saves: the norm and router inputs, fp32 routing probabilities,
     the dispatched token rows (expert fc1 input), each expert's fc1 output and fc2 input,
-    and the shared experts' tensors like a dense MLP. Megatron-Core's grouped experts weight
+    and the shared experts' tensors like a dense MLP, with their gate's where they have one.
+    Megatron-Core's grouped experts weight
     each row by its routing probability inside the activation (``TEGroupedMLP``:
     ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``, which saves the row's
     fp32 probability beside its input), so the combine only un-permutes and sums, and keeps
@@ -1310,6 +1311,21 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
                 placement=col,
             )
         )
+        experts = plan.model.experts
+        if experts is not None and experts.shared_gate:
+            # ``output * gate_score`` (Megatron-Core's ``SharedExpertMLP``; transformers'
+            # Qwen2-MoE block alike) keeps both factors: the shared experts' output after
+            # its reduction and the sigmoid's score a token (an audit: 0.375 GiB of Qwen1.5-MoE
+            # at 4,096 tokens uncounted); the gate's input is the router's, counted
+            out += [
+                Alloc(
+                    "shared expert output, kept for its gate",
+                    "activations",
+                    a * s.tokens_sp * s.hidden,
+                    placement=res,
+                ),
+                Alloc("shared expert gate score", "activations", a * s.tokens_sp, placement=res),
+            ]
     out += post_norm_input(plan, s, "MoE")
     if plan.model.dropout:
         out.append(Alloc("MoE dropout mask", "activations", s.tokens_sp * s.hidden, placement=res))

@@ -694,6 +694,27 @@ def test_serving_with_sequence_parallelism_gathers_the_shared_experts_input(tmp_
     assert ops["shared expert output"] == ("reduce-scatter", "tp", 2 * 1024 * 2048 * 2)
 
 
+def test_the_shared_experts_gate_keeps_both_its_factors():
+    """An audit: ``output * gate_score`` (Megatron-Core's ``SharedExpertMLP``) keeps the
+    shared experts' output after its reduce-scatter, 4,096 / 2 tokens x 2,048 in bf16 at
+    tp 2 under sequence parallelism, and the sigmoid's score a token, for the backward;
+    without a gate neither is kept."""
+    from budget.layers import moe_saved, shapes
+
+    plan = _qwen()
+    gateless = replace(
+        plan, model=replace(QWEN_MOE, experts=replace(QWEN_MOE.experts, shared_gate=False))
+    )
+    saved = {a.name: a.total for a in moe_saved(plan, shapes(plan))}
+    plain = {a.name: a.total for a in moe_saved(gateless, shapes(gateless))}
+    assert set(saved) - set(plain) == {
+        "shared expert output, kept for its gate",
+        "shared expert gate score",
+    }
+    assert saved["shared expert output, kept for its gate"] == 2 * 2048 * 2048
+    assert saved["shared expert gate score"] == 2 * 2048
+
+
 def test_sequence_parallel_moe_parameters_include_the_router_and_shared_gate():
     """The Qwen-like MoE layer under sequence parallelism at tp 2: two RMSNorms (2 x 2048),
     the router (2048 x 60) and the shared expert's sigmoid gate (2048) are applied on each
@@ -1414,6 +1435,9 @@ def test_an_moe_block_saves_its_rows_not_the_expert_outputs():
         "expert row probabilities (fp32)": 8192 * 4,
         "shared expert fc1 output": 2 * 4096 * 2816 * 2,
         "shared expert fc2 input": 4096 * 2816 * 2,
+        # its sigmoid gate's multiply keeps both factors, on the sequence shard
+        "shared expert output, kept for its gate": 2048 * 2048 * 2,
+        "shared expert gate score": 2048 * 2,
     }
 
 

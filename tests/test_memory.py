@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from budget.layers import attention_saved, shapes
+from budget.layers import attention_saved, params_total, shapes
 from budget.memory import memory
 from budget.phases import CARRIED_ACTIVATIONS, Instant
 from budget.pipeline import build_report
@@ -1350,8 +1350,14 @@ def test_deepspeed_zero_3_holds_its_gradient_buffer_for_the_run():
     ds = _zero_paper_plan(3, 500_000_000)
     buffered = _phase_peaks(ds)
     buffer = 500_000_000 * 2
-    for name in ("forward.attention", "forward.mlp", "loss", "dp.grads", "optimizer"):
+    for name in ("forward.attention", "forward.mlp", "loss", "dp.grads"):
         assert buffered[name] - without[name] == buffer, name
+    # and at the step the shard's gradients flattened into one fp16 tensor beside their
+    # fp32 cast (``self.flatten(...).to(...)``, `step._flattened_upcast`): Ψ/64 of them
+    flat = 2 * -(-params_total(ds) // 64)
+    # Ψ: the audit's 7,464,116,224 less its plan's 2,048 learned positions of 4,096
+    assert flat == 2 * -(-(7_464_116_224 - 2048 * 4096) // 64)
+    assert buffered["optimizer"] - without["optimizer"] == buffer + flat
     assert without["backward.mlp"] - 2 * _MLP_BLOCK == buffered["backward.mlp"] - (
         buffer + 2 * _FC1_WEIGHT
     )
@@ -1376,8 +1382,12 @@ def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
     without = _phase_peaks(_zero_paper_plan(2))
     buffered = _phase_peaks(_zero_paper_plan(2, 500_000_000))
     buffer = 500_000_000 * 2
-    for name in ("forward.attention", "forward.mlp", "optimizer"):
+    for name in ("forward.attention", "forward.mlp"):
         assert buffered[name] == without[name], name
+    # the step holds none, but the partition's gradients flattened in fp16 beside their
+    # fp32 cast (`step._flattened_upcast`)
+    flat = 2 * -(-params_total(_zero_paper_plan(2)) // 64)
+    assert buffered["optimizer"] - without["optimizer"] == flat
     for name in ("loss", "dp.grads"):
         assert buffered[name] - without[name] == buffer, name
     assert layer == 201_379_840
