@@ -336,7 +336,11 @@ def _pass(
             )
         )
     elif par.pp > 1:
-        sends = pipeline_moves(plan, s, forward=True)
+        # each on its own pair of stages' link: the stages run one after another
+        sends = [
+            replace(m, boundary=stage) if m.op == "send-recv" else m
+            for m in pipeline_moves(plan, s, forward=True)
+        ]
         phases.append(
             Phase(f"{prefix}.pipeline", count, tuple(_pipeline_overlap(plan, m) for m in sends))
         )

@@ -166,6 +166,10 @@ class Move:
     # messages: ring attention's dK/dV, sent with the K/V of every backward step but the
     # last (`step._cp_moves`); None: its algorithm's
     steps: Any = None
+    # a stage send priced on its own pair of stages (this one, to the next) rather than on
+    # the outermost link any pair crosses: a serving pass's, whose stages run one after
+    # another (`schedule.move_span`); None: a training schedule's, whose stages run in step
+    boundary: int | None = None
 
 
 def hide(

@@ -437,9 +437,12 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
     Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
-    first and last), priced on the outermost link any neighbouring pair crosses: the stages
-    run in step, so the one whose send crosses nodes paces the rest (a sweep prices it so
-    too, on the outermost level the pp group spans, `search._send_recv`). Gradients under
+    first and last), priced on the outermost link any neighbouring pair crosses: a training
+    schedule's stages run in step, so the one whose send crosses nodes paces the rest (a
+    sweep prices it so too, on the outermost level the pp group spans, `search._send_recv`);
+    a serving pass's send (`Move.boundary`) on its own pair's link, as its stages run one
+    after another and every send is on the way (an audit: pp 8 over two nodes had priced
+    its six NVLink sends at InfiniBand's, a time to first token 120 ms long). Gradients under
     context parallelism are reduced over dp x cp. Expert layers' groups (etp, ep, edp) are
     the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
@@ -448,12 +451,21 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     # runs over the whole group (it was priced as one neighbouring pair: an audit), a
     # hand-written send (`step._with_transitions`) between neighbours as the built-in ones
     sent = move.op == "send-recv"
+    if sent and move.boundary is not None:
+        return _boundary_span(par, topo, move.boundary)
     if move.group == "pp" and (sent or not move.rule.startswith(HAND_WRITTEN)):
         return _pp_span(par, topo, "embedding" in move.name)
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
         raise AssertionError(f"{move.name}: {move.ranks} ranks on a {span.size}-rank group")
     return span
+
+
+@lru_cache(maxsize=64)
+def _boundary_span(par: Parallel, topo: Topology, stage: int) -> GroupSpan:
+    """`move_span` of a send from `stage` to the next (`Move.boundary`)."""
+    members = group_ranks("pp", par, topo.gpus)
+    return span_of_ranks(members[stage : stage + 2], topo, "pp")
 
 
 @lru_cache(maxsize=64)

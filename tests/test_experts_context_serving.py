@@ -2320,3 +2320,26 @@ def test_all_gathered_attention_s_backward_holds_its_step_dq_and_reordered_dv(tm
         _moe_instants(ring, "backward.attention")["attention core gradients"]["Q/K/V gradients"]
         == 256 * 3 * 512 * 2
     )
+
+
+def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):
+    """An audit: a serving pass runs its stages one after another, so each send is on the
+    way, at its own pair's link; they had all been priced at the outermost link any pair
+    crosses. pp 4 x tp 4 over two DGX H100 nodes: stages 0-1 and 2-3 share a node, so two
+    sends cross NVLink and one InfiniBand, as pp 2 x tp 4 on one node sends (NVLink) and
+    pp 2 x tp 8 over two nodes (InfiniBand), the same activations each."""
+    base = ROOT / "plans" / "llama3-70b-decode.yaml"
+
+    def pipeline(name, tp, pp, nodes):
+        edits = [("  tp: 8\n", f"  tp: {tp}\n"), ("  pp: 1\n", f"  pp: {pp}\n")]
+        edits.append(("nodes: 1}", f"nodes: {nodes}}}"))
+        report = build_report(load_plan(variant(tmp_path, name, *edits, base=base)))
+        phases = {p.name: p for p in report.phases}
+        return phases["prefill.pipeline"].comm_s, phases["decode.pipeline"].comm_s, report
+
+    nvlink = pipeline("near.yaml", 4, 2, 1)
+    infiniband = pipeline("far.yaml", 8, 2, 2)
+    deep = pipeline("deep.yaml", 4, 4, 2)
+    for k in (0, 1):
+        assert deep[k] == pytest.approx(2 * nvlink[k] + infiniband[k], rel=1e-12)
+    assert infiniband[0] > 5 * nvlink[0]  # the links differ: the test can tell them apart
