@@ -807,7 +807,16 @@ def te_userbuffers(plan: Plan) -> list[Alloc]:
     gathering = 1 if te_fp8(plan) else bf16
     size = elements * (len(UB_GATHERING) * gathering + len(UB_SCATTERING) * bf16)
     name = "Transformer Engine userbuffers (overlap.tp, 10 buffers)"
-    return when([Alloc(name, "reserved", size)], (par.tp > 1) & par.sequence_parallel)
+    return when([Alloc(name, "reserved", size)], userbuffered(plan))
+
+
+def userbuffered(plan: Plan) -> Any:
+    """Whether Transformer Engine's comm-GEMM overlap runs (`te_userbuffers`): training
+    with `overlap.tp` and sequence parallelism over tp > 1. A bool, or a sweep's array."""
+    par = plan.parallel
+    if plan.mode != "train" or not plan.overlap.tp:
+        return False
+    return holds((par.tp > 1) & par.sequence_parallel)
 
 
 def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:

@@ -69,6 +69,7 @@ from budget.layers import (
     stage_fp8_weights,
     stage_states,
     tokens_replicated,
+    userbuffered,
     vocab_params,
     vocab_rows,
 )
@@ -678,7 +679,12 @@ def _gathered(
     if not engine:
         return _full(s, name)
     transposed = for_wgrad and te_fp8(plan) and plan.device.fp8_transpose
-    return _full(s, name, each=saved_gemm_input(plan, s) + int(transposed))
+    # under comm-GEMM overlap the module gathers into its userbuffer and reads a view of it
+    # (``fill_userbuffers_buffer_for_all_gather``, TransformerEngine 2.5 ``module/base.py``),
+    # counted with the buffers (`layers.te_userbuffers`): only an FP8 transpose is made apart
+    # (an audit: both were counted, 256 MiB at Llama 3 70B's peak)
+    data = vwhere(userbuffered(plan), 0, saved_gemm_input(plan, s))
+    return _full(s, name, each=data + int(transposed))
 
 
 def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
@@ -700,16 +706,22 @@ def _squared_relu(plan: Plan, s: Shapes, held: list[Alloc]) -> list[Instant]:
     return [Instant("squared ReLU", tuple([*held, *fc1]))] if fc1 else []
 
 
-def _before_reduction(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
+def _before_reduction(plan: Plan, s: Shapes, name: str, engine: bool = True) -> list[Alloc]:
     """A row-parallel output or a column-parallel input gradient: partial on tp before its
     reduction, or, at tp 1, the whole tensor, held all the same. Under sequence
     parallelism the reduce-scatter writes its 1/tp shard into a buffer of its own while the
     partial is alive (Megatron-LM's ``_reduce_scatter_along_first_dim`` and the SP branch of
     ``LinearWithGradAccumulationAndAsyncCommunication.backward`` allocate it with
     ``torch.empty``): full + shard at that instant, as a hand-written partial → shard counts
-    it (the seed's lifetimes; a seeds audit). Without it the all-reduce sums in place."""
+    it (the seed's lifetimes; a seeds audit). Without it the all-reduce sums in place. Under
+    comm-GEMM overlap a Transformer Engine module (`engine`) writes the partial into its
+    userbuffer (``get_buffer`` of its reduce-scatter's communicator: the output
+    projection's and fc2's pipelined forward, QKV's and fc1's bulk data gradient), counted
+    with the buffers (`layers.te_userbuffers`; an audit)."""
     tp = plan.parallel.tp
     partial = _full(s, f"{name} (partial, before reduction)", "partial on tp")
+    if engine:
+        partial = replace(partial, bytes=vwhere(userbuffered(plan), 0, partial.bytes))
     shard = Alloc(
         f"{name} (reduce-scattered)",
         "transient",
@@ -2223,7 +2235,7 @@ def _loss(b: _StageBuilder) -> None:
         Alloc("logits gradient", "transient", s.act * logits, placement=vocab),
         # its input gradient whole, beside its reduce-scatter's shard under sequence
         # parallelism, while the weight gradient's GEMM runs (a review: the shard alone)
-        *_before_reduction(plan, s, "output layer input gradient"),
+        *_before_reduction(plan, s, "output layer input gradient", engine=False),
         *_zero2_head_grads(b, tied_only=False),
         *kept_for(mtp_layers(plan)),
         *gathered,

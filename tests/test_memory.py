@@ -1432,3 +1432,39 @@ def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
         (problem,) = raised.value.problems
         assert problem.path == "$.parallel.reduce_bucket"
         assert f"DeepSpeed's ZeRO {zero}" in problem.message and "pp = 4" in problem.message
+
+
+def test_comm_gemm_overlap_gathers_and_reduces_in_its_userbuffers(tmp_path):
+    """An audit: under overlap.tp Transformer Engine gathers a layer's input into its
+    userbuffer and reads a view of it (``fill_userbuffers_buffer_for_all_gather``), and
+    writes a partial output or data gradient into its reduce-scatter's buffer
+    (``get_buffer``); the ten buffers are counted already, and the tensors had been counted
+    again beside them. Llama 3 70B at tp 8, 8,192 tokens: fc1's input gathered again
+    (8,192 x 8,192 x 2 B) and its input gradient before reduction (as many) are views;
+    under FP8 on Hopper only the gathered input's transpose (1 B an element) is made."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    edit = ("recompute: selective", "recompute: selective\noverlap: {tp: true}")
+    plain = load_plan(base)
+    overlapped = load_plan(variant(tmp_path, "overlapped.yaml", edit, base=base))
+    full = 8192 * 8192 * 2
+
+    def fc1_backward(plan):
+        stage = derive(plan).stages[0]
+        (phase,) = [p for p in stage.phases if p.name == "backward.mlp"]
+        (instant,) = [i for i in phase.instants if i.label == "fc1 weight and input gradients"]
+        return {a.name: a.total for a in instant.live}, sum(a.total for a in instant.live)
+
+    (before, total), (after, overlapped_total) = fc1_backward(plain), fc1_backward(overlapped)
+    again, partial = (
+        "fc1 input (re-gathered for weight grad)",
+        "fc1 input gradient (partial, before reduction)",
+    )
+    assert before[again] == before[partial] == full
+    assert after[again] == after[partial] == 0
+    buffers = after["Transformer Engine userbuffers (overlap.tp, 10 buffers)"]
+    assert buffers == 10 * full
+    assert overlapped_total - buffers == total - 2 * full
+    fp8 = replace(overlapped, precision=replace(overlapped.precision, matmul="fp8"))
+    assert fc1_backward(fp8)[0][again] == 8192 * 8192  # the transpose alone
