@@ -1297,7 +1297,7 @@ def test_a_foreach_step_on_gradients_narrower_than_its_weights_is_refused(tmp_pa
         assert load_plan(wide).precision.optimizer_kernel == "foreach"
 
 
-def _zero_paper_plan(zero: int, bucket: int = 0, **changes):
+def _zero_paper_plan(zero: int, bucket: int = 0):
     """The ZeRO paper's Figure 1 model as near as a plan says it (Rajbhandari et al., arXiv
     1910.02054: about 7.5B parameters over 64 data-parallel ranks, fp16 with an fp32 master
     and Adam): 36 layers of hidden 4,096, a GeLU MLP of 16,384, biases, 1,024 tokens."""
@@ -1320,7 +1320,7 @@ def _zero_paper_plan(zero: int, bucket: int = 0, **changes):
         vocab=50304,
         bias=True,
     )
-    return replace(plan, parallel=replace(plan.parallel, reduce_bucket=bucket), **changes)
+    return replace(plan, parallel=replace(plan.parallel, reduce_bucket=bucket))
 
 
 def _phase_peaks(plan):
