@@ -167,7 +167,10 @@ def _phase_rows(
     In training the stages work side by side, so a row is its costliest stage's. A serving
     pass crosses the stages one after another (`schedule.serving_time`), so there a row's
     times and its collectives' calls are summed over the stages (each stage's ranks making
-    their own), and its payload and per-call figures stay the costliest stage's."""
+    their own), and its payload and per-call figures stay the costliest stage's; a
+    collective some stages run on another link (a stage send within a node and another
+    across, `Move.boundary`) has a row for each link, with its own calls and per-call
+    figures (a review: seven sends read as seven InfiniBand ones, six of them NVLink's)."""
     serving = times.ttft_s is not None
     names = list(dict.fromkeys(p.name for s in step.stages for p in s.phases))
     # training phases in step order; serving ones prefill first, each in pass order (the
@@ -193,13 +196,14 @@ def _phase_rows(
         _, payload, neg_stage, phase, collectives = max(candidates, key=lambda c: c[:3])
         same = [c[3] for c in candidates] if serving else [phase]
         if serving and len(candidates) > 1:
-            calls = Counter[tuple[str, str, str]]()
-            for *_, others in candidates:
-                for c in others:
-                    calls[(c.name, c.op, c.group)] += c.count
-            collectives = tuple(
-                replace(c, count=calls[(c.name, c.op, c.group)]) for c in collectives
-            )
+            calls = Counter[tuple[str, str, str, str | None]]()
+            shown: dict[tuple[str, str, str, str | None], Any] = {}
+            for *_, others in sorted(candidates, key=lambda c: c[:3], reverse=True):
+                for c in others:  # the costliest stage's first
+                    key = (c.name, c.op, c.group, c.link)
+                    calls[key] += c.count
+                    shown.setdefault(key, c)
+            collectives = tuple(replace(c, count=calls[key]) for key, c in shown.items())
 
         def total(field: str, same: list[PhaseTime] = same) -> float | None:
             # seconds as floats in JSON, 0.0 where no collective or kernel added to it (an

@@ -1852,15 +1852,20 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     """The head's unsharded gradient under ZeRO-3 (the output layer's, or the tied
     embedding's), which exists from the loss's backward until the root unit's
     reduce-scatter (`_zero3_root_moves`), in the compute dtype of the gathered weights
-    (with FSDP's cast to the reduce format beside it: `_unsharded_gradient_bytes`)."""
+    (with FSDP's cast to the reduce format beside it: `_unsharded_gradient_bytes`). Under
+    DeepSpeed's gradient buffer (`deepspeed_buffered`) an output layer of its own has its
+    gradient copied in, or reduced, as it is made (``__add_grad_to_ipg_bucket``), and holds
+    none through the layers' backward (a review: 1.05 GB held so on Llama 3 8B); a tied
+    one's first part waits in autograd for the embedding's, as under FSDP."""
     plan = b.plan
     par = plan.parallel
+    copied = deepspeed_buffered(plan) & (not plan.model.tied_embeddings)
     # FSDP casts the head's gradient once the root unit's backward is done: right after
     # the loss on a last stage alone, only at the backward's end beside the embedding
     gathered = DTYPE_BYTES[plan.precision.param_gather]
     size = vocab_params(plan) * _unsharded_gradient_bytes(plan, not b.first, gathered)
     grads = Alloc(HEAD_GRADIENTS, "transient", size)
-    return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1))
+    return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1) & lacks(copied))
 
 
 def _zero2_head_grads(b: _StageBuilder, tied_only: bool) -> list[Alloc]:

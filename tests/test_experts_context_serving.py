@@ -2343,3 +2343,6 @@ def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):
     for k in (0, 1):
         assert deep[k] == pytest.approx(2 * nvlink[k] + infiniband[k], rel=1e-12)
     assert infiniband[0] > 5 * nvlink[0]  # the links differ: the test can tell them apart
+    # a review: the row shows each link's sends, not all seven at the costliest one's
+    rows = {p.name: p for p in deep[2].phases}["prefill.pipeline"].collectives
+    assert sorted((c.link, c.count) for c in rows) == [("infiniband", 1), ("nvlink", 2)]

@@ -1368,6 +1368,23 @@ def test_deepspeed_zero_3_holds_its_gradient_buffer_for_the_run():
         replace(_zero_paper_plan(3), precision=fsdp)
     )
     assert build_report(replace(ds, precision=fsdp)).layout["reduce_bucket"] is None
+    # a review: an output layer of its own has its gradient copied into the buffer as it is
+    # made, so no layer's backward holds it, where a tied one's waits for the embedding's
+    for tied in (True, False):
+        model = replace(ds.model, tied_embeddings=tied)
+        held = {
+            plan.parallel.reduce_bucket: [
+                a.total
+                for p in derive(plan).stages[0].phases
+                if p.name == "backward.mlp"
+                for i in p.instants
+                for a in i.live
+                if a.name.startswith("head gradients")
+            ]
+            for plan in (replace(ds, model=model), replace(_zero_paper_plan(3), model=model))
+        }
+        assert held[0] and min(held[0]) == 2 * 50304 * 4096
+        assert held[500_000_000] == ([] if not tied else held[0])
 
 
 def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
