@@ -136,6 +136,13 @@ def test_an_all_to_alls_algorithm_bandwidth_says_it_is_of_one_ranks_buffer() -> 
             "1 GiB (1,073,741,824 B) (the sender; the receiver sends none)",
             "1 GiB (1,073,741,824 B) (the receiver)",
         ),
+        # an audit: over 8 ranks a chain, a pipeline's, whose aggregate is 7 sends of S
+        (
+            "send-recv-chain",
+            "auto",
+            "1 GiB (1,073,741,824 B) (each rank but the last, which sends none)",
+            "1 GiB (1,073,741,824 B) (each rank but the first, which receives none)",
+        ),
         # a chain: the root and every rank but the last forward S once (nccl-tests' one
         # copy a rank); a binomial tree's root sends it once for each of log2(8) = 3 levels
         (
@@ -165,6 +172,7 @@ def test_a_one_way_collectives_bytes_say_which_ranks_they_are_of(
     every rank's, where the receiver sends nothing; a broadcast's root receives nothing.
     An all-gather's every rank sends and receives (P − 1)/P · S = 7/8 GiB, unqualified."""
     ranks = "2" if op == "send-recv" else "8"
+    op = op.removesuffix("-chain")
     args = ["collective", op, "--ranks", ranks, "--size", "1GiB", "--algorithm", algorithm]
     out = runner.invoke(app, route([*args, "--bandwidth", "450GB/s", "--latency", "1us"]))
     assert out.exit_code == 0, out.stdout

@@ -159,6 +159,12 @@ def _who(cost: CollectiveCost, sent: bool) -> str:
     nothing (a user audit read "sent per rank 1 GiB" as every rank's, where the receiver
     sends none); "" for the collectives every rank sends and receives in."""
     if cost.op == "send-recv":
+        if cost.ranks > 2:  # a chain, a pipeline's: each rank sends to the next (an audit)
+            return (
+                "  (each rank but the last, which sends none)"
+                if sent
+                else "  (each rank but the first, which receives none)"
+            )
         return "  (the sender; the receiver sends none)" if sent else "  (the receiver)"
     if cost.op != "broadcast" or not int(cost.sent_bytes):
         return ""
