@@ -890,8 +890,7 @@ def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
     what = f"{n:,} elements" + (" each, a second for overlap_comm" if two else "")
     name = f"DeepSpeed's contiguous gradient buffer{'s' if two else ''} ({what})"
     held = Alloc(name, "transient", n * DTYPE_BYTES[plan.precision.params], 2 if two else 1)
-    on = holds(plan.parallel.zero == zero)
-    return when([held], on & deepspeed_buffered(plan) if zero == 3 else on)
+    return when([held], holds(plan.parallel.zero == zero) & deepspeed_buffered(plan))
 
 
 def _hold_reduce_buffers(b: _StageBuilder) -> None:
