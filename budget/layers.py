@@ -1278,8 +1278,8 @@ def moe_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     """Tensors an MoE block saves: the norm and router inputs, fp32 routing probabilities,
     the dispatched token rows (expert fc1 input), each expert's fc1 output and fc2 input,
     and the shared experts' tensors like a dense MLP, with their gate's where they have one.
-    Megatron-Core's grouped experts weight
-    each row by its routing probability inside the activation (``TEGroupedMLP``:
+    Megatron-Core's grouped experts weight each row by its routing probability inside the
+    activation (``TEGroupedMLP``:
     ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``, which saves the row's
     fp32 probability beside its input), so the combine only un-permutes and sums, and keeps
     nothing for backward (it kept the expert outputs when it weighted them itself)."""
