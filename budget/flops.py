@@ -1157,6 +1157,15 @@ def fsdp_mixed(plan: Plan) -> Any:
     return plan.parallel.zero == 3
 
 
+def deepspeed_zero(zero: Any, prec: Precision) -> Any:
+    """The ZeRO stages at which DeepSpeed's contiguous gradient buffer applies where a plan
+    names it (`Parallel.reduce_bucket`): 2, and 3 outside PyTorch FSDP's mixed precision
+    (`fsdp_formats`). One rule for a plan's memory (`step.deepspeed_buffered`), its
+    refusal beside a pipeline (`resolve`) and a sweep's (`search`). A bool, or an array over
+    a sweep's stages."""
+    return (zero == 2) | ((zero == 3) & (not fsdp_formats(prec)))
+
+
 def fsdp_formats(prec: Precision) -> bool:
     """Whether ZeRO-3 runs as FSDP's mixed precision under these formats (`fsdp_mixed`):
     parameters gathered in another format than they are kept in, and no master copy."""

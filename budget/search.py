@@ -673,7 +673,7 @@ def _grid_piece(
             "DeepSpeed's ZeRO 2 and 3 run without a pipeline",
             bool(plan.parallel.reduce_bucket)
             & (pp > 1)
-            & ((zero == 2) | ((zero == 3) & (not flops.fsdp_formats(plan.precision)))),
+            & flops.deepspeed_zero(zero, plan.precision),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

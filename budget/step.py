@@ -869,7 +869,7 @@ def deepspeed_buffered(plan: Plan) -> Any:
     configurations."""
     if not plan.parallel.reduce_bucket:
         return False
-    return holds(plan.parallel.zero >= 2) & lacks(flops.fsdp_mixed(plan))
+    return holds(flops.deepspeed_zero(plan.parallel.zero, plan.precision))
 
 
 def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:

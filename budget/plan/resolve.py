@@ -1347,11 +1347,10 @@ def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel)
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
     DeepSpeed's gradient buffer (`Parallel.reduce_bucket`) at either beside a pipeline
     describes no run (a review: budget priced one, and its search ranked them). ZeRO 3
-    under PyTorch FSDP's mixed precision holds no such buffer (`flops.fsdp_formats`)."""
-    from budget.flops import fsdp_formats
+    under PyTorch FSDP's mixed precision holds no such buffer (`flops.deepspeed_zero`)."""
+    from budget.flops import deepspeed_zero
 
-    deepspeed = par.zero == 2 or (par.zero == 3 and not fsdp_formats(precision))
-    if par.reduce_bucket and par.pp > 1 and deepspeed:
+    if par.reduce_bucket and par.pp > 1 and deepspeed_zero(par.zero, precision):
         r.error(
             "$.parallel.reduce_bucket",
             f"parallel.reduce_bucket prices DeepSpeed's ZeRO {par.zero}, which DeepSpeed's "
