@@ -340,9 +340,12 @@ def _mpt_run(
     Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1;
     Composer 0.16 wraps the model in PyTorch's FullyShardedDataParallel, ``fsdp: 1``),
     micro-batch and global batch as listed (grad accumulation = global / (micro × 8)),
-    activation checkpointing → full recompute. FSDP prefetches the next unit's all-gather
-    and reduce-scatters each unit's gradients during the backward (Zhao et al., "PyTorch
-    FSDP", arXiv 2304.11277, section 3.3), so overlap.param_gather and overlap.dp_grads.
+    activation checkpointing → full recompute. FSDP's units are whole layers: llm-foundry's
+    ``MPTForCausalLM.fsdp_wrap_fn`` wraps each ``MPTBlock`` (``fsdp_unit: layer``; until
+    plans could say so, the rows were priced a block at a time). FSDP prefetches the next
+    unit's all-gather and reduce-scatters each unit's gradients during the backward (Zhao
+    et al., "PyTorch FSDP", arXiv 2304.11277, section 3.3), so overlap.param_gather and
+    overlap.dp_grads.
     Composer's default ``backward_prefetch`` (the yamls set none) is BACKWARD_POST, whose
     backward gather is issued after the unit's gradient kernels are queued and so overlaps
     them only as far as the CPU runs ahead; priced prefetched, an assumption (README,
@@ -387,7 +390,7 @@ def _mpt_run(
             "matmul": "bf16",
             "param_gather": "bf16",
         },
-        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3, "fsdp": 1},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3, "fsdp": 1, "fsdp_unit": "layer"},
         "recompute": "full" if checkpointing else "none",
         "overlap": {"dp_grads": True, "param_gather": True},
         "device": {"preset": "a100-80gb" if a100 else "h100-sxm"},

@@ -74,7 +74,11 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1F1B stages' parameter gathers in series along it; ``optimizer_stage`` puts it off longest
 # 1.19: diff's summary gives tokens_per_s_per_gpu where the plans' GPU counts differ, and
 # then the whole job's tokens_per_s (and a training step's and phases' times) verdict n/a
-SCHEMA_VERSION = "1.19"
+# 1.20: the report's ``layout.fsdp_unit``, what ZeRO 3 gathers and reduce-scatters at once
+# (block or layer; null below ZeRO 3), and search's ``hardware.fsdp_unit``, which every ZeRO 3
+# layout keeps; ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came
+# under 1.19 without a version of its own
+SCHEMA_VERSION = "1.20"
 
 Kind = Literal[
     "report",

@@ -613,9 +613,12 @@ def _windows(
 
     Also one MoE layer's forward and backward (its attention and its MoE block, one
     instance of each phase), which the other pass's expert all-to-alls hide behind
-    (`step._ep_moves`)."""
+    (`step._ep_moves`); and one layer's, whichever its feed-forward block, which a
+    whole-layer ZeRO-3 unit's gathers and reduce-scatter hide behind (`step._zero3_moves`;
+    no stage with such units mixes dense and MoE layers)."""
     forward = backward = 0.0
     layer = {"@forward-layer": 0.0, "@backward-layer": 0.0}
+    unit = {"@forward-unit": 0.0, "@backward-unit": 0.0}
     for phase, seconds in zip(stage.phases, kernels, strict=True):
         per_mb = phase.count / microbatches
         if phase.name in FORWARD_PHASES:
@@ -624,9 +627,12 @@ def _windows(
         elif phase.name in BACKWARD_PHASES:
             backward += sum(seconds.values()) * per_mb
         window = f"@{pass_of(phase.name)}-layer"  # a training pass's (serving has none)
-        if window in layer and phase.name.rpartition(".")[2] in ("attention", "moe"):
+        block = phase.name.rpartition(".")[2]
+        if window in layer and block in ("attention", "moe"):
             layer[window] += sum(seconds.values())
-    return {"@forward-microbatch": forward, "@backward-microbatch": backward, **layer}
+        if window in layer and block in ("attention", "mlp", "moe"):
+            unit[f"@{pass_of(phase.name)}-unit"] += sum(seconds.values())
+    return {"@forward-microbatch": forward, "@backward-microbatch": backward, **layer, **unit}
 
 
 def _backward_kernel(name: str) -> bool:

@@ -1714,6 +1714,8 @@ def hardware(plan: Plan) -> dict[str, Any]:
         # the overlaps every layout keeps as the plan sets them: the sweep does not turn
         # them (a user audit: the ranking moved with them, and nothing said so)
         "overlap": {flag: getattr(plan.overlap, flag) for flag in OVERLAP_FLAGS},
+        # what a ZeRO 3 layout gathers at once (`Parallel.fsdp_unit`), as the plan says
+        "fsdp_unit": plan.parallel.fsdp_unit,
     }
 
 

@@ -511,6 +511,13 @@ class _StageBuilder:
         """The feed-forward blocks the stage's layers have: "mlp", "moe" or both."""
         return ["mlp"] * self.has_dense + ["moe"] * self.has_moe
 
+    @property
+    def ffn(self) -> str:
+        """The feed-forward block of the stage's layers, which a whole-layer ZeRO-3 unit
+        holds (`_unit_groups`; no plan with such units mixes the two,
+        `resolve._check_fsdp_unit`)."""
+        return self.ffn_blocks[-1] if self.ffn_blocks else "mlp"
+
     def add(
         self,
         name: str,
@@ -940,6 +947,8 @@ class _Layer:
     core: list[Alloc]
     params: dict[str, int]  # per block: parameters a rank holds (`_block_params`)
     zero3: dict[str, list[tuple[MoveGroup, int, int]]]  # per block: `_zero3_groups`
+    # per kind of layer ("mlp", "moe"): its whole-layer ZeRO-3 unit's groups (`_layer_units`)
+    units: dict[str, list[tuple[MoveGroup, int, int]]]
     per_rank: dict[str, int]  # per block: its whole layer's parameters per rank (a bucket)
     experts: int  # an MoE layer's expert parameters per rank
     kernels: _Kernels  # per block: its kernels, forward and backward
@@ -959,6 +968,7 @@ class _Layer:
         core = core_attention(plan, s)
         kinds = ("attention", "mlp", "moe") if plan.model.experts else ("attention", "mlp")
         kernels = _Kernels(plan)
+        zero3 = {k: _zero3_groups(plan, k) for k in kinds}
         return cls(
             blocks,
             attention,
@@ -966,7 +976,8 @@ class _Layer:
             moe,
             core,
             {k: _block_params(plan, k) for k in kinds},
-            {k: _zero3_groups(plan, k) for k in kinds},
+            zero3,
+            _layer_units(zero3),
             {k: layer_params(plan, moe=k == "moe").per_rank for k in kinds},
             layer_params(plan, moe=True).expert_per_rank,
             kernels,
@@ -1609,6 +1620,36 @@ def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:
     return [(g, r, n) for g, r, n in groups if not every(r == 1) and not every(n == 0)]
 
 
+def _layer_units(
+    zero3: dict[str, list[tuple[MoveGroup, int, int]]],
+) -> dict[str, list[tuple[MoveGroup, int, int]]]:
+    """Per kind of layer (dense "mlp", "moe"), what a whole-layer ZeRO-3 unit
+    (`Parallel.fsdp_unit` layer) gathers: the attention's groups and the feed-forward
+    block's together, group by group (an MoE layer's experts on their own group, as FSDP
+    shards them over another mesh)."""
+    units: dict[str, list[tuple[MoveGroup, int, int]]] = {}
+    for ffn in [k for k in ("mlp", "moe") if k in zero3]:
+        merged: dict[MoveGroup, tuple[int, int]] = {}
+        for group, ranks, n in zero3["attention"] + zero3[ffn]:
+            merged[group] = (ranks, merged.get(group, (ranks, 0))[1] + n)
+        units[ffn] = [(group, ranks, n) for group, (ranks, n) in merged.items()]
+    return units
+
+
+def _unit_groups(
+    plan: Plan, layer: _Layer, block: str, backward: bool, ffn: str
+) -> list[tuple[MoveGroup, int, int]]:
+    """The ZeRO-3 groups `block`'s phase gathers (and in the backward reduce-scatters):
+    the block's own (`Parallel.fsdp_unit` block), or under whole-layer units the layer's
+    (`_layer_units`, a layer of feed-forward block `ffn`) at its first block of each pass,
+    the attention's forward and the feed-forward block's backward, and none at the other."""
+    if plan.parallel.fsdp_unit != "layer":
+        return layer.zero3[block]
+    if backward:
+        return layer.units[block] if block != "attention" else []
+    return layer.units[ffn] if block == "attention" else []
+
+
 def _block_params(plan: Plan, block: str) -> int:
     """Parameters of one block (attention, mlp or moe with its experts) a rank holds."""
     attention = attention_params(plan)[1]
@@ -1631,18 +1672,22 @@ def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
             (par.dp * par.cp, n - layer.experts),
             (expert_data_parallel(b.plan), layer.experts),
         ]
-    return _gather_copies(b.plan, layer, block) + _gradient_passes(b, n, groups)
+    copies = _gather_copies(b.plan, layer, block, True, b.ffn)
+    return copies + _gradient_passes(b, n, groups)
 
 
-def _gather_copies(plan: Plan, layer: _Layer, block: str) -> list[Work]:
-    """Under FSDP's mixed precision, the copies around each all-gather of the block's
-    parameters (`flops.fsdp_gather_copies`), on each group that shards them (the experts'
-    on the expert data-parallel group)."""
+def _gather_copies(
+    plan: Plan, layer: _Layer, block: str, backward: bool = False, ffn: str = "mlp"
+) -> list[Work]:
+    """Under FSDP's mixed precision, the copies around each all-gather `block`'s phase runs
+    (`_unit_groups`; `flops.fsdp_gather_copies`), on each group that shards them (the
+    experts' on the expert data-parallel group)."""
     fsdp = flops.fsdp_mixed(plan)
     if fsdp is False:
         return []
-    shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in layer.zero3[block])
-    gathered = sum(n * (ranks > 1) for _, ranks, n in layer.zero3[block])
+    groups = _unit_groups(plan, layer, block, backward, ffn)
+    shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in groups)
+    gathered = sum(n * (ranks > 1) for _, ranks, n in groups)
     return when(flops.fsdp_gather_copies(plan, shard, gathered), fsdp)
 
 
@@ -1712,18 +1757,34 @@ def _embedding_gradients(b: _StageBuilder) -> list[Work]:
 
 
 def _zero3_moves(
-    plan: Plan, layer: _Layer, block: str, backward: bool, last_of: Any = 0
+    plan: Plan, layer: _Layer, block: str, backward: bool, last_of: Any = 0, ffn: str = "mlp"
 ) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
     weights over the expert data-parallel group. With `overlap.param_gather` the next
     block's gather is prefetched during this one's compute; with `overlap.dp_grads` the
     reduce-scatter runs during the next block's backward (PyTorch FSDP's prefetch, Zhao et
-    al., arXiv 2304.11277)."""
+    al., arXiv 2304.11277). `last_of`: the layers of the stage, whose first layer's
+    reduce-scatter is the backward's last.
+
+    Under whole-layer units (`Parallel.fsdp_unit` layer; `_unit_groups`) the layer (of
+    feed-forward block `ffn`) is gathered with its attention's forward and its feed-forward
+    block's backward, and its gradients reduce-scattered with the latter's phase: the
+    reduction of the layer above runs beside the gather of this one, both behind one
+    layer's backward (the window "@backward-unit", `schedule._windows`), as the forward's
+    prefetch runs behind one layer's forward."""
     prec = plan.precision
+    whole = plan.parallel.fsdp_unit == "layer"
+    what = "layer" if whole else "block"
+    forward_window, backward_window = (
+        ("@forward-unit", "@backward-unit") if whole else 2 * ("@phase",)
+    )
+    # the backward ends with the reduce-scatter of the stage's first layer: its attention
+    # block's, or under whole-layer units the layer's, which its feed-forward phase carries
+    last_of = last_of if whole or block == "attention" else 0
     moves = []
-    for group, ranks, n in layer.zero3[block]:
-        label = f"{block} {'expert ' if group == 'edp' else ''}"
+    for group, ranks, n in _unit_groups(plan, layer, block, backward, ffn):
+        label = f"{'layer' if whole else block} {'expert ' if group == 'edp' else ''}"
         gather = Move(
             f"{label}parameters",
             "all-gather",
@@ -1737,10 +1798,10 @@ def _zero3_moves(
         moves.append(
             hide(
                 gather,
-                "@phase",
+                backward_window if backward else forward_window,
                 "param_gather",
                 "ZeRO-3 gather: exposed unless "
-                "overlap.param_gather prefetches it behind the previous block",
+                f"overlap.param_gather prefetches it behind the previous {what}",
             )
         )
         if backward:
@@ -1761,10 +1822,10 @@ def _zero3_moves(
             moves.append(
                 hide(
                     grads,
-                    "@phase",
+                    backward_window,
                     "dp_grads",
                     "ZeRO-3 gradient reduce-scatter: "
-                    "exposed unless overlap.dp_grads runs it behind the next block",
+                    f"exposed unless overlap.dp_grads runs it behind the next {what}",
                     floor=floor,
                 )
             )
@@ -1908,7 +1969,9 @@ def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = No
     return vwhere(flops.fsdp_mixed(plan), fsdp, otherwise or DTYPE_BYTES[prec.grads])
 
 
-def _zero3_layer_below(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
+def _zero3_layer_below(
+    b: _StageBuilder, instants: list[Instant], block: str = "mlp"
+) -> list[Instant]:
     """A dense MLP's backward `instants` (those of the stage's last layer) and, under
     ZeRO-3 with `overlap.dp_grads`, the same of the layer below it: the attention above
     still holds its whole gradients while their reduce-scatter runs behind this block
@@ -1917,15 +1980,27 @@ def _zero3_layer_below(b: _StageBuilder, instants: list[Instant]) -> list[Instan
     full recompute a layer saves its input alone, 64 MiB for Llama 3 8B at 8,192 tokens,
     and the attention's gradients, 240 MiB with their fp32 cast, were in no instant). A
     stage with MoE layers is left as it is, its layers' saved sizes differing; where a
-    sweep's configuration has no layer below, its copies' bytes are zeroed (`when`)."""
+    sweep's configuration has no layer below, its copies' bytes are zeroed (`when`).
+
+    Under whole-layer units (`Parallel.fsdp_unit` layer) the same for each of a layer's
+    backward phases (`block`), of an MoE layer too, with the whole layer above reducing
+    (`_unit_transients`): no stage of such a plan mixes dense and MoE layers."""
     plan, layer = b.plan, b.layer
     grads = _unsharded_gradient_bytes(plan, True)
-    n = sum(n * grads * (ranks > 1) for _, ranks, n in layer.zero3["attention"])
-    on = (plan.parallel.zero == 3) & plan.overlap.dp_grads & (b.dense > 1) & (n > 0)
-    if b.has_moe or not np.any(holds(on)):
+    if plan.parallel.fsdp_unit == "layer":
+        above, what = layer.units[b.ffn], "layer"
+        on = plan.overlap.dp_grads & (b.layers > 1)
+    elif block == "mlp" and not b.has_moe:
+        above, what = layer.zero3["attention"], "attention"
+        on = plan.overlap.dp_grads & (b.dense > 1)
+    else:
+        return instants
+    n = sum(n * grads * (ranks > 1) for _, ranks, n in above)
+    on = on & (plan.parallel.zero == 3) & (n > 0)
+    if not np.any(holds(on)):
         return instants
     n = vwhere(deepspeed_buffered(plan), 0, n)  # under DeepSpeed, in its buffer already
-    reducing = Alloc("gradients of the attention above (reduce-scattering)", "transient", n)
+    reducing = Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
     lower = _earlier(b, 1)
     below = [
         Instant(
@@ -1951,7 +2026,10 @@ def _zero3_transients(
     `overlap.dp_grads` the block computed just before still holds its whole gradients while
     their reduce-scatter runs behind this one (`_zero3_moves`): behind the attention, its
     layer's MLP or MoE block, `after` (behind the stage's last MLP it is the head, whose
-    gradients `_zero3_root_grads` holds already)."""
+    gradients `_zero3_root_grads` holds already). Under whole-layer units, `_unit_transients`."""
+    if plan.parallel.fsdp_unit == "layer":
+        ffn = block if block != "attention" else ([*after, "mlp"][0])
+        return _unit_transients(plan, layer, block, ffn, backward)
     size = DTYPE_BYTES[plan.precision.param_gather]
 
     def gathered(name: str, size: int = size) -> Any:
@@ -1981,6 +2059,42 @@ def _zero3_transients(
         *when([prefetched], plan.overlap.param_gather and bool(after)),
         *when([whole], backward),
         *when([reducing], backward and block == "attention" and plan.overlap.dp_grads),
+    ]
+    return when(allocs, (plan.parallel.zero == 3) & (n > 0))
+
+
+def _unit_transients(
+    plan: Plan, layer: _Layer, block: str, ffn: str, backward: bool
+) -> list[Alloc]:
+    """`_zero3_transients` under whole-layer units (`Parallel.fsdp_unit` layer, a layer of
+    feed-forward block `ffn`): the layer's gathered parameters through both its blocks and,
+    with `overlap.param_gather`, a whole layer's more beside them, the next one's in the
+    forward and the one below's in the backward (PyTorch FSDP's prefetch, Zhao et al.,
+    arXiv 2304.11277, section 3.3: FullyShardedDataParallel's rate limiter lets two units'
+    all-gathers be in flight, ``limit_all_gathers``, as fully_shard's prefetch does). In the
+    backward the gradients autograd has made before the unit's reduce-scatter: the
+    feed-forward block's through its own backward, the whole layer's through the
+    attention's, the unit's last. The layer above's, reduce-scattering behind this one's
+    backward, are held in the instants a layer lower (`_zero3_layer_below`): above the
+    stage's last layer is the head, whose gradients `_zero3_root_grads` holds already."""
+    size = DTYPE_BYTES[plan.precision.param_gather]
+    grad = _unsharded_gradient_bytes(plan, False)
+
+    def gathered(groups: list[tuple[MoveGroup, int, int]], size: int) -> Any:
+        return sum(n * size * (ranks > 1) for _, ranks, n in groups)
+
+    n = gathered(layer.units[ffn], size)
+    made = layer.units[ffn] if block == "attention" else layer.zero3[ffn]
+    allocs = [
+        Alloc("gathered parameters (this layer)", "transient", n),
+        *when(
+            [Alloc("gathered parameters (prefetched layer)", "transient", n)],
+            plan.overlap.param_gather,
+        ),
+        *when(
+            [Alloc("gradients before reduce-scatter", "transient", gathered(made, grad))],
+            backward,
+        ),
     ]
     return when(allocs, (plan.parallel.zero == 3) & (n > 0))
 
@@ -2030,7 +2144,7 @@ def _forward(b: _StageBuilder) -> None:
         b.layers * m,
         attention_tp_moves(plan, s, False)
         + _cp_moves(plan, s, False)
-        + _zero3_moves(plan, b.layer, "attention", False),
+        + _zero3_moves(plan, b.layer, "attention", False, ffn=b.ffn),
         [
             Instant(
                 "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
@@ -2049,7 +2163,8 @@ def _forward(b: _StageBuilder) -> None:
                 ),
             ),
         ],
-        b.layer.kernels.forward("attention", s) + _gather_copies(plan, b.layer, "attention"),
+        b.layer.kernels.forward("attention", s)
+        + _gather_copies(plan, b.layer, "attention", ffn=b.ffn),
     )
     kept = when(blocks["attention"], lacks(full))
     if b.has_dense:
@@ -2411,11 +2526,15 @@ def _backward(b: _StageBuilder) -> None:
             when(_again(forward), full)
             + _ep_moves(plan, s, True)
             + _shared_expert_moves(plan, s, True)
-            + _zero3_moves(plan, b.layer, "moe", True),
-            [
-                Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
-                for label, spent, live in _expert_backward(plan, s)
-            ],
+            + _zero3_moves(plan, b.layer, "moe", True, last_of=b.layers),
+            _zero3_layer_below(
+                b,
+                [
+                    Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
+                    for label, spent, live in _expert_backward(plan, s)
+                ],
+                "moe",
+            ),
             b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )
     if b.has_dense:
@@ -2449,7 +2568,7 @@ def _backward(b: _StageBuilder) -> None:
             b.dense * m,
             again
             + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
-            + _zero3_moves(plan, b.layer, "mlp", True),
+            + _zero3_moves(plan, b.layer, "mlp", True, last_of=b.layers),
             _zero3_layer_below(
                 b,
                 [
@@ -2540,33 +2659,37 @@ def _backward(b: _StageBuilder) -> None:
         + attention_tp_moves(plan, s, True)
         + _cp_moves(plan, s, True)
         + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
-        [
-            *rerun,
-            Instant(
-                "attention core gradients",
-                (
-                    *_spent(saved + recomputed, ffn_spent),
-                    grad_out,
-                    core_grad,
-                    *_cp_buffers(plan, s, backward=True),
-                    *attention_bucket,
+        _zero3_layer_below(
+            b,
+            [
+                *rerun,
+                Instant(
+                    "attention core gradients",
+                    (
+                        *_spent(saved + recomputed, ffn_spent),
+                        grad_out,
+                        core_grad,
+                        *_cp_buffers(plan, s, backward=True),
+                        *attention_bucket,
+                    ),
                 ),
-            ),
-            # the QKV projection's backward, as fc1's: the core's and the output
-            # projection's saved tensors spent, its input gathered again under sequence
-            # parallelism beside its input gradient, partial on tp before the reduction
-            Instant(
-                "QKV weight and input gradients",
-                (
-                    *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
-                    grad_out,
-                    qkv_grad,
-                    *when([_regathered_input(plan, s)], sp),
-                    *_before_reduction(plan, s, "QKV input gradient"),
-                    *attention_bucket,
+                # the QKV projection's backward, as fc1's: the core's and the output
+                # projection's saved tensors spent, its input gathered again under sequence
+                # parallelism beside its input gradient, partial on tp before the reduction
+                Instant(
+                    "QKV weight and input gradients",
+                    (
+                        *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
+                        grad_out,
+                        qkv_grad,
+                        *when([_regathered_input(plan, s)], sp),
+                        *_before_reduction(plan, s, "QKV input gradient"),
+                        *attention_bucket,
+                    ),
                 ),
-            ),
-        ],
+            ],
+            "attention",
+        ),
         b.layer.kernels.backward("attention", s)
         + flops.bias_gradients(plan, s, "attention")
         + _accumulate(b, "attention"),

@@ -41,11 +41,14 @@ CAST = "parameter shard cast before its gather (FSDP)"
 
 
 def _tree(parallel: dict[str, Any] | None = None, **precision: str) -> dict[str, Any]:
+    """The run's plan, its ZeRO-3 units blocks (the attention, then the MLP) unless
+    `parallel` says otherwise: the run's own are whole layers."""
     (run,) = [r for r in RUNS if r.name == "MPT 13B, 8 GPUs"]
     tree = copy.deepcopy(run.tree)
     tree.pop("name")
+    assert tree["parallel"]["fsdp_unit"] == "layer"
     tree["precision"].update(precision)
-    tree["parallel"].update(parallel or {})
+    tree["parallel"].update({"fsdp_unit": "block", **(parallel or {})})
     return tree
 
 
@@ -462,6 +465,10 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
     FullyShardedDataParallel (`parallel.fsdp: 1`) keeps both, 6 B, its peak there."""
     text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
     text = text.replace("seq: 8192", "seq: 2048").split("transitions:")[0]
+    # units of blocks, whose layers' backward peaks below the root unit's reduction under
+    # FSDP1 (whole layers hold one more layer's gradients reducing there, 1.31 GB)
+    assert text.count("\n  fsdp_unit: layer\n") == 1
+    text = text.replace("\n  fsdp_unit: layer\n", "\n  fsdp_unit: block\n")
     params = 8_030_261_248
     states = params // 8 * (4 + 4 + 8)  # fp32 shards: parameters, gradients, Adam's two
     root = 2 * 128_256 * 4_096 + 4_096
@@ -516,7 +523,10 @@ def test_a_pipeline_stage_whose_warm_up_runs_every_forward_holds_no_gradient_sha
     """A review: at pp 2 over two micro-batches stage 0 runs both forwards before its first
     backward (1F1B's warm-up, pp − stage of them), so under FSDP its forward holds no
     gradient shard, 4,015,128,576 B less at forward.mlp (23,520,100,352 -> 19,504,971,776 B,
-    by hand); stage 1 runs a backward between its two forwards and keeps it."""
+    by hand, in units of blocks: the MLP gathered, 352,329,728 B, and the next attention
+    prefetched, 83,894,272 B); stage 1 runs a backward between its two forwards and keeps
+    it. torchtitan's whole-layer units hold the layer and the next one prefetched,
+    2 x 436,224,000 B, 436,224,000 B more: 19,941,195,776 B."""
     from tests.plan_files import variant
 
     shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
@@ -529,5 +539,147 @@ def test_a_pipeline_stage_whose_warm_up_runs_every_forward_holds_no_gradient_sha
         grads = max(sum(a.total for a in i.live if a.category == "grads") for i in mlp.instants)
         return peak, int(grads)
 
-    assert forward(stages[0]) == (19_504_971_776, 0)
+    assert forward(stages[0]) == (19_504_971_776 + 436_224_000, 0) == (19_941_195_776, 0)
     assert forward(stages[1])[1] > 0
+
+
+# MPT 13B's attention block: QKV 5120 x 15360 + bias 15360, the output projection 5120 x
+# 5120 + bias 5120 and its LayerNorm 2 x 5120; with the MLP block, a layer
+ATTENTION = 5120 * 15360 + 15360 + 5120 * 5120 + 5120 + 2 * 5120
+LAYER = ATTENTION + MLP
+
+
+def _collectives(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """The report's collectives of each layer phase, by phase."""
+    phases = to_dict(build_report(plan))["phases"]
+    return {p["name"]: p["collectives"] for p in phases if p["name"].split(".")[-1] in LAYERS}
+
+
+LAYERS = ("attention", "mlp")
+
+
+def test_a_whole_layer_unit_gathers_and_reduce_scatters_once_a_layer(tmp_path: Path) -> None:
+    """The accuracy run's own units (llm-foundry wraps each MPTBlock): one all-gather of
+    the layer's 314,639,360 parameters in bf16 before its forward, carried by the
+    attention's phase, and one before its backward with one reduce-scatter of its fp32
+    gradients, carried by the MLP's, 40 layers a micro-batch; where blocks gathered the
+    attention's 104,888,320 and the MLP's 209,751,040 apart, the same bytes in twice the
+    calls."""
+    assert (ATTENTION, LAYER) == (104_888_320, 314_639_360)
+    layer = _plan(tmp_path, {"fsdp_unit": "layer"})
+    assert _block_params(layer, "attention") == ATTENTION
+    calls = {
+        name: sorted((c["op"], c["dtype"], c["bytes"], c["count"]) for c in moves)
+        for name, moves in _collectives(layer).items()
+    }
+    assert calls == {
+        "forward.attention": [("all-gather", "bf16", 2 * LAYER, 40)],
+        "forward.mlp": [],
+        "backward.mlp": [
+            ("all-gather", "bf16", 2 * LAYER, 40),
+            ("reduce-scatter", "fp32", 4 * LAYER, 40),
+        ],
+        "backward.attention": [],
+    }
+    blocks = _collectives(_plan(tmp_path, {"fsdp_unit": "block"}))
+    gathered = sorted(c["bytes"] for c in blocks["forward.attention"] + blocks["forward.mlp"])
+    assert gathered == [2 * ATTENTION, 2 * MLP]
+    assert [c["count"] for m in blocks.values() for c in m] == [40] * 6
+
+
+def test_a_whole_layer_unit_holds_the_layer_the_next_and_the_one_above_reducing(
+    tmp_path: Path,
+) -> None:
+    """With prefetch on (the run's overlap flags) a layer is held gathered with the next
+    one beside it, 2 x 2 B x 314,639,360 in each of its phases, forward and backward; its
+    gradients before the reduce-scatter are the MLP's through the MLP's backward and the
+    whole layer's through the attention's, both in bf16 as autograd makes them; a layer
+    lower, the layer above's are reduce-scattering beside its backward, in bf16 with their
+    fp32 cast (FSDP1 keeps both, 6 B a parameter). At the stage's last layer that is the
+    head, held already: no instant of it holds them."""
+    plan = _plan(tmp_path, {"fsdp_unit": "layer"})
+    for name in ("forward.attention", "forward.mlp", "backward.mlp", "backward.attention"):
+        for instant in _phase(plan, name).instants:
+            sizes = {a.name: a.total for a in instant.live}
+            assert sizes["gathered parameters (this layer)"] == 2 * LAYER
+            assert sizes["gathered parameters (prefetched layer)"] == 2 * LAYER
+            made = {"backward.mlp": 2 * MLP, "backward.attention": 2 * LAYER}.get(name)
+            assert sizes.get("gradients before reduce-scatter") == made
+            above = "gradients of the layer above (reduce-scattering)"
+            lower = instant.label.endswith(", a layer lower")
+            assert sizes.get(above) == (6 * LAYER if lower else None), instant.label
+        assert any(i.label.endswith(", a layer lower") for i in _phase(plan, name).instants) == (
+            name.startswith("backward")
+        )
+
+
+def test_a_whole_layer_unit_hides_behind_a_whole_layer(tmp_path: Path) -> None:
+    """A layer's gathers and reduce-scatter hide behind one layer's compute (the attention's
+    and the MLP's phases, one instance each: "@forward-unit" and "@backward-unit"), the
+    gather and the reduce-scatter of the backward one after the other in it; the stage's
+    first layer's reduce-scatter, the backward's last, stays exposed: 1 of the 40 calls.
+    Without the overlap flags every call is exposed."""
+    from budget.schedule import _kernels, _windows
+
+    plan = _plan(tmp_path, {"fsdp_unit": "layer"})
+    (stage,) = derive(plan).stages
+    kernels = _kernels(plan, stage)
+    per_instance = {p.name: sum(k.values()) for p, k in zip(stage.phases, kernels, strict=True)}
+    windows = _windows(stage, kernels, 1)
+    forward = per_instance["forward.attention"] + per_instance["forward.mlp"]
+    backward = per_instance["backward.attention"] + per_instance["backward.mlp"]
+    assert windows["@forward-unit"] == pytest.approx(forward, rel=1e-12)
+    assert windows["@backward-unit"] == pytest.approx(backward, rel=1e-12)
+    moves = _collectives(plan)
+    (gather,) = moves["forward.attention"]
+    assert gather["exposed_s"] == 0
+    rs = next(c for c in moves["backward.mlp"] if c["op"] == "reduce-scatter")
+    assert rs["exposed_s"] == pytest.approx(rs["time_s"] / 40, rel=1e-12)
+    tree = _tree({"fsdp_unit": "layer"})
+    tree["overlap"] = {"dp_grads": False, "param_gather": False}
+    path = tmp_path / "exposed.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    for moved in _collectives(load_plan(path)).values():
+        assert all(c["exposed_s"] == c["time_s"] > 0 for c in moved)
+
+
+def test_the_report_names_whole_layer_units(tmp_path: Path) -> None:
+    from budget.render.table import header
+
+    report = build_report(_plan(tmp_path, {"fsdp_unit": "layer"}))
+    assert to_dict(report)["layout"]["fsdp_unit"] == "layer"
+    assert any("ZeRO stage 3 (PyTorch FSDP1, a unit per layer)" in x for x in header(report))
+    blocks = build_report(_plan(tmp_path))
+    assert to_dict(blocks)["layout"]["fsdp_unit"] == "block"
+    assert not any("unit" in line for line in header(blocks))
+    megatron = build_report(load_plan(ROOT / "plans" / "gpt3-175b.yaml"))
+    assert to_dict(megatron)["layout"]["fsdp_unit"] is None
+
+
+@pytest.mark.parametrize(
+    ("plan_file", "edit", "message"),
+    [
+        (
+            "deepseek-moe-16b.yaml",
+            ("parallel:\n", "parallel:\n  fsdp_unit: layer\n"),
+            "mixes dense and MoE layers, whose units differ in size",
+        ),
+        (
+            "llama3-8b-fsdp.yaml",
+            ("  fsdp_unit: layer\n", "  fsdp_unit: layer\n  reduce_bucket: 500000000\n"),
+            "parallel.reduce_bucket prices DeepSpeed, whose ZeRO 3 fetches parameters module",
+        ),
+    ],
+)
+def test_whole_layer_units_are_refused_where_they_price_no_run(
+    tmp_path: Path, plan_file: str, edit: tuple[str, str], message: str
+) -> None:
+    from tests.plan_files import variant
+
+    path = variant(tmp_path, "unit.yaml", edit, base=ROOT / "plans" / plan_file)
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.parallel.fsdp_unit" and message in problem.message
+    line = path.read_text(encoding="utf-8").splitlines().index("  fsdp_unit: layer") + 1
+    assert (problem.line, problem.col) == (line, 14)

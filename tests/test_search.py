@@ -744,6 +744,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
             "pp": False,
             "ep": False,
         },
+        "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
     assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
@@ -1172,6 +1173,32 @@ def test_layouts_holding_deepspeeds_gradient_buffer_budget_exactly_as_searched(t
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
         held = report.layout["reduce_bucket"]
         assert held == (200_000_000 if result.config.zero >= 2 else None), result.config
+
+
+@pytest.mark.parametrize(("name", "gpus"), [("llama3-70b", 512), ("mixtral-8x7b", 256)])
+def test_layouts_of_whole_layer_units_budget_exactly_as_searched(tmp_path, name, gpus):
+    """Whole-layer ZeRO-3 units (`parallel.fsdp_unit: layer`) reach the vectorised engine as
+    they reach `budget`, dense and MoE, with every overlap of their collectives on: the
+    layer's gathers and reduce-scatter behind one layer's compute, the layer and the next
+    held gathered, the layer above's gradients reducing a layer lower."""
+    text = (ROOT / "plans" / f"{name}.yaml").read_text(encoding="utf-8")
+    assert text.count("\nparallel:\n") == 1 and "\noverlap:" not in text
+    text = text.replace("\nparallel:\n", "\nparallel:\n  fsdp_unit: layer\n")
+    path = tmp_path / "units.yaml"
+    path.write_text(text + "overlap: {dp_grads: true, param_gather: true}\n", encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.fsdp_unit == "layer"
+    outcome = search(plan, gpus, Space(micro=(1, 2), virtual_stages=(1, 2), zero=(1, 3)))
+    random.seed(11)
+    sample = random.sample([r for r in outcome.results if r.config.zero == 3], 12)
+    assert len({r.config.pp for r in sample}) > 1
+    for result in sample:
+        report = build_report(apply(plan, result.config, gpus))
+        assert report.layout["fsdp_unit"] == "layer"
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
+        exposed = report.step["exposed_comm_s"]
+        assert _relative(exposed, result.exposed_comm_s) < 1e-9, result.config
 
 
 @pytest.mark.parametrize(

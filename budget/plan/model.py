@@ -250,6 +250,10 @@ class Parallel:
     # PyTorch FSDP's generation where its mixed precision applies (`flops.fsdp_mixed`):
     # 1 FullyShardedDataParallel's flat parameters, 2 fully_shard's per-parameter DTensors
     fsdp: Literal[1, 2] = 2
+    # what ZeRO 3 gathers and reduce-scatters at once (`step._zero3_moves`): "block", a
+    # layer's attention, then its MLP or MoE block; "layer", the whole layer, as PyTorch FSDP
+    # runs a unit wrapped around each transformer layer (torchtitan, Composer)
+    fsdp_unit: Literal["block", "layer"] = "block"
     # DeepSpeed's reduce_bucket_size: elements of the contiguous gradient buffer its ZeRO 2
     # and 3 copy gradients into before reducing them (`step.deepspeed_buffers`); 0, none
     reduce_bucket: int = 0

@@ -100,6 +100,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "recompute": ("none",),
     "parallel.zero": (0,),
     "parallel.fsdp": (),
+    "parallel.fsdp_unit": (),
     "parallel.reduce_bucket": (0,),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
@@ -751,6 +752,7 @@ class _Resolver:
             order=cast(tuple[GroupKind, ...], order),
             cp_attention=tree.get("cp_attention", "ring"),
             fsdp=tree.get("fsdp", 2),
+            fsdp_unit=tree.get("fsdp_unit", "block"),
             reduce_bucket=_int(tree.get("reduce_bucket", 0)),
         )
 
@@ -1357,6 +1359,28 @@ def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel)
             f'pipeline engine refuses beside pp = {par.pp} ("ZeRO-2 and ZeRO-3 are '
             'incompatible with pipeline parallelism"); set pp to 1 or zero to 1, or remove '
             "reduce_bucket",
+        )
+
+
+def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
+    """A whole-layer ZeRO 3 unit (`Parallel.fsdp_unit`) is PyTorch FSDP's wrapping: DeepSpeed's
+    ZeRO 3 (`Parallel.reduce_bucket`) fetches module by module; and a model mixing dense and
+    MoE layers has units of two sizes, which one stage's phases do not price (each instance
+    of a phase is one layer's)."""
+    if par.fsdp_unit != "layer":
+        return
+    if par.reduce_bucket:
+        r.error(
+            "$.parallel.fsdp_unit",
+            "fsdp_unit: layer is PyTorch FSDP's unit around each transformer layer; "
+            "parallel.reduce_bucket prices DeepSpeed, whose ZeRO 3 fetches parameters module "
+            "by module (use fsdp_unit: block), or remove reduce_bucket",
+        )
+    if model is not None and len(set(model.moe_flags)) > 1:
+        r.error(
+            "$.parallel.fsdp_unit",
+            "fsdp_unit: layer is priced for models whose layers are alike; this one mixes "
+            "dense and MoE layers, whose units differ in size (use fsdp_unit: block)",
         )
 
 
@@ -1989,6 +2013,8 @@ def resolve(
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, model)
         _check_deepspeed_pipeline(r, precision, par)
+    if par is not None:
+        _check_fsdp_unit(r, par, model)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

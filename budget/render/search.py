@@ -430,6 +430,8 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         off = [flag for flag, value in overlap.items() if not value]
         parts = [f"{', '.join(on)} on" if on else "", f"{', '.join(off)} off" if off else ""]
         kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
+    if hardware.get("fsdp_unit") == "layer":
+        kept += " ZeRO 3 layouts gather and reduce-scatter whole layers (the plan's fsdp_unit)."
     return f"Priced on {where}; {attention}; {bandwidth}.{kept}{written}"
 
 

@@ -70,7 +70,9 @@ def header(report: Report) -> list[str]:
     schedule = f"{lay['schedule']} schedule" if lay["pp"] > 1 else "no pipeline"
     fsdp = lay.get("fsdp")
     bucket = lay.get("reduce_bucket")
-    zero = f"ZeRO stage {lay['zero']}" + (f" (PyTorch FSDP{fsdp})" if fsdp else "")
+    how = [f"PyTorch FSDP{fsdp}"] if fsdp else []
+    how += ["a unit per layer"] if lay.get("fsdp_unit") == "layer" else []
+    zero = f"ZeRO stage {lay['zero']}" + (f" ({', '.join(how)})" if how else "")
     zero += f" (DeepSpeed's gradient buffer of {bucket:,} elements)" if bucket else ""
     # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
     expert_dp = 1 if etp is None else lay["tp"] * lay["cp"] * lay["dp"] // (lay["ep"] * etp)
