@@ -446,17 +446,37 @@ def whole(console: Console, table: Table) -> bool:
 def laid_out(console: Console, table: Table) -> tuple[int, list[int], list[int]]:
     """The table's edges and padding, the width each column needs whole (its widest cell if
     it does not wrap, else its longest word) and the widths rich gives them at the
-    terminal's width, from rich's private layout methods."""
+    terminal's width, from rich's private layout methods.
+
+    The columns are measured once, as rich lays them out: a column's measure at the
+    terminal's width is its measure unbounded unless the width cut it (rich's cells measure
+    alike at any width and are then held to it, `Measurement.with_maximum`), and only such a
+    column is measured again unbounded. Measuring is most of what printing costs, and every
+    printed table was measured three times (the GPT-3 report: 68 ms to render warm)."""
     extra: int = table._extra_width
+    width = console.width - extra
+    seen: dict[int, Any] = {}
+    measure = table._measure_column
+
+    def remembered(console: Console, options: Any, column: Any) -> Any:
+        measured = measure(console, options, column)
+        # the first, at the terminal's width; rich measures a table too wide again at the
+        # narrower widths it gives each column
+        seen.setdefault(column._index, measured)
+        return measured
+
+    table._measure_column = remembered  # type: ignore[method-assign]
+    try:
+        given = table._calculate_column_widths(console, console.options.update_width(width))
+    finally:
+        del table._measure_column  # the class's own again
     free = console.options.update_width(2**16)
-    needs = [
-        m.maximum if c.no_wrap else m.minimum
-        for c in table.columns
-        for m in [table._measure_column(console, free, c)]
-    ]
-    given = table._calculate_column_widths(
-        console, console.options.update_width(console.width - extra)
-    )
+    needs = []
+    for column in table.columns:
+        m = seen.get(column._index)
+        if m is None or m.maximum >= width:  # cut to the terminal, or not measured
+            m = measure(console, free, column)
+        needs.append(m.maximum if column.no_wrap else m.minimum)
     return extra, needs, list(given)
 
 
