@@ -363,6 +363,7 @@ def build_report(plan: Plan) -> Report:
         "zero": par.zero,
         "fsdp": par.fsdp if fsdp_mixed(plan) else None,
         "fsdp_unit": par.fsdp_unit if par.zero == 3 else None,
+        "reshard_after_forward": par.reshard_after_forward if par.zero == 3 else None,
         "reduce_bucket": par.reduce_bucket if deepspeed_buffered(plan) else None,
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,

@@ -75,8 +75,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.19: diff's summary gives tokens_per_s_per_gpu where the plans' GPU counts differ, and
 # then the whole job's tokens_per_s (and a training step's and phases' times) verdict n/a
 # 1.20: the report's ``layout.fsdp_unit``, what ZeRO 3 gathers and reduce-scatters at once
-# (block or layer; null below ZeRO 3), and search's ``hardware.fsdp_unit``, which every ZeRO 3
-# layout keeps; ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came
+# (block or layer), and ``layout.reshard_after_forward``, whether it frees them after their
+# forward (both null below ZeRO 3), and search's ``hardware`` both, which every ZeRO 3 layout
+# keeps; ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came
 # under 1.19 without a version of its own
 SCHEMA_VERSION = "1.20"
 

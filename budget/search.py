@@ -669,6 +669,11 @@ def _grid_piece(
             & gather_rounds_master(plan.precision),
         ),
         (
+            # resolve's `_check_reshard`
+            "ZeRO 3 kept gathered from forward to backward runs without a pipeline",
+            (not plan.parallel.reshard_after_forward) & (zero == 3) & (pp > 1),
+        ),
+        (
             # resolve's `_check_deepspeed_pipeline`
             "DeepSpeed's ZeRO 2 and 3 run without a pipeline",
             bool(plan.parallel.reduce_bucket)
@@ -1716,6 +1721,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "overlap": {flag: getattr(plan.overlap, flag) for flag in OVERLAP_FLAGS},
         # what a ZeRO 3 layout gathers at once (`Parallel.fsdp_unit`), as the plan says
         "fsdp_unit": plan.parallel.fsdp_unit,
+        "reshard_after_forward": plan.parallel.reshard_after_forward,
     }
 
 

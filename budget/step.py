@@ -511,6 +511,11 @@ class _StageBuilder:
         """The feed-forward blocks the stage's layers have: "mlp", "moe" or both."""
         return ["mlp"] * self.has_dense + ["moe"] * self.has_moe
 
+    @cached_property
+    def kept_gathered(self) -> list[Alloc]:
+        """`_kept_gathered`, once a stage."""
+        return _kept_gathered(self)
+
     @property
     def ffn(self) -> str:
         """The feed-forward block of the stage's layers, which a whole-layer ZeRO-3 unit
@@ -1132,6 +1137,31 @@ def _root_held(b: _StageBuilder) -> list[Alloc]:
     return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
 
 
+def _kept_gathered(b: _StageBuilder, fewer: int = 0) -> list[Alloc]:
+    """ZeRO 3 with `Parallel.reshard_after_forward` off (FSDP1's SHARD_GRAD_OP, FSDP2's
+    ``reshard_after_forward=False``): each unit stays gathered from its forward to its
+    backward, after which FSDP frees it (``_post_backward`` reshards), so every layer of the
+    stage is held gathered through the layers' forward (the last layer's, which the
+    instants price), the loss and the first backward; `fewer` layers less once their
+    backward is done (`_zero3_layer_below`). It holds what the gathered and prefetched
+    units would (`_zero3_transients`), which it replaces. No plan with a pipeline keeps
+    them (`resolve._check_reshard`)."""
+    plan, layer = b.plan, b.layer
+    if plan.parallel.reshard_after_forward:
+        return []
+    size = DTYPE_BYTES[plan.precision.param_gather]
+
+    def gathered(block: str) -> Any:
+        return sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3.get(block, []))
+
+    n = b.layers * gathered("attention") + b.dense * gathered("mlp") + b.moe * gathered("moe")
+    n = n - fewer * gathered("attention") - fewer * gathered(b.ffn)
+    kept = Alloc(
+        "gathered parameters of the stage's layers (kept until their backward)", "transient", n
+    )
+    return when([kept], (plan.parallel.zero == 3) & (n > 0))
+
+
 Outside = Literal["forward", "head", "backward", "embedding"]
 
 
@@ -1162,6 +1192,9 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
     embedded = embedded - (at == "embedding")
     res = residual_placement(plan)
     out = _root_held(b) if root else []
+    # the layers' parameters, kept gathered from their forward to their backward (none
+    # once the layers' backward is done, at the embedding's)
+    out += b.kept_gathered if at != "embedding" else []
     if b.first and plan.model.dropout:
         mask = Alloc(
             "embedding dropout mask",
@@ -1683,8 +1716,8 @@ def _gather_copies(
     (`_unit_groups`; `flops.fsdp_gather_copies`), on each group that shards them (the
     experts' on the expert data-parallel group)."""
     fsdp = flops.fsdp_mixed(plan)
-    if fsdp is False:
-        return []
+    if fsdp is False or (backward and not plan.parallel.reshard_after_forward):
+        return []  # (a unit kept gathered since its forward gathers nothing again)
     groups = _unit_groups(plan, layer, block, backward, ffn)
     shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in groups)
     gathered = sum(n * (ranks > 1) for _, ranks, n in groups)
@@ -1795,15 +1828,18 @@ def _zero3_moves(
             "shard(0)",
             "replicate",
         )
-        moves.append(
-            hide(
-                gather,
-                backward_window if backward else forward_window,
-                "param_gather",
-                "ZeRO-3 gather: exposed unless "
-                f"overlap.param_gather prefetches it behind the previous {what}",
+        # kept gathered since its forward (`Parallel.reshard_after_forward` off), a unit's
+        # backward gathers nothing
+        if not backward or plan.parallel.reshard_after_forward:
+            moves.append(
+                hide(
+                    gather,
+                    backward_window if backward else forward_window,
+                    "param_gather",
+                    "ZeRO-3 gather: exposed unless "
+                    f"overlap.param_gather prefetches it behind the previous {what}",
+                )
             )
-        )
         if backward:
             grads = Move(
                 f"{label}gradients",
@@ -1984,12 +2020,20 @@ def _zero3_layer_below(
 
     Under whole-layer units (`Parallel.fsdp_unit` layer) the same for each of a layer's
     backward phases (`block`), of an MoE layer too, with the whole layer above reducing
-    (`_unit_transients`): no stage of such a plan mixes dense and MoE layers."""
+    (`_unit_transients`): no stage of such a plan mixes dense and MoE layers. Under FSDP1's
+    mixed precision only its feed-forward block's: the attention's come after the reduction
+    is done and its tensors freed."""
     plan, layer = b.plan, b.layer
     grads = _unsharded_gradient_bytes(plan, True)
     if plan.parallel.fsdp_unit == "layer":
         above, what = layer.units[b.ffn], "layer"
-        on = plan.overlap.dp_grads & (b.layers > 1)
+        on: Any = plan.overlap.dp_grads & (b.layers > 1)
+        if block == "attention" and plan.parallel.fsdp == 1:
+            # FullyShardedDataParallel frees them once their reduce-scatter is done, within
+            # the feed-forward block's backward (its cast a local of ``_post_backward_hook``,
+            # the computed gradient dropped by ``_reduce_grad``); fully_shard keeps its
+            # reduce-scatter input until the next unit's post-backward (a review, m204)
+            on = on & lacks(flops.fsdp_mixed(plan))
     elif block == "mlp" and not b.has_moe:
         above, what = layer.zero3["attention"], "attention"
         on = plan.overlap.dp_grads & (b.dense > 1)
@@ -2001,11 +2045,14 @@ def _zero3_layer_below(
         return instants
     n = vwhere(deepspeed_buffered(plan), 0, n)  # under DeepSpeed, in its buffer already
     reducing = Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
-    lower = _earlier(b, 1)
+    # a layer lower, the layer above has freed its saved tensors and, where its parameters
+    # were kept from its forward, those too (`_kept_gathered`)
+    swap = {id(b.earlier): _earlier(b, 1)}
+    swap.update(zip(map(id, b.kept_gathered), _kept_gathered(b, 1), strict=False))
     below = [
         Instant(
             f"{i.label}, a layer lower",
-            tuple(when([lower if a is b.earlier else a for a in i.live] + [reducing], on)),
+            tuple(when([swap.get(id(a), a) for a in i.live] + [reducing], on)),
         )
         for i in instants
     ]
@@ -2054,9 +2101,10 @@ def _zero3_transients(
         "transient",
         vwhere(deepspeed, 0, behind),
     )
+    resharded = plan.parallel.reshard_after_forward  # else all of them held, `_kept_gathered`
     allocs = [
-        current,
-        *when([prefetched], plan.overlap.param_gather and bool(after)),
+        *when([current], resharded),
+        *when([prefetched], resharded and plan.overlap.param_gather and bool(after)),
         *when([whole], backward),
         *when([reducing], backward and block == "attention" and plan.overlap.dp_grads),
     ]
@@ -2085,11 +2133,12 @@ def _unit_transients(
 
     n = gathered(layer.units[ffn], size)
     made = layer.units[ffn] if block == "attention" else layer.zero3[ffn]
+    resharded = plan.parallel.reshard_after_forward  # else all of them held, `_kept_gathered`
     allocs = [
-        Alloc("gathered parameters (this layer)", "transient", n),
+        *when([Alloc("gathered parameters (this layer)", "transient", n)], resharded),
         *when(
             [Alloc("gathered parameters (prefetched layer)", "transient", n)],
-            plan.overlap.param_gather,
+            resharded and plan.overlap.param_gather,
         ),
         *when(
             [Alloc("gradients before reduce-scatter", "transient", gathered(made, grad))],

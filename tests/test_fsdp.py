@@ -587,17 +587,22 @@ def test_a_whole_layer_unit_gathers_and_reduce_scatters_once_a_layer(tmp_path: P
     assert [c["count"] for m in blocks.values() for c in m] == [40] * 6
 
 
+@pytest.mark.parametrize(("fsdp", "cast"), [(1, 2 + 4), (2, 4)])
 def test_a_whole_layer_unit_holds_the_layer_the_next_and_the_one_above_reducing(
-    tmp_path: Path,
+    tmp_path: Path, fsdp: int, cast: int
 ) -> None:
     """With prefetch on (the run's overlap flags) a layer is held gathered with the next
     one beside it, 2 x 2 B x 314,639,360 in each of its phases, forward and backward; its
     gradients before the reduce-scatter are the MLP's through the MLP's backward and the
     whole layer's through the attention's, both in bf16 as autograd makes them; a layer
     lower, the layer above's are reduce-scattering beside its backward, in bf16 with their
-    fp32 cast (FSDP1 keeps both, 6 B a parameter). At the stage's last layer that is the
-    head, held already: no instant of it holds them."""
-    plan = _plan(tmp_path, {"fsdp_unit": "layer"})
+    fp32 cast under FSDP1 (6 B a parameter), the cast alone under FSDP2 (4 B). FSDP1 frees
+    them once the reduce-scatter is done, in the MLP's backward, so the attention's holds
+    none (a review: 1.2 GiB high there on Llama 3 8B); FSDP2 keeps its reduce-scatter's
+    input until the next unit's post-backward. At the stage's last layer the one above is
+    the head, held already: no instant of it holds them."""
+    plan = _plan(tmp_path, {"fsdp_unit": "layer", "fsdp": fsdp})
+    lowered = {"backward.mlp", "backward.attention"} if fsdp == 2 else {"backward.mlp"}
     for name in ("forward.attention", "forward.mlp", "backward.mlp", "backward.attention"):
         for instant in _phase(plan, name).instants:
             sizes = {a.name: a.total for a in instant.live}
@@ -607,10 +612,9 @@ def test_a_whole_layer_unit_holds_the_layer_the_next_and_the_one_above_reducing(
             assert sizes.get("gradients before reduce-scatter") == made
             above = "gradients of the layer above (reduce-scattering)"
             lower = instant.label.endswith(", a layer lower")
-            assert sizes.get(above) == (6 * LAYER if lower else None), instant.label
-        assert any(i.label.endswith(", a layer lower") for i in _phase(plan, name).instants) == (
-            name.startswith("backward")
-        )
+            assert sizes.get(above) == (cast * LAYER if lower else None), instant.label
+        instants = _phase(plan, name).instants
+        assert any(i.label.endswith(", a layer lower") for i in instants) == (name in lowered)
 
 
 def test_a_whole_layer_unit_hides_behind_a_whole_layer(tmp_path: Path) -> None:
@@ -683,3 +687,79 @@ def test_whole_layer_units_are_refused_where_they_price_no_run(
     assert problem.path == "$.parallel.fsdp_unit" and message in problem.message
     line = path.read_text(encoding="utf-8").splitlines().index("  fsdp_unit: layer") + 1
     assert (problem.line, problem.col) == (line, 14)
+
+
+KEPT = "gathered parameters of the stage's layers (kept until their backward)"
+
+
+def _kept(tmp_path: Path, pp: int = 1) -> Path:
+    """plans/llama3-8b-fsdp.yaml (FSDP2, whole-layer units) keeping its units gathered from
+    their forward to their backward."""
+    from tests.plan_files import variant
+
+    edit = ("  fsdp_unit: layer\n", "  fsdp_unit: layer\n  reshard_after_forward: false\n")
+    path = variant(tmp_path, "kept.yaml", edit, base=ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    if pp > 1:
+        text = path.read_text(encoding="utf-8").replace(
+            "  dp: 8\n", f"  dp: {8 // pp}\n  pp: {pp}\n"
+        )
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_again(
+    tmp_path: Path,
+) -> None:
+    """FSDP2's reshard_after_forward=False (FSDP1's SHARD_GRAD_OP): each of Llama 3 8B's 32
+    layers stays gathered from its forward, 436,224,000 B in bf16 (218,112,000 parameters),
+    so the loss holds all 32, 13,959,168,000 B, beside what it held: the peak there 30,156,404,736
+    -> 44,115,572,736 B. Its layers' backward gathers nothing (nor copies out what it would
+    gather), the forward gathers as before, every gradient reduce-scatters as before; a layer
+    lower, the layer above has freed its own (31 held). No instant holds a layer as gathered
+    or prefetched apart from them."""
+    shipped = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    plan = load_plan(_kept(tmp_path))
+    assert not plan.parallel.reshard_after_forward
+    layer = 436_224_000
+    assert build_report(shipped).worst.peak_bytes == 30_156_404_736
+    report = build_report(plan)
+    assert report.worst.peak_bytes == 30_156_404_736 + 32 * layer == 44_115_572_736
+    assert to_dict(report)["layout"]["reshard_after_forward"] is False
+    (stage,) = derive(plan).stages
+    for phase in stage.phases:
+        for instant in phase.instants:
+            sizes = {a.name: a.total for a in instant.live}
+            assert "gathered parameters (this layer)" not in sizes
+            assert "gathered parameters (prefetched layer)" not in sizes
+            lower = instant.label.endswith(", a layer lower")
+            held = (
+                0 if phase.name in ("backward.embedding", "dp.grads", "optimizer") else 32 - lower
+            )
+            assert sizes.get(KEPT, 0) == held * layer, (phase.name, instant.label)
+    ops = {name: sorted(c["op"] for c in moves) for name, moves in _collectives(plan).items()}
+    assert ops == {
+        "forward.attention": ["all-gather"],
+        "forward.mlp": [],
+        "backward.mlp": ["reduce-scatter"],
+        "backward.attention": [],
+    }
+    assert flops.FSDP2_COPY_OUT in _bytes(plan, "forward.attention")
+    assert flops.FSDP2_COPY_OUT not in _bytes(plan, "backward.mlp")
+    step = to_dict(report)["step"]
+    gathers = 32 * next(c["time_s"] for c in _collectives(plan)["forward.attention"])
+    assert step["comm_s"] == pytest.approx(
+        to_dict(build_report(shipped))["step"]["comm_s"] - gathers
+    )
+
+
+def test_units_kept_from_forward_to_backward_are_refused_beside_a_pipeline(tmp_path: Path) -> None:
+    """With a pipeline torch.distributed.pipelining keeps the parameters gathered and the
+    gradients unreduced until a step's last backward, which no price here follows."""
+    path = _kept(tmp_path, pp=2)
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.parallel.reshard_after_forward"
+    assert "priced without a pipeline (pp = 2)" in problem.message
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert (problem.line, problem.col) == (lines.index("  reshard_after_forward: false") + 1, 26)

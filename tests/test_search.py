@@ -745,6 +745,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
             "ep": False,
         },
         "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
+        "reshard_after_forward": True,  # and whether it frees it after its forward
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
     assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
@@ -1199,6 +1200,30 @@ def test_layouts_of_whole_layer_units_budget_exactly_as_searched(tmp_path, name,
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
         exposed = report.step["exposed_comm_s"]
         assert _relative(exposed, result.exposed_comm_s) < 1e-9, result.config
+
+
+def test_layouts_keeping_units_gathered_budget_exactly_as_searched(tmp_path):
+    """ZeRO 3 units kept gathered from their forward to their backward
+    (`parallel.reshard_after_forward: false`) reach the vectorised engine as they reach
+    `budget`; layouts with a pipeline are ruled out, as `budget` refuses them; ZeRO 1
+    layouts, where the key says nothing, are ranked beside them."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    keys = "\nparallel:\n  fsdp_unit: layer\n  reshard_after_forward: false\n"
+    path = tmp_path / "kept.yaml"
+    path.write_text(text.replace("\nparallel:\n", keys), encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.pp > 1 and plan.parallel.zero == 1  # the plan itself is ZeRO 1
+    outcome = search(plan, 256, Space(micro=(1, 2), virtual_stages=(1,), zero=(1, 3)))
+    assert outcome.rejected["ZeRO 3 kept gathered from forward to backward runs without a pipeline"]
+    kept = [r for r in outcome.results if r.config.zero == 3]
+    assert kept and all(r.config.pp == 1 for r in kept)
+    assert any(r.config.pp > 1 for r in outcome.results if r.config.zero == 1)
+    random.seed(13)
+    for result in random.sample(kept, min(10, len(kept))):
+        report = build_report(apply(plan, result.config, 256))
+        assert report.layout["reshard_after_forward"] is False
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, result.config
 
 
 @pytest.mark.parametrize(

@@ -254,6 +254,10 @@ class Parallel:
     # layer's attention, then its MLP or MoE block; "layer", the whole layer, as PyTorch FSDP
     # runs a unit wrapped around each transformer layer (torchtitan, Composer)
     fsdp_unit: Literal["block", "layer"] = "block"
+    # ZeRO 3's parameters freed once a unit's forward is done (FSDP's FULL_SHARD); False keeps
+    # them gathered until its backward, which gathers none (FSDP1's SHARD_GRAD_OP, FSDP2's
+    # reshard_after_forward=False)
+    reshard_after_forward: bool = True
     # DeepSpeed's reduce_bucket_size: elements of the contiguous gradient buffer its ZeRO 2
     # and 3 copy gradients into before reducing them (`step.deepspeed_buffers`); 0, none
     reduce_bucket: int = 0

@@ -101,6 +101,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "parallel.zero": (0,),
     "parallel.fsdp": (),
     "parallel.fsdp_unit": (),
+    "parallel.reshard_after_forward": (True,),
     "parallel.reduce_bucket": (0,),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
@@ -753,6 +754,7 @@ class _Resolver:
             cp_attention=tree.get("cp_attention", "ring"),
             fsdp=tree.get("fsdp", 2),
             fsdp_unit=tree.get("fsdp_unit", "block"),
+            reshard_after_forward=bool(tree.get("reshard_after_forward", True)),
             reduce_bucket=_int(tree.get("reduce_bucket", 0)),
         )
 
@@ -1359,6 +1361,23 @@ def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel)
             f'pipeline engine refuses beside pp = {par.pp} ("ZeRO-2 and ZeRO-3 are '
             'incompatible with pipeline parallelism"); set pp to 1 or zero to 1, or remove '
             "reduce_bucket",
+        )
+
+
+def _check_reshard(r: _Resolver, par: Parallel) -> None:
+    """ZeRO 3's parameters kept gathered from a unit's forward to its backward
+    (`Parallel.reshard_after_forward` false) are priced without a pipeline: there
+    torch.distributed.pipelining keeps them gathered and the gradients unreduced until a
+    step's last backward (``set_reshard_after_backward`` and ``set_requires_gradient_sync``
+    false before it), another step than one micro-batch's forward, backward and
+    reduce-scatter after another."""
+    if not par.reshard_after_forward and par.pp > 1 and par.zero == 3:
+        r.error(
+            "$.parallel.reshard_after_forward",
+            f"reshard_after_forward: false is priced without a pipeline (pp = {par.pp}): "
+            "there PyTorch's pipeline schedules keep the parameters gathered and the "
+            "gradients unreduced until the step's last backward, which budget does not "
+            "price; set pp to 1, or remove reshard_after_forward",
         )
 
 
@@ -2015,6 +2034,7 @@ def resolve(
         _check_deepspeed_pipeline(r, precision, par)
     if par is not None:
         _check_fsdp_unit(r, par, model)
+        _check_reshard(r, par)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

@@ -72,6 +72,11 @@ def header(report: Report) -> list[str]:
     bucket = lay.get("reduce_bucket")
     how = [f"PyTorch FSDP{fsdp}"] if fsdp else []
     how += ["a unit per layer"] if lay.get("fsdp_unit") == "layer" else []
+    how += (
+        ["kept gathered from forward to backward"]
+        if lay.get("reshard_after_forward") is False
+        else []
+    )
     zero = f"ZeRO stage {lay['zero']}" + (f" ({', '.join(how)})" if how else "")
     zero += f" (DeepSpeed's gradient buffer of {bucket:,} elements)" if bucket else ""
     # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
