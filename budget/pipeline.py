@@ -364,6 +364,7 @@ def build_report(plan: Plan) -> Report:
         "fsdp": par.fsdp if fsdp_mixed(plan) else None,
         "fsdp_unit": par.fsdp_unit if par.zero == 3 else None,
         "reshard_after_forward": par.reshard_after_forward if par.zero == 3 else None,
+        "fsdp_root": par.fsdp_root if par.zero == 3 else None,
         "reduce_bucket": par.reduce_bucket if deepspeed_buffered(plan) else None,
         "schedule": par.pipeline.schedule,
         "virtual_stages": par.pipeline.virtual_stages,

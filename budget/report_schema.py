@@ -76,9 +76,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # then the whole job's tokens_per_s (and a training step's and phases' times) verdict n/a
 # 1.20: the report's ``layout.fsdp_unit``, what ZeRO 3 gathers and reduce-scatters at once
 # (block or layer), and ``layout.reshard_after_forward``, whether it frees them after their
-# forward (both null below ZeRO 3), and search's ``hardware`` both, which every ZeRO 3 layout
-# keeps; ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came
-# under 1.19 without a version of its own
+# forward, and ``layout.fsdp_root``, whether the embedding and the head are units apart (all
+# null below ZeRO 3), and search's ``hardware`` all three, which every ZeRO 3 layout keeps;
+# ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came under 1.19 without
+# a version of its own
 SCHEMA_VERSION = "1.20"
 
 Kind = Literal[

@@ -1722,6 +1722,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
         # what a ZeRO 3 layout gathers at once (`Parallel.fsdp_unit`), as the plan says
         "fsdp_unit": plan.parallel.fsdp_unit,
         "reshard_after_forward": plan.parallel.reshard_after_forward,
+        "fsdp_root": plan.parallel.fsdp_root,
     }
 
 

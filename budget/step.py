@@ -512,6 +512,11 @@ class _StageBuilder:
         return ["mlp"] * self.has_dense + ["moe"] * self.has_moe
 
     @cached_property
+    def root_grads(self) -> list[Alloc]:
+        """`_zero3_root_grads`, once a stage (the layers' backward instants hold them)."""
+        return _zero3_root_grads(self)
+
+    @cached_property
     def kept_gathered(self) -> list[Alloc]:
         """`_kept_gathered`, once a stage."""
         return _kept_gathered(self)
@@ -1124,17 +1129,28 @@ def outside_counts(plan: Plan, in_flight: Any, microbatches: int) -> tuple[Any, 
     return first, vwhere(interleaved, 1, count)
 
 
-def _root_held(b: _StageBuilder) -> list[Alloc]:
+def _root_held(b: _StageBuilder, at: Outside = "forward") -> list[Alloc]:
     """Under ZeRO-3 the gathered parameters outside the layers (`_zero3_root_moves`), held
-    through the micro-batch."""
+    through the micro-batch; under a split root (`Parallel.fsdp_root`) the head's from its
+    forward to its backward (the loss, `at` "head") and the embedding's in its backward
+    (`at` "embedding"), each unit freed between."""
     par = b.plan.parallel
-    gathered = _root_params(b) * DTYPE_BYTES[b.plan.precision.param_gather]
-    held = Alloc(
-        f"gathered {_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)",
-        "transient",
-        gathered,
-    )
+    n, name = _root_params(b), f"{_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)"
+    if par.fsdp_root == "split":
+        embedding = _embedding_unit(b)
+        n = {"head": n - embedding, "embedding": embedding}.get(at, 0)
+        name = f"{at} parameters (an FSDP unit of their own, for its {at} pass)"
+        name = name if at == "embedding" else "head parameters (an FSDP unit, forward to backward)"
+    gathered = n * DTYPE_BYTES[b.plan.precision.param_gather]
+    held = Alloc(f"gathered {name}", "transient", gathered)
     return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
+
+
+def _embedding_unit(b: _StageBuilder) -> Any:
+    """Under a split root (`Parallel.fsdp_root`), the parameters of the embedding's own
+    unit a rank holds: the first stage's input tables (`StageParams.lookup_per_rank`); the
+    rest of `_root_params` is the head's."""
+    return b.params.lookup_per_rank if b.first else 0
 
 
 def _kept_gathered(b: _StageBuilder, fewer: int = 0) -> list[Alloc]:
@@ -1191,7 +1207,7 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
     headed = all_headed - ((at != "head") & lacks(module_layer))
     embedded = embedded - (at == "embedding")
     res = residual_placement(plan)
-    out = _root_held(b) if root else []
+    out = _root_held(b, at) if root else []
     # the layers' parameters, kept gathered from their forward to their backward (none
     # once the layers' backward is done, at the embedding's)
     out += b.kept_gathered if at != "embedding" else []
@@ -1724,14 +1740,16 @@ def _gather_copies(
     return when(flops.fsdp_gather_copies(plan, shard, gathered), fsdp)
 
 
-def _root_gather_copies(b: _StageBuilder) -> list[Work]:
-    """`_gather_copies` of the root unit (`_root_params`), gathered once per micro-batch."""
+def _root_gather_copies(b: _StageBuilder, unit: str = "root") -> list[Work]:
+    """`_gather_copies` of the root unit (`_root_params`), gathered once per micro-batch,
+    or under a split root (`Parallel.fsdp_root`) of its `unit`, "embedding" or "head"."""
     fsdp = flops.fsdp_mixed(b.plan)
     if fsdp is False:
         return []
     par = b.plan.parallel
     ranks = par.dp * par.cp
-    n = _root_params(b) * (ranks > 1)
+    n = {"root": _root_params(b), "embedding": _embedding_unit(b)}.get(unit)
+    n = (_root_params(b) - _embedding_unit(b) if n is None else n) * (ranks > 1)
     return when(flops.fsdp_gather_copies(b.plan, -(-n // ranks), n), fsdp)
 
 
@@ -1898,22 +1916,18 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
     ZeRO-3 differs (it fetches and prefetches on use, keeps small parameters such as norms
     whole and overlaps its reductions), so for it both are pessimistic."""
     plan = b.plan
-    par, prec = plan.parallel, plan.precision
+    par = plan.parallel
     n = _root_params(b)
     ranks = par.dp * par.cp
     name = _root_name(b)
     if backward:
-        move = Move(
-            f"{name} gradients",
-            "reduce-scatter",
-            "dp",
-            ranks,
-            prec.reduce,
-            n * DTYPE_BYTES[prec.reduce],
-            "partial",
-            "shard(0)",
-            rule="ZeRO-3, FSDP's root unit (the layers' outside): exposed, FSDP waits for "
-            "its gradients as the backward ends",
+        move = _outside_move(
+            plan,
+            name,
+            False,
+            n,
+            "ZeRO-3, FSDP's root unit (the layers' outside): exposed, FSDP waits for its "
+            "gradients as the backward ends",
         )
         if not b.first:
             move = hide(
@@ -1925,19 +1939,109 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
                 "layers' backward",
             )
     else:
-        move = Move(
-            f"{name} weights",
-            "all-gather",
-            "dp",
-            ranks,
-            prec.param_gather,
-            n * DTYPE_BYTES[prec.param_gather],
-            "shard(0)",
-            "replicate",
-            rule="ZeRO-3, FSDP's root unit (the layers' outside): gathered as the "
-            "micro-batch starts on this stage, exposed: its first kernel needs it",
+        move = _outside_move(
+            plan,
+            name,
+            True,
+            n,
+            "ZeRO-3, FSDP's root unit (the layers' outside): gathered as the micro-batch "
+            "starts on this stage, exposed: its first kernel needs it",
         )
     return when([move], (par.zero == 3) & (ranks > 1) & (n > 0))
+
+
+def _outside_move(plan: Plan, what: str, gather: bool, n: Any, rule: str) -> Move:
+    """ZeRO-3's all-gather of `n` parameters outside the layers (`what`: the root unit's,
+    or a split root's embedding or head) over dp x cp, or with `gather` false the
+    reduce-scatter of their gradients."""
+    par, prec = plan.parallel, plan.precision
+    dtype = prec.param_gather if gather else prec.reduce
+    return Move(
+        f"{what} {'weights' if gather else 'gradients'}",
+        "all-gather" if gather else "reduce-scatter",
+        "dp",
+        par.dp * par.cp,
+        dtype,
+        n * DTYPE_BYTES[dtype],
+        "shard(0)" if gather else "partial",
+        "replicate" if gather else "shard(0)",
+        rule=rule,
+    )
+
+
+def _split_root_moves(b: _StageBuilder, unit: str, backward: bool) -> list[Move]:
+    """`_zero3_root_moves` under a split root (`Parallel.fsdp_root`), as torchtitan wraps
+    it: the embedding (`unit` "embedding") gathered for its forward, exposed (its first
+    kernel needs it), and again for its backward behind the first layer's under
+    `overlap.param_gather`, its gradients reduce-scattered as the backward ends, exposed;
+    the head ("head": final norm and output layer) gathered behind the stage's last layer's
+    forward and kept to its backward, its gradients reduce-scattered once the loss's
+    backward is done, behind the layers' under `overlap.dp_grads`."""
+    plan = b.plan
+    par = plan.parallel
+    ranks = par.dp * par.cp
+    n = _embedding_unit(b) if unit == "embedding" else _root_params(b) - _embedding_unit(b)
+    moves = []
+    if not backward or unit == "embedding":
+        gather = _outside_move(
+            plan,
+            unit,
+            True,
+            n,
+            f"ZeRO-3, the {unit}'s own FSDP unit: gathered as its forward starts, exposed: "
+            "its first kernel needs it",
+        )
+        window = "@backward-unit" if backward else "@forward-unit"
+        if unit == "head" or backward:
+            gather = hide(
+                gather,
+                window,
+                "param_gather",
+                f"ZeRO-3, the {unit}'s own FSDP unit: exposed unless overlap.param_gather "
+                f"prefetches it behind the {'first' if backward else 'last'} layer",
+            )
+        moves.append(gather)
+    if backward or unit == "head":
+        grads = _outside_move(
+            plan,
+            unit,
+            False,
+            n,
+            f"ZeRO-3, the {unit}'s own FSDP unit: exposed, FSDP waits for its gradients as "
+            "the backward ends",
+        )
+        if unit == "head":
+            grads = hide(
+                grads,
+                "@backward-microbatch",
+                "dp_grads",
+                "ZeRO-3, the head's own FSDP unit: reduced once the loss's backward is done; "
+                "exposed unless overlap.dp_grads runs it behind the layers' backward",
+            )
+        moves.append(grads)
+    return when(moves, (par.zero == 3) & (ranks > 1) & (n > 0))
+
+
+def _root_moves(b: _StageBuilder, where: str) -> list[Move]:
+    """ZeRO-3's moves of the parameters outside the layers in the phase `where`:
+    "embedding forward", "loss" or "embedding backward" (`_zero3_root_moves`, or under a
+    split root `_split_root_moves`)."""
+    if b.plan.parallel.fsdp_root == "split":
+        if where == "loss":
+            return _split_root_moves(b, "head", False)
+        return _split_root_moves(b, "embedding", where == "embedding backward")
+    if where == "loss":
+        return [] if b.first else _zero3_root_moves(b, False) + _zero3_root_moves(b, True)
+    return _zero3_root_moves(b, backward=where == "embedding backward")
+
+
+def _root_copies(b: _StageBuilder, where: str) -> list[Work]:
+    """FSDP's copies around the root's gathers in the phase `where` (`_root_moves`)."""
+    if b.plan.parallel.fsdp_root == "split":
+        return _root_gather_copies(b, "head" if where == "loss" else "embedding")
+    if where == "embedding backward" or (where == "loss" and b.first):
+        return []
+    return _root_gather_copies(b)
 
 
 # made by the loss and held through the backward until the root unit's reduce-scatter
@@ -1959,9 +2063,14 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     # FSDP casts the head's gradient once the root unit's backward is done: right after
     # the loss on a last stage alone, only at the backward's end beside the embedding
     gathered = DTYPE_BYTES[plan.precision.param_gather]
-    size = vocab_params(plan) * _unsharded_gradient_bytes(plan, not b.first, gathered)
+    # under a split root its own unit's, right after the loss on every stage
+    cast = not b.first or par.fsdp_root == "split"
+    size = vocab_params(plan) * _unsharded_gradient_bytes(plan, cast, gathered)
     grads = Alloc(HEAD_GRADIENTS, "transient", size)
-    return when([grads], b.last & (par.zero == 3) & (par.dp * par.cp > 1) & lacks(copied))
+    # a split root's head reduces them before the layers' backward unless it overlaps it
+    overlapped = par.fsdp_root != "split" or plan.overlap.dp_grads
+    held = b.last & (par.zero == 3) & (par.dp * par.cp > 1) & lacks(copied) & overlapped
+    return when([grads], held)
 
 
 def _zero2_head_grads(b: _StageBuilder, tied_only: bool) -> list[Alloc]:
@@ -2005,6 +2114,24 @@ def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = No
     return vwhere(flops.fsdp_mixed(plan), fsdp, otherwise or DTYPE_BYTES[prec.grads])
 
 
+def _ffn_freed(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
+    """The attention's backward `instants` under block units kept gathered from their
+    forward (`Parallel.reshard_after_forward` off, `_kept_gathered`): the layer's MLP or MoE
+    block has run its backward and FSDP has freed its parameters (its post-backward
+    reshards before it reduces: FSDP2's ``FSDPParamGroup.post_backward``, FSDP1's
+    ``_should_free_in_backward``; a review, m205: Llama 3 8B's MLP, 0.33 GiB, counted
+    there). Under whole-layer units the layer's one unit is freed after the attention."""
+    plan = b.plan
+    if plan.parallel.fsdp_unit == "layer" or not b.kept_gathered:
+        return instants
+    size = DTYPE_BYTES[plan.precision.param_gather]
+    block = "moe" if b.last_is_moe else "mlp"
+    ffn = sum(n * size * (ranks > 1) for _, ranks, n in b.layer.zero3.get(block, []))
+    (kept,) = b.kept_gathered
+    freed = replace(kept, bytes=kept.bytes - ffn)
+    return [Instant(i.label, tuple(freed if a is kept else a for a in i.live)) for i in instants]
+
+
 def _zero3_layer_below(
     b: _StageBuilder, instants: list[Instant], block: str = "mlp"
 ) -> list[Instant]:
@@ -2046,13 +2173,22 @@ def _zero3_layer_below(
     n = vwhere(deepspeed_buffered(plan), 0, n)  # under DeepSpeed, in its buffer already
     reducing = Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
     # a layer lower, the layer above has freed its saved tensors and, where its parameters
-    # were kept from its forward, those too (`_kept_gathered`)
-    swap = {id(b.earlier): _earlier(b, 1)}
+    # were kept from its forward, those too (`_kept_gathered`); under a split root the
+    # head's own unit's reduce-scatter input, freed as the last layer's backward ends
+    # (fully_shard keeps it to the next unit's post-backward)
+    swap: dict[int, Alloc | None] = {id(b.earlier): _earlier(b, 1)}
     swap.update(zip(map(id, b.kept_gathered), _kept_gathered(b, 1), strict=False))
+    if plan.parallel.fsdp_root == "split":
+        swap.update((id(a), None) for a in b.root_grads)
     below = [
         Instant(
             f"{i.label}, a layer lower",
-            tuple(when([swap.get(id(a), a) for a in i.live] + [reducing], on)),
+            tuple(
+                when(
+                    [x for a in i.live for x in [swap.get(id(a), a)] if x is not None] + [reducing],
+                    on,
+                )
+            ),
         )
         for i in instants
     ]
@@ -2182,8 +2318,8 @@ def _forward(b: _StageBuilder) -> None:
     qkv_out = _either([x for x in blocks["attention"] if x.name in made], full)
 
     if b.first:
-        moves = _zero3_root_moves(b, backward=False) + embedding_moves(plan, s)
-        work = flops.embedding_work(plan, s) + _root_gather_copies(b)
+        moves = _root_moves(b, "embedding forward") + embedding_moves(plan, s)
+        work = flops.embedding_work(plan, s) + _root_copies(b, "embedding forward")
         b.add("forward.embedding", m, moves, [], work)
 
     gathered = when([_gathered_input(plan, s)], sp)
@@ -2443,15 +2579,13 @@ def _loss(b: _StageBuilder) -> None:
             + flops.loss_work(plan, s)
             + grads,
         )
-    root = [] if b.first else _zero3_root_moves(b, False) + _zero3_root_moves(b, True)
+    root = _root_moves(b, "loss")
     b.add(
         "loss",
         b.microbatches,
         root + _head_moves(plan, s),
         [Instant("cross-entropy", tuple(head(mtp))), *weight_instant],
-        flops.loss_work(plan, s)
-        + _gradient_passes(b, _head_params(b))
-        + ([] if b.first else _root_gather_copies(b)),
+        flops.loss_work(plan, s) + _gradient_passes(b, _head_params(b)) + _root_copies(b, "loss"),
     )
 
 
@@ -2530,7 +2664,7 @@ def _backward(b: _StageBuilder) -> None:
     saved = [
         *b.resident,
         *_extra_saved(b, "backward"),
-        *_zero3_root_grads(b),
+        *b.root_grads,
         *_zero2_head_grads(b, tied_only=True),
         b.earlier,
         *b.current_layer,
@@ -2710,33 +2844,36 @@ def _backward(b: _StageBuilder) -> None:
         + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
         _zero3_layer_below(
             b,
-            [
-                *rerun,
-                Instant(
-                    "attention core gradients",
-                    (
-                        *_spent(saved + recomputed, ffn_spent),
-                        grad_out,
-                        core_grad,
-                        *_cp_buffers(plan, s, backward=True),
-                        *attention_bucket,
+            _ffn_freed(
+                b,
+                [
+                    *rerun,
+                    Instant(
+                        "attention core gradients",
+                        (
+                            *_spent(saved + recomputed, ffn_spent),
+                            grad_out,
+                            core_grad,
+                            *_cp_buffers(plan, s, backward=True),
+                            *attention_bucket,
+                        ),
                     ),
-                ),
-                # the QKV projection's backward, as fc1's: the core's and the output
-                # projection's saved tensors spent, its input gathered again under sequence
-                # parallelism beside its input gradient, partial on tp before the reduction
-                Instant(
-                    "QKV weight and input gradients",
-                    (
-                        *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
-                        grad_out,
-                        qkv_grad,
-                        *when([_regathered_input(plan, s)], sp),
-                        *_before_reduction(plan, s, "QKV input gradient"),
-                        *attention_bucket,
+                    # the QKV projection's backward, as fc1's: the core's and the output
+                    # projection's saved tensors spent, its input gathered again under sequence
+                    # parallelism beside its input gradient, partial on tp before the reduction
+                    Instant(
+                        "QKV weight and input gradients",
+                        (
+                            *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
+                            grad_out,
+                            qkv_grad,
+                            *when([_regathered_input(plan, s)], sp),
+                            *_before_reduction(plan, s, "QKV input gradient"),
+                            *attention_bucket,
+                        ),
                     ),
-                ),
-            ],
+                ],
+            ),
             "attention",
         ),
         b.layer.kernels.backward("attention", s)
@@ -2755,9 +2892,9 @@ def _backward(b: _StageBuilder) -> None:
             "replicate",
             rule="tp: exposed, the embedding gradient needs it",
         )
-        moves = when([gather], sp) + _zero3_root_moves(b, backward=True)
+        moves = when([gather], sp) + _root_moves(b, "embedding backward")
         work = flops.backward_of(flops.embedding_work(plan, s))
-        work += _embedding_gradients(b)
+        work += _embedding_gradients(b) + _root_copies(b, "embedding backward")
         b.add("backward.embedding", m, moves, _embedding_backward(b), work)
     if b.pipelined:
         b.add(
@@ -2790,6 +2927,11 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     plan, s = b.plan, b.shapes
     par = plan.parallel
     zero3 = (par.zero == 3) & (par.dp * par.cp > 1)
+    # under a split root (`Parallel.fsdp_root`) the embedding's own unit, the head's reduced
+    # long before, right after the loss
+    split = par.fsdp_root == "split"
+    unit = _embedding_unit(b) if split else _root_params(b)
+    name = "embedding" if split else _root_name(b)
     others = _earlier(b, b.layers - 1)  # this micro-batch's layer passes are all done
     extra = _extra_saved(b, "embedding", root=False)  # the gathered parameters freed
     grad_out = Alloc(
@@ -2819,7 +2961,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         (
             *b.resident,
             *_extra_saved(b, "embedding"),
-            *_zero3_root_grads(b),
+            *([] if split else _zero3_root_grads(b)),
             *embedding_bucket,
             others,
             grad_out,
@@ -2828,23 +2970,23 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
         ),
     )
     reducing = Alloc(
-        f"{_root_name(b)} gradients (ZeRO-3, whole until reduce-scattered)",
+        f"{name} gradients (ZeRO-3, whole until reduce-scattered)",
         "transient",
-        _root_params(b) * _unsharded_gradient_bytes(plan, True),
+        unit * _unsharded_gradient_bytes(plan, True),
     )
     reduce = Instant(
-        f"{_root_name(b)} gradients' reduce-scatter",
+        f"{name} gradients' reduce-scatter",
         tuple(when([*b.resident, *extra, others, reducing], zero3)),
     )
     # fully_shard frees the computed gradients once copied into the reduce-scatter's input,
     # so during the copy both are alive (``foreach_reduce``; an audit: 2 B a parameter
     # missing there, as FullyShardedDataParallel holds them throughout)
     prec = plan.precision
-    copy = _root_params(b) * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce])
-    copying = Alloc(f"{_root_name(b)} gradients and their cast (copy-in)", "transient", copy)
+    copy = unit * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce])
+    copying = Alloc(f"{name} gradients and their cast (copy-in)", "transient", copy)
     recast = flops.fsdp_mixed(plan) & (par.fsdp == 2) & (prec.reduce != prec.param_gather)
     copy_in = Instant(
-        f"{_root_name(b)} gradients' copy-in",
+        f"{name} gradients' copy-in",
         tuple(when([*b.resident, *extra, others, copying], zero3 & recast)),
     )
     return [

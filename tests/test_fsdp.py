@@ -467,8 +467,11 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
     text = text.replace("seq: 8192", "seq: 2048").split("transitions:")[0]
     # units of blocks, whose layers' backward peaks below the root unit's reduction under
     # FSDP1 (whole layers hold one more layer's gradients reducing there, 1.31 GB)
-    assert text.count("\n  fsdp_unit: layer\n") == 1
-    text = text.replace("\n  fsdp_unit: layer\n", "\n  fsdp_unit: block\n")
+    assert text.count("\n  fsdp_unit: layer\n  fsdp_root: split\n") == 1
+    # and one root unit, whose reduce-scatter this is (torchtitan's plan splits it)
+    text = text.replace(
+        "\n  fsdp_unit: layer\n  fsdp_root: split\n", "\n  fsdp_unit: block\n  fsdp_root: whole\n"
+    )
     params = 8_030_261_248
     states = params // 8 * (4 + 4 + 8)  # fp32 shards: parameters, gradients, Adam's two
     root = 2 * 128_256 * 4_096 + 4_096
@@ -497,8 +500,10 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
     and the backward makes them, so with one micro-batch a step (torchtitan's Llama 3 8B
     recipe, plans/llama3-8b-fsdp.yaml) the forward and the loss hold no gradient shard,
     ⌈8,030,261,248 / 8⌉ x 4 B = 4,015,130,624 B: the peak at the loss is 34,171,535,360 −
-    4,015,130,624 = 30,156,404,736 B. With four micro-batches the later forwards come after
-    a backward and hold it, as do the backward and the optimizer step."""
+    4,015,130,624 = 30,156,404,736 B with one root unit, and under torchtitan's split root
+    (the embedding's bf16 copy freed after its forward) 2 x 525,336,576 B less,
+    29,105,731,584 B. With four micro-batches the later forwards come after a backward and
+    hold it, as do the backward and the optimizer step."""
     from tests.plan_files import variant
 
     def peak_and_loss(path: Path) -> tuple[int, dict[str, int]]:
@@ -510,7 +515,7 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
 
     shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
     peak, grads = peak_and_loss(shipped)
-    assert peak == 34_171_535_360 - 4_015_130_624 == 30_156_404_736
+    assert peak == 34_171_535_360 - 4_015_130_624 - 2 * EMBEDDING == 29_105_731_584
     assert sum(grads.values()) == 0
     four = variant(tmp_path, "four.yaml", ("global: 8", "global: 32"), base=shipped)
     _, grads = peak_and_loss(four)
@@ -526,7 +531,8 @@ def test_a_pipeline_stage_whose_warm_up_runs_every_forward_holds_no_gradient_sha
     by hand, in units of blocks: the MLP gathered, 352,329,728 B, and the next attention
     prefetched, 83,894,272 B); stage 1 runs a backward between its two forwards and keeps
     it. torchtitan's whole-layer units hold the layer and the next one prefetched,
-    2 x 436,224,000 B, 436,224,000 B more: 19,941,195,776 B."""
+    2 x 436,224,000 B, 436,224,000 B more: 19,941,195,776 B; and its split root frees the
+    embedding's bf16 copy after its forward, 2 x 525,336,576 B less: 18,890,522,624 B."""
     from tests.plan_files import variant
 
     shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
@@ -539,7 +545,8 @@ def test_a_pipeline_stage_whose_warm_up_runs_every_forward_holds_no_gradient_sha
         grads = max(sum(a.total for a in i.live if a.category == "grads") for i in mlp.instants)
         return peak, int(grads)
 
-    assert forward(stages[0]) == (19_504_971_776 + 436_224_000, 0) == (19_941_195_776, 0)
+    kept = 19_504_971_776 + 436_224_000 - 2 * EMBEDDING
+    assert forward(stages[0]) == (kept, 0) == (18_890_522_624, 0)
     assert forward(stages[1])[1] > 0
 
 
@@ -712,8 +719,8 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
 ) -> None:
     """FSDP2's reshard_after_forward=False (FSDP1's SHARD_GRAD_OP): each of Llama 3 8B's 32
     layers stays gathered from its forward, 436,224,000 B in bf16 (218,112,000 parameters),
-    so the loss holds all 32, 13,959,168,000 B, beside what it held: the peak there 30,156,404,736
-    -> 44,115,572,736 B. Its layers' backward gathers nothing (nor copies out what it would
+    so the loss holds all 32, 13,959,168,000 B, beside what it held: the peak there 29,105,731,584
+    -> 43,064,899,584 B. Its layers' backward gathers nothing (nor copies out what it would
     gather), the forward gathers as before, every gradient reduce-scatters as before; a layer
     lower, the layer above has freed its own (31 held). No instant holds a layer as gathered
     or prefetched apart from them."""
@@ -721,9 +728,9 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
     plan = load_plan(_kept(tmp_path))
     assert not plan.parallel.reshard_after_forward
     layer = 436_224_000
-    assert build_report(shipped).worst.peak_bytes == 30_156_404_736
+    assert build_report(shipped).worst.peak_bytes == 29_105_731_584
     report = build_report(plan)
-    assert report.worst.peak_bytes == 30_156_404_736 + 32 * layer == 44_115_572_736
+    assert report.worst.peak_bytes == 29_105_731_584 + 32 * layer == 43_064_899_584
     assert to_dict(report)["layout"]["reshard_after_forward"] is False
     (stage,) = derive(plan).stages
     for phase in stage.phases:
@@ -763,3 +770,95 @@ def test_units_kept_from_forward_to_backward_are_refused_beside_a_pipeline(tmp_p
     assert "priced without a pipeline (pp = 2)" in problem.message
     lines = path.read_text(encoding="utf-8").splitlines()
     assert (problem.line, problem.col) == (lines.index("  reshard_after_forward: false") + 1, 26)
+
+
+EMBEDDING = 128_256 * 4_096  # Llama 3 8B's input table; the head adds the final norm's 4,096
+HEAD = EMBEDDING + 4_096
+
+
+def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_backward(
+    tmp_path: Path,
+) -> None:
+    """torchtitan's wrapping (plans/llama3-8b-fsdp.yaml, `fsdp_root: split`): the embedding
+    is gathered for its forward (exposed) and again for its backward, its fp32 gradients
+    reduce-scattered as the backward ends; the head (final norm and output layer) gathered
+    behind the last layer's forward and kept through the loss, its fp32 gradients
+    reduce-scattered behind the layers' backward. So the loss holds the head's bf16 copy,
+    2 x 525,340,672 B, where one root unit held both, 2 x 1,050,677,248 B: the peak 1,050,673,152
+    B lower, 30,156,404,736 -> 29,105,731,584 B. The embedding's backward holds its gathered
+    copy, not the head's gradients, reduced long before; the layers' backward holds those in
+    fp32 (the reduce-scatter's input, 4 B a parameter) at the stage's last layer only, a
+    layer lower freed."""
+    plan = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    assert plan.parallel.fsdp_root == "split"
+    report = build_report(plan)
+    assert report.worst.peak_bytes == 30_156_404_736 - 2 * EMBEDDING == 29_105_731_584
+    assert to_dict(report)["layout"]["fsdp_root"] == "split"
+    moves = {
+        p["name"]: sorted((c["op"], c["name"], c["bytes"]) for c in p["collectives"])
+        for p in to_dict(report)["phases"]
+        if p["name"] in ("forward.embedding", "loss", "backward.embedding")
+    }
+    assert moves == {
+        "forward.embedding": [("all-gather", "embedding weights", 2 * EMBEDDING)],
+        "loss": [
+            ("all-gather", "head weights", 2 * HEAD),
+            ("reduce-scatter", "head gradients", 4 * HEAD),
+        ],
+        "backward.embedding": [
+            ("all-gather", "embedding weights", 2 * EMBEDDING),
+            ("reduce-scatter", "embedding gradients", 4 * EMBEDDING),
+        ],
+    }
+    (stage,) = derive(plan).stages
+    phases = {p.name: p for p in stage.phases}
+    (loss, *_) = phases["loss"].instants
+    held = {a.name: a.total for a in loss.live}
+    assert held["gathered head parameters (an FSDP unit, forward to backward)"] == 2 * HEAD
+    assert not any("embedding parameters" in name for name in held)
+    weight, *reduced = phases["backward.embedding"].instants
+    held = {a.name: a.total for a in weight.live}
+    assert held[
+        "gathered embedding parameters (an FSDP unit of their own, for its embedding pass)"
+    ] == (2 * EMBEDDING)
+    assert HEAD_GRADIENTS not in held
+    assert {a.name: a.total for a in reduced[-1].live}[
+        "embedding gradients (ZeRO-3, whole until reduce-scattered)"
+    ] == 4 * EMBEDDING
+    for name in ("backward.mlp", "backward.attention"):
+        for instant in phases[name].instants:
+            sizes = {a.name: a.total for a in instant.live}
+            lower = instant.label.endswith(", a layer lower")
+            assert sizes.get(HEAD_GRADIENTS) == (None if lower else 4 * EMBEDDING), instant.label
+
+
+def test_a_split_root_is_refused_for_tied_embeddings(tmp_path: Path) -> None:
+    """MPT ties its embedding and output layer: one parameter, which FSDP wraps in one
+    unit, so the two cannot be units apart."""
+    tree = _tree({"fsdp_root": "split"})
+    path = tmp_path / "tied.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.parallel.fsdp_root" and "this model ties them" in problem.message
+
+
+def test_block_units_kept_from_forward_free_the_mlp_before_the_attentions_backward(
+    tmp_path: Path,
+) -> None:
+    """A review (m205): under units of blocks kept from their forward, a layer's MLP block
+    is freed by its own post-backward before the attention's backward runs, so those
+    instants hold the 32 layers less the last one's MLP block (176,164,864 parameters with
+    its norm, 352,329,728 B in bf16); the MLP's own instants hold all 32."""
+    path = _kept(tmp_path)
+    text = path.read_text(encoding="utf-8").replace("fsdp_unit: layer", "fsdp_unit: block")
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.fsdp_unit == "block"
+    layers, mlp = 32 * 436_224_000, 2 * 176_164_864
+    for name, held in (("backward.mlp", layers), ("backward.attention", layers - mlp)):
+        for instant in _phase(plan, name).instants:
+            lower = instant.label.endswith(", a layer lower")
+            sizes = {a.name: a.total for a in instant.live}
+            assert sizes[KEPT] == held - lower * 436_224_000, (name, instant.label)

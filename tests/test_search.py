@@ -746,6 +746,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         },
         "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
         "reshard_after_forward": True,  # and whether it frees it after its forward
+        "fsdp_root": "whole",  # and what it makes of the parameters outside the layers
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
     assert hardware(named)["collectives"] == {"all-reduce": "recursive"}
@@ -1181,14 +1182,17 @@ def test_layouts_of_whole_layer_units_budget_exactly_as_searched(tmp_path, name,
     """Whole-layer ZeRO-3 units (`parallel.fsdp_unit: layer`) reach the vectorised engine as
     they reach `budget`, dense and MoE, with every overlap of their collectives on: the
     layer's gathers and reduce-scatter behind one layer's compute, the layer and the next
-    held gathered, the layer above's gradients reducing a layer lower."""
+    held gathered, the layer above's gradients reducing a layer lower; and the embedding
+    and head units of their own (`parallel.fsdp_root: split`) on first, middle and last
+    pipeline stages."""
     text = (ROOT / "plans" / f"{name}.yaml").read_text(encoding="utf-8")
     assert text.count("\nparallel:\n") == 1 and "\noverlap:" not in text
-    text = text.replace("\nparallel:\n", "\nparallel:\n  fsdp_unit: layer\n")
+    units = "\nparallel:\n  fsdp_unit: layer\n  fsdp_root: split\n"
+    text = text.replace("\nparallel:\n", units)
     path = tmp_path / "units.yaml"
     path.write_text(text + "overlap: {dp_grads: true, param_gather: true}\n", encoding="utf-8")
     plan = load_plan(path)
-    assert plan.parallel.fsdp_unit == "layer"
+    assert (plan.parallel.fsdp_unit, plan.parallel.fsdp_root) == ("layer", "split")
     outcome = search(plan, gpus, Space(micro=(1, 2), virtual_stages=(1, 2), zero=(1, 3)))
     random.seed(11)
     sample = random.sample([r for r in outcome.results if r.config.zero == 3], 12)

@@ -258,6 +258,10 @@ class Parallel:
     # them gathered until its backward, which gathers none (FSDP1's SHARD_GRAD_OP, FSDP2's
     # reshard_after_forward=False)
     reshard_after_forward: bool = True
+    # what ZeRO 3 makes of the parameters outside the layers (`step._zero3_root_moves`):
+    # "whole", one root unit gathered through each micro-batch (FullyShardedDataParallel
+    # around the model); "split", the embedding and the head units of their own (torchtitan)
+    fsdp_root: Literal["whole", "split"] = "whole"
     # DeepSpeed's reduce_bucket_size: elements of the contiguous gradient buffer its ZeRO 2
     # and 3 copy gradients into before reducing them (`step.deepspeed_buffers`); 0, none
     reduce_bucket: int = 0

@@ -102,6 +102,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "parallel.fsdp": (),
     "parallel.fsdp_unit": (),
     "parallel.reshard_after_forward": (True,),
+    "parallel.fsdp_root": (),
     "parallel.reduce_bucket": (0,),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
@@ -755,6 +756,7 @@ class _Resolver:
             fsdp=tree.get("fsdp", 2),
             fsdp_unit=tree.get("fsdp_unit", "block"),
             reshard_after_forward=bool(tree.get("reshard_after_forward", True)),
+            fsdp_root=tree.get("fsdp_root", "whole"),
             reduce_bucket=_int(tree.get("reduce_bucket", 0)),
         )
 
@@ -1386,6 +1388,13 @@ def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
     ZeRO 3 (`Parallel.reduce_bucket`) fetches module by module; and a model mixing dense and
     MoE layers has units of two sizes, which one stage's phases do not price (each instance
     of a phase is one layer's)."""
+    if par.fsdp_root == "split" and model is not None and model.tied_embeddings:
+        r.error(
+            "$.parallel.fsdp_root",
+            "fsdp_root: split makes the embedding and the output layer units of their own, "
+            "but this model ties them: one parameter, which FSDP wraps in one unit (use "
+            "fsdp_root: whole)",
+        )
     if par.fsdp_unit != "layer":
         return
     if par.reduce_bucket:

@@ -432,6 +432,8 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
     if hardware.get("fsdp_unit") == "layer":
         kept += " ZeRO 3 layouts gather and reduce-scatter whole layers (the plan's fsdp_unit)."
+    if hardware.get("fsdp_root") == "split":
+        kept += " ZeRO 3 layouts wrap the embedding and the head apart (the plan's fsdp_root)."
     if hardware.get("reshard_after_forward") is False:
         kept += (
             " ZeRO 3 layouts keep their layers gathered from forward to backward (the plan's "

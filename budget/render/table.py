@@ -77,6 +77,7 @@ def header(report: Report) -> list[str]:
         if lay.get("reshard_after_forward") is False
         else []
     )
+    how += ["embedding and head units apart"] if lay.get("fsdp_root") == "split" else []
     zero = f"ZeRO stage {lay['zero']}" + (f" ({', '.join(how)})" if how else "")
     zero += f" (DeepSpeed's gradient buffer of {bucket:,} elements)" if bucket else ""
     # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
