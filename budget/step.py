@@ -1138,9 +1138,19 @@ def _root_held(b: _StageBuilder, at: Outside = "forward") -> list[Alloc]:
     n, name = _root_params(b), f"{_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)"
     if par.fsdp_root == "split":
         embedding = _embedding_unit(b)
-        n = {"head": n - embedding, "embedding": embedding}.get(at, 0)
-        name = f"{at} parameters (an FSDP unit of their own, for its {at} pass)"
-        name = name if at == "embedding" else "head parameters (an FSDP unit, forward to backward)"
+        # kept from its forward (`Parallel.reshard_after_forward` off, which torchtitan
+        # passes to the embedding's unit as to the layers'), the embedding is held on
+        kept = 0 if par.reshard_after_forward else embedding
+        n = {"head": n - embedding + kept, "embedding": embedding}.get(at, kept)
+        name = {
+            "head": "head parameters (an FSDP unit, forward to backward)",
+            "embedding": "embedding parameters (an FSDP unit, gathered again for its backward)",
+        }.get(at, "embedding parameters (an FSDP unit, kept to its backward)")
+        if not par.reshard_after_forward and b.first:  # the embedding kept as well
+            name = {
+                "head": "head and embedding parameters (FSDP units, forward to backward)",
+                "embedding": "embedding parameters (an FSDP unit, kept to its backward)",
+            }.get(at, name)
     gathered = n * DTYPE_BYTES[b.plan.precision.param_gather]
     held = Alloc(f"gathered {name}", "transient", gathered)
     return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
@@ -1982,7 +1992,10 @@ def _split_root_moves(b: _StageBuilder, unit: str, backward: bool) -> list[Move]
     ranks = par.dp * par.cp
     n = _embedding_unit(b) if unit == "embedding" else _root_params(b) - _embedding_unit(b)
     moves = []
-    if not backward or unit == "embedding":
+    # kept gathered since its forward (`Parallel.reshard_after_forward` off), the
+    # embedding's backward gathers nothing
+    again = not backward or par.reshard_after_forward
+    if (unit == "embedding" and again) or (unit == "head" and not backward):
         gather = _outside_move(
             plan,
             unit,
@@ -2037,7 +2050,10 @@ def _root_moves(b: _StageBuilder, where: str) -> list[Move]:
 
 def _root_copies(b: _StageBuilder, where: str) -> list[Work]:
     """FSDP's copies around the root's gathers in the phase `where` (`_root_moves`)."""
-    if b.plan.parallel.fsdp_root == "split":
+    par = b.plan.parallel
+    if par.fsdp_root == "split":
+        if where == "embedding backward" and not par.reshard_after_forward:
+            return []  # kept gathered since its forward
         return _root_gather_copies(b, "head" if where == "loss" else "embedding")
     if where == "embedding backward" or (where == "loss" and b.first):
         return []
@@ -2046,6 +2062,9 @@ def _root_copies(b: _StageBuilder, where: str) -> list[Work]:
 
 # made by the loss and held through the backward until the root unit's reduce-scatter
 HEAD_GRADIENTS = f"head gradients (ZeRO-3, unsharded until reduced, {HELD_THROUGH} backward)"
+# under a split root, the head's own unit's reduce-scatter input, freed at the next unit's
+# post-backward (fully_shard keeps one)
+SPLIT_HEAD_GRADIENTS = "head gradients (its own FSDP unit's reduce-scatter input)"
 
 
 def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
@@ -2066,7 +2085,8 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     # under a split root its own unit's, right after the loss on every stage
     cast = not b.first or par.fsdp_root == "split"
     size = vocab_params(plan) * _unsharded_gradient_bytes(plan, cast, gathered)
-    grads = Alloc(HEAD_GRADIENTS, "transient", size)
+    label = HEAD_GRADIENTS if par.fsdp_root != "split" else SPLIT_HEAD_GRADIENTS
+    grads = Alloc(label, "transient", size)
     # a split root's head reduces them before the layers' backward unless it overlaps it
     overlapped = par.fsdp_root != "split" or plan.overlap.dp_grads
     held = b.last & (par.zero == 3) & (par.dp * par.cp > 1) & lacks(copied) & overlapped
@@ -2115,21 +2135,32 @@ def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = No
 
 
 def _ffn_freed(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
-    """The attention's backward `instants` under block units kept gathered from their
-    forward (`Parallel.reshard_after_forward` off, `_kept_gathered`): the layer's MLP or MoE
-    block has run its backward and FSDP has freed its parameters (its post-backward
-    reshards before it reduces: FSDP2's ``FSDPParamGroup.post_backward``, FSDP1's
-    ``_should_free_in_backward``; a review, m205: Llama 3 8B's MLP, 0.33 GiB, counted
-    there). Under whole-layer units the layer's one unit is freed after the attention."""
+    """The attention's backward `instants` under block units, once the layer's MLP or MoE
+    block has run its backward and its post-backward: under units kept gathered from their
+    forward (`Parallel.reshard_after_forward` off, `_kept_gathered`) FSDP has freed its
+    parameters (its post-backward reshards before it reduces: FSDP2's
+    ``FSDPParamGroup.post_backward``, FSDP1's ``_should_free_in_backward``; a review, m205:
+    Llama 3 8B's MLP, 0.33 GiB, counted there); and under a split root (`Parallel.fsdp_root`)
+    with its reduce-scatter overlapped, fully_shard has dropped the head's reduce-scatter
+    input before keeping the block's own (one buffer; a review, m206: both were held,
+    0.81 GiB high). Under whole-layer units the layer's one unit is done after the
+    attention."""
     plan = b.plan
-    if plan.parallel.fsdp_unit == "layer" or not b.kept_gathered:
+    if plan.parallel.fsdp_unit == "layer":
         return instants
-    size = DTYPE_BYTES[plan.precision.param_gather]
-    block = "moe" if b.last_is_moe else "mlp"
-    ffn = sum(n * size * (ranks > 1) for _, ranks, n in b.layer.zero3.get(block, []))
-    (kept,) = b.kept_gathered
-    freed = replace(kept, bytes=kept.bytes - ffn)
-    return [Instant(i.label, tuple(freed if a is kept else a for a in i.live)) for i in instants]
+    swap: dict[int, Alloc | None] = {}
+    if plan.parallel.fsdp_root == "split" and plan.overlap.dp_grads:
+        swap.update((id(a), None) for a in b.root_grads)
+    if b.kept_gathered:
+        size = DTYPE_BYTES[plan.precision.param_gather]
+        block = "moe" if b.last_is_moe else "mlp"
+        ffn = sum(n * size * (ranks > 1) for _, ranks, n in b.layer.zero3.get(block, []))
+        (kept,) = b.kept_gathered
+        swap[id(kept)] = replace(kept, bytes=kept.bytes - ffn)
+    return [
+        Instant(i.label, tuple(x for a in i.live for x in [swap.get(id(a), a)] if x is not None))
+        for i in instants
+    ]
 
 
 def _zero3_layer_below(

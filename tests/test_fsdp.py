@@ -29,7 +29,7 @@ from budget.plan.load import load_plan
 from budget.plan.model import Plan
 from budget.report import to_dict
 from budget.search import Space, apply, search
-from budget.step import HEAD_GRADIENTS, _block_params, derive
+from budget.step import HEAD_GRADIENTS, SPLIT_HEAD_GRADIENTS, _block_params, derive
 from tests.plan_files import ROOT
 
 MLP = 5120 * 20480 + 20480 + 20480 * 5120 + 5120 + 2 * 5120
@@ -719,18 +719,21 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
 ) -> None:
     """FSDP2's reshard_after_forward=False (FSDP1's SHARD_GRAD_OP): each of Llama 3 8B's 32
     layers stays gathered from its forward, 436,224,000 B in bf16 (218,112,000 parameters),
-    so the loss holds all 32, 13,959,168,000 B, beside what it held: the peak there 29,105,731,584
-    -> 43,064,899,584 B. Its layers' backward gathers nothing (nor copies out what it would
-    gather), the forward gathers as before, every gradient reduce-scatters as before; a layer
-    lower, the layer above has freed its own (31 held). No instant holds a layer as gathered
-    or prefetched apart from them."""
+    so the loss holds all 32, 13,959,168,000 B, beside what it held, and the embedding's own
+    unit (torchtitan's split root, which takes the same setting) 2 x 525,336,576 B: the peak
+    there 29,105,731,584 -> 44,115,572,736 B (a review, m206: the embedding was freed after
+    its forward and gathered again, 1.05 GB low). Neither gathers again in the backward (nor
+    copies out what it would gather), the forward gathers as before, every gradient
+    reduce-scatters as before; a layer lower, the layer above has freed its own (31 held).
+    No instant holds a layer as gathered or prefetched apart from them."""
     shipped = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
     plan = load_plan(_kept(tmp_path))
     assert not plan.parallel.reshard_after_forward
     layer = 436_224_000
     assert build_report(shipped).worst.peak_bytes == 29_105_731_584
     report = build_report(plan)
-    assert report.worst.peak_bytes == 29_105_731_584 + 32 * layer == 43_064_899_584
+    peak = 29_105_731_584 + 32 * layer + 2 * EMBEDDING
+    assert report.worst.peak_bytes == peak == 44_115_572_736
     assert to_dict(report)["layout"]["reshard_after_forward"] is False
     (stage,) = derive(plan).stages
     for phase in stage.phases:
@@ -752,11 +755,15 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
     }
     assert flops.FSDP2_COPY_OUT in _bytes(plan, "forward.attention")
     assert flops.FSDP2_COPY_OUT not in _bytes(plan, "backward.mlp")
-    step = to_dict(report)["step"]
+    step, before = to_dict(report), to_dict(build_report(shipped))
     gathers = 32 * next(c["time_s"] for c in _collectives(plan)["forward.attention"])
-    assert step["comm_s"] == pytest.approx(
-        to_dict(build_report(shipped))["step"]["comm_s"] - gathers
-    )
+    (embedding,) = [p for p in before["phases"] if p["name"] == "backward.embedding"]
+    again = [c for c in embedding["collectives"] if c["op"] == "all-gather"]
+    assert [c["bytes"] for c in again] == [2 * EMBEDDING]  # none kept
+    (embedding,) = [p for p in step["phases"] if p["name"] == "backward.embedding"]
+    assert [c["op"] for c in embedding["collectives"]] == ["reduce-scatter"]
+    expected = before["step"]["comm_s"] - gathers - again[0]["time_s"]
+    assert step["step"]["comm_s"] == pytest.approx(expected)
 
 
 def test_units_kept_from_forward_to_backward_are_refused_beside_a_pipeline(tmp_path: Path) -> None:
@@ -818,10 +825,9 @@ def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_back
     assert not any("embedding parameters" in name for name in held)
     weight, *reduced = phases["backward.embedding"].instants
     held = {a.name: a.total for a in weight.live}
-    assert held[
-        "gathered embedding parameters (an FSDP unit of their own, for its embedding pass)"
-    ] == (2 * EMBEDDING)
-    assert HEAD_GRADIENTS not in held
+    again = "gathered embedding parameters (an FSDP unit, gathered again for its backward)"
+    assert held[again] == 2 * EMBEDDING
+    assert SPLIT_HEAD_GRADIENTS not in held and HEAD_GRADIENTS not in held
     assert {a.name: a.total for a in reduced[-1].live}[
         "embedding gradients (ZeRO-3, whole until reduce-scattered)"
     ] == 4 * EMBEDDING
@@ -829,7 +835,8 @@ def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_back
         for instant in phases[name].instants:
             sizes = {a.name: a.total for a in instant.live}
             lower = instant.label.endswith(", a layer lower")
-            assert sizes.get(HEAD_GRADIENTS) == (None if lower else 4 * EMBEDDING), instant.label
+            head = sizes.get(SPLIT_HEAD_GRADIENTS)
+            assert head == (None if lower else 4 * EMBEDDING), instant.label
 
 
 def test_a_split_root_is_refused_for_tied_embeddings(tmp_path: Path) -> None:
@@ -862,3 +869,24 @@ def test_block_units_kept_from_forward_free_the_mlp_before_the_attentions_backwa
             lower = instant.label.endswith(", a layer lower")
             sizes = {a.name: a.total for a in instant.live}
             assert sizes[KEPT] == held - lower * 436_224_000, (name, instant.label)
+
+
+def test_a_split_roots_head_buffer_is_dropped_for_the_mlp_blocks_own(tmp_path: Path) -> None:
+    """A review (m206): fully_shard keeps one reduce-scatter input, dropping the oldest
+    before it keeps its own, so under units of blocks the head's (fp32, 4 x 525,336,576 B)
+    lives through the last layer's MLP backward and is gone by its attention's, where the
+    MLP block's own is reducing; both had been held there, 0.81 GiB high."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    plan = load_plan(
+        variant(tmp_path, "b.yaml", ("  fsdp_unit: layer\n", "  fsdp_unit: block\n"), base=base)
+    )
+    assert (plan.parallel.fsdp_unit, plan.parallel.fsdp_root) == ("block", "split")
+    previous = "gradients of the previous mlp block (reduce-scattering)"
+    for name, head in (("backward.mlp", 4 * EMBEDDING), ("backward.attention", None)):
+        for instant in _phase(plan, name).instants:
+            sizes = {a.name: a.total for a in instant.live}
+            lower = instant.label.endswith(", a layer lower")
+            assert sizes.get(SPLIT_HEAD_GRADIENTS) == (None if lower else head), instant.label
+            assert (previous in sizes) == (name == "backward.attention")

@@ -1212,7 +1212,7 @@ def test_layouts_keeping_units_gathered_budget_exactly_as_searched(tmp_path):
     `budget`; layouts with a pipeline are ruled out, as `budget` refuses them; ZeRO 1
     layouts, where the key says nothing, are ranked beside them."""
     text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
-    keys = "\nparallel:\n  fsdp_unit: layer\n  reshard_after_forward: false\n"
+    keys = "\nparallel:\n  fsdp_unit: layer\n  reshard_after_forward: false\n  fsdp_root: split\n"
     path = tmp_path / "kept.yaml"
     path.write_text(text.replace("\nparallel:\n", keys), encoding="utf-8")
     plan = load_plan(path)
