@@ -2615,9 +2615,39 @@ def _loss(b: _StageBuilder) -> None:
         "loss",
         b.microbatches,
         root + _head_moves(plan, s),
-        [Instant("cross-entropy", tuple(head(mtp))), *weight_instant],
+        [
+            Instant("cross-entropy", tuple(head(mtp))),
+            *weight_instant,
+            *_split_head_reduce(b, [everything, input_grad]),
+        ],
         flops.loss_work(plan, s) + _gradient_passes(b, _head_params(b)) + _root_copies(b, "loss"),
     )
+
+
+def _split_head_reduce(b: _StageBuilder, held: list[Alloc]) -> list[Instant]:
+    """Under a split root (`Parallel.fsdp_root`), the head's own unit's post-backward once
+    the loss's backward is done: fully_shard copies the head's gradients into its
+    reduce-scatter's input, in the reduce format, and frees them only after the copy
+    (``foreach_reduce``: "Only after the copy-in finishes can we free the gradients"), so both
+    are alive beside what the layers' backward has yet to use (`held`: the activations saved
+    and the gradient into the last layer), whatever `overlap.dp_grads` says (a review, m207:
+    no instant held them with it off, a 2,048-token Llama 3 8B plan 0.47 GiB low); the
+    buffer stays through the last layer's backward where the reduction overlaps it
+    (`_zero3_root_grads`). FullyShardedDataParallel keeps the computed gradient with its
+    cast until the reduction is done: the same bytes here."""
+    plan = b.plan
+    par, prec = plan.parallel, plan.precision
+    if par.fsdp_root != "split" or not b.last:
+        return []
+    n = _root_params(b) - _embedding_unit(b)
+    recast = prec.reduce != prec.param_gather
+    size = n * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * recast)
+    grads = Alloc("head gradients and their cast (copy-in)", "transient", size)
+    on = (par.zero == 3) & (par.dp * par.cp > 1) & (n > 0)
+    if not np.any(holds(on)):
+        return []
+    live = [*b.resident, *_extra_saved(b, "backward"), *held, grads]
+    return [Instant("head gradients' copy-in", tuple(when(live, on)))]
 
 
 def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:

@@ -890,3 +890,31 @@ def test_a_split_roots_head_buffer_is_dropped_for_the_mlp_blocks_own(tmp_path: P
             lower = instant.label.endswith(", a layer lower")
             assert sizes.get(SPLIT_HEAD_GRADIENTS) == (None if lower else head), instant.label
             assert (previous in sizes) == (name == "backward.attention")
+
+
+def test_a_split_roots_head_copies_its_gradients_in_whatever_the_overlap(tmp_path: Path) -> None:
+    """A review (m207): the head's own unit copies its bf16 gradients into its fp32
+    reduce-scatter input once the loss's backward is done and frees them only after, with
+    the reduction overlapped or not. Llama 3 8B at 2,048 tokens, four micro-batches, both
+    overlap flags off: the resident states (fp32 parameter and gradient shards, Adam's
+    moments, 3 GiB reserved: 4,015,130,624 x 2 + 8,030,261,248 + 3,221,225,472), the 32
+    layer checkpoints (32 x 2,048 x 4,096 x 2 B), the gradient into the last layer
+    (2,048 x 4,096 x 2 B) and the head's 525,340,672 gradients in bf16 and fp32: the peak,
+    22,987,440,128 B, where no instant had held them (0.47 GiB low)."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    edits = [
+        ("seq: 8192", "seq: 2048"),
+        ("global: 8", "global: 32"),
+        ("overlap: {dp_grads: true, param_gather: true}", "overlap: {}"),
+    ]
+    path = variant(tmp_path, "off.yaml", *edits, base=base)
+    path.write_text(path.read_text(encoding="utf-8").split("transitions:")[0], encoding="utf-8")
+    plan = load_plan(path)
+    resident = 2 * 4_015_130_624 + 8_030_261_248 + 3 * 2**30
+    checkpoints, into = 32 * 2048 * 4096 * 2, 2048 * 4096 * 2
+    peak = resident + checkpoints + into + HEAD * (2 + 4)
+    report = build_report(plan)
+    assert report.worst.peak_bytes == peak == 22_987_440_128
+    assert report.worst.peak_phase == "loss"

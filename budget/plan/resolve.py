@@ -1387,7 +1387,8 @@ def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
     """A whole-layer ZeRO 3 unit (`Parallel.fsdp_unit`) is PyTorch FSDP's wrapping: DeepSpeed's
     ZeRO 3 (`Parallel.reduce_bucket`) fetches module by module; and a model mixing dense and
     MoE layers has units of two sizes, which one stage's phases do not price (each instance
-    of a phase is one layer's)."""
+    of a phase is one layer's). A split root (`Parallel.fsdp_root`) makes the embedding and
+    the output layer units apart, which tied embeddings, one parameter, cannot be."""
     if par.fsdp_root == "split" and model is not None and model.tied_embeddings:
         r.error(
             "$.parallel.fsdp_root",
