@@ -677,7 +677,7 @@ def test_the_report_names_whole_layer_units(tmp_path: Path) -> None:
         ),
         (
             "llama3-8b-fsdp.yaml",
-            ("  fsdp_unit: layer\n", "  fsdp_unit: layer\n  reduce_bucket: 500000000\n"),
+            ("  fsdp_root: split\n", "  fsdp_root: whole\n  reduce_bucket: 500000000\n"),
             "parallel.reduce_bucket prices DeepSpeed, whose ZeRO 3 fetches parameters module",
         ),
     ],
@@ -918,3 +918,16 @@ def test_a_split_roots_head_copies_its_gradients_in_whatever_the_overlap(tmp_pat
     report = build_report(plan)
     assert report.worst.peak_bytes == peak == 22_987_440_128
     assert report.worst.peak_phase == "loss"
+
+
+def test_a_split_root_is_refused_beside_deepspeeds_buffer(tmp_path: Path) -> None:
+    """A split root is PyTorch FSDP's wrapping (torchtitan's); `reduce_bucket` prices
+    DeepSpeed, whose ZeRO 3 has no such units."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    edit = ("  fsdp_unit: layer\n", "  fsdp_unit: block\n  reduce_bucket: 500000000\n")
+    with pytest.raises(BudgetError) as caught:
+        load_plan(variant(tmp_path, "ds.yaml", edit, base=base))
+    (problem,) = caught.value.problems
+    assert problem.path == "$.parallel.fsdp_root" and "prices DeepSpeed" in problem.message

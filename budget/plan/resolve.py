@@ -1388,7 +1388,15 @@ def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
     ZeRO 3 (`Parallel.reduce_bucket`) fetches module by module; and a model mixing dense and
     MoE layers has units of two sizes, which one stage's phases do not price (each instance
     of a phase is one layer's). A split root (`Parallel.fsdp_root`) makes the embedding and
-    the output layer units apart, which tied embeddings, one parameter, cannot be."""
+    the output layer units apart, which tied embeddings, one parameter, cannot be, and is
+    PyTorch FSDP's too."""
+    if par.fsdp_root == "split" and par.reduce_bucket:
+        r.error(
+            "$.parallel.fsdp_root",
+            "fsdp_root: split is PyTorch FSDP's wrapping (torchtitan's); parallel.reduce_bucket "
+            "prices DeepSpeed, whose ZeRO 3 has no such units (use fsdp_root: whole), or "
+            "remove reduce_bucket",
+        )
     if par.fsdp_root == "split" and model is not None and model.tied_embeddings:
         r.error(
             "$.parallel.fsdp_root",
