@@ -1137,30 +1137,43 @@ def _root_held(b: _StageBuilder, at: Outside = "forward") -> list[Alloc]:
     par = b.plan.parallel
     n, name = _root_params(b), f"{_root_name(b)} parameters (ZeRO-3, {HELD_THROUGH} micro-batch)"
     if par.fsdp_root == "split":
-        embedding = _embedding_unit(b)
         # kept from its forward (`Parallel.reshard_after_forward` off, which torchtitan
         # passes to the embedding's unit as to the layers'), the embedding is held on
-        kept = 0 if par.reshard_after_forward else embedding
-        n = {"head": n - embedding + kept, "embedding": embedding}.get(at, kept)
-        name = {
-            "head": "head parameters (an FSDP unit, forward to backward)",
-            "embedding": "embedding parameters (an FSDP unit, gathered again for its backward)",
-        }.get(at, "embedding parameters (an FSDP unit, kept to its backward)")
-        if not par.reshard_after_forward and b.first:  # the embedding kept as well
-            name = {
-                "head": "head and embedding parameters (FSDP units, forward to backward)",
-                "embedding": "embedding parameters (an FSDP unit, kept to its backward)",
-            }.get(at, name)
+        kept = not par.reshard_after_forward and b.first
+        embedding = _outside_params(b, "embedding")
+        if at == "head":
+            n = _outside_params(b, "head") + embedding * kept
+            name = "head parameters (an FSDP unit, forward to backward)"
+            if kept:
+                name = "head and embedding parameters (FSDP units, forward to backward)"
+        elif at == "embedding" or kept:
+            n = embedding
+            name = "embedding parameters (an FSDP unit, gathered again for its backward)"
+            if kept:
+                name = "embedding parameters (an FSDP unit, kept to its backward)"
+        else:
+            n = 0  # each unit freed between its passes
     gathered = n * DTYPE_BYTES[b.plan.precision.param_gather]
     held = Alloc(f"gathered {name}", "transient", gathered)
     return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
 
 
-def _embedding_unit(b: _StageBuilder) -> Any:
-    """Under a split root (`Parallel.fsdp_root`), the parameters of the embedding's own
-    unit a rank holds: the first stage's input tables (`StageParams.lookup_per_rank`); the
-    rest of `_root_params` is the head's."""
-    return b.params.lookup_per_rank if b.first else 0
+def _outside_params(b: _StageBuilder, unit: str) -> Any:
+    """Parameters a rank of the stage holds outside its layers (`unit` "root",
+    `_root_params`), or under a split root (`Parallel.fsdp_root`) of one of its units: the
+    "embedding", the first stage's input tables (`StageParams.lookup_per_rank`), and the
+    "head", the rest."""
+    embedding = b.params.lookup_per_rank if b.first else 0
+    if unit == "embedding":
+        return embedding
+    root = _root_params(b)
+    return root if unit == "root" else root - embedding
+
+
+def _group_bytes(groups: Sequence[tuple[MoveGroup, Any, Any]], size: Any) -> Any:
+    """`size` bytes for each parameter a rank gathers of ZeRO-3's `groups` (group, ranks,
+    parameters per rank): none on a group of one rank, which gathers nothing."""
+    return sum(n * size * (ranks > 1) for _, ranks, n in groups)
 
 
 def _kept_gathered(b: _StageBuilder, fewer: int = 0) -> list[Alloc]:
@@ -1178,7 +1191,7 @@ def _kept_gathered(b: _StageBuilder, fewer: int = 0) -> list[Alloc]:
     size = DTYPE_BYTES[plan.precision.param_gather]
 
     def gathered(block: str) -> Any:
-        return sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3.get(block, []))
+        return _group_bytes(layer.zero3.get(block, []), size)
 
     n = b.layers * gathered("attention") + b.dense * gathered("mlp") + b.moe * gathered("moe")
     n = n - fewer * gathered("attention") - fewer * gathered(b.ffn)
@@ -1746,7 +1759,7 @@ def _gather_copies(
         return []  # (a unit kept gathered since its forward gathers nothing again)
     groups = _unit_groups(plan, layer, block, backward, ffn)
     shard = sum(-(-n // ranks) * (ranks > 1) for _, ranks, n in groups)
-    gathered = sum(n * (ranks > 1) for _, ranks, n in groups)
+    gathered = _group_bytes(groups, 1)
     return when(flops.fsdp_gather_copies(plan, shard, gathered), fsdp)
 
 
@@ -1758,8 +1771,7 @@ def _root_gather_copies(b: _StageBuilder, unit: str = "root") -> list[Work]:
         return []
     par = b.plan.parallel
     ranks = par.dp * par.cp
-    n = {"root": _root_params(b), "embedding": _embedding_unit(b)}.get(unit)
-    n = (_root_params(b) - _embedding_unit(b) if n is None else n) * (ranks > 1)
+    n = _outside_params(b, unit) * (ranks > 1)
     return when(flops.fsdp_gather_copies(b.plan, -(-n // ranks), n), fsdp)
 
 
@@ -1990,7 +2002,7 @@ def _split_root_moves(b: _StageBuilder, unit: str, backward: bool) -> list[Move]
     plan = b.plan
     par = plan.parallel
     ranks = par.dp * par.cp
-    n = _embedding_unit(b) if unit == "embedding" else _root_params(b) - _embedding_unit(b)
+    n = _outside_params(b, unit)
     moves = []
     # kept gathered since its forward (`Parallel.reshard_after_forward` off), the
     # embedding's backward gathers nothing
@@ -2154,7 +2166,7 @@ def _ffn_freed(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
     if b.kept_gathered:
         size = DTYPE_BYTES[plan.precision.param_gather]
         block = "moe" if b.last_is_moe else "mlp"
-        ffn = sum(n * size * (ranks > 1) for _, ranks, n in b.layer.zero3.get(block, []))
+        ffn = _group_bytes(b.layer.zero3.get(block, []), size)
         (kept,) = b.kept_gathered
         swap[id(kept)] = replace(kept, bytes=kept.bytes - ffn)
     return [
@@ -2197,7 +2209,7 @@ def _zero3_layer_below(
         on = plan.overlap.dp_grads & (b.dense > 1)
     else:
         return instants
-    n = sum(n * grads * (ranks > 1) for _, ranks, n in above)
+    n = _group_bytes(above, grads)
     on = on & (plan.parallel.zero == 3) & (n > 0)
     if not np.any(holds(on)):
         return instants
@@ -2242,12 +2254,12 @@ def _zero3_transients(
     layer's MLP or MoE block, `after` (behind the stage's last MLP it is the head, whose
     gradients `_zero3_root_grads` holds already). Under whole-layer units, `_unit_transients`."""
     if plan.parallel.fsdp_unit == "layer":
-        ffn = block if block != "attention" else ([*after, "mlp"][0])
+        ffn = block if block != "attention" else (after[0] if after else "mlp")
         return _unit_transients(plan, layer, block, ffn, backward)
     size = DTYPE_BYTES[plan.precision.param_gather]
 
     def gathered(name: str, size: int = size) -> Any:
-        return sum(n * size * (ranks > 1) for _, ranks, n in layer.zero3[name])
+        return _group_bytes(layer.zero3[name], size)
 
     n = gathered(block)
     current = Alloc("gathered parameters (this block)", "transient", n)
@@ -2292,13 +2304,8 @@ def _unit_transients(
     attention's, the unit's last. The layer above's, reduce-scattering behind this one's
     backward, are held in the instants a layer lower (`_zero3_layer_below`): above the
     stage's last layer is the head, whose gradients `_zero3_root_grads` holds already."""
-    size = DTYPE_BYTES[plan.precision.param_gather]
     grad = _unsharded_gradient_bytes(plan, False)
-
-    def gathered(groups: list[tuple[MoveGroup, int, int]], size: int) -> Any:
-        return sum(n * size * (ranks > 1) for _, ranks, n in groups)
-
-    n = gathered(layer.units[ffn], size)
+    n = _group_bytes(layer.units[ffn], DTYPE_BYTES[plan.precision.param_gather])
     made = layer.units[ffn] if block == "attention" else layer.zero3[ffn]
     resharded = plan.parallel.reshard_after_forward  # else all of them held, `_kept_gathered`
     allocs = [
@@ -2308,7 +2315,7 @@ def _unit_transients(
             resharded and plan.overlap.param_gather,
         ),
         *when(
-            [Alloc("gradients before reduce-scatter", "transient", gathered(made, grad))],
+            [Alloc("gradients before reduce-scatter", "transient", _group_bytes(made, grad))],
             backward,
         ),
     ]
@@ -2639,7 +2646,7 @@ def _split_head_reduce(b: _StageBuilder, held: list[Alloc]) -> list[Instant]:
     par, prec = plan.parallel, plan.precision
     if par.fsdp_root != "split" or not b.last:
         return []
-    n = _root_params(b) - _embedding_unit(b)
+    n = _outside_params(b, "head")
     recast = prec.reduce != prec.param_gather
     size = n * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * recast)
     grads = Alloc("head gradients and their cast (copy-in)", "transient", size)
@@ -2991,7 +2998,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     # under a split root (`Parallel.fsdp_root`) the embedding's own unit, the head's reduced
     # long before, right after the loss
     split = par.fsdp_root == "split"
-    unit = _embedding_unit(b) if split else _root_params(b)
+    unit = _outside_params(b, "embedding" if split else "root")
     name = "embedding" if split else _root_name(b)
     others = _earlier(b, b.layers - 1)  # this micro-batch's layer passes are all done
     extra = _extra_saved(b, "embedding", root=False)  # the gathered parameters freed
