@@ -708,7 +708,10 @@ def resident_states(
     mixed-precision Adam: fp32 master copy, momentum and variance), stage 1 shards the K·Ψ
     over Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters.
     Non-expert states shard over dp x cp, expert states over the expert data-parallel group
-    (Megatron-LM's distributed optimizer). Shards are rounded up to whole elements. Of
+    (Megatron-LM's distributed optimizer); under hybrid sharding the non-expert states shard
+    over the shard group alone (`Parallel.zero_ranks`), each of the dp / dp_shard copies
+    holding them whole between its ranks (PyTorch FSDP's HYBRID_SHARD, Megatron-LM's
+    distributed-optimizer instances). Shards are rounded up to whole elements. Of
     `params`, the `vocab` embedding and output-layer parameters and the `beside` ones
     outside the layers' GEMMs (`StageParams.beside_gemms_per_rank`: norms, biases, routers,
     `beside_label` says which) stay 16-bit under fp8 weights (`flops.outside_operands`), as
@@ -716,7 +719,7 @@ def resident_states(
     """
     prec, z, cp = plan.precision, plan.parallel.zero, plan.parallel.cp
     narrow = DTYPE_BYTES[prec.params] < VOCAB_WEIGHT_BYTES
-    dense, edp = plan.parallel.dp * cp, expert_data_parallel(plan)
+    dense, edp = plan.parallel.zero_ranks, expert_data_parallel(plan)
     # (prefix, parameters, ranks sharding them, the parts of them kept 16-bit): the parts
     # are parameter rows of their own; their gradients and optimizer states, in the same
     # formats as the rest's, are counted with the rest's
@@ -728,6 +731,7 @@ def resident_states(
     moments = {"adam": 2, "sgd": 1, "none": 0}[prec.optimizer]
     label = "Adam moments" if prec.optimizer == "adam" else "SGD momentum"
     allocs = []
+    copies = plan.parallel.replicas
     for prefix, whole, ranks, parts in groups:
         wide = [(f"{what} ", n) for what, n in parts if narrow and not every(n == 0)]
         rows: list[tuple[str, Category, int, int, Any]] = [
@@ -762,11 +766,14 @@ def resident_states(
                 # the non-expert group is dp × cp: say so when context parallelism is on
                 spans = "data- and context-parallel" if not expert and _above_one(cp) else ""
                 kind = spans or "data-parallel"
+                # under hybrid sharding what is not sharded is held on every copy's ranks too
+                every_rank = ranks * (1 if expert else copies)
                 where = (
                     f"shard over {count_label(ranks)} {expert}{kind} ranks"
+                    + (f", one of {copies} copies" if copies > 1 and not expert else "")
                     if on and many
-                    else f"replicated over {count_label(ranks)} {expert}{kind} ranks"
-                    if many
+                    else f"replicated over {count_label(every_rank)} {expert}{kind} ranks"
+                    if every_rank > 1
                     else ""
                 )
             else:

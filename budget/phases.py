@@ -19,7 +19,9 @@ from budget.placement import Op
 from budget.plan.model import GroupKind
 from budget.vector import holds, vsum
 
-MoveGroup = GroupKind | Literal["etp", "edp"]  # expert tensor- and data-parallel groups
+# with the expert tensor- and data-parallel groups, and hybrid sharding's shard group and
+# the group of its copies (`step._hybrid`)
+MoveGroup = GroupKind | Literal["etp", "edp", "dp_shard", "dp_replicate"]
 
 HAND_WRITTEN = "hand-written transition"  # the rule of a plan's own `transitions:` moves
 

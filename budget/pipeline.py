@@ -361,6 +361,7 @@ def build_report(plan: Plan) -> Report:
         "etp": par.expert_tp if m.experts is not None else None,
         "sequence_parallel": par.sequence_parallel,
         "zero": par.zero,
+        "dp_shard": par.dp_shard,
         "fsdp": par.fsdp if fsdp_mixed(plan) else None,
         "fsdp_unit": par.fsdp_unit if par.zero == 3 else None,
         "reshard_after_forward": par.reshard_after_forward if par.zero == 3 else None,

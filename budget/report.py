@@ -302,7 +302,8 @@ def group_name(group: str, layout: dict[str, Any], ranks: int | None = None) -> 
     for that group."""
     if group == "ep" and ranks is not None and ranks > (layout.get("ep") or 1):
         return "tp_ep"
-    return "dp×cp" if group == "dp" and layout.get("cp", 1) > 1 else group
+    # under hybrid sharding ZeRO's shard group spans the context-parallel ranks too
+    return f"{group}×cp" if group in ("dp", "dp_shard") and layout.get("cp", 1) > 1 else group
 
 
 def summed_over_stages(report: Report) -> bool:

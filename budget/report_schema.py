@@ -80,7 +80,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # null below ZeRO 3), and search's ``hardware`` all three, which every ZeRO 3 layout keeps;
 # ``layout.reduce_bucket``, DeepSpeed's gradient buffer in elements, came under 1.19 without
 # a version of its own
-SCHEMA_VERSION = "1.20"
+# 1.21: the report's ``layout.dp_shard``, ZeRO's shard group under hybrid sharding (null
+# without), and collectives on its groups ``dp_shard`` and ``dp_replicate``
+SCHEMA_VERSION = "1.21"
 
 Kind = Literal[
     "report",

@@ -421,10 +421,13 @@ def can_time(plan: Plan) -> bool:
 
 def move_kind(plan: Plan, group: MoveGroup, ranks: int) -> GroupKind:
     """The group a move of `ranks` ranks on `group` runs over: gradients under context
-    parallelism are reduced over dp x cp (`ranks` = dp·cp), every other move over its own."""
+    parallelism are reduced over dp x cp (`ranks` = dp·cp), and under hybrid sharding over
+    its shard group's dp_shard x cp (`step._hybrid`), every other move over its own."""
     par = plan.parallel
     if group == "dp" and par.cp > 1 and ranks == par.dp * par.cp:
         return ("dp", "cp")
+    if group == "dp_shard" and par.cp > 1:
+        return ("dp_shard", "cp")
     # Megatron-Core's routing counts, gathered over the expert tensor- and expert-parallel
     # ranks together (`step._ep_moves`)
     etp = par.expert_tp

@@ -173,6 +173,14 @@ def run_search(
             file=sys.stderr,
         )
         return 2
+    if plan.parallel.dp_shard is not None:
+        hybrid = (
+            f"budget search sweeps dp, and ZeRO over all of it; this plan shards over "
+            f"dp_shard = {plan.parallel.dp_shard} of its dp, which other degrees do not keep. "
+            "Remove dp_shard to search, then set it on the layout you pick and budget that plan"
+        )
+        print(_located(data, file, "$.parallel.dp_shard", hybrid), file=sys.stderr)
+        return 2
     untimed = _untimed(plan)
     if untimed:
         print(_located(data, file, "$.device", untimed), file=sys.stderr)

@@ -540,6 +540,8 @@ class _StageBuilder:
             return
         if name.startswith("pipeline."):
             moves = [_pipeline_overlap(self.plan, m) for m in moves]
+        if self.plan.parallel.dp_shard is not None:
+            moves = [h for m in moves for h in _hybrid(self.plan, m)]
         self.phases.append(Phase(name, count, tuple(moves), tuple(instants), tuple(works or ())))
 
 
@@ -585,6 +587,44 @@ def _sp(plan: Plan) -> bool | np.ndarray:
     """Where sequence parallelism is in effect: asked for, with more than one tp rank."""
     par = plan.parallel
     return holds(holds(par.sequence_parallel) & (par.tp > 1))
+
+
+def _hybrid(plan: Plan, move: Move) -> list[Move]:
+    """A ZeRO collective on the data-parallel group under hybrid sharding
+    (`Parallel.dp_shard`): its shard group's instead (what ZeRO gathers and reduce-scatters,
+    `Parallel.zero_ranks` ranks), and after each reduce-scatter of gradients the all-reduce
+    of the shard across the dp / dp_shard copies, behind the same window (the two run one
+    after the other on the reduction's stream): PyTorch FSDP's HYBRID_SHARD (torch 2.1's
+    ``_reduce_grad``: ``reduce_scatter_tensor`` over the shard process group, then
+    ``all_reduce`` of the sharded gradient over the inter-node group), FSDP2's
+    ``foreach_reduce`` (the reduce-scatter output all-reduced over the mesh's replicate
+    dimension), and Megatron-LM's distributed optimizer with
+    ``num_distributed_optimizer_instances`` > 1 (reduce-scatter within an instance, then
+    all-reduce across instances, ``param_and_grad_buffer.py``). Each copy keeps its own
+    shards, so memory is sharded over the shard group alone; a parameter gather runs within
+    it. Every data-parallel move the engine makes is ZeRO's (ZeRO 0 is refused beside
+    dp_shard), and a plan's written transitions keep the group they name."""
+    if move.group != "dp":
+        return [move]
+    par = plan.parallel
+    shard = replace(move, group="dp_shard")
+    if move.op != "reduce-scatter":
+        return [shard]
+    element = DTYPE_BYTES[move.dtype]
+    elements = -(-(move.size_bytes // element) // par.zero_ranks)  # padded to whole shards
+    across = replace(
+        shard,
+        name=move.name.removesuffix("gradients") + "gradient shards",
+        op="all-reduce",
+        group="dp_replicate",
+        ranks=par.replicas,
+        size_bytes=elements * element,
+        src="partial",
+        dst="replicate",
+        rule=f"hybrid sharding: the shard the reduce-scatter leaves, all-reduced across the "
+        f"{par.replicas} copies after it, as it is: {move.rule}",
+    )
+    return [shard, across]
 
 
 def _pipeline_overlap(plan: Plan, move: Move) -> Move:
@@ -1155,7 +1195,7 @@ def _root_held(b: _StageBuilder, at: Outside = "forward") -> list[Alloc]:
             n = 0  # each unit freed between its passes
     gathered = n * DTYPE_BYTES[b.plan.precision.param_gather]
     held = Alloc(f"gathered {name}", "transient", gathered)
-    return when([held], (par.zero == 3) & (par.dp * par.cp > 1) & (gathered > 0))
+    return when([held], (par.zero == 3) & (par.zero_ranks > 1) & (gathered > 0))
 
 
 def _outside_params(b: _StageBuilder, unit: str) -> Any:
@@ -1686,7 +1726,7 @@ def _zero3_groups(plan: Plan, block: str) -> list[tuple[MoveGroup, int, int]]:
     attention = attention_params(plan)[1]
     layer = layer_params(plan, moe=block == "moe")
     own = attention if block == "attention" else layer.per_rank - attention
-    groups: list[tuple[MoveGroup, int, int]] = [("dp", par.dp * par.cp, own)]
+    groups: list[tuple[MoveGroup, int, int]] = [("dp", par.zero_ranks, own)]
     if block == "moe":
         groups.append(("edp", expert_data_parallel(plan), layer.expert_per_rank))
     return [(g, r, n) for g, r, n in groups if not every(r == 1) and not every(n == 0)]
@@ -1738,10 +1778,10 @@ def _accumulate(b: _StageBuilder, block: str) -> list[Work]:
     (`_gather_copies`)."""
     layer, par = b.layer, b.plan.parallel
     n = layer.params[block]
-    groups = [(par.dp * par.cp, n)]
+    groups = [(par.zero_ranks, n)]
     if block == "moe":
         groups = [
-            (par.dp * par.cp, n - layer.experts),
+            (par.zero_ranks, n - layer.experts),
             (expert_data_parallel(b.plan), layer.experts),
         ]
     copies = _gather_copies(b.plan, layer, block, True, b.ffn)
@@ -1770,7 +1810,7 @@ def _root_gather_copies(b: _StageBuilder, unit: str = "root") -> list[Work]:
     if fsdp is False:
         return []
     par = b.plan.parallel
-    ranks = par.dp * par.cp
+    ranks = par.zero_ranks
     n = _outside_params(b, unit) * (ranks > 1)
     return when(flops.fsdp_gather_copies(b.plan, -(-n // ranks), n), fsdp)
 
@@ -1790,7 +1830,7 @@ def _gradient_passes(
         return flops.grad_accumulation(plan, params)
     passes = [
         work
-        for ranks, n in groups or [(par.dp * par.cp, params)]
+        for ranks, n in groups or [(par.zero_ranks, params)]
         for work in flops.fsdp_gradient_passes(plan, n, ranks, b.microbatches)
     ]
     return when(passes, fsdp) + when(flops.grad_accumulation(plan, params), lacks(fsdp))
@@ -1940,7 +1980,7 @@ def _zero3_root_moves(b: _StageBuilder, backward: bool) -> list[Move]:
     plan = b.plan
     par = plan.parallel
     n = _root_params(b)
-    ranks = par.dp * par.cp
+    ranks = par.zero_ranks
     name = _root_name(b)
     if backward:
         move = _outside_move(
@@ -1982,7 +2022,7 @@ def _outside_move(plan: Plan, what: str, gather: bool, n: Any, rule: str) -> Mov
         f"{what} {'weights' if gather else 'gradients'}",
         "all-gather" if gather else "reduce-scatter",
         "dp",
-        par.dp * par.cp,
+        par.zero_ranks,
         dtype,
         n * DTYPE_BYTES[dtype],
         "shard(0)" if gather else "partial",
@@ -2001,7 +2041,7 @@ def _split_root_moves(b: _StageBuilder, unit: str, backward: bool) -> list[Move]
     backward is done, behind the layers' under `overlap.dp_grads`."""
     plan = b.plan
     par = plan.parallel
-    ranks = par.dp * par.cp
+    ranks = par.zero_ranks
     n = _outside_params(b, unit)
     moves = []
     # kept gathered since its forward (`Parallel.reshard_after_forward` off), the
@@ -2101,7 +2141,7 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     grads = Alloc(label, "transient", size)
     # a split root's head reduces them before the layers' backward unless it overlaps it
     overlapped = par.fsdp_root != "split" or plan.overlap.dp_grads
-    held = b.last & (par.zero == 3) & (par.dp * par.cp > 1) & lacks(copied) & overlapped
+    held = b.last & (par.zero == 3) & (par.zero_ranks > 1) & lacks(copied) & overlapped
     return when([grads], held)
 
 
@@ -2124,7 +2164,7 @@ def _zero2_head_grads(b: _StageBuilder, tied_only: bool) -> list[Alloc]:
         f", {HELD_THROUGH} backward)" if tied else ")"
     )
     grads = Alloc(name, "transient", size)
-    return when([grads], b.last & (par.zero == 2) & (par.dp * par.cp > 1))
+    return when([grads], b.last & (par.zero == 2) & (par.zero_ranks > 1))
 
 
 def _unsharded_gradient_bytes(plan: Plan, cast: bool, otherwise: int | None = None) -> Any:
@@ -2598,7 +2638,7 @@ def _loss(b: _StageBuilder) -> None:
         fsdp = flops.fsdp_mixed(plan)
         par = plan.parallel
         passes = flops.fsdp_summed(plan, shared) + flops.fsdp_gradient_passes(
-            plan, own, par.dp * par.cp, b.microbatches
+            plan, own, par.zero_ranks, b.microbatches
         )
         grads = when(passes, fsdp) + when(flops.grad_accumulation(plan, shared + own), lacks(fsdp))
         b.add(
@@ -2650,7 +2690,7 @@ def _split_head_reduce(b: _StageBuilder, held: list[Alloc]) -> list[Instant]:
     recast = prec.reduce != prec.param_gather
     size = n * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * recast)
     grads = Alloc("head gradients and their cast (copy-in)", "transient", size)
-    on = (par.zero == 3) & (par.dp * par.cp > 1) & (n > 0)
+    on = (par.zero == 3) & (par.zero_ranks > 1) & (n > 0)
     if not np.any(holds(on)):
         return []
     live = [*b.resident, *_extra_saved(b, "backward"), *held, grads]
@@ -2754,7 +2794,7 @@ def _backward(b: _StageBuilder) -> None:
         is MoE; its experts' where the expert data-parallel group shards them), or ZeRO-3's
         gathered block with its gradients (`_zero3_transients`)."""
         moe = block == "moe" or (block == "attention" and b.last_is_moe)
-        layer = b.layer.per_rank["moe" if moe else "mlp"] * (par.dp * par.cp > 1)
+        layer = b.layer.per_rank["moe" if moe else "mlp"] * (par.zero_ranks > 1)
         experts = b.layer.experts * (expert_data_parallel(plan) > 1) if moe else 0
         n = (layer + experts) * DTYPE_BYTES[plan.precision.grads]
         grads = Alloc("gradient bucket before reduce-scatter", "transient", n)
@@ -2994,7 +3034,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     unit's 1.05 billion parameters' gradients at 6 B each, read 0.83 GiB low."""
     plan, s = b.plan, b.shapes
     par = plan.parallel
-    zero3 = (par.zero == 3) & (par.dp * par.cp > 1)
+    zero3 = (par.zero == 3) & (par.zero_ranks > 1)
     # under a split root (`Parallel.fsdp_root`) the embedding's own unit, the head's reduced
     # long before, right after the loss
     split = par.fsdp_root == "split"
@@ -3014,7 +3054,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     weight = Alloc("embedding weight gradient", "transient", vocab_params(plan) * computed)
     # under ZeRO-2 its bucket in precision.grads beside it, as a layer's (`bucket`; an audit:
     # none), or where the stage holds the tied head, the head's gradient it adds into
-    z2 = (par.zero == 2) & (par.dp * par.cp > 1)
+    z2 = (par.zero == 2) & (par.zero_ranks > 1)
     tied_head = _zero2_head_grads(b, tied_only=True)
     bucketed = Alloc(
         "embedding gradient bucket before reduce-scatter (ZeRO-2)",
@@ -3122,7 +3162,7 @@ def _reduce(b: _StageBuilder) -> None:
     par, prec = plan.parallel, plan.precision
     buckets = vmax(1, b.layers)
     share, floor = (buckets - 1) / buckets, 1 / buckets
-    groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.dp * par.cp, b.params.per_rank)]
+    groups: list[tuple[str, MoveGroup, int, int]] = [("", "dp", par.zero_ranks, b.params.per_rank)]
     if not every(b.params.expert_per_rank == 0):
         groups.append(("expert ", "edp", expert_data_parallel(plan), b.params.expert_per_rank))
     grads: list[Move] = []
@@ -3286,7 +3326,7 @@ def _reduce(b: _StageBuilder) -> None:
     if shared and b.pipelined and (b.first or b.last):
         word = vocab_params(plan) * DTYPE_BYTES[prec.grads]
         # under ZeRO-2 and 3 each copy's gradient is already reduce-scattered: a shard each
-        word = vwhere(holds(par.zero >= 2), -(-word // (par.dp * par.cp)), word)
+        word = vwhere(holds(par.zero >= 2), -(-word // (par.zero_ranks)), word)
         b.add(
             "embedding.grads",
             1,
@@ -3312,10 +3352,10 @@ def _reduce(b: _StageBuilder) -> None:
         return vwhere(par.zero >= 1, -(-n // ranks), n)
 
     p = b.params
-    shard = updated(p.per_rank, par.dp * par.cp)
+    shard = updated(p.per_rank, par.zero_ranks)
     shard += updated(p.expert_per_rank, expert_data_parallel(plan))
     # kept 16-bit under fp8 weights (`layers.resident_states`)
-    wide = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.dp * par.cp)
+    wide = updated(p.vocab_per_rank + p.beside_gemms_per_rank, par.zero_ranks)
     wide += updated(p.expert_beside_per_rank, expert_data_parallel(plan))
     # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
     # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,

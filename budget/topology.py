@@ -73,13 +73,15 @@ __all__ = [
     "uneven_group",
 ]
 
-Dimension = Literal["tp", "cp", "ep", "dp", "pp", "etp", "edp"]
+Dimension = Literal["tp", "cp", "ep", "dp", "pp", "etp", "edp", "dp_shard", "dp_replicate"]
 # One kind ("dp") or several varied together (("dp", "cp") for gradients under context
 # parallelism). "etp" and "edp" are the expert tensor- and data-parallel dimensions of
-# expert layers.
+# expert layers; "dp_shard" and "dp_replicate" the two digits hybrid sharding splits dp into
+# (`Parallel.dp_shard`), the shard group's the faster: dp_i = shard_i + dp_shard·replica_i.
 GroupKind: TypeAlias = Dimension | tuple[Dimension, ...]
 
 _DENSE = ("tp", "cp", "dp", "pp")
+_HYBRID = ("dp_shard", "dp_replicate")
 _EXPERT = ("etp", "ep", "edp", "pp")
 
 
@@ -160,6 +162,8 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
+        if parallel.dp_shard is not None:
+            kinds += ("dp_shard", "dp_replicate", ("dp_shard", "cp"))
     if expert_grid(parallel):  # without experts split apart, the dense groups
         kinds += ("etp", "ep", "edp")
     ranks = sorted(
@@ -192,11 +196,11 @@ def level_ranks(kind: GroupKind, parallel: Parallel, topology: Topology) -> tupl
     value of the digits inside the cut digit, f values of that one and one of each
     outside, so the group has the same number g of ranks in each domain it touches and
     touches P / g of them. A sweep prices thousands of layouts' groups this way."""
-    dims: set[str] = {kind} if isinstance(kind, str) else set(kind)
-    if not dims <= set(_DENSE):
+    dims = _split_dims((kind,) if isinstance(kind, str) else kind)
+    if not dims <= {*_DENSE, *_HYBRID}:
         return None
     degrees = _degrees(parallel)
-    order = _dense_order(parallel)
+    order = _split_order(_dense_order(parallel))
     size = group_size(kind, parallel)
     levels = topology.levels
     touched: list[int] = []
@@ -234,7 +238,8 @@ def _aligned(parallel: Parallel, size: int) -> bool:
     dimension's degree. Then a domain is a block of whole values of the inner digits and
     f values of that one, so every dense group holds the same number of ranks in each
     domain it touches, without enumerating a rank."""
-    return _per_domain(set(), _dense_order(parallel), _degrees(parallel), size) is not None
+    order = _split_order(_dense_order(parallel))
+    return _per_domain(set(), order, _degrees(parallel), size) is not None
 
 
 def span_of_ranks(
@@ -358,15 +363,21 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         )
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside 0..{world - 1}")
-    unknown = [d for d in dims if d not in (*_DENSE, *_EXPERT)]
+    unknown = [d for d in dims if d not in (*_DENSE, *_HYBRID, *_EXPERT)]
     if unknown:
         raise ValueError(
-            f"unknown group kind {unknown[0]!r}; expected tp, cp, dp, pp, etp, ep or edp"
+            f"unknown group kind {unknown[0]!r}; expected tp, cp, dp, pp, dp_shard, "
+            "dp_replicate, etp, ep or edp"
         )
     order = _dense_order(parallel)
     coords = _dense_coords(rank, order, degrees)
-    if all(d in _DENSE for d in dims):
-        positions = sorted(order.index(d) for d in set(dims))
+    if all(d in (*_DENSE, *_HYBRID) for d in dims):
+        # dp as its two digits, the shard group's the faster (one of them 1 without hybrid
+        # sharding, which leaves every group as it was)
+        order = _split_order(order)
+        split = _split_dims(dims)
+        coords = _dense_coords(rank, order, degrees)
+        positions = sorted(order.index(d) for d in split)
         if positions == list(range(positions[0], positions[-1] + 1)):
             # Dimensions adjacent in the order vary together as one block: an arithmetic
             # progression of ranks, listed without enumerating coordinates.
@@ -380,9 +391,9 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         # each dimension's index times its stride.
         strides = {d: math.prod(degrees[e] for e in order[: order.index(d)]) for d in order}
         lattice = np.zeros(1, dtype=np.int64)
-        for d in set(dims):
+        for d in split:
             lattice = np.add.outer(lattice, np.arange(degrees[d]) * strides[d]).ravel()
-        base = rank - sum(coords[d] * strides[d] for d in set(dims))
+        base = rank - sum(coords[d] * strides[d] for d in split)
         return tuple(np.sort(lattice + base).tolist())
     if not all(d in _EXPERT for d in dims):
         raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
@@ -471,15 +482,35 @@ def _degrees(parallel: Parallel) -> dict[str, int]:
         raise ValueError(f"ep = {ep} must be at least 1")
     etp = parallel.expert_tp
     stage = parallel.tp * parallel.cp * parallel.dp
+    # hybrid sharding's two digits of dp; one that does not divide dp is refused by the plan
+    # loader, so is not split here (a group of such a plan is then only dp's)
+    shard = parallel.dp_shard
+    if shard is None or parallel.dp % shard:
+        shard = parallel.dp
     return {
         "tp": parallel.tp,
         "cp": parallel.cp,
         "dp": parallel.dp,
+        "dp_shard": shard,
+        "dp_replicate": parallel.dp // shard,
         "pp": parallel.pp,
         "ep": ep,
         "etp": etp,
         "edp": stage // (ep * etp) if etp >= 1 and stage % (ep * etp) == 0 else 0,
     }
+
+
+def _split_order(order: Sequence[str]) -> tuple[str, ...]:
+    """A dense order with dp written as its two digits under hybrid sharding, the shard
+    group's fastest (`Parallel.dp_shard`; Megatron-LM's distributed-optimizer instances are
+    consecutive blocks of the data-parallel ranks, torchtitan's mesh puts dp_shard inside
+    dp_replicate)."""
+    return tuple(d for dim in order for d in (_HYBRID if dim == "dp" else (dim,)))
+
+
+def _split_dims(dims: Iterable[str]) -> set[str]:
+    """A group's dimensions over `_split_order`'s digits: dp is both."""
+    return {d for dim in dims for d in (_HYBRID if dim == "dp" else (dim,))}
 
 
 def _dense_order(parallel: Parallel) -> tuple[str, ...]:

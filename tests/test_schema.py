@@ -226,8 +226,8 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     found = errors(MINIMAL + "parallel: {xyzzy: 1}\n")
     assert found == [
         "p.yaml:5:12: error: $.parallel.xyzzy: unknown key 'xyzzy' (expected one of: "
-        "cp, cp_attention, dp, ep, etp, fsdp, fsdp_root, fsdp_unit, order, pipeline, pp, "
-        "reduce_bucket, reshard_after_forward, sequence_parallel, tp, zero)"
+        "cp, cp_attention, dp, dp_shard, ep, etp, fsdp, fsdp_root, fsdp_unit, order, pipeline, "
+        "pp, reduce_bucket, reshard_after_forward, sequence_parallel, tp, zero)"
     ]
 
 

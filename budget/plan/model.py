@@ -244,6 +244,9 @@ class Parallel:
     etp: int | None = None  # expert tensor parallel degree; None means tp
     sequence_parallel: bool = False
     zero: int = 0
+    # ZeRO's shard group within dp (its fastest-varying dp ranks), None: all of dp; below dp,
+    # hybrid sharding: dp / dp_shard copies, each sharded over its group (`step._hybrid`)
+    dp_shard: int | None = None
     pipeline: Pipeline = field(default_factory=Pipeline)
     order: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
     cp_attention: Literal["ring", "allgather"] = "ring"
@@ -270,6 +273,19 @@ class Parallel:
     def expert_tp(self) -> int:
         """The expert layers' tensor-parallel degree: etp, else tp."""
         return self.etp or self.tp
+
+    @property
+    def zero_ranks(self) -> Any:
+        """Ranks ZeRO shards the non-expert states over: its shard group, dp_shard x cp
+        under hybrid sharding, else dp x cp (Megatron-LM's distributed optimizer shards over
+        the data-parallel group with the context-parallel ranks; torchtitan's FSDP mesh is
+        ``dp_shard_cp``). An array in a sweep, where dp is one."""
+        return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of ZeRO's shards under hybrid sharding, dp / dp_shard (1 without)."""
+        return 1 if self.dp_shard is None else self.dp // self.dp_shard
 
 
 # Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed

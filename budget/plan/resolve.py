@@ -103,6 +103,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "parallel.fsdp_unit": (),
     "parallel.reshard_after_forward": (True,),
     "parallel.fsdp_root": (),
+    "parallel.dp_shard": (),
     "parallel.reduce_bucket": (0,),
     "parallel.pipeline.schedule": ("1f1b",),
     "parallel.pipeline.virtual_stages": (1,),
@@ -745,6 +746,7 @@ class _Resolver:
             etp=_int(etp) if etp is not None else None,
             sequence_parallel=bool(tree.get("sequence_parallel", False)),
             zero=_int(tree.get("zero", 0)),
+            dp_shard=_hybrid_shard(tree),
             pipeline=Pipeline(
                 schedule=pipeline.get("schedule", "1f1b"),
                 virtual_stages=_int(pipeline.get("virtual_stages", 1)),
@@ -1380,6 +1382,60 @@ def _check_reshard(r: _Resolver, par: Parallel) -> None:
             "there PyTorch's pipeline schedules keep the parameters gathered and the "
             "gradients unreduced until the step's last backward, which budget does not "
             "price; set pp to 1, or remove reshard_after_forward",
+        )
+
+
+def _hybrid_shard(tree: Tree) -> int | None:
+    """`Parallel.dp_shard` as written, None where it is all of dp (no hybrid sharding, so
+    that writing it out changes nothing) or not written."""
+    shard = tree.get("dp_shard")
+    if shard is None or _int(shard) == _int(tree.get("dp", 1)):
+        return None
+    return _int(shard)
+
+
+def _check_hybrid(r: _Resolver, par: Parallel) -> None:
+    """Hybrid sharding (`Parallel.dp_shard` below dp) splits dp into shard groups: dp_shard
+    must divide dp, ZeRO must shard something (stage 1 to 3, over more than one rank), the
+    expert layers' own data-parallel groups are not split (they would need a shard group of
+    their own, which the plan language cannot say) and DeepSpeed's buffer
+    (`Parallel.reduce_bucket`), which reduces over the whole data-parallel group, is not
+    beside it."""
+    shard = par.dp_shard
+    if shard is None:
+        return
+    where = "$.parallel.dp_shard"
+    if par.dp % shard:
+        r.error(
+            where,
+            f"dp_shard = {shard} must divide dp = {par.dp}: the data-parallel ranks split into "
+            "shard groups of dp_shard ranks each",
+        )
+    elif par.zero == 0:
+        r.error(
+            where,
+            f"dp_shard = {shard} sets the group ZeRO shards over, but zero is 0 and shards "
+            "nothing; set zero to 1, 2 or 3, or remove dp_shard",
+        )
+    elif shard * par.cp == 1:
+        r.error(
+            where,
+            "dp_shard = 1 with cp = 1 leaves ZeRO a shard group of one rank, which shards "
+            "nothing: that is plain data parallelism (zero: 0); remove dp_shard or raise it",
+        )
+    if par.ep > 1 or (par.etp is not None and par.etp != par.tp):
+        r.error(
+            where,
+            "dp_shard is priced for dense layers: the expert layers' data-parallel group "
+            "(ep > 1 or etp != tp) would need a shard group of its own, which budget does not "
+            "price; remove dp_shard or set ep to 1",
+        )
+    if par.reduce_bucket:
+        r.error(
+            where,
+            "dp_shard prices PyTorch FSDP's hybrid sharding and Megatron-LM's distributed "
+            "optimizer instances; parallel.reduce_bucket prices DeepSpeed, reducing over the "
+            "whole data-parallel group; remove one of them",
         )
 
 
@@ -2053,6 +2109,8 @@ def resolve(
     if par is not None:
         _check_fsdp_unit(r, par, model)
         _check_reshard(r, par)
+        if mode == "train":  # a serving plan is told dp_shard does not apply (`TRAINING_ONLY`)
+            _check_hybrid(r, par)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None

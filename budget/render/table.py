@@ -78,6 +78,10 @@ def header(report: Report) -> list[str]:
         else []
     )
     how += ["embedding and head units apart"] if lay.get("fsdp_root") == "split" else []
+    shard = lay.get("dp_shard")
+    if shard:
+        copies = lay["dp"] // shard
+        how += [f"hybrid sharding over dp_shard {shard}, {copies} copies"]
     zero = f"ZeRO stage {lay['zero']}" + (f" ({', '.join(how)})" if how else "")
     zero += f" (DeepSpeed's gradient buffer of {bucket:,} elements)" if bucket else ""
     # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
@@ -881,6 +885,16 @@ def group_legend(report: Report) -> list[str]:
         legend.append("edp = expert data-parallel group: ranks holding the same experts")
     if "dp" in groups and report.layout.get("cp", 1) > 1:
         legend.append("dp×cp = the data-parallel group, which spans the context-parallel ranks")
+    if "dp_shard" in groups:
+        cp = "×cp" if report.layout.get("cp", 1) > 1 else ""
+        legend.append(
+            f"dp_shard{cp} = ZeRO's shard group (hybrid sharding): the ranks one copy of the "
+            "sharded states is split over"
+        )
+    if "dp_replicate" in groups:
+        legend.append(
+            "dp_replicate = the copies' group: a rank of each shard group, holding the same shard"
+        )
     if any(group_name(c.group, report.layout, c.ranks) == "tp_ep" for c in every):
         legend.append(
             "tp_ep = the expert tensor- and expert-parallel ranks together (Megatron-Core's "

@@ -1,0 +1,275 @@
+"""Hybrid sharding (`parallel.dp_shard`): ZeRO's states sharded over a shard group of the
+data-parallel ranks, dp / dp_shard copies of them, gradients reduce-scattered within a copy
+and the shard all-reduced across copies (PyTorch FSDP's HYBRID_SHARD, FSDP2's 2-D mesh,
+Megatron-LM's distributed-optimizer instances), checked by hand.
+
+The FSDP plan is plans/llama3-8b-fsdp.yaml on 16 DGX H100 nodes, dp 128, each node one shard
+group (dp_shard 8, 16 copies). Llama 3 8B holds 8,030,261,248 parameters (Meta's count), a
+layer 218,112,000 (attention 4096 x (4096 + 2 x 1024) + 4096 x 4096 = 41,943,040, SwiGLU
+3 x 4096 x 14336 = 176,160,768, two norms 8,192), the embedding 128,256 x 4096 = 525,336,576
+and the head that plus the final norm, 525,340,672.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from budget.cli import app, route
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
+from budget.plan.model import Parallel
+from budget.report import Report, to_dict
+from budget.topology import group_ranks
+from tests.plan_files import ROOT
+
+PARAMS = 8_030_261_248
+LAYER = 218_112_000
+HEAD = 525_340_672
+
+
+def _write(tmp_path: Path, source: str, edits: list[tuple[str, str]], name: str) -> Path:
+    text = (ROOT / "plans" / source).read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _fsdp(tmp_path: Path, shard: int | None = 8, nodes: int = 16) -> Path:
+    dp = 8 * nodes
+    lines = f"  dp: {dp}\n" + (f"  dp_shard: {shard}\n" if shard is not None else "")
+    edits = [
+        ("  dp: 8\n", lines),
+        ("nodes: 1}", f"nodes: {nodes}}}"),
+        ("global: 8", f"global: {dp}"),
+    ]
+    return _write(tmp_path, "llama3-8b-fsdp.yaml", edits, f"fsdp-{shard}-{nodes}.yaml")
+
+
+def _report(path: Path) -> dict[str, Any]:
+    return to_dict(build_report(load_plan(path)))
+
+
+def _collectives(report: dict[str, Any], phase: str) -> dict[str, dict[str, Any]]:
+    (found,) = [p for p in report["phases"] if p["name"] == phase]
+    return {c["name"]: c for c in found["collectives"]}
+
+
+def _alloc(report: dict[str, Any], start: str) -> int:
+    (stage,) = report["memory"]["stages"]
+    (row,) = [a for a in stage["peak_overlap"] if a["tensor"].startswith(start)]
+    return int(row["bytes"])
+
+
+def test_the_shard_group_is_the_fastest_dp_ranks() -> None:
+    """tp 2 x dp 8 (dp_shard 4) x pp 2 on 32 ranks: rank r = tp_i + 2·(dp_i + 8·pp_i) and
+    dp_i = shard_i + 4·copy_i, so rank 0's shard group is dp_i 0..3 (ranks 0, 2, 4, 6), its
+    copies dp_i 0 and 4 (ranks 0 and 8); rank 5 (tp 1, dp 2) is in 1, 3, 5, 7 and 5, 13.
+    With cp 2 inside dp, the shard group spans cp too: 2 x 4 ranks 2 apart."""
+    par = Parallel(tp=2, dp=8, dp_shard=4, pp=2)
+    assert group_ranks("dp", par, 32) == (0, 2, 4, 6, 8, 10, 12, 14)
+    assert group_ranks("dp_shard", par, 32) == (0, 2, 4, 6)
+    assert group_ranks("dp_replicate", par, 32) == (0, 8)
+    assert group_ranks("dp_shard", par, 32, 5) == (1, 3, 5, 7)
+    assert group_ranks("dp_replicate", par, 32, 5) == (5, 13)
+    par = Parallel(tp=2, cp=2, dp=8, dp_shard=4, pp=2)
+    assert group_ranks(("dp_shard", "cp"), par, 64) == tuple(range(0, 16, 2))
+    assert group_ranks("dp_replicate", par, 64) == (0, 16)
+    # dp first in the order: the shard group is ranks 0..3, and with pp (not adjacent to
+    # it once dp is split) a lattice, 16 apart
+    par = Parallel(tp=2, dp=8, dp_shard=4, pp=2, order=("dp", "tp", "cp", "ep", "pp"))
+    assert group_ranks("dp_shard", par, 32) == (0, 1, 2, 3)
+    assert group_ranks("dp_replicate", par, 32) == (0, 4)
+    assert group_ranks(("dp_shard", "pp"), par, 32) == (0, 1, 2, 3, 16, 17, 18, 19)
+
+
+def test_states_are_sharded_over_the_shard_group(tmp_path: Path) -> None:
+    """fp32 parameters (4 B) and Adam's two fp32 moments (8 B) of 8,030,261,248 parameters
+    over 8 ranks: 1,003,782,656 a rank, 4,015,130,624 B and 8,030,261,248 B, where the
+    whole of dp (128) held a sixteenth of that."""
+    hybrid = _report(_fsdp(tmp_path))
+    assert _alloc(hybrid, "parameters (fp32)") == PARAMS // 8 * 4 == 4_015_130_624
+    assert _alloc(hybrid, "Adam moments") == PARAMS // 8 * 8
+    flat = _report(_fsdp(tmp_path, None))
+    assert _alloc(flat, "Adam moments") == PARAMS // 128 * 8
+    assert hybrid["layout"]["dp_shard"] == 8 and flat["layout"]["dp_shard"] is None
+
+
+def test_layer_reduction_is_a_reduce_scatter_then_an_all_reduce_across_copies(
+    tmp_path: Path,
+) -> None:
+    """Each layer's fp32 gradients, 872,448,000 B, reduce-scattered over the node's 8 ranks
+    (ring: 7/8 of them sent, 763,392,000 B, on NVLink), then each rank's shard,
+    109,056,000 B, all-reduced across the 16 copies, one rank a node (ring: 2 x 15/16 of
+    it sent, 204,480,000 B, in 30 steps of the InfiniBand's α 14 µs at its 47 GB/s:
+    0.42 ms + 4.3506 ms). The gathers stay within the node."""
+    report = _report(_fsdp(tmp_path))
+    moves = _collectives(report, "backward.mlp")
+    scatter, across = moves["layer gradients"], moves["layer gradient shards"]
+    assert (scatter["op"], scatter["group"], scatter["ranks"]) == ("reduce-scatter", "dp_shard", 8)
+    assert scatter["bytes"] == LAYER * 4 and scatter["sent_bytes"] == LAYER * 4 * 7 // 8
+    assert scatter["link"] == "nvlink"
+    assert (across["op"], across["group"], across["ranks"]) == ("all-reduce", "dp_replicate", 16)
+    assert across["bytes"] == LAYER * 4 // 8 == 109_056_000
+    assert across["sent_bytes"] == 2 * 15 * 109_056_000 // 16 == 204_480_000
+    assert across["link"] == "infiniband" and across["steps"] == 30
+    assert across["time_s"] == pytest.approx(30 * 14e-6 + 204_480_000 / 47e9, rel=1e-9)
+    assert across["count"] == scatter["count"] == 32
+    gather = moves["layer parameters"]
+    assert (gather["group"], gather["ranks"], gather["link"]) == ("dp_shard", 8, "nvlink")
+    # the head's unit too, its shard padded to whole elements of 8 ranks
+    head = _collectives(report, "loss")["head gradient shards"]
+    assert head["bytes"] == -(-HEAD // 8) * 4
+
+
+def test_a_shard_group_in_a_node_prices_as_a_node_of_its_own(tmp_path: Path) -> None:
+    """The shard group of a node is the 8 GPUs the one-node plan shards over: its gathers
+    and reduce-scatters cost what they cost there, to the nanosecond."""
+    hybrid = _collectives(_report(_fsdp(tmp_path)), "backward.mlp")
+    one_node = _collectives(_report(_fsdp(tmp_path, None, nodes=1)), "backward.mlp")
+    for name in ("layer parameters", "layer gradients"):
+        assert hybrid[name]["time_s"] == pytest.approx(one_node[name]["time_s"], rel=1e-12)
+    assert "layer gradient shards" not in one_node
+
+
+def test_dp_shard_equal_to_dp_changes_nothing(tmp_path: Path) -> None:
+    written = _report(_fsdp(tmp_path, 128))
+    default = _report(_fsdp(tmp_path, None))
+    written.pop("plan"), default.pop("plan")
+    assert written == default
+
+
+def _megatron_report(tmp_path: Path) -> Report:
+    """GPT-3 175B (tp 8, pp 8, dp 16, ZeRO 1: Megatron-LM's distributed optimizer) in 4
+    instances of 4 data-parallel ranks."""
+    edits = [("  dp: 16\n", "  dp: 16\n  dp_shard: 4\n")]
+    return build_report(load_plan(_write(tmp_path, "gpt3-175b.yaml", edits, "gpt3-i.yaml")))
+
+
+def _megatron(tmp_path: Path) -> dict[str, Any]:
+    return to_dict(_megatron_report(tmp_path))
+
+
+def test_distributed_optimizer_instances(tmp_path: Path) -> None:
+    """ZeRO 1 reduce-scatters the stage's fp32 gradient buffer within an instance (4 ranks:
+    3/4 of it sent), all-reduces the quarter each rank keeps across the 4 instances (2 x 3/4
+    of the quarter), and gathers the updated bf16 parameters within the instance (3/4);
+    master weights and moments are sharded 4 ways, the parameters and gradients whole."""
+    report = _megatron(tmp_path)
+    moves = _collectives(report, "dp.grads")
+    scatter, across = moves["gradients"], moves["gradient shards"]
+    buffer = scatter["bytes"]
+    assert (scatter["group"], scatter["ranks"], scatter["dtype"]) == ("dp_shard", 4, "fp32")
+    assert scatter["sent_bytes"] == buffer * 3 // 4
+    assert (across["group"], across["ranks"]) == ("dp_replicate", 4)
+    assert across["bytes"] == -(-buffer // 4 // 4) * 4
+    assert across["sent_bytes"] == pytest.approx(2 * 3 / 4 * buffer / 4, abs=8)
+    gather = _collectives(report, "optimizer")["updated parameters"]
+    assert (gather["group"], gather["ranks"]) == ("dp_shard", 4)
+    assert gather["bytes"] * 2 == buffer  # bf16 parameters, fp32 gradients
+    rows = {a.tensor: a for a in _megatron_report(tmp_path).stages[0].peak_overlap}
+    params = buffer // 4  # the stage's parameters a rank holds
+    assert rows["master weights (fp32)"].bytes == -(-params // 4) * 4
+    assert rows["gradients (fp32)"].bytes == params * 4
+    assert rows["gradients (fp32)"].placement == "replicated over 16 data-parallel ranks"
+    assert rows["master weights (fp32)"].placement == (
+        "shard over 4 data-parallel ranks, one of 4 copies"
+    )
+
+
+def test_an_all_reduce_hides_where_its_reduce_scatter_does(tmp_path: Path) -> None:
+    """overlap.dp_grads on (the plan's): each layer's all-reduce runs after its
+    reduce-scatter behind the next layer's backward, the stage's first layer's (the
+    backward's last, 1 of 32) exposed; off, the reduce-scatter and the all-reduce wait whole
+    (the ZeRO 1 plan's, which has no overlap, too)."""
+    hidden = _collectives(_report(_fsdp(tmp_path)), "backward.mlp")
+    for name in ("layer gradients", "layer gradient shards"):
+        assert 0 < hidden[name]["exposed_s"] < hidden[name]["time_s"] / 5
+    path = _fsdp(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("dp_grads: true", "dp_grads: false"), encoding="utf-8")
+    waited = _collectives(_report(path), "backward.mlp")
+    moves = _collectives(_megatron(tmp_path), "dp.grads")
+    for found, name in [
+        (waited, "layer gradients"),
+        (waited, "layer gradient shards"),
+        (moves, "gradients"),
+        (moves, "gradient shards"),
+    ]:
+        assert found[name]["exposed_s"] == pytest.approx(found[name]["time_s"], rel=1e-12)
+
+
+def test_context_parallel_shard_group_spans_cp(tmp_path: Path) -> None:
+    """Llama 3 405B at 128K (tp 8, cp 16, pp 16, dp 8, ZeRO 2), dp_shard 2: the shard group
+    is dp_shard x cp = 32 ranks, the copies 4."""
+    edits = [("  dp: 8\n", "  dp: 8\n  dp_shard: 2\n")]
+    report = _report(_write(tmp_path, "llama3-405b-128k.yaml", edits, "405b.yaml"))
+    moves = _collectives(report, "dp.grads")
+    assert (moves["gradients"]["group"], moves["gradients"]["ranks"]) == ("dp_shard", 32)
+    assert (moves["gradient shards"]["group"], moves["gradient shards"]["ranks"]) == (
+        "dp_replicate",
+        4,
+    )
+    # ZeRO 2 reduces after every micro-batch: the all-reduce as often as the reduce-scatter
+    assert moves["gradient shards"]["count"] == moves["gradients"]["count"] == 16
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        ([("  dp_shard: 8\n", "  dp_shard: 3\n")], "dp_shard = 3 must divide dp = 128"),
+        ([("  zero: 3\n", "  zero: 0\n")], "zero is 0 and shards nothing"),
+        ([("  dp_shard: 8\n", "  dp_shard: 1\n")], "leaves ZeRO a shard group of one rank"),
+        (
+            [("  fsdp_unit: layer\n  fsdp_root: split\n", "  reduce_bucket: 500000\n")],
+            "parallel.reduce_bucket prices DeepSpeed",
+        ),
+    ],
+)
+def test_refusals(tmp_path: Path, edits: list[tuple[str, str]], message: str) -> None:
+    path = _fsdp(tmp_path)
+    text = path.read_text(encoding="utf-8")
+    for old, new in edits:
+        text = text.replace(old, new, 1)
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = [ln for ln in result.stderr.splitlines() if "$.parallel.dp_shard" in ln]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert re.match(rf"{re.escape(str(path))}:\d+:\d+: error: \$\.parallel\.dp_shard: ", lines[0])
+
+
+def test_experts_split_apart_are_refused(tmp_path: Path) -> None:
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    dp = re.search(r"\n  dp: (\d+)\n", text)
+    assert dp is not None and int(dp.group(1)) % 2 == 0
+    path = tmp_path / "mixtral.yaml"
+    path.write_text(text.replace(dp.group(0), f"{dp.group(0)}  dp_shard: 2\n", 1), "utf-8")
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2
+    assert "$.parallel.dp_shard: dp_shard is priced for dense layers" in result.stderr
+
+
+def test_search_refuses_a_plan_with_dp_shard(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, route(["search", str(_fsdp(tmp_path))]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "$.parallel.dp_shard: budget search sweeps dp" in result.stderr
+
+
+def test_terminal_and_json_name_the_groups(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, route([str(_fsdp(tmp_path))]), env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "hybrid sharding over dp_shard 8, 16 copies" in text
+    assert "dp_shard = ZeRO's shard group (hybrid sharding)" in text
+    assert "dp_replicate = the copies' group" in text
+    out = CliRunner().invoke(app, route([str(_fsdp(tmp_path)), "-f", "json"]))
+    assert json.loads(out.stdout)["layout"]["dp_shard"] == 8
