@@ -621,8 +621,8 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         size_bytes=elements * element,
         src="partial",
         dst="replicate",
-        rule=f"hybrid sharding: the shard the reduce-scatter leaves, all-reduced across the "
-        f"{par.replicas} copies after it, as it is: {move.rule}",
+        rule=f"hybrid sharding: the reduce-scatter's shard, all-reduced across the "
+        f"{par.replicas} copies right after it and hidden where it is ({move.rule})",
     )
     return [shard, across]
 

@@ -273,3 +273,38 @@ def test_terminal_and_json_name_the_groups(tmp_path: Path) -> None:
     assert "dp_replicate = the copies' group" in text
     out = CliRunner().invoke(app, route([str(_fsdp(tmp_path)), "-f", "json"]))
     assert json.loads(out.stdout)["layout"]["dp_shard"] == 8
+
+
+def _step(report: dict[str, Any]) -> str:
+    return f"{report['step']['time_s']:.2f} s"
+
+
+def test_the_readme_figures(tmp_path: Path) -> None:
+    """The README's paragraph on `parallel.dp_shard`: Llama 3 8B's states a GPU, flat and
+    hybrid, on 16 nodes and the steps there, and on 512 nodes the flat ring's n·α, a layer's
+    gather and both steps, as the engine prices them."""
+    from budget.units import format_bytes, format_duration
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    start = text.index("`parallel.dp_shard` is hybrid sharding")
+    paragraph = text[start : text.index("refuses a plan that sets it", start)]
+    hybrid, flat = _report(_fsdp(tmp_path, 8, 16)), _report(_fsdp(tmp_path, None, 16))
+
+    def states(report: dict[str, Any]) -> str:
+        (stage,) = report["memory"]["stages"]
+        return format_bytes(stage["params_bytes"] + stage["grads_bytes"] + stage["optimizer_bytes"])
+
+    longer = hybrid["step"]["time_s"] / flat["step"]["time_s"] - 1
+    assert (
+        f"its states take {states(hybrid)} a GPU where sharding over all 128 GPUs takes "
+        f"{states(flat)}, and its step is {100 * longer:.1f} % longer ({_step(hybrid)} "
+        f"against {_step(flat)}" in paragraph
+    )
+    hybrid, flat = _report(_fsdp(tmp_path, 8, 512)), _report(_fsdp(tmp_path, None, 512))
+    gather = _collectives(flat, "backward.mlp")["layer parameters"]
+    assert gather["ranks"] == 4096
+    assert (
+        f"over 4,096 ranks takes {format_duration(gather['latency_term_s'])} of n·α, a layer's "
+        f"gather {format_duration(gather['time_s'])}, and its step is {_step(flat)} against "
+        f"hybrid sharding's {_step(hybrid)}" in paragraph
+    )
