@@ -687,8 +687,14 @@ def active_params(plan: Plan) -> int:
 def expert_data_parallel(plan: Plan) -> int:
     """Ranks that hold the same expert shard: tp·cp·dp / (ep·etp) (Megatron-Core's expert
     data-parallel group), over which expert gradients are reduced and optimizer states
-    sharded."""
+    sharded. Under hybrid sharding (`Parallel.dp_shard`, priced only where the experts are
+    not split apart, ep 1 and etp = tp, so that group is the dense dp x cp one) ZeRO's
+    shard group: Megatron-Core splits the expert data-parallel group into its optimizer
+    instances too (``intra_partial_expert_data_parallel_size``), and FSDP shards the experts
+    of a unit over the mesh its other parameters use (`step._hybrid`)."""
     par = plan.parallel
+    if par.dp_shard is not None:
+        return int(par.zero_ranks)
     return vmax(1, par.tp * par.cp * par.dp // (par.ep * par.expert_tp))
 
 
@@ -767,10 +773,10 @@ def resident_states(
                 spans = "data- and context-parallel" if not expert and _above_one(cp) else ""
                 kind = spans or "data-parallel"
                 # under hybrid sharding what is not sharded is held on every copy's ranks too
-                every_rank = ranks * (1 if expert else copies)
+                every_rank = ranks * copies
                 where = (
                     f"shard over {count_label(ranks)} {expert}{kind} ranks"
-                    + (f", one of {copies} copies" if copies > 1 and not expert else "")
+                    + (f", one of {copies} copies" if copies > 1 else "")
                     if on and many
                     else f"replicated over {count_label(every_rank)} {expert}{kind} ranks"
                     if every_rank > 1

@@ -593,18 +593,22 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
     """A ZeRO collective on the data-parallel group under hybrid sharding
     (`Parallel.dp_shard`): its shard group's instead (what ZeRO gathers and reduce-scatters,
     `Parallel.zero_ranks` ranks), and after each reduce-scatter of gradients the all-reduce
-    of the shard across the dp / dp_shard copies, behind the same window (the two run one
-    after the other on the reduction's stream): PyTorch FSDP's HYBRID_SHARD (torch 2.1's
-    ``_reduce_grad``: ``reduce_scatter_tensor`` over the shard process group, then
-    ``all_reduce`` of the sharded gradient over the inter-node group), FSDP2's
-    ``foreach_reduce`` (the reduce-scatter output all-reduced over the mesh's replicate
-    dimension), and Megatron-LM's distributed optimizer with
-    ``num_distributed_optimizer_instances`` > 1 (reduce-scatter within an instance, then
-    all-reduce across instances, ``param_and_grad_buffer.py``). Each copy keeps its own
-    shards, so memory is sharded over the shard group alone; a parameter gather runs within
-    it. Every data-parallel move the engine makes is ZeRO's (ZeRO 0 is refused beside
-    dp_shard), and a plan's written transitions keep the group they name."""
-    if move.group != "dp":
+    of the shard across the dp / dp_shard copies, behind the same window (it waits for the
+    reduce-scatter's output, so the two run one after the other): PyTorch FSDP's
+    HYBRID_SHARD (torch 2.1's ``_reduce_grad``: ``reduce_scatter_tensor`` over the shard
+    process group, then ``all_reduce`` of the sharded gradient, in place, over the
+    inter-node group), FSDP2's ``foreach_reduce`` (the reduce-scatter's output all-reduced
+    in place over the mesh's replicate dimension, every micro-batch unless a loop calls
+    ``set_requires_all_reduce(False)``, which torchtitan's does not), and Megatron-LM's
+    distributed optimizer with ``num_distributed_optimizer_instances`` > 1 (reduce-scatter
+    within an instance, then all-reduce across instances, ``param_and_grad_buffer.py``).
+    Each copy keeps its own shards, so memory is sharded over the shard group alone; a
+    parameter gather runs within it. Every data-parallel move the engine makes is ZeRO's
+    (ZeRO 0 is refused beside dp_shard), and a plan's written transitions keep the group
+    they name. The experts' moves (on "edp") are ZeRO's too: hybrid sharding is priced only
+    where experts are not split apart (`resolve._check_hybrid`), so their group is this one
+    (`layers.expert_data_parallel`)."""
+    if move.group not in ("dp", "edp"):
         return [move]
     par = plan.parallel
     shard = replace(move, group="dp_shard")

@@ -258,6 +258,30 @@ def test_experts_split_apart_are_refused(tmp_path: Path) -> None:
     assert "$.parallel.dp_shard: dp_shard is priced for dense layers" in result.stderr
 
 
+def test_experts_not_split_apart_shard_with_the_rest(tmp_path: Path) -> None:
+    """Mixtral 8x7B at ep 1 (tp 2, pp 4, dp 8, ZeRO 1), dp_shard 2: its experts' data-parallel
+    group is then the dense one, so their states shard over the 2 ranks of a copy too
+    (Megatron-Core splits the expert data-parallel group into the optimizer's instances;
+    FSDP shards a unit's experts over its mesh) and their gradients reduce as the rest do.
+    A rank's experts: 8 layers of 8 experts of 3 x 4096 x 14336 over tp 2, 5,637,144,576
+    parameters; fp32 master weights over 2 ranks, 11,274,289,152 B (a review: they were
+    sharded over all 8, 23.6 GiB low, and the plan read as fitting)."""
+    edits = [("  ep: 8\n", "  ep: 1\n"), ("  dp: 8\n", "  dp: 8\n  dp_shard: 2\n")]
+    path = _write(tmp_path, "mixtral-8x7b.yaml", edits, "mixtral-ep1.yaml")
+    report = build_report(load_plan(path))
+    experts = 8 * 8 * 3 * 4096 * 14336 // 2
+    assert experts == 5_637_144_576
+    rows = {a.tensor: a for a in report.stages[0].peak_overlap}
+    master = rows["expert master weights (fp32)"]
+    assert master.bytes == experts // 2 * 4 == 11_274_289_152
+    assert master.placement == "shard over 2 expert data-parallel ranks, one of 4 copies"
+    assert not report.fits
+    moves = _collectives(to_dict(report), "dp.grads")
+    scatter, across = moves["expert gradients"], moves["expert gradient shards"]
+    assert (scatter["group"], scatter["ranks"], scatter["bytes"]) == ("dp_shard", 2, experts * 4)
+    assert (across["group"], across["ranks"], across["bytes"]) == ("dp_replicate", 4, experts * 2)
+
+
 def test_search_refuses_a_plan_with_dp_shard(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, route(["search", str(_fsdp(tmp_path))]))
     assert result.exit_code == 2 and result.stdout == ""
