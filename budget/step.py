@@ -626,7 +626,8 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         src="partial",
         dst="replicate",
         rule=f"hybrid sharding: the reduce-scatter's shard, all-reduced across the "
-        f"{par.replicas} copies right after it and hidden where it is ({move.rule})",
+        f"{par.replicas} copies right after it, hidden or exposed as the reduce-scatter is "
+        f"({move.rule})",
     )
     return [shard, across]
 

@@ -220,6 +220,33 @@ def test_context_parallel_shard_group_spans_cp(tmp_path: Path) -> None:
     )
     # ZeRO 2 reduces after every micro-batch: the all-reduce as often as the reduce-scatter
     assert moves["gradient shards"]["count"] == moves["gradients"]["count"] == 16
+    # the header names the shard group's cp too (a review: "over dp_shard 2" read as 2 ranks)
+    path = _write(tmp_path, "llama3-405b-128k.yaml", edits, "405b.yaml")
+    result = CliRunner().invoke(app, route([str(path)]), env={"COLUMNS": "120"})
+    assert "hybrid sharding over dp_shard 2 × cp 16, 4 copies" in " ".join(result.stdout.split())
+
+
+def test_the_all_reduce_says_it_is_exposed_or_hidden_as_its_reduce_scatter(tmp_path: Path) -> None:
+    """The embedding's reduce-scatter waits whole as the backward ends, and so does its
+    all-reduce across copies: its rule said "hidden" (a review)."""
+    moves = _collectives(_report(_fsdp(tmp_path)), "backward.embedding")
+    across = moves["embedding gradient shards"]
+    assert across["exposed_s"] == pytest.approx(across["time_s"], rel=1e-12)
+    rule = across["overlap_rule"]
+    assert rule.startswith("hybrid sharding: the reduce-scatter's shard, all-reduced across the 16")
+    assert "hidden or exposed as the reduce-scatter is" in rule
+    assert moves["embedding gradients"]["overlap_rule"] in rule
+
+
+def test_an_uneven_shard_group_is_told_at_dp_shard(tmp_path: Path) -> None:
+    """dp 24 in shard groups of 3 on three 8-GPU nodes: the group of ranks 6, 7, 8 straddles
+    two nodes; the error names dp_shard, not "degrees"."""
+    path = _fsdp(tmp_path, 3, 3)
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "error: $.parallel.dp_shard: the dp_shard group: group [6, 7, 8]" in line
+    assert "choose a dp_shard that divides the domain sizes (nvlink 8)" in line
 
 
 @pytest.mark.parametrize(

@@ -1728,6 +1728,16 @@ class _LayoutChecks:
         why = _uneven_reason(self.par, topology)
         if why:  # "": degrees that do not divide, which their own checks report
             sizes = ", ".join(f"{lv.name} {lv.size}" for lv in topology.levels if lv.size)
+            # hybrid sharding's groups are dp's fastest ranks, the shard group's size the
+            # plan's dp_shard (a review: told to choose "degrees" and reorder, not which)
+            if why.startswith(("the dp_shard", "the dp_replicate")):
+                self.r.error(
+                    "$.parallel.dp_shard",
+                    f"{why}; choose a dp_shard that divides the domain sizes ({sizes}) or is "
+                    "a multiple of them (the shard group is dp's fastest-varying ranks), or "
+                    "reorder parallel.order so that dp's ranks are farther apart",
+                )
+                return
             self.r.error(
                 "$.parallel",
                 f"{why}; choose degrees that divide the domain sizes ({sizes}) or are "

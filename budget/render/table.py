@@ -81,7 +81,9 @@ def header(report: Report) -> list[str]:
     shard = lay.get("dp_shard")
     if shard:
         copies = lay["dp"] // shard
-        how += [f"hybrid sharding over dp_shard {shard}, {copies} copies"]
+        # the shard group spans cp too, as the memory rows and the legend say (a review)
+        over = f"dp_shard {shard} × cp {lay['cp']}" if lay["cp"] > 1 else f"dp_shard {shard}"
+        how += [f"hybrid sharding over {over}, {copies} copies"]
     zero = f"ZeRO stage {lay['zero']}" + (f" ({', '.join(how)})" if how else "")
     zero += f" (DeepSpeed's gradient buffer of {bucket:,} elements)" if bucket else ""
     # ZeRO shards over dp x cp, and expert states over the expert data-parallel ranks
