@@ -370,16 +370,18 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
     belong to no stage (an audit); a stage that does not pace the step can expose more than
     the step's exposed time, which is the pacing stage's (a review: 405 ms of tp on stage 0
     beside a step that exposed 62.4 ms in all, unexplained). A serving pass crosses every
-    stage, so there the rows, summed over the stages, are the figures."""
-    if len(report.links) < 2:
-        return ()
-    inner = report.links[0]
+    stage, so there the rows, summed over the stages, are the figures. Last, a caution where
+    ZeRO 3's per-layer collectives are latency-bound (`_latency_note`)."""
     tagged: tuple[tuple[int | None, CollectiveRow], ...] = report.layer_collectives or tuple(
         (None, c)
         for p in report.phases
         if p.name.rpartition(".")[2] in LAYER_PHASES  # not the embedding, loss or dp
         for c in p.collectives
     )
+    latency = _latency_note(report, tagged)
+    if len(report.links) < 2:
+        return latency
+    inner = report.links[0]
     found: dict[str, dict[int | None, list[CollectiveRow]]] = {}
     for stage, c in tagged:
         if c.group in _PER_LAYER and c.link and c.link != inner["name"]:
@@ -410,7 +412,46 @@ def slow_link_notes(report: Report) -> tuple[str, ...]:
             f"{group}'s per-layer collectives ({calls:,} calls a {time_word(report.mode)}{where}, "
             f"{format_duration(exposed(rows))} of them exposed) cross {links}: {hint}"
         )
-    return tuple(notes)
+    return (*notes, *latency)
+
+
+def _latency_note(
+    report: Report, tagged: tuple[tuple[int | None, CollectiveRow], ...]
+) -> tuple[str, ...]:
+    """A caution where ZeRO 3's per-layer gathers and reduce-scatters over the whole
+    data-parallel group are latency-bound (their n·α above their bytes' time) and the step
+    waits for some of them: a ring over P ranks takes P − 1 steps of α (DESIGN.md rule 4),
+    so over thousands of ranks a layer's gather is mostly latency, which hybrid sharding
+    (`Parallel.dp_shard`) cuts to a shard group's steps and an all-reduce across the copies
+    (the README's Llama 3 8B on 4,096 GPUs: 17.9 ms of n·α a gather, its step 2.18 s
+    against 1.17 s). The figures are the pacing stage's where it has such collectives,
+    else the stage's that exposes most of them, as `slow_link_notes` reads its groups'."""
+    by_stage: dict[int | None, list[CollectiveRow]] = {}
+    for stage, c in tagged:
+        if c.group == "dp" and c.op in ("all-gather", "reduce-scatter"):
+            by_stage.setdefault(stage, []).append(c)
+    if not by_stage:
+        return ()
+
+    def exposed(rows: list[CollectiveRow]) -> float:
+        return sum((c.exposed_s or 0.0) * c.count for c in rows)
+
+    paced = report.step.get("pacing_stage")
+    stage = None if paced is None else int(paced)
+    rows = by_stage.get(stage) or max(by_stage.values(), key=exposed)
+    bound = [c for c in rows if (c.latency_term_s or 0.0) > (c.bandwidth_term_s or 0.0)]
+    if not bound or exposed(rows) <= 0:
+        return ()
+    worst = max(bound, key=lambda c: c.latency_term_s or 0.0)
+    group = group_name(worst.group, report.layout, worst.ranks)
+    return (
+        f"ZeRO 3's per-layer collectives over {group} {worst.ranks:,} are latency-bound "
+        f"(n·α {format_duration(worst.latency_term_s or 0.0)} of the "
+        f"{format_duration(worst.time_s or 0.0)} a call of {worst.name} takes; "
+        f"{format_duration(exposed(rows))} of them exposed a step): hybrid sharding "
+        "(parallel.dp_shard) gathers and reduce-scatters within a shard group and all-reduces "
+        "the gradients' shard across the copies, in fewer steps",
+    )
 
 
 def _closer(report: Report, group: str, ranks: int, level: str, size: int | None) -> str:

@@ -26,6 +26,7 @@ from budget.plan.load import load_plan
 from budget.plan.model import Parallel
 from budget.report import Report, to_dict
 from budget.topology import group_ranks
+from budget.units import format_duration
 from tests.plan_files import ROOT
 
 PARAMS = 8_030_261_248
@@ -326,6 +327,32 @@ def test_terminal_and_json_name_the_groups(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["layout"]["dp_shard"] == 8
 
 
+def test_a_latency_bound_flat_layout_is_told_of_hybrid_sharding(tmp_path: Path) -> None:
+    """Flat FSDP over 4,096 ranks: each layer's gather is a ring of 4,095 steps, 3,584 of
+    them inside a node at NVLink's α 3 µs and 511 between nodes at InfiniBand's 14 µs:
+    n·α = 10.752 + 7.154 = 17.906 ms of its 19.1 ms, and the step waits for some of them: a
+    caution says so and names dp_shard. Over 128 ranks n·α is a third of a gather, and
+    hybrid plans gather within a node: no caution."""
+    from budget.report import slow_link_notes
+
+    def notes(path: Path) -> tuple[str, ...]:
+        return slow_link_notes(build_report(load_plan(path)))
+
+    (note,) = notes(_fsdp(tmp_path, None, 512))
+    gather = _collectives(_report(_fsdp(tmp_path, None, 512)), "backward.mlp")["layer parameters"]
+    assert gather["latency_term_s"] == pytest.approx(3584 * 3e-6 + 511 * 14e-6, rel=1e-12)
+    assert gather["latency_term_s"] > gather["bandwidth_term_s"]
+    assert note.startswith("ZeRO 3's per-layer collectives over dp 4,096 are latency-bound (n·α ")
+    took = f"{format_duration(gather['latency_term_s'])} of the {format_duration(gather['time_s'])}"
+    assert took == "17.9 ms of the 19.1 ms"
+    assert f"{took} a call of layer parameters takes" in note
+    assert "hybrid sharding (parallel.dp_shard)" in note
+    assert notes(_fsdp(tmp_path, None, 16)) == ()
+    assert notes(_fsdp(tmp_path, 8, 512)) == ()
+    result = CliRunner().invoke(app, route([str(_fsdp(tmp_path, None, 512))]))
+    assert "Caution: ZeRO 3's per-layer collectives over dp 4,096" in result.stdout
+
+
 def _step(report: dict[str, Any]) -> str:
     return f"{report['step']['time_s']:.2f} s"
 
@@ -334,7 +361,7 @@ def test_the_readme_figures(tmp_path: Path) -> None:
     """The README's paragraph on `parallel.dp_shard`: Llama 3 8B's states a GPU, flat and
     hybrid, on 16 nodes and the steps there, and on 512 nodes the flat ring's n·α, a layer's
     gather and both steps, as the engine prices them."""
-    from budget.units import format_bytes, format_duration
+    from budget.units import format_bytes
 
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     start = text.index("`parallel.dp_shard` is hybrid sharding")

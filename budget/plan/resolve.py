@@ -1396,9 +1396,10 @@ def _hybrid_shard(tree: Tree) -> int | None:
 
 def _check_hybrid(r: _Resolver, par: Parallel) -> None:
     """Hybrid sharding (`Parallel.dp_shard` below dp) splits dp into shard groups: dp_shard
-    must divide dp, ZeRO must shard something (stage 1 to 3, over more than one rank), the
-    expert layers' own data-parallel groups are not split (they would need a shard group of
-    their own, which the plan language cannot say) and DeepSpeed's buffer
+    must divide dp, ZeRO must shard something (stage 1 to 3, over more than one rank),
+    experts split apart (ep > 1 or etp != tp) are refused, their data-parallel group needing
+    a shard group of its own, which the plan language cannot say (Megatron-LM refuses its
+    instances beside expert parallelism too), and DeepSpeed's buffer
     (`Parallel.reduce_bucket`), which reduces over the whole data-parallel group, is not
     beside it."""
     shard = par.dp_shard
