@@ -425,7 +425,14 @@ def _latency_note(
     (`Parallel.dp_shard`) cuts to a shard group's steps and an all-reduce across the copies
     (the README's Llama 3 8B on 4,096 GPUs: 17.9 ms of n·α a gather, its step 2.18 s
     against 1.17 s). The figures are the pacing stage's where it has such collectives,
-    else the stage's that exposes most of them, as `slow_link_notes` reads its groups'."""
+    else the stage's that exposes most of them, as `slow_link_notes` reads its groups';
+    only the latency-bound ones' exposure counts (a review: a bandwidth-bound
+    reduce-scatter's exposure beside hidden latency-bound gathers raised it over 48 nodes,
+    where a shard group per node is slower). Not said where the plan could not take the
+    key: experts split apart over ep or etp (`resolve._check_hybrid`)."""
+    layout = report.layout
+    if layout["ep"] > 1 or layout.get("etp") not in (None, layout["tp"]):
+        return ()
     by_stage: dict[int | None, list[CollectiveRow]] = {}
     for stage, c in tagged:
         if c.group == "dp" and c.op in ("all-gather", "reduce-scatter"):
@@ -440,15 +447,15 @@ def _latency_note(
     stage = None if paced is None else int(paced)
     rows = by_stage.get(stage) or max(by_stage.values(), key=exposed)
     bound = [c for c in rows if (c.latency_term_s or 0.0) > (c.bandwidth_term_s or 0.0)]
-    if not bound or exposed(rows) <= 0:
+    if exposed(bound) <= 0:
         return ()
     worst = max(bound, key=lambda c: c.latency_term_s or 0.0)
-    group = group_name(worst.group, report.layout, worst.ranks)
+    group = group_name(worst.group, layout, worst.ranks)
     return (
         f"ZeRO 3's per-layer collectives over {group} {worst.ranks:,} are latency-bound "
         f"(n·α {format_duration(worst.latency_term_s or 0.0)} of the "
         f"{format_duration(worst.time_s or 0.0)} a call of {worst.name} takes; "
-        f"{format_duration(exposed(rows))} of them exposed a step): hybrid sharding "
+        f"{format_duration(exposed(bound))} of them exposed a step): hybrid sharding "
         "(parallel.dp_shard) gathers and reduce-scatters within a shard group and all-reduces "
         "the gradients' shard across the copies, in fewer steps",
     )

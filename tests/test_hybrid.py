@@ -343,6 +343,10 @@ def test_a_latency_bound_flat_layout_is_told_of_hybrid_sharding(tmp_path: Path) 
     assert gather["latency_term_s"] == pytest.approx(3584 * 3e-6 + 511 * 14e-6, rel=1e-12)
     assert gather["latency_term_s"] > gather["bandwidth_term_s"]
     assert note.startswith("ZeRO 3's per-layer collectives over dp 4,096 are latency-bound (n·α ")
+    # the bytes' time, the ring's slowest level: each GPU's InfiniBand port carries an eighth
+    # of the 4,095/4,096 of 436,224,000 B it sends (8 ports a node) at 47 GB/s, 1.1599 ms
+    ib = 436_224_000 * 4095 / 4096 / 8 / 47e9
+    assert gather["time_s"] == pytest.approx(gather["latency_term_s"] + ib, rel=1e-6)
     took = f"{format_duration(gather['latency_term_s'])} of the {format_duration(gather['time_s'])}"
     assert took == "17.9 ms of the 19.1 ms"
     assert f"{took} a call of layer parameters takes" in note
@@ -351,6 +355,47 @@ def test_a_latency_bound_flat_layout_is_told_of_hybrid_sharding(tmp_path: Path) 
     assert notes(_fsdp(tmp_path, 8, 512)) == ()
     result = CliRunner().invoke(app, route([str(_fsdp(tmp_path, None, 512))]))
     assert "Caution: ZeRO 3's per-layer collectives over dp 4,096" in result.stdout
+
+
+def test_no_caution_where_the_step_waits_only_for_bandwidth(tmp_path: Path) -> None:
+    """48 nodes (dp 384): a layer's gather is latency-bound but hidden; the step waits only
+    for the stage's first layer's reduce-scatter, bandwidth-bound (n·α 1.67 ms of 2.31 ms
+    of bytes): no caution (a review: it fired, where a shard group per node is slower)."""
+    from budget.report import slow_link_notes
+
+    path = _fsdp(tmp_path, None, 48)
+    report = _report(path)
+    gathers = [
+        _collectives(report, phase)["layer parameters"]
+        for phase in ("forward.attention", "backward.mlp")
+    ]
+    scatter = _collectives(report, "backward.mlp")["layer gradients"]
+    assert all(g["latency_term_s"] > g["bandwidth_term_s"] for g in gathers)
+    assert all(g["exposed_s"] == 0 for g in gathers)
+    assert scatter["latency_term_s"] < scatter["bandwidth_term_s"] and scatter["exposed_s"] > 0
+    assert slow_link_notes(build_report(load_plan(path))) == ()
+
+
+def test_no_caution_where_the_plan_could_not_take_dp_shard(tmp_path: Path) -> None:
+    """Mixtral 8x7B under ZeRO 3 over dp 512 with experts over ep 8: its dense gathers are
+    latency-bound and exposed, but hybrid sharding is refused beside ep > 1 (a review: the
+    caution advised a key the plan is then refused for)."""
+    from budget.report import slow_link_notes
+
+    edits = [
+        ("global: 256", "global: 4096"),
+        ("  dp: 8\n", "  dp: 512\n"),
+        ("  zero: 1\n  order: [tp, cp, ep, dp, pp]\n", "  zero: 3\n"),
+        ("nodes: 8}", "nodes: 512}"),
+    ]
+    report = build_report(load_plan(_write(tmp_path, "mixtral-8x7b.yaml", edits, "moe.yaml")))
+    rows = [c for p in report.phases for c in p.collectives if c.group == "dp"]
+    assert any(
+        c.latency_term_s > c.bandwidth_term_s and (c.exposed_s or 0) > 0
+        for c in rows
+        if c.latency_term_s is not None and c.bandwidth_term_s is not None
+    )
+    assert not any("ZeRO 3's per-layer" in note for note in slow_link_notes(report))
 
 
 def _step(report: dict[str, Any]) -> str:
