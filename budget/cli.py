@@ -329,6 +329,14 @@ def search_command(
         str, _option("<list>", "Recompute: none,selective,full.")
     ] = "none,selective,full",
     sp: Annotated[str, _option("<list>", "Sequence parallelism: true,false.")] = "false,true",
+    hybrid: Annotated[
+        str,
+        _option(
+            "<list>",
+            "Hybrid sharding (parallel.dp_shard, a shard group per node) under ZeRO 1 to 3: "
+            "false (the default), true or false,true.",
+        ),
+    ] = "false",
     objective: Annotated[str, _option("<time|memory|tokens-per-s>", "What to rank by.")] = "time",
     top: Annotated[str, _option("<count>", "How many layouts to list.")] = "10",
     write: Annotated[Path | None, _option("<file>", "Write the best layout as a plan.")] = None,
@@ -354,6 +362,7 @@ def search_command(
             virtual_stages=virtual_stages,
             recompute=recompute,
             sp=sp,
+            hybrid=hybrid,
             headroom=headroom,
             max_exposed=max_exposed,
             max_step=max_step,

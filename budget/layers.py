@@ -694,7 +694,7 @@ def expert_data_parallel(plan: Plan) -> int:
     of a unit over the mesh its other parameters use (`step._hybrid`)."""
     par = plan.parallel
     if par.dp_shard is not None:
-        return int(par.zero_ranks)
+        return vmax(1, par.zero_ranks)  # type: ignore[no-any-return]
     return vmax(1, par.tp * par.cp * par.dp // (par.ep * par.expert_tp))
 
 

@@ -82,7 +82,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # a version of its own
 # 1.21: the report's ``layout.dp_shard``, ZeRO's shard group under hybrid sharding (null
 # without), and collectives on its groups ``dp_shard`` and ``dp_replicate``
-SCHEMA_VERSION = "1.21"
+# 1.22: search's ``config.dp_shard``, hybrid sharding's shard group where ``--hybrid true``
+# priced one (null otherwise)
+SCHEMA_VERSION = "1.22"
 
 Kind = Literal[
     "report",

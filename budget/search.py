@@ -103,9 +103,14 @@ class Config:
     recompute: Recompute
     micro: int
     virtual_stages: int
+    # hybrid sharding's shard group (`Parallel.dp_shard`, `Space.hybrid`); 0: ZeRO over all
+    # of dp, as without the key
+    dp_shard: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in FIELDS}
+        out = {name: getattr(self, name) for name in FIELDS}
+        out["dp_shard"] = self.dp_shard or None
+        return out
 
 
 FIELDS = (
@@ -119,6 +124,7 @@ FIELDS = (
     "recompute",
     "micro",
     "virtual_stages",
+    "dp_shard",
 )
 
 
@@ -165,6 +171,9 @@ class Space:
     recompute: tuple[Recompute, ...] = RECOMPUTE
     micro: tuple[int, ...] | None = None
     virtual_stages: tuple[int, ...] = (1, 2, 4)
+    # with True, each layout under ZeRO 1 to 3 also with hybrid sharding, a shard group of
+    # the dp ranks one innermost domain (a node) holds (`_shard_in_domain`)
+    hybrid: tuple[bool, ...] = (False,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +429,7 @@ def _axes(
         np.asarray(space.sequence_parallel, dtype=bool),
         np.asarray(space.zero),
         np.arange(len(space.recompute)),
+        np.asarray(space.hybrid, dtype=bool),
         np.arange(len(micros)),
     ]
     own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
@@ -433,6 +443,16 @@ def _uneven(parallel: Parallel, topology: Topology) -> bool:
     return uneven_group(parallel, topology) is not None
 
 
+# the degrees that place a layout's groups (`_spread`, `_Pricer`)
+_DEGREES = ("tp", "pp", "dp", "cp", "ep", "dp_shard")
+
+
+def _parallel(plan: Plan, degrees: tuple[int, ...]) -> Parallel:
+    """`plan`'s parallel section with one layout's `_DEGREES` (dp_shard 0: none)."""
+    tp, pp, dp, cp, ep, shard = degrees
+    return replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, dp_shard=shard or None)
+
+
 def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     """`block` without the layouts whose groups a single plan refuses: a group must hold
     the same number of ranks in each domain it touches (`topology.uneven_group`)."""
@@ -440,12 +460,11 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
         return block
     topology = replace(plan.topology, gpus=gpus)
     values = block.values
-    degrees = np.stack([values[k] for k in ("tp", "pp", "dp", "cp", "ep")], axis=1)
+    degrees = np.stack([values[k] for k in _DEGREES], axis=1)
     first, which = _distinct_rows(degrees)
     keep = np.ones(len(block), dtype=bool)
     for row, i in enumerate(first.tolist()):
-        tp, pp, dp, cp, ep = (int(x) for x in degrees[i])
-        parallel = replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
+        parallel = _parallel(plan, tuple(int(x) for x in degrees[i]))
         if _uneven(parallel, topology):
             keep &= which != row
     dropped = len(block) - int(keep.sum())
@@ -626,12 +645,13 @@ def _grid_piece(
     m, b = plan.model, plan.batch
     experts = m.experts
     etp = plan.parallel.etp or tp
-    ci, ep, v, sp, zero, rc, mi = (axis[i] for axis, i in zip(axes, points, strict=True))
+    ci, ep, v, sp, zero, rc, hy, mi = (axis[i] for axis, i in zip(axes, points, strict=True))
     if not own.all():  # each cp keeps only its own micro-batch sizes
         keep = np.flatnonzero(own[ci, mi])
-        ci, ep, v, sp, zero, rc, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, mi))
+        ci, ep, v, sp, zero, rc, hy, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, hy, mi))
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]
     dp = dp_cp // cp
+    shard = np.where(hy, _shard_in_domain(plan, tp, cp, pp, dp), 0)
     count = np.asarray(experts.count if experts else 1)
     rules = [
         (
@@ -691,6 +711,20 @@ def _grid_piece(
             "does not divide: micro-batches by pp (interleaved)",
             (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
         ),
+        # hybrid sharding (`Space.hybrid`) where the plan loader takes it (`_check_hybrid`)
+        ("hybrid sharding needs ZeRO 1 to 3", hy & (zero == 0)),
+        (
+            "hybrid sharding: no shard group of whole dp ranks within a node, short of dp",
+            hy & ((shard < 1) | (shard >= dp) | (shard * cp < 2)),
+        ),
+        (
+            "hybrid sharding is priced for experts not split apart (ep 1, etp = tp)",
+            hy & ((ep > 1) | (etp != tp)),
+        ),
+        (
+            "hybrid sharding beside DeepSpeed's reduce_bucket",
+            hy & bool(plan.parallel.reduce_bucket),
+        ),
     ]
     valid = np.ones(len(ep), dtype=bool)
     for reason, fails in rules:
@@ -719,8 +753,24 @@ def _grid_piece(
             "recompute": recompute,
             "micro": micro[valid].astype(np.int64),
             "virtual_stages": v[valid].astype(np.int64),
+            "dp_shard": shard[valid].astype(np.int64),
         }
     )
+
+
+def _shard_in_domain(plan: Plan, tp: int, cp: Any, pp: int, dp: Any) -> Any:
+    """Hybrid sharding's shard group for a sweep (`Space.hybrid`): the dp ranks one domain
+    of the topology's innermost level holds (a node's GPUs), as PyTorch FSDP's HYBRID_SHARD
+    shards within a node by default, given the degrees `parallel.order` lists before dp
+    (whose ranks vary faster); 0 where that is not a whole number of dp ranks dividing dp.
+    Arrays over a grid's layouts (cp and dp), or ints."""
+    domain = plan.topology.levels[0].size or 0
+    degrees = {"tp": tp, "cp": cp, "pp": pp}
+    before = 1
+    for kind in plan.parallel.order[: plan.parallel.order.index("dp")]:
+        before = before * degrees.get(kind, 1)  # ep is no dense dimension
+    shard = np.where(domain % before == 0, domain // before, 0)
+    return np.where((shard > 0) & (dp % np.maximum(shard, 1) == 0), shard, 0)
 
 
 def apply(plan: Plan, c: Config, gpus: int) -> Plan:
@@ -735,6 +785,7 @@ def apply(plan: Plan, c: Config, gpus: int) -> Plan:
         ep=c.ep,
         sequence_parallel=c.sequence_parallel,
         zero=c.zero,
+        dp_shard=c.dp_shard or None,
         pipeline=_pipeline(plan, schedule, c.pp, c.virtual_stages),
     )
     return replace(
@@ -803,7 +854,9 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     # stages (`step._with_transitions`): that stage's phases differ between the two
     sends = any(tr.group == "pp" and tr.src == tr.dst for tr in plan.transitions)
     chunked = (v > 1) if sends else np.zeros(len(cols), dtype=bool)
-    return np.stack([shape, cols.values["ep"] > 1, chunked], axis=1).astype(np.int64)
+    # hybrid sharding moves the data-parallel collectives to other groups (`step._hybrid`)
+    hybrid = cols.values["dp_shard"] > 0
+    return np.stack([shape, cols.values["ep"] > 1, chunked, hybrid], axis=1).astype(np.int64)
 
 
 # One number per distinct sequence of stage classes, for the life of the process (a sweep
@@ -933,6 +986,8 @@ def _batched(plan: Plan, cols: Columns, gpus: int) -> Plan:
         ep=values["ep"],
         zero=values["zero"],
         sequence_parallel=values["sequence_parallel"],
+        # one structure: all of them hybrid or none (`structure`)
+        dp_shard=values["dp_shard"] if first.parallel.dp_shard is not None else None,
     )
     return replace(
         first,
@@ -965,7 +1020,7 @@ class _Pricer:
         plan = replace(plan, topology=replace(plan.topology, gpus=gpus))
         self.plan, self.gpus = plan, gpus
         self.levels = plan.topology.levels
-        degrees = np.stack([cols.values[k] for k in ("tp", "pp", "dp", "cp", "ep")], axis=1)
+        degrees = np.stack([cols.values[k] for k in _DEGREES], axis=1)
         first, which = _distinct_rows(degrees)
         self.unique = [tuple(int(x) for x in degrees[i]) for i in first.tolist()]
         self.which = which
@@ -973,10 +1028,7 @@ class _Pricer:
         self.first = first.tolist()
         self.cols = cols
         self.shaped: tuple[np.ndarray, np.ndarray] | None = None  # `_by_shape`, once
-        self.plans = [
-            replace(plan, parallel=replace(plan.parallel, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep))
-            for tp, pp, dp, cp, ep in self.unique
-        ]
+        self.plans = [replace(plan, parallel=_parallel(plan, row)) for row in self.unique]
         self.cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.spans: Spans = {} if spans is None else spans
         self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, CollectiveCost]]] = {}
@@ -1112,7 +1164,7 @@ def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...]
     """Ranks per level of a tp, cp or dp group (dp x cp for gradients under context
     parallelism), as `move_span` lays it out, in closed form (`topology.level_ranks`);
     None for the other groups and layouts, which `move_span` lists."""
-    if group not in ("tp", "cp", "dp"):
+    if group not in ("tp", "cp", "dp", "dp_shard", "dp_replicate"):
         return None
     kind = move_kind(config, group, ranks)
     if group_size(kind, config.parallel) != ranks:
@@ -2100,6 +2152,7 @@ def as_written(plan: Plan, limits: Limits | None = None) -> tuple[Result, tuple[
         plan.recompute,
         plan.batch.micro,
         p.pipeline.virtual_stages,
+        p.dp_shard or 0,
     )
     row = Result(
         config,

@@ -66,6 +66,10 @@ def space(options: dict[str, str | None]) -> Space:
     )
     if not sp or None in sp:
         errors.append(f"--sp {options['sp']!r}: use true, false or true,false")
+    given = options.get("hybrid") or "false"
+    hybrid = tuple(dict.fromkeys(flags.get(v.strip().lower()) for v in given.split(",")))
+    if not hybrid or None in hybrid:
+        errors.append(f"--hybrid {given!r}: use true, false or false,true")
     if errors:
         raise UsageErrors(errors)
     return Space(
@@ -78,6 +82,7 @@ def space(options: dict[str, str | None]) -> Space:
         recompute=recompute,  # type: ignore[arg-type]
         micro=dims["micro"],
         virtual_stages=dims["virtual_stages"] or Space().virtual_stages,
+        hybrid=tuple(v for v in hybrid if v is not None),
     )
 
 
@@ -175,9 +180,10 @@ def run_search(
         return 2
     if plan.parallel.dp_shard is not None:
         hybrid = (
-            f"budget search sweeps dp, and ZeRO over all of it; this plan shards over "
-            f"dp_shard = {plan.parallel.dp_shard} of its dp, which other degrees do not keep. "
-            "Remove dp_shard to search, then set it on the layout you pick and budget that plan"
+            f"budget search sweeps dp, and with --hybrid a shard group per node; this plan "
+            f"shards over dp_shard = {plan.parallel.dp_shard} of its dp, which other degrees "
+            "do not keep. Remove dp_shard and search with --hybrid false,true to weigh hybrid "
+            "sharding against ZeRO over all of dp"
         )
         print(_located(data, file, "$.parallel.dp_shard", hybrid), file=sys.stderr)
         return 2
@@ -381,9 +387,10 @@ def _contradiction(
     from budget.search import Space, blocking_rules, buildable
 
     default, fields = Space(), {"sp": "sequence_parallel"}
+    names = ("tp", "pp", "cp", "ep", "zero", "micro", "virtual_stages", "recompute", "sp", "hybrid")
     flags = [
         f"--{name.replace('_', '-')} {options[name]}"
-        for name in ("tp", "pp", "cp", "ep", "zero", "micro", "virtual_stages", "recompute", "sp")
+        for name in names
         if options.get(name) is not None
         and (
             name == "virtual_stages"

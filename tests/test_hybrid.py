@@ -410,7 +410,7 @@ def test_the_readme_figures(tmp_path: Path) -> None:
 
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     start = text.index("`parallel.dp_shard` is hybrid sharding")
-    paragraph = text[start : text.index("refuses a plan that sets it", start)]
+    paragraph = text[start : text.index("(search it without the key)", start)]
     hybrid, flat = _report(_fsdp(tmp_path, 8, 16)), _report(_fsdp(tmp_path, None, 16))
 
     def states(report: dict[str, Any]) -> str:
@@ -431,3 +431,81 @@ def test_the_readme_figures(tmp_path: Path) -> None:
         f"gather {format_duration(gather['time_s'])}, and its step is {_step(flat)} against "
         f"hybrid sharding's {_step(hybrid)}" in paragraph
     )
+
+
+def test_search_weighs_hybrid_sharding(tmp_path: Path) -> None:
+    """`budget search --hybrid false,true` (`Space.hybrid`) prices each ZeRO 1 to 3 layout
+    also with a shard group of the dp ranks a node holds: 8 / (tp x cp), tp and cp varying
+    faster than dp. On 128 nodes the fastest Llama 3 8B layout is hybrid (the flat one's
+    rings over 1,024 ranks are latency-bound), and the sweep's bytes and seconds for every
+    layout it ranks are `budget`'s for that layout written as a plan."""
+    from budget.search import Space, apply, search
+
+    plan = load_plan(_fsdp(tmp_path, None, 128))
+    outcome = search(plan, 1024, Space(hybrid=(False, True)), keep=200)
+    best = outcome.results[0].config
+    assert (best.tp, best.cp, best.dp, best.dp_shard) == (1, 1, 1024, 8)
+    hybrid = [r for r in outcome.results if r.config.dp_shard]
+    assert hybrid and len(hybrid) < len(outcome.results)
+    for r in hybrid:
+        c = r.config
+        assert c.zero >= 1 and c.dp_shard == 8 // (c.tp * c.cp) and c.dp % c.dp_shard == 0
+    for r in outcome.results:
+        report = build_report(apply(plan, r.config, 1024))
+        assert report.worst.peak_bytes == r.peak_bytes
+        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+
+
+def test_search_keeps_hybrid_sharding_where_a_plan_takes_it(tmp_path: Path) -> None:
+    """Mixtral's layouts with experts over ep > 1 and ZeRO 0 ones are not made hybrid
+    (`resolve._check_hybrid` refuses both), and without --hybrid no layout is."""
+    from budget.search import Space, search
+
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    outcome = search(plan, 64, Space(hybrid=(False, True)), keep=10**6)
+    hybrid = [r.config for r in outcome.results if r.config.dp_shard]
+    assert hybrid and all(c.ep == 1 and c.zero >= 1 for c in hybrid)
+    assert outcome.rejected["hybrid sharding needs ZeRO 1 to 3"] > 0
+    assert (
+        outcome.rejected["hybrid sharding is priced for experts not split apart (ep 1, etp = tp)"]
+        > 0
+    )
+    default = search(plan, 64, Space(), keep=10**6)
+    assert not any(r.config.dp_shard for r in default.results)
+    assert all(r.config.to_dict()["dp_shard"] is None for r in default.results[:5])
+
+
+def test_search_cli_hybrid(tmp_path: Path) -> None:
+    """`--hybrid` takes true, false or both; the best layout written with --write carries its
+    dp_shard, and `budget` prices that plan as the search did."""
+    path = _fsdp(tmp_path, None, 128)
+    bad = CliRunner().invoke(app, route(["search", str(path), "--hybrid", "maybe"]))
+    assert bad.exit_code == 2 and "--hybrid 'maybe': use true, false or false,true" in bad.stderr
+    best = tmp_path / "best.yaml"
+    args = ["search", str(path), "--hybrid", "false,true", "--write", str(best), "-f", "json"]
+    result = CliRunner().invoke(app, route(args))
+    assert result.exit_code == 0, result.stderr
+    ranked = json.loads(result.stdout)["results"][0]
+    assert ranked["config"]["dp_shard"] == 8
+    written = _report(best)
+    assert written["layout"]["dp_shard"] == 8
+    assert written["step"]["time_s"] == pytest.approx(ranked["step_time_s"], rel=1e-12)
+
+
+def test_the_readme_search_figures(tmp_path: Path) -> None:
+    """The README's `budget search --hybrid false,true` sentence: on 128 nodes the fastest
+    Llama 3 8B layout is hybrid, dp 1,024 with dp_shard 8, and its step and the fastest
+    flat layout's are the figures said."""
+    from budget.search import Space, search
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    plan = load_plan(_fsdp(tmp_path, None, 128))
+    both = search(plan, 1024, Space(hybrid=(False, True)), keep=1).results[0]
+    flat = search(plan, 1024, Space(), keep=1).results[0]
+    assert (both.config.dp, both.config.dp_shard, flat.config.dp_shard) == (1024, 8, 0)
+    said = (
+        "on 128 nodes Llama 3 8B's fastest layout is dp 1,024 with dp_shard 8, "
+        f"{format_duration(both.step_time_s)} a step against "
+        f"{format_duration(flat.step_time_s)} for the fastest with ZeRO over all of dp"
+    )
+    assert said in text

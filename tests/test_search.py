@@ -165,8 +165,10 @@ def test_cli_writes_a_plan_that_budgets_like_the_winner(tmp_path):
         "micro",
         "virtual_stages",
         "layers_per_stage",  # null: GPT-3's 96 layers split evenly over pp 8 (or 4, 2)
+        "dp_shard",  # null: no hybrid sharding without --hybrid true
     }
     assert best["config"]["layers_per_stage"] is None
+    assert best["config"]["dp_shard"] is None
     report = build_report(load_plan(out))
     assert report.worst.peak_bytes == best["peak_bytes"]
     assert _relative(report.step["time_s"], best["step_time_s"]) < 1e-9

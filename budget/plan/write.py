@@ -56,7 +56,7 @@ def layout_yaml(
 ) -> str:
     """The plan at `source`, whose bytes the search read (`data`: read once, as a pipe or a
     file edited during the sweep cannot be read again as it was), with `layout` (tp, pp,
-    dp, cp, ep, zero, sequence_parallel, recompute, micro, virtual_stages) and `gpus`
+    dp, cp, ep, zero, sequence_parallel, recompute, micro, virtual_stages, dp_shard) and `gpus`
     written in, to be saved in `folder` (the source's own by default): a relative
     ``model.hf_config``, which a plan reads from its own folder, is rewritten relative to
     that one (an absolute one is kept). Hand-written transitions are kept as the file writes
@@ -69,6 +69,10 @@ def layout_yaml(
     parallel = tree.setdefault("parallel", {})
     for key in ("tp", "pp", "dp", "cp", "ep", "zero", "sequence_parallel"):
         parallel[key] = layout[key]
+    if layout.get("dp_shard"):  # hybrid sharding's shard group (`search.Space.hybrid`)
+        parallel["dp_shard"] = layout["dp_shard"]
+    else:
+        parallel.pop("dp_shard", None)
     v = layout["virtual_stages"]
     pipeline = dict(parallel.get("pipeline") or {})
     pipeline.pop("layers_per_stage", None)

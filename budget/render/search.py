@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from budget.check import Limits
     from budget.search import Outcome, Result
 
-HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro"]
+HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "dp_shard", "recompute", "micro"]
 PARETO_ROWS = 15
 
 
@@ -52,6 +52,7 @@ def _layout(r: Result, uneven: bool = False) -> dict[str, str]:
         "ep": str(c.ep),
         "sp": "sp" if c.sequence_parallel else "–",
         "zero": str(c.zero),
+        "dp_shard": str(c.dp_shard) if c.dp_shard else "–",  # hybrid sharding's shard group
         "recompute": c.recompute,
         "micro": str(c.micro),
     }
@@ -123,8 +124,9 @@ def _figures(
 
 
 def _shown(rows: tuple[Result, ...]) -> list[str]:
-    """Layout columns worth showing: cp and ep only when some row uses them."""
-    return [h for h in HEAD if h not in ("cp", "ep") or any(_layout(r)[h] != "1" for r in rows)]
+    """Layout columns worth showing: cp, ep and dp_shard only when some row uses them."""
+    unused = {"cp": "1", "ep": "1", "dp_shard": "–"}
+    return [h for h in HEAD if h not in unused or any(_layout(r)[h] != unused[h] for r in rows)]
 
 
 def _table(
@@ -619,13 +621,15 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
     digits = figure_digits((*best, *outcome.pareto, *_written(outcome)))
 
     def rows(results: tuple[Result, ...]) -> list[str]:
-        head = [*HEAD, "peak", "step", "exposed", "tokens/s", "MFU"]
+        # every layout column, but hybrid sharding's where no row has it
+        shown = [h for h in HEAD if h != "dp_shard" or any(r.config.dp_shard for r in results)]
+        head = [*shown, "peak", "step", "exposed", "tokens/s", "MFU"]
         out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         marked = [_uneven(outcome, r) for r in results]
         for r, uneven in zip(results, marked, strict=True):
             # the marker escaped: a bare * opens emphasis in GitHub's markdown
             layout = {**_layout(r), "pp": _layout(r, uneven)["pp"].replace(UNEVEN, "\\*")}
-            cells = [*layout.values(), *_figures(r, digits, outcome.limits).values()]
+            cells = [*(layout[h] for h in shown), *_figures(r, digits, outcome.limits).values()]
             out.append("| " + " | ".join(cells) + " |")
         legend = virtual_note(results)
         note = [legend] if legend else []
