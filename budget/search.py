@@ -651,7 +651,8 @@ def _grid_piece(
         ci, ep, v, sp, zero, rc, hy, mi = (a[keep] for a in (ci, ep, v, sp, zero, rc, hy, mi))
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]
     dp = dp_cp // cp
-    shard = np.where(hy, _shard_in_domain(plan, tp, cp, pp, dp), 0)
+    # hybrid sharding's shard group, worked out only where the sweep asks for it
+    shard = np.where(hy, _shard_in_domain(plan, tp, cp, pp, dp), 0) if hy.any() else 0 * dp
     count = np.asarray(experts.count if experts else 1)
     rules = [
         (
