@@ -1163,8 +1163,9 @@ def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
     """Ranks per level of a tp, cp or dp group (dp x cp for gradients under context
-    parallelism), as `move_span` lays it out, in closed form (`topology.level_ranks`);
-    None for the other groups and layouts, which `move_span` lists."""
+    parallelism), or of hybrid sharding's shard group and copies (dp_shard, dp_replicate),
+    as `move_span` lays it out, in closed form (`topology.level_ranks`); None for the other
+    groups and layouts, which `move_span` lists."""
     if group not in ("tp", "cp", "dp", "dp_shard", "dp_replicate"):
         return None
     kind = move_kind(config, group, ranks)
