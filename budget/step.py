@@ -625,9 +625,10 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         size_bytes=elements * element,
         src="partial",
         dst="replicate",
+        # the copies counted for one plan (a sweep's are an array, its rules not read)
         rule=f"hybrid sharding: the reduce-scatter's shard, all-reduced across the "
-        f"{par.replicas} copies right after it, hidden or exposed as the reduce-scatter is "
-        f"({move.rule})",
+        f"{count_label(par.replicas)} copies right after it, hidden or exposed as the "
+        f"reduce-scatter is ({move.rule})",
     )
     return [shard, across]
 

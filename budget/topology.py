@@ -370,7 +370,6 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
             "dp_replicate, etp, ep or edp"
         )
     order = _dense_order(parallel)
-    coords = _dense_coords(rank, order, degrees)
     if all(d in (*_DENSE, *_HYBRID) for d in dims):
         # dp as its two digits, the shard group's the faster (one of them 1 without hybrid
         # sharding, which leaves every group as it was)
@@ -397,6 +396,7 @@ def _members(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> S
         return tuple(np.sort(lattice + base).tolist())
     if not all(d in _EXPERT for d in dims):
         raise ValueError(f"group {'×'.join(dims)} mixes dense and expert dimensions")
+    coords = _dense_coords(rank, order, degrees)
     if not degrees["edp"]:
         raise ValueError(
             f"ep × etp = {parallel.ep} × {degrees['etp']} must divide tp × cp × dp = "

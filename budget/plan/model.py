@@ -283,8 +283,9 @@ class Parallel:
         return (self.dp if self.dp_shard is None else self.dp_shard) * self.cp
 
     @property
-    def replicas(self) -> int:
-        """Copies of ZeRO's shards under hybrid sharding, dp / dp_shard (1 without)."""
+    def replicas(self) -> Any:
+        """Copies of ZeRO's shards under hybrid sharding, dp / dp_shard (1 without); an
+        array in a sweep's hybrid layouts (`search.Space.hybrid`)."""
         return 1 if self.dp_shard is None else self.dp // self.dp_shard
 
 
