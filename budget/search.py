@@ -689,11 +689,8 @@ def _grid_piece(
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
             & gather_rounds_master(plan.precision),
         ),
-        (
-            # resolve's `_check_reshard`
-            "ZeRO 3 kept gathered from forward to backward runs without a pipeline",
-            (not plan.parallel.reshard_after_forward) & (zero == 3) & (pp > 1),
-        ),
+        # resolve's `_check_pipeline_zero3`
+        ("ZeRO 3 is priced without a pipeline only", (zero == 3) & (pp > 1)),
         (
             # resolve's `_check_deepspeed_pipeline`
             "DeepSpeed's ZeRO 2 and 3 run without a pipeline",

@@ -1229,8 +1229,8 @@ def _kept_gathered(b: _StageBuilder, fewer: int = 0) -> list[Alloc]:
     stage is held gathered through the layers' forward (the last layer's, which the
     instants price), the loss and the first backward; `fewer` layers less once their
     backward is done (`_zero3_layer_below`). It holds what the gathered and prefetched
-    units would (`_zero3_transients`), which it replaces. No plan with a pipeline keeps
-    them (`resolve._check_reshard`)."""
+    units would (`_zero3_transients`), which it replaces. ZeRO 3 has no pipeline here
+    (`resolve._check_pipeline_zero3`)."""
     plan, layer = b.plan, b.layer
     if plan.parallel.reshard_after_forward:
         return []

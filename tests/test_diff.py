@@ -1068,14 +1068,16 @@ def test_a_nought_change_reads_in_its_unit_and_a_tiny_one_keeps_its_digits() -> 
 
 def test_plan_changes_say_they_are_resolved_values(tmp_path: Path) -> None:
     """zero 1 → 3 lists parallel.fsdp – → 2 too, a key neither file writes (an audit took
-    it for a mistake): under the changes, in both formats, a sentence says why."""
+    it for a mistake): under the changes, in both formats, a sentence says why. (Gemma 2
+    9B, without a pipeline: ZeRO 3 is priced without one only.)"""
     from budget.render.diff import RESOLVED
 
-    b = variant(tmp_path, "z3.yaml", ("zero: 1", "zero: 3"), base=LLAMA)
-    *_, diff = diff_files(LLAMA, b)
+    gemma = ROOT / "plans" / "gemma2-9b.yaml"
+    b = variant(tmp_path, "z3.yaml", ("zero: 1", "zero: 3"), base=gemma)
+    *_, diff = diff_files(gemma, b)
     assert [c.key for c in diff.changes][:1] == ["parallel.zero"]
     for fmt in ("table", "markdown"):
-        result = CliRunner().invoke(app, route(["diff", str(LLAMA), str(b), "-f", fmt]))
+        result = CliRunner().invoke(app, route(["diff", str(gemma), str(b), "-f", fmt]))
         assert RESOLVED in " ".join(result.stdout.split()), fmt
 
 

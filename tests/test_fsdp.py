@@ -148,17 +148,6 @@ def test_tied_embedding_gradients_are_summed_not_passed_twice(tmp_path: Path) ->
     assert embedding[FLAT] == 18 * 2048 * 5120
 
 
-def test_pipelined_stages_each_pass_their_own_copy(tmp_path: Path) -> None:
-    """Over two stages (dp 4) the embedding (first) and the output layer (last) are two
-    parameters, each in its stage's root unit: each takes the whole passes (pre-divide by 2
-    on 4 ranks: 18 B) and none is summed; the position table (2048 x 5120) passes with the
-    embedding, the final norm (2 x 5120) with the output layer."""
-    plan = _plan(tmp_path, {"pp": 2, "dp": 4})
-    first = _bytes(plan, "backward.embedding", 0)
-    assert first[FLAT] == 18 * (VOCAB + 2048 * 5120) and SUMMED not in first
-    assert _bytes(plan, "loss", 1)[FLAT] == 18 * (VOCAB + 2 * 5120)
-
-
 @pytest.mark.parametrize(
     ("fsdp", "flat", "per_param", "per_shard"),
     [
@@ -198,16 +187,12 @@ def test_root_unit_passes_every_parameter_it_reduces(
 
 
 def test_root_gradients_held_as_computed_then_cast(tmp_path: Path) -> None:
-    """The head's whole gradient until the root unit's reduce-scatter: in bf16 (2 B) on a
-    stage that also holds the embedding, whose root backward ends the step's backward; on
-    a last stage alone FSDP casts it to fp32 right after the loss and holds both (6 B)
-    while the layers' backward runs."""
-    name = HEAD_GRADIENTS
-    for parallel, stage, per_param in (({}, 0, 2), ({"pp": 2, "dp": 4}, 1, 6)):
-        plan = _plan(tmp_path, parallel)
-        phase = _phase(plan, "backward.mlp", stage)
-        sizes = {a.name: a.total for i in phase.instants for a in i.live}
-        assert sizes[name] == per_param * VOCAB
+    """The head's whole gradient until the root unit's reduce-scatter: in bf16 (2 B) on the
+    one stage, which also holds the embedding, whose root backward ends the step's backward
+    (ZeRO 3 is priced without a pipeline only)."""
+    phase = _phase(_plan(tmp_path), "backward.mlp", 0)
+    sizes = {a.name: a.total for i in phase.instants for a in i.live}
+    assert sizes[HEAD_GRADIENTS] == 2 * VOCAB
 
 
 @pytest.mark.parametrize(("reduce", "size"), [(None, 4), ("bf16", 2)])
@@ -522,34 +507,6 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
     assert grads == {"gradients (fp32)": 4 * -(-8_030_261_248 // 8)}
 
 
-def test_a_pipeline_stage_whose_warm_up_runs_every_forward_holds_no_gradient_shard(
-    tmp_path: Path,
-) -> None:
-    """A review: at pp 2 over two micro-batches stage 0 runs both forwards before its first
-    backward (1F1B's warm-up, pp − stage of them), so under FSDP its forward holds no
-    gradient shard, 4,015,128,576 B less at forward.mlp (23,520,100,352 -> 19,504,971,776 B,
-    by hand, in units of blocks: the MLP gathered, 352,329,728 B, and the next attention
-    prefetched, 83,894,272 B); stage 1 runs a backward between its two forwards and keeps
-    it. torchtitan's whole-layer units hold the layer and the next one prefetched,
-    2 x 436,224,000 B, 436,224,000 B more: 19,941,195,776 B; and its split root frees the
-    embedding's bf16 copy after its forward, 2 x 525,336,576 B less: 18,890,522,624 B."""
-    from tests.plan_files import variant
-
-    shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
-    path = variant(tmp_path, "pp2.yaml", ("  dp: 8\n", "  dp: 4\n  pp: 2\n"), base=shipped)
-    stages = derive(load_plan(path)).stages
-
-    def forward(stage) -> tuple[int, int]:
-        (mlp,) = [p for p in stage.phases if p.name == "forward.mlp"]
-        peak = max(int(i.total) for i in mlp.instants)
-        grads = max(sum(a.total for a in i.live if a.category == "grads") for i in mlp.instants)
-        return peak, int(grads)
-
-    kept = 19_504_971_776 + 436_224_000 - 2 * EMBEDDING
-    assert forward(stages[0]) == (kept, 0) == (18_890_522_624, 0)
-    assert forward(stages[1])[1] > 0
-
-
 # MPT 13B's attention block: QKV 5120 x 15360 + bias 15360, the output projection 5120 x
 # 5120 + bias 5120 and its LayerNorm 2 x 5120; with the MLP block, a layer
 ATTENTION = 5120 * 15360 + 15360 + 5120 * 5120 + 5120 + 2 * 5120
@@ -766,17 +723,24 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
     assert step["step"]["comm_s"] == pytest.approx(expected)
 
 
-def test_units_kept_from_forward_to_backward_are_refused_beside_a_pipeline(tmp_path: Path) -> None:
-    """With a pipeline torch.distributed.pipelining keeps the parameters gathered and the
-    gradients unreduced until a step's last backward, which no price here follows."""
+@pytest.mark.parametrize("kept", [False, True])
+def test_zero3_is_refused_beside_a_pipeline(tmp_path: Path, kept: bool) -> None:
+    """With a pipeline torch.distributed.pipelining keeps each stage's gradients unsharded
+    and unreduced until a step's last backward, and its units gathered after each backward,
+    whichever reshard_after_forward says; no price here follows that, so the plan is refused
+    at its zero key, once."""
     path = _kept(tmp_path, pp=2)
+    if not kept:
+        text = path.read_text(encoding="utf-8").replace("  reshard_after_forward: false\n", "")
+        path.write_text(text, encoding="utf-8")
     with pytest.raises(BudgetError) as caught:
         load_plan(path)
     (problem,) = caught.value.problems
-    assert problem.path == "$.parallel.reshard_after_forward"
-    assert "priced without a pipeline (pp = 2)" in problem.message
+    assert problem.path == "$.parallel.zero"
+    assert "ZeRO 3 is priced without a pipeline only (pp = 2)" in problem.message
+    assert "set pp to 1, or zero to 1" in problem.message
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert (problem.line, problem.col) == (lines.index("  reshard_after_forward: false") + 1, 26)
+    assert (problem.line, problem.col) == (lines.index("  zero: 3") + 1, 9)
 
 
 EMBEDDING = 128_256 * 4_096  # Llama 3 8B's input table; the head adds the final norm's 4,096

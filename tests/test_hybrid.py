@@ -377,16 +377,17 @@ def test_no_caution_where_the_step_waits_only_for_bandwidth(tmp_path: Path) -> N
 
 
 def test_no_caution_where_the_plan_could_not_take_dp_shard(tmp_path: Path) -> None:
-    """Mixtral 8x7B under ZeRO 3 over dp 512 with experts over ep 8: its dense gathers are
-    latency-bound and exposed, but hybrid sharding is refused beside ep > 1 (a review: the
-    caution advised a key the plan is then refused for)."""
+    """Mixtral 8x7B under ZeRO 3 over dp 512 with experts over ep 8 (without a pipeline,
+    where ZeRO 3 is priced only): its dense gathers are latency-bound and exposed, but
+    hybrid sharding is refused beside ep > 1 (a review: the caution advised a key the plan
+    is then refused for)."""
     from budget.report import slow_link_notes
 
     edits = [
         ("global: 256", "global: 4096"),
-        ("  dp: 8\n", "  dp: 512\n"),
+        ("  pp: 4\n  dp: 8\n", "  pp: 1\n  dp: 512\n"),
         ("  zero: 1\n  order: [tp, cp, ep, dp, pp]\n", "  zero: 3\n"),
-        ("nodes: 8}", "nodes: 512}"),
+        ("nodes: 8}", "nodes: 128}"),
     ]
     report = build_report(load_plan(_write(tmp_path, "mixtral-8x7b.yaml", edits, "moe.yaml")))
     rows = [c for p in report.phases for c in p.collectives if c.group == "dp"]

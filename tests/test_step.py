@@ -499,27 +499,29 @@ def test_zero3_gathers_and_reduces_the_parameters_outside_the_layers():
 
 
 def test_zero3_root_of_an_moe_model_leaves_out_its_layers(tmp_path):
-    """Mixtral 8x7B at tp 2, pp 4 under ZeRO-3: the first stage's root is its word
-    embedding, 32000 / 2 x 4096 = 65,536,000 parameters; the last stage's the output layer
-    and the final RMSNorm's 4096 (not the MoE layers: each has its own gathers); the middle
-    stages have none. Gathered in the plan's bf16, gradients reduced in fp32."""
+    """Mixtral 8x7B at tp 2 under ZeRO-3 (dp 32, no pipeline: ZeRO 3 is priced without
+    one only): the root unit is the word embedding and the untied output layer, each
+    32000 / 2 x 4096 = 65,536,000 parameters, and the final RMSNorm's 4096, not the MoE
+    layers (each has its own gathers). Gathered in the plan's bf16 before the embedding,
+    gradients reduced in fp32 after its backward, and no other root move."""
     from pathlib import Path
 
     from budget.plan.load import load_plan
 
     text = (Path(__file__).parents[1] / "plans" / "mixtral-8x7b.yaml").read_text("utf-8")
     path = tmp_path / "mixtral.yaml"
-    path.write_text(text.replace("  zero: 1\n", "  zero: 3\n", 1), "utf-8")
+    text = text.replace("  zero: 1\n", "  zero: 3\n", 1)
+    path.write_text(text.replace("  pp: 4\n  dp: 8\n", "  pp: 1\n  dp: 32\n", 1), "utf-8")
     plan = load_plan(path)
-    assert plan.parallel.zero == 3 and plan.parallel.tp == 2
-    stages = derive(plan).stages
-    word = 32000 // 2 * 4096
-    assert moves(stages[0], "forward.embedding")["embedding weights"][3] == (2 * word)
-    head = moves(stages[-1], "loss")
-    assert head["head weights"][3] == 2 * (word + 4096)
-    assert head["head gradients"][3] == 4 * (word + 4096)
-    for middle in stages[1:-1]:
-        assert not [m for p in middle.phases for m in p.moves if "root unit" in m.rule]
+    assert plan.parallel.zero == 3 and (plan.parallel.tp, plan.parallel.pp) == (2, 1)
+    (stage,) = derive(plan).stages
+    root = 2 * (32000 // 2 * 4096) + 4096
+    gather = ("all-gather", "dp", 32, 2 * root)
+    assert moves(stage, "forward.embedding") == {"embedding+head weights": gather}
+    scatter = ("reduce-scatter", "dp", 32, 4 * root)
+    assert moves(stage, "backward.embedding") == {"embedding+head gradients": scatter}
+    rest = [p for p in stage.phases if p.name not in ("forward.embedding", "backward.embedding")]
+    assert not [m for p in rest for m in p.moves if "root unit" in m.rule]
 
 
 def moves(stage, phase):

@@ -1368,21 +1368,41 @@ def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel)
         )
 
 
-def _check_reshard(r: _Resolver, par: Parallel) -> None:
-    """ZeRO 3's parameters kept gathered from a unit's forward to its backward
-    (`Parallel.reshard_after_forward` false) are priced without a pipeline: there
-    torch.distributed.pipelining keeps them gathered and the gradients unreduced until a
-    step's last backward (``set_reshard_after_backward`` and ``set_requires_gradient_sync``
-    false before it), another step than one micro-batch's forward, backward and
-    reduce-scatter after another."""
-    if not par.reshard_after_forward and par.pp > 1 and par.zero == 3:
-        r.error(
-            "$.parallel.reshard_after_forward",
-            f"reshard_after_forward: false is priced without a pipeline (pp = {par.pp}): "
-            "there PyTorch's pipeline schedules keep the parameters gathered and the "
-            "gradients unreduced until the step's last backward, which budget does not "
-            "price; set pp to 1, or remove reshard_after_forward",
-        )
+def _check_pipeline_zero3(r: _Resolver, precision: Precision | None, par: Parallel) -> None:
+    """ZeRO 3 is priced without a pipeline only. Its price is FSDP's without one: each
+    micro-batch's backward reduce-scatters every unit's gradients and keeps only the shard.
+    No stack runs that beside a pipeline:
+
+    - torch.distributed.pipelining (torchtitan's pipeline) turns both off for every
+      micro-batch's backward (``backward_maybe_with_nosync``: ``set_requires_gradient_sync``
+      and ``set_reshard_after_backward`` false, torch 2.13 ``pipelining/stage.py``). Each
+      unit's gradients then add up unsharded, in the reduce format
+      (``FSDPParam.to_accumulated_grad_if_needed``), and its parameters stay gathered after
+      its backward. Only the step's ``REDUCE_GRAD`` action (``perform_reduce_grad``)
+      reduce-scatters them, unit after unit, after the stage's last backward.
+    - Megatron-LM's FSDP2 "is not currently working with Pipeline Parallel" (Megatron
+      Bridge's ``use_torch_fsdp2``).
+    - DeepSpeed's pipeline engine refuses ZeRO 3 (`_check_deepspeed_pipeline`, which tells a
+      plan naming its buffer instead).
+
+    Priced so, Llama 3 8B over pp 2 × dp 4 (torchtitan's formats) read 29.8 GiB at its
+    peak, counting its last stage's fp32 gradients as their 3.74 GiB shard where they are
+    held whole, 15.0 GiB. So the plan is refused, not priced low."""
+    from budget.flops import deepspeed_zero
+
+    if par.zero != 3 or par.pp == 1:
+        return
+    if par.reduce_bucket and precision is not None and deepspeed_zero(par.zero, precision):
+        return  # told as DeepSpeed's refusal
+    r.error(
+        "$.parallel.zero",
+        f"ZeRO 3 is priced without a pipeline only (pp = {par.pp}): PyTorch's pipeline "
+        "schedules keep each stage's gradients unsharded and unreduced until the step's "
+        "last backward, and its parameters gathered after each backward, where budget "
+        "would price a reduce-scatter of every micro-batch's gradients down to their shard "
+        "(Megatron-LM runs FSDP2 without a pipeline, DeepSpeed refuses ZeRO 3 beside one); "
+        "set pp to 1, or zero to 1",
+    )
 
 
 def _hybrid_shard(tree: Tree) -> int | None:
@@ -2117,9 +2137,10 @@ def resolve(
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, model)
         _check_deepspeed_pipeline(r, precision, par)
+    if par is not None and not seed and mode == "train":  # serving is told zero does not apply
+        _check_pipeline_zero3(r, precision, par)
     if par is not None:
         _check_fsdp_unit(r, par, model)
-        _check_reshard(r, par)
         if mode == "train":  # a serving plan is told dp_shard does not apply (`TRAINING_ONLY`)
             _check_hybrid(r, par)
     device = None if "device" in skip else r.device(tree["device"])
