@@ -654,6 +654,9 @@ def _grid_piece(
     # hybrid sharding's shard group, worked out only where the sweep asks for it
     shard = np.where(hy, _shard_in_domain(plan, tp, cp, pp, dp), 0) if hy.any() else 0 * dp
     count = np.asarray(experts.count if experts else 1)
+    deepspeed_piped = (
+        bool(plan.parallel.reduce_bucket) & (pp > 1) & flops.deepspeed_zero(zero, plan.precision)
+    )
     rules = [
         (
             "does not divide: experts by ep",
@@ -689,15 +692,11 @@ def _grid_piece(
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
             & gather_rounds_master(plan.precision),
         ),
-        # resolve's `_check_pipeline_zero3`
-        ("ZeRO 3 is priced without a pipeline only", (zero == 3) & (pp > 1)),
-        (
-            # resolve's `_check_deepspeed_pipeline`
-            "DeepSpeed's ZeRO 2 and 3 run without a pipeline",
-            bool(plan.parallel.reduce_bucket)
-            & (pp > 1)
-            & flops.deepspeed_zero(zero, plan.precision),
-        ),
+        # resolve's `_check_deepspeed_pipeline`
+        ("DeepSpeed's ZeRO 2 and 3 run without a pipeline", deepspeed_piped),
+        # resolve's `_check_pipeline_zero3`, which leaves a DeepSpeed plan to the rule above
+        # (a review: a DeepSpeed plan was told of PyTorch's pipeline schedules too)
+        ("ZeRO 3 is priced without a pipeline only", (zero == 3) & (pp > 1) & ~deepspeed_piped),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
         (

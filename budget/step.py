@@ -3402,12 +3402,13 @@ def _before_any_gradient(b: _StageBuilder) -> tuple[Alloc, ...]:
     calls first) and the backward makes each block's (``foreach_reduce``:
     ``sharded_param.grad = new_sharded_dtensor_grad`` where it is None), so before a
     stage's first backward none exists, and every forward of the step comes before it where
-    the stage holds all its micro-batches in flight at once (`inflight`: one micro-batch,
-    GPipe, or a pipeline's warm-up as long as the step; an audit: Llama 3 8B under FSDP over
-    8 GPUs peaked 4.0 GB high at its loss, a plan that fits read over; a review: stage 0 of
-    two at two micro-batches). Later forwards of a 1F1B step come after a backward and keep
-    the shard; the backward counts it whole from its first block (an upper bound: FSDP makes
-    each block's as it reduce-scatters it)."""
+    the stage holds all its micro-batches in flight at once (`inflight`; an audit: Llama 3
+    8B under FSDP over 8 GPUs peaked 4.0 GB high at its loss, a plan that fits read over).
+    ZeRO 3 is priced without a pipeline only (`resolve._check_pipeline_zero3`), so that is
+    a step of one micro-batch; the rule is `inflight`'s, whose pipelines (GPipe, a warm-up
+    as long as the step) FSDP does not reach here. A later forward comes after a backward
+    and keeps the shard; the backward counts it whole from its first block (an upper bound:
+    FSDP makes each block's as it reduce-scatters it)."""
     plan = b.plan
     # a sweep's class of several middle stages (`layers.merge_classes`) stands for the one
     # holding the fewest in flight too, at most the last middle stage's: without a gradient

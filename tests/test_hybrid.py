@@ -327,6 +327,33 @@ def test_terminal_and_json_name_the_groups(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["layout"]["dp_shard"] == 8
 
 
+def test_the_exposed_column_stays_at_80_columns(tmp_path: Path) -> None:
+    """At 80 columns "dp_replicate 16" made the collectives table two columns too wide,
+    and its exposed column was left out (the phases table and JSON kept it): it is now
+    squeezed before that column goes. The embedding's gradient all-reduce ends the
+    backward, so all of its time shows as exposed."""
+    result = CliRunner().invoke(app, route([str(_fsdp(tmp_path))]), env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    table = result.stdout.split("Collectives", 1)[1].split("\n\n", 2)[1]
+    assert all(len(line) <= 80 for line in table.splitlines())
+    heads = ["transition", "op", "group", "sent", "time", "exposed", "calls", "rule"]
+    assert table.split()[:8] == heads
+    assert "left out at this width" not in result.stdout
+    report = build_report(load_plan(_fsdp(tmp_path)))
+    (shards,) = [
+        c
+        for p in report.phases
+        if p.name == "backward.embedding"
+        for c in p.collectives
+        if c.group == "dp_replicate"
+    ]
+    assert shards.exposed_s == shards.time_s > 0
+    cell = format_duration(shards.exposed_s)
+    # its time and its exposed time, on its row alone (the head's shards take as long, hidden)
+    rows = [line for line in table.splitlines() if "dp_replicate 16" in line]
+    assert [line.count(cell) for line in rows] == [1, 0, 2]
+
+
 def test_a_latency_bound_flat_layout_is_told_of_hybrid_sharding(tmp_path: Path) -> None:
     """Flat FSDP over 4,096 ranks: each layer's gather is a ring of 4,095 steps, 3,584 of
     them inside a node at NVLink's α 3 µs and 511 between nodes at InfiniBand's 14 µs:
