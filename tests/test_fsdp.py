@@ -738,9 +738,52 @@ def test_zero3_is_refused_beside_a_pipeline(tmp_path: Path, kept: bool) -> None:
     (problem,) = caught.value.problems
     assert problem.path == "$.parallel.zero"
     assert "ZeRO 3 is priced without a pipeline only (pp = 2)" in problem.message
-    assert "set pp to 1, or zero to 1" in problem.message
+    assert "set pp to 1, or price what such a stage holds" in problem.message
+    assert "as zero: 1 with params: bf16 and master: fp32" in problem.message
     lines = path.read_text(encoding="utf-8").splitlines()
     assert (problem.line, problem.col) == (lines.index("  zero: 3") + 1, 9)
+
+
+def test_what_the_refusal_points_to_holds_what_a_pipelined_fsdp_stage_holds(
+    tmp_path: Path,
+) -> None:
+    """The refusal's pointer, by hand. Under torch.distributed.pipelining with
+    reshard_after_forward false, Llama 3 8B's last stage of two (16 layers of 218,112,000
+    parameters, the output layer's 128,256 x 4,096 and the final norm's 4,096:
+    4,015,132,672) holds from its first forward its units gathered in bf16 (2 B each), their
+    fp32 shard over dp 4 (1 B a parameter), the gradients whole in fp32 (4 B, summed over
+    the micro-batches, `FSDPParam.to_accumulated_grad_if_needed`) and the Adam moments'
+    shard (2 B), and gathers and reduce-scatters once a step. ZeRO 1 with bf16 parameters
+    and an fp32 master holds the same bytes and moves them once a step too."""
+    stage = 16 * 218_112_000 + 128_256 * 4_096 + 4_096
+    assert stage == 4_015_132_672
+    edits = [
+        ("  dp: 8\n", "  dp: 4\n  pp: 2\n"),
+        ("global: 8\n", "global: 32\n"),
+        ("  params: fp32\n", "  params: bf16\n"),
+        ("  master: none\n  param_gather: bf16\n", "  master: fp32\n"),
+        ("  zero: 3\n  fsdp: 2\n  fsdp_unit: layer\n  fsdp_root: split\n", "  zero: 1\n"),
+    ]
+    text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "zero1.yaml"
+    path.write_text(text, encoding="utf-8")
+    report = to_dict(build_report(load_plan(path)))
+    last = report["memory"]["stages"][1]
+    held = (last["params_bytes"], last["grads_bytes"], last["optimizer_bytes"])
+    assert held == (2 * stage, 4 * stage, stage + 2 * stage)
+    moved = [
+        (p["name"], c["op"], c["dtype"], c["bytes"], c["count"])
+        for p in report["phases"]
+        for c in p["collectives"]
+        if c["group"] == "dp"
+    ]
+    assert moved == [
+        ("dp.grads", "reduce-scatter", "fp32", 4 * stage, 1),
+        ("optimizer", "all-gather", "bf16", 2 * stage, 1),
+    ]
 
 
 EMBEDDING = 128_256 * 4_096  # Llama 3 8B's input table; the head adds the final norm's 4,096
