@@ -333,8 +333,9 @@ def search_command(
         str,
         _option(
             "<list>",
-            "Hybrid sharding (parallel.dp_shard, a shard group per node) under ZeRO 1 to 3: "
-            "false (the default), true or false,true.",
+            "Hybrid sharding (parallel.dp_shard) under ZeRO 1 to 3: false (the default), "
+            "true (a shard group of a node's dp ranks), or how many nodes' dp ranks a shard "
+            "group takes, as in false,1,2,4.",
         ),
     ] = "false",
     objective: Annotated[str, _option("<time|memory|tokens-per-s>", "What to rank by.")] = "time",

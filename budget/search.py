@@ -171,9 +171,10 @@ class Space:
     recompute: tuple[Recompute, ...] = RECOMPUTE
     micro: tuple[int, ...] | None = None
     virtual_stages: tuple[int, ...] = (1, 2, 4)
-    # with True, each layout under ZeRO 1 to 3 also with hybrid sharding, a shard group of
-    # the dp ranks one innermost domain (a node) holds (`_shard_in_domain`)
-    hybrid: tuple[bool, ...] = (False,)
+    # hybrid sharding's shard groups, in innermost domains (nodes): 0 ZeRO over all of dp;
+    # n ≥ 1 (True is 1), each layout under ZeRO 1 to 3 also with a shard group of the dp
+    # ranks n domains hold (`_shard_in_domain`)
+    hybrid: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +430,7 @@ def _axes(
         np.asarray(space.sequence_parallel, dtype=bool),
         np.asarray(space.zero),
         np.arange(len(space.recompute)),
-        np.asarray(space.hybrid, dtype=bool),
+        np.asarray(space.hybrid, dtype=np.int64),
         np.arange(len(micros)),
     ]
     own = np.array([[size in own_micros[c] for size in micros] for c in cps], dtype=bool)
@@ -652,7 +653,8 @@ def _grid_piece(
     cp, micro = np.asarray(cps)[ci], np.asarray(micros)[mi]
     dp = dp_cp // cp
     # hybrid sharding's shard group, worked out only where the sweep asks for it
-    shard = np.where(hy, _shard_in_domain(plan, tp, cp, pp, dp), 0) if hy.any() else 0 * dp
+    nodes, hy = hy, hy > 0
+    shard = _shard_in_domain(plan, tp, cp, pp, dp, nodes) if hy.any() else 0 * dp
     count = np.asarray(experts.count if experts else 1)
     deepspeed_piped = (
         bool(plan.parallel.reduce_bucket) & (pp > 1) & flops.deepspeed_zero(zero, plan.precision)
@@ -711,7 +713,7 @@ def _grid_piece(
         # hybrid sharding (`Space.hybrid`) where the plan loader takes it (`_check_hybrid`)
         ("hybrid sharding needs ZeRO 1 to 3", hy & (zero == 0)),
         (
-            "hybrid sharding: no shard group of whole dp ranks within a node, short of dp",
+            "hybrid sharding: no shard group of whole dp ranks in its nodes, short of dp",
             hy & ((shard < 1) | (shard >= dp) | (shard * cp < 2)),
         ),
         (
@@ -755,18 +757,20 @@ def _grid_piece(
     )
 
 
-def _shard_in_domain(plan: Plan, tp: int, cp: Any, pp: int, dp: Any) -> Any:
-    """Hybrid sharding's shard group for a sweep (`Space.hybrid`): the dp ranks one domain
-    of the topology's innermost level holds (a node's GPUs), as PyTorch FSDP's HYBRID_SHARD
-    shards within a node by default, given the degrees `parallel.order` lists before dp
-    (whose ranks vary faster); 0 where that is not a whole number of dp ranks dividing dp.
-    Arrays over a grid's layouts (cp and dp), or ints."""
+def _shard_in_domain(plan: Plan, tp: int, cp: Any, pp: int, dp: Any, nodes: Any = 1) -> Any:
+    """Hybrid sharding's shard group for a sweep (`Space.hybrid`): the dp ranks `nodes`
+    domains of the topology's innermost level hold (a node's GPUs; 0: none), as PyTorch
+    FSDP's HYBRID_SHARD shards within a node by default and larger models shard over a few
+    (torchtitan's data_parallel_shard_degree), given the degrees `parallel.order` lists
+    before dp (whose ranks vary faster, so that the next node holds the next dp ranks); 0
+    where that is not a whole number of dp ranks dividing dp. Arrays over a grid's layouts
+    (cp, dp and nodes), or ints."""
     domain = plan.topology.levels[0].size or 0
     degrees = {"tp": tp, "cp": cp, "pp": pp}
     before = 1
     for kind in plan.parallel.order[: plan.parallel.order.index("dp")]:
         before = before * degrees.get(kind, 1)  # ep is no dense dimension
-    shard = np.where(domain % before == 0, domain // before, 0)
+    shard = np.where(domain % before == 0, domain // before, 0) * nodes
     return np.where((shard > 0) & (dp % np.maximum(shard, 1) == 0), shard, 0)
 
 

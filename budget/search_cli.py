@@ -67,9 +67,20 @@ def space(options: dict[str, str | None]) -> Space:
     if not sp or None in sp:
         errors.append(f"--sp {options['sp']!r}: use true, false or true,false")
     given = options.get("hybrid") or "false"
-    hybrid = tuple(dict.fromkeys(flags.get(v.strip().lower()) for v in given.split(",")))
+
+    def nodes(value: str) -> int | None:
+        """false (0), true (a node's dp ranks: 1), or how many nodes' a shard group takes."""
+        value = value.strip().lower()
+        if value in flags:
+            return int(flags[value])
+        return int(value) if value.isdecimal() and 1 <= int(value) <= 1024 else None
+
+    hybrid = tuple(dict.fromkeys(nodes(v) for v in given.split(",")))
     if not hybrid or None in hybrid:
-        errors.append(f"--hybrid {given!r}: use true, false or false,true")
+        errors.append(
+            f"--hybrid {given!r}: use false, true, or the nodes a shard group spans "
+            "(1 to 1024), as in false,true or false,1,2,4"
+        )
     if errors:
         raise UsageErrors(errors)
     return Space(

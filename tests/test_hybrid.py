@@ -507,8 +507,10 @@ def test_search_cli_hybrid(tmp_path: Path) -> None:
     """`--hybrid` takes true, false or both; the best layout written with --write carries its
     dp_shard, and `budget` prices that plan as the search did."""
     path = _fsdp(tmp_path, None, 128)
-    bad = CliRunner().invoke(app, route(["search", str(path), "--hybrid", "maybe"]))
-    assert bad.exit_code == 2 and "--hybrid 'maybe': use true, false or false,true" in bad.stderr
+    for value in ("maybe", "0", "1025", "2.5"):
+        bad = CliRunner().invoke(app, route(["search", str(path), "--hybrid", value]))
+        said = f"--hybrid '{value}': use false, true, or the nodes a shard group spans"
+        assert bad.exit_code == 2 and said in " ".join(bad.stderr.split()), value
     best = tmp_path / "best.yaml"
     args = ["search", str(path), "--hybrid", "false,true", "--write", str(best), "-f", "json"]
     result = CliRunner().invoke(app, route(args))
@@ -518,6 +520,43 @@ def test_search_cli_hybrid(tmp_path: Path) -> None:
     written = _report(best)
     assert written["layout"]["dp_shard"] == 8
     assert written["step"]["time_s"] == pytest.approx(ranked["step_time_s"], rel=1e-12)
+
+
+def test_search_takes_shard_groups_of_several_nodes(tmp_path: Path) -> None:
+    """`--hybrid false,1,2,4` (`Space.hybrid` (0, 1, 2, 4)): a shard group of the dp ranks
+    1, 2 or 4 nodes hold, nodes x 8 / (tp x cp), the next node holding the next dp ranks.
+    Llama 3 70B (70,553,706,496 parameters) under FSDP on 64 nodes: a node's shard group
+    holds 16 B of fp32 parameters, gradients and Adam moments a parameter over 8 GPUs,
+    141.1 GB a GPU, which no H100 holds, so every hybrid layout it ranks spans 2 or 4
+    nodes, and each is `budget`'s for that layout written as a plan."""
+    from budget.search import Space, apply, search
+
+    path = _write(
+        tmp_path,
+        "llama3-8b-fsdp.yaml",
+        [
+            ("preset: llama3-8b", "preset: llama3-70b"),
+            ("  dp: 8\n", "  dp: 512\n"),
+            ("global: 8\n", "global: 512\n"),
+            ("nodes: 1}", "nodes: 64}"),
+        ],
+        "llama70b.yaml",
+    )
+    plan = load_plan(path)
+    assert 16 * 70_553_706_496 // 8 == 141_107_412_992
+    space = Space(tp=(1, 2), pp=(1,), hybrid=(0, 1, 2, 4))
+    outcome = search(plan, 512, space, keep=10**6)
+    hybrid = [r for r in outcome.results if r.config.dp_shard]
+    spans = {r.config.dp_shard * r.config.tp * r.config.cp // 8 for r in hybrid}
+    assert spans == {2, 4}
+    assert all(r.config.zero == 3 and r.config.dp % r.config.dp_shard == 0 for r in hybrid)
+    assert [r.config.dp_shard for r in hybrid if r.config.tp * r.config.cp == 1][:1] == [32]
+    for r in hybrid[:12]:
+        report = build_report(apply(plan, r.config, 512))
+        assert report.worst.peak_bytes == r.peak_bytes
+        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+    one = search(plan, 512, Space(tp=(1, 2), pp=(1,), hybrid=(0, 1)), keep=10**6)
+    assert not [r for r in one.results if r.config.dp_shard]
 
 
 def test_the_readme_search_figures(tmp_path: Path) -> None:
