@@ -770,7 +770,10 @@ def _shard_in_domain(plan: Plan, tp: int, cp: Any, pp: int, dp: Any, nodes: Any 
     before = 1
     for kind in plan.parallel.order[: plan.parallel.order.index("dp")]:
         before = before * degrees.get(kind, 1)  # ep is no dense dimension
-    shard = np.where(domain % before == 0, domain // before, 0) * nodes
+    # the ranks of the nodes together: a dp rank may span nodes (tp x cp above a node's
+    # GPUs, a review: tp 8 x cp 2 on 8-GPU nodes had no shard group of 2 or 4 nodes)
+    span = domain * nodes
+    shard = np.where(span % before == 0, span // before, 0)
     return np.where((shard > 0) & (dp % np.maximum(shard, 1) == 0), shard, 0)
 
 

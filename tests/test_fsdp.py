@@ -738,8 +738,8 @@ def test_zero3_is_refused_beside_a_pipeline(tmp_path: Path, kept: bool) -> None:
     (problem,) = caught.value.problems
     assert problem.path == "$.parallel.zero"
     assert "ZeRO 3 is priced without a pipeline only (pp = 2)" in problem.message
-    assert "set pp to 1, or price what such a stage holds" in problem.message
-    assert "as zero: 1 with params: bf16 and master: fp32" in problem.message
+    assert "set pp to 1; zero: 1 with params: bf16, master: fp32 and" in problem.message
+    assert "overlap.dp_grads: false holds what such a stage holds" in problem.message
     lines = path.read_text(encoding="utf-8").splitlines()
     assert (problem.line, problem.col) == (lines.index("  zero: 3") + 1, 9)
 
@@ -753,8 +753,11 @@ def test_what_the_refusal_points_to_holds_what_a_pipelined_fsdp_stage_holds(
     4,015,132,672) holds from its first forward its units gathered in bf16 (2 B each), their
     fp32 shard over dp 4 (1 B a parameter), the gradients whole in fp32 (4 B, summed over
     the micro-batches, `FSDPParam.to_accumulated_grad_if_needed`) and the Adam moments'
-    shard (2 B), and gathers and reduce-scatters once a step. ZeRO 1 with bf16 parameters
-    and an fp32 master holds the same bytes and moves them once a step too."""
+    shard (2 B), and gathers and reduce-scatters once a step, the gradients after its last
+    backward (``perform_reduce_grad``). ZeRO 1 with bf16 parameters and an fp32 master holds
+    the same bytes and moves them once a step too, the gradients in the step's reduction
+    after the last backward under overlap.dp_grads false (a review: with it on, behind the
+    last micro-batch's backward, which torch does not)."""
     stage = 16 * 218_112_000 + 128_256 * 4_096 + 4_096
     assert stage == 4_015_132_672
     edits = [
@@ -763,6 +766,7 @@ def test_what_the_refusal_points_to_holds_what_a_pipelined_fsdp_stage_holds(
         ("  params: fp32\n", "  params: bf16\n"),
         ("  master: none\n  param_gather: bf16\n", "  master: fp32\n"),
         ("  zero: 3\n  fsdp: 2\n  fsdp_unit: layer\n  fsdp_root: split\n", "  zero: 1\n"),
+        ("overlap: {dp_grads: true,", "overlap: {dp_grads: false,"),
     ]
     text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
     for old, new in edits:
@@ -784,6 +788,8 @@ def test_what_the_refusal_points_to_holds_what_a_pipelined_fsdp_stage_holds(
         ("dp.grads", "reduce-scatter", "fp32", 4 * stage, 1),
         ("optimizer", "all-gather", "bf16", 2 * stage, 1),
     ]
+    (grads,) = [c for p in report["phases"] if p["name"] == "dp.grads" for c in p["collectives"]]
+    assert grads["overlap_rule"].endswith("[overlap.dp_grads off]")
 
 
 EMBEDDING = 128_256 * 4_096  # Llama 3 8B's input table; the head adds the final norm's 4,096

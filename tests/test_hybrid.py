@@ -559,6 +559,23 @@ def test_search_takes_shard_groups_of_several_nodes(tmp_path: Path) -> None:
     assert not [r for r in one.results if r.config.dp_shard]
 
 
+def test_search_takes_shard_groups_where_a_dp_rank_spans_nodes(tmp_path: Path) -> None:
+    """At tp 8 x cp 2 a dp rank spans two 8-GPU nodes: 2 nodes hold one dp rank (dp_shard
+    1, times cp 2) and 4 nodes two, where one node holds none (a review: the shard group
+    was rounded to whole dp ranks per node before it was multiplied by the nodes, so no
+    count gave one); each is `budget`'s for that layout written as a plan."""
+    from budget.search import Space, apply, search
+
+    plan = load_plan(_fsdp(tmp_path, None, 16))
+    space = Space(tp=(8,), cp=(2,), pp=(1,), zero=(3,), hybrid=(0, 1, 2, 4))
+    outcome = search(plan, 128, space, keep=10**6)
+    assert {(r.config.dp, r.config.dp_shard) for r in outcome.results} == {(8, 0), (8, 1), (8, 2)}
+    for r in outcome.results:
+        report = build_report(apply(plan, r.config, 128))
+        assert report.worst.peak_bytes == r.peak_bytes
+        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+
+
 def test_the_readme_search_figures(tmp_path: Path) -> None:
     """The README's `budget search --hybrid false,true` sentence: on 128 nodes the fastest
     Llama 3 8B layout is hybrid, dp 1,024 with dp_shard 8, and its step and the fastest
