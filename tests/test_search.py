@@ -878,6 +878,23 @@ def test_a_narrow_search_limited_on_exposure_shows_it():
     assert "exposed and MFU left out at this width" in plain
 
 
+@pytest.mark.parametrize(
+    ("plan", "gpus", "width"), [("gpt3-175b", 1024, 72), ("mixtral-8x7b", 512, 80)]
+)
+def test_a_ranking_squeezes_before_it_leaves_out_exposed(plan: str, gpus: int, width: int) -> None:
+    """GPT-3's sweep at 72 columns and Mixtral's on 512 GPUs at 80 left out the exposed
+    time with MFU, where the table without its padding holds it: it is kept, squeezed (a
+    figure users weigh layouts by), and MFU alone is said to be left out; no line is wider,
+    no cell cut."""
+    args = ["search", str(ROOT / "plans" / f"{plan}.yaml"), "--gpus", str(gpus)]
+    out = CliRunner().invoke(app, route(args), env={"COLUMNS": str(width)}).stdout
+    best = out[out.index("Best 10") : out.index("Pareto front")]
+    head = next(line for line in best.splitlines() if line.lstrip().startswith("tp"))
+    assert head.split()[-3:] == ["peak", "step", "exposed"]
+    assert "MFU left out at this width" in best and "exposed and MFU" not in out
+    assert "…" not in out and all(len(line) <= width for line in out.splitlines())
+
+
 def test_a_search_narrower_than_its_layouts_says_what_they_share_and_cuts_no_cell():
     """Mixtral's 64-GPU search limited on exposure prints whole, squeezed, from 66 columns:
     under that rich cut cp and sp to "…", pp 4×4 to "4…" and the peaks' units (an audit, at

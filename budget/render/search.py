@@ -215,7 +215,8 @@ def _fitted(
     (an audit)."""
     droppable = ["MFU", *([] if exposed else ["exposed"]), *(["step"] if tokens else [])]
     sample = _widest(cells, [*heads, *figures])
-    return fitted(console, lambda kept: _built(title, heads, kept, sample), figures, droppable)
+    build = lambda kept: _built(title, heads, kept, sample)  # noqa: E731
+    return fitted(console, build, figures, droppable, ("exposed",))
 
 
 def _widest(cells: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:

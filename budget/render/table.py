@@ -325,6 +325,7 @@ def fitted(
     build: Callable[[list[str]], Table],
     columns: list[str],
     droppable: list[str],
+    squeeze_first: tuple[str, ...] = (),
 ) -> list[str]:
     """`columns` less the fewest of `droppable`, dropped in its order, that the terminal must
     lose for the table `build` makes of them to print whole: where a table is wider than
@@ -332,8 +333,9 @@ def fitted(
     80 columns: a serving plan's decode compute "712,039…", its rule column "[1"), `whole`
     says; where even every droppable column gone leaves it too wide, the fewest again with
     no padding between the columns (`squeezed`: at 44 columns the phases table cut its
-    exposed times to "51.2 …", an audit), else all of them."""
-    return fitted_table(console, build, columns, droppable)[0]
+    exposed times to "51.2 …", an audit), else all of them; a column of `squeeze_first` is
+    kept squeezed before it is dropped (`fitted_table`)."""
+    return fitted_table(console, build, columns, droppable, squeeze_first)[0]
 
 
 def fitted_table(
