@@ -191,10 +191,11 @@ def run_search(
         return 2
     if plan.parallel.dp_shard is not None:
         hybrid = (
-            f"budget search sweeps dp, and with --hybrid a shard group per node; this plan "
-            f"shards over dp_shard = {plan.parallel.dp_shard} of its dp, which other degrees "
-            "do not keep. Remove dp_shard and search with --hybrid false,true to weigh hybrid "
-            "sharding against ZeRO over all of dp"
+            f"budget search sweeps dp, and with --hybrid shard groups of whole nodes; this "
+            f"plan shards over dp_shard = {plan.parallel.dp_shard} of its dp, which other "
+            "degrees do not keep. Remove dp_shard and search with --hybrid false,true (or "
+            "false,1,2,4: the nodes a shard group spans) to weigh hybrid sharding against "
+            "ZeRO over all of dp"
         )
         print(_located(data, file, "$.parallel.dp_shard", hybrid), file=sys.stderr)
         return 2

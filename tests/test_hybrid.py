@@ -314,6 +314,7 @@ def test_search_refuses_a_plan_with_dp_shard(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, route(["search", str(_fsdp(tmp_path))]))
     assert result.exit_code == 2 and result.stdout == ""
     assert "$.parallel.dp_shard: budget search sweeps dp" in result.stderr
+    assert "--hybrid false,true (or false,1,2,4: the nodes" in " ".join(result.stderr.split())
 
 
 def test_terminal_and_json_name_the_groups(tmp_path: Path) -> None:
