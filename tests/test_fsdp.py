@@ -768,12 +768,9 @@ def test_what_the_refusal_points_to_holds_what_a_pipelined_fsdp_stage_holds(
         ("  zero: 3\n  fsdp: 2\n  fsdp_unit: layer\n  fsdp_root: split\n", "  zero: 1\n"),
         ("overlap: {dp_grads: true,", "overlap: {dp_grads: false,"),
     ]
-    text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = tmp_path / "zero1.yaml"
-    path.write_text(text, encoding="utf-8")
+    from tests.plan_files import variant
+
+    path = variant(tmp_path, "zero1.yaml", *edits, base=ROOT / "plans" / "llama3-8b-fsdp.yaml")
     report = to_dict(build_report(load_plan(path)))
     last = report["memory"]["stages"][1]
     held = (last["params_bytes"], last["grads_bytes"], last["optimizer_bytes"])
