@@ -462,13 +462,24 @@ def test_the_readme_figures(tmp_path: Path) -> None:
     )
 
 
+def _priced_as_searched(plan: Any, results: Any, gpus: int) -> None:
+    """Each searched layout of `results` is `budget`'s for it written as a plan: the same
+    peak, the same step to 1e-12."""
+    from budget.search import apply
+
+    for r in results:
+        report = build_report(apply(plan, r.config, gpus))
+        assert report.worst.peak_bytes == r.peak_bytes, r.config
+        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+
+
 def test_search_weighs_hybrid_sharding(tmp_path: Path) -> None:
     """`budget search --hybrid false,true` (`Space.hybrid`) prices each ZeRO 1 to 3 layout
     also with a shard group of the dp ranks a node holds: 8 / (tp x cp), tp and cp varying
     faster than dp. On 128 nodes the fastest Llama 3 8B layout is hybrid (the flat one's
     rings over 1,024 ranks are latency-bound), and the sweep's bytes and seconds for every
     layout it ranks are `budget`'s for that layout written as a plan."""
-    from budget.search import Space, apply, search
+    from budget.search import Space, search
 
     plan = load_plan(_fsdp(tmp_path, None, 128))
     outcome = search(plan, 1024, Space(hybrid=(False, True)), keep=200)
@@ -479,10 +490,7 @@ def test_search_weighs_hybrid_sharding(tmp_path: Path) -> None:
     for r in hybrid:
         c = r.config
         assert c.zero >= 1 and c.dp_shard == 8 // (c.tp * c.cp) and c.dp % c.dp_shard == 0
-    for r in outcome.results:
-        report = build_report(apply(plan, r.config, 1024))
-        assert report.worst.peak_bytes == r.peak_bytes
-        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+    _priced_as_searched(plan, outcome.results, 1024)
 
 
 def test_search_keeps_hybrid_sharding_where_a_plan_takes_it(tmp_path: Path) -> None:
@@ -530,7 +538,7 @@ def test_search_takes_shard_groups_of_several_nodes(tmp_path: Path) -> None:
     holds 16 B of fp32 parameters, gradients and Adam moments a parameter over 8 GPUs,
     141.1 GB a GPU, which no H100 holds, so every hybrid layout it ranks spans 2 or 4
     nodes, and each is `budget`'s for that layout written as a plan."""
-    from budget.search import Space, apply, search
+    from budget.search import Space, search
 
     path = _write(
         tmp_path,
@@ -552,10 +560,7 @@ def test_search_takes_shard_groups_of_several_nodes(tmp_path: Path) -> None:
     assert spans == {2, 4}
     assert all(r.config.zero == 3 and r.config.dp % r.config.dp_shard == 0 for r in hybrid)
     assert [r.config.dp_shard for r in hybrid if r.config.tp * r.config.cp == 1][:1] == [32]
-    for r in hybrid[:12]:
-        report = build_report(apply(plan, r.config, 512))
-        assert report.worst.peak_bytes == r.peak_bytes
-        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+    _priced_as_searched(plan, hybrid[:12], 512)
     one = search(plan, 512, Space(tp=(1, 2), pp=(1,), hybrid=(0, 1)), keep=10**6)
     assert not [r for r in one.results if r.config.dp_shard]
 
@@ -565,16 +570,13 @@ def test_search_takes_shard_groups_where_a_dp_rank_spans_nodes(tmp_path: Path) -
     1, times cp 2) and 4 nodes two, where one node holds none (a review: the shard group
     was rounded to whole dp ranks per node before it was multiplied by the nodes, so no
     count gave one); each is `budget`'s for that layout written as a plan."""
-    from budget.search import Space, apply, search
+    from budget.search import Space, search
 
     plan = load_plan(_fsdp(tmp_path, None, 16))
     space = Space(tp=(8,), cp=(2,), pp=(1,), zero=(3,), hybrid=(0, 1, 2, 4))
     outcome = search(plan, 128, space, keep=10**6)
     assert {(r.config.dp, r.config.dp_shard) for r in outcome.results} == {(8, 0), (8, 1), (8, 2)}
-    for r in outcome.results:
-        report = build_report(apply(plan, r.config, 128))
-        assert report.worst.peak_bytes == r.peak_bytes
-        assert float(report.step["time_s"]) == pytest.approx(r.step_time_s, rel=1e-12)
+    _priced_as_searched(plan, outcome.results, 128)
 
 
 def test_the_readme_search_figures(tmp_path: Path) -> None:
