@@ -65,6 +65,7 @@ __all__ = [
     "bus_bandwidth_factor",
     "collective_cost",
     "default_algorithm",
+    "exchange_loads",
     "flat_stage",
     "slowness",
 ]
@@ -272,10 +273,13 @@ class CollectiveCost:
         12.5 GB/s spine, a 1 GiB reduce-scatter averaged 672 MiB over the rails and 224 MiB
         over the spine, 32.9 ms, where the two ranks whose hop crosses the spine send their
         896 MiB over it, 75.2 ms). Where the outer levels run at one rate, as in every
-        topology preset, this is their sum."""
+        topology preset, this is their sum. An all-to-all has no ring to pace it: its blocks
+        go to every peer at once (`_exchange_across`), so its port is `_exchange_ports`'."""
         if not self.pipelined:
             return sum((s.bandwidth_s for s in self.stages), start=0.0)
         inner, *outer = self.stages
+        if self.op == "all-to-all":
+            return cast(Seconds, vmax(cast(Any, inner.bandwidth_s), _exchange_ports(outer)))
         carried: Any = sum((s.payload_bytes for s in outer), start=0)
         # the slowest rate among the outer levels the ring crosses (a level no hop crosses,
         # in some of a sweep's layouts, sets no pace)
@@ -698,8 +702,8 @@ def _exchange_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stag
         peers_k = (P − P/N_k) − (P − P/N_(k+1)),  Q_k = peers_k · b,  n_k = peers_k
 
     (level 0, the node's fabric: the P/N_1 − 1 peers in its node). The fabric carries its
-    blocks beside the network ports, and the outer levels' blocks share the GPU's one port,
-    as a ring's do (`CollectiveCost.bandwidth_s`): the busiest of the two sets the time.
+    blocks beside the network, where the outer levels' blocks share the GPU's one port and
+    each switch tier on their way (`_exchange_ports`): the busier of the two sets the time.
     The latency keeps the flat exchange's P − 1 steps (`flat_stage`: DESIGN.md rule 3's
     pairwise default), each at the α of the link its peer is reached over, so that a group
     on one level is the flat exchange, as a sweep prices it with every level; NCCL
@@ -724,6 +728,38 @@ def _exchange_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stag
         )
         stages.append(replace(stage, ramp_op="all-to-all"))
     return tuple(stages)
+
+
+def _exchange_ports(outer: list[Stage]) -> Any:
+    """Seconds the network takes to carry an all-to-all's blocks beyond a rank's node
+    (`_exchange_across`'s outer stages, level 1 outward). Its blocks to peers on every
+    level are in flight together (NCCL schedules all the rounds of a grouped send/recv at
+    once), so no level waits on another's pace, as a ring's hops do; but a block bound for
+    a peer beyond level k crosses level k too (the GPU's one port, then each switch tier up
+    to where the peer is reached), and a level's rate is what one GPU gets through it. So
+    level k carries Q_k + Q_(k+1) + ... at its rate, and the busiest level sets the time:
+
+        max over k ≥ 1 of (Σ_(j ≥ k) Q_j) / B_k
+
+    (an audit: one rank on each of 8 nodes, 4 to a 50 GB/s leaf behind a 25 GB/s spine,
+    64 MiB in bf16: 3 blocks of 1 MiB to leaf peers and 4 over the spine, 7 MiB through
+    the port at 50 GB/s, 146.8 µs, and 4 MiB over the spine at 25, 167.8 µs; the ring's
+    rule, every outer byte at the slowest rate, read 293.6 µs). Where the outer levels run
+    at one rate it is their bytes together at that rate, as before."""
+    time: Any = 0.0
+    for carried, stage in exchange_loads(outer):
+        time = vmax(time, carried / stage.effective_bandwidth)
+    return time
+
+
+def exchange_loads(outer: Sequence[Stage]) -> list[tuple[Any, Stage]]:
+    """(bytes, stage) for each outer level of an all-to-all across levels: the bytes it
+    carries, the blocks bound for peers on it or past it (`_exchange_ports`)."""
+    loads, beyond = [], cast(Any, 0)
+    for stage in reversed(outer):
+        beyond = beyond + stage.payload_bytes
+        loads.append((beyond, stage))
+    return loads[::-1]
 
 
 def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:

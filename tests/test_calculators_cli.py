@@ -127,6 +127,19 @@ def test_an_all_to_alls_algorithm_bandwidth_says_it_is_of_one_ranks_buffer() -> 
     assert "(S / P over T: one rank's buffer, as nccl-tests counts an all-to-all)" in out
 
 
+def test_an_all_to_all_behind_a_slower_spine_names_its_busiest_level() -> None:
+    """Its bandwidth term is the spine's 4 MiB at 25 GB/s, the level that sets it
+    (`collectives._exchange_ports`; the hand calculation is test_collectives_audit's), and
+    the text says each level carries its own peers' blocks and those past it."""
+    args = ["collective", "all-to-all", "--ranks", "8", "--size", "64MiB"]
+    args += ["--level", "1:450GB/s:3us", "--level", "4:50GB/s:10us", "--level", "2:25GB/s:20us"]
+    assert _json(args)["time_s"] == pytest.approx(110e-6 + 4 * 2**20 / 25e9, rel=1e-12)
+    out = " ".join(runner.invoke(app, route(args), terminal_width=200).stdout.split())
+    assert "(Q = 4 MiB (4,194,304 B) over level 3 at 25 GB/s of the 7 MiB" in out
+    assert "each outer level the blocks for peers on it or past it, at its own rate" in out
+    assert "the outer ones at the slowest one's rate" not in out
+
+
 @pytest.mark.parametrize(
     ("op", "algorithm", "sent", "received"),
     [

@@ -260,6 +260,36 @@ def test_an_all_to_all_over_three_levels_puts_each_peer_on_its_own_level() -> No
     assert cost.time_s == pytest.approx(7e-6 + 8 * 5e-6 + 48 * 7e-6 + 56 * block / 50e9, rel=1e-12)
 
 
+def test_an_all_to_all_behind_a_slower_spine_waits_for_its_busiest_level_not_the_ring_pace():
+    """One rank on each of 8 nodes, 4 nodes to a 50 GB/s leaf, 2 leaves behind a 25 GB/s
+    spine; 64 MiB in bf16, so a block of 64 MiB / 8² = 1 MiB to each peer: 3 peers on the
+    leaf and 4 over the spine, all in flight at once (NCCL's grouped send/recv). The port
+    carries all 7 MiB at 50 GB/s, 146.8 µs; the spine its 4 MiB at 25 GB/s, 167.8 µs; the
+    busier sets the time, beside 3 x 10 + 4 x 20 = 110 µs of latency: 277.8 µs. The ring's
+    rule (every outer byte at the slowest outer rate, a ring's lockstep) read 7 MiB at
+    25 GB/s, 293.6 µs, 403.6 µs in all (an audit). Raising the spine's rate leaves the port:
+    7 MiB at 50 GB/s."""
+    nvlink = Link("nvlink", 450e9, 3e-6)
+    leaf, spine = Link("leaf", 50e9, 10e-6), Link("spine", 25e9, 20e-6)
+    size = 64 * MIB
+    cost = collective_cost("all-to-all", [Tier(1, nvlink), Tier(4, leaf), Tier(2, spine)], size)
+    assert [(s.steps, s.sent_bytes) for s in cost.stages] == [(0, 0), (3, 3 * MIB), (4, 4 * MIB)]
+    assert cost.latency_s == pytest.approx(110e-6, rel=1e-12)
+    assert cost.bandwidth_s == pytest.approx(4 * MIB / 25e9, rel=1e-12)
+    assert cost.time_s == pytest.approx(110e-6 + 4 * MIB / 25e9, rel=1e-12)
+    fast = Link("spine", 1000e9, 20e-6)
+    quick = collective_cost("all-to-all", [Tier(1, nvlink), Tier(4, leaf), Tier(2, fast)], size)
+    assert quick.bandwidth_s == pytest.approx(7 * MIB / 50e9, rel=1e-12)
+    # the same fabric in a sweep's arrays, priced one layout at a time alike
+    swept = collective_cost(
+        "all-to-all",
+        [Tier(np.array([1, 1]), nvlink), Tier(np.array([4, 4]), leaf), Tier(2, spine)],
+        np.array([size, 2 * size]),
+    )
+    assert swept.time_s[0] == pytest.approx(float(cost.time_s), rel=1e-12)
+    assert swept.time_s[1] == pytest.approx(110e-6 + 8 * MIB / 25e9, rel=1e-12)
+
+
 # ----------------------------------------------------------------------------- finding 3
 
 DUPLICATE = """topology:

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
-from budget.collectives import TREE_SHARE, CollectiveCost
+from budget.collectives import TREE_SHARE, CollectiveCost, exchange_loads
 from budget.render import Hanging, held
 from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
 
@@ -62,8 +62,15 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         f"model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this size)"
     )
     crossed = {float(s.effective_bandwidth) for s in cost.stages[1:] if int(s.payload_bytes)}
-    # the outer levels at the slowest one's rate (`CollectiveCost.bandwidth_s`)
-    paced = ", the outer ones at the slowest one's rate" if len(crossed) > 1 else ""
+    # a ring's outer levels at the slowest one's rate (`CollectiveCost.bandwidth_s`); an
+    # exchange's levels each carry the blocks for peers on it or past it at its own rate
+    paced = (
+        ""
+        if len(crossed) < 2
+        else ", each outer level the blocks for peers on it or past it, at its own rate"
+        if shape == "exchange"
+        else ", the outer ones at the slowest one's rate"
+    )
     streamed = (
         "the longer of the innermost level's and the outer levels' together, which carry "
         f"{carried} at once" + (f", {share}" if shape == "tree" else "") + paced
@@ -302,6 +309,11 @@ def _pacing(cost: CollectiveCost) -> str:
     inner, *outer = cost.stages
     if float(inner.bandwidth_s) >= float(cost.bandwidth_s):
         q, where = int(inner.payload_bytes), f"over {inner.link.name}"
+    elif cost.op == "all-to-all":  # the busiest level (`collectives._exchange_ports`)
+        carried, busiest = max(
+            exchange_loads(outer), key=lambda load: float(load[0] / load[1].effective_bandwidth)
+        )
+        q, where = int(carried), f"over {busiest.link.name}"
     else:
         q = sum(int(s.payload_bytes) for s in outer)
         names = sorted({s.link.name for s in outer if int(s.payload_bytes)})
