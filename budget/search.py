@@ -305,7 +305,8 @@ def blocks(plan: Plan, gpus: int, space: Space, counts: _Counts) -> Iterator[Col
     micro x dp, the sequence by 2·cp (either cp_attention), experts by ep and ep x etp by
     tp x dp x cp; sequence
     parallelism needs tp > 1; virtual stages need pp > 1 and micro-batches divisible by pp;
-    full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1.
+    full-width Q/K norms need tp 1, and a sliding window shorter than the sequence cp 1, as
+    does eager attention.
     Micro-batches whose sizes would pass the engine's int64 margin are rejected too
     (`unsafe_micros`).
     tp and pp are enumerated one by one; the rest of the space is a grid of arrays. Blocks
@@ -355,6 +356,8 @@ def _degrees(
                     counts.rule_out("does not divide: sequence by 2·cp", f"cp {cp}")
                 elif cp > 1 and 0 < m.window < b.seq:
                     counts.rule_out("a window shorter than the sequence needs cp 1", f"cp {cp}")
+                elif cp > 1 and m.attention == "eager":
+                    counts.rule_out("eager attention needs cp 1", f"cp {cp}")
                 else:
                     cps.append(cp)
             if cps:

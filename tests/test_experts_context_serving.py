@@ -2346,3 +2346,32 @@ def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):
     # a review: the row shows each link's sends, not all seven at the costliest one's
     rows = {p.name: p for p in deep[2].phases}["prefill.pipeline"].collectives
     assert sorted((c.link, c.count) for c in rows) == [("infiniband", 1), ("nvlink", 2)]
+
+
+def test_eager_attention_over_context_parallel_ranks_is_refused_and_not_searched(tmp_path):
+    """No stack runs context parallelism through unfused attention: Megatron-Core's
+    DotProductAttention asserts context_parallel_size == 1 and Transformer Engine's
+    get_attention_backend turns UnfusedDotProductAttention off under cp. Llama 3 70B with
+    eager attention over cp 2 was priced (an audit: exit 0, "Fits", an eager scores buffer
+    beside a K/V ring); it is refused where cp is written, with nothing on stdout, and a
+    search of the eager model keeps cp 1 and says why."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from budget.search import Space, search
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    eager = ("  attention: flash\n", "  attention: eager\n")
+    cp2 = ("  dp: 16\n", "  dp: 8\n  cp: 2\n")
+    path = variant(tmp_path, "eager-cp.yaml", eager, cp2, base=base)
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{path}:")
+    assert ": error: $.parallel.cp: parallel.cp = 2 with model.attention: eager:" in line
+    flash = variant(tmp_path, "flash-cp.yaml", cp2, base=base)
+    assert build_report(load_plan(flash)).fits  # the fused kernel over the same cp is priced
+    plan = load_plan(variant(tmp_path, "eager.yaml", eager, base=base))
+    outcome = search(plan, 512, Space(tp=(8,), pp=(4,), micro=(1,), virtual_stages=(1,)))
+    assert outcome.ruled_out["eager attention needs cp 1"]
+    assert outcome.results and all(r.config.cp == 1 for r in outcome.results)

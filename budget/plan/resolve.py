@@ -2133,6 +2133,20 @@ def resolve(
             "the whole context (ring steps, or a gathered K/V and a sharded cache), not over "
             "a window; set cp to 1",
         )
+    if model is not None and par is not None and model.attention == "eager" and par.cp > 1:
+        # Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1
+        # ("Context parallelism is only supported by TEDotProductAttention!"), and Transformer
+        # Engine turns its own unfused backend off under cp (``get_attention_backend``:
+        # "Disabling UnfusedDotProductAttention as it does not support context
+        # parallelism"): the ring and the gathered K/V run inside a fused kernel's calls
+        r.error(
+            "$.parallel.cp",
+            f"parallel.cp = {par.cp} with model.attention: eager: context parallelism runs "
+            "its ring or gathered K/V through a fused attention kernel's calls (Transformer "
+            "Engine turns its unfused attention off under cp, and Megatron-Core's asserts "
+            "cp = 1), so no stack runs eager attention over cp; set model.attention to a "
+            "fused kernel (flash) or cp to 1",
+        )
     if mode != "train":
         r.training_only(tree, mode)
     else:
