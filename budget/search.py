@@ -447,6 +447,9 @@ def _uneven(parallel: Parallel, topology: Topology) -> bool:
     return uneven_group(parallel, topology) is not None
 
 
+# why `_spread` drops a layout
+UNEVEN = "a group spreads over the topology's domains unevenly or unlike rank 0's"
+
 # the degrees that place a layout's groups (`_spread`, `_Pricer`)
 _DEGREES = ("tp", "pp", "dp", "cp", "ep", "dp_shard")
 
@@ -459,7 +462,8 @@ def _parallel(plan: Plan, degrees: tuple[int, ...]) -> Parallel:
 
 def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     """`block` without the layouts whose groups a single plan refuses: a group must hold
-    the same number of ranks in each domain it touches (`topology.uneven_group`)."""
+    the same number of ranks in each domain it touches, and span the levels as rank 0's
+    group of its kind does (`topology.uneven_group`)."""
     if not len(block):
         return block
     topology = replace(plan.topology, gpus=gpus)
@@ -473,7 +477,7 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
             keep &= which != row
     dropped = len(block) - int(keep.sum())
     if dropped:
-        counts.rejected["a group spreads unevenly over the topology's domains"] += dropped
+        counts.rejected[UNEVEN] += dropped
         return block.take(np.flatnonzero(keep))
     return block
 

@@ -179,6 +179,60 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
             except UnevenGroup as error:
                 name = kind if isinstance(kind, str) else " x ".join(kind)
                 return f"the {name} group: {error}"
+    for level in topology.levels[:-1]:
+        if level.size and level.size < topology.gpus and not _aligned(parallel, level.size):
+            misplaced = _misplaced(parallel, topology, level)
+            if misplaced:
+                return misplaced
+    return None
+
+
+def _misplaced(parallel: Parallel, topology: Topology, level: Level) -> str | None:
+    """Why domains of `level` that do not cut the dense layout at a digit (`_aligned`)
+    leave a group that sits otherwise than rank 0's, or None. budget prices one group of
+    each dimension, rank 0's (`group_span`), for every rank; where the groups of a
+    dimension cross different levels, the others would be priced on links they do not use
+    (an audit: tp 16 on 8-GPU nodes in 24-GPU leaves, the group of ranks 16..31 crossing
+    the spine where ranks 0..15 stay in a leaf, and its dp groups of ranks 8 and 24 across
+    the spine too, priced at the leaf's rate: the step 2.17 s where it is at least 0.09 s
+    longer).
+
+    Take the first digit of the order (the dimension d, of degree D, with T ranks inside
+    it) whose block T·D does not divide the domain's S ranks: S = T·m, T dividing S as
+    every block inside did, and D not dividing m. Where m < D, rank 0's group of d already
+    spreads unevenly (`uneven_group`'s checks say so). Where m > D, rank 0's group sits in
+    one domain, and the group whose d digit is 0 at position c·T straddles two domains
+    where c mod m > m − D: c = q·D with q·D ≡ m − g (mod m), g = gcd(D, m) < D, solved
+    by the inverse of D/g modulo m/g; c·T < lcm(S, T·D), which divides the GPUs."""
+    order = _split_order(_dense_order(parallel))
+    degrees = _degrees(parallel)
+    size, inner = int(level.size or 0), 1
+    for dim in order:
+        d = degrees[dim]
+        if size % (inner * d) == 0:
+            inner *= d
+            continue
+        m = size // inner
+        if size % inner or m < d:
+            return None  # an uneven group, which the checks above report
+        g = math.gcd(d, m)
+        q = (m // g - 1) * pow(d // g, -1, m // g) % (m // g)
+        rank = q * d * inner
+        if rank >= topology.gpus:
+            return None
+        try:
+            theirs = group_span(dim, parallel, topology, rank)
+        except UnevenGroup as error:
+            return f"the {dim} group: {error}"
+        ours = group_span(dim, parallel, topology)
+        if theirs.counts == ours.counts:
+            return None
+        return (
+            f"the {dim} group: group {_show(theirs.members)} crosses {level.name} domains "
+            f"({level.size} GPUs each) where rank 0's group {_show(ours.members)} sits "
+            f"inside one; budget prices every {dim} group as rank 0's, so each must sit "
+            "alike"
+        )
     return None
 
 

@@ -20,7 +20,7 @@ from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.yaml_load import load_yaml
 from budget.render.search import PARETO_ROWS, thin
-from budget.search import Config, Result, Space, apply, pareto, parse_values, search
+from budget.search import UNEVEN, Config, Result, Space, apply, pareto, parse_values, search
 from tests.plan_files import GPT3, ROOT, variant
 
 SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 2, 3))
@@ -467,7 +467,7 @@ def test_layouts_whose_groups_straddle_nodes_unevenly_are_rejected_with_a_reason
     the plan loader refuses such a plan, so the search counts it under its own reason."""
     space = Space(micro=(1,), zero=(1,), recompute=("selective",), virtual_stages=(1,))
     outcome = search(gpt3, 6144, space)
-    assert outcome.rejected["a group spreads unevenly over the topology's domains"] > 0
+    assert outcome.rejected[UNEVEN] > 0
     assert outcome.fitting > 0
     assert all(r.config.tp in (1, 2, 4, 8) or r.config.tp % 8 == 0 for r in outcome.results)
 

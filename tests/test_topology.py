@@ -391,3 +391,67 @@ def test_a_plan_lays_out_at_most_as_many_gpus_however_it_counts_them(tmp_path: P
     with pytest.raises(BudgetError) as caught:
         load_plan(written)
     assert any("greater than the maximum of 16777216" in p.message for p in caught.value.problems)
+
+
+def test_a_plan_whose_groups_of_one_dimension_sit_differently_is_refused() -> None:
+    """budget prices one group of each dimension, rank 0's, for every rank. An audit: tp 16,
+    dp 2, pp 3 on 8-GPU nodes in 24-GPU leaves (96 GPUs): rank 0's tp group (ranks 0..15)
+    stays in leaf 0, but ranks 16..31 straddle leaves 0 and 1 (8 in each, so no group was
+    uneven), and dp groups {8, 24} cross the spine; all were priced as rank 0's, at the
+    leaf's rate. The first digit whose block (16 ranks) does not divide the leaf's 24
+    leaves m = 24 rank positions a leaf, g = gcd(16, 24) = 8, q = (3 − 1) · 2⁻¹ mod 3 = 1:
+    the group at rank 16 is named."""
+    from budget.topology import uneven_group
+
+    levels = (Level("nvlink", 450e9, 3e-6, 8), Level("leaf", 50e9, 10e-6, 24))
+    topology = Topology(96, (*levels, Level("spine", 25e9, 20e-6)))
+    parallel = Parallel(tp=16, cp=1, pp=3, dp=2, order=("tp", "cp", "ep", "dp", "pp"))
+    assert group_span("tp", parallel, topology, 0).counts == (8, 2, 1)
+    assert group_span("tp", parallel, topology, 16).counts == (8, 1, 2)
+    why = uneven_group(parallel, topology)
+    assert why is not None and why.startswith("the tp group: group [16, 17, 18, 19, 20, 21, …]")
+    assert "crosses leaf domains (24 GPUs each)" in why
+    # a leaf of 8 x 3 ranks cuts tp 8 x dp 12 at a digit: every group sits alike
+    assert uneven_group(Parallel(tp=8, cp=1, pp=1, dp=12), topology) is None
+
+
+def test_every_group_of_a_dimension_sits_as_rank_0s_wherever_a_plan_is_accepted() -> None:
+    """The property `uneven_group` guarantees and pricing relies on (`schedule.move_span`
+    prices rank 0's group): wherever it finds nothing, every group of every dense kind
+    spans the levels as rank 0's does, rank by rank. Degrees, orders and nested level
+    sizes are generated, aligned with the layout or not; both outcomes must occur."""
+    from budget.topology import uneven_group
+
+    seen = {"accepted": 0, "refused": 0}
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        degrees=st.tuples(*(st.sampled_from([1, 2, 3, 4, 6, 8, 16]) for _ in range(4))),
+        order=st.permutations(["tp", "cp", "dp", "pp"]),
+        sizes=st.sampled_from([(8,), (6,), (4, 12), (8, 24), (8, 16), (2, 6), (8, 48), (4, 8)]),
+    )
+    @example(degrees=(16, 1, 3, 2), order=["tp", "cp", "dp", "pp"], sizes=(8, 24))  # the audit's
+    def check(degrees: tuple[int, ...], order: list[str], sizes: tuple[int, ...]) -> None:
+        tp, cp, pp, dp = degrees
+        gpus = tp * cp * pp * dp
+        if gpus > 2304 or any(gpus % s or s >= gpus for s in sizes):
+            return
+        parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, order=(*order, "ep"))
+        levels = tuple(Level(f"l{i}", 1e11 / (i + 1), 1e-6, s) for i, s in enumerate(sizes))
+        topology = Topology(gpus, (*levels, Level("top", 1e9, 1e-5)))
+        if uneven_group(parallel, topology) is not None:
+            seen["refused"] += 1
+            return
+        seen["accepted"] += 1
+        for kind in ("tp", "cp", "dp", "pp", ("dp", "cp")):
+            first = group_span(kind, parallel, topology).counts
+            done: set[int] = set()
+            for rank in range(gpus):
+                if rank in done:
+                    continue
+                members = group_ranks(kind, parallel, gpus, rank)
+                done.update(members)
+                assert span_of_ranks(members, topology, kind).counts == first, (kind, rank)
+
+    check()
+    assert seen["accepted"] >= 50 and seen["refused"] >= 20, seen
