@@ -21,7 +21,7 @@ Megatron-LM's `schedules.py` warm-up counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any, Literal
@@ -2215,8 +2215,9 @@ def _ffn_freed(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
         ffn = _group_bytes(b.layer.zero3.get(block, []), size)
         (kept,) = b.kept_gathered
         swap[id(kept)] = replace(kept, bytes=kept.bytes - ffn)
+    # and its reduce-scatter has made its gradient shard (`_with_shards`)
     return [
-        Instant(i.label, tuple(x for a in i.live for x in [swap.get(id(a), a)] if x is not None))
+        Instant(i.label, tuple(_shards_at(b, _swapped(i.live, swap), 0, _ffn_unit(b))))
         for i in instants
     ]
 
@@ -2239,6 +2240,32 @@ def _zero3_layer_below(
     (`_unit_transients`): no stage of such a plan mixes dense and MoE layers. Under FSDP1's
     mixed precision only its feed-forward block's: the attention's come after the reduction
     is done and its tensors freed."""
+    plan = b.plan
+    on, reducing = _reducing_above(b, block)
+    if not np.any(holds(on)):
+        return instants
+    # a layer lower, the layer above has freed its saved tensors and, where its parameters
+    # were kept from its forward, those too (`_kept_gathered`); under a split root the
+    # head's own unit's reduce-scatter input, freed as the last layer's backward ends
+    # (fully_shard keeps it to the next unit's post-backward)
+    swap: dict[int, Alloc | None] = {id(b.earlier): _earlier(b, 1)}
+    swap.update(zip(map(id, b.kept_gathered), _kept_gathered(b, 1), strict=False))
+    if plan.parallel.fsdp_root == "split":
+        swap.update((id(a), None) for a in b.root_grads)
+    below = [
+        Instant(
+            f"{i.label}, a layer lower",
+            tuple(when([*_shards_at(b, _swapped(i.live, swap), 1), reducing], on)),
+        )
+        for i in instants
+    ]
+    return instants + below
+
+
+def _reducing_above(b: _StageBuilder, block: str) -> tuple[Any, Alloc]:
+    """Under ZeRO-3 with `overlap.dp_grads`, where a layer's `block` backward runs beside the
+    reduce-scatter of the unit above it (`_zero3_layer_below`): where it does, and that
+    unit's whole gradients."""
     plan, layer = b.plan, b.layer
     grads = _unsharded_gradient_bytes(plan, True)
     if plan.parallel.fsdp_unit == "layer":
@@ -2254,34 +2281,11 @@ def _zero3_layer_below(
         above, what = layer.zero3["attention"], "attention"
         on = plan.overlap.dp_grads & (b.dense > 1)
     else:
-        return instants
+        return False, Alloc("gradients of the unit above (reduce-scattering)", "transient", 0)
     n = _group_bytes(above, grads)
     on = on & (plan.parallel.zero == 3) & (n > 0)
-    if not np.any(holds(on)):
-        return instants
     n = vwhere(deepspeed_buffered(plan), 0, n)  # under DeepSpeed, in its buffer already
-    reducing = Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
-    # a layer lower, the layer above has freed its saved tensors and, where its parameters
-    # were kept from its forward, those too (`_kept_gathered`); under a split root the
-    # head's own unit's reduce-scatter input, freed as the last layer's backward ends
-    # (fully_shard keeps it to the next unit's post-backward)
-    swap: dict[int, Alloc | None] = {id(b.earlier): _earlier(b, 1)}
-    swap.update(zip(map(id, b.kept_gathered), _kept_gathered(b, 1), strict=False))
-    if plan.parallel.fsdp_root == "split":
-        swap.update((id(a), None) for a in b.root_grads)
-    below = [
-        Instant(
-            f"{i.label}, a layer lower",
-            tuple(
-                when(
-                    [x for a in i.live for x in [swap.get(id(a), a)] if x is not None] + [reducing],
-                    on,
-                )
-            ),
-        )
-        for i in instants
-    ]
-    return instants + below
+    return on, Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
 
 
 def _zero3_transients(
@@ -2776,7 +2780,7 @@ def _backward(b: _StageBuilder) -> None:
     sp = _sp(plan)
     full = plan.recompute == "full"
     saved = [
-        *b.resident,
+        *_with_shards(b, 0),  # the head's gradient shard alone where the backward makes them
         *_extra_saved(b, "backward"),
         *b.root_grads,
         *_zero2_head_grads(b, tied_only=True),
@@ -2817,6 +2821,10 @@ def _backward(b: _StageBuilder) -> None:
         moe_bucket = bucket("moe", ["attention"])
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
         forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)
+        moe_instants = [
+            Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
+            for label, spent, live in _expert_backward(plan, s)
+        ]
         b.add(
             "backward.moe",
             b.moe * m,
@@ -2824,14 +2832,7 @@ def _backward(b: _StageBuilder) -> None:
             + _ep_moves(plan, s, True)
             + _shared_expert_moves(plan, s, True)
             + _zero3_moves(plan, b.layer, "moe", True, last_of=b.layers),
-            _zero3_layer_below(
-                b,
-                [
-                    Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
-                    for label, spent, live in _expert_backward(plan, s)
-                ],
-                "moe",
-            ),
+            _zero3_layer_below(b, moe_instants, "moe") + _first_layer(b, moe_instants, "moe"),
             b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )
     if b.has_dense:
@@ -2860,49 +2861,47 @@ def _backward(b: _StageBuilder) -> None:
             _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
             full,
         )
+        mlp_instants = [
+            Instant(
+                "fc2 gradients",
+                (
+                    *_spent(saved + recomputed, mask),
+                    grad_out,
+                    ffn_grad,
+                    *out_gather,
+                    *mlp_bucket,
+                ),
+            ),
+            Instant(
+                "activation gradients",
+                (
+                    *_spent(saved + recomputed, fc2_in),
+                    grad_out,
+                    ffn_grad,
+                    act_grad,
+                    *doubled,
+                    *mlp_bucket,
+                ),
+            ),
+            Instant(
+                "fc1 weight and input gradients",
+                (
+                    *_spent(saved + recomputed, fc2_in + act_in),
+                    grad_out,
+                    act_grad,
+                    *regather,
+                    *partial_in,
+                    *mlp_bucket,
+                ),
+            ),
+        ]
         b.add(
             "backward.mlp",
             b.dense * m,
             again
             + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
             + _zero3_moves(plan, b.layer, "mlp", True, last_of=b.layers),
-            _zero3_layer_below(
-                b,
-                [
-                    Instant(
-                        "fc2 gradients",
-                        (
-                            *_spent(saved + recomputed, mask),
-                            grad_out,
-                            ffn_grad,
-                            *out_gather,
-                            *mlp_bucket,
-                        ),
-                    ),
-                    Instant(
-                        "activation gradients",
-                        (
-                            *_spent(saved + recomputed, fc2_in),
-                            grad_out,
-                            ffn_grad,
-                            act_grad,
-                            *doubled,
-                            *mlp_bucket,
-                        ),
-                    ),
-                    Instant(
-                        "fc1 weight and input gradients",
-                        (
-                            *_spent(saved + recomputed, fc2_in + act_in),
-                            grad_out,
-                            act_grad,
-                            *regather,
-                            *partial_in,
-                            *mlp_bucket,
-                        ),
-                    ),
-                ],
-            ),
+            _zero3_layer_below(b, mlp_instants) + _first_layer(b, mlp_instants, "mlp"),
             b.layer.kernels.backward("mlp", s)
             + flops.bias_gradients(plan, s, "mlp")
             + _accumulate(b, "mlp"),
@@ -2949,6 +2948,36 @@ def _backward(b: _StageBuilder) -> None:
         held = when(_cp_buffers(plan, s), plan.recompute != "none")
         live = (*_spent(saved + recomputed, ffn_spent), grad_out, *held, *attention_bucket)
         rerun.append(Instant("attention core (recomputed)", live))
+    attention_instants = _ffn_freed(
+        b,
+        [
+            *rerun,
+            Instant(
+                "attention core gradients",
+                (
+                    *_spent(saved + recomputed, ffn_spent),
+                    grad_out,
+                    core_grad,
+                    *_cp_buffers(plan, s, backward=True),
+                    *attention_bucket,
+                ),
+            ),
+            # the QKV projection's backward, as fc1's: the core's and the output
+            # projection's saved tensors spent, its input gathered again under sequence
+            # parallelism beside its input gradient, partial on tp before the reduction
+            Instant(
+                "QKV weight and input gradients",
+                (
+                    *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
+                    grad_out,
+                    qkv_grad,
+                    *when([_regathered_input(plan, s)], sp),
+                    *_before_reduction(plan, s, "QKV input gradient"),
+                    *attention_bucket,
+                ),
+            ),
+        ],
+    )
     b.add(
         "backward.attention",
         b.layers * m,
@@ -2956,40 +2985,8 @@ def _backward(b: _StageBuilder) -> None:
         + attention_tp_moves(plan, s, True)
         + _cp_moves(plan, s, True)
         + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
-        _zero3_layer_below(
-            b,
-            _ffn_freed(
-                b,
-                [
-                    *rerun,
-                    Instant(
-                        "attention core gradients",
-                        (
-                            *_spent(saved + recomputed, ffn_spent),
-                            grad_out,
-                            core_grad,
-                            *_cp_buffers(plan, s, backward=True),
-                            *attention_bucket,
-                        ),
-                    ),
-                    # the QKV projection's backward, as fc1's: the core's and the output
-                    # projection's saved tensors spent, its input gathered again under sequence
-                    # parallelism beside its input gradient, partial on tp before the reduction
-                    Instant(
-                        "QKV weight and input gradients",
-                        (
-                            *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
-                            grad_out,
-                            qkv_grad,
-                            *when([_regathered_input(plan, s)], sp),
-                            *_before_reduction(plan, s, "QKV input gradient"),
-                            *attention_bucket,
-                        ),
-                    ),
-                ],
-            ),
-            "attention",
-        ),
+        _zero3_layer_below(b, attention_instants, "attention")
+        + _first_layer(b, attention_instants, "attention"),
         b.layer.kernels.backward("attention", s)
         + flops.bias_gradients(plan, s, "attention")
         + _accumulate(b, "attention"),
@@ -3047,6 +3044,8 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     unit = _outside_params(b, "embedding" if split else "root")
     name = "embedding" if split else _root_name(b)
     others = _earlier(b, b.layers - 1)  # this micro-batch's layer passes are all done
+    # every layer's gradient shard made, the embedding's (a root unit's) not yet
+    made = _with_shards(b, b.layers)
     extra = _extra_saved(b, "embedding", root=False)  # the gathered parameters freed
     grad_out = Alloc(
         "embedding output gradient",
@@ -3073,7 +3072,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     backward = Instant(
         "embedding weight gradient",
         (
-            *b.resident,
+            *made,
             *_extra_saved(b, "embedding"),
             *([] if split else _zero3_root_grads(b)),
             *embedding_bucket,
@@ -3101,7 +3100,7 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     recast = flops.fsdp_mixed(plan) & (par.fsdp == 2) & (prec.reduce != prec.param_gather)
     copy_in = Instant(
         f"{name} gradients' copy-in",
-        tuple(when([*b.resident, *extra, others, copying], zero3 & recast)),
+        tuple(when([*made, *extra, others, copying], zero3 & recast)),
     )
     return [
         backward,
@@ -3407,21 +3406,111 @@ def _before_any_gradient(b: _StageBuilder) -> tuple[Alloc, ...]:
     ZeRO 3 is priced without a pipeline only (`resolve._check_pipeline_zero3`), so that is
     a step of one micro-batch; the rule is `inflight`'s, whose pipelines (GPipe, a warm-up
     as long as the step) FSDP does not reach here. A later forward comes after a backward
-    and keeps the shard; the backward counts it whole from its first block (an upper bound:
-    FSDP makes each block's as it reduce-scatters it)."""
+    and keeps the shard; that first backward makes it unit by unit (`_with_shards`)."""
+    return tuple(_with_shards(b, 0, before=True))
+
+
+def _first_backward(b: _StageBuilder) -> Any:
+    """Where the stage's first backward makes its gradient shards (`_before_any_gradient`):
+    PyTorch FSDP's mixed precision, with every micro-batch's forward before it."""
     plan = b.plan
     # a sweep's class of several middle stages (`layers.merge_classes`) stands for the one
     # holding the fewest in flight too, at most the last middle stage's: without a gradient
     # shard only where that one is
     stage = vwhere(b.kind.copies > 1, plan.parallel.pp - 2, b.kind.stage)
     held = inflight(plan, stage, b.microbatches)
-    early = flops.fsdp_mixed(plan) & (held >= b.microbatches)
+    return flops.fsdp_mixed(plan) & (held >= b.microbatches)
+
+
+def _with_shards(b: _StageBuilder, done: Any, ffn: Any = 0, before: bool = False) -> list[Alloc]:
+    """The stage's resident states with the gradient shards its first backward has made
+    (`_first_backward`; elsewhere every shard, as the states hold them) once `done` of its
+    layers have run their backward, and `ffn` parameters of the next one's feed-forward
+    unit (block units, `Parallel.fsdp_unit`), or none `before` the backward.
+
+    FSDP makes a unit's shard as it reduce-scatters the unit's gradients, in the unit's
+    post-backward (``foreach_reduce`` allocates the reduce-scatter's output and sets
+    ``sharded_param.grad`` to a view of it where it is None): under a split root
+    (`Parallel.fsdp_root`) the head's unit (the output layer and the final norm) right after
+    the loss, then each layer's from the stage's last down, the embedding's last; a root unit
+    holding the embedding and the head only after every layer. So a layer's backward holds
+    the head's shard and those of the layers after it, not the whole shard (an audit: Llama
+    3 8B over 8 GPUs with one micro-batch a step counted 3.49 GiB of shards at its last
+    layer's backward, where 0.24 GiB exist, and read its peak 1.4 GiB high in the backward
+    where it is at the loss). A stage's layers are priced as alike, each a share of the
+    layers' parameters (those of a stage of dense and MoE layers differ)."""
+    early = _first_backward(b)
     if not np.any(holds(early)):
-        return b.resident
-    return tuple(
-        replace(a, bytes=vwhere(early, 0, a.bytes)) if a.category == "grads" else a
+        return list(b.resident)
+    par, parts = b.plan.parallel, dict(b.params.parts)
+    made: Any = 0
+    if not before:
+        layers = parts.get("transformer layers", 0) + parts.get("experts", 0)
+        own_head = b.last & (par.fsdp_root == "split")
+        head = (parts.get("output layer", 0) + parts.get("final norm", 0)) * own_head
+        made = head + layers * done / vmax(b.layers, 1) + ffn
+    share = vmin(1, made / vmax(b.params.per_rank, 1))
+    return [
+        replace(a, bytes=vwhere(early, vround(a.bytes * share), a.bytes))
+        if a.category == "grads"
+        else a
         for a in b.resident
-    )
+    ]
+
+
+def _shards_at(b: _StageBuilder, live: Iterable[Alloc], done: Any, ffn: Any = 0) -> list[Alloc]:
+    """`live` with its gradient shards as `_with_shards` makes them."""
+    made = {a.name: a for a in _with_shards(b, done, ffn) if a.category == "grads"}
+    return [made.get(a.name, a) if a.category == "grads" else a for a in live]
+
+
+def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[Instant]:
+    """The stage's first layer's backward `instants`, where its first backward makes the
+    gradient shards (`_with_shards`): every later layer's shard made, their saved tensors
+    and kept parameters freed, the head's reduce-scatter input under a split root long
+    gone, the layer above reducing behind it where `overlap.dp_grads` says so
+    (`_zero3_layer_below`). The shards grow by a layer's as its saved tensors go, so a
+    layer's backward peaks at the last layer's or the first's."""
+    early = _first_backward(b) & (b.layers > 1)
+    if not np.any(holds(early)):
+        return []
+    rest = b.layers - 1
+    ffn = _ffn_unit(b) if block == "attention" else 0
+    swap: dict[int, Alloc | None] = {id(b.earlier): _earlier(b, rest)}
+    if b.plan.parallel.fsdp_root == "split":
+        swap.update((id(a), None) for a in b.root_grads)
+    # the layers kept gathered (`_kept_gathered`), less the feed-forward block that the
+    # attention's instants have freed already (`_ffn_freed`): by name, that copy's own
+    fewer = _kept_gathered(b, rest)
+    freed = {k.name: k.bytes - f.bytes for k, f in zip(b.kept_gathered, fewer, strict=True)}
+
+    def first(live: Iterable[Alloc]) -> list[Alloc]:
+        kept = [replace(a, bytes=a.bytes - freed[a.name]) if a.name in freed else a for a in live]
+        return _shards_at(b, _swapped(kept, swap), rest, ffn)
+
+    on, reducing = _reducing_above(b, block)
+    return [
+        Instant(
+            f"{i.label}, the stage's first layer",
+            tuple(when(first(i.live) + when([reducing], on), early)),
+        )
+        for i in instants
+    ]
+
+
+def _swapped(live: Iterable[Alloc], swap: dict[int, Alloc | None]) -> list[Alloc]:
+    """`live` with each allocation `swap` names by id replaced, or dropped where it says
+    None."""
+    return [x for a in live for x in [swap.get(id(a), a)] if x is not None]
+
+
+def _ffn_unit(b: _StageBuilder) -> Any:
+    """Parameters of a layer's feed-forward unit, reduced before its attention's backward
+    under block units (`Parallel.fsdp_unit`); none under whole-layer units."""
+    if b.plan.parallel.fsdp_unit == "layer":
+        return 0
+    block = "moe" if b.last_is_moe else "mlp"
+    return _group_bytes(b.layer.zero3.get(block, []), 1)
 
 
 def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any, str]]:

@@ -62,6 +62,16 @@ def _phase(plan: Plan, name: str, stage: int = 0) -> Phase:
     return next(p for p in derive(plan).stages[stage].phases if p.name == name)
 
 
+def _layers_done(label: str, layers: int) -> int:
+    """Layers of the stage whose backward has run before a layer's backward instant: none
+    at its last layer, one "a layer lower" (`step._zero3_layer_below`), all but one at "the
+    stage's first layer" (`step._first_layer`, where a step's only backward makes the
+    gradient shards)."""
+    if label.endswith(", a layer lower"):
+        return 1
+    return layers - 1 if label.endswith(", the stage's first layer") else 0
+
+
 def _bytes(plan: Plan, phase: str, stage: int = 0) -> dict[str, int]:
     """Bytes of each kernel of a phase, the kernels of one name added up."""
     out: dict[str, int] = {}
@@ -470,9 +480,12 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
         (reduced,) = [i for i in phase.instants if i.label.endswith("reduce-scatter")]
         assert reduced.total == held
         # fully_shard's copy-in holds the bf16 gradients and their fp32 cast together, as
-        # FullyShardedDataParallel holds them throughout (an audit: no instant had it)
+        # FullyShardedDataParallel holds them throughout (an audit: no instant had it); in a
+        # step's only backward the root unit's gradient shard is made by the reduce-scatter
+        # after it, so the copy-in holds every shard but the root's (an audit: all counted)
         copy_in = [i.total for i in phase.instants if i.label.endswith("copy-in")]
-        assert copy_in == ([states + 3 * 2**30 + root * 6] if fsdp == 2 else [])
+        unmade = root * 4 // 8
+        assert copy_in == ([states - unmade + 3 * 2**30 + root * 6] if fsdp == 2 else [])
         (row,) = to_dict(build_report(plan))["memory"]["stages"]
         if fsdp == 1:
             assert row["peak_bytes"] == held == 25_585_811_456
@@ -505,6 +518,57 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
     four = variant(tmp_path, "four.yaml", ("global: 8", "global: 32"), base=shipped)
     _, grads = peak_and_loss(four)
     assert grads == {"gradients (fp32)": 4 * -(-8_030_261_248 // 8)}
+
+
+def test_fsdps_first_backward_makes_the_gradient_shards_unit_by_unit(tmp_path: Path) -> None:
+    """An audit (m225): with one micro-batch a step, the backward counted every gradient
+    shard from the last layer's backward on, where FSDP makes a unit's as it reduce-scatters
+    it (``foreach_reduce``). plans/llama3-8b-fsdp.yaml without its log-softmax transition
+    (the plan's own note: 24.6 GiB, in the backward) read 24.6 GiB in backward.mlp, where it
+    peaks at the loss, 23.2 GiB. By hand, 4 B / 8 ranks = 0.5 B a parameter: the head's
+    unit (output layer 525,336,576 and final norm 4,096) made right after the loss,
+    262,670,336 B; each layer (218,112,000 parameters) 109,056,000 B more as its backward
+    ends, so a layer lower 371,726,336 B and at the stage's first layer, 31 layers done,
+    3,643,406,336 B; at the embedding's backward every shard but the embedding's,
+    3,752,462,336 B; its reduce-scatter makes the last, 4,015,130,624 B in all. Under one
+    root unit the head's shard waits for the embedding's: none at the last layer. With
+    two micro-batches the second backward holds every shard, as before."""
+    from tests.plan_files import variant
+
+    shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    text = shipped.read_text(encoding="utf-8").split("transitions:")[0]
+    path = tmp_path / "plain.yaml"
+    path.write_text(text, encoding="utf-8")
+    head, layer, whole = 262_670_336, 109_056_000, 4_015_130_624
+
+    def shards(plan: Plan) -> dict[tuple[str, str], int]:
+        (stage,) = derive(plan).stages
+        return {
+            (p.name, i.label): a.total
+            for p in stage.phases
+            for i in p.instants
+            for a in i.live
+            if a.category == "grads"
+        }
+
+    plan = load_plan(path)
+    made = shards(plan)
+    assert made[("backward.mlp", "fc2 gradients")] == head
+    assert made[("backward.attention", "attention core gradients, a layer lower")] == head + layer
+    first = "activation gradients, the stage's first layer"
+    assert made[("backward.mlp", first)] == head + 31 * layer == 3_643_406_336
+    assert made[("backward.embedding", "embedding gradients' copy-in")] == head + 32 * layer
+    assert made[("backward.embedding", "embedding gradients' reduce-scatter")] == whole
+    assert made[("dp.grads", next(k for p, k in made if p == "dp.grads"))] == whole
+    report = to_dict(build_report(plan))
+    (stage,) = report["memory"]["stages"]
+    assert stage["peak_phase"] == "loss" and stage["peak_bytes"] < 24.6 * 2**30
+    rows = {r["name"]: r["peak_bytes"] for r in report["phases"]}
+    assert rows["backward.mlp"] < rows["loss"]
+    root = variant(tmp_path, "root.yaml", ("fsdp_root: split", "fsdp_root: whole"), base=path)
+    assert shards(load_plan(root))[("backward.mlp", "fc2 gradients")] == 0
+    two = variant(tmp_path, "two.yaml", ("global: 8", "global: 16"), base=path)
+    assert set(shards(load_plan(two)).values()) - {0} == {whole}
 
 
 # MPT 13B's attention block: QKV 5120 x 15360 + bias 15360, the output projection 5120 x
@@ -575,7 +639,7 @@ def test_a_whole_layer_unit_holds_the_layer_the_next_and_the_one_above_reducing(
             made = {"backward.mlp": 2 * MLP, "backward.attention": 2 * LAYER}.get(name)
             assert sizes.get("gradients before reduce-scatter") == made
             above = "gradients of the layer above (reduce-scattering)"
-            lower = instant.label.endswith(", a layer lower")
+            lower = _layers_done(instant.label, 40) > 0 and name in lowered
             assert sizes.get(above) == (cast * LAYER if lower else None), instant.label
         instants = _phase(plan, name).instants
         assert any(i.label.endswith(", a layer lower") for i in instants) == (name in lowered)
@@ -698,10 +762,8 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
             sizes = {a.name: a.total for a in instant.live}
             assert "gathered parameters (this layer)" not in sizes
             assert "gathered parameters (prefetched layer)" not in sizes
-            lower = instant.label.endswith(", a layer lower")
-            held = (
-                0 if phase.name in ("backward.embedding", "dp.grads", "optimizer") else 32 - lower
-            )
+            done = _layers_done(instant.label, 32)
+            held = 0 if phase.name in ("backward.embedding", "dp.grads", "optimizer") else 32 - done
             assert sizes.get(KEPT, 0) == held * layer, (phase.name, instant.label)
     ops = {name: sorted(c["op"] for c in moves) for name, moves in _collectives(plan).items()}
     assert ops == {
@@ -844,7 +906,7 @@ def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_back
     for name in ("backward.mlp", "backward.attention"):
         for instant in phases[name].instants:
             sizes = {a.name: a.total for a in instant.live}
-            lower = instant.label.endswith(", a layer lower")
+            lower = _layers_done(instant.label, 32) > 0
             head = sizes.get(SPLIT_HEAD_GRADIENTS)
             assert head == (None if lower else 4 * EMBEDDING), instant.label
 
@@ -876,9 +938,9 @@ def test_block_units_kept_from_forward_free_the_mlp_before_the_attentions_backwa
     layers, mlp = 32 * 436_224_000, 2 * 176_164_864
     for name, held in (("backward.mlp", layers), ("backward.attention", layers - mlp)):
         for instant in _phase(plan, name).instants:
-            lower = instant.label.endswith(", a layer lower")
+            done = _layers_done(instant.label, 32)
             sizes = {a.name: a.total for a in instant.live}
-            assert sizes[KEPT] == held - lower * 436_224_000, (name, instant.label)
+            assert sizes[KEPT] == held - done * 436_224_000, (name, instant.label)
 
 
 def test_a_split_roots_head_buffer_is_dropped_for_the_mlp_blocks_own(tmp_path: Path) -> None:
@@ -897,7 +959,7 @@ def test_a_split_roots_head_buffer_is_dropped_for_the_mlp_blocks_own(tmp_path: P
     for name, head in (("backward.mlp", 4 * EMBEDDING), ("backward.attention", None)):
         for instant in _phase(plan, name).instants:
             sizes = {a.name: a.total for a in instant.live}
-            lower = instant.label.endswith(", a layer lower")
+            lower = _layers_done(instant.label, 32) > 0
             assert sizes.get(SPLIT_HEAD_GRADIENTS) == (None if lower else head), instant.label
             assert (previous in sizes) == (name == "backward.attention")
 
