@@ -3422,7 +3422,9 @@ def _first_backward(b: _StageBuilder) -> Any:
     return flops.fsdp_mixed(plan) & (held >= b.microbatches)
 
 
-def _with_shards(b: _StageBuilder, done: Any, ffn: Any = 0, before: bool = False) -> list[Alloc]:
+def _with_shards(
+    b: _StageBuilder, done: Any, ffn: tuple[Any, Any] = (0, 0), before: bool = False
+) -> list[Alloc]:
     """The stage's resident states with the gradient shards its first backward has made
     (`_first_backward`; elsewhere every shard, as the states hold them) once `done` of its
     layers have run their backward, and `ffn` parameters of the next one's feed-forward
@@ -3438,27 +3440,38 @@ def _with_shards(b: _StageBuilder, done: Any, ffn: Any = 0, before: bool = False
     3 8B over 8 GPUs with one micro-batch a step counted 3.49 GiB of shards at its last
     layer's backward, where 0.24 GiB exist, and read its peak 1.4 GiB high in the backward
     where it is at the loss). A stage's layers are priced as alike, each a share of the
-    layers' parameters (those of a stage of dense and MoE layers differ)."""
+    layers' parameters (those of a stage of dense and MoE layers differ). `ffn` is (dense,
+    expert) parameters: the experts' shards are a state of their own, over the expert
+    data-parallel group (`layers.resident_states`, named "expert ..."), made as their
+    layers' are (a review: counted against the dense parameters alone, Mixtral's experts'
+    shards were all made a layer below the last)."""
     early = _first_backward(b)
     if not np.any(holds(early)):
         return list(b.resident)
     par, parts = b.plan.parallel, dict(b.params.parts)
-    made: Any = 0
+    dense: Any = 0
+    experts: Any = 0
     if not before:
-        layers = parts.get("transformer layers", 0) + parts.get("experts", 0)
         own_head = b.last & (par.fsdp_root == "split")
         head = (parts.get("output layer", 0) + parts.get("final norm", 0)) * own_head
-        made = head + layers * done / vmax(b.layers, 1) + ffn
-    share = vmin(1, made / vmax(b.params.per_rank, 1))
-    return [
-        replace(a, bytes=vwhere(early, vround(a.bytes * share), a.bytes))
-        if a.category == "grads"
-        else a
-        for a in b.resident
-    ]
+        per_layer = done / vmax(b.layers, 1)
+        dense = head + parts.get("transformer layers", 0) * per_layer + ffn[0]
+        experts = parts.get("experts", 0) * per_layer + ffn[1]
+    shares = (
+        vmin(1, dense / vmax(b.params.per_rank, 1)),
+        vmin(1, experts / vmax(b.params.expert_per_rank, 1)),
+    )
+
+    def made(a: Alloc) -> Alloc:
+        share = shares[a.name.startswith("expert ")]
+        return replace(a, bytes=vwhere(early, vround(a.bytes * share), a.bytes))
+
+    return [made(a) if a.category == "grads" else a for a in b.resident]
 
 
-def _shards_at(b: _StageBuilder, live: Iterable[Alloc], done: Any, ffn: Any = 0) -> list[Alloc]:
+def _shards_at(
+    b: _StageBuilder, live: Iterable[Alloc], done: Any, ffn: tuple[Any, Any] = (0, 0)
+) -> list[Alloc]:
     """`live` with its gradient shards as `_with_shards` makes them."""
     made = {a.name: a for a in _with_shards(b, done, ffn) if a.category == "grads"}
     return [made.get(a.name, a) if a.category == "grads" else a for a in live]
@@ -3475,7 +3488,7 @@ def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[
     if not np.any(holds(early)):
         return []
     rest = b.layers - 1
-    ffn = _ffn_unit(b) if block == "attention" else 0
+    ffn = _ffn_unit(b) if block == "attention" else (0, 0)
     swap: dict[int, Alloc | None] = {id(b.earlier): _earlier(b, rest)}
     if b.plan.parallel.fsdp_root == "split":
         swap.update((id(a), None) for a in b.root_grads)
@@ -3504,13 +3517,15 @@ def _swapped(live: Iterable[Alloc], swap: dict[int, Alloc | None]) -> list[Alloc
     return [x for a in live for x in [swap.get(id(a), a)] if x is not None]
 
 
-def _ffn_unit(b: _StageBuilder) -> Any:
-    """Parameters of a layer's feed-forward unit, reduced before its attention's backward
-    under block units (`Parallel.fsdp_unit`); none under whole-layer units."""
+def _ffn_unit(b: _StageBuilder) -> tuple[Any, Any]:
+    """(dense, expert) parameters of a layer's feed-forward unit, reduced before its
+    attention's backward under block units (`Parallel.fsdp_unit`); none under whole-layer
+    units. The experts are the unit's expert data-parallel group's (`_zero3_groups`)."""
     if b.plan.parallel.fsdp_unit == "layer":
-        return 0
-    block = "moe" if b.last_is_moe else "mlp"
-    return _group_bytes(b.layer.zero3.get(block, []), 1)
+        return 0, 0
+    groups = b.layer.zero3.get("moe" if b.last_is_moe else "mlp", [])
+    expert = sum(n for group, _, n in groups if group == "edp")
+    return sum(n for group, _, n in groups if group != "edp"), expert
 
 
 def _gathered_formats(b: _StageBuilder, prefix: str, n: Any) -> list[tuple[str, str, Any, str]]:

@@ -571,6 +571,48 @@ def test_fsdps_first_backward_makes_the_gradient_shards_unit_by_unit(tmp_path: P
     assert set(shards(load_plan(two)).values()) - {0} == {whole}
 
 
+def test_fsdps_first_backward_makes_the_expert_shards_as_their_layers_run(tmp_path: Path) -> None:
+    """A review (m226): the experts' gradient shards, a state of their own, were counted
+    against the dense parameters, so Mixtral's were all made a layer below the last (5.17
+    GiB too many there, the peak 1.98 GiB high at the wrong instant). Mixtral 8x7B under
+    torchtitan's FSDP2 recipe on 32 GPUs, fp32 shards over 32 ranks (0.125 B a parameter):
+    the head's unit (131,072,000 + 4,096) 16,384,512 B once the loss is done; a layer's
+    dense part (1,343,488,000 / 32) 5,248,000 B and its experts (45,097,156,608 / 32)
+    176,160,768 B as its backward ends; so at the last layer's backward 16,384,512 and 0,
+    a layer lower 21,632,512 and 176,160,768, at the stage's first layer 179,072,512 and
+    5,460,983,808, and after it all of them, 200,704,512 and 5,637,144,576."""
+    from tests.plan_files import variant
+
+    path = variant(
+        tmp_path,
+        "mixtral.yaml",
+        ("preset: llama3-8b", "preset: mixtral-8x7b"),
+        ("global: 8", "global: 32"),
+        ("  dp: 8\n", "  dp: 32\n"),
+        ("nodes: 1}", "nodes: 4}"),
+        base=ROOT / "plans" / "llama3-8b-fsdp.yaml",
+    )
+    plan = load_plan(path)
+    (stage,) = derive(plan).stages
+    phases = {p.name: p for p in stage.phases}
+    label = "expert activation gradients"
+    made = {
+        i.label: {a.name: a.total for a in i.live if a.category == "grads"}
+        for i in phases["backward.moe"].instants
+        if i.label.startswith(label)
+    }
+    dense, expert = "gradients (fp32)", "expert gradients (fp32)"
+    assert made[label] == {dense: 16_384_512, expert: 0}
+    assert made[f"{label}, a layer lower"] == {dense: 21_632_512, expert: 176_160_768}
+    first = f"{label}, the stage's first layer"
+    assert made[first] == {dense: 179_072_512, expert: 5_460_983_808}
+    (reduced, *_) = phases["dp.grads"].instants
+    held = {a.name: a.total for a in reduced.live if a.category == "grads"}
+    assert held == {dense: 200_704_512, expert: 5_637_144_576}
+    (row,) = to_dict(build_report(plan))["memory"]["stages"]
+    assert (row["peak_phase"], row["peak_instant"]) == ("backward.moe", first)
+
+
 # MPT 13B's attention block: QKV 5120 x 15360 + bias 15360, the output projection 5120 x
 # 5120 + bias 5120 and its LayerNorm 2 x 5120; with the MLP block, a layer
 ATTENTION = 5120 * 15360 + 15360 + 5120 * 5120 + 5120 + 2 * 5120
