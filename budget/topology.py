@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
@@ -155,10 +155,12 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, dp x cp,
     and the expert grid's etp, ep and expert data-parallel groups) must hold the same
     number of ranks in each domain it touches, which the two-level algorithms assume
-    (`span_of_ranks`). Checked on the groups holding rank 0 and the last rank of the first
+    (`span_of_ranks`), and span the levels as rank 0's group of its kind does, which is
+    the one priced. Checked on the groups holding rank 0 and the last rank of the first
     domain of each level (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11
-    straddle two). Other problems with the degrees or the order raise ValueError (the plan
-    loader reports them by their own checks)."""
+    straddle two), then on the group a level's domains cut otherwise (`_misplaced`,
+    `_expert_misplaced`). Other problems with the degrees or the order raise ValueError
+    (the plan loader reports them by their own checks)."""
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
@@ -184,6 +186,65 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
             misplaced = _misplaced(parallel, topology, level)
             if misplaced:
                 return misplaced
+    return _expert_misplaced(parallel, topology) if expert_grid(parallel) else None
+
+
+# ranks past which the expert groups are checked at `uneven_group`'s ranks alone
+EXPERT_CHECK = 2**20
+
+
+def _expert_misplaced(parallel: Parallel, topology: Topology) -> str | None:
+    """Why an expert group (etp, ep, edp) spreads unevenly over a level, or otherwise than
+    rank 0's group of its kind, or None. Under a Megatron order (tp first, pp last) a
+    stage's ranks are one block, whose ranks b are the expert grid's b = etp_i + etp·k
+    (module docstring): where every level's domains cut that grid at a digit (`_per_domain`
+    over etp, then ep and edp in the order's turn, then pp) no group can. Otherwise every
+    rank's groups are worked out at once, up to `EXPERT_CHECK` ranks: each group's ranks in
+    each domain it touches, and the domains it touches (a review: tp 6, cp 8, pp 4, ep 6,
+    etp 4 on levels of 2 and 6 GPUs put rank 0's etp group, ranks 0..3, in one 6-GPU
+    domain, and ranks 4..7 across two, priced as rank 0's)."""
+    degrees = _degrees(parallel)
+    order = _dense_order(parallel)
+    levels = [lv for lv in topology.levels[:-1] if lv.size and lv.size < topology.gpus]
+    inner = ("ep", "edp") if _ep_first(parallel) else ("edp", "ep")
+    grid = ("etp", *inner, "pp")
+    cut = all(_per_domain(set(), grid, degrees, int(lv.size or 0)) is not None for lv in levels)
+    if (order[0] == "tp" and order[-1] == "pp" and cut) or topology.gpus > EXPERT_CHECK:
+        return None
+    ranks = np.arange(topology.gpus, dtype=np.int64)
+    coords: dict[str, Any] = {}
+    rest = ranks
+    for d in order:
+        rest, coords[d] = np.divmod(rest, degrees[d])
+    grid_coords: dict[str, Any] = {**_expert_coords(coords, parallel, degrees), "pp": coords["pp"]}
+    for kind in ("etp", "ep", "edp"):
+        if degrees[kind] == 1:
+            continue
+        group: Any = np.zeros_like(ranks)
+        for d in grid:
+            if d != kind:
+                group = group * degrees[d] + grid_coords[d]
+        for level in levels:
+            domains = topology.gpus // int(level.size or 1)
+            pairs, held = np.unique(
+                group * domains + ranks // int(level.size or 1), return_counts=True
+            )
+            owner = pairs // domains
+            touched = np.bincount(owner)
+            odd = (held * touched[owner] != degrees[kind]) | (touched[owner] != touched[group[0]])
+            if np.any(odd):
+                rank = int(ranks[np.isin(group, owner[odd])][0])  # the lowest such rank
+                try:
+                    theirs = group_span(kind, parallel, topology, rank)
+                except UnevenGroup as error:
+                    return f"the {kind} group: {error}"
+                ours = group_span(kind, parallel, topology)
+                return (
+                    f"the {kind} group: group {_show(theirs.members)} puts {theirs.counts} "
+                    f"ranks on the levels where rank 0's group {_show(ours.members)} puts "
+                    f"{ours.counts}; budget prices every {kind} group as rank 0's, so each must "
+                    "sit alike"
+                )
     return None
 
 
