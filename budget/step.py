@@ -521,6 +521,11 @@ class _StageBuilder:
         """`_kept_gathered`, once a stage."""
         return _kept_gathered(self)
 
+    @cached_property
+    def first_backward(self) -> Any:
+        """`_first_backward`, once a stage."""
+        return _first_backward(self)
+
     @property
     def ffn(self) -> str:
         """The feed-forward block of the stage's layers, which a whole-layer ZeRO-3 unit
@@ -3445,7 +3450,7 @@ def _with_shards(
     data-parallel group (`layers.resident_states`, named "expert ..."), made as their
     layers' are (a review: counted against the dense parameters alone, Mixtral's experts'
     shards were all made a layer below the last)."""
-    early = _first_backward(b)
+    early = b.first_backward
     if not np.any(holds(early)):
         return list(b.resident)
     par, parts = b.plan.parallel, dict(b.params.parts)
@@ -3484,7 +3489,7 @@ def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[
     gone, the layer above reducing behind it where `overlap.dp_grads` says so
     (`_zero3_layer_below`). The shards grow by a layer's as its saved tensors go, so a
     layer's backward peaks at the last layer's or the first's."""
-    early = _first_backward(b) & (b.layers > 1)
+    early = b.first_backward & (b.layers > 1)
     if not np.any(holds(early)):
         return []
     rest = b.layers - 1
