@@ -1353,6 +1353,23 @@ def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
     return when(_cp_held(plan, s, backward), plan.parallel.cp > 1)
 
 
+def _cp_reorder(plan: Plan, s: Shapes) -> list[Alloc]:
+    """All-gathered context parallelism's reorder of the gathered K and V into sequence
+    order before the core: Transformer Engine's ``AttnFuncWithCPAndKVAllGather.forward``
+    runs ``torch.index_select`` on the gathered K, then on V, each a copy beside both
+    gathered (an audit: 32 MiB of the 128K plan's forward uncounted). None on the ring,
+    whose chunks arrive in the order they are used."""
+    if every(plan.parallel.cp == 1) or plan.parallel.cp_attention != "allgather":
+        return []
+    copy = Alloc(
+        "K or V reordered (index_select's copy)",
+        "transient",
+        s.act * s.micro * s.seq_kv * vmax(s.k_cols, s.v_cols),
+        placement="replicate on cp",
+    )
+    return when([copy], plan.parallel.cp > 1)
+
+
 def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
     """`cp_held`'s buffers for cp > 1, sized as its docstring reads Transformer Engine."""
     ring = plan.parallel.cp_attention == "ring"
@@ -2417,6 +2434,15 @@ def _forward(b: _StageBuilder) -> None:
 
     gathered = when([_gathered_input(plan, s)], sp)
     z3 = _zero3_transients(plan, b.layer, "attention", b.ffn_blocks)
+    # an all-gathered cp's K/V reordered before the core has made anything (`_cp_reorder`):
+    # Q, K and V made, not the core's statistics, output halves or output
+    reordered = []
+    if copy := _cp_reorder(plan, s):
+        core_made = {a.name for a in b.layer.core} | {PROJECTION_INPUT}
+        before_core = when([x for x in early if x.name not in core_made], lacks(full))
+        before_core += when(_working([x for x in projecting if x.name not in core_made]), full)
+        held = (*base, *checkpoint, *before_core, *_cp_buffers(plan, s), *copy, *z3)
+        reordered.append(Instant("K/V reordered for the core", held))
     b.add(
         "forward.attention",
         b.layers * m,
@@ -2428,6 +2454,7 @@ def _forward(b: _StageBuilder) -> None:
                 "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
                 tuple(base + checkpoint + first_two + qkv_out + gathered + z3),
             ),
+            *reordered,
             Instant(
                 "after attention",
                 tuple(base + checkpoint + after + core + _cp_buffers(plan, s) + z3),
@@ -2950,7 +2977,8 @@ def _backward(b: _StageBuilder) -> None:
     # gathered K/V) beside the output gradient, before any of the core's gradients exist
     rerun = []
     if not every(par.cp == 1) and not every(plan.recompute == "none"):
-        held = when(_cp_buffers(plan, s), plan.recompute != "none")
+        # the core's forward again, an all-gathered K/V reordered first (`_cp_reorder`)
+        held = when(_cp_buffers(plan, s) + _cp_reorder(plan, s), plan.recompute != "none")
         live = (*_spent(saved + recomputed, ffn_spent), grad_out, *held, *attention_bucket)
         rerun.append(Instant("attention core (recomputed)", live))
     attention_instants = _ffn_freed(

@@ -2320,6 +2320,23 @@ def test_all_gathered_attention_s_backward_holds_its_step_dq_and_reordered_dv(tm
         _moe_instants(ring, "backward.attention")["attention core gradients"]["Q/K/V gradients"]
         == 256 * 3 * 512 * 2
     )
+    # the forward's reorder of the gathered K and V (``index_select``, one at a time): a
+    # copy of one, 1,024 · 512 · 2 B, beside both gathered, 2 · 1,024 · 512 · 2 B, before
+    # the core has made its output (an audit); none on the ring, whose chunks come in order
+    forward = _moe_instants(plan, "forward.attention")
+    reordered = forward["K/V reordered for the core"]
+    assert reordered["K or V reordered (index_select's copy)"] == 1024 * 512 * 2
+    assert reordered["K/V all-gathered"] == 2 * 1024 * 512 * 2
+    assert _beyond(forward["after attention"], reordered).keys() >= {
+        "attention projection input",
+        "attention softmax statistics (fp32)",
+    }
+    assert "attention projection input" not in reordered
+    assert "K/V reordered for the core" not in _moe_instants(ring, "forward.attention")
+    # and again before the core's recomputed forward under selective recompute
+    selective = _load_text(tmp_path, text.replace("recompute: none", "recompute: selective"))
+    rerun = _moe_instants(selective, "backward.attention")["attention core (recomputed)"]
+    assert rerun["K or V reordered (index_select's copy)"] == 1024 * 512 * 2
 
 
 def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):
