@@ -965,16 +965,37 @@ def _hold_reduce_buffers(b: _StageBuilder) -> None:
     """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of each backward: the
     loss (its backward's bytes are its instant's), the layers' and the embedding's backward
     and the reduction that ends it, which releases them; not a forward, nor the optimizer
-    step (a review: they had been held into the next micro-batch's forward)."""
+    step (a review: they had been held into the next micro-batch's forward). Where a full
+    bucket is reduced, in the layers' and the embedding's backward and at its end, the
+    bucket flattened for its all-reduce beside it (`_flattened_bucket`)."""
     buffers = _reduce_buffer(b.plan, 2)
     if not buffers:
         return
+    flattened = _flattened_bucket(b)
     for k, phase in enumerate(b.phases):
         forward = pass_within(phase.name) == "forward" and phase.name not in ("loss", "mtp")
         if forward or phase.name == "optimizer":
             continue
-        instants = tuple(Instant(i.label, (*i.live, *buffers)) for i in phase.instants)
+        reducing = phase.name == "dp.grads" or pass_within(phase.name) == "backward"
+        held = (*buffers, *flattened) if reducing and phase.name != "loss" else buffers
+        instants = tuple(Instant(i.label, (*i.live, *held)) for i in phase.instants)
         b.phases[k] = replace(phase, instants=instants)
+
+
+def _flattened_bucket(b: _StageBuilder) -> list[Alloc]:
+    """DeepSpeed's ZeRO 2 reduces a full bucket by flattening its gradients into one tensor
+    and all-reducing that (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, a
+    ``torch.cat`` copy, stage_1_and_2.py), so a bucket's worth more is alive while it runs,
+    `Parallel.reduce_bucket` elements in the gradients' format or the rank's gradients
+    where fewer (an audit: none counted, 1.0 GB at 5e8 bf16 elements)."""
+    plan = b.plan
+    n = vmin(plan.parallel.reduce_bucket, b.params.per_rank + b.params.expert_per_rank)
+    copy = Alloc(
+        "a gradient bucket flattened for its all-reduce (DeepSpeed's allreduce_bucket)",
+        "transient",
+        n * DTYPE_BYTES[plan.precision.params],
+    )
+    return when([copy], holds(plan.parallel.zero == 2) & deepspeed_buffered(plan))
 
 
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
@@ -3278,10 +3299,28 @@ def _reduce(b: _StageBuilder) -> None:
             "the shard is kept), exposed unless overlap.dp_grads reduces them bucket by bucket "
             "behind it (last bucket exposed)",
         )
+        # DeepSpeed's ZeRO 2 all-reduces each bucket instead, each rank keeping its shard of
+        # the result (``average_tensor`` under ``use_multi_rank_bucket_allreduce``, its
+        # default: "an All-Reduce instead of multiple Reduce ops"; an audit: priced as a
+        # reduce-scatter, half the bytes)
+        deepspeed = holds(zero == 2) & deepspeed_buffered(plan)
+        all_reduced = replace(
+            reduce[0],
+            count=b.microbatches,
+            share=share,
+            rounds=1,
+            last_part=None,
+            each_microbatch=True,
+            rule="ZeRO-2 gradients, DeepSpeed's: all-reduced bucket by bucket after every "
+            "micro-batch's backward (use_multi_rank_bucket_allreduce, its default), each rank "
+            "keeping its shard, exposed unless overlap.dp_grads (overlap_comm) reduces them "
+            "behind it (last bucket exposed)",
+        )
         grads += (
             when(reduce[:1], zero == 0)
             + when(reduce[1:], zero == 1)
-            + when([every_backward], zero == 2)
+            + when([every_backward], (zero == 2) & lacks(deepspeed))
+            + when([all_reduced], deepspeed)
         )
         rule = (
             "parameter gather: exposed unless overlap.param_gather runs it bucket by "

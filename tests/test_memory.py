@@ -1407,10 +1407,16 @@ def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
     # fp32 cast (`step._flattened_upcast`)
     flat = 2 * -(-params_total(_zero_paper_plan(2)) // 64)
     assert buffered["optimizer"] - without["optimizer"] == flat
-    for name in ("loss", "dp.grads"):
-        assert buffered[name] - without[name] == buffer, name
+    # and where a full bucket is all-reduced, in the layers' backward and at its end, that
+    # bucket flattened into one tensor beside it (``allreduce_bucket``: ``self.flatten``; an
+    # audit, m229): 5e8 fp16 elements more; not in the loss, whose backward fills none
+    flattened = 500_000_000 * 2
+    assert buffered["loss"] - without["loss"] == buffer
+    assert buffered["dp.grads"] - without["dp.grads"] == buffer + flattened
     assert layer == 201_379_840
-    assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + 2 * (_FC1_WEIGHT - layer)
+    assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + flattened + 2 * (
+        _FC1_WEIGHT - layer
+    )
     # two micro-batches a rank: the second forward holds none either; overlap_comm
     # (overlap.dp_grads): two buffers
     one = _zero_paper_plan(2, 500_000_000)
@@ -1427,6 +1433,41 @@ def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
 
     assert {(a.count, a.total) for a in held("backward.mlp")} == {(2, 2 * buffer)}
     assert not held("optimizer") and not held("forward.mlp")
+
+
+def test_deepspeed_zero_2_all_reduces_each_bucket():
+    """An audit (m229): DeepSpeed's ZeRO 2 reduces each bucket of gradients with an
+    all-reduce over the data-parallel group, each rank then keeping its own slices
+    (stage_1_and_2.py ``average_tensor`` under ``use_multi_rank_bucket_allreduce``, True by
+    default: "do an All-Reduce instead of multiple Reduce ops"; ``allreduce_bucket`` calls
+    ``dist.all_reduce``), where budget priced Megatron-LM's reduce-scatter, half the bytes.
+    The paper plan's 7,455,727,616 fp16 gradients (14,911,455,232 B) over dp 64: a ring
+    all-reduce sends 2 x 63/64 of them, 29,356,927,488 B, after every micro-batch's
+    backward, against the reduce-scatter's 14,678,463,744."""
+    from budget.report import to_dict
+
+    def reduction(plan):
+        (found,) = [
+            c
+            for p in to_dict(build_report(plan))["phases"]
+            for c in p["collectives"]
+            if c["name"] == "gradients"
+        ]
+        return found
+
+    megatron = reduction(_zero_paper_plan(2))
+    deepspeed = reduction(_zero_paper_plan(2, 500_000_000))
+    assert (megatron["op"], megatron["sent_bytes"]) == ("reduce-scatter", 14_678_463_744)
+    assert (deepspeed["op"], deepspeed["ranks"], deepspeed["bytes"]) == (
+        "all-reduce",
+        64,
+        14_911_455_232,
+    )
+    assert deepspeed["sent_bytes"] == 2 * 63 * 14_911_455_232 // 64 == 29_356_927_488
+    assert "use_multi_rank_bucket_allreduce" in deepspeed["overlap_rule"]
+    two = _zero_paper_plan(2, 500_000_000)
+    two = replace(two, batch=replace(two.batch, global_batch=128))
+    assert reduction(two)["count"] == two.microbatches == 2
 
 
 def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
