@@ -66,6 +66,7 @@ from budget.plan.resolve import (
     MAX_ELEMENTS,
     divisors,
     gather_rounds_master,
+    gathers_fp8_beside_wider,
     parse_placement,
     shape_names,
 )
@@ -700,6 +701,12 @@ def _grid_piece(
             np.isin(zero, (1, 2))
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
             & gather_rounds_master(plan.precision),
+        ),
+        (
+            "ZeRO 1 or 2 gathering fp8 beside wider parameters (--fp8-param-gather's are fp8)",
+            np.isin(zero, (1, 2))
+            & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
+            & gathers_fp8_beside_wider(plan.precision),
         ),
         # resolve's `_check_deepspeed_pipeline`
         ("DeepSpeed's ZeRO 2 and 3 run without a pipeline", deepspeed_piped),

@@ -462,6 +462,7 @@ def test_new_plan_sections_load_from_yaml(tmp_path):
             tmp_path,
             "plan.yaml",
             ("  ep: 8\n", "  ep: 8\n  etp: 1\n"),
+            ("  params: bf16\n", "  params: fp8\n"),  # --fp8-param-gather's FP8 parameters
             ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8\n"),
             ("reserved: 4 GiB}", "reserved: 4 GiB, flops: {fp8: 1800 TFLOP/s}}"),
             base=PLANS / "mixtral-8x7b.yaml",
@@ -2392,3 +2393,63 @@ def test_eager_attention_over_context_parallel_ranks_is_refused_and_not_searched
     outcome = search(plan, 512, Space(tp=(8,), pp=(4,), micro=(1,), virtual_stages=(1,)))
     assert outcome.ruled_out["eager attention needs cp 1"]
     assert outcome.results and all(r.config.cp == 1 for r in outcome.results)
+
+
+def test_an_fp8_parameter_gather_under_zero_1_or_2_needs_fp8_parameters(tmp_path):
+    """An audit (m228): ZeRO 1 and 2 refresh each rank's parameters by their all-gather, so
+    an fp8 gather leaves fp8 parameters: Megatron-LM's --fp8-param-gather builds Transformer
+    Engine's weights as FP8 tensors (``fp8_model_init``) with no 16-bit copy. Llama 3 70B
+    with bf16 parameters and an fp8 gather was priced with both, 2 B a GEMM weight more:
+    2 x 2,139,095,040 = 4,278,190,080 B a rank on its first stage. It is refused, told to
+    write params: fp8, which prices 1 B a weight and its 1 B transpose beside the bf16
+    vocabulary and norms: 4,541,513,728 B. Under ZeRO 3 (FSDP2's float8 all-gather casts
+    wider parameters to fp8 for the gather) it loads."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    gather = ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8\n")
+    path = variant(tmp_path, "pg.yaml", gather, base=base)
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert ": error: $.precision.param_gather: param_gather: fp8 under ZeRO 1 beside params: " in (
+        result.stderr
+    )
+    assert "write params: fp8 with it" in result.stderr
+    fp8 = load_plan(
+        variant(tmp_path, "fp8.yaml", gather, ("params: bf16", "params: fp8"), base=base)
+    )
+    (first, *_) = to_dict(build_report(fp8))["memory"]["stages"]
+    assert first["params_bytes"] == 2 * 2_139_095_040 + 262_668_288 + 655_360 == 4_541_513_728
+    # and a sweep of the refused plan's model keeps ZeRO 1 and 2 out of it, saying why
+    from budget.search import Space, search
+
+    swept = search(
+        load_plan(
+            variant(
+                tmp_path,
+                "swept.yaml",
+                gather,
+                ("  zero: 1\n", "  zero: 3\n"),
+                ("pp: 4", "pp: 1"),
+                ("dp: 16", "dp: 64"),
+                base=base,
+            )
+        ),
+        512,
+        Space(tp=(8,), pp=(1,), micro=(1,), virtual_stages=(1,)),
+    )
+    rule = "ZeRO 1 or 2 gathering fp8 beside wider parameters (--fp8-param-gather's are fp8)"
+    assert swept.rejected[rule] and swept.results
+    assert all(r.config.zero == 3 for r in swept.results)
+    zero3 = variant(
+        tmp_path,
+        "z3.yaml",
+        gather,
+        ("  zero: 1\n", "  zero: 3\n"),
+        ("pp: 4", "pp: 1"),
+        ("dp: 16", "dp: 64"),
+        base=base,
+    )
+    assert load_plan(zero3).precision.param_gather == "fp8"

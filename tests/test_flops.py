@@ -737,6 +737,7 @@ def test_the_embedding_gradient_stays_16_bit_under_an_fp8_gather(tmp_path):
     path = variant(
         tmp_path,
         "fp8.yaml",
+        ("  params: bf16", "  params: fp8"),  # --fp8-param-gather's FP8 parameters
         ("  activations: bf16", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8"),
         ("preset: a100-80gb, reserved: 3 GiB", "preset: h100-sxm, reserved: 3 GiB"),
         ("preset: dgx-a100", "preset: dgx-h100"),

@@ -280,6 +280,7 @@ def test_fp8_leaves_the_router_and_output_layer_operands_in_bf16(tmp_path):
         variant(
             tmp_path,
             "fp8.yaml",
+            ("  params: bf16", "  params: fp8"),  # --fp8-param-gather's FP8 parameters
             ("  activations: bf16", "  activations: bf16\n  matmul: fp8\n  param_gather: fp8"),
             base=MIXTRAL,
         )

@@ -1228,6 +1228,12 @@ class _Resolver:
         return True
 
 
+def gathers_fp8_beside_wider(precision: Precision) -> bool:
+    """Whether the parameters are gathered in fp8 but kept wider, which under ZeRO 1 and 2
+    is no stack's (`_check_zero_gather`: Megatron-LM's --fp8-param-gather keeps them fp8)."""
+    return precision.param_gather == "fp8" != precision.params
+
+
 def gather_rounds_master(precision: Precision) -> bool:
     """Whether the parameters are their own master copy and gathered narrower than they
     are, which ZeRO 1 and 2 cannot do (`_check_zero_gather`)."""
@@ -1260,6 +1266,20 @@ def _check_zero_gather(
             f"gather, so {precision.param_gather} would round every copy but its owner's; "
             "leave param_gather out (it follows params) or use zero: 3, whose gathered "
             "copy is a transient",
+        )
+    elif zero in (1, 2) and gathers and gathers_fp8_beside_wider(precision):
+        # the replica ZeRO 1 and 2 refresh is what they gather: Megatron-LM's
+        # --fp8-param-gather builds Transformer Engine's weights as FP8 tensors
+        # (``fp8_model_init`` in pretrain_gpt.py's model_provider) and keeps no 16-bit copy
+        # of them (an audit: bf16 parameters beside their FP8 copies and transposes were
+        # priced, 4.28 GB a rank too many on Llama 3 70B)
+        r.error(
+            "$.precision.param_gather",
+            f"param_gather: fp8 under ZeRO {zero} beside params: {precision.params}: ZeRO 1 "
+            "and 2 refresh each rank's parameters by this gather, so they are fp8, as "
+            "Megatron-LM's --fp8-param-gather builds them (fp8_model_init, no 16-bit copy of "
+            "the GEMM weights); write params: fp8 with it (the master copy stays), or leave "
+            "param_gather out",
         )
 
 
