@@ -986,16 +986,25 @@ def _flattened_bucket(b: _StageBuilder) -> list[Alloc]:
     """DeepSpeed's ZeRO 2 reduces a full bucket by flattening its gradients into one tensor
     and all-reducing that (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, a
     ``torch.cat`` copy, stage_1_and_2.py), so a bucket's worth more is alive while it runs,
-    `Parallel.reduce_bucket` elements in the gradients' format or the rank's gradients
-    where fewer (an audit: none counted, 1.0 GB at 5e8 bf16 elements)."""
+    `Parallel.reduce_bucket` elements in the parameters' format (the buffer's), or the
+    rank's gradients where fewer (an audit: none counted, 1.0 GB at 5e8 bf16 elements)."""
     plan = b.plan
+    prec = plan.precision
     n = vmin(plan.parallel.reduce_bucket, b.params.per_rank + b.params.expert_per_rank)
     copy = Alloc(
         "a gradient bucket flattened for its all-reduce (DeepSpeed's allreduce_bucket)",
         "transient",
-        n * DTYPE_BYTES[plan.precision.params],
+        n * DTYPE_BYTES[prec.params],
     )
-    return when([copy], holds(plan.parallel.zero == 2) & deepspeed_buffered(plan))
+    # and cast to the reduction's format where it differs (``communication_data_type``:
+    # ``tensor.to(...)``, both alive through the all-reduce; a review: 2.0 GB at 5e8 fp32)
+    cast = Alloc(
+        f"the flattened bucket cast to {prec.reduce} for its all-reduce",
+        "transient",
+        n * DTYPE_BYTES[prec.reduce],
+    )
+    held = [copy] + ([cast] if prec.reduce != prec.params else [])
+    return when(held, holds(plan.parallel.zero == 2) & deepspeed_buffered(plan))
 
 
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
@@ -2998,10 +3007,19 @@ def _backward(b: _StageBuilder) -> None:
     # gathered K/V) beside the output gradient, before any of the core's gradients exist
     rerun = []
     if not every(par.cp == 1) and not every(plan.recompute == "none"):
-        # the core's forward again, an all-gathered K/V reordered first (`_cp_reorder`)
-        held = when(_cp_buffers(plan, s) + _cp_reorder(plan, s), plan.recompute != "none")
-        live = (*_spent(saved + recomputed, ffn_spent), grad_out, *held, *attention_bucket)
+        held = when(_cp_buffers(plan, s), plan.recompute != "none")
+        before = _spent(saved + recomputed, ffn_spent)
+        live = (*before, grad_out, *held, *attention_bucket)
         rerun.append(Instant("attention core (recomputed)", live))
+        # and before it an all-gathered K/V reordered again (`_cp_reorder`), the core's
+        # recomputed outputs not yet made (a review: they were counted beside the copy)
+        if copy := _cp_reorder(plan, s):
+            core_made = {f"{a.name} (recomputed)" for a in b.layer.core}
+            core_made.add(f"{PROJECTION_INPUT} (recomputed)")
+            unmade = [a for a in before if a.name not in core_made]
+            again_held = when([*_cp_buffers(plan, s), *copy], plan.recompute != "none")
+            reorder = (*unmade, grad_out, *again_held, *attention_bucket)
+            rerun.insert(0, Instant("K/V reordered for the core (recomputed)", reorder))
     attention_instants = _ffn_freed(
         b,
         [

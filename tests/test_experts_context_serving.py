@@ -2334,10 +2334,17 @@ def test_all_gathered_attention_s_backward_holds_its_step_dq_and_reordered_dv(tm
     }
     assert "attention projection input" not in reordered
     assert "K/V reordered for the core" not in _moe_instants(ring, "forward.attention")
-    # and again before the core's recomputed forward under selective recompute
-    selective = _load_text(tmp_path, text.replace("recompute: none", "recompute: selective"))
-    rerun = _moe_instants(selective, "backward.attention")["attention core (recomputed)"]
-    assert rerun["K or V reordered (index_select's copy)"] == 1024 * 512 * 2
+    # and again before the core's recomputed forward, whose outputs it has not made yet (a
+    # review: the copy had been held beside them)
+    for mode in ("selective", "full"):
+        recomputing = _load_text(tmp_path, text.replace("recompute: none", f"recompute: {mode}"))
+        backward = _moe_instants(recomputing, "backward.attention")
+        copy = "K or V reordered (index_select's copy)"
+        again = backward["K/V reordered for the core (recomputed)"]
+        assert again[copy] == 1024 * 512 * 2 and again["K/V all-gathered"] == 2 * 1024 * 512 * 2
+        assert copy not in backward["attention core (recomputed)"]
+        assert not [n for n in again if "statistics" in n and n.endswith("(recomputed)")]
+        assert "attention projection input (recomputed)" not in again
 
 
 def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):

@@ -1468,6 +1468,12 @@ def test_deepspeed_zero_2_all_reduces_each_bucket():
     two = _zero_paper_plan(2, 500_000_000)
     two = replace(two, batch=replace(two.batch, global_batch=128))
     assert reduction(two)["count"] == two.microbatches == 2
+    # reduced in fp32 (DeepSpeed's communication_data_type), the flattened fp16 bucket is
+    # cast beside itself for the all-reduce (a review): 5e8 x 4 B more where it is held
+    ds = _zero_paper_plan(2, 500_000_000)
+    wide = replace(ds, precision=replace(ds.precision, grad_reduce="fp32"))
+    assert reduction(wide)["dtype"] == "fp32"
+    assert _phase_peaks(wide)["dp.grads"] - _phase_peaks(ds)["dp.grads"] == 500_000_000 * 4
 
 
 def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
