@@ -415,12 +415,36 @@ def test_a_plan_whose_groups_of_one_dimension_sit_differently_is_refused() -> No
     assert uneven_group(Parallel(tp=8, cp=1, pp=1, dp=12), topology) is None
 
 
+def _accepted_groups_sit_as_rank_0s(
+    parallel: Parallel, sizes: tuple[int, ...], seen: dict[str, int], kinds: tuple[GroupKind, ...]
+) -> None:
+    """Levels of `sizes` GPUs under one top level: where `uneven_group` accepts `parallel`
+    on them, every group of each of `kinds`, listed rank by rank, spans the levels as rank
+    0's; `seen` counts the layouts accepted and refused."""
+    from budget.topology import uneven_group
+
+    gpus = parallel.tp * parallel.cp * parallel.pp * parallel.dp
+    named = tuple(Level(f"l{i}", 1e11 / (i + 1), 1e-6, size) for i, size in enumerate(sizes))
+    topology = Topology(gpus, (*named, Level("top", 1e9, 1e-5)))
+    if uneven_group(parallel, topology) is not None:
+        seen["refused"] += 1
+        return
+    seen["accepted"] += 1
+    for kind in kinds:
+        first = group_span(kind, parallel, topology).counts
+        done: set[int] = set()
+        for rank in range(gpus):
+            if rank not in done:
+                members = group_ranks(kind, parallel, gpus, rank)
+                done.update(members)
+                assert span_of_ranks(members, topology, kind).counts == first, (kind, rank)
+
+
 def test_every_group_of_a_dimension_sits_as_rank_0s_wherever_a_plan_is_accepted() -> None:
     """The property `uneven_group` guarantees and pricing relies on (`schedule.move_span`
     prices rank 0's group): wherever it finds nothing, every group of every dense kind
     spans the levels as rank 0's does, rank by rank. Degrees, orders and nested level
     sizes are generated, aligned with the layout or not; both outcomes must occur."""
-    from budget.topology import uneven_group
 
     seen = {"accepted": 0, "refused": 0}
 
@@ -437,21 +461,8 @@ def test_every_group_of_a_dimension_sits_as_rank_0s_wherever_a_plan_is_accepted(
         if gpus > 2304 or any(gpus % s or s >= gpus for s in sizes):
             return
         parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, order=(*order, "ep"))
-        levels = tuple(Level(f"l{i}", 1e11 / (i + 1), 1e-6, s) for i, s in enumerate(sizes))
-        topology = Topology(gpus, (*levels, Level("top", 1e9, 1e-5)))
-        if uneven_group(parallel, topology) is not None:
-            seen["refused"] += 1
-            return
-        seen["accepted"] += 1
-        for kind in ("tp", "cp", "dp", "pp", ("dp", "cp")):
-            first = group_span(kind, parallel, topology).counts
-            done: set[int] = set()
-            for rank in range(gpus):
-                if rank in done:
-                    continue
-                members = group_ranks(kind, parallel, gpus, rank)
-                done.update(members)
-                assert span_of_ranks(members, topology, kind).counts == first, (kind, rank)
+        dense: tuple[GroupKind, ...] = ("tp", "cp", "dp", "pp", ("dp", "cp"))
+        _accepted_groups_sit_as_rank_0s(parallel, sizes, seen, dense)
 
     check()
     # derandomized: 46 accepted and 71 refused of the 300 (the rest fill no level evenly)
@@ -497,20 +508,7 @@ def test_every_expert_group_sits_as_rank_0s_wherever_a_plan_is_accepted() -> Non
             return
         full = (*order, "ep") if ep_last else ("ep", *order)
         parallel = Parallel(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, order=full)
-        named = tuple(Level(f"l{i}", 1e11 / (i + 1), 1e-6, s) for i, s in enumerate(sizes))
-        topology = Topology(gpus, (*named, Level("top", 1e9, 1e-5)))
-        if uneven_group(parallel, topology) is not None:
-            seen["refused"] += 1
-            return
-        seen["accepted"] += 1
-        for kind in ("etp", "ep", "edp"):
-            first = group_span(kind, parallel, topology).counts
-            done: set[int] = set()
-            for rank in range(gpus):
-                if rank not in done:
-                    members = group_ranks(kind, parallel, gpus, rank)
-                    done.update(members)
-                    assert span_of_ranks(members, topology, kind).counts == first, (kind, rank)
+        _accepted_groups_sit_as_rank_0s(parallel, sizes, seen, ("etp", "ep", "edp"))
 
     check()
     # derandomized: 53 accepted and 84 refused of the 400
