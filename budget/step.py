@@ -732,6 +732,8 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = 
 
 
 QKV_AGAIN = "QKV input (re-gathered for weight grad)"
+FC1_GRAD_FP8 = "fc1 output gradient"
+QKV_GRAD_FP8 = "QKV output gradient"
 
 
 def _gathered(
@@ -753,6 +755,23 @@ def _gathered(
     # (an audit: both were counted, 256 MiB at Llama 3 70B's peak)
     data = vwhere(userbuffered(plan), 0, saved_gemm_input(plan, s))
     return _full(s, name, each=data + int(transposed))
+
+
+def _fp8_output_gradient(
+    plan: Plan, s: Shapes, name: str, cols: Any, placement: str
+) -> list[Alloc]:
+    """Under FP8 training a column-parallel layer's output gradient (fc1's, QKV's) quantized
+    for its two backward GEMMs and held through both, beside the 16-bit one autograd hands
+    it (TransformerEngine 2.x ``_LayerNormLinear.backward``: ``grad_output_preprocess``
+    with ``set_usage(rowwise=True, columnwise=True)``, read by the data- and then the
+    weight-gradient GEMM): 1 B an element, and its transpose where the device's FP8 GEMMs
+    take K-major operands only (`Device.fp8_transpose`, Hopper), as `_gathered`'s are (an
+    audit: 117 MB missing at Llama 3 70B's fc1 backward, its peak)."""
+    if not te_fp8(plan):
+        return []
+    transposed = plan.device.fp8_transpose
+    label = f"{name} in FP8{', with its transpose' if transposed else ''} (Transformer Engine)"
+    return [Alloc(label, "transient", (1 + int(transposed)) * s.tokens * cols, placement=placement)]
 
 
 def _squared(plan: Plan, name: str, nbytes: Any, placement: str) -> list[Alloc]:
@@ -2951,6 +2970,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, fc2_in + act_in),
                     grad_out,
                     act_grad,
+                    *_fp8_output_gradient(plan, s, FC1_GRAD_FP8, gate * s.ffn_cols, col),
                     *regather,
                     *partial_in,
                     *mlp_bucket,
@@ -3043,6 +3063,9 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent + _attention_spent(plan, s)),
                     grad_out,
                     qkv_grad,
+                    *_fp8_output_gradient(
+                        plan, s, QKV_GRAD_FP8, s.q_cols + s.k_cols + s.v_cols, "shard(heads) on tp"
+                    ),
                     *when([_regathered_input(plan, s)], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,

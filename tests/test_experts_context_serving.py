@@ -2460,3 +2460,36 @@ def test_an_fp8_parameter_gather_under_zero_1_or_2_needs_fp8_parameters(tmp_path
         base=base,
     )
     assert load_plan(zero3).precision.param_gather == "fp8"
+
+
+def test_fp8_backward_holds_the_column_parallel_output_gradients_quantized(tmp_path):
+    """An audit (m228): Transformer Engine's ``_LayerNormLinear.backward`` quantizes its
+    output gradient row- and column-wise (``grad_output_preprocess``) and reads it in its
+    data- and then its weight-gradient GEMM, beside the bf16 one. Llama 3 70B at tp 8 in
+    FP8 on Hopper (1 B an element and 1 B its transpose), 8,192 tokens: fc1's output
+    gradient 8,192 x 2 x 28,672 / 8 x 2 B = 117,440,512 B, QKV's 8,192 x (8,192 + 2 x
+    1,024) / 8 x 2 B = 20,971,520 B; the first stage peaks at fc1's backward, which holds
+    it. None in bf16."""
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    fp8 = ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n")
+    plan = load_plan(variant(tmp_path, "fp8.yaml", fp8, base=base))
+    (stage, *_) = derive(plan).stages
+    phases = {p.name: p for p in stage.phases}
+
+    def held(phase: str, label: str) -> dict[str, int]:
+        (instant,) = [i for i in phases[phase].instants if i.label == label]
+        return {a.name: a.total for a in instant.live if "in FP8" in a.name}
+
+    fc1 = "fc1 output gradient in FP8, with its transpose (Transformer Engine)"
+    qkv = "QKV output gradient in FP8, with its transpose (Transformer Engine)"
+    assert held("backward.mlp", "fc1 weight and input gradients") == {fc1: 117_440_512}
+    assert held("backward.attention", "QKV weight and input gradients") == {qkv: 20_971_520}
+    assert held("backward.mlp", "activation gradients") == {}
+    (row, *_) = to_dict(build_report(plan))["memory"]["stages"]
+    assert (row["peak_phase"], row["peak_instant"]) == (
+        "backward.mlp",
+        "fc1 weight and input gradients",
+    )
+    bf16 = load_plan(base)
+    (plain, *_) = derive(bf16).stages
+    assert not [a for p in plain.phases for i in p.instants for a in i.live if "FP8" in a.name]
