@@ -732,8 +732,6 @@ def _full(s: Shapes, name: str, placement: str = "replicate on tp", each: Any = 
 
 
 QKV_AGAIN = "QKV input (re-gathered for weight grad)"
-FC1_GRAD_FP8 = "fc1 output gradient"
-QKV_GRAD_FP8 = "QKV output gradient"
 
 
 def _gathered(
@@ -995,8 +993,9 @@ def _hold_reduce_buffers(b: _StageBuilder) -> None:
         forward = pass_within(phase.name) == "forward" and phase.name not in ("loss", "mtp")
         if forward or phase.name == "optimizer":
             continue
+        # the loss's backward (its pass is the forward's) fills no bucket
         reducing = phase.name == "dp.grads" or pass_within(phase.name) == "backward"
-        held = (*buffers, *flattened) if reducing and phase.name != "loss" else buffers
+        held = (*buffers, *flattened) if reducing else buffers
         instants = tuple(Instant(i.label, (*i.live, *held)) for i in phase.instants)
         b.phases[k] = replace(phase, instants=instants)
 
@@ -2287,10 +2286,8 @@ def _ffn_freed(b: _StageBuilder, instants: list[Instant]) -> list[Instant]:
         (kept,) = b.kept_gathered
         swap[id(kept)] = replace(kept, bytes=kept.bytes - ffn)
     # and its reduce-scatter has made its gradient shard (`_with_shards`)
-    return [
-        Instant(i.label, tuple(_shards_at(b, _swapped(i.live, swap), 0, _ffn_unit(b))))
-        for i in instants
-    ]
+    shards = _shards_made(b, 0, _ffn_unit(b))
+    return [Instant(i.label, tuple(shards(_swapped(i.live, swap)))) for i in instants]
 
 
 def _zero3_layer_below(
@@ -2323,10 +2320,11 @@ def _zero3_layer_below(
     swap.update(zip(map(id, b.kept_gathered), _kept_gathered(b, 1), strict=False))
     if plan.parallel.fsdp_root == "split":
         swap.update((id(a), None) for a in b.root_grads)
+    shards = _shards_made(b, 1)
     below = [
         Instant(
             f"{i.label}, a layer lower",
-            tuple(when([*_shards_at(b, _swapped(i.live, swap), 1), reducing], on)),
+            tuple(when([*shards(_swapped(i.live, swap)), reducing], on)),
         )
         for i in instants
     ]
@@ -2970,7 +2968,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, fc2_in + act_in),
                     grad_out,
                     act_grad,
-                    *_fp8_output_gradient(plan, s, FC1_GRAD_FP8, gate * s.ffn_cols, col),
+                    *_fp8_output_gradient(plan, s, "fc1 output gradient", gate * s.ffn_cols, col),
                     *regather,
                     *partial_in,
                     *mlp_bucket,
@@ -3064,7 +3062,11 @@ def _backward(b: _StageBuilder) -> None:
                     grad_out,
                     qkv_grad,
                     *_fp8_output_gradient(
-                        plan, s, QKV_GRAD_FP8, s.q_cols + s.k_cols + s.v_cols, "shard(heads) on tp"
+                        plan,
+                        s,
+                        "QKV output gradient",
+                        s.q_cols + s.k_cols + s.v_cols,
+                        "shard(heads) on tp",
                     ),
                     *when([_regathered_input(plan, s)], sp),
                     *_before_reduction(plan, s, "QKV input gradient"),
@@ -3582,12 +3584,16 @@ def _with_shards(
     return [made(a) if a.category == "grads" else a for a in b.resident]
 
 
-def _shards_at(
-    b: _StageBuilder, live: Iterable[Alloc], done: Any, ffn: tuple[Any, Any] = (0, 0)
-) -> list[Alloc]:
-    """`live` with its gradient shards as `_with_shards` makes them."""
+def _shards_made(
+    b: _StageBuilder, done: Any, ffn: tuple[Any, Any] = (0, 0)
+) -> Callable[[Iterable[Alloc]], list[Alloc]]:
+    """A function giving live allocations with their gradient shards as `_with_shards`
+    makes them, worked out once for every instant it is applied to; where no first
+    backward makes them, the allocations as they are."""
+    if not np.any(holds(b.first_backward)):
+        return list
     made = {a.name: a for a in _with_shards(b, done, ffn) if a.category == "grads"}
-    return [made.get(a.name, a) if a.category == "grads" else a for a in live]
+    return lambda live: [made.get(a.name, a) if a.category == "grads" else a for a in live]
 
 
 def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[Instant]:
@@ -3610,9 +3616,11 @@ def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[
     fewer = _kept_gathered(b, rest)
     freed = {k.name: k.bytes - f.bytes for k, f in zip(b.kept_gathered, fewer, strict=True)}
 
+    shards = _shards_made(b, rest, ffn)
+
     def first(live: Iterable[Alloc]) -> list[Alloc]:
         kept = [replace(a, bytes=a.bytes - freed[a.name]) if a.name in freed else a for a in live]
-        return _shards_at(b, _swapped(kept, swap), rest, ffn)
+        return shards(_swapped(kept, swap))
 
     on, reducing = _reducing_above(b, block)
     return [

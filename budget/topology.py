@@ -273,8 +273,8 @@ def _misplaced(parallel: Parallel, topology: Topology, level: Level) -> str | No
         if size % (inner * d) == 0:
             inner *= d
             continue
-        m = size // inner
-        if size % inner or m < d:
+        m = size // inner  # inner divides size: every block inside it did
+        if m < d:
             return None  # an uneven group, which the checks above report
         g = math.gcd(d, m)
         q = (m // g - 1) * pow(d // g, -1, m // g) % (m // g)
