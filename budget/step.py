@@ -768,7 +768,7 @@ def _fp8_output_gradient(
     if not te_fp8(plan):
         return []
     transposed = plan.device.fp8_transpose
-    label = f"{name} in FP8{', with its transpose' if transposed else ''} (Transformer Engine)"
+    label = f"{name} (FP8{', and its transpose' if transposed else ''})"
     return [Alloc(label, "transient", (1 + int(transposed)) * s.tokens * cols, placement=placement)]
 
 

@@ -2478,10 +2478,10 @@ def test_fp8_backward_holds_the_column_parallel_output_gradients_quantized(tmp_p
 
     def held(phase: str, label: str) -> dict[str, int]:
         (instant,) = [i for i in phases[phase].instants if i.label == label]
-        return {a.name: a.total for a in instant.live if "in FP8" in a.name}
+        return {a.name: a.total for a in instant.live if "(FP8" in a.name}
 
-    fc1 = "fc1 output gradient in FP8, with its transpose (Transformer Engine)"
-    qkv = "QKV output gradient in FP8, with its transpose (Transformer Engine)"
+    fc1 = "fc1 output gradient (FP8, and its transpose)"
+    qkv = "QKV output gradient (FP8, and its transpose)"
     assert held("backward.mlp", "fc1 weight and input gradients") == {fc1: 117_440_512}
     assert held("backward.attention", "QKV weight and input gradients") == {qkv: 20_971_520}
     assert held("backward.mlp", "activation gradients") == {}
