@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from budget import flops
 from budget.flops import Work
@@ -57,7 +58,7 @@ from budget.layers import (
     tokens_replicated,
     vocab_rows,
 )
-from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
+from budget.phases import HELD_THROUGH, Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _before_reduction,
@@ -76,7 +77,7 @@ from budget.step import (
     pipeline_moves,
     shared_output,
 )
-from budget.vector import every, vmin
+from budget.vector import every, vmax, vmin
 
 
 def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
@@ -112,13 +113,7 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
     a = s.act
     gate = plan.model.gate
     if block == "attention":
-        out = [*_layer_input(s), *_attention_held(s)]
-        if plan.model.attention == "eager":
-            rows, keys = s.tokens // s.micro, s.seq_kv
-            if not s.causal and every(s.sliding == 1):  # decoding, every layer here slides
-                keys = vmin(keys, plan.model.window)  # against the cache's last W tokens
-            out.append(Alloc("attention scores", "transient", a * s.micro * s.heads * rows * keys))
-        return out
+        return [*_layer_input(s), *_attention_held(s), *_eager_core(plan, s)]
     if block == "moe":
         return [
             *_moe_held(plan, s),
@@ -129,6 +124,60 @@ def _working_set(plan: Plan, s: Shapes, block: str) -> list[Alloc]:
         *_layer_input(s),
         Alloc("MLP fc1 output", "transient", gate * a * s.tokens * s.ffn_cols),
         _activated(s),
+    ]
+
+
+def _eager_keys(plan: Plan, s: Shapes) -> Any:
+    """Keys a query of one pass meets on a rank: the context, or a decoding layer's window
+    where every layer of the stage slides (against the cache's last W tokens)."""
+    if not s.causal and every(s.sliding == 1):
+        return vmin(s.seq_kv, plan.model.window)
+    return s.seq_kv
+
+
+def _eager_scores(plan: Plan, s: Shapes) -> Any:
+    """Bytes of one pass's attention scores on a rank: its heads' query rows against the
+    keys each meets (`_eager_keys`), in the activations' format."""
+    return s.act * s.micro * s.heads * (s.tokens // s.micro) * _eager_keys(plan, s)
+
+
+def _eager_core(plan: Plan, s: Shapes) -> list[Alloc]:
+    """Eager attention's core at its softmax, as Megatron-Core's unfused
+    ``DotProductAttention.forward`` runs it (its training side: `layers.eager_scores`): the
+    raw scores ``torch.baddbmm`` returns (``matmul_result``, a local until the core returns)
+    beside the softmax's output, the probabilities the second GEMM reads; under grouped-query
+    attention the keys and values ``repeat_interleave`` copies to the query heads, in decode
+    over the whole cached context. The scores' input buffer it keeps for the run is resident
+    (`_scores_buffer`). An audit: one copy of the scores was counted, 4.25 GiB short of the
+    shipped decode plan's prefill under eager attention."""
+    if plan.model.attention != "eager":
+        return []
+    scores = _eager_scores(plan, s)
+    rows = s.act * s.micro * _eager_keys(plan, s)
+    repeated = [
+        Alloc("keys repeated to the query heads", "transient", rows * s.q_cols),
+        Alloc("values repeated to the query heads", "transient", rows * s.out_cols),
+    ]
+    return [
+        Alloc("attention scores QKᵀ (working)", "transient", scores),
+        Alloc("attention probabilities", "transient", scores),
+        *when(repeated, s.q_cols > s.k_cols),
+    ]
+
+
+def _scores_buffer(plan: Plan, passes: list[Shapes]) -> list[Alloc]:
+    """Under eager attention, the scores' input buffer (``matmul_input_buffer``) Megatron-Core
+    takes from ``get_global_memory_buffer()``: made at the first call, grown to the largest
+    call's scores and kept for the run (``GlobalMemoryBuffer.get_tensor``,
+    megatron/core/utils.py), so sized to the largest of the `passes`, the prefill's unless
+    the prompt is shorter than the context it decodes against."""
+    if plan.model.attention != "eager":
+        return []
+    largest = _eager_scores(plan, passes[0])
+    for s in passes[1:]:
+        largest = vmax(largest, _eager_scores(plan, s))
+    return [
+        Alloc(f"attention scores buffer (Megatron-LM's, {HELD_THROUGH} run)", "transient", largest)
     ]
 
 
@@ -405,11 +454,12 @@ def derive_inference(plan: Plan) -> Step:
             placement=", ".join(where) or "local",
         )
         states = stage_states(plan, params)
-        resident = (*states, cache)
         first = _stage_shapes(plan, prefill, sliding, len(ids))
+        each = _stage_shapes(plan, decode, sliding, len(ids))
+        calls = [first, each] if plan.mode == "decode" else [first]
+        resident = (*states, cache, *_scores_buffer(plan, calls))
         phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":
-            each = _stage_shapes(plan, decode, sliding, len(ids))
             mean = _stage_shapes(plan, timed, sliding, len(ids))
             passes = decode_passes(plan)
             phases += _pass(

@@ -721,6 +721,11 @@ def _grid_piece(
             (v > 1) & (pp == 2) & (not plan.overlap.pp),
         ),
         (
+            # Megatron-Core's rule (`resolve._check_expert_overlap`)
+            "overlap.ep over a pipeline needs virtual stages",
+            (v == 1) & (pp > 1) & plan.overlap.ep,
+        ),
+        (
             "does not divide: micro-batches by pp (interleaved)",
             (v > 1) & ((b.global_batch // (micro * dp)) % pp != 0),
         ),

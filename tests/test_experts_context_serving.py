@@ -1397,7 +1397,11 @@ def test_recompute_runs_the_forward_collectives_again_behind_the_recomputed_kern
     assert set(again) == {f"{name} (recomputed forward)" for name in forward}
     for name, m in forward.items():
         redo = again[f"{name} (recomputed forward)"]
-        assert (redo.op, redo.size_bytes, redo.window) == (m.op, m.size_bytes, m.window)
+        # an all-to-all paired with another micro-batch's pass under overlap.ep has none
+        # beside its recomputed forward (`step._again`)
+        window = "" if m.flag == "ep" else m.window
+        assert (redo.op, redo.size_bytes, redo.window) == (m.op, m.size_bytes, window)
+    assert any(m.flag == "ep" for m in forward.values())
     long = replace(load_plan(PLANS / "llama3-405b-128k.yaml"), recompute="selective")
     (backward,) = [p for p in derive(long).stages[0].phases if p.name == "backward.attention"]
     for what in ("K", "V"):
@@ -1712,7 +1716,8 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
     backward (attention and MoE block), the backward's behind its forward, one after the
     other in what the window leaves, in the m − p of m micro-batches stage 0 pairs (an
     audit: they hid behind their own phase's expert GEMMs, and DeepSeek-V3's step exposed
-    twice what DualPipe does). Mixtral 8x7B as shipped with overlap.ep on: m = 256 / 8 = 32
+    twice what DualPipe does). Mixtral 8x7B as shipped with overlap.ep on, interleaved over
+    2 virtual stages (as Megatron-Core asks beside a pipeline): m = 256 / 8 = 32
     micro-batches over pp 4, a share q = 28/32 paired: a pass's all-to-alls, T in all,
     beside the other pass's W expose q·max(0, T − W) + (1 − q)·T = max((1 − q)·T, T − q·W),
     the unpaired micro-batches' whole (a review: they read 0 where W passed T)."""
@@ -1720,7 +1725,10 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
 
     path = tmp_path / "mixtral.yaml"
     shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
-    path.write_text(shipped + "overlap: {ep: true}\n", encoding="utf-8")
+    interleaved = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    path.write_text(
+        shipped.replace("  pp: 4\n", interleaved) + "overlap: {ep: true}\n", encoding="utf-8"
+    )
     plan = load_plan(path)
     step = derive(plan)
     stage = step.stages[0]
@@ -2493,3 +2501,113 @@ def test_fp8_backward_holds_the_column_parallel_output_gradients_quantized(tmp_p
     bf16 = load_plan(base)
     (plain, *_) = derive(bf16).stages
     assert not [a for p in plain.phases for i in p.instants for a in i.live if "FP8" in a.name]
+
+
+def test_eager_serving_holds_megatron_cores_scores_thrice_and_repeated_keys_and_values(
+    tmp_path: Path,
+) -> None:
+    """Serving under eager attention holds what Megatron-Core's unfused
+    ``DotProductAttention.forward`` holds at its softmax: the scores' input buffer (kept for
+    the run at the largest call's size, the prefill's), the raw scores ``baddbmm`` returns
+    and the probabilities, and K and V repeated from 8 key/value heads to the 64 query heads
+    (8 of each per rank at tp 8). An audit: one copy of the scores was counted, and the
+    shipped decode plan's prefill read 29,888,102,400 B where it holds 34,451,505,152."""
+    base = ROOT / "plans" / "llama3-70b-decode.yaml"
+    eager = variant(tmp_path, "eager.yaml", ("attention: flash", "attention: eager"), base=base)
+    held = {}
+    for name, path in (("flash", base), ("eager", eager)):
+        phases = derive(load_plan(path)).stages[0].phases
+        held[name] = {
+            (p.name, i.label): i
+            for p in phases
+            if p.name.endswith(".attention")
+            for i in p.instants
+        }
+    prompt, context, sequences, heads, width = 2048, 2560, 32, 64 // 8, 128
+    scores = 2 * sequences * heads * prompt * prompt  # bf16, this rank's heads
+    assert scores == 2_147_483_648
+    for phase, rows, keys in (("prefill", prompt, prompt), ("decode", 1, context)):
+        eager_at, flash_at = (
+            held["eager"][f"{phase}.attention", "attention"],
+            held["flash"][f"{phase}.attention", "attention"],
+        )
+        sizes = {a.name: a.total for a in eager_at.live}
+        working = 2 * sequences * heads * rows * keys
+        repeated = 2 * sequences * keys * heads * width
+        assert sizes["attention scores buffer (Megatron-LM's, held through the run)"] == scores
+        assert sizes["attention scores QKᵀ (working)"] == working
+        assert sizes["attention probabilities"] == working
+        assert sizes["keys repeated to the query heads"] == repeated
+        assert sizes["values repeated to the query heads"] == repeated
+        assert eager_at.total == flash_at.total + scores + 2 * working + 2 * repeated
+    report = to_dict(build_report(load_plan(eager)))
+    assert report["memory"]["peak_bytes"] == 29_888_102_400 + 2 * scores + 2 * 134_217_728
+    assert report["memory"]["peak_bytes"] == 34_451_505_152
+
+
+def test_expert_overlap_beside_a_pipeline_needs_virtual_stages(tmp_path: Path) -> None:
+    """Megatron-Core pairs expert all-to-alls across micro-batches only in its combined
+    schedules, and asserts "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
+    must be specified when pipeline_model_parallel_size > 1" (TransformerConfig
+    .__post_init__). An audit: Mixtral as shipped (pp 4, 1F1B) with overlap.ep read 2.88 s
+    a step where it can only run at 3.24 s, and the search ranked that layout first."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from budget.search import Space, search
+
+    shipped = PLANS / "mixtral-8x7b.yaml"
+    text = shipped.read_text(encoding="utf-8") + "overlap: {ep: true}\n"
+    plain = tmp_path / "overlap.yaml"
+    plain.write_text(text, encoding="utf-8")
+    out = CliRunner().invoke(app, route([str(plain)]))
+    assert out.exit_code == 2 and out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"{plain}:") and ": error: $.overlap.ep: overlap.ep over pp = 4" in line
+    virtual = tmp_path / "virtual.yaml"
+    pipe = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    virtual.write_text(text.replace("  pp: 4\n", pipe), encoding="utf-8")
+    plan = load_plan(virtual)
+    assert plan.overlap.ep and plan.parallel.pp == 4
+    outcome = search(plan, 64, Space(pp=(1, 4), virtual_stages=(1, 2)), keep=1000)
+    assert outcome.rejected["overlap.ep over a pipeline needs virtual stages"] > 0
+    shown = [r.config for r in outcome.results]
+    assert shown and all(c.pp == 1 or c.virtual_stages > 1 for c in shown)
+    assert any(c.pp == 4 for c in shown)
+
+
+def test_a_recomputed_forwards_expert_all_to_alls_are_exposed_under_expert_overlap(
+    tmp_path: Path,
+) -> None:
+    """Under full recompute Megatron-Core's expert overlap recomputes a model chunk whole at
+    the start of its backward ("EP A2A overlap drives its own VPP-stage full recompute"),
+    with no other micro-batch's pass beside it: the recomputed forward's all-to-alls are
+    exposed whole, while the backward's own keep the pairing (an audit: 795.6 µs of each
+    backward.moe call read as hidden, 0.2 s of Mixtral's step)."""
+    from budget.schedule import _kernels, _windows, time_phase
+
+    shipped = (PLANS / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    pipe = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    path = tmp_path / "full.yaml"
+    path.write_text(
+        shipped.replace("  pp: 4\n", pipe).replace("recompute: selective", "recompute: full")
+        + "overlap: {ep: true}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(path)
+    stage = derive(plan).stages[0]
+    windows = _windows(stage, _kernels(plan, stage), 32)
+    (phase,) = [p for p in stage.phases if p.name == "backward.moe"]
+    timed = [t for t in time_phase(plan, phase, windows).moves if t.move.op == "all-to-all"]
+    again = [t for t in timed if t.move.name.endswith("(recomputed forward)")]
+    own = [t for t in timed if not t.move.name.endswith("(recomputed forward)")]
+    assert {t.move.name for t in again} == {
+        "MoE dispatch (recomputed forward)",
+        "MoE probabilities (recomputed forward)",
+        "MoE combine (recomputed forward)",
+    }
+    assert all(t.time_s > 0 and t.exposed_s == t.time_s for t in again)
+    assert all("recomputed forward: exposed" in t.rule for t in again)
+    q = 28 / 32
+    assert len(own) == 3 and all((t.move.share, t.move.floor) == (q, 1 - q) for t in own)
+    assert sum(t.exposed_s for t in own) < sum(t.time_s for t in own)

@@ -240,13 +240,12 @@ def test_eager_attention_pays_for_every_score_but_decodes_against_the_window(
     ]
     for w, f in zip(windowed_works, whole_works, strict=True):
         assert w.flops * 2560 == pytest.approx(f.flops * 1024, rel=1e-9)
-    # its scores, 2 B x 32 sequences x 8 heads x 1 query x 1,024 keys, not 2,560
-    (scores,) = [
-        a
-        for a in _working_set(decode, shapes(decode, 1, 2560), "attention")
-        if a.name == "attention scores"
-    ]
-    assert scores.bytes == 2 * 32 * 8 * 1024
+    # its scores, 2 B x 32 sequences x 8 heads x 1 query x 1,024 keys, not 2,560, and the
+    # keys and values repeated to the query heads over those keys alone
+    held = {a.name: a.bytes for a in _working_set(decode, shapes(decode, 1, 2560), "attention")}
+    assert held["attention scores QKᵀ (working)"] == 2 * 32 * 8 * 1024
+    assert held["attention probabilities"] == 2 * 32 * 8 * 1024
+    assert held["keys repeated to the query heads"] == 2 * 32 * 1024 * 8 * 128
 
 
 def test_diff_names_the_window_as_a_plan_spells_it_and_no_sliding_layer_is_no_window(

@@ -1370,6 +1370,30 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
         )
 
 
+def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool) -> None:
+    """Megatron-Core pairs one micro-batch's expert all-to-alls with another's compute
+    (``overlap_moe_expert_parallel_comm``) only in its combined schedules: with no pipeline
+    or the interleaved one. ``TransformerConfig.__post_init__`` asserts "If enabling EP A2A
+    overlap, virtual_pipeline_model_parallel_size must be specified when
+    pipeline_model_parallel_size > 1" (megatron/core/transformer/transformer_config.py; an
+    audit: budget priced pp 4 without virtual stages 11 % faster than it can run, and its
+    search ranked the layout first)."""
+    pipe = par.pipeline
+    if (
+        overlapped
+        and par.pp > 1
+        and not (pipe.schedule == "interleaved" and pipe.virtual_stages > 1)
+    ):
+        r.error(
+            "$.overlap.ep",
+            f"overlap.ep over pp = {par.pp} stages needs the interleaved schedule with "
+            "virtual_stages > 1 (Megatron-Core pairs expert all-to-alls across micro-batches "
+            "only in its combined schedules, and asserts virtual stages beside a pipeline); "
+            "set parallel.pipeline: {schedule: interleaved, virtual_stages: 2} or more, "
+            "pp: 1, or remove overlap.ep",
+        )
+
+
 def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel) -> None:
     """DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (``PipelineEngine.__init__``:
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
@@ -2238,6 +2262,7 @@ def resolve(
         checks.run(topology)
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
+            _check_expert_overlap(r, par, bool(overlap.get("ep")))
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
