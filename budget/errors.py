@@ -97,6 +97,9 @@ class Problem:
     # how many problems the line stands for: a count of a source's problems not shown
     # (`REST`) stands for those it counts, so that a count of it counts them
     counted: int = field(default=1, compare=False)
+    # the file was read no further than this problem (a cap, a syntax error): past the cap
+    # on lines shown it is still shown, and the count of the rest says reading stopped
+    ends: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         where = f"{one_line(self.file)}:{self.line}:{self.col}"
@@ -112,7 +115,10 @@ def problem_lines(problems: Iterable[Problem]) -> list[str]:
     left out counts what it counted (`Problem.counted`). Audits: a plain ``budget: error:``
     count line; two plans' problems capped together, which put the second's under a count
     at the first's file; a config file's own count counted as one; a plan named twice
-    counted twice, or printed twice."""
+    counted twice, or printed twice. A problem the reading of its file stopped at
+    (`Problem.ends`) is shown after the count, which says the file was read no further (an
+    audit: 500,000 duplicate keys were counted as 9,798 more problems, and the cap on values
+    read that stopped the count went unsaid)."""
     files: dict[str, dict[Problem, None]] = {}
     for problem in problems:
         files.setdefault(problem.file, {})[problem] = None
@@ -121,11 +127,16 @@ def problem_lines(problems: Iterable[Problem]) -> list[str]:
         found = list(each)
         lines += [str(p) for p in found[:MAX_SHOWN]]
         if len(found) > MAX_SHOWN:
-            more = sum(p.counted for p in found[MAX_SHOWN:])
-            word = "problem" if more == 1 else "problems"
-            rest = f"{REST}{more:,} more {word} from here on, not shown"
-            rest += f" (the first {MAX_SHOWN} above)"
-            lines.append(str(replace(found[MAX_SHOWN], message=rest, counted=more)))
+            ends = [p for p in found[MAX_SHOWN:] if p.ends]
+            hidden = [p for p in found[MAX_SHOWN:] if not p.ends]
+            more = sum(p.counted for p in hidden)
+            if more:
+                word = "problem" if more == 1 else "problems"
+                where = "before reading stopped (below)" if ends else "from here on"
+                rest = f"{REST}{more:,} more {word} {where}, not shown"
+                rest += f" (the first {MAX_SHOWN} above)"
+                lines.append(str(replace(hidden[0], message=rest, counted=more)))
+            lines += [str(p) for p in ends]
     return lines
 
 

@@ -275,3 +275,34 @@ def test_a_device_key_that_does_not_parse_holds_back_no_rule_of_another(tmp_path
         load_plan(path)
     paths = [p.path for p in raised.value.problems]
     assert paths == ["$.device.memory", "$.device.memory_bandwidth"]
+
+
+def test_a_count_of_problems_past_the_first_two_hundred_says_where_reading_stopped(
+    tmp_path: Path,
+) -> None:
+    """Where the reading of a file stops (a cap on values, a syntax error) among the problems
+    not shown, the count says reading stopped and the problem that stopped it is shown after
+    it (an audit: 500,000 duplicate keys were counted as "9,798 more problems from here on",
+    and the cap that ended the count went unsaid)."""
+    plan = tmp_path / "dup.yaml"
+    plan.write_text("name: x\nmodel: {" + ", ".join(["a: 1"] * 15_000) + "}\n", encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(plan)])
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2 and result.stdout == "" and len(lines) == 202
+    assert all(": error: $.model.a: duplicate key 'a'" in line for line in lines[:200])
+    # 20,000 values read: name and its value, model, then 9,998 keys and values and a key
+    assert lines[200].endswith(
+        "…and 9,797 more problems before reading stopped (below), not shown (the first 200 above)"
+    )
+    assert lines[201].endswith(": error: $.model: more than 20,000 values; a plan is small")
+    broken = tmp_path / "broken.yaml"
+    keys = "".join(f"  a: {i}\n" for i in range(300))
+    broken.write_text(f"name: x\nmodel:\n{keys}batch: [1, 2\n", encoding="utf-8")
+    lines = runner.invoke(app, ["validate", str(broken)]).stderr.splitlines()
+    assert len(lines) == 202 and ": invalid YAML: " in lines[201]
+    assert "…and 99 more problems before reading stopped (below)" in lines[200]
+    # where the file was read whole, the count is as it was
+    one = [Problem("p.yaml", i + 1, 1, "$", "x") for i in range(203)]
+    assert problem_lines(one)[-1].endswith(
+        "…and 3 more problems from here on, not shown (the first 200 above)"
+    )

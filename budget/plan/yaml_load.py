@@ -249,11 +249,13 @@ class _Builder:
         self.last_alias = -1  # that one's index in `problems`
         self.stopped = False  # reading stopped before the end of the file
 
-    def problem(self, position: Position, path: str, message: str) -> None:
-        self.problems.append(Problem(self.file, position[0], position[1], path, message))
+    def problem(self, position: Position, path: str, message: str, ends: bool = False) -> None:
+        """A problem at `position`; `ends` where the file is read no further."""
+        problem = Problem(self.file, position[0], position[1], path, message, ends=ends)
+        self.problems.append(problem)
 
     def stop(self, position: Position, path: str, message: str) -> _Stop:
-        self.problem(position, path, message)
+        self.problem(position, path, message, ends=True)
         self.stopped = True
         return _Stop()
 
@@ -603,22 +605,24 @@ def load_yaml(text: str, file: str) -> Loaded:
                 _too_deep(text, end) or where,
                 builder.path,
                 f"nesting deeper than {MAX_DEPTH} levels",
+                ends=True,
             )
         elif glued := _glued_keys(text, where[0]):
-            for problem in glued:
-                builder.problem(*problem)
+            for i, (where, path, message) in enumerate(glued, 1):
+                builder.problem(where, path, message, ends=i == len(glued))
         elif _tab_indented(text, *where):  # PyYAML's words never say "tab" (an audit)
             message = "invalid YAML: a tab indents this line; YAML indents with spaces only"
-            builder.problem((where[0], 1), builder.path, message)
+            builder.problem((where[0], 1), builder.path, message, ends=True)
         else:
-            builder.problem(where, builder.path, f"invalid YAML: {what}{_context(error)}")
+            message = f"invalid YAML: {what}{_context(error)}"
+            builder.problem(where, builder.path, message, ends=True)
         return Loaded(None, builder.marks, tuple(builder.problems))
     except yaml.YAMLError as error:  # ReaderError: characters YAML does not allow
         where = _reader_position(error, text, in_bytes=_Loader is not yaml.SafeLoader)
-        builder.problem(where, "$", f"invalid YAML: {_reader_text(error)}")
+        builder.problem(where, "$", f"invalid YAML: {_reader_text(error)}", ends=True)
         return Loaded(None, builder.marks, tuple(builder.problems))
     except RecursionError:  # defensive: the builder is iterative, but a parser might not be
-        builder.problem((1, 1), "$", f"nesting deeper than {MAX_DEPTH} levels")
+        builder.problem((1, 1), "$", f"nesting deeper than {MAX_DEPTH} levels", ends=True)
         return Loaded(None, builder.marks, tuple(builder.problems))
     finally:
         loader.dispose()
