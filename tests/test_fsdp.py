@@ -956,7 +956,7 @@ def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_back
 def test_a_split_root_is_refused_for_tied_embeddings(tmp_path: Path) -> None:
     """MPT ties its embedding and output layer: one parameter, which FSDP wraps in one
     unit, so the two cannot be units apart."""
-    tree = _tree({"fsdp_root": "split"})
+    tree = _tree({"fsdp_root": "split", "fsdp": 2})  # fully_shard's, as torchtitan's
     path = tmp_path / "tied.yaml"
     path.write_text(yaml.safe_dump(tree), encoding="utf-8")
     with pytest.raises(BudgetError) as caught:
@@ -1045,3 +1045,28 @@ def test_a_split_root_is_refused_beside_deepspeeds_buffer(tmp_path: Path) -> Non
         load_plan(variant(tmp_path, "ds.yaml", edit, base=base))
     (problem,) = caught.value.problems
     assert problem.path == "$.parallel.fsdp_root" and "prices DeepSpeed" in problem.message
+
+
+def test_a_split_root_is_refused_under_fully_sharded_data_parallel(tmp_path: Path) -> None:
+    """A split root is torchtitan's wrapping under fully_shard, the head kept gathered from
+    its forward to its backward; FullyShardedDataParallel (fsdp: 1) frees every unit but the
+    root after its forward (``_post_forward_reshard``), so the head would be gathered again
+    for its backward and not held at the loss (an audit: an FSDP1 plan was priced holding
+    it, 1 GiB over at Llama 3 8B's loss). Refused, with the way out; fsdp: 2 loads."""
+    text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "fsdp1.yaml"
+    path.write_text(text.replace("fsdp: 2", "fsdp: 1"), encoding="utf-8")
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.parallel.fsdp_root"
+    assert problem.line == text.splitlines().index("  fsdp_root: split") + 1
+    assert "fsdp_root: split is torchtitan's wrapping under fully_shard (fsdp: 2)" in (
+        problem.message
+    )
+    assert "use fsdp: 2, or fsdp_root: whole" in problem.message
+    path.write_text(
+        text.replace("fsdp: 2", "fsdp: 1").replace("fsdp_root: split", "fsdp_root: whole"),
+        encoding="utf-8",
+    )
+    assert load_plan(path).parallel.fsdp == 1

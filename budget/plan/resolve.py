@@ -1524,13 +1524,24 @@ def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
     MoE layers has units of two sizes, which one stage's phases do not price (each instance
     of a phase is one layer's). A split root (`Parallel.fsdp_root`) makes the embedding and
     the output layer units apart, which tied embeddings, one parameter, cannot be, and is
-    PyTorch FSDP's too."""
+    PyTorch FSDP's too: torchtitan's, under fully_shard, which keeps the head gathered from
+    its forward to its backward where FullyShardedDataParallel frees every unit but the root
+    after its forward (``_post_forward_reshard``, torch/distributed/fsdp/_runtime_utils.py;
+    an audit: an FSDP1 plan was priced with the head held, 1 GiB over at Llama 3 8B's loss)."""
     if par.fsdp_root == "split" and par.reduce_bucket:
         r.error(
             "$.parallel.fsdp_root",
             "fsdp_root: split is PyTorch FSDP's wrapping (torchtitan's); parallel.reduce_bucket "
             "prices DeepSpeed, whose ZeRO 3 has no such units (use fsdp_root: whole), or "
             "remove reduce_bucket",
+        )
+    if par.fsdp_root == "split" and par.fsdp == 1:
+        r.error(
+            "$.parallel.fsdp_root",
+            "fsdp_root: split is torchtitan's wrapping under fully_shard (fsdp: 2), the head "
+            "kept gathered from its forward to its backward; FullyShardedDataParallel "
+            "(fsdp: 1) frees a unit that is not the root after its forward, which is not "
+            "priced (use fsdp: 2, or fsdp_root: whole)",
         )
     if par.fsdp_root == "split" and model is not None and model.tied_embeddings:
         r.error(
