@@ -251,6 +251,35 @@ def elementwise(name: str, nbytes: int) -> Work:
     return Work(name, "elementwise", nbytes // 2, nbytes)
 
 
+def norm_kernel(name: str, nbytes: Any) -> Work:
+    """A LayerNorm or RMSNorm moving `nbytes` in its forward, a read of its input and a
+    write of its output. Its backward reads the saved input and the incoming gradient and
+    writes the input gradient, 3 passes to the forward's 2 (Transformer Engine's
+    ``layernorm_bwd`` and ``rmsnorm_bwd`` compute dx from dz, x and the saved statistics;
+    the weight's gradient is a reduction over the tokens into partial sums of the hidden
+    size). An audit: `backward_of`'s "about twice" priced 4."""
+    return replace(elementwise(name, nbytes), backward=1.5)
+
+
+def residual_add(plan: Plan, s: Shapes) -> Work:
+    """The residual add after a block over its [tokens, hidden] activation (the sequence-
+    parallel shard where tp splits it), two reads and a write, with dropout's 1-byte mask
+    where the model has dropout (Megatron-Core's bias-dropout-add). Its backward: the add
+    passes its gradient on unchanged (PyTorch's derivatives.yaml, ``add.Tensor``: ``self:
+    grad``, and ``other`` the gradient times alpha, 1), dropout scales it by the mask (a
+    read of the gradient and the mask, a write), and autograd sums the block input's two
+    gradients, its norm's and the residual's (two reads, a write): 3 passes, or 5 and the
+    mask with dropout, against the forward's 3 and the mask. An audit: priced at twice the
+    forward, 6 passes without dropout."""
+    size = s.act * s.tokens_sp * s.hidden
+    mask = size // s.act if plan.model.dropout else 0
+    forward = 3 * size + mask
+    backward = 3 * size + (2 * size + mask if plan.model.dropout else 0)
+    return replace(
+        elementwise("residual add and dropout", forward), backward=ratio(backward, forward)
+    )
+
+
 def attention_core(plan: Plan, s: Shapes) -> list[Work]:
     """QKᵀ, softmax and the product with V for one micro-batch on one rank.
 
@@ -433,14 +462,18 @@ def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
       (2·KV); after the ring loop, each step's output merged into the result on the main
       stream (``flash_attn_fwd_out_correction``: the first step's scaled, 2·O; steps 1..r
       add a whole output, 3·O; later steps, on the second half of the queries, half of one):
-      (0.5 + 1.5·cp + 1.5r)·O. Under the fused (cuDNN) kernel each step's half input is made
-      contiguous first: half of K/V on steps 1..r, half of Q after them.
+      (0.5 + 1.5·cp + 1.5r)·O.
     - backward (`_ring_backward_most`): the received buffer refilled with K/V (2·KV);
       each step's dQ copied or added into dQ, half of it before the diagonal step
       (0.5 + 1.5·cp + 1.5r)·Q, and its dK/dV into the dK/dV that travels the ring (a copy
       on the first step, adds after, half-sized on the steps against the first half of the
-      keys: ``combine_tensors`` is a view, no pass); under the fused kernel the half inputs
-      made contiguous again (K/V, or Q, O and dO).
+      keys: ``combine_tensors`` is a view, no pass).
+
+    The half inputs a step reads move nothing: Megatron-Core hands Transformer Engine its
+    tensors as sbhd (``TEDotProductAttention``'s ``qkv_format``), which the ring views as
+    [2, s/2, b, h, d], so ``q[1].contiguous()`` and ``k_part[0]`` are a contiguous half
+    already (the bshd layout would copy them; an audit: a copy of each was priced under the
+    cuDNN kernel, 0.1–0.5 % of a step at cp 2–8).
 
     The softmax statistics' corrections (fp32, one value per query and head) run on a side
     stream beside the next step and are left out. All-gather context parallelism merges no
@@ -449,44 +482,40 @@ def ring_merges(plan: Plan, s: Shapes) -> list[Work]:
     if not s.causal or par.cp_attention != "ring" or every(par.cp == 1):
         return []
     cp = par.cp
-    fused = plan.device.attention_kernel(plan.model.attention) == "cudnn"
     q = s.act * s.tokens * s.q_cols
     out = s.act * s.tokens * s.out_cols
     kv = s.act * s.tokens * (s.k_cols + s.v_cols)
     # forward, linear in r: rank 0 or rank cp - 1 does the most
     forward = vmax(
-        _ring_forward_passes(cp, 0, q, out, kv, fused),
-        _ring_forward_passes(cp, cp - 1, q, out, kv, fused),
+        _ring_forward_passes(cp, 0, out, kv),
+        _ring_forward_passes(cp, cp - 1, out, kv),
     )
     forward = vwhere(cp > 1, forward, 0.0)
     merge = elementwise("context-parallel ring merges", vround(forward))
     return [
         replace(
             merge,
-            backward=ratio(_ring_backward_most(cp, q, out, kv, fused), forward),
+            backward=ratio(_ring_backward_most(cp, q, kv), forward),
             launches=vfloat(cp),
         )
     ]
 
 
-def _ring_forward_passes(cp: Any, r: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
+def _ring_forward_passes(cp: Any, r: Any, out: Any, kv: Any) -> Any:
     """Bytes rank r of a ring of cp moves in memory passes around a forward (`ring_merges`)."""
-    passes = 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * out
-    return passes + (r * kv + (cp - 1 - r) * q if fused else 0)
+    return 2 * kv + (0.5 + 1.5 * cp + 1.5 * r) * out
 
 
-def _ring_backward_most(cp: Any, q: Any, out: Any, kv: Any, fused: bool) -> Any:
+def _ring_backward_most(cp: Any, q: Any, kv: Any) -> Any:
     """Bytes the busiest rank of a ring of cp moves in memory passes around a backward
     (`ring_merges`). Rank r's: 2·KV (the refill) + (0.5 + 1.5·cp + 1.5r)·Q (dQ) + d(r)·KV
-    (dK/dV: 3·cp − 1.5 on rank 0, 1.5·cp + 1 on rank cp − 1, 3·cp − 1 − 1.5r between), and
-    under the fused kernel r·KV + (cp − 1 − r)·(Q + 2·O) of contiguous copies: linear in r
-    between ranks 1 and cp − 2, so the most is on one of ranks 0, 1, cp − 2 and cp − 1."""
-    extra = q + 2 * out if fused else 0 * q  # a contiguous half of Q, O and dO a step
-    kv_copy = kv if fused else 0 * kv  # a contiguous half of K/V a step
-    first = (0.5 + 1.5 * cp) * q + (3 * cp - 1.5) * kv + (cp - 1) * extra
-    last = (3 * cp - 1) * q + (1.5 * cp + 1) * kv + (cp - 1) * kv_copy
-    second = (2 + 1.5 * cp) * q + (3 * cp - 2.5) * kv + kv_copy + (cp - 2) * extra
-    before_last = (3 * cp - 2.5) * q + (1.5 * cp + 2) * kv + (cp - 2) * kv_copy + extra
+    (dK/dV: 3·cp − 1.5 on rank 0, 1.5·cp + 1 on rank cp − 1, 3·cp − 1 − 1.5r between):
+    linear in r between ranks 1 and cp − 2, so the most is on one of ranks 0, 1, cp − 2 and
+    cp − 1."""
+    first = (0.5 + 1.5 * cp) * q + (3 * cp - 1.5) * kv
+    last = (3 * cp - 1) * q + (1.5 * cp + 1) * kv
+    second = (2 + 1.5 * cp) * q + (3 * cp - 2.5) * kv
+    before_last = (3 * cp - 2.5) * q + (1.5 * cp + 2) * kv
     inner = vwhere(cp >= 3, vmax(second, before_last), 0.0)  # ranks 1 and cp - 2, if between
     return 2 * kv + vmax(vmax(first, last), inner)
 
@@ -655,7 +684,7 @@ def qk_norms(plan: Plan, s: Shapes) -> list[Work]:
     writes the input gradient, about twice the bytes, like the block's other norms."""
     if plan.model.qk_norm == "none":
         return []
-    return [elementwise("Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]
+    return [norm_kernel("Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]
 
 
 UP_PROJECTIONS = "attention up-projections"  # latent attention's GEMMs after the gather
@@ -679,7 +708,7 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
     h, mla = s.hidden, plan.model.mla
     if mla is None:
         return [gemm("QKV projection", s.tokens, h, s.q_cols + s.k_cols + s.v_cols, e)]
-    norms = elementwise("latent norms", 2 * s.act * s.tokens_sp * (s.q_latent + mla.kv_rank))
+    norms = norm_kernel("latent norms", 2 * s.act * s.tokens_sp * (s.q_latent + mla.kv_rank))
     if not mla.q_rank:  # queries straight from the (gathered) hidden state
         works = [
             gemm("latent down-projection", s.tokens_sp, h, s.kv_latent, e),
@@ -705,7 +734,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     h = s.hidden
     norm = s.act * s.tokens_sp * s.hidden
     return [
-        elementwise("attention norm", 2 * norm),
+        norm_kernel("attention norm", 2 * norm),
         *qkv_projections(plan, s),
         *query_copy(plan, s),
         *qk_norms(plan, s),
@@ -714,9 +743,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
         *fp8_input_casts(plan, s, "attention"),
         gemm("attention output projection", s.tokens, s.out_cols, h, e),
         *post_norm(plan, s, "attention"),
-        elementwise(
-            "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
-        ),
+        residual_add(plan, s),
     ]
 
 
@@ -726,7 +753,7 @@ def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
     ``post_feedforward_layernorm``)."""
     if not plan.model.sandwich_norm:
         return []
-    return [elementwise(f"{block} post-norm", 2 * s.act * s.tokens_sp * s.hidden)]
+    return [norm_kernel(f"{block} post-norm", 2 * s.act * s.tokens_sp * s.hidden)]
 
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -737,15 +764,13 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
     return [
-        elementwise("MLP norm", 2 * norm),
+        norm_kernel("MLP norm", 2 * norm),
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
         *activation(plan, s.act * s.tokens * s.ffn_cols),
         *fp8_input_casts(plan, s, "mlp"),
         gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
         *post_norm(plan, s, "MLP"),
-        elementwise(
-            "residual add and dropout", 3 * norm + (norm // s.act if plan.model.dropout else 0)
-        ),
+        residual_add(plan, s),
     ]
 
 
@@ -1015,7 +1040,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         sort = [replace(elementwise(MOE_SORT, received), backward=1.0)]
         unsort = [replace(elementwise(MOE_UNSORT, received), backward=1.0)]
     works = [
-        elementwise("MoE norm", 2 * norm),
+        norm_kernel("MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, outside_operands(plan), outside_fp8(plan)),
         elementwise("token permutation", 2 * own),
         *sort,
@@ -1044,7 +1069,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
             gemm("shared expert fc2", s.tokens, s.shared_cols, s.hidden, e),
         ]
     works += post_norm(plan, s, "MoE")
-    works.append(elementwise("residual add and dropout", 3 * norm))
+    works.append(residual_add(plan, s))
     return works + fp8_input_casts(plan, s, "moe")
 
 
@@ -1259,8 +1284,8 @@ def fsdp_summed(plan: Plan, params: Any) -> list[Work]:
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """The final norm, output layer (vocab-parallel GEMM), fp32 cross-entropy, and their
     backward; the final norm's backward, like the blocks' norms', reads its saved input and
-    the incoming gradient and writes the input gradient, twice its forward's two passes of
-    [tokens_sp, hidden] (`backward_of`; an audit found it left out); with
+    the incoming gradient and writes the input gradient, 3 passes of [tokens_sp, hidden] to
+    its forward's 2 (`norm_kernel`; an audit found it left out); with
     ``model.logit_softcap``, Gemma 2's cap · tanh(logits / cap) between them, one fused pass
     that reads and writes the logits (Gemma Team, arXiv 2408.00118, section 2).
 
@@ -1279,7 +1304,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
     entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
-    norm = elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden)
+    norm = norm_kernel("final norm", 2 * s.act * s.tokens_sp * s.hidden)
     head = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
     forward = [norm, *head]
     return [*forward, *backward_of(forward)]
@@ -1298,7 +1323,7 @@ def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
     (`loss_work`)."""
     e = operands(plan)
     hidden = s.hidden
-    norms = elementwise("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
+    norms = norm_kernel("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
     proj = gemm(MTP_PROJECTION, s.tokens, 2 * hidden, -(-hidden // plan.parallel.tp), e)
     return [*embedding_work(plan, s), norms, proj]
 

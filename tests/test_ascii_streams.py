@@ -98,7 +98,7 @@ def test_a_diff_says_which_way_each_figure_moved(wider):
     _, out, _ = _run("ascii", 100, "diff", str(GPT3), str(wider))
     assert "|figure" in out and "delta |" in out and "delta%|" in out
     step = next(line for line in out.splitlines() if line.startswith("|step time"))
-    assert re.search(r"\| +-281 ms \| +-1\.5% +ok\|$", step), step
+    assert re.search(r"\| +-283 ms \| +-1\.5% +ok\|$", step), step
     peak = next(line for line in out.splitlines() if line.startswith("|worst-stage peak"))
     assert re.search(rf"\|\+25\.2 GiB \|\+{re.escape(_peak_change(wider))} bad\|$", peak), peak
     assert "delta = B - A; ok is better, bad is worse" in out

@@ -127,13 +127,16 @@ def test_mean_within_5_percent_and_max_within_10(accuracy) -> None:
 _STANDING = {
     ("Megatron-LM", "A100 80GB"): (0.08, 0.04),  # 7.9 % at most, 3.3 % mean
     ("NeMo", "H100 80GB"): (0.14, 0.08),  # 13.8 %, 7.3 %
-    ("llm-foundry", "H100 80GB"): (0.19, 0.13),  # 18.5 %, 12.9 %
+    # 19.9 %, 13.7 %: a norm's backward priced at 3 passes and the residual add's at 3 (5
+    # and the mask with dropout) where both were twice the forward (an audit read
+    # Transformer Engine's norm backward and PyTorch's add backward) took 1.0 to 1.9 points
+    ("llm-foundry", "H100 80GB"): (0.20, 0.14),
 }
 
 
 def test_no_change_makes_the_table_worse_unseen(accuracy) -> None:
-    """A ratchet, not the bar: no group of scored rows, nor the whole table (7.2 % mean,
-    18.5 % at most) nor the peak-memory rows (each within 8 %, the TP 4 and PP 4 tests
+    """A ratchet, not the bar: no group of scored rows, nor the whole table (7.1 % mean,
+    19.9 % at most) nor the peak-memory rows (each within 8 %, the TP 4 and PP 4 tests
     within 1 %), may get further from the measurements than it stands today without this
     test failing. A correction that honestly moves rows away (a model error that flattered
     the table is still an error) moves these bounds in its own commit and says why."""
@@ -144,7 +147,7 @@ def test_no_change_makes_the_table_worse_unseen(accuracy) -> None:
     for key, (worst, mean) in _STANDING.items():
         assert groups[key].max_abs_error < worst, key
         assert groups[key].mean_abs_error < mean, key
-    assert accuracy.mean_abs_error < 0.08 and accuracy.max_abs_error < 0.19
+    assert accuracy.mean_abs_error < 0.08 and accuracy.max_abs_error < 0.20
     tp4, pp4, moe = (abs(row.error) for row in accuracy.memory)
     assert tp4 < 0.01 and pp4 < 0.01 and moe < 0.08
 
