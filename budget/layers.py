@@ -1077,6 +1077,8 @@ def residual_placement(plan: Plan) -> str:
 
 
 QKV_OUTPUTS = ("attention Q", "attention K", "attention V")  # the QKV projection's outputs
+# under selective recompute, the QKV projection's output V's view keeps (`_qkv_held_by_v`)
+QKV_HELD_BY_V = "attention QKV output, held by V (a view of it)"
 MLA_LATENTS = "attention latents (MLA)"  # latent attention's down-projections' outputs
 
 
@@ -1174,7 +1176,7 @@ def _qkv_held_by_v(plan: Plan, s: Shapes) -> list[Alloc]:
     k_new = rope and not normed
     cols = s.q_cols * q_new + s.k_cols * k_new
     held = Alloc(
-        "attention QKV output, held by V (a view of it)",
+        QKV_HELD_BY_V,
         "activations",
         s.act * s.tokens * cols,
         placement="shard(heads) on tp",

@@ -36,6 +36,7 @@ from budget.layers import (
     LATE,
     MLA_LATENTS,
     PROJECTION_INPUT,
+    QKV_HELD_BY_V,
     QKV_OUTPUTS,
     Shapes,
     StageClass,
@@ -861,9 +862,11 @@ def _either(saved: list[Alloc], full: Any) -> list[Alloc]:
 
 def _attention_spent(plan: Plan, s: Shapes) -> list[str]:
     """The attention block's saved tensors its backward has used by the QKV projection's:
-    the output projection's input, the core's (Q, K, V and its statistics or scores), the
-    Q/K norms' input and a sandwich norm's."""
-    names = [*QKV_OUTPUTS, "attention Q/K norm input"]
+    the output projection's input, the core's (Q, K, V and its statistics or scores, and
+    the QKV output V's view held, which the recompute checkpoint's backward releases with
+    its saved tensors: an audit counted it at the QKV gradients, 18,874,368 B at Llama 3
+    70B), the Q/K norms' input and a sandwich norm's."""
+    names = [*QKV_OUTPUTS, QKV_HELD_BY_V, "attention Q/K norm input"]
     names += [PROJECTION_INPUT, "attention dropout mask", "attention scores gradient"]
     return names + [a.name for a in core_attention(plan, s) + post_norm_input(plan, s, "attention")]
 

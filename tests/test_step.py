@@ -852,3 +852,27 @@ def test_zero2_holds_the_head_s_and_the_embedding_s_gradients_until_reduced(tmp_
         assert live.get(head) == (size if (phase, label) == made else None), (phase, label)
     bucket = untied["backward.embedding", "embedding weight gradient"]
     assert bucket["embedding gradient bucket before reduce-scatter (ZeRO-2)"] == size
+
+
+def test_the_qkv_output_v_held_is_freed_with_the_checkpoints_saved_tensors() -> None:
+    """Under selective recompute V's view keeps the QKV projection's output (a tensor of
+    Q's and K's columns where the rotary embedding wrote them anew: 8,192 tokens x (1,024
+    + 128) bf16 at Llama 3 70B's tp 8, 18,874,368 B); the core's checkpoint releases it
+    with its saved tensors once its backward has run, so the QKV projection's backward no
+    longer holds it (an audit: counted there, 42,615,750,656 B where Megatron holds
+    42,596,876,288). It is held at the core's gradients, before that."""
+    from pathlib import Path
+
+    from budget.layers import QKV_HELD_BY_V
+    from budget.plan.load import load_plan
+
+    plan = load_plan(Path(__file__).parent.parent / "plans" / "llama3-70b.yaml")
+    assert plan.recompute == "selective"
+    (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    at = {i.label: {a.name: a.total for a in i.live} for i in phase.instants}
+    held = 2 * 8192 * (1024 + 128)
+    assert held == 18_874_368
+    assert at["attention core gradients"][QKV_HELD_BY_V] == held
+    assert QKV_HELD_BY_V not in at["QKV weight and input gradients"]
+    (qkv,) = [i for i in phase.instants if i.label == "QKV weight and input gradients"]
+    assert qkv.total == 42_615_750_656 - held == 42_596_876_288

@@ -673,19 +673,21 @@ class _Resolver:
             )
             stored = "bf16"
         params = tree.get("params", stored)
-        master = tree.get("master", "none" if params == "fp32" else "fp32")
+        # tf32 is a matmul mode: its parameters are stored fp32, their own master copy too
+        wide = ("fp32", "tf32")
+        master = tree.get("master", "none" if params in wide else "fp32")
         if not serving and tree.get("optimizer") == "none":
             self.error(
                 "$.precision.optimizer",
                 "optimizer: none is for serving plans; a training step updates its weights "
                 "(adam or sgd), and its master copy and parameter gather go with them",
             )
-        if params == "fp32" and master == "fp32":
+        if params in wide and master in wide:
             self.error(
                 "$.precision.master",
-                "master: fp32 beside params: fp32 is a second fp32 copy of every parameter, "
-                "which no optimizer keeps; fp32 parameters are their own master copy: write "
-                "master: none or leave it out",
+                f"master: {master} beside params: {params} is a second fp32 copy of every "
+                "parameter, which no optimizer keeps; fp32 parameters (tf32 is stored fp32) "
+                "are their own master copy: write master: none or leave it out",
             )
         grads = tree.get("grads", "fp32")
         stepped = params if master in (None, "none") else master
