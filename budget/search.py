@@ -65,6 +65,7 @@ from budget.plan.model import (
 from budget.plan.resolve import (
     MAX_ELEMENTS,
     divisors,
+    fp8_params_unsharded,
     gather_rounds_master,
     gathers_fp8_beside_wider,
     parse_placement,
@@ -707,6 +708,10 @@ def _grid_piece(
             np.isin(zero, (1, 2))
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
             & gathers_fp8_beside_wider(plan.precision),
+        ),
+        (
+            "fp8 parameters need ZeRO (--fp8-param-gather needs the distributed optimizer)",
+            fp8_params_unsharded(plan.precision, zero, plan.mode),
         ),
         # resolve's `_check_deepspeed_pipeline`
         ("DeepSpeed's ZeRO 2 and 3 run without a pipeline", deepspeed_piped),

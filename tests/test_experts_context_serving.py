@@ -2610,3 +2610,39 @@ def test_a_recomputed_forwards_expert_all_to_alls_are_exposed_under_expert_overl
     q = 28 / 32
     assert len(own) == 3 and all((t.move.share, t.move.floor) == (q, 1 - q) for t in own)
     assert sum(t.exposed_s for t in own) < sum(t.time_s for t in own)
+
+
+def test_fp8_parameters_in_training_need_zero(tmp_path):
+    """Megatron-LM's --fp8-param-gather, which fp8 training parameters are, asserts its
+    distributed optimizer ("--fp8-param-gather only supported with distributed optimizer"):
+    at ZeRO 0 a run keeps bf16 parameters beside Transformer Engine's fp8 copies. An audit
+    (m252): Llama 3 70B with fp8 parameters at ZeRO 0 was priced 3.98 GiB a rank under that.
+    Refused, the search leaves ZeRO 0 out for such a model, and serving keeps fp8 weights."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from budget.search import Space, search
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    fp8 = ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n")
+    params = ("params: bf16", "params: fp8")
+    path = variant(tmp_path, "z0.yaml", fp8, params, ("  zero: 1\n", "  zero: 0\n"), base=base)
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert ": error: $.precision.params: params: fp8 in training is Megatron-LM's " in line
+    assert "write parallel.zero: 1" in line
+    plan = load_plan(variant(tmp_path, "z1.yaml", fp8, params, base=base))
+    swept = search(plan, 512, Space(tp=(8,), pp=(4,), micro=(1,), virtual_stages=(1,)))
+    assert swept.rejected[
+        "fp8 parameters need ZeRO (--fp8-param-gather needs the distributed optimizer)"
+    ]
+    assert swept.results and all(r.config.zero > 0 for r in swept.results)
+    decode = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    served = variant(
+        tmp_path,
+        "serve.yaml",
+        ("params: bf16", "params: fp8"),
+        base=ROOT / "plans" / "llama3-70b-decode.yaml",
+    )
+    assert decode.parallel.zero == 0 and load_plan(served).precision.params == "fp8"

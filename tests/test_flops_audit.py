@@ -230,7 +230,7 @@ def test_fused_attention_backward_counts_its_five_products_by_head_dimension(tmp
         "name: deepseek-v3-train\nmodel: {preset: deepseek-v3}\n"
         "batch: {seq: 4096, micro: 1, global: 64}\n"
         "precision: {params: fp8, activations: bf16, matmul: fp8}\n"
-        "parallel: {tp: 8, dp: 2, ep: 2, sequence_parallel: true}\n"
+        "parallel: {tp: 8, dp: 2, ep: 2, sequence_parallel: true, zero: 1}\n"
         "device: {preset: h200}\ntopology: {preset: dgx-h200, nodes: 2}\n",
     )
     (core,) = flops.attention_core(plan, shapes(plan))

@@ -37,14 +37,16 @@ def _plan(
 
 
 def _training(tmp_path: Path):
-    """DeepSeek-V3 training at sequence 4096 on 16 GPUs, tp 8 with sequence parallelism."""
+    """DeepSeek-V3 training at sequence 4096 on 16 GPUs, tp 8 with sequence parallelism,
+    its fp8 parameters beside the distributed optimizer (ZeRO 1), as Megatron-LM's
+    --fp8-param-gather needs."""
     text = SERVING.format(model="{preset: deepseek-v3}", tp=8, dp=2, ep=2)
     text = text.replace("mode: decode\n", "").replace(
         "batch: {sequences: 256, prompt: 4096, generate: 1024}",
         "batch: {seq: 4096, micro: 1, global: 64}",
     )
     path = tmp_path / "train.yaml"
-    path.write_text(text.replace("ep: 2}", "ep: 2, sequence_parallel: true}"), "utf-8")
+    path.write_text(text.replace("ep: 2}", "ep: 2, sequence_parallel: true, zero: 1}"), "utf-8")
     return load_plan(path)
 
 
@@ -324,7 +326,7 @@ def test_without_sequence_parallelism_the_latents_gradient_is_all_reduced(tmp_pa
         "batch: {seq: 4096, micro: 1, global: 64}",
     )
     path = tmp_path / "dense.yaml"
-    path.write_text(text.replace(", ep: 1", ""), encoding="utf-8")
+    path.write_text(text.replace(", ep: 1", ", zero: 1"), encoding="utf-8")  # fp8 params
     stage = derive(load_plan(path)).stages[0]
     backward = next(p for p in stage.phases if p.name == "backward.attention")
     (reduce,) = [m for m in backward.moves if m.name == "attention latents gradient"]

@@ -357,3 +357,33 @@ def test_sliding_window_null_turns_a_configs_window_off(tmp_path: Path) -> None:
     # `heads` written over a preset's kv_heads is told at heads)
     assert problem.path == "$.model.layers"
     assert problem.message.endswith("per layer, or sliding_window: null for none")
+
+
+def test_soft_capped_attention_runs_flash_attention_not_cudnn(tmp_path: Path) -> None:
+    """cuDNN's fused attention cannot cap the scores: Transformer Engine rules it out beside
+    a softcap and falls back to FlashAttention (NVIDIA/TransformerEngine PR 3391). So
+    Gemma 2 9B as shipped (attention: flash on H100, whose default is cuDNN) runs
+    FlashAttention-2 and is timed as a plan naming flash2 is (an audit: timed at cuDNN's
+    rate, 4.50 s a step where FlashAttention-2 takes 4.89); naming cudnn beside the cap is
+    refused, and without the cap flash is cuDNN again."""
+    from tests.plan_files import variant
+
+    shipped = ROOT / "plans" / "gemma2-9b.yaml"
+    flash = ("attention: flash\n", "attention: flash2\n")
+    named = variant(tmp_path, "flash2.yaml", flash, base=shipped)
+    capped, explicit = (to_dict(build_report(load_plan(p))) for p in (shipped, named))
+    assert capped["device"]["attention_kernel"] == "flash2"
+    assert capped["step"]["time_s"] == explicit["step"]["time_s"]
+    assert round(capped["step"]["time_s"], 2) == 4.89
+    off = ("attention_softcap: true", "attention_softcap: false")
+    uncapped = to_dict(build_report(load_plan(variant(tmp_path, "off.yaml", off, base=shipped))))
+    assert uncapped["device"]["attention_kernel"] == "cudnn"
+    assert round(uncapped["step"]["time_s"], 2) == 4.50
+    cudnn = variant(
+        tmp_path, "cudnn.yaml", ("attention: flash\n", "attention: cudnn\n"), base=shipped
+    )
+    with pytest.raises(BudgetError) as caught:
+        load_plan(cudnn)
+    (problem,) = caught.value.problems
+    assert problem.path == "$.model.attention"
+    assert "cuDNN's fused attention cannot cap the scores" in problem.message

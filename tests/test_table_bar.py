@@ -1054,3 +1054,24 @@ def test_a_buffer_held_through_the_run_is_no_phase_s_addition(tmp_path: Path) ->
     assert not [r for r in rows if "scores buffer" in r]
     (optimizer,) = [r for r in rows if r.lstrip().startswith("optimizer")]
     assert re.search(r"GiB\s+\d+$", optimizer.rstrip())  # its peak stage, nothing it adds
+
+
+def test_a_narrow_phases_table_says_where_its_largest_column_is_and_markdown_has_it() -> None:
+    """Below 110 columns the phases table has no room for what each phase adds at its peak;
+    a line under it says where to read it, and markdown carries it (a review: the column went
+    without a word at 80 columns and was never in markdown)."""
+    from budget.render.markdown import render_markdown
+    from budget.render.table import phase_table
+
+    plan = next(p for p in PLANS if p.name == "mixtral-8x7b.yaml")
+    report = budget_plan(plan)
+    console = Console(width=80, color_system=None, record=True)
+    console.print(phase_table(report, False, console))
+    text = " ".join(console.export_text().split())
+    assert "largest it adds at that peak: each phase's at 110 columns or more, and in -f " in text
+    lines = render_markdown(report).splitlines()
+    head = next(line for line in lines if line.startswith("| phase | count |"))
+    assert head.endswith("| peak stage | largest it adds at that peak |")
+    moe = next(line for line in lines if line.startswith("| `forward.moe` |"))
+    assert moe.endswith("| 0 | dispatch send and receive buffers 64.0 MiB |")
+    assert all(line.count(" | ") == head.count(" | ") for line in lines[lines.index(head) :][:12])

@@ -1243,6 +1243,28 @@ def gather_rounds_master(precision: Precision) -> bool:
     return precision.master is None and narrower
 
 
+def fp8_params_unsharded(precision: Precision, zero: Any, mode: str) -> Any:
+    """Whether a training plan keeps fp8 parameters with no ZeRO (`_check_fp8_params`);
+    `zero` a number or a sweep's array of them."""
+    return (zero == 0) & (mode == "train") & (precision.params == "fp8")
+
+
+def _check_fp8_params(r: _Resolver, precision: Precision, par: Parallel, mode: str) -> None:
+    """Training keeps fp8 parameters as Megatron-LM's --fp8-param-gather builds them, which
+    asserts its distributed optimizer ("--fp8-param-gather only supported with distributed
+    optimizer", megatron/training/arguments.py; later versions allow FSDP in its place):
+    without ZeRO a run keeps bf16 parameters beside Transformer Engine's fp8 copies (an
+    audit: Llama 3 70B at ZeRO 0 read 3.98 GiB a rank under what runs)."""
+    if fp8_params_unsharded(precision, par.zero, mode):
+        r.error(
+            "$.precision.params",
+            "params: fp8 in training is Megatron-LM's --fp8-param-gather, which needs its "
+            "distributed optimizer (ZeRO 1 or 2, or ZeRO 3); without it a run keeps bf16 "
+            "parameters beside Transformer Engine's fp8 copies: write parallel.zero: 1, or "
+            "params: bf16 with matmul: fp8",
+        )
+
+
 def _check_zero_gather(
     r: _Resolver, precision: Precision, par: Parallel, model: Model | None
 ) -> None:
@@ -2096,6 +2118,36 @@ class _Checks(_ModelChecks):
             )
 
 
+def _capped_attention(r: _Resolver, model: Model, device: Device) -> Device:
+    """Soft-capped attention scores (``model.attention_softcap``, Gemma 2's) run on a kernel
+    that can cap them: FlashAttention (2.6 and later, and FlashAttention-3) or eager, not
+    cuDNN's fused attention, which Transformer Engine rules out beside a softcap
+    (``get_attention_backend``; NVIDIA/TransformerEngine PR 3391) and whose graph takes no
+    cap. A plan naming cudnn is refused; ``flash``, where the device's default is cuDNN, runs
+    as FlashAttention-2, the backend Transformer Engine falls back to (an audit: Gemma 2 9B
+    was timed at cuDNN's rate, 8.5 % of its step short)."""
+    if not model.attention_softcap or device.attention_kernel(model.attention) != "cudnn":
+        return device  # a device.attention_efficiency times every kernel alike
+    if model.attention == "cudnn":
+        r.error(
+            "$.model.attention",
+            "model.attention = cudnn with model.attention_softcap: cuDNN's fused attention "
+            "cannot cap the scores (Transformer Engine falls back to FlashAttention beside a "
+            "softcap); use flash2, flash3 where the device has it, or flash",
+        )
+        return device
+    capped = [rate for rate in device.attention if rate.kernel == "flash2"]
+    rest = [rate for rate in device.attention if rate.kernel != "flash2"]
+    if not capped and device.attention_efficiency is None:
+        r.error(
+            "$.model.attention",
+            f"model.attention = flash with model.attention_softcap runs FlashAttention-2 (cuDNN "
+            f"cannot cap the scores), but the {device.name} preset has no rate for it; give "
+            "device.attention_efficiency",
+        )
+    return replace(device, attention=(*capped, *rest)) if capped else device
+
+
 def _check_attention_kernel(r: _Resolver, kernel: str, device: Device) -> None:
     """A named fused-attention kernel needs a rate on this device: a preset that measured
     others (FlashAttention-3 is Hopper-only, for one) would otherwise time it silently on
@@ -2221,6 +2273,7 @@ def resolve(
     # a seed's layout is the search's to replace, layout by layout (a review)
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, model)
+        _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par)
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
         _check_pipeline_zero3(r, precision, par)
@@ -2246,6 +2299,7 @@ def resolve(
         )
     if model is not None and device is not None:
         _check_attention_kernel(r, model.attention, device)
+        device = _capped_attention(r, model, device)
     topology = None if "topology" in skip else r.topology(tree["topology"])
     overlap = {} if "overlap" in skip else tree.get("overlap", {})
     comm_sms = _comm_sms(overlap.get("tp_comm_sms", TP_COMM_SMS))

@@ -67,6 +67,8 @@ def _t(seconds: float | None) -> str:
 
 def render_markdown(report: Report) -> str:
     from budget.render.table import (
+        LARGEST,
+        _brief,
         _columns,
         _count,
         fp8_memory_note,
@@ -166,6 +168,7 @@ def render_markdown(report: Report) -> str:
             "sent per rank",
             "peak live",
             "peak stage",
+            LARGEST,
         ],
         [
             [
@@ -177,11 +180,12 @@ def render_markdown(report: Report) -> str:
                 b(p.payload_bytes),
                 "–" if p.peak_stage is None else b(p.peak_bytes),
                 "" if p.peak_stage is None else str(p.peak_stage),
+                plain(_brief(p.peak_overlap, 1)),
             ]
             for p in report.phases
         ]
         + (
-            [[f"**{cell}**" if cell else "" for cell in step_cells(report)] + ["", ""]]
+            [[f"**{cell}**" if cell else "" for cell in step_cells(report)] + ["", "", ""]]
             if timed
             else []
         ),

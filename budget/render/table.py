@@ -729,6 +729,8 @@ def phase_table(report: Report, wide: bool, console: Console | None = None) -> T
         else fitted_table(console, build, columns, PHASE_DROPPABLE)
     )
     notes = [left_out([c for c in columns if c not in kept])] if kept != columns else []
+    if not wide:  # a review: the column went without a word below 110 columns
+        notes.append(f"{LARGEST}: each phase's at 110 columns or more, and in -f markdown")
     if not wide and len(report.stages) > 1 and "peak live" in kept:
         notes.append(_peak_stages(report))
     notes += [pacing_note(report), slowdown_note(report)]
