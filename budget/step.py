@@ -1003,6 +1003,23 @@ def _hold_reduce_buffers(b: _StageBuilder) -> None:
         b.phases[k] = replace(phase, instants=instants)
 
 
+def _last_bucket_share(plan: Plan, n: Any) -> Any:
+    """The share of a rank's `n` gradients in DeepSpeed's last bucket of a backward, which
+    its epilogue reduces once the backward is done, exposed (``reduce_ipg_grads`` in
+    ``independent_gradient_partition_epilogue``, then a ``torch.cuda.synchronize()`` under
+    ``overlap_comm``, stage_1_and_2.py): a bucket is reduced only when the next gradient
+    would overflow ``reduce_bucket_size`` = B (``reduce_independent_p_g_buckets_and_remove_
+    grads``), so after ⌈n / B⌉ − 1 full ones the last holds n − B·(⌈n / B⌉ − 1), to a
+    parameter's size (an audit: GPT 1.3B at B = 5e8 leaves a quarter of its gradients to the
+    epilogue, and B ≥ n all of them, where one layer's share was exposed whatever B). 0
+    where the plan names no bucket (`Parallel.reduce_bucket`)."""
+    size = plan.parallel.reduce_bucket
+    if not size:
+        return 0.0
+    full = -(-n // size) - 1
+    return (n - size * full) / vmax(n, 1)
+
+
 def _flattened_bucket(b: _StageBuilder) -> list[Alloc]:
     """DeepSpeed's ZeRO 2 reduces a full bucket by flattening its gradients into one tensor
     and all-reducing that (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, a
@@ -3363,10 +3380,12 @@ def _reduce(b: _StageBuilder) -> None:
         # default: "an All-Reduce instead of multiple Reduce ops"; an audit: priced as a
         # reduce-scatter, half the bytes)
         deepspeed = holds(zero == 2) & deepspeed_buffered(plan)
+        last = _last_bucket_share(plan, n)
         all_reduced = replace(
             reduce[0],
             count=b.microbatches,
-            share=share,
+            share=vmin(share, 1 - vmax(least, last)),
+            floor=vmax(least, last),
             rounds=1,
             last_part=None,
             each_microbatch=True,

@@ -1534,3 +1534,43 @@ def test_comm_gemm_overlap_gathers_and_reduces_in_its_userbuffers(tmp_path):
     assert overlapped_total - buffers == total - 2 * full
     fp8 = replace(overlapped, precision=replace(overlapped.precision, matmul="fp8"))
     assert fc1_backward(fp8)[0][again] == 8192 * 8192  # the transpose alone
+
+
+def test_deepspeed_zero_2_exposes_its_last_bucket_of_the_size_it_names(tmp_path):
+    """DeepSpeed reduces a bucket only when the next gradient would overflow
+    reduce_bucket_size, and its epilogue reduces what is left once the backward is done,
+    then synchronizes: the exposed share is the last bucket's, n − B·(⌈n/B⌉ − 1) of a rank's
+    n gradients (stage_1_and_2.py). GPT 1.3B's 1,315,819,520 gradients, overlapped, at dp 8
+    and micro-batch 1: at B = 5e7 under one layer's share (1/24), so a layer's is exposed as
+    before; at 5e8, 315,819,520 of them, 24.0 %; at 2e9 all, the step as without overlap
+    (an audit: the step read 6.56 s whatever B, 8.45 s at 2e9)."""
+    from budget.report import to_dict
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    layout = ("  zero: 1\n", "  zero: 2\n  reduce_bucket: {}\n")
+    micro = ("micro: 4", "micro: 1")
+    overlap = ("topology: {", "overlap: {dp_grads: true}\ntopology: {")
+
+    def run(size: int, *edits):
+        path = variant(
+            tmp_path, f"b{size}.yaml", (layout[0], layout[1].format(size)), micro, *edits, base=base
+        )
+        report = to_dict(build_report(load_plan(path)))
+        (found,) = [
+            c for p in report["phases"] for c in p["collectives"] if c["name"] == "gradients"
+        ]
+        return report["step"]["time_s"], found
+
+    n = 1_315_819_520
+    assert n - 500_000_000 * 2 == 315_819_520
+    small, at_small = run(50_000_000, overlap)
+    default, at_default = run(500_000_000, overlap)
+    whole, at_whole = run(2_000_000_000, overlap)
+    exposed, _ = run(500_000_000)
+    assert at_small["exposed_s"] < at_default["exposed_s"] < at_whole["exposed_s"]
+    assert small < default < whole
+    assert at_whole["exposed_s"] == at_whole["time_s"] and whole == pytest.approx(exposed)
+    # the last bucket is a call of its own: its share of the bytes and its own n·α
+    share = at_default["exposed_s"] / at_default["time_s"]
+    assert 315_819_520 / n < share < 0.26
