@@ -668,6 +668,7 @@ def _grid_piece(
     deepspeed_piped = (
         bool(plan.parallel.reduce_bucket) & (pp > 1) & flops.deepspeed_zero(zero, plan.precision)
     )
+    recomputes = np.asarray(space.recompute, dtype=object)[rc]
     rules = [
         (
             "does not divide: experts by ep",
@@ -729,6 +730,11 @@ def _grid_piece(
             # Megatron-Core's rule (`resolve._check_expert_overlap`)
             "overlap.ep over a pipeline needs virtual stages",
             (v == 1) & (pp > 1) & plan.overlap.ep,
+        ),
+        (
+            # `resolve._check_expert_overlap` too: the chunk's whole recompute is not priced
+            "overlap.ep beside full recompute",
+            (recomputes == "full") & plan.overlap.ep,
         ),
         (
             "does not divide: micro-batches by pp (interleaved)",

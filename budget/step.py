@@ -2856,28 +2856,16 @@ def _again(moves: list[Move]) -> list[Move]:
     """`moves` of a forward that runs again before its backward (recompute; Megatron-LM's
     ``CheckpointFunction.backward`` re-runs the checkpointed forward, its collectives
     included): named so, and hidden behind the recomputed kernels (`_backward`'s
-    ``(recomputed)`` copies) where they hid behind a kernel. An expert all-to-all that
-    `overlap.ep` pairs with another micro-batch's pass is exposed there: under full
-    recompute Megatron-Core's expert overlap recomputes a model chunk whole, as one unit at
-    the start of its backward ("EP A2A overlap drives its own VPP-stage full recompute",
-    ``TransformerConfig.__post_init__``), with no other micro-batch's pass beside it (an
-    audit: 0.2 s of Mixtral's step read as hidden)."""
+    ``(recomputed)`` copies) where they hid behind a kernel (`overlap.ep` beside full
+    recompute is refused: `resolve._check_expert_overlap`)."""
     return [
-        replace(m, name=f"{m.name} (recomputed forward)", window="", flag="", rule=_UNPAIRED)
-        if m.flag == "ep"
-        else replace(
+        replace(
             m,
             name=f"{m.name} (recomputed forward)",
             window=m.window if m.window[:1] in ("", "@") else f"{m.window} (recomputed)",
         )
         for m in moves
     ]
-
-
-_UNPAIRED = (
-    "ep all-to-all of a recomputed forward: exposed, the model chunk recomputed whole "
-    "before its backward with no other micro-batch's pass beside it"
-)
 
 
 def _backward(b: _StageBuilder) -> None:

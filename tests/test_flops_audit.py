@@ -267,6 +267,31 @@ def test_the_final_norm_has_a_backward():
     assert loss["final norm backward"] == 18_874_368
 
 
+def test_the_residual_adds_backward_is_the_gradients_sum_and_dropouts_mask():
+    """The residual add passes its gradient on unchanged (PyTorch's ``add`` backward), so
+    its backward is autograd summing the block input's two gradients, two reads and a write
+    of the rank's [tokens, hidden] shard, and under dropout the mask's product before it, a
+    read of the gradient and the 1-byte mask and a write. GPT-3 175B (tp 8 with sequence
+    parallelism, dropout on): a shard of 256 × 12,288 bf16 is 6,291,456 B and its mask
+    3,145,728 B, so the forward moves 3 × 6,291,456 + 3,145,728 = 22,020,096 B and the
+    backward 5 × 6,291,456 + 3,145,728 = 34,603,008 B (it was priced at twice the forward,
+    44,040,192). Llama 3 70B (no dropout, 8,192 / 8 tokens × 8,192): 3 × 16,777,216 =
+    50,331,648 B either way."""
+    shard, mask = 256 * 12288 * 2, 256 * 12288
+    assert (shard, mask) == (6_291_456, 3_145_728)
+    gpt3 = load_plan(PLANS / "gpt3-175b.yaml")
+    for block in ("forward.attention", "forward.mlp"):
+        assert _bytes(_phase(gpt3, block).works)["residual add and dropout"] == 22_020_096
+    for block in ("backward.attention", "backward.mlp"):
+        got = _bytes(_phase(gpt3, block).works)["residual add and dropout backward"]
+        assert got == 5 * shard + mask == 34_603_008
+    llama = load_plan(PLANS / "llama3-70b.yaml")
+    shard = 1024 * 8192 * 2
+    assert _bytes(_phase(llama, "forward.mlp").works)["residual add and dropout"] == 3 * shard
+    back = _bytes(_phase(llama, "backward.mlp").works)["residual add and dropout backward"]
+    assert back == 3 * shard == 50_331_648
+
+
 # --- 6. GEMMs outside Transformer Engine under FP8 -----------------------------------------
 
 

@@ -1394,7 +1394,9 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
         )
 
 
-def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool) -> None:
+def _check_expert_overlap(
+    r: _Resolver, par: Parallel, overlapped: bool, recompute: object = None
+) -> None:
     """Megatron-Core pairs one micro-batch's expert all-to-alls with another's compute
     (``overlap_moe_expert_parallel_comm``) only in its combined schedules: with no pipeline
     or the interleaved one. ``TransformerConfig.__post_init__`` asserts "If enabling EP A2A
@@ -1415,6 +1417,20 @@ def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool) -> None
             "only in its combined schedules, and asserts virtual stages beside a pipeline); "
             "set parallel.pipeline: {schedule: interleaved, virtual_stages: 2} or more, "
             "pp: 1, or remove overlap.ep",
+        )
+    if overlapped and recompute == "full":
+        # Megatron-Core's own full recompute under the overlap rebuilds a model chunk whole
+        # at the start of its backward, every layer's activations alive at once, its
+        # all-to-alls exposed ("EP A2A overlap drives its own VPP-stage full recompute");
+        # earlier versions refused the pair. budget prices a layer's recompute at a time (a
+        # review: Mixtral at pp 1 read a 33.6 GiB peak where the chunk's rebuild holds about
+        # 15 GiB more)
+        r.error(
+            "$.overlap.ep",
+            "overlap.ep with recompute: full: Megatron-Core then recomputes each model chunk "
+            "whole at the start of its backward, all its layers' activations alive at once "
+            "and its all-to-alls exposed, which budget does not price (earlier versions "
+            "refuse the pair); use recompute: selective or none, or remove overlap.ep",
         )
 
 
@@ -2329,7 +2345,7 @@ def resolve(
         checks.run(topology)
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
-            _check_expert_overlap(r, par, bool(overlap.get("ep")))
+            _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
