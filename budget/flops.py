@@ -681,7 +681,8 @@ def qk_norms(plan: Plan, s: Shapes) -> list[Work]:
     """Q/K norms (``model.qk_norm``): one pass that reads and writes this rank's Q and K
     (Qwen3 and OLMo 2 norm them after the projection and before RoPE; Megatron-Core's
     ``qk_layernorm``); its backward reads the saved input and the incoming gradient and
-    writes the input gradient, about twice the bytes, like the block's other norms."""
+    writes the input gradient, three passes to the forward's two, like the block's other
+    norms (`norm_kernel`)."""
     if plan.model.qk_norm == "none":
         return []
     return [norm_kernel("Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]

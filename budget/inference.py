@@ -45,6 +45,7 @@ from typing import Any
 from budget import flops
 from budget.flops import Work
 from budget.layers import (
+    SCORES_BUFFER,
     Shapes,
     class_params,
     kv_heads_per_rank,
@@ -58,7 +59,7 @@ from budget.layers import (
     tokens_replicated,
     vocab_rows,
 )
-from budget.phases import HELD_THROUGH, Alloc, Instant, Move, Phase, StageStep, Step, when
+from budget.phases import Alloc, Instant, Move, Phase, StageStep, Step, when
 from budget.plan.model import DTYPE_BYTES, Plan
 from budget.step import (
     _before_reduction,
@@ -176,9 +177,7 @@ def _scores_buffer(plan: Plan, passes: list[Shapes]) -> list[Alloc]:
     largest = _eager_scores(plan, passes[0])
     for s in passes[1:]:
         largest = vmax(largest, _eager_scores(plan, s))
-    return [
-        Alloc(f"attention scores buffer (Megatron-LM's, {HELD_THROUGH} run)", "transient", largest)
-    ]
+    return [Alloc(SCORES_BUFFER, "transient", largest)]
 
 
 def _moe_held(plan: Plan, s: Shapes) -> list[Alloc]:

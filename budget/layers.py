@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew, te_fp8, uncapped_skew
-from budget.phases import Alloc, Category, when
+from budget.phases import HELD_THROUGH, Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
 from budget.vector import (
     count_label,
@@ -1229,6 +1229,10 @@ def _scores(s: Shapes) -> Any:
     """Elements of one micro-batch's s x s attention scores on a rank: its heads' query rows
     against the keys each meets."""
     return s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+
+
+# Megatron-LM's unfused attention's scores input buffer, kept for the run (`eager_scores`)
+SCORES_BUFFER = f"attention scores buffer (Megatron-LM's, {HELD_THROUGH} run)"
 
 
 def eager_scores(plan: Plan, s: Shapes, name: str) -> list[Alloc]:

@@ -668,7 +668,8 @@ def _grid_piece(
     deepspeed_piped = (
         bool(plan.parallel.reduce_bucket) & (pp > 1) & flops.deepspeed_zero(zero, plan.precision)
     )
-    recomputes = np.asarray(space.recompute, dtype=object)[rc]
+    # a sweep's full-recompute layouts, worked out only where a rule reads them
+    full = np.asarray(space.recompute, dtype=object)[rc] == "full" if plan.overlap.ep else np.False_
     rules = [
         (
             "does not divide: experts by ep",
@@ -734,7 +735,7 @@ def _grid_piece(
         (
             # `resolve._check_expert_overlap` too: the chunk's whole recompute is not priced
             "overlap.ep beside full recompute",
-            (recomputes == "full") & plan.overlap.ep,
+            full,
         ),
         (
             "does not divide: micro-batches by pp (interleaved)",

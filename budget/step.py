@@ -38,6 +38,7 @@ from budget.layers import (
     PROJECTION_INPUT,
     QKV_HELD_BY_V,
     QKV_OUTPUTS,
+    SCORES_BUFFER,
     Shapes,
     StageClass,
     StageParams,
@@ -1050,7 +1051,7 @@ def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
     (`layers.eager_scores`), on a stage that runs attention."""
     # held, as a tensor made before a phase and kept through it is named, so that no phase
     # reads as adding it (the phases table's "largest it adds": every phase named it)
-    name = f"attention scores buffer (Megatron-LM's, {HELD_THROUGH} run)"
+    name = SCORES_BUFFER
     return tuple(when(eager_scores(plan, s, name), layers > 0))
 
 
@@ -3368,12 +3369,12 @@ def _reduce(b: _StageBuilder) -> None:
         # default: "an All-Reduce instead of multiple Reduce ops"; an audit: priced as a
         # reduce-scatter, half the bytes)
         deepspeed = holds(zero == 2) & deepspeed_buffered(plan)
-        last = _last_bucket_share(plan, n)
+        exposed = vmax(least, _last_bucket_share(plan, n))  # at least a layer's share
         all_reduced = replace(
             reduce[0],
             count=b.microbatches,
-            share=vmin(share, 1 - vmax(least, last)),
-            floor=vmax(least, last),
+            share=vmin(share, 1 - exposed),
+            floor=exposed,
             rounds=1,
             last_part=None,
             each_microbatch=True,

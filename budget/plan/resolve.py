@@ -1394,9 +1394,7 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
         )
 
 
-def _check_expert_overlap(
-    r: _Resolver, par: Parallel, overlapped: bool, recompute: object = None
-) -> None:
+def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool, recompute: object) -> None:
     """Megatron-Core pairs one micro-batch's expert all-to-alls with another's compute
     (``overlap_moe_expert_parallel_comm``) only in its combined schedules: with no pipeline
     or the interleaved one. ``TransformerConfig.__post_init__`` asserts "If enabling EP A2A
