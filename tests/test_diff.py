@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from budget.catalog.topologies import RAMPS
 from budget.cli import app, route
 from budget.diff import Delta, diff_files, flatten, plan_changes
+from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.render import NBSP
 from budget.render.diff import headline
@@ -514,15 +515,29 @@ def test_a_share_that_moves_under_a_twentieth_of_a_point_keeps_a_digit() -> None
 
 def test_the_phase_rows_say_what_they_cover(tmp_path: Path) -> None:
     """Two decode plans' phase rows are each plan's whole batch, which the title called
-    "one step"; a training plan beside a serving one covers a run of each (review)."""
+    "one step"; a training plan beside a serving one covers a run of each (review). And
+    what a row is of each plan, as the report's own title says (an audit): a decode plan
+    over a pipeline sums its calls and times over the stages a pass crosses, where one
+    without gives its one stage's, and the title had said neither."""
     decode = ROOT / "plans" / "llama3-70b-decode.yaml"
     tp4_decode = variant(tmp_path, "tp4", ("  tp: 8\n  pp: 1", "  tp: 4\n  pp: 2"), base=decode)
     _, out, _ = _diff(decode, tp4_decode, width=120)
-    assert "Phases (per rank, over the batch: its prefill and 511 decode passes)" in out
+    title = " ".join(out.split("\nPhases ")[1].split("\n\n")[0].split())
+    assert title == (
+        "of the batch: its prefill and 511 decode passes (per rank; A on the stage where "
+        "each costs most; B times summed over the stages a pass crosses, payloads of the "
+        "costliest)"
+    )
+    tp2_decode = variant(tmp_path, "tp2", ("  tp: 8\n  pp: 1", "  tp: 2\n  pp: 4"), base=decode)
+    _, out, _ = _diff(tp4_decode, tp2_decode, width=120)
+    summed = "(per rank; times summed over the stages a pass crosses, payloads of the costliest)"
+    assert summed in " ".join(out.split())
     _, out, _ = _diff(GPT3, decode, width=120)
-    assert "Phases (per rank, over a run of each plan)" in out
+    flat = " ".join(out.split())
+    assert "Phases of a run of each plan (per rank, on the stage where each costs most)" in flat
     _, out, _ = _diff(GPT3, tp4(tmp_path), width=120)
-    assert "Phases (per rank, over one step)" in out
+    flat = " ".join(out.split())
+    assert "Phases of one step (per rank, on the stage where each costs most)" in flat
 
 
 def test_the_fsdp_version_is_a_change_only_where_a_plan_shards_with_zero_3() -> None:
@@ -614,6 +629,30 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
         "| `transitions[logits all-gathered (loss parallel off)]` | – | tp shard(1)"
         in markdown.stdout
     )
+
+
+def test_the_gathered_loss_plan_states_what_its_transitions_add(tmp_path: Path) -> None:
+    """The plan's header gives the peak and step its transitions add against the same plan
+    without them; two audits found its peaks 0.5 GiB stale (23.0 and 32.8 GiB, the engine's
+    22.5 and 32.3), so the figures are read from the header and checked here."""
+    import re
+
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    text = gathered.read_text(encoding="utf-8")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(text[: text.index("\ntransitions:") + 1], encoding="utf-8")
+    header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    found = re.search(
+        r"the peak rises ([\d.]+) GiB, from ([\d.]+) to ([\d.]+) GiB, and the step (\d+) ms",
+        header,
+    )
+    assert found, "the header no longer states what the transitions add"
+    rise, low, high, ms = (float(x) for x in found.groups())
+    a, b = (build_report(load_plan(p)) for p in (bare, gathered))
+    peak_a, peak_b = (max(s.peak_bytes for s in r.stages) / 2**30 for r in (a, b))
+    assert (round(peak_a, 1), round(peak_b, 1)) == (low, high)
+    assert round(peak_b - peak_a, 1) == rise
+    assert round((b.step["time_s"] - a.step["time_s"]) * 1e3) == ms
 
 
 def test_transitions_pair_as_a_line_diff_pairs_lines(tmp_path: Path) -> None:
@@ -787,7 +826,7 @@ def test_the_terminal_tables_what_moved_and_names_what_did_not(tmp_path: Path) -
     lines = out.splitlines()
     assert "Memory per rank of each pipeline stage, at its peak: no stage changed." in lines
     assert not any(line.split()[:1] == ["states"] for line in lines)  # no stage row at all
-    phases = out.split("Phases (per rank, over one step)")[1]
+    phases = out.split("Phases of one step (per rank, on the stage where each costs most)")[1]
     table = phases.split("Unchanged")[0].splitlines()
     named = [line.split()[0] for line in table if line[:2].strip() and line[1] not in "─p"]
     assert named == ["dp.grads"]

@@ -16,7 +16,7 @@ from budget.errors import one_line
 from budget.render import NBSP, Hanging, print_wrapped, utf
 from budget.render.markdown import code, plain
 from budget.render.table import printable, titled_table, whole
-from budget.report import run_scope, time_word
+from budget.report import phase_scope, run_scope, time_word
 from budget.units import (
     format_bytes,
     format_duration,
@@ -187,9 +187,20 @@ def _in_full(value: float) -> str:
 
 
 def _phases_title(a: Report, b: Report) -> str:
-    """The phase rows' scope: one step, or a serving plan's prefill or batch."""
+    """The phase rows' scope: one step, or a serving plan's prefill or batch; and what a row
+    of each plan stands for (`phase_scope`), as a report's title says it (an audit: a decode
+    plan over a pipeline sums its calls and times over the stages a pass crosses, which the
+    diff's title did not say beside one without)."""
     scope = run_scope(a) if run_scope(a) == run_scope(b) else "a run of each plan"
-    return f"Phases (per rank, over {scope})"
+    rows_a, rows_b = phase_scope(a), phase_scope(b)
+    if rows_a != rows_b:
+        rows_a = f"per rank; A {_beyond_rank(rows_a)}; B {_beyond_rank(rows_b)}"
+    return f"Phases of {scope} ({rows_a})"
+
+
+def _beyond_rank(scope: str) -> str:
+    """`phase_scope` past its "per rank"."""
+    return scope.removeprefix("per rank").lstrip(";, ")
 
 
 def _title(report: Report) -> str:
