@@ -1414,7 +1414,8 @@ def _cp_buffers(plan: Plan, s: Shapes, backward: bool = False) -> list[Alloc]:
     softmax statistics until the correction after the last step, all alive at the end of
     the forward: cp of each, every step's output whole on the rank that sees the most keys
     under the causal split (the last); its backward holds two K/V chunks and two dK/dV
-    chunks in flight (one computed on, one arriving). All-gathered, the whole sequence's
+    chunks in flight (one computed on, one arriving) and the step's own dQ, dK and dV
+    until they are added into the totals. All-gathered, the whole sequence's
     K/V, and in backward its dK/dV before the reduce-scatter
     (``AttnFuncWithCPAndKVAllGather``)."""
     if every(plan.parallel.cp == 1):
@@ -1475,6 +1476,19 @@ def _cp_held(plan: Plan, s: Shapes, backward: bool) -> list[Alloc]:
         grads = "dK/dV ring buffers (2 chunks)" if ring else "dK/dV before reduce-scatter"
         held.append(
             Alloc(grads, "transient", chunk, placement=placement if ring else "partial on cp")
+        )
+    if backward and ring:
+        # each step's kernel returns its own dQ, dK and dV (``dq_, dk_, dv_``), added into the
+        # totals (``dq_buffer``, the dK/dV chunk) after it: at the last, diagonal step all
+        # three over the rank's whole chunk (an audit: none counted, where the all-gathered
+        # mode's ``dq_per_step`` was)
+        held.append(
+            Alloc(
+                "one ring step's dQ, dK and dV (before they are added in)",
+                "transient",
+                s.act * s.tokens * (s.q_cols + s.k_cols + s.v_cols),
+                placement="shard(heads) on tp",
+            )
         )
     if backward and not ring:
         # Transformer Engine's two steps (one per local query chunk of the load-balanced
@@ -4015,6 +4029,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 # to the previous one (DESIGN.md rule 3), as the built-in stage sends are
                 # (`pipeline_send`), on the stages that have that neighbour (`_sends`)
                 op, ranks, ends = "send-recv", 2, ("i", "i-1" if back else "i+1")
+            # a serving pass's send on its own pair of stages' link, as the built-in ones
+            # (`inference`, `schedule.move_span`; an audit: all priced at the slowest link)
+            boundary = int(st.stage) if send and plan.mode != "train" else None
             if op is None:
                 continue
             rule = f"{HAND_WRITTEN}: exposed"
@@ -4026,7 +4043,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     "; its source not counted beside its output (source_alive: false), which "
                     "takes a fused or in-place kernel unless the source is held elsewhere"
                 )
-            move = Move(tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule)
+            move = Move(
+                tr.name, op, tr.group, ranks, tr.dtype, full, *ends, rule=rule, boundary=boundary
+            )
             if tr.phase in WHOLE_PASSES:  # once per micro-batch or pass, in its own phase
                 # one a tensor: its chain on one group, or its reductions on dp and on tp, are
                 # that phase's moves, as a named phase's are (an audit: a second transition of

@@ -1466,6 +1466,15 @@ def test_the_attention_backward_holds_the_key_value_gradients_beside_them(ring):
     )
     held = {a.name: a.bytes for i in backward.instants for a in i.live if a.name in names}
     assert held == dict.fromkeys(names, size)
+    # on the ring, each step's kernel returns its own dQ, dK and dV (``dq_, dk_, dv_``),
+    # added into the totals after it: at the diagonal step, over the rank's whole chunk,
+    # 2,048 tokens x (12 query + 12 key + 12 value heads) x 128 x 2 B = 18 MiB (an audit:
+    # not counted, where the all-gathered mode's ``dq_per_step`` was)
+    core = next(i for i in backward.instants if i.label == "attention core gradients")
+    step = {a.name: a.bytes for a in core.live if a.name.startswith("one ring step")}
+    assert step == (
+        {"one ring step's dQ, dK and dV (before they are added in)": 18874368} if ring else {}
+    )
 
 
 def test_all_gathered_key_value_gradients_are_reduce_scattered_after_attention() -> None:
@@ -1577,13 +1586,15 @@ def test_a_recomputed_ring_forward_holds_its_chunks_in_the_backward(recompute) -
         "ring step outputs (one per cp rank)": 4 * 2048 * 1536 * 2,
         "ring step softmax statistics (fp32)": 4 * 2048 * 12 * 4,
     }
-    # the re-run comes before the core's gradients: none of them is alive yet, and it holds
-    # more than the instant after it here (cp K/V chunks and outputs against two chunks
-    # each of K/V and dK/dV and the Q/K/V gradients)
+    # the re-run comes before the core's gradients: none of them is alive yet; the instant
+    # after it holds them and no longer the forward's cp chunks (its total is the larger
+    # here since each ring step's own dQ, dK and dV are counted, 18 MiB)
     names = {a.name for a in instant.live}
-    assert not names & {"Q/K/V gradients", "dK/dV ring buffers (2 chunks)"}
+    gradients = {"Q/K/V gradients", "dK/dV ring buffers (2 chunks)"}
+    assert not names & gradients
     after = next(i for i in backward.instants if i.label == "attention core gradients")
-    assert instant.total > after.total
+    after_names = {a.name for a in after.live}
+    assert gradients <= after_names and "K/V ring buffers (one per cp rank)" not in after_names
 
 
 @pytest.mark.parametrize(
@@ -2374,6 +2385,35 @@ def test_a_serving_pipeline_sends_each_stage_on_its_own_link(tmp_path):
     # a review: the row shows each link's sends, not all seven at the costliest one's
     rows = {p.name: p for p in deep[2].phases}["prefill.pipeline"].collectives
     assert sorted((c.link, c.count) for c in rows) == [("infiniband", 1), ("nvlink", 2)]
+
+
+def test_a_hand_written_serving_send_is_priced_on_each_pair_link(tmp_path):
+    """An audit: a hand-written send of the serving pipeline (a replicated tensor on pp) was
+    priced at the outermost link for every pair, where the built-in sends beside it run
+    each on their own pair's. pp 4 x tp 4 over two DGX H100 nodes, a 1 GiB bf16 tensor
+    (65,536 x 8,192) sent in the prefill's pipeline phase: one InfiniBand send and two
+    NVLink ones, 3 µs + 2^30 B / B_nvlink each and 14 µs + 2^30 B / B_ib, so the time to
+    first token grows by their sum (it grew by three InfiniBand sends)."""
+    base = ROOT / "plans" / "llama3-70b-decode.yaml"
+    edits = [("  tp: 8\n", "  tp: 4\n"), ("  pp: 1\n", "  pp: 4\n"), ("nodes: 1}", "nodes: 2}")]
+    plain = build_report(load_plan(variant(tmp_path, "plain.yaml", *edits, base=base)))
+    sent = (
+        "\ntransitions:\n  - {name: XT, phase: prefill.pipeline, tensor: {shape: [65536, 8192],"
+        " dtype: bf16}, group: pp, from: replicate, to: replicate}\n"
+    )
+    path = variant(tmp_path, "sent.yaml", *edits, base=base)
+    path.write_text(path.read_text() + sent)
+    report = build_report(load_plan(path))
+    rows = {p.name: p for p in report.phases}["prefill.pipeline"].collectives
+    xt = sorted((c.link, c.count, c.time_s) for c in rows if c.name == "XT")
+    assert [(link, count) for link, count, _ in xt] == [("infiniband", 1), ("nvlink", 2)]
+    topo = load_plan(path).topology
+    nvlink, infiniband = (topo.levels[k] for k in (0, 1))
+    size = 65536 * 8192 * 2
+    assert xt[0][2] == pytest.approx(infiniband.latency + size / infiniband.bandwidth, rel=1e-9)
+    assert xt[1][2] == pytest.approx(nvlink.latency + size / nvlink.bandwidth, rel=1e-9)
+    added = report.step["ttft_s"] - plain.step["ttft_s"]
+    assert added == pytest.approx(xt[0][2] + 2 * xt[1][2], rel=1e-6)
 
 
 def test_eager_attention_over_context_parallel_ranks_is_refused_and_not_searched(tmp_path):
