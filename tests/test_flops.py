@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,49 @@ def test_eager_attention_backward_is_twice_its_forward_flash_two_and_a_half():
     core = {w.name: w for w in _phase_works(plan, "forward.attention")}["attention core (flash)"]
     assert core.flops == 2 * 2 * pairs * 128 // 2 == 12_884_901_888
     assert flash["attention core (flash) backward"].flops == 32_212_254_720  # 2.5 x
+
+
+def test_eager_grouped_attention_copies_k_and_v_up_to_the_query_heads(tmp_path):
+    """Megatron-Core's unfused core (and transformers' ``repeat_kv``) copies K and V up to
+    the query heads before its batched GEMMs, which then read the copies; the report held
+    the copies' memory but timed neither the copy nor the wider reads (an audit: Llama 3
+    70B's eager decode read 17.9 ms a token, about 34.9 with them). The shipped decode plan
+    at tp 8: one K/V head and 8 query heads a rank, 32 sequences meeting 2,304 keys on
+    average, bf16. K and V are 2 x 32 x 2,304 x 128 B = 18,874,368 B each, their copies 8
+    times that, so the copy moves 2 x (18,874,368 + 150,994,944) = 339,738,624 B and
+    QKᵀ reads the 150,994,944 B copy of K. Training's backward sums the copies' gradients
+    back, the same bytes; plain multi-head attention copies nothing."""
+    from budget.schedule import work_time
+    from tests.plan_files import GPT3, ROOT, variant
+
+    base = ROOT / "plans" / "llama3-70b-decode.yaml"
+    eager = load_plan(
+        variant(tmp_path, "eager.yaml", ("attention: flash", "attention: eager"), base=base)
+    )
+    works = {w.name: w for w in _phase_works(eager, "decode.attention")}
+    narrow, wide = 2 * 32 * 2304 * 128, 2 * 32 * 2304 * 1024
+    assert narrow == 18_874_368
+    repeat = works[flops.KV_REPEATED]
+    assert (repeat.bytes, repeat.launches) == (2 * (narrow + wide), 2)
+    assert repeat.bytes == 339_738_624
+    q, scores = 2 * 32 * 1024, 2 * 32 * 8 * 2304
+    assert works["attention scores QKᵀ"].bytes == q + wide + scores
+    assert works[flops.EAGER_LAST].bytes == scores + wide + q
+    # two kernels at the H100's streaming rate, each with its start-up: 0.12 ms a layer
+    device = eager.device
+    streamed = repeat.bytes / (3.35e12 * device.memory_efficiency) + 2 * device.kernel_startup
+    assert work_time(eager, repeat) == pytest.approx(streamed, rel=1e-9)
+    # training: the backward sums the copies' gradients into K's and V's
+    eight_b = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    train = load_plan(
+        variant(tmp_path, "t.yaml", ("attention: flash2", "attention: eager"), base=eight_b)
+    )
+    forward = {w.name: w for w in _phase_works(train, "forward.attention")}
+    backward = {w.name: w for w in _phase_works(train, "backward.attention")}
+    assert backward[f"{flops.KV_REPEATED} backward"].bytes == forward[flops.KV_REPEATED].bytes
+    gpt3 = load_plan(GPT3)
+    mha = replace(gpt3, model=replace(gpt3.model, attention="eager"))
+    assert flops.KV_REPEATED not in {w.name for w in _phase_works(mha, "forward.attention")}
 
 
 def test_a_layers_memory_bound_kernels_move_their_hand_counted_bytes():

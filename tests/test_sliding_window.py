@@ -234,6 +234,8 @@ def test_eager_attention_pays_for_every_score_but_decodes_against_the_window(
     windowed_works = flops.attention_core(decode, shapes(decode, 1, 2560))
     whole_works = flops.attention_core(whole, shapes(whole, 1, 2560))
     assert [w.name for w in windowed_works] == [
+        # K and V copied up to the query heads over the window's keys (an audit: untimed)
+        f"{flops.KV_REPEATED} (sliding window)",
         "attention scores QKᵀ (sliding window)",
         "softmax (sliding window)",
         "attention × V (sliding window)",
