@@ -8,6 +8,7 @@ numbers and what dominates; renderers show the reasons and the CLI picks the exi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
@@ -288,15 +289,21 @@ def _to_decimals(value: Decimal, digits: int) -> Decimal:
         return value.quantize(Decimal(1).scaleb(-digits))
 
 
+# a plain decimal number, ASCII digits only (`_share`)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _share(text: str, option: str) -> float:
     """ "20%" → 0.2. A bare number is refused (0 aside): "0.2" reads as 20 % or as 0.2 %, a
     gate 100 times apart, and "1" as 1 % or all of it."""
     body = text.strip()
     percent = body.endswith("%")
-    try:
-        value = float(body.removesuffix("%").strip())
-    except ValueError:
-        raise ValueError(f"{option} {text!r}: expected a percentage such as 20%") from None
+    number = body.removesuffix("%").strip()
+    # ASCII digits only, as sizes and durations are read: float() would take "1_0" as 10
+    # and any script's digits (an audit: "2_0%" gated at 20 %, "٥%" at 5 %)
+    if not _DECIMAL.fullmatch(number):
+        raise ValueError(f"{option} {text!r}: expected a percentage such as 20%")
+    value = float(number)
     if not percent and value != 0:
         # the readings a share can have (0 % to 100 %): a bare 5 can only mean 5 %
         readings = [f"{value:g}%"] if 0 <= value <= 100 else []

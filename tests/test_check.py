@@ -272,6 +272,12 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
         (["--max-ttft", "2"], "--max-ttft '2': 2 has no unit; write a time with its unit"),
         (["--max-tpot", "0.02"], "--max-tpot '0.02': 0.02 has no unit; write a time"),
         (["--max-step", "0"], "--max-step '0': must be more than 0 s"),
+        # float() read "1_0" as 10 and any script's digits, where sizes and times take ASCII
+        # decimals only (an audit: "2_0%" gated at 20 %)
+        (["--max-exposed", "1_0%"], "--max-exposed '1_0%': expected a percentage such as 20%"),
+        (["--max-exposed", "\u0665%"], "expected a percentage such as 20%"),
+        (["--headroom", "\uff10%"], "--headroom '\uff10%': expected a percentage such as 20%"),
+        (["--max-exposed", "nan%"], "expected a percentage such as 20%"),
     ],
 )
 def test_bad_limits_are_usage_errors(args: list[str], message: str) -> None:
