@@ -17,7 +17,7 @@ from budget.plan.load import load_plan
 from budget.plan.model import Precision
 from budget.step import derive
 from tests.builders import GIB, make_plan
-from tests.plan_files import ROOT
+from tests.plan_files import ROOT, variant
 
 
 def _mem(plan):
@@ -1291,12 +1291,45 @@ def test_a_foreach_step_on_gradients_narrower_than_its_weights_is_refused(tmp_pa
         with pytest.raises(BudgetError) as raised:
             load_plan(narrow)
         (problem,) = raised.value.problems
-        assert problem.path == "$.precision.optimizer_kernel"
-        assert "torch refuses a bf16 gradient on an fp32 parameter" in problem.message
+        if name == "fsdp":  # refused whatever the kernel: the next test
+            assert problem.path == "$.precision.grads"
+        else:
+            assert problem.path == "$.precision.optimizer_kernel"
+            assert "torch refuses a bf16 gradient on an fp32 parameter" in problem.message
         # fp32 gradients: the step reads them as they are, priced
         wide = tmp_path / f"{name}-fp32-grads.yaml"
         wide.write_text(written, encoding="utf-8")
         assert load_plan(wide).precision.optimizer_kernel == "foreach"
+
+
+def test_gradients_narrower_than_parameters_without_a_master_are_refused(tmp_path):
+    """An audit: fp32 parameters with no master copy and grads: bf16 were priced at 2 bytes
+    a gradient, Llama 3 8B's FSDP shard at 2,007,565,312 B where a run holds 4,015,130,624.
+    Where no master copy is stepped, a gradient is kept in its parameter's format: autograd
+    accumulates into the parameter's own (``AccumulateGrad``), PyTorch FSDP casts the
+    reduced shard back (``_cast_grad_to_param_dtype``; FSDP2's ``foreach_reduce``) and
+    Megatron-LM keeps fp32 main grads for fp32 parameters. Refused where written, with the
+    plan's way to a bf16 reduction (grad_reduce); with a master copy bf16 gradients stay."""
+    from budget.errors import BudgetError
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    assert "grads: fp32" in base.read_text(encoding="utf-8")
+    narrow = variant(tmp_path, "narrow.yaml", ("grads: fp32", "grads: bf16"), base=base)
+    with pytest.raises(BudgetError) as raised:
+        load_plan(narrow)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.precision.grads"
+    assert problem.message.startswith(
+        "grads: bf16 beside params: fp32 and no master copy: a gradient is kept in its "
+        "parameter's format (fp32)"
+    )
+    assert problem.message.endswith(
+        "write grads: fp32, and grad_reduce: bf16 to reduce them in bf16"
+    )
+    megatron = ROOT / "plans" / "gpt-1.3b.yaml"  # bf16 parameters, an fp32 master
+    assert "params: bf16" in megatron.read_text(encoding="utf-8")
+    kept = variant(tmp_path, "kept.yaml", ("grads: fp32", "grads: bf16"), base=megatron)
+    assert load_plan(kept).precision.grads == "bf16"
 
 
 def _zero_paper_plan(zero: int, bucket: int = 0):

@@ -695,7 +695,20 @@ class _Resolver:
         widens = stepped == master and DTYPE_BYTES[stepped] > DTYPE_BYTES[grads]
         read = stepped if widens and tree.get("upcast_grads", True) else grads
         same = {read, stepped} <= {"fp32", "tf32"} or read == stepped  # tf32 is stored fp32
-        if tree.get("optimizer_kernel") == "foreach" and not same:
+        if not serving and stepped == params and DTYPE_BYTES[grads] < DTYPE_BYTES[params]:
+            # a parameter's gradient is kept in the parameter's format where nothing else
+            # holds one: autograd accumulates into it (``AccumulateGrad``), FSDP casts the
+            # reduced shard back (``_cast_grad_to_param_dtype``; FSDP2's ``foreach_reduce``),
+            # Megatron-LM's main grads of fp32 parameters are fp32 (an audit: grads: bf16 was
+            # priced at half the bytes a run holds)
+            self.error(
+                "$.precision.grads",
+                f"grads: {grads} beside params: {params} and no master copy: a gradient is "
+                f"kept in its parameter's format ({params}) where no master copy is stepped "
+                "(autograd accumulates into it, FSDP casts the reduced shard back to it); "
+                f"write grads: {params}, and grad_reduce: {grads} to reduce them in {grads}",
+            )
+        elif tree.get("optimizer_kernel") == "foreach" and not same:
             self.error(
                 "$.precision.optimizer_kernel",
                 f"PyTorch's foreach optimizers step each tensor with a gradient in its own "
