@@ -1290,3 +1290,29 @@ def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> 
         c.key for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
     ]
     assert "device.flops.bf16" in keys and "device.flops" not in keys
+
+
+def test_the_markdown_note_on_changed_algorithms_escapes_their_names(tmp_path: Path) -> None:
+    """The note naming the collectives B runs with another algorithm carries the plan's
+    transition names, which went out as written (an audit: "<bos> logits *fp32* gather"
+    lost "<bos>" as an HTML tag and turned "fp32" italic); escaped as the report's tables
+    escape them."""
+    edits = (
+        "recompute: none",
+        "recompute: none\ntransitions:\n  - {name: '<bos> logits *fp32* gather', "
+        "phase: loss, tensor: {shape: [2048, 50304], dtype: bf16}, group: dp, "
+        "from: shard(0), to: replicate}",
+    )
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    a = variant(tmp_path, "a.yaml", edits, base=base)
+    b = variant(
+        tmp_path,
+        "b.yaml",
+        edits,
+        ("\ntransitions:", "\ncollectives: {all-gather: bruck}\ntransitions:"),
+        base=base,
+    )
+    code, out, _ = _diff(a, b, "-f", "markdown")
+    assert code == 0
+    (note,) = [line for line in out.splitlines() if line.startswith("> B runs")]
+    assert "\\<bos\\> logits \\*fp32\\* gather in loss (ring → bruck)" in note

@@ -513,3 +513,29 @@ def test_every_expert_group_sits_as_rank_0s_wherever_a_plan_is_accepted() -> Non
     check()
     # derandomized: 53 accepted and 84 refused of the 400
     assert seen["accepted"] >= 30 and seen["refused"] >= 40, seen
+
+
+def test_a_level_name_is_kept_apart_from_the_levels_a_collective_spans(tmp_path: Path) -> None:
+    """Reports join the levels a collective spans with " + " (``nvlink + roce``), and the
+    links table finds each level's groups by splitting on it: a level named "nvlink +
+    nvswitch" read as two levels there, and its table said no collective used it (an
+    audit). The name is refused where it is written. A level name in the markdown's note
+    on shared links is escaped as the tables escape it ("<roce>" went out as an HTML tag)."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-405b-128k.yaml"
+    runner = CliRunner()
+    joined = variant(tmp_path, "joined.yaml", ("name: roce,", "name: roce + spine,"), base=base)
+    result = runner.invoke(app, route([str(joined)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"{joined}:75:14: error: $.topology.levels[1].name: 'roce + spine' is not a name" in (
+        result.stderr
+    )
+    assert "without ' + '" in result.stderr
+    angled = variant(tmp_path, "angled.yaml", ("name: roce,", "name: '<roce>',"), base=base)
+    markdown = runner.invoke(app, route([str(angled), "-f", "markdown"])).stdout
+    (note,) = [line for line in markdown.splitlines() if line.startswith("Each collective is")]
+    assert "on \\<roce\\>)" in note and "<roce>" not in note.replace("\\<roce\\>", "")

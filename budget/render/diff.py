@@ -594,7 +594,9 @@ def diff_markdown(a: Report, b: Report, diff: PlanDiff) -> str:
     lines += [_md([_summary_label(diff, d.metric), *_md_cells(d)]) for d in diff.summary]
     lines.append("")
     if diff.note:
-        lines += [f"> {diff.note}.", ""]
+        # its collectives' names are the plan's, escaped as the report's tables escape them
+        # (an audit: a transition named "<bos> logits *fp32*" lost a word and turned italic)
+        lines += [f"> {plain(diff.note)}.", ""]
     for title, first, rows in (
         ("Memory per rank of each pipeline stage, at its peak", "stage", diff.stages),
         (_phases_title(a, b), "phase", diff.phases),

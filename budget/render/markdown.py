@@ -283,7 +283,8 @@ def render_markdown(report: Report) -> str:
     if ramped:
         lines += [ramp_note(report) + ".", ""]
     if shared := shared_levels(report):
-        lines += [shared_note(shared) + ".", ""]
+        # its level names are the plan's (an audit: "<roce>" went out as an HTML tag)
+        lines += [plain(shared_note(shared)) + ".", ""]
     if not timed:
         lines.append(
             "Times are not computed: the device section has no peak FLOP/s or memory bandwidth."
