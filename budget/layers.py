@@ -1079,6 +1079,7 @@ def residual_placement(plan: Plan) -> str:
 QKV_OUTPUTS = ("attention Q", "attention K", "attention V")  # the QKV projection's outputs
 # under selective recompute, the QKV projection's output V's view keeps (`_qkv_held_by_v`)
 QKV_HELD_BY_V = "attention QKV output, held by V (a view of it)"
+ATTENTION_NORM_INPUT = "attention norm input"  # the layer's input, under pre-norm
 MLA_LATENTS = "attention latents (MLA)"  # latent attention's down-projections' outputs
 
 
@@ -1112,7 +1113,7 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     )
     gemm_in = saved_gemm_input(plan, s)
     out = [
-        Alloc("attention norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
+        Alloc(ATTENTION_NORM_INPUT, "activations", a * s.tokens_sp * s.hidden, placement=res),
         Alloc(
             "attention QKV input", "activations", gemm_in * s.tokens_sp * s.hidden, placement=res
         ),

@@ -32,6 +32,7 @@ from budget import flops
 from budget.errors import BudgetError
 from budget.flops import Work, te_fp8
 from budget.layers import (
+    ATTENTION_NORM_INPUT,
     FC2_INPUT,
     LATE,
     MLA_LATENTS,
@@ -850,6 +851,15 @@ def _regathered_input(plan: Plan, s: Shapes) -> Alloc:
 def _working(allocs: list[Alloc], suffix: str = "working, not saved") -> list[Alloc]:
     """Tensors computed but not kept (full recompute's forward, recompute in backward)."""
     return [replace(a, name=f"{a.name} ({suffix})", category="transient") for a in allocs]
+
+
+def _recomputed(saved: list[Alloc]) -> list[Alloc]:
+    """What full recompute's forward, run again in the backward, saves for the layer's
+    backward (`_working`), but for the attention norm's input: that is the layer's input,
+    which Megatron-LM's ``CheckpointFunction.backward`` hands the forward detached from the
+    checkpoint (``detach_variable``, sharing its storage), so the norm saves the checkpoint
+    itself (an audit: it was counted beside it, 2sbh more at GPT-3's peak)."""
+    return _working([a for a in saved if a.name != ATTENTION_NORM_INPUT], "recomputed")
 
 
 def _either(saved: list[Alloc], full: Any) -> list[Alloc]:
@@ -2931,7 +2941,7 @@ def _backward(b: _StageBuilder) -> None:
         )
 
     if b.has_moe:
-        recomputed = when(_working(blocks["attention"] + blocks["moe"], "recomputed"), full)
+        recomputed = when(_recomputed(blocks["attention"] + blocks["moe"]), full)
         held = [*saved, *recomputed]
         moe_bucket = bucket("moe", ["attention"])
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
@@ -2951,7 +2961,7 @@ def _backward(b: _StageBuilder) -> None:
             b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )
     if b.has_dense:
-        recomputed = when(_working(blocks["attention"] + blocks["mlp"], "recomputed"), full)
+        recomputed = when(_recomputed(blocks["attention"] + blocks["mlp"]), full)
         ffn_grad = Alloc(
             "fc2 input gradient", "transient", s.act * s.tokens * s.ffn_cols, placement=col
         )
@@ -3022,7 +3032,7 @@ def _backward(b: _StageBuilder) -> None:
             + flops.bias_gradients(plan, s, "mlp")
             + _accumulate(b, "mlp"),
         )
-    recomputed = when(_working(blocks["attention"], "recomputed"), full)
+    recomputed = when(_recomputed(blocks["attention"]), full)
     recomputed += eager_scores(plan, s, "attention scores gradient")
     # selective recompute runs the core's forward again with grad on, whatever its kernel:
     # what it saves is alive until the core's backward (an audit: a fused kernel's
