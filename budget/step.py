@@ -2438,7 +2438,7 @@ def _zero3_transients(
     for name in after:  # what the prefetch gathers and what the overlapped reduction holds
         ahead = vmax(ahead, gathered(name))
         behind = vmax(behind, gathered(name, _unsharded_gradient_bytes(plan, True)))
-    prefetched = Alloc(f"gathered parameters (prefetched {' or '.join(after)})", "transient", ahead)
+    prefetched = Alloc(f"{PREFETCHED} {' or '.join(after)})", "transient", ahead)
     reducing = Alloc(  # under DeepSpeed, in its buffer already
         f"gradients of the previous {' or '.join(after)} block (reduce-scattering)",
         "transient",
@@ -2452,6 +2452,9 @@ def _zero3_transients(
         *when([reducing], backward and block == "attention" and plan.overlap.dp_grads),
     ]
     return when(allocs, (plan.parallel.zero == 3) & (n > 0))
+
+
+PREFETCHED = "gathered parameters (prefetched"  # ZeRO-3's next unit, gathered ahead
 
 
 def _unit_transients(
@@ -2475,7 +2478,7 @@ def _unit_transients(
     allocs = [
         *when([Alloc("gathered parameters (this layer)", "transient", n)], resharded),
         *when(
-            [Alloc("gathered parameters (prefetched layer)", "transient", n)],
+            [Alloc(f"{PREFETCHED} layer)", "transient", n)],
             resharded and plan.overlap.param_gather,
         ),
         *when(
@@ -2524,6 +2527,13 @@ def _forward(b: _StageBuilder) -> None:
         work = flops.embedding_work(plan, s) + _root_copies(b, "embedding forward")
         b.add("forward.embedding", m, moves, [], work)
 
+    def last(instants: list[Instant], block: str) -> list[Instant]:
+        """The instants are the stage's last layer's: ahead of its last unit (the layer, or
+        under block units its feed-forward block) ZeRO-3 gathers the head's."""
+        if not b.last or (block == "attention" and plan.parallel.fsdp_unit != "layer"):
+            return instants
+        return _root_prefetched(b, instants, "head")
+
     gathered = when([_gathered_input(plan, s)], sp)
     z3 = _zero3_transients(plan, b.layer, "attention", b.ffn_blocks)
     # an all-gathered cp's K/V reordered before the core has made anything (`_cp_reorder`):
@@ -2541,25 +2551,32 @@ def _forward(b: _StageBuilder) -> None:
         attention_tp_moves(plan, s, False)
         + _cp_moves(plan, s, False)
         + _zero3_moves(plan, b.layer, "attention", False, ffn=b.ffn),
-        [
-            Instant(
-                "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
-                tuple(base + checkpoint + first_two + qkv_out + gathered + z3),
-            ),
-            *reordered,
-            Instant(
-                "after attention",
-                tuple(base + checkpoint + after + core + _cp_buffers(plan, s) + z3),
-            ),
-            # the row-parallel output projection's output, whole on each rank before its
-            # reduce-scatter (all-reduce), as the MLP's fc2 output is
-            Instant(
-                "output projection reduction",
-                tuple(
-                    base + checkpoint + attn + _before_reduction(plan, s, "attention output") + z3
+        last(
+            [
+                Instant(
+                    "QKV projection" if plan.model.mla is None else flops.UP_PROJECTIONS,
+                    tuple(base + checkpoint + first_two + qkv_out + gathered + z3),
                 ),
-            ),
-        ],
+                *reordered,
+                Instant(
+                    "after attention",
+                    tuple(base + checkpoint + after + core + _cp_buffers(plan, s) + z3),
+                ),
+                # the row-parallel output projection's output, whole on each rank before its
+                # reduce-scatter (all-reduce), as the MLP's fc2 output is
+                Instant(
+                    "output projection reduction",
+                    tuple(
+                        base
+                        + checkpoint
+                        + attn
+                        + _before_reduction(plan, s, "attention output")
+                        + z3
+                    ),
+                ),
+            ],
+            "attention",
+        ),
         b.layer.kernels.forward("attention", s)
         + _gather_copies(plan, b.layer, "attention", ffn=b.ffn),
     )
@@ -2579,23 +2596,26 @@ def _forward(b: _StageBuilder) -> None:
             b.dense * m,
             _tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")
             + _zero3_moves(plan, b.layer, "mlp", False),
-            [
-                Instant(
-                    "fc1",
-                    tuple(
-                        base
-                        + checkpoint
-                        + kept
-                        + _either(blocks["mlp"][:3], full)  # and the fc1 output it writes
-                        + when([_gathered(plan, s, "MLP input (all-gathered)")], sp)
-                        + z3
+            last(
+                [
+                    Instant(
+                        "fc1",
+                        tuple(
+                            base
+                            + checkpoint
+                            + kept
+                            + _either(blocks["mlp"][:3], full)  # and the fc1 output it writes
+                            + when([_gathered(plan, s, "MLP input (all-gathered)")], sp)
+                            + z3
+                        ),
                     ),
-                ),
-                *_squared_relu(plan, s, base + checkpoint + kept + mlp + z3),
-                Instant(
-                    "fc2 output reduction", tuple(base + checkpoint + kept + fc2 + partial + z3)
-                ),
-            ],
+                    *_squared_relu(plan, s, base + checkpoint + kept + mlp + z3),
+                    Instant(
+                        "fc2 output reduction", tuple(base + checkpoint + kept + fc2 + partial + z3)
+                    ),
+                ],
+                "mlp",
+            ),
             b.layer.kernels.forward("mlp", s) + _gather_copies(plan, b.layer, "mlp"),
         )
     if b.has_moe:
@@ -2611,16 +2631,19 @@ def _forward(b: _StageBuilder) -> None:
             _ep_moves(plan, s, False)
             + _shared_expert_moves(plan, s, False)
             + _zero3_moves(plan, b.layer, "moe", False),
-            [
-                Instant(
-                    "expert computation",
-                    tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
-                ),
-                *(
-                    Instant(label, tuple(base + checkpoint + kept + moe + buffers + held))
-                    for label, held in _combined(plan, s, gathered_moe)
-                ),
-            ],
+            last(
+                [
+                    Instant(
+                        "expert computation",
+                        tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
+                    ),
+                    *(
+                        Instant(label, tuple(base + checkpoint + kept + moe + buffers + held))
+                        for label, held in _combined(plan, s, gathered_moe)
+                    ),
+                ],
+                "moe",
+            ),
             b.layer.kernels.forward("moe", s) + _gather_copies(plan, b.layer, "moe"),
         )
     if b.last:
@@ -3671,13 +3694,46 @@ def _first_layer(b: _StageBuilder, instants: list[Instant], block: str) -> list[
         return shards(_swapped(kept, swap))
 
     on, reducing = _reducing_above(b, block)
-    return [
+    firsts = [
         Instant(
             f"{i.label}, the stage's first layer",
             tuple(when(first(i.live) + when([reducing], on), early)),
         )
         for i in instants
     ]
+    # below the first layer (its attention, under block units) is the embedding's unit
+    if b.plan.parallel.fsdp_unit == "layer" or block == "attention":
+        return _root_prefetched(b, firsts, "embedding")
+    return firsts
+
+
+def _root_prefetched(b: _StageBuilder, instants: list[Instant], unit: str) -> list[Instant]:
+    """`instants` of a stage's boundary layer, the last in its forward (`unit` "head") or
+    the first in its backward ("embedding"), where the unit ZeRO-3 gathers ahead of the
+    layer is outside the layers, not another layer (an audit: a layer's parameters were
+    counted there, Llama 3 8B's first layer's backward 0.61 GB under): under a split root
+    (`Parallel.fsdp_root`) that unit's, the head gathered behind the last layer's forward
+    (`_zero3_root_moves`) and the embedding behind the first layer's backward (FSDP2's
+    ``FSDPParamGroup._backward_prefetch`` gathers the unit before it in the forward's
+    order); under a whole root none, the root gathered already and held through the
+    micro-batch (`_root_held`). With the layers kept gathered from their forward
+    (`Parallel.reshard_after_forward` off, `_kept_gathered`) nothing is prefetched but the
+    head, gathered behind the last layer's forward all the same (the embedding is kept
+    from its forward, `_root_held`)."""
+    plan = b.plan
+    par = plan.parallel
+    if not plan.overlap.param_gather or every(lacks(par.zero == 3)):
+        return instants
+    split = par.fsdp_root == "split"
+    n = _outside_params(b, unit) * DTYPE_BYTES[plan.precision.param_gather]
+    gathered = Alloc(f"gathered {unit} parameters (prefetched, an FSDP unit)", "transient", n)
+    out = []
+    for i in instants:
+        live = [a for a in i.live if not a.name.startswith(PREFETCHED)]
+        ahead = len(live) < len(i.live) or (unit == "head" and not par.reshard_after_forward)
+        held = (par.zero == 3) & (par.zero_ranks > 1) & (n > 0)
+        out.append(Instant(i.label, tuple(live + when([gathered], held & (split and ahead)))))
+    return out
 
 
 def _swapped(live: Iterable[Alloc], swap: dict[int, Alloc | None]) -> list[Alloc]:

@@ -670,14 +670,19 @@ def test_a_whole_layer_unit_holds_the_layer_the_next_and_the_one_above_reducing(
     them once the reduce-scatter is done, in the MLP's backward, so the attention's holds
     none (a review: 1.2 GiB high there on Llama 3 8B); FSDP2 keeps its reduce-scatter's
     input until the next unit's post-backward. At the stage's last layer the one above is
-    the head, held already: no instant of it holds them."""
+    the head, held already: no instant of it holds them. The forward's instants are the
+    stage's last layer's and the backward's "first layer" ones its first's: beside them the
+    unit gathered ahead is the root's, which under FullyShardedDataParallel's whole root is
+    gathered already (an audit: a layer was counted there)."""
     plan = _plan(tmp_path, {"fsdp_unit": "layer", "fsdp": fsdp})
     lowered = {"backward.mlp", "backward.attention"} if fsdp == 2 else {"backward.mlp"}
     for name in ("forward.attention", "forward.mlp", "backward.mlp", "backward.attention"):
         for instant in _phase(plan, name).instants:
             sizes = {a.name: a.total for a in instant.live}
             assert sizes["gathered parameters (this layer)"] == 2 * LAYER
-            assert sizes["gathered parameters (prefetched layer)"] == 2 * LAYER
+            edge = name.startswith("forward") or _layers_done(instant.label, 40) == 39
+            ahead = sizes.get("gathered parameters (prefetched layer)")
+            assert ahead == (None if edge else 2 * LAYER), instant.label
             made = {"backward.mlp": 2 * MLP, "backward.attention": 2 * LAYER}.get(name)
             assert sizes.get("gradients before reduce-scatter") == made
             above = "gradients of the layer above (reduce-scattering)"
@@ -1070,3 +1075,45 @@ def test_a_split_root_is_refused_under_fully_sharded_data_parallel(tmp_path: Pat
         encoding="utf-8",
     )
     assert load_plan(path).parallel.fsdp == 1
+
+
+@pytest.mark.parametrize("unit", ["layer", "block"])
+def test_the_root_units_are_what_the_boundary_layers_gather_ahead(
+    tmp_path: Path, unit: str
+) -> None:
+    """Under a split root (torchtitan's fully_shard on tok_embeddings and on [norm, output])
+    the unit gathered ahead of the stage's last layer is the head, behind its forward, and
+    of its first layer the embedding, behind its backward (FSDP2's _backward_prefetch
+    gathers the unit before it in the forward's order); another layer was counted there (an
+    audit: Llama 3 8B's first layer's backward 614,449,152 B under, 1,050,673,152 B of the
+    embedding where a layer is 436,224,000). Llama 3 8B over 8 GPUs in bf16: the embedding
+    128,256 x 4,096 x 2 B and the head that and its final norm's 4,096 x 2 B. Under block
+    units, the attention's forward still gathers its own layer's MLP ahead."""
+    from tests.plan_files import ROOT, variant
+
+    edits = [] if unit == "layer" else [("  fsdp_unit: layer\n", "  fsdp_unit: block\n")]
+    plan = load_plan(
+        variant(tmp_path, "p.yaml", *edits, base=ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    )
+    assert plan.parallel.fsdp_root == "split"
+    embedding, head = 128256 * 4096 * 2, (128256 * 4096 + 4096) * 2
+    assert (embedding, head) == (1_050_673_152, 1_050_681_344)
+    prefix = "gathered parameters (prefetched"
+    for name in ("forward.attention", "forward.mlp"):
+        for instant in _phase(plan, name).instants:
+            sizes = {a.name: a.total for a in instant.live}
+            heads = sizes.get("gathered head parameters (prefetched, an FSDP unit)")
+            if name == "forward.attention" and unit == "block":
+                assert heads is None and sizes[f"{prefix} mlp)"] > 0
+            else:
+                assert heads == head and not [n for n in sizes if n.startswith(prefix)]
+    firsts = 0
+    for name in ("backward.mlp", "backward.attention"):
+        for instant in _phase(plan, name).instants:
+            sizes = {a.name: a.total for a in instant.live}
+            got = sizes.get("gathered embedding parameters (prefetched, an FSDP unit)")
+            first = instant.label.endswith(", the stage's first layer")
+            below = first and (unit == "layer" or name == "backward.attention")
+            firsts += below
+            assert got == (embedding if below else None), (name, instant.label)
+    assert firsts > 0
