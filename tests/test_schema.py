@@ -581,6 +581,37 @@ def test_a_section_missing_a_key_a_preset_would_fill_says_so(
 @pytest.mark.parametrize(
     ("written", "meant"),
     [
+        ("num_attention_heads", "heads"),  # it had said 'attention_sinks', a flag
+        ("ffn_hidden", "ffn"),  # it had said 'hidden', set already
+        ("ffn_hidden_size", "ffn"),  # it had offered nothing
+        ("intermediate_size", "ffn"),
+        ("num_hidden_layers", "layers"),
+        ("num_key_value_heads", "kv_heads"),
+        ("n_heads", "heads"),  # MPT's yamls
+        ("max_position_embeddings", "max_positions"),
+    ],
+)
+def test_another_tools_name_for_a_model_size_is_told_budgets(written: str, meant: str) -> None:
+    """An audit: Hugging Face's and Megatron-LM's names for the model's sizes were offered
+    the nearest spelling, another key (num_attention_heads → attention_sinks, a flag;
+    ffn_hidden → hidden, set two lines above), or nothing."""
+    text = MINIMAL.replace("vocab: 100}", f"vocab: 100, {written}: 8}}")
+    (found,) = [e for e in errors(text) if f"'{written}'" in e]
+    assert found.endswith(f"(did you mean '{meant}'?)"), found
+
+
+def test_a_key_or_value_in_another_case_is_offered_budgets() -> None:
+    """An audit: 'TP' was listed the parallel keys and 'GeGLU' offered nothing, difflib
+    scoring them under its cutoff against 'tp' and 'geglu'."""
+    (key,) = errors(MINIMAL + "parallel: {TP: 1}\n")
+    assert key.endswith("unknown key 'TP' (did you mean 'tp'?)"), key
+    (value,) = errors(MINIMAL.replace("vocab: 100}", "vocab: 100, mlp: GeGLU}"))
+    assert value.endswith("(did you mean 'geglu'?)"), value
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
         ("tensor_parallel", "tp"),  # it had said 'sequence_parallel', a boolean
         ("pipeline_model_parallel_size", "pp"),
         ("data_parallel", "dp"),

@@ -166,7 +166,14 @@ def _close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -
     against any choice: similarity is 2·M / (len(a) + len(b)) with M ≤ len(b), so it needs
     len(a) ≤ (2 / cutoff − 1)·len(b). A 6 MiB string in an enum field spent 2-4 s and
     330 MB comparing itself with each option (an audit)."""
-    if not choices or len(word) > (2 / cutoff - 1) * max(len(c) for c in choices):
+    if not choices:
+        return []
+    # a choice that differs in case alone first: difflib scores 'TP' against 'tp' at 0 and
+    # 'GeGLU' below 'geglu''s cutoff (an audit: neither offered)
+    folded = [c for c in choices if c.lower() == word.lower()]
+    if folded:
+        return folded[:n]
+    if len(word) > (2 / cutoff - 1) * max(len(c) for c in choices):
         return []
     return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
 
@@ -185,6 +192,21 @@ _SYNONYMS = {
     **dict.fromkeys(("data_parallel", "data_parallel_size", "dp_size"), "dp"),
     **dict.fromkeys(("context_parallel", "context_parallel_size", "cp_size"), "cp"),
     **dict.fromkeys(("expert_parallel", "expert_model_parallel_size", "ep_size"), "ep"),
+    # the model's sizes as Hugging Face's configs, Megatron-LM's arguments and MPT's yamls
+    # name them (an audit: num_attention_heads was offered attention_sinks, a flag, and
+    # ffn_hidden the hidden key set two lines above)
+    **dict.fromkeys(("num_attention_heads", "num_heads", "n_heads", "n_head"), "heads"),
+    **dict.fromkeys(
+        ("num_key_value_heads", "num_query_groups", "num_kv_heads", "n_kv_heads"), "kv_heads"
+    ),
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layers", "n_layer"), "layers"),
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd"), "hidden"),
+    **dict.fromkeys(
+        ("intermediate_size", "ffn_hidden_size", "ffn_hidden", "ffn_dim", "d_ff"), "ffn"
+    ),
+    **dict.fromkeys(("vocab_size", "padded_vocab_size"), "vocab"),
+    "max_position_embeddings": "max_positions",
+    "tie_word_embeddings": "tied_embeddings",
     # a batch's are named by mode (seq or prompt and generate; micro and global or
     # sequences), which the schema's key list does not know: no guess, the list instead (a
     # review: a decode plan was told 'seq', which it refuses)
