@@ -260,6 +260,11 @@ def parse_level(text: str, index: int = 0, count: int = 1) -> tuple[int, Level]:
     if units is None or bandwidth is None or latency is None:
         raise UsageErrors(errors)
     name = parts[3].strip() if len(parts) == 4 and parts[3].strip() else f"level {index + 1}"
+    if " + " in name:  # as a plan's level name (the schema): reports join levels with it
+        raise ValueError(
+            f"{where}: NAME {name!r} contains ' + ', which reports put between the levels a "
+            "collective spans"
+        )
     return units, Level(name, bandwidth, latency)
 
 

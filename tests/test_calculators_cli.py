@@ -309,6 +309,12 @@ def test_two_levels_of_one_name_are_refused() -> None:
     )
     unnamed = ["collective", "all-reduce", "--level", "8:450GB/s:1us", "--level", "4:50GB/s:5us"]
     assert _json([*unnamed, "--size", "1GiB"])["ranks"] == 32  # "level 1", "level 2"
+    # nor one that reads as two: reports join the levels a collective spans with " + "
+    joined = ["collective", "all-reduce", "--level", "8:450GB/s:1us:nv + sw", *levels[2:]]
+    assert _error([*joined, "--size", "1GiB"]) == (
+        "budget: error: --level '8:450GB/s:1us:nv + sw': NAME 'nv + sw' contains ' + ', which "
+        "reports put between the levels a collective spans"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
@@ -337,6 +343,24 @@ def test_auto_says_what_it_chose_and_why() -> None:
     assert times["double-tree"] * 1e6 == pytest.approx(5869.553, abs=5e-4)
     table = runner.invoke(app, route(["collective", "all-reduce", *FOUR_NODES, "-f", "json"]))
     assert "candidates" not in json.loads(table.stdout)
+
+
+def test_auto_lists_its_candidates_in_one_unit_right_aligned() -> None:
+    """The candidates' times were left-aligned in the unit each took on its own, so that
+    "40,345.318 µs" above "171.879 ms" read as the larger (an audit): one column in the
+    fastest's unit, right-aligned."""
+    levels = ["--level", "8:450GB/s:3us", "--level", "2:50GB/s:10us"]
+    args = ["collective", "all-reduce", "--ranks", "16", "--size", "1GiB", *levels]
+    data = _json([*args, "--algorithm", "auto"])
+    times = {c["algorithm"]: c["time_s"] for c in data["candidates"]}
+    out = runner.invoke(app, route([*args, "--algorithm", "auto"]), env={"COLUMNS": "80"}).stdout
+    rows = out.split("auto: candidates")[1].split("\n\n")[1].splitlines()[2:]
+    assert [row.split()[0] for row in rows] == list(times)
+    shown = {row.split()[0]: row.rstrip() for row in rows}
+    for name, seconds in times.items():
+        assert shown[name].endswith(f"{seconds * 1e6:,.3f} µs"), shown[name]
+    assert len({len(row) for row in shown.values()}) == 1  # the figures' last digits aligned
+    assert "chosen" in shown[data["algorithm"]]
 
 
 def test_acceptance_4_roofline() -> None:

@@ -138,11 +138,14 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         )
         sections.append((title, headers, stages))
     if cost.candidates:
+        # one unit, the fastest's, right-aligned (an audit: "40,345.318 µs" above "171.879 ms"
+        # read as the larger, left-aligned in two units)
+        times = [time for _, time in cost.candidates]
         rows: Rows = [
-            (name, _time(time), "chosen" if name == cost.algorithm else "")
+            (name, "chosen" if name == cost.algorithm else "", _time(time, min(times)))
             for name, time in cost.candidates
         ]
-        sections.append(("auto: candidates", ("algorithm", "time", ""), rows))
+        sections.append(("auto: candidates", ("algorithm", "", "time"), rows))
     _sections(console, sections, fmt, _UNITS_NOTE + _padded(cost))
 
 
@@ -397,11 +400,13 @@ def _bytes(n: int) -> str:
     return human if abs(n) < 1024 else f"{human} ({n:,} B)"
 
 
-def _time(seconds: float) -> str:
-    """µs below 0.1 s, ms below 100 s, else s; three decimals: "2,094.831 µs"."""
-    if seconds < 0.1:
+def _time(seconds: float, scale: float | None = None) -> str:
+    """µs below 0.1 s, ms below 100 s, else s; three decimals: "2,094.831 µs". In the unit
+    `scale` would take, where given (a column of times in one unit)."""
+    unit = seconds if scale is None else scale
+    if unit < 0.1:
         return f"{seconds * 1e6:,.3f} µs"
-    if seconds < 100:
+    if unit < 100:
         return f"{seconds * 1e3:,.3f} ms"
     return f"{seconds:,.3f} s"
 
