@@ -6,7 +6,7 @@ Bytes are integers, times seconds. Renderers read these dataclasses and nothing 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,15 @@ RAMP_NOTE = (
 # the plateau (an audit: a report said every collective reached the shares shown, and
 # `budget collective` called an all-to-all's 100 % "measured")
 UNRAMPED_NOTE = "; {}, which no sweep measured, run{} at the plateau"
+# a level no sweep measured shows "–" for its shares (an audit: read as "not used")
+UNMEASURED_LEVEL_NOTE = "; – on {}, which no sweep measured: {} collectives run at the plateau"
 
 
-def ramp_note(report: Report) -> str:
-    """`RAMP_NOTE`, and `UNRAMPED_NOTE` naming the operations the ramps do not measure (an
-    all-to-all, a pipeline's send-recv) that run on a ramped level."""
+def ramp_note(report: Report, shown: Callable[[str], str] = str) -> str:
+    """`RAMP_NOTE`, `UNRAMPED_NOTE` naming the operations the ramps do not measure (an
+    all-to-all, a pipeline's send-recv) that run on a ramped level, and
+    `UNMEASURED_LEVEL_NOTE` the levels without a ramp, each name as `shown` writes it (the
+    markdown escapes the plan's names)."""
     ramped = {
         link["name"]: BandwidthRamp.from_json(link["ramp"])
         for link in report.links
@@ -42,10 +46,15 @@ def ramp_note(report: Report) -> str:
         for level in (c.link or "").split(" + ")
         if level in ramped and not ramped[level].measures(c.op)
     )
-    if not unmeasured:
-        return RAMP_NOTE
-    ops = " and ".join(unmeasured)
-    return RAMP_NOTE + UNRAMPED_NOTE.format(ops, "" if len(unmeasured) > 1 else "s")
+    note = RAMP_NOTE
+    if unmeasured:
+        ops = " and ".join(unmeasured)
+        note += UNRAMPED_NOTE.format(ops, "" if len(unmeasured) > 1 else "s")
+    flat = [link["name"] for link in report.links if not link.get("ramp")]
+    if flat:
+        its = "their" if len(flat) > 1 else "its"
+        note += UNMEASURED_LEVEL_NOTE.format(" and ".join(map(shown, flat)), its)
+    return note
 
 
 def ramp_shares(link: dict[str, Any]) -> str:

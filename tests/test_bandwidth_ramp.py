@@ -269,11 +269,16 @@ def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None
     dense = budget_plan(root / "gpt3-175b.yaml")
     from budget.report import RAMP_NOTE, ramp_note
 
-    # its expert all-to-all runs on NVLink, its pipeline sends do not
+    # its expert all-to-all runs on NVLink, its pipeline sends do not; InfiniBand has no
+    # ramp, which its "–" says (an audit: read as a level no collective used)
+    flat = "; – on infiniband, which no sweep measured: its collectives run at the plateau"
     assert (
-        ramp_note(moe) == f"{RAMP_NOTE}; all-to-all, which no sweep measured, runs at the plateau"
+        ramp_note(moe)
+        == f"{RAMP_NOTE}; all-to-all, which no sweep measured, runs at the plateau{flat}"
     )
-    assert ramp_note(dense) == RAMP_NOTE  # its stage sends cross InfiniBand, unramped
+    assert ramp_note(dense) == RAMP_NOTE + flat  # its stage sends cross InfiniBand, unramped
+    table = " ".join(runner.invoke(app, route([str(root / "gpt3-175b.yaml")])).stdout.split())
+    assert "infiniband 24 GB/s 14 µs – pp, dp" in table and flat.lstrip("; ") in table
 
 
 def test_a_pipeline_inside_a_node_is_not_said_to_run_an_all_to_all(tmp_path: Path) -> None:
@@ -290,4 +295,5 @@ def test_a_pipeline_inside_a_node_is_not_said_to_run_an_all_to_all(tmp_path: Pat
         base=Path(__file__).parents[1] / "plans" / "gpt-1.3b.yaml",
     )
     note = ramp_note(budget_plan(plan))
-    assert note == f"{RAMP_NOTE}; send-recv, which no sweep measured, runs at the plateau"
+    flat = "; – on infiniband, which no sweep measured: its collectives run at the plateau"
+    assert note == f"{RAMP_NOTE}; send-recv, which no sweep measured, runs at the plateau{flat}"

@@ -281,7 +281,7 @@ def render_markdown(report: Report) -> str:
         {1, 2, 3, 4},
     )
     if ramped:
-        lines += [ramp_note(report) + ".", ""]
+        lines += [ramp_note(report, plain) + ".", ""]
     if shared := shared_levels(report):
         # its level names are the plan's (an audit: "<roce>" went out as an HTML tag)
         lines += [plain(shared_note(shared)) + ".", ""]
