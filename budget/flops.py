@@ -387,7 +387,10 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
     # gradients back, the same bytes (an audit: Llama 3 70B's eager decode, 8 query heads a
     # K head, read 17.9 ms a token where the copies add about 16.5)
     grouped = (s.q_cols > s.k_cols) & (m.mla is None)
-    wide_k, wide_v = vwhere(grouped, keys * s.q_cols, k), vwhere(grouped, keys * s.out_cols, v)
+    # the copies in the activations' format, whatever the cache's (a review: an fp8 cache's
+    # copies had been timed at a byte an element, where the memory holds them at two)
+    wide = s.act * s.micro * s.seq_kv
+    wide_k, wide_v = vwhere(grouped, wide * s.q_cols, k), vwhere(grouped, wide * s.out_cols, v)
     repeat = replace(
         elementwise(KV_REPEATED, vwhere(grouped, k + v + wide_k + wide_v, 0)),
         launches=2,

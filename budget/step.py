@@ -2528,9 +2528,13 @@ def _forward(b: _StageBuilder) -> None:
         b.add("forward.embedding", m, moves, [], work)
 
     def last(instants: list[Instant], block: str) -> list[Instant]:
-        """The instants are the stage's last layer's: ahead of its last unit (the layer, or
-        under block units its feed-forward block) ZeRO-3 gathers the head's."""
+        """The instants are the stage's last layer's (a feed-forward block's where the last
+        layer has one of that kind: a stage mixing dense and MoE layers prices its dense
+        MLP at an earlier layer, a review): ahead of its last unit (the layer, or under
+        block units its feed-forward block) ZeRO-3 gathers the head's."""
         if not b.last or (block == "attention" and plan.parallel.fsdp_unit != "layer"):
+            return instants
+        if block != "attention" and (block == "moe") != bool(b.last_is_moe):
             return instants
         return _root_prefetched(b, instants, "head")
 

@@ -324,6 +324,21 @@ def test_eager_grouped_attention_copies_k_and_v_up_to_the_query_heads(tmp_path):
     device = eager.device
     streamed = repeat.bytes / (3.35e12 * device.memory_efficiency) + 2 * device.kernel_startup
     assert work_time(eager, repeat) == pytest.approx(streamed, rel=1e-9)
+    # an fp8 cache's K and V are read at a byte an element, their copies made in bf16 as
+    # the memory holds them (a review: the copies had been timed at a byte):
+    # 2 x 9,437,184 + 2 x 150,994,944 = 320,864,256 B, and QKᵀ reads the bf16 copy
+    fp8_cache = load_plan(
+        variant(
+            tmp_path,
+            "fp8.yaml",
+            ("attention: flash", "attention: eager"),
+            ("  activations: bf16\n", "  activations: bf16\n  kv_cache: fp8\n"),
+            base=base,
+        )
+    )
+    cached = {w.name: w for w in _phase_works(fp8_cache, "decode.attention")}
+    assert cached[flops.KV_REPEATED].bytes == 2 * (narrow // 2) + 2 * wide == 320_864_256
+    assert cached["attention scores QKᵀ"].bytes == q + wide + scores == 152_240_128
     # training: the backward sums the copies' gradients into K's and V's
     eight_b = ROOT / "plans" / "llama3-8b-fsdp.yaml"
     train = load_plan(

@@ -1117,3 +1117,31 @@ def test_the_root_units_are_what_the_boundary_layers_gather_ahead(
             firsts += below
             assert got == (embedding if below else None), (name, instant.label)
     assert firsts > 0
+
+
+def test_a_stage_mixing_dense_and_moe_layers_gathers_the_head_after_its_last_kind(
+    tmp_path: Path,
+) -> None:
+    """A review: DeepSeekMoE 16B's stage prices its dense MLP at its first layer and its MoE
+    block at its last, and the head's prefetch was charged beside both; beside the dense
+    MLP, ZeRO-3 gathers the next layer's attention block ahead (block units), and beside the
+    last layer's MoE block the head."""
+    from tests.plan_files import ROOT, variant
+
+    zero3 = (
+        "  zero: 1\n",
+        "  zero: 3\n  fsdp: 2\n  fsdp_unit: block\n  fsdp_root: split\n",
+    )
+    overlap = (
+        "recompute: selective\n",
+        "recompute: selective\noverlap: {dp_grads: true, param_gather: true}\n",
+    )
+    plan = load_plan(
+        variant(tmp_path, "ds.yaml", zero3, overlap, base=ROOT / "plans" / "deepseek-moe-16b.yaml")
+    )
+    head = "gathered head parameters (prefetched, an FSDP unit)"
+    for instant in _phase(plan, "forward.mlp").instants:
+        names = {a.name for a in instant.live}
+        assert "gathered parameters (prefetched attention)" in names and head not in names
+    for instant in _phase(plan, "forward.moe").instants:
+        assert head in {a.name for a in instant.live}
