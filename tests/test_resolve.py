@@ -826,3 +826,36 @@ def test_tf32_parameters_are_stored_fp32_and_are_their_own_master(tmp_path: Path
         (problem,) = caught.value.problems
         assert problem.path == "$.precision.master"
         assert f"master: {master} beside params: {params} is a second fp32 copy" in problem.message
+
+
+def test_the_triton_kernel_is_refused_what_it_cannot_run(tmp_path) -> None:
+    """llm-foundry's Triton FlashAttention takes Q, K, V, an additive bias and the causal
+    flag, and asserts a head dimension of at most 128 (``flash_attn_triton.py``): Gemma 2
+    9B on it was priced, "Fits, 5.72 s", with its window's saving (an audit). Each thing it
+    cannot run is named, at model.attention; MPT's own heads of 128 load."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    gemma = variant(
+        tmp_path,
+        "g.yaml",
+        ("attention: flash\n", "attention: triton\n"),
+        base=ROOT / "plans" / "gemma2-9b.yaml",
+    )
+    with pytest.raises(BudgetError) as raised:
+        load_plan(gemma)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.model.attention"
+    assert problem.message == (
+        "model.attention = triton (llm-foundry's Triton FlashAttention) cannot run head "
+        "dimension 256 (it takes 128 at most) or a sliding window (it has no window) or "
+        "soft-capped scores (it has no cap); use flash2, flash or eager"
+    )
+    llama = variant(
+        tmp_path,
+        "l.yaml",
+        ("  attention: flash\n", "  attention: triton\n"),
+        base=ROOT / "plans" / "llama3-70b.yaml",
+    )
+    assert load_plan(llama).model.attention == "triton"  # head dimension 128

@@ -2145,6 +2145,32 @@ class _Checks(_ModelChecks):
             )
 
 
+def _check_triton(r: _Resolver, model: Model) -> None:
+    """llm-foundry's Triton FlashAttention (``model.attention: triton``,
+    ``llmfoundry/models/layers/flash_attn_triton.py``) takes Q, K, V, an additive bias and
+    the causal flag: no window and no soft-cap (a cap is no additive bias), and it asserts a
+    head dimension of at most 128 in its forward and backward. A plan asking it for any of
+    these is refused (an audit: Gemma 2 9B on it was priced, "Fits, 5.72 s", with its
+    window's saving)."""
+    if model.attention != "triton":
+        return
+    wants = []
+    if max(model.head_dim, model.qk_head_dim) > 128:
+        wants.append(
+            f"head dimension {max(model.head_dim, model.qk_head_dim)} (it takes 128 at most)"
+        )
+    if model.window:
+        wants.append("a sliding window (it has no window)")
+    if model.attention_softcap:
+        wants.append("soft-capped scores (it has no cap)")
+    if wants:
+        r.error(
+            "$.model.attention",
+            "model.attention = triton (llm-foundry's Triton FlashAttention) cannot run "
+            f"{' or '.join(wants)}; use flash2, flash or eager",
+        )
+
+
 def _capped_attention(r: _Resolver, model: Model, device: Device) -> Device:
     """Soft-capped attention scores (``model.attention_softcap``, Gemma 2's) run on a kernel
     that can cap them: FlashAttention (2.6 and later, and FlashAttention-3) or eager, not
@@ -2324,6 +2350,8 @@ def resolve(
             f"peak to time its GEMMs with (it lists {', '.join(k for k, _ in device.flops)}); "
             f"use one of those or add device.flops.{precision.matmul}",
         )
+    if model is not None:
+        _check_triton(r, model)
     if model is not None and device is not None:
         _check_attention_kernel(r, model.attention, device)
         device = _capped_attention(r, model, device)
