@@ -389,3 +389,21 @@ def test_soft_capped_attention_runs_flash_attention_not_cudnn(tmp_path: Path) ->
     (problem,) = caught.value.problems
     assert problem.path == "$.model.attention"
     assert "cuDNN's fused attention cannot cap the scores" in problem.message
+
+
+def test_a_mixed_stage_keeps_every_launch_of_a_several_kernel_work(tmp_path: Path) -> None:
+    """Decoding past the window on a stage where half the layers slide, each attention work
+    is split in two parts, one for each kind of layer; each part had counted one launch
+    whatever the work's own (an audit: eager attention's soft-cap, 3 kernels, and its K/V
+    copies, 2, each charged one start-up a layer, Gemma 2's eager decode 0.21 s short).
+    Llama 3 70B's decode plan under eager attention, every other layer over 1,024 keys: the
+    copies' two parts stand for 2 x 0.5 launches each, 2 a layer, as without a window."""
+    layers = "[" + ", ".join(["true, false"] * 40) + "]"
+    decode = _plan(tmp_path, "llama3-70b-decode", f"{{size: 1024, layers: {layers}}}")
+    decode = replace(decode, model=replace(decode.model, attention="eager"))
+    s = shapes(decode, 1, 2560)
+    assert s.sliding == 0.5
+    works = flops.attention_core(decode, s)
+    copies = [w for w in works if w.name.startswith(flops.KV_REPEATED)]
+    assert [w.launches for w in copies] == [1.0, 1.0]  # 2 kernels x 0.5 of the layers each
+    assert sum(w.launches for w in works) == pytest.approx(2 + 1 + 1 + 1)  # copies, 3 works
