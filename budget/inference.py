@@ -52,6 +52,7 @@ from budget.layers import (
     layer_params,
     moe_layers,
     params_total,
+    score_elements,
     shapes,
     stage_classes,
     stage_layer_ids,
@@ -139,7 +140,7 @@ def _eager_keys(plan: Plan, s: Shapes) -> Any:
 def _eager_scores(plan: Plan, s: Shapes) -> Any:
     """Bytes of one pass's attention scores on a rank: its heads' query rows against the
     keys each meets (`_eager_keys`), in the activations' format."""
-    return s.act * s.micro * s.heads * (s.tokens // s.micro) * _eager_keys(plan, s)
+    return s.act * score_elements(s, _eager_keys(plan, s))
 
 
 def _eager_core(plan: Plan, s: Shapes) -> list[Alloc]:

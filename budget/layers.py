@@ -1197,7 +1197,7 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     kernel saves its output for its backward, which is also the output projection's input;
     under FP8 training the projection saves its own FP8 copy instead (`saved_gemm_input`),
     so the kernel's 16-bit output is a tensor of its own."""
-    score = _scores(s)
+    score = score_elements(s)
     if plan.model.attention != "eager":
         rows = s.heads * s.tokens
         saved = [Alloc("attention softmax statistics (fp32)", "activations", 4 * rows)]
@@ -1226,10 +1226,10 @@ def core_attention(plan: Plan, s: Shapes) -> list[Alloc]:
     return out
 
 
-def _scores(s: Shapes) -> Any:
+def score_elements(s: Shapes, keys: Any = None) -> Any:
     """Elements of one micro-batch's s x s attention scores on a rank: its heads' query rows
-    against the keys each meets."""
-    return s.micro * s.heads * (s.tokens // s.micro) * s.seq_kv
+    against the keys each meets (`keys`, where not the sequence's: a decoding window)."""
+    return s.micro * s.heads * (s.tokens // s.micro) * (s.seq_kv if keys is None else keys)
 
 
 # Megatron-LM's unfused attention's scores input buffer, kept for the run (`eager_scores`)
@@ -1246,7 +1246,7 @@ def eager_scores(plan: Plan, s: Shapes, name: str) -> list[Alloc]:
     (``GlobalMemoryBuffer.get_tensor``, megatron/core/utils.py)."""
     if plan.model.attention != "eager":
         return []
-    return [Alloc(name, "transient", s.act * _scores(s), placement="shard(heads) on tp")]
+    return [Alloc(name, "transient", s.act * score_elements(s), placement="shard(heads) on tp")]
 
 
 # Made after a block's row-parallel reduction, so absent from the block's own instants: its

@@ -1061,8 +1061,7 @@ def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:
     (`layers.eager_scores`), on a stage that runs attention."""
     # held, as a tensor made before a phase and kept through it is named, so that no phase
     # reads as adding it (the phases table's "largest it adds": every phase named it)
-    name = SCORES_BUFFER
-    return tuple(when(eager_scores(plan, s, name), layers > 0))
+    return tuple(when(eager_scores(plan, s, SCORES_BUFFER), layers > 0))
 
 
 def _stage_shapes(plan: Plan, s: Shapes, sliding: Any, layers: Any) -> Shapes:
@@ -2402,6 +2401,9 @@ def _reducing_above(b: _StageBuilder, block: str) -> tuple[Any, Alloc]:
     return on, Alloc(f"gradients of the {what} above (reduce-scattering)", "transient", n)
 
 
+PREFETCHED = "gathered parameters (prefetched"  # ZeRO-3's next unit, gathered ahead
+
+
 def _zero3_transients(
     plan: Plan, layer: _Layer, block: str, after: Sequence[str], backward: bool = False
 ) -> list[Alloc]:
@@ -2452,9 +2454,6 @@ def _zero3_transients(
         *when([reducing], backward and block == "attention" and plan.overlap.dp_grads),
     ]
     return when(allocs, (plan.parallel.zero == 3) & (n > 0))
-
-
-PREFETCHED = "gathered parameters (prefetched"  # ZeRO-3's next unit, gathered ahead
 
 
 def _unit_transients(
@@ -3728,15 +3727,17 @@ def _root_prefetched(b: _StageBuilder, instants: list[Instant], unit: str) -> li
     par = plan.parallel
     if not plan.overlap.param_gather or every(lacks(par.zero == 3)):
         return instants
-    split = par.fsdp_root == "split"
     n = _outside_params(b, unit) * DTYPE_BYTES[plan.precision.param_gather]
     gathered = Alloc(f"gathered {unit} parameters (prefetched, an FSDP unit)", "transient", n)
+    # under a split root, beside the instants whose layer had a unit gathered ahead
+    root = when([gathered], (par.zero == 3) & (par.zero_ranks > 1) & (n > 0))
+    root = root if par.fsdp_root == "split" else []
+    always = unit == "head" and not par.reshard_after_forward  # the head, gathered all the same
     out = []
     for i in instants:
         live = [a for a in i.live if not a.name.startswith(PREFETCHED)]
-        ahead = len(live) < len(i.live) or (unit == "head" and not par.reshard_after_forward)
-        held = (par.zero == 3) & (par.zero_ranks > 1) & (n > 0)
-        out.append(Instant(i.label, tuple(live + when([gathered], held & (split and ahead)))))
+        ahead = always or len(live) < len(i.live)
+        out.append(Instant(i.label, tuple(live + root if ahead else live)))
     return out
 
 

@@ -2155,10 +2155,9 @@ def _check_triton(r: _Resolver, model: Model) -> None:
     if model.attention != "triton":
         return
     wants = []
-    if max(model.head_dim, model.qk_head_dim) > 128:
-        wants.append(
-            f"head dimension {max(model.head_dim, model.qk_head_dim)} (it takes 128 at most)"
-        )
+    head_dim = max(model.head_dim, model.qk_head_dim)
+    if head_dim > 128:
+        wants.append(f"head dimension {head_dim} (it takes 128 at most)")
     if model.window:
         wants.append("a sliding window (it has no window)")
     if model.attention_softcap:
