@@ -153,12 +153,17 @@ class PlanDiff:
     mfu_formats: tuple[str, str] = ("bf16", "bf16")
     mfu_peaks: tuple[float, float] = (0.0, 0.0)  # those peaks, FLOP/s per GPU
     gpus: tuple[int, int] = (0, 0)  # each plan's world size (0: not said)
+    # whether each side's step time is computed (a device with no peak FLOP/s or bandwidth)
+    timed: tuple[bool, bool] = (True, True)
 
     @property
     def one_peak(self) -> bool:
         """Whether both sides' MFUs are shares of one peak: the same format's on devices of
         the same rate (an audit: an A100's 59.3 % read as better than an H100's 43.5 %, at
-        43 % of its tokens/s)."""
+        43 % of its tokens/s). A side whose step is not computed has no MFU to be a share of
+        anything, so there are no two peaks to warn of (an audit: "B's of 0 FLOP/s")."""
+        if not all(self.timed):
+            return True
         return self.mfu_formats[0] == self.mfu_formats[1] and self.mfu_peaks[0] == self.mfu_peaks[1]
 
     @property
@@ -176,6 +181,18 @@ class PlanDiff:
         tokens/s and MFU measure different things, and how stages were paired when the
         plans have different pipeline depths."""
         notes = []
+        untimed = [side for side, timed in zip("AB", self.timed, strict=True) if not timed]
+        if untimed:
+            whose, are, its = (
+                ("A's and B's step times", "are", "their")
+                if len(untimed) == 2
+                else (f"{untimed[0]}'s step time", "is", "its")
+            )
+            notes.append(
+                f"{whose} {are} not computed (the device section has no peak FLOP/s or memory "
+                f"bandwidth), so {its} times, tokens/s and MFU have no figure to compare; "
+                "memory and the bytes sent do"
+            )
         ma, mb = self.modes
         if ma != mb:
             notes.append(
@@ -724,6 +741,7 @@ def diff_reports(a: Report, b: Report, changes: tuple[Change, ...] = ()) -> Plan
         mfu_formats=(a.mfu_format, b.mfu_format),
         mfu_peaks=(a.mfu_peak, b.mfu_peak),
         gpus=(a.world_size, b.world_size),
+        timed=(a.step.get("time_s") is not None, b.step.get("time_s") is not None),
     )
 
 

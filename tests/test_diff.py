@@ -1292,6 +1292,31 @@ def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> 
     assert "device.flops.bf16" in keys and "device.flops" not in keys
 
 
+def test_a_side_with_no_step_time_is_said_so_not_given_a_zero_peak(tmp_path: Path) -> None:
+    """An audit: against a device with no rates the summary read "MFU (312 TFLOP/s → 0
+    FLOP/s peak)" and the note "B's of 0 FLOP/s: shares of different peaks ... tokens/s
+    does", where B has no MFU and no tokens/s (its step is not computed)."""
+    untimed = variant(
+        tmp_path,
+        "untimed.yaml",
+        (
+            "device: {preset: a100-80gb, reserved: 3 GiB}",
+            "device: {memory: 80 GiB, reserved: 3 GiB}",
+        ),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    code, out, err = _diff(ROOT / "plans" / "gpt-1.3b.yaml", untimed, width=200)
+    assert code == 0, err
+    assert "0 FLOP/s" not in out and "different peaks" not in out
+    assert re.search(r"^ MFU +70\.8% +– ", out, re.M), out
+    assert (
+        "B's step time is not computed (the device section has no peak FLOP/s or memory "
+        "bandwidth), so its times, tokens/s and MFU have no figure to compare" in out
+    )
+    _, _, diff = diff_files(untimed, untimed)
+    assert diff.note is not None and diff.note.startswith("A's and B's step times are not computed")
+
+
 def test_the_markdown_note_on_changed_algorithms_escapes_their_names(tmp_path: Path) -> None:
     """The note naming the collectives B runs with another algorithm carries the plan's
     transition names, which went out as written (an audit: "<bos> logits *fp32* gather"
