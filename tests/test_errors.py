@@ -289,10 +289,13 @@ def test_a_count_of_problems_past_the_first_two_hundred_says_where_reading_stopp
     result = runner.invoke(app, ["validate", str(plan)])
     lines = result.stderr.splitlines()
     assert result.exit_code == 2 and result.stdout == "" and len(lines) == 202
-    assert all(": error: $.model.a: duplicate key 'a'" in line for line in lines[:200])
+    # the key no model takes is said too, read before the cap stopped the reading (an audit:
+    # the problems before a cap went unsaid)
+    assert ": error: $.model.a: unknown key 'a' (expected one of: attention," in lines[0]
+    assert all(": error: $.model.a: duplicate key 'a'" in line for line in lines[1:200])
     # 20,000 values read: name and its value, model, then 9,998 keys and values and a key
     assert lines[200].endswith(
-        "…and 9,797 more problems before reading stopped (below), not shown (the first 200 above)"
+        "…and 9,798 more problems before reading stopped (below), not shown (the first 200 above)"
     )
     assert lines[201].endswith(": error: $.model: more than 20,000 values; a plan is small")
     broken = tmp_path / "broken.yaml"
@@ -306,3 +309,35 @@ def test_a_count_of_problems_past_the_first_two_hundred_says_where_reading_stopp
     assert problem_lines(one)[-1].endswith(
         "…and 3 more problems from here on, not shown (the first 200 above)"
     )
+
+
+@pytest.mark.parametrize("where", ["after the plan", "in its parallel section"])
+def test_a_cap_that_stops_the_reading_keeps_the_problems_read_before_it(
+    tmp_path: Path, where: str
+) -> None:
+    """A cap on the reading (a key of over 128 characters, nesting past 64 levels) ends it,
+    but the problems of what was read before it are said with it (an audit: a 129-character
+    key on line 48 hid a `layers: 0` on line 17 and a `tp: x` on line 40). The sections it
+    left unfinished or unread are held back, not told what they lack: the stop inside
+    `parallel` draws no "required" complaint from it, nor any from the device and topology
+    after it, and no rule reads them."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    if where == "after the plan":  # every section was read whole: its rules run
+        text = text.replace("  hidden: 2048\n", "  hidden: 2050\n") + "k" * 129 + ": 1\n"
+        first = "19:$.model.heads: model.hidden = 2050 is not divisible by model.heads = 16"
+        stop = "47:$['kkkkkkkkkkkkkkkkkkkkkkkkkkk...']: a key of 129 characters; a plan's"
+    else:
+        text = text.replace("  layers: 24\n", "  layers: 0\n")
+        text = text.replace("parallel:\n", "parallel:\n  zz: " + "[" * 70 + "\n")
+        first = "17:$.model.layers: 0 is less than the minimum of 1"
+        stop = "40:$.parallel.zz[0][0]"
+    plan = tmp_path / "p.yaml"
+    plan.write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    said = [f"{p.line}:{p.path}: {p.message}" for p in raised.value.problems]
+    assert said[0].startswith(first) and said[-1].startswith(stop), said
+    if where == "after the plan":
+        assert len(said) == 2
+    else:  # the unknown key was read whole; what the parallel section lacks is not said
+        assert said[1].startswith("40:$.parallel.zz: unknown key 'zz'") and len(said) == 3

@@ -376,6 +376,18 @@ def test_ten_thousand_deep_flow_nesting_is_refused_fast(opening: str) -> None:
     assert problems[0].endswith(f"nesting deeper than {MAX_DEPTH} levels")
 
 
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+def test_a_reader_error_and_deep_nesting_are_placed_on_yaml_s_lines(eol: str) -> None:
+    """A lone CR breaks a line for YAML, so the characters the reader refuses and the
+    bracket past the depth limit are placed on YAML's lines (an audit: a CR-only file's
+    control character put at 1:1010 for 14:10, its 65th bracket at 1:83 for 4:68)."""
+    head = eol.join(["a: 1", "b: 2", "c: 3", ""])
+    (control,) = messages(head + "name: gpt\x01x" + eol)
+    assert control.startswith("p.yaml:4:10: error: $: invalid YAML: the character"), control
+    (deep,) = messages(head + "x: " + "[" * 10_000 + eol)
+    assert deep == f"p.yaml:4:68: error: $.x: nesting deeper than {MAX_DEPTH} levels"
+
+
 def test_deep_block_nesting_is_refused_at_the_limit() -> None:
     text = "".join("  " * i + f"k{i}:\n" for i in range(200))
     problems = messages(text)

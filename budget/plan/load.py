@@ -16,7 +16,7 @@ from budget.errors import BudgetError, Problem
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve, wrong_batch_keys
 from budget.plan.schema import schema, validate_tree
-from budget.plan.yaml_load import SECOND_DOCUMENT, Marks, decode, load_yaml
+from budget.plan.yaml_load import SECOND_DOCUMENT, Loaded, Marks, decode, load_yaml
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
@@ -115,30 +115,43 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
     if text is None:
         raise BudgetError([problem] if problem is not None else [])
     loaded = load_yaml(text, file)
-    if loaded.tree is None:
+    tree = loaded.tree if loaded.tree is not None else loaded.partial
+    if tree is None:
         raise BudgetError(list(loaded.problems))
     # a batch key of the other mode is said not to apply, whatever its value: the loader's
     # and the schema's problems with it are moot (an audit: a decode plan's `micro: x` was
     # told it is not an integer, and only once it was one that it does not apply; a
     # review: likewise `micro: .inf`, a tag, an alias or the key twice)
-    moot = tuple(f"$.batch.{key}" for key in wrong_batch_keys(loaded.tree))
+    moot = tuple(f"$.batch.{key}" for key in wrong_batch_keys(tree))
 
     def kept(path: str) -> bool:
         return not any(path == m or path.startswith((m + ".", m + "[")) for m in moot)
 
-    schema_problems = validate_tree(loaded.tree, loaded.marks, file, loaded.refused)
+    schema_problems = validate_tree(tree, loaded.marks, file, loaded.refused, loaded.unfinished)
     problems = [p for p in [*loaded.problems, *schema_problems] if kept(p.path)]
     refused = sorted(path for path in loaded.refused if kept(path))
     if problems:  # the broken sections are not resolved: name their unknown presets too
         # a second document after the plan breaks none of its sections (a review: at "$"
-        # it read as the whole plan broken, and a bad tp beside it went unsaid)
-        broken = [p for p in problems if p.message != SECOND_DOCUMENT]
+        # it read as the whole plan broken, and a bad tp beside it went unsaid); where a cap
+        # stopped the reading, the sections it did not finish or reach are held back instead
+        # of the place it stopped at
+        broken = [p for p in problems if p.message != SECOND_DOCUMENT and not p.ends]
         seen = {p.path for p in broken}
-        more = preset_problems(loaded.tree, loaded.marks, file)
-        paths = [p.path for p in broken] + refused
-        more += semantic_problems(loaded.tree, loaded.marks, file, paths, seed)
+        more = preset_problems(tree, loaded.marks, file)
+        paths = [p.path for p in broken] + refused + _unread(loaded)
+        more += semantic_problems(tree, loaded.marks, file, paths, seed)
         raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
     return resolve(loaded.tree, loaded.marks, file, seed)
+
+
+def _unread(loaded: Loaded) -> list[str]:
+    """The sections a cap's stop left unfinished or unread (`Loaded.partial`), whose rules
+    wait for the file to be read whole: none where the file was."""
+    if loaded.partial is None:
+        return []
+    open_ = {path for path in loaded.unfinished if _SECTION.fullmatch(path)}
+    unread = set(schema()["properties"]) - set(loaded.partial) - {"mode"}
+    return sorted(open_ | {f"$.{section}" for section in unread})
 
 
 # a plan's top-level key in a problem's path: $.model.layers, $.model['<<'], $.topology[...]

@@ -42,18 +42,25 @@ def _validator() -> Any:
 
 
 def validate_tree(
-    tree: Any, marks: Marks, file: str, refused: frozenset[str] = frozenset()
+    tree: Any,
+    marks: Marks,
+    file: str,
+    refused: frozenset[str] = frozenset(),
+    unfinished: frozenset[str] = frozenset(),
 ) -> list[Problem]:
     """Every way `tree` breaks the schema, one `Problem` each, positioned by `marks`.
 
     `refused` are the paths where the loader refused a value and left None in its place
     (already a problem of their own): the schema's complaint about that None is not
-    repeated, but any other problem at the same path (an unknown key) still is."""
+    repeated, but any other problem at the same path (an unknown key) still is.
+    `unfinished` are the collections a cap stopped the reading in (`Loaded.partial`): what
+    they lack or how they match is not said, only the keys they hold that no plan takes."""
     problems: list[Problem] = []
     missing: dict[str, tuple[list[str], str]] = {}  # keys a preset would fill, by section
     for error in _validator().iter_errors(tree):
-        placeholder = error.instance is None and error.validator != "additionalProperties"
-        if placeholder and _path(error.absolute_path) in refused:
+        path = _path(error.absolute_path)
+        held = path in unfinished or (error.instance is None and path in refused)
+        if held and error.validator != "additionalProperties":
             continue
         hint = error.schema.get("x-missing") if isinstance(error.schema, dict) else None
         if error.validator == "required" and hint:

@@ -175,6 +175,10 @@ class Loaded:
     # paths whose value was refused and stands as None in the tree (a number too large or
     # not finite), so that the schema's complaint about that None is not said twice
     refused: frozenset[str] = frozenset()
+    # where a cap stopped the reading (`_Builder.stop`): what was read before it, and the
+    # paths of the collections still open there, which it left unfinished (`_Builder.read`)
+    partial: Any = None
+    unfinished: frozenset[str] = frozenset()
 
 
 def decode(data: bytes, file: str) -> tuple[str | None, Problem | None]:
@@ -262,6 +266,27 @@ class _Builder:
     @property
     def path(self) -> str:
         return self.stack[-1].path if self.stack else "$"
+
+    def read(self) -> Loaded:
+        """What a cap's stop (`stop`) leaves: the problems, and the mapping read before it,
+        each collection still open put in its place as far as it was read, so that the
+        problems of the values before the stop are said with it (an audit: a 129-character
+        key on line 48 hid a bad `layers` on line 17). The open collections' own paths come
+        with it: unfinished, they cannot be told what they lack."""
+        problems = tuple(self.problems)
+        root = self.stack[0] if self.stack else None
+        if root is None or root.refused or not isinstance(root.container, dict):
+            return Loaded(None, self.marks, problems)
+        for child, parent in zip(self.stack[:0:-1], self.stack[-2::-1], strict=True):
+            if child.refused or parent.discard:
+                continue
+            if isinstance(parent.container, list):
+                parent.container.append(child.container)
+            elif parent.key is not None and parent.key not in parent.container:
+                parent.container[parent.key] = child.container
+        unfinished = frozenset(frame.path for frame in self.stack)
+        refused = frozenset(self.refused)
+        return Loaded(None, self.marks, problems, refused, self.stack[0].container, unfinished)
 
     def run(self) -> None:
         loader = self.loader
@@ -592,7 +617,7 @@ def load_yaml(text: str, file: str) -> Loaded:
         builder.run()
     except _Stop:
         if not builder.second:
-            return Loaded(None, builder.marks, tuple(builder.problems))
+            return builder.read()
         # the plan before it is whole: checked on below, so that every problem of the file
         # is said at once (an audit: a bad layers and a bad tp went unsaid beside it)
     except yaml.MarkedYAMLError as error:
@@ -714,15 +739,15 @@ def _reader_position(error: yaml.YAMLError, text: str, in_bytes: bool) -> Positi
     """Where a character YAML does not allow is: libyaml (the C loader) gives its offset in
     the UTF-8 bytes it reads, PyYAML's own reader in characters (an audit: after a "×" in a
     comment, a control character on line 3 was put at 3:2, and after a header's "×" and
-    "—" at 29:3 for 28:8)."""
+    "—" at 29:3 for 28:8). Lines are YAML's, a lone CR a break too (an audit: a CR-only
+    file's control character on line 14 was put at 1:1010)."""
     position = getattr(error, "position", None)
     if not isinstance(position, int):
         return (1, 1)
     if in_bytes:
         position = len(text.encode("utf-8", "surrogatepass")[:position].decode("utf-8", "ignore"))
-    line = text.count("\n", 0, position) + 1
-    col = position - (text.rfind("\n", 0, position) + 1) + 1
-    return (line, col)
+    lines = _LINE_BREAK.split(text[:position])
+    return (len(lines), len(lines[-1]) + 1)
 
 
 def _reader_text(error: yaml.YAMLError) -> str:
@@ -821,10 +846,11 @@ def _too_deep(text: str, end: int) -> Position | None:
     libyaml stops scanning at its own limit (1,000 brackets on), which an audit read as
     the place to look ("1:1003" for the 65th bracket at column 66). Quoted text (its
     escapes too), comments and a bracket inside a plain word ("a[[") are skipped; None
-    when no bracket there goes so deep."""
+    when no bracket there goes so deep. A lone CR breaks a line as a LF does (an audit: a
+    CR-only file's 65th bracket was put at 1:83 for 4:68)."""
     depth, quote, line, start, comment, escaped, word = 0, "", 1, 0, False, False, False
     for at, char in enumerate(text[:end]):
-        if char == "\n":
+        if char == "\n" or (char == "\r" and text[at + 1 : at + 2] != "\n"):
             line, start, quote = line + 1, at + 1, quote if quote == '"' else ""
             comment = word = False
         elif comment:
@@ -841,7 +867,7 @@ def _too_deep(text: str, end: int) -> Position | None:
             comment = True
         elif char in " \t" or (char in ",:" and depth > 0):
             word = False  # in block context "a,[[" and "x:[[" are one plain word (a review)
-        elif char == ":" and text[at + 1 : at + 2] in (" ", "\t", "\n", ""):
+        elif char == ":" and text[at + 1 : at + 2] in (" ", "\t", "\n", "\r", ""):
             word = False
         elif word:  # "a[[": a plain word's brackets open nothing
             continue
