@@ -6,25 +6,27 @@ its dependencies allow is taken (DESIGN.md rule 6). Overlap only happens inside 
 the step derivation names (`step.Move.window`), and only when the plan's `overlap:` flag for
 it is on, or always for the overlaps Megatron-LM does by default:
 
-    exposed = max(floor · T, T − share · W)
+    exposed = max(floor · T, T − share · W / (1 − s))
 
-with W the window's compute time. A collective pipelined with its GEMM in c chunks
-(`Move.chunks`, `overlap.tp`'s reduce-scatter) runs as c collectives of 1/c of the size,
-each T_c = n·α + (Q/c)/B_eff at that size: T = c · T_c and exposed = max(T_c, T − share · W),
-the last chunk waiting with nothing beside it. The hidden part is not free: compute runs
-slower while a collective runs beside it (its kernels take streaming multiprocessors and
-memory bandwidth),
-by ``overlap.slowdown`` (default 18.9 %, the average Lee et al. measured, arXiv
-2507.03114), so an overlapped collective adds ``slowdown · (T − exposed)`` of compute time
-to its phase. That time is the compute's, not the collective's: exposed communication stays
-the part of T the step waits for, and the charge is reported on its own (``slowdown_s``).
+with W the window's compute time and s the overlap slowdown. A collective pipelined with its
+GEMM in c chunks (`Move.chunks`, `overlap.tp`'s reduce-scatter) runs as c collectives of 1/c
+of the size, each T_c = n·α + (Q/c)/B_eff at that size: T = c · T_c and exposed = max(T_c,
+T − share · W / (1 − s)), the last chunk waiting with nothing beside it. The hidden part is
+not free: compute runs slower while a collective runs beside it (its kernels take streaming
+multiprocessors and memory bandwidth), by ``overlap.slowdown`` s (default 18.9 %, the
+average Lee et al. measured, arXiv 2507.03114): it makes progress at 1 − s of its rate, so
+an overlapped collective adds ``s · (T − exposed)`` of compute time to its phase, and W
+seconds of compute last W / (1 − s) beside one, which is what a collective that outlasts
+them hides (its phase then takes T in all, not T and the slowdown). That time is the
+compute's, not the collective's: exposed communication stays the part of T the step waits
+for, and the charge is reported on its own (``slowdown_s``).
 Transformer Engine's comm-GEMM overlap (`overlap.tp`) also reshapes the GEMM it hides
 behind (`overlapped_gemms`): the GEMM runs as ``num_splits`` kernels, each ramping as a
 smaller GEMM, and beside its pipelined reduce-scatter on the device's SMs less the
 ``num_sm`` the collective holds for the GEMM's whole length (``set_sm_margin``); that margin
 is the compute's slowdown there, in place of ``overlap.slowdown``.
 Each collective is charged for its own hidden time. Two sharing a window run one after the
-other beside it, so the second hides only behind what the first left of share · W.
+other beside it, so the second hides only behind what the first left of share · W / (1 − s).
 Compute is the roofline of each kernel
 (`max(FLOPs / (peak · e_matmul), bytes / (bandwidth · e_memory))`, Williams et al. 2009).
 
@@ -654,12 +656,12 @@ def time_phase(
     price: Pricer = price_move,
     kernels: dict[str, float] | None = None,
 ) -> PhaseTime:
-    """One phase's compute and each of its collectives' total and exposed time, by the
-    module's rule: exposed = max(floor · T, T − share · W) inside the window W a move names
-    and its overlap flag allows; a pipelined move's last chunk waits alone; moves sharing a
-    window draw one after the other on what it leaves; an interleaved stage's gradient and
-    parameter parts hide chunk by chunk (Megatron-LM's per-chunk ``grad_sync_func`` and
-    ``param_sync_func``: chunk 0's part within its own last step, all parts within the later
+    """One phase's compute and each of its collectives' total and exposed time, by the module's
+    rule: exposed = max(floor · T, T − share · W / (1 − s)) inside the window W a move names and
+    its overlap flag allows, s the overlap slowdown; a pipelined move's last chunk waits alone;
+    moves sharing a window draw one after the other on what it leaves; an interleaved stage's
+    gradient and parameter parts hide chunk by chunk (Megatron-LM's per-chunk ``grad_sync_func``
+    and ``param_sync_func``: chunk 0's part within its own last step, all parts within the later
     chunks' steps); a hidden move slows the compute beside it by ``overlap.slowdown`` (Lee et
     al., arXiv 2507.03114) or, under comm-GEMM overlap, narrows its GEMM (`sm_margin`)."""
     if kernels is None:
@@ -695,7 +697,15 @@ def time_phase(
             # one a sweep's configuration lacks (its count zeroed by `when`) hides nothing
             part = (move.window, move.part)
             spent = used.get(part)
-            room = move.share * window
+            # the compute beside a running collective makes progress at 1 − s of its rate
+            # (s `overlap.slowdown`; comm-GEMM overlap narrows its GEMM instead, `sm_margin`),
+            # so its W seconds last W / (1 − s) beside it and hide that long a collective:
+            # a collective hidden whole for T adds s·T (the slowdown below), and one that
+            # outlasts its compute waits T − W / (1 − s), its phase taking T in all (an
+            # audit: it waited T − W, and the slowdown added beside it, T + s·W / (1 − s))
+            margin, sms = sm_margin(plan, move), plan.device.sms
+            stretch = 1.0 if margin else 1 / (1 - plan.overlap.slowdown)
+            room = move.share * window * stretch
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
             # param_sync_func), one after the other on one communicator: all of them within
@@ -725,7 +735,6 @@ def time_phase(
                 hidden = total - exposed
                 hid = (vmin(total * f - last, hidden) * mask, hidden * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
-            margin, sms = sm_margin(plan, move), plan.device.sms
             if margin:  # its GEMM runs narrowed instead
                 rule = f"{rule}; its GEMM runs on {sms - margin} of {sms} SMs"
             else:
