@@ -1219,6 +1219,22 @@ def fsdp_mixed(plan: Plan) -> Any:
     return plan.parallel.zero == 3
 
 
+def fsdp_grads(plan: Plan) -> Any:
+    """ZeRO-3 whose gradient shards the backward makes, as PyTorch FSDP's: its optimizer
+    drops them (``zero_grad(set_to_none=True)``) and a unit's reduce-scatter makes the
+    unit's (``foreach_reduce``), with mixed precision (`fsdp_mixed`) or without it
+    (parameters kept in the format they are gathered in, pure fp32 or bf16). Not where a
+    master copy is kept (Megatron-LM's and DeepSpeed's fp32 master beside 16-bit
+    parameters), nor beside DeepSpeed's contiguous buffer (`Parallel.reduce_bucket`), whose
+    ZeRO 3 holds its gradient partition for the run (an audit: FSDP without mixed precision
+    held its fp32 gradient shard, 3.74 GiB for Llama 3 8B over 8 GPUs, through its forward
+    and loss). An array over a sweep's configurations, as `fsdp_mixed`."""
+    prec = plan.precision
+    if prec.master is not None or (plan.parallel.reduce_bucket and not fsdp_formats(prec)):
+        return False
+    return plan.parallel.zero == 3
+
+
 def deepspeed_zero(zero: Any, prec: Precision) -> Any:
     """The ZeRO stages at which DeepSpeed's contiguous gradient buffer applies where a plan
     names it (`Parallel.reduce_bucket`): 2, and 3 outside PyTorch FSDP's mixed precision

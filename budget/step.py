@@ -3601,14 +3601,15 @@ def _before_any_gradient(b: _StageBuilder) -> tuple[Alloc, ...]:
 
 def _first_backward(b: _StageBuilder) -> Any:
     """Where the stage's first backward makes its gradient shards (`_before_any_gradient`):
-    PyTorch FSDP's mixed precision, with every micro-batch's forward before it."""
+    PyTorch FSDP's, with or without mixed precision (`flops.fsdp_grads`), with every
+    micro-batch's forward before it."""
     plan = b.plan
     # a sweep's class of several middle stages (`layers.merge_classes`) stands for the one
     # holding the fewest in flight too, at most the last middle stage's: without a gradient
     # shard only where that one is
     stage = vwhere(b.kind.copies > 1, plan.parallel.pp - 2, b.kind.stage)
     held = inflight(plan, stage, b.microbatches)
-    return flops.fsdp_mixed(plan) & (held >= b.microbatches)
+    return flops.fsdp_grads(plan) & (held >= b.microbatches)
 
 
 def _with_shards(

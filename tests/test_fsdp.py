@@ -520,6 +520,56 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
     assert grads == {"gradients (fp32)": 4 * -(-8_030_261_248 // 8)}
 
 
+@pytest.mark.parametrize(
+    ("precision", "shard", "made"),
+    [
+        # FSDP with no mixed precision: fp32 gathered as kept, or pure bf16, no master
+        ({"param_gather: bf16": "param_gather: fp32"}, 4, True),
+        (
+            {
+                "params: fp32": "params: bf16",
+                "param_gather: bf16": "param_gather: bf16",
+                "grads: fp32": "grads: bf16",
+            },
+            2,
+            True,
+        ),
+        # an fp32 master beside bf16 parameters (Megatron-LM's, DeepSpeed's): kept throughout
+        ({"params: fp32": "params: bf16", "master: none": "master: fp32"}, 4, False),
+        # DeepSpeed's contiguous buffer named: its ZeRO 3 holds the partition for the run
+        (
+            {
+                "param_gather: bf16": "param_gather: fp32",
+                "  fsdp_unit: layer\n  fsdp_root: split\n": "  reduce_bucket: 500000000\n",
+            },
+            4,
+            False,
+        ),
+    ],
+)
+def test_fsdp_without_mixed_precision_makes_its_shards_in_the_backward_too(
+    tmp_path: Path, precision: dict[str, str], shard: int, made: bool
+) -> None:
+    """An audit: the rule that FSDP's forward and loss hold no gradient shard (its optimizer
+    sets them to None, the backward's reduce-scatter makes them) was gated on its mixed
+    precision, so a pure fp32 or pure bf16 FSDP plan counted a shard FSDP has not made,
+    ⌈8,030,261,248 / 8⌉ x 4 B = 4,015,130,624 B in fp32 (x 2 B in bf16) at the loss of Llama
+    3 8B over 8 GPUs. An fp32 master (Megatron-LM, DeepSpeed) or DeepSpeed's buffer keeps them."""
+    from tests.plan_files import variant
+
+    shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    path = variant(tmp_path, "p.yaml", *precision.items(), base=shipped)
+    plan = load_plan(path)
+    (stage,) = derive(plan).stages
+    (loss,) = [p for p in stage.phases if p.name == "loss"]
+    grads = {a.name: a.total for i in loss.instants for a in i.live if a.category == "grads"}
+    whole = shard * -(-8_030_261_248 // 8)
+    assert sum(grads.values()) == (0 if made else whole), grads
+    (backward,) = [p for p in stage.phases if p.name == "backward.embedding"]
+    after = max(sum(a.total for a in i.live if a.category == "grads") for i in backward.instants)
+    assert after == whole  # the backward has made every shard by its end
+
+
 def test_fsdps_first_backward_makes_the_gradient_shards_unit_by_unit(tmp_path: Path) -> None:
     """An audit (m225): with one micro-batch a step, the backward counted every gradient
     shard from the last layer's backward on, where FSDP makes a unit's as it reduce-scatters
