@@ -65,8 +65,8 @@ class CollectiveResult:
     @property
     def exposed_s(self) -> float:
         """The part of T the step waits for: max(0, T − W) beside W seconds of compute it
-        does not depend on (`budget.schedule`'s rule with no floor and all of W shared),
-        all of T without."""
+        does not depend on (`budget.schedule`'s rule with no floor, all of W shared and no
+        overlap slowdown, which would stretch W by 1 / (1 − s)), all of T without."""
         time = float(self.cost.time_s)
         return time if self.beside_s is None else max(0.0, time - self.beside_s)
 

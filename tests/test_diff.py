@@ -1272,11 +1272,10 @@ def test_plans_on_other_numbers_of_gpus_compare_their_rate_per_gpu(tmp_path: Pat
     assert "tokens_per_s_per_gpu" not in {d.metric for d in same.summary}
 
 
-def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> None:
-    """An audit: against a device written with its memory alone, the diff listed each
-    removed rate and then "device.flops – → []", a key neither file writes (an empty tuple
-    of pairs flattened as a list of no scalars)."""
-    untimed = variant(
+def _untimed(tmp_path: Path) -> Path:
+    """plans/gpt-1.3b.yaml on a device written with its memory alone: no rates, so no step
+    time is computed."""
+    return variant(
         tmp_path,
         "untimed.yaml",
         (
@@ -1285,6 +1284,13 @@ def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> 
         ),
         base=ROOT / "plans" / "gpt-1.3b.yaml",
     )
+
+
+def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> None:
+    """An audit: against a device written with its memory alone, the diff listed each
+    removed rate and then "device.flops – → []", a key neither file writes (an empty tuple
+    of pairs flattened as a list of no scalars)."""
+    untimed = _untimed(tmp_path)
     assert "device.flops" not in flatten(load_plan(untimed))
     keys = [
         c.key for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
@@ -1296,15 +1302,7 @@ def test_a_side_with_no_step_time_is_said_so_not_given_a_zero_peak(tmp_path: Pat
     """An audit: against a device with no rates the summary read "MFU (312 TFLOP/s → 0
     FLOP/s peak)" and the note "B's of 0 FLOP/s: shares of different peaks ... tokens/s
     does", where B has no MFU and no tokens/s (its step is not computed)."""
-    untimed = variant(
-        tmp_path,
-        "untimed.yaml",
-        (
-            "device: {preset: a100-80gb, reserved: 3 GiB}",
-            "device: {memory: 80 GiB, reserved: 3 GiB}",
-        ),
-        base=ROOT / "plans" / "gpt-1.3b.yaml",
-    )
+    untimed = _untimed(tmp_path)
     code, out, err = _diff(ROOT / "plans" / "gpt-1.3b.yaml", untimed, width=200)
     assert code == 0, err
     assert "0 FLOP/s" not in out and "different peaks" not in out
