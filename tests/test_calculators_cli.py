@@ -271,6 +271,22 @@ def test_a_named_tree_on_one_level_is_nccls_chain_and_its_table_fits_80_columns(
     assert "NCCL's chain inside one node" in " ".join(said.stdout.split())
 
 
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_a_hierarchical_broadcast_s_stages_are_not_said_to_receive_what_they_send(fmt: str) -> None:
+    """An audit: a two-level broadcast's node leader receives S once (across the nodes) and
+    sends it on both levels, 2 GiB sent and 1 GiB received per rank, but its stage table was
+    headed "per rank: received = sent". A symmetric one keeps that heading."""
+    args = ["collective", "broadcast", "--ranks", "32", *FOUR_NODES, "--algorithm"]
+    data = _json([*args, "hierarchical"])
+    assert (data["sent_bytes"], data["recv_bytes"]) == (2 * 2**30, 2**30)
+    out = runner.invoke(app, route([*args, "hierarchical", "--format", fmt])).stdout
+    assert "received = sent" not in out
+    assert "stages (sent per rank; received, above)" in out
+    reduce = ["collective", "all-reduce", "--ranks", "32", *FOUR_NODES, "--algorithm"]
+    out = runner.invoke(app, route([*reduce, "hierarchical", "--format", fmt])).stdout
+    assert "stages (per rank: received = sent)" in out
+
+
 def test_hierarchical_asked_for_over_one_link_is_refused() -> None:
     """A plan's group inside one level falls back to the flat default quietly; asked for
     on the command line over one link, it printed 'ring' with no word (review)."""

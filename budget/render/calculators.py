@@ -128,14 +128,17 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
     ]
     sections: list[tuple[str, tuple[str, ...], Rows]] = [(title, ("quantity", "value"), summary)]
     if len(cost.stages) > 1:
-        # received equals sent in every stage of the hierarchical forms; say so once
+        # received equals sent in every stage of the symmetric hierarchical forms; say so
+        # once, and where it does not (a broadcast's node leader receives S once and sends
+        # it on each level: an audit read 2 GiB received), that the rows are what is sent
         headers = ("stage", "link", "P", "n", "sent/rank", "n·α", "Q/B", "time")
         stages = [_stage_row(s, cost.pipelined) for s in cost.stages]
-        title = (
-            f"{carried} on each level (per rank: received = sent)"
-            if cost.pipelined
-            else "stages (per rank: received = sent)"
+        equal = cost.sent_bytes == cost.recv_bytes and all(
+            s.sent_bytes == s.recv_bytes for s in cost.stages
         )
+        per_rank = "per rank: received = sent" if equal else "sent per rank; received, above"
+        title = f"{carried} on each level" if cost.pipelined else "stages"
+        title = f"{title} ({per_rank})"
         sections.append((title, headers, stages))
     if cost.candidates:
         # one unit, the fastest's, right-aligned (an audit: "40,345.318 µs" above "171.879 ms"
