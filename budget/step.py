@@ -1812,7 +1812,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     gathers = when([gather], split) + when([gathered_probs], split & training)
     experts = plan.model.experts
     counted = (par.ep * etp > 1) & training & (not experts.pad_to_capacity)
-    # each rank's rows per routed expert (int64), which the all-to-all's splits wait for
+    # each rank's rows per routed expert (int64), which the all-to-all's splits wait for,
+    # over the expert tensor- and expert-parallel ranks, named as the report names that group
+    # (`report.group_name`: tp_ep, or ep where etp is 1; an audit read "tp_ep" beside "ep 8")
+    over = "ep" if isinstance(etp, int) and etp == 1 else "tp_ep"
     counts = Move(
         "MoE routing counts",
         "all-gather",
@@ -1822,7 +1825,7 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         8 * experts.count * par.ep * etp,
         "shard(0)",
         "replicate",
-        rule="tp_ep: exposed, the all-to-all's splits wait for it",
+        rule=f"{over}: exposed, the all-to-all's splits wait for it",
     )
     head = when([counts], counted) if not backward else []
     if backward:  # the combine's gradient first, the dispatch's (and the probabilities') last

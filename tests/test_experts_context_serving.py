@@ -2043,6 +2043,13 @@ def test_the_dispatcher_moves_routing_probabilities_and_counts(tmp_path):
     report = build_report(plan)
     (counts,) = [c for p in report.phases for c in p.collectives if c.name == "MoE routing counts"]
     assert (counts.ranks, counts.dtype) == (16, "int64")
+    # its rule names the group as the table does: tp_ep over etp x ep, and where etp is 1
+    # ep alone (an audit: DeepSeek-MoE 16B's footnote read "tp_ep" beside "ep 8")
+    assert counts.overlap_rule.startswith("tp_ep: exposed")
+    deepseek = build_report(load_plan(PLANS / "deepseek-moe-16b.yaml"))
+    (ep,) = [c for p in deepseek.phases for c in p.collectives if c.name == "MoE routing counts"]
+    assert ep.ranks == deepseek.layout["ep"] == 8
+    assert ep.overlap_rule.startswith("ep: exposed, the all-to-all's splits wait for it")
     routed = "experts: {count: 8, top_k: 2, ffn: 14336"
     padded = variant(
         tmp_path,

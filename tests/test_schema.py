@@ -652,3 +652,21 @@ def test_a_misplaced_key_near_a_key_of_its_own_section_is_told_both() -> None:
     assert message.endswith(
         "unknown key 'grads'; grads goes under precision, or did you mean 'dp_grads' here?"
     )
+
+
+def test_a_level_s_bandwidth_is_described_as_what_collectives_reach() -> None:
+    """An audit: the schema (what editors show on hover) described a level's bandwidth as
+    "Bandwidth per GPU, one direction" beside the example 450 GB/s, a DGX H100's NVLink 4
+    datasheet rate, where budget reads the key as B_eff, the share of it collectives reach:
+    written so, a DGX H100 topology priced Llama 3 70B's step 6.8 % short of the preset's.
+    The example is the dgx-h100 preset's NVLink level, 450 GB/s x 0.822."""
+    from budget.catalog.topologies import TOPOLOGIES
+    from budget.units import format_rate
+
+    level = schema()["properties"]["topology"]["properties"]["levels"]["items"]
+    bandwidth = level["properties"]["bandwidth"]
+    assert "B_eff" in bandwidth["description"]
+    assert "not the datasheet's rate" in bandwidth["description"]
+    nvlink = TOPOLOGIES["dgx-h100"].levels[0]
+    assert nvlink.rate == 450e9
+    assert bandwidth["examples"] == [format_rate(nvlink.rate * nvlink.fraction)] == ["370 GB/s"]
