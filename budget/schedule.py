@@ -705,7 +705,7 @@ def time_phase(
             # audit: it waited T − W, and the slowdown added beside it, T + s·W / (1 − s))
             margin, sms = sm_margin(plan, move), plan.device.sms
             stretch = 1.0 if margin else 1 / (1 - plan.overlap.slowdown)
-            room = move.share * window * stretch
+            room = move.share * stretch * window  # one array product where W is one
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
             # param_sync_func), one after the other on one communicator: all of them within
