@@ -388,6 +388,15 @@ def test_a_reader_error_and_deep_nesting_are_placed_on_yaml_s_lines(eol: str) ->
     assert deep == f"p.yaml:4:68: error: $.x: nesting deeper than {MAX_DEPTH} levels"
 
 
+def test_the_depth_limit_s_place_counts_a_flow_mapping_s_close_after_a_word() -> None:
+    """A review: a flow mapping that ends in a plain word (`{memory: 80 GiB}`) left its
+    brace uncounted as a close, so past libyaml's own limit the 65th bracket of a later line
+    was put a column early (and one more for each such line)."""
+    head = "device: {memory: 80 GiB}\ntopology: {preset: dgx-a100, nodes: 1}\n"
+    (deep,) = messages(head + "extra: " + "[" * 1_100 + "\n")
+    assert deep == f"p.yaml:3:72: error: $.extra: nesting deeper than {MAX_DEPTH} levels"
+
+
 def test_deep_block_nesting_is_refused_at_the_limit() -> None:
     text = "".join("  " * i + f"k{i}:\n" for i in range(200))
     problems = messages(text)

@@ -277,6 +277,10 @@ class _Builder:
         root = self.stack[0] if self.stack else None
         if root is None or root.refused or not isinstance(root.container, dict):
             return Loaded(None, self.marks, problems)
+        if "mode" not in root.container:  # every section's rules read it: a serving plan's
+            # batch would be checked as a training one's (a review: `mode: decode` written
+            # last, after the stop, drew six false problems)
+            return Loaded(None, self.marks, problems)
         for child, parent in zip(self.stack[:0:-1], self.stack[-2::-1], strict=True):
             if child.refused or parent.discard:
                 continue
@@ -632,6 +636,9 @@ def load_yaml(text: str, file: str) -> Loaded:
                 f"nesting deeper than {MAX_DEPTH} levels",
                 ends=True,
             )
+            # a cap as the builder's own is: what was read before it is said with it (a
+            # review: past 1,000 brackets a bad `layers` above went unsaid)
+            return builder.read()
         elif glued := _glued_keys(text, where[0]):
             for i, (where, path, message) in enumerate(glued, 1):
                 builder.problem(where, path, message, ends=i == len(glued))
@@ -869,14 +876,14 @@ def _too_deep(text: str, end: int) -> Position | None:
             word = False  # in block context "a,[[" and "x:[[" are one plain word (a review)
         elif char == ":" and text[at + 1 : at + 2] in (" ", "\t", "\n", "\r", ""):
             word = False
+        elif char in "]}" and depth > 0:  # in a flow collection it ends the word before it
+            depth, word = depth - 1, False  # (a review: "{memory: 80 GiB}" left one open)
         elif word:  # "a[[": a plain word's brackets open nothing
             continue
         elif char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
                 return line, at - start + 1
-        elif char in "]}":
-            depth -= 1
         else:
             word = True
     return None
