@@ -358,3 +358,23 @@ def test_a_cap_before_the_mode_is_read_holds_back_every_rule(tmp_path: Path) -> 
     # without the long key the same file is a valid decode plan
     plan.write_text(text.replace("x" * 200 + ": 1\n", ""), encoding="utf-8")
     assert load_plan(plan).mode == "decode"
+
+
+@pytest.mark.parametrize("cap", ["{" + "k" * 129 + ": 1}", "[" * 70, "[" * 1_100])
+def test_a_cap_inside_a_batch_key_of_the_other_mode_is_said(tmp_path: Path, cap: str) -> None:
+    """A review: a cap that stopped the reading inside a decode plan's `micro`, a key said
+    not to apply, was dropped with that key's problems, and the half-read plan went on to
+    be resolved: a traceback and exit 1 from every command. Both problems are said."""
+    text = (ROOT / "plans" / "llama3-70b-decode.yaml").read_text(encoding="utf-8")
+    text = text.replace("batch:\n", f"batch:\n  micro: {cap}\n", 1)
+    plan = tmp_path / "p.yaml"
+    plan.write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    moot, stop = raised.value.problems
+    assert moot.path == "$.batch.micro" and "does not apply to a decode plan" in moot.message
+    assert stop.ends and stop.path.startswith("$.batch.micro")
+    result = runner.invoke(app, ["validate", str(plan)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert len(result.stderr.splitlines()) == 2

@@ -128,7 +128,9 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
         return not any(path == m or path.startswith((m + ".", m + "[")) for m in moot)
 
     schema_problems = validate_tree(tree, loaded.marks, file, loaded.refused, loaded.unfinished)
-    problems = [p for p in [*loaded.problems, *schema_problems] if kept(p.path)]
+    # where reading stopped is said even inside a moot key (a review: a cap inside a decode
+    # plan's `micro` was dropped with it, and the half-read plan went on to be resolved)
+    problems = [p for p in [*loaded.problems, *schema_problems] if p.ends or kept(p.path)]
     refused = sorted(path for path in loaded.refused if kept(path))
     if problems:  # the broken sections are not resolved: name their unknown presets too
         # a second document after the plan breaks none of its sections (a review: at "$"
@@ -141,6 +143,8 @@ def load_plan_data(data: bytes, file: str, seed: bool = False) -> Plan:
         paths = [p.path for p in broken] + refused + _unread(loaded)
         more += semantic_problems(tree, loaded.marks, file, paths, seed)
         raise BudgetError(sorted(set(problems + [p for p in more if p.path not in seen])))
+    if loaded.tree is None:  # read in part (`Loaded.partial`): its stop is among the problems
+        raise BudgetError(list(loaded.problems))
     return resolve(loaded.tree, loaded.marks, file, seed)
 
 
