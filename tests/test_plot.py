@@ -297,3 +297,44 @@ def test_the_panels_stand_clear_of_each_other_and_the_peak_box_wraps() -> None:
         assert box.get_window_extent(renderer).x1 - above.x0 < 1.5 * 1440  # 12 in at 120 dpi
     finally:
         plt.close(fig)
+
+
+def test_a_plan_that_moves_nothing_is_not_said_to_be_untimed(tmp_path: Path) -> None:
+    """An audit: on one GPU, where the report times the step and its communication is 0 s,
+    the communication panel read "communication time not computed", which is for a device
+    with no rates. It says there is none, of the step's time; a device with no rates keeps
+    "not computed"."""
+    pytest.importorskip("matplotlib")
+    from budget.pipeline import budget_plan
+    from budget.units import format_duration
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    one = variant(
+        tmp_path,
+        "one.yaml",
+        ("  dp: 8\n", "  dp: 1\n"),
+        ("global: 512", "global: 64"),
+        ("{preset: dgx-a100, nodes: 1}", "{preset: dgx-a100, gpus: 1}"),
+        base=base,
+    )
+    step = budget_plan(one).step
+    assert step["comm_s"] == 0.0 and step["time_s"] is not None
+    out = tmp_path / "one.svg"
+    code, _, err = _plot(one, out)
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    assert "not computed" not in text
+    assert f"no communication: 0 s of the {format_duration(step['time_s'])} step" in text
+    untimed = variant(
+        tmp_path,
+        "untimed.yaml",
+        (
+            "device: {preset: a100-80gb, reserved: 3 GiB}",
+            "device: {memory: 80 GiB, reserved: 3 GiB}",
+        ),
+        base=base,
+    )
+    code, _, err = _plot(untimed, tmp_path / "untimed.svg")
+    assert code == 0, err
+    assert "communication time not computed" in (tmp_path / "untimed.svg").read_text("utf-8")

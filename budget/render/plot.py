@@ -344,7 +344,14 @@ _BOX_NAME = 60
 def _communication(ax: Any, report: Report) -> None:
     phases = [p for p in report.phases if p.comm_s is not None]
     if report.step["time_s"] is None or not any(p.comm_s for p in phases):
-        ax.text(0.5, 0.5, "communication time not computed", ha="center", transform=ax.transAxes)
+        # computed and nothing to move (one GPU) is not "not computed" (an audit)
+        said = (
+            "communication time not computed"
+            if report.step["time_s"] is None
+            else f"no communication: 0 s of the {format_duration(report.step['time_s'])} "
+            f"{time_word(report.mode)}"
+        )
+        ax.text(0.5, 0.5, said, ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return
     names = [p.name for p in phases]
