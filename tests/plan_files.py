@@ -73,3 +73,17 @@ def invalid(tmp_path: Path) -> Path:
     path = tmp_path / "invalid.yaml"
     path.write_text("name: x\nmode: train\nmodle: 3\n", encoding="utf-8")
     return path
+
+
+def untimed_plan(tmp_path: Path) -> Path:
+    """plans/gpt-1.3b.yaml on a device written with its memory alone: no rates, so no step
+    time is computed."""
+    return variant(
+        tmp_path,
+        "untimed.yaml",
+        (
+            "device: {preset: a100-80gb, reserved: 3 GiB}",
+            "device: {memory: 80 GiB, reserved: 3 GiB}",
+        ),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )

@@ -30,7 +30,16 @@ from tests.gpt3_by_hand import (
     stage0_states,
     stage0_transients,
 )
-from tests.plan_files import GPT3, PLANS, ROOT, gpt13_written, invalid, tp4, variant
+from tests.plan_files import (
+    GPT3,
+    PLANS,
+    ROOT,
+    gpt13_written,
+    invalid,
+    tp4,
+    untimed_plan,
+    variant,
+)
 
 runner = CliRunner()
 LLAMA = ROOT / "plans" / "llama3-70b.yaml"
@@ -1272,25 +1281,11 @@ def test_plans_on_other_numbers_of_gpus_compare_their_rate_per_gpu(tmp_path: Pat
     assert "tokens_per_s_per_gpu" not in {d.metric for d in same.summary}
 
 
-def _untimed(tmp_path: Path) -> Path:
-    """plans/gpt-1.3b.yaml on a device written with its memory alone: no rates, so no step
-    time is computed."""
-    return variant(
-        tmp_path,
-        "untimed.yaml",
-        (
-            "device: {preset: a100-80gb, reserved: 3 GiB}",
-            "device: {memory: 80 GiB, reserved: 3 GiB}",
-        ),
-        base=ROOT / "plans" / "gpt-1.3b.yaml",
-    )
-
-
 def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> None:
     """An audit: against a device written with its memory alone, the diff listed each
     removed rate and then "device.flops – → []", a key neither file writes (an empty tuple
     of pairs flattened as a list of no scalars)."""
-    untimed = _untimed(tmp_path)
+    untimed = untimed_plan(tmp_path)
     assert "device.flops" not in flatten(load_plan(untimed))
     keys = [
         c.key for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
@@ -1302,7 +1297,7 @@ def test_a_side_with_no_step_time_is_said_so_not_given_a_zero_peak(tmp_path: Pat
     """An audit: against a device with no rates the summary read "MFU (312 TFLOP/s → 0
     FLOP/s peak)" and the note "B's of 0 FLOP/s: shares of different peaks ... tokens/s
     does", where B has no MFU and no tokens/s (its step is not computed)."""
-    untimed = _untimed(tmp_path)
+    untimed = untimed_plan(tmp_path)
     code, out, err = _diff(ROOT / "plans" / "gpt-1.3b.yaml", untimed, width=200)
     assert code == 0, err
     assert "0 FLOP/s" not in out and "different peaks" not in out

@@ -307,7 +307,7 @@ def test_a_plan_that_moves_nothing_is_not_said_to_be_untimed(tmp_path: Path) -> 
     pytest.importorskip("matplotlib")
     from budget.pipeline import budget_plan
     from budget.units import format_duration
-    from tests.plan_files import ROOT, variant
+    from tests.plan_files import ROOT, untimed_plan, variant
 
     base = ROOT / "plans" / "gpt-1.3b.yaml"
     one = variant(
@@ -326,15 +326,7 @@ def test_a_plan_that_moves_nothing_is_not_said_to_be_untimed(tmp_path: Path) -> 
     text = out.read_text(encoding="utf-8")
     assert "not computed" not in text
     assert f"no communication: 0 s of the {format_duration(step['time_s'])} step" in text
-    untimed = variant(
-        tmp_path,
-        "untimed.yaml",
-        (
-            "device: {preset: a100-80gb, reserved: 3 GiB}",
-            "device: {memory: 80 GiB, reserved: 3 GiB}",
-        ),
-        base=base,
-    )
+    untimed = untimed_plan(tmp_path)
     code, _, err = _plot(untimed, tmp_path / "untimed.svg")
     assert code == 0, err
     assert "communication time not computed" in (tmp_path / "untimed.svg").read_text("utf-8")
