@@ -1435,8 +1435,10 @@ def overlap_table(
 def _overlap_table(row: StageRow, layout: dict[str, Any] | None, kinds: bool) -> Table:
     """The alive table, `kinds` in a column of their own or after each name."""
     table = ParsedTable(
-        title=f"What is alive at the peak of stage {row.stage} "
-        f"({row.peak_phase}: {row.peak_instant})",
+        # the instant can name a hand-written transition, whose name is text, not markup
+        title=escape(
+            f"What is alive at the peak of stage {row.stage} ({row.peak_phase}: {row.peak_instant})"
+        ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
