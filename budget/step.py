@@ -3940,6 +3940,43 @@ def _held_between(
             phases[k] = replace(phase, instants=instants)
 
 
+def _dim0_copy(
+    tr: Transition,
+    src: Placement,
+    dst: Placement,
+    op: Op | None,
+    others: list[tuple[str, Placement]],
+    degrees: dict[str, Any],
+) -> tuple[str, Any] | None:
+    """The full-size copy a transition of a dimension other than 0 makes beside its output,
+    and where it is made: (its label, a bool or a sweep's array), or None.
+
+    NCCL gathers and scatters along dimension 0 only, so DTensor's collectives rearrange
+    (PyTorch, ``torch/distributed/_functional_collectives.py``): ``all_gather_tensor`` with
+    ``gather_dim`` k > 0 gathers the shards one after the other and then concatenates their
+    chunks along k (``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``), a
+    second full tensor beside the gathered one until it is freed; since PyTorch 2.10's
+    ``_maybe_view_chunk_cat`` that is a view, and no copy, where every dimension before k is
+    of size 1 on the rank. ``reduce_scatter_tensor`` with ``scatter_dim`` k > 0 first
+    concatenates the input's chunks along k into a new tensor along dimension 0
+    (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``), always a full copy,
+    which the reduce-scatter then reads. So a rank holds the source, that copy and the
+    output at once (an audit: the logits' shard(1) → replicate read 4.5 GiB where DTensor
+    holds 8.5 GiB). Its bytes are the rank's full piece (`full`), what the other groups'
+    shards leave it."""
+    if op == "all-gather" and src.dim:
+        before: Any = 1  # the rank's elements across the dimensions before k
+        for i in range(src.dim):
+            split = math.prod(degrees[g] for g, at in others if at == Placement("shard", i))
+            before = before * (tr.shape[i] // split)
+        label = f"gathered along dimension 0, then copied along dimension {src.dim}"
+        return f"{label}: DTensor's all_gather_tensor", before > 1
+    if op == "reduce-scatter" and dst.dim:
+        label = f"its chunks along dimension {dst.dim} copied to dimension 0"
+        return f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor", True
+    return None
+
+
 def _with_transitions(plan: Plan, step: Step) -> Step:
     """Add the plan's `transitions:` to the phases they name, on every stage; a stage send
     on each stage that has the neighbour it goes to (`_sends`).
@@ -4077,27 +4114,42 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                         placement=f"{src} on {tr.group}{elsewhere}",
                     )
                 )
+            copies: list[Alloc] = []  # alive while the collective runs, freed after it
+            rearranged = _dim0_copy(tr, src, dst, op, others, degrees)
+            if rearranged is not None:
+                label, needed = rearranged
+                shape = src if op == "reduce-scatter" else dst  # a copy of the full piece
+                placed_so = f"{shape} on {tr.group}{elsewhere}"
+                copy = Alloc(f"{tr.name} ({label})", "transient", full, placement=placed_so)
+                copies = when([copy], needed)
             outputs[tr.name] = extra[0]
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
             start = past.get(target, 0)
+            before: tuple[Instant, ...]
             if gone is None:  # in every instant where the tensor is as this one finds it
-                instants = (
-                    *held[:start],
-                    *(Instant(i.label, i.live + tuple(extra)) for i in held[start:]),
-                )
+                before = tuple(held[:start])
+                moment = [Instant(i.label, i.live + tuple(extra)) for i in held[start:]]
             else:  # those instants with the source, then each with the output instead of it
-                instants = tuple(held) + tuple(
+                before = tuple(held)
+                moment = [
                     Instant(
                         f"{i.label}, {tr.name} {src} → {dst}",
                         tuple(a for a in i.live if a is not gone) + tuple(extra),
                     )
                     for i in held[start:]
-                )
+                ]
                 # a chain of three: its first output stayed beside its third, and beside
                 # another tensor's later output where that freed a source between (reviews)
-                past[target] = len(held)
-            phases[target] = replace(phase, instants=instants)
+                past[target] = len(before)
+            if copies:  # those moments with the copy, then the ones after it is freed,
+                # which the later transitions of the phase find (they run after this one)
+                during = tuple(
+                    Instant(f"{i.label}, {tr.name} {src} → {dst}", (*i.live, *copies))
+                    for i in moment
+                )
+                before, past[target] = (*before, *during), len(before) + len(during)
+            phases[target] = replace(phase, instants=(*before, *moment))
             ends = str(src), str(dst)
             if send:
                 # a stage boundary: one send/recv of S to the next stage, or in the backward

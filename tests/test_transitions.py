@@ -338,7 +338,9 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     phase beside it), so a transition there is held on top of what the next phase holds at
     its first instant, an upper bound; it had been priced and never counted (an audit).
     fp32 [2048, 51200 · 8] gathered over tp 8: 3,355,443,200 B whole + 419,430,400 B shard
-    on GPT-3's stage 0, beside its resident states, and above the plan's own peak."""
+    on GPT-3's stage 0, beside its resident states, and above the plan's own peak; while the
+    gather runs, a second 3,355,443,200 B, the copy DTensor makes of a dimension-1 gather
+    (`step._dim0_copy`)."""
     big = LOGITS.replace("phase: loss", f"phase: {phase}").replace("vocab]", "vocab * 8]")
     alone = budget_plan(GPT3).stages[0]
     stage = budget_plan(_plan(tmp_path, big)).stages[0]
@@ -347,13 +349,20 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
     # kept alive, its shard(1) over tp 8: 3,355,443,200 / 8 = 419,430,400 B
     full = 2048 * 51200 * 8 * 4
     assert (full, full // 8) == (3_355_443_200, 419_430_400)
-    added = 3_355_443_200 + 419_430_400  # = 3,774,873,600 B held on top
+    added = 2 * 3_355_443_200 + 419_430_400  # = 7,130,316,800 B held on top
     assert stage.peak_phase == phase
     names = {o.tensor: o.bytes for o in stage.peak_overlap}
     assert names["logits-gather (replicate)"] == full
     assert names["logits-gather (shard(1), source alive)"] == full // 8
     states = alone.params_bytes + alone.grads_bytes + alone.optimizer_bytes + alone.reserved_bytes
-    assert stage.peak_bytes >= states + full + full // 8
+    assert (
+        names[
+            "logits-gather (gathered along dimension 0, then copied along dimension 1: "
+            "DTensor's all_gather_tensor)"
+        ]
+        == full
+    )
+    assert stage.peak_bytes >= states + 2 * full + full // 8
     assert stage.peak_bytes > alone.peak_bytes
     # what the next phase with instants holds at its first one, on stage 0 (no loss there)
     first = {}
@@ -368,11 +377,11 @@ def test_a_transition_on_a_phase_without_instants_counts_in_the_peak(tmp_path, p
             "fc1 weight and input gradients",
         )
         assert first["backward.mlp"].total_bytes == alone.peak_bytes - 6_291_456
-        assert stage.peak_bytes - first["backward.mlp"].total_bytes == 3_774_873_600 == added
+        assert stage.peak_bytes - first["backward.mlp"].total_bytes == 7_130_316_800 == added
     else:
         # next comes forward.attention: its first instant (QKV projection) plus the two
         assert first["forward.attention"].instant == "QKV projection"
-        assert stage.peak_bytes == first["forward.attention"].total_bytes + 3_774_873_600
+        assert stage.peak_bytes == first["forward.attention"].total_bytes + 7_130_316_800
 
 
 def test_a_phase_this_plan_lacks_is_refused_with_the_plan_s_own_phases(tmp_path):
@@ -402,6 +411,8 @@ def test_what_a_plan_without_a_pipeline_lacks_comes_with_its_other_problems(tmp_
      from: replicate, to: replicate}
   - {name: d, phase: pipeline.backward, tensor: {shape: [8, 8], dtype: bf16}, group: tp,
      from: bogus, to: replicate}
+  - {name: e, phase: pipeline.forward, tensor: {shape: [8, 8], dtype: bf16}, group: pp,
+     from: replicate, to: replicate}
 """
     path = tmp_path / "plan.yaml"
     path.write_text(plan.read_text(encoding="utf-8") + written, encoding="utf-8")
@@ -418,6 +429,10 @@ def test_what_a_plan_without_a_pipeline_lacks_comes_with_its_other_problems(tmp_
     # a transition broken elsewhere still has its phase read (a review)
     assert any("$.transitions[3].phase: unknown phase 'pipeline.backward'" in x for x in lines)
     assert any("$.transitions[3].from:" in x for x in lines)
+    # a send from a phase that is not there is said once, as that (an audit: "runs only on
+    # the only stage" came beside it, at the same place)
+    (fifth,) = [x for x in lines if "$.transitions[4]" in x]
+    assert "$.transitions[4].phase: unknown phase 'pipeline.forward'" in fifth
     # a serving plan's stage sends are its passes' (decode.pipeline; a review)
     decode = ROOT / "plans" / "llama3-70b-decode.yaml"
     served = """transitions:
@@ -672,7 +687,8 @@ def test_a_tensor_sharded_on_one_group_moves_its_piece_on_another(tmp_path):
     (3,276,800 B), which is the gather's source; and the slice's own source, the whole
     tensor's tp shard (419,430,400 / 8 = 52,428,800 B: before the slice it is shard(1) on
     tp, replicate on dp). Each transition had moved and held the whole tensor (an audit:
-    the gather sent 16× the bytes over tp)."""
+    the gather sent 16× the bytes over tp). While the gather runs DTensor's copy of the
+    gathered piece along dimension 1 is held too (26,214,400 B, `step._dim0_copy`)."""
     both = """transitions:
   - {name: L, phase: loss, tensor: {shape: [micro * seq, vocab], dtype: fp32}, group: dp,
      from: replicate, to: shard(0), source_alive: true}
@@ -691,6 +707,9 @@ def test_a_tensor_sharded_on_one_group_moves_its_piece_on_another(tmp_path):
         "L (replicate, source alive)": full // 8,  # the whole tensor's tp shard
         "L (shard(0))": full // 8 // 16,
         "L (replicate)": piece,  # gathered over tp, still dp's slice
+        # gathered along dimension 0, then copied along 1 (`step._dim0_copy`), while it runs
+        "L (gathered along dimension 0, then copied along dimension 1: DTensor's "
+        "all_gather_tensor)": piece,
     }
 
 
@@ -887,7 +906,13 @@ def test_a_source_freed_in_a_chain_is_gone_once_its_output_is_made(tmp_path):
     full = 8192 * 8192 * 4
     assert chain.peak_bytes == alone.peak_bytes
     overlap = {o.tensor: o.bytes for o in chain.peak_overlap if o.tensor.startswith("B ")}
-    assert overlap == {"B (replicate; its source not counted beside it, source_alive: false)": full}
+    # and while the gather runs, its dimension-1 copy (`step._dim0_copy`), freed before the
+    # scatter
+    assert overlap == {
+        "B (replicate; its source not counted beside it, source_alive: false)": full,
+        "B (gathered along dimension 0, then copied along dimension 1: DTensor's "
+        "all_gather_tensor)": full,
+    }
 
 
 def test_a_group_of_one_rank_names_no_link(tmp_path):
@@ -1083,3 +1108,129 @@ def test_a_chain_on_whole_passes_is_held_once_a_micro_batch(tmp_path):
     loss = deltas[0, "loss", "cross-entropy"]
     assert loss == mib8  # one copy, where it had been 4
     assert max(deltas.values()) == mib8
+
+
+@pytest.mark.parametrize(
+    ("shape", "src", "dst", "copy"),
+    [
+        ("[8192, 8192]", "shard(0)", "replicate", None),
+        (
+            "[8192, 8192]",
+            "shard(1)",
+            "replicate",
+            "gathered along dimension 0, then copied along "
+            "dimension 1: DTensor's all_gather_tensor",
+        ),
+        ("[1, 67108864]", "shard(1)", "replicate", None),  # a view: the dimension before is 1
+        ("[8192, 8192]", "partial", "shard(0)", None),
+        (
+            "[8192, 8192]",
+            "partial",
+            "shard(1)",
+            "its chunks along dimension 1 copied to "
+            "dimension 0 for the reduce-scatter: DTensor's reduce_scatter_tensor",
+        ),
+    ],
+)
+def test_a_transition_of_a_dimension_other_than_0_holds_dtensor_s_copy(
+    tmp_path, shape, src, dst, copy
+):
+    """NCCL gathers and scatters along dimension 0 only, so DTensor's all_gather_tensor of a
+    dimension k > 0 concatenates the gathered chunks along k into a second full tensor (a view
+    where every dimension before k has size 1), and its reduce_scatter_tensor first copies
+    the partial's chunks along k to dimension 0 (PyTorch, _functional_collectives.py). fp32
+    [8192, 8192] = S = 268,435,456 B over tp 8, source alive: the moment of the transition holds
+    the full tensor (replicate or partial, S), the shard (S/8 = 33,554,432 B) and, for the
+    copying cases, S more: 2S + S/8 = 570,425,344 B where it had read S + S/8 = 301,989,888 B
+    (an audit). A second tensor made after it in the phase (Y, an fp32 [4096, 4096] replicate,
+    67,108,864 B) is held after the copy is freed, not beside it."""
+    text = (
+        "transitions:\n"
+        f"  - {{name: X, phase: loss, tensor: {{shape: {shape}, dtype: fp32}}, group: tp,\n"
+        f"     from: {src}, to: {dst}, source_alive: true}}\n"
+        "  - {name: Y, phase: loss, tensor: {shape: [4096, 4096], dtype: fp32}, group: tp,\n"
+        "     from: replicate, to: replicate}\n"
+    )
+    report = budget_plan(_plan(tmp_path, text))
+    stage = report.stages[-1]  # the loss runs on the last stage
+    moments = [p for p in stage.timeline if p.phase == "loss"]
+    whole, piece, other = 268_435_456, 33_554_432, 67_108_864
+    assert whole == 8192 * 8192 * 4 and piece == whole // 8 and other == 4096 * 4096 * 4
+    base = budget_plan(GPT3).stages[-1]
+    alone = max(p.total_bytes for p in base.timeline if p.phase == "loss")
+    most = max(p.total_bytes for p in moments)
+    if copy is None:
+        assert most == alone + whole + piece + other
+    else:
+        assert whole + whole + piece == 570_425_344
+        assert most == alone + 570_425_344  # Y is not beside the copy: 2S + S/8 > S + S/8 + Y
+        loss = next(p for p in report.phases if p.name == "loss")
+        held = {o.tensor: o.bytes for o in loss.peak_overlap}
+        assert held[f"X ({copy})"] == whole
+        assert not any(name.startswith("Y") for name in held)
+
+
+_NESTED = """transitions:
+  - {{name: W, phase: forward, tensor: {{shape: [8192, 8192], dtype: fp32}}, group: dp,
+     from: replicate, to: shard(0)}}
+  - {{name: W, phase: forward, tensor: {{shape: [8192, 8192], dtype: fp32}}, group: tp,
+     from: replicate, to: shard(0)}}
+{loss}"""
+_GATHER = """  - {{name: W, phase: loss, tensor: {{shape: [8192, 8192], dtype: fp32}},
+     group: {group}, from: {src}, to: {dst}}}
+"""
+
+
+def _gathers(*steps: tuple[str, str, str]) -> str:
+    return "".join(_GATHER.format(group=g, src=s, dst=d) for g, s, d in steps)
+
+
+def test_a_gather_of_the_outer_of_two_nested_shards_is_refused(tmp_path):
+    """W is split over dp 16 and then, each dp piece, over tp 8: rank (d, t) holds row block
+    d·8 + t of 128. Gathering over dp first leaves it every 8th block, which is no shard(0)
+    on tp, and was priced as one dp all-gather of the 2 MiB tp shard (an audit); DTensor
+    reshards: tp first, then dp, then a local slice on tp. That order is accepted and priced
+    as DTensor runs it: a tp all-gather of the dp piece, 268,435,456 / 16 = 16,777,216 B,
+    then a dp all-gather of the whole 268,435,456 B."""
+    refused = _plan(tmp_path, _NESTED.format(loss=_gathers(("dp", "shard(0)", "replicate"))))
+    code, out, err = _run(str(refused))
+    assert (code, out) == (2, "")
+    assert err.count("error:") == 1
+    assert "error: $.transitions[2].from: 'W' is shard(0) on tp inside its shard(0) on dp " in err
+    assert "tp shard(0) → replicate first, then this" in err
+    dtensor = _gathers(
+        ("tp", "shard(0)", "replicate"),
+        ("dp", "shard(0)", "replicate"),
+        ("tp", "replicate", "shard(0)"),
+        ("tp", "shard(0)", "replicate"),
+    )
+    report = budget_plan(_plan(tmp_path, _NESTED.format(loss=dtensor)))
+    loss = next(p for p in report.phases if p.name == "loss")
+    moved = [(c.group, c.op, c.bytes) for c in loss.collectives if c.name == "W"]
+    assert moved[:2] == [("tp", "all-gather", 16_777_216), ("dp", "all-gather", 268_435_456)]
+
+
+def test_a_tensor_that_starts_split_twice_gathers_either_group_first(tmp_path):
+    """Starting placements say no order (FSDP2 under tensor parallelism holds a weight
+    shard(0) on dp inside shard(0) on tp): a gather of either is taken to find its group the
+    inner one. Split again by the chain (tp, then dp inside it), the order is known: dp's
+    gather first is accepted, tp's is refused."""
+    start = """transitions:
+  - {name: W, phase: forward, tensor: {shape: [8192, 8192], dtype: fp32}, group: dp,
+     from: shard(0), to: replicate}
+  - {name: W, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: tp,
+     from: shard(0), to: replicate}
+  - {name: W, phase: backward, tensor: {shape: [8192, 8192], dtype: fp32}, group: tp,
+     from: replicate, to: shard(0)}
+  - {name: W, phase: backward, tensor: {shape: [8192, 8192], dtype: fp32}, group: dp,
+     from: replicate, to: shard(0)}
+"""
+    last = (
+        "  - {{name: W, phase: optimizer, tensor: {{shape: [8192, 8192], dtype: fp32}},\n"
+        "     group: {}, from: shard(0), to: replicate}}\n"
+    )
+    (tmp_path / "dp").mkdir(), (tmp_path / "tp").mkdir()
+    assert _run(str(_plan(tmp_path / "dp", start + last.format("dp"))))[0] == 0
+    code, _, err = _run(str(_plan(tmp_path / "tp", start + last.format("tp"))))
+    assert code == 2
+    assert "$.transitions[4].from: 'W' is shard(0) on dp inside its shard(0) on tp" in err

@@ -1113,6 +1113,9 @@ class _Resolver:
                 message = pipeline_phase(mode, phase)
                 if message is not None:
                     self.error(f"{path}.phase", message)
+                    # the phase is not there: a send from it is not said a second time, at
+                    # the same place (an audit: "runs only on the only stage" beside it)
+                    known = False
             if {"from", "to", "group"} & keys:
                 continue
             pair = parse_placement(item["from"]), parse_placement(item["to"])

@@ -95,7 +95,9 @@ def check_chains(
     first: dict[str, Transition] = {}  # each tensor's first transition, in step order
     # in step order, the file's within a phase (a stable sort); returned in that order, which
     # the step adds them in
-    for tr in sorted(transitions, key=lambda tr: step_rank(mode, tr.phase)):
+    ordered = sorted(transitions, key=lambda tr: step_rank(mode, tr.phase))
+    nesting = _Nesting(ordered, mode)
+    for tr in ordered:
         try:
             src, dst = Placement.parse(tr.src), Placement.parse(tr.dst)
             op = collective_for(src, dst)
@@ -127,6 +129,9 @@ def check_chains(
                 "(all-reduce) or partial → shard(0) (reduce-scatter)"
             )
             problems.append(problem(file, tr, message, ".to"))
+        strided = nesting.move(tr, src, dst)
+        if strided is not None:
+            problems.append(problem(file, tr, strided, ".from"))
         last[tr.name, tr.group] = (tr, dst)
         parsed.append((tr, src, dst, op))
     for (name, _), (tr, dst) in last.items():
@@ -139,6 +144,67 @@ def check_chains(
     if degrees is not None:
         problems += _unevenly_co_sharded(file, mode, parsed, degrees)
     return parsed, problems
+
+
+class _Nesting:
+    """Which of a tensor's shards of one dimension on several groups lies inside which, as far
+    as its chain says, so that a gather of the outer one first is refused.
+
+    A dimension split on a group and then, piece by piece, on another (replicate → shard(k)
+    on tp while shard(k) on dp, or partial → shard(k), or shard(j) → shard(k)) leaves rank
+    (d, t) the block d·tp + t: the later split is inside the earlier. Gathering the inner one
+    (tp) gives each rank its whole block of the outer (shard(k) on dp); gathering the outer
+    one first gives it every tp-th block, which is no shard(k) on tp (DTensor's
+    ``_StridedShard``), so DTensor's redistribute reshards: it replicates the inner group
+    first, then the outer, then slices the inner again (``_gen_transform_infos``,
+    torch/distributed/tensor/_redistribute.py: "(Shard(0), Shard(0)) -> (Replicate(),
+    Shard(0))" needs resharding). Priced as one gather of the outer group, such a
+    transition moved the inner group's share of the bytes over the outer group's link (an
+    audit: 24 MiB over InfiniBand where DTensor sends 192 MiB there and 56 MiB over NVLink).
+    A tensor that starts sharded on one dimension over several groups has no order the
+    chain says (FSDP2 under tensor parallelism holds its weights so, the FSDP shard inside
+    the tensor-parallel one); each of its gathers is taken to find its group the inner."""
+
+    def __init__(self, ordered: list[Transition], mode: Mode) -> None:
+        self.at: dict[tuple[str, str], Placement] = {}  # each group's placement of a tensor
+        for tr in ordered:  # before its first transition there: that transition's source
+            if known_phase(mode, tr.phase):
+                try:
+                    self.at.setdefault((tr.name, tr.group), Placement.parse(tr.src))
+                except ValueError:
+                    continue  # said where it is parsed
+        # (tensor, group) -> the groups whose shard of the same dimension lies inside its own
+        self.inside: dict[tuple[str, str], dict[str, Transition]] = {}
+
+    def move(self, tr: Transition, src: Placement, dst: Placement) -> str | None:
+        """Take `tr` (src → dst on its group); why it leaves a strided shard, or None."""
+        name, group = tr.name, tr.group
+        message = None
+        if src.kind == "shard" and dst != src:  # dimension src.dim leaves this group
+            inner = {
+                g: by
+                for g, by in self.inside.get((name, group), {}).items()
+                if self.at.get((name, g)) == src
+            }
+            if inner:
+                g, by = next(iter(inner.items()))
+                where = by.where.path if by.where else "an earlier transition"
+                message = (
+                    f"{name!r} is {src} on {g} inside its {src} on {group} (split after it, "
+                    f"in {where}): taking dimension {src.dim} off {group} first leaves each "
+                    f"rank every {g}-th block, not {src} on {g}; DTensor reshards it, so "
+                    f"write that: {g} {src} → replicate first, then this, then {g} "
+                    f"replicate → {src} (a local slice) if it stays split there"
+                )
+            self.inside.pop((name, group), None)
+            for nested in self.inside.values():
+                nested.pop(group, None)
+        if dst.kind == "shard" and src != dst:  # split inside the groups holding that dimension
+            for (other, g), at in self.at.items():
+                if other == name and g != group and at == dst:
+                    self.inside.setdefault((name, g), {})[group] = tr
+        self.at[name, group] = dst
+        return message
 
 
 def _unlike(a: Transition, b: Transition) -> bool:
