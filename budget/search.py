@@ -61,6 +61,7 @@ from budget.plan.model import (
     Schedule,
     Topology,
     Transition,
+    unlaunchable_expert_grid,
 )
 from budget.plan.resolve import (
     MAX_ELEMENTS,
@@ -687,6 +688,12 @@ def _grid_piece(
             (tp * cp * dp) % (ep * etp) != 0,
         ),
         ("MoE under tp > 1 needs sequence parallelism", (experts is not None) & (tp > 1) & ~sp),
+        (
+            # resolve's `experts`: Megatron-Core's refusal under a plan's parallel.order
+            "expert grid Megatron-Core does not build under parallel.order",
+            (experts is not None)
+            & unlaunchable_expert_grid(plan.parallel.order, tp, cp, dp, pp, ep, etp),
+        ),
         (
             "same as ZeRO 0: one data-parallel rank shards nothing",
             # and no expert states sharded over an expert data-parallel group > 1; ZeRO 3

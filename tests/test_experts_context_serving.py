@@ -2680,3 +2680,47 @@ def test_fp8_parameters_in_training_need_zero(tmp_path):
         base=ROOT / "plans" / "llama3-70b-decode.yaml",
     )
     assert decode.parallel.zero == 0 and load_plan(served).precision.params == "fp8"
+
+
+def test_an_expert_grid_megatron_does_not_build_under_the_order_is_refused(tmp_path):
+    """Megatron-Core numbers the expert ranks (etp, ep, edp, pp; cp 1) over the plan's order
+    as it numbers the dense ones (tp, cp, dp, pp; ep 1), and refuses the grid unless their pp
+    groups agree and, with pp not last, edp = dp (``initialize_model_parallel``). Mixtral's tp
+    2, pp 4, dp 8, ep 8 (etp = tp = 2, edp = 16 / 16 = 1) under tp, cp, ep, pp, dp (the
+    --use-tp-pp-dp-mapping order): a pp group is every rank tp·cp = 2 apart in the dense
+    grid and etp·ep = 16 apart in the expert one, and edp 1 ≠ dp 8. It was folded inside
+    each stage and priced (an audit). At ep 2, etp 1 (strides 2 and 2, edp 16 / 2 = 8 = dp)
+    Megatron builds it, and so does budget; pp last, every grid is built."""
+    from tests.test_transitions import _run
+
+    mapping = ("order: [tp, cp, ep, dp, pp]", "order: [tp, cp, ep, pp, dp]")
+    mixtral = ROOT / "plans" / "mixtral-8x7b.yaml"
+    refused = variant(tmp_path, "refused.yaml", mapping, base=mixtral)
+    code, out, err = _run(str(refused))
+    assert (code, out) == (2, "")
+    assert err.count("error:") == 1
+    assert (
+        "error: $.parallel.order: Megatron-Core does not build this expert grid under "
+        "parallel.order [tp, cp, ep, pp, dp]: numbered in that order, its expert ranks (etp 2 × "
+        "ep 8 × edp 1 × pp 4) and its dense ranks (tp 2 × cp 1 × dp 8 × pp 4) fall into "
+        "different pipeline groups and have data-parallel sizes 1 and 8 with pp not last; put "
+        "pp last in the order (Megatron's default) or use pp 1"
+    ) in " ".join(err.split())
+    built = variant(
+        tmp_path, "built.yaml", mapping, ("  ep: 8\n", "  ep: 2\n  etp: 1\n"), base=mixtral
+    )
+    assert load_plan(built).parallel.order == ("tp", "cp", "ep", "pp", "dp")
+    # and a search over that order ranks no layout the plan loader refuses (its own rule)
+    code, out, _ = _run("search", str(refused), "--gpus", "64", "-f", "json", "--top", "200")
+    import json
+
+    found = json.loads(out)
+    assert found["rejected"]["expert grid Megatron-Core does not build under parallel.order"]
+    from budget.plan.model import unlaunchable_expert_grid
+
+    assert len(found["results"]) == 200
+    for row in found["results"]:
+        c = row["config"]
+        etp = c.get("etp") or c["tp"]
+        order = ("tp", "cp", "ep", "pp", "dp")
+        assert not unlaunchable_expert_grid(order, c["tp"], c["cp"], c["dp"], c["pp"], c["ep"], etp)

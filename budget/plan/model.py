@@ -289,6 +289,39 @@ class Parallel:
         return 1 if self.dp_shard is None else self.dp // self.dp_shard
 
 
+def unlaunchable_expert_grid(
+    order: tuple[str, ...], tp: Any, cp: Any, dp: Any, pp: Any, ep: Any, etp: Any
+) -> Any:
+    """Whether Megatron-Core refuses to build the expert grid of an MoE model under `order`
+    (a bool, or an array over a sweep's layouts). ``parallel_state.initialize_model_parallel``
+    numbers the dense ranks with tp, cp, dp, pp (ep 1) and the expert ranks with etp, ep,
+    edp, pp (cp 1) over the same order, edp = tp·cp·dp / (ep·etp), and raises unless (a) the
+    order ends with pp, or pp = 1, or edp = dp ("When not using pp-last rank ordering, the
+    data parallel size of the attention and moe layers must be the same") and (b) the two
+    grids' pp groups are the same ("Pipeline parallel groups are expected to be the same for
+    Non-Expert and Expert part"). A pp group is every rank a stride apart, the stride the
+    product of the sizes before pp in the order, so (b) holds where the two strides agree.
+    Under ``--use-tp-pp-dp-mapping`` (order tp, cp, ep, pp, dp) Mixtral's tp 2, ep 8, etp 2,
+    pp 4, dp 8 has strides 2 and 16 and edp 1 against dp 8: refused, where budget had folded
+    the expert grid inside each stage and priced a run that cannot start (an audit)."""
+    groups, sizes = expert_grid_conflicts(order, tp, cp, dp, pp, ep, etp)
+    return groups | sizes
+
+
+def expert_grid_conflicts(
+    order: tuple[str, ...], tp: Any, cp: Any, dp: Any, pp: Any, ep: Any, etp: Any
+) -> tuple[Any, Any]:
+    """Megatron-Core's two refusals of an expert grid (`unlaunchable_expert_grid`): (b) its
+    pp groups are not the dense ones, (a) pp not last and edp ≠ dp; each where pp > 1."""
+    edp = tp * cp * dp // (ep * etp)
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    expert = {"tp": etp, "cp": 1, "ep": ep, "dp": edp, "pp": pp}
+    ahead = order[: order.index("pp")]
+    strides = math.prod(dense[g] for g in ahead), math.prod(expert[g] for g in ahead)
+    piped = pp > 1
+    return piped & (strides[0] != strides[1]), piped & (order[-1] != "pp") & (edp != dp)
+
+
 # Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
 # Deep Learning" (arXiv 2507.03114), abstract: overlapping computation and communication
 # slows the computation by 18.9 % on average (40.0 % at most) against the same computation

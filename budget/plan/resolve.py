@@ -47,6 +47,8 @@ from budget.plan.model import (
     Precision,
     Topology,
     Transition,
+    expert_grid_conflicts,
+    unlaunchable_expert_grid,
 )
 from budget.plan.transitions import (
     check_chains,
@@ -2102,6 +2104,27 @@ class _Checks(_ModelChecks):
                     if dense % etp == 0
                     else f"choose etp among {_divisors(dense)}"
                 ),
+            )
+        elif unlaunchable_expert_grid(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp):
+            groups, sizes = expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp)
+            edp = dense // (p.ep * etp)
+            grids = (
+                f"its expert ranks (etp {etp} × ep {p.ep} × edp {edp} × pp {p.pp}) and its "
+                f"dense ranks (tp {p.tp} × cp {p.cp} × dp {p.dp} × pp {p.pp})"
+            )
+            why = [
+                why
+                for why, holds in (
+                    ("fall into different pipeline groups", groups),
+                    (f"have data-parallel sizes {edp} and {p.dp} with pp not last", sizes),
+                )
+                if holds
+            ]
+            self.r.error(
+                "$.parallel.order",
+                f"Megatron-Core does not build this expert grid under parallel.order "
+                f"[{', '.join(p.order)}]: numbered in that order, {grids} "
+                f"{' and '.join(why)}; put pp last in the order (Megatron's default) or use pp 1",
             )
 
     def replicated_tokens(self, etp: int) -> None:
