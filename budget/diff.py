@@ -340,7 +340,14 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Value]:
         for i, item in enumerate(value):
             out |= flatten(item, f"{prefix}{i}.")
         return out
+    if prefix in _UNSET_AT_ZERO and value == 0:  # not given: no key, read "–" as `flops`'
+        return {}
     return {prefix.rstrip("."): value}
+
+
+# device keys whose 0 stands for "not given" (no bandwidth: no times; SMs not known), not a
+# value: a device with no rates read "2.039 TB/s → 0 B/s" beside "312 TFLOP/s → –" (an audit)
+_UNSET_AT_ZERO = {"device.memory_bandwidth.", "device.sms."}
 
 
 class Calibration(str):

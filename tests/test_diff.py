@@ -1291,6 +1291,14 @@ def test_a_device_with_no_rates_lists_only_the_rates_it_lost(tmp_path: Path) -> 
         c.key for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
     ]
     assert "device.flops.bf16" in keys and "device.flops" not in keys
+    # nor a 0 standing for a bandwidth or an SM count not given: "2.039 TB/s → 0 B/s" and
+    # "108 → 0" beside "312 TFLOP/s → –" (an audit); its 0 s kernel startup is a value
+    changes = {
+        c.key: c
+        for c in plan_changes(load_plan(ROOT / "plans" / "gpt-1.3b.yaml"), load_plan(untimed))
+    }
+    assert changes["device.memory_bandwidth"].b is None and changes["device.sms"].b is None
+    assert (changes["device.sms"].a, changes["device.kernel_startup"].b) == (108, 0.0)
 
 
 def test_a_side_with_no_step_time_is_said_so_not_given_a_zero_peak(tmp_path: Path) -> None:
