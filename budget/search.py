@@ -713,7 +713,7 @@ def _grid_piece(
             & gather_rounds_master(plan.precision),
         ),
         (
-            "ZeRO 1 or 2 gathering fp8 beside wider parameters (--fp8-param-gather's are fp8)",
+            "ZeRO 1 or 2 gathering fp8 beside wider parameters, or fp8 parameters wider",
             np.isin(zero, (1, 2))
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
             & gathers_fp8_beside_wider(plan.precision),

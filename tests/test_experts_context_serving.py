@@ -2452,6 +2452,51 @@ def test_eager_attention_over_context_parallel_ranks_is_refused_and_not_searched
     assert outcome.results and all(r.config.cp == 1 for r in outcome.results)
 
 
+def test_fp8_parameters_under_zero_1_or_2_are_gathered_in_fp8(tmp_path):
+    """The reverse of the test below (an audit, m313): fp8 parameters gathered in bf16 under
+    ZeRO 1 were priced at 2 B a weight (90.8 ms a step on Llama 3 70B, where fp8's 1 B and
+    the bf16 vocabulary take 42.9 + 5.5 ms) beside fp8 parameters and no bf16 copy to gather
+    into. Megatron-LM gathers FP8 parameters in their own bytes, its parameter buffer uint8
+    (``param_and_grad_buffer``): refused, and a search of that model drops ZeRO 1 and 2."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    wider = (
+        "  activations: bf16\n",
+        "  activations: bf16\n  matmul: fp8\n  param_gather: bf16\n",
+    )
+    path = variant(tmp_path, "pg.yaml", wider, ("params: bf16", "params: fp8"), base=base)
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    said = " ".join(result.stderr.split())
+    assert ": error: $.precision.param_gather: param_gather: bf16 under ZeRO 1 beside params: " in (
+        said
+    )
+    assert "gathers fp8 parameters as they are (a uint8 buffer)" in said
+    # the same plan with the gather left out follows params: fp8, and loads
+    plain = ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n")
+    kept = variant(tmp_path, "kept.yaml", plain, ("params: bf16", "params: fp8"), base=base)
+    assert load_plan(kept).precision.param_gather == "fp8"
+    from budget.search import Space, search
+
+    zero3 = variant(
+        tmp_path,
+        "z3.yaml",
+        wider,
+        ("params: bf16", "params: fp8"),
+        ("  zero: 1\n", "  zero: 3\n"),
+        ("pp: 4", "pp: 1"),
+        ("dp: 16", "dp: 64"),
+        base=base,
+    )
+    swept = search(load_plan(zero3), 512, Space(tp=(8,), pp=(1,), micro=(1,), virtual_stages=(1,)))
+    rule = "ZeRO 1 or 2 gathering fp8 beside wider parameters, or fp8 parameters wider"
+    assert swept.rejected[rule]
+    assert swept.results and all(r.config.zero not in (1, 2) for r in swept.results)
+
+
 def test_an_fp8_parameter_gather_under_zero_1_or_2_needs_fp8_parameters(tmp_path):
     """An audit (m228): ZeRO 1 and 2 refresh each rank's parameters by their all-gather, so
     an fp8 gather leaves fp8 parameters: Megatron-LM's --fp8-param-gather builds Transformer
@@ -2497,7 +2542,7 @@ def test_an_fp8_parameter_gather_under_zero_1_or_2_needs_fp8_parameters(tmp_path
         512,
         Space(tp=(8,), pp=(1,), micro=(1,), virtual_stages=(1,)),
     )
-    rule = "ZeRO 1 or 2 gathering fp8 beside wider parameters (--fp8-param-gather's are fp8)"
+    rule = "ZeRO 1 or 2 gathering fp8 beside wider parameters, or fp8 parameters wider"
     assert swept.rejected[rule] and swept.results
     assert all(r.config.zero == 3 for r in swept.results)
     zero3 = variant(
