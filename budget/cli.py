@@ -468,8 +468,17 @@ def collective_command(
         str | None,
         _option(
             "<time>",
-            "Compute the collective runs beside, e.g. 1ms: its exposed part is then "
-            "max(0, T − that), if an overlap schedule lets them run together.",
+            "Compute W the collective runs beside, e.g. 1ms: its exposed part is then "
+            "max(0, T − W/(1 − s)), if an overlap schedule lets them run together.",
+        ),
+    ] = None,
+    slowdown: Annotated[
+        str | None,
+        _option(
+            "<fraction>",
+            "With --beside, how much slower the compute s runs beside the collective, as a "
+            "plan's overlap.slowdown: 0.189 (the default, Lee et al.'s average) or 0 for ideal "
+            "overlap.",
         ),
     ] = None,
     fmt: LateFormatOption = Format.table,
@@ -482,7 +491,7 @@ def collective_command(
     result, shape = _read_with_format(
         fmt,
         lambda: collective(
-            op, ranks, size, bandwidth, latency, level or [], algorithm, ramp, beside
+            op, ranks, size, bandwidth, latency, level or [], algorithm, ramp, beside, slowdown
         ),
     )
     render_collective(stdout_console(), result, shape)

@@ -84,7 +84,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # without), and collectives on its groups ``dp_shard`` and ``dp_replicate``
 # 1.22: search's ``config.dp_shard``, hybrid sharding's shard group where ``--hybrid true``
 # priced one (null otherwise)
-SCHEMA_VERSION = "1.22"
+# 1.23: `budget collective --beside`'s ``slowdown`` (--slowdown, a plan's default 0.189) and
+# ``slowdown_s``; its ``exposed_s`` is max(0, T − W / (1 − s)), as a plan reads the pair
+SCHEMA_VERSION = "1.23"
 
 Kind = Literal[
     "report",

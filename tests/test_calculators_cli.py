@@ -839,18 +839,37 @@ def test_the_seeds_worked_example_and_the_compute_beside_it() -> None:
     """The seed's synthetic collective: four latency-bearing phases at 5 µs plus 100 MB at
     50 GB/s, about 2.02 ms (a ring all-gather of 125 MB over 5 ranks sends 4/5 of it in 4
     steps); "cutting local compute to 1 ms exposes this cost unless a valid overlap
-    schedule exists": beside 1 ms of compute 1.02 ms stays exposed, beside 3 ms none, and
-    without --beside all of T (a seeds audit: no command took the compute)."""
+    schedule exists": beside 1 ms of compute 1.02 ms stays exposed under ideal overlap
+    (--slowdown 0), beside 3 ms none, and without --beside all of T (a seeds audit: no
+    command took the compute). At a plan's default slowdown s = 0.189 the compute beside it
+    lasts 1 ms / 0.811 = 1.233 ms, so 2.02 − 1.233 = 0.787 ms stays exposed and the hidden
+    1.233 ms adds 0.189 × 1.233 = 0.233 ms to the compute, as a plan's report reads the same
+    pair (`schedule.time_phase`; an audit: the calculator said 1.02 ms there)."""
     args = ["collective", "all-gather", "--ranks", "5", "--size", "125MB"]
     args += ["--bandwidth", "50GB/s", "--latency", "5us"]
     plain = _json(args)
     assert (plain["steps"], plain["sent_bytes"]) == (4, 100_000_000)
     assert plain["time_s"] == pytest.approx(4 * 5e-6 + 100e6 / 50e9)  # 2.02 ms
     assert "exposed_s" not in plain
-    assert _json([*args, "--beside", "1ms"])["exposed_s"] == pytest.approx(1.02e-3)
+    ideal = _json([*args, "--beside", "1ms", "--slowdown", "0"])
+    assert (ideal["exposed_s"], ideal["slowdown_s"]) == (pytest.approx(1.02e-3), 0)
     assert _json([*args, "--beside", "3ms"])["exposed_s"] == 0
+    slowed = _json([*args, "--beside", "1ms"])
+    assert slowed["slowdown"] == 0.189
+    assert slowed["exposed_s"] == pytest.approx(2.02e-3 - 1e-3 / 0.811)  # 0.787 ms
+    assert slowed["slowdown_s"] == pytest.approx(0.189 * 1e-3 / 0.811)  # 0.233 ms
+    table = runner.invoke(app, route([*args, "--beside", "1ms", "--slowdown", "0"])).stdout
+    said = " ".join(table.split())
+    assert "compute slowdown s none: ideal overlap (--slowdown 0)" in said
+    assert "exposed max(0, T − W/(1 − s)) 1,020.000 µs" in said
+    assert "compute slowed" not in said
     table = runner.invoke(app, route([*args, "--beside", "1ms"])).stdout
-    assert "exposed max(0, T − W)    1,020.000 µs" in table
+    said = " ".join(table.split())
+    assert "compute slowdown s 18.9% slower beside it (--slowdown)" in said
+    assert "exposed max(0, T − W/(1 − s)) 786.954 µs" in said
+    assert "compute slowed s·(T − exposed) 233.046 µs" in said
+    assert "--slowdown '1'" in _error([*args, "--beside", "1ms", "--slowdown", "1"])
+    assert "give --beside" in _error([*args, "--slowdown", "0.1"])
     assert "--beside '1 parsec'" in _error([*args, "--beside", "1 parsec"])
 
 
@@ -1191,7 +1210,8 @@ def test_the_time_says_it_is_the_total_and_what_of_it_is_exposed() -> None:
     )
     beside = runner.invoke(app, [*args, "--beside", "1ms"]).stdout
     assert "| time T | 4,189.663 µs  (bandwidth-bound; the total) |" in beside
-    assert "| exposed max(0, T − W) | 3,189.663 µs" in beside
+    # 4,189.663 − 1,000 / (1 − 0.189) µs: the compute beside it, slowed, lasts 1,233.046 µs
+    assert "| exposed max(0, T − W/(1 − s)) | 2,956.617 µs" in beside
 
 
 @pytest.mark.parametrize(("op", "meant"), [("all-to-all", "pairwise"), ("send-recv", "direct")])

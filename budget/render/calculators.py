@@ -15,7 +15,14 @@ from rich.text import Text
 from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
 from budget.collectives import TREE_SHARE, CollectiveCost, exchange_loads
 from budget.render import Hanging, held
-from budget.units import format_duration, format_flops, format_rate, parse_flops, plural
+from budget.units import (
+    format_duration,
+    format_flops,
+    format_rate,
+    format_share,
+    parse_flops,
+    plural,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -290,10 +297,17 @@ def _beside(result: CollectiveResult) -> Rows:
         if exposed == 0
         else f"{_time(time - exposed)} of T hidden"
     )
-    return [
+    s = result.slowdown
+    rows: Rows = [
         ("compute beside it W", f"{_time(result.beside_s)}"),
         (
-            "exposed max(0, T − W)",
+            "compute slowdown s",
+            f"{format_share(s)} slower beside it (--slowdown)"
+            if s
+            else "none: ideal overlap (--slowdown 0)",
+        ),
+        (
+            "exposed max(0, T − W/(1 − s))",
             f"{_time(exposed)}  ({said}"
             + (
                 ", if an overlap schedule lets them run together; without one all of T)"
@@ -302,6 +316,9 @@ def _beside(result: CollectiveResult) -> Rows:
             ),
         ),
     ]
+    if exposed < time and s:  # what the hidden part costs the compute instead
+        rows.append(("compute slowed s·(T − exposed)", _time(result.slowed_s)))
+    return rows
 
 
 def _pacing(cost: CollectiveCost) -> str:
