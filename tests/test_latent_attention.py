@@ -99,6 +99,29 @@ def test_decode_attends_in_the_latent_space(tmp_path: Path) -> None:
     assert core.bytes == 2 * sequences * 128 * (576 + 512) + cache
 
 
+def test_decode_runs_the_absorbed_up_projections_as_two_batched_gemms(tmp_path: Path) -> None:
+    """Decoding, each head's no-rope query is taken into the latent space before the core
+    (q_nope [T, H, 128] × W_UK [H, 128, 512]) and the core's latent output back to values
+    after it ([T, H, 512] × W_UV [H, 512, 128]): the FLOPs and fp8 weights of the latent's
+    up-projection, but activations of T·H·(128 + 512 + 512 + 128) elements. At tp 8 (16 heads
+    a rank), 128 sequences a replica, fp8 GEMM operands (1 B): 128 · 16 · 1,280 = 2,621,440 B
+    and 16 · 512 · 256 = 2,097,152 B of weights, 4,718,592 B; the kernel had read the
+    latent's up-projection's 128 · (512 + 16 · 256) = 589,824 B of activations (an audit). In
+    training and prefill the latent is up-projected to keys and values, one GEMM."""
+    plan = _plan(tmp_path, tp=8, dp=2, ep=2)
+    s = shapes(plan, query_len=1, kv_len=4096 + 1024)
+    *_, up = flops.qkv_projections(plan, s)
+    assert up.name == flops.UP_PROJECTIONS and s.tokens == 128 and s.heads == 16
+    assert up.flops == 2 * 128 * 512 * 16 * (128 + 128)
+    assert up.bytes == 128 * 16 * 1280 + 16 * 512 * 256 == 4_718_592
+    assert up.launches == 2
+    prefill = shapes(plan, query_len=4096, kv_len=4096)
+    *_, whole = flops.qkv_projections(plan, prefill)
+    rows = prefill.tokens
+    assert whole.bytes == rows * (512 + 16 * 256) + 16 * 512 * 256
+    assert whole.launches == 1
+
+
 def test_decode_combines_the_latent_outputs_over_cp(tmp_path: Path) -> None:
     """Split over cp 2, each rank's partial output per head is the 512-wide latent, which
     the value up-projection widens to 128 only after the combine: the ranks exchange 32
