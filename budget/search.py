@@ -692,6 +692,7 @@ def _grid_piece(
             # resolve's `experts`: Megatron-Core's refusal under a plan's parallel.order
             "expert grid Megatron-Core does not build under parallel.order",
             (experts is not None)
+            & (plan.mode == "train")
             & unlaunchable_expert_grid(plan.parallel.order, tp, cp, dp, pp, ep, etp),
         ),
         (

@@ -4118,6 +4118,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             rearranged = _dim0_copy(tr, src, dst, op, others, degrees)
             if rearranged is not None:
                 label, needed = rearranged
+                # over one rank DTensor runs no collective and copies nothing
+                # (``redistribute_local_tensor``: "only one shard"; a review)
+                needed = needed & (ranks > 1)
                 shape = src if op == "reduce-scatter" else dst  # a copy of the full piece
                 placed_so = f"{shape} on {tr.group}{elsewhere}"
                 copy = Alloc(f"{tr.name} ({label})", "transient", full, placement=placed_so)

@@ -2755,6 +2755,18 @@ def test_an_expert_grid_megatron_does_not_build_under_the_order_is_refused(tmp_p
         tmp_path, "built.yaml", mapping, ("  ep: 8\n", "  ep: 2\n  etp: 1\n"), base=mixtral
     )
     assert load_plan(built).parallel.order == ("tp", "cp", "ep", "pp", "dp")
+    # a serving plan is not Megatron-Core's training grid: vLLM numbers tp, pp, dp, its
+    # expert group a stage's dp x tp ranks (etp 1, ep 8 over tp 4 x dp 2, edp 1; a review)
+    serving = tmp_path / "serving.yaml"
+    serving.write_text(
+        MIXTRAL_SERVING.replace(
+            "parallel: {tp: 8}",
+            "parallel: {tp: 4, pp: 2, dp: 2, ep: 8, etp: 1, sequence_parallel: true,\n"
+            "  order: [tp, cp, ep, pp, dp]}",
+        ).replace("nodes: 1", "nodes: 2"),
+        encoding="utf-8",
+    )
+    assert load_plan(serving).parallel.ep == 8
     # and a search over that order ranks no layout the plan loader refuses (its own rule)
     code, out, _ = _run("search", str(refused), "--gpus", "64", "-f", "json", "--top", "200")
     import json

@@ -1234,3 +1234,19 @@ def test_a_tensor_that_starts_split_twice_gathers_either_group_first(tmp_path):
     code, _, err = _run(str(_plan(tmp_path / "tp", start + last.format("tp"))))
     assert code == 2
     assert "$.transitions[4].from: 'W' is shard(0) on dp inside its shard(0) on tp" in err
+
+
+def test_a_group_of_one_rank_makes_no_rearranging_copy(tmp_path):
+    """Over one rank DTensor's redistribute runs no collective ("only one shard",
+    ``redistribute_local_tensor``), so a shard(1) → replicate over cp 1 holds no second
+    copy: the tensor (fp32 [8192, 8192], 268,435,456 B) and its shard, the same size, alone
+    (a review: 2 GiB of phantom peak on a tp 1 plan's logits gather)."""
+    text = (
+        "transitions:\n"
+        "  - {name: X, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: cp,\n"
+        "     from: shard(1), to: replicate, source_alive: true}\n"
+    )
+    report = budget_plan(_plan(tmp_path, text))
+    loss = next(p for p in report.phases if p.name == "loss")
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
+    assert held == {"X (replicate)": 268_435_456, "X (shard(1), source alive)": 268_435_456}

@@ -2119,7 +2119,11 @@ class _Checks(_ModelChecks):
                     else f"choose etp among {_divisors(dense)}"
                 ),
             )
-        elif unlaunchable_expert_grid(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp):
+        elif self.mode == "train" and unlaunchable_expert_grid(
+            p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp
+        ):
+            # Megatron-Core's training grid; serving stacks number their own (vLLM's order
+            # is tp, pp, dp with its expert group one a stage over dp x tp: a review)
             groups, sizes = expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp)
             edp = dense // (p.ep * etp)
             grids = (
