@@ -757,30 +757,19 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
         works += [norms, gemm(UP_PROJECTIONS, s.tokens, mla.q_rank, s.q_cols, e)]
     kv_cols = s.heads * (mla.nope_dim + plan.model.head_dim)
     up = gemm(UP_PROJECTIONS, s.tokens, mla.kv_rank, kv_cols, e)
-    if not s.causal:  # decoding: absorbed (`absorbed_up_projections`)
-        up = absorbed_up_projections(plan, s, up)
+    if not s.causal:
+        # decoding absorbs the key and value up-projections (DeepSeek-V2, arXiv 2405.04434,
+        # section 2.1.3; Megatron-Core's ``up_k_weight`` and ``up_v_weight``): q_nope [T, H,
+        # nope] × W_UK [H, nope, kv_rank] before the core and its latent output [T, H,
+        # kv_rank] × W_UV [H, kv_rank, head_dim] after it, two batched GEMMs of the same FLOPs
+        # and weights moving T·H·(nope + 2·kv_rank + head_dim) activations (an audit: priced
+        # as the latent's up-projection, 2,686,976 B where 4,718,592 B move on DeepSeek-V3 at
+        # tp 8)
+        a, w = _split(e)
+        moved = s.tokens * s.heads * (mla.nope_dim + 2 * mla.kv_rank + plan.model.head_dim)
+        up = replace(up, bytes=a * moved + w * mla.kv_rank * kv_cols, launches=2)
     works.append(up)
     return works
-
-
-def absorbed_up_projections(plan: Plan, s: Shapes, up: Work) -> Work:
-    """Decoding with latent attention absorbs the key and value up-projections (DeepSeek-V2,
-    arXiv 2405.04434, section 2.1.3; Megatron-Core's ``up_k_weight`` and ``up_v_weight``):
-    each head's no-rope query is taken into the latent space, q_nope [T, H, nope] × W_UK
-    [H, nope, kv_rank], before the core, and the core's latent output back to the head's
-    values, [T, H, kv_rank] × W_UV [H, kv_rank, head_dim], after it: two batched GEMMs of the
-    same FLOPs and weights as the up-projection `up` of the latent, whose activations are
-    T·H·(nope + kv_rank + kv_rank + head_dim) elements, where the latent's up-projection
-    reads T·kv_rank and writes T·H·(nope + head_dim) (an audit: DeepSeek-V3 at tp 8 read
-    2,686,976 B for this kernel where the two move 4,718,592 B; the core already read the
-    576-wide absorbed query and wrote the 512-wide output)."""
-    mla, a = plan.model.mla, _split(operands(plan))[0]
-    assert mla is not None
-    weights = up.bytes - a * s.tokens * (
-        mla.kv_rank + s.heads * (mla.nope_dim + plan.model.head_dim)
-    )
-    moved = a * s.tokens * s.heads * (mla.nope_dim + 2 * mla.kv_rank + plan.model.head_dim)
-    return replace(up, bytes=weights + moved, launches=2)
 
 
 def attention_forward(plan: Plan, s: Shapes) -> list[Work]:

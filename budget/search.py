@@ -66,9 +66,9 @@ from budget.plan.model import (
 from budget.plan.resolve import (
     MAX_ELEMENTS,
     divisors,
+    fp8_gather_mismatch,
     fp8_params_unsharded,
     gather_rounds_master,
-    gathers_fp8_beside_wider,
     parse_placement,
     shape_names,
 )
@@ -717,7 +717,7 @@ def _grid_piece(
             "ZeRO 1 or 2 gathering fp8 beside wider parameters, or fp8 parameters wider",
             np.isin(zero, (1, 2))
             & ((dp * cp > 1) | ((experts is not None) & (tp != ep * etp)))
-            & gathers_fp8_beside_wider(plan.precision),
+            & fp8_gather_mismatch(plan.precision),
         ),
         (
             "fp8 parameters need ZeRO (--fp8-param-gather needs the distributed optimizer)",

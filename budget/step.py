@@ -3953,33 +3953,36 @@ def _dim0_copy(
     op: Op | None,
     others: list[tuple[str, Placement]],
     degrees: dict[str, Any],
+    ranks: Any,
 ) -> tuple[str, Any] | None:
-    """The full-size copy a transition of a dimension other than 0 makes beside its output,
-    and where it is made: (its label, a bool or a sweep's array), or None.
+    """The full-size copy a transition of a dimension other than 0 over `ranks` makes beside
+    its output, and where it is made: (its label, a bool or a sweep's array), or None. Over
+    one rank DTensor runs no collective and copies nothing (``redistribute_local_tensor``:
+    "only one shard"; a review).
 
     NCCL gathers and scatters along dimension 0 only, so DTensor's collectives rearrange
     (PyTorch, ``torch/distributed/_functional_collectives.py``): ``all_gather_tensor`` with
     ``gather_dim`` k > 0 gathers the shards one after the other and then concatenates their
     chunks along k (``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``), a
-    second full tensor beside the gathered one until it is freed; since PyTorch 2.10's
-    ``_maybe_view_chunk_cat`` that is a view, and no copy, where every dimension before k is
-    of size 1 on the rank. ``reduce_scatter_tensor`` with ``scatter_dim`` k > 0 first
-    concatenates the input's chunks along k into a new tensor along dimension 0
-    (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``), always a full copy,
-    which the reduce-scatter then reads. So a rank holds the source, that copy and the
-    output at once (an audit: the logits' shard(1) → replicate read 4.5 GiB where DTensor
-    holds 8.5 GiB). Its bytes are the rank's full piece (`full`), what the other groups'
-    shards leave it."""
+    second full tensor beside the gathered one until it is freed; where PyTorch has
+    ``_maybe_view_chunk_cat`` that is a view, and no copy, if every dimension before k is of
+    size 1 on the rank, which is taken as no copy. ``reduce_scatter_tensor`` with
+    ``scatter_dim`` k > 0 first concatenates the input's chunks along k into a new tensor
+    along dimension 0 (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``),
+    always a full copy, which the reduce-scatter then reads. So a rank holds the source,
+    that copy and the output at once (an audit: the logits' shard(1) → replicate read
+    4.5 GiB where DTensor holds 8.5 GiB). Its bytes are the rank's full piece (`full`),
+    what the other groups' shards leave it."""
     if op == "all-gather" and src.dim:
         before: Any = 1  # the rank's elements across the dimensions before k
         for i in range(src.dim):
             split = math.prod(degrees[g] for g, at in others if at == Placement("shard", i))
             before = before * (tr.shape[i] // split)
         label = f"gathered along dimension 0, then copied along dimension {src.dim}"
-        return f"{label}: DTensor's all_gather_tensor", before > 1
+        return f"{label}: DTensor's all_gather_tensor", (before > 1) & (ranks > 1)
     if op == "reduce-scatter" and dst.dim:
         label = f"its chunks along dimension {dst.dim} copied to dimension 0"
-        return f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor", True
+        return f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor", ranks > 1
     return None
 
 
@@ -4121,14 +4124,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     )
                 )
             copies: list[Alloc] = []  # alive while the collective runs, freed after it
-            rearranged = _dim0_copy(tr, src, dst, op, others, degrees)
+            rearranged = _dim0_copy(tr, src, dst, op, others, degrees, ranks)
             if rearranged is not None:
                 label, needed = rearranged
-                # over one rank DTensor runs no collective and copies nothing
-                # (``redistribute_local_tensor``: "only one shard"; a review)
-                needed = needed & (ranks > 1)
-                shape = src if op == "reduce-scatter" else dst  # a copy of the full piece
-                placed_so = f"{shape} on {tr.group}{elsewhere}"
+                whole = src if op == "reduce-scatter" else dst  # a copy of the full piece
+                placed_so = f"{whole} on {tr.group}{elsewhere}"
                 copy = Alloc(f"{tr.name} ({label})", "transient", full, placement=placed_so)
                 copies = when([copy], needed)
             outputs[tr.name] = extra[0]

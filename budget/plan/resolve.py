@@ -48,7 +48,6 @@ from budget.plan.model import (
     Topology,
     Transition,
     expert_grid_conflicts,
-    unlaunchable_expert_grid,
 )
 from budget.plan.transitions import (
     check_chains,
@@ -1248,7 +1247,7 @@ class _Resolver:
         return True
 
 
-def gathers_fp8_beside_wider(precision: Precision) -> bool:
+def fp8_gather_mismatch(precision: Precision) -> bool:
     """Whether the parameters are gathered in fp8 but kept wider, or kept in fp8 but
     gathered wider, which under ZeRO 1 and 2 is no stack's (`_check_zero_gather`:
     Megatron-LM's --fp8-param-gather keeps them fp8, and gathers fp8 parameters into its
@@ -1323,7 +1322,7 @@ def _check_zero_gather(
             "gathers fp8 parameters as they are (a uint8 buffer), keeping no wider copy to "
             "gather into; leave param_gather out (it follows params) or write fp8",
         )
-    elif zero in (1, 2) and gathers and gathers_fp8_beside_wider(precision):
+    elif zero in (1, 2) and gathers and fp8_gather_mismatch(precision):
         # the replica ZeRO 1 and 2 refresh is what they gather: Megatron-LM's
         # --fp8-param-gather builds Transformer Engine's weights as FP8 tensors
         # (``fp8_model_init`` in pretrain_gpt.py's model_provider) and keeps no 16-bit copy
@@ -2119,12 +2118,12 @@ class _Checks(_ModelChecks):
                     else f"choose etp among {_divisors(dense)}"
                 ),
             )
-        elif self.mode == "train" and unlaunchable_expert_grid(
-            p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp
+        # Megatron-Core's training grid; serving stacks number their own (vLLM's order is
+        # tp, pp, dp with its expert group one a stage over dp x tp: a review)
+        elif self.mode == "train" and any(
+            conflicts := expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp)
         ):
-            # Megatron-Core's training grid; serving stacks number their own (vLLM's order
-            # is tp, pp, dp with its expert group one a stage over dp x tp: a review)
-            groups, sizes = expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp)
+            groups, sizes = conflicts
             edp = dense // (p.ep * etp)
             grids = (
                 f"its expert ranks (etp {etp} × ep {p.ep} × edp {edp} × pp {p.pp}) and its "
