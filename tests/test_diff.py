@@ -95,9 +95,10 @@ def test_tp8_vs_tp4_table(tmp_path: Path) -> None:
     assert f"0 states {states}" in lines
     sent = _row(_attention_sent(8, 16), _attention_sent(4, 32))
     # dp 16 → 32 halves each rank's micro-batches, 1536 / (16 × 1) → 1536 / (32 × 1), so
-    # each phase's calls halve: 12 layers a stage × 96 → 48 micro-batches; the row says so
+    # each phase runs half as often: 12 layers a stage × 96 → 48 micro-batches; the row says
+    # so, headed "count" as in the report's phase table (not "calls", the collectives' word)
     # first, the figures it explains after it (a user audit)
-    at = lines.index("forward.attention calls 1,152 576 −576 −50.0%")
+    at = lines.index("forward.attention count 1,152 576 −576 −50.0%")
     assert lines[at + 1] == f"sent/rank {sent}"
     assert "No differences" not in out
     # stage 0's activations about double (every term is over tp; tp 8 peaks at the fc1
@@ -211,7 +212,7 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
         f"| 0 | states | {a:.1f} GiB | {b:.1f} GiB | 🔴 ✗ +{b - a:.1f} GiB | +{b / a - 1:.1%} |"
         in lines
     )
-    at = lines.index("| `forward.attention` | calls | 1,152 | 576 | −576 | −50.0% |")
+    at = lines.index("| `forward.attention` | count | 1,152 | 576 | −576 | −50.0% |")
     # the sign beside the colour, as in the terminal (an audit: colour alone in markdown)
     assert lines[at + 1].startswith("|  | sent/rank |") and "🟢 ✓" in lines[at + 1]
     assert lines[-1] == "Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse."
@@ -226,7 +227,7 @@ def test_a_phase_on_one_side_is_named_as_code_and_its_side_after_it(tmp_path: Pa
     one.write_text(text.replace("pp: 8", "pp: 1").replace("dp: 16", "dp: 128"), "utf-8")
     code, out, _ = _diff(GPT3, one, "--format", "markdown")
     assert code == 0
-    assert "| `pipeline.forward` (A only) | calls | 96 | – | – | – |" in out.splitlines()
+    assert "| `pipeline.forward` (A only) | count | 96 | – | – | – |" in out.splitlines()
     assert "(A only)`" not in out
 
 

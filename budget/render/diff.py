@@ -61,7 +61,9 @@ _LABELS = {
     "exposed_share": "exposed share",
     "bubble_s": "pipeline bubble",
     "after_s": "reduction + optimizer",
-    "count": "calls",
+    # the times a phase runs, as the report's phase table heads it: not its collectives'
+    # calls, which the collectives table counts (an audit: "calls" read as those)
+    "count": "count",
     "layers": "layers",
     "inflight": "in flight",
     "tokens_per_s": "tokens/s",
