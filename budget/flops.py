@@ -1360,7 +1360,23 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     ``calculate_logits_max``, ``calculate_predicted_logits``, fused by ``jit_fuser``), and
     twice that in the backward (`backward_of`). A count from that code, not a published
     figure; read kernel by kernel, with its upcast and the softmax's division, both passes
-    come to about 52 bytes per logit against these 48."""
+    come to about 52 bytes per logit against these 48.
+
+    ``loss: pytorch`` (`step._entropy_passes`) is counted kernel by kernel, each fp32 pass
+    4 bytes a logit and the upcast and the cast back a read and a write of the logits
+    (6 bytes with bf16 logits, none with fp32). On one rank of tp: ``log_softmax`` reads
+    its input three times (maximum, sum of exponentials, output) and writes once, 16 B,
+    ``nll_loss`` reads a logit per token; its backward zeroes the gradient (4 B), scatters
+    one per token, and ``_log_softmax_backward_data`` reads the gradient twice and the
+    output once and writes once (16 B): 22 and 26 with the casts, 48 as Megatron's. Under
+    DTensor's ``loss_parallel`` the decomposition runs separate kernels: ``amax`` (4),
+    ``x - x_max`` (8), ``exp`` (8), ``sum`` (4), ``- logsumexp`` (8), 32 B and the upcast
+    forward; ``zeros_like`` (4), ``exp`` (8), the add (12), the product (8), 32 B and the
+    cast back: 76 B with bf16 logits. Kernel launches are counted alike: 3 and 4 (cast,
+    ``log_softmax``, ``nll_loss``; zeros, scatter, ``_log_softmax_backward_data``, cast), 8
+    and 6 under ``loss_parallel`` (cast, ``amax``, subtract, ``exp``, ``sum``, ``log``,
+    subtract, gather; zeros, index put, ``exp``, add, multiply, cast), one fewer each
+    without the casts."""
     from budget.layers import vocab_rows
 
     vocab = vocab_rows(plan)
@@ -1368,11 +1384,27 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
         "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
-    entropy = elementwise("cross-entropy (fp32)", 4 * 4 * s.tokens * vocab)
     norm = norm_kernel("final norm", 2 * s.act * s.tokens_sp * s.hidden)
-    head = [logits, capped, entropy] if plan.model.logit_softcap else [logits, entropy]
-    forward = [norm, *head]
-    return [*forward, *backward_of(forward)]
+    forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
+    per_logit, launches = _entropy_bytes(plan, s.act)
+    entropy = [
+        replace(elementwise(f"cross-entropy (fp32){name}", b * s.tokens * vocab), launches=n)
+        for name, b, n in zip(("", " backward"), per_logit, launches, strict=True)
+    ]
+    return [*forward, entropy[0], *backward_of(forward), entropy[1]]
+
+
+def _entropy_bytes(plan: Plan, act: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The cross-entropy's bytes per logit and its kernel launches, forward and backward
+    (`loss_work`)."""
+    if plan.loss == "megatron":
+        return (16, 32), (1, 1)
+    cast = vwhere(act < 4, act + 4, 0)
+    casts = vwhere(act < 4, 1, 0)
+    many = plan.parallel.tp > 1
+    forward = cast + vwhere(many, 32, 16), casts + vwhere(many, 7, 2)
+    backward = cast + vwhere(many, 32, 20), casts + vwhere(many, 5, 3)
+    return (forward[0], backward[0]), (forward[1], backward[1])
 
 
 MTP_PROJECTION = "multi-token prediction projection"

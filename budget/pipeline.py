@@ -372,6 +372,7 @@ def build_report(plan: Plan) -> Report:
         # stage sends split over tp and gathered on arrival (in effect only without SP)
         "scatter_gather": par.pipeline.scatter_gather,
         "recompute": plan.recompute,
+        "loss": plan.loss if plan.mode == "train" else None,
         "seq": plan.batch.seq,
         "micro": plan.batch.micro,
         "global": plan.batch.global_batch,

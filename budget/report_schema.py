@@ -86,7 +86,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # priced one (null otherwise)
 # 1.23: `budget collective --beside`'s ``slowdown`` (--slowdown, a plan's default 0.189) and
 # ``slowdown_s``; its ``exposed_s`` is max(0, T − W / (1 − s)), as a plan reads the pair
-SCHEMA_VERSION = "1.23"
+# 1.24: the report's ``layout.loss``, the cross-entropy's kernels (plan key ``loss``), null
+# for a serving plan
+SCHEMA_VERSION = "1.24"
 
 Kind = Literal[
     "report",

@@ -2703,6 +2703,9 @@ def _loss(b: _StageBuilder) -> None:
     logits). With fp32 activations the upcast (``.float()``) returns the logits themselves
     and no cast follows the backward: one fp32 buffer, 4·s·b·v/t (an audit: counted twice).
 
+    With ``loss: pytorch`` the forward and the backward hold different buffers, each an
+    instant of its own (`_pytorch_entropy`).
+
     With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
     pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
     ``process_mtp_loss``); each cross-entropy keeps its fp32 softmax for the backward
@@ -2710,6 +2713,7 @@ def _loss(b: _StageBuilder) -> None:
     plan, s = b.plan, b.shapes
     logits = s.tokens * vocab_rows(plan)
     vocab = "shard(vocab) on tp"
+    moments = _entropy_passes(plan, s.act, logits)
     everything = Alloc(
         f"{CARRIED_ACTIVATIONS} of the micro-batches in flight",
         "activations",
@@ -2721,12 +2725,11 @@ def _loss(b: _StageBuilder) -> None:
     # share (their losses' backward runs after the main one's; an audit: uncounted there)
     input_grad = Alloc("output layer input gradient", "transient", s.act * s.tokens_sp * s.hidden)
 
-    def head(earlier: int) -> list[Alloc]:
+    def head(earlier: int, entropy: list[Alloc]) -> list[Alloc]:
         live = [
             *b.resident,
             *_extra_saved(b, "head"),
             everything,
-            *when([Alloc("logits", "transient", s.act * logits, placement=vocab)], s.act < 4),
             *when(
                 [
                     Alloc(
@@ -2738,12 +2741,7 @@ def _loss(b: _StageBuilder) -> None:
                 ],
                 plan.model.logit_softcap,
             ),
-            Alloc(
-                "logits (fp32), the softmax and then its gradient",
-                "transient",
-                4 * logits,
-                placement=vocab,
-            ),
+            *entropy,
         ]
         return live + kept_for(earlier) + gathered
 
@@ -2810,9 +2808,14 @@ def _loss(b: _StageBuilder) -> None:
             _mtp_moves(plan, s) + _head_moves(plan, s),
             [
                 Instant(
-                    "multi-token prediction cross-entropy",
-                    (*head(mtp - 1), input_grad, *_zero2_head_grads(b, tied_only=False)),
+                    f"multi-token prediction cross-entropy{label}",
+                    (
+                        *head(mtp - 1, entropy),
+                        *when([input_grad], backward),
+                        *_zero2_head_grads(b, tied_only=False),
+                    ),
                 )
+                for label, entropy, backward in moments
             ],
             forward
             + when(redo, plan.recompute == "full")
@@ -2826,12 +2829,71 @@ def _loss(b: _StageBuilder) -> None:
         b.microbatches,
         root + _head_moves(plan, s),
         [
-            Instant("cross-entropy", tuple(head(mtp))),
+            *(Instant(f"cross-entropy{label}", tuple(head(mtp, e))) for label, e, _ in moments),
             *weight_instant,
             *_split_head_reduce(b, [everything, input_grad]),
         ],
         flops.loss_work(plan, s) + _gradient_passes(b, _head_params(b)) + _root_copies(b, "loss"),
     )
+
+
+def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[Alloc], bool]]:
+    """The cross-entropy's own buffers over the rank's `logits` (tokens × vocabulary shard),
+    a label, the buffers and whether the backward has begun for each moment whose buffers
+    differ; `act` is the logits' bytes per element.
+
+    ``loss: megatron`` (`_loss`): the logits and the one fp32 buffer that is the softmax and
+    then its gradient, forward and backward alike: one moment.
+
+    ``loss: pytorch``: ``F.cross_entropy(logits.float(), labels)`` (torchtitan's
+    ``cross_entropy_loss``; transformers' ``ForCausalLMLoss`` upcasts the same way). Counted
+    from PyTorch's kernels, per logit with bf16 logits. On one rank of tp (``log_softmax``
+    then ``nll_loss``, ATen's own kernels): the forward holds the logits (2 B), their fp32
+    copy (4) and the log-softmax it writes (4), 10 B; the copy is freed as the loss
+    returns (the log-softmax saves its output, not its input) and the caller drops the
+    logits before the backward (torchtitan's ``del pred``), where ``nll_loss_backward``
+    writes a dense fp32 gradient (4) and ``_log_softmax_backward_data`` another (4) beside
+    the saved log-softmax (4), 12 B, before the cast back to bf16. On tp > 1, DTensor's
+    ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py, torchtitan's default
+    there) runs the decomposition of ``_log_softmax``: the fp32 copy, ``x - x_max`` and
+    its ``exp`` beside the logits, 14 B, and a backward of ``(grad_input +
+    torch.exp(x)) * grad_output`` beside the saved log-softmax and the zeroed
+    ``grad_input``: exp, sum and then product, two at a time, 16 B. With fp32 logits
+    ``.float()`` copies nothing (2 B less in each forward)."""
+    vocab = "shard(vocab) on tp"
+
+    def buffer(name: str, nbytes: Any) -> Alloc:
+        return Alloc(name, "transient", nbytes * logits, placement=vocab)
+
+    typed = when([buffer("logits", act)], act < 4)
+    if plan.loss == "megatron":
+        return [("", [*typed, buffer("logits (fp32), the softmax and then its gradient", 4)], True)]
+    one, many = plan.parallel.tp == 1, plan.parallel.tp > 1
+    forward = [
+        buffer("logits", act),
+        *when([buffer("logits upcast to fp32 (.float())", 4)], act < 4),
+        *when([buffer("log-softmax (fp32), kept for the backward", 4)], one),
+        *when(
+            [
+                buffer("shifted logits (fp32, loss_parallel's x - x_max)", 4),
+                buffer("their exponent (fp32, loss_parallel)", 4),
+            ],
+            many,
+        ),
+    ]
+    backward = [
+        buffer("log-softmax (fp32), saved", 4),
+        buffer("nll_loss gradient (fp32)", 4),
+        *when([buffer("log-softmax input gradient (fp32)", 4)], one),
+        *when(
+            [
+                buffer("exp of the log-softmax (fp32, loss_parallel)", 4),
+                buffer("its sum with the nll_loss gradient (fp32, loss_parallel)", 4),
+            ],
+            many,
+        ),
+    ]
+    return [(" forward", forward, False), (" backward", backward, True)]
 
 
 def _split_head_reduce(b: _StageBuilder, held: list[Alloc]) -> list[Instant]:

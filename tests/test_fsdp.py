@@ -32,6 +32,10 @@ from budget.search import Space, apply, search
 from budget.step import HEAD_GRADIENTS, SPLIT_HEAD_GRADIENTS, _block_params, derive
 from tests.plan_files import ROOT
 
+# plans/llama3-8b-fsdp.yaml's cross-entropy (loss: pytorch) holds 12 B a logit in its backward
+# where its forward held 10 (`step._entropy_passes`): 8,192 tokens x 128,256 logits x 2 B more
+LOSS_BACKWARD = 2 * 8192 * 128_256
+
 MLP = 5120 * 20480 + 20480 + 20480 * 5120 + 5120 + 2 * 5120
 
 
@@ -459,7 +463,7 @@ def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_pa
     input (``foreach_reduce``, an audit), so FSDP2 holds the cast alone, 4 B a parameter;
     FullyShardedDataParallel (`parallel.fsdp: 1`) keeps both, 6 B, its peak there."""
     text = (ROOT / "plans" / "llama3-8b-fsdp.yaml").read_text(encoding="utf-8")
-    text = text.replace("seq: 8192", "seq: 2048").split("transitions:")[0]
+    text = text.replace("seq: 8192", "seq: 2048")
     # units of blocks, whose layers' backward peaks below the root unit's reduction under
     # FSDP1 (whole layers hold one more layer's gradients reducing there, 1.31 GB)
     assert text.count("\n  fsdp_unit: layer\n  fsdp_root: split\n") == 1
@@ -500,7 +504,9 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
     ⌈8,030,261,248 / 8⌉ x 4 B = 4,015,130,624 B: the peak at the loss is 34,171,535,360 −
     4,015,130,624 = 30,156,404,736 B with one root unit, and under torchtitan's split root
     (the embedding's bf16 copy freed after its forward) 2 x 525,336,576 B less,
-    29,105,731,584 B. With four micro-batches the later forwards come after a backward and
+    29,105,731,584 B at the cross-entropy's forward, whose PyTorch backward (``loss: pytorch``)
+    holds 2 B a logit more, 12 against 10: 2 x 8,192 x 128,256 = 2,101,346,304 B more,
+    31,207,077,888 B. With four micro-batches the later forwards come after a backward and
     hold it, as do the backward and the optimizer step."""
     from tests.plan_files import variant
 
@@ -513,7 +519,8 @@ def test_fsdp_holds_no_gradient_shard_before_its_first_backward(tmp_path: Path) 
 
     shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
     peak, grads = peak_and_loss(shipped)
-    assert peak == 34_171_535_360 - 4_015_130_624 - 2 * EMBEDDING == 29_105_731_584
+    forward = 34_171_535_360 - 4_015_130_624 - 2 * EMBEDDING
+    assert peak == forward + LOSS_BACKWARD == 31_207_077_888
     assert sum(grads.values()) == 0
     four = variant(tmp_path, "four.yaml", ("global: 8", "global: 32"), base=shipped)
     _, grads = peak_and_loss(four)
@@ -573,8 +580,8 @@ def test_fsdp_without_mixed_precision_makes_its_shards_in_the_backward_too(
 def test_fsdps_first_backward_makes_the_gradient_shards_unit_by_unit(tmp_path: Path) -> None:
     """An audit (m225): with one micro-batch a step, the backward counted every gradient
     shard from the last layer's backward on, where FSDP makes a unit's as it reduce-scatters
-    it (``foreach_reduce``). plans/llama3-8b-fsdp.yaml without its log-softmax transition
-    (the plan's own note: 24.6 GiB, in the backward) read 24.6 GiB in backward.mlp, where it
+    it (``foreach_reduce``). plans/llama3-8b-fsdp.yaml with Megatron's loss (``loss:
+    megatron``, as it was priced then) read 24.6 GiB in backward.mlp, where it
     peaks at the loss, 23.2 GiB. By hand, 4 B / 8 ranks = 0.5 B a parameter: the head's
     unit (output layer 525,336,576 and final norm 4,096) made right after the loss,
     262,670,336 B; each layer (218,112,000 parameters) 109,056,000 B more as its backward
@@ -586,7 +593,7 @@ def test_fsdps_first_backward_makes_the_gradient_shards_unit_by_unit(tmp_path: P
     from tests.plan_files import variant
 
     shipped = ROOT / "plans" / "llama3-8b-fsdp.yaml"
-    text = shipped.read_text(encoding="utf-8").split("transitions:")[0]
+    text = shipped.read_text(encoding="utf-8").replace("loss: pytorch", "loss: megatron")
     path = tmp_path / "plain.yaml"
     path.write_text(text, encoding="utf-8")
     head, layer, whole = 262_670_336, 109_056_000, 4_015_130_624
@@ -843,15 +850,16 @@ def test_units_kept_from_forward_to_backward_hold_every_layer_and_gather_none_ag
     its forward and gathered again, 1.05 GB low). Neither gathers again in the backward (nor
     copies out what it would gather), the forward gathers as before, every gradient
     reduce-scatters as before; a layer lower, the layer above has freed its own (31 held).
-    No instant holds a layer as gathered or prefetched apart from them."""
+    No instant holds a layer as gathered or prefetched apart from them. Both peaks are at the
+    cross-entropy's PyTorch backward, 2 B a logit over its forward (`LOSS_BACKWARD`)."""
     shipped = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
     plan = load_plan(_kept(tmp_path))
     assert not plan.parallel.reshard_after_forward
     layer = 436_224_000
-    assert build_report(shipped).worst.peak_bytes == 29_105_731_584
+    assert build_report(shipped).worst.peak_bytes == 29_105_731_584 + LOSS_BACKWARD
     report = build_report(plan)
     peak = 29_105_731_584 + 32 * layer + 2 * EMBEDDING
-    assert report.worst.peak_bytes == peak == 44_115_572_736
+    assert report.worst.peak_bytes == peak + LOSS_BACKWARD == 46_216_919_040
     assert to_dict(report)["layout"]["reshard_after_forward"] is False
     (stage,) = derive(plan).stages
     for phase in stage.phases:
@@ -961,14 +969,16 @@ def test_a_split_root_gathers_the_embedding_twice_and_keeps_the_head_to_its_back
     behind the last layer's forward and kept through the loss, its fp32 gradients
     reduce-scattered behind the layers' backward. So the loss holds the head's bf16 copy,
     2 x 525,340,672 B, where one root unit held both, 2 x 1,050,677,248 B: the peak 1,050,673,152
-    B lower, 30,156,404,736 -> 29,105,731,584 B. The embedding's backward holds its gathered
-    copy, not the head's gradients, reduced long before; the layers' backward holds those in
-    fp32 (the reduce-scatter's input, 4 B a parameter) at the stage's last layer only, a
-    layer lower freed."""
+    B lower, 30,156,404,736 -> 29,105,731,584 B at the cross-entropy's forward (its PyTorch
+    backward holds `LOSS_BACKWARD` more, the plan's peak). The embedding's backward holds its
+    gathered copy, not the head's gradients, reduced long before; the layers' backward holds
+    those in fp32 (the reduce-scatter's input, 4 B a parameter) at the stage's last layer
+    only, a layer lower freed."""
     plan = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
     assert plan.parallel.fsdp_root == "split"
     report = build_report(plan)
-    assert report.worst.peak_bytes == 30_156_404_736 - 2 * EMBEDDING == 29_105_731_584
+    forward = 30_156_404_736 - 2 * EMBEDDING
+    assert report.worst.peak_bytes == forward + LOSS_BACKWARD == 31_207_077_888
     assert to_dict(report)["layout"]["fsdp_root"] == "split"
     moves = {
         p["name"]: sorted((c["op"], c["name"], c["bytes"]) for c in p["collectives"])
@@ -1069,7 +1079,8 @@ def test_a_split_roots_head_copies_its_gradients_in_whatever_the_overlap(tmp_pat
     moments, 3 GiB reserved: 4,015,130,624 x 2 + 8,030,261,248 + 3,221,225,472), the 32
     layer checkpoints (32 x 2,048 x 4,096 x 2 B), the gradient into the last layer
     (2,048 x 4,096 x 2 B) and the head's 525,340,672 gradients in bf16 and fp32: the peak,
-    22,987,440,128 B, where no instant had held them (0.47 GiB low)."""
+    22,987,440,128 B, where no instant had held them (0.47 GiB low). With Megatron's loss
+    (``loss: megatron``), whose cross-entropy holds less than those gradients' copy."""
     from tests.plan_files import variant
 
     base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
@@ -1077,9 +1088,9 @@ def test_a_split_roots_head_copies_its_gradients_in_whatever_the_overlap(tmp_pat
         ("seq: 8192", "seq: 2048"),
         ("global: 8", "global: 32"),
         ("overlap: {dp_grads: true, param_gather: true}", "overlap: {}"),
+        ("loss: pytorch", "loss: megatron"),
     ]
     path = variant(tmp_path, "off.yaml", *edits, base=base)
-    path.write_text(path.read_text(encoding="utf-8").split("transitions:")[0], encoding="utf-8")
     plan = load_plan(path)
     resident = 2 * 4_015_130_624 + 8_030_261_248 + 3 * 2**30
     checkpoints, into = 32 * 2048 * 4096 * 2, 2048 * 4096 * 2

@@ -268,12 +268,13 @@ def test_a_serving_pipeline_s_bars_are_summed_over_its_stages(tmp_path: Path) ->
     assert not any("on one rank" in label for label in labels)
 
 
-def test_the_panels_stand_clear_of_each_other_and_the_peak_box_wraps() -> None:
+def test_the_panels_stand_clear_of_each_other_and_the_peak_box_wraps(tmp_path: Path) -> None:
     """An audit: Llama 3 8B's long instant names ("embedding+head gradients' reduce-scatter"),
     rotated under the memory panel, pushed its axis label into the communication panel's
     title, 10 px of overlap at 120 dpi under a fixed space between the panels; the space now
     grows with them (`_separate`). And one allocation's 120-character name in the peak's box
-    made the picture 2,387 px wide for panels of 1,200: names wrap at 60 characters."""
+    made the picture 2,387 px wide for panels of 1,200: names wrap at 60 characters (a
+    hand-written transition's, 3.9 GiB at the loss, as the plan once held one)."""
     pytest.importorskip("matplotlib")
     import matplotlib
 
@@ -283,7 +284,17 @@ def test_the_panels_stand_clear_of_each_other_and_the_peak_box_wraps() -> None:
     from budget.pipeline import budget_plan
     from budget.render.plot import _GAP_PX, draw, panels
 
-    report = budget_plan(Path(__file__).parents[1] / "plans" / "llama3-8b-fsdp.yaml")
+    plan = Path(__file__).parents[1] / "plans" / "llama3-8b-fsdp.yaml"
+    path = tmp_path / "long.yaml"
+    name = "log-softmax (fp32) kept for the backward beside the .float() copy, " * 2
+    path.write_text(
+        plan.read_text(encoding="utf-8")
+        + f"transitions:\n  - name: {name.strip()}\n    phase: loss\n"
+        + "    tensor: {shape: [micro * seq, vocab], dtype: fp32}\n"
+        + "    group: tp\n    from: replicate\n    to: replicate\n    source_alive: false\n",
+        encoding="utf-8",
+    )
+    report = budget_plan(path)
     long_name = max((o.tensor for o in report.worst.peak_overlap[:6]), key=len)
     assert len(long_name) > 100
     fig, (top, bottom) = panels(plt)

@@ -29,6 +29,8 @@ Optimizer = Literal["adam", "sgd", "none"]
 OptimizerKernel = Literal["fused", "foreach"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
+# the cross-entropy's kernels: Megatron-Core's vocab-parallel one, or PyTorch's (`step._loss`)
+Loss = Literal["megatron", "pytorch"]
 GroupKind = Literal["tp", "cp", "ep", "dp", "pp"]
 AttentionPass = Literal["forward", "backward"]
 # a fused attention kernel's backward does 2.5 times its forward's FLOPs: it computes QKᵀ
@@ -694,6 +696,7 @@ class Plan:
     device: Device
     topology: Topology
     recompute: Recompute = "none"
+    loss: Loss = "megatron"
     overlap: Overlap = field(default_factory=Overlap)
     transitions: tuple[Transition, ...] = ()
     # `collectives:`: the algorithm a plan names for an op, where it names one (DESIGN rule

@@ -99,6 +99,7 @@ _TRAIN_KEYS = ("seq", "micro", "global")
 # and stage sends), with the values that say what serving does anyway
 TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "recompute": ("none",),
+    "loss": (),
     "parallel.zero": (0,),
     "parallel.fsdp": (),
     "parallel.fsdp_unit": (),
@@ -132,6 +133,10 @@ _NOT_SERVING = {
         "overlap.ep hides one micro-batch's expert all-to-all behind another's compute "
         "(Megatron-LM's, DualPipe's); a {mode} pass is one batch, whose expert GEMMs wait for "
         "the dispatch and whose next layer waits for the combine; remove it"
+    ),
+    "loss": (
+        "loss names the training loss's cross-entropy kernels; a {mode} plan computes no loss "
+        "(its logits are sampled from); remove it"
     ),
 }
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
@@ -2458,6 +2463,7 @@ def resolve(
         device=device,
         topology=topology,
         recompute=tree.get("recompute", "none"),
+        loss=tree.get("loss", "megatron"),
         overlap=Overlap(
             **{k: bool(v) for k, v in overlap.items() if k not in ("slowdown", "tp_comm_sms")},
             slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),

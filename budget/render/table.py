@@ -98,6 +98,10 @@ def header(report: Report) -> list[str]:
     elif lay.get("scatter_gather") and lay["tp"] > 1 and lay["pp"] > 1:
         extras.append("scatter/gather stage sends")
     extras.append(f"recompute: {lay['recompute']}")
+    if lay.get("loss") == "pytorch":
+        extras.append(
+            "loss: PyTorch's cross-entropy" + (" (loss_parallel)" if lay["tp"] > 1 else "")
+        )
     batches = report.microbatches
     work = f"{plural(batches, 'micro-batch', 'micro-batches')} per step"
     if report.mode != "train":

@@ -1,0 +1,142 @@
+"""The cross-entropy's kernels (plan key ``loss``): what each holds and moves.
+
+Hand counts for Llama 3 8B at 8,192 tokens a micro-batch (plans/llama3-8b-fsdp.yaml):
+L = 8,192 tokens x 128,256 logits = 1,050,673,152 on one rank of tp, half that on tp 2.
+Megatron's vocab-parallel loss holds the bf16 logits and one fp32 buffer, 6 B a logit,
+in its forward and its backward alike. PyTorch's ``F.cross_entropy(logits.float(), ...)``
+holds 2 + 4 + 4 = 10 B in its forward (logits, upcast, log-softmax) and 4 + 4 + 4 = 12 B
+in its backward (saved log-softmax, nll_loss's gradient, the log-softmax's); under DTensor's
+``loss_parallel`` (tp > 1) 2 + 4 + 4 + 4 = 14 B (logits, upcast, x - x_max, its exp) and
+4 x 4 = 16 B (saved log-softmax, zeroed grad_input, exp of the log-softmax, their sum).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from budget import flops
+from budget.cli import app, route
+from budget.layers import shapes
+from budget.pipeline import build_report
+from budget.plan.load import load_plan
+from budget.plan.model import Plan
+from budget.report import to_dict
+from budget.search import Space, apply, search
+from budget.step import derive
+from tests.plan_files import ROOT, variant
+
+PLAN = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+LOGITS = 8192 * 128_256  # one rank of tp
+
+
+def _plan(tmp_path: Path, loss: str, *edits: tuple[str, str]) -> Plan:
+    path = variant(tmp_path, f"{loss}.yaml", ("loss: pytorch", f"loss: {loss}"), *edits, base=PLAN)
+    return load_plan(path)
+
+
+def _loss_instants(plan: Plan) -> dict[str, int]:
+    """Each instant of the last stage's loss phase: its bytes alive."""
+    stage = derive(plan).stages[-1]
+    (loss,) = [p for p in stage.phases if p.name == "loss"]
+    return {i.label: sum(a.total for a in i.live) for i in loss.instants}
+
+
+@pytest.mark.parametrize(
+    ("edits", "logits", "forward", "backward"),
+    [
+        ((), LOGITS, 10, 12),  # ATen's log_softmax and nll_loss on the whole vocabulary
+        ((("  dp: 8\n", "  tp: 2\n  dp: 4\n"),), LOGITS // 2, 14, 16),  # loss_parallel
+        ((("activations: bf16", "activations: fp32"),), LOGITS, 8, 12),  # .float() copies none
+    ],
+)
+def test_pytorchs_cross_entropy_holds_its_own_buffers_in_each_pass(
+    tmp_path: Path, edits: tuple[tuple[str, str], ...], logits: int, forward: int, backward: int
+) -> None:
+    """Against Megatron's loss on the same layout, whose one instant holds 6 B a logit (4 B
+    with fp32 logits, where the upcast is the logits themselves): PyTorch's forward and
+    backward each hold their own count over the rank's logits, everything else alike."""
+    megatron = _loss_instants(_plan(tmp_path, "megatron", *edits))
+    pytorch = _loss_instants(_plan(tmp_path, "pytorch", *edits))
+    fp32 = bool(edits) and "fp32" in edits[0][1]
+    held = megatron.pop("cross-entropy") - (4 if fp32 else 6) * logits
+    assert pytorch.pop("cross-entropy forward") == held + forward * logits
+    assert pytorch.pop("cross-entropy backward") == held + backward * logits
+    assert pytorch == megatron  # the instants after the cross-entropy: no change
+
+
+def test_the_shipped_plan_peaks_at_pytorchs_backward_12_bytes_a_logit() -> None:
+    """plans/llama3-8b-fsdp.yaml prices torchtitan's loss: its peak is the cross-entropy's
+    backward, whose three fp32 buffers are 3 x 4 x L = 12,608,077,824 B, and its layout line
+    and JSON say which loss it is."""
+    plan = load_plan(PLAN)
+    assert plan.loss == "pytorch"
+    report = build_report(plan)
+    assert (report.worst.peak_phase, report.worst.peak_instant) == (
+        "loss",
+        "cross-entropy backward",
+    )
+    stage = derive(plan).stages[0]
+    (loss,) = [p for p in stage.phases if p.name == "loss"]
+    (backward,) = [i for i in loss.instants if i.label == "cross-entropy backward"]
+    fp32 = [a.total for a in backward.live if "(fp32)" in a.name and a.category == "transient"]
+    assert sum(fp32) == 12 * LOGITS == 12_608_077_824
+    assert to_dict(report)["layout"]["loss"] == "pytorch"
+
+
+def test_the_loss_kernels_bytes_and_launches_are_counted_kernel_by_kernel(tmp_path: Path) -> None:
+    """`flops.loss_work`'s cross-entropy, per logit: Megatron's 16 B forward and 32 B
+    backward, one kernel each; PyTorch's on one rank of tp 6 + 16 = 22 B in 3 kernels and
+    4 + 16 + 6 = 26 B in 4 (48 B, Megatron's total); under loss_parallel 6 + 32 = 38 B in
+    8 kernels and 32 + 6 = 38 B in 6."""
+
+    def entropy(plan: Plan) -> list[tuple[str, int, int]]:
+        s = shapes(plan)
+        works = flops.loss_work(plan, s)
+        return [(w.name, w.bytes // s.tokens, w.launches) for w in works if "entropy" in w.name]
+
+    tp2 = ("  dp: 8\n", "  tp: 2\n  dp: 4\n")
+    vocab = 128_256
+    assert entropy(_plan(tmp_path, "megatron")) == [
+        ("cross-entropy (fp32)", 16 * vocab, 1),
+        ("cross-entropy (fp32) backward", 32 * vocab, 1),
+    ]
+    assert entropy(_plan(tmp_path, "pytorch")) == [
+        ("cross-entropy (fp32)", 22 * vocab, 3),
+        ("cross-entropy (fp32) backward", 26 * vocab, 4),
+    ]
+    assert entropy(_plan(tmp_path, "pytorch", tp2)) == [
+        ("cross-entropy (fp32)", 38 * vocab // 2, 8),
+        ("cross-entropy (fp32) backward", 38 * vocab // 2, 6),
+    ]
+
+
+def test_a_serving_plan_refuses_a_loss(tmp_path: Path) -> None:
+    """A serving plan computes no loss: the key is refused at its line, nothing printed."""
+    from typer.testing import CliRunner
+
+    decode = ROOT / "plans" / "llama3-70b-decode.yaml"
+    path = tmp_path / "decode.yaml"
+    text = decode.read_text(encoding="utf-8")
+    path.write_text(text + "loss: pytorch\n", encoding="utf-8")
+    line = text.count("\n") + 1
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f"decode.yaml:{line}:1: error: $.loss: loss names the training loss's" in result.stderr
+
+
+def test_a_sweep_prices_pytorchs_loss_as_a_single_plan_does() -> None:
+    """The search evaluates tp 1 and 2 together, ATen's and loss_parallel's buffers in one
+    pass of the engine: each sampled layout's peak and step as `budget` gives them."""
+    plan = load_plan(PLAN)
+    space = Space(micro=(1,), zero=(3,), tp=(1, 2), pp=(1,), cp=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert {r.config.tp for r in outcome.results} == {1, 2}
+    random.seed(7)
+    for result in random.sample(list(outcome.results), min(6, len(outcome.results))):
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
