@@ -967,3 +967,16 @@ def test_an_exposed_share_beside_a_limit_of_many_decimals_reads_without_a_traceb
     code, out, err = _check(DECODE, "--max-exposed", limit)
     assert "Traceback" not in err and code == 1
     assert f"exposed communication takes {shown} of the run" in " ".join(out.split())
+
+
+def test_the_readme_says_how_much_of_their_step_the_shipped_training_plans_expose() -> None:
+    """The README's range for gating training plans (an audit: it read 0.5–22 % where the
+    plans expose 0.56 % (gpt-1.3b) to 20.9 % (llama3-70b)), from their reports."""
+    shares = [
+        report.step["exposed_share"]
+        for report in (budget_plan(path) for path in PLANS)
+        if report.mode == "train"
+    ]
+    said = f"the shipped training plans expose {100 * min(shares):.1f}–{100 * max(shares):.0f} %"
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert said in text, said
