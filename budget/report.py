@@ -482,7 +482,13 @@ def _closer(report: Report, group: str, ranks: int, level: str, size: int | None
     layout = report.layout
     order = [g for g in layout.get("order") or [] if (layout.get(g) or 1) > 1]
     etp = layout.get("etp") or layout["tp"]
-    if group == "ep" and etp > 1 and ranks * etp > size:
+    written = list(layout.get("order") or [])
+    if "ep" not in written and "dp" in written:  # ep before dp (`topology._expert_order`)
+        written.insert(written.index("dp"), "ep")
+    # etp varies faster than ep only where the order lists tp first (an audit: ep first
+    # puts an ep group on consecutive ranks)
+    spaced = {"tp", "ep"} <= set(written) and written.index("tp") < written.index("ep")
+    if group == "ep" and etp > 1 and spaced and ranks * etp > size:
         return (
             f"ep {ranks} spaced etp {etp} apart (the expert layers' tp inside each ep group) "
             f"spans {ranks * etp} ranks, more than {domain}"
@@ -496,7 +502,7 @@ def _closer(report: Report, group: str, ranks: int, level: str, size: int | None
         degrees = {"etp": etp, "ep": ranks, "edp": edp, "pp": layout["pp"]}
         names = {"tp": "etp", "dp": "edp", "ep": "ep", "pp": "pp"}
         order = [g for g in layout.get("order") or [] if g in names and degrees[names[g]] > 1]
-        if "ep" not in order:  # no order names it: ep before dp (`topology._ep_first`)
+        if "ep" not in order:  # no order names it: ep before dp (`topology._expert_order`)
             order.insert(order.index("dp") if "dp" in order else len(order), "ep")
     if group in order:
         before = order[: order.index(group)]

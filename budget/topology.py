@@ -10,12 +10,16 @@ Expert layers re-split the tp × cp × dp ranks of each pipeline stage into etp 
 (expert tensor, expert and expert data parallel), as Megatron-Core's "parallel folding" does
 (``parallel_state.initialize_model_parallel`` builds the expert `RankGenerator` with tp =
 etp, cp = 1 and dp = edp over the same order, and asserts its pp groups are the dense ones).
-The stage's ranks are linearised as ``b = tp_i + tp·j``, j the cp × dp position in ``order``
-(whichever of cp and dp comes first varies fastest), so with tp first in the order, as in
-every Megatron order, b is the rank within the stage. Then ``b = etp_i + etp·k``: an etp
-group is ``etp`` consecutive b, and k splits into ep × edp with ep varying fastest when ep
-comes before dp in ``order`` (an ep group is then etp apart), edp fastest otherwise. With
-etp = tp (the default) the expert tp group is the dense one and ep lies within cp × dp.
+The stage's ranks are linearised as b over tp, cp and dp in ``order``'s turn (with pp last,
+b is the rank within the stage), and the expert grid reads the same b over etp, ep and edp
+in the order's turn (tp read as etp, dp as edp; ep before dp where the order does not name
+it), as the expert `RankGenerator` numbers them. Under ``[tp, cp, ep, dp, pp]``
+``b = etp_i + etp·(ep_i + ep·edp_i)``: an etp group is ``etp`` consecutive b, an ep group
+etp apart; under ``[ep, tp, cp, dp, pp]`` an ep group is ``ep`` consecutive b and an etp
+group ep apart (an audit: that order was read as the first, its ep all-to-all priced across
+nodes and its etp gathers within one, where Megatron-Core puts them the other way). With
+etp = tp (the default) and tp first the expert tp group is the dense one and ep lies within
+cp × dp.
 
 How a group is laid out for pricing (DESIGN.md rule 5):
 
@@ -206,8 +210,7 @@ def _expert_misplaced(parallel: Parallel, topology: Topology) -> str | None:
     degrees = _degrees(parallel)
     order = _dense_order(parallel)
     levels = [lv for lv in topology.levels[:-1] if lv.size and lv.size < topology.gpus]
-    inner = ("ep", "edp") if _ep_first(parallel) else ("edp", "ep")
-    grid = ("etp", *inner, "pp")
+    grid = (*_expert_order(parallel), "pp")
     cut = all(_per_domain(set(), grid, degrees, int(lv.size or 0)) is not None for lv in levels)
     if (order[0] == "tp" and order[-1] == "pp" and cut) or topology.gpus > EXPERT_CHECK:
         return None
@@ -656,44 +659,47 @@ def _dense_rank(
     return rank
 
 
-def _cp_first(parallel: Parallel) -> bool:
-    return parallel.order.index("cp") < parallel.order.index("dp")
+_EXPERT_DIGITS = {"tp": "etp", "ep": "ep", "dp": "edp"}
 
 
-def _ep_first(parallel: Parallel) -> bool:
-    return "ep" not in parallel.order or parallel.order.index("ep") < parallel.order.index("dp")
+def _expert_order(parallel: Parallel) -> tuple[str, ...]:
+    """The expert grid's digits within a stage, fastest first, in ``parallel.order``'s turn:
+    tp read as etp, dp as edp, cp (of degree 1 there) and pp left out, ep before dp where
+    the order does not name it (module docstring)."""
+    order = [d for d in parallel.order if d in _EXPERT_DIGITS]
+    if "ep" not in order:
+        order.insert(order.index("dp"), "ep")
+    return tuple(_EXPERT_DIGITS[d] for d in order)
 
 
-def _expert_coords(
-    coords: dict[str, int], parallel: Parallel, degrees: dict[str, int]
-) -> dict[str, int]:
-    """A rank's etp, ep and edp indices from its tp, cp and dp ones (module docstring)."""
-    cp, dp = parallel.cp, parallel.dp
-    if _cp_first(parallel):
-        j = coords["cp"] + cp * coords["dp"]
-    else:
-        j = coords["dp"] + dp * coords["cp"]
-    k, e_tp = divmod(coords["tp"] + parallel.tp * j, degrees["etp"])
-    ep, edp = degrees["ep"], degrees["edp"]
-    ep_i, edp_i = (k % ep, k // ep) if _ep_first(parallel) else (k // edp, k % edp)
-    return {"etp": e_tp, "ep": ep_i, "edp": edp_i}
+def _stage_order(parallel: Parallel) -> tuple[str, ...]:
+    """The dense digits within a stage, fastest first: tp, cp and dp in the order's turn."""
+    return tuple(d for d in _dense_order(parallel) if d != "pp")
 
 
-def _from_expert(
-    expert: dict[str, np.ndarray], parallel: Parallel, degrees: dict[str, int]
-) -> dict[str, np.ndarray]:
+def _expert_coords(coords: dict[str, Any], parallel: Parallel, degrees: dict[str, int]) -> Any:
+    """A rank's etp, ep and edp indices from its tp, cp and dp ones (ints, or arrays with
+    one element per rank): its place b within its stage over the dense digits, read over
+    the expert grid's (module docstring)."""
+    b: Any = 0
+    for d in reversed(_stage_order(parallel)):
+        b = b * degrees[d] + coords[d]
+    expert = {}
+    for d in _expert_order(parallel):
+        b, expert[d] = divmod(b, degrees[d])
+    return expert
+
+
+def _from_expert(expert: dict[str, Any], parallel: Parallel, degrees: dict[str, int]) -> Any:
     """Ranks' tp, cp and dp indices from their etp, ep and edp ones (arrays, one element per
     rank): the inverse of `_expert_coords`."""
-    ep, edp = degrees["ep"], degrees["edp"]
-    k = (
-        expert["ep"] + ep * expert["edp"]
-        if _ep_first(parallel)
-        else expert["edp"] + edp * expert["ep"]
-    )
-    j, tp_i = divmod(expert["etp"] + degrees["etp"] * k, parallel.tp)
-    cp, dp = parallel.cp, parallel.dp
-    cp_i, dp_i = (j % cp, j // cp) if _cp_first(parallel) else (j // dp, j % dp)
-    return {"tp": tp_i, "cp": cp_i, "dp": dp_i}
+    b: Any = 0
+    for d in reversed(_expert_order(parallel)):
+        b = b * degrees[d] + expert[d]
+    dense = {}
+    for d in _stage_order(parallel):
+        b, dense[d] = divmod(b, degrees[d])
+    return dense
 
 
 def _show(ranks: Sequence[int]) -> str:

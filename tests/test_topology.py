@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from budget.plan.model import GroupKind, Level, Parallel, Topology
@@ -539,3 +540,60 @@ def test_a_level_name_is_kept_apart_from_the_levels_a_collective_spans(tmp_path:
     markdown = runner.invoke(app, route([str(angled), "-f", "markdown"])).stdout
     (note,) = [line for line in markdown.splitlines() if line.startswith("Each collective is")]
     assert "on \\<roce\\>)" in note and "<roce>" not in note.replace("\\<roce\\>", "")
+
+
+def _megatron_groups(
+    order: tuple[str, ...], sizes: dict[str, int], token: str
+) -> set[tuple[int, ...]]:
+    """Megatron-Core's ``RankGenerator.get_ranks(token)`` by its definition
+    (``generate_masked_orthogonal_rank_groups``, megatron/core/parallel_state.py): rank r's
+    digits in ``order``, fastest first; a group is the ranks that differ only in the
+    token's digits."""
+    world = math.prod(sizes[d] for d in order)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r in range(world):
+        digits, rest = {}, r
+        for d in order:
+            rest, digits[d] = divmod(rest, sizes[d])
+        groups.setdefault(tuple(digits[d] for d in order if d != token), []).append(r)
+    return {tuple(g) for g in groups.values()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    degrees=st.tuples(*(st.sampled_from([1, 2, 3, 4]) for _ in range(4))),
+    ep=st.sampled_from([1, 2, 3, 4, 8]),
+    etp=st.sampled_from([1, 2, 4]),
+    inner=st.permutations(["tp", "cp", "ep", "dp"]),
+)
+def test_expert_groups_are_megatrons_in_any_order(degrees, ep, etp, inner) -> None:
+    """An audit (m328): the expert grid was read as if tp came first in every order, so
+    ``[ep, tp, cp, dp, pp]`` put Mixtral's ep all-to-all across nodes and its etp gathers in
+    one, where Megatron-Core's expert RankGenerator (tp = etp, cp = 1, dp = edp, the same
+    order) puts ep on one node's consecutive ranks and etp ep apart. Every order with pp
+    last, every rank's etp, ep and edp group against that generator's."""
+    tp, cp, dp, pp = degrees
+    stage = tp * cp * dp
+    assume(stage % (ep * etp) == 0)
+    order = (*inner, "pp")
+    parallel = Parallel(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp, order=order)
+    gpus = stage * pp
+    edp = stage // (ep * etp)
+    sizes = {"tp": etp, "cp": 1, "ep": ep, "dp": edp, "pp": pp}
+    for kind, token in (("etp", "tp"), ("ep", "ep"), ("edp", "dp")):
+        ours = {group_ranks(kind, parallel, gpus, r) for r in range(gpus)}  # type: ignore[arg-type]
+        assert ours == _megatron_groups(order, sizes, token), (kind, order)
+
+
+def test_an_order_with_ep_first_keeps_mixtrals_all_to_all_in_a_node() -> None:
+    """The audit's case: Mixtral 8x7B (tp 2, pp 4, dp 8, ep 8, etp 2) on 8 DGX H100s with
+    ``order: [ep, tp, cp, dp, pp]``. Megatron-Core numbers the expert grid rank = ep_i +
+    8·etp_i + 16·pp_i: rank 0's ep group is ranks 0..7, one node, and its etp group {0, 8},
+    two nodes; the dense tp group stays {0, 1}."""
+    parallel = Parallel(tp=2, pp=4, dp=8, ep=8, etp=2, order=("ep", "tp", "cp", "dp", "pp"))
+    topology = _topology(64)
+    assert group_ranks("ep", parallel, 64) == tuple(range(8))
+    assert group_ranks("etp", parallel, 64) == (0, 8)
+    assert group_ranks("tp", parallel, 64) == (0, 1)
+    assert group_span("ep", parallel, topology).levels == ("nvlink",)
+    assert group_span("etp", parallel, topology).levels == ("infiniband",)
