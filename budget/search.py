@@ -61,6 +61,7 @@ from budget.plan.model import (
     Schedule,
     Topology,
     Transition,
+    dp_before_cp,
     unlaunchable_expert_grid,
 )
 from budget.plan.resolve import (
@@ -762,6 +763,10 @@ def _grid_piece(
         (
             "hybrid sharding beside DeepSpeed's reduce_bucket",
             hy & bool(plan.parallel.reduce_bucket),
+        ),
+        (
+            "hybrid sharding beside cp with dp before cp in parallel.order",
+            hy & (cp > 1) & dp_before_cp(plan.parallel.order),
         ),
     ]
     valid = np.ones(len(ep), dtype=bool)

@@ -745,6 +745,17 @@ def test_a_roofline_error_names_its_flag(option: str, value: str, message: str) 
     assert _error(args) == f"budget: error: {message}"
 
 
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_a_roofline_too_small_to_write_as_a_rate_is_printed_not_a_traceback(fmt: str) -> None:
+    """An audit: 1e-310 FLOP/byte at 1 GB/s attains 1e-301 FLOP/s, which the table wrote and
+    then read back to compare with the ceiling, a rate past what the parser takes: a
+    traceback, where the JSON already printed it."""
+    args = ["roofline", "--intensity", "1e-310", "--bandwidth", "1GB/s", "--peak", "1GFLOP/s"]
+    result = runner.invoke(app, route([*args, "-f", fmt]))
+    assert result.exit_code == 0, result.stderr
+    assert "1e-301 FLOP/s" in result.stdout
+
+
 def test_a_roofline_says_every_bad_option_at_once() -> None:
     """Only --intensity was said, as `budget check` and `search` say all of theirs."""
     args = ["roofline", "--intensity", "x", "--bandwidth", "y", "--peak", "0"]

@@ -378,3 +378,34 @@ def test_a_cap_inside_a_batch_key_of_the_other_mode_is_said(tmp_path: Path, cap:
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert len(result.stderr.splitlines()) == 2
+
+
+def test_a_moe_plan_with_a_degree_far_past_its_gpus_is_refused_at_once(tmp_path: Path) -> None:
+    """An audit: a MoE plan's dp of 2^30 (the schema's maximum) offered a topology of that
+    many GPUs only after laying out its expert groups rank by rank, 10 GB resident and a
+    NumPy traceback; a product past what a plan lays out (2^24 GPUs) is not offered, and
+    the plan is refused as a dense one is, exit 2, nothing on stdout."""
+    text = (ROOT / "plans" / "deepseek-moe-16b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "big.yaml"
+    path.write_text(text.replace("  dp: 16\n", "  dp: 1073741824\n"), encoding="utf-8")
+    assert "dp: 1073741824" in path.read_text(encoding="utf-8")
+    result = runner.invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "= 1,073,741,824 but the topology has 16 GPUs; change dp to 16" in result.stderr
+    assert "topology.nodes to" not in result.stderr
+
+
+def test_a_moe_plan_whose_order_misses_pp_is_told_so(tmp_path: Path) -> None:
+    """An audit: Megatron-Core's expert-grid rules read pp's place in the order before the
+    order was checked, a traceback (tuple.index) where a dense plan is told the order lacks
+    pp."""
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "m7b.yaml"
+    path.write_text(text.replace("[tp, cp, ep, dp, pp]", "[tp, cp, ep, dp]"), encoding="utf-8")
+    line = text[: text.index("order: [tp, cp, ep, dp, pp]")].count("\n") + 1
+    result = runner.invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(
+        f"{path}:{line}:3: error: $.parallel.order: parallel.order must name each of tp, cp, "
+        "ep, dp, pp exactly once (pp missing)"
+    )

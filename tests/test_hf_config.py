@@ -1255,6 +1255,12 @@ def test_an_fp8_checkpoint_that_keeps_block_layers_in_bf16_is_refused() -> None:
     meta = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": attention}
     with pytest.raises(HfConfigError, match=r"keeps 2 modules of the blocks out of fp8 \("):
         translate({**llama, "quantization_config": meta})
+    # a bare name, not a list, was passed over and its module budgeted in fp8 (an audit)
+    bare = {"quant_method": "fp8", "modules_to_not_convert": "model.layers.0.mlp.down_proj"}
+    with pytest.raises(
+        HfConfigError, match=r"modules_to_not_convert = \"model\.layers.*is not a list"
+    ):
+        translate({**llama, "quantization_config": bare})
 
 
 def test_a_head_width_key_must_agree_with_the_heads() -> None:

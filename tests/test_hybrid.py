@@ -596,3 +596,34 @@ def test_the_readme_search_figures(tmp_path: Path) -> None:
         f"{format_duration(flat.step_time_s)} for the fastest with ZeRO over all of dp"
     )
     assert said in text
+
+
+def test_dp_before_cp_in_the_order_is_refused_beside_cp(tmp_path: Path) -> None:
+    """An audit (m328): with dp before cp in parallel.order, Megatron-LM's distributed-
+    optimizer instances are consecutive ranks of the dp × cp group, dp varying fastest
+    (tp 2, dp 4, cp 2, two instances: ranks 0, 2, 4, 6 shard, 0 and 8 copies), where budget
+    prices dp_shard × cp (0, 2, 8, 10 shard, 0 and 4 copies), their links swapped. Refused
+    beside cp > 1, and left out of a sweep; with cp 1 the two agree and the plan is taken."""
+    from budget.search import Space, search
+
+    path = _fsdp(tmp_path)
+    text = path.read_text(encoding="utf-8").replace(
+        "  dp: 128\n  dp_shard: 8\n",
+        "  cp: 2\n  dp: 64\n  dp_shard: 4\n  order: [tp, dp, cp, ep, pp]\n",
+    )
+    assert "order: [tp, dp, cp, ep, pp]" in text
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = [ln for ln in result.stderr.splitlines() if "$.parallel.dp_shard" in ln]
+    assert "with dp before cp Megatron-LM's instances are consecutive ranks" in line
+    flat = path.read_text(encoding="utf-8").replace("  cp: 2\n  dp: 64\n", "  dp: 128\n")
+    path.write_text(flat, encoding="utf-8")
+    assert load_plan(path).parallel.dp_shard == 4  # cp 1: taken
+    unsharded = flat.replace("  dp_shard: 4\n", "")
+    path.write_text(unsharded, encoding="utf-8")
+    space = Space(tp=(1,), pp=(1,), cp=(1, 2), zero=(3,), hybrid=(0, 1))
+    outcome = search(load_plan(path), 128, space, keep=10**6)
+    hybrid = [r.config for r in outcome.results if r.config.dp_shard]
+    assert hybrid and all(c.cp == 1 for c in hybrid)
+    assert any(r.config.cp == 2 for r in outcome.results)

@@ -1113,7 +1113,7 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
     if method in ("fp8", "fbgemm_fp8") or (
         method == "compressed-tensors" and _float8_groups(quant)
     ):
-        kept = _kept_out(quant)
+        kept = _kept_out(quant, where)
         if kept:
             one = len(kept) == 1
             raise HfConfigError(
@@ -1138,11 +1138,22 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
 _KEPT_ANYWAY = ("lm_head", "embed_tokens", "gate", "shared_expert_gate", "router")
 
 
-def _kept_out(quant: Mapping[str, Any]) -> list[str]:
+def _kept_out(quant: Mapping[str, Any], where: str) -> list[str]:
     """The modules an fp8 ``quantization_config`` leaves unquantized (``modules_to_not_convert``
     of transformers' fp8 configs, ``ignore`` of compressed-tensors'; a name or a ``re:``
-    pattern) beyond those the budget keeps in bf16 anyway (`_KEPT_ANYWAY`)."""
+    pattern) beyond those the budget keeps in bf16 anyway (`_KEPT_ANYWAY`). Either, where
+    given, is a list of names (an audit: a bare string was passed over, its module
+    budgeted in fp8)."""
     lists = [quant.get(key) for key in ("modules_to_not_convert", "ignore")]
+    for key, value in zip(("modules_to_not_convert", "ignore"), lists, strict=True):
+        if value is not None and (
+            not isinstance(value, list) or not all(isinstance(n, str) for n in value)
+        ):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise HfConfigError(
+                f"quantization_config.{key} = {shown} in {where} is not a list of module names"
+            )
     names = [str(n) for names in lists if isinstance(names, list) for n in names]
     return [
         n for n in names if n.removeprefix("re:").rstrip("$").split(".")[-1] not in _KEPT_ANYWAY

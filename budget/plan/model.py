@@ -310,6 +310,14 @@ def unlaunchable_expert_grid(
     return groups | sizes
 
 
+def dp_before_cp(order: tuple[str, ...]) -> bool:
+    """Whether `order` numbers dp faster than cp: Megatron-LM's distributed-optimizer
+    instances, consecutive ranks of the dp × cp group, are then not hybrid sharding's
+    dp_shard × cp (`Parallel.dp_shard`; an audit: priced so, its shard group and copies
+    swapped their links)."""
+    return {"dp", "cp"} <= set(order) and order.index("dp") < order.index("cp")
+
+
 def expert_grid_conflicts(
     order: tuple[str, ...], tp: Any, cp: Any, dp: Any, pp: Any, ep: Any, etp: Any
 ) -> tuple[Any, Any]:

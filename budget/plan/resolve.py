@@ -47,6 +47,7 @@ from budget.plan.model import (
     Precision,
     Topology,
     Transition,
+    dp_before_cp,
     expert_grid_conflicts,
 )
 from budget.plan.transitions import (
@@ -1583,6 +1584,15 @@ def _check_hybrid(r: _Resolver, par: Parallel) -> None:
             "(ep > 1 or etp != tp) would need a shard group of its own, which budget does not "
             "price; remove dp_shard or set ep to 1",
         )
+    if par.cp > 1 and dp_before_cp(par.order):
+        r.error(
+            where,
+            "dp_shard prices a shard group of dp_shard × cp ranks, as torchtitan's mesh and "
+            "Megatron-LM's distributed-optimizer instances under an order with cp before dp "
+            "group them; with dp before cp Megatron-LM's instances are consecutive ranks of "
+            "the dp × cp group, dp varying fastest, which budget does not price; list cp "
+            "before dp in parallel.order, or remove dp_shard",
+        )
     if par.reduce_bucket:
         r.error(
             where,
@@ -1857,7 +1867,9 @@ class _LayoutChecks:
                 if offer
                 else f"choose degrees whose product is {topology.gpus:,}"
             )
-        if fits(p, product):
+        # a product past what a plan lays out is not offered (an audit: a MoE plan's dp of
+        # 2^30 worked out its expert groups rank by rank, 10 GB and a traceback)
+        if product <= MAX_GPUS and fits(p, product):
             resize = f"topology.gpus to {product:,}"
             if topology.name:  # a preset: its size is written in nodes
                 from budget.catalog import TOPOLOGIES
@@ -2125,8 +2137,10 @@ class _Checks(_ModelChecks):
             )
         # Megatron-Core's training grid; serving stacks number their own (vLLM's order is
         # tp, pp, dp with its expert group one a stage over dp x tp: a review)
-        elif self.mode == "train" and any(
-            conflicts := expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp)
+        elif (
+            self.mode == "train"
+            and sorted(p.order) == sorted(GROUPS)  # else refused as it is (`parallel`)
+            and any(conflicts := expert_grid_conflicts(p.order, p.tp, p.cp, p.dp, p.pp, p.ep, etp))
         ):
             groups, sizes = conflicts
             edp = dense // (p.ep * etp)

@@ -16,6 +16,7 @@ from budget.calculators import CollectiveResult, RooflineResult, bus_factor_text
 from budget.collectives import TREE_SHARE, CollectiveCost, exchange_loads
 from budget.render import Hanging, held
 from budget.units import (
+    UnitError,
     format_duration,
     format_flops,
     format_rate,
@@ -231,7 +232,11 @@ def _flops_beside(value: float, ceiling: float) -> str:
     differ: then in the ceiling's unit with the digits that part them (999.99 GFLOP/s under
     a 1 TFLOP/s ceiling read "1000 GFLOP/s"; it is "0.99999 TFLOP/s")."""
     plain, limit = format_flops(value), format_flops(ceiling)
-    if value == ceiling or parse_flops(plain) != parse_flops(limit):
+    try:
+        apart = parse_flops(plain) != parse_flops(limit)
+    except UnitError:  # a rate past what a plan may write (1e-301 FLOP/s: an audit)
+        apart = True
+    if value == ceiling or apart:
         return plain
     number, unit = limit.split()
     scale = ceiling / float(number)
