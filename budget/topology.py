@@ -677,29 +677,30 @@ def _stage_order(parallel: Parallel) -> tuple[str, ...]:
     return tuple(d for d in _dense_order(parallel) if d != "pp")
 
 
-def _expert_coords(coords: dict[str, Any], parallel: Parallel, degrees: dict[str, int]) -> Any:
-    """A rank's etp, ep and edp indices from its tp, cp and dp ones (ints, or arrays with
-    one element per rank): its place b within its stage over the dense digits, read over
-    the expert grid's (module docstring)."""
+def _reread(
+    digits: dict[str, Any], source: Sequence[str], target: Sequence[str], degrees: dict[str, int]
+) -> dict[str, Any]:
+    """A place within a stage written over the `source` digits (fastest first; ints, or
+    arrays with one element per rank), read over the `target` digits."""
     b: Any = 0
-    for d in reversed(_stage_order(parallel)):
-        b = b * degrees[d] + coords[d]
-    expert = {}
-    for d in _expert_order(parallel):
-        b, expert[d] = divmod(b, degrees[d])
-    return expert
+    for d in reversed(source):
+        b = b * degrees[d] + digits[d]
+    out = {}
+    for d in target:
+        b, out[d] = divmod(b, degrees[d])
+    return out
+
+
+def _expert_coords(coords: dict[str, Any], parallel: Parallel, degrees: dict[str, int]) -> Any:
+    """A rank's etp, ep and edp indices from its tp, cp and dp ones: its place b within its
+    stage over the dense digits, read over the expert grid's (module docstring)."""
+    return _reread(coords, _stage_order(parallel), _expert_order(parallel), degrees)
 
 
 def _from_expert(expert: dict[str, Any], parallel: Parallel, degrees: dict[str, int]) -> Any:
-    """Ranks' tp, cp and dp indices from their etp, ep and edp ones (arrays, one element per
-    rank): the inverse of `_expert_coords`."""
-    b: Any = 0
-    for d in reversed(_expert_order(parallel)):
-        b = b * degrees[d] + expert[d]
-    dense = {}
-    for d in _stage_order(parallel):
-        b, dense[d] = divmod(b, degrees[d])
-    return dense
+    """Ranks' tp, cp and dp indices from their etp, ep and edp ones: the inverse of
+    `_expert_coords`."""
+    return _reread(expert, _expert_order(parallel), _stage_order(parallel), degrees)
 
 
 def _show(ranks: Sequence[int]) -> str:
