@@ -1372,11 +1372,15 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     DTensor's ``loss_parallel`` the decomposition runs separate kernels: ``amax`` (4),
     ``x - x_max`` (8), ``exp`` (8), ``sum`` (4), ``- logsumexp`` (8), 32 B and the upcast
     forward; ``zeros_like`` (4), ``exp`` (8), the add (12), the product (8), 32 B and the
-    cast back: 76 B with bf16 logits. Kernel launches are counted alike: 3 and 4 (cast,
-    ``log_softmax``, ``nll_loss``; zeros, scatter, ``_log_softmax_backward_data``, cast), 8
-    and 6 under ``loss_parallel`` (cast, ``amax``, subtract, ``exp``, ``sum``, ``log``,
-    subtract, gather; zeros, index put, ``exp``, add, multiply, cast), one fewer each
-    without the casts."""
+    cast back: 76 B with bf16 logits. Kernel launches: 3 and 4 on one rank (cast,
+    ``log_softmax``, ``nll_loss``; zeros, scatter, ``_log_softmax_backward_data``, cast);
+    under ``loss_parallel`` 25 and 21, the passes over the logits above and the per-token
+    ops of ``_nll_loss_forward`` and ``_nll_loss_and_log_softmax_backward`` (the ignore
+    index's ``ne`` and ``where``, ``_MaskPartial``'s mask of the targets outside the shard,
+    ``lt``, ``ge``, ``or``, ``clone``, subtract, masked write, the gather and its masked
+    write, negation, the total weight's count and the mean's division; 18 forward, 16
+    backward with the arange and index put), counted from that code; one fewer each without
+    the casts."""
     from budget.layers import vocab_rows
 
     vocab = vocab_rows(plan)
@@ -1402,8 +1406,8 @@ def _entropy_bytes(plan: Plan, act: Any) -> tuple[tuple[Any, Any], tuple[Any, An
     cast = vwhere(act < 4, act + 4, 0)
     casts = vwhere(act < 4, 1, 0)
     many = plan.parallel.tp > 1
-    forward = cast + vwhere(many, 32, 16), casts + vwhere(many, 7, 2)
-    backward = cast + vwhere(many, 32, 20), casts + vwhere(many, 5, 3)
+    forward = cast + vwhere(many, 32, 16), casts + vwhere(many, 24, 2)
+    backward = cast + vwhere(many, 32, 20), casts + vwhere(many, 20, 3)
     return (forward[0], backward[0]), (forward[1], backward[1])
 
 

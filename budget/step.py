@@ -1398,13 +1398,17 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
         others = all_headed - 1
         logits = s.tokens * vocab_rows(plan)
         # what `_loss` keeps of each cross-entropy for its backward, main head and MTP's:
-        # the fp32 softmax, and the soft-capped logits for the tanh backward
-        kept = (4 + (s.act if plan.model.logit_softcap else 0)) * logits
+        # the fp32 softmax, and the soft-capped logits for the tanh backward; PyTorch's
+        # pipeline schedule keeps each one's logits too, the last stage's output
+        # (`_entropy_passes`)
+        pytorch = plan.loss == "pytorch"
+        kept = (4 + (s.act if plan.model.logit_softcap else 0) + (s.act if pytorch else 0)) * logits
         out += when(
             [
                 Alloc(
-                    "cross-entropy softmax (fp32) of the other micro-batches in flight, kept "
-                    "for their backward",
+                    "cross-entropy softmax (fp32)"
+                    + (" and logits" if pytorch else "")
+                    + " of the other micro-batches in flight, kept for their backward",
                     "activations",
                     kept * (1 + mtp),
                     count=others,
@@ -2704,7 +2708,7 @@ def _loss(b: _StageBuilder) -> None:
     and no cast follows the backward: one fp32 buffer, 4·s·b·v/t (an audit: counted twice).
 
     With ``loss: pytorch`` the forward and the backward hold different buffers, each an
-    instant of its own (`_pytorch_entropy`).
+    instant of its own (`_entropy_passes`).
 
     With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
     pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
@@ -2859,7 +2863,10 @@ def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[A
     its ``exp`` beside the logits, 14 B, and a backward of ``(grad_input +
     torch.exp(x)) * grad_output`` beside the saved log-softmax and the zeroed
     ``grad_input``: exp, sum and then product, two at a time, 16 B. With fp32 logits
-    ``.float()`` copies nothing (2 B less in each forward)."""
+    ``.float()`` copies nothing (2 B less in each forward). Under a pipeline (pp > 1)
+    ``torch.distributed.pipelining`` keeps the last stage's output, the logits, from its
+    forward (``fwd_cache``) to its backward, which holds them too (a review: 2 B a logit
+    low)."""
     vocab = "shard(vocab) on tp"
 
     def buffer(name: str, nbytes: Any) -> Alloc:
@@ -2868,7 +2875,7 @@ def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[A
     typed = when([buffer("logits", act)], act < 4)
     if plan.loss == "megatron":
         return [("", [*typed, buffer("logits (fp32), the softmax and then its gradient", 4)], True)]
-    one, many = plan.parallel.tp == 1, plan.parallel.tp > 1
+    one, many, piped = plan.parallel.tp == 1, plan.parallel.tp > 1, plan.parallel.pp > 1
     forward = [
         buffer("logits", act),
         *when([buffer("logits upcast to fp32 (.float())", 4)], act < 4),
@@ -2885,6 +2892,7 @@ def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[A
         buffer("log-softmax (fp32), saved", 4),
         buffer("nll_loss gradient (fp32)", 4),
         *when([buffer("log-softmax input gradient (fp32)", 4)], one),
+        *when([buffer("logits, the stage's output, held to its backward", act)], piped),
         *when(
             [
                 buffer("exp of the log-softmax (fp32, loss_parallel)", 4),

@@ -90,7 +90,7 @@ def test_the_loss_kernels_bytes_and_launches_are_counted_kernel_by_kernel(tmp_pa
     """`flops.loss_work`'s cross-entropy, per logit: Megatron's 16 B forward and 32 B
     backward, one kernel each; PyTorch's on one rank of tp 6 + 16 = 22 B in 3 kernels and
     4 + 16 + 6 = 26 B in 4 (48 B, Megatron's total); under loss_parallel 6 + 32 = 38 B in
-    8 kernels and 32 + 6 = 38 B in 6."""
+    25 kernels and 32 + 6 = 38 B in 21 (its per-token ops counted too: a review)."""
 
     def entropy(plan: Plan) -> list[tuple[str, int, int]]:
         s = shapes(plan)
@@ -108,8 +108,8 @@ def test_the_loss_kernels_bytes_and_launches_are_counted_kernel_by_kernel(tmp_pa
         ("cross-entropy (fp32) backward", 26 * vocab, 4),
     ]
     assert entropy(_plan(tmp_path, "pytorch", tp2)) == [
-        ("cross-entropy (fp32)", 38 * vocab // 2, 8),
-        ("cross-entropy (fp32) backward", 38 * vocab // 2, 6),
+        ("cross-entropy (fp32)", 38 * vocab // 2, 25),
+        ("cross-entropy (fp32) backward", 38 * vocab // 2, 21),
     ]
 
 
@@ -140,3 +140,37 @@ def test_a_sweep_prices_pytorchs_loss_as_a_single_plan_does() -> None:
         report = build_report(apply(plan, result.config, plan.topology.gpus))
         assert report.worst.peak_bytes == result.peak_bytes, result.config
         assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_pipeline_holds_the_logits_to_their_backward(tmp_path: Path, schedule: str) -> None:
+    """A review: ``torch.distributed.pipelining`` keeps the last stage's output, the logits,
+    from its forward (``fwd_cache``) to its backward, where torchtitan without a pipeline
+    drops them (``del pred``): under pp 2 the cross-entropy's backward holds 2 + 12 = 14 B a
+    logit, and under GPipe each other micro-batch in flight keeps its logits beside its
+    log-softmax, 6 B a logit where Megatron's keeps its 4 B softmax."""
+    edits = (
+        ("  dp: 8\n", f"  dp: 4\n  pp: 2\n  pipeline: {{schedule: {schedule}}}\n"),
+        ("  zero: 3\n", "  zero: 1\n"),
+        ("  fsdp_unit: layer\n  fsdp_root: split\n", ""),
+        ("global: 8", "global: 16"),
+        ("  param_gather: bf16\n", ""),
+        ("overlap: {dp_grads: true, param_gather: true}", "overlap: {dp_grads: true}"),
+    )
+
+    def held(loss: str) -> tuple[int, int]:
+        plan = _plan(tmp_path, loss, *edits)
+        stage = derive(plan).stages[-1]
+        (phase,) = [p for p in stage.phases if p.name == "loss"]
+        last = [i for i in phase.instants if i.label.startswith("cross-entropy")][-1]
+        others = [a for a in last.live if "of the other micro-batches in flight" in a.name]
+        return sum(a.total for a in last.live), sum(a.total for a in others)
+
+    (megatron, kept_m), (pytorch, kept_p) = held("megatron"), held("pytorch")
+    assert pytorch - kept_p - (megatron - kept_m) == (14 - 6) * LOGITS
+    if schedule == "gpipe":
+        # micro-batches 4 a stage step (16 / dp 4), all forwards before the first backward:
+        # three others in flight beside the one whose backward runs
+        assert (kept_m, kept_p) == (3 * 4 * LOGITS, 3 * 6 * LOGITS)
+    else:
+        assert kept_m == kept_p == 0
