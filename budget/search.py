@@ -445,10 +445,10 @@ def _axes(
 
 
 @lru_cache(maxsize=4096)
-def _uneven(parallel: Parallel, topology: Topology) -> bool:
+def _uneven(parallel: Parallel, topology: Topology, experts: bool) -> bool:
     """`uneven_group` once per layout of degrees (a sweep meets each twice with a progress
     bar: counting, then evaluating)."""
-    return uneven_group(parallel, topology) is not None
+    return uneven_group(parallel, topology, experts) is not None
 
 
 # why `_spread` drops a layout
@@ -477,7 +477,7 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     keep = np.ones(len(block), dtype=bool)
     for row, i in enumerate(first.tolist()):
         parallel = _parallel(plan, tuple(int(x) for x in degrees[i]))
-        if _uneven(parallel, topology):
+        if _uneven(parallel, topology, plan.model.experts is not None):
             keep &= which != row
     dropped = len(block) - int(keep.sum())
     if dropped:

@@ -155,7 +155,7 @@ class UnevenGroup(ValueError):
     """A group holds different numbers of ranks in the domains of one level."""
 
 
-def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
+def uneven_group(parallel: Parallel, topology: Topology, experts: bool = False) -> str | None:
     """Why a plan's groups cannot be priced, or None: every group (tp, cp, dp, pp, dp x cp,
     and the expert grid's etp, ep and expert data-parallel groups) must hold the same
     number of ranks in each domain it touches, which the two-level algorithms assume
@@ -163,14 +163,20 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
     the one priced. Checked on the groups holding rank 0 and the last rank of the first
     domain of each level (tp = 6 on 8-GPU nodes: ranks 0..5 fit a node, ranks 6..11
     straddle two), then on the group a level's domains cut otherwise (`_misplaced`,
-    `_expert_misplaced`). Other problems with the degrees or the order raise ValueError
-    (the plan loader reports them by their own checks)."""
+    `_expert_misplaced`). The expert grid's groups are checked where the model has
+    `experts` and they fold into the stage, whether or not they are split apart: with
+    ep 1 and etp = tp its etp group is still the stage's first digits in the expert
+    order, not the dense tp group where cp or dp comes before tp (a review: cp 3 before
+    tp 2 on 3-GPU domains put etp [2, 3] across two, validated and then a traceback).
+    Other problems with the degrees or the order raise ValueError (the plan loader
+    reports them by their own checks)."""
     kinds: tuple[GroupKind, ...] = ()
     if not all(_aligned(parallel, lv.size) for lv in topology.levels if lv.size):
         kinds = ("tp", "cp", "dp", "pp", ("dp", "cp"))
         if parallel.dp_shard is not None:
             kinds += ("dp_shard", "dp_replicate", ("dp_shard", "cp"))
-    if expert_grid(parallel):  # without experts split apart, the dense groups
+    grid = expert_grid(parallel) or (experts and _degrees(parallel)["edp"] > 0)
+    if grid:
         kinds += ("etp", "ep", "edp")
     ranks = sorted(
         {0, *(lv.size - 1 for lv in topology.levels if lv.size and lv.size < topology.gpus)}
@@ -190,7 +196,7 @@ def uneven_group(parallel: Parallel, topology: Topology) -> str | None:
             misplaced = _misplaced(parallel, topology, level)
             if misplaced:
                 return misplaced
-    return _expert_misplaced(parallel, topology) if expert_grid(parallel) else None
+    return _expert_misplaced(parallel, topology) if grid else None
 
 
 # ranks past which the expert groups are checked at `uneven_group`'s ranks alone

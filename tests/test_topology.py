@@ -597,3 +597,38 @@ def test_an_order_with_ep_first_keeps_mixtrals_all_to_all_in_a_node() -> None:
     assert group_ranks("tp", parallel, 64) == (0, 1)
     assert group_span("ep", parallel, topology).levels == ("nvlink",)
     assert group_span("etp", parallel, topology).levels == ("infiniband",)
+
+
+def test_an_uneven_expert_group_is_refused_where_ep_is_one(tmp_path: Path) -> None:
+    """A review (m331): Mixtral with tp 2, cp 3, dp 2 and ep 1 (etp = tp) under order [cp, tp,
+    ep, dp, pp] on 3-GPU domains. Its expert grid reads the stage's ranks over etp then edp
+    (cp is 1 there): rank = etp_i + 2·edp_i, so the edp group of rank 0 is [0, 2, 4, 6, 8,
+    10], 2 and 1 ranks in alternate domains, and the etp group [2, 3] straddles two where
+    [0, 1] sits in one. Unchecked while experts were not split apart, the plan validated
+    and its report raised; it is refused as an uneven dense group is. The same degrees for
+    a dense model (no expert layers) stay taken."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from budget.topology import uneven_group
+    from tests.plan_files import variant
+
+    edits = (
+        ("seq: 4096", "seq: 6144"),
+        ("  pp: 4\n  dp: 8\n  ep: 8\n", "  pp: 1\n  cp: 3\n  dp: 2\n"),
+        ("order: [tp, cp, ep, dp, pp]", "order: [cp, tp, ep, dp, pp]"),
+        (
+            "topology: {preset: dgx-h100, nodes: 8}",
+            "topology:\n  gpus: 12\n  levels:\n"
+            "    - {name: nvlink, size: 3, bandwidth: 300 GB/s, latency: 3 us}\n"
+            "    - {name: infiniband, bandwidth: 25 GB/s, latency: 10 us}",
+        ),
+    )
+    path = variant(tmp_path, "cp3.yaml", *edits, base=ROOT / "plans" / "mixtral-8x7b.yaml")
+    with pytest.raises(BudgetError, match=r"the edp group: group \[0, 2, 4, 6, 8, 10\] puts"):
+        load_plan(path)
+    topology = Topology(
+        12, (Level("nvlink", 300e9, 3e-6, size=3), Level("infiniband", 25e9, 10e-6))
+    )
+    dense = Parallel(tp=2, cp=3, dp=2, order=("cp", "tp", "ep", "dp", "pp"))
+    assert uneven_group(dense, topology) is None
+    assert uneven_group(dense, topology, experts=True) is not None

@@ -1352,14 +1352,15 @@ def _fills(topology: Topology) -> bool:
     return not any(lv.size and lv.size < n and n % lv.size for lv in topology.levels[:-1])
 
 
-def _uneven_reason(par: Parallel, topology: Topology) -> str | None:
+def _uneven_reason(par: Parallel, topology: Topology, experts: bool) -> str | None:
     """Why a group of `par` spreads unevenly over the topology's domains
-    (`topology.uneven_group`); None where every group spreads evenly, and "" where the
-    degrees do not divide the GPUs, which the layout's own checks report."""
+    (`topology.uneven_group`, the expert layers' groups too where the model has
+    `experts`); None where every group spreads evenly, and "" where the degrees do not
+    divide the GPUs, which the layout's own checks report."""
     from budget.topology import uneven_group
 
     try:
-        return uneven_group(par, topology)
+        return uneven_group(par, topology, experts)
     except ValueError:
         return ""
 
@@ -1662,6 +1663,7 @@ class _LayoutChecks:
         self.mode = mode
         self.par = par
         self.whole_batch = batch
+        self.moe = False  # whether expert layers lay out groups of their own (`_ModelChecks`)
 
     def run(self, topology: Topology | None) -> None:
         if topology is not None:
@@ -1854,7 +1856,7 @@ class _LayoutChecks:
             """`gpus` fill the domains, and every group of `par` spreads evenly over them
             (`spread`: a review's nodes 3 for dp 3 put 1 and 2 ranks of dp in two nodes)."""
             sized = replace(topology, gpus=gpus)
-            return _fills(sized) and _uneven_reason(par, sized) is None
+            return _fills(sized) and _uneven_reason(par, sized, self.moe) is None
 
         remedies = []
         if _fills(topology):
@@ -1901,7 +1903,7 @@ class _LayoutChecks:
         """Every group is spread evenly over the topology's levels (`uneven_group`)."""
         if not _fills(topology):
             return  # the levels' own check reports a count that fills a domain partially
-        why = _uneven_reason(self.par, topology)
+        why = _uneven_reason(self.par, topology, self.moe)
         if why:  # "": degrees that do not divide, which their own checks report
             sizes = ", ".join(f"{lv.name} {lv.size}" for lv in topology.levels if lv.size)
             # hybrid sharding's groups are dp's fastest ranks, the shard group's size the
@@ -1941,6 +1943,7 @@ class _ModelChecks(_LayoutChecks):
     ) -> None:
         super().__init__(r, mode, par, batch)
         self.model = model
+        self.moe = model.experts is not None
 
     def run(self, topology: Topology | None) -> None:
         super().run(topology)
