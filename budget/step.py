@@ -2527,6 +2527,18 @@ def _forward(b: _StageBuilder) -> None:
     # under latent attention the latents the up-projections read (a review)
     made = (*QKV_OUTPUTS, MLA_LATENTS)
     qkv_out = _either([x for x in blocks["attention"] if x.name in made], full)
+    mla = plan.model.mla
+    if mla is not None:
+        # the KV up-projection's output, [tokens, heads, nope + v], alive while K and V are
+        # built from it as new tensors (Megatron-Core's MLASelfAttention, fused rotary or
+        # not: an audit, m332, found it uncounted)
+        heads = s.q_cols // plan.model.qk_head_dim
+        kv = s.act * s.tokens * heads * (mla.nope_dim + plan.model.head_dim)
+        placed = "shard(heads) on tp"
+        qkv_out = [
+            *qkv_out,
+            Alloc("KV up-projection output (MLA)", "transient", kv, placement=placed),
+        ]
 
     if b.first:
         moves = _root_moves(b, "embedding forward") + embedding_moves(plan, s)

@@ -392,3 +392,6 @@ def test_the_up_projections_read_the_latents_they_are_timed_beside(tmp_path):
     assert {"attention Q", "attention K", "attention V", "attention latents (all-gathered)"} <= set(
         live
     )
+    # and the KV up-projection's output K and V are built from, [4,096 tokens, 128 / 8
+    # heads, 128 + 128] in bf16 (an audit, m332: uncounted)
+    assert live["KV up-projection output (MLA)"].total == 2 * 4096 * 16 * (128 + 128)
