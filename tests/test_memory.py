@@ -1455,6 +1455,13 @@ def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
     assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + flattened + 2 * (
         _FC1_WEIGHT - layer
     )
+    # a bucket the rank's gradients never overflow is reduced only by the epilogue, once the
+    # backward is done (``reduce_ipg_grads`` runs when the next gradient would not fit; an
+    # audit, m334: the layers' backward had held it flattened, 5.6 GiB over a 1.3B's peak)
+    whole = params_total(_zero_paper_plan(2)) + 1
+    big = _phase_peaks(_zero_paper_plan(2, whole))
+    assert big["backward.mlp"] - without["backward.mlp"] == 2 * whole + 2 * (_FC1_WEIGHT - layer)
+    assert big["dp.grads"] - without["dp.grads"] == 2 * whole + 2 * (whole - 1)
     # two micro-batches a rank: the second forward holds none either; overlap_comm
     # (overlap.dp_grads): two buffers
     one = _zero_paper_plan(2, 500_000_000)
@@ -1524,6 +1531,9 @@ def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
 
     text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
     assert text.count("  zero: 1\n") == 1 and "pp: 4" in text
+    # DeepSpeed's ZeRO 2 keeps its gradients in the parameters' format (bf16), and reduces
+    # in fp32 where asked (communication_data_type)
+    text = text.replace("  grads: fp32\n", "  grads: bf16\n  grad_reduce: fp32\n")
     for zero in (1, 2, 3):
         path = tmp_path / f"zero{zero}.yaml"
         bucketed = f"  zero: {zero}\n  reduce_bucket: 500000000\n"
@@ -1581,7 +1591,8 @@ def test_deepspeed_zero_2_exposes_its_last_bucket_of_the_size_it_names(tmp_path)
     n gradients (stage_1_and_2.py). GPT 1.3B's 1,315,819,520 gradients, overlapped, at dp 8
     and micro-batch 1: at B = 5e7 under one layer's share (1/24), so a layer's is exposed as
     before; at 5e8, 315,819,520 of them, 24.0 %; at 2e9 all, the step as without overlap
-    (an audit: the step read 6.56 s whatever B, 8.45 s at 2e9)."""
+    (an audit: the step read 6.56 s whatever B, 8.45 s at 2e9, with fp32 gradients DeepSpeed
+    does not keep at ZeRO 2; bf16 ones reduced in fp32 here)."""
     from budget.report import to_dict
     from tests.plan_files import variant
 
@@ -1589,10 +1600,19 @@ def test_deepspeed_zero_2_exposes_its_last_bucket_of_the_size_it_names(tmp_path)
     layout = ("  zero: 1\n", "  zero: 2\n  reduce_bucket: {}\n")
     micro = ("micro: 4", "micro: 1")
     overlap = ("topology: {", "overlap: {dp_grads: true}\ntopology: {")
+    # DeepSpeed's ZeRO 2 keeps its gradients in bf16, the parameters' format, and reduces
+    # them in fp32 where asked (communication_data_type): the all-reduces as before
+    grads = ("  grads: fp32\n", "  grads: bf16\n  grad_reduce: fp32\n")
 
     def run(size: int, *edits):
         path = variant(
-            tmp_path, f"b{size}.yaml", (layout[0], layout[1].format(size)), micro, *edits, base=base
+            tmp_path,
+            f"b{size}.yaml",
+            (layout[0], layout[1].format(size)),
+            micro,
+            grads,
+            *edits,
+            base=base,
         )
         report = to_dict(build_report(load_plan(path)))
         (found,) = [
@@ -1612,3 +1632,34 @@ def test_deepspeed_zero_2_exposes_its_last_bucket_of_the_size_it_names(tmp_path)
     # the last bucket is a call of its own: its share of the bytes and its own n·α
     share = at_default["exposed_s"] / at_default["time_s"]
     assert 315_819_520 / n < share < 0.26
+    # the README's figures for the three sizes
+    from budget.units import format_duration
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = (
+        f"a layer's share at 5e7, {format_duration(small)} a step, a quarter of them at the "
+        f"default 5e8, {format_duration(default)}, all of them at 2e9, {format_duration(whole)})"
+    )
+    assert said in text, said
+
+
+def test_deepspeed_zero_2_with_gradients_unlike_the_parameters_is_refused(tmp_path) -> None:
+    """An audit (m334): DeepSpeed's ZeRO 2 keeps its gradient partition in the parameters'
+    format (``grads_in_partition``, stage_1_and_2.py; ``gradient_accumulation_dtype`` is read
+    at ZeRO 1 only), so bf16 parameters with fp32 gradients beside ``reduce_bucket`` price a
+    run DeepSpeed does not make: refused at precision.grads, and left out of a sweep; ZeRO 1
+    beside the same keys is taken."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from budget.search import Space, search
+    from tests.plan_files import ROOT, variant
+
+    edits = (("  zero: 1\n", "  zero: 2\n  reduce_bucket: 500000000\n"),)
+    path = variant(tmp_path, "z2.yaml", *edits, base=ROOT / "plans" / "gpt-1.3b.yaml")
+    assert "grads: fp32" in path.read_text(encoding="utf-8")
+    with pytest.raises(BudgetError, match=r"\$\.precision\.grads: precision\.grads = fp32 beside"):
+        load_plan(path)
+    one = variant(tmp_path, "z1.yaml", ("zero: 2", "zero: 1"), base=path)
+    plan = load_plan(one)
+    outcome = search(plan, plan.topology.gpus, Space(zero=(1, 2), tp=(1,), pp=(1,)))
+    assert {r.config.zero for r in outcome.results} == {1}
