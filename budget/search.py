@@ -61,6 +61,7 @@ from budget.plan.model import (
     Schedule,
     Topology,
     Transition,
+    deepspeed_grads_mismatch,
     dp_before_cp,
     unlaunchable_expert_grid,
 )
@@ -763,6 +764,10 @@ def _grid_piece(
         (
             "hybrid sharding beside DeepSpeed's reduce_bucket",
             hy & bool(plan.parallel.reduce_bucket),
+        ),
+        (
+            "DeepSpeed's ZeRO 2 with gradients not in the parameters' format",
+            deepspeed_grads_mismatch(zero, plan.parallel.reduce_bucket, plan.precision),
         ),
         (
             "hybrid sharding beside cp with dp before cp in parallel.order",

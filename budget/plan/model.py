@@ -310,6 +310,16 @@ def unlaunchable_expert_grid(
     return groups | sizes
 
 
+def deepspeed_grads_mismatch(zero: Any, reduce_bucket: int, precision: Precision) -> Any:
+    """Whether a layout names DeepSpeed's ZeRO 2 (`Parallel.reduce_bucket`) with gradients
+    in another format than the parameters, which DeepSpeed does not run: its ZeRO 2 keeps
+    the gradient partition in the parameters' format (``grads_in_partition``,
+    stage_1_and_2.py; ``gradient_accumulation_dtype`` is read at ZeRO 1 only; an audit: fp32
+    gradients were priced, 0.6 GiB under GPT 1.3B's optimizer step). A bool, or an array over
+    a sweep's stages."""
+    return (zero == 2) & bool(reduce_bucket) & (precision.grads != precision.params)
+
+
 def dp_before_cp(order: tuple[str, ...]) -> bool:
     """Whether `order` numbers dp faster than cp: Megatron-LM's distributed-optimizer
     instances, consecutive ranks of the dp × cp group, are then not hybrid sharding's

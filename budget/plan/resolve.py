@@ -47,6 +47,7 @@ from budget.plan.model import (
     Precision,
     Topology,
     Transition,
+    deepspeed_grads_mismatch,
     dp_before_cp,
     expert_grid_conflicts,
 )
@@ -1485,6 +1486,16 @@ def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel)
             f'pipeline engine refuses beside pp = {par.pp} ("ZeRO-2 and ZeRO-3 are '
             'incompatible with pipeline parallelism"); set pp to 1 or zero to 1, or remove '
             "reduce_bucket",
+        )
+    if deepspeed_grads_mismatch(par.zero, par.reduce_bucket, precision):
+        r.error(
+            "$.precision.grads",
+            f"precision.grads = {precision.grads} beside DeepSpeed's ZeRO 2 "
+            "(parallel.reduce_bucket): DeepSpeed keeps a ZeRO 2 gradient partition in the "
+            f"parameters' format ({precision.params}: grads_in_partition, stage_1_and_2.py; "
+            "gradient_accumulation_dtype applies at ZeRO 1 only); set precision.grads to "
+            f"{precision.params}, with precision.grad_reduce: fp32 for an fp32 "
+            "communication_data_type",
         )
 
 
