@@ -1256,3 +1256,21 @@ def test_a_ring_across_levels_names_the_bytes_that_pace_its_bandwidth_term() -> 
             app, route([*args, "--level", f"8:{network}:14us:ib"]), env={"COLUMNS": "200"}
         )
         assert q in " ".join(result.stdout.split())
+
+
+def test_a_trees_per_rank_bytes_are_said_to_be_its_busiest_ranks() -> None:
+    """A user audit: a binomial tree's all-reduce of 64 KiB over 8 ranks read "sent per rank
+    192 KiB" beside "sent by all ranks 896 KiB", 8 x 192 ≠ 896: the per-rank figure is the
+    root's, 3 children x 64 KiB in the broadcast, where the 14 sends of 64 KiB average 112
+    KiB. It says so; a ring's, whose ranks all send 2·7/8·64 = 112 KiB, says nothing more."""
+    base = ["collective", "all-reduce", "--ranks", "8", "--size", "64KiB"]
+    link = ["--bandwidth", "370GB/s", "--latency", "3us"]
+    tree = runner.invoke(app, route([*base, *link, "--algorithm", "tree"]), env={"COLUMNS": "200"})
+    assert tree.exit_code == 0, tree.stderr
+    (sent,) = [line for line in tree.stdout.splitlines() if "sent per rank" in line]
+    assert " ".join(sent.split()) == (
+        "sent per rank 192 KiB (196,608 B) (the busiest rank; 112 KiB a rank on average)"
+    )
+    ring = runner.invoke(app, route([*base, *link, "--algorithm", "ring"]), env={"COLUMNS": "200"})
+    (sent,) = [line for line in ring.stdout.splitlines() if "sent per rank" in line]
+    assert " ".join(sent.split()) == "sent per rank 112 KiB (114,688 B)"

@@ -187,7 +187,16 @@ def _who(cost: CollectiveCost, sent: bool) -> str:
                 else "  (each rank but the first, which receives none)"
             )
         return "  (the sender; the receiver sends none)" if sent else "  (the receiver)"
-    if cost.op != "broadcast" or not int(cost.sent_bytes):
+    if cost.op != "broadcast":
+        # a tree's ranks move unequal bytes, its root the most: the per-rank figure is the
+        # busiest rank's (`CollectiveCost`), which the group's total does not divide into
+        # (a user audit read 192 KiB a rank beside 896 KiB by all 8)
+        total = int(cost.aggregate_sent_bytes if sent else cost.aggregate_recv_bytes)
+        each, ranks = int(cost.sent_bytes if sent else cost.recv_bytes), int(cost.ranks)
+        if ranks < 2 or each * ranks == total:
+            return ""
+        return f"  (the busiest rank; {_binary(total // ranks)} a rank on average)"
+    if not int(cost.sent_bytes):
         return ""
     if not sent:
         return "  (each rank but the root, which receives none)"
