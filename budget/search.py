@@ -63,6 +63,8 @@ from budget.plan.model import (
     Transition,
     deepspeed_grads_mismatch,
     dp_before_cp,
+    gather_overlap_alone,
+    in_place_reduce_mismatch,
     unlaunchable_expert_grid,
 )
 from budget.plan.resolve import (
@@ -768,6 +770,14 @@ def _grid_piece(
         (
             "DeepSpeed's ZeRO 2 with gradients not in the parameters' format",
             deepspeed_grads_mismatch(zero, plan.parallel.reduce_bucket, plan.precision),
+        ),
+        (
+            "ZeRO 1 reducing its gradients in another format than it keeps them",
+            in_place_reduce_mismatch(zero, plan.precision),
+        ),
+        (
+            "ZeRO 1 overlapping its parameter gather without its gradient reduction",
+            gather_overlap_alone(zero, plan.overlap),
         ),
         (
             "hybrid sharding beside cp with dp before cp in parallel.order",

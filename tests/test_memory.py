@@ -1531,9 +1531,8 @@ def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
 
     text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
     assert text.count("  zero: 1\n") == 1 and "pp: 4" in text
-    # DeepSpeed's ZeRO 2 keeps its gradients in the parameters' format (bf16), and reduces
-    # in fp32 where asked (communication_data_type)
-    text = text.replace("  grads: fp32\n", "  grads: bf16\n  grad_reduce: fp32\n")
+    # DeepSpeed's ZeRO 2 keeps its gradients in the parameters' format (bf16)
+    text = text.replace("  grads: fp32\n", "  grads: bf16\n")
     for zero in (1, 2, 3):
         path = tmp_path / f"zero{zero}.yaml"
         bucketed = f"  zero: {zero}\n  reduce_bucket: 500000000\n"
@@ -1663,3 +1662,48 @@ def test_deepspeed_zero_2_with_gradients_unlike_the_parameters_is_refused(tmp_pa
     plan = load_plan(one)
     outcome = search(plan, plan.topology.gpus, Space(zero=(1, 2), tp=(1,), pp=(1,)))
     assert {r.config.zero for r in outcome.results} == {1}
+
+
+@pytest.mark.parametrize(
+    ("edit", "where", "message"),
+    [
+        (
+            ("  grads: fp32\n", "  grads: fp32\n  grad_reduce: bf16\n"),
+            "$.precision.grad_reduce",
+            "grad_reduce: bf16 beside grads: fp32 at ZeRO 1",
+        ),
+        (
+            ("recompute: selective\n", "recompute: selective\noverlap: {param_gather: true}\n"),
+            "$.overlap.param_gather",
+            "overlap.param_gather without overlap.dp_grads at ZeRO 1",
+        ),
+    ],
+)
+def test_megatron_zero_1_refuses_what_its_distributed_optimizer_does_not_run(
+    tmp_path, edit, where, message
+) -> None:
+    """An audit (m337): ZeRO 1 is priced as Megatron-LM's distributed optimizer, which
+    reduce-scatters its gradient buffer in place, in the buffer's format (fp32 gradients
+    reduced in bf16 had been priced at half the bytes, with no bf16 copy), and which refuses
+    --overlap-param-gather without --overlap-grad-reduce (priced as bucketed behind the
+    forward). Each is refused at its key, exit 2; the search leaves such layouts out."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from budget.search import Space, search
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    assert edit[0] in base.read_text(encoding="utf-8")
+    path = variant(tmp_path, "z1.yaml", edit, base=base)
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == where and problem.message.startswith(message)
+    # ZeRO 3 (PyTorch FSDP's reduce_dtype, prefetched gathers) takes either
+    edits = (("  zero: 1\n", "  zero: 3\n"), ("  pp: 4\n  dp: 16\n", "  pp: 1\n  dp: 64\n"))
+    zero3 = variant(tmp_path, "z3.yaml", *edits, base=path)
+    text = zero3.read_text(encoding="utf-8")
+    assert "zero: 3" in text
+    space = Space(tp=(8,), pp=(1,), zero=(1, 3), micro=(1,), virtual_stages=(1,))
+    outcome = search(load_plan(zero3), 512, space)
+    assert outcome.results and {r.config.zero for r in outcome.results} == {3}

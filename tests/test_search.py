@@ -1177,7 +1177,7 @@ def test_layouts_holding_deepspeeds_gradient_buffer_budget_exactly_as_searched(t
     assert text.count("  zero: 1\n") == 1
     text = text.replace("  zero: 1\n", "  zero: 1\n  reduce_bucket: 200000000\n")
     # DeepSpeed's ZeRO 2 keeps gradients in the parameters' format (an audit, m334)
-    text = text.replace("  grads: fp32\n", "  grads: bf16\n  grad_reduce: fp32\n")
+    text = text.replace("  grads: fp32\n", "  grads: bf16\n")
     path = tmp_path / "deepspeed.yaml"
     path.write_text(text + f"overlap: {{dp_grads: {str(overlap).lower()}}}\n", encoding="utf-8")
     plan = load_plan(path)

@@ -320,6 +320,25 @@ def deepspeed_grads_mismatch(zero: Any, reduce_bucket: int, precision: Precision
     return (zero == 2) & bool(reduce_bucket) & (precision.grads != precision.params)
 
 
+def in_place_reduce_mismatch(zero: Any, precision: Precision) -> Any:
+    """Whether a ZeRO 1 layout (Megatron-LM's distributed optimizer, which budget prices
+    DeepSpeed's ZeRO 1 as) names a reduction format unlike its gradients': Megatron-Core
+    reduce-scatters its gradient buffer in place, in the buffer's format
+    (param_and_grad_buffer.py ``start_grad_sync``; the buffer is fp32 with
+    ``grad_reduce_in_fp32``, else the parameters' format), so no run keeps fp32 gradients
+    and reduces them in bf16 (an audit: priced at half the bytes and with no bf16 copy). A
+    bool, or an array over a sweep's stages."""
+    return (zero == 1) & (precision.reduce != precision.grads)
+
+
+def gather_overlap_alone(zero: Any, overlap: Overlap) -> Any:
+    """Whether a ZeRO 1 layout overlaps its parameter gather without its gradient reduction,
+    which Megatron-LM refuses (``assert args.overlap_grad_reduce, 'Must use
+    --overlap-param-gather with --overlap-grad-reduce'``, megatron/training/arguments.py;
+    without it one bucket is gathered whole before the first forward: an audit)."""
+    return (zero == 1) & overlap.param_gather & (not overlap.dp_grads)
+
+
 def dp_before_cp(order: tuple[str, ...]) -> bool:
     """Whether `order` numbers dp faster than cp: Megatron-LM's distributed-optimizer
     instances, consecutive ranks of the dp × cp group, are then not hybrid sharding's

@@ -50,6 +50,8 @@ from budget.plan.model import (
     deepspeed_grads_mismatch,
     dp_before_cp,
     expert_grid_conflicts,
+    gather_overlap_alone,
+    in_place_reduce_mismatch,
 )
 from budget.plan.transitions import (
     check_chains,
@@ -1546,7 +1548,8 @@ def _check_pipeline_zero3(r: _Resolver, precision: Precision | None, par: Parall
         "holds what such a stage holds from its first forward under reshard_after_forward: "
         "false (torchtitan's default beside a pipeline), the gradients whole, the "
         "parameters gathered and the optimizer states sharded, and moves them once a step, "
-        "the gradients after the last backward",
+        "the gradients after the last backward (overlap.param_gather false too: ZeRO 1 "
+        "overlaps its gather only beside dp_grads)",
     )
 
 
@@ -2403,6 +2406,15 @@ def resolve(
         _check_zero_gather(r, precision, par, model)
         _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par)
+        if in_place_reduce_mismatch(par.zero, precision):
+            r.error(
+                "$.precision.grad_reduce",
+                f"grad_reduce: {precision.reduce} beside grads: {precision.grads} at ZeRO 1: "
+                "Megatron-LM's distributed optimizer reduce-scatters its gradient buffer in "
+                "place, in the buffer's own format (start_grad_sync), so its gradients are "
+                f"reduced as they are kept; write grads: {precision.reduce} (Megatron-LM's "
+                "--grad-reduce-in-bf16, or grad_reduce_in_fp32 off) or remove grad_reduce",
+            )
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
         _check_pipeline_zero3(r, precision, par)
     if par is not None:
@@ -2460,6 +2472,18 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
+            gathered = Overlap(
+                dp_grads=bool(overlap.get("dp_grads")),
+                param_gather=bool(overlap.get("param_gather")),
+            )
+            if gather_overlap_alone(par.zero, gathered):
+                r.error(
+                    "$.overlap.param_gather",
+                    "overlap.param_gather without overlap.dp_grads at ZeRO 1: Megatron-LM "
+                    "refuses it ('Must use --overlap-param-gather with --overlap-grad-reduce'), "
+                    "and without buckets it would gather the whole buffer before the first "
+                    "forward; set dp_grads: true too, or param_gather: false",
+                )
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
