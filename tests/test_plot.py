@@ -341,3 +341,45 @@ def test_a_plan_that_moves_nothing_is_not_said_to_be_untimed(tmp_path: Path) -> 
     code, _, err = _plot(untimed, tmp_path / "untimed.svg")
     assert code == 0, err
     assert "communication time not computed" in (tmp_path / "untimed.svg").read_text("utf-8")
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-fsdp", "deepseek-moe-16b"])
+def test_phase_names_along_the_top_do_not_run_into_each_other(name: str) -> None:
+    """An audit (m338): a phase with one instant has a band about one bar wide, and its name
+    was centred on it whatever its width: "dp grads" beside "optimizer" read
+    "gradsoptimizer", and DeepSeek-MoE's "backward embedding", "dp grads" and "optimizer"
+    ran together. A name that would overlap the one before it is lifted a row (two blank
+    rows under it); the names of each row stand apart, and the title clears them."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import itertools
+
+    import matplotlib.pyplot as plt
+
+    from budget.pipeline import budget_plan
+    from budget.render.plot import draw, panels
+
+    report = budget_plan(Path(__file__).parents[1] / "plans" / f"{name}.yaml")
+    fig, (top, bottom) = panels(plt)
+    try:
+        draw(fig, (top, bottom), report)
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        (names,) = [a for a in top.child_axes]
+        labels = [t for t in names.get_xticklabels() if t.get_text()]
+        lifted = [t.get_text().endswith("\n\n") for t in labels]
+        assert any(lifted)  # these plans have such neighbours
+        for row in (False, True):
+            boxes = [
+                t.get_window_extent(renderer)
+                for t, up in zip(labels, lifted, strict=True)
+                if up is row
+            ]
+            for left, right in itertools.pairwise(boxes):
+                assert left.x1 <= right.x0, (row, left, right)
+        title = top.title.get_window_extent(renderer)
+        highest = max(t.get_window_extent(renderer).y1 for t in labels)
+        assert title.y0 >= highest
+    finally:
+        plt.close(fig)

@@ -170,7 +170,8 @@ def _memory(ax: Any, report: Report) -> None:
     )
     ax.set_xticks(xs)
     ax.set_xticklabels([p.instant for p in points], rotation=30, ha="right", fontsize=8)
-    _phase_bands(ax, [p.phase for p in points])
+    if _phase_bands(ax, [p.phase for p in points]):  # names a row higher: the title too
+        ax.set_title(ax.get_title(loc="left"), loc="left", fontsize=11, pad=50)
     ax.set_xlabel(
         f"instants of {_one(word)} on this stage, in order (each phase drawn once, at its "
         "fullest instance)",
@@ -235,8 +236,10 @@ def _capacity_label(
             return
 
 
-def _phase_bands(ax: Any, phases: list[str]) -> None:
-    """Alternating shaded spans, one per phase, named along the top edge of the panel."""
+def _phase_bands(ax: Any, phases: list[str]) -> bool:
+    """Alternating shaded spans, one per phase, named along the top edge of the panel; a
+    name that would run into the one before it is lifted a row above it (`_lifted`).
+    Returns whether any was."""
     start, band = 0, 0
     centres: list[float] = []
     names: list[str] = []
@@ -248,10 +251,34 @@ def _phase_bands(ax: Any, phases: list[str]) -> None:
             names.append(phases[start].replace(".", "\n", 1))
             band += 1
             start = i
+    names = _lifted(ax, centres, names)
     top = ax.secondary_xaxis("top")
     top.set_xticks(centres)
     top.set_xticklabels(names, fontsize=8, color="#444444")
     top.tick_params(length=0)
+    return any(name.endswith(_LIFT) for name in names)
+
+
+_LIFT = "\n\n"  # a name's blank rows under it: drawn upward from the axis, it rises two rows
+
+
+def _lifted(ax: Any, centres: list[float], names: list[str]) -> list[str]:
+    """Each phase's name, with blank rows under it where it would otherwise overlap the name
+    before it on the same row (an audit: a one-instant band is about a bar wide, and "dp
+    grads" beside "optimizer" read "gradsoptimizer"). Names alternate between the two rows
+    only as far as they must."""
+    renderer = ax.figure.canvas.get_renderer()
+    ends = [float("-inf"), float("-inf")]  # each row's last name's right edge, in pixels
+    out = []
+    for centre, name in zip(centres, names, strict=True):
+        probe = ax.figure.text(0, 0, name, fontsize=8)
+        half = probe.get_window_extent(renderer).width / 2 + 3  # a little space between
+        probe.remove()
+        x = float(ax.transData.transform((centre, 0))[0])
+        row = 0 if x - half >= ends[0] else 1 if x - half >= ends[1] else 0
+        ends[row] = x + half
+        out.append(name + _LIFT if row else name)
+    return out
 
 
 def _per_point(ax: Any) -> float:
