@@ -3,10 +3,13 @@ matplotlib."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import struct
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -343,19 +346,14 @@ def test_a_plan_that_moves_nothing_is_not_said_to_be_untimed(tmp_path: Path) -> 
     assert "communication time not computed" in (tmp_path / "untimed.svg").read_text("utf-8")
 
 
-@pytest.mark.parametrize("name", ["llama3-8b-fsdp", "deepseek-moe-16b"])
-def test_phase_names_along_the_top_do_not_run_into_each_other(name: str) -> None:
-    """An audit (m338): a phase with one instant has a band about one bar wide, and its name
-    was centred on it whatever its width: "dp grads" beside "optimizer" read
-    "gradsoptimizer", and DeepSeek-MoE's "backward embedding", "dp grads" and "optimizer"
-    ran together. A name that would overlap the one before it is lifted a row (two blank
-    rows under it); the names of each row stand apart, and the title clears them."""
+@contextlib.contextmanager
+def _drawn(name: str) -> Iterator[tuple[Any, Any, Any]]:
+    """A shipped plan drawn as `budget plot` draws it: the top panel, the figure's renderer
+    and the figure, closed after."""
     pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
-    import itertools
-
     import matplotlib.pyplot as plt
 
     from budget.pipeline import budget_plan
@@ -365,8 +363,20 @@ def test_phase_names_along_the_top_do_not_run_into_each_other(name: str) -> None
     fig, (top, bottom) = panels(plt)
     try:
         draw(fig, (top, bottom), report)
-        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-        (names,) = [a for a in top.child_axes]
+        yield top, fig.canvas.get_renderer(), fig
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-fsdp", "deepseek-moe-16b"])
+def test_phase_names_along_the_top_do_not_run_into_each_other(name: str) -> None:
+    """An audit (m338): a phase with one instant has a band about one bar wide, and its name
+    was centred on it whatever its width: "dp grads" beside "optimizer" read
+    "gradsoptimizer", and DeepSeek-MoE's "backward embedding", "dp grads" and "optimizer"
+    ran together. A name that would overlap the one before it is lifted a row (two blank
+    rows under it); the names of each row stand apart, and the title clears them."""
+    with _drawn(name) as (top, renderer, _):
+        (names,) = list(top.child_axes)
         labels = [t for t in names.get_xticklabels() if t.get_text()]
         lifted = [t.get_text().endswith("\n\n") for t in labels]
         assert any(lifted)  # these plans have such neighbours
@@ -378,8 +388,21 @@ def test_phase_names_along_the_top_do_not_run_into_each_other(name: str) -> None
             ]
             for left, right in itertools.pairwise(boxes):
                 assert left.x1 <= right.x0, (row, left, right)
-        title = top.title.get_window_extent(renderer)
+        # the panel's title is its left one (`_memory`), not the empty centre one (a review)
+        title = top._left_title.get_window_extent(renderer)
         highest = max(t.get_window_extent(renderer).y1 for t in labels)
         assert title.y0 >= highest
-    finally:
-        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-tp-loss-gathered", "gpt3-175b"])
+def test_the_peaks_box_stands_clear_of_the_legend(name: str) -> None:
+    """An audit (m338): the loss-gathered plan's long names wrapped the peak's box to 11
+    lines, which, set on the panel's floor and growing up, ran through the legend's
+    "parameters" and "reserved" ("48.sereved Adam moments NCCL fp32"). Where it would, it
+    hangs from under the legend instead; a short box stays on the floor."""
+    with _drawn(name) as (top, renderer, _):
+        (box,) = [t for t in top.texts if t.get_text().startswith("alive at the peak")]
+        legend = top.get_legend().get_window_extent(renderer)
+        assert box.get_bbox_patch().get_window_extent(renderer).y1 <= legend.y0
+        hung = name == "llama3-8b-tp-loss-gathered"
+        assert box.get_va() == ("top" if hung else "bottom")

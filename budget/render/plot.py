@@ -100,9 +100,12 @@ def panels(plt: Any) -> tuple[Any, tuple[Any, Any]]:
 def draw(fig: Any, axes: tuple[Any, Any], report: Report) -> None:
     """`report` drawn into the `panels`, laid out clear of each other."""
     top, bottom = axes
-    _memory(top, report)
+    hung = _memory(top, report)
     _communication(bottom, report)
     _separate(fig, top, bottom)
+    if hung is not None:  # the panels' heights are settled: the peak's box against the legend
+        _below_legend(top, *hung)
+        _separate(fig, top, bottom)
 
 
 # the least space between the memory panel's axis label and the communication panel's title,
@@ -138,7 +141,7 @@ def _one(word: str) -> str:
     return "one step" if word == "step" else f"the {word}"
 
 
-def _memory(ax: Any, report: Report) -> None:
+def _memory(ax: Any, report: Report) -> tuple[Any, Any] | None:
     worst = report.worst
     points = worst.timeline
     capacity = worst.capacity_bytes / GIB
@@ -183,12 +186,13 @@ def _memory(ax: Any, report: Report) -> None:
         if x != peak:
             ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=7, color="#333")
     right = peak + 0.75  # where the headroom arrow and its label end
+    box = None
     if points:
         right = _headroom(ax, peak, points[peak].total_bytes / GIB, capacity, bottoms)
-        _annotate_peak(ax, report, peak, points[peak].total_bytes / GIB)
+        box = _annotate_peak(ax, report, peak, points[peak].total_bytes / GIB)
     _capacity_label(ax, worst.capacity_bytes, bottoms, peak, right)
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(  # top of the legend = top of the stack
+    legend = ax.legend(  # top of the legend = top of the stack
         handles[::-1],
         labels[::-1],
         loc="upper left",
@@ -198,6 +202,7 @@ def _memory(ax: Any, report: Report) -> None:
     )
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+    return None if box is None else (legend, box)
 
 
 def _capacity_label(
@@ -323,8 +328,9 @@ def _headroom(ax: Any, x: int, peak: float, capacity: float, tops: list[float]) 
     return float(box.x1)
 
 
-def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
-    """Mark the peak bar, and list what is alive there in the right margin."""
+def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> Any:
+    """Mark the peak bar, and list what is alive there in the right margin (the list's
+    text, returned)."""
     worst = report.worst
     ax.annotate(
         f"peak {y:.1f}",
@@ -351,7 +357,7 @@ def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
     if rest:
         lines.append(f"  {format_bytes(sum(o.bytes for o in rest)):>9}  {len(rest)} more")
     lines.append(f"  {format_bytes(worst.peak_bytes):>9}  total")
-    ax.text(
+    return ax.text(
         1.01,
         0.0,
         "\n".join(lines),
@@ -362,6 +368,22 @@ def _annotate_peak(ax: Any, report: Report, x: int, y: float) -> None:
         family="monospace",
         bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#999999"},
     )
+
+
+def _below_legend(ax: Any, legend: Any, box: Any) -> None:
+    """The peak's box, set on the panel's floor and growing up, hung from under the legend
+    instead where it would reach into it (an audit: the tensor-parallel loss-gathered
+    plan's long names wrapped it to 11 lines, its first through "parameters" and
+    "reserved"); it may then reach below the panel, beside the instants' names, and
+    `_separate` keeps the panel under it clear."""
+    renderer = ax.figure.canvas.get_renderer()
+    floor = legend.get_window_extent(renderer).y0
+    pad = 8.0  # the box's frame around its text, in pixels, and a little space
+    if box.get_window_extent(renderer).y1 + pad <= floor:
+        return
+    x = box.get_position()[0]
+    box.set_position((x, float(ax.transAxes.inverted().transform((0, floor - pad))[1])))
+    box.set_va("top")
 
 
 # the characters of an allocation's name on one line of the peak's box
