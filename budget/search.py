@@ -777,7 +777,7 @@ def _grid_piece(
         ),
         (
             "ZeRO 1 overlapping its parameter gather without its gradient reduction",
-            gather_overlap_alone(zero, plan.overlap),
+            gather_overlap_alone(zero, plan.overlap.param_gather, plan.overlap.dp_grads),
         ),
         (
             "hybrid sharding beside cp with dp before cp in parallel.order",

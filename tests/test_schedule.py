@@ -1192,6 +1192,22 @@ def test_a_replayed_split_keeps_the_zero2_wait_and_gpipe_keeps_the_closed_form(t
     assert times.pipeline_s == pytest.approx(m * max(t) + sum(t) - max(t), rel=1e-12)
 
 
+def _interleaved_70b(tmp_path: Path, virtual: int, overlap: str, *edits: tuple[str, str]) -> Path:
+    """plans/llama3-70b.yaml under the interleaved schedule of `virtual` model chunks a
+    stage, with `overlap` (the overlap mapping's keys) and any further `edits`."""
+    return variant(
+        tmp_path,
+        f"il{virtual}.yaml",
+        (
+            "pipeline: {schedule: 1f1b}",
+            f"pipeline: {{schedule: interleaved, virtual_stages: {virtual}}}",
+        ),
+        ("recompute: selective", f"recompute: selective\noverlap: {{{overlap}}}"),
+        *edits,
+        base=ROOT / "plans" / "llama3-70b.yaml",
+    )
+
+
 def test_an_interleaved_zero2_reduction_is_each_chunks_share(tmp_path):
     """Under interleaving a ZeRO-2 reduction after every backward is each model chunk's
     (Megatron-Core gives each chunk its own DDP buffers), its share by layers after that
@@ -1201,17 +1217,8 @@ def test_an_interleaved_zero2_reduction_is_each_chunks_share(tmp_path):
     chunk and the embedding in the first, which the closed form spreads over the stage
     (0.2 % here), and which the replay, as `budget PLAN` now prices every interleaved
     pipeline (`layers.chunk_times_differ`), keeps."""
-    path = variant(
-        tmp_path,
-        "z2.yaml",
-        ("zero: 1", "zero: 2"),
-        ("pipeline: {schedule: 1f1b}", "pipeline: {schedule: interleaved, virtual_stages: 5}"),
-        (
-            "topology: {preset: dgx-h100, nodes: 64}",
-            "topology: {preset: dgx-h100, nodes: 64}\n"
-            "overlap: {dp_grads: true, param_gather: true}",
-        ),
-        base=ROOT / "plans" / "llama3-70b.yaml",
+    path = _interleaved_70b(
+        tmp_path, 5, "dp_grads: true, param_gather: true", ("zero: 1", "zero: 2")
     )
     plan = load_plan(path)
     assert not chunks_differ(plan)  # alike chunks: the closed form is exact but for the loss
@@ -1529,17 +1536,7 @@ def test_the_first_stage_gathers_its_first_chunk_bucket_by_bucket_behind_its_for
     stage 0's gather of updated parameters takes T = 90.8 ms, chunk 0's part f T = 48.0 ms;
     W = 62.4 ms, so 0.95 · (W / 2) / (1 − 0.189) = 36.6 ms of it hides and 11.5 ms stays,
     where all 48.0 ms had (an audit); the step is 30 ms shorter."""
-    plan = variant(
-        tmp_path,
-        "il.yaml",
-        ("pipeline: {schedule: 1f1b}", "pipeline: {schedule: interleaved, virtual_stages: 2}"),
-        (
-            "recompute: selective",
-            "recompute: selective\noverlap: {dp_grads: true, param_gather: true, pp: true, "
-            "tp: true}",
-        ),
-        base=ROOT / "plans" / "llama3-70b.yaml",
-    )
+    plan = _interleaved_70b(tmp_path, 2, "dp_grads: true, param_gather: true, pp: true, tp: true")
     from budget import schedule
 
     loaded = load_plan(plan)

@@ -331,12 +331,12 @@ def in_place_reduce_mismatch(zero: Any, precision: Precision) -> Any:
     return (zero == 1) & (precision.reduce != precision.grads)
 
 
-def gather_overlap_alone(zero: Any, overlap: Overlap) -> Any:
+def gather_overlap_alone(zero: Any, param_gather: bool, dp_grads: bool) -> Any:
     """Whether a ZeRO 1 layout overlaps its parameter gather without its gradient reduction,
     which Megatron-LM refuses (``assert args.overlap_grad_reduce, 'Must use
     --overlap-param-gather with --overlap-grad-reduce'``, megatron/training/arguments.py;
     without it one bucket is gathered whole before the first forward: an audit)."""
-    return (zero == 1) & overlap.param_gather & (not overlap.dp_grads)
+    return (zero == 1) & param_gather & (not dp_grads)
 
 
 def dp_before_cp(order: tuple[str, ...]) -> bool:

@@ -2472,11 +2472,8 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
-            gathered = Overlap(
-                dp_grads=bool(overlap.get("dp_grads")),
-                param_gather=bool(overlap.get("param_gather")),
-            )
-            if gather_overlap_alone(par.zero, gathered):
+            gather, reduce = bool(overlap.get("param_gather")), bool(overlap.get("dp_grads"))
+            if gather_overlap_alone(par.zero, gather, reduce):
                 r.error(
                     "$.overlap.param_gather",
                     "overlap.param_gather without overlap.dp_grads at ZeRO 1: Megatron-LM "
