@@ -2541,8 +2541,7 @@ def _forward(b: _StageBuilder) -> None:
         # the KV up-projection's output, [tokens, heads, nope + v], alive while K and V are
         # built from it as new tensors (Megatron-Core's MLASelfAttention, fused rotary or
         # not: an audit, m332, found it uncounted)
-        heads = s.q_cols // plan.model.qk_head_dim
-        kv = s.act * s.tokens * heads * (mla.nope_dim + plan.model.head_dim)
+        kv = s.act * s.tokens * (s.heads * mla.nope_dim + s.out_cols)
         placed = "shard(heads) on tp"
         qkv_out = [
             *qkv_out,
