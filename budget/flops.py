@@ -1380,20 +1380,34 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     ``lt``, ``ge``, ``or``, ``clone``, subtract, masked write, the gather and its masked
     write, negation, the total weight's count and the mean's division; 18 forward, 16
     backward with the arange and index put), counted from that code; one fewer each without
-    the casts."""
-    from budget.layers import vocab_rows
+    the casts.
 
-    vocab = vocab_rows(plan)
+    ``loss: pytorch-gathered`` runs the one-rank kernels over the whole vocabulary on every
+    tp rank (`layers.loss_rows`), the soft-capping too (transformers' Gemma 2 caps the
+    gathered logits), and its backward slices the rank's shard out of the gradient, a
+    contiguous copy (DTensor's ``Replicate -> Shard``: ``_split_tensor(...,
+    contiguous=True)``, the last dimension's chunk not contiguous): a read and a write of
+    the shard, one launch more, where tp > 1."""
+    from budget.layers import loss_rows, vocab_rows
+
+    vocab, rows = vocab_rows(plan), loss_rows(plan)
     logits = gemm(
         "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
     )
-    capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * vocab)
+    capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * rows)
     norm = norm_kernel("final norm", 2 * s.act * s.tokens_sp * s.hidden)
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
     per_logit, launches = _entropy_bytes(plan, s.act)
+    gathered = (plan.loss == "pytorch-gathered") & (plan.parallel.tp > 1)
+    sliced = vwhere(gathered, 2 * s.act * s.tokens * vocab, 0), vwhere(gathered, 1, 0)
     entropy = [
-        replace(elementwise(f"cross-entropy (fp32){name}", b * s.tokens * vocab), launches=n)
-        for name, b, n in zip(("", " backward"), per_logit, launches, strict=True)
+        replace(
+            elementwise(f"cross-entropy (fp32){name}", b * s.tokens * rows + copy),
+            launches=n + more,
+        )
+        for name, b, n, copy, more in zip(
+            ("", " backward"), per_logit, launches, (0, sliced[0]), (0, sliced[1]), strict=True
+        )
     ]
     return [*forward, entropy[0], *backward_of(forward), entropy[1]]
 
@@ -1405,7 +1419,7 @@ def _entropy_bytes(plan: Plan, act: Any) -> tuple[tuple[Any, Any], tuple[Any, An
         return (16, 32), (1, 1)
     cast = vwhere(act < 4, act + 4, 0)
     casts = vwhere(act < 4, 1, 0)
-    many = plan.parallel.tp > 1
+    many = (plan.parallel.tp > 1) & (plan.loss != "pytorch-gathered")
     forward = cast + vwhere(many, 32, 16), casts + vwhere(many, 24, 2)
     backward = cast + vwhere(many, 32, 20), casts + vwhere(many, 20, 3)
     return (forward[0], backward[0]), (forward[1], backward[1])

@@ -575,6 +575,18 @@ def vocab_rows(plan: Plan) -> int:
     return -(-plan.model.vocab // plan.parallel.tp)
 
 
+def loss_rows(plan: Plan) -> Any:
+    """The vocabulary rows the cross-entropy runs over on one tp rank: the rank's shard
+    (`vocab_rows`), or with ``loss: pytorch-gathered`` the whole vocabulary, which the
+    output layer's ``ColwiseParallel(output_layouts=Replicate())`` all-gathers to every tp
+    rank first (torchtitan's ``disable_loss_parallel``, transformers' ``colwise_rep``
+    lm_head). DTensor pads an uneven shard for the gather and drops the padding after it
+    (``Shard._to_replicate_tensor``): the plan's vocab whole."""
+    if plan.loss == "pytorch-gathered":
+        return plan.model.vocab
+    return vocab_rows(plan)
+
+
 def vocab_params(plan: Plan) -> int:
     """The rank's share of the word embedding or output layer, ceil(vocab / tp) x hidden."""
     return vocab_rows(plan) * plan.model.hidden

@@ -88,7 +88,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # ``slowdown_s``; its ``exposed_s`` is max(0, T − W / (1 − s)), as a plan reads the pair
 # 1.24: the report's ``layout.loss``, the cross-entropy's kernels (plan key ``loss``), null
 # for a serving plan
-SCHEMA_VERSION = "1.24"
+# 1.25: ``layout.loss`` may be ``pytorch-gathered``, PyTorch's cross-entropy on logits
+# all-gathered over tp (loss parallelism off)
+SCHEMA_VERSION = "1.25"
 
 Kind = Literal[
     "report",

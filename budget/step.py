@@ -57,6 +57,7 @@ from budget.layers import (
     interleaved_warmup,
     layer_params,
     layer_saved,
+    loss_rows,
     mlp_saved,
     moe_saved,
     mtp_layers,
@@ -1405,12 +1406,12 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
             )
         out += when(head, headed > 0)
         others = all_headed - 1
-        logits = s.tokens * vocab_rows(plan)
+        logits = s.tokens * loss_rows(plan)
         # what `_loss` keeps of each cross-entropy for its backward, main head and MTP's:
         # the fp32 softmax, and the soft-capped logits for the tanh backward; PyTorch's
         # pipeline schedule keeps each one's logits too, the last stage's output
-        # (`_entropy_passes`)
-        pytorch = plan.loss == "pytorch"
+        # (`_entropy_passes`), gathered whole on every tp rank where the loss gathers them
+        pytorch = plan.loss != "megatron"
         kept = (4 + (s.act if plan.model.logit_softcap else 0) + (s.act if pytorch else 0)) * logits
         out += when(
             [
@@ -1421,7 +1422,7 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
                     "activations",
                     kept * (1 + mtp),
                     count=others,
-                    placement="shard(vocab) on tp",
+                    placement=_loss_placement(plan),
                 )
             ],
             others > 0,
@@ -2690,15 +2691,48 @@ def _forward(b: _StageBuilder) -> None:
 def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
     """The transitions of one output layer and vocab-parallel cross-entropy, forward and
     backward: three small all-reduces of statistics (max, sum of exponentials, target logit)
-    and, under sequence parallelism, the gathers and scatters of the layer's input."""
+    and, under sequence parallelism, the gathers and scatters of the layer's input.
+
+    With ``loss: pytorch-gathered`` an all-gather of the logits over tp in the statistics'
+    place (``ColwiseParallel(output_layouts=Replicate())``: DTensor's ``Shard ->
+    Replicate`` redistribute, each rank's [tokens, vocab / tp] shard, padded where tp does
+    not divide the vocabulary), which the cross-entropy waits for; its backward,
+    ``Replicate -> Shard``, slices the rank's shard out and moves nothing."""
     t = plan.parallel.tp
     if every(t == 1):
         return []
-    stats = Move(
+    if plan.loss == "pytorch-gathered":
+        gather = Move(
+            "logits all-gathered (loss parallel off)",
+            "all-gather",
+            "tp",
+            t,
+            plan.precision.activations,
+            s.act * s.tokens * vocab_rows(plan) * t,
+            "shard(vocab)",
+            "replicate",
+            rule="exposed: the loss needs it",
+        )
+        stats = when([gather], t > 1)
+    else:
+        stats = when([_entropy_statistics(plan, s)], t > 1)
+    # not a Transformer Engine module: its input gathered in the activations' format
+    head = partial(
+        _tp_moves, plan, s, "output layer", column="output layer", engine=False, comm_gemm=False
+    )
+    moves = stats + when(head(backward=False)[:1], _sp(plan))
+    return moves + head(backward=True)
+
+
+def _entropy_statistics(plan: Plan, s: Shapes) -> Move:
+    """The vocab-parallel cross-entropy's three all-reduces over tp of a per-token fp32
+    statistic each (max, sum of exponentials, target logit; Megatron-Core's
+    ``_VocabParallelCrossEntropy``, DTensor's ``loss_parallel``)."""
+    return Move(
         "cross-entropy statistics",
         "all-reduce",
         "tp",
-        t,
+        plan.parallel.tp,
         "fp32",
         4 * s.tokens,
         "partial",
@@ -2706,13 +2740,11 @@ def _head_moves(plan: Plan, s: Shapes) -> list[Move]:
         count=3,
         rule="exposed: the loss needs it",
     )
-    moves = when([stats], t > 1)
-    # not a Transformer Engine module: its input gathered in the activations' format
-    head = partial(
-        _tp_moves, plan, s, "output layer", column="output layer", engine=False, comm_gemm=False
-    )
-    moves += when(head(backward=False)[:1], _sp(plan))
-    return moves + head(backward=True)
+
+
+def _loss_placement(plan: Plan) -> str:
+    """Where the cross-entropy's buffers lie over tp (`layers.loss_rows`)."""
+    return "replicate on tp" if plan.loss == "pytorch-gathered" else "shard(vocab) on tp"
 
 
 def _loss(b: _StageBuilder) -> None:
@@ -2728,15 +2760,17 @@ def _loss(b: _StageBuilder) -> None:
     and no cast follows the backward: one fp32 buffer, 4·s·b·v/t (an audit: counted twice).
 
     With ``loss: pytorch`` the forward and the backward hold different buffers, each an
-    instant of its own (`_entropy_passes`).
+    instant of its own (`_entropy_passes`); with ``loss: pytorch-gathered`` they are over the
+    whole vocabulary, gathered first (`layers.loss_rows`, `_head_moves`), and the logits'
+    gradient the output layer's backward reads is the rank's shard of it again.
 
     With multi-token prediction (`layers.mtp_layers`) each module has its own output layer
     pass and cross-entropy (phase ``mtp``), run before the main head (Megatron-Core's
     ``process_mtp_loss``); each cross-entropy keeps its fp32 softmax for the backward
     (``_VocabParallelCrossEntropy`` saves it), so the main head's peak holds theirs too."""
     plan, s = b.plan, b.shapes
-    logits = s.tokens * vocab_rows(plan)
-    vocab = "shard(vocab) on tp"
+    logits = s.tokens * loss_rows(plan)
+    vocab = _loss_placement(plan)
     moments = _entropy_passes(plan, s.act, logits)
     everything = Alloc(
         f"{CARRIED_ACTIVATIONS} of the micro-batches in flight",
@@ -2799,7 +2833,13 @@ def _loss(b: _StageBuilder) -> None:
         *b.resident,
         *_extra_saved(b, "head"),
         everything,
-        Alloc("logits gradient", "transient", s.act * logits, placement=vocab),
+        # the rank's shard again (`_head_moves`), whatever the loss ran over
+        Alloc(
+            "logits gradient",
+            "transient",
+            s.act * s.tokens * vocab_rows(plan),
+            placement="shard(vocab) on tp",
+        ),
         # its input gradient whole, beside its reduce-scatter's shard under sequence
         # parallelism, while the weight gradient's GEMM runs (a review: the shard alone)
         *_before_reduction(plan, s, "output layer input gradient", engine=False),
@@ -2886,8 +2926,12 @@ def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[A
     ``.float()`` copies nothing (2 B less in each forward). Under a pipeline (pp > 1)
     ``torch.distributed.pipelining`` keeps the last stage's output, the logits, from its
     forward (``fwd_cache``) to its backward, which holds them too (a review: 2 B a logit
-    low)."""
-    vocab = "shard(vocab) on tp"
+    low).
+
+    ``loss: pytorch-gathered``: the same call on logits gathered whole on every tp rank
+    (`layers.loss_rows`), a plain tensor there (``use_local_output``), so ATen's own
+    kernels, 10 B and 12 B a logit of the whole vocabulary, on any tp."""
+    vocab = _loss_placement(plan)
 
     def buffer(name: str, nbytes: Any) -> Alloc:
         return Alloc(name, "transient", nbytes * logits, placement=vocab)
@@ -2895,7 +2939,8 @@ def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[A
     typed = when([buffer("logits", act)], act < 4)
     if plan.loss == "megatron":
         return [("", [*typed, buffer("logits (fp32), the softmax and then its gradient", 4)], True)]
-    one, many, piped = plan.parallel.tp == 1, plan.parallel.tp > 1, plan.parallel.pp > 1
+    gathered, piped = plan.loss == "pytorch-gathered", plan.parallel.pp > 1
+    one, many = (True, False) if gathered else (plan.parallel.tp == 1, plan.parallel.tp > 1)
     forward = [
         buffer("logits", act),
         *when([buffer("logits upcast to fp32 (.float())", 4)], act < 4),

@@ -174,3 +174,114 @@ def test_a_pipeline_holds_the_logits_to_their_backward(tmp_path: Path, schedule:
         assert (kept_m, kept_p) == (3 * 4 * LOGITS, 3 * 6 * LOGITS)
     else:
         assert kept_m == kept_p == 0
+
+
+TP2 = ("  dp: 8\n", "  tp: 2\n  dp: 4\n")
+
+
+def test_a_gathered_loss_holds_atens_buffers_over_the_whole_vocabulary(tmp_path: Path) -> None:
+    """``loss: pytorch-gathered`` at tp 2 (torchtitan's disable_loss_parallel, transformers'
+    colwise_rep lm_head): every tp rank holds the one-rank cross-entropy's 10 B and 12 B a
+    logit over all 128,256 logits, L, not loss_parallel's 14 B and 16 B over its L / 2:
+    against Megatron's 6 B over L / 2 on the same layout, the forward holds 10 L - 3 L more
+    and the backward 12 L - 3 L; the output layer's weight gradient reads the rank's shard
+    of the logits' gradient, L / 2 x 2 B, as under Megatron's loss."""
+    megatron = _loss_instants(_plan(tmp_path, "megatron", TP2))
+    gathered = _loss_instants(_plan(tmp_path, "pytorch-gathered", TP2))
+    held = megatron.pop("cross-entropy") - 6 * LOGITS // 2
+    assert gathered.pop("cross-entropy forward") == held + 10 * LOGITS
+    assert gathered.pop("cross-entropy backward") == held + 12 * LOGITS
+    assert gathered == megatron
+
+
+def test_a_gathered_loss_all_gathers_the_logits_in_the_statistics_place(tmp_path: Path) -> None:
+    """Its one collective of its own is the output layer's Shard(-1) -> Replicate all-gather
+    over tp 2, S = 2 B x L = 2,101,346,304 B, each rank sending S / 2; the three all-reduces
+    of per-token statistics are gone; and it costs what the hand-written transition of the
+    same gather in plans/llama3-8b-tp-loss-gathered.yaml costs, the same engine's ring."""
+
+    def loss_rows(path: Path) -> dict[str, dict[str, object]]:
+        report = to_dict(build_report(load_plan(path)))
+        (loss,) = [p for p in report["phases"] if p["name"] == "loss"]
+        return {c["name"]: c for c in loss["collectives"]}
+
+    path = variant(tmp_path, "g.yaml", ("loss: pytorch", "loss: pytorch-gathered"), TP2, base=PLAN)
+    ours = loss_rows(path)
+    assert "cross-entropy statistics" not in ours
+    gather = ours["logits all-gathered (loss parallel off)"]
+    assert (gather["op"], gather["group"], gather["dtype"]) == ("all-gather", "tp", "bf16")
+    assert gather["bytes"] == 2 * LOGITS == 2_101_346_304
+    assert gather["sent_bytes"] == gather["recv_bytes"] == LOGITS
+    assert gather["exposed_s"] == gather["time_s"] > 0
+    hand = loss_rows(ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml")
+    (written,) = [c for n, c in hand.items() if n.startswith("logits all-gathered")]
+    assert written["bytes"] == gather["bytes"]
+    assert written["time_s"] == pytest.approx(gather["time_s"], rel=1e-12)
+
+
+def test_a_gathered_loss_runs_the_one_rank_kernels_on_every_rank(tmp_path: Path) -> None:
+    """`flops.loss_work` at tp 2: 22 B and 26 B a logit over all 128,256 (ATen's kernels,
+    3 and 4 launches, as on one rank), and the backward's slice of the rank's shard out of
+    the replicated gradient, a read and a write of 2 B over 128,256 / 2: 2 x 2 x 64,128 =
+    256,512 B a token more, one launch."""
+    plan = _plan(tmp_path, "pytorch-gathered", TP2)
+    s = shapes(plan)
+    works = [w for w in flops.loss_work(plan, s) if "entropy" in w.name]
+    vocab = 128_256
+    assert [(w.bytes // s.tokens, w.launches) for w in works] == [
+        (22 * vocab, 3),
+        (26 * vocab + 2 * 2 * vocab // 2, 5),
+    ]
+
+
+def test_a_gathered_loss_on_one_tp_rank_is_pytorchs(tmp_path: Path) -> None:
+    """At tp 1 there is nothing to gather: the same report as ``loss: pytorch`` but the
+    name of the loss in its layout (and of the plan's file)."""
+    pytorch = to_dict(build_report(_plan(tmp_path, "pytorch")))
+    gathered = to_dict(build_report(_plan(tmp_path, "pytorch-gathered")))
+    del pytorch["plan"]["file"], gathered["plan"]["file"]
+    assert (pytorch["layout"].pop("loss"), gathered["layout"].pop("loss")) == (
+        "pytorch",
+        "pytorch-gathered",
+    )
+    assert gathered == pytorch
+
+
+def test_a_sweep_prices_a_gathered_loss_as_a_single_plan_does(tmp_path: Path) -> None:
+    """tp 1, 2, 4 and 8 in one pass of the engine, the gathered rows a scalar beside the
+    sweep's arrays: each layout's peak and step as `budget` gives them."""
+    plan = _plan(tmp_path, "pytorch-gathered")
+    space = Space(micro=(1,), zero=(3,), tp=(1, 2, 4, 8), pp=(1,), cp=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert {r.config.tp for r in outcome.results} == {1, 2, 4, 8}
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, plan.topology.gpus))
+        assert report.worst.peak_bytes == result.peak_bytes, result.config
+        assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+def test_the_hand_written_gathered_loss_against_the_built_in_one(tmp_path: Path) -> None:
+    """plans/llama3-8b-tp-loss-gathered.yaml writes the gathered loss by hand over
+    Megatron's; ``loss: pytorch-gathered`` in place of its transitions prices the same run,
+    as its comments and the README say. The peak, the cross-entropy's backward in both, is
+    lower by 1 B a logit of the whole vocabulary, L = 1,050,673,152 B (1002 MiB): Megatron's
+    6 B over L / 2 plus the transitions' 2 + 4 + 4 B over L is 13 L, the built-in 12 L. The
+    step is longer by the kernels over the whole vocabulary, two micro-batches of (22 + 26
+    + 2) L against Megatron's 48 L / 2, 52 L bytes at the device's achieved memory
+    bandwidth, 18.6 ms, less the three statistics all-reduces a micro-batch it no longer
+    makes and plus its six more kernel launches."""
+    hand = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    text = hand.read_text(encoding="utf-8")
+    built = tmp_path / "built.yaml"
+    built.write_text(text[: text.index("\ntransitions:")] + "\nloss: pytorch-gathered\n", "utf-8")
+    plan = load_plan(built)
+    written, ours = build_report(load_plan(hand)), build_report(plan)
+    assert written.worst.peak_bytes - ours.worst.peak_bytes == LOGITS
+    assert ours.worst.peak_bytes / 2**30 == pytest.approx(31.3, abs=0.05)
+    rate = plan.device.memory_bandwidth * plan.device.memory_efficiency
+    (loss,) = [p for p in to_dict(written)["phases"] if p["name"] == "loss"]
+    (stats,) = [c for c in loss["collectives"] if c["name"] == "cross-entropy statistics"]
+    launches = 2 * 6 * plan.device.kernel_startup
+    longer = 52 * LOGITS / rate - stats["count"] * stats["exposed_s"] + launches
+    assert ours.step["time_s"] - written.step["time_s"] == pytest.approx(longer, rel=1e-3)
+    assert longer == pytest.approx(0.0186, abs=5e-4)

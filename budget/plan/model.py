@@ -29,8 +29,9 @@ Optimizer = Literal["adam", "sgd", "none"]
 OptimizerKernel = Literal["fused", "foreach"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
-# the cross-entropy's kernels: Megatron-Core's vocab-parallel one, or PyTorch's (`step._loss`)
-Loss = Literal["megatron", "pytorch"]
+# the cross-entropy's kernels: Megatron-Core's vocab-parallel one, or PyTorch's, on the
+# rank's vocabulary shard (DTensor's loss_parallel) or on logits gathered whole (`step._loss`)
+Loss = Literal["megatron", "pytorch", "pytorch-gathered"]
 GroupKind = Literal["tp", "cp", "ep", "dp", "pp"]
 AttentionPass = Literal["forward", "backward"]
 # a fused attention kernel's backward does 2.5 times its forward's FLOPs: it computes QKᵀ

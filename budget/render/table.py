@@ -98,10 +98,9 @@ def header(report: Report) -> list[str]:
     elif lay.get("scatter_gather") and lay["tp"] > 1 and lay["pp"] > 1:
         extras.append("scatter/gather stage sends")
     extras.append(f"recompute: {lay['recompute']}")
-    if lay.get("loss") == "pytorch":
-        extras.append(
-            "loss: PyTorch's cross-entropy" + (" (loss_parallel)" if lay["tp"] > 1 else "")
-        )
+    if lay.get("loss") in ("pytorch", "pytorch-gathered"):
+        kind = " (loss_parallel)" if lay["loss"] == "pytorch" else " (logits gathered)"
+        extras.append("loss: PyTorch's cross-entropy" + (kind if lay["tp"] > 1 else ""))
     batches = report.microbatches
     work = f"{plural(batches, 'micro-batch', 'micro-batches')} per step"
     if report.mode != "train":
