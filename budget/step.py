@@ -4089,11 +4089,13 @@ def _dim0_copy(
     others: list[tuple[str, Placement]],
     degrees: dict[str, Any],
     ranks: Any,
-) -> tuple[str, Any] | None:
-    """The full-size copy a transition of a dimension other than 0 over `ranks` makes beside
-    its output, and where it is made: (its label, a bool or a sweep's array), or None. Over
-    one rank DTensor runs no collective and copies nothing (``redistribute_local_tensor``:
-    "only one shard"; a review).
+    full: Any,
+) -> tuple[str, Any, Any, Placement] | None:
+    """The copies a transition of a dimension other than 0 over `ranks` makes beside its
+    output while it runs: (their label, where they are made, a bool or a sweep's array,
+    their bytes, the placement they are in), or None. Over one rank DTensor runs no
+    collective and copies nothing (``redistribute_local_tensor``: "only one shard"; a
+    review).
 
     NCCL gathers and scatters along dimension 0 only, so DTensor's collectives rearrange
     (PyTorch, ``torch/distributed/_functional_collectives.py``): ``all_gather_tensor`` with
@@ -4107,17 +4109,35 @@ def _dim0_copy(
     always a full copy, which the reduce-scatter then reads. So a rank holds the source,
     that copy and the output at once (an audit: the logits' shard(1) → replicate read
     4.5 GiB where DTensor holds 8.5 GiB). Its bytes are the rank's full piece (`full`),
-    what the other groups' shards leave it."""
+    what the other groups' shards leave it.
+
+    A shard(i) → shard(j) all-to-all (``Shard._to_new_shard_dim``: ``shard_dim_alltoall``,
+    torch/csrc/distributed/c10d/Functional.cpp) moves the source's chunks along j to
+    dimension 0 (``movedim(shard_dim, 0).contiguous()``, a copy unless j is 0), receives
+    into a buffer of that size (``at::empty_like``) and moves the received chunks from
+    dimension 0 to i (``recv_tensor.movedim(0, gather_dim).contiguous()``, the output, a
+    copy beside the buffer unless i is 0): beside the source and the output, one shard's
+    bytes for each of i and j that is not 0 (an audit, m340: none were counted, 512 MiB
+    low on a shard(0) → shard(1) of 2 GiB over tp 4)."""
     if op == "all-gather" and src.dim:
         before: Any = 1  # the rank's elements across the dimensions before k
         for i in range(src.dim):
             split = math.prod(degrees[g] for g, at in others if at == Placement("shard", i))
             before = before * (tr.shape[i] // split)
         label = f"gathered along dimension 0, then copied along dimension {src.dim}"
-        return f"{label}: DTensor's all_gather_tensor", (before > 1) & (ranks > 1)
+        return f"{label}: DTensor's all_gather_tensor", (before > 1) & (ranks > 1), full, dst
     if op == "reduce-scatter" and dst.dim:
         label = f"its chunks along dimension {dst.dim} copied to dimension 0"
-        return f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor", ranks > 1
+        label = f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor"
+        return label, ranks > 1, full, src
+    if op == "all-to-all":
+        steps = []
+        if dst.dim:
+            steps.append(f"its chunks along dimension {dst.dim} moved to dimension 0")
+        if src.dim:
+            steps.append(f"the buffer it receives into, then moved to dimension {src.dim}")
+        label = f"{' and '.join(steps)}: DTensor's shard_dim_alltoall"
+        return label, ranks > 1, len(steps) * -(-full // ranks), dst
     return None
 
 
@@ -4250,21 +4270,21 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 )
             ]
             if tr.source_alive and src != dst and not held_already:
-                extra.append(
-                    Alloc(
-                        f"{tr.name} ({src}, source alive)",
-                        "transient",
-                        source_bytes,
-                        placement=f"{src} on {tr.group}{elsewhere}",
-                    )
+                # over one rank DTensor hands the source on as the output, one buffer
+                # (`_dim0_copy`; an audit, m340: a gather over tp 1 held two)
+                source = Alloc(
+                    f"{tr.name} ({src}, source alive)",
+                    "transient",
+                    source_bytes,
+                    placement=f"{src} on {tr.group}{elsewhere}",
                 )
+                extra += when([source], ranks > 1)
             copies: list[Alloc] = []  # alive while the collective runs, freed after it
-            rearranged = _dim0_copy(tr, src, dst, op, others, degrees, ranks)
+            rearranged = _dim0_copy(tr, src, dst, op, others, degrees, ranks, full)
             if rearranged is not None:
-                label, needed = rearranged
-                whole = src if op == "reduce-scatter" else dst  # a copy of the full piece
+                label, needed, nbytes, whole = rearranged
                 placed_so = f"{whole} on {tr.group}{elsewhere}"
-                copy = Alloc(f"{tr.name} ({label})", "transient", full, placement=placed_so)
+                copy = Alloc(f"{tr.name} ({label})", "transient", nbytes, placement=placed_so)
                 copies = when([copy], needed)
             outputs[tr.name] = extra[0]
             phase = phases[target]

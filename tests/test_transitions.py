@@ -946,7 +946,9 @@ def test_a_chain_of_three_freed_sources_holds_one_output_at_a_time(tmp_path):
     gather, scatter = transition("shard(0)", "replicate"), transition("replicate", "shard(0)")
     # Y [16384, 16384] fp32 moved shard(0) → shard(1) → shard(0) between X's steps, each
     # freeing its source: at most X's replicate and one Y shard at once (X's first
-    # replicate was counted beside its third where Y freed a source between: a review)
+    # replicate was counted beside its third where Y freed a source between: a review),
+    # and beside that shard, while each all-to-all runs, DTensor's rearranging copy of one
+    # (`test_an_all_to_all_holds_dtensor_s_rearranging_copies`)
     y = [
         transition(src, dst).replace("name: X", "name: Y")
         for src, dst in (("shard(0)", "shard(1)"), ("shard(1)", "shard(0)"))
@@ -963,7 +965,7 @@ def test_a_chain_of_three_freed_sources_holds_one_output_at_a_time(tmp_path):
         report = budget_plan(_plan(tmp_path / name, "transitions:\n" + chain))
         peaks[name] = next(p for p in report.phases if p.name == "loss").peak_bytes
     assert peaks["one"] == peaks["three"]
-    assert peaks["one and y"] == peaks["three with y between"] == peaks["one"] + 2**30 // 8
+    assert peaks["one and y"] == peaks["three with y between"] == peaks["one"] + 2 * 2**30 // 8
 
 
 def test_a_search_drops_the_layouts_that_give_a_tensor_two_shapes(tmp_path):
@@ -1236,11 +1238,66 @@ def test_a_tensor_that_starts_split_twice_gathers_either_group_first(tmp_path):
     assert "$.transitions[4].from: 'W' is shard(0) on dp inside its shard(0) on tp" in err
 
 
+@pytest.mark.parametrize(
+    ("shape", "src", "dst", "copies", "label"),
+    [
+        (
+            "[8192, 8192]",
+            "shard(0)",
+            "shard(1)",
+            1,
+            "its chunks along dimension 1 moved to dimension 0",
+        ),
+        (
+            "[8192, 8192]",
+            "shard(1)",
+            "shard(0)",
+            1,
+            "the buffer it receives into, then moved to dimension 1",
+        ),
+        (
+            "[8, 4096, 2048]",
+            "shard(1)",
+            "shard(2)",
+            2,
+            "its chunks along dimension 2 moved to dimension 0 and the buffer it receives "
+            "into, then moved to dimension 1",
+        ),
+    ],
+)
+def test_an_all_to_all_holds_dtensor_s_rearranging_copies(tmp_path, shape, src, dst, copies, label):
+    """An audit (m340): DTensor's shard(i) → shard(j) (``shard_dim_alltoall``,
+    Functional.cpp) copies the source's chunks along j to dimension 0 unless j is 0
+    (``movedim(shard_dim, 0).contiguous()``), receives into a buffer of a shard's size and
+    makes the output from it by a copy unless i is 0 (``recv_tensor.movedim(0,
+    gather_dim).contiguous()``). fp32 S = 268,435,456 B over tp 8, a shard P = S/8 =
+    33,554,432 B: the moment holds the source and the output, 2P, and one P more for each of
+    i and j that is not 0, where it held 2P."""
+    text = (
+        "transitions:\n"
+        f"  - {{name: X, phase: loss, tensor: {{shape: {shape}, dtype: fp32}}, group: tp,\n"
+        f"     from: {src}, to: {dst}, source_alive: true}}\n"
+    )
+    report = budget_plan(_plan(tmp_path, text))
+    piece = 268_435_456 // 8
+    base = budget_plan(GPT3).stages[-1]
+    alone = max(p.total_bytes for p in base.timeline if p.phase == "loss")
+    most = max(p.total_bytes for p in report.stages[-1].timeline if p.phase == "loss")
+    assert most == alone + (2 + copies) * piece
+    loss = next(p for p in report.phases if p.name == "loss")
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
+    assert held[f"X ({label}: DTensor's shard_dim_alltoall)"] == copies * piece
+    (moved,) = [c for c in loss.collectives if c.name == "X"]
+    assert (moved.op, moved.sent_bytes) == ("all-to-all", 7 * piece // 8)
+
+
 def test_a_group_of_one_rank_makes_no_rearranging_copy(tmp_path):
     """Over one rank DTensor's redistribute runs no collective ("only one shard",
-    ``redistribute_local_tensor``), so a shard(1) → replicate over cp 1 holds no second
-    copy: the tensor (fp32 [8192, 8192], 268,435,456 B) and its shard, the same size, alone
-    (a review: 2 GiB of phantom peak on a tp 1 plan's logits gather)."""
+    ``redistribute_local_tensor``): the source is the output, so a shard(1) → replicate over
+    cp 1 holds the tensor (fp32 [8192, 8192], 268,435,456 B) once, no second copy and no
+    source beside it (a review: 2 GiB of phantom peak on a tp 1 plan's logits gather; an
+    audit, m340: the source, the same size, was still counted beside it, a search's tp 1
+    layouts 2 GiB high on the loss-gathered plan's gather)."""
     text = (
         "transitions:\n"
         "  - {name: X, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: cp,\n"
@@ -1249,4 +1306,4 @@ def test_a_group_of_one_rank_makes_no_rearranging_copy(tmp_path):
     report = budget_plan(_plan(tmp_path, text))
     loss = next(p for p in report.phases if p.name == "loss")
     held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
-    assert held == {"X (replicate)": 268_435_456, "X (shard(1), source alive)": 268_435_456}
+    assert held == {"X (replicate)": 268_435_456}
