@@ -140,11 +140,6 @@ class Move:
     # gathered first (None: 1/rounds)
     rounds: Any = 1
     last_part: Any = None
-    # with rounds > 1, a gather whose first part (model chunk 0's) is waited for bucket by
-    # bucket by that chunk's first forward, which it hides behind (the first pipeline stage's
-    # parameters, the only ones Megatron-Core buckets: `step._reduce`); else that part waits
-    # whole
-    own_chunk: Any = False
     # a flat algorithm over every rank, each step at the slowest link spanned, where the
     # exchange is one between neighbours (ring attention's K/V); None: the default (ring,
     # across levels as NCCL's channels run it, for an all-reduce the faster of that and

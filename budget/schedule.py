@@ -713,19 +713,23 @@ def time_phase(
             # (the share f) whole: its grad_sync_func is called once its last backward, the
             # stage's last, has ended (``backward_step_helper_postprocess``, or with the
             # chunks not yet synchronized after the schedule), and its param_sync_func
-            # before its first forward, which waits for all of it where the chunk is one
-            # bucket (an audit: priced within chunk 0's own last step, 13 ms a step short on
-            # Nemotron-4 340B), or, on the first stage, whose chunk 0 is bucketed, bucket by
-            # bucket behind that forward (`Move.own_chunk`; another audit). At v = 1 one
-            # part and one window, Megatron-LM's buckets launched as the backward fills
-            # them. Both bounds draw on pools less what moves before drew.
+            # before its first forward, which waits for all of it (an audit: priced within
+            # chunk 0's own last step, 13 ms a step short on Nemotron-4 340B), on the first
+            # stage too, whose chunk 0 alone is bucketed: ``start_param_sync`` launches every
+            # bucket group at once in the buckets' order, the reverse of the model's
+            # (``_ParamAndGradBuffer`` fills them over ``params[::-1]``: "all-gathers happen
+            # in reverse order of buckets"), so the embedding's, which the first forward waits
+            # for, is the last to arrive on the one communicator (audit m345: priced bucket
+            # by bucket behind that forward, 26 ms of it hidden and the step 21 ms short on
+            # GPT-3 at v 2). At v = 1 one part and one window, Megatron-LM's buckets launched
+            # as the backward fills them. Both bounds draw on pools less what moves before
+            # drew.
             v, p = move.rounds, plan.parallel.pp
             if isinstance(v, int) and v == 1:
                 last_room, whole_room, f = room, room, 1.0
             else:  # each later chunk's p steps, 1/v of W each; a sweep's v = 1
-                # configurations keep the one window; the first stage's gather of chunk 0
-                # hides behind that chunk's first forward, 1/v of W (`Move.own_chunk`)
-                last_room = vwhere(v > 1, vwhere(move.own_chunk, room / v, 0.0), room)
+                # configurations keep the one window
+                last_room = vwhere(v > 1, 0.0, room)
                 whole_room = vwhere(v > 1, room * (v - 1) * p / v, room)
                 f = 1 / v if move.last_part is None else move.last_part
             if spent is not None:

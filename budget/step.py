@@ -3618,14 +3618,10 @@ def _reduce(b: _StageBuilder) -> None:
                 bucket=True,
             )
             first = vwhere(v > 1, first, 1.0)
-            # the first stage's chunk 0 is bucketed (the only chunk Megatron-Core buckets,
-            # ``disable_bucketing = model_chunk_idx > 0``, and only where the pipeline rank
-            # is 0), and each module's forward pre-hook waits for its own bucket group alone
-            # (``_make_forward_pre_hook``): behind chunk 0's first forward, its first bucket
-            # exposed (an audit: priced whole, 48.0 ms where 11.5 ms waits on Llama 3 70B)
-            own = np.logical_and(b.first, v > 1)
+            # interleaved, chunk 0's part is waited for whole before its first forward, on
+            # the first stage too, whose buckets arrive embedding last (`schedule.time_phase`)
             gathers += when(
-                [replace(hidden, rounds=v, last_part=first, after_input=one_bucket, own_chunk=own)],
+                [replace(hidden, rounds=v, last_part=first, after_input=one_bucket)],
                 (zero == 1) | (zero == 2),
             )
     replicated = b.dense * sequence_parallel_params(plan) + b.moe * sequence_parallel_params(
