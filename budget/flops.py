@@ -1384,10 +1384,16 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 
     ``loss: pytorch-gathered`` runs the one-rank kernels over the whole vocabulary on every
     tp rank (`layers.loss_rows`), the soft-capping too (transformers' Gemma 2 caps the
-    gathered logits), and its backward slices the rank's shard out of the gradient, a
-    contiguous copy (DTensor's ``Replicate -> Shard``: ``_split_tensor(...,
-    contiguous=True)``, the last dimension's chunk not contiguous): a read and a write of
-    the shard, one launch more, where tp > 1."""
+    gathered logits). Where tp > 1 its forward's gather is followed by a copy: NCCL gathers
+    along dimension 0, so DTensor's ``all_gather_tensor`` of the vocabulary, the last
+    dimension, concatenates the gathered chunks along it (``torch.cat(torch.chunk(res,
+    group_size, dim=0), dim=gather_dim)``; no view, the sequence before it is not of size 1),
+    a read and a write of the gathered logits, one launch more (a review, m344); and its
+    backward slices the rank's shard out of the gradient, a contiguous copy (DTensor's
+    ``Replicate -> Shard``: ``_split_tensor(..., contiguous=True)``, the last dimension's
+    chunk not contiguous), a read and a write of the shard, one launch more. The copy's
+    moment holds the shard and the logits twice, 2/tp + 4 B a logit, below the forward's 10
+    B (`step._entropy_passes`)."""
     from budget.layers import loss_rows, vocab_rows
 
     vocab, rows = vocab_rows(plan), loss_rows(plan)
@@ -1399,15 +1405,15 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
     per_logit, launches = _entropy_bytes(plan, s.act)
     gathered = (plan.loss == "pytorch-gathered") & (plan.parallel.tp > 1)
-    sliced = vwhere(gathered, 2 * s.act * s.tokens * vocab, 0), vwhere(gathered, 1, 0)
+    shard = 2 * s.act * s.tokens * vocab  # a read and a write of the rank's logits
+    copies = vwhere(gathered, shard * plan.parallel.tp, 0), vwhere(gathered, shard, 0)
+    more = vwhere(gathered, 1, 0)
     entropy = [
         replace(
             elementwise(f"cross-entropy (fp32){name}", b * s.tokens * rows + copy),
             launches=n + more,
         )
-        for name, b, n, copy, more in zip(
-            ("", " backward"), per_logit, launches, (0, sliced[0]), (0, sliced[1]), strict=True
-        )
+        for name, b, n, copy in zip(("", " backward"), per_logit, launches, copies, strict=True)
     ]
     return [*forward, entropy[0], *backward_of(forward), entropy[1]]
 
