@@ -4113,27 +4113,43 @@ def _dim0_copy(
     into a buffer of that size (``at::empty_like``) and moves the received chunks from
     dimension 0 to i (``recv_tensor.movedim(0, gather_dim).contiguous()``, the output, a
     copy beside the buffer unless i is 0): beside the source and the output, one shard's
-    bytes for each of i and j that is not 0 (an audit, m340: none were counted, 512 MiB
-    low on a shard(0) → shard(1) of 2 GiB over tp 4)."""
+    bytes for each of the two moves that copies (an audit, m340: none were counted, 512 MiB
+    low on a shard(0) → shard(1) of 2 GiB over tp 4). As ``contiguous()`` passes over
+    dimensions of size 1, a move copies only where the dimensions before j (on the source)
+    or before i (on the buffer) hold more than one element on the rank (a review, m346: a
+    [1, seq, hidden] shard(1) → shard(2) was counted a shard high)."""
+
+    def before(dim: int, split_here: int | None) -> Any:
+        """The rank's elements across the dimensions before `dim`, this group splitting
+        dimension `split_here` too."""
+        n: Any = 1
+        for k in range(dim):
+            split = math.prod(degrees[g] for g, at in others if at == Placement("shard", k))
+            size = tr.shape[k] // split
+            n = n * (size // ranks if k == split_here else size)
+        return n
+
     if op == "all-gather" and src.dim:
-        before: Any = 1  # the rank's elements across the dimensions before k
-        for i in range(src.dim):
-            split = math.prod(degrees[g] for g, at in others if at == Placement("shard", i))
-            before = before * (tr.shape[i] // split)
         label = f"gathered along dimension 0, then copied along dimension {src.dim}"
-        return f"{label}: DTensor's all_gather_tensor", (before > 1) & (ranks > 1), full, dst
+        needed = (before(src.dim, None) > 1) & (ranks > 1)
+        return f"{label}: DTensor's all_gather_tensor", needed, full, dst
     if op == "reduce-scatter" and dst.dim:
         label = f"its chunks along dimension {dst.dim} copied to dimension 0"
         label = f"{label} for the reduce-scatter: DTensor's reduce_scatter_tensor"
         return label, ranks > 1, full, src
-    if op == "all-to-all":
+    if op == "all-to-all" and src.dim is not None and dst.dim is not None:
+        sent = holds(before(dst.dim, src.dim) > 1)  # the source's chunks along j moved to 0
+        received = holds(before(src.dim, dst.dim) > 1)  # the buffer's dimension 0 moved to i
         steps = []
-        if dst.dim:
+        if np.any(sent):
             steps.append(f"its chunks along dimension {dst.dim} moved to dimension 0")
-        if src.dim:
+        if np.any(received):
             steps.append(f"the buffer it receives into, then moved to dimension {src.dim}")
+        if not steps:
+            return None
+        copies = 1 * sent + 1 * received
         label = f"{' and '.join(steps)}: DTensor's shard_dim_alltoall"
-        return label, ranks > 1, len(steps) * -(-full // ranks), dst
+        return label, (copies > 0) & (ranks > 1), copies * -(-full // ranks), dst
     return None
 
 

@@ -1263,6 +1263,23 @@ def test_a_tensor_that_starts_split_twice_gathers_either_group_first(tmp_path):
             "its chunks along dimension 2 moved to dimension 0 and the buffer it receives "
             "into, then moved to dimension 1",
         ),
+        # contiguous() passes over dimensions of size 1 (a review, m346): the received
+        # [8, 1, 1024, 1024] moved to [1, 8, 1024, 1024] is not copied, nor the source's
+        # [1, 65536, 8, 128] chunks moved to the front
+        (
+            "[1, 8192, 8192]",
+            "shard(1)",
+            "shard(2)",
+            1,
+            "its chunks along dimension 2 moved to dimension 0",
+        ),
+        (
+            "[1, 65536, 1024]",
+            "shard(2)",
+            "shard(1)",
+            1,
+            "the buffer it receives into, then moved to dimension 2",
+        ),
     ],
 )
 def test_an_all_to_all_holds_dtensor_s_rearranging_copies(tmp_path, shape, src, dst, copies, label):
