@@ -1389,9 +1389,10 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     dimension, concatenates the gathered chunks along it (``torch.cat(torch.chunk(res,
     group_size, dim=0), dim=gather_dim)``; no view, the sequence before it is not of size 1),
     a read and a write of the gathered logits, one launch more (a review, m344); and its
-    backward slices the rank's shard out of the gradient, a contiguous copy (DTensor's
-    ``Replicate -> Shard``: ``_split_tensor(..., contiguous=True)``, the last dimension's
-    chunk not contiguous), a read and a write of the shard, one launch more. The copy's
+    backward slices the rank's shard out of the gradient and copies it (DTensor's
+    ``Replicate -> Shard``, ``Shard._replicate_to_shard``: the chunk of ``_split_tensor``,
+    then ``.clone()``; the last dimension's chunk is not dense, so the clone is laid out
+    contiguous), a read and a write of the shard, one launch more. The copy's
     moment holds the shard and the logits twice, 2/tp + 4 B a logit, below the forward's 10
     B (`step._entropy_passes`)."""
     from budget.layers import loss_rows, vocab_rows
