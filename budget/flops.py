@@ -1528,6 +1528,23 @@ def optimizer_work(
       (``_copy_main_params_to_model_params``): reads the master copy, writes the parameter;
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
 
+    Megatron-LM scales the gradients by the clipping coefficient only where it is below 1
+    (``clip_grads``: ``if clip_coeff < 1.0``), a step that clips, priced as one that does
+    not. The other stacks scale them every step (audit m347):
+
+    - PyTorch FSDP (`fsdp_grads`; torchtitan's ``clip_grad_norm_``, ``max_norm`` 1.0):
+      ``clip_grads_with_norm_`` multiplies every gradient by the clamped coefficient,
+      ``torch._foreach_mul_(grads, clip_coef_clamped)``, "to avoid a CPU <=> device
+      synchronization" a branch would make: a read and a write of the gradient shard;
+    - DeepSpeed's ZeRO 2 and 3 (`deepspeed_zero` where the plan names its bucket): the norm
+      of the 16-bit gradients before their upcast (stage_1_and_2.py's ``step``: "Calculate
+      gradient norm using bit-16 grads", ``scaled_global_norm``; stage3.py's
+      ``_get_norm_groups``), and after the upcast ``unscale_and_clip_grads``,
+      ``grad.data.mul_(1. / combined_scale)`` on the fp32 partition whatever the norm; at
+      ZeRO 2 the gradients are first flattened into one 16-bit tensor, a read and a write,
+      which the cast then reads (``flatten_dense_tensors_aligned(...).to(fp32)``; ZeRO 3
+      casts its flat partition).
+
     Without a master copy the step updates the parameters in place (read and write). Of
     the shard, `wide_shard` parameters are kept 16-bit under fp8 weights (the vocabulary,
     `StageParams.beside_gemms_per_rank` and `expert_beside_per_rank`: norms, biases,
@@ -1548,14 +1565,26 @@ def optimizer_work(
     master = DTYPE_BYTES[prec.master] if prec.master else 0
     upcast = grads_upcast(prec)
     read = master if upcast else grad  # the gradient the norm and the step read
+    par = plan.parallel
+    deepspeed = deepspeed_zero(par.zero, prec) & bool(par.reduce_bucket)
+    flattened = deepspeed & (par.zero == 2) & upcast
+    flat = vwhere(flattened, 2 * grad, 0)
+    scaled = vwhere(deepspeed, 2 * read, vwhere(fsdp_grads(plan), 2 * grad, 0))
     weights, grads, state = _STEP_PASSES[prec.optimizer, prec.optimizer_kernel]
     states = grads * read + state * DTYPE_BYTES[prec.optimizer_state]
     # what the step updates (the master copy, else the parameters), touched `weights` times
     kept = weights * (master * params_shard if master else params)
     cast = f"gradients upcast to {prec.master}"
+    clipping = elementwise("gradients scaled by the clipping coefficient", scaled * params_shard)
     works = [
+        *(
+            [elementwise("gradients flattened (DeepSpeed)", flat * params_shard)]
+            if np.any(holds(flattened))
+            else []
+        ),
         *([elementwise(cast, (grad + master) * params_shard)] if upcast else []),
-        elementwise("gradient norm", read * params_shard),
+        elementwise("gradient norm", vwhere(deepspeed, grad, read) * params_shard),
+        *([clipping] if np.any(holds(scaled > 0)) else []),
         Work(
             f"{prec.optimizer} step" + (", foreach" if prec.optimizer_kernel == "foreach" else ""),
             "elementwise",

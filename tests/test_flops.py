@@ -608,6 +608,49 @@ def test_bf16_gradients_beside_an_fp32_master_are_cast_before_the_step():
     assert sum(w.bytes for w in flops.optimizer_work(read, 1_000_000)) == 36_000_000
 
 
+def test_fsdp_and_deepspeed_scale_the_gradients_by_the_clipping_coefficient_every_step():
+    """An audit (m347): Megatron-LM scales the gradients only where the clipping coefficient
+    is below 1 (``if clip_coeff < 1.0``), but PyTorch's ``clip_grads_with_norm_`` multiplies
+    them by the clamped coefficient every step (``torch._foreach_mul_``, no branch, no host
+    sync) and DeepSpeed's ``unscale_and_clip_grads`` every step too. Per parameter of the
+    shard:
+
+    - torchtitan under FSDP2 (plans/llama3-8b-fsdp.yaml: fp32 shards, no master): the norm
+      reads 4 B, the scaling reads and writes 4 B (8), fused Adam 4 + 2 x 4 + 2 x 8 = 28, no
+      buffer zeroed (FSDP drops its gradients): 40 B, where 32 were priced;
+    - DeepSpeed's ZeRO 2 (GPT 1.3B's plan at ZeRO 2 with a bucket, bf16 gradients beside an
+      fp32 master): the norm of the bf16 gradients (2), their flattening (2 + 2), the flat
+      copy's cast (2 + 4), the fp32 partition unscaled in place (4 + 4), Adam 28, the master
+      cast back (4 + 2), the bf16 buffer zeroed (2): 56 B, where 46 were priced (the norm
+      read the fp32 copy, nothing flattened or unscaled)."""
+    fsdp = load_plan(Path(__file__).parent.parent / "plans" / "llama3-8b-fsdp.yaml")
+    works = {w.name: w.bytes for w in flops.optimizer_work(fsdp, 1_000_000, grads_held=0)}
+    assert works["gradient norm"] == 4_000_000
+    assert works["gradients scaled by the clipping coefficient"] == 8_000_000
+    assert sum(works.values()) == 40_000_000
+    gpt = Path(__file__).parent.parent / "plans" / "gpt-1.3b.yaml"
+    text = gpt.read_text(encoding="utf-8")
+    assert text.count("zero: 1") == text.count("grads: fp32") == 1
+    from budget.plan.load import load_plan_data
+
+    ds = text.replace("zero: 1", "zero: 2\n  reduce_bucket: 500000000")
+    deepspeed = load_plan_data(ds.replace("grads: fp32", "grads: bf16").encode(), "ds.yaml")
+    works = {w.name: w.bytes for w in flops.optimizer_work(deepspeed, 1_000_000)}
+    assert works == {
+        "gradients flattened (DeepSpeed)": 4_000_000,
+        "gradients upcast to fp32": 6_000_000,
+        "gradient norm": 2_000_000,
+        "gradients scaled by the clipping coefficient": 8_000_000,
+        "adam step": 28_000_000,
+        "master weights to parameters": 6_000_000,
+        "zero main gradients": 2_000_000,
+    }
+    # Megatron-LM's own ZeRO 1 on the same formats: no scaling priced, the norm on fp32
+    megatron = load_plan_data(text.replace("grads: fp32", "grads: bf16").encode(), "m.yaml")
+    names = [w.name for w in flops.optimizer_work(megatron, 1_000_000)]
+    assert "gradients scaled by the clipping coefficient" not in names
+
+
 def _embedding_kernels(plan: Plan) -> dict[str, int]:
     """Bytes of the first stage's embedding kernels, forward and backward, by name."""
     phases = derive(plan).stages[0].phases
