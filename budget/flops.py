@@ -1540,10 +1540,12 @@ def optimizer_work(
       of the 16-bit gradients before their upcast (stage_1_and_2.py's ``step``: "Calculate
       gradient norm using bit-16 grads", ``scaled_global_norm``; stage3.py's
       ``_get_norm_groups``), and after the upcast ``unscale_and_clip_grads``,
-      ``grad.data.mul_(1. / combined_scale)`` on the fp32 partition whatever the norm; at
-      ZeRO 2 the gradients are first flattened into one 16-bit tensor, a read and a write,
-      which the cast then reads (``flatten_dense_tensors_aligned(...).to(fp32)``; ZeRO 3
-      casts its flat partition).
+      ``grad.data.mul_(1. / combined_scale)`` on the fp32 partition whatever the norm;
+      before the cast the gradients are flattened into one 16-bit tensor, a read and a
+      write, which the cast then reads (ZeRO 2's ``flatten_dense_tensors_aligned(...)
+      .to(fp32)``; ZeRO 3's ``_prepare_fp32_grad_for_sub_group``,
+      ``self.flatten(self.averaged_gradients[i]).to(...)``, a ``torch.cat`` of each
+      parameter's view into its partition buffer: a review, m349, found it unpriced there).
 
     Without a master copy the step updates the parameters in place (read and write). Of
     the shard, `wide_shard` parameters are kept 16-bit under fp8 weights (the vocabulary,
@@ -1567,7 +1569,7 @@ def optimizer_work(
     read = master if upcast else grad  # the gradient the norm and the step read
     par = plan.parallel
     deepspeed = deepspeed_zero(par.zero, prec) & bool(par.reduce_bucket)
-    flattened = deepspeed & (par.zero == 2) & upcast
+    flattened = deepspeed & upcast
     flat = vwhere(flattened, 2 * grad, 0)
     scaled = vwhere(deepspeed, 2 * read, vwhere(fsdp_grads(plan), 2 * grad, 0))
     weights, grads, state = _STEP_PASSES[prec.optimizer, prec.optimizer_kernel]

@@ -622,7 +622,9 @@ def test_fsdp_and_deepspeed_scale_the_gradients_by_the_clipping_coefficient_ever
       fp32 master): the norm of the bf16 gradients (2), their flattening (2 + 2), the flat
       copy's cast (2 + 4), the fp32 partition unscaled in place (4 + 4), Adam 28, the master
       cast back (4 + 2), the bf16 buffer zeroed (2): 56 B, where 46 were priced (the norm
-      read the fp32 copy, nothing flattened or unscaled)."""
+      read the fp32 copy, nothing flattened or unscaled); its ZeRO 3 the same, flattening
+      each parameter's view of its partition (``torch.cat``) before the cast (a review,
+      m349: not at ZeRO 3)."""
     fsdp = load_plan(Path(__file__).parent.parent / "plans" / "llama3-8b-fsdp.yaml")
     works = {w.name: w.bytes for w in flops.optimizer_work(fsdp, 1_000_000, grads_held=0)}
     assert works["gradient norm"] == 4_000_000
@@ -636,6 +638,9 @@ def test_fsdp_and_deepspeed_scale_the_gradients_by_the_clipping_coefficient_ever
     ds = text.replace("zero: 1", "zero: 2\n  reduce_bucket: 500000000")
     deepspeed = load_plan_data(ds.replace("grads: fp32", "grads: bf16").encode(), "ds.yaml")
     works = {w.name: w.bytes for w in flops.optimizer_work(deepspeed, 1_000_000)}
+    z3 = ds.replace("zero: 2", "zero: 3").replace("grads: fp32", "grads: bf16")
+    stage3 = load_plan_data(z3.encode(), "ds3.yaml")
+    assert {w.name: w.bytes for w in flops.optimizer_work(stage3, 1_000_000)} == works
     assert works == {
         "gradients flattened (DeepSpeed)": 4_000_000,
         "gradients upcast to fp32": 6_000_000,
