@@ -1247,10 +1247,20 @@ def fsdp_grads(plan: Plan) -> Any:
     return plan.parallel.zero == 3
 
 
+def deepspeed_buffered(plan: Plan) -> Any:
+    """Whether DeepSpeed's contiguous gradient buffer (`Parallel.reduce_bucket`) takes a
+    rank's gradients as they are made: at ZeRO 2 and 3 where the plan names its size, but
+    not under PyTorch FSDP's mixed precision. A bool, or an array over a sweep's
+    configurations."""
+    if not plan.parallel.reduce_bucket:
+        return False
+    return holds(deepspeed_zero(plan.parallel.zero, plan.precision))
+
+
 def deepspeed_zero(zero: Any, prec: Precision) -> Any:
     """The ZeRO stages at which DeepSpeed's contiguous gradient buffer applies where a plan
     names it (`Parallel.reduce_bucket`): 2, and 3 outside PyTorch FSDP's mixed precision
-    (`fsdp_formats`). One rule for a plan's memory (`step.deepspeed_buffered`), its
+    (`fsdp_formats`). One rule for a plan's memory (`deepspeed_buffered`), its
     refusal beside a pipeline (`resolve`) and a sweep's (`search`). A bool, or an array over
     a sweep's stages."""
     return (zero == 2) | ((zero == 3) & (not fsdp_formats(prec)))
@@ -1567,8 +1577,7 @@ def optimizer_work(
     master = DTYPE_BYTES[prec.master] if prec.master else 0
     upcast = grads_upcast(prec)
     read = master if upcast else grad  # the gradient the norm and the step read
-    par = plan.parallel
-    deepspeed = deepspeed_zero(par.zero, prec) & bool(par.reduce_bucket)
+    deepspeed = deepspeed_buffered(plan)
     flattened = deepspeed & upcast
     flat = vwhere(flattened, 2 * grad, 0)
     scaled = vwhere(deepspeed, 2 * read, vwhere(fsdp_grads(plan), 2 * grad, 0))

@@ -12,6 +12,7 @@ from budget.flops import (
     attention_keys,
     backward_keys,
     causal_share,
+    deepspeed_buffered,
     fsdp_mixed,
     model_flops_per_token,
     routing_skew,
@@ -39,7 +40,7 @@ from budget.schedule import (
     paced_by,
     step_time,
 )
-from budget.step import deepspeed_buffered, derive
+from budget.step import derive
 
 
 def budget_plan(path: Path) -> Report:

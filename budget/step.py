@@ -30,7 +30,7 @@ import numpy as np
 
 from budget import flops
 from budget.errors import BudgetError
-from budget.flops import Work, te_fp8
+from budget.flops import Work, deepspeed_buffered, te_fp8
 from budget.layers import (
     ATTENTION_NORM_INPUT,
     FC2_INPUT,
@@ -960,16 +960,6 @@ def _derive_training(
         )
     step = Step(m, tuple(stages), params_total(plan), layer_params(plan).total)
     return _with_transitions(plan, step)
-
-
-def deepspeed_buffered(plan: Plan) -> Any:
-    """Whether DeepSpeed's contiguous gradient buffer (`Parallel.reduce_bucket`) takes a
-    rank's gradients as they are made: at ZeRO 2 and 3 where the plan names its size, but
-    not under PyTorch FSDP's mixed precision. A bool, or an array over a sweep's
-    configurations."""
-    if not plan.parallel.reduce_bucket:
-        return False
-    return holds(flops.deepspeed_zero(plan.parallel.zero, plan.precision))
 
 
 def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
