@@ -361,7 +361,16 @@ def _mpt_run(
     0.16.4) set fp32 again. The tables do not name the Composer that ran (their image is of
     2023-08-27 and PR 543 merged them after 2023-10-18), so the documented DEFAULT stays, as
     before FSDP's gradient passes were priced; ``precision.grad_reduce: bf16`` is the other
-    reading (README, "Where the model is weakest")."""
+    reading (README, "Where the model is weakest").
+
+    Optimizer: the yamls' ``decoupled_adamw`` (scripts/train/yamls/pretrain/mpt-*.yaml,
+    weight_decay 0.0), Composer's ``DecoupledAdamW``, whose ``adamw`` steps one parameter at
+    a time, an in-place op a pass (``exp_avg.mul_(beta1).add_(grad, ...)``, ...,
+    ``param.addcdiv_(exp_avg, denom, ...)``; composer/optim/decoupled_weight_decay.py, the
+    same loop in every stored version): ``optimizer_kernel: for-loop``, the bytes of
+    PyTorch's single-tensor AdamW (`flops._STEP_PASSES`). Until a review of the rows' kernels
+    (m352) read it, they were priced as a fused kernel, 28 B a parameter of the shard where
+    the loop moves 80."""
     tree: dict[str, Any] = {
         "name": f"MPT {size.upper()}, 8 {'A100s' if a100 else 'GPUs'}",
         "model": {
@@ -386,6 +395,7 @@ def _mpt_run(
             "master": "none",
             "optimizer": "adam",
             "optimizer_state": "fp32",
+            "optimizer_kernel": "for-loop",
             "activations": "bf16",
             "matmul": "bf16",
             "param_gather": "bf16",

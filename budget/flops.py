@@ -251,14 +251,30 @@ def elementwise(name: str, nbytes: int) -> Work:
     return Work(name, "elementwise", nbytes // 2, nbytes)
 
 
-def norm_kernel(name: str, nbytes: Any) -> Work:
+def norm_kernel(plan: Plan, name: str, nbytes: Any) -> Work:
     """A LayerNorm or RMSNorm moving `nbytes` in its forward, a read of its input and a
     write of its output. Its backward reads the saved input and the incoming gradient and
     writes the input gradient, 3 passes to the forward's 2 (Transformer Engine's
     ``layernorm_bwd`` and ``rmsnorm_bwd`` compute dx from dz, x and the saved statistics;
     the weight's gradient is a reduction over the tokens into partial sums of the hidden
-    size). An audit: `backward_of`'s "about twice" priced 4."""
-    return replace(elementwise(name, nbytes), backward=1.5)
+    size). An audit: `backward_of`'s "about twice" priced 4.
+
+    A PyTorch FSDP stack (`fsdp_mixed`) runs ATen's LayerNorm (``F.layer_norm``; llm-
+    foundry's ``LPLayerNorm``), whose backward is two kernels (aten/src/ATen/native/cuda/
+    layer_norm_kernel.cu, ``LayerNormBackwardKernelImplInternal``): the input gradient's,
+    which reads dY and X and writes dX, then ``GammaBetaBackwardCUDAKernel``, which reads
+    dY and X again for the weight's and bias's gradients: 5 passes to the forward's 2, in
+    two launches (a review, m352, found 3 priced). Its RMSNorm is left at 3: which kernel
+    an FSDP stack's RMSNorm runs (a composite of pointwise ops, a fused or compiled one) is
+    not pinned here."""
+    aten = (plan.model.norm == "layernorm") & fsdp_mixed(plan)
+    if every(lacks(aten)):
+        return replace(elementwise(name, nbytes), backward=1.5)
+    return replace(
+        elementwise(name, nbytes),
+        backward=vwhere(aten, 2.5, 1.5),
+        backward_launches=vwhere(aten, 2, 1),
+    )
 
 
 def residual_add(plan: Plan, s: Shapes) -> Work:
@@ -647,7 +663,15 @@ def causal_share(plan: Plan) -> Any:
 def rotary(plan: Plan, s: Shapes) -> list[Work]:
     """Rotary embeddings: one read and one write of this rank's Q and K (none for a learned
     position table, which is added once at the embedding). Latent attention rotates only
-    each query head's rope_dim part and the one shared rotary key."""
+    each query head's rope_dim part and the one shared rotary key.
+
+    In training Q and K are rotated by a kernel each, forward and backward: Megatron-Core's
+    ``Attention.forward`` calls ``apply_rotary_pos_emb`` for the query and again for the
+    key (one fused kernel each under ``apply_rope_fusion``), and the eager stacks rotate
+    them apart too (torchtitan's ``apply_rotary_emb``, transformers' ``apply_rotary_pos_
+    emb``, several kernels each, counted as one); a review (m351) found one launch priced.
+    A serving engine rotates both in one kernel (vLLM's ``rotary_embedding`` op takes the
+    query and the key; FasterTransformer applies it inside its QKV bias kernel)."""
     m = plan.model
     if m.position != "rope":
         return []
@@ -656,7 +680,10 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
     else:
         qk = 2 * s.act * s.tokens * (s.q_cols + s.k_cols)
     # its backward rotates the incoming gradients back: the same bytes, nothing saved is read
-    return [replace(elementwise("rotary embedding of Q and K", qk), backward=1.0)]
+    launches = 2 if plan.mode == "train" else 1
+    return [
+        replace(elementwise("rotary embedding of Q and K", qk), backward=1.0, launches=launches)
+    ]
 
 
 QUERY_COPY = "query copied out of the grouped QKV layout"
@@ -721,7 +748,7 @@ def qk_norms(plan: Plan, s: Shapes) -> list[Work]:
     norms (`norm_kernel`)."""
     if plan.model.qk_norm == "none":
         return []
-    return [norm_kernel("Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]
+    return [norm_kernel(plan, "Q/K norms", 2 * s.act * s.tokens * (s.q_cols + s.k_cols))]
 
 
 UP_PROJECTIONS = "attention up-projections"  # latent attention's GEMMs after the gather
@@ -745,7 +772,7 @@ def qkv_projections(plan: Plan, s: Shapes) -> list[Work]:
     h, mla = s.hidden, plan.model.mla
     if mla is None:
         return [gemm("QKV projection", s.tokens, h, s.q_cols + s.k_cols + s.v_cols, e)]
-    norms = norm_kernel("latent norms", 2 * s.act * s.tokens_sp * (s.q_latent + mla.kv_rank))
+    norms = norm_kernel(plan, "latent norms", 2 * s.act * s.tokens_sp * (s.q_latent + mla.kv_rank))
     if not mla.q_rank:  # queries straight from the (gathered) hidden state
         works = [
             gemm("latent down-projection", s.tokens_sp, h, s.kv_latent, e),
@@ -783,7 +810,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
     h = s.hidden
     norm = s.act * s.tokens_sp * s.hidden
     return [
-        norm_kernel("attention norm", 2 * norm),
+        norm_kernel(plan, "attention norm", 2 * norm),
         *qkv_projections(plan, s),
         *query_copy(plan, s),
         *qk_norms(plan, s),
@@ -802,7 +829,7 @@ def post_norm(plan: Plan, s: Shapes, block: str) -> list[Work]:
     ``post_feedforward_layernorm``)."""
     if not plan.model.sandwich_norm:
         return []
-    return [norm_kernel(f"{block} post-norm", 2 * s.act * s.tokens_sp * s.hidden)]
+    return [norm_kernel(plan, f"{block} post-norm", 2 * s.act * s.tokens_sp * s.hidden)]
 
 
 def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
@@ -813,7 +840,7 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
     gate = plan.model.gate
     norm = s.act * s.tokens_sp * s.hidden
     return [
-        norm_kernel("MLP norm", 2 * norm),
+        norm_kernel(plan, "MLP norm", 2 * norm),
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
         *activation(plan, s.act * s.tokens * s.ffn_cols),
         *fp8_input_casts(plan, s, "mlp"),
@@ -1089,7 +1116,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         sort = [replace(elementwise(MOE_SORT, received), backward=1.0)]
         unsort = [replace(elementwise(MOE_UNSORT, received), backward=1.0)]
     works = [
-        norm_kernel("MoE norm", 2 * norm),
+        norm_kernel(plan, "MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, outside_operands(plan), outside_fp8(plan)),
         elementwise("token permutation", 2 * own),
         *sort,
@@ -1412,7 +1439,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
         "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
     )
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * rows)
-    norm = norm_kernel("final norm", 2 * s.act * s.tokens_sp * s.hidden)
+    norm = norm_kernel(plan, "final norm", 2 * s.act * s.tokens_sp * s.hidden)
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
     per_logit, launches = _entropy_bytes(plan, s.act)
     gathered = (plan.loss == "pytorch-gathered") & (plan.parallel.tp > 1)
@@ -1455,7 +1482,7 @@ def mtp_forward(plan: Plan, s: Shapes) -> list[Work]:
     (`loss_work`)."""
     e = operands(plan)
     hidden = s.hidden
-    norms = norm_kernel("multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
+    norms = norm_kernel(plan, "multi-token prediction norms", 2 * 2 * s.act * s.tokens_sp * hidden)
     proj = gemm(MTP_PROJECTION, s.tokens, 2 * hidden, -(-hidden // plan.parallel.tp), e)
     return [*embedding_work(plan, s), norms, proj]
 
@@ -1533,7 +1560,9 @@ def optimizer_work(
     - the Adam (or SGD) step, by `Precision.optimizer_kernel`: fused (apex ``FusedAdam``,
       multi-tensor apply) it reads the gradient and reads and writes the master copy and
       the moments once; foreach (PyTorch's ``_multi_tensor_adam`` and ``_multi_tensor_sgd``)
-      it makes a pass per operation (`_STEP_PASSES`);
+      it makes a pass per operation (`_STEP_PASSES`); for-loop (``_single_tensor_adam`` and
+      ``_single_tensor_sgd``, torch.optim's ``foreach=False``, and loops of that form such
+      as Composer's ``DecoupledAdamW``) the same passes a tensor at a time;
     - the master copy cast back to the model parameters
       (``_copy_main_params_to_model_params``): reads the master copy, writes the parameter;
     - the main gradients zeroed for the next step (``zero_grad``): writes every gradient.
@@ -1597,7 +1626,8 @@ def optimizer_work(
         elementwise("gradient norm", vwhere(deepspeed, grad, read) * params_shard),
         *([clipping] if np.any(holds(scaled > 0)) else []),
         Work(
-            f"{prec.optimizer} step" + (", foreach" if prec.optimizer_kernel == "foreach" else ""),
+            f"{prec.optimizer} step"
+            + ("" if prec.optimizer_kernel == "fused" else f", {prec.optimizer_kernel}"),
             "elementwise",
             {"adam": 16, "sgd": 6}[prec.optimizer] * params_shard,
             states * params_shard + kept,
@@ -1623,11 +1653,19 @@ def optimizer_work(
 #   SGD:  _foreach_add(grads, params) 2g + w; _foreach_mul_(bufs) 2s;
 #         _foreach_add_(bufs, grads) 2s + g; _foreach_add_(params, bufs) 2w + s -> 3w + 3g + 5s
 # (the gradient read twice by addcmul counted once: both operands are the same elements).
+# For-loop: the same operations on one tensor at a time, ``_single_tensor_adam`` (lerp_,
+# mul_ and addcmul_, sqrt, the division and add_ of ε, addcdiv_, after the decay's mul_) and
+# ``_single_tensor_sgd``, pass for pass the foreach ones. Composer's ``DecoupledAdamW.adamw``
+# (composer/optim/decoupled_weight_decay.py) moves the same bytes where the weights and
+# moments share a format: it skips the decay at weight_decay 0 (2w fewer) and updates the
+# first moment by mul_ then add_ where lerp_ makes one pass (2s more).
 _STEP_PASSES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("adam", "fused"): (2, 1, 4),
     ("adam", "foreach"): (4, 2, 14),
+    ("adam", "for-loop"): (4, 2, 14),
     ("sgd", "fused"): (2, 1, 2),
     ("sgd", "foreach"): (3, 3, 5),
+    ("sgd", "for-loop"): (3, 3, 5),
 }
 
 

@@ -3693,7 +3693,7 @@ def _reduce(b: _StageBuilder) -> None:
         gathers,
         [
             *_flattened_upcast(b, upcast, shard),
-            Instant("optimizer step", (*b.resident, *upcast, *_step_temporary(plan, shard))),
+            Instant("optimizer step", (*b.resident, *upcast, *_step_temporary(b, shard))),
         ],
         flops.optimizer_work(plan, shard, wide, held)
         + flops.fp8_weight_casts(plan, stage_fp8_weights(plan, b.kind)),
@@ -3959,7 +3959,7 @@ def _flattened_upcast(b: _StageBuilder, upcast: list[Alloc], shard: Any) -> list
     return [Instant("gradients upcast for the step", live)]
 
 
-def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
+def _step_temporary(b: _StageBuilder, shard: Any) -> list[Alloc]:
     """What PyTorch's foreach optimizer allocates for the whole shard a rank updates
     (`Precision.optimizer_kernel`), alive together beside every state and the upcast
     gradients (``_group_tensors_by_device_and_dtype`` puts every parameter of a device and
@@ -3974,16 +3974,64 @@ def _step_temporary(plan: Plan, shard: Any) -> list[Alloc]:
     with its master copy, steps one sub-group of its shard at a time (``_optimizer_step``
     per ``sub_group_size``, as `_upcast_grads`). Nothing for a fused kernel (Apex's and
     Transformer Engine's FusedAdam: one kernel over chunks of every tensor, writing in
-    place)."""
+    place).
+
+    The for-loop kernel (``_single_tensor_adam``, Composer's ``DecoupledAdamW``) makes them
+    a tensor at a time, for the largest tensor it steps (`_largest_stepped`): Adam's
+    ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds the square root and the quotient
+    at once, two tensors; SGD's ``d_p.add(param, alpha=weight_decay)`` one."""
+    plan = b.plan
     prec = plan.precision
-    if prec.optimizer_kernel != "foreach" or prec.optimizer == "none":
+    kernel = prec.optimizer_kernel
+    if kernel == "fused" or prec.optimizer == "none":
         return []
     if prec.optimizer == "adam":
-        name, dtype = "square root of Adam's second moment (foreach)", prec.optimizer_state
+        name, dtype = "square root of Adam's second moment", prec.optimizer_state
     else:
         dtype = prec.master if flops.grads_upcast(prec) and prec.master else prec.grads
-        name = "gradients plus weight decay (foreach SGD)"
-    return [Alloc(name, "transient", _stepped_at_once(plan, shard) * DTYPE_BYTES[dtype])]
+        name = "gradients plus weight decay"
+    if kernel == "foreach":
+        n = _stepped_at_once(plan, shard)
+        return [
+            Alloc(
+                f"{name} (foreach{' SGD' * (prec.optimizer == 'sgd')})",
+                "transient",
+                n * DTYPE_BYTES[dtype],
+            )
+        ]
+    name += ", and its quotient" if prec.optimizer == "adam" else ""
+    count = 2 if prec.optimizer == "adam" else 1
+    one = _largest_stepped(b) * DTYPE_BYTES[dtype]
+    return [Alloc(f"{name} (for-loop, its largest tensor)", "transient", one, count)]
+
+
+def _largest_stepped(b: _StageBuilder) -> Any:
+    """The elements of the largest tensor a rank's optimizer steps: under ZeRO its shard of
+    the tensor (each rank steps its range of every parameter: Megatron-LM's distributed
+    optimizer, DeepSpeed, FSDP2's per-parameter DTensors), where the tensors are the
+    parameters, the largest of a layer's weights (`flops.gemm`'s dims, an expert's own) and
+    a vocabulary table on a stage that holds one (`vocab_params`); under PyTorch's
+    FullyShardedDataParallel (``parallel.fsdp`` 1) they are its flat parameters, one a unit
+    (a layer, or a block, `Parallel.fsdp_unit`) and one for the root's, which holds the
+    vocabulary tables (and the final norm, a hidden's width, left out)."""
+    plan, par = b.plan, b.plan.parallel
+    layer, s = b.layer, b.shapes
+    dims = [
+        w.dims[1] * w.dims[2]
+        for k in ["attention", *b.ffn_blocks]
+        for w in layer.kernels.forward(k, s)
+        if w.dims
+    ]
+    weight = largest(dims) if dims else 0
+    table = vwhere(b.params.vocab_per_rank > 0, vocab_params(plan), 0)
+    kind = "moe" if b.last_is_moe else "mlp"
+    unit = vwhere(
+        holds(par.fsdp_unit == "layer"), layer.per_rank[kind], largest(list(layer.params.values()))
+    )
+    root = b.params.vocab_per_rank
+    flat = holds((par.zero >= 3) & (par.fsdp == 1))
+    n = vwhere(flat, vmax(unit, root), vmax(weight, table))
+    return vwhere(par.zero >= 1, -(-n // par.zero_ranks), n)
 
 
 # --------------------------------------------------------------------------------------------

@@ -88,8 +88,47 @@ def test_rotary_embeddings_read_and_write_q_and_k() -> None:
     backward = next(p for p in stage.phases if p.name == "backward.attention")
     (back,) = [w for w in backward.works if w.name == "rotary embedding of Q and K backward"]
     assert back.bytes == rope.bytes  # gradients rotated back: the same traffic
+    # Megatron-Core rotates the query and the key by a call each (a review, m351); a
+    # serving engine rotates both in one kernel
+    assert rope.launches == back.launches == 2
+    decode = load_plan(PLAN.parent / "llama3-70b-decode.yaml")
+    served = flops.rotary(decode, shapes(decode))
+    assert [w.launches for w in served] == [1]
     gpt3 = derive(load_plan(PLAN)).stages[0]
     assert not [w for p in gpt3.phases for w in p.works if "rotary" in w.name]
+
+
+def test_a_pytorch_stack_s_layernorm_backward_reads_its_input_twice() -> None:
+    """ATen's LayerNorm backward, which PyTorch FSDP stacks run (llm-foundry's LPLayerNorm
+    calls ``F.layer_norm``), is two kernels: the input gradient's (reads dY and X, writes
+    dX) and ``GammaBetaBackwardCUDAKernel``'s (reads dY and X again): 5 passes to the
+    forward's 2, in two launches (a review, m352). MPT 7B, micro-batch 6 of 2,048 tokens,
+    hidden 4,096, bf16: the forward's 2 x 2 x 12,288 x 4,096 = 201,326,592 B, the backward
+    503,316,480. Megatron-Core's (Transformer Engine's ``layernorm_bwd``) makes 3, GPT-3's
+    plan; so does an FSDP stack's RMSNorm, whose kernel is not pinned."""
+    (run,) = [r for r in RUNS if r.name == "MPT 7B, 8 GPUs"]
+    mpt = plan_of(run)
+    stage = derive(mpt).stages[0]
+
+    def norm(stage, phase: str, name: str):
+        (work,) = [w for p in stage.phases if p.name == phase for w in p.works if w.name == name]
+        return work
+
+    forward, backward = (
+        norm(stage, "forward.attention", "attention norm"),
+        norm(stage, "backward.attention", "attention norm backward"),
+    )
+    assert forward.bytes == 2 * 2 * 6 * 2048 * 4096 == 201_326_592
+    assert backward.bytes == 503_316_480 and (forward.launches, backward.launches) == (1, 2)
+    gpt3 = derive(load_plan(PLAN)).stages[0]
+    te = norm(gpt3, "backward.attention", "attention norm backward")
+    assert te.bytes == 1.5 * norm(gpt3, "forward.attention", "attention norm").bytes
+    assert te.launches == 1
+    rms = replace(mpt, model=replace(mpt.model, norm="rmsnorm"))
+    rms_stage = derive(rms).stages[0]
+    assert norm(rms_stage, "backward.attention", "attention norm backward").bytes == 1.5 * (
+        forward.bytes
+    )
 
 
 def test_qk_norms_keep_q_and_k_and_add_a_pass() -> None:

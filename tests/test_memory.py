@@ -1258,6 +1258,68 @@ def test_a_foreach_optimizer_holds_a_temporary_as_large_as_its_shard(tmp_path):
     assert _fsdp_optimizer(tmp_path, "fused", "sgd")[1] == 20 * shard
 
 
+def test_a_for_loop_optimizer_holds_two_temporaries_of_its_largest_tensor(tmp_path):
+    """The for-loop kernel (torch.optim with foreach=False, ``_single_tensor_adam``, and
+    Composer's ``DecoupledAdamW``) makes foreach's passes a tensor at a time, so it moves the
+    same 80 B a parameter but its temporaries are one tensor's: Adam's ``exp_avg_sq.sqrt() /
+    bias_correction2_sqrt`` holds the root and the quotient at once. Llama 3 8B under FSDP2
+    over 8 GPUs: its largest tensor is the vocabulary table (untied, so the output layer's
+    is as large), 128,256 x 4,096 = 525,336,576 elements, a rank's eighth 65,667,072, so two
+    fp32 temporaries of 4 x 65,667,072 = 262,668,288 B each, 525,336,576 B held at the step
+    beside what the fused kernel holds (4,015,130,624 B under foreach). SGD holds one, the
+    gradient plus its decay. A step reading bf16 gradients beside fp32 weights is refused
+    as under foreach (torch's ``lerp_`` wants one format)."""
+    from budget.errors import BudgetError
+
+    shard = -(-8_030_261_248 // 8)
+    table = -(-128_256 * 4_096 // 8)
+    assert table == 65_667_072
+    fused, _ = _fsdp_optimizer(tmp_path, "fused")
+    loop, loop_bytes = _fsdp_optimizer(tmp_path, "for-loop")
+    held = "square root of Adam's second moment, and its quotient (for-loop, its largest tensor)"
+    assert {k: v for k, v in loop.items() if k != held} == fused
+    assert loop[held] == 2 * 4 * table == 525_336_576
+    assert loop_bytes == 80 * shard
+    sgd, sgd_bytes = _fsdp_optimizer(tmp_path, "for-loop", "sgd")
+    assert sgd["gradients plus weight decay (for-loop, its largest tensor)"] == 4 * table
+    assert sgd_bytes == 44 * shard
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    edits = [
+        ("master: fp32", "master: fp32\n  upcast_grads: false"),
+        ("optimizer: adam", "optimizer: adam\n  optimizer_kernel: for-loop"),
+        ("grads: fp32", "grads: bf16"),
+    ]
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(narrow)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.precision.optimizer_kernel"
+
+
+def test_fsdp1_steps_a_flat_parameter_at_a_time_under_the_for_loop_kernel():
+    """Under FullyShardedDataParallel (``parallel.fsdp`` 1) the optimizer steps its flat
+    parameters, one a unit, so a for-loop kernel's largest tensor is the largest unit's
+    shard. MPT 7B over 8 GPUs (Composer's DecoupledAdamW, `budget.accuracy`): a layer unit
+    holds 12 x 4,096² + 13 x 4,096 = 201,379,840 parameters (its biases and two LayerNorms'
+    weights and biases), the root the tied vocabulary table and the learned positions,
+    (50,368 + 2,048) x 4,096 = 214,695,936, the larger; a rank's eighth is 26,836,992, so
+    the two fp32 temporaries hold 8 x 26,836,992 = 214,695,936 B."""
+    from budget.accuracy import RUNS, plan_of
+
+    (run,) = [r for r in RUNS if r.name == "MPT 7B, 8 GPUs"]
+    plan = plan_of(run)
+    assert plan.parallel.fsdp == 1 and plan.precision.optimizer_kernel == "for-loop"
+    (stage,) = derive(plan).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    held = {a.name: a.total for a in phase.instants[-1].live}
+    name = "square root of Adam's second moment, and its quotient (for-loop, its largest tensor)"
+    assert held[name] == 8 * -(-(50_368 + 2_048) * 4_096 // 8) == 214_695_936
+
+
 def test_deepspeed_zero3_steps_its_foreach_temporary_one_sub_group_at_a_time():
     """A review: DeepSpeed's ZeRO-3 (a master copy beside bf16 parameters) steps its shard one
     ``sub_group_size`` of 1e9 elements at a time, so a foreach Adam's square root covers a

@@ -720,7 +720,8 @@ def test_the_readmes_a100_to_h100_speedups_for_mpt_are_the_tables(accuracy) -> N
     """ "Where the model is weakest" parts the MPT gap between the stack and the H100 by
     the speed-up of each model from its A100 diagnostic row to its scored H100 row (same
     model, micro-batch and 8 GPUs), measured against predicted: the ranges of both, the
-    model whose two agree best and the one the engine puts furthest over."""
+    model whose two agree best (within a point: 0.6 of one once the stack's optimizer loop
+    and LayerNorm were priced, m352) and the one the engine puts furthest over."""
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())
     h100 = {r.run.name.split(",")[0]: r for r in accuracy.rows if r.run.stack == "llm-foundry"}
     a100 = {
@@ -734,8 +735,9 @@ def test_the_readmes_a100_to_h100_speedups_for_mpt_are_the_tables(accuracy) -> N
     said = (
         f"ran {min(measured.values()):.2f} to {max(measured.values()):.2f} times as fast, where "
         f"the engine puts it {min(predicted.values()):.2f} to {max(predicted.values()):.2f} "
-        f"times (the {alike.removeprefix('MPT ')} alike, the {furthest.removeprefix('MPT ')} "
+        f"times (the {alike.removeprefix('MPT ')} within {abs(over[alike]):.0%}, the "
+        f"{furthest.removeprefix('MPT ')} "
         f"{over[furthest]:.0%} further)"
     ).replace("%", " %")
-    assert abs(over[alike]) < 0.005, over
+    assert abs(over[alike]) < 0.01, over
     assert said in readme, said

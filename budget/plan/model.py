@@ -26,7 +26,7 @@ PositionKind = Literal["learned", "rope"]
 Attention = Literal["flash", "flash2", "flash3", "cudnn", "triton", "eager"]
 FUSED_KERNELS = ("flash2", "flash3", "cudnn", "triton")  # named fused-attention kernels
 Optimizer = Literal["adam", "sgd", "none"]
-OptimizerKernel = Literal["fused", "foreach"]
+OptimizerKernel = Literal["fused", "foreach", "for-loop"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 # the cross-entropy's kernels: Megatron-Core's vocab-parallel one, or PyTorch's, on the
@@ -201,7 +201,9 @@ class Precision:
     optimizer_state: DType = "fp32"  # dtype of Adam's moments / SGD's momentum
     # fused: one kernel, nothing allocated (Apex, Transformer Engine, DeepSpeed); foreach:
     # PyTorch's multi-tensor passes (`flops.optimizer_work`) and their temporary as large as
-    # what is stepped at once (`step._stepped_at_once`: the shard, or a DeepSpeed sub-group)
+    # what is stepped at once (`step._stepped_at_once`: the shard, or a DeepSpeed sub-group);
+    # for-loop: the same passes a tensor at a time, temporaries of one tensor
+    # (`step._step_temporary`)
     optimizer_kernel: OptimizerKernel = "fused"
     activations: DType = "bf16"
     matmul: DType = "bf16"  # fp8 halves the bytes GEMM inputs touch

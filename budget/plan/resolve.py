@@ -718,11 +718,12 @@ class _Resolver:
                 "(autograd accumulates into it, FSDP casts the reduced shard back to it); "
                 f"write grads: {params}, and grad_reduce: {grads} to reduce them in {grads}",
             )
-        elif tree.get("optimizer_kernel") == "foreach" and not same:
+        elif tree.get("optimizer_kernel") in ("foreach", "for-loop") and not same:
             self.error(
                 "$.precision.optimizer_kernel",
-                f"PyTorch's foreach optimizers step each tensor with a gradient in its own "
-                f"format (torch refuses {_an(read)} gradient on {_an(stepped)} parameter); here "
+                "PyTorch's foreach and for-loop optimizers step each tensor with a gradient in "
+                f"its own format (torch refuses {_an(read)} gradient on {_an(stepped)} "
+                "parameter); here "
                 f"the step would read {read} gradients beside {stepped} weights: write "
                 f"grads: {stepped}"
                 + (", or leave upcast_grads true" if widens else "")
