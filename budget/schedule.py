@@ -960,6 +960,9 @@ class Replay:
     after: Any
     floor: Any
     stages: tuple[StageTime, ...] = ()
+    # what a stage's send keeps its receiver waiting past its own op's end, by the sending
+    # stage's forward sends, then its backward sends: (2p,), or (2p, n) (`replay_of`)
+    delays: np.ndarray | None = None
 
     def take(self, i: int) -> Replay:
         """Layout `i`'s numbers, where the fields are arrays over a sweep's layouts."""
@@ -973,6 +976,7 @@ class Replay:
             at(self.rest),
             at(self.after),
             at(self.floor),
+            delays=None if self.delays is None else _layout_delays(self.delays, i),
         )
 
     def columns(self, index: np.ndarray) -> Replay:
@@ -987,7 +991,15 @@ class Replay:
             chunks = np.repeat(chunks[..., None], len(index), axis=-1)
         else:
             chunks = chunks[..., index]
-        return Replay(chunks, at(self.microbatches), at(self.rest), at(self.after), at(self.floor))
+        delays = self.delays
+        if delays is not None:
+            delays = (
+                delays[:, index]
+                if delays.ndim == 2
+                else np.repeat(delays[:, None], len(index), axis=-1)
+            )
+        numbers = (at(self.microbatches), at(self.rest), at(self.after), at(self.floor))
+        return Replay(chunks, *numbers, delays=delays)
 
     @staticmethod
     def joined(parts: Sequence[Replay]) -> Replay:
@@ -1003,12 +1015,19 @@ class Replay:
             )
 
         chunks = np.concatenate([p.chunks for p in parts], axis=-1)
-        return Replay(chunks, cat("microbatches"), cat("rest"), cat("after"), cat("floor"))
+        delays = None
+        if any(p.delays is not None for p in parts):
+            delays = np.concatenate(
+                [_delay_columns(p.delays, p.chunks, k) for p, k in zip(parts, n, strict=True)],
+                axis=-1,
+            )
+        numbers = (cat("microbatches"), cat("rest"), cat("after"), cat("floor"))
+        return Replay(chunks, *numbers, delays=delays)
 
     def pipeline(self) -> float:
         """The pipeline's time to the end of its last stage's reduction after it, less the
         longest such reduction (the closed form's `after`, which `step_time` adds back)."""
-        raw = pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches)
+        raw = pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches, self.delays)
         return float(_floored(raw + self.rest - self.after, self.floor))
 
     def steps(self) -> np.ndarray:
@@ -1017,13 +1036,16 @@ class Replay:
         replayed together (`pipeline_replays`)."""
         chunks = self.chunks if self.chunks.ndim == 4 else self.chunks[..., None]
         n = chunks.shape[-1]
+        delays = None if self.delays is None else _delay_columns(self.delays, chunks, n)
         numbers = (self.microbatches, self.rest, self.after, self.floor)
         m, rest, after, floor = (np.broadcast_to(x, (n,)) for x in numbers)
         raw = np.empty(n)
         # ascending, as np.unique, which would import numpy.ma (`search._distinct_values`)
         for count in sorted(set(m.tolist())):
             index = np.flatnonzero(m == count)
-            raw[index] = pipeline_replays(chunks[..., index], count)
+            raw[index] = pipeline_replays(
+                chunks[..., index], count, None if delays is None else delays[:, index]
+            )
         out: np.ndarray = _floored(raw + rest - after, floor) + after
         return out
 
@@ -1034,10 +1056,14 @@ class Replay:
         op starts at the latest end of what it waits for), and on alike chunks it is the
         closed form (m·v + p − 1)·(f + b). Loose where chunks differ (a chunk of two layers
         among chunks of one reads about twice the step), it settles the limits a layout is
-        far from (`search._breaks`)."""
+        far from (`search._breaks`). A send's wait (`delays`) delays an op by at most the
+        longest, so each op is bounded as if it took that much longer."""
         _, p, v = self.chunks.shape[:3]
         forward = self.chunks[0].max(axis=(0, 1))
         backward = self.chunks[1].max(axis=(0, 1))
+        if self.delays is not None:
+            most = self.delays.max(axis=0)
+            forward, backward = forward + most, backward + most
         return (self.microbatches * v + p - 1) * (forward + backward) + self.rest
 
     def bound(self) -> Any:
@@ -1059,6 +1085,19 @@ class Replay:
         before = np.cumsum(first, axis=0) - first
         work = forward.sum(axis=1) + backward.sum(axis=1)
         return (before + self.microbatches * work).max(axis=0) + self.rest
+
+
+def _layout_delays(delays: np.ndarray, i: int) -> np.ndarray:
+    """Layout `i`'s sends' waits (`Replay.delays`), where they are a sweep's columns."""
+    return delays[:, i].copy() if delays.ndim == 2 else delays
+
+
+def _delay_columns(delays: np.ndarray | None, chunks: np.ndarray, n: int) -> np.ndarray:
+    """`Replay.delays` as a column per layout, n of them: none waits where they are not
+    given."""
+    if delays is None:
+        return np.zeros((2 * chunks.shape[1], n))
+    return delays if delays.ndim == 2 else np.repeat(delays[:, None], n, axis=-1)
 
 
 def _floored(pipeline: Any, floor: Any) -> Any:
@@ -1085,10 +1124,30 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     rest = _tail(stages, m)
     after = _tail(stages)
     floor = m * largest([s.microbatch_s for s in stages])
-    times = np.array(np.broadcast_arrays(*(t for row in (*forward, *backward) for t in row)))
+    waits = [_send_wait(s, "forward") for s in stages] + [_send_wait(s, "backward") for s in stages]
+    cells = np.broadcast_arrays(*(t for row in (*forward, *backward) for t in row), *waits)
     p, v = len(forward), len(forward[0])
+    times = np.array(cells[: 2 * p * v])
     shaped = times.reshape((2, p, v, *times.shape[1:]))
-    return Replay(shaped, m, rest, after, floor, tuple(stages))
+    return Replay(shaped, m, rest, after, floor, tuple(stages), delays=np.array(cells[2 * p * v :]))
+
+
+def _send_wait(stage: StageTime, which: str) -> Any:
+    """How long one of `stage`'s stage sends of pass `which` keeps the receiving stage
+    waiting past the end of the op that made it: the transfer's time less what of it the
+    sender already waits for (its exposed part, in its own op's time). Overlapped (the
+    interleaved schedule under `overlap.pp`), a send is posted as its op ends and runs
+    beside the sender's next op, but the receiver's next op waits for it to arrive
+    (Megatron-Core's ``forward_backward_pipelining_with_interleaving`` waits on
+    ``recv_prev_wait_handle`` and ``recv_next_wait_handle`` before each forward and
+    backward step); exposed, the sender's op ends with it and the receiver waits no more.
+    A review (m354): the replay had let a receiver start as the sender's op ended, 72 ms a
+    step short on Nemotron-4 340B at p 8, v 12, where the rounds of p micro-batches leave
+    no slack on the edges from the last stage back to the first."""
+    phase = next((ph for ph in stage.phases if ph.name == f"pipeline.{which}"), None)
+    if phase is None:
+        return 0.0
+    return sum((t.time_s - t.exposed_s) * t.move.count for t in phase.moves)
 
 
 def _chunk_leads(
@@ -1105,6 +1164,7 @@ def pipeline_replay(
     forward: Sequence[Sequence[float]] | np.ndarray,
     backward: Sequence[Sequence[float]] | np.ndarray,
     m: int,
+    delays: Sequence[float] | np.ndarray | None = None,
 ) -> float:
     """The pipeline's makespan, replaying Megatron-LM's order op by op, where stage s runs
     model chunk c of a micro-batch forward in ``forward[s][c]`` seconds and backward in
@@ -1115,24 +1175,38 @@ def pipeline_replay(
     chunks differ it is what the closed form over stage totals misses: a large chunk paces
     every stage that waits on it. A long replay runs fewer micro-batches and adds the
     steady rounds it left out (`shortened_count`, `_extrapolated`): at p 32, v 2 and m
-    1,536 a replay of 256 (5.5 ms for the GPT-3 sweep's layout, against 49 ms)."""
+    1,536 a replay of 256 (5.5 ms for the GPT-3 sweep's layout, against 49 ms).
+
+    `delays`: how long each stage's send keeps its receiver waiting past the sending op's
+    end (`_send_wait`), the p stages' forward sends then their backward sends; an op waiting
+    on another stage's op starts no sooner than that op's end and its send's wait."""
     p, v = len(forward), len(forward[0])
     times = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
+    waits = None if delays is None else [*np.ravel(delays).tolist(), 0.0]
     short = shortened_count(p, v, m)
     if short is not None:
-        ends = np.array(_replay_ends(times, p, v, short))[:, None]
+        ends = np.array(_replay_ends(times, p, v, short, waits))[:, None]
         (step,) = _extrapolated(ends, p, v, short, m)
         if not np.isnan(step):
             return float(step)
-    return max(_replay_ends(times, p, v, m))
+    return max(_replay_ends(times, p, v, m, waits))
 
 
-def _replay_ends(times: list[float], p: int, v: int, m: int) -> list[float]:
-    """The end of every op of `pipeline_replay`, by op number (0, the step's start, ends at 0)."""
+def _replay_ends(
+    times: list[float], p: int, v: int, m: int, delays: list[float] | None = None
+) -> list[float]:
+    """The end of every op of `pipeline_replay`, by op number (0, the step's start, ends at 0);
+    `delays` the sends' waits by `replay_senders`' index (the last, none, 0)."""
     ops, before, waits, runs = (column.tolist() for column in replay_order(p, v, m))
     ends = [0.0] * (len(ops) + 1)
-    for op, a, b, t in zip(ops, before, waits, runs, strict=True):
-        after, wait = ends[a], ends[b]
+    if delays is None:
+        for op, a, b, t in zip(ops, before, waits, runs, strict=True):
+            after, wait = ends[a], ends[b]
+            ends[op] = (after if after > wait else wait) + times[t]
+        return ends
+    senders = replay_senders(p, v, m).tolist()
+    for op, a, b, t, s in zip(ops, before, waits, runs, senders, strict=True):
+        after, wait = ends[a], ends[b] + delays[s]
         ends[op] = (after if after > wait else wait) + times[t]
     return ends
 
@@ -1193,7 +1267,7 @@ def _extrapolated(ends: np.ndarray, p: int, v: int, short: int, m: int) -> np.nd
     return np.where(steady, step + (m - short) // p * shift, np.nan)
 
 
-def pipeline_replays(chunks: np.ndarray, m: int) -> np.ndarray:
+def pipeline_replays(chunks: np.ndarray, m: int, delays: np.ndarray | None = None) -> np.ndarray:
     """`pipeline_replay` of many layouts at once, bit for bit: chunk times (2, p, v, n) of n
     layouts sharing p, v and m, each shortened as it would be alone where that count is
     steady for it (`shortened_count`). Ops run a level at a time (`replay_levels`), each level's
@@ -1202,40 +1276,56 @@ def pipeline_replays(chunks: np.ndarray, m: int) -> np.ndarray:
     op is held for a batch of layouts at a time, 32 MiB at most. One layout is replayed op
     by op: finding the levels walks every op as its replay does (at p 32, v 2, m 1,536:
     76 ms to find them and 55 ms to run them, against 62 ms op by op), and a search
-    replays most of its shown layouts one at a time."""
+    replays most of its shown layouts one at a time. `delays`: the sends' waits
+    (`pipeline_replay`), (2p, n)."""
     _, p, v, n = chunks.shape
     if n == 1 or n * p < 32:  # a level costs more than the ops it runs: one by one
         return np.array(
-            [pipeline_replay(chunks[0, ..., i], chunks[1, ..., i], m) for i in range(n)]
+            [
+                pipeline_replay(
+                    chunks[0, ..., i],
+                    chunks[1, ..., i],
+                    m,
+                    None if delays is None else delays[:, i],
+                )
+                for i in range(n)
+            ]
         )
     times = chunks.reshape(2 * p * v, n)
+    waits = np.zeros((2 * p + 1, n))
+    if delays is not None:
+        waits[:-1] = delays
     short = shortened_count(p, v, m)
     out = np.full(n, np.nan)
     if short is not None:
-        for start, ends in _level_ends(times, p, v, short):
+        for start, ends in _level_ends(times, p, v, short, waits):
             out[start : start + ends.shape[1]] = _extrapolated(ends, p, v, short, m)
     whole = np.flatnonzero(np.isnan(out))  # not shortened, or not yet steady
     # (none: the levels of all m, which take as long to find as a replay, go unmade)
-    for start, ends in _level_ends(times[:, whole], p, v, m) if whole.size else ():
+    for start, ends in _level_ends(times[:, whole], p, v, m, waits[:, whole]) if whole.size else ():
         out[whole[start : start + ends.shape[1]]] = ends.max(axis=0)
     return out
 
 
-def _level_ends(times: np.ndarray, p: int, v: int, m: int) -> Iterator[tuple[int, np.ndarray]]:
+def _level_ends(
+    times: np.ndarray, p: int, v: int, m: int, delays: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
     """The end of every op (by op number) of the replays of `times`' layouts (a column
     each), a level at a time (`replay_levels`), as (first layout, ends) for a batch of
-    layouts at a time: 32 MiB of ends at most."""
+    layouts at a time: 32 MiB of ends at most. `delays`: the sends' waits by
+    `replay_senders`' index, (2p + 1, n), the last row 0."""
     levels, ops = replay_levels(p, v, m)
     batch = max(1, 2**22 // (ops + 1))
     for start in range(0, times.shape[1], batch):
         run = times[:, start : start + batch]
+        wait = delays[:, start : start + batch]
         ends = np.zeros((ops + 1, run.shape[1]))  # by op number; 0 is the step's start
-        for op, before, waits, index in levels:
-            ends[op] = np.maximum(ends[before], ends[waits]) + run[index]
+        for op, before, waits, index, sender in levels:
+            ends[op] = np.maximum(ends[before], ends[waits] + wait[sender]) + run[index]
         yield start, ends
 
 
-Level = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Level = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @lru_cache(maxsize=64)  # 100k ops take ~6 MB: a GPT-3 sweep's 41 orders, ~60 MB
@@ -1243,8 +1333,9 @@ def replay_levels(p: int, v: int, m: int) -> tuple[tuple[Level, ...], int]:
     """`replay_order`'s ops by level (an op's level is one more than the highest of what it
     waits for, the step's start being 0), each level as the four columns of its ops (views
     of one sorted copy): no op waits for another of its level, so a level runs at once.
-    And the count of ops."""
+    And the count of ops. A fifth column: whose send each op waits for (`replay_senders`)."""
     ops, before, waits, runs = replay_order(p, v, m)
+    senders = replay_senders(p, v, m)
     depth = [0] * (ops.size + 1)
     for op, a, b in zip(ops.tolist(), before.tolist(), waits.tolist(), strict=True):
         x, y = depth[a], depth[b]
@@ -1252,9 +1343,30 @@ def replay_levels(p: int, v: int, m: int) -> tuple[tuple[Level, ...], int]:
     level = np.array(depth)[ops]
     order = np.argsort(level, kind="stable")
     cuts = [0, *(np.flatnonzero(np.diff(level[order])) + 1).tolist(), ops.size]
-    op, prior, awaited, run = (x[order] for x in (ops, before, waits, runs))
-    levels = tuple((op[a:b], prior[a:b], awaited[a:b], run[a:b]) for a, b in pairwise(cuts))
+    op, prior, awaited, run, sender = (x[order] for x in (ops, before, waits, runs, senders))
+    levels = tuple(
+        (op[a:b], prior[a:b], awaited[a:b], run[a:b], sender[a:b]) for a, b in pairwise(cuts)
+    )
     return levels, int(ops.size)
+
+
+@lru_cache(maxsize=16)
+def replay_senders(p: int, v: int, m: int) -> np.ndarray:
+    """For each op of `replay_order`, in its order, whose send it waits for, as an index into
+    `pipeline_replay`'s delays: s for stage s's forward send, p + s for its backward send,
+    2p for none (an op waiting for the step's start, or the last stage's backward for its
+    own forward)."""
+    ops, _, waits, _ = replay_order(p, v, m)
+    total = m * v
+
+    def stage(op: np.ndarray) -> np.ndarray:
+        out: np.ndarray = ((op - 1) % (p * total)) // total
+        return out
+
+    sender = np.where(waits > p * total, p + stage(waits), stage(waits))
+    none = (waits == 0) | (stage(waits) == stage(ops))
+    out: np.ndarray = np.where(none, 2 * p, sender)
+    return out
 
 
 @lru_cache(maxsize=16)  # 100k ops (GPT-3 at p 16, v 4, m 768) take 3.2 MB as arrays

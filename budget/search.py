@@ -78,8 +78,10 @@ from budget.plan.resolve import (
 )
 from budget.plan.transitions import check_chains, co_sharded, pipeline_phase, shapes_differ
 from budget.schedule import (
+    PhaseTime,
     Replay,
     StageTime,
+    TimedMove,
     algorithm_of,
     cluster_peak,
     move_kind,
@@ -1485,14 +1487,29 @@ def _pick(x: Any, index: np.ndarray) -> Any:
 
 
 def _picked(stage: StageTime, index: np.ndarray) -> StageTime:
-    """`stage`'s times (arrays over a pass's layouts) at `index` alone: what a replay reads."""
+    """`stage`'s times (arrays over a pass's layouts) at `index` alone: what a replay reads,
+    of its moves its stage sends' (`schedule._send_wait`)."""
+
+    def sends(p: PhaseTime) -> tuple[TimedMove, ...]:
+        if not p.name.startswith("pipeline."):
+            return ()
+        return tuple(
+            replace(
+                t,
+                move=replace(t.move, count=_pick(t.move.count, index)),
+                time_s=_pick(t.time_s, index),
+                exposed_s=_pick(t.exposed_s, index),
+            )
+            for t in p.moves
+        )
+
     phases = tuple(
         replace(
             p,
             count=_pick(p.count, index),
             compute_s=_pick(p.compute_s, index),
             exposed_s=_pick(p.exposed_s, index),
-            moves=(),
+            moves=sends(p),
         )
         for p in stage.phases
     )
