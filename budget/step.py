@@ -3977,7 +3977,8 @@ def _step_temporary(b: _StageBuilder, shard: Any) -> list[Alloc]:
     place).
 
     The for-loop kernel (``_single_tensor_adam``, Composer's ``DecoupledAdamW``) makes them
-    a tensor at a time, for the largest tensor it steps (`_largest_stepped`): Adam's
+    a tensor at a time, for the largest tensor it steps (`_largest_stepped`; DeepSpeed hands
+    the optimizer its flat partition, one tensor, or ZeRO-3's sub-group: review m356): Adam's
     ``(exp_avg_sq.sqrt() / bias_correction2_sqrt)`` holds the square root and the quotient
     at once, two tensors; SGD's ``d_p.add(param, alpha=weight_decay)`` one."""
     plan = b.plan
@@ -4001,16 +4002,20 @@ def _step_temporary(b: _StageBuilder, shard: Any) -> list[Alloc]:
         ]
     name += ", and its quotient" if prec.optimizer == "adam" else ""
     count = 2 if prec.optimizer == "adam" else 1
-    one = _largest_stepped(b) * DTYPE_BYTES[dtype]
+    flat = holds(deepspeed_buffered(plan))
+    one = vwhere(flat, _stepped_at_once(plan, shard), _largest_stepped(b)) * DTYPE_BYTES[dtype]
     return [Alloc(f"{name} (for-loop, its largest tensor)", "transient", one, count)]
 
 
 def _largest_stepped(b: _StageBuilder) -> Any:
     """The elements of the largest tensor a rank's optimizer steps: under ZeRO its shard of
     the tensor (each rank steps its range of every parameter: Megatron-LM's distributed
-    optimizer, DeepSpeed, FSDP2's per-parameter DTensors), where the tensors are the
-    parameters, the largest of a layer's weights (`flops.gemm`'s dims, an expert's own) and
-    a vocabulary table on a stage that holds one (`vocab_params`); under PyTorch's
+    optimizer, FSDP2's per-parameter DTensors; not DeepSpeed, which steps one flat
+    partition, `_step_temporary`), where the tensors are the
+    parameters, the largest of a layer's weights (`flops.gemm`'s dims, an expert's own; a
+    gated MLP's fc1 counted whole, as Megatron-Core fuses it, an upper bound where a stack
+    keeps the gate apart) and a vocabulary table on a stage that holds one (`vocab_params`);
+    under PyTorch's
     FullyShardedDataParallel (``parallel.fsdp`` 1) they are its flat parameters, one a unit
     (a layer, or a block, `Parallel.fsdp_unit`) and one for the root's, which holds the
     vocabulary tables (and the final norm, a hidden's width, left out)."""

@@ -1300,6 +1300,34 @@ def test_a_for_loop_optimizer_holds_two_temporaries_of_its_largest_tensor(tmp_pa
     assert problem.path == "$.precision.optimizer_kernel"
 
 
+def test_deepspeed_hands_a_for_loop_optimizer_its_flat_partition(tmp_path):
+    """DeepSpeed gives the torch optimizer one flat tensor, the rank's fp32 partition
+    (ZeRO 1 and 2: ``param_group['params'] = [self.single_partition_of_fp32_groups[i]]``,
+    stage_1_and_2.py; ZeRO 3 a sub-group of it, ``fp32_partitioned_groups_flat``), so a
+    for-loop Adam's two temporaries are as large as that tensor, not a weight's share (a
+    review, m356: an eighth of the vocabulary table was priced). GPT 1.3B over 8 GPUs at
+    ZeRO 2 with a 5e8 bucket: a partition of ⌈1,315,819,520 / 8⌉ = 164,477,440 elements,
+    the size its gradients' fp32 copy holds, so 2 x 4 x 164,477,440 = 1,315,819,520 B."""
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    edits = [
+        ("grads: fp32", "grads: bf16"),
+        ("optimizer: adam", "optimizer: adam\n  optimizer_kernel: for-loop"),
+        ("zero: 1", "zero: 2\n  reduce_bucket: 500000000"),
+    ]
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "deepspeed.yaml"
+    path.write_text(text, encoding="utf-8")
+    (stage,) = derive(load_plan(path)).stages
+    (phase,) = [p for p in stage.phases if p.name == "optimizer"]
+    held = {a.name: a.total for a in phase.instants[-1].live}
+    partition = -(-1_315_819_520 // 8)
+    assert held["gradients upcast to fp32 for the step"] == 4 * partition
+    name = "square root of Adam's second moment, and its quotient (for-loop, its largest tensor)"
+    assert held[name] == 2 * 4 * partition == 1_315_819_520
+
+
 def test_fsdp1_steps_a_flat_parameter_at_a_time_under_the_for_loop_kernel():
     """Under FullyShardedDataParallel (``parallel.fsdp`` 1) the optimizer steps its flat
     parameters, one a unit, so a for-loop kernel's largest tensor is the largest unit's
