@@ -1129,7 +1129,10 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     p, v = len(forward), len(forward[0])
     times = np.array(cells[: 2 * p * v])
     shaped = times.reshape((2, p, v, *times.shape[1:]))
-    return Replay(shaped, m, rest, after, floor, tuple(stages), delays=np.array(cells[2 * p * v :]))
+    delays = np.array(cells[2 * p * v :])
+    # none waits where every send is exposed (its sender's op holds it): the plain replay
+    kept = delays if delays.any() else None
+    return Replay(shaped, m, rest, after, floor, tuple(stages), delays=kept)
 
 
 def _send_wait(stage: StageTime, which: str) -> Any:

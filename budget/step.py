@@ -661,8 +661,9 @@ def _pipeline_overlap(plan: Plan, move: Move) -> Move:
         move,
         window,
         "pp",
-        "pp send/recv: exposed unless overlap.pp hides it behind another chunk "
-        "(interleaved schedule)",
+        "pp send/recv: exposed unless overlap.pp hides it from its sender behind another "
+        "chunk (interleaved schedule); the receiving stage still waits for it to arrive, "
+        "in the bubble",
         1 / plan.parallel.pipeline.virtual_stages,
     )
 
