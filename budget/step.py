@@ -4009,17 +4009,18 @@ def _step_temporary(b: _StageBuilder, shard: Any) -> list[Alloc]:
 
 
 def _largest_stepped(b: _StageBuilder) -> Any:
-    """The elements of the largest tensor a rank's optimizer steps: under ZeRO its shard of
+    """The elements of the largest tensor a rank's optimizer steps, under ZeRO its shard of
     the tensor (each rank steps its range of every parameter: Megatron-LM's distributed
     optimizer, FSDP2's per-parameter DTensors; not DeepSpeed, which steps one flat
-    partition, `_step_temporary`), where the tensors are the
-    parameters, the largest of a layer's weights (`flops.gemm`'s dims, an expert's own; a
-    gated MLP's fc1 counted whole, as Megatron-Core fuses it, an upper bound where a stack
-    keeps the gate apart) and a vocabulary table on a stage that holds one (`vocab_params`);
-    under PyTorch's
-    FullyShardedDataParallel (``parallel.fsdp`` 1) they are its flat parameters, one a unit
-    (a layer, or a block, `Parallel.fsdp_unit`) and one for the root's, which holds the
-    vocabulary tables (and the final norm, a hidden's width, left out)."""
+    partition, `_step_temporary`).
+
+    The tensors are the parameters: the largest of a layer's weights (`flops.gemm`'s dims,
+    an expert's own; a gated MLP's fc1 counted whole, as Megatron-Core fuses it, an upper
+    bound where a stack keeps the gate apart) and a vocabulary table on a stage that holds
+    one (`vocab_params`). Under PyTorch's FullyShardedDataParallel (``parallel.fsdp`` 1)
+    they are its flat parameters, one a unit (a layer, or a block, `Parallel.fsdp_unit`)
+    and the root's, which holds the vocabulary tables (and the final norm, a hidden's
+    width, left out)."""
     plan, par = b.plan, b.plan.parallel
     layer, s = b.layer, b.shapes
     dims = [
