@@ -993,11 +993,8 @@ class Replay:
             chunks = chunks[..., index]
         delays = self.delays
         if delays is not None:
-            delays = (
-                delays[:, index]
-                if delays.ndim == 2
-                else np.repeat(delays[:, None], len(index), axis=-1)
-            )
+            picked = delays.ndim == 2
+            delays = delays[:, index] if picked else _delay_columns(delays, chunks, len(index))
         numbers = (at(self.microbatches), at(self.rest), at(self.after), at(self.floor))
         return Replay(chunks, *numbers, delays=delays)
 
@@ -1202,7 +1199,7 @@ def _replay_ends(
     `delays` the sends' waits by `replay_senders`' index (the last, none, 0)."""
     ops, before, waits, runs = (column.tolist() for column in replay_order(p, v, m))
     ends = [0.0] * (len(ops) + 1)
-    if delays is None:
+    if delays is None:  # every send exposed (`replay_of`): no wait to look up per op
         for op, a, b, t in zip(ops, before, waits, runs, strict=True):
             after, wait = ends[a], ends[b]
             ends[op] = (after if after > wait else wait) + times[t]
