@@ -340,7 +340,12 @@ def _mpt_run(
     Layout (the table's columns): FULL_SHARD FSDP over the 8 GPUs (ZeRO 3, tp = pp = 1;
     Composer 0.16 wraps the model in PyTorch's FullyShardedDataParallel, ``fsdp: 1``),
     micro-batch and global batch as listed (grad accumulation = global / (micro × 8)),
-    activation checkpointing → full recompute. FSDP's units are whole layers: llm-foundry's
+    activation checkpointing → full recompute, stopping early: the yamls that checkpoint
+    (mpt-30b.yaml) set ``activation_checkpointing_reentrant: false``, so Composer wraps each
+    block in FSDP's ``checkpoint_wrapper`` with ``CheckpointImpl.NO_REENTRANT``, whose
+    recompute stops before fc2 (``recompute_early_stop``, `step.early_stop`; until an audit
+    of the rows' kernels, m359, read it, the 30B's recompute ran fc2 again, 3.5 s a step on
+    the H100). FSDP's units are whole layers: llm-foundry's
     ``MPTForCausalLM.fsdp_wrap_fn`` wraps each ``MPTBlock`` (``fsdp_unit: layer``; until
     plans could say so, the rows were priced a block at a time). FSDP prefetches the next
     unit's all-gather and reduce-scatters each unit's gradients during the backward (Zhao
@@ -402,6 +407,7 @@ def _mpt_run(
         },
         "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3, "fsdp": 1, "fsdp_unit": "layer"},
         "recompute": "full" if checkpointing else "none",
+        **({"recompute_early_stop": True} if checkpointing else {}),
         "overlap": {"dp_grads": True, "param_gather": True},
         "device": {"preset": "a100-80gb" if a100 else "h100-sxm"},
         "topology": {"preset": "dgx-a100" if a100 else "dgx-h100", "nodes": 1},

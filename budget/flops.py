@@ -277,6 +277,10 @@ def norm_kernel(plan: Plan, name: str, nbytes: Any) -> Work:
     )
 
 
+RESIDUAL_ADD = "residual add and dropout"
+MLP_FC2 = "MLP fc2"
+
+
 def residual_add(plan: Plan, s: Shapes) -> Work:
     """The residual add after a block over its [tokens, hidden] activation (the sequence-
     parallel shard where tp splits it), two reads and a write, with dropout's 1-byte mask
@@ -291,9 +295,7 @@ def residual_add(plan: Plan, s: Shapes) -> Work:
     mask = size // s.act if plan.model.dropout else 0
     forward = 3 * size + mask
     backward = 3 * size + (2 * size + mask if plan.model.dropout else 0)
-    return replace(
-        elementwise("residual add and dropout", forward), backward=ratio(backward, forward)
-    )
+    return replace(elementwise(RESIDUAL_ADD, forward), backward=ratio(backward, forward))
 
 
 def attention_core(plan: Plan, s: Shapes) -> list[Work]:
@@ -844,7 +846,7 @@ def mlp_forward(plan: Plan, s: Shapes) -> list[Work]:
         gemm("MLP fc1", s.tokens, s.hidden, gate * s.ffn_cols, e),
         *activation(plan, s.act * s.tokens * s.ffn_cols),
         *fp8_input_casts(plan, s, "mlp"),
-        gemm("MLP fc2", s.tokens, s.ffn_cols, s.hidden, e),
+        gemm(MLP_FC2, s.tokens, s.ffn_cols, s.hidden, e),
         *post_norm(plan, s, "MLP"),
         residual_add(plan, s),
     ]

@@ -373,6 +373,7 @@ def build_report(plan: Plan) -> Report:
         # stage sends split over tp and gathered on arrival (in effect only without SP)
         "scatter_gather": par.pipeline.scatter_gather,
         "recompute": plan.recompute,
+        "recompute_early_stop": plan.recompute_early_stop if plan.mode == "train" else None,
         "loss": plan.loss if plan.mode == "train" else None,
         "seq": plan.batch.seq,
         "micro": plan.batch.micro,

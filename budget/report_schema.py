@@ -90,7 +90,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # for a serving plan
 # 1.25: ``layout.loss`` may be ``pytorch-gathered``, PyTorch's cross-entropy on logits
 # all-gathered over tp (loss parallelism off)
-SCHEMA_VERSION = "1.25"
+# 1.26: the report's ``layout.recompute_early_stop``, whether the full recompute stops once
+# the backward's tensors are made again (PyTorch's non-reentrant checkpoint), null for a
+# serving plan
+SCHEMA_VERSION = "1.26"
 
 Kind = Literal[
     "report",

@@ -1186,7 +1186,9 @@ def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:
     attention core under selective recompute), then its input and weight gradients."""
     plan = kernels.plan
     work = kernels.forward(block, s)
-    redo = when([w.scaled(1, f"{w.name} (recomputed)") for w in work], plan.recompute == "full")
+    skipped = early_stop(plan, block)
+    again = [w.scaled(1, f"{w.name} (recomputed)") for w in work if w.name not in skipped]
+    redo = when(again, plan.recompute == "full")
     if block == "attention":
         core = flops.attention_core(plan, s)
         redo += when(
@@ -1195,6 +1197,43 @@ def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:
         )
     joined = flops.qkv_gradients_joined(plan, s) if block == "attention" else []
     return redo + flops.backward_of(work) + joined + flops.fp8_gradient_casts(plan, s, block)
+
+
+def early_stop(plan: Plan, block: str) -> frozenset[str]:
+    """The forward kernels of `block` that a full recompute stopping early does not run
+    again (``recompute_early_stop``: PyTorch's non-reentrant checkpoint, whose saved-tensor
+    hook stops the recompute once every tensor the original forward saved is made again,
+    ``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default from PyTorch 2.1).
+
+    A layer is checkpointed whole, so its MLP (or MoE) block ends the recompute. fc2 calls
+    ATen's linear, whose autograd node records its saved input and weight before the GEMM
+    runs (``VariableType``'s generated code saves inputs before it redispatches), and that
+    input, the activation's output, is already made; the residual add saves nothing. So
+    neither runs again, nor, under tp, fc2's output collective (`_mlp_again`), unless
+    something after fc2 saves what it makes: dropout's mask (``model.dropout``; the engine
+    fuses it with the add, so the block runs again whole) or a post-norm's input
+    (``model.sandwich_norm``: the add alone is skipped). An fp8 GEMM is a
+    ``torch.autograd.Function`` (Transformer Engine's modules, torchao's ``Float8Linear``),
+    whose ``save_for_backward`` is packed once its forward has returned, after the GEMM: the
+    add alone is skipped. An MoE block's combine saves the experts' outputs, so there the
+    add alone is skipped too. An audit (m359) logged the ops
+    PyTorch dispatches in the recompute of an MPT-shaped block under FSDP's
+    ``checkpoint_wrapper`` (non-reentrant): no ``addmm`` for fc2, where the reentrant
+    checkpoint runs it."""
+    if not plan.recompute_early_stop or plan.model.dropout or block == "attention":
+        return frozenset()
+    if block == "mlp" and not plan.model.sandwich_norm and plan.precision.matmul != "fp8":
+        return frozenset({flops.MLP_FC2, flops.RESIDUAL_ADD})
+    return frozenset({flops.RESIDUAL_ADD})
+
+
+def _mlp_again(plan: Plan, s: Shapes) -> list[Move]:
+    """The MLP block's tensor-parallel moves that its full recompute runs again (`_again`):
+    all of its forward's, less fc2's output all-reduce or reduce-scatter where the recompute
+    stops before fc2 (`early_stop`)."""
+    row = "" if flops.MLP_FC2 in early_stop(plan, "mlp") else flops.MLP_FC2
+    moves = _tp_moves(plan, s, "MLP", False, "MLP fc1", flops.MLP_FC2)
+    return _again([m for m in moves if row or m.name != "MLP output"])
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
@@ -3137,10 +3176,7 @@ def _backward(b: _StageBuilder) -> None:
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
         fc1_again = _gathered(plan, s, "fc1 input (re-gathered for weight grad)", for_wgrad=True)
         regather = when([fc1_again], sp)
-        again = when(
-            _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", "MLP fc2")),
-            full,
-        )
+        again = when(_mlp_again(plan, s), full)
         mlp_instants = [
             Instant(
                 "fc2 gradients",

@@ -736,6 +736,9 @@ class Plan:
     device: Device
     topology: Topology
     recompute: Recompute = "none"
+    # PyTorch's non-reentrant checkpoint, which stops a full recompute once every tensor the
+    # backward reads is made again (`step.early_stop`); false: the whole layer runs again
+    recompute_early_stop: bool = False
     loss: Loss = "megatron"
     overlap: Overlap = field(default_factory=Overlap)
     transitions: tuple[Transition, ...] = ()

@@ -103,6 +103,7 @@ _TRAIN_KEYS = ("seq", "micro", "global")
 # and stage sends), with the values that say what serving does anyway
 TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "recompute": ("none",),
+    "recompute_early_stop": (False,),
     "loss": (),
     "parallel.zero": (0,),
     "parallel.fsdp": (),
@@ -1474,6 +1475,20 @@ def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool, recompu
         )
 
 
+def _check_early_stop(r: _Resolver, tree: Tree) -> None:
+    """``recompute_early_stop`` says how a full recompute ends (`step.early_stop`): there
+    is none to stop under selective recompute or none."""
+    if not tree.get("recompute_early_stop"):
+        return
+    recompute = tree.get("recompute", "none")
+    if recompute != "full":
+        r.error(
+            "$.recompute_early_stop",
+            f"recompute_early_stop stops a full recompute early, and this plan's recompute is "
+            f"{recompute}; set recompute: full, or remove recompute_early_stop",
+        )
+
+
 def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel) -> None:
     """DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (``PipelineEngine.__init__``:
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
@@ -2407,6 +2422,8 @@ def resolve(
         _check_zero_gather(r, precision, par, model)
         _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par)
+        if mode == "train":
+            _check_early_stop(r, tree)
         if in_place_reduce_mismatch(par.zero, precision):
             r.error(
                 "$.precision.grad_reduce",
@@ -2513,6 +2530,7 @@ def resolve(
         device=device,
         topology=topology,
         recompute=tree.get("recompute", "none"),
+        recompute_early_stop=bool(tree.get("recompute_early_stop", False)),
         loss=tree.get("loss", "megatron"),
         overlap=Overlap(
             **{k: bool(v) for k, v in overlap.items() if k not in ("slowdown", "tp_comm_sms")},

@@ -90,6 +90,8 @@ def layout_yaml(
     parallel["pipeline"] = pipeline
     tree.setdefault("batch", {})["micro"] = layout["micro"]
     tree["recompute"] = layout["recompute"]
+    if layout["recompute"] != "full":  # only a full recompute stops early (a plan refuses it)
+        tree.pop("recompute_early_stop", None)
     topology = tree.setdefault("topology", {})
     # a preset counts nodes of its own servers' size, whatever levels the plan overrides;
     # a count that is not whole nodes (4 GPUs of a DGX) is written in GPUs

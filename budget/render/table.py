@@ -97,7 +97,8 @@ def header(report: Report) -> list[str]:
         extras.append("sequence parallel")
     elif lay.get("scatter_gather") and lay["tp"] > 1 and lay["pp"] > 1:
         extras.append("scatter/gather stage sends")
-    extras.append(f"recompute: {lay['recompute']}")
+    stops = " (non-reentrant, stopping early)" if lay.get("recompute_early_stop") else ""
+    extras.append(f"recompute: {lay['recompute']}{stops}")
     if lay.get("loss") in ("pytorch", "pytorch-gathered"):
         kind = " (loss_parallel)" if lay["loss"] == "pytorch" else " (logits gathered)"
         extras.append("loss: PyTorch's cross-entropy" + (kind if lay["tp"] > 1 else ""))
