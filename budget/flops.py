@@ -689,6 +689,7 @@ def rotary(plan: Plan, s: Shapes) -> list[Work]:
 
 
 QUERY_COPY = "query copied out of the grouped QKV layout"
+VALUE_COPY = "value made contiguous for Transformer Engine's attention"
 QKV_JOINED = "Q, K and V gradients concatenated"
 
 
@@ -715,6 +716,32 @@ def query_copy(plan: Plan, s: Shapes) -> list[Work]:
         return []
     nbytes = vwhere(copies, 2 * s.act * s.tokens * s.q_cols, 0)
     return [replace(elementwise(QUERY_COPY, nbytes), backward=0.0)]
+
+
+def value_copy(plan: Plan, s: Shapes) -> list[Work]:
+    """V copied before Transformer Engine's fused attention in training under Megatron-Core,
+    where rotary embeddings or Q/K norms wrote Q and K anew (TE's fused RoPE returns fresh
+    tensors: ``fused_rope_forward`` allocates its output). V is still a view of the QKV
+    GEMM's output, strided by a group's whole width (`query_copy`), beside two tensors of
+    their own, a layout ``get_qkv_layout`` (``transformer_engine/pytorch/attention``) does
+    not support, so ``DotProductAttention`` makes all three contiguous: Q and K already are,
+    V is copied, a read and a write of the rank's [tokens, kv_heads · head_dim]. Its
+    backward passes the gradient on. Where nothing rewrites K, Q and K and V stay views of
+    one buffer in a layout TE takes (``sbh3d``, ``sbhd_sbh2d``), and no copy is made. Not
+    under PyTorch FSDP's stacks (their own projections), eager attention (Megatron-Core's
+    own batched GEMMs) or llm-foundry's Triton kernel. An audit (m358) read it on
+    Nemotron-4 15B: 8.4 MB a layer pass, 1.15 ms a step."""
+    m = plan.model
+    fused = m.attention in ("flash", "flash2", "flash3", "cudnn")
+    if plan.mode != "train" or m.mla is not None or not fused:
+        return []
+    if m.position != "rope" and m.qk_norm == "none":
+        return []
+    copies = lacks(fsdp_mixed(plan))
+    if every(lacks(copies)):
+        return []
+    nbytes = vwhere(copies, 2 * s.act * s.tokens * s.v_cols, 0)
+    return [replace(elementwise(VALUE_COPY, nbytes), backward=0.0)]
 
 
 def qkv_gradients_joined(plan: Plan, s: Shapes) -> list[Work]:
@@ -817,6 +844,7 @@ def attention_forward(plan: Plan, s: Shapes) -> list[Work]:
         *query_copy(plan, s),
         *qk_norms(plan, s),
         *rotary(plan, s),
+        *value_copy(plan, s),
         *attention_core(plan, s),
         *fp8_input_casts(plan, s, "attention"),
         gemm("attention output projection", s.tokens, s.out_cols, h, e),
@@ -1509,14 +1537,74 @@ def embedding_work(plan: Plan, s: Shapes) -> list[Work]:
     rows' gradient (autograd's reduction of the broadcast): a read of [tokens, hidden] and
     a write of [seq / cp, hidden] (`Work.backward`, not `backward_of`'s two passes). The
     lookup of the position rows themselves, seq / cp of them, is left out (Megatron-LM's
-    position ids, [b, s], look one up for every token)."""
+    position ids, [b, s], look one up for every token).
+
+    In training, what follows the lookup (`embedding_output`): the vocabulary shards' zeroed
+    rows, the sequence-parallel clone and dropout."""
     lookup = elementwise("embedding lookup", 2 * s.act * s.tokens * s.hidden)
+    after = embedding_output(plan, s)
     if plan.model.position != "learned":
-        return [lookup]
+        return [lookup, *after]
     rows = s.tokens // s.micro  # positions of one sequence on this rank
     forward = s.act * (2 * s.tokens + rows) * s.hidden
     backward = s.act * (s.tokens + rows) * s.hidden
-    return [lookup, replace(elementwise(POSITION_ADD, forward), backward=backward / forward)]
+    added = replace(elementwise(POSITION_ADD, forward), backward=backward / forward)
+    return [lookup, added, *after]
+
+
+EMBEDDING_MASKED = "embedding rows of other vocabulary shards zeroed"
+EMBEDDING_CLONE = "embedding output cloned (sequence parallel)"
+EMBEDDING_TRANSPOSE = "embedding output transposed to [s, b, h]"
+EMBEDDING_DROPOUT = "embedding dropout"
+
+
+def embedding_output(plan: Plan, s: Shapes) -> list[Work]:
+    """The kernels between a training step's embedding lookup and the first layer, as
+    Megatron-Core runs them (two audits, m358 and m360, read them on Nemotron-4 15B and
+    GPT-3):
+
+    - over tp > 1, ``VocabParallelEmbedding.forward`` zeroes the rows of the tokens another
+      rank's vocabulary shard holds (``output_parallel[input_mask, :] = 0.0``): a write of
+      (tp − 1) / tp of [tokens, hidden]. Its backward is ``index_put``'s (PyTorch's
+      derivatives.yaml: ``grad.index_put(indices, zeros_like(values))``), a copy of the
+      incoming gradient and the same rows zeroed again: 2 + (tp − 1) / tp passes.
+      Not under PyTorch FSDP's stacks, whose embedding is not split by vocabulary.
+    - under sequence parallelism ``LanguageModelEmbedding.forward`` clones the scattered
+      output (``clone_scatter_output_in_embedding``, on by default), a read and a write of
+      [tokens / tp, hidden], whose backward passes the gradient on;
+    - above one sequence a micro-batch, the lookup's [b, s, h] output made [s, b, h]
+      (``transpose(0, 1).contiguous()``, in ``VocabParallelEmbedding`` before the
+      reduce-scatter or in ``LanguageModelEmbedding`` after the all-reduce): a read and a
+      write of [tokens, hidden]; its backward hands the lookup's backward a transposed
+      gradient, which ``embedding_dense_backward_cuda`` copies (``grad_.contiguous()``), as
+      much again. At one sequence the swapped dimension has size one, and ``contiguous``
+      copies nothing. Not under PyTorch FSDP's stacks, which keep [b, s, h];
+    - with dropout (``model.dropout``) the embedding's dropout over that output: a read, a
+      write and the 1-byte mask, and as much in its backward. At p = 0 ``F.dropout`` returns
+      its input, no kernel."""
+    if plan.mode != "train":
+        return []
+    par = plan.parallel
+    full, shard = s.act * s.tokens * s.hidden, s.act * s.tokens_sp * s.hidden
+    megatron = lacks(fsdp_mixed(plan))
+    works = []
+    if not every(lacks((par.tp > 1) & megatron)):
+        nbytes = vwhere((par.tp > 1) & megatron, full * (par.tp - 1) // par.tp, 0)
+        masked = elementwise(EMBEDDING_MASKED, nbytes)
+        back = ratio(2 * full + nbytes, nbytes)  # 0 where nothing was zeroed
+        works.append(replace(masked, backward=back, backward_launches=2.0))
+    transposed = (s.micro > 1) & megatron
+    if not every(lacks(transposed)):
+        copy = elementwise(EMBEDDING_TRANSPOSE, vwhere(transposed, 2 * full, 0))
+        works.append(replace(copy, backward=1.0))
+    cloned = holds(par.sequence_parallel) & (par.tp > 1) & megatron
+    if not every(lacks(cloned)):
+        clone = elementwise(EMBEDDING_CLONE, vwhere(cloned, 2 * shard, 0))
+        works.append(replace(clone, backward=0.0))
+    if plan.model.dropout:
+        dropout = elementwise(EMBEDDING_DROPOUT, 2 * shard + shard // s.act)
+        works.append(replace(dropout, backward=1.0))
+    return works
 
 
 EMBEDDING_GRADIENT = "embedding gradient, dense: zeroed, then read"

@@ -1212,12 +1212,14 @@ def early_stop(plan: Plan, block: str) -> frozenset[str]:
     neither runs again, nor, under tp, fc2's output collective (`_mlp_again`), unless
     something after fc2 saves what it makes: dropout's mask (``model.dropout``; the engine
     fuses it with the add, so the block runs again whole) or a post-norm's input
-    (``model.sandwich_norm``: the add alone is skipped). An fp8 GEMM is a
-    ``torch.autograd.Function`` (Transformer Engine's modules, torchao's ``Float8Linear``),
-    whose ``save_for_backward`` is packed once its forward has returned, after the GEMM: the
-    add alone is skipped. An MoE block's combine saves the experts' outputs, so there the
-    add alone is skipped too. An audit (m359) logged the ops
-    PyTorch dispatches in the recompute of an MPT-shaped block under FSDP's
+    (``model.sandwich_norm``: the add alone is skipped). An fp8 GEMM is Transformer Engine's
+    module (`flops.te_fp8`), a ``torch.autograd.Function`` whose ``save_for_backward`` is
+    packed once its forward has returned, after the GEMM and the reduce-scatter or
+    all-reduce its forward runs inside (``_Linear.forward``): those run again, the add alone
+    is skipped. (torchao's ``Float8Linear`` would differ: its tp collective runs in a module
+    hook, which the stopped recompute never reaches; a review, m361.) An MoE block's combine
+    saves the experts' outputs, so there the add alone is skipped too. An audit (m359)
+    logged the ops PyTorch dispatches in the recompute of an MPT-shaped block under FSDP's
     ``checkpoint_wrapper`` (non-reentrant): no ``addmm`` for fc2, where the reentrant
     checkpoint runs it."""
     if not plan.recompute_early_stop or plan.model.dropout or block == "attention":
@@ -2884,8 +2886,9 @@ def _loss(b: _StageBuilder) -> None:
     if mtp:
         forward = flops.mtp_forward(plan, s)
         # full recompute checkpoints the module from its norms to its final norm
-        # (Megatron-Core's `_checkpointed_forward`): the norms and projection run again
-        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in forward[1:]]
+        # (Megatron-Core's `_checkpointed_forward`): the norms and projection run again, not
+        # the embedding's kernels before them (`flops.mtp_forward` ends with those two)
+        redo = [w.scaled(1, f"{w.name} (recomputed)") for w in forward[-2:]]
         # the output layer, the embedding lookup and the projection with its norms each
         # add a gradient into the main gradients; under FSDP the first two are another use
         # of the main head's and the embedding's parameters, summed into their gradients

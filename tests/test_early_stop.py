@@ -130,7 +130,7 @@ def test_a_plan_without_full_recompute_is_refused(tmp_path: Path, recompute: str
 
 
 def test_an_fp8_gemm_saves_after_it_multiplies(tmp_path: Path) -> None:
-    """Transformer Engine's modules and torchao's Float8Linear are autograd Functions, whose
+    """Transformer Engine's modules, which run fp8 GEMMs here, are autograd Functions whose
     saved tensors are packed once the GEMM has run: only the residual add is skipped."""
     path = variant(
         tmp_path,

@@ -839,6 +839,72 @@ def test_the_qkv_gradients_are_joined_only_where_they_come_apart():
     assert not [w for w in flops.attention_forward(fsdp, s) if w.name == flops.QUERY_COPY]
 
 
+def test_v_is_copied_for_te_where_rotary_rewrote_q_and_k():
+    """Transformer Engine takes no layout of a fresh Q and K beside V still a strided view of
+    the QKV output, and copies V (an audit, m358). Nemotron-4 15B at tp 4 (8 key/value heads,
+    2 a rank, micro 4 × 4,096 tokens): 2 × 2 × 16,384 × 256 = 16,777,216 B a layer pass, no
+    backward. GPT-3 (learned positions) keeps three views TE takes; FSDP's torchtitan Llama
+    projects V by a GEMM of its own; eager attention is Megatron-Core's own GEMMs."""
+    from dataclasses import replace
+
+    from budget.accuracy import RUNS, plan_of
+    from tests.plan_files import ROOT
+
+    (run,) = [r for r in RUNS if r.name == "Nemotron-4 15B, 16 GPUs"]
+    plan = plan_of(run)
+    s = shapes(plan)
+    assert (s.tokens, s.v_cols) == (16384, 256)
+    works = flops.attention_forward(plan, s)
+    names = [w.name for w in works]
+    assert names.index(flops.VALUE_COPY) == names.index("rotary embedding of Q and K") + 1
+    (copy,) = [w for w in works if w.name == flops.VALUE_COPY]
+    assert copy.bytes == 2 * 2 * 16384 * 256 == 16_777_216
+    assert [w.bytes for w in flops.backward_of([copy])] == [0]
+    eager = replace(plan, model=replace(plan.model, attention="eager"))
+    gpt3 = load_plan(PLAN)
+    fsdp = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    for other in (eager, gpt3, fsdp):
+        assert not flops.value_copy(other, shapes(other)), other.name
+
+
+def test_megatron_cores_embedding_output_passes():
+    """What follows the lookup (two audits, m358 and m360). Nemotron-4 15B (tp 4, sequence
+    parallel, micro 4 × 4,096 tokens, hidden 6,144; [tokens, hidden] bf16 is 201,326,592 B):
+    the other shards' rows zeroed, 3/4 of it, and in the backward index_put's copy of the
+    gradient and the rows again (2 × 201,326,592 + 150,994,944); the [b, s, h] → [s, b, h]
+    copy, and in the backward the lookup's copy of the transposed gradient; the sequence-
+    parallel clone of a quarter. GPT-3 on NeMo (micro 1: no transpose; dropout 0.1): the
+    dropout over its 512 × 12,288 shard, a read, a write and the 1-byte mask. torchtitan's
+    Llama under FSDP (tp 1) and a serving plan: nothing."""
+    from budget.accuracy import RUNS, plan_of
+    from tests.plan_files import ROOT
+
+    def passes(name: str) -> dict[str, tuple[int, int]]:
+        (run,) = [r for r in RUNS if r.name == name]
+        plan = plan_of(run)
+        works = flops.embedding_output(plan, shapes(plan))
+        back = flops.backward_of(works)
+        return {w.name: (int(w.bytes), int(b.bytes)) for w, b in zip(works, back, strict=True)}
+
+    full = 2 * 16384 * 6144
+    assert full == 201_326_592
+    assert passes("Nemotron-4 15B, 16 GPUs") == {
+        flops.EMBEDDING_MASKED: (150_994_944, 2 * full + 150_994_944),
+        flops.EMBEDDING_TRANSPOSE: (2 * full, 2 * full),
+        flops.EMBEDDING_CLONE: (2 * full // 4, 0),
+    }
+    shard = 512 * 12288
+    assert passes("GPT-3 175B, 128 GPUs") == {
+        flops.EMBEDDING_MASKED: (3 * 2 * 2048 * 12288 // 4, 2 * 2 * 2048 * 12288 + 37_748_736),
+        flops.EMBEDDING_CLONE: (2 * 2 * shard, 0),
+        flops.EMBEDDING_DROPOUT: (5 * shard, 5 * shard),
+    }
+    fsdp = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
+    decode = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    for plan in (fsdp, decode):
+        assert not flops.embedding_output(plan, shapes(plan)), plan.name
+
+
 def test_the_embedding_gradient_is_a_dense_table_zeroed_then_read():
     """PyTorch's embedding backward writes the whole table's gradient, zero-filled first,
     and Megatron-Core's hook reads it again to add it into the main gradient: two passes of

@@ -153,9 +153,11 @@ def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) 
     """V3, tp 8 with sequence parallelism and full recompute, 4096 tokens (512 per rank
     along the sequence), 2-byte activations, hidden 7168, vocab 129280 / 8 = 16160 a rank:
 
-    - the next tokens' lookup writes and reads 2 x 2 x 4096 x 7168 B; the two norms 2 x 2
-      x 2 x 512 x 7168 B; the projection 2 x 4096 x 14336 x 896 FLOPs; full recompute runs
-      the norms and the projection again, and each has a backward;
+    - the next tokens' lookup writes and reads 2 x 2 x 4096 x 7168 B, the other vocabulary
+      shards' rows zeroed (7/8 of 2 x 4096 x 7168 B) and the sequence-parallel clone (2 x 2
+      x 512 x 7168 B), `flops.embedding_output`; the two norms 2 x 2 x 2 x 512 x 7168 B; the
+      projection 2 x 4096 x 14336 x 896 FLOPs; full recompute runs the norms and the
+      projection again (not the embedding's kernels), and each has a backward;
     - the output layer and cross-entropy repeat the main head's kernels;
     - gradients added into fp32 main gradients: the output layer and the embedding, 2 x
       16160 x 7168, and the projection and norms, 7168 x 14336 / 8 + 3 x 7168, read and
@@ -176,21 +178,25 @@ def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) 
     main = [(w.name, w.flops, w.bytes) for w in phases["loss"].works[:-1]]
     works = [(w.name, w.flops, w.bytes) for w in mtp.works]
     accumulate = 8 * (2 * 16160 * H + 2 * H * H // 8 + 3 * H)
-    assert [(n, b) for n, _, b in works[:3]] == [
+    assert [(n, b) for n, _, b in works[:5]] == [
         ("embedding lookup", lookup),
+        (flops.EMBEDDING_MASKED, 2 * 4096 * H * 7 // 8),
+        (flops.EMBEDDING_CLONE, 2 * 2 * 512 * H),
         (norms, 2 * 2 * 2 * 512 * H),
         (proj, 2 * (4096 * 2 * H + 2 * H * 896 + 4096 * 896)),
     ]
-    assert works[2][1] == f
-    assert [n for n, _, _ in works[3:8]] == [
+    assert works[4][1] == f
+    assert [n for n, _, _ in works[5:12]] == [
         f"{norms} (recomputed)",
         f"{proj} (recomputed)",
         "embedding lookup backward",
+        f"{flops.EMBEDDING_MASKED} backward",
+        f"{flops.EMBEDDING_CLONE} backward",
         f"{norms} backward",
         f"{proj} backward",
     ]
-    assert works[7][1] == 2 * f and works[5][2] == 2 * lookup
-    assert works[8:-1] == main
+    assert works[11][1] == 2 * f and works[7][2] == 2 * lookup
+    assert works[12:-1] == main
     assert works[-1][0] == "main-grad accumulation" and works[-1][2] == accumulate
     token = 2 * 4096
     moves = {m.name: (m.op, m.size_bytes, m.count) for m in mtp.moves}

@@ -1110,7 +1110,9 @@ def test_zero_3_on_one_rank_under_fsdp_mixed_precision_is_priced_not_folded():
     """ZeRO 1, 2 or 3 on one data-parallel rank shards nothing and was dropped as "same as
     ZeRO 0"; but FSDP's mixed precision (fp32 shards gathered in bf16) still casts and
     copies what it gathers, so `budget` priced ZeRO 3 on tp 8 x dp 1 23 ms a step slower
-    than the layout it was folded into (an audit)."""
+    than the layout it was folded into (an audit); 19.5 ms since the ZeRO 0 layout, a
+    Megatron-style stack's, runs its vocabulary-parallel embedding's zeroing and clone
+    (`flops.embedding_output`)."""
     plan = load_plan(ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml")
     space = Space(
         tp=(8,), cp=(1,), zero=(0, 1, 3), sequence_parallel=(True,), recompute=("full",),
@@ -1123,7 +1125,7 @@ def test_zero_3_on_one_rank_under_fsdp_mixed_precision_is_priced_not_folded():
     for zero, result in by_zero.items():
         report = build_report(apply(plan, result.config, 8))
         assert _relative(report.step["time_s"], result.step_time_s) < 1e-9, zero
-    assert by_zero[3].step_time_s > by_zero[0].step_time_s + 0.02
+    assert by_zero[3].step_time_s > by_zero[0].step_time_s + 0.015
 
 
 def test_a_tp_that_does_not_split_the_mlp_is_ruled_out(tmp_path):

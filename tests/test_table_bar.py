@@ -865,7 +865,7 @@ def test_narrow_stage_and_link_tables_print_every_figure_whole(plan: Path, width
 
 def test_the_step_line_says_a_later_stage_reduced_while_the_pipeline_drained(tmp_path) -> None:
     """32 layers as 2, 6, 8, 16 over 4 stages: the last stage's reduction ends latest,
-    started 73.3 ms before the pipeline's end (the backwards of one micro-batch on stages
+    started 73.4 ms before the pipeline's end (the backwards of one micro-batch on stages
     0 to 2, which wait for its own); the Step line says so, the phases table's note names
     whose reduction and optimizer the totals take, and they add up to the step less it."""
     from budget.render.table import pacing_note, summary
@@ -876,9 +876,9 @@ def test_the_step_line_says_a_later_stage_reduced_while_the_pipeline_drained(tmp
     report = budget_plan(path)
     step = report.step
     assert (step["pacing_stage"], step["after_stage"], step["optimizer_stage"]) == (3, 3, 3)
-    assert round(step["drained_s"] * 1e3, 1) == 73.3
+    assert round(step["drained_s"] * 1e3, 1) == 73.4
     line = summary(report)[0]
-    assert "(stage 3's reduction, which ends latest, starts 73.3 ms before it, while the " in line
+    assert "(stage 3's reduction, which ends latest, starts 73.4 ms before it, while the " in line
     assert pacing_note(report).startswith("pacing stage 3: the step's totals, from that stage's")
 
 
