@@ -1564,11 +1564,15 @@ def embedding_output(plan: Plan, s: Shapes) -> list[Work]:
     GPT-3):
 
     - over tp > 1, ``VocabParallelEmbedding.forward`` zeroes the rows of the tokens another
-      rank's vocabulary shard holds (``output_parallel[input_mask, :] = 0.0``): a write of
-      (tp − 1) / tp of [tokens, hidden]. Its backward is ``index_put``'s (PyTorch's
-      derivatives.yaml: ``grad.index_put(indices, zeros_like(values))``), a copy of the
-      incoming gradient and the same rows zeroed again: 2 + (tp − 1) / tp passes.
-      Not under PyTorch FSDP's stacks, whose embedding is not split by vocabulary.
+      rank's vocabulary shard holds (``output_parallel[input_mask, :] = 0.0``), which ATen
+      runs as ``masked_fill_`` (``_index_put_impl_``: a one-element value and a boolean
+      mask, ``canDispatchToMaskedFill``), reading and writing the whole [tokens, hidden]
+      beside the 1-byte mask; its backward is ``index_put``'s (derivatives.yaml:
+      ``grad.index_put(indices, zeros_like(values))``), a copy of the incoming gradient and
+      the same fill over it: 4 passes and the mask. DTensor's vocabulary-split embedding
+      (torchtitan's ``RowwiseParallel`` on the table, under PyTorch FSDP's stacks) fills the
+      same way (``MaskBuffer.apply_mask``), inside the redistribution, whose backward is the
+      gradient's redistribution alone: the forward's fill, no backward one (a review, m364);
     - under sequence parallelism ``LanguageModelEmbedding.forward`` clones the scattered
       output (``clone_scatter_output_in_embedding``, on by default), a read and a write of
       [tokens / tp, hidden], whose backward passes the gradient on;
@@ -1588,10 +1592,11 @@ def embedding_output(plan: Plan, s: Shapes) -> list[Work]:
     full, shard = s.act * s.tokens * s.hidden, s.act * s.tokens_sp * s.hidden
     megatron = lacks(fsdp_mixed(plan))
     works = []
-    if not every(lacks((par.tp > 1) & megatron)):
-        nbytes = vwhere((par.tp > 1) & megatron, full * (par.tp - 1) // par.tp, 0)
+    if not every(par.tp == 1):
+        nbytes = vwhere(par.tp > 1, 2 * full + s.tokens, 0)
         masked = elementwise(EMBEDDING_MASKED, nbytes)
-        back = ratio(2 * full + nbytes, nbytes)  # 0 where nothing was zeroed
+        # 0 where nothing was filled, or where DTensor's redistribution filled it
+        back = vwhere(megatron, ratio(4 * full + s.tokens, nbytes), 0.0)
         works.append(replace(masked, backward=back, backward_launches=2.0))
     transposed = (s.micro > 1) & megatron
     if not every(lacks(transposed)):

@@ -870,12 +870,14 @@ def test_v_is_copied_for_te_where_rotary_rewrote_q_and_k():
 def test_megatron_cores_embedding_output_passes():
     """What follows the lookup (two audits, m358 and m360). Nemotron-4 15B (tp 4, sequence
     parallel, micro 4 × 4,096 tokens, hidden 6,144; [tokens, hidden] bf16 is 201,326,592 B):
-    the other shards' rows zeroed, 3/4 of it, and in the backward index_put's copy of the
-    gradient and the rows again (2 × 201,326,592 + 150,994,944); the [b, s, h] → [s, b, h]
+    the other shards' rows zeroed by a masked fill over all of it and the 16,384-byte mask,
+    and in the backward index_put's copy of the gradient and the fill again (4 × 201,326,592
+    and the mask; a review, m364, read ATen's masked-fill dispatch); the [b, s, h] → [s, b, h]
     copy, and in the backward the lookup's copy of the transposed gradient; the sequence-
     parallel clone of a quarter. GPT-3 on NeMo (micro 1: no transpose; dropout 0.1): the
     dropout over its 512 × 12,288 shard, a read, a write and the 1-byte mask. torchtitan's
-    Llama under FSDP (tp 1) and a serving plan: nothing."""
+    Llama under FSDP (tp 1) and a serving plan: nothing; at tp 2, DTensor's fill in the
+    forward alone."""
     from budget.accuracy import RUNS, plan_of
     from tests.plan_files import ROOT
 
@@ -889,13 +891,13 @@ def test_megatron_cores_embedding_output_passes():
     full = 2 * 16384 * 6144
     assert full == 201_326_592
     assert passes("Nemotron-4 15B, 16 GPUs") == {
-        flops.EMBEDDING_MASKED: (150_994_944, 2 * full + 150_994_944),
+        flops.EMBEDDING_MASKED: (2 * full + 16384, 4 * full + 16384),
         flops.EMBEDDING_TRANSPOSE: (2 * full, 2 * full),
         flops.EMBEDDING_CLONE: (2 * full // 4, 0),
     }
     shard = 512 * 12288
     assert passes("GPT-3 175B, 128 GPUs") == {
-        flops.EMBEDDING_MASKED: (3 * 2 * 2048 * 12288 // 4, 2 * 2 * 2048 * 12288 + 37_748_736),
+        flops.EMBEDDING_MASKED: (2 * 2 * 2048 * 12288 + 2048, 4 * 2 * 2048 * 12288 + 2048),
         flops.EMBEDDING_CLONE: (2 * 2 * shard, 0),
         flops.EMBEDDING_DROPOUT: (5 * shard, 5 * shard),
     }
@@ -903,6 +905,10 @@ def test_megatron_cores_embedding_output_passes():
     decode = load_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
     for plan in (fsdp, decode):
         assert not flops.embedding_output(plan, shapes(plan)), plan.name
+    split = replace(fsdp, parallel=replace(fsdp.parallel, tp=2, dp=4))
+    (fill,) = flops.embedding_output(split, shapes(split))
+    assert (fill.name, fill.bytes) == (flops.EMBEDDING_MASKED, 2 * 2 * 8192 * 4096 + 8192)
+    assert flops.backward_of([fill])[0].bytes == 0
 
 
 def test_the_embedding_gradient_is_a_dense_table_zeroed_then_read():

@@ -154,8 +154,9 @@ def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) 
     along the sequence), 2-byte activations, hidden 7168, vocab 129280 / 8 = 16160 a rank:
 
     - the next tokens' lookup writes and reads 2 x 2 x 4096 x 7168 B, the other vocabulary
-      shards' rows zeroed (7/8 of 2 x 4096 x 7168 B) and the sequence-parallel clone (2 x 2
-      x 512 x 7168 B), `flops.embedding_output`; the two norms 2 x 2 x 2 x 512 x 7168 B; the
+      shards' rows zeroed (a masked fill over it and its 4,096-byte mask) and the
+      sequence-parallel clone (2 x 2 x 512 x 7168 B), `flops.embedding_output`; the two
+      norms 2 x 2 x 2 x 512 x 7168 B; the
       projection 2 x 4096 x 14336 x 896 FLOPs; full recompute runs the norms and the
       projection again (not the embedding's kernels), and each has a backward;
     - the output layer and cross-entropy repeat the main head's kernels;
@@ -180,7 +181,7 @@ def test_the_module_runs_its_projection_and_head_per_microbatch(tmp_path: Path) 
     accumulate = 8 * (2 * 16160 * H + 2 * H * H // 8 + 3 * H)
     assert [(n, b) for n, _, b in works[:5]] == [
         ("embedding lookup", lookup),
-        (flops.EMBEDDING_MASKED, 2 * 4096 * H * 7 // 8),
+        (flops.EMBEDDING_MASKED, 2 * 2 * 4096 * H + 4096),
         (flops.EMBEDDING_CLONE, 2 * 2 * 512 * H),
         (norms, 2 * 2 * 2 * 512 * H),
         (proj, 2 * (4096 * 2 * H + 2 * H * 896 + 4096 * 896)),
