@@ -1224,7 +1224,7 @@ def early_stop(plan: Plan, block: str) -> frozenset[str]:
     checkpoint runs it."""
     if not plan.recompute_early_stop or plan.model.dropout or block == "attention":
         return frozenset()
-    if block == "mlp" and not plan.model.sandwich_norm and plan.precision.matmul != "fp8":
+    if block == "mlp" and not plan.model.sandwich_norm and not flops.te_fp8(plan):
         return frozenset({flops.MLP_FC2, flops.RESIDUAL_ADD})
     return frozenset({flops.RESIDUAL_ADD})
 
@@ -1233,9 +1233,9 @@ def _mlp_again(plan: Plan, s: Shapes) -> list[Move]:
     """The MLP block's tensor-parallel moves that its full recompute runs again (`_again`):
     all of its forward's, less fc2's output all-reduce or reduce-scatter where the recompute
     stops before fc2 (`early_stop`)."""
-    row = "" if flops.MLP_FC2 in early_stop(plan, "mlp") else flops.MLP_FC2
+    stops = flops.MLP_FC2 in early_stop(plan, "mlp")
     moves = _tp_moves(plan, s, "MLP", False, "MLP fc1", flops.MLP_FC2)
-    return _again([m for m in moves if row or m.name != "MLP output"])
+    return _again([m for m in moves if not (stops and m.name == "MLP output")])
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
