@@ -291,7 +291,7 @@ def _output(plan: Plan, s: Shapes) -> tuple[list[Alloc], list[Work], list[Move]]
         flops.elementwise("final norm", 2 * s.act * s.tokens_sp * s.hidden),
         flops.gemm("output layer", s.micro, s.hidden, vocab, e, flops.outside_fp8(plan)),
     ]
-    regather = when(_tp_moves(plan, s, "output layer", False, "output layer")[:1], _sp(plan))
+    regather = when(_tp_moves(plan, s, "output layer", False, "output layer"), _sp(plan))
     logits += when([_full(s, "output layer input (all-gathered)")], _sp(plan))
     return logits, work, regather + when([gather], tp > 1)
 

@@ -210,6 +210,10 @@ def _tp_moves(
     all-reduces of gradients stay 16-bit. Not where the layer is not a Transformer Engine
     module (`engine` false: Megatron-Core's output layer).
 
+    `row` empty: the column-parallel layer alone, whose forward output stays split over tp
+    (an output layer's, a projection whose output is gathered apart, an MLP whose recompute
+    stops before fc2): no output collective.
+
     `comm_gemm` false: a layer that comm-GEMM overlap never reaches, whose forward gather
     stays exposed whatever `overlap.tp` says: Megatron-Core's output layer, a
     ``tensor_parallel.ColumnParallelLinear`` whose forward all-gathers its input and then
@@ -292,7 +296,8 @@ def _tp_moves(
     # Megatron-LM overlaps tensor-parallel communication with GEMMs only under sequence
     # parallelism (--tp-comm-overlap asserts it): without, the all-reduce is exposed
     no_overlap = "tp forward: exposed (overlap.tp needs sequence parallelism)"
-    plain = [replace(move("output", "all-reduce", PARTIAL, REPLICATE), rule=no_overlap)]
+    reduced = replace(move("output", "all-reduce", PARTIAL, REPLICATE), rule=no_overlap)
+    plain = [reduced] if row else []  # no row-parallel layer: the output stays split
     return when(sp_moves, sp) + when(plain, lacks(sp))
 
 
@@ -1233,9 +1238,8 @@ def _mlp_again(plan: Plan, s: Shapes) -> list[Move]:
     """The MLP block's tensor-parallel moves that its full recompute runs again (`_again`):
     all of its forward's, less fc2's output all-reduce or reduce-scatter where the recompute
     stops before fc2 (`early_stop`)."""
-    stops = flops.MLP_FC2 in early_stop(plan, "mlp")
-    moves = _tp_moves(plan, s, "MLP", False, "MLP fc1", flops.MLP_FC2)
-    return _again([m for m in moves if not (stops and m.name == "MLP output")])
+    row = "" if flops.MLP_FC2 in early_stop(plan, "mlp") else flops.MLP_FC2
+    return _again(_tp_moves(plan, s, "MLP", False, "MLP fc1", row))
 
 
 def _saved_per_microbatch(b: _StageBuilder) -> int:
@@ -3060,7 +3064,7 @@ def _mtp_moves(plan: Plan, s: Shapes) -> list[Move]:
         *when([move("embedding output gradient", "all-gather", shard(0), REPLICATE, needed)], sp),
     ]
     proj, inward = flops.MTP_PROJECTION, ("input", 2 * s.hidden, 2 * s.hidden)
-    forward = _tp_moves(plan, s, proj, False, proj, inward=inward)[:1]
+    forward = _tp_moves(plan, s, proj, False, proj, inward=inward)
     redo = _again(forward)
     backward = _tp_moves(plan, s, proj, True, proj, inward=inward)
     output = move("projection output", "all-gather", shard(1), REPLICATE, needed)
