@@ -442,6 +442,7 @@ def _nemo_run(
     kernel: str,
     precision: dict[str, Any],
     comm_sms: dict[str, int] | None = None,
+    deferred: int = 0,
 ) -> Run:
     """A DGX Cloud benchmarking run: NeMo (Megatron-Core with Transformer Engine) on DGX
     H100 nodes, BF16, ``layout`` = (TP, PP, CP, VP) as the README's table prints it.
@@ -459,9 +460,11 @@ def _nemo_run(
     Adam-state formats ``precision`` gives, as the recipe's optimizer keeps them (`_ADAM`).
     Ranks in Megatron's default order, TP fastest, then CP, DP, PP. ``comm_sms``: the SMs
     the recipe's userbuffers configuration gives the pipelined reduce-scatters
-    (``proj_fprop``, ``fc2_fprop``; `overlap.tp_comm_sms`), where it names one.
-    No activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
-    Megatron pads them, to a multiple of 128 × TP."""
+    (``proj_fprop``, ``fc2_fprop``; `overlap.tp_comm_sms`), where it names one. ``deferred``:
+    the recipe's ``wgrad_deferral_limit`` where it sets ``defer_embedding_wgrad_compute``
+    (`overlap.defer_embedding_wgrad`, `_DEFERRED`). No activation recompute unless
+    ``recompute`` says otherwise. Vocabularies are padded as Megatron pads them, to a
+    multiple of 128 × TP."""
     tp, pp, cp, vp = layout
     parallel: dict[str, Any] = {
         "tp": tp,
@@ -486,6 +489,7 @@ def _nemo_run(
             "tp": tp > 1,
             "pp": pp > 1,
             **({"tp_comm_sms": comm_sms} if comm_sms and tp > 1 else {}),
+            **({"defer_embedding_wgrad": deferred} if deferred and pp > 1 else {}),
         },
         "device": {"preset": "h100-sxm"},
         "topology": {"preset": "dgx-h100", "nodes": gpus // 8},
@@ -509,6 +513,7 @@ def _nemo_table(
     kernel: str,
     precision: dict[str, Any],
     comm_sms: dict[str, int] | None = None,
+    deferred: int = 0,
 ) -> tuple[Run, ...]:
     """The two scored runs of one DGX Cloud table: (GPUs, global batch, measured s/step) at
     its smallest and its largest whole-model GPU count, the rest shared (`_nemo_run`)."""
@@ -527,6 +532,7 @@ def _nemo_table(
             kernel,
             precision,
             comm_sms,
+            deferred,
         )
         for gpus, batch, step in (smallest, largest)
     )
@@ -617,6 +623,14 @@ _UB_SMS: dict[str, dict[str, int]] = {
     "nemotron-4": {"attention": 0, "mlp": 0},
 }
 
+# The recipes that defer the output layer's weight gradients to the pipeline's drain
+# (``defer_embedding_wgrad_compute: true``), with their ``wgrad_deferral_limit``:
+# NeMo-Framework-Launcher llama3_1_70b.yaml at 1ab2c78 (22) and llama3_1_405b.yaml at 072ecc4
+# (50), dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml (22); GPT-3's hydra config and
+# the 15B's set none (the 8B has no pipeline). Until plans could say so (an audit, m354 and
+# m355, read them) these GEMMs ran in line.
+_DEFERRED: dict[str, int] = {"llama3.1 70b": 22, "llama3.1 405b": 50, "nemotron-4 340b": 22}
+
 # Each DGX Cloud table: its smallest and largest whole-model GPU count as (GPUs, global
 # batch, measured s/step), then model, sequence, (TP, PP, CP, VP), micro-batch, source,
 # recompute, attention kernel (the 340B recipe sets NVTE_FUSED_ATTN=0: FlashAttention-2) and
@@ -632,16 +646,16 @@ _NEMO_TABLES: tuple[tuple[Any, ...], ...] = (
      _ADAM["apex"]),
     ("Llama 3.1 70B", (64, 128, 14.61), (2048, 4096, 14.84),
      _LLAMA31_70B_MODEL, 8192, (4, 4, 2, 5), 1, _LLAMA31_70B, "none", "cudnn",
-     _ADAM["apex"], _UB_SMS["llama3.1 70b"]),
+     _ADAM["apex"], _UB_SMS["llama3.1 70b"], _DEFERRED["llama3.1 70b"]),
     ("Llama 3.1 405B", (576, 252, 17.50), (2304, 1008, 17.70),
      _LLAMA31_405B_MODEL, 8192, (8, 9, 2, 7), 1, _LLAMA31_405B, "none", "cudnn",
-     _ADAM["apex"], _UB_SMS["llama3.1 405b"]),
+     _ADAM["apex"], _UB_SMS["llama3.1 405b"], _DEFERRED["llama3.1 405b"]),
     ("Nemotron-4 15B", (16, 64, 2.812), (2048, 8192, 2.887),
      _NEMOTRON4_15B, 4096, (4, 1, 1, 1), 4, _NEMOTRON_15B_SOURCE, "none", "cudnn",
      _ADAM["mcore"], _UB_SMS["nemotron-4"]),
     ("Nemotron-4 340B", (128, 32, 4.61), (2048, 512, 4.84),
      _NEMOTRON4_340B, 4096, (8, 8, 1, 12), 1, _NEMOTRON_340B_SOURCE, "selective",
-     "flash2", _ADAM["apex, bf16"], _UB_SMS["nemotron-4"]),
+     "flash2", _ADAM["apex, bf16"], _UB_SMS["nemotron-4"], _DEFERRED["nemotron-4 340b"]),
     ("GPT-3 175B", (128, 256, 8.309), (2048, 4096, 8.49),
      _GPT3_NEMO_MODEL, 2048, (4, 8, 1, 6), 1, _GPT3_NEMO, "none", "cudnn",
      _ADAM["apex, bf16 grads, fp8_params"], _UB_SMS["gpt3 175b"]),

@@ -25,7 +25,7 @@ MoveGroup = GroupKind | Literal["etp", "edp", "dp_shard", "dp_replicate"]
 
 HAND_WRITTEN = "hand-written transition"  # the rule of a plan's own `transitions:` moves
 
-# The phases of a training step in the order they run; every phase before "dp.grads" repeats
+# The phases of a training step in the order they run; every phase before "head.wgrad" repeats
 # per micro-batch, the rest run once per step after the last backward.
 PHASE_ORDER: tuple[str, ...] = (
     "forward.embedding",
@@ -40,6 +40,7 @@ PHASE_ORDER: tuple[str, ...] = (
     "backward.attention",
     "backward.embedding",
     "pipeline.backward",
+    "head.wgrad",
     "dp.grads",
     "embedding.grads",
     "optimizer",

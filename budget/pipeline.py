@@ -40,7 +40,7 @@ from budget.schedule import (
     paced_by,
     step_time,
 )
-from budget.step import derive
+from budget.step import deferred_wgrads, derive
 
 
 def budget_plan(path: Path) -> Report:
@@ -374,6 +374,7 @@ def build_report(plan: Plan) -> Report:
         "scatter_gather": par.pipeline.scatter_gather,
         "recompute": plan.recompute,
         "recompute_early_stop": plan.recompute_early_stop if plan.mode == "train" else None,
+        "defer_embedding_wgrad": deferred_wgrads(plan) or None,
         "loss": plan.loss if plan.mode == "train" else None,
         "seq": plan.batch.seq,
         "micro": plan.batch.micro,

@@ -93,7 +93,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.26: the report's ``layout.recompute_early_stop``, whether the full recompute stops once
 # the backward's tensors are made again (PyTorch's non-reentrant checkpoint), null for a
 # serving plan
-SCHEMA_VERSION = "1.26"
+# 1.27: the report's ``layout.defer_embedding_wgrad``, how many micro-batches' output-layer
+# weight gradients the last stage defers to the pipeline's drain (null where none), and the
+# phase ``head.wgrad`` that runs them
+SCHEMA_VERSION = "1.27"
 
 Kind = Literal[
     "report",

@@ -104,7 +104,8 @@ from budget.topology import (
 )
 from budget.vector import every, holds, largest, ratio, vfloat, vmax, vmin, vsum, vwhere
 
-MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("dp.grads")]
+# the step's phases after the micro-batches begin with the deferred weight gradients
+MICROBATCH_PHASES = PHASE_ORDER[: PHASE_ORDER.index("head.wgrad")]
 
 
 def per_microbatch(name: str) -> bool:

@@ -945,11 +945,15 @@ def _derive_training(
             + tuple(_reduce_buffer(plan, 3)),
             layer,
         )
-        full = b.resident
+        states = b.resident
+        # held from the micro-batches' passes to the drain, which frees them
+        b.resident = full = (*states, *_deferred_buffers(b))
         b.resident = _before_any_gradient(b)  # what the forward's and the loss's hold
         _forward(b)
         b.resident = full
         _backward(b)
+        _drain(b)
+        b.resident = states
         _reduce(b)
         _hold_reduce_buffers(b)
         stages.append(
@@ -2925,17 +2929,158 @@ def _loss(b: _StageBuilder) -> None:
             + grads,
         )
     root = _root_moves(b, "loss")
+    moves, works = _head_moves(plan, s), flops.loss_work(plan, s)
+    passes = _gradient_passes(b, _head_params(b))
+    deferred = _deferred_wgrads(b)
+    if np.any(holds(deferred > 0)):  # the rest of the micro-batches' in line
+        moves, works, passes = _in_line(b, deferred / b.microbatches, moves, works, passes)
     b.add(
         "loss",
         b.microbatches,
-        root + _head_moves(plan, s),
+        root + moves,
         [
             *(Instant(f"cross-entropy{label}", tuple(head(mtp, e))) for label, e, _ in moments),
             *weight_instant,
             *_split_head_reduce(b, [everything, input_grad]),
         ],
-        flops.loss_work(plan, s) + _gradient_passes(b, _head_params(b)) + _root_copies(b, "loss"),
+        works + passes + _root_copies(b, "loss"),
     )
+
+
+# the deferred kernels' names (`_in_line`, `_drain`)
+HEAD_BACKWARD = "output layer backward"
+HEAD_REGATHER = "output layer input again, for weight grad"
+HEAD_INPUT_GRADIENT = "output layer input gradient"
+
+
+def _deferred_wgrads(b: _StageBuilder) -> Any:
+    """How many micro-batches' output-layer weight gradients `b` defers to the pipeline's
+    drain (``overlap.defer_embedding_wgrad``): Megatron-Core's last pipeline stage keeps the
+    first ``wgrad_deferral_limit`` of them (every one at 0) and computes the rest in line
+    (``LinearWithGradAccumulationAndAsyncCommunication.backward``: ``wgrad_compute`` is
+    false while ``len(grad_output_buffer) < wgrad_deferral_limit``); 0 on any other stage,
+    without a pipeline (a search's layouts of one stage) or with the switch off."""
+    return deferred_wgrads(b.plan, b.microbatches) if b.last and b.pipelined else 0
+
+
+def deferred_wgrads(plan: Plan, microbatches: Any = None) -> Any:
+    """How many micro-batches' output-layer weight gradients `plan`'s last pipeline stage
+    defers (`_deferred_wgrads`), of `microbatches` (the plan's own by default); 0 for a
+    serving plan, one stage or the switch off."""
+    deferred = plan.overlap.defer_embedding_wgrad
+    if plan.mode != "train" or deferred is False or every(plan.parallel.pp == 1):
+        return 0
+    m = plan.microbatches if microbatches is None else microbatches
+    return m if deferred is True else vmin(deferred, m)
+
+
+def _in_line(
+    b: _StageBuilder, share: Any, moves: list[Move], works: list[Work], passes: list[Work]
+) -> tuple[list[Move], list[Work], list[Work]]:
+    """The loss phase's head moves, kernels and gradient passes where a `share` of the
+    micro-batches defers the output layer's weight gradient (`_deferred_wgrads`), averaged
+    over the micro-batches as the phase is. Megatron-Core's backward of a deferred one runs
+    the input-gradient GEMM alone: no re-gather of its input for the weight gradient (the
+    all-gather runs only ``if ctx.sequence_parallel and wgrad_compute``), and the input
+    gradient's reduce-scatter (all-reduce without sequence parallelism), launched before the
+    weight-gradient GEMM to hide behind it, is waited for with nothing beside it. So the
+    backward kernel (`flops.backward_of`: the input- and the weight-gradient GEMM, two
+    launches of equal size) keeps 1 + (1 - f) of its two, the re-gather runs on 1 - f of
+    the micro-batches behind the input-gradient GEMM, 1 / (2 - f) of the kernel, and the
+    input gradient's reduction hides behind what is left of the weight gradient, (1 - f) /
+    (2 - f) of it; at f = 0 the halves of `_tp_moves`. The head's main-gradient accumulation
+    (fused into the weight-gradient GEMM, priced as its own pass) follows its GEMM; the
+    final norm's stays."""
+    plan = b.plan
+    kept = 2 - share
+
+    def line(move: Move) -> Move:
+        if move.name == HEAD_REGATHER:
+            return replace(move, count=move.count * (1 - share), share=1 / kept)
+        if move.name == HEAD_INPUT_GRADIENT:
+            return replace(move, share=(1 - share) / kept)
+        return move
+
+    def gemms(work: Work) -> Work:
+        if work.name != HEAD_BACKWARD:
+            return work
+        return work.scaled(kept / 2, launches=work.launches * kept / 2)
+
+    norm, vocab = final_norm_params(plan), vocab_params(plan)
+    rest = (norm + (1 - share) * vocab) / (norm + vocab)
+    return (
+        [line(m) for m in moves],
+        [gemms(w) for w in works],
+        [w.scaled(rest) for w in passes],
+    )
+
+
+def _drain(b: _StageBuilder) -> None:
+    """The output layer's deferred weight gradients (`_deferred_wgrads`), once the last
+    stage's last backward is done and before the step's gradients are finalized, while the
+    stages ahead of it run their last backwards (its lead, `schedule._with_leads`): Megatron-
+    Core's ``finish_embedding_wgrad_compute`` at the end of the pipeline schedule, then
+    ``finalize_model_grads_func``. ``drain_embedding_wgrad_compute`` runs one weight-gradient
+    GEMM a micro-batch (``wgrad_gemm_accum_fp32``, accumulated into the main gradient) and,
+    under sequence parallelism, all-gathers each kept input [tokens / tp, hidden] into one of
+    two global buffers while the GEMM before it runs, so the first waits whole: (d - 1) / d
+    of the gathers hide, on average. The phase runs once a deferred micro-batch; what its
+    kept inputs and logits gradients hold is `_deferred_buffers`."""
+    d = _deferred_wgrads(b)
+    if not np.any(holds(d > 0)):
+        return
+    plan, s = b.plan, b.shapes
+    (gemm,) = (w for w in flops.loss_work(plan, s) if w.name == HEAD_BACKWARD)
+    forward_rows = gemm.dims[0] if gemm.dims is not None else s.tokens
+    wgrad = replace(
+        gemm.scaled(0.5, "output layer weight gradient (deferred)", gemm.launches / 2),
+        inner=(forward_rows,),
+    )
+    par = plan.parallel
+    gather = Move(
+        "output layer input, gathered for its deferred weight gradient",
+        "all-gather",
+        "tp",
+        par.tp,
+        plan.precision.activations,
+        s.act * s.tokens * s.hidden,
+        str(shard(0)),
+        str(REPLICATE),
+    )
+    rule = (
+        "tp: the drain gathers each kept input behind the weight-gradient GEMM before it, "
+        "the first with nothing beside it"
+    )
+    gathers = when([hide(gather, wgrad.name, "", rule, floor=1 / vmax(d, 1))], _sp(plan))
+    two = replace(_full(s, "deferred output-layer inputs, gathered (two buffers)"), count=2)
+    buffers = when([two], _sp(plan))
+    b.add(
+        "head.wgrad",
+        d,
+        gathers,
+        [Instant("deferred output-layer weight gradient", (*b.resident, *buffers))],
+        [wgrad, *flops.grad_accumulation(plan, vocab_params(plan))],
+    )
+
+
+def _deferred_buffers(b: _StageBuilder) -> list[Alloc]:
+    """What the last stage keeps for its deferred weight gradients (`_deferred_wgrads`): a
+    micro-batch's output-layer input as the layer reads it (the [tokens / tp, hidden] shard
+    under sequence parallelism, `ColumnParallelLinear.forward` appending ``input_parallel``
+    to ``embedding_activation_buffer``) and its logits gradient over the rank's vocabulary
+    shard (``grad_output_buffer``), both in the activations' format, each held from the
+    micro-batch's pass to the drain. Counted for all of them at every moment of the stage,
+    an upper bound close to the peak: a 1F1B last stage holds one micro-batch in flight
+    throughout, so its peak at its last micro-batch holds all but one logits gradient, and an
+    interleaved one holds its most in flight until its forwards end, by when all but its
+    warm-up's backwards are done."""
+    d = _deferred_wgrads(b)
+    if not np.any(holds(d > 0)):
+        return []
+    plan, s = b.plan, b.shapes
+    each = s.act * (s.tokens_sp * s.hidden + s.tokens * vocab_rows(plan))
+    name = "output-layer inputs and logits gradients kept for the deferred weight gradients"
+    return [Alloc(name, "activations", each, count=d)]
 
 
 def _entropy_passes(plan: Plan, act: Any, logits: Any) -> list[tuple[str, list[Alloc], bool]]:

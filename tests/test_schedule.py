@@ -1088,7 +1088,10 @@ def test_the_interleaved_sends_pace_nemotron_4_340b() -> None:
     the pipeline at 4,160.17 ms where the engine had 4,087.91; at the send's 0.41558 ms the
     same replay ends 0.07 ms sooner. The embedding's own kernels after its lookup, priced
     since (audits m358 and m360, `flops.embedding_output`), lengthen stage 0's first chunk:
-    4,163.62 ms."""
+    4,163.62 ms. The recipe defers the output layer's weight-gradient GEMMs to the drain
+    (``defer_embedding_wgrad_compute``, limit 22 of its 16 micro-batches; `step._drain`),
+    which takes one such GEMM off each of the last stage's last chunk's 16 backwards, and
+    that chunk paces the stages behind it: 4,048.60 ms, 115.02 ms sooner."""
     from budget.accuracy import RUNS, plan_of
 
     (run,) = [r for r in RUNS if r.name == "Nemotron-4 340B, 2,048 GPUs"]
@@ -1104,7 +1107,7 @@ def test_the_interleaved_sends_pace_nemotron_4_340b() -> None:
     assert {round(t.time_s * 1e3, 3) for t in sends} == {0.416} and not any(
         t.exposed_s for t in sends
     )
-    assert timed.pipeline_s == pytest.approx(4.16362, abs=1e-5)
+    assert timed.pipeline_s == pytest.approx(4.04860, abs=1e-5)
 
 
 @settings(max_examples=80, deadline=None)

@@ -402,10 +402,19 @@ class Overlap:
     # Compute runs this much slower while a collective runs beside it (`budget.schedule`).
     slowdown: float = OVERLAP_SLOWDOWN
     tp_comm_sms: CommSms = CommSms()
+    # Megatron-Core's defer_embedding_wgrad_compute: the last stage runs the output layer's
+    # weight-gradient GEMMs of every micro-batch (true) or of the step's first N (its
+    # wgrad_deferral_limit) in the pipeline's drain (`budget.step.deferred_wgrads`)
+    defer_embedding_wgrad: bool | int = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.slowdown < 1.0:
             raise ValueError(f"overlap.slowdown must be in [0, 1), got {self.slowdown}")
+        deferred = self.defer_embedding_wgrad
+        if not isinstance(deferred, bool) and deferred < 1:
+            raise ValueError(
+                f"overlap.defer_embedding_wgrad must be a boolean or at least 1, got {deferred}"
+            )
 
 
 # The inner dimension of the GEMMs a device's ceiling was measured on (`GemmCurve`):

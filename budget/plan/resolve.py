@@ -126,6 +126,7 @@ TRAINING_ONLY: dict[str, tuple[object, ...]] = {
     "overlap.param_gather": (False,),
     "overlap.pp": (False,),
     "overlap.ep": (False,),
+    "overlap.defer_embedding_wgrad": (False,),
     "model.dropout": (False,),
 }
 # why a serving plan refuses a key of `TRAINING_ONLY`, where the general reason is not it
@@ -145,6 +146,8 @@ _NOT_SERVING = {
     ),
 }
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
+# the overlap keys that hold a value rather than a switch
+_OVERLAP_VALUES = ("slowdown", "tp_comm_sms", "defer_embedding_wgrad")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
 PRESET_AND_CONFIG = (
     "model.preset and model.hf_config both describe the whole model; keep one and write any "
@@ -1489,6 +1492,38 @@ def _check_early_stop(r: _Resolver, tree: Tree) -> None:
         )
 
 
+def _check_deferred_wgrads(
+    r: _Resolver, deferred: object, par: Parallel, loss: object, model: Model | None
+) -> None:
+    """``overlap.defer_embedding_wgrad`` is Megatron-Core's: ``ModelParallelConfig``
+    refuses it without a pipeline ("Cannot defer embedding wgrad compute when pipeline model
+    parallel is not used"), its buffers hang on Megatron-Core's output layer, whose
+    cross-entropy is ``loss: megatron``, and the multi-token prediction heads' passes through
+    that layer are not priced deferred (`step._deferred_wgrads`)."""
+    if deferred is False or deferred is None:
+        return
+    where = "$.overlap.defer_embedding_wgrad"
+    if par.pp == 1:
+        r.error(
+            where,
+            "defer_embedding_wgrad moves the output layer's weight gradients into the "
+            "pipeline's drain, and this plan has one stage (Megatron-Core refuses it without "
+            "a pipeline); set pp > 1, or remove it",
+        )
+    if loss not in (None, "megatron"):
+        r.error(
+            where,
+            f"defer_embedding_wgrad is Megatron-Core's output layer's, and this plan's loss is "
+            f"{loss}; set loss: megatron, or remove it",
+        )
+    if model is not None and model.mtp_layers:
+        r.error(
+            where,
+            "defer_embedding_wgrad with multi-token prediction is not priced: the prediction "
+            "heads pass through the same output layer; remove one of them",
+        )
+
+
 def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel) -> None:
     """DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (``PipelineEngine.__init__``:
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
@@ -2490,6 +2525,8 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
+            deferred = overlap.get("defer_embedding_wgrad")
+            _check_deferred_wgrads(r, deferred, par, tree.get("loss"), model)
             gather, reduce = bool(overlap.get("param_gather")), bool(overlap.get("dp_grads"))
             if gather_overlap_alone(par.zero, gather, reduce):
                 r.error(
@@ -2533,9 +2570,11 @@ def resolve(
         recompute_early_stop=bool(tree.get("recompute_early_stop", False)),
         loss=tree.get("loss", "megatron"),
         overlap=Overlap(
-            **{k: bool(v) for k, v in overlap.items() if k not in ("slowdown", "tp_comm_sms")},
+            **{k: bool(v) for k, v in overlap.items() if k not in _OVERLAP_VALUES},
             slowdown=float(overlap.get("slowdown", OVERLAP_SLOWDOWN)),
             tp_comm_sms=comm_sms,
+            # true: every micro-batch's (Megatron-Core's wgrad_deferral_limit 0); N: the first N
+            defer_embedding_wgrad=overlap.get("defer_embedding_wgrad", False),
         ),
         transitions=transitions,
         # hierarchical is priced as named across levels (the ring is the default there for

@@ -92,6 +92,8 @@ def layout_yaml(
     tree["recompute"] = layout["recompute"]
     if layout["recompute"] != "full":  # only a full recompute stops early (a plan refuses it)
         tree.pop("recompute_early_stop", None)
+    if layout["pp"] == 1:  # only a pipeline has a drain to defer into (a plan refuses it)
+        tree.get("overlap", {}).pop("defer_embedding_wgrad", None)
     topology = tree.setdefault("topology", {})
     # a preset counts nodes of its own servers' size, whatever levels the plan overrides;
     # a count that is not whole nodes (4 GPUs of a DGX) is written in GPUs

@@ -99,6 +99,9 @@ def header(report: Report) -> list[str]:
         extras.append("scatter/gather stage sends")
     stops = " (non-reentrant, stopping early)" if lay.get("recompute_early_stop") else ""
     extras.append(f"recompute: {lay['recompute']}{stops}")
+    if lay.get("defer_embedding_wgrad"):
+        deferred = plural(lay["defer_embedding_wgrad"], "micro-batch", "micro-batches")
+        extras.append(f"output-layer weight gradients of {deferred} deferred to the drain")
     if lay.get("loss") in ("pytorch", "pytorch-gathered"):
         kind = " (loss_parallel)" if lay["loss"] == "pytorch" else " (logits gathered)"
         extras.append("loss: PyTorch's cross-entropy" + (kind if lay["tp"] > 1 else ""))
