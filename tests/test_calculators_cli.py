@@ -951,6 +951,12 @@ def test_the_group_s_aggregate_bytes_are_reported_as_such() -> None:
         app, route([*args, "--ranks", "8", "--bandwidth", "450GB/s", "--latency", "1us"])
     ).stdout
     assert "sent by all ranks        14 GiB (15,032,385,536 B)  (aggregate over the 8" in table
+    # a group of one sends nothing, and the table says it of its one rank (an audit, m365:
+    # "aggregate over the 1 ranks")
+    alone = runner.invoke(
+        app, route([*args, "--ranks", "1", "--bandwidth", "450GB/s", "--latency", "1us"])
+    ).stdout
+    assert "0 B  (aggregate over its one rank;" in alone and "the 1 ranks" not in alone
 
 
 def test_every_missing_or_bad_calculator_option_is_said_at_once() -> None:

@@ -597,7 +597,6 @@ def test_a_byte_order_mark_is_read_past_as_in_a_plan(tmp_path: Path) -> None:
     ("key", "value", "message"),
     [
         ("num_hidden_layers", 10**9, "model.layers: 1000000000 is greater than the maximum"),
-        ("vocab_size", 0, "model.vocab: 0 is less than the minimum of 1"),
     ],
 )
 def test_a_config_meets_the_bounds_a_written_model_does(
@@ -1088,7 +1087,7 @@ def test_a_bad_layer_count_beside_a_window_is_refused_before_layers_are_listed()
     and not at all past the plan schema's 4,096 layers (the schema refuses those): a count
     of 10^10 answers at once instead of building ten billion flags."""
     config = json.loads((DATA / "hf" / "gemma-2-9b" / "config.json").read_text())
-    with pytest.raises(HfConfigError, match=r'num_hidden_layers = "abc" .* non-negative integer'):
+    with pytest.raises(HfConfigError, match=r'num_hidden_layers = "abc" .* a positive integer'):
         translate({**config, "num_hidden_layers": "abc"})
     tree = translate({**config, "num_hidden_layers": 10**10}).tree
     assert tree["sliding_window"] == {"size": 4096}
@@ -1444,7 +1443,7 @@ def test_every_integer_key_of_the_wrong_kind_is_reported_at_once() -> None:
     messages = caught.value.messages
     assert len(messages) == 4 and "'hidden_layers_typo'" in messages[0]
     for shown in ('hidden_size = "a"', "num_attention_heads = -1", "vocab_size = 1.5"):
-        assert any(m.startswith(shown) and "non-negative integer" in m for m in messages), shown
+        assert any(m.startswith(shown) and "a positive integer" in m for m in messages), shown
 
 
 def test_a_family_refusal_says_what_to_do_before_the_families() -> None:
@@ -1585,9 +1584,31 @@ def test_refused_values_deep_in_lists_and_objects_stand_as_null(tmp_path: Path) 
         f"mlp_only_layers[1].a = -Infinity in {shown} is not a finite number",
         f"quantization_config.weights[0] = 100000000000000000000... in {shown} is too large "
         "(integers must be below 2**63)",
-        f'num_hidden_layers = "x" in {shown} is not a non-negative integer',
+        f'num_hidden_layers = "x" in {shown} is not a positive integer',
         f"{shown} lacks hidden_size, num_attention_heads, vocab_size",  # said together
     )
+
+
+def test_a_zero_size_is_said_beside_a_negative_one(tmp_path: Path) -> None:
+    """A model of no layers or no heads is none: an audit (m366) found a file's 0 layers said
+    only once its negative hidden size was mended, a second run for one file's problems."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text("utf-8"))
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps({**config, "hidden_size": -5, "num_hidden_layers": 0, "num_attention_heads": 0}),
+        encoding="utf-8",
+    )
+    with pytest.raises(HfConfigError) as raised:
+        read_hf_config(path)
+    shown = repr(str(path))
+    assert set(raised.value.messages) == {
+        f"{key} = {value} in {shown} is not a positive integer"
+        for key, value in (
+            ("hidden_size", -5),
+            ("num_hidden_layers", 0),
+            ("num_attention_heads", 0),
+        )
+    }
 
 
 def test_a_named_family_builds_rmsnorm_whatever_epsilon_key_its_file_has() -> None:
@@ -1814,7 +1835,7 @@ def test_a_null_in_a_file_without_model_type_reads_as_left_out() -> None:
     del by_hand["model_type"]
     absent = {k: v for k, v in by_hand.items() if k != "intermediate_size"}
     assert translate({**by_hand, "intermediate_size": None}).tree == translate(absent).tree
-    with pytest.raises(HfConfigError, match=r"^vocab_size = null in .* non-negative integer$"):
+    with pytest.raises(HfConfigError, match=r"^vocab_size = null in .* a positive integer$"):
         translate({**by_hand, "vocab_size": None})
 
 
@@ -1845,9 +1866,16 @@ def test_every_null_and_wrong_kind_is_listed_in_one_run(
     assert (code, out) == (2, "")
     assert err.splitlines() == [
         f"{at}{key} in {shown} is not "
-        + ("true or false" if key.startswith("mlp_bias") else "a non-negative integer")
+        + ("true or false" if key.startswith("mlp_bias") else _integer_kind(key))
         for key in keys
     ]
+
+
+def _integer_kind(key: str) -> str:
+    """How a bad value of `key` is named: the model's four sizes are positive (a model of
+    none is no model), the other counts non-negative."""
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    return "a positive integer" if key.split(" ")[0] in sizes else "a non-negative integer"
 
 
 def test_a_null_top_k_is_listed_with_the_other_problems(tmp_path: Path) -> None:

@@ -872,23 +872,38 @@ _NO_NULL: dict[str, frozenset[str] | None] = {
 }
 
 
+def _least(key: str, floor: int) -> int:
+    """The least value `key` takes: 1 for the model's `_REQUIRED` sizes, else `floor`."""
+    return 1 if key in _REQUIRED else floor
+
+
+def _kind(least: int) -> str:
+    return "positive" if least else "non-negative"
+
+
 def _integer_problems(config: Mapping[str, Any], family: str | None, where: str) -> list[str]:
-    """Every key of `_INTEGERS` whose value is no non-negative integer, and every null the
-    file's class takes no None for (`_NO_NULL`), so a file with several gets them all at
-    once (`_translate` stops at its first problem, since later keys are read in the light
-    of earlier ones). `family` is the file's model_type when budget reads it, else None."""
-    problems = [
-        f"{key} = {json.dumps(value)} in {where} is not a {kind} integer"
-        for keys, least, kind in ((_INTEGERS, 0, "non-negative"), (_POSITIVE, 1, "positive"))
-        for key in keys
-        if (value := config.get(key)) is not None
-        and (isinstance(value, bool) or not isinstance(value, int) or value < least)
-    ]
+    """Every key of `_INTEGERS` whose value is no non-negative integer (no positive one for
+    the model's `_REQUIRED` sizes: a model of 0 layers, heads or hidden width, or with an
+    empty vocabulary, is none), and every null the file's class takes no None for
+    (`_NO_NULL`), so a file with several gets them all at once (`_translate` stops at its
+    first problem, since later keys are read in the light of earlier ones; an audit, m366: a
+    0 there was said only once the file's negative values were mended). `family` is the
+    file's model_type when budget reads it, else None."""
+    problems = []
+    for keys, floor in ((_INTEGERS, 0), (_POSITIVE, 1)):
+        for key in keys:
+            value, least = config.get(key), _least(key, floor)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                problems.append(
+                    f"{key} = {json.dumps(value)} in {where} is not a {_kind(least)} integer"
+                )
     for key, families in _NO_NULL.items():
         if key not in config or config[key] is not None:
             continue
         if key in _REQUIRED or (family is not None and (families is None or family in families)):
-            kind = "positive" if key in _PERIOD_KEYS else "non-negative"
+            kind = _kind(1 if key in _PERIOD_KEYS else _least(key, 0))
             problems.append(f"{key} = null in {where} is not a {kind} integer")
     return problems
 

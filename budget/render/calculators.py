@@ -95,8 +95,8 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         ("received per rank", _bytes(int(cost.recv_bytes)) + _who(cost, sent=False)),
         (  # DESIGN.md rule 4: summed over ranks, said so, and never over one link's rate
             "sent by all ranks",
-            f"{_bytes(int(cost.aggregate_sent_bytes))}  (aggregate over the {int(cost.ranks):,} "
-            "ranks; no one link carries it)",
+            f"{_bytes(int(cost.aggregate_sent_bytes))}  (aggregate over "
+            f"{_all_ranks(int(cost.ranks))}; no one link carries it)",
         ),
         ("latency term n·α", _time(float(cost.latency_s)) + (f"  ({staged} α)" if staged else "")),
         (
@@ -172,6 +172,11 @@ def _padded(cost: CollectiveCost) -> str:
         f" S does not split into {parts:,} equal chunks of whole bytes: each is rounded up "
         f"to {-(-size // parts):,} B, so the bytes shown are an upper bound."
     )
+
+
+def _all_ranks(ranks: int) -> str:
+    """The group the aggregate bytes are summed over: "the 8 ranks", "its one rank"."""
+    return "its one rank" if ranks == 1 else f"the {ranks:,} ranks"
 
 
 def _who(cost: CollectiveCost, sent: bool) -> str:
