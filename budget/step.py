@@ -154,6 +154,23 @@ RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`
 # attention's up-projections, the MTP projection), and the output layer is core
 # ``ColumnParallelLinear``, with no userbuffers. Other overlapped GEMMs keep their shape.
 USERBUFFER_GEMMS = ("QKV projection", "attention output projection", "MLP fc1", "MLP fc2")
+# Transformer Engine's ring-exchange overlaps (its userbuffers names) and the GEMM beside each
+RING_GEMMS = {
+    "qkv_fprop": "QKV projection",
+    "fc1_fprop": "MLP fc1",
+    "proj_dgrad": "attention output projection backward",
+    "fc2_dgrad": "MLP fc2 backward",
+}
+
+
+def ring_splits(plan: Plan, gemm: str) -> Any:
+    """The chunks a ring exchange runs the GEMM `gemm` in beside it: one a step of the ring,
+    tp, or with its userbuffers configuration's ``aggregate`` (`Overlap.tp_comm_aggregate`)
+    tp / 2 of two chunks each (Transformer Engine's ``CommOverlapP2PBase::split_overlap_ag``:
+    "Aggregate 2X GEMM chunks", ``num_steps = tp_size / 2``), at least one."""
+    tp = plan.parallel.tp
+    aggregated = {RING_GEMMS[name] for name in plan.overlap.tp_comm_aggregate}
+    return vmax(tp // 2, 1) if gemm in aggregated else tp
 
 
 def _tp_moves(
@@ -256,7 +273,7 @@ def _tp_moves(
         # on copy engines (``use_ce``), holding no SMs off the GEMM
         rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
         if gemm.removesuffix(" backward") in USERBUFFER_GEMMS:
-            m = replace(m, gemm_splits=par.tp)
+            m = replace(m, gemm_splits=ring_splits(plan, gemm))
         return hide(m, gemm, "tp", rule, share=ring * portion)
 
     wgrad = f"{column} backward"

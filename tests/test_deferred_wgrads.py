@@ -220,3 +220,21 @@ def test_a_searched_layout_without_a_pipeline_drops_it(tmp_path) -> None:
     gone = yaml.safe_load(layout_yaml(seed, data, {**layout, "pp": 1}, 1024, "s.json"))
     assert kept["overlap"]["defer_embedding_wgrad"] == 22
     assert "defer_embedding_wgrad" not in gone.get("overlap", {})
+
+
+def test_the_nemo_rows_defer_and_aggregate_as_their_recipes_say() -> None:
+    """The recipes' own settings (`budget.accuracy`): defer_embedding_wgrad_compute with its
+    limit on the 70B, 405B and 340B, and the userbuffers configuration's aggregated ring
+    exchanges on the 405B (all four) and GPT-3 (fc2_dgrad); the others leave both."""
+    deferred = {"Llama 3.1 70B": 22, "Llama 3.1 405B": 50, "Nemotron-4 340B": 22}
+    aggregated = {
+        "Llama 3.1 405B": ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"),
+        "GPT-3 175B": ("fc2_dgrad",),
+    }
+    nemo = [run for run in RUNS if run.stack == "NeMo"]
+    assert len(nemo) == 12
+    for run in nemo:
+        model = run.name.split(",")[0]
+        overlap = plan_of(run).overlap
+        assert overlap.defer_embedding_wgrad == deferred.get(model, False), run.name
+        assert overlap.tp_comm_aggregate == aggregated.get(model, ()), run.name

@@ -789,6 +789,47 @@ def test_tp_overlap_splits_its_gemms_and_narrows_the_pipelined_one(tmp_path):
     assert "slows the compute" in rows["MLP input"].overlap_rule
 
 
+def test_an_aggregated_ring_exchange_runs_its_gemm_in_half_the_chunks(tmp_path):
+    """A userbuffers configuration's ``aggregate: 1`` (`overlap.tp_comm_aggregate`) runs the
+    ring exchange's GEMM in tp / 2 chunks of two (Transformer Engine's ``split_overlap_ag``):
+    Llama 3 70B at tp 8 with qkv_fprop and proj_dgrad aggregated, by hand as in the test
+    above: the QKV projection ramps as 4 launches, the attention output projection's
+    backward as 4 + 1; MLP fc1, not named, keeps 8, and `true` names all four."""
+    from budget.efficiency import curve_fraction, inner_factor
+    from budget.step import ring_splits
+
+    base = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "tp.yaml"
+    some = "overlap: {tp: true, tp_comm_aggregate: [proj_dgrad, qkv_fprop]}\n"
+    path.write_text(base + some, encoding="utf-8")
+    plan = load_plan(path)
+    assert plan.overlap.tp_comm_aggregate == ("qkv_fprop", "proj_dgrad")  # TE's order
+    curve = plan.device.gemm
+    assert curve is not None
+
+    def seconds(work: Work, launches: float) -> float:
+        depth = inner_factor(curve, work.inner)
+        return work.flops / (989e12 * depth * curve_fraction(curve, work.flops / launches / depth))
+
+    phases = {p.name: p for p in derive(plan).stages[0].phases}
+    kernels = {name: _by_name(plan, p) for name, p in phases.items()}
+    works = {w.name: w for p in phases.values() for w in p.works}
+    projection = "attention output projection backward"
+    assert kernels["forward.attention"]["QKV projection"] == pytest.approx(
+        seconds(works["QKV projection"], 4)
+    )
+    assert kernels["backward.attention"][projection] == pytest.approx(seconds(works[projection], 5))
+    assert kernels["forward.mlp"]["MLP fc1"] == pytest.approx(seconds(works["MLP fc1"], 8))
+    rows = {c.name: c for p in build_report(plan).phases for c in p.collectives}
+    assert "by ring exchange in 4 GEMM chunks" in rows["attention input"].overlap_rule
+    assert "by ring exchange in 8 GEMM chunks" in rows["MLP input"].overlap_rule
+    path.write_text(base + "overlap: {tp: true, tp_comm_aggregate: true}\n", encoding="utf-8")
+    every = load_plan(path)
+    assert {ring_splits(every, gemm) for gemm in ("QKV projection", "MLP fc1")} == {4}
+    assert ring_splits(every, "MLP fc2 backward") == ring_splits(every, projection) == 4
+    assert ring_splits(load_plan(ROOT / "plans" / "llama3-70b.yaml"), "MLP fc1") == 8
+
+
 def test_zero3_last_block_reduce_scatter_of_a_micro_batch_is_exposed(tmp_path):
     """Under ZeRO-3 with overlap.dp_grads each block's gradients reduce behind the next
     block's backward, but the stage's first attention block is the backward's last: nothing

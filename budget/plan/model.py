@@ -406,6 +406,10 @@ class Overlap:
     # weight-gradient GEMMs of every micro-batch (true) or of the step's first N (its
     # wgrad_deferral_limit) in the pipeline's drain (`budget.step.deferred_wgrads`)
     defer_embedding_wgrad: bool | int = False
+    # Transformer Engine's ring-exchange overlaps (by its names: qkv_fprop, fc1_fprop,
+    # proj_dgrad, fc2_dgrad) whose userbuffers configuration sets ``aggregate``: their GEMM
+    # runs in tp / 2 chunks of two (`budget.step.RING_GEMMS`)
+    tp_comm_aggregate: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.slowdown < 1.0:

@@ -147,7 +147,9 @@ _NOT_SERVING = {
 }
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
 # the overlap keys that hold a value rather than a switch
-_OVERLAP_VALUES = ("slowdown", "tp_comm_sms", "defer_embedding_wgrad")
+_OVERLAP_VALUES = ("slowdown", "tp_comm_sms", "defer_embedding_wgrad", "tp_comm_aggregate")
+# Transformer Engine's ring-exchange overlaps, which ``overlap.tp_comm_aggregate: true`` names
+RING_EXCHANGES = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
 PRESET_AND_CONFIG = (
     "model.preset and model.hf_config both describe the whole model; keep one and write any "
@@ -2364,6 +2366,14 @@ def preset_problems(tree: Mapping[str, Any], marks: Marks, file: str) -> list[Pr
     return r.problems
 
 
+def _aggregated(value: Any) -> tuple[str, ...]:
+    """``overlap.tp_comm_aggregate``: every ring exchange (true), none (false) or those
+    named, in Transformer Engine's order."""
+    if isinstance(value, bool):
+        return RING_EXCHANGES if value else ()
+    return tuple(name for name in RING_EXCHANGES if name in value)
+
+
 def _comm_sms(value: Any) -> CommSms:
     """``overlap.tp_comm_sms``: one count for both GEMMs, or ``{attention, mlp}``."""
     if isinstance(value, Mapping):
@@ -2575,6 +2585,7 @@ def resolve(
             tp_comm_sms=comm_sms,
             # true: every micro-batch's (Megatron-Core's wgrad_deferral_limit 0); N: the first N
             defer_embedding_wgrad=overlap.get("defer_embedding_wgrad", False),
+            tp_comm_aggregate=_aggregated(overlap.get("tp_comm_aggregate", False)),
         ),
         transitions=transitions,
         # hierarchical is priced as named across levels (the ring is the default there for
