@@ -109,7 +109,9 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         recv_bytes=_share(cost.recv_bytes, move.recv_share) * chunks,
         algorithm=cost.algorithm,
         steps=int(cost.steps) * chunks,
-        count=move.count * phase.count,
+        # a whole number of calls where a move runs on a share of the phase's instances (the
+        # loss's re-gathers beside deferred weight gradients: review m369 read 13.000000000000004)
+        count=round(move.count * phase.count),
         src=move.src,
         dst=move.dst,
         link=links,

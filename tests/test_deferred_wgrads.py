@@ -100,6 +100,16 @@ def test_a_limit_defers_the_first_micro_batches_and_the_rest_run_in_line() -> No
     again = "output layer input again, for weight grad"
     assert _calls(deferred["loss"], again) == pytest.approx(13)
     assert all("head.wgrad" not in (p.name for p in s.phases) for s in derive(on).stages[:-1])
+    # the input gradient's reduce-scatter: hidden behind the weight-gradient GEMM where it
+    # runs in line, waited for whole beside a deferred one (review m369); whole call counts
+    rows = {c.name: c for p in build_report(on).phases for c in p.collectives}
+    alone, beside = (
+        rows["output layer input gradient (weight gradient deferred)"],
+        rows["output layer input gradient"],
+    )
+    assert (alone.count, beside.count, rows[again].count) == (50, 13, 13)
+    assert alone.exposed_s == alone.time_s > 0 and beside.exposed_s == 0
+    assert "weight-gradient GEMM deferred" in alone.overlap_rule
 
 
 def test_the_kept_inputs_and_logits_gradients_are_held_until_the_drain() -> None:
@@ -178,6 +188,22 @@ def test_a_plan_megatron_would_refuse_is_refused(tmp_path, edits, says) -> None:
         load_plan(path)
     (problem,) = caught.value.problems
     assert problem.path == "$.overlap.defer_embedding_wgrad" and says in problem.message
+
+
+def test_a_search_seed_is_refused_what_no_layout_of_it_can_run(tmp_path) -> None:
+    """A search's seed skips the rules its layout decides (pp 1 would be searched anew),
+    but not a loss the deferral cannot run beside, whatever the layout (review m369: the
+    search priced it deferred and wrote a plan `budget` refuses)."""
+    deferred = "recompute: selective\noverlap: {defer_embedding_wgrad: true}"
+    one_stage = variant(
+        tmp_path, "one.yaml", ("  pp: 8\n", "  pp: 1\n"), ("recompute: selective", deferred)
+    )
+    assert load_plan(one_stage, seed=True).overlap.defer_embedding_wgrad is True
+    pytorch = variant(tmp_path, "pt.yaml", ("recompute: selective", f"{deferred}\nloss: pytorch"))
+    with pytest.raises(BudgetError) as caught:
+        load_plan(pytorch, seed=True)
+    (problem,) = caught.value.problems
+    assert "loss is pytorch" in problem.message
 
 
 def test_zero_is_no_limit_a_plan_can_write(tmp_path) -> None:

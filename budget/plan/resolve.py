@@ -1495,17 +1495,24 @@ def _check_early_stop(r: _Resolver, tree: Tree) -> None:
 
 
 def _check_deferred_wgrads(
-    r: _Resolver, deferred: object, par: Parallel, loss: object, model: Model | None
+    r: _Resolver,
+    deferred: object,
+    par: Parallel,
+    loss: object,
+    model: Model | None,
+    layout: bool = True,
 ) -> None:
     """``overlap.defer_embedding_wgrad`` is Megatron-Core's: ``ModelParallelConfig``
     refuses it without a pipeline ("Cannot defer embedding wgrad compute when pipeline model
     parallel is not used"), its buffers hang on Megatron-Core's output layer, whose
     cross-entropy is ``loss: megatron``, and the multi-token prediction heads' passes through
-    that layer are not priced deferred (`step._deferred_wgrads`)."""
+    that layer are not priced deferred (`step._deferred_wgrads`). Without `layout` (a
+    search's seed, whose layout the search replaces) the pipeline is not asked for: a layout
+    of one stage prices none deferred, and `plan.write` drops the key from it."""
     if deferred is False or deferred is None:
         return
     where = "$.overlap.defer_embedding_wgrad"
-    if par.pp == 1:
+    if layout and par.pp == 1:
         r.error(
             where,
             "defer_embedding_wgrad moves the output layer's weight gradients into the "
@@ -2523,6 +2530,11 @@ def resolve(
                 f"overlaps; give fewer than {device.sms}",
             )
     transitions: tuple[Transition, ...] = ()
+    if par is not None and "overlap" not in skip and mode == "train":
+        # a seed's too where they do not turn on its layout (review m369: a search priced and
+        # wrote a deferral beside a loss that refuses it)
+        deferred = overlap.get("defer_embedding_wgrad")
+        _check_deferred_wgrads(r, deferred, par, tree.get("loss"), model, layout=not seed)
     if par is not None and not seed:  # each rule whose sections all resolved
         checks = (
             _LayoutChecks(r, mode, par, batch)
@@ -2535,8 +2547,6 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
-            deferred = overlap.get("defer_embedding_wgrad")
-            _check_deferred_wgrads(r, deferred, par, tree.get("loss"), model)
             gather, reduce = bool(overlap.get("param_gather")), bool(overlap.get("dp_grads"))
             if gather_overlap_alone(par.zero, gather, reduce):
                 r.error(
