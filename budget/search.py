@@ -1852,6 +1852,10 @@ def hardware(plan: Plan) -> dict[str, Any]:
         # the overlaps every layout keeps as the plan sets them: the sweep does not turn
         # them (a user audit: the ranking moved with them, and nothing said so)
         "overlap": {flag: getattr(plan.overlap, flag) for flag in OVERLAP_FLAGS},
+        # and the recipe's own pipeline and userbuffers settings, kept likewise (a layout of
+        # one stage defers nothing)
+        "defer_embedding_wgrad": plan.overlap.defer_embedding_wgrad,
+        "tp_comm_aggregate": list(plan.overlap.tp_comm_aggregate),
         # what a ZeRO 3 layout gathers at once (`Parallel.fsdp_unit`), as the plan says
         "fsdp_unit": plan.parallel.fsdp_unit,
         "reshard_after_forward": plan.parallel.reshard_after_forward,

@@ -169,8 +169,19 @@ def ring_splits(plan: Plan, gemm: str) -> Any:
     tp / 2 of two chunks each (Transformer Engine's ``CommOverlapP2PBase::split_overlap_ag``:
     "Aggregate 2X GEMM chunks", ``num_steps = tp_size / 2``), at least one."""
     tp = plan.parallel.tp
-    aggregated = {RING_GEMMS[name] for name in plan.overlap.tp_comm_aggregate}
-    return vmax(tp // 2, 1) if gemm in aggregated else tp
+    return vmax(tp // 2, 1) if aggregated(plan, gemm) else tp
+
+
+def aggregated(plan: Plan, gemm: str) -> bool:
+    """Whether the ring exchange beside `gemm` aggregates its chunks two by two
+    (`Overlap.tp_comm_aggregate`). Transformer Engine's aggregated exchange first swaps one
+    chunk with a neighbour and waits for it (``split_overlap_ag``: "Initial 1X input chunk
+    exchange between neighboring peers", then the compute stream waits on the receive), so
+    its first GEMM, of two chunks, starts only once 1 / (tp - 1) of the all-gather has
+    arrived, and the other transfers run beside the first tp / 2 - 1 of its tp / 2 GEMMs:
+    exposed max(T / (tp - 1), T - (tp - 2) / tp · W), every byte at tp = 2; without it the
+    first GEMM runs on the chunk the rank holds and waits for nothing."""
+    return gemm in {RING_GEMMS[name] for name in plan.overlap.tp_comm_aggregate}
 
 
 def _tp_moves(
@@ -274,6 +285,12 @@ def _tp_moves(
         rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
         if gemm.removesuffix(" backward") in USERBUFFER_GEMMS:
             m = replace(m, gemm_splits=ring_splits(plan, gemm))
+        if aggregated(plan, gemm):
+            # the first GEMM of two chunks waits for the neighbour's first chunk, the rest
+            # of the exchange beside all but the last of the tp / 2 GEMMs (review m370)
+            rule = f"{rule}, aggregated: its first chunk's transfer waited for"
+            share = (par.tp - 2) / par.tp * portion
+            return hide(m, gemm, "tp", rule, share=share, floor=1 / vmax(par.tp - 1, 1))
         return hide(m, gemm, "tp", rule, share=ring * portion)
 
     wgrad = f"{column} backward"

@@ -4,6 +4,7 @@ weight-gradient GEMMs of the step's first micro-batches in the pipeline's drain
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -264,3 +265,25 @@ def test_the_nemo_rows_defer_and_aggregate_as_their_recipes_say() -> None:
         overlap = plan_of(run).overlap
         assert overlap.defer_embedding_wgrad == deferred.get(model, False), run.name
         assert overlap.tp_comm_aggregate == aggregated.get(model, ()), run.name
+
+
+def test_a_search_says_the_recipe_settings_every_layout_keeps(tmp_path) -> None:
+    """`budget search` keeps the plan's deferral and aggregated ring exchanges for every layout
+    (the sweep does not turn them) and says so, in JSON and in its table's notes."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    settings = "overlap: {tp: true, defer_embedding_wgrad: 4, tp_comm_aggregate: [fc2_dgrad]}"
+    plan = variant(
+        tmp_path, "s.yaml", ("recompute: selective", f"recompute: selective\n{settings}")
+    )
+    args = ["search", str(plan), "--tp", "8", "--pp", "8,16", "--zero", "1", "--micro", "1"]
+    runner = CliRunner()
+    data = json.loads(runner.invoke(app, route([*args, "--format", "json"])).stdout)
+    hardware = data["hardware"]
+    assert (hardware["defer_embedding_wgrad"], hardware["tp_comm_aggregate"]) == (4, ["fc2_dgrad"])
+    assert validation_errors(data) == []
+    text = " ".join(runner.invoke(app, route(args), env={"COLUMNS": "200"}).stdout.split())
+    assert "defer up to 4 micro-batches' output-layer weight gradients to the drain" in text
+    assert "Ring exchanges aggregated (the plan's tp_comm_aggregate): fc2_dgrad." in text

@@ -821,13 +821,41 @@ def test_an_aggregated_ring_exchange_runs_its_gemm_in_half_the_chunks(tmp_path):
     assert kernels["backward.attention"][projection] == pytest.approx(seconds(works[projection], 5))
     assert kernels["forward.mlp"]["MLP fc1"] == pytest.approx(seconds(works["MLP fc1"], 8))
     rows = {c.name: c for p in build_report(plan).phases for c in p.collectives}
-    assert "by ring exchange in 4 GEMM chunks" in rows["attention input"].overlap_rule
+    assert "by ring exchange, aggregated" in rows["attention input"].overlap_rule
+    assert "in 4 GEMM chunks" in rows["attention input"].overlap_rule
     assert "by ring exchange in 8 GEMM chunks" in rows["MLP input"].overlap_rule
+    # its first GEMM, of two chunks, waits for the neighbour's first chunk (review m370): one
+    # transfer of tp - 1 exposed, the other six beside three of the four GEMMs
+    moves = {(p.name, m.name): m for p in phases.values() for m in p.moves}
+    gather = moves["forward.attention", "attention input"]
+    assert (gather.share, gather.floor) == (6 / 8, 1 / 7)
+    grad = moves["backward.attention", "attention output gradient"]
+    assert (grad.share, grad.floor) == (6 / 16, 1 / 7)
+    timed, qkv = rows["attention input"], kernels["forward.attention"]["QKV projection"]
+    hidden = 6 / 8 * qkv / (1 - plan.overlap.slowdown)
+    assert timed.exposed_s == pytest.approx(max(timed.time_s / 7, timed.time_s - hidden))
+    assert timed.exposed_s >= timed.time_s / 7 > 0
+    assert moves["forward.mlp", "MLP input"].floor == 0
     path.write_text(base + "overlap: {tp: true, tp_comm_aggregate: true}\n", encoding="utf-8")
     every = load_plan(path)
     assert {ring_splits(every, gemm) for gemm in ("QKV projection", "MLP fc1")} == {4}
     assert ring_splits(every, "MLP fc2 backward") == ring_splits(every, projection) == 4
     assert ring_splits(load_plan(ROOT / "plans" / "llama3-70b.yaml"), "MLP fc1") == 8
+
+
+def test_an_aggregated_ring_exchange_over_two_ranks_hides_nothing(tmp_path):
+    """At tp 2 Transformer Engine's aggregated exchange is one swap and one GEMM over both
+    chunks, which waits for it (review m370: priced hidden, and the step faster than
+    without aggregating)."""
+    base = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    base = base.replace("tp: 8", "tp: 2").replace("dp: 16", "dp: 64")
+    path = tmp_path / "tp2.yaml"
+    path.write_text(base + "overlap: {tp: true, tp_comm_aggregate: [fc1_fprop]}\n", "utf-8")
+    plan = load_plan(path)
+    assert plan.parallel.tp == 2
+    rows = {c.name: c for p in build_report(plan).phases for c in p.collectives}
+    assert rows["MLP input"].exposed_s == rows["MLP input"].time_s > 0
+    assert rows["attention input"].exposed_s == 0
 
 
 def test_zero3_last_block_reduce_scatter_of_a_micro_batch_is_exposed(tmp_path):

@@ -746,6 +746,8 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
             "pp": False,
             "ep": False,
         },
+        "defer_embedding_wgrad": False,  # and the recipe's pipeline and userbuffers settings
+        "tp_comm_aggregate": [],
         "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
         "reshard_after_forward": True,  # and whether it frees it after its forward
         "fsdp_root": "whole",  # and what it makes of the parameters outside the layers
@@ -2437,8 +2439,9 @@ def test_a_split_of_one_and_two_layer_chunks_ranks_at_its_replayed_time():
     × 7 chunks are 14 chunks of two layers among 98 of one. The closed form over stage
     totals priced it 16.31 s and ranked it first, ahead of NeMo's own pp 9 × 7 (two layers
     a chunk, 16.38 s); replayed in Megatron-LM's order, as its report prices it, the
-    two-layer chunks pace the stages that wait on them and it takes 17.31 s (a search
-    audit; 17.39 s before the recipe's aggregated ring exchanges were priced). The search
+    two-layer chunks pace the stages that wait on them and it takes 17.47 s (a search
+    audit read 17.39 s before the recipe's deferred weight gradients and aggregated ring
+    exchanges were priced). The search
     now ranks it at that, behind the published layout. Both are interleaved, so both are
     replayed (`layers.chunk_times_differ`: the last chunk holds the loss), the published one
     too as it is shown."""
@@ -2465,7 +2468,7 @@ def test_a_split_of_one_and_two_layer_chunks_ranks_at_its_replayed_time():
         assert _relative(report.step["time_s"], r.step_time_s) < 1e-9, r.config
         assert _relative(report.step["mfu"], r.mfu) < 1e-9
     slow = outcome.results[1].step_time_s
-    assert 17.2 < slow < 17.4 and outcome.results[0].step_time_s < 16.5
+    assert 17.35 < slow < 17.6 and outcome.results[0].step_time_s < 16.5
     # README ("Search") quotes both as the search ranks them now (an audit found 17.40 s and
     # 16.40 s beside 17.41 and 16.43)
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text("utf-8").split())

@@ -433,6 +433,16 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         off = [flag for flag, value in overlap.items() if not value]
         parts = [f"{', '.join(on)} on" if on else "", f"{', '.join(off)} off" if off else ""]
         kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
+    deferred = hardware.get("defer_embedding_wgrad")
+    if deferred:
+        which = "every micro-batch's" if deferred is True else f"up to {deferred} micro-batches'"
+        kept += (
+            f" Layouts of more than one stage defer {which} output-layer weight gradients to "
+            "the drain (the plan's defer_embedding_wgrad)."
+        )
+    if hardware.get("tp_comm_aggregate"):
+        named = ", ".join(hardware["tp_comm_aggregate"])
+        kept += f" Ring exchanges aggregated (the plan's tp_comm_aggregate): {named}."
     if hardware.get("fsdp_unit") == "layer":
         kept += " ZeRO 3 layouts gather and reduce-scatter whole layers (the plan's fsdp_unit)."
     if hardware.get("fsdp_root") == "split":
