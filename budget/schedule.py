@@ -749,7 +749,13 @@ def time_phase(
                 slowed = plan.overlap.slowdown * (total - exposed)
                 # a ring exchange (a pipelined one names its chunks already)
                 if isinstance(move.gemm_splits, int) and move.gemm_splits > 1 and chunks == 1:
-                    rule = f"{rule} in {move.gemm_splits} GEMM chunks"
+                    # beside the exchange it names, before what the rule says of it (an
+                    # aggregated one's wait: review m371 read "waited for in 4 GEMM chunks")
+                    chunked = f"in {move.gemm_splits} GEMM chunks"
+                    if "by ring exchange" in rule:
+                        rule = rule.replace("by ring exchange", f"by ring exchange {chunked}", 1)
+                    else:
+                        rule = f"{rule} {chunked}"
             if plan.overlap.slowdown and (isinstance(slowed, np.ndarray) or slowed > 0):
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
         if move.flag:

@@ -287,3 +287,40 @@ def test_a_search_says_the_recipe_settings_every_layout_keeps(tmp_path) -> None:
     text = " ".join(runner.invoke(app, route(args), env={"COLUMNS": "200"}).stdout.split())
     assert "defer up to 4 micro-batches' output-layer weight gradients to the drain" in text
     assert "Ring exchanges aggregated (the plan's tp_comm_aggregate): fc2_dgrad." in text
+
+
+def test_a_diff_tells_every_micro_batch_from_the_first(tmp_path) -> None:
+    """`true` (every micro-batch) and `1` (the first) are different plans, which Python holds
+    equal (review m371: "Plan changes: none" beside a 95 ms difference)."""
+    from budget.diff import plan_changes
+
+    every = variant(
+        tmp_path,
+        "t.yaml",
+        ("recompute: selective", "recompute: selective\noverlap: {defer_embedding_wgrad: true}"),
+    )
+    first = variant(
+        tmp_path,
+        "one.yaml",
+        ("recompute: selective", "recompute: selective\noverlap: {defer_embedding_wgrad: 1}"),
+    )
+    (change,) = plan_changes(load_plan(every), load_plan(first))
+    assert (change.key, change.a, change.b) == ("overlap.defer_embedding_wgrad", True, 1)
+
+
+def test_the_step_line_names_the_drain_in_the_stage_that_ends_the_step() -> None:
+    """The 340B's last stage ends the step with its deferred weight gradients, then its
+    reduction: the step line and the pacing note say both (review m371: "reduction" alone,
+    two thirds of it the drain's GEMMs)."""
+    from budget.render.table import pacing_note, summary
+
+    report = build_report(_row("Nemotron-4 340B, 2,048 GPUs"))
+    assert report.step["after_stage"] == 7
+    line = " ".join(summary(report)[0].split())
+    assert "+ deferred output-layer weight gradients, gradient reduction and optimizer" in line
+    assert "(stage 7's weight gradients and reduction, which end latest, start " in line
+    assert "weight gradients and gradient reduction of stage 7, which end latest" in (
+        pacing_note(report)
+    )
+    plain = " ".join(summary(build_report(_off(_row("Nemotron-4 340B, 2,048 GPUs"))))[0].split())
+    assert "+ gradient reduction and optimizer" in plain and "weight gradients" not in plain

@@ -435,7 +435,13 @@ def hardware_text(hardware: dict[str, Any]) -> str:
         kept = f" Every layout keeps the plan's overlap: {'; '.join(p for p in parts if p)}."
     deferred = hardware.get("defer_embedding_wgrad")
     if deferred:
-        which = "every micro-batch's" if deferred is True else f"up to {deferred} micro-batches'"
+        which = (
+            "every micro-batch's"
+            if deferred is True
+            else "the first micro-batch's"
+            if deferred == 1
+            else f"up to {deferred} micro-batches'"
+        )
         kept += (
             f" Layouts of more than one stage defer {which} output-layer weight gradients to "
             "the drain (the plan's defer_embedding_wgrad)."

@@ -822,11 +822,13 @@ def pacing_note(report: Report) -> str:
     # communication against the row's 1.97 s, with nothing saying they are not its phases
     whose = "that stage's phases"
     if after is not None and (after, optimizer) != (pacing, pacing):
-        reduction = f"the gradient reduction of stage {after}, which ends latest"
+        both = _deferred_on(report, after)
+        reduction = f"the {_reduction(report, after, ' and ')} of stage {after}, which "
+        reduction += "end latest" if both else "ends latest"
         if optimizer == after:
             reduction = (
-                f"the gradient reduction and optimizer of stage {after}, whose reduction "
-                "ends latest"
+                f"the {_reduction(report, after)} and optimizer of stage {after}, whose "
+                f"{'weight gradients and reduction end' if both else 'reduction ends'} latest"
             )
         whose = f"that stage's micro-batches, then {reduction}"
         if optimizer != after:
@@ -841,6 +843,30 @@ def pacing_note(report: Report) -> str:
         f"pacing stage {pacing}: the step's totals, from {whose}; each row above is its "
         "phase on the stage where it costs most, so the rows need not add up to them"
     )
+
+
+def _deferred_on(report: Report, stage: object) -> bool:
+    """Whether `stage` is the last of a step whose output-layer weight gradients it defers to
+    the drain (phase head.wgrad), which runs before its gradient reduction."""
+    deferred = report.mode == "train" and report.layout.get("defer_embedding_wgrad")
+    return bool(deferred) and stage == report.layout["pp"] - 1
+
+
+def _reduction(report: Report, stage: object, joined: str = ", ") -> str:
+    """What runs after the last backward on `stage` before its optimizer: its gradient
+    reduction, after its deferred weight gradients where it has them (review m371: two
+    thirds of what the step line called the 340B's reduction were those GEMMs)."""
+    if _deferred_on(report, stage):
+        return f"deferred output-layer weight gradients{joined}gradient reduction"
+    return "gradient reduction"
+
+
+def _reduced(report: Report) -> str:
+    """The after-stage's `_reduction` as the step line names it again, with its verbs: what
+    ends latest and when it starts."""
+    if _deferred_on(report, report.step.get("after_stage")):
+        return "weight gradients and reduction, which end latest, start"
+    return "reduction, which ends latest, starts"
 
 
 def step_label(report: Report) -> str:
@@ -1250,7 +1276,7 @@ def summary(report: Report) -> list[str]:
         lines.append(f"{exposed}; {scope} {_mfu(report)}")
         return lines
     body = _t(time_s - float(step["after_s"] or 0))
-    reduction = "gradient reduction"
+    reduction = _reduction(report, step.get("after_stage"))
     if report.layout["zero"] == 2 and report.microbatches > 1:  # one after every backward
         reduction = (
             f"gradient reductions after each of the {report.microbatches:,} micro-batches' "
@@ -1260,7 +1286,7 @@ def summary(report: Report) -> list[str]:
     drained = float(step.get("drained_s") or 0)
     if drained > 0:  # a later stage's reduction ends latest, from its own last backward
         tail += (
-            f" past its end (stage {step['after_stage']}'s reduction, which ends latest, starts "
+            f" past its end (stage {step['after_stage']}'s {_reduced(report)} "
             f"{_t(drained)} before it, while the stages ahead of it drain)"
         )
     gathers = float(step.get("fill_gathers_s") or 0)
