@@ -465,9 +465,8 @@ def _nemo_run(
     the recipe's ``wgrad_deferral_limit`` where it sets ``defer_embedding_wgrad_compute``
     (`overlap.defer_embedding_wgrad`, `_DEFERRED`); ``aggregate``: the ring exchanges its
     userbuffers configuration aggregates (`overlap.tp_comm_aggregate`, `_AGGREGATED`). No
-    activation recompute unless
-    ``recompute`` says otherwise. Vocabularies are padded as Megatron pads them, to a
-    multiple of 128 × TP."""
+    activation recompute unless ``recompute`` says otherwise. Vocabularies are padded as
+    Megatron pads them, to a multiple of 128 × TP."""
     tp, pp, cp, vp = layout
     parallel: dict[str, Any] = {
         "tp": tp,

@@ -1413,6 +1413,19 @@ def fsdp_summed(plan: Plan, params: Any) -> list[Work]:
     return [elementwise(FSDP_SUMMED, 3 * DTYPE_BYTES[plan.precision.param_gather] * params)]
 
 
+def output_layer(plan: Plan, s: Shapes) -> Work:
+    """The training step's output-layer GEMM over the rank's vocabulary shard, in the
+    activations' format (Megatron-Core's own ``ColumnParallelLinear``, `outside_operands`):
+    the forward `loss_work` runs, and the kernel each of its backward's two GEMMs is the size
+    of (`backward_of`; the deferred weight gradients, `step._drain`)."""
+    from budget.layers import vocab_rows
+
+    vocab = vocab_rows(plan)
+    return gemm(
+        "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
+    )
+
+
 def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     """The final norm, output layer (vocab-parallel GEMM), fp32 cross-entropy, and their
     backward; the final norm's backward, like the blocks' norms', reads its saved input and
@@ -1465,9 +1478,7 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
     from budget.layers import loss_rows, vocab_rows
 
     vocab, rows = vocab_rows(plan), loss_rows(plan)
-    logits = gemm(
-        "output layer", s.tokens, s.hidden, vocab, outside_operands(plan), outside_fp8(plan)
-    )
+    logits = output_layer(plan, s)
     capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * rows)
     norm = norm_kernel(plan, "final norm", 2 * s.act * s.tokens_sp * s.hidden)
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]

@@ -100,7 +100,7 @@ from budget.placement import (
     Placement,
     shard,
 )
-from budget.plan.model import DTYPE_BYTES, Plan, Transition
+from budget.plan.model import DTYPE_BYTES, RING_EXCHANGES, Plan, Transition
 from budget.plan.transitions import (
     WHOLE_PASSES,
     check_chains,
@@ -155,12 +155,13 @@ RS_SPLITS = 4  # Transformer Engine's pipelined GEMM + reduce-scatter overlap (`
 # ``ColumnParallelLinear``, with no userbuffers. Other overlapped GEMMs keep their shape.
 USERBUFFER_GEMMS = ("QKV projection", "attention output projection", "MLP fc1", "MLP fc2")
 # Transformer Engine's ring-exchange overlaps (its userbuffers names) and the GEMM beside each
-RING_GEMMS = {
-    "qkv_fprop": "QKV projection",
-    "fc1_fprop": "MLP fc1",
-    "proj_dgrad": "attention output projection backward",
-    "fc2_dgrad": "MLP fc2 backward",
-}
+RING_GEMMS = dict(
+    zip(
+        RING_EXCHANGES,
+        ("QKV projection", "MLP fc1", "attention output projection backward", "MLP fc2 backward"),
+        strict=True,
+    )
+)
 
 
 def ring_splits(plan: Plan, gemm: str) -> Any:
@@ -181,7 +182,7 @@ def aggregated(plan: Plan, gemm: str) -> bool:
     arrived, and the other transfers run beside the first tp / 2 - 1 of its tp / 2 GEMMs:
     exposed max(T / (tp - 1), T - (tp - 2) / tp · W), every byte at tp = 2; without it the
     first GEMM runs on the chunk the rank holds and waits for nothing."""
-    return gemm in {RING_GEMMS[name] for name in plan.overlap.tp_comm_aggregate}
+    return any(RING_GEMMS[name] == gemm for name in plan.overlap.tp_comm_aggregate)
 
 
 def _tp_moves(
@@ -3075,12 +3076,11 @@ def _drain(b: _StageBuilder) -> None:
     if not np.any(holds(d > 0)):
         return
     plan, s = b.plan, b.shapes
-    (gemm,) = (w for w in flops.loss_work(plan, s) if w.name == HEAD_BACKWARD)
-    forward_rows = gemm.dims[0] if gemm.dims is not None else s.tokens
-    wgrad = replace(
-        gemm.scaled(0.5, "output layer weight gradient (deferred)", gemm.launches / 2),
-        inner=(forward_rows,),
-    )
+    # one of the backward's two GEMMs, each the forward's size, over the forward's rows
+    # (`flops.backward_of`: dW = Xᵀ·dY runs over the tokens)
+    forward = flops.output_layer(plan, s)
+    rows = forward.dims[0] if forward.dims is not None else s.tokens
+    wgrad = replace(forward, name="output layer weight gradient (deferred)", inner=(rows,))
     par = plan.parallel
     gather = Move(
         "output layer input, gathered for its deferred weight gradient",

@@ -9,6 +9,26 @@ PLANS = sorted((ROOT / "plans").glob("*.yaml"))
 GPT3 = ROOT / "plans" / "gpt3-175b.yaml"
 
 
+def searched_layout(**degrees: object) -> dict[str, object]:
+    """A layout as `budget search` hands `budget.plan.write.layout_yaml` one: every key it
+    writes, one rank of each group, one micro-batch and no recompute unless `degrees` says
+    otherwise."""
+    return {
+        "tp": 1,
+        "pp": 1,
+        "dp": 1,
+        "cp": 1,
+        "ep": 1,
+        "zero": 0,
+        "sequence_parallel": False,
+        "recompute": "none",
+        "micro": 1,
+        "virtual_stages": 1,
+        "dp_shard": None,
+        **degrees,
+    }
+
+
 def variant(tmp_path: Path, name: str, *edits: tuple[str, str], base: Path = GPT3) -> Path:
     """A copy of `base` with each (old, new) line fragment replaced exactly once."""
     text = base.read_text(encoding="utf-8")

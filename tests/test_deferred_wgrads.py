@@ -22,7 +22,7 @@ from budget.report import to_dict
 from budget.report_schema import validation_errors
 from budget.schedule import per_microbatch, step_time
 from budget.step import derive
-from tests.plan_files import variant
+from tests.plan_files import searched_layout, variant
 
 ROOT = Path(__file__).parent.parent
 GPT3 = ROOT / "plans" / "gpt3-175b.yaml"
@@ -231,20 +231,9 @@ def test_a_searched_layout_without_a_pipeline_drops_it(tmp_path) -> None:
         ("recompute: selective", "recompute: selective\noverlap: {defer_embedding_wgrad: 22}"),
     )
     data = seed.read_bytes()
-    layout = {
-        "tp": 8,
-        "dp": 128,
-        "cp": 1,
-        "ep": 1,
-        "zero": 1,
-        "sequence_parallel": True,
-        "recompute": "selective",
-        "micro": 1,
-        "virtual_stages": 1,
-        "dp_shard": None,
-    }
+    layout = searched_layout(tp=8, zero=1, sequence_parallel=True, recompute="selective")
     kept = yaml.safe_load(layout_yaml(seed, data, {**layout, "pp": 8, "dp": 16}, 1024, "s.json"))
-    gone = yaml.safe_load(layout_yaml(seed, data, {**layout, "pp": 1}, 1024, "s.json"))
+    gone = yaml.safe_load(layout_yaml(seed, data, {**layout, "dp": 128}, 1024, "s.json"))
     assert kept["overlap"]["defer_embedding_wgrad"] == 22
     assert "defer_embedding_wgrad" not in gone.get("overlap", {})
 

@@ -18,7 +18,7 @@ from budget.schedule import step_time, work_time
 from budget.step import derive
 from budget.units import format_duration
 from tests.builders import make_plan
-from tests.plan_files import variant
+from tests.plan_files import searched_layout, variant
 
 ROOT = Path(__file__).parent.parent
 FSDP = ROOT / "plans" / "llama3-8b-fsdp.yaml"
@@ -162,18 +162,7 @@ def test_a_searched_layout_without_full_recompute_drops_it() -> None:
     """`budget search` writes the seed with the ranked layout in: where that layout does not
     recompute in full, the key would be refused, so it goes."""
     data = FSDP.read_bytes()
-    layout = {
-        "tp": 1,
-        "pp": 1,
-        "dp": 8,
-        "cp": 1,
-        "ep": 1,
-        "zero": 3,
-        "sequence_parallel": False,
-        "micro": 1,
-        "virtual_stages": 1,
-        "dp_shard": None,
-    }
+    layout = searched_layout(dp=8, zero=3)
     kept = yaml.safe_load(layout_yaml(FSDP, data, {**layout, "recompute": "full"}, 8, "s.json"))
     gone = yaml.safe_load(layout_yaml(FSDP, data, {**layout, "recompute": "none"}, 8, "s.json"))
     assert kept["recompute_early_stop"] is True

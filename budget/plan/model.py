@@ -392,6 +392,11 @@ class CommSms:
         return self.attention if block == "attention" else self.mlp
 
 
+# Transformer Engine's ring-exchange overlaps by its userbuffers names, in its order: the
+# ones ``overlap.tp_comm_aggregate`` may name (true: all of them; `budget.step.RING_GEMMS`)
+RING_EXCHANGES = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
+
+
 @dataclass(frozen=True, slots=True)
 class Overlap:
     dp_grads: bool = False

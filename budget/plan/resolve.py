@@ -28,6 +28,7 @@ from budget.plan.model import (
     GATED_MLPS,
     MAX_GPUS,
     OVERLAP_SLOWDOWN,
+    RING_EXCHANGES,
     TP_COMM_SMS,
     Batch,
     CommSms,
@@ -148,8 +149,6 @@ _NOT_SERVING = {
 _INFERENCE_KEYS = ("sequences", "prompt", "generate")
 # the overlap keys that hold a value rather than a switch
 _OVERLAP_VALUES = ("slowdown", "tp_comm_sms", "defer_embedding_wgrad", "tp_comm_aggregate")
-# Transformer Engine's ring-exchange overlaps, which ``overlap.tp_comm_aggregate: true`` names
-RING_EXCHANGES = ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")
 # The plan schema's message for the pair (plan.schema.json, model.allOf) is this sentence.
 PRESET_AND_CONFIG = (
     "model.preset and model.hf_config both describe the whole model; keep one and write any "
