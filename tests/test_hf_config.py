@@ -1250,6 +1250,12 @@ def test_an_fp8_checkpoint_that_keeps_block_layers_in_bf16_is_refused() -> None:
         "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"],
     }
     assert translate({**llama, "quantization_config": ignore}).weights == "fp8"
+    # Qwen3-Coder-480B-A35B-Instruct-FP8 lists every layer's norms and router, which no fp8
+    # config converts (transformers replaces linear layers alone; an audit: refused)
+    norms = ["lm_head", "model.layers.0.input_layernorm", "model.layers.0.mlp.gate"]
+    norms += ["model.layers.0.post_attention_layernorm", "re:.*self_attn.q_norm$"]
+    listed = {"quant_method": "fp8", "modules_to_not_convert": norms}
+    assert translate({**llama, "quantization_config": listed}).weights == "fp8"
     attention = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "lm_head"]
     meta = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": attention}
     with pytest.raises(HfConfigError, match=r"keeps 2 modules of the blocks out of fp8 \("):
@@ -1720,6 +1726,23 @@ def test_keys_another_family_reads_are_refused(
     said = "class reads it" if "," not in readers else "classes read it"
     assert f"(the {readers} {said})" in str(refused.value)
     assert translate({**config, key: None}).tree == translate(config).tree
+
+
+def test_a_qk_norm_key_the_class_builds_anyway_is_read() -> None:
+    """Qwen3's and Gemma 3's attention builds per-head q and k norms whatever the file says,
+    and Qwen3-Coder-480B's files say so, use_qk_norm true beside model_type qwen3_moe: read
+    as the norms it builds (an audit: the release was refused as if transformers built it
+    without them). Where the class builds none (Llama) or full-width ones (OLMo 2), the key
+    still names what the model does not have, and is refused."""
+    for name in ("qwen3-30b-a3b", "qwen3-8b", "gemma-3-1b"):
+        config = _raw(name)
+        config = config.get("text_config", config)
+        read = translate({**config, "use_qk_norm": True}).tree
+        assert read == translate(config).tree
+        assert read["qk_norm"] == "per_head"
+    for name in ("llama3-70b", "olmo-2-7b-instruct"):
+        with pytest.raises(HfConfigError, match=r"use_qk_norm = true in config\.json"):
+            translate({**_raw(name), "use_qk_norm": True})
 
 
 def test_an_expert_count_is_one_count_and_not_zero() -> None:

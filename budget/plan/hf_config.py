@@ -100,7 +100,9 @@ unless its ``architectures`` name another class (`_architecture_problems`). It a
 the keys the class reads: a key only other classes read (an expert layout's widths and
 periods, latent attention, multi-token prediction, InternLM2's ``bias``, GLM's
 ``use_qk_norm``, Gemma's activation and soft-cap, ``qkv_bias``) is refused where it is set,
-as transformers would build the model without it (`_foreign_problems`); the expert count's
+as transformers would build the model without it (`_foreign_problems`), unless it states
+what the class builds anyway (``use_qk_norm`` true where its attention makes per-head
+norms, as Qwen3-Coder-480B's files write); the expert count's
 three names are read as one another, so two of them must agree.
 
 A key the file leaves out takes the default of the class its ``model_type`` names
@@ -726,6 +728,11 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
         value = config.get(key)
         if family in families or value in (None, 0, False, [], ""):
             continue
+        if key == "use_qk_norm" and value is True and _QK_NORMS.get(family) == "per_head":
+            # states what the class builds anyway: Qwen3's and Gemma 3's attention makes
+            # per-head q and k norms whatever the file says, and Qwen3-Coder-480B's files
+            # say so (an audit, m372: the release was refused)
+            continue
         read = (
             f"the {', '.join(sorted(families))} "
             + ("classes read it" if len(families) > 1 else "class reads it")
@@ -1149,16 +1156,20 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
 
 
 # Modules an fp8 checkpoint may leave in bf16 that the budget keeps so anyway or that weigh
-# nothing: the embedding and output layer (`flops.VOCAB_WEIGHT_BYTES`) and MoE routers
+# nothing: the embedding and output layer (`flops.VOCAB_WEIGHT_BYTES`) and MoE routers; and
+# any norm (a name ending in "norm": input_layernorm, q_norm, ...), which no fp8 config
+# converts, transformers' `_replace_with_fp8_linear` (integrations/finegrained_fp8.py)
+# replacing linear layers alone (Qwen3-Coder-480B-A35B-Instruct-FP8 lists each layer's two
+# norms; an audit, m372: the release was refused)
 _KEPT_ANYWAY = ("lm_head", "embed_tokens", "gate", "shared_expert_gate", "router")
 
 
 def _kept_out(quant: Mapping[str, Any], where: str) -> list[str]:
     """The modules an fp8 ``quantization_config`` leaves unquantized (``modules_to_not_convert``
     of transformers' fp8 configs, ``ignore`` of compressed-tensors'; a name or a ``re:``
-    pattern) beyond those the budget keeps in bf16 anyway (`_KEPT_ANYWAY`). Either, where
-    given, is a list of names (an audit: a bare string was passed over, its module
-    budgeted in fp8)."""
+    pattern) beyond those the budget keeps in bf16 anyway and the norms (`_KEPT_ANYWAY`).
+    Either, where given, is a list of names (an audit: a bare string was passed over, its
+    module budgeted in fp8)."""
     lists = [quant.get(key) for key in ("modules_to_not_convert", "ignore")]
     for key, value in zip(("modules_to_not_convert", "ignore"), lists, strict=True):
         if value is not None and (
@@ -1170,8 +1181,11 @@ def _kept_out(quant: Mapping[str, Any], where: str) -> list[str]:
                 f"quantization_config.{key} = {shown} in {where} is not a list of module names"
             )
     names = [str(n) for names in lists if isinstance(names, list) for n in names]
+    last = [n.removeprefix("re:").rstrip("$").split(".")[-1] for n in names]
     return [
-        n for n in names if n.removeprefix("re:").rstrip("$").split(".")[-1] not in _KEPT_ANYWAY
+        n
+        for n, module in zip(names, last, strict=True)
+        if module not in _KEPT_ANYWAY and not module.endswith("norm")
     ]
 
 
