@@ -96,7 +96,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.27: the report's ``layout.defer_embedding_wgrad``, how many micro-batches' output-layer
 # weight gradients the last stage defers to the pipeline's drain (null where none), and the
 # phase ``head.wgrad`` that runs them
-SCHEMA_VERSION = "1.27"
+# 1.28: diff's summary gives ``mfu_causal``, each plan's MFU counting the attention as the
+# causal mask computes it, where either report prints it beside MFU (a tenth or more below)
+SCHEMA_VERSION = "1.28"
 
 Kind = Literal[
     "report",

@@ -69,6 +69,7 @@ _LABELS = {
     "tokens_per_s": "tokens/s",
     "tokens_per_s_per_gpu": "tokens/s per GPU",
     "mfu": "MFU",
+    "mfu_causal": "MFU, causal attention",
     "ttft_s": "time to first token",
     "decode_token_s": "decode, per token",
 }
@@ -230,6 +231,10 @@ def _summary_label(diff: PlanDiff, metric: str) -> str:
         # what each side's is of: "tokens/s per GPU (training → decoding)"
         rate, paren, rest = _summary_label(diff, "tokens_per_s").partition(" (")
         return f"{rate} per GPU{paren}{rest}"
+    if metric == "mfu_causal":  # MFU's, counting the attention as the mask computes it:
+        # "MFU, causal attention (bf16 → fp8 peak)"
+        mfu, paren, rest = _summary_label(diff, "mfu").partition(" (")
+        return f"{mfu}, causal attention{paren}{rest}"
     ma, mb = diff.modes
     words = _OF_MODE.get(metric, {})
     if words and words[ma] != words[mb]:  # each side's figure is of its own mode's work

@@ -1400,10 +1400,10 @@ def _mfu(report: Report) -> str:
     long enough context, an audit's 104.4 % at 4.7M tokens, where the GPUs ran at 52 %)."""
     mfu = float(report.step["mfu"] or 0)
     text = f"{format_share(mfu)} of the {report.mfu_format} peak"
-    causal = report.step.get("mfu_causal")
-    if causal is not None and mfu and float(causal) <= 0.9 * mfu:
+    causal = report.causal_mfu
+    if causal is not None:
         text += (
-            f" (PaLM's count, attention unmasked; {format_share(float(causal))} counting "
+            f" (PaLM's count, attention unmasked; {format_share(causal)} counting "
             "it as the causal mask computes it)"
         )
     return text
