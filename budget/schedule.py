@@ -970,6 +970,9 @@ class Replay:
     # what a stage's send keeps its receiver waiting past its own op's end, by the sending
     # stage's forward sends, then its backward sends: (2p,), or (2p, n) (`replay_of`)
     delays: np.ndarray | None = None
+    # interleaved without overlapped sends: Megatron-LM's order of its batched calls
+    # (`late_waits`)
+    late: bool = False
 
     def take(self, i: int) -> Replay:
         """Layout `i`'s numbers, where the fields are arrays over a sweep's layouts."""
@@ -984,6 +987,7 @@ class Replay:
             at(self.after),
             at(self.floor),
             delays=None if self.delays is None else _layout_delays(self.delays, i),
+            late=self.late,
         )
 
     def columns(self, index: np.ndarray) -> Replay:
@@ -1003,14 +1007,15 @@ class Replay:
             picked = delays.ndim == 2
             delays = delays[:, index] if picked else _delay_columns(delays, chunks, len(index))
         numbers = (at(self.microbatches), at(self.rest), at(self.after), at(self.floor))
-        return Replay(chunks, *numbers, delays=delays)
+        return Replay(chunks, *numbers, delays=delays, late=self.late)
 
     @staticmethod
     def joined(parts: Sequence[Replay]) -> Replay:
         """The layouts of `parts` (sweeps' replays of one pipeline depth and virtual
-        stages, without stages) as one replay, in order."""
+        stages, without stages, and one order: `late`) as one replay, in order."""
         if len(parts) == 1:
             return parts[0]
+        (late,) = {p.late for p in parts}
         n = [p.chunks.shape[-1] for p in parts]
 
         def cat(name: str) -> np.ndarray:  # a field of every part, one per layout
@@ -1026,12 +1031,14 @@ class Replay:
                 axis=-1,
             )
         numbers = (cat("microbatches"), cat("rest"), cat("after"), cat("floor"))
-        return Replay(chunks, *numbers, delays=delays)
+        return Replay(chunks, *numbers, delays=delays, late=late)
 
     def pipeline(self) -> float:
         """The pipeline's time to the end of its last stage's reduction after it, less the
         longest such reduction (the closed form's `after`, which `step_time` adds back)."""
-        raw = pipeline_replay(self.chunks[0], self.chunks[1], self.microbatches, self.delays)
+        raw = pipeline_replay(
+            self.chunks[0], self.chunks[1], self.microbatches, self.delays, self.late
+        )
         return float(_floored(raw + self.rest - self.after, self.floor))
 
     def steps(self) -> np.ndarray:
@@ -1048,7 +1055,10 @@ class Replay:
         for count in sorted(set(m.tolist())):
             index = np.flatnonzero(m == count)
             raw[index] = pipeline_replays(
-                chunks[..., index], count, None if delays is None else delays[:, index]
+                chunks[..., index],
+                count,
+                None if delays is None else delays[:, index],
+                self.late,
             )
         out: np.ndarray = _floored(raw + rest - after, floor) + after
         return out
@@ -1136,7 +1146,10 @@ def replay_of(plan: Plan, stages: list[StageTime], m: Any) -> Replay:
     delays = np.array(cells[2 * p * v :])
     # none waits where every send is exposed (its sender's op holds it): the plain replay
     kept = delays if delays.any() else None
-    return Replay(shaped, m, rest, after, floor, tuple(stages), delays=kept)
+    # interleaved without overlapped sends, Megatron-LM's batched calls (`late_waits`),
+    # whose sends are exposed, so that none waits past its op's end
+    late = v > 1 and not plan.overlap.pp and kept is None
+    return Replay(shaped, m, rest, after, floor, tuple(stages), delays=kept, late=late)
 
 
 def _send_wait(stage: StageTime, which: str) -> Any:
@@ -1172,6 +1185,7 @@ def pipeline_replay(
     backward: Sequence[Sequence[float]] | np.ndarray,
     m: int,
     delays: Sequence[float] | np.ndarray | None = None,
+    late: bool = False,
 ) -> float:
     """The pipeline's makespan, replaying Megatron-LM's order op by op, where stage s runs
     model chunk c of a micro-batch forward in ``forward[s][c]`` seconds and backward in
@@ -1186,26 +1200,42 @@ def pipeline_replay(
 
     `delays`: how long each stage's send keeps its receiver waiting past the sending op's
     end (`_send_wait`), the p stages' forward sends then their backward sends; an op waiting
-    on another stage's op starts no sooner than that op's end and its send's wait."""
+    on another stage's op starts no sooner than that op's end and its send's wait. `late`:
+    the interleaved schedule without overlapped sends, whose steady forwards' outputs leave
+    after the backward that follows them (`late_waits`; no delays)."""
     p, v = len(forward), len(forward[0])
+    late = late and v > 1  # one chunk sends each output as its op ends (`late_waits`)
     times = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
     waits = None if delays is None else [*np.ravel(delays).tolist(), 0.0]
     short = shortened_count(p, v, m)
     if short is not None:
-        ends = np.array(_replay_ends(times, p, v, short, waits))[:, None]
+        ends = np.array(_replay_ends(times, p, v, short, waits, late))[:, None]
         (step,) = _extrapolated(ends, p, v, short, m)
         if not np.isnan(step):
             return float(step)
-    return max(_replay_ends(times, p, v, m, waits))
+    return max(_replay_ends(times, p, v, m, waits, late))
 
 
 def _replay_ends(
-    times: list[float], p: int, v: int, m: int, delays: list[float] | None = None
+    times: list[float],
+    p: int,
+    v: int,
+    m: int,
+    delays: list[float] | None = None,
+    late: bool = False,
 ) -> list[float]:
     """The end of every op of `pipeline_replay`, by op number (0, the step's start, ends at 0);
-    `delays` the sends' waits by `replay_senders`' index (the last, none, 0)."""
+    `delays` the sends' waits by `replay_senders`' index (the last, none, 0); `late`, the
+    interleaved order without overlapped sends (`late_waits`), which has none."""
     ops, before, waits, runs = (column.tolist() for column in replay_order(p, v, m))
     ends = [0.0] * (len(ops) + 1)
+    if late:
+        if delays is not None:
+            raise ValueError("sends waited for after their op end with it: no delays")
+        first, second = (column.tolist() for column in late_waits(p, v, m))
+        for op, a, b, c, t in zip(ops, before, first, second, runs, strict=True):
+            ends[op] = max(ends[a], ends[b], ends[c]) + times[t]
+        return ends
     if delays is None:  # every send exposed (`replay_of`): no wait to look up per op
         for op, a, b, t in zip(ops, before, waits, runs, strict=True):
             after, wait = ends[a], ends[b]
@@ -1274,7 +1304,9 @@ def _extrapolated(ends: np.ndarray, p: int, v: int, short: int, m: int) -> np.nd
     return np.where(steady, step + (m - short) // p * shift, np.nan)
 
 
-def pipeline_replays(chunks: np.ndarray, m: int, delays: np.ndarray | None = None) -> np.ndarray:
+def pipeline_replays(
+    chunks: np.ndarray, m: int, delays: np.ndarray | None = None, late: bool = False
+) -> np.ndarray:
     """`pipeline_replay` of many layouts at once, bit for bit: chunk times (2, p, v, n) of n
     layouts sharing p, v and m, each shortened as it would be alone where that count is
     steady for it (`shortened_count`). Ops run a level at a time (`replay_levels`), each level's
@@ -1284,8 +1316,10 @@ def pipeline_replays(chunks: np.ndarray, m: int, delays: np.ndarray | None = Non
     by op: finding the levels walks every op as its replay does (at p 32, v 2, m 1,536:
     76 ms to find them and 55 ms to run them, against 62 ms op by op), and a search
     replays most of its shown layouts one at a time. `delays`: the sends' waits
-    (`pipeline_replay`), (2p, n)."""
+    (`pipeline_replay`), (2p, n); `late`, the interleaved order without overlapped sends
+    (`late_waits`)."""
     _, p, v, n = chunks.shape
+    late = late and v > 1  # one chunk sends each output as its op ends (`late_waits`)
     if n == 1 or n * p < 32:  # a level costs more than the ops it runs: one by one
         return np.array(
             [
@@ -1294,6 +1328,7 @@ def pipeline_replays(chunks: np.ndarray, m: int, delays: np.ndarray | None = Non
                     chunks[1, ..., i],
                     m,
                     None if delays is None else delays[:, i],
+                    late,
                 )
                 for i in range(n)
             ]
@@ -1305,28 +1340,36 @@ def pipeline_replays(chunks: np.ndarray, m: int, delays: np.ndarray | None = Non
     short = shortened_count(p, v, m)
     out = np.full(n, np.nan)
     if short is not None:
-        for start, ends in _level_ends(times, p, v, short, waits):
+        for start, ends in _level_ends(times, p, v, short, waits, late):
             out[start : start + ends.shape[1]] = _extrapolated(ends, p, v, short, m)
     whole = np.flatnonzero(np.isnan(out))  # not shortened, or not yet steady
     # (none: the levels of all m, which take as long to find as a replay, go unmade)
-    for start, ends in _level_ends(times[:, whole], p, v, m, waits[:, whole]) if whole.size else ():
-        out[whole[start : start + ends.shape[1]]] = ends.max(axis=0)
+    if whole.size:
+        for start, ends in _level_ends(times[:, whole], p, v, m, waits[:, whole], late):
+            out[whole[start : start + ends.shape[1]]] = ends.max(axis=0)
     return out
 
 
 def _level_ends(
-    times: np.ndarray, p: int, v: int, m: int, delays: np.ndarray
+    times: np.ndarray, p: int, v: int, m: int, delays: np.ndarray, late: bool = False
 ) -> Iterator[tuple[int, np.ndarray]]:
     """The end of every op (by op number) of the replays of `times`' layouts (a column
     each), a level at a time (`replay_levels`), as (first layout, ends) for a batch of
     layouts at a time: 32 MiB of ends at most. `delays`: the sends' waits by
-    `replay_senders`' index, (2p + 1, n), the last row 0."""
-    levels, ops = replay_levels(p, v, m)
+    `replay_senders`' index, (2p + 1, n), the last row 0 (all 0 where `late`: the
+    interleaved order without overlapped sends, `late_waits`)."""
+    levels, ops = replay_levels(p, v, m, late)
     batch = max(1, 2**22 // (ops + 1))
     for start in range(0, times.shape[1], batch):
         run = times[:, start : start + batch]
         wait = delays[:, start : start + batch]
         ends = np.zeros((ops + 1, run.shape[1]))  # by op number; 0 is the step's start
+        if late:  # two waits an op, neither delayed (`late_waits`)
+            for op, before, waits, index, second in levels:
+                ends[op] = np.maximum(np.maximum(ends[before], ends[waits]), ends[second])
+                ends[op] += run[index]
+            yield start, ends
+            continue
         for op, before, waits, index, sender in levels:
             ends[op] = np.maximum(ends[before], ends[waits] + wait[sender]) + run[index]
         yield start, ends
@@ -1336,23 +1379,28 @@ Level = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @lru_cache(maxsize=64)  # 100k ops take ~6 MB: a GPT-3 sweep's 41 orders, ~60 MB
-def replay_levels(p: int, v: int, m: int) -> tuple[tuple[Level, ...], int]:
+def replay_levels(p: int, v: int, m: int, late: bool = False) -> tuple[tuple[Level, ...], int]:
     """`replay_order`'s ops by level (an op's level is one more than the highest of what it
     waits for, the step's start being 0), each level as the four columns of its ops (views
     of one sorted copy): no op waits for another of its level, so a level runs at once.
-    And the count of ops. A fifth column: whose send each op waits for (`replay_senders`)."""
+    And the count of ops. A fifth column: whose send each op waits for (`replay_senders`);
+    where `late` (`late_waits`), the waits are those of the interleaved order without
+    overlapped sends and the fifth column the second op each waits for."""
     ops, before, waits, runs = replay_order(p, v, m)
-    senders = replay_senders(p, v, m)
+    if late:
+        waits, fifth = late_waits(p, v, m)
+    else:
+        fifth = replay_senders(p, v, m)
     depth = [0] * (ops.size + 1)
-    for op, a, b in zip(ops.tolist(), before.tolist(), waits.tolist(), strict=True):
-        x, y = depth[a], depth[b]
-        depth[op] = (x if x > y else y) + 1
+    seconds = fifth.tolist() if late else [0] * ops.size
+    for op, a, b, c in zip(ops.tolist(), before.tolist(), waits.tolist(), seconds, strict=True):
+        depth[op] = max(depth[a], depth[b], depth[c]) + 1
     level = np.array(depth)[ops]
     order = np.argsort(level, kind="stable")
     cuts = [0, *(np.flatnonzero(np.diff(level[order])) + 1).tolist(), ops.size]
-    op, prior, awaited, run, sender = (x[order] for x in (ops, before, waits, runs, senders))
+    op, prior, awaited, run, other = (x[order] for x in (ops, before, waits, runs, fifth))
     levels = tuple(
-        (op[a:b], prior[a:b], awaited[a:b], run[a:b], sender[a:b]) for a, b in pairwise(cuts)
+        (op[a:b], prior[a:b], awaited[a:b], run[a:b], other[a:b]) for a, b in pairwise(cuts)
     )
     return levels, int(ops.size)
 
@@ -1439,6 +1487,49 @@ def replay_order(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.nda
     if (rank[before] >= rank[ops]).any() or (rank[waits] >= rank[ops]).any():
         raise RuntimeError(f"no replay order for p {p}, v {v}, m {m}")
     return ops, before, waits, runs
+
+
+@lru_cache(maxsize=16)
+def late_waits(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """What each op of `replay_order` waits for on other stages in Megatron-LM's interleaved
+    schedule without overlapped sends (``overlap_p2p_comm`` off: the ``else`` branch of
+    ``forward_backward_pipelining_with_interleaving``, apex's and Megatron-LM's 2022
+    schedule alike), as two columns in `replay_order`'s order. Past its warm-up a stage
+    runs a forward, then a backward, and only then one batched call
+    (``send_forward_backward_recv_forward_backward``) that sends both their outputs and
+    receives the next forward's input and the next backward's output gradient, waiting for
+    both. So (first column) an op waiting on another stage's forward past that stage's
+    warm-up waits for the backward after it, which its output leaves with; and (second) a
+    forward past its own warm-up also waits for the gradient of the backward after it, the
+    op that backward waits for on another stage (0, the step's start, where it waits on its
+    own stage's forward: the last stage's last chunk). Warm-up forwards send as they end
+    (``send_forward_recv_forward``), the last of them receiving the first backward's
+    gradient with it, and backwards send as they end in every phase, as `replay_order`
+    has them. With one chunk (``forward_backward_pipelining_without_interleaving``) every
+    output is sent as its op ends, and the order is `replay_order`'s. A review (m379): the
+    replay let forwards start on outputs sent a backward earlier, 214 ms (2.5 %) short of
+    Megatron's order on Llama 3 70B at p 4, v 2 with 9 to 11 layers a chunk."""
+    ops, before, waits, _ = replay_order(p, v, m)
+    total = m * v
+    stage = (ops - 1) % (p * total) // total
+    forward = ops <= p * total
+    warm = np.array([_warmup(p, v, s, total) for s in range(p)])
+    steady = forward & ((ops - 1) % total >= warm[stage])  # a forward a backward follows
+    size = ops.size + 1  # by op number, 0 the step's start
+    after, by_stage, steady_op, waited = (np.zeros(size, dtype=np.int64) for _ in range(4))
+    after[before] = ops  # the op after each on its stage (after[0] is never read)
+    by_stage[ops], steady_op[ops], waited[ops] = stage, steady, waits
+    late = forward & (waits > 0) & (steady_op[waits] == 1)
+    first = np.where(late, after[waits], waits)
+    gradient = waited[after[ops]]  # what the backward after each op waits for
+    crossing = (gradient > 0) & (by_stage[gradient] != stage)
+    second = np.where(steady & crossing, gradient, 0)
+    rank = np.empty(size, dtype=np.int64)
+    rank[0] = -1
+    rank[ops] = np.arange(ops.size)
+    if (rank[first] >= rank[ops]).any() or (rank[second] >= rank[ops]).any():
+        raise RuntimeError(f"no replay order for p {p}, v {v}, m {m} without overlapped sends")
+    return first, second
 
 
 _LAYER_PHASES = {
