@@ -1494,7 +1494,9 @@ def late_waits(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """What each op of `replay_order` waits for on other stages in Megatron-LM's interleaved
     schedule without overlapped sends (``overlap_p2p_comm`` off: the ``else`` branch of
     ``forward_backward_pipelining_with_interleaving``, apex's and Megatron-LM's 2022
-    schedule alike), as two columns in `replay_order`'s order. Past its warm-up a stage
+    schedule alike where m > p; at m = p those ran every forward first,
+    ``all_warmup_microbatches``, where the warm-up counts here are current Megatron-Core's,
+    as `replay_order`'s are), as two columns in `replay_order`'s order. Past its warm-up a stage
     runs a forward, then a backward, and only then one batched call
     (``send_forward_backward_recv_forward_backward``) that sends both their outputs and
     receives the next forward's input and the next backward's output gradient, waiting for
