@@ -1234,7 +1234,10 @@ def _replay_ends(
             raise ValueError("sends waited for after their op end with it: no delays")
         first, second = (column.tolist() for column in late_waits(p, v, m))
         for op, a, b, c, t in zip(ops, before, first, second, runs, strict=True):
-            ends[op] = max(ends[a], ends[b], ends[c]) + times[t]
+            after, wait, gradient = ends[a], ends[b], ends[c]  # ifs: max() costs a call
+            if wait > after:
+                after = wait
+            ends[op] = (after if after > gradient else gradient) + times[t]
         return ends
     if delays is None:  # every send exposed (`replay_of`): no wait to look up per op
         for op, a, b, t in zip(ops, before, waits, runs, strict=True):
@@ -1366,8 +1369,8 @@ def _level_ends(
         ends = np.zeros((ops + 1, run.shape[1]))  # by op number; 0 is the step's start
         if late:  # two waits an op, neither delayed (`late_waits`)
             for op, before, waits, index, second in levels:
-                ends[op] = np.maximum(np.maximum(ends[before], ends[waits]), ends[second])
-                ends[op] += run[index]
+                waited = np.maximum(ends[before], ends[waits])
+                ends[op] = np.maximum(waited, ends[second]) + run[index]
             yield start, ends
             continue
         for op, before, waits, index, sender in levels:
@@ -1394,7 +1397,10 @@ def replay_levels(p: int, v: int, m: int, late: bool = False) -> tuple[tuple[Lev
     depth = [0] * (ops.size + 1)
     seconds = fifth.tolist() if late else [0] * ops.size
     for op, a, b, c in zip(ops.tolist(), before.tolist(), waits.tolist(), seconds, strict=True):
-        depth[op] = max(depth[a], depth[b], depth[c]) + 1
+        x, y, z = depth[a], depth[b], depth[c]  # ifs: max() costs a call
+        if y > x:
+            x = y
+        depth[op] = (x if x > z else z) + 1
     level = np.array(depth)[ops]
     order = np.argsort(level, kind="stable")
     cuts = [0, *(np.flatnonzero(np.diff(level[order])) + 1).tolist(), ops.size]
