@@ -1215,3 +1215,50 @@ def test_a_stage_mixing_dense_and_moe_layers_gathers_the_head_after_its_last_kin
         assert "gathered parameters (prefetched attention)" in names and head not in names
     for instant in _phase(plan, "forward.moe").instants:
         assert head in {a.name for a in instant.live}
+
+
+@pytest.mark.parametrize(("bucket", "last"), [(500_000_000, 315_819_520), (2_000_000_000, None)])
+def test_deepspeed_zero3_reduce_scatters_its_buckets_and_waits_for_the_last(
+    tmp_path: Path, bucket: int, last: int | None
+) -> None:
+    """DeepSpeed's ZeRO 3 reduce-scatters a bucket of ``reduce_bucket_size`` gradients once
+    the next would overflow it, a coalesced call (``reduce_independent_p_g_buckets_and_
+    remove_grads`` and ``__reduce_and_partition_ipg_grads``, stage3.py), after every
+    micro-batch's backward, and its epilogue reduces the last bucket and waits on it
+    (``independent_gradient_partition_epilogue``). GPT 1.3B (Ψ = 1,315,819,520) at dp 8,
+    bf16 gradients, 16 micro-batches: at 5e8 elements the last bucket holds Ψ − 2·5e8 =
+    315,819,520 of them, exposed however long the backward; at 2e9 every gradient waits for
+    the epilogue. An audit (m382) found it priced block by block like FSDP, one block's
+    share exposed whatever the bucket (17.8 ms a step at either size)."""
+    from tests.plan_files import variant
+
+    base = Path(__file__).parents[1] / "plans" / "gpt-1.3b.yaml"
+    edits = (
+        ("  zero: 1\n", f"  zero: 3\n  reduce_bucket: {bucket}\n"),
+        ("  grads: fp32\n", "  grads: bf16\n"),
+        (
+            "topology: {preset: dgx-a100, nodes: 1}",
+            "topology: {preset: dgx-a100, nodes: 1}\noverlap: {dp_grads: true, param_gather: true}",
+        ),
+    )
+    plan = load_plan(variant(tmp_path, "ds3.yaml", *edits, base=base))
+    report = to_dict(build_report(plan))
+    by_phase = {p["name"]: p["collectives"] for p in report["phases"]}
+    # no block's own reduce-scatter: the buckets are the reduction
+    for name in ("backward.attention", "backward.mlp", "backward.embedding"):
+        assert not [c for c in by_phase[name] if c["op"] == "reduce-scatter"], name
+    (scatter,) = [c for c in by_phase["dp.grads"] if c["op"] == "reduce-scatter"]
+    psi = 1_315_819_520
+    assert (scatter["bytes"], scatter["dtype"], scatter["count"]) == (2 * psi, "bf16", 16)
+    assert scatter["sent_bytes"] == 2 * psi * 7 // 8
+    # the last bucket is a call of its own: its share of the bytes' time and its whole n·α
+    # (7 steps of 3 µs), 2.41 ms at 5e8 as `budget collective` prices 631,639,040 B alone
+    share = 1.0 if last is None else last / psi
+    alone = share * scatter["bandwidth_term_s"] + scatter["latency_term_s"]
+    assert scatter["exposed_s"] == pytest.approx(alone, rel=1e-9)
+    assert scatter["latency_term_s"] == pytest.approx(7 * 3e-6)
+    # the README quotes the step's exposed communication at each size
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    exposed = f"{report['step']['exposed_comm_s'] * 1e3:.0f} ms"
+    quoted = "exposes 53 ms of communication a step at 5e8 elements and 174 ms at 2e9"
+    assert quoted in readme and exposed in quoted
