@@ -3653,7 +3653,8 @@ def _reduce(b: _StageBuilder) -> None:
     it reduce-scatters after every micro-batch's backward ("gradient reduction is required
     after every backward because of gradient partitioning": DeepSpeed issue 2252, and
     ``stage_1_and_2.py``, which communicates off the accumulation boundary too). ZeRO-3
-    reduces per block in backward.
+    reduces per block in backward (`_zero3_moves`), but DeepSpeed's bucket by bucket after
+    every micro-batch's backward, here, its last bucket exposed.
     Non-expert gradients are reduced over dp x cp (Megatron-LM), expert gradients over the
     expert data-parallel group. Under sequence parallelism the parameters every tp rank
     applies to its own token shard (`layers.sequence_parallel_params`) are all-reduced over
