@@ -1204,7 +1204,6 @@ def pipeline_replay(
     the interleaved schedule without overlapped sends, whose steady forwards' outputs leave
     after the backward that follows them (`late_waits`; no delays)."""
     p, v = len(forward), len(forward[0])
-    late = late and v > 1  # one chunk sends each output as its op ends (`late_waits`)
     times = np.concatenate([np.ravel(forward), np.ravel(backward)]).tolist()
     waits = None if delays is None else [*np.ravel(delays).tolist(), 0.0]
     short = shortened_count(p, v, m)
@@ -1322,7 +1321,6 @@ def pipeline_replays(
     (`pipeline_replay`), (2p, n); `late`, the interleaved order without overlapped sends
     (`late_waits`)."""
     _, p, v, n = chunks.shape
-    late = late and v > 1  # one chunk sends each output as its op ends (`late_waits`)
     if n == 1 or n * p < 32:  # a level costs more than the ops it runs: one by one
         return np.array(
             [
@@ -1518,6 +1516,8 @@ def late_waits(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     replay let forwards start on outputs sent a backward earlier, 214 ms (2.5 %) short of
     Megatron's order on Llama 3 70B at p 4, v 2 with 9 to 11 layers a chunk."""
     ops, before, waits, _ = replay_order(p, v, m)
+    if v == 1:  # every output sent as its op ends: `replay_order`'s waits, none more
+        return waits, np.zeros_like(waits)
     total = m * v
     stage = (ops - 1) % (p * total) // total
     forward = ops <= p * total
