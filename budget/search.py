@@ -44,11 +44,13 @@ from budget.errors import BudgetError
 from budget.layers import (
     StageClass,
     chunk_times_differ,
+    class_params,
     merge_classes,
     mtp_layers,
     params_total,
     shapes,
     stage_classes,
+    stage_states,
 )
 from budget.phases import Alloc, Move, MoveGroup, Step
 from budget.plan import expr
@@ -94,7 +96,7 @@ from budget.schedule import (
 )
 from budget.step import derive
 from budget.topology import group_size, level_ranks, link_of, uneven_group
-from budget.vector import add_into
+from budget.vector import add_into, vsum
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -1439,6 +1441,19 @@ def measure(
     return measured
 
 
+def _states_bound(plan: Plan, classes: Sequence[StageClass]) -> Any:
+    """The most bytes of model states (parameters, gradients, master weights and moments:
+    `layers.stage_states`, as `step.derive` makes them for these `classes`) any stage of
+    `plan` keeps. The instants of a stage's gradient reduction and optimizer step hold all
+    of them (`step._derive_training` sets them resident before `_reduce`), so no stage
+    peaks below its own."""
+    most: Any = 0
+    for kind in classes:
+        states = stage_states(plan, class_params(plan, kind))
+        most = np.maximum(most, vsum(a.total for a in states))
+    return most
+
+
 def _rated(measured: dict[str, np.ndarray], rows: np.ndarray) -> None:
     """MFU and tokens/s of `rows` at their step time, worked out as `schedule.step_time`
     does, operation for operation (an audit: scaled by the ratio of two times, an MFU
@@ -1646,6 +1661,15 @@ def search(
     a time, gathered by structure and evaluated at most `CHUNK` together; with `keep`,
     only the best `keep` ranked layouts and the Pareto front are held between chunks
     (the report shows no more). `progress(done, total)` counts configurations.
+
+    Only the layouts that fit are ranked, so the others are priced no further than it takes
+    to know they do not: a layout one of whose stages keeps more bytes of model states than
+    the device holds (`_states_bound`, no more than that stage's peak) is counted as not
+    fitting as it is enumerated, without a pass of the engine. It rules out 26,298 of the
+    87,300 layouts of the GPT-3 sweep on 1,024 GPUs (49,629 do not fit), 11,502 of Llama 3
+    405B's 22,716 on 16,384 (18,177), and the passes left are full ones: 6 where there
+    were 7, and 3 where there were 4. A plan with hand-written transitions is not bounded
+    so (`roomy`).
     """
     start = time.perf_counter()
     _keep_heap()
@@ -1690,13 +1714,34 @@ def search(
         if progress is not None:
             progress(done, total)
 
+    def roomy(part: Columns) -> Columns:
+        """`part` less the layouts one of whose stages keeps more model states than the
+        device holds (`_states_bound`), counted as not fitting without a pass of the engine;
+        all of it under hand-written transitions, which the engine may find its layouts
+        cannot have (`run` rejects those by that reason, the first a report would give)."""
+        nonlocal done
+        if plan.transitions:
+            return part
+        bound = _states_bound(_batched(plan, part, gpus), _classes(plan, part))
+        over = np.asarray(bound > capacity) & np.ones(len(part), dtype=bool)
+        if not over.any():
+            return part
+        counts.rejected["does not fit in device memory"] += int(over.sum())
+        done += int(over.sum())
+        if progress is not None:
+            progress(done, total)
+        return part.take(np.flatnonzero(~over))
+
     pending: dict[tuple[int, ...], list[Columns]] = {}
     for block in blocks(plan, gpus, space, counts):
         keys = structure(plan, block)
         first, which = _distinct_rows(keys)
         for group, key in enumerate(map(tuple, keys[first].tolist())):
             queue = pending.setdefault(key, [])
-            queue.append(block.take(np.flatnonzero(which == group)))
+            part = roomy(block.take(np.flatnonzero(which == group)))
+            if not len(part):
+                continue
+            queue.append(part)
             if sum(len(part) for part in queue) >= CHUNK:
                 joined = _join(queue)
                 full = len(joined) - len(joined) % CHUNK
