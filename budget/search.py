@@ -95,7 +95,7 @@ from budget.schedule import (
     step_time,
 )
 from budget.step import derive
-from budget.topology import group_size, level_ranks, link_of, uneven_group
+from budget.topology import group_size, level_ranks, link_of, tp_overlap_problem, uneven_group
 from budget.vector import add_into, vsum
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
@@ -458,8 +458,16 @@ def _uneven(parallel: Parallel, topology: Topology, experts: bool) -> bool:
     return uneven_group(parallel, topology, experts) is not None
 
 
+@lru_cache(maxsize=4096)
+def _tp_unoverlapped(parallel: Parallel, topology: Topology) -> bool:
+    """`topology.tp_overlap_problem` once per layout of degrees."""
+    return tp_overlap_problem(parallel, topology) is not None
+
+
 # why `_spread` drops a layout
 UNEVEN = "a group spreads over the topology's domains unevenly or unlike rank 0's"
+# resolve's `_check_tp_overlap`
+TP_OVERLAP = "overlap.tp over a tp group wider than one NVLink domain"
 
 # the degrees that place a layout's groups (`_spread`, `_Pricer`)
 _DEGREES = ("tp", "pp", "dp", "cp", "ep", "dp_shard")
@@ -474,7 +482,8 @@ def _parallel(plan: Plan, degrees: tuple[int, ...]) -> Parallel:
 def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     """`block` without the layouts whose groups a single plan refuses: a group must hold
     the same number of ranks in each domain it touches, and span the levels as rank 0's
-    group of its kind does (`topology.uneven_group`)."""
+    group of its kind does (`topology.uneven_group`); under overlap.tp, the tp group must
+    stay in one domain of the innermost level (`topology.tp_overlap_problem`)."""
     if not len(block):
         return block
     topology = replace(plan.topology, gpus=gpus)
@@ -482,15 +491,18 @@ def _spread(plan: Plan, gpus: int, counts: _Counts, block: Columns) -> Columns:
     degrees = np.stack([values[k] for k in _DEGREES], axis=1)
     first, which = _distinct_rows(degrees)
     keep = np.ones(len(block), dtype=bool)
+    overlapped = np.ones(len(block), dtype=bool)  # kept by all but the tp overlap's rule
     for row, i in enumerate(first.tolist()):
         parallel = _parallel(plan, tuple(int(x) for x in degrees[i]))
         if _uneven(parallel, topology, plan.model.experts is not None):
             keep &= which != row
-    dropped = len(block) - int(keep.sum())
-    if dropped:
-        counts.rejected[UNEVEN] += dropped
-        return block.take(np.flatnonzero(keep))
-    return block
+        elif plan.overlap.tp and _tp_unoverlapped(parallel, topology):
+            overlapped &= which != row
+    for reason, kept in ((UNEVEN, keep), (TP_OVERLAP, overlapped)):
+        if not kept.all():
+            counts.rejected[reason] += len(block) - int(kept.sum())
+    keep &= overlapped
+    return block if keep.all() else block.take(np.flatnonzero(keep))
 
 
 def _names(plan: Plan, values: dict[str, Any]) -> dict[str, Any]:

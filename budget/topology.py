@@ -74,6 +74,7 @@ __all__ = [
     "price",
     "price_group",
     "span_of_ranks",
+    "tp_overlap_problem",
     "uneven_group",
 ]
 
@@ -149,6 +150,28 @@ def group_span(kind: GroupKind, parallel: Parallel, topology: Topology, rank: in
     """The group of ``kind`` that holds ``rank``, with the levels it spans."""
     members = _members(kind, parallel, topology.gpus, rank)  # sorted and distinct
     return _span_of_members(members, topology, kind, rank)
+
+
+def tp_overlap_problem(parallel: Parallel, topology: Topology) -> str | None:
+    """Why Transformer Engine's comm-GEMM overlap (``overlap.tp``, userbuffers) cannot run
+    over `parallel`'s tp group on `topology`, or None: its ring exchanges and reduce-scatters
+    move through CUDA IPC or multicast handles within one NVLink domain ("the comm+GEMM
+    overlap is currently only possible with single-node tensor-parallelism ... Userbuffers
+    relies on CUDA Multicast handles": NVIDIA/TransformerEngine issue 1071; ``initialize_ub``
+    builds its communicators per "TP model on single NVLink domain"), here one domain of the
+    topology's innermost level (a multi-node NVLink rack, GB200 NVL72's 72 GPUs, is one).
+    An audit (m387): tp 16 over two DGX A100 nodes hid its all-gathers behind its GEMMs,
+    0.6 s a step of GPT-3 175B."""
+    if parallel.tp == 1 or len(topology.levels) < 2:
+        return None
+    level = topology.levels[0]
+    span = group_span("tp", parallel, topology)
+    if span.domains <= 1:
+        return None
+    return (
+        f"tp {parallel.tp} spans {span.domains} {level.name} domains of {level.size}, where "
+        "Transformer Engine's comm-GEMM overlap (userbuffers) runs within one NVLink domain"
+    )
 
 
 class UnevenGroup(ValueError):

@@ -3235,3 +3235,29 @@ def test_the_plan_as_written_reads_apart_from_the_best_in_every_format(tmp_path)
         assert result.exit_code == 0, result.output
         assert "290 s" not in result.stdout and "290.1 s" in result.stdout, fmt
         assert "290.0 s" in result.stdout, fmt
+
+
+def test_tp_overlap_ranks_only_tp_groups_inside_one_nvlink_domain(tmp_path):
+    """Transformer Engine's comm-GEMM overlap runs within one NVLink domain (issue 1071), so
+    the plan loader refuses overlap.tp over a tp group that leaves one, and the search
+    rejects those layouts by that reason (an audit, m387: tp 16 over two DGX A100 nodes was
+    ranked with its all-gathers hidden). Without overlap.tp the same layouts are ranked."""
+    from budget.plan.write import layout_yaml
+    from budget.search import TP_OVERLAP
+
+    path = tmp_path / "overlapped.yaml"
+    path.write_text(GPT3.read_text(encoding="utf-8") + "overlap: {tp: true}\n", encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(tp=(8, 16), micro=(1,), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 1024, space, keep=None)
+    wide = [c for c in _candidates_of(load_plan(GPT3), space) if c.tp == 16]
+    assert wide and outcome.rejected[TP_OVERLAP] == len(wide)
+    assert not [c for c in _candidates_of(plan, space) if c.tp == 16]
+    assert outcome.results and all(r.config.tp == 8 for r in outcome.results)
+    text = layout_yaml(path, path.read_bytes(), wide[0].to_dict(), 1024, "x")
+    (tmp_path / "wide.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(BudgetError, match=r"tp 16 spans 2 nvlink domains of 8"):
+        load_plan(tmp_path / "wide.yaml")
+    plain = search(load_plan(GPT3), 1024, space, keep=None)
+    assert TP_OVERLAP not in plain.rejected
+    assert any(r.config.tp == 16 for r in plain.results)

@@ -1441,6 +1441,26 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
         )
 
 
+def _check_tp_overlap(r: _Resolver, par: Parallel, topology: Topology) -> None:
+    """``overlap.tp`` keeps its tp group within one NVLink domain (`topology.tp_overlap_problem`);
+    a layout whose degrees do not fill the topology is told so by its own check."""
+    from budget.topology import tp_overlap_problem
+
+    if par.tp * par.cp * par.pp * par.dp != topology.gpus:
+        return
+    try:
+        why = tp_overlap_problem(par, topology)
+    except ValueError:  # degrees the layout's own checks refuse
+        return
+    if why:
+        r.error(
+            "$.overlap.tp",
+            f"{why} (NVIDIA/TransformerEngine issue 1071); set overlap.tp: false, or keep the "
+            "tp group inside a domain (a tp that divides the domain, with tp first in "
+            "parallel.order)",
+        )
+
+
 def _check_expert_overlap(r: _Resolver, par: Parallel, overlapped: bool, recompute: object) -> None:
     """Megatron-Core pairs one micro-batch's expert all-to-alls with another's compute
     (``overlap_moe_expert_parallel_comm``) only in its combined schedules: with no pipeline
@@ -2546,6 +2566,8 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
+            if overlap.get("tp") and topology is not None:
+                _check_tp_overlap(r, par, topology)
             gather, reduce = bool(overlap.get("param_gather")), bool(overlap.get("dp_grads"))
             if gather_overlap_alone(par.zero, gather, reduce):
                 r.error(
