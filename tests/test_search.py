@@ -1766,6 +1766,11 @@ def test_step_times_that_differ_read_apart_on_the_pareto_front() -> None:
     assert step_digits((row(173.021), row(186.8))) is None
     limited = _figures(row(173.376), Digits(step=1), Limits(max_step_s=173.4))
     assert limited["step"] == "173.38 s"
+    # the plan as written, priced on its own, agrees with its ranked row to 1e-9, not to the
+    # last bit: one time (an audit, m387: every row printed to 9 decimals)
+    written = (row(18.668002538), row(19.386703317764983), row(19.38670331776498))
+    assert step_digits(written) is None
+    assert step_digits((row(19.3867), row(19.3867 * (1 + 1e-8)))) is not None
 
 
 def test_the_markdown_search_parts_its_peaks_as_the_table_does(tmp_path) -> None:
