@@ -4592,6 +4592,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                     placement=f"{src} on {tr.group}{elsewhere}",
                 )
                 extra += when([source], ranks > 1)
+            if send and held_already and gone is None:
+                # a stage send reads the tensor the transition before it in this phase made,
+                # in place (``isend`` of that tensor; NCCL's send copies nothing), so the
+                # sender holds no buffer more (an audit, m385: the tensor counted twice)
+                extra = []
             copies: list[Alloc] = []  # alive while the collective runs, freed after it
             rearranged = _dim0_copy(tr, src, dst, op, others, degrees, ranks, full)
             if rearranged is not None:
@@ -4599,7 +4604,8 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 placed_so = f"{whole} on {tr.group}{elsewhere}"
                 copy = Alloc(f"{tr.name} ({label})", "transient", nbytes, placement=placed_so)
                 copies = when([copy], needed)
-            outputs[tr.name] = extra[0]
+            if extra:  # else the tensor stays the output that transition made
+                outputs[tr.name] = extra[0]
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
             start = past.get(target, 0)

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from budget.cli import app, route
 from budget.pipeline import budget_plan
+from budget.plan.load import load_plan
+from budget.step import derive
 from tests.plan_files import GPT3, ROOT
 
 LOGITS = """transitions:
@@ -624,6 +626,34 @@ def test_a_stage_send_runs_on_the_stages_with_a_next_one(tmp_path):
     assert move.time_s == pytest.approx(g, rel=1e-9)
     step = report.step["time_s"] - budget_plan(plain).step["time_s"]
     assert step == pytest.approx(g, rel=1e-6)
+
+
+GATHER_THEN_SEND = """transitions:
+  - {{name: x, phase: pipeline.forward, tensor: {{shape: [micro * seq, hidden], dtype: bf16}},
+     group: tp, from: shard(0), to: replicate}}
+  - {{name: x, phase: pipeline.forward, tensor: {{shape: [micro * seq, hidden], dtype: bf16}},
+     group: pp, from: replicate, to: replicate, source_alive: {alive}}}
+"""
+
+
+@pytest.mark.parametrize("alive", ["true", "false"])
+def test_a_stage_send_after_a_gather_sends_the_gathered_tensor_in_place(tmp_path, alive):
+    """Gathered over tp 4 and then sent to the next stage in one phase, x is one tensor: the
+    send reads the gathered buffer in place (``isend`` of it; NCCL's send copies nothing),
+    so stage 0 holds the gathered [4096, 1024] bf16, 8,388,608 B, and its shard alive beside
+    it, 2,097,152 B: 10,485,760 B, whether the send says its source stays alive or not. The
+    default (source_alive: true) counted the gathered tensor again as the send's own
+    output, 18,874,368 B (an audit, m385)."""
+    path = tmp_path / "sent.yaml"
+    path.write_text(SMALL + GATHER_THEN_SEND.format(alive=alive), "utf-8")
+    step = derive(load_plan(path))
+    phase = next(p for p in step.stages[0].phases if p.name == "pipeline.forward")
+    held = {sum(a.total for a in i.live if a.name.startswith("x ")) for i in phase.instants}
+    assert held == {8_388_608 + 2_097_152}
+    report = budget_plan(path)
+    sends = [c for p in report.phases for c in p.collectives if c.name == "x"]
+    (send,) = [c for c in sends if c.op == "send-recv"]
+    assert (send.bytes, send.src, send.dst) == (8_388_608, "i", "i+1")
 
 
 def test_a_stage_send_in_the_backward_goes_to_the_previous_stage(tmp_path):
