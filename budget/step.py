@@ -3452,6 +3452,18 @@ def _backward(b: _StageBuilder) -> None:
     core_grad = replace(
         qkv_grad, bytes=vwhere(gathered_cp, s.act * s.tokens * s.q_cols, qkv_grad.bytes)
     )
+    # a fused kernel's backward reads the gradient of its output (dO, the output
+    # projection's input gradient) while it writes dQ, dK and dV, as fc1's instant holds
+    # the gradient it reads beside the one it makes (an audit, m386: left out, 16 MiB a
+    # layer of Llama 3 70B at tp 8); eager attention's first product frees dO before its
+    # dQ and dK exist, and its instant holds the scores' gradient instead
+    out_grad = Alloc(
+        "attention output gradient",
+        "transient",
+        s.act * s.tokens * s.out_cols,
+        placement="shard(heads) on tp",
+    )
+    fused_grads = when([out_grad], plan.model.attention != "eager")
     again = when(_again(attention_tp_moves(plan, s, False)), full)
     # the attention core runs again under either recompute, and under context parallelism
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
@@ -3484,6 +3496,7 @@ def _backward(b: _StageBuilder) -> None:
                 (
                     *_spent(saved + recomputed, ffn_spent),
                     grad_out,
+                    *fused_grads,
                     core_grad,
                     *_cp_buffers(plan, s, backward=True),
                     *attention_bucket,

@@ -1791,3 +1791,22 @@ def test_megatron_zero_1_refuses_what_its_distributed_optimizer_does_not_run(
     space = Space(tp=(8,), pp=(1,), zero=(1, 3), micro=(1,), virtual_stages=(1,))
     outcome = search(load_plan(zero3), 512, space)
     assert outcome.results and {r.config.zero for r in outcome.results} == {3}
+
+
+def test_a_fused_attention_backward_holds_its_output_gradient_beside_dq_dk_dv():
+    """The fused kernel's backward reads dO, the output projection's input gradient, while
+    it writes dQ, dK and dV (an audit, m386: left out of the instant). Llama 3 70B at tp 8
+    with sequence parallelism, micro 1 at 8,192 tokens: dO is [8192, 64 heads x 128 / 8]
+    bf16 = 8192 x 1024 x 2 = 16,777,216 B a rank. Eager attention's first product frees dO
+    before dQ and dK exist, so its instant holds the scores' gradient instead of it."""
+    plan = load_plan(ROOT / "plans" / "llama3-70b.yaml")
+
+    def core(plan) -> Instant:
+        phase = next(p for p in derive(plan).stages[0].phases if p.name == "backward.attention")
+        return next(i for i in phase.instants if i.label == "attention core gradients")
+
+    held = {a.name: a.total for a in core(plan).live}
+    assert plan.model.attention != "eager"
+    assert held["attention output gradient"] == 8192 * 1024 * 2
+    eager = replace(plan, model=replace(plan.model, attention="eager"))
+    assert "attention output gradient" not in {a.name for a in core(eager).live}
