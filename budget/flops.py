@@ -1479,7 +1479,18 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 
     vocab, rows = vocab_rows(plan), loss_rows(plan)
     logits = output_layer(plan, s)
-    capped = elementwise("logit soft-capping", 2 * s.act * s.tokens * rows)
+    # the final soft-cap, cap·tanh(logits / cap), as Megatron-Bridge's ``logit_softcapping``
+    # and transformers' Gemma 2 run it: three eager kernels, a division, a tanh and a
+    # product, each a read and a write of the logits; backward, the product's and the
+    # division's gradients read and write them and the tanh's reads its saved output too, 7
+    # passes against 6, as the attention soft-cap's (an audit, m391: one fused pass and one
+    # launch each way, 40 ms a step of Gemma 2 9B short)
+    capped = replace(
+        elementwise("logit soft-capping", 6 * s.act * s.tokens * rows),
+        launches=3,
+        backward=7 / 6,
+        backward_launches=3,
+    )
     norm = norm_kernel(plan, "final norm", 2 * s.act * s.tokens_sp * s.hidden)
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
     per_logit, launches = _entropy_bytes(plan, s.act)

@@ -800,7 +800,9 @@ def test_layer_types_must_cover_every_layer_with_a_kind_budget_prices(
 def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> None:
     """cap · tanh(logits / cap): the tanh keeps its bf16 output for backward, so the loss
     instant holds one more logits-sized tensor, 2 B x 4,096 tokens x 256,000 = 2,097,152,000
-    B (1.95 GiB) for Gemma 2 9B here, and one fused pass reads and writes the logits."""
+    B (1.95 GiB) for Gemma 2 9B here, and three eager kernels (a division, a tanh, a
+    product) each read and write the logits, 6 passes; the backward 7, in 3 launches each
+    way (an audit, m391: priced as one fused pass)."""
     from budget.flops import loss_work
 
     capped = _plan("gemma-2-9b")
@@ -812,7 +814,10 @@ def test_gemma2s_logit_soft_capping_keeps_a_logits_copy_and_adds_a_pass() -> Non
     assert a["memory"]["stages"][0]["peak_phase"] == "loss"
     assert a["memory"]["peak_bytes"] - b["memory"]["peak_bytes"] == 2 * 4096 * 256_000
     passes = {w.name: w.bytes for w in loss_work(capped, shapes(capped))}
-    assert passes["logit soft-capping"] == 2 * 2 * 4096 * 256_000
+    assert passes["logit soft-capping"] == 6 * 2 * 4096 * 256_000
+    work = {w.name: w for w in loss_work(capped, shapes(capped))}
+    assert work["logit soft-capping backward"].bytes == 7 * 2 * 4096 * 256_000
+    assert work["logit soft-capping"].launches == work["logit soft-capping backward"].launches == 3
     assert "logit soft-capping" not in {w.name for w in loss_work(plain, shapes(plain))}
     assert a["step"]["time_s"] > b["step"]["time_s"]
 
