@@ -52,13 +52,18 @@ def roofline(intensity: float, bandwidth_Bps: float, peak_flops: float) -> Roofl
             f"bandwidth ({peak_flops:g} / {bandwidth_Bps:g}) is past a float's range; give "
             "one device's figures, such as 4, 80GB/s and 1TFLOP/s"
         )
+    # the bound is read against the ridge, I ≥ F/B: at the ridge both ceilings are equal, and
+    # I·B can round below F there (an audit, m390: 0.29 FLOP/byte at 100 GB/s and 29 GFLOP/s
+    # read 28.999999999999996 GFLOP/s, memory-bound, beside a ridge of 0.29)
+    ridge = peak_flops / bandwidth_Bps
+    compute = intensity >= ridge
     return Roofline(
         intensity=float(intensity),
         bandwidth_Bps=float(bandwidth_Bps),
         peak_flops=float(peak_flops),
-        attainable_flops=float(min(peak_flops, memory_ceiling)),
-        ridge_intensity=float(peak_flops / bandwidth_Bps),
-        bound="memory" if memory_ceiling < peak_flops else "compute",
+        attainable_flops=float(peak_flops if compute else min(peak_flops, memory_ceiling)),
+        ridge_intensity=float(ridge),
+        bound="compute" if compute else "memory",
     )
 
 

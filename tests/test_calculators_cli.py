@@ -397,6 +397,18 @@ def test_acceptance_4_roofline() -> None:
     assert "--intensity must be a number of FLOP/byte, such as 4 or 4FLOP/byte" in refused.stderr
 
 
+def test_an_intensity_on_its_ridge_reads_compute_bound_at_the_peak() -> None:
+    """0.29 FLOP/byte at 100 GB/s under 29 GFLOP/s: I·B rounds to 28.999999999999996
+    GFLOP/s, which read memory-bound beside a ridge of 0.29 (an audit, m390); on the ridge
+    both ceilings meet, and the table says so at the peak, within 80 columns."""
+    args = ["roofline", "--intensity", "0.29", "--bandwidth", "100GB/s", "--peak", "29GFLOP/s"]
+    data = _json(args)
+    assert (data["bound"], data["attainable_flops"]) == ("compute", 29e9)
+    table = runner.invoke(app, route(args), env={"COLUMNS": "80"}).stdout
+    assert "compute-bound (on the ridge: I·B = F = 29 GFLOP/s)" in table
+    assert "28.99" not in table and max(len(line) for line in table.splitlines()) <= 80
+
+
 def test_a_memory_bound_rate_just_under_the_ceiling_reads_under_it() -> None:
     """I·B = 12.4999 x 80 GB/s = 999.992 GFLOP/s under a 1 TFLOP/s ceiling read "1000
     GFLOP/s", memory-bound and "< F" beside F = "1 TFLOP/s" (review)."""

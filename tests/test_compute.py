@@ -23,6 +23,20 @@ def test_above_and_at_the_ridge_compute_binds() -> None:
     assert roofline(12.5, 80e9, 1000e9).bound == "compute"
 
 
+@pytest.mark.parametrize(("intensity", "peak"), [(0.29, 29e9), (0.57, 57e9)])
+def test_at_a_ridge_that_rounds_the_compute_ceiling_binds(intensity: float, peak: float) -> None:
+    """0.29 FLOP/byte x 100 GB/s is 29 GFLOP/s, the peak, but 0.29 x 1e11 rounds to
+    28,999,999,999.999996 in binary: read against the product, the input on its own ridge
+    (0.29) was memory-bound below the peak (an audit, m390). Read against the ridge, it is
+    compute-bound at the peak."""
+    r = roofline(intensity, 100e9, peak)
+    assert intensity * 100e9 < peak  # the rounding the bound no longer reads
+    assert r.ridge_intensity == intensity
+    assert (r.bound, r.attainable_flops) == ("compute", peak)
+    below = roofline(intensity * (1 - 1e-12), 100e9, peak)
+    assert below.bound == "memory" and below.attainable_flops < peak
+
+
 def test_op_time_is_the_larger_of_compute_and_memory_time() -> None:
     # 2 TFLOP on 1 PFLOP/s = 2 ms; 1 GB at 3.35 TB/s = 0.2985 ms → compute-bound, 2 ms.
     assert op_time(2e12, 1e9, 1e15, 3.35e12) == pytest.approx(2e-3)

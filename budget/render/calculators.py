@@ -219,6 +219,9 @@ def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
     r = result.roofline
     memory_ceiling = r.intensity * r.bandwidth_Bps
     relation = "<" if r.bound == "memory" else "≥"
+    shown = f"I·B = {_flops_beside(memory_ceiling, r.peak_flops)} {relation} F"
+    if r.bound == "compute" and memory_ceiling < r.peak_flops:  # on the ridge, to rounding
+        shown = f"on the ridge: I·B = F = {format_flops(r.peak_flops)}"
     rows: Rows = [
         ("arithmetic intensity I", f"{r.intensity:g} FLOP/byte"),
         ("memory bandwidth B", format_rate(r.bandwidth_Bps)),
@@ -227,7 +230,7 @@ def render_roofline(console: Console, result: RooflineResult, fmt: str) -> None:
         ("ridge F/B", f"{r.ridge_intensity:g} FLOP/byte"),
         (
             "bound",
-            f"{r.bound}-bound (I·B = {_flops_beside(memory_ceiling, r.peak_flops)} {relation} F)",
+            f"{r.bound}-bound ({shown})",
         ),
     ]
     _sections(
