@@ -3953,9 +3953,11 @@ def _reduce(b: _StageBuilder) -> None:
     wide += updated(p.expert_beside_per_rank, expert_data_parallel(plan))
     # the gradient buffer zeroed for the next step: whole under ZeRO-0/1, a shard above;
     # none under FSDP, whose optimizer drops its gradients (``zero_grad(set_to_none=True)``,
-    # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`)
+    # PyTorch 2's default) and whose next backward writes fresh ones (`_gradient_passes`),
+    # with or without mixed precision (`flops.fsdp_grads`; an audit, m389: pure fp32 and
+    # bf16 FSDP were charged the zeroing their memory model says they never hold)
     held = vwhere(par.zero >= 2, shard, p.per_rank + p.expert_per_rank)
-    held = vwhere(flops.fsdp_mixed(plan), 0, held)
+    held = vwhere(flops.fsdp_grads(plan), 0, held)
     upcast = _upcast_grads(plan, shard)
     b.add(
         "optimizer",

@@ -144,9 +144,19 @@ def test_backward_block_takes_fsdp_passes_not_a_main_gradient(tmp_path: Path) ->
     assert works[SHARD] == 8 * -(-MLP // 8)
 
 
-def test_optimizer_zeroes_no_gradients_under_fsdp(tmp_path: Path) -> None:
-    """FSDP's optimizer drops its gradients (``zero_grad(set_to_none=True)``)."""
-    assert _bytes(_plan(tmp_path), "optimizer")["zero main gradients"] == 0
+@pytest.mark.parametrize(
+    "precision",
+    [{}, {"param_gather": "fp32"}, {"params": "bf16", "param_gather": "bf16", "grads": "bf16"}],
+    ids=["mixed", "fp32", "bf16"],
+)
+def test_optimizer_zeroes_no_gradients_under_fsdp(tmp_path: Path, precision) -> None:
+    """FSDP's optimizer drops its gradients (``zero_grad(set_to_none=True)``), with mixed
+    precision or without it (pure fp32 or bf16 parameters, as the memory model holds no
+    gradient before the first backward there: an audit, m389, found those charged the
+    zeroing, 1.37 ms a step of Llama 3 8B in fp32)."""
+    plan = _plan(tmp_path, **precision)
+    assert flops.fsdp_grads(plan)
+    assert _bytes(plan, "optimizer")["zero main gradients"] == 0
 
 
 def test_tied_embedding_gradients_are_summed_not_passed_twice(tmp_path: Path) -> None:
