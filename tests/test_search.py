@@ -3266,3 +3266,16 @@ def test_tp_overlap_ranks_only_tp_groups_inside_one_nvlink_domain(tmp_path):
     plain = search(load_plan(GPT3), 1024, space, keep=None)
     assert TP_OVERLAP not in plain.rejected
     assert any(r.config.tp == 16 for r in plain.results)
+
+
+def test_the_markdown_search_aligns_its_columns_as_the_table_does() -> None:
+    """The words (sp, recompute) set left and the numbers right, as the terminal's columns
+    are; every column was right-aligned (an audit, m394)."""
+    plan = str(ROOT / "plans" / "gpt-1.3b.yaml")
+    out = CliRunner().invoke(app, route(["search", plan, "--top", "3", "-f", "markdown"])).stdout
+    lines = out.splitlines()
+    head = next(line for line in lines if line.startswith("| tp |"))
+    align = lines[lines.index(head) + 1]
+    cells = dict(zip(head.strip("| ").split(" | "), align.strip("| ").split(" | "), strict=True))
+    assert cells["sp"] == cells["recompute"] == "---"
+    assert {cells[h] for h in ("tp", "pp", "micro", "peak", "step", "MFU")} == {"---:"}

@@ -199,6 +199,7 @@ def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
     outermost level's "all", and called a stage's send "pp 2" in a pp 4 plan (a user
     audit): now the same figures as the terminal's."""
     from budget.render.markdown import render_markdown
+    from budget.units import format_bytes
 
     report = budget_plan(next(p for p in PLANS if p.name == "llama3-70b.yaml"))
     text = render_markdown(report)
@@ -208,6 +209,11 @@ def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
     assert "| infiniband | all | 47 GB/s | 14 µs | – | pp, dp |" in text
     assert "| nvlink | 8 | 370 GB/s | 3 µs |" in text and text.count("| pp pair |") == 2
     assert "| pp 2 |" not in text
+    # what the terminal's alive table and phase notes say too (an audit, m394): the total
+    # at the peak, and what a phase's "–" in peak live means
+    assert f"| **total** |  |  |  | **{format_bytes(report.worst.peak_bytes)}** |" in text
+    assert any(p.peak_stage is None for p in report.phases)
+    assert "– in peak live: the phase (an embedding lookup, a stage send) holds no more" in text
 
 
 def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:

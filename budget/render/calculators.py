@@ -468,7 +468,13 @@ def _sections(
     if fmt == "markdown":
         lines: list[str] = []
         for title, headers, rows in sections:
-            lines += [f"### {title}", "", _md_row(headers), _md_row(("---",) * len(headers))]
+            # aligned as the table's columns (`_table`): a wider table's figures from its third
+            # column on right, its names and a quantity's value left (an audit, m394)
+            align = [
+                "---:" if len(headers) > 2 and any(headers) and i >= 2 else "---"
+                for i in range(len(headers))
+            ]
+            lines += [f"### {title}", "", _md_row(headers), _md_row(tuple(align))]
             lines += [_md_row(row) for row in rows]
             lines.append("")
         lines.append(note)

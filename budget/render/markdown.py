@@ -76,6 +76,7 @@ def render_markdown(report: Report) -> str:
         header,
         inflight_note,
         link_groups,
+        no_peak_note,
         pacing_note,
         shared_levels,
         shared_note,
@@ -153,7 +154,8 @@ def render_markdown(report: Report) -> str:
                 b(o.bytes),
             ]
             for o in worst.peak_overlap
-        ],
+        ]
+        + [["**total**", "", "", "", f"**{b(worst.peak_bytes)}**"]],
         {3, 4},
     )
     lines.append(f"### Phases ({phase_scope(report)})")
@@ -191,7 +193,8 @@ def render_markdown(report: Report) -> str:
         ),
         {1, 2, 3, 4, 5, 6, 7},
     )
-    for note in (pacing_note(report), slowdown_note(report)) if timed else ():
+    notes = (pacing_note(report), slowdown_note(report)) if timed else ()
+    for note in (*notes, no_peak_note(report)):
         if note:  # markdown_table ends with a blank line
             lines += [plain(note) + ".", ""]
     lines.append(f"### Collectives (bytes per rank per call; times per call{calls_scope(report)})")

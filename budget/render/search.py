@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 HEAD = ["tp", "pp", "dp", "cp", "ep", "sp", "zero", "dp_shard", "recompute", "micro"]
 PARETO_ROWS = 15
+TEXT_COLUMNS = ("sp", "recompute")  # a layout's columns of words, set left
 
 
 UNEVEN = "*"  # beside pp: the layers split unevenly over the pipeline's chunks
@@ -203,7 +204,7 @@ def _table(
 def _built(title: str, heads: list[str], figures: list[str], cells: list[dict[str, str]]) -> Table:
     table = titled_table(title)
     for name in heads:
-        justify = "left" if name in ("sp", "recompute") else "right"
+        justify = "left" if name in TEXT_COLUMNS else "right"
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for name in figures:
         table.add_column(name, justify="right", no_wrap=True)
@@ -654,7 +655,9 @@ def render_search_markdown(outcome: Outcome, top: int) -> str:
         # every layout column, but hybrid sharding's where no row has it
         shown = [h for h in HEAD if h != "dp_shard" or any(r.config.dp_shard for r in results)]
         head = [*shown, "peak", "step", "exposed", "tokens/s", "MFU"]
-        out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+        # aligned as the table's columns: the words left, the numbers right (an audit, m394)
+        align = ["---" if h in TEXT_COLUMNS else "---:" for h in head]
+        out = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
         marked = [_uneven(outcome, r) for r in results]
         for r, uneven in zip(results, marked, strict=True):
             # the marker escaped: a bare * opens emphasis in GitHub's markdown

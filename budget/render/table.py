@@ -741,14 +741,21 @@ def phase_table(report: Report, wide: bool, console: Console | None = None) -> T
     if not wide and len(report.stages) > 1 and "peak live" in kept:
         notes.append(_peak_stages(report))
     notes += [pacing_note(report), slowdown_note(report)]
-    if any(p.peak_stage is None for p in report.phases) and "peak live" in kept:
-        notes.append(
-            "– in peak live: the phase (an embedding lookup, a stage send) holds no more "
-            "than the phase after it, so it has no peak of its own"
-        )
+    if "peak live" in kept:
+        notes.append(no_peak_note(report))
     if any(notes):
         table.caption, table.caption_justify = "\n".join(n for n in notes if n), "left"
     return table
+
+
+def no_peak_note(report: Report) -> str:
+    """What a "–" in a phase's peak live means, where a phase shows one; "" where none does."""
+    if not any(p.peak_stage is None for p in report.phases):
+        return ""
+    return (
+        "– in peak live: the phase (an embedding lookup, a stage send) holds no more than "
+        "the phase after it, so it has no peak of its own"
+    )
 
 
 def _phase_columns(
