@@ -98,7 +98,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # phase ``head.wgrad`` that runs them
 # 1.28: diff's summary gives ``mfu_causal``, each plan's MFU counting the attention as the
 # causal mask computes it, where either report prints it beside MFU (a tenth or more below)
-SCHEMA_VERSION = "1.28"
+# 1.29: search gives ``rejected_by_states``, the layouts counted as not fitting by their model
+# states alone, without a pass of the engine
+SCHEMA_VERSION = "1.29"
 
 Kind = Literal[
     "report",

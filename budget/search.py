@@ -242,6 +242,9 @@ class Outcome:
     space: Space | None = None
     # layouts whose model chunks differ, priced again in Megatron-LM's order (`_Kept`)
     replayed: int = 0
+    # of the layouts that do not fit, those their model states alone rule out, counted
+    # without a pass of the engine (`_states_bound`)
+    by_states: int = 0
 
     @property
     def best(self) -> Result | None:
@@ -1677,11 +1680,11 @@ def search(
     Only the layouts that fit are ranked, so the others are priced no further than it takes
     to know they do not: a layout one of whose stages keeps more bytes of model states than
     the device holds (`_states_bound`, no more than that stage's peak) is counted as not
-    fitting as it is enumerated, without a pass of the engine. It rules out 26,298 of the
-    87,300 layouts of the GPT-3 sweep on 1,024 GPUs (49,629 do not fit), 11,502 of Llama 3
-    405B's 22,716 on 16,384 (18,177), and the passes left are full ones: 6 where there
-    were 7, and 3 where there were 4. A plan with hand-written transitions is not bounded
-    so (`roomy`).
+    fitting as it is enumerated, without a pass of the engine (`Outcome.by_states`). It
+    rules out 26,298 of the 87,300 layouts of the GPT-3 sweep on 1,024 GPUs (49,631 do not
+    fit), 11,502 of Llama 3 405B's 22,716 on 16,384 (18,183), and the passes left are full
+    ones: 6 where there were 7, and 3 where there were 4. A plan with hand-written
+    transitions is not bounded so (`roomy`).
     """
     start = time.perf_counter()
     _keep_heap()
@@ -1691,7 +1694,7 @@ def search(
     capacity = plan.device.memory
     spans: Spans = {}
     kept = _Kept(plan, gpus, objective, keep, spans)
-    done = groups = fitting = 0
+    done = groups = fitting = bounded = 0
 
     def run(part: Columns) -> None:
         nonlocal done, groups, fitting
@@ -1731,7 +1734,7 @@ def search(
         device holds (`_states_bound`), counted as not fitting without a pass of the engine;
         all of it under hand-written transitions, which the engine may find its layouts
         cannot have (`run` rejects those by that reason, the first a report would give)."""
-        nonlocal done
+        nonlocal done, bounded
         if plan.transitions:
             return part
         bound = _states_bound(_batched(plan, part, gpus), _classes(plan, part))
@@ -1740,6 +1743,7 @@ def search(
             return part
         counts.rejected["does not fit in device memory"] += int(over.sum())
         done += int(over.sum())
+        bounded += int(over.sum())
         if progress is not None:
             progress(done, total)
         return part.take(np.flatnonzero(~over))
@@ -1784,6 +1788,7 @@ def search(
         own_split=own_split(plan),
         space=space,
         replayed=kept.replayed,
+        by_states=bounded,
     )
 
 
@@ -2244,6 +2249,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "rejected": outcome.rejected,
         "ruled_out": {reason: list(degrees) for reason, degrees in outcome.ruled_out.items()},
         "fitting": outcome.fitting,
+        "rejected_by_states": outcome.by_states,
         "limits": None if outcome.limits is None else outcome.limits.to_dict(),
         "within_limits": outcome.within_limits,
         "replayed": outcome.replayed,

@@ -400,16 +400,20 @@ def test_more_gpus_than_the_outermost_level_holds_is_refused(tmp_path):
 
 def test_not_ranked_reconciles_with_the_count_evaluated():
     """The rejections split into layouts never priced and priced ones; the priced ones and
-    the layouts that fit make up the count evaluated."""
+    the layouts that fit make up the count evaluated. Of the priced, those whose model
+    states alone exceed the device were counted without a pass of the engine, and the note
+    says how many (`rejected_by_states`)."""
     result = CliRunner().invoke(app, route(["search", str(GPT3), "--format", "json"]))
     data = json.loads(result.stdout)
     skipped_reasons = {r for r in data["rejected"] if r != "does not fit in device memory"}
     priced = data["rejected"]["does not fit in device memory"]
     assert priced + data["fitting"] == data["evaluated"]
+    assert 0 < data["rejected_by_states"] < priced
     skipped = sum(data["rejected"][r] for r in skipped_reasons)
     text = CliRunner().invoke(app, route(["search", str(GPT3), "--format", "markdown"])).stdout
     note = f"{data['evaluated']:,} evaluated ({data['fitting']:,} ranked, {priced:,} rejected "
-    note += f"after pricing); {skipped:,} more skipped before pricing"
+    note += f"after pricing, {data['rejected_by_states']:,} of them by their model states "
+    note += f"alone); {skipped:,} more skipped before pricing"
     assert note in text
 
 

@@ -373,10 +373,14 @@ def _skipped_note(outcome: Outcome) -> str:
     priced = outcome.evaluated - kept
     skipped = sum(outcome.rejected.values()) - priced
     degrees = ", and every layout of the degrees ruled out" if outcome.ruled_out else ""
+    # those no pass of the engine priced: their model states alone exceed the device
+    states = f", {outcome.by_states:,} of them by their model states alone" * (
+        outcome.by_states > 0
+    )
     return (
         f"{outcome.evaluated:,} evaluated ({kept:,} ranked, {priced:,} rejected after "
-        f"pricing); {skipped:,} more skipped before pricing (they do not divide or cannot "
-        f"be built){degrees}"
+        f"pricing{states}); {skipped:,} more skipped before pricing (they do not divide or "
+        f"cannot be built){degrees}"
     )
 
 
