@@ -193,6 +193,17 @@ def _shape_of(item: Any, keys: frozenset[str]) -> tuple[list[Any] | None, frozen
     return (dims, bad) if isinstance(dims, list) else (None, frozenset())
 
 
+def _dimension(text: str, n: int) -> str | None:
+    """Why placement `text` cannot place a tensor of `n` dimensions (a shard of a dimension
+    it lacks), or None."""
+    kind, dim = parse_placement(text)
+    if kind != "shard" or dim is None or dim < n:
+        return None
+    return f"shard({dim}) names dimension {dim} but the tensor has {n} dimension" + (
+        f"{'s' if n > 1 else ''} (0 to {n - 1})"
+    )
+
+
 def parse_placement(text: str) -> tuple[str, int | None]:
     """``"shard(1)"`` → ``("shard", 1)``; ``"replicate"`` → ``("replicate", None)``."""
     match = _PLACEMENT.match(text)
@@ -1132,6 +1143,16 @@ class _Resolver:
                     # the phase is not there: a send from it is not said a second time, at
                     # the same place (an audit: "runs only on the only stage" beside it)
                     known = False
+            # a shard of a dimension the tensor lacks: its shape's length is written, whatever
+            # its names evaluate to (an audit, m397: a schema error in the model section
+            # held back "shard(7)" on a tensor of two dimensions)
+            dims, _ = _shape_of(item, keys)
+            for key in ("from", "to"):
+                written = item.get(key)
+                if dims is None or "tensor.shape" in keys or key in keys:
+                    continue
+                if isinstance(written, str) and (problem := _dimension(written, len(dims))):
+                    self.error(f"{path}.{key}", problem)
             if {"from", "to", "group"} & keys:
                 continue
             pair = parse_placement(item["from"]), parse_placement(item["to"])
@@ -1245,12 +1266,7 @@ class _Resolver:
         kind, dim = placement
         if kind != "shard" or dim is None:
             return True
-        if dim >= len(shape):
-            self.error(
-                path,
-                f"shard({dim}) names dimension {dim} but the tensor has {len(shape)} "
-                f"dimension{'s' if len(shape) > 1 else ''} (0 to {len(shape) - 1})",
-            )
+        if dim >= len(shape):  # said by `transition_rules`, whatever else of the plan broke
             return False
         if shape[dim] % degree:
             self.error(
@@ -1618,16 +1634,15 @@ def _check_pipeline_zero3(r: _Resolver, precision: Precision | None, par: Parall
         return  # told as DeepSpeed's refusal
     r.error(
         "$.parallel.zero",
+        # under `errors.MAX_MESSAGE` (an audit, m397: 827 characters lost the end of the fix)
         f"ZeRO 3 is priced without a pipeline only (pp = {par.pp}): PyTorch's pipeline "
-        "schedules keep each stage's gradients unsharded and unreduced until the step's "
-        "last backward, and its parameters gathered after each backward, where budget "
-        "would price a reduce-scatter of every micro-batch's gradients down to their shard "
-        "(Megatron-LM runs FSDP2 without a pipeline, DeepSpeed refuses ZeRO 3 beside one); "
-        "set pp to 1; zero: 1 with params: bf16, master: fp32 and overlap.dp_grads: false "
-        "holds what such a stage holds from its first forward under reshard_after_forward: "
-        "false (torchtitan's default beside a pipeline), the gradients whole, the "
-        "parameters gathered and the optimizer states sharded, and moves them once a step, "
-        "the gradients after the last backward (overlap.param_gather false too: ZeRO 1 "
+        "schedules keep a stage's gradients unsharded and unreduced until the step's last "
+        "backward and its parameters gathered, where budget would reduce-scatter every "
+        "micro-batch's gradients (Megatron-LM runs FSDP2 without a pipeline, DeepSpeed "
+        "refuses ZeRO 3 beside one); set pp to 1, or write what such a stage holds under "
+        "torchtitan's reshard_after_forward: false, gradients whole, parameters gathered, "
+        "optimizer states sharded, all moved once a step: zero: 1 with params: bf16, "
+        "master: fp32, overlap.dp_grads: false and overlap.param_gather: false (ZeRO 1 "
         "overlaps its gather only beside dp_grads)",
     )
 
@@ -2489,12 +2504,14 @@ def resolve(
         else r.precision(tree.get("precision", {}), mode != "train")
     )
     # a seed's layout is the search's to replace, layout by layout (a review)
+    # it reads the two keys alone: another section's break holds it back no more than its
+    # own do not (an audit, m397: a bad precision hid it, and a bad recompute was named in it)
+    if mode == "train" and not seed and not {"recompute", "recompute_early_stop"} & skip:
+        _check_early_stop(r, tree)
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, model)
         _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par)
-        if mode == "train":
-            _check_early_stop(r, tree)
         if in_place_reduce_mismatch(par.zero, precision):
             r.error(
                 "$.precision.grad_reduce",
