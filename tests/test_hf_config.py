@@ -2142,3 +2142,45 @@ def test_a_json_error_says_where_once(tmp_path: Path, text: str, said: str) -> N
     with pytest.raises(HfConfigError) as raised:
         read_hf_config(path)
     assert said in str(raised.value) and " at at " not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-30b-a3b", "glm-4.5-air"])
+def test_an_expert_width_of_0_is_refused_not_read_as_the_dense_width(
+    tmp_path: Path, name: str
+) -> None:
+    """moe_intermediate_size 0 builds experts of no width in transformers, which takes the
+    dense intermediate_size only for None; read as absent, the experts took the dense width
+    (an audit, m396: DeepSeek-V3 at 5,922,731,219,968 parameters, exit 0). Refused as the
+    model's own expert width, exit 2."""
+    code, out, err, path = _cli_problems(
+        tmp_path, json.dumps({**_raw(name), "moe_intermediate_size": 0})
+    )
+    assert (code, out) == (2, "")
+    assert f"{str(path)!r} gives model.experts.ffn: 0 is less than the minimum of 1" in err
+
+
+def test_a_layer_count_past_the_maximum_is_refused_before_an_expert_pattern_is_built(
+    tmp_path: Path,
+) -> None:
+    """Qwen3-MoE's decoder_sparse_step makes a pattern of MoE layers, one entry a layer:
+    num_hidden_layers 10^12 in a file under 1 KB built that list until it ran out of
+    memory (an audit, m396: 10^7 layers ran past 20 s). Refused as model.layers, at once."""
+    from tests.guards import refused_in_time
+
+    config = {**_raw("qwen3-30b-a3b"), "num_hidden_layers": 10**12, "decoder_sparse_step": 2}
+    with refused_in_time():
+        code, out, err, _ = _cli_problems(tmp_path, json.dumps(config))
+    assert (code, out) == (2, "")
+    assert "gives model.layers: 1000000000000 is greater than the maximum of 4096" in err
+
+
+def test_an_unknown_key_is_said_beside_what_the_rest_of_the_file_breaks(tmp_path: Path) -> None:
+    """A key budget does not understand, and an intermediate_size of 0 the model refuses:
+    both in one run, as a plan that writes them out has them (an audit, m396: the second
+    came only once the first was removed)."""
+    config = {**_raw("llama3-70b"), "intermediate_size": 0, "hiden": 3}
+    code, out, err, path = _cli_problems(tmp_path, json.dumps(config))
+    assert (code, out) == (2, "")
+    assert f"{str(path)!r} gives model.ffn: 0 is less than the minimum of 1" in err
+    assert "has key 'hiden' that budget does not understand" in err
+    assert len(err.splitlines()) == 2

@@ -304,11 +304,13 @@ _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a num
 
 class HfConfigError(Exception):
     """A config.json that cannot be read or holds keys the budget does not understand; one
-    sentence per problem (`messages`)."""
+    sentence per problem (`messages`). `model`: the file read all the same where its only
+    problem is keys it does not understand, so that what it gives is checked too."""
 
-    def __init__(self, *messages: str) -> None:
+    def __init__(self, *messages: str, model: HfModel | None = None) -> None:
         super().__init__("; ".join(messages))
         self.messages = messages
+        self.model = model
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,8 +590,8 @@ def translate(config: Mapping[str, Any], where: str = "config.json") -> HfModel:
         model = _translate(config, where)
     except HfConfigError as error:
         raise HfConfigError(*unknown, *error.messages) from None
-    if unknown:
-        raise HfConfigError(*unknown)
+    if unknown:  # and what the rest gives, checked beside them (an audit, m396: in rounds)
+        raise HfConfigError(*unknown, model=model)
     return model
 
 
@@ -1695,13 +1697,18 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         "count": _int(config, count_key, where),
         "top_k": _int(config, top_k, where),
     }
-    if config.get("moe_intermediate_size"):
+    # a 0 too, which the model's own check refuses (an audit, m396: read as absent, the
+    # experts took the dense intermediate_size, DeepSeek-V3 at 5.9 trillion parameters;
+    # transformers' expert MLPs take the dense width only for None)
+    if config.get("moe_intermediate_size") is not None:
         experts["ffn"] = _int(config, "moe_intermediate_size", where)
     if config.get("shared_expert_intermediate_size"):
         experts["shared_ffn"] = _int(config, "shared_expert_intermediate_size", where)
         experts["shared_gate"] = True  # Qwen2-MoE's shared_expert_gate
     if config.get("n_shared_experts"):
-        width = experts.get("ffn") or _optional(config, "intermediate_size", where, 0)
+        width = (
+            experts["ffn"] if "ffn" in experts else _optional(config, "intermediate_size", where, 0)
+        )
         experts["shared_ffn"] = _int(config, "n_shared_experts", where) * width
     first = _optional(config, "first_k_dense_replace", where, 0)
     freq = _optional(config, "moe_layer_freq", where, 1, least=1)
@@ -1719,6 +1726,8 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         if first:
             experts["first_dense_layers"] = first
         return experts
+    if layers > _MAX_LAYERS:  # refused as model.layers, before a list of them is built (an
+        return experts  # audit, m396: 10^7 layers in a 1 KB file ran past 20 s)
     experts["pattern"] = [
         i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
         for i in range(layers)

@@ -383,20 +383,15 @@ class _Resolver:
                         f"{len(shown)} above",
                         counted=more,
                     )
+                if error.model is not None:  # its only problem, keys it does not understand
+                    self.config_file = repr(str(path))
+                    self._given_problems(dict(error.model.tree))
                 return None
             base = dict(hf.tree)
             self.config_weights = hf.weights
             self.config_file = repr(str(path))
             self.model_source = ("$.model.hf_config", self.config_file)
-            from budget.plan.schema import model_problems
-
-            broken = model_problems(base)
-            for where, message in broken:
-                self.error(
-                    "$.model.hf_config",
-                    f"{self.config_file} gives {where.removeprefix('$.')}: {message}",
-                )
-            if broken:
+            if self._given_problems(base):
                 return None
         if not base:
             return tree, name
@@ -406,6 +401,19 @@ class _Resolver:
             if isinstance(own.get(key), dict) and isinstance(base.get(key), dict):
                 own[key] = {**base[key], **own[key]}
         return {**base, **own}, name
+
+    def _given_problems(self, given: Tree) -> bool:
+        """Say what the config file's `given` model keys break (`schema.model_problems`), at
+        its node; whether any."""
+        from budget.plan.schema import model_problems
+
+        broken = model_problems(dict(given))
+        for where, message in broken:
+            self.error(
+                "$.model.hf_config",
+                f"{self.config_file} gives {where.removeprefix('$.')}: {message}",
+            )
+        return bool(broken)
 
     def model(self, section: Tree) -> Model | None:
         expanded = self.model_tree(section)
