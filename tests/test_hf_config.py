@@ -2184,3 +2184,30 @@ def test_an_unknown_key_is_said_beside_what_the_rest_of_the_file_breaks(tmp_path
     assert f"{str(path)!r} gives model.ffn: 0 is less than the minimum of 1" in err
     assert "has key 'hiden' that budget does not understand" in err
     assert len(err.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "kind"),
+    [
+        ("rms_norm_eps", -1, "number"),
+        ("rms_norm_eps", "x", "number"),
+        ("max_position_embeddings", -5, "integer"),
+        ("max_position_embeddings", [1, 2], "integer"),
+        ("max_position_embeddings", 4096.5, "integer"),
+    ],
+)
+def test_a_key_read_but_priced_by_no_value_must_still_be_one_the_class_takes(
+    key: str, value: object, kind: str
+) -> None:
+    """The norm's epsilon and the context length price nothing here, but a file whose
+    values the class would not take is no model: refused naming the key (an audit, m396:
+    rms_norm_eps -1 and max_position_embeddings [1, 2] were read, exit 0). The released
+    files' values pass."""
+    raw = _raw("qwen3-8b")
+    with pytest.raises(HfConfigError) as raised:
+        translate({**raw, key: value})
+    assert raised.value.messages == (
+        f"{key} = {json.dumps(value)} in config.json is not a positive {kind}",
+    )
+    for name in sorted(p.name for p in (DATA / "hf").iterdir()):
+        translate(_raw(name))

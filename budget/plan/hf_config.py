@@ -968,7 +968,36 @@ def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
     quant = config.get("quantization_config")
     if quant is not None and not isinstance(quant, Mapping):  # "fp8" is no quant_method
         problems.append(_quantization_problem(quant, where))
+    # keys read but priced by none of their values, which must still be what the class
+    # takes (an audit, m396: rms_norm_eps -1 and max_position_embeddings [1, 2] read)
+    for key in _EPSILONS:
+        value = config.get(key)
+        if value is not None and not _positive_number(value):
+            problems.append(f"{key} = {_shown(value)} in {where} is not a positive number")
+    for key in _LENGTHS:
+        value = config.get(key)
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value is not None and not (whole and value >= 1):
+            problems.append(f"{key} = {_shown(value)} in {where} is not a positive integer")
     return problems
+
+
+_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+_LENGTHS = ("max_position_embeddings", "original_max_position_embeddings")
+
+
+def _positive_number(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _shown(value: Any) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def _quantization_problem(quant: Any, where: str) -> str:
