@@ -528,9 +528,7 @@ def _layer_list(config: Mapping[str, Any], key: str, where: str) -> set[int]:
     if not isinstance(value, list) or any(
         isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value
     ):
-        shown = json.dumps(value)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise HfConfigError(f"{key} = {shown} in {where} is not a list of layer indices")
+        raise HfConfigError(f"{key} = {_shown(value)} in {where} is not a list of layer indices")
     return set(value)
 
 
@@ -996,15 +994,14 @@ def _positive_number(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
+    """`value` as JSON writes it, cut to 40 characters."""
     shown = json.dumps(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def _quantization_problem(quant: Any, where: str) -> str:
-    shown = json.dumps(quant)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
     return (
-        f"quantization_config = {shown} in {where} is not an object; transformers writes a "
+        f"quantization_config = {_shown(quant)} in {where} is not an object; transformers writes a "
         'mapping such as {"quant_method": "fp8", ...}: give that, or delete the key to budget '
         "the weights in precision.params' format"
     )
@@ -1206,10 +1203,9 @@ def _kept_out(quant: Mapping[str, Any], where: str) -> list[str]:
         if value is not None and (
             not isinstance(value, list) or not all(isinstance(n, str) for n in value)
         ):
-            shown = json.dumps(value)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
             raise HfConfigError(
-                f"quantization_config.{key} = {shown} in {where} is not a list of module names"
+                f"quantization_config.{key} = {_shown(value)} in {where} is not a list of "
+                "module names"
             )
     names = [str(n) for names in lists if isinstance(names, list) for n in names]
     last = [n.removeprefix("re:").rstrip("$").split(".")[-1] for n in names]
