@@ -898,7 +898,10 @@ def _megatron_timed(run: Run, name: str, steps: str, times: tuple[float, ...]) -
     return Run(
         name,
         run.gpu,
-        run.tree,
+        # named as its row, as every other run's plan is (an audit, m399: its written plan
+        # kept the memory row's name, and a diff of the two read "No differences" between
+        # two plans of one name)
+        {**run.tree, "name": name},
         "step_s",
         sum(times) / len(times),
         source.replace("mem-max-allocated-bytes", "iteration-time"),

@@ -587,8 +587,11 @@ def test_every_run_is_written_as_a_plan_that_budgets_to_its_row(tmp_path, accura
         assert (target / schema).resolve().name == "plan.schema.json"
         assert (target / schema).resolve().exists()
         assert f"# Measured: {measured_text(row.run)}" in text
-        predicted = metric_of(load_plan(path), row.run.metric)
+        plan = load_plan(path)
+        predicted = metric_of(plan, row.run.metric)
         assert predicted == pytest.approx(row.predicted, rel=1e-12), row.run.name
+        # named as its row: a timed diagnostic kept its memory row's name (an audit, m399)
+        assert plan.name == row.run.name
 
 
 def test_write_plans_into_a_file_is_a_usage_error(tmp_path) -> None:
