@@ -334,6 +334,25 @@ FUSED_CORE = "attention core (flash)"  # the fused kernel's name; eager attentio
 EAGER_LAST = "attention × V"
 
 
+def softcap(name: str, elements: Any, act: Any) -> Work:
+    """cap·tanh(x / cap) over `elements` values of `act` bytes, as Gemma 2's eager code runs
+    it (transformers' ``eager_attention_forward`` on the scores, Megatron-Bridge's
+    ``logit_softcapping`` and transformers' ``Gemma2ForCausalLM`` on the logits): three
+    kernels, a division, a tanh and a product, each reading and writing the values, one
+    operation a value each (the bytes set its time); backward, the product's and the
+    division's gradients read and write them and the tanh's reads its saved output too: 7
+    passes against the forward's 6, in 3 launches each way."""
+    return Work(
+        name,
+        "elementwise",
+        3 * elements,
+        6 * act * elements,
+        launches=3,
+        backward=7 / 6,
+        backward_launches=3,
+    )
+
+
 def core_kernel(plan: Plan) -> str:
     """The attention kernel a context-parallel ring step overlaps (`step._cp_moves`): the
     fused core, or eager attention's last product (a window shorter than the sequence, which
@@ -383,21 +402,8 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
     softmax = 2 * scores + (2 * scores + scores // s.act if m.dropout else 0)
     # the two products carry no inner dimension (`Work.inner`): QKᵀ's is head_dim, 128 or
     # so, and they stay memory-bound on the s x s scores they write and read
-    # Gemma 2's soft-cap, as transformers' eager_attention_forward runs it: a division, a tanh
-    # and a product, each reading and writing the scores; backward, the product's and the
-    # division's gradients read and write them and the tanh's reads its saved output too:
-    # 7 passes against the forward's 6
-    capped = [
-        Work(
-            ATTENTION_SOFTCAP,
-            "elementwise",
-            3 * scores // s.act,  # one operation a score each (the bytes set its time)
-            6 * scores,
-            launches=3,
-            backward=7 / 6,
-            backward_launches=3,
-        )
-    ]
+    # Gemma 2's soft-cap, as transformers' eager_attention_forward runs it (`softcap`)
+    capped = [softcap(ATTENTION_SOFTCAP, scores // s.act, s.act)]
     # under grouped-query attention the unfused core copies K and V up to the query heads
     # before its batched GEMMs (Megatron-Core's ``DotProductAttention``:
     # ``key.repeat_interleave(np // ng, dim=2)``, the same for the value; transformers'
@@ -1479,18 +1485,9 @@ def loss_work(plan: Plan, s: Shapes) -> list[Work]:
 
     vocab, rows = vocab_rows(plan), loss_rows(plan)
     logits = output_layer(plan, s)
-    # the final soft-cap, cap·tanh(logits / cap), as Megatron-Bridge's ``logit_softcapping``
-    # and transformers' Gemma 2 run it: three eager kernels, a division, a tanh and a
-    # product, each a read and a write of the logits; backward, the product's and the
-    # division's gradients read and write them and the tanh's reads its saved output too, 7
-    # passes against 6, as the attention soft-cap's (an audit, m391: one fused pass and one
-    # launch each way, 40 ms a step of Gemma 2 9B short)
-    capped = replace(
-        elementwise("logit soft-capping", 6 * s.act * s.tokens * rows),
-        launches=3,
-        backward=7 / 6,
-        backward_launches=3,
-    )
+    # the final soft-cap, as the attention's three kernels (`softcap`; an audit, m391: one
+    # fused pass and one launch each way, 40 ms a step of Gemma 2 9B short)
+    capped = softcap("logit soft-capping", s.tokens * rows, s.act)
     norm = norm_kernel(plan, "final norm", 2 * s.act * s.tokens_sp * s.hidden)
     forward = [norm, logits, capped] if plan.model.logit_softcap else [norm, logits]
     per_logit, launches = _entropy_bytes(plan, s.act)
