@@ -43,7 +43,8 @@ reduction after every backward is exposed. A sweep holds an uneven layout by a l
 on its replay (`Replay.bound`) and replays it once it could be shown (`search._Kept`), so a
 ranked layout reads what its report reads.
 A reduction after every backward (ZeRO-2) is priced with the gradient reduction but waits
-in the fill and drain as part of each micro-batch (`StageTime.each_microbatch_s`).
+in the fill and drain as part of each micro-batch, with the slowdown it puts on the backward
+it hides behind (`StageTime.each_microbatch_s`).
 Then each stage reduces its gradients, from the end of its own last backward: Megatron-LM's
 ``finalize_model_grads`` runs on each rank once its schedule returns, and a stage after the
 first ends its last backward before the stages ahead of it run theirs (the drain: stage s at
@@ -148,7 +149,8 @@ class StageTime:
     phases: tuple[PhaseTime, ...]
     microbatch_s: float  # forward + backward + exposed communication of one micro-batch
     after_s: float  # gradient reduction and optimizer step after the last backward
-    # of after_s, what a reduction after every backward exposes a micro-batch (ZeRO-2)
+    # of after_s, what a reduction after every backward (ZeRO-2) exposes a micro-batch and
+    # the compute it slows there
     each_microbatch_s: float = 0.0
     # of after_s, the optimizer step, which waits for every stage's reduction
     optimizer_s: float = 0.0
@@ -888,8 +890,12 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         after = sum(
             (p.compute_s + p.exposed_s) * p.count for p in phases if not per_microbatch(p.name)
         )
+        # a reduction after every backward waits in the micro-batch it follows, and the
+        # backward it hides behind runs slowed by it (`time_phase`): both lengthen the
+        # micro-batches the fill and drain cross (audit m401: the slowdown stayed past the
+        # pipeline, the shipped 128K plan 0.66 s short)
         each = sum(
-            t.exposed_s * t.move.count * p.count / m
+            (t.exposed_s + t.slowdown_s) * t.move.count * p.count / m
             for p in phases
             if not per_microbatch(p.name)
             for t in p.moves

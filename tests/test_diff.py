@@ -1350,7 +1350,7 @@ def test_the_causal_mfu_is_compared_where_a_report_prints_it(tmp_path: Path) -> 
     each report prints beside PaLM's count where it is a tenth or more below, is compared
     beside MFU (an audit: 64K against 128K tokens showed MFU +7.9 pt, where the causal
     MFU, 18.8 % against 22.4 %, moved +3.6 pt); short contexts, whose reports print one
-    MFU, keep one row."""
+    MFU, keep one row. The table prints the JSON's figures, in percent and points."""
     long = ROOT / "plans" / "llama3-405b-128k.yaml"
     half = variant(tmp_path, "64k.yaml", ("seq: 131072", "seq: 65536"), base=long)
     half.write_text(half.read_text(encoding="utf-8").replace("global: 128", "global: 256"))
@@ -1365,6 +1365,7 @@ def test_the_causal_mfu_is_compared_where_a_report_prints_it(tmp_path: Path) -> 
         list(data["delta"]["summary"]).index("mfu") + 1
     )
     _, table, _ = _diff(half, long)
-    assert re.search(r"MFU, causal attention +18\.8% +22\.4% +\+3\.6 pt", table), table
+    printed = rf"MFU, causal attention +{a:.1%} +{b:.1%} +\+{(b - a) * 100:.1f} pt"
+    assert re.search(printed.replace(".", r"\."), table), table
     _, short, _ = _diff(GPT3, tp4(tmp_path), "--format", "json")
     assert "mfu_causal" not in json.loads(short)["delta"]["summary"]

@@ -1412,6 +1412,29 @@ def test_a_reduction_after_every_backward_waits_in_the_pipelines_fill_and_drain(
     assert grown > 3.5  # 15 waits of about 0.27 s
 
 
+def test_a_hidden_reduction_after_every_backward_slows_the_micro_batches_it_hides_behind():
+    """The 128K plan as shipped overlaps its ZeRO-2 reduce-scatter with the backward of the
+    micro-batch it follows: a share of it is exposed, and the backward beside the rest runs
+    `overlap.slowdown` slower (`time_phase`), on every stage. Both lengthen each micro-batch
+    that the pipeline's fill and drain cross (audit m401: the slowdown was left past the
+    pipeline, counted m times for one stage only, and the step was 0.66 s short, 18.71 s
+    against 19.37 s). By hand, stage k waits E + s·(T − E) a micro-batch, E and T its
+    reduce-scatter's exposed and total time, s the slowdown."""
+    plan = load_plan(ROOT / "plans" / "llama3-405b-128k.yaml")
+    assert plan.parallel.zero == 2 and plan.overlap.dp_grads
+    times = step_time(plan, derive(plan))
+    m, s = derive(plan).microbatches, plan.overlap.slowdown
+    for stage in times.stages:
+        (dp,) = [p for p in stage.phases if p.name == "dp.grads"]
+        (rs,) = [t for t in dp.moves if t.move.each_microbatch]
+        assert rs.move.count * dp.count == m
+        assert 0 < rs.exposed_s < rs.time_s  # partly hidden: a slowdown to count
+        hand = rs.exposed_s + s * (rs.time_s - rs.exposed_s)
+        assert stage.each_microbatch_s == pytest.approx(hand, rel=1e-12)
+    # the replay's backwards hold it, and the tail no longer counts it m times for one stage
+    assert times.time_s == pytest.approx(19.3695, rel=1e-4)
+
+
 def test_a_replayed_split_keeps_the_zero2_wait_and_gpipe_keeps_the_closed_form(tmp_path):
     """The 128K plan (ZeRO-2, p 16, its reductions exposed) with one layer moved from its
     first stage to its last ([6, 8 × 15]) is replayed; its reduce-scatter after every
