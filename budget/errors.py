@@ -6,6 +6,7 @@ The CLI turns a `BudgetError` into lines of the form
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,23 @@ class UsageErrors(ValueError):
     def __init__(self, messages: Iterable[str]) -> None:
         self.messages = tuple(messages)
         super().__init__("; ".join(self.messages))
+
+
+def close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -> list[str]:
+    """`difflib.get_close_matches`, but none tried for a word too long to reach `cutoff`
+    against any choice: similarity is 2·M / (len(a) + len(b)) with M ≤ len(b), so it needs
+    len(a) ≤ (2 / cutoff − 1)·len(b). A 6 MiB string in an enum field spent 2-4 s and
+    330 MB comparing itself with each option (an audit)."""
+    if not choices:
+        return []
+    # a choice that differs in case alone first: difflib scores 'TP' against 'tp' at 0 and
+    # 'GeGLU' below 'geglu''s cutoff (an audit: neither offered)
+    folded = [c for c in choices if c.lower() == word.lower()]
+    if folded:
+        return folded[:n]
+    if len(word) > (2 / cutoff - 1) * max(len(c) for c in choices):
+        return []
+    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
 
 
 def one_line(text: str) -> str:

@@ -141,14 +141,14 @@ def test_close_matches_are_not_sought_for_a_word_too_long_to_be_close() -> None:
     import difflib
     import random
 
-    from budget.plan.schema import _close_matches
+    from budget.errors import close_matches
 
     choices = ["none", "selective", "full", "1f1b", "interleaved", "bf16", "fp8"]
     rng = random.Random(7)
     for _ in range(3000):
         word = "".join(rng.choice("abefilnoprstuv0168") for _ in range(rng.randint(0, 30)))
-        assert _close_matches(word, choices, 3) == difflib.get_close_matches(word, choices, 3)
-    assert _close_matches("selective" * 3, choices, 1) == []
+        assert close_matches(word, choices, 3) == difflib.get_close_matches(word, choices, 3)
+    assert close_matches("selective" * 3, choices, 1) == []
 
 
 def test_a_folder_or_file_that_cannot_be_written_is_refused_before_the_work(

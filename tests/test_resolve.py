@@ -757,7 +757,8 @@ def test_switching_the_mode_says_every_batch_key_at_once(tmp_path: Path) -> None
     plan.write_text(text.replace("mode: train", "mode: decode", 1), "utf-8")
     result = CliRunner().invoke(app, route(["validate", str(plan)]))
     said = result.stderr
-    assert result.exit_code == 2 and "'prompt' is a required property" in said
+    missing = "'sequences', 'prompt' and 'generate' are required properties"
+    assert result.exit_code == 2 and missing in said
     for key in ("seq", "micro", "global"):
         assert f"batch.{key} does not apply to a decode plan" in said
     plan.write_text(text.replace("mode: train", "mode: inference", 1), "utf-8")

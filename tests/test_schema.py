@@ -139,11 +139,10 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
             f"p.yaml:1:1: error: $.model: 'layers' is a required property: {MODEL_HINT}",
         ),
         (
+            # one line for one typo: the key it suggests is not also said to be missing at
+            # the section's first line (a user audit, m413)
             ("heads: 4", "heds: 4"),
-            [
-                f"p.yaml:1:1: error: $.model: 'heads' is a required property: {MODEL_HINT}",
-                "p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)",
-            ],
+            ["p.yaml:1:32: error: $.model.heds: unknown key 'heds' (did you mean 'heads'?)"],
         ),
         (
             ("layers: 2", "layers: two"),
@@ -204,10 +203,7 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("model: {", "modle: {"),
-            [
-                "p.yaml:1:1: error: $: 'model' is a required property",
-                "p.yaml:1:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)",
-            ],
+            ["p.yaml:1:1: error: $.modle: unknown key 'modle' (did you mean 'model'?)"],
         ),
     ],
 )
@@ -254,11 +250,10 @@ def test_only_the_unknown_keys_that_can_be_shown_get_a_suggestion(monkeypatch) -
 
 
 def test_mode_decides_the_required_batch_keys() -> None:
+    """A section's missing keys are one line (a user audit, m413: three at one place)."""
     found = errors(MINIMAL.replace("model:", "mode: decode\nmodel:"))
     assert found == [
-        "p.yaml:3:1: error: $.batch: 'generate' is a required property",
-        "p.yaml:3:1: error: $.batch: 'prompt' is a required property",
-        "p.yaml:3:1: error: $.batch: 'sequences' is a required property",
+        "p.yaml:3:1: error: $.batch: 'sequences', 'prompt' and 'generate' are required properties"
     ]
 
 
@@ -670,3 +665,92 @@ def test_a_level_s_bandwidth_is_described_as_what_collectives_reach() -> None:
     nvlink = TOPOLOGIES["dgx-h100"].levels[0]
     assert nvlink.rate == 450e9
     assert bandwidth["examples"] == [format_rate(nvlink.rate * nvlink.fraction)] == ["370 GB/s"]
+
+
+def _said(text: str) -> list[str]:
+    """Every problem `budget validate` says of a plan's text, as printed."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan_data
+
+    with pytest.raises(BudgetError) as refused:
+        load_plan_data(text.encode(), "p.yaml")
+    return [str(p) for p in refused.value.problems]
+
+
+def test_a_count_written_under_a_spelling_near_pipeline_is_pointed_at_pp() -> None:
+    """A user audit (m413): `pipline: 2` was told "did you mean 'pipeline'?", which then
+    refused the 2 as no mapping; a count there is the pipeline's degree, parallel.pp."""
+    plan = MINIMAL + "parallel: {pipline: 1}\n"
+    assert errors(plan) == [
+        "p.yaml:5:12: error: $.parallel.pipline: unknown key 'pipline' (did you mean 'pp'?)"
+    ]
+    assert errors(plan.replace("pipline: 1", "pipline: {schedule: 1f1b}")) == [
+        "p.yaml:5:12: error: $.parallel.pipline: unknown key 'pipline' (did you mean 'pipeline'?)"
+    ]
+    (said,) = errors(plan.replace("pipline", "pipeline"))
+    assert said == (
+        "p.yaml:5:22: error: $.parallel.pipeline: 1 is not a mapping: the degree is "
+        "parallel.pp; pipeline takes layers_per_stage, scatter_gather, schedule, virtual_stages"
+    )
+
+
+def test_a_merge_key_with_an_alias_is_one_mistake() -> None:
+    """A user audit (m413): `<<: *base` was refused twice, as a merge key and as an alias,
+    for one mistake with one remedy; an alias elsewhere is still said."""
+    text = "base: &b {tp: 1}\n" + MINIMAL + "parallel:\n  <<: *b\n  dp: 1\n"
+    said = [line for line in _said(text) if "'<<'" in line]
+    assert said == [
+        "p.yaml:7:3: error: $.parallel['<<']: YAML merge keys (<<) are not allowed in a plan; "
+        "write the keys out"
+    ]
+    listed = _said(text.replace("  <<: *b\n", "  <<: [*b, *b]\n"))
+    assert not [line for line in listed if "YAML aliases" in line]
+    elsewhere = _said(text.replace("  <<: *b\n", "  tp: *b\n"))
+    assert any("$.parallel.tp: YAML aliases (*b) are not allowed" in s for s in elsewhere)
+
+
+@pytest.mark.parametrize(
+    ("edit", "hint"),
+    [
+        (("memory: 80 GiB", "preset: H100-SXM"), "did you mean 'h100-sxm'?"),
+        (("gpus: 1, levels", "preset: DGX-H100, nodes: 1, levels"), "did you mean 'dgx-h100'?"),
+        (("layers: 2, hidden: 64, heads: 4, vocab: 100", "preset: Llama3-8B"), "'llama3-8b'"),
+    ],
+)
+def test_a_preset_named_in_another_case_is_offered_its_name(
+    edit: tuple[str, str], hint: str
+) -> None:
+    """A user audit (m413): 'H100-SXM' and 'DGX-H100' were listed the presets, none offered."""
+    said = _said(MINIMAL.replace(*edit))
+    assert any("preset" in s and hint in s for s in said), said
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [("Shard(1)", "shard(1)"), ("Shard(dim=0)", "shard(0)"), ("Replicate()", "replicate")],
+)
+def test_a_placement_in_dtensors_spelling_is_offered_budgets(written: str, meant: str) -> None:
+    """DTensor's reprs, which the schema's description cites (a user audit, m413)."""
+    text = MINIMAL + (
+        "transitions:\n  - {name: x, phase: loss, tensor: {shape: [seq], dtype: bf16},\n"
+        f"     group: tp, from: '{written}', to: partial}}\n"
+    )
+    (said,) = errors(text)
+    assert said.endswith(
+        f"is not a placement: shard(i), replicate or partial (did you mean {meant!r}?)"
+    )
+    assert errors(text.replace(f"'{written}'", "'Sharded(1)'"))[0].endswith("or partial")
+
+
+def test_levels_written_as_a_mapping_are_shown_a_list_entry() -> None:
+    """A user audit (m413): a mapping of named levels was shown as a Python repr cut at 40
+    characters and "is not a list", with no word of what an entry looks like."""
+    text = MINIMAL.replace(
+        "levels: [{name: nvlink, bandwidth: 450 GB/s, latency: 3 us}]",
+        "levels: {nvlink: {size: 8, bandwidth: 450 GB/s, latency: 3 us}}",
+    )
+    assert errors(text) == [
+        "p.yaml:4:21: error: $.topology.levels: a mapping is not a list: write each entry as "
+        "an item of a list, such as - {name: nvlink, size: 8, bandwidth: 450 GB/s, "
+        "latency: 3 us}"
+    ]

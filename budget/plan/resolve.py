@@ -11,7 +11,6 @@ Where a rule comes from a framework, the docstring of its check names it.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast, get_args
 
 from budget import units
-from budget.errors import MAX_SHOWN, REST, BudgetError, Problem
+from budget.errors import MAX_SHOWN, REST, BudgetError, Problem, close_matches
 from budget.plan import expr
 from budget.plan.model import (
     DTYPE_BYTES,
@@ -321,10 +320,12 @@ class _Resolver:
         # spelling, unless that is of another GPU where the name's own has device presets
         # ("h100-80gb": h100-sxm and h100-pcie, not a100-80gb: an audit; a model's or a
         # topology's first word is no such family: gpt-3-175b, dgx-h800, a review)
-        family = name.split("-")[0]
+        # in any case (a user audit, m413: 'H100-SXM' and 'DGX-H100' were offered nothing)
+        lowered = name.lower()
+        family = lowered.split("-")[0]
         kin = [n for n in names if section == "device" and n.split("-")[0] == family]
-        near = difflib.get_close_matches(name, names, n=1)
-        close = [n for n in names if n.startswith(name)] or (
+        near = close_matches(lowered, names, n=1)
+        close = [n for n in names if n.startswith(lowered)] or (
             kin if kin and near and near[0] not in kin else near
         )
         hint = f"did you mean {' or '.join(repr(n) for n in close)}? " if close else ""

@@ -7,14 +7,14 @@ The schema ships inside the package (``budget/schemas/plan.schema.json``); the r
 
 from __future__ import annotations
 
-import difflib
 import json
+import re
 from collections.abc import Iterable
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from budget.errors import MAX_SHOWN, Problem
+from budget.errors import MAX_SHOWN, Problem, close_matches
 from budget.plan.yaml_load import Marks, child_path
 from budget.units import ambiguous_prefix, missing_unit
 
@@ -56,25 +56,38 @@ def validate_tree(
     `unfinished` are the collections a cap stopped the reading in (`Loaded.partial`): what
     they lack or how they match is not said, only the keys they hold that no plan takes."""
     problems: list[Problem] = []
-    missing: dict[str, tuple[list[str], str]] = {}  # keys a preset would fill, by section
+    # the keys a section lacks, and what would fill them where the schema says (a preset)
+    missing: dict[str, tuple[list[str], str | None]] = {}
+    meant: set[str] = set()  # paths of keys an unknown key's problem suggests in its place
     for error in _validator().iter_errors(tree):
         path = _path(error.absolute_path)
         held = path in unfinished or (error.instance is None and path in refused)
         if held and error.validator != "additionalProperties":
             continue
-        hint = error.schema.get("x-missing") if isinstance(error.schema, dict) else None
-        if error.validator == "required" and hint:
+        if error.validator == "required":
+            hint = error.schema.get("x-missing") if isinstance(error.schema, dict) else None
             keys = [k for k in error.validator_value if repr(k) in error.message]
-            missing.setdefault(_path(error.absolute_path), ([], hint))[0].extend(keys)
+            found = missing.setdefault(path, ([], hint))
+            found[0].extend(k for k in keys if k not in found[0])
+            continue
+        if error.validator == "additionalProperties":
+            found_keys = _unknown_keys(error, path, marks, file)
+            problems.extend(problem for problem, _ in found_keys)
+            meant.update(child_path(path, key) for _, key in found_keys if key)
             continue
         problems.extend(_problems(error, marks, file))
     for path, (keys, hint) in missing.items():
         # one problem a section, not one a key: each said the same remedy (four times for
-        # a model written without its dimensions)
-        named = [repr(k) for k in keys]
+        # a model written without its dimensions); none for a key an unknown one beside it
+        # is told it likely is (a user audit, m413: `micro_batch: 1` was also told that
+        # 'micro' is required, at the section's first line, before the line of the typo)
+        named = [repr(k) for k in keys if child_path(path, k) not in meant]
+        if not named:
+            continue
         listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
         verb = "is a required property" if len(named) == 1 else "are required properties"
-        problems.append(Problem(file, *marks.at(path), path, f"{listed} {verb}: {hint}"))
+        said = f"{listed} {verb}" + (f": {hint}" if hint else "")
+        problems.append(Problem(file, *marks.at(path), path, said))
     return sorted(set(problems))
 
 
@@ -97,16 +110,17 @@ def _path(parts: Iterable[str | int]) -> str:
 
 def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
     path = _path(error.absolute_path)
-    kind: str = error.validator
-    if kind == "additionalProperties":
-        return _unknown_keys(error, path, marks, file)
     line, col = marks.at(path)
     return [Problem(file, line, col, path, _message(error))]
 
 
-def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Problem]:
+def _unknown_keys(
+    error: Any, path: str, marks: Marks, file: str
+) -> list[tuple[Problem, str | None]]:
+    """A problem for each key of the mapping at `path` that the schema does not take, with
+    the key of this mapping it suggests in its place (None where it suggests none here)."""
     known = sorted(error.schema.get("properties", {}))
-    problems = []
+    problems: list[tuple[Problem, str | None]] = []
     placed = sorted((marks.key(child_path(path, k)), k) for k in set(error.instance) - set(known))
     degrees = schema()["properties"]["parallel"]["properties"]
     for n, ((line, col), key) in enumerate(placed):
@@ -114,6 +128,10 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
         # a suggestion only for the keys that can be shown: problems print in file order,
         # at most MAX_SHOWN (an audit: 9,900 unknown keys spent 5 s in difflib)
         close = _closest(key, known) if n < MAX_SHOWN else None
+        if path == "$.parallel" and close in _DEGREE_OF and _is_count(error.instance[key]):
+            # a count where the nearest key takes a mapping: the degree it likely is (a
+            # user audit, m413: `pipline: 2` was pointed at pipeline, which refused the 2)
+            close = _DEGREE_OF[close]
         # another tool's name for a key of another section: where budget's goes (an audit:
         # a top-level tensor_parallel was listed the top-level keys, no word of parallel.tp)
         meant = _SYNONYMS.get(key)
@@ -141,8 +159,18 @@ def _unknown_keys(error: Any, path: str, marks: Marks, file: str) -> list[Proble
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        problems.append(Problem(file, line, col, where, message))
+        suggested = close if key != "<<" and not batch_like and not elsewhere else None
+        problems.append((Problem(file, line, col, where, message), suggested))
     return problems
+
+
+# a parallel key that takes a mapping, and the degree a count written under a spelling near
+# it means
+_DEGREE_OF = {"pipeline": "pp"}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _home(key: str, path: str) -> str | None:
@@ -166,23 +194,6 @@ def _home(key: str, path: str) -> str | None:
     if key in level and path in ("$", "$.topology", "$.device"):
         return "goes under each of topology.levels"
     return None
-
-
-def _close_matches(word: str, choices: list[str], n: int, cutoff: float = 0.6) -> list[str]:
-    """`difflib.get_close_matches`, but none tried for a word too long to reach `cutoff`
-    against any choice: similarity is 2·M / (len(a) + len(b)) with M ≤ len(b), so it needs
-    len(a) ≤ (2 / cutoff − 1)·len(b). A 6 MiB string in an enum field spent 2-4 s and
-    330 MB comparing itself with each option (an audit)."""
-    if not choices:
-        return []
-    # a choice that differs in case alone first: difflib scores 'TP' against 'tp' at 0 and
-    # 'GeGLU' below 'geglu''s cutoff (an audit: neither offered)
-    folded = [c for c in choices if c.lower() == word.lower()]
-    if folded:
-        return folded[:n]
-    if len(word) > (2 / cutoff - 1) * max(len(c) for c in choices):
-        return []
-    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
 
 
 # what other tools call a key budget names otherwise (Megatron-LM's arguments, Hugging Face's
@@ -240,7 +251,7 @@ def _closest(word: str, choices: list[str]) -> str | None:
     if word in _SYNONYMS:
         meant = _SYNONYMS[word]
         return meant if meant in choices else None
-    close = _close_matches(word, choices, n=3)
+    close = close_matches(word, choices, n=3)
     anagrams = [c for c in close if sorted(c) == sorted(word)]
     best = anagrams or close
     return best[0] if best else None
@@ -252,6 +263,15 @@ def _show(value: Any) -> str:
         return {True: "true", False: "false", None: "null"}[value]
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _flow(value: Any) -> str:
+    """A schema example as YAML's flow style writes it: {name: nvlink, size: 8}."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    return _show(value) if isinstance(value, bool) or value is None else str(value)
 
 
 _TYPE_NAMES = {
@@ -281,6 +301,19 @@ def _read_as(value: Any, wanted: Any) -> str:
     return ""
 
 
+def _placement_hint(error: Any, schema: dict[str, Any]) -> str:
+    """Which placement a DTensor spelling is (a user audit, m413: 'Shard(1)', the repr the
+    schema's description cites, was offered nothing): Shard(dim=1), Replicate(), Partial()."""
+    placement = str(schema.get("x-expected", "")).startswith("a placement")
+    if not placement or not isinstance(error.instance, str) or len(error.instance) > 40:
+        return ""
+    text = re.sub(r"\s+", "", error.instance.lower()).replace("dim=", "")
+    text = re.sub(r"^(replicate|partial)\(\)$", r"\1", text)
+    if re.fullmatch(schema.get("pattern", "$^"), text) is None:
+        return ""
+    return f" (did you mean {text!r}?)"
+
+
 def _message(error: Any) -> str:
     kind: str = error.validator
     schema = error.schema if isinstance(error.schema, dict) else {}
@@ -298,7 +331,7 @@ def _message(error: Any) -> str:
     # so: the description is of the string's content ("a name of printable characters")
     not_text = kind == "type" and schema.get("type") == "string"
     if kind in ("pattern", "type", "anyOf") and expected and not not_text:
-        why = _read_as(error.instance, schema.get("type"))
+        why = _read_as(error.instance, schema.get("type")) or _placement_hint(error, schema)
         return f"{_show(error.instance)} is not {expected}{why}"
     if kind == "type":
         wanted = error.validator_value
@@ -309,9 +342,23 @@ def _message(error: Any) -> str:
                 return f"{_show(name)} is not a mapping; name a preset as {{preset: {name}}}"
             return f"{_show(name)} is not a mapping"
         keys = sorted(schema.get("properties", {}))
+        where = tuple(error.absolute_path)
+        degree = _DEGREE_OF.get(str(where[-1])) if where[:-1] == ("parallel",) else None
+        if wanted == "object" and degree and _is_count(error.instance):
+            # `pipeline: 2` (a user audit, m413): the count is the degree's
+            return (
+                f"{_show(error.instance)} is not a mapping: the degree is parallel.{degree}; "
+                f"{where[-1]} takes {', '.join(keys)}"
+            )
         if wanted == "object" and keys:  # `precision: bf16`: which keys the section takes
             listed = ", ".join(keys[:KEYS_LISTED]) + (", ..." if len(keys) > KEYS_LISTED else "")
             return f"{_show(error.instance)} is not a mapping; its keys are {listed}"
+        if wanted == "array" and isinstance(error.instance, dict):
+            # a mapping's repr, cut at 40 characters, said nothing of what an entry is (a
+            # user audit, m413: topology.levels written as a mapping of named levels)
+            example = (schema.get("items") or {}).get("examples") or [None]
+            such = f", such as - {_flow(example[0])}" if example[0] is not None else ""
+            return f"a mapping is not a list: write each entry as an item of a list{such}"
         names = [wanted] if isinstance(wanted, str) else list(wanted)
         shown = " or ".join(_TYPE_NAMES[n] for n in names)
         return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
@@ -322,7 +369,7 @@ def _message(error: Any) -> str:
     if kind == "enum":
         options = [v for v in error.validator_value if v is not None]
         shown = ", ".join(str(v) for v in options)
-        close = _close_matches(str(error.instance), [str(v) for v in options], n=1)
+        close = close_matches(str(error.instance), [str(v) for v in options], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if isinstance(error.instance, bool) and all(isinstance(v, str) for v in options):
             # `recompute: no` read as false, and the message said only "false" (an audit)

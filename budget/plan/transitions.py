@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from budget.errors import Problem
+from budget.errors import Problem, close_matches
 from budget.phases import PHASE_ORDER, pass_within
 from budget.placement import IllegalTransition, Op, Placement, collective_for
 from budget.plan.model import Mode, Transition
@@ -40,8 +40,13 @@ def known_phase(mode: Mode, name: str) -> bool:
 def unknown_phase(mode: Mode, name: str, known: tuple[str, ...] | None = None) -> str:
     """The message for a transition's phase that `mode` plans (or this plan's step, whose
     phases are `known`) do not have."""
-    names = ", ".join((*PASSES[mode], *(known if known is not None else PHASES[mode])))
-    return f"unknown phase {name!r}; use one of {names}"
+    choices = [*PASSES[mode], *(known if known is not None else PHASES[mode])]
+    # the nearest, in any case (a user audit, m413: 'Loss' was offered nothing), where the
+    # name is no phase of the mode's: one this plan's step lacks is no misspelling
+    known_name = known_phase(mode, name)
+    near = [] if known_name else close_matches(name.lower(), choices, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"unknown phase {name!r}{hint}; use one of {', '.join(choices)}"
 
 
 def problem(file: str, tr: Transition, message: str, key: str = "") -> Problem:
