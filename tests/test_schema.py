@@ -754,3 +754,14 @@ def test_levels_written_as_a_mapping_are_shown_a_list_entry() -> None:
         "an item of a list, such as - {name: nvlink, size: 8, bandwidth: 450 GB/s, "
         "latency: 3 us}"
     ]
+
+
+def test_a_thousands_separator_in_a_flow_mapping_is_said_as_one() -> None:
+    """`{global: 1,024}` is YAML for global: 1 and a key '024': the key is told why (a user
+    audit, m413: it was listed the batch's keys, as if it were a misspelt one)."""
+    (said,) = errors(MINIMAL.replace("global: 1}", "global: 1,024}"))
+    assert said == (
+        "p.yaml:2:38: error: $.batch['024']: unknown key '024': a comma in a flow mapping "
+        "ends the value before it, so a number written with a thousands separator (1,024) "
+        "reads as two; write 1024 or 1_024"
+    )

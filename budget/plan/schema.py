@@ -144,6 +144,13 @@ def _unknown_keys(
         home = None if key == "<<" or elsewhere or batch_like else _home(key, path)
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
+        elif key.isascii() and key.isdigit():
+            # `{global: 1,024}` reads as global: 1 and a key '024' (a user audit, m413)
+            message = (
+                f"unknown key {key!r}: a comma in a flow mapping ends the value before it, so "
+                "a number written with a thousands separator (1,024) reads as two; write "
+                "1024 or 1_024"
+            )
         elif batch_like:  # a review: the top-level keys listed, no word of batch
             message = (
                 f"unknown key {key!r}: budget's batch sizes go under batch, as seq, micro "
