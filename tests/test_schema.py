@@ -765,3 +765,23 @@ def test_a_thousands_separator_in_a_flow_mapping_is_said_as_one() -> None:
         "ends the value before it, so a number written with a thousands separator (1,024) "
         "reads as two; write 1024 or 1_024"
     )
+
+
+def test_a_key_told_where_it_goes_leaves_this_sections_missing_key_said() -> None:
+    """`grads` under model is told it goes under precision, "or did you mean 'heads'
+    here?": no sign heads was written, so a model without heads still hears so in the
+    same run (review m417: the missing key went unsaid until the next run)."""
+    found = errors(MINIMAL.replace("heads: 4", "grads: fp32"))
+    assert found == [
+        f"p.yaml:1:1: error: $.model: 'heads' is a required property: {MODEL_HINT}",
+        "p.yaml:1:32: error: $.model.grads: unknown key 'grads'; grads goes under precision, "
+        "or did you mean 'heads' here?",
+    ]
+
+
+def test_a_phase_prefix_in_another_case_is_offered_its_name() -> None:
+    """'DP' is dp (every dp.* phase) in another case (review m417), as 'Loss' is loss."""
+    from budget.plan.transitions import unknown_phase
+
+    assert unknown_phase("train", "DP").startswith("unknown phase 'DP' (did you mean 'dp'?)")
+    assert unknown_phase("train", "Loss").startswith("unknown phase 'Loss' (did you mean 'loss'")

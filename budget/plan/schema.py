@@ -166,7 +166,11 @@ def _unknown_keys(
             message = f"unknown key {key!r} (did you mean {close!r}?)"
         else:
             message = f"unknown key {key!r} (expected one of: {', '.join(known)})"
-        suggested = close if key != "<<" and not batch_like and not elsewhere else None
+        # what it likely stands for in this mapping: not where it is first told it belongs
+        # elsewhere, which is no sign this mapping's key was written (review m417: model.grads
+        # told "or did you mean 'heads' here?" left a model truly without heads unsaid)
+        said_here = key != "<<" and not key.isdigit() and not (batch_like or elsewhere or home)
+        suggested = close if said_here else None
         problems.append((Problem(file, line, col, where, message), suggested))
     return problems
 

@@ -43,8 +43,12 @@ def unknown_phase(mode: Mode, name: str, known: tuple[str, ...] | None = None) -
     choices = [*PASSES[mode], *(known if known is not None else PHASES[mode])]
     # the nearest, in any case (a user audit, m413: 'Loss' was offered nothing), where the
     # name is no phase of the mode's: one this plan's step lacks is no misspelling
-    known_name = known_phase(mode, name)
-    near = [] if known_name else close_matches(name.lower(), choices, n=1)
+    if known_phase(mode, name):
+        near = []
+    elif known_phase(mode, name.lower()):  # a prefix in another case: 'DP' (review m417)
+        near = [name.lower()]
+    else:
+        near = close_matches(name.lower(), choices, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     return f"unknown phase {name!r}{hint}; use one of {', '.join(choices)}"
 
