@@ -41,10 +41,14 @@ NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
 def route(args: list[str]) -> list[str]:
-    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`."""
-    first = next((a for a in args if not a.startswith("-") or a == STDIN), None)
-    if first is not None and first not in COMMANDS:
-        return ["report", *args]
+    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`; after ``--`` every
+    word is a file, the first of them the plan (an audit, m422: `budget -- -x.yaml` was
+    refused as an unknown option -x, where `budget report -- -x.yaml` reported)."""
+    for arg in args:
+        if arg == "--":
+            return ["report", *args]
+        if not arg.startswith("-") or arg == STDIN:
+            return ["report", *args] if arg not in COMMANDS else list(args)
     return list(args)
 
 

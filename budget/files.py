@@ -21,7 +21,17 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["exists", "plan_folder", "target", "unwritable", "write_all", "write_atomically"]
+__all__ = [
+    "STDIN_NAME",
+    "exists",
+    "plan_folder",
+    "target",
+    "unwritable",
+    "write_all",
+    "write_atomically",
+]
+
+STDIN_NAME = "<stdin>"  # what problems call a plan read from standard input (`-`)
 
 
 def exists(path: Path) -> bool:
@@ -36,8 +46,17 @@ def exists(path: Path) -> bool:
 def plan_folder(path: Path | str) -> Path:
     """The folder a plan at `path` reads its relative paths (``hf_config``, ``$schema``)
     from: its file's own, through a symbolic link to the file the folder of the file it
-    names, so that a plan reads the same by either name (`<stdin>`: the working folder)."""
-    return Path(os.path.realpath(path)).parent
+    names, so that a plan reads the same by either name; the working folder for one read
+    from standard input (`STDIN_NAME`, whatever a file of that name in it is) or through a
+    pipe (``budget <(...)``, ``/dev/stdin``: its link names no folder, /proc/<pid>/fd; an
+    audit, m422, found config.json looked for there)."""
+    if str(path) == STDIN_NAME:
+        return Path.cwd()
+    try:  # through the links, as the plan was read (a pipe's resolves to no name)
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        regular = True  # no file to ask (a plan gone since it was read): its name's folder
+    return Path(os.path.realpath(path)).parent if regular else Path.cwd()
 
 
 def target(path: Path) -> Path:

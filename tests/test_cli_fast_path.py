@@ -465,3 +465,44 @@ def test_piped_tables_end_no_line_in_spaces():
     for part in ("a  b   ", "   ", "c  \n", "  \n", "d "):
         trimmed.write(part)
     assert stream.getvalue() == "a  b      c\n\nd"
+
+
+def test_after_a_double_dash_the_first_word_is_the_plan(tmp_path: Path) -> None:
+    """`budget -- -x.yaml` was refused as an unknown option -x where `budget report --
+    -x.yaml` reported (an audit, m422): after ``--`` every word is a file."""
+    assert route(["--", "-x.yaml"]) == ["report", "--", "-x.yaml"]
+    assert route(["-f", "json", "--", "-x.yaml"]) == ["report", "-f", "json", "--", "-x.yaml"]
+    assert route(["--", "check"]) == ["report", "--", "check"]  # a file named check
+    assert route(["check", "--", "-x.yaml"]) == ["check", "--", "-x.yaml"]
+    (tmp_path / "-x.yaml").write_bytes(GPT3.read_bytes())
+    short = subprocess.run(
+        [sys.executable, "-m", "budget", "-f", "json", "--", "-x.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    long = subprocess.run(
+        [sys.executable, "-m", "budget", "report", "-f", "json", "--", "-x.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert short.returncode == 0 and short.stdout == long.stdout != ""
+
+
+def test_a_plan_through_a_pipe_reads_its_config_from_the_working_folder(tmp_path: Path) -> None:
+    """A plan piped as /dev/stdin reads a relative hf_config from the working folder, as
+    `-` does: the pipe's link names /proc/<pid>/fd, where config.json was looked for (an
+    audit, m422)."""
+    config = ROOT / "tests" / "data" / "hf" / "llama3-70b" / "config.json"
+    (tmp_path / "config.json").write_bytes(config.read_bytes())
+    text = (ROOT / "tests" / "data" / "llama3-70b-hf.yaml").read_text(encoding="utf-8")
+    plan = text.replace("hf/llama3-70b/config.json", "config.json")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "budget", *args, "-f", "json"]
+        return subprocess.run(command, input=plan, capture_output=True, text=True, cwd=tmp_path)
+
+    dashed, piped = run("-"), run("/dev/stdin")
+    assert dashed.returncode == 0 and piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["model"] == json.loads(dashed.stdout)["model"]

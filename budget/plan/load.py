@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from budget.errors import BudgetError, Problem
+from budget.files import STDIN_NAME
 from budget.plan.model import Plan
 from budget.plan.resolve import preset_problems, resolve, wrong_batch_keys
 from budget.plan.schema import schema, validate_tree
@@ -21,9 +22,6 @@ from budget.plan.yaml_load import SECOND_DOCUMENT, Loaded, Marks, decode, load_y
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
 MAX_BYTES = 8 * 2**20  # plans are a few kilobytes; 8 MiB is generous and bounds the work
-
-
-STDIN_NAME = "<stdin>"  # what problems call a plan read from standard input (`-`)
 
 
 def plan_name(path: Path) -> str:
