@@ -439,7 +439,10 @@ def collective_command(
     latency: Annotated[str | None, _option("<time>", "Latency per phase, e.g. 1us.")] = None,
     level: Annotated[
         list[str] | None,
-        _option("<size:rate:time>", "SIZE:BANDWIDTH:LATENCY, innermost first; repeat per level."),
+        _option(
+            "<size:rate:time>",
+            "SIZE:BANDWIDTH:LATENCY[:NAME], innermost first; repeat per level.",
+        ),
     ] = None,
     algorithm: Annotated[
         str | None,

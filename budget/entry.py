@@ -40,15 +40,30 @@ STDIN = "-"  # a plan argument that reads the plan from standard input
 NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
+# the options of budget's commands that take the next word as their value
+_VALUED = frozenset({"-f", "--format", "-o", "--output"})
+
+
 def route(args: list[str]) -> list[str]:
     """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`; after ``--`` every
     word is a file, the first of them the plan (an audit, m422: `budget -- -x.yaml` was
     refused as an unknown option -x, where `budget report -- -x.yaml` reported)."""
-    for arg in args:
-        if arg == "--":
+    head = args[: args.index("--")] if "--" in args else args
+    if "--version" in head:  # said alone, whatever else is given (a user audit, m421)
+        return ["--version"]
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:  # an option's value is no command word (`-f json presets`: m421)
+            skip = False
+        elif arg == "--":
             return ["report", *args]
-        if not arg.startswith("-") or arg == STDIN:
-            return ["report", *args] if arg not in COMMANDS else list(args)
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-") or arg == STDIN:
+            if arg not in COMMANDS:
+                return ["report", *args]
+            # options written before the command word are the command's own
+            return [arg, *args[:i], *args[i + 1 :]]
     return list(args)
 
 

@@ -99,7 +99,9 @@ def _prefix(unit: str, base: str, text: str, what: str) -> int:
         return _BINARY[prefix]
     if prefix in _DECIMAL:
         return _DECIMAL[prefix]
-    raise UnitError(f"unknown prefix {prefix!r} in {text!r} (use k, M, G, T or Ki, Mi, Gi, Ti)")
+    raise UnitError(
+        f"unknown prefix {prefix!r} in {text!r} (use k, M, G, T, P or Ki, Mi, Gi, Ti, Pi)"
+    )
 
 
 def _nonnegative(value: Fraction, text: object, what: str) -> Fraction:

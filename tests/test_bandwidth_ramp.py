@@ -248,7 +248,7 @@ def test_the_collective_calculator_takes_the_same_ramp() -> None:
     table = runner.invoke(app, route(args[:-2]), env={"COLUMNS": "80"}).stdout
     assert f"{round(100 * share)} % of B at this size" in table
     bad = runner.invoke(app, route([*args[:-3], "nvlink9"]))
-    assert bad.exit_code == 2 and "unknown ramp 'nvlink9'" in bad.stderr
+    assert bad.exit_code == 2 and "--ramp 'nvlink9': unknown ramp" in bad.stderr
 
 
 def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None:

@@ -481,11 +481,11 @@ def test_latency_bound_is_named() -> None:
         (["collective", "gather", *ACCEPTANCE_1], "unknown collective 'gather'"),
         (
             ["collective", "all-gather", *ACCEPTANCE_1, "--algorithm", "tree"],
-            "all-gather has no 'tree' algorithm",
+            "--algorithm 'tree': all-gather has no 'tree' algorithm",
         ),
         (
             ["collective", "all-gather", *ACCEPTANCE_1, "--algorithm", "magic"],
-            "unknown algorithm 'magic'",
+            "--algorithm 'magic': unknown algorithm",
         ),
         (
             ["collective", "all-gather", *_ranks("0")],
@@ -803,9 +803,9 @@ def test_a_collective_says_every_bad_option_at_once() -> None:
         "budget: error: --bandwidth '0': a link's bandwidth is at least 1 B/s, such as '450GB/s'",
         "budget: error: --latency '1 parsec': expected a time such as '3 us', '2 ms' or "
         "'12 s', got '1 parsec'",
-        "budget: error: unknown algorithm 'fast'; expected one of ring, recursive, tree, "
-        "pairwise, bruck, direct, hierarchical, double-tree, auto",
-        "budget: error: unknown ramp 'x'; expected one of none, nvlink3, nvlink4, nvlink5",
+        "budget: error: --algorithm 'fast': unknown algorithm; expected one of ring, recursive, "
+        "tree, pairwise, bruck, direct, hierarchical, double-tree, auto",
+        "budget: error: --ramp 'x': unknown ramp; expected one of none, nvlink3, nvlink4, nvlink5",
         "budget: error: --beside 'y': expected a time such as '3 us', '2 ms' or '12 s', got 'y'",
     ]
     named = ["--level", "8:450GB/s:1us:a", "--level", "4:50GB/s:5us:a", "--ranks", "16"]

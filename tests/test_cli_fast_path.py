@@ -506,3 +506,18 @@ def test_a_plan_through_a_pipe_reads_its_config_from_the_working_folder(tmp_path
     dashed, piped = run("-"), run("/dev/stdin")
     assert dashed.returncode == 0 and piped.returncode == 0, piped.stderr
     assert json.loads(piped.stdout)["model"] == json.loads(dashed.stdout)["model"]
+
+
+def test_options_before_the_command_word_are_the_commands() -> None:
+    """`budget -f json presets` read json as the plan's place and presets as a plan, and
+    `budget --version PLAN` said --version is no option (a user audit, m421)."""
+    assert route(["-f", "json", "presets"]) == ["presets", "-f", "json"]
+    assert route(["-f", "json", "check", "p.yaml"]) == ["check", "-f", "json", "p.yaml"]
+    assert route(["--format=json", "presets"]) == ["presets", "--format=json"]
+    assert route(["-f", "json", "p.yaml"]) == ["report", "-f", "json", "p.yaml"]
+    assert route(["--version", "p.yaml"]) == ["--version"] == route(["p.yaml", "--version"])
+    assert route(["--", "--version"]) == ["report", "--", "--version"]  # a file so named
+    version = subprocess.run(
+        [sys.executable, "-m", "budget", "--version", str(GPT3)], capture_output=True, text=True
+    )
+    assert version.returncode == 0 and version.stdout.startswith("budget ")
