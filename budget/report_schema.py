@@ -100,7 +100,7 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # causal mask computes it, where either report prints it beside MFU (a tenth or more below)
 # 1.29: search gives ``rejected_by_states``, the layouts counted as not fitting by their model
 # states alone, without a pass of the engine
-SCHEMA_VERSION = "1.29"
+SCHEMA_VERSION = "1.30"
 
 Kind = Literal[
     "report",

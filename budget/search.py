@@ -211,6 +211,78 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
+class Nearest:
+    """How near a sweep's layouts came to what it asked, said where none ranks (a user
+    audit, m419: an empty result named no layout and no limit to relax): the least peak of
+    any layout evaluated, a lower bound where its model states alone ruled it out (no stage
+    peaks below its states); of the layouts that fit, the least peak, the least step time
+    (a lower bound where a replay was held pending: none steps in less), the least exposed
+    share of the step; and how many that fit break each limit alone, whichever else they
+    break (`Outcome.rejected` counts each under the first)."""
+
+    capacity: int  # the device's bytes, the peaks' measure
+    least_peak: int | None = None
+    fitting_peak: int | None = None
+    fitting_step_s: float | None = None
+    fitting_exposed_share: float | None = None
+    over_each: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "capacity_bytes": self.capacity,
+            "least_peak_bytes": self.least_peak,
+            "fitting_least_peak_bytes": self.fitting_peak,
+            "fitting_least_step_s": self.fitting_step_s,
+            "fitting_least_exposed_share": self.fitting_exposed_share,
+            "over_each_limit": dict(self.over_each),
+        }
+
+
+class _Near:
+    """`Nearest`, gathered as a sweep goes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.least: int | None = None
+        self.fit_peak: int | None = None
+        self.fit_step: float | None = None
+        self.fit_share: float | None = None
+        self.over: Counter[str] = Counter()
+
+    def bound(self, peaks: np.ndarray) -> None:
+        """Layouts over the device by their model states, `peaks` their lower bounds."""
+        if peaks.size:
+            self.least = _least(self.least, int(peaks.min()))
+
+    def measured(self, measured: dict[str, np.ndarray], breaks: list[tuple[str, Any]]) -> None:
+        """A pass's layouts, as `measure` (and `_settle_limits`) left them."""
+        peak = measured["peak"]
+        if not peak.size:
+            return
+        self.least = _least(self.least, int(peak.min()))
+        fits = peak <= self.capacity
+        if not fits.any():
+            return
+        upper, exposed = measured["upper"][fits], measured["exposed"][fits]
+        share = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+        self.fit_peak = _least(self.fit_peak, int(peak[fits].min()))
+        self.fit_step = _least(self.fit_step, float(measured["time"][fits].min()))
+        self.fit_share = _least(self.fit_share, float(share.min()))
+        for reason, over in breaks:
+            self.over[reason] += int((fits & over).sum())
+
+    def result(self) -> Nearest:
+        over = {reason: n for reason, n in self.over.items()}
+        return Nearest(
+            self.capacity, self.least, self.fit_peak, self.fit_step, self.fit_share, over
+        )
+
+
+def _least(held: Any, value: Any) -> Any:
+    return value if held is None else min(held, value)
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     gpus: int
     evaluated: int
@@ -245,6 +317,8 @@ class Outcome:
     # of the layouts that do not fit, those their model states alone rule out, counted
     # without a pass of the engine (`_states_bound`)
     by_states: int = 0
+    # how near the layouts came to fitting and keeping the limits (`Nearest`)
+    nearest: Nearest | None = None
 
     @property
     def best(self) -> Result | None:
@@ -1694,6 +1768,7 @@ def search(
     capacity = plan.device.memory
     spans: Spans = {}
     kept = _Kept(plan, gpus, objective, keep, spans)
+    near = _Near(capacity)
     done = groups = fitting = bounded = 0
 
     def run(part: Columns) -> None:
@@ -1718,7 +1793,9 @@ def search(
             kept.replayed += _settle_limits(plan, part, gpus, spans, limits, measured)
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
-        for reason, breaks in _breaks(limits, capacity, measured):
+        broken = _breaks(limits, capacity, measured)
+        near.measured(measured, broken)
+        for reason, breaks in broken:
             over = ranked & breaks
             if over.any():
                 counts.rejected[reason] += int(over.sum())
@@ -1742,6 +1819,7 @@ def search(
         if not over.any():
             return part
         counts.rejected["does not fit in device memory"] += int(over.sum())
+        near.bound(np.asarray(bound * np.ones(len(part)))[over])
         done += int(over.sum())
         bounded += int(over.sum())
         if progress is not None:
@@ -1789,6 +1867,7 @@ def search(
         space=space,
         replayed=kept.replayed,
         by_states=bounded,
+        nearest=near.result(),
     )
 
 
@@ -2258,6 +2337,7 @@ def to_dict(outcome: Outcome, top: int) -> dict[str, Any]:
         "results": [_ranked_dict(outcome, r) for r in outcome.results[:top]],
         "written": _written_dict(outcome),
         "written_breaks": list(outcome.written_breaks),
+        "nearest": None if outcome.nearest is None else outcome.nearest.to_dict(),
     }
 
 

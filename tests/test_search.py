@@ -3283,3 +3283,51 @@ def test_the_markdown_search_aligns_its_columns_as_the_table_does() -> None:
     cells = dict(zip(head.strip("| ").split(" | "), align.strip("| ").split(" | "), strict=True))
     assert cells["sp"] == cells["recompute"] == "---"
     assert {cells[h] for h in ("tp", "pp", "micro", "peak", "step", "MFU")} == {"---:"}
+
+
+def test_where_nothing_fits_the_search_says_the_least_any_layout_peaks_at() -> None:
+    """GPT-3 on 8 GPUs fits nothing (a user audit, m419: the output named no figure). The
+    least peak said is a lower bound: no layout peaks under it, and by hand none can, each
+    GPU keeping at least 2 + 4 + 12 bytes a parameter over the 8 (bf16 weights, fp32
+    gradients, fp32 master and moments, ZeRO 3); and the budget of one layout that shards
+    most, written out, peaks over it."""
+    plan = load_plan(GPT3)
+    outcome = search(plan, 8, Space(), keep=5)
+    near = outcome.nearest
+    assert outcome.fitting == 0 and near is not None and near.least_peak is not None
+    params = build_report(plan).model["params_total"]
+    assert near.least_peak >= 18 * params // 8
+    config = Config(8, 1, 1, 1, 1, 3, True, "full", 1, 1)
+    peak = max(s.peak_bytes for s in build_report(apply(plan, config, 8)).stages)
+    assert near.least_peak <= peak
+    assert near.fitting_peak is None and near.fitting_step_s is None and not near.over_each
+    table = CliRunner().invoke(app, route(["search", str(GPT3), "--gpus", "8"])).stdout
+    said = " ".join(table.split())
+    assert "No layout peaks under" in said and "more GPUs (--gpus)" in said
+
+
+def test_where_none_keeps_the_limits_each_limit_is_counted_alone() -> None:
+    """GPT 1.3B on 4 GPUs with --headroom 95% and --max-step 4s keeps nothing: the table
+    counts every layout under headroom, the first limit, and said nothing of the step limit,
+    which alone rules out every one too (a user audit, m419). The nearest figures are those
+    of the sweep without limits: its least fitting peak exactly, a step no fitting layout
+    beats."""
+    from budget.check import Limits
+
+    plan = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
+    limits = Limits(headroom_share=0.95, max_step_s=4.0)
+    bound = search(plan, 4, Space(), keep=5, limits=limits)
+    free = search(plan, 4, Space(), keep=None)
+    near = bound.nearest
+    assert bound.within_limits == 0 and near is not None and bound.fitting == free.fitting > 0
+    assert list(near.over_each.values()) == [bound.fitting, bound.fitting]
+    assert near.fitting_peak == min(r.peak_bytes for r in free.results)
+    assert near.fitting_step_s is not None
+    assert near.fitting_step_s <= min(r.step_time_s for r in free.results) * (1 + 1e-12)
+    assert near.fitting_step_s > 4.0
+    args = ["search", str(ROOT / "plans" / "gpt-1.3b.yaml"), "--gpus", "4"]
+    said = CliRunner().invoke(app, route([*args, "--headroom", "95%", "--max-step", "4s"]))
+    text = " ".join(said.stdout.split())
+    assert said.exit_code == 1
+    assert f"step time ≤ 4 s rules out {bound.fitting:,}" in text
+    assert "the most headroom a fitting layout leaves is" in text and "none steps in under" in text

@@ -409,7 +409,59 @@ NONE_BUILT = (
 def _none(outcome: Outcome) -> str:
     if outcome.evaluated == 0:  # a review: "no layout fits" read as if memory had ruled
         return NONE_BUILT.format(gpus=plural(outcome.gpus, "GPU"))
-    return NONE_FITS if outcome.limits is None else NONE_KEEPS
+    said = NONE_FITS if outcome.limits is None else NONE_KEEPS
+    near = nearest_note(outcome)
+    return f"{said} {near}" if near else said
+
+
+def _floor(x: float) -> float:
+    """`x` cut, not rounded, to three significant digits: a lower bound shown stays one."""
+    if x <= 0:
+        return x
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return math.floor(x / unit) * unit
+
+
+def nearest_note(outcome: Outcome) -> str | None:
+    """How near the layouts came, where none ranks (`budget.search.Nearest`; a user audit,
+    m419: an empty result named no layout and no limit to relax): the least any peaks at
+    where none fits; where some fit and none keeps the limits, how many each limit alone
+    rules out and how near a fitting layout comes to each."""
+    near = outcome.nearest
+    if near is None or outcome.results or outcome.evaluated == 0:
+        return None
+    capacity = format_bytes(near.capacity)
+    if outcome.fitting == 0:
+        if near.least_peak is None:
+            return None
+        least = format_bytes(_floor(near.least_peak))
+        return (
+            f"No layout peaks under {least} on its worst stage, against the {capacity} a "
+            "GPU holds: more GPUs (--gpus) split the model further."
+        )
+    limits = outcome.limits
+    if limits is None or near.fitting_peak is None:
+        return None
+    alone = "; ".join(
+        f"{reason.removeprefix('over a limit: ')} rules out {n:,}"
+        for reason, n in near.over_each.items()
+    )
+    nearest = []
+    if limits.required_headroom(near.capacity) is not None:
+        free = near.capacity - near.fitting_peak
+        nearest.append(
+            f"the most headroom a fitting layout leaves is {format_bytes(free)} "
+            f"({format_share(free / near.capacity)} of capacity)"
+        )
+    if limits.max_exposed_share is not None and near.fitting_exposed_share is not None:
+        share = format_share(_floor(near.fitting_exposed_share))
+        nearest.append(f"none exposes under {share} of its step")
+    if limits.max_step_s is not None and near.fitting_step_s is not None:
+        nearest.append(f"none steps in under {format_duration(_floor(near.fitting_step_s))}")
+    return (
+        f"Of the {outcome.fitting:,} that fit, each limit alone: {alone}. Nearest: "
+        f"{', '.join(nearest)}."
+    )
 
 
 def hardware_text(hardware: dict[str, Any]) -> str:
