@@ -173,10 +173,13 @@ def empty_argument(args: list[str]) -> str | None:
     from budget.errors import usage_line
 
     after = args.index("")
-    where = f" after {args[after - 1]!r}" if after else ""
-    return usage_line(
-        f"an empty argument{where}: give a plan file (- for standard input) or the option's value"
-    )
+    before = args[after - 1] if after else ""
+    if before.startswith("-") and before not in (STDIN, "--"):
+        # an option's value, said as the option's (a user audit, m419: `--tp ""` was told
+        # to give a plan file)
+        return usage_line(f"{before} '': an empty value; give the option's value")
+    where = f" after {before!r}" if after else ""
+    return usage_line(f"an empty argument{where}: give a plan file (- for standard input)")
 
 
 def _app(args: list[str]) -> None:
