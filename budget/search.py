@@ -218,7 +218,9 @@ class Nearest:
     peaks below its states); of the layouts that fit, the least peak, the least step time
     (a lower bound where a replay was held pending: none steps in less), the least exposed
     share of the step; and how many that fit break each limit alone, whichever else they
-    break (`Outcome.rejected` counts each under the first)."""
+    break (`Outcome.rejected` counts each under the first), with how many more a pending
+    layout's bounds leave open on it (`_open_limits`: a layout an earlier limit rules out
+    is not replayed for a later one; review m423 found those left out of the count)."""
 
     capacity: int  # the device's bytes, the peaks' measure
     least_peak: int | None = None
@@ -226,6 +228,7 @@ class Nearest:
     fitting_step_s: float | None = None
     fitting_exposed_share: float | None = None
     over_each: dict[str, int] = field(default_factory=dict)
+    undecided_each: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -235,6 +238,7 @@ class Nearest:
             "fitting_least_step_s": self.fitting_step_s,
             "fitting_least_exposed_share": self.fitting_exposed_share,
             "over_each_limit": dict(self.over_each),
+            "undecided_each_limit": dict(self.undecided_each),
         }
 
 
@@ -248,14 +252,21 @@ class _Near:
         self.fit_step: float | None = None
         self.fit_share: float | None = None
         self.over: Counter[str] = Counter()
+        self.open: Counter[str] = Counter()
 
     def bound(self, peaks: np.ndarray) -> None:
         """Layouts over the device by their model states, `peaks` their lower bounds."""
         if peaks.size:
             self.least = _least(self.least, int(peaks.min()))
 
-    def measured(self, measured: dict[str, np.ndarray], breaks: list[tuple[str, Any]]) -> None:
-        """A pass's layouts, as `measure` (and `_settle_limits`) left them."""
+    def measured(
+        self,
+        measured: dict[str, np.ndarray],
+        breaks: list[tuple[str, Any]],
+        opens: list[np.ndarray],
+    ) -> None:
+        """A pass's layouts, as `measure` (and `_settle_limits`) left them; `breaks` as
+        `_breaks` gives them, `opens` as `_open_limits` does."""
         peak = measured["peak"]
         if not peak.size:
             return
@@ -268,13 +279,19 @@ class _Near:
         self.fit_peak = _least(self.fit_peak, int(peak[fits].min()))
         self.fit_step = _least(self.fit_step, float(measured["time"][fits].min()))
         self.fit_share = _least(self.fit_share, float(share.min()))
-        for reason, over in breaks:
+        for (reason, over), open_ in zip(breaks, opens, strict=True):
             self.over[reason] += int((fits & over).sum())
+            self.open[reason] += int((fits & open_).sum())
 
     def result(self) -> Nearest:
-        over = {reason: n for reason, n in self.over.items()}
         return Nearest(
-            self.capacity, self.least, self.fit_peak, self.fit_step, self.fit_share, over
+            self.capacity,
+            self.least,
+            self.fit_peak,
+            self.fit_step,
+            self.fit_share,
+            dict(self.over),
+            {reason: n for reason, n in self.open.items() if n},
         )
 
 
@@ -1794,7 +1811,7 @@ def search(
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
         broken = _breaks(limits, capacity, measured)
-        near.measured(measured, broken)
+        near.measured(measured, broken, _open_limits(limits, capacity, measured))
         for reason, breaks in broken:
             over = ranked & breaks
             if over.any():
@@ -2027,6 +2044,30 @@ def _breaks(
     if limits.max_step_s is not None:
         out.append((next(words), time_s > limits.max_step_s))
     return [(f"over a limit: {text}", breaks) for text, breaks in out]
+
+
+def _open_limits(
+    limits: Limits | None, capacity: int, measured: dict[str, np.ndarray]
+) -> list[np.ndarray]:
+    """For each limit `_breaks` judges, in its order, the pending layouts whose bounds leave
+    it open, each limit on its own: none for headroom (a peak is exact); an exposed share
+    over the limit on the lower bound of the step and not on the upper; a step limit between
+    the bounds. Those `_settle_limits` replays are no longer pending."""
+    if limits is None:
+        return []
+    pending = measured["pending"]
+    out = []
+    if limits.required_headroom(capacity) is not None:
+        out.append(np.zeros(len(pending), dtype=bool))
+    time_s, upper, exposed = measured["time"], measured["upper"], measured["exposed"]
+    if limits.max_exposed_share is not None:
+        most = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
+        least = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+        cap = limits.max_exposed_share
+        out.append(pending & (most > cap) & (least <= cap))
+    if limits.max_step_s is not None:
+        out.append(pending & (time_s <= limits.max_step_s) & (upper > limits.max_step_s))
+    return out
 
 
 def _settle_limits(

@@ -414,12 +414,32 @@ def _none(outcome: Outcome) -> str:
     return f"{said} {near}" if near else said
 
 
-def _floor(x: float) -> float:
-    """`x` cut, not rounded, to three significant digits: a lower bound shown stays one."""
+def _floor(x: float, digits: int = 3) -> float:
+    """`x` cut, not rounded, to `digits` significant digits: a lower bound shown stays one."""
     if x <= 0:
         return x
-    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
     return math.floor(x / unit) * unit
+
+
+def _bytes_down(n: int) -> str:
+    """`format_bytes`'s figure of `n`, cut at the digit it prints rather than rounded (review
+    m423: 368.90 GiB cut in decimal printed "369 GiB", above the bound it stood for)."""
+    number, unit = format_bytes(n).split(" ")
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)
+    decimals = len(number.partition(".")[2])
+    value = math.floor(n / scale * 10**decimals) / 10**decimals
+    return f"{value:.{decimals}f} {unit}"
+
+
+def _share_down(share: float) -> str:
+    """A share as a percentage to two significant digits, cut rather than rounded (review
+    m423: 0.0507 % printed "0.1%", which a fitting layout did expose under)."""
+    percent = _floor(share * 100, 2)
+    if percent <= 0:
+        return "0%"
+    decimals = max(0, 1 - math.floor(math.log10(percent)))
+    return f"{percent:.{decimals}f}%"
 
 
 def nearest_note(outcome: Outcome) -> str | None:
@@ -434,7 +454,7 @@ def nearest_note(outcome: Outcome) -> str | None:
     if outcome.fitting == 0:
         if near.least_peak is None:
             return None
-        least = format_bytes(_floor(near.least_peak))
+        least = _bytes_down(near.least_peak)
         return (
             f"No layout peaks under {least} on its worst stage, against the {capacity} a "
             "GPU holds: more GPUs (--gpus) split the model further."
@@ -442,8 +462,10 @@ def nearest_note(outcome: Outcome) -> str | None:
     limits = outcome.limits
     if limits is None or near.fitting_peak is None:
         return None
+    # a range where pending layouts' bounds leave a limit open (`Nearest.undecided_each`)
     alone = "; ".join(
         f"{reason.removeprefix('over a limit: ')} rules out {n:,}"
+        + (f" to {n + near.undecided_each[reason]:,}" if near.undecided_each.get(reason) else "")
         for reason, n in near.over_each.items()
     )
     nearest = []
@@ -454,8 +476,7 @@ def nearest_note(outcome: Outcome) -> str | None:
             f"({format_share(free / near.capacity)} of capacity)"
         )
     if limits.max_exposed_share is not None and near.fitting_exposed_share is not None:
-        share = format_share(_floor(near.fitting_exposed_share))
-        nearest.append(f"none exposes under {share} of its step")
+        nearest.append(f"none exposes under {_share_down(near.fitting_exposed_share)} of its step")
     if limits.max_step_s is not None and near.fitting_step_s is not None:
         nearest.append(f"none steps in under {format_duration(_floor(near.fitting_step_s))}")
     return (
