@@ -40,40 +40,59 @@ STDIN = "-"  # a plan argument that reads the plan from standard input
 NARROWEST, FALLBACK_WIDTH = 40, 80  # columns
 
 
-# the options of budget's commands that take the next word as their value
-_VALUED = frozenset({"-f", "--format", "-o", "--output"})
+_FLAGS = frozenset({"--help", "--version"})  # budget's only options that take no value
 
 
-def route(args: list[str]) -> list[str]:
-    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`; after ``--`` every
-    word is a file, the first of them the plan (an audit, m422: `budget -- -x.yaml` was
-    refused as an unknown option -x, where `budget report -- -x.yaml` reported)."""
-    head = args[: args.index("--")] if "--" in args else args
-    if "--version" in head:  # said alone, whatever else is given (a user audit, m421)
-        return ["--version"]
+def takes_value(arg: str) -> bool:
+    """Whether the option word `arg` takes the next word as its value: every option of
+    budget's commands but --help and --version, unless it carries its value (--format=json,
+    -fjson)."""
+    if arg in _FLAGS or "=" in arg:
+        return False
+    return arg.startswith("--") or len(arg) == 2
+
+
+def command_word(args: list[str]) -> tuple[int, str] | None:
+    """Where the first word that is neither an option nor an option's value stands, and the
+    word, before any ``--``: the command, or the plan of the short way."""
     skip = False
     for i, arg in enumerate(args):
         if skip:  # an option's value is no command word (`-f json presets`: m421)
             skip = False
         elif arg == "--":
-            return ["report", *args]
-        elif arg in _VALUED:
-            skip = True
-        elif not arg.startswith("-") or arg == STDIN:
-            if arg not in COMMANDS:
-                return ["report", *args]
-            # options written before the command word are the command's own
-            return [arg, *args[:i], *args[i + 1 :]]
-    return list(args)
+            return None
+        elif arg.startswith("-") and arg != STDIN:
+            skip = takes_value(arg)
+        else:
+            return i, arg
+    return None
+
+
+def route(args: list[str]) -> list[str]:
+    """`budget PLAN.yaml ...` is short for `budget report PLAN.yaml ...`; after ``--`` every
+    word is a file, the first of them the plan (an audit, m422: `budget -- -x.yaml` was
+    refused as an unknown option -x, where `budget report -- -x.yaml` reported); options
+    written before the command word are the command's (`budget -f json presets`, m421)."""
+    head = args[: args.index("--")] if "--" in args else args
+    if "--version" in head:  # said alone, whatever else is given (a user audit, m421)
+        return ["--version"]
+    found = command_word(args)
+    if found is None:
+        return ["report", *args] if "--" in args else list(args)
+    i, word = found
+    if word not in COMMANDS:
+        return ["report", *args]
+    return [word, *args[:i], *args[i + 1 :]]
 
 
 def mistyped(args: list[str]) -> str | None:
-    """A first word that is no file but nearly a command ("chek"): what to say instead of
-    "chek:1:1: error: $: cannot read the plan". Only the first argument: a later word may be
-    an option's value (`-f dif`)."""
+    """A command word (`command_word`: no option's value, `-f dif`) that is no file but
+    nearly a command ("chek"): what to say instead of "chek:1:1: error: $: cannot read the
+    plan", after options too (`budget -f json chek`, review m424)."""
     import difflib
 
-    first = args[0] if args else "-"
+    found = command_word(args)  # the word `route` takes for the command (review m424)
+    first = found[1] if found else "-"
     from budget.files import exists
 
     if first.startswith("-") or first in COMMANDS or exists(Path(first)):
@@ -174,7 +193,7 @@ def empty_argument(args: list[str]) -> str | None:
 
     after = args.index("")
     before = args[after - 1] if after else ""
-    if before.startswith("-") and before not in (STDIN, "--"):
+    if before.startswith("-") and before not in (STDIN, "--") and takes_value(before):
         # an option's value, said as the option's (a user audit, m419: `--tp ""` was told
         # to give a plan file)
         return usage_line(f"{before} '': an empty value; give the option's value")

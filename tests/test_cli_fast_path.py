@@ -522,3 +522,23 @@ def test_options_before_the_command_word_are_the_commands() -> None:
         [sys.executable, "-m", "budget", "--version", str(GPT3)], capture_output=True, text=True
     )
     assert version.returncode == 0 and version.stdout.startswith("budget ")
+
+
+def test_the_command_word_skips_every_options_value(monkeypatch, tmp_path) -> None:
+    """Every option of budget's but --help and --version takes the next word (review m424:
+    `--headroom 5% check P` read 5% as the plan, and `-f json chek` was offered nothing),
+    unless it carries its value; an empty word after one that does not is an argument."""
+    from budget.entry import empty_argument, mistyped
+
+    assert route(["--headroom", "5%", "check", "p.yaml"]) == ["check", "--headroom", "5%", "p.yaml"]
+    assert route(["--objective", "check", "search", "p.yaml"])[0] == "search"
+    assert route(["--format=json", "-o", "x.png", "plot", "p.yaml"])[0] == "plot"
+    assert route(["--help", "check"]) == ["check", "--help"]
+    monkeypatch.chdir(tmp_path)
+    said = mistyped(["-f", "json", "chek", "p.yaml"]) or ""
+    assert "'chek' is neither a command nor a file; did you mean 'check'?" in said
+    assert "an empty argument after '--headroom=5%'" in (
+        empty_argument(["check", "--headroom=5%", ""]) or ""
+    )
+    assert "an empty argument after '--help'" in (empty_argument(["check", "--help", ""]) or "")
+    assert "--tp '': an empty value" in (empty_argument(["search", "p", "--tp", ""]) or "")
