@@ -274,11 +274,10 @@ class _Near:
         fits = peak <= self.capacity
         if not fits.any():
             return
-        upper, exposed = measured["upper"][fits], measured["exposed"][fits]
-        share = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+        _, share = _exposed_shares(measured)
         self.fit_peak = _least(self.fit_peak, int(peak[fits].min()))
         self.fit_step = _least(self.fit_step, float(measured["time"][fits].min()))
-        self.fit_share = _least(self.fit_share, float(share.min()))
+        self.fit_share = _least(self.fit_share, float(share[fits].min()))
         for (reason, over), open_ in zip(breaks, opens, strict=True):
             self.over[reason] += int((fits & over).sum())
             self.open[reason] += int((fits & open_).sum())
@@ -1836,7 +1835,7 @@ def search(
         if not over.any():
             return part
         counts.rejected["does not fit in device memory"] += int(over.sum())
-        near.bound(np.asarray(bound * np.ones(len(part)))[over])
+        near.bound(np.broadcast_to(bound, over.shape)[over])
         done += int(over.sum())
         bounded += int(over.sum())
         if progress is not None:
@@ -2037,13 +2036,22 @@ def _breaks(
     required = limits.required_headroom(capacity)
     if required is not None:
         out.append((next(words), capacity - measured["peak"] < required))
-    time_s, exposed, upper = measured["time"], measured["exposed"], measured["upper"]
     if limits.max_exposed_share is not None:
-        share = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
-        out.append((next(words), share > limits.max_exposed_share))
+        _, least = _exposed_shares(measured)
+        out.append((next(words), least > limits.max_exposed_share))
     if limits.max_step_s is not None:
-        out.append((next(words), time_s > limits.max_step_s))
+        out.append((next(words), measured["time"] > limits.max_step_s))
     return [(f"over a limit: {text}", breaks) for text, breaks in out]
+
+
+def _exposed_shares(measured: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each layout's exposed communication as a share of its step, (most, least): over the
+    step's lower bound and over its upper one (`measure`; both the step where it is exact),
+    0 for a step of 0 s."""
+    exposed, time_s, upper = measured["exposed"], measured["time"], measured["upper"]
+    most = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
+    least = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+    return most, least
 
 
 def _open_limits(
@@ -2059,10 +2067,9 @@ def _open_limits(
     out = []
     if limits.required_headroom(capacity) is not None:
         out.append(np.zeros(len(pending), dtype=bool))
-    time_s, upper, exposed = measured["time"], measured["upper"], measured["exposed"]
+    time_s, upper = measured["time"], measured["upper"]
     if limits.max_exposed_share is not None:
-        most = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
-        least = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+        most, least = _exposed_shares(measured)
         cap = limits.max_exposed_share
         out.append(pending & (most > cap) & (least <= cap))
     if limits.max_step_s is not None:
@@ -2150,10 +2157,9 @@ def _unsure(limits: Limits | None, capacity: int, measured: dict[str, np.ndarray
     required = limits.required_headroom(capacity)
     if required is not None:
         undecided &= capacity - measured["peak"] >= required
-    time_s, upper, exposed = measured["time"], measured["upper"], measured["exposed"]
+    time_s, upper = measured["time"], measured["upper"]
     if limits.max_exposed_share is not None:
-        most = np.divide(exposed, time_s, out=np.zeros_like(time_s), where=time_s != 0)
-        least = np.divide(exposed, upper, out=np.zeros_like(upper), where=upper != 0)
+        most, least = _exposed_shares(measured)
         over = least > limits.max_exposed_share
         unsure |= undecided & (most > limits.max_exposed_share) & ~over
         undecided &= ~over
