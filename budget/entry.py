@@ -198,7 +198,22 @@ def empty_argument(args: list[str]) -> str | None:
         # to give a plan file)
         return usage_line(f"{before} '': an empty value; give the option's value")
     where = f" after {before!r}" if after else ""
-    return usage_line(f"an empty argument{where}: give a plan file (- for standard input)")
+    found = command_word(args)
+    takes = _ARGUMENTS.get(found[1] if found else "", "give a plan file (- for standard input)")
+    return usage_line(f"an empty argument{where}: {takes}")
+
+
+# what the commands that read no plan take instead (`budget presets ''` was told to give a
+# plan file: a note of stop 82)
+_ARGUMENTS = {
+    "collective": "collective takes one argument, the operation: all-gather, reduce-scatter, "
+    "all-reduce, all-to-all, broadcast or send-recv",
+    "presets": "presets takes devices, topologies or models, or nothing for all three",
+    **{
+        word: f"{word} takes no argument, only options"
+        for word in ("schema", "roofline", "validate-model")
+    },
+}
 
 
 def _app(args: list[str]) -> None:

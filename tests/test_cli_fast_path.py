@@ -113,6 +113,13 @@ def test_a_mistyped_command_is_named_as_one(args, suggestion, tmp_path, monkeypa
         ([""], "an empty argument: give a plan file (- for standard input)"),
         (["check", "plans/a.yaml", ""], "an empty argument after 'plans/a.yaml': give a plan file"),
         (["validate-model", "--write-plans", ""], "--write-plans '': an empty value; give the"),
+        # a command that reads no plan says what it takes (a note of stop 82)
+        (["collective", ""], "an empty argument after 'collective': collective takes one argu"),
+        (
+            ["-f", "json", "presets", ""],
+            "an empty argument after 'presets': presets takes devices,",
+        ),
+        (["schema", ""], "an empty argument after 'schema': schema takes no argument, only op"),
     ],
 )
 def test_an_empty_argument_is_refused(args, said, tmp_path, monkeypatch, capsys):
