@@ -360,11 +360,15 @@ def format_bytes(n: float, binary: bool = True) -> str:
     if prefix == "B":
         return f"{value:.0f} B"
     # three significant digits of the value as it rounds: 9.996 GiB is "10.0 GiB", and
-    # 1,023.8 MiB, which would round to "1024 MiB", is "1.00 GiB"
-    if round(abs(value)) >= step and prefix != prefixes[-1]:
+    # 1,023.8 MiB, which would round to "1024 MiB", is "1.00 GiB"; from 1,000 of a binary
+    # unit, four digits where every other size has three, the next unit's ("1002 MiB" is
+    # "0.979 GiB": an audit, m427)
+    if round(abs(value)) >= 1000 and prefix != prefixes[-1]:
         value, prefix = value / step, prefixes[prefixes.index(prefix) + 1]
     size = abs(value)
-    digits = 2 if round(size, 2) < 10 else 1 if round(size, 1) < 100 else 0
+    digits = (
+        3 if round(size, 3) < 1 else 2 if round(size, 2) < 10 else 1 if round(size, 1) < 100 else 0
+    )
     return f"{value:.{digits}f} {prefix}"
 
 

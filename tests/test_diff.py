@@ -462,6 +462,18 @@ def test_a_negative_figure_takes_the_minus_sign_the_deltas_take() -> None:
     )
 
 
+def test_a_rate_under_ten_tokens_a_second_keeps_three_figures() -> None:
+    """A decode plan at one sequence on 128 GPUs makes 0.494 tokens/s a GPU, which the diff
+    printed "0" beside a Δ of "−1" (an audit, m425), where the report writes 0.494."""
+    from budget.diff import Delta
+    from budget.render.diff import _change, _value
+
+    assert _value("tokens/s", 0.49359) == "0.494"
+    assert _value("tokens/s", 63.18) == "63"
+    assert _change(Delta("tokens/s", "tokens/s", "higher", 0.99439, 0.49359))[0] == "−0.501"
+    assert _change(Delta("tokens/s", "tokens/s", "higher", 63.641, 63.180))[0] == "−0.461"
+
+
 def test_both_plans_broken_past_loading_are_both_reported(tmp_path: Path) -> None:
     """Two plans whose transitions break a rule each: both problems at once (only A's was
     shown, B's after fixing A; review)."""

@@ -72,6 +72,20 @@ def test_the_schema_is_draft_2020_12_and_the_repository_copy_is_the_packaged_one
     assert json.loads(link.read_text(encoding="utf-8")) == report_schema()
 
 
+def test_the_schema_holds_its_own_version_and_no_other() -> None:
+    """The schema accepted any schema_version, so that a script checking an output against
+    it could not refuse a version it does not know (an audit, m428); and the README says
+    the report's step gives mfu_causal always, which the schema did not require."""
+    version = report_schema()["$defs"]["schema_version"]
+    assert version["const"] == SCHEMA_VERSION
+    assert SCHEMA_VERSION in version["description"].split(":")[1]
+    _, data = _output([str(PLANS[0])])
+    assert validation_errors(data, "report") == []
+    assert validation_errors({**data, "schema_version": "0.1"}, "report") != []
+    step = {k: v for k, v in data["step"].items() if k != "mfu_causal"}
+    assert validation_errors({**data, "step": step}, "report") != []
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.name)
 def test_every_plan_report_validates(plan: Path) -> None:
     text, data = _output([str(plan)])

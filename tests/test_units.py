@@ -358,9 +358,14 @@ def test_a_count_of_one_takes_the_singular() -> None:
 def test_a_size_that_rounds_up_to_the_next_prefix_takes_it() -> None:
     """Three significant digits of the value as printed: 1,073,520,640 B is 1,023.8 MiB,
     which read "1024 MiB" beside the report's "1.00 GiB" figures (review); 9.996 GiB read
-    "10.00 GiB", four digits."""
+    "10.00 GiB", four digits; so did 1,000 to 1,023 of a binary unit ("1002 MiB", an audit,
+    m427): 1,002 / 1,024 = 0.9785 GiB."""
     assert format_bytes(1_073_520_640) == "1.00 GiB"
-    assert format_bytes(1023 * 2**20) == "1023 MiB"
+    assert format_bytes(1002 * 2**20) == "0.979 GiB"
+    assert format_bytes(999 * 2**20) == "999 MiB"
+    assert format_bytes(1023 * 2**20) == "0.999 GiB"
+    assert format_bytes(-1000 * 2**10) == "-0.977 MiB"
+    assert format_bytes(1023) == "1023 B"
     assert format_bytes(9.996 * 2**30) == "10.0 GiB"
     assert format_bytes(99.96 * 2**30) == "100 GiB"
     assert format_bytes(999_600, binary=False) == "1.00 MB"

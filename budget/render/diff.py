@@ -18,6 +18,7 @@ from budget.render.markdown import code, plain
 from budget.render.table import printable, titled_table, whole
 from budget.report import phase_scope, run_scope, time_word
 from budget.units import (
+    format_amount,
     format_bytes,
     format_duration,
     format_flops,
@@ -109,6 +110,8 @@ def _value(unit: str, value: float | None) -> str:
         return format_share(value)
     if unit == "count" and value != int(value):  # micro-batches in flight: 4.5
         return f"{value:,.2f}".rstrip("0").rstrip(".")
+    if unit == "tokens/s":  # 0.494 a GPU, not "0", as the report writes it (an audit, m425)
+        return format_amount(value)
     return f"{value:,.0f}"
 
 
