@@ -4687,7 +4687,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 )
         stages.append(replace(st, phases=(*phases, *passes)))
     known = tuple(dict.fromkeys(p.name for st in step.stages for p in st.phases))
-    for i, (tr, *_) in enumerate(parsed):  # a phase this plan's step lacks (no pipeline)
+    for i, (tr, _, _, op) in enumerate(parsed):  # a phase this plan's step lacks (pp 1)
         if all(_target(list(st.phases), tr.phase) is None for st in step.stages):
             message = unknown_phase(plan.mode, tr.phase, known)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
@@ -4696,6 +4696,41 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             pp = int(np.max(plan.parallel.pp))
             message = no_stage_to_send_to(tr.name, tr.phase, pp)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
+        elif tr.group == "pp" and op is not None:
+            message = _stages_apart(tr, op, step)
+            if message is not None:
+                problems.append(transition_problem(plan.file, tr, message, ".phase"))
     if problems:
         raise BudgetError(problems)
     return replace(step, stages=tuple(stages))
+
+
+def _stages_apart(tr: Transition, op: Op, step: Step) -> str | None:
+    """Why a collective over pp in `tr`'s phase cannot run: every stage of the pipeline is
+    a member of it, but the phase runs on some of them only (the loss on the last, the
+    embedding's passes on the first), and the others never call it; NCCL's collective
+    waits for every rank of its communicator. It was priced over the whole group and
+    charged to the stages that run the phase alone (an audit, m426). A stage send is the
+    pipeline's own exchange (`no_stage_to_send_to`)."""
+    running = [
+        k for k, st in enumerate(step.stages) if _target(list(st.phases), tr.phase) is not None
+    ]
+    if len(running) == len(step.stages):
+        return None
+    named = ", ".join(map(str, running))
+    return (
+        f"{tr.name!r} is {_AN_OP[op]} over pp, which every pipeline stage must join, but "
+        f"{tr.phase} runs only on stage{'s' if len(running) > 1 else ''} {named} of "
+        f"{len(step.stages)}: the others never call it; move it in a phase every stage "
+        "runs, or on a group within a stage"
+    )
+
+
+_AN_OP: dict[Op, str] = {
+    "all-gather": "an all-gather",
+    "reduce-scatter": "a reduce-scatter",
+    "all-reduce": "an all-reduce",
+    "all-to-all": "an all-to-all",
+    "broadcast": "a broadcast",
+    "send-recv": "a send-recv",
+}

@@ -1476,7 +1476,7 @@ def test_a_layout_whose_step_lacks_a_transitions_phase_is_rejected_not_priced(tm
         _gpt3_with(
             tmp_path,
             "transitions:\n  - {name: tied grads, phase: embedding.grads, tensor: {shape: "
-            "[vocab, hidden / tp], dtype: fp32}, group: pp, from: partial, to: replicate}\n",
+            "[vocab, hidden / tp], dtype: fp32}, group: dp, from: partial, to: replicate}\n",
         )
     )
     space = Space(tp=(8,), pp=(1, 8), micro=(1,), zero=(1,), recompute=("selective",))

@@ -676,6 +676,48 @@ def test_a_stage_send_where_no_stage_has_a_neighbour_is_refused(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("phase", "placements", "said"),
+    [
+        (
+            "loss",
+            ("shard(0)", "replicate"),
+            "an all-gather over pp, which every pipeline stage "
+            "must join, but loss runs only on stage 1 of 2",
+        ),
+        (
+            "forward.embedding",
+            ("partial", "replicate"),
+            "an all-reduce over pp, which every "
+            "pipeline stage must join, but forward.embedding runs only on stage 0 of 2",
+        ),
+    ],
+)
+def test_a_collective_over_pp_in_a_phase_of_one_stage_is_refused(tmp_path, phase, placements, said):
+    """Every stage is a member of a collective over pp, but the loss runs on the last stage
+    only, and the embedding's forward on the first: the other stage never calls it, so
+    NCCL would wait on it. It was priced over the whole group and charged to the stage
+    running the phase alone, 192 MiB more at that stage's peak and none at the other's (an
+    audit, m426)."""
+    path = tmp_path / "small.yaml"
+    text = STAGE_SEND.format(phase=phase, placement="{placement}")
+    src, dst = placements
+    text = text.replace("from: {placement}", f"from: {src}").replace(
+        "to: {placement}", f"to: {dst}"
+    )
+    path.write_text(SMALL + text, "utf-8")
+    code, out, err = _run(str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"{path}:16:12: error: $.transitions[0].phase: 'x' is {said}: the others never call "
+        "it; move it in a phase every stage runs, or on a group within a stage\n"
+    )
+    # a phase both stages run (each layer's forward) keeps it, priced over pp 2
+    path.write_text(SMALL + text.replace(f"phase: {phase}", "phase: forward.mlp"), "utf-8")
+    (move,) = [c for p in budget_plan(path).phases for c in p.collectives if c.name == "x"]
+    assert (move.group, move.ranks) == ("pp", 2)
+
+
 @pytest.mark.parametrize("placement", ["shard(0)", "partial"])
 def test_a_stage_send_of_a_share_is_refused(tmp_path, placement):
     """shard(0) → shard(0) on pp held S/pp in the peak but sent all of S: a stage send
