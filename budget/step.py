@@ -4697,9 +4697,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
             message = no_stage_to_send_to(tr.name, tr.phase, pp)
             problems.append(transition_problem(plan.file, tr, message, ".phase"))
         elif tr.group == "pp" and op is not None:
-            message = _stages_apart(tr, op, step)
-            if message is not None:
-                problems.append(transition_problem(plan.file, tr, message, ".phase"))
+            apart = _stages_apart(tr, op, step)
+            if apart is not None:
+                problems.append(transition_problem(plan.file, tr, apart, ".phase"))
     if problems:
         raise BudgetError(problems)
     return replace(step, stages=tuple(stages))
