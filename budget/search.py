@@ -76,9 +76,16 @@ from budget.plan.resolve import (
     fp8_params_unsharded,
     gather_rounds_master,
     parse_placement,
+    ranks_beside_ep,
     shape_names,
 )
-from budget.plan.transitions import check_chains, co_sharded, pipeline_phase, shapes_differ
+from budget.plan.transitions import (
+    check_chains,
+    co_sharded,
+    pipeline_phase,
+    placed_beside_ep,
+    shapes_differ,
+)
 from budget.schedule import (
     PhaseTime,
     Replay,
@@ -676,6 +683,7 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
         "a hand-written transition's shard does not divide over its group",
         "a hand-written transition sends between stages, and pp 1 has none",
         "a hand-written transition gives its tensor another shape",
+        "a hand-written transition splits or sums on ep and on a group sharing its ranks",
     )
     broken = {reason: np.zeros(len(block), dtype=bool) for reason in reasons}
 
@@ -700,12 +708,19 @@ def _shaped(plan: Plan, counts: _Counts, block: Columns) -> Columns:
     for tr in plan.transitions:
         shape = shapes[id(tr)][0]
         drop(reasons[6], shapes_differ(first.setdefault(tr.name, shape), shape))
-    for placing, dim, on in co_sharded(
-        plan.mode, check_chains(plan.file, plan.mode, plan.transitions)[0]
-    ):
+    parsed = check_chains(plan.file, plan.mode, plan.transitions)[0]
+    for placing, dim, on in co_sharded(plan.mode, parsed):
         ranks = math.prod(names[group] for group in on)
         for tr in placing:  # each placing transition's own shape (`co_sharded`)
             drop(reasons[4], np.asarray(shapes[id(tr)][0][dim] % ranks) != 0)
+    beside = {group for _, group in placed_beside_ep(plan.mode, parsed)}
+    if beside:  # the layouts whose ep group shares ranks with one of those groups
+        degrees = np.stack([block.values[k] for k in _DEGREES], axis=1)
+        rows, which = _distinct_rows(degrees)
+        for row, i in enumerate(rows.tolist()):
+            parallel = _parallel(plan, tuple(int(x) for x in degrees[i]))
+            if any(len(ranks_beside_ep(parallel, group)) > 1 for group in beside):
+                drop(reasons[7], which == row)
     for reason, mask in broken.items():
         if mask.any():
             counts.rejected[reason] += int(mask.sum())

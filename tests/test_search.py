@@ -1493,10 +1493,10 @@ def test_a_layout_whose_step_lacks_a_transitions_phase_is_rejected_not_priced(tm
     assert _relative(report.step["time_s"], best.step_time_s) < 1e-9
 
 
-def _candidates_of(plan, space):
+def _candidates_of(plan, space, gpus=1024):
     from budget.search import _Counts, candidates
 
-    return candidates(plan, 1024, space, _Counts()).configs()
+    return candidates(plan, gpus, space, _Counts()).configs()
 
 
 @pytest.mark.parametrize("attention", ["ring", "allgather"])
@@ -3367,3 +3367,46 @@ def test_a_lower_bound_is_cut_at_the_digit_it_prints() -> None:
     assert _bytes_down(396_106_881_024) == "368 GiB"  # 368.90 GiB
     assert _bytes_down(1_273_187_942_400) == "1.15 TiB"  # 1.158 TiB
     assert _share_down(0.000507) == "0.050%" and _share_down(0.0234) == "2.3%"
+
+
+# X split on dp, then inside that on ep, gathered back in the other order (`_Nesting`)
+_ON_EP_AND_DP = """transitions:
+  - {name: X, phase: loss, tensor: {shape: [64, 4096], dtype: bf16}, group: dp, from: replicate, to: shard(0)}
+  - {name: X, phase: loss, tensor: {shape: [64, 4096], dtype: bf16}, group: ep, from: replicate, to: shard(0)}
+  - {name: X, phase: loss, tensor: {shape: [64, 4096], dtype: bf16}, group: ep, from: shard(0), to: replicate}
+  - {name: X, phase: loss, tensor: {shape: [64, 4096], dtype: bf16}, group: dp, from: shard(0), to: replicate}
+"""  # noqa: E501
+
+
+def test_a_layout_whose_ep_shares_ranks_with_dp_is_rejected_under_a_tensor_split_on_both(
+    tmp_path,
+):
+    """A tensor split on ep and on dp at once is a partition only where the two groups hold
+    different GPUs: with etp 1 under tp 2, ep 2 is the tp group (ranks 0, 1) and the plan
+    stands; at ep 4 the expert grid draws ep from dp's ranks too, and `budget PLAN` refuses
+    it (an audit, m426). The search rejects those layouts by that reason and ranks the rest
+    as `budget` prices them."""
+    path = variant(
+        tmp_path,
+        "ep.yaml",
+        ("  ep: 8\n", "  ep: 2\n  etp: 1\n"),
+        base=ROOT / "plans" / "mixtral-8x7b.yaml",
+    )
+    path.write_text(path.read_text(encoding="utf-8") + _ON_EP_AND_DP, encoding="utf-8")
+    plan = load_plan(path)
+    space = Space(
+        tp=(2,), pp=(4,), cp=(1,), ep=(1, 2, 4, 8), micro=(1,), zero=(1,), recompute=("selective",)
+    )
+    outcome = search(plan, 64, space)
+    reason = "a hand-written transition splits or sums on ep and on a group sharing its ranks"
+    # ep 4 and 8, each at 1, 2 and 4 virtual stages; ep 1 does not fit
+    assert outcome.rejected[reason] == 2 * 3
+    assert {c.ep for c in _candidates_of(plan, space, 64)} == {1, 2}
+    assert outcome.results and {r.config.ep for r in outcome.results} == {2}
+    wide = path.with_name("ep4.yaml")
+    wide.write_text(path.read_text(encoding="utf-8").replace("  ep: 2\n", "  ep: 4\n"), "utf-8")
+    with pytest.raises(BudgetError, match=r"with ep 4, dp 8, etp 1 the two groups share ranks"):
+        load_plan(wide)
+    for result in outcome.results:
+        report = build_report(apply(plan, result.config, 64))
+        assert report.worst.peak_bytes == result.peak_bytes

@@ -1396,3 +1396,40 @@ def test_a_group_of_one_rank_makes_no_rearranging_copy(tmp_path):
     loss = next(p for p in report.phases if p.name == "loss")
     held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
     assert held == {"X (replicate)": 268_435_456}
+
+
+_EXPERT_GRADIENT = """transitions:
+  - {name: E, phase: dp.grads, tensor: {shape: [8, 4096, 4096], dtype: fp32}, group: ep,
+     from: shard(0), to: shard(0)}
+  - {name: E, phase: dp.grads, tensor: {shape: [8, 4096, 4096], dtype: fp32}, group: dp,
+     from: partial, to: replicate}
+"""
+
+
+@pytest.mark.parametrize(("ep", "refused"), [("ep: 8", True), ("ep: 2\n  etp: 1", False)])
+def test_a_tensor_on_ep_and_on_a_group_sharing_its_ranks_is_refused(tmp_path, ep, refused):
+    """Mixtral's ep 8 is drawn from its dp 8: group_ranks gives both as ranks 0, 2, ..., 14
+    (order tp, cp, ep, dp, pp; tp 2). An expert gradient kept shard(0) on ep and all-reduced
+    over dp was priced as 112 MiB sent a rank, a sum of different experts' gradients, where
+    Megatron reduces it over the expert-data-parallel group, of 2·8 / (8·2) = 1 rank here (an
+    audit, m426). With etp 1 under tp 2, ep 2 is the tp group instead (ranks 0 and 1), apart
+    from dp's, and the all-reduce stands: 64 MiB over dp 8 as a ring sends 2·7/8 of it."""
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "experts.yaml"
+    path.write_text(text.replace("  ep: 8", f"  {ep}") + _EXPERT_GRADIENT, encoding="utf-8")
+    code, out, err = _run(str(path))
+    if refused:
+        assert (code, out) == (2, "")
+        assert err == (
+            f"{path}:51:86: error: $.transitions[0].group: 'E' is split or summed on ep and on "
+            "dp at once, but with ep 8, dp 8 the two groups share ranks [0, 2, 4, 6, …]: ep's "
+            "is drawn from tp × cp × dp (the expert grid), so the two placements cut the same "
+            "GPUs' data twice, no partition; keep it on one of them (an expert's gradient is "
+            "reduced over its expert-data-parallel ranks, which no transition's group names)\n"
+        )
+        return
+    assert code == 0
+    (move,) = [c for p in budget_plan(path).phases for c in p.collectives if c.name == "E"]
+    shard = 8 * 4096 * 4096 * 4 // 2  # shard(0) on ep 2
+    assert (move.op, move.group, move.ranks) == ("all-reduce", "dp", 8)
+    assert move.sent_bytes == 2 * 7 * shard // 8

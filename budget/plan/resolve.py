@@ -55,9 +55,12 @@ from budget.plan.model import (
 )
 from budget.plan.transitions import (
     check_chains,
+    ep_overlap,
     known_phase,
     no_stage_to_send_to,
     pipeline_phase,
+    placed_beside_ep,
+    problem,
     unknown_phase,
 )
 from budget.plan.yaml_load import Marks
@@ -2609,7 +2612,12 @@ def resolve(
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
-        r.problems += check_chains(file, mode, transitions, names)[1]
+        parsed, problems = check_chains(file, mode, transitions, names)
+        r.problems += problems or [
+            problem(file, tr, ep_overlap(tr, group, shared, _expert_degrees(par, group)), ".group")
+            for tr, group in placed_beside_ep(mode, parsed)
+            if len(shared := ranks_beside_ep(par, group)) > 1
+        ]
     elif "transitions" not in skip:
         r.shape_syntax(tree.get("transitions", []), mode != "train", broken_transitions or {})
     if "transitions" not in skip:
@@ -2659,6 +2667,27 @@ def resolve(
 def shape_keys(serving: bool) -> tuple[str, ...]:
     """The names `shape_names` gives values to, before there are any."""
     return (*SHAPE_NAMES, "qk_head_dim", *(SERVING_SHAPE_NAMES if serving else ()))
+
+
+def ranks_beside_ep(par: Parallel, group: str) -> tuple[int, ...]:
+    """The ranks rank 0's ep group shares with its `group` (tp, cp or dp) group: more than
+    rank 0 where the expert grid draws ep from that group's ranks (`placed_beside_ep`);
+    none where the grid cannot be placed, which is said apart."""
+    from budget.topology import group_ranks
+
+    gpus = par.tp * par.cp * par.dp * par.pp
+    try:
+        ep = group_ranks("ep", par, gpus)
+        other = group_ranks(group, par, gpus)  # type: ignore[arg-type]
+    except ValueError:
+        return ()
+    return tuple(sorted(set(ep) & set(other)))
+
+
+def _expert_degrees(par: Parallel, group: str) -> str:
+    """The degrees that place ep beside `group`, as `ep_overlap` says them."""
+    etp = f", etp {par.expert_tp}" if par.expert_tp != par.tp else ""
+    return f"ep {par.ep}, {group} {getattr(par, group)}{etp}"
 
 
 def shape_names(model: Model, batch: Batch, par: Parallel, serving: bool) -> dict[str, Any]:

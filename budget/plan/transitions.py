@@ -314,6 +314,50 @@ def co_sharded(
     return [(by, dim, on) for (_, dim, on, _), by in found.items()]
 
 
+# the groups of a stage that ep's, drawn from tp × cp × dp (the expert grid), may share ranks with
+_BESIDE_EP = ("tp", "cp", "dp")
+
+
+def placed_beside_ep(mode: Mode, parsed: list[Parsed]) -> list[tuple[Transition, str]]:
+    """Where a tensor is split or summed (shard or partial) on ep and on tp, cp or dp at
+    once, in the step order of `parsed`: (the transition that first makes it so, the other
+    group). ep's group is drawn from the stage's tp × cp × dp ranks (Megatron-Core's expert
+    grid, `topology._expert_order`), so the two may hold the same GPUs, where a DTensor's
+    mesh dimensions never do (a DeviceMesh is an n-d array of distinct ranks): Mixtral's
+    ep 8 is its dp 8 (an audit, m426), and a tensor shard(0) on both was priced as split 64
+    ways over 8 GPUs. Whether they share ranks is the layout's (`ep_overlap`)."""
+    walked = [(tr, src, dst) for tr, src, dst, _ in parsed if known_phase(mode, tr.phase)]
+    at: dict[tuple[str, str], Placement] = {}
+    for tr, src, _ in walked:
+        at.setdefault((tr.name, tr.group), src)
+    found: dict[tuple[str, str], Transition] = {}
+    for tr, _, dst in walked:
+        before = dict(at)  # as the transition finds the tensor, then as it leaves it
+        at[tr.name, tr.group] = dst
+        for state in (before, at):
+            on_ep = state.get((tr.name, "ep"))
+            if on_ep is None or on_ep.kind == "replicate":
+                continue
+            for group in _BESIDE_EP:
+                other = state.get((tr.name, group))
+                if other is not None and other.kind != "replicate":
+                    found.setdefault((tr.name, group), tr)
+    return [(tr, group) for (_, group), tr in found.items()]
+
+
+def ep_overlap(tr: Transition, group: str, shared: tuple[int, ...], degrees: str) -> str:
+    """Why `tr`'s tensor cannot be placed on ep and on `group` at once where their groups
+    share the ranks `shared` (`placed_beside_ep`)."""
+    ranks = ", ".join(map(str, shared[:4])) + (", …" if len(shared) > 4 else "")
+    return (
+        f"{tr.name!r} is split or summed on ep and on {group} at once, but with {degrees} "
+        f"the two groups share ranks [{ranks}]: ep's is drawn from tp × cp × dp (the expert "
+        "grid), so the two placements cut the same GPUs' data twice, no partition; keep it "
+        "on one of them (an expert's gradient is reduced over its expert-data-parallel "
+        "ranks, which no transition's group names)"
+    )
+
+
 def pipeline_phase(mode: Mode, phase: str) -> str | None:
     """Why a plan without a pipeline (pp 1) has no phase `phase` (a stage send's:
     ``pipeline.forward``, serving's ``decode.pipeline``), or None. Checked as the plan
