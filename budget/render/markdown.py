@@ -268,7 +268,7 @@ def render_markdown(report: Report) -> str:
             "B_eff",
             "α per step",
             *([RAMP_HEADER] if ramped else []),
-            "collectives on it",
+            "groups",  # whose collectives it carries, as the table heads it
         ],
         [
             [

@@ -135,7 +135,7 @@ def _output_handler(error: UnicodeError) -> tuple[str, int]:
     """The error handler of standard output, where what budget prints through rich has its
     stand-ins already (`Standins`), and an ellipsis left is rich's own mark of a cell cut
     short, one column wide: ``~``, where ``...`` pushed its row two columns past the others
-    (the Links table at 80 columns, its "collectives on it" cut)."""
+    (the Links table at 80 columns, its last header cut)."""
     return _swapped(error, "~")
 
 
