@@ -3367,7 +3367,11 @@ def _backward(b: _StageBuilder) -> None:
         )
         doubled = _squared(plan, "squared ReLU's 2·x", s.act * s.tokens * s.ffn_cols, col)
         gradient = _gathered(plan, s, "output gradient (all-gathered)", for_wgrad=True)
-        out_gather = when([gradient], sp)
+        # without sequence parallelism fc2 quantizes the whole output gradient it is handed,
+        # as a column-parallel layer does (TransformerEngine 2.x ``_Linear.backward``), where
+        # with it the gathered one is that (an audit, m429: 48 MiB missing at GPT-3's fc2)
+        fc2_fp8 = _fp8_output_gradient(plan, s, "fc2 output gradient", s.hidden, "replicate on tp")
+        out_gather = when([gradient], sp) + when(fc2_fp8, np.logical_not(sp))
         # PyTorch frees a node's saved tensors once its backward has run: the dropout mask
         # after the bias-dropout-add's, the block's first (an audit), fc2's input after
         # fc2's backward, the activation's input after the activation's

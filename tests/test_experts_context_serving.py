@@ -2590,6 +2590,36 @@ def test_fp8_backward_holds_the_column_parallel_output_gradients_quantized(tmp_p
     assert not [a for p in plain.phases for i in p.instants for a in i.live if "FP8" in a.name]
 
 
+def test_fp8_backward_without_sequence_parallelism_holds_fc2s_output_gradient_quantized(
+    tmp_path,
+):
+    """A row-parallel layer quantizes its output gradient too (TransformerEngine 2.x
+    ``_Linear.backward``: ``set_usage(rowwise=True, columnwise=True)`` and
+    ``grad_output_preprocess``); with sequence parallelism the gathered FP8 gradient is it,
+    without, nothing was counted (an audit, m429). Llama 3 70B at tp 8 without sequence
+    parallelism, FP8 on Hopper, 8,192 tokens a micro-batch: 8,192 x 8,192 x (1 + 1) B =
+    134,217,728 B at fc2's backward, where with it the all-gathered one stands instead."""
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    fp8 = ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n")
+    label = "fc2 output gradient (FP8, and its transpose)"
+    for sp, held in (("false", {label: 134_217_728}), ("true", {})):
+        plan = load_plan(
+            variant(
+                tmp_path,
+                f"sp-{sp}.yaml",
+                fp8,
+                ("sequence_parallel: true", f"sequence_parallel: {sp}"),
+                base=base,
+            )
+        )
+        (stage, *_) = derive(plan).stages
+        (backward,) = [p for p in stage.phases if p.name == "backward.mlp"]
+        (instant,) = [i for i in backward.instants if i.label == "fc2 gradients"]
+        assert {a.name: a.total for a in instant.live if a.name == label} == held
+        gathered = [a for a in instant.live if a.name.startswith("output gradient (all-gath")]
+        assert len(gathered) == (sp == "true")
+
+
 def test_eager_serving_holds_megatron_cores_scores_thrice_and_repeated_keys_and_values(
     tmp_path: Path,
 ) -> None:

@@ -58,8 +58,9 @@ fraction of the dense bf16 peak a public matmul microbenchmark sustains on that 
   figure as a fraction of the dense FP8 peak, at the bf16 ramp time (no trusted FP8 sweep):
   H200 1354 of 1979 (68.4 %, also the H100's, within 2 % of Azure's sustained H100 FP8 run
   above), B200 2788 of 4500 (62.0 %), MI300X 1187 of 2614.9 (45.4 %); the GB200 takes Azure's
-  sustained run above, 58.2 % of its 5,000 at the sm_100 ramp. The cast and scaling kernels an
-  FP8 recipe adds are not priced.
+  sustained run above, 58.2 % of its 5,000 at the sm_100 ramp. The cast and transpose kernels
+  an FP8 recipe adds are priced apart, as memory-bound passes (`flops._fp8_cast`); the amax
+  and scale bookkeeping is not.
 - The ramp, A100: the cuBLAS column of the Triton tutorial "03 Matrix Multiplication" as
   published on triton-lang.org (fp16, M = N = K from 256 to 4096, run on an A100: the fp8
   column has no cuBLAS entry and stays below fp16, as on a GPU without fp8 tensor cores):
