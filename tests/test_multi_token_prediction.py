@@ -387,3 +387,19 @@ def test_full_recompute_keeps_no_checkpoint_of_the_modules_own_layer(tmp_path: P
     selective = _plan(tmp_path, "selective.yaml", recompute="selective")
     kept, plain = loss_live(selective), loss_live(_without_mtp(selective))
     assert kept[carried] > plain[carried]
+
+
+def test_the_report_writes_the_module_apart_from_the_last_stages_layers(tmp_path: Path) -> None:
+    """pp 2 split 31 + 30: the stage table's layers read 31 and 31, which summed to 62 of a
+    61-layer model, and nothing said the last stage's 31st was the module (a user audit,
+    m431); they read "31" and "30 + 1 MTP" in the table and in the markdown."""
+    from budget.render import stage_layers
+
+    report = build_report(_plan(tmp_path, pp=2))
+    assert [s.layers for s in report.stages] == [31, 31]  # the JSON's count, the module's too
+    assert [stage_layers(report, s.stage, s.layers) for s in report.stages] == [
+        "31",
+        "30 + 1 MTP",
+    ]
+    without = build_report(_without_mtp(_plan(tmp_path, pp=2)))
+    assert [stage_layers(without, s.stage, s.layers) for s in without.stages] == ["31", "30"]

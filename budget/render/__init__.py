@@ -86,6 +86,16 @@ def held_lines(
     return out
 
 
+def stage_layers(report: Report, stage: int, layers: int) -> str:
+    """A stage's layers for people: the multi-token prediction layers the last stage runs
+    after its own (`layers._chunk_kinds`) apart, "2 + 1 MTP" (a user audit, m431: the
+    stages' counts summed to 62 of DeepSeek-V3's 61 layers, and nothing said why)."""
+    mtp = int(report.model.get("mtp_layers") or 0)
+    if mtp and report.stages and stage == report.stages[-1].stage:
+        return f"{layers - mtp} + {mtp} MTP"
+    return str(layers)
+
+
 def print_wrapped(
     console: Console, text: str | Text, indent: str = "  ", first: str = "", style: str = ""
 ) -> None:

@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from budget.errors import one_line
+from budget.render import stage_layers
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -126,7 +127,7 @@ def render_markdown(report: Report) -> str:
         [
             [
                 str(s.stage),
-                str(s.layers),
+                stage_layers(report, s.stage, s.layers),
                 *([_count(s.inflight)] if train else []),
                 *(b(value(s)) for _, value in columns),
                 b(s.reserved_bytes),

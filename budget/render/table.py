@@ -18,7 +18,7 @@ from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
-from budget.render import NBSP, Hanging, print_wrapped, utf
+from budget.render import NBSP, Hanging, print_wrapped, stage_layers, utf
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -622,7 +622,9 @@ def stage_table(
     if bar:
         table.add_column("fill", no_wrap=True)
     for row in report.stages:
-        cells = [str(row.stage)] + ([str(row.layers)] if wide and held else [])
+        cells = [str(row.stage)] + (
+            [stage_layers(report, row.stage, row.layers)] if wide and held else []
+        )
         cells += [_count(row.inflight)] if train and peak else []
         cells += [_b(value(row)) for _, value in columns]
         headroom = _b(row.headroom_bytes) if row.fits else f"[red]{_b(row.headroom_bytes)}[/]"
@@ -646,7 +648,8 @@ def stage_table(
         )
     layers = [row.layers for row in report.stages]
     if held and not wide and len(set(layers)) > 1:  # the layers column is left out: say it
-        notes.append(f"layers per stage: {', '.join(map(str, layers))}")
+        each = (stage_layers(report, row.stage, row.layers) for row in report.stages)
+        notes.append(f"layers per stage: {', '.join(each)}")
     caption = "; ".join(notes)
     inflight = inflight_note(report) if peak else ""  # the count has no unit of its own
     if inflight:  # (an audit); the longer one on a line of its own
