@@ -100,7 +100,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # causal mask computes it, where either report prints it beside MFU (a tenth or more below)
 # 1.29: search gives ``rejected_by_states``, the layouts counted as not fitting by their model
 # states alone, without a pass of the engine
-SCHEMA_VERSION = "1.30"
+# 1.30: search gives ``nearest``, how near the layouts came to fitting and keeping the limits
+# 1.31: search's hardware gives ``etp``, the expert layers' tensor parallelism every layout
+# keeps ("tp": each layout's own; null without experts)
+SCHEMA_VERSION = "1.31"
 
 Kind = Literal[
     "report",

@@ -833,6 +833,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         "tp_comm_aggregate": [],
         "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
         "reshard_after_forward": True,  # and whether it frees it after its forward
+        "etp": None,  # no experts, so no expert tensor parallelism to keep
         "fsdp_root": "whole",  # and what it makes of the parameters outside the layers
     }
     named = replace(gpt3, collectives=(("all-reduce", "recursive"),))
@@ -3410,3 +3411,26 @@ def test_a_layout_whose_ep_shares_ranks_with_dp_is_rejected_under_a_tensor_split
     for result in outcome.results:
         report = build_report(apply(plan, result.config, 64))
         assert report.worst.peak_bytes == result.peak_bytes
+
+
+def test_the_search_says_which_etp_every_layout_keeps(tmp_path):
+    """The sweep does not vary the expert layers' tensor parallelism, and nothing said so:
+    a user's DeepSeek-V3 search ranked a layout that etp 1 beat by 8 % (an audit, m431).
+    The hardware section gives it, "tp" where each layout's expert layers split over its own
+    tp, the plan's where it sets one, none without experts, and the table says it."""
+    mixtral = ROOT / "plans" / "mixtral-8x7b.yaml"
+    unsplit = variant(tmp_path, "etp.yaml", ("  ep: 8\n", "  ep: 2\n  etp: 1\n"), base=mixtral)
+    narrow = ["--micro", "1", "--zero", "1", "--recompute", "selective", "--top", "1"]
+    said = {}
+    for etp, path, degrees in (
+        ("tp", mixtral, ["--tp", "2", "--pp", "4"]),
+        (1, unsplit, ["--tp", "2", "--pp", "4"]),
+        (None, GPT3, ["--tp", "8", "--pp", "8"]),
+    ):
+        args = ["search", str(path), *degrees, *narrow]
+        out = CliRunner().invoke(app, route([*args, "--format", "json"])).stdout
+        assert json.loads(out)["hardware"]["etp"] == etp
+        said[etp] = " ".join(CliRunner().invoke(app, route(args)).stdout.split())
+    assert "Expert layers split over each layout's tp (the plan sets no etp" in said["tp"]
+    assert "Every layout keeps the plan's etp 1 for its expert layers." in said[1]
+    assert "etp" not in said[None]

@@ -540,6 +540,14 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     if hardware.get("tp_comm_aggregate"):
         named = ", ".join(hardware["tp_comm_aggregate"])
         kept += f" Ring exchanges aggregated (the plan's tp_comm_aggregate): {named}."
+    etp = hardware.get("etp")
+    if etp is not None:
+        kept += (
+            " Expert layers split over each layout's tp (the plan sets no etp; write "
+            "parallel.etp to search with another)."
+            if etp == "tp"
+            else f" Every layout keeps the plan's etp {etp} for its expert layers."
+        )
     if hardware.get("fsdp_unit") == "layer":
         kept += " ZeRO 3 layouts gather and reduce-scatter whole layers (the plan's fsdp_unit)."
     if hardware.get("fsdp_root") == "split":
