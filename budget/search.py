@@ -1041,8 +1041,9 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     # stages (`step._with_transitions`): that stage's phases differ between the two
     sends = any(tr.group == "pp" and tr.src == tr.dst for tr in plan.transitions)
     chunked = (v > 1) if sends else np.zeros(len(cols), dtype=bool)
-    # hybrid sharding moves the data-parallel collectives to other groups (`step._hybrid`)
-    hybrid = cols.values["dp_shard"] > 0
+    # hybrid sharding moves the data-parallel collectives to other groups (`step._hybrid`),
+    # under ZeRO 3 (PyTorch FSDP's) each all-reduce across the copies on a stream of its own
+    hybrid = (cols.values["dp_shard"] > 0) * (1 + (cols.values["zero"] == 3))
     return np.stack([shape, cols.values["ep"] > 1, chunked, hybrid], axis=1).astype(np.int64)
 
 

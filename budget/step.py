@@ -656,7 +656,16 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
     (ZeRO 0 is refused beside dp_shard), and a plan's written transitions keep the group
     they name. The experts' moves (on "edp") are ZeRO's too: hybrid sharding is priced only
     where experts are not split apart (`resolve._check_hybrid`), so their group is this one
-    (`layers.expert_data_parallel`)."""
+    (`layers.expert_data_parallel`).
+
+    PyTorch's FSDP (ZeRO 3, `Parallel.fsdp`) runs the all-reduce on a stream of its own, which waits
+    for that unit's reduce-scatter alone (FSDP2's ``foreach_reduce`` on
+    ``all_reduce_stream``, FSDP1's ``_all_reduce_stream.wait_stream(_post_backward_stream)``),
+    so a unit's all-reduce across the copies runs beside the next unit's reduce-scatter and
+    gathers, each hidden on its own (its own `Move.part` of the window): an audit (m430) found
+    a Qwen-MoE plan's expert all-reduces over InfiniBand waiting behind the reduce-scatters
+    over NVLink, 130 ms a step exposed that hides. Megatron-LM's instances issue both on one
+    communication stream (``start_grad_sync``), one after the other, as priced."""
     if move.group not in ("dp", "edp"):
         return [move]
     par = plan.parallel
@@ -679,6 +688,13 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         f"{count_label(par.replicas)} copies right after it, hidden or exposed as the "
         f"reduce-scatter is ({move.rule})",
     )
+    # ZeRO 3 is PyTorch FSDP's (a sweep keeps it apart where it holds, `search.structure`)
+    if np.all(par.zero == 3):  # on its own stream, beside the next unit's reduce-scatter
+        across = replace(
+            across,
+            part=f"{move.part} across copies",
+            rule=f"{across.rule}; on FSDP's all-reduce stream, beside the next reduce-scatter",
+        )
     return [shard, across]
 
 
