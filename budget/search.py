@@ -101,7 +101,7 @@ from budget.schedule import (
     step_rates,
     step_time,
 )
-from budget.step import derive
+from budget.step import STAGES_APART, derive
 from budget.topology import group_size, level_ranks, link_of, tp_overlap_problem, uneven_group
 from budget.vector import add_into, vsum
 
@@ -564,6 +564,8 @@ def _tp_unoverlapped(parallel: Parallel, topology: Topology) -> bool:
     return tp_overlap_problem(parallel, topology) is not None
 
 
+# why `run` drops a layout whose hand-written collective over pp some stages would not join
+PP_APART = "a hand-written transition's collective over pp runs in a phase some stages skip"
 # why `_spread` drops a layout
 UNEVEN = "a group spreads over the topology's domains unevenly or unlike rank 0's"
 # resolve's `_check_tp_overlap`
@@ -1817,6 +1819,9 @@ def search(
                 # stage send, that layouts of this structure do not have (not priced:
                 # skipped, as the layouts that cannot be built are)
                 reason = "a hand-written transition names a phase or stage send its step lacks"
+                if all(STAGES_APART in p.message for p in error.problems):
+                    # the phase is there, on some stages (`step._stages_apart`; a review, m432)
+                    reason = PP_APART
                 counts.rejected[reason] += len(part)
                 groups += 1
                 return

@@ -4725,6 +4725,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     return replace(step, stages=tuple(stages))
 
 
+STAGES_APART = "which every pipeline stage must join"  # `_stages_apart`'s, which a sweep reads
+
+
 def _stages_apart(tr: Transition, op: Op, step: Step) -> str | None:
     """Why a collective over pp in `tr`'s phase cannot run: every stage of the pipeline is
     a member of it, but the phase runs on some of them only (the loss on the last, the
@@ -4739,7 +4742,7 @@ def _stages_apart(tr: Transition, op: Op, step: Step) -> str | None:
         return None
     named = ", ".join(map(str, running))
     return (
-        f"{tr.name!r} is {_AN_OP[op]} over pp, which every pipeline stage must join, but "
+        f"{tr.name!r} is {_AN_OP[op]} over pp, {STAGES_APART}, but "
         f"{tr.phase} runs only on stage{'s' if len(running) > 1 else ''} {named} of "
         f"{len(step.stages)}: the others never call it; move it in a phase every stage "
         "runs, or on a group within a stage"

@@ -3434,3 +3434,23 @@ def test_the_search_says_which_etp_every_layout_keeps(tmp_path):
     assert "Expert layers split over each layout's tp (the plan sets no etp" in said["tp"]
     assert "Every layout keeps the plan's etp 1 for its expert layers." in said[1]
     assert "etp" not in said[None]
+
+
+def test_a_layout_whose_pp_collective_some_stages_skip_is_rejected_by_its_own_reason(tmp_path):
+    """A collective over pp in embedding.grads, which the first and the last stage run: at
+    pp 2 every stage joins it, at pp 8 stages 1 to 6 never would, and `budget` refuses those
+    layouts (`step._stages_apart`); the search counted them under "names a phase or stage
+    send its step lacks", which the phase is not (a review, m432)."""
+    from budget.search import PP_APART
+
+    plan = load_plan(
+        _gpt3_with(
+            tmp_path,
+            "transitions:\n  - {name: tied grads, phase: embedding.grads, tensor: {shape: "
+            "[vocab, hidden / tp], dtype: fp32}, group: pp, from: partial, to: replicate}\n",
+        )
+    )
+    space = Space(tp=(8,), pp=(8,), micro=(1,), zero=(1,), recompute=("selective",))
+    outcome = search(plan, 1024, space)
+    assert outcome.rejected[PP_APART] == len(_candidates_of(plan, space)) > 0
+    assert not outcome.results
