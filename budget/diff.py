@@ -459,6 +459,11 @@ def plan_changes(a: Plan, b: Plan) -> tuple[Change, ...]:
         # the expert layers' tp as priced, which follows tp unless written (an audit: a tp
         # change moved it unsaid); none for a model without experts
         flat["parallel.etp"] = plan.parallel.expert_tp if plan.model.experts else None
+        # a preset's GEMMs run on its measured curve, not the flat fraction the dataclass
+        # defaults to, which the row showed beside a written one (a user audit, m434:
+        # "80.0% → 50.0%" where A ran at up to 74.1 %); none where the curve is used
+        if plan.device.gemm is not None:
+            flat["device.matmul_efficiency"] = None
         # the learned position table's rows, 0 standing for batch.seq; none for other
         # positions (a table the model does not have)
         m = plan.model

@@ -449,8 +449,15 @@ def build_report(plan: Plan) -> Report:
     rate = plan.device.attention_rate(m.attention) if measured else None
     device = {
         "name": plan.device.name,
+        # the keys the plan writes over its preset's figures (`catalog.device_overrides`)
+        "overrides": list(device_preset_overrides(plan)),
         "memory_bytes": plan.device.memory,
         "reserved_bytes": plan.device.reserved,
+        # the dense peaks MFU and the GEMMs are read against, by format, and the memory
+        # bandwidth streaming kernels are (a user audit, m434: an override of either moved
+        # the step, and the report named neither)
+        "flops": dict(plan.device.flops),
+        "memory_bandwidth_Bps": plan.device.memory_bandwidth,
         # the fused-attention kernel and the fraction of peak it is timed at (None: eager, or
         # no measurement on this device, so the GEMM curve)
         "attention": m.attention,
@@ -537,6 +544,8 @@ def build_report(plan: Plan) -> Report:
         mfu_format=peak_format,
         mfu_peak=plan.device.peak_flops(peak_format),
         matmul_format=plan.precision.matmul,
+        topology_name=plan.topology.name or None,
+        topology_overrides=topology_preset_overrides(plan),
         links=tuple(
             {
                 "name": lv.name,
@@ -549,3 +558,22 @@ def build_report(plan: Plan) -> Report:
             for lv in plan.topology.levels
         ),
     )
+
+
+def device_preset_overrides(plan: Plan) -> tuple[str, ...]:
+    """`catalog.device_overrides`, the catalogue read only for a preset (a device written
+    out imports none of it)."""
+    if not plan.device.name:
+        return ()
+    from budget.catalog import device_overrides
+
+    return device_overrides(plan.device)
+
+
+def topology_preset_overrides(plan: Plan) -> tuple[str, ...]:
+    """`catalog.topology_overrides`, the catalogue read only for a preset."""
+    if not plan.topology.name:
+        return ()
+    from budget.catalog import topology_overrides
+
+    return topology_overrides(plan.topology)

@@ -179,6 +179,10 @@ class Report:
     phases: tuple[PhaseRow, ...]
     step: dict[str, float | None]
     links: tuple[dict[str, Any], ...] = ()
+    # the topology preset the plan names (None: written out) and what it writes over it
+    # (`catalog.topology_overrides`: its levels)
+    topology_name: str | None = None
+    topology_overrides: tuple[str, ...] = ()
     mfu_format: str = "bf16"  # whose dense peak MFU is of (`schedule.mfu_format`)
     mfu_peak: float = 0.0  # that peak, FLOP/s per GPU
     matmul_format: str = "bf16"  # the GEMMs' (precision.matmul), which fp8 prices for time
@@ -253,7 +257,11 @@ def to_dict(report: Report) -> dict[str, Any]:
         "model": report.model,
         "device": report.device,
         "microbatches": report.microbatches,
-        "topology": {"levels": list(report.links)},
+        "topology": {
+            "name": report.topology_name,
+            "overrides": list(report.topology_overrides),
+            "levels": list(report.links),
+        },
         "memory": {
             "capacity_bytes": report.capacity_bytes,
             "peak_bytes": worst.peak_bytes,

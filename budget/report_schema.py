@@ -103,7 +103,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.30: search gives ``nearest``, how near the layouts came to fitting and keeping the limits
 # 1.31: search's hardware gives ``etp``, the expert layers' tensor parallelism every layout
 # keeps ("tp": each layout's own; null without experts)
-SCHEMA_VERSION = "1.31"
+# 1.32: the report's device gives ``overrides``, ``flops`` and ``memory_bandwidth_Bps``, its
+# topology ``name`` and ``overrides``; search's hardware ``device_overrides`` and
+# ``topology_overrides``
+SCHEMA_VERSION = "1.32"
 
 Kind = Literal[
     "report",

@@ -2009,11 +2009,17 @@ def hardware(plan: Plan) -> dict[str, Any]:
     or None where the plan writes them out), the kernel attention is timed as and where its
     rate comes from, the levels whose collectives follow a measured bandwidth ramp, and how
     many hand-written transitions of the plan every layout carries."""
+    from budget.pipeline import device_preset_overrides, topology_preset_overrides
+
     device, m = plan.device, plan.model
     measured = device.attention_rate(m.attention)
     return {
         "device": device.name or None,
         "topology": plan.topology.name or None,
+        # what the plan writes over those presets' figures (`catalog.device_overrides`; a
+        # user audit, m434: "Priced on h100-sxm in dgx-h100" of other flops and links)
+        "device_overrides": list(device_preset_overrides(plan)),
+        "topology_overrides": list(topology_preset_overrides(plan)),
         "attention": m.attention,
         "attention_kernel": device.attention_kernel(m.attention),
         "attention_rate": device.attention_source(m.attention),

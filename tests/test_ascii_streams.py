@@ -117,7 +117,7 @@ def test_check_says_which_way_its_limits_go():
 
 def test_a_report_keeps_its_units_and_separators():
     _, out, _ = _run("ascii", 120, str(GPT3))
-    assert "gpt3-175b / train / 1,024 GPUs = tp 8 x pp 8 x dp 16" in out
+    assert "gpt3-175b / train / 1,024 GPUs in dgx-a100 = tp 8 x pp 8 x dp 16" in out
     assert re.search(r"\b267 us\b", out) and "3.00 GiB reserved" in out
     assert "activations -> next" in out and "pp i->i+1" in out
     assert "59 / 85 / 96 %" in out and "the n*alpha term" in out

@@ -813,6 +813,8 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
     assert outcome.hardware == {  # GPT-3 on the A100 and DGX A100 presets
         "device": "a100-80gb",
         "topology": "dgx-a100",
+        "device_overrides": [],  # nothing written over the presets' figures
+        "topology_overrides": [],
         "attention": "flash",
         "attention_kernel": "flash2",
         "attention_rate": "measured",

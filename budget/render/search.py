@@ -488,6 +488,10 @@ def nearest_note(outcome: Outcome) -> str | None:
 def hardware_text(hardware: dict[str, Any]) -> str:
     """One sentence on what the layouts were priced on (`budget.search.hardware`)."""
     device, topology = hardware["device"], hardware["topology"]
+    if device and hardware.get("device_overrides"):
+        device += f" (the plan's {', '.join(hardware['device_overrides'])})"
+    if topology and hardware.get("topology_overrides"):
+        topology += " (the plan's levels)"
     if device is None and topology is None:
         where = "the device and topology the plan writes out"
     else:

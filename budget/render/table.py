@@ -34,6 +34,7 @@ from budget.units import (
     format_bytes,
     format_count,
     format_duration,
+    format_flops,
     format_rate,
     format_share,
     plural,
@@ -114,25 +115,43 @@ def header(report: Report) -> list[str]:
             f"{lay['generate']:,} generated tokens)"
         )
     return [
-        f"{report.name} · {report.mode} · {plural(report.world_size, 'GPU')} = {degrees}",
+        f"{report.name} · {report.mode} · {plural(report.world_size, 'GPU')}"
+        f"{topology_name(report)} = {degrees}",
         f"model: {format_count(m['params_total'])} parameters{_mtp(m)}{_active(m)} "
         f"({plural(m['layers'], 'layer')}, hidden {m['hidden']}, {_heads(m)}, {_ffn(m)}, "
         f"vocab {m['vocab']:,}{_window(m)})",
         f"layout: {'; '.join([*extras, work])}",
-        f"device: {_b(report.capacity_bytes)} per GPU, "
+        f"device: {_device_name(report.device)}{_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
-        + (f"{_derates(report.device)}; " if report.step["time_s"] is not None else "")
+        + (f"{_derates(report)}; " if report.step["time_s"] is not None else "")
         + _attention_text(report.device, report.mode),
     ]
 
 
-def _derates(device: dict[str, Any]) -> str:
+def _device_name(device: dict[str, Any]) -> str:
+    """ "h100-sxm, ", with the keys the plan writes over the preset's figures ("h100-sxm (the
+    plan's flops), "); nothing for a device written out."""
+    if not device.get("name"):
+        return ""
+    overrides = device.get("overrides") or []
+    written = f" (the plan's {', '.join(overrides)})" if overrides else ""
+    return f"{device['name']}{written}, "
+
+
+def _derates(report: Report) -> str:
     """The roofline's derates: what share of the peak GEMMs reach and of the bandwidth
     streaming kernels reach (a preset's measured curve, or a written device's flat
-    fractions, its 0.8 defaults included)."""
+    fractions, its 0.8 defaults included), and the peak and the bandwidth themselves, which
+    a plan may write over its preset's (a user audit, m434: nothing said 835 TFLOP/s)."""
+    device = report.device
     gemm, memory = device["matmul_ceiling"], device["memory_efficiency"]
     reach = "up to" if device["matmul_by_size"] else "at"
-    return f"GEMMs {reach} {gemm:.1%} of peak, memory at {memory:.1%} of its bandwidth"
+    fmt = report.matmul_format
+    peak = (device.get("flops") or {}).get(fmt)
+    of_peak = f"the {format_flops(peak)} {fmt} peak" if peak else "peak"
+    bandwidth = device.get("memory_bandwidth_Bps")
+    its = f"its {format_rate(bandwidth)}" if bandwidth else "its bandwidth"
+    return f"GEMMs {reach} {gemm:.1%} of {of_peak}, memory at {memory:.1%} of {its}"
 
 
 def _active(model: dict[str, Any]) -> str:
@@ -1210,6 +1229,16 @@ def _link_table(report: Report, compact: int) -> Table:
         notes.append(shared_note(shared))
     table.caption, table.caption_justify = "\n".join(notes) or None, "left"
     return table
+
+
+def topology_name(report: Report) -> str:
+    """The topology preset the plan names, after the GPU count: "in dgx-h100", and "(the
+    plan's levels)" where it writes them over the preset's; nothing for a topology written
+    out (a user audit, m434: no output named the topology)."""
+    if not report.topology_name:
+        return ""
+    written = " (the plan's levels)" if "levels" in report.topology_overrides else ""
+    return f" in {report.topology_name}{written}"
 
 
 def shared_levels(report: Report) -> list[str]:
