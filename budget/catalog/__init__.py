@@ -15,7 +15,7 @@ from budget.catalog.models import MODELS, ModelPreset
 from budget.catalog.topologies import TOPOLOGIES, LinkSpec, TopologyPreset
 
 if TYPE_CHECKING:
-    from budget.plan.model import Device, Topology
+    from budget.plan.model import Device, Level, Topology
 
 __all__ = [
     "DEVICES",
@@ -61,4 +61,16 @@ def topology_overrides(topology: Topology) -> tuple[str, ...]:
         return ()
     own = [(s.name, s.bandwidth, s.latency, s.ramp, 1) for s in preset.levels]
     written = [(v.name, v.bandwidth, v.latency, v.ramp, v.shared_by) for v in topology.levels]
-    return () if own == written else ("levels",)
+
+    def sized_alike(spec: LinkSpec, level: Level) -> bool:
+        """A domain of the preset's size; the preset's open outermost level is any size
+        that holds every GPU (a review, m435: nvlink written at size 4 moved the step
+        17.5 % and was not said)."""
+        if spec.size is None:
+            return level.size is None or level.size >= topology.gpus
+        return level.size == spec.size
+
+    same = own == written and all(
+        sized_alike(s, v) for s, v in zip(preset.levels, topology.levels, strict=True)
+    )
+    return () if same else ("levels",)
