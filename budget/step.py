@@ -3978,6 +3978,10 @@ def _reduce(b: _StageBuilder) -> None:
     # bf16 FSDP were charged the zeroing their memory model says they never hold)
     held = vwhere(par.zero >= 2, shard, p.per_rank + p.expert_per_rank)
     held = vwhere(flops.fsdp_grads(plan), 0, held)
+    # nor under DeepSpeed's ZeRO 3, whose first micro-batch copies into its partition
+    # buffer instead of adding ("don't accumulate", stage3.py ``__partition_grads``) and
+    # whose ``zero_grad`` sets the gradients to None (an audit, m436)
+    held = vwhere(flops.deepspeed_buffered(plan) & (par.zero == 3), 0, held)
     upcast = _upcast_grads(plan, shard)
     b.add(
         "optimizer",

@@ -1231,3 +1231,55 @@ def test_an_interleaved_fp8_gather_waits_for_each_part_s_own_chunk_0(tmp_path):
         if i == 3:
             alpha = float(wide.cost.latency_s)
             assert wide.exposed_s == pytest.approx(alpha + (wide.time_s - alpha) / 20, rel=1e-12)
+
+
+def test_fp16_training_unscales_the_main_gradients_before_the_norm(tmp_path):
+    """Megatron-LM's fp16 optimizer always has a loss scaler ("None grad scaler is only
+    supported for bf16"), and ``_unscale_main_grads_and_check_for_nan`` reads and writes
+    every fp32 main gradient (``_amp_foreach_non_finite_check_and_unscale_``): gpt-1.3b at
+    ZeRO 0 in fp16, 8 B x 1,315,819,520 = 10,526,556,160 B, about 6.4 ms at the A100's
+    1.655 TB/s. A bf16 plan has none (an audit, m436: fp16 was priced as bf16)."""
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    zero0 = ("  zero: 1\n", "  zero: 0\n")
+    fp16 = variant(
+        tmp_path,
+        "fp16.yaml",
+        zero0,
+        ("  params: bf16", "  params: fp16"),
+        ("  activations: bf16", "  activations: fp16"),
+        base=base,
+    )
+    works = {w.name: w for w in _phase_works(load_plan(fp16), "optimizer")}
+    assert works[flops.UNSCALED].bytes == 8 * 1_315_819_520 == 10_526_556_160
+    names = list(works)
+    assert names.index(flops.UNSCALED) < names.index("gradient norm")
+    bf16 = variant(tmp_path, "bf16.yaml", zero0, base=base)
+    assert flops.UNSCALED not in {w.name for w in _phase_works(load_plan(bf16), "optimizer")}
+
+
+def test_deepspeed_zero_3_zeroes_no_gradient_buffer(tmp_path):
+    """DeepSpeed's ZeRO 3 copies the first micro-batch's gradients into its partition buffer
+    ("don't accumulate", stage3.py ``__partition_grads``) and its ``zero_grad`` sets the
+    gradients to None: nothing to zero (an audit, m436: 0.33 GB a step was charged). Its
+    ZeRO 2 keeps the pass."""
+    from budget.plan.load import load_plan
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "gpt-1.3b.yaml"
+    zeroed = {}
+    for stage in (2, 3):
+        path = variant(
+            tmp_path,
+            f"ds{stage}.yaml",
+            ("  zero: 1\n", f"  zero: {stage}\n  reduce_bucket: 500000000\n"),
+            ("  grads: fp32", "  grads: bf16"),
+            base=base,
+        )
+        (work,) = [
+            w for w in _phase_works(load_plan(path), "optimizer") if w.name == "zero main gradients"
+        ]
+        zeroed[stage] = work.bytes
+    assert zeroed == {2: 2 * 1_315_819_520 // 8, 3: 0}
