@@ -347,7 +347,8 @@ def search_command(
     fmt: LateFormatOption = Format.table,
 ) -> None:
     """Sweep the parallel layouts of PLAN's model on the cluster; rank those that fit (and
-    keep the limits given, as `budget check` counts them)."""
+    keep the limits given, as `budget check` counts them). Training plans only: budget a
+    serving plan's layouts one plan at a time with `budget PLAN` and `budget check`."""
     from budget.search_cli import run_search
 
     code = run_search(

@@ -82,18 +82,26 @@ from budget.step import (
 from budget.vector import every, vmax, vmin
 
 
-def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0) -> int:
+def kv_cache_bytes(plan: Plan, layers: int, sliding: int = 0, prefill: bool = False) -> int:
     """The KV cache one rank of a stage holds (module docstring): `layers` layers, of which
     `sliding` slide (``model.sliding_window``) and keep only the last W tokens, the ones
     their next query can meet (the rolling cache of Mistral 7B, arXiv 2310.06825, section
-    2; vLLM and transformers keep a sliding layer's cache at the window)."""
+    2; vLLM and transformers keep a sliding layer's cache at the window). Through the
+    `prefill` a sliding layer holds every prompt token: vLLM allocates a new request's
+    prompt blocks whole (``get_num_blocks_to_allocate``: none skipped before any token is
+    computed) and frees those behind the window only once they are
+    (``remove_skipped_blocks``); an audit (m438) found a 6,000-token prompt's sliding
+    layers held at the 4,096-token window there, 0.61 GiB low at Gemma 2's prefill peak."""
     m, par, b = plan.model, plan.parallel, plan.batch
     context = -(-(b.prompt + b.generate) // par.cp)
     elements = 2 * int(kv_heads_per_rank(plan)) * m.head_dim  # serving: one tp
     if m.mla is not None:
         elements = m.mla.kv_rank + m.mla.rope_dim
     per_token = elements * DTYPE_BYTES[plan.precision.cache]
-    tokens = (layers - sliding) * context + sliding * min(context, m.window)
+    window = min(context, m.window)
+    if prefill:
+        window = max(window, -(-b.prompt // par.cp))
+    tokens = (layers - sliding) * context + sliding * window
     return per_token * tokens * b.micro
 
 
@@ -447,23 +455,31 @@ def derive_inference(plan: Plan) -> Step:
         if plan.model.mla is None and plan.model.kv_heads < plan.parallel.tp:
             where[0] += f", each head on {plan.parallel.tp // plan.model.kv_heads} ranks"
         where += ["shard(sequence) on cp"] if plan.parallel.cp > 1 else []
-        cache = Alloc(
-            "KV cache",
-            "kv_cache",
-            kv_cache_bytes(plan, len(ids), sliding),
-            placement=", ".join(where) or "local",
+        cache, filled = (
+            Alloc(
+                # in its format, which a plan may narrow (`precision.kv_cache`), said (a
+                # user audit, m439: an fp8 cache was told from a bf16 one by its size alone)
+                f"KV cache ({plan.precision.cache})",
+                "kv_cache",
+                kv_cache_bytes(plan, len(ids), sliding, prefill=filling),
+                placement=", ".join(where) or "local",
+            )
+            for filling in (False, True)
         )
         states = stage_states(plan, params)
         first = _stage_shapes(plan, prefill, sliding, len(ids))
         each = _stage_shapes(plan, decode, sliding, len(ids))
         calls = [first, each] if plan.mode == "decode" else [first]
-        resident = (*states, cache, *_scores_buffer(plan, calls))
+        held = tuple(_scores_buffer(plan, calls))
+        # the prefill's cache, a sliding layer's whole prompt, above the decode's
+        resident = (*states, filled, *held)
         phases = _pass(plan, stage, "prefill", first, 1, resident, len(ids) - moe, moe)
         if plan.mode == "decode":
             mean = _stage_shapes(plan, timed, sliding, len(ids))
             passes = decode_passes(plan)
+            decoding = (*states, cache, *held)
             phases += _pass(
-                plan, stage, "decode", each, passes, resident, len(ids) - moe, moe, mean
+                plan, stage, "decode", each, passes, decoding, len(ids) - moe, moe, mean
             )
         stages.append(
             StageStep(

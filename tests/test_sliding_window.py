@@ -89,11 +89,29 @@ def test_a_window_shortens_the_step_and_leaves_the_memory_alone(tmp_path: Path) 
 def test_sliding_layers_cache_only_their_window(tmp_path: Path) -> None:
     """Llama 3 70B decode, tp 8, 32 sequences of 2,048 + 512 tokens, a window of 1,024 on
     every other layer: a token costs 2 x 1 kv head x 128 x 2 B = 512 B per layer on a rank,
-    and the 40 full layers keep 2,560 tokens where the 40 sliding ones keep 1,024."""
+    and the 40 full layers keep 2,560 tokens where the 40 sliding ones keep 1,024. Through
+    the prefill the sliding ones hold the whole 2,048-token prompt, as vLLM allocates a new
+    request's prompt blocks before freeing those behind the window (an audit, m438): the
+    stage peaks there, at 512 x (40 x 2,560 + 40 x 2,048) x 32 B."""
     plan = _plan(tmp_path, "llama3-70b-decode", f"{{size: 1024, layers: [{ALTERNATING}]}}")
     assert kv_cache_bytes(plan, 80, 40) == 512 * (40 * 2560 + 40 * 1024) * 32
+    assert kv_cache_bytes(plan, 80, 40, prefill=True) == 512 * (40 * 2560 + 40 * 2048) * 32
     report = build_report(plan)
-    assert report.stages[0].kv_cache_bytes == 512 * (40 * 2560 + 40 * 1024) * 32
+    assert report.stages[0].peak_phase.startswith("prefill.")
+    assert report.stages[0].kv_cache_bytes == 512 * (40 * 2560 + 40 * 2048) * 32 == 3_019_898_880
+    # every decode instant holds the window's cache, the prefill's is freed past the window
+    phases = derive_inference(plan).stages[0].phases
+    held = {
+        (p.name.split(".")[0], a.total)
+        for p in phases
+        for i in p.instants
+        for a in i.live
+        if a.name == "KV cache (bf16)"
+    }
+    assert held == {
+        ("prefill", 512 * (40 * 2560 + 40 * 2048) * 32),
+        ("decode", 512 * (40 * 2560 + 40 * 1024) * 32),
+    }
     decode = flops.attention_core(plan, shapes(plan, 1, 2560))
     # decoding reads min(context, W) cached keys: 1,024 of 2,560 on a sliding layer
     assert decode[1].keys == 1024
