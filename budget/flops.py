@@ -1660,6 +1660,7 @@ def grads_upcast(prec: Precision) -> bool:
 
 
 UNSCALED = "gradients unscaled (fp16 loss scaling)"
+OVERFLOW = "gradients checked for overflow (DeepSpeed fp16)"
 
 
 def optimizer_work(
@@ -1677,9 +1678,13 @@ def optimizer_work(
       asserts one: "None grad scaler is only supported for bf16"), the main gradients
       unscaled and checked for infinities first (``_unscale_main_grads_and_check_for_nan``:
       ``torch._amp_foreach_non_finite_check_and_unscale_``, a read and a write of each;
-      PyTorch FSDP's ``ShardedGradScaler.unscale_`` alike; DeepSpeed's is its scaling
-      below); an audit (m436) found fp16 plans priced as bf16's, 6.4 ms short a step on
-      gpt-1.3b at ZeRO 0;
+      PyTorch FSDP's ``ShardedGradScaler.unscale_`` alike; an audit, m436, found fp16 plans
+      priced as bf16's, 6.4 ms short a step on gpt-1.3b at ZeRO 0). DeepSpeed unscales in
+      the scaling below, which runs in either format, and under fp16 first scans its
+      partition of 16-bit gradients for overflow (``check_overflow``, stage_1_and_2.py and
+      stage3.py, ``_has_inf_or_nan``: ``x.float()``, ``isnan``, ``isinf``, ``logical_or``,
+      ``.float()``, ``.max()``; six kernels, g + 4, 4 + 1, 4 + 1, 2 + 1, 1 + 4 and 4 B an
+      element, g + 26 in all: a review, m444);
     - the gradient norm for clipping (``clip_grad_norm_fp32``): reads every main gradient;
     - the Adam (or SGD) step, by `Precision.optimizer_kernel`: fused (apex ``FusedAdam``,
       multi-tensor apply) it reads the gradient and reads and writes the master copy and
@@ -1735,6 +1740,7 @@ def optimizer_work(
     flat = vwhere(flattened, 2 * grad, 0)
     scaled = vwhere(deepspeed, 2 * read, vwhere(fsdp_grads(plan), 2 * grad, 0))
     weights, grads, state = _STEP_PASSES[prec.optimizer, prec.optimizer_kernel]
+    fp16 = "fp16" in (prec.params, prec.activations)  # trained under a loss scaler
     states = grads * read + state * DTYPE_BYTES[prec.optimizer_state]
     # what the step updates (the master copy, else the parameters), touched `weights` times
     kept = weights * (master * params_shard if master else params)
@@ -1747,9 +1753,15 @@ def optimizer_work(
             else []
         ),
         *([elementwise(cast, (grad + master) * params_shard)] if upcast else []),
+        *([elementwise(UNSCALED, vwhere(deepspeed, 0, 2 * read) * params_shard)] if fp16 else []),
         *(
-            [elementwise(UNSCALED, vwhere(deepspeed, 0, 2 * read) * params_shard)]
-            if "fp16" in (prec.params, prec.activations)
+            [
+                replace(
+                    elementwise(OVERFLOW, vwhere(deepspeed, grad + 26, 0) * params_shard),
+                    launches=6.0,
+                )
+            ]
+            if fp16 and np.any(holds(deepspeed))
             else []
         ),
         elementwise("gradient norm", vwhere(deepspeed, grad, read) * params_shard),
