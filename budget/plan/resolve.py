@@ -1458,12 +1458,9 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
     an audit: budget priced, and its search ranked first, a layout Megatron-LM will not run).
     """
     pipe = par.pipeline
-    if (
-        pipe.schedule == "interleaved"
-        and pipe.virtual_stages > 1
-        and par.pp == 2
-        and not overlapped
-    ):
+    # whatever its virtual stages, which are said apart where there are too few (an audit,
+    # m443: this came only once they were mended)
+    if pipe.schedule == "interleaved" and par.pp == 2 and not overlapped:
         r.error(
             "$.parallel.pipeline.schedule",
             "the interleaved schedule over pp = 2 stages needs overlap.pp: true (Megatron-LM "
@@ -2513,9 +2510,11 @@ def resolve(
     # misspelt model.mlp hid "optimizer: none is for serving plans")
     section = tree.get("model")
     named = not isinstance(section, Mapping) or bool({"preset", "hf_config"} & set(section))
+    # (a training plan reads no release's format: its broken model holds nothing back, an
+    # audit, m443: a misspelt mlp beside a preset hid every precision rule)
     precision = (
         None
-        if "precision" in skip or ("model" in skip and named)
+        if "precision" in skip or ("model" in skip and named and mode != "train")
         else r.precision(tree.get("precision", {}), mode != "train")
     )
     # a seed's layout is the search's to replace, layout by layout (a review)
@@ -2598,8 +2597,6 @@ def resolve(
         if "overlap" not in skip and mode == "train":  # serving has no schedule (a review)
             _check_interleaved_sends(r, par, bool(overlap.get("pp")))
             _check_expert_overlap(r, par, bool(overlap.get("ep")), tree.get("recompute"))
-            if overlap.get("tp") and topology is not None:
-                _check_tp_overlap(r, par, topology)
             gather, reduce = bool(overlap.get("param_gather")), bool(overlap.get("dp_grads"))
             if gather_overlap_alone(par.zero, gather, reduce):
                 r.error(
@@ -2609,6 +2606,11 @@ def resolve(
                     "and without buckets it would gather the whole buffer before the first "
                     "forward; set dp_grads: true too, or param_gather: false",
                 )
+        # a serving plan's tp all-gathers hide behind their GEMMs under overlap.tp too, by
+        # the same userbuffers within one NVLink domain (an audit, m443: tp 16 over two
+        # nodes was priced hidden in decode, where training refuses it)
+        if "overlap" not in skip and overlap.get("tp") and topology is not None:
+            _check_tp_overlap(r, par, topology)
     if model is not None and batch is not None and par is not None and "transitions" not in skip:
         names = shape_names(model, batch, par, mode != "train")
         transitions = r.transitions(tree.get("transitions", []), names, broken_transitions or {})
