@@ -1681,10 +1681,14 @@ def optimizer_work(
       PyTorch FSDP's ``ShardedGradScaler.unscale_`` alike; an audit, m436, found fp16 plans
       priced as bf16's, 6.4 ms short a step on gpt-1.3b at ZeRO 0). DeepSpeed unscales in
       the scaling below, which runs in either format, and under fp16 first scans its
-      partition of 16-bit gradients for overflow (``check_overflow``, stage_1_and_2.py and
-      stage3.py, ``_has_inf_or_nan``: ``x.float()``, ``isnan``, ``isinf``, ``logical_or``,
-      ``.float()``, ``.max()``; six kernels, g + 4, 4 + 1, 4 + 1, 2 + 1, 1 + 4 and 4 B an
-      element, g + 26 in all: a review, m444);
+      partition of 16-bit gradients for overflow (a review, m444): ZeRO 2 with
+      ``check_overflow`` (stage_1_and_2.py, ``has_overflow_partitioned_grads_serial``: for
+      each gradient of the partition ``_has_inf_or_nan``, ``x.float()``, ``isnan``,
+      ``isinf``, ``logical_or``, ``.float()``, ``.max()``, then its count added: g + 4,
+      4 + 1, 4 + 1, 2 + 1, 1 + 4 and 4 B an element, g + 26 in all, seven kernels a tensor,
+      priced as seven); ZeRO 3 with ``isinf(...).any()`` and ``isnan(...).any()`` on its
+      flat partition buffer (stage3.py, its ``inf_or_nan_tracker``: g + 1 + 1 B twice, 2g +
+      4 in all, four kernels; a review, m445);
     - the gradient norm for clipping (``clip_grad_norm_fp32``): reads every main gradient;
     - the Adam (or SGD) step, by `Precision.optimizer_kernel`: fused (apex ``FusedAdam``,
       multi-tensor apply) it reads the gradient and reads and writes the master copy and
@@ -1741,6 +1745,8 @@ def optimizer_work(
     scaled = vwhere(deepspeed, 2 * read, vwhere(fsdp_grads(plan), 2 * grad, 0))
     weights, grads, state = _STEP_PASSES[prec.optimizer, prec.optimizer_kernel]
     fp16 = "fp16" in (prec.params, prec.activations)  # trained under a loss scaler
+    zero3 = plan.parallel.zero == 3  # DeepSpeed's overflow scan, ZeRO 3's or ZeRO 2's
+    scan = vwhere(zero3, 2 * grad + 4, grad + 26)
     states = grads * read + state * DTYPE_BYTES[prec.optimizer_state]
     # what the step updates (the master copy, else the parameters), touched `weights` times
     kept = weights * (master * params_shard if master else params)
@@ -1757,8 +1763,8 @@ def optimizer_work(
         *(
             [
                 replace(
-                    elementwise(OVERFLOW, vwhere(deepspeed, grad + 26, 0) * params_shard),
-                    launches=6.0,
+                    elementwise(OVERFLOW, vwhere(deepspeed, scan, 0) * params_shard),
+                    launches=vwhere(zero3, 4.0, 7.0),
                 )
             ]
             if fp16 and np.any(holds(deepspeed))

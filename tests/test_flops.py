@@ -1287,29 +1287,34 @@ def test_deepspeed_zero_3_zeroes_no_gradient_buffer(tmp_path):
 
 def test_deepspeed_fp16_scans_its_gradient_partition_for_overflow(tmp_path):
     """DeepSpeed unscales in its clipping pass, in either format, and under fp16 first scans
-    its partition of 16-bit gradients (``check_overflow``: ``_has_inf_or_nan`` runs
-    ``x.float()``, ``isnan``, ``isinf``, ``logical_or``, ``.float()`` and ``.max()``: 2 + 4,
-    4 + 1, 4 + 1, 2 + 1, 1 + 4 and 4 B an element, 28 in all, six kernels). gpt-1.3b at
-    ZeRO 2 over dp 8: 28 x 1,315,819,520 / 8 = 4,605,368,320 B. A bf16 plan has no scan, and
-    a DeepSpeed plan no Megatron-style unscale (a review, m444)."""
+    its partition of 16-bit gradients: ZeRO 2 with ``check_overflow`` (``_has_inf_or_nan``
+    runs ``x.float()``, ``isnan``, ``isinf``, ``logical_or``, ``.float()`` and ``.max()``:
+    2 + 4, 4 + 1, 4 + 1, 2 + 1, 1 + 4 and 4 B an element, 28 in all, and its count added,
+    seven kernels); ZeRO 3 with ``isinf(...).any()`` and ``isnan(...).any()`` on its flat
+    buffer, 2 + 1 + 1 B twice, 8 in all, four kernels (a review, m445). gpt-1.3b over dp 8:
+    28 x 1,315,819,520 / 8 = 4,605,368,320 B at ZeRO 2, 8 x 164,477,440 = 1,315,819,520 B at
+    ZeRO 3. A bf16 plan has no scan, and a DeepSpeed plan no Megatron-style unscale (a
+    review, m444)."""
     from budget.plan.load import load_plan
     from tests.plan_files import ROOT, variant
 
     base = ROOT / "plans" / "gpt-1.3b.yaml"
-    deepspeed = ("  zero: 1\n", "  zero: 2\n  reduce_bucket: 500000000\n")
     formats = {}
-    for fmt in ("bf16", "fp16"):
+    for fmt, zero in (("bf16", 2), ("fp16", 2), ("fp16", 3)):
         path = variant(
             tmp_path,
-            f"ds-{fmt}.yaml",
-            deepspeed,
+            f"ds-{fmt}-{zero}.yaml",
+            ("  zero: 1\n", f"  zero: {zero}\n  reduce_bucket: 500000000\n"),
             ("  params: bf16", f"  params: {fmt}"),
             ("  grads: fp32", f"  grads: {fmt}"),
             ("  activations: bf16", f"  activations: {fmt}"),
             base=base,
         )
-        formats[fmt] = {w.name: w for w in _phase_works(load_plan(path), "optimizer")}
-    scan = formats["fp16"][flops.OVERFLOW]
-    assert (scan.bytes, scan.launches) == (28 * 1_315_819_520 // 8, 6.0) == (4_605_368_320, 6.0)
-    assert formats["fp16"][flops.UNSCALED].bytes == 0  # its unscale is the clipping pass
-    assert flops.OVERFLOW not in formats["bf16"] and flops.UNSCALED not in formats["bf16"]
+        formats[fmt, zero] = {w.name: w for w in _phase_works(load_plan(path), "optimizer")}
+    scan = formats["fp16", 2][flops.OVERFLOW]
+    assert (scan.bytes, scan.launches) == (28 * 1_315_819_520 // 8, 7.0) == (4_605_368_320, 7.0)
+    scan = formats["fp16", 3][flops.OVERFLOW]
+    assert (scan.bytes, scan.launches) == (8 * 1_315_819_520 // 8, 4.0) == (1_315_819_520, 4.0)
+    assert formats["fp16", 2][flops.UNSCALED].bytes == 0  # its unscale is the clipping pass
+    bf16 = formats["bf16", 2]
+    assert flops.OVERFLOW not in bf16 and flops.UNSCALED not in bf16
