@@ -9,6 +9,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.measure import Measurement
     from rich.text import Text
@@ -84,6 +86,14 @@ def held_lines(
         at = start + len(body)
         out.append(Text(line[: len(line) - len(body)]) + text[start:at])
     return out
+
+
+def preset_said(name: str, overrides: Iterable[str]) -> str:
+    """A device or topology preset as the plan takes it: "h100-sxm", or with the keys it
+    writes over the preset's figures, "h100-sxm (the plan's flops)", "dgx-h100 (the plan's
+    levels)" (`catalog.device_overrides`, `catalog.topology_overrides`)."""
+    written = ", ".join(overrides)
+    return f"{name} (the plan's {written})" if written else name
 
 
 def stage_layers(report: Report, stage: int, layers: int) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rich.cells import cell_len
 from rich.table import Table
 
-from budget.render import print_wrapped
+from budget.render import preset_said, print_wrapped
 from budget.render.table import (
     attention_text,
     fitted,
@@ -488,10 +488,10 @@ def nearest_note(outcome: Outcome) -> str | None:
 def hardware_text(hardware: dict[str, Any]) -> str:
     """One sentence on what the layouts were priced on (`budget.search.hardware`)."""
     device, topology = hardware["device"], hardware["topology"]
-    if device and hardware.get("device_overrides"):
-        device += f" (the plan's {', '.join(hardware['device_overrides'])})"
-    if topology and hardware.get("topology_overrides"):
-        topology += " (the plan's levels)"
+    if device:
+        device = preset_said(device, hardware.get("device_overrides") or ())
+    if topology:
+        topology = preset_said(topology, hardware.get("topology_overrides") or ())
     if device is None and topology is None:
         where = "the device and topology the plan writes out"
     else:

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from budget.collectives import Op, default_algorithm
 from budget.phases import CARRIED_ACTIVATIONS, HELD_THROUGH
-from budget.render import NBSP, Hanging, print_wrapped, stage_layers, utf
+from budget.render import NBSP, Hanging, preset_said, print_wrapped, stage_layers, utf
 from budget.report import (
     RAMP_HEADER,
     calls_scope,
@@ -133,9 +133,7 @@ def _device_name(device: dict[str, Any]) -> str:
     plan's flops), "); nothing for a device written out."""
     if not device.get("name"):
         return ""
-    overrides = device.get("overrides") or []
-    written = f" (the plan's {', '.join(overrides)})" if overrides else ""
-    return f"{device['name']}{written}, "
+    return f"{preset_said(device['name'], device.get('overrides') or ())}, "
 
 
 def _derates(report: Report) -> str:
@@ -1237,8 +1235,7 @@ def topology_name(report: Report) -> str:
     out (a user audit, m434: no output named the topology)."""
     if not report.topology_name:
         return ""
-    written = " (the plan's levels)" if "levels" in report.topology_overrides else ""
-    return f" in {report.topology_name}{written}"
+    return f" in {preset_said(report.topology_name, report.topology_overrides)}"
 
 
 def shared_levels(report: Report) -> list[str]:
