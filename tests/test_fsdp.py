@@ -467,6 +467,28 @@ def test_one_data_parallel_rank_still_gathers_experts_over_their_group(tmp_path:
     assert [p.path for p in err.value.problems] == ["$.precision.param_gather"]
 
 
+@pytest.mark.parametrize(("preset", "refused"), [("llama3-8b", False), ("mixtral-8x7b", True)])
+def test_a_broken_model_sections_preset_says_whether_it_has_experts(
+    tmp_path: Path, preset: str, refused: bool
+) -> None:
+    """The same layout at dp 1 (tp 8, etp 1, ZeRO 1, fp32 parameters gathered in bf16)
+    beside a misspelt model key: a dense preset gathers nothing, so only the key is said;
+    Mixtral's experts are gathered over 8 / (1 x 1) = 8 ranks, so the gather is refused as
+    well (an audit, m445: the dense model was read as having experts)."""
+    tree = yaml.safe_load((ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8"))
+    tree["model"] = {"preset": preset, "mlpp": "swiglu"}
+    tree["precision"] |= {"params": "fp32", "param_gather": "bf16", "master": "none"}
+    tree["parallel"] = {"tp": 8, "dp": 1, "etp": 1, "zero": 1}
+    tree["batch"]["global"] = 32
+    tree["topology"] = {"preset": "dgx-h100", "nodes": 1}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    with pytest.raises(BudgetError) as err:
+        load_plan(path)
+    paths = [p.path for p in err.value.problems]
+    assert paths == ["$.model.mlpp"] + ["$.precision.param_gather"] * refused
+
+
 def test_the_root_units_reduce_scatter_holds_its_gradients_and_their_cast(tmp_path: Path) -> None:
     """An audit: the first stage's last backward phase held nothing, so a single-stage
     FSDP2 plan never counted its root unit's reduce-scatter, and its peak read 0.83 GiB low.

@@ -1330,9 +1330,23 @@ def _check_fp8_params(r: _Resolver, precision: Precision, par: Parallel, mode: s
         )
 
 
-def _check_zero_gather(
-    r: _Resolver, precision: Precision, par: Parallel, model: Model | None
-) -> None:
+def has_experts(model: Model | None, section: Any) -> bool:
+    """Whether the plan's model has experts: a broken model section's preset is read for
+    them, and a model that cannot be read at all counts as having them (its own error is
+    said; an audit, m445: Llama 3 8B with a misspelt key beside etp read as a mixture of
+    experts, and a parameter gather it does not run was refused)."""
+    if model is not None:
+        return model.experts is not None
+    if not isinstance(section, Mapping) or "experts" in section or "hf_config" in section:
+        return True
+    from budget.catalog import MODELS
+
+    name = section.get("preset")
+    preset = MODELS.get(name) if isinstance(name, str) else None
+    return preset is None or "experts" in preset.tree
+
+
+def _check_zero_gather(r: _Resolver, precision: Precision, par: Parallel, experts: bool) -> None:
     """ZeRO 1 and 2 refresh each rank's replica of the parameters by gathering the shards
     the optimizer updated (Rajbhandari et al. 2020, section 5.1). Where the parameters are
     their own master copy (``master: none``), a gather narrower than they are rounds every
@@ -1343,7 +1357,6 @@ def _check_zero_gather(
     expert data-parallel group of more (tp x cp x dp / (ep x etp); a review: Mixtral at tp 8,
     dp 1, ep 2 gathered its experts over 4 ranks in bf16)."""
     zero = par.zero
-    experts = model is None or model.experts is not None  # unknown: as if it had them
     edp = par.tp * par.cp * par.dp // max(par.ep * (par.etp or par.tp), 1)
     gathers = par.dp * par.cp > 1 or (experts and edp > 1)
     if zero in (1, 2) and gathers and gather_rounds_master(precision):
@@ -2523,7 +2536,7 @@ def resolve(
     if mode == "train" and not seed and not {"recompute", "recompute_early_stop"} & skip:
         _check_early_stop(r, tree)
     if precision is not None and par is not None and not seed:
-        _check_zero_gather(r, precision, par, model)
+        _check_zero_gather(r, precision, par, has_experts(model, tree.get("model")))
         _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par)
         if in_place_reduce_mismatch(par.zero, precision):
