@@ -449,43 +449,47 @@ def test_the_report_names_the_fsdp_it_priced(tmp_path: Path) -> None:
     assert not any("FSDP" in line for line in header(megatron))
 
 
+def _refused_gathering_in_bf16(
+    tmp_path: Path, model: dict[str, Any] | None, parallel: dict[str, int], nodes: int
+) -> list[str]:
+    """The paths refused in Mixtral's plan with fp32 parameters, their own master, gathered
+    in bf16 under `parallel` over its own (ZeRO 1) on `nodes` DGX H100s, its model
+    replaced by `model`."""
+    tree = yaml.safe_load((ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8"))
+    if model is not None:
+        tree["model"] = model
+    tree["precision"] |= {"params": "fp32", "param_gather": "bf16", "master": "none"}
+    tree["parallel"] |= parallel | {"zero": 1}
+    tree["batch"]["global"] = 32
+    tree["topology"] = {"preset": "dgx-h100", "nodes": nodes}
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    with pytest.raises(BudgetError) as err:
+        load_plan(path)
+    return [p.path for p in err.value.problems]
+
+
 def test_one_data_parallel_rank_still_gathers_experts_over_their_group(tmp_path: Path) -> None:
     """Mixtral at tp 8, dp 1, ep 2, etp 1 shards its experts' states over an expert
     data-parallel group of 8 / 2 = 4 ranks, and ZeRO 1 gathers them back: fp32 parameters
     that are their own master, gathered in bf16, are refused there too (a review: the
     exemption for one data-parallel rank let it through)."""
-    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
-    tree = yaml.safe_load(text)
-    tree["precision"] |= {"params": "fp32", "param_gather": "bf16", "master": "none"}
-    tree["parallel"] |= {"tp": 8, "pp": 4, "dp": 1, "ep": 2, "etp": 1, "zero": 1}
-    tree["batch"]["global"] = 32
-    tree["topology"] = {"preset": "dgx-h100", "nodes": 4}
-    path = tmp_path / "moe.yaml"
-    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    with pytest.raises(BudgetError) as err:
-        load_plan(path)
-    assert [p.path for p in err.value.problems] == ["$.precision.param_gather"]
+    parallel = {"tp": 8, "pp": 4, "dp": 1, "ep": 2, "etp": 1}
+    assert _refused_gathering_in_bf16(tmp_path, None, parallel, 4) == ["$.precision.param_gather"]
 
 
 @pytest.mark.parametrize(("preset", "refused"), [("llama3-8b", False), ("mixtral-8x7b", True)])
 def test_a_broken_model_sections_preset_says_whether_it_has_experts(
     tmp_path: Path, preset: str, refused: bool
 ) -> None:
-    """The same layout at dp 1 (tp 8, etp 1, ZeRO 1, fp32 parameters gathered in bf16)
+    """The same layout at dp 1 (tp 8, pp 1, ep 1, etp 1, ZeRO 1, fp32 parameters gathered in bf16)
     beside a misspelt model key: a dense preset gathers nothing, so only the key is said;
     Mixtral's experts are gathered over 8 / (1 x 1) = 8 ranks, so the gather is refused as
     well (an audit, m445: the dense model was read as having experts)."""
-    tree = yaml.safe_load((ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8"))
-    tree["model"] = {"preset": preset, "mlpp": "swiglu"}
-    tree["precision"] |= {"params": "fp32", "param_gather": "bf16", "master": "none"}
-    tree["parallel"] = {"tp": 8, "dp": 1, "etp": 1, "zero": 1}
-    tree["batch"]["global"] = 32
-    tree["topology"] = {"preset": "dgx-h100", "nodes": 1}
-    path = tmp_path / "broken.yaml"
-    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    with pytest.raises(BudgetError) as err:
-        load_plan(path)
-    paths = [p.path for p in err.value.problems]
+    model = {"preset": preset, "mlpp": "swiglu"}
+    paths = _refused_gathering_in_bf16(
+        tmp_path, model, {"tp": 8, "pp": 1, "dp": 1, "ep": 1, "etp": 1}, 1
+    )
     assert paths == ["$.model.mlpp"] + ["$.precision.param_gather"] * refused
 
 
