@@ -63,3 +63,15 @@ def test_the_readme_names_the_schema_version_the_commands_write() -> None:
 
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert f"first key is `schema_version` ({SCHEMA_VERSION})" in readme
+
+
+def test_the_readmes_nearest_peak_is_what_the_search_says() -> None:
+    """The least peak the README quotes for GPT-3's search on 8 GPUs is the search's own
+    sentence (an audit, m449: the README said 369 GiB where the search says 368)."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r'\("(No layout peaks under [^"]*)" for GPT-3 on 8 GPUs\)', readme)
+    assert quoted is not None
+    plan = str(ROOT / "plans" / "gpt3-175b.yaml")
+    result = CliRunner().invoke(app, route(["search", plan, "--gpus", "8"]))
+    assert result.exit_code == 1
+    assert quoted.group(1) in " ".join(result.stdout.split())
