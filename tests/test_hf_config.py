@@ -1071,6 +1071,36 @@ def test_a_malformed_expert_layout_key_is_named_not_truncated_or_a_traceback(
     assert translate({**by_hand, key: None}).tree == translate(absent).tree
 
 
+def test_the_lists_of_layers_are_said_beside_the_files_other_problems() -> None:
+    """Qwen1.5-MoE with a decoder_sparse_step of 0, a junk mlp_only_layers and layer kinds
+    budget does not price: all three in one run (an audit, m447: each hid the next, since
+    the lists were read only once every other key was sound)."""
+    config = json.loads((DATA / "hf" / "qwen1.5-moe-a2.7b" / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    bad = {"decoder_sparse_step": 0, "mlp_only_layers": [-1, "a"], "layer_types": ["x"] * layers}
+    with pytest.raises(HfConfigError) as error:
+        translate({**config, **bad})
+    said = error.value.messages
+    assert len(said) == 3
+    assert said[0].startswith("decoder_sparse_step = 0 in config.json is not a positive")
+    assert 'mlp_only_layers = [-1, "a"] in config.json is not a list of layer indices' in said
+    assert any(f"{layers} of {layers} layers of kind x in layer_types" in s for s in said)
+    # alone, each is what `_translate` says of it
+    for key, value in bad.items():
+        with pytest.raises(HfConfigError) as one:
+            translate({**config, key: value})
+        assert len(one.value.messages) == 1 and one.value.messages[0] in said
+
+
+def test_a_float_a_config_rounds_to_zero_is_refused_as_written(tmp_path: Path) -> None:
+    """1e-400 is read by JSON as 0.0, and was told "rms_norm_eps = 0.0 is not a positive
+    number" (an audit, m447)."""
+    path = tmp_path / "config.json"
+    path.write_text('{"rms_norm_eps": 1e-400}')
+    with pytest.raises(HfConfigError, match=r"rms_norm_eps = 1e-400 in .* is too small for a"):
+        read_hf_config(path)
+
+
 def test_a_problem_with_a_key_the_config_gave_is_placed_at_hf_config(tmp_path: Path) -> None:
     """Mixtral's config with 9 experts per token of 8: the plan writes no experts, so the
     problem is at the hf_config node (line 7, column 14), naming the file, not at model:."""

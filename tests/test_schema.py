@@ -154,7 +154,8 @@ def test_a_zero_rate_or_time_needs_no_unit() -> None:
         ),
         (
             ("layers: 2", "layers: true"),
-            "p.yaml:1:17: error: $.model.layers: true is not an integer",
+            "p.yaml:1:17: error: $.model.layers: true is not an integer; YAML reads an "
+            "unquoted yes, no, on or off as true or false: write a number",
         ),
         (
             ("80 GiB", "80 GBs"),
@@ -764,6 +765,30 @@ def test_a_thousands_separator_in_a_flow_mapping_is_said_as_one() -> None:
         "p.yaml:2:38: error: $.batch['024']: unknown key '024': a comma in a flow mapping "
         "ends the value before it, so a number written with a thousands separator (1,024) "
         "reads as two; write 1024 or 1_024"
+    )
+
+
+def test_a_number_as_a_key_of_a_block_mapping_is_not_told_of_flow_commas() -> None:
+    """A key '1' on a line of its own has no comma before it (an audit, m447: it was told of
+    a flow mapping's comma in a file without one); written as text with a comma, the number
+    is told how to write it."""
+    (said,) = errors(MINIMAL + "1: 1\n")
+    assert said.startswith("p.yaml:5:1: error: $['1']: unknown key '1' (expected one of: ")
+    block = MINIMAL.replace("batch: {seq: 16, micro: 1, global: 1}", "batch:\n  seq: 1,024")
+    assert errors(block)[-1] == (
+        "p.yaml:3:8: error: $.batch.seq: '1,024' is not an integer; write it without "
+        "commas, 1024 or 1_024"
+    )
+
+
+@pytest.mark.parametrize("word", ["yes", "on", "true"])
+def test_yes_for_a_number_says_yaml_read_it_as_true(word: str) -> None:
+    """`micro: yes` is YAML 1.1's true (an audit, m447: "true is not an integer", a word the
+    author never wrote)."""
+    (said,) = errors(MINIMAL.replace("micro: 1", f"micro: {word}"))
+    assert said == (
+        "p.yaml:2:25: error: $.batch.micro: true is not an integer; YAML reads an unquoted "
+        "yes, no, on or off as true or false: write a number"
     )
 
 

@@ -317,6 +317,43 @@ def test_refused(text: str, expected: str) -> None:
     assert messages(text) == [expected]
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "0.99999999999999999",
+            "is not a whole number, but has more digits than a 64-bit float keeps and reads as "
+            "1.0; write 1 if that is meant",
+        ),
+        (
+            "1099511627776.0000001",
+            "is not a whole number, but has more digits than a 64-bit float keeps and reads as "
+            "1099511627776.0; write 1099511627776 if that is meant",
+        ),
+        (
+            "1e-400",
+            "is too small for a 64-bit float, which reads it as 0; write 0 if zero is meant",
+        ),
+        (
+            "-1.0e-999",
+            "is too small for a 64-bit float, which reads it as 0; write 0 if zero is meant",
+        ),
+    ],
+)
+def test_a_float_rounded_into_another_kind_of_number_is_refused(text: str, why: str) -> None:
+    """A float's rounding that makes a fraction whole or a nonzero number 0 is refused,
+    quoting what was written (an audit, m447: `tp: 0.99999999999999999` ran at tp 1, and
+    `tp: 1e-400` was told "0.0 is less than the minimum of 1")."""
+    assert messages(f"a: {text}\n") == [f"p.yaml:1:4: error: $.a: {text} {why}"]
+
+
+@pytest.mark.parametrize("text", ["0.1", "8.0", "1e-300", "0.0", "-0.0", "2.5e3", "1_000.5"])
+def test_a_float_that_rounds_within_its_kind_is_read(text: str) -> None:
+    loaded = load_yaml(f"a: {text}\n", "p.yaml")
+    assert loaded.problems == ()
+    assert loaded.tree == {"a": float(text.replace("_", ""))}
+
+
 def test_a_huge_integer_literal_is_refused_quickly() -> None:
     with refused_in_time():
         problems = messages("a: " + "9" * 10_000 + "\n")

@@ -142,6 +142,7 @@ from pathlib import Path
 from typing import Any
 
 from budget.files import exists
+from budget.plan.yaml_load import rounded_away
 from budget.units import MAX_INT
 
 __all__ = [
@@ -439,7 +440,8 @@ class _Reading:
     def real(self, text: str) -> float | _Refused:
         if not math.isfinite(value := float(text)):
             return self.finite(text)
-        return value
+        lost = rounded_away(text, value)  # 1e-400 read as 0.0 (an audit, m447)
+        return value if lost is None else self.refuse(text, lost)
 
     def finite(self, text: str) -> _Refused:
         """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing
@@ -522,14 +524,51 @@ def _optional(config: Mapping[str, Any], key: str, where: str, default: int, lea
 
 def _layer_list(config: Mapping[str, Any], key: str, where: str) -> set[int]:
     """A list of layer indices (Qwen-MoE's ``mlp_only_layers``), empty when absent or null."""
+    problem = _layer_list_problem(config, key, where)
+    if problem is not None:
+        raise HfConfigError(problem)
+    return set(config.get(key) or ())
+
+
+def _layer_list_problem(config: Mapping[str, Any], key: str, where: str) -> str | None:
+    """Why `key` is not a list of layer indices (`_layer_list`), or None."""
     value = config.get(key)
-    if value is None:
-        return set()
-    if not isinstance(value, list) or any(
-        isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value
+    if value is None or (
+        isinstance(value, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
     ):
-        raise HfConfigError(f"{key} = {_shown(value)} in {where} is not a list of layer indices")
-    return set(value)
+        return None
+    return f"{key} = {_shown(value)} in {where} is not a list of layer indices"
+
+
+def _layer_types_problem(config: Mapping[str, Any], where: str) -> str | None:
+    """Why ``layer_types`` is not one kind budget prices for each layer, or None where it
+    is, or is absent (`_window`; a count of layers that is not one is its own problem)."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        return None
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        return (
+            f"layer_types in {where} is not a list of layer kinds; give one string per "
+            "layer, such as 'full_attention'"
+        )
+    layers = config.get("num_hidden_layers")
+    counted = isinstance(layers, int) and not isinstance(layers, bool)
+    if counted and len(kinds) != layers:
+        return (
+            f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
+            f"{json.dumps(layers)}; give one kind per layer"
+        )
+    other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
+    if other:
+        count = sum(k in other for k in kinds)
+        return (
+            f"{where} has {count} of {len(kinds)} layers of kind {', '.join(other)} in "
+            "layer_types: budget prices softmax attention, over the whole context or a "
+            "sliding window; write the model's dimensions out to budget every layer as "
+            "full attention"
+        )
+    return None
 
 
 def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
@@ -966,6 +1005,14 @@ def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
     quant = config.get("quantization_config")
     if quant is not None and not isinstance(quant, Mapping):  # "fp8" is no quant_method
         problems.append(_quantization_problem(quant, where))
+    # the lists of layers, whose problems `_translate` meets only after the file's others
+    # (an audit, m447: a bad decoder_sparse_step hid a bad mlp_only_layers, and the reverse
+    # a layer_types of kinds not priced)
+    lists = (
+        _layer_list_problem(config, "mlp_only_layers", where),
+        _layer_types_problem(config, where),
+    )
+    problems += [p for p in lists if p is not None]
     # keys read but priced by none of their values, which must still be what the class
     # takes (an audit, m396: rms_norm_eps -1 and max_position_embeddings [1, 2] read)
     for key in _EPSILONS:
@@ -1569,25 +1616,9 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         config = {**config, key: _DEFAULT_WINDOWS[str(family)]}
     qwen_off = family in _QWEN and not _switch(config, "use_sliding_window", where)
     if kinds is not None:
-        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            raise HfConfigError(
-                f"layer_types in {where} is not a list of layer kinds; give one string per "
-                "layer, such as 'full_attention'"
-            )
-        if len(kinds) != layers:
-            raise HfConfigError(
-                f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
-                f"{json.dumps(layers)}; give one kind per layer"
-            )
-        other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
-        if other:
-            count = sum(k in other for k in kinds)
-            raise HfConfigError(
-                f"{where} has {count} of {len(kinds)} layers of kind {', '.join(other)} in "
-                "layer_types: budget prices softmax attention, over the whole context or a "
-                "sliding window; write the model's dimensions out to budget every layer as "
-                "full attention"
-            )
+        problem = _layer_types_problem(config, where)
+        if problem is not None:
+            raise HfConfigError(problem)
         if family in _MISTRAL and config.get(key) and "full_attention" in kinds:
             raise HfConfigError(
                 f"{where} gives full_attention layers in layer_types beside a window, but "

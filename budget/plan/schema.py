@@ -142,9 +142,11 @@ def _unknown_keys(
         # 'sequences'?", a serving key a train plan refuses, before where it goes; a
         # review: overlap.grads still means dp_grads more likely than precision.grads)
         home = None if key == "<<" or elsewhere or batch_like else _home(key, path)
+        # a number as a key of a flow mapping: what follows a thousands separator's comma
+        separated = key.isascii() and key.isdigit() and where in marks.flow_keys
         if key == "<<":  # YAML 1.1's merge key; the loader merges nothing (aliases are refused)
             message = "YAML merge keys (<<) are not allowed in a plan; write the keys out"
-        elif key.isascii() and key.isdigit():
+        elif separated:
             # `{global: 1,024}` reads as global: 1 and a key '024' (a user audit, m413)
             message = (
                 f"unknown key {key!r}: a comma in a flow mapping ends the value before it, so "
@@ -169,7 +171,7 @@ def _unknown_keys(
         # what it likely stands for in this mapping: not where it is first told it belongs
         # elsewhere, which is no sign this mapping's key was written (review m417: model.grads
         # told "or did you mean 'heads' here?" left a model truly without heads unsaid)
-        said_here = key != "<<" and not key.isdigit() and not (batch_like or elsewhere or home)
+        said_here = key != "<<" and not (separated or batch_like or elsewhere or home)
         suggested = close if said_here else None
         problems.append((Problem(file, line, col, where, message), suggested))
     return problems
@@ -296,13 +298,23 @@ _TYPE_NAMES = {
 }
 
 
+_THOUSANDS = re.compile(r"[0-9]{1,3}(,[0-9]{3})+")
+
+
 def _read_as(value: Any, wanted: Any) -> str:
     """Why a value is of the wrong type when YAML, not the author, decided it: an unquoted
-    no, off or 1.3 where text is expected, or 18.9% where a fraction is."""
+    no, off or 1.3 where text is expected, yes where a number is, 1,024 (text) where a
+    number is, or 18.9% where a fraction is."""
     names = [wanted] if isinstance(wanted, str) else list(wanted or ())
     if "string" in names and isinstance(value, bool | int | float):
         kind = "true or false" if isinstance(value, bool) else "a number"
         return f"; YAML reads the unquoted value as {kind}: quote it to keep it text"
+    numeric = "integer" in names or "number" in names
+    if numeric and isinstance(value, bool):  # `tp: yes` was "true is not an integer" (m447)
+        return "; YAML reads an unquoted yes, no, on or off as true or false: write a number"
+    if numeric and isinstance(value, str) and _THOUSANDS.fullmatch(value.strip()):
+        digits = value.strip().replace(",", "")
+        return f"; write it without commas, {digits} or {int(digits):_}"
     if "number" in names and isinstance(value, str) and value.strip().endswith("%"):
         try:
             fraction = float(value.strip()[:-1]) / 100

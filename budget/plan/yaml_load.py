@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
@@ -144,6 +145,8 @@ class Marks:
 
     nodes: dict[str, Position] = field(default_factory=dict)
     keys: dict[str, Position] = field(default_factory=dict)
+    # the paths of keys written in a flow mapping ({global: 1,024} reads a key '024')
+    flow_keys: set[str] = field(default_factory=set)
 
     def at(self, path: str) -> Position:
         """The position of the node at `path`, or of its nearest known ancestor."""
@@ -232,6 +235,7 @@ class _Frame:
     refused: bool = False  # a collection under a tag a plan may not use: read, then dropped
     discard: bool = False  # mappings: the value waiting is a collection key's, to be dropped
     start: Position = (1, 1)  # where the collection starts
+    flow: bool = False  # written in flow style, {...} or [...]
 
 
 class _Builder:
@@ -355,7 +359,8 @@ class _Builder:
             container: dict[str, Any] | list[Any] = (
                 {} if isinstance(event, yaml.MappingStartEvent) else []
             )
-            self.stack.append(_Frame(container, path, refused=refused, start=where))
+            flow = bool(event.flow_style)
+            self.stack.append(_Frame(container, path, refused=refused, start=where, flow=flow))
         elif isinstance(event, yaml.CollectionEndEvent):
             frame = self.stack.pop()
             self.attach(None if frame.refused else frame.container, frame.start)
@@ -400,6 +405,8 @@ class _Builder:
         else:
             frame.first_seen[event.value] = where[0]
             self.marks.keys[path] = where
+            if frame.flow:
+                self.marks.flow_keys.add(path)
         frame.key = event.value
         frame.key_mark = where
 
@@ -532,11 +539,36 @@ class _Builder:
             return self.refuse(
                 where, path, f"{_shown(text)} is too large (integers must be below 2**63)"
             )
+        lost = rounded_away(text, value) if isinstance(value, float) else None
+        if lost is not None:
+            return self.refuse(where, path, f"{_shown(text)} is {lost}")
         return value
 
     def refuse(self, where: Position, path: str, message: str) -> None:
         self.problem(where, path, message)
         self.refused.add(path)
+
+
+def rounded_away(text: str, value: float) -> str | None:
+    """Why the 64-bit float `value` read from the decimal `text` (a plan's YAML, a
+    ``config.json``) is not the number written, where the rounding changes what it is: a
+    nonzero number read as 0, or a fraction read as a whole number (an audit, m447:
+    `tp: 0.99999999999999999` ran at tp 1, and `tp: 1e-400` was told that "0.0" is below
+    the minimum); None where it is not. Said after "<text> is"."""
+    try:
+        exact = Decimal(text.replace("_", ""))
+    except InvalidOperation:
+        return None
+    if not exact.is_finite():
+        return None
+    if value == 0 and exact != 0:
+        return "too small for a 64-bit float, which reads it as 0; write 0 if zero is meant"
+    if value.is_integer() and exact != exact.to_integral_value():
+        return (
+            "not a whole number, but has more digits than a 64-bit float keeps and reads as "
+            f"{value!r}; write {int(value)} if that is meant"
+        )
+    return None
 
 
 def _long_tag(text: str, plain: bool) -> str:
