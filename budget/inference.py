@@ -73,6 +73,7 @@ from budget.step import (
     _sp,
     _stage_shapes,
     _tp_moves,
+    at_boundary,
     attention_tp_moves,
     dispatch_buffers,
     embedding_moves,
@@ -394,10 +395,7 @@ def _pass(
         )
     elif par.pp > 1:
         # each on its own pair of stages' link: the stages run one after another
-        sends = [
-            replace(m, boundary=stage) if m.op == "send-recv" else m
-            for m in pipeline_moves(plan, s, forward=True)
-        ]
+        sends = at_boundary(pipeline_moves(plan, s, forward=True), stage)
         phases.append(
             Phase(f"{prefix}.pipeline", count, tuple(_pipeline_overlap(plan, m) for m in sends))
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from budget.flops import VOCAB_WEIGHT_BYTES, routing_skew, te_fp8, uncapped_skew
 from budget.phases import HELD_THROUGH, Alloc, Category, when
 from budget.plan.model import DTYPE_BYTES, MLP_NAMES, Plan
+from budget.topology import send_levels
 from budget.vector import (
     count_label,
     every,
@@ -332,9 +333,13 @@ class StageClass:
     flight_moe: int = 0
     flight_dense_short: int = 0
     flight_moe_short: int = 0
+    # the levels its forward and backward stage sends run on (`topology.send_levels`):
+    # stages of one pipeline whose sends cross nodes and stages whose sends do not are
+    # priced apart (an audit, m446)
+    links: tuple[int, int] = (0, 0)
 
     @property
-    def key(self) -> tuple[bool, bool, int, int, bool, int, int, int]:
+    def key(self) -> tuple[bool, bool, int, int, bool, int, int, int, tuple[int, int]]:
         """What the kernels and moves of a stage depend on (equal keys, equal times)."""
         return (
             self.first,
@@ -345,6 +350,7 @@ class StageClass:
             self.sliding,
             self.head_dense,
             self.head_moe,
+            self.links,
         )
 
 
@@ -445,8 +451,14 @@ def _chunk_kinds(
     return kinds
 
 
-def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
-    """One class per distinct stage key in pipeline order (`merge`), or one per stage."""
+def stage_classes(
+    plan: Plan, merge: bool = True, levels: tuple[int, ...] | None = None
+) -> list[StageClass]:
+    """One class per distinct stage key in pipeline order (`merge`), or one per stage;
+    `levels`: the level each stage boundary's sends run on (`topology.send_levels`, the
+    plan's own where None)."""
+    if levels is None:
+        levels = send_levels(plan.parallel, plan.topology)
     flags = moe_layers(plan)
     chunks_per_stage = stage_chunk_ids(plan)
     v = plan.parallel.pipeline.virtual_stages
@@ -485,6 +497,7 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
                 flight_moe=flight[1],
                 flight_dense_short=short[0],
                 flight_moe_short=short[1],
+                links=(levels[stage], levels[(stage - 1) % p]),
             )
         )
     return merge_classes(stages) if merge else stages
@@ -493,7 +506,7 @@ def stage_classes(plan: Plan, merge: bool = True) -> list[StageClass]:
 def merge_classes(stages: list[StageClass]) -> list[StageClass]:
     """One class per distinct stage key of `stages` (`stage_classes` unmerged), in pipeline
     order: how many stages each stands for, and the most layers in flight of any of them."""
-    members: dict[tuple[bool, bool, int, int, bool, int, int, int], list[StageClass]] = {}
+    members: dict[tuple[Any, ...], list[StageClass]] = {}
     for c in stages:
         members.setdefault(c.key, []).append(c)
 

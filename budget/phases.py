@@ -169,10 +169,11 @@ class Move:
     # messages: ring attention's dK/dV, sent with the K/V of every backward step but the
     # last (`step._cp_moves`); None: its algorithm's
     steps: Any = None
-    # a stage send priced on its own pair of stages (this one, to the next) rather than on
-    # the outermost link any pair crosses: a serving pass's, whose stages run one after
-    # another (`schedule.move_span`); None: a training schedule's, whose stages run in step
-    boundary: int | None = None
+    # a stage send's boundary b, priced on its own pair of stages' link, stage b's and
+    # stage b + 1's (the last stage's and the first's: an interleaved schedule's wrap), not
+    # on the outermost link any pair crosses (`schedule.move_span`, `send_boundary`); an
+    # array in a sweep, where a stage class's index is one; None: not a stage send
+    boundary: Any = None
 
 
 def hide(

@@ -64,7 +64,7 @@ end, then how long the optimizer steps put the next step's pipeline off (`put_of
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from itertools import pairwise
@@ -100,6 +100,7 @@ from budget.topology import (
     GroupSpan,
     group_ranks,
     group_span,
+    pair_level,
     price_group,
     span_of_ranks,
 )
@@ -445,12 +446,16 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     """The ranks `move`'s group holds under `parallel.order`, and the levels they span.
 
     Send/recv runs between neighbouring stages (the tied-embedding all-reduce between the
-    first and last), priced on the outermost link any neighbouring pair crosses: a training
-    schedule's stages run in step, so the one whose send crosses nodes paces the rest (a
-    sweep prices it so too, on the outermost level the pp group spans, `search._send_recv`);
-    a serving pass's send (`Move.boundary`) on its own pair's link, as its stages run one
-    after another and every send is on the way (an audit: pp 8 over two nodes had priced
-    its six NVLink sends at InfiniBand's, a time to first token 120 ms long). Gradients under
+    first and last), each stage's send on its own pair of stages' link (`Move.boundary`):
+    in a serving pass the stages run one after another and every send is on the way (an
+    audit: pp 8 over two nodes had priced its six NVLink sends at InfiniBand's, a time to
+    first token 120 ms long); in training each stage exchanges with its own neighbours
+    only (Megatron-LM's 1F1B ``send_forward_recv_backward`` with the next stage,
+    ``send_backward_recv_forward`` with the previous), so a send across nodes lengthens the
+    two stages beside it, and the replay carries it to the rest (an audit, m446: every
+    stage priced at the slowest pair's link, 8.8 ms of a 234 ms step at tp 2, pp 8 over two
+    nodes, where only stages 3 and 4 cross). A send with no boundary (none is built now)
+    takes the outermost link any pair crosses. Gradients under
     context parallelism are reduced over dp x cp. Expert layers' groups (etp, ep, edp) are
     the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
@@ -460,7 +465,7 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     # hand-written send (`step._with_transitions`) between neighbours as the built-in ones
     sent = move.op == "send-recv"
     if sent and move.boundary is not None:
-        return _boundary_span(par, topo, move.boundary)
+        return _boundary_span(par, topo, int(move.boundary))
     if move.group == "pp" and (sent or not move.rule.startswith(HAND_WRITTEN)):
         return _pp_span(par, topo, "embedding" in move.name)
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
@@ -469,11 +474,12 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     return span
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _boundary_span(par: Parallel, topo: Topology, stage: int) -> GroupSpan:
-    """`move_span` of a send from `stage` to the next (`Move.boundary`)."""
+    """`move_span` of a send across boundary `stage` (`Move.boundary`): between that
+    stage and the next, the last stage's with the first's."""
     members = group_ranks("pp", par, topo.gpus)
-    return span_of_ranks(members[stage : stage + 2], topo, "pp")
+    return span_of_ranks((members[stage], members[(stage + 1) % len(members)]), topo, "pp")
 
 
 @lru_cache(maxsize=64)
@@ -486,19 +492,10 @@ def _pp_span(par: Parallel, topo: Topology, ends: bool) -> GroupSpan:
         return span_of_ranks((members[0], members[-1]), topo, "pp")
     if len(members) == 1:  # one stage: nothing is sent, its group is itself
         return span_of_ranks(members, topo, "pp")
-    # a pair's outermost tier is the innermost level whose domain (a block of `size`
-    # consecutive ranks, `topology`) holds both ranks; the first pair crossing the most
-    # levels is priced, without a span for each pair (8 % of a 16,384-GPU sweep)
-    sizes = [level.size for level in topo.levels[:-1]]
-
-    def crossed(pair: Iterable[int]) -> int:
-        a, b = pair
-        return next(
-            (j for j, size in enumerate(sizes) if size is None or a // size == b // size),
-            len(sizes),
-        )
-
-    return span_of_ranks(max(pairwise(members), key=crossed), topo, "pp")
+    # the first pair crossing the most levels, without a span for each pair (8 % of a
+    # 16,384-GPU sweep)
+    pair = max(pairwise(members), key=lambda pair: pair_level(pair[0], pair[1], topo))
+    return span_of_ranks(pair, topo, "pp")
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:

@@ -102,7 +102,15 @@ from budget.schedule import (
     step_time,
 )
 from budget.step import STAGES_APART, derive
-from budget.topology import group_size, level_ranks, link_of, tp_overlap_problem, uneven_group
+from budget.topology import (
+    group_size,
+    level_ranks,
+    link_of,
+    pp_stride,
+    stride_levels,
+    tp_overlap_problem,
+    uneven_group,
+)
 from budget.vector import add_into, vsum
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
@@ -1035,10 +1043,11 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     overlapped: then only the layer counts (and first model chunks' counts), stage indices
     and copies differ, as arrays too."""
     pp, v = cols.values["pp"], cols.values["virtual_stages"]
+    links = _send_links(plan, cols)
     shape = np.zeros(len(cols), dtype=np.int64)
-    first, which = _distinct_rows(np.stack([pp, v], axis=1))
+    first, which = _distinct_rows(np.stack([pp, v, links], axis=1))
     for row, i in enumerate(first.tolist()):
-        shape[which == row] = _shape_id(plan, int(pp[i]), int(v[i]))
+        shape[which == row] = _shape_id(plan, int(pp[i]), int(v[i]), _LINK_LEVELS[links[i]])
     # a hand-written stage send leaves the stage at the model's end only without virtual
     # stages (`step._with_transitions`): that stage's phases differ between the two
     sends = any(tr.group == "pp" and tr.src == tr.dst for tr in plan.transitions)
@@ -1054,38 +1063,71 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
 _SHAPES: dict[tuple[Any, ...], int] = {}
 
 
-def _shape_id(plan: Plan, pp: int, v: int) -> int:
+def _shape_id(plan: Plan, pp: int, v: int, links: tuple[int, ...]) -> int:
     """A number for the sequence of stage classes of `plan` cut into `pp` stages of `v`
-    chunks: their places (`_place`), and with overlapped pipeline sends (whose exposure
-    depends on the schedule) the depth and chunks themselves."""
+    chunks whose boundaries' sends run on `links`' levels: their places (`_place`), and
+    with overlapped pipeline sends (whose exposure depends on the schedule) the depth and
+    chunks themselves."""
     if plan.overlap.pp:
-        key: tuple[Any, ...] = ("apart", pp, v)
+        key: tuple[Any, ...] = ("apart", pp, v, links)
     else:
-        key = tuple(_place(c) for c in _stage_classes(plan, pp, v))
+        key = tuple(_place(c) for c in _stage_classes(plan, pp, v, links))
     return _SHAPES.setdefault(key, len(_SHAPES))
 
 
-def _place(c: StageClass) -> tuple[bool, bool, bool, bool, bool]:
+# The levels a layout's stage boundaries send on (`topology.send_levels`), numbered for the
+# life of the process as `_SHAPES` are: a sweep meets a few patterns (every boundary across
+# nodes, or every n-th where n stages share a node)
+_LINK_IDS: dict[tuple[int, ...], int] = {}
+_LINK_LEVELS: list[tuple[int, ...]] = []
+
+
+def _send_links(plan: Plan, cols: Columns) -> np.ndarray:
+    """For each configuration, the number of the levels its stage sends run on, boundary
+    by boundary (`_LINK_LEVELS` holds them): they follow from the depth and the distance
+    between stages (`topology.pp_stride`), worked out once per distinct pair of them."""
+    values = cols.values
+    parallel = replace(plan.parallel, tp=values["tp"], cp=values["cp"], dp=values["dp"])
+    pp = values["pp"]
+    stride = np.asarray(pp_stride(parallel)) * np.ones_like(pp)
+    first, which = _distinct_rows(np.stack([pp, stride], axis=1))
+    sizes = tuple(lv.size for lv in plan.topology.levels)
+    ids = np.empty(len(first), dtype=np.int64)
+    for row, i in enumerate(first.tolist()):
+        levels = stride_levels(int(pp[i]), int(stride[i]), sizes)
+        if levels not in _LINK_IDS:
+            _LINK_IDS[levels] = len(_LINK_LEVELS)
+            _LINK_LEVELS.append(levels)
+        ids[row] = _LINK_IDS[levels]
+    out: np.ndarray = ids[which]
+    return out
+
+
+def _place(c: StageClass) -> tuple[bool, bool, bool, bool, bool, tuple[int, int]]:
     """What of a stage class decides the structure of its step: first, last, whether it
-    holds dense and MoE layers, and whether its last layer is MoE (not the counts)."""
-    return (c.first, c.last, bool(c.dense > 0), bool(c.moe > 0), c.last_is_moe)
+    holds dense and MoE layers, whether its last layer is MoE (not the counts), and the
+    levels its sends run on."""
+    return (c.first, c.last, bool(c.dense > 0), bool(c.moe > 0), c.last_is_moe, c.links)
 
 
 @lru_cache(maxsize=1024)
-def _stage_classes(plan: Plan, pp: int, v: int, merge: bool = True) -> list[StageClass]:
+def _stage_classes(
+    plan: Plan, pp: int, v: int, links: tuple[int, ...], merge: bool = True
+) -> list[StageClass]:
     """The stage classes of `plan` cut into `pp` stages of `v` chunks each, split as
-    `apply` splits them (once per sweep: every block meets them again); with `merge` off,
-    one per stage (`stage_classes`). The merged are made of the unmerged, which a replay
-    reads too (`_stage_rows`): each stage's layers in flight are replayed once, not twice."""
+    `apply` splits them (once per sweep: every block meets them again), its boundaries'
+    sends on `links`' levels; with `merge` off, one per stage (`stage_classes`). The merged
+    are made of the unmerged, which a replay reads too (`_stage_rows`): each stage's layers
+    in flight are replayed once, not twice."""
     if merge:
-        return merge_classes(_stage_classes(plan, pp, v, merge=False))
+        return merge_classes(_stage_classes(plan, pp, v, links, merge=False))
     schedule: Schedule = "interleaved" if v > 1 else "1f1b"
     parallel = replace(
         plan.parallel,
         pp=pp,
         pipeline=_pipeline(plan, schedule, pp, v),
     )
-    return stage_classes(replace(plan, parallel=parallel), merge=False)
+    return stage_classes(replace(plan, parallel=parallel), merge=False, levels=links)
 
 
 def _pipeline(plan: Plan, schedule: Schedule, pp: int, v: int) -> Pipeline:
@@ -1123,8 +1165,11 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
     """The stage classes of a group of configurations of one structure: counts, stage
     indices and copies as arrays when their pipelines differ."""
     pp, v = cols.values["pp"], cols.values["virtual_stages"]
-    first, which = _distinct_rows(np.stack([pp, v], axis=1))
-    per_pair = [_stage_classes(plan, int(pp[i]), int(v[i])) for i in first.tolist()]
+    links = _send_links(plan, cols)
+    first, which = _distinct_rows(np.stack([pp, v, links], axis=1))
+    per_pair = [
+        _stage_classes(plan, int(pp[i]), int(v[i]), _LINK_LEVELS[links[i]]) for i in first.tolist()
+    ]
     if len(per_pair) == 1:
         return per_pair[0]
     places = {tuple(_place(c) for c in classes) for classes in per_pair}
@@ -1151,6 +1196,7 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
             column(k, "flight_moe"),
             column(k, "flight_dense_short"),
             column(k, "flight_moe_short"),
+            c.links,
         )
         for k, c in enumerate(per_pair[0])
     ]
@@ -1221,29 +1267,35 @@ class _Pricer:
         self.plans = [replace(plan, parallel=_parallel(plan, row)) for row in self.unique]
         self.cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.spans: Spans = {} if spans is None else spans
-        self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, CollectiveCost]]] = {}
+        self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, Any, CollectiveCost]]] = {}
 
     def _tiers(self, move: Move) -> np.ndarray:
         """Ranks per level of `move`'s group, a row per distinct set of degrees (`which`
         says each configuration's). The layout depends only on the group kind (and, for
         send/recv, which pair) and the group's size, so it is worked out once per set."""
         ranks = np.asarray(move.ranks)
-        pair = "embedding" in move.name if move.group == "pp" else False
+        pair = _pair(move)
         sizes = tuple(int(ranks[i]) if ranks.ndim else int(ranks) for i in self.first)
-        key = (move.group, pair, sizes)
+        # a stage send's boundary, a class's stage index (an array where it differs): every
+        # configuration of a pass's class sends on the same levels (`structure`), so each
+        # set of degrees takes its first configuration's
+        ends = np.asarray(move.boundary if move.boundary is not None else -1)
+        boundaries = tuple(int(ends[i]) if ends.ndim else int(ends) for i in self.first)
+        key = (move.group, pair, sizes, boundaries)
         cached = self.cache.get(key)
         if cached is not None:
             return cached
         per_level = np.ones((len(self.unique), len(self.levels)), dtype=np.int64)
         for row, config in enumerate(self.plans):
-            layout = (move.group, pair, self.unique[row], sizes[row])
+            layout = (move.group, pair, self.unique[row], sizes[row], boundaries[row])
             counts = self.spans.get(layout)
             if counts is None:
                 counts = _dense_levels(config, move.group, sizes[row])
             if counts is None:
                 # by level index (`GroupSpan.counts`), not by name (an audit: with levels
                 # nvlink, ib, ib the first ib took every tier of that name; now refused too)
-                scalar = replace(move, ranks=sizes[row])
+                boundary = None if move.boundary is None else boundaries[row]
+                scalar = replace(move, ranks=sizes[row], boundary=boundary)
                 counts = move_span(config, scalar).counts
             per_level[row] = self.spans[layout] = counts
         self.cache[key] = per_level
@@ -1254,20 +1306,21 @@ class _Pricer:
         priced in this pass (the same tensor moved again, or the same sizes under another
         ZeRO stage or recompute mode) reuses that cost: pricing is a pure function of them.
         Candidates are found by a cheap fingerprint and confirmed element by element."""
-        pair = "embedding" in move.name if move.group == "pp" else False
         fingerprint = (
             move.op,
             move.algorithm,
             move.group,
-            pair,
+            _pair(move),
+            None if move.boundary is None else int(np.sum(move.boundary)),
             move.dtype,
             int(np.sum(move.ranks)),
             int(np.sum(move.size_bytes)),
             move.steps,
         )
         seen = self.priced.setdefault(fingerprint, [])
-        for ranks, size, cost in seen:
-            if np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes):
+        for ranks, size, boundary, cost in seen:
+            same = np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes)
+            if same and np.array_equal(boundary, move.boundary):
                 return cost
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
         some, each = self._distinct(size)
@@ -1280,7 +1333,7 @@ class _Pricer:
             np.take(few.sent_bytes, each),
             np.take(few.latency_s, each),
         )
-        seen.append((move.ranks, move.size_bytes, cost))
+        seen.append((move.ranks, move.size_bytes, move.boundary, cost))
         return cost
 
     def _distinct(self, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1348,6 +1401,12 @@ def _codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     some = np.empty(len(present), dtype=np.int64)
     some[key] = np.arange(len(key))
     return some[present], (np.cumsum(present) - 1)[key]
+
+
+def _pair(move: Move) -> bool:
+    """Whether a pp move joins the pipeline's ends (the embedding copies' all-reduce), not
+    neighbouring stages."""
+    return move.group == "pp" and "embedding" in move.name
 
 
 def _dense_levels(config: Plan, group: MoveGroup, ranks: int) -> tuple[int, ...] | None:
@@ -1598,26 +1657,27 @@ def _replays(
     not. The pass's stage classes (`_classes`, one row of numbers per layout) are laid out
     stage by stage (`stage_classes` unmerged: a class's stages differ in how their chunks
     split)."""
-    pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"]], axis=1)
+    links = _send_links(plan, cols)
+    pairs = np.stack([cols.values["pp"], cols.values["virtual_stages"], links], axis=1)
     first, which = _distinct_rows(pairs)
     configs = cols.take(first).configs()
     for row, c in enumerate(configs):
         index = np.flatnonzero((which == row) & wanted)
         if not index.size or not _differ(plan, c, gpus):
             continue
-        rows = _stage_rows(plan, c.pp, c.virtual_stages)
+        rows = _stage_rows(plan, c.pp, c.virtual_stages, _LINK_LEVELS[links[first[row]]])
         picked = {row: _picked(times.stages[row], index) for row in set(rows)}
         stages = [picked[row] for row in rows]
         yield index, replay_of(apply(plan, c, gpus), stages, _pick(m, index))
 
 
 @lru_cache(maxsize=256)
-def _stage_rows(plan: Plan, pp: int, v: int) -> tuple[int, ...]:
-    """For each of the `pp` stages, which of `_stage_classes(plan, pp, v)` (a pass's
+def _stage_rows(plan: Plan, pp: int, v: int, links: tuple[int, ...]) -> tuple[int, ...]:
+    """For each of the `pp` stages, which of `_stage_classes(plan, pp, v, links)` (a pass's
     `StageTime` rows) it is: the classes unmerged (`stage_classes`), each stage's own."""
-    classes = _stage_classes(plan, pp, v)
+    classes = _stage_classes(plan, pp, v, links)
     keys = [k.key for k in classes]
-    return tuple(keys.index(k.key) for k in _stage_classes(plan, pp, v, merge=False))
+    return tuple(keys.index(k.key) for k in _stage_classes(plan, pp, v, links, merge=False))
 
 
 def _pick(x: Any, index: np.ndarray) -> Any:

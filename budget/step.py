@@ -778,6 +778,18 @@ def pipeline_moves(plan: Plan, s: Shapes, forward: bool) -> list[Move]:
     ]
 
 
+def send_boundary(stage: Any, back: bool, pp: Any) -> Any:
+    """The boundary a stage's sends cross (`Move.boundary`): forward, its own, to the next
+    stage (the last stage's to the first, an interleaved schedule's next chunk); backward,
+    the one before it, to the previous stage (the first stage's to the last)."""
+    return (stage - 1) % pp if back else stage
+
+
+def at_boundary(moves: list[Move], boundary: Any) -> list[Move]:
+    """`moves` with their stage sends priced on `boundary`'s pair of stages."""
+    return [replace(m, boundary=boundary) if m.op == "send-recv" else m for m in moves]
+
+
 def _sends(plan: Plan, end: bool) -> int:
     """Sends per micro-batch from a stage to its neighbour: one per model chunk it holds,
     less one at the end of the model (the last stage forward, the first backward). With v
@@ -2777,7 +2789,7 @@ def _forward(b: _StageBuilder) -> None:
         b.add(
             "pipeline.forward",
             m * _sends(plan, b.last),
-            pipeline_moves(plan, s, forward=True),
+            at_boundary(pipeline_moves(plan, s, forward=True), b.stage),
             [],
         )
 
@@ -3575,10 +3587,11 @@ def _backward(b: _StageBuilder) -> None:
         work += _embedding_gradients(b) + _root_copies(b, "embedding backward")
         b.add("backward.embedding", m, moves, _embedding_backward(b), work)
     if b.pipelined:
+        boundary = send_boundary(b.stage, True, plan.parallel.pp)
         b.add(
             "pipeline.backward",
             m * _sends(plan, b.first),
-            pipeline_moves(plan, s, forward=False),
+            at_boundary(pipeline_moves(plan, s, forward=False), boundary),
             [],
         )
 
@@ -4678,9 +4691,9 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 # to the previous one (DESIGN.md rule 3), as the built-in stage sends are
                 # (`pipeline_send`), on the stages that have that neighbour (`_sends`)
                 op, ranks, ends = "send-recv", 2, ("i", "i-1" if back else "i+1")
-            # a serving pass's send on its own pair of stages' link, as the built-in ones
-            # (`inference`, `schedule.move_span`; an audit: all priced at the slowest link)
-            boundary = int(st.stage) if send and plan.mode != "train" else None
+            # on its own pair of stages' link, as the built-in ones (`schedule.move_span`;
+            # audits: a serving pass's and a training step's all priced at the slowest link)
+            boundary = send_boundary(st.stage, back, plan.parallel.pp) if send else None
             if op is None:
                 continue
             rule = f"{HAND_WRITTEN}: exposed"

@@ -492,6 +492,45 @@ def _progression_domains(first: int, step: int, n: int, size: int) -> int | None
     return span // size if span % size == 0 and first % size == first % step else None
 
 
+def pair_level(a: int, b: int, topology: Topology) -> int:
+    """The index of the level a transfer between ranks `a` and `b` runs on: the innermost
+    whose domain (a block of `size` consecutive ranks; the outermost, the whole job) holds
+    both."""
+    return _pair_level(a, b, tuple(lv.size for lv in topology.levels))
+
+
+def _pair_level(a: int, b: int, sizes: tuple[int | None, ...]) -> int:
+    return next(
+        (j for j, size in enumerate(sizes[:-1]) if size is None or a // size == b // size),
+        len(sizes) - 1,
+    )
+
+
+def pp_stride(parallel: Parallel) -> Any:
+    """The distance in ranks between neighbouring pipeline stages: the product of the dense
+    degrees placed before pp in `parallel.order` (a pp group is one coordinate's ranks, an
+    arithmetic progression); an array where the degrees are."""
+    order = _dense_order(parallel)
+    return math.prod((getattr(parallel, d) for d in order[: order.index("pp")]), start=1)
+
+
+def send_levels(parallel: Parallel, topology: Topology) -> tuple[int, ...]:
+    """For each stage boundary b of rank 0's pipeline (stage b to stage b + 1, the last to
+    the first: an interleaved schedule's chunk k on the last stage sends to chunk k + 1 on
+    the first), the level its stage sends run on (`pair_level`): under the default order
+    [tp, cp, ep, dp, pp] at tp 2 and dp 1, pp 8 over two 8-GPU nodes puts one boundary
+    across the nodes and six within them. Every pipeline of the job spans the levels alike
+    (a layout where they do not is refused, `uneven_group`)."""
+    sizes = tuple(lv.size for lv in topology.levels)
+    return stride_levels(parallel.pp, pp_stride(parallel), sizes)
+
+
+@lru_cache(maxsize=4096)
+def stride_levels(pp: int, stride: int, sizes: tuple[int | None, ...]) -> tuple[int, ...]:
+    """`send_levels` of `pp` stages `stride` ranks apart, on levels of domain `sizes`."""
+    return tuple(_pair_level(b * stride, (b + 1) % pp * stride, sizes) for b in range(pp))
+
+
 def group_ranks(kind: GroupKind, parallel: Parallel, gpus: int, rank: int = 0) -> tuple[int, ...]:
     """Ranks of the ``kind`` group containing ``rank`` under ``parallel.order``, sorted."""
     return tuple(_members(kind, parallel, gpus, rank))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from budget.accuracy import RUNS, plan_file_name, plan_of
 from budget.flops import Work
-from budget.layers import chunk_times_differ, chunks_differ
+from budget.layers import chunk_times_differ, chunks_differ, stage_classes
 from budget.pipeline import budget_plan, build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Device, Overlap
@@ -592,14 +592,15 @@ def test_an_interleaved_stage_reduces_its_gradients_chunk_by_chunk(v):
     assert "interleaved: per model chunk" in chunked.rule
 
 
-def test_stage_sends_are_priced_on_the_link_the_slowest_pair_crosses(tmp_path):
+def test_stage_sends_are_priced_on_the_link_their_own_pair_crosses(tmp_path):
     """GPT-3 at tp 4, pp 4 with pp inside dp (order tp, pp, ...) on DGX A100s: the pp group
     is ranks 0, 4, 8, 12, so stages 0-1 and 2-3 talk over NVLink and stages 1-2 across
-    nodes. The sends were priced on the first pair's NVLink (57 µs for 12 MiB; review); the
-    pair on InfiniBand paces the pipeline: 14 µs + 12 MiB at the HDR plateau. The send is a
-    micro-batch's activation split over tp by sequence parallelism, 2048 x 12288 x 2 B / 4
-    = 12,582,912 B, in one step on the dgx-a100 preset's InfiniBand (24 GB/s, the HDR
-    share; α 14 µs, no ramp): 14 µs + 12,582,912 / 24e9 s = 14 + 524.288 = 538.288 µs."""
+    nodes. Each stage's sends are priced on its own pair's link (an audit, m446: every one had been
+    priced on the slowest pair's; before a review, every one on the first pair's, 57 µs).
+    The send is a micro-batch's activation split over tp by sequence parallelism, 2048 x
+    12288 x 2 B / 4 = 12,582,912 B, in one step; on the dgx-a100 preset's InfiniBand (24
+    GB/s, the HDR share; α 14 µs, no ramp): 14 µs + 12,582,912 / 24e9 s = 538.288 µs. The
+    report's row is the stage where the phase costs most: one whose send crosses nodes."""
     from budget.schedule import move_span
 
     text = (Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml").read_text("utf-8")
@@ -608,11 +609,20 @@ def test_stage_sends_are_priced_on_the_link_the_slowest_pair_crosses(tmp_path):
     path = tmp_path / "pp-inside.yaml"
     path.write_text(text, encoding="utf-8")
     plan = load_plan(path)
-    sends = [m for p in derive(plan).stages[0].phases for m in p.moves if m.op == "send-recv"]
-    assert sends
-    for send in sends:
-        (tier,) = move_span(plan, send).tiers
-        assert (tier.ranks, tier.link.name) == (2, "infiniband")
+    links = {}
+    for stage in derive(plan).stages:
+        for phase in stage.phases:
+            for move in phase.moves:
+                if move.op == "send-recv":
+                    (tier,) = move_span(plan, move).tiers
+                    assert tier.ranks == 2
+                    links[stage.stage, phase.name] = tier.link.name
+    # one model chunk a stage: the last sends nothing forward, the first nothing back
+    assert (3, "pipeline.forward") not in links and (0, "pipeline.backward") not in links
+    forward = [links[s, "pipeline.forward"] for s in range(3)]
+    backward = [links[s, "pipeline.backward"] for s in range(1, 4)]
+    # boundaries 0-1, 1-2 and 2-3; backward, stage s sends across s-1 to s
+    assert forward == backward == ["nvlink", "infiniband", "nvlink"]
     report = build_report(plan)
     (row,) = [c for p in report.phases if p.name == "pipeline.forward" for c in p.collectives]
     assert row.link == "infiniband"
@@ -1874,3 +1884,106 @@ def test_the_first_stage_waits_for_its_first_chunk_s_buckets_whole(tmp_path):
     base = budget_plan(plan).step["time_s"]
     # 7.830 bucket by bucket, before m351, m354; 7.866 before the embedding kernels, m358/m360
     assert base == pytest.approx(7.870, abs=2e-3)
+
+
+def _mixed_links(tmp_path: Path, name: str, v: int = 1) -> Path:
+    """gpt-1.3b at tp 2, pp 8, dp 1 over two DGX A100 nodes: under the order [tp, cp, ep,
+    dp, pp] stage s sits on GPUs 2s and 2s + 1, so stages 0-3 share node 0 and 4-7 node 1,
+    and only the boundary between stages 3 and 4 (and the last stage's wrap to the first,
+    which an interleaved schedule's sends take) crosses InfiniBand."""
+    schedule = "interleaved" if v > 1 else "1f1b"
+    pipeline = f"  pipeline: {{schedule: {schedule}, virtual_stages: {v}}}\n"
+    edits = [
+        ("  tp: 1\n  pp: 1\n  dp: 8\n", f"  tp: 2\n  pp: 8\n  dp: 1\n{pipeline}"),
+        ("  micro: 4\n  global: 512\n", "  micro: 1\n  global: 16\n"),
+        ("nodes: 1}", "nodes: 2}"),
+    ]
+    if v > 1:
+        edits.append(("  layers: 24\n", "  layers: 32\n"))
+    return variant(tmp_path, name, *edits, base=ROOT / "plans" / "gpt-1.3b.yaml")
+
+
+def test_each_training_stage_sends_on_its_own_pair_of_stages_link(tmp_path):
+    """In Megatron-LM's 1F1B a stage exchanges with its neighbours only (forward sends with
+    ``send_forward_recv_backward`` to the next, backward sends with
+    ``send_backward_recv_forward`` to the previous), so a send across nodes lengthens the
+    two stages beside it, not every stage (an audit, m446: each was priced at InfiniBand's,
+    the step 8.8 ms long). A micro-batch's activations, 2,048 x 2,048 x 2 B = 8 MiB (no
+    sequence parallelism: the whole tensor), cost 14 µs + 8,388,608 B / 24 GB/s = 363.5 µs
+    over InfiniBand, and 3 µs + 8,388,608 B / B_nvlink over NVLink."""
+    plan = load_plan(_mixed_links(tmp_path, "mixed.yaml"))
+    nvlink, infiniband = plan.topology.levels[0], plan.topology.levels[1]
+    size = 2048 * 2048 * 2
+    far = 14e-6 + size / 24e9
+    assert infiniband.latency + size / infiniband.bandwidth == pytest.approx(far, rel=1e-12)
+    near = nvlink.latency + size / nvlink.bandwidth
+    assert far > 5 * near  # the test tells the links apart
+    times = step_time(plan, derive(plan))
+    sends = {}
+    for stage in times.stages:
+        for phase in stage.phases:
+            if phase.name.startswith("pipeline.") and phase.count:
+                (move,) = phase.moves
+                sends[stage.stage, phase.name] = move.time_s
+    # forward sends on stages 0-6 (the last has no next stage), backward on stages 1-7
+    crossing = {(3, "pipeline.forward"), (4, "pipeline.backward")}
+    assert len(sends) == 14
+    for key, time_s in sends.items():
+        assert time_s == pytest.approx(far if key in crossing else near, rel=1e-9), key
+    # the pipeline is its stages' closed form, m·t_max + Σ of the others' (no chunk differs)
+    m = 16
+    per_stage = [s.microbatch_s for s in times.stages]
+    assert times.pipeline_s == pytest.approx((m - 1) * max(per_stage) + sum(per_stage), rel=1e-9)
+
+
+def test_an_interleaved_pipelines_wrap_sends_on_the_last_and_first_stages_link(tmp_path):
+    """With two model chunks a stage, the last stage sends chunk 0's output on to chunk 1
+    on the first stage, and the first stage sends that chunk's gradients back: across the
+    wrap, between GPUs 14 and 0, in different nodes here, so on InfiniBand, as the sends
+    across stages 3 and 4 are; every other stage's stay on NVLink."""
+    from budget.schedule import move_span
+
+    plan = load_plan(_mixed_links(tmp_path, "wrap.yaml", v=2))
+    step = derive(plan)
+    links = {}
+    for stage in step.stages:
+        for phase in stage.phases:
+            for move in phase.moves:
+                if move.op == "send-recv":
+                    links[stage.stage, phase.name] = move_span(plan, move).tiers[-1].link.name
+    assert links[7, "pipeline.forward"] == links[0, "pipeline.backward"] == "infiniband"
+    assert links[3, "pipeline.forward"] == links[4, "pipeline.backward"] == "infiniband"
+    others = {k: v for k, v in links.items() if k[0] not in (0, 3, 4, 7)}
+    assert set(others.values()) == {"nvlink"}
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_a_search_prices_each_stage_send_on_its_own_link_as_the_report(tmp_path, v):
+    """Layouts of gpt-1.3b on two DGX A100 nodes whose stages share a node in twos, fours or
+    not at all: their stage classes split by the links their sends cross (`StageClass.
+    links`), so every layout the sweep prices is budgeted as `budget PLAN` budgets it."""
+    from budget.search import Space, _Counts, apply, candidates, evaluate, structure
+
+    plan = load_plan(_mixed_links(tmp_path, f"mixed{v}.yaml", v))
+    space = Space(micro=(1,), zero=(1,), recompute=("none",), virtual_stages=(v,))
+    cols = candidates(plan, 16, space, _Counts())
+    keys = [tuple(k) for k in structure(plan, cols).tolist()]
+    configs = cols.configs()
+    groups: dict[tuple[int, ...], list] = {}
+    for key, config in zip(keys, configs, strict=True):
+        groups.setdefault(key, []).append(config)
+    mixed = 0
+    random.seed(46)
+    for group in groups.values():
+        sample = random.sample(group, min(4, len(group)))
+        for result in evaluate(plan, sample, 16):
+            layout = apply(plan, result.config, 16)
+            links = {c.links for c in stage_classes(layout, merge=False)}
+            mixed += len({level for pair in links for level in pair}) > 1
+            report = build_report(layout)
+            assert report.worst.peak_bytes == result.peak_bytes, result.config
+            assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
+            assert report.step["exposed_comm_s"] == pytest.approx(
+                result.exposed_comm_s, rel=1e-9, abs=1e-15
+            )
+    assert mixed >= 3  # layouts whose sends cross both links were among them
