@@ -541,6 +541,11 @@ def build_report(plan: Plan) -> Report:
             if name.rpartition(".")[2] in LAYER_PHASES
             for c in rows
         ),
+        send_collectives=()
+        if plan.mode != "train"
+        else tuple(
+            c for (_, name), rows in rows_of.items() if name.startswith("pipeline.") for c in rows
+        ),
         mfu_format=peak_format,
         mfu_peak=plan.device.peak_flops(peak_format),
         matmul_format=plan.precision.matmul,

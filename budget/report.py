@@ -188,6 +188,9 @@ class Report:
     matmul_format: str = "bf16"  # the GEMMs' (precision.matmul), which fp8 prices for time
     # training: (stage, collective) of every stage's per-layer phases (`LAYER_PHASES`)
     layer_collectives: tuple[tuple[int, CollectiveRow], ...] = ()
+    # training: every stage's stage sends, each on its own pair of stages' link, where the
+    # phase rows hold the costliest stage's (`render.table.link_groups`)
+    send_collectives: tuple[CollectiveRow, ...] = ()
 
     @property
     def worst(self) -> StageRow:

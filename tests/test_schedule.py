@@ -1934,6 +1934,12 @@ def test_each_training_stage_sends_on_its_own_pair_of_stages_link(tmp_path):
     m = 16
     per_stage = [s.microbatch_s for s in times.stages]
     assert times.pipeline_s == pytest.approx((m - 1) * max(per_stage) + sum(per_stage), rel=1e-9)
+    # the links table lists pp on both levels its sends use, where the phase rows hold the
+    # costliest stage's, an InfiniBand one (an audit, m452: pp on infiniband alone)
+    from budget.render.table import link_groups
+
+    report = build_report(plan)
+    assert (link_groups(report, "nvlink"), link_groups(report, "infiniband")) == ("tp, pp", "pp")
 
 
 def test_an_interleaved_pipelines_wrap_sends_on_the_last_and_first_stages_link(tmp_path):

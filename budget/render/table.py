@@ -1260,11 +1260,13 @@ def shared_note(shared: list[str]) -> str:
 
 def link_groups(report: Report, level: str) -> str:
     """The groups whose collectives are priced on `level`, in the order they first appear
-    ("tp, dp"), or "–"."""
+    ("tp, dp"), or "–": a training step's stage sends on every level one is priced on,
+    not only the costliest stage's (an audit, m452: pp 8 over two nodes, six of whose seven
+    sends are on NVLink, listed pp on InfiniBand alone)."""
+    rows = [c for p in report.phases for c in p.collectives] + list(report.send_collectives)
     names = [
         group_name(c.group, report.layout, c.ranks)
-        for p in report.phases
-        for c in p.collectives
+        for c in rows
         if level in (c.link or "").split(" + ")
     ]
     return ", ".join(dict.fromkeys(names)) or "–"
