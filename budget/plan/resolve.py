@@ -2248,17 +2248,20 @@ class _Checks(_ModelChecks):
                     key=True,
                 )
             return
+        etp = p.expert_tp
+        dense = p.tp * p.cp * p.dp
         if experts.count % p.ep:
+            # the degrees that also fold into the stage's ranks (the rule below), where etp
+            # divides them: 60 experts at dp 8 were offered ep 3, 5, 6, ..., which that rule
+            # then refused (a user audit, m453)
+            fits = experts.count if dense % etp else math.gcd(experts.count, dense // etp)
             self.r.error(
                 "$.parallel.ep",
                 f"model.experts.count = {experts.count} is not divisible by ep = {p.ep}: each "
-                f"expert-parallel rank holds whole experts; choose ep among "
-                f"{_divisors(experts.count)}",
+                f"expert-parallel rank holds whole experts; choose ep among {_divisors(fits)}",
             )
-        etp = p.expert_tp
         if p.tp > 1 and not p.sequence_parallel:
             self.replicated_tokens(etp)
-        dense = p.tp * p.cp * p.dp
         if not self.folds(p):
             self.r.error(
                 "$.parallel.ep",
