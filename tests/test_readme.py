@@ -75,3 +75,25 @@ def test_the_readmes_nearest_peak_is_what_the_search_says() -> None:
     result = CliRunner().invoke(app, route(["search", plan, "--gpus", "8"]))
     assert result.exit_code == 1
     assert quoted.group(1) in " ".join(result.stdout.split())
+
+
+def test_the_readmes_mixed_link_pipeline_steps_as_it_says(tmp_path) -> None:
+    """The README's gpt-1.3b at tp 2 x pp 8 over two DGX A100 nodes, each stage's sends on
+    its own pair's link: the step it quotes is the report's."""
+    from budget.pipeline import budget_plan
+    from budget.units import format_duration
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"only the two stages beside that one pay for it \(([^ ]+ ms) a step", readme)
+    assert said is not None
+    text = (ROOT / "plans" / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        ("  tp: 1\n  pp: 1\n  dp: 8\n", "  tp: 2\n  pp: 8\n  dp: 1\n"),
+        ("  micro: 4\n  global: 512\n", "  micro: 1\n  global: 16\n"),
+        ("nodes: 1}", "nodes: 2}"),
+    ):
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    plan = tmp_path / "mixed.yaml"
+    plan.write_text(text, encoding="utf-8")
+    assert format_duration(budget_plan(plan).step["time_s"]) == said.group(1)
