@@ -436,6 +436,19 @@ def _core(plan: Plan, s: Shapes) -> list[Work]:
             "elementwise",
             5 * scores // s.act,
             softmax,
+            launches=2 if m.dropout else 1,
+            # its backward moves the forward's bytes and one score-sized tensor more (an
+            # audit, m456: the generic twice of a memory-bound kernel, 9S where 5.5S run).
+            # Megatron-LM's fused softmax backward (``fused_softmax.py``,
+            # ``ScaledUpperTriangMaskedSoftmax.backward``: the output gradient and the saved
+            # softmax output) reads two score-sized tensors and writes one, 3S against the
+            # forward's 2S (PyTorch's ``_softmax_backward_data`` alike); dropout, a kernel
+            # of its own (``DotProductAttention.attention_dropout``), reads S and writes S
+            # and a byte-per-score mask forward, and backward (``native_dropout_backward``)
+            # reads the gradient and the mask and writes the gradient, the same bytes: 3/2
+            # without dropout, (3 + 2.5)/(2 + 2.5) = 11/9 with it at 2-byte scores
+            backward=(softmax + scores) / softmax,
+            backward_launches=2 if m.dropout else 1,
         ),
         Work(EAGER_LAST, "attention", pv_mm, scores + wide_v + out, backward=EAGER_BACKWARD),
     ]

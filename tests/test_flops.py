@@ -333,6 +333,29 @@ def test_eager_attention_backward_is_twice_its_forward_flash_two_and_a_half():
     assert flash["attention core (flash) backward"].flops == 32_212_254_720  # 2.5 x
 
 
+@pytest.mark.parametrize("dropout", [False, True])
+def test_the_eager_softmax_backward_reads_one_score_tensor_more_than_its_forward(dropout):
+    """GPT-3 eager at 12 heads a rank: S = 2 B x 12 x 2,048² = 100,663,296 B of scores a
+    micro-batch. Forward, the softmax reads the scores and writes the probabilities (2S);
+    dropout, its own kernel, reads them and writes its output and a byte-per-score mask
+    (2.5S). Backward, Megatron-LM's fused softmax reads the output gradient and the saved
+    probabilities and writes the input gradient (3S), and dropout's backward reads the
+    gradient and the mask and writes the gradient (2.5S): 3S alone, 5.5S with dropout, in
+    one kernel each (an audit, m456: 4S and 9S, the generic twice)."""
+    from tests.plan_files import GPT3
+
+    plan = load_plan(GPT3)
+    eager = replace(plan, model=replace(plan.model, attention="eager", dropout=dropout))
+    name = "softmax and dropout" if dropout else "softmax"
+    (forward,) = [w for w in _phase_works(eager, "forward.attention") if w.name == name]
+    (back,) = [w for w in _phase_works(eager, "backward.attention") if w.name == f"{name} backward"]
+    scores = 2 * 12 * 2048 * 2048
+    assert scores == 100_663_296
+    kernels = 2 if dropout else 1
+    assert (forward.bytes, forward.launches) == ((4.5 if dropout else 2) * scores, kernels)
+    assert (back.bytes, back.launches) == ((5.5 if dropout else 3) * scores, kernels)
+
+
 def test_eager_grouped_attention_copies_k_and_v_up_to_the_query_heads(tmp_path):
     """Megatron-Core's unfused core (and transformers' ``repeat_kv``) copies K and V up to
     the query heads before its batched GEMMs, which then read the copies; the report held
