@@ -3243,7 +3243,10 @@ def _split_head_reduce(b: _StageBuilder, held: list[Alloc]) -> list[Instant]:
     if par.fsdp_root != "split" or not b.last:
         return []
     n = _outside_params(b, "head")
-    recast = prec.reduce != prec.param_gather
+    # fully_shard copies into a reduce-scatter input it allocates whatever the formats
+    # (``foreach_reduce``: ``torch.empty`` of the reduce dtype, then the copy-in; an audit,
+    # m454: none held at a bf16 reduce of bf16 gradients, 1.0 GB low on Llama 3 8B's loss)
+    recast = (prec.reduce != prec.param_gather) | (par.fsdp == 2)
     size = n * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce] * recast)
     grads = Alloc("head gradients and their cast (copy-in)", "transient", size)
     on = (par.zero == 3) & (par.zero_ranks > 1) & (n > 0)
@@ -3677,7 +3680,8 @@ def _embedding_backward(b: _StageBuilder) -> list[Instant]:
     prec = plan.precision
     copy = unit * (DTYPE_BYTES[prec.param_gather] + DTYPE_BYTES[prec.reduce])
     copying = Alloc(f"{name} gradients and their cast (copy-in)", "transient", copy)
-    recast = flops.fsdp_mixed(plan) & (par.fsdp == 2) & (prec.reduce != prec.param_gather)
+    # whatever the formats: ``foreach_reduce`` allocates the input and copies into it (m454)
+    recast = flops.fsdp_mixed(plan) & (par.fsdp == 2)
     copy_in = Instant(
         f"{name} gradients' copy-in",
         tuple(when([*made, *extra, others, copying], zero3 & recast)),

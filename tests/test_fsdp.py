@@ -1302,3 +1302,30 @@ def test_deepspeed_zero3_reduce_scatters_its_buckets_and_waits_for_the_last(
     exposed = f"{report['step']['exposed_comm_s'] * 1e3:.0f} ms"
     quoted = "exposes 53 ms of communication a step at 5e8 elements and 174 ms at 2e9"
     assert quoted in readme and exposed in quoted
+
+
+def test_fully_shard_copies_gradients_in_even_at_their_own_format(tmp_path) -> None:
+    """fully_shard's ``foreach_reduce`` allocates the reduce-scatter's input in the reduce
+    format and copies the gradients in before freeing them, whatever the formats: at a
+    bf16 reduce of bf16 gradients the head's unit (128,256 x 4,096 output rows and the
+    final norm's 4,096 = 525,340,672 parameters) holds 2 + 2 B a parameter in its copy-in,
+    2,101,362,688 B, and the embedding's unit (525,336,576) its own copy-in too (an audit,
+    m454: 2 B, and no embedding copy-in)."""
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    reduce = ("  grads: fp32\n", "  grads: fp32\n  grad_reduce: bf16\n")
+    text = base.read_text(encoding="utf-8").replace(*reduce)
+    assert "grad_reduce: bf16" in text and "fsdp: 2" in text
+    path = tmp_path / "bf16-reduce.yaml"
+    path.write_text(text, encoding="utf-8")
+    (stage,) = derive(load_plan(path)).stages
+    sizes = {
+        (p.name, i.label, a.name): a.total
+        for p in stage.phases
+        for i in p.instants
+        for a in i.live
+        if "copy-in" in a.name
+    }
+    head = sizes[("loss", "head gradients' copy-in", "head gradients and their cast (copy-in)")]
+    assert head == 525_340_672 * (2 + 2) == 2_101_362_688
+    embedding = [size for (phase, *_), size in sizes.items() if phase == "backward.embedding"]
+    assert embedding == [525_336_576 * (2 + 2)]
