@@ -1057,31 +1057,39 @@ def _reduce_buffer(plan: Plan, zero: int) -> list[Alloc]:
 
 
 def _hold_reduce_buffers(b: _StageBuilder) -> None:
-    """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of each backward: the
-    loss (its backward's bytes are its instant's), the layers' and the embedding's backward
-    and the reduction that ends it, which releases them; not a forward, nor the optimizer
-    step (a review: they had been held into the next micro-batch's forward). Where a full
-    bucket is reduced, the bucket flattened for its all-reduce beside it
-    (`_flattened_bucket`): at the backward's end (the epilogue reduces the last bucket),
-    and in the layers' and the embedding's backward only where the rank's gradients
-    overflow a bucket, which DeepSpeed reduces only when the next gradient would not fit
-    (an audit: at 2e9 elements GPT 1.3B's 1.3e9 all wait for the epilogue, where its top
-    layer's backward had held a flattened copy and its fp32 cast, 7.35 GiB, 5.6 GiB over its
-    peak). Where they do, the layers' instants, each the stage's top layer's, hold it though
-    the first bucket fills some layers lower, with fewer activations saved: an upper bound
-    by those layers' activations."""
-    buffers = _reduce_buffer(b.plan, 2)
-    if not buffers:
+    """ZeRO 2's DeepSpeed buffers (`_reduce_buffer`) in every instant of each backward: the loss
+    (its backward's bytes are its instant's), the layers' and the embedding's backward and
+    the reduction that ends it, which releases them; not a forward, nor the optimizer step
+    (a review: they had been held into the next micro-batch's forward). Where a bucket is
+    reduced, under ZeRO 2 or 3, the copies DeepSpeed makes to reduce it beside them
+    (`_flattened_bucket`): at the backward's end those of the last bucket, which the
+    epilogue reduces (what the full ones leave, `_last_bucket_share`; it had been taken
+    whole), and in the layers' and the embedding's backward a full one's, only where the
+    rank's gradients overflow a bucket, which DeepSpeed reduces only when the next gradient
+    would not fit (an audit: at 2e9 elements GPT 1.3B's 1.3e9 all wait for the epilogue,
+    where its top layer's backward had held a flattened copy and its fp32 cast, 7.35 GiB,
+    5.6 GiB over its peak). Where they do, the layers' instants, each the stage's top
+    layer's, hold it though the first bucket fills some layers lower, with fewer activations
+    saved: an upper bound by those layers' activations."""
+    plan = b.plan
+    size = plan.parallel.reduce_bucket
+    if not size or plan.mode != "train":
         return
-    flattened = _flattened_bucket(b)
-    overflows = b.params.per_rank + b.params.expert_per_rank > b.plan.parallel.reduce_bucket
+    buffers = _reduce_buffer(plan, 2)
+    n = b.params.per_rank + b.params.expert_per_rank
+    flattened = _flattened_bucket(b, vmin(size, n))
+    if not buffers and not flattened:
+        return
+    # the epilogue's bucket, what the full ones leave (`_last_bucket_share`)
+    last = _flattened_bucket(b, n - size * (-(-n // size) - 1))
+    overflows = n > size
     for k, phase in enumerate(b.phases):
         forward = pass_within(phase.name) == "forward" and phase.name not in ("loss", "mtp")
         if forward or phase.name == "optimizer":
             continue
         # the loss's backward (its pass is the forward's) fills no bucket
         backward = pass_within(phase.name) == "backward"
-        reduced = flattened if phase.name == "dp.grads" else []
+        reduced = last if phase.name == "dp.grads" else []
         held = (*buffers, *reduced, *(when(flattened, overflows) if backward else []))
         instants = tuple(Instant(i.label, (*i.live, *held)) for i in phase.instants)
         b.phases[k] = replace(phase, instants=instants)
@@ -1104,29 +1112,46 @@ def _last_bucket_share(plan: Plan, n: Any) -> Any:
     return (n - size * full) / vmax(n, 1)
 
 
-def _flattened_bucket(b: _StageBuilder) -> list[Alloc]:
-    """DeepSpeed's ZeRO 2 reduces a full bucket by flattening its gradients into one tensor
-    and all-reducing that (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, a
-    ``torch.cat`` copy, stage_1_and_2.py), so a bucket's worth more is alive while it runs,
-    `Parallel.reduce_bucket` elements in the parameters' format (the buffer's), or the
-    rank's gradients where fewer (an audit: none counted, 1.0 GB at 5e8 bf16 elements)."""
+def _flattened_bucket(b: _StageBuilder, n: Any) -> list[Alloc]:
+    """The copies DeepSpeed makes of a bucket of `n` gradients to reduce it. ZeRO 2
+    flattens them into one tensor and all-reduces that (``allreduce_bucket``: ``tensor =
+    self.flatten(bucket)``, a ``torch.cat`` copy in the parameters' format, the buffer's,
+    stage_1_and_2.py; an audit: none counted, 1.0 GB at 5e8 bf16 elements), cast to the
+    reduction's format where it differs (``communication_data_type``: ``tensor.to(...)``,
+    both alive through the all-reduce; a review: 2.0 GB at 5e8 fp32). ZeRO 3 casts each
+    gradient to that format where it differs, then ``reduce_scatter_coalesced``
+    (deepspeed/runtime/comm/coalesced_collectives.py) lays every rank's chunks side by side
+    with ``torch.cat``, one copy of the bucket in the reduction's format, whose chunk is
+    the reduce-scatter's output, alive until the shard is copied into the partition
+    (stage3.py ``__avg_scatter_grads``; an audit, m455: none counted, 1.29 GB under GPT
+    1.3B's epilogue at a 2e9 bucket). (One tensor that divides the ranks is reduced in
+    place; a bucket is many.)"""
     plan = b.plan
-    prec = plan.precision
-    n = vmin(plan.parallel.reduce_bucket, b.params.per_rank + b.params.expert_per_rank)
-    copy = Alloc(
+    prec, zero = plan.precision, plan.parallel.zero
+    differs = prec.reduce != prec.params
+    flattened = Alloc(
         "a gradient bucket flattened for its all-reduce (DeepSpeed's allreduce_bucket)",
         "transient",
         n * DTYPE_BYTES[prec.params],
     )
-    # and cast to the reduction's format where it differs (``communication_data_type``:
-    # ``tensor.to(...)``, both alive through the all-reduce; a review: 2.0 GB at 5e8 fp32)
     cast = Alloc(
         f"the flattened bucket cast to {prec.reduce} for its all-reduce",
         "transient",
         n * DTYPE_BYTES[prec.reduce],
     )
-    held = [copy] + ([cast] if prec.reduce != prec.params else [])
-    return when(held, holds(plan.parallel.zero == 2) & deepspeed_buffered(plan))
+    gradients_cast = Alloc(
+        f"a gradient bucket cast to {prec.reduce} for its reduce-scatter", "transient", cast.total
+    )
+    interleaved = Alloc(
+        "a gradient bucket laid out by rank for its reduce-scatter (DeepSpeed's "
+        "reduce_scatter_coalesced)",
+        "transient",
+        cast.total,
+    )
+    held = when([flattened, *([cast] if differs else [])], holds(zero == 2)) + when(
+        [*([gradients_cast] if differs else []), interleaved], holds(zero == 3)
+    )
+    return when(held, deepspeed_buffered(plan))
 
 
 def _scores_buffer(plan: Plan, s: Shapes, layers: Any) -> tuple[Alloc, ...]:

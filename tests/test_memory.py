@@ -1474,16 +1474,27 @@ def test_deepspeed_zero_3_holds_its_gradient_buffer_for_the_run():
     ds = _zero_paper_plan(3, 500_000_000)
     buffered = _phase_peaks(ds)
     buffer = 500_000_000 * 2
-    for name in ("forward.attention", "forward.mlp", "loss", "dp.grads"):
+    for name in ("forward.attention", "forward.mlp", "loss"):
         assert buffered[name] - without[name] == buffer, name
+    # the epilogue reduce-scatters the last bucket, what 14 full ones leave of the rank's
+    # 7,455,727,616 gradients, laid out by rank in one fp16 copy (``reduce_scatter_coalesced``:
+    # ``torch.cat``; an audit, m455: none counted)
+    last = 7_455_727_616 - 14 * 500_000_000
+    assert params_total(ds) == 7_455_727_616 and last == 455_727_616
+    assert buffered["dp.grads"] - without["dp.grads"] == buffer + 2 * last
+    # a bucket the gradients never fill: all of them in the epilogue's copy, none before
+    big = _phase_peaks(_zero_paper_plan(3, 8_000_000_000))
+    assert big["dp.grads"] - without["dp.grads"] == 2 * 8_000_000_000 + 2 * 7_455_727_616
+    assert big["backward.mlp"] - buffered["backward.mlp"] == 2 * 8_000_000_000 - 2 * buffer
     # and at the step the shard's gradients flattened into one fp16 tensor beside their
     # fp32 cast (``self.flatten(...).to(...)``, `step._flattened_upcast`): Ψ/64 of them
     flat = 2 * -(-params_total(ds) // 64)
     # Ψ: the audit's 7,464,116,224 less its plan's 2,048 learned positions of 4,096
     assert flat == 2 * -(-(7_464_116_224 - 2048 * 4096) // 64)
     assert buffered["optimizer"] - without["optimizer"] == buffer + flat
+    # and where a full bucket is reduce-scattered in the backward, its copy (5e8 x 2 B)
     assert without["backward.mlp"] - 2 * _MLP_BLOCK == buffered["backward.mlp"] - (
-        buffer + 2 * _FC1_WEIGHT
+        buffer + 2 * _FC1_WEIGHT + buffer
     )
     assert build_report(ds).layout["reduce_bucket"] == 500_000_000
     # PyTorch FSDP's mixed precision (fp32 shards gathered in bf16, no master) has none
@@ -1531,10 +1542,13 @@ def test_deepspeed_zero_2_holds_its_buffers_through_each_backward():
     assert buffered["optimizer"] - without["optimizer"] == flat
     # and where a full bucket is all-reduced, in the layers' backward and at its end, that
     # bucket flattened into one tensor beside it (``allreduce_bucket``: ``self.flatten``; an
-    # audit, m229): 5e8 fp16 elements more; not in the loss, whose backward fills none
+    # audit, m229): 5e8 fp16 elements more; not in the loss, whose backward fills none; at
+    # the end, the last bucket's, what 14 full ones leave (an audit, m455: a full one's)
     flattened = 500_000_000 * 2
+    last = params_total(_zero_paper_plan(2)) - 14 * 500_000_000
+    assert last == 455_727_616
     assert buffered["loss"] - without["loss"] == buffer
-    assert buffered["dp.grads"] - without["dp.grads"] == buffer + flattened
+    assert buffered["dp.grads"] - without["dp.grads"] == buffer + 2 * last
     assert layer == 201_379_840
     assert buffered["backward.mlp"] - without["backward.mlp"] == buffer + flattened + 2 * (
         _FC1_WEIGHT - layer
@@ -1598,11 +1612,12 @@ def test_deepspeed_zero_2_all_reduces_each_bucket():
     two = replace(two, batch=replace(two.batch, global_batch=128))
     assert reduction(two)["count"] == two.microbatches == 2
     # reduced in fp32 (DeepSpeed's communication_data_type), the flattened fp16 bucket is
-    # cast beside itself for the all-reduce (a review): 5e8 x 4 B more where it is held
+    # cast beside itself for the all-reduce (a review): 4 B an element more where it is
+    # held, the last bucket's 455,727,616 at the end
     ds = _zero_paper_plan(2, 500_000_000)
     wide = replace(ds, precision=replace(ds.precision, grad_reduce="fp32"))
     assert reduction(wide)["dtype"] == "fp32"
-    assert _phase_peaks(wide)["dp.grads"] - _phase_peaks(ds)["dp.grads"] == 500_000_000 * 4
+    assert _phase_peaks(wide)["dp.grads"] - _phase_peaks(ds)["dp.grads"] == 455_727_616 * 4
 
 
 def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
