@@ -337,9 +337,13 @@ class StageClass:
     # stages of one pipeline whose sends cross nodes and stages whose sends do not are
     # priced apart (an audit, m446)
     links: tuple[int, int] = (0, 0)
+    # under overlap.ep, its chunk passes that run alone, warm-up and cool-down (`step.
+    # _ep_moves`, which works them out from the stage index): stages that pair a different
+    # share of their expert all-to-alls are timed apart (an audit, m457); 0 without it
+    alone: int = 0
 
     @property
-    def key(self) -> tuple[bool, bool, int, int, bool, int, int, int, tuple[int, int]]:
+    def key(self) -> tuple[Any, ...]:
         """What the kernels and moves of a stage depend on (equal keys, equal times)."""
         return (
             self.first,
@@ -351,6 +355,7 @@ class StageClass:
             self.head_dense,
             self.head_moe,
             self.links,
+            self.alone,
         )
 
 
@@ -451,6 +456,15 @@ def _chunk_kinds(
     return kinds
 
 
+def ep_alone(stage: Any, pp: Any, v: Any) -> Any:
+    """Chunk passes of `stage` that run alone under Megatron-Core's combined schedules
+    (``overlap_moe_expert_parallel_comm``): the interleaved schedule's warm-up, 2(p − r − 1)
+    + (v − 1)·p forwards (``get_pp_rank_microbatches``, its micro-batch group of p), and one
+    more under the overlap; as many backwards in the cool-down. Without a pipeline, 1 (the
+    combined 1F1B's first forward). Arrays where a sweep's are."""
+    return 2 * (pp - stage - 1) + (v - 1) * pp + 1
+
+
 def stage_classes(
     plan: Plan, merge: bool = True, levels: tuple[int, ...] | None = None
 ) -> list[StageClass]:
@@ -469,6 +483,7 @@ def stage_classes(
     mtp = mtp_layers(plan)
     slides = plan.model.sliding
     kinds = _chunk_kinds(chunks_per_stage, flags, mtp)
+    paired = bool(plan.overlap.ep) and plan.model.experts is not None
     # every stage replayed once any stage's chunks differ: a merged class takes the most of
     # its stages, and a stage of alike chunks beside one of unlike ones must count in it
     replay = any(len(set(chunks)) > 1 for chunks in kinds)
@@ -498,6 +513,7 @@ def stage_classes(
                 flight_dense_short=short[0],
                 flight_moe_short=short[1],
                 links=(levels[stage], levels[(stage - 1) % p]),
+                alone=ep_alone(stage, p, v) if paired else 0,
             )
         )
     return merge_classes(stages) if merge else stages

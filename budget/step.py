@@ -49,6 +49,7 @@ from budget.layers import (
     class_params,
     core_attention,
     eager_scores,
+    ep_alone,
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
@@ -1812,7 +1813,7 @@ def _shared_expert_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     return _tp_moves(plan, s, "shared expert", backward, "shared expert fc1", "shared expert fc2")
 
 
-def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
+def _ep_moves(plan: Plan, s: Shapes, backward: bool, stage: Any = 0) -> list[Move]:
     """Expert parallelism: the router's token rows go to the ranks that hold their experts
     and come back (GShard, Lepikhin et al., arXiv 2006.16668, section 3.2): an all-to-all on
     the ep group for dispatch and one for combine, and their mirror images in backward.
@@ -1826,9 +1827,14 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     dispatch and combine behind one MoE layer's backward (its attention and its MoE block),
     the backward's behind one layer's forward (an audit: they hid behind their own phase's
     expert GEMMs, 25.7 ms of DeepSeek-V3's 38.2 ms a layer exposed against about 12). Only
-    a forward with a backward beside it does: 1F1B's warm-up runs p − s − 1 forwards alone
-    and the combined schedule pairs from one later, so stage 0's m − p of m micro-batches,
-    a share q: the others wait for all of theirs, so a pass's all-to-alls T beside a window
+    a forward with a backward beside it does, and the warm-up's forwards and the cool-down's
+    backwards run alone: of stage r's m·v chunk passes (v virtual stages, the interleaved
+    schedule, which a pipeline needs for the overlap), W = 2(p − r − 1) + (v − 1)·p + 1
+    (Megatron-Core's ``get_pp_rank_microbatches``, its micro-batch group of p, and one more
+    under ``overlap_moe_expert_parallel_comm``), without a pipeline 1 of m (the combined
+    1F1B's first forward): a share q = 1 − W/(m·v) pairs (an audit, m457: plain 1F1B's
+    (m − p)/m had been taken for every stage, stage 3 of 4 at v 2 exposing 8 of 64 passes
+    where 5 run alone). The others wait for all of theirs, so a pass's all-to-alls T beside a window
     W expose q·max(0, T − W) + (1 − q)·T = max((1 − q)·T, T − q·W), the window's share q and
     the floor 1 − q (a review: the share alone read 0 wherever W passed T).
 
@@ -1857,8 +1863,10 @@ def _ep_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
     even = vwhere(s.dispatched > 0, s.sent / vmax(s.dispatched, 1), 1.0)
     names = ("combine gradient", "dispatch gradient") if backward else ("dispatch", "combine")
     beside = "forward" if backward else "backward"
-    m = plan.microbatches
-    paired = vmax(m - par.pp, 0) / m  # the micro-batches whose pass has the other beside it
+    # the chunk passes whose forward has another's backward beside it (docstring)
+    v = par.pipeline.virtual_stages
+    passes = plan.microbatches * v
+    paired = 1 - vmin(ep_alone(stage, par.pp, v), passes) / passes
     rule = (
         f"ep all-to-all: exposed unless overlap.ep hides it behind another micro-batch's "
         f"{beside} of a layer (combined 1F1B), in the micro-batches that pair them"
@@ -2790,7 +2798,7 @@ def _forward(b: _StageBuilder) -> None:
         b.add(
             "forward.moe",
             b.moe * m,
-            _ep_moves(plan, s, False)
+            _ep_moves(plan, s, False, b.stage)
             + _shared_expert_moves(plan, s, False)
             + _zero3_moves(plan, b.layer, "moe", False),
             last(
@@ -3395,7 +3403,7 @@ def _backward(b: _StageBuilder) -> None:
         held = [*saved, *recomputed]
         moe_bucket = bucket("moe", ["attention"])
         # the layer's forward again: its dispatch and combine, etp and shared-expert moves too
-        forward = _ep_moves(plan, s, False) + _shared_expert_moves(plan, s, False)
+        forward = _ep_moves(plan, s, False, b.stage) + _shared_expert_moves(plan, s, False)
         moe_instants = [
             Instant(label, (*_spent(held, spent), grad_out, *live, *moe_bucket))
             for label, spent, live in _expert_backward(plan, s)
@@ -3404,7 +3412,7 @@ def _backward(b: _StageBuilder) -> None:
             "backward.moe",
             b.moe * m,
             when(_again(forward), full)
-            + _ep_moves(plan, s, True)
+            + _ep_moves(plan, s, True, b.stage)
             + _shared_expert_moves(plan, s, True)
             + _zero3_moves(plan, b.layer, "moe", True, last_of=b.layers),
             _zero3_layer_below(b, moe_instants, "moe") + _first_layer(b, moe_instants, "moe"),

@@ -1720,13 +1720,16 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
     """Megatron-Core's combined 1F1B runs one micro-batch's forward of a layer beside
     another's backward: the forward's dispatch and combine hide behind one MoE layer's
     backward (attention and MoE block), the backward's behind its forward, one after the
-    other in what the window leaves, in the m − p of m micro-batches stage 0 pairs (an
-    audit: they hid behind their own phase's expert GEMMs, and DeepSeek-V3's step exposed
-    twice what DualPipe does). Mixtral 8x7B as shipped with overlap.ep on, interleaved over
-    2 virtual stages (as Megatron-Core asks beside a pipeline): m = 256 / 8 = 32
-    micro-batches over pp 4, a share q = 28/32 paired: a pass's all-to-alls, T in all,
-    beside the other pass's W expose q·max(0, T − W) + (1 − q)·T = max((1 − q)·T, T − q·W),
-    the unpaired micro-batches' whole (a review: they read 0 where W passed T)."""
+    other in what the window leaves, in the chunk passes a stage pairs (an audit: they hid
+    behind their own phase's expert GEMMs, and DeepSeek-V3's step exposed twice what
+    DualPipe does). Mixtral 8x7B as shipped with overlap.ep on, interleaved over 2 virtual
+    stages (as Megatron-Core asks beside a pipeline): m = 256 / 8 = 32 micro-batches over
+    pp 4, m·v = 64 chunk passes a stage, of which stage r runs W = 2(3 − r) + (2 − 1)·4 + 1
+    alone (``get_pp_rank_microbatches`` with the overlap's one more; an audit, m457: every
+    stage had taken 1F1B's p of m), stage 0's 11, a share q = 53/64 paired: a pass's
+    all-to-alls, T in all, beside the other pass's W expose q·max(0, T − W) + (1 − q)·T =
+    max((1 − q)·T, T − q·W), the unpaired passes' whole (a review: they read 0 where W
+    passed T); stage 3 pairs 59 of 64."""
     from budget.schedule import _kernels, _windows, time_phase
 
     path = tmp_path / "mixtral.yaml"
@@ -1748,7 +1751,7 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
         (phase,) = [p for p in stage.phases if p.name == name]
         # the rows' two all-to-alls and Megatron-Core's of the routing probabilities
         timed = [t for t in time_phase(plan, phase, windows).moves if t.move.op == "all-to-all"]
-        q = 28 / 32
+        q = 53 / 64
         assert len(timed) == 3 and all((t.move.share, t.move.floor) == (q, 1 - q) for t in timed)
         total = sum(t.time_s for t in timed)
         exposed = sum(t.exposed_s for t in timed)
@@ -2811,3 +2814,41 @@ def test_an_expert_grid_megatron_does_not_build_under_the_order_is_refused(tmp_p
         etp = c.get("etp") or c["tp"]
         order = ("tp", "cp", "ep", "pp", "dp")
         assert not unlaunchable_expert_grid(order, c["tp"], c["cp"], c["dp"], c["pp"], c["ep"], etp)
+
+
+def test_each_stage_pairs_the_expert_all_to_alls_its_schedule_pairs(tmp_path):
+    """Under overlap.ep the interleaved schedule's stages run different warm-ups, so stage r
+    of pp 4 at v 2 leaves 2(3 − r) + 4 + 1 of its 64 chunk passes unpaired: 11, 9, 7 and 5
+    (an audit, m457: every stage had read 1F1B's 4 of 32), each stage timed apart, and the
+    search prices every layout as its report does."""
+    from budget.search import Space, _Counts, apply, candidates, evaluate, structure
+
+    path = tmp_path / "mixtral.yaml"
+    shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    interleaved = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    path.write_text(
+        shipped.replace("  pp: 4\n", interleaved) + "overlap: {ep: true}\n", encoding="utf-8"
+    )
+    plan = load_plan(path)
+    from budget.schedule import step_time
+
+    times = step_time(plan, derive(plan))
+    shares = []
+    for stage in times.stages:
+        (moe,) = [p for p in stage.phases if p.name == "forward.moe"]
+        (dispatch,) = [t for t in moe.moves if t.move.name == "MoE dispatch"]
+        shares.append(dispatch.move.floor)
+    assert shares == [pytest.approx(w / 64, rel=1e-12) for w in (11, 9, 7, 5)]
+    gpus = plan.topology.gpus
+    space = Space(micro=(1,), zero=(1,), recompute=("selective",), virtual_stages=(2,))
+    cols = candidates(plan, gpus, space, _Counts())
+    groups: dict[tuple[int, ...], list] = {}
+    for key, config in zip(map(tuple, structure(plan, cols).tolist()), cols.configs(), strict=True):
+        if config.pp > 1 and config.ep > 1:
+            groups.setdefault(key, []).append(config)
+    assert len(groups) >= 2
+    for group in groups.values():
+        for result in evaluate(plan, group[:: max(1, len(group) // 3)][:3], gpus):
+            report = build_report(apply(plan, result.config, gpus))
+            assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
+            assert report.worst.peak_bytes == result.peak_bytes
