@@ -22,7 +22,7 @@ from budget.layers import (
 from budget.memory import memory
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
-from budget.plan.model import Batch, Experts, Model
+from budget.plan.model import Batch, Experts, Model, Plan
 from budget.report import to_dict
 from budget.step import derive
 from tests.builders import make_plan
@@ -1716,6 +1716,18 @@ def test_a_skewed_all_to_all_sends_the_even_share_and_receives_the_busiest(tmp_p
             assert max(len(li) for li in text.splitlines()) <= 80
 
 
+def _mixtral_overlapped(tmp_path: Path) -> Plan:
+    """Mixtral 8x7B as shipped with overlap.ep on, interleaved over 2 virtual stages (as
+    Megatron-Core asks beside a pipeline)."""
+    path = tmp_path / "mixtral.yaml"
+    shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    interleaved = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
+    path.write_text(
+        shipped.replace("  pp: 4\n", interleaved) + "overlap: {ep: true}\n", encoding="utf-8"
+    )
+    return load_plan(path)
+
+
 def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp_path):
     """Megatron-Core's combined 1F1B runs one micro-batch's forward of a layer beside
     another's backward: the forward's dispatch and combine hide behind one MoE layer's
@@ -1732,13 +1744,7 @@ def test_overlapped_expert_all_to_alls_hide_behind_the_other_pass_of_a_layer(tmp
     passed T); stage 3 pairs 59 of 64."""
     from budget.schedule import _kernels, _windows, time_phase
 
-    path = tmp_path / "mixtral.yaml"
-    shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
-    interleaved = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
-    path.write_text(
-        shipped.replace("  pp: 4\n", interleaved) + "overlap: {ep: true}\n", encoding="utf-8"
-    )
-    plan = load_plan(path)
+    plan = _mixtral_overlapped(tmp_path)
     step = derive(plan)
     stage = step.stages[0]
     kernels = _kernels(plan, stage)
@@ -2823,13 +2829,7 @@ def test_each_stage_pairs_the_expert_all_to_alls_its_schedule_pairs(tmp_path):
     search prices every layout as its report does."""
     from budget.search import Space, _Counts, apply, candidates, evaluate, structure
 
-    path = tmp_path / "mixtral.yaml"
-    shipped = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
-    interleaved = "  pp: 4\n  pipeline: {schedule: interleaved, virtual_stages: 2}\n"
-    path.write_text(
-        shipped.replace("  pp: 4\n", interleaved) + "overlap: {ep: true}\n", encoding="utf-8"
-    )
-    plan = load_plan(path)
+    plan = _mixtral_overlapped(tmp_path)
     from budget.schedule import step_time
 
     times = step_time(plan, derive(plan))
