@@ -3362,6 +3362,17 @@ def _backward(b: _StageBuilder) -> None:
     par = plan.parallel
     sp = _sp(plan)
     full = plan.recompute == "full"
+    # the layer's output the recompute makes again: Megatron-LM's (reentrant)
+    # ``CheckpointFunction.backward`` keeps it in a local (``outputs``) until the layer's
+    # backward returns, as Transformer Engine's and DeepSpeed's checkpoints do; PyTorch's
+    # non-reentrant one, which stops early (`early_stop`), drops it (an audit, m459: not
+    # counted, 48 MiB at GPT-3's peak without sequence parallelism)
+    kept = Alloc(
+        "layer output (recomputed, kept by the checkpoint's backward)",
+        "transient",
+        s.act * s.tokens_sp * s.hidden,
+        placement=residual_placement(plan),
+    )
     saved = [
         *_with_shards(b, 0),  # the head's gradient shard alone where the backward makes them
         *_extra_saved(b, "backward"),
@@ -3369,6 +3380,7 @@ def _backward(b: _StageBuilder) -> None:
         *_zero2_head_grads(b, tied_only=True),
         b.earlier,
         *b.current_layer,
+        *when([kept], full & (not plan.recompute_early_stop)),
     ]
     blocks = b.layer.blocks
     grad_out = Alloc(
