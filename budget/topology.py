@@ -111,6 +111,8 @@ class GroupSpan:
     # none (`tiers` without the levels of one rank): a sweep places each tier by the
     # level's index (`search._Pricer`); names are unique (`resolve` refuses a repeated one)
     counts: tuple[int, ...] = ()
+    # every level's link, innermost first, as `counts` counts them (`price_group`)
+    links: tuple[Link, ...] = ()
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -460,7 +462,15 @@ def _span_of_members(
     first = members[0] if rank is None else rank
     every = (*counts, *(1,) * (len(levels) - len(counts)))
     return GroupSpan(
-        kind, first, members, stride, tiers, touched[0], link_of(levels[0]), tuple(every)
+        kind,
+        first,
+        members,
+        stride,
+        tiers,
+        touched[0],
+        link_of(levels[0]),
+        tuple(every),
+        tuple(link_of(level) for level in levels),
     )
 
 
@@ -619,19 +629,21 @@ def price_group(
     """
     element = 1 if dtype is None else DTYPE_BYTES[dtype]
     tiers = span.tiers
-    # an all-reduce over one rank in each node chooses between NCCL's ring and its tree,
-    # which it can only do across levels (`collectives._nccl_all_reduce`): its node's
-    # fabric, carrying none of it, is the innermost level, as a sweep prices it (a review:
-    # the search took the tree for such a data-parallel group where `budget` kept the ring)
-    across = len(tiers) > 1 or (op == "all-reduce" and levelled)
-    # the innermost tier is the fabric's unless the group has one rank in each node
-    outside = span.counts[0] == 1 and max(span.counts) > 1
-    if across and span.fabric is not None and outside:
-        # one rank in each node, across two levels of network or more: the node's fabric is
-        # the innermost tier still, carrying none of it, so that the levels priced are all
-        # ports, as a sweep prices them with every level (a review: rail units across a
-        # spine priced the rail's share as the fabric's, beside the spine's)
-        tiers = (Tier(1, span.fabric), *tiers)
+    # up to the outermost level the group reaches: the levels beyond carry nothing
+    reach = max((i for i, count in enumerate(span.counts) if count > 1), default=0)
+    if reach > 0 and span.links and op != "send-recv":
+        # every level, a level of one rank too, as a sweep prices them (`search._Pricer`):
+        # the node's fabric carrying none of it where the group has one rank in each node,
+        # so that an all-reduce chooses between NCCL's ring and its tree, which it can only
+        # do across levels (`collectives._nccl_all_reduce`; a review: the search took the
+        # tree for such a data-parallel group where `budget` kept the ring; another: rail
+        # units across a spine priced the rail's share as the fabric's),
+        # and a network level the group has one rank in each domain of still carrying what
+        # leaves for the levels beyond it, its port the first on the way (an audit, m460: an
+        # all-to-all to a peer across the spine skipped a leaf shared by 4 GPUs, 103 µs where
+        # the sweep read 371)
+        counts = span.counts[: reach + 1]
+        tiers = tuple(Tier(c, link) for c, link in zip(counts, span.links, strict=False))
     return collective_cost(
         op, tiers, size_bytes, algorithm, element_bytes=element, levelled=levelled
     )

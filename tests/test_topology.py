@@ -632,3 +632,45 @@ def test_an_uneven_expert_group_is_refused_where_ep_is_one(tmp_path: Path) -> No
     dense = Parallel(tp=2, cp=3, dp=2, order=("cp", "tp", "ep", "dp", "pp"))
     assert uneven_group(dense, topology) is None
     assert uneven_group(dense, topology, experts=True) is not None
+
+
+def test_a_level_of_one_rank_a_domain_still_carries_what_leaves_for_the_levels_beyond(
+    tmp_path,
+) -> None:
+    """Mixtral's ep 2 on ranks 0 and 16 of a three-level cluster (NVLink nodes of 8, leaves of
+    16 whose port four GPUs share, a spine): the group has one rank in each leaf, and its
+    all-to-all's block for the peer across the spine leaves through that shared port first.
+    A rank's block, 4,096 tokens x 4,096 x 2 B x top-2 / tp 8 / 2 = 4 MiB, takes 14 µs +
+    4,194,304 B / (47 GB/s / 4) = 371 µs (an audit, m460: `budget` dropped the leaf, 103 µs
+    at the spine's 47 GB/s, where the sweep, which prices every level, read 371 µs, and put
+    the plan as written 0.82 times the best layout's step for the same layout)."""
+    from budget.pipeline import build_report
+    from budget.plan.load import load_plan
+    from budget.search import Config, evaluate
+
+    text = (ROOT / "plans" / "mixtral-8x7b.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        ("  tp: 2\n  pp: 4\n  dp: 8\n  ep: 8\n", "  tp: 8\n  pp: 2\n  dp: 4\n  ep: 2\n"),
+        ("  order: [tp, cp, ep, dp, pp]\n", "  order: [tp, cp, dp, ep, pp]\n"),
+    ):
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    topology = "topology: {preset: dgx-h100, nodes: 8}"
+    assert text.count(topology) == 1
+    text = text.replace(
+        topology,
+        "topology:\n  gpus: 64\n  levels:\n"
+        "    - {name: nvlink, size: 8, bandwidth: 370 GB/s, latency: 3 us, ramp: nvlink4}\n"
+        "    - {name: leaf, size: 16, bandwidth: 47 GB/s, latency: 14 us, shared_by: 4}\n"
+        "    - {name: spine, bandwidth: 47 GB/s, latency: 14 us}",
+    )
+    path = tmp_path / "three-levels.yaml"
+    path.write_text(text, encoding="utf-8")
+    plan = load_plan(path)
+    report = build_report(plan)
+    (dispatch, *_) = [c for p in report.phases for c in p.collectives if c.name == "MoE dispatch"]
+    assert dispatch.time_s == pytest.approx(14e-6 + 4 * 2**20 / (47e9 / 4), rel=1e-9)
+    par = plan.parallel
+    config = Config(par.tp, par.pp, par.dp, par.cp, par.ep, 1, True, "selective", 1, 1)
+    (searched,) = evaluate(plan, [config], 64)
+    assert searched.step_time_s == pytest.approx(report.step["time_s"], rel=1e-9)
