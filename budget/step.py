@@ -3544,6 +3544,18 @@ def _backward(b: _StageBuilder) -> None:
         placement="shard(heads) on tp",
     )
     fused_grads = when([out_grad], plan.model.attention != "eager")
+    # selective recompute checkpoints the core reentrantly (Megatron-LM's
+    # ``_checkpointed_attention_forward``, ``tensor_parallel.checkpoint``): the core's
+    # output made again is kept by ``CheckpointFunction.backward`` until the core's backward
+    # returns; where the projection's own input is freed by now (`alone`; a fused kernel's
+    # output is saved by the kernel and counted still) it stands apart (an audit, m459)
+    core_out = Alloc(
+        "attention core output (recomputed, kept by the checkpoint's backward)",
+        "transient",
+        s.act * s.tokens * s.out_cols,
+        placement="shard(heads) on tp",
+    )
+    kept_core = when([core_out], (plan.recompute == "selective") & alone)
     again = when(_again(attention_tp_moves(plan, s, False)), full)
     # the attention core runs again under either recompute, and under context parallelism
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
@@ -3577,6 +3589,7 @@ def _backward(b: _StageBuilder) -> None:
                     *_spent(saved + recomputed, ffn_spent),
                     grad_out,
                     *fused_grads,
+                    *kept_core,
                     core_grad,
                     *_cp_buffers(plan, s, backward=True),
                     *attention_bucket,

@@ -94,7 +94,8 @@ def test_full_recompute_peak_includes_one_recomputed_layer():
     al., arXiv 2205.05198, Table 2: 2sbh a layer, the layer's input, whole on every tp
     rank), stage 0 at the fc2 backward of its first layer, 1F1B's 8 micro-batches of 12
     layers in flight: 95 earlier layer passes carried as their checkpoints, the current
-    layer's checkpoint and its recomputed forward, and the fc2 backward's gradients. The
+    layer's checkpoint and its recomputed forward with its output, and the fc2 backward's
+    gradients. The
     recomputed forward's attention norm saves the checkpoint itself, which Megatron-LM's
     ``CheckpointFunction.backward`` hands it detached (``detach_variable``, one storage): an
     audit found it counted twice, 2sbh = 50,331,648 B over.
@@ -120,10 +121,16 @@ def test_full_recompute_peak_includes_one_recomputed_layer():
         + 4 * (a // t) * s  # the flash kernel's fp32 softmax statistics
     )
     gradients = sbh2 + 2 * s * 4 * h // t  # output gradient (whole) and fc2 input gradient
-    expected = states + 95 * sbh2 + sbh2 + recomputed + gradients  # + this layer's checkpoint
-    assert expected == (18_880_708_608 + 4_781_506_560 + 50_331_648 + 226_590_720 + 75_497_472)
+    # the recomputed forward's output, which ``CheckpointFunction.backward`` keeps until the
+    # layer's backward returns (an audit, m459), whole without sequence parallelism
+    kept = sbh2
+    # + this layer's checkpoint
+    expected = states + 95 * sbh2 + sbh2 + recomputed + gradients + kept
+    assert expected == (
+        18_880_708_608 + 4_781_506_560 + 50_331_648 + 226_590_720 + 75_497_472 + 50_331_648
+    )
     assert mem.worst.stage == 0 and mem.worst.peak_phase == "backward.mlp"
-    assert mem.worst.peak_bytes == expected == 24_014_635_008
+    assert mem.worst.peak_bytes == expected == 24_064_966_656
 
 
 def test_a_plan_that_does_not_fit_says_so():
@@ -315,6 +322,28 @@ def test_a_reentrant_checkpoint_keeps_its_recomputed_output_through_the_layer_ba
             held = sum(a.total for a in instant.live if a.name == name)
             layer = phase.name in ("backward.attention", "backward.mlp")
             assert held == (kept * 2**20 if layer else 0), (phase.name, instant.label)
+
+
+@pytest.mark.parametrize(("attention", "kept"), [("eager", 6_291_456), ("flash", 0)])
+def test_selective_recompute_keeps_the_cores_recomputed_output_through_its_backward(
+    attention, kept
+):
+    """Selective recompute checkpoints the attention core reentrantly, so its output made
+    again is kept until the core's backward returns (an audit, m459: not counted under eager
+    attention, whose projection has freed the original by then). GPT-3 at tp 8: 2,048
+    tokens x 96 / 8 heads x 128 x 2 B = 6,291,456 B at the core's gradients. A fused
+    kernel saves its own output, still counted, so nothing stands apart there."""
+    from dataclasses import replace as swap
+
+    from tests.plan_files import GPT3
+
+    plan = load_plan(GPT3)
+    plan = swap(plan, model=swap(plan.model, attention=attention))
+    assert plan.recompute == "selective"
+    (phase,) = [p for p in derive(plan).stages[0].phases if p.name == "backward.attention"]
+    (instant,) = [i for i in phase.instants if i.label == "attention core gradients"]
+    name = "attention core output (recomputed, kept by the checkpoint's backward)"
+    assert sum(a.total for a in instant.live if a.name == name) == kept
 
 
 def _alive(p: int, v: int, m: int, rank: int, chunk: int) -> int:
