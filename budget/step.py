@@ -3547,15 +3547,20 @@ def _backward(b: _StageBuilder) -> None:
     # selective recompute checkpoints the core reentrantly (Megatron-LM's
     # ``_checkpointed_attention_forward``, ``tensor_parallel.checkpoint``): the core's
     # output made again is kept by ``CheckpointFunction.backward`` until the core's backward
-    # returns; where the projection's own input is freed by now (`alone`; a fused kernel's
-    # output is saved by the kernel and counted still) it stands apart (an audit, m459)
+    # returns. Under eager attention it is a tensor of its own (the context's
+    # ``.contiguous()``), apart from what the freed projection saved (an audit, m459); a
+    # fused kernel's is the output it saves itself (Transformer Engine's ``FusedAttnFunc``
+    # saves ``out`` and returns it, viewed), counted already (a review, m461: FP8 counted
+    # it twice)
     core_out = Alloc(
         "attention core output (recomputed, kept by the checkpoint's backward)",
         "transient",
         s.act * s.tokens * s.out_cols,
         placement="shard(heads) on tp",
     )
-    kept_core = when([core_out], (plan.recompute == "selective") & alone)
+    kept_core = when(
+        [core_out], (plan.recompute == "selective") & (plan.model.attention == "eager")
+    )
     again = when(_again(attention_tp_moves(plan, s, False)), full)
     # the attention core runs again under either recompute, and under context parallelism
     # its K/V exchange with it (Transformer Engine's CP attention communicates inside the
