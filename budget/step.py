@@ -60,6 +60,7 @@ from budget.layers import (
     layer_saved,
     loss_rows,
     mlp_saved,
+    moe_layers,
     moe_saved,
     mtp_layers,
     mtp_params,
@@ -2143,7 +2144,13 @@ def _embedding_gradients(b: _StageBuilder) -> list[Work]:
 
 
 def _zero3_moves(
-    plan: Plan, layer: _Layer, block: str, backward: bool, last_of: Any = 0, ffn: str = "mlp"
+    plan: Plan,
+    layer: _Layer,
+    block: str,
+    backward: bool,
+    last_of: Any = 0,
+    ffn: str = "mlp",
+    behind_root: bool = False,
 ) -> list[Move]:
     """ZeRO-3 / FSDP: gather each block's parameters before use, forward and backward;
     reduce-scatter its gradients after backward (Rajbhandari et al. section 7.2.3); expert
@@ -2151,7 +2158,9 @@ def _zero3_moves(
     block's gather is prefetched during this one's compute; with `overlap.dp_grads` the
     reduce-scatter runs during the next block's backward (PyTorch FSDP's prefetch, Zhao et
     al., arXiv 2304.11277). `last_of`: the layers of the stage, whose first layer's
-    reduce-scatter is the backward's last.
+    reduce-scatter is the backward's last, exposed; or, with `behind_root` (FSDP's stage
+    with the embedding, whose root unit's backward comes after), left out of the layers'
+    phase for the embedding's (`_first_layer_reduction`).
 
     Under whole-layer units (`Parallel.fsdp_unit` layer; `_unit_groups`) the layer (of
     feed-forward block `ffn`) is gathered with its attention's forward and its feed-forward
@@ -2214,11 +2223,40 @@ def _zero3_moves(
                 "dp_grads",
                 "ZeRO-3 gradient reduce-scatter: "
                 f"exposed unless overlap.dp_grads runs it behind the next {what}",
-                floor=floor,
+                floor=0.0 if behind_root else floor,
             )
+            if behind_root:  # all but the first layer's, which the embedding's phase runs
+                rest = vwhere(last_of > 0, (last_of - 1) / vmax(last_of, 1), 1.0)
+                hidden = replace(hidden, count=rest)
             # DeepSpeed's ZeRO 3 reduce-scatters its buckets instead (`_reduce`)
             moves += when([hidden], lacks(deepspeed_buffered(plan)))
     return when(moves, plan.parallel.zero == 3)
+
+
+def _first_layer_reduction(b: _StageBuilder) -> list[Move]:
+    """Under FSDP, the stage's first layer's reduce-scatter, the backward's last of a
+    layer's (`_zero3_moves` leaves it out of the layers' phases): its post-backward hook
+    issues it once the layer's gradients are made, before autograd reaches the embedding
+    (FSDP2's hook on the unit's forward inputs, ``post_backward`` → ``foreach_reduce``;
+    FSDP1's ``_post_backward_hook``), so it runs beside the embedding's backward, and the
+    root unit's reduce-scatter, on the same stream, starts once both are done (an audit,
+    m454: it had been counted exposed beside the root's, 2.2 ms a step on Llama 3 8B whose
+    embedding's backward runs 3.0 ms). The unit is the layer's attention block, or the
+    layer under whole-layer units."""
+    plan = b.plan
+    if plan.parallel.fsdp_unit == "layer":
+        block = "moe" if moe_layers(plan)[0] else "mlp"
+    else:
+        block = "attention"
+    rule = (
+        "ZeRO-3 gradient reduce-scatter of the stage's first layer: beside the embedding's "
+        "backward, exposed beyond it unless overlap.dp_grads runs it there"
+    )
+    return [
+        replace(m, window="@phase", floor=0.0, rule=rule)
+        for m in _zero3_moves(plan, b.layer, block, True)
+        if m.op == "reduce-scatter"
+    ]
 
 
 def _root_params(b: _StageBuilder) -> Any:
@@ -3426,7 +3464,7 @@ def _backward(b: _StageBuilder) -> None:
             when(_again(forward), full)
             + _ep_moves(plan, s, True, b.stage)
             + _shared_expert_moves(plan, s, True)
-            + _zero3_moves(plan, b.layer, "moe", True, last_of=b.layers),
+            + _zero3_moves(plan, b.layer, "moe", True, last_of=b.layers, behind_root=b.first),
             _zero3_layer_below(b, moe_instants, "moe") + _first_layer(b, moe_instants, "moe"),
             b.layer.kernels.backward("moe", s) + _accumulate(b, "moe"),
         )
@@ -3497,7 +3535,7 @@ def _backward(b: _StageBuilder) -> None:
             b.dense * m,
             again
             + _tp_moves(plan, s, "MLP", True, "MLP fc1", "MLP fc2")
-            + _zero3_moves(plan, b.layer, "mlp", True, last_of=b.layers),
+            + _zero3_moves(plan, b.layer, "mlp", True, last_of=b.layers, behind_root=b.first),
             _zero3_layer_below(b, mlp_instants) + _first_layer(b, mlp_instants, "mlp"),
             b.layer.kernels.backward("mlp", s)
             + flops.bias_gradients(plan, s, "mlp")
@@ -3629,7 +3667,7 @@ def _backward(b: _StageBuilder) -> None:
         again
         + attention_tp_moves(plan, s, True)
         + _cp_moves(plan, s, True)
-        + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers),
+        + _zero3_moves(plan, b.layer, "attention", True, last_of=b.layers, behind_root=b.first),
         _zero3_layer_below(b, attention_instants, "attention")
         + _first_layer(b, attention_instants, "attention"),
         b.layer.kernels.backward("attention", s)
@@ -3648,7 +3686,9 @@ def _backward(b: _StageBuilder) -> None:
             "replicate",
             rule="tp: exposed, the embedding gradient needs it",
         )
-        moves = when([gather], sp) + _root_moves(b, "embedding backward")
+        moves = (
+            when([gather], sp) + _first_layer_reduction(b) + _root_moves(b, "embedding backward")
+        )
         work = flops.backward_of(flops.embedding_work(plan, s))
         work += _embedding_gradients(b) + _root_copies(b, "embedding backward")
         b.add("backward.embedding", m, moves, _embedding_backward(b), work)
