@@ -81,6 +81,10 @@ CARRIED_ACTIVATIONS = "saved activations"
 # ... and a transient made before the phase and held through it, carried in as well (its
 # name ends "held through the micro-batch", "held through the backward")
 HELD_THROUGH = "held through the"
+# A window: one micro-batch's embedding backward, its own kernels without a unit's gradient
+# passes (`schedule._windows`), which FSDP's first layer's reduce-scatter runs beside
+# (`step._first_layer_reduction`)
+EMBEDDING_BACKWARD_WINDOW = "@embedding-backward"
 
 
 @dataclass(frozen=True, slots=True)

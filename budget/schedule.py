@@ -84,6 +84,7 @@ from budget.flops import (
 from budget.inference import decode_passes
 from budget.layers import chunk_times_differ, interleaved_warmup, moe_layers, stage_chunk_ids
 from budget.phases import (
+    EMBEDDING_BACKWARD_WINDOW,
     HAND_WRITTEN,
     PHASE_ORDER,
     Move,
@@ -620,11 +621,16 @@ def _windows(
     instance of each phase), which the other pass's expert all-to-alls hide behind
     (`step._ep_moves`); and one layer's, whichever its feed-forward block, which a
     whole-layer ZeRO-3 unit's gathers and reduce-scatter hide behind (`step._zero3_moves`;
-    no stage with such units mixes dense and MoE layers)."""
+    no stage with such units mixes dense and MoE layers); and the embedding's backward
+    without FSDP's gradient passes, which FSDP's first layer's reduce-scatter hides behind
+    (`EMBEDDING_BACKWARD_WINDOW`)."""
     forward = backward = 0.0
     layer = {"@forward-layer": 0.0, "@backward-layer": 0.0}
     unit = {"@forward-unit": 0.0, "@backward-unit": 0.0}
+    embedding = 0.0
     for phase, seconds in zip(stage.phases, kernels, strict=True):
+        if phase.name == "backward.embedding":  # its own kernels, not a unit's passes
+            embedding += sum(t for name, t in seconds.items() if name not in GRADIENT_PASSES)
         per_mb = phase.count / microbatches
         if phase.name in FORWARD_PHASES:
             ahead = (t for name, t in seconds.items() if not _backward_kernel(name))
@@ -637,7 +643,13 @@ def _windows(
             layer[window] += sum(seconds.values())
         if window in layer and block in ("attention", "mlp", "moe"):
             unit[f"@{pass_of(phase.name)}-unit"] += sum(seconds.values())
-    return {"@forward-microbatch": forward, "@backward-microbatch": backward, **layer, **unit}
+    return {
+        "@forward-microbatch": forward,
+        "@backward-microbatch": backward,
+        **layer,
+        **unit,
+        EMBEDDING_BACKWARD_WINDOW: embedding,
+    }
 
 
 def _backward_kernel(name: str) -> bool:

@@ -22,7 +22,7 @@ from budget import flops
 from budget.accuracy import RUNS
 from budget.errors import MAX_MESSAGE, BudgetError
 from budget.layers import layer_params
-from budget.phases import Phase
+from budget.phases import EMBEDDING_BACKWARD_WINDOW, Phase
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.plan.model import Plan
@@ -832,7 +832,13 @@ def test_a_whole_layer_unit_hides_behind_a_whole_layer(tmp_path: Path) -> None:
     assert rs["exposed_s"] == 0 and rs["count"] == 39
     phases = {p["name"]: p for p in to_dict(build_report(plan))["phases"]}
     (first,) = [c for c in phases["backward.embedding"]["collectives"] if c["name"] == rs["name"]]
-    room = per_instance["backward.embedding"] / (1 - plan.overlap.slowdown)
+    # the embedding's own kernels, not the root unit's gradient passes, which wait for it
+    room = windows[EMBEDDING_BACKWARD_WINDOW] / (1 - plan.overlap.slowdown)
+    embedding = [
+        k for p, k in zip(stage.phases, kernels, strict=True) if p.name == "backward.embedding"
+    ]
+    own = sum(t for name, t in embedding[0].items() if name not in flops.GRADIENT_PASSES)
+    assert windows[EMBEDDING_BACKWARD_WINDOW] == own < per_instance["backward.embedding"]
     assert first["time_s"] == rs["time_s"]
     assert first["exposed_s"] == pytest.approx(max(0.0, first["time_s"] - room), rel=1e-9)
     tree = _tree({"fsdp_unit": "layer"})
@@ -1360,8 +1366,9 @@ def test_the_first_layers_reduce_scatter_runs_beside_the_embeddings_backward() -
     unit's reduce-scatter after both on the same stream (an audit, m454: it was counted
     exposed beside the root's, 2.2 ms a step of Llama 3 8B). As shipped (32 layers, whole-
     layer units, one micro-batch): 31 of the layers' reduce-scatters in their phase, hidden
-    behind the layer below; the 32nd in the embedding's phase, 2.22 ms beside its 2.99 ms of
-    backward, hidden; the embedding's own exposed whole, the step's only exposed reduction."""
+    behind the layer below; the 32nd in the embedding's phase, 2.22 ms beside the
+    embedding's own backward kernels (not the root's gradient passes, which wait for it: a
+    review, m465), exposed beyond them; the embedding's own exposed whole."""
     report = to_dict(build_report(load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")))
     phases = {p["name"]: p for p in report["phases"]}
     layer = "layer gradients"
@@ -1371,8 +1378,9 @@ def test_the_first_layers_reduce_scatter_runs_beside_the_embeddings_backward() -
 
     assert rows("backward.mlp")[layer]["count"] == 31 and phases["backward.mlp"]["exposed_s"] == 0
     first = rows("backward.embedding")[layer]
-    assert first["count"] == 1 and first["exposed_s"] == 0
-    assert first["time_s"] == rows("backward.mlp")[layer]["time_s"]
-    assert first["time_s"] < phases["backward.embedding"]["compute_s"]
+    assert first["count"] == 1 and first["time_s"] == rows("backward.mlp")[layer]["time_s"]
+    assert 0 < first["exposed_s"] < first["time_s"] / 2
     root = rows("backward.embedding")["embedding gradients"]
-    assert phases["backward.embedding"]["exposed_s"] == pytest.approx(root["time_s"], rel=1e-12)
+    assert phases["backward.embedding"]["exposed_s"] == pytest.approx(
+        root["time_s"] + first["exposed_s"], rel=1e-12
+    )

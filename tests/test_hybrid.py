@@ -192,17 +192,16 @@ def test_distributed_optimizer_instances(tmp_path: Path) -> None:
 def test_an_all_reduce_hides_where_its_reduce_scatter_does(tmp_path: Path) -> None:
     """overlap.dp_grads on (the plan's): each layer's all-reduce runs after its
     reduce-scatter behind the next layer's backward, the stage's first layer's (the
-    backward's last, 1 of 32) beside the embedding's backward, where only the all-reduce
-    outlasts it (an audit, m454: both had been exposed whole); off, the reduce-scatter and
-    the all-reduce wait whole (the ZeRO 1 plan's, which has no overlap, too)."""
+    backward's last, 1 of 32) beside the embedding's own backward kernels, which they
+    outlast in part (an audit, m454: both had been exposed whole); off, the reduce-scatter
+    and the all-reduce wait whole (the ZeRO 1 plan's, which has no overlap, too)."""
     report = _report(_fsdp(tmp_path))
     hidden = _collectives(report, "backward.mlp")
     first = _collectives(report, "backward.embedding")
     for name in ("layer gradients", "layer gradient shards"):
         assert hidden[name]["exposed_s"] == 0
-    assert first["layer gradients"]["exposed_s"] == 0
-    shards = first["layer gradient shards"]
-    assert 0 < shards["exposed_s"] < shards["time_s"] / 2
+    for name in ("layer gradients", "layer gradient shards"):
+        assert 0 < first[name]["exposed_s"] < first[name]["time_s"]
     path = _fsdp(tmp_path)
     text = path.read_text(encoding="utf-8")
     path.write_text(text.replace("dp_grads: true", "dp_grads: false"), encoding="utf-8")
