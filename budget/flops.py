@@ -209,6 +209,7 @@ def grouped_gemm(
     pick: float,
     ranks: int = 1,
     skew: Any = 1.0,
+    mean_rows: Any = None,
 ) -> Work:
     """One GEMM per local expert over the rows routed to it, run as one grouped GEMM
     (Megatron-Core's ``GroupedMLP``; vLLM's fused MoE): the FLOPs of `rows` x `k` by `k` x
@@ -231,8 +232,12 @@ def grouped_gemm(
     mean rank has rows (it has more rows too: an audit found DeepSeek-V3 decoding 8
     sequences a replica at ep 8 read as 8 of a rank's 32 experts, where the busiest rank
     reaches 10.64 by `most_reached` and 10.65 by a 20,000-trial Monte Carlo; time per
-    output token 21.7 ms, now 25.0 ms)."""
-    tokens = rows / (groups * pick * skew)
+    output token 21.7 ms, now 25.0 ms). `mean_rows`, where given, are the rows unrounded, the
+    tokens worked out from: a rank's share of rows it finds among tokens it already holds is
+    rounded up to whole rows for the GEMM, but one token's two picks over four ranks are half
+    a row a rank, not one (an audit, m467: Mixtral decoding one sequence at tp 4 = ep 4 read
+    1.56 experts a rank where the busiest reads 1.14, its time per token 23 % long)."""
+    tokens = (rows if mean_rows is None else mean_rows) / (groups * pick * skew)
     reached = most_reached(groups, 1 - (1 - pick) ** tokens, ranks)
     touched = vwhere(holds(ranks > 1), reached, vmin(reached, rows))
     weights = vround(touched * k * n)
@@ -1140,7 +1145,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     Where every tp rank holds the same tokens (serving without sequence parallelism) there
     is no exchange: the rank permutes the rows its own experts take, `Shapes.routed`,
     straight into their order and back (`step.dispatch_buffers`), and sorts nothing more."""
-    from budget.layers import tokens_replicated
+    from budget.layers import experts_inside_tp, tokens_replicated
 
     e = operands(plan)
     gate = plan.model.gate
@@ -1152,8 +1157,10 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     pick = ex.top_k / ex.count if ex is not None else 1.0
     ep = plan.parallel.ep  # ranks holding distinct experts, the busiest of which is waited for
     skew = routing_skew(plan, s)
+    # the rank's rows unrounded where it finds its experts' among tokens it holds (`grouped_gemm`)
+    mean = vwhere(experts_inside_tp(plan), s.dispatched / vmax(ep, 1), s.routed)
     fc2 = grouped_gemm(
-        "expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep, skew
+        "expert fc2", s.routed, s.expert_cols, s.hidden, s.local_experts, e, pick, ep, skew, mean
     )
     # the sort and unsort by local expert: a read and a write of the received rows each,
     # zero bytes (no time) in a sweep's layouts with one expert a rank
@@ -1179,6 +1186,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
             pick,
             ep,
             skew,
+            mean,
         ),
         *activation(plan, s.act * s.routed * s.expert_cols, "expert "),
         fc2,

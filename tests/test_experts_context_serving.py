@@ -2852,3 +2852,30 @@ def test_each_stage_pairs_the_expert_all_to_alls_its_schedule_pairs(tmp_path):
             report = build_report(apply(plan, result.config, gpus))
             assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-9)
             assert report.worst.peak_bytes == result.peak_bytes
+
+
+def test_one_sequence_over_experts_inside_tp_reads_the_experts_one_token_reaches(tmp_path):
+    """Mixtral decoding one sequence at tp 4 = ep 4 (etp 1): the token's two picks over four
+    ranks of two experts each are half a row a rank, which the GEMM rounds to one; the
+    experts read come from the one token, not from two (an audit, m467: 1.56 experts a rank
+    read, where the busiest reads 1 + 1/7 = 1.14 and `most_reached` of one token 1.13; the
+    time per token 23 % long). Expert fc1's weights: 4,096 x 2 x 14,336 x 2 B an expert."""
+    from budget.flops import most_reached
+
+    path = tmp_path / "one.yaml"
+    path.write_text(
+        "name: one\nmode: decode\nmodel: {preset: mixtral-8x7b}\n"
+        "batch: {sequences: 1, prompt: 512, generate: 32}\n"
+        "precision: {params: bf16, activations: bf16}\n"
+        "parallel: {tp: 4, pp: 2, dp: 1, ep: 4, etp: 1}\n"
+        "device: {preset: h100-sxm, reserved: 4 GiB}\ntopology: {preset: dgx-h100, nodes: 1}\n",
+        encoding="utf-8",
+    )
+    plan = load_plan(path)
+    (phase, *_) = [p for p in derive(plan).stages[0].phases if p.name == "decode.moe"]
+    (fc1,) = [w for w in phase.works if w.name == "expert fc1"]
+    weights = 4096 * 2 * 14336 * 2
+    reached = most_reached(2, 1 - (1 - 2 / 8) ** 1, 4)
+    assert 1.12 < reached < 1.14
+    activations = 2 * (1 * 4096 + 1 * 2 * 14336)  # the one rounded row in and out
+    assert fc1.bytes == pytest.approx(reached * weights + activations, rel=1e-6)
