@@ -860,3 +860,21 @@ def test_the_triton_kernel_is_refused_what_it_cannot_run(tmp_path) -> None:
         base=ROOT / "plans" / "llama3-70b.yaml",
     )
     assert load_plan(llama).model.attention == "triton"  # head dimension 128
+
+
+def test_an_interleaved_plans_global_batch_is_offered_values_its_schedule_takes() -> None:
+    """Under the interleaved schedule the micro-batches a step must also be a multiple of pp
+    (Megatron-LM), so the values offered for a global batch that micro × dp does not divide
+    are multiples of micro × dp × pp = 2 × 2 × 2 = 8: 30 is offered 24 and 32, not 28,
+    which the schedule's own rule then refused (an audit, m468)."""
+    text = BASE.replace("global: 32", "global: 30").replace(
+        "parallel: {tp: 2, pp: 2, dp: 2}",
+        "parallel: {tp: 2, pp: 2, dp: 2, pipeline: {schedule: interleaved, virtual_stages: 2}}",
+    )
+    (said,) = [p for p in problems_of(text) if "$.batch.global" in p]
+    assert said.endswith(
+        "every data-parallel rank runs the same number of micro-batches (and, interleaved, "
+        "their count a multiple of pp = 2); the nearest valid values are 24 and 32"
+    )
+    fixed = text.replace("global: 30", "global: 24")
+    assert not [p for p in problems_of(fixed) if "$.batch.global" in p]

@@ -2056,14 +2056,29 @@ class _LayoutChecks:
             )
 
     def global_batch(self, b: Batch) -> None:
-        dp = self.par.dp
+        dp, pipe = self.par.dp, self.par.pipeline
         step = b.micro * dp
         if b.global_batch % step:
+            # under the interleaved schedule the values offered keep its own rule too, the
+            # micro-batches a multiple of pp (`pipeline`; an audit, m468: 496 was offered,
+            # then refused by it)
+            interleaved = (
+                self.mode == "train"
+                and pipe.schedule == "interleaved"
+                and self.par.pp >= 2
+                and pipe.virtual_stages >= 2
+            )
+            unit = step * self.par.pp if interleaved else step
+            why = (
+                f" (and, interleaved, their count a multiple of pp = {self.par.pp})"
+                if interleaved
+                else ""
+            )
             self.r.error(
                 "$.batch.global",
                 f"batch.global = {b.global_batch} is not divisible by micro × dp = {b.micro} × "
                 f"{dp} = {step}: every data-parallel rank runs the same number of "
-                f"micro-batches; {_nearest(b.global_batch, step)}",
+                f"micro-batches{why}; {_nearest(b.global_batch, unit)}",
             )
 
 
