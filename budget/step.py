@@ -1696,9 +1696,12 @@ def dispatch_buffers(plan: Plan, s: Shapes, training: bool = False) -> Alloc:
     # `_AllToAll` on a group of one); the rows are permuted, then sorted by local expert (an
     # audit: they were called send and receive buffers beside no all-to-all)
     alone = every(plan.parallel.ep == 1)
+    # held within the tp group, or on one expert-parallel rank; an ep group across the dp
+    # replicas exchanges them still (an audit, m467: "no exchange" beside its all-to-all)
+    kept = every(holds(replicated) & holds(experts_inside_tp(plan) | (plan.parallel.ep == 1)))
     return Alloc(
         "routed token rows, permuted for the rank's experts and back (no exchange)"
-        if every(replicated)
+        if kept
         else "routed token rows, permuted and sorted by expert (ep 1: no exchange)"
         if alone
         else "dispatch send and receive buffers",
