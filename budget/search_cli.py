@@ -255,8 +255,10 @@ def run_search(
         # on the plan's own `micro: 4`)
         if options.get("micro") is not None:
             print(usage_line(f"--micro {options['micro']}: {too_large}"), file=sys.stderr)
-        else:
-            print(_located(data, file, "$.batch.micro", too_large), file=sys.stderr)
+        else:  # even one sequence a micro-batch, the sweep's least, is too large: the plan's
+            # sizes together, its sequence or its model, not the `micro` it does not keep (an
+            # audit, m468: `micro: 4` was named for a billion-token sequence)
+            print(_located(data, file, "$", too_large), file=sys.stderr)
         return 2
     try:
         outcome = search(
