@@ -1523,14 +1523,28 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
         if mtp:
             # per module: the inputs of its two norms, of its 2·hidden projection, of its
             # final norm and of the output layer (sequence-sharded under sequence
-            # parallelism, as the projection re-gathers its input for the weight gradient)
+            # parallelism, as the projection re-gathers its input for the weight gradient).
+            # Under sequence parallelism the module's layer input (its first norm's, counted
+            # with the layer's) is a slice of the projection's output all-gathered over tp:
+            # Megatron-Core's ``_concat_embeddings`` gathers it whole
+            # (``gather_from_tensor_model_parallel_region``) and splits it along the sequence
+            # (``scatter_to_sequence_parallel_region``, whose ``.contiguous()`` on a slice of
+            # the first dimension returns the view), so the norm saving the slice keeps the
+            # whole tensor, tp − 1 shards more (an audit, m466: 42 MiB a micro-batch on
+            # DeepSeek-V3 at tp 4, 4,096 tokens; the embedding's split is cloned,
+            # ``clone_scatter_output_in_embedding``, the module's is not)
+            gathered = vwhere(holds(_sp(plan)), plan.parallel.tp - 1, 0)
             head.append(
                 Alloc(
                     "multi-token prediction inputs (norms, projection, output layer)",
                     "activations",
                     # full recompute keeps only the hidden state, the next tokens'
                     # embedding and the output layer input (`_checkpointed_forward`)
-                    vwhere(holds(plan.recompute == "full"), mtp * 3 * size, mtp * 6 * size),
+                    vwhere(
+                        holds(plan.recompute == "full"),
+                        mtp * 3 * size,
+                        mtp * (6 + gathered) * size,
+                    ),
                     count=headed,
                     placement=res,
                 )

@@ -387,6 +387,10 @@ def test_full_recompute_keeps_no_checkpoint_of_the_modules_own_layer(tmp_path: P
     selective = _plan(tmp_path, "selective.yaml", recompute="selective")
     kept, plain = loss_live(selective), loss_live(_without_mtp(selective))
     assert kept[carried] > plain[carried]
+    # without full recompute six inputs a module, and its layer's input is a slice of the
+    # projection's output all-gathered over tp 8, which the slice keeps whole: 7 shards
+    # more (an audit, m466: Megatron-Core's split returns a view, not a copy)
+    assert kept[inputs] == (6 + 7) * unit
 
 
 def test_the_report_writes_the_module_apart_from_the_last_stages_layers(tmp_path: Path) -> None:
