@@ -448,6 +448,7 @@ def _degrees(
     """Each (tp, pp) of `blocks` that divides, with the cps that do and the GPUs tp x pp
     leaves (dp x cp); the degrees ruled out whole are counted."""
     m, b = plan.model, plan.batch
+    ring_window = plan.parallel.cp_attention == "ring" and any(m.sliding)
     for tp in space.tp or divisors(gpus):
         if gpus % tp:
             counts.rule_out("does not divide: tp into the GPUs", f"tp {tp}")
@@ -475,6 +476,8 @@ def _degrees(
                     counts.rule_out("does not divide: sequence by 2·cp", f"cp {cp}")
                 elif cp > 1 and 0 < m.window < b.seq:
                     counts.rule_out("a window shorter than the sequence needs cp 1", f"cp {cp}")
+                elif cp > 1 and ring_window and plan.mode == "train":  # resolve's rule
+                    counts.rule_out("a sliding window on the cp ring needs cp 1", f"cp {cp}")
                 elif cp > 1 and m.attention == "eager":
                     counts.rule_out("eager attention needs cp 1", f"cp {cp}")
                 else:

@@ -261,7 +261,9 @@ def test_a_long_sequence_reads_with_its_window_and_cp_is_refused_beside_it(
 ) -> None:
     """A window shorter than the sequence is priced, not refused; context parallelism
     beside it is, at parallel.cp, since budget prices ring and gathered attention over the
-    whole context. A window no shorter than the sequence changes nothing, cp included."""
+    whole context. A window no shorter than the sequence masks nothing, but Transformer
+    Engine's ring still refuses it (Megatron-LM hands it the window on every sliding layer;
+    an audit, m469): cp there takes the all-gather."""
     config = json.loads((DATA / "hf" / "mistral-7b-v0.3" / "config.json").read_text())
     config["sliding_window"] = 4096
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -280,6 +282,14 @@ def test_a_long_sequence_reads_with_its_window_and_cp_is_refused_beside_it(
     assert "sliding window of 4,096 tokens shorter than batch.seq = 8,192" in problem.message
     cp = plan.replace("dp: 16", "cp: 2\n  dp: 8").replace("seq: 8192", "seq: 4096")
     (tmp_path / "plan.yaml").write_text(cp)
+    with pytest.raises(BudgetError) as raised:
+        load_plan(tmp_path / "plan.yaml")
+    (problem,) = raised.value.problems
+    assert (
+        problem.path == "$.parallel.cp" and "on the ring beside a sliding window" in problem.message
+    )
+    gathered = cp.replace("cp: 2\n", "cp: 2\n  cp_attention: allgather\n")
+    (tmp_path / "plan.yaml").write_text(gathered)
     assert load_plan(tmp_path / "plan.yaml").parallel.cp == 2
 
 

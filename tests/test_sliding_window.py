@@ -426,3 +426,32 @@ def test_a_mixed_stage_keeps_every_launch_of_a_several_kernel_work(tmp_path: Pat
     copies = [w for w in works if w.name.startswith(flops.KV_REPEATED)]
     assert [w.launches for w in copies] == [1.0, 1.0]  # 2 kernels x 0.5 of the layers each
     assert sum(w.launches for w in works) == pytest.approx(2 + 1 + 1 + 1)  # copies, 3 works
+
+
+def test_the_cp_ring_beside_a_sliding_window_is_refused_whatever_its_length(tmp_path) -> None:
+    """Gemma 2 at 4,096 tokens, its window as long: the window masks nothing, but Megatron-LM
+    hands Transformer Engine the window on every sliding layer and TE's ring refuses it
+    ("The context parallel running configs cannot support sliding window attention!"), so
+    cp 2 on the ring is refused and the search rules it out; the all-gather runs it (an
+    audit, m469: priced and written by the search)."""
+    from budget.search import Space, search
+
+    text = (ROOT / "plans" / "gemma2-9b.yaml").read_text(encoding="utf-8")
+    assert text.count("seq: 8192") == 1 and text.count("  dp: 16\n") == 1
+    text = text.replace("seq: 8192", "seq: 4096")
+    path = tmp_path / "ring.yaml"
+    path.write_text(text.replace("  dp: 16\n", "  dp: 8\n  cp: 2\n"), encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    assert [p.path for p in raised.value.problems] == ["$.parallel.cp"]
+    gathered = tmp_path / "gathered.yaml"
+    gathered.write_text(
+        text.replace("  dp: 16\n", "  dp: 8\n  cp: 2\n  cp_attention: allgather\n"),
+        encoding="utf-8",
+    )
+    assert load_plan(gathered).parallel.cp == 2
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text, encoding="utf-8")
+    outcome = search(load_plan(plain), 64, Space(cp=(1, 2)), keep=5)
+    assert all(r.config.cp == 1 for r in outcome.results)
+    assert "a sliding window on the cp ring needs cp 1" in outcome.ruled_out

@@ -2518,6 +2518,26 @@ def resolve(
             "the whole context (ring steps, or a gathered K/V and a sharded cache), not over "
             "a window; set cp to 1",
         )
+    elif (
+        model is not None
+        and par is not None
+        and mode == "train"
+        and par.cp > 1
+        and par.cp_attention == "ring"
+        and any(model.sliding)
+    ):
+        # Megatron-Core hands Transformer Engine its window on every sliding layer, whatever
+        # the sequence, and TE's ring refuses one ("The context parallel running configs
+        # cannot support sliding window attention!", ``attn_forward_func_with_cp``: only its
+        # all-gather and all-to-all run a window; an audit, m469: a window as long as the
+        # sequence was priced on the ring, and the search wrote that layout)
+        r.error(
+            "$.parallel.cp",
+            f"parallel.cp = {par.cp} on the ring beside a sliding window: Transformer "
+            "Engine's ring context parallelism refuses a window whatever its length, and "
+            "Megatron-LM passes it on every sliding layer; use parallel.cp_attention: "
+            "allgather, or cp 1",
+        )
     if model is not None and par is not None and model.attention == "eager" and par.cp > 1:
         # Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1
         # ("Context parallelism is only supported by TEDotProductAttention!"), and Transformer
