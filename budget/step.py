@@ -3614,11 +3614,9 @@ def _backward(b: _StageBuilder) -> None:
     # fused kernel's is the output it saves itself (Transformer Engine's ``FusedAttnFunc``
     # saves ``out`` and returns it, viewed), counted already (a review, m461: FP8 counted
     # it twice)
-    core_out = Alloc(
-        "attention core output (recomputed, kept by the checkpoint's backward)",
-        "transient",
-        s.act * s.tokens * s.out_cols,
-        placement="shard(heads) on tp",
+    # the core's output is the shape of its gradient (`out_grad`)
+    core_out = replace(
+        out_grad, name="attention core output (recomputed, kept by the checkpoint's backward)"
     )
     kept_core = when(
         [core_out], (plan.recompute == "selective") & (plan.model.attention == "eager")
