@@ -101,7 +101,6 @@ from budget.topology import (
     GroupSpan,
     group_ranks,
     group_span,
-    pair_level,
     price_group,
     span_of_ranks,
 )
@@ -455,8 +454,7 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     ``send_backward_recv_forward`` with the previous), so a send across nodes lengthens the
     two stages beside it, and the replay carries it to the rest (an audit, m446: every
     stage priced at the slowest pair's link, 8.8 ms of a 234 ms step at tp 2, pp 8 over two
-    nodes, where only stages 3 and 4 cross). A send with no boundary (none is built now)
-    takes the outermost link any pair crosses. Gradients under
+    nodes, where only stages 3 and 4 cross). Gradients under
     context parallelism are reduced over dp x cp. Expert layers' groups (etp, ep, edp) are
     the expert grid's (`topology`, Megatron-Core's parallel folding).
     """
@@ -464,11 +462,12 @@ def move_span(plan: Plan, move: Move) -> GroupSpan:
     # the stage sends and the embedding copies' all-reduce; a hand-written collective on pp
     # runs over the whole group (it was priced as one neighbouring pair: an audit), a
     # hand-written send (`step._with_transitions`) between neighbours as the built-in ones
-    sent = move.op == "send-recv"
-    if sent and move.boundary is not None:
+    if move.op == "send-recv":
+        if move.boundary is None:  # every stage send names its pair (`step.at_boundary`)
+            raise AssertionError(f"{move.name}: a stage send without its boundary")
         return _boundary_span(par, topo, int(move.boundary))
-    if move.group == "pp" and (sent or not move.rule.startswith(HAND_WRITTEN)):
-        return _pp_span(par, topo, "embedding" in move.name)
+    if move.group == "pp" and not move.rule.startswith(HAND_WRITTEN):
+        return _ends_span(par, topo)
     span = group_span(move_kind(plan, move.group, move.ranks), par, topo)
     if span.size != move.ranks:
         raise AssertionError(f"{move.name}: {move.ranks} ranks on a {span.size}-rank group")
@@ -484,19 +483,11 @@ def _boundary_span(par: Parallel, topo: Topology, stage: int) -> GroupSpan:
 
 
 @lru_cache(maxsize=64)
-def _pp_span(par: Parallel, topo: Topology, ends: bool) -> GroupSpan:
-    """`move_span` of a stage's send (the outermost link any neighbouring pair crosses) or,
-    with `ends`, of the embedding copies' all-reduce between the first and last stage; once
-    per layout, not per move (at pp 1,024 the pairs were walked for each of 6,146 moves)."""
+def _ends_span(par: Parallel, topo: Topology) -> GroupSpan:
+    """`move_span` of the embedding copies' all-reduce between the first and last stage;
+    once per layout, not per move."""
     members = group_ranks("pp", par, topo.gpus)
-    if ends:
-        return span_of_ranks((members[0], members[-1]), topo, "pp")
-    if len(members) == 1:  # one stage: nothing is sent, its group is itself
-        return span_of_ranks(members, topo, "pp")
-    # the first pair crossing the most levels, without a span for each pair (8 % of a
-    # 16,384-GPU sweep)
-    pair = max(pairwise(members), key=lambda pair: pair_level(pair[0], pair[1], topo))
-    return span_of_ranks(pair, topo, "pp")
+    return span_of_ranks((members[0], members[-1]), topo, "pp")
 
 
 def price_move(plan: Plan, move: Move) -> CollectiveCost:

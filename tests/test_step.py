@@ -378,7 +378,11 @@ def test_scatter_gather_sends_one_tp_share_and_gathers_it_over_nvlink() -> None:
     it over NVLink in 7 steps: 7 · 3 µs + 7/8 · 50,331,648 / 300e9 = 0.168 ms."""
     from budget.layers import shapes
     from budget.schedule import price_move
-    from budget.step import pipeline_moves
+    from budget.step import at_boundary
+    from budget.step import pipeline_moves as built
+
+    def pipeline_moves(plan, s, forward):  # stage 0's sends, to stage 1 and back from it
+        return at_boundary(built(plan, s, forward=forward), 0)
 
     full = 2 * 2048 * 12288
     whole = _pipelined(sp=False, scatter_gather=False)
