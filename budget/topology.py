@@ -502,14 +502,10 @@ def _progression_domains(first: int, step: int, n: int, size: int) -> int | None
     return span // size if span % size == 0 and first % size == first % step else None
 
 
-def pair_level(a: int, b: int, topology: Topology) -> int:
-    """The index of the level a transfer between ranks `a` and `b` runs on: the innermost
-    whose domain (a block of `size` consecutive ranks; the outermost, the whole job) holds
-    both."""
-    return _pair_level(a, b, tuple(lv.size for lv in topology.levels))
-
-
 def _pair_level(a: int, b: int, sizes: tuple[int | None, ...]) -> int:
+    """The index of the level a transfer between ranks `a` and `b` runs on, of levels of
+    domain `sizes`: the innermost whose domain (a block of `size` consecutive ranks; the
+    outermost, the whole job) holds both."""
     return next(
         (j for j, size in enumerate(sizes[:-1]) if size is None or a // size == b // size),
         len(sizes) - 1,
@@ -527,7 +523,7 @@ def pp_stride(parallel: Parallel) -> Any:
 def send_levels(parallel: Parallel, topology: Topology) -> tuple[int, ...]:
     """For each stage boundary b of rank 0's pipeline (stage b to stage b + 1, the last to
     the first: an interleaved schedule's chunk k on the last stage sends to chunk k + 1 on
-    the first), the level its stage sends run on (`pair_level`): under the default order
+    the first), the level its stage sends run on (`_pair_level`): under the default order
     [tp, cp, ep, dp, pp] at tp 2 and dp 1, pp 8 over two 8-GPU nodes puts one boundary
     across the nodes and six within them. Every pipeline of the job spans the levels alike
     (a layout where they do not is refused, `uneven_group`)."""
