@@ -892,6 +892,27 @@ def _before_reduction(plan: Plan, s: Shapes, name: str, engine: bool = True) -> 
     return when([partial], tp > 1) + when([shard], _sp(plan)) + when([_full(s, name)], tp == 1)
 
 
+def _fp8_source(
+    plan: Plan, name: str, nbytes: Any, placement: str, cond: Any = True
+) -> list[Alloc]:
+    """Under FP8 training, the 16-bit tensor a Transformer Engine GEMM quantizes its input
+    from, alive while the GEMM and its reduction run: the caller keeps it as a local
+    through the call (Megatron-Core's ``MLP.forward`` holds ``intermediate_parallel`` over
+    ``self.linear_fc2(...)``, ``SelfAttention.forward`` its core's output over
+    ``self.linear_proj(...)``, ``TEGroupedMLP.forward`` the experts' over their fc2), and
+    TE's ``_Linear.forward`` holds ``inp`` beside the FP8 ``inputmat`` it saves
+    (`layers.saved_gemm_input`) through its row-parallel reduction. In the activations'
+    format the saved input is that tensor itself; an audit (m471) found the FP8 instants
+    without it, smaller than the bf16 ones. `cond`: where no saved tensor already is it
+    (a fused attention kernel keeps its 16-bit output, `layers.FUSED_OUTPUT`)."""
+    if not te_fp8(plan):
+        return []
+    return when(
+        [Alloc(f"{name} (16-bit, before its FP8 cast)", "transient", nbytes, placement=placement)],
+        cond,
+    )
+
+
 def _gathered_input(plan: Plan, s: Shapes) -> Alloc:
     """What the attention block's sequence-parallel all-gather leaves on every rank: the
     hidden state, or latent attention's latents (`_attention_inward`)."""
@@ -2767,6 +2788,15 @@ def _forward(b: _StageBuilder) -> None:
         return _root_prefetched(b, instants, "head")
 
     gathered = when([_gathered_input(plan, s)], sp)
+    # a fused kernel's output, saved but under recompute, is the projection's 16-bit input
+    saved_out = (plan.recompute == "none") & (plan.model.attention != "eager")
+    projected = _fp8_source(
+        plan,
+        PROJECTION_INPUT,
+        s.act * s.tokens * s.out_cols,
+        "shard(heads) on tp",
+        lacks(saved_out),
+    )
     z3 = _zero3_transients(plan, b.layer, "attention", b.ffn_blocks)
     # an all-gathered cp's K/V reordered before the core has made anything (`_cp_reorder`):
     # Q, K and V made, not the core's statistics, output halves or output
@@ -2802,6 +2832,7 @@ def _forward(b: _StageBuilder) -> None:
                         base
                         + checkpoint
                         + attn
+                        + projected
                         + _before_reduction(plan, s, "attention output")
                         + z3
                     ),
@@ -2821,6 +2852,7 @@ def _forward(b: _StageBuilder) -> None:
         activated = [x for x in early if x.name != "MLP fc1 input"]
         mlp = when(early, lacks(full)) + when(_working(activated), full)
         fc2 = when(early, lacks(full)) + when(_working(reduced), full)
+        fc2 += _fp8_source(plan, FC2_INPUT, s.act * s.tokens * s.ffn_cols, "shard(ffn) on tp")
         partial = _before_reduction(plan, s, "MLP output")  # before the residual add
         z3 = _zero3_transients(plan, b.layer, "mlp", ["attention"])
         b.add(
@@ -2856,6 +2888,7 @@ def _forward(b: _StageBuilder) -> None:
         # eager squared ReLU holds the experts' fc1 output while its square runs
         experts = s.act * s.routed * s.expert_cols
         buffers += _squared(plan, "expert ReLU input", experts, "shard(tokens) on ep")
+        source = _fp8_source(plan, "expert fc2 input", experts, "shard(tokens) on ep")
         gathered_moe = _zero3_transients(plan, b.layer, "moe", ["attention"])
         b.add(
             "forward.moe",
@@ -2867,7 +2900,7 @@ def _forward(b: _StageBuilder) -> None:
                 [
                     Instant(
                         "expert computation",
-                        tuple(base + checkpoint + kept + moe + buffers + gathered_moe),
+                        tuple(base + checkpoint + kept + moe + buffers + source + gathered_moe),
                     ),
                     *(
                         Instant(label, tuple(base + checkpoint + kept + moe + buffers + held))

@@ -1021,6 +1021,49 @@ def test_fp8_training_saves_the_experts_gemm_inputs_in_fp8():
     assert fp8_gemm_weights(fp8, moe=True)[1] == 3 * 4096 * 14336 // 2
 
 
+def test_fp8_instants_hold_the_16_bit_tensor_each_row_parallel_gemm_quantizes():
+    """Under FP8 training the output projection, fc2 and the experts' fc2 save an FP8 copy
+    of their input, but the 16-bit tensor it is cast from stays alive in the caller through
+    the GEMM and its reduction (Megatron-Core's ``MLP.forward`` holds
+    ``intermediate_parallel`` over ``linear_fc2``, ``SelfAttention.forward`` the core's
+    output over ``linear_proj``; TE's ``_Linear.forward`` holds ``inp``): an audit, m471,
+    found those instants smaller than in bf16. By hand for GPT-3 at tp 8, s = 2,048, b = 1,
+    e = s·h/8: fc2's 16-bit input is 2·s·4h/8 = 8e bytes in every recompute mode; the
+    projection's 2e, except where a fused kernel saves its 16-bit output (no recompute),
+    which is that tensor; none of them in bf16. Mixtral's experts: twice their FP8 copy."""
+    h, s = 12288, 2048
+    e = s * h // 8
+
+    def live(plan, phase, label):
+        (stage, *_) = derive(plan).stages
+        (found,) = [x for x in stage.phases if x.name == phase]
+        (instant,) = [i for i in found.instants if i.label == label]
+        return {a.name: a.total for a in instant.live}
+
+    cast = " (16-bit, before its FP8 cast)"
+    for recompute in ("none", "selective", "full"):
+        for attention in ("flash", "eager"):
+            for matmul in ("bf16", "fp8"):
+                plan = make_plan(
+                    recompute=recompute, precision=Precision(matmul=matmul), attention=attention
+                )
+                fc2 = live(plan, "forward.mlp", "fc2 output reduction")
+                proj = live(plan, "forward.attention", "output projection reduction")
+                if matmul == "bf16":
+                    assert not [n for n in {*fc2, *proj} if n.endswith(cast)]
+                    continue
+                assert fc2["MLP fc2 input" + cast] == 8 * e
+                fused = proj.get("attention output (fused kernel's, 16-bit)", 0)
+                source = proj.get("attention projection input" + cast, 0)
+                kept = recompute == "none" and attention == "flash"
+                assert (fused, source) == ((2 * e, 0) if kept else (0, 2 * e))
+    mixtral = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
+    fp8 = replace(mixtral, precision=replace(mixtral.precision, matmul="fp8"))
+    held = live(fp8, "forward.moe", "expert computation")
+    assert held["expert fc2 input" + cast] == 2 * held["expert fc2 input"] > 0
+    assert not [n for n in live(mixtral, "forward.moe", "expert computation") if cast in n]
+
+
 def test_fp8_training_gathers_the_column_parallel_inputs_in_fp8():
     """Under sequence parallelism Transformer Engine's LayerNormLinear quantizes its normed
     output to FP8 and all-gathers that (``gather_along_first_dim(ln_out, tp_group,
