@@ -173,6 +173,10 @@ class Move:
     # messages: ring attention's dK/dV, sent with the K/V of every backward step but the
     # last (`step._cp_moves`); None: its algorithm's
     steps: Any = None
+    # runs on a stream of its own beside the next move of its phase whose op this names, which
+    # hides it too (`schedule.time_phase`): FSDP's all-reduce across hybrid copies of the
+    # first layer's gradients, beside the root unit's reduce-scatter (`step._hybrid`)
+    beside: str = ""
     # a stage send's boundary b, priced on its own pair of stages' link, stage b's and
     # stage b + 1's (the last stage's and the first's: an interleaved schedule's wrap), not
     # on the outermost link any pair crosses (`schedule.move_span`, `send_boundary`); an

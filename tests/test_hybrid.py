@@ -192,16 +192,26 @@ def test_distributed_optimizer_instances(tmp_path: Path) -> None:
 def test_an_all_reduce_hides_where_its_reduce_scatter_does(tmp_path: Path) -> None:
     """overlap.dp_grads on (the plan's): each layer's all-reduce runs after its
     reduce-scatter behind the next layer's backward, the stage's first layer's (the
-    backward's last, 1 of 32) beside the embedding's own backward kernels, which they
-    outlast in part (an audit, m454: both had been exposed whole); off, the reduce-scatter
-    and the all-reduce wait whole (the ZeRO 1 plan's, which has no overlap, too)."""
+    backward's last, 1 of 32) beside the embedding's own backward kernels, which it
+    outlasts in part (an audit, m454: it had been exposed whole); its all-reduce then runs
+    on FSDP's all-reduce stream beside the root's reduce-scatter, which starts as it does
+    and outlasts it, and the root's all-reduce follows both (an audit, m472: the four had
+    been added, 1.8 ms a step over two nodes): the phase waits RS₀'s exposed part, the
+    root's reduce-scatter and the root's all-reduce. Off, the reduce-scatter and the
+    all-reduce wait whole (the ZeRO 1 plan's, which has no overlap, too)."""
     report = _report(_fsdp(tmp_path))
     hidden = _collectives(report, "backward.mlp")
     first = _collectives(report, "backward.embedding")
     for name in ("layer gradients", "layer gradient shards"):
         assert hidden[name]["exposed_s"] == 0
-    for name in ("layer gradients", "layer gradient shards"):
-        assert 0 < first[name]["exposed_s"] < first[name]["time_s"]
+    scatter, shard = first["layer gradients"], first["layer gradient shards"]
+    root, root_shard = first["embedding gradients"], first["embedding gradient shards"]
+    assert 0 < scatter["exposed_s"] < scatter["time_s"]
+    assert shard["time_s"] < root["time_s"] and shard["exposed_s"] == 0  # the case in point
+    assert "hidden behind the root's reduce-scatter" in shard["overlap_rule"]
+    (phase,) = [p for p in report["phases"] if p["name"] == "backward.embedding"]
+    waited = scatter["exposed_s"] + root["time_s"] + root_shard["time_s"]
+    assert phase["exposed_s"] == pytest.approx(waited, rel=1e-12)
     path = _fsdp(tmp_path)
     text = path.read_text(encoding="utf-8")
     path.write_text(text.replace("dp_grads: true", "dp_grads: false"), encoding="utf-8")
@@ -685,3 +695,23 @@ def test_fsdps_all_reduce_across_copies_runs_beside_the_next_reduce_scatter(
         assert scatter["exposed_s"] == moves[name]["exposed_s"] == 0
         assert "on FSDP's all-reduce stream" in moves[name]["overlap_rule"]
     assert phase["exposed_s"] < 0.02
+
+
+def test_a_move_beside_the_next_reduce_scatter_hides_behind_its_time() -> None:
+    """`Move.beside` (`schedule._beside`): a move on a stream of its own waits only what
+    outlasts the next move of its phase of the op it names, which starts as it does; one
+    that outlasts it waits the difference, and beside a move a sweep's configuration lacks
+    (its count 0) it waits whole. By hand: 3 ms beside 2 ms waits 1 ms."""
+    from budget.phases import Move
+    from budget.schedule import TimedMove, _beside
+
+    def timed(op: str, seconds: float, count: int = 1, beside: str = "") -> TimedMove:
+        move = Move(op, op, "dp", 2, "fp32", 1, "partial", "replicate", count, beside=beside)  # type: ignore[arg-type]
+        return TimedMove(move, None, seconds, seconds, "exposed")  # type: ignore[arg-type]
+
+    shard = timed("all-reduce", 3e-3, beside="reduce-scatter")
+    rest = [timed("all-gather", 5e-3), timed("reduce-scatter", 2e-3), timed("all-reduce", 4e-3)]
+    out = _beside([shard, *rest])
+    assert out[0].exposed_s == pytest.approx(1e-3) and out[1:] == rest
+    assert _beside([shard, timed("reduce-scatter", 2e-3, count=0)])[0].exposed_s == 3e-3
+    assert _beside([shard])[0].exposed_s == 3e-3
