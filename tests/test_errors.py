@@ -409,3 +409,23 @@ def test_a_moe_plan_whose_order_misses_pp_is_told_so(tmp_path: Path) -> None:
         f"{path}:{line}:3: error: $.parallel.order: parallel.order must name each of tp, cp, "
         "ep, dp, pp exactly once (pp missing)"
     )
+
+
+def test_a_number_of_more_digits_than_a_float_keeps_is_quoted_as_written(tmp_path: Path) -> None:
+    """`tp: 8.000000000000001` was told "8.000000000000002 is not an integer": the float it
+    reads as, not what the plan says. A number whose float prints otherwise is quoted as
+    written (`Marks.written`); one that prints as written (0.1, 1e3) is not marked."""
+    from budget.plan.yaml_load import load_yaml
+
+    plan = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    text = plan.read_text(encoding="utf-8").replace("  dp: 8\n", "  dp: 8.000000000000001\n")
+    text = text.replace("dp_grads: true", "slowdown: 1.0000000000000003, dp_grads: true")
+    path = tmp_path / "digits.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = runner.invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "$.parallel.dp: 8.000000000000001 is not an integer" in result.stderr
+    assert "$.overlap.slowdown: 1.0000000000000003 is greater than or equal to" in result.stderr
+    assert "8.000000000000002" not in result.stderr and "1.0000000000000002" not in result.stderr
+    loaded = load_yaml("a: 8.000000000000001\nb: 0.1\nc: 1e3\nd: 1_000.5\n", "p.yaml")
+    assert loaded.marks.written == {"$.a": "8.000000000000001"}

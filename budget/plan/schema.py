@@ -111,7 +111,10 @@ def _path(parts: Iterable[str | int]) -> str:
 def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
     path = _path(error.absolute_path)
     line, col = marks.at(path)
-    return [Problem(file, line, col, path, _message(error))]
+    message = _message(error)
+    if path in marks.written:  # the number as written, not the float it reads as
+        message = message.replace(_show(error.instance), marks.written[path], 1)
+    return [Problem(file, line, col, path, message)]
 
 
 def _unknown_keys(

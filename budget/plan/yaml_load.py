@@ -147,6 +147,9 @@ class Marks:
     keys: dict[str, Position] = field(default_factory=dict)
     # the paths of keys written in a flow mapping ({global: 1,024} reads a key '024')
     flow_keys: set[str] = field(default_factory=set)
+    # a number as written where the 64-bit float read from it prints otherwise
+    # (8.000000000000001 reads as 8.000000000000002), which messages quote as written
+    written: dict[str, str] = field(default_factory=dict)
 
     def at(self, path: str) -> Position:
         """The position of the node at `path`, or of its nearest known ancestor."""
@@ -542,11 +545,23 @@ class _Builder:
         lost = rounded_away(text, value) if isinstance(value, float) else None
         if lost is not None:
             return self.refuse(where, path, f"{_shown(text)} is {lost}")
+        if isinstance(value, float) and _printed_otherwise(text, value):
+            self.marks.written[path] = _shown(text)
         return value
 
     def refuse(self, where: Position, path: str, message: str) -> None:
         self.problem(where, path, message)
         self.refused.add(path)
+
+
+def _printed_otherwise(text: str, value: float) -> bool:
+    """Whether the float `value` read from the decimal `text` prints as another number:
+    one written with more digits than a 64-bit float keeps (8.000000000000001 prints as
+    8.000000000000002; 0.1, 1e3 and 1_000.5 print as what they are)."""
+    try:
+        return Decimal(text.replace("_", "")) != Decimal(repr(value))
+    except InvalidOperation:  # .inf, .nan: refused as not finite before this
+        return False
 
 
 def rounded_away(text: str, value: float) -> str | None:
