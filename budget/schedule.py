@@ -763,7 +763,7 @@ def time_phase(
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
         timed.append(TimedMove(move, cost, total, exposed, rule, slowed, chunks))
-    timed = _beside(timed)
+    timed = _beside(plan, timed)
     slowdown, comm, exposed = _per_instance(timed)
     return PhaseTime(
         name=phase.name,
@@ -776,16 +776,17 @@ def time_phase(
     )
 
 
-def _beside(timed: list[TimedMove]) -> list[TimedMove]:
+def _beside(plan: Plan, timed: list[TimedMove]) -> list[TimedMove]:
     """Each move that runs on a stream of its own beside the next move of its phase of the
     op it names (`Move.beside`) hidden behind that one's time as well: it waits for nothing
     of it and the phase ends with both (FSDP's all-reduce of the first layer's shard across
     hybrid copies, on its all-reduce stream, beside the root unit's reduce-scatter; the
-    root's all-reduce, on the same stream, follows both). A sweep's configuration without
-    that move (its count zeroed) hides nothing behind it."""
+    root's all-reduce, on the same stream, follows both), where its overlap flag allows it
+    to hide at all (review m478: under overlap.dp_grads off it was hidden still). A sweep's
+    configuration without that move (its count zeroed) hides nothing behind it."""
     out = list(timed)
     for i, t in enumerate(timed):
-        if not t.move.beside:
+        if not t.move.beside or not _flag(plan, t.move.flag):
             continue
         after = next((u for u in timed[i + 1 :] if u.move.op == t.move.beside), None)
         if after is None:

@@ -700,7 +700,7 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         across = replace(
             across,
             beside="reduce-scatter",
-            rule=f"{across.rule}; on FSDP's all-reduce stream, hidden behind the root's "
+            rule=f"{across.rule}; on FSDP's all-reduce stream, hidden behind the next "
             "reduce-scatter too",
         )
     elif np.all(par.zero == 3) and move.window:  # its own stream, beside the next unit's RS
@@ -875,6 +875,10 @@ def _squared_relu(plan: Plan, s: Shapes, held: list[Alloc]) -> list[Instant]:
     activation reads it and writes one, both saved, so it has no instant of its own."""
     width = s.act * s.tokens * s.ffn_cols
     fc1 = _squared(plan, "MLP fc1 output", width, "shard(ffn) on tp")
+    if fc1 and te_fp8(plan):  # the square writes fc2's 16-bit input; its FP8 copy comes later
+        # (review m478: the instant counted the 1-B copy in its place)
+        held = [x for x in held if not x.name.startswith(FC2_INPUT)]
+        held += _fp8_source(plan, FC2_INPUT, width, "shard(ffn) on tp")
     return [Instant("squared ReLU", tuple([*held, *fc1]))] if fc1 else []
 
 

@@ -1057,6 +1057,12 @@ def test_fp8_instants_hold_the_16_bit_tensor_each_row_parallel_gemm_quantizes():
                 source = proj.get("attention projection input" + cast, 0)
                 kept = recompute == "none" and attention == "flash"
                 assert (fused, source) == ((2 * e, 0) if kept else (0, 2 * e))
+    # eager squared ReLU's instant: the square writes fc2's 16-bit input, not yet cast
+    # (review m478: the 1-B copy stood in its place), as in bf16
+    for matmul in ("bf16", "fp8"):
+        relu = make_plan(recompute="none", precision=Precision(matmul=matmul), mlp="squared_relu")
+        square = live(relu, "forward.mlp", "squared ReLU")
+        assert square.get("MLP fc2 input", 0) + square.get("MLP fc2 input" + cast, 0) == 8 * e
     mixtral = load_plan(ROOT / "plans" / "mixtral-8x7b.yaml")
     fp8 = replace(mixtral, precision=replace(mixtral.precision, matmul="fp8"))
     held = live(fp8, "forward.moe", "expert computation")
