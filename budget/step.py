@@ -697,11 +697,15 @@ def _hybrid(plan: Plan, move: Move) -> list[Move]:
         # its reduce-scatter, beside what the embedding's backward leaves, and beside the
         # root unit's reduce-scatter, which starts as it does (an audit, m472: the two were
         # added, 1.8 ms a step on Llama 3 8B over two nodes)
+        copies = count_label(par.replicas)
         across = replace(
             across,
             beside="reduce-scatter",
-            rule=f"{across.rule}; on FSDP's all-reduce stream, hidden behind the next "
-            "reduce-scatter too",
+            rule=f"hybrid sharding: the stage's first layer's reduce-scatter's shard, "
+            f"all-reduced across the {copies} copies on FSDP's all-reduce stream once it is "
+            "done: in what the embedding's backward leaves, and beside the next "
+            "reduce-scatter, which hides it too; exposed beyond both unless overlap.dp_grads "
+            "runs it there",
         )
     elif np.all(par.zero == 3) and move.window:  # its own stream, beside the next unit's RS
         across = replace(
