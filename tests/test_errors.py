@@ -429,3 +429,25 @@ def test_a_number_of_more_digits_than_a_float_keeps_is_quoted_as_written(tmp_pat
     assert "8.000000000000002" not in result.stderr and "1.0000000000000002" not in result.stderr
     loaded = load_yaml("a: 8.000000000000001\nb: 0.1\nc: 1e3\nd: 1_000.5\n", "p.yaml")
     assert loaded.marks.written == {"$.a": "8.000000000000001"}
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("9.5\n  tp: 8.000000000000001", "$.parallel.tp: 9.5 is not an integer"),
+        ("[8.000000000000001, 2]", "$.parallel.tp: [8.000000000000001, 2] is not an integer"),
+        ("{a: 8.000000000000001}", "$.parallel.tp: {'a': 8.000000000000001} is not an integer"),
+    ],
+)
+def test_a_number_as_written_is_the_kept_one_and_is_quoted_inside_a_list(
+    tmp_path: Path, value: str, said: str
+) -> None:
+    """Review m480: a duplicate key's second value, which is not kept, was quoted as the
+    first's (`tp: 9.5` then `tp: 8.000000000000001` read "8.000000000000001 is not an
+    integer"); a number in a list or a mapping was quoted as the float it reads as."""
+    plan = ROOT / "plans" / "llama3-70b-decode.yaml"
+    text = plan.read_text(encoding="utf-8").replace("tp: 8", f"tp: {value}", 1)
+    path = tmp_path / "quoted.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = runner.invoke(app, route([str(path)]))
+    assert result.exit_code == 2 and said in result.stderr, result.stderr

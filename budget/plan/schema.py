@@ -112,9 +112,31 @@ def _problems(error: Any, marks: Marks, file: str) -> list[Problem]:
     path = _path(error.absolute_path)
     line, col = marks.at(path)
     message = _message(error)
-    if path in marks.written:  # the number as written, not the float it reads as
-        message = message.replace(_show(error.instance), marks.written[path], 1)
+    if (written := _as_written(error.instance, path, marks)) is not None:
+        shown = written if len(written) <= 40 else written[:37] + "..."
+        message = message.replace(_show(error.instance), shown, 1)
     return [Problem(file, line, col, path, message)]
+
+
+def _as_written(value: Any, path: str, marks: Marks) -> str | None:
+    """`value` as `_show` quotes it, with each number in it that the plan wrote with more
+    digits than a 64-bit float keeps as written (`Marks.written`: 8.000000000000001, which
+    reads as 8.000000000000002), in a list or a mapping too (review m480); None where it
+    holds no such number."""
+    if not any(k == path or k.startswith((f"{path}.", f"{path}[")) for k in marks.written):
+        return None
+
+    def shown(item: Any, at: str) -> str:
+        if isinstance(item, float) and at in marks.written:
+            return marks.written[at]
+        if isinstance(item, list):
+            return "[" + ", ".join(shown(x, child_path(at, i)) for i, x in enumerate(item)) + "]"
+        if isinstance(item, dict):
+            pairs = (f"{k!r}: {shown(x, child_path(at, k))}" for k, x in item.items())
+            return "{" + ", ".join(pairs) + "}"
+        return repr(item)
+
+    return shown(value, path)
 
 
 def _unknown_keys(

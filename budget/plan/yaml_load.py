@@ -545,7 +545,8 @@ class _Builder:
         lost = rounded_away(text, value) if isinstance(value, float) else None
         if lost is not None:
             return self.refuse(where, path, f"{_shown(text)} is {lost}")
-        if isinstance(value, float) and _printed_otherwise(text, value):
+        first = self.marks.nodes.get(path) == where  # a duplicate key's value is not kept
+        if first and isinstance(value, float) and _printed_otherwise(text, value):
             self.marks.written[path] = _shown(text)
         return value
 
