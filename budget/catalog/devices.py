@@ -787,7 +787,7 @@ DEVICES: dict[str, DevicePreset] = {
             ("tf32", 1125 * T),
             ("fp32", 75 * T),
         ),
-        8.0e12,
+        7.7e12,
         # B200 SXM MSMF 1439 of 2250 (978-987 W at 1399-1443 MHz, the other GPUs busy);
         # FP8 MSMF 2788 of 4500 (975-982 W at 1399-1447 MHz).
         _curve(
@@ -800,7 +800,11 @@ DEVICES: dict[str, DevicePreset] = {
         ),
         "NVIDIA HGX B200 / DGX B200 specifications, divided by 8 GPUs and halved for density "
         "(36 PFLOPS FP16/BF16, 72 PFLOPS FP8, 18 PFLOPS TF32 with sparsity; 600 TFLOPS FP32; "
-        f"1,440 GB HBM3e; 64 TB/s); {_SMI_B200}",
+        "1,440 GB HBM3e); HBM bandwidth 7.7 TB/s a GPU, NVIDIA's Blackwell datasheet "
+        "(nvdam.widen.net blackwell-datasheet-3384703, as ai-dynamo/aiconfigurator PR 1246 "
+        "reads it; the HGX table's 64 TB/s, 8 a GPU, is now 'up to 62 TB/s'), borne out by the "
+        "driver: a 7,680-bit bus at 3,996 MHz double data rate, 7.672 TB/s (pytorch/ao PR "
+        f"4002, an audit, m482); {_SMI_B200}",
         attention=(_b200("cudnn"), _b200("flash2")),
         kernel_startup=_GH100_STARTUP,
         sms=148,
