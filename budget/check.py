@@ -53,6 +53,16 @@ __all__ = [
 GIB = 2**30
 T = TypeVar("T")
 LimitName = Literal["memory", "headroom", "max_exposed", "max_step", "max_ttft", "max_tpot"]
+# the unit of a reason's actual, required and excess, by its limit (an audit, m483: said
+# nowhere in the JSON): bytes of a stage, a share of the step, seconds
+LIMIT_UNITS: dict[str, str] = {
+    "memory": "bytes",
+    "headroom": "bytes",
+    "max_exposed": "share",
+    "max_step": "s",
+    "max_ttft": "s",
+    "max_tpot": "s",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,7 @@ class Reason:
         return {
             "limit": self.limit,
             "message": self.message,
+            "unit": LIMIT_UNITS[self.limit],
             "stage": self.stage,
             "actual": self.actual,
             "required": self.required,

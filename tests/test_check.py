@@ -980,3 +980,25 @@ def test_the_readme_says_how_much_of_their_step_the_shipped_training_plans_expos
     said = f"the shipped training plans expose {100 * min(shares):.1f}–{100 * max(shares):.0f} %"
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert said in text, said
+
+
+def test_each_reason_in_json_names_the_unit_of_its_figures() -> None:
+    """An audit, m483: a reason's actual, required and excess were bytes, a share or
+    seconds by its limit, which the JSON said nowhere. Llama 3 70B against a headroom of
+    half the GPU, 1 % exposed and a 1 s step: bytes, a share and seconds, each figure the
+    report's own."""
+    code, out, _ = _check(
+        ROOT / "plans/llama3-70b.yaml",
+        "--headroom", "50%", "--max-exposed", "1%", "--max-step", "1s", "--format", "json",
+    )  # fmt: skip
+    (plan,) = json.loads(out)["plans"]
+    reasons = {r["limit"]: r for r in plan["reasons"]}
+    assert code == 1 and {k: r["unit"] for k, r in reasons.items()} == {
+        "headroom": "bytes",
+        "max_exposed": "share",
+        "max_step": "s",
+    }
+    step = budget_plan(ROOT / "plans/llama3-70b.yaml").step
+    assert reasons["max_step"]["actual"] == step["time_s"]
+    assert reasons["max_exposed"]["actual"] == step["exposed_share"] < 1
+    assert isinstance(reasons["headroom"]["actual"], int)

@@ -791,3 +791,17 @@ def test_the_readmes_a100_to_h100_speedups_for_mpt_are_the_tables(accuracy) -> N
     ).replace("%", " %")
     assert abs(over[alike]) < 0.01, over
     assert said in readme, said
+
+
+def test_each_row_in_json_names_its_unit(accuracy) -> None:
+    """An audit, m483: Meta's rows are in TFLOP/s (as published), where every other FLOP
+    rate of the JSON is in FLOP/s, and no row said its unit."""
+    from budget.render.accuracy import accuracy_dict
+
+    tree = accuracy_dict(accuracy)
+    tables = [tree["runs"], tree["reference"], tree["diagnostic"]]
+    tables += [tree["memory"]["runs"], tree["serving"]["runs"]]
+    units = {(r["metric"], r["unit"]) for rows in tables for r in rows}
+    assert ("tflops_per_gpu", "TFLOP/s") in units and ("step_s", "s") in units
+    assert ("peak_bytes", "bytes") in units and ("latency_s", "s") in units
+    assert ("tokens_per_s_per_gpu", "tokens/s") in units and len(units) == 5

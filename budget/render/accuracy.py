@@ -38,12 +38,24 @@ _DIAGNOSTIC_SAID = (
 )
 
 
+# each metric's unit, said beside it in the JSON (an audit, m483: TFLOP/s where every other
+# FLOP rate of the JSON is in FLOP/s, said nowhere): the sources' own units
+METRIC_UNITS = {
+    "step_s": "s",
+    "tflops_per_gpu": "TFLOP/s",
+    "tokens_per_s_per_gpu": "tokens/s",
+    "peak_bytes": "bytes",
+    "latency_s": "s",
+}
+
+
 def _row_dict(r: Row) -> dict[str, Any]:
     return {
         "name": r.run.name,
         "gpu": r.run.gpu,
         "stack": r.run.stack,
         "metric": r.run.metric,
+        "unit": METRIC_UNITS[r.run.metric],
         # bytes are integers, as everywhere in the JSON
         "predicted": round(r.predicted) if r.run.metric == "peak_bytes" else r.predicted,
         "measured": r.run.measured,
