@@ -9,6 +9,7 @@ All sizes are for one rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -325,14 +326,13 @@ class StageClass:
     # stages that differ only in them still share one class
     head_dense: int = 0
     head_moe: int = 0
-    # dense and MoE layer passes an interleaved stage holds saved at most (`flight_layers`)
-    # where its model chunks differ, at m = p micro-batches (``_short``) and at m ≥ 2p; 0 where
-    # they are alike and the micro-batches in flight times its layers say the same
-    # (`step.inflight`). Not in the key: merged stages take the most of each (`stage_classes`)
-    flight_dense: int = 0
-    flight_moe: int = 0
-    flight_dense_short: int = 0
-    flight_moe_short: int = 0
+    # the dense and MoE layer passes an interleaved stage can hold saved at its peak
+    # (`flight_layers`) where its model chunks differ, at m ≥ 2p micro-batches and at m = p
+    # (``_short``); () where they are alike and the micro-batches in flight times its layers
+    # say the same (`step.inflight`). Not in the key: merged stages take every state of
+    # theirs (`merge_classes`)
+    flight: Passes = ()
+    flight_short: Passes = ()
     # the levels its forward and backward stage sends run on (`topology.send_levels`):
     # stages of one pipeline whose sends cross nodes and stages whose sends do not are
     # priced apart (an audit, m446)
@@ -368,12 +368,15 @@ def interleaved_warmup(p: int, v: int, stage: int) -> int:
     return (p - stage - 1) * 2 + (v - 1) * p + 1
 
 
-def flight_layers(
-    chunks: list[tuple[int, int]], p: int, stage: int, microbatches: int
-) -> tuple[int, int]:
-    """Most dense and most MoE layer passes whose activations stage `stage` of an
-    interleaved pipeline holds at once, its model chunks holding `chunks` (dense, MoE)
-    layers, replaying Megatron-LM's order: `interleaved_warmup` forwards, then one forward
+Passes = tuple[tuple[Any, Any], ...]  # (dense, MoE) layer passes held, state by state
+
+
+def flight_layers(chunks: list[tuple[int, int]], p: int, stage: int, microbatches: int) -> Passes:
+    """The dense and MoE layer passes whose activations stage `stage` of an interleaved
+    pipeline holds at once, its model chunks holding `chunks` (dense, MoE) layers, at each
+    state of Megatron-LM's order that no other state holds as many of both (`frontier`):
+    the states where its saved bytes can peak, whichever a dense and an MoE pass keep,
+    most dense first. Megatron-LM's order: `interleaved_warmup` forwards, then one forward
     and one backward in turn, forwards running chunk ``(k // p) % v`` and backwards chunk
     ``v - 1 - (k // p) % v``. With chunks alike the most is the warm-up's forwards over v
     times the stage's layers (`step.inflight`). Where they differ (a split of p·v chunks, or
@@ -381,9 +384,11 @@ def flight_layers(
     of a small one after the warm-up (GPT-3, p 8, v 2, stage 0 in chunks of 10 and 2 layers:
     166 passes when the first backward starts, 174 a period later). The order repeats every
     p·v steps once it is steady, so m = 2p micro-batches give the most of any m ≥ 2p;
-    interleaving needs m a multiple of p, which leaves m = p to replay apart. Dense and MoE
-    are each at their most, so where a stage's chunks mix them in different proportions the
-    two may peak at different steps and their sum is an upper bound."""
+    interleaving needs m a multiple of p, which leaves m = p to replay apart. Where a
+    stage's chunks mix dense and MoE layers in different proportions the two counts peak at
+    different states: an audit, m484, found their maxima added, (4, 15) on a stage of chunks
+    (1, 1), (0, 2), (0, 2), (0, 2) at p 2 that holds (3, 15) or (4, 14) at most, 2.6 GiB
+    over its peak."""
     v = len(chunks)
     total = microbatches * v
     warmup = min(interleaved_warmup(p, v, stage) - 1, total)
@@ -393,19 +398,31 @@ def flight_layers(
         # classes replay each stage of every depth it meets)
         d, e = chunks[0]
         most = min(warmup + 1, total)
-        return most * d, most * e
-    dense = moe = most_dense = most_moe = forward = backward = 0
+        return ((most * d, most * e),)
+    dense = moe = forward = backward = 0
+    states = set()
     while backward < total:
         if forward < total and (forward < warmup or forward - warmup <= backward):
             d, e = chunks[(forward // p) % v]
             dense, moe = dense + d, moe + e
-            most_dense, most_moe = max(most_dense, dense), max(most_moe, moe)
+            states.add((dense, moe))
             forward += 1
         else:
             d, e = chunks[v - 1 - (backward // p) % v]
             dense, moe = dense - d, moe - e
             backward += 1
-    return most_dense, most_moe
+    return frontier(states)
+
+
+def frontier(states: Iterable[tuple[int, int]]) -> Passes:
+    """The (dense, MoE) pairs of `states` that no other holds as many of both, most dense
+    first: a positive weighting of the two (the bytes a dense and an MoE pass keep) peaks
+    at one of them."""
+    kept: list[tuple[int, int]] = []
+    for d, e in sorted(set(states), reverse=True):
+        if not kept or e > kept[-1][1]:
+            kept.append((d, e))
+    return tuple(kept)
 
 
 def chunks_differ(plan: Plan) -> bool:
@@ -495,8 +512,8 @@ def stage_classes(
         last_is_moe = bool(ids) and flags[ids[-1]]
         first, last = stage == 0, stage == p - 1
         head_dense, head_moe = kinds[stage][0] if chunked else (0, 0)
-        flight = flight_layers(kinds[stage], p, stage, 2 * p) if replay else (0, 0)
-        short = flight_layers(kinds[stage], p, stage, p) if replay else (0, 0)
+        flight = flight_layers(kinds[stage], p, stage, 2 * p) if replay else ()
+        short = flight_layers(kinds[stage], p, stage, p) if replay else ()
         stages.append(
             StageClass(
                 stage,
@@ -508,10 +525,8 @@ def stage_classes(
                 sliding=sliding,
                 head_dense=head_dense,
                 head_moe=head_moe,
-                flight_dense=flight[0],
-                flight_moe=flight[1],
-                flight_dense_short=short[0],
-                flight_moe_short=short[1],
+                flight=flight,
+                flight_short=short,
                 links=(levels[stage], levels[(stage - 1) % p]),
                 alone=ep_alone(stage, p, v) if paired else 0,
             )
@@ -521,22 +536,21 @@ def stage_classes(
 
 def merge_classes(stages: list[StageClass]) -> list[StageClass]:
     """One class per distinct stage key of `stages` (`stage_classes` unmerged), in pipeline
-    order: how many stages each stands for, and the most layers in flight of any of them."""
+    order: how many stages each stands for, and the layer passes any of them can hold at
+    its peak (`flight_layers`)."""
     members: dict[tuple[Any, ...], list[StageClass]] = {}
     for c in stages:
         members.setdefault(c.key, []).append(c)
 
-    def most(c: StageClass, name: str) -> int:
-        return int(max(getattr(other, name) for other in members[c.key]))
+    def held(c: StageClass, name: str) -> Passes:
+        return frontier(state for other in members[c.key] for state in getattr(other, name))
 
     return [
         replace(
             c,
             copies=len(members[c.key]),
-            flight_dense=most(c, "flight_dense"),
-            flight_moe=most(c, "flight_moe"),
-            flight_dense_short=most(c, "flight_dense_short"),
-            flight_moe_short=most(c, "flight_moe_short"),
+            flight=held(c, "flight"),
+            flight_short=held(c, "flight_short"),
         )
         for c in stages
         if members[c.key][0] is c

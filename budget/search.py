@@ -1183,6 +1183,18 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
         values: Any = np.array([getattr(classes[k], name) for classes in per_pair])
         return values[which]
 
+    def passes(k: int, name: str) -> Any:
+        """`StageClass.flight` of each configuration as as many arrays of (dense, MoE) as
+        the longest has states, each shorter one's last repeated (no state of its own is
+        lost, none is added); (0, 0) where its chunks are alike (none replayed)."""
+        states = [getattr(classes[k], name) for classes in per_pair]
+        width = max(len(s) for s in states)
+        if not width:
+            return ()
+        padded = [s + s[-1:] * (width - len(s)) if s else ((0, 0),) * width for s in states]
+        table = np.array(padded)[which]  # configurations x states x (dense, MoE)
+        return tuple((table[:, j, 0], table[:, j, 1]) for j in range(width))
+
     return [
         StageClass(
             column(k, "stage"),
@@ -1195,10 +1207,8 @@ def _classes(plan: Plan, cols: Columns) -> list[StageClass]:
             column(k, "sliding"),
             column(k, "head_dense"),
             column(k, "head_moe"),
-            column(k, "flight_dense"),
-            column(k, "flight_moe"),
-            column(k, "flight_dense_short"),
-            column(k, "flight_moe_short"),
+            passes(k, "flight"),
+            passes(k, "flight_short"),
             c.links,
         )
         for k, c in enumerate(per_pair[0])

@@ -473,25 +473,45 @@ class _StageBuilder:
     @cached_property
     def in_flight(self) -> float:
         """Micro-batches in flight on this stage, in whole-stage units (`inflight`); where
-        its model chunks differ, the layer passes held over the stage's layers."""
+        its model chunks differ, the layer passes held at its peak over the stage's layers."""
         units = inflight(self.plan, self.stage, self.microbatches)
         dense, moe = self.flight_passes
-        return vwhere(self.chunks_differ, (dense + moe) / vmax(self.layers, 1), units)
+        held: float = vwhere(self.chunks_differ, (dense + moe) / vmax(self.layers, 1), units)
+        return held
 
     @property
     def chunks_differ(self) -> Any:
-        """Some stage's model chunks hold different layers (`StageClass.flight_dense`)."""
-        return (self.kind.flight_dense + self.kind.flight_moe) > 0
+        """Some stage's model chunks hold different layers (`StageClass.flight`; a sweep's
+        configurations whose chunks are alike hold none there)."""
+        if not self.kind.flight:
+            return False
+        dense, moe = self.kind.flight[0]
+        return (dense + moe) > 0
 
     @cached_property
-    def flight_passes(self) -> tuple[int, int]:
-        """Dense and MoE layer passes held saved at most where chunks differ, replayed at
-        m = p or at m ≥ 2p (`layers.flight_layers`; interleaving needs m a multiple of p)."""
+    def flight_passes(self) -> tuple[Any, Any]:
+        """Dense and MoE layer passes held saved at the stage's peak where chunks differ:
+        of the states the replay at m = p or at m ≥ 2p can peak at (`layers.flight_layers`;
+        interleaving needs m a multiple of p), the one whose passes keep the most bytes."""
         k = self.kind
         short = self.microbatches < 2 * self.plan.parallel.pp
-        return vwhere(short, k.flight_dense_short, k.flight_dense), vwhere(
-            short, k.flight_moe_short, k.flight_moe
+        (dense, moe), (dense_short, moe_short) = (
+            self._heaviest(k.flight),
+            self._heaviest(k.flight_short),
         )
+        return vwhere(short, dense_short, dense), vwhere(short, moe_short, moe)
+
+    def _heaviest(self, states: tuple[tuple[Any, Any], ...]) -> tuple[Any, Any]:
+        """Of `states` (dense, MoE passes), the one that keeps the most bytes (`_saved_by`)."""
+        if not states:
+            return 0, 0
+        (dense, moe), rest = states[0], states[1:]
+        most = _saved_by(self.layer, dense, moe)
+        for d, e in rest:
+            saved = _saved_by(self.layer, d, e)
+            more = saved > most
+            dense, moe, most = vwhere(more, d, dense), vwhere(more, e, moe), vmax(most, saved)
+        return dense, moe
 
     @cached_property
     def saved_per_microbatch(self) -> int:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budget.accuracy import plan_of
 from budget.layers import attention_saved, params_total, shapes
 from budget.memory import memory
 from budget.phases import CARRIED_ACTIVATIONS, Instant
@@ -1941,3 +1942,35 @@ def test_a_fused_attention_backward_holds_its_output_gradient_beside_dq_dk_dv():
     assert held["attention output gradient"] == 8192 * 1024 * 2
     eager = replace(plan, model=replace(plan.model, attention="eager"))
     assert "attention output gradient" not in {a.name for a in core(eager).live}
+
+
+def test_an_interleaved_stage_mixing_dense_and_moe_chunks_peaks_at_a_state_it_holds():
+    """The MoE validation layout (pp 2, v 4, chunks of 2 layers, layer 0 dense, 4
+    micro-batches): stage 0's chunks hold (1, 1), (0, 2), (0, 2), (0, 2) dense and MoE
+    layers. Megatron-LM's order warms up (2 − 0 − 1)·2 + 3·2 = 8 forwards and runs a 9th
+    (c0 c0 c1 c1 c2 c2 c3 c3 c0): (3, 15) layer passes at the first backward; the backward
+    of c3 leaves (3, 13), the next forward of c0 makes (4, 14), and so on. The most dense
+    passes (4) and the most MoE (15) are never held together (an audit, m484: their sum was
+    charged, one dense pass, 2.6 GiB, over the stage's peak); the stage keeps the heavier of
+    (3, 15) and (4, 14), and an MoE pass keeps more than a dense one here."""
+    from budget.accuracy import MEMORY_RUNS
+    from budget.layers import flight_layers, frontier, stage_classes
+
+    assert flight_layers([(1, 1), (0, 2), (0, 2), (0, 2)], 2, 0, 4) == ((4, 14), (3, 15))
+    assert frontier([(3, 15), (4, 14), (3, 13), (2, 10), (4, 12)]) == ((4, 14), (3, 15))
+    (run,) = [r for r in MEMORY_RUNS if r.name.startswith("MoE with MLA")]
+    plan = plan_of(run)
+    assert (plan.parallel.pp, plan.parallel.pipeline.virtual_stages) == (2, 4)
+    classes = stage_classes(plan)
+    assert classes[0].flight == ((4, 14), (3, 15))
+
+    def peak(flight: tuple[tuple[int, int], ...]) -> int:
+        held = [replace(classes[0], flight=flight), *classes[1:]]
+        step = derive(plan, representatives=True, classes=held)
+        return memory(step, plan.device.memory).stages[0].peak_bytes
+
+    states = [peak(((d, e),)) for d, e in ((4, 14), (3, 15), (4, 15), (3, 14))]
+    dense_pass, moe_pass = states[2] - states[1], states[1] - states[3]
+    assert 0 < dense_pass < moe_pass  # one pass of each, as the stage keeps them
+    assert peak(classes[0].flight) == max(states[:2]) == states[1]
+    assert build_report(plan).stages[0].peak_bytes == states[1]  # was states[2], (4, 15)

@@ -1859,7 +1859,7 @@ def test_interleaved_layouts_of_unlike_chunks_budget_exactly_as_searched(tmp_pat
     unlike = {False: [], True: []}  # by m = p
     for result in results:
         layout = apply(plan, result.config, 1024)
-        if any(c.flight_dense for c in stage_classes(layout, merge=False)):
+        if any(c.flight for c in stage_classes(layout, merge=False)):
             m = 256 // (result.config.dp * result.config.micro)
             unlike[m == result.config.pp].append((result, layout))
     assert unlike[True] and unlike[False]
