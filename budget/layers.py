@@ -1123,6 +1123,17 @@ def tokens_replicated(plan: Plan) -> bool | np.ndarray:
     return holds(holds(par.tp > 1) & lacks(par.sequence_parallel))
 
 
+def column_input(plan: Plan, s: Shapes) -> tuple[Any, str]:
+    """Tokens of a column-parallel layer's saved input and their placement: the
+    sequence-parallel shard Megatron-LM saves (and gathers again for the weight gradient),
+    or under DTensor's parallel styles (`Parallel.tp_style` dtensor) the redistributed,
+    replicated input the matmul itself saved (torch.nn.Linear's autograd keeps its input;
+    an audit, m489: 64 MiB a layer at tp 2 on Llama 3 8B where 32 were counted)."""
+    if plan.parallel.tp_style == "dtensor":
+        return s.tokens, "replicate on tp"
+    return s.tokens_sp, residual_placement(plan)
+
+
 def residual_placement(plan: Plan) -> str:
     return (
         "shard(0) on tp"
@@ -1167,11 +1178,10 @@ def attention_saved(plan: Plan, s: Shapes) -> list[Alloc]:
         vwhere(repeated, s.out_cols, s.v_cols),
     )
     gemm_in = saved_gemm_input(plan, s)
+    tokens, placed = column_input(plan, s)
     out = [
         Alloc(ATTENTION_NORM_INPUT, "activations", a * s.tokens_sp * s.hidden, placement=res),
-        Alloc(
-            "attention QKV input", "activations", gemm_in * s.tokens_sp * s.hidden, placement=res
-        ),
+        Alloc("attention QKV input", "activations", gemm_in * tokens * s.hidden, placement=placed),
         *(
             Alloc(name, "activations", a * s.tokens * cols, placement=head)
             for name, cols in zip(QKV_OUTPUTS, widths, strict=True)
@@ -1332,9 +1342,10 @@ def mlp_saved(plan: Plan, s: Shapes) -> list[Alloc]:
     a, res = s.act, residual_placement(plan)
     col = "shard(ffn) on tp"
     gemm_in = saved_gemm_input(plan, s)
+    tokens, placed = column_input(plan, s)
     out = [
         Alloc("MLP norm input", "activations", a * s.tokens_sp * s.hidden, placement=res),
-        Alloc("MLP fc1 input", "activations", gemm_in * s.tokens_sp * s.hidden, placement=res),
+        Alloc("MLP fc1 input", "activations", gemm_in * tokens * s.hidden, placement=placed),
     ]
     gate = plan.model.gate  # gated MLPs save the gate and up projections
     out.append(

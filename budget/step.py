@@ -47,6 +47,7 @@ from budget.layers import (
     attention_params,
     attention_saved,
     class_params,
+    column_input,
     core_attention,
     eager_scores,
     ep_alone,
@@ -299,6 +300,8 @@ def _tp_moves(
 
     wgrad = f"{column} backward"
     sp = holds(par.sequence_parallel)
+    if par.tp_style == "dtensor":
+        return _dtensor_moves(move, into, into_size, gathered_size, gather_dtype, row, backward, sp)
     if backward:
         ar = move(f"{into} gradient", "all-reduce", PARTIAL, REPLICATE, into_size)
         rs = move(f"{into} gradient", "reduce-scatter", PARTIAL, shard(0), into_size)
@@ -655,10 +658,59 @@ def embedding_moves(plan: Plan, s: Shapes) -> list[Move]:
     return moves
 
 
+DTENSOR_WAIT = "tp (DTensor): exposed, the op after the redistribute waits for it"
+
+
+def _dtensor_moves(
+    move: Callable[..., Move],
+    into: str,
+    into_size: Any,
+    gathered_size: Any,
+    gather_dtype: str,
+    row: str,
+    backward: bool,
+    sp: Any,
+) -> list[Move]:
+    """`_tp_moves` under PyTorch's DTensor parallel styles (`Parallel.tp_style` dtensor), as
+    torchtitan applies them (``apply_tp``: ``SequenceParallel`` norms, ``PrepareModuleInput``
+    and ``ColwiseParallel`` inputs Shard(1) → Replicate, ``RowwiseParallel`` outputs Partial
+    → Shard(1); without sequence parallelism Replicate in and Partial → Replicate out). Each
+    redistribute runs where the op after it needs its result (``redistribute(...,
+    async_op=True)`` waited for at first use), with no GEMM of its own beside it, and its
+    backward is one redistribute of the gradient back (``Redistribute.backward``,
+    torch/distributed/tensor/_redistribute.py): the input's all-gather becomes the input
+    gradient's reduce-scatter (all-reduce), the output's reduce-scatter the output
+    gradient's all-gather; the gathered input is the matmul's own, saved for its weight
+    gradient (`layers.saved_gemm_input` reads it whole), so nothing is gathered again (an
+    audit, m489: the backward had Megatron-LM's re-gather and its reduction hidden behind
+    the weight-gradient GEMM, 4 GiB a step of phantom gathers on Llama 3 8B at tp 2)."""
+    if backward:
+        sp_moves = []
+        if row:
+            sp_moves.append(move("output gradient", "all-gather", shard(0), REPLICATE))
+        sp_moves.append(move(f"{into} gradient", "reduce-scatter", PARTIAL, shard(0), into_size))
+        plain = [move(f"{into} gradient", "all-reduce", PARTIAL, REPLICATE, into_size)]
+    else:
+        sp_moves = [move(into, "all-gather", shard(0), REPLICATE, gathered_size, gather_dtype)]
+        if row:
+            sp_moves.append(move("output", "reduce-scatter", PARTIAL, shard(0)))
+        plain = [move("output", "all-reduce", PARTIAL, REPLICATE)] if row else []
+    waited = [replace(m, rule=DTENSOR_WAIT) for m in sp_moves]
+    return when(waited, sp) + when([replace(m, rule=DTENSOR_WAIT) for m in plain], lacks(sp))
+
+
 def _sp(plan: Plan) -> bool | np.ndarray:
     """Where sequence parallelism is in effect: asked for, with more than one tp rank."""
     par = plan.parallel
     return holds(holds(par.sequence_parallel) & (par.tp > 1))
+
+
+def _gathered_apart(plan: Plan) -> bool | np.ndarray:
+    """Where sequence parallelism's gathered column-parallel input is a tensor apart from
+    the saved shard (Megatron-LM's layers, which gather it again for the weight gradient);
+    under DTensor's parallel styles (`Parallel.tp_style` dtensor) the gathered input is the
+    one saved (`layers.column_input`), counted there."""
+    return holds(_sp(plan) & (plan.parallel.tp_style != "dtensor"))
 
 
 def _hybrid(plan: Plan, move: Move) -> list[Move]:
@@ -1575,9 +1627,16 @@ def _extra_saved(b: _StageBuilder, at: Outside, root: bool = True) -> list[Alloc
         out += when([mask], embedded > 0)
     if b.last:
         size = s.act * s.tokens_sp * s.hidden
+        tokens, placed = column_input(plan, s)  # whole under DTensor's styles
         head = [
             Alloc("final norm input", "activations", size, count=headed, placement=res),
-            Alloc("output layer input", "activations", size, count=headed, placement=res),
+            Alloc(
+                "output layer input",
+                "activations",
+                s.act * tokens * s.hidden,
+                count=headed,
+                placement=placed,
+            ),
         ]
         mtp = mtp_layers(plan)
         if mtp:
@@ -2770,7 +2829,6 @@ def _forward(b: _StageBuilder) -> None:
     """Forward of the last layer of the last micro-batch a stage admits before its first
     backward: every earlier layer and micro-batch in flight is saved."""
     plan, s, m = b.plan, b.shapes, b.microbatches
-    sp = _sp(plan)
     full = plan.recompute == "full"
     base = [*b.resident, *_extra_saved(b, "forward"), b.earlier]
     checkpoint = [x for x in b.layer.attention if x.name == "layer input (checkpoint)"]
@@ -2826,7 +2884,7 @@ def _forward(b: _StageBuilder) -> None:
             return instants
         return _root_prefetched(b, instants, "head")
 
-    gathered = when([_gathered_input(plan, s)], sp)
+    gathered = when([_gathered_input(plan, s)], _gathered_apart(plan))
     # a fused kernel's output, saved but under recompute, is the projection's 16-bit input
     saved_out = (plan.recompute == "none") & (plan.model.attention != "eager")
     projected = _fp8_source(
@@ -2908,7 +2966,10 @@ def _forward(b: _StageBuilder) -> None:
                             + checkpoint
                             + kept
                             + _either(blocks["mlp"][:3], full)  # and the fc1 output it writes
-                            + when([_gathered(plan, s, "MLP input (all-gathered)")], sp)
+                            + when(
+                                [_gathered(plan, s, "MLP input (all-gathered)")],
+                                _gathered_apart(plan),
+                            )
                             + z3
                         ),
                     ),
@@ -3051,7 +3112,7 @@ def _loss(b: _StageBuilder) -> None:
         b.saved_in_flight,
     )
 
-    gathered = when([_full(s, "output layer input (all-gathered)")], _sp(plan))
+    gathered = when([_full(s, "output layer input (all-gathered)")], _gathered_apart(plan))
     # the output layer's input gradient, which waits for the multi-token prediction heads'
     # share (their losses' backward runs after the main one's; an audit: uncounted there)
     input_grad = Alloc("output layer input gradient", "transient", s.act * s.tokens_sp * s.hidden)
@@ -3589,7 +3650,7 @@ def _backward(b: _StageBuilder) -> None:
         fc2_in, act_in = [FC2_INPUT, *mask], [activation_input(plan)]
         mlp_bucket = bucket("mlp", ["attention"])  # held through the block's three instants
         fc1_again = _gathered(plan, s, "fc1 input (re-gathered for weight grad)", for_wgrad=True)
-        regather = when([fc1_again], sp)
+        regather = when([fc1_again], _gathered_apart(plan))
         again = when(_mlp_again(plan, s), full)
         mlp_instants = [
             Instant(
@@ -3748,7 +3809,7 @@ def _backward(b: _StageBuilder) -> None:
                         s.q_cols + s.k_cols + s.v_cols,
                         "shard(heads) on tp",
                     ),
-                    *when([_regathered_input(plan, s)], sp),
+                    *when([_regathered_input(plan, s)], _gathered_apart(plan)),
                     *_before_reduction(plan, s, "QKV input gradient"),
                     *attention_bucket,
                 ),

@@ -255,6 +255,10 @@ class Parallel:
     pipeline: Pipeline = field(default_factory=Pipeline)
     order: tuple[GroupKind, ...] = ("tp", "cp", "ep", "dp", "pp")
     cp_attention: Literal["ring", "allgather"] = "ring"
+    # how tensor parallelism runs its collectives (`step._tp_moves`): "megatron", Megatron-LM's
+    # and Transformer Engine's layers; "dtensor", PyTorch's DTensor parallel styles as
+    # torchtitan applies them (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``)
+    tp_style: Literal["megatron", "dtensor"] = "megatron"
     # PyTorch FSDP's generation where its mixed precision applies (`flops.fsdp_mixed`):
     # 1 FullyShardedDataParallel's flat parameters, 2 fully_shard's per-parameter DTensors
     fsdp: Literal[1, 2] = 2

@@ -809,6 +809,7 @@ class _Resolver:
             ),
             order=cast(tuple[GroupKind, ...], order),
             cp_attention=tree.get("cp_attention", "ring"),
+            tp_style=tree.get("tp_style", "megatron"),
             fsdp=tree.get("fsdp", 2),
             fsdp_unit=tree.get("fsdp_unit", "block"),
             reshard_after_forward=bool(tree.get("reshard_after_forward", True)),
@@ -1480,6 +1481,35 @@ def _check_interleaved_sends(r: _Resolver, par: Parallel, overlapped: bool) -> N
             "refuses it otherwise: one batch of sends would pair the same two ranks twice); "
             "set overlap.pp: true, or use pp ≥ 3 or schedule: 1f1b",
         )
+
+
+def _check_dtensor(r: _Resolver, mode: str, model: Model | None, tree: Tree) -> None:
+    """`Parallel.tp_style` dtensor prices PyTorch's DTensor tensor parallelism as torchtitan
+    applies it to a dense model's layers in training, in 16-bit GEMMs; what it is not priced
+    beside is refused: serving (whose engines run Megatron-style layers), comm-GEMM overlap
+    (torchtitan's async tensor parallelism is torch.compile's micro-pipelining, not
+    Transformer Engine's userbuffers), FP8 GEMMs (torchao's float8, not Transformer
+    Engine's recipes), experts and latent attention (their tensor-parallel plans differ)."""
+    where = "$.parallel.tp_style"
+    if mode != "train":
+        r.error(where, "tp_style: dtensor prices training; a serving plan's layers are priced "
+                "as its engine's (vLLM's, Megatron-style): remove it")  # fmt: skip
+        return
+    precision = tree.get("precision") or {}
+    refused = [
+        ("overlap.tp", bool((tree.get("overlap") or {}).get("tp"))),
+        ("precision.matmul: fp8", isinstance(precision, dict) and precision.get("matmul") == "fp8"),
+        ("model.experts", model is not None and model.experts is not None),
+        ("model.mla", model is not None and model.mla is not None),
+    ]
+    for key, present in refused:
+        if present:
+            r.error(
+                where,
+                f"tp_style: dtensor is not priced beside {key} (torchtitan's async tensor "
+                "parallelism, torchao's float8 and its expert and latent-attention plans are "
+                "not modelled); use tp_style: megatron",
+            )
 
 
 def _check_tp_overlap(r: _Resolver, par: Parallel, topology: Topology) -> None:
@@ -2657,6 +2687,8 @@ def resolve(
                     "and without buckets it would gather the whole buffer before the first "
                     "forward; set dp_grads: true too, or param_gather: false",
                 )
+        if par.tp_style == "dtensor":
+            _check_dtensor(r, mode, model, tree)
         # a serving plan's tp all-gathers hide behind their GEMMs under overlap.tp too, by
         # the same userbuffers within one NVLink domain (an audit, m443: tp 16 over two
         # nodes was priced hidden in decode, where training refuses it)

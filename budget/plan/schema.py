@@ -161,6 +161,10 @@ def _unknown_keys(
         # a top-level tensor_parallel was listed the top-level keys, no word of parallel.tp)
         meant = _SYNONYMS.get(key)
         elsewhere = meant in degrees and meant not in known and path != "$.parallel"
+        # or a key of parallel.pipeline under another name (Megatron-LM's virtual stages)
+        elsewhere = elsewhere or (
+            isinstance(meant, str) and "." in meant and path != "$.parallel.pipeline"
+        )
         batch_like = key in _SYNONYMS and meant is None and path != "$.batch"
         # the key itself, misplaced, is told first where it goes, then this section's
         # spelling near it (an audit: batch.sequence_parallel was asked "did you mean
@@ -231,7 +235,25 @@ def _home(key: str, path: str) -> str | None:
     level = sections["topology"]["properties"]["levels"]["items"]["properties"]
     if key in level and path in ("$", "$.topology", "$.device"):
         return "goes under each of topology.levels"
+    # a key of a mapping inside a section (a user audit, m488: parallel.virtual_stages, where
+    # `budget search --virtual-stages` names it, listed the parallel keys and no word of
+    # parallel.pipeline); not the words several mappings share (count, size, ffn, ...)
+    nested = [
+        f"{section}.{inner}"
+        for section, inner in _NESTED
+        if key in sections[section]["properties"][inner]["properties"]
+        and key not in _SHARED_WORDS
+        and path != f"$.{section}.{inner}"
+    ]
+    if nested:
+        return f"goes under {' or '.join(nested)}"
     return None
+
+
+# the mappings inside sections whose keys a misplaced one is told of (`_home`), and the words
+# too general to place (model.experts' count and ffn are many things' counts and widths)
+_NESTED = (("parallel", "pipeline"), ("model", "experts"), ("model", "mla"))
+_SHARED_WORDS = frozenset(("count", "ffn", "every", "pattern", "size", "layers"))
 
 
 # what other tools call a key budget names otherwise (Megatron-LM's arguments, Hugging Face's
@@ -248,6 +270,11 @@ _SYNONYMS = {
     **dict.fromkeys(("data_parallel", "data_parallel_size", "dp_size"), "dp"),
     **dict.fromkeys(("context_parallel", "context_parallel_size", "cp_size"), "cp"),
     **dict.fromkeys(("expert_parallel", "expert_model_parallel_size", "ep_size"), "ep"),
+    # Megatron-LM's and NeMo's names of a nested key: where budget's goes (`_home`)
+    **dict.fromkeys(
+        ("virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"),
+        "pipeline.virtual_stages",
+    ),
     # the model's sizes as Hugging Face's configs, Megatron-LM's arguments and MPT's yamls
     # name them (an audit: num_attention_heads was offered attention_sinks, a flag, and
     # ffn_hidden the hidden key set two lines above)
