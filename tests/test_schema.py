@@ -329,6 +329,28 @@ def test_a_key_in_the_wrong_section_says_where_it_goes() -> None:
         assert " goes under each of topology.levels" in message, message
 
 
+def test_a_key_of_a_mapping_inside_a_section_says_where_it_goes() -> None:
+    """A user audit, m488: parallel.virtual_stages (`budget search --virtual-stages`
+    names it) listed the parallel keys and no word of parallel.pipeline; so did a top-level
+    one and Megatron-LM's virtual_pipeline_model_parallel_size. Words several mappings share
+    (count, size) stay unplaced."""
+    for key, value, said in [
+        ("virtual_stages", "2", "; virtual_stages goes under parallel.pipeline"),
+        ("schedule", "interleaved", "; schedule goes under parallel.pipeline"),
+        ("top_k", "2", "; top_k goes under model.experts"),
+        ("kv_rank", "512", "; kv_rank goes under model.mla"),
+        (
+            "virtual_pipeline_model_parallel_size",
+            "2",
+            ": budget calls it parallel.pipeline.virtual_stages",
+        ),
+        ("count", "2", " (expected one of"),
+    ]:
+        for text in (MINIMAL + f"parallel: {{{key}: {value}}}\n", MINIMAL + f"{key}: {value}\n"):
+            (message,) = [e for e in errors(text) if f"unknown key {key!r}" in e]
+            assert f"unknown key {key!r}{said}" in message, message
+
+
 @pytest.mark.parametrize(
     ("slowdown", "problem"),
     [
