@@ -224,7 +224,7 @@ def test_unknown_key_without_a_close_match_lists_the_keys() -> None:
     assert found == [
         "p.yaml:5:12: error: $.parallel.xyzzy: unknown key 'xyzzy' (expected one of: "
         "cp, cp_attention, dp, dp_shard, ep, etp, fsdp, fsdp_root, fsdp_unit, order, pipeline, "
-        "pp, reduce_bucket, reshard_after_forward, sequence_parallel, tp, zero)"
+        "pp, reduce_bucket, reshard_after_forward, sequence_parallel, tp, tp_style, zero)"
     ]
 
 
