@@ -592,7 +592,10 @@ def _states(s: StageRow) -> int:
 
 
 _STAGE: tuple[tuple[str, Unit, Better, Callable[[StageRow], float]], ...] = (
-    ("layers", "count", "neither", lambda s: s.layers),
+    # the stage's own layers, the multi-token prediction modules apart, as the reports'
+    # tables write them (a user audit, m488: "layers 6 → 7" beside "5 + 1 MTP → 6 + 1 MTP")
+    ("layers", "count", "neither", lambda s: s.layers - s.mtp_layers),
+    ("mtp_layers", "count", "neither", lambda s: s.mtp_layers),
     ("inflight", "count", "neither", lambda s: s.inflight),
     ("states_bytes", "bytes", "lower", _states),
     ("activations_bytes", "bytes", "lower", lambda s: s.activations_bytes),

@@ -526,7 +526,10 @@ def build_report(plan: Plan) -> Report:
         microbatches=step.microbatches,
         capacity_bytes=plan.device.memory,
         stages=tuple(
-            _stage_row(s, plan.device.memory, st)
+            replace(
+                _stage_row(s, plan.device.memory, st),
+                mtp_layers=mtp_layers(plan) if s.stage == plan.parallel.pp - 1 else 0,
+            )
             for s, st in zip(mem.stages, step.stages, strict=True)
         ),
         phases=phases,

@@ -154,6 +154,9 @@ class StageRow:
     peak_overlap: tuple[Overlapping, ...]
     capacity_bytes: int
     timeline: tuple[TimelinePoint, ...] = ()  # every instant of the step, in step order
+    # of `layers`, the multi-token prediction modules the last stage runs after its own
+    # (a user audit, m488: the JSON's and diff's counts summed to 62 of a 61-layer model)
+    mtp_layers: int = 0
 
     @property
     def headroom_bytes(self) -> int:
@@ -275,6 +278,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 {
                     "stage": s.stage,
                     "layers": s.layers,
+                    "mtp_layers": s.mtp_layers,
                     "microbatches_in_flight": s.inflight,
                     "params_bytes": s.params_bytes,
                     "grads_bytes": s.grads_bytes,

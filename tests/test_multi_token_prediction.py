@@ -407,3 +407,14 @@ def test_the_report_writes_the_module_apart_from_the_last_stages_layers(tmp_path
     ]
     without = build_report(_without_mtp(_plan(tmp_path, pp=2)))
     assert [stage_layers(without, s.stage, s.layers) for s in without.stages] == ["31", "30"]
+    # the JSON says which of them are modules, and `budget diff` compares the stages' own
+    # layers and the modules apart (a user audit, m488: "layers 30 → 31" beside the
+    # tables' "30 + 1 MTP" and the model's 61)
+    from budget.diff import diff_reports
+
+    stages = to_dict(report)["memory"]["stages"]
+    assert [(s["layers"], s["mtp_layers"]) for s in stages] == [(31, 0), (31, 1)]
+    compared = diff_reports(without, report)
+    (last,) = [r for r in compared.stages if r.key == "1"]
+    deltas = {d.metric: (d.a, d.b) for d in last.deltas}
+    assert deltas["layers"] == (30, 30) and deltas["mtp_layers"] == (0, 1)

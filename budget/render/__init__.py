@@ -98,10 +98,11 @@ def preset_said(name: str, overrides: Iterable[str]) -> str:
 
 def stage_layers(report: Report, stage: int, layers: int) -> str:
     """A stage's layers for people: the multi-token prediction layers the last stage runs
-    after its own (`layers._chunk_kinds`) apart, "2 + 1 MTP" (a user audit, m431: the
-    stages' counts summed to 62 of DeepSeek-V3's 61 layers, and nothing said why)."""
-    mtp = int(report.model.get("mtp_layers") or 0)
-    if mtp and report.stages and stage == report.stages[-1].stage:
+    after its own (`layers._chunk_kinds`, `StageRow.mtp_layers`) apart, "2 + 1 MTP" (a user
+    audit, m431: the stages' counts summed to 62 of DeepSeek-V3's 61 layers, and nothing
+    said why)."""
+    mtp = next((s.mtp_layers for s in report.stages if s.stage == stage), 0)
+    if mtp:
         return f"{layers - mtp} + {mtp} MTP"
     return str(layers)
 

@@ -66,6 +66,7 @@ _LABELS = {
     # calls, which the collectives table counts (an audit: "calls" read as those)
     "count": "count",
     "layers": "layers",
+    "mtp_layers": "MTP layers",
     "inflight": "in flight",
     "tokens_per_s": "tokens/s",
     "tokens_per_s_per_gpu": "tokens/s per GPU",
@@ -283,7 +284,7 @@ def _shown(rows: tuple[Row, ...], metric: str) -> bool:
     """KV cache and reserved rows only when a side has one; a stage's layers and
     micro-batches in flight and a phase's calls only when they change somewhere (they
     explain the figures under them); every other metric always."""
-    if metric in ("layers", "inflight", "count"):
+    if metric in ("layers", "mtp_layers", "inflight", "count"):
         return any(d.metric == metric and d.changed for r in rows for d in r.deltas)
     if metric not in ("kv_cache_bytes", "reserved_bytes"):
         return True
