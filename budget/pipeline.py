@@ -366,6 +366,7 @@ def build_report(plan: Plan) -> Report:
         "zero": par.zero,
         "dp_shard": par.dp_shard,
         "fsdp": par.fsdp if fsdp_mixed(plan) else None,
+        "tp_style": par.tp_style if plan.mode == "train" else None,
         "fsdp_unit": par.fsdp_unit if par.zero == 3 else None,
         "reshard_after_forward": par.reshard_after_forward if par.zero == 3 else None,
         "fsdp_root": par.fsdp_root if par.zero == 3 else None,

@@ -106,7 +106,7 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.32: the report's device gives ``overrides``, ``flops`` and ``memory_bandwidth_Bps``, its
 # topology ``name`` and ``overrides``; search's hardware ``device_overrides`` and
 # ``topology_overrides``
-SCHEMA_VERSION = "1.32"
+SCHEMA_VERSION = "1.33"
 
 Kind = Literal[
     "report",

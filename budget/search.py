@@ -2114,6 +2114,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "defer_embedding_wgrad": plan.overlap.defer_embedding_wgrad,
         "tp_comm_aggregate": list(plan.overlap.tp_comm_aggregate),
         # what a ZeRO 3 layout gathers at once (`Parallel.fsdp_unit`), as the plan says
+        "tp_style": plan.parallel.tp_style,
         "fsdp_unit": plan.parallel.fsdp_unit,
         "reshard_after_forward": plan.parallel.reshard_after_forward,
         "fsdp_root": plan.parallel.fsdp_root,

@@ -833,6 +833,7 @@ def test_search_says_what_hardware_and_kernel_rates_it_priced_on(tmp_path, gpt3,
         },
         "defer_embedding_wgrad": False,  # and the recipe's pipeline and userbuffers settings
         "tp_comm_aggregate": [],
+        "tp_style": "megatron",  # how tensor parallelism runs, as the plan says
         "fsdp_unit": "block",  # what a ZeRO 3 layout gathers at once, as the plan says
         "reshard_after_forward": True,  # and whether it frees it after its forward
         "etp": None,  # no experts, so no expert tensor parallelism to keep

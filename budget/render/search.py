@@ -552,6 +552,8 @@ def hardware_text(hardware: dict[str, Any]) -> str:
             if etp == "tp"
             else f" Every layout keeps the plan's etp {etp} for its expert layers."
         )
+    if hardware.get("tp_style") == "dtensor":
+        kept += " Tensor parallelism runs as DTensor's styles (the plan's tp_style)."
     if hardware.get("fsdp_unit") == "layer":
         kept += " ZeRO 3 layouts gather and reduce-scatter whole layers (the plan's fsdp_unit)."
     if hardware.get("fsdp_root") == "split":

@@ -94,6 +94,8 @@ def header(report: Report) -> list[str]:
     extras = [zero, schedule]
     if lay["virtual_stages"] > 1:
         extras.append(f"{lay['virtual_stages']} virtual stages")
+    if lay.get("tp_style") == "dtensor" and lay["tp"] > 1:
+        extras.append("tensor parallel as DTensor's styles")
     if lay["sequence_parallel"]:
         extras.append("sequence parallel")
     elif lay.get("scatter_gather") and lay["tp"] > 1 and lay["pp"] > 1:
