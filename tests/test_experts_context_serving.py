@@ -2883,3 +2883,35 @@ def test_one_sequence_over_experts_inside_tp_reads_the_experts_one_token_reaches
     assert 1.12 < reached < 1.14
     activations = 2 * (1 * 4096 + 1 * 2 * 14336)  # the one rounded row in and out
     assert fc1.bytes == pytest.approx(reached * weights + activations, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["ring", "allgather"])
+def test_a_context_parallel_prefill_holds_its_attentions_buffers(tmp_path, kind):
+    """Transformer Engine's context-parallel forward keeps what it keeps in training
+    whatever is_training says (an audit, m491: a prefill's instants held none of it, 4.6 GiB
+    of a 1M-token prefill at cp 16). The shipped decode plan at cp 2 over two nodes: a rank
+    prefills 32 sequences x 1,024 tokens = 32,768 rows, one K/V head of 128 and 8 query
+    heads of 128 at tp 8. The ring keeps cp received K/V chunks, 2 x 32,768 x 256 x 2 B =
+    32 MiB, cp step outputs, 2 x 32,768 x 1,024 x 2 B = 128 MiB, and their fp32 statistics,
+    2 x 32,768 x 8 x 4 B = 2 MiB; all-gathered, the whole sequence's K and V, 65,536 x 256 x
+    2 B = 32 MiB, and before the core the reorder copy of one of them, 16 MiB."""
+    plan = variant(
+        tmp_path,
+        f"cp-{kind}.yaml",
+        ("  tp: 8", f"  tp: 8\n  cp: 2\n  cp_attention: {kind}"),
+        ("nodes: 1}", "nodes: 2}"),
+        base=DECODE,
+    )
+    (stage,) = derive(load_plan(plan)).stages
+    (phase,) = [p for p in stage.phases if p.name == "prefill.attention"]
+    held = {i.label: {a.name: a.total for a in i.live} for i in phase.instants}
+    attention = held["attention"]
+    if kind == "ring":
+        assert attention["K/V ring buffers (one per cp rank)"] == 2 * 32_768 * 256 * 2
+        assert attention["ring step outputs (one per cp rank)"] == 2 * 32_768 * 1024 * 2
+        assert attention["ring step softmax statistics (fp32)"] == 2 * 32_768 * 8 * 4
+        assert "K/V reordered for the core" not in held
+    else:
+        assert attention["K/V all-gathered"] == 65_536 * 256 * 2
+        reordered = held["K/V reordered for the core"]
+        assert reordered["K or V reordered (index_select's copy)"] == 65_536 * 128 * 2
