@@ -16,6 +16,7 @@ from budget.layers import attention_saved, mlp_saved, shapes
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
 from budget.report import to_dict
+from budget.step import derive
 from tests.plan_files import ROOT
 
 MIB = 2**20
@@ -79,6 +80,13 @@ def test_dtensor_saves_each_column_parallel_input_whole(tmp_path: Path) -> None:
         assert saved["attention QKV input"] == saved["MLP fc1 input"] == size
     peaks = [build_report(p).worst.peak_bytes for p in (dtensor, megatron)]
     assert peaks[0] - peaks[1] == 32 * 2 * 32 * MIB - 32 * MIB
+    # the normed input's shard its redistribute read stays the block's argument until the
+    # block returns (review m490), in place of Megatron-LM's gathered copy beside the shard
+    (stage,) = derive(dtensor).stages
+    (phase,) = [p for p in stage.phases if p.name == "forward.attention"]
+    qkv = {a.name: a.total for a in phase.instants[0].live}
+    assert qkv["attention input shard (before its redistribute)"] == 32 * MIB
+    assert "attention input (all-gathered)" not in qkv
 
 
 @pytest.mark.parametrize(
@@ -86,6 +94,7 @@ def test_dtensor_saves_each_column_parallel_input_whole(tmp_path: Path) -> None:
     [
         ("", ("overlap: {dp_grads: true", "overlap: {tp: true, dp_grads: true"), "overlap.tp"),
         ("", ("  activations: bf16", "  activations: bf16\n  matmul: fp8"), "precision.matmul"),
+        ("", ("{preset: llama3-8b,", "{preset: llama3-8b, mtp_layers: 1,"), "model.mtp_layers"),
     ],
 )
 def test_dtensor_refuses_what_it_does_not_price(

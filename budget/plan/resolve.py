@@ -1489,7 +1489,8 @@ def _check_dtensor(r: _Resolver, mode: str, model: Model | None, tree: Tree) -> 
     beside is refused: serving (whose engines run Megatron-style layers), comm-GEMM overlap
     (torchtitan's async tensor parallelism is torch.compile's micro-pipelining, not
     Transformer Engine's userbuffers), FP8 GEMMs (torchao's float8, not Transformer
-    Engine's recipes), experts and latent attention (their tensor-parallel plans differ)."""
+    Engine's recipes), experts, latent attention and multi-token prediction (their
+    tensor-parallel plans differ, or torchtitan's Llama has none)."""
     where = "$.parallel.tp_style"
     if mode != "train":
         r.error(where, "tp_style: dtensor prices training; a serving plan's layers are priced "
@@ -1501,6 +1502,9 @@ def _check_dtensor(r: _Resolver, mode: str, model: Model | None, tree: Tree) -> 
         ("precision.matmul: fp8", isinstance(precision, dict) and precision.get("matmul") == "fp8"),
         ("model.experts", model is not None and model.experts is not None),
         ("model.mla", model is not None and model.mla is not None),
+        # torchtitan's Llama runs no multi-token prediction (review m490: its projection's
+        # collectives went DTensor's way and its saved inputs stayed Megatron's)
+        ("model.mtp_layers", model is not None and model.mtp_layers > 0),
     ]
     for key, present in refused:
         if present:
