@@ -681,7 +681,7 @@ def _dtensor_moves(
     torch/distributed/tensor/_redistribute.py): the input's all-gather becomes the input
     gradient's reduce-scatter (all-reduce), the output's reduce-scatter the output
     gradient's all-gather; the gathered input is the matmul's own, saved for its weight
-    gradient (`layers.saved_gemm_input` reads it whole), so nothing is gathered again (an
+    gradient (`layers.column_input` saves it whole), so nothing is gathered again (an
     audit, m489: the backward had Megatron-LM's re-gather and its reduction hidden behind
     the weight-gradient GEMM, 4 GiB a step of phantom gathers on Llama 3 8B at tp 2)."""
     if backward:
