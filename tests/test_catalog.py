@@ -1182,3 +1182,24 @@ def test_a_misnamed_device_preset_is_offered_its_own_family() -> None:
     with pytest.raises(BudgetError) as raised:
         _resolve(_tree(model={"preset": "gpt-3-175b"}))
     assert any("did you mean 'gpt3-175b'?" in p.message for p in raised.value.problems)
+
+
+def test_a_pattern_keeps_the_first_dense_layers_dense() -> None:
+    """An audit, m492: `pattern` beside `first_dense_layers` made the leading layers MoE,
+    unsaid (DeepSeek-MoE 16B with an all-true pattern read 28 MoE layers and 0.5 B more
+    parameters). The leading layers stay dense under a pattern, a preset's too (DeepSeek-V3's
+    3), and 0 lifts them; a pattern with no MoE layer past them is refused."""
+    written = {"tp": 1, "dp": 8, "ep": 8}
+    base = {"preset": "deepseek-v3", "layers": 8}
+    flags = _resolve(
+        _tree(model={**base, "experts": {"pattern": [True] * 8}}, parallel=written)
+    ).model.moe_flags
+    assert flags == (False,) * 3 + (True,) * 5
+    lifted = {**base, "experts": {"pattern": [True] * 8, "first_dense_layers": 0}}
+    assert _resolve(_tree(model=lifted, parallel=written)).model.moe_flags == (True,) * 8
+    none_left = {**base, "experts": {"pattern": [True] * 3 + [False] * 5}}
+    with pytest.raises(BudgetError) as refused:
+        _resolve(_tree(model=none_left, parallel=written))
+    (problem,) = refused.value.problems
+    assert problem.path == "$.model.experts.pattern"
+    assert "no layer an MoE layer past the first_dense_layers = 3" in problem.message

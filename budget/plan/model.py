@@ -150,12 +150,15 @@ class Model:
     def moe_flags(self) -> tuple[bool, ...]:
         """Per layer, whether it is MoE: an explicit pattern, or every `every`-th layer after
         the first `first_dense_layers` (Megatron-LM's moe_layer_freq; DeepSeek's
-        first_k_dense_replace)."""
+        first_k_dense_replace); the first `first_dense_layers` are dense under a pattern too
+        (an audit, m492: a pattern beside them made them MoE, unsaid; a preset's
+        first_dense_layers stays in force under a pattern written over it, 0 lifts it)."""
         e = self.experts
         if e is None:
             return (False,) * self.layers
         if e.pattern is not None:
-            return e.pattern
+            first = e.first_dense_layers
+            return tuple(flag and i >= first for i, flag in enumerate(e.pattern))
         return tuple(
             i >= e.first_dense_layers and (i - e.first_dense_layers) % e.every == 0
             for i in range(self.layers)

@@ -583,6 +583,14 @@ class _Resolver:
                 f"pattern has {len(pattern)} entries but the model has {layers} layers; "
                 "give one true/false per layer",
             )
+        elif pattern is not None and not any(pattern[first_dense:]):
+            self.error(
+                "$.model.experts.pattern",
+                "pattern makes no layer an MoE layer"
+                + (f" past the first_dense_layers = {first_dense}" if first_dense else "")
+                + "; mark the MoE layers true, or write the model without experts",
+            )
+
         capacity = tree.get("capacity_factor")
         pad = bool(tree.get("pad_to_capacity", False))
         if pad and capacity is None:
