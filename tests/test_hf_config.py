@@ -150,6 +150,10 @@ def test_sparse_step_and_dense_only_layers_become_a_pattern() -> None:
     config = json.loads((DATA / "hf" / "qwen1.5-moe-a2.7b" / "config.json").read_text())
     config.update(num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[3])
     assert translate(config).tree["experts"]["pattern"] == [False, True, False, False]
+    # every layer in mlp_only_layers: transformers builds a dense model, and so does budget
+    # (review m493: a written pattern of no MoE layer is refused, and this one was with it)
+    config.update(decoder_sparse_step=1, mlp_only_layers=[0, 1, 2, 3])
+    assert "experts" not in translate(config).tree
 
 
 def test_unknown_key_is_named() -> None:

@@ -406,3 +406,30 @@ def test_the_peaks_box_stands_clear_of_the_legend(name: str) -> None:
         assert box.get_bbox_patch().get_window_extent(renderer).y1 <= legend.y0
         hung = name == "llama3-8b-tp-loss-gathered"
         assert box.get_va() == ("top" if hung else "bottom")
+
+
+def test_the_communication_axis_takes_the_unit_of_its_bars_labels(tmp_path: Path) -> None:
+    """An audit, m494: a tiny model's phases move tens of microseconds, labelled "49.2 µs"
+    on axis ticks of 0.00 to 0.05 "ms"; the axis now steps to µs as the labels do (and keeps
+    ms where its tallest bar is that long: GPT-3's hundreds of milliseconds)."""
+    pytest.importorskip("matplotlib")
+    text = (GPT3.parent / "gpt-1.3b.yaml").read_text(encoding="utf-8")
+    for old, new in (
+        ("layers: 24", "layers: 2"),
+        ("hidden: 2048", "hidden: 128"),
+        ("heads: 16", "heads: 2"),
+        ("vocab: 50304", "vocab: 1024"),
+        ("seq: 2048", "seq: 128"),
+        ("micro: 4", "micro: 1"),
+        ("global: 512", "global: 8"),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(text, encoding="utf-8")
+    for plan, unit in ((tiny, "µs"), (GPT3, "ms")):
+        out = tmp_path / f"{plan.stem}.svg"
+        code, _, err = _plot(plan, out)
+        assert code == 0, err
+        labels = {e.text for e in ET.parse(out).getroot().iter("{http://www.w3.org/2000/svg}text")}
+        assert f"communication per step ({unit})" in labels, labels

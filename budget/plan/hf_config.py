@@ -1788,4 +1788,8 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
         for i in range(layers)
     ]
-    return experts
+    # every layer dense (mlp_only_layers listing them all): transformers builds a dense
+    # model, as budget reads one, where a written pattern of no MoE layer is refused (review
+    # m493: such a config, read dense before, was refused with a hint at a pattern it never
+    # wrote)
+    return experts if any(experts["pattern"]) else None
