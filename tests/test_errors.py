@@ -451,3 +451,23 @@ def test_a_number_as_written_is_the_kept_one_and_is_quoted_inside_a_list(
     path.write_text(text, encoding="utf-8")
     result = runner.invoke(app, route([str(path)]))
     assert result.exit_code == 2 and said in result.stderr, result.stderr
+
+
+def test_many_numbers_quoted_as_written_are_refused_quickly(tmp_path: Path) -> None:
+    """A review: each problem was checked against every number the plan wrote with more
+    digits than a float keeps, 4,096 of them in a pattern of 4,096 wrong entries (16.8 M
+    prefix tests, over 2 s); the paths holding one are found once a file (`_holders`)."""
+    from tests.guards import refused_in_time
+
+    entries = ", ".join(["0.10000000000000000001"] * 4096)
+    text = (ROOT / "plans" / "deepseek-moe-16b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "many.yaml"
+    path.write_text(
+        text.replace("first_dense_layers: 1}", f"first_dense_layers: 1, pattern: [{entries}]}}"),
+        encoding="utf-8",
+    )
+    with refused_in_time(), pytest.raises(BudgetError) as refused:
+        load_plan(path)
+    first = refused.value.problems[0]
+    assert first.path == "$.model.experts.pattern[0]"
+    assert first.message == "0.10000000000000000001 is not true or false"
