@@ -414,7 +414,9 @@ def test_a_moe_plan_whose_order_misses_pp_is_told_so(tmp_path: Path) -> None:
 def test_a_number_of_more_digits_than_a_float_keeps_is_quoted_as_written(tmp_path: Path) -> None:
     """`tp: 8.000000000000001` was told "8.000000000000002 is not an integer": the float it
     reads as, not what the plan says. A number whose float prints otherwise is quoted as
-    written (`Marks.written`); one that prints as written (0.1, 1e3) is not marked."""
+    written (`Marks.written`), as is one written in another form (1e3, 1_000.5: an audit,
+    m495, read them quoted as 1000.0 and 1000.5); one that prints as written (0.1) is not
+    marked."""
     from budget.plan.yaml_load import load_yaml
 
     plan = ROOT / "plans" / "llama3-8b-fsdp.yaml"
@@ -428,7 +430,7 @@ def test_a_number_of_more_digits_than_a_float_keeps_is_quoted_as_written(tmp_pat
     assert "$.overlap.slowdown: 1.0000000000000003 is greater than or equal to" in result.stderr
     assert "8.000000000000002" not in result.stderr and "1.0000000000000002" not in result.stderr
     loaded = load_yaml("a: 8.000000000000001\nb: 0.1\nc: 1e3\nd: 1_000.5\n", "p.yaml")
-    assert loaded.marks.written == {"$.a": "8.000000000000001"}
+    assert loaded.marks.written == {"$.a": "8.000000000000001", "$.c": "1e3", "$.d": "1_000.5"}
 
 
 @pytest.mark.parametrize(
@@ -437,6 +439,9 @@ def test_a_number_of_more_digits_than_a_float_keeps_is_quoted_as_written(tmp_pat
         ("9.5\n  tp: 8.000000000000001", "$.parallel.tp: 9.5 is not an integer"),
         ("[8.000000000000001, 2]", "$.parallel.tp: [8.000000000000001, 2] is not an integer"),
         ("{a: 8.000000000000001}", "$.parallel.tp: {'a': 8.000000000000001} is not an integer"),
+        # YAML's words in a list, and a refused item as written, not None (an audit, m495)
+        ("[yes, ~, .inf]", "$.parallel.tp: [true, null, .inf] is not an integer"),
+        ("1e-5", "$.parallel.tp: 1e-5 is less than the minimum of 1"),
     ],
 )
 def test_a_number_as_written_is_the_kept_one_and_is_quoted_inside_a_list(

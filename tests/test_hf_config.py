@@ -2255,3 +2255,22 @@ def test_a_key_read_but_priced_by_no_value_must_still_be_one_the_class_takes(
     )
     for name in sorted(p.name for p in (DATA / "hf").iterdir()):
         translate(_raw(name))
+
+
+def test_a_number_is_quoted_as_the_file_wrote_it(tmp_path: Path) -> None:
+    """An audit, m495: num_attention_heads = 8.000000000000001 was told "8.000000000000002
+    is not a positive integer", the float JSON reads, as plans were before (2f7e4c2); the
+    file's text now (`hf_config.Written`), and a number that prints as written unchanged."""
+    config = json.loads((DATA / "hf" / "llama3-70b" / "config.json").read_text())
+    text = json.dumps(config).replace(
+        '"num_attention_heads": 64', '"num_attention_heads": 8.000000000000001'
+    )
+    path = tmp_path / "config.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(HfConfigError) as refused:
+        read_hf_config(path)
+    assert "num_attention_heads = 8.000000000000001 in " in str(refused.value)
+    path.write_text(text.replace("8.000000000000001", "64.5"), encoding="utf-8")
+    with pytest.raises(HfConfigError) as half:
+        read_hf_config(path)
+    assert "num_attention_heads = 64.5 in " in str(half.value)

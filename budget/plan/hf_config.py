@@ -394,6 +394,27 @@ class _Refused:
 _REFUSED = _Refused()
 
 
+class Written(float):
+    """A config.json number that prints otherwise than the file wrote it (8.000000000000001
+    reads as 8.000000000000002, 1e-5 prints 1e-05), keeping the file's text for the
+    messages that quote it (`_dumps`); a float in every other way."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> Written:
+        made = super().__new__(cls, value)
+        made.text = text
+        return made
+
+
+def _dumps(value: Any) -> str:
+    """A config value as a message quotes it: a number as the file wrote it (`Written`),
+    anything else as JSON writes it."""
+    if isinstance(value, Written):
+        return value.text if len(value.text) <= 30 else value.text[:27] + "..."
+    return json.dumps(value)
+
+
 class _Reading:
     """The ``json`` hooks of one read: each problem is noted, not raised, so a file with
     several (a key twice, a NaN, an integer past 2**63) gets them all at once."""
@@ -441,7 +462,11 @@ class _Reading:
         if not math.isfinite(value := float(text)):
             return self.finite(text)
         lost = rounded_away(text, value)  # 1e-400 read as 0.0 (an audit, m447)
-        return value if lost is None else self.refuse(text, lost)
+        if lost is not None:
+            return self.refuse(text, lost)
+        # quoted as written where it prints otherwise (an audit, m495: num_attention_heads
+        # = 8.000000000000001 was told 8.000000000000002 is not an integer)
+        return value if text == repr(value) else Written(value, text)
 
     def finite(self, text: str) -> _Refused:
         """NaN, Infinity and -Infinity, which ``json`` takes as numbers, and overflowing
@@ -505,7 +530,7 @@ def _without(config: dict[str, Any], mark: object) -> dict[str, Any]:
 def _int(config: Mapping[str, Any], key: str, where: str) -> int:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not a non-negative integer")
+        raise HfConfigError(f"{key} = {_dumps(value)} in {where} is not a non-negative integer")
     return value
 
 
@@ -518,7 +543,7 @@ def _optional(config: Mapping[str, Any], key: str, where: str, default: int, lea
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         kind = "a positive integer" if least == 1 else "a non-negative integer"
-        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not {kind}")
+        raise HfConfigError(f"{key} = {_dumps(value)} in {where} is not {kind}")
     return value
 
 
@@ -557,7 +582,7 @@ def _layer_types_problem(config: Mapping[str, Any], where: str) -> str | None:
     if counted and len(kinds) != layers:
         return (
             f"layer_types in {where} lists {len(kinds)} kinds for num_hidden_layers = "
-            f"{json.dumps(layers)}; give one kind per layer"
+            f"{_dumps(layers)}; give one kind per layer"
         )
     other = sorted({k for k in kinds if k not in ("full_attention", "sliding_attention")})
     if other:
@@ -582,7 +607,7 @@ def _switch(config: Mapping[str, Any], key: str, where: str, default: bool = Fal
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise HfConfigError(f"{key} = {json.dumps(value)} in {where} is not true or false")
+        raise HfConfigError(f"{key} = {_dumps(value)} in {where} is not true or false")
     return value
 
 
@@ -608,12 +633,12 @@ def _refuse_wrapper(config: Mapping[str, Any], where: str) -> None:
     else:  # saving it alone would only meet the family refusal (an audit: Llama 4)
         advice = (
             f"write the model's dimensions out: its language model (model_type "
-            f"{json.dumps(inner)}) is not a family budget reads either "
+            f"{_dumps(inner)}) is not a family budget reads either "
             f"({', '.join(sorted(FAMILIES))})"
         )
     raise HfConfigError(
         f"{where} configures a model of several parts (model_type "
-        f"{json.dumps(config.get('model_type'))}): the language model's keys are under "
+        f"{_dumps(config.get('model_type'))}): the language model's keys are under "
         f"text_config{beside}, and budget prices a language model alone; {advice}"
     )
 
@@ -647,7 +672,7 @@ def _check(
     known = family is None or (isinstance(family, str) and family in FAMILIES)
     if not known:
         problems.append(
-            f"model_type = {json.dumps(family)} in {where} is not a family budget reads: "
+            f"model_type = {_dumps(family)} in {where} is not a family budget reads: "
             "write the model's dimensions out instead (its model class may build layers no "
             "key announces, norms or biases, which budget would leave out); the families it "
             f"reads: {', '.join(sorted(FAMILIES))}"
@@ -787,7 +812,7 @@ def _foreign_problems(config: Mapping[str, Any], family: str | None, where: str)
 
 def _unread(key: str, value: Any, family: str, where: str, why: str) -> str:
     return (
-        f"{key} = {json.dumps(value)} in {where}: model_type {json.dumps(family)}'s class "
+        f"{key} = {_dumps(value)} in {where}: model_type {_dumps(family)}'s class "
         f"does not read it ({why}), so transformers builds the model without it; remove it, "
         "or correct model_type"
     )
@@ -802,7 +827,7 @@ def _count_problems(config: Mapping[str, Any], where: str) -> list[str]:
     given = {k: v for k, v in config.items() if k in _COUNT_KEYS and type(v) is int}
     if len(set(map(json.dumps, given.values()))) < 2:
         return []
-    names = " and ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(given.items()))
+    names = " and ".join(f"{k} = {_dumps(v)}" for k, v in sorted(given.items()))
     return [f"{where} sets {names}, names of one count, the routed experts; make them agree"]
 
 
@@ -943,7 +968,7 @@ def _integer_problems(config: Mapping[str, Any], family: str | None, where: str)
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 problems.append(
-                    f"{key} = {json.dumps(value)} in {where} is not a {_kind(least)} integer"
+                    f"{key} = {_dumps(value)} in {where} is not a {_kind(least)} integer"
                 )
     for key, families in _NO_NULL.items():
         if key not in config or config[key] is not None:
@@ -990,7 +1015,7 @@ def _kind_problems(config: Mapping[str, Any], where: str) -> list[str]:
     is not an object, as `_translate` would
     say each (it stops at the first), so that a file with several gets them all at once."""
     problems = [
-        f"{key} = {json.dumps(config[key])} in {where} is not true or false"
+        f"{key} = {_dumps(config[key])} in {where} is not true or false"
         for key in _SWITCHES
         if config.get(key) is not None and not isinstance(config[key], bool)
     ]
@@ -1056,14 +1081,14 @@ def _quantization_problem(quant: Any, where: str) -> str:
 
 def _activation_problem(key: str, act: Any, where: str) -> str:
     return (
-        f"{key} = {json.dumps(act)} in {where} is not one of "
+        f"{key} = {_dumps(act)} in {where} is not one of "
         f"{', '.join(sorted(_ACTIVATIONS))}, the gated MLPs budget prices; write the "
         "model's dimensions out for another"
     )
 
 
 def _probability_problem(key: str, value: Any, where: str) -> str:
-    return f"{key} = {json.dumps(value)} in {where} is not a probability from 0 to 1"
+    return f"{key} = {_dumps(value)} in {where} is not a probability from 0 to 1"
 
 
 def _derived_head_dim(tree: dict[str, Any], where: str) -> None:
@@ -1147,7 +1172,7 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
             continue
         if isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0:
             raise HfConfigError(
-                f"{key} = {json.dumps(cap)} in {where} is not a positive number; set the cap, "
+                f"{key} = {_dumps(cap)} in {where} is not a positive number; set the cap, "
                 "or null for none"
             )
         tree[name] = True
@@ -1168,7 +1193,7 @@ def _translate(config: Mapping[str, Any], where: str) -> HfModel:
         head = tree.get("head_dim", tree["hidden"] // max(tree["heads"], 1))
         if _int(config, "qk_head_dim", where) != head:
             raise HfConfigError(
-                f"{where} sets qk_head_dim = {json.dumps(config['qk_head_dim'])}, but its heads "
+                f"{where} sets qk_head_dim = {_dumps(config['qk_head_dim'])}, but its heads "
                 f"are {head} wide; make them agree"
             )
     act_key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
@@ -1223,7 +1248,7 @@ def _quantized(config: Mapping[str, Any], where: str) -> str | None:
             )
         return "fp8"
     raise HfConfigError(
-        f"quantization_config.quant_method = {json.dumps(method)} in {where} stores weights in "
+        f"quantization_config.quant_method = {_dumps(method)} in {where} stores weights in "
         "a format budget does not price (it prices bf16 and fp8 weights); delete "
         "quantization_config to budget the weights in precision.params' format (bf16 unless "
         "the plan names another)"
@@ -1300,8 +1325,8 @@ def _source(config: Mapping[str, Any], key: str, copy: str, where: str) -> str:
         return key
     if key in config and config[key] != config[copy]:
         raise HfConfigError(
-            f"{where} sets {key} = {json.dumps(config[key])} but its copy {copy} = "
-            f"{json.dumps(config[copy])}; make them agree"
+            f"{where} sets {key} = {_dumps(config[key])} but its copy {copy} = "
+            f"{_dumps(config[copy])}; make them agree"
         )
     return copy if key not in config else key
 
@@ -1622,7 +1647,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         if family in _MISTRAL and config.get(key) and "full_attention" in kinds:
             raise HfConfigError(
                 f"{where} gives full_attention layers in layer_types beside a window, but "
-                f"MistralAttention (model_type {json.dumps(family)}) slides every layer "
+                f"MistralAttention (model_type {_dumps(family)}) slides every layer "
                 "whatever layer_types says in the transformers budget reads, and which ones "
                 "slide is not one rule across its releases; give every layer one kind (or "
                 "sliding_window null for none), or write the model's dimensions out"
@@ -1632,7 +1657,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         if family is not None and family not in _SLIDES:  # as sliding_window is, below
             raise HfConfigError(
                 f"{where} lists sliding_attention layers in layer_types, but model_type "
-                f"{json.dumps(family)} builds no sliding-window attention in transformers; "
+                f"{_dumps(family)} builds no sliding-window attention in transformers; "
                 "make them full_attention (an audit: Llama read 40 sliding layers)"
             )
         flags = [k == "sliding_attention" for k in kinds]
@@ -1640,8 +1665,8 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         return None
     elif family is not None and family not in _SLIDES:
         raise HfConfigError(
-            f"{where} sets {key} = {json.dumps(config.get(key))}, but model_type "
-            f"{json.dumps(family)} builds no sliding-window attention in transformers; remove "
+            f"{where} sets {key} = {_dumps(config.get(key))}, but model_type "
+            f"{_dumps(family)} builds no sliding-window attention in transformers; remove "
             "it (or set it to null)"
         )
     elif family in _QWEN:
@@ -1650,7 +1675,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         if family in ("qwen2_moe", "qwen3_moe"):
             raise HfConfigError(
                 f"{where} turns use_sliding_window on without layer_types: which layers of "
-                f"model_type {json.dumps(family)} slide then is not one rule across "
+                f"model_type {_dumps(family)} slide then is not one rule across "
                 "transformers releases; give layer_types (one kind per layer)"
             )
         first = _optional(config, "max_window_layers", where, 28)  # Qwen2/3Config's default
@@ -1673,7 +1698,7 @@ def _window(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any] |
         return None  # where sliding_window is None, whatever layer_types says (a review)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise HfConfigError(
-            f"{where} has sliding layers but {key} = {json.dumps(window)} is not a positive "
+            f"{where} has sliding layers but {key} = {_dumps(window)} is not a positive "
             "number of tokens; set the window's length, or null for no window"
         )
     if family is not None and family not in _QWEN and config.get("use_sliding_window") is False:
@@ -1704,7 +1729,7 @@ def _latent(config: Mapping[str, Any], tree: dict[str, Any], where: str) -> None
     nope, rope = _int(config, "qk_nope_head_dim", where), _int(config, "qk_rope_head_dim", where)
     if config.get("qk_head_dim") is not None and _int(config, "qk_head_dim", where) != nope + rope:
         raise HfConfigError(
-            f"{where} sets qk_head_dim = {json.dumps(config['qk_head_dim'])}, but "
+            f"{where} sets qk_head_dim = {_dumps(config['qk_head_dim'])}, but "
             f"qk_nope_head_dim + qk_rope_head_dim = {nope + rope}; make them agree"
         )
     tree["mla"] = {
@@ -1726,8 +1751,8 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         # read num_experts 0 as dense layers): an audit read Mixtral-8x22B with
         # num_local_experts 0 as a dense model of 22.2 billion parameters
         raise HfConfigError(
-            f"{zero} = {json.dumps(config[zero])} in {where}: model_type "
-            f"{json.dumps(family)} routes each MoE "
+            f"{zero} = {_dumps(config[zero])} in {where}: model_type "
+            f"{_dumps(family)} routes each MoE "
             "layer's tokens among its experts, and none is given; give their number"
         )
     count_key = next(
@@ -1738,13 +1763,13 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         return None
     if family is not None and family not in _MOE:
         raise HfConfigError(
-            f"{where} has expert keys, but model_type {json.dumps(family)} builds no mixture "
+            f"{where} has expert keys, but model_type {_dumps(family)} builds no mixture "
             "of experts in transformers (its class ignores them, and so would the model); "
             "remove them"
         )
     top_k = _source(config, "num_experts_per_tok", "experts_per_token", where)
     if top_k not in config:  # a null one is refused before (`_top_k_problems`)
-        owner = f"model_type {json.dumps(family)}" if family else "a file without model_type"
+        owner = f"model_type {_dumps(family)}" if family else "a file without model_type"
         raise HfConfigError(
             f"{where} sets {count_key} but not num_experts_per_tok, and {owner} has no "
             "default for it: give the number of experts each token is routed to"
@@ -1772,7 +1797,7 @@ def _experts(config: Mapping[str, Any], layers: int, where: str) -> dict[str, An
         raise HfConfigError(
             f"moe_layer_freq = {freq} in {where}: DeepSeek's own modeling code makes one "
             f"layer in {freq} from first_k_dense_replace on an MoE layer, but transformers' "
-            f"class for model_type {json.dumps(config.get('model_type'))} ignores the key "
+            f"class for model_type {_dumps(config.get('model_type'))} ignores the key "
             "and makes every one MoE (an audit); the two build different models, so budget "
             "reads neither. Every released file sets 1; write the model's dimensions out"
         )

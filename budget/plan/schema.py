@@ -115,17 +115,16 @@ def _problems(
     path = _path(error.absolute_path)
     line, col = marks.at(path)
     message = _message(error)
-    written = _as_written(error.instance, path, marks) if path in holders else None
-    if written is not None:
-        shown = written if len(written) <= 40 else written[:37] + "..."
-        message = message.replace(_show(error.instance), shown, 1)
+    if path in holders:  # the numbers in it as written (`Marks.written`)
+        said = _clipped(_spelled(error.instance, path, marks.written))
+        message = message.replace(_show(error.instance), said, 1)
     return [Problem(file, line, col, path, message)]
 
 
 def _holders(marks: Marks) -> frozenset[str]:
-    """Each path at or above a number the plan wrote with more digits than a float keeps
-    (`Marks.written`), found once a file (a review: asked of every problem against every
-    such number, 4,096 of them took 2 s more)."""
+    """Each path at or above a scalar the messages quote as written (`Marks.written`: a
+    number written otherwise than it prints, a refused value), found once a file (a review:
+    asked of every problem against every such scalar, 4,096 of them took 2 s more)."""
     out: set[str] = set()
     for path in marks.written:
         while path and path not in out:
@@ -135,25 +134,6 @@ def _holders(marks: Marks) -> frozenset[str]:
                 break
             path = path[:cut]
     return frozenset(out)
-
-
-def _as_written(value: Any, path: str, marks: Marks) -> str:
-    """`value` at `path` as `_show` quotes it, with each number in it that the plan wrote
-    with more digits than a 64-bit float keeps as written (`Marks.written`:
-    8.000000000000001, which reads as 8.000000000000002), in a list or a mapping too (review
-    m480); asked only where a path holds one (`_holders`)."""
-
-    def shown(item: Any, at: str) -> str:
-        if isinstance(item, float) and at in marks.written:
-            return marks.written[at]
-        if isinstance(item, list):
-            return "[" + ", ".join(shown(x, child_path(at, i)) for i, x in enumerate(item)) + "]"
-        if isinstance(item, dict):
-            pairs = (f"{k!r}: {shown(x, child_path(at, k))}" for k, x in item.items())
-            return "{" + ", ".join(pairs) + "}"
-        return repr(item)
-
-    return shown(value, path)
 
 
 def _unknown_keys(
@@ -340,11 +320,29 @@ def _closest(word: str, choices: list[str]) -> str | None:
 
 
 def _show(value: Any) -> str:
-    """A value as the YAML author wrote it: true, null, 'text', 42."""
+    """A value as the YAML author wrote it: true, null, 'text', 42, [true, null] (an
+    audit, m495: a list's were Python's True and None), cut to 40 characters."""
+    return _clipped(_spelled(value))
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _spelled(value: Any, at: str = "", written: dict[str, str] | None = None) -> str:
+    """`value` in YAML's words, a list's and a mapping's items too, each scalar at a path
+    of `written` (`Marks.written`, `at` being `value`'s path) as the author wrote it."""
+    if written and at in written:
+        return written[at]
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, list):
+        items = (_spelled(x, child_path(at, i), written) for i, x in enumerate(value))
+        return "[" + ", ".join(items) + "]"
+    if isinstance(value, dict):
+        pairs = (f"{k!r}: {_spelled(x, child_path(at, k), written)}" for k, x in value.items())
+        return "{" + ", ".join(pairs) + "}"
+    return repr(value)
 
 
 def _flow(value: Any) -> str:

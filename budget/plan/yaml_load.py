@@ -446,6 +446,19 @@ class _Builder:
         return True
 
     def scalar(self, event: yaml.ScalarEvent, where: Position, path: str) -> Any:
+        """The value of a scalar (`_scalar`), its text kept for the messages that quote it
+        where it reads otherwise (`Marks.written`): a number written otherwise than it prints
+        (8.000000000000001, 1e-5, 2.50), or one refused, which None stands for (an audit,
+        m495: `[.inf, 2]` was quoted as [None, 2]). Not a duplicate key's, whose value is
+        not kept."""
+        value = self._scalar(event, where, path)
+        first = self.marks.nodes.get(path) == where
+        stood = value is None and path in self.refused
+        if first and (stood or _written_otherwise(event.value, value)):
+            self.marks.written[path] = _shown(event.value)
+        return value
+
+    def _scalar(self, event: yaml.ScalarEvent, where: Position, path: str) -> Any:
         tag = event.tag
         implicit = tag in (None, "!")
         if implicit and len(event.value) > _SHORT:  # PyYAML's patterns take seconds on MiBs
@@ -545,9 +558,6 @@ class _Builder:
         lost = rounded_away(text, value) if isinstance(value, float) else None
         if lost is not None:
             return self.refuse(where, path, f"{_shown(text)} is {lost}")
-        first = self.marks.nodes.get(path) == where  # a duplicate key's value is not kept
-        if first and isinstance(value, float) and _printed_otherwise(text, value):
-            self.marks.written[path] = _shown(text)
         return value
 
     def refuse(self, where: Position, path: str, message: str) -> None:
@@ -555,14 +565,14 @@ class _Builder:
         self.refused.add(path)
 
 
-def _printed_otherwise(text: str, value: float) -> bool:
-    """Whether the float `value` read from the decimal `text` prints as another number:
-    one written with more digits than a 64-bit float keeps (8.000000000000001 prints as
-    8.000000000000002; 0.1, 1e3 and 1_000.5 print as what they are)."""
-    try:
-        return Decimal(text.replace("_", "")) != Decimal(repr(value))
-    except InvalidOperation:  # .inf, .nan: refused as not finite before this
+def _written_otherwise(text: str, value: Any) -> bool:
+    """Whether the number `value` prints otherwise than the author wrote it: with more
+    digits than a 64-bit float keeps (8.000000000000001 prints 8.000000000000002), or in
+    another form (1e-5 prints 1e-05, 2.50 2.5, 1_000 1000). Not true, false or null, which
+    messages say as YAML read them, beside how an unquoted yes reads."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return False
+    return text.strip() != repr(value)
 
 
 def rounded_away(text: str, value: float) -> str | None:
