@@ -476,3 +476,17 @@ def test_many_numbers_quoted_as_written_are_refused_quickly(tmp_path: Path) -> N
     first = refused.value.problems[0]
     assert first.path == "$.model.experts.pattern[0]"
     assert first.message == "0.10000000000000000001 is not true or false"
+
+
+def test_a_list_of_repeated_items_is_quoted_in_yaml_words(tmp_path: Path) -> None:
+    """Review m497: jsonschema's "has non-unique elements" quoted Python's [None, None] and
+    [True, True]; the list now reads as the plan wrote it, a refused item too."""
+    text = (ROOT / "plans" / "llama3-70b.yaml").read_text(encoding="utf-8")
+    for written, said in (("[.inf, .inf]", "[.inf, .inf]"), ("[yes, yes]", "[true, true]")):
+        path = tmp_path / "repeated.yaml"
+        path.write_text(
+            text + f"overlap: {{tp: true, tp_comm_aggregate: {written}}}\n", encoding="utf-8"
+        )
+        result = runner.invoke(app, route([str(path)]))
+        assert result.exit_code == 2
+        assert f"tp_comm_aggregate: {said} has non-unique elements" in result.stderr, result.stderr

@@ -2274,3 +2274,24 @@ def test_a_number_is_quoted_as_the_file_wrote_it(tmp_path: Path) -> None:
     with pytest.raises(HfConfigError) as half:
         read_hf_config(path)
     assert "num_attention_heads = 64.5 in " in str(half.value)
+    # the length and epsilon checks quote it so too (review m497: 8192.0 for 8.192e3)
+    path.write_text(
+        json.dumps(config).replace(
+            '"max_position_embeddings": 8192', '"max_position_embeddings": 8.192e3'
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(HfConfigError) as length:
+        read_hf_config(path)
+    assert "max_position_embeddings = 8.192e3 in " in str(length.value)
+    # a copy or a pickle keeps the text (review m497: float's own arguments refused)
+    import copy
+    import pickle
+
+    from budget.plan.hf_config import Written
+
+    for made in (
+        copy.deepcopy(Written(1e-5, "1e-5")),
+        pickle.loads(pickle.dumps(Written(1e-5, "1e-5"))),
+    ):
+        assert (made, made.text) == (1e-5, "1e-5")

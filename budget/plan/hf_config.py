@@ -406,6 +406,11 @@ class Written(float):
         made.text = text
         return made
 
+    def __getnewargs__(self) -> tuple[float, str]:  # type: ignore[override]
+        """What a copy or a pickle builds it from (review m497: float's gives the value
+        alone, which `__new__` refuses)."""
+        return float(self), self.text
+
 
 def _dumps(value: Any) -> str:
     """A config value as a message quotes it: a number as the file wrote it (`Written`),
@@ -1066,8 +1071,9 @@ def _positive_number(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    """`value` as JSON writes it, cut to 40 characters."""
-    shown = json.dumps(value)
+    """`value` as JSON writes it, a number as the file wrote it (`_dumps`; review m497:
+    max_position_embeddings = 8.192e3 was quoted 8192.0), cut to 40 characters."""
+    shown = _dumps(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 

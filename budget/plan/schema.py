@@ -408,6 +408,8 @@ def _message(error: Any) -> str:
     kind: str = error.validator
     schema = error.schema if isinstance(error.schema, dict) else {}
     expected = schema.get("x-expected")
+    if kind == "uniqueItems":  # jsonschema's own words quote Python's (review m497)
+        return f"{_show(error.instance)} has non-unique elements"
     if kind == "not" and "x-message" in schema:
         return str(error.schema["x-message"])
     quantity = schema.get("x-quantity")
