@@ -59,7 +59,7 @@ def validate_tree(
     # the keys a section lacks, and what would fill them where the schema says (a preset)
     missing: dict[str, tuple[list[str], str | None]] = {}
     meant: set[str] = set()  # paths of keys an unknown key's problem suggests in its place
-    holders = _holders(marks)  # the paths that hold a number quoted as written
+    holders = _holders(marks)  # the paths that hold a scalar quoted as written
     for error in _validator().iter_errors(tree):
         path = _path(error.absolute_path)
         held = path in unfinished or (error.instance is None and path in refused)
@@ -115,7 +115,7 @@ def _problems(
     path = _path(error.absolute_path)
     line, col = marks.at(path)
     message = _message(error)
-    if path in holders:  # the numbers in it as written (`Marks.written`)
+    if path in holders:  # the scalars in it as written (`Marks.written`)
         said = _clipped(_spelled(error.instance, path, marks.written))
         message = message.replace(_show(error.instance), said, 1)
     return [Problem(file, line, col, path, message)]

@@ -147,8 +147,9 @@ class Marks:
     keys: dict[str, Position] = field(default_factory=dict)
     # the paths of keys written in a flow mapping ({global: 1,024} reads a key '024')
     flow_keys: set[str] = field(default_factory=set)
-    # a number as written where the 64-bit float read from it prints otherwise
-    # (8.000000000000001 reads as 8.000000000000002), which messages quote as written
+    # a scalar's text where it reads otherwise, which messages quote as written: a number
+    # written otherwise than it prints (8.000000000000001 reads as 8.000000000000002, 1e-5
+    # prints 1e-05), or a value refused, which None stands for (`_Builder.scalar`)
     written: dict[str, str] = field(default_factory=dict)
 
     def at(self, path: str) -> Position:
