@@ -4225,14 +4225,15 @@ def _reduce(b: _StageBuilder) -> None:
             f"{', '.join(held)})"
         ),
     )
-    if par.tp_style == "dtensor" and np.all(par.zero == 3):
+    partial = sp | ((qk > 0) & (par.tp > 1))
+    if par.tp_style == "dtensor":
         # FSDP2's post-backward redistributes each replicated DTensor weight's partial
         # gradient over tp before its unit's reduce-scatter (``_get_grad_inner_tensor`` in
         # torch/distributed/fsdp/_fully_shard/_fsdp_param.py): one all-reduce a norm weight
         # in the gathered format, on the compute stream, exposed (review m499: priced as
         # Megatron-LM's one fp32 call, 67 µs where 161 calls wait 6.8 ms on Llama 3 70B)
         calls = 2 * (b.dense + b.moe) + (1 if b.last else 0)
-        partial_over_tp = replace(
+        fsdp2 = replace(
             partial_over_tp,
             dtype=prec.param_gather,
             size_bytes=vwhere(sp, replicated + qk, qk)
@@ -4243,7 +4244,10 @@ def _reduce(b: _StageBuilder) -> None:
             "redistributes its partial gradient, before its unit's reduce-scatter (counted "
             "here, after the last backward)",
         )
-    grads += when([partial_over_tp], sp | ((qk > 0) & (par.tp > 1)))
+        # a sweep's ZeRO 3 layouts beside its others (under ZeRO 0 to 2 the one call)
+        grads += when([fsdp2], partial & (par.zero == 3))
+        partial = partial & (par.zero != 3)
+    grads += when([partial_over_tp], partial)
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])
     m = plan.model
     # The first stage's embedding has a copy on the last stage when the output layer is

@@ -124,3 +124,21 @@ def test_fsdp2_reduces_each_norm_weights_partial_gradient_over_tp(tmp_path: Path
     megatron = to_dict(build_report(load_plan(_variant(tmp_path, "megatron"))))
     (theirs,) = [m for m in _moves(megatron, "dp.grads").values() if "partial" in m["name"]]
     assert (theirs["count"], theirs["dtype"]) == (1, "fp32")
+
+
+def test_the_search_refuses_what_a_plan_refuses_beside_dtensor(tmp_path: Path) -> None:
+    """Review m498: the refusals skipped a search's seed, whose layout the sweep replaces,
+    but none of them is a layout's: the search priced FP8 GEMMs beside DTensor's styles and
+    wrote a plan `budget` then refused."""
+    from typer.testing import CliRunner
+
+    from budget.cli import app, route
+
+    path = _variant(tmp_path, "dtensor")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("  activations: bf16", "  activations: bf16\n  matmul: fp8"))
+    result = CliRunner().invoke(app, route(["search", str(path), "--top", "1"]))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "$.parallel.tp_style: tp_style: dtensor is not priced beside precision.matmul" in (
+        result.stderr
+    )

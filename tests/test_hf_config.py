@@ -2284,6 +2284,10 @@ def test_a_number_is_quoted_as_the_file_wrote_it(tmp_path: Path) -> None:
     with pytest.raises(HfConfigError) as length:
         read_hf_config(path)
     assert "max_position_embeddings = 8.192e3 in " in str(length.value)
+    from budget.plan.hf_config import Written, _dumps
+
+    assert _dumps([Written(8.000000000000002, "8.000000000000001"), 2]) == "[8.000000000000001, 2]"
+    assert _dumps({"a": [1.5, None]}) == json.dumps({"a": [1.5, None]})
     # a copy or a pickle keeps the text (review m497: float's own arguments refused)
     import copy
     import pickle

@@ -417,6 +417,12 @@ def _dumps(value: Any) -> str:
     anything else as JSON writes it."""
     if isinstance(value, Written):
         return value.text if len(value.text) <= 30 else value.text[:27] + "..."
+    # a list's or an object's numbers too (review m498: mlp_only_layers = [8.000000000000002,
+    # 2] for the file's 8.000000000000001), in json.dumps's own separators
+    if isinstance(value, list):
+        return "[" + ", ".join(_dumps(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_dumps(v)}" for k, v in value.items()) + "}"
     return json.dumps(value)
 
 

@@ -1504,15 +1504,23 @@ def _check_dtensor(r: _Resolver, mode: str, model: Model | None, tree: Tree) -> 
         r.error(where, "tp_style: dtensor prices training; a serving plan's layers are priced "
                 "as its engine's (vLLM's, Megatron-style): remove it")  # fmt: skip
         return
-    precision = tree.get("precision") or {}
+    if model is not None and model.mtp_layers > 0:
+        # its projection's collectives went DTensor's way and its saved inputs stayed
+        # Megatron-LM's (review m490); the reason said is its own (review m498)
+        r.error(
+            where,
+            "tp_style: dtensor is not priced beside model.mtp_layers: torchtitan's Llama runs "
+            "no multi-token prediction module; use tp_style: megatron",
+        )
+    precision, overlap = tree.get("precision"), tree.get("overlap")
     refused = [
-        ("overlap.tp", bool((tree.get("overlap") or {}).get("tp"))),
-        ("precision.matmul: fp8", isinstance(precision, dict) and precision.get("matmul") == "fp8"),
+        ("overlap.tp", isinstance(overlap, Mapping) and bool(overlap.get("tp"))),
+        (
+            "precision.matmul: fp8",
+            isinstance(precision, Mapping) and precision.get("matmul") == "fp8",
+        ),
         ("model.experts", model is not None and model.experts is not None),
         ("model.mla", model is not None and model.mla is not None),
-        # torchtitan's Llama runs no multi-token prediction (review m490: its projection's
-        # collectives went DTensor's way and its saved inputs stayed Megatron's)
-        ("model.mtp_layers", model is not None and model.mtp_layers > 0),
     ]
     for key, present in refused:
         if present:
@@ -2678,6 +2686,10 @@ def resolve(
         # wrote a deferral beside a loss that refuses it)
         deferred = overlap.get("defer_embedding_wgrad")
         _check_deferred_wgrads(r, deferred, par, tree.get("loss"), model, layout=not seed)
+    if par is not None and par.tp_style == "dtensor":
+        # a seed's too: what it is refused beside is no layout's to change (review m498: a
+        # search priced experts, FP8 and overlap.tp beside it and wrote plans budget refuses)
+        _check_dtensor(r, mode, model, tree)
     if par is not None and not seed:  # each rule whose sections all resolved
         checks = (
             _LayoutChecks(r, mode, par, batch)
@@ -2699,8 +2711,6 @@ def resolve(
                     "and without buckets it would gather the whole buffer before the first "
                     "forward; set dp_grads: true too, or param_gather: false",
                 )
-        if par.tp_style == "dtensor":
-            _check_dtensor(r, mode, model, tree)
         # a serving plan's tp all-gathers hide behind their GEMMs under overlap.tp too, by
         # the same userbuffers within one NVLink domain (an audit, m443: tp 16 over two
         # nodes was priced hidden in decode, where training refuses it)
