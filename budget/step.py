@@ -4232,20 +4232,35 @@ def _reduce(b: _StageBuilder) -> None:
         # torch/distributed/fsdp/_fully_shard/_fsdp_param.py): one all-reduce a norm weight
         # in the gathered format, on the compute stream, exposed (review m499: priced as
         # Megatron-LM's one fp32 call, 67 µs where 161 calls wait 6.8 ms on Llama 3 70B)
-        calls = 2 * (b.dense + b.moe) + (1 if b.last else 0)
-        fsdp2 = replace(
+        # one call a parameter (review m500: a layernorm's weight and bias, per-head Q/K
+        # norms and sandwich norms are tensors of their own): the hidden-wide ones (norms,
+        # row-parallel biases) under sequence parallelism, the Q/K norms' head_dim-wide ones
+        gathered = DTYPE_BYTES[prec.param_gather]
+        rule = (
+            "tp (DTensor): exposed, one all-reduce a weight as FSDP2's post-backward "
+            "redistributes its partial gradient, before its unit's reduce-scatter (counted "
+            "here, after the last backward)"
+        )
+        h, d = plan.model.hidden, plan.model.head_dim
+        wide = replace(
             partial_over_tp,
             dtype=prec.param_gather,
-            size_bytes=vwhere(sp, replicated + qk, qk)
-            // vmax(calls, 1)
-            * DTYPE_BYTES[prec.param_gather],
-            count=calls,
-            rule="tp (DTensor): exposed, one all-reduce a norm weight as FSDP2's post-backward "
-            "redistributes its partial gradient, before its unit's reduce-scatter (counted "
-            "here, after the last backward)",
+            size_bytes=h * gathered,
+            count=replicated // h,
+            rule=rule,
         )
+        fsdp2 = when([wide], sp)
+        if qk_norm_params(plan):
+            fsdp2.append(
+                replace(
+                    wide,
+                    name="Q/K norm gradients partial over tp",
+                    size_bytes=d * gathered,
+                    count=qk // d,
+                )
+            )
         # a sweep's ZeRO 3 layouts beside its others (under ZeRO 0 to 2 the one call)
-        grads += when([fsdp2], partial & (par.zero == 3))
+        grads += when(fsdp2, partial & (par.zero == 3))
         partial = partial & (par.zero != 3)
     grads += when([partial_over_tp], partial)
     b.add("dp.grads", 1, grads, [Instant("gradient reduction", b.resident)])

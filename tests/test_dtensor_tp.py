@@ -124,6 +124,20 @@ def test_fsdp2_reduces_each_norm_weights_partial_gradient_over_tp(tmp_path: Path
     megatron = to_dict(build_report(load_plan(_variant(tmp_path, "megatron"))))
     (theirs,) = [m for m in _moves(megatron, "dp.grads").values() if "partial" in m["name"]]
     assert (theirs["count"], theirs["dtype"]) == (1, "fp32")
+    # one call a tensor (review m500): a layernorm's weight and bias, and per-head Q/K norms
+    # of head_dim 128, two a layer, partial with or without sequence parallelism
+    path = _variant(tmp_path, "dtensor")
+    text = path.read_text(encoding="utf-8").replace(
+        "attention: flash2", "attention: flash2, norm: layernorm, qk_norm: per_head"
+    )
+    path.write_text(
+        text.replace("  sequence_parallel: true", "  sequence_parallel: false"), encoding="utf-8"
+    )
+    calls = {
+        m["name"]: (m["count"], m["bytes"])
+        for m in _moves(to_dict(build_report(load_plan(path))), "dp.grads").values()
+    }
+    assert calls == {"Q/K norm gradients partial over tp": (2 * 2 * 32, 128 * 2)}
 
 
 def test_the_search_refuses_what_a_plan_refuses_beside_dtensor(tmp_path: Path) -> None:

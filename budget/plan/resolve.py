@@ -1514,7 +1514,7 @@ def _check_dtensor(r: _Resolver, mode: str, model: Model | None, tree: Tree) -> 
         )
     precision, overlap = tree.get("precision"), tree.get("overlap")
     refused = [
-        ("overlap.tp", isinstance(overlap, Mapping) and bool(overlap.get("tp"))),
+        ("overlap.tp", isinstance(overlap, Mapping) and overlap.get("tp") is True),
         (
             "precision.matmul: fp8",
             isinstance(precision, Mapping) and precision.get("matmul") == "fp8",
