@@ -4229,12 +4229,11 @@ def _reduce(b: _StageBuilder) -> None:
     if par.tp_style == "dtensor":
         # FSDP2's post-backward redistributes each replicated DTensor weight's partial
         # gradient over tp before its unit's reduce-scatter (``_get_grad_inner_tensor`` in
-        # torch/distributed/fsdp/_fully_shard/_fsdp_param.py): one all-reduce a norm weight
-        # in the gathered format, on the compute stream, exposed (review m499: priced as
-        # Megatron-LM's one fp32 call, 67 µs where 161 calls wait 6.8 ms on Llama 3 70B)
-        # one call a parameter (review m500: a layernorm's weight and bias, per-head Q/K
-        # norms and sandwich norms are tensors of their own): the hidden-wide ones (norms,
-        # row-parallel biases) under sequence parallelism, the Q/K norms' head_dim-wide ones
+        # torch/distributed/fsdp/_fully_shard/_fsdp_param.py): one all-reduce a tensor, in
+        # the gathered format, on the compute stream, exposed; the hidden-wide ones (norms,
+        # row-parallel biases) under sequence parallelism, the per-head Q/K norms' with or
+        # without (review m499: priced as Megatron-LM's one fp32 call, 67 µs where 161 calls
+        # wait 6.8 ms on Llama 3 70B; review m500: a layernorm's weight and bias apart)
         gathered = DTYPE_BYTES[prec.param_gather]
         rule = (
             "tp (DTensor): exposed, one all-reduce a weight as FSDP2's post-backward "

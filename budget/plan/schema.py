@@ -15,7 +15,7 @@ from importlib.resources import files
 from typing import Any
 
 from budget.errors import MAX_SHOWN, Problem, close_matches
-from budget.plan.yaml_load import Marks, child_path
+from budget.plan.yaml_load import Marks, ancestors, child_path
 from budget.units import ambiguous_prefix, missing_unit
 
 __all__ = ["model_problems", "schema", "schema_text", "validate_tree"]
@@ -127,12 +127,10 @@ def _holders(marks: Marks) -> frozenset[str]:
     asked of every problem against every such scalar, 4,096 of them took 2 s more)."""
     out: set[str] = set()
     for path in marks.written:
-        while path and path not in out:
-            out.add(path)
-            cut = max(path.rfind("."), path.rfind("["))
-            if cut <= 0:
+        for held in ancestors(path):
+            if held in out:  # and every path above it
                 break
-            path = path[:cut]
+            out.add(held)
     return frozenset(out)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -164,14 +165,21 @@ class Marks:
 
 
 def _lookup(table: dict[str, Position], path: str) -> Position:
+    for held in ancestors(path):
+        if held in table:
+            return table[held]
+    return table.get("$", (1, 1))
+
+
+def ancestors(path: str) -> Iterator[str]:
+    """`path` and each path above it, nearest first: $.a.b[0], $.a.b, $.a (the root, $,
+    is not yielded)."""
     while path:
-        if path in table:
-            return table[path]
+        yield path
         cut = max(path.rfind("."), path.rfind("["))
         if cut <= 0:
-            break
+            return
         path = path[:cut]
-    return table.get("$", (1, 1))
 
 
 @dataclass(frozen=True, slots=True)
