@@ -1087,3 +1087,42 @@ def test_a_narrow_phases_table_says_where_its_largest_column_is_and_markdown_has
     moe = next(line for line in lines if line.startswith("| `forward.moe` |"))
     assert moe.endswith("| 0 | dispatch send and receive buffers 64.0 MiB |")
     assert all(line.count(" | ") == head.count(" | ") for line in lines[lines.index(head) :][:12])
+
+
+def test_a_table_laid_out_to_fit_is_not_measured_again_to_print() -> None:
+    """`whole` lays a table out before it prints; printing takes that layout rather than
+    measuring every cell again, and anything that changes the layout lays it out anew."""
+    from rich.table import Table
+
+    from budget.render.table import titled_table, whole
+
+    table = titled_table("t")
+    table.add_column("name")
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_row("params", "1,024")
+    measured: list[int] = []
+    real = Table._measure_column
+
+    def counted(self: Table, console: Console, options: object, column: object) -> object:
+        measured.append(1)
+        return real(self, console, options, column)  # type: ignore[arg-type]
+
+    console = Console(width=60, color_system=None, record=True)
+    Table._measure_column = counted  # type: ignore[assignment,method-assign]
+    try:
+        assert whole(console, table)
+        laid = len(measured)
+        assert laid >= 2  # both columns measured to lay it out
+        console.print(table)
+        assert len(measured) == laid  # printed as laid out
+        table.add_row("a longer name than before", "1,048,576")  # a row: laid out anew
+        console.print(table)
+        assert len(measured) == laid + 2
+        table.padding = (0, 0)
+        console.print(table)
+        assert len(measured) == laid + 4
+    finally:
+        Table._measure_column = real  # type: ignore[method-assign]
+    text = console.export_text()
+    assert "a longer name than before  1,048,576" in text  # padded, as printed before
+    assert "a longer name than before 1,048,576" in text  # unpadded, the box's blank alone
