@@ -281,12 +281,17 @@ class CollectiveCost:
         if self.op == "all-to-all":
             return cast(Seconds, vmax(cast(Any, inner.bandwidth_s), _exchange_ports(outer)))
         carried: Any = sum((s.payload_bytes for s in outer), start=0)
-        # the slowest rate among the outer levels the ring crosses (a level no hop crosses,
-        # in some of a sweep's layouts, sets no pace)
-        rates: list[Any] = [
-            vwhere(holds(s.payload_bytes > 0), cast(Any, s.effective_bandwidth), math.inf)
-            for s in outer
-        ]
+        # the slowest rate among the outer levels the ring's hops cross or pass through: a
+        # hop over level k leaves through the GPU's port and each switch tier below k, as an
+        # all-to-all's blocks do (`_exchange_ports`), so a leaf no hop stays inside still
+        # paces the hops that climb past it (an audit, m502: a pair on two leaves shared by
+        # 4 GPUs each took the spine's whole 50 GB/s, 4 times the leaf's 12.5, and all-reduced
+        # faster than a pair inside one leaf); a level beyond every hop sets no pace
+        rates: list[Any] = []
+        reached: Any = False
+        for stage in reversed(outer):
+            reached = reached | holds(stage.payload_bytes > 0)
+            rates.append(vwhere(reached, cast(Any, stage.effective_bandwidth), math.inf))
         ports = carried / functools.reduce(vmin, rates) if outer else 0.0
         return cast(Seconds, vmax(cast(Any, inner.bandwidth_s), ports))
 
@@ -313,14 +318,26 @@ class CollectiveCost:
 
     @property
     def _used_stages(self) -> tuple[Stage, ...]:
-        """The stages that take a step or move a byte, or the first when none does."""
-        return tuple(s for s in self.stages if used(s)) or self.stages[:1]
+        """The stages that take a step or move a byte, or the first when none does; of a ring
+        across levels, a network level below the outermost one its hops cross too, which
+        they leave through and which may pace them (`bandwidth_s`)."""
+        return self._passed or self.stages[:1]
+
+    @property
+    def _passed(self) -> tuple[Stage, ...]:
+        """`_used_stages` without the fallback: none where nothing moves."""
+        marks = [used(s) for s in self.stages]
+        if self.pipelined:
+            last = max((k for k, mark in enumerate(marks) if mark), default=0)
+            marks = [mark or 0 < k < last for k, mark in enumerate(marks)]
+        return tuple(s for s, mark in zip(self.stages, marks, strict=True) if mark)
 
     @property
     def links(self) -> tuple[str, ...]:
         """Names of the links used, innermost first, without repeats: a level a group only
-        passes through (no step, no byte: a node's fabric under one rank) is not one."""
-        return tuple(dict.fromkeys(s.link.name for s in self.stages if used(s)))
+        passes through (no step, no byte: a node's fabric under one rank) is not one, but a
+        network level its hops leave through on their way out is (`_used_stages`)."""
+        return tuple(dict.fromkeys(s.link.name for s in self._passed))
 
     @property
     def algorithm_bandwidth(self) -> Seconds:
@@ -577,26 +594,37 @@ def _flat_across(
     group spans, so pricing each at the lowest bandwidth and the highest α bounds it, and a
     faster link can only make it faster; priced at the slowest link's own α, a 16-rank tree
     over 8-GPU PCIe nodes (10 µs) and InfiniBand (5 µs) took 61 µs and, with InfiniBand
-    twice as fast and so no longer the slowest, 96 µs (an audit). A tier of one rank is a
-    level the group only passes through (a node's fabric under an all-reduce of one rank
+    twice as fast and so no longer the slowest, 96 µs (an audit). The innermost tier of
+    one rank is a fabric the group does not use (a node's, under an all-reduce of one rank
     per node, `topology.price_group`) and sets no step's price: it did, and a tree
     all-reduce of 8 nodes over 20 GB/s PCIe fabrics and 24 GB/s InfiniBand was priced at
-    PCIe's rate and α (an audit). With ranks that differ between the configurations of a
-    sweep, each takes its own slowest level and its own largest α: one stage per pair of
-    levels, counted where that pair is the one spanned (the sweep's `search._Pricer`)."""
+    PCIe's rate and α (an audit). A network tier of one rank below one the group spans is
+    spanned all the same: a step to a peer across the spine leaves through the GPU's port
+    and its leaf (`_exchange_ports`; an audit, m502: a pair on two leaves shared by 4 GPUs
+    each was priced at the spine's 50 GB/s). With ranks that differ between the
+    configurations of a sweep, each takes its own slowest level and its own largest α: one
+    stage per pair of levels, counted where that pair is the one spanned (the sweep's
+    `search._Pricer`)."""
     p = _product([t.ranks for t in tiers])
     if not any(isinstance(t.ranks, np.ndarray) for t in tiers):
-        spanned = [t.link for t in tiers if t.ranks > 1] or [tiers[0].link]
-        link = _with_latency(_slowest(spanned), max(link.latency for link in spanned))
+        reach = max((k for k, t in enumerate(tiers) if t.ranks > 1), default=0)
+        spanned = [t.link for k, t in enumerate(tiers) if t.ranks > 1 or 0 < k < reach]
+        link = spanned_link(spanned or [tiers[0].link])
         return (flat_stage(op, algorithm, p, size, link, element_bytes=e),)
+    spans: list[Any] = [None] * len(tiers)  # whether each configuration spans each level
+    beyond: Any = np.zeros(np.shape(p), dtype=bool)  # a level past this one is spanned
+    for level in reversed(range(len(tiers))):
+        own = np.asarray(tiers[level].ranks) > 1
+        spans[level] = own | beyond if level > 0 else own
+        beyond = beyond | own
     slowest = np.zeros(np.shape(p), dtype=np.int64)  # one rank: the innermost level, no step
     by_speed = sorted(range(len(tiers)), key=lambda i: slowness(tiers[i].link))
     for level in reversed(by_speed):  # fastest first: a slower level spanned overrides
-        slowest = np.where(np.asarray(tiers[level].ranks) > 1, level, slowest)
+        slowest = np.where(spans[level], level, slowest)
     latest = np.zeros(np.shape(p), dtype=np.int64)  # the level of the largest α spanned
     by_latency = sorted(range(len(tiers)), key=lambda i: tiers[i].link.latency)
     for level in by_latency:  # the lowest α first: a larger α spanned overrides
-        latest = np.where(np.asarray(tiers[level].ranks) > 1, level, latest)
+        latest = np.where(spans[level], level, latest)
     stages = []
     for (level, tier), (other, alpha) in itertools.product(enumerate(tiers), repeat=2):
         mask = ((slowest == level) & (latest == other)).astype(np.int64)
@@ -1160,6 +1188,12 @@ def slowness(link: Link) -> tuple[float, float]:
 
 def _slowest(links: Any) -> Link:
     return cast(Link, min(links, key=slowness))
+
+
+def spanned_link(links: Sequence[Link]) -> Link:
+    """The link a step over all of `links` takes: the slowest of them, at the largest α among
+    them (`_flat_across`)."""
+    return _with_latency(_slowest(links), max(link.latency for link in links))
 
 
 def _with_latency(link: Link, latency: float) -> Link:

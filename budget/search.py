@@ -38,6 +38,7 @@ from budget.collectives import (
     Stage,
     Tier,
     collective_cost,
+    spanned_link,
     with_steps,
 )
 from budget.errors import BudgetError
@@ -1483,7 +1484,9 @@ def _element(dtype: str) -> int:
 
 
 def _send_recv(move: Move, ranks: tuple[np.ndarray, ...], links: list[Any]) -> CollectiveCost:
-    """A send/recv crosses the innermost level both ranks share: one step of S there."""
+    """A send/recv crosses the innermost level both ranks share: one step of S there, through
+    every network level up to it, at the slowest of them and the largest α
+    (`collectives._flat_across`, as `topology.price_group` prices a plan's)."""
     size = np.asarray(move.size_bytes, dtype=np.int64) * np.ones_like(ranks[0])
     stages = []
     outer_used = np.zeros_like(ranks[0], dtype=bool)
@@ -1503,7 +1506,7 @@ def _send_recv(move: Move, ranks: tuple[np.ndarray, ...], links: list[Any]) -> C
                 size * mask,
                 size * mask,
                 size * mask,
-                links[level],
+                links[0] if level == 0 else spanned_link(links[1 : level + 1]),
             )
         )
     return CollectiveCost("send-recv", "direct", 2, size, tuple(reversed(stages)))

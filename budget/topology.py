@@ -627,7 +627,7 @@ def price_group(
     tiers = span.tiers
     # up to the outermost level the group reaches: the levels beyond carry nothing
     reach = max((i for i, count in enumerate(span.counts) if count > 1), default=0)
-    if reach > 0 and span.links and op != "send-recv":
+    if reach > 0 and span.links:
         # every level, a level of one rank too, as a sweep prices them (`search._Pricer`):
         # the node's fabric carrying none of it where the group has one rank in each node,
         # so that an all-reduce chooses between NCCL's ring and its tree, which it can only
@@ -637,7 +637,7 @@ def price_group(
         # and a network level the group has one rank in each domain of still carrying what
         # leaves for the levels beyond it, its port the first on the way (an audit, m460: an
         # all-to-all to a peer across the spine skipped a leaf shared by 4 GPUs, 103 µs where
-        # the sweep read 371)
+        # the sweep read 371; m502: a ring's, a flat algorithm's and a send/recv's too)
         counts = span.counts[: reach + 1]
         tiers = tuple(Tier(c, link) for c, link in zip(counts, span.links, strict=False))
     return collective_cost(

@@ -402,3 +402,112 @@ def test_a_broadcast_across_nodes_is_nccls_ring() -> None:
     for i, (a, b) in enumerate([(8, 4), (8, 1), (1, 4)]):
         alone = collective_cost("broadcast", [Tier(a, nvlink), Tier(b, ib)], GIB)
         assert float(swept.time_s[i]) == pytest.approx(float(alone.time_s), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- audit m502
+
+
+def test_a_pair_on_two_leaves_leaves_through_its_leaf_as_a_pair_inside_one_does() -> None:
+    """Two ranks, one on each of two leaves shared by 4 GPUs (12.5 GB/s a GPU) behind a
+    50 GB/s spine, all-reduce 1 GiB: the ring's one hop each way climbs from the GPU's
+    port through its leaf, so it runs at 12.5 GB/s as it would inside one leaf: 2 steps of
+    5 µs and 1 GiB at 12.5 GB/s, 85,909.346 µs. The leaf had been skipped for carrying no
+    hop of its own, and the pair ran at the spine's 50 GB/s, 21,484.8 µs (an audit, m502).
+    The flat algorithms and a send/recv take the same path."""
+    nvlink = Link("nvlink", 450e9, 3e-6)
+    leaf, spine = Link("leaf", 12.5e9, 5e-6), Link("spine", 50e9, 5e-6)
+    apart = [Tier(1, nvlink), Tier(1, leaf), Tier(2, spine)]
+    together = [Tier(1, nvlink), Tier(2, leaf), Tier(1, spine)]
+    hand = 2 * 5e-6 + GIB / 12.5e9
+    for algorithm in (None, "ring", "recursive"):
+        cost = collective_cost("all-reduce", apart, GIB, algorithm)
+        assert float(cost.time_s) == pytest.approx(hand, rel=1e-12), algorithm
+        inside = collective_cost("all-reduce", together, GIB, algorithm)
+        assert float(inside.time_s) == pytest.approx(hand, rel=1e-12), algorithm
+    ring = collective_cost("all-reduce", apart, GIB, "ring")
+    assert ring.links == ("leaf", "spine")  # named: the leaf paces it
+    assert ring.link.name == "leaf"
+    sent = collective_cost("send-recv", apart, GIB)
+    assert float(sent.time_s) == pytest.approx(5e-6 + GIB / 12.5e9, rel=1e-12)
+    # a spine slower than the leaf paces the pair instead; a level past the pair does not
+    slow = collective_cost("all-reduce", [Tier(1, nvlink), Tier(1, leaf), Tier(2, spine)], GIB)
+    assert float(slow.bandwidth_s) == pytest.approx(GIB / 12.5e9, rel=1e-12)
+    beyond = [Tier(1, nvlink), Tier(2, Link("leaf", 50e9, 5e-6)), Tier(1, Link("s", 1e9, 9e-6))]
+    assert float(collective_cost("all-reduce", beyond, GIB).bandwidth_s) == pytest.approx(
+        GIB / 50e9, rel=1e-12
+    )
+    # in a sweep's arrays, each configuration alike
+    swept = collective_cost(
+        "all-reduce",
+        [
+            Tier(np.array([1, 1]), nvlink),
+            Tier(np.array([1, 2]), leaf),
+            Tier(np.array([2, 1]), spine),
+        ],
+        GIB,
+        "recursive",
+    )
+    assert swept.time_s == pytest.approx([hand, hand], rel=1e-12)
+
+
+LEAVES = """name: leaves
+mode: train
+model: {preset: llama3-8b, attention: flash2}
+batch: {seq: 4096, micro: 1, global: 4}
+parallel: {tp: 8, dp: 2, pp: 2, order: [tp, cp, ep, pp, dp]}
+device: {preset: h100-sxm}
+topology:
+  gpus: 32
+  levels:
+    - {name: nvlink, size: 8, bandwidth: 450 GB/s, latency: 3 us}
+    - {name: leaf, size: LEAF, bandwidth: 50 GB/s, latency: 5 us, shared_by: 4}
+    - {name: spine, bandwidth: 50 GB/s, latency: 5 us}
+"""
+
+
+def _leaves(tmp_path, leaf: int):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"leaves-{leaf}.yaml"
+    path.write_text(LEAVES.replace("LEAF", str(leaf)), encoding="utf-8")
+    return path
+
+
+def _rows(report, op: str, group: str):  # type: ignore[no-untyped-def]
+    return [
+        c
+        for phase in report.phases
+        for c in phase.collectives
+        if c.op == op and c.group.startswith(group)
+    ]
+
+
+def test_a_plans_data_parallel_pair_across_two_leaves_runs_at_the_leafs_rate(tmp_path) -> None:
+    """Llama 3 8B at tp 8, pp 2, dp 2 on 32 GPUs, dp outermost: the two data-parallel ranks
+    of a stage sit 16 ranks apart, so on two leaves of 16 GPUs, and on one leaf of 32.
+    Either way a rank's gradients leave through its leaf port, 12.5 GB/s a GPU (50 shared
+    by 4), and the all-reduce takes as long (it took a quarter of it across the spine: an
+    audit, m502). The sweep prices the layout as `budget` does."""
+    apart = build_report(load_plan(_leaves(tmp_path, 16)))
+    inside = build_report(load_plan(_leaves(tmp_path, 32)))
+    (far,), (near,) = _rows(apart, "all-reduce", "dp"), _rows(inside, "all-reduce", "dp")
+    assert far.link == "leaf + spine" and near.link == "leaf"
+    assert far.time_s == pytest.approx(near.time_s, rel=1e-12)
+    # a ring of two: each rank sends S once, 2 steps
+    assert far.time_s == pytest.approx(2 * 5e-6 + far.sent_bytes / 12.5e9, rel=1e-12)
+    configs = [Config(8, 2, 2, 1, 1, 1, False, "none", 1, 1)]  # type: ignore[arg-type]
+    _budgets_as_searched(_leaves(tmp_path, 16), configs)
+
+
+def test_a_stages_send_across_the_spine_leaves_through_its_leaf(tmp_path) -> None:
+    """The same cluster with pp outermost: the stages' activations go 16 ranks on, across
+    the spine, one step of S through the leaf port at 12.5 GB/s (it read the spine's 50)."""
+    text = LEAVES.replace("LEAF", "16").replace("[tp, cp, ep, pp, dp]", "[tp, cp, ep, dp, pp]")
+    path = tmp_path / "sends.yaml"
+    path.write_text(text, encoding="utf-8")
+    report = build_report(load_plan(path))
+    sends = _rows(report, "send-recv", "pp")
+    assert sends
+    for row in sends:
+        assert row.link == "leaf"  # a flat step's one link: the slowest it passes through
+        assert row.time_s == pytest.approx(5e-6 + row.bytes / 12.5e9, rel=1e-12)
+    configs = [Config(8, 2, 2, 1, 1, 1, False, "none", 1, 1)]  # type: ignore[arg-type]
+    _budgets_as_searched(path, configs)

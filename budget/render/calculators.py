@@ -69,7 +69,8 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         f"at {100 * float(cost.stages[0].efficiency):.0f} % of each link's rate (NCCL's tree "
         f"model: {100 * TREE_SHARE:.0f} % of the ring's, times its correction at this size)"
     )
-    crossed = {float(s.effective_bandwidth) for s in cost.stages[1:] if int(s.payload_bytes)}
+    # the outer levels the bytes cross or leave through (`CollectiveCost.links`)
+    crossed = {float(s.effective_bandwidth) for s in cost.stages[1:] if s.link.name in cost.links}
     # a ring's outer levels at the slowest one's rate (`CollectiveCost.bandwidth_s`); an
     # exchange's levels each carry the blocks for peers on it or past it at its own rate
     paced = (
@@ -362,7 +363,12 @@ def _pacing(cost: CollectiveCost) -> str:
     else:
         q = sum(int(s.payload_bytes) for s in outer)
         names = sorted({s.link.name for s in outer if int(s.payload_bytes)})
-        where = f"over {' and '.join(names)}"
+        # a level below them that the hops leave through paces them too (an audit, m502)
+        through = [s.link.name for s in outer if s.link.name in cost.links]
+        through = [name for name in dict.fromkeys(through) if name not in names]
+        where = f"over {' and '.join(names)}" + (
+            f", leaving through {' and '.join(through)}" if through else ""
+        )
     rate = format_rate(q / float(cost.bandwidth_s))
     return f"{_bytes(q)} {where} at {rate} of the {whole} a rank sends"
 
