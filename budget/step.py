@@ -1553,9 +1553,22 @@ def _root_held(b: _StageBuilder, at: Outside = "forward") -> list[Alloc]:
                 name = "embedding parameters (an FSDP unit, kept to its backward)"
         else:
             n = 0  # each unit freed between its passes
-    gathered = n * DTYPE_BYTES[b.plan.precision.param_gather]
+    gathered = n * DTYPE_BYTES[outside_gather(b.plan)]
     held = Alloc(f"gathered {name}", "transient", gathered)
     return when([held], (par.zero == 3) & (par.zero_ranks > 1) & (gathered > 0))
+
+
+def outside_gather(plan: Plan) -> str:
+    """The format ZeRO-3 gathers the parameters outside the layers in (the embedding, the
+    output layer, the final norm): ``precision.param_gather``, but never narrower than the
+    16-bit copy a rank keeps of them under fp8 weights (`layers.resident_states`,
+    `flops.VOCAB_WEIGHT_BYTES`): an fp8 gather is of the GEMM weights alone (torchao's
+    ``enable_fsdp_float8_all_gather`` is of its ``Float8Linear`` modules, which leave the
+    output layer out; Megatron-LM's ``--fp8-param-gather`` of Transformer Engine's), so
+    these gather, and make their gradients, in bf16 (an audit, m501: the embedding and
+    output layer of Llama 3 70B gathered at 1 byte a parameter, 1.96 GiB for 3.91)."""
+    gathered = plan.precision.param_gather
+    return gathered if DTYPE_BYTES[gathered] >= flops.VOCAB_WEIGHT_BYTES else "bf16"
 
 
 def _outside_params(b: _StageBuilder, unit: str) -> Any:
@@ -2492,7 +2505,7 @@ def _outside_move(plan: Plan, what: str, gather: bool, n: Any, rule: str) -> Mov
     or a split root's embedding or head) over dp x cp, or with `gather` false the
     reduce-scatter of their gradients."""
     par, prec = plan.parallel, plan.precision
-    dtype = prec.param_gather if gather else prec.reduce
+    dtype = outside_gather(plan) if gather else prec.reduce
     return Move(
         f"{what} {'weights' if gather else 'gradients'}",
         "all-gather" if gather else "reduce-scatter",
@@ -2608,7 +2621,7 @@ def _zero3_root_grads(b: _StageBuilder) -> list[Alloc]:
     copied = deepspeed_buffered(plan) & (not plan.model.tied_embeddings)
     # FSDP casts the head's gradient once the root unit's backward is done: right after
     # the loss on a last stage alone, only at the backward's end beside the embedding
-    gathered = DTYPE_BYTES[plan.precision.param_gather]
+    gathered = DTYPE_BYTES[outside_gather(plan)]
     # under a split root its own unit's, right after the loss on every stage
     cast = not b.first or par.fsdp_root == "split"
     size = vocab_params(plan) * _unsharded_gradient_bytes(plan, cast, gathered)
@@ -4485,7 +4498,7 @@ def _root_prefetched(b: _StageBuilder, instants: list[Instant], unit: str) -> li
     par = plan.parallel
     if not plan.overlap.param_gather or every(lacks(par.zero == 3)):
         return instants
-    n = _outside_params(b, unit) * DTYPE_BYTES[plan.precision.param_gather]
+    n = _outside_params(b, unit) * DTYPE_BYTES[outside_gather(plan)]
     gathered = Alloc(f"gathered {unit} parameters (prefetched, an FSDP unit)", "transient", n)
     # under a split root, beside the instants whose layer had a unit gathered ahead
     root = when([gathered], (par.zero == 3) & (par.zero_ranks > 1) & (n > 0))

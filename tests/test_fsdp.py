@@ -1384,3 +1384,32 @@ def test_the_first_layers_reduce_scatter_runs_beside_the_embeddings_backward() -
     assert phases["backward.embedding"]["exposed_s"] == pytest.approx(
         root["time_s"] + first["exposed_s"], rel=1e-12
     )
+
+
+def test_an_fp8_gather_leaves_the_embedding_and_head_in_their_16_bit_copy(tmp_path) -> None:
+    """Under fp8 weights a rank keeps the embedding and output layer in bf16
+    (`layers.resident_states`), and an fp8 gather is of the GEMM weights alone (torchao's
+    ``Float8Linear``, Megatron-LM's Transformer Engine modules): ZeRO-3 gathers the tied
+    table in bf16, 2 B a parameter, and its gradient is bf16 (an audit, m501: both at 1 B,
+    half the bytes). The layers' own units gather in fp8."""
+    wide = _plan(tmp_path)
+    fp8 = {"params": "fp8", "matmul": "fp8", "param_gather": "fp8"}
+    narrow = _plan(tmp_path, optimizer_kernel="fused", **fp8)
+    assert narrow.precision.param_gather == "fp8"
+
+    def root(plan: Plan) -> tuple[str, int]:
+        (move,) = [m for m in _phase(plan, "forward.embedding").moves if "weights" in m.name]
+        return move.dtype, move.size_bytes
+
+    # the tied table, 2,048 learned positions and the final norm's weight and bias
+    outside = VOCAB + 2048 * 5120 + 2 * 5120
+    assert root(narrow) == root(wide) == ("bf16", 2 * outside)
+    held = [
+        a.total
+        for i in _phase(narrow, "backward.embedding").instants
+        for a in i.live
+        if a.name.startswith("gathered embedding")
+    ]
+    assert held and max(held) == 2 * outside
+    layer = [m for m in _phase(narrow, "forward.attention").moves if m.op == "all-gather"]
+    assert layer and all(m.dtype == "fp8" for m in layer)
