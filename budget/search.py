@@ -867,6 +867,12 @@ def _grid_piece(
         ),
         # resolve's `_check_deepspeed_pipeline`
         ("DeepSpeed's ZeRO 2 and 3 run without a pipeline", deepspeed_piped),
+        (
+            "DeepSpeed's ZeRO 3 runs no experts",
+            bool(plan.parallel.reduce_bucket and experts is not None)
+            & (zero == 3)
+            & flops.deepspeed_zero(3, plan.precision),
+        ),
         # resolve's `_check_pipeline_zero3`, which leaves a DeepSpeed plan to the rule above
         # (a review: a DeepSpeed plan was told of PyTorch's pipeline schedules too)
         ("ZeRO 3 is priced without a pipeline only", (zero == 3) & (pp > 1) & ~deepspeed_piped),

@@ -1763,6 +1763,59 @@ def test_deepspeeds_buffer_beside_a_pipeline_is_refused(tmp_path):
         assert f"DeepSpeed's ZeRO {zero}" in problem.message and "pp = 4" in problem.message
 
 
+def test_deepspeeds_zero_3_for_a_model_with_experts_is_refused(tmp_path):
+    """An audit (m501): DeepSpeed asserts "MoE not supported with Stage 3"
+    (``DeepSpeedEngine._configure_zero_optimizer``), so DeepSeek-MoE 16B at ZeRO 3 with
+    DeepSpeed's gradient buffer is refused, where it was priced; at ZeRO 2 it loads, and a
+    search from it leaves DeepSpeed's ZeRO 3 layouts out by that rule."""
+    from budget.errors import BudgetError
+    from budget.search import Space, search
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "deepseek-moe-16b.yaml"
+    text = base.read_text(encoding="utf-8")
+    assert text.count("  zero: 1\n") == 1 and "  grads: fp32\n" in text
+    edits = (("  grads: fp32\n", "  grads: bf16\n"),)
+    for zero in (2, 3):
+        bucketed = ("  zero: 1\n", f"  zero: {zero}\n  reduce_bucket: 500000000\n")
+        path = variant(tmp_path, f"ds{zero}.yaml", *edits, bucketed, base=base)
+        if zero == 2:
+            plan = load_plan(path)
+            continue
+        with pytest.raises(BudgetError) as raised:
+            load_plan(path)
+        (problem,) = raised.value.problems
+        assert problem.path == "$.parallel.reduce_bucket"
+        assert "MoE not supported with Stage 3" in problem.message
+    space = Space(zero=(2, 3), pp=(1,), virtual_stages=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert outcome.rejected.get("DeepSpeed's ZeRO 3 runs no experts", 0) > 0
+    assert all(r.config.zero == 2 for r in outcome.results)
+
+
+def test_a_master_copy_no_wider_than_its_weights_is_refused(tmp_path):
+    """An audit (m501): master: fp8 beside params: bf16 was priced, lowering the optimizer
+    states; a master copy is kept wider than the weights it updates (Micikevicius et al.,
+    section 3.1; MS-AMP keeps fp16 ones beside fp8 weights), one as wide as they are being
+    Apex's 16-bit remainder (NeMo's runs), and a narrower one is refused at its key."""
+    from budget.errors import BudgetError
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    for master in ("fp8",):
+        path = variant(
+            tmp_path,
+            f"m-{master}.yaml",
+            ("  master: fp32\n", f"  master: {master}\n"),
+            base=base,
+        )
+        with pytest.raises(BudgetError) as raised:
+            load_plan(path)
+        (problem,) = raised.value.problems
+        assert problem.path == "$.precision.master"
+        assert f"master: {master} beside params: bf16" in problem.message
+
+
 def test_comm_gemm_overlap_gathers_and_reduces_in_its_userbuffers(tmp_path):
     """An audit: under overlap.tp Transformer Engine gathers a layer's input into its
     userbuffer and reads a view of it (``fill_userbuffers_buffer_for_all_gather``), and
@@ -1888,6 +1941,12 @@ def test_deepspeed_zero_2_with_gradients_unlike_the_parameters_is_refused(tmp_pa
             "$.precision.grad_reduce",
             "grad_reduce: bf16 beside grads: fp32 at ZeRO 1",
         ),
+        (  # the flag that keeps fp32 is Megatron-LM's default (an audit, m501: told to write
+            # --grad-reduce-in-bf16 for it)
+            ("  grads: fp32\n", "  grads: bf16\n  grad_reduce: fp32\n"),
+            "$.precision.grad_reduce",
+            "grad_reduce: fp32 beside grads: bf16 at ZeRO 1",
+        ),
         (
             ("recompute: selective\n", "recompute: selective\noverlap: {param_gather: true}\n"),
             "$.overlap.param_gather",
@@ -1915,6 +1974,10 @@ def test_megatron_zero_1_refuses_what_its_distributed_optimizer_does_not_run(
         load_plan(path)
     (problem,) = raised.value.problems
     assert problem.path == where and problem.message.startswith(message)
+    if "grad_reduce: fp32" in message:
+        assert "(Megatron-LM's default, grad_reduce_in_fp32 on)" in problem.message
+    elif "grad_reduce: bf16" in message:
+        assert "(Megatron-LM's --grad-reduce-in-bf16, grad_reduce_in_fp32 off)" in problem.message
     # ZeRO 3 (PyTorch FSDP's reduce_dtype, prefetched gathers) takes either
     edits = (("  zero: 1\n", "  zero: 3\n"), ("  pp: 4\n  dp: 16\n", "  pp: 1\n  dp: 64\n"))
     zero3 = variant(tmp_path, "z3.yaml", *edits, base=path)

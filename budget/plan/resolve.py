@@ -735,6 +735,25 @@ class _Resolver:
                 "parameter, which no optimizer keeps; fp32 parameters (tf32 is stored fp32) "
                 "are their own master copy: write master: none or leave it out",
             )
+        elif (
+            master not in (None, "none")
+            and params in DTYPE_BYTES
+            and master in DTYPE_BYTES
+            and DTYPE_BYTES[master] < DTYPE_BYTES[params]
+        ):
+            # a master copy holds what the weights it updates round away (Micikevicius et
+            # al., arXiv 1710.03740, section 3.1; MS-AMP keeps fp16 masters beside fp8
+            # weights); one as wide is how Apex's DistributedFusedAdam is priced, its fp32
+            # master kept as the bf16 weights and a 16-bit remainder
+            # (``store_param_remainders``, `accuracy._ADAM`), and none keeps one narrower
+            # (an audit, m501: master: fp8 beside params: bf16 was priced, its states lowered)
+            self.error(
+                "$.precision.master",
+                f"master: {master} beside params: {params} is a master copy narrower than the "
+                "weights it updates, which no optimizer keeps (it is there to hold what they "
+                "round away); write a wider master (fp32), or master: none to step the "
+                f"{params} weights themselves",
+            )
         grads = tree.get("grads", "fp32")
         stepped = params if master in (None, "none") else master
         # upcasting widens: only gradients narrower than the master are cast to it
@@ -1643,13 +1662,25 @@ def _check_deferred_wgrads(
         )
 
 
-def _check_deepspeed_pipeline(r: _Resolver, precision: Precision, par: Parallel) -> None:
+def _check_deepspeed_pipeline(
+    r: _Resolver, precision: Precision, par: Parallel, experts: bool = False
+) -> None:
     """DeepSpeed's pipeline engine refuses ZeRO 2 and 3 (``PipelineEngine.__init__``:
     "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"), so a plan naming
     DeepSpeed's gradient buffer (`Parallel.reduce_bucket`) at either beside a pipeline
     describes no run (a review: budget priced one, and its search ranked them). ZeRO 3
-    under PyTorch FSDP's mixed precision holds no such buffer (`flops.deepspeed_zero`)."""
+    under PyTorch FSDP's mixed precision holds no such buffer (`flops.deepspeed_zero`).
+    Nor does DeepSpeed run ZeRO 3 for a model with `experts` (``DeepSpeedEngine.
+    _configure_zero_optimizer``: "MoE not supported with Stage 3"; an audit, m501)."""
     from budget.flops import deepspeed_zero
+
+    if par.reduce_bucket and experts and par.zero == 3 and deepspeed_zero(3, precision):
+        r.error(
+            "$.parallel.reduce_bucket",
+            "parallel.reduce_bucket prices DeepSpeed's ZeRO 3, which DeepSpeed refuses for a "
+            'model with experts ("MoE not supported with Stage 3"); set zero to 2, or remove '
+            "reduce_bucket to price ZeRO 3 as PyTorch FSDP or Megatron-LM run it",
+        )
 
     if par.reduce_bucket and par.pp > 1 and deepspeed_zero(par.zero, precision):
         r.error(
@@ -2626,15 +2657,24 @@ def resolve(
     if precision is not None and par is not None and not seed:
         _check_zero_gather(r, precision, par, has_experts(model, tree.get("model")))
         _check_fp8_params(r, precision, par, mode)
-        _check_deepspeed_pipeline(r, precision, par)
+        _check_deepspeed_pipeline(r, precision, par, has_experts(model, tree.get("model")))
         if in_place_reduce_mismatch(par.zero, precision):
+            # the flag that keeps the buffer in the reduce format (an audit, m501: fp32 was
+            # told to write --grad-reduce-in-bf16)
+            flag = (
+                "default, grad_reduce_in_fp32 on"
+                if precision.reduce == "fp32"
+                else "--grad-reduce-in-bf16, grad_reduce_in_fp32 off"
+                if precision.reduce == "bf16"
+                else "buffer in that format"
+            )
             r.error(
                 "$.precision.grad_reduce",
                 f"grad_reduce: {precision.reduce} beside grads: {precision.grads} at ZeRO 1: "
                 "Megatron-LM's distributed optimizer reduce-scatters its gradient buffer in "
                 "place, in the buffer's own format (start_grad_sync), so its gradients are "
                 f"reduced as they are kept; write grads: {precision.reduce} (Megatron-LM's "
-                "--grad-reduce-in-bf16, or grad_reduce_in_fp32 off) or remove grad_reduce",
+                f"{flag}) or remove grad_reduce",
             )
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
         _check_pipeline_zero3(r, precision, par)
