@@ -989,20 +989,31 @@ def _across(
 
 
 def _hierarchical(
-    op: Op, tiers: tuple[Tier, ...], size: Count, e: int, instances: Count
+    op: Op,
+    tiers: tuple[Tier, ...],
+    size: Count,
+    e: int,
+    instances: Count,
+    below: tuple[Link, ...] | None = None,
 ) -> list[Stage]:
     """The two-level decomposition `collective_cost` lists, stage by stage (Thakur et al.
     2005, section 5; the all-to-all as Tutel's two-dimensional hierarchical exchange, Hwang
     et al., arXiv 2206.03382): `tiers[0]` is the inner domain of G ranks, ring inside it,
     and the outer levels, D = P/G domains, are decomposed again the same way. `instances`
     counts the groups of one stage that share its links: the D inner domains inside, the G
-    groups of equal local index across."""
+    groups of equal local index across. `below`: the network levels inside `tiers[0]`
+    (None: it is the node's own fabric), which a step over it leaves through, so it runs at
+    the slowest of them and the largest α (`spanned_link`, as a ring's and a flat
+    algorithm's do: a review, m506, found a pair on two leaves shared by 4 GPUs priced at the
+    spine's rate here alone)."""
     inner, rest = tiers[0], tiers[1:]
     g = inner.ranks
+    link = inner.link if below is None else spanned_link((*below, inner.link))
+    outward = () if below is None else (*below, inner.link)
     if not rest:
         return [
             flat_stage(
-                op, default_algorithm(op), g, size, inner.link, element_bytes=e, instances=instances
+                op, default_algorithm(op), g, size, link, element_bytes=e, instances=instances
             )
         ]
     d = _product([t.ranks for t in rest])
@@ -1010,11 +1021,11 @@ def _hierarchical(
 
     def inside(kind: Op, logical: Count, algorithm: Algorithm = ring) -> Stage:
         return flat_stage(
-            kind, algorithm, g, logical, inner.link, element_bytes=e, instances=instances * d
+            kind, algorithm, g, logical, link, element_bytes=e, instances=instances * d
         )
 
     def across(kind: Op, logical: Count) -> list[Stage]:
-        return _hierarchical(kind, rest, logical, e, instances * g)
+        return _hierarchical(kind, rest, logical, e, instances * g, outward)
 
     shard = _chunk(size, g, e)  # what each rank holds after the inner reduce-scatter
     if op == "all-reduce":
@@ -1036,7 +1047,7 @@ def _hierarchical(
             *across("all-to-all", d * d * g * block),
         ]
     if op == "broadcast":
-        return [*_hierarchical(op, rest, size, e, instances), inside("broadcast", size)]
+        return [*_hierarchical(op, rest, size, e, instances, outward), inside("broadcast", size)]
     raise ValueError(_not_applicable(op, "hierarchical"))
 
 

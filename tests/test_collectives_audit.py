@@ -419,7 +419,8 @@ def test_a_pair_on_two_leaves_leaves_through_its_leaf_as_a_pair_inside_one_does(
     apart = [Tier(1, nvlink), Tier(1, leaf), Tier(2, spine)]
     together = [Tier(1, nvlink), Tier(2, leaf), Tier(1, spine)]
     hand = 2 * 5e-6 + GIB / 12.5e9
-    for algorithm in (None, "ring", "recursive"):
+    # the two-level sum too: its step across the spine leaves through the leaf (a review, m506)
+    for algorithm in (None, "ring", "recursive", "hierarchical"):
         cost = collective_cost("all-reduce", apart, GIB, algorithm)
         assert float(cost.time_s) == pytest.approx(hand, rel=1e-12), algorithm
         inside = collective_cost("all-reduce", together, GIB, algorithm)

@@ -1121,8 +1121,12 @@ def test_a_table_laid_out_to_fit_is_not_measured_again_to_print() -> None:
         table.padding = (0, 0)
         console.print(table)
         assert len(measured) == laid + 4
+        table.columns[1].header = "bytes per rank, summed"  # a heading renamed (a review)
+        console.print(table)
+        assert len(measured) == laid + 6
     finally:
         Table._measure_column = real  # type: ignore[method-assign]
     text = console.export_text()
     assert "a longer name than before  1,048,576" in text  # padded, as printed before
     assert "a longer name than before 1,048,576" in text  # unpadded, the box's blank alone
+    assert "bytes per rank, summed" in text  # whole, not cut to the old heading's width

@@ -739,20 +739,27 @@ class _Resolver:
             master not in (None, "none")
             and params in DTYPE_BYTES
             and master in DTYPE_BYTES
-            and DTYPE_BYTES[master] < DTYPE_BYTES[params]
+            and (
+                DTYPE_BYTES[master] < DTYPE_BYTES[params]
+                or (DTYPE_BYTES[master] == DTYPE_BYTES[params] and master != params)
+                or (master == params and master != "bf16")
+            )
         ):
             # a master copy holds what the weights it updates round away (Micikevicius et
             # al., arXiv 1710.03740, section 3.1; MS-AMP keeps fp16 masters beside fp8
             # weights); one as wide is how Apex's DistributedFusedAdam is priced, its fp32
             # master kept as the bf16 weights and a 16-bit remainder
-            # (``store_param_remainders``, `accuracy._ADAM`), and none keeps one narrower
-            # (an audit, m501: master: fp8 beside params: bf16 was priced, its states lowered)
+            # (``store_param_remainders``, `accuracy._ADAM`), bf16 beside bf16 alone; none
+            # keeps one narrower or another as wide (an audit, m501: master: fp8 beside params:
+            # bf16 was priced, its states lowered; a review, m506: fp8 beside fp8, fp16 beside
+            # bf16, whose narrower exponent cannot hold a bf16 weight's remainder)
             self.error(
                 "$.precision.master",
-                f"master: {master} beside params: {params} is a master copy narrower than the "
+                f"master: {master} beside params: {params} is a master copy no wider than the "
                 "weights it updates, which no optimizer keeps (it is there to hold what they "
-                "round away); write a wider master (fp32), or master: none to step the "
-                f"{params} weights themselves",
+                "round away; bf16 beside bf16 prices Apex's fp32 master kept as the weights "
+                "and a 16-bit remainder); write a wider master (fp32), or master: none to step "
+                f"the {params} weights themselves",
             )
         grads = tree.get("grads", "fp32")
         stepped = params if master in (None, "none") else master
@@ -2659,22 +2666,25 @@ def resolve(
         _check_fp8_params(r, precision, par, mode)
         _check_deepspeed_pipeline(r, precision, par, has_experts(model, tree.get("model")))
         if in_place_reduce_mismatch(par.zero, precision):
-            # the flag that keeps the buffer in the reduce format (an audit, m501: fp32 was
-            # told to write --grad-reduce-in-bf16)
-            flag = (
-                "default, grad_reduce_in_fp32 on"
-                if precision.reduce == "fp32"
-                else "--grad-reduce-in-bf16, grad_reduce_in_fp32 off"
-                if precision.reduce == "bf16"
-                else "buffer in that format"
+            # Megatron-LM's buffer is fp32 or the parameters' format (`param_and_grad_buffer`),
+            # each with its own flag (an audit, m501: fp32 was told to write
+            # --grad-reduce-in-bf16; a review, m506: fp16 beside bf16 weights has neither)
+            reducing, weights = precision.reduce, precision.params
+            fix = (
+                f"write grads: {reducing} (Megatron-LM's default, grad_reduce_in_fp32 on)"
+                if reducing == "fp32"
+                else f"write grads: {reducing} (Megatron-LM's --grad-reduce-in-bf16, "
+                "grad_reduce_in_fp32 off: the buffer in the parameters' format)"
+                if reducing == weights
+                else f"its buffer is fp32 or the parameters' {weights}, never {reducing}: "
+                f"write grads: fp32 or {weights}"
             )
             r.error(
                 "$.precision.grad_reduce",
-                f"grad_reduce: {precision.reduce} beside grads: {precision.grads} at ZeRO 1: "
+                f"grad_reduce: {reducing} beside grads: {precision.grads} at ZeRO 1: "
                 "Megatron-LM's distributed optimizer reduce-scatters its gradient buffer in "
                 "place, in the buffer's own format (start_grad_sync), so its gradients are "
-                f"reduced as they are kept; write grads: {precision.reduce} (Megatron-LM's "
-                f"{flag}) or remove grad_reduce",
+                f"reduced as they are kept; {fix}, or remove grad_reduce",
             )
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
         _check_pipeline_zero3(r, precision, par)

@@ -147,7 +147,11 @@ def render_collective(console: Console, result: CollectiveResult, fmt: str) -> N
         )
         per_rank = "per rank: received = sent" if equal else "sent per rank; received, above"
         title = f"{carried} on each level" if cost.pipelined else "stages"
-        title = f"{title} ({per_rank})"
+        # the levels run at once, the outer ones at the pace of the slowest they cross or
+        # leave through (`CollectiveCost.bandwidth_s`): their rows are not T's parts (a
+        # review, m506: a spine row of 21.5 ms beside T = 85.9 ms, unsaid)
+        paced = "; each row at its own level's rate, T from them as above" if cost.pipelined else ""
+        title = f"{title} ({per_rank}{paced})"
         sections.append((title, headers, stages))
     if cost.candidates:
         # one unit, the fastest's, right-aligned (an audit: "40,345.318 µs" above "171.879 ms"

@@ -338,8 +338,11 @@ class ParsedTable(Table):
         """rich's widths for the columns at `options`' width, kept for the next call with the
         same table, console and width: `whole` lays a table out before it is printed, and
         printing laid it out again, measuring every cell a second time (a fifth of what
-        rendering GPT-3 175B's report cost). Anything that changes the layout (a row, the
-        padding, a column's width) changes the key."""
+        rendering GPT-3 175B's report cost). What lays a table out is in the key: its
+        settings, and its columns' with their headings and cells, each cell the object it
+        holds (a row added, a cell or a heading replaced; a review, m506: a heading renamed
+        after `whole` printed cut). A cell's text changed in place is not: no renderer here
+        edits a cell once it is laid out."""
         key = (
             console,
             options.max_width,
@@ -347,12 +350,16 @@ class ParsedTable(Table):
             self.collapse_padding,
             self.pad_edge,
             self.show_edge,
-            self.box,
             self.show_header,
-            len(self.rows),
+            self.show_footer,
+            self.box,
+            self.expand,
+            self.min_width,
             tuple(
-                (c.width, c.min_width, c.max_width, c.no_wrap, len(c._cells)) for c in self.columns
+                (c.width, c.min_width, c.max_width, c.ratio, c.no_wrap, c.header, c.footer)
+                for c in self.columns
             ),
+            tuple(tuple(c._cells) for c in self.columns),
         )
         if self._laid is not None and self._laid[0] == key:
             return list(self._laid[1])
