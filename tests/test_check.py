@@ -671,8 +671,16 @@ def test_per_layer_traffic_off_the_fastest_link_is_cautioned(tmp_path: Path) -> 
     assert moe.startswith("ep's per-layer collectives (1,536 calls a step on stage 3")
     assert moe.endswith(
         "ep 8 spaced etp 2 apart (the expert layers' tp inside each ep group) "
-        "spans 16 ranks, more than one nvlink domain of 8"
+        "spans 16 ranks, more than one nvlink domain of 8: parallel.etp 1 keeps ep 8 inside it"
     )
+    # and so it does (a user audit, m505, found the way out unsaid): no ep caution is left
+    kept = variant(
+        tmp_path,
+        "etp1.yaml",
+        ("  ep: 8\n", "  ep: 8\n  etp: 1\n"),
+        base=ROOT / "plans" / "mixtral-8x7b.yaml",
+    )
+    assert not [n for n in slow_link_notes(budget_plan(kept)) if n.startswith("ep's")]
     assert counts.startswith("tp_ep's per-layer collectives (256 calls a step on stage 3")
     assert counts.endswith("tp_ep 16 is wider than one nvlink domain of 8")
     # the expert layers' own split measures an ep group: etp 1, ep 8 after dp puts edp 2

@@ -1130,3 +1130,20 @@ def test_a_table_laid_out_to_fit_is_not_measured_again_to_print() -> None:
     assert "a longer name than before  1,048,576" in text  # padded, as printed before
     assert "a longer name than before 1,048,576" in text  # unpadded, the box's blank alone
     assert "bytes per rank, summed" in text  # whole, not cut to the old heading's width
+
+
+def test_a_serving_report_says_its_prefill_is_every_prompt_at_once() -> None:
+    """A user audit (m505): the decode plan's time to first token and its peak, in the
+    prefill, are of every prompt at once, where vLLM chunks its prefill; the report said so
+    nowhere. Both the prefill line and the verdict say it now."""
+    report = budget_plan(ROOT / "plans" / "llama3-70b-decode.yaml")
+    assert report.worst.peak_phase.startswith("prefill")
+    console = Console(width=120, color_system=None, record=True)
+    from budget.render.table import render_table
+
+    render_table(console, report)
+    text = " ".join(console.export_text().split())
+    assert "Prefill (time to first token; every prompt at once, unchunked):" in text
+    assert (
+        "in prefill.mlp (fc2 output reduction), every prompt's prefill at once, unchunked" in text
+    )

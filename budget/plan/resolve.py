@@ -311,7 +311,15 @@ class _Resolver:
         self.error(
             path,
             f"{value:g} B: a size without a unit is bytes; write its unit, such as "
-            f"'{value:g} GiB', '{value:g} GB' or '{value:g} MiB'",
+            f"'{value:g} GiB' ({value:g} x 2^30 B) or '{value:g} GB' ({value:g} x 10^9 B, "
+            f"{value * 1e9 / 2**30:.3g} GiB)"
+            # a card sold as "80GB" holds about 80 GiB (a user audit, m505: 80 GB read as
+            # 74.5 GiB flipped a plan's check to FAIL, unsaid)
+            + (
+                f"; a card sold as {value:g} GB holds about {value:g} GiB, as its preset says"
+                if path == "$.device.memory"
+                else ""
+            ),
         )
         return True
 

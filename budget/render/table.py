@@ -1342,7 +1342,10 @@ def summary(report: Report) -> list[str]:
         f"({float(step['exposed_share'] or 0):.1%} of the run){_slowed(step)}"
     )
     if step.get("ttft_s") is not None:
-        lines = [f"Prefill (time to first token): {_t(step['ttft_s'])}"]
+        # one prefill of every prompt at once (a user audit, m505: unsaid, where vLLM chunks)
+        lines = [
+            f"Prefill (time to first token; every prompt at once, unchunked): {_t(step['ttft_s'])}"
+        ]
         if step.get("decode_token_s") is not None:
             lines += _decode_lines(report)
         else:
@@ -1507,6 +1510,10 @@ def verdict(report: Report) -> str:
     worst = report.worst
     # names a plan writes (transitions) are text, not markup: "gather[/b]" must not parse
     where = escape(f"in {worst.peak_phase} ({worst.peak_instant})")
+    if report.mode != "train" and worst.peak_phase.startswith("prefill"):
+        # a serving stack chunks its prefill (vLLM V1 always does): the peak is of a whole
+        # batch's prompts at once, which the reader must know (a user audit, m505)
+        where += ", every prompt's prefill at once, unchunked"
     if worst.fits:
         return (
             f"[green]Fits.[/] The worst stage ({worst.stage}) peaks at {_b(worst.peak_bytes)} "
