@@ -1041,6 +1041,27 @@ def fp8_weight_casts(plan: Plan, weights: Any) -> list[Work]:
     return [_fp8_cast("FP8 casts of the GEMM weights", kept * (read + written))]
 
 
+def fp8_gathered_weight_casts(plan: Plan, block: str, weights: Any) -> list[Work]:
+    """Under ZeRO-3 and FP8 training, Transformer Engine's cast of a block's `weights` as
+    each forward gathers them (an FSDP unit's weights are gathered for every forward and
+    freed after it, so no workspace outlives the micro-batch: ``is_first_microbatch`` is
+    not passed and each ``Linear`` quantizes its weight in its forward, TransformerEngine
+    2.5 ``linear.py``), its recompute too: the gathered weight read in its gather format, 1
+    B written and its transpose 1 B more where the FP8 GEMMs take K-major operands only;
+    over an FP8 gather the transpose alone. Below ZeRO-3 the casts run once a step
+    (`fp8_weight_casts`). An audit (m508): Llama 3 8B under FSDP with fp8 GEMMs cast
+    nothing, some 9.5 ms a step unpriced on an H100."""
+    if not te_fp8(plan):
+        return []
+    t = int(plan.device.fp8_transpose)
+    gathered = DTYPE_BYTES[plan.precision.param_gather]
+    read, written = (gathered, 1 + t) if gathered > 1 else (t, t)
+    cast = weights * (plan.parallel.zero >= 3)
+    if not read + written or every(cast == 0):
+        return []
+    return [_fp8_cast(f"FP8 casts of the gathered {block} weights", cast * (read + written))]
+
+
 def activation(plan: Plan, width: Any, prefix: str = "") -> list[Work]:
     """The MLP's activation function over fc1's outputs, `width` bytes being one tensor of
     its columns. Fused, one kernel reads fc1's ``gate`` outputs and writes one (GELU a read

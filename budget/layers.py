@@ -893,26 +893,37 @@ def fp8_gemm_weights(plan: Plan, moe: bool = False) -> tuple[Any, Any]:
     Megatron-Core keeps 16-bit: its router is a ``torch.mm``, ``moe_utils.py``). QKV (or
     latent attention's down- and up-projections) and the output projection, the MLP's fc1
     (gate and up) and fc2, an MoE layer's shared experts and its rank's experts."""
+    attention = fp8_block_weights(plan, "attention")
+    if not moe or plan.model.experts is None:
+        return attention + fp8_block_weights(plan, "mlp"), 0
+    return attention + fp8_block_weights(plan, "shared"), fp8_block_weights(plan, "experts")
+
+
+def fp8_block_weights(plan: Plan, block: str) -> Any:
+    """The GEMM weights one rank holds of one layer's `block` (`fp8_gemm_weights`):
+    "attention", "mlp", an MoE layer's "shared" experts or its rank's routed "experts"."""
     m, t = plan.model, plan.parallel.tp
     h, gate = m.hidden, m.gate
+
+    def mlp(width: int, shards: Any) -> Any:
+        return -(-((gate + 1) * h * width) // shards)
+
+    if block == "mlp":
+        return mlp(m.ffn, t)
+    if block in ("shared", "experts"):
+        e = m.experts
+        if e is None:
+            return 0
+        if block == "shared":
+            return mlp(e.shared_ffn, t) if e.shared_ffn else 0
+        return (e.count // plan.parallel.ep) * mlp(e.ffn, plan.parallel.expert_tp)
     out_width = m.heads * m.head_dim
     if m.mla is not None:
         mla = m.mla
         sharded = (mla.q_rank or h) * m.heads * m.qk_head_dim
         sharded += mla.kv_rank * m.heads * (mla.nope_dim + m.head_dim) + out_width * h
-        attention = -(-sharded // t) + h * (mla.q_rank + mla.kv_rank + mla.rope_dim)
-    else:
-        attention = -(-(2 * h * out_width) // t)
-        attention += 2 * h * kv_heads_per_rank(plan) * m.head_dim
-
-    def mlp(width: int, shards: Any) -> Any:
-        return -(-((gate + 1) * h * width) // shards)
-
-    if not moe or m.experts is None:
-        return attention + mlp(m.ffn, t), 0
-    e, par = m.experts, plan.parallel
-    shared = mlp(e.shared_ffn, t) if e.shared_ffn else 0
-    return attention + shared, (e.count // par.ep) * mlp(e.ffn, par.expert_tp)
+        return -(-sharded // t) + h * (mla.q_rank + mla.kv_rank + mla.rope_dim)
+    return -(-(2 * h * out_width) // t) + 2 * h * kv_heads_per_rank(plan) * m.head_dim
 
 
 def gemm_weights(plan: Plan, dense: Any, moe: Any) -> tuple[Any, Any]:

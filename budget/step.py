@@ -54,6 +54,7 @@ from budget.layers import (
     expert_data_parallel,
     experts_inside_tp,
     final_norm_params,
+    fp8_block_weights,
     fp8_weight_copies,
     gemm_weights,
     interleaved_warmup,
@@ -1392,7 +1393,7 @@ class _Kernels:
     def forward(self, block: str, s: Shapes) -> list[Work]:
         """`block`'s forward kernels (`flops.attention_forward`, `mlp_forward`,
         `moe_forward`) at shapes `s`."""
-        return self._memo(block, "forward", s, lambda: _FORWARD[block](self.plan, s))
+        return self._memo(block, "forward", s, lambda: _forward_kernels(self.plan, block, s))
 
     def backward(self, block: str, s: Shapes) -> list[Work]:
         """`block`'s backward kernels at shapes `s`: its forward again under full recompute
@@ -1409,6 +1410,14 @@ class _Kernels:
         works = make()
         seen.append((s, works))
         return list(works)
+
+
+def _forward_kernels(plan: Plan, block: str, s: Shapes) -> list[Work]:
+    """`_Kernels.forward`: under ZeRO-3 and FP8 GEMMs the casts of the block's gathered
+    weights first (`flops.fp8_gathered_weight_casts`), then its kernels."""
+    parts = ("shared", "experts") if block == "moe" else (block,)
+    weights = sum(fp8_block_weights(plan, part) for part in parts)
+    return [*flops.fp8_gathered_weight_casts(plan, block, weights), *_FORWARD[block](plan, s)]
 
 
 def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:

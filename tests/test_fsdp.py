@@ -1413,3 +1413,31 @@ def test_an_fp8_gather_leaves_the_embedding_and_head_in_their_16_bit_copy(tmp_pa
     assert held and max(held) == 2 * outside
     layer = [m for m in _phase(narrow, "forward.attention").moves if m.op == "all-gather"]
     assert layer and all(m.dtype == "fp8" for m in layer)
+
+
+def test_fp8_gemms_under_fsdp_cast_each_gathered_block_in_its_forward(tmp_path) -> None:
+    """An audit (m508): under ZeRO-3 no workspace outlives a micro-batch, so Transformer
+    Engine casts each gathered block's weights in its forward, and again where the backward
+    recomputes it; they had cost nothing. Llama 3 8B on an H100 (transposes made too), per
+    layer and rank: attention 4096 x (4096 + 2 x 1024) + 4096 x 4096 = 41,943,040 weights,
+    the MLP 3 x 4096 x 14,336 = 176,160,768, each read in bf16 and written as 1 B and its
+    1 B transpose: 4 B a weight. Below ZeRO-3 the casts run once a step instead."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    path = variant(
+        tmp_path,
+        "fp8.yaml",
+        ("  activations: bf16\n", "  activations: bf16\n  matmul: fp8\n"),
+        base=base,
+    )
+    plan = load_plan(path)
+    assert plan.parallel.zero == 3 and plan.recompute == "full"
+    attention, mlp = 41_943_040 * 4, 176_160_768 * 4
+    forward = _bytes(plan, "forward.attention")
+    assert forward["FP8 casts of the gathered attention weights"] == attention
+    assert _bytes(plan, "forward.mlp")["FP8 casts of the gathered mlp weights"] == mlp
+    again = _bytes(plan, "backward.mlp")
+    assert again["FP8 casts of the gathered mlp weights (recomputed)"] == mlp
+    optimizer = [w.name for p in derive(plan).stages[0].phases for w in p.works]
+    assert "FP8 casts of the GEMM weights" not in optimizer

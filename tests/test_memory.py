@@ -1793,6 +1793,30 @@ def test_deepspeeds_zero_3_for_a_model_with_experts_is_refused(tmp_path):
     assert all(r.config.zero == 2 for r in outcome.results)
 
 
+def test_fp8_activations_in_training_are_refused(tmp_path):
+    """An audit (m508): activations: fp8 beside fp8 GEMMs halved every saved activation and
+    every tensor- and pipeline-parallel transfer of Llama 3 70B (peak 39.9 → 32.7 GiB),
+    where Transformer Engine quantizes the GEMMs' inputs alone (matmul: fp8). Refused in
+    training, at its key; a serving plan keeps it."""
+    from budget.errors import BudgetError
+    from tests.plan_files import variant
+
+    edit = ("  activations: bf16\n", "  activations: fp8\n  matmul: fp8\n")
+    path = variant(tmp_path, "fp8act.yaml", edit, base=ROOT / "plans" / "llama3-70b.yaml")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.precision.activations"
+    assert "write activations: bf16 with matmul: fp8" in problem.message
+    serving = variant(
+        tmp_path,
+        "decode.yaml",
+        ("  activations: bf16\n", "  activations: fp8\n"),
+        base=ROOT / "plans" / "llama3-70b-decode.yaml",
+    )
+    assert load_plan(serving).precision.activations == "fp8"
+
+
 def test_a_master_copy_no_wider_than_its_weights_is_refused(tmp_path):
     """An audit (m501): master: fp8 beside params: bf16 was priced, lowering the optimizer
     states; a master copy is kept wider than the weights it updates (Micikevicius et al.,

@@ -771,13 +771,14 @@ def test_an_fp8_plan_says_how_its_memory_is_counted(tmp_path: Path) -> None:
     llama = ROOT / "plans" / "llama3-70b.yaml"
     fp8 = variant(tmp_path, "fp8.yaml", ("precision:\n", "precision:\n  matmul: fp8\n"), base=llama)
     # fp8 activations under eager attention put MFU on the fp8 peak with bf16 GEMMs: the
-    # note is the GEMMs' format's, not MFU's (a final read: it keyed on MFU's)
+    # note is the GEMMs' format's, not MFU's (a final read: it keyed on MFU's); a serving
+    # plan's, as training refuses fp8 activations (an audit, m508)
     eager = variant(
         tmp_path,
         "eager.yaml",
         ("activations: bf16", "activations: fp8"),
         ("attention: flash", "attention: eager"),
-        base=llama,
+        base=ROOT / "plans" / "llama3-70b-decode.yaml",
     )
     assert budget_plan(eager).mfu_format == "fp8"
     fsdp = variant(

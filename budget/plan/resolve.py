@@ -769,6 +769,20 @@ class _Resolver:
                 "and a 16-bit remainder); write a wider master (fp32), or master: none to step "
                 f"the {params} weights themselves",
             )
+        if not serving and tree.get("activations") == "fp8":
+            # Transformer Engine's recipes quantize a GEMM's input alone (matmul: fp8 prices
+            # that, and the FP8 copies saved for the backward); the residual stream, norms,
+            # attention and every transfer stay 16-bit, so 1 B for all of them is a run no
+            # stack makes (an audit, m508: Llama 3 70B's peak 39.9 → 32.7 GiB, its tensor-
+            # and pipeline-parallel transfers halved)
+            self.error(
+                "$.precision.activations",
+                "activations: fp8 in training stores every activation and sends every "
+                "tensor- and pipeline-parallel transfer in 1 byte, which no training stack "
+                "does: FP8 training (Transformer Engine) quantizes the GEMMs' inputs alone, "
+                "which precision.matmul: fp8 prices with the FP8 copies it saves; write "
+                "activations: bf16 with matmul: fp8",
+            )
         grads = tree.get("grads", "fp32")
         stepped = params if master in (None, "none") else master
         # upcasting widens: only gradients narrower than the master are cast to it
