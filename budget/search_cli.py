@@ -115,7 +115,11 @@ def run_search(
     from budget.plan.load import load_plan_data, plan_name, read_plan_bytes
     from budget.plan.resolve import divisors
     from budget.render import dump_document
-    from budget.render.search import render_search_markdown, render_search_table
+    from budget.render.search import (
+        render_search_markdown,
+        render_search_table,
+        written_beats_best,
+    )
     from budget.search import magnitude, search, to_dict
     from budget.topology import MAX_GPUS
     from budget.units import format_bytes
@@ -300,7 +304,14 @@ def run_search(
     else:
         render_search_table(console, outcome, shown)
         if write is not None and outcome.best is not None:
-            console.print(f"Wrote the best layout to {one_line(str(write))}", markup=False)
+            # the plan as written may do better, at a setting the sweep never took (a search
+            # audit, m507: its own layers_per_stage beat the "best" layout written over it)
+            better = (
+                " (the plan as written does better: above)" if written_beats_best(outcome) else ""
+            )
+            console.print(
+                f"Wrote the best layout searched to {one_line(str(write))}{better}", markup=False
+            )
     if write is not None and outcome.best is None:  # a review: nothing said it wrote nothing
         print(
             note_line(f"--write {write}: no layout ranks, so nothing was written"), file=sys.stderr

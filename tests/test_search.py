@@ -3459,3 +3459,36 @@ def test_a_layout_whose_pp_collective_some_stages_skip_is_rejected_by_its_own_re
     outcome = search(plan, 1024, space)
     assert outcome.rejected[PP_APART] == len(_candidates_of(plan, space)) > 0
     assert not outcome.results
+
+
+def test_figures_near_a_limit_or_near_one_show_the_digits_that_tell_them_apart(tmp_path):
+    """A search audit (m507): the nearest a fitting layout came, cut to three digits, read
+    "18.1 s" beside --max-step 18.13s and "10%" beside --max-exposed 10%, under the limits
+    it misses; and a plan as written at 0.997x the best layout's step read "1.00x". Each
+    takes the digits it needs, still cut down (a bound shown stays one)."""
+    from budget.render.search import _duration_down, _past, _ratio, _share_down
+
+    assert _ratio(0.99735) == "0.997" and _ratio(1.0) == "1.00" and _ratio(1.2345) == "1.23"
+    assert _ratio(1.00004) == "1.00004"
+    digits = _past(18.146853, 18.13, 3)
+    assert digits == 4 and _duration_down(18.146853, digits) == "18.14 s"
+    digits = _past(0.106956, 0.10, 2)
+    assert digits == 3 and _share_down(0.106956, digits) == "10.6%"
+    assert _past(19.5, 18.13, 3) == 3  # already past it at three
+    # the plan as written with its own split, faster than every layout: said, and --write
+    # says what it wrote
+    seed = variant(
+        tmp_path,
+        "lps.yaml",
+        ("nodes: 128", "nodes: 120"),
+        ("  pp: 8\n", "  pp: 5\n"),
+        ("  dp: 16\n", "  dp: 24\n"),
+        ("schedule: 1f1b", "schedule: 1f1b, layers_per_stage: [18, 20, 20, 20, 18]"),
+    )
+    args = ["search", str(seed), "--tp", "8", "--pp", "5", "--zero", "1", "--micro", "1"]
+    args += ["--recompute", "selective", "--sp", "true", "--virtual-stages", "1", "--cp", "1"]
+    result = CliRunner().invoke(app, [*args, "--write", str(tmp_path / "best.yaml")])
+    out = " ".join(result.output.split())
+    assert "The plan as written has 0.997× the best layout's step time." in out
+    assert "Wrote the best layout searched to" in out
+    assert "(the plan as written does better: above)" in out

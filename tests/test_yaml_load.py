@@ -782,7 +782,7 @@ def test_a_terminals_control_characters_reach_it_escaped(tmp_path) -> None:
     args = ["search", str(plan), "--tp", "1", "--pp", "1", "--top", "1", "--write", str(written)]
     out = runner.invoke(app, route(args)).stdout
     assert "\x1b" not in out
-    assert f"Wrote the best layout to {tmp_path}/w\\x1b[2J.yaml" in " ".join(out.split())
+    assert f"Wrote the best layout searched to {tmp_path}/w\\x1b[2J.yaml" in " ".join(out.split())
     pytest.importorskip("matplotlib")
     result = runner.invoke(app, route(["plot", str(plan), "-o", str(tmp_path / "p\x07.png")]))
     assert result.exit_code == 0 and "\x1b" not in result.stdout and "\x07" not in result.stdout

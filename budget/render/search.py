@@ -22,6 +22,7 @@ from budget.render.table import (
 )
 from budget.units import (
     decimals_apart,
+    duration_unit,
     format_amount,
     format_bytes,
     format_duration,
@@ -432,14 +433,34 @@ def _bytes_down(n: int) -> str:
     return f"{value:.{decimals}f} {unit}"
 
 
-def _share_down(share: float) -> str:
-    """A share as a percentage to two significant digits, cut rather than rounded (review
-    m423: 0.0507 % printed "0.1%", which a fitting layout did expose under)."""
-    percent = _floor(share * 100, 2)
+def _share_down(share: float, digits: int = 2) -> str:
+    """A share as a percentage to `digits` significant digits, cut rather than rounded
+    (review m423: 0.0507 % printed "0.1%", which a fitting layout did expose under)."""
+    percent = _floor(share * 100, digits)
     if percent <= 0:
         return "0%"
-    decimals = max(0, 1 - math.floor(math.log10(percent)))
+    decimals = max(0, digits - 1 - math.floor(math.log10(percent)))
     return f"{percent:.{decimals}f}%"
+
+
+def _duration_down(seconds: float, digits: int) -> str:
+    """A time cut to `digits` significant digits (`_floor`), in `format_duration`'s unit;
+    at 3 digits `format_duration`'s own figure of the cut time."""
+    cut = _floor(seconds, digits)
+    if digits <= 3 or cut <= 0:
+        return format_duration(cut)
+    scale, unit = duration_unit(cut)
+    value = cut / scale
+    decimals = max(0, digits - 1 - math.floor(math.log10(value)))
+    return f"{value:.{decimals}f} {unit}"
+
+
+def _past(value: float, limit: float, digits: int) -> int:
+    """The fewest significant digits from `digits` (at most 8) at which `value` cut
+    (`_floor`) reads above `limit`, where it lies above it."""
+    while digits < 8 and value > limit and _floor(value, digits) <= limit:
+        digits += 1
+    return digits
 
 
 def nearest_note(outcome: Outcome) -> str | None:
@@ -475,10 +496,15 @@ def nearest_note(outcome: Outcome) -> str | None:
             f"the most headroom a fitting layout leaves is {format_bytes(free)} "
             f"({format_share(free / near.capacity)} of capacity)"
         )
-    if limits.max_exposed_share is not None and near.fitting_exposed_share is not None:
-        nearest.append(f"none exposes under {_share_down(near.fitting_exposed_share)} of its step")
-    if limits.max_step_s is not None and near.fitting_step_s is not None:
-        nearest.append(f"none steps in under {format_duration(_floor(near.fitting_step_s))}")
+    # cut to as many digits as it takes to read above the limit it misses (a search audit,
+    # m507: "under 18.1 s" beside --max-step 18.13s, and "under 10%" beside 10%)
+    share, step = near.fitting_exposed_share, near.fitting_step_s
+    if limits.max_exposed_share is not None and share is not None:
+        digits = _past(share, limits.max_exposed_share, 2)
+        nearest.append(f"none exposes under {_share_down(share, digits)} of its step")
+    if limits.max_step_s is not None and step is not None:
+        digits = _past(step, limits.max_step_s, 3)
+        nearest.append(f"none steps in under {_duration_down(step, digits)}")
     return (
         f"Of the {outcome.fitting:,} that fit, each limit alone: {alone}. Nearest: "
         f"{', '.join(nearest)}."
@@ -623,6 +649,31 @@ def _outside(outcome: Outcome) -> list[str]:
     return out
 
 
+def _ratio(r: float) -> str:
+    """`r` to two decimals, or as many more as it takes not to read 1.00 where it is not 1
+    (a search audit, m507: a plan as written 0.997× the best's step time read "1.00×")."""
+    for decimals in range(2, 7):
+        text = f"{r:.{decimals}f}"
+        if r == 1 or float(text) != 1:
+            return text
+    return text
+
+
+def written_beats_best(outcome: Outcome) -> bool:
+    """Whether the plan as written does better than the best layout ranked, in the
+    objective's figure: a setting of its own the sweep never took (its layers_per_stage,
+    a degree outside the space)."""
+    mine, best = outcome.written, outcome.best
+    if mine is None or best is None:
+        return False
+    name = {"memory": "peak_bytes", "tokens-per-s": "tokens_per_s"}.get(
+        outcome.objective, "step_time_s"
+    )
+    ours, theirs = getattr(mine, name), getattr(best, name)
+    higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
+    return bool(ours and theirs) and ours != theirs and (ours > theirs) == higher
+
+
 def written_note(outcome: Outcome) -> str:
     """How the plan searched compares with the best layout, in the objective's figure, and
     whether it fits and keeps the limits (a user audit: nothing said)."""
@@ -637,9 +688,8 @@ def written_note(outcome: Outcome) -> str:
     best_value = getattr(best, figure[0]) if best is not None else 0
     parts = []
     if best_value and mine_value:
-        parts.append(f"has {mine_value / best_value:.2f}× the best layout's {figure[1]}")
-        higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
-        if (mine_value > best_value) == higher and mine_value != best_value:
+        parts.append(f"has {_ratio(mine_value / best_value)}× the best layout's {figure[1]}")
+        if written_beats_best(outcome):
             # it beats the best: a setting of its own the sweep never took (an audit: v 12
             # beat the "best" at 0.98× the step time, and nothing said the sweep's v was
             # 1, 2, 4)
