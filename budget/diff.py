@@ -209,7 +209,11 @@ class PlanDiff:
             notes.append(_work_note(ma, wa, wb, mfu=self.one_peak, per_gpu=ga != gb))
         pa, pb = self.pacing
         if na == nb and pa is not None and pb is not None and pa != pb:
-            notes.append(f"the step is paced by stage {pa} in A and by stage {pb} in B")
+            notes.append(
+                f"the step is paced by stage {pa} in A and by stage {pb} in B: its compute, "
+                "communication and exposed time are each its pacing stage's, so they carry "
+                "no verdict; the step time does"
+            )
         if na != nb:
             notes.append(
                 f"A has {plural(na, 'pipeline stage')} and B has {nb}, so their stages hold "
@@ -674,6 +678,10 @@ _PER_STEP = frozenset(
 )
 
 
+# the step's figures that are its pacing stage's (`schedule.paced_by`), not the step's
+_PACED = frozenset({"compute_s", "comm_s", "exposed_comm_s", "exposed_share", "overlap_slowdown_s"})
+
+
 def _same_steps(a: Report, b: Report) -> bool:
     """Whether two plans' per-step times and bytes compare: one mode and the same work a
     step, and for training as many GPUs (an audit: 8 GPUs against 64 read tokens/s +447.9 %
@@ -704,6 +712,10 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
     # figures are shown, but neither side is better (`PlanDiff.note`)
     like = a.mode == b.mode
     same_work = _same_steps(a, b)
+    # a step's compute and communication are its pacing stage's: two stages' apart say
+    # nothing of either (a DeepSeek-V3 audit, m509: dropping the MTP module, which changes
+    # the last stage alone, read as +28 % communication ✗, stage 15's against stage 1's)
+    paced = len(a.stages) != len(b.stages) or _pacing(a) == _pacing(b)
     # on other numbers of GPUs the whole job's rate does not compare, its rate per GPU does
     world = a.world_size == b.world_size
     comparable = {
@@ -719,7 +731,9 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
             bt,
             a.step.get(k),
             b.step.get(k),
-            same_work if k in _PER_STEP else comparable.get(k, like),
+            (same_work and (paced or k not in _PACED))
+            if k in _PER_STEP
+            else comparable.get(k, like) and (paced or k not in _PACED),
         )
         for k, u, bt in _STEP
         # the reduction and optimizer after a training pipeline: serving has none

@@ -1383,3 +1383,23 @@ def test_the_causal_mfu_is_compared_where_a_report_prints_it(tmp_path: Path) -> 
     assert re.search(printed.replace(".", r"\."), table), table
     _, short, _ = _diff(GPT3, tp4(tmp_path), "--format", "json")
     assert "mfu_causal" not in json.loads(short)["delta"]["summary"]
+
+
+def test_a_steps_figures_of_two_pacing_stages_carry_no_verdict(tmp_path: Path) -> None:
+    """A DeepSeek-V3 audit (m509): a step's compute, communication and exposed time are its
+    pacing stage's, and where the two plans are paced by different stages their deltas
+    compare two stages (dropping the MTP module, on the last stage alone, read as +28 %
+    communication ✗). GPT-3 175B split 9, 13 x 6, 9 is paced by stage 1 where the even
+    split is by stage 7: those rows carry no verdict, the step time and tokens/s do, and
+    the note says why."""
+    split = "schedule: 1f1b, layers_per_stage: [9, 13, 13, 13, 13, 13, 13, 9]"
+    b = variant(tmp_path, "split.yaml", ("schedule: 1f1b", split))
+    a_report, b_report, diff = diff_files(GPT3, b)
+    assert (a_report.step["pacing_stage"], b_report.step["pacing_stage"]) == (7, 1)
+    verdicts = {d.metric: d.comparable for d in diff.summary}
+    for metric in ("compute_s", "comm_s", "exposed_comm_s", "exposed_share"):
+        assert verdicts[metric] is False, metric
+    assert verdicts["time_s"] and verdicts["tokens_per_s"] and verdicts["bubble_s"]
+    assert "each its pacing stage's, so they carry no verdict" in (diff.note or "")
+    *_, same = diff_files(GPT3, GPT3)  # one pacing stage: every figure has its verdict
+    assert all(d.comparable for d in same.summary)
