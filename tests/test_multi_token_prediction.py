@@ -418,3 +418,36 @@ def test_the_report_writes_the_module_apart_from_the_last_stages_layers(tmp_path
     (last,) = [r for r in compared.stages if r.key == "1"]
     deltas = {d.metric: (d.a, d.b) for d in last.deltas}
     assert deltas["layers"] == (30, 30) and deltas["mtp_layers"] == (0, 1)
+
+
+def test_a_split_that_counts_the_mtp_module_is_told_where_the_module_runs(tmp_path) -> None:
+    """A DeepSeek-V3 audit (m509): 61 layers over pp 2 were told only that they do not
+    divide, and a split that counted the MTP module in it (31 + 31) that it sums to 62; each
+    message now says the module runs on the last stage beside its split."""
+    path = tmp_path / "split.yaml"
+    for split, where, said in (
+        (
+            "[31, 31]",
+            "layers_per_stage",
+            "sums to 62 layers but model.layers = 61; the "
+            "multi-token prediction (model.mtp_layers = 1) runs on the last stage beside its "
+            "split and is not listed in it",
+        ),
+        (
+            None,
+            "pp",
+            "(of the 61 layers alone: the last stage runs the multi-token "
+            "prediction, model.mtp_layers = 1, beside its share)",
+        ),
+    ):
+        text = _text(pp=2)
+        text = (
+            text.replace("[31, 30]", split)
+            if split
+            else text.replace(", pipeline: {layers_per_stage: [31, 30]}", "")
+        )
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(BudgetError) as raised:
+            load_plan(path)
+        (problem,) = raised.value.problems
+        assert problem.path.endswith(where) and said in problem.message

@@ -2303,9 +2303,20 @@ class _ModelChecks(_LayoutChecks):
         path = "$.parallel.pipeline.layers_per_stage"
         if split is not None:
             if len(split) == stages and sum(split) != layers:  # a count is `split_entries`'s
+                # the multi-token prediction modules are the last stage's on top of its split
+                # (a DeepSeek-V3 audit, m509: a split counting the MTP module was told only
+                # that it summed to 62)
+                mtp = self.model.mtp_layers
+                apart = (
+                    f"; the multi-token prediction (model.mtp_layers = {mtp}) runs on the last "
+                    "stage beside its split and is not listed in it"
+                    if mtp
+                    else ""
+                )
                 self.r.error(
                     path,
-                    f"layers_per_stage sums to {sum(split)} layers but model.layers = {layers}",
+                    f"layers_per_stage sums to {sum(split)} layers but model.layers = "
+                    f"{layers}{apart}",
                 )
             return
         if layers % stages:
@@ -2330,11 +2341,18 @@ class _ModelChecks(_LayoutChecks):
                 hints = [f"pp among {by_pp} with {v} virtual stages"] if by_pp else []
                 hints += [f"virtual_stages among {by_v} with pp = {pp}"] if by_v else []
                 choose = f"choose {' or '.join(hints)}" if hints else "choose other degrees"
+            mtp = self.model.mtp_layers
+            apart = (
+                f" (of the {layers} layers alone: the last stage runs the multi-token "
+                f"prediction, model.mtp_layers = {mtp}, beside its share)"
+                if mtp
+                else ""
+            )
             self.r.error(
                 "$.parallel.pp",
                 f"model.layers = {layers} is not divisible by {what}: every stage gets the same "
                 f"number of layers; {choose}, or list an uneven split in "
-                "parallel.pipeline.layers_per_stage",
+                f"parallel.pipeline.layers_per_stage{apart}",
             )
 
 
