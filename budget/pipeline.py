@@ -502,6 +502,10 @@ def build_report(plan: Plan) -> Report:
         # streaming multiprocessors, which overlap.tp's pipelined reduce-scatter narrows its
         # GEMM by; 0: not given
         "sms": plan.device.sms,
+        # whether the device's FP8 GEMMs take K-major operands only, so FP8 training keeps a
+        # transpose of each FP8 copy (Hopper); the plan may write it (a catalogue audit,
+        # m513: named among the overrides, its value said nowhere)
+        "fp8_transpose": plan.device.fp8_transpose,
         # the roofline's derates (DESIGN.md rule 9 times these; an audit: a written device's
         # 0.8 went unsaid): the share of the peak the largest GEMMs reach in the format they
         # run in (a preset's measured curve, which smaller GEMMs fall below, fp8's 68.4 % on

@@ -106,7 +106,10 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.32: the report's device gives ``overrides``, ``flops`` and ``memory_bandwidth_Bps``, its
 # topology ``name`` and ``overrides``; search's hardware ``device_overrides`` and
 # ``topology_overrides``
-SCHEMA_VERSION = "1.33"
+# 1.33: the report's layout gives ``tp_style``; a stage ``mtp_layers``; check's reasons and
+# validate-model's rows ``unit``
+# 1.34: the report's device gives ``fp8_transpose``
+SCHEMA_VERSION = "1.34"
 
 Kind = Literal[
     "report",

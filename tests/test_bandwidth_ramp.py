@@ -191,7 +191,11 @@ def test_presets_ramp_nvlink_and_not_infiniband() -> None:
     for preset in TOPOLOGIES.values():
         for level in preset.levels:
             if level.name == "nvlink":
-                generation = {"dgx-a100": "nvlink3", "gb200-nvl72": "nvlink5"}
+                generation = {
+                    "dgx-a100": "nvlink3",
+                    "gb200-nvl72": "nvlink5",
+                    "dgx-b200": "nvlink5",
+                }
                 assert level.ramp is RAMPS[generation.get(preset.name, "nvlink4")]
                 assert level.latency == 3e-6  # the smallest nccl-tests messages (test_presets)
             else:

@@ -275,7 +275,14 @@ def test_nvlink4_collective_share_is_the_nccl_ring_figure() -> None:
     # and its ramp is that run's own sweep (it borrowed NVLink 4's until the sweep was read);
     # its α is the A100's, which that sweep's smallest point (1 MiB) bounds but does not
     # measure: marked assumed (an audit)
-    assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ("latency",)
+    assert TOPOLOGIES["gb200-nvl72"].levels[0].assumed == ("latency", "ramp")
+    # the all-gather and reduce-scatter shares are the all-reduce sweeps' on A100 and GB200,
+    # marked assumed (an audit, m513: shown as measured); DGX B200 borrows NVLink 5's figures
+    assert TOPOLOGIES["dgx-a100"].levels[0].assumed == ("ramp",)
+    b200 = TOPOLOGIES["dgx-b200"].levels[0]
+    assert (b200.rate, b200.size, b200.bandwidth) == (900e9, 8, pytest.approx(679.61e9))
+    assert b200.assumed == ("share", "latency", "ramp")
+    assert TOPOLOGIES["dgx-b200"].levels[1].bandwidth == pytest.approx(47e9)
 
 
 # OpenXLA's measured matmul table (tensorflow/tensorflow a305421,

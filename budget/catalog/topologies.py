@@ -167,6 +167,7 @@ _DGX_A100 = "NVIDIA DGX A100 datasheet"
 _H800 = 'Zhao et al. (DeepSeek-AI), "Insights into DeepSeek-V3" (arXiv 2505.09343), H800 node'
 _DSV3 = "DeepSeek-V3 technical report (arXiv 2412.19437)"
 _DGX_H100 = "NVIDIA DGX H100 datasheet"
+_DGX_B200 = "NVIDIA DGX B200 datasheet"
 
 TOPOLOGIES: dict[str, TopologyPreset] = {
     "dgx-a100": TopologyPreset(
@@ -180,6 +181,10 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 f"{_DGX_A100}: NVLink 3, 600 GB/s bidirectional per GPU",
                 NVLINK3_FRACTION,
                 _NVLINK3_RAMP,
+                # its all-gather and reduce-scatter take the all-reduce sweeps' shares (no
+                # 8 x A100 sweep of them was found: `nccl_tests`; an audit, m513, found the
+                # ramp shown as measured)
+                assumed=("ramp",),
             ),
             # 8 single-port ConnectX-6 HDR 200 Gb/s InfiniBand adapters, one per GPU.
             _ib(200, f"{_DGX_A100}: 8 x ConnectX-6 200 Gb/s HDR InfiniBand"),
@@ -218,6 +223,28 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
         ),
         "NVIDIA DGX H200 datasheet",
     ),
+    "dgx-b200": TopologyPreset(
+        "dgx-b200",
+        8,
+        (
+            # NVLink 5: 14.4 TB/s across the 8 GPUs through 2 NVSwitch chips, 1.8 TB/s
+            # bidirectional per GPU; the share, ramp and α are the GB200 NVL72's NVLink 5
+            # (no 8 x B200 nccl-tests sweep was found; a catalogue audit, m513, found B200
+            # plans left on dgx-h100's NVLink 4 for want of a preset)
+            _nvlink(
+                900,
+                8,
+                f"{_DGX_B200}: NVLink 5, 1.8 TB/s bidirectional per GPU (14.4 TB/s in all); "
+                "share: the GB200 NVL72's (Azure ND GB200 v6 nccl-tests)",
+                NVLINK5_FRACTION,
+                _NVLINK5_RAMP,
+                assumed=("share", "latency", "ramp"),
+            ),
+            # 8 single-port ConnectX-7 VPI, 400 Gb/s InfiniBand, one per GPU (4 OSFP cages).
+            _ib(400, f"{_DGX_B200}: 8 x ConnectX-7 400 Gb/s InfiniBand"),
+        ),
+        _DGX_B200,
+    ),
     "hgx-h800": TopologyPreset(
         "hgx-h800",
         8,
@@ -252,8 +279,9 @@ TOPOLOGIES: dict[str, TopologyPreset] = {
                 _NVLINK5_RAMP,
                 # α is the A100's: the sweep's smallest point, 1 MiB all_reduce at 80.48 GB/s
                 # bus bandwidth, 1.5 x 1 MiB / 80.48 GB/s = 19.5 µs over 6 steps, bounds it at
-                # 3.26 µs but does not measure it (an audit)
-                assumed=("latency",),
+                # 3.26 µs but does not measure it (an audit); its all-gather and
+                # reduce-scatter take the all-reduce sweep's shares (m513)
+                assumed=("latency", "ramp"),
             ),
             # Scale-out: one 400 Gb/s ConnectX-7 InfiniBand port per GPU.
             _ib(400, "NVIDIA GB200 NVL72 reference architecture: 400 Gb/s IB per GPU"),
