@@ -1065,7 +1065,13 @@ def structure(plan: Plan, cols: Columns) -> np.ndarray:
     # hybrid sharding moves the data-parallel collectives to other groups (`step._hybrid`),
     # under ZeRO 3 (PyTorch FSDP's) each all-reduce across the copies on a stream of its own
     hybrid = (cols.values["dp_shard"] > 0) * (1 + (cols.values["zero"] == 3))
-    return np.stack([shape, cols.values["ep"] > 1, chunked, hybrid], axis=1).astype(np.int64)
+    # a full recompute stopping early skips fc2 in PyTorch's layers, not in Megatron-LM's
+    # tensor-parallel ones (`step.early_stop`): tp 1 and above apart
+    stops = plan.recompute_early_stop and plan.parallel.tp_style == "megatron"
+    layers = (cols.values["tp"] > 1) if stops else np.zeros(len(cols), dtype=bool)
+    return np.stack([shape, cols.values["ep"] > 1, chunked, hybrid, layers], axis=1).astype(
+        np.int64
+    )
 
 
 # One number per distinct sequence of stage classes, for the life of the process (a sweep

@@ -1460,12 +1460,25 @@ def early_stop(plan: Plan, block: str) -> frozenset[str]:
     saves the experts' outputs, so there the add alone is skipped too. An audit (m359)
     logged the ops PyTorch dispatches in the recompute of an MPT-shaped block under FSDP's
     ``checkpoint_wrapper`` (non-reentrant): no ``addmm`` for fc2, where the reentrant
-    checkpoint runs it."""
+    checkpoint runs it. Under tensor parallelism in Megatron-LM's and Transformer Engine's
+    layers (`Parallel.tp_style` megatron) fc2 is such a Function whatever the format, and
+    runs again with its collective (an audit, m511, logged it under ``torch.utils.
+    checkpoint``: the Function's GEMM ran again where ``nn.Linear``'s did not); at tp 1 a
+    plan stopping early is read as a PyTorch stack's, ``nn.Linear``, as under DTensor's
+    styles. A sweep evaluates layouts at tp 1 and above apart (`search.structure`)."""
     if not plan.recompute_early_stop or plan.model.dropout or block == "attention":
         return frozenset()
-    if block == "mlp" and not plan.model.sandwich_norm and not flops.te_fp8(plan):
+    function = flops.te_fp8(plan) or _function_layers(plan)
+    if block == "mlp" and not plan.model.sandwich_norm and not function:
         return frozenset({flops.MLP_FC2, flops.RESIDUAL_ADD})
     return frozenset({flops.RESIDUAL_ADD})
+
+
+def _function_layers(plan: Plan) -> bool:
+    """Whether the layers' GEMMs are ``torch.autograd.Function``s that save their inputs
+    after they run (`early_stop`): Megatron-LM's and Transformer Engine's tensor-parallel
+    layers, tp > 1 in their style."""
+    return plan.parallel.tp_style == "megatron" and every(plan.parallel.tp > 1)
 
 
 def _mlp_again(plan: Plan, s: Shapes) -> list[Move]:

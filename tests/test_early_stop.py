@@ -81,9 +81,15 @@ def test_an_moe_block_skips_its_residual_add_alone() -> None:
 
 @pytest.mark.parametrize("sp", [True, False])
 def test_fc2s_output_collective_is_not_run_again(sp: bool) -> None:
-    """Under tp the recompute gathers fc1's input again (sequence parallelism) but neither
-    reduce-scatters nor all-reduces fc2's output, which it does not make."""
-    whole = make_plan(tp=8, pp=1, dp=2, sp=sp, recompute="full", global_batch=16)
+    """Under tp in PyTorch's layers (DTensor's styles) the recompute gathers fc1's input
+    again (sequence parallelism) but neither reduce-scatters nor all-reduces fc2's output,
+    which it does not make. In Megatron-LM's and Transformer Engine's tensor-parallel
+    layers fc2 is an autograd Function that saves its input after its GEMM: the GEMM and
+    its collective run again, only the residual add is skipped (an audit, m511: the step
+    read 0.75 s faster than a run can be)."""
+    plan = make_plan(tp=8, pp=1, dp=2, sp=sp, recompute="full", global_batch=16)
+    assert plan.parallel.tp_style == "megatron"
+    whole = replace(plan, parallel=replace(plan.parallel, tp_style="dtensor"))
 
     def moves(plan) -> list[str]:  # type: ignore[no-untyped-def]
         return [m.name for m in _phase(plan, "backward.mlp").moves]
@@ -92,6 +98,13 @@ def test_fc2s_output_collective_is_not_run_again(sp: bool) -> None:
     assert "MLP output (recomputed forward)" in before
     assert after == [n for n in before if n != "MLP output (recomputed forward)"]
     assert ("MLP input (recomputed forward)" in after) is sp
+    stops = replace(plan, recompute_early_stop=True)
+    assert moves(stops) == moves(plan)
+    kept = _names(stops, "backward.mlp")
+    assert "MLP fc2 (recomputed)" in kept
+    assert kept == [
+        n for n in _names(plan, "backward.mlp") if n != "residual add and dropout (recomputed)"
+    ]
 
 
 def test_the_shipped_fsdp_plan_and_the_report_say_it(tmp_path: Path) -> None:
@@ -184,3 +197,23 @@ def test_mpt_30b_runs_stop_early_as_their_yaml_says() -> None:
     assert fc2.flops == 2 * 6144 * 28672 * 7168  # micro 3 × 2,048 tokens, ffn 4 × 7,168
     assert plan.recompute_early_stop
     assert "MLP fc2 (recomputed)" not in _names(plan, "backward.mlp")
+
+
+def test_a_sweep_over_tp_stops_early_as_each_layouts_layers_do() -> None:
+    """The shipped FSDP plan stops early; a sweep over tp 1 and 2 in Megatron-LM's style
+    runs fc2 again at tp 2 alone (`step.early_stop`), so tp 1 and tp 2 are evaluated apart
+    (`search.structure`), and each layout budgets as searched."""
+    from budget.search import Space, apply, search
+
+    plan = load_plan(FSDP)
+    assert plan.recompute_early_stop and plan.parallel.tp_style == "megatron"
+    space = Space(tp=(1, 2), pp=(1,), zero=(3,), recompute=("full",), micro=(1,), cp=(1,))
+    outcome = search(plan, 8, space, keep=10)
+    assert {r.config.tp for r in outcome.results} == {1, 2}
+    for result in outcome.results:
+        layout = apply(plan, result.config, 8)
+        stops = "MLP fc2 (recomputed)" not in _names(layout, "backward.mlp")
+        assert stops is (result.config.tp == 1)
+        report = build_report(layout)
+        assert report.step["time_s"] == pytest.approx(result.step_time_s, rel=1e-12)
+        assert report.worst.peak_bytes == result.peak_bytes
