@@ -1044,9 +1044,11 @@ def fp8_weight_casts(plan: Plan, weights: Any) -> list[Work]:
 def fp8_gathered_weight_casts(plan: Plan, block: str, weights: Any) -> list[Work]:
     """Under ZeRO-3 and FP8 training, Transformer Engine's cast of a block's `weights` as
     each forward gathers them (an FSDP unit's weights are gathered for every forward and
-    freed after it, so no workspace outlives the micro-batch: ``is_first_microbatch`` is
-    not passed and each ``Linear`` quantizes its weight in its forward, TransformerEngine
-    2.5 ``linear.py``), its recompute too: the gathered weight read in its gather format, 1
+    freed after it, so no weight workspace is kept across micro-batches:
+    ``is_first_microbatch`` is not passed and each ``Linear`` quantizes its weight in its
+    forward, TransformerEngine 2.5 ``linear.py``, saving the quantized weight for its
+    backward's data gradient, which memory does not count: `layers.fp8_weight_copies`),
+    its recompute too: the gathered weight read in its gather format, 1
     B written and its transpose 1 B more where the FP8 GEMMs take K-major operands only;
     over an FP8 gather the transpose alone. Below ZeRO-3 the casts run once a step
     (`fp8_weight_casts`). An audit (m508): Llama 3 8B under FSDP with fp8 GEMMs cast

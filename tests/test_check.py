@@ -520,7 +520,10 @@ def test_a_latency_limit_a_plan_has_no_figure_for_is_noted_not_failed(tmp_path: 
     ttft, tpot = step["ttft_s"], step["decode_token_s"]
     assert ttft is not None and tpot is not None
     assert 1 <= ttft < 10 and 0.01 <= tpot < 0.1  # so these are three figures
-    assert f"first token {ttft:.2f} s, {tpot:.4f} s per output token" in text
+    assert (
+        f"first token {ttft:.2f} s (every prompt's prefill at once), {tpot:.4f} s per output token"
+        in text
+    )
     limits = parse_limits(max_ttft="60s", max_tpot="1s")
     assert (limits.shown_ttft(ttft), limits.shown_tpot(tpot)) == (f"{ttft:.2f} s", f"{tpot:.4f} s")
     assert "limits: every stage fits in device memory; time to first token ≤ 60 s; " in text

@@ -1793,6 +1793,26 @@ def test_deepspeeds_zero_3_for_a_model_with_experts_is_refused(tmp_path):
     assert all(r.config.zero == 2 for r in outcome.results)
 
 
+def test_an_fp16_runs_zero_1_message_names_fp16s_flags(tmp_path):
+    """A review (m510): Megatron-LM's gradient-buffer flags sit under --bf16 and --fp16 apart
+    (arguments.py): an fp16 run keeps an fp16 buffer by default and an fp32 one with
+    --accumulate-allreduce-grads-in-fp32, where it was told bf16's flags."""
+    from budget.errors import BudgetError
+    from tests.plan_files import variant
+
+    edits = (
+        ("  params: bf16\n", "  params: fp16\n"),
+        ("  grads: fp32\n", "  grads: fp16\n  grad_reduce: fp32\n"),
+    )
+    path = variant(tmp_path, "fp16.yaml", *edits, base=ROOT / "plans" / "llama3-70b.yaml")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert (
+        "write grads: fp32 (Megatron-LM's --accumulate-allreduce-grads-in-fp32)" in problem.message
+    )
+
+
 def test_fp8_activations_in_training_are_refused(tmp_path):
     """An audit (m508): activations: fp8 beside fp8 GEMMs halved every saved activation and
     every tensor- and pipeline-parallel transfer of Llama 3 70B (peak 39.9 → 32.7 GiB),
@@ -2005,7 +2025,7 @@ def test_megatron_zero_1_refuses_what_its_distributed_optimizer_does_not_run(
     (problem,) = raised.value.problems
     assert problem.path == where and problem.message.startswith(message)
     if "grad_reduce: fp32" in message:
-        assert "(Megatron-LM's default, grad_reduce_in_fp32 on)" in problem.message
+        assert "(Megatron-LM's default with --bf16, grad_reduce_in_fp32 on)" in problem.message
     elif "grad_reduce: bf16" in message:
         assert "(Megatron-LM's --grad-reduce-in-bf16, grad_reduce_in_fp32 off" in problem.message
     # ZeRO 3 (PyTorch FSDP's reduce_dtype, prefetched gathers) takes either

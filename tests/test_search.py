@@ -3492,3 +3492,15 @@ def test_figures_near_a_limit_or_near_one_show_the_digits_that_tell_them_apart(t
     assert "The plan as written has 0.997× the best layout's step time." in out
     assert "Wrote the best layout searched to" in out
     assert "(the plan as written does better: above)" in out
+
+
+def test_a_plan_as_written_over_a_limit_is_not_said_to_do_better(tmp_path):
+    """A review (m510): GPT 1.3B as written (micro 4) steps faster than every micro-1 layout
+    but peaks over the headroom asked for: --write says it wrote the best layout searched,
+    not that the plan as written does better."""
+    seed = ROOT / "plans" / "gpt-1.3b.yaml"
+    args = ["search", str(seed), "--micro", "1", "--headroom", "60GiB"]
+    result = CliRunner().invoke(app, [*args, "--write", str(tmp_path / "best.yaml")])
+    out = " ".join(result.output.split())
+    assert "does not keep the --headroom limit" in out
+    assert "Wrote the best layout searched to" in out and "does better" not in out

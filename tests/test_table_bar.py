@@ -1148,3 +1148,13 @@ def test_a_serving_report_says_its_prefill_is_every_prompt_at_once() -> None:
     assert (
         "in prefill.mlp (fc2 output reduction), every prompt's prefill at once, unchunked" in text
     )
+    # the markdown's verdict and check's summary too (a review, m510)
+    from typer.testing import CliRunner
+
+    from budget.cli import app
+    from budget.render.markdown import render_markdown
+
+    verdict = next(line for line in render_markdown(report).splitlines() if "Verdict" in line)
+    assert "(fc2 output reduction), every prompt's prefill at once, unchunked;" in verdict
+    result = CliRunner().invoke(app, ["check", str(ROOT / "plans" / "llama3-70b-decode.yaml")])
+    assert "(every prompt's prefill at once)" in " ".join(result.output.split())

@@ -316,8 +316,9 @@ class _Resolver:
             # a card sold as "80GB" holds about 80 GiB (a user audit, m505: 80 GB read as
             # 74.5 GiB flipped a plan's check to FAIL, unsaid)
             + (
-                f"; a card sold as {value:g} GB holds about {value:g} GiB, as its preset says"
-                if path == "$.device.memory"
+                f"; a card sold as {value:g} GB holds about {value:g} GiB, and its preset's "
+                "own figure holds where memory is left out"
+                if path == "$.device.memory" and value >= 1
                 else ""
             ),
         )
@@ -2709,13 +2710,22 @@ def resolve(
             # Megatron-LM's buffer is fp32 or the parameters' format (`param_and_grad_buffer`),
             # each with its own flag (an audit, m501: fp32 was told to write
             # --grad-reduce-in-bf16; a review, m506: fp16 beside bf16 weights has neither)
+            # the flags sit under --bf16 (its default fp32, --grad-reduce-in-bf16) and --fp16
+            # (its default fp16, --accumulate-allreduce-grads-in-fp32): Megatron-LM's
+            # arguments.py (a review, m510: fp16 was told bf16's flags)
             reducing, weights = precision.reduce, precision.params
+            flags = {
+                ("bf16", "fp32"): "default with --bf16, grad_reduce_in_fp32 on",
+                ("bf16", "bf16"): "--grad-reduce-in-bf16, grad_reduce_in_fp32 off",
+                ("fp16", "fp32"): "--accumulate-allreduce-grads-in-fp32",
+                ("fp16", "fp16"): "default with --fp16, grad_reduce_in_fp32 off",
+            }
+            flag = flags.get((weights, reducing))
             fix = (
-                f"write grads: {reducing} (Megatron-LM's default, grad_reduce_in_fp32 on)"
-                if reducing == "fp32"
-                else f"write grads: {reducing} (Megatron-LM's --grad-reduce-in-bf16, "
-                "grad_reduce_in_fp32 off: the buffer in the parameters' format)"
-                if reducing == weights
+                f"write grads: {reducing} (Megatron-LM's {flag})"
+                if flag
+                else f"write grads: {reducing}"
+                if reducing in ("fp32", weights)
                 else f"its buffer is fp32 or the parameters' {weights}, never {reducing}: "
                 f"write grads: fp32 or {weights}"
             )

@@ -57,7 +57,7 @@ def _figures(verdict: Verdict, limits: Limits) -> str:
         text += f", {limits.shown_exposed(share)} exposed communication"
     ttft, tpot = report.step.get("ttft_s"), report.step.get("decode_token_s")
     if ttft is not None:
-        text += f"; first token {limits.shown_ttft(ttft)}"
+        text += f"; first token {limits.shown_ttft(ttft)} (every prompt's prefill at once)"
     if tpot is not None:
         text += f", {limits.shown_tpot(tpot)} per output token"
     return text

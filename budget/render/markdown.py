@@ -85,6 +85,7 @@ def render_markdown(report: Report) -> str:
         slowdown_note,
         step_cells,
         summary,
+        unchunked_peak,
         unreserved,
     )
 
@@ -98,7 +99,8 @@ def render_markdown(report: Report) -> str:
     status = "fits" if worst.fits else "**does not fit**"
     lines.append(
         f"**Verdict:** {status}: worst stage {worst.stage} peaks at {b(worst.peak_bytes)} of "
-        f"{b(worst.capacity_bytes)} in `{worst.peak_phase}` ({plain(worst.peak_instant)}); "
+        f"{b(worst.capacity_bytes)} in `{worst.peak_phase}` ({plain(worst.peak_instant)})"
+        f"{unchunked_peak(report)}; "
         f"headroom {b(worst.headroom_bytes)}." + (unreserved(report) if worst.fits else "")
     )
     lines.append("")

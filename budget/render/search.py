@@ -456,9 +456,9 @@ def _duration_down(seconds: float, digits: int) -> str:
 
 
 def _past(value: float, limit: float, digits: int) -> int:
-    """The fewest significant digits from `digits` (at most 8) at which `value` cut
+    """The fewest significant digits from `digits` (at most 12) at which `value` cut
     (`_floor`) reads above `limit`, where it lies above it."""
-    while digits < 8 and value > limit and _floor(value, digits) <= limit:
+    while digits < 12 and value > limit and _floor(value, digits) <= limit:
         digits += 1
     return digits
 
@@ -661,10 +661,12 @@ def _ratio(r: float) -> str:
 
 def written_beats_best(outcome: Outcome) -> bool:
     """Whether the plan as written does better than the best layout ranked, in the
-    objective's figure: a setting of its own the sweep never took (its layers_per_stage,
-    a degree outside the space)."""
+    objective's figure, fitting and keeping the limits as the ranked layouts do: a setting
+    of its own the sweep never took (its layers_per_stage, a degree outside the space). A
+    plan that breaks a limit does not (a review, m510: "does better" beside a plan over the
+    --headroom asked for)."""
     mine, best = outcome.written, outcome.best
-    if mine is None or best is None:
+    if mine is None or best is None or not mine.fits or outcome.written_breaks:
         return False
     name = {"memory": "peak_bytes", "tokens-per-s": "tokens_per_s"}.get(
         outcome.objective, "step_time_s"
@@ -689,7 +691,8 @@ def written_note(outcome: Outcome) -> str:
     parts = []
     if best_value and mine_value:
         parts.append(f"has {_ratio(mine_value / best_value)}× the best layout's {figure[1]}")
-        if written_beats_best(outcome):
+        higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
+        if (mine_value > best_value) == higher and mine_value != best_value:
             # it beats the best: a setting of its own the sweep never took (an audit: v 12
             # beat the "best" at 0.98× the step time, and nothing said the sweep's v was
             # 1, 2, 4)

@@ -1506,14 +1506,19 @@ def unreserved(report: Report) -> str:
     )
 
 
+def unchunked_peak(report: Report) -> str:
+    """What a serving plan's peak in its prefill is of: a serving stack chunks its prefill
+    (vLLM V1 always does), where the peak here is of a whole batch's prompts at once, which
+    the reader must know (a user audit, m505; the markdown's too, a review, m510)."""
+    if report.mode != "train" and report.worst.peak_phase.startswith("prefill"):
+        return ", every prompt's prefill at once, unchunked"
+    return ""
+
+
 def verdict(report: Report) -> str:
     worst = report.worst
     # names a plan writes (transitions) are text, not markup: "gather[/b]" must not parse
-    where = escape(f"in {worst.peak_phase} ({worst.peak_instant})")
-    if report.mode != "train" and worst.peak_phase.startswith("prefill"):
-        # a serving stack chunks its prefill (vLLM V1 always does): the peak is of a whole
-        # batch's prompts at once, which the reader must know (a user audit, m505)
-        where += ", every prompt's prefill at once, unchunked"
+    where = escape(f"in {worst.peak_phase} ({worst.peak_instant})") + unchunked_peak(report)
     if worst.fits:
         return (
             f"[green]Fits.[/] The worst stage ({worst.stage}) peaks at {_b(worst.peak_bytes)} "
