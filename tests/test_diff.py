@@ -215,7 +215,11 @@ def test_tp8_vs_tp4_markdown_is_a_table(tmp_path: Path) -> None:
     at = lines.index("| `forward.attention` | count | 1,152 | 576 | −576 | −50.0% |")
     # the sign beside the colour, as in the terminal (an audit: colour alone in markdown)
     assert lines[at + 1].startswith("|  | sent/rank |") and "🟢 ✓" in lines[at + 1]
-    assert lines[-1] == "Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse."
+    # which way is better, as under the table (a markdown audit, m517)
+    assert lines[-1] == (
+        "Δ = B − A; 🟢 ✓ better, 🔴 ✗ worse (less memory and time, more headroom, tokens/s "
+        "and MFU are better)."
+    )
 
 
 def test_a_phase_on_one_side_is_named_as_code_and_its_side_after_it(tmp_path: Path) -> None:

@@ -214,6 +214,15 @@ def test_the_markdown_report_carries_what_the_terminal_tables_do() -> None:
     assert f"| **total** |  |  |  | **{format_bytes(report.worst.peak_bytes)}** |" in text
     assert any(p.peak_stage is None for p in report.phases)
     assert "– in peak live: the phase (an embedding lookup, a stage send) holds no more" in text
+    # what an op over two links runs as, which the terminal's legend says (a markdown
+    # audit, m517: the markdown left it out, and Mixtral's all-to-all read as pairwise steps)
+    mixtral = render_markdown(budget_plan(next(p for p in PLANS if p.name == "mixtral-8x7b.yaml")))
+    assert (
+        "Two links or more in the link column = across levels: all-gather, reduce-scatter one "
+        "ring through every link; all-to-all one exchange with every peer, each link carrying "
+        "its peers' blocks." in mixtral
+    )
+    assert "across levels" not in text  # Llama 3 70B's ops each run on one link
 
 
 def test_a_narrow_memory_table_says_an_uneven_layer_split() -> None:

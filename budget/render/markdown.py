@@ -72,6 +72,7 @@ def render_markdown(report: Report) -> str:
         _brief,
         _columns,
         _count,
+        across_levels,
         fp8_memory_note,
         group_legend,
         header,
@@ -255,6 +256,9 @@ def render_markdown(report: Report) -> str:
     )
     if legend := group_legend(report):
         lines += [plain("; ".join(legend)) + ".", ""]
+    every = [c for p in report.phases for c in p.collectives]
+    if across := across_levels(every, short=False):
+        lines += [plain(across[0].upper() + across[1:]) + ".", ""]
     if any(c.algorithm == "double-tree" for p in report.phases for c in p.collectives):
         lines.append(
             "double-tree: NCCL's double binary tree, named or where faster than its ring "

@@ -1176,13 +1176,29 @@ def _algorithms(every: list[CollectiveRow], usual: str, linked: bool) -> str:
         f"{name} ({', '.join(_OPS[op] for op, its in default.items() if its == name)})"
         for name in dict.fromkeys(default.values())
     ]
+    said = [f"payloads in {usual} unless the op names another"]
+    if flat:
+        said.append(f"algorithms {', '.join(flat)}")
+    across = across_levels(every, linked)
+    if across:
+        said.append(across)
+    return "; ".join(said)
+
+
+def across_levels(every: list[CollectiveRow], linked: bool = True, short: bool = True) -> str:
+    """What an op across levels runs as, by algorithm ("" where none spans two links):
+    `linked`, the table names the levels in its link column, else it marks the op "2L"
+    (the markdown's table has the column; a markdown audit, m517, found it unsaid there);
+    `short`, the ops by the table's abbreviations, else by their names (the markdown's)."""
     across = [c for c in every if _levels(c) > 1]
     marks = ", ".join(f"{n}L" for n in sorted({_levels(c) for c in across}))
     named = "two links or more in the link column" if linked else marks
 
     def ops(algorithm: str) -> str:
         return ", ".join(
-            _OPS[op] for op in _OPS if any(c.op == op and c.algorithm == algorithm for c in across)
+            _OPS[op] if short else op
+            for op in _OPS
+            if any(c.op == op and c.algorithm == algorithm for c in across)
         )
 
     kinds = [
@@ -1191,12 +1207,7 @@ def _algorithms(every: list[CollectiveRow], usual: str, linked: bool) -> str:
         *([f"{ops('pairwise')} {_EXCHANGE}"] if ops("pairwise") else []),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
-    said = [f"payloads in {usual} unless the op names another"]
-    if flat:
-        said.append(f"algorithms {', '.join(flat)}")
-    if kinds:
-        said.append(f"{named} = across levels: {'; '.join(kinds)}")
-    return "; ".join(said)
+    return f"{named} = across levels: {'; '.join(kinds)}" if kinds else ""
 
 
 # the all-to-all across levels: NCCL's grouped send/recv with every peer at once, each level
