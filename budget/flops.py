@@ -1178,6 +1178,12 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
       on the rows the rank sends, `Shapes.sent` (tokens_sp·k, capped or padded to E·C), not
       on the rows its experts receive, which skew and the etp all-gather make more. Priced
       a read and a write (permute) and three passes (unpermute and combine) of those rows.
+      Each one's backward is the other's kernel on the gradient (Transformer Engine's
+      ``permutation.py``: ``_moe_permute_mask_map.backward`` unpermutes, and
+      ``_moe_unpermute_mask_map.backward`` permutes; PyTorch's ``index_select`` and
+      ``scatter_add_`` likewise): the permute's backward the three passes, the unpermute's
+      the two, where `backward_of`'s "about twice" had priced ten (an audit, m515: 148 ms
+      of DeepSeek-MoE 16B's 6.43 s step).
     - where a rank holds more than one expert (``num_local_experts > 1``)
       ``dispatch_postprocess`` sorts the received rows, after the etp all-gather, by local
       expert ("permutation 2", ``sort_chunks_by_idxs``, or a transpose made contiguous when
@@ -1218,7 +1224,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
     works = [
         norm_kernel(plan, "MoE norm", 2 * norm),
         gemm("router", s.tokens_sp, s.hidden, s.experts, outside_operands(plan), outside_fp8(plan)),
-        elementwise("token permutation", 2 * own),
+        replace(elementwise("token permutation", 2 * own), backward=1.5),
         *sort,
         grouped_gemm(
             "expert fc1",
@@ -1235,7 +1241,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         *activation(plan, s.act * s.routed * s.expert_cols, "expert "),
         fc2,
         *unsort,
-        elementwise("unpermute and combine", 3 * own),
+        replace(elementwise("unpermute and combine", 3 * own), backward=2 / 3),
     ]
     if every(s.shared_cols > 0):
         works += [
