@@ -876,6 +876,11 @@ def _grid_piece(
         # resolve's `_check_pipeline_zero3`, which leaves a DeepSpeed plan to the rule above
         # (a review: a DeepSpeed plan was told of PyTorch's pipeline schedules too)
         ("ZeRO 3 is priced without a pipeline only", (zero == 3) & (pp > 1) & ~deepspeed_piped),
+        # resolve's `_check_tied_pipeline`
+        (
+            "PyTorch's pipeline ties no weights across stages",
+            np.asarray(pp > 1) & bool(m.tied_embeddings and plan.loss in _PYTORCH_LOSSES),
+        ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
         (
@@ -1041,6 +1046,10 @@ def split(layers: int, pp: int, v: int, tail: int = 0) -> tuple[int, ...] | None
     if sizes[-1] < 1:
         return split(layers, pp, v)
     return tuple(sizes)
+
+
+# the losses priced as torch.distributed.pipelining runs them over a pipeline (`step`)
+_PYTORCH_LOSSES = ("pytorch", "pytorch-gathered")
 
 
 def structure(plan: Plan, cols: Columns) -> np.ndarray:

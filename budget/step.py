@@ -1462,8 +1462,11 @@ def early_stop(plan: Plan, block: str) -> frozenset[str]:
     ``checkpoint_wrapper`` (non-reentrant): no ``addmm`` for fc2, where the reentrant
     checkpoint runs it. Under tensor parallelism in Megatron-LM's and Transformer Engine's
     layers (`Parallel.tp_style` megatron) fc2 is such a Function whatever the format, and
-    runs again with its collective (an audit, m511, logged it under ``torch.utils.
-    checkpoint``: the Function's GEMM ran again where ``nn.Linear``'s did not); at tp 1 a
+    runs again (an audit, m511, logged it under ``torch.utils.checkpoint``: the Function's
+    GEMM ran again where ``nn.Linear``'s did not), with its collective as Transformer
+    Engine's ``_Linear`` runs it inside, Megatron-Core's default layers (Megatron-LM's local
+    ``RowParallelLinear`` reduces after its GEMM's Function returns, which the stop would
+    skip: a review, m514, and not priced apart); at tp 1 a
     plan stopping early is read as a PyTorch stack's, ``nn.Linear``, as under DTensor's
     styles. A sweep evaluates layouts at tp 1 and above apart (`search.structure`)."""
     if not plan.recompute_early_stop or plan.model.dropout or block == "attention":

@@ -289,3 +289,35 @@ def test_the_hand_written_gathered_loss_against_the_built_in_one(tmp_path: Path)
     longer = 60 * LOGITS / rate - stats["count"] * stats["exposed_s"] + launches
     assert ours.step["time_s"] - written.step["time_s"] == pytest.approx(longer, rel=1e-3)
     assert longer == pytest.approx(0.0215, abs=5e-4)
+
+
+def test_a_tied_model_over_a_pipeline_under_pytorchs_loss_is_refused(tmp_path: Path) -> None:
+    """An audit (m519): torchtitan refuses weight tying with pipeline parallelism
+    (``PipelineStage`` keeps no shared weight's gradient in step), and budget priced Llama 3
+    70B tied over pp 4 under loss: pytorch with Megatron-LM's embedding all-reduce. Refused
+    at $.loss; the search leaves such layouts out (pp 1 still ranks)."""
+    from budget.errors import BudgetError
+    from budget.search import Space, search
+    from tests.plan_files import ROOT, variant
+
+    base = ROOT / "plans" / "llama3-70b.yaml"
+    edits = (("  tied_embeddings: false\n", "  tied_embeddings: true\n"),)
+    tied = variant(tmp_path, "tied.yaml", *edits, base=base)
+    path = tmp_path / "tied-pytorch.yaml"
+    path.write_text(tied.read_text(encoding="utf-8") + "loss: pytorch\n", encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.loss" and "does not tie weights across stages" in problem.message
+    one = tmp_path / "one-stage.yaml"
+    text = (
+        path.read_text(encoding="utf-8")
+        .replace("  pp: 4\n", "  pp: 1\n")
+        .replace("  dp: 16\n", "  dp: 64\n")
+    )
+    one.write_text(text, encoding="utf-8")
+    plan = load_plan(one)
+    space = Space(tp=(8,), pp=(1, 2), zero=(1,), micro=(1,), virtual_stages=(1,), cp=(1,))
+    outcome = search(plan, plan.topology.gpus, space)
+    assert outcome.rejected.get("PyTorch's pipeline ties no weights across stages", 0) > 0
+    assert all(r.config.pp == 1 for r in outcome.results)

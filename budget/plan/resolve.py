@@ -316,8 +316,10 @@ class _Resolver:
             # a card sold as "80GB" holds about 80 GiB (a user audit, m505: 80 GB read as
             # 74.5 GiB flipped a plan's check to FAIL, unsaid)
             + (
-                f"; a card sold as {value:g} GB holds about {value:g} GiB, and its preset's "
-                "own figure holds where memory is left out"
+                # a card's "80GB" is neither unit exactly (a review, m514: B200's 192 GB is
+                # 179 GiB as nvidia-smi counts it, H100's 80 GB 79.6 GiB)
+                "; for a card a preset names, leave memory out: its preset holds the memory "
+                "the driver reports"
                 if path == "$.device.memory" and value >= 1
                 else ""
             ),
@@ -1692,6 +1694,26 @@ def _check_deferred_wgrads(
         )
 
 
+def _check_tied_pipeline(r: _Resolver, par: Parallel, loss: Any, model: Model | None) -> None:
+    """A tied model over a pipeline under PyTorch's loss (``loss: pytorch`` or
+    ``pytorch-gathered``, priced as torch.distributed.pipelining runs it: `step`) describes
+    no run: torchtitan refuses it ("Weight tying is not supported with Pipeline Parallel."),
+    as ``PipelineStage`` keeps no shared weight's gradient in step across stages, where
+    Megatron-LM all-reduces the embedding's gradient between the first and last stage (an
+    audit, m519: priced as the one beside the other's memory). The search leaves such
+    layouts out alike."""
+    if model is None or not model.tied_embeddings or par.pp == 1:
+        return
+    if loss in ("pytorch", "pytorch-gathered"):
+        r.error(
+            "$.loss",
+            f"loss: {loss} with tied embeddings over pp = {par.pp}: PyTorch's pipeline "
+            '(torchtitan) does not tie weights across stages ("Weight tying is not supported '
+            'with Pipeline Parallel"); set loss: megatron, whose stages all-reduce the '
+            "embedding's gradient, or pp to 1, or untie the embeddings",
+        )
+
+
 def _check_deepspeed_pipeline(
     r: _Resolver, precision: Precision, par: Parallel, experts: bool = False
 ) -> None:
@@ -2786,6 +2808,8 @@ def resolve(
         # wrote a deferral beside a loss that refuses it)
         deferred = overlap.get("defer_embedding_wgrad")
         _check_deferred_wgrads(r, deferred, par, tree.get("loss"), model, layout=not seed)
+    if par is not None and not seed and mode == "train":
+        _check_tied_pipeline(r, par, tree.get("loss"), model)
     if par is not None and par.tp_style == "dtensor":
         # a seed's too: what it is refused beside is no layout's to change (review m498: a
         # search priced experts, FP8 and overlap.tp beside it and wrote plans budget refuses)
