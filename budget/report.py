@@ -25,6 +25,7 @@ RAMP_NOTE = (
 # the plateau (an audit: a report said every collective reached the shares shown, and
 # `budget collective` called an all-to-all's 100 % "measured")
 UNRAMPED_NOTE = "; {}, which no sweep measured, run{} at the plateau"
+BORROWED_NOTE = "; {} take the all-reduce sweep's shares (no sweep of them was found)"
 # a level no sweep measured shows "–" for its shares (an audit: read as "not used")
 UNMEASURED_LEVEL_NOTE = "; – on {}, which no sweep measured: {} collectives run at the plateau"
 
@@ -46,7 +47,11 @@ def ramp_note(report: Report, shown: Callable[[str], str] = str) -> str:
         for level in (c.link or "").split(" + ")
         if level in ramped and not ramped[level].measures(c.op)
     )
+    run = {c.op for p in report.phases for c in p.collectives}
+    borrowed = dict.fromkeys(op for ramp in ramped.values() for op in ramp.borrowed if op in run)
     note = RAMP_NOTE
+    if borrowed:  # a copy of the all-reduce sweep's shares (a review, m514: read as measured)
+        note += BORROWED_NOTE.format(" and ".join(borrowed))
     if unmeasured:
         ops = " and ".join(unmeasured)
         note += UNRAMPED_NOTE.format(ops, "" if len(unmeasured) > 1 else "s")

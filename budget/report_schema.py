@@ -108,7 +108,7 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # ``topology_overrides``
 # 1.33: the report's layout gives ``tp_style``; a stage ``mtp_layers``; check's reasons and
 # validate-model's rows ``unit``
-# 1.34: the report's device gives ``fp8_transpose``
+# 1.34: the report's device gives ``fp8_transpose``; a level's ramp ``borrowed``
 SCHEMA_VERSION = "1.34"
 
 Kind = Literal[

@@ -271,7 +271,7 @@ def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None
     root = Path(__file__).parents[1] / "plans"
     moe = budget_plan(root / "deepseek-moe-16b.yaml")
     dense = budget_plan(root / "gpt3-175b.yaml")
-    from budget.report import RAMP_NOTE, ramp_note
+    from budget.report import BORROWED_NOTE, RAMP_NOTE, ramp_note
 
     # its expert all-to-all runs on NVLink, its pipeline sends do not; InfiniBand has no
     # ramp, which its "–" says (an audit: read as a level no collective used)
@@ -280,7 +280,10 @@ def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None
         ramp_note(moe)
         == f"{RAMP_NOTE}; all-to-all, which no sweep measured, runs at the plateau{flat}"
     )
-    assert ramp_note(dense) == RAMP_NOTE + flat  # its stage sends cross InfiniBand, unramped
+    # its stage sends cross InfiniBand, unramped; its NVLink all-gathers and reduce-scatters
+    # (sequence parallelism) take the A100 all-reduce sweep's shares (a review, m514)
+    borrowed = "; " + BORROWED_NOTE.format("all-gather and reduce-scatter").lstrip("; ")
+    assert ramp_note(dense) == RAMP_NOTE + borrowed + flat
     table = " ".join(runner.invoke(app, route([str(root / "gpt3-175b.yaml")])).stdout.split())
     assert "infiniband 24 GB/s 14 µs – pp, dp" in table and flat.lstrip("; ") in table
 
@@ -288,7 +291,7 @@ def test_an_all_to_all_no_sweep_measured_is_said_to_run_at_the_plateau() -> None
 def test_a_pipeline_inside_a_node_is_not_said_to_run_an_all_to_all(tmp_path: Path) -> None:
     """The note names the unmeasured operations the plan runs on a ramped level: a dense
     plan's send-recv inside a node, not an all-to-all it does not have (a review)."""
-    from budget.report import RAMP_NOTE, ramp_note
+    from budget.report import BORROWED_NOTE, RAMP_NOTE, ramp_note
     from tests.plan_files import variant
 
     plan = variant(
@@ -300,4 +303,27 @@ def test_a_pipeline_inside_a_node_is_not_said_to_run_an_all_to_all(tmp_path: Pat
     )
     note = ramp_note(budget_plan(plan))
     flat = "; – on infiniband, which no sweep measured: its collectives run at the plateau"
-    assert note == f"{RAMP_NOTE}; send-recv, which no sweep measured, runs at the plateau{flat}"
+    borrowed = "; " + BORROWED_NOTE.format("all-gather and reduce-scatter").lstrip("; ")
+    assert note == (
+        f"{RAMP_NOTE}{borrowed}; send-recv, which no sweep measured, runs at the plateau{flat}"
+    )
+
+
+def test_a_share_copied_from_the_all_reduce_sweep_is_not_said_measured() -> None:
+    """A review (m514): the A100's and GB200's all-gather and reduce-scatter take the
+    all-reduce sweeps' shares (no sweep of them was found), and `budget collective` called
+    them a measured ramp; H100's were measured apart."""
+    assert (
+        RAMPS["nvlink5"].borrowed == RAMPS["nvlink3"].borrowed == ("all-gather", "reduce-scatter")
+    )
+    assert RAMPS["nvlink4"].borrowed == ()
+
+    def said(op: str, ramp: str) -> str:
+        args = ["collective", op, "--ranks", "8", "--size", "16MiB", "--bandwidth", "679.61GB/s"]
+        out = CliRunner().invoke(app, [*args, "--latency", "3us", "--ramp", ramp]).stdout
+        return " ".join(out.split())
+
+    copied = "(the all-reduce sweep's ramp: no sweep measured an all-gather here)"
+    assert copied in said("all-gather", "nvlink5")
+    assert "(measured ramp)" in said("all-reduce", "nvlink5")
+    assert "(measured ramp)" in said("all-gather", "nvlink4")

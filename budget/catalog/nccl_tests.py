@@ -190,7 +190,7 @@ def _all_reduce_alike(curves: Sequence[dict[int, float]], source: str) -> Bandwi
     (no sweep of them was found for the generation, an assumption)."""
     sizes, shares = _mean_shares(curves)
     ops = ("all-reduce", "all-gather", "reduce-scatter")
-    return BandwidthRamp(tuple((op, sizes, shares) for op in ops), source)
+    return BandwidthRamp(tuple((op, sizes, shares) for op in ops), source, ops[1:])
 
 
 def nvlink_ramp(generation: int, alpha: float, plateau: float) -> BandwidthRamp:

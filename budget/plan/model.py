@@ -647,12 +647,15 @@ class BandwidthRamp:
     buffer) and the measured share at each; between points the share is interpolated in
     log S, but never so high that S / share, the time of the bytes, falls below the point's
     under S (`share`); outside them it holds the nearest. Operations without points run at
-    the plateau.
+    the plateau. ``borrowed`` names the operations whose points are another's, no sweep of
+    their own having been found (the A100's and GB200's all-gather and reduce-scatter take
+    the all-reduce's).
     Built from published nccl-tests runs (`budget.catalog.nccl_tests`).
     """
 
     points: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...]
     source: str = ""
+    borrowed: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A report's ``ramp`` of a topology level."""
@@ -660,7 +663,10 @@ class BandwidthRamp:
             {"op": op, "sizes_bytes": [int(x) for x in sizes], "shares": list(shares)}
             for op, sizes, shares in self.points
         ]
-        return {"source": self.source, "points": points}
+        out: dict[str, Any] = {"source": self.source, "points": points}
+        if self.borrowed:
+            out["borrowed"] = list(self.borrowed)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BandwidthRamp:
@@ -668,7 +674,7 @@ class BandwidthRamp:
         points = tuple(
             (p["op"], tuple(p["sizes_bytes"]), tuple(p["shares"])) for p in data["points"]
         )
-        return cls(points, data["source"])
+        return cls(points, data["source"], tuple(data.get("borrowed", ())))
 
     def measures(self, op: str) -> bool:
         """Whether a sweep measured `op` (else it runs at the plateau: `share`)."""

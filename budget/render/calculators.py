@@ -422,9 +422,16 @@ def _ramp_text(result: CollectiveResult, level: Level) -> str:
     }
     reached = " and ".join(f"{v} %" for v in sorted(shares))
     op = result.cost.op
+    article = "an" if op[0] == "a" else "a"
     if not all(s.link.ramp is not None and s.link.ramp.measures(op) for s in stages):
-        article = "an" if op[0] == "a" else "a"  # the plateau: `BandwidthRamp.share`
+        # the plateau: `BandwidthRamp.share`
         return f", {reached} of B: no sweep measured {article} {op} here"
+    if any(s.link.ramp is not None and op in s.link.ramp.borrowed for s in stages):
+        # a copy of the all-reduce sweep's shares (a review, m514: read "measured")
+        return (
+            f", {reached} of B at this size (the all-reduce sweep's ramp: no sweep measured "
+            f"{article} {op} here)"
+        )
     return f", {reached} of B at this size (measured ramp)"
 
 
