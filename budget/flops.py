@@ -1180,10 +1180,12 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
       a read and a write (permute) and three passes (unpermute and combine) of those rows.
       Each one's backward is the other's kernel on the gradient (Transformer Engine's
       ``permutation.py``: ``_moe_permute_mask_map.backward`` unpermutes, and
-      ``_moe_unpermute_mask_map.backward`` permutes; PyTorch's ``index_select`` and
-      ``scatter_add_`` likewise): the permute's backward the three passes, the unpermute's
-      the two, where `backward_of`'s "about twice" had priced ten (an audit, m515: 148 ms
-      of DeepSeek-MoE 16B's 6.43 s step).
+      ``_moe_unpermute_mask_map.backward`` permutes, reading the saved rows too where it
+      merged the routing probabilities, for their gradient:
+      ``unpermute_with_mask_map_bwd_with_merging_probs``; PyTorch's ``index_select`` and
+      ``scatter_add_`` likewise): the permute's backward the three passes, the weighted
+      unpermute's three, where `backward_of`'s "about twice" had priced ten (an audit,
+      m515, and its review, m520: some 120 ms of DeepSeek-MoE 16B's 6.43 s step).
     - where a rank holds more than one expert (``num_local_experts > 1``)
       ``dispatch_postprocess`` sorts the received rows, after the etp all-gather, by local
       expert ("permutation 2", ``sort_chunks_by_idxs``, or a transpose made contiguous when
@@ -1241,7 +1243,7 @@ def moe_forward(plan: Plan, s: Shapes) -> list[Work]:
         *activation(plan, s.act * s.routed * s.expert_cols, "expert "),
         fc2,
         *unsort,
-        replace(elementwise("unpermute and combine", 3 * own), backward=2 / 3),
+        replace(elementwise("unpermute and combine", 3 * own), backward=1.0),
     ]
     if every(s.shared_cols > 0):
         works += [

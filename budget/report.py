@@ -47,8 +47,17 @@ def ramp_note(report: Report, shown: Callable[[str], str] = str) -> str:
         for level in (c.link or "").split(" + ")
         if level in ramped and not ramped[level].measures(c.op)
     )
-    run = {c.op for p in report.phases for c in p.collectives}
-    borrowed = dict.fromkeys(op for ramp in ramped.values() for op in ramp.borrowed if op in run)
+    # the ops that run on a level whose ramp borrows their shares (a review, m520: named
+    # where they ran on InfiniBand alone)
+    found = {
+        c.op
+        for p in report.phases
+        for c in p.collectives
+        for level in (c.link or "").split(" + ")
+        if level in ramped and c.op in ramped[level].borrowed
+    }
+    # in the ramps' own order (all-gather, then reduce-scatter)
+    borrowed = dict.fromkeys(op for ramp in ramped.values() for op in ramp.borrowed if op in found)
     note = RAMP_NOTE
     if borrowed:  # a copy of the all-reduce sweep's shares (a review, m514: read as measured)
         note += BORROWED_NOTE.format(" and ".join(borrowed))

@@ -879,7 +879,11 @@ def _grid_piece(
         # resolve's `_check_tied_pipeline`
         (
             "PyTorch's pipeline ties no weights across stages",
-            np.asarray(pp > 1) & bool(m.tied_embeddings and plan.loss in _PYTORCH_LOSSES),
+            np.asarray(pp > 1)
+            & bool(
+                m.tied_embeddings
+                and (plan.loss in _PYTORCH_LOSSES or plan.parallel.tp_style == "dtensor")
+            ),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from budget.errors import Problem
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = sorted((ROOT / "plans").glob("*.yaml"))
@@ -107,3 +111,16 @@ def untimed_plan(tmp_path: Path) -> Path:
         ),
         base=ROOT / "plans" / "gpt-1.3b.yaml",
     )
+
+
+def refusal(path: Path) -> Problem:
+    """The one problem `budget` refuses the plan at `path` with."""
+    import pytest
+
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    return problem

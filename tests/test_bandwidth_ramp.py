@@ -327,3 +327,19 @@ def test_a_share_copied_from_the_all_reduce_sweep_is_not_said_measured() -> None
     assert copied in said("all-gather", "nvlink5")
     assert "(measured ramp)" in said("all-reduce", "nvlink5")
     assert "(measured ramp)" in said("all-gather", "nvlink4")
+    # a report names them where they run on the borrowing level alone (a review, m520): GPT-3
+    # without sequence parallelism gathers and reduce-scatters over InfiniBand only
+    from budget.report import BORROWED_NOTE, ramp_note
+    from tests.plan_files import GPT3
+
+    clause = BORROWED_NOTE.format("all-gather and reduce-scatter")
+    assert clause in ramp_note(budget_plan(GPT3))
+    text = GPT3.read_text(encoding="utf-8").replace(
+        "sequence_parallel: true", "sequence_parallel: false"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        plain = Path(folder) / "nosp.yaml"
+        plain.write_text(text, encoding="utf-8")
+        assert clause not in ramp_note(budget_plan(plain))

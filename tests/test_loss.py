@@ -321,3 +321,19 @@ def test_a_tied_model_over_a_pipeline_under_pytorchs_loss_is_refused(tmp_path: P
     outcome = search(plan, plan.topology.gpus, space)
     assert outcome.rejected.get("PyTorch's pipeline ties no weights across stages", 0) > 0
     assert all(r.config.pp == 1 for r in outcome.results)
+
+
+def test_a_tied_model_over_a_pipeline_in_dtensors_styles_is_refused(tmp_path: Path) -> None:
+    """A review (m520): torchtitan refuses weight tying with pipeline parallelism whatever
+    its loss, and `tp_style: dtensor` is its stack: GPT-3 175B (tied, pp 8) in DTensor's
+    styles is refused at $.parallel.tp_style, where the Megatron-LM plan loads."""
+    from tests.plan_files import ROOT, refusal, variant
+
+    base = ROOT / "plans" / "gpt3-175b.yaml"
+    path = variant(
+        tmp_path, "dtensor.yaml", ("  tp: 8\n", "  tp: 8\n  tp_style: dtensor\n"), base=base
+    )
+    problem = refusal(path)
+    assert problem.path == "$.parallel.tp_style"
+    assert "does not tie weights across stages" in problem.message
+    assert load_plan(base).model.tied_embeddings

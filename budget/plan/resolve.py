@@ -1695,23 +1695,32 @@ def _check_deferred_wgrads(
 
 
 def _check_tied_pipeline(r: _Resolver, par: Parallel, loss: Any, model: Model | None) -> None:
-    """A tied model over a pipeline under PyTorch's loss (``loss: pytorch`` or
-    ``pytorch-gathered``, priced as torch.distributed.pipelining runs it: `step`) describes
-    no run: torchtitan refuses it ("Weight tying is not supported with Pipeline Parallel."),
-    as ``PipelineStage`` keeps no shared weight's gradient in step across stages, where
+    """A tied model over a pipeline in PyTorch's stack (``loss: pytorch`` or
+    ``pytorch-gathered``, priced as torch.distributed.pipelining runs it: `step`; or
+    ``parallel.tp_style: dtensor``, torchtitan's parallel styles) describes no run:
+    torchtitan refuses it ("Weight tying is not supported with Pipeline Parallel."), as
+    ``PipelineStage`` keeps no shared weight's gradient in step across stages, where
     Megatron-LM all-reduces the embedding's gradient between the first and last stage (an
-    audit, m519: priced as the one beside the other's memory). The search leaves such
-    layouts out alike."""
+    audit, m519: priced as the one beside the other's memory; a review, m520: under
+    DTensor's styles whatever the loss). The search leaves such layouts out alike."""
     if model is None or not model.tied_embeddings or par.pp == 1:
         return
-    if loss in ("pytorch", "pytorch-gathered"):
-        r.error(
-            "$.loss",
-            f"loss: {loss} with tied embeddings over pp = {par.pp}: PyTorch's pipeline "
-            '(torchtitan) does not tie weights across stages ("Weight tying is not supported '
-            'with Pipeline Parallel"); set loss: megatron, whose stages all-reduce the '
-            "embedding's gradient, or pp to 1, or untie the embeddings",
-        )
+    torch_loss = loss in ("pytorch", "pytorch-gathered")
+    if not (torch_loss or par.tp_style == "dtensor"):
+        return
+    said = f"loss: {loss}" if torch_loss else "parallel.tp_style: dtensor"
+    fix = (
+        "set loss: megatron, whose stages all-reduce the embedding's gradient"
+        if par.tp_style == "megatron"
+        else "set tp_style and loss to megatron (Megatron-LM's stages all-reduce the "
+        "embedding's gradient)"
+    )
+    r.error(
+        "$.loss" if torch_loss else "$.parallel.tp_style",
+        f"{said} with tied embeddings over pp = {par.pp}: PyTorch's pipeline (torchtitan) "
+        'does not tie weights across stages ("Weight tying is not supported with Pipeline '
+        f'Parallel"); {fix}, or pp to 1, or untie the embeddings',
+    )
 
 
 def _check_deepspeed_pipeline(

@@ -1203,7 +1203,11 @@ def across_levels(every: list[CollectiveRow], linked: bool = True, short: bool =
 
     kinds = [
         *([f"{ops('ring')} one ring through every link"] if ops("ring") else []),
-        *([f"{ops('double-tree')} NCCL's double binary tree (dbt)"] if ops("double-tree") else []),
+        *(
+            [f"{ops('double-tree')} NCCL's double binary tree" + (" (dbt)" if short else "")]
+            if ops("double-tree")
+            else []
+        ),
         *([f"{ops('pairwise')} {_EXCHANGE}"] if ops("pairwise") else []),
         *([f"{ops('hierarchical')} one collective on each"] if ops("hierarchical") else []),
     ]
