@@ -2247,8 +2247,8 @@ def _replay_rows(
     without one (`_Kept` holding every layout) is run through the engine again, a pass per
     structure among them. The GPT-3 sweep (1,024 GPUs, keep 10) settles in 0.20 s so, 0.26 s
     by a pass of the engine a round and structure, and the sweep of Llama 3 405B at 128K
-    (16,384 GPUs), which settles in one round, runs in 0.40 s rather than 0.44 s (medians
-    of 7, each the first search of a process)."""
+    (16,384 GPUs), which settled in one round then (two now), ran in 0.40 s rather than
+    0.44 s (medians of 7, each the first search of a process)."""
     if not index.size:
         return
     held, again = _by_replay(measured["replay"], index)
