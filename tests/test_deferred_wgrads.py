@@ -187,7 +187,9 @@ def test_a_plan_megatron_would_refuse_is_refused(tmp_path, edits, says) -> None:
     path.write_text(text, encoding="utf-8")
     with pytest.raises(BudgetError) as caught:
         load_plan(path)
-    (problem,) = caught.value.problems
+    # GPT-3 ties its embeddings: under loss: pytorch over pp 8 that is refused apart too
+    # (`resolve._check_tied_pipeline`)
+    (problem,) = [p for p in caught.value.problems if p.path != "$.loss"]
     assert problem.path == "$.overlap.defer_embedding_wgrad" and says in problem.message
 
 
