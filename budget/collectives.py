@@ -313,8 +313,9 @@ class CollectiveCost:
     def reached_bandwidth(self) -> float:
         """B_eff the collective reaches on its slowest link at its size (the least of that
         link's used stages; the plateau on a link without a ramp). Scalar sizes only."""
-        link = self.link
-        return min(float(s.effective_bandwidth) for s in self._used_stages if s.link == link)
+        stages = self._used_stages  # once: a report asks each collective (review of m502's)
+        link = _slowest(s.link for s in stages)
+        return min(float(s.effective_bandwidth) for s in stages if s.link == link)
 
     @property
     def _used_stages(self) -> tuple[Stage, ...]:
@@ -326,11 +327,12 @@ class CollectiveCost:
     @property
     def _passed(self) -> tuple[Stage, ...]:
         """`_used_stages` without the fallback: none where nothing moves."""
-        marks = [used(s) for s in self.stages]
-        if self.pipelined:
-            last = max((k for k, mark in enumerate(marks) if mark), default=0)
-            marks = [mark or 0 < k < last for k, mark in enumerate(marks)]
-        return tuple(s for s, mark in zip(self.stages, marks, strict=True) if mark)
+        stages = self.stages
+        marks = [used(s) for s in stages]
+        if self.pipelined and True in marks:  # the levels below the outermost one used
+            last = len(marks) - 1 - marks[::-1].index(True)
+            marks[1:last] = [True] * max(last - 1, 0)
+        return tuple(s for s, mark in zip(stages, marks, strict=True) if mark)
 
     @property
     def links(self) -> tuple[str, ...]:
