@@ -313,11 +313,10 @@ class _Resolver:
             f"{value:g} B: a size without a unit is bytes; write its unit, such as "
             f"'{value:g} GiB' ({value:g} x 2^30 B) or '{value:g} GB' ({value:g} x 10^9 B, "
             f"{value * 1e9 / 2**30:.3g} GiB)"
-            # a card sold as "80GB" holds about 80 GiB (a user audit, m505: 80 GB read as
-            # 74.5 GiB flipped a plan's check to FAIL, unsaid)
+            # a card's "80GB" is neither unit exactly: its preset holds what the driver
+            # reports (a user audit, m505: 80 GB read as 74.5 GiB flipped a check to FAIL,
+            # unsaid; a review, m514: B200's 192 GB is 179 GiB, H100's 80 GB 79.6 GiB)
             + (
-                # a card's "80GB" is neither unit exactly (a review, m514: B200's 192 GB is
-                # 179 GiB as nvidia-smi counts it, H100's 80 GB 79.6 GiB)
                 "; for a card a preset names, leave memory out: its preset holds the memory "
                 "the driver reports"
                 if path == "$.device.memory" and value >= 1
@@ -2739,11 +2738,9 @@ def resolve(
         _check_deepspeed_pipeline(r, precision, par, has_experts(model, tree.get("model")))
         if in_place_reduce_mismatch(par.zero, precision):
             # Megatron-LM's buffer is fp32 or the parameters' format (`param_and_grad_buffer`),
-            # each with its own flag (an audit, m501: fp32 was told to write
-            # --grad-reduce-in-bf16; a review, m506: fp16 beside bf16 weights has neither)
-            # the flags sit under --bf16 (its default fp32, --grad-reduce-in-bf16) and --fp16
-            # (its default fp16, --accumulate-allreduce-grads-in-fp32): Megatron-LM's
-            # arguments.py (a review, m510: fp16 was told bf16's flags)
+            # its flags under --bf16 (default fp32, --grad-reduce-in-bf16) and --fp16 (default
+            # fp16, --accumulate-allreduce-grads-in-fp32), arguments.py (an audit, m501: fp32
+            # was told --grad-reduce-in-bf16; reviews m506 and m510: fp16's own flags)
             reducing, weights = precision.reduce, precision.params
             flags = {
                 ("bf16", "fp32"): "default with --bf16, grad_reduce_in_fp32 on",
