@@ -1048,9 +1048,9 @@ def fp8_gathered_weight_casts(plan: Plan, block: str, weights: Any) -> list[Work
     ``is_first_microbatch`` is not passed and each ``Linear`` quantizes its weight in its
     forward, TransformerEngine 2.5 ``linear.py``, saving the quantized weight for its
     backward's data gradient, which memory does not count: `layers.fp8_weight_copies`),
-    its recompute too: the gathered weight read in its gather format, 1
-    B written and its transpose 1 B more where the FP8 GEMMs take K-major operands only;
-    over an FP8 gather the transpose alone. Below ZeRO-3 the casts run once a step
+    its recompute too: the gathered weight read in its gather format, 1 B written and its
+    transpose 1 B more where the FP8 GEMMs take K-major operands only; over an FP8 gather
+    the transpose alone. Below ZeRO-3 the casts run once a step
     (`fp8_weight_casts`). An audit (m508): Llama 3 8B under FSDP with fp8 GEMMs cast
     nothing, some 9.5 ms a step unpriced on an H100."""
     if not te_fp8(plan):
