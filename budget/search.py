@@ -79,6 +79,7 @@ from budget.plan.resolve import (
     parse_placement,
     ranks_beside_ep,
     shape_names,
+    ties_apart,
 )
 from budget.plan.transitions import (
     check_chains,
@@ -879,11 +880,7 @@ def _grid_piece(
         # resolve's `_check_tied_pipeline`
         (
             "PyTorch's pipeline ties no weights across stages",
-            np.asarray(pp > 1)
-            & bool(
-                m.tied_embeddings
-                and (plan.loss in _PYTORCH_LOSSES or plan.parallel.tp_style == "dtensor")
-            ),
+            np.asarray(pp > 1) & ties_apart(m.tied_embeddings, plan.loss, plan.parallel.tp_style),
         ),
         ("does not divide: global batch by micro x dp", b.global_batch % (micro * dp) != 0),
         ("micro-batch past the search's 64-bit margin (sizes of 2^59)", np.isin(micro, unsafe)),
@@ -1050,10 +1047,6 @@ def split(layers: int, pp: int, v: int, tail: int = 0) -> tuple[int, ...] | None
     if sizes[-1] < 1:
         return split(layers, pp, v)
     return tuple(sizes)
-
-
-# the losses priced as torch.distributed.pipelining runs them over a pipeline (`step`)
-_PYTORCH_LOSSES = ("pytorch", "pytorch-gathered")
 
 
 def structure(plan: Plan, cols: Columns) -> np.ndarray:

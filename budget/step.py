@@ -1415,9 +1415,12 @@ class _Kernels:
 def _forward_kernels(plan: Plan, block: str, s: Shapes) -> list[Work]:
     """`_Kernels.forward`: under ZeRO-3 and FP8 GEMMs the casts of the block's gathered
     weights first (`flops.fp8_gathered_weight_casts`), then its kernels."""
+    works = _FORWARD[block](plan, s)
+    if not flops.te_fp8(plan) or every(plan.parallel.zero < 3):  # no casts to weigh
+        return works
     parts = ("shared", "experts") if block == "moe" else (block,)
     weights = sum(fp8_block_weights(plan, part) for part in parts)
-    return [*flops.fp8_gathered_weight_casts(plan, block, weights), *_FORWARD[block](plan, s)]
+    return [*flops.fp8_gathered_weight_casts(plan, block, weights), *works]
 
 
 def _backward_kernels(kernels: _Kernels, block: str, s: Shapes) -> list[Work]:

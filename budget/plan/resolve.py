@@ -749,11 +749,8 @@ class _Resolver:
             master not in (None, "none")
             and params in DTYPE_BYTES
             and master in DTYPE_BYTES
-            and (
-                DTYPE_BYTES[master] < DTYPE_BYTES[params]
-                or (DTYPE_BYTES[master] == DTYPE_BYTES[params] and master != params)
-                or (master == params and master != "bf16")
-            )
+            and DTYPE_BYTES[master] <= DTYPE_BYTES[params]
+            and not master == params == "bf16"
         ):
             # a master copy holds what the weights it updates round away (Micikevicius et
             # al., arXiv 1710.03740, section 3.1; MS-AMP keeps fp16 masters beside fp8
@@ -1693,6 +1690,17 @@ def _check_deferred_wgrads(
         )
 
 
+# the losses priced as torch.distributed.pipelining runs them over a pipeline (`step`)
+PYTORCH_LOSSES = ("pytorch", "pytorch-gathered")
+
+
+def ties_apart(tied: bool, loss: Any, tp_style: str) -> bool:
+    """Whether a plan's stack ties no weights across pipeline stages where its model ties
+    them: PyTorch's (its loss, or DTensor's styles), which torchtitan refuses beside a
+    pipeline (`_check_tied_pipeline`, and a sweep's rule alike)."""
+    return tied and (loss in PYTORCH_LOSSES or tp_style == "dtensor")
+
+
 def _check_tied_pipeline(r: _Resolver, par: Parallel, loss: Any, model: Model | None) -> None:
     """A tied model over a pipeline in PyTorch's stack (``loss: pytorch`` or
     ``pytorch-gathered``, priced as torch.distributed.pipelining runs it: `step`; or
@@ -1702,11 +1710,9 @@ def _check_tied_pipeline(r: _Resolver, par: Parallel, loss: Any, model: Model | 
     Megatron-LM all-reduces the embedding's gradient between the first and last stage (an
     audit, m519: priced as the one beside the other's memory; a review, m520: under
     DTensor's styles whatever the loss). The search leaves such layouts out alike."""
-    if model is None or not model.tied_embeddings or par.pp == 1:
+    if model is None or par.pp == 1 or not ties_apart(model.tied_embeddings, loss, par.tp_style):
         return
-    torch_loss = loss in ("pytorch", "pytorch-gathered")
-    if not (torch_loss or par.tp_style == "dtensor"):
-        return
+    torch_loss = loss in PYTORCH_LOSSES
     said = f"loss: {loss}" if torch_loss else "parallel.tp_style: dtensor"
     fix = (
         "set loss: megatron, whose stages all-reduce the embedding's gradient"

@@ -659,21 +659,33 @@ def _ratio(r: float) -> str:
     return text
 
 
-def written_beats_best(outcome: Outcome) -> bool:
-    """Whether the plan as written does better than the best layout ranked, in the
-    objective's figure, fitting and keeping the limits as the ranked layouts do: a setting
-    of its own the sweep never took (its layers_per_stage, a degree outside the space). A
-    plan that breaks a limit does not (a review, m510: "does better" beside a plan over the
-    --headroom asked for)."""
+def _figure(outcome: Outcome) -> tuple[str, str]:
+    """The objective's figure of a layout: its attribute and its name."""
+    return {
+        "memory": ("peak_bytes", "peak"),
+        "tokens-per-s": ("tokens_per_s", "tokens per second"),
+    }.get(outcome.objective, ("step_time_s", "step time"))
+
+
+def _written_ahead(outcome: Outcome) -> bool:
+    """Whether the plan as written beats the best layout ranked in the objective's figure
+    (higher tokens per second, else lower), whether or not it fits and keeps the limits."""
     mine, best = outcome.written, outcome.best
-    if mine is None or best is None or not mine.fits or outcome.written_breaks:
+    if mine is None or best is None:
         return False
-    name = {"memory": "peak_bytes", "tokens-per-s": "tokens_per_s"}.get(
-        outcome.objective, "step_time_s"
-    )
+    name = _figure(outcome)[0]
     ours, theirs = getattr(mine, name), getattr(best, name)
     higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
     return bool(ours and theirs) and ours != theirs and (ours > theirs) == higher
+
+
+def written_beats_best(outcome: Outcome) -> bool:
+    """`_written_ahead`, fitting and keeping the limits as the ranked layouts do: a setting
+    of its own the sweep never took (its layers_per_stage, a degree outside the space). A
+    plan that breaks a limit does not (a review, m510: "does better" beside a plan over the
+    --headroom asked for)."""
+    mine = outcome.written
+    return mine is not None and mine.fits and not outcome.written_breaks and _written_ahead(outcome)
 
 
 def written_note(outcome: Outcome) -> str:
@@ -682,17 +694,13 @@ def written_note(outcome: Outcome) -> str:
     mine, best = outcome.written, outcome.best
     if mine is None:
         return ""
-    figure = {
-        "memory": ("peak_bytes", "peak"),
-        "tokens-per-s": ("tokens_per_s", "tokens per second"),
-    }.get(outcome.objective, ("step_time_s", "step time"))
+    figure = _figure(outcome)
     mine_value = getattr(mine, figure[0])
     best_value = getattr(best, figure[0]) if best is not None else 0
     parts = []
     if best_value and mine_value:
         parts.append(f"has {_ratio(mine_value / best_value)}× the best layout's {figure[1]}")
-        higher = outcome.objective == "tokens-per-s"  # the figure the ranking wants high
-        if (mine_value > best_value) == higher and mine_value != best_value:
+        if _written_ahead(outcome):
             # it beats the best: a setting of its own the sweep never took (an audit: v 12
             # beat the "best" at 0.98× the step time, and nothing said the sweep's v was
             # 1, 2, 4)
