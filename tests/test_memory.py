@@ -1813,11 +1813,13 @@ def test_an_fp16_runs_zero_1_message_names_fp16s_flags(tmp_path):
     )
 
 
-def test_fp8_activations_in_training_are_refused(tmp_path):
+def test_fp8_activations_are_refused_in_training_and_serving(tmp_path):
     """An audit (m508): activations: fp8 beside fp8 GEMMs halved every saved activation and
     every tensor- and pipeline-parallel transfer of Llama 3 70B (peak 39.9 → 32.7 GiB),
     where Transformer Engine quantizes the GEMMs' inputs alone (matmul: fp8). Refused in
-    training, at its key; a serving plan keeps it."""
+    training, at its key; and in serving (an audit, m525: a 70B prefill's all-reduces sent
+    in 1 byte, its time to first token 17.4 → 12.7 s), where vLLM's FP8 linear layers
+    quantize their input and return it in the input's 16-bit format."""
     from budget.errors import BudgetError
     from tests.plan_files import variant
 
@@ -1834,7 +1836,12 @@ def test_fp8_activations_in_training_are_refused(tmp_path):
         ("  activations: bf16\n", "  activations: fp8\n"),
         base=ROOT / "plans" / "llama3-70b-decode.yaml",
     )
-    assert load_plan(serving).precision.activations == "fp8"
+    with pytest.raises(BudgetError) as raised:
+        load_plan(serving)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.precision.activations"
+    assert "FP8 serving (vLLM, TensorRT-LLM)" in problem.message
+    assert "write activations: bf16 with matmul: fp8 (and kv_cache: fp8" in problem.message
 
 
 def test_a_master_copy_no_wider_than_its_weights_is_refused(tmp_path):

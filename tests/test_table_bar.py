@@ -779,17 +779,6 @@ def test_an_fp8_plan_says_how_its_memory_is_counted(tmp_path: Path) -> None:
 
     llama = ROOT / "plans" / "llama3-70b.yaml"
     fp8 = variant(tmp_path, "fp8.yaml", ("precision:\n", "precision:\n  matmul: fp8\n"), base=llama)
-    # fp8 activations under eager attention put MFU on the fp8 peak with bf16 GEMMs: the
-    # note is the GEMMs' format's, not MFU's (a final read: it keyed on MFU's); a serving
-    # plan's, as training refuses fp8 activations (an audit, m508)
-    eager = variant(
-        tmp_path,
-        "eager.yaml",
-        ("activations: bf16", "activations: fp8"),
-        ("attention: flash", "attention: eager"),
-        base=ROOT / "plans" / "llama3-70b-decode.yaml",
-    )
-    assert budget_plan(eager).mfu_format == "fp8"
     fsdp = variant(
         tmp_path,
         "fsdp.yaml",
@@ -799,7 +788,7 @@ def test_an_fp8_plan_says_how_its_memory_is_counted(tmp_path: Path) -> None:
     # under ZeRO-3 the copies are not counted, and the note says so (a review: it said they
     # were)
     zero3 = FP8_ZERO3.strip("; ")
-    for plan, said in ((llama, ()), (fp8, (FP8_MEMORY,)), (eager, ()), (fsdp, (FP8_MEMORY, zero3))):
+    for plan, said in ((llama, ()), (fp8, (FP8_MEMORY,)), (fsdp, (FP8_MEMORY, zero3))):
         report = budget_plan(plan)
         console = Console(width=120, color_system=None, record=True)
         console.print(stage_table(report, True, 8))
