@@ -5017,6 +5017,11 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 copies = when([copy], needed)
             if extra:  # else the tensor stays the output that transition made
                 outputs[tr.name] = extra[0]
+            if held_already and gone is None:
+                # over one rank the output is the held source itself, one buffer, as the
+                # schema says (DTensor hands the local tensor on; an audit, m527: a chain's
+                # replicate → shard(0) over cp 1 held its 1 GiB twice); later phases hold it
+                extra = when(extra, ranks > 1)
             phase = phases[target]
             held = phase.instants or _beside(phases, target)
             start = past.get(target, 0)
@@ -5081,6 +5086,7 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
                 phases[target] = replace(
                     phases[target], moves=(*phase.moves, replace(move, count=tr.count))
                 )
+                _rerun_under_full_recompute(plan, phases, target, replace(move, count=tr.count))
         stages.append(replace(st, phases=(*phases, *passes)))
     known = tuple(dict.fromkeys(p.name for st in step.stages for p in st.phases))
     for i, (tr, _, _, op) in enumerate(parsed):  # a phase this plan's step lacks (pp 1)
@@ -5099,6 +5105,29 @@ def _with_transitions(plan: Plan, step: Step) -> Step:
     if problems:
         raise BudgetError(problems)
     return replace(step, stages=tuple(stages))
+
+
+def _rerun_under_full_recompute(plan: Plan, phases: list[Phase], target: int, move: Move) -> None:
+    """A hand-written collective of a layer's forward (forward.attention, .mlp, .moe) runs
+    again before that block's backward under full recompute, as the built-in ones do
+    (`_again`: Megatron-LM's ``CheckpointFunction.backward`` re-runs the layer's forward,
+    its collectives included; an audit, m527: a tensor-parallel gather in forward.attention
+    was priced 256 times where the step ran it 512). Its output is counted where the
+    forward made it, as before; the rerun adds its time and bytes. A stage send is the
+    pipeline's, outside the layer, and runs once."""
+    name = phases[target].name
+    if move.op == "send-recv" or not name.startswith("forward.") or name not in LAYER_FORWARDS:
+        return
+    backward = "backward." + name.removeprefix("forward.")
+    at = next((k for k, p in enumerate(phases) if p.name == backward), None)
+    if at is None:
+        return
+    again = when(_again([move]), plan.recompute == "full")
+    phases[at] = replace(phases[at], moves=(*phases[at].moves, *again))
+
+
+# the phases a layer's forward runs in, which full recompute runs again before their backward
+LAYER_FORWARDS = ("forward.attention", "forward.mlp", "forward.moe")
 
 
 STAGES_APART = "which every pipeline stage must join"  # `_stages_apart`'s, which a sweep reads

@@ -1433,3 +1433,112 @@ def test_a_tensor_on_ep_and_on_a_group_sharing_its_ranks_is_refused(tmp_path, ep
     shard = 8 * 4096 * 4096 * 4 // 2  # shard(0) on ep 2
     assert (move.op, move.group, move.ranks) == ("all-reduce", "dp", 8)
     assert move.sent_bytes == 2 * 7 * shard // 8
+
+
+_CHAIN_OVER_CP = (
+    "transitions:\n"
+    "  - {name: X, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: cp,\n"
+    "     from: shard(0), to: replicate}\n"
+    "  - {name: X, phase: loss, tensor: {shape: [8192, 8192], dtype: fp32}, group: cp,\n"
+    "     from: replicate, to: shard(0)}\n"
+)
+
+
+def test_a_chain_over_a_group_of_one_rank_holds_its_tensor_once(tmp_path):
+    """Over cp 1 both links of a chain run nothing and hand the local tensor on (DTensor's
+    ``redistribute_local_tensor``; the schema: "the source is the result: one buffer"), so
+    the loss holds fp32 [8192, 8192] = 268,435,456 B once, as the chain's first link alone
+    does. An audit (m527): the second link's output was held beside the first's, 1 GiB of
+    phantom peak on a chain of 1 GiB tensors."""
+    first = _CHAIN_OVER_CP.split("  - {name: X", 2)
+    alone = budget_plan(_plan(tmp_path, first[0] + "  - {name: X" + first[1]))
+    report = budget_plan(_plan(tmp_path, _CHAIN_OVER_CP))
+    loss = next(p for p in report.phases if p.name == "loss")
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
+    assert held == {"X (replicate)": 268_435_456}
+    assert report.worst.peak_bytes == alone.worst.peak_bytes
+    # over cp 2 the second link's shard is a tensor of its own beside its held source
+    two = _plan(tmp_path, _CHAIN_OVER_CP)
+    two.write_text(
+        two.read_text(encoding="utf-8").replace("  dp: 16\n", "  dp: 8\n  cp: 2\n"),
+        encoding="utf-8",
+    )
+    split = budget_plan(two)
+    loss = next(p for p in split.phases if p.name == "loss")
+    held = {o.tensor: o.bytes for o in loss.peak_overlap if o.tensor.startswith("X (")}
+    assert held == {
+        "X (shard(0), source alive)": 268_435_456 // 2,
+        "X (replicate)": 268_435_456,
+        "X (shard(0))": 268_435_456 // 2,
+    }
+
+
+def test_a_sweep_holds_a_chain_over_one_rank_once_and_over_two_twice(tmp_path):
+    """A search sweeps cp 1 and 2 in one pass of the engine, whose group sizes are then an
+    array: at cp 1 the chain peaks where its first link alone does, at cp 2 above it, and
+    each layout's peak is the one `budget PLAN` gives it written out."""
+    from budget.pipeline import build_report
+    from budget.search import Space, apply, search
+
+    space = Space(
+        tp=(8,),
+        pp=(8,),
+        cp=(1, 2),
+        micro=(1,),
+        virtual_stages=(1,),
+        zero=(1,),
+        recompute=("selective",),
+        sequence_parallel=(True,),
+    )
+    # 8 GiB a tensor, so that the loss holds the step's peak
+    chain = _CHAIN_OVER_CP.replace("[8192, 8192]", "[65536, 32768]")
+    first = chain.split("  - {name: X", 2)
+    peaks = {}
+    for name, text in (("chain", chain), ("first", first[0] + "  - {name: X" + first[1])):
+        plan = load_plan(_plan(tmp_path, text))
+        results = {r.config.cp: r for r in search(plan, 1024, space).results}
+        assert set(results) == {1, 2}
+        for result in results.values():
+            written = build_report(apply(plan, result.config, 1024))
+            assert written.worst.peak_bytes == result.peak_bytes
+        peaks[name] = {cp: r.peak_bytes for cp, r in results.items()}
+    assert peaks["chain"][1] == peaks["first"][1]
+    assert peaks["chain"][2] > peaks["first"][2]
+
+
+def test_full_recompute_runs_a_layer_s_hand_written_collective_again(tmp_path):
+    """Under full recompute a layer's forward runs again before its backward, its
+    collectives included (Megatron-LM's ``CheckpointFunction.backward``), as budget's own
+    tensor-parallel moves do: a gather written in forward.attention is priced once more in
+    backward.attention, as many times, and exposed. An audit (m527): it ran 96 times a
+    micro-batch in a 96-layer step's accounting where the step ran it 192. Selective
+    recompute reruns the attention core alone, which holds no hand-written collective."""
+    text = (
+        "transitions:\n"
+        "  - {name: G, phase: forward.attention, tensor: {shape: [micro * seq, hidden],\n"
+        "     dtype: bf16}, group: tp, from: shard(0), to: replicate}\n"
+    )
+    path = _plan(tmp_path, text)
+    selective = budget_plan(path)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("recompute: selective", "recompute: full"),
+        encoding="utf-8",
+    )
+    full = budget_plan(path)
+
+    def gathers(report):
+        return {
+            (p.name, c.name): (c.count, c.sent_bytes, c.exposed_s)
+            for p in report.phases
+            for c in p.collectives
+            if c.name.startswith("G")
+        }
+
+    forward = gathers(selective)[("forward.attention", "G")]
+    assert list(gathers(selective)) == [("forward.attention", "G")]
+    assert gathers(full) == {
+        ("forward.attention", "G"): forward,
+        ("backward.attention", "G (recomputed forward)"): forward,
+    }
+    # 2048 tokens x 12,288 x 2 B gathered over tp 8: 7/8 sent per rank
+    assert forward[1] == 7 * 2048 * 12288 * 2 // 8
