@@ -922,7 +922,7 @@ def _grid_piece(
             deepspeed_grads_mismatch(zero, plan.parallel.reduce_bucket, plan.precision),
         ),
         (
-            "ZeRO 1 reducing its gradients in another format than it keeps them",
+            "ZeRO 0 or 1 reducing its gradients in another format than it keeps them",
             in_place_reduce_mismatch(zero, plan.precision),
         ),
         (

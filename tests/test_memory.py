@@ -2045,6 +2045,39 @@ def test_megatron_zero_1_refuses_what_its_distributed_optimizer_does_not_run(
     assert outcome.results and {r.config.zero for r in outcome.results} == {3}
 
 
+def test_megatron_zero_0_reduces_its_gradients_in_the_format_it_keeps_them(tmp_path) -> None:
+    """An audit (m528): ZeRO 0 with fp32 gradients and grad_reduce: bf16 was priced at half
+    the all-reduce (gpt-1.3b over dp 8: 4.29 GiB, 20.0 ms, where its buffer sends 8.58 GiB in
+    39.9 ms) with no bf16 copy and no cast, a run Megatron-LM's data-parallel wrapper does not
+    make: it all-reduces its gradient buffer in place, in the buffer's format
+    (``start_grad_sync``), as the distributed optimizer reduce-scatters it. Refused at its
+    key, as at ZeRO 1, and left out of a sweep."""
+    from budget.errors import BudgetError
+    from budget.plan.load import load_plan
+    from budget.search import Space, search
+    from tests.plan_files import variant
+
+    edits = (
+        ("  zero: 1\n", "  zero: 0\n"),
+        ("  grads: fp32\n", "  grads: fp32\n  grad_reduce: bf16\n"),
+    )
+    path = variant(tmp_path, "z0.yaml", *edits, base=ROOT / "plans" / "gpt-1.3b.yaml")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(path)
+    (problem,) = raised.value.problems
+    assert problem.path == "$.precision.grad_reduce"
+    assert problem.message.startswith(
+        "grad_reduce: bf16 beside grads: fp32 at ZeRO 0: Megatron-LM's data-parallel wrapper "
+        "all-reduces its gradient buffer in place"
+    )
+    three = load_plan(variant(tmp_path, "z3.yaml", ("zero: 0", "zero: 3"), base=path))
+    outcome = search(three, 8, Space(zero=(0, 1, 3), tp=(1,), pp=(1,)))
+    assert "ZeRO 0 or 1 reducing its gradients in another format than it keeps them" in (
+        outcome.rejected
+    )
+    assert outcome.results and {r.config.zero for r in outcome.results} == {3}
+
+
 def test_a_fused_attention_backward_holds_its_output_gradient_beside_dq_dk_dv():
     """The fused kernel's backward reads dO, the output projection's input gradient, while
     it writes dQ, dK and dV (an audit, m386: left out of the instant). Llama 3 70B at tp 8

@@ -331,14 +331,15 @@ def deepspeed_grads_mismatch(zero: Any, reduce_bucket: int, precision: Precision
 
 
 def in_place_reduce_mismatch(zero: Any, precision: Precision) -> Any:
-    """Whether a ZeRO 1 layout (Megatron-LM's distributed optimizer, which budget prices
-    DeepSpeed's ZeRO 1 as) names a reduction format unlike its gradients': Megatron-Core
-    reduce-scatters its gradient buffer in place, in the buffer's format
-    (param_and_grad_buffer.py ``start_grad_sync``; the buffer is fp32 with
-    ``grad_reduce_in_fp32``, else the parameters' format), so no run keeps fp32 gradients
-    and reduces them in bf16 (an audit: priced at half the bytes and with no bf16 copy). A
-    bool, or an array over a sweep's stages."""
-    return (zero == 1) & (precision.reduce != precision.grads)
+    """Whether a ZeRO 0 or 1 layout (Megatron-LM's data-parallel wrapper, without or with
+    its distributed optimizer, which budget prices DeepSpeed's ZeRO 0 and 1 as) names a
+    reduction format unlike its gradients': Megatron-Core all-reduces or reduce-scatters
+    its gradient buffer in place, in the buffer's format (param_and_grad_buffer.py
+    ``start_grad_sync``; the buffer is fp32 with ``grad_reduce_in_fp32``, else the
+    parameters' format), so no run keeps fp32 gradients and reduces them in bf16 (audits:
+    priced at half the bytes and with no bf16 copy, at ZeRO 1 and then, m528, at ZeRO 0).
+    A bool, or an array over a sweep's stages."""
+    return (zero <= 1) & (precision.reduce != precision.grads)
 
 
 def gather_overlap_alone(zero: Any, param_gather: bool, dp_grads: bool) -> Any:

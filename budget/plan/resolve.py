@@ -2776,9 +2776,15 @@ def resolve(
             )
             r.error(
                 "$.precision.grad_reduce",
-                f"grad_reduce: {reducing} beside grads: {precision.grads} at ZeRO 1: "
-                "Megatron-LM's distributed optimizer reduce-scatters its gradient buffer in "
-                "place, in the buffer's own format (start_grad_sync), so its gradients are "
+                f"grad_reduce: {reducing} beside grads: {precision.grads} at ZeRO "
+                f"{par.zero}: Megatron-LM's "
+                + (
+                    "distributed optimizer reduce-scatters"
+                    if par.zero == 1
+                    else "data-parallel wrapper all-reduces"
+                )
+                + " its gradient buffer in place, in the buffer's own format "
+                "(start_grad_sync), so its gradients are "
                 f"reduced as they are kept; {fix}, or remove grad_reduce",
             )
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
