@@ -439,9 +439,11 @@ def _cp_moves(plan: Plan, s: Shapes, backward: bool) -> list[Move]:
         for what, n in cols
     ]
     if backward:
+        # the ring's dK/dV rides its point-to-point messages, named so as K/V's are (an
+        # audit, m524: a bare "dK/dV", a reduce-scatter of one step, read as NCCL's)
         moves += [
             exchange(
-                f"attention d{what.replace('/', '/d')}",
+                f"attention d{what.replace('/', '/d')}{suffix}",
                 "reduce-scatter",
                 n,
                 "partial",

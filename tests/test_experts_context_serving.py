@@ -373,7 +373,7 @@ def test_context_parallel_divides_saved_activations():
     assert {m.name for m in moves} == {
         "attention K/V (ring exchange)",
         "attention K/V (ring exchange) (recomputed forward)",
-        "attention dK/dV",
+        "attention dK/dV (ring exchange)",
     }
     assert not [m for p in derive(one).stages[0].phases for m in p.moves if m.group == "cp"]
 
@@ -859,7 +859,10 @@ def test_a_cp_ring_s_backward_sends_cp_messages_not_two_rings_of_cp_minus_one(tm
     report = build_report(plan)
     backward = next(p for p in report.phases if p.name == "backward.attention")
     rings = {c.name: c for c in backward.collectives if c.group == "cp"}
-    forward, gradients = rings["attention K/V (ring exchange)"], rings["attention dK/dV"]
+    forward, gradients = (
+        rings["attention K/V (ring exchange)"],
+        rings["attention dK/dV (ring exchange)"],
+    )
     size = 32 * 2**20
     assert (forward.steps, forward.sent_bytes) == (3, 3 * size // 4)
     assert (gradients.steps, gradients.sent_bytes) == (1, 3 * size // 4)
