@@ -78,7 +78,10 @@ def route(args: list[str]) -> list[str]:
         return ["--version"]
     found = command_word(args)
     if found is None:
-        return ["report", *args] if "--" in args else list(args)
+        # the short way's own option with no plan is the report's, whose message names the
+        # missing plan (an audit, m526: `budget -f json` read "No such option: -f")
+        formats = any(a.startswith(("-f", "--format")) for a in head)
+        return ["report", *args] if "--" in args or formats else list(args)
     i, word = found
     if word not in COMMANDS:
         return ["report", *args]

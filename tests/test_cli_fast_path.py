@@ -531,6 +531,24 @@ def test_options_before_the_command_word_are_the_commands() -> None:
     assert version.returncode == 0 and version.stdout.startswith("budget ")
 
 
+def test_the_short_ways_format_without_a_plan_asks_for_the_plan() -> None:
+    """`budget -f json` is the report's option with its plan left out: the report says the
+    plan is missing, where the top-level app said "No such option: -f" of an option
+    `budget -f json PLAN` takes (an audit, m526); other options stay the top level's."""
+    assert route(["-f", "json"]) == ["report", "-f", "json"]
+    assert route(["--format=json"]) == ["report", "--format=json"]
+    assert route(["--help"]) == ["--help"] and route([]) == []
+    assert route(["-x"]) == ["-x"]
+    for args in (["-f", "json"], ["--format", "markdown"]):
+        said = subprocess.run(
+            [sys.executable, "-m", "budget", *args], capture_output=True, text=True
+        )
+        assert (said.returncode, said.stdout) == (2, "")
+        assert said.stderr == (
+            "budget: error: Missing argument 'PLAN' (see 'budget report --help')\n"
+        )
+
+
 def test_the_command_word_skips_every_options_value(monkeypatch, tmp_path) -> None:
     """Every option of budget's but --help and --version takes the next word (review m424:
     `--headroom 5% check P` read 5% as the plan, and `-f json chek` was offered nothing),
