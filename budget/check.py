@@ -87,6 +87,18 @@ class Limits:
             return math.ceil(Fraction(_written(self.headroom_share)) * capacity_bytes)
         return None
 
+    def shown_free(self, free_bytes: int, capacity_bytes: int) -> str:
+        """The worst stage's free bytes (their size, a shortfall's too) as the check shows
+        them: in GiB with as many decimals as tell them from the required headroom, where
+        the usual three figures would print the two alike (an audit, m532: 29.27 GiB free
+        read "29.3 GiB" beside the 29.3 GiB it failed to keep)."""
+        required = self.required_headroom(capacity_bytes)
+        shown = format_bytes(abs(free_bytes))
+        if required is None or free_bytes < 0 or shown != format_bytes(required):
+            return shown
+        digits = decimals_apart((free_bytes / GIB, required / GIB))
+        return f"{free_bytes / GIB:,.{digits}f} GiB"
+
     def shown_step(self, time_s: float) -> str:
         """A step time as the check shows it: as many digits as tell it from the limit."""
         return _shown(time_s, self.max_step_s)
@@ -356,9 +368,17 @@ def _headroom(text: str) -> tuple[float | None, int | None]:
     if text.strip().endswith("%"):
         return _share(text, "--headroom"), None
     if unit_left_out(text):  # "--headroom 5": 5 bytes, a gate that checks nothing
+        # a bare share of one or less reads as a fraction too: 0.05 is likely 5 %, where
+        # "0.05%" keeps 41 MiB of an H100 (an audit, m532), as --max-exposed offers both
+        body = text.strip()
+        value = float(body) if _DECIMAL.fullmatch(body) else None
+        shares = [f"{body}%"] if value is None or 0 <= value <= 100 else []
+        if value is not None and 0 < value <= 1:
+            shares.append(f"{value * 100:g}%")
+        share = f"a percentage, {' or '.join(shares)}, or " if shares else ""
         raise ValueError(
-            f"--headroom {text!r}: write {text.strip()}% or a size with its "
-            f"unit, such as {text.strip()}GiB (read as bytes, a bare number would gate nothing)"
+            f"--headroom {text!r}: write {share}a size with its unit, such as {body}GiB "
+            "(read as bytes, a bare number would gate nothing)"
         )
     try:
         return None, parse_bytes(text)

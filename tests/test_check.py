@@ -249,11 +249,39 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
     assert exposed.stage == report.step["pacing_stage"] == 7 and step.stage is None
 
 
+def test_free_memory_just_short_of_the_headroom_reads_short_of_it() -> None:
+    """A stage that keeps 31 MiB less than the headroom asked printed its free memory as
+    the limit itself, "29.3 GiB" beside "headroom ≥ 29.3 GiB", in the summary line and the
+    markdown table (an audit, m532): where three figures print the two alike, the free
+    memory takes the GiB decimals that tell it from the limit, as step times do."""
+    plan = ROOT / "plans" / "deepseek-moe-16b.yaml"
+    free = budget_plan(plan).worst.headroom_bytes
+    required = free + 31_177_012
+    assert format_bytes(free) == format_bytes(required)
+    shown = f"{free / 2**30:.2f} GiB"
+    assert shown != f"{required / 2**30:.2f} GiB"
+    for fmt, said in (("table", f"{shown} free"), ("markdown", f"| {shown} |")):
+        args = ["check", str(plan), "--headroom", f"{required}B", "-f", fmt]
+        result = runner.invoke(app, route(args), terminal_width=200)
+        assert result.exit_code == 1 and said in result.stdout, result.stdout
+        assert f"{format_bytes(free)} free" not in result.stdout
+    # far from the limit, or with none, the usual three figures
+    for limit in ([], ["--headroom", "1GiB"]):
+        result = runner.invoke(app, route(["check", str(plan), *limit]), terminal_width=200)
+        assert result.exit_code == 0 and f"{format_bytes(free)} free" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--headroom", "lots"], "--headroom 'lots'"),
-        (["--headroom", "5"], "--headroom '5': write 5% or a size with its unit, such as 5GiB"),
+        (
+            ["--headroom", "5"],
+            "--headroom '5': write a percentage, 5%, or a size with its unit, such as 5GiB",
+        ),
+        # a bare 0.05 is likely 5 %: the hint offered 0.05 % alone, 41 MiB of an H100 (m532)
+        (["--headroom", "0.05"], "--headroom '0.05': write a percentage, 0.05% or 5%, or a"),
+        (["--headroom", "1e3"], "--headroom '1e3': write a size with its unit, such as 1e3GiB"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
         (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),
         # 0.2 was taken as 20 %, silently, where a user may have meant 0.2 %

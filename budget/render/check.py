@@ -48,7 +48,7 @@ def _figures(verdict: Verdict, limits: Limits) -> str:
     text = (
         f"worst stage {worst.stage} peaks at {format_bytes(worst.peak_bytes)} of "
         f"{format_bytes(worst.capacity_bytes)}, "
-        + (f"{format_bytes(free)} free" if free >= 0 else f"{format_bytes(-free)} over")
+        + f"{limits.shown_free(free, worst.capacity_bytes)} {'free' if free >= 0 else 'over'}"
     )
     time_s, share = report.step["time_s"], report.step.get("exposed_share")
     if time_s is not None:
@@ -135,7 +135,8 @@ def check_markdown(result: CheckResult) -> str:
             format_bytes(worst.peak_bytes),
             format_bytes(worst.capacity_bytes),
             # a shortfall signed as the diff signs it, with a minus, not a hyphen (an audit)
-            format_bytes(h) if (h := worst.headroom_bytes) >= 0 else f"−{format_bytes(-h)}",
+            ("" if (h := worst.headroom_bytes) >= 0 else "−")
+            + result.limits.shown_free(h, worst.capacity_bytes),
             "–" if time_s is None else result.limits.shown_step(time_s),
             "–" if share is None else result.limits.shown_exposed(share),
         ]
