@@ -2299,3 +2299,93 @@ def test_a_number_is_quoted_as_the_file_wrote_it(tmp_path: Path) -> None:
         pickle.loads(pickle.dumps(Written(1e-5, "1e-5"))),
     ):
         assert (made, made.text) == (1e-5, "1e-5")
+
+
+# transformers' PretrainedConfig defaults, which a config.json saved with every attribute
+# written out carries beside the model's own keys (configuration_utils.py)
+_FULL_DUMP: dict[str, object] = {
+    "add_cross_attention": False,
+    "bad_words_ids": None,
+    "begin_suppress_tokens": None,
+    "chunk_size_feed_forward": 0,
+    "cross_attention_hidden_size": None,
+    "decoder_start_token_id": None,
+    "diversity_penalty": 0.0,
+    "do_sample": False,
+    "early_stopping": False,
+    "encoder_no_repeat_ngram_size": 0,
+    "exponential_decay_length_penalty": None,
+    "finetuning_task": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "id2label": {"0": "LABEL_0", "1": "LABEL_1"},
+    "is_decoder": False,
+    "is_encoder_decoder": False,
+    "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+    "length_penalty": 1.0,
+    "max_length": 20,
+    "min_length": 0,
+    "no_repeat_ngram_size": 0,
+    "num_beam_groups": 1,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "output_scores": False,
+    "prefix": None,
+    "problem_type": None,
+    "pruned_heads": {},
+    "remove_invalid_values": False,
+    "repetition_penalty": 1.0,
+    "return_dict": True,
+    "return_dict_in_generate": False,
+    "sep_token_id": None,
+    "suppress_tokens": None,
+    "task_specific_params": None,
+    "temperature": 1.0,
+    "tf_legacy_loss": False,
+    "tie_encoder_decoder": False,
+    "tokenizer_class": None,
+    "top_k": 50,
+    "top_p": 1.0,
+    "torchscript": False,
+    "typical_p": 1.0,
+    "use_bfloat16": False,
+}
+
+
+def test_a_file_with_every_pretrained_config_attribute_reads_as_the_model(tmp_path: Path) -> None:
+    """A config.json saved with transformers' PretrainedConfig attributes written out
+    (generation defaults, label maps, output switches) was refused for 45 keys "budget does
+    not understand" (an audit, m531: a Qwen2.5-3B fine-tune's); none builds a weight, so the
+    file reads as the model. Set, the structural ones (an encoder-decoder, cross-attention,
+    pruned heads) build another model and are refused by name."""
+    qwen = _raw("qwen2.5-0.5b")
+    assert params_total(_plan("qwen2.5-0.5b")) == _total(tmp_path, {**qwen, **_FULL_DUMP})
+    for key, value, built in (
+        ("is_encoder_decoder", True, "an encoder-decoder"),
+        ("add_cross_attention", True, "cross-attention layers"),
+        ("pruned_heads", {"0": [1, 2]}, "layers with heads pruned away"),
+    ):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**qwen, **_FULL_DUMP, key: value}), encoding="utf-8")
+        with pytest.raises(HfConfigError) as caught:
+            read_hf_config(path)
+        (said,) = caught.value.messages
+        assert f"sets {key} = {json.dumps(value)}, which builds {built}" in said
+
+
+def test_many_unknown_keys_say_their_count_and_what_to_do_before_the_list(tmp_path: Path) -> None:
+    """A long list of unknown keys was one sentence whose clipped tail held the advice and
+    the keys that sort late (an audit, m531: the advice, and the one key that changed the
+    model, 46th of 46, were cut): past eight keys the count and the advice come first, so
+    that a message clipped at its length keeps them."""
+    qwen = _raw("qwen2.5-0.5b")
+    unknown = {f"tag_{i:02}": i for i in range(40)} | {"use_parallel_residual": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**qwen, **unknown}), encoding="utf-8")
+    with pytest.raises(HfConfigError) as caught:
+        read_hf_config(path)
+    (said,) = caught.value.messages
+    assert said.startswith(f"'{path}' has 41 keys that budget does not understand; if they ")
+    assert said.endswith(", 'tag_39', 'use_parallel_residual'")

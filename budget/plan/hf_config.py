@@ -224,6 +224,78 @@ READ = frozenset(
         "qk_head_dim",  # transformers 5's nope + rope, in re-saved files: checked
         # DeepSeek-V3 multi-token prediction modules (model.mtp_layers)
         "num_nextn_predict_layers",
+        # transformers' PretrainedConfig: an encoder-decoder's, cross-attention's or a
+        # pruned model's, refused where set (`_STRUCTURAL`); a decoder's file leaves them off
+        "is_encoder_decoder",
+        "add_cross_attention",
+        "tie_encoder_decoder",
+        "cross_attention_hidden_size",
+        "pruned_heads",
+    }
+)
+
+# The keys above that build another model than a decoder-only one where they are set (not
+# false, null or empty): transformers' PretrainedConfig attributes an encoder-decoder, a
+# decoder with cross-attention, or a model with heads pruned away.
+_STRUCTURAL = {
+    "is_encoder_decoder": "an encoder-decoder",
+    "add_cross_attention": "cross-attention layers",
+    "tie_encoder_decoder": "an encoder-decoder",
+    "cross_attention_hidden_size": "cross-attention layers",
+    "pruned_heads": "layers with heads pruned away",
+}
+
+# transformers' PretrainedConfig attributes every config has (configuration_utils.py,
+# ``PretrainedConfig.__init__``), which a file saved with every attribute written out keeps
+# (an audit, m531: a Qwen2.5-3B fine-tune's 45 of them were refused as not understood):
+# generation defaults, the output switches, label maps, token ids and tags. None builds a
+# weight or changes a shape; the structural ones are read above.
+_GENERIC = frozenset(
+    {
+        "return_dict",
+        "output_hidden_states",
+        "output_attentions",
+        "torchscript",
+        "use_bfloat16",
+        "tf_legacy_loss",
+        "chunk_size_feed_forward",
+        "is_decoder",
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "num_return_sequences",
+        "output_scores",
+        "return_dict_in_generate",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "finetuning_task",
+        "id2label",
+        "label2id",
+        "tokenizer_class",
+        "prefix",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "task_specific_params",
+        "problem_type",
+        "_commit_hash",
+        "_attn_implementation_internal",
     }
 )
 
@@ -286,6 +358,7 @@ IGNORED = frozenset(
         "scoring_func",
         "seq_aux",
     }
+    | _GENERIC
 )
 
 _ACTIVATIONS = {
@@ -695,11 +768,23 @@ def _check(
     if unknown and known:  # a refused family: removing its keys would not help
         names = ", ".join(repr(k) for k in unknown)
         one = len(unknown) == 1
+        # many keys: the count and the advice before the list, which a long message clips
+        # (an audit, m531: 46 keys clipped before the advice and the one that mattered)
         said.append(
             f"{where} has key{'' if one else 's'} {names} that budget does not understand; "
             f"if {'it builds' if one else 'they build'} nothing (a tag, a kernel setting), "
             f"remove {'it' if one else 'them'}, or else write the model's dimensions out"
+            if len(unknown) <= 8
+            else f"{where} has {len(unknown)} keys that budget does not understand; if they "
+            "build nothing (tags, kernel settings), remove them, or else write the model's "
+            f"dimensions out: {names}"
         )
+    problems += [
+        f"{where} sets {key} = {_dumps(config[key])}, which builds {built}; budget prices a "
+        "decoder-only model: write the model's dimensions out if its decoder is what to price"
+        for key, built in _STRUCTURAL.items()
+        if config.get(key) not in (None, False, 0, {}, [])
+    ]
     sound = {k: v for k, v in config.items() if k not in refused}
     if known:
         # a file written by hand may use any key; its expert count's names must still agree
