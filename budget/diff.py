@@ -214,11 +214,12 @@ class PlanDiff:
                 "communication and exposed time are each its pacing stage's, so they carry "
                 "no verdict; the step time does"
             )
-        if na != nb:
+        if na != nb:  # (a decode plan's last stage has no loss: an audit, m529)
             notes.append(
                 f"A has {plural(na, 'pipeline stage')} and B has {nb}, so their stages hold "
                 "different layers: the first stage of each (the embedding, the most "
-                "micro-batches in flight) and the last (the loss) are compared, and the worst "
+                "micro-batches in flight) and the last (the output layer, and a training "
+                "plan's loss) are compared, and the worst "
                 "stage of each is in the step table"
             )
         if ma == mb and not self.one_peak:

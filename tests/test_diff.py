@@ -636,7 +636,7 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
     ]
     assert rows[0][1:] == (
         "–",
-        "tp shard(1) → replicate, [8192, 128256] bf16, in loss, source_alive false, count 1",
+        "tp from shard(1) to replicate, [8192, 128256] bf16, in loss, source_alive false, count 1",
     )  # every key the transition has (a review), its name the key
     back = shown_changes(plan_changes(load_plan(gathered), load_plan(bare)))
     assert back[0][1:] == (rows[0][2], "–")
@@ -654,7 +654,7 @@ def test_a_whole_transition_added_is_one_row(tmp_path: Path) -> None:
     )
     markdown = runner.invoke(app, route(["diff", str(bare), str(gathered), "-f", "markdown"]))
     assert (
-        "| `transitions[logits all-gathered (loss parallel off)]` | – | tp shard(1)"
+        "| `transitions[logits all-gathered (loss parallel off)]` | – | tp from shard(1)"
         in markdown.stdout
     )
 
@@ -711,7 +711,7 @@ def test_transitions_pair_as_a_line_diff_pairs_lines(tmp_path: Path) -> None:
     assert transition_slots(a, b) == ([0, 1, 2], [0, 2])
     (row,) = shown_changes(plan_changes(a, b))
     assert row[0] == "transitions[logits upcast to fp32]" and row[2] == "–"
-    assert row[1].startswith("tp replicate → replicate")
+    assert row[1].startswith("tp from replicate to replicate")
     assert transition_slots(b, a) == ([0, 2], [0, 1, 2])
 
     def named(*names: str) -> Any:
@@ -1407,3 +1407,32 @@ def test_a_steps_figures_of_two_pacing_stages_carry_no_verdict(tmp_path: Path) -
     assert "each its pacing stage's, so they carry no verdict" in (diff.note or "")
     *_, same = diff_files(GPT3, GPT3)  # one pacing stage: every figure has its verdict
     assert all(d.comparable for d in same.summary)
+
+
+def test_figures_that_round_alike_but_moved_take_the_digits_that_tell_them_apart(
+    tmp_path: Path,
+) -> None:
+    """A step 5.98 ms longer read "+0.5% (1.15 s → 1.15 s)", a worse verdict between two
+    equal figures (an audit, m529): where A and B print alike and differ, both take A's unit
+    with the decimals that part them, in the headline, the table and markdown; a figure
+    "about the same" keeps its rounding beside its change."""
+    from budget.render.diff import _pair
+
+    gathered = ROOT / "plans" / "llama3-8b-tp-loss-gathered.yaml"
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(gathered.read_text(encoding="utf-8").split("\ntransitions:")[0] + "\n")
+    ra, rb, diff = diff_files(bare, gathered)
+    ta, tb = ra.step["time_s"], rb.step["time_s"]
+    assert f"{ta:.2f}" == f"{tb:.2f}" and ta < tb
+    shown = (f"{ta:.3f}\u00a0s", f"{tb:.3f}\u00a0s")
+    assert shown[0] != shown[1]
+    assert f"({shown[0]} → {shown[1]})" in headline(diff)
+    step = next(d for d in diff.summary if d.metric == "time_s")
+    assert _pair(step) == tuple(s.replace("\u00a0", " ") for s in shown)
+    code, out, _ = _diff(bare, gathered, "-f", "markdown")
+    assert code == 0 and f"| {ta:.3f} s | {tb:.3f} s |" in out
+    # alike and equal, or apart already: as `_value` writes them
+    same = replace(step, b=step.a)
+    assert _pair(same) == (f"{ta:.2f} s", f"{ta:.2f} s")
+    apart = replace(step, b=2 * step.a)
+    assert _pair(apart) == (f"{ta:.2f} s", f"{2 * ta:.2f} s")

@@ -18,6 +18,7 @@ from budget.render.markdown import code, plain
 from budget.render.table import printable, titled_table, whole
 from budget.report import phase_scope, run_scope, time_word
 from budget.units import (
+    decimals_apart,
     format_amount,
     format_bytes,
     format_duration,
@@ -114,6 +115,42 @@ def _value(unit: str, value: float | None) -> str:
     if unit == "tokens/s":  # 0.494 a GPU, not "0", as the report writes it (an audit, m425)
         return format_amount(value)
     return f"{value:,.0f}"
+
+
+# the scale of each unit `format_duration` and `format_bytes` write a figure in
+_SCALES = {
+    "s": 1.0,
+    "ms": 1e-3,
+    "µs": 1e-6,
+    "ns": 1e-9,
+    "B": 1.0,
+    "KiB": 2.0**10,
+    "MiB": 2.0**20,
+    "GiB": 2.0**30,
+    "TiB": 2.0**40,
+    "PiB": 2.0**50,
+}
+
+
+def _pair(delta: Delta) -> tuple[str, str]:
+    """A and B as a row shows them: `_value`'s figures, or, where those read alike for a
+    time or a size that moved, in A's unit with as many decimals as tell the two apart (an
+    audit, m529: "1.15 s → 1.15 s" beside a step time "+0.5%" worse)."""
+    a, b = delta.a, delta.b
+    shown = _value(delta.unit, a), _value(delta.unit, b)
+    if a is None or b is None or a == b or shown[0] != shown[1]:
+        return shown
+    number, _, name = shown[0].lstrip("−").partition(" ")
+    scale = _SCALES.get(name) if delta.unit in ("seconds", "bytes") else None
+    if scale is None:
+        return shown
+    start = len(number.partition(".")[2]) + 1
+    digits = decimals_apart((a / scale, b / scale), start=start)
+
+    def finer(value: float) -> str:
+        return ("−" if value < 0 else "") + f"{abs(value) / scale:,.{digits}f} {name}"
+
+    return finer(a), finer(b)
 
 
 def _change(delta: Delta) -> tuple[str, str]:
@@ -325,11 +362,14 @@ def headline(diff: PlanDiff) -> str:
         if delta.metric not in headline_metrics or delta.verdict == "n/a":
             continue
         label, (_, relative) = _summary_label(diff, delta.metric), _change(delta)
-        # a figure and its unit stay on one line where the sentence wraps
-        a, b = (_value(delta.unit, v).replace(" ", NBSP) for v in (delta.a, delta.b))
+        # a figure and its unit stay on one line where the sentence wraps; a move is
+        # shown with the digits that tell A from B, a figure about the same by its change
         if delta.verdict != "same":
+            a, b = (v.replace(" ", NBSP) for v in _pair(delta))
             said.append(f"{label} {relative} ({a} → {b})")
-        elif delta.a == delta.b:
+            continue
+        b = _value(delta.unit, delta.b).replace(" ", NBSP)
+        if delta.a == delta.b:
             said.append(f"{label} unchanged at {b}")
         else:  # under `NEGLIGIBLE`, yet moved: said, not called unchanged (an audit: +1 MiB)
             moved = _change(delta)[0].replace(" ", NBSP)
@@ -364,9 +404,10 @@ def _cells(delta: Delta, marks: dict[str, str]) -> list[Text]:
     absolute, relative = _change(delta)
     style = _STYLE[delta.verdict]
     mark = marks[delta.verdict]
+    a, b = _pair(delta)
     return [
-        Text(_value(delta.unit, delta.a)),
-        Text(_value(delta.unit, delta.b)),
+        Text(a),
+        Text(b),
         Text(absolute, style=style),
         Text(relative + mark, style=style),
     ]
@@ -553,8 +594,10 @@ def _transition_line(prefix: str, keys: dict[str, Change], added: bool) -> str:
 
     said = ("name", "group", "from", "to", "tensor.shape", "tensor.dtype", "phase")
     rest = "".join(f", {key} {value(key)}" for key in keys if key not in said)
+    # in words, not an arrow, which read as the table's own A → B (an audit, m529:
+    # "tp shard(1) →  →  –" where the line wrapped)
     return (
-        f"{value('group')} {value('from')} → {value('to')}, "
+        f"{value('group')} from {value('from')} to {value('to')}, "
         f"{value('tensor.shape')} {value('tensor.dtype')}, in {value('phase')}{rest}"
     )
 
@@ -569,7 +612,7 @@ def _md(cells: list[str]) -> str:
 def _md_cells(delta: Delta) -> list[str]:
     absolute, relative = _change(delta)
     mark = _MARK[delta.verdict]
-    return [_value(delta.unit, delta.a), _value(delta.unit, delta.b), mark + absolute, relative]
+    return [*_pair(delta), mark + absolute, relative]
 
 
 def _file_names(a: str, b: str) -> tuple[str, str]:
