@@ -2,9 +2,15 @@
 
 A serving rank keeps its weights, its share of the KV cache and nothing for backward: no
 gradients, no optimizer state, no saved activations, only the working set of the block it
-is computing. The KV cache is allocated for the whole context (prompt + generated tokens)
-up front, as serving engines do (vLLM, TensorRT-LLM), and per rank holds (a layer whose
-attention slides keeps only its window's tokens, `kv_cache_bytes`)
+is computing. The KV cache is held for the whole context (prompt + generated tokens) from
+the prefill on: the engines reserve it before the first token, FasterTransformer and
+TensorRT-LLM's static batches a cache of the longest sequence, vLLM a block pool sized
+before serving (``gpu_memory_utilization``, what a profiling pass leaves), which runs the
+batch without preempting a sequence only where it holds every sequence's whole context
+(vLLM hands a request its blocks as it grows, so a pool holding only the prompts beside
+the prefill runs out at the end; an audit, m525, read the prefill's cache as the prompts'
+alone). Per rank it holds (a layer whose attention slides keeps only its window's tokens,
+`kv_cache_bytes`)
 
     layers on the stage x kv_heads / tp x head_dim x 2 (K and V) x context / cp
     x sequences per data-parallel replica x bytes per element,
