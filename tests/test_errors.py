@@ -360,6 +360,34 @@ def test_a_cap_before_the_mode_is_read_holds_back_every_rule(tmp_path: Path) -> 
     assert load_plan(plan).mode == "decode"
 
 
+@pytest.mark.parametrize(
+    ("lines", "where", "path"),
+    [
+        (("model:", "  {key}: 24"), (2, 3), "$.model"),
+        (("topology:", "  levels:", "    - {{name: a}}", "    - {key}: 3"), (4, 7), ""),
+        (("{key}: 1",), (1, 1), "$"),
+    ],
+)
+@pytest.mark.parametrize("size", [500, 2_000])
+def test_a_key_past_the_yaml_scanner_s_limit_is_said_as_a_long_key(
+    tmp_path: Path, lines: tuple[str, ...], where: tuple[int, int], path: str, size: int
+) -> None:
+    """A key of over 1,024 characters, PyYAML's limit on a simple key, failed its scanner
+    ("invalid YAML: mapping values are not allowed in this context" at "$", an audit,
+    m526), where one of 129 to 1,024 characters is said as a long key: now both are, at the
+    key's start and under its parent's path."""
+    key = "k" * size
+    plan = tmp_path / "long.yaml"
+    plan.write_text("name: x\n" + "\n".join(lines).format(key=key) + "\n", encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    (only,) = raised.value.problems
+    assert (only.line, only.col) == (where[0] + 1, where[1])
+    parent = path or "$.topology.levels[1]"
+    assert only.path == f"{parent}['{'k' * 27}...']"
+    assert only.message == f"a key of {size:,} characters; a plan's keys are names"
+
+
 @pytest.mark.parametrize("cap", ["{" + "k" * 129 + ": 1}", "[" * 70, "[" * 1_100])
 def test_a_cap_inside_a_batch_key_of_the_other_mode_is_said(tmp_path: Path, cap: str) -> None:
     """A review: a cap that stopped the reading inside a decode plan's `micro`, a key said

@@ -714,6 +714,27 @@ def load_yaml(text: str, file: str) -> Loaded:
         elif glued := _glued_keys(text, where[0]):
             for i, (where, path, message) in enumerate(glued, 1):
                 builder.problem(where, path, message, ends=i == len(glued))
+        elif (long := _long_key(text, *where)) is not None:
+            # a block key past PyYAML's 1,024 characters of a simple key fails its scanner
+            # ("mapping values are not allowed"): said as the builder says a long key (an
+            # audit, m526: at "$" with the scanner's words, where 129 to 1,024 read so)
+            start, key = long
+            lines = text.splitlines()
+            parent = _path_to(lines, start[0], "key").rsplit(".", 1)[0]
+            row = lines[start[0] - 1]
+            if row.lstrip(" ").startswith("- "):  # a list item's first key: its index
+                indent = len(row) - len(row.lstrip(" "))
+                index = 0
+                for above in reversed(lines[: start[0] - 1]):
+                    lead = len(above) - len(above.lstrip(" "))
+                    if above.strip() and lead < indent:
+                        break
+                    index += lead == indent and above.lstrip(" ").startswith("- ")
+                parent = child_path(parent, index)
+            shown = child_path(parent, _shown(key))
+            size = f"{len(key):,}"
+            message = f"a key of {size} characters; a plan's keys are names"
+            builder.problem(start, shown, message, ends=True)
         elif _tab_indented(text, *where):  # PyYAML's words never say "tab" (an audit)
             message = "invalid YAML: a tab indents this line; YAML indents with spaces only"
             builder.problem((where[0], 1), builder.path, message, ends=True)
@@ -794,6 +815,21 @@ def _tab_indented(text: str, line: int, column: int) -> bool:
     content = lines[line - 1]
     indent = content[: len(content) - len(content.lstrip(" \t"))]
     return "\t" in indent and column <= len(indent)
+
+
+def _long_key(text: str, line: int, column: int) -> tuple[Position, str] | None:
+    """Where a block mapping's key longer than MAX_KEY starts on `line` (1-based), and the
+    key, where PyYAML's scanner stopped at its colon (`column`): None for any other
+    error."""
+    lines = text.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    head = lines[line - 1][: column - 1]
+    body = head.lstrip(" ")
+    if len(body) <= MAX_KEY or ":" in body:
+        return None
+    body = body.removeprefix("- ")
+    return (line, len(head) - len(body) + 1), body
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:
