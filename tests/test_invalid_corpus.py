@@ -148,7 +148,7 @@ def test_a_100_mb_file_is_refused_without_reading_it(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr == (
         f"{path}:1:1: error: $: the file is 100,000,000 bytes; a plan is at most "
-        f"{MAX_BYTES:,} bytes (8 MiB), so it was not read\n"
+        f"{MAX_BYTES:,} bytes (1 MiB), so it was not read\n"
     )
 
 
@@ -160,7 +160,7 @@ def test_an_endless_device_is_refused() -> None:
     # its size is not known, only that it holds more (it read "the file is 8,388,609
     # bytes", the cap and one: an audit)
     assert result.stderr == (
-        f"/dev/zero:1:1: error: $: the file holds more than {MAX_BYTES:,} bytes (8 MiB), the "
+        f"/dev/zero:1:1: error: $: the file holds more than {MAX_BYTES:,} bytes (1 MiB), the "
         "most a plan may be, so it was not read\n"
     )
 

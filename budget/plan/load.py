@@ -21,7 +21,7 @@ from budget.plan.yaml_load import SECOND_DOCUMENT, Loaded, Marks, decode, load_y
 
 __all__ = ["MAX_BYTES", "STDIN_NAME", "load_plan", "load_plan_data", "plan_name", "read_plan_bytes"]
 
-MAX_BYTES = 8 * 2**20  # plans are a few kilobytes; 8 MiB is generous and bounds the work
+MAX_BYTES = 2**20  # plans are a few kilobytes; 1 MiB is generous and bounds the work (m526)
 
 
 def plan_name(path: Path) -> str:
@@ -78,14 +78,14 @@ def _read_stdin() -> bytes:
     _stdin_taken = stdin
     data = stdin.buffer.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise problem(f"a plan is at most {MAX_BYTES:,} bytes (8 MiB), and more came; not read")
+        raise problem(f"a plan is at most {MAX_BYTES:,} bytes (1 MiB), and more came; not read")
     return data
 
 
 def _too_large(file: str, size: int | None) -> BudgetError:
     """A file over `MAX_BYTES`; `size` None where reading found more than that (a device,
     a pipe), whose size is not known."""
-    most = f"{MAX_BYTES:,} bytes (8 MiB)"
+    most = f"{MAX_BYTES:,} bytes (1 MiB)"
     message = (
         f"the file holds more than {most}, the most a plan may be, so it was not read"
         if size is None
