@@ -569,7 +569,11 @@ def collective_cost(
         tree = _tree_across(tuple(tiers), size_bytes, element_bytes)
         return CollectiveCost(op, algo, ranks, size_bytes, tree, pipelined=True)
     if algo == "hierarchical":
-        if len(tiers) == 1:
+        # on one level (others it passes through hold one rank of it) it is that level's
+        # ring, and says so (an audit, m535: tp over 4 nodes, one rank each, read
+        # "hierarchical" in the JSON where the table and `budget collective` said ring)
+        # (a sweep's tiers hold arrays: the label is one, so every layout must agree)
+        if np.all(sum(np.asarray(t.ranks) > 1 for t in tiers) <= 1):
             algo = default_algorithm(op)
         else:
             pieces = _hierarchical(op, tuple(tiers), size_bytes, element_bytes, 1)

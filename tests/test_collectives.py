@@ -826,3 +826,23 @@ def test_a_ring_across_levels_of_different_rates_runs_at_its_slowest_hop() -> No
     assert collective_cost("reduce-scatter", even, GIB).bandwidth_s == pytest.approx(
         939_524_096 / 50e9
     )
+
+
+def test_hierarchical_over_one_level_and_one_it_passes_through_is_a_ring() -> None:
+    """Four ranks, one in each of four nodes, span NVLink only to leave through it: the
+    two-level decomposition is the InfiniBand ring, priced so, and now said so (an audit,
+    m535: "hierarchical" in the JSON where the table and `budget collective` said ring).
+    Two ranks a node keep the name, in a sweep too where every layout has two levels."""
+    nvlink, ib = Link("nvlink", 450e9, 3e-6), Link("infiniband", 47e9, 14e-6)
+    size = 96 * 2**20
+    passed = collective_cost("reduce-scatter", [Tier(1, nvlink), Tier(4, ib)], size, "hierarchical")
+    ring = collective_cost("reduce-scatter", [Tier(1, nvlink), Tier(4, ib)], size, "ring")
+    assert passed.algorithm == "ring" and passed.steps == 3
+    assert float(passed.time_s) == pytest.approx(float(ring.time_s))
+    assert float(passed.time_s) == pytest.approx(3 * 14e-6 + 3 / 4 * size / 47e9, rel=1e-3)
+    two = collective_cost("reduce-scatter", [Tier(2, nvlink), Tier(4, ib)], size, "hierarchical")
+    assert two.algorithm == "hierarchical"
+    swept = [Tier(np.array([2, 4]), nvlink), Tier(np.array([4, 2]), ib)]
+    assert collective_cost("reduce-scatter", swept, size, "hierarchical").algorithm == (
+        "hierarchical"
+    )
