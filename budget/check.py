@@ -96,8 +96,11 @@ class Limits:
         shown = format_bytes(abs(free_bytes))
         if required is None or free_bytes < 0 or shown != format_bytes(required):
             return shown
-        digits = decimals_apart((free_bytes / GIB, required / GIB))
-        return f"{free_bytes / GIB:,.{digits}f} GiB"
+        # in the unit the two print in (a review, m533: 514 MiB read "0.5022 GiB")
+        unit = shown.partition(" ")[2]
+        scale = float(2 ** (10 * ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)))
+        digits = decimals_apart((free_bytes / scale, required / scale))
+        return f"{free_bytes / scale:,.{digits}f} {unit}"
 
     def shown_step(self, time_s: float) -> str:
         """A step time as the check shows it: as many digits as tell it from the limit."""
@@ -372,8 +375,12 @@ def _headroom(text: str) -> tuple[float | None, int | None]:
         # "0.05%" keeps 41 MiB of an H100 (an audit, m532), as --max-exposed offers both
         body = text.strip()
         value = float(body) if _DECIMAL.fullmatch(body) else None
-        shares = [f"{body}%"] if value is None or 0 <= value <= 100 else []
-        if value is not None and 0 < value <= 1:
+        # each reading as a plain percentage ("1e-2" as 0.01 % or 1 %), the share's below
+        # all of it (a review, m533: "1" was offered 100 %, which nothing passes)
+        shares = [f"{body}%"] if value is None else []
+        if value is not None and 0 <= value <= 100:
+            shares.append(f"{value:g}%")
+        if value is not None and 0 < value < 1:
             shares.append(f"{value * 100:g}%")
         share = f"a percentage, {' or '.join(shares)}, or " if shares else ""
         raise ValueError(

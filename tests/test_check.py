@@ -249,7 +249,7 @@ def test_exposed_and_step_reasons_name_the_largest_phases() -> None:
     assert exposed.stage == report.step["pacing_stage"] == 7 and step.stage is None
 
 
-def test_free_memory_just_short_of_the_headroom_reads_short_of_it() -> None:
+def test_free_memory_just_short_of_the_headroom_reads_short_of_it(tmp_path: Path) -> None:
     """A stage that keeps 31 MiB less than the headroom asked printed its free memory as
     the limit itself, "29.3 GiB" beside "headroom ≥ 29.3 GiB", in the summary line and the
     markdown table (an audit, m532): where three figures print the two alike, the free
@@ -265,6 +265,22 @@ def test_free_memory_just_short_of_the_headroom_reads_short_of_it() -> None:
         result = runner.invoke(app, route(args), terminal_width=200)
         assert result.exit_code == 1 and said in result.stdout, result.stdout
         assert f"{format_bytes(free)} free" not in result.stdout
+    # under 1 GiB, in the unit both print in (a review, m533: "0.5022 GiB free" beside a
+    # limit of "514 MiB")
+    small = variant(
+        tmp_path,
+        "small.yaml",
+        ("reserved: 3 GiB", "reserved: 42.3 GiB"),
+        base=ROOT / "plans" / "llama3-70b.yaml",
+    )
+    little = budget_plan(small).worst.headroom_bytes
+    assert little < 2**30
+    limit = little + 154_011
+    result = runner.invoke(
+        app, route(["check", str(small), "--headroom", f"{limit}B"]), terminal_width=200
+    )
+    assert result.exit_code == 1
+    assert f"{little / 2**20:.2f} MiB free" in result.stdout, result.stdout
     # far from the limit, or with none, the usual three figures
     for limit in ([], ["--headroom", "1GiB"]):
         result = runner.invoke(app, route(["check", str(plan), *limit]), terminal_width=200)
@@ -282,6 +298,9 @@ def test_free_memory_just_short_of_the_headroom_reads_short_of_it() -> None:
         # a bare 0.05 is likely 5 %: the hint offered 0.05 % alone, 41 MiB of an H100 (m532)
         (["--headroom", "0.05"], "--headroom '0.05': write a percentage, 0.05% or 5%, or a"),
         (["--headroom", "1e3"], "--headroom '1e3': write a size with its unit, such as 1e3GiB"),
+        # each reading a plain percentage, and no share of all of it (a review, m533)
+        (["--headroom", "1"], "--headroom '1': write a percentage, 1%, or a size"),
+        (["--headroom", "1e-2"], "--headroom '1e-2': write a percentage, 0.01% or 1%, or a"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
         (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),
         # 0.2 was taken as 20 %, silently, where a user may have meant 0.2 %

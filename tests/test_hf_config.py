@@ -2363,16 +2363,16 @@ def test_a_file_with_every_pretrained_config_attribute_reads_as_the_model(tmp_pa
     qwen = _raw("qwen2.5-0.5b")
     assert params_total(_plan("qwen2.5-0.5b")) == _total(tmp_path, {**qwen, **_FULL_DUMP})
     for key, value, built in (
-        ("is_encoder_decoder", True, "an encoder-decoder"),
-        ("add_cross_attention", True, "cross-attention layers"),
-        ("pruned_heads", {"0": [1, 2]}, "layers with heads pruned away"),
+        ("is_encoder_decoder", True, "builds an encoder-decoder"),
+        ("add_cross_attention", True, "builds cross-attention layers"),
+        ("pruned_heads", {"0": [1, 2]}, "builds layers with heads pruned away"),
     ):
         path = tmp_path / "config.json"
         path.write_text(json.dumps({**qwen, **_FULL_DUMP, key: value}), encoding="utf-8")
         with pytest.raises(HfConfigError) as caught:
             read_hf_config(path)
         (said,) = caught.value.messages
-        assert f"sets {key} = {json.dumps(value)}, which builds {built}" in said
+        assert f"sets {key} = {json.dumps(value)}, which {built}" in said
 
 
 def test_many_unknown_keys_say_their_count_and_what_to_do_before_the_list(tmp_path: Path) -> None:

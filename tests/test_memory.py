@@ -2070,6 +2070,22 @@ def test_megatron_zero_0_reduces_its_gradients_in_the_format_it_keeps_them(tmp_p
         "grad_reduce: bf16 beside grads: fp32 at ZeRO 0: Megatron-LM's data-parallel wrapper "
         "all-reduces its gradient buffer in place"
     )
+    # fp32 parameters keep an fp32 buffer alone: told to reduce in fp32 (a review, m533:
+    # "write grads: fp32 or fp32" beside grads: fp32)
+    amp = variant(
+        tmp_path,
+        "amp.yaml",
+        ("  params: bf16\n", "  params: fp32\n"),
+        ("  master: fp32\n", "  master: none\n"),
+        base=path,
+    )
+    with pytest.raises(BudgetError) as raised:
+        load_plan(amp)
+    (problem,) = raised.value.problems
+    assert problem.message.endswith(
+        "its buffer is fp32 beside fp32 parameters, never bf16: write grad_reduce: fp32, or "
+        "remove grad_reduce"
+    )
     three = load_plan(variant(tmp_path, "z3.yaml", ("zero: 0", "zero: 3"), base=path))
     outcome = search(three, 8, Space(zero=(0, 1, 3), tp=(1,), pp=(1,)))
     assert "ZeRO 0 or 1 reducing its gradients in another format than it keeps them" in (

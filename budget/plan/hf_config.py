@@ -238,11 +238,11 @@ READ = frozenset(
 # false, null or empty): transformers' PretrainedConfig attributes an encoder-decoder, a
 # decoder with cross-attention, or a model with heads pruned away.
 _STRUCTURAL = {
-    "is_encoder_decoder": "an encoder-decoder",
-    "add_cross_attention": "cross-attention layers",
-    "tie_encoder_decoder": "an encoder-decoder",
-    "cross_attention_hidden_size": "cross-attention layers",
-    "pruned_heads": "layers with heads pruned away",
+    "is_encoder_decoder": "builds an encoder-decoder",
+    "add_cross_attention": "builds cross-attention layers",
+    "tie_encoder_decoder": "ties an encoder-decoder's encoder to its decoder",
+    "cross_attention_hidden_size": "builds cross-attention layers",
+    "pruned_heads": "builds layers with heads pruned away",
 }
 
 # transformers' PretrainedConfig attributes every config has (configuration_utils.py,
@@ -780,7 +780,7 @@ def _check(
             f"dimensions out: {names}"
         )
     problems += [
-        f"{where} sets {key} = {_dumps(config[key])}, which builds {built}; budget prices a "
+        f"{where} sets {key} = {_dumps(config[key])}, which {built}; budget prices a "
         "decoder-only model: write the model's dimensions out if its decoder is what to price"
         for key, built in _STRUCTURAL.items()
         if config.get(key) not in (None, False, 0, {}, [])

@@ -2771,6 +2771,11 @@ def resolve(
                 if flag
                 else f"write grads: {reducing}"
                 if reducing in ("fp32", weights)
+                # fp32 parameters keep an fp32 buffer alone (a review, m533: "write grads:
+                # fp32 or fp32" where the plan's gradients were fp32 already)
+                else f"its buffer is fp32 beside fp32 parameters, never {reducing}: write "
+                "grad_reduce: fp32"
+                if weights == "fp32"
                 else f"its buffer is fp32 or the parameters' {weights}, never {reducing}: "
                 f"write grads: fp32 or {weights}"
             )
