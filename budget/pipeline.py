@@ -487,6 +487,9 @@ def build_report(plan: Plan) -> Report:
         # the measured length the rate is held at when the calls' keys fall outside the
         # lengths measured (the A100's one length, 8,192, stands for every length), or None
         "attention_held_at": _held_at(rate, keys, unmasked if causal < 1 else None, backward),
+        # the head dimension the rate was measured at (None: not stated, or no measurement
+        # read), which the model's own may differ from (an audit, m536)
+        "attention_head_dim": rate.head_dim if rate is not None else None,
         # the sliding layers' keys per call and fraction of peak, and the measured length
         # that rate is held at when the window is shorter than any measured (gpt-oss's 128
         # keys against the H100's shortest, 512); None without such layers

@@ -26,7 +26,8 @@ ATTENTION_KEYS = 8192
 def device_dict(d: DevicePreset) -> dict[str, Any]:
     """``{name, memory_bytes, flops{dtype: FLOP/s}, memory_bandwidth_Bps, gemm{ceiling,
     ceiling_flops, half_flops, inner_half, by_dtype, source}, memory_efficiency,
-    kernel_startup_s, sms, fp8_transpose, attention[{kernel, keys, fraction, derived, source}],
+    kernel_startup_s, sms, fp8_transpose, attention[{kernel, keys, fraction, derived, head_dim,
+    source}],
     assumed,
     source}``; ``inner_half`` is K₀ of a GEMM's inner-dimension factor
     (`budget.efficiency`); the first attention kernel is what ``model.attention: flash``
@@ -61,6 +62,7 @@ def device_dict(d: DevicePreset) -> dict[str, Any]:
                 "forward": float(rate.at(ATTENTION_KEYS, part="forward")),
                 "backward": float(rate.at(ATTENTION_KEYS, part="backward")),
                 "derived": rate.derived,
+                "head_dim": rate.head_dim,
                 "source": rate.source,
             }
             for rate in d.attention

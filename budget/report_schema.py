@@ -109,7 +109,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.33: the report's layout gives ``tp_style``; a stage ``mtp_layers``; check's reasons and
 # validate-model's rows ``unit``
 # 1.34: the report's device gives ``fp8_transpose``; a level's ramp ``borrowed``
-SCHEMA_VERSION = "1.34"
+# 1.35: the report's device gives ``attention_head_dim``, presets' attention rates ``head_dim``
+SCHEMA_VERSION = "1.35"
 
 Kind = Literal[
     "report",

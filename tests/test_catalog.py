@@ -1213,3 +1213,39 @@ def test_a_pattern_keeps_the_first_dense_layers_dense() -> None:
     (problem,) = refused.value.problems
     assert problem.path == "$.model.experts.pattern"
     assert "no layer an MoE layer past the first_dense_layers = 3" in problem.message
+
+
+def test_the_header_says_where_the_attention_rate_was_measured_at_another_head_dim() -> None:
+    """Every fused-attention rate was measured at one head dimension: 128 in the
+    FlashAttention-3 paper's figures and cudnn-frontend's sweeps, 64 in Azure's A100 run, not
+    said in its MI300X one. A model of another runs at a rate not measured (the paper's
+    cuDNN forward bars at 8K: 412 TFLOP/s at head dim 64 against 600 at 128), and the header
+    said "(measured)" of it (an audit, m536): it now names both where they differ, and the
+    report and `budget presets` give the measured one."""
+    from budget.pipeline import budget_plan
+    from budget.presets import device_dict
+    from budget.render.table import header
+
+    plans = Path(__file__).parent.parent / "plans"
+    said = {}
+    for name in ("llama3-70b", "gemma2-9b", "gpt3-175b"):
+        report = budget_plan(plans / f"{name}.yaml")
+        said[name] = (
+            report.device["attention_head_dim"],
+            " ".join(" ".join(header(report)).split()),
+        )
+    assert said["llama3-70b"][0] == 128 and "head dim" not in said["llama3-70b"][1]
+    assert said["gemma2-9b"][0] == 128
+    assert "measured at head dim 128, where this model's is 256" in said["gemma2-9b"][1]
+    assert said["gpt3-175b"][0] == 64
+    assert "measured at head dim 64, where this model's is 128" in said["gpt3-175b"][1]
+    dims = {
+        name: {rate["kernel"]: rate["head_dim"] for rate in device_dict(DEVICES[name])["attention"]}
+        for name in ("a100-80gb", "h100-sxm", "b200", "mi300x")
+    }
+    assert dims == {
+        "a100-80gb": {"flash2": 64, "triton": 64},
+        "h100-sxm": {"cudnn": 128, "flash3": 128, "flash2": 128, "triton": 128},
+        "b200": {"cudnn": 128, "flash2": 128},
+        "mi300x": {"flash2": None},
+    }

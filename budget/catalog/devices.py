@@ -321,16 +321,27 @@ def _rate(
     peak: float,
     source: str,
     derived: bool = False,
+    head_dim: int | None = 128,
 ) -> AttentionRate:
     """An `AttentionRate` of `kernel` from its (forward, backward) TFLOP/s at each of `keys`,
-    of a causal call and of an unmasked one, as fractions of `peak`."""
+    of a causal call and of an unmasked one, as fractions of `peak`, measured at `head_dim`
+    (128 in every source but Azure's A100 run, 64, and its MI300X one, which does not say:
+    module docstring)."""
     forward, backward, unmasked_forward, unmasked_backward = (
         tuple(pair[part] / peak for pair in pairs)
         for pairs in (causal, unmasked)
         for part in (0, 1)
     )
     return AttentionRate(
-        kernel, keys, forward, backward, derived, source, unmasked_forward, unmasked_backward
+        kernel,
+        keys,
+        forward,
+        backward,
+        derived,
+        source,
+        unmasked_forward,
+        unmasked_backward,
+        head_dim,
     )
 
 
@@ -450,6 +461,7 @@ _A100_ATTENTION = (  # one length measured
         [(179.5, 179.5)],
         312,
         f"{_azure_fa2('A100', '3bb66ca')}; {_CAUSAL}, at 8K",
+        head_dim=64,
     ),
     _rate(
         "triton",
@@ -459,6 +471,7 @@ _A100_ATTENTION = (  # one length measured
         312,
         _TRITON_SOURCE,
         derived=True,
+        head_dim=64,
     ),
 )
 # MI300X: one unmasked FA2 figure (Azure, 3de0c29), made causal as the A100's is.
@@ -471,6 +484,7 @@ _MI300X_ATTENTION = (
         [(328.6, 328.6)],
         1307.4,
         f"{_azure_fa2('MI300X', '3de0c29')}; {_CAUSAL}, at 8K",
+        head_dim=None,
     ),
 )
 _H100_ATTENTION = (

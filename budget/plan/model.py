@@ -588,7 +588,10 @@ class AttentionRate:
     ``backward`` are a causal call's; ``unmasked_forward`` and ``unmasked_backward``, at the
     same lengths, a call without a mask (empty: the causal ones). ``derived``: computed from
     another kernel's measurement by published ratios, not measured itself; ``source``: where
-    the rate is from."""
+    the rate is from; ``head_dim``: the head dimension its measurements ran at (None: not
+    stated), which a model of another runs at an unmeasured rate (an audit, m536: the
+    FlashAttention-3 paper's bars at head dim 64 are 0.69 of those at 128 for cuDNN's
+    forward, and the report said "measured" of both)."""
 
     kernel: str
     keys: tuple[float, ...]
@@ -598,6 +601,7 @@ class AttentionRate:
     source: str = ""
     unmasked_forward: tuple[float, ...] = ()
     unmasked_backward: tuple[float, ...] = ()
+    head_dim: int | None = 128
 
     def at(
         self,

@@ -126,7 +126,7 @@ def header(report: Report) -> list[str]:
         f"device: {_device_name(report.device)}{_b(report.capacity_bytes)} per GPU, "
         f"{_b(report.device['reserved_bytes'])} of it reserved (1 GiB = 2^30 B); "
         + (f"{_derates(report)}; " if report.step["time_s"] is not None else "")
-        + _attention_text(report.device, report.mode),
+        + _attention_text(report.device, report.mode, _core_head_dim(report.model)),
     ]
 
 
@@ -221,8 +221,18 @@ def _heads(model: dict[str, Any]) -> str:
     )
 
 
-def _attention_text(device: dict[str, Any], mode: str) -> str:
-    """How the attention core is timed: the kernel and its share of the peak."""
+def _core_head_dim(model: dict[str, Any]) -> int:
+    """The head dimension the attention core's query and key run at: latent attention's
+    nope + rope, else the model's head_dim."""
+    mla = model.get("mla")
+    return int(mla["nope_dim"] + mla["rope_dim"]) if mla else int(model["head_dim"])
+
+
+def _attention_text(device: dict[str, Any], mode: str, head_dim: int) -> str:
+    """How the attention core is timed: the kernel and its share of the peak, and the head
+    dimension it was measured at where the model's differs (an audit, m536: a head dim of 64
+    read "(measured)" at the rate measured at 128, which the FlashAttention-3 paper puts
+    0.69 as fast for cuDNN's forward)."""
     rate = ""
     if device.get("attention_fraction") is not None:
         keys = device.get("attention_keys")
@@ -253,6 +263,9 @@ def _attention_text(device: dict[str, Any], mode: str) -> str:
     backward = device.get("attention_backward_keys")
     if backward:
         text += f"; its backward at {plural(backward, 'key')} a call"
+    measured = device.get("attention_head_dim")
+    if measured and measured != head_dim:
+        text += f"; measured at head dim {measured}, where this model's is {head_dim}"
     if device.get("attention_window_fraction") is None:
         return text
     window = f"; sliding layers at {device['attention_window_fraction']:.1%}"
