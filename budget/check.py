@@ -378,7 +378,7 @@ def _headroom(text: str) -> tuple[float | None, int | None]:
         # each reading as a plain percentage ("1e-2" as 0.01 % or 1 %), the share's below
         # all of it (a review, m533: "1" was offered 100 %, which nothing passes)
         shares = [f"{body}%"] if value is None else []
-        if value is not None and 0 <= value <= 100:
+        if value is not None and 0 <= value < 100:  # all of it is a limit nothing passes
             shares.append(f"{value:g}%")
         if value is not None and 0 < value < 1:
             shares.append(f"{value * 100:g}%")

@@ -2119,6 +2119,12 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "attention_rate": device.attention_source(m.attention),
         # the measured rate depends on the keys per call (more than one length measured)
         "attention_by_keys": measured is not None and len(measured.keys) > 1,
+        # the head dimension that rate was measured at, and the model core's (a review,
+        # m537: the report named them where they differ, the search did not)
+        "attention_head_dim": measured.head_dim
+        if measured is not None and device.attention_source(m.attention) in ("measured", "derived")
+        else None,
+        "head_dim": m.head_dim if m.mla is None else m.mla.nope_dim + m.mla.rope_dim,
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
         # every layout carries them, their shapes evaluated for it (`reshaped`)
         "transitions": len(plan.transitions),

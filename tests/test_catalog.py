@@ -1217,11 +1217,12 @@ def test_a_pattern_keeps_the_first_dense_layers_dense() -> None:
 
 def test_the_header_says_where_the_attention_rate_was_measured_at_another_head_dim() -> None:
     """Every fused-attention rate was measured at one head dimension: 128 in the
-    FlashAttention-3 paper's figures and cudnn-frontend's sweeps, 64 in Azure's A100 run, not
-    said in its MI300X one. A model of another runs at a rate not measured (the paper's
-    cuDNN forward bars at 8K: 412 TFLOP/s at head dim 64 against 600 at 128), and the header
-    said "(measured)" of it (an audit, m536): it now names both where they differ, and the
-    report and `budget presets` give the measured one."""
+    FlashAttention-3 paper's figures and cudnn-frontend's sweeps, 64 in Azure's A100 and
+    MI300X runs (a review, m537: the MI300X's read as not stated). A model of another runs
+    at a rate not measured (the paper's cuDNN forward bars at 8K: 412 TFLOP/s at head dim 64
+    against 600 at 128), and the header said "(measured)" of it (an audit, m536): it now
+    names both where they differ, as `budget search` does, and the report and `budget
+    presets` give the measured one."""
     from budget.pipeline import budget_plan
     from budget.presets import device_dict
     from budget.render.table import header
@@ -1239,6 +1240,14 @@ def test_the_header_says_where_the_attention_rate_was_measured_at_another_head_d
     assert "measured at head dim 128, where this model's is 256" in said["gemma2-9b"][1]
     assert said["gpt3-175b"][0] == 64
     assert "measured at head dim 64, where this model's is 128" in said["gpt3-175b"][1]
+    from budget.plan.load import load_plan
+    from budget.render.search import hardware_text
+    from budget.search import hardware
+
+    searched = hardware(load_plan(plans / "gemma2-9b.yaml"))
+    assert (searched["attention_head_dim"], searched["head_dim"]) == (128, 256)
+    text = " ".join(hardware_text(searched).split())
+    assert "(measured), measured at head dim 128, where this model's is 256" in text
     dims = {
         name: {rate["kernel"]: rate["head_dim"] for rate in device_dict(DEVICES[name])["attention"]}
         for name in ("a100-80gb", "h100-sxm", "b200", "mi300x")
@@ -1247,5 +1256,5 @@ def test_the_header_says_where_the_attention_rate_was_measured_at_another_head_d
         "a100-80gb": {"flash2": 64, "triton": 64},
         "h100-sxm": {"cudnn": 128, "flash3": 128, "flash2": 128, "triton": 128},
         "b200": {"cudnn": 128, "flash2": 128},
-        "mi300x": {"flash2": None},
+        "mi300x": {"flash2": 64},
     }

@@ -300,6 +300,7 @@ def test_free_memory_just_short_of_the_headroom_reads_short_of_it(tmp_path: Path
         (["--headroom", "1e3"], "--headroom '1e3': write a size with its unit, such as 1e3GiB"),
         # each reading a plain percentage, and no share of all of it (a review, m533)
         (["--headroom", "1"], "--headroom '1': write a percentage, 1%, or a size"),
+        (["--headroom", "100"], "--headroom '100': write a size with its unit, such as 100GiB"),
         (["--headroom", "1e-2"], "--headroom '1e-2': write a percentage, 0.01% or 1%, or a"),
         (["--max-exposed", "120%"], "between 0% and 100%"),
         (["--max-exposed", "1"], "--max-exposed '1': write a percentage, 1% or all of it"),

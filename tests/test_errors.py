@@ -366,6 +366,11 @@ def test_a_cap_before_the_mode_is_read_holds_back_every_rule(tmp_path: Path) -> 
         (("model:", "  {key}: 24"), (2, 3), "$.model"),
         (("topology:", "  levels:", "    - {{name: a}}", "    - {key}: 3"), (4, 7), ""),
         (("{key}: 1",), (1, 1), "$"),
+        # quoted, anchored, and a list item's key past spaces (a review, m537: counted with
+        # their quotes, anchor and spaces, and named so)
+        (("model:", '  "{key}": 1'), (2, 3), "$.model"),
+        (("model:", "  &a {key}: 1"), (2, 3), "$.model"),
+        (("topology:", "  levels:", "    - {{name: a}}", "    -   {key}: 3"), (4, 9), ""),
     ],
 )
 @pytest.mark.parametrize("size", [500, 2_000])
@@ -386,6 +391,22 @@ def test_a_key_past_the_yaml_scanner_s_limit_is_said_as_a_long_key(
     parent = path or "$.topology.levels[1]"
     assert only.path == f"{parent}['{'k' * 27}...']"
     assert only.message == f"a key of {size:,} characters; a plan's keys are names"
+
+
+def test_a_scanner_error_on_a_line_under_the_key_limit_is_not_called_a_long_key(
+    tmp_path: Path,
+) -> None:
+    """PyYAML scans a block key of up to 1,024 characters: where its scanner fails on a
+    shorter line, the line is no long key (a review, m537: a plain scalar's continuation
+    line of 199 characters, holding ": ", was said to be "a key of 199 characters")."""
+    words = " ".join(["word"] * 40)
+    plan = tmp_path / "wrapped.yaml"
+    plan.write_text(f"name: t\ndescription: hello\n  {words}: 1\n", encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    (only,) = raised.value.problems
+    assert "characters; a plan's keys are names" not in only.message
+    assert only.message.startswith("invalid YAML: mapping values are not allowed")
 
 
 @pytest.mark.parametrize("cap", ["{" + "k" * 129 + ": 1}", "[" * 70, "[" * 1_100])

@@ -325,8 +325,7 @@ def _rate(
 ) -> AttentionRate:
     """An `AttentionRate` of `kernel` from its (forward, backward) TFLOP/s at each of `keys`,
     of a causal call and of an unmasked one, as fractions of `peak`, measured at `head_dim`
-    (128 in every source but Azure's A100 run, 64, and its MI300X one, which does not say:
-    module docstring)."""
+    (128 in every source but Azure's A100 and MI300X runs, 64: module docstring)."""
     forward, backward, unmasked_forward, unmasked_backward = (
         tuple(pair[part] / peak for pair in pairs)
         for pairs in (causal, unmasked)
@@ -484,7 +483,7 @@ _MI300X_ATTENTION = (
         [(328.6, 328.6)],
         1307.4,
         f"{_azure_fa2('MI300X', '3de0c29')}; {_CAUSAL}, at 8K",
-        head_dim=None,
+        head_dim=64,
     ),
 )
 _H100_ATTENTION = (

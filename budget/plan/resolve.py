@@ -812,7 +812,9 @@ class _Resolver:
                 f"grads: {grads} beside params: {params} and no master copy: a gradient is "
                 f"kept in its parameter's format ({params}) where no master copy is stepped "
                 "(autograd accumulates into it, FSDP casts the reduced shard back to it); "
-                f"write grads: {params}, and grad_reduce: {grads} to reduce them in {grads}",
+                # (ZeRO 0 and 1 refuse a reduction unlike the gradients: a review, m537)
+                f"write grads: {params} (and at ZeRO 2 or 3, grad_reduce: {grads} to reduce "
+                f"them in {grads}; ZeRO 0 and 1 reduce in place, in the gradients' format)",
             )
         elif tree.get("optimizer_kernel") in ("foreach", "for-loop") and not same:
             self.error(

@@ -817,19 +817,34 @@ def _tab_indented(text: str, line: int, column: int) -> bool:
     return "\t" in indent and column <= len(indent)
 
 
+# a block mapping's key as a line starts it: its indent, one list item's dash, an anchor,
+# then the key, plain or quoted
+_KEY_START = re.compile(r"(?P<lead> *(?:-[ ]+)?)(?:&\S+[ ]+)?(?P<key>.*?)[ ]*")
+# PyYAML's scanner gives up on a simple key past this many characters (``scan_plain`` and
+# its ``possible_simple_key``: "could not find expected ':'", or the next colon refused)
+_SIMPLE_KEY = 1024
+
+
 def _long_key(text: str, line: int, column: int) -> tuple[Position, str] | None:
-    """Where a block mapping's key longer than MAX_KEY starts on `line` (1-based), and the
-    key, where PyYAML's scanner stopped at its colon (`column`): None for any other
-    error."""
+    """Where a block mapping's key past PyYAML's simple-key limit starts on `line`
+    (1-based; an anchor's, as the builder places a node), and the key (its quotes taken
+    off), where the scanner stopped at its colon
+    (`column`): None for any other error, a key under the limit, whose scan cannot fail so
+    (a review, m537: a wrapped scalar's line of 199 characters was called a key), or a
+    nested list's item."""
     lines = text.splitlines()
     if not 0 < line <= len(lines):
         return None
     head = lines[line - 1][: column - 1]
-    body = head.lstrip(" ")
-    if len(body) <= MAX_KEY or ":" in body:
+    found = _KEY_START.fullmatch(head)
+    if found is None:
         return None
-    body = body.removeprefix("- ")
-    return (line, len(head) - len(body) + 1), body
+    key = found["key"]
+    if len(key) >= 2 and key[0] == key[-1] and key[0] in "'\"":
+        key = key[1:-1]
+    if len(key) <= _SIMPLE_KEY or ":" in key or key.startswith(("- ", "-\t")):
+        return None
+    return (line, len(found["lead"]) + 1), key
 
 
 def _context(error: yaml.MarkedYAMLError) -> str:

@@ -531,6 +531,11 @@ def hardware_text(hardware: dict[str, Any]) -> str:
     attention = attention_text(
         hardware["attention"], hardware["attention_kernel"], source, rate, written=device is None
     )
+    measured = hardware.get("attention_head_dim")
+    if measured and measured != hardware.get("head_dim"):
+        attention += (
+            f", measured at head dim {measured}, where this model's is {hardware['head_dim']}"
+        )
     levels = hardware["ramped_levels"]
     bandwidth = (
         f"collectives on {', '.join(levels)} at the share of B_eff their size reaches (nccl-tests)"
