@@ -52,6 +52,9 @@ def _tree(parallel: dict[str, Any] | None = None, **precision: str) -> dict[str,
     assert tree["parallel"]["fsdp_unit"] == "layer"
     tree["precision"].update(precision)
     tree["parallel"].update({"fsdp_unit": "block", **(parallel or {})})
+    if tree["parallel"].get("zero", 0) != 3:  # FSDP's keys are ZeRO 3's (an audit, m541)
+        for key in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root"):
+            tree["parallel"].pop(key, None)
     return tree
 
 
@@ -865,9 +868,9 @@ def test_the_report_names_whole_layer_units(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("plan_file", "edit", "message"),
     [
-        (
+        (  # at ZeRO 3, below which FSDP's keys are refused (an audit, m541)
             "deepseek-moe-16b.yaml",
-            ("parallel:\n", "parallel:\n  fsdp_unit: layer\n"),
+            ("parallel:\n", "parallel:\n  fsdp_unit: layer\n", "zero: 1", "zero: 3"),
             "mixes dense and MoE layers, whose units differ in size",
         ),
         (
@@ -882,7 +885,8 @@ def test_whole_layer_units_are_refused_where_they_price_no_run(
 ) -> None:
     from tests.plan_files import variant
 
-    path = variant(tmp_path, "unit.yaml", edit, base=ROOT / "plans" / plan_file)
+    edits = [edit[i : i + 2] for i in range(0, len(edit), 2)]
+    path = variant(tmp_path, "unit.yaml", *edits, base=ROOT / "plans" / plan_file)
     with pytest.raises(BudgetError) as caught:
         load_plan(path)
     (problem,) = caught.value.problems
@@ -1441,3 +1445,35 @@ def test_fp8_gemms_under_fsdp_cast_each_gathered_block_in_its_forward(tmp_path) 
     assert again["FP8 casts of the gathered mlp weights (recomputed)"] == mlp
     optimizer = [w.name for p in derive(plan).stages[0].phases for w in p.works]
     assert "FP8 casts of the GEMM weights" not in optimizer
+
+
+def test_fsdp_keys_below_zero_3_are_refused_at_each_key(tmp_path: Path) -> None:
+    """FSDP's keys say how ZeRO 3 wraps and keeps its units; below ZeRO 3 they were dropped
+    without a word (an audit, m541: zero: 2 with reshard_after_forward: false, which a user
+    reads as PyTorch's SHARD_GRAD_OP, was priced with replicated parameters and passed
+    `budget check`). Each written key is refused where it stands, all at once; a search's
+    seed keeps them for its ZeRO 3 layouts."""
+    from tests.plan_files import variant
+
+    base = ROOT / "plans" / "llama3-8b-fsdp.yaml"
+    edits = (
+        ("zero: 3", "zero: 2"),
+        ("  fsdp_unit: layer\n", "  fsdp_unit: layer\n  reshard_after_forward: false\n"),
+    )
+    path = variant(tmp_path, "z2.yaml", *edits, base=base)
+    text = path.read_text(encoding="utf-8")
+    written = [
+        k for k in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root") if f"  {k}:" in text
+    ]
+    assert {"fsdp_unit", "reshard_after_forward"} <= set(written)
+    with pytest.raises(BudgetError) as caught:
+        load_plan(path)
+    # (beside the gather of fp32 parameters in bf16, which ZeRO 2 refuses too)
+    problems = {p.path: p.message for p in caught.value.problems}
+    assert set(problems) - {"$.precision.param_gather"} == {f"$.parallel.{k}" for k in written}
+    said = problems["$.parallel.reshard_after_forward"]
+    assert said.startswith(
+        "reshard_after_forward says how ZeRO 3 (PyTorch FSDP) gathers its units, but zero is 2"
+    )
+    assert "SHARD_GRAD_OP" in said and "is zero: 3 with reshard_after_forward: false" in said
+    assert load_plan(path, seed=True).parallel.zero == 2

@@ -1898,6 +1898,34 @@ def _check_hybrid(r: _Resolver, par: Parallel) -> None:
         )
 
 
+# ZeRO 3's keys: how PyTorch FSDP wraps and keeps its units
+_FSDP_KEYS = ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root")
+
+
+def _check_fsdp_keys(r: _Resolver, section: object, par: Parallel) -> None:
+    """FSDP's keys describe ZeRO 3's units; below it they were dropped without a word (an
+    audit, m541: zero: 2 with reshard_after_forward: false, PyTorch's SHARD_GRAD_OP, was
+    priced with its parameters replicated, which the user did not ask for), so each one
+    written is refused at its key. SHARD_GRAD_OP is zero: 3 with reshard_after_forward:
+    false, its parameters gathered from each unit's forward to its backward."""
+    if par.zero == 3 or not isinstance(section, Mapping):
+        return
+    for key in _FSDP_KEYS:
+        if key not in section:
+            continue
+        grad_op = (
+            " (PyTorch FSDP's SHARD_GRAD_OP, which keeps a unit's parameters gathered from "
+            "its forward to its backward, is zero: 3 with reshard_after_forward: false)"
+            if key == "reshard_after_forward"
+            else ""
+        )
+        r.error(
+            f"$.parallel.{key}",
+            f"{key} says how ZeRO 3 (PyTorch FSDP) gathers its units, but zero is "
+            f"{par.zero}, which gathers none: set zero: 3, or remove {key}{grad_op}",
+        )
+
+
 def _check_fsdp_unit(r: _Resolver, par: Parallel, model: Model | None) -> None:
     """A whole-layer ZeRO 3 unit (`Parallel.fsdp_unit`) is PyTorch FSDP's wrapping: DeepSpeed's
     ZeRO 3 (`Parallel.reduce_bucket`) fetches module by module; and a model mixing dense and
@@ -2799,9 +2827,12 @@ def resolve(
     if par is not None and not seed and mode == "train":  # serving is told zero does not apply
         _check_pipeline_zero3(r, precision, par)
     if par is not None:
-        _check_fsdp_unit(r, par, model)
+        if seed or par.zero == 3:  # below ZeRO 3 the keys are refused (`_check_fsdp_keys`)
+            _check_fsdp_unit(r, par, model)
         if mode == "train":  # a serving plan is told dp_shard does not apply (`TRAINING_ONLY`)
             _check_hybrid(r, par)
+        if mode == "train" and not seed:  # a seed's are kept for its ZeRO 3 layouts
+            _check_fsdp_keys(r, tree.get("parallel"), par)
     device = None if "device" in skip else r.device(tree["device"])
     if (
         device is not None
