@@ -1477,3 +1477,24 @@ def test_fsdp_keys_below_zero_3_are_refused_at_each_key(tmp_path: Path) -> None:
     )
     assert "SHARD_GRAD_OP" in said and "is zero: 3 with reshard_after_forward: false" in said
     assert load_plan(path, seed=True).parallel.zero == 2
+    # a seed's ZeRO 1 layout is written without them, and loads as searched
+    from budget.plan.write import layout_yaml
+
+    seed = variant(
+        tmp_path,
+        "seed.yaml",
+        ("  zero: 1\n", "  zero: 3\n  fsdp_unit: layer\n  reshard_after_forward: false\n"),
+        base=ROOT / "plans" / "gpt-1.3b.yaml",
+    )
+    plan = load_plan(seed, seed=True)
+    outcome = search(plan, plan.topology.gpus, Space(zero=(1, 3), tp=(1,), pp=(1,)))
+    for zero in (1, 3):
+        result = next(r for r in outcome.results if r.config.zero == zero)
+        layout = result.config.to_dict() | {"virtual_stages": result.config.virtual_stages}
+        written = tmp_path / f"written{zero}.yaml"
+        written.write_text(
+            layout_yaml(seed, seed.read_bytes(), layout, plan.topology.gpus, "x"),
+            encoding="utf-8",
+        )
+        assert ("fsdp_unit" in written.read_text(encoding="utf-8")) == (zero == 3)
+        assert build_report(load_plan(written)).worst.peak_bytes == result.peak_bytes

@@ -92,6 +92,9 @@ def layout_yaml(
     tree["recompute"] = layout["recompute"]
     if layout["recompute"] != "full":  # only a full recompute stops early (a plan refuses it)
         tree.pop("recompute_early_stop", None)
+    if layout["zero"] != 3:  # only ZeRO 3 has FSDP's units (a plan refuses their keys)
+        for key in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root"):
+            parallel.pop(key, None)
     if layout["pp"] == 1:  # only a pipeline has a drain to defer into (a plan refuses it)
         tree.get("overlap", {}).pop("defer_embedding_wgrad", None)
     topology = tree.setdefault("topology", {})
