@@ -291,9 +291,11 @@ def _tp_moves(
         rule = "tp: exposed unless overlap.tp hides it behind its GEMM by ring exchange"
         if gemm.removesuffix(" backward") in USERBUFFER_GEMMS:
             m = replace(m, gemm_splits=ring_splits(plan, gemm))
-        if aggregated(plan, gemm):
+        if aggregated(plan, gemm) and plan.overlap.tp:
             # the first GEMM of two chunks waits for the neighbour's first chunk, the rest
-            # of the exchange beside all but the last of the tp / 2 GEMMs (review m370)
+            # of the exchange beside all but the last of the tp / 2 GEMMs (review m370);
+            # without overlap.tp nothing is exchanged by ring, aggregated or not (an audit,
+            # m538: its rule said "aggregated" of an all-gather exposed whole)
             rule = f"{rule}, aggregated: its first chunk's transfer waited for"
             share = (par.tp - 2) / par.tp * portion
             return hide(m, gemm, "tp", rule, share=share, floor=1 / vmax(par.tp - 1, 1))

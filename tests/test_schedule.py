@@ -860,6 +860,12 @@ def test_an_aggregated_ring_exchange_runs_its_gemm_in_half_the_chunks(tmp_path):
     assert {ring_splits(every, gemm) for gemm in ("QKV projection", "MLP fc1")} == {4}
     assert ring_splits(every, "MLP fc2 backward") == ring_splits(every, projection) == 4
     assert ring_splits(load_plan(ROOT / "plans" / "llama3-70b.yaml"), "MLP fc1") == 8
+    # without overlap.tp nothing is exchanged by ring: exposed whole, and not said to be
+    # aggregated (an audit, m538)
+    path.write_text(base + "overlap: {tp: false, tp_comm_aggregate: true}\n", encoding="utf-8")
+    off = {c.name: c for p in build_report(load_plan(path)).phases for c in p.collectives}
+    assert "aggregated" not in off["attention input"].overlap_rule
+    assert off["attention input"].exposed_s == off["attention input"].time_s
 
 
 def test_an_aggregated_ring_exchange_over_two_ranks_hides_nothing(tmp_path):
