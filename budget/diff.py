@@ -737,8 +737,10 @@ def _summary(a: Report, b: Report) -> tuple[Delta, ...]:
             else comparable.get(k, like) and (paced or k not in _PACED),
         )
         for k, u, bt in _STEP
-        # the reduction and optimizer after a training pipeline: serving has none
-        if k != "after_s" or "train" in (a.mode, b.mode)
+        # the reduction and optimizer after a training pipeline, and its bubble: serving has
+        # neither (its pipeline carries one batch stage after stage, each stage idle while
+        # the others run: an audit, m546, read "pipeline bubble 0 s" as a free pipeline)
+        if k not in ("after_s", "bubble_s") or "train" in (a.mode, b.mode)
     ]
     if a.causal_mfu is not None or b.causal_mfu is not None:
         # beside MFU, where either report prints it (an audit: a long context's causal MFU

@@ -452,6 +452,18 @@ def test_serving_plans_compare_time_to_first_token_and_time_per_token(tmp_path):
     assert summary["ttft_s"][1] < summary["ttft_s"][0]
     training = load_plan(ROOT / "plans" / "gpt-1.3b.yaml")
     assert "ttft_s" not in {d.metric for d in diff_plans(training, training)[2].summary}
+    # a serving pipeline carries one batch stage after stage: no bubble to compare, which
+    # read "pipeline bubble 0 s 0 s" beside a pipeline that cost 15 % of tokens/s (an audit,
+    # m546); nor a reduction after it
+    piped = tmp_path / "piped.yaml"
+    piped.write_text(
+        decode.read_text(encoding="utf-8").replace("  tp: 8\n  pp: 1\n", "  tp: 4\n  pp: 2\n"),
+        encoding="utf-8",
+    )
+    assert load_plan(piped).parallel.pp == 2
+    metrics = {d.metric for d in diff_plans(load_plan(decode), load_plan(piped))[2].summary}
+    assert not {"bubble_s", "after_s"} & metrics
+    assert {"bubble_s", "after_s"} <= {d.metric for d in diff_plans(training, training)[2].summary}
 
 
 def test_a_negative_figure_takes_the_minus_sign_the_deltas_take() -> None:

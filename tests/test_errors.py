@@ -393,6 +393,27 @@ def test_a_key_past_the_yaml_scanner_s_limit_is_said_as_a_long_key(
     assert only.message == f"a key of {size:,} characters; a plan's keys are names"
 
 
+@pytest.mark.parametrize(
+    "written",
+    ['"{key}"', "&a {key}", "!!str {key}", "{key}     "],
+    ids=["quoted", "anchored", "tagged", "spaced"],
+)
+def test_the_scanner_s_key_limit_counts_from_the_token_to_its_colon(
+    tmp_path: Path, written: str
+) -> None:
+    """PyYAML's 1,024 characters run from the key token's start (a quote, an anchor, a tag)
+    to its colon: a quoted key of 1,023 characters, 1,025 with its quotes, failed the
+    scanner and was said in its words at "$" (a review, m542); it is a long key, named
+    without its quotes, anchor or tag."""
+    key = "k" * 1_023
+    plan = tmp_path / "long.yaml"
+    plan.write_text(f"name: x\nmodel:\n  {written.format(key=key)}: 1\n", encoding="utf-8")
+    with pytest.raises(BudgetError) as raised:
+        load_plan(plan)
+    messages = [p.message for p in raised.value.problems]
+    assert "a key of 1,023 characters; a plan's keys are names" in messages
+
+
 def test_a_scanner_error_on_a_line_under_the_key_limit_is_not_called_a_long_key(
     tmp_path: Path,
 ) -> None:

@@ -142,8 +142,8 @@ _NOT_SERVING = {
         "overlap.ep hides one micro-batch's expert all-to-all behind another's compute "
         "(Megatron-LM's, DualPipe's); budget prices a {mode} pass as one batch, whose expert "
         "GEMMs wait for the dispatch and whose next layer waits for the combine (DeepSeek's "
-        "serving splits a pass into two micro-batches to overlap them, which is not "
-        "modelled: its exposed all-to-all is an upper bound); remove it"
+        "serving splits a pass into two micro-batches to overlap them, which budget does not "
+        "model); remove it"
     ),
     "loss": (
         "loss names the training loss's cross-entropy kernels; a {mode} plan computes no loss "
