@@ -1378,6 +1378,13 @@ def summary(report: Report) -> list[str]:
             lines += _decode_lines(report)
         else:
             lines.append(f"{format_amount(float(step['tokens_per_s'] or 0))} prompt tokens/s")
+        pp = int(report.layout.get("pp") or 1)
+        if pp > 1:  # (an audit, m546: the output never said what a serving pipeline adds)
+            lines.append(
+                f"Pipeline: the batch crosses the {pp} stages in turn, each idle while the "
+                "others run, so pp adds memory, not tokens/s (an engine that keeps every "
+                "stage busy with other batches, as vLLM does, is not priced)"
+            )
         # decode MFU is over the decode steps alone, the exposure over the whole run
         scope = "decode MFU" if step.get("decode_token_s") is not None else "MFU"
         lines.append(f"{exposed}; {scope} {_mfu(report)}")
