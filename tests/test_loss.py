@@ -152,7 +152,7 @@ def test_a_pipeline_holds_the_logits_to_their_backward(tmp_path: Path, schedule:
     edits = (
         ("  dp: 8\n", f"  dp: 4\n  pp: 2\n  pipeline: {{schedule: {schedule}}}\n"),
         ("  zero: 3\n", "  zero: 1\n"),
-        ("  fsdp_unit: layer\n  fsdp_root: split\n", ""),
+        ("  fsdp: 2\n  fsdp_unit: layer\n  fsdp_root: split\n", ""),
         ("global: 8", "global: 16"),
         ("  param_gather: bf16\n", ""),
         ("overlap: {dp_grads: true, param_gather: true}", "overlap: {dp_grads: true}"),
