@@ -173,6 +173,10 @@ class Move:
     # messages: ring attention's dK/dV, sent with the K/V of every backward step but the
     # last (`step._cp_moves`); None: its algorithm's
     steps: Any = None
+    # how many collectives one call runs as, each of size_bytes / calls and each paying its
+    # algorithm's latency steps: DeepSpeed reduces a backward's gradients a bucket at a time
+    # (`step._deepspeed_buckets`); 1: one collective
+    calls: Any = 1
     # runs on a stream of its own beside the next move of its phase whose op this names, which
     # hides it too (`schedule.time_phase`): FSDP's all-reduce across hybrid copies of the
     # first layer's gradients, beside the root unit's reduce-scatter (`step._hybrid`)

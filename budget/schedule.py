@@ -503,7 +503,11 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
         move.op, move.size_bytes, span, algorithm, dtype=move.dtype, levelled=levelled
     )
     # riding another move's messages (`Move.steps`)
-    return cost if move.steps is None else with_steps(cost, move.steps)
+    if move.steps is not None:
+        return with_steps(cost, move.steps)
+    # as several collectives, each paying its latency steps, the bytes (and their ramp,
+    # priced at the whole: a bucket of reduce_bucket_size is on the plateau) as one
+    return cost if every(move.calls == 1) else with_steps(cost, cost.steps * move.calls)
 
 
 def algorithm_of(plan: Plan, move: Move) -> Algorithm | None:
@@ -690,8 +694,10 @@ def time_phase(
             if chunks > 1:
                 least = vfloat(cost.time_s)
             elif move.bucket:  # a bucket of its own: its own n·α, its bytes' share of the rest
+                # (one call's n·α where the move runs as several, `Move.calls`)
                 latency = vfloat(cost.latency_s)
-                least = vwhere(move.floor > 0, latency + move.floor * (total - latency), 0.0)
+                own = latency / move.calls
+                least = vwhere(move.floor > 0, own + move.floor * (total - latency), 0.0)
             else:
                 least = move.floor * total
             # moves sharing a window run one after the other beside it: each hides only

@@ -113,7 +113,7 @@ from budget.topology import (
     tp_overlap_problem,
     uneven_group,
 )
-from budget.vector import add_into, vsum
+from budget.vector import add_into, every, vsum
 
 CHUNK = 16_384  # configurations evaluated together at most: ~200 MiB peak for any sweep size
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -1299,7 +1299,7 @@ class _Pricer:
         self.plans = [replace(plan, parallel=_parallel(plan, row)) for row in self.unique]
         self.cache: dict[tuple[Any, ...], np.ndarray] = {}
         self.spans: Spans = {} if spans is None else spans
-        self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, Any, CollectiveCost]]] = {}
+        self.priced: dict[tuple[Any, ...], list[tuple[Any, Any, Any, Any, CollectiveCost]]] = {}
 
     def _tiers(self, move: Move) -> np.ndarray:
         """Ranks per level of `move`'s group, a row per distinct set of degrees (`which`
@@ -1350,22 +1350,29 @@ class _Pricer:
             move.steps,
         )
         seen = self.priced.setdefault(fingerprint, [])
-        for ranks, size, boundary, cost in seen:
+        for ranks, size, boundary, calls, cost in seen:
             same = np.array_equal(ranks, move.ranks) and np.array_equal(size, move.size_bytes)
-            if same and np.array_equal(boundary, move.boundary):
+            if (
+                same
+                and np.array_equal(boundary, move.boundary)
+                and np.array_equal(calls, move.calls)
+            ):
                 return cost
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
         some, each = self._distinct(size)
         few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
         if move.steps is not None:  # riding another move's messages (`Move.steps`)
             few = with_steps(few, move.steps)
+        elif not every(np.asarray(move.calls) == 1):  # as several collectives (`Move.calls`)
+            calls = np.broadcast_to(np.asarray(move.calls), self.which.shape)[some]
+            few = with_steps(few, few.steps * calls)
         cost = Known.of(
             few,
             np.take(few.time_s, each),
             np.take(few.sent_bytes, each),
             np.take(few.latency_s, each),
         )
-        seen.append((move.ranks, move.size_bytes, move.boundary, cost))
+        seen.append((move.ranks, move.size_bytes, move.boundary, move.calls, cost))
         return cost
 
     def _distinct(self, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1324,12 +1324,15 @@ def test_deepspeed_zero3_reduce_scatters_its_buckets_and_waits_for_the_last(
     psi = 1_315_819_520
     assert (scatter["bytes"], scatter["dtype"], scatter["count"]) == (2 * psi, "bf16", 16)
     assert scatter["sent_bytes"] == 2 * psi * 7 // 8
-    # the last bucket is a call of its own: its share of the bytes' time and its whole n·α
-    # (7 steps of 3 µs), 2.41 ms at 5e8 as `budget collective` prices 631,639,040 B alone
+    # the last bucket is a call of its own: its share of the bytes' time and its own n·α
+    # (7 steps of 3 µs), 2.41 ms at 5e8 as `budget collective` prices 631,639,040 B alone;
+    # every bucket a call, ⌈ψ / B⌉ of them, each paying its 7 steps (an audit, m548)
+    calls = -(-psi // bucket)
+    assert scatter["latency_term_s"] == pytest.approx(calls * 7 * 3e-6)
+    assert scatter["steps"] == 7 * calls
     share = 1.0 if last is None else last / psi
-    alone = share * scatter["bandwidth_term_s"] + scatter["latency_term_s"]
+    alone = share * scatter["bandwidth_term_s"] + 7 * 3e-6
     assert scatter["exposed_s"] == pytest.approx(alone, rel=1e-9)
-    assert scatter["latency_term_s"] == pytest.approx(7 * 3e-6)
     # the README quotes the step's exposed communication at each size
     readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
     exposed = f"{report['step']['exposed_comm_s'] * 1e3:.0f} ms"

@@ -1952,10 +1952,16 @@ def test_deepspeed_zero_2_exposes_its_last_bucket_of_the_size_it_names(tmp_path)
     small, at_small = run(50_000_000, overlap)
     default, at_default = run(500_000_000, overlap)
     whole, at_whole = run(2_000_000_000, overlap)
-    exposed, _ = run(500_000_000)
+    exposed, _ = run(2_000_000_000)
     assert at_small["exposed_s"] < at_default["exposed_s"] < at_whole["exposed_s"]
     assert small < default < whole
     assert at_whole["exposed_s"] == at_whole["time_s"] and whole == pytest.approx(exposed)
+    # each bucket is a collective of its own, paying its n·α (an audit, m548): ⌈n / B⌉ calls
+    # of an all-reduce over 8 GPUs, 14 steps each
+    calls = {size: -(-n // size) for size in (50_000_000, 500_000_000, 2_000_000_000)}
+    assert calls == {50_000_000: 27, 500_000_000: 3, 2_000_000_000: 1}
+    for found, size in ((at_small, 50_000_000), (at_default, 500_000_000), (at_whole, n)):
+        assert found["steps"] == 14 * calls.get(size, 1)
     # the last bucket is a call of its own: its share of the bytes and its own n·α
     share = at_default["exposed_s"] / at_default["time_s"]
     assert 315_819_520 / n < share < 0.26
