@@ -4184,8 +4184,9 @@ def _reduce(b: _StageBuilder) -> None:
             each_microbatch=True,
             rule="ZeRO-2 gradients, DeepSpeed's: all-reduced bucket by bucket after every "
             "micro-batch's backward (use_multi_rank_bucket_allreduce, its default), each rank "
-            "keeping its shard, exposed unless overlap.dp_grads (overlap_comm) reduces them "
-            "behind it (last bucket exposed)",
+            "keeping its shard, a collective a bucket (its steps all the buckets'), exposed "
+            "unless overlap.dp_grads (overlap_comm) reduces them behind it (last bucket "
+            "exposed)",
         )
         # DeepSpeed's ZeRO 3 reduce-scatters the gradients bucket by bucket as every
         # micro-batch's backward makes them, each a coalesced call of ``reduce_bucket_size``
@@ -4201,7 +4202,8 @@ def _reduce(b: _StageBuilder) -> None:
             op="reduce-scatter",
             dst="shard(0)",
             rule="ZeRO-3 gradients, DeepSpeed's: reduce-scattered bucket by bucket as every "
-            "micro-batch's backward makes them (reduce_bucket_size), exposed unless "
+            "micro-batch's backward makes them (reduce_bucket_size), a collective a bucket "
+            "(its steps all the buckets'), exposed unless "
             "overlap.dp_grads (overlap_comm) runs them behind it; the last bucket, reduced "
             "by the epilogue, exposed",
         )
