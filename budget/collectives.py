@@ -67,6 +67,7 @@ __all__ = [
     "default_algorithm",
     "exchange_loads",
     "flat_stage",
+    "repeated",
     "slowness",
 ]
 
@@ -923,6 +924,28 @@ class Known(CollectiveCost):
     @property
     def sent_bytes(self) -> Count:
         return cast(Count, self.known_sent)
+
+
+def repeated(one: CollectiveCost, calls: Count, size_bytes: Count) -> CollectiveCost:
+    """`calls` collectives of `one`'s size, together `size_bytes`: DeepSpeed's gradient
+    reduction, a collective a bucket (`Move.calls`). Each is priced at its own size, its
+    algorithm chosen and its bandwidth ramped there (a review, m550: priced at the whole,
+    the buckets took the ring the whole tensor picks and the plateau a 20 MB bucket does not
+    reach), and every figure of it, steps, bytes and time, is `calls` times one's."""
+    stages = tuple(
+        replace(
+            s,
+            steps=s.steps * calls,
+            sent_bytes=s.sent_bytes * calls,
+            recv_bytes=s.recv_bytes * calls,
+            payload_bytes=s.payload_bytes * calls,
+            group_sent_bytes=s.group_sent_bytes * calls,
+            group_recv_bytes=s.group_recv_bytes * calls,
+        )
+        for s in one.stages
+    )
+    whole = replace(one, size_bytes=size_bytes, stages=stages)
+    return Known.of(whole, one.time_s * calls, one.sent_bytes * calls, one.latency_s * calls)
 
 
 def with_steps(cost: CollectiveCost, steps: Count) -> CollectiveCost:

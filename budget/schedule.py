@@ -72,7 +72,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from budget.collectives import Algorithm, CollectiveCost, with_steps
+from budget.collectives import Algorithm, CollectiveCost, repeated, with_steps
 from budget.efficiency import gemm_efficiency
 from budget.flops import (
     GRADIENT_PASSES,
@@ -499,15 +499,13 @@ def price_move(plan: Plan, move: Move) -> CollectiveCost:
     # the move's own algorithm is a neighbours' exchange (ring attention): its hop across a
     # node is one GPU's port, not NCCL's channels over all of them (`collective_cost`)
     levelled = move.algorithm is None
-    cost = price_group(
-        move.op, move.size_bytes, span, algorithm, dtype=move.dtype, levelled=levelled
-    )
+    several = not every(move.calls == 1)  # as several collectives, each of its own size
+    size = move.size_bytes // move.calls if several else move.size_bytes
+    cost = price_group(move.op, size, span, algorithm, dtype=move.dtype, levelled=levelled)
+    if several:
+        return repeated(cost, move.calls, move.size_bytes)
     # riding another move's messages (`Move.steps`)
-    if move.steps is not None:
-        return with_steps(cost, move.steps)
-    # as several collectives, each paying its latency steps, the bytes (and their ramp,
-    # priced at the whole: a bucket of reduce_bucket_size is on the plateau) as one
-    return cost if every(move.calls == 1) else with_steps(cost, cost.steps * move.calls)
+    return cost if move.steps is None else with_steps(cost, move.steps)
 
 
 def algorithm_of(plan: Plan, move: Move) -> Algorithm | None:

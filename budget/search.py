@@ -38,6 +38,7 @@ from budget.collectives import (
     Stage,
     Tier,
     collective_cost,
+    repeated,
     spanned_link,
     with_steps,
 )
@@ -1359,13 +1360,16 @@ class _Pricer:
             ):
                 return cost
         size = np.broadcast_to(np.asarray(move.size_bytes), self.which.shape)
+        calls = np.broadcast_to(np.asarray(move.calls), self.which.shape)
+        several = not every(calls == 1)  # as several collectives (`Move.calls`)
+        # (a move's calls follow from its size: DeepSpeed's ⌈n / B⌉ of the n its bytes are)
         some, each = self._distinct(size)
-        few = self._price(replace(move, size_bytes=size[some]), algorithm_of(plan, move), some)
-        if move.steps is not None:  # riding another move's messages (`Move.steps`)
+        one = size[some] // calls[some] if several else size[some]
+        few = self._price(replace(move, size_bytes=one), algorithm_of(plan, move), some)
+        if several:  # each collective priced at its own size (`collectives.repeated`)
+            few = repeated(few, calls[some], size[some])
+        elif move.steps is not None:  # riding another move's messages (`Move.steps`)
             few = with_steps(few, move.steps)
-        elif not every(np.asarray(move.calls) == 1):  # as several collectives (`Move.calls`)
-            calls = np.broadcast_to(np.asarray(move.calls), self.which.shape)[some]
-            few = with_steps(few, few.steps * calls)
         cost = Known.of(
             few,
             np.take(few.time_s, each),

@@ -1238,9 +1238,11 @@ def _deepspeed_buckets(plan: Plan, n: Any) -> Any:
     backward's: one a bucket of ``reduce_bucket_size`` = B elements, flushed when the next
     gradient would overflow it, and a gradient larger than B alone
     (``reduce_independent_p_g_buckets_and_remove_grads``, stage_1_and_2.py and stage3.py),
-    about ⌈n / B⌉ of them, each paying its algorithm's latency steps. An audit (m548): priced
-    as one collective, Llama 3 8B over 64 GPUs at B = 5e7 paid 0.55 ms of n·α a micro-batch
-    where about 130 calls pay some 73 ms. 1 where the plan names no bucket."""
+    about ⌈n / B⌉ of them (near DeepSpeed's count, which its flushes at gradients' edges
+    and its larger gradients alone move either way), each priced at its own size
+    (`collectives.repeated`). An audit (m548): priced as one collective, Llama 3 8B over 64
+    GPUs at B = 5e7 paid 0.55 ms of n·α a micro-batch, where its 161 buckets pay theirs
+    each. 1 where the plan names no bucket."""
     size = plan.parallel.reduce_bucket
     if not size:
         return 1

@@ -1323,7 +1323,8 @@ def test_deepspeed_zero3_reduce_scatters_its_buckets_and_waits_for_the_last(
     (scatter,) = [c for c in by_phase["dp.grads"] if c["op"] == "reduce-scatter"]
     psi = 1_315_819_520
     assert (scatter["bytes"], scatter["dtype"], scatter["count"]) == (2 * psi, "bf16", 16)
-    assert scatter["sent_bytes"] == 2 * psi * 7 // 8
+    # a collective a bucket, each rounded to its ranks' chunks (`collectives.repeated`)
+    assert abs(scatter["sent_bytes"] - 2 * psi * 7 // 8) <= 8 * 7 * -(-psi // bucket)
     # the last bucket is a call of its own: its share of the bytes' time and its own n·α
     # (7 steps of 3 µs), 2.41 ms at 5e8 as `budget collective` prices 631,639,040 B alone;
     # every bucket a call, ⌈ψ / B⌉ of them, each paying its 7 steps (an audit, m548)
