@@ -1382,8 +1382,9 @@ def summary(report: Report) -> list[str]:
         if pp > 1:  # (an audit, m546: the output never said what a serving pipeline adds)
             lines.append(
                 f"Pipeline: the batch crosses the {pp} stages in turn, each idle while the "
-                "others run, so pp adds memory, not tokens/s (an engine that keeps every "
-                "stage busy with other batches, as vLLM does, is not priced)"
+                "others run, so pp spreads the weights and the cache over more GPUs but does "
+                "not raise tokens/s (an engine that keeps every stage busy with other "
+                "batches, as vLLM does, is not priced)"
             )
         # decode MFU is over the decode steps alone, the exposure over the whole run
         scope = "decode MFU" if step.get("decode_token_s") is not None else "MFU"
