@@ -37,6 +37,7 @@ from budget.units import (
     parse_bytes,
     parse_duration,
     unit_left_out,
+    unit_scale,
 )
 
 __all__ = [
@@ -98,7 +99,7 @@ class Limits:
             return shown
         # in the unit the two print in (a review, m533: 514 MiB read "0.5022 GiB")
         unit = shown.partition(" ")[2]
-        scale = float(2 ** (10 * ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)))
+        scale = unit_scale(unit) or 1.0
         digits = decimals_apart((free_bytes / scale, required / scale))
         return f"{free_bytes / scale:,.{digits}f} {unit}"
 

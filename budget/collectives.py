@@ -638,19 +638,22 @@ def _flat_across(
         if not mask.any():
             continue
         link = _with_latency(tier.link, max(tier.link.latency, alpha.link.latency))
-        stage = flat_stage(op, algorithm, p, size, link, element_bytes=e)
-        stages.append(
-            replace(
-                stage,
-                steps=stage.steps * mask,
-                sent_bytes=stage.sent_bytes * mask,
-                recv_bytes=stage.recv_bytes * mask,
-                payload_bytes=stage.payload_bytes * mask,
-                group_sent_bytes=stage.group_sent_bytes * mask,
-                group_recv_bytes=stage.group_recv_bytes * mask,
-            )
-        )
+        stages.append(_times(flat_stage(op, algorithm, p, size, link, element_bytes=e), mask))
     return tuple(stages)
+
+
+def _times(stage: Stage, factor: Count) -> Stage:
+    """`stage` `factor` times over: its steps and bytes multiplied, its size (which its
+    bandwidth ramp reads) as it is; 0 where a sweep's configuration lacks it."""
+    return replace(
+        stage,
+        steps=stage.steps * factor,
+        sent_bytes=stage.sent_bytes * factor,
+        recv_bytes=stage.recv_bytes * factor,
+        payload_bytes=stage.payload_bytes * factor,
+        group_sent_bytes=stage.group_sent_bytes * factor,
+        group_recv_bytes=stage.group_recv_bytes * factor,
+    )
 
 
 def _ring_across(op: Op, tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, ...]:
@@ -932,19 +935,7 @@ def repeated(one: CollectiveCost, calls: Count, size_bytes: Count) -> Collective
     algorithm chosen and its bandwidth ramped there (a review, m550: priced at the whole,
     the buckets took the ring the whole tensor picks and the plateau a 20 MB bucket does not
     reach), and every figure of it, steps, bytes and time, is `calls` times one's."""
-    stages = tuple(
-        replace(
-            s,
-            steps=s.steps * calls,
-            sent_bytes=s.sent_bytes * calls,
-            recv_bytes=s.recv_bytes * calls,
-            payload_bytes=s.payload_bytes * calls,
-            group_sent_bytes=s.group_sent_bytes * calls,
-            group_recv_bytes=s.group_recv_bytes * calls,
-        )
-        for s in one.stages
-    )
-    whole = replace(one, size_bytes=size_bytes, stages=stages)
+    whole = replace(one, size_bytes=size_bytes, stages=tuple(_times(s, calls) for s in one.stages))
     return Known.of(whole, one.time_s * calls, one.sent_bytes * calls, one.latency_s * calls)
 
 

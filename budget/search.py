@@ -2135,7 +2135,7 @@ def hardware(plan: Plan) -> dict[str, Any]:
         "attention_head_dim": measured.head_dim
         if measured is not None and device.attention_source(m.attention) in ("measured", "derived")
         else None,
-        "head_dim": m.head_dim if m.mla is None else m.mla.nope_dim + m.mla.rope_dim,
+        "head_dim": m.qk_head_dim,
         "ramped_levels": [level.name for level in plan.topology.levels if level.ramp],
         # every layout carries them, their shapes evaluated for it (`reshaped`)
         "transitions": len(plan.transitions),

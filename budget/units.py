@@ -33,6 +33,7 @@ __all__ = [
     "parse_duration",
     "parse_flops",
     "plural",
+    "unit_scale",
 ]
 
 
@@ -345,7 +346,7 @@ def format_bytes(n: float, binary: bool = True) -> str:
     Binary prefixes by default; decimal ("GB") on request. Exact bytes belong in JSON.
     """
     step, prefixes = (
-        (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
+        (1024, _BINARY_SIZES)
         if binary
         else (
             1000,
@@ -393,8 +394,21 @@ def format_duration(seconds: float) -> str:
 
 def duration_unit(seconds: float) -> tuple[float, str]:
     """The scale and unit a time is written in: s, ms, µs or ns, the largest it reaches."""
-    scales = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
-    return next((s, u) for s, u in scales if abs(seconds) >= s or u == "ns")
+    return next((s, u) for s, u in _DURATIONS if abs(seconds) >= s or u == "ns")
+
+
+# the units `format_bytes` (binary) and `format_duration` write, with what one of each is
+_BINARY_SIZES = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_DURATIONS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+
+
+def unit_scale(unit: str) -> float | None:
+    """What one `unit` that `format_bytes` or `format_duration` writes is, in bytes or
+    seconds ("GiB": 2^30, "ms": 1e-3), for a figure written again with more decimals in the
+    same unit; None for any other."""
+    if unit in _BINARY_SIZES:
+        return float(1024 ** _BINARY_SIZES.index(unit))
+    return next((scale for scale, name in _DURATIONS if name == unit), None)
 
 
 def _decimal(value: float, unit: str) -> str:

@@ -25,7 +25,7 @@ from budget.layers import layer_params
 from budget.phases import EMBEDDING_BACKWARD_WINDOW, Phase
 from budget.pipeline import build_report
 from budget.plan.load import load_plan
-from budget.plan.model import Plan
+from budget.plan.model import FSDP_KEYS, Plan
 from budget.report import to_dict
 from budget.search import Space, apply, search
 from budget.step import HEAD_GRADIENTS, SPLIT_HEAD_GRADIENTS, _block_params, derive
@@ -53,7 +53,7 @@ def _tree(parallel: dict[str, Any] | None = None, **precision: str) -> dict[str,
     tree["precision"].update(precision)
     tree["parallel"].update({"fsdp_unit": "block", **(parallel or {})})
     if tree["parallel"].get("zero", 0) != 3:  # FSDP's keys are ZeRO 3's (an audit, m541)
-        for key in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root"):
+        for key in FSDP_KEYS:
             tree["parallel"].pop(key, None)
     return tree
 
@@ -1466,9 +1466,7 @@ def test_fsdp_keys_below_zero_3_are_refused_at_each_key(tmp_path: Path) -> None:
     )
     path = variant(tmp_path, "z2.yaml", *edits, base=base)
     text = path.read_text(encoding="utf-8")
-    written = [
-        k for k in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root") if f"  {k}:" in text
-    ]
+    written = [k for k in FSDP_KEYS if f"  {k}:" in text]
     assert {"fsdp_unit", "reshard_after_forward"} <= set(written)
     with pytest.raises(BudgetError) as caught:
         load_plan(path)

@@ -1823,14 +1823,11 @@ def test_fp8_activations_are_refused_in_training_and_serving(tmp_path):
     training, at its key; and in serving (an audit, m525: a 70B prefill's all-reduces sent
     in 1 byte, its time to first token 17.4 → 12.7 s), where vLLM's FP8 linear layers
     quantize their input and return it in the input's 16-bit format."""
-    from budget.errors import BudgetError
-    from tests.plan_files import variant
+    from tests.plan_files import refusal, variant
 
     edit = ("  activations: bf16\n", "  activations: fp8\n  matmul: fp8\n")
     path = variant(tmp_path, "fp8act.yaml", edit, base=ROOT / "plans" / "llama3-70b.yaml")
-    with pytest.raises(BudgetError) as raised:
-        load_plan(path)
-    (problem,) = raised.value.problems
+    problem = refusal(path)
     assert problem.path == "$.precision.activations"
     assert "write activations: bf16 with matmul: fp8" in problem.message
     serving = variant(
@@ -1839,9 +1836,7 @@ def test_fp8_activations_are_refused_in_training_and_serving(tmp_path):
         ("  activations: bf16\n", "  activations: fp8\n"),
         base=ROOT / "plans" / "llama3-70b-decode.yaml",
     )
-    with pytest.raises(BudgetError) as raised:
-        load_plan(serving)
-    (problem,) = raised.value.problems
+    problem = refusal(serving)
     assert problem.path == "$.precision.activations"
     assert "FP8 serving (vLLM, TensorRT-LLM)" in problem.message
     assert "write activations: bf16 with matmul: fp8 (and kv_cache: fp8" in problem.message
@@ -2061,19 +2056,16 @@ def test_megatron_zero_0_reduces_its_gradients_in_the_format_it_keeps_them(tmp_p
     make: it all-reduces its gradient buffer in place, in the buffer's format
     (``start_grad_sync``), as the distributed optimizer reduce-scatters it. Refused at its
     key, as at ZeRO 1, and left out of a sweep."""
-    from budget.errors import BudgetError
     from budget.plan.load import load_plan
     from budget.search import Space, search
-    from tests.plan_files import variant
+    from tests.plan_files import refusal, variant
 
     edits = (
         ("  zero: 1\n", "  zero: 0\n"),
         ("  grads: fp32\n", "  grads: fp32\n  grad_reduce: bf16\n"),
     )
     path = variant(tmp_path, "z0.yaml", *edits, base=ROOT / "plans" / "gpt-1.3b.yaml")
-    with pytest.raises(BudgetError) as raised:
-        load_plan(path)
-    (problem,) = raised.value.problems
+    problem = refusal(path)
     assert problem.path == "$.precision.grad_reduce"
     assert problem.message.startswith(
         "grad_reduce: bf16 beside grads: fp32 at ZeRO 0: Megatron-LM's data-parallel wrapper "
@@ -2088,10 +2080,7 @@ def test_megatron_zero_0_reduces_its_gradients_in_the_format_it_keeps_them(tmp_p
         ("  master: fp32\n", "  master: none\n"),
         base=path,
     )
-    with pytest.raises(BudgetError) as raised:
-        load_plan(amp)
-    (problem,) = raised.value.problems
-    assert problem.message.endswith(
+    assert refusal(amp).message.endswith(
         "its buffer is fp32 beside fp32 parameters, never bf16: write grad_reduce: fp32, or "
         "remove grad_reduce"
     )

@@ -242,6 +242,12 @@ class Pipeline:
     scatter_gather: bool = False
 
 
+# the keys of `parallel` that say how ZeRO 3 (PyTorch FSDP) wraps and keeps its units, which
+# a plan below ZeRO 3 may not write (`resolve._check_fsdp_keys`; `write.layout_yaml` drops
+# them from a searched layout below it)
+FSDP_KEYS = ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root")
+
+
 @dataclass(frozen=True, slots=True)
 class Parallel:
     tp: int = 1

@@ -23,6 +23,7 @@ from budget.errors import MAX_SHOWN, REST, BudgetError, Problem, close_matches
 from budget.plan import expr
 from budget.plan.model import (
     DTYPE_BYTES,
+    FSDP_KEYS,
     FUSED_KERNELS,
     GATED_MLPS,
     MAX_GPUS,
@@ -1898,10 +1899,6 @@ def _check_hybrid(r: _Resolver, par: Parallel) -> None:
         )
 
 
-# ZeRO 3's keys: how PyTorch FSDP wraps and keeps its units
-_FSDP_KEYS = ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root")
-
-
 def _check_fsdp_keys(r: _Resolver, section: object, par: Parallel) -> None:
     """FSDP's keys describe ZeRO 3's units; below it they were dropped without a word (an
     audit, m541: zero: 2 with reshard_after_forward: false, PyTorch's SHARD_GRAD_OP, was
@@ -1910,7 +1907,7 @@ def _check_fsdp_keys(r: _Resolver, section: object, par: Parallel) -> None:
     false, its parameters gathered from each unit's forward to its backward."""
     if par.zero == 3 or not isinstance(section, Mapping):
         return
-    for key in _FSDP_KEYS:
+    for key in FSDP_KEYS:
         if key not in section:
             continue
         grad_op = (

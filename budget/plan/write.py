@@ -13,6 +13,7 @@ import yaml
 
 from budget.errors import BudgetError
 from budget.files import plan_folder
+from budget.plan.model import FSDP_KEYS
 from budget.plan.yaml_load import decode, load_yaml
 
 
@@ -93,7 +94,7 @@ def layout_yaml(
     if layout["recompute"] != "full":  # only a full recompute stops early (a plan refuses it)
         tree.pop("recompute_early_stop", None)
     if layout["zero"] != 3:  # only ZeRO 3 has FSDP's units (a plan refuses their keys)
-        for key in ("fsdp", "fsdp_unit", "reshard_after_forward", "fsdp_root"):
+        for key in FSDP_KEYS:
             parallel.pop(key, None)
     if layout["pp"] == 1:  # only a pipeline has a drain to defer into (a plan refuses it)
         tree.get("overlap", {}).pop("defer_embedding_wgrad", None)

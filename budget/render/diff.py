@@ -26,6 +26,7 @@ from budget.units import (
     format_rate,
     format_share,
     plural,
+    unit_scale,
 )
 
 if TYPE_CHECKING:
@@ -117,21 +118,6 @@ def _value(unit: str, value: float | None) -> str:
     return f"{value:,.0f}"
 
 
-# the scale of each unit `format_duration` and `format_bytes` write a figure in
-_SCALES = {
-    "s": 1.0,
-    "ms": 1e-3,
-    "µs": 1e-6,
-    "ns": 1e-9,
-    "B": 1.0,
-    "KiB": 2.0**10,
-    "MiB": 2.0**20,
-    "GiB": 2.0**30,
-    "TiB": 2.0**40,
-    "PiB": 2.0**50,
-}
-
-
 def _pair(delta: Delta) -> tuple[str, str]:
     """A and B as a row shows them: `_value`'s figures, or, where those read alike for a
     time or a size that moved, in A's unit with as many decimals as tell the two apart (an
@@ -141,7 +127,7 @@ def _pair(delta: Delta) -> tuple[str, str]:
     if a is None or b is None or a == b or shown[0] != shown[1]:
         return shown
     number, _, name = shown[0].lstrip("−").partition(" ")
-    scale = _SCALES.get(name) if delta.unit in ("seconds", "bytes") else None
+    scale = unit_scale(name) if delta.unit in ("seconds", "bytes") else None
     if scale is None:
         return shown
     start = len(number.partition(".")[2]) + 1
