@@ -36,15 +36,15 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any, Final, Literal, TypeAlias, cast, get_args
 
 import numpy as np
 from numpy.typing import NDArray
 
 from budget.plan.model import BandwidthRamp
-from budget.vector import holds, largest, vmax, vmin, vwhere
+from budget.vector import holds, largest, ratio, vmax, vmin, vwhere
 
 __all__ = [
     "ALGORITHMS",
@@ -67,7 +67,9 @@ __all__ = [
     "default_algorithm",
     "exchange_loads",
     "flat_stage",
+    "link_terms",
     "repeated",
+    "shared_pace",
     "slowness",
 ]
 
@@ -204,6 +206,12 @@ class Stage:
     def time_s(self) -> Seconds:
         """T = n·α + Q / B_eff (Thakur 2005, section 2; the seed's communication model)."""
         return self.latency_s + self.bandwidth_s
+
+
+# a stage's figures that a sweep holds an entry of for each configuration
+_ARRAY_FIELDS = tuple(
+    f for f in fields(Stage) if f.name not in ("op", "algorithm", "link", "ramp_op")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -897,12 +905,21 @@ class Known(CollectiveCost):
     known_time: Any = 0.0
     known_sent: Any = None  # None: the stages' sum
     known_latency: Any = None  # None: the stages' sum
+    # which of the stages' entries each configuration takes, where a sweep priced the stages
+    # on some configurations only (`search._Pricer`); None: every configuration its own
+    spread: Any = None
 
     @classmethod
     def of(
-        cls, cost: CollectiveCost, time_s: Any, sent_bytes: Any = None, latency_s: Any = None
+        cls,
+        cost: CollectiveCost,
+        time_s: Any,
+        sent_bytes: Any = None,
+        latency_s: Any = None,
+        spread: Any = None,
     ) -> Known:
-        """`cost`, whose time is `time_s` and bytes sent `sent_bytes` (its own where None)."""
+        """`cost`, whose time is `time_s` and bytes sent `sent_bytes` (its own where None);
+        `spread` as the field says."""
         return cls(
             cost.op,
             cost.algorithm,
@@ -914,6 +931,7 @@ class Known(CollectiveCost):
             known_time=time_s,
             known_sent=cost.sent_bytes if sent_bytes is None else sent_bytes,
             known_latency=cost.latency_s if latency_s is None else latency_s,
+            spread=spread,
         )
 
     @property
@@ -937,6 +955,50 @@ def repeated(one: CollectiveCost, calls: Count, size_bytes: Count) -> Collective
     reach), and every figure of it, steps, bytes and time, is `calls` times one's."""
     whole = replace(one, size_bytes=size_bytes, stages=tuple(_times(s, calls) for s in one.stages))
     return Known.of(whole, one.time_s * calls, one.sent_bytes * calls, one.latency_s * calls)
+
+
+def _spread(cost: CollectiveCost, values: Any) -> Any:
+    """A stage's figure for every configuration: as it is, or taken where a sweep's cost
+    spread its stages (`Known.spread`)."""
+    which = cost.spread if isinstance(cost, Known) else None
+    return values if which is None or np.ndim(values) == 0 else np.take(values, which)
+
+
+def link_terms(cost: CollectiveCost) -> list[tuple[str, Seconds]]:
+    """Each stage's link and bandwidth term Q / B_eff, for every configuration of a sweep."""
+    return [(s.link.name, _spread(cost, s.bandwidth_s)) for s in cost.stages]
+
+
+def shared_pace(cost: CollectiveCost, left: Mapping[str, Any]) -> Seconds:
+    """The pace `cost` keeps where each link named in `left` is left to it at that share of its
+    B_eff (other collectives hold the rest): its time alone over its time so, each stage's
+    bandwidth term Q / (B_eff · share) on a link it shares and n·α as alone, a ring across
+    levels paced by its busiest port at those rates as alone (`CollectiveCost.bandwidth_s`).
+    A link's bandwidth is shared, not its latency: the fluid model of links carrying several
+    flows, whose rates sum to at most the link's (max-min sharing; Velho et al., "On the
+    validity of flow-level TCP network models for grid and cloud simulations", ACM TOMACS 23(4),
+    2013, section 2). A share must be above 0; a collective that moves nothing keeps pace 1."""
+    own = cost.stages
+    if isinstance(cost, Known) and cost.spread is not None:  # every configuration's entries
+        own = tuple(
+            replace(s, **{f.name: _spread(cost, getattr(s, f.name)) for f in _ARRAY_FIELDS})
+            for s in own
+        )
+    stages = tuple(
+        replace(s, efficiency=s.efficiency * left[s.link.name]) if s.link.name in left else s
+        for s in own
+    )
+    # the stages' own sums, not a `Known` cost's time: the two paces must be alike
+    alone = CollectiveCost(
+        cost.op,
+        cost.algorithm,
+        _spread(cost, cost.ranks),
+        _spread(cost, cost.size_bytes),
+        own,
+        pipelined=cost.pipelined,
+    )
+    slowed: Any = replace(alone, stages=stages).time_s
+    return cast(Seconds, vwhere(holds(slowed > 0), ratio(cast(Any, alone.time_s), slowed), 1.0))
 
 
 def with_steps(cost: CollectiveCost, steps: Count) -> CollectiveCost:

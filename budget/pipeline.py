@@ -122,6 +122,7 @@ def _collective(timed: TimedMove, phase: PhaseTime, timing: bool) -> CollectiveR
         time_s=timed.time_s if timing else None,
         exposed_s=timed.exposed_s if timing else None,
         slowdown_s=float(timed.slowdown_s) if timing else None,
+        pace=float(timed.pace) if timing else None,
         overlap_rule=timed.rule,
         overlaps_with=move.window or None,
         chunks=chunks,

@@ -126,6 +126,9 @@ class CollectiveRow:
     time_s: float | None = None  # per call, total
     exposed_s: float | None = None  # per call, not hidden behind compute
     slowdown_s: float | None = None  # per call, compute time added by running beside it
+    # the share of its pace alone it keeps while hidden, where collectives hidden inside its
+    # window share its links (1: alone)
+    pace: float | None = None
     overlap_rule: str | None = None
     overlaps_with: str | None = None  # the kernel or window the rule may hide it behind
     # pipelined as this many collectives of 1/chunks of the size (the terms, steps and bytes
@@ -255,6 +258,7 @@ def _collective(c: CollectiveRow) -> dict[str, Any]:
         "time_s": c.time_s,
         "exposed_s": c.exposed_s,
         "slowdown_s": c.slowdown_s,
+        "pace": c.pace,
         "count": c.count,
         "from": c.src,
         "to": c.dst,

@@ -110,7 +110,9 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # validate-model's rows ``unit``
 # 1.34: the report's device gives ``fp8_transpose``; a level's ramp ``borrowed``
 # 1.35: the report's device gives ``attention_head_dim``, presets' attention rates ``head_dim``
-SCHEMA_VERSION = "1.35"
+# 1.36: a report's collective gives ``pace``, the share of its pace alone it keeps while
+# hidden, where collectives hidden inside its window share its links
+SCHEMA_VERSION = "1.36"
 
 Kind = Literal[
     "report",

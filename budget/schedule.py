@@ -27,6 +27,12 @@ smaller GEMM, and beside its pipelined reduce-scatter on the device's SMs less t
 is the compute's slowdown there, in place of ``overlap.slowdown``.
 Each collective is charged for its own hidden time. Two sharing a window run one after the
 other beside it, so the second hides only behind what the first left of share · W / (1 − s).
+A collective hidden behind a phase or more shares each link it uses with the collectives
+hidden inside that window (DESIGN.md rule 5; `_link_loads`): they hold u of the link, their
+bandwidth terms over W / (1 − s), and it moves its bytes at (1 − u) of B_eff, keeping the
+pace p = T / (n·α + Σ (Q/B) / (1 − u)) of its time alone (`collectives.shared_pace`), and
+hides behind p · share · W / (1 − s). A link carries its bandwidth at most: the work the two
+do on it adds up (Velho et al. 2013's fluid model of flows sharing a link).
 Compute is the roofline of each kernel
 (`max(FLOPs / (peak · e_matmul), bytes / (bandwidth · e_memory))`, Williams et al. 2009).
 
@@ -72,7 +78,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from budget.collectives import Algorithm, CollectiveCost, repeated, with_steps
+from budget.collectives import (
+    Algorithm,
+    CollectiveCost,
+    link_terms,
+    repeated,
+    shared_pace,
+    with_steps,
+)
 from budget.efficiency import gemm_efficiency
 from budget.flops import (
     GRADIENT_PASSES,
@@ -129,6 +142,9 @@ class TimedMove:
     rule: str  # which overlap rule applied
     slowdown_s: float = 0.0  # one call: compute time added by running beside it
     chunks: int = 1  # run as this many collectives of 1/chunks of the size; `cost` is one
+    # the share of its pace alone it keeps while hidden, on links the collectives hidden
+    # inside its window share with it (`_link_loads`); 1 alone
+    pace: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,6 +669,133 @@ def _backward_kernel(name: str) -> bool:
 
 Pricer = Callable[[Plan, Move], CollectiveCost]
 
+# a window's links others hold: window (`_load_key`) -> link -> (the share of the link the
+# collectives hidden inside the window take, the groups they belong to)
+Loads = dict[str, dict[str, tuple[Any, frozenset[str]]]]
+
+# the least share of a link left to a collective: a link the others fill leaves it this, so
+# that it all but stops there (its pace, `collectives.shared_pace`, is then about 0)
+_LEAST_LEFT = 1e-9
+
+
+def _reach(window: str) -> int:
+    """How much of a stage's work a window spans: 0 one kernel of its phase (the window names
+    it), 1 the whole phase ("@phase"), 2 a layer's, a unit's or the embedding's passes, 3 a
+    micro-batch's pass. A collective shares its links with those hidden in smaller windows
+    inside its own (`_link_loads`)."""
+    if not window.startswith("@"):
+        return 0
+    if window == "@phase":
+        return 1
+    return 3 if window.endswith("-microbatch") else 2
+
+
+def _load_key(window: str, phase: str) -> str:
+    """`Loads`' key: the window, or a whole phase's by its name (each phase its own)."""
+    return f"@phase {phase}" if window == "@phase" else window
+
+
+def _members(window: str, own: str, phase: PhaseTime, move: Move) -> bool:
+    """Whether `move`, of `phase`, runs inside one instance of `window` (a window of phase
+    `own`): the phases `_windows` adds up for it, and of a micro-batch's forward only the
+    kernels of the forward (the loss's backward ones run before the layers' backward, and
+    are no part of either window there)."""
+    name = phase.name
+    if window == "@phase":
+        return name == own
+    if window == EMBEDDING_BACKWARD_WINDOW:
+        return name == "backward.embedding"
+    if window == "@forward-microbatch":
+        return name in FORWARD_PHASES and not _backward_kernel(move.window)
+    if window == "@backward-microbatch":
+        return name in BACKWARD_PHASES
+    which, _, kind = window[1:].partition("-")
+    blocks = ("attention", "moe") if kind == "layer" else ("attention", "mlp", "moe")
+    return pass_of(name) == which and name.rpartition(".")[2] in blocks
+
+
+def _link_loads(
+    plan: Plan, phases: Sequence[PhaseTime], windows: dict[str, float], m: int
+) -> Loads:
+    """Each window a collective hides behind that spans a phase or more, and the share of each
+    link the collectives hidden inside it (behind smaller windows: a GEMM's, an attention
+    kernel's, a layer's) take over one instance of it: their bandwidth terms while hidden on
+    that link over the window's compute, W / (1 − s) beside them (`time_phase`). DESIGN.md
+    rule 5: collectives of several groups that run at once on one link share it. A link
+    carries its bandwidth at most, so what the smaller windows' collectives send through it
+    during the window is link time the wider one's does not have there (`time_phase`).
+    Collectives exposed on the critical path run outside the compute a collective hides
+    behind, and are not counted; nor are those of windows as wide as its own (a micro-batch's
+    pipeline sends beside its gradient reduction) or wider."""
+    stretch = 1 / (1 - plan.overlap.slowdown)
+    wide = {
+        _load_key(t.move.window, p.name): (t.move.window, p)
+        for p in phases
+        for t in p.moves
+        if _reach(t.move.window) > 0 and _flag(plan, t.move.flag)
+    }
+    loads: Loads = {}
+    for key, (window, own) in wide.items():
+        held: dict[str, Any] = {}
+        groups: dict[str, set[str]] = {}
+        for phase in phases:
+            # instances of the phase inside one of the window: a micro-batch's share of its
+            # count, or one (a layer's, a unit's, the embedding's or the phase's own)
+            weight = phase.count / m if window.endswith("-microbatch") else 1.0
+            for t in phase.moves:
+                if _reach(t.move.window) >= _reach(window) or not t.move.window:
+                    continue
+                if not _members(window, own.name, phase, t.move):
+                    continue
+                hidden = ratio(t.time_s - t.exposed_s, t.time_s) * t.move.count * weight
+                for link, term in link_terms(t.cost):
+                    seconds = term * t.chunks * hidden
+                    if every(seconds == 0):
+                        continue
+                    held[link] = held.get(link, 0.0) + seconds
+                    groups.setdefault(link, set()).add(t.move.group)
+        compute = own.compute_s - own.slowdown_s if window == "@phase" else windows[window]
+        span = compute * stretch
+        shares = {
+            link: (vmin(ratio(seconds, span), 1.0), frozenset(groups[link]))
+            for link, seconds in held.items()
+        }
+        if shares:
+            loads[key] = shares
+    return loads
+
+
+def _wide(phase: Phase, loads: Loads) -> bool:
+    """Whether a collective of `phase` hides behind a window `loads` names."""
+    return any(_load_key(m.window, phase.name) in loads for m in phase.moves if m.window)
+
+
+def _sharing(
+    plan: Plan, cost: CollectiveCost, shares: dict[str, tuple[Any, frozenset[str]]]
+) -> tuple[Any, str]:
+    """The pace a collective keeps on the links the ones hidden inside its window share with
+    it (`collectives.shared_pace`), and the rule's words for it: which links, whose
+    collectives and (one plan) how much of the link they hold."""
+    used = {s.link.name for s in cost.stages if not every(s.payload_bytes == 0)}
+    mine = {link: shares[link] for link in sorted(used) if link in shares}
+    if not mine:
+        return 1.0, ""
+    left = {link: vmax(1.0 - u, _LEAST_LEFT) for link, (u, _) in mine.items()}
+    pace = shared_pace(cost, left)
+    if isinstance(pace, float) and pace >= 1.0:  # on links that do not pace it (a ring
+        return pace, ""  # across levels paced by its port, beside an inner fabric's load)
+    said = []
+    for link, (u, groups) in mine.items():
+        held = f", which hold {_percent(u)} of it" if isinstance(u, float) else ""
+        said.append(f"{link} with the {', '.join(sorted(groups))} collectives hidden there{held}")
+    at = f", so it runs at {_percent(pace)} of its pace alone" if isinstance(pace, float) else ""
+    return pace, f"shares {'; '.join(said)}{at}"
+
+
+def _percent(share: float) -> str:
+    """A share in words fine enough to tell it from none and from all: 18%, 0.3%, 99.7%."""
+    return f"{share:.0%}" if 0.01 <= share <= 0.99 else f"{share:.1%}"
+
 
 def time_phase(
     plan: Plan,
@@ -660,6 +803,7 @@ def time_phase(
     windows: dict[str, float],
     price: Pricer = price_move,
     kernels: dict[str, float] | None = None,
+    loads: Loads | None = None,
 ) -> PhaseTime:
     """One phase's compute and each of its collectives' total and exposed time, by the module's
     rule: exposed = max(floor · T, T − share · W / (1 − s)) inside the window W a move names and
@@ -685,7 +829,7 @@ def time_phase(
         # the cost's own array where it runs whole (a copy of it per move cost a 405B pass
         # 96 arrays of 16,384 layouts: moves priced alike share a cost, `search._Pricer`)
         total = vfloat(cost.time_s) if chunks == 1 else chunks * vfloat(cost.time_s)
-        exposed, rule, slowed = total, move.rule, 0.0
+        exposed, rule, slowed, pace = total, move.rule, 0.0, 1.0
         if allowed:
             window = kernels.get(move.window, windows.get(move.window, compute))
             # the last chunk waits with nothing beside it; unchunked, `floor` stays exposed
@@ -713,6 +857,15 @@ def time_phase(
             margin, sms = sm_margin(plan, move), plan.device.sms
             stretch = 1.0 if margin else 1 / (1 - plan.overlap.slowdown)
             room = move.share * stretch * window  # one array product where W is one
+            # the links it shares with the collectives hidden inside its window, which take
+            # their link time there: it runs at its pace on what they leave of each
+            # (`_link_loads`), and hides behind that much less of the window
+            shares = loads.get(_load_key(move.window, phase.name)) if loads else None
+            if shares:
+                pace, said = _sharing(plan, cost, shares)
+                if said:
+                    room = room * pace
+                    rule = f"{rule}; {said}"
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
             # param_sync_func), one after the other on one communicator: all of them within
@@ -766,7 +919,7 @@ def time_phase(
                 rule = f"{rule}; slows the compute beside it {plan.overlap.slowdown:.1%}"
         if move.flag:
             rule = f"{rule} [overlap.{move.flag} {'on' if allowed else 'off'}]"
-        timed.append(TimedMove(move, cost, total, exposed, rule, slowed, chunks))
+        timed.append(TimedMove(move, cost, total, exposed, rule, slowed, chunks, pace))
     timed = _beside(plan, timed)
     slowdown, comm, exposed = _per_instance(timed)
     return PhaseTime(
@@ -910,6 +1063,14 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
             time_phase(plan, p, windows, price, k)
             for p, k in zip(stage.phases, kernels, strict=True)
         )
+        # a collective hidden behind a phase or more shares its links with those hidden
+        # inside it (`_link_loads`): its phase is timed again with them
+        loads = _link_loads(plan, phases, windows, m)
+        if loads:
+            phases = tuple(
+                time_phase(plan, p, windows, price, k, loads) if _wide(p, loads) else t
+                for p, k, t in zip(stage.phases, kernels, phases, strict=True)
+            )
         per_mb = sum(
             (p.compute_s + p.exposed_s) * p.count / m for p in phases if per_microbatch(p.name)
         )

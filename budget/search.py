@@ -1375,6 +1375,7 @@ class _Pricer:
             np.take(few.time_s, each),
             np.take(few.sent_bytes, each),
             np.take(few.latency_s, each),
+            spread=each,
         )
         seen.append((move.ranks, move.size_bytes, move.boundary, move.calls, cost))
         return cost

@@ -800,12 +800,11 @@ def test_an_fp8_plan_says_how_its_memory_is_counted(tmp_path: Path) -> None:
     ("name", "shared"),
     [("llama3-405b-128k.yaml", "cp, pp, dp×cp on roce"), ("llama3-70b-decode.yaml", None)],
 )
-def test_groups_meeting_on_one_level_are_said_to_take_its_whole_bandwidth(
-    name: str, shared: str | None
-) -> None:
-    """The engine divides a level only by its shared_by: collectives of different groups
-    running at once on one GPU's link each get the whole B_eff, which nothing said (a
-    topology audit); the table and the markdown say it where groups meet on a level."""
+def test_groups_meeting_on_one_level_are_said_to_share_it_so(name: str, shared: str | None) -> None:
+    """Collectives of different groups running at once on one GPU's link share it where
+    one hides behind a phase or more (`schedule._link_loads`) and otherwise each get the
+    whole B_eff, which nothing said (a topology audit); the table and the markdown say it
+    where groups meet on a level."""
     from budget.render.markdown import render_markdown
     from budget.render.table import link_table
 
@@ -815,9 +814,11 @@ def test_groups_meeting_on_one_level_are_said_to_take_its_whole_bandwidth(
     texts = [" ".join(t.split()) for t in (console.export_text(), render_markdown(report))]
     for text in texts:
         if shared is None:
-            assert "not made to share it" not in text
+            assert "whole B_eff" not in text
         else:
-            assert f"({shared}), they are not made to share it" in text
+            assert f"({shared}), one hidden behind a phase or more shares the link" in text
+            # markdown escapes the underscore
+            assert "the others are each priced at the level's whole B" in text
 
 
 def _section(text: str, start: str, end: tuple[str, ...]) -> list[str]:

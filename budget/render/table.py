@@ -1313,13 +1313,16 @@ def shared_levels(report: Report) -> list[str]:
 
 
 def shared_note(shared: list[str]) -> str:
-    """That groups meeting on one level ("cp, dp×cp on infiniband") are each priced at its
-    whole bandwidth: DESIGN.md rule 5 names contention, and the engine divides a level only
-    by its ``shared_by`` (`budget.topology`), which a topology audit found unsaid."""
+    """How groups meeting on one level ("cp, dp×cp on infiniband") share it (DESIGN.md rule
+    5): a collective hidden behind a phase or more shares it with those hidden inside that
+    window (`schedule._link_loads`, its ``pace``); the rest each take the level's whole
+    bandwidth, which only its ``shared_by`` divides (`budget.topology`), a topology audit
+    having found that unsaid."""
     return (
-        "Each collective is priced at its level's whole B_eff: where collectives of "
-        f"different groups run at once on one GPU's link ({'; '.join(shared)}), they are "
-        "not made to share it (a level's shared_by divides it)"
+        f"Where collectives of different groups run at once on one GPU's link "
+        f"({'; '.join(shared)}), one hidden behind a phase or more shares the link with "
+        "those hidden inside it (its rule says how much); the others are each priced at "
+        "the level's whole B_eff (a level's shared_by divides it)"
     )
 
 
