@@ -765,9 +765,14 @@ def _link_loads(
     return loads
 
 
-def _wide(phase: Phase, loads: Loads) -> bool:
-    """Whether a collective of `phase` hides behind a window `loads` names."""
-    return any(_load_key(m.window, phase.name) in loads for m in phase.moves if m.window)
+def _wide(phase: PhaseTime, loads: Loads) -> bool:
+    """Whether a collective of `phase` hides behind a window `loads` names, on a link the
+    collectives hidden inside it use (as timed alone)."""
+    return any(
+        not shares.keys().isdisjoint(s.link.name for s in t.cost.stages)
+        for t in phase.moves
+        if t.move.window and (shares := loads.get(_load_key(t.move.window, phase.name)))
+    )
 
 
 def _sharing(
@@ -1068,7 +1073,7 @@ def step_time(plan: Plan, step: Step, price: Pricer = price_move) -> StepTime:
         loads = _link_loads(plan, phases, windows, m)
         if loads:
             phases = tuple(
-                time_phase(plan, p, windows, price, k, loads) if _wide(p, loads) else t
+                time_phase(plan, p, windows, price, k, loads) if _wide(t, loads) else t
                 for p, k, t in zip(stage.phases, kernels, phases, strict=True)
             )
         per_mb = sum(
