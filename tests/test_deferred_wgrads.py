@@ -211,7 +211,8 @@ def test_a_search_seed_is_refused_what_no_layout_of_it_can_run(tmp_path) -> None
 
 def test_zero_is_no_limit_a_plan_can_write(tmp_path) -> None:
     """Megatron's limit 0 means every micro-batch; a plan says that with true, so 0 is refused
-    by the schema rather than read as either."""
+    by the schema rather than read as either, and the refusal says what to write (it said only
+    the minimum, to a user copying Megatron-Core's default)."""
     path = variant(
         tmp_path,
         "zero.yaml",
@@ -222,6 +223,9 @@ def test_zero_is_no_limit_a_plan_can_write(tmp_path) -> None:
     (problem,) = caught.value.problems
     assert problem.path == "$.overlap.defer_embedding_wgrad"
     assert "less than the minimum of 1" in problem.message
+    assert "wgrad_deferral_limit 0, its default, defers every micro-batch's: write true" in (
+        problem.message
+    )
 
 
 def test_a_searched_layout_without_a_pipeline_drops_it(tmp_path) -> None:

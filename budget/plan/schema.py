@@ -452,6 +452,8 @@ def _message(error: Any) -> str:
         names = [wanted] if isinstance(wanted, str) else list(wanted)
         shown = " or ".join(_TYPE_NAMES[n] for n in names)
         return f"{_show(error.instance)} is not {shown}{_read_as(error.instance, wanted)}"
+    if kind == "minimum" and "x-below-minimum" in schema:  # what a peer tool's 0 means here
+        return f"{error.message}; {schema['x-below-minimum']}"
     fraction_over = kind in ("maximum", "exclusiveMaximum") and error.validator_value == 1
     if fraction_over and 1 < error.instance <= 100:  # a percentage where a fraction is asked
         fraction = error.instance / 100
