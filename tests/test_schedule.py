@@ -34,7 +34,7 @@ from budget.schedule import (
 )
 from budget.step import derive
 from tests.builders import make_plan
-from tests.plan_files import ROOT, variant
+from tests.plan_files import ROOT, refusal, variant
 
 PLANS = sorted(Path(__file__).parent.parent.glob("plans/*.yaml"))
 A100 = Device(
@@ -860,12 +860,16 @@ def test_an_aggregated_ring_exchange_runs_its_gemm_in_half_the_chunks(tmp_path):
     assert {ring_splits(every, gemm) for gemm in ("QKV projection", "MLP fc1")} == {4}
     assert ring_splits(every, "MLP fc2 backward") == ring_splits(every, projection) == 4
     assert ring_splits(load_plan(ROOT / "plans" / "llama3-70b.yaml"), "MLP fc1") == 8
-    # without overlap.tp nothing is exchanged by ring: exposed whole, and not said to be
-    # aggregated (an audit, m538)
+    # without overlap.tp nothing is exchanged by ring, so aggregating would change nothing:
+    # refused at the key (it was priced exposed whole and the key silently ignored)
     path.write_text(base + "overlap: {tp: false, tp_comm_aggregate: true}\n", encoding="utf-8")
-    off = {c.name: c for p in build_report(load_plan(path)).phases for c in p.collectives}
-    assert "aggregated" not in off["attention input"].overlap_rule
-    assert off["attention input"].exposed_s == off["attention input"].time_s
+    problem = refusal(path)
+    assert problem.path == "$.overlap.tp_comm_aggregate"
+    assert "overlap.tp turns on, and it is off here" in problem.message
+    path.write_text(base + "overlap: {tp_comm_sms: 24}\n", encoding="utf-8")
+    assert refusal(path).path == "$.overlap.tp_comm_sms"
+    path.write_text(base + "overlap: {tp_comm_aggregate: false}\n", encoding="utf-8")
+    assert load_plan(path).overlap.tp_comm_aggregate == ()  # none aggregated: nothing to tune
 
 
 def test_an_aggregated_ring_exchange_over_two_ranks_hides_nothing(tmp_path):

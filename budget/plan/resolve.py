@@ -2860,6 +2860,16 @@ def resolve(
         if each
         else (("", comm_sms.attention),)
     )
+    if not overlap.get("tp"):  # tuned, but not on: said, not silently priced without
+        tuned = {"tp_comm_sms": overlap.get("tp_comm_sms") is not None}
+        tuned["tp_comm_aggregate"] = overlap.get("tp_comm_aggregate") not in (None, False, [])
+        for key in (k for k, given in tuned.items() if given):
+            r.error(
+                f"$.overlap.{key}",
+                f"overlap.{key} tunes Transformer Engine's comm-GEMM overlap, which "
+                f"overlap.tp turns on, and it is off here, so {key} would change nothing; "
+                f"set overlap.tp: true, or drop {key}",
+            )
     for where, held in counts:
         if device is not None and overlap.get("tp") and 0 < device.sms <= held:
             r.error(
