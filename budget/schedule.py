@@ -745,6 +745,12 @@ def _link_loads(
             for t in phase.moves:
                 if _reach(t.move.window) >= _reach(window) or not t.move.window:
                     continue
+                # an expert all-to-all hides behind another micro-batch's layer (`overlap.ep`,
+                # combined 1F1B), which the step's last backward and first forward, the
+                # windows of the gradient reduction and the parameter gather, pair with none
+                # (review m551: they were counted there at their hidden share)
+                if window.endswith("-microbatch") and t.move.window.endswith("-layer"):
+                    continue
                 if not _members(window, own.name, phase, t.move):
                     continue
                 hidden = ratio(t.time_s - t.exposed_s, t.time_s) * t.move.count * weight
@@ -793,7 +799,13 @@ def _sharing(
     for link, (u, groups) in mine.items():
         held = f", which hold {_percent(u)} of it" if isinstance(u, float) else ""
         said.append(f"{link} with the {', '.join(sorted(groups))} collectives hidden there{held}")
-    at = f", so it runs at {_percent(pace)} of its pace alone" if isinstance(pace, float) else ""
+    # the time shown is its time alone (review m551: read as how long it ran)
+    at = (
+        f", so it runs at {_percent(pace)} of its pace alone while hidden (its time is "
+        "its time alone)"
+        if isinstance(pace, float)
+        else ""
+    )
     return pace, f"shares {'; '.join(said)}{at}"
 
 
@@ -864,12 +876,11 @@ def time_phase(
             room = move.share * stretch * window  # one array product where W is one
             # the links it shares with the collectives hidden inside its window, which take
             # their link time there: it runs at its pace on what they leave of each
-            # (`_link_loads`), and hides behind that much less of the window
+            # (`_link_loads`), so a second of the window hides `pace` seconds of it alone
             shares = loads.get(_load_key(move.window, phase.name)) if loads else None
             if shares:
                 pace, said = _sharing(plan, cost, shares)
                 if said:
-                    room = room * pace
                     rule = f"{rule}; {said}"
             # an interleaved stage reduces (gathers) model chunk by chunk, each part as its
             # chunk finishes the last micro-batch (Megatron-LM's per-chunk grad_sync_func and
@@ -900,17 +911,20 @@ def time_phase(
             if spent is not None:
                 last_room = vmax(last_room - spent[0], 0.0)
                 whole_room = vmax(whole_room - spent[1], 0.0)
-            last = vmax(least, total * f - last_room)
-            exposed = vmax(last, total - whole_room)
+            last = vmax(least, total * f - last_room * pace)
+            exposed = vmax(last, total - whole_room * pace)
             if parts[part] > 1:  # a move after this one hides in what it leaves
-                mask = vmin(move.count, 1)
+                mask = vmin(move.count, 1) / pace  # the window's seconds its hidden part took
                 hidden = total - exposed
                 hid = (vmin(total * f - last, hidden) * mask, hidden * mask)
                 used[part] = hid if spent is None else (spent[0] + hid[0], spent[1] + hid[1])
             if margin:  # its GEMM runs narrowed instead
                 rule = f"{rule}; its GEMM runs on {sms - margin} of {sms} SMs"
             else:
-                slowed = plan.overlap.slowdown * (total - exposed)
+                # its kernels hold the SMs for as long as they run hidden: its hidden time
+                # alone over the pace it keeps on a shared link (review m551: its time alone
+                # was charged, and sharing a link lowered the slowdown it puts on the compute)
+                slowed = plan.overlap.slowdown * (total - exposed) / pace
                 # a ring exchange (a pipelined one names its chunks already)
                 if isinstance(move.gemm_splits, int) and move.gemm_splits > 1 and chunks == 1:
                     # beside the exchange it names, before what the rule says of it (an
