@@ -111,7 +111,8 @@ __all__ = ["KINDS", "SCHEMA_VERSION", "Kind", "report_schema", "validation_error
 # 1.34: the report's device gives ``fp8_transpose``; a level's ramp ``borrowed``
 # 1.35: the report's device gives ``attention_head_dim``, presets' attention rates ``head_dim``
 # 1.36: a report's collective gives ``pace``, the share of its pace alone it keeps while
-# hidden, where collectives hidden inside its window share its links
+# hidden, where collectives hidden inside its window share its links; search's nearest
+# ``fitting_least_exact_step_s``, the least step of the fitting layouts priced exactly
 SCHEMA_VERSION = "1.36"
 
 Kind = Literal[

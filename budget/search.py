@@ -234,7 +234,9 @@ class Nearest:
     audit, m419: an empty result named no layout and no limit to relax): the least peak of
     any layout evaluated, a lower bound where its model states alone ruled it out (no stage
     peaks below its states); of the layouts that fit, the least peak, the least step time
-    (a lower bound where a replay was held pending: none steps in less), the least exposed
+    (a lower bound where a replay was held pending: none steps in less) and the least of
+    those priced exactly (a layout steps that fast: the least lies between the two; review
+    m553: the bound alone, raised to as a limit, still ranked none), the least exposed
     share of the step; and how many that fit break each limit alone, whichever else they
     break (`Outcome.rejected` counts each under the first), with how many more a pending
     layout's bounds leave open on it (`_open_limits`: a layout an earlier limit rules out
@@ -247,6 +249,7 @@ class Nearest:
     fitting_exposed_share: float | None = None
     over_each: dict[str, int] = field(default_factory=dict)
     undecided_each: dict[str, int] = field(default_factory=dict)
+    fitting_exact_step_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +257,7 @@ class Nearest:
             "least_peak_bytes": self.least_peak,
             "fitting_least_peak_bytes": self.fitting_peak,
             "fitting_least_step_s": self.fitting_step_s,
+            "fitting_least_exact_step_s": self.fitting_exact_step_s,
             "fitting_least_exposed_share": self.fitting_exposed_share,
             "over_each_limit": dict(self.over_each),
             "undecided_each_limit": dict(self.undecided_each),
@@ -269,6 +273,7 @@ class _Near:
         self.fit_peak: int | None = None
         self.fit_step: float | None = None
         self.fit_share: float | None = None
+        self.fit_exact: float | None = None
         self.over: Counter[str] = Counter()
         self.open: Counter[str] = Counter()
 
@@ -295,6 +300,9 @@ class _Near:
         _, share = _exposed_shares(measured)
         self.fit_peak = _least(self.fit_peak, int(peak[fits].min()))
         self.fit_step = _least(self.fit_step, float(measured["time"][fits].min()))
+        exact = fits & ~measured["pending"]
+        if exact.any():
+            self.fit_exact = _least(self.fit_exact, float(measured["time"][exact].min()))
         self.fit_share = _least(self.fit_share, float(share[fits].min()))
         for (reason, over), open_ in zip(breaks, opens, strict=True):
             self.over[reason] += int((fits & over).sum())
@@ -309,6 +317,7 @@ class _Near:
             self.fit_share,
             dict(self.over),
             {reason: n for reason, n in self.open.items() if n},
+            self.fit_exact,
         )
 
 

@@ -21,6 +21,7 @@ from budget.plan.load import load_plan
 from budget.plan.yaml_load import load_yaml
 from budget.render.search import PARETO_ROWS, thin
 from budget.search import UNEVEN, Config, Result, Space, apply, pareto, parse_values, search
+from budget.units import format_duration
 from tests.plan_files import GPT3, ROOT, variant
 
 SMALL = Space(micro=(1, 2), virtual_stages=(1, 2), zero=(0, 1, 2, 3))
@@ -3508,3 +3509,25 @@ def test_a_plan_as_written_over_a_limit_is_not_said_to_do_better(tmp_path):
     out = " ".join(result.output.split())
     assert "does not keep the --headroom limit" in out
     assert "Wrote the best layout searched to" in out and "does better" not in out
+
+
+def test_the_nearest_step_says_the_bound_and_the_fastest_priced_exactly() -> None:
+    """GPT-3 on 1,024 GPUs under --max-step 17s ranks none; the nearest step read 17.007 s,
+    the bound of a layout held until replayed, where the fastest layout takes 17.128 s, so a
+    user who raised the limit to it still got none (review m553). The bound and the fastest
+    priced exactly bracket the fastest layout, and the table says both."""
+    from budget.check import Limits
+
+    plan = load_plan(GPT3)
+    near = search(plan, 1024, Space(), keep=5, limits=Limits(max_step_s=17.0)).nearest
+    fastest = search(plan, 1024, Space(), keep=1).results[0].step_time_s
+    assert near is not None and near.fitting_step_s is not None
+    assert near.fitting_exact_step_s is not None
+    assert near.fitting_step_s <= fastest <= near.fitting_exact_step_s
+    assert near.fitting_step_s < 17.05 < 17.1 < fastest  # 17.007 s against 17.128 s
+    said = CliRunner().invoke(app, route(["search", str(GPT3), "--max-step", "17s"]))
+    text = " ".join(said.stdout.split())
+    assert said.exit_code == 1
+    assert "none steps in under 17.007 s (a bound: a layout whose model chunks differ" in text
+    exact = format_duration(near.fitting_exact_step_s)
+    assert f"the fastest priced exactly takes {exact})" in text

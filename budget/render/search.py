@@ -504,7 +504,16 @@ def nearest_note(outcome: Outcome) -> str | None:
         nearest.append(f"none exposes under {_share_down(share, digits)} of its step")
     if limits.max_step_s is not None and step is not None:
         digits = _past(step, limits.max_step_s, 3)
-        nearest.append(f"none steps in under {_duration_down(step, digits)}")
+        said = f"none steps in under {_duration_down(step, digits)}"
+        # a layout held at a lower bound until replayed (review m553: the bound alone read
+        # as a layout's time, and raised to as a limit still ranked none)
+        exact = near.fitting_exact_step_s
+        if exact is not None and exact > step:
+            said += (
+                " (a bound: a layout whose model chunks differ is not replayed once its "
+                f"bound rules it out; the fastest priced exactly takes {format_duration(exact)})"
+            )
+        nearest.append(said)
     return (
         f"Of the {outcome.fitting:,} that fit, each limit alone: {alone}. Nearest: "
         f"{', '.join(nearest)}."
