@@ -845,14 +845,29 @@ def _tree_across(tiers: tuple[Tier, ...], size: Count, e: int) -> tuple[Stage, .
         2 * (floor_log2(spans[k]) - floor_log2(spans[k + 1])) for k in range(1, len(tiers))
     ]
     share = TREE_SHARE * _tree_correction(size)
-    stages = _across("all-reduce", "double-tree", tiers, size, q, steps, share)
+    # over two nodes neither tree has an inner node: each node sends a half up and a half
+    # down in each, S through its G ports, where an inner node sends 2S (an audit, m552: 2S
+    # over two DGX A100s, the ring picked where the tree is 19 % faster; NCCL's tuner prices
+    # the tree at the intra-node rate there, ``nNodes <= 2``, and Jeaugey, nccl-tests issue
+    # 196: "On two nodes, NCCL uses the tree ... which can indeed go beyond the network
+    # bottleneck"); a pair of ranks, one a node, moves S already
+    halved = _indicator((spans[1] == 2) & (p > 2)) if len(tiers) > 1 else 0
+    ported = q // (1 + halved)
+    stages = _across("all-reduce", "double-tree", tiers, size, q, steps, share, ported)
     # all ranks together: each tree's P − 1 edges carry a half up and a half down, 2(P − 1)S
     # in all, where P times the busiest rank's 2S counted the leaves' as an inner node's (an
     # audit: 8 GiB for 6 at P = 4); of two ranks each moves S, 2S in all
     moving = p - 1 + _indicator(p == 2)
+    # over two nodes the ports' half the busiest rank does not send is still each tree's
+    # edges' (the chains' inside the nodes): the fabric's, so the group's 2(P − 1)S stays
+    kept = q - sum((s.sent_bytes for s in stages), start=0)
     return tuple(
-        replace(s, group_sent_bytes=s.sent_bytes * moving, group_recv_bytes=s.sent_bytes * moving)
-        for s in stages
+        replace(
+            s,
+            group_sent_bytes=(s.sent_bytes + kept * (k == 0)) * moving,
+            group_recv_bytes=(s.sent_bytes + kept * (k == 0)) * moving,
+        )
+        for k, s in enumerate(stages)
     )
 
 
@@ -1045,26 +1060,31 @@ def _across(
     q: Count,
     steps: Sequence[Count],
     efficiency: Seconds = 1.0,
+    ported: Count | None = None,
 ) -> tuple[Stage, ...]:
     """The stages of one collective through every rank of a group that spans levels, each
     rank moving `q` bytes and taking ``steps[k]`` latency-bearing steps on level k: a
     channel crosses a level-k boundary N_k times in its P hops, spread over the node's
     ports, so a rank's port carries q·x_k/P, x_k the hops whose outermost boundary is level
-    k, and its own fabric the rest (`_ring_across`)."""
+    k, and its own fabric the rest (`_ring_across`). `ported`, where given, is the q whose
+    share the ports carry, where fewer of a rank's bytes leave its node than q's share,
+    its fabric's as q's (`_tree_across`)."""
     p = _product([t.ranks for t in tiers])
     spans = _spans(tiers)
 
-    def beyond(k: int) -> Count:  # a rank's bytes over level k's boundary or beyond
+    def beyond(k: int, through: Count = q) -> Count:  # bytes over level k's boundary or past
         if k >= len(tiers):
             return 0
         hops = spans[k] * _indicator(spans[k] > 1)  # a channel's hops crossing it
-        return (q * hops + p - 1) // _maximum(p, 1)
+        return (through * hops + p - 1) // _maximum(p, 1)
+
+    out = q if ported is None else ported
 
     stages = []
     for k, tier in enumerate(tiers):
         # the level's own share; the shares are differences of rounded totals, so they add
         # up to Q exactly (the fabric, k = 0, takes what no port takes)
-        sent = (q if k == 0 else beyond(k)) - beyond(k + 1)
+        sent = q - beyond(1) if k == 0 else beyond(k, out) - beyond(k + 1, out)
         stage = _Pricing(op, algorithm, p, size, tier.link, 1).symmetric(steps[k], sent)
         stages.append(replace(stage, ramp_op=op, efficiency=efficiency))
     return tuple(stages)

@@ -92,6 +92,39 @@ def test_ring_all_reduce_four_nodes_of_eight() -> None:
     assert cost.links == ("nvlink", "ib")
 
 
+def test_nccls_double_binary_tree_over_two_nodes_has_no_inner_node() -> None:
+    """Over two nodes of 8 neither tree has an inner node: in each, one node's chain sends
+    its half up and the other's sends it back down, so a node puts S on the network, S/8
+    through each of its 8 ports (an audit, m552: 2S/8, as an inner node's, and the ring
+    chosen where the tree is faster; NCCL's tuner prices the tree at the intra-node rate at
+    nNodes <= 2, and NVIDIA/nccl issue 946: "With Tree, on 2 nodes ... we have 2x less
+    traffic on the network than on the intra-node connections"). DGX A100's links: NVLink
+    231.6 GB/s and 3 us, InfiniBand 24 GB/s and 14 us. 1 GiB: the chains carry 2S − 2S/8 =
+    1,879,048,192 B at 0.92 x 231.6 GB/s = 8,818.841 us, the port 134,217,728 B at 0.92 x 24
+    GB/s = 6,078.7 us beside it, so NVLink paces the tree; 2 x 7 x 3 + 2 x 1 x 14 = 70 us of
+    latency: 8,888.841 us, under the ring's 10,619.760 us, so an unnamed all-reduce runs the
+    tree. The group's edges carry 2(P − 1)S = 30 GiB as on more nodes; a pair of ranks, one a
+    node, moves S as before."""
+    nvlink, ib = Link("nvlink", 231.6e9, 3e-6), Link("ib", 24e9, 14e-6)
+    tiers = [Tier(8, nvlink), Tier(2, ib)]
+    tree = collective_cost("all-reduce", tiers, GIB, "double-tree")
+    assert [(s.link.name, s.steps, s.sent_bytes) for s in tree.stages] == [
+        ("nvlink", 14, 2 * GIB - 2 * GIB // 8),
+        ("ib", 2, GIB // 8),
+    ]
+    assert tree.time_s * 1e6 == pytest.approx(70 + 1_879_048_192 / (0.92 * 231.6e9) * 1e6)
+    assert tree.time_s * 1e6 == pytest.approx(8888.841, abs=5e-4)
+    ring = collective_cost("all-reduce", tiers, GIB, "ring")
+    assert ring.time_s * 1e6 == pytest.approx(10619.760, abs=5e-4)
+    assert collective_cost("all-reduce", tiers, GIB).algorithm == "double-tree"
+    assert tree.aggregate_sent_bytes == 2 * 15 * GIB
+    pair = collective_cost("all-reduce", [Tier(1, nvlink), Tier(2, ib)], GIB, "double-tree")
+    assert [s.sent_bytes for s in pair.stages] == [0, GIB]
+    # over four nodes a node is inside one tree: 2S/8 through each port (below)
+    four = collective_cost("all-reduce", [Tier(8, nvlink), Tier(4, ib)], GIB, "double-tree")
+    assert four.stages[1].sent_bytes == 2 * GIB // 8
+
+
 def test_nccls_double_binary_tree_four_nodes_of_eight() -> None:
     """NCCL's tree all-reduce over 4 nodes x 8 (src/graph/tuning.cc: latency 2 x ((nRanks /
     nNodes - 1) x intraLat + log2(nNodes) x interLat), bandwidth S / (0.5 x 0.92 x busBw)):
@@ -203,8 +236,11 @@ def test_a_ring_across_nodes_reaches_what_nccl_measures_between_dgx_a100s() -> N
     """NCCL's maintainers: "On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we
     measure 192GB/s AllReduce BusBW" (NVIDIA/nccl issue 812): 8 ports x 24 GB/s, the share
     of HDR the dgx-a100 preset takes (nccl-tests issue 119). Two nodes and sixteen, 1 GiB,
-    on the preset's own levels: bus bandwidth within 2 % of 192 GB/s at two nodes (its
-    latency steps take the rest), where the two-level sum gave 146 GB/s."""
+    on the preset's own levels: the ring's bus bandwidth within 2 % of 192 GB/s at two nodes
+    (its latency steps take the rest), where the two-level sum gave 146 GB/s. Unnamed, two
+    nodes run NCCL's tree, which puts half the ring's bytes on the network there and beats
+    it (NVIDIA/nccl issue 946: "2 nodes is a special case ... NCCL should use Tree on 2
+    nodes for large sizes"); sixteen run the ring."""
     from budget.catalog.topologies import TOPOLOGIES
 
     nvlink, ib = (
@@ -212,8 +248,12 @@ def test_a_ring_across_nodes_reaches_what_nccl_measures_between_dgx_a100s() -> N
         for spec in TOPOLOGIES["dgx-a100"].levels
     )
     assert ib.bandwidth == 24e9
-    ring = collective_cost("all-reduce", [Tier(8, nvlink), Tier(2, ib)], GIB)
+    ring = collective_cost("all-reduce", [Tier(8, nvlink), Tier(2, ib)], GIB, "ring")
     assert ring.bus_bandwidth / 1e9 == pytest.approx(192, rel=0.02)
+    chosen = collective_cost("all-reduce", [Tier(8, nvlink), Tier(2, ib)], GIB)
+    assert chosen.algorithm == "double-tree" and chosen.time_s < ring.time_s
+    sixteen = collective_cost("all-reduce", [Tier(8, nvlink), Tier(16, ib)], GIB)
+    assert sixteen.algorithm == "ring"
     summed = collective_cost("all-reduce", [Tier(8, nvlink), Tier(2, ib)], GIB, "hierarchical")
     assert summed.bus_bandwidth / 1e9 < 150
 
