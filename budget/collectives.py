@@ -1300,7 +1300,10 @@ def slowness(link: Link) -> tuple[float, float]:
 
 
 def _slowest(links: Any) -> Link:
-    return cast(Link, min(links, key=slowness))
+    """The slowest of `links` (innermost first), the outermost of those alike: a step over a
+    rail group and the spine above it at one rate crosses the spine, which it names (an
+    audit, m552: the rail's name, as if the step never left it)."""
+    return cast(Link, min(reversed(list(links)), key=slowness))
 
 
 def spanned_link(links: Sequence[Link]) -> Link:

@@ -2538,7 +2538,7 @@ def test_a_split_of_one_and_two_layer_chunks_ranks_at_its_replayed_time():
     × 7 chunks are 14 chunks of two layers among 98 of one. The closed form over stage
     totals priced it 16.31 s and ranked it first, ahead of NeMo's own pp 9 × 7 (two layers
     a chunk, 16.38 s); replayed in Megatron-LM's order, as its report prices it, the
-    two-layer chunks pace the stages that wait on them and it takes 17.47 s (a search
+    two-layer chunks pace the stages that wait on them and it takes 17.48 s (a search
     audit read 17.39 s before the recipe's deferred weight gradients and aggregated ring
     exchanges were priced). The search
     now ranks it at that, behind the published layout. Both are interleaved, so both are
