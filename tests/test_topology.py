@@ -538,7 +538,11 @@ def test_a_level_name_is_kept_apart_from_the_levels_a_collective_spans(tmp_path:
     assert "without ' + '" in result.stderr
     angled = variant(tmp_path, "angled.yaml", ("name: roce,", "name: '<roce>',"), base=base)
     markdown = runner.invoke(app, route([str(angled), "-f", "markdown"])).stdout
-    (note,) = [line for line in markdown.splitlines() if line.startswith("Where collectives of different groups")]
+    (note,) = [
+        line
+        for line in markdown.splitlines()
+        if line.startswith("Where collectives of different groups")
+    ]
     assert "on \\<roce\\>)" in note and "<roce>" not in note.replace("\\<roce\\>", "")
 
 
