@@ -721,7 +721,9 @@ def _link_loads(
     link the collectives hidden inside it (behind smaller windows: a GEMM's, an attention
     kernel's, a layer's) take over one instance of it: their bandwidth terms while hidden on
     that link over the window's compute, W / (1 − s) beside them (`time_phase`). DESIGN.md
-    rule 5: collectives of several groups that run at once on one link share it. A link
+    rule 5: collectives that run at once on one link share it, of several groups or of one
+    (FSDP's head gradients beside the layers' reduce-scatters: on one communicator NCCL may
+    run them one after the other instead, which leaves the link's work the same). A link
     carries its bandwidth at most, so what the smaller windows' collectives send through it
     during the window is link time the wider one's does not have there (`time_phase`).
     Collectives exposed on the critical path run outside the compute a collective hides

@@ -415,12 +415,13 @@ def _none(outcome: Outcome) -> str:
     return f"{said} {near}" if near else said
 
 
-def _floor(x: float, digits: int = 3) -> float:
-    """`x` cut, not rounded, to `digits` significant digits: a lower bound shown stays one."""
+def _floor(x: float, digits: int = 3, up: bool = False) -> float:
+    """`x` cut, not rounded, to `digits` significant digits: a lower bound shown stays one;
+    raised to them where `up` (a figure a layout reaches stays reached, as a limit)."""
     if x <= 0:
         return x
     unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
-    return math.floor(x / unit) * unit
+    return (math.ceil(x / unit) if up else math.floor(x / unit)) * unit
 
 
 def _bytes_down(n: int) -> str:
@@ -443,10 +444,10 @@ def _share_down(share: float, digits: int = 2) -> str:
     return f"{percent:.{decimals}f}%"
 
 
-def _duration_down(seconds: float, digits: int) -> str:
-    """A time cut to `digits` significant digits (`_floor`), in `format_duration`'s unit;
-    at 3 digits `format_duration`'s own figure of the cut time."""
-    cut = _floor(seconds, digits)
+def _duration_down(seconds: float, digits: int, up: bool = False) -> str:
+    """A time cut to `digits` significant digits (`_floor`; raised to them where `up`), in
+    `format_duration`'s unit; at 3 digits `format_duration`'s own figure of the cut time."""
+    cut = _floor(seconds, digits, up)
     if digits <= 3 or cut <= 0:
         return format_duration(cut)
     scale, unit = duration_unit(cut)
@@ -509,9 +510,12 @@ def nearest_note(outcome: Outcome) -> str | None:
         # as a layout's time, and raised to as a limit still ranked none)
         exact = near.fitting_exact_step_s
         if exact is not None and exact > step:
+            # raised at its last digit: as a limit, the figure keeps that layout (review m554:
+            # 18.7207 s read 18.7 s)
+            took = _duration_down(exact, max(digits, 4), up=True)
             said += (
                 " (a bound: a layout whose model chunks differ is not replayed once its "
-                f"bound rules it out; the fastest priced exactly takes {format_duration(exact)})"
+                f"bound rules it out; the fastest priced exactly takes {took})"
             )
         nearest.append(said)
     return (
