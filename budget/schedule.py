@@ -690,9 +690,11 @@ def _reach(window: str) -> int:
     return 3 if window.endswith("-microbatch") else 2
 
 
-def _load_key(window: str, phase: str) -> str:
-    """`Loads`' key: the window, or a whole phase's by its name (each phase its own)."""
-    return f"@phase {phase}" if window == "@phase" else window
+def _load_key(window: str, phase: str, part: str = "") -> str:
+    """`Loads`' key: the window a collective of `phase` hides behind and the part of it it
+    draws on (`Move.part`): each phase its own, as another part's collectives of that phase
+    run beside it."""
+    return f"{window} ({phase}) [{part}]"
 
 
 def _members(window: str, own: str, phase: PhaseTime, move: Move) -> bool:
@@ -731,37 +733,31 @@ def _link_loads(
     pipeline sends beside its gradient reduction) or wider."""
     stretch = 1 / (1 - plan.overlap.slowdown)
     wide = {
-        _load_key(t.move.window, p.name): (t.move.window, p)
+        _load_key(t.move.window, p.name, t.move.part): (t.move.window, p, t.move.part)
         for p in phases
         for t in p.moves
         if _reach(t.move.window) > 0 and _flag(plan, t.move.flag)
     }
+    inside: dict[tuple[str, str], _Held] = {}  # each window's (a whole phase's by its name)
     loads: Loads = {}
-    for key, (window, own) in wide.items():
-        held: dict[str, Any] = {}
-        groups: dict[str, set[str]] = {}
-        for phase in phases:
-            # instances of the phase inside one of the window: a micro-batch's share of its
-            # count, or one (a layer's, a unit's, the embedding's or the phase's own)
-            weight = phase.count / m if window.endswith("-microbatch") else 1.0
-            for t in phase.moves:
-                if _reach(t.move.window) >= _reach(window) or not t.move.window:
-                    continue
-                # an expert all-to-all hides behind another micro-batch's layer (`overlap.ep`,
-                # combined 1F1B), which the step's last backward and first forward, the
-                # windows of the gradient reduction and the parameter gather, pair with none
-                # (review m551: they were counted there at their hidden share)
-                if window.endswith("-microbatch") and t.move.window.endswith("-layer"):
-                    continue
-                if not _members(window, own.name, phase, t.move):
-                    continue
-                hidden = ratio(t.time_s - t.exposed_s, t.time_s) * t.move.count * weight
-                for link, term in link_terms(t.cost):
-                    seconds = term * t.chunks * hidden
-                    if every(seconds == 0):
-                        continue
-                    held[link] = held.get(link, 0.0) + seconds
-                    groups.setdefault(link, set()).add(t.move.group)
+    for key, (window, own, part) in wide.items():
+        whose = (window, own.name if window == "@phase" else "")
+        if whose not in inside:
+            inside[whose] = _held_inside(window, own, phases, m)
+        held, groups = dict(inside[whose][0]), {k: set(v) for k, v in inside[whose][1].items()}
+        # a collective of another part of the same window, launched before, runs beside it
+        # on a stream of its own and draws on the link first (FSDP's all-reduce across
+        # hybrid copies beside the unit's reduce-scatter: review m555, both hidden whole on
+        # one NIC); the one launched first keeps its pace, so that the link's work is
+        # counted once (each slowed by the other's hidden time alone counted it twice)
+        first = next(
+            i
+            for i, t in enumerate(own.moves)
+            if _load_key(t.move.window, own.name, t.move.part) == key
+        )
+        for t in own.moves[:first]:
+            if t.move.window == window and t.move.part != part:
+                _add_held(held, groups, t, 1.0)
         compute = own.compute_s - own.slowdown_s if window == "@phase" else windows[window]
         span = compute * stretch
         shares = {
@@ -773,13 +769,54 @@ def _link_loads(
     return loads
 
 
+# link -> link seconds held, and link -> the groups holding them
+_Held = tuple[dict[str, Any], dict[str, set[str]]]
+
+
+def _held_inside(window: str, own: PhaseTime, phases: Sequence[PhaseTime], m: int) -> _Held:
+    """The link seconds the collectives hidden inside one instance of `window` (a window of
+    phase `own`) hold while hidden (`_link_loads`)."""
+    held: dict[str, Any] = {}
+    groups: dict[str, set[str]] = {}
+    for phase in phases:
+        # instances of the phase inside one of the window: a micro-batch's share of its
+        # count, or one (a layer's, a unit's, the embedding's or the phase's own)
+        weight = phase.count / m if window.endswith("-microbatch") else 1.0
+        for t in phase.moves:
+            if _reach(t.move.window) >= _reach(window) or not t.move.window:
+                continue
+            # an expert all-to-all hides behind another micro-batch's layer (`overlap.ep`,
+            # combined 1F1B), which the step's last backward and first forward, the windows
+            # of the gradient reduction and the parameter gather, pair with none (review
+            # m551: they were counted there at their hidden share)
+            if window.endswith("-microbatch") and t.move.window.endswith("-layer"):
+                continue
+            if _members(window, own.name, phase, t.move):
+                _add_held(held, groups, t, weight)
+    return held, groups
+
+
+def _add_held(
+    held: dict[str, Any], groups: dict[str, set[str]], t: TimedMove, weight: float
+) -> None:
+    """Add `t`'s link seconds while hidden, `weight` instances of its phase, by link."""
+    hidden = ratio(t.time_s - t.exposed_s, t.time_s) * t.move.count * weight
+    for link, term in link_terms(t.cost):
+        seconds = term * t.chunks * hidden
+        if every(seconds == 0):
+            continue
+        held[link] = held.get(link, 0.0) + seconds
+        groups.setdefault(link, set()).add(t.move.group)
+
+
 def _wide(phase: PhaseTime, loads: Loads) -> bool:
     """Whether a collective of `phase` hides behind a window `loads` names, on a link the
     collectives hidden inside it use (as timed alone)."""
     return any(
         not shares.keys().isdisjoint(s.link.name for s in t.cost.stages)
         for t in phase.moves
-        if t.move.window and (shares := loads.get(_load_key(t.move.window, phase.name)))
+        if t.move.window
+        and (shares := loads.get(_load_key(t.move.window, phase.name, t.move.part)))
     )
 
 
@@ -879,7 +916,8 @@ def time_phase(
             # the links it shares with the collectives hidden inside its window, which take
             # their link time there: it runs at its pace on what they leave of each
             # (`_link_loads`), so a second of the window hides `pace` seconds of it alone
-            shares = loads.get(_load_key(move.window, phase.name)) if loads else None
+            key = _load_key(move.window, phase.name, move.part)
+            shares = loads.get(key) if loads else None
             if shares:
                 pace, said = _sharing(plan, cost, shares)
                 if said:
@@ -969,8 +1007,13 @@ def _beside(plan: Plan, timed: list[TimedMove]) -> list[TimedMove]:
         after = next((u for u in timed[i + 1 :] if u.move.op == t.move.beside), None)
         if after is None:
             continue
-        room = after.time_s * vmin(after.move.count, 1)
-        exposed = vmax(t.exposed_s - room, 0.0)
+        # less the link time it holds on the links this one uses: the two run at once, and a
+        # link carries its bandwidth at most (review m555: both on one NIC, the all-reduce
+        # was hidden whole beside a reduce-scatter that filled it)
+        mine = {link for link, term in link_terms(t.cost) if not every(term == 0)}
+        held: Any = vsum(cast(Any, term) for link, term in link_terms(after.cost) if link in mine)
+        room: Any = vmax(cast(Any, after.time_s) - held * after.chunks, 0.0)
+        exposed = vmax(cast(Any, t.exposed_s) - room * vmin(after.move.count, 1), 0.0)
         out[i] = replace(t, exposed_s=exposed)
     return out
 

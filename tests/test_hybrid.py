@@ -701,21 +701,33 @@ def test_a_move_beside_the_next_reduce_scatter_hides_behind_its_time() -> None:
     """`Move.beside` (`schedule._beside`): a move on a stream of its own waits only what
     outlasts the next move of its phase of the op it names, which starts as it does; one
     that outlasts it waits the difference, and beside a move a sweep's configuration lacks
-    (its count 0) it waits whole. By hand: 3 ms beside 2 ms waits 1 ms."""
+    (its count 0) it waits whole. By hand: 3 ms beside 2 ms waits 1 ms. On a link both use,
+    it hides only in what the other leaves of it (review m555): beside a 2 ms reduce-scatter
+    of 100 MB over 2 ranks on 100 GB/s InfiniBand, whose bandwidth term is 50 MB / 100 GB/s =
+    0.5 ms, 1.5 ms of link time is left, and 3 ms waits 1.5 ms."""
+    from budget.collectives import Link, Tier, collective_cost
     from budget.phases import Move
     from budget.schedule import TimedMove, _beside
 
-    def timed(op: str, seconds: float, count: int = 1, beside: str = "") -> TimedMove:
+    ib, nvlink = Link("infiniband", 100e9, 5e-6), Link("nvlink", 450e9, 1e-6)
+
+    def timed(
+        op: str, seconds: float, count: int = 1, beside: str = "", link: Link = nvlink
+    ) -> TimedMove:
         move = Move(op, op, "dp", 2, "fp32", 1, "partial", "replicate", count, beside=beside)  # type: ignore[arg-type]
-        return TimedMove(move, None, seconds, seconds, "exposed")  # type: ignore[arg-type]
+        cost = collective_cost(op, [Tier(2, link)], 100_000_000)  # type: ignore[arg-type]
+        return TimedMove(move, cost, seconds, seconds, "exposed")
 
     plan = load_plan(ROOT / "plans" / "llama3-8b-fsdp.yaml")
-    shard = timed("all-reduce", 3e-3, beside="reduce-scatter")
+    shard = timed("all-reduce", 3e-3, beside="reduce-scatter", link=ib)
     rest = [timed("all-gather", 5e-3), timed("reduce-scatter", 2e-3), timed("all-reduce", 4e-3)]
     out = _beside(plan, [shard, *rest])
     assert out[0].exposed_s == pytest.approx(1e-3) and out[1:] == rest
     assert _beside(plan, [shard, timed("reduce-scatter", 2e-3, count=0)])[0].exposed_s == 3e-3
     assert _beside(plan, [shard])[0].exposed_s == 3e-3
+    sharing = timed("reduce-scatter", 2e-3, link=ib)
+    assert sharing.cost.bandwidth_s == pytest.approx(0.5e-3)
+    assert _beside(plan, [shard, sharing])[0].exposed_s == pytest.approx(1.5e-3)
 
 
 def test_the_first_layers_all_reduce_waits_whole_without_overlap(tmp_path: Path) -> None:
