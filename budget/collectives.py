@@ -1083,7 +1083,8 @@ def _across(
     stages = []
     for k, tier in enumerate(tiers):
         # the level's own share; the shares are differences of rounded totals, so they add
-        # up to Q exactly (the fabric, k = 0, takes what no port takes)
+        # up to Q exactly (the fabric, k = 0, takes what no port takes), or with `ported` to
+        # the fabric's share of q and the ports' of `ported`
         sent = q - beyond(1) if k == 0 else beyond(k, out) - beyond(k + 1, out)
         stage = _Pricing(op, algorithm, p, size, tier.link, 1).symmetric(steps[k], sent)
         stages.append(replace(stage, ramp_op=op, efficiency=efficiency))

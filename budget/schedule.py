@@ -730,7 +730,9 @@ def _link_loads(
     during the window is link time the wider one's does not have there (`time_phase`).
     Collectives exposed on the critical path run outside the compute a collective hides
     behind, and are not counted; nor are those of windows as wide as its own (a micro-batch's
-    pipeline sends beside its gradient reduction) or wider."""
+    pipeline sends beside its gradient reduction) or wider, but for those of another part of
+    its own window in its phase launched before it, which run beside it on their own stream
+    (below)."""
     stretch = 1 / (1 - plan.overlap.slowdown)
     wide = {
         _load_key(t.move.window, p.name, t.move.part): (t.move.window, p, t.move.part)
@@ -842,6 +844,8 @@ def _sharing(
     at = (
         f", so it runs at {_percent(pace)} of its pace alone while hidden (its time is "
         "its time alone)"
+        if isinstance(pace, float) and pace >= 0.0005
+        else ", so it all but stops while hidden, and runs once they are done"
         if isinstance(pace, float)
         else ""
     )
@@ -1011,10 +1015,20 @@ def _beside(plan: Plan, timed: list[TimedMove]) -> list[TimedMove]:
         # link carries its bandwidth at most (review m555: both on one NIC, the all-reduce
         # was hidden whole beside a reduce-scatter that filled it)
         mine = {link for link, term in link_terms(t.cost) if not every(term == 0)}
-        held: Any = vsum(cast(Any, term) for link, term in link_terms(after.cost) if link in mine)
+        theirs = [(link, term) for link, term in link_terms(after.cost) if link in mine]
+        held: Any = vsum(cast(Any, term) for _, term in theirs)
         room: Any = vmax(cast(Any, after.time_s) - held * after.chunks, 0.0)
         exposed = vmax(cast(Any, t.exposed_s) - room * vmin(after.move.count, 1), 0.0)
-        out[i] = replace(t, exposed_s=exposed)
+        shared = sorted({link for link, term in theirs if not every(term == 0)})
+        rule = t.rule
+        if shared:  # before its overlap flag's tag, which ends a rule
+            said, tag, flag = rule.rpartition(" [overlap.")
+            words = (
+                f"; shares {', '.join(shared)} with that reduce-scatter, hiding only in the "
+                "link time it leaves"
+            )
+            rule = f"{said}{words}{tag}{flag}" if tag else f"{rule}{words}"
+        out[i] = replace(t, exposed_s=exposed, rule=rule)
     return out
 
 

@@ -297,8 +297,9 @@ class _Near:
         opens: list[np.ndarray],
         cols: Columns | None = None,
     ) -> None:
-        """A pass's layouts (`cols`), as `measure` (and `_settle_limits`) left them; `breaks`
-        as `_breaks` gives them, `opens` as `_open_limits` does."""
+        """A pass's layouts (`cols`, where those held at a bound are kept to replay), as
+        `measure` (and `_settle_limits`) left them; `breaks` as `_breaks` gives them, `opens`
+        as `_open_limits` does."""
         peak = measured["peak"]
         if not peak.size:
             return
@@ -1984,7 +1985,10 @@ def search(
         fitting += int(ranked.sum())
         counts.rejected["does not fit in device memory"] += len(part) - int(ranked.sum())
         broken = _breaks(limits, capacity, measured)
-        near.measured(measured, broken, _open_limits(limits, capacity, measured), part)
+        # the held layouts at the least bounds, replayed where a step limit ranks none
+        stepped = limits is not None and limits.max_step_s is not None
+        held = part if stepped else None
+        near.measured(measured, broken, _open_limits(limits, capacity, measured), held)
         for reason, breaks in broken:
             over = ranked & breaks
             if over.any():

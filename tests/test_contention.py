@@ -260,6 +260,10 @@ def test_an_all_reduce_beside_a_reduce_scatter_hides_in_what_it_leaves_of_the_ni
     rows = _rows(report, "backward.embedding")
     across, scatter = rows["layer gradient shards"], rows["embedding gradients"]
     assert "beside the next reduce-scatter" in across["overlap_rule"]
+    assert across["overlap_rule"].endswith(
+        "shares infiniband with that reduce-scatter, hiding only in the link time it leaves"
+        " [overlap.dp_grads on]"
+    )
     room = scatter["time_s"] - _ib(scatter)
     assert across["exposed_s"] == pytest.approx(across["time_s"] - room, rel=1e-9)
     assert 1.1e-3 < across["exposed_s"] < across["time_s"]
