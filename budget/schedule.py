@@ -117,6 +117,7 @@ from budget.topology import (
     price_group,
     span_of_ranks,
 )
+from budget.units import format_share
 from budget.vector import every, holds, largest, ratio, vfloat, vmax, vmin, vsum, vwhere
 
 # the step's phases after the micro-batches begin with the deferred weight gradients
@@ -838,11 +839,11 @@ def _sharing(
         return pace, ""  # across levels paced by its port, beside an inner fabric's load)
     said = []
     for link, (u, groups) in mine.items():
-        held = f", which hold {_percent(u)} of it" if isinstance(u, float) else ""
+        held = f", which hold {format_share(u)} of it" if isinstance(u, float) else ""
         said.append(f"{link} with the {', '.join(sorted(groups))} collectives hidden there{held}")
     # the time shown is its time alone (review m551: read as how long it ran)
     at = (
-        f", so it runs at {_percent(pace)} of its pace alone while hidden (its time is "
+        f", so it runs at {format_share(pace)} of its pace alone while hidden (its time is "
         "its time alone)"
         if isinstance(pace, float) and pace >= 0.0005
         else ", so it all but stops while hidden, and runs once they are done"
@@ -850,11 +851,6 @@ def _sharing(
         else ""
     )
     return pace, f"shares {'; '.join(said)}{at}"
-
-
-def _percent(share: float) -> str:
-    """A share in words fine enough to tell it from none and from all: 18%, 0.3%, 99.7%."""
-    return f"{share:.0%}" if 0.01 <= share <= 0.99 else f"{share:.1%}"
 
 
 def time_phase(

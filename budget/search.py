@@ -323,7 +323,6 @@ class _Near:
     def _hold(self, cols: Columns, measured: dict[str, np.ndarray], index: np.ndarray) -> None:
         """Keep the rows `index` among the `NEAR_HELD` least bounds held so far."""
         rows = {k: v[index] for k, v in measured.items()}
-        _compact(rows)
         part = cols.take(index)
         if self.held is not None:
             part = _join([self.held[0], part])
